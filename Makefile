@@ -1,0 +1,37 @@
+# One entry point per job. `make test` and `make demo` build .venv first when it is missing or older
+# than pyproject.toml / this Makefile.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: setup test demo bench bench-faithfulness lint clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	# The local CPU build; any other torch pulls multi-GB CUDA wheels.
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e ".[dev,captum,lens,inseq-runtime,demo]"
+	# inseq pins typeguard<=2.13.3 against TransformerLens' >=4.2 and lists CUDA-11 wheels;
+	# it imports neither, so take it without its dependencies (its real ones are in inseq-runtime).
+	$(PIP) install --no-deps inseq==0.7.1
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo_sst2.py
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_core.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

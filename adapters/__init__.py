@@ -1,0 +1,1 @@
+"""Adapters to host libraries: import the submodule for the library you use."""

@@ -1,0 +1,208 @@
+"""``bcosify``: turn a stock transformers model into a B-cos model, in place.
+
+What it does to every module (DESIGN.md §3):
+
+- ``nn.Linear`` / GPT-2 ``Conv1D`` -> :class:`BcosLinear` / :class:`BcosConv1D` from the pretrained weights,
+  bias dropped; query/key projections get ``constant_outputs`` so the attention matrix is the constant in
+  explanation mode (this works for every attention implementation: eager, sdpa, flash);
+- ``nn.LayerNorm`` -> :class:`BcosLayerNorm` (bias dropped); RMSNorm -> :class:`DetachableRMSNorm`;
+- GELU (erf / tanh), SiLU, ReLU -> :class:`DetachableActivation`; identity activations stay;
+- tanh / ReLU of prediction heads removed; gated MLPs route the gate branch as the dynamic weight;
+- LM heads kept (tied to the embeddings, linear and bias-free already).
+
+Anything else that holds parameters or computes something non-linear raises :class:`UnsupportedModuleError`
+with the module path and class, before the model is touched.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from ..nn import BcosConv1D, BcosLayerNorm, BcosLinear, DetachableActivation, DetachableRMSNorm, DynamicLinear, check_b
+from .architectures import ArchitectureSpec, spec_for
+from .report import ConversionReport
+
+__all__ = ["bcosify", "UnsupportedModuleError", "BCOS_CONFIG_KEY"]
+
+logger = logging.getLogger("bcos_plugins")
+
+BCOS_CONFIG_KEY = "bcos"
+FORMAT_VERSION = 1
+
+# Activation classes by name (transformers' ACT2CLS classes and torch.nn ones) -> gate kind.
+_ACTIVATION_GATES = {
+    "GELUActivation": "gelu",
+    "GELU": "gelu",
+    "NewGELUActivation": "gelu_tanh",
+    "GELUTanh": "gelu_tanh",
+    "PytorchGELUTanh": "gelu_tanh",
+    "SiLUActivation": "silu",
+    "SiLU": "silu",
+    "ReLU": "relu",
+}
+_IDENTITY_ACTIVATIONS = {"LinearActivation", "Identity"}
+# Leaves that are linear (or constant) by themselves and need no change.
+_PASSTHROUGH = (nn.Embedding, nn.Dropout, nn.Identity)
+
+
+class UnsupportedModuleError(TypeError):
+    """A module ``bcosify`` cannot make bias-free and dynamic-linear."""
+
+
+def _gelu_kind(module: nn.Module) -> str:
+    if isinstance(module, nn.GELU):
+        return "gelu_tanh" if module.approximate == "tanh" else "gelu"
+    return _ACTIVATION_GATES[type(module).__name__]
+
+
+def _is_rms_norm(module: nn.Module) -> bool:
+    return type(module).__name__.endswith("RMSNorm") or isinstance(module, nn.RMSNorm)
+
+
+def _mixed_class(target: type[nn.Module], original: type[nn.Module]) -> type[nn.Module]:
+    """``target`` if it already subclasses ``original``, else a subclass of both (mixin first)."""
+    if issubclass(target, original):
+        return target
+    key = (target, original)
+    if key not in _MIXED:
+        _MIXED[key] = type(f"Bcos{original.__name__}", (target, original), {"__module__": __name__})
+    return _MIXED[key]
+
+
+_MIXED: dict[tuple[type, type], type] = {}
+
+
+def _qk_slice(part: str, out_features: int) -> slice:
+    return slice(None) if part == "all" else slice(0, 2 * out_features // 3)
+
+
+def _plan(model: nn.Module, spec: ArchitectureSpec, b: float) -> tuple[list, ConversionReport]:
+    """Decide every replacement (and fail on unsupported modules) before touching the model."""
+    report = ConversionReport(architecture=type(model).__name__, b=b)
+    plan: list[tuple[str, object]] = []
+    keep = set(spec.keep)
+    removed = set(spec.remove_activations)
+    skip_below: list[str] = []
+    for name, module in model.named_modules():
+        if name == "":
+            continue
+        if any(name == s or name.startswith(s + ".") for s in skip_below):
+            continue
+        if name in keep:
+            report.kept[name] = spec.keep[name]
+            skip_below.append(name)
+            continue
+        if name in removed:
+            report.removed_activations.append(f"{name} ({type(module).__name__})")
+            plan.append((name, nn.Identity()))
+            continue
+        for suffix, (factory, why) in spec.module_swaps.items():
+            if name == suffix or name.endswith("." + suffix):
+                plan.append((name, ("swap", factory(), why)))
+                report.patched_modules[name] = why
+        if isinstance(module, nn.Linear | Conv1D):
+            is_conv = isinstance(module, Conv1D)
+            out_features = module.weight.shape[1] if is_conv else module.out_features
+            qk = next((p for s, p in spec.query_key.items() if name.endswith(s)), None)
+            const = _qk_slice(qk, out_features) if qk else None
+            if qk:
+                report.constant_outputs.append(name)
+            if module.bias is not None:
+                report.dropped_biases.append(f"{name}.bias")
+            report.bcos_layers.append(name)
+            plan.append((name, ("bcos_conv1d" if is_conv else "bcos_linear", const)))
+        elif isinstance(module, nn.LayerNorm):
+            if module.bias is not None:
+                report.dropped_biases.append(f"{name}.bias")
+            report.norms.append(name)
+            plan.append((name, "layer_norm"))
+        elif _is_rms_norm(module):
+            report.norms.append(name)
+            plan.append((name, "rms_norm"))
+        elif isinstance(module, nn.GELU) or type(module).__name__ in _ACTIVATION_GATES:
+            kind = _gelu_kind(module)
+            report.activations[name] = kind
+            plan.append((name, ("activation", kind)))
+        elif type(module).__name__ in _IDENTITY_ACTIVATIONS or isinstance(module, _PASSTHROUGH):
+            continue
+        elif next(module.children(), None) is None:  # a leaf we know nothing about
+            if type(module).__name__.endswith("RotaryEmbedding"):
+                continue  # rotary embeddings only act on query/key, which are constants when explaining
+            raise UnsupportedModuleError(
+                f"bcosify cannot convert module '{name}' of class {type(module).__module__}."
+                f"{type(module).__qualname__}: it is neither a linear layer, a norm, nor a supported "
+                f"activation ({', '.join(sorted(_ACTIVATION_GATES))}). Replace it with a dynamic-linear "
+                "equivalent or open an issue."
+            )
+    return plan, report
+
+
+def _build(module: nn.Module, action, b: float) -> nn.Module:
+    if isinstance(action, nn.Module):
+        return action
+    if action == "layer_norm":
+        return BcosLayerNorm.from_layer_norm(module)
+    if action == "rms_norm":
+        return DetachableRMSNorm.from_rms_norm(module)
+    tag = action[0]
+    if tag == "bcos_linear":
+        return BcosLinear.from_linear(module, b=b, constant_outputs=action[1])
+    if tag == "bcos_conv1d":
+        return BcosConv1D.from_conv1d(module, b=b, constant_outputs=action[1])
+    if tag == "activation":
+        return DetachableActivation(action[1])
+    raise AssertionError(action)
+
+
+def bcosify(model: nn.Module, b: float = 1.5, *, verbose: bool = True) -> nn.Module:
+    """Convert a stock transformers model into a B-cos model, in place, and return it.
+
+    Args:
+        model: one of :func:`~bcos_plugins.convert.supported_architectures` (transformers 5).
+        b: alignment pressure B >= 1 (1.25-1.5 recommended for classifiers, 1.1 for decoders).
+        verbose: log the conversion summary at INFO level (the full report is always at
+            ``model.bcos_report``).
+
+    The settings are recorded in ``model.config.bcos`` so that ``save_pretrained`` keeps them and
+    :func:`~bcos_plugins.load_bcos_model` rebuilds the same model.
+
+    Raises:
+        ValueError: if ``b < 1`` or the model is already B-cosified.
+        TypeError / UnsupportedModuleError: unsupported model class or module (path and class named).
+    """
+    b = check_b(b)
+    config = getattr(model, "config", None)
+    if any(isinstance(m, DynamicLinear) for m in model.modules()):
+        raise ValueError(
+            f"{type(model).__name__} is already B-cosified (config.bcos={getattr(config, 'bcos', None)}); "
+            "convert a stock model, or reload a saved one with load_bcos_model(path)."
+        )
+    spec = spec_for(model)
+    plan, report = _plan(model, spec, b)
+
+    for name, action in plan:
+        module = model.get_submodule(name)
+        if isinstance(action, tuple) and action[0] == "swap":
+            module.__class__ = _mixed_class(action[1], type(module))
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, _build(module, action, b))
+
+    for path, (factory, why) in spec.class_swaps.items():
+        target = model.get_submodule(path) if path else model
+        target.__class__ = _mixed_class(factory(), type(target))
+        report.patched_modules[path or "<model>"] = why
+
+    # Re-tie weights the conversion must not have broken (LM heads share the embedding matrix).
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    config.bcos = {"b": b, "architecture": report.architecture, "format_version": FORMAT_VERSION}
+    model.bcos_report = report
+    if verbose:
+        logger.info(report.summary())
+    return model
+

@@ -1,0 +1,22 @@
+"""B-cos subclasses for decoder blocks."""
+
+from __future__ import annotations
+
+from jaxtyping import Float
+from torch import Tensor
+
+from ..nn.dynamic import DynamicLinear
+
+
+class BcosGatedMLP(DynamicLinear):
+    """Gated MLP ``down(act(gate(x)) * up(x))`` whose activated gate branch is the dynamic weight.
+
+    Mixed into the class of an existing ``LlamaMLP`` instance (see ``bcosify``), so attribute names and
+    state-dict keys are those of transformers. In explanation mode ``act(gate(x))`` is a constant:
+    ``x · d/dx [a(x) * u(x)]`` would otherwise count the product twice (product rule) and the
+    explanation would sum to twice the MLP output's share. With ``act = identity`` this is a bilinear MLP.
+    """
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        gate = self.dynamic_weight(self.act_fn(self.gate_proj(x)))
+        return self.down_proj(gate * self.up_proj(x))

@@ -1,0 +1,39 @@
+"""B-cos subclasses of transformers modules whose forward applies a head activation inline.
+
+``bcosify`` swaps the class of the existing instance (parameters and state-dict keys are unchanged) for
+these subclasses, which run the same computation without the tanh / ReLU: the B-cos LM recipe removes
+head activations (they are not dynamic-linear and the B > 1 non-linearity replaces them).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.loss.loss_utils import ForSequenceClassificationLoss
+from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.models.distilbert.modeling_distilbert import DistilBertForSequenceClassification
+from transformers.models.roberta.modeling_roberta import RobertaClassificationHead
+
+
+class BcosRobertaClassificationHead(RobertaClassificationHead):
+    """``RobertaClassificationHead`` without the tanh between ``dense`` and ``out_proj``."""
+
+    def forward(self, features: torch.Tensor, **kwargs) -> torch.Tensor:
+        x = self.dropout(features[:, 0, :])
+        x = self.dropout(self.dense(x))
+        return self.out_proj(x)
+
+
+class BcosDistilBertForSequenceClassification(DistilBertForSequenceClassification):
+    """``DistilBertForSequenceClassification`` without the ReLU after ``pre_classifier``."""
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
+                position_ids=None, **kwargs) -> SequenceClassifierOutput:
+        kwargs.pop("return_dict", None)
+        out = self.distilbert(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                              position_ids=position_ids, return_dict=True, **kwargs)
+        pooled = self.dropout(self.pre_classifier(out[0][:, 0]))
+        logits = self.classifier(pooled)
+        # transformers' own loss for the configured problem type, as the stock forward computes it.
+        loss = ForSequenceClassificationLoss(labels, logits, self.config) if labels is not None else None
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                        attentions=out.attentions)

@@ -1,0 +1,57 @@
+"""What ``bcosify`` changed, module by module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["ConversionReport"]
+
+
+@dataclass
+class ConversionReport:
+    """Every change ``bcosify`` made, by module path.
+
+    Attributes:
+        architecture: class name of the converted model (before conversion).
+        b: alignment pressure used.
+        bcos_layers: linear / Conv1D layers replaced by B-cos layers.
+        dropped_biases: full parameter names of the biases removed (linear, norm, classifier).
+        norms: normalisation layers made bias-free and detachable.
+        activations: activations made detachable, with the gate they use.
+        removed_activations: head activations removed (tanh / ReLU in poolers and pre-classifiers).
+        constant_outputs: query/key projections whose outputs are constants in explanation mode.
+        kept: modules deliberately left as they are (e.g. tied LM heads), with the reason.
+        patched_modules: modules whose class was swapped for a B-cos subclass, with the reason.
+    """
+
+    architecture: str
+    b: float
+    bcos_layers: list[str] = field(default_factory=list)
+    dropped_biases: list[str] = field(default_factory=list)
+    norms: list[str] = field(default_factory=list)
+    activations: dict[str, str] = field(default_factory=dict)
+    removed_activations: list[str] = field(default_factory=list)
+    constant_outputs: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+    patched_modules: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        lines = [
+            f"bcosify({self.architecture}, b={self.b}):",
+            f"  {len(self.bcos_layers)} linear layers -> B-cos",
+            f"  {len(self.norms)} norms -> bias-free, detachable",
+            f"  {len(self.activations)} activations -> detachable "
+            f"({', '.join(sorted(set(self.activations.values()))) or 'none'})",
+            f"  {len(self.constant_outputs)} query/key projections constant in explanation mode",
+            f"  {len(self.dropped_biases)} biases dropped",
+        ]
+        for name in self.removed_activations:
+            lines.append(f"  removed head activation: {name}")
+        for name, why in self.patched_modules.items():
+            lines.append(f"  patched {name}: {why}")
+        for name, why in self.kept.items():
+            lines.append(f"  kept as is: {name} ({why})")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()

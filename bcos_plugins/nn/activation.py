@@ -1,0 +1,58 @@
+"""Detachable activations: ``act(x) = x * gate(x)`` with ``gate`` the dynamic weight.
+
+- GELU, erf form (BERT family):   ``gate = Phi(x) = 0.5 * (1 + erf(x / sqrt 2))``
+- GELU, tanh form (GPT-2 "gelu_new"): ``gate = 0.5 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
+- SiLU / swish:                   ``gate = sigmoid(x)``
+- ReLU:                           ``gate = 1[x > 0]``
+- identity ("linear"):            ``gate = 1`` (bilinear MLPs)
+
+In explanation mode ``gate`` is a constant, so ``x · d act / dx = act(x)``. The product form is used
+in both modes so that forward values are identical in and out of explanation mode.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .dynamic import DynamicLinear
+
+__all__ = ["DetachableActivation", "GATES"]
+
+
+def _gelu_erf_gate(x: Tensor) -> Tensor:
+    return 0.5 * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+def _gelu_tanh_gate(x: Tensor) -> Tensor:
+    return 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+GATES = {
+    "gelu": _gelu_erf_gate,
+    "gelu_tanh": _gelu_tanh_gate,
+    "silu": torch.sigmoid,
+    "relu": lambda x: (x > 0).to(x.dtype),
+}
+
+
+class DetachableActivation(DynamicLinear):
+    """``x * gate(x)`` with the gate detached in explanation mode. ``kind`` is a key of :data:`GATES`."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        if kind not in GATES:
+            raise ValueError(f"unknown gate {kind!r}; supported: {sorted(GATES)}")
+        self.kind = kind
+
+    def forward(self, x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
+        return x * self.dynamic_weight(GATES[self.kind](x))
+
+    def gate(self, x: Tensor) -> Tensor:
+        return GATES[self.kind](x)
+
+    def extra_repr(self) -> str:
+        return self.kind

@@ -1,0 +1,85 @@
+"""Bias-free, detachable normalisation layers.
+
+``BcosLayerNorm``:  ``y = (x - mean(x)) * rsqrt(var(x) + eps) * gamma``. The centring is linear and stays
+differentiable; ``rsqrt(var + eps)`` is the dynamic weight (a constant in explanation mode). No bias.
+
+``DetachableRMSNorm``: ``y = x * rsqrt(mean(x^2) + eps) * gamma``; the rsqrt factor is the dynamic weight.
+
+Both compute the same arithmetic in and out of explanation mode, so forward values are bit-identical.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from .dynamic import DynamicLinear
+
+__all__ = ["BcosLayerNorm", "DetachableRMSNorm"]
+
+
+class BcosLayerNorm(DynamicLinear):
+    """LayerNorm over the last ``normalized_shape`` dims without bias; ``1/std`` is the dynamic weight."""
+
+    def __init__(self, normalized_shape: int | tuple[int, ...], eps: float = 1e-5,
+                 elementwise_affine: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        self.eps = eps
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+
+    @classmethod
+    def from_layer_norm(cls, ln: nn.LayerNorm) -> BcosLayerNorm:
+        """Copy ``gamma`` from a stock ``nn.LayerNorm``; its bias (if any) is dropped."""
+        affine = ln.weight is not None
+        new = cls(ln.normalized_shape, eps=ln.eps, elementwise_affine=affine,
+                  device=ln.weight.device if affine else None, dtype=ln.weight.dtype if affine else None)
+        if affine:
+            with torch.no_grad():
+                new.weight.copy_(ln.weight)
+        return new
+
+    def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
+        dims = tuple(range(-len(self.normalized_shape), 0))
+        centred = x - x.mean(dim=dims, keepdim=True)
+        inv_std = torch.rsqrt(centred.pow(2).mean(dim=dims, keepdim=True) + self.eps)
+        y = centred * self.dynamic_weight(inv_std)
+        return y * self.weight if self.weight is not None else y
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, bias=False"
+
+
+class DetachableRMSNorm(DynamicLinear):
+    """RMSNorm ``x * rsqrt(mean(x^2) + eps) * gamma`` whose rsqrt factor is the dynamic weight.
+
+    Half-precision inputs are normalised in float32 (as Llama's own RMSNorm does) and cast back.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.variance_epsilon = eps
+
+    @classmethod
+    def from_rms_norm(cls, norm: nn.Module) -> DetachableRMSNorm:
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+        new = cls(norm.weight.shape[0], eps=eps, device=norm.weight.device, dtype=norm.weight.dtype)
+        with torch.no_grad():
+            new.weight.copy_(norm.weight)
+        return new
+
+    def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
+        dtype = x.dtype
+        x32 = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
+        inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * (x32 * self.dynamic_weight(inv_rms)).to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.variance_epsilon}"

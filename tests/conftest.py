@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny random-config transformers models (no hub access) and padded batches."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import transformers as T
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+VOCAB = 60
+MAX_POS = 40
+
+
+def tiny_config(family: str, num_labels: int = 3):
+    if family == "bert":
+        return T.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=MAX_POS, num_labels=num_labels)
+    if family == "distilbert":
+        return T.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                  max_position_embeddings=MAX_POS, num_labels=num_labels)
+    if family == "roberta":
+        return T.RobertaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=MAX_POS + 2, num_labels=num_labels,
+                               pad_token_id=1)
+    if family == "gpt2":
+        return T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=MAX_POS,
+                            n_ctx=MAX_POS, num_labels=num_labels, pad_token_id=0)
+    if family == "llama":
+        return T.LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=64, max_position_embeddings=MAX_POS,
+                             num_labels=num_labels, pad_token_id=0)
+    raise ValueError(family)
+
+
+def tiny_model(class_name: str, seed: int = 0):
+    family = {"Bert": "bert", "Dist": "distilbert", "Robe": "roberta", "GPT2": "gpt2", "Llam": "llama"}[
+        class_name[:4]]
+    torch.manual_seed(seed)
+    return getattr(T, class_name)(tiny_config(family)).eval()
+
+
+def padded_batch(seed: int = 0, batch: int = 3, length: int = 9, side: str = "right", pad_id: int = 0):
+    """Token ids avoiding special ids 0-2, with rows of different lengths (row 0 unpadded)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (batch, length), generator=g)
+    mask = torch.ones_like(ids)
+    for row in range(1, batch):
+        n_pad = min(row * 2, length - 2)
+        if side == "right":
+            mask[row, length - n_pad:] = 0
+        else:
+            mask[row, :n_pad] = 0
+    ids = ids.masked_fill(mask == 0, pad_id)
+    return ids, mask
+
+
+@pytest.fixture
+def batch():
+    return padded_batch()
