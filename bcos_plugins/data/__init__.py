@@ -1,0 +1,65 @@
+"""Small dataset loaders for the examples, tests and benchmarks.
+
+Loaders read the slices shipped in the repository's ``examples/data`` (with their SOURCE.md attribution) by
+default, an explicit file/folder when given, or the Hugging Face hub through ``datasets`` with
+``source="hub"`` for users who have the network.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["EXAMPLES_DATA", "TextClassificationData", "load_sst2"]
+
+EXAMPLES_DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
+
+
+class TextClassificationData(list):
+    """A list of ``(text, label)`` pairs with the class names attached."""
+
+    def __init__(self, rows, label_names: list[str]):
+        super().__init__(rows)
+        self.label_names = label_names
+
+    @property
+    def texts(self) -> list[str]:
+        return [t for t, _ in self]
+
+    @property
+    def labels(self) -> list[int]:
+        return [y for _, y in self]
+
+
+def _read_tsv(path: Path, header: bool = True) -> list[tuple[str, str]]:
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} not found. Pass path=... to a tab-separated file, or source='hub' to load with `datasets`."
+        )
+    with path.open(encoding="utf-8") as f:
+        lines = f.read().splitlines()[1 if header else 0 :]
+    return [tuple(line.rsplit("\t", 1)) for line in lines if line.strip()]
+
+
+def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | None = None,
+              source: str = "local") -> TextClassificationData:
+    """SST-2 sentences with labels 0 = negative, 1 = positive.
+
+    Args:
+        split: ``"train"`` or ``"test"`` (the shipped slices; with ``source="hub"``: ``"train"`` or
+            ``"validation"`` of GLUE SST-2).
+        n: keep the first ``n`` rows.
+        path: a ``sentence<TAB>label`` file with a header, instead of the shipped slice.
+        source: ``"local"`` (default, no network) or ``"hub"`` (``datasets.load_dataset("glue", "sst2")``).
+    """
+    names = ["negative", "positive"]
+    if source == "hub":
+        from datasets import load_dataset
+
+        ds = load_dataset("glue", "sst2", split=split)
+        rows = [(r["sentence"], int(r["label"])) for r in ds]
+    elif source == "local":
+        file = Path(path) if path is not None else EXAMPLES_DATA / "sst2" / f"{split}.tsv"
+        rows = [(s.strip(), int(y)) for s, y in _read_tsv(file)]
+    else:
+        raise ValueError(f"source must be 'local' or 'hub', got {source!r}")
+    return TextClassificationData(rows[:n] if n is not None else rows, names)
