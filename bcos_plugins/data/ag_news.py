@@ -1,0 +1,63 @@
+"""AG News (4-class topic classification) from the slice shipped in ``examples/data/ag_news``.
+
+Kept in its own module so that ``bcos_plugins.data`` stays a list of small loaders; re-exported there.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from . import EXAMPLES_DATA, TextClassificationData, _read_tsv
+
+__all__ = ["AG_NEWS_LABELS", "load_ag_news"]
+
+AG_NEWS_LABELS = ["World", "Sports", "Business", "Sci/Tech"]
+
+# The source keeps AG's HTML-ish escapes (" #39;" for an apostrophe, "#36;" for a dollar sign, "\" for a
+# line break); a tokenizer would otherwise see "#", "39" and ";" as words.
+_ESCAPES = [(re.compile(r" ?#39;"), "'"), (re.compile(r"#36;"), "$"), (re.compile(r"#38;"), "&"),
+            (re.compile(r" ?quot;"), '"'), (re.compile(r"\\+"), " ")]
+
+
+def _clean(text: str) -> str:
+    for pattern, repl in _ESCAPES:
+        text = pattern.sub(repl, text)
+    return " ".join(text.split())
+
+
+def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path | None = None,
+                 source: str = "local", clean: bool = True) -> TextClassificationData:
+    """AG News descriptions with labels 0 = World, 1 = Sports, 2 = Business, 3 = Sci/Tech.
+
+    Args:
+        split: ``"train"`` (2,400 rows) or ``"test"`` (800 rows) of the shipped balanced slice; with
+            ``source="hub"``: ``"train"`` or ``"test"`` of the ``ag_news`` dataset on the Hugging Face hub.
+        n: keep the first ``n`` rows (the shipped files are shuffled, so any prefix is roughly balanced).
+        path: a ``text<TAB>label`` file without header (label a class name or id) instead of the slice.
+        source: ``"local"`` (default, no network) or ``"hub"`` (``datasets.load_dataset("ag_news")``).
+        clean: undo the source's escapes (`` #39;`` -> ``'``, ``\\`` -> space).
+    """
+    if source == "hub":
+        from datasets import load_dataset
+
+        ds = load_dataset("ag_news", split=split)
+        rows = [(r["text"], int(r["label"])) for r in ds]
+    elif source == "local":
+        file = Path(path) if path is not None else EXAMPLES_DATA / "ag_news" / f"{split}.tsv"
+        rows = []
+        for text, label in _read_tsv(file, header=False):
+            label = label.strip()
+            if label in AG_NEWS_LABELS:
+                y = AG_NEWS_LABELS.index(label)
+            elif label.isdigit() and int(label) < len(AG_NEWS_LABELS):
+                y = int(label)
+            else:
+                raise ValueError(f"{file}: unknown AG News label {label!r}; expected one of {AG_NEWS_LABELS} "
+                                 "or an id 0-3")
+            rows.append((text, y))
+    else:
+        raise ValueError(f"source must be 'local' or 'hub', got {source!r}")
+    if clean:
+        rows = [(_clean(t), y) for t, y in rows]
+    return TextClassificationData(rows[:n] if n is not None else rows, list(AG_NEWS_LABELS))
