@@ -204,6 +204,15 @@ def explain(
                 pos = torch.where(pos < 0, last + 1 + pos, pos)
                 if (pos < 0).any() or (pos >= input_ids.shape[1]).any():
                     raise ValueError(f"position out of range: {pos.tolist()}")
+            if is_decoder:
+                on_padding = mask[torch.arange(batch, device=device), pos] == 0
+                if on_padding.any():
+                    rows = on_padding.nonzero().flatten().tolist()
+                    raise ValueError(
+                        f"position {pos[on_padding].tolist()} of row(s) {rows} is a padding token; a decoder's "
+                        "prediction there is meaningless. Pass a real token's index, or a negative position "
+                        "(-1 = last real token, counted per row)."
+                    )
             values = hidden[torch.arange(batch, device=device), pos]
         target_t = _as_row_tensor(target, batch, "target", device)
         explained = _select(values, target_t, "target")

@@ -181,6 +181,13 @@ def bcosify(model: nn.Module, b: float = 1.5, *, verbose: bool = True) -> nn.Mod
             "convert a stock model, or reload a saved one with load_bcos_model(path)."
         )
     spec = spec_for(model)
+    if spec.kind == "decoder" and getattr(config, "add_cross_attention", False):
+        # Cross-attention keys/values come from another model's states, which explain() does not attribute
+        # to, and GPT-2's fused cross-attention c_attn holds k|v (no query), so the q/k slice would be wrong.
+        raise UnsupportedModuleError(
+            f"{type(model).__name__} has cross-attention (config.add_cross_attention=True); bcosify supports "
+            "decoder-only models. Build the model with add_cross_attention=False."
+        )
     plan, report = _plan(model, spec, b)
 
     for name, action in plan:
