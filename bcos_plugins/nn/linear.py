@@ -19,11 +19,12 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from .dynamic import DynamicLinear
+from .functional import COS_FLOOR, NORM_EPS, bcos_scale, input_norm, max_out, unit_norm
 
 __all__ = ["BcosLinear", "BcosConv1D", "check_b"]
 
-_NORM_EPS = 1e-6
-_COS_FLOOR = 1e-12
+_NORM_EPS = NORM_EPS  # kept: other layers import these names
+_COS_FLOOR = COS_FLOOR
 
 
 def check_b(b: float) -> float:
@@ -91,20 +92,15 @@ class BcosLinear(DynamicLinear):
 
     def unit_weight(self) -> Float[Tensor, "units d_in"]:
         """Weight rows scaled to unit norm, ``(out_features * max_out, in_features)``."""
-        return self.weight / self.weight.norm(dim=1, keepdim=True).clamp_min(_NORM_EPS)
+        return unit_norm(self.weight, dim=1)
 
     def _linear(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... units"]:
         return torch.nn.functional.linear(x, self.unit_weight())
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
-        lin = self._linear(x)
-        if self.max_out > 1:
-            lin = lin.unflatten(-1, (self.out_features, self.max_out)).amax(dim=-1)
+        lin = max_out(self._linear(x), self.max_out)
         if self.b != 1.0:
-            x_norm = (x.pow(2).sum(dim=-1, keepdim=True) + _NORM_EPS).sqrt()
-            abs_cos = (lin.abs() / x_norm).clamp_min(_COS_FLOOR)
-            dyn = abs_cos if self.b == 2.0 else abs_cos.pow(self.b - 1.0)
-            lin = self.dynamic_weight(dyn) * lin
+            lin = self.dynamic_weight(bcos_scale(lin, input_norm(x), self.b)) * lin
         if self.explaining and self.constant_outputs is not None:
             lin = _detach_slice(lin, self.constant_outputs)
         return lin
@@ -135,8 +131,7 @@ class BcosConv1D(BcosLinear):
         return layer
 
     def unit_weight(self) -> Float[Tensor, "units d_in"]:
-        w = self.weight.T
-        return w / w.norm(dim=1, keepdim=True).clamp_min(_NORM_EPS)
+        return unit_norm(self.weight.T, dim=1)
 
 
 def _detach_slice(t: Tensor, part: slice) -> Tensor:
