@@ -1,0 +1,106 @@
+"""Digit images and 2x2 digit grids made from scikit-learn's bundled 8x8 digits (no download).
+
+- :func:`load_digits_split`: the 1797 digits of ``sklearn.datasets.load_digits`` as float images in [0, 1]
+  ``(n, 1, 8, 8)``, split into train / test with a fixed seed (stratified).
+- :class:`DigitImages`: a ``torch.utils.data.Dataset`` of ``size x size`` canvases (default 16) returning
+  ``{"pixel_values", "labels"}`` (what transformers ``Trainer`` and its default collator expect). Each
+  digit appears in ``views`` versions: scaled up to the whole canvas, or at its own 8x8 size at a random
+  position (so that a digit in one cell of a 2x2 grid is an input the model has seen).
+- :func:`make_grids`: 2x2 grids of four digits of different classes for the grid pointing game (paper
+  §C.4.1): per class, images sorted by the model's confidence; each grid draws four distinct classes and
+  takes, per class, the most confident image not used yet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+from torch.utils.data import Dataset
+
+__all__ = ["DigitImages", "load_digits_split", "make_grids", "place_digits"]
+
+DIGIT_SIZE = 8
+
+
+def load_digits_split(test_fraction: float = 0.25, seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(train_images, train_labels, test_images, test_labels)``; images ``(n, 1, 8, 8)`` in [0, 1]."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = torch.tensor(digits.images / 16.0, dtype=torch.float32)[:, None]
+    labels = torch.tensor(digits.target, dtype=torch.long)
+    train_idx, test_idx = train_test_split(np.arange(len(labels)), test_size=test_fraction, random_state=seed,
+                                           stratify=digits.target)
+    return images[train_idx], labels[train_idx], images[test_idx], labels[test_idx]
+
+
+def place_digits(digits: Float[Tensor, "n 1 8 8"], size: int, scale_up: Tensor,
+                 offsets: Int[Tensor, "n 2"]) -> Float[Tensor, "n 1 size size"]:
+    """Canvases ``size x size``: digit ``i`` fills it (bilinear) where ``scale_up[i]``, else sits at ``offsets[i]``."""
+    if size < DIGIT_SIZE:
+        raise ValueError(f"canvas size {size} is smaller than the {DIGIT_SIZE}x{DIGIT_SIZE} digits")
+    canvas = torch.zeros(len(digits), 1, size, size)
+    big = F.interpolate(digits, size=(size, size), mode="bilinear", align_corners=False).clamp(0, 1)
+    for i in range(len(digits)):
+        if bool(scale_up[i]):
+            canvas[i] = big[i]
+        else:
+            r, c = int(offsets[i, 0]), int(offsets[i, 1])
+            canvas[i, :, r:r + DIGIT_SIZE, c:c + DIGIT_SIZE] = digits[i]
+    return canvas
+
+
+class DigitImages(Dataset):
+    """``views`` canvases per digit (see module docstring); ``scaled_up_only`` gives one full-canvas view."""
+
+    def __init__(self, digits: Float[Tensor, "n 1 8 8"], labels: Int[Tensor, " n"], size: int = 16,
+                 views: int = 2, scaled_up_only: bool = False, seed: int = 0) -> None:
+        n = len(digits)
+        g = torch.Generator().manual_seed(seed)
+        if scaled_up_only:
+            views = 1
+        repeated = digits.repeat(views, 1, 1, 1)
+        scale_up = torch.ones(n * views, dtype=torch.bool) if scaled_up_only else torch.rand(n * views, generator=g) < 0.5
+        offsets = torch.randint(0, size - DIGIT_SIZE + 1, (n * views, 2), generator=g)
+        self.pixel_values = place_digits(repeated, size, scale_up, offsets)
+        self.labels = labels.repeat(views)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return {"pixel_values": self.pixel_values[i], "labels": self.labels[i]}
+
+
+def make_grids(digits: Float[Tensor, "n 1 8 8"], labels: Int[Tensor, " n"], confidence: Float[Tensor, " n"],
+               n_grids: int, seed: int = 0) -> tuple[Float[Tensor, "g 1 16 16"], Int[Tensor, "g 4"]]:
+    """2x2 grids of 8x8 digits of four different classes; returns grids and the class of each cell.
+
+    Cells are in row-major order (0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right). Only pass
+    digits the model classifies correctly (and confidently); ``confidence`` ranks them within a class.
+    Raises if fewer than four classes still have unused images.
+    """
+    if not (len(digits) == len(labels) == len(confidence)):
+        raise ValueError(f"digits, labels and confidence must have the same length; got {len(digits)}, "
+                         f"{len(labels)}, {len(confidence)}")
+    rng = np.random.default_rng(seed)
+    queues = {int(c): [int(i) for i in (labels == c).nonzero().flatten()[confidence[labels == c].argsort(descending=True)]]
+              for c in labels.unique()}
+    grids, cell_labels = [], []
+    for _ in range(n_grids):
+        available = [c for c, q in queues.items() if q]
+        if len(available) < 4:
+            raise ValueError(f"only {len(grids)} grids could be made: fewer than four classes have unused images")
+        classes = rng.choice(available, size=4, replace=False)
+        grid = torch.zeros(1, 2 * DIGIT_SIZE, 2 * DIGIT_SIZE)
+        for cell, c in enumerate(classes):
+            i = queues[int(c)].pop(0)
+            r, col = divmod(cell, 2)
+            grid[:, r * DIGIT_SIZE:(r + 1) * DIGIT_SIZE, col * DIGIT_SIZE:(col + 1) * DIGIT_SIZE] = digits[i]
+        grids.append(grid)
+        cell_labels.append(torch.as_tensor(classes, dtype=torch.long))
+    return torch.stack(grids), torch.stack(cell_labels)

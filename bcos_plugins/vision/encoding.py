@@ -1,0 +1,61 @@
+"""Input encoding of B-cos vision models: every channel ``x`` in [0, 1] becomes the pair ``[x, 1 - x]``.
+
+``encode_image(x) = concat([x, 1 - x], dim=channels)``: C channels become 2C, channels ``c`` and ``C + c``
+belong together. Two reasons (B-cos networks, Böhle et al. 2022; B-cos ViT paper §C.1.1):
+
+- a black pixel is not the zero vector, so dark evidence can still align with a weight and contribute;
+- every pixel vector has the same norm-independent angle for the same colour, so the rows of ``W(x)`` can
+  be shown in colour (:mod:`bcos_plugins.vision.visualize`).
+
+The encoding is affine (``1 - x`` has a constant part), so exact contributions are taken at the encoded
+input: the attribution point of :func:`~bcos_plugins.vision.explain_image` is ``encode_image(x)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+__all__ = ["InputEncoding", "check_pixel_values", "encode_image"]
+
+# Images are allowed a little float noise around [0, 1] (resizing, normalising by 255 in float32).
+_RANGE_TOLERANCE = 1e-4
+
+
+def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int, what: str = "pixel_values") -> None:
+    """Raise a ``ValueError`` naming the problem and the fix if ``pixel_values`` does not fit the model."""
+    if not isinstance(pixel_values, Tensor) or not pixel_values.is_floating_point():
+        raise ValueError(f"{what} must be a float tensor of shape (batch, {num_channels}, {image_size}, "
+                         f"{image_size}) with values in [0, 1]; got {type(pixel_values).__name__} "
+                         f"{getattr(pixel_values, 'dtype', '')}")
+    expected = (num_channels, image_size, image_size)
+    if pixel_values.ndim != 4 or tuple(pixel_values.shape[1:]) != expected:
+        hint = ""
+        if pixel_values.ndim == 3:
+            hint = " (add the batch dimension: pixel_values[None])"
+        elif pixel_values.ndim == 4 and pixel_values.shape[-1] == num_channels:
+            hint = " (channels last? use pixel_values.permute(0, 3, 1, 2))"
+        elif pixel_values.ndim == 4 and pixel_values.shape[1] != num_channels:
+            hint = f" (the model was configured with num_channels={num_channels})"
+        elif pixel_values.ndim == 4:
+            hint = (f" (the model was configured with image_size={image_size}; resize the images, e.g. "
+                    f"torch.nn.functional.interpolate)")
+        raise ValueError(f"{what} must have shape (batch, {num_channels}, {image_size}, {image_size}); got "
+                         f"{tuple(pixel_values.shape)}{hint}")
+
+
+def encode_image(pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch two_c h w"]:
+    """``[x, 1 - x]`` along the channel axis; values must lie in [0, 1]."""
+    lo, hi = pixel_values.min().item(), pixel_values.max().item()
+    if lo < -_RANGE_TOLERANCE or hi > 1 + _RANGE_TOLERANCE:
+        raise ValueError(f"B-cos image inputs must lie in [0, 1] (they are encoded as [x, 1 - x]); got values in "
+                         f"[{lo:.4g}, {hi:.4g}]. Scale the images to [0, 1] instead of standardising them.")
+    return torch.cat([pixel_values, 1.0 - pixel_values], dim=1)
+
+
+class InputEncoding(nn.Module):
+    """Module form of :func:`encode_image` (kept as a module so that hooks can see the encoded input)."""
+
+    def forward(self, pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch two_c h w"]:
+        return encode_image(pixel_values)

@@ -1,0 +1,136 @@
+"""The B-cos ViT (paper Eq. 2-5, 9-19): a vision transformer that is dynamic linear end to end.
+
+    y(x) = W^Class(P_L) W^Block_L(P_{L-1}) ... W^Block_1(P_0) W^Tokens(x~) x~ = W(x~) x~,   x~ = [x, 1 - x]
+
+Pieces (one file each): :mod:`.encoding` (``[x, 1 - x]``), :mod:`.tokenizer` (B-cos linear patch embedding
+or B-cos CNN, Eq. 9), :mod:`.attention` (B-cos attention with priors, Eq. 12-14, 18-19), :mod:`.mlp`
+(Eq. 16); the classifier (Eq. 17) is a B-cos linear layer after mean pooling over tokens, times the
+constant ``logit_scale``, and has no bias.
+
+Every module whose weight depends on the input is a :class:`~bcos_plugins.nn.DynamicLinear`, so inside
+:func:`~bcos_plugins.nn.explanation_mode` the logits are linear in ``x~`` as far as autograd sees, and
+``x~ · dy_c/dx~ = y_c`` exactly (see :func:`~bcos_plugins.vision.explain_image`). The optional additive
+position embedding (``config.position_embedding``) is the one exception: a constant added to the tokens.
+
+The model is a transformers ``PreTrainedModel``: ``save_pretrained`` / ``from_pretrained`` and ``Trainer``
+work as for any image classifier (inputs ``pixel_values``, ``labels``; output ``ImageClassifierOutput``).
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import ImageClassifierOutput
+
+from ..nn.conv import BcosConv2d
+from ..nn.linear import BcosLinear
+from ..train import bcos_loss
+from .attention import BcosAttention
+from .config import BcosViTConfig
+from .encoding import InputEncoding, check_pixel_values
+from .mlp import BcosMLP
+from .tokenizer import BcosConvTokenizer, BcosPatchEmbedding
+
+__all__ = ["BcosViT", "BcosViTBlock"]
+
+
+class BcosViTBlock(nn.Module):
+    """B-cos attention block (Eq. 14) followed by a B-cos MLP block (Eq. 16), both with residuals."""
+
+    def __init__(self, config: BcosViTConfig) -> None:
+        super().__init__()
+        self.attention = BcosAttention(config.hidden_size, config.num_attention_heads, config.num_tokens,
+                                       b=config.b, max_out=config.max_out, prior=config.attention_prior,
+                                       layer_norm_eps=config.layer_norm_eps)
+        self.mlp = BcosMLP(config.hidden_size, config.intermediate_size, b=config.b, max_out=config.max_out)
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]):
+        x, pattern = self.attention(x)
+        return self.mlp(x), pattern
+
+
+class BcosViT(PreTrainedModel):
+    """B-cos vision transformer classifier; see the module docstring.
+
+    ``forward(pixel_values)`` takes images in [0, 1]; ``forward(encoded_pixel_values=...)`` takes the
+    already encoded ``[x, 1 - x]`` input (the attribution point: use it as the input of Captum methods
+    that should satisfy completeness, e.g. ``BcosAttribution``).
+    """
+
+    config_class = BcosViTConfig
+    base_model_prefix = "bcos_vit"
+    main_input_name = "pixel_values"
+
+    def __init__(self, config: BcosViTConfig) -> None:
+        super().__init__(config)
+        encoded_channels = 2 * config.num_channels
+        self.encoding = InputEncoding()
+        if config.tokenizer == "conv":
+            self.tokenizer = BcosConvTokenizer(encoded_channels, config.patch_size, config.hidden_size,
+                                               tuple(config.conv_channels), b=config.b, max_out=config.max_out)
+        else:
+            self.tokenizer = BcosPatchEmbedding(encoded_channels, config.patch_size, config.hidden_size,
+                                                b=config.b, max_out=config.max_out)
+        if config.position_embedding:
+            self.position_embedding = nn.Parameter(torch.zeros(1, config.num_tokens, config.hidden_size))
+        else:
+            self.register_parameter("position_embedding", None)
+        self.blocks = nn.ModuleList(BcosViTBlock(config) for _ in range(config.num_hidden_layers))
+        self.classifier = BcosLinear(config.hidden_size, config.num_labels, b=config.b, max_out=1)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (BcosLinear, BcosConv2d)):
+            init.kaiming_uniform_(module.weight, a=5**0.5)
+        elif isinstance(module, nn.Linear):
+            init.normal_(module.weight, std=self.config.initializer_range)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, BcosAttention) and module.prior is not None:
+            init.zeros_(module.prior)
+        elif isinstance(module, BcosViT) and module.position_embedding is not None:
+            init.normal_(module.position_embedding, std=self.config.initializer_range)
+
+    def encode(self, pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch two_c h w"]:
+        """Check the images and return ``[x, 1 - x]`` (the attribution point)."""
+        check_pixel_values(pixel_values, self.config.num_channels, self.config.image_size)
+        return self.encoding(pixel_values)
+
+    def forward_encoded(self, encoded: Float[Tensor, "batch two_c h w"],
+                        position_embedding: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """Logits and attention matrices from the encoded input.
+
+        ``position_embedding`` overrides the stored one (``explain_image`` passes a leaf to measure its share).
+        """
+        tokens = self.tokenizer(encoded)
+        position_embedding = self.position_embedding if position_embedding is None else position_embedding
+        if position_embedding is not None:
+            tokens = tokens + position_embedding
+        patterns = []
+        for block in self.blocks:
+            tokens, pattern = block(tokens)
+            patterns.append(pattern)
+        logits = self.classifier(tokens.mean(dim=1)) * self.config.logit_scale
+        return logits, tuple(patterns)
+
+    def forward(self, pixel_values: Tensor | None = None, labels: Tensor | None = None,
+                output_attentions: bool = False, encoded_pixel_values: Tensor | None = None,
+                return_dict: bool = True, **kwargs) -> ImageClassifierOutput:
+        """Classify images; with ``labels`` the loss is B-cos BCE (:func:`~bcos_plugins.bcos_loss`)."""
+        if (pixel_values is None) == (encoded_pixel_values is None):
+            raise ValueError("pass exactly one of pixel_values (images in [0, 1]) and encoded_pixel_values "
+                             "(the [x, 1 - x] encoding)")
+        if encoded_pixel_values is None:
+            encoded = self.encode(pixel_values)
+        else:
+            encoded = encoded_pixel_values
+            check_pixel_values(encoded, 2 * self.config.num_channels, self.config.image_size,
+                               what="encoded_pixel_values")
+        logits, patterns = self.forward_encoded(encoded)
+        loss = bcos_loss(logits, labels) if labels is not None else None
+        return ImageClassifierOutput(loss=loss, logits=logits,
+                                     attentions=patterns if output_attentions else None)

@@ -1,0 +1,37 @@
+"""Attention rollout (Abnar & Zuidema, 2020) for mean-pooled ViTs, as a pixel map.
+
+    R = prod over layers (bottom to top) of  norm_rows(0.5 * mean_heads(A_l) + 0.5 * I)
+    token relevance_j = mean_i R[i, j]      (the classifier reads the mean over tokens, not a CLS token)
+
+B-cos attention matrices with a multiplicative prior are not row-stochastic (Eq. 19): rows are
+renormalised here, as the rollout recursion assumes. The token map is spread uniformly over each token's
+``p x p`` patch. Rollout is class-agnostic and non-negative (paper §A.1: it cannot show negative evidence).
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+__all__ = ["attention_rollout"]
+
+
+def attention_rollout(attentions: tuple[Tensor, ...] | list[Tensor], patch_size: int,
+                      residual_weight: float = 0.5) -> Float[Tensor, "batch h w"]:
+    """Pixel map ``(batch, grid * p, grid * p)`` from per-layer attention ``(batch, heads, N, N)``."""
+    if not attentions:
+        raise ValueError("attention_rollout needs the attention matrices of at least one layer "
+                         "(call the model with output_attentions=True)")
+    batch, _, n, _ = attentions[0].shape
+    grid = int(round(n**0.5))
+    if grid * grid != n:
+        raise ValueError(f"{n} tokens do not form a square grid; attention_rollout expects patch tokens only")
+    eye = torch.eye(n, dtype=attentions[0].dtype, device=attentions[0].device)
+    rollout = eye.expand(batch, n, n)
+    for pattern in attentions:
+        mixed = (1 - residual_weight) * pattern.mean(dim=1) + residual_weight * eye
+        mixed = mixed / mixed.sum(dim=-1, keepdim=True)
+        rollout = mixed @ rollout
+    relevance = rollout.mean(dim=1).reshape(batch, grid, grid)
+    return relevance.repeat_interleave(patch_size, dim=1).repeat_interleave(patch_size, dim=2)

@@ -1,0 +1,105 @@
+"""Pictures of B-cos explanations (paper §3.1 and §C.3), with matplotlib.
+
+- :func:`weight_colour_image`: the explained row ``W_c(x~)`` shown in colour. The input encoding
+  ``[x, 1 - x]`` makes a pixel's colour a function of the angle of its 2C-vector alone, so a weight vector
+  that aligns with pixels can be read back as a colour: per pixel, scale the 2C weights by their largest
+  magnitude, keep the positive part, and take ``w_c / (w_c + w_{C+c})`` as colour channel ``c``. Opacity is
+  the weight norm (relative to a high percentile over the image), and only pixels whose contribution is
+  positive are shown. Grey-scale models (C = 1) give grey colours.
+- :func:`contribution_map`: contributions clipped to ``[-v, v]`` with ``v`` the 99.9th percentile of their
+  absolute values (paper §C.3), for a blue-white-red colour map.
+- :func:`save_explanation_figure`: image / contributions / colour row of ``W(x)``, per example, as a PNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+__all__ = ["contribution_map", "save_explanation_figure", "weight_colour_image"]
+
+
+def weight_colour_image(weights: Float[Tensor, "two_c h w"], contributions: Float[Tensor, "h w"],
+                        alpha_percentile: float = 99.5) -> np.ndarray:
+    """RGBA image ``(H, W, 4)`` in [0, 1] of one ``W(x)`` row; see the module docstring."""
+    if weights.ndim != 3 or weights.shape[0] % 2 != 0:
+        raise ValueError(f"weights must have shape (2C, H, W) (the encoded channels); got {tuple(weights.shape)}")
+    if contributions.shape != weights.shape[1:]:
+        raise ValueError(f"contributions shape {tuple(contributions.shape)} does not match the weights' "
+                         f"spatial shape {tuple(weights.shape[1:])}")
+    w = weights.detach().double().cpu()
+    c = w.shape[0] // 2
+    scaled = (w / w.abs().amax(dim=0, keepdim=True).clamp_min(1e-12)).clamp_min(0)
+    colour = scaled[:c] / (scaled[:c] + scaled[c:]).clamp_min(1e-12)
+    if c == 1:
+        colour = colour.expand(3, -1, -1)
+    elif c != 3:
+        raise ValueError(f"colour images need 1 or 3 input channels; got {c}")
+    strength = w.norm(dim=0)
+    strength = torch.where(contributions.detach().double().cpu() > 0, strength, torch.zeros_like(strength))
+    top = float(np.percentile(strength.numpy(), alpha_percentile))
+    alpha = (strength / top).clamp(0, 1) if top > 0 else torch.zeros_like(strength)
+    return torch.cat([colour, alpha[None]], dim=0).permute(1, 2, 0).numpy()
+
+
+def contribution_map(contributions: Float[Tensor, "h w"], percentile: float = 99.9) -> tuple[np.ndarray, float]:
+    """``(clipped map, v)`` with the map clipped to ``[-v, v]``, ``v`` the percentile of ``|contributions|``."""
+    values = contributions.detach().double().cpu().numpy()
+    v = float(np.percentile(np.abs(values), percentile))
+    v = v if v > 0 else 1.0
+    return np.clip(values, -v, v), v
+
+
+def save_explanation_figure(path: str | Path, images: Float[Tensor, "n c h w"],
+                            columns: dict[str, Sequence[Tensor] | Tensor],
+                            colour_rows: Sequence[np.ndarray] | None = None,
+                            row_titles: Sequence[str] | None = None) -> Path:
+    """Save a grid: one row per image; the image, then one column per named attribution map.
+
+    ``columns`` maps a method name to ``(n, H, W)`` maps (signed maps use blue-white-red, clipped per map;
+    maps that are never negative, e.g. rollout, use a sequential colour map). ``colour_rows`` adds the
+    :func:`weight_colour_image` of each row as the last column.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = images.shape[0]
+    n_cols = 1 + len(columns) + (colour_rows is not None)
+    fig, axes = plt.subplots(n, n_cols, figsize=(1.6 * n_cols, 1.6 * n), squeeze=False)
+    for i in range(n):
+        img = images[i].detach().cpu()
+        axes[i, 0].imshow(img[0] if img.shape[0] == 1 else img.permute(1, 2, 0), cmap="gray", vmin=0, vmax=1)
+        for j, (name, maps) in enumerate(columns.items(), start=1):
+            m = torch.as_tensor(maps[i]).detach().cpu()
+            if (m < 0).any():
+                clipped, v = contribution_map(m)
+                axes[i, j].imshow(clipped, cmap="bwr", vmin=-v, vmax=v)
+            else:
+                axes[i, j].imshow(m.numpy(), cmap="jet")
+            if i == 0:
+                axes[i, j].set_title(name, fontsize=8)
+        if colour_rows is not None:
+            axes[i, -1].imshow(np.zeros(colour_rows[i].shape[:2]), cmap="gray", vmin=0, vmax=1)
+            axes[i, -1].imshow(colour_rows[i])
+            if i == 0:
+                axes[i, -1].set_title("W(x) row", fontsize=8)
+        if row_titles is not None:
+            axes[i, 0].set_ylabel(row_titles[i], fontsize=8)
+        if i == 0:
+            axes[i, 0].set_title("image", fontsize=8)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
