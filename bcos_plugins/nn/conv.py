@@ -23,7 +23,8 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from .dynamic import DynamicLinear
-from .linear import _COS_FLOOR, _NORM_EPS, check_b
+from .functional import NORM_EPS, bcos_scale, unit_norm
+from .linear import check_b
 
 __all__ = ["BcosConv2d"]
 
@@ -60,14 +61,13 @@ class BcosConv2d(DynamicLinear):
 
     def unit_weight(self) -> Float[Tensor, "units c_in kh kw"]:
         """Filters scaled to unit norm over (in_channels, kh, kw)."""
-        norm = self.weight.flatten(1).norm(dim=1).clamp_min(_NORM_EPS)
-        return self.weight / norm[:, None, None, None]
+        return unit_norm(self.weight, dim=(1, 2, 3))
 
     def patch_norm(self, x: Float[Tensor, "batch c_in h w"]) -> Float[Tensor, "batch 1 h_out w_out"]:
         """``||x_r||`` of every receptive field (with the same epsilon as ``BcosLinear``)."""
         ones = x.new_ones(1, 1, *self.kernel_size)
         squares = F.conv2d(x.pow(2).sum(dim=1, keepdim=True), ones, stride=self.stride, padding=self.padding)
-        return (squares + _NORM_EPS).sqrt()
+        return (squares + NORM_EPS).sqrt()
 
     def forward(self, x: Float[Tensor, "batch c_in h w"]) -> Float[Tensor, "batch c_out h_out w_out"]:
         if x.ndim != 4 or x.shape[1] != self.in_channels:
@@ -77,9 +77,7 @@ class BcosConv2d(DynamicLinear):
         if self.max_out > 1:
             lin = lin.unflatten(1, (self.out_channels, self.max_out)).amax(dim=2)
         if self.b != 1.0:
-            abs_cos = (lin.abs() / self.patch_norm(x)).clamp_min(_COS_FLOOR)
-            dyn = abs_cos if self.b == 2.0 else abs_cos.pow(self.b - 1.0)
-            lin = self.dynamic_weight(dyn) * lin
+            lin = self.dynamic_weight(bcos_scale(lin, self.patch_norm(x), self.b)) * lin
         return lin
 
     def extra_repr(self) -> str:
