@@ -1,0 +1,135 @@
+"""Rationale alignment: how well token scores agree with human rationale masks (DESIGN.md §4).
+
+Both metrics take any per-token scores (attention, B-cos contributions, Captum attributions, Space Model
+context attribution) of shape ``(batch, pos)``, a gold mask of the same shape (1 on rationale tokens) and the
+positions that count (``valid_mask``: real tokens, usually without special tokens). Positions outside
+``valid_mask`` (padding, [CLS], [SEP]) never enter a metric, whatever their score.
+
+- **Top-k IoU** (Self-Guided Attention paper, Eq. 10): per row, ``|top-k ∩ gold| / |top-k ∪ gold|`` where
+  top-k are the k highest-scoring valid tokens. ``k=None`` (default) takes k = the number of gold tokens of
+  the row, so a perfect ranking scores 1; an int fixes k; a float in (0, 1] takes that fraction of the
+  row's valid tokens (at least 1). Ties at the k-th score are broken by position (``torch.topk`` order).
+- **AUPRC** (average precision): per row, ``AP = sum_t (R_t - R_{t-1}) P_t`` over the distinct score
+  thresholds t in decreasing order, which is the definition of scikit-learn's ``average_precision_score``
+  (tied scores form one threshold). Written here in torch so that a whole padded batch is scored at once
+  with padding excluded by the mask and no per-row Python loop or transfer to NumPy; the tests check it
+  against scikit-learn on random rows with ties.
+
+Rows without any gold token (or any valid token) have no defined IoU or AP: they are NaN in the per-row
+output and left out of the mean (``RationaleAlignment.n_rows`` says how many rows counted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+__all__ = ["RationaleAlignment", "rationale_alignment", "top_k_iou", "average_precision"]
+
+
+def _check(scores: Tensor, gold_mask: Tensor, valid_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    if scores.ndim != 2:
+        raise ValueError(f"scores must have shape (batch, pos); got {tuple(scores.shape)}. Reduce attention "
+                         "over heads/layers (e.g. guided.attention_token_scores) or embeddings first.")
+    if gold_mask.shape != scores.shape:
+        raise ValueError(f"gold_mask shape {tuple(gold_mask.shape)} != scores shape {tuple(scores.shape)}")
+    if valid_mask is None:
+        valid_mask = torch.ones_like(gold_mask, dtype=torch.bool)
+    if valid_mask.shape != scores.shape:
+        raise ValueError(f"valid_mask shape {tuple(valid_mask.shape)} != scores shape {tuple(scores.shape)}")
+    valid = valid_mask.bool()
+    gold = gold_mask.bool() & valid
+    if not torch.isfinite(scores[valid]).all():
+        raise ValueError("scores contain NaN or inf at valid positions")
+    return scores.detach().float(), gold, valid
+
+
+def top_k_iou(
+    scores: Float[Tensor, "batch pos"],
+    gold_mask: Tensor,
+    valid_mask: Tensor | None = None,
+    k: int | float | None = None,
+) -> Float[Tensor, " batch"]:
+    """Per-row top-k IoU of ``scores`` against ``gold_mask`` over ``valid_mask`` positions (see module doc)."""
+    scores, gold, valid = _check(scores, gold_mask, valid_mask)
+    n_valid = valid.sum(1)
+    n_gold = gold.sum(1)
+    if k is None:
+        k_row = n_gold
+    elif isinstance(k, float):
+        if not 0 < k <= 1:
+            raise ValueError(f"a float k is a fraction of the valid tokens and must lie in (0, 1]; got {k}")
+        k_row = (n_valid.float() * k).long().clamp_min(1)
+    elif isinstance(k, int) and k >= 1:
+        k_row = torch.full_like(n_gold, k)
+    else:
+        raise ValueError(f"k must be None (= number of gold tokens), an int >= 1 or a fraction; got {k!r}")
+    k_row = torch.minimum(k_row, n_valid)
+    # Invalid positions sink below every valid score, so top-k never picks them while k <= n_valid.
+    ranked = scores.masked_fill(~valid, float("-inf"))
+    order = ranked.argsort(dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    selected = (rank < k_row[:, None]) & valid
+    inter = (selected & gold).sum(1).float()
+    union = (selected | gold).sum(1).float()
+    iou = inter / union.clamp_min(1)
+    return torch.where((n_gold > 0) & (n_valid > 0), iou, torch.full_like(iou, float("nan")))
+
+
+def average_precision(
+    scores: Float[Tensor, "batch pos"],
+    gold_mask: Tensor,
+    valid_mask: Tensor | None = None,
+) -> Float[Tensor, " batch"]:
+    """Per-row average precision (area under the precision-recall curve) over ``valid_mask`` positions."""
+    scores, gold, valid = _check(scores, gold_mask, valid_mask)
+    # at_or_above[b, i, j]: valid token j scores >= token i (token i's threshold admits j).
+    at_or_above = (scores[:, None, :] >= scores[:, :, None]) & valid[:, None, :]
+    retrieved = at_or_above.sum(-1).float()
+    hits = (at_or_above & gold[:, None, :]).sum(-1).float()
+    precision_at_own_threshold = hits / retrieved.clamp_min(1)
+    n_gold = gold.sum(1)
+    ap = (precision_at_own_threshold * gold).sum(1) / n_gold.clamp_min(1)
+    return torch.where(n_gold > 0, ap, torch.full_like(ap, float("nan")))
+
+
+@dataclass
+class RationaleAlignment:
+    """Batch summary: means over rows with a rationale, and the per-row values."""
+
+    iou: float
+    auprc: float
+    n_rows: int
+    iou_per_row: Tensor
+    auprc_per_row: Tensor
+
+    def as_dict(self) -> dict[str, float]:
+        return {"iou": self.iou, "auprc": self.auprc, "n_rows": self.n_rows}
+
+
+def rationale_alignment(
+    scores: Float[Tensor, "batch pos"],
+    gold_mask: Tensor,
+    valid_mask: Tensor | None = None,
+    k: int | float | None = None,
+) -> RationaleAlignment:
+    """Top-k IoU and AUPRC of ``scores`` against ``gold_mask`` in one call (means over rows with a rationale).
+
+    ``scores`` may be signed (B-cos contributions): higher means "more evidence for the explained class".
+    Pass ``scores.abs()`` to rank by magnitude instead.
+    """
+    iou = top_k_iou(scores, gold_mask, valid_mask, k)
+    ap = average_precision(scores, gold_mask, valid_mask)
+    counted = ~torch.isnan(ap)
+    n = int(counted.sum())
+    return RationaleAlignment(
+        iou=float(iou[counted].mean()) if n else float("nan"),
+        auprc=float(ap[counted].mean()) if n else float("nan"),
+        n_rows=n,
+        iou_per_row=iou,
+        auprc_per_row=ap,
+    )

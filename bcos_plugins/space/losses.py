@@ -1,0 +1,75 @@
+"""Space Model losses: the inter-space and intra-space regularisers (padding excluded from both).
+
+Notation: ``z`` (batch, pos, n_spaces, n_latent) are the concept activations ``tanh(h P_k)`` in [-1, 1],
+``m`` the attention mask, one concept space per class.
+
+- **Inter-space** (the reference code's match / mismatch loss): pull the true class's space towards +1 and
+  push the other spaces towards -1, averaged over real tokens and latent units:
+  ``match_weight * mean(1 - z_y) + mismatch_weight * mean_{k != y}(1 + z_k)``, each term in [0, 2].
+- **Intra-space** (paper Eq. 5, "an inverse of the variance of the vectors inside the context
+  attribution"): per example, space and latent unit, the variance of ``z`` over the real tokens,
+  then ``1 / (variance + eps)`` averaged. It keeps the tokens of one space from collapsing onto one point.
+
+Why it cannot blow up: tanh saturates at ±1, where every token gets the same value and the variance is
+0 (and a one-token input has variance 0 anyway). The reference code divides by ``variance + 1e-9`` and so
+returns ~1e9 there, which swamps the cross-entropy. Here ``eps`` defaults to 0.01: since ``z`` lies in
+[-1, 1] the variance lies in [0, 1], so the term lies in ``[1 / (1 + eps), 1 / eps]`` = [0.99, 100] and
+its gradient ``-1 / (variance + eps)^2`` is at most ``1 / eps^2`` in size. It is finite for every input.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+__all__ = ["inter_space_loss", "intra_space_loss"]
+
+
+def _token_weights(concepts: Tensor, attention_mask: Tensor | None) -> Float[Tensor, "batch pos"]:
+    batch, pos = concepts.shape[:2]
+    if attention_mask is None:
+        mask = torch.ones(batch, pos, dtype=concepts.dtype, device=concepts.device)
+    else:
+        if attention_mask.shape != (batch, pos):
+            raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != (batch, pos) = ({batch}, {pos})")
+        mask = attention_mask.to(concepts.dtype)
+    n = mask.sum(1, keepdim=True)
+    if (n == 0).any():
+        raise ValueError("a row of attention_mask has no real token; remove empty rows")
+    return mask / n
+
+
+def inter_space_loss(
+    concepts: Float[Tensor, "batch pos n_spaces n_latent"],
+    labels: Int[Tensor, " batch"],
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    match_weight: float = 0.5,
+    mismatch_weight: float = 0.5,
+) -> Float[Tensor, ""]:
+    """True-class space towards +1, other spaces towards -1, over real tokens (see module docstring)."""
+    n_spaces = concepts.shape[2]
+    if labels.ndim != 1 or labels.shape[0] != concepts.shape[0]:
+        raise ValueError(f"labels must have shape (batch,) = ({concepts.shape[0]},); got {tuple(labels.shape)}")
+    if (labels < 0).any() or (labels >= n_spaces).any():
+        raise ValueError(f"labels must index the {n_spaces} concept spaces (one per class); got {labels.tolist()}")
+    w = _token_weights(concepts, attention_mask)
+    per_space = torch.einsum("bpkl,bp->bk", concepts, w) / concepts.shape[3]  # mean z per example and space
+    is_true = torch.nn.functional.one_hot(labels, n_spaces).to(concepts.dtype)
+    match = ((1 - per_space) * is_true).sum(1)
+    mismatch = ((1 + per_space) * (1 - is_true)).sum(1) / max(n_spaces - 1, 1)
+    return (match_weight * match + mismatch_weight * mismatch).mean()
+
+
+def intra_space_loss(
+    concepts: Float[Tensor, "batch pos n_spaces n_latent"],
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    eps: float = 0.01,
+) -> Float[Tensor, ""]:
+    """Mean of ``1 / (variance over real tokens + eps)``, bounded by ``1 / eps`` (see module docstring)."""
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0: it is what keeps 1/(variance + eps) finite when tanh saturates; got {eps}")
+    w = _token_weights(concepts, attention_mask)
+    mean = torch.einsum("bpkl,bp->bkl", concepts, w)
+    variance = torch.einsum("bpkl,bp->bkl", (concepts - mean[:, None]) ** 2, w)
+    return (1.0 / (variance + eps)).mean()
