@@ -1,0 +1,86 @@
+"""Eigendecomposition of interaction matrices (paper §3.2) and spectrum statistics (App. E).
+
+For a symmetric interaction matrix ``Q(u) = sum_i lambda_i v_i v_i^T`` (spectral theorem)::
+
+    u . out(x) = x^T Q(u) x = sum_i lambda_i (v_i . x)^2        (paper Eq. 3)
+
+so each eigenvector ``v_i`` is an input direction whose activation ``lambda_i (v_i . x)^2`` is quadratic in
+the input, and the eigenvectors have no cross-interactions. Eigenvalues are returned in ascending order
+(``torch.linalg.eigh``): the last is the most positive, the first the most negative.
+
+Near-sparsity ``(L1 / L2)^2`` (App. E): between 1 (one non-zero entry) and n (all entries equal in size),
+a continuous L0. On eigenvalues it is the effective rank of ``Q``; on an eigenvector, its number of
+effectively active inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .interaction import DEFAULT_CHUNK, interaction_matrix, iter_interaction_matrices
+
+__all__ = [
+    "Eigendecomposition",
+    "effective_rank",
+    "eigendecompose",
+    "eigenvector_activations",
+    "interaction_spectra",
+    "l1_l2_sparsity",
+    "top_eigen_indices",
+]
+
+Order = Literal["magnitude", "positive", "negative"]
+
+
+class Eigendecomposition(NamedTuple):
+    """``Q = V diag(eigenvalues) V^T``; ``eigenvectors[..., :, i]`` belongs to ``eigenvalues[..., i]`` (ascending)."""
+
+    eigenvalues: Float[Tensor, "*n d_in"]
+    eigenvectors: Float[Tensor, "*n d_in d_in"]
+
+
+def eigendecompose(source, u: Float[Tensor, "*n d_out"], chunk_size: int = DEFAULT_CHUNK) -> Eigendecomposition:
+    """Eigendecomposition of ``Q(u)`` for one output direction or a batch (ascending eigenvalues)."""
+    q = interaction_matrix(source, u, chunk_size=chunk_size)
+    eigenvalues, eigenvectors = torch.linalg.eigh(q)
+    return Eigendecomposition(eigenvalues, eigenvectors)
+
+
+def interaction_spectra(source, u: Float[Tensor, "n d_out"], chunk_size: int = DEFAULT_CHUNK
+                        ) -> Float[Tensor, "n d_in"]:
+    """Eigenvalues (ascending) of ``Q(u)`` for many directions, holding ``chunk_size`` matrices at a time."""
+    return torch.cat([torch.linalg.eigvalsh(q) for q in iter_interaction_matrices(source, u, chunk_size)])
+
+
+def eigenvector_activations(eig: Eigendecomposition, x: Float[Tensor, "batch d_in"]
+                            ) -> Float[Tensor, "batch *n d_in"]:
+    """``lambda_i (v_i . x)^2`` for every eigenvector; summed over the last axis it equals ``u . out(x)``."""
+    projections = torch.einsum("bi,...ik->b...k", x.to(eig.eigenvectors.dtype), eig.eigenvectors)
+    return eig.eigenvalues * projections.square()
+
+
+def top_eigen_indices(eigenvalues: Float[Tensor, "*n d_in"], k: int, by: Order = "magnitude"
+                      ) -> Int[Tensor, "*n k"]:
+    """Indices of the ``k`` leading eigenvalues: largest ``|lambda|``, most positive, or most negative."""
+    if not 0 <= k <= eigenvalues.shape[-1]:
+        raise ValueError(f"k={k} must lie in [0, {eigenvalues.shape[-1]}] (the number of eigenvalues)")
+    keys = {"magnitude": eigenvalues.abs(), "positive": eigenvalues, "negative": -eigenvalues}
+    if by not in keys:
+        raise ValueError(f"by={by!r} must be one of {sorted(keys)}")
+    return keys[by].topk(k, dim=-1).indices
+
+
+def l1_l2_sparsity(values: Float[Tensor, "... n"], eps: float = 1e-30) -> Float[Tensor, ...]:
+    """``(||v||_1 / ||v||_2)^2`` over the last axis (App. E); 0 for an all-zero vector."""
+    l1 = values.abs().sum(-1)
+    l2 = values.norm(dim=-1)
+    return torch.where(l2 > 0, (l1 / l2.clamp_min(eps)).square(), torch.zeros_like(l1))
+
+
+def effective_rank(eigenvalues: Float[Tensor, "... d_in"]) -> Float[Tensor, ...]:
+    """``(L1/L2)^2`` of the eigenvalues: how many eigenvectors effectively carry the interaction matrix."""
+    return l1_l2_sparsity(eigenvalues)

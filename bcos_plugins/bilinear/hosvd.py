@@ -1,0 +1,68 @@
+"""Higher-order SVD of the bilinear tensor (paper §3.3), without building the tensor.
+
+Flatten the two input axes of the symmetric tensor, ``T = B.reshape(d_out, d_in * d_in)``, and take its SVD::
+
+    T = sum_i sigma_i u_i (x) vec(q_i)
+
+``u_i`` are the most important output directions and ``q_i`` (``d_in, d_in``, symmetric, unit Frobenius
+norm) the interaction matrices they read, to be eigendecomposed in turn. ``T = P S`` with ``S`` the
+(``d_hidden, d_in^2``) stack of ``sym(w_a v_a^T)``, so the output Gram matrix is::
+
+    T T^T = P K P^T,   K_ab = <sym(w_a v_a^T), sym(w_b v_b^T)>_F
+                            = ((w_a . w_b)(v_a . v_b) + (w_a . v_b)(v_a . w_b)) / 2
+
+Its eigenvectors are the ``u_i``, its eigenvalues ``sigma_i^2``, and ``q_i = Q(u_i) / sigma_i``
+(``Q`` from :func:`~bcos_plugins.bilinear.interaction_matrix`). Cost ``O(d_hidden^2 d_in + d_out^2 d_hidden
++ r d_hidden d_in^2)`` instead of the SVD of a ``d_out x d_in^2`` matrix. The Gram matrix is formed in
+float64 because it squares the singular values.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .interaction import interaction_matrix
+from .weights import bilinear_weights, require_bias_free
+
+__all__ = ["HOSVD", "hosvd"]
+
+
+class HOSVD(NamedTuple):
+    """``B ~= sum_i singular_values[i] * output_directions[:, i] (x) interaction_matrices[i]``."""
+
+    singular_values: Float[Tensor, " r"]
+    output_directions: Float[Tensor, "d_out r"]
+    interaction_matrices: Float[Tensor, "r d_in d_in"]
+
+    def reconstruct(self) -> Float[Tensor, "d_out d_in d_in"]:
+        """The (rank-r) symmetric bilinear tensor; materialises ``d_out x d_in^2`` numbers."""
+        return torch.einsum("r,or,rij->oij", self.singular_values, self.output_directions, self.interaction_matrices)
+
+
+def hosvd(source, rank: int | None = None, rtol: float = 1e-6) -> HOSVD:
+    """Top ``rank`` terms of the HOSVD (all non-zero ones if ``None``), singular values descending.
+
+    Terms with ``sigma_i <= rtol * sigma_max`` are dropped: their ``q_i`` are undefined.
+    """
+    weights = bilinear_weights(source)
+    require_bias_free(weights, "hosvd")
+    W, V, P = (t.to(torch.float64) for t in (weights.W, weights.V, weights.P))
+    gram_hidden = 0.5 * ((W @ W.T) * (V @ V.T) + (W @ V.T) * (V @ W.T))
+    gram_out = P @ gram_hidden @ P.T
+    squared, directions = torch.linalg.eigh(gram_out)
+    squared, directions = squared.flip(0), directions.flip(1)
+    sigma = squared.clamp_min(0).sqrt()
+    keep = sigma > rtol * sigma[0].clamp_min(torch.finfo(torch.float64).tiny)
+    if rank is not None:
+        if rank < 1:
+            raise ValueError(f"rank={rank} must be >= 1 (or None for every non-zero term)")
+        keep &= torch.arange(sigma.numel(), device=sigma.device) < rank
+    sigma, directions = sigma[keep], directions[:, keep]
+    dtype = weights.W.dtype
+    directions = directions.to(dtype)
+    matrices = interaction_matrix(weights, directions.T) / sigma.to(dtype)[:, None, None]
+    return HOSVD(sigma.to(dtype), directions, matrices)

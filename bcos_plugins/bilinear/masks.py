@@ -1,0 +1,61 @@
+"""Adversarial masks from the weights alone (paper §4.4).
+
+Eigenvectors of different output directions overlap, so an input along one of them can activate several.
+The mask of eigenvector ``v_i`` is instead row ``i`` of the pseudo-inverse of the set ``V`` (rows
+``v_j``): ``m_i . v_j = delta_ij``, a "key" that activates ``v_i`` and none of the other eigenvectors in
+the set. Adding ``alpha m_i`` to an input moves ``v_i . x`` by ``alpha`` and leaves the other ``v_j . x``
+unchanged, so the output reading ``v_i`` (``lambda_i > 0``) grows by ``lambda_i ((v_i . x + alpha)^2 -
+(v_i . x)^2)``. The set is the top ``per_direction`` positive eigenvectors of every output direction.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .eigen import Eigendecomposition, top_eigen_indices
+
+__all__ = ["AdversarialMasks", "adversarial_masks", "pseudo_inverse_masks"]
+
+
+def pseudo_inverse_masks(vectors: Float[Tensor, "n d_in"]) -> Float[Tensor, "n d_in"]:
+    """Rows ``m_i`` with ``m_i . vectors[j] = delta_ij`` (needs ``n <= d_in`` and independent vectors)."""
+    n, d_in = vectors.shape
+    if n > d_in:
+        raise ValueError(
+            f"{n} vectors in {d_in} dimensions cannot be separated (m_i . v_j = delta_ij needs n <= d_in); "
+            "use fewer eigenvectors per direction."
+        )
+    return torch.linalg.pinv(vectors).T
+
+
+class AdversarialMasks(NamedTuple):
+    """``masks[d, r]`` targets ``eigenvectors[d, r]``, the r-th most positive eigenvector of direction d."""
+
+    masks: Float[Tensor, "n per d_in"]
+    eigenvectors: Float[Tensor, "n per d_in"]
+    eigenvalues: Float[Tensor, "n per"]
+
+
+def adversarial_masks(eig: Eigendecomposition, per_direction: int = 10,
+                      reference: Float[Tensor, " d_in"] | None = None) -> AdversarialMasks:
+    """Pseudo-inverse masks for the top ``per_direction`` positive eigenvectors of every direction in ``eig``.
+
+    The sign of an eigenvector is arbitrary; with ``reference`` (e.g. the mean input) each mask is
+    oriented so that adding it increases ``|v_i . reference|``, i.e. it strengthens the eigenvector's
+    activation on typical inputs rather than first cancelling it.
+    """
+    if eig.eigenvalues.ndim != 2:
+        raise ValueError("adversarial_masks needs a batch of decompositions: eigendecompose(layer, u) with u (n, d_out)")
+    n_dirs, d_in = eig.eigenvalues.shape
+    index = top_eigen_indices(eig.eigenvalues, per_direction, by="positive")  # (n, per)
+    vectors = eig.eigenvectors.gather(-1, index[:, None, :].expand(n_dirs, d_in, per_direction)).mT  # (n, per, d_in)
+    values = eig.eigenvalues.gather(-1, index)
+    masks = pseudo_inverse_masks(vectors.reshape(-1, d_in)).reshape(n_dirs, per_direction, d_in)
+    if reference is not None:
+        sign = torch.sign(vectors @ reference.to(vectors.dtype))
+        masks = masks * torch.where(sign == 0, torch.ones_like(sign), sign)[..., None]
+    return AdversarialMasks(masks, vectors, values)

@@ -1,0 +1,81 @@
+"""Bilinear MLP: ``out = P ((W x + b_w) * (V x + b_v))``.
+
+A gated linear unit without the gate nonlinearity (paper Eq. 1 with ``sigma`` = identity). The output is a
+quadratic form of the input: for an output direction ``u``, ``u . out = x^T Q(u) x`` with
+``Q(u) = W^T diag(P^T u) V`` (see :mod:`bcos_plugins.bilinear.interaction`).
+
+Explanation mode. A bias-free bilinear layer is homogeneous of degree 2, so plain input x gradient gives
+``x . d out / dx = 2 out`` (the product rule counts each branch once). As a
+:class:`~bcos_plugins.nn.DynamicLinear`, the right branch ``V x + b_v`` is the dynamic weight: inside
+:func:`~bcos_plugins.nn.explanation_mode` it is a constant, the layer is the linear map
+``x -> P (diag(V x + b_v) (W x + b_w))`` and ``x . d out / dx = out - P (b_w * (V x + b_v))``: exactly
+``out`` without biases; with biases the missing term is the bias share, which is the contribution of the
+constant coordinate of the augmented input ``[x, 1]``.
+"""
+
+from __future__ import annotations
+
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from ..nn.dynamic import DynamicLinear
+from .weights import BilinearWeights
+
+__all__ = ["BilinearMLP"]
+
+
+class BilinearMLP(DynamicLinear):
+    """``P ((W x + b_w) * (V x + b_v)) + b_P``.
+
+    Args:
+        d_in: input width.
+        d_hidden: number of hidden units (rows of ``W`` and ``V``).
+        d_out: output width (default ``d_in``, as in a transformer MLP).
+        bias: give ``W``, ``V`` and ``P`` biases (analyse them with ``weights().augmented()``).
+    """
+
+    def __init__(self, d_in: int, d_hidden: int, d_out: int | None = None, bias: bool = False,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        d_out = d_in if d_out is None else d_out
+        for name, size in (("d_in", d_in), ("d_hidden", d_hidden), ("d_out", d_out)):
+            if size < 1:
+                raise ValueError(f"{name}={size} must be a positive integer")
+        self.W = nn.Linear(d_in, d_hidden, bias=bias, device=device, dtype=dtype)
+        self.V = nn.Linear(d_in, d_hidden, bias=bias, device=device, dtype=dtype)
+        self.P = nn.Linear(d_hidden, d_out, bias=bias, device=device, dtype=dtype)
+
+    @property
+    def d_in(self) -> int:
+        return self.W.in_features
+
+    @property
+    def d_hidden(self) -> int:
+        return self.W.out_features
+
+    @property
+    def d_out(self) -> int:
+        return self.P.out_features
+
+    def hidden(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_hidden"]:
+        """``g(x) = (W x + b_w) * (V x + b_v)``, the right branch detached in explanation mode."""
+        return self.W(x) * self.dynamic_weight(self.V(x))
+
+    def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
+        if x.shape[-1] != self.d_in:
+            raise ValueError(f"BilinearMLP expects inputs with last dimension d_in={self.d_in}, got {tuple(x.shape)}")
+        return self.P(self.hidden(x))
+
+    def weights(self) -> BilinearWeights:
+        """The layer's ``(W, V, P)`` and biases as detached tensors (views of the parameters)."""
+
+        def bias(linear: nn.Linear) -> Tensor | None:
+            return None if linear.bias is None else linear.bias.detach()
+
+        return BilinearWeights(
+            W=self.W.weight.detach(), V=self.V.weight.detach(), P=self.P.weight.detach(),
+            w_bias=bias(self.W), v_bias=bias(self.V), out_bias=bias(self.P),
+        )
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_hidden={self.d_hidden}, d_out={self.d_out}"

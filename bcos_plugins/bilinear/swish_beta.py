@@ -1,0 +1,147 @@
+"""Fine-tune a SwiGLU transformer into a bilinear one by annealing the gate (paper App. J).
+
+``Swish_beta(x) = x * sigmoid(beta x)``: ``beta = 1`` is SiLU, ``beta ~= 1.702`` approximates GELU and
+``beta = 0`` gives ``x / 2``, a linear gate. Interpolating ``beta`` to 0 during fine-tuning turns
+``down(act(gate(x)) * up(x))`` into the bilinear ``down((gate(x) / 2) * up(x))``. At the end the factor
+1/2 is folded into ``down_proj`` (its weight is halved, its bias is not), the activation becomes the identity
+(transformers' ``"linear"``) and ``config.hidden_act`` is set to ``"linear"``, so that the saved model reloads
+as a bilinear model with ``from_pretrained`` and :func:`~bcos_plugins.bilinear.bilinear_weights` reads it.
+
+The paper anneals linearly over the first 30 % of training and keeps ``beta = 0`` for the rest; that is the
+default schedule here (``anneal_fraction=0.3``).
+
+Checkpoints saved while ``beta`` is still annealing store the original ``hidden_act``; resume from them
+with the same callback rather than evaluating them as they are.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformers import TrainerCallback
+from transformers.activations import ACT2FN
+
+from ..nn.dynamic import DynamicLinear
+
+__all__ = ["SwishBeta", "SwishBetaToBilinear", "finalize_bilinear", "gated_mlps", "set_swish_beta"]
+
+# beta at which Swish_beta equals (SiLU) or approximates (GELU, Hendrycks & Gimpel's sigmoid approximation) the
+# model's original activation.
+START_BETA = {"silu": 1.0, "swish": 1.0, "gelu": 1.702, "gelu_new": 1.702, "gelu_pytorch_tanh": 1.702,
+              "gelu_fast": 1.702}
+
+
+class SwishBeta(DynamicLinear):
+    """``x * sigmoid(beta x)`` with a settable ``beta``; the sigmoid is the dynamic weight in explanation mode."""
+
+    def __init__(self, beta: float = 1.0) -> None:
+        super().__init__()
+        self.beta = float(beta)
+
+    def forward(self, x: Float[Tensor, ...]) -> Float[Tensor, ...]:
+        return x * self.dynamic_weight(torch.sigmoid(self.beta * x))
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta:.4g}"
+
+
+def gated_mlps(model: nn.Module) -> list[nn.Module]:
+    """Every transformers gated MLP in ``model`` (``down_proj(act_fn(gate_proj(x)) * up_proj(x))``)."""
+    return [m for m in model.modules()
+            if all(hasattr(m, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))]
+
+
+def set_swish_beta(model: nn.Module, beta: float) -> None:
+    """Install (first call) or update the :class:`SwishBeta` gate of every gated MLP."""
+    mlps = gated_mlps(model)
+    if not mlps:
+        raise ValueError(
+            f"{type(model).__name__} has no gated MLP (modules with gate_proj, up_proj, down_proj and act_fn, as in "
+            "Llama/Mistral/Qwen); swish-beta annealing only applies to SwiGLU-style models."
+        )
+    for mlp in mlps:
+        if isinstance(mlp.act_fn, SwishBeta):
+            mlp.act_fn.beta = float(beta)
+        else:
+            mlp.act_fn = SwishBeta(beta)
+
+
+def finalize_bilinear(model: nn.Module) -> None:
+    """Replace the ``beta = 0`` gates by the identity, fold their factor 1/2 into ``down_proj``; outputs unchanged."""
+    for mlp in gated_mlps(model):
+        if not isinstance(mlp.act_fn, SwishBeta) or mlp.act_fn.beta != 0.0:
+            raise ValueError(
+                f"cannot finalise {type(mlp).__name__}: its gate is {mlp.act_fn!r}, not a SwishBeta annealed to beta=0. "
+                "Train with SwishBetaToBilinear until the annealing is over (anneal_fraction < 1)."
+            )
+        with torch.no_grad():
+            mlp.down_proj.weight.mul_(0.5)
+        mlp.act_fn = ACT2FN["linear"]
+    config = getattr(model, "config", None)
+    if config is not None:
+        if hasattr(config, "get_text_config"):
+            config = config.get_text_config()
+        config.hidden_act = "linear"
+
+
+class SwishBetaToBilinear(TrainerCallback):
+    """A ``transformers.TrainerCallback`` that anneals ``beta`` linearly from ``start_beta`` to 0, then keeps 0.
+
+    ``beta(step) = start_beta * max(0, 1 - step / (anneal_fraction * max_steps))``, set before each step. At the
+    end of training the model becomes bilinear (:func:`finalize_bilinear`). ``start_beta=None`` reads it from
+    ``model.config.hidden_act`` (SiLU: 1.0, GELU variants: 1.702).
+
+    >>> trainer = Trainer(model=llama, args=args, train_dataset=ds, callbacks=[SwishBetaToBilinear()])
+    >>> trainer.train()          # afterwards model.config.hidden_act == "linear"
+    """
+
+    def __init__(self, anneal_fraction: float = 0.3, start_beta: float | None = None) -> None:
+        if not 0.0 < anneal_fraction <= 1.0:
+            raise ValueError(f"anneal_fraction={anneal_fraction} must lie in (0, 1]: the share of steps spent annealing")
+        self.anneal_fraction = float(anneal_fraction)
+        self.start_beta = start_beta
+        self.beta: float | None = None
+
+    def _start_beta(self, model: nn.Module) -> float:
+        if self.start_beta is not None:
+            return float(self.start_beta)
+        config = getattr(model, "config", None)
+        if config is not None and hasattr(config, "get_text_config"):
+            config = config.get_text_config()
+        act = getattr(config, "hidden_act", None)
+        if act not in START_BETA:
+            raise ValueError(
+                f"cannot infer the starting beta from hidden_act={act!r}; pass start_beta= (1.0 for SiLU, 1.702 for "
+                f"GELU). Known: {sorted(START_BETA)}"
+            )
+        return START_BETA[act]
+
+    def beta_at(self, step: int, max_steps: int) -> float:
+        anneal_steps = max(1.0, self.anneal_fraction * max_steps)
+        return self.start_beta_value * max(0.0, 1.0 - step / anneal_steps)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is None:
+            raise ValueError("SwishBetaToBilinear needs the Trainer to pass the model to its callbacks")
+        self.start_beta_value = self._start_beta(model)
+        self.beta = self.beta_at(state.global_step, state.max_steps)
+        set_swish_beta(model, self.beta)
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        self.beta = self.beta_at(state.global_step, state.max_steps)
+        set_swish_beta(model, self.beta)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self.beta = self.beta_at(state.global_step, state.max_steps)
+        set_swish_beta(model, self.beta)
+        if self.beta == 0.0:
+            finalize_bilinear(model)
+        else:
+            warnings.warn(
+                f"training stopped at step {state.global_step} of {state.max_steps} with beta={self.beta:.4g} > 0: the "
+                "model still has Swish_beta gates and is not bilinear. Train longer or lower anneal_fraction.",
+                stacklevel=2,
+            )

@@ -1,0 +1,98 @@
+"""Swish-beta -> bilinear fine-tuning (paper App. J) as a transformers TrainerCallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as T
+from datasets import Dataset
+
+from bcos_plugins.bilinear import bilinear_weights
+from bcos_plugins.bilinear.swish_beta import (
+    SwishBeta,
+    SwishBetaToBilinear,
+    finalize_bilinear,
+    set_swish_beta,
+)
+from bcos_plugins.nn import explanation_mode
+
+
+def tiny_llama(seed=0):
+    torch.manual_seed(seed)
+    config = T.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    return T.LlamaForCausalLM(config).eval()
+
+
+class BetaSpy(T.TrainerCallback):
+    def __init__(self):
+        self.betas = []
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        self.betas.append(model.model.layers[0].mlp.act_fn.beta)
+
+
+def test_trainer_anneals_beta_then_model_is_bilinear_and_reloads(tmp_path):
+    model = tiny_llama()
+    ids = torch.randint(0, 40, (8, 12), generator=torch.Generator().manual_seed(0))
+    data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
+    args = T.TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=4, per_device_train_batch_size=4,
+                               learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True, logging_steps=100)
+    spy = BetaSpy()
+    T.Trainer(model=model, args=args, train_dataset=data, callbacks=[SwishBetaToBilinear(anneal_fraction=0.5), spy]).train()
+    assert spy.betas == [1.0, 0.5, 0.0, 0.0]  # linear over the first half of 4 steps, then 0
+    assert model.config.hidden_act == "linear"
+    model.eval()
+    for layer in model.model.layers:
+        assert isinstance(layer.mlp.act_fn, T.activations.LinearActivation)
+        weights = bilinear_weights(layer.mlp)  # reads as a bilinear layer now
+        x = torch.randn(3, 16)
+        torch.testing.assert_close(weights.forward(x), layer.mlp(x))
+    model.save_pretrained(tmp_path / "bilinear")
+    reloaded = T.LlamaForCausalLM.from_pretrained(tmp_path / "bilinear").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
+
+
+def test_finalize_keeps_outputs_and_refuses_unfinished_annealing():
+    model = tiny_llama(seed=1)
+    ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        original = model(ids).logits
+        set_swish_beta(model, 1.0)  # SiLU exactly
+        torch.testing.assert_close(model(ids).logits, original)
+        with pytest.raises(ValueError, match="beta=0"):
+            finalize_bilinear(model)
+        set_swish_beta(model, 0.0)
+        gated = model(ids).logits
+        finalize_bilinear(model)
+        torch.testing.assert_close(model(ids).logits, gated)
+    with pytest.raises(ValueError, match="no gated MLP"):
+        set_swish_beta(T.GPT2LMHeadModel(T.GPT2Config(n_embd=8, n_layer=1, n_head=2, vocab_size=20)), 0.5)
+
+
+def test_interrupted_annealing_warns_and_leaves_the_gate():
+    model = tiny_llama(seed=2)
+    callback = SwishBetaToBilinear(anneal_fraction=1.0)
+    state = T.TrainerState()
+    state.max_steps, state.global_step = 10, 0
+    callback.on_train_begin(None, state, None, model=model)
+    state.global_step = 4
+    with pytest.warns(UserWarning, match="not bilinear"):
+        callback.on_train_end(None, state, None, model=model)
+    assert model.model.layers[0].mlp.act_fn.beta == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="starting beta"):
+        SwishBetaToBilinear(start_beta=None).on_train_begin(
+            None, state, None, model=T.LlamaForCausalLM(T.LlamaConfig(
+                vocab_size=20, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
+                hidden_act="relu")))
+    with pytest.raises(ValueError, match="anneal_fraction"):
+        SwishBetaToBilinear(anneal_fraction=0.0)
+
+
+def test_swish_beta_gate_is_constant_in_explanation_mode():
+    gate = SwishBeta(0.7)
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    with explanation_mode(gate):
+        y = gate(x).sum()
+        torch.testing.assert_close((x * torch.autograd.grad(y, x)[0]).sum(), y)

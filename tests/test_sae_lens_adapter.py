@@ -1,0 +1,161 @@
+"""sae-lens adapter: SAEs built from config + tensors (no hub) on a bilinear layer's input and output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions, expected_hook_names
+from sae_lens import StandardSAE, StandardSAEConfig, TopKSAE, TopKSAEConfig
+from sae_lens.saes.sae import SAEMetadata
+
+from bcos_plugins.bilinear import BilinearMLP, bilinear_tensor, bilinear_weights
+
+D_MODEL, D_HIDDEN, D_SAE = 8, 16, 24
+
+
+def topk_sae(d_in, d_sae=D_SAE, k=6, hook_name=None, seed=0, rescale=False):
+    torch.manual_seed(seed)
+    cfg = TopKSAEConfig(d_in=d_in, d_sae=d_sae, k=k, rescale_acts_by_decoder_norm=rescale,
+                        metadata=SAEMetadata(hook_name=hook_name))
+    sae = TopKSAE(cfg)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():  # weights from tensors, as a user loading their own checkpoint would
+        sae.W_enc.copy_(torch.randn(d_in, d_sae, generator=g))
+        sae.W_dec.copy_(torch.randn(d_sae, d_in, generator=g))
+        sae.b_enc.copy_(0.1 * torch.randn(d_sae, generator=g))
+        sae.b_dec.copy_(0.1 * torch.randn(d_in, generator=g))
+    return sae
+
+
+def layer_and_inputs(bias=False, seed=0):
+    torch.manual_seed(seed)
+    return BilinearMLP(D_MODEL, D_HIDDEN, bias=bias), torch.randn(200, D_MODEL)
+
+
+def test_feature_interactions_equal_brute_force_in_feature_basis():
+    layer, _ = layer_and_inputs()
+    analysis = BilinearSAEInteractions(layer, topk_sae(D_MODEL, seed=1), topk_sae(D_MODEL, seed=2))
+    e = analysis.output_sae.W_enc[:, 5].detach()
+    D = analysis.input_sae.W_dec.detach()
+    expected = D @ torch.einsum("o,oij->ij", e, bilinear_tensor(layer)) @ D.T
+    torch.testing.assert_close(analysis.feature_interactions(5), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(analysis.feature_interactions(5, input_features=[3, 7]), expected[[3, 7]][:, [3, 7]],
+                               rtol=1e-4, atol=1e-4)
+    # top pairs, streamed over row blocks, equal the sorted upper triangle
+    i, j = torch.triu_indices(D_SAE, D_SAE)
+    values = expected[i, j]
+    order = values.abs().argsort(descending=True)[:10]
+    top = analysis.top_interactions(5, k=10, block_size=7)
+    assert [(t.first, t.second) for t in top] == list(zip(i[order].tolist(), j[order].tolist(), strict=True))
+    torch.testing.assert_close(torch.tensor([t.value for t in top]), values[order], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rescale", [False, True])
+def test_spectrum_is_the_output_feature_preactivation(rescale):
+    layer, x = layer_and_inputs(seed=3)
+    output_sae = topk_sae(D_MODEL, seed=4, rescale=rescale)
+    analysis = BilinearSAEInteractions(layer, topk_sae(D_MODEL, seed=5), output_sae)
+    eig = analysis.spectrum(2)
+    quadratic = (eig.eigenvalues * (x @ eig.eigenvectors).square()).sum(-1)
+    with torch.no_grad():
+        pre = (output_sae.process_sae_in(layer(x)) @ output_sae.W_enc + output_sae.b_enc)[:, 2]
+        if rescale:
+            pre = pre * output_sae.W_dec[2].norm()
+        constant = pre - quadratic
+    torch.testing.assert_close(constant, constant.mean().expand_as(constant), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_low_rank_correlation_is_one_at_full_rank_on_active_tokens(bias):
+    layer, x = layer_and_inputs(bias=bias, seed=6)
+    analysis = BilinearSAEInteractions(layer, topk_sae(D_MODEL, seed=7), topk_sae(D_MODEL, seed=8, k=8))
+    assert analysis.augmented == bias
+    features = [0, 1, 2, 3]
+    result = analysis.low_rank_correlation(x, features, ranks=[1, D_MODEL + int(bias)])
+    assert (result.active_tokens >= 2).all()
+    torch.testing.assert_close(result.correlations[-1], torch.ones(4), rtol=0, atol=1e-4)
+    assert (result.correlations[0] < 0.9999).any(), "rank 1 should not be exact for random weights"
+    # on all tokens, the full-rank approximation is the pre-activation up to a constant
+    full = analysis.low_rank_approximation(x, features, rank=D_MODEL + int(bias))
+    sae = analysis.output_sae
+    with torch.no_grad():
+        pre = (sae.process_sae_in(layer(x)) @ sae.W_enc + sae.b_enc)[:, features]
+    offset = pre - full
+    torch.testing.assert_close(offset, offset.mean(0, keepdim=True).expand_as(offset), rtol=1e-4, atol=1e-4)
+
+
+def test_any_sae_architecture_with_w_enc_w_dec_is_accepted():
+    layer, x = layer_and_inputs(seed=9)
+    standard = StandardSAE(StandardSAEConfig(d_in=D_MODEL, d_sae=D_SAE))
+    analysis = BilinearSAEInteractions(layer, standard, topk_sae(D_MODEL))
+    assert analysis.feature_interactions(0).shape == (D_SAE, D_SAE)
+
+
+def test_width_mismatches_and_wrong_types_raise():
+    layer, _ = layer_and_inputs()
+    with pytest.raises(ValueError, match="input SAE has d_in=9"):
+        BilinearSAEInteractions(layer, topk_sae(D_MODEL + 1), topk_sae(D_MODEL))
+    with pytest.raises(ValueError, match="output SAE has d_in=9"):
+        BilinearSAEInteractions(layer, topk_sae(D_MODEL), topk_sae(D_MODEL + 1))
+    with pytest.raises(TypeError, match="sae_lens.SAE"):
+        BilinearSAEInteractions(layer, torch.nn.Linear(D_MODEL, D_SAE), topk_sae(D_MODEL))
+    normalised = topk_sae(D_MODEL)
+    normalised.cfg.normalize_activations = "expected_average_only_in"
+    with pytest.raises(ValueError, match="normalises its inputs"):
+        BilinearSAEInteractions(layer, normalised, topk_sae(D_MODEL))
+    analysis = BilinearSAEInteractions(layer, topk_sae(D_MODEL), topk_sae(D_MODEL))
+    with pytest.raises(ValueError, match="output features"):
+        analysis.spectrum(D_SAE)
+
+
+def test_explicit_hook_names_are_checked_for_plain_layers():
+    layer, _ = layer_and_inputs()
+    good_in, good_out = topk_sae(D_MODEL, hook_name="mlp.in"), topk_sae(D_MODEL, hook_name="mlp.out")
+    BilinearSAEInteractions(layer, good_in, good_out, input_hook="mlp.in", output_hook="mlp.out")
+    with pytest.raises(ValueError, match="trained on 'mlp.out'"):
+        BilinearSAEInteractions(layer, good_out, good_out, input_hook="mlp.in", output_hook="mlp.out")
+
+
+def tiny_bilinear_transformer(normalization_type="RMS"):
+    from bcos_plugins.adapters.transformer_lens import bilinear_config
+    from transformer_lens import HookedTransformer
+
+    torch.manual_seed(0)
+    cfg = bilinear_config(d_model=D_MODEL, n_layers=2, n_heads=2, d_mlp=D_HIDDEN, d_vocab=30, n_ctx=16,
+                          normalization_type=normalization_type)
+    return HookedTransformer(cfg)
+
+
+def test_transformer_lens_hooks_checked_and_correlation_exact_on_real_activations():
+    model = tiny_bilinear_transformer()
+    mlp = model.blocks[1].mlp
+    assert expected_hook_names(mlp) == ({"blocks.1.ln2.hook_normalized"}, {"blocks.1.hook_mlp_out"})
+    input_sae = topk_sae(D_MODEL, hook_name="blocks.1.ln2.hook_normalized", seed=1)
+    output_sae = topk_sae(D_MODEL, hook_name="blocks.1.hook_mlp_out", seed=2, k=8)
+    analysis = BilinearSAEInteractions(mlp, input_sae, output_sae)
+    tokens = torch.randint(0, 30, (4, 16), generator=torch.Generator().manual_seed(0))
+    _, cache = model.run_with_cache(tokens, names_filter=["blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out"])
+    x = cache["blocks.1.ln2.hook_normalized"]
+    # the weights reproduce the model's own MLP output, so the SAE activations are the real ones
+    torch.testing.assert_close(bilinear_weights(mlp).forward(x), cache["blocks.1.hook_mlp_out"], rtol=1e-4, atol=1e-5)
+    result = analysis.low_rank_correlation(x, [0, 1, 2], ranks=[D_MODEL])
+    torch.testing.assert_close(result.correlations[0], torch.ones(3), rtol=0, atol=1e-4)
+
+    wrong_layer = topk_sae(D_MODEL, hook_name="blocks.0.ln2.hook_normalized")
+    with pytest.raises(ValueError, match="blocks.0.ln2.hook_normalized"):
+        BilinearSAEInteractions(mlp, wrong_layer, output_sae)
+    resid_mid = topk_sae(D_MODEL, hook_name="blocks.1.hook_resid_mid")
+    with pytest.raises(ValueError, match="normalised residual stream"):
+        BilinearSAEInteractions(mlp, resid_mid, output_sae)
+    with pytest.raises(ValueError, match="no hook name"):
+        BilinearSAEInteractions(mlp, topk_sae(D_MODEL), output_sae)
+    with pytest.raises(ValueError, match="blocks.1.hook_mlp_out"):
+        BilinearSAEInteractions(mlp, input_sae, topk_sae(D_MODEL, hook_name="blocks.1.hook_resid_post"))
+
+
+def test_transformer_lens_without_normalisation_reads_resid_mid():
+    model = tiny_bilinear_transformer(normalization_type=None)
+    inputs, outputs = expected_hook_names(model.blocks[0].mlp)
+    assert inputs == {"blocks.0.hook_resid_mid", "blocks.0.hook_mlp_in"}
+    BilinearSAEInteractions(model.blocks[0].mlp, topk_sae(D_MODEL, hook_name="blocks.0.hook_resid_mid"),
+                            topk_sae(D_MODEL, hook_name="blocks.0.hook_mlp_out"))
