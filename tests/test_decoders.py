@@ -13,6 +13,7 @@ from bcos_plugins import UnsupportedModuleError, bcosify, explain, explanation_m
 from bcos_plugins.convert.decoder_modules import BcosGatedMLP
 from bcos_plugins.explain import embedding_point
 from bcos_plugins.nn import BcosConv1D, BcosLinear
+from bcos_plugins.train_decoder import IGNORE_INDEX, CausalLMCollator, train_causal_lm
 
 LMS = ["GPT2LMHeadModel", "LlamaForCausalLM"]
 BASES = ["GPT2Model", "LlamaModel"]
@@ -331,3 +332,76 @@ def test_unsupported_decoder_configurations():
     config.hidden_act = "relu2"  # a squared ReLU is not x * gate(x) with a bounded gate we know
     with pytest.raises(UnsupportedModuleError, match=r"model\.layers\.0\.mlp\.act_fn"):
         bcosify(T.LlamaForCausalLM(config))
+
+
+# --- training: plain cross-entropy, padding excluded -------------------------------------------------------
+
+
+def _features():
+    # id 0 doubles as pad and as a real end-of-text token inside row 0: only the mask decides what is padding
+    return [{"input_ids": [5, 9, 0, 12, 7]}, {"input_ids": [3, 4]}, {"input_ids": [8, 6, 30, 2]}]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_collator_labels_padding_only(side):
+    batch = CausalLMCollator(pad_token_id=0, padding_side=side)(_features())
+    mask = batch["attention_mask"]
+    assert mask.sum(1).tolist() == [5, 2, 4]
+    first_real = torch.zeros_like(mask).scatter(1, mask.argmax(1, keepdim=True), 1)
+    # nothing real predicts a row's first real token (with left padding a padding position would)
+    unlabelled = (mask == 0) | (first_real == 1)
+    assert ((batch["labels"] == IGNORE_INDEX) == unlabelled).all()
+    assert batch["labels"][0].tolist() == [IGNORE_INDEX, 9, 0, 12, 7], "a real token equal to pad id keeps its label"
+    assert torch.equal(batch["position_ids"], _positions(mask))
+    row1 = batch["input_ids"][1].tolist()
+    assert row1 == ([3, 4, 0, 0, 0] if side == "right" else [0, 0, 0, 3, 4])
+
+
+def _hand_loss(model, features):
+    """Mean next-token cross-entropy over every real (token, next token) pair, one unpadded row at a time."""
+    losses = []
+    with torch.no_grad():
+        for f in features:
+            ids = torch.tensor([f["input_ids"]])
+            logits = model(input_ids=ids).logits[0, :-1]
+            losses.append(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none"))
+    return torch.cat(losses).mean()
+
+
+@pytest.mark.parametrize("name", LMS)
+def test_padded_loss_equals_loss_over_real_tokens(name):
+    model = _converted(name)
+    expected = _hand_loss(model, _features())
+    for side in ("right", "left"):
+        for pad in (0, 33):  # the value written into padding slots must not matter
+            batch = CausalLMCollator(pad_token_id=pad, padding_side=side)(_features())
+            with torch.no_grad():
+                loss = model(**batch).loss
+            torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_trainer_reduces_loss_and_model_stays_exact(tmp_path):
+    model = _converted("GPT2LMHeadModel")
+    g = torch.Generator().manual_seed(0)
+    # a learnable toy language: each row counts up by one (modulo 8) from a random start
+    data = [{"input_ids": ((torch.arange(int(n)) + int(s)) % 8 + 3).tolist()}
+            for s, n in zip(torch.randint(0, 50, (32,), generator=g), torch.randint(4, 10, (32,), generator=g))]
+    collate = CausalLMCollator(pad_token_id=0)
+    before = _hand_loss(model, data[:16])
+    train_causal_lm(model, data, str(tmp_path), pad_token_id=0, num_train_epochs=2, per_device_train_batch_size=8,
+                    learning_rate=1e-2, disable_tqdm=True, logging_strategy="no")
+    after = _hand_loss(model, data[:16])
+    assert after < 0.7 * before, f"loss {before:.3f} -> {after:.3f}"
+    assert not model.training
+    assert model.lm_head.weight is model.transformer.wte.weight
+    batch = collate(data[:4])
+    _assert_complete(explain(model, batch["input_ids"], batch["attention_mask"], target=5, foil=6))
+
+
+def test_training_error_paths(tmp_path):
+    with pytest.raises(ValueError, match="padding_side must be 'left' or 'right'"):
+        CausalLMCollator(0, padding_side="middle")
+    with pytest.raises(ValueError, match="feature 1 has no 'input_ids'"):
+        CausalLMCollator(0)([{"input_ids": [1, 2]}, {"text": "hi"}])
+    with pytest.raises(ValueError, match="not B-cosified"):
+        train_causal_lm(tiny_model("GPT2LMHeadModel"), _features(), str(tmp_path), pad_token_id=0)

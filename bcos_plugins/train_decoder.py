@@ -1,0 +1,119 @@
+"""Training B-cos decoders: plain next-token cross-entropy with padding excluded from the loss.
+
+The B-cos LM paper (§7) trains B-cos GPT-2 / Llama with the standard cross-entropy, not the classifiers' BCE:
+the LM head is not B-cosified (it is tied to the embeddings), and BCE would let its unnormalised weights grow
+without bound. transformers' causal LMs already compute exactly that loss from ``labels`` (shifted inside the
+model, positions labelled ``-100`` ignored), so training is ``Trainer`` plus :class:`CausalLMCollator`.
+
+Why a collator of our own: ``DataCollatorForLanguageModeling(mlm=False)`` marks padding by comparing ids with
+``pad_token_id``. GPT-2 has no pad token and is usually padded with ``<|endoftext|>``, so that rule also drops
+every real end-of-text token from the loss. Here padding is whatever the attention mask says it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import torch
+from jaxtyping import Int
+from torch import Tensor, nn
+
+__all__ = ["CausalLMCollator", "IGNORE_INDEX", "real_token_positions", "train_causal_lm"]
+
+IGNORE_INDEX = -100  # transformers' (and torch's) cross-entropy ignore_index
+
+
+class CausalLMCollator:
+    """Pad tokenised examples into a causal-LM batch whose padding positions carry no loss.
+
+    Each feature is a mapping with ``input_ids`` (list or 1-d tensor) and optionally ``attention_mask``
+    (1 = real token; tokens with 0 inside a feature are treated as padding too). The batch has
+    ``input_ids``, ``attention_mask``, ``position_ids`` (counting real tokens only, as ``generate`` does, so
+    left padding does not shift positions) and ``labels`` = ``input_ids`` with ``-100`` on padding and on a
+    row's first real token (the model predicts ``labels[t]`` at ``t - 1``, which is padding there).
+
+    Args:
+        pad_token_id: id written into padding slots (any id: padding is masked and unlabelled).
+        padding_side: ``"right"`` (training default) or ``"left"`` (as for generation).
+        max_length: truncate longer examples (keeping their beginning); ``None`` keeps them whole.
+    """
+
+    def __init__(self, pad_token_id: int, padding_side: Literal["left", "right"] = "right",
+                 max_length: int | None = None) -> None:
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        if max_length is not None and max_length < 2:
+            raise ValueError(f"max_length={max_length} leaves no next token to predict; use >= 2 or None")
+        self.pad_token_id = int(pad_token_id)
+        self.padding_side = padding_side
+        self.max_length = max_length
+
+    def __call__(self, features: Sequence[Mapping[str, Sequence[int] | Tensor]]) -> dict[str, Tensor]:
+        if len(features) == 0:
+            raise ValueError("CausalLMCollator got an empty list of features")
+        ids, masks = [], []
+        for i, feature in enumerate(features):
+            if "input_ids" not in feature:
+                raise ValueError(f"feature {i} has no 'input_ids' (keys: {sorted(feature)}); tokenise first")
+            row = torch.as_tensor(feature["input_ids"], dtype=torch.long).flatten()
+            mask = torch.as_tensor(feature.get("attention_mask", torch.ones_like(row)), dtype=torch.long).flatten()
+            if mask.shape != row.shape:
+                raise ValueError(f"feature {i}: attention_mask has {mask.numel()} entries, input_ids {row.numel()}")
+            if self.max_length is not None:
+                row, mask = row[: self.max_length], mask[: self.max_length]
+            if row.numel() == 0:
+                raise ValueError(f"feature {i} has no tokens")
+            ids.append(row)
+            masks.append(mask)
+        pad = torch.nn.utils.rnn.pad_sequence
+        input_ids = pad(ids, batch_first=True, padding_value=self.pad_token_id, padding_side=self.padding_side)
+        attention_mask = pad(masks, batch_first=True, padding_value=0, padding_side=self.padding_side)
+        # The model predicts labels[t] from position t - 1. A label is real only if both its own token and the
+        # token predicting it are real: with left padding the first real token would otherwise be "predicted"
+        # from a padding position.
+        predicted_from_real = torch.nn.functional.pad(attention_mask[:, :-1], (1, 0), value=0)
+        has_loss = (attention_mask == 1) & (predicted_from_real == 1)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": real_token_positions(attention_mask),
+            "labels": input_ids.masked_fill(~has_loss, IGNORE_INDEX),
+        }
+
+
+def real_token_positions(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+    """Position ids that count real tokens only (padding gets 0); the rule ``generate`` and ``explain`` use."""
+    return (attention_mask.cumsum(-1) - 1).clamp_min(0)
+
+
+def train_causal_lm(
+    model: nn.Module,
+    train_dataset,
+    output_dir: str,
+    *,
+    pad_token_id: int,
+    eval_dataset=None,
+    max_length: int | None = None,
+    callbacks: list | None = None,
+    **training_arguments,
+):
+    """Fine-tune a (B-cosified) causal LM with plain cross-entropy through ``transformers.Trainer``.
+
+    ``train_dataset`` yields features with ``input_ids`` (a ``datasets.Dataset`` or a list of dicts).
+    ``training_arguments`` go to ``TrainingArguments`` (defaults: no checkpoints, no reporting, the paper's
+    learning rate 5e-4, unused columns kept so the collator sees them). Returns the trained ``Trainer``.
+    """
+    from transformers import Trainer, TrainingArguments
+
+    if getattr(getattr(model, "config", None), "bcos", None) is None:
+        raise ValueError(f"{type(model).__name__} is not B-cosified (no config.bcos); call bcosify(model, b=1.1) "
+                         "first, or use transformers' Trainer directly for a stock model")
+    defaults = {"learning_rate": 5e-4, "save_strategy": "no", "report_to": [], "remove_unused_columns": False,
+                "use_cpu": not torch.cuda.is_available(), "logging_steps": 10}
+    args = TrainingArguments(output_dir=output_dir, **{**defaults, **training_arguments})
+    trainer = Trainer(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                      data_collator=CausalLMCollator(pad_token_id, max_length=max_length), callbacks=callbacks)
+    trainer.train()
+    model.eval()
+    return trainer
