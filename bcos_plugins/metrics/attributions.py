@@ -1,0 +1,84 @@
+"""Turning any method's attributions into per-token scores, and the tokens a metric may touch.
+
+Metrics take attributions from any method: a ``(batch, pos)`` tensor of token scores, a ``(batch, pos, d)``
+tensor at an embedding (summed over ``d``, the B-cos LM paper's choice: the sum is exact for B-cos and more
+faithful than the L2 norm for post-hoc methods), a one-element tuple as Captum returns for tuple inputs,
+or an :class:`~bcos_plugins.explain.Explanation`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+__all__ = ["perturbable_mask", "special_tokens_mask", "token_scores"]
+
+
+def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch pos"]:
+    """Per-token scores ``(batch, pos)`` from any method's attributions (see module docstring).
+
+    Args:
+        attributions: tensor ``(batch, pos)`` or ``(batch, pos, *feature_dims)``, a tuple holding one such
+            tensor (Captum), or an object with ``embedding_contributions`` (an ``Explanation``).
+        reduce: ``"sum"`` (default, signed) or ``"mean"`` over the feature dimensions; ``"l2"`` gives the
+            unsigned norm for methods whose sign is meaningless.
+    """
+    if hasattr(attributions, "embedding_contributions"):
+        attributions = attributions.embedding_contributions
+    if isinstance(attributions, (tuple, list)):
+        if len(attributions) != 1:
+            raise ValueError(f"expected the attributions of one input tensor, got a tuple of {len(attributions)}; "
+                             "pass the tensor attributed at the token embeddings")
+        attributions = attributions[0]
+    if not isinstance(attributions, Tensor):
+        raise TypeError(f"attributions must be a tensor, a one-tensor tuple or an Explanation; got "
+                        f"{type(attributions).__name__}")
+    scores = attributions.detach().float()
+    if scores.ndim < 2:
+        raise ValueError(f"attributions need a batch and a position dimension; got shape {tuple(scores.shape)}")
+    if scores.ndim > 2:
+        flat = scores.flatten(2)
+        if reduce == "sum":
+            scores = flat.sum(-1)
+        elif reduce == "mean":
+            scores = flat.mean(-1)
+        elif reduce == "l2":
+            scores = flat.norm(dim=-1)
+        else:
+            raise ValueError(f"reduce must be 'sum', 'mean' or 'l2', got {reduce!r}")
+    return scores
+
+
+def special_tokens_mask(tokenizer, input_ids: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+    """True at the tokenizer's special tokens (CLS, SEP, PAD, BOS, EOS, MASK, ...) of each row."""
+    rows = [tokenizer.get_special_tokens_mask(row, already_has_special_tokens=True)
+            for row in input_ids.tolist()]
+    return torch.tensor(rows, dtype=torch.bool, device=input_ids.device)
+
+
+def perturbable_mask(
+    input_ids: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"] | None,
+    *,
+    tokenizer=None,
+    special_tokens: Bool[Tensor, "batch pos"] | None = None,
+) -> Bool[Tensor, "batch pos"]:
+    """Real, non-special tokens: the only ones a perturbation metric may remove or rank.
+
+    One of ``tokenizer`` (its special-token mask) or ``special_tokens`` (a boolean mask) is required, so
+    that CLS/SEP/PAD are never perturbed by accident.
+    """
+    if special_tokens is None:
+        if tokenizer is None:
+            raise ValueError("pass tokenizer= (to find CLS/SEP/PAD) or special_tokens= (a boolean mask, True at "
+                             "tokens that must never be perturbed)")
+        special_tokens = special_tokens_mask(tokenizer, input_ids)
+    special_tokens = special_tokens.to(device=input_ids.device, dtype=torch.bool)
+    if special_tokens.shape != input_ids.shape:
+        raise ValueError(f"special_tokens shape {tuple(special_tokens.shape)} != input_ids shape "
+                         f"{tuple(input_ids.shape)}")
+    real = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+    return real & ~special_tokens

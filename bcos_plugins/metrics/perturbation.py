@@ -1,0 +1,242 @@
+"""Comprehensiveness, sufficiency and their AOPC (ERASER; B-cos LM paper §4.1).
+
+For each fraction p in ``fractions`` (default 0.1, 0.2, ..., 0.9) and each example with n perturbable
+tokens (real, non-special), the top ``k = max(1, int(n * p))`` tokens by *signed* score are
+
+- removed:     ``comp_p = P(y | x) - P(y | x without top-k)``   (higher = more faithful),
+- kept alone:  ``suff_p = P(y | x) - P(y | top-k and special tokens only)``   (lower = more faithful),
+
+with y the class predicted on the full input (or a given target) and P the softmax probability.
+Special tokens (CLS, SEP, PAD, ...) are never removed and never ranked.
+
+Removal is done through the attention mask (a removed token gets attention 0, so no position attends to
+it), as in the B-cos LM paper's code; the remaining tokens keep their positions. ``masking="mask_token"``
+instead replaces removed tokens by ``[MASK]`` (the tokenizer's ``mask_token_id``).
+
+Two summaries of the curve over p, both reported by :class:`PerturbationCurves`:
+
+- ``aopc`` (paper-compatible, **unnormalised**): trapezoidal area under the curve over [0.1, 0.9], i.e.
+  ``sklearn.metrics.auc(fractions, curve)`` as the B-cos LM code computes it; its largest value is 0.8.
+- ``aopc_normalised``: that area divided by the width of the p range (0.8), the curve's mean height, on
+  the same scale as a single comp/suff value (in [-1, 1]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from .attributions import perturbable_mask, token_scores
+
+__all__ = ["DEFAULT_FRACTIONS", "PerturbationCurves", "aopc", "perturbation_curves", "top_k_masks"]
+
+DEFAULT_FRACTIONS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def aopc(curve: Float[Tensor, "... n_fractions"], fractions: Sequence[float] = DEFAULT_FRACTIONS,
+         normalise: bool = False) -> Float[Tensor, ...]:
+    """Trapezoidal area under ``curve`` over ``fractions`` (sklearn ``auc``); ``normalise`` divides by the width."""
+    x = torch.as_tensor(fractions, dtype=curve.dtype, device=curve.device)
+    if curve.shape[-1] != x.shape[0]:
+        raise ValueError(f"curve has {curve.shape[-1]} points but there are {x.shape[0]} fractions")
+    if x.shape[0] < 2 or not (x[1:] > x[:-1]).all():
+        raise ValueError(f"fractions must be at least two increasing values; got {list(fractions)}")
+    area = torch.trapezoid(curve, x, dim=-1)
+    return area / (x[-1] - x[0]) if normalise else area
+
+
+@dataclass
+class PerturbationCurves:
+    """Per-example comprehensiveness and sufficiency curves and their summaries.
+
+    Attributes:
+        comprehensiveness: ``(batch, n_fractions)`` probability drops with the top-k tokens removed.
+        sufficiency: ``(batch, n_fractions)`` probability drops with only the top-k tokens kept.
+        fractions: the p values.
+        full_probability: ``P(y | x)`` on the unperturbed input, ``(batch,)``.
+        target: the class y per example.
+        k: ``(batch, n_fractions)`` number of tokens perturbed.
+    """
+
+    comprehensiveness: Float[Tensor, "batch n_fractions"]
+    sufficiency: Float[Tensor, "batch n_fractions"]
+    fractions: tuple[float, ...]
+    full_probability: Float[Tensor, " batch"]
+    target: Int[Tensor, " batch"]
+    k: Int[Tensor, "batch n_fractions"]
+
+    @property
+    def comprehensiveness_aopc(self) -> Float[Tensor, " batch"]:
+        """Paper-compatible unnormalised AOPC (sklearn ``auc`` over the fractions) per example."""
+        return aopc(self.comprehensiveness, self.fractions)
+
+    @property
+    def sufficiency_aopc(self) -> Float[Tensor, " batch"]:
+        """Paper-compatible unnormalised AOPC (sklearn ``auc`` over the fractions) per example."""
+        return aopc(self.sufficiency, self.fractions)
+
+    @property
+    def comprehensiveness_aopc_normalised(self) -> Float[Tensor, " batch"]:
+        """AOPC divided by the width of the fraction range (mean height of the curve) per example."""
+        return aopc(self.comprehensiveness, self.fractions, normalise=True)
+
+    @property
+    def sufficiency_aopc_normalised(self) -> Float[Tensor, " batch"]:
+        """AOPC divided by the width of the fraction range (mean height of the curve) per example."""
+        return aopc(self.sufficiency, self.fractions, normalise=True)
+
+    def summary(self) -> dict[str, float]:
+        """Means over examples of the four AOPC numbers (as fractions, not percent)."""
+        return {
+            "comprehensiveness_aopc": self.comprehensiveness_aopc.mean().item(),
+            "sufficiency_aopc": self.sufficiency_aopc.mean().item(),
+            "comprehensiveness_aopc_normalised": self.comprehensiveness_aopc_normalised.mean().item(),
+            "sufficiency_aopc_normalised": self.sufficiency_aopc_normalised.mean().item(),
+        }
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[PerturbationCurves]) -> PerturbationCurves:
+        """Join the curves of several batches (same fractions)."""
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        if any(p.fractions != parts[0].fractions for p in parts):
+            raise ValueError("all parts must use the same fractions")
+        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in
+                     ("comprehensiveness", "sufficiency")), parts[0].fractions,
+                   *(torch.cat([getattr(p, f) for p in parts]) for f in ("full_probability", "target", "k")))
+
+
+def top_k_masks(
+    scores: Float[Tensor, "batch pos"],
+    perturbable: Bool[Tensor, "batch pos"],
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+) -> tuple[Bool[Tensor, "batch n_fractions pos"], Int[Tensor, "batch n_fractions"]]:
+    """For each p: True at the ``max(1, int(n * p))`` highest-scoring perturbable tokens of each row.
+
+    Ties are broken by position (earlier first), so results are deterministic.
+    """
+    if scores.shape != perturbable.shape:
+        raise ValueError(f"scores shape {tuple(scores.shape)} != token mask shape {tuple(perturbable.shape)}")
+    n = perturbable.sum(-1)
+    if (n == 0).any():
+        bad = (n == 0).nonzero().flatten().tolist()
+        raise ValueError(f"rows {bad} have no perturbable token (only special tokens or padding)")
+    # rank perturbable tokens by descending score; others go last
+    ranked_scores = scores.masked_fill(~perturbable, float("-inf"))
+    order = torch.sort(ranked_scores, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(scores.shape[-1], device=scores.device).expand_as(order))
+    fr = torch.as_tensor(fractions, dtype=torch.float64, device=scores.device)
+    # int() truncation as in the paper's code; float64 keeps e.g. int(10 * 0.3) == 3
+    k = torch.clamp((n[:, None].double() * fr[None, :] + 1e-9).floor().long(), min=1)
+    masks = (rank[:, None, :] < k[:, :, None]) & perturbable[:, None, :]
+    return masks, k
+
+
+def _probabilities(model: Callable, input_ids: Tensor, attention_mask: Tensor, forward_kwargs: dict,
+                   probability: str) -> Tensor:
+    out = model(input_ids=input_ids, attention_mask=attention_mask, **forward_kwargs)
+    logits = out.logits if hasattr(out, "logits") else out
+    if logits.ndim != 2:
+        raise ValueError(f"the model must return class logits (batch, classes); got shape {tuple(logits.shape)}")
+    logits = logits.float()
+    return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
+
+
+@torch.no_grad()
+def perturbation_curves(
+    model: Callable[..., Any],
+    input_ids: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"] | None,
+    attributions: Any,
+    *,
+    tokenizer=None,
+    special_tokens: Bool[Tensor, "batch pos"] | None = None,
+    target: int | Tensor | None = None,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    masking: Literal["attention", "mask_token"] = "attention",
+    mask_token_id: int | None = None,
+    probability: Literal["softmax", "sigmoid"] = "softmax",
+    batch_size: int = 64,
+    reduce: str = "sum",
+    **forward_kwargs,
+) -> PerturbationCurves:
+    """Comprehensiveness and sufficiency curves of a batch (see module docstring).
+
+    Args:
+        model: a transformers classifier, or any ``f(input_ids=, attention_mask=, **kw)`` returning class
+            logits (a tensor or an object with ``.logits``).
+        input_ids, attention_mask: the explained batch (padding on either side).
+        attributions: from any method (see :func:`~bcos_plugins.metrics.token_scores`), aligned with
+            ``input_ids``.
+        tokenizer / special_tokens: where the special tokens are (one is required; they are never perturbed).
+        target: the class whose probability is tracked; default the class predicted on the full input.
+        fractions: the p values (default 0.1..0.9).
+        masking: ``"attention"`` (remove via attention mask, the paper code's choice) or ``"mask_token"``.
+        mask_token_id: for ``masking="mask_token"``; default ``tokenizer.mask_token_id``.
+        probability: ``"softmax"`` (default, as in ERASER and the paper) or ``"sigmoid"``.
+        batch_size: perturbed inputs per forward pass.
+        reduce: how embedding-level attributions become token scores (``"sum"``, the paper's choice).
+        **forward_kwargs: extra per-example tensors for the model (e.g. ``token_type_ids``).
+    """
+    if masking not in ("attention", "mask_token"):
+        raise ValueError(f"masking must be 'attention' or 'mask_token', got {masking!r}")
+    if probability not in ("softmax", "sigmoid"):
+        raise ValueError(f"probability must be 'softmax' or 'sigmoid', got {probability!r}")
+    if masking == "mask_token" and mask_token_id is None:
+        mask_token_id = getattr(tokenizer, "mask_token_id", None)
+        if mask_token_id is None:
+            raise ValueError("masking='mask_token' needs mask_token_id= or a tokenizer with a mask token")
+    fractions = tuple(float(f) for f in fractions)
+    if not all(0.0 < f <= 1.0 for f in fractions):
+        raise ValueError(f"fractions must lie in (0, 1]; got {fractions}")
+    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+    scores = token_scores(attributions, reduce=reduce).to(input_ids.device)
+    if scores.shape != input_ids.shape:
+        raise ValueError(f"token scores of shape {tuple(scores.shape)} do not align with input_ids "
+                         f"{tuple(input_ids.shape)}; attribute at the token (embedding) level of the same batch")
+    perturbable = perturbable_mask(input_ids, mask, tokenizer=tokenizer, special_tokens=special_tokens)
+    top, k = top_k_masks(scores, perturbable, fractions)
+    batch, n_fr, length = top.shape
+
+    full = _probabilities(model, input_ids, mask, forward_kwargs, probability)
+    if target is None:
+        target_t = full.argmax(-1)
+    else:
+        target_t = torch.as_tensor(target, device=input_ids.device, dtype=torch.long).expand(batch)
+    p_full = full.gather(-1, target_t[:, None]).squeeze(-1)
+
+    # rows: [removed top-k for each p] then [kept only top-k for each p], per example
+    removed = top
+    kept_only = perturbable[:, None, :] & ~top  # the tokens removed for sufficiency
+    drop = torch.cat([removed, kept_only], dim=1)  # (batch, 2 n_fr, pos)
+    ids = input_ids[:, None, :].expand(batch, 2 * n_fr, length)
+    msk = mask[:, None, :].expand(batch, 2 * n_fr, length)
+    if masking == "attention":
+        msk = msk.masked_fill(drop, 0)
+    else:
+        ids = ids.masked_fill(drop, mask_token_id)
+    ids, msk = ids.reshape(-1, length), msk.reshape(-1, length)
+    extra = {name: v[:, None].expand(batch, 2 * n_fr, *v.shape[1:]).reshape(-1, *v.shape[1:])
+             for name, v in forward_kwargs.items()}
+    target_rows = target_t[:, None].expand(batch, 2 * n_fr).reshape(-1)
+    probs = []
+    for start in range(0, ids.shape[0], batch_size):
+        sl = slice(start, start + batch_size)
+        p = _probabilities(model, ids[sl], msk[sl], {n: v[sl] for n, v in extra.items()}, probability)
+        probs.append(p.gather(-1, target_rows[sl, None]).squeeze(-1))
+    p_pert = torch.cat(probs).reshape(batch, 2 * n_fr)
+    drops = p_full[:, None] - p_pert
+    return PerturbationCurves(
+        comprehensiveness=drops[:, :n_fr].cpu(),
+        sufficiency=drops[:, n_fr:].cpu(),
+        fractions=fractions,
+        full_probability=p_full.cpu(),
+        target=target_t.cpu(),
+        k=k.cpu(),
+    )

@@ -1,0 +1,175 @@
+"""Sequence Pointing Game (SeqPG; B-cos LM paper §4.1 and App. F).
+
+Construction (:func:`make_seqpg_examples`): segments are test texts with at least ``segment_length``
+tokens, truncated to exactly that many, that the model classifies correctly with probability
+>= ``min_confidence`` *after* truncation; the most confident segments are used first. Each example joins
+two segments of different classes in random order as ``[CLS] a [SEP] b [SEP]`` (``segment_length`` fixes
+length and ``random order`` removes position effects).
+
+Score (:func:`seqpg_score`): explain the example once for each segment's class; for class c the score is
+``sum of positive attribution inside c's segment / sum of positive attribution over all tokens``; the
+example's score is the mean over its segments. Special tokens count in the denominator (they can take
+attribution away from both segments). An explanation with no positive attribution scores 0.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from .attributions import token_scores
+
+__all__ = ["SeqPGExamples", "make_seqpg_examples", "seqpg_score"]
+
+
+@dataclass
+class SeqPGExamples:
+    """Two-segment examples for the pointing game.
+
+    Attributes:
+        input_ids, attention_mask: ``(n, 2 * segment_length + 3)`` with no padding.
+        segment_masks: ``(n, 2, pos)``, True at the tokens of segment 0 (first) and segment 1 (second).
+        segment_labels: ``(n, 2)`` class of each segment, in order of appearance.
+        confidence: ``(n, 2)`` the model's probability of each segment's class on the segment alone.
+        source_index: ``(n, 2)`` index of each segment's text in the dataset it was built from.
+    """
+
+    input_ids: Int[Tensor, "n pos"]
+    attention_mask: Int[Tensor, "n pos"]
+    segment_masks: Bool[Tensor, "n 2 pos"]
+    segment_labels: Int[Tensor, "n 2"]
+    confidence: Float[Tensor, "n 2"]
+    source_index: Int[Tensor, "n 2"]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def explanation_batch(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(input_ids, attention_mask, targets)`` with each example twice (once per segment class)."""
+        ids = self.input_ids.repeat_interleave(2, dim=0)
+        mask = self.attention_mask.repeat_interleave(2, dim=0)
+        return ids, mask, self.segment_labels.reshape(-1)
+
+
+@torch.no_grad()
+def make_seqpg_examples(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    labels: Sequence[int],
+    *,
+    segment_length: int = 50,
+    n_examples: int = 500,
+    min_confidence: float = 0.75,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> SeqPGExamples:
+    """Build SeqPG examples from a labelled dataset and a classifier (see module docstring).
+
+    Class pairs cycle through all pairs of distinct classes that still have segments, so every pair is
+    represented; the order inside an example is random (``seed``).
+    """
+    if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
+        raise ValueError("make_seqpg_examples joins segments as [CLS] a [SEP] b [SEP]; the tokenizer needs "
+                         "cls_token and sep_token (a BERT-style tokenizer)")
+    if len(texts) != len(labels):
+        raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    pieces = tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]
+    candidates = [(i, ids[:segment_length]) for i, ids in enumerate(pieces) if len(ids) >= segment_length]
+    if not candidates:
+        raise ValueError(f"no text has {segment_length} tokens; lower segment_length")
+    device = next(model.parameters()).device if hasattr(model, "parameters") else torch.device("cpu")
+    model.eval()
+    conf = []
+    for start in range(0, len(candidates), batch_size):
+        chunk = candidates[start : start + batch_size]
+        ids = torch.tensor([[cls_id, *seg, sep_id] for _, seg in chunk], device=device)
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        logits = out.logits if hasattr(out, "logits") else out
+        conf.append(logits.float().softmax(-1).cpu())
+    probs = torch.cat(conf)
+    by_class: dict[int, list[tuple[float, int, list[int]]]] = {}
+    for (i, seg), p in zip(candidates, probs, strict=True):
+        y = int(labels[i])
+        if int(p.argmax()) == y and float(p[y]) >= min_confidence:
+            by_class.setdefault(y, []).append((float(p[y]), i, seg))
+    for queue in by_class.values():
+        queue.sort(key=lambda r: -r[0])
+    classes = sorted(by_class)
+    if len(classes) < 2:
+        raise ValueError(f"fewer than two classes have confidently, correctly classified segments of length "
+                         f"{segment_length} (found {classes}); lower min_confidence or segment_length")
+    pairs = [(a, b) for ai, a in enumerate(classes) for b in classes[ai + 1 :]]
+    rng = random.Random(seed)
+    used = {c: 0 for c in classes}
+    rows, seg_masks, seg_labels, confs, sources = [], [], [], [], []
+    length = 2 * segment_length + 3
+    while len(rows) < n_examples:
+        progressed = False
+        for a, b in pairs:
+            if len(rows) >= n_examples:
+                break
+            if used[a] >= len(by_class[a]) or used[b] >= len(by_class[b]):
+                continue
+            first, second = (a, b) if rng.random() < 0.5 else (b, a)
+            ca, ia, sa = by_class[first][used[first]]
+            cb, ib, sb = by_class[second][used[second]]
+            used[first] += 1
+            used[second] += 1
+            rows.append([cls_id, *sa, sep_id, *sb, sep_id])
+            m = torch.zeros(2, length, dtype=torch.bool)
+            m[0, 1 : 1 + segment_length] = True
+            m[1, 2 + segment_length : 2 + 2 * segment_length] = True
+            seg_masks.append(m)
+            seg_labels.append([first, second])
+            confs.append([ca, cb])
+            sources.append([ia, ib])
+            progressed = True
+        if not progressed:
+            break
+    if not rows:
+        raise ValueError("could not pair segments of two different classes")
+    ids = torch.tensor(rows)
+    return SeqPGExamples(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        segment_masks=torch.stack(seg_masks),
+        segment_labels=torch.tensor(seg_labels),
+        confidence=torch.tensor(confs),
+        source_index=torch.tensor(sources),
+    )
+
+
+def seqpg_score(
+    attributions,
+    segment_masks: Bool[Tensor, "n 2 pos"],
+    attention_mask: Int[Tensor, "n pos"] | None = None,
+    reduce: str = "sum",
+) -> Float[Tensor, " n"]:
+    """SeqPG score per example, in [0, 1].
+
+    Args:
+        attributions: token-level attributions for ``2 n`` rows, ordered as
+            :meth:`SeqPGExamples.explanation_batch` (row ``2i + s`` explains example i for segment s's
+            class), from any method (see :func:`~bcos_plugins.metrics.token_scores`).
+        segment_masks: ``(n, 2, pos)`` from :class:`SeqPGExamples`.
+        attention_mask: padding is ignored (``(n, pos)``; optional).
+    """
+    scores = token_scores(attributions, reduce=reduce)
+    n, two, length = segment_masks.shape
+    if two != 2 or scores.shape != (2 * n, length):
+        raise ValueError(f"expected attributions for {2 * n} rows of {length} tokens (each example explained "
+                         f"for both segment classes); got {tuple(scores.shape)}")
+    positive = scores.clamp_min(0).reshape(n, 2, length)
+    if attention_mask is not None:
+        positive = positive * attention_mask.to(positive.device)[:, None, :].to(positive.dtype)
+    inside = (positive * segment_masks.to(positive.device)).sum(-1)
+    total = positive.sum(-1)
+    ratio = torch.where(total > 0, inside / total.clamp_min(1e-30), torch.zeros_like(total))
+    return ratio.mean(-1)

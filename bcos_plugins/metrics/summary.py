@@ -1,0 +1,128 @@
+"""Explanation entropy, completeness error, and the time / peak memory an explanation costs.
+
+- entropy (B-cos LM paper §5, Fig. 5): of the distribution ``p_i = |s_i| / sum_j |s_j|`` over a row's real
+  tokens, in nats; low = a few tokens carry the explanation. A row of zeros has entropy 0.
+- completeness error: ``|sum of attributions - explained value| / |explained value|`` per example.
+- :func:`measure_cost`: wall-clock seconds and peak memory of one call. On CUDA the peak is
+  ``torch.cuda.max_memory_allocated`` above the level before the call; on CPU it is the peak resident set
+  size of the process above the level before the call, sampled every millisecond in a background thread
+  (PyTorch's CPU allocator is invisible to ``tracemalloc``; short allocation spikes between samples can be
+  missed, so CPU numbers are a lower bound).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .attributions import token_scores
+
+__all__ = ["Cost", "completeness_error", "explanation_entropy", "measure_cost"]
+
+
+def explanation_entropy(attributions, attention_mask: Int[Tensor, "batch pos"] | None = None,
+                        reduce: str = "sum") -> Float[Tensor, " batch"]:
+    """Entropy (nats) of the normalised absolute token scores of each row (padding excluded)."""
+    scores = token_scores(attributions, reduce=reduce).abs()
+    if attention_mask is not None:
+        scores = scores * attention_mask.to(scores.device, scores.dtype)
+    total = scores.sum(-1, keepdim=True)
+    p = scores / total.clamp_min(1e-30)
+    return -(torch.where(p > 0, p * p.clamp_min(1e-30).log(), torch.zeros_like(p))).sum(-1)
+
+
+def completeness_error(attributions, explained: Float[Tensor, " batch"],
+                       relative: bool = True) -> Float[Tensor, " batch"]:
+    """``|sum(attributions) - explained|`` per example, divided by ``|explained|`` when ``relative``."""
+    if hasattr(attributions, "embedding_contributions"):
+        attributions = attributions.embedding_contributions
+    if isinstance(attributions, (tuple, list)):
+        total = sum(a.detach().reshape(a.shape[0], -1).sum(-1) for a in attributions)
+    else:
+        total = attributions.detach().reshape(attributions.shape[0], -1).sum(-1)
+    explained = torch.as_tensor(explained, dtype=total.dtype, device=total.device).detach()
+    if explained.shape != total.shape:
+        raise ValueError(f"explained values of shape {tuple(explained.shape)} for {total.shape[0]} examples")
+    err = (total - explained).abs()
+    return err / explained.abs().clamp_min(1e-12) if relative else err
+
+
+@dataclass
+class Cost:
+    """What one call cost: ``seconds`` (wall clock) and ``peak_bytes`` above the level before it."""
+
+    seconds: float
+    peak_bytes: int
+    device: str
+
+    @property
+    def peak_mib(self) -> float:
+        return self.peak_bytes / 2**20
+
+
+def _rss_bytes() -> int:
+    try:
+        import psutil
+
+        return psutil.Process(os.getpid()).memory_info().rss
+    except ImportError:  # Linux without psutil
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _RssSampler:
+    def __init__(self, interval: float = 1e-3):
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss_bytes())
+            time.sleep(self.interval)
+
+    def __enter__(self):
+        self.peak = _rss_bytes()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+
+
+def measure_cost(fn: Callable[..., Any], *args, device: str | torch.device | None = None,
+                 **kwargs) -> tuple[Any, Cost]:
+    """Run ``fn(*args, **kwargs)`` once; return its result and its :class:`Cost`.
+
+    ``device``: where the work runs (default: CUDA if available, else CPU); decides how memory is measured.
+    """
+    dev = torch.device(device) if device is not None else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        base = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        torch.cuda.synchronize(dev)
+        seconds = time.perf_counter() - start
+        peak = torch.cuda.max_memory_allocated(dev) - base
+    else:
+        base = _rss_bytes()
+        with _RssSampler() as sampler:
+            start = time.perf_counter()
+            result = fn(*args, **kwargs)
+            seconds = time.perf_counter() - start
+        peak = max(0, sampler.peak - base)
+    return result, Cost(seconds=seconds, peak_bytes=int(peak), device=dev.type)
