@@ -1,0 +1,119 @@
+"""MRR, its random baseline and the probability gap on hand-computed cases (B-cos LM paper §7)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+from bcos_plugins.metrics.decoder import (
+    expected_random_reciprocal_rank,
+    mean_reciprocal_rank,
+    probability_gap,
+    random_reciprocal_rank,
+    reciprocal_rank,
+)
+
+
+def _mask(*rows):
+    return torch.tensor(rows, dtype=torch.bool)
+
+
+def test_reciprocal_rank_hand_computed():
+    scores = torch.tensor([
+        [0.1, 0.5, -0.2, 0.3],   # order 1, 3, 0, 2: evidence 3 at rank 2
+        [0.1, 0.5, -0.2, 0.3],   # evidence 0 (rank 3) and 2 (rank 4): the best counts
+        [1.0, 1.0, 1.0, 1.0],    # ties keep prefix order: evidence 1 at rank 2
+        [-3.0, -1.0, -2.0, 0.5],  # signed scores: negatives rank low, evidence 0 at rank 4
+    ])
+    evidence = _mask([0, 0, 0, 1], [1, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0])
+    rr = reciprocal_rank(scores, evidence)
+    assert rr.tolist() == [1 / 2, 1 / 3, 1 / 2, 1 / 4]
+
+
+def test_candidates_exclude_bos_and_padding():
+    scores = torch.tensor([[9.0, 0.1, 0.5, 7.0], [0.0, 2.0, 1.0, 3.0]])
+    candidates = _mask([0, 1, 1, 0], [0, 1, 1, 1])  # row 0: BOS first, padding last; row 1: left padding
+    evidence = _mask([0, 1, 0, 0], [0, 0, 1, 0])
+    assert reciprocal_rank(scores, evidence, candidates).tolist() == [1 / 2, 1 / 3]
+    # without the candidate mask the high BOS and padding scores push the evidence down
+    assert reciprocal_rank(scores, evidence).tolist() == [1 / 4, 1 / 3]
+
+
+def test_undefined_rows_are_nan_and_skipped():
+    scores = torch.tensor([[0.0, 0.0, 0.0], [0.2, 0.1, 0.3], [0.2, 0.1, 0.3]])
+    evidence = _mask([1, 0, 0], [0, 0, 0], [0, 1, 0])
+    rr = reciprocal_rank(scores, evidence)
+    assert math.isnan(rr[0]) and math.isnan(rr[1]) and rr[2] == 1 / 3
+    result = mean_reciprocal_rank(scores, evidence)
+    assert (result.n, result.n_skipped) == (1, 2)
+    assert result.mrr == pytest.approx(1 / 3)
+    # random baseline over rows with evidence (rows 0 and 2, n=3, k=1 each): (1 + 1/2 + 1/3) / 3
+    assert result.random == pytest.approx(11 / 18)
+
+
+@pytest.mark.parametrize(("n", "k", "expected"), [
+    (1, 1, Fraction(1)),
+    (4, 1, Fraction(25, 48)),           # (1 + 1/2 + 1/3 + 1/4) / 4
+    (4, 2, Fraction(13, 18)),           # 1 * 1/2 + 1/2 * 1/3 + 1/3 * 1/6
+    (5, 5, Fraction(1)),
+])
+def test_random_baseline_hand_computed(n, k, expected):
+    assert expected_random_reciprocal_rank(n, k) == pytest.approx(float(expected), abs=1e-12)
+
+
+@pytest.mark.parametrize(("n", "k"), [(5, 1), (5, 2), (6, 3), (7, 2)])
+def test_random_baseline_equals_enumeration_of_all_rankings(n, k):
+    evidence = set(range(k))
+    values = [1 / (1 + min(perm.index(e) for e in evidence)) for perm in itertools.permutations(range(n))]
+    assert expected_random_reciprocal_rank(n, k) == pytest.approx(sum(values) / len(values), abs=1e-12)
+
+
+def test_random_baseline_per_row_and_mean():
+    evidence = _mask([0, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0])
+    candidates = _mask([1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0])
+    rand = random_reciprocal_rank(evidence, candidates)
+    assert rand[0] == pytest.approx(25 / 48) and rand[1] == pytest.approx(expected_random_reciprocal_rank(5, 2))
+    assert math.isnan(rand[2])
+
+
+def test_random_scores_average_to_the_random_baseline():
+    g = torch.Generator().manual_seed(0)
+    evidence = torch.zeros(20000, 6, dtype=torch.bool)
+    evidence[:, 2] = True
+    evidence[:, 4] = True
+    result = mean_reciprocal_rank(torch.rand(20000, 6, generator=g), evidence)
+    assert result.random == pytest.approx(expected_random_reciprocal_rank(6, 2))
+    assert result.mrr == pytest.approx(result.random, abs=0.01)
+
+
+def test_probability_gap_hand_computed():
+    logits = torch.tensor([[0.0, math.log(3.0), -math.inf], [2.0, 2.0, 2.0]])
+    gap = probability_gap(logits, torch.tensor([1, 0]), torch.tensor([0, 2]))
+    torch.testing.assert_close(gap, torch.tensor([0.5, 0.0]))
+    assert probability_gap(logits, torch.tensor([0, 0]), torch.tensor([1, 0]))[0] == pytest.approx(-0.5)
+
+
+def test_metric_error_paths():
+    scores = torch.rand(2, 4)
+    with pytest.raises(ValueError, match=r"scores must have shape \(batch, pos\)"):
+        reciprocal_rank(scores[0], _mask([1, 0, 0, 0]))
+    with pytest.raises(ValueError, match="evidence mask shape"):
+        reciprocal_rank(scores, _mask([1, 0, 0]))
+    with pytest.raises(ValueError, match=r"rows \[1\] mark evidence outside the candidate tokens"):
+        reciprocal_rank(scores, _mask([1, 0, 0, 0], [0, 0, 0, 1]), _mask([1, 1, 1, 1], [1, 1, 1, 0]))
+    with pytest.raises(ValueError, match="MRR is undefined"):
+        mean_reciprocal_rank(scores, torch.zeros(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="need 1 <= n_evidence <= n_candidates"):
+        expected_random_reciprocal_rank(3, 4)
+    with pytest.raises(ValueError, match="need 1 <= n_evidence"):
+        expected_random_reciprocal_rank(3, 0)
+    with pytest.raises(ValueError, match=r"logits must be next-token logits of shape \(batch, vocab\)"):
+        probability_gap(torch.rand(2, 3, 5), torch.tensor([0, 1]), torch.tensor([1, 0]))
+    with pytest.raises(ValueError, match=r"foil ids must lie in \[0, 5\)"):
+        probability_gap(torch.rand(2, 5), torch.tensor([0, 1]), torch.tensor([1, 5]))
+    with pytest.raises(ValueError, match=r"target must be integer ids of shape \(2,\)"):
+        probability_gap(torch.rand(2, 5), torch.tensor([0.0, 1.0]), torch.tensor([1, 0]))
