@@ -117,3 +117,93 @@ def test_metric_error_paths():
         probability_gap(torch.rand(2, 5), torch.tensor([0, 1]), torch.tensor([1, 5]))
     with pytest.raises(ValueError, match=r"target must be integer ids of shape \(2,\)"):
         probability_gap(torch.rand(2, 5), torch.tensor([0.0, 1.0]), torch.tensor([1, 0]))
+
+
+# --- BLiMP loader: prefix / target / foil / evidence --------------------------------------------------------
+
+from transformers import GPT2Tokenizer  # noqa: E402
+
+from bcos_plugins.data import EXAMPLES_DATA  # noqa: E402
+from bcos_plugins.data.blimp import BLIMP_SUBSETS, BlimpPair, encode_blimp, load_blimp  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gpt2_tokenizer():
+    return GPT2Tokenizer.from_pretrained(EXAMPLES_DATA / "gpt2_tokenizer")
+
+
+def test_shipped_tokenizer_is_gpt2(gpt2_tokenizer):
+    assert len(gpt2_tokenizer) == 50257 and gpt2_tokenizer.eos_token_id == 50256
+    assert gpt2_tokenizer("Hello world")["input_ids"] == [15496, 995]  # GPT-2's documented ids
+
+
+@pytest.mark.parametrize(("subset", "prefix", "target", "foil", "evidence"), [
+    ("aga", "Katherine can't help", "herself", "himself", ["Katherine"]),
+    ("ana", "Susan revealed", "herself", "themselves", ["Susan"]),
+    ("asp", "Amanda was respected by some", "waitresses", "picture", ["respected"]),
+    ("dna", "Raymond is selling this", "sketch", "sketches", ["this"]),
+    ("dnai", "Laurie hasn't lifted those", "cacti", "cactus", ["those"]),
+    ("dnaa", "Rebecca was criticizing those good", "documentaries", "documentary", ["those"]),
+    ("dnaai", "Some waiters broke this lost", "foot", "feet", ["this"]),
+    ("npi", "Even Suzanne has", "really", "ever", ["Even"]),
+    ("darn", "A niece of most senators", "hasn't", "haven't", ["niece"]),
+])
+def test_first_pair_of_each_subset(subset, prefix, target, foil, evidence):
+    pair = load_blimp(subset, n=1)[0]
+    assert (pair.prefix, pair.target, pair.foil, pair.evidence_words) == (prefix, target, foil, evidence)
+    assert pair.paradigm == BLIMP_SUBSETS[subset] and load_blimp(pair.paradigm, n=1)[0] == pair
+
+
+def test_evidence_rules_on_harder_prefixes():
+    def pair(subset, prefix):
+        from bcos_plugins.data.blimp import _evidence_spans
+        return BlimpPair(subset, "", "0", prefix, "x", "y", _evidence_spans(subset, prefix)).evidence_words
+
+    assert pair("ana", "These patients do respect") == ["These", "patients"]
+    assert pair("asp", "The hills were dropped by by some") == ["dropped"]
+    assert pair("darn", "The report about the Great Lakes") == ["report"]
+    assert pair("darn", "A newspaper article about the Borgias") == ["newspaper", "article"]
+    assert pair("dna", "That girl is selling these") == ["these"]  # the last demonstrative, not the subject's
+    assert pair("npi", "Suzanne has") == []
+
+
+def test_encode_blimp_left_pads_and_marks_evidence(gpt2_tokenizer):
+    pairs = load_blimp("aga", n=2) + load_blimp("asp", n=1)
+    bos = gpt2_tokenizer.eos_token_id
+    batch = encode_blimp(pairs, gpt2_tokenizer, bos_token_id=bos)
+    assert len(batch) == 3 and not batch.dropped
+    assert (batch.attention_mask[:, -1] == 1).all(), "every prefix must end at the last column"
+    first = batch.input_ids[0][batch.attention_mask[0].bool()].tolist()
+    assert first == [bos, 42, 15289, 460, 470, 1037]  # <|endoftext|> K atherine Ġcan 't Ġhelp
+    assert gpt2_tokenizer.convert_ids_to_tokens(batch.input_ids[0][batch.evidence[0]].tolist()) == ["K", "atherine"]
+    assert batch.candidates.sum(1).tolist() == [5, len(gpt2_tokenizer("Karla could listen to")["input_ids"]),
+                                                len(gpt2_tokenizer("Amanda was respected by some")["input_ids"])]
+    assert not (batch.candidates & (batch.input_ids == bos)).any(), "BOS is never ranked"
+    assert batch.target_ids[0] == gpt2_tokenizer(" herself")["input_ids"][0]
+    assert batch.foil_ids[0] == gpt2_tokenizer(" himself")["input_ids"][0]
+    assert gpt2_tokenizer.convert_ids_to_tokens(batch.input_ids[2][batch.evidence[2]].tolist()) == ["Ġrespected"]
+    # the batch feeds the MRR directly
+    result = mean_reciprocal_rank(batch.evidence.float(), batch.evidence, batch.candidates)
+    assert result.mrr == 1.0
+
+
+def test_encode_blimp_drops_pairs_sharing_first_token(gpt2_tokenizer):
+    same = BlimpPair("dna", "determiner_noun_agreement_1", "0", "Craig explored that", "grocery store",
+                     "grocery stores", ((14, 18),))
+    good = load_blimp("dna", n=1)
+    batch = encode_blimp([same, *good], gpt2_tokenizer)
+    assert batch.pairs == good and batch.dropped == [(same, "target and foil share their first token")]
+    with pytest.raises(ValueError, match="none of the 1 pairs is usable"):
+        encode_blimp([same], gpt2_tokenizer)
+
+
+def test_blimp_error_paths(tmp_path, gpt2_tokenizer):
+    with pytest.raises(ValueError, match=r"unknown BLiMP subset 'wh_island'.*aga: anaphor_gender_agreement"):
+        load_blimp("wh_island")
+    with pytest.raises(FileNotFoundError, match="source='hub'"):
+        load_blimp("aga", path=tmp_path)
+    with pytest.raises(ValueError, match="source must be 'local' or 'hub'"):
+        load_blimp("aga", source="web")
+    slow = type("SlowTokenizer", (), {"is_fast": False})()
+    with pytest.raises(ValueError, match="needs a fast tokenizer"):
+        encode_blimp(load_blimp("aga", n=1), slow)

@@ -63,3 +63,4 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
     else:
         raise ValueError(f"source must be 'local' or 'hub', got {source!r}")
     return TextClassificationData(rows[:n] if n is not None else rows, names)
+from .blimp import BLIMP_SUBSETS, BlimpBatch, BlimpPair, encode_blimp, load_blimp

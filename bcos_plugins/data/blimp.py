@@ -1,0 +1,233 @@
+"""BLiMP minimal pairs as contrastive next-token tasks: prefix, target, foil and evidence (B-cos LM paper §7).
+
+Each BLiMP pair with the one-prefix method is ``prefix + good word`` vs ``prefix + bad word``; the explained
+quantity is ``logit(good) - logit(bad)`` at the prefix's last token (first sub-token of each word with its
+leading space, as the paper's code does; pairs whose two words share that first token are dropped).
+
+The paper (following Ferrando et al., 2023) uses nine paradigms and ground-truth *evidence* words: the words of
+the prefix that make the good continuation right and the bad one wrong. Its evidence files are not public in
+BLiMP itself, so the evidence is rebuilt here with one explicit rule per paradigm, from BLiMP's templates:
+
+=======  ===============================================  ==================================================
+id       paradigm                                         evidence (in the prefix)
+=======  ===============================================  ==================================================
+aga      anaphor_gender_agreement                         the antecedent: subject noun phrase (a name, or
+ana      anaphor_number_agreement                         determiner + noun)
+asp      animate_subject_passive                          the passive verb (the word before the first "by"),
+                                                          which selects an animate agent
+dna      determiner_noun_agreement_1                      the last demonstrative (this / that / these /
+dnai     determiner_noun_agreement_irregular_1            those), which fixes the noun's number
+dnaa     determiner_noun_agreement_with_adjective_1
+dnaai    determiner_noun_agreement_with_adj_irregular_1
+npi      npi_present_1                                    "Even" (the sentence-initial word every pair has)
+darn     distractor_agreement_relational_noun             the subject's head noun(s): between the first
+                                                          determiner and the first preposition
+=======  ===============================================  ==================================================
+
+Compound nouns after a determiner (``Some college campus``) are cut to their first word by the aga/ana rule;
+the MRR uses the best-ranked evidence token, so a partial span still counts the antecedent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+from . import EXAMPLES_DATA
+
+__all__ = ["BLIMP_SUBSETS", "BlimpBatch", "BlimpPair", "encode_blimp", "load_blimp"]
+
+BLIMP_SUBSETS: dict[str, str] = {
+    "aga": "anaphor_gender_agreement",
+    "ana": "anaphor_number_agreement",
+    "asp": "animate_subject_passive",
+    "dna": "determiner_noun_agreement_1",
+    "dnai": "determiner_noun_agreement_irregular_1",
+    "dnaa": "determiner_noun_agreement_with_adjective_1",
+    "dnaai": "determiner_noun_agreement_with_adj_irregular_1",
+    "npi": "npi_present_1",
+    "darn": "distractor_agreement_relational_noun",
+}
+_PARADIGM_IDS = {paradigm: short for short, paradigm in BLIMP_SUBSETS.items()}
+
+_DETERMINERS = {"the", "a", "an", "this", "that", "these", "those", "some", "all", "every", "each", "many", "most",
+                "few", "no", "several", "any"}
+_DEMONSTRATIVES = {"this", "that", "these", "those"}
+_PREPOSITIONS = {"of", "about", "by", "with", "from", "for", "to", "in", "on", "at"}
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class BlimpPair:
+    """One minimal pair as a contrastive next-token task.
+
+    Attributes:
+        subset: short id (``"aga"``, ...); paradigm: BLiMP's paradigm name; pair_id: BLiMP's ``pairID``.
+        prefix: the shared prefix; target / foil: the good / bad next word (no leading space).
+        evidence: character spans of the evidence words in ``prefix``.
+    """
+
+    subset: str
+    paradigm: str
+    pair_id: str
+    prefix: str
+    target: str
+    foil: str
+    evidence: tuple[Span, ...]
+
+    @property
+    def evidence_words(self) -> list[str]:
+        return [self.prefix[a:b] for a, b in self.evidence]
+
+
+def _words(prefix: str) -> list[tuple[str, Span]]:
+    return [(m.group(), m.span()) for m in re.finditer(r"\S+", prefix)]
+
+
+def _evidence_spans(subset: str, prefix: str) -> tuple[Span, ...]:
+    words = _words(prefix)
+    lower = [w.lower() for w, _ in words]
+    if subset in ("aga", "ana"):
+        n = 2 if lower[0] in _DETERMINERS and len(words) > 2 else 1
+        return tuple(span for _, span in words[:n])
+    if subset == "asp":
+        if "by" not in lower or lower.index("by") == 0:
+            return ()
+        return (words[lower.index("by") - 1][1],)
+    if subset in ("dna", "dnai", "dnaa", "dnaai"):
+        found = [i for i, w in enumerate(lower) if w in _DEMONSTRATIVES]
+        return (words[found[-1]][1],) if found else ()
+    if subset == "npi":
+        return (words[0][1],) if lower[0] == "even" else ()
+    if subset == "darn":
+        if lower[0] not in _DETERMINERS:
+            return ()
+        end = next((i for i in range(1, len(lower)) if lower[i] in _PREPOSITIONS), None)
+        return tuple(span for _, span in words[1:end]) if end else ()
+    raise AssertionError(subset)
+
+
+def _resolve(subset: str) -> tuple[str, str]:
+    if subset in BLIMP_SUBSETS:
+        return subset, BLIMP_SUBSETS[subset]
+    if subset in _PARADIGM_IDS:
+        return _PARADIGM_IDS[subset], subset
+    raise ValueError(f"unknown BLiMP subset {subset!r}; supported (id: paradigm): "
+                     f"{', '.join(f'{k}: {v}' for k, v in BLIMP_SUBSETS.items())}")
+
+
+def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = None,
+               source: str = "local") -> list[BlimpPair]:
+    """Minimal pairs of one of the nine paradigms, with their evidence spans (see the module docstring).
+
+    Args:
+        subset: a short id (``"dna"``) or the paradigm name (``"determiner_noun_agreement_1"``).
+        n: keep the first ``n`` pairs (before dropping any).
+        path: a BLiMP ``.jsonl`` file or a folder holding ``<paradigm>.jsonl``; default: the slice shipped in
+            ``examples/data/blimp`` (first 300 pairs of each paradigm).
+        source: ``"local"`` or ``"hub"`` (``datasets.load_dataset("nyu-mll/blimp", paradigm)``, network needed).
+
+    Pairs without the one-prefix method, or where the rule finds no evidence, are dropped.
+    """
+    short, paradigm = _resolve(subset)
+    if source == "hub":
+        from datasets import load_dataset
+
+        rows = list(load_dataset("nyu-mll/blimp", paradigm, split="train"))
+    elif source == "local":
+        file = Path(path) if path is not None else EXAMPLES_DATA / "blimp"
+        if file.is_dir():
+            file = file / f"{paradigm}.jsonl"
+        if not file.exists():
+            raise FileNotFoundError(f"{file} not found. Pass path=... to a BLiMP jsonl file (or its folder), or "
+                                    "source='hub' to load it with `datasets`.")
+        with file.open(encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    else:
+        raise ValueError(f"source must be 'local' or 'hub', got {source!r}")
+    pairs = []
+    for row in rows[:n] if n is not None else rows:
+        if not row.get("one_prefix_method"):
+            continue
+        prefix = row["one_prefix_prefix"]
+        evidence = _evidence_spans(short, prefix)
+        if not evidence:
+            continue
+        pairs.append(BlimpPair(short, paradigm, str(row.get("pairID", len(pairs))), prefix,
+                               row["one_prefix_word_good"], row["one_prefix_word_bad"], evidence))
+    return pairs
+
+
+@dataclass
+class BlimpBatch:
+    """Tokenised pairs, left-padded, ready for ``explain(..., target=target_ids, foil=foil_ids)``.
+
+    ``evidence`` marks the tokens overlapping an evidence word; ``candidates`` the tokens that are ranked (real
+    prefix tokens, BOS excluded). ``dropped`` lists ``(pair, reason)`` for pairs that could not be used.
+    """
+
+    input_ids: Int[Tensor, "batch pos"]
+    attention_mask: Int[Tensor, "batch pos"]
+    target_ids: Int[Tensor, " batch"]
+    foil_ids: Int[Tensor, " batch"]
+    evidence: Bool[Tensor, "batch pos"]
+    candidates: Bool[Tensor, "batch pos"]
+    pairs: list[BlimpPair]
+    dropped: list[tuple[BlimpPair, str]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+
+def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | None = None,
+                 pad_token_id: int | None = None) -> BlimpBatch:
+    """Tokenise pairs with a fast tokenizer (character offsets are used to place the evidence).
+
+    Args:
+        bos_token_id: prepended to every prefix when given (never a candidate for ranking).
+        pad_token_id: id written into padding (default: the tokenizer's pad, else its eos, else 0).
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("encode_blimp needs a fast tokenizer (return_offsets_mapping); got "
+                         f"{type(tokenizer).__name__}")
+    if pad_token_id is None:
+        pad_token_id = next((t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0)
+    rows, kept, dropped = [], [], []
+    for pair in pairs:
+        enc = tokenizer(pair.prefix, add_special_tokens=False, return_offsets_mapping=True)
+        target = tokenizer(" " + pair.target, add_special_tokens=False)["input_ids"]
+        foil = tokenizer(" " + pair.foil, add_special_tokens=False)["input_ids"]
+        if target[0] == foil[0]:
+            dropped.append((pair, "target and foil share their first token"))
+            continue
+        evidence = [any(a < e_end and e_start < b for e_start, e_end in pair.evidence)
+                    for a, b in enc["offset_mapping"]]
+        ids = list(enc["input_ids"])
+        if bos_token_id is not None:
+            ids, evidence = [bos_token_id, *ids], [False, *evidence]
+        rows.append((ids, evidence, bos_token_id is not None, target[0], foil[0]))
+        kept.append(pair)
+    if not rows:
+        raise ValueError(f"none of the {len(pairs)} pairs is usable: {sorted({r for _, r in dropped})}")
+    length = max(len(r[0]) for r in rows)
+    batch = len(rows)
+    input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(batch, length, dtype=torch.long)
+    evidence = torch.zeros(batch, length, dtype=torch.bool)
+    candidates = torch.zeros(batch, length, dtype=torch.bool)
+    for i, (ids, ev, has_bos, _, _) in enumerate(rows):
+        start = length - len(ids)  # left padding: the prefix ends at the last column, where the model predicts
+        input_ids[i, start:] = torch.tensor(ids)
+        attention_mask[i, start:] = 1
+        evidence[i, start:] = torch.tensor(ev)
+        candidates[i, start + int(has_bos):] = True
+    return BlimpBatch(input_ids, attention_mask, torch.tensor([r[3] for r in rows]),
+                      torch.tensor([r[4] for r in rows]), evidence, candidates, kept, dropped)
