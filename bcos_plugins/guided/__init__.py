@@ -1,1 +1,53 @@
-"""Placeholder package; see the open issues."""
+"""Self-Guided Attention (Gu): human rationale masks inside attention during training, and gold masks.
+
+- :func:`guide_attention` / :func:`unguide_attention`: guidance in the last L layers of a transformers
+  BERT-family model (Eq. 3, 4, 5, renormalised product), fed by ``model(..., rationale_mask=M)`` in training;
+- :func:`guidance_hooks`: the same guidance as TransformerLens hooks on ``hook_attn_scores``;
+- gold masks from character spans or highlighted words, and the random control of equal sparsity;
+- :func:`attention_token_scores`: [CLS] attention as token scores for the rationale metrics
+  (:mod:`bcos_plugins.metrics.rationale`).
+"""
+
+from .attention import (
+    GUIDED_IMPLEMENTATIONS,
+    GoldMaskAtEvaluationError,
+    RationaleGuidance,
+    attention_token_scores,
+    guide_attention,
+    guided_layers,
+    register_guided_attention,
+    unguide_attention,
+)
+from .guidance import GUIDANCE_MODES, guide_scores
+from .hooks import attn_scores_guidance_hook, guidance_hooks
+from .masks import (
+    find_span,
+    gold_mask_from_spans,
+    gold_mask_from_words,
+    hatexplain_word_rationale,
+    parse_esnli_question,
+    random_rationale_mask,
+    text_token_mask,
+)
+
+__all__ = [
+    "GUIDANCE_MODES",
+    "GUIDED_IMPLEMENTATIONS",
+    "GoldMaskAtEvaluationError",
+    "RationaleGuidance",
+    "attention_token_scores",
+    "attn_scores_guidance_hook",
+    "find_span",
+    "gold_mask_from_spans",
+    "gold_mask_from_words",
+    "guidance_hooks",
+    "guide_attention",
+    "guide_scores",
+    "guided_layers",
+    "hatexplain_word_rationale",
+    "parse_esnli_question",
+    "random_rationale_mask",
+    "register_guided_attention",
+    "text_token_mask",
+    "unguide_attention",
+]

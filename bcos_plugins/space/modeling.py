@@ -74,8 +74,8 @@ class SpaceModelConfig(PreTrainedConfig):
 
 
 def masked_mean(
-    values: Float[Tensor, "batch pos *rest"], attention_mask: Int[Tensor, "batch pos"] | None
-) -> Float[Tensor, "batch *rest"]:
+    values: Float[Tensor, "batch pos ..."], attention_mask: Int[Tensor, "batch pos"] | None
+) -> Float[Tensor, "batch ..."]:
     """Mean over real positions only (``attention_mask`` 1); all positions when the mask is ``None``."""
     if attention_mask is None:
         return values.mean(dim=1)

@@ -1,0 +1,91 @@
+"""Rationale guidance of attention logits: the paper's Eq. 3, 4, 5 and the renormalised product.
+
+One pure function, :func:`guide_scores`, used by both the transformers path (``attention.py``) and the
+TransformerLens hook (``hooks.py``), so that the two cannot drift apart.
+
+With attention scores ``S = Q K^T / sqrt(d_head)`` (batch, head, query, key), a gold mask ``M`` (batch, key)
+in [0, 1] and a strength ``lam >= 0`` (Gu, "Self-Guided Attention for Explainable NLI", §3.1):
+
+- ``"multiply"`` (Eq. 3): ``softmax(S * (1 + lam M))``. The paper's chosen form. It scales scores, so it
+  sharpens positive scores on rationale keys and makes *negative* ones more negative: a rationale key
+  the model scores below zero gets less attention, not more. Kept as written; see ``"log1p"``.
+- ``"add"`` (Eq. 4): ``softmax(S + lam M)``: every rationale key's weight grows by the factor ``e^lam``.
+- ``"replace"`` (Eq. 5): attention = ``M / sum_k M_k`` over the keys a query may attend to; ``lam`` is
+  not used. Query rows whose allowed keys hold no rationale token keep their normal attention (the
+  formula is undefined there: 0/0).
+- ``"log1p"``: ``softmax(S + log(1 + lam M))`` = ``softmax(S) * (1 + lam M)`` renormalised, which is
+  what the reference code computes after the softmax ("renormalised product"); written on the logits it
+  costs nothing extra and works inside any attention kernel that takes an additive bias.
+
+``lam = 0`` leaves the scores bit-identical for ``multiply``, ``add`` and ``log1p`` (multiplying by 1.0 or
+adding 0.0 is exact in IEEE arithmetic).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+__all__ = ["GuidanceMode", "GUIDANCE_MODES", "guide_scores", "check_guidance"]
+
+GuidanceMode = Literal["multiply", "add", "replace", "log1p"]
+GUIDANCE_MODES: tuple[str, ...] = ("multiply", "add", "replace", "log1p")
+
+
+def check_guidance(mode: str, strength: float) -> tuple[str, float]:
+    if mode not in GUIDANCE_MODES:
+        raise ValueError(f"guidance mode must be one of {GUIDANCE_MODES} (paper Eq. 3, Eq. 4, Eq. 5, "
+                         f"renormalised product); got {mode!r}")
+    strength = float(strength)
+    if not strength >= 0:
+        raise ValueError(f"guidance strength lambda must be >= 0 (it is a weight on the gold mask); got {strength}")
+    return mode, strength
+
+
+def _as_key_mask(rationale_mask: Tensor, scores: Tensor) -> Float[Tensor, "batch 1 1 key"]:
+    batch, _, _, n_keys = scores.shape
+    if rationale_mask.ndim != 2 or rationale_mask.shape != (batch, n_keys):
+        raise ValueError(
+            f"rationale_mask must have shape (batch, key_pos) = ({batch}, {n_keys}) like input_ids; got "
+            f"{tuple(rationale_mask.shape)}"
+        )
+    return rationale_mask.to(device=scores.device, dtype=scores.dtype)[:, None, None, :]
+
+
+def guide_scores(
+    scores: Float[Tensor, "batch head query key"],
+    rationale_mask: Float[Tensor, "batch key"],
+    mode: GuidanceMode,
+    strength: float,
+    allowed: torch.Tensor | None = None,
+) -> Float[Tensor, "batch head query key"]:
+    """Return guided attention logits (before any padding/causal mask is added).
+
+    Args:
+        scores: scaled attention scores ``Q K^T / sqrt(d_head)``.
+        rationale_mask: gold mask per key position (1 = rationale token; padding and special tokens 0).
+        mode, strength: see the module docstring.
+        allowed: boolean, broadcastable to ``scores``: keys each query may attend to (padding/causal mask).
+            Only ``"replace"`` needs it, to renormalise ``M`` over allowed keys. ``None``: all keys.
+
+    For ``"replace"`` the result is ``log M`` on allowed rationale keys and ``-inf`` elsewhere, so that the
+    softmax gives ``M / sum M``; rows without an allowed rationale key are returned unchanged.
+    """
+    mode, strength = check_guidance(mode, strength)
+    m = _as_key_mask(rationale_mask, scores)
+    if mode == "multiply":
+        return scores * (1.0 + strength * m)
+    if mode == "add":
+        return scores + strength * m
+    if mode == "log1p":
+        return scores + torch.log1p(strength * m)
+    on_rationale = m > 0
+    if allowed is not None:
+        on_rationale = on_rationale & allowed
+    replaced = torch.where(on_rationale, torch.log(m.clamp_min(torch.finfo(scores.dtype).tiny)),
+                           torch.full_like(scores, float("-inf")))
+    has_rationale = on_rationale.any(dim=-1, keepdim=True)
+    return torch.where(has_rationale, replaced, scores)

@@ -1,0 +1,53 @@
+"""Self-Guided Attention as TransformerLens hooks on ``blocks.{l}.attn.hook_attn_scores``.
+
+``hook_attn_scores`` of a ``HookedTransformer`` (or ``HookedEncoder``) carries the scaled scores
+``Q K^T / sqrt(d_head)`` after the causal/padding mask has been applied (masked entries are ``-inf``), just
+before the softmax. The hook returns :func:`~bcos_plugins.guided.guidance.guide_scores` of them, the same
+function the transformers path uses; masked entries stay ``-inf`` in every mode (``-inf * (1 + lam M)``
+and ``-inf + c`` are ``-inf``; ``"replace"`` renormalises over the finite entries only).
+
+This module does not import TransformerLens: a hook is a plain ``(tensor, hook) -> tensor`` callable.
+
+>>> hooks = guidance_hooks(model.cfg.n_layers, gold_mask, mode="multiply", strength=1.0, last_layers=4)
+>>> logits = model.run_with_hooks(tokens, fwd_hooks=hooks)          # training step only
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .guidance import GuidanceMode, check_guidance, guide_scores
+
+__all__ = ["attn_scores_guidance_hook", "guidance_hooks"]
+
+
+def attn_scores_guidance_hook(
+    rationale_mask: Float[Tensor, "batch key"],
+    mode: GuidanceMode = "multiply",
+    strength: float = 1.0,
+) -> Callable[[Tensor, object], Tensor]:
+    """A hook for ``hook_attn_scores`` that guides the scores by ``rationale_mask`` (batch, key_pos)."""
+    mode, strength = check_guidance(mode, strength)
+
+    def guide_attn_scores(scores: Float[Tensor, "batch head query key"], hook=None) -> Tensor:
+        return guide_scores(scores, rationale_mask, mode, strength, allowed=torch.isfinite(scores))
+
+    return guide_attn_scores
+
+
+def guidance_hooks(
+    n_layers: int,
+    rationale_mask: Float[Tensor, "batch key"],
+    mode: GuidanceMode = "multiply",
+    strength: float = 1.0,
+    last_layers: int = 4,
+) -> list[tuple[str, Callable]]:
+    """``fwd_hooks`` for ``run_with_hooks`` / ``hooks(...)``: guidance in the last ``last_layers`` blocks."""
+    if not isinstance(last_layers, int) or not 1 <= last_layers <= n_layers:
+        raise ValueError(f"last_layers must be an int in [1, n_layers={n_layers}]; got {last_layers!r}")
+    hook = attn_scores_guidance_hook(rationale_mask, mode, strength)
+    return [(f"blocks.{layer}.attn.hook_attn_scores", hook) for layer in range(n_layers - last_layers, n_layers)]

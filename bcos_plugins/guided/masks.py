@@ -1,0 +1,162 @@
+"""Gold masks: token-level rationale masks from human highlights, and the random control.
+
+Two routes from a human rationale to a token mask aligned with ``input_ids``:
+
+- character spans (e-SNLI highlighted premise spans, free-text phrases): a token is 1 when its character
+  span in its own segment (``offset_mapping`` of a fast tokenizer, ``sequence_ids`` for pairs) overlaps a
+  rationale span of that segment;
+- highlighted words of pre-split text (HateXplain ``post_tokens`` + 0/1 ``rationales``): a token is 1 when
+  the word it comes from (``word_ids``) is highlighted.
+
+Special tokens ([CLS], [SEP]) and padding are always 0. The random control of the paper (§3.3) draws, per
+row, as many positions as the gold mask has, uniformly among the real non-special tokens.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+__all__ = [
+    "find_span",
+    "gold_mask_from_spans",
+    "gold_mask_from_words",
+    "random_rationale_mask",
+    "text_token_mask",
+    "hatexplain_word_rationale",
+    "parse_esnli_question",
+]
+
+Span = tuple[int, int]
+
+
+def _require_offsets(encoding) -> list:
+    if "offset_mapping" not in encoding:
+        raise ValueError("the encoding has no offset_mapping: tokenize with return_offsets_mapping=True "
+                         "(needs a fast tokenizer)")
+    offsets = encoding["offset_mapping"]
+    return offsets.tolist() if isinstance(offsets, Tensor) else offsets
+
+
+def text_token_mask(encoding) -> Tensor:
+    """True at text tokens, False at special tokens and padding (positions without a segment id), from a
+    fast-tokenizer encoding: the ``valid_mask`` of the rationale metrics and the random control's pool."""
+    n_rows = len(encoding["input_ids"])
+    length = len(encoding["input_ids"][0])
+    return torch.tensor([[sid is not None for sid in encoding.sequence_ids(i)] for i in range(n_rows)],
+                        dtype=torch.bool).reshape(n_rows, length)
+
+
+def find_span(text: str, phrase: str, start: int = 0) -> Span | None:
+    """Character span of ``phrase`` in ``text``: an exact match on word boundaries first, then a
+    case-insensitive one (the paper lowercases to improve alignment); ``None`` if absent."""
+    phrase = phrase.strip()
+    if not phrase:
+        return None
+    for flags in (0, re.IGNORECASE):
+        match = re.compile(r"(?<!\w)" + re.escape(phrase) + r"(?!\w)", flags).search(text, start)
+        if match is None:
+            match = re.compile(re.escape(phrase), flags).search(text, start)
+        if match is not None:
+            return match.start(), match.end()
+    return None
+
+
+def gold_mask_from_spans(
+    encoding,
+    spans: Sequence[Sequence[Span]],
+    segment: int = 0,
+) -> Float[Tensor, "batch pos"]:
+    """Token mask from character spans of one segment (0 = first text, 1 = the pair's second text).
+
+    Args:
+        encoding: a fast tokenizer's output with ``return_offsets_mapping=True`` (padded to one length).
+        spans: per row, the rationale's ``(start, end)`` character spans in that row's ``segment`` text.
+        segment: which text of a pair the spans refer to.
+    """
+    offsets = _require_offsets(encoding)
+    if len(spans) != len(offsets):
+        raise ValueError(f"got spans for {len(spans)} rows but the encoding has {len(offsets)}")
+    mask = torch.zeros(len(offsets), len(offsets[0]))
+    for i, (row_offsets, row_spans) in enumerate(zip(offsets, spans, strict=True)):
+        segments = encoding.sequence_ids(i)
+        for j, ((start, end), seg) in enumerate(zip(row_offsets, segments, strict=True)):
+            if seg != segment or end <= start:
+                continue
+            if any(start < span_end and span_start < end for span_start, span_end in row_spans):
+                mask[i, j] = 1.0
+    return mask
+
+
+def gold_mask_from_words(
+    encoding,
+    word_rationales: Sequence[Sequence[float]],
+    threshold: float = 0.5,
+) -> Float[Tensor, "batch pos"]:
+    """Token mask from per-word rationales of text tokenized with ``is_split_into_words=True``.
+
+    ``word_rationales[i][w]`` is the highlight of word w of row i (0/1, or an annotator average that is
+    compared with ``threshold``: >= threshold counts as rationale). Every sub-token of a highlighted word is 1.
+    """
+    rows = len(encoding["input_ids"])
+    if len(word_rationales) != rows:
+        raise ValueError(f"got word rationales for {len(word_rationales)} rows but the encoding has {rows}")
+    mask = torch.zeros(rows, len(encoding["input_ids"][0]))
+    for i in range(rows):
+        words = word_rationales[i]
+        for j, (w, seg) in enumerate(zip(encoding.word_ids(i), encoding.sequence_ids(i), strict=True)):
+            if w is None or seg != 0:
+                continue
+            if w >= len(words):
+                raise ValueError(f"row {i}: token {j} comes from word {w} but only {len(words)} word rationales "
+                                 "were given; tokenize the same word list the rationales belong to")
+            mask[i, j] = float(words[w] >= threshold)
+    return mask
+
+
+def random_rationale_mask(
+    gold_mask: Tensor,
+    eligible: Tensor,
+    generator: torch.Generator | None = None,
+) -> Float[Tensor, "batch pos"]:
+    """Random control with the gold mask's sparsity: per row, ``gold.sum()`` positions drawn uniformly
+    among ``eligible`` positions (real, non-special tokens), without replacement."""
+    if gold_mask.shape != eligible.shape:
+        raise ValueError(f"gold_mask {tuple(gold_mask.shape)} and eligible {tuple(eligible.shape)} differ in shape")
+    eligible = eligible.bool()
+    counts = (gold_mask > 0).sum(1)
+    if (counts > eligible.sum(1)).any():
+        raise ValueError("a row's gold mask has more positions than eligible tokens; build `eligible` from the "
+                         "same encoding as the gold mask")
+    keys = torch.rand(gold_mask.shape, generator=generator).to(gold_mask.device)
+    keys = keys.masked_fill(~eligible, -1.0)
+    rank = keys.argsort(dim=1, descending=True).argsort(dim=1)
+    return ((rank < counts[:, None]) & eligible).to(gold_mask.dtype if gold_mask.is_floating_point()
+                                                    else torch.float32)
+
+
+def hatexplain_word_rationale(record: dict) -> list[float] | None:
+    """Annotator-averaged word rationale of a HateXplain record (the paper thresholds it at 0.5);
+    ``None`` when no annotator marked a rationale (posts labelled normal)."""
+    rationales = record.get("rationales") or []
+    if not rationales:
+        return None
+    n_words = len(record["post_tokens"])
+    if any(len(r) != n_words for r in rationales):
+        raise ValueError(f"post {record.get('post_id')}: a rationale's length differs from post_tokens")
+    return [sum(r[w] for r in rationales) / len(rationales) for w in range(n_words)]
+
+
+_ESNLI_QUESTION = re.compile(r'^Suppose "(.*)"\. Can we infer that "(.*)"\?$', re.DOTALL)
+
+
+def parse_esnli_question(question: str) -> tuple[str, str]:
+    """(premise, hypothesis) from the ``question`` field of the e-SNLI premise-span slice."""
+    match = _ESNLI_QUESTION.match(question)
+    if match is None:
+        raise ValueError(f"not an e-SNLI 'Suppose \"...\". Can we infer that \"...\"?' question: {question[:80]!r}")
+    return match.group(1), match.group(2)

