@@ -1,53 +1,57 @@
-"""TransformerLens adapter: bilinear and B-cos transformers as ``HookedTransformer``s.
+"""TransformerLens adapter: bilinear and B-cos transformers as ``HookedTransformer``\ s.
 
 Importing this module registers the identity activation under ``"linear"`` (transformers' name for it) in
-TransformerLens' ``SUPPORTED_ACTIVATIONS``, so ``HookedTransformerConfig(gated_mlp=True, act_fn="linear")``
-is a bilinear transformer: ``hook_post == hook_pre * hook_pre_linear``.
+TransformerLens' ``SUPPORTED_ACTIVATIONS`` (idempotent), so ``HookedTransformerConfig(gated_mlp=True,
+act_fn="linear")`` is a bilinear transformer: ``hook_post == hook_pre * hook_pre_linear``.
+
+Public API:
+
+- :func:`bilinear_config`: the ``HookedTransformerConfig`` of a bilinear transformer;
+- :class:`BcosTransformerConfig` + :class:`BcosHookedTransformer`: a B-cos transformer (every projection
+  B-cos unless ``bcos_projections`` says otherwise, no biases, detachable norms);
+  :func:`bcos_model_class` gives the B-cos version of a subclass such as sae-lens' ``HookedSAETransformer``;
+- :func:`hooked_transformer_from_hf`: a B-cosified / bilinear / plain transformers GPT-2 or Llama as a
+  TransformerLens model with the same logits, offline;
+- :func:`make_explainable`: route every dynamic weight (norm scale, attention pattern, activation gate,
+  B-cos scale) of a ``HookedTransformer`` through a detachable module, so that
+  :func:`bcos_plugins.explanation_mode` works on it (B-cos, bilinear and plain models alike);
+- :func:`explain_logits`: contributions at ``hook_embed`` + ``hook_pos_embed`` that sum to the logit.
+
+All hook names are TransformerLens' standard ones; B-cos models add ``hook_bcos_scale_{q,k,v,o}`` (attention)
+and ``hook_bcos_scale_{in,gate,out}`` (MLP), the B-cos dynamic scales.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
 from transformer_lens import HookedTransformerConfig
-from transformer_lens.utilities import activation_functions as _tl_activations
 
-__all__ = ["LINEAR_ACTIVATION", "bilinear_config", "identity_activation", "register_linear_activation"]
+from ._lens.activation import LINEAR_ACTIVATION, identity_activation, register_linear_activation
+from ._lens.config import ALL_PROJECTIONS, BcosTransformerConfig
+from ._lens.explain import LensExplanation, explain_logits
+from ._lens.from_hf import SUPPORTED_HF_ARCHITECTURES, hooked_transformer_from_hf
+from ._lens.hook_point import DynamicHookPoint
+from ._lens.model import BcosHookedTransformer, bcos_model_class, is_explainable, make_explainable, remove_biases
 
-LINEAR_ACTIVATION = "linear"
-
-
-def identity_activation(x: torch.Tensor) -> torch.Tensor:
-    """The identity: a gated MLP with this activation is a bilinear MLP ``(x W_gate) * (x W_in)``."""
-    return x
-
-
-def register_linear_activation() -> None:
-    """Register :func:`identity_activation` as TransformerLens activation ``"linear"`` (idempotent).
-
-    Raises:
-        RuntimeError: if another package registered a different function under ``"linear"``: silently
-            replacing it would change that package's models.
-    """
-    registry = _tl_activations.SUPPORTED_ACTIVATIONS
-    existing = registry.get(LINEAR_ACTIVATION)
-    if existing is None:
-        registry[LINEAR_ACTIVATION] = identity_activation
-    elif not _is_ours(existing):
-        raise RuntimeError(
-            f"TransformerLens activation {LINEAR_ACTIVATION!r} is already registered as {existing!r} by another "
-            "package; bcos_plugins needs it to be the identity for bilinear MLPs. Remove the other "
-            "registration before importing bcos_plugins.adapters.transformer_lens."
-        )
-
-
-def _is_ours(fn: Any) -> bool:
-    # A reloaded adapter module defines a new function object; the registered one is still ours.
-    return fn is identity_activation or (
-        getattr(fn, "__module__", None) == __name__ and getattr(fn, "__qualname__", None) == "identity_activation"
-    )
-
+__all__ = [
+    "ALL_PROJECTIONS",
+    "BcosHookedTransformer",
+    "BcosTransformerConfig",
+    "DynamicHookPoint",
+    "LINEAR_ACTIVATION",
+    "LensExplanation",
+    "SUPPORTED_HF_ARCHITECTURES",
+    "bcos_model_class",
+    "bilinear_config",
+    "explain_logits",
+    "hooked_transformer_from_hf",
+    "identity_activation",
+    "is_explainable",
+    "make_explainable",
+    "register_linear_activation",
+    "remove_biases",
+]
 
 register_linear_activation()
 

@@ -1,0 +1,186 @@
+"""Explainable and B-cos ``HookedTransformer``s.
+
+``make_explainable(model)`` turns any supported ``HookedTransformer`` (plain, bilinear or B-cos) into one
+that :func:`bcos_plugins.nn.explanation_mode` can explain: the hook points that carry a dynamic weight
+become :class:`~.hook_point.DynamicHookPoint`\\ s and a non-gated MLP's activation becomes a
+:class:`~bcos_plugins.nn.DetachableActivation`:
+
+======================  ==========================================  =====================
+component               dynamic weight W(x)                          where
+======================  ==========================================  =====================
+LayerNorm / RMSNorm     ``1 / scale``                                ``hook_scale``
+attention               ``pattern``                                  ``hook_pattern``
+gated / bilinear MLP    ``act(x W_gate)`` (the whole gate branch)     ``hook_pre``
+MLP                     ``gate(pre)`` of ``act(pre) = pre * gate``    ``mlp.act_fn``
+B-cos projection        ``|cos| ** (B - 1)``                          ``hook_bcos_scale_*``
+======================  ==========================================  =====================
+
+Everything else (embeddings, projections, residual sums, unembedding) is linear, so with zero biases the
+contributions at ``hook_embed`` (+ ``hook_pos_embed``) sum to the explained logit. On a plain model with
+biases the biases' share is missing from the sum (the paper's "W(x)x from a conventional model" ablation).
+
+``BcosHookedTransformer(cfg)`` builds a B-cos model from a :class:`~.config.BcosTransformerConfig`: the
+attention and MLP classes become their B-cos subclasses, every bias is removed, and the model is made
+explainable. ``bcos_model_class(HookedSAETransformer)`` gives the same for a ``HookedTransformer``
+subclass (the B-cos swap runs inside ``HookedTransformer.__init__``, before the subclass wraps modules).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformer_lens import HookedTransformer
+from transformer_lens.components import Attention, GroupedQueryAttention, LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
+from transformer_lens.components.abstract_attention import AbstractAttention
+from transformer_lens.components.mlps.gated_mlp import GatedMLP
+from transformer_lens.components.mlps.mlp import MLP
+from transformer_lens.hook_points import HookPoint
+
+from bcos_plugins.nn.activation import DetachableActivation
+
+from .attention import BcosAttention, BcosGroupedQueryAttention
+from .config import GATE_KINDS, BcosTransformerConfig, check_explainable
+from .hook_point import DynamicHookPoint
+from .mlp import BcosGatedMLP, BcosMLP
+
+__all__ = ["BcosHookedTransformer", "bcos_model_class", "is_explainable", "make_explainable", "remove_biases"]
+
+_NORMS = (LayerNorm, LayerNormPre, RMSNorm, RMSNormPre)
+
+
+def _make_dynamic(module: nn.Module, attr: str) -> None:
+    old = getattr(module, attr)
+    if isinstance(old, DynamicHookPoint):
+        return
+    if not isinstance(old, HookPoint):
+        raise TypeError(
+            f"{type(module).__name__}.{attr} is a {type(old).__name__}, not a HookPoint (an SAE or another "
+            "wrapper is attached there); call make_explainable before attaching it."
+        )
+    if old.fwd_hooks or old.bwd_hooks or old._forward_hooks or old._backward_hooks:
+        raise RuntimeError(
+            f"{type(module).__name__}.{attr} already has hooks; call make_explainable before adding hooks."
+        )
+    setattr(module, attr, DynamicHookPoint())
+
+
+def make_explainable(model: HookedTransformer) -> HookedTransformer:
+    """Route every dynamic weight of ``model`` through a detachable module (in place, idempotent).
+
+    Hook names and forward values are unchanged. Raises ``ValueError`` for options whose maths is not
+    dynamic-linear (e.g. SoLU, soft-capped logits, clipped values, mixtures of experts).
+    """
+    check_explainable(model.cfg)
+    for module in model.modules():
+        if isinstance(module, _NORMS):
+            _make_dynamic(module, "hook_scale")
+        elif isinstance(module, AbstractAttention):
+            _make_dynamic(module, "hook_pattern")
+        elif isinstance(module, GatedMLP):
+            _make_dynamic(module, "hook_pre")
+        elif isinstance(module, MLP):
+            kind = GATE_KINDS[model.cfg.act_fn]
+            if kind is not None and not isinstance(module.act_fn, DetachableActivation):
+                module.act_fn = DetachableActivation(kind)
+        elif type(module).__name__ in ("MoE", "GptOssMoE", "GatedMLP4Bit"):
+            raise ValueError(f"{type(module).__name__} MLPs are not supported by make_explainable.")
+    model.setup()
+    return model
+
+
+def is_explainable(model: nn.Module) -> bool:
+    """Whether :func:`make_explainable` has been applied (every attention pattern is detachable)."""
+    attentions = [m for m in model.modules() if isinstance(m, AbstractAttention)]
+    return bool(attentions) and all(isinstance(m.hook_pattern, DynamicHookPoint) for m in attentions)
+
+
+def _bias_names(module: nn.Module) -> list[str]:
+    return [n for n, _ in module.named_parameters(recurse=False) if n == "b" or n.startswith(("b_", "_b_"))]
+
+
+def remove_biases(model: nn.Module) -> list[str]:
+    """Replace every bias parameter by a zero, non-persistent, non-trainable buffer (in place).
+
+    TransformerLens' code that reads biases (``model.b_U``, ``attn.b_O``...) keeps working and sees zeros;
+    state dicts no longer contain biases. Returns the dotted names of the removed biases; raises if a bias
+    is not zero (it would change the model's output).
+    """
+    removed = []
+    for prefix, module in model.named_modules():
+        for name in _bias_names(module):
+            param = module._parameters.pop(name)
+            full = f"{prefix}.{name}" if prefix else name
+            if param.detach().abs().max() > 0:
+                module._parameters[name] = param
+                raise ValueError(f"bias {full} is not zero; a B-cos model has no biases.")
+            module.register_buffer(name, torch.zeros_like(param.detach()), persistent=False)
+            removed.append(full)
+    return removed
+
+
+def _require_bcos_config(cfg) -> None:
+    if not isinstance(cfg, BcosTransformerConfig):
+        raise TypeError(
+            f"a B-cos HookedTransformer needs a BcosTransformerConfig, got {type(cfg).__name__}; build one "
+            "with BcosTransformerConfig(..., bcos_b=...) or convert a model with hooked_transformer_from_hf."
+        )
+
+
+def _to_bcos(model: HookedTransformer) -> None:
+    cfg = model.cfg
+    _require_bcos_config(cfg)
+    remove_biases(model)  # TransformerLens creates its biases as zeros
+    for block in model.blocks:
+        attn = block.attn
+        if type(attn) is GroupedQueryAttention:
+            attn.__class__ = BcosGroupedQueryAttention
+        elif type(attn) is Attention:
+            attn.__class__ = BcosAttention
+        else:
+            raise TypeError(f"no B-cos version of {type(attn).__name__}")
+        attn.convert_to_bcos()
+        if cfg.attn_only:
+            continue
+        mlp = block.mlp
+        if type(mlp) is GatedMLP:
+            mlp.__class__ = BcosGatedMLP
+        elif type(mlp) is MLP:
+            mlp.__class__ = BcosMLP
+        else:
+            raise TypeError(f"no B-cos version of {type(mlp).__name__}")
+        mlp.convert_to_bcos()
+    make_explainable(model)
+
+
+class BcosHookedTransformer(HookedTransformer):
+    """A ``HookedTransformer`` whose attention and MLP projections are B-cos (see the module docstring).
+
+    Same arguments as ``HookedTransformer``; ``cfg`` must be a :class:`BcosTransformerConfig`. Weights
+    are TransformerLens' (``W_Q (head, d_model, d_head)``, ``W_in (d_model, d_mlp)``...), stored raw and
+    used unit-normalised; the state dict has no biases.
+    """
+
+    def __init__(self, cfg, *args, **kwargs) -> None:
+        _require_bcos_config(cfg)
+        super().__init__(cfg, *args, **kwargs)
+        _to_bcos(self)
+
+
+_CLASSES: dict[type, type] = {HookedTransformer: BcosHookedTransformer}
+
+
+def bcos_model_class(model_class: type[HookedTransformer]) -> type[HookedTransformer]:
+    """The B-cos version of a ``HookedTransformer`` subclass, e.g. sae-lens' ``HookedSAETransformer``.
+
+    The returned class converts to B-cos inside ``HookedTransformer.__init__`` (it sits between
+    ``model_class`` and ``HookedTransformer`` in the MRO), so wrappers the subclass installs afterwards
+    wrap the B-cos modules.
+    """
+    if not (isinstance(model_class, type) and issubclass(model_class, HookedTransformer)):
+        raise TypeError(f"{model_class!r} is not a HookedTransformer subclass")
+    if issubclass(model_class, BcosHookedTransformer):
+        return model_class
+    if model_class not in _CLASSES:
+        _CLASSES[model_class] = type(
+            f"Bcos{model_class.__name__}", (model_class, BcosHookedTransformer), {"__module__": __name__})
+    return _CLASSES[model_class]
