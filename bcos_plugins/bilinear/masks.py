@@ -5,7 +5,11 @@ The mask of eigenvector ``v_i`` is instead row ``i`` of the pseudo-inverse of th
 ``v_j``): ``m_i . v_j = delta_ij``, a "key" that activates ``v_i`` and none of the other eigenvectors in
 the set. Adding ``alpha m_i`` to an input moves ``v_i . x`` by ``alpha`` and leaves the other ``v_j . x``
 unchanged, so the output reading ``v_i`` (``lambda_i > 0``) grows by ``lambda_i ((v_i . x + alpha)^2 -
-(v_i . x)^2)``. The set is the top ``per_direction`` positive eigenvectors of every output direction.
+(v_i . x)^2)``. The set is the top ``per_direction`` positive eigenvectors of every output direction (the
+paper's "top 10 positive"; with ``per_direction=1`` and ten digit logits, the top positive eigenvector of each
+digit). The more vectors in the set, the more the keys have to differ from the eigenvectors themselves and the
+larger their norm: on 8x8 digits one per digit works far better than four per digit
+(``examples/bilinear_digits.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class AdversarialMasks(NamedTuple):
     eigenvalues: Float[Tensor, "n per"]
 
 
-def adversarial_masks(eig: Eigendecomposition, per_direction: int = 10,
+def adversarial_masks(eig: Eigendecomposition, per_direction: int = 1,
                       reference: Float[Tensor, " d_in"] | None = None) -> AdversarialMasks:
     """Pseudo-inverse masks for the top ``per_direction`` positive eigenvectors of every direction in ``eig``.
 
