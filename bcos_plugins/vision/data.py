@@ -77,12 +77,13 @@ class DigitImages(Dataset):
 
 
 def make_grids(digits: Float[Tensor, "n 1 8 8"], labels: Int[Tensor, " n"], confidence: Float[Tensor, " n"],
-               n_grids: int, seed: int = 0) -> tuple[Float[Tensor, "g 1 16 16"], Int[Tensor, "g 4"]]:
+               n_grids: int, seed: int = 0, strict: bool = True) -> tuple[Float[Tensor, "g 1 16 16"], Int[Tensor, "g 4"]]:
     """2x2 grids of 8x8 digits of four different classes; returns grids and the class of each cell.
 
     Cells are in row-major order (0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right). Only pass
     digits the model classifies correctly (and confidently); ``confidence`` ranks them within a class.
-    Raises if fewer than four classes still have unused images.
+    If fewer than four classes still have unused images before ``n_grids`` grids are made, raises
+    (``strict=True``) or returns the grids made so far (``strict=False``).
     """
     if not (len(digits) == len(labels) == len(confidence)):
         raise ValueError(f"digits, labels and confidence must have the same length; got {len(digits)}, "
@@ -94,6 +95,8 @@ def make_grids(digits: Float[Tensor, "n 1 8 8"], labels: Int[Tensor, " n"], conf
     for _ in range(n_grids):
         available = [c for c, q in queues.items() if q]
         if len(available) < 4:
+            if not strict and grids:
+                break
             raise ValueError(f"only {len(grids)} grids could be made: fewer than four classes have unused images")
         classes = rng.choice(available, size=4, replace=False)
         grid = torch.zeros(1, 2 * DIGIT_SIZE, 2 * DIGIT_SIZE)

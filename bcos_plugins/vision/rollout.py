@@ -1,6 +1,6 @@
 """Attention rollout (Abnar & Zuidema, 2020) for mean-pooled ViTs, as a pixel map.
 
-    R = prod over layers (bottom to top) of  norm_rows(0.5 * mean_heads(A_l) + 0.5 * I)
+    R = prod over layers (bottom to top) of  0.5 * norm_rows(mean_heads(A_l)) + 0.5 * I
     token relevance_j = mean_i R[i, j]      (the classifier reads the mean over tokens, not a CLS token)
 
 B-cos attention matrices with a multiplicative prior are not row-stochastic (Eq. 19): rows are
@@ -30,8 +30,9 @@ def attention_rollout(attentions: tuple[Tensor, ...] | list[Tensor], patch_size:
     eye = torch.eye(n, dtype=attentions[0].dtype, device=attentions[0].device)
     rollout = eye.expand(batch, n, n)
     for pattern in attentions:
-        mixed = (1 - residual_weight) * pattern.mean(dim=1) + residual_weight * eye
-        mixed = mixed / mixed.sum(dim=-1, keepdim=True)
+        averaged = pattern.mean(dim=1)
+        averaged = averaged / averaged.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(averaged.dtype).tiny)
+        mixed = (1 - residual_weight) * averaged + residual_weight * eye
         rollout = mixed @ rollout
     relevance = rollout.mean(dim=1).reshape(batch, grid, grid)
     return relevance.repeat_interleave(patch_size, dim=1).repeat_interleave(patch_size, dim=2)

@@ -75,7 +75,8 @@ def save_explanation_figure(path: str | Path, images: Float[Tensor, "n c h w"],
     fig, axes = plt.subplots(n, n_cols, figsize=(1.6 * n_cols, 1.6 * n), squeeze=False)
     for i in range(n):
         img = images[i].detach().cpu()
-        axes[i, 0].imshow(img[0] if img.shape[0] == 1 else img.permute(1, 2, 0), cmap="gray", vmin=0, vmax=1)
+        img = (img[0] if img.shape[0] == 1 else img.permute(1, 2, 0)).numpy()
+        axes[i, 0].imshow(img, cmap="gray", vmin=0, vmax=1)
         for j, (name, maps) in enumerate(columns.items(), start=1):
             m = torch.as_tensor(maps[i]).detach().cpu()
             if (m < 0).any():
