@@ -127,6 +127,22 @@ def test_bcos_use_attn_result_splits_the_output_by_head():
     torch.testing.assert_close(logits, reference(ids), rtol=1e-5, atol=1e-6)
 
 
+def test_cached_unit_weights_follow_parameter_updates():
+    model = tiny_bcos(LLAMA_LIKE)
+    ids = tokens()
+    with torch.no_grad():
+        first = model(ids)
+        model.blocks[0].mlp.W_in.add_(torch.linspace(-0.5, 0.5, 16)[:, None])  # in place: new directions
+        model.blocks[1].attn._W_K.add_(0.1)
+        second = model(ids)
+    fresh = tiny_bcos(LLAMA_LIKE)
+    fresh.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(first, second)
+        torch.testing.assert_close(second, fresh(ids))
+    torch.testing.assert_close(model(ids), second)  # grad mode recomputes: same values
+
+
 # ---------------------------------------------------------------- completeness
 
 

@@ -30,9 +30,10 @@ from torch import Tensor, nn
 from transformer_lens.components import Attention, GroupedQueryAttention
 from transformer_lens.utilities.attention import complex_attn_linear, simple_attn_linear
 
-from bcos_plugins.nn.functional import bcos_scale, input_norm, unit_norm
+from bcos_plugins.nn.functional import bcos_scale, input_norm
 
 from .hook_point import DynamicHookPoint
+from .unit_weights import unit_weight
 
 __all__ = ["BcosAttention", "BcosGroupedQueryAttention", "BcosAttentionMixin"]
 
@@ -55,15 +56,15 @@ class BcosAttentionMixin(ABC, nn.Module):
     def _project(
         self,
         x: Float[Tensor, "batch pos d_model"] | Float[Tensor, "batch pos head_index d_model"],
-        weight: Float[Tensor, "head_index d_model d_head"],
+        weight_name: str,
         zero_bias: Float[Tensor, "head_index d_head"],
         projection: str,
     ) -> Float[Tensor, "batch pos head_index d_head"]:
         split = x.ndim == 4
         attn_fn = complex_attn_linear if split else simple_attn_linear
         if not self.cfg.is_bcos(projection):
-            return attn_fn(x, weight, zero_bias)
-        lin = attn_fn(x, unit_norm(weight, dim=1), zero_bias)
+            return attn_fn(x, getattr(self, weight_name), zero_bias)
+        lin = attn_fn(x, unit_weight(self, weight_name, dim=1), zero_bias)
         if self.cfg.bcos_b == 1.0:
             return lin
         x_norm = input_norm(x) if split else input_norm(x).unsqueeze(-1)
@@ -72,9 +73,9 @@ class BcosAttentionMixin(ABC, nn.Module):
 
     def calculate_qkv_matrices(self, query_input, key_input, value_input):
         grouped = hasattr(self, "_W_K") and not self.cfg.ungroup_grouped_query_attention
-        w_k, b_k = (self._W_K, self._b_K) if grouped else (self.W_K, self.b_K)
-        w_v, b_v = (self._W_V, self._b_V) if grouped else (self.W_V, self.b_V)
-        q = self.hook_q(self._project(query_input, self.W_Q, self.b_Q, "W_Q"))
+        w_k, b_k = ("_W_K", self._b_K) if grouped else ("W_K", self.b_K)
+        w_v, b_v = ("_W_V", self._b_V) if grouped else ("W_V", self.b_V)
+        q = self.hook_q(self._project(query_input, "W_Q", self.b_Q, "W_Q"))
         k = self.hook_k(self._project(key_input, w_k, b_k, "W_K"))
         v = self.hook_v(self._project(value_input, w_v, b_v, "W_V"))
         return q, k, v
@@ -115,7 +116,7 @@ class BcosAttentionMixin(ABC, nn.Module):
 
     def _output(self, z: Float[Tensor, "batch pos head_index d_head"]) -> Float[Tensor, "batch pos d_model"]:
         bcos = self.cfg.is_bcos("W_O")
-        w_o = unit_norm(self.W_O, dim=(0, 1)) if bcos else self.W_O
+        w_o = unit_weight(self, "W_O", dim=(0, 1)) if bcos else self.W_O
         z_flat = z.reshape(z.shape[0], z.shape[1], -1)
         if self.cfg.use_attn_result:
             per_head = einops.einsum(z, w_o, "b p h d, h d m -> b p h m")

@@ -24,9 +24,10 @@ from torch import Tensor, nn
 from transformer_lens.components.mlps.gated_mlp import GatedMLP
 from transformer_lens.components.mlps.mlp import MLP
 
-from bcos_plugins.nn.functional import bcos_scale, input_norm, unit_norm
+from bcos_plugins.nn.functional import bcos_scale, input_norm
 
 from .hook_point import DynamicHookPoint
+from .unit_weights import unit_weight
 
 __all__ = ["BcosMLP", "BcosGatedMLP", "BcosMLPMixin"]
 
@@ -42,10 +43,9 @@ class BcosMLPMixin(nn.Module):
                 setattr(self, f"hook_bcos_scale_{short}", DynamicHookPoint())
 
     def _project(self, x: Float[Tensor, "batch pos d_in"], projection: str) -> Float[Tensor, "batch pos d_out"]:
-        weight = getattr(self, projection)
         if not self.cfg.is_bcos(projection):
-            return F.linear(x, weight.T)
-        lin = F.linear(x, unit_norm(weight, dim=0).T)
+            return F.linear(x, getattr(self, projection).T)
+        lin = F.linear(x, unit_weight(self, projection, dim=0).T)
         if self.cfg.bcos_b == 1.0:
             return lin
         hook = getattr(self, f"hook_bcos_scale_{self._SCALE_HOOKS[projection]}")

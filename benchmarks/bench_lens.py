@@ -1,0 +1,119 @@
+"""B-cos TransformerLens forward vs a plain TransformerLens forward of the same size (goal: ratio <= 1.5).
+
+Both models are ``HookedTransformer``s with the same config (GPT-2 layout: LayerNorm, GELU, learned
+positions; or the Llama layout: RMSNorm, SiLU gated MLP, rotary, grouped-query attention) and the same
+weights; the B-cos one (:class:`BcosHookedTransformer`, B = 1.5, every projection B-cos) computes the
+B-cos scales on every forward (its unit-norm weights are cached while gradients are off, as in analysis
+workloads). Timings alternate between the two models (``--repeats`` rounds, each timing both) so that
+machine load hits both alike; the ratio of the medians is printed for wall-clock time and for the
+process' CPU time, along with tokens per second and the peak memory of one forward (CUDA only).
+
+On CPU the run uses one thread by default (``--threads``): on a shared machine multi-threaded wall-clock
+timings swing by 2x between runs, single-threaded ones by a few percent.
+
+    python benchmarks/bench_lens.py                     # GPT-2-small width, 4 layers, CPU, 1 thread
+    python benchmarks/bench_lens.py --layout llama
+    python benchmarks/bench_lens.py --threads 0         # torch's default thread count
+    python benchmarks/bench_lens.py --device cuda --batch 16 --seq 512 --layers 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from bcos_plugins.adapters.transformer_lens import BcosHookedTransformer, BcosTransformerConfig
+
+warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
+
+LAYOUTS = {
+    "gpt2": dict(act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard"),
+    "llama": dict(act_fn="silu", gated_mlp=True, normalization_type="RMS", positional_embedding_type="rotary",
+                  final_rms=True),
+}
+
+
+def _models(args):
+    size = dict(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, d_head=args.d_model // args.heads,
+                d_mlp=4 * args.d_model if args.layout == "gpt2" else 8 * args.d_model // 3, d_vocab=args.vocab,
+                n_ctx=args.seq, device=args.device, seed=0)
+    if args.layout == "llama":
+        size["n_key_value_heads"] = args.heads // 2
+    plain = HookedTransformer(HookedTransformerConfig(**size, **LAYOUTS[args.layout])).eval()
+    bcos = BcosHookedTransformer(BcosTransformerConfig(**size, **LAYOUTS[args.layout], bcos_b=args.b)).eval()
+    # same weights (the B-cos model has no biases; the plain model's are zero after init)
+    bcos.load_state_dict({k: v for k, v in plain.state_dict().items() if k in bcos.state_dict()})
+    return plain, bcos
+
+
+def _time(model, tokens, device) -> tuple[float, float]:
+    """(wall-clock seconds, process CPU seconds) of one forward."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    wall, cpu = time.perf_counter(), time.process_time()
+    model(tokens)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _peak_mib(model, tokens, device) -> float | None:
+    if device != "cuda":
+        return None
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    model(tokens)
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="gpt2")
+    parser.add_argument("--d-model", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--b", type=float, default=1.5)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (0: torch's default)")
+    parser.add_argument("--grad", action="store_true",
+                        help="forward with gradients on (training / explaining: unit weights recomputed)")
+    args = parser.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    plain, bcos = _models(args)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
+    times = {"plain": [], "bcos": []}
+    with torch.inference_mode(not args.grad):
+        for model in (plain, bcos):  # warm-up
+            model(tokens)
+        for _ in range(args.repeats):
+            times["plain"].append(_time(plain, tokens, args.device))
+            times["bcos"].append(_time(bcos, tokens, args.device))
+        peaks = {name: _peak_mib(m, tokens, args.device) for name, m in (("plain", plain), ("bcos", bcos))}
+    n_tokens = args.batch * args.seq
+    print(f"TransformerLens forward, {args.layout} layout, d_model={args.d_model}, layers={args.layers}, "
+          f"batch={args.batch}x{args.seq}, device={args.device}, threads={torch.get_num_threads()}, B={args.b}, "
+          f"{args.repeats} alternating rounds, gradients {'on' if args.grad else 'off'}")
+    wall = {name: statistics.median(t[0] for t in times[name]) for name in times}
+    cpu = {name: statistics.median(t[1] for t in times[name]) for name in times}
+    for name in ("plain", "bcos"):
+        peak = f", peak {peaks[name]:.0f} MiB" if peaks[name] is not None else ""
+        print(f"  {name:5s}: median {wall[name] * 1e3:8.2f} ms wall, {cpu[name] * 1e3:8.2f} ms CPU  "
+              f"({n_tokens / wall[name]:8.0f} tokens/s){peak}")
+    ratio = wall["bcos"] / wall["plain"]
+    print(f"ratio B-cos / plain = {ratio:.2f} wall, {cpu['bcos'] / cpu['plain']:.2f} CPU time  "
+          f"(goal <= 1.5 wall: {'met' if ratio <= 1.5 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
