@@ -47,9 +47,8 @@ class BcosLayerNorm(DynamicLinear):
 
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
         dims = tuple(range(-len(self.normalized_shape), 0))
-        centred = x - x.mean(dim=dims, keepdim=True)
-        inv_std = torch.rsqrt(centred.pow(2).mean(dim=dims, keepdim=True) + self.eps)
-        y = centred * self.dynamic_weight(inv_std)
+        var, mean = torch.var_mean(x, dim=dims, correction=0, keepdim=True)
+        y = (x - mean) * self.dynamic_weight(torch.rsqrt(var + self.eps))
         return y * self.weight if self.weight is not None else y
 
     def extra_repr(self) -> str:
