@@ -32,7 +32,13 @@ from ._lens.config import ALL_PROJECTIONS, BcosTransformerConfig
 from ._lens.explain import LensExplanation, explain_logits
 from ._lens.from_hf import SUPPORTED_HF_ARCHITECTURES, hooked_transformer_from_hf
 from ._lens.hook_point import DynamicHookPoint
-from ._lens.model import BcosHookedTransformer, bcos_model_class, is_explainable, make_explainable, remove_biases
+from ._lens.model import (
+    BcosHookedTransformer,
+    bcos_model_class,
+    is_explainable,
+    make_explainable,
+    remove_biases,
+)
 
 __all__ = [
     "ALL_PROJECTIONS",

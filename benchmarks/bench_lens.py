@@ -25,9 +25,8 @@ import time
 import warnings
 
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
-
 from bcos_plugins.adapters.transformer_lens import BcosHookedTransformer, BcosTransformerConfig
+from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
 

@@ -8,12 +8,6 @@ import warnings
 import pytest
 import torch
 import transformers as T
-from conftest import VOCAB, padded_batch, tiny_config, tiny_model
-from sae_lens import HookedSAETransformer, StandardSAE, StandardSAEConfig
-from transformer_lens import HookedTransformer, HookedTransformerConfig, patching
-from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
-
-from bcos_plugins import bcosify, explain, explanation_mode
 from bcos_plugins.adapters._lens import activation as lens_activation
 from bcos_plugins.adapters.transformer_lens import (
     BcosHookedTransformer,
@@ -24,6 +18,12 @@ from bcos_plugins.adapters.transformer_lens import (
     hooked_transformer_from_hf,
     make_explainable,
 )
+from conftest import VOCAB, padded_batch, tiny_config, tiny_model
+from sae_lens import HookedSAETransformer, StandardSAE, StandardSAEConfig
+from transformer_lens import HookedTransformer, HookedTransformerConfig, patching
+from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
+
+from bcos_plugins import bcosify, explain, explanation_mode
 
 warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
 
@@ -141,6 +141,16 @@ def test_cached_unit_weights_follow_parameter_updates():
         assert not torch.allclose(first, second)
         torch.testing.assert_close(second, fresh(ids))
     torch.testing.assert_close(model(ids), second)  # grad mode recomputes: same values
+
+
+def test_bcos_generate_with_kv_cache_matches_without():
+    # exercises the B-cos attention's KV-cache path (rotary offsets, causal mask offset, GQA)
+    model = tiny_bcos(LLAMA_LIKE)
+    ids = tokens(batch=2, length=5)
+    kwargs = dict(max_new_tokens=5, do_sample=False, stop_at_eos=False, verbose=False)
+    cached = model.generate(ids, use_past_kv_cache=True, **kwargs)
+    assert torch.equal(cached, model.generate(ids, use_past_kv_cache=False, **kwargs))
+    assert cached.shape == (2, 10)
 
 
 # ---------------------------------------------------------------- completeness

@@ -30,7 +30,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformer_lens import HookedTransformer
-from transformer_lens.components import Attention, GroupedQueryAttention, LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
+from transformer_lens.components import (
+    Attention,
+    GroupedQueryAttention,
+    LayerNorm,
+    LayerNormPre,
+    RMSNorm,
+    RMSNormPre,
+)
 from transformer_lens.components.abstract_attention import AbstractAttention
 from transformer_lens.components.mlps.gated_mlp import GatedMLP
 from transformer_lens.components.mlps.mlp import MLP
