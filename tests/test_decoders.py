@@ -384,8 +384,9 @@ def test_trainer_reduces_loss_and_model_stays_exact(tmp_path):
     model = _converted("GPT2LMHeadModel")
     g = torch.Generator().manual_seed(0)
     # a learnable toy language: each row counts up by one (modulo 8) from a random start
+    starts, lengths = torch.randint(0, 50, (32,), generator=g), torch.randint(4, 10, (32,), generator=g)
     data = [{"input_ids": ((torch.arange(int(n)) + int(s)) % 8 + 3).tolist()}
-            for s, n in zip(torch.randint(0, 50, (32,), generator=g), torch.randint(4, 10, (32,), generator=g))]
+            for s, n in zip(starts, lengths, strict=True)]
     collate = CausalLMCollator(pad_token_id=0)
     before = _hand_loss(model, data[:16])
     train_causal_lm(model, data, str(tmp_path), pad_token_id=0, num_train_epochs=2, per_device_train_batch_size=8,
