@@ -12,6 +12,7 @@ in both modes so that forward values are identical in and out of explanation mod
 
 from __future__ import annotations
 
+import math
 
 import torch
 from jaxtyping import Float
