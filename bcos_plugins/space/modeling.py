@@ -215,16 +215,28 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
         logits, concepts = self.head(hidden, attention_mask)
         loss = terms = None
         if labels is not None:
-            c = self.config
-            terms = {
-                "cross_entropy": nn.functional.cross_entropy(logits, labels),
-                "inter_space": inter_space_loss(concepts, labels, attention_mask),
-                "intra_space": intra_space_loss(concepts, attention_mask, eps=c.intra_space_eps),
-            }
-            loss = (c.cross_entropy_weight * terms["cross_entropy"] + c.inter_space_weight * terms["inter_space"]
-                    + c.intra_space_weight * terms["intra_space"])
+            loss, terms = self.space_loss(logits, concepts, labels, attention_mask)
         return SpaceModelOutput(loss=loss, logits=logits, concepts=concepts, last_hidden_state=hidden,
                                 loss_terms=terms)
+
+    def space_loss(
+        self,
+        logits: Float[Tensor, "batch n_classes"],
+        concepts: Float[Tensor, "batch pos n_spaces n_latent"],
+        labels: Int[Tensor, " batch"],
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The weighted training loss and its unweighted terms, from the head's outputs (so that a head
+        trained on cached encoder states uses exactly the loss of :meth:`forward`)."""
+        c = self.config
+        terms = {
+            "cross_entropy": nn.functional.cross_entropy(logits, labels),
+            "inter_space": inter_space_loss(concepts, labels, attention_mask),
+            "intra_space": intra_space_loss(concepts, attention_mask, eps=c.intra_space_eps),
+        }
+        loss = (c.cross_entropy_weight * terms["cross_entropy"] + c.inter_space_weight * terms["inter_space"]
+                + c.intra_space_weight * terms["intra_space"])
+        return loss, terms
 
     def explain(self, input_ids, attention_mask=None, *, target=None, foil=None, **forward_kwargs):
         """Exact context attribution; see :func:`bcos_plugins.space.context_attribution`."""
