@@ -411,3 +411,16 @@ def test_training_error_paths(tmp_path):
         CausalLMCollator(0)([{"input_ids": [1, 2]}, {"text": "hi"}])
     with pytest.raises(ValueError, match="not B-cosified"):
         train_causal_lm(tiny_model("GPT2LMHeadModel"), _features(), str(tmp_path), pad_token_id=0)
+
+
+def test_tied_llama_head_stays_tied_and_exact(tmp_path):
+    model = _converted("LlamaForCausalLM", tie_word_embeddings=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids, mask = _batch("right")
+    before = explain(model, ids, mask, target=5, foil=7)
+    _assert_complete(before)
+    model.save_pretrained(tmp_path)
+    loaded = load_bcos_model(tmp_path)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert torch.equal(explain(loaded, ids, mask, target=5, foil=7).embedding_contributions,
+                       before.embedding_contributions)
