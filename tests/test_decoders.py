@@ -424,3 +424,30 @@ def test_tied_llama_head_stays_tied_and_exact(tmp_path):
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     assert torch.equal(explain(loaded, ids, mask, target=5, foil=7).embedding_contributions,
                        before.embedding_contributions)
+
+
+def test_captum_input_x_gradient_in_explanation_mode_equals_explain():
+    """The attribution point is an ordinary tensor: Captum's InputXGradient fed the combined embedding, run inside
+    explanation_mode, reproduces explain() exactly (outside the mode it is the plain IxG baseline, not complete)."""
+    from captum.attr import InputXGradient
+
+    model = _converted("GPT2LMHeadModel")
+    ids, mask = _batch("left")
+    position_ids = _positions(mask)
+    target, foil = torch.tensor([5, 6, 7]), torch.tensor([9, 9, 9])
+
+    def contrast(embedded):
+        handle = model.transformer.drop.register_forward_pre_hook(lambda module, args: (embedded, *args[1:]))
+        try:
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits[:, -1]
+        finally:
+            handle.remove()
+        return logits.gather(1, target[:, None]).squeeze(1) - logits.gather(1, foil[:, None]).squeeze(1)
+
+    x = (model.transformer.wte(ids) + model.transformer.wpe(position_ids)).detach().requires_grad_(True)
+    expl = explain(model, ids, mask, target=target, foil=foil)
+    with explanation_mode(model):
+        inside = InputXGradient(contrast).attribute(x)
+    torch.testing.assert_close(inside, expl.embedding_contributions, rtol=1e-5, atol=1e-6)
+    outside = InputXGradient(contrast).attribute(x)
+    assert ((outside.sum((1, 2)) - expl.logits).abs() > 1e-3 * expl.logits.abs()).all()
