@@ -161,7 +161,8 @@ def explain(
             Classifiers default to the predicted class; causal LMs and base models need one.
         foil: optional contrast; the explained value becomes ``target - foil``.
         position: decoders and base models: which position's output to explain (int or ``(batch,)``;
-            negative ints count from the last real token, -1 being it).
+            negative ints count from the last real token, -1 being it). For decoders it must be a real
+            token: the causal mask makes everything after it contribute exactly zero.
         reduce: ``"sum"`` (exact, default) or ``"mean"`` over the embedding dimension for token scores.
         **forward_kwargs: passed to the model (e.g. ``token_type_ids``).
     """
