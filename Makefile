@@ -29,6 +29,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py
+	$(BIN)/python benchmarks/bench_lens.py
+	$(BIN)/python benchmarks/bench_bilinear.py
+
+bench-faithfulness: $(STAMP)
+	$(BIN)/python benchmarks/bench_faithfulness.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from .convert.architectures import SPECS
 from .convert.bcosify import BCOS_CONFIG_KEY, bcosify
 
-__all__ = ["accuracy", "bcos_loss", "fine_tune_classifier", "load_bcos_model", "predict"]
+__all__ = ["BWarmupCallback", "accuracy", "bcos_loss", "fine_tune_classifier", "load_bcos_model", "predict"]
 
 
 def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None = None) -> Tensor:
@@ -122,6 +122,7 @@ def fine_tune_classifier(
     loss: str = "auto",
     seed: int = 0,
     progress: bool = True,
+    b_warmup: float | None = None,
     **training_args,
 ):
     """Fine-tune a sequence classifier with transformers' ``Trainer`` and return the trainer.
@@ -132,8 +133,9 @@ def fine_tune_classifier(
     ``head_learning_rate`` (default: ``learning_rate``) applies to the freshly initialised head (every
     parameter outside the encoder, plus the pooler). B-cos logits are bounded by the norm of their input
     and grow only as the head's weights align with it, so a short CPU fine-tuning converges much faster
-    with a larger head rate (the paper trains 5 epochs on GPUs instead). Extra keyword arguments go to
-    ``TrainingArguments``.
+    with a larger head rate (the paper trains 5 epochs on GPUs instead). ``b_warmup=f`` anneals B from 1 to
+    the model's B over the first fraction ``f`` of the steps (:class:`BWarmupCallback`). Extra keyword
+    arguments go to ``TrainingArguments``.
     """
     import tempfile
 
@@ -167,6 +169,7 @@ def fine_tune_classifier(
         data_collator=DataCollatorWithPadding(tokenizer),
         compute_loss_func=bcos_loss if use_bce else None,
         optimizers=optimizers,
+        callbacks=[BWarmupCallback(model, fraction=b_warmup)] if b_warmup else None,
     )
     trainer.train()
     model.eval()
@@ -204,3 +207,55 @@ def accuracy(model: nn.Module, tokenizer, texts: list[str], labels: list[int], *
     """Share of texts whose predicted class equals the label."""
     pred = predict(model, tokenizer, texts, **kwargs).argmax(-1)
     return (pred == torch.as_tensor(labels)).float().mean().item()
+
+
+class BWarmupCallback:
+    """Anneal the alignment pressure B of every B-cos layer from ``start`` to the model's B during training.
+
+    A pretrained model B-cosified with B > 1 starts far from its pretrained function: every B-cos layer scales
+    its output by ``|cos|^(B-1)`` (about 0.3 for B = 1.5 and typical cosines), so the sub-layers' share of the
+    residual stream collapses and short fine-tunings cannot recover. With B = 1 the converted model is close
+    to the pretrained one (only biases removed); raising B linearly over the first ``fraction`` of the
+    training steps lets the weights align as the pressure grows. At the end every layer has the target B
+    recorded in ``model.config.bcos["b"]``, so saved models are ordinary B-cos models.
+
+    Built lazily as a ``transformers.TrainerCallback`` subclass so that importing this module stays cheap.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        from transformers import TrainerCallback
+
+        klass = type("BWarmupCallback", (_BWarmup, TrainerCallback), {})
+        instance = object.__new__(klass)
+        instance.__init__(*args, **kwargs)
+        return instance
+
+
+class _BWarmup:
+    def __init__(self, model: nn.Module, start: float = 1.0, fraction: float = 0.5) -> None:
+        from .nn.linear import BcosLinear, check_b
+
+        settings = getattr(model.config, BCOS_CONFIG_KEY, None)
+        if not isinstance(settings, dict):
+            raise ValueError("BWarmupCallback needs a model converted with bcosify (config.bcos is missing)")
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"fraction must lie in (0, 1], got {fraction}")
+        self.start = check_b(start)
+        self.target = float(settings["b"])
+        if self.start > self.target:
+            raise ValueError(f"start B {self.start} is larger than the model's B {self.target}")
+        self.fraction = fraction
+        self.layers = [m for m in model.modules() if isinstance(m, BcosLinear)]
+        self._set(self.start)
+
+    def _set(self, b: float) -> None:
+        for layer in self.layers:
+            layer.b = b
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        warm_steps = max(1, int(state.max_steps * self.fraction))
+        t = min(1.0, state.global_step / warm_steps)
+        self._set(self.start + t * (self.target - self.start))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._set(self.target)

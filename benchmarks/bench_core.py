@@ -7,7 +7,8 @@
 
 The architecture is all-MiniLM-L6-v2's (a 6-layer BERT, hidden 384) built from its config with random
 weights, so the benchmark needs no download. Timings interleave the two models and report medians.
-Environment: BENCH_BATCH (16), BENCH_LEN (64), BENCH_REPEATS (7).
+Environment: BENCH_BATCH (16), BENCH_LEN (64), BENCH_REPEATS (7), BENCH_THREADS (1: single-threaded
+timings are stable on a shared machine; 0 keeps torch's default).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def main() -> None:
     batch = int(os.environ.get("BENCH_BATCH", 16))
     length = int(os.environ.get("BENCH_LEN", 64))
     repeats = int(os.environ.get("BENCH_REPEATS", 7))
+    threads = int(os.environ.get("BENCH_THREADS", 1))
+    if threads > 0:
+        torch.set_num_threads(threads)
     torch.manual_seed(0)
     try:
         config = BertConfig.from_pretrained(minilm_path())
@@ -74,9 +78,10 @@ def main() -> None:
         t["fwd_conv"] += _time(fwd(conventional), 1)
         t["fwd_bcos"] += _time(fwd(bcos), 1)
     med = {k: statistics.median(v) for k, v in t.items()}
-    print(f"MiniLM-L6 architecture, batch {batch} x {length} tokens, median of {repeats} interleaved runs")
-    print(f"| measurement | seconds | ratio | goal |")
-    print(f"|---|---|---|---|")
+    print(f"MiniLM-L6 architecture, batch {batch} x {length} tokens, median of {repeats} interleaved runs, "
+          f"{torch.get_num_threads()} thread(s)")
+    print("| measurement | seconds | ratio | goal |")
+    print("|---|---|---|---|")
     print(f"| Captum IxG, conventional | {med['ixg']:.4f} | | |")
     print(f"| B-cos explain, B-cos | {med['bcos']:.4f} | {med['bcos'] / med['ixg']:.2f} | <= 1.3 |")
     print(f"| forward, conventional | {med['fwd_conv']:.4f} | | |")

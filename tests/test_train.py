@@ -64,3 +64,45 @@ def test_trainer_with_compute_loss_func(tmp_path):
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 5 and losses[-1] < losses[0]
+
+
+def test_b_warmup_anneals_b_and_ends_at_the_target(tmp_path):
+    from bcos_plugins.nn import BcosLinear
+    from bcos_plugins.train import BWarmupCallback
+
+    torch.manual_seed(0)
+    model = bcosify(tiny_model("BertForSequenceClassification"), b=2.0, verbose=False)
+    seen: list[float] = []
+    layer = model.classifier
+    original_forward = BcosLinear.forward
+
+    def spy(self, x):
+        if self is layer:
+            seen.append(self.b)
+        return original_forward(self, x)
+
+    ids, mask = padded_batch(batch=4, seed=5)
+    data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "labels": [0, 1, 2, 0]})
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4, report_to=[],
+                             save_strategy="no", use_cpu=True, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=data, compute_loss_func=bcos_loss,
+                      callbacks=[BWarmupCallback(model, start=1.0, fraction=0.5)])
+    BcosLinear.forward = spy
+    try:
+        trainer.train()
+    finally:
+        BcosLinear.forward = original_forward
+    assert seen == [1.0, 1.5, 2.0, 2.0]  # steps 0..3, warm-up over the first 2 steps
+    assert all(m.b == 2.0 for m in model.modules() if isinstance(m, BcosLinear))
+
+
+def test_b_warmup_errors():
+    from bcos_plugins.train import BWarmupCallback
+
+    with pytest.raises(ValueError, match="needs a model converted with bcosify"):
+        BWarmupCallback(tiny_model("BertModel"))
+    model = bcosify(tiny_model("BertModel"), b=1.25, verbose=False)
+    with pytest.raises(ValueError, match="larger than the model's B"):
+        BWarmupCallback(model, start=1.5)
+    with pytest.raises(ValueError, match="fraction"):
+        BWarmupCallback(model, fraction=0.0)

@@ -1,0 +1,39 @@
+"""The installed package layout: adapters/ installs as bcos_plugins.adapters, every package is listed,
+and importing the core pulls in no host library."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _packages_on_disk() -> set[str]:
+    found = set()
+    for init in (ROOT / "bcos_plugins").rglob("__init__.py"):
+        found.add(".".join(init.parent.relative_to(ROOT).parts))
+    for init in (ROOT / "adapters").rglob("__init__.py"):
+        found.add(".".join(("bcos_plugins", *init.parent.relative_to(ROOT).parts)))
+    return found
+
+
+def test_pyproject_lists_every_package():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    assert listed == _packages_on_disk()
+
+
+def test_adapters_import_as_subpackage_and_no_top_level_adapters_module():
+    import bcos_plugins.adapters
+
+    assert Path(bcos_plugins.adapters.__file__).parent == ROOT / "adapters"
+    assert not (ROOT / "bcos.py").exists() and not (ROOT / "bcos").exists()
+
+
+def test_importing_the_core_imports_no_host_library():
+    code = ("import sys, bcos_plugins, bcos_plugins.explain, bcos_plugins.train; "
+            "print(sorted(m for m in ('inseq', 'captum', 'transformer_lens', 'sae_lens') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
