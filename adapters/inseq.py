@@ -1,0 +1,465 @@
+"""inseq adapter: the attribution method ``"bcos"`` and B-cos sequence classifiers with inseq's output objects.
+
+``import bcos_plugins.adapters.inseq`` registers the method through inseq's own registry (a
+``FeatureAttribution`` subclass with ``method_name = "bcos"``; importing again registers nothing new), so
+
+>>> import inseq, bcos_plugins.adapters.inseq
+>>> model = inseq.load_model(bcos_gpt2, "bcos", tokenizer=tokenizer)   # or a folder saved from a B-cos model
+>>> out = model.attribute("The cat sat on the", generation_args={"max_new_tokens": 5})
+>>> out.show()                                   # signed token scores, columns = generated tokens
+
+works with inseq's ``attribute``, ``show``, ``aggregate``, ``save``/``load`` and step functions unchanged.
+
+What "bcos" computes (decoder-only B-cos LMs: GPT2LMHeadModel, LlamaForCausalLM converted with ``bcosify``):
+
+- Each generation step is explained at the *combined embedding* (GPT-2: word + position embeddings, the input of
+  ``transformer.drop``; Llama: the token embeddings, positions enter through rotary q/k only), inside
+  :func:`~bcos_plugins.nn.explanation_mode`: contributions ``W(x) x`` per prefix token and embedding dimension.
+  Attributing at inseq's usual point (the word embeddings) would miss GPT-2's position-embedding share.
+- Completeness: the contributions of all prefix tokens (the prompt and the tokens generated so far) sum to the
+  attributed value. The error ``sum(contributions) - attributed value`` is stored per step as inseq's
+  convergence-delta step score ``step_scores["deltas"]`` (it is ~1e-6 of the logit for B-cos models).
+- Attributed function: ``"logit"`` by default (B-cos decomposes logits exactly, not probabilities):
+  ``load_model(..., "bcos")`` sets the model's default attributed function to ``"logit"``. Any inseq step
+  function works as ``attributed_fn``: ``"contrast_logits_diff"`` (with ``contrast_targets=``) is exact as well
+  (a difference of two logits of one forward pass). For a non-linear function of the logits ``f(z)`` such as
+  ``"probability"`` the contributions sum to ``sum_j z_j df/dz_j`` (for the probability of token t:
+  ``p_t (z_t - sum_k p_k z_k)``), the first-order share of every logit, not to ``f`` itself; ``deltas`` then
+  holds that gap (a property of softmax, not an approximation error). With ``contrast_force_inputs=True`` the
+  contrastive logit comes from a second forward pass on other tokens, whose share is not attributed, so
+  ``deltas`` equals minus that logit.
+- Aggregation: outputs keep the per-dimension contributions and aggregate by a *signed sum* over the embedding
+  dimension, without inseq's default normalisation (the aggregator ``"signed_sum"``, registered here), so the
+  aggregated token scores still sum to the explained logit and keep their sign (inseq's default for gradient
+  methods, a vector norm, drops the sign). Merging subwords or spans also sums. Ask for anything else as usual:
+  ``out.aggregate("vnorm")``, ``out.show(aggregator="vnorm")``.
+- Positions: inseq left-pads batched prompts and calls the model without ``position_ids``, so under transformers
+  5 a padded row is run at shifted positions, unlike in ``generate`` (inseq 0.7.1 issue). While "bcos"
+  attributes, positions are counted from the attention mask (as ``generate`` and :func:`bcos_plugins.explain`
+  do), so a prompt attributed in a batch gets the same scores as alone.
+
+Models "bcos" refuses, with a ``TypeError`` naming what is supported: encoder-decoder models (bcosify has no
+encoder-decoder architecture: use another inseq method), architectures bcosify does not know, base models
+without an LM head, sequence classifiers (use :func:`load_classifier`), and models without B-cos modules (a
+stock model's input x gradient is not an exact ``W(x) x``: convert it with ``bcosify`` and fine-tune it, or use
+inseq's ``"input_x_gradient"``). A folder saved from a B-cos model (``config.bcos`` present) that
+``AutoModelForCausalLM`` loaded as a stock model is converted again with the saved B, as
+:func:`bcos_plugins.load_bcos_model` does.
+
+Sequence classifiers (inseq itself only handles generation models): :func:`load_classifier` returns a
+:class:`BcosClassifier` whose ``attribute(texts)`` returns an inseq ``FeatureAttributionOutput`` with one
+sequence per text: source = the input tokens, columns = the classes, ``source_attributions`` = per-class
+contributions (summing to each class logit), step scores ``logit``, ``probability`` and ``deltas``;
+``show()``, ``aggregate()``, ``save()``/``FeatureAttributionOutput.load()`` work on it.
+
+inseq 0.7.1 workarounds kept here (each has a test in tests/test_inseq_adapter.py):
+``inseq.get_version()`` needs ``pkg_resources`` (gone from recent setuptools), so nothing here calls it;
+``FeatureAttributionSequenceOutput.__post_init__`` merges an output's aggregation settings into inseq's
+module-level defaults (shared by every output of every method), so B-cos outputs keep their own copy;
+the setter of ``AttributionModel.default_attributed_fn_id`` is defined under the name ``set_attributed_fn``;
+batched decoder prompts get shifted positions (above).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from copy import deepcopy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from inseq.attr.feat import FeatureAttribution
+from inseq.data import (
+    FeatureAttributionOutput,
+    FeatureAttributionSequenceOutput,
+    FeatureAttributionStepOutput,
+)
+from inseq.data.aggregation_functions import SumAggregationFunction
+from inseq.data.aggregator import Aggregator, SequenceAttributionAggregator
+from inseq.utils import Registry
+from inseq.utils.typing import TokenWithId
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from bcos_plugins.convert.architectures import ArchitectureSpec, spec_for, supported_architectures
+from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY, bcosify
+from bcos_plugins.explain import embedding_point, explain
+from bcos_plugins.nn.dynamic import DynamicLinear, explanation_mode
+
+__all__ = [
+    "METHOD_NAME",
+    "SIGNED_SUM",
+    "BcosAttribution",
+    "BcosClassifier",
+    "BcosSequenceAttribution",
+    "BcosStepAttribution",
+    "SignedSumAggregator",
+    "UnsupportedModelError",
+    "load_classifier",
+]
+
+logger = logging.getLogger("bcos_plugins")
+
+METHOD_NAME = "bcos"
+SIGNED_SUM = "signed_sum"
+_CAUSAL_LMS = ("GPT2LMHeadModel", "LlamaForCausalLM")
+_CLASSIFIERS = ("BertForSequenceClassification", "DistilBertForSequenceClassification",
+                "RobertaForSequenceClassification", "GPT2ForSequenceClassification",
+                "LlamaForSequenceClassification")
+
+
+class UnsupportedModelError(TypeError):
+    """A model the "bcos" method cannot explain exactly (the message says which models it supports)."""
+
+
+# --------------------------------------------------------------------------------------------- registration
+
+
+def _reuse_or_refuse(registry: type[Registry], name: str) -> type | None:
+    """Our earlier registration of ``name`` (a reload, or this file imported under a second module name), None
+    when nothing holds the name yet; a class of another package holding it is never replaced silently."""
+    found = [c for c in registry.subclasses() if getattr(c, registry.registry_attr, None) == name]
+    ours = [c for c in found if getattr(c, "_registered_by_bcos_plugins", False)]
+    if len(ours) != len(found):
+        other = next(c for c in found if c not in ours)
+        raise ImportError(
+            f"inseq already has a {registry.__name__} named {name!r} ({other.__module__}.{other.__qualname__}); "
+            "bcos_plugins will not replace it. Uninstall or stop importing the package that registers it."
+        )
+    return ours[0] if ours else None
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+
+
+class _SignedSum:
+    """Sum over the last (embedding) dimension, keeping the sign, not normalised.
+
+    inseq's scores aggregator divides each generated token's column by its L1 norm unless told otherwise; B-cos
+    contributions are only exact unnormalised (the column then sums to the explained logit).
+    """
+
+    # A plain mixin: a registry subclass would be registered (under its parent's name) on definition.
+    aggregator_family = "scores"
+    default_fn = "sum"
+    _registered_by_bcos_plugins = True
+
+    @classmethod
+    def _aggregate(cls, attr, aggregate_fn=None, normalize: bool = False, rescale: bool = False, **kwargs):
+        # Always the sum, also for outputs of other methods whose defaults name another function.
+        fn = aggregate_fn if aggregate_fn is not None else SumAggregationFunction()
+        return super()._aggregate(attr, aggregate_fn=fn, normalize=normalize, rescale=rescale, **kwargs)
+
+
+_previous_aggregator = _reuse_or_refuse(Aggregator, SIGNED_SUM)
+if _previous_aggregator is None:
+    class SignedSumAggregator(_SignedSum, SequenceAttributionAggregator):
+        """inseq aggregator ``"signed_sum"``: exact token scores from B-cos contributions (see the base class)."""
+
+        aggregator_name = SIGNED_SUM
+else:  # registered by an earlier import of this file
+    SignedSumAggregator = _previous_aggregator
+
+
+_DIM_NAMES = {
+    "source_attributions": {0: "Input Tokens", 1: "Generated Tokens", 2: "Embedding Dimension"},
+    "target_attributions": {0: "Input Tokens", 1: "Generated Tokens", 2: "Embedding Dimension"},
+}
+
+
+@dataclass(eq=False, repr=False)
+class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
+    """One attributed sequence of the "bcos" method.
+
+    Attributions are ``(tokens, generated tokens or classes, d_model)`` contributions; the default aggregation
+    (``aggregate()``, ``show()``) is the signed, unnormalised sum over ``d_model``, and merging spans or subwords
+    sums as well, so aggregated scores stay exact. Once aggregated to token level, the default aggregation is
+    none. Step score ``deltas``: ``sum of contributions - attributed value`` per column.
+    """
+
+    def __post_init__(self):
+        carried_fns, carried_names, carried_aggregator = (self._dict_aggregate_fn, self._attribution_dim_names,
+                                                          self._aggregator)
+        # inseq 0.7.1 merges an output's settings into its module-level default dicts, which every output of
+        # every method shares; hand it empty ones and keep a private copy instead.
+        self._dict_aggregate_fn, self._attribution_dim_names = {}, {}
+        super().__post_init__()
+        if self.sequence_scores is None:  # inseq's aggregators iterate over it
+            self.sequence_scores = {}
+        fns = deepcopy(self._dict_aggregate_fn)
+        for field in ("source_attributions", "target_attributions"):
+            fns[field] = {"scores": "sum", "spans": "sum"}
+        fns["step_scores"]["spans"]["deltas"] = "absmax"
+        if carried_fns:
+            fns.update(deepcopy(carried_fns))
+        self._dict_aggregate_fn = fns
+        self._attribution_dim_names = deepcopy(carried_names) if carried_names else deepcopy(_DIM_NAMES)
+        scores = self.source_attributions if self.source_attributions is not None else self.target_attributions
+        if isinstance(scores, Tensor):
+            self._aggregator = SIGNED_SUM if scores.ndim > 2 else []
+        else:  # inseq's save/load passes the scores as encoded bytes: keep what the object had
+            self._aggregator = carried_aggregator if carried_aggregator is not None else SIGNED_SUM
+
+
+@dataclass(eq=False, repr=False)
+class BcosStepAttribution(FeatureAttributionStepOutput):
+    """One generation step of the "bcos" method (contributions per prefix token and embedding dimension)."""
+
+    _sequence_cls: type[FeatureAttributionSequenceOutput] = BcosSequenceAttribution
+
+
+# ------------------------------------------------------------------------------------------ the method
+
+
+def _has_bcos_modules(model: nn.Module) -> bool:
+    return any(isinstance(m, DynamicLinear) for m in model.modules())
+
+
+def _supported_text() -> str:
+    return (f"causal LMs {', '.join(_CAUSAL_LMS)} with inseq.load_model(model, 'bcos'), and sequence "
+            f"classifiers {', '.join(_CLASSIFIERS)} with bcos_plugins.adapters.inseq.load_classifier")
+
+
+def _explainable_model(model: nn.Module, *, classifier: bool) -> tuple[nn.Module, ArchitectureSpec]:
+    """The B-cos model and its spec, or an :class:`UnsupportedModelError` saying what is supported."""
+    name = type(model).__name__
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        raise UnsupportedModelError(
+            f"{name} is an encoder-decoder model. bcosify has no encoder-decoder architecture, so 'bcos' cannot "
+            f"explain it exactly. Supported: {_supported_text()}. For this model use another inseq method, e.g. "
+            "'input_x_gradient' or 'integrated_gradients'."
+        )
+    try:
+        spec = spec_for(model)
+    except TypeError:
+        raise UnsupportedModelError(
+            f"{name} is not an architecture bcosify knows ({', '.join(supported_architectures())}). Supported by "
+            f"'bcos': {_supported_text()}."
+        ) from None
+    if classifier and not spec.is_classifier:
+        raise UnsupportedModelError(f"load_classifier needs a sequence classifier ({', '.join(_CLASSIFIERS)}); "
+                                    f"got {name}. Causal LMs go through inseq.load_model(model, 'bcos').")
+    if not classifier and spec.is_classifier:
+        raise UnsupportedModelError(
+            f"{name} is a sequence classifier; inseq attributes generation models only. Use "
+            "bcos_plugins.adapters.inseq.load_classifier(model, tokenizer).attribute(texts) for per-class token "
+            "attributions as inseq output objects."
+        )
+    if not classifier and (spec.kind != "decoder" or not hasattr(model, "lm_head")):
+        raise UnsupportedModelError(f"{name} has no LM head to generate with. Supported: {_supported_text()}.")
+    if not _has_bcos_modules(model):
+        settings = getattr(model.config, BCOS_CONFIG_KEY, None)
+        if not isinstance(settings, dict) or "b" not in settings:
+            raise UnsupportedModelError(
+                f"{name} has no B-cos (dynamic-linear) modules, so its input x gradient is not an exact W(x)x "
+                "explanation. Convert it with bcos_plugins.bcosify(model) and fine-tune it (or load a saved B-cos "
+                "model), or use inseq's 'input_x_gradient' for plain input x gradient."
+            )
+        # A folder saved from a B-cos model, loaded by transformers as the stock class (inseq.load_model(path)):
+        # convert it again with the saved B, as bcos_plugins.load_bcos_model does.
+        logger.info("%s carries B-cos settings (config.bcos) but stock modules: converting with b=%s", name,
+                    settings["b"])
+        bcosify(model, b=settings["b"], verbose=False)
+    return model, spec
+
+
+@contextmanager
+def _positions_from_mask(model: nn.Module, spec: ArchitectureSpec) -> Iterator[None]:
+    """Decoders: fill in ``position_ids`` from the attention mask when a call leaves them out.
+
+    inseq 0.7.1 left-pads batched prompts and calls the model without positions; transformers 5 then counts
+    positions from the first (padding) column, so padded rows run at other positions than in ``generate``.
+    """
+    if spec.kind != "decoder":
+        yield
+        return
+
+    def fill(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        if kwargs.get("position_ids") is None and kwargs.get("past_key_values") is None and mask is not None \
+                and mask.ndim == 2:
+            kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp_min(0)
+            return args, kwargs
+        return None
+
+    handle = model.register_forward_pre_hook(fill, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+class _BcosMethod:
+    """The "bcos" inseq method (registered as :class:`BcosAttribution`); see the module docstring."""
+
+    _registered_by_bcos_plugins = True
+
+    def __init__(self, attribution_model, **kwargs):
+        super().__init__(attribution_model, hook_to_model=False)
+        self.model, self.spec = _explainable_model(attribution_model.model, classifier=False)
+        # Ids go in, so the forward pass runs through the model's own embedding layers and the combined
+        # embedding (where B-cos is exact) can be captured for every architecture.
+        self.attribute_batch_ids = True
+        self.forward_batch_embeds = False
+        self.use_baselines = False
+        if attribution_model.attribution_method is None:
+            # "bcos" becomes this model's default method: make the logit its default target. inseq 0.7.1 defines
+            # the setter of default_attributed_fn_id under the name set_attributed_fn.
+            attribution_model.set_attributed_fn = "logit"
+        self.hook(**kwargs)
+
+    def attribute(self, *args, **kwargs) -> FeatureAttributionOutput:
+        with _positions_from_mask(self.model, self.spec):
+            return super().attribute(*args, **kwargs)
+
+    def attribute_step(
+        self, attribute_fn_main_args: dict[str, Any], attribution_args: dict[str, Any] | None = None
+    ) -> BcosStepAttribution:
+        """One step: ``W(x) x`` at the combined embedding for the attributed function's value.
+
+        ``attribute_fn_main_args`` is what inseq's input formatter builds for id-based methods: ``inputs`` (the
+        prefix ids) and ``additional_forward_args`` for the attribution model's forward (ids, target ids,
+        attributed function, attention mask, ...), whose output is the attributed value per sequence.
+        """
+        if attribution_args:
+            raise TypeError(f"the 'bcos' method takes no attribution arguments; got {sorted(attribution_args)}")
+        (input_ids,) = attribute_fn_main_args["inputs"]
+        extra = attribute_fn_main_args["additional_forward_args"]
+        with torch.enable_grad(), explanation_mode(self.model), embedding_point(self.model, self.spec) as captured:
+            explained = self.attribution_model(input_ids, *extra).reshape(-1)
+            if explained.shape[0] != input_ids.shape[0]:
+                raise ValueError(f"the attributed function must give one value per sequence; got shape "
+                                 f"{tuple(explained.shape)} for {input_ids.shape[0]} sequences")
+            if not explained.requires_grad:
+                raise ValueError("the attributed function does not depend on the model's inputs (no gradient); "
+                                 "B-cos contributions need a function of the model's output logits")
+            (grad,) = torch.autograd.grad(explained.sum(), captured[0])
+        contributions: Float[Tensor, "batch pos d_model"] = captured[0].detach() * grad
+        deltas = contributions.sum(dim=(1, 2)) - explained.detach()
+        return BcosStepAttribution(target_attributions=contributions, step_scores={"deltas": deltas})
+
+
+_previous_method = _reuse_or_refuse(FeatureAttribution, METHOD_NAME)
+if _previous_method is None:
+    class BcosAttribution(_BcosMethod, FeatureAttribution):
+        """inseq feature attribution method ``"bcos"``: exact B-cos contributions (see the module docstring)."""
+
+        method_name = METHOD_NAME
+else:  # registered by an earlier import of this file
+    BcosAttribution = _previous_method
+
+
+# ------------------------------------------------------------------------------------------ classifiers
+
+
+class BcosClassifier:
+    """A B-cos sequence classifier with inseq-style attribution; build it with :func:`load_classifier`.
+
+    ``attribute(texts)`` explains every class (or ``target_classes``) of every text with
+    :func:`bcos_plugins.explain` and returns an inseq ``FeatureAttributionOutput``: per text one
+    :class:`BcosSequenceAttribution` with ``source`` = the input tokens (padding removed, special tokens kept:
+    they carry contributions too), ``target`` = the attributed classes (``TokenWithId(label, class_id)``),
+    ``source_attributions`` of shape ``(tokens, classes, d_model)`` whose sum over tokens and ``d_model`` is each
+    class logit, and step scores ``logit`` (the explained class logits), ``deltas`` (completeness error) and,
+    when every class is attributed, ``probability``.
+    """
+
+    method_name = METHOD_NAME
+
+    def __init__(self, model: nn.Module, tokenizer, label_names: Sequence[str] | None = None,
+                 max_length: int | None = None):
+        self.model, self.spec = _explainable_model(model, classifier=True)
+        self.tokenizer = tokenizer
+        num_labels = model.config.num_labels
+        if label_names is None:
+            id2label = getattr(model.config, "id2label", None) or {}
+            label_names = [str(id2label.get(i, f"LABEL_{i}")) for i in range(num_labels)]
+        if len(label_names) != num_labels:
+            raise ValueError(f"{len(label_names)} label names for a model with {num_labels} classes")
+        self.label_names = list(label_names)
+        self.max_length = max_length
+        self.model.eval()
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return {"model_name": getattr(self.model.config, "name_or_path", None) or None,
+                "model_class": type(self.model).__name__,
+                "tokenizer_class": type(self.tokenizer).__name__}
+
+    def _classes(self, target_classes: int | Sequence[int] | None) -> list[int]:
+        n = len(self.label_names)
+        if target_classes is None:
+            return list(range(n))
+        classes = [target_classes] if isinstance(target_classes, int) else [int(c) for c in target_classes]
+        bad = [c for c in classes if not 0 <= c < n]
+        if bad or not classes:
+            raise ValueError(f"target_classes must be class ids in [0, {n}); got {classes}")
+        return classes
+
+    def attribute(self, texts: str | Sequence[str], target_classes: int | Sequence[int] | None = None,
+                  batch_size: int = 8) -> FeatureAttributionOutput:
+        """Per-class token attributions of ``texts`` as an inseq ``FeatureAttributionOutput``."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts or not all(isinstance(t, str) and t for t in texts):
+            raise ValueError("attribute needs one or more non-empty texts")
+        classes = self._classes(target_classes)
+        sequences = []
+        for start in range(0, len(texts), batch_size):
+            sequences += self._attribute_batch(texts[start:start + batch_size], classes)
+        info = {
+            "attribution_method": METHOD_NAME,
+            "attributed_fn": "logit",
+            "attr_pos_start": 0,
+            "attr_pos_end": len(classes),
+            "step_scores": sorted(sequences[0].step_scores),
+            "input_texts": texts,
+            "generated_texts": [self.label_names[int(s.step_scores["logit"].argmax())] for s in sequences],
+            "target_classes": classes,
+            **self.info,
+        }
+        return FeatureAttributionOutput(sequence_attributions=sequences, step_attributions=None, info=info)
+
+    def _attribute_batch(self, texts: list[str], classes: list[int]) -> list[BcosSequenceAttribution]:
+        device = next(self.model.parameters()).device
+        enc = self.tokenizer(texts, padding=True, truncation=self.max_length is not None,
+                             max_length=self.max_length, return_tensors="pt").to(device)
+        ids: Int[Tensor, "batch pos"] = enc["input_ids"]
+        mask: Int[Tensor, "batch pos"] = enc["attention_mask"]
+        extra = {k: enc[k] for k in ("token_type_ids",) if k in enc}
+        per_class = [explain(self.model, ids, mask, target=c, **extra) for c in classes]
+        contributions = torch.stack([e.embedding_contributions for e in per_class], dim=2).cpu()
+        logits = torch.stack([e.logits for e in per_class], dim=1).cpu()
+        deltas = torch.stack([e.total - e.logits for e in per_class], dim=1).cpu()
+        all_classes = len(classes) == len(self.label_names)
+        sequences = []
+        for row in range(len(texts)):
+            keep = mask[row].bool().cpu()
+            row_ids = ids[row].cpu()[keep].tolist()
+            tokens = self.tokenizer.convert_ids_to_tokens(row_ids)
+            scores = {"logit": logits[row], "deltas": deltas[row]}
+            if all_classes:
+                scores["probability"] = logits[row].softmax(-1)
+            sequences.append(BcosSequenceAttribution(
+                source=[TokenWithId(t, i) for t, i in zip(tokens, row_ids, strict=True)],
+                target=[TokenWithId(self.label_names[c], c) for c in classes],
+                source_attributions=contributions[row][keep],
+                target_attributions=None,
+                step_scores=scores,
+                attr_pos_start=0,
+                attr_pos_end=len(classes),
+            ))
+        return sequences
+
+
+def load_classifier(model: nn.Module, tokenizer, label_names: Sequence[str] | None = None,
+                    max_length: int | None = None) -> BcosClassifier:
+    """Wrap a B-cos sequence classifier (BERT, DistilBERT, RoBERTa, GPT-2, Llama) for inseq-style attribution.
+
+    >>> clf = load_classifier(bcos_bert, tokenizer, label_names=["negative", "positive"])
+    >>> out = clf.attribute(["a gripping, well acted film"])      # inseq FeatureAttributionOutput
+    >>> out.show()                                               # tokens x classes, signed
+    >>> out[0].source_attributions.sum(dim=(0, 2))               # == the class logits
+    """
+    return BcosClassifier(model, tokenizer, label_names=label_names, max_length=max_length)

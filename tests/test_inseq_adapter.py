@@ -1,0 +1,286 @@
+"""inseq adapter: "bcos" through inseq.load_model / attribute / show / aggregate / save-load on tiny random B-cos
+GPT-2 and Llama with the shipped GPT-2 tokenizer (no hub), exactness against the model's own logits, attributed
+functions, batched prompts, B-cos classifiers as inseq outputs, registration and error paths."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import bcos_plugins.adapters.inseq as adapter
+import inseq
+import pytest
+import torch
+import transformers as T
+from inseq.attr.feat import FeatureAttribution
+from inseq.data.aggregation_functions import DEFAULT_ATTRIBUTION_AGGREGATE_DICT
+from inseq.data.aggregator import Aggregator
+from inseq.utils import Registry
+
+from bcos_plugins import bcosify
+
+TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "examples" / "data" / "gpt2_tokenizer"
+PROMPTS = ["The cat sat on the", "Hello"]
+NEW_TOKENS = 3
+
+
+@pytest.fixture(scope="module")
+def gpt2_tokenizer():
+    return T.GPT2Tokenizer.from_pretrained(TOKENIZER_DIR)
+
+
+def _tiny_lm(family: str, vocab: int, seed: int = 0):
+    torch.manual_seed(seed)
+    if family == "gpt2":
+        config = T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64, n_ctx=64)
+        model = T.GPT2LMHeadModel(config)
+    else:
+        config = T.LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                               bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+        model = T.LlamaForCausalLM(config)
+    return bcosify(model.eval(), b=1.1, verbose=False)
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def generation(request, gpt2_tokenizer):
+    """A B-cos LM loaded with "bcos" and one batched attribution of two prompts of different length."""
+    model = _tiny_lm(request.param, len(gpt2_tokenizer))
+    attribution_model = inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer)
+    out = attribution_model.attribute(PROMPTS, generation_args={"max_new_tokens": NEW_TOKENS, "do_sample": False},
+                                      step_scores=["logit"], show_progress=False)
+    return request.param, model, attribution_model, out
+
+
+def _model_logits(model, tokenizer, ids: list[int]) -> torch.Tensor:
+    """Next-token logits of the model itself after every prefix of ``ids`` (unpadded, one row)."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0]
+
+
+def test_generation_is_exact_signed_and_matches_the_models_own_logits(generation, gpt2_tokenizer):
+    family, model, attribution_model, out = generation
+    assert attribution_model.default_attributed_fn_id == "logit"
+    assert len(out.sequence_attributions) == 2
+    signs = set()
+    for seq in out.sequence_attributions:
+        assert isinstance(seq, adapter.BcosSequenceAttribution)
+        contributions = seq.target_attributions  # decoder-only: (prefix tokens, generated tokens, d_model)
+        assert contributions.shape[1:] == (NEW_TOKENS, 32)
+        logits, deltas = seq.step_scores["logit"], seq.step_scores["deltas"]
+        totals = torch.nansum(contributions, dim=(0, 2))
+        torch.testing.assert_close(totals, logits, rtol=1e-4, atol=1e-5)
+        assert deltas.abs().max() <= 1e-4 * logits.abs().max().clamp_min(1.0)
+        torch.testing.assert_close(totals - logits, deltas, rtol=0, atol=1e-5)
+
+        # the attributed values are the model's own next-token logits, also for the left-padded short prompt
+        ids = [t.id for t in seq.target]
+        own = _model_logits(model, gpt2_tokenizer, ids)
+        for step in range(NEW_TOKENS):
+            pos = seq.attr_pos_start + step
+            torch.testing.assert_close(logits[step], own[pos - 1, ids[pos]], rtol=1e-4, atol=1e-5)
+
+        # default aggregation: signed sum over d_model, not normalised -> token scores still sum to the logit
+        aggregated = seq.aggregate()
+        assert aggregated.target_attributions.ndim == 2
+        torch.testing.assert_close(torch.nansum(aggregated.target_attributions, 0), logits, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(aggregated.target_attributions, contributions.sum(-1), equal_nan=True)
+        signs |= set(aggregated.target_attributions.nan_to_num().sign().flatten().tolist())
+        # inseq's own default for gradient outputs (vector norm) is still one call away and loses the sign
+        assert (seq.aggregate("vnorm").target_attributions.nan_to_num() >= 0).all()
+    assert {-1.0, 1.0} <= signs, "signed scores expected: B-cos contributions of a random model have both signs"
+    assert "sum" not in str(DEFAULT_ATTRIBUTION_AGGREGATE_DICT["target_attributions"]), \
+        "B-cos settings leaked into inseq's shared aggregation defaults"
+
+
+def test_batched_prompt_scores_equal_the_prompt_alone(generation):
+    family, model, attribution_model, out = generation
+    short = out.sequence_attributions[1]
+    alone = attribution_model.attribute(PROMPTS[1], out.info["generated_texts"][1], step_scores=["logit"],
+                                        show_progress=False).sequence_attributions[0]
+    torch.testing.assert_close(alone.step_scores["logit"], short.step_scores["logit"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(alone.aggregate().target_attributions, short.aggregate().target_attributions,
+                               rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_show_returns_html_and_save_load_round_trips(generation, tmp_path):
+    family, model, attribution_model, out = generation
+    html = out.show(display=False, return_html=True)
+    assert isinstance(html, str) and "<table" in html
+    first = out.sequence_attributions[0]
+    assert all(t.token.replace("Ġ", " ").strip() in html for t in first.source if t.token.strip("Ġ"))
+
+    path = tmp_path / "bcos.json"
+    out.save(path)
+    loaded = inseq.FeatureAttributionOutput.load(path)
+    assert loaded.info["attribution_method"] == "bcos"
+    for before, after in zip(out.sequence_attributions, loaded.sequence_attributions, strict=True):
+        assert isinstance(after, adapter.BcosSequenceAttribution)
+        torch.testing.assert_close(after.target_attributions, before.target_attributions, equal_nan=True)
+        torch.testing.assert_close(after.step_scores["deltas"], before.step_scores["deltas"])
+        torch.testing.assert_close(torch.nansum(after.aggregate().target_attributions, 0), before.step_scores["logit"],
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_contrastive_and_probability_targets(gpt2_tokenizer):
+    model = _tiny_lm("gpt2", len(gpt2_tokenizer), seed=1)
+    attribution_model = inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer)
+    prompt, target, contrast = "The cat", "The cat sat down", "The cat ran away"
+    with pytest.warns(UserWarning, match="Contrastive inputs"):
+        contrastive = attribution_model.attribute(
+            prompt, target, attributed_fn="contrast_logits_diff", contrast_targets=contrast,
+            show_progress=False).sequence_attributions[0]
+    totals = torch.nansum(contrastive.target_attributions, dim=(0, 2))
+    assert contrastive.step_scores["deltas"].abs().max() < 1e-4
+    # As an attributed function (contrast_force_inputs=False) inseq takes both logits from the original prefix:
+    # logit(target token) - logit(contrast token). (Its step score of the same name uses the contrast prefix.)
+    target_ids = gpt2_tokenizer(target)["input_ids"]  # contrastive outputs name tokens "sat → ran"
+    contrast_ids = gpt2_tokenizer(contrast)["input_ids"]
+    own = _model_logits(model, gpt2_tokenizer, target_ids)
+    assert len(totals) == 2
+    for step in range(len(totals)):
+        pos = contrastive.attr_pos_start + step
+        torch.testing.assert_close(totals[step], own[pos - 1, target_ids[pos]] - own[pos - 1, contrast_ids[pos]],
+                                   rtol=1e-4, atol=1e-5)
+
+    # probability: contributions sum to sum_j z_j dp/dz_j = p (z_t - E_p[z]); deltas = that - p
+    prob = attribution_model.attribute(prompt, target, attributed_fn="probability", step_scores=["probability"],
+                                       show_progress=False).sequence_attributions[0]
+    for step in range(len(prob.step_scores["probability"])):
+        pos = prob.attr_pos_start + step
+        z = own[pos - 1].double()
+        p = z.softmax(-1)
+        first_order = p[target_ids[pos]] * (z[target_ids[pos]] - (p * z).sum())
+        total = torch.nansum(prob.target_attributions[:, step]).double()
+        torch.testing.assert_close(total, first_order, rtol=1e-3, atol=1e-9)
+        torch.testing.assert_close(prob.step_scores["deltas"][step].double(),
+                                   first_order - prob.step_scores["probability"][step].double(), rtol=1e-3, atol=1e-9)
+
+
+def test_load_model_from_a_saved_bcos_folder(gpt2_tokenizer, tmp_path):
+    model = _tiny_lm("gpt2", len(gpt2_tokenizer), seed=2)
+    model.save_pretrained(tmp_path)
+    gpt2_tokenizer.save_pretrained(tmp_path)
+    from_folder = inseq.load_model(str(tmp_path), "bcos")
+    assert any(isinstance(m, adapter.DynamicLinear) for m in from_folder.model.modules())
+    kwargs = {"step_scores": ["logit"], "show_progress": False}
+    a = from_folder.attribute("The cat", "The cat sat", **kwargs).sequence_attributions[0]
+    b = inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer).attribute("The cat", "The cat sat", **kwargs)
+    torch.testing.assert_close(a.target_attributions, b.sequence_attributions[0].target_attributions,
+                               rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+# ------------------------------------------------------------------------------------------- classifiers
+
+
+WORDS = ["the", "film", "was", "great", "awful", "plot", "acting", "not", "a", "bad", "good", "story"]
+
+
+@pytest.fixture(scope="module")
+def bert_tokenizer(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bert_vocab")
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    # transformers 5 ignores BertTokenizer(vocab_file=...) (it wants vocab=); loading the folder reads vocab.txt
+    return T.BertTokenizer.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "GPT2ForSequenceClassification"])
+def test_classifier_per_class_scores_sum_to_each_class_logit(name, bert_tokenizer, tmp_path):
+    vocab = len(bert_tokenizer)
+    config = (T.BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64, max_position_embeddings=32, num_labels=3)
+              if name.startswith("Bert") else
+              T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=32, n_ctx=32, num_labels=3,
+                           pad_token_id=bert_tokenizer.pad_token_id))
+    torch.manual_seed(0)
+    model = bcosify(getattr(T, name)(config).eval(), b=1.25, verbose=False)
+    labels = ["negative", "neutral", "positive"]
+    classifier = adapter.load_classifier(model, bert_tokenizer, label_names=labels)
+    texts = ["the film was great", "not a good story the acting was bad"]
+    out = classifier.attribute(texts)
+    assert isinstance(out, inseq.FeatureAttributionOutput) and len(out.sequence_attributions) == 2
+    enc = bert_tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        if name.startswith("GPT2"):
+            enc["position_ids"] = (enc["attention_mask"].cumsum(-1) - 1).clamp_min(0)
+        own = model(**enc).logits
+    for row, seq in enumerate(out.sequence_attributions):
+        assert [t.token for t in seq.target] == labels
+        assert [t.id for t in seq.source] == enc["input_ids"][row][enc["attention_mask"][row].bool()].tolist()
+        assert seq.source_attributions.shape == (len(seq.source), 3, 32)
+        torch.testing.assert_close(seq.source_attributions.sum(dim=(0, 2)), own[row], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(seq.step_scores["logit"], own[row], rtol=1e-4, atol=1e-5)
+        assert seq.step_scores["deltas"].abs().max() < 1e-4
+        torch.testing.assert_close(seq.step_scores["probability"].sum(), torch.tensor(1.0))
+        tokens = seq.aggregate().source_attributions  # (tokens, classes), signed
+        torch.testing.assert_close(tokens.sum(0), own[row], rtol=1e-4, atol=1e-5)
+    assert out.info["generated_texts"] == [labels[int(i)] for i in own.argmax(-1)]
+
+    html = out.show(display=False, return_html=True)
+    assert all(label in html for label in labels) and "great" in html
+    out.save(tmp_path / "clf.json")
+    loaded = inseq.FeatureAttributionOutput.load(tmp_path / "clf.json")
+    torch.testing.assert_close(loaded.sequence_attributions[1].source_attributions,
+                               out.sequence_attributions[1].source_attributions)
+
+    one = classifier.attribute("the plot was awful", target_classes=[2]).sequence_attributions[0]
+    assert [t.token for t in one.target] == ["positive"] and "probability" not in one.step_scores
+    with pytest.raises(ValueError, match=r"class ids in \[0, 3\)"):
+        classifier.attribute("the film", target_classes=[3])
+
+
+# ------------------------------------------------------------------------------------------- error paths
+
+
+def test_unsupported_models_get_clear_errors(gpt2_tokenizer, bert_tokenizer):
+    torch.manual_seed(0)
+    t5 = T.T5ForConditionalGeneration(T.T5Config(vocab_size=len(gpt2_tokenizer), d_model=16, d_kv=4, d_ff=32,
+                                                 num_layers=1, num_heads=2, decoder_start_token_id=0))
+    with pytest.raises(adapter.UnsupportedModelError, match="encoder-decoder.*GPT2LMHeadModel, LlamaForCausalLM"):
+        inseq.load_model(t5, "bcos", tokenizer=gpt2_tokenizer)
+
+    stock = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(gpt2_tokenizer), n_embd=16, n_layer=1, n_head=2))
+    with pytest.raises(adapter.UnsupportedModelError, match="no B-cos.*bcosify"):
+        inseq.load_model(stock, "bcos", tokenizer=gpt2_tokenizer)
+    # the refusal does not stop other inseq methods on the same stock model
+    assert inseq.load_model(stock, "input_x_gradient", tokenizer=gpt2_tokenizer).attribution_method is not None
+
+    # (a BERT-family model does not get this far: inseq 0.7.1's loader needs a bos_token_id, which BERT lacks)
+    gpt2_classifier = bcosify(T.GPT2ForSequenceClassification(T.GPT2Config(
+        vocab_size=len(gpt2_tokenizer), n_embd=16, n_layer=1, n_head=2, num_labels=2)).eval(), verbose=False)
+    with pytest.raises(adapter.UnsupportedModelError, match="sequence classifier.*load_classifier"):
+        inseq.load_model(gpt2_classifier, "bcos", tokenizer=gpt2_tokenizer)
+    with pytest.raises(adapter.UnsupportedModelError, match="load_classifier needs a sequence classifier"):
+        adapter.load_classifier(_tiny_lm("gpt2", len(gpt2_tokenizer)), gpt2_tokenizer)
+    with pytest.raises(adapter.UnsupportedModelError, match="no B-cos"):
+        adapter.load_classifier(T.BertForSequenceClassification(T.BertConfig(
+            vocab_size=len(bert_tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=32, max_position_embeddings=32)), bert_tokenizer)
+
+
+# ------------------------------------------------------------------------------------------- registration
+
+
+def test_bcos_is_registered_once_and_reimport_registers_nothing_new():
+    assert inseq.list_feature_attribution_methods().count("bcos") == 1
+    assert inseq.list_aggregators().count("signed_sum") == 1
+    method_cls = FeatureAttribution.available_classes()["bcos"]
+    # last in the file: reloading redefines the module's other classes
+    reloaded = importlib.reload(adapter)
+    assert inseq.list_feature_attribution_methods().count("bcos") == 1
+    assert inseq.list_aggregators().count("signed_sum") == 1
+    assert reloaded.BcosAttribution is method_cls is FeatureAttribution.available_classes()["bcos"]
+
+
+def test_a_name_held_by_another_package_is_refused():
+    class Methods(Registry):
+        registry_attr = "method_name"
+
+    class Foreign(Methods):
+        method_name = "bcos"
+
+    with pytest.raises(ImportError, match="will not replace it"):
+        adapter._reuse_or_refuse(Methods, "bcos")
+    assert adapter._reuse_or_refuse(Methods, "other") is None
+    assert adapter._reuse_or_refuse(Aggregator, "signed_sum") is adapter.SignedSumAggregator
