@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup test demo bench bench-faithfulness lint clean
+.PHONY: setup test demo bench bench-faithfulness lint clean blimp-mrr bilinear-digits bilinear-language
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,16 @@ bench: $(STAMP)
 
 bench-faithfulness: $(STAMP)
 	$(BIN)/python benchmarks/bench_faithfulness.py
+
+# Examples (CPU, minutes each; outputs under outputs/)
+blimp-mrr: $(STAMP)
+	$(BIN)/python examples/blimp_mrr.py
+
+bilinear-digits: $(STAMP)
+	$(BIN)/python examples/bilinear_digits.py
+
+bilinear-language: $(STAMP)
+	$(BIN)/python examples/bilinear_language.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks
