@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -35,6 +36,7 @@ from transformers import Trainer, TrainingArguments, set_seed
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins.metrics.image import grid_pointing_game, pixel_perturbation
+from bcos_plugins.metrics.summary import Cost, measure_cost
 from bcos_plugins.train import bcos_loss
 from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT, attention_rollout, explain_image
 from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids
@@ -85,24 +87,40 @@ def sum_channels(t: torch.Tensor) -> torch.Tensor:
     return t.sum(dim=1) if t.ndim == 4 else t
 
 
-def method_maps(model, images: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-pixel attribution maps (batch, H, W) of every method for ``target``."""
+def attribution_methods(model) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """Per-pixel attribution methods ``(images, target) -> (batch, H, W)`` for ``model``."""
     def forward(x):
         return model(pixel_values=x).logits
 
-    maps = {}
-    if isinstance(model, BcosViT):
+    def inherent(images, target):
         exp = explain_image(model, images, target=target)
         assert exp.completeness_error.max() < 1e-4, exp.completeness_error.max()
-        maps["B-cos W(x)x"] = exp.contributions
-    maps["IntGrad"] = sum_channels(IntegratedGradients(forward).attribute(images, target=target, n_steps=32,
-                                                                          internal_batch_size=512))
-    maps["IxG"] = sum_channels(InputXGradient(forward).attribute(images, target=target))
-    maps["Saliency"] = sum_channels(Saliency(forward).attribute(images, target=target))
-    with torch.no_grad():
-        attentions = model(pixel_values=images, output_attentions=True).attentions
-    maps["Rollout"] = attention_rollout(attentions, model.config.patch_size)
-    return {k: v.detach() for k, v in maps.items()}
+        return exp.contributions
+
+    def rollout(images, target):
+        with torch.no_grad():
+            attentions = model(pixel_values=images, output_attentions=True).attentions
+        return attention_rollout(attentions, model.config.patch_size)
+
+    methods = {"B-cos W(x)x": inherent} if isinstance(model, BcosViT) else {}
+    methods["IntGrad"] = lambda images, target: sum_channels(IntegratedGradients(forward).attribute(
+        images, target=target, n_steps=32, internal_batch_size=512))
+    methods["IxG"] = lambda images, target: sum_channels(InputXGradient(forward).attribute(images, target=target))
+    methods["Saliency"] = lambda images, target: sum_channels(Saliency(forward).attribute(images, target=target))
+    methods["Rollout"] = rollout
+    return methods
+
+
+def method_maps(model, images: torch.Tensor, target: torch.Tensor,
+                costs: dict[str, Cost] | None = None) -> dict[str, torch.Tensor]:
+    """Maps of every method; with ``costs``, also the time and peak memory of each call."""
+    maps = {}
+    for name, method in attribution_methods(model).items():
+        result, cost = measure_cost(method, images, target, device="cpu")
+        maps[name] = result.detach()
+        if costs is not None:
+            costs[name] = cost
+    return maps
 
 
 def model_input(model, images: torch.Tensor):
@@ -126,10 +144,13 @@ def grid_pointing(model, grids: torch.Tensor, cell_labels: torch.Tensor) -> tupl
 def perturbation(model, images: torch.Tensor, labels: torch.Tensor) -> dict[str, dict]:
     inputs, forward = model_input(model, images)
     results = {}
-    for name, m in method_maps(model, images, labels).items():
+    costs: dict[str, Cost] = {}
+    for name, m in method_maps(model, images, labels, costs).items():
         r = pixel_perturbation(forward, inputs, m, labels)
         results[name] = {"abc": r.area_between.mean().item(), "most_first": r.most_first.mean(0).tolist(),
-                         "least_first": r.least_first.mean(0).tolist(), "fractions": list(r.fractions)}
+                         "least_first": r.least_first.mean(0).tolist(), "fractions": list(r.fractions),
+                         "ms_per_image": 1000 * costs[name].seconds / len(images),
+                         "peak_mib_batch": costs[name].peak_mib}
     return results
 
 
@@ -261,17 +282,21 @@ def main() -> None:
              "|---|---|---|---|---|"]
     lines += [f"| {n} | {a:.3f} | {b:.3f} | {s:.0f} | {p:,} |" for n, a, b, s, p in accuracy_rows]
     lines += ["", f"B-cos ViT completeness: max relative error {completeness:.1e} over {len(test_full)} test images.", "",
-              "| model | method | grid pointing game (higher better) | pixel perturbation ABC (higher better) |",
-              "|---|---|---|---|"]
+              "| model | method | grid pointing game (higher better) | pixel perturbation ABC (higher better) "
+              f"| ms / image (batch of {N_PERTURB}) | peak MiB (batch) |",
+              "|---|---|---|---|---|---|"]
     for model_name in model_pairs:
         for name in pointing[model_name]:
-            lines.append(f"| {model_name} | {name} | {pointing[model_name][name]:.3f} | "
-                         f"{perturb[model_name][name]['abc']:.3f} |")
+            r = perturb[model_name][name]
+            lines.append(f"| {model_name} | {name} | {pointing[model_name][name]:.3f} | {r['abc']:.3f} | "
+                         f"{r['ms_per_image']:.2f} | {r['peak_mib_batch']:.0f} |")
     lines += ["", f"Grid pointing game: {N_GRIDS} 2x2 grids per model, each cell's class explained (mean share of "
               "positive attribution in the right cell; 0.25 = chance).",
               f"Pixel perturbation: the {N_PERTURB} most confidently and correctly classified test images; up to 25% "
               "of the pixels removed (B-cos: [x, 1-x] encoding zeroed; conventional: pixel set to 0); ABC = "
-              "normalised area between the least- and most-important-first softmax-confidence curves."]
+              "normalised area between the least- and most-important-first softmax-confidence curves.",
+              "Time and peak memory (RSS above the level before the call) of computing the maps for that batch, "
+              f"on this machine's CPU with {THREADS} thread(s)."]
     table = "\n".join(lines)
     (OUT / "results.md").write_text(table + "\n")
     (OUT / "results.json").write_text(json.dumps({
