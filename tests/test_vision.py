@@ -232,3 +232,18 @@ def test_bad_configs_give_clear_errors():
         BcosViTConfig(tokenizer="cnn")
     with pytest.raises(ValueError, match="b=0.5 must be >= 1"):
         BcosViTConfig(b=0.5)
+
+
+def test_attention_hook_points_see_the_pattern_and_values():
+    model = tiny_vit("linear", "multiplicative")
+    x = images(batch=2)
+    seen = {}
+    handles = [model.blocks[1].attention.hook_pattern.register_forward_hook(
+                   lambda m, args, out: seen.__setitem__("pattern", out)),
+               model.blocks[1].attention.hook_values.register_forward_hook(
+                   lambda m, args, out: seen.__setitem__("values", out))]
+    out = model(pixel_values=x, output_attentions=True)
+    for h in handles:
+        h.remove()
+    assert torch.equal(seen["pattern"], out.attentions[1])
+    assert seen["values"].shape == (2, 2, 4, 4)  # (batch, heads, tokens, head size)
