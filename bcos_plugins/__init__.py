@@ -7,12 +7,15 @@ The core imports torch and transformers only; host-library integrations live in
 from .convert import ConversionReport, UnsupportedModuleError, bcosify, supported_architectures
 from .explain import Explanation, explain
 from .nn import BcosLinear, explanation_mode
-from .train import bcos_loss, load_bcos_model
+from .train import BWarmupCallback, bcos_loss, fine_tune_classifier, load_bcos_model
+from .train_decoder import CausalLMCollator, train_causal_lm
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BWarmupCallback",
     "BcosLinear",
+    "CausalLMCollator",
     "ConversionReport",
     "Explanation",
     "UnsupportedModuleError",
@@ -20,6 +23,8 @@ __all__ = [
     "bcosify",
     "explain",
     "explanation_mode",
+    "fine_tune_classifier",
     "load_bcos_model",
     "supported_architectures",
+    "train_causal_lm",
 ]
