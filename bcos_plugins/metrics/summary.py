@@ -7,7 +7,9 @@
   ``torch.cuda.max_memory_allocated`` above the level before the call; on CPU it is the peak resident set
   size of the process above the level before the call, sampled every millisecond in a background thread
   (PyTorch's CPU allocator is invisible to ``tracemalloc``; short allocation spikes between samples can be
-  missed, so CPU numbers are a lower bound).
+  missed, so CPU numbers are a lower bound). Before a CPU measurement, freed heap memory is handed back to
+  the OS (glibc ``malloc_trim``, where available), so that memory cached by an earlier call does not hide
+  this call's peak.
 """
 
 from __future__ import annotations
@@ -78,6 +80,17 @@ def _rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _release_freed_memory() -> None:
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the baseline may include cached memory
+        pass
+
+
 class _RssSampler:
     def __init__(self, interval: float = 1e-3):
         self.interval = interval
@@ -119,6 +132,7 @@ def measure_cost(fn: Callable[..., Any], *args, device: str | torch.device | Non
         seconds = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated(dev) - base
     else:
+        _release_freed_memory()
         base = _rss_bytes()
         with _RssSampler() as sampler:
             start = time.perf_counter()
