@@ -22,7 +22,8 @@ What "bcos" computes (decoder-only B-cos LMs: GPT2LMHeadModel, LlamaForCausalLM 
 - Attributed function: ``"logit"`` by default (B-cos decomposes logits exactly, not probabilities):
   ``load_model(..., "bcos")`` sets the model's default attributed function to ``"logit"``. Any inseq step
   function works as ``attributed_fn``: ``"contrast_logits_diff"`` (with ``contrast_targets=``) is exact as well
-  (a difference of two logits of one forward pass). For a non-linear function of the logits ``f(z)`` such as
+  (a difference of two logits of one forward pass; inseq's *step score* of the same name instead takes the
+  contrast logit after the contrast prefix, so it can differ from the attributed value). For a non-linear function of the logits ``f(z)`` such as
   ``"probability"`` the contributions sum to ``sum_j z_j df/dz_j`` (for the probability of token t:
   ``p_t (z_t - sum_k p_k z_k)``), the first-order share of every logit, not to ``f`` itself; ``deltas`` then
   holds that gap (a property of softmax, not an approximation error). With ``contrast_force_inputs=True`` the
@@ -42,7 +43,8 @@ Models "bcos" refuses, with a ``TypeError`` naming what is supported: encoder-de
 encoder-decoder architecture: use another inseq method), architectures bcosify does not know, base models
 without an LM head, sequence classifiers (use :func:`load_classifier`), and models without B-cos modules (a
 stock model's input x gradient is not an exact ``W(x) x``: convert it with ``bcosify`` and fine-tune it, or use
-inseq's ``"input_x_gradient"``). A folder saved from a B-cos model (``config.bcos`` present) that
+inseq's ``"input_x_gradient"``). (BERT-family models stop earlier, inside inseq 0.7.1's own loader, which needs
+a ``bos_token_id``.) A folder saved from a B-cos model (``config.bcos`` present) that
 ``AutoModelForCausalLM`` loaded as a stock model is converted again with the saved B, as
 :func:`bcos_plugins.load_bcos_model` does.
 
@@ -423,7 +425,10 @@ class BcosClassifier:
 
     def _attribute_batch(self, texts: list[str], classes: list[int]) -> list[BcosSequenceAttribution]:
         device = next(self.model.parameters()).device
-        enc = self.tokenizer(texts, padding=True, truncation=self.max_length is not None,
+        if len(texts) > 1 and self.tokenizer.pad_token is None:
+            raise ValueError("the tokenizer has no pad token to batch texts with; set one (e.g. tokenizer.pad_token = "
+                             "tokenizer.eos_token and model.config.pad_token_id to its id) or pass batch_size=1")
+        enc = self.tokenizer(texts, padding=len(texts) > 1, truncation=self.max_length is not None,
                              max_length=self.max_length, return_tensors="pt").to(device)
         ids: Int[Tensor, "batch pos"] = enc["input_ids"]
         mask: Int[Tensor, "batch pos"] = enc["attention_mask"]
