@@ -59,6 +59,21 @@ def test_embedding_forward_reproduces_the_model(bcos_bert):
                                    bcos_bert(input_ids=ids, attention_mask=mask).logits)
 
 
+def test_bcos_attribution_on_a_left_padded_decoder_matches_explain():
+    model = tiny_model("GPT2LMHeadModel")
+    bcosify(model, b=1.1, verbose=False)
+    ids, mask = padded_batch(side="left")
+    fwd = EmbeddingForward(model)
+    emb = fwd.embed(ids, mask)
+    next_ids = torch.tensor([4, 9, 17])
+    attr, delta = BcosAttribution(fwd).attribute(emb, target=next_ids, additional_forward_args=(mask,),
+                                                 return_convergence_delta=True)
+    ref = explain(model, ids, mask, target=next_ids)
+    torch.testing.assert_close(attr.sum(-1), ref.contributions, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(attr.sum(dim=(1, 2)), ref.logits, rtol=1e-5, atol=1e-6)
+    assert delta.abs().max().item() < 1e-5
+
+
 def test_captum_infidelity_and_sensitivity_run_on_bcos_outputs(bcos_bert):
     ids, mask = padded_batch()
     fwd = EmbeddingForward(bcos_bert)
