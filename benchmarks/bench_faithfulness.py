@@ -257,6 +257,16 @@ def evaluate_seqpg(methods, models, tokenizer, examples, cfg: Config, results: d
         res.seqpg.append(seqpg_score(torch.cat(rows), examples.segment_masks, examples.attention_mask))
 
 
+def seqpg_examples(conv, tok, data, cfg: Config):
+    """SeqPG examples built with the conventional model (as in the paper), or None with the reason printed."""
+    try:
+        return make_seqpg_examples(conv, tok, data.texts, data.labels, segment_length=cfg.segment,
+                                   n_examples=cfg.n_seqpg, min_confidence=cfg.min_confidence)
+    except ValueError as err:  # e.g. an undertrained model is nowhere confident: report the rest of the table
+        print(f"SeqPG skipped: {err}")
+        return None
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -368,10 +378,10 @@ def main() -> None:
     n_seqpg = 0
     seqpg_source = None
     if cfg.seqpg_data == "sst2":
-        examples = make_seqpg_examples(conv, tok, test.texts, test.labels, segment_length=cfg.segment,
-                                       n_examples=cfg.n_seqpg, min_confidence=cfg.min_confidence)
-        n_seqpg, seqpg_source = len(examples), "SST-2"
-        evaluate_seqpg(methods, {"conventional": conv, "bcos": bcos}, tok, examples, cfg, results)
+        examples = seqpg_examples(conv, tok, test, cfg)
+        if examples is not None:
+            n_seqpg, seqpg_source = len(examples), "SST-2"
+            evaluate_seqpg(methods, {"conventional": conv, "bcos": bcos}, tok, examples, cfg, results)
     elif not cfg.skip_ag:
         ag_train, ag_test = load_ag_news("train", n=cfg.n_ag_train), load_ag_news("test")
         ag_conv, _, s3 = trained_model("conv", "ag_news", ag_train.texts, ag_train.labels, 4, cfg, cfg.n_ag_train)
@@ -381,11 +391,11 @@ def main() -> None:
                           "bcos": accuracy(ag_bcos, tok, ag_acc_texts, ag_acc_labels)}
         print(f"AG News models trained in {s3:.0f} s + {s4:.0f} s; accuracy on {len(ag_acc_texts)}: "
               f"{acc['ag_news']}")
-        examples = make_seqpg_examples(ag_conv, tok, ag_test.texts, ag_test.labels, segment_length=cfg.segment,
-                                       n_examples=cfg.n_seqpg, min_confidence=cfg.min_confidence)
-        n_seqpg, seqpg_source = len(examples), "AG News"
-        ag_methods = make_methods(ag_conv, ag_bcos, tok.mask_token_id, cfg)
-        evaluate_seqpg(ag_methods, {"conventional": ag_conv, "bcos": ag_bcos}, tok, examples, cfg, results)
+        examples = seqpg_examples(ag_conv, tok, ag_test, cfg)
+        if examples is not None:
+            n_seqpg, seqpg_source = len(examples), "AG News"
+            ag_methods = make_methods(ag_conv, ag_bcos, tok.mask_token_id, cfg)
+            evaluate_seqpg(ag_methods, {"conventional": ag_conv, "bcos": ag_bcos}, tok, examples, cfg, results)
 
     device = "CPU" if not torch.cuda.is_available() else torch.cuda.get_device_name()
     rows = write_report(results, acc, cfg, {"n_eval": cfg.n_eval, "n_seqpg": n_seqpg, "device": device,
