@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from bcos_plugins.adapters.captum import BcosAttribution
 from test_vision import PRIORS, images, tiny_vit
 
-from bcos_plugins.adapters.captum import BcosAttribution
 from bcos_plugins.vision import explain_image
 
 
-def test_bcos_attribution_on_the_encoded_input_matches_explain_image():
-    for prior in PRIORS:
-        model = tiny_vit("conv", prior)
-        x = images(batch=3)
-        target = torch.tensor([0, 2, 1])
-        encoded = model.encode(x)
-        method = BcosAttribution(lambda e: model(encoded_pixel_values=e).logits, model=model)
-        attributions, delta = method.attribute(encoded, target=target, return_convergence_delta=True)
-        ours = explain_image(model, x, target=target)
-        torch.testing.assert_close(attributions, ours.input_contributions, rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(attributions.sum((1, 2, 3)), ours.logits, rtol=1e-10, atol=1e-12)
-        assert delta.abs().max() < 1e-10
+@pytest.mark.parametrize("prior", PRIORS)
+def test_bcos_attribution_on_the_encoded_input_matches_explain_image(prior):
+    model = tiny_vit("conv", prior)
+    x = images(batch=3)
+    target = torch.tensor([0, 2, 1])
+    encoded = model.encode(x)
+    method = BcosAttribution(lambda e: model(encoded_pixel_values=e).logits, model=model)
+    attributions, delta = method.attribute(encoded, target=target, return_convergence_delta=True)
+    ours = explain_image(model, x, target=target)
+    torch.testing.assert_close(attributions, ours.input_contributions, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(attributions.sum((1, 2, 3)), ours.logits, rtol=1e-10, atol=1e-12)
+    assert delta.abs().max() < 1e-10
