@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup test demo bench bench-faithfulness lint clean blimp-mrr bilinear-digits bilinear-language
+.PHONY: setup test demo bench bench-faithfulness lint clean blimp-mrr bilinear-digits bilinear-language inseq-quickstart
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,9 @@ bilinear-digits: $(STAMP)
 
 bilinear-language: $(STAMP)
 	$(BIN)/python examples/bilinear_language.py
+
+inseq-quickstart: $(STAMP)
+	$(BIN)/python examples/inseq_quickstart.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks

@@ -217,7 +217,9 @@ class BWarmupCallback:
     residual stream collapses and short fine-tunings cannot recover. With B = 1 the converted model is close
     to the pretrained one (only biases removed); raising B linearly over the first ``fraction`` of the
     training steps lets the weights align as the pressure grows. At the end every layer has the target B
-    recorded in ``model.config.bcos["b"]``, so saved models are ordinary B-cos models.
+    recorded in ``model.config.bcos["b"]``, so saved models are ordinary B-cos models. Measured so far: on a
+    48-step fine-tuning of MiniLM on SST-2 (head rate 1e-3) warming up to B = 1.5 did not train better than
+    B = 1.25 from the start, so treat it as an option to experiment with, not a recommendation.
 
     Built lazily as a ``transformers.TrainerCallback`` subclass so that importing this module stays cheap.
     """
