@@ -9,12 +9,15 @@ from .explain import Explanation, explain
 from .nn import BcosLinear, explanation_mode
 from .train import BWarmupCallback, bcos_loss, fine_tune_classifier, load_bcos_model
 from .train_decoder import CausalLMCollator, train_causal_lm
+from .vision import BcosViT, BcosViTConfig, explain_image
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BWarmupCallback",
     "BcosLinear",
+    "BcosViT",
+    "BcosViTConfig",
     "CausalLMCollator",
     "ConversionReport",
     "Explanation",
@@ -22,6 +25,7 @@ __all__ = [
     "bcos_loss",
     "bcosify",
     "explain",
+    "explain_image",
     "explanation_mode",
     "fine_tune_classifier",
     "load_bcos_model",
