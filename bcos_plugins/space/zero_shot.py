@@ -69,7 +69,11 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
 
 def classification_scores(labels: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
     """Accuracy and macro precision / recall / F1 (scikit-learn's definitions; classes seen in either list)."""
-    from sklearn.metrics import accuracy_score, precision_recall_fscore_support
+    try:
+        from sklearn.metrics import accuracy_score, precision_recall_fscore_support
+    except ImportError:
+        raise ImportError("classification_scores needs scikit-learn: pip install scikit-learn "
+                          "(or bcos-plugins[captum])") from None
 
     precision, recall, f1, _ = precision_recall_fscore_support(labels, predictions, average="macro", zero_division=0)
     return {"accuracy": float(accuracy_score(labels, predictions)), "f1_macro": float(f1),
