@@ -343,15 +343,16 @@ def plot(rows) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
     names = [r["method"] for r in rows]
     colours = ["tab:green" if r["method"] == "B-cos" else "tab:gray" for r in rows]
     for ax, key, title in [(axes[0], "comp_aopc_x100", "Comprehensiveness AOPC ×100 (↑)"),
-                           (axes[1], "suff_aopc_x100", "Sufficiency AOPC ×100 (↓)")]:
+                           (axes[1], "suff_aopc_x100", "Sufficiency AOPC ×100 (↓)"),
+                           (axes[2], "seqpg_x100", "SeqPG ×100 (↑)")]:
         ax.barh(names, [r[key] for r in rows], color=colours)
         ax.set_title(title)
         ax.invert_yaxis()
-    ax = axes[2]
+    ax = axes[3]
     for r, c in zip(rows, colours, strict=True):
         ax.scatter(r["seconds_per_explanation"], r["comp_aopc_x100"], color=c)
         ax.annotate(r["method"], (r["seconds_per_explanation"], r["comp_aopc_x100"]), fontsize=8)
