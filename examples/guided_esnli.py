@@ -20,8 +20,8 @@ Results go to outputs/guided_esnli/results.json (results_<family>.json with ``--
 To keep the CPU cost low, the word-embedding matrix (half of MiniLM's 22.7M parameters) stays frozen in
 every variant; everything else trains.
 
-Options: ``--train`` (default 400), ``--eval`` (200), ``--epochs`` (2), ``--mode`` (multiply | add | replace |
-log1p), ``--strength`` (lambda, 1.0), ``--last-layers`` (4), ``--lr`` (5e-5 stock, 1e-4 B-cos), ``--family`` (both | stock | bcos).
+Options: ``--train`` (default 640), ``--eval`` (200), ``--epochs`` (2), ``--mode`` (multiply | add | replace |
+log1p), ``--strength`` (lambda, 1.0), ``--last-layers`` (4), ``--lr`` (2e-4), ``--family`` (both | stock | bcos).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def train(model, rows, pad_id, mode, args, bcos: bool):
     rationale = {"vanilla": None, "guided": "gold", "random": "random"}[mode]
     training_args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="guided_esnli_"), num_train_epochs=args.epochs,
-        per_device_train_batch_size=16, learning_rate=args.lr or (1e-4 if bcos else 5e-5), seed=args.seed, report_to=[],
+        per_device_train_batch_size=16, learning_rate=args.lr, seed=args.seed, report_to=[],
         save_strategy="no", logging_strategy="no", remove_unused_columns=False, disable_tqdm=False)
     trainer = Trainer(
         model=model, args=training_args, train_dataset=rows,
@@ -144,13 +144,13 @@ def evaluate(model, rows, pad_id, bcos: bool, batch_size: int = 32) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--train", type=int, default=400)
+    parser.add_argument("--train", type=int, default=640)
     parser.add_argument("--eval", type=int, default=200)
     parser.add_argument("--epochs", type=float, default=2)
     parser.add_argument("--mode", default="multiply", choices=["multiply", "add", "replace", "log1p"])
     parser.add_argument("--strength", type=float, default=1.0)
     parser.add_argument("--last-layers", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=0.0, help="learning rate (0: 5e-5 stock, 1e-4 B-cos)")
+    parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--family", default="both", choices=["both", "stock", "bcos"],
                         help="train the stock models, the B-cos models, or both (two processes can split the work)")
     parser.add_argument("--seed", type=int, default=0)
