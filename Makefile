@@ -6,14 +6,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup test demo bench bench-faithfulness lint clean blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits
+.PHONY: setup test demo bench bench-faithfulness lint clean blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	# The local CPU build; any other torch pulls multi-GB CUDA wheels.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e ".[dev,captum,lens,inseq-runtime,demo,vision]"
+	$(PIP) install -e ".[dev,captum,lens,inseq-runtime,demo,vision,space]"
 	# inseq pins typeguard<=2.13.3 against TransformerLens' >=4.2 and lists CUDA-11 wheels;
 	# it imports neither, so take it without its dependencies (its real ones are in inseq-runtime).
 	$(PIP) install --no-deps inseq==0.7.1
@@ -50,6 +50,12 @@ inseq-quickstart: $(STAMP)
 
 vit-digits: $(STAMP)
 	$(BIN)/python examples/vit_digits.py
+
+space-sst2: $(STAMP)
+	$(BIN)/python examples/space_sst2.py
+
+guided-esnli: $(STAMP)
+	$(BIN)/python examples/guided_esnli.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks

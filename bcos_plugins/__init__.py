@@ -7,6 +7,9 @@ The core imports torch and transformers only; host-library integrations live in
 from .convert import ConversionReport, UnsupportedModuleError, bcosify, supported_architectures
 from .explain import Explanation, explain
 from .nn import BcosLinear, explanation_mode
+from .guided import guide_attention, unguide_attention
+from .metrics.rationale import rationale_alignment
+from .space import SpaceModelConfig, SpaceModelForSequenceClassification, context_attribution
 from .train import BWarmupCallback, bcos_loss, fine_tune_classifier, load_bcos_model
 from .train_decoder import CausalLMCollator, train_causal_lm
 from .vision import BcosViT, BcosViTConfig, explain_image
@@ -20,15 +23,21 @@ __all__ = [
     "BcosViTConfig",
     "CausalLMCollator",
     "ConversionReport",
+    "SpaceModelConfig",
+    "SpaceModelForSequenceClassification",
     "Explanation",
     "UnsupportedModuleError",
     "bcos_loss",
     "bcosify",
+    "context_attribution",
     "explain",
     "explain_image",
     "explanation_mode",
     "fine_tune_classifier",
+    "guide_attention",
     "load_bcos_model",
+    "rationale_alignment",
     "supported_architectures",
     "train_causal_lm",
+    "unguide_attention",
 ]
