@@ -1,4 +1,4 @@
-"""TransformerLens adapter: bilinear and B-cos transformers as ``HookedTransformer``\ s.
+"""TransformerLens adapter: bilinear and B-cos transformers as ``HookedTransformer`` models.
 
 Importing this module registers the identity activation under ``"linear"`` (transformers' name for it) in
 TransformerLens' ``SUPPORTED_ACTIVATIONS`` (idempotent), so ``HookedTransformerConfig(gated_mlp=True,
