@@ -318,8 +318,12 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
         writer.writerows(rows)
     head = ("| model | method | acc SST-2 | acc AG News | Comp ↑ | Suff ↓ | SeqPG ↑ | entropy | s / explanation "
             f"| × B-cos time | peak MiB (batch of {cfg.batch}) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
-    lines = [f"| {r['model']} | {r['method']} | {100 * r['sst2_accuracy']:.1f} | {100 * r['ag_news_accuracy']:.1f} | "
-             f"{r['comp_aopc_x100']:.2f} | {r['suff_aopc_x100']:.2f} | {r['seqpg_x100']:.2f} | {r['entropy']:.2f} | "
+    def num(value: float, scale: float = 1.0, digits: int = 2) -> str:
+        return "–" if value != value else f"{scale * value:.{digits}f}"  # NaN: not measured in this run
+
+    lines = [f"| {r['model']} | {r['method']} | {num(r['sst2_accuracy'], 100, 1)} | "
+             f"{num(r['ag_news_accuracy'], 100, 1)} | {r['comp_aopc_x100']:.2f} | {r['suff_aopc_x100']:.2f} | "
+             f"{num(r['seqpg_x100'])} | {r['entropy']:.2f} | "
              f"{r['seconds_per_explanation']:.4f} | {r['times_bcos_time']:.1f} | {r['peak_mib_per_batch']:.0f} |"
              for r in rows]
     notes = (
