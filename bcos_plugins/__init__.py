@@ -6,9 +6,9 @@ The core imports torch and transformers only; host-library integrations live in
 
 from .convert import ConversionReport, UnsupportedModuleError, bcosify, supported_architectures
 from .explain import Explanation, explain
-from .nn import BcosLinear, explanation_mode
 from .guided import guide_attention, unguide_attention
 from .metrics.rationale import rationale_alignment
+from .nn import BcosLinear, explanation_mode
 from .space import SpaceModelConfig, SpaceModelForSequenceClassification, context_attribution
 from .train import BWarmupCallback, bcos_loss, fine_tune_classifier, load_bcos_model
 from .train_decoder import CausalLMCollator, train_causal_lm

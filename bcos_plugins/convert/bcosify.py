@@ -21,7 +21,15 @@ import logging
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from ..nn import BcosConv1D, BcosLayerNorm, BcosLinear, DetachableActivation, DetachableRMSNorm, DynamicLinear, check_b
+from ..nn import (
+    BcosConv1D,
+    BcosLayerNorm,
+    BcosLinear,
+    DetachableActivation,
+    DetachableRMSNorm,
+    DynamicLinear,
+    check_b,
+)
 from .architectures import ArchitectureSpec, spec_for
 from .report import ConversionReport
 

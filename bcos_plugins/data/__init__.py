@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["EXAMPLES_DATA", "TextClassificationData", "load_sst2"]
+__all__ = [
+    "BLIMP_SUBSETS",
+    "EXAMPLES_DATA",
+    "BlimpBatch",
+    "BlimpPair",
+    "TextClassificationData",
+    "encode_blimp",
+    "load_ag_news",
+    "load_blimp",
+    "load_sst2",
+]
 
 EXAMPLES_DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 
@@ -63,4 +73,7 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
     else:
         raise ValueError(f"source must be 'local' or 'hub', got {source!r}")
     return TextClassificationData(rows[:n] if n is not None else rows, names)
-from .blimp import BLIMP_SUBSETS, BlimpBatch, BlimpPair, encode_blimp, load_blimp
+
+# The dataset modules import the helpers above, so they come last.
+from .ag_news import load_ag_news  # noqa: E402
+from .blimp import BLIMP_SUBSETS, BlimpBatch, BlimpPair, encode_blimp, load_blimp  # noqa: E402

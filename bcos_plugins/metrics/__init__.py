@@ -1,8 +1,56 @@
-"""Placeholder package; see the open issues."""
+"""Faithfulness, plausibility and cost metrics that score attributions from any method.
+
+- text faithfulness (ERASER comprehensiveness / sufficiency, AOPC, SeqPG): :mod:`.perturbation`, :mod:`.pointing`
+- decoders (MRR against evidence tokens with the random baseline, probability gap): :mod:`.decoder`
+- rationale alignment (top-k IoU, AUPRC): :mod:`.rationale`
+- images (grid pointing game, pixel perturbation): :mod:`.image`
+- explanation entropy, completeness error, time and peak memory: :mod:`.summary`
+"""
+
 from .attributions import perturbable_mask, special_tokens_mask, token_scores
+from .decoder import (
+    MRRResult,
+    expected_random_reciprocal_rank,
+    mean_reciprocal_rank,
+    probability_gap,
+    random_reciprocal_rank,
+    reciprocal_rank,
+)
+from .image import IMAGE_FRACTIONS, PixelPerturbation, grid_pointing_game, pixel_perturbation, pixel_ranking
 from .perturbation import DEFAULT_FRACTIONS, PerturbationCurves, aopc, perturbation_curves, top_k_masks
 from .pointing import SeqPGExamples, make_seqpg_examples, seqpg_score
-from .summary import Cost, completeness_error, explanation_entropy, measure_cost
 from .rationale import RationaleAlignment, average_precision, rationale_alignment, top_k_iou
-from .image import IMAGE_FRACTIONS, PixelPerturbation, grid_pointing_game, pixel_perturbation, pixel_ranking
-from .decoder import MRRResult, expected_random_reciprocal_rank, mean_reciprocal_rank, probability_gap, random_reciprocal_rank, reciprocal_rank
+from .summary import Cost, completeness_error, explanation_entropy, measure_cost
+
+__all__ = [
+    "DEFAULT_FRACTIONS",
+    "IMAGE_FRACTIONS",
+    "Cost",
+    "MRRResult",
+    "PerturbationCurves",
+    "PixelPerturbation",
+    "RationaleAlignment",
+    "SeqPGExamples",
+    "aopc",
+    "average_precision",
+    "completeness_error",
+    "expected_random_reciprocal_rank",
+    "explanation_entropy",
+    "grid_pointing_game",
+    "make_seqpg_examples",
+    "mean_reciprocal_rank",
+    "measure_cost",
+    "perturbable_mask",
+    "perturbation_curves",
+    "pixel_perturbation",
+    "pixel_ranking",
+    "probability_gap",
+    "random_reciprocal_rank",
+    "rationale_alignment",
+    "reciprocal_rank",
+    "seqpg_score",
+    "special_tokens_mask",
+    "token_scores",
+    "top_k_iou",
+    "top_k_masks",
+]
