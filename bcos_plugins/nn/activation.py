@@ -49,7 +49,9 @@ class DetachableActivation(DynamicLinear):
         self.kind = kind
 
     def forward(self, x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
-        return x * self.dynamic_weight(GATES[self.kind](x))
+        with self.dynamic_scope():
+            gate = GATES[self.kind](x)
+        return x * self.dynamic_weight(gate)
 
     def gate(self, x: Tensor) -> Tensor:
         return GATES[self.kind](x)

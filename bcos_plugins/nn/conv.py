@@ -77,7 +77,9 @@ class BcosConv2d(DynamicLinear):
         if self.max_out > 1:
             lin = lin.unflatten(1, (self.out_channels, self.max_out)).amax(dim=2)
         if self.b != 1.0:
-            lin = self.dynamic_weight(bcos_scale(lin, self.patch_norm(x), self.b)) * lin
+            with self.dynamic_scope():
+                dyn = bcos_scale(lin, self.patch_norm(x), self.b)
+            lin = self.dynamic_weight(dyn) * lin
         return lin
 
     def extra_repr(self) -> str:

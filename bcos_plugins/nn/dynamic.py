@@ -14,8 +14,9 @@ bit-identical in and out of the mode: both paths run the same arithmetic, one of
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
+import torch
 from torch import Tensor, nn
 
 __all__ = ["DynamicLinear", "explanation_mode", "is_explaining"]
@@ -29,6 +30,14 @@ class DynamicLinear(nn.Module):
     def dynamic_weight(self, factor: Tensor) -> Tensor:
         """Return ``factor`` as it must enter the product: detached while explaining."""
         return factor.detach() if self.explaining else factor
+
+    def dynamic_scope(self) -> AbstractContextManager:
+        """Context for computing the dynamic factor: ``torch.no_grad()`` while explaining.
+
+        The factor is detached then anyway; computing it without recording the autograd graph saves the
+        time and memory of saving its intermediate tensors. The arithmetic (and so the value) is the same.
+        """
+        return torch.no_grad() if self.explaining else nullcontext()
 
 
 def is_explaining(module: nn.Module) -> bool:

@@ -100,7 +100,9 @@ class BcosLinear(DynamicLinear):
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         lin = max_out(self._linear(x), self.max_out)
         if self.b != 1.0:
-            lin = self.dynamic_weight(bcos_scale(lin, input_norm(x), self.b)) * lin
+            with self.dynamic_scope():
+                dyn = bcos_scale(lin, input_norm(x), self.b)
+            lin = self.dynamic_weight(dyn) * lin
         if self.explaining and self.constant_outputs is not None:
             lin = _detach_slice(lin, self.constant_outputs)
         return lin

@@ -77,7 +77,8 @@ class DetachableRMSNorm(DynamicLinear):
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
         dtype = x.dtype
         x32 = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
-        inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        with self.dynamic_scope():
+            inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
         return self.weight * (x32 * self.dynamic_weight(inv_rms)).to(dtype)
 
     def extra_repr(self) -> str:
