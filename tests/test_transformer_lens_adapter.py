@@ -215,6 +215,11 @@ def test_explain_requires_explainable_model_and_token_ids():
         explain_logits(tiny_plain(), tokens())
     with pytest.raises(TypeError, match="to_tokens"):
         explain_logits(tiny_bcos(GPT2_LIKE), tokens().float())
+    model = tiny_bcos(GPT2_LIKE)
+    with pytest.raises(ValueError, match="target ids must lie in"):
+        explain_logits(model, tokens(), target=model.cfg.d_vocab)
+    with pytest.raises(ValueError, match="foil must be an int or have shape"):
+        explain_logits(model, tokens(), target=1, foil=torch.tensor([1, 2, 3, 4, 5]))
 
 
 def test_bcos_training_mode_keeps_gradients_through_dynamic_weights():

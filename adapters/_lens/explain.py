@@ -18,7 +18,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from bcos_plugins.explain import last_real_position
+# Row-argument parsing and selection are the core's, so targets, foils and positions mean the same here as in
+# bcos_plugins.explain (ids validated, float targets taken as directions).
+from bcos_plugins.explain import _as_row_tensor, _select, last_real_position
 from bcos_plugins.nn.dynamic import explanation_mode
 
 from .model import is_explainable
@@ -57,17 +59,6 @@ class LensExplanation:
         return (self.total - self.logits).abs() / self.logits.abs().clamp_min(1e-12)
 
 
-def _per_row(value, batch: int, name: str, device) -> Tensor | None:
-    if value is None:
-        return None
-    t = torch.as_tensor(value, device=device, dtype=torch.long).reshape(-1)
-    if t.numel() == 1:
-        t = t.expand(batch)
-    if t.numel() != batch:
-        raise ValueError(f"{name} must be one id or one per row ({batch}), got {t.numel()}")
-    return t
-
-
 def explain_logits(
     model: HookedTransformer,
     tokens: Int[Tensor, "batch pos"],
@@ -83,7 +74,8 @@ def explain_logits(
         model: a ``HookedTransformer`` made explainable (``BcosHookedTransformer``, a model from
             ``hooked_transformer_from_hf``, or any model after ``make_explainable``).
         tokens: token ids; strings are not accepted (tokenise with ``model.to_tokens``).
-        target: one id or one per row; default the top prediction at ``position``.
+        target: one id or one per row (or a float direction over the vocabulary); default the top
+            prediction at ``position``.
         foil: explain ``logit(target) - logit(foil)`` (contrastive) when given.
         position: one index or one per row; default the last real token (``attention_mask``) or the last.
         attention_mask: 1 for real tokens, passed to the model.
@@ -100,7 +92,7 @@ def explain_logits(
     if position is None:
         position = (last_real_position(attention_mask) if attention_mask is not None
                     else torch.full((batch,), length - 1, device=tokens.device))
-    position = _per_row(position, batch, "position", tokens.device) % length
+    position = _as_row_tensor(position, batch, "position", tokens.device) % length
     names = [n for n in ATTRIBUTION_HOOKS if n in model.hook_dict]
     leaves: dict[str, Tensor] = {}
 
@@ -112,13 +104,13 @@ def explain_logits(
         logits = model.run_with_hooks(tokens, attention_mask=attention_mask,
                                       fwd_hooks=[(n, capture) for n in names])
         at_position = logits[rows, position]
-        target = _per_row(target, batch, "target", tokens.device)
         if target is None:
             target = at_position.argmax(dim=-1)
-        foil = _per_row(foil, batch, "foil", tokens.device)
-        explained = at_position[rows, target]
+        target = _as_row_tensor(target, batch, "target", tokens.device)
+        explained = _select(at_position, target, "target")
         if foil is not None:
-            explained = explained - at_position[rows, foil]
+            foil = _as_row_tensor(foil, batch, "foil", tokens.device)
+            explained = explained - _select(at_position, foil, "foil")
         grads = torch.autograd.grad(explained.sum(), [leaves[n] for n in names])
     hook_contributions = {n: (leaves[n] * g).detach() for n, g in zip(names, grads, strict=True)}
     contributions = sum(c.sum(dim=-1) for c in hook_contributions.values())
