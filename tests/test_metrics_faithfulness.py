@@ -7,6 +7,7 @@ P(class 1) = sigmoid(sum) and every comprehensiveness / sufficiency value can be
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import pytest
@@ -235,6 +236,36 @@ def test_make_seqpg_examples_selects_confident_correct_segments_and_pairs_classe
         make_seqpg_examples(model, tok, texts, labels, segment_length=40)
 
 
+
+def test_make_seqpg_examples_with_several_models_keeps_segments_every_model_gets_right():
+    words = [f"{c}{i}" for c in "abc" for i in range(10)] + ["x"]
+    tok, vocab = _word_tokenizer(words)
+    texts = ["a1 a2 a3 x x", "b1 b2 b3 b4 x", "c1 c2 c3 c4 c5", "b7 b8 b9 x x"]
+    labels = [0, 1, 2, 1]
+    first = KeywordModel(vocab)
+    second = KeywordModel(vocab)
+    with torch.no_grad():
+        for word in ("b1", "b2", "b3"):  # the second model sees one class-1 word in row 1: p = 0.909
+            second.table[vocab[word]] = 0.0
+    alone = make_seqpg_examples(first, tok, texts, labels, segment_length=4, n_examples=10, min_confidence=0.95)
+    assert 1 in alone.source_index.flatten().tolist()
+    both = make_seqpg_examples([first, second], tok, texts, labels, segment_length=4, n_examples=10,
+                               min_confidence=0.95)
+    # row 1 fails the second model; (0,1) pairs rows 0 & 3, then classes 0 and 1 are used up
+    assert [sorted(r) for r in both.source_index.tolist()] == [[0, 3]]
+    p_row3 = math.exp(9) / (math.exp(9) + 2)
+    assert both.confidence[both.source_index == 3].item() == pytest.approx(p_row3)
+
+    class TwoClasses(nn.Module):
+        def forward(self, input_ids, attention_mask):
+            return torch.zeros(input_ids.shape[0], 2)
+
+    with pytest.raises(ValueError, match="number of classes"):
+        make_seqpg_examples([first, TwoClasses()], tok, texts, labels, segment_length=4)
+    with pytest.raises(ValueError, match="by every model"):
+        make_seqpg_examples([first, second], tok, texts[1:2] + texts[3:], [1, 1], segment_length=4)
+
+
 def test_entropy_and_completeness_error_by_hand():
     scores = torch.tensor([[1.0, -1.0, 0.0, 5.0], [0.0, 0.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
@@ -258,3 +289,32 @@ def test_measure_cost_sees_time_and_memory():
     assert cost.peak_mib > 128
     _, small = measure_cost(lambda: torch.ones(10).sum(), device="cpu")
     assert small.peak_mib < 64
+
+
+def test_measure_cost_catches_a_spike_too_short_to_sample():
+    """With the kernel's high-water mark, a peak that lives for microseconds is still seen, exactly."""
+    def spike():
+        big = torch.ones(96 * 2**20 // 4)  # 96 MiB, touched and freed at once: no sampler would see it
+        return float(big[0])
+
+    _, cost = measure_cost(spike, device="cpu")
+    if os.access("/proc/self/clear_refs", os.W_OK):
+        assert cost.memory_method == "kernel_high_water_mark"
+        assert 90 < cost.peak_mib < 140
+    else:
+        assert cost.memory_method == "sampled_rss"
+
+
+def test_measure_cost_falls_back_to_sampling(monkeypatch):
+    import bcos_plugins.metrics.summary as summary
+
+    monkeypatch.setattr(summary, "_reset_high_water_mark", lambda: False)
+
+    def work():
+        big = torch.ones(64 * 2**20 // 4 * 4)
+        time.sleep(0.05)
+        return big.sum().item()
+
+    _, cost = measure_cost(work, device="cpu")
+    assert cost.memory_method == "sampled_rss"
+    assert cost.peak_mib > 128

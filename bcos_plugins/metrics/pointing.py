@@ -2,7 +2,10 @@
 
 Construction (:func:`make_seqpg_examples`): segments are test texts with at least ``segment_length``
 tokens, truncated to exactly that many, that the model classifies correctly with probability
->= ``min_confidence`` *after* truncation; the most confident segments are used first. Each example joins
+>= ``min_confidence`` *after* truncation; the most confident segments are used first. Given several models
+(e.g. the conventional and the B-cos model of a comparison), a segment must pass for every one of them and
+ranks by its lowest probability: the examples are shared, and no model is scored on segments it cannot
+classify (which would count its classification errors as pointing errors). Each example joins
 two segments of different classes in random order as ``[CLS] a [SEP] b [SEP]`` (``segment_length`` fixes
 length and ``random order`` removes position effects).
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Bool, Float, Int
-from torch import Tensor
+from torch import Tensor, nn
 
 from .attributions import token_scores
 
@@ -35,7 +38,8 @@ class SeqPGExamples:
         input_ids, attention_mask: ``(n, 2 * segment_length + 3)`` with no padding.
         segment_masks: ``(n, 2, pos)``, True at the tokens of segment 0 (first) and segment 1 (second).
         segment_labels: ``(n, 2)`` class of each segment, in order of appearance.
-        confidence: ``(n, 2)`` the model's probability of each segment's class on the segment alone.
+        confidence: ``(n, 2)`` the model's probability of each segment's class on the segment alone (the
+            lowest over the models, when several built the examples).
         source_index: ``(n, 2)`` index of each segment's text in the dataset it was built from.
     """
 
@@ -58,7 +62,7 @@ class SeqPGExamples:
 
 @torch.no_grad()
 def make_seqpg_examples(
-    model,
+    model: nn.Module | Sequence[nn.Module],
     tokenizer,
     texts: Sequence[str],
     labels: Sequence[int],
@@ -69,8 +73,10 @@ def make_seqpg_examples(
     seed: int = 0,
     batch_size: int = 64,
 ) -> SeqPGExamples:
-    """Build SeqPG examples from a labelled dataset and a classifier (see module docstring).
+    """Build SeqPG examples from a labelled dataset and a classifier, or several (see module docstring).
 
+    ``model``: one sequence classifier, or a list of them that must all be confident and correct on every
+    segment used (they must share ``tokenizer``).
     Class pairs cycle through all pairs of distinct classes that still have segments, so every pair is
     represented; the order inside an example is random (``seed``).
     """
@@ -84,27 +90,32 @@ def make_seqpg_examples(
     candidates = [(i, ids[:segment_length]) for i, ids in enumerate(pieces) if len(ids) >= segment_length]
     if not candidates:
         raise ValueError(f"no text has {segment_length} tokens; lower segment_length")
-    device = next(model.parameters()).device if hasattr(model, "parameters") else torch.device("cpu")
-    model.eval()
-    conf = []
-    for start in range(0, len(candidates), batch_size):
-        chunk = candidates[start : start + batch_size]
-        ids = torch.tensor([[cls_id, *seg, sep_id] for _, seg in chunk], device=device)
-        out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
-        logits = out.logits if hasattr(out, "logits") else out
-        conf.append(logits.float().softmax(-1).cpu())
-    probs = torch.cat(conf)
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not models:
+        raise ValueError("make_seqpg_examples needs at least one model")
+    per_model = [_segment_probabilities(m, candidates, cls_id, sep_id, batch_size) for m in models]
+    widths = sorted({p.shape[-1] for p in per_model})
+    if len(widths) > 1:
+        raise ValueError(f"the models disagree on the number of classes ({widths}); SeqPG examples are built "
+                         "for models of one task")
+    probs = torch.stack(per_model)
+    n_classes = widths[0]
+    if any(not 0 <= int(y) < n_classes for y in labels):
+        raise ValueError(f"labels must be class indices in [0, {n_classes}); the models have {n_classes} classes")
+    label_of = torch.tensor([int(labels[i]) for i, _ in candidates])
+    correct = (probs.argmax(-1) == label_of).all(0)
+    confidence = probs.gather(-1, label_of[None, :, None].expand(len(models), -1, 1))[..., 0].min(0).values
     by_class: dict[int, list[tuple[float, int, list[int]]]] = {}
-    for (i, seg), p in zip(candidates, probs, strict=True):
-        y = int(labels[i])
-        if int(p.argmax()) == y and float(p[y]) >= min_confidence:
-            by_class.setdefault(y, []).append((float(p[y]), i, seg))
+    for (i, seg), ok, p in zip(candidates, correct.tolist(), confidence.tolist(), strict=True):
+        if ok and p >= min_confidence:
+            by_class.setdefault(int(labels[i]), []).append((p, i, seg))
     for queue in by_class.values():
         queue.sort(key=lambda r: -r[0])
     classes = sorted(by_class)
     if len(classes) < 2:
         raise ValueError(f"fewer than two classes have confidently, correctly classified segments of length "
-                         f"{segment_length} (found {classes}); lower min_confidence or segment_length")
+                         f"{segment_length} (found {classes}){' by every model' if len(models) > 1 else ''}; lower min_confidence or "
+                         "segment_length, or train the models further")
     pairs = [(a, b) for ai, a in enumerate(classes) for b in classes[ai + 1 :]]
     rng = random.Random(seed)
     used = {c: 0 for c in classes}
@@ -144,6 +155,25 @@ def make_seqpg_examples(
         confidence=torch.tensor(confs),
         source_index=torch.tensor(sources),
     )
+
+
+def _segment_probabilities(model, candidates, cls_id: int, sep_id: int, batch_size: int) -> Tensor:
+    """Class probabilities ``(n_segments, classes)`` of ``[CLS] segment [SEP]`` under one classifier."""
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    device = first.device if first is not None else torch.device("cpu")
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    conf = []
+    for start in range(0, len(candidates), batch_size):
+        chunk = candidates[start : start + batch_size]
+        ids = torch.tensor([[cls_id, *seg, sep_id] for _, seg in chunk], device=device)
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        logits = out.logits if hasattr(out, "logits") else out
+        conf.append(logits.float().softmax(-1).cpu())
+    if was_training:
+        model.train()
+    return torch.cat(conf)
 
 
 def seqpg_score(

@@ -4,12 +4,15 @@
   tokens, in nats; low = a few tokens carry the explanation. A row of zeros has entropy 0.
 - completeness error: ``|sum of attributions - explained value| / |explained value|`` per example.
 - :func:`measure_cost`: wall-clock seconds and peak memory of one call. On CUDA the peak is
-  ``torch.cuda.max_memory_allocated`` above the level before the call; on CPU it is the peak resident set
-  size of the process above the level before the call, sampled every millisecond in a background thread
-  (PyTorch's CPU allocator is invisible to ``tracemalloc``; short allocation spikes between samples can be
-  missed, so CPU numbers are a lower bound). Before a CPU measurement, freed heap memory is handed back to
-  the OS (glibc ``malloc_trim``, where available), so that memory cached by an earlier call does not hide
-  this call's peak.
+  ``torch.cuda.max_memory_allocated`` above the level before the call. On CPU it is the peak resident set
+  size of the process above the level before the call (PyTorch's CPU allocator is invisible to
+  ``tracemalloc``). On Linux the kernel keeps that peak itself (``VmHWM``), and writing ``5`` to
+  ``/proc/self/clear_refs`` resets it to the current size, so the peak is exact and nothing runs next to the
+  measured call. Where that file cannot be written (other systems, some sandboxes) a background thread samples
+  the resident size every millisecond instead: it can miss short spikes (a lower bound) and, on a machine with
+  few cores, competes with the call for CPU (``Cost.memory_method`` says which was used). Before a CPU
+  measurement, freed heap memory is handed back to the OS (glibc ``malloc_trim``, where available), so that
+  memory cached by an earlier call does not hide this call's peak.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Cost:
     seconds: float
     peak_bytes: int
     device: str
+    memory_method: str = "cuda_allocator"
 
     @property
     def peak_mib(self) -> float:
@@ -91,7 +95,33 @@ def _release_freed_memory() -> None:
         pass
 
 
+def _high_water_mark_bytes() -> int | None:
+    """The kernel's peak resident size of this process (Linux ``VmHWM``), or None where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_high_water_mark() -> bool:
+    """Reset ``VmHWM`` to the current resident size (Linux >= 4.0); False where that is not possible."""
+    if _high_water_mark_bytes() is None:
+        return False
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
 class _RssSampler:
+    """Fallback peak tracker: polls the resident size from a thread (a lower bound; costs CPU)."""
+
     def __init__(self, interval: float = 1e-3):
         self.interval = interval
         self.peak = 0
@@ -131,12 +161,21 @@ def measure_cost(fn: Callable[..., Any], *args, device: str | torch.device | Non
         torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated(dev) - base
+        method = "cuda_allocator"
     else:
         _release_freed_memory()
         base = _rss_bytes()
-        with _RssSampler() as sampler:
+        if _reset_high_water_mark():
+            method = "kernel_high_water_mark"
             start = time.perf_counter()
             result = fn(*args, **kwargs)
             seconds = time.perf_counter() - start
-        peak = max(0, sampler.peak - base)
-    return result, Cost(seconds=seconds, peak_bytes=int(peak), device=dev.type)
+            peak = max(0, (_high_water_mark_bytes() or base) - base)
+        else:
+            method = "sampled_rss"
+            with _RssSampler() as sampler:
+                start = time.perf_counter()
+                result = fn(*args, **kwargs)
+                seconds = time.perf_counter() - start
+            peak = max(0, sampler.peak - base)
+    return result, Cost(seconds=seconds, peak_bytes=int(peak), device=dev.type, memory_method=method)
