@@ -27,17 +27,33 @@ def unit_norm(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
 
 
 def input_norm(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
-    """``||x||`` over ``dim`` (kept), with an epsilon so that a zero input gives a zero output, not NaN."""
-    return (x.pow(2).sum(dim=dim, keepdim=True) + NORM_EPS).sqrt()
+    """``||x||`` over ``dim`` (kept), with an epsilon so that a zero input gives a zero output, not NaN.
+
+    ``sqrt(||x||^2 + eps)`` with the norm from one fused reduction: squaring ``x`` first would allocate and
+    fill a tensor of its full size on every call.
+    """
+    norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True)
+    return (norm * norm + NORM_EPS).sqrt()
 
 
 def bcos_scale(lin: Tensor, x_norm: Tensor, b: float) -> Tensor:
-    """The dynamic weight ``|lin / ||x|| | ** (B - 1)`` (``|cos|`` clamped below, see ``BcosLinear``)."""
-    abs_cos = (lin.abs() / x_norm).clamp_min(COS_FLOOR)
+    """The dynamic weight ``|lin / ||x|| | ** (B - 1)`` (``|cos|`` clamped below, see ``BcosLinear``).
+
+    When no gradient is recorded (explanation mode computes the factor under ``no_grad``, and so does
+    inference) the element-wise steps run in place on the one fresh tensor; with autograd recording they
+    run out of place. Both run the same operations in the same order, so the values are bit-identical.
+    The common exponents use square roots (several times faster than ``pow`` on CPU).
+    """
+    cos = lin / x_norm
+    in_place = not (torch.is_grad_enabled() and cos.requires_grad)
+    abs_cos = cos.abs_().clamp_min_(COS_FLOOR) if in_place else cos.abs().clamp_min(COS_FLOOR)
     if b == 2.0:
         return abs_cos
-    # sqrt is several times faster than pow(0.5) on CPU, and B = 1.5 is the common choice
-    return abs_cos.sqrt() if b == 1.5 else abs_cos.pow(b - 1.0)
+    if b == 1.5:
+        return abs_cos.sqrt_() if in_place else abs_cos.sqrt()
+    if b == 1.25:
+        return abs_cos.sqrt_().sqrt_() if in_place else abs_cos.sqrt().sqrt()
+    return abs_cos.pow_(b - 1.0) if in_place else abs_cos.pow(b - 1.0)
 
 
 def max_out(lin: Tensor, m: int) -> Tensor:
