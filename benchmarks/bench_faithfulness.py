@@ -17,17 +17,15 @@ explanation entropy, seconds per explanation and peak memory (CPU: the kernel's 
 the level before the call, for one batch). Each method explains one batch untimed first (warm-up: lazy
 initialisation and allocator growth are not part of the cost of an explanation).
 
-Writes outputs/bench_faithfulness/{results.md, results.csv, faithfulness.png} and caches the fine-tuned
+Writes {results.md, results.csv, faithfulness.png} to BENCH_OUT (default outputs/bench_faithfulness) and caches the fine-tuned
 models in outputs/bench_faithfulness/models (delete them or set BENCH_RETRAIN=1 to retrain).
 
-Size (environment variables). Measured on a 2-core CPU shared with other jobs (load 3-12), one torch
-thread: fine-tuning on 1200 SST-2 rows took 3.5-7 minutes per model, on 1200 AG News rows (longer texts)
-about 12 minutes; explaining with all eight methods took about 25 s per SST-2 sentence (ShapleyValueSampling
-about 60% of it). The defaults (600 AG News rows, 16 sentences, 8 SeqPG examples) add up to 30-35
-minutes on such a machine by these parts, less on an idle one; the full default run was not timed end to
-end (BENCH_SEQPG_DATA=sst2 saves the two AG News fine-tunings). The fine-tuned models are cached,
-so a second run only explains. The paper evaluates 2000 sentences and 500 SeqPG examples with 50-token
-segments: raise BENCH_EVAL / BENCH_SEQPG / BENCH_SEGMENT on a GPU.
+Size (environment variables). Measured on an idle 2-core CPU (2 threads): the defaults ran in 11 min 41 s
+with all four models fine-tuned from the pretrained MiniLM, and explain in about 7 minutes once the models are
+cached (ShapleyValueSampling takes most of it). `make bench-faithfulness-full` (every shipped training row, 3
+epochs, 32 sentences, 16 SeqPG examples) took 23 minutes with its B-cos models cached; about 40 from nothing.
+The paper evaluates 2000 sentences and 500 SeqPG examples with 50-token segments: raise BENCH_EVAL /
+BENCH_SEQPG / BENCH_SEGMENT on a GPU.
   BENCH_TRAIN=1200 SST-2 training rows     BENCH_AG_TRAIN=600 AG News training rows     BENCH_EPOCHS=2
   BENCH_TRAIN_BATCH=16 training batch size   BENCH_B=1.25 and BENCH_BCOS_HEAD_LR=1e-3 (B-cos model)
   BENCH_EVAL=16 SST-2 test sentences explained for Comp/Suff   BENCH_SEQPG=8 SeqPG examples (AG News)
