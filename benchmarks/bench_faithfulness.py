@@ -17,8 +17,9 @@ explanation entropy, seconds per explanation and peak memory (CPU: the kernel's 
 the level before the call, for one batch). Each method explains one batch untimed first (warm-up: lazy
 initialisation and allocator growth are not part of the cost of an explanation).
 
-Writes {results.md, results.csv, faithfulness.png} to BENCH_OUT (default outputs/bench_faithfulness) and caches the fine-tuned
-models in outputs/bench_faithfulness/models (delete them or set BENCH_RETRAIN=1 to retrain).
+Writes results.md, results.csv and faithfulness.png to BENCH_OUT (default outputs/bench_faithfulness) and
+caches the fine-tuned models in outputs/bench_faithfulness/models (delete them or set BENCH_RETRAIN=1 to
+retrain).
 
 Size (environment variables). Measured on an idle 2-core CPU (2 threads): the defaults ran in 11 min 41 s
 with all four models fine-tuned from the pretrained MiniLM, and explain in about 7 minutes once the models are
