@@ -1,0 +1,93 @@
+"""The faithfulness benchmark's plumbing on tiny random BERTs: every method, the table, the plot.
+
+The benchmark itself fine-tunes MiniLM for minutes; here the same functions run on 2-layer random models with
+the real MiniLM tokenizer, so a change in Captum or in our metrics that breaks the script fails a test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as T
+
+from bcos_plugins import bcosify
+from bcos_plugins.pretrained import minilm_path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Captum's notes that it set requires_grad itself and fits one LIME model per example: expected here
+pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already require gradients",
+                                        "ignore:You are providing multiple inputs for Lime")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_faithfulness", ROOT / "benchmarks" / "bench_faithfulness.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_faithfulness"] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("bench_faithfulness", None)
+
+
+@pytest.fixture(scope="module")
+def setup(bench):
+    tok = T.AutoTokenizer.from_pretrained(minilm_path())
+    config = T.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=64, num_labels=2,
+                          attn_implementation="eager")
+    torch.manual_seed(0)
+    conv = T.BertForSequenceClassification(config).eval()
+    bcos = bcosify(T.BertForSequenceClassification(config), b=1.25, verbose=False).eval()
+    cfg = bench.Config(ig_steps=4, shapley_samples=3, lime_samples=10, batch=3, n_eval=5)
+    texts = ["a gripping , funny film", "dull and far too long", "i liked it", "not good", "a mess"]
+    return tok, conv, bcos, cfg, texts
+
+
+def test_every_method_scores_each_token_and_bcos_is_complete(bench, setup):
+    tok, conv, bcos, cfg, texts = setup
+    methods = bench.make_methods(conv, bcos, tok.mask_token_id, cfg)
+    assert list(methods) == ["Attention", "IxG", "IG (4 steps)", "Saliency", "ShapSampl (3)", "LIME (10)",
+                             "Occlusion", "B-cos"]
+    ids, mask = bench.encode(tok, texts[:3])
+    batch = next(bench.batches(ids, mask, torch.tensor([1, 0, 1]), tok, 3))
+    for name, (_kind, run) in methods.items():
+        scores = run(batch)
+        assert scores.shape == batch.ids.shape, name
+        assert torch.isfinite(scores).all(), name
+        if name in ("ShapSampl (3)", "Occlusion"):
+            # the [MASK] baseline keeps [CLS]/[SEP]/[PAD]: replacing them changes nothing (up to float32 noise
+            # of the logits between differently composed perturbation batches; real scores here are ~1e-3)
+            assert scores[batch.special].abs().max() <= 1e-6, name
+    scores = methods["B-cos"][1](batch)
+    with torch.no_grad():
+        logits = bcos(input_ids=batch.ids, attention_mask=batch.mask).logits
+    explained = logits.gather(1, batch.target[:, None]).squeeze(1)
+    torch.testing.assert_close(scores.sum(-1), explained, rtol=1e-4, atol=1e-5)
+
+
+def test_the_report_has_one_row_per_method_and_the_ratios(bench, setup, tmp_path, monkeypatch):
+    tok, conv, bcos, cfg, texts = setup
+    monkeypatch.setattr(bench, "OUT", tmp_path)
+    methods = bench.make_methods(conv, bcos, tok.mask_token_id, cfg)
+    results: dict = {}
+    bench.evaluate_sst2(methods, {"conventional": conv, "bcos": bcos}, tok, texts, cfg, results)
+    assert all(res.n == len(texts) and res.seconds > 0 for res in results.values())
+    acc = {"sst2": {"conventional": 0.5, "bcos": 0.6}}
+    rows = bench.write_report(results, acc, cfg, {"n_eval": len(texts), "n_seqpg": 0, "device": "CPU",
+                                                  "seqpg_source": None,
+                                                  "memory_method": results["B-cos"].memory_method})
+    bench.plot(rows)
+    assert [r["method"] for r in rows] == list(methods)
+    bcos_row = rows[-1]
+    assert bcos_row["times_bcos_time"] == pytest.approx(1.0)
+    assert math.isnan(bcos_row["seqpg_x100"])  # no SeqPG in this run: reported as missing, not as 0
+    table = (tmp_path / "results.md").read_text(encoding="utf-8")
+    assert sum(line.startswith("| ") for line in table.splitlines()) == len(methods) + 1  # header + rows
+    assert "faster than IG (4 steps)" in table and "faster than ShapSampl (3)" in table
+    assert (tmp_path / "results.csv").read_text().count("\n") == len(methods) + 1
+    assert (tmp_path / "faithfulness.png").stat().st_size > 0
