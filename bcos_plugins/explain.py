@@ -27,6 +27,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from .convert.architectures import ArchitectureSpec, spec_for
+from .metrics.summary import completeness_error as _completeness_error
 from .nn.dynamic import explanation_mode
 
 __all__ = ["Explanation", "explain", "embedding_point", "last_real_position"]
@@ -63,7 +64,7 @@ class Explanation:
     @property
     def completeness_error(self) -> Float[Tensor, " batch"]:
         """``|sum of contributions - explained logit| / |explained logit|`` per row."""
-        return (self.total - self.logits).abs() / self.logits.abs().clamp_min(1e-12)
+        return _completeness_error(self.embedding_contributions, self.logits)
 
     def tokens(self, tokenizer) -> list[list[str]]:
         """Tokens of each row (padding removed), aligned with :meth:`scores`."""

@@ -21,6 +21,7 @@ from transformer_lens import HookedTransformer
 # Row-argument parsing and selection are the core's, so targets, foils and positions mean the same here as in
 # bcos_plugins.explain (ids validated, float targets taken as directions).
 from bcos_plugins.explain import _as_row_tensor, _select, last_real_position
+from bcos_plugins.metrics.summary import completeness_error as _completeness_error
 from bcos_plugins.nn.dynamic import explanation_mode
 
 from .model import is_explainable
@@ -56,7 +57,7 @@ class LensExplanation:
     @property
     def completeness_error(self) -> Float[Tensor, " batch"]:
         """``|sum of contributions - explained logit| / |explained logit|`` per row."""
-        return (self.total - self.logits).abs() / self.logits.abs().clamp_min(1e-12)
+        return _completeness_error(self.contributions, self.logits)
 
 
 def explain_logits(

@@ -20,6 +20,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..metrics.summary import completeness_error as _completeness_error
 from ..nn.dynamic import explanation_mode
 from .model import BcosViT
 
@@ -58,7 +59,7 @@ class ImageExplanation:
     @property
     def completeness_error(self) -> Float[Tensor, " batch"]:
         """``|sum of pixel contributions - explained logit| / |explained logit|`` per image."""
-        return (self.total - self.logits).abs() / self.logits.abs().clamp_min(1e-12)
+        return _completeness_error(self.contributions, self.logits)
 
 
 def _class_ids(value, batch: int, n_classes: int, name: str, device) -> Tensor:
