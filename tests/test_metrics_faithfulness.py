@@ -262,6 +262,8 @@ def test_make_seqpg_examples_with_several_models_keeps_segments_every_model_gets
 
     with pytest.raises(ValueError, match="number of classes"):
         make_seqpg_examples([first, TwoClasses()], tok, texts, labels, segment_length=4)
+    with pytest.raises(ValueError, match=r"class indices in \[0, 3\)"):
+        make_seqpg_examples(first, tok, texts, [0, 1, 2, 3], segment_length=4)
     with pytest.raises(ValueError, match="by every model"):
         make_seqpg_examples([first, second], tok, texts[1:2] + texts[3:], [1, 1], segment_length=4)
 
