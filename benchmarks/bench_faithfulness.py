@@ -21,7 +21,7 @@ Writes results.md, results.csv and faithfulness.png to BENCH_OUT (default output
 caches the fine-tuned models in outputs/bench_faithfulness/models (delete them or set BENCH_RETRAIN=1 to
 retrain).
 
-Size (environment variables). Measured on an idle 2-core CPU (2 threads): the defaults ran in 11 min 41 s
+Size (environment variables). Measured on an idle 2-core CPU (2 threads): the defaults ran in 12 min 20 s
 with all four models fine-tuned from the pretrained MiniLM, and explain in about 7 minutes once the models are
 cached (ShapleyValueSampling takes most of it). `make bench-faithfulness-full` (every shipped training row, 3
 epochs, 32 sentences, 16 SeqPG examples) took 23 minutes with its B-cos models cached; about 40 from nothing.
