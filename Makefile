@@ -5,8 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+# one target per script in examples/: `make space-sst2` runs examples/space_sst2.py
+EXAMPLES := blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli
 
-.PHONY: setup test demo bench bench-faithfulness bench-faithfulness-full lint clean blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli
+.PHONY: setup test demo bench bench-faithfulness bench-faithfulness-full lint clean $(EXAMPLES)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,26 +43,8 @@ bench-faithfulness-full: $(STAMP)
 	BENCH_OUT=outputs/bench_faithfulness_full $(BIN)/python benchmarks/bench_faithfulness.py
 
 # Examples (CPU, minutes each; outputs under outputs/)
-blimp-mrr: $(STAMP)
-	$(BIN)/python examples/blimp_mrr.py
-
-bilinear-digits: $(STAMP)
-	$(BIN)/python examples/bilinear_digits.py
-
-bilinear-language: $(STAMP)
-	$(BIN)/python examples/bilinear_language.py
-
-inseq-quickstart: $(STAMP)
-	$(BIN)/python examples/inseq_quickstart.py
-
-vit-digits: $(STAMP)
-	$(BIN)/python examples/vit_digits.py
-
-space-sst2: $(STAMP)
-	$(BIN)/python examples/space_sst2.py
-
-guided-esnli: $(STAMP)
-	$(BIN)/python examples/guided_esnli.py
+$(EXAMPLES): $(STAMP)
+	$(BIN)/python examples/$(subst -,_,$@).py
 
 lint: $(STAMP)
 	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks
