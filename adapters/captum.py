@@ -19,7 +19,7 @@ machinery and add the completeness check as Captum's convergence delta.
 
 Which model is put into explanation mode: ``forward_func`` itself when it is an ``nn.Module`` (a B-cos model,
 or an :class:`EmbeddingForward` wrapping one); otherwise pass ``model=``. A model without B-cos
-(dynamic-linear) modules is refused with a ``TypeError``: its input x gradient is not ``W(x) x``.
+(dynamic-weight) modules is refused with a ``TypeError``: its input x gradient is not ``W(x) x``.
 
 >>> fwd = EmbeddingForward(bcos_model)
 >>> emb = fwd.embed(input_ids, attention_mask)
@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from bcos_plugins.convert.architectures import spec_for
 from bcos_plugins.explain import Explanation, last_real_position
-from bcos_plugins.nn.dynamic import DynamicLinear, explanation_mode
+from bcos_plugins.nn.dynamic import DynamicWeightModule, explanation_mode
 
 __all__ = [
     "BcosAttribution",
@@ -64,7 +64,7 @@ __all__ = [
 
 
 def _has_bcos_modules(model: nn.Module) -> bool:
-    return any(isinstance(m, DynamicLinear) for m in model.modules())
+    return any(isinstance(m, DynamicWeightModule) for m in model.modules())
 
 
 def _resolve_model(forward_func: Callable, model: nn.Module | None, who: str) -> nn.Module:
@@ -82,7 +82,7 @@ def _resolve_model(forward_func: Callable, model: nn.Module | None, who: str) ->
         model = model.model
     if not _has_bcos_modules(model):
         raise TypeError(
-            f"{who}: {type(model).__name__} has no B-cos (dynamic-linear) modules, so its input x gradient is "
+            f"{who}: {type(model).__name__} has no B-cos (dynamic-weight) modules, so its input x gradient is "
             "not an exact W(x)x explanation. Convert it with bcos_plugins.bcosify(model) and fine-tune it, or "
             "use captum.attr.InputXGradient for plain input x gradient on a conventional model."
         )

@@ -88,12 +88,12 @@ from torch import Tensor, nn
 from bcos_plugins.convert.architectures import ArchitectureSpec, spec_for, supported_architectures
 from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY, bcosify
 from bcos_plugins.explain import embedding_point, explain
-from bcos_plugins.nn.dynamic import DynamicLinear, explanation_mode
+from bcos_plugins.nn.dynamic import DynamicWeightModule, explanation_mode
 
 __all__ = [
     "METHOD_NAME",
     "SIGNED_SUM",
-    "BcosAttribution",
+    "BcosInseqAttribution",
     "BcosClassifier",
     "BcosSequenceAttribution",
     "BcosStepAttribution",
@@ -216,7 +216,7 @@ class BcosStepAttribution(FeatureAttributionStepOutput):
 
 
 def _has_bcos_modules(model: nn.Module) -> bool:
-    return any(isinstance(m, DynamicLinear) for m in model.modules())
+    return any(isinstance(m, DynamicWeightModule) for m in model.modules())
 
 
 def _supported_text() -> str:
@@ -255,7 +255,7 @@ def _explainable_model(model: nn.Module, *, classifier: bool) -> tuple[nn.Module
         settings = getattr(model.config, BCOS_CONFIG_KEY, None)
         if not isinstance(settings, dict) or "b" not in settings:
             raise UnsupportedModelError(
-                f"{name} has no B-cos (dynamic-linear) modules, so its input x gradient is not an exact W(x)x "
+                f"{name} has no B-cos (dynamic-weight) modules, so its input x gradient is not an exact W(x)x "
                 "explanation. Convert it with bcos_plugins.bcosify(model) and fine-tune it (or load a saved B-cos "
                 "model), or use inseq's 'input_x_gradient' for plain input x gradient."
             )
@@ -294,7 +294,7 @@ def _positions_from_mask(model: nn.Module, spec: ArchitectureSpec) -> Iterator[N
 
 
 class _BcosMethod:
-    """The "bcos" inseq method (registered as :class:`BcosAttribution`); see the module docstring."""
+    """The "bcos" inseq method (registered as :class:`BcosInseqAttribution`); see the module docstring."""
 
     _registered_by_bcos_plugins = True
 
@@ -345,12 +345,12 @@ class _BcosMethod:
 
 _previous_method = _reuse_or_refuse(FeatureAttribution, METHOD_NAME)
 if _previous_method is None:
-    class BcosAttribution(_BcosMethod, FeatureAttribution):
+    class BcosInseqAttribution(_BcosMethod, FeatureAttribution):
         """inseq feature attribution method ``"bcos"``: exact B-cos contributions (see the module docstring)."""
 
         method_name = METHOD_NAME
 else:  # registered by an earlier import of this file
-    BcosAttribution = _previous_method
+    BcosInseqAttribution = _previous_method
 
 
 # ------------------------------------------------------------------------------------------ classifiers

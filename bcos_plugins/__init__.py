@@ -5,6 +5,7 @@ The core imports torch and transformers only; host-library integrations live in
 """
 
 from .convert import ConversionReport, UnsupportedModuleError, bcosify, supported_architectures
+from .errors import BcosError, BcosFileError, BcosRuntimeError, BcosTypeError, BcosValueError
 from .explain import Explanation, explain
 from .guided import guide_attention, unguide_attention
 from .metrics.rationale import rationale_alignment
@@ -17,6 +18,11 @@ from .vision import BcosViT, BcosViTConfig, explain_image
 __version__ = "0.1.0"
 
 __all__ = [
+    "BcosError",
+    "BcosFileError",
+    "BcosRuntimeError",
+    "BcosTypeError",
+    "BcosValueError",
     "BWarmupCallback",
     "BcosLinear",
     "BcosViT",

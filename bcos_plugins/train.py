@@ -102,9 +102,9 @@ class _EncodedTexts(torch.utils.data.Dataset):
 
 
 def _is_bcos(model: nn.Module) -> bool:
-    from .nn.dynamic import DynamicLinear
+    from .nn.dynamic import DynamicWeightModule
 
-    return any(isinstance(m, DynamicLinear) for m in model.modules())
+    return any(isinstance(m, DynamicWeightModule) for m in model.modules())
 
 
 def fine_tune_classifier(

@@ -162,7 +162,7 @@ def test_load_model_from_a_saved_bcos_folder(gpt2_tokenizer, tmp_path):
     model.save_pretrained(tmp_path)
     gpt2_tokenizer.save_pretrained(tmp_path)
     from_folder = inseq.load_model(str(tmp_path), "bcos")
-    assert any(isinstance(m, adapter.DynamicLinear) for m in from_folder.model.modules())
+    assert any(isinstance(m, adapter.DynamicWeightModule) for m in from_folder.model.modules())
     kwargs = {"step_scores": ["logit"], "show_progress": False}
     a = from_folder.attribute("The cat", "The cat sat", **kwargs).sequence_attributions[0]
     b = inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer).attribute("The cat", "The cat sat", **kwargs)
@@ -270,7 +270,7 @@ def test_bcos_is_registered_once_and_reimport_registers_nothing_new():
     reloaded = importlib.reload(adapter)
     assert inseq.list_feature_attribution_methods().count("bcos") == 1
     assert inseq.list_aggregators().count("signed_sum") == 1
-    assert reloaded.BcosAttribution is method_cls is FeatureAttribution.available_classes()["bcos"]
+    assert reloaded.BcosInseqAttribution is method_cls is FeatureAttribution.available_classes()["bcos"]
 
 
 def test_a_name_held_by_another_package_is_refused():

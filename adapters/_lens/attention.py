@@ -1,4 +1,4 @@
-"""B-cos attention for TransformerLens: ``BcosAttention`` and ``BcosGroupedQueryAttention``.
+"""B-cos attention for TransformerLens: ``HookedBcosAttention`` and ``HookedBcosGroupedQueryAttention``.
 
 With ``ŵ`` the unit-norm weights of each unit (a query/key/value unit ``(head, j)`` reads ``d_model``
 inputs; an output unit ``m`` reads all ``head * d_head`` values of ``z``), each B-cos projection is::
@@ -35,10 +35,10 @@ from bcos_plugins.nn.functional import bcos_scale, input_norm
 from .hook_point import DynamicHookPoint
 from .unit_weights import unit_weight
 
-__all__ = ["BcosAttention", "BcosGroupedQueryAttention", "BcosAttentionMixin"]
+__all__ = ["HookedBcosAttention", "HookedBcosGroupedQueryAttention", "HookedBcosAttentionMixin"]
 
 
-class BcosAttentionMixin(ABC, nn.Module):
+class HookedBcosAttentionMixin(ABC, nn.Module):
     """B-cos projections for a TransformerLens attention class; use through the two concrete classes.
 
     Its bases repeat ``AbstractAttention``'s (``ABC, nn.Module``) so that an existing attention module's
@@ -133,9 +133,9 @@ class BcosAttentionMixin(ABC, nn.Module):
         return result.sum(dim=2)
 
 
-class BcosAttention(BcosAttentionMixin, Attention):
+class HookedBcosAttention(HookedBcosAttentionMixin, Attention):
     """B-cos version of TransformerLens' ``Attention`` (same parameters, biases removed)."""
 
 
-class BcosGroupedQueryAttention(BcosAttentionMixin, GroupedQueryAttention):
+class HookedBcosGroupedQueryAttention(HookedBcosAttentionMixin, GroupedQueryAttention):
     """B-cos version of ``GroupedQueryAttention`` (``_W_K``/``_W_V`` hold the key/value heads)."""

@@ -7,7 +7,7 @@ Fields added to TransformerLens' config:
 - ``bcos_projections``: which projections are B-cos, a subset of ``W_Q W_K W_V W_O W_in W_gate W_out``
   (default: all the model has). The others are plain, bias-free linear maps.
 
-Options whose maths is not dynamic-linear (or that the B-cos attention does not implement) are refused at
+Options whose maths is not dynamic-weight (or that the B-cos attention does not implement) are refused at
 construction with the option named, so a model that cannot be explained exactly is never built.
 """
 
@@ -45,7 +45,7 @@ def check_explainable(cfg: HookedTransformerConfig) -> None:
     """Refuse options under which ``W(x) x`` explanations of a TransformerLens model are not exact."""
     if not cfg.attn_only and cfg.gated_mlp is False and cfg.act_fn not in GATE_KINDS:
         raise ValueError(
-            f"act_fn={cfg.act_fn!r} has no dynamic-linear form x * gate(x) in bcos_plugins; supported: "
+            f"act_fn={cfg.act_fn!r} has no dynamic-weight form x * gate(x) in bcos_plugins; supported: "
             f"{', '.join(sorted(GATE_KINDS))}."
         )
     if cfg.gated_mlp and cfg.act_fn is not None and cfg.act_fn.endswith("_ln"):
@@ -57,7 +57,7 @@ def check_explainable(cfg: HookedTransformerConfig) -> None:
         )
     if cfg.clip_qkv is not None:
         raise ValueError(
-            f"clip_qkv={cfg.clip_qkv} clamps the values, which is not dynamic-linear; set clip_qkv=None."
+            f"clip_qkv={cfg.clip_qkv} clamps the values, which is not dynamic-weight; set clip_qkv=None."
         )
     if cfg.num_experts:
         raise ValueError("mixture-of-experts MLPs (num_experts) are not supported; use a dense MLP.")

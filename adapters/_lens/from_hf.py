@@ -19,7 +19,7 @@ from transformer_lens.loading_from_pretrained import convert_hf_model_config, fi
 from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights, convert_llama_weights
 from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
 
-from bcos_plugins.nn.dynamic import DynamicLinear
+from bcos_plugins.nn.dynamic import DynamicWeightModule
 
 from .config import BcosTransformerConfig
 from .model import bcos_model_class, make_explainable
@@ -79,7 +79,7 @@ def _refuse_inexpressible(arch: str, hf_config, bcos: dict | None, hf_model: nn.
                     f"{name} uses MaxOut (max_out={module.max_out}); TransformerLens stores one weight vector "
                     "per unit, so MaxOut cannot be expressed (bcosify's decoders use max_out=1)."
                 )
-            if isinstance(module, DynamicLinear) and hasattr(module, "b") and module.b != bcos["b"]:
+            if isinstance(module, DynamicWeightModule) and hasattr(module, "b") and module.b != bcos["b"]:
                 raise ValueError(
                     f"{name} has b={module.b} but the model's config.bcos says b={bcos['b']}; the TransformerLens "
                     "config has one B for all projections."

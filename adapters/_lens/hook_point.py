@@ -18,12 +18,12 @@ from __future__ import annotations
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
-from bcos_plugins.nn.dynamic import DynamicLinear
+from bcos_plugins.nn.dynamic import DynamicWeightModule
 
 __all__ = ["DynamicHookPoint"]
 
 
-class DynamicHookPoint(HookPoint, DynamicLinear):
+class DynamicHookPoint(HookPoint, DynamicWeightModule):
     """A ``HookPoint`` whose output is a constant for autograd in explanation mode."""
 
     def forward(self, x: Tensor) -> Tensor:

@@ -1,4 +1,4 @@
-"""B-cos MLPs for TransformerLens: ``BcosMLP`` and ``BcosGatedMLP``.
+"""B-cos MLPs for TransformerLens: ``HookedBcosMLP`` and ``HookedBcosGatedMLP``.
 
 Each B-cos projection (``ŵ``: unit-norm columns of ``W_in``, ``W_gate``, ``W_out``, i.e. per unit over
 its inputs)::
@@ -7,8 +7,8 @@ its inputs)::
     scale = |lin / ||x|| | ** (B - 1)          -> hook_bcos_scale_{in,gate,out}
     out   = scale * lin
 
-    BcosMLP:       pre = B-cos_in(x)  -> hook_pre;  post = act(pre) -> hook_post;  out = B-cos_out(post)
-    BcosGatedMLP:  pre = B-cos_gate(x) -> hook_pre;  pre_linear = B-cos_in(x) -> hook_pre_linear
+    HookedBcosMLP:       pre = B-cos_in(x)  -> hook_pre;  post = act(pre) -> hook_post;  out = B-cos_out(post)
+    HookedBcosGatedMLP:  pre = B-cos_gate(x) -> hook_pre;  pre_linear = B-cos_in(x) -> hook_pre_linear
                    post = act(pre) * pre_linear -> hook_post;  out = B-cos_out(post)
 
 No biases. In explanation mode the scales, the activation gate (``act = x * gate(x)``, a
@@ -29,10 +29,10 @@ from bcos_plugins.nn.functional import bcos_scale, input_norm
 from .hook_point import DynamicHookPoint
 from .unit_weights import unit_weight
 
-__all__ = ["BcosMLP", "BcosGatedMLP", "BcosMLPMixin"]
+__all__ = ["HookedBcosMLP", "HookedBcosGatedMLP", "HookedBcosMLPMixin"]
 
 
-class BcosMLPMixin(nn.Module):
+class HookedBcosMLPMixin(nn.Module):
     """B-cos projections with TransformerLens' ``(d_in, d_out)`` weight layout."""
 
     _SCALE_HOOKS = {"W_in": "in", "W_gate": "gate", "W_out": "out"}
@@ -52,7 +52,7 @@ class BcosMLPMixin(nn.Module):
         return hook(bcos_scale(lin, input_norm(x), self.cfg.bcos_b)) * lin
 
 
-class BcosMLP(BcosMLPMixin, MLP):
+class HookedBcosMLP(HookedBcosMLPMixin, MLP):
     """B-cos version of TransformerLens' ``MLP``."""
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
@@ -61,7 +61,7 @@ class BcosMLP(BcosMLPMixin, MLP):
         return self._project(post, "W_out")
 
 
-class BcosGatedMLP(BcosMLPMixin, GatedMLP):
+class HookedBcosGatedMLP(HookedBcosMLPMixin, GatedMLP):
     """B-cos version of TransformerLens' ``GatedMLP`` (bilinear when ``act_fn="linear"``)."""
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:

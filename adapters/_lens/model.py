@@ -45,10 +45,10 @@ from transformer_lens.hook_points import HookPoint
 
 from bcos_plugins.nn.activation import DetachableActivation
 
-from .attention import BcosAttention, BcosGroupedQueryAttention
+from .attention import HookedBcosAttention, HookedBcosGroupedQueryAttention
 from .config import GATE_KINDS, BcosTransformerConfig, check_explainable
 from .hook_point import DynamicHookPoint
-from .mlp import BcosGatedMLP, BcosMLP
+from .mlp import HookedBcosGatedMLP, HookedBcosMLP
 
 __all__ = ["BcosHookedTransformer", "bcos_model_class", "is_explainable", "make_explainable", "remove_biases"]
 
@@ -75,7 +75,7 @@ def make_explainable(model: HookedTransformer) -> HookedTransformer:
     """Route every dynamic weight of ``model`` through a detachable module (in place, idempotent).
 
     Hook names and forward values are unchanged. Raises ``ValueError`` for options whose maths is not
-    dynamic-linear (e.g. SoLU, soft-capped logits, clipped values, mixtures of experts).
+    dynamic-weight (e.g. SoLU, soft-capped logits, clipped values, mixtures of experts).
     """
     check_explainable(model.cfg)
     for module in model.modules():
@@ -140,9 +140,9 @@ def _to_bcos(model: HookedTransformer) -> None:
     for block in model.blocks:
         attn = block.attn
         if type(attn) is GroupedQueryAttention:
-            attn.__class__ = BcosGroupedQueryAttention
+            attn.__class__ = HookedBcosGroupedQueryAttention
         elif type(attn) is Attention:
-            attn.__class__ = BcosAttention
+            attn.__class__ = HookedBcosAttention
         else:
             raise TypeError(f"no B-cos version of {type(attn).__name__}")
         attn.convert_to_bcos()
@@ -150,9 +150,9 @@ def _to_bcos(model: HookedTransformer) -> None:
             continue
         mlp = block.mlp
         if type(mlp) is GatedMLP:
-            mlp.__class__ = BcosGatedMLP
+            mlp.__class__ = HookedBcosGatedMLP
         elif type(mlp) is MLP:
-            mlp.__class__ = BcosMLP
+            mlp.__class__ = HookedBcosMLP
         else:
             raise TypeError(f"no B-cos version of {type(mlp).__name__}")
         mlp.convert_to_bcos()

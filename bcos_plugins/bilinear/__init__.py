@@ -1,6 +1,6 @@
 """Bilinear MLPs and weight-based analysis (Pearce, Dooms et al., ICLR 2025); maths in DESIGN.md §3.
 
-- :class:`BilinearMLP`: ``P ((W x) * (V x))``, a :class:`~bcos_plugins.nn.DynamicLinear`.
+- :class:`BilinearMLP`: ``P ((W x) * (V x))``, a :class:`~bcos_plugins.nn.DynamicWeightModule`.
 - :func:`bilinear_weights`: ``(W, V, P)`` from our module, a TransformerLens bilinear ``GatedMLP``, a
   transformers gated MLP with the identity activation, or plain tensors; biases via the augmented input.
 - :func:`interaction_matrix` ``Q(u)``, :func:`eigendecompose`, :func:`interaction_spectra`, :func:`hosvd`,

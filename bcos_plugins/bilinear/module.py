@@ -6,7 +6,7 @@ quadratic form of the input: for an output direction ``u``, ``u . out = x^T Q(u)
 
 Explanation mode. A bias-free bilinear layer is homogeneous of degree 2, so plain input x gradient gives
 ``x . d out / dx = 2 out`` (the product rule counts each branch once). As a
-:class:`~bcos_plugins.nn.DynamicLinear`, the right branch ``V x + b_v`` is the dynamic weight: inside
+:class:`~bcos_plugins.nn.DynamicWeightModule`, the right branch ``V x + b_v`` is the dynamic weight: inside
 :func:`~bcos_plugins.nn.explanation_mode` it is a constant, the layer is the linear map
 ``x -> P (diag(V x + b_v) (W x + b_w))`` and ``x . d out / dx = out - P (b_w * (V x + b_v))``: exactly
 ``out`` without biases; with biases the missing term is the bias share, which is the contribution of the
@@ -18,13 +18,13 @@ from __future__ import annotations
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from ..nn.dynamic import DynamicLinear
+from ..nn.dynamic import DynamicWeightModule
 from .weights import BilinearWeights
 
 __all__ = ["BilinearMLP"]
 
 
-class BilinearMLP(DynamicLinear):
+class BilinearMLP(DynamicWeightModule):
     """``P ((W x + b_w) * (V x + b_v)) + b_P``.
 
     Args:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from transformers import TrainerCallback
 from transformers.activations import ACT2FN
 
-from ..nn.dynamic import DynamicLinear
+from ..nn.dynamic import DynamicWeightModule
 
 __all__ = ["SwishBeta", "SwishBetaToBilinear", "finalize_bilinear", "gated_mlps", "set_swish_beta"]
 
@@ -34,7 +34,7 @@ START_BETA = {"silu": 1.0, "swish": 1.0, "gelu": 1.702, "gelu_new": 1.702, "gelu
               "gelu_fast": 1.702}
 
 
-class SwishBeta(DynamicLinear):
+class SwishBeta(DynamicWeightModule):
     """``x * sigmoid(beta x)`` with a settable ``beta``; the sigmoid is the dynamic weight in explanation mode."""
 
     def __init__(self, beta: float = 1.0) -> None:

@@ -21,13 +21,14 @@ import logging
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from ..errors import BcosTypeError
 from ..nn import (
     BcosConv1D,
     BcosLayerNorm,
     BcosLinear,
     DetachableActivation,
     DetachableRMSNorm,
-    DynamicLinear,
+    DynamicWeightModule,
     check_b,
 )
 from .architectures import ArchitectureSpec, spec_for
@@ -56,8 +57,8 @@ _IDENTITY_ACTIVATIONS = {"LinearActivation", "Identity"}
 _PASSTHROUGH = (nn.Embedding, nn.Dropout, nn.Identity)
 
 
-class UnsupportedModuleError(TypeError):
-    """A module ``bcosify`` cannot make bias-free and dynamic-linear."""
+class UnsupportedModuleError(BcosTypeError):
+    """A module ``bcosify`` cannot make bias-free and dynamic-weight."""
 
 
 def _gelu_kind(module: nn.Module) -> str:
@@ -142,7 +143,7 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float) -> tuple[list, Con
             raise UnsupportedModuleError(
                 f"bcosify cannot convert module '{name}' of class {type(module).__module__}."
                 f"{type(module).__qualname__}: it is neither a linear layer, a norm, nor a supported "
-                f"activation ({', '.join(sorted(_ACTIVATION_GATES))}). Replace it with a dynamic-linear "
+                f"activation ({', '.join(sorted(_ACTIVATION_GATES))}). Replace it with a dynamic-weight "
                 "equivalent or open an issue."
             )
     return plan, report
@@ -183,7 +184,7 @@ def bcosify(model: nn.Module, b: float = 1.5, *, verbose: bool = True) -> nn.Mod
     """
     b = check_b(b)
     config = getattr(model, "config", None)
-    if any(isinstance(m, DynamicLinear) for m in model.modules()):
+    if any(isinstance(m, DynamicWeightModule) for m in model.modules()):
         raise ValueError(
             f"{type(model).__name__} is already B-cosified (config.bcos={getattr(config, 'bcos', None)}); "
             "convert a stock model, or reload a saved one with load_bcos_model(path)."

@@ -5,10 +5,10 @@ from __future__ import annotations
 from jaxtyping import Float
 from torch import Tensor
 
-from ..nn.dynamic import DynamicLinear
+from ..nn.dynamic import DynamicWeightModule
 
 
-class BcosGatedMLP(DynamicLinear):
+class BcosGatedMLP(DynamicWeightModule):
     """Gated MLP ``down(act(gate(x)) * up(x))`` whose activated gate branch is the dynamic weight.
 
     Mixed into the class of an existing ``LlamaMLP`` instance (see ``bcosify``), so attribute names and

@@ -2,7 +2,7 @@
 
 ``bcosify`` swaps the class of the existing instance (parameters and state-dict keys are unchanged) for
 these subclasses, which run the same computation without the tanh / ReLU: the B-cos LM recipe removes
-head activations (they are not dynamic-linear and the B > 1 non-linearity replaces them).
+head activations (they are not dynamic-weight and the B > 1 non-linearity replaces them).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""B-cos and dynamic-linear building blocks; see :mod:`bcos_plugins.nn.dynamic` for the mechanism."""
+"""B-cos and dynamic-weight building blocks; see :mod:`bcos_plugins.nn.dynamic` for the mechanism."""
 
 from .activation import DetachableActivation
 from .conv import BcosConv2d
-from .dynamic import DynamicLinear, explanation_mode, is_explaining
+from .dynamic import DynamicWeightModule, explanation_mode, is_explaining
 from .linear import BcosConv1D, BcosLinear, check_b
 from .norm import BcosLayerNorm, DetachableRMSNorm
 
@@ -13,7 +13,7 @@ __all__ = [
     "BcosLinear",
     "DetachableActivation",
     "DetachableRMSNorm",
-    "DynamicLinear",
+    "DynamicWeightModule",
     "check_b",
     "explanation_mode",
     "is_explaining",

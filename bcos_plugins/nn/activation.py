@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .dynamic import DynamicLinear
+from .dynamic import DynamicWeightModule
 
 __all__ = ["DetachableActivation", "GATES"]
 
@@ -39,7 +39,7 @@ GATES = {
 }
 
 
-class DetachableActivation(DynamicLinear):
+class DetachableActivation(DynamicWeightModule):
     """``x * gate(x)`` with the gate detached in explanation mode. ``kind`` is a key of :data:`GATES`."""
 
     def __init__(self, kind: str) -> None:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from .dynamic import DynamicLinear
+from .dynamic import DynamicWeightModule
 from .functional import NORM_EPS, bcos_scale, unit_norm
 from .linear import check_b
 
@@ -33,7 +33,7 @@ def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
-class BcosConv2d(DynamicLinear):
+class BcosConv2d(DynamicWeightModule):
     """B-cos convolution with weight ``(out_channels * max_out, in_channels, kh, kw)``, no bias.
 
     Args:

@@ -1,7 +1,7 @@
-"""The one explanation mechanism of the package: dynamic-linear modules and ``explanation_mode``.
+"""The one explanation mechanism of the package: dynamic-weight modules and ``explanation_mode``.
 
 Every module whose output can be written ``W(x) x`` with an input-dependent ``W`` derives from
-:class:`DynamicLinear`. Inside :func:`explanation_mode` such a module treats ``W(x)`` as a constant for
+:class:`DynamicWeightModule`. Inside :func:`explanation_mode` such a module treats ``W(x)`` as a constant for
 autograd (it detaches the factor that makes up the dynamic weight). The whole network is then a
 linear map of its input as far as autograd can see, so for any scalar output ``y``
 
@@ -19,10 +19,10 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DynamicLinear", "explanation_mode", "is_explaining"]
+__all__ = ["DynamicWeightModule", "explanation_mode", "is_explaining"]
 
 
-class DynamicLinear(nn.Module):
+class DynamicWeightModule(nn.Module):
     """Mixin for modules computing ``W(x) x``; ``explaining`` switches ``W(x)`` to a constant."""
 
     explaining: bool = False
@@ -41,8 +41,8 @@ class DynamicLinear(nn.Module):
 
 
 def is_explaining(module: nn.Module) -> bool:
-    """True if any dynamic-linear submodule of ``module`` is in explanation mode."""
-    return any(m.explaining for m in module.modules() if isinstance(m, DynamicLinear))
+    """True if any dynamic-weight submodule of ``module`` is in explanation mode."""
+    return any(m.explaining for m in module.modules() if isinstance(m, DynamicWeightModule))
 
 
 @contextmanager
@@ -58,7 +58,7 @@ def explanation_mode(model: nn.Module) -> Iterator[nn.Module]:
     ...     logit = model_from_embeddings(emb)[0, c]
     ...     contributions = emb * torch.autograd.grad(logit, emb)[0]   # sums to logit
     """
-    modules = [m for m in model.modules() if isinstance(m, DynamicLinear)]
+    modules = [m for m in model.modules() if isinstance(m, DynamicWeightModule)]
     previous = [m.explaining for m in modules]
     was_training = model.training
     model.eval()

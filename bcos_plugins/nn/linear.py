@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from .dynamic import DynamicLinear
+from .dynamic import DynamicWeightModule
 from .functional import COS_FLOOR, NORM_EPS, bcos_scale, input_norm, max_out, unit_norm
 
 __all__ = ["BcosLinear", "BcosConv1D", "check_b"]
@@ -38,7 +38,7 @@ def check_b(b: float) -> float:
     return b
 
 
-class BcosLinear(DynamicLinear):
+class BcosLinear(DynamicWeightModule):
     """B-cos linear layer with weight of shape ``(out_features * max_out, in_features)``.
 
     Args:

@@ -14,12 +14,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from .dynamic import DynamicLinear
+from .dynamic import DynamicWeightModule
 
 __all__ = ["BcosLayerNorm", "DetachableRMSNorm"]
 
 
-class BcosLayerNorm(DynamicLinear):
+class BcosLayerNorm(DynamicWeightModule):
     """LayerNorm over the last ``normalized_shape`` dims without bias; ``1/std`` is the dynamic weight."""
 
     def __init__(self, normalized_shape: int | tuple[int, ...], eps: float = 1e-5,
@@ -55,7 +55,7 @@ class BcosLayerNorm(DynamicLinear):
         return f"{self.normalized_shape}, eps={self.eps}, bias=False"
 
 
-class DetachableRMSNorm(DynamicLinear):
+class DetachableRMSNorm(DynamicWeightModule):
     """RMSNorm ``x * rsqrt(mean(x^2) + eps) * gamma`` whose rsqrt factor is the dynamic weight.
 
     Half-precision inputs are normalised in float32 (as Llama's own RMSNorm does) and cast back.

@@ -25,7 +25,7 @@ class SpaceExplanation(Explanation):
 
     ``contributions`` (batch, pos) are the tokens' exact shares; ``embedding_contributions`` holds them per
     concept unit (batch, pos, n_spaces * n_latent) instead of per embedding dimension: the decomposition is
-    exact at the concept activations, not at the input embeddings (the encoder is not dynamic-linear).
+    exact at the concept activations, not at the input embeddings (the encoder is not dynamic-weight).
     ``logits`` are the explained values without the bias (so ``completeness_error`` checks the shares);
     ``bias`` is the classifier bias of the target (minus the foil's), ``logits + bias`` the model's logit.
     """

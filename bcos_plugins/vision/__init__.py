@@ -12,21 +12,21 @@ Public API:
 """
 
 from ..nn.conv import BcosConv2d
-from .attention import BcosAttention
+from .attention import BcosViTAttention
 from .config import BcosViTConfig
 from .conventional import ConventionalViT
 from .encoding import encode_image
 from .explain import ImageExplanation, explain_image
-from .mlp import BcosMLP
+from .mlp import BcosViTMLP
 from .model import BcosViT
 from .rollout import attention_rollout
 from .tokenizer import BcosConvTokenizer, BcosPatchEmbedding
 
 __all__ = [
-    "BcosAttention",
+    "BcosViTAttention",
     "BcosConv2d",
     "BcosConvTokenizer",
-    "BcosMLP",
+    "BcosViTMLP",
     "BcosPatchEmbedding",
     "BcosViT",
     "BcosViTConfig",

@@ -13,8 +13,8 @@ For tokens ``P`` (batch, N, D), heads ``h = 1..H`` of size ``d = D / H``::
 initialisation: a uniform prior). The value path sees the raw tokens, not ``P~``: that keeps the block
 dynamic linear (requirement (c) of the paper: the output scales with the input).
 
-``A`` is the dynamic weight of ``A @ V``: :class:`BcosAttention` is a
-:class:`~bcos_plugins.nn.DynamicLinear` and passes ``A`` through ``self.dynamic_weight``, so in
+``A`` is the dynamic weight of ``A @ V``: :class:`BcosViTAttention` is a
+:class:`~bcos_plugins.nn.DynamicWeightModule` and passes ``A`` through ``self.dynamic_weight``, so in
 explanation mode the whole attention matrix (queries, keys, LayerNorm and prior) is a constant and
 ``W^Att(P) P`` is explained exactly. The prior depends on positions only, never on the input, so it keeps
 completeness (unlike an additive position embedding, which adds a constant to the tokens).
@@ -29,16 +29,16 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from ..nn.dynamic import DynamicLinear
+from ..nn.dynamic import DynamicWeightModule
 from ..nn.linear import BcosLinear
 
-__all__ = ["PRIOR_KINDS", "BcosAttention"]
+__all__ = ["PRIOR_KINDS", "BcosViTAttention"]
 
 PRIOR_KINDS = ("none", "additive", "multiplicative")
 PriorKind = Literal["none", "additive", "multiplicative"]
 
 
-class BcosAttention(DynamicLinear):
+class BcosViTAttention(DynamicWeightModule):
     """One B-cos attention block (with its residual connection); see the module docstring for the maths.
 
     Hook points (``nn.Identity`` modules, so ``register_forward_hook`` works on them): ``hook_pattern``

@@ -13,10 +13,10 @@ from torch import Tensor, nn
 
 from ..nn.linear import BcosLinear
 
-__all__ = ["BcosMLP"]
+__all__ = ["BcosViTMLP"]
 
 
-class BcosMLP(nn.Module):
+class BcosViTMLP(nn.Module):
     """``x + fc_out(fc_in(x))`` with B-cos linear layers (MaxOut ``max_out``) and no non-linearity."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, b: float, max_out: int) -> None:

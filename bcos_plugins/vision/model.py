@@ -7,7 +7,7 @@ or B-cos CNN, Eq. 9), :mod:`.attention` (B-cos attention with priors, Eq. 12-14,
 (Eq. 16); the classifier (Eq. 17) is a B-cos linear layer after mean pooling over tokens, times the
 constant ``logit_scale``, and has no bias.
 
-Every module whose weight depends on the input is a :class:`~bcos_plugins.nn.DynamicLinear`, so inside
+Every module whose weight depends on the input is a :class:`~bcos_plugins.nn.DynamicWeightModule`, so inside
 :func:`~bcos_plugins.nn.explanation_mode` the logits are linear in ``x~`` as far as autograd sees, and
 ``x~ · dy_c/dx~ = y_c`` exactly (see :func:`~bcos_plugins.vision.explain_image`). The optional additive
 position embedding (``config.position_embedding``) is the one exception: a constant added to the tokens.
@@ -28,10 +28,10 @@ from transformers.modeling_outputs import ImageClassifierOutput
 from ..nn.conv import BcosConv2d
 from ..nn.linear import BcosLinear
 from ..train import bcos_loss
-from .attention import BcosAttention
+from .attention import BcosViTAttention
 from .config import BcosViTConfig
 from .encoding import InputEncoding, check_pixel_values
-from .mlp import BcosMLP
+from .mlp import BcosViTMLP
 from .tokenizer import BcosConvTokenizer, BcosPatchEmbedding
 
 __all__ = ["BcosViT", "BcosViTBlock"]
@@ -42,10 +42,10 @@ class BcosViTBlock(nn.Module):
 
     def __init__(self, config: BcosViTConfig) -> None:
         super().__init__()
-        self.attention = BcosAttention(config.hidden_size, config.num_attention_heads, config.num_tokens,
+        self.attention = BcosViTAttention(config.hidden_size, config.num_attention_heads, config.num_tokens,
                                        b=config.b, max_out=config.max_out, prior=config.attention_prior,
                                        layer_norm_eps=config.layer_norm_eps)
-        self.mlp = BcosMLP(config.hidden_size, config.intermediate_size, b=config.b, max_out=config.max_out)
+        self.mlp = BcosViTMLP(config.hidden_size, config.intermediate_size, b=config.b, max_out=config.max_out)
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]):
         x, pattern = self.attention(x)
@@ -90,7 +90,7 @@ class BcosViT(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-        elif isinstance(module, BcosAttention) and module.prior is not None:
+        elif isinstance(module, BcosViTAttention) and module.prior is not None:
             init.zeros_(module.prior)
         elif isinstance(module, BcosViT) and module.position_embedding is not None:
             init.normal_(module.position_embedding, std=self.config.initializer_range)

@@ -1,0 +1,48 @@
+"""The package's exception types.
+
+Every public entry point validates its inputs before doing work and raises one of these. Each subclasses
+the built-in exception users already catch (``except ValueError`` keeps working) and :class:`BcosError`, so
+``except bcos_plugins.BcosError`` catches everything the package refuses on purpose. Messages follow one
+pattern: the argument, what was wrong with it, and what to do instead.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BcosError",
+    "BcosValueError",
+    "BcosTypeError",
+    "BcosRuntimeError",
+    "BcosFileError",
+    "argument_error",
+]
+
+
+class BcosError(Exception):
+    """Base class of every error the package raises on purpose."""
+
+
+class BcosValueError(BcosError, ValueError):
+    """An argument has the right type but an invalid value (shape, range, NaN, ...)."""
+
+
+class BcosTypeError(BcosError, TypeError):
+    """An argument has the wrong type, or a model is not one the call supports."""
+
+
+class BcosRuntimeError(BcosError, RuntimeError):
+    """The call is valid but cannot run in the current state (a mode, a context, a missing setup step)."""
+
+
+class BcosFileError(BcosError, FileNotFoundError):
+    """A path to load from is missing, empty or truncated; the message names the file."""
+
+
+def argument_error(name: str, problem: str, fix: str, *, kind: type[BcosError] = BcosValueError) -> BcosError:
+    """Build an error in the package's pattern: ``"<name>: <problem>. <fix>"``.
+
+    >>> raise argument_error("b", "must be finite and >= 1, got inf", "Use 1.25-1.5 for classifiers")
+    """
+    problem = problem.rstrip(".")
+    fix = fix.rstrip(".")
+    return kind(f"{name}: {problem}. {fix}.")
