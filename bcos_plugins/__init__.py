@@ -4,6 +4,7 @@ The core imports torch and transformers only; host-library integrations live in
 ``bcos_plugins.adapters.{inseq,captum,transformer_lens,sae_lens}`` and are imported explicitly.
 """
 
+from ._version import __version__ as __version__  # the one source; pyproject.toml reads it too
 from .convert import ConversionReport, UnsupportedModuleError, bcosify, supported_architectures
 from .errors import BcosError, BcosFileError, BcosRuntimeError, BcosTypeError, BcosValueError
 from .explain import Explanation, explain
@@ -14,8 +15,6 @@ from .space import SpaceModelConfig, SpaceModelForSequenceClassification, contex
 from .train import BWarmupCallback, bcos_loss, fine_tune_classifier, load_bcos_model
 from .train_decoder import CausalLMCollator, train_causal_lm
 from .vision import BcosViT, BcosViTConfig, explain_image
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BcosError",

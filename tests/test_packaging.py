@@ -37,3 +37,24 @@ def test_importing_the_core_imports_no_host_library():
             "print(sorted(m for m in ('inseq', 'captum', 'transformer_lens', 'sae_lens') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def test_version_has_one_source_and_a_dated_changelog_section():
+    import re
+
+    import bcos_plugins
+    from bcos_plugins import _version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    assert bcos_plugins.__version__ == _version.__version__
+    assert re.fullmatch(r"\d+\.\d+\.\d+", bcos_plugins.__version__)
+    headings = re.findall(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text(encoding="utf-8"), flags=re.M)
+    assert headings[0] == "Unreleased", "CHANGELOG.md opens with '## Unreleased' (this round's lines go there)"
+    released = [re.fullmatch(r"\[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})", h) for h in headings[1:]]
+    assert all(released), f"released sections are '## [X.Y.Z] - YYYY-MM-DD', got {headings[1:]}"
+    versions = [tuple(map(int, m.group(1).split("."))) for m in released]
+    dates = [m.group(2) for m in released]
+    assert versions == sorted(versions, reverse=True) and dates == sorted(dates, reverse=True)
+    assert bcos_plugins.__version__ in {m.group(1) for m in released}, (
+        f"version {bcos_plugins.__version__} has no dated CHANGELOG section: rename '## Unreleased' when releasing")
