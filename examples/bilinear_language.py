@@ -1,7 +1,7 @@
 """SAE feature interactions in a tiny bilinear transformer trained on TinyStories (paper §5), on CPU.
 
 1. Train a byte-level BPE tokenizer (``tokenizers``) on a 400 kB TinyStories slice shipped in
-   ``examples/data/tinystories`` and a 2-layer bilinear ``HookedTransformer`` (``gated_mlp=True``,
+   ``bcos_plugins/data/files/tinystories`` and a 2-layer bilinear ``HookedTransformer`` (``gated_mlp=True``,
    ``act_fn="linear"``, from ``bcos_plugins.adapters.transformer_lens.bilinear_config``) on it.
 2. Train two top-k SAEs with sae-lens' ``LanguageModelSAETrainingRunner`` (wandb off, no hub: the model and
    the pre-tokenised dataset are passed as ``override_model`` / ``override_dataset``): one on the last MLP's
@@ -46,7 +46,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # 
 from tqdm import trange  # noqa: E402
 from transformer_lens import HookedTransformer  # noqa: E402
 
-DATA = Path(__file__).parent / "data" / "tinystories" / "tinystories_val_head_400k.txt"
+from bcos_plugins.data import SHIPPED_DATA  # noqa: E402
+
+DATA = SHIPPED_DATA / "tinystories" / "tinystories_val_head_400k.txt"
 END_OF_TEXT = "<|endoftext|>"
 LAYER = 1
 INPUT_HOOK, OUTPUT_HOOK = f"blocks.{LAYER}.ln2.hook_normalized", f"blocks.{LAYER}.hook_mlp_out"
@@ -116,7 +118,7 @@ def train_sae(model, dataset: Dataset, hook_name: str, args, out: Path):
         sae=TopKTrainingSAEConfig(d_in=model.cfg.d_model, d_sae=args.expansion * model.cfg.d_model, k=args.k),
         model_name="bilinear-tinystories-2l",  # a label only: the model is passed as override_model
         hook_name=hook_name,
-        dataset_path="examples/data/tinystories",  # a label only: the dataset is passed as override_dataset
+        dataset_path="bcos_plugins/data/files/tinystories",  # a label only: the dataset is passed as override_dataset
         is_dataset_tokenized=True,
         streaming=False,
         context_size=model.cfg.n_ctx,

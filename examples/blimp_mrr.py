@@ -4,11 +4,11 @@ Reproduces the *plumbing* of the B-cos LM paper's §7 on a CPU in a few minutes 
 tiny and trained for a moment, so the numbers say nothing about GPT-2 small; what they show is the pipeline
 and how the explanation methods compare on one and the same model.
 
-1. a tiny GPT-2 (real GPT-2 tokenizer, shipped in examples/data/gpt2_tokenizer; the embedding keeps only the
+1. a tiny GPT-2 (real GPT-2 tokenizer, shipped in bcos_plugins/data/files/gpt2_tokenizer; the embedding keeps only the
    GPT-2 ids the slice uses) is built from a config and converted with ``bcosify(model, b=1.1)`` (the paper's
    B for decoders);
 2. it is trained with plain cross-entropy (``train_causal_lm``: Trainer, padding excluded from the loss) on the
-   grammatical sentences of BLiMP pairs 100-299 of the nine paradigms (examples/data/blimp);
+   grammatical sentences of BLiMP pairs 100-299 of the nine paradigms (bcos_plugins/data/files/blimp);
 3. on pairs 0-99 of each paradigm, the contrastive quantity logit(good) - logit(bad) at the prefix's last token
    is explained by B-cos (``explain``, exact: contributions sum to it) and, on the same model and at the same
    attribution point (word + position embedding), by Captum's Saliency (L1 norm of the gradient, the paper's
@@ -36,7 +36,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2Tokenizer
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify, explain
-from bcos_plugins.data import EXAMPLES_DATA
+from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.data.blimp import BLIMP_SUBSETS, encode_blimp, load_blimp
 from bcos_plugins.metrics.decoder import mean_reciprocal_rank, probability_gap
 from bcos_plugins.train_decoder import real_token_positions, train_causal_lm
@@ -142,7 +142,7 @@ def main() -> None:
     hf_logging.set_verbosity_error()
     torch.set_num_threads(THREADS)
     OUT.mkdir(parents=True, exist_ok=True)
-    tokenizer = GPT2Tokenizer.from_pretrained(EXAMPLES_DATA / "gpt2_tokenizer")
+    tokenizer = GPT2Tokenizer.from_pretrained(SHIPPED_DATA / "gpt2_tokenizer")
     eos = tokenizer.eos_token_id
     batches = {s: encode_blimp(load_blimp(s, n=N_EVAL), tokenizer, bos_token_id=eos) for s in BLIMP_SUBSETS}
     train_rows = training_sentences(tokenizer)

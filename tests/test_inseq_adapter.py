@@ -5,7 +5,6 @@ functions, batched prompts, B-cos classifiers as inseq outputs, registration and
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import bcos_plugins.adapters.inseq as adapter
 import inseq
@@ -18,8 +17,9 @@ from inseq.data.aggregator import Aggregator
 from inseq.utils import Registry
 
 from bcos_plugins import bcosify
+from bcos_plugins.data import SHIPPED_DATA
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "examples" / "data" / "gpt2_tokenizer"
+TOKENIZER_DIR = SHIPPED_DATA / "gpt2_tokenizer"
 PROMPTS = ["The cat sat on the", "Hello"]
 NEW_TOKENS = 3
 

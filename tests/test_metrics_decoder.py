@@ -123,13 +123,13 @@ def test_metric_error_paths():
 
 from transformers import GPT2Tokenizer  # noqa: E402
 
-from bcos_plugins.data import EXAMPLES_DATA  # noqa: E402
+from bcos_plugins.data import SHIPPED_DATA  # noqa: E402
 from bcos_plugins.data.blimp import BLIMP_SUBSETS, BlimpPair, encode_blimp, load_blimp  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def gpt2_tokenizer():
-    return GPT2Tokenizer.from_pretrained(EXAMPLES_DATA / "gpt2_tokenizer")
+    return GPT2Tokenizer.from_pretrained(SHIPPED_DATA / "gpt2_tokenizer")
 
 
 def test_shipped_tokenizer_is_gpt2(gpt2_tokenizer):

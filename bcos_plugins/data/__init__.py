@@ -1,8 +1,9 @@
 """Small dataset loaders for the examples, tests and benchmarks.
 
-Loaders read the slices shipped in the repository's ``examples/data`` (with their SOURCE.md attribution) by
-default, an explicit file/folder when given, or the Hugging Face hub through ``datasets`` with
-``source="hub"`` for users who have the network.
+Loaders read the slices shipped inside the package (``bcos_plugins/data/files/<dataset>/``, package data of
+the wheel, each with its SOURCE.md attribution and licence) by default, an explicit file/folder when given
+(``path=...``), or the Hugging Face hub through ``datasets`` with ``source="hub"`` for users who have the
+network. :data:`SHIPPED_DATA` is that folder; :func:`shipped_data` returns a file or folder in it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 __all__ = [
     "BLIMP_SUBSETS",
-    "EXAMPLES_DATA",
+    "SHIPPED_DATA",
     "BlimpBatch",
     "BlimpPair",
     "TextClassificationData",
@@ -19,9 +20,29 @@ __all__ = [
     "load_ag_news",
     "load_blimp",
     "load_sst2",
+    "shipped_data",
 ]
 
-EXAMPLES_DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
+from ..errors import BcosFileError, argument_error
+
+#: The datasets and tokenizer files shipped as package data (one folder per dataset, each with SOURCE.md).
+SHIPPED_DATA = Path(__file__).resolve().parent / "files"
+
+
+def shipped_data(*parts: str) -> Path:
+    """A file or folder shipped with the package, e.g. ``shipped_data("gpt2_tokenizer")``.
+
+    Raises:
+        BcosFileError: nothing of that name is shipped (the message lists what is).
+    """
+    path = SHIPPED_DATA.joinpath(*parts)
+    if not path.exists():
+        shipped = sorted(p.name for p in SHIPPED_DATA.iterdir() if p.is_dir())
+        raise argument_error(
+            "parts", f"{'/'.join(parts)!r} is not shipped with bcos_plugins (looked in {SHIPPED_DATA})",
+            f"Use one of the shipped folders {shipped}, or pass your own file to the loader's path=...",
+            kind=BcosFileError)
+    return path
 
 
 class TextClassificationData(list):
@@ -42,9 +63,9 @@ class TextClassificationData(list):
 
 def _read_tsv(path: Path, header: bool = True) -> list[tuple[str, str]]:
     if not path.exists():
-        raise FileNotFoundError(
-            f"{path} not found. Pass path=... to a tab-separated file, or source='hub' to load with `datasets`."
-        )
+        raise argument_error("path", f"{path} not found",
+                             "Pass path=... to a tab-separated file, or source='hub' to load with `datasets`",
+                             kind=BcosFileError)
     with path.open(encoding="utf-8") as f:
         lines = f.read().splitlines()[1 if header else 0 :]
     return [tuple(line.rsplit("\t", 1)) for line in lines if line.strip()]
@@ -68,10 +89,11 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
         ds = load_dataset("glue", "sst2", split=split)
         rows = [(r["sentence"], int(r["label"])) for r in ds]
     elif source == "local":
-        file = Path(path) if path is not None else EXAMPLES_DATA / "sst2" / f"{split}.tsv"
+        file = Path(path) if path is not None else SHIPPED_DATA / "sst2" / f"{split}.tsv"
         rows = [(s.strip(), int(y)) for s, y in _read_tsv(file)]
     else:
-        raise ValueError(f"source must be 'local' or 'hub', got {source!r}")
+        raise argument_error("source", f"must be 'local' or 'hub', got {source!r}",
+                             "Use 'local' for the shipped slice or your path=..., 'hub' for `datasets`")
     return TextClassificationData(rows[:n] if n is not None else rows, names)
 
 # The dataset modules import the helpers above, so they come last.

@@ -1,4 +1,4 @@
-"""AG News (4-class topic classification) from the slice shipped in ``examples/data/ag_news``.
+"""AG News (4-class topic classification) from the slice shipped in ``bcos_plugins/data/files/ag_news``.
 
 Kept in its own module so that ``bcos_plugins.data`` stays a list of small loaders; re-exported there.
 """
@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import EXAMPLES_DATA, TextClassificationData, _read_tsv
+from ..errors import argument_error
+from . import SHIPPED_DATA, TextClassificationData, _read_tsv
 
 __all__ = ["AG_NEWS_LABELS", "load_ag_news"]
 
@@ -44,7 +45,7 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
         ds = load_dataset("ag_news", split=split)
         rows = [(r["text"], int(r["label"])) for r in ds]
     elif source == "local":
-        file = Path(path) if path is not None else EXAMPLES_DATA / "ag_news" / f"{split}.tsv"
+        file = Path(path) if path is not None else SHIPPED_DATA / "ag_news" / f"{split}.tsv"
         rows = []
         for text, label in _read_tsv(file, header=False):
             label = label.strip()
@@ -53,11 +54,12 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
             elif label.isdigit() and int(label) < len(AG_NEWS_LABELS):
                 y = int(label)
             else:
-                raise ValueError(f"{file}: unknown AG News label {label!r}; expected one of {AG_NEWS_LABELS} "
-                                 "or an id 0-3")
+                raise argument_error("path", f"{file} has an unknown AG News label {label!r}",
+                                     f"Labels are one of {AG_NEWS_LABELS} or an id 0-3")
             rows.append((text, y))
     else:
-        raise ValueError(f"source must be 'local' or 'hub', got {source!r}")
+        raise argument_error("source", f"must be 'local' or 'hub', got {source!r}",
+                             "Use 'local' for the shipped slice or your path=..., 'hub' for `datasets`")
     if clean:
         rows = [(_clean(t), y) for t, y in rows]
     return TextClassificationData(rows[:n] if n is not None else rows, list(AG_NEWS_LABELS))

@@ -40,7 +40,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from . import EXAMPLES_DATA
+from . import SHIPPED_DATA
 
 __all__ = ["BLIMP_SUBSETS", "BlimpBatch", "BlimpPair", "encode_blimp", "load_blimp"]
 
@@ -132,7 +132,7 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
         subset: a short id (``"dna"``) or the paradigm name (``"determiner_noun_agreement_1"``).
         n: keep the first ``n`` pairs (before dropping any).
         path: a BLiMP ``.jsonl`` file or a folder holding ``<paradigm>.jsonl``; default: the slice shipped in
-            ``examples/data/blimp`` (first 300 pairs of each paradigm).
+            ``bcos_plugins/data/files/blimp`` (first 300 pairs of each paradigm).
         source: ``"local"`` or ``"hub"`` (``datasets.load_dataset("nyu-mll/blimp", paradigm)``, network needed).
 
     Pairs without the one-prefix method, or where the rule finds no evidence, are dropped.
@@ -143,7 +143,7 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
 
         rows = list(load_dataset("nyu-mll/blimp", paradigm, split="train"))
     elif source == "local":
-        file = Path(path) if path is not None else EXAMPLES_DATA / "blimp"
+        file = Path(path) if path is not None else SHIPPED_DATA / "blimp"
         if file.is_dir():
             file = file / f"{paradigm}.jsonl"
         if not file.exists():
