@@ -5,6 +5,7 @@ import torch
 import transformers as T
 from conftest import padded_batch, tiny_config
 
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.space import (
     SpaceHead,
     SpaceModelConfig,
@@ -128,7 +129,7 @@ def test_intra_space_loss_is_bounded_when_tanh_saturates():
     assert intra_space_loss(one_token, eps=0.01).item() == pytest.approx(100.0)
     spread = torch.tensor([1.0, -1.0]).repeat(1, 1, 1, 1).permute(0, 3, 1, 2)  # (1, 2, 1, 1), variance 1
     assert intra_space_loss(spread, eps=0.01).item() == pytest.approx(1 / 1.01)
-    with pytest.raises(ValueError, match="eps must be > 0"):
+    with pytest.raises(BcosValueError, match="eps: must be > 0"):
         intra_space_loss(saturated, eps=0.0)
 
 
@@ -149,7 +150,7 @@ def test_inter_space_loss_hand_values():
     padded = torch.cat([ideal, -ideal], dim=1)
     mask = torch.tensor([[1, 1, 1, 0, 0, 0]] * 2)
     assert inter_space_loss(padded, labels, mask).item() == pytest.approx(0.0)
-    with pytest.raises(ValueError, match="index the 2 concept spaces"):
+    with pytest.raises(BcosValueError, match=r"labels: must be class ids in \[0, 2\).*2 concept spaces"):
         inter_space_loss(ideal, torch.tensor([0, 2]))
 
 
@@ -197,11 +198,9 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 def test_config_validation():
-    from huggingface_hub.errors import StrictDataclassClassValidationError
-
-    with pytest.raises(StrictDataclassClassValidationError, match="intra_space_eps must be > 0"):
+    with pytest.raises(BcosValueError, match="intra_space_eps: must be > 0"):
         SpaceModelConfig(encoder_config=tiny_config("bert"), intra_space_eps=0.0)
-    with pytest.raises(StrictDataclassClassValidationError, match="n_latent must be >= 1"):
+    with pytest.raises(BcosValueError, match="n_latent: must be >= 1"):
         SpaceModelConfig(encoder_config=tiny_config("bert"), n_latent=0)
 
 
@@ -263,3 +262,54 @@ def test_readers(tmp_path):
     (tmp_path / "bad.tsv").write_text("text\tlabel\nx\t1\n", encoding="utf-8")
     with pytest.raises(ValueError, match="'sentence' and 'label'"):
         read_sst2_tsv(tmp_path / "bad.tsv")
+
+
+# --- issue 15: unusual input gets a correct answer or a clear error -------------------------------------------
+
+@pytest.mark.parametrize("num_labels", [0, 1])
+def test_fewer_than_two_classes_is_refused(num_labels):
+    # num_labels=1 used to train on a cross-entropy over one logit, identically 0.
+    with pytest.raises(BcosValueError, match="num_labels: must be >= 2"):
+        space_model(num_labels=num_labels)
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("n_latent", 0, "n_latent: must be >= 1"),
+    ("cross_entropy_weight", float("nan"), "cross_entropy_weight: must be finite"),
+    ("intra_space_weight", -1.0, "intra_space_weight: must be >= 0"),
+    ("intra_space_eps", float("inf"), "intra_space_eps: must be finite"),
+])
+def test_config_values_are_validated(field, value, match):
+    with pytest.raises(BcosValueError, match=match):
+        SpaceModelConfig(encoder_config=tiny_config("bert"), **{field: value})
+    with pytest.raises(BcosTypeError, match="n_latent: must be an int"):
+        SpaceModelConfig(encoder_config=tiny_config("bert"), n_latent=2.5)
+    with pytest.raises(BcosValueError, match="every other loss weight is 0"):
+        SpaceModelConfig(encoder_config=tiny_config("bert"), cross_entropy_weight=0.0, intra_space_weight=0.0)
+
+
+@pytest.mark.parametrize("bad", [[0, 1, 3], [0, 1, -1], [0, 1, -100]])
+def test_labels_out_of_range_are_named_before_the_cross_entropy(bad):
+    model = space_model()
+    ids, mask = padded_batch()
+    with pytest.raises(BcosValueError, match=r"labels: must be class ids in \[0, 3\).*row \[2\]"):
+        model(input_ids=ids, attention_mask=mask, labels=torch.tensor(bad))
+    with pytest.raises(BcosTypeError, match="labels: must be an integer tensor"):
+        model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0.0, 1.0, 0.7]))
+
+
+def test_opaque_encoder_errors_become_named_ones():
+    model = space_model()
+    ids, mask = padded_batch()
+    with pytest.raises(BcosValueError, match="input_ids: is empty"):
+        model(input_ids=ids[:0], attention_mask=mask[:0])
+    with pytest.raises(BcosValueError, match="input_ids: has ids outside the vocabulary"):
+        model(input_ids=ids + 100, attention_mask=mask)
+    with pytest.raises(BcosValueError, match="input_ids: has 41 positions but the model has only 40"):
+        model(input_ids=torch.randint(3, 50, (1, 41)))
+    with pytest.raises(BcosValueError, match="attention_mask: has shape"):
+        model(input_ids=ids, attention_mask=mask[:, :4])
+    roberta = space_model("roberta")  # its position table starts after the padding index
+    with pytest.raises(BcosValueError, match="has 41 positions"):
+        roberta(input_ids=torch.randint(3, 50, (1, 41)))
+    assert torch.isfinite(roberta(input_ids=torch.randint(3, 50, (1, 40))).logits).all()

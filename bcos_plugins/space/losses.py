@@ -23,7 +23,19 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..errors import argument_error
+from ..metrics._checks import bad_rows, require_class_ids, require_float, require_tensor
+
 __all__ = ["inter_space_loss", "intra_space_loss"]
+
+
+def _check_concepts(concepts) -> Tensor:
+    concepts = require_tensor("concepts", concepts, ndim=4, kind="float",
+                              shape_hint="(batch, pos, n_spaces, n_latent)")
+    if 0 in concepts.shape:
+        raise argument_error("concepts", f"is empty (shape {tuple(concepts.shape)})",
+                             "Pass the concept activations of at least one token of one example")
+    return concepts
 
 
 def _token_weights(concepts: Tensor, attention_mask: Tensor | None) -> Float[Tensor, "batch pos"]:
@@ -31,12 +43,14 @@ def _token_weights(concepts: Tensor, attention_mask: Tensor | None) -> Float[Ten
     if attention_mask is None:
         mask = torch.ones(batch, pos, dtype=concepts.dtype, device=concepts.device)
     else:
+        attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
         if attention_mask.shape != (batch, pos):
-            raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != (batch, pos) = ({batch}, {pos})")
+            raise argument_error("attention_mask", f"has shape {tuple(attention_mask.shape)}, not (batch, pos) = "
+                                 f"({batch}, {pos}) of concepts", "Pass the mask of the same batch")
         mask = attention_mask.to(concepts.dtype)
     n = mask.sum(1, keepdim=True)
     if (n == 0).any():
-        raise ValueError("a row of attention_mask has no real token; remove empty rows")
+        raise argument_error("attention_mask", f"has no real token in {bad_rows(n == 0)}", "Remove empty rows")
     return mask / n
 
 
@@ -48,11 +62,11 @@ def inter_space_loss(
     mismatch_weight: float = 0.5,
 ) -> Float[Tensor, ""]:
     """True-class space towards +1, other spaces towards -1, over real tokens (see module docstring)."""
+    concepts = _check_concepts(concepts)
     n_spaces = concepts.shape[2]
-    if labels.ndim != 1 or labels.shape[0] != concepts.shape[0]:
-        raise ValueError(f"labels must have shape (batch,) = ({concepts.shape[0]},); got {tuple(labels.shape)}")
-    if (labels < 0).any() or (labels >= n_spaces).any():
-        raise ValueError(f"labels must index the {n_spaces} concept spaces (one per class); got {labels.tolist()}")
+    labels = require_class_ids("labels", labels, concepts.shape[0], n_spaces, "concept spaces (one per class)")
+    match_weight = require_float("match_weight", match_weight, minimum=0.0)
+    mismatch_weight = require_float("mismatch_weight", mismatch_weight, minimum=0.0)
     w = _token_weights(concepts, attention_mask)
     per_space = torch.einsum("bpkl,bp->bk", concepts, w) / concepts.shape[3]  # mean z per example and space
     is_true = torch.nn.functional.one_hot(labels, n_spaces).to(concepts.dtype)
@@ -67,8 +81,9 @@ def intra_space_loss(
     eps: float = 0.01,
 ) -> Float[Tensor, ""]:
     """Mean of ``1 / (variance over real tokens + eps)``, bounded by ``1 / eps`` (see module docstring)."""
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0: it is what keeps 1/(variance + eps) finite when tanh saturates; got {eps}")
+    # eps is what keeps 1 / (variance + eps) finite when tanh saturates.
+    eps = require_float("eps", eps, minimum=0.0, open_minimum=True)
+    concepts = _check_concepts(concepts)
     w = _token_weights(concepts, attention_mask)
     mean = torch.einsum("bpkl,bp->bkl", concepts, w)
     variance = torch.einsum("bpkl,bp->bkl", (concepts - mean[:, None]) ** 2, w)

@@ -34,6 +34,14 @@ from transformers import initialization as init
 from transformers.configuration_utils import SubConfigSpec
 from transformers.utils import ModelOutput
 
+from ..errors import BcosTypeError, argument_error
+from ..metrics._checks import (
+    require_class_ids,
+    require_float,
+    require_int,
+    require_tensor,
+    require_token_batch,
+)
 from .losses import inter_space_loss, intra_space_loss
 
 __all__ = ["SpaceModelConfig", "SpaceHead", "SpaceModelForSequenceClassification", "SpaceModelOutput",
@@ -66,24 +74,61 @@ class SpaceModelConfig(PreTrainedConfig):
     intra_space_weight: float = 0.001
     intra_space_eps: float = 0.01
 
+    def __post_init__(self, **kwargs):
+        self.check_space_fields()
+        super().__post_init__(**kwargs)
+        # One concept space per class, trained by cross-entropy over the classes: with one class that loss is
+        # identically 0 (softmax over one logit), so the head would train on the regularisers alone.
+        if self.num_labels is None or self.num_labels < 2:
+            raise argument_error("num_labels", f"must be >= 2 (one concept space per class), got {self.num_labels}",
+                                 "For a binary task use num_labels=2")
+
+    def check_space_fields(self) -> None:
+        """Validate the Space Model's own fields (package errors naming the field)."""
+        self.n_latent = require_int("n_latent", self.n_latent, minimum=1)
+        if not isinstance(self.train_encoder, bool):
+            raise argument_error("train_encoder", f"must be a bool, got {self.train_encoder!r}",
+                                 "Pass True or False", kind=BcosTypeError)
+        weights = {name: require_float(name, getattr(self, name), minimum=0.0)
+                   for name in ("cross_entropy_weight", "inter_space_weight", "intra_space_weight")}
+        if not any(weights.values()):
+            raise argument_error("cross_entropy_weight", "and every other loss weight is 0, so the loss is "
+                                 "identically 0 and nothing trains", "Give at least one loss term a positive weight")
+        self.intra_space_eps = require_float("intra_space_eps", self.intra_space_eps, minimum=0.0, open_minimum=True)
+
     def validate_architecture(self):
-        if self.n_latent < 1:
-            raise ValueError(f"n_latent must be >= 1; got {self.n_latent}")
-        if self.intra_space_eps <= 0:
-            raise ValueError(f"intra_space_eps must be > 0 (it bounds the inverse variance); got {self.intra_space_eps}")
+        self.check_space_fields()
+
+
+def encoder_limits(encoder: nn.Module) -> tuple[int | None, int | None]:
+    """``(vocab_size, longest input)`` of a transformers encoder, ``None`` where the config does not say.
+
+    RoBERTa-style position tables start after the padding index, so ``padding_idx + 1`` of their
+    ``max_position_embeddings`` rows are never reached by real tokens.
+    """
+    config = getattr(encoder, "config", None)
+    vocab_size = getattr(config, "vocab_size", None)
+    max_length = getattr(config, "max_position_embeddings", None)
+    embeddings = getattr(encoder, "embeddings", None)
+    positions = getattr(embeddings, "position_embeddings", None)
+    if max_length is not None and getattr(positions, "padding_idx", None) is not None:
+        max_length -= positions.padding_idx + 1
+    return vocab_size, max_length
 
 
 def masked_mean(
     values: Float[Tensor, "batch pos ..."], attention_mask: Int[Tensor, "batch pos"] | None
 ) -> Float[Tensor, "batch ..."]:
     """Mean over real positions only (``attention_mask`` 1); all positions when the mask is ``None``."""
+    values = require_tensor("values", values, kind="float", finite=False)
+    if values.ndim < 2 or 0 in values.shape[:2]:
+        raise argument_error("values", f"must have a non-empty batch and position axis, got shape "
+                             f"{tuple(values.shape)}", "Pass (batch, pos, ...) values")
     if attention_mask is None:
         return values.mean(dim=1)
+    _, attention_mask = require_token_batch(torch.ones(values.shape[:2], dtype=torch.long), attention_mask)
     weights = attention_mask.to(values.dtype)
-    n_real = weights.sum(dim=1)
-    if (n_real == 0).any():
-        raise ValueError("a row of attention_mask has no real token; remove empty rows")
-    weights = weights / n_real[:, None]
+    weights = weights / weights.sum(dim=1)[:, None]
     return torch.einsum("bp...,bp->b...", values, weights)
 
 
@@ -95,16 +140,26 @@ class SpaceHead(nn.Module):
 
     def __init__(self, d_model: int, n_spaces: int, n_latent: int, n_classes: int | None = None):
         super().__init__()
+        d_model = require_int("d_model", d_model, minimum=1)
+        n_spaces = require_int("n_spaces", n_spaces, minimum=2)
+        n_latent = require_int("n_latent", n_latent, minimum=1)
+        n_classes = n_spaces if n_classes is None else require_int("n_classes", n_classes, minimum=2)
         self.n_spaces, self.n_latent = n_spaces, n_latent
         self.projections = nn.Parameter(torch.empty(n_spaces, d_model, n_latent))
         self.concept_activation = nn.Tanh()
-        self.classifier = nn.Linear(n_spaces * n_latent, n_classes or n_spaces)
+        self.classifier = nn.Linear(n_spaces * n_latent, n_classes)
         nn.init.normal_(self.projections, std=d_model**-0.5)
 
     def concepts(
         self, hidden_states: Float[Tensor, "batch pos d_model"]
     ) -> Float[Tensor, "batch pos n_spaces n_latent"]:
         """``z_{k,j} = tanh(h_j @ P_k)`` for every token and concept space."""
+        d_model = self.projections.shape[1]
+        hidden_states = require_tensor("hidden_states", hidden_states, ndim=3, kind="float",
+                                       shape_hint=f"(batch, pos, {d_model})")
+        if hidden_states.shape[-1] != d_model:
+            raise argument_error("hidden_states", f"has width {hidden_states.shape[-1]}, the head expects {d_model}",
+                                 "Pass the encoder's last hidden state")
         return self.concept_activation(torch.einsum("bpd,kdl->bpkl", hidden_states, self.projections))
 
     def forward(
@@ -207,6 +262,28 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
         labels: Tensor | None = None,
         **kwargs,
     ) -> SpaceModelOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise argument_error("input_ids", "and inputs_embeds: pass exactly one of them",
+                                 "Pass token ids (batch, pos) or embeddings (batch, pos, hidden)")
+        if input_ids is not None:
+            vocab_size, max_length = encoder_limits(self.encoder)
+            input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocab_size,
+                                                            max_length=max_length)
+            batch = input_ids.shape[0]
+        else:
+            inputs_embeds = require_tensor("inputs_embeds", inputs_embeds, ndim=3, kind="float",
+                                           shape_hint="(batch, pos, hidden)")
+            batch = inputs_embeds.shape[0]
+            if batch == 0 or inputs_embeds.shape[1] == 0:
+                raise argument_error("inputs_embeds", f"is empty (shape {tuple(inputs_embeds.shape)})",
+                                     "Pass at least one row of one position")
+            if attention_mask is not None:
+                _, attention_mask = require_token_batch(torch.ones(inputs_embeds.shape[:2], dtype=torch.long),
+                                                        attention_mask)
+        if labels is not None:
+            # Checked before the encoder runs: torch's cross-entropy would fail with an opaque index error (or
+            # silently skip -100) before the inter-space term could name the problem.
+            labels = require_class_ids("labels", labels, batch, self.config.num_labels)
         encoder_kwargs = dict(kwargs)
         if token_type_ids is not None:
             encoder_kwargs["token_type_ids"] = token_type_ids

@@ -1,0 +1,161 @@
+"""Argument checks shared by the metrics, Space, guided, vision and bilinear entry points.
+
+Each check raises the package's own exception (:mod:`bcos_plugins.errors`) with a message that names the
+argument, says what was wrong with it and what to pass instead, so that bad input never reaches a torch or
+transformers internal (opaque error) or a formula (silently wrong number).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ..errors import BcosTypeError, argument_error
+
+__all__ = ["bad_rows", "require_choice", "require_class_ids", "require_float", "require_int",
+           "require_same_shape", "require_tensor", "require_token_batch"]
+
+
+def bad_rows(bad: Tensor, limit: int = 8) -> str:
+    """``"rows [0, 3]"`` for a boolean tensor whose first axis is the batch (for messages)."""
+    rows = bad.reshape(bad.shape[0], -1).any(1).nonzero().flatten().tolist() if bad.ndim else [0]
+    shown = ", ".join(str(r) for r in rows[:limit]) + (", ..." if len(rows) > limit else "")
+    return f"row{'s' if len(rows) != 1 else ''} [{shown}]"
+
+
+def require_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as a Python int, refusing bools, floats (``2.0`` included) and values out of range."""
+    if isinstance(value, Tensor) and value.ndim == 0 and not value.is_floating_point() \
+            and value.dtype != torch.bool:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise argument_error(name, f"must be an int, got {type(value).__name__} {value!r}",
+                             "Pass a whole number (not a float or a bool)", kind=BcosTypeError)
+    value = int(value)
+    if minimum is not None and value < minimum:
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise argument_error(name, f"must be {bound}, got {value}", f"Pass an int {bound}")
+    if maximum is not None and value > maximum:
+        bound = f"<= {maximum}" if minimum is None else f"in [{minimum}, {maximum}]"
+        raise argument_error(name, f"must be {bound}, got {value}", f"Pass an int {bound}")
+    return value
+
+
+def require_float(name: str, value, *, minimum: float | None = None, maximum: float | None = None,
+                  open_minimum: bool = False) -> float:
+    """``value`` as a finite Python float (ints accepted), refusing NaN, inf, bools and out-of-range values."""
+    if isinstance(value, Tensor) and value.ndim == 0 and value.dtype != torch.bool:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise argument_error(name, f"must be a real number, got {type(value).__name__} {value!r}",
+                             "Pass a float", kind=BcosTypeError)
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argument_error(name, f"must be finite, got {value}", "Pass a finite float")
+    low_ok = minimum is None or (value > minimum if open_minimum else value >= minimum)
+    if not low_ok or (maximum is not None and value > maximum):
+        low = "" if minimum is None else (f"> {minimum}" if open_minimum else f">= {minimum}")
+        high = "" if maximum is None else f"<= {maximum}"
+        bound = " and ".join(b for b in (low, high) if b)
+        raise argument_error(name, f"must be {bound}, got {value}", f"Pass a float {bound}")
+    return value
+
+
+def require_choice(name: str, value, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise argument_error(name, f"must be one of {tuple(choices)}, got {value!r}", "Pick one of those")
+    return value
+
+
+_KINDS = {
+    "float": lambda t: t.is_floating_point(),
+    "int": lambda t: not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool,
+    "bool": lambda t: t.dtype == torch.bool,
+    "real": lambda t: not t.is_complex(),
+    "mask": lambda t: not t.is_complex(),
+}
+
+
+def require_tensor(name: str, value, *, ndim: int | Sequence[int] | None = None, kind: str = "real",
+                   finite: bool = True, shape_hint: str = "") -> Tensor:
+    """``value`` as a tensor of the right rank and dtype kind, finite unless ``finite=False``.
+
+    ``kind``: ``"float"``, ``"int"`` (integer ids), ``"bool"``, ``"real"`` (any non-complex) or ``"mask"``
+    (any non-complex, values must be 0 or 1). Lists and NumPy arrays are converted.
+    """
+    if not isinstance(value, Tensor):
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise argument_error(name, f"must be a tensor{shape_hint and ' of shape ' + shape_hint}, got "
+                                 f"{type(value).__name__}", "Pass a torch.Tensor", kind=BcosTypeError) from None
+    if not _KINDS[kind](value):
+        wanted = {"float": "a floating-point", "int": "an integer", "bool": "a boolean", "real": "a real",
+                  "mask": "a real"}[kind]
+        raise argument_error(name, f"must be {wanted} tensor, got dtype {value.dtype}",
+                             f"Convert it (e.g. .{'float' if kind == 'float' else 'long' if kind == 'int' else 'bool'}())",
+                             kind=BcosTypeError)
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if value.ndim not in allowed:
+            raise argument_error(
+                name, f"must have {' or '.join(str(a) for a in allowed)} dimension{'' if allowed == (1,) else 's'}"
+                f"{' ' + shape_hint if shape_hint else ''}, got shape {tuple(value.shape)}",
+                "Reshape it or pass the tensor the docstring describes")
+    if finite and value.is_floating_point() and value.numel() and not torch.isfinite(value).all():
+        where = bad_rows(~torch.isfinite(value)) if value.ndim else "its value"
+        raise argument_error(name, f"contains NaN or inf ({where})", "Pass finite values")
+    if kind == "mask" and value.numel() and value.dtype != torch.bool and not ((value == 0) | (value == 1)).all():
+        raise argument_error(name, f"must be a 0/1 mask, got values {sorted(set(value.unique().tolist()))[:6]}",
+                             "Pass a boolean tensor or one of 0s and 1s")
+    return value
+
+
+def require_same_shape(name: str, value: Tensor, other_name: str, other: Tensor) -> None:
+    if tuple(value.shape) != tuple(other.shape):
+        raise argument_error(name, f"has shape {tuple(value.shape)} but {other_name} has {tuple(other.shape)}",
+                             f"Pass one entry per entry of {other_name}")
+
+
+def require_class_ids(name: str, value, batch: int, n_classes: int, what: str = "classes") -> Tensor:
+    """Integer class ids of shape ``(batch,)`` in ``[0, n_classes)``; floats (``0.7``) are refused, not truncated."""
+    ids = require_tensor(name, value, ndim=1, kind="int", shape_hint=f"(batch,) = ({batch},)")
+    if ids.shape[0] != batch:
+        raise argument_error(name, f"has {ids.shape[0]} entries for a batch of {batch}", "Pass one class id per row")
+    out_of_range = (ids < 0) | (ids >= n_classes)
+    if out_of_range.any():
+        raise argument_error(name, f"must be class ids in [0, {n_classes}), got {ids[out_of_range].tolist()[:8]} "
+                             f"at {bad_rows(out_of_range)}", f"There are {n_classes} {what}")
+    return ids
+
+
+def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | None = None,
+                        max_length: int | None = None, name: str = "input_ids") -> tuple[Tensor, Tensor | None]:
+    """Validate a ``(batch, pos)`` batch of token ids and its 0/1 attention mask before a model sees it.
+
+    Catches what would otherwise fail deep inside an embedding or a position table (opaque errors): float
+    ids, an empty batch or zero-length rows, ids outside the vocabulary, rows longer than the model's position
+    table, a mask of another shape or with values other than 0/1, and rows without any real token.
+    """
+    ids = require_tensor(name, input_ids, ndim=2, kind="int", shape_hint="(batch, pos)")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise argument_error(name, f"is empty (shape {tuple(ids.shape)})", "Pass at least one row of one token")
+    if vocab_size is not None:
+        outside = (ids < 0) | (ids >= vocab_size)
+        if outside.any():
+            raise argument_error(name, f"has ids outside the vocabulary [0, {vocab_size}) at {bad_rows(outside)}: "
+                                 f"{ids[outside].tolist()[:8]}", "Tokenise with the model's own tokenizer")
+    if max_length is not None and ids.shape[1] > max_length:
+        raise argument_error(name, f"has {ids.shape[1]} positions but the model has only {max_length}",
+                             f"Truncate the inputs to {max_length} tokens (tokenizer(..., truncation=True))")
+    if attention_mask is not None:
+        attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
+        require_same_shape("attention_mask", attention_mask, name, ids)
+        empty = attention_mask.sum(1) == 0
+        if empty.any():
+            raise argument_error("attention_mask", f"has no real token in {bad_rows(empty)}",
+                                 "Remove empty rows from the batch")
+    return ids, attention_mask
