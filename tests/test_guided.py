@@ -10,6 +10,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import AttentionInterface
 
 from bcos_plugins import bcosify, explain
+from bcos_plugins.errors import BcosRuntimeError, BcosValueError
 from bcos_plugins.guided import (
     GoldMaskAtEvaluationError,
     guide_attention,
@@ -268,7 +269,7 @@ def test_clear_errors():
     model.config._attn_implementation = "eager"
     guide_attention(model, mode="add", strength=1.0, last_layers=2)
     ids, mask, gold = batch_and_gold()
-    with pytest.raises(ValueError, match="rationale_mask must have shape"):
+    with pytest.raises(ValueError, match="rationale_mask: must have shape"):
         model(input_ids=ids, attention_mask=mask, rationale_mask=gold[:, :4])
 
 
@@ -285,3 +286,55 @@ def test_random_control_has_the_gold_sparsity_on_eligible_tokens():
     assert torch.equal(random_rationale_mask(gold, eligible, torch.Generator().manual_seed(5)), draws[5])
     with pytest.raises(ValueError, match="more positions than eligible"):
         random_rationale_mask(torch.ones(1, 3), torch.tensor([[1, 0, 0]]).bool())
+
+
+# --- issue 15: unusual input gets a correct answer or a clear error -------------------------------------------
+
+@pytest.mark.parametrize(("bad", "row"), [(float("nan"), 1), (-0.5, 2), (2.0, 0)])
+def test_nan_negative_or_out_of_range_masks_are_refused_naming_the_row(bad, row):
+    ids, mask, gold = batch_and_gold()
+    model = make("BertForSequenceClassification")
+    guide_attention(model, mode="multiply", strength=1.0, last_layers=2)
+    gold[row, 3] = bad
+    with pytest.raises(BcosValueError, match=rf"rationale_mask: must hold values in \[0, 1\].*row \[{row}\]"):
+        model(input_ids=ids, attention_mask=mask, rationale_mask=gold)
+    with pytest.raises(BcosValueError, match=rf"rationale_mask: .*row \[{row}\]"):
+        guide_scores(torch.zeros(3, 1, 9, 9), gold, "add", 1.0)
+
+
+def test_gold_mask_error_is_a_package_runtime_error():
+    assert issubclass(GoldMaskAtEvaluationError, BcosRuntimeError)
+    assert issubclass(GoldMaskAtEvaluationError, RuntimeError)
+
+
+def test_unguided_models_refuse_masks_instead_of_ignoring_them():
+    ids, mask, gold = batch_and_gold()
+    model = make("BertForSequenceClassification", "sdpa")
+    guide_attention(model, mode="add", strength=1.0, last_layers=2)
+    unguide_attention(model)
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(BcosRuntimeError, match="rationale_mask: was passed to a model with no guided layer"):
+        model(input_ids=ids, attention_mask=mask, rationale_mask=gold)
+    with pytest.raises(GoldMaskAtEvaluationError, match="training-time input only"):
+        model.eval()(input_ids=ids, attention_mask=mask, rationale_mask=gold)
+    # a model that was never guided: unguide_attention makes it the guarded baseline of a comparison
+    baseline = make("BertForSequenceClassification")
+    before = baseline.eval()(input_ids=ids, attention_mask=mask).logits
+    unguide_attention(baseline)
+    with pytest.raises(GoldMaskAtEvaluationError):
+        baseline(input_ids=ids, attention_mask=mask, rationale_mask=gold)
+    assert torch.equal(baseline(input_ids=ids, attention_mask=mask).logits, before)
+
+
+def test_wrong_mask_shapes_and_settings_are_named():
+    ids, mask, gold = batch_and_gold()
+    model = make("BertForSequenceClassification")
+    guide_attention(model, mode="add", strength=1.0, last_layers=2)
+    with pytest.raises(BcosValueError, match=r"rationale_mask: must have shape \(batch, key_pos\) = \(3, 9\)"):
+        model(input_ids=ids, attention_mask=mask, rationale_mask=gold[:2])
+    with pytest.raises(BcosValueError, match="rationale_mask: must have shape"):
+        model(input_ids=ids, attention_mask=mask, rationale_mask=gold[:, :, None])
+    with pytest.raises(BcosValueError, match="strength: must be finite"):
+        guide_attention(model, strength=float("nan"))
+    with pytest.raises(BcosValueError, match="last_layers"):
+        guide_attention(model, last_layers=True)

@@ -76,5 +76,5 @@ def test_hooks_target_the_last_layers_only():
 def test_wrong_mask_shape_is_named():
     model = tiny_lens()
     tokens, gold = tokens_and_gold()
-    with pytest.raises(ValueError, match="rationale_mask must have shape"):
+    with pytest.raises(ValueError, match="rationale_mask: must have shape"):
         model.run_with_hooks(tokens, fwd_hooks=guidance_hooks(3, gold[:, :5], "add", 1.0, last_layers=1))

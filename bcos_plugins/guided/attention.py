@@ -40,7 +40,9 @@ from torch import Tensor, nn
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from .guidance import GuidanceMode, check_guidance, guide_scores
+from ..errors import BcosRuntimeError, BcosTypeError, argument_error
+from ..metrics._checks import require_int
+from .guidance import GuidanceMode, check_guidance, check_rationale_mask, guide_scores
 
 __all__ = [
     "GUIDED_IMPLEMENTATIONS",
@@ -59,8 +61,13 @@ GUIDED_IMPLEMENTATIONS = {base: f"bcos_guided_{base}" for base in _BASE_MASKS}
 _BASE_OF = {name: base for base, name in GUIDED_IMPLEMENTATIONS.items()}
 
 
-class GoldMaskAtEvaluationError(RuntimeError):
+class GoldMaskAtEvaluationError(BcosRuntimeError):
     """A gold rationale mask was passed to a model in eval mode (masks are a training-time input only)."""
+
+
+_EVAL_MESSAGE = ("rationale_mask: was passed to a model in eval mode, but gold masks are a training-time input only "
+                 "and must not reach evaluation. Drop the rationale_mask column from evaluation batches "
+                 "(or call model.train() if this really is a training step).")
 
 
 @dataclass(frozen=True)
@@ -128,11 +135,7 @@ def _make_guided_forward(base: str) -> Callable:
         **kwargs,
     ):
         if rationale_mask is not None and not module.training:
-            raise GoldMaskAtEvaluationError(
-                "rationale_mask was passed to a model in eval mode: gold masks are a training-time input only "
-                "and must not reach evaluation. Drop the rationale_mask column from evaluation batches "
-                "(or call model.train() if this really is a training step)."
-            )
+            raise GoldMaskAtEvaluationError(_EVAL_MESSAGE)
         guidance = getattr(module, GUIDANCE_ATTRIBUTE, None)
         if guidance is None or rationale_mask is None:
             fn = _module_eager(module) if base == "eager" else ALL_ATTENTION_FUNCTIONS[base]
@@ -176,6 +179,38 @@ def _set_implementation(model: nn.Module, name: str) -> None:
             config._attn_implementation = name
 
 
+GUARD_ATTRIBUTE = "_bcos_rationale_mask_guard"
+
+
+def _rationale_mask_guard(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook: a gold mask is refused at evaluation, and in training by a model with no guided layer.
+
+    transformers passes unknown keywords down to the attention functions, and the stock ones drop them, so
+    without this hook a mask given to an unguided model (or at evaluation) would be silently ignored.
+    """
+    mask = kwargs.get("rationale_mask")
+    if mask is None:
+        return
+    if not model.training:
+        raise GoldMaskAtEvaluationError(_EVAL_MESSAGE)
+    if not guided_layers(model):
+        raise BcosRuntimeError(
+            "rationale_mask: was passed to a model with no guided layer, so it would be silently ignored. Call "
+            "guide_attention(model, ...) first, or drop the rationale_mask column (an unguided baseline trains "
+            "without it).")
+    ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], Tensor) else None)
+    if isinstance(ids, Tensor) and ids.ndim == 2:
+        check_rationale_mask(mask, *ids.shape)
+    else:
+        check_rationale_mask(mask)
+
+
+def _install_guard(model: nn.Module) -> None:
+    if getattr(model, GUARD_ATTRIBUTE, None) is None:
+        handle = model.register_forward_pre_hook(_rationale_mask_guard, with_kwargs=True)
+        object.__setattr__(model, GUARD_ATTRIBUTE, handle)
+
+
 def guided_layers(model: nn.Module) -> list[str]:
     """Names of the attention modules that currently carry rationale guidance."""
     return [name for name, m in model.named_modules() if getattr(m, GUIDANCE_ATTRIBUTE, None) is not None]
@@ -203,6 +238,9 @@ def guide_attention(
     Calling it again replaces the previous settings. Returns the names of the guided modules.
     """
     mode, strength = check_guidance(mode, strength)
+    if not isinstance(model, nn.Module):
+        raise argument_error("model", f"must be a transformers model (torch.nn.Module), got {type(model).__name__}",
+                             "Pass e.g. AutoModelForSequenceClassification.from_pretrained(...)", kind=BcosTypeError)
     modules = _attention_modules(model)
     if not modules:
         raise TypeError(
@@ -210,8 +248,9 @@ def guide_attention(
             "AttentionInterface; rationale guidance supports BERT-family encoders (BERT, RoBERTa, DistilBERT, "
             "ELECTRA, ...)."
         )
-    if not isinstance(last_layers, int) or not 1 <= last_layers <= len(modules):
-        raise ValueError(f"last_layers must be an int in [1, {len(modules)}] for this model; got {last_layers!r}")
+    if isinstance(last_layers, bool) or not isinstance(last_layers, int) or not 1 <= last_layers <= len(modules):
+        raise argument_error("last_layers", f"last_layers must be an int in [1, {len(modules)}] for this model, got "
+                             f"{last_layers!r}", "Pass how many of the last layers to guide (the paper uses 4)")
     current = model.config._attn_implementation
     base = _BASE_OF.get(current, current)
     if base not in GUIDED_IMPLEMENTATIONS:
@@ -224,11 +263,22 @@ def guide_attention(
     for _, m in modules[-last_layers:]:
         setattr(m, GUIDANCE_ATTRIBUTE, RationaleGuidance(mode, strength))
     _set_implementation(model, GUIDED_IMPLEMENTATIONS[base])
+    _install_guard(model)
     return [name for name, _ in modules[-last_layers:]]
 
 
 def unguide_attention(model: nn.Module, *, restore_implementation: bool = True) -> None:
-    """Remove rationale guidance (the model's attention implementation goes back to eager/sdpa)."""
+    """Remove rationale guidance (the model's attention implementation goes back to eager/sdpa).
+
+    The model keeps a guard (a forward pre-hook) that refuses ``rationale_mask`` from then on: at evaluation
+    with :class:`GoldMaskAtEvaluationError`, in training because no layer would use it. Calling it on a model
+    that was never guided installs the same guard, which is how to build the unguided baseline of a
+    comparison: a stock transformers model silently drops the unknown keyword.
+    """
+    if not isinstance(model, nn.Module):
+        raise argument_error("model", f"must be a transformers model (torch.nn.Module), got {type(model).__name__}",
+                             "Pass the model that guide_attention was given", kind=BcosTypeError)
+    _install_guard(model)
     for m in model.modules():
         if getattr(m, GUIDANCE_ATTRIBUTE, None) is not None:
             delattr(m, GUIDANCE_ATTRIBUTE)
@@ -248,8 +298,19 @@ def attention_token_scores(
     ``attentions`` is ``model(..., output_attentions=True).attentions`` (eager attention).
     """
     if not attentions or any(a is None for a in attentions):
-        raise ValueError("no attention weights: run the model with output_attentions=True and eager attention "
-                         "(sdpa returns none)")
+        raise argument_error("attentions", "holds no attention weights", "Run the model with output_attentions=True "
+                             "and eager attention (sdpa returns none)")
+    n_layers = len(attentions)
+    for i, a in enumerate(attentions):
+        if not isinstance(a, Tensor) or a.ndim != 4 or a.shape != attentions[0].shape:
+            raise argument_error("attentions", f"entry {i} is not a (batch, head, query, key) tensor of the same "
+                                 f"shape as entry 0, got {getattr(a, 'shape', type(a).__name__)}",
+                                 "Pass model(..., output_attentions=True).attentions")
     index = [layers] if isinstance(layers, int) else list(layers)
+    if not index:
+        raise argument_error("layers", "is empty", "Pass a layer index or a non-empty list of them")
+    index = [require_int("layers", i, minimum=-n_layers, maximum=n_layers - 1) for i in index]
+    n_queries = attentions[0].shape[2]
+    query_position = require_int("query_position", query_position, minimum=-n_queries, maximum=n_queries - 1)
     picked = torch.stack([attentions[i][:, :, query_position, :] for i in index])  # (layer, batch, head, key)
     return picked.mean(dim=(0, 2))

@@ -29,7 +29,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-__all__ = ["GuidanceMode", "GUIDANCE_MODES", "guide_scores", "check_guidance"]
+from ..errors import BcosTypeError, argument_error
+from ..metrics._checks import bad_rows, require_float
+
+__all__ = ["GuidanceMode", "GUIDANCE_MODES", "check_guidance", "check_rationale_mask", "guide_scores"]
 
 GuidanceMode = Literal["multiply", "add", "replace", "log1p"]
 GUIDANCE_MODES: tuple[str, ...] = ("multiply", "add", "replace", "log1p")
@@ -37,21 +40,44 @@ GUIDANCE_MODES: tuple[str, ...] = ("multiply", "add", "replace", "log1p")
 
 def check_guidance(mode: str, strength: float) -> tuple[str, float]:
     if mode not in GUIDANCE_MODES:
-        raise ValueError(f"guidance mode must be one of {GUIDANCE_MODES} (paper Eq. 3, Eq. 4, Eq. 5, "
-                         f"renormalised product); got {mode!r}")
-    strength = float(strength)
-    if not strength >= 0:
-        raise ValueError(f"guidance strength lambda must be >= 0 (it is a weight on the gold mask); got {strength}")
+        raise argument_error("mode", f"guidance mode must be one of {GUIDANCE_MODES} (paper Eq. 3, Eq. 4, Eq. 5, "
+                             f"renormalised product), got {mode!r}", "Pick one of those")
+    # lambda is a weight on the gold mask: NaN or inf would turn every guided score into NaN.
+    strength = require_float("strength", strength)
+    if strength < 0:
+        raise argument_error("strength", f"guidance strength lambda must be >= 0, got {strength}",
+                             "Pass a finite lambda >= 0")
     return mode, strength
+
+
+def check_rationale_mask(rationale_mask, batch: int | None = None, n_keys: int | None = None) -> Tensor:
+    """A gold mask ``(batch, key_pos)`` with values in [0, 1]; NaN, negative or > 1 values are refused
+    (they turn the guided scores into NaN, or reverse the guidance), naming the rows."""
+    if not isinstance(rationale_mask, Tensor):
+        raise argument_error("rationale_mask", f"must be a tensor of shape (batch, key_pos), got "
+                             f"{type(rationale_mask).__name__}", "Pass a float or bool tensor like input_ids",
+                             kind=BcosTypeError)
+    if rationale_mask.is_complex():
+        raise argument_error("rationale_mask", f"must be real, got dtype {rationale_mask.dtype}",
+                             "Pass a float or bool tensor", kind=BcosTypeError)
+    expected = f"({'batch' if batch is None else batch}, {'key_pos' if n_keys is None else n_keys})"
+    if rationale_mask.ndim != 2 or (batch is not None and rationale_mask.shape[0] != batch) \
+            or (n_keys is not None and rationale_mask.shape[1] != n_keys):
+        raise argument_error("rationale_mask", f"must have shape (batch, key_pos) = {expected} like input_ids, got "
+                             f"{tuple(rationale_mask.shape)}", "Build it from the same padded batch")
+    if rationale_mask.dtype != torch.bool and rationale_mask.numel():
+        values = rationale_mask.detach()
+        bad = ~((values >= 0) & (values <= 1))  # NaN fails both comparisons
+        if bad.any():
+            raise argument_error("rationale_mask", f"must hold values in [0, 1] (1 = rationale token), got "
+                                 f"{values[bad].flatten()[:6].tolist()} in {bad_rows(bad)}",
+                                 "Fix those rows (NaN or negative values give NaN or reversed guidance)")
+    return rationale_mask
 
 
 def _as_key_mask(rationale_mask: Tensor, scores: Tensor) -> Float[Tensor, "batch 1 1 key"]:
     batch, _, _, n_keys = scores.shape
-    if rationale_mask.ndim != 2 or rationale_mask.shape != (batch, n_keys):
-        raise ValueError(
-            f"rationale_mask must have shape (batch, key_pos) = ({batch}, {n_keys}) like input_ids; got "
-            f"{tuple(rationale_mask.shape)}"
-        )
+    rationale_mask = check_rationale_mask(rationale_mask, batch, n_keys)
     return rationale_mask.to(device=scores.device, dtype=scores.dtype)[:, None, None, :]
 
 

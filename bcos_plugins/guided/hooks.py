@@ -20,7 +20,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .guidance import GuidanceMode, check_guidance, guide_scores
+from ..errors import argument_error
+from ..metrics._checks import require_int
+from .guidance import GuidanceMode, check_guidance, check_rationale_mask, guide_scores
 
 __all__ = ["attn_scores_guidance_hook", "guidance_hooks"]
 
@@ -32,6 +34,7 @@ def attn_scores_guidance_hook(
 ) -> Callable[[Tensor, object], Tensor]:
     """A hook for ``hook_attn_scores`` that guides the scores by ``rationale_mask`` (batch, key_pos)."""
     mode, strength = check_guidance(mode, strength)
+    rationale_mask = check_rationale_mask(rationale_mask)
 
     def guide_attn_scores(scores: Float[Tensor, "batch head query key"], hook=None) -> Tensor:
         return guide_scores(scores, rationale_mask, mode, strength, allowed=torch.isfinite(scores))
@@ -47,7 +50,9 @@ def guidance_hooks(
     last_layers: int = 4,
 ) -> list[tuple[str, Callable]]:
     """``fwd_hooks`` for ``run_with_hooks`` / ``hooks(...)``: guidance in the last ``last_layers`` blocks."""
-    if not isinstance(last_layers, int) or not 1 <= last_layers <= n_layers:
-        raise ValueError(f"last_layers must be an int in [1, n_layers={n_layers}]; got {last_layers!r}")
+    n_layers = require_int("n_layers", n_layers, minimum=1)
+    if isinstance(last_layers, bool) or not isinstance(last_layers, int) or not 1 <= last_layers <= n_layers:
+        raise argument_error("last_layers", f"last_layers must be an int in [1, n_layers={n_layers}], got "
+                             f"{last_layers!r}", "Pass how many of the last blocks to guide (the paper uses 4)")
     hook = attn_scores_guidance_hook(rationale_mask, mode, strength)
     return [(f"blocks.{layer}.attn.hook_attn_scores", hook) for layer in range(n_layers - last_layers, n_layers)]

@@ -21,6 +21,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..errors import BcosTypeError, argument_error
+from ..metrics._checks import require_float, require_tensor
+from .guidance import check_rationale_mask
+
 __all__ = [
     "find_span",
     "gold_mask_from_spans",
@@ -102,6 +106,7 @@ def gold_mask_from_words(
     ``word_rationales[i][w]`` is the highlight of word w of row i (0/1, or an annotator average that is
     compared with ``threshold``: >= threshold counts as rationale). Every sub-token of a highlighted word is 1.
     """
+    threshold = require_float("threshold", threshold)
     rows = len(encoding["input_ids"])
     if len(word_rationales) != rows:
         raise ValueError(f"got word rationales for {len(word_rationales)} rows but the encoding has {rows}")
@@ -125,8 +130,14 @@ def random_rationale_mask(
 ) -> Float[Tensor, "batch pos"]:
     """Random control with the gold mask's sparsity: per row, ``gold.sum()`` positions drawn uniformly
     among ``eligible`` positions (real, non-special tokens), without replacement."""
+    gold_mask = check_rationale_mask(gold_mask) if isinstance(gold_mask, Tensor) else gold_mask
+    if not isinstance(gold_mask, Tensor):
+        raise argument_error("gold_mask", f"must be a (batch, pos) tensor, got {type(gold_mask).__name__}",
+                             "Pass the gold mask of the batch", kind=BcosTypeError)
+    eligible = require_tensor("eligible", eligible, ndim=2, kind="mask")
     if gold_mask.shape != eligible.shape:
-        raise ValueError(f"gold_mask {tuple(gold_mask.shape)} and eligible {tuple(eligible.shape)} differ in shape")
+        raise argument_error("eligible", f"has shape {tuple(eligible.shape)} but gold_mask has "
+                             f"{tuple(gold_mask.shape)}", "Build both from the same encoding")
     eligible = eligible.bool()
     counts = (gold_mask > 0).sum(1)
     if (counts > eligible.sum(1)).any():
