@@ -27,8 +27,16 @@ from typing import Any
 
 from transformer_lens import HookedTransformerConfig
 
+from bcos_plugins.errors import BcosValueError
+
 from ._lens.activation import LINEAR_ACTIVATION, identity_activation, register_linear_activation
 from ._lens.config import ALL_PROJECTIONS, BcosTransformerConfig
+from ._lens.decomposition import (
+    BcosActivationCache,
+    effective_weight,
+    fold_final_norm_weight,
+    fold_final_norm_weight_in_state_dict,
+)
 from ._lens.explain import LensExplanation, explain_logits
 from ._lens.from_hf import SUPPORTED_HF_ARCHITECTURES, hooked_transformer_from_hf
 from ._lens.hook_point import DynamicHookPoint
@@ -42,6 +50,7 @@ from ._lens.model import (
 
 __all__ = [
     "ALL_PROJECTIONS",
+    "BcosActivationCache",
     "BcosHookedTransformer",
     "BcosTransformerConfig",
     "DynamicHookPoint",
@@ -50,7 +59,10 @@ __all__ = [
     "SUPPORTED_HF_ARCHITECTURES",
     "bcos_model_class",
     "bilinear_config",
+    "effective_weight",
     "explain_logits",
+    "fold_final_norm_weight",
+    "fold_final_norm_weight_in_state_dict",
     "hooked_transformer_from_hf",
     "identity_activation",
     "is_explainable",
@@ -89,13 +101,13 @@ def bilinear_config(
     """
     for fixed in ("gated_mlp", "act_fn", "attn_only"):
         if fixed in overrides:
-            raise ValueError(
+            raise BcosValueError(
                 f"bilinear_config fixes {fixed!r} (gated_mlp=True, act_fn='linear', attn_only=False); build a "
                 "HookedTransformerConfig directly for other MLPs."
             )
     if d_head is None:
         if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass d_head explicitly.")
+            raise BcosValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass d_head explicitly.")
         d_head = d_model // n_heads
     return HookedTransformerConfig(
         d_model=d_model,

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from transformer_lens.utilities import activation_functions as _tl_activations
 
+from bcos_plugins.errors import BcosRuntimeError
+
 __all__ = ["LINEAR_ACTIVATION", "identity_activation", "register_linear_activation"]
 
 LINEAR_ACTIVATION = "linear"
@@ -43,7 +45,7 @@ def register_linear_activation() -> None:
     if existing is None:
         registry[LINEAR_ACTIVATION] = identity_activation
     elif not _is_ours(existing):
-        raise RuntimeError(
+        raise BcosRuntimeError(
             f"TransformerLens activation {LINEAR_ACTIVATION!r} is already registered as {existing!r} by another "
             "package; bcos_plugins needs it to be the identity for bilinear MLPs. Remove the other "
             "registration before importing bcos_plugins.adapters.transformer_lens."

@@ -19,6 +19,7 @@ from typing import Any
 from transformer_lens import HookedTransformerConfig
 from transformer_lens.utilities.activation_functions import softcap_enabled
 
+from bcos_plugins.errors import BcosValueError
 from bcos_plugins.nn.linear import check_b
 
 from . import activation as _activation  # noqa: F401  (registers "linear" before any config is built)
@@ -43,24 +44,34 @@ _OLMO = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
 
 def check_explainable(cfg: HookedTransformerConfig) -> None:
     """Refuse options under which ``W(x) x`` explanations of a TransformerLens model are not exact."""
+    if cfg.positional_embedding_type == "shortformer":
+        # Shortformer adds the position embeddings to queries and keys only: in explanation mode they reach
+        # the logit through the attention pattern alone (a constant), and TransformerLens' decompose_resid /
+        # get_full_resid_decomposition still count hook_pos_embed as a residual-stream component.
+        raise BcosValueError(
+            "positional_embedding_type='shortformer' is not supported: its position embeddings enter only the "
+            "queries and keys, so they are not part of the residual stream that explanations and TransformerLens' "
+            "decompose_resid split up (the decomposition would count them twice). Use 'standard' (learned "
+            "positions added to the residual stream) or 'rotary'."
+        )
     if not cfg.attn_only and cfg.gated_mlp is False and cfg.act_fn not in GATE_KINDS:
-        raise ValueError(
+        raise BcosValueError(
             f"act_fn={cfg.act_fn!r} has no dynamic-weight form x * gate(x) in bcos_plugins; supported: "
             f"{', '.join(sorted(GATE_KINDS))}."
         )
     if cfg.gated_mlp and cfg.act_fn is not None and cfg.act_fn.endswith("_ln"):
-        raise ValueError(f"act_fn={cfg.act_fn!r} (an activation followed by a LayerNorm) is not supported.")
+        raise BcosValueError(f"act_fn={cfg.act_fn!r} (an activation followed by a LayerNorm) is not supported.")
     if softcap_enabled(cfg.output_logits_soft_cap):
-        raise ValueError(
+        raise BcosValueError(
             f"output_logits_soft_cap={cfg.output_logits_soft_cap} applies tanh to the logits, so the logits are "
             "not W(x) x of the input; set output_logits_soft_cap=-1 to explain the uncapped logits."
         )
     if cfg.clip_qkv is not None:
-        raise ValueError(
+        raise BcosValueError(
             f"clip_qkv={cfg.clip_qkv} clamps the values, which is not dynamic-weight; set clip_qkv=None."
         )
     if cfg.num_experts:
-        raise ValueError("mixture-of-experts MLPs (num_experts) are not supported; use a dense MLP.")
+        raise BcosValueError("mixture-of-experts MLPs (num_experts) are not supported; use a dense MLP.")
 
 
 _BCOS_REFUSED = {
@@ -68,7 +79,7 @@ _BCOS_REFUSED = {
     "positional_embedding_type": (
         lambda c: c.positional_embedding_type in ("alibi", "relative_positional_bias"),
         "position biases in the attention scores are not implemented by the B-cos attention; use "
-        "'standard', 'shortformer' or 'rotary'",
+        "'standard' or 'rotary'",
     ),
     "use_attention_sinks": (lambda c: c.use_attention_sinks, "set use_attention_sinks=False"),
     "use_qk_norm": (lambda c: c.use_qk_norm, "set use_qk_norm=False"),
@@ -91,7 +102,7 @@ class BcosTransformerConfig(HookedTransformerConfig):
         super().__post_init__()
         self.bcos_b = check_b(self.bcos_b)
         if self.bcos_max_out != 1:
-            raise ValueError(
+            raise BcosValueError(
                 f"bcos_max_out={self.bcos_max_out}: TransformerLens stores one weight vector per unit "
                 "(W_in is (d_model, d_mlp)), so MaxOut groups cannot be expressed; use bcos_max_out=1 (as "
                 "bcosify does for decoders) or the transformers model with BcosLinear(max_out=...)."
@@ -105,12 +116,12 @@ class BcosTransformerConfig(HookedTransformerConfig):
             self.bcos_projections = tuple(self.bcos_projections)
             unknown = [p for p in self.bcos_projections if p not in available]
             if unknown:
-                raise ValueError(
+                raise BcosValueError(
                     f"bcos_projections {unknown} are not projections of this model; choose from {available}."
                 )
         for option, (is_set, fix) in _BCOS_REFUSED.items():
             if is_set(self):
-                raise ValueError(
+                raise BcosValueError(
                     f"{option}={getattr(self, option)!r} cannot be expressed by a B-cos TransformerLens model: "
                     f"{fix}."
                 )

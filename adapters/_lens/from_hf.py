@@ -3,7 +3,9 @@
 Offline: the config goes through TransformerLens' own ``convert_hf_model_config`` (pointed at a local
 copy of the model's config, never at the hub) and the weights through its ``convert_gpt2_weights`` /
 ``convert_llama_weights``. The weights are used as they are (no LayerNorm folding or centring: those
-rewrite the model into an equivalent one only for plain models, never for B-cos ones).
+rewrite the model into an equivalent one only for plain models, never for B-cos ones), except the final
+norm's weight, which is folded into ``W_U`` (exact for every model; TransformerLens' ``logit_attrs`` assumes
+it), so ``ln_final`` is a weightless ``LayerNormPre`` / ``RMSNormPre``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from transformer_lens.loading_from_pretrained import convert_hf_model_config, fi
 from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights, convert_llama_weights
 from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
 
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.nn.dynamic import DynamicWeightModule
 
 from .config import BcosTransformerConfig
+from .decomposition import fold_final_norm_weight
 from .model import bcos_model_class, make_explainable
 
 __all__ = ["hooked_transformer_from_hf", "SUPPORTED_HF_ARCHITECTURES"]
@@ -34,7 +38,7 @@ def _architecture(hf_model: nn.Module) -> str:
     bcos = getattr(getattr(hf_model, "config", None), "bcos", None)
     name = bcos["architecture"] if isinstance(bcos, dict) else type(hf_model).__name__
     if name not in SUPPORTED_HF_ARCHITECTURES:
-        raise TypeError(
+        raise BcosTypeError(
             f"hooked_transformer_from_hf supports {', '.join(SUPPORTED_HF_ARCHITECTURES)} (plain, B-cosified "
             f"or bilinear); got {type(hf_model).__name__}. Load causal-LM classes (with their LM head)."
         )
@@ -45,42 +49,42 @@ def _refuse_inexpressible(arch: str, hf_config, bcos: dict | None, hf_model: nn.
     """Clear errors for transformers options the TransformerLens model would silently get wrong."""
     act = hf_config.activation_function if arch == "GPT2LMHeadModel" else hf_config.hidden_act
     if act not in SUPPORTED_ACTIVATIONS:
-        raise ValueError(
+        raise BcosValueError(
             f"activation {act!r} of this {arch} has no TransformerLens counterpart; supported: "
             f"{', '.join(sorted(SUPPORTED_ACTIVATIONS))}."
         )
     if arch == "GPT2LMHeadModel":
         if getattr(hf_config, "add_cross_attention", False):
-            raise ValueError("GPT-2 with add_cross_attention=True cannot be expressed as a HookedTransformer.")
+            raise BcosValueError("GPT-2 with add_cross_attention=True cannot be expressed as a HookedTransformer.")
     else:
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         if head_dim * heads != hf_config.hidden_size:
-            raise ValueError(
+            raise BcosValueError(
                 f"Llama head_dim={head_dim} with {heads} heads != hidden_size={hf_config.hidden_size}: "
                 "TransformerLens' Llama conversion assumes d_head = hidden_size // num_attention_heads."
             )
         if bcos is None and (getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False)):
-            raise ValueError(
+            raise BcosValueError(
                 "Llama with attention_bias/mlp_bias=True: TransformerLens' Llama conversion drops biases, "
                 "so the logits would differ. B-cosify the model (it removes biases) or use one without."
             )
         rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
         rope_type = (rope.get("rope_type") or rope.get("type") or "default").lower()
         if rope_type not in ("default", "llama3"):
-            raise ValueError(
+            raise BcosValueError(
                 f"rope_type={rope_type!r} is not expressed by TransformerLens' Llama config (default and llama3 "
                 "are); convert a model with standard rotary embeddings."
             )
     if bcos is not None:
         for name, module in hf_model.named_modules():
             if getattr(module, "max_out", 1) != 1:
-                raise ValueError(
+                raise BcosValueError(
                     f"{name} uses MaxOut (max_out={module.max_out}); TransformerLens stores one weight vector "
                     "per unit, so MaxOut cannot be expressed (bcosify's decoders use max_out=1)."
                 )
             if isinstance(module, DynamicWeightModule) and hasattr(module, "b") and module.b != bcos["b"]:
-                raise ValueError(
+                raise BcosValueError(
                     f"{name} has b={module.b} but the model's config.bcos says b={bcos['b']}; the TransformerLens "
                     "config has one B for all projections."
                 )
@@ -191,7 +195,9 @@ def hooked_transformer_from_hf(
         model = model_class(cfg, move_to_device=True)
     # TransformerLens' converters leave out buffers (masks, rotary tables) and some zero biases (GPT-2's
     # b_U); its fill_missing_keys takes those from the freshly built model and fails on missing weights.
-    model.load_state_dict(fill_missing_keys(model, _state_dict(arch, hf_model, cfg, bcos is not None)), strict=True)
+    state = _state_dict(arch, hf_model, cfg, bcos is not None)
+    model.load_state_dict(fill_missing_keys(model, state), strict=True)  # a B-cos model folds ln_final.w here
+    fold_final_norm_weight(model)  # the others' final norm (a no-op on an already weightless one)
     make_explainable(model)
     if tokenizer is not None:
         _attach_tokenizer(model, tokenizer)

@@ -43,10 +43,12 @@ from transformer_lens.components.mlps.gated_mlp import GatedMLP
 from transformer_lens.components.mlps.mlp import MLP
 from transformer_lens.hook_points import HookPoint
 
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn.activation import DetachableActivation
 
 from .attention import HookedBcosAttention, HookedBcosGroupedQueryAttention
 from .config import GATE_KINDS, BcosTransformerConfig, check_explainable
+from .decomposition import BcosActivationCache, fold_final_norm_weight, fold_final_norm_weight_in_state_dict
 from .hook_point import DynamicHookPoint
 from .mlp import HookedBcosGatedMLP, HookedBcosMLP
 
@@ -55,17 +57,21 @@ __all__ = ["BcosHookedTransformer", "bcos_model_class", "is_explainable", "make_
 _NORMS = (LayerNorm, LayerNormPre, RMSNorm, RMSNormPre)
 
 
+def _has_hooks(point: HookPoint) -> bool:
+    return bool(point.fwd_hooks or point.bwd_hooks or point._forward_hooks or point._backward_hooks)
+
+
 def _make_dynamic(module: nn.Module, attr: str) -> None:
     old = getattr(module, attr)
     if isinstance(old, DynamicHookPoint):
         return
     if not isinstance(old, HookPoint):
-        raise TypeError(
+        raise BcosTypeError(
             f"{type(module).__name__}.{attr} is a {type(old).__name__}, not a HookPoint (an SAE or another "
             "wrapper is attached there); call make_explainable before attaching it."
         )
-    if old.fwd_hooks or old.bwd_hooks or old._forward_hooks or old._backward_hooks:
-        raise RuntimeError(
+    if _has_hooks(old):
+        raise BcosRuntimeError(
             f"{type(module).__name__}.{attr} already has hooks; call make_explainable before adding hooks."
         )
     setattr(module, attr, DynamicHookPoint())
@@ -74,10 +80,16 @@ def _make_dynamic(module: nn.Module, attr: str) -> None:
 def make_explainable(model: HookedTransformer) -> HookedTransformer:
     """Route every dynamic weight of ``model`` through a detachable module (in place, idempotent).
 
-    Hook names and forward values are unchanged. Raises ``ValueError`` for options whose maths is not
-    dynamic-weight (e.g. SoLU, soft-capped logits, clipped values, mixtures of experts).
+    Hook names and forward values are unchanged. The final norm's weight is folded into ``W_U`` (exact; the
+    final norm becomes weightless), so TransformerLens' ``logit_attrs`` sums to the logit. Raises
+    ``BcosValueError`` for options whose maths is not dynamic-weight (e.g. SoLU, soft-capped logits, clipped
+    values, mixtures of experts, shortformer positions).
     """
     check_explainable(model.cfg)
+    final = getattr(model, "ln_final", None)
+    if final is not None and any(_has_hooks(h) for h in final.modules() if isinstance(h, HookPoint)):
+        raise BcosRuntimeError("ln_final already has hooks; call make_explainable before adding hooks.")
+    fold_final_norm_weight(model)
     for module in model.modules():
         if isinstance(module, _NORMS):
             _make_dynamic(module, "hook_scale")
@@ -90,7 +102,7 @@ def make_explainable(model: HookedTransformer) -> HookedTransformer:
             if kind is not None and not isinstance(module.act_fn, DetachableActivation):
                 module.act_fn = DetachableActivation(kind)
         elif type(module).__name__ in ("MoE", "GptOssMoE", "GatedMLP4Bit"):
-            raise ValueError(f"{type(module).__name__} MLPs are not supported by make_explainable.")
+            raise BcosValueError(f"{type(module).__name__} MLPs are not supported by make_explainable.")
     model.setup()
     return model
 
@@ -119,7 +131,7 @@ def remove_biases(model: nn.Module) -> list[str]:
             full = f"{prefix}.{name}" if prefix else name
             if param.detach().abs().max() > 0:
                 module._parameters[name] = param
-                raise ValueError(f"bias {full} is not zero; a B-cos model has no biases.")
+                raise BcosValueError(f"bias {full} is not zero; a B-cos model has no biases.")
             module.register_buffer(name, torch.zeros_like(param.detach()), persistent=False)
             removed.append(full)
     return removed
@@ -127,7 +139,7 @@ def remove_biases(model: nn.Module) -> list[str]:
 
 def _require_bcos_config(cfg) -> None:
     if not isinstance(cfg, BcosTransformerConfig):
-        raise TypeError(
+        raise BcosTypeError(
             f"a B-cos HookedTransformer needs a BcosTransformerConfig, got {type(cfg).__name__}; build one "
             "with BcosTransformerConfig(..., bcos_b=...) or convert a model with hooked_transformer_from_hf."
         )
@@ -137,6 +149,7 @@ def _to_bcos(model: HookedTransformer) -> None:
     cfg = model.cfg
     _require_bcos_config(cfg)
     remove_biases(model)  # TransformerLens creates its biases as zeros
+    fold_final_norm_weight(model)  # ln_final becomes weightless, so logit_attrs is exact
     for block in model.blocks:
         attn = block.attn
         if type(attn) is GroupedQueryAttention:
@@ -144,7 +157,7 @@ def _to_bcos(model: HookedTransformer) -> None:
         elif type(attn) is Attention:
             attn.__class__ = HookedBcosAttention
         else:
-            raise TypeError(f"no B-cos version of {type(attn).__name__}")
+            raise BcosTypeError(f"no B-cos version of {type(attn).__name__}")
         attn.convert_to_bcos()
         if cfg.attn_only:
             continue
@@ -154,7 +167,7 @@ def _to_bcos(model: HookedTransformer) -> None:
         elif type(mlp) is MLP:
             mlp.__class__ = HookedBcosMLP
         else:
-            raise TypeError(f"no B-cos version of {type(mlp).__name__}")
+            raise BcosTypeError(f"no B-cos version of {type(mlp).__name__}")
         mlp.convert_to_bcos()
     make_explainable(model)
 
@@ -164,13 +177,32 @@ class BcosHookedTransformer(HookedTransformer):
 
     Same arguments as ``HookedTransformer``; ``cfg`` must be a :class:`BcosTransformerConfig`. Weights
     are TransformerLens' (``W_Q (head, d_model, d_head)``, ``W_in (d_model, d_mlp)``...), stored raw and
-    used unit-normalised; the state dict has no biases.
+    used unit-normalised; the state dict has no biases. The final norm is weightless (its weight lives in
+    ``W_U``; a state dict with ``ln_final.w`` is folded on loading), and ``run_with_cache`` returns a
+    :class:`~.decomposition.BcosActivationCache`, so TransformerLens' ``logit_attrs``, ``stack_head_results``,
+    ``stack_neuron_results`` and ``get_full_resid_decomposition`` are exact.
     """
 
     def __init__(self, cfg, *args, **kwargs) -> None:
         _require_bcos_config(cfg)
         super().__init__(cfg, *args, **kwargs)
         _to_bcos(self)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        folded = fold_final_norm_weight_in_state_dict(state_dict)
+        if "unembed.b_U" in folded and "unembed.b_U" not in state_dict:
+            raise BcosValueError(
+                "state_dict['ln_final.b'] is not zero, but a B-cos model has no biases (its unembedding has no "
+                "b_U to fold it into). Load a checkpoint of a B-cos model, or zero the final norm's bias")
+        return super().load_state_dict(folded, strict=strict, assign=assign)
+
+    def run_with_cache(self, *model_args, return_cache_object: bool = True, remove_batch_dim: bool = False,
+                       **kwargs):
+        out, cache_dict = super().run_with_cache(
+            *model_args, return_cache_object=False, remove_batch_dim=remove_batch_dim, **kwargs)
+        if not return_cache_object:
+            return out, cache_dict
+        return out, BcosActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
 
 
 _CLASSES: dict[type, type] = {HookedTransformer: BcosHookedTransformer}
@@ -184,7 +216,7 @@ def bcos_model_class(model_class: type[HookedTransformer]) -> type[HookedTransfo
     wrap the B-cos modules.
     """
     if not (isinstance(model_class, type) and issubclass(model_class, HookedTransformer)):
-        raise TypeError(f"{model_class!r} is not a HookedTransformer subclass")
+        raise BcosTypeError(f"{model_class!r} is not a HookedTransformer subclass")
     if issubclass(model_class, BcosHookedTransformer):
         return model_class
     if model_class not in _CLASSES:

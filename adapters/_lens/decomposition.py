@@ -1,0 +1,222 @@
+"""TransformerLens' decomposition tools made exact on B-cos and bilinear models.
+
+TransformerLens' ``ActivationCache`` helpers read *parameters*, not activations, in three places:
+
+- ``logit_attrs`` (and ``accumulated_resid``/``decompose_resid`` followed by it) divides by the cached final
+  norm scale and multiplies by ``W_U``: it assumes the final norm's weight is folded into ``W_U``.
+  :func:`fold_final_norm_weight` does that fold (exact for every model: ``(x̂ * w) @ W_U = x̂ @ (w ⊙ W_U)``),
+  and the conversions (:func:`hooked_transformer_from_hf`, ``BcosHookedTransformer``) apply it, so
+  ``ln_final`` is a weightless ``LayerNormPre`` / ``RMSNormPre``.
+- ``compute_head_results`` / ``stack_head_results`` multiply the cached ``z`` by ``W_O``, and
+  ``get_neuron_results`` / ``stack_neuron_results`` / ``get_full_resid_decomposition(expand_neurons=True)``
+  multiply the cached ``post`` by ``W_out``. A B-cos projection uses ``ŵ`` (unit-norm) times an
+  input-dependent scale, so the raw parameters give the wrong per-head and per-neuron results.
+  :class:`BcosActivationCache` (what ``BcosHookedTransformer.run_with_cache`` returns) computes them from the
+  forward's own values: ``result_h = scale_o ⊙ (z_h @ ŵ_O[h])`` and ``result_n = post_n * ŵ_out[n] ⊙ scale_out``
+  with the cached ``hook_bcos_scale_o`` / ``hook_bcos_scale_out``. They sum to ``hook_attn_out`` /
+  ``hook_mlp_out`` exactly.
+
+What cannot be exact: analyses of the raw weights alone (``model.W_O``, ``model.OV``, ``model.QK``, any
+``FactoredMatrix`` built from parameters, ``SVDInterpreter``) describe ``ŵ`` up to the per-unit norms, not the
+map the forward applied; a B-cos map depends on the input. :func:`effective_weight` gives the weight the
+forward used at each (batch, position) of a cache, e.g. an exact OV circuit of head ``h`` at position ``p``::
+
+    W_V = effective_weight(cache, 0, "W_V")[b, p, h]     # (d_model, d_head), at the value's position p
+    W_O = effective_weight(cache, 0, "W_O")[b, q, h]     # (d_head, d_model), at the query position q
+    FactoredMatrix(W_V, W_O)
+"""
+
+from __future__ import annotations
+
+import einops
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformer_lens import ActivationCache
+from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
+from transformer_lens.utilities import Slice
+
+from bcos_plugins.errors import BcosRuntimeError, BcosValueError, argument_error
+from bcos_plugins.nn.functional import unit_norm
+
+__all__ = [
+    "BcosActivationCache",
+    "effective_weight",
+    "fold_final_norm_weight",
+    "fold_final_norm_weight_in_state_dict",
+]
+
+# projection -> (module attribute "attn"/"mlp", scale hook suffix, axes of the weight normalised per unit)
+_PROJECTIONS = {
+    "W_Q": ("attn", "q", 1), "W_K": ("attn", "k", 1), "W_V": ("attn", "v", 1), "W_O": ("attn", "o", (0, 1)),
+    "W_in": ("mlp", "in", 0), "W_gate": ("mlp", "gate", 0), "W_out": ("mlp", "out", 0),
+}
+
+
+def _weightless(norm: nn.Module, cfg) -> nn.Module:
+    return RMSNormPre(cfg) if isinstance(norm, RMSNorm | RMSNormPre) else LayerNormPre(cfg)
+
+
+def fold_final_norm_weight_in_state_dict(state: dict[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
+    """Fold ``ln_final.w`` (and a bias ``ln_final.b``) into ``unembed.W_U`` / ``unembed.b_U`` of a state dict.
+
+    Returns a new dict without ``ln_final.w`` / ``ln_final.b``; the logits of a model with a weightless final
+    norm loading it equal those of the unfolded model. A dict without ``ln_final.w`` is returned unchanged.
+    """
+    w_key, b_key = f"{prefix}ln_final.w", f"{prefix}ln_final.b"
+    if w_key not in state:
+        return state
+    state = dict(state)
+    weight = state.pop(w_key)
+    bias = state.pop(b_key, None)
+    w_u = state[f"{prefix}unembed.W_U"]
+    if bias is not None and bias.abs().max() > 0:
+        b_u_key = f"{prefix}unembed.b_U"
+        b_u = state.get(b_u_key, torch.zeros(w_u.shape[1], dtype=w_u.dtype, device=w_u.device))
+        state[b_u_key] = b_u + bias.to(w_u.dtype) @ w_u
+    state[f"{prefix}unembed.W_U"] = weight.to(w_u.dtype)[:, None] * w_u
+    return state
+
+
+def fold_final_norm_weight(model) -> None:
+    """Fold the final norm's weight (and bias) into the unembedding, in place; ``ln_final`` becomes weightless.
+
+    Exact: the logits do not change. Afterwards ``cache.logit_attrs`` (which multiplies the normalised
+    residual by ``W_U`` alone) sums to the logit. Idempotent; a model without a final norm is left alone.
+    Call :func:`~.model.make_explainable` afterwards (the new norm's ``hook_scale`` must be detachable).
+    """
+    norm = getattr(model, "ln_final", None)
+    if not isinstance(norm, LayerNorm | RMSNorm):
+        return
+    params = {"ln_final.w": norm.w.detach()}
+    if isinstance(norm, LayerNorm):
+        params["ln_final.b"] = norm.b.detach()
+    unembed = model.unembed
+    folded = fold_final_norm_weight_in_state_dict(
+        {**params, "unembed.W_U": unembed.W_U.detach(), "unembed.b_U": unembed.b_U.detach()})
+    with torch.no_grad():
+        unembed.W_U.copy_(folded["unembed.W_U"])
+        if not torch.equal(folded["unembed.b_U"], unembed.b_U):
+            if not isinstance(unembed.b_U, nn.Parameter):
+                raise BcosValueError(
+                    "ln_final.b: a model without biases has a non-zero final-norm bias. Zero it before folding")
+            unembed.b_U.copy_(folded["unembed.b_U"])
+    model.ln_final = _weightless(norm, model.cfg).to(unembed.W_U.device)
+
+
+def _scale(cache: ActivationCache, layer: int, part: str, short: str) -> Tensor:
+    name = f"blocks.{layer}.{part}.hook_bcos_scale_{short}"
+    if name not in cache.cache_dict:
+        raise BcosRuntimeError(
+            f"{name} is not in the cache; the exact per-{'head' if part == 'attn' else 'neuron'} result of a "
+            "B-cos projection needs the scale the forward used. Run run_with_cache without a names_filter, or "
+            f"include names ending in 'hook_bcos_scale_{short}'"
+        )
+    return cache.cache_dict[name]
+
+
+def _is_scaled(model, projection: str) -> bool:
+    cfg = model.cfg
+    return bool(getattr(cfg, "bcos_projections", None)) and cfg.is_bcos(projection) and cfg.bcos_b != 1.0
+
+
+def _weight(module: nn.Module, projection: str) -> Tensor:
+    name = projection
+    if projection in ("W_K", "W_V") and hasattr(module, f"_{projection}") and not module.cfg.ungroup_grouped_query_attention:
+        name = f"_{projection}"  # grouped-query attention: the key/value heads the forward used
+    weight = getattr(module, name)
+    cfg = module.cfg
+    if getattr(cfg, "bcos_projections", None) and cfg.is_bcos(projection):
+        weight = unit_norm(weight, _PROJECTIONS[projection][2])
+    return weight
+
+
+def effective_weight(cache: ActivationCache, layer: int, projection: str) -> Float[Tensor, "batch pos ..."]:
+    """The weight a projection of block ``layer`` applied at each (batch, position) of ``cache``'s forward.
+
+    A B-cos projection computes ``scale ⊙ (x @ ŵ)``, so its effective weight is ``ŵ`` with each output unit
+    multiplied by that unit's cached scale; a plain one returns its weight, broadcast. Shapes (TransformerLens
+    layouts with ``batch, pos`` in front): ``W_Q/W_K/W_V`` ``(b, p, head, d_model, d_head)`` (key/value heads
+    for grouped-query attention), ``W_O`` ``(b, p, head, d_head, d_model)``, ``W_in/W_gate/W_out``
+    ``(b, p, d_in, d_out)``. ``x @ effective_weight`` reproduces the cached projection at that position.
+    """
+    if projection not in _PROJECTIONS:
+        raise argument_error("projection", f"{projection!r} is not a projection name",
+                             f"use one of {', '.join(_PROJECTIONS)}")
+    model = cache.model
+    if not isinstance(layer, int) or not -model.cfg.n_layers <= layer < model.cfg.n_layers:
+        raise argument_error("layer", f"{layer!r} is not a block index of this {model.cfg.n_layers}-layer model",
+                             f"use an int in [0, {model.cfg.n_layers})")
+    layer %= model.cfg.n_layers
+    part, short, _ = _PROJECTIONS[projection]
+    module = getattr(model.blocks[layer], part)
+    if not hasattr(module, projection):
+        raise argument_error("projection", f"block {layer}'s {part} has no {projection}",
+                             "W_gate exists only in gated MLPs")
+    weight = _weight(module, projection)
+    batch_pos = cache[f"blocks.{layer}.hook_resid_pre"].shape[:2]
+    if not _is_scaled(model, projection):
+        return weight.expand(*batch_pos, *weight.shape)
+    scale = _scale(cache, layer, part, short)
+    if projection == "W_O":  # scale (b, p, d_model) per output unit
+        return weight * scale[:, :, None, None, :]
+    if part == "attn":  # scale (b, p, head, d_head)
+        return weight * scale[:, :, :, None, :]
+    return weight * scale[:, :, None, :]  # (b, p, d_out)
+
+
+class BcosActivationCache(ActivationCache):
+    """An ``ActivationCache`` whose per-head and per-neuron results are the forward's own (see module docstring).
+
+    ``BcosHookedTransformer.run_with_cache`` returns one; wrap a cache dict yourself with
+    ``BcosActivationCache(cache_dict, model)``. On models without B-cos output projections it behaves
+    exactly like ``ActivationCache``.
+    """
+
+    def compute_head_results(self) -> None:
+        if not _is_scaled(self.model, "W_O"):
+            return super().compute_head_results()
+        first = "blocks.0.attn.hook_result"
+        if first in self.cache_dict and self.cache_dict[first].ndim >= 4:
+            return None  # use_attn_result=True: the forward cached them
+        for layer in range(self.model.cfg.n_layers):
+            attn = self.model.blocks[layer].attn
+            z = self[("z", layer, "attn")]
+            per_head = einops.einsum(z, _weight(attn, "W_O"), "... h d, h d m -> ... h m")
+            scale = _scale(self, layer, "attn", "o")
+            self.cache_dict[f"blocks.{layer}.attn.hook_result"] = per_head * scale.unsqueeze(-2)
+        return None
+
+    def get_neuron_results(self, layer: int, neuron_slice=None, pos_slice=None, project_output_onto=None):
+        if not _is_scaled(self.model, "W_out"):
+            return super().get_neuron_results(layer, neuron_slice, pos_slice, project_output_onto)
+        neuron_slice = neuron_slice if isinstance(neuron_slice, Slice) else Slice(neuron_slice)
+        pos_slice = pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
+        acts = pos_slice.apply(self[("post", layer, "mlp")], dim=-2)
+        scale = pos_slice.apply(_scale(self, layer, "mlp", "out"), dim=-2)  # (..., d_model)
+        weight = _weight(self.model.blocks[layer].mlp, "W_out")  # (d_mlp, d_model)
+        index = neuron_slice.apply(torch.arange(weight.shape[0], device=weight.device), dim=0)
+        single = index.ndim == 0  # an int slice drops the neuron axis, as TransformerLens' does
+        index = index.reshape(-1)
+        acts, weight = acts[..., index], weight[index]
+        if project_output_onto is None:
+            out = acts[..., None] * weight * scale[..., None, :]
+            neuron_axis = -2
+        else:
+            project = project_output_onto if project_output_onto.ndim == 2 else project_output_onto[:, None]
+            out = acts[..., None] * einops.einsum(weight, scale, project, "n m, ... m, m o -> ... n o")
+            neuron_axis = -2
+            if project_output_onto.ndim == 1:
+                out, neuron_axis = out.squeeze(-1), -1
+        return out.select(neuron_axis, 0) if single else out
+
+    def _stack_neuron_results_apply_ln_projected(self, layer, pos_slice, neuron_slice, project_2d):
+        if not _is_scaled(self.model, "W_out"):
+            return super()._stack_neuron_results_apply_ln_projected(layer, pos_slice, neuron_slice, project_2d)
+        # TransformerLens' fused path reads W_out; ours goes through the exact per-neuron results.
+        stacks = [self.get_neuron_results(i, neuron_slice=neuron_slice, pos_slice=pos_slice) for i in range(layer)]
+        if not stacks:
+            shape = pos_slice.apply(self["hook_embed"], dim=-2).shape[:-1]
+            return torch.zeros(0, *shape, project_2d.shape[1], device=project_2d.device, dtype=project_2d.dtype)
+        stack = einops.rearrange(torch.cat(stacks, dim=-2), "... n m -> n ... m")
+        return self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice) @ project_2d
