@@ -50,7 +50,8 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from bcos_plugins.convert.architectures import spec_for
-from bcos_plugins.explain import Explanation, last_real_position
+from bcos_plugins.attribution import last_real_position
+from bcos_plugins.explain import Explanation
 from bcos_plugins.nn.dynamic import DynamicWeightModule, explanation_mode
 
 __all__ = [

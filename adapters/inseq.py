@@ -87,7 +87,8 @@ from torch import Tensor, nn
 
 from bcos_plugins.convert.architectures import ArchitectureSpec, spec_for, supported_architectures
 from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY, bcosify
-from bcos_plugins.explain import embedding_point, explain
+from bcos_plugins.attribution import capture_point
+from bcos_plugins.explain import explain
 from bcos_plugins.nn.dynamic import DynamicWeightModule, explanation_mode
 
 __all__ = [
@@ -329,7 +330,7 @@ class _BcosMethod:
             raise TypeError(f"the 'bcos' method takes no attribution arguments; got {sorted(attribution_args)}")
         (input_ids,) = attribute_fn_main_args["inputs"]
         extra = attribute_fn_main_args["additional_forward_args"]
-        with torch.enable_grad(), explanation_mode(self.model), embedding_point(self.model, self.spec) as captured:
+        with torch.enable_grad(), explanation_mode(self.model), capture_point(*self.spec.embedding_module(self.model)) as captured:
             explained = self.attribution_model(input_ids, *extra).reshape(-1)
             if explained.shape[0] != input_ids.shape[0]:
                 raise ValueError(f"the attributed function must give one value per sequence; got shape "

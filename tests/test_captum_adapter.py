@@ -18,7 +18,8 @@ from captum.metrics import infidelity, sensitivity_max
 from conftest import VOCAB, padded_batch, tiny_model
 
 from bcos_plugins import bcosify, explain
-from bcos_plugins.explain import embedding_point
+from bcos_plugins.attribution import capture_point
+from bcos_plugins.convert.architectures import spec_for
 from bcos_plugins.nn import explanation_mode
 
 
@@ -129,7 +130,7 @@ def test_layer_bcos_runs_inside_llm_gradient_attribution():
     # Captum explains log p(target token); check the first target token by hand: input x gradient of that
     # log-probability at the combined embedding, inside explanation mode
     ids = torch.tensor([[5, 7, 9, 11]])
-    with torch.enable_grad(), explanation_mode(model), embedding_point(model) as captured:
+    with torch.enable_grad(), explanation_mode(model), capture_point(*spec_for(model).embedding_module(model)) as captured:
         logits = model(input_ids=ids).logits[0, -1]
         logp = logits.log_softmax(-1)[3]
         (grad,) = torch.autograd.grad(logp, captured[0])

@@ -10,8 +10,9 @@ import transformers as T
 from conftest import VOCAB, padded_batch, tiny_config, tiny_model
 
 from bcos_plugins import UnsupportedModuleError, bcosify, explain, explanation_mode, load_bcos_model
+from bcos_plugins.attribution import Direction, capture_point
+from bcos_plugins.convert.architectures import spec_for
 from bcos_plugins.convert.decoder_modules import BcosGatedMLP
-from bcos_plugins.explain import embedding_point
 from bcos_plugins.nn import BcosConv1D, BcosLinear
 from bcos_plugins.train_decoder import IGNORE_INDEX, CausalLMCollator, train_causal_lm
 
@@ -121,7 +122,7 @@ def test_base_decoder_unit_and_direction_completeness(name, side):
     model = _converted(name)
     ids, mask = _batch(side)
     _assert_complete(explain(model, ids, mask, target=5))
-    _assert_complete(explain(model, ids, mask, target=torch.randn(32), position=-2))
+    _assert_complete(explain(model, ids, mask, target=Direction(torch.randn(32)), position=-2))
 
 
 @pytest.mark.parametrize("name", LMS)
@@ -163,7 +164,7 @@ def test_gpt2_attributes_to_word_plus_position_embeddings():
     expl = explain(model, ids, mask, target=5)
     _assert_complete(expl)
     position_ids = _positions(mask)
-    with torch.enable_grad(), explanation_mode(model), embedding_point(model) as captured:
+    with torch.enable_grad(), explanation_mode(model), capture_point(*spec_for(model).embedding_module(model)) as captured:
         logit = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits[:, -1, 5]
         (grad,) = torch.autograd.grad(logit.sum(), captured[0])
     word = model.transformer.wte(ids).detach()
@@ -303,17 +304,21 @@ def test_mean_reduction_and_user_position_ids():
 def test_decoder_error_paths():
     model = _converted("GPT2LMHeadModel")
     ids, mask = _batch("left")
-    with pytest.raises(ValueError, match="target is required"):
+    with pytest.raises(ValueError, match="target: required"):
         explain(model, ids, mask)
-    with pytest.raises(ValueError, match=r"target ids must lie in \[0, 60\)"):
+    with pytest.raises(ValueError, match=r"target: ids must lie in \[0, 60\)"):
         explain(model, ids, mask, target=VOCAB)
-    with pytest.raises(ValueError, match=r"foil ids must lie in \[0, 60\)"):
+    with pytest.raises(ValueError, match=r"foil: ids must lie in \[0, 60\)"):
         explain(model, ids, mask, target=1, foil=-1)
-    with pytest.raises(ValueError, match=r"target must be an int or have shape \(batch,\)"):
+    with pytest.raises(ValueError, match=r"target: expected an int or one id per row"):
         explain(model, ids, mask, target=torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match="position out of range"):
+    with pytest.raises(ValueError, match="position: \\[9, 9, 9\\] is outside row"):
         explain(model, ids, mask, target=1, position=9)
-    with pytest.raises(ValueError, match=r"position \[0, 0\] of row\(s\) \[1, 2\] is a padding token"):
+    with pytest.raises(ValueError, match="position: .* is outside row"):
+        explain(model, ids, mask, target=1, position=-100)
+    with pytest.raises(TypeError, match="position: got a float"):
+        explain(model, ids, mask, target=1, position=2.0)
+    with pytest.raises(ValueError, match=r"position: \[0, 0\] of row\(s\) \[1, 2\] is a padding token"):
         explain(model, ids, mask, target=1, position=0)  # rows 1 and 2 are left-padded
     with pytest.raises(ValueError, match="no real token"):
         explain(model, ids, torch.zeros_like(mask), target=1)

@@ -16,6 +16,8 @@ from bcos_plugins import (
     load_bcos_model,
     supported_architectures,
 )
+from bcos_plugins.attribution import Direction
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLayerNorm, BcosLinear
 
 CLASSIFIERS = ["BertForSequenceClassification", "DistilBertForSequenceClassification",
@@ -56,7 +58,7 @@ def test_base_model_completeness(name, b):
     ids, mask = padded_batch(pad_id=_pad_id(name))
     _assert_complete(explain(model, ids, mask, target=5))
     direction = torch.randn(32)
-    _assert_complete(explain(model, ids, mask, target=direction, position=2))
+    _assert_complete(explain(model, ids, mask, target=Direction(direction), position=2))
 
 
 def test_contrastive_and_mean_reduction():
@@ -197,19 +199,23 @@ def test_bad_b_and_double_conversion_rejected():
 def test_explain_input_errors():
     model = bcosify(tiny_model("BertForSequenceClassification"), verbose=False)
     ids, mask = padded_batch()
-    with pytest.raises(ValueError, match="target ids must lie in"):
+    with pytest.raises(BcosValueError, match=r"target: ids must lie in \[0, 3\)"):
         explain(model, ids, mask, target=7)
-    with pytest.raises(ValueError, match="attention_mask shape"):
+    with pytest.raises(BcosValueError, match="attention_mask: shape"):
         explain(model, ids, mask[:, :3])
-    with pytest.raises(ValueError, match="reduce must be"):
+    with pytest.raises(BcosValueError, match="reduce: must be"):
         explain(model, ids, mask, reduce="max")
-    with pytest.raises(ValueError, match="integer ids"):
+    with pytest.raises(BcosTypeError, match="input_ids: token ids must be integers"):
         explain(model, ids.float(), mask)
-    with pytest.raises(ValueError, match="target must be an int or have shape"):
+    with pytest.raises(BcosValueError, match="target: expected an int or one id per row"):
         explain(model, ids, mask, target=torch.tensor([0, 1]))
+    with pytest.raises(BcosTypeError, match=r"target: got a float.*Direction\(vector\)"):
+        explain(model, ids, mask, target=torch.tensor([0.0, 1.0, 1.0]))
+    with pytest.raises(BcosValueError, match="position: a sequence classifier"):
+        explain(model, ids, mask, position=0)
     base = bcosify(tiny_model("BertModel"), verbose=False)
-    with pytest.raises(ValueError, match="target is required"):
+    with pytest.raises(BcosValueError, match="target: required"):
         explain(base, ids, mask)
-    with pytest.raises(ValueError, match="direction has size"):
-        explain(base, ids, mask, target=torch.randn(5))
+    with pytest.raises(BcosValueError, match="target: Direction has 5 entries"):
+        explain(base, ids, mask, target=Direction(torch.randn(5)))
 

@@ -97,7 +97,7 @@ def test_model_explain_method_and_errors():
     ids, mask = padded_batch()
     assert torch.equal(model.explain(ids, mask, target=1).contributions,
                        context_attribution(model, ids, mask, target=1).contributions)
-    with pytest.raises(ValueError, match="target must lie in"):
+    with pytest.raises(ValueError, match="target: ids must lie in"):
         context_attribution(model, ids, mask, target=3)
     with pytest.raises(TypeError, match="SpaceModelForSequenceClassification"):
         context_attribution(T.BertForSequenceClassification(tiny_config("bert")), ids, mask)

@@ -211,15 +211,29 @@ def test_padding_positions_with_attention_mask():
 
 
 def test_explain_requires_explainable_model_and_token_ids():
-    with pytest.raises(ValueError, match="make_explainable"):
+    with pytest.raises(TypeError, match="make_explainable"):
         explain_logits(tiny_plain(), tokens())
     with pytest.raises(TypeError, match="to_tokens"):
         explain_logits(tiny_bcos(GPT2_LIKE), tokens().float())
     model = tiny_bcos(GPT2_LIKE)
-    with pytest.raises(ValueError, match="target ids must lie in"):
+    with pytest.raises(ValueError, match="target: ids must lie in"):
         explain_logits(model, tokens(), target=model.cfg.d_vocab)
-    with pytest.raises(ValueError, match="foil must be an int or have shape"):
+    with pytest.raises(ValueError, match="foil: expected an int or one id per row"):
         explain_logits(model, tokens(), target=1, foil=torch.tensor([1, 2, 3, 4, 5]))
+
+
+def test_explain_logits_positions_mean_what_explain_means():
+    """-1 is each row's last real token (not the last column); positions outside the row raise."""
+    model = tiny_bcos(GPT2_LIKE)
+    ids = tokens()
+    lengths = torch.tensor([ids.shape[1], ids.shape[1] - 2, ids.shape[1] - 4][: ids.shape[0]])
+    mask = (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()
+    expl = explain_logits(model, ids, target=1, position=-1, attention_mask=mask)
+    assert expl.position.tolist() == (lengths - 1).tolist()
+    with pytest.raises(ValueError, match="position: .* is outside"):
+        explain_logits(model, ids, target=1, position=100)
+    with pytest.raises(ValueError, match="is a padding token"):
+        explain_logits(model, ids, target=1, position=ids.shape[1] - 1, attention_mask=mask)
 
 
 def test_bcos_training_mode_keeps_gradients_through_dynamic_weights():

@@ -213,7 +213,7 @@ def test_wrong_inputs_give_clear_errors():
         model(pixel_values=images(), encoded_pixel_values=encode_image(images()))
     with pytest.raises(ValueError, match=r"encoded_pixel_values must have shape \(batch, 2, 8, 8\)"):
         model(encoded_pixel_values=images())
-    with pytest.raises(ValueError, match=r"target ids must lie in \[0, 3\)"):
+    with pytest.raises(ValueError, match=r"target: ids must lie in \[0, 3\)"):
         explain_image(model, images(), target=3)
     with pytest.raises(ValueError, match=r"shape \(batch,\) = \(3,\)"):
         explain_image(model, images(), target=torch.tensor([0, 1]))

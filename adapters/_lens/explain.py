@@ -18,11 +18,16 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-# Row-argument parsing and selection are the core's, so targets, foils and positions mean the same here as in
-# bcos_plugins.explain (ids validated, float targets taken as directions).
-from bcos_plugins.explain import _as_row_tensor, _select, last_real_position
-from bcos_plugins.metrics.summary import completeness_error as _completeness_error
-from bcos_plugins.nn.dynamic import explanation_mode
+from bcos_plugins.attribution import (
+    Direction,
+    TokenExplanation,
+    as_leaf,
+    input_x_gradient,
+    parse_ids,
+    resolve_positions,
+    select_explained,
+)
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 
 from .model import is_explainable
 
@@ -32,88 +37,86 @@ ATTRIBUTION_HOOKS = ("hook_embed", "hook_pos_embed")
 
 
 @dataclass
-class LensExplanation:
-    """Result of :func:`explain_logits`.
+class LensExplanation(TokenExplanation):
+    """:class:`~bcos_plugins.attribution.TokenExplanation` of a TransformerLens model.
 
-    Attributes:
-        contributions: per-token scores, the hook contributions summed over ``d_model`` and hooks.
-        hook_contributions: ``W(x) x`` per hook name (``hook_embed``, ``hook_pos_embed`` when present),
-            each ``(batch, pos, d_model)``.
-        logits: the explained values (a logit, or a logit difference when ``foil`` is given).
-        target, foil, position: what was explained, per row.
+    ``input_contributions`` is the sum over the attribution hooks (``hook_embed`` and ``hook_pos_embed``
+    when present), ``(batch, pos, d_model)``; ``hook_contributions`` holds each hook's share separately.
     """
 
-    contributions: Float[Tensor, "batch pos"]
-    hook_contributions: dict[str, Float[Tensor, "batch pos d_model"]]
-    logits: Float[Tensor, " batch"]
-    target: Int[Tensor, " batch"]
-    foil: Int[Tensor, " batch"] | None
-    position: Int[Tensor, " batch"]
-
-    @property
-    def total(self) -> Float[Tensor, " batch"]:
-        return self.contributions.sum(dim=1)
-
-    @property
-    def completeness_error(self) -> Float[Tensor, " batch"]:
-        """``|sum of contributions - explained logit| / |explained logit|`` per row."""
-        return _completeness_error(self.contributions, self.logits)
+    hook_contributions: dict[str, Float[Tensor, "batch pos d_model"]] | None = None
 
 
 def explain_logits(
     model: HookedTransformer,
     tokens: Int[Tensor, "batch pos"],
     *,
-    target: int | Tensor | None = None,
-    foil: int | Tensor | None = None,
+    target: int | Tensor | Direction | None = None,
+    foil: int | Tensor | Direction | None = None,
     position: int | Tensor | None = None,
     attention_mask: Int[Tensor, "batch pos"] | None = None,
 ) -> LensExplanation:
     """Explain the next-token logit of ``target`` (minus ``foil``) predicted at ``position``.
 
+    Targets, foils and positions mean what they mean in :func:`bcos_plugins.explain` (the same parser):
+    ids per row or ``Direction(vector)``; negative positions count from each row's last real token
+    (``attention_mask``); padding and out-of-range positions raise.
+
     Args:
         model: a ``HookedTransformer`` made explainable (``BcosHookedTransformer``, a model from
             ``hooked_transformer_from_hf``, or any model after ``make_explainable``).
         tokens: token ids; strings are not accepted (tokenise with ``model.to_tokens``).
-        target: one id or one per row (or a float direction over the vocabulary); default the top
+        target: one id or one per row, or ``Direction(vector)`` over the vocabulary; default the top
             prediction at ``position``.
         foil: explain ``logit(target) - logit(foil)`` (contrastive) when given.
-        position: one index or one per row; default the last real token (``attention_mask``) or the last.
+        position: one index or one per row; default each row's last real token.
         attention_mask: 1 for real tokens, passed to the model.
     """
     if not is_explainable(model):
-        raise ValueError(
-            "this HookedTransformer's dynamic weights are not detachable; call "
+        raise BcosTypeError(
+            "model: this HookedTransformer's dynamic weights are not detachable; call "
             "bcos_plugins.adapters.transformer_lens.make_explainable(model) first (before adding hooks)."
         )
-    if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.long, torch.int):
-        raise TypeError("tokens must be a tensor of token ids (use model.to_tokens(text) for strings)")
+    if not isinstance(tokens, Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise BcosTypeError("tokens: must be a tensor of token ids (use model.to_tokens(text) for strings)")
+    if tokens.ndim != 2 or tokens.numel() == 0:
+        raise BcosValueError(f"tokens: expected a non-empty (batch, pos) tensor, got shape {tuple(tokens.shape)}")
     batch, length = tokens.shape
-    rows = torch.arange(batch, device=tokens.device)
-    if position is None:
-        position = (last_real_position(attention_mask) if attention_mask is not None
-                    else torch.full((batch,), length - 1, device=tokens.device))
-    position = _as_row_tensor(position, batch, "position", tokens.device) % length
+    if (tokens < 0).any() or (tokens >= model.cfg.d_vocab).any():
+        raise BcosValueError(f"tokens: ids outside the vocabulary [0, {model.cfg.d_vocab}).")
+    if model.cfg.positional_embedding_type != "rotary" and length > model.cfg.n_ctx:
+        raise BcosValueError(f"tokens: {length} positions but the model has n_ctx={model.cfg.n_ctx}. Truncate.")
+    if attention_mask is not None and attention_mask.shape != tokens.shape:
+        raise BcosValueError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from tokens "
+                             f"{tuple(tokens.shape)}.")
+    mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)
+    pos = resolve_positions(position, mask, default="last")
     names = [n for n in ATTRIBUTION_HOOKS if n in model.hook_dict]
     leaves: dict[str, Tensor] = {}
+    parsed: dict = {}
 
     def capture(activation: Tensor, hook) -> Tensor:
-        leaves[hook.name] = activation.detach().requires_grad_(True)
+        leaves[hook.name] = as_leaf(activation)
         return leaves[hook.name]
 
-    with explanation_mode(model), torch.enable_grad():
+    def compute():
         logits = model.run_with_hooks(tokens, attention_mask=attention_mask,
                                       fwd_hooks=[(n, capture) for n in names])
-        at_position = logits[rows, position]
-        if target is None:
-            target = at_position.argmax(dim=-1)
-        target = _as_row_tensor(target, batch, "target", tokens.device)
-        explained = _select(at_position, target, "target")
-        if foil is not None:
-            foil = _as_row_tensor(foil, batch, "foil", tokens.device)
-            explained = explained - _select(at_position, foil, "foil")
-        grads = torch.autograd.grad(explained.sum(), [leaves[n] for n in names])
-    hook_contributions = {n: (leaves[n] * g).detach() for n, g in zip(names, grads, strict=True)}
-    contributions = sum(c.sum(dim=-1) for c in hook_contributions.values())
-    return LensExplanation(contributions=contributions, hook_contributions=hook_contributions,
-                           logits=explained.detach(), target=target, foil=foil, position=position)
+        at_position = logits[torch.arange(batch, device=logits.device), pos]
+        n = at_position.shape[-1]
+        parsed["target"] = (at_position.argmax(-1) if target is None
+                            else parse_ids(target, batch, "target", n_outputs=n, device=logits.device))
+        parsed["foil"] = None if foil is None else parse_ids(foil, batch, "foil", n_outputs=n,
+                                                             device=logits.device)
+        return select_explained(at_position, parsed["target"], parsed["foil"]), [leaves[n] for n in names]
+
+    step = input_x_gradient(compute, model)
+    hook_contributions = dict(zip(names, step.contributions, strict=True))
+    total = sum(step.contributions)
+    return LensExplanation(
+        contributions=total.sum(-1), input_contributions=total, explained=step.explained,
+        target=parsed["target"], foil=parsed["foil"],
+        attribution_point=" + ".join(names) + " (TransformerLens hooks)",
+        position=pos, input_ids=tokens, attention_mask=attention_mask, reduce="sum",
+        hook_contributions=hook_contributions,
+    )

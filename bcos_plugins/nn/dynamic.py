@@ -13,23 +13,57 @@ bit-identical in and out of the mode: both paths run the same arithmetic, one of
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DynamicWeightModule", "explanation_mode", "is_explaining"]
+__all__ = ["DynamicWeightModule", "explanation_mode", "is_explaining", "dynamic_weights_used"]
+
+# Explanation mode without a model handle is per thread: a forward pass runs in the caller's thread, and
+# another thread (a data loader, a second model being trained) must not see its modules switched.
+_THREAD_STATE = threading.local()
+
+
+def _thread_depth() -> int:
+    return getattr(_THREAD_STATE, "depth", 0)
+
+
+def dynamic_weights_used() -> int:
+    """How many dynamic weights were held constant by the thread-wide mode in this thread so far.
+
+    The Captum adapter reads it around a call of a plain function to check that the function ran through
+    B-cos modules at all (otherwise its input x gradient is not a ``W(x) x`` explanation).
+    """
+    return getattr(_THREAD_STATE, "used", 0)
 
 
 class DynamicWeightModule(nn.Module):
-    """Mixin for modules computing ``W(x) x``; ``explaining`` switches ``W(x)`` to a constant."""
+    """Mixin for modules computing ``W(x) x`` with an input-dependent ``W`` (B-cos layers, norms, gated
+    activations, attention, bilinear branches, TransformerLens hook points): ``explaining`` makes ``W(x)`` a
+    constant for autograd. It is true while the module's model is in :func:`explanation_mode` or while the
+    thread-wide form ``explanation_mode()`` is active."""
 
-    explaining: bool = False
+    _explaining_module: bool = False
+
+    @property
+    def explaining(self) -> bool:
+        return self._explaining_module or _thread_depth() > 0
+
+    @explaining.setter
+    def explaining(self, value: bool) -> None:
+        self._explaining_module = bool(value)
 
     def dynamic_weight(self, factor: Tensor) -> Tensor:
         """Return ``factor`` as it must enter the product: detached while explaining."""
-        return factor.detach() if self.explaining else factor
+        if self._explaining_module:
+            return factor.detach()
+        if _thread_depth() > 0:
+            _THREAD_STATE.used = dynamic_weights_used() + 1
+            return factor.detach()
+        return factor
 
     def dynamic_scope(self) -> AbstractContextManager:
         """Context for computing the dynamic factor: ``torch.no_grad()`` while explaining.
@@ -46,8 +80,12 @@ def is_explaining(module: nn.Module) -> bool:
 
 
 @contextmanager
-def explanation_mode(model: nn.Module) -> Iterator[nn.Module]:
+def explanation_mode(model: nn.Module | None = None) -> Iterator[nn.Module | None]:
     """Make every dynamic weight of ``model`` a constant for autograd while the block runs.
+
+    Without ``model`` (``with explanation_mode():``) every dynamic-weight module that runs in the current
+    thread is in explanation mode, whichever model it belongs to: the form for code that only holds a
+    function (Captum's ``forward_func``). That form cannot switch dropout off: call ``model.eval()`` first.
 
     Nested and re-entrant use is safe: each module's previous state is restored on exit, also when the
     block raises. The model is put in eval mode for the duration (dropout would otherwise make the
@@ -58,8 +96,15 @@ def explanation_mode(model: nn.Module) -> Iterator[nn.Module]:
     ...     logit = model_from_embeddings(emb)[0, c]
     ...     contributions = emb * torch.autograd.grad(logit, emb)[0]   # sums to logit
     """
+    if model is None:
+        _THREAD_STATE.depth = _thread_depth() + 1
+        try:
+            yield None
+        finally:
+            _THREAD_STATE.depth -= 1
+        return
     modules = [m for m in model.modules() if isinstance(m, DynamicWeightModule)]
-    previous = [m.explaining for m in modules]
+    previous = [m._explaining_module for m in modules]
     was_training = model.training
     model.eval()
     for m in modules:

@@ -14,20 +14,21 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..explain import Explanation
+from ..attribution import Direction, TokenExplanation, parse_ids
+from ..errors import BcosTypeError
 
 __all__ = ["SpaceExplanation", "context_attribution", "concept_contributions"]
 
 
 @dataclass
-class SpaceExplanation(Explanation):
-    """:class:`~bcos_plugins.explain.Explanation` of a Space Model.
+class SpaceExplanation(TokenExplanation):
+    """:class:`~bcos_plugins.attribution.TokenExplanation` of a Space Model.
 
-    ``contributions`` (batch, pos) are the tokens' exact shares; ``embedding_contributions`` holds them per
+    ``contributions`` (batch, pos) are the tokens' exact shares; ``input_contributions`` holds them per
     concept unit (batch, pos, n_spaces * n_latent) instead of per embedding dimension: the decomposition is
     exact at the concept activations, not at the input embeddings (the encoder is not dynamic-weight).
-    ``logits`` are the explained values without the bias (so ``completeness_error`` checks the shares);
-    ``bias`` is the classifier bias of the target (minus the foil's), ``logits + bias`` the model's logit.
+    ``explained`` is the explained value without the bias (so ``completeness_error`` checks the shares);
+    ``bias`` is the classifier bias of the target (minus the foil's), ``explained + bias`` the model's logit.
     """
 
     bias: Tensor | None = None
@@ -35,12 +36,12 @@ class SpaceExplanation(Explanation):
 
     @property
     def full_logits(self) -> Float[Tensor, " batch"]:
-        return self.logits + self.bias
+        return self.explained + self.bias
 
     @property
     def space_contributions(self) -> Float[Tensor, "batch pos n_spaces n_latent"]:
-        b, p, _ = self.embedding_contributions.shape
-        return self.embedding_contributions.view(b, p, self.n_spaces, -1)
+        b, p, _ = self.input_contributions.shape
+        return self.input_contributions.view(b, p, self.n_spaces, -1)
 
 
 def concept_contributions(
@@ -48,14 +49,6 @@ def concept_contributions(
 ) -> Float[Tensor, "batch pos n_classes n_spaces n_latent"]:
     """Per-token, per-class, per-concept-unit shares of the logits from given concept activations."""
     return model.head.token_contributions(concepts, attention_mask)
-
-
-def _rows(value, batch: int, name: str, device) -> Int[Tensor, " batch"]:
-    t = torch.as_tensor(value, device=device, dtype=torch.long)
-    t = t.expand(batch) if t.ndim == 0 else t
-    if t.shape != (batch,):
-        raise ValueError(f"{name} must be an int or have shape (batch,) = ({batch},); got {tuple(t.shape)}")
-    return t
 
 
 @torch.no_grad()
@@ -73,7 +66,7 @@ def context_attribution(
     from .modeling import SpaceModelForSequenceClassification
 
     if not isinstance(model, SpaceModelForSequenceClassification):
-        raise TypeError(f"context_attribution explains a SpaceModelForSequenceClassification; got "
+        raise BcosTypeError(f"model: context_attribution explains a SpaceModelForSequenceClassification; got "
                         f"{type(model).__name__} (use bcos_plugins.explain for B-cos models)")
     was_training = model.training
     model.eval()
@@ -84,27 +77,30 @@ def context_attribution(
     logits, concepts = out.logits, out.concepts
     batch, n_classes = logits.shape
     device = logits.device
+    # Class ids only: the head's bias is per class, so a Direction would need its own bias bookkeeping.
     for name, value in (("target", target), ("foil", foil)):
-        if value is not None and ((torch.as_tensor(value) < 0).any() or (torch.as_tensor(value) >= n_classes).any()):
-            raise ValueError(f"{name} must lie in [0, {n_classes}); got {torch.as_tensor(value).tolist()}")
-    target_t = logits.argmax(-1) if target is None else _rows(target, batch, "target", device)
+        if isinstance(value, Direction):
+            raise BcosTypeError(f"{name}: the Space head explains class logits; pass class ids, not a Direction.")
+    target_t = logits.argmax(-1) if target is None else parse_ids(target, batch, "target", n_outputs=n_classes,
+                                                                  device=device)
     per_class = model.head.token_contributions(concepts, attention_mask)  # (b, p, c, k, l)
     rows = torch.arange(batch, device=device)
     units = per_class[rows, :, target_t]  # (b, p, k, l)
     bias = model.head.classifier.bias[target_t]
     foil_t = None
     if foil is not None:
-        foil_t = _rows(foil, batch, "foil", device)
+        foil_t = parse_ids(foil, batch, "foil", n_outputs=n_classes, device=device)
         units = units - per_class[rows, :, foil_t]
         bias = bias - model.head.classifier.bias[foil_t]
     units = units.flatten(2)
     full = logits[rows, target_t] - (logits[rows, foil_t] if foil_t is not None else 0)
     return SpaceExplanation(
         contributions=units.sum(-1),
-        embedding_contributions=units,
-        logits=full - bias,
+        input_contributions=units,
+        explained=full - bias,
         target=target_t,
         foil=foil_t,
+        attribution_point="concept activations of the Space head (tanh(h P_k) per token, space and latent)",
         position=None,
         input_ids=input_ids,
         attention_mask=attention_mask,

@@ -17,106 +17,84 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
-from ..metrics.summary import completeness_error as _completeness_error
-from ..nn.dynamic import explanation_mode
+from ..attribution import Direction, Explanation, as_leaf, input_x_gradient, parse_ids, select_explained
+from ..errors import BcosTypeError, BcosValueError
 from .model import BcosViT
 
 __all__ = ["ImageExplanation", "explain_image"]
 
 
 @dataclass
-class ImageExplanation:
-    """Result of :func:`explain_image`.
+class ImageExplanation(Explanation):
+    """:class:`~bcos_plugins.attribution.Explanation` of a B-cos ViT (returned by :func:`explain_image`).
 
     Attributes:
         contributions: per-pixel contributions, summed over the ``2C`` encoded channels ``(batch, H, W)``.
         input_contributions: ``W(x~) * x~`` per encoded channel ``(batch, 2C, H, W)``.
+        explained: the explained values (a logit, or ``target - foil``).
         weights: the explained row ``W_c(x~)`` of the dynamic linear map ``(batch, 2C, H, W)`` (for the
             colour visualisation of :func:`~bcos_plugins.vision.visualize.weight_colour_image`).
         encoded: the explained input ``x~ = [x, 1 - x]``.
-        logits: the explained values (a logit, or ``target - foil``).
-        position_contributions: share of the additive position embedding (0 without one).
-        target, foil: explained class per row; contrast class per row or ``None``.
+        position_contributions: share of the additive position embedding (0 without one); it is not part of
+            ``input_contributions``, so ``completeness_error`` is that share's relative size.
     """
 
-    contributions: Float[Tensor, "batch h w"]
-    input_contributions: Float[Tensor, "batch two_c h w"]
-    weights: Float[Tensor, "batch two_c h w"]
-    encoded: Float[Tensor, "batch two_c h w"]
-    logits: Float[Tensor, " batch"]
-    position_contributions: Float[Tensor, " batch"]
-    target: Int[Tensor, " batch"]
-    foil: Int[Tensor, " batch"] | None
-
-    @property
-    def total(self) -> Float[Tensor, " batch"]:
-        """Sum of the pixel contributions per image (equals ``logits`` without position embedding)."""
-        return self.contributions.sum(dim=(1, 2))
-
-    @property
-    def completeness_error(self) -> Float[Tensor, " batch"]:
-        """``|sum of pixel contributions - explained logit| / |explained logit|`` per image."""
-        return _completeness_error(self.contributions, self.logits)
+    weights: Float[Tensor, "batch two_c h w"] | None = None
+    encoded: Float[Tensor, "batch two_c h w"] | None = None
+    position_contributions: Float[Tensor, " batch"] | None = None
 
 
-def _class_ids(value, batch: int, n_classes: int, name: str, device) -> Tensor:
-    t = torch.as_tensor(value, device=device)
-    if t.is_floating_point():
-        raise ValueError(f"{name} must be integer class ids (an int or shape (batch,)); got {t.dtype}")
-    t = t.to(torch.long)
-    if t.ndim == 0:
-        t = t.expand(batch)
-    if t.shape != (batch,):
-        raise ValueError(f"{name} must be an int or have shape (batch,) = ({batch},); got {tuple(t.shape)}")
-    if (t < 0).any() or (t >= n_classes).any():
-        raise ValueError(f"{name} ids must lie in [0, {n_classes}); got {t.tolist()}")
-    return t
-
-
-def explain_image(model: BcosViT, pixel_values: Float[Tensor, "batch c h w"], *, target: int | Tensor | None = None,
-                  foil: int | Tensor | None = None) -> ImageExplanation:
+def explain_image(model: BcosViT, pixel_values: Float[Tensor, "batch c h w"], *,
+                  target: int | Tensor | Direction | None = None,
+                  foil: int | Tensor | Direction | None = None) -> ImageExplanation:
     """Explain the logit of ``target`` (default: the predicted class), or ``target - foil``, per image.
 
     Args:
         model: a :class:`~bcos_plugins.vision.BcosViT`.
         pixel_values: images ``(batch, C, H, W)`` in [0, 1] (any batch size).
-        target: class per image (int or ``(batch,)``); defaults to the predicted class.
-        foil: optional contrast class; the explained value becomes ``logit[target] - logit[foil]``.
+        target: class per image (int or one per image), or ``Direction(vector)`` over the classes; defaults
+            to the predicted class.
+        foil: optional contrast (same forms); the explained value becomes ``target - foil``.
     """
     if not isinstance(model, BcosViT):
-        raise TypeError(f"explain_image explains a BcosViT; got {type(model).__name__}. For other models use "
-                        "a post-hoc method (e.g. Captum) on the model's forward.")
-    encoded = model.encode(pixel_values).detach().requires_grad_(True)
+        raise BcosTypeError(f"model: explain_image explains a BcosViT; got {type(model).__name__}. For other "
+                            "models use a post-hoc method (e.g. Captum) on the model's forward.")
+    if not isinstance(pixel_values, Tensor) or not pixel_values.is_floating_point():
+        raise BcosTypeError("pixel_values: expected a float tensor (batch, C, H, W) with values in [0, 1].")
+    if pixel_values.ndim != 4 or pixel_values.shape[0] == 0:
+        raise BcosValueError(f"pixel_values: expected a non-empty (batch, C, H, W) tensor, got shape "
+                             f"{tuple(pixel_values.shape)}. Add a batch dimension with images[None].")
+    encoded = as_leaf(model.encode(pixel_values))
     batch = encoded.shape[0]
-    n_classes = model.config.num_labels
-    with torch.enable_grad(), explanation_mode(model):
-        position = None
+    parsed: dict = {}
+    position: list[Tensor] = []
+
+    def compute():
         if model.position_embedding is not None:
-            position = model.position_embedding.detach().expand(batch, -1, -1).clone().requires_grad_(True)
-        logits, _ = model.forward_encoded(encoded, position_embedding=position)
-        target_t = logits.argmax(-1) if target is None else _class_ids(target, batch, n_classes, "target",
-                                                                           encoded.device)
-        explained = logits.gather(1, target_t[:, None]).squeeze(1)
-        foil_t = None
-        if foil is not None:
-            foil_t = _class_ids(foil, batch, n_classes, "foil", encoded.device)
-            explained = explained - logits.gather(1, foil_t[:, None]).squeeze(1)
-        leaves = [encoded] if position is None else [encoded, position]
-        grads = torch.autograd.grad(explained.sum(), leaves)
-    weights = grads[0].detach()
-    contributions = encoded.detach() * weights
-    position_share = (torch.zeros(batch, device=encoded.device) if position is None
-                      else (position.detach() * grads[1]).sum(dim=(1, 2)))
+            position.append(as_leaf(model.position_embedding.expand(batch, -1, -1)))
+        logits, _ = model.forward_encoded(encoded, position_embedding=position[0] if position else None)
+        n = logits.shape[-1]
+        parsed["target"] = (logits.argmax(-1) if target is None
+                            else parse_ids(target, batch, "target", n_outputs=n, device=logits.device))
+        parsed["foil"] = None if foil is None else parse_ids(foil, batch, "foil", n_outputs=n,
+                                                             device=logits.device)
+        return select_explained(logits, parsed["target"], parsed["foil"]), [encoded, *position]
+
+    step = input_x_gradient(compute, model)
+    contributions = step.contributions[0]
+    position_share = (torch.zeros(batch, device=encoded.device) if not position
+                      else step.contributions[1].sum(dim=(1, 2)))
     return ImageExplanation(
         contributions=contributions.sum(dim=1),
         input_contributions=contributions,
-        weights=weights,
+        explained=step.explained,
+        target=parsed["target"],
+        foil=parsed["foil"],
+        attribution_point="encoded image x~ = [x, 1 - x] (per pixel and encoded channel)",
+        weights=step.gradients[0].detach(),
         encoded=encoded.detach(),
-        logits=explained.detach(),
         position_contributions=position_share,
-        target=target_t,
-        foil=foil_t,
     )

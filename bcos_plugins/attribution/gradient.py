@@ -1,0 +1,121 @@
+"""The one input x gradient step of the package.
+
+Inside :func:`~bcos_plugins.nn.explanation_mode` every dynamic weight ``W(x)`` is a constant for autograd,
+so a B-cos network is, as far as autograd sees, the linear map ``x -> W(x) x`` and for an explained scalar
+``y``: ``x . dy/dx = y`` (completeness). Every explanation path (text, images, the Space head's encoder
+input, Captum's two classes, inseq, TransformerLens) runs :func:`input_x_gradient`; none re-implements it.
+
+Rows are explained in one backward pass of the summed explained values: the rows of a batch do not interact
+in a transformer (no batch statistics), so the gradient of the sum w.r.t. row ``i``'s input is the gradient
+of row ``i``'s value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from ..errors import BcosRuntimeError, BcosValueError
+from ..nn.dynamic import explanation_mode
+
+__all__ = ["GradientStep", "as_leaf", "capture_point", "input_x_gradient", "outside_inference"]
+
+
+@dataclass
+class GradientStep:
+    """What :func:`input_x_gradient` computed: the explained values, the leaves, their gradients and
+    ``leaf * gradient`` (the contributions, one tensor per leaf)."""
+
+    explained: Float[Tensor, " batch"]
+    leaves: tuple[Tensor, ...]
+    gradients: tuple[Tensor, ...]
+    contributions: tuple[Tensor, ...]
+
+
+def outside_inference(t: Tensor) -> Tensor:
+    """``t``, or a normal copy of it if it was made under ``torch.inference_mode()`` (autograd cannot save
+    inference tensors, so a forward pass that records a graph cannot take them as inputs)."""
+    return t.clone() if isinstance(t, Tensor) and t.is_inference() else t
+
+
+def as_leaf(t: Tensor) -> Tensor:
+    """``t`` detached and requiring grad: a new attribution point."""
+    return outside_inference(t.detach()).requires_grad_(True)
+
+
+@contextmanager
+def capture_point(module: nn.Module, where: str) -> Iterator[list[Tensor]]:
+    """Replace ``module``'s first input (``where="input"``) or its output (``"output"``) by a fresh leaf on
+    every call while the block runs; yields the list the leaves are appended to.
+
+    Gradients w.r.t. a captured leaf are gradients at that point of the network (the parameters before it
+    get none), which is how contributions at an inner point (the combined embedding) are taken.
+    """
+    if where not in ("input", "output"):
+        raise BcosValueError(f"where: must be 'input' or 'output', got {where!r}.")
+    captured: list[Tensor] = []
+
+    def replace(t: Tensor) -> Tensor:
+        leaf = as_leaf(t)
+        captured.append(leaf)
+        return leaf
+
+    if where == "input":
+        handle = module.register_forward_pre_hook(lambda m, args: (replace(args[0]), *args[1:]))
+    else:
+        handle = module.register_forward_hook(lambda m, args, out: replace(out))
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+def input_x_gradient(
+    compute: Callable[[], tuple[Tensor, Sequence[Tensor]]],
+    model: nn.Module | None = None,
+    *,
+    check_finite: bool = True,
+) -> GradientStep:
+    """Run ``compute`` in explanation mode and return input x gradient of its explained values.
+
+    Args:
+        compute: called with autograd on; returns ``(explained, leaves)``: one value per row, shape
+            ``(batch,)``, and the leaf tensors to attribute to (made with :func:`as_leaf` or captured by
+            :func:`capture_point`).
+        model: the model to put into explanation mode (and eval mode for the call); ``None`` for the
+            thread-wide form, where every dynamic-weight module that runs is in explanation mode.
+        check_finite: raise if the explained values or the gradients are NaN or infinite, instead of
+            returning non-finite contributions.
+
+    Works under ``torch.no_grad()`` and ``torch.inference_mode()`` too: both are lifted for the call.
+    """
+    with torch.inference_mode(False), torch.enable_grad(), explanation_mode(model):
+        explained, leaves = compute()
+        leaves = tuple(leaves)
+        if not leaves:
+            raise BcosRuntimeError("input_x_gradient: no attribution point was reached; the forward pass did "
+                                   "not run through the captured module. Check the model and the hook point.")
+        if explained.ndim != 1:
+            raise BcosValueError(f"the explained value must be one scalar per row, shape (batch,); got shape "
+                                 f"{tuple(explained.shape)}. Select one output per row with target=.")
+        if check_finite and not torch.isfinite(explained).all():
+            rows = (~torch.isfinite(explained)).nonzero().flatten().tolist()
+            raise BcosValueError(f"the model's output is NaN or infinite for row(s) {rows}: there is nothing "
+                                 "finite to explain. Check the inputs (NaN/inf/huge values) and the weights.")
+        if not explained.requires_grad:
+            raise BcosRuntimeError("the explained value does not depend on the attribution point (no gradient "
+                                   "path); the function ignores its input.")
+        grads = torch.autograd.grad(explained.sum(), leaves, allow_unused=True)
+    grads = tuple(torch.zeros_like(leaf) if g is None else g for leaf, g in zip(leaves, grads, strict=True))
+    if check_finite and not all(torch.isfinite(g).all() for g in grads):
+        raise BcosValueError("the gradient at the attribution point is NaN or infinite: the input is outside "
+                             "the range the model computes in (e.g. huge values, or fp16 overflow). Check "
+                             "the inputs, or explain in float32.")
+    contributions = tuple(leaf.detach() * g for leaf, g in zip(leaves, grads, strict=True))
+    return GradientStep(explained=explained.detach(), leaves=tuple(leaf.detach() for leaf in leaves),
+                        gradients=grads, contributions=contributions)

@@ -1,0 +1,112 @@
+"""The result type family: one set of field names for text, images, TransformerLens and the Space head.
+
+Every explanation in the package is an :class:`Explanation`:
+
+- ``contributions``: the scores users look at, one per unit (token or pixel), the per-feature contributions
+  reduced over the feature axis;
+- ``input_contributions``: the contributions per unit *and* feature at the attribution point (``W(x) x`` per
+  token and embedding dimension; per encoded channel and pixel for images; per concept unit for the Space
+  head);
+- ``explained``: what was explained, one value per row (a logit, a logit difference ``target - foil``, a
+  hidden unit, an SAE feature's pre-activation);
+- ``target`` / ``foil``: what was explained, per row (ids, or a :class:`~bcos_plugins.attribution.Direction`);
+- ``attribution_point``: where the contributions were taken, in words.
+
+Completeness has one definition. ``delta = sum(input_contributions) - explained`` per row is the signed
+difference (what Captum and inseq call the convergence delta); ``completeness_error = |delta| / |explained|``
+is its relative size. For B-cos models ``completeness_error`` is float rounding (about 1e-6 in float32); on a
+stock model it says how far plain input x gradient is from the explained value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+__all__ = ["Explanation", "TokenExplanation", "relative_completeness_error"]
+
+# |explained| below this is treated as this: the relative error of a zero logit is |delta| / 1e-12, which is
+# huge unless delta is exactly 0, rather than a division by zero.
+_TINY = 1e-12
+
+
+def relative_completeness_error(delta: Float[Tensor, " batch"], explained: Float[Tensor, " batch"]
+                                ) -> Float[Tensor, " batch"]:
+    """``|delta| / |explained|`` per row, the package's one definition of completeness error."""
+    return delta.abs() / explained.abs().clamp_min(_TINY)
+
+
+@dataclass
+class Explanation:
+    """Base of every explanation result (see the module docstring for the fields' meaning)."""
+
+    contributions: Tensor
+    input_contributions: Tensor
+    explained: Float[Tensor, " batch"]
+    target: object
+    foil: object | None = None
+    attribution_point: str = ""
+
+    @property
+    def logits(self) -> Float[Tensor, " batch"]:
+        """The explained values (``explained``; kept because most explained values are logits)."""
+        return self.explained
+
+    @property
+    def total(self) -> Float[Tensor, " batch"]:
+        """Sum of all contributions per row (equals ``explained`` when the explanation is complete)."""
+        return self.input_contributions.reshape(self.input_contributions.shape[0], -1).sum(-1)
+
+    @property
+    def delta(self) -> Float[Tensor, " batch"]:
+        """Signed difference ``sum(input_contributions) - explained`` per row (Captum's / inseq's delta)."""
+        return self.total - self.explained
+
+    @property
+    def completeness_error(self) -> Float[Tensor, " batch"]:
+        """``|delta| / |explained|`` per row."""
+        return relative_completeness_error(self.delta, self.explained)
+
+
+@dataclass
+class TokenExplanation(Explanation):
+    """Explanation of token sequences (returned by :func:`bcos_plugins.explain`).
+
+    ``contributions`` is ``(batch, pos)``, ``input_contributions`` ``(batch, pos, d_model)``; ``position`` is
+    the explained position per row (causal LMs and base models; ``None`` for classifiers); ``reduce`` says
+    how ``contributions`` were reduced over ``d_model`` (``"sum"`` is exact, ``"mean"`` ranks the same).
+    """
+
+    position: Int[Tensor, " batch"] | None = None
+    input_ids: Int[Tensor, "batch pos"] | None = None
+    attention_mask: Int[Tensor, "batch pos"] | None = None
+    reduce: str = "sum"
+
+    @property
+    def embedding_contributions(self) -> Float[Tensor, "batch pos d_model"]:
+        """``input_contributions`` under the name the 0.1 releases used."""
+        return self.input_contributions
+
+    def _keep(self, i: int):
+        if self.attention_mask is None:
+            return slice(None)
+        return self.attention_mask[i].bool()
+
+    def tokens(self, tokenizer) -> list[list[str]]:
+        """Tokens of each row (padding removed), aligned with :meth:`scores`."""
+        if self.input_ids is None:
+            raise ValueError("tokens(): this explanation holds no input_ids (it was made from embeddings)")
+        return [tokenizer.convert_ids_to_tokens(ids[self._keep(i)].tolist())
+                for i, ids in enumerate(self.input_ids)]
+
+    def scores(self) -> list[Tensor]:
+        """Per-token scores of each row with padding removed."""
+        return [row[self._keep(i)] for i, row in enumerate(self.contributions)]
+
+    def to(self, device: str | torch.device) -> TokenExplanation:
+        """A copy with every tensor moved to ``device``."""
+        moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
+        return type(self)(**moved)

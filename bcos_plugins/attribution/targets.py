@@ -1,0 +1,165 @@
+"""What to explain, parsed with one meaning everywhere: targets, foils and positions.
+
+- Targets and foils are **ids per row**: an int (every row), a sequence or an integer tensor of shape
+  ``(batch,)``. A float tensor is refused, never guessed to be a direction: to explain a direction of the
+  output space (a linear probe, a difference of unembeddings), pass ``Direction(vector)``.
+- Positions are indices of the sequence, per row. Non-negative values are column indices; negative values
+  count from each row's **last real token** (``-1`` is the last real token of that row, whatever the
+  padding side). A position on padding or outside the sequence raises.
+
+Every path (``explain``, ``explain_image``, the Space head, Captum, inseq, TransformerLens) calls these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ..errors import BcosTypeError, BcosValueError
+
+__all__ = [
+    "Direction",
+    "last_real_position",
+    "parse_ids",
+    "resolve_positions",
+    "select_explained",
+]
+
+IdsLike = int | Sequence[int] | Tensor
+
+
+@dataclass(frozen=True)
+class Direction:
+    """A direction of the output space to explain: ``explained = outputs @ vector``.
+
+    ``vector`` is ``(n_outputs,)`` (the same direction for every row) or ``(batch, n_outputs)``. Passing it
+    wrapped is what makes a float direction explicit: plain float tensors are refused as targets.
+
+    >>> explain(model, ids, target=Direction(model.lm_head.weight[yes] - model.lm_head.weight[no]))
+    """
+
+    vector: Tensor
+
+    def __post_init__(self):
+        v = torch.as_tensor(self.vector)
+        if not v.is_floating_point():
+            raise BcosTypeError(f"Direction(vector): vector must be a float tensor, got {v.dtype}. Class or "
+                                "token ids are passed as target= directly, without Direction.")
+        if v.ndim not in (1, 2) or v.shape[-1] == 0:
+            raise BcosValueError(f"Direction(vector): vector must have shape (n_outputs,) or (batch, "
+                                 f"n_outputs); got {tuple(v.shape)}.")
+        if not torch.isfinite(v).all():
+            raise BcosValueError("Direction(vector): vector has NaN or inf entries. Pass a finite direction.")
+        object.__setattr__(self, "vector", v)
+
+    def rows(self, batch: int, n_outputs: int, name: str) -> Float[Tensor, "batch n"]:
+        v = self.vector
+        if v.shape[-1] != n_outputs:
+            raise BcosValueError(f"{name}: Direction has {v.shape[-1]} entries but the explained output has "
+                                 f"{n_outputs}. Build the direction in the output space.")
+        if v.ndim == 2 and v.shape[0] != batch:
+            raise BcosValueError(f"{name}: Direction has {v.shape[0]} rows for a batch of {batch}. Pass one "
+                                 "direction (n_outputs,) or one per row (batch, n_outputs).")
+        return v.expand(batch, -1) if v.ndim == 1 else v
+
+
+def parse_ids(value: IdsLike | Direction, batch: int, name: str, *, n_outputs: int | None = None,
+              device: torch.device | str | None = None) -> Int[Tensor, " batch"] | Direction:
+    """``value`` as ``(batch,)`` long ids (checked against ``[0, n_outputs)``), or the Direction itself."""
+    if isinstance(value, Direction):
+        if n_outputs is not None:
+            value.rows(batch, n_outputs, name)
+        return value
+    if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
+        raise BcosTypeError(f"{name}: got a boolean; pass an integer id (or one per row).")
+    if isinstance(value, float) or (isinstance(value, Tensor) and value.is_floating_point()):
+        raise BcosTypeError(
+            f"{name}: got a float ({value if isinstance(value, float) else value.dtype}); ids must be integers "
+            f"(an int, or one per row). To explain a direction of the output space pass {name}=Direction(vector)."
+        )
+    try:
+        t = torch.as_tensor(value, device=device)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise BcosTypeError(f"{name}: cannot read {value!r} as ids; pass an int, a list of ints or an integer "
+                            "tensor of shape (batch,).") from err
+    if t.is_floating_point() or t.dtype == torch.bool or t.is_complex():
+        raise BcosTypeError(f"{name}: ids must be integers, got {t.dtype}. To explain a direction pass "
+                            f"{name}=Direction(vector).")
+    t = t.to(torch.long)
+    if t.ndim == 0:
+        t = t.expand(batch)
+    if t.shape != (batch,):
+        raise BcosValueError(f"{name}: expected an int or one id per row, shape ({batch},); got shape "
+                             f"{tuple(t.shape)}.")
+    if n_outputs is not None and ((t < 0).any() or (t >= n_outputs).any()):
+        bad = t[(t < 0) | (t >= n_outputs)].tolist()
+        raise BcosValueError(f"{name}: ids must lie in [0, {n_outputs}); got {bad}. Negative ids are not "
+                             "counted from the end.")
+    return t
+
+
+def select_explained(outputs: Float[Tensor, "batch n"], target: Tensor | Direction,
+                     foil: Tensor | Direction | None = None) -> Float[Tensor, " batch"]:
+    """The explained value per row: ``outputs[target] (- outputs[foil])``, or a projection on a Direction."""
+    batch, n = outputs.shape
+
+    def pick(which, name):
+        if isinstance(which, Direction):
+            return (outputs * which.rows(batch, n, name).to(outputs.device, outputs.dtype)).sum(-1)
+        return outputs.gather(-1, which.to(outputs.device)[:, None]).squeeze(-1)
+
+    explained = pick(target, "target")
+    if foil is not None:
+        explained = explained - pick(foil, "foil")
+    return explained
+
+
+def last_real_position(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, " batch"]:
+    """Index of the last real (non-padding) token of each row, for left and right padding alike."""
+    has_token = attention_mask.sum(dim=1) > 0
+    if not has_token.all():
+        rows = (~has_token).nonzero().flatten().tolist()
+        raise BcosValueError(f"attention_mask: row(s) {rows} have no real token (all zeros). Remove empty "
+                             "rows before explaining; there is nothing to attribute to.")
+    length = attention_mask.shape[1]
+    return length - 1 - attention_mask.flip(dims=(1,)).to(torch.long).argmax(dim=1)
+
+
+def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_mask: Int[Tensor, "batch pos"],
+                      *, default: str = "last") -> Int[Tensor, " batch"]:
+    """Explained position per row (see the module docstring for the meaning of negative values).
+
+    Args:
+        position: int, one per row, or ``None`` for ``default``.
+        attention_mask: ``(batch, pos)``, 1 on real tokens.
+        default: ``"last"`` (the last real token: decoders) or ``"first"`` (the first real token: encoders'
+            [CLS]).
+    """
+    batch, length = attention_mask.shape
+    last = last_real_position(attention_mask)
+    if position is None:
+        if default == "last":
+            return last
+        return attention_mask.to(torch.long).argmax(dim=1)
+    pos = parse_ids(position, batch, "position", device=attention_mask.device)
+    resolved = torch.where(pos < 0, last + 1 + pos, pos)
+    outside = (resolved < 0) | (resolved >= length)
+    if outside.any():
+        rows = outside.nonzero().flatten().tolist()
+        raise BcosValueError(
+            f"position: {pos[outside].tolist()} is outside row(s) {rows} (length {length}; negative positions "
+            "count back from each row's last real token, -1 being it). Pass an index of a real token."
+        )
+    rows = torch.arange(batch, device=attention_mask.device)
+    on_padding = attention_mask[rows, resolved] == 0
+    if on_padding.any():
+        bad = on_padding.nonzero().flatten().tolist()
+        raise BcosValueError(
+            f"position: {resolved[on_padding].tolist()} of row(s) {bad} is a padding token; the output there is "
+            "meaningless. Pass a real token's index, or a negative position (-1 = last real token, per row)."
+        )
+    return resolved

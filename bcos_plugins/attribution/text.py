@@ -1,0 +1,152 @@
+"""Text models: input checks, the attribution point and forward arguments, shared by every text path.
+
+``bcos_plugins.explain``, the Captum adapter's ``EmbeddingForward`` and the inseq adapter all take
+contributions at the point chosen here and call the model with the arguments built here, so they explain
+the same function.
+
+Attribution point:
+
+- B-cos models (any supported class), GPT-2 and Llama: the combined embedding (word + position + token
+  type; token embeddings for Llama, whose positions enter through rotary query/key only). For a B-cos model
+  contributions there sum exactly to the explained logit.
+- stock BERT, DistilBERT and RoBERTa: the *output* of the embedding LayerNorm. The combined embedding feeds
+  that LayerNorm, which ignores its input's scale, so input x gradient before it is identically zero
+  (floating-point noise of about 1e-9) for any model; after it, input x gradient means what it means for
+  GPT-2 (where the paper's reference code attributes). For a B-cos model both points give the same token sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Int
+from torch import Tensor, nn
+
+from ..convert.architectures import ArchitectureSpec, spec_for
+from ..errors import BcosTypeError, BcosValueError
+from ..nn.dynamic import DynamicWeightModule
+from .gradient import outside_inference
+
+__all__ = ["TextPoint", "has_dynamic_weights", "text_attribution_point", "check_token_inputs",
+           "model_call_kwargs"]
+
+
+def has_dynamic_weights(model: nn.Module) -> bool:
+    """Whether ``model`` contains B-cos / dynamic-weight modules (i.e. was B-cosified or built B-cos)."""
+    return any(isinstance(m, DynamicWeightModule) for m in model.modules())
+
+
+@dataclass(frozen=True)
+class TextPoint:
+    """Where contributions are taken: ``module``'s input or output, described in words."""
+
+    module: nn.Module
+    where: str
+    description: str
+
+
+def text_attribution_point(model: nn.Module, spec: ArchitectureSpec | None = None) -> TextPoint:
+    """The attribution point of a supported transformers model (module docstring)."""
+    spec = spec or spec_for(model)
+    bcos = has_dynamic_weights(model)
+    if not bcos and isinstance(getattr(getattr(model, "config", None), "bcos", None), dict):
+        raise BcosTypeError(
+            f"model: {type(model).__name__} has B-cos settings in its config (config.bcos) but no B-cos modules: "
+            "it was saved from a B-cos model and loaded with plain transformers, so it runs the stock model. "
+            "Load it with bcos_plugins.load_bcos_model(path)."
+        )
+    module, where = spec.embedding_module(model)
+    path = spec.embedding_point[0]
+    if not bcos and where == "input" and path.endswith("LayerNorm"):
+        return TextPoint(module, "output", f"output of {path} (stock model: after the embedding LayerNorm, "
+                                           "where input x gradient is not zero)")
+    if spec.kind == "decoder" and where == "output":
+        what = "token embeddings (positions enter through rotary query/key)"
+    else:
+        what = "combined embedding (word + position" + (" + token type" if spec.kind == "encoder" else "") + ")"
+    return TextPoint(module, where, f"{what}, {where} of {path}")
+
+
+def _position_limit(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", "")
+    if model_type == "gpt2":
+        return getattr(config, "n_positions", None)
+    if model_type in ("bert", "distilbert"):
+        return getattr(config, "max_position_embeddings", None)
+    if model_type == "roberta":
+        # RoBERTa counts positions from padding_idx + 1
+        return config.max_position_embeddings - (config.pad_token_id or 0) - 1
+    return None  # rotary (Llama): no table to run off
+
+
+def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Tensor, Tensor | None]:
+    """Validate ``input_ids`` / ``attention_mask`` for ``model``; returns them (normal tensors)."""
+    if not isinstance(input_ids, Tensor):
+        raise BcosTypeError(f"input_ids: expected a tensor of token ids (batch, pos), got "
+                            f"{type(input_ids).__name__}. Tokenise with tokenizer(texts, return_tensors='pt').")
+    if input_ids.is_floating_point() or input_ids.dtype == torch.bool or input_ids.is_complex():
+        raise BcosTypeError(f"input_ids: token ids must be integers, got {input_ids.dtype}. Pass the "
+                            "tokenizer's input_ids (to explain embeddings use the Captum adapter).")
+    if input_ids.ndim != 2:
+        raise BcosValueError(f"input_ids: expected shape (batch, pos), got {tuple(input_ids.shape)}. Add a batch "
+                             "dimension with input_ids[None] for one sequence.")
+    batch, length = input_ids.shape
+    if batch == 0 or length == 0:
+        raise BcosValueError(f"input_ids: empty input of shape {tuple(input_ids.shape)}; there is nothing to "
+                             "explain. Pass at least one sequence of at least one token.")
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocab = getattr(embeddings, "num_embeddings", None)
+    if vocab is not None and ((input_ids < 0).any() or (input_ids >= vocab).any()):
+        bad = input_ids[(input_ids < 0) | (input_ids >= vocab)].unique()[:5].tolist()
+        raise BcosValueError(f"input_ids: ids {bad} are outside the vocabulary [0, {vocab}). Use the model's "
+                             "own tokenizer.")
+    limit = _position_limit(model)
+    if limit is not None and length > limit:
+        raise BcosValueError(f"input_ids: {length} tokens but the model has {limit} positions. Truncate "
+                             f"(tokenizer(..., truncation=True, max_length={limit})).")
+    if attention_mask is not None:
+        if not isinstance(attention_mask, Tensor):
+            raise BcosTypeError(f"attention_mask: expected a tensor, got {type(attention_mask).__name__}.")
+        if attention_mask.shape != input_ids.shape:
+            raise BcosValueError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids "
+                                 f"{tuple(input_ids.shape)}. Pass the mask the tokenizer returned with the ids.")
+        if attention_mask.is_floating_point():
+            if not ((attention_mask == 0) | (attention_mask == 1)).all():
+                raise BcosValueError("attention_mask: must hold 0 (padding) and 1 (real token) only.")
+        elif not ((attention_mask == 0) | (attention_mask == 1)).all():
+            raise BcosValueError("attention_mask: must hold 0 (padding) and 1 (real token) only.")
+        attention_mask = outside_inference(attention_mask.to(torch.long))
+        empty = attention_mask.sum(-1) == 0
+        if empty.any():
+            raise BcosValueError(f"attention_mask: row(s) {empty.nonzero().flatten().tolist()} have no real "
+                                 "token (all zeros). Remove empty rows; there is nothing to attribute to.")
+    return outside_inference(input_ids), attention_mask
+
+
+def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[Tensor, "batch pos"],
+                      attention_mask: Int[Tensor, "batch pos"] | None, forward_kwargs: dict) -> dict:
+    """Keyword arguments for ``model(...)`` so that every row is computed as it would be alone.
+
+    Decoders: position ids count real tokens (as ``generate`` does), so left padding does not shift them.
+    Decoder classifiers (GPT-2 / Llama ``ForSequenceClassification``) pick the last token that is not
+    ``config.pad_token_id``; padding written with another id would make them read a padding position, so
+    padded positions are rewritten to ``pad_token_id`` (the model never attends to them).
+    """
+    kwargs = dict(forward_kwargs)
+    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+    if spec.kind == "decoder" and "position_ids" not in kwargs:
+        kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp_min(0)
+    if spec.kind == "decoder" and spec.is_classifier and attention_mask is not None and (mask == 0).any():
+        pad = getattr(model.config, "pad_token_id", None)
+        if pad is None:
+            raise BcosValueError(
+                "attention_mask: the batch is padded but the decoder classifier has no config.pad_token_id, "
+                "so it cannot find each row's last token. Set model.config.pad_token_id = "
+                "tokenizer.pad_token_id (or explain one row at a time)."
+            )
+        input_ids = torch.where(mask == 0, torch.full_like(input_ids, pad), input_ids)
+    kwargs["input_ids"] = input_ids
+    kwargs["attention_mask"] = attention_mask
+    return kwargs
