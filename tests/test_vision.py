@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bcos_plugins.errors import BcosError, BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLinear, explanation_mode
 from bcos_plugins.vision import BcosConv2d, BcosViT, BcosViTConfig, encode_image, explain_image
 
@@ -211,11 +212,11 @@ def test_wrong_inputs_give_clear_errors():
         model(pixel_values=(images() * 255).to(torch.uint8))
     with pytest.raises(ValueError, match="exactly one of pixel_values"):
         model(pixel_values=images(), encoded_pixel_values=encode_image(images()))
-    with pytest.raises(ValueError, match=r"encoded_pixel_values must have shape \(batch, 2, 8, 8\)"):
+    with pytest.raises(ValueError, match=r"encoded_pixel_values: must have shape \(batch, 2, 8, 8\).*2 \* num_channels"):
         model(encoded_pixel_values=images())
     with pytest.raises(ValueError, match=r"target: ids must lie in \[0, 3\)"):
         explain_image(model, images(), target=3)
-    with pytest.raises(ValueError, match=r"shape \(batch,\) = \(3,\)"):
+    with pytest.raises(ValueError, match=r"target: expected an int or one id per row, shape \(3,\)"):
         explain_image(model, images(), target=torch.tensor([0, 1]))
     with pytest.raises(TypeError, match="explains a BcosViT"):
         explain_image(torch.nn.Linear(2, 2), images())
@@ -247,3 +248,51 @@ def test_attention_hook_points_see_the_pattern_and_values():
         h.remove()
     assert torch.equal(seen["pattern"], out.attentions[1])
     assert seen["values"].shape == (2, 2, 4, 4)  # (batch, heads, tokens, head size)
+
+
+# --- issue 15: unusual input gets a correct answer or a clear error -------------------------------------------
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    ({"patch_size": 0}, "patch_size: must be >= 1"),
+    ({"patch_size": -4}, "patch_size: must be >= 1"),
+    ({"image_size": 10, "patch_size": 4}, "patch_size: image_size=10 must be a multiple of patch_size=4"),
+    ({"num_channels": 0}, "num_channels: must be >= 1"),
+    ({"hidden_size": 8.0}, "hidden_size: must be an int"),
+    ({"b": float("inf")}, "b: must be finite"),
+    ({"b": 1e6}, r"b: b=1000000.0 must be >= 1 and <= 10"),
+    ({"logit_scale": 0.0}, "logit_scale: must be > 0"),
+    ({"conv_channels": [4, 0]}, "conv_channels: must be >= 1"),
+    ({"num_labels": 0}, "num_labels: must be >= 1"),
+])
+def test_bad_config_values_are_named(overrides, match):
+    with pytest.raises(BcosError, match=match):
+        BcosViTConfig(**overrides)
+
+
+def test_bad_images_are_named_by_the_model_and_explain_image():
+    model = tiny_vit()
+    with pytest.raises(BcosValueError, match="pixel_values: is an empty batch"):
+        model(pixel_values=images()[:0])
+    with pytest.raises(BcosValueError, match=r"pixel_values: must have shape \(batch, 1, 8, 8\).*num_channels=1"):
+        model(pixel_values=images(channels=3))
+    nan = images()
+    nan[1, 0, 2, 3] = float("nan")
+    with pytest.raises(BcosValueError, match=r"pixel_values: contains NaN or inf in row \[1\]"):
+        model(pixel_values=nan)
+    with pytest.raises(BcosValueError, match=r"pixel_values: contains NaN or inf in row \[1\]"):
+        explain_image(model, nan)
+    with pytest.raises(BcosValueError, match=r"encoded_pixel_values: contains NaN"):
+        model(encoded_pixel_values=encode_image(nan.nan_to_num(0.5)) * float("inf"))
+    # values outside [0, 1] are refused, not clipped (documented on BcosViTConfig)
+    with pytest.raises(BcosValueError, match=r"pixel_values: B-cos image inputs must lie in \[0, 1\]"):
+        model(pixel_values=images() + 0.01)
+    with pytest.raises(BcosValueError, match=r"labels: must be class ids in \[0, 3\)"):
+        model(pixel_values=images(), labels=torch.tensor([0, 1, 3]))
+    with pytest.raises(BcosTypeError, match="labels: must be an integer tensor"):
+        model(pixel_values=images(), labels=torch.tensor([0.0, 1.0, 2.0]))
+    # the edges of the valid range are explained exactly
+    edges = torch.zeros(2, 1, 8, 8, dtype=torch.float64)
+    edges[1] = 1.0
+    e = explain_image(model, edges, target=1)
+    assert torch.isfinite(e.contributions).all()
+    torch.testing.assert_close(e.total, e.logits)

@@ -24,6 +24,8 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import ImageClassifierOutput
 
+from ..errors import argument_error
+from ..metrics._checks import require_class_ids
 from .config import BcosViTConfig
 from .encoding import check_pixel_values
 
@@ -97,8 +99,10 @@ class ConventionalViT(PreTrainedModel):
                 output_attentions: bool = False, return_dict: bool = True, **kwargs) -> ImageClassifierOutput:
         """Classify images in [0, 1]; with ``labels`` the loss is softmax cross-entropy."""
         if pixel_values is None:
-            raise ValueError("pixel_values (images in [0, 1]) is required")
+            raise argument_error("pixel_values", "is required", "Pass images in [0, 1] of shape (batch, C, H, W)")
         check_pixel_values(pixel_values, self.config.num_channels, self.config.image_size)
+        if labels is not None:
+            labels = require_class_ids("labels", labels, pixel_values.shape[0], self.config.num_labels)
         tokens = self.tokenizer(pixel_values).flatten(2).transpose(1, 2) + self.position_embedding
         patterns = []
         for block in self.blocks:

@@ -17,6 +17,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from ..errors import BcosValueError, argument_error
+from ..metrics._checks import bad_rows, require_tensor
+
 __all__ = ["InputEncoding", "check_pixel_values", "encode_image"]
 
 # Images are allowed a little float noise around [0, 1] (resizing, normalising by 255 in float32).
@@ -24,9 +27,10 @@ _RANGE_TOLERANCE = 1e-4
 
 
 def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int, what: str = "pixel_values") -> None:
-    """Raise a ``ValueError`` naming the problem and the fix if ``pixel_values`` does not fit the model."""
+    """Raise a :class:`~bcos_plugins.errors.BcosValueError` naming the problem and the fix if ``pixel_values``
+    does not fit the model: not a float tensor, wrong shape, an empty batch, or NaN / inf values."""
     if not isinstance(pixel_values, Tensor) or not pixel_values.is_floating_point():
-        raise ValueError(f"{what} must be a float tensor of shape (batch, {num_channels}, {image_size}, "
+        raise BcosValueError(f"{what}: must be a float tensor of shape (batch, {num_channels}, {image_size}, "
                          f"{image_size}) with values in [0, 1]; got {type(pixel_values).__name__} "
                          f"{getattr(pixel_values, 'dtype', '')}")
     expected = (num_channels, image_size, image_size)
@@ -36,21 +40,35 @@ def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int,
             hint = " (add the batch dimension: pixel_values[None])"
         elif pixel_values.ndim == 4 and pixel_values.shape[-1] == num_channels:
             hint = " (channels last? use pixel_values.permute(0, 3, 1, 2))"
+        elif pixel_values.ndim == 4 and pixel_values.shape[1] != num_channels and what == "encoded_pixel_values":
+            hint = f" (the [x, 1 - x] encoding has 2 * num_channels = {num_channels} channels; see encode_image)"
         elif pixel_values.ndim == 4 and pixel_values.shape[1] != num_channels:
             hint = f" (the model was configured with num_channels={num_channels})"
         elif pixel_values.ndim == 4:
             hint = (f" (the model was configured with image_size={image_size}; resize the images, e.g. "
                     f"torch.nn.functional.interpolate)")
-        raise ValueError(f"{what} must have shape (batch, {num_channels}, {image_size}, {image_size}); got "
-                         f"{tuple(pixel_values.shape)}{hint}")
+        raise BcosValueError(f"{what}: must have shape (batch, {num_channels}, {image_size}, {image_size}); got "
+                             f"{tuple(pixel_values.shape)}{hint}.")
+    if pixel_values.shape[0] == 0:
+        raise argument_error(what, f"is an empty batch (shape {tuple(pixel_values.shape)})",
+                             "Pass at least one image")
+    finite = torch.isfinite(pixel_values)
+    if not finite.all():
+        raise argument_error(what, f"contains NaN or inf in {bad_rows(~finite)}",
+                             "Pass finite values (check the image loading / resizing)")
 
 
 def encode_image(pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch two_c h w"]:
     """``[x, 1 - x]`` along the channel axis; values must lie in [0, 1]."""
+    pixel_values = require_tensor("pixel_values", pixel_values, kind="float", shape_hint="(batch, C, H, W)")
+    if pixel_values.ndim < 2 or pixel_values.numel() == 0:
+        raise argument_error("pixel_values", f"must be a non-empty (batch, C, H, W) tensor, got shape "
+                             f"{tuple(pixel_values.shape)}", "Pass at least one image")
     lo, hi = pixel_values.min().item(), pixel_values.max().item()
     if lo < -_RANGE_TOLERANCE or hi > 1 + _RANGE_TOLERANCE:
-        raise ValueError(f"B-cos image inputs must lie in [0, 1] (they are encoded as [x, 1 - x]); got values in "
-                         f"[{lo:.4g}, {hi:.4g}]. Scale the images to [0, 1] instead of standardising them.")
+        raise BcosValueError(f"pixel_values: B-cos image inputs must lie in [0, 1] (they are encoded as [x, 1 - x]); "
+                             f"got values in [{lo:.4g}, {hi:.4g}]. Scale the images to [0, 1] instead of "
+                             "standardising them.")
     return torch.cat([pixel_values, 1.0 - pixel_values], dim=1)
 
 

@@ -25,6 +25,8 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import ImageClassifierOutput
 
+from ..errors import argument_error
+from ..metrics._checks import require_class_ids
 from ..nn.conv import BcosConv2d
 from ..nn.linear import BcosLinear
 from ..train import bcos_loss
@@ -122,14 +124,16 @@ class BcosViT(PreTrainedModel):
                 return_dict: bool = True, **kwargs) -> ImageClassifierOutput:
         """Classify images; with ``labels`` the loss is B-cos BCE (:func:`~bcos_plugins.bcos_loss`)."""
         if (pixel_values is None) == (encoded_pixel_values is None):
-            raise ValueError("pass exactly one of pixel_values (images in [0, 1]) and encoded_pixel_values "
-                             "(the [x, 1 - x] encoding)")
+            raise argument_error("pixel_values", "pass exactly one of pixel_values (images in [0, 1]) and "
+                                 "encoded_pixel_values (the [x, 1 - x] encoding)", "Drop the other one")
         if encoded_pixel_values is None:
             encoded = self.encode(pixel_values)
         else:
             encoded = encoded_pixel_values
             check_pixel_values(encoded, 2 * self.config.num_channels, self.config.image_size,
                                what="encoded_pixel_values")
+        if labels is not None:
+            labels = require_class_ids("labels", labels, encoded.shape[0], self.config.num_labels)
         logits, patterns = self.forward_encoded(encoded)
         loss = bcos_loss(logits, labels) if labels is not None else None
         return ImageClassifierOutput(loss=loss, logits=logits,
