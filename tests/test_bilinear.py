@@ -143,7 +143,7 @@ def test_module_with_biases_completeness_misses_exactly_the_bias_share():
     with explanation_mode(layer):
         out = layer(x)
         contributions = x * torch.autograd.grad(out[:, 0].sum(), x)[0]
-    bias_share = (layer.W.bias * layer.V(x)) @ layer.P.weight.T + layer.P.bias
+    bias_share = (layer.W(x) * layer.V.bias) @ layer.P.weight.T + layer.P.bias
     torch.testing.assert_close(contributions.sum(-1) + bias_share[:, 0], out[:, 0])
 
 

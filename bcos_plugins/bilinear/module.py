@@ -4,13 +4,26 @@ A gated linear unit without the gate nonlinearity (paper Eq. 1 with ``sigma`` = 
 quadratic form of the input: for an output direction ``u``, ``u . out = x^T Q(u) x`` with
 ``Q(u) = W^T diag(P^T u) V`` (see :mod:`bcos_plugins.bilinear.interaction`).
 
-Explanation mode. A bias-free bilinear layer is homogeneous of degree 2, so plain input x gradient gives
-``x . d out / dx = 2 out`` (the product rule counts each branch once). As a
-:class:`~bcos_plugins.nn.DynamicWeightModule`, the right branch ``V x + b_v`` is the dynamic weight: inside
-:func:`~bcos_plugins.nn.explanation_mode` it is a constant, the layer is the linear map
-``x -> P (diag(V x + b_v) (W x + b_w))`` and ``x . d out / dx = out - P (b_w * (V x + b_v))``: exactly
+Explanation mode: the gate branch is the constant (the package's one convention for every product of two
+input-dependent branches). A bias-free bilinear layer is homogeneous of degree 2, so plain input x gradient
+gives ``x . d out / dx = 2 out`` (the product rule counts each branch once). One branch must be held
+constant, and the package always holds the **gate** branch ``g(x) = W x + b_w``, the branch that a gated MLP
+passes through its activation:
+
+=====================================  ====================  =========================  ==================
+layer                                  constant (gate)       linear branch (kept)       output
+=====================================  ====================  =========================  ==================
+:class:`BilinearMLP`                   ``W x + b_w``         ``V x + b_v``              ``P``
+transformers gated MLP (``bcosify``)   ``act(gate_proj x)``  ``up_proj x``              ``down_proj``
+TransformerLens ``GatedMLP``           ``act(x W_gate)``     ``x W_in``                 ``W_out``
+=====================================  ====================  =========================  ==================
+
+(``bilinear_weights`` maps ``W = gate``, ``V = up / W_in``, so the three are the same layer.) Inside
+:func:`~bcos_plugins.nn.explanation_mode` the layer is then the linear map
+``x -> P (diag(W x + b_w) (V x + b_v))`` and ``x . d out / dx = out - P ((W x + b_w) * b_v)``: exactly
 ``out`` without biases; with biases the missing term is the bias share, which is the contribution of the
-constant coordinate of the augmented input ``[x, 1]``.
+constant coordinate of the augmented input ``[x, 1]``. Per hidden unit ``k`` the contribution of input
+feature ``i`` is ``x_i V_ki (W x + b_w)_k``: the same on all three paths for the same weights.
 """
 
 from __future__ import annotations
@@ -58,8 +71,8 @@ class BilinearMLP(DynamicWeightModule):
         return self.P.out_features
 
     def hidden(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_hidden"]:
-        """``g(x) = (W x + b_w) * (V x + b_v)``, the right branch detached in explanation mode."""
-        return self.W(x) * self.dynamic_weight(self.V(x))
+        """``g(x) = (W x + b_w) * (V x + b_v)``, the gate branch ``W x + b_w`` detached in explanation mode."""
+        return self.dynamic_weight(self.W(x)) * self.V(x)
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         if x.shape[-1] != self.d_in:

@@ -14,7 +14,8 @@ class BcosGatedMLP(DynamicWeightModule):
     Mixed into the class of an existing ``LlamaMLP`` instance (see ``bcosify``), so attribute names and
     state-dict keys are those of transformers. In explanation mode ``act(gate(x))`` is a constant:
     ``x · d/dx [a(x) * u(x)]`` would otherwise count the product twice (product rule) and the
-    explanation would sum to twice the MLP output's share. With ``act = identity`` this is a bilinear MLP.
+    explanation would sum to twice the MLP output's share. With ``act = identity`` this is a bilinear MLP;
+    the convention (gate constant, on every path) is stated in :mod:`bcos_plugins.bilinear.module`.
     """
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
