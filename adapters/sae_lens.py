@@ -21,6 +21,7 @@ to have the SAEs' hook names checked.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -37,8 +38,17 @@ from bcos_plugins.bilinear import (
     interaction_matrix,
     top_eigen_indices,
 )
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
+from bcos_plugins.metrics._checks import require_int
 
-__all__ = ["BilinearSAEInteractions", "FeatureInteraction", "LowRankCorrelation", "expected_hook_names"]
+__all__ = [
+    "BilinearSAEInteractions",
+    "FeatureInteraction",
+    "LowRankCorrelation",
+    "SAEErrorShare",
+    "expected_hook_names",
+    "sae_error_share",
+]
 
 
 class FeatureInteraction(NamedTuple):
@@ -76,28 +86,28 @@ def expected_hook_names(layer) -> tuple[set[str], set[str]] | None:
 
 def _check_sae(sae, role: str, width: int, hooks: set[str] | None) -> None:
     if not isinstance(sae, SAE):
-        raise TypeError(
+        raise BcosTypeError(
             f"the {role} SAE must be a sae_lens.SAE (any architecture, e.g. TopKSAE or a TrainingSAE), got "
             f"{type(sae).__name__}"
         )
     if sae.cfg.d_in != width:
-        raise ValueError(
+        raise BcosValueError(
             f"the {role} SAE has d_in={sae.cfg.d_in} but the bilinear layer's {role} has width {width}; it was trained "
             f"on a different activation."
         )
     if sae.cfg.normalize_activations != "none":
-        raise ValueError(
+        raise BcosValueError(
             f"the {role} SAE normalises its inputs ({sae.cfg.normalize_activations!r}), so its directions are not in "
             "the layer's coordinates; fold the normalisation first (e.g. sae.fold_activation_norm_scaling_factor(s))."
         )
     if sae.cfg.reshape_activations != "none":
-        raise ValueError(f"the {role} SAE reshapes its inputs ({sae.cfg.reshape_activations!r}); it belongs to "
+        raise BcosValueError(f"the {role} SAE reshapes its inputs ({sae.cfg.reshape_activations!r}); it belongs to "
                          "an attention hook, not to an MLP.")
     if hooks is None:
         return
     hook_name = sae.cfg.metadata.hook_name
     if hook_name is None:
-        raise ValueError(
+        raise BcosValueError(
             f"the {role} SAE has no hook name (cfg.metadata.hook_name is None), so it cannot be checked against the "
             f"layer, which reads {sorted(hooks)}; set sae.cfg.metadata.hook_name = {sorted(hooks)[0]!r}."
         )
@@ -107,9 +117,26 @@ def _check_sae(sae, role: str, width: int, hooks: set[str] | None) -> None:
                                                                            for h in hooks):
             hint = (" The MLP reads the normalised residual stream (ln2), not hook_resid_mid; train the input SAE on "
                     "ln2.hook_normalized.")
-        raise ValueError(
+        raise BcosValueError(
             f"the {role} SAE was trained on {hook_name!r} but the bilinear layer's {role} is {sorted(hooks)}.{hint}"
         )
+
+
+def _feature_ids(features, name: str, d_sae: int, role: str) -> Tensor:
+    """Feature ids as a 1-d long tensor; refuses floats, empty lists and ids outside ``[0, d_sae)`` (a negative
+    id would silently index from the end)."""
+    ids = torch.as_tensor(features)
+    if ids.numel() == 0:
+        raise BcosValueError(f"{name}: no feature ids given. Pass at least one index in [0, {d_sae}).")
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise BcosTypeError(f"{name}: feature ids must be ints, got dtype {ids.dtype}. Pass indices of the {role} "
+                            "SAE's features.")
+    ids = ids.to(torch.long).reshape(-1)
+    bad = ids[(ids < 0) | (ids >= d_sae)]
+    if bad.numel():
+        raise BcosValueError(f"{name}: ids {bad.tolist()[:8]} are outside [0, {d_sae}), the {role} SAE's features "
+                             f"(d_sae={d_sae}). Pass indices in that range.")
+    return ids
 
 
 def _encoder_directions(sae) -> Float[Tensor, "d_in d_sae"]:
@@ -157,11 +184,16 @@ class BilinearSAEInteractions:
         self.input_sae, self.output_sae = input_sae, output_sae
 
     def _encoder(self, features) -> Float[Tensor, "n d_out"]:
-        features = torch.as_tensor(features, dtype=torch.long).reshape(-1)
-        d_sae = self.output_sae.cfg.d_sae
-        if features.numel() == 0 or features.min() < 0 or features.max() >= d_sae:
-            raise ValueError(f"output features {features.tolist()} must be indices in [0, {d_sae}) of the output SAE")
+        features = _feature_ids(features, "output_feature", self.output_sae.cfg.d_sae, "output")
         return _encoder_directions(self.output_sae)[:, features].T.to(self.weights.P.dtype)
+
+    def _input_decoder(self, input_features, dtype) -> tuple[Tensor, Tensor]:
+        """The input SAE's decoder directions (of ``input_features`` if given) and their feature ids."""
+        decoder = _decoder_directions(self.input_sae).to(dtype)
+        if input_features is None:
+            return decoder, torch.arange(decoder.shape[0])
+        names = _feature_ids(input_features, "input_features", self.input_sae.cfg.d_sae, "input")
+        return decoder[names], names
 
     def _input_coordinates(self, x: Tensor) -> Tensor:
         return augment_input(x) if self.augmented else x
@@ -173,9 +205,7 @@ class BilinearSAEInteractions:
     def feature_interactions(self, output_feature: int, input_features=None) -> Float[Tensor, "n_in n_in"]:
         """``D Q(e) D^T``: the interaction of every pair of input-SAE features (or of ``input_features``)."""
         q = self.interaction_matrix(output_feature)[: self.weights.d_in, : self.weights.d_in]  # quadratic part
-        decoder = _decoder_directions(self.input_sae).to(q.dtype)
-        if input_features is not None:
-            decoder = decoder[torch.as_tensor(input_features, dtype=torch.long)]
+        decoder, _ = self._input_decoder(input_features, q.dtype)
         return decoder @ q @ decoder.T
 
     def top_interactions(self, output_feature: int, k: int = 15, input_features=None,
@@ -184,12 +214,10 @@ class BilinearSAEInteractions:
 
         Streams over row blocks of ``Q_feat`` so that ``d_sae_in^2`` numbers are never held at once.
         """
+        k = require_int("k", k, minimum=0)
+        block_size = require_int("block_size", block_size, minimum=1)
         q = self.interaction_matrix(output_feature)[: self.weights.d_in, : self.weights.d_in]
-        decoder = _decoder_directions(self.input_sae).to(q.dtype)
-        names = torch.arange(decoder.shape[0])
-        if input_features is not None:
-            names = torch.as_tensor(input_features, dtype=torch.long)
-            decoder = decoder[names]
+        decoder, names = self._input_decoder(input_features, q.dtype)
         projected = decoder @ q  # (n_in, d_in)
         best_values = q.new_empty(0)
         best_pairs = torch.empty(0, 2, dtype=torch.long)
@@ -223,6 +251,7 @@ class BilinearSAEInteractions:
     def low_rank_approximation(self, mlp_inputs: Float[Tensor, "tokens d_in"], output_features, rank: int
                                ) -> Float[Tensor, "tokens n"]:
         """``sum over the top-rank |lambda_i| of lambda_i (v_i . x)^2`` for each output feature (paper §5.2)."""
+        rank = require_int("rank", rank, minimum=1)
         eig = eigendecompose(self._analysed, self._encoder(output_features))
         x = self._input_coordinates(mlp_inputs.reshape(-1, self.weights.d_in).to(self.weights.W.dtype))
         activations = eigenvector_activations(eig, x)
@@ -232,7 +261,12 @@ class BilinearSAEInteractions:
     def low_rank_correlation(self, mlp_inputs: Float[Tensor, "... d_in"], output_features, ranks=(1, 2, 4, 8)
                              ) -> LowRankCorrelation:
         """Correlation of each output feature's activation with its low-rank approximations, on active tokens."""
-        features = torch.as_tensor(output_features, dtype=torch.long).reshape(-1).tolist()
+        # A rank below 1 would index the last cumulative sum (the full form) and report a correlation of 1.
+        ranks = list(ranks) if not isinstance(ranks, int | str) else []
+        if not ranks:
+            raise BcosValueError("ranks: must be a non-empty sequence of ints >= 1. Pass e.g. ranks=(1, 2, 4, 8).")
+        ranks = [require_int("ranks", r, minimum=1) for r in ranks]
+        features = _feature_ids(output_features, "output_features", self.output_sae.cfg.d_sae, "output").tolist()
         x = mlp_inputs.reshape(-1, self.weights.d_in).to(self.weights.W.dtype)
         actual = self.output_activations(x)[:, features].to(x.dtype)  # (tokens, n)
         active = actual > 0
@@ -240,7 +274,6 @@ class BilinearSAEInteractions:
         eigen_acts = eigenvector_activations(eig, self._input_coordinates(x))  # (tokens, n, d_in)
         order = top_eigen_indices(eig.eigenvalues, eig.eigenvalues.shape[-1])  # by |lambda|, descending
         sorted_acts = eigen_acts.gather(-1, order.expand(eigen_acts.shape[0], *order.shape)).cumsum(-1)
-        ranks = [int(r) for r in ranks]
         correlations = torch.full((len(ranks), len(features)), float("nan"), dtype=x.dtype)
         for f in range(len(features)):
             rows = active[:, f]
@@ -250,3 +283,89 @@ class BilinearSAEInteractions:
                 approx = sorted_acts[rows, f, min(rank, sorted_acts.shape[-1]) - 1]
                 correlations[r, f] = torch.corrcoef(torch.stack([actual[rows, f], approx]))[0, 1]
         return LowRankCorrelation(ranks, features, correlations, active.sum(0).to(x.dtype))
+
+
+@dataclass
+class SAEErrorShare:
+    """How much of an explained logit the SAEs' error terms carry (see :func:`sae_error_share`).
+
+    Attributes:
+        explanation: the token-level explanation (``explain_logits``) of the SAE-spliced model.
+        error_shares: per SAE hook name, ``sum(error_term * d explained / d sae_output)`` per row: the part of the
+            explained value that flows through that SAE's error term (exact: everything after the SAE is linear
+            in explanation mode).
+    """
+
+    explanation: object
+    error_shares: dict[str, Float[Tensor, " batch"]]
+
+    @property
+    def error_share(self) -> Float[Tensor, " batch"]:
+        """The error terms' part of the explained value, all SAEs together."""
+        return sum(self.error_shares.values(), torch.zeros_like(self.explanation.explained))
+
+    @property
+    def error_fraction(self) -> Float[Tensor, " batch"]:
+        """``error_share / explained``: 0 when the SAEs reconstruct exactly what the model needs."""
+        explained = self.explanation.explained
+        return self.error_share / torch.where(explained == 0, torch.full_like(explained, 1e-12), explained)
+
+    @property
+    def other_share(self) -> Float[Tensor, " batch"]:
+        """``explained - token contributions - error_share``: what neither the tokens nor the error terms carry,
+        i.e. the SAEs' biases (``b_enc``, ``b_dec``: an SAE is affine, not linear, in its input). Float rounding
+        (about 1e-6 relative) for SAEs without biases."""
+        return self.explanation.explained - self.explanation.total - self.error_share
+
+
+def sae_error_share(model, tokens: Tensor, **explain_kwargs) -> SAEErrorShare:
+    """Explain a logit of a ``HookedSAETransformer`` with SAEs attached, and say how much their error terms carry.
+
+    With ``add_sae(sae, use_error_term=True)`` the spliced model computes the original activations
+    (``reconstruction + error``), but sae-lens computes the error term under ``torch.no_grad()``: an
+    explanation at the embeddings sees only the reconstruction path and is incomplete by the error term's share.
+    This runs :func:`bcos_plugins.adapters.transformer_lens.explain_logits` once (same arguments) and captures,
+    at every attached SAE, the error term and the gradient of the explained value at the SAE's output; their
+    product is that SAE's error share. ``explanation.total + error_share + other_share == explained``, where
+    ``other_share`` is the SAEs' biases' part (zero for bias-free SAEs).
+
+    Args:
+        model: an explainable ``HookedSAETransformer`` (e.g. ``hooked_transformer_from_hf(...,
+            model_class=HookedSAETransformer)``) with SAEs attached (``model.add_sae``).
+        tokens, explain_kwargs: as for ``explain_logits`` (``target``, ``foil``, ``position``, ``attention_mask``).
+    """
+    from .transformer_lens import explain_logits  # local: this module is importable without the lens adapter
+
+    saes = getattr(model, "acts_to_saes", None)
+    if not saes:
+        raise BcosTypeError(
+            "model: no SAEs are attached (model.acts_to_saes is empty or missing). Attach them with "
+            "HookedSAETransformer.add_sae(sae, use_error_term=True), or use explain_logits for a model without SAEs.")
+    errors: dict[str, Tensor] = {}
+    grads: dict[str, Tensor] = {}
+
+    def keep_error(activation: Tensor, hook) -> Tensor:
+        errors[hook.name.rsplit(".", 1)[0]] = activation.detach()
+        return activation
+
+    def keep_gradient(activation: Tensor, hook) -> Tensor:
+        name = hook.name.rsplit(".", 1)[0]
+        if activation.requires_grad:
+            activation.register_hook(lambda g: grads.__setitem__(name, g.detach()))
+        return activation
+
+    hooks = []
+    for name in saes:
+        hooks += [(f"{name}.hook_sae_error", keep_error), (f"{name}.hook_sae_output", keep_gradient)]
+    with model.hooks(fwd_hooks=hooks):
+        explanation = explain_logits(model, tokens, **explain_kwargs)
+    shares = {}
+    for name in saes:
+        if name not in errors:  # use_error_term=False: the reconstruction replaces the activation, no error term
+            continue
+        if name not in grads:
+            raise BcosRuntimeError(
+                f"the explained value has no gradient at the SAE on {name!r} (no active feature reaches the "
+                "embeddings), so its error share cannot be measured. Explain another position or target.")
+        shares[name] = (errors[name] * grads[name]).flatten(1).sum(-1)
+    return SAEErrorShare(explanation=explanation, error_shares=shares)

@@ -8,6 +8,7 @@ from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions, expected_hoo
 from sae_lens import StandardSAE, StandardSAEConfig, TopKSAE, TopKSAEConfig
 from sae_lens.saes.sae import SAEMetadata
 
+from bcos_plugins import BcosError
 from bcos_plugins.bilinear import BilinearMLP, bilinear_tensor, bilinear_weights
 
 D_MODEL, D_HIDDEN, D_SAE = 8, 16, 24
@@ -104,7 +105,7 @@ def test_width_mismatches_and_wrong_types_raise():
     with pytest.raises(ValueError, match="normalises its inputs"):
         BilinearSAEInteractions(layer, normalised, topk_sae(D_MODEL))
     analysis = BilinearSAEInteractions(layer, topk_sae(D_MODEL), topk_sae(D_MODEL))
-    with pytest.raises(ValueError, match="output features"):
+    with pytest.raises(ValueError, match=r"output_feature: ids \[24\] are outside \[0, 24\)"):
         analysis.spectrum(D_SAE)
 
 
@@ -159,3 +160,112 @@ def test_transformer_lens_without_normalisation_reads_resid_mid():
     assert inputs == {"blocks.0.hook_resid_mid", "blocks.0.hook_mlp_in"}
     BilinearSAEInteractions(model.blocks[0].mlp, topk_sae(D_MODEL, hook_name="blocks.0.hook_resid_mid"),
                             topk_sae(D_MODEL, hook_name="blocks.0.hook_mlp_out"))
+
+
+def test_feature_ids_and_counts_are_validated():
+    layer, x = layer_and_inputs()
+    analysis = BilinearSAEInteractions(layer, topk_sae(D_MODEL), topk_sae(D_MODEL))
+    with pytest.raises(BcosError, match=r"output_feature: ids \[-1\] are outside \[0, 24\)"):
+        analysis.interaction_matrix(-1)  # would silently be the last feature
+    with pytest.raises(BcosError, match=r"input_features: ids \[-2, 24\] are outside"):
+        analysis.feature_interactions(0, input_features=[3, -2, 24])
+    with pytest.raises(BcosError, match=r"input_features: ids \[30\]"):
+        analysis.top_interactions(0, input_features=[30])
+    with pytest.raises(BcosError, match="k: .*-1"):
+        analysis.top_interactions(0, k=-1)
+    assert analysis.top_interactions(0, k=0) == []
+    with pytest.raises(BcosError, match="block_size"):
+        analysis.top_interactions(0, block_size=0)
+    with pytest.raises(BcosError, match="rank"):
+        analysis.low_rank_approximation(x, [0], rank=0)
+    with pytest.raises(BcosError, match="feature ids must be ints"):
+        analysis.spectrum([0.5])
+    with pytest.raises(BcosError, match="output_features: no feature ids"):
+        analysis.low_rank_correlation(x, [])
+
+
+def test_bcos_gated_mlps_are_refused_by_bilinear_analyses():
+    from bcos_plugins.adapters.transformer_lens import (
+        BcosHookedTransformer,
+        BcosTransformerConfig,
+        bilinear_config,
+    )
+    from conftest import tiny_config
+
+    from bcos_plugins import bcosify
+
+    size = dict(d_model=D_MODEL, n_layers=1, n_heads=2, d_mlp=D_HIDDEN, d_vocab=30, n_ctx=16)
+    cfg = bilinear_config(**size).to_dict()
+    bcos = BcosHookedTransformer(BcosTransformerConfig(**{k: v for k, v in cfg.items() if k in {
+        "d_model", "n_layers", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn", "gated_mlp",
+        "normalization_type", "positional_embedding_type"}}, bcos_b=1.5))
+    mlp = bcos.blocks[0].mlp
+    with pytest.raises(BcosError, match="W_gate, W_in, W_out are B-cos projections.*depends on the input"):
+        bilinear_weights(mlp)
+    with pytest.raises(BcosError, match="not bilinear"):
+        BilinearSAEInteractions(mlp, topk_sae(D_MODEL), topk_sae(D_MODEL))
+    config = tiny_config("llama")
+    config.hidden_act = "linear"
+    import transformers as T
+
+    hf = bcosify(T.LlamaForCausalLM(config), b=2.0, verbose=False)
+    with pytest.raises(BcosError, match="gate_proj, up_proj, down_proj are B-cos projections"):
+        bilinear_weights(hf.model.layers[0].mlp)
+
+
+def _bcos_sae_model(zero_sae_biases: bool):
+    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
+    from conftest import tiny_model
+    from sae_lens import HookedSAETransformer
+
+    from bcos_plugins import bcosify
+
+    model = hooked_transformer_from_hf(bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False),
+                                       model_class=HookedSAETransformer)
+    d_model = model.cfg.d_model
+    sae_cfg = StandardSAEConfig(d_in=d_model, d_sae=4 * d_model, device="cpu")
+    sae_cfg.metadata.hook_name = "blocks.0.hook_resid_post"
+    torch.manual_seed(0)
+    sae = StandardSAE(sae_cfg)
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.randn_like(sae.W_enc))
+        sae.W_dec.copy_(torch.randn_like(sae.W_dec) / d_model)
+        if zero_sae_biases:
+            sae.b_enc.zero_()
+            sae.b_dec.zero_()
+        else:
+            sae.b_enc.copy_(0.1 * torch.randn_like(sae.b_enc))
+            sae.b_dec.copy_(0.1 * torch.randn_like(sae.b_dec))
+    model.add_sae(sae, use_error_term=True)
+    return model
+
+
+@pytest.mark.parametrize("zero_sae_biases", [True, False])
+def test_sae_error_share_accounts_for_the_error_term(zero_sae_biases):
+    from bcos_plugins.adapters.sae_lens import sae_error_share
+
+    model = _bcos_sae_model(zero_sae_biases)
+    tokens = torch.randint(0, model.cfg.d_vocab, (3, 8), generator=torch.Generator().manual_seed(0))
+    result = sae_error_share(model, tokens, target=4)
+    explained = result.explanation.explained
+    assert set(result.error_shares) == {"blocks.0.hook_resid_post"}
+    # the explanation alone is incomplete by a lot (what the error term carries) ...
+    assert result.explanation.completeness_error.max() > 1e-2
+    assert result.error_fraction.abs().max() > 1e-2
+    assert torch.isfinite(result.error_fraction).all()
+    total = result.explanation.total + result.error_share
+    if zero_sae_biases:
+        # ... and with a linear SAE, tokens + error term account for the whole logit
+        assert ((total - explained).abs() / explained.abs()).max() <= 1e-4
+        assert (result.other_share.abs() / explained.abs()).max() <= 1e-4
+    else:
+        assert (result.other_share.abs() / explained.abs()).max() > 1e-4  # the SAE biases' share is reported
+
+
+def test_sae_error_share_needs_attached_saes():
+    from bcos_plugins.adapters.sae_lens import sae_error_share
+
+    model = _bcos_sae_model(True)
+    model.reset_saes()
+    with pytest.raises(BcosError, match="no SAEs are attached"):
+        sae_error_share(model, torch.zeros(1, 4, dtype=torch.long))

@@ -23,6 +23,8 @@ Where the weights come from (:func:`bilinear_weights`):
 - a transformers gated MLP (Llama/Mistral/Qwen layout: ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``)
   whose activation is the identity, e.g. after :class:`~bcos_plugins.bilinear.swish_beta.SwishBetaToBilinear`:
   ``W = gate_proj.weight``, ``V = up_proj.weight``, ``P = down_proj.weight``.
+- B-cos gated MLPs (TransformerLens ``HookedBcosGatedMLP``, a B-cosified transformers Llama MLP) are refused:
+  their outputs carry an input-dependent scale, so they are not bilinear in their weights.
 - plain tensors: a tuple ``(W, V, P)`` in the ``(d_hidden, d_in)``, ``(d_hidden, d_in)``,
   ``(d_out, d_hidden)`` layout above.
 """
@@ -34,6 +36,8 @@ from dataclasses import dataclass, replace
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
+
+from ..errors import BcosTypeError
 
 __all__ = ["BilinearWeights", "augment_input", "bilinear_weights", "require_bias_free"]
 
@@ -148,7 +152,35 @@ def _is_identity(act_fn) -> bool:
         return False
 
 
+_NOT_BILINEAR_BCOS = (
+    "its {which} are B-cos projections: a B-cos projection uses unit-norm weight rows and multiplies each "
+    "output by |cos(x, w)| ** (B - 1), a factor that depends on the input, so the layer is not the bilinear form P((W x) * (V x)) of any fixed "
+    "weights and an analysis of its weights would describe a different function. Analyse a bilinear model "
+    "(bcos_plugins.adapters.transformer_lens.bilinear_config, or a Llama with hidden_act='linear' that is not "
+    "B-cosified); a B-cos model is explained exactly by bcos_plugins.explain instead"
+)
+
+
+def _refuse_bcos_tl(mlp: nn.Module) -> None:
+    cfg = getattr(mlp, "cfg", None)
+    projections = getattr(cfg, "bcos_projections", None) or ()
+    used = [p for p in ("W_gate", "W_in", "W_out") if p in projections]
+    if used:
+        raise BcosTypeError("source: this TransformerLens gated MLP is not bilinear: "
+                            + _NOT_BILINEAR_BCOS.format(which=", ".join(used)) + ".")
+
+
+def _refuse_bcos_hf(mlp: nn.Module) -> None:
+    from ..nn.dynamic import DynamicWeightModule  # local: keeps this module importable on its own
+
+    used = [n for n in ("gate_proj", "up_proj", "down_proj") if isinstance(getattr(mlp, n), DynamicWeightModule)]
+    if used:
+        raise BcosTypeError(f"source: this gated MLP ({type(mlp).__name__}) is not bilinear: "
+                            + _NOT_BILINEAR_BCOS.format(which=", ".join(used)) + ".")
+
+
 def _from_transformer_lens(mlp: nn.Module) -> BilinearWeights:
+    _refuse_bcos_tl(mlp)
     act_name = getattr(getattr(mlp, "cfg", None), "act_fn", None)
     if not _is_identity(mlp.act_fn):
         raise ValueError(
@@ -164,6 +196,7 @@ def _from_transformer_lens(mlp: nn.Module) -> BilinearWeights:
 
 
 def _from_hf_gated(mlp: nn.Module) -> BilinearWeights:
+    _refuse_bcos_hf(mlp)
     if not _is_identity(mlp.act_fn):
         raise ValueError(
             f"this gated MLP ({type(mlp).__name__}) has activation {mlp.act_fn!r}, so it is not bilinear; convert "
