@@ -15,11 +15,17 @@ __all__ = [
     "SHIPPED_DATA",
     "BlimpBatch",
     "BlimpPair",
+    "IOIBatch",
+    "IOIPrompt",
     "TextClassificationData",
+    "corrupt_ioi",
     "encode_blimp",
+    "encode_ioi",
     "load_ag_news",
     "load_blimp",
+    "load_ioi",
     "load_sst2",
+    "make_ioi_prompts",
     "shipped_data",
 ]
 
@@ -99,3 +105,4 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
 # The dataset modules import the helpers above, so they come last.
 from .ag_news import load_ag_news  # noqa: E402
 from .blimp import BLIMP_SUBSETS, BlimpBatch, BlimpPair, encode_blimp, load_blimp  # noqa: E402
+from .ioi import IOIBatch, IOIPrompt, corrupt_ioi, encode_ioi, load_ioi, make_ioi_prompts  # noqa: E402

@@ -1,0 +1,202 @@
+"""IOI prompts: determinism, both name orders, evidence on the IO's earlier mention, a disjoint held-out split,
+the public-format loader, the ABC corruption, and MRR on IOI-shaped batches."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bcos_plugins.data import (
+    IOIPrompt,
+    corrupt_ioi,
+    encode_ioi,
+    load_ioi,
+    make_ioi_prompts,
+)
+from bcos_plugins.data.ioi import (
+    IOI_HELDOUT_NAMES,
+    IOI_HELDOUT_TEMPLATES,
+    IOI_OBJECTS,
+    IOI_PLACES,
+    IOI_TRAIN_NAMES,
+    IOI_TRAIN_TEMPLATES,
+    _gpt2_tokenizer,
+)
+from bcos_plugins.errors import BcosError, BcosFileError, BcosTypeError, BcosValueError
+from bcos_plugins.metrics.decoder import mean_reciprocal_rank
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return _gpt2_tokenizer()
+
+
+def check_prompt(p: IOIPrompt, tok) -> None:
+    ids = list(p.input_ids)
+    assert tok(p.text, add_special_tokens=False)["input_ids"] == ids
+    assert p.target_id == tok(" " + p.io)["input_ids"][0] and p.foil_id == tok(" " + p.s)["input_ids"][0]
+    assert p.target_id != p.foil_id
+    # the evidence is the IO's one earlier mention; the S occurs exactly twice; nothing else is a name token
+    assert [i for i, t in enumerate(ids) if t == p.target_id] == list(p.evidence_positions)
+    assert len(p.evidence_positions) == 1
+    assert [i for i, t in enumerate(ids) if t == p.foil_id] == list(p.s_positions)
+    assert len(p.s_positions) == 2
+    io, (s1, s2) = p.evidence_positions[0], p.s_positions
+    assert (io < s1) == (p.order == "ABBA") and s1 < s2 and io < s2
+    assert p.text.endswith(" to") and p.completion == f"{p.text} {p.io}."
+
+
+def test_shipped_names_are_single_gpt2_tokens(tok):
+    for name in IOI_TRAIN_NAMES + IOI_HELDOUT_NAMES:
+        assert len(tok(" " + name)["input_ids"]) == 1, name
+    assert len(set(IOI_TRAIN_NAMES + IOI_HELDOUT_NAMES)) == len(IOI_TRAIN_NAMES) + len(IOI_HELDOUT_NAMES)
+    assert len(IOI_OBJECTS) >= 10 and len(IOI_PLACES) >= 10
+
+
+def test_paper_table7_example(tok):
+    # the paper's "Juana" and "Kristi" are two GPT-2 tokens each, so two single-token names stand in
+    (p,) = make_ioi_prompts(1, split="heldout", templates=[IOI_HELDOUT_TEMPLATES[0]], names=["Mary", "John"],
+                            seed=3, tokenizer=tok)
+    assert p.text.startswith("Friends ") and p.text.endswith(" gave it to")
+    assert tok.decode([p.input_ids[p.evidence_positions[0]]]) == " " + p.io
+    check_prompt(p, tok)
+
+
+def test_deterministic_and_seeded(tok):
+    a = make_ioi_prompts(40, seed=7)
+    assert a == make_ioi_prompts(40, seed=7)
+    assert [p.text for p in a] != [p.text for p in make_ioi_prompts(40, seed=8)]
+    # a prefix of a longer run: n does not reshuffle the first prompts
+    assert make_ioi_prompts(60, seed=7)[:40] == a
+
+
+def test_both_orders_balanced_and_every_prompt_well_formed(tok):
+    prompts = make_ioi_prompts(64, seed=0) + make_ioi_prompts(64, split="heldout", seed=0)
+    for split in (prompts[:64], prompts[64:]):
+        assert sum(p.order == "ABBA" for p in split) == 32 and sum(p.order == "BABA" for p in split) == 32
+    for p in prompts:
+        check_prompt(p, tok)
+
+
+def test_heldout_split_shares_no_template_or_name_with_training(tok):
+    assert not set(IOI_TRAIN_TEMPLATES) & set(IOI_HELDOUT_TEMPLATES)
+    assert not set(IOI_TRAIN_NAMES) & set(IOI_HELDOUT_NAMES)
+    train, held = make_ioi_prompts(300, seed=0), make_ioi_prompts(300, split="heldout", seed=0)
+    train_names = {n for p in train for n in (p.io, p.s)}
+    held_names = {n for p in held for n in (p.io, p.s)}
+    assert train_names <= set(IOI_TRAIN_NAMES) and held_names <= set(IOI_HELDOUT_NAMES)
+    assert {p.template for p in train} == set(IOI_TRAIN_TEMPLATES)
+    assert {p.template for p in held} == set(IOI_HELDOUT_TEMPLATES)
+    train_ids = {t for p in train for t in (p.target_id, p.foil_id)}
+    assert not train_ids & {t for p in held for t in (p.target_id, p.foil_id)}
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 12), split=st.sampled_from(["train", "heldout"]))
+def test_generated_prompts_are_well_formed(seed, n, split):
+    tok = _gpt2_tokenizer()
+    for p in make_ioi_prompts(n, split=split, seed=seed):
+        check_prompt(p, tok)
+
+
+def test_encode_places_evidence_and_left_pads(tok):
+    prompts = make_ioi_prompts(8, split="heldout", seed=2)
+    batch = encode_ioi(prompts, bos_token_id=tok.eos_token_id, pad_token_id=0)
+    assert len(batch) == 8 and batch.attention_mask[:, -1].all()
+    for i, p in enumerate(prompts):
+        real = batch.input_ids[i][batch.attention_mask[i].bool()].tolist()
+        assert real == [tok.eos_token_id, *p.input_ids]
+        assert batch.evidence[i].sum() == 1
+        assert batch.input_ids[i, batch.evidence[i]].item() == p.target_id == batch.target_ids[i]
+        assert batch.input_ids[i, batch.io_positions[i]] == p.target_id
+        assert (batch.input_ids[i, batch.s_positions[i]] == p.foil_id).all() and batch.foil_ids[i] == p.foil_id
+        # candidates: the prompt's tokens, not the BOS or padding
+        assert batch.candidates[i].sum() == len(p.input_ids)
+        assert not batch.candidates[i][~batch.attention_mask[i].bool()].any()
+    no_bos = encode_ioi(prompts)
+    assert no_bos.candidates.equal(no_bos.attention_mask.bool())
+
+
+def test_mrr_on_ioi_batches_with_a_known_ranking():
+    batch = encode_ioi(make_ioi_prompts(6, seed=4), bos_token_id=50256)
+    n = batch.candidates.sum(1)
+    # scores that put the IO mention at rank r_i among the candidates (decreasing scores elsewhere)
+    ranks = torch.tensor([1, 2, 3, 1, 4, 2])
+    scores = torch.zeros(batch.input_ids.shape)
+    for i in range(len(batch)):
+        cols = batch.candidates[i].nonzero().flatten().tolist()
+        others = [c for c in cols if not batch.evidence[i, c]]
+        order = others[: ranks[i] - 1] + [int(batch.io_positions[i])] + others[ranks[i] - 1:]
+        for rank, c in enumerate(order):
+            scores[i, c] = len(cols) - rank
+    result = mean_reciprocal_rank(scores, batch.evidence, batch.candidates)
+    assert result.mrr == pytest.approx(float((1 / ranks.double()).mean()))
+    # one evidence token among m candidates: E[1 / rank] = (1 + 1/2 + ... + 1/m) / m
+    harmonic = [sum(1 / r for r in range(1, int(m) + 1)) / int(m) for m in n]
+    assert result.random == pytest.approx(sum(harmonic) / len(harmonic))
+    # the contrastive explanation that points at the S instead ranks the IO last or near it
+    at_s = torch.zeros(batch.input_ids.shape)
+    at_s.scatter_(1, batch.s_positions, 1.0)
+    assert mean_reciprocal_rank(at_s, batch.evidence, batch.candidates).mrr < 1 / 3
+
+
+def test_corrupted_prompts_align_and_repeat_no_name(tok):
+    clean = make_ioi_prompts(20, seed=5)
+    corrupted = corrupt_ioi(clean, seed=1)
+    assert corrupted == corrupt_ioi(clean, seed=1)
+    for c, p in zip(corrupted, clean, strict=True):
+        assert len(c.input_ids) == len(p.input_ids) and c.template == p.template and c.order == p.order
+        assert tok(c.text, add_special_tokens=False)["input_ids"] == list(c.input_ids)
+        slots = [c.evidence_positions[0], *c.s_positions]
+        names = [c.input_ids[s] for s in slots]
+        assert len(set(names)) == 3 and not set(names) & {p.target_id, p.foil_id}
+        differ = [i for i, (x, y) in enumerate(zip(c.input_ids, p.input_ids, strict=True)) if x != y]
+        assert differ == sorted(slots)
+
+
+def test_load_public_format_round_trips_the_generator(tmp_path, tok):
+    prompts = make_ioi_prompts(10, seed=6)
+    jsonl = tmp_path / "ioi.jsonl"
+    jsonl.write_text("".join(json.dumps({"ioi_sentences": p.completion}) + "\n" for p in prompts)
+                     + json.dumps({"ioi_sentences": "Not an IOI sentence at all."}) + "\n")
+    loaded = load_ioi(jsonl)
+    assert len(loaded) == 10
+    for a, b in zip(loaded, prompts, strict=True):
+        assert (a.text, a.io, a.s, a.order, a.input_ids) == (b.text, b.io, b.s, b.order, b.input_ids)
+        assert (a.evidence_positions, a.s_positions) == (b.evidence_positions, b.s_positions)
+    txt = tmp_path / "ioi.txt"
+    txt.write_text("\n".join(p.completion for p in prompts))
+    assert [p.text for p in load_ioi(txt, n=3)] == [p.text for p in prompts[:3]]
+
+
+def test_errors_name_the_argument(tmp_path, tok):
+    with pytest.raises(BcosValueError, match="names: 'Juana' is 2 tokens"):
+        make_ioi_prompts(2, names=["Juana", "Tom"])
+    with pytest.raises(BcosValueError, match="split"):
+        make_ioi_prompts(2, split="test")
+    with pytest.raises(BcosValueError, match="n: must be >= 1"):
+        make_ioi_prompts(0)
+    with pytest.raises(BcosValueError, match="templates"):
+        make_ioi_prompts(2, templates=["{A} and {B} went home. {S} waved to"])  # starts with a name
+    with pytest.raises(BcosValueError, match="templates"):
+        make_ioi_prompts(2, templates=["Then, {A} went home. {S} waved to"])
+    with pytest.raises(BcosValueError, match="names: need at least two"):
+        make_ioi_prompts(2, names=["Tom", "Tom"])
+    with pytest.raises(BcosTypeError, match="fast tokenizer"):
+        make_ioi_prompts(2, tokenizer=object())
+    with pytest.raises(BcosTypeError, match="prompts"):
+        encode_ioi([])
+    with pytest.raises(BcosTypeError, match="prompts: item 1"):
+        encode_ioi([make_ioi_prompts(1)[0], "text"])
+    with pytest.raises(BcosFileError, match="path"):
+        load_ioi(tmp_path / "missing.jsonl")
+    empty = tmp_path / "none.txt"
+    empty.write_text("Nothing here.\n")
+    with pytest.raises(BcosError, match="no row is a complete IOI sentence"):
+        load_ioi(empty)
+    with pytest.raises(BcosValueError, match="names: need 3 names"):
+        corrupt_ioi(make_ioi_prompts(1, names=["Tom", "Ben", "Max"]), names=["Tom", "Ben", "Max"])
