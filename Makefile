@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --upgrade pip
 	# The local CPU build; any other torch pulls multi-GB CUDA wheels.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e ".[dev,captum,lens,inseq-runtime,demo,vision,space]"
+	$(PIP) install -e ".[dev,captum,lens,inseq-runtime,demo,vision,space,corpus]"
 	# inseq pins typeguard<=2.13.3 against TransformerLens' >=4.2 and lists CUDA-11 wheels;
 	# it imports neither, so take it without its dependencies (its real ones are in inseq-runtime).
 	$(PIP) install --no-deps inseq==0.7.1

@@ -5,6 +5,7 @@ The core imports torch and transformers only; host-library integrations live in
 """
 
 from ._version import __version__ as __version__  # the one source; pyproject.toml reads it too
+from .attribution import Direction, TokenExplanation, explain_dataset
 from .convert import ConversionReport, UnsupportedModuleError, bcosify, supported_architectures
 from .errors import BcosError, BcosFileError, BcosRuntimeError, BcosTypeError, BcosValueError
 from .explain import Explanation, explain
@@ -28,6 +29,9 @@ __all__ = [
     "BcosViTConfig",
     "CausalLMCollator",
     "ConversionReport",
+    "Direction",
+    "TokenExplanation",
+    "explain_dataset",
     "SpaceModelConfig",
     "SpaceModelForSequenceClassification",
     "Explanation",

@@ -12,6 +12,7 @@ Every explanation path of the package calls this package and none re-implements 
 - :mod:`.corpus`: :func:`explain_dataset`, a corpus in, a ``datasets.Dataset`` of scores out.
 """
 
+from .corpus import explain_dataset
 from .gradient import GradientStep, as_leaf, capture_point, input_x_gradient
 from .results import Explanation, TokenExplanation, relative_completeness_error
 from .targets import Direction, last_real_position, parse_ids, resolve_positions, select_explained
@@ -25,6 +26,7 @@ __all__ = [
     "as_leaf",
     "capture_point",
     "check_token_inputs",
+    "explain_dataset",
     "has_dynamic_weights",
     "input_x_gradient",
     "last_real_position",

@@ -40,7 +40,10 @@ class GradientStep:
 def outside_inference(t: Tensor) -> Tensor:
     """``t``, or a normal copy of it if it was made under ``torch.inference_mode()`` (autograd cannot save
     inference tensors, so a forward pass that records a graph cannot take them as inputs)."""
-    return t.clone() if isinstance(t, Tensor) and t.is_inference() else t
+    if not (isinstance(t, Tensor) and t.is_inference()):
+        return t
+    with torch.inference_mode(False):
+        return t.clone()
 
 
 def as_leaf(t: Tensor) -> Tensor:

@@ -1,0 +1,162 @@
+"""Explaining a corpus: texts in, a ``datasets.Dataset`` of tokens and per-token scores out.
+
+For users who explain thousands of examples: batched, with a progress bar, on the same core as
+:func:`bcos_plugins.explain` (so the numbers are the same as explaining each batch by hand), and the result
+saves with ``Dataset.save_to_disk`` / ``to_parquet`` / ``to_pandas``. ``datasets`` is imported only here
+(``pip install "bcos-plugins[corpus]"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import BcosTypeError, BcosValueError
+from .targets import Direction
+
+__all__ = ["explain_dataset"]
+
+
+def _import_datasets():
+    try:
+        import datasets
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise BcosTypeError("explain_dataset: needs the `datasets` package. Install it with "
+                            "pip install \"bcos-plugins[corpus]\".") from err
+    return datasets
+
+
+def _per_row(value, name: str, n: int, data, column: str | None) -> list | None:
+    """``value`` as one entry per text (or None): a column name, a sequence aligned with the texts, or one
+    value for all."""
+    if column is not None:
+        if value is not None:
+            raise BcosValueError(f"{name}: pass either {name}= or {name}_column=, not both.")
+        if not hasattr(data, "column_names") or column not in data.column_names:
+            raise BcosValueError(f"{name}_column: {column!r} is not a column of the dataset. Columns: "
+                                 f"{getattr(data, 'column_names', [])}.")
+        return list(data[column])
+    if isinstance(value, Direction):
+        if value.vector.ndim != 1:
+            raise BcosValueError(f"{name}: explain_dataset takes one Direction (n_outputs,) for every text.")
+        return value
+    if value is None or isinstance(value, int):
+        return None if value is None else [value] * n
+    values = list(value)
+    if len(values) != n:
+        raise BcosValueError(f"{name}: {len(values)} values for {n} texts. Pass one per text, one int for all, "
+                             f"or {name}_column=<column name>.")
+    return values
+
+
+def explain_dataset(
+    model: nn.Module,
+    tokenizer,
+    data: Sequence[str] | Any,
+    *,
+    text_column: str = "text",
+    text_pair_column: str | None = None,
+    target: int | Sequence[int] | Direction | None = None,
+    target_column: str | None = None,
+    foil: int | Sequence[int] | Direction | None = None,
+    foil_column: str | None = None,
+    position: int | None = None,
+    batch_size: int = 32,
+    max_length: int | None = None,
+    reduce: str = "sum",
+    progress: bool = True,
+):
+    """Explain every text of ``data`` and return a ``datasets.Dataset`` with one row per text.
+
+    Args:
+        model: as for :func:`bcos_plugins.explain`.
+        tokenizer: the model's tokenizer (padding side as the model expects; a pad token is required).
+        data: a list of texts, or a ``datasets.Dataset`` (texts in ``text_column``, optional second segment in
+            ``text_pair_column``); its other columns are kept in the result.
+        target, foil: one id for all texts, one per text, a ``Direction``, or a column (``target_column`` /
+            ``foil_column``). Classifiers default to the predicted class.
+        position: for causal LMs and base models, as in ``explain`` (default: each row's last real token for
+            decoders, the first for encoders).
+        batch_size, max_length: batching and truncation (``max_length`` defaults to the model's limit).
+        reduce: ``"sum"`` (exact) or ``"mean"`` token scores.
+        progress: show a tqdm progress bar.
+
+    Returns:
+        A ``datasets.Dataset`` with the input columns plus ``tokens`` (list of str, padding removed),
+        ``input_ids``, ``scores`` (one float per token), ``explained`` (the explained value), ``target``,
+        ``foil`` (when given), ``delta`` and ``completeness_error``. Save it with ``.save_to_disk(path)``.
+    """
+    from ..explain import explain
+
+    datasets = _import_datasets()
+    if isinstance(data, str):
+        raise BcosTypeError("data: got one string; pass a list of texts (or a datasets.Dataset).")
+    if isinstance(data, datasets.Dataset):
+        if text_column not in data.column_names:
+            raise BcosValueError(f"text_column: {text_column!r} is not a column of the dataset. Columns: "
+                                 f"{data.column_names}. Pass text_column=<the column holding the texts>.")
+        texts = list(data[text_column])
+        pairs = list(data[text_pair_column]) if text_pair_column is not None else None
+        kept = data
+    else:
+        texts = list(data)
+        if text_pair_column is not None:
+            raise BcosValueError("text_pair_column: only a datasets.Dataset has columns; pass a Dataset.")
+        pairs, kept = None, None
+    if not texts:
+        raise BcosValueError("data: no texts to explain (empty input).")
+    if not all(isinstance(t, str) for t in texts):
+        raise BcosTypeError("data: every text must be a str.")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise BcosValueError(f"batch_size: must be a positive int, got {batch_size!r}.")
+    n = len(texts)
+    targets = _per_row(target, "target", n, data, target_column)
+    foils = _per_row(foil, "foil", n, data, foil_column)
+    if tokenizer.pad_token is None:
+        raise BcosValueError("tokenizer: has no pad token, so texts cannot be batched. Set "
+                             "tokenizer.pad_token = tokenizer.eos_token (decoders) before explaining.")
+    device = next(model.parameters()).device
+    columns: dict[str, list] = {"tokens": [], "input_ids": [], "scores": [], "explained": [], "target": [],
+                                "delta": [], "completeness_error": []}
+    if foils is not None:
+        columns["foil"] = []
+
+    def value_of(items, lo, hi):
+        if items is None or isinstance(items, Direction):
+            return items
+        return torch.tensor(items[lo:hi], device=device)
+
+    bar = tqdm(total=n, desc="explaining", unit="text", disable=not progress)
+    for lo in range(0, n, batch_size):
+        hi = min(lo + batch_size, n)
+        enc = tokenizer(texts[lo:hi], pairs[lo:hi] if pairs is not None else None, padding=True,
+                        truncation=True, max_length=max_length, return_tensors="pt").to(device)
+        extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")}
+        expl = explain(model, enc["input_ids"], enc["attention_mask"], target=value_of(targets, lo, hi),
+                       foil=value_of(foils, lo, hi), position=position, reduce=reduce, **extra)
+        ids_rows = [ids[m.bool()].tolist() for ids, m in zip(enc["input_ids"], enc["attention_mask"], strict=True)]
+        columns["input_ids"] += ids_rows
+        columns["tokens"] += [tokenizer.convert_ids_to_tokens(r) for r in ids_rows]
+        columns["scores"] += [s.float().cpu().tolist() for s in expl.scores()]
+        columns["explained"] += expl.explained.float().cpu().tolist()
+        columns["delta"] += expl.delta.float().cpu().tolist()
+        columns["completeness_error"] += expl.completeness_error.float().cpu().tolist()
+        columns["target"] += (expl.target.cpu().tolist() if isinstance(expl.target, torch.Tensor)
+                              else [None] * (hi - lo))
+        if foils is not None:
+            columns["foil"] += (expl.foil.cpu().tolist() if isinstance(expl.foil, torch.Tensor)
+                                else [None] * (hi - lo))
+        bar.update(hi - lo)
+    bar.close()
+    if kept is not None:
+        clashes = [c for c in columns if c in kept.column_names]
+        if clashes:
+            kept = kept.rename_columns({c: f"original_{c}" for c in clashes})
+        for name, values in columns.items():
+            kept = kept.add_column(name, values)
+        return kept
+    return datasets.Dataset.from_dict({"text": texts, **columns})
