@@ -27,7 +27,7 @@ from bcos_plugins.data.ioi import (
     _gpt2_tokenizer,
 )
 from bcos_plugins.errors import BcosError, BcosFileError, BcosTypeError, BcosValueError
-from bcos_plugins.metrics.decoder import mean_reciprocal_rank
+from bcos_plugins.metrics.decoder import mean_reciprocal_rank, next_token_contrast, perplexity
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +200,122 @@ def test_errors_name_the_argument(tmp_path, tok):
         load_ioi(empty)
     with pytest.raises(BcosValueError, match="names: need 3 names"):
         corrupt_ioi(make_ioi_prompts(1, names=["Tom", "Ben", "Max"]), names=["Tom", "Ben", "Max"])
+
+
+# ---------------------------------------------------------------- perplexity and next-token contrast
+
+
+def tiny_gpt2(vocab: int = 11, n_positions: int = 16, seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=vocab, n_embd=8, n_layer=1, n_head=2, n_positions=n_positions,
+                        n_ctx=n_positions, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config).eval()
+
+
+def test_perplexity_of_a_uniform_model_is_the_vocabulary_size():
+    import math
+
+    model = tiny_gpt2(vocab=13)
+    with torch.no_grad():
+        model.transformer.wte.weight.zero_()  # tied LM head: every logit is 0, p = 1/13 for every token
+    result = perplexity(model, [[1, 2, 3, 4], [5, 6]], bos_token_id=0)
+    assert result.perplexity == pytest.approx(13.0, rel=1e-12)
+    assert result.nll == pytest.approx(math.log(13), rel=1e-12)
+    assert (result.n_tokens, result.n_windows, result.n_texts) == (6, 2, 2)
+
+
+def hand_nll(model, window: list[int]) -> tuple[float, int]:
+    """Sum of -log p(x_t | x_<t) of one unpadded window, from the softmax written out in Python floats."""
+    import math
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([window])).logits[0].double().tolist()
+    total = 0.0
+    for t in range(1, len(window)):
+        row = logits[t - 1]
+        total -= row[window[t]] - math.log(sum(math.exp(v) for v in row))
+    return total, len(window) - 1
+
+
+def test_perplexity_matches_a_hand_computed_value_with_windows_and_padding():
+    import math
+
+    model = tiny_gpt2(n_positions=4)
+    texts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [3, 3, 1], [4, 5]]
+    # float32 model: batched and padded forwards differ from single rows in the last bits (rel ~1e-9)
+    # no BOS: windows of 4 tokens; the one-token tail [10] of the first text predicts nothing
+    windows = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10], [3, 3, 1], [4, 5]]
+    nll, n = map(sum, zip(*(hand_nll(model, w) for w in windows), strict=True))
+    result = perplexity(model, texts, batch_size=2)  # batches mix lengths: padding must not count
+    assert (result.n_tokens, result.n_windows) == (n, len(windows)) == (3 + 3 + 1 + 2 + 1, 5)
+    assert result.perplexity == pytest.approx(math.exp(nll / n), rel=1e-6)
+    # with a BOS each window holds 3 text tokens, and every text token is scored
+    bos_windows = [[0, 1, 2, 3], [0, 4, 5, 6], [0, 7, 8, 9], [0, 10], [0, 3, 3, 1], [0, 4, 5]]
+    nll, n = map(sum, zip(*(hand_nll(model, w) for w in bos_windows), strict=True))
+    result = perplexity(model, [torch.tensor(t) for t in texts], bos_token_id=0, batch_size=4)
+    assert result.n_tokens == n == 15 and result.perplexity == pytest.approx(math.exp(nll / n), rel=1e-6)
+
+
+def test_perplexity_tokenises_strings_and_keeps_the_training_mode(tok):
+    model = tiny_gpt2(vocab=tok.vocab_size, n_positions=32).train()
+    text = "Once upon a time, there was a cat."
+    a = perplexity(model, [text], tok, bos_token_id=tok.eos_token_id)
+    b = perplexity(model, [[tok.eos_token_id, *tok(text)["input_ids"]]], max_length=32)
+    assert a.perplexity == pytest.approx(b.perplexity, rel=1e-6) and a.n_tokens == len(tok(text)["input_ids"])
+    assert model.training
+
+
+def test_perplexity_errors_name_the_argument(tok):
+    model = tiny_gpt2(n_positions=8)
+    with pytest.raises(BcosTypeError, match="tokenizer: texts\\[0\\] is a string"):
+        perplexity(model, ["a story"])
+    with pytest.raises(BcosValueError, match="texts: texts\\[1\\] has token ids outside"):
+        perplexity(model, [[1, 2], [3, 99]])
+    with pytest.raises(BcosValueError, match="texts: texts\\[0\\] has 1 token"):
+        perplexity(model, [[1]])
+    with pytest.raises(BcosValueError, match="max_length: must be in \\[2, 8\\]"):
+        perplexity(model, [[1, 2]], max_length=9)
+    with pytest.raises(BcosTypeError, match="texts: must be a non-empty list"):
+        perplexity(model, [])
+    with pytest.raises(BcosTypeError, match="texts: texts\\[0\\] must be a string or a 1-d"):
+        perplexity(model, [torch.ones(2, 2, dtype=torch.long)])
+
+
+def test_next_token_contrast_matches_unpadded_rows_on_either_padding_side():
+    model = tiny_gpt2(n_positions=8)
+    rows = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+    target, foil = torch.tensor([1, 2, 3]), torch.tensor([4, 4, 10])
+    expected_diff, expected_gap = [], []
+    for row, t, f in zip(rows, target, foil, strict=True):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([row])).logits[0, -1]
+        expected_diff.append(float(logits[t] - logits[f]))
+        p = logits.softmax(-1)
+        expected_gap.append(float(p[t] - p[f]))
+    for side in ("left", "right"):
+        ids = torch.zeros(3, 5, dtype=torch.long)
+        mask = torch.zeros(3, 5, dtype=torch.long)
+        for i, row in enumerate(rows):
+            cols = slice(5 - len(row), 5) if side == "left" else slice(0, len(row))
+            ids[i, cols], mask[i, cols] = torch.tensor(row), 1
+        result = next_token_contrast(model, ids, mask, target, foil)
+        assert result.logit_difference.tolist() == pytest.approx(expected_diff, abs=1e-5)
+        assert result.probability_gap.tolist() == pytest.approx(expected_gap, abs=1e-6)
+        assert result.accuracy == sum(d > 0 for d in expected_diff) / 3
+
+
+def test_next_token_contrast_on_an_ioi_batch_and_its_errors(tok):
+    model = tiny_gpt2(vocab=tok.vocab_size, n_positions=32)
+    batch = encode_ioi(make_ioi_prompts(4, seed=1), bos_token_id=tok.eos_token_id)
+    result = next_token_contrast(model, batch.input_ids, batch.attention_mask, batch.target_ids, batch.foil_ids,
+                                 batch_size=3)
+    swapped = next_token_contrast(model, batch.input_ids, batch.attention_mask, batch.foil_ids, batch.target_ids)
+    assert torch.allclose(result.logit_difference, -swapped.logit_difference)
+    assert result.accuracy + swapped.accuracy == pytest.approx(1.0)
+    with pytest.raises(BcosValueError, match="foil: has ids outside the vocabulary"):
+        next_token_contrast(model, batch.input_ids, batch.attention_mask, batch.target_ids,
+                            torch.full((4,), tok.vocab_size))
+    with pytest.raises(BcosValueError, match="target: must be integer ids of shape \\(4,\\)"):
+        next_token_contrast(model, batch.input_ids, batch.attention_mask, batch.target_ids[:2], batch.foil_ids)

@@ -1,7 +1,7 @@
 """Faithfulness, plausibility and cost metrics that score attributions from any method.
 
 - text faithfulness (ERASER comprehensiveness / sufficiency, AOPC, SeqPG): :mod:`.perturbation`, :mod:`.pointing`
-- decoders (MRR against evidence tokens with the random baseline, probability gap): :mod:`.decoder`
+- decoders (MRR against evidence tokens with the random baseline, probability gap, perplexity): :mod:`.decoder`
 - rationale alignment (top-k IoU, AUPRC): :mod:`.rationale`
 - images (grid pointing game, pixel perturbation): :mod:`.image`
 - explanation entropy, completeness error, time and peak memory: :mod:`.summary`
@@ -10,8 +10,12 @@
 from .attributions import perturbable_mask, special_tokens_mask, token_scores
 from .decoder import (
     MRRResult,
+    NextTokenContrast,
+    PerplexityResult,
     expected_random_reciprocal_rank,
     mean_reciprocal_rank,
+    next_token_contrast,
+    perplexity,
     probability_gap,
     random_reciprocal_rank,
     reciprocal_rank,
@@ -27,6 +31,8 @@ __all__ = [
     "IMAGE_FRACTIONS",
     "Cost",
     "MRRResult",
+    "NextTokenContrast",
+    "PerplexityResult",
     "PerturbationCurves",
     "PixelPerturbation",
     "RationaleAlignment",
@@ -40,6 +46,8 @@ __all__ = [
     "make_seqpg_examples",
     "mean_reciprocal_rank",
     "measure_cost",
+    "next_token_contrast",
+    "perplexity",
     "perturbable_mask",
     "perturbation_curves",
     "pixel_perturbation",

@@ -12,11 +12,16 @@
 
   which is the formula of the paper's code (``expected_inverse_of_min``), extended to ``k == n`` (value 1).
 - **Probability gap**: ``p(target) - p(foil)`` under the softmax of the next-token logits at the explained
-  position (the paper's Table 5 / 13 "probability gap").
+  position (the paper's Table 5 / 13 "probability gap"); :func:`next_token_contrast` runs a model on a BLiMP
+  or IOI batch and returns it with the logit difference and the accuracy (IO logit > S logit for IOI).
+- **Perplexity**: ``exp`` of the mean next-token negative log-likelihood on held-out text (:func:`perplexity`),
+  the paper's measure of how much language-modelling ability B-cosification keeps.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from math import comb
 
@@ -26,8 +31,12 @@ from torch import Tensor
 
 __all__ = [
     "MRRResult",
+    "NextTokenContrast",
+    "PerplexityResult",
     "expected_random_reciprocal_rank",
     "mean_reciprocal_rank",
+    "next_token_contrast",
+    "perplexity",
     "probability_gap",
     "random_reciprocal_rank",
     "reciprocal_rank",
@@ -145,3 +154,212 @@ def probability_gap(
     probs = logits.detach().float().softmax(-1)
     rows = torch.arange(logits.shape[0], device=logits.device)
     return probs[rows, target.to(logits.device)] - probs[rows, foil.to(logits.device)]
+
+# ---------------------------------------------------------------- language-modelling ability (paper Tables 5, 6)
+
+
+@dataclass
+class PerplexityResult:
+    """Perplexity ``exp(nll)`` of a causal LM on a set of texts.
+
+    ``nll`` is the mean negative log-likelihood (nats) over the ``n_tokens`` predicted tokens of the
+    ``n_windows`` windows the ``n_texts`` texts were cut into.
+    """
+
+    perplexity: float
+    nll: float
+    n_tokens: int
+    n_windows: int
+    n_texts: int
+
+
+def _model_context(model) -> int | None:
+    config = getattr(model, "config", None)
+    for key in ("n_positions", "max_position_embeddings"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _token_rows(texts, tokenizer) -> list[list[int]]:
+    from ..errors import BcosTypeError, argument_error
+
+    if isinstance(texts, str | Tensor) and (isinstance(texts, str) or texts.ndim < 2):
+        texts = [texts]
+    if not isinstance(texts, Sequence | Tensor) or len(texts) == 0:
+        raise argument_error("texts", f"must be a non-empty list of strings or of token-id sequences, got "
+                             f"{type(texts).__name__}", "Pass e.g. held-out paragraphs", kind=BcosTypeError)
+    rows = []
+    for i, text in enumerate(texts):
+        if isinstance(text, str):
+            if tokenizer is None:
+                raise argument_error("tokenizer", f"texts[{i}] is a string but no tokenizer was given",
+                                     "Pass tokenizer=..., or token ids instead of strings", kind=BcosTypeError)
+            rows.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+            continue
+        ids = torch.as_tensor(text) if not isinstance(text, Tensor) else text
+        if ids.ndim != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
+            raise argument_error("texts", f"texts[{i}] must be a string or a 1-d sequence of integer token ids, "
+                                 f"got dtype {ids.dtype} shape {tuple(ids.shape)}", "Pass one list of ids per text",
+                                 kind=BcosTypeError)
+        rows.append(ids.tolist())
+    return rows
+
+
+@torch.no_grad()
+def perplexity(
+    model,
+    texts: Sequence[str] | Sequence[Sequence[int]] | Sequence[Tensor],
+    tokenizer=None,
+    *,
+    bos_token_id: int | None = None,
+    max_length: int | None = None,
+    batch_size: int = 16,
+) -> PerplexityResult:
+    """Perplexity of a causal LM (transformers ``...ForCausalLM``, B-cos or not) on held-out texts.
+
+    Each text is tokenised (strings, with ``tokenizer``) or taken as token ids, cut into consecutive windows
+    of ``max_length`` tokens (default: the model's context), each window optionally prefixed with
+    ``bos_token_id``, and every token after a window's first (or after the BOS) is scored:
+    ``ppl = exp(-sum log p(x_t | x_<t) / n_tokens)``. Windows do not overlap, so the first tokens of a
+    window see less context than in a sliding evaluation (a higher, conservative perplexity). The model runs
+    in eval mode and is put back in its previous mode.
+
+    Args:
+        texts: strings (with ``tokenizer``) or token-id sequences in the model's own vocabulary.
+        bos_token_id: prepended to every window (e.g. GPT-2's ``<|endoftext|>``), so its first token is scored.
+        max_length: window length including the BOS (>= 2).
+        batch_size: windows per forward pass.
+    """
+    from ..errors import argument_error
+    from ._checks import require_int
+
+    batch_size = require_int("batch_size", batch_size, minimum=1)
+    context = _model_context(model)
+    if max_length is None:
+        if context is None:
+            raise argument_error("max_length", f"{type(model).__name__} has no n_positions / "
+                                 "max_position_embeddings in its config", "Pass max_length=...")
+        max_length = context
+    max_length = require_int("max_length", max_length, minimum=2, maximum=context)
+    if bos_token_id is not None:
+        bos_token_id = require_int("bos_token_id", bos_token_id, minimum=0)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    rows = _token_rows(texts, tokenizer)
+    windows: list[list[int]] = []
+    step = max_length - int(bos_token_id is not None)
+    for i, row in enumerate(rows):
+        if vocab is not None and any(t < 0 or t >= vocab for t in row):
+            raise argument_error("texts", f"texts[{i}] has token ids outside the model's vocabulary [0, {vocab})",
+                                 "Tokenise with the model's own tokenizer (or map ids to its vocabulary)")
+        if len(row) + int(bos_token_id is not None) < 2:
+            raise argument_error("texts", f"texts[{i}] has {len(row)} token(s): nothing to predict",
+                                 "Drop empty texts, or pass bos_token_id so a single token is scored")
+        for start in range(0, len(row), step):
+            piece = row[start:start + step]
+            window = [bos_token_id, *piece] if bos_token_id is not None else piece
+            if len(window) >= 2:  # a one-token tail (no BOS) has nothing to predict; its token is lost
+                windows.append(window)
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    try:
+        for start in range(0, len(windows), batch_size):
+            chunk = windows[start:start + batch_size]
+            length = max(len(w) for w in chunk)
+            ids = torch.zeros(len(chunk), length, dtype=torch.long)
+            mask = torch.zeros(len(chunk), length, dtype=torch.long)
+            for j, w in enumerate(chunk):  # right padding: positions 0..len-1 as in training
+                ids[j, : len(w)] = torch.tensor(w)
+                mask[j, : len(w)] = 1
+            ids, mask = ids.to(device), mask.to(device)
+            logits = model(input_ids=ids, attention_mask=mask).logits.double()
+            logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+            scored = mask[:, 1:].bool()
+            total -= logp[scored].sum().cpu()
+            count += int(scored.sum())
+    finally:
+        model.train(was_training)
+    nll = float(total / count)
+    return PerplexityResult(perplexity=math.exp(nll), nll=nll, n_tokens=count,
+                            n_windows=len(windows), n_texts=len(rows))
+
+
+@dataclass
+class NextTokenContrast:
+    """Target-vs-foil next-token scores of a batch (the paper's IOI / BLiMP accuracy, logit difference, gap).
+
+    Per row: ``logit_difference = logit(target) - logit(foil)`` and ``probability_gap = p(target) - p(foil)``
+    at the predicted position. ``accuracy`` is the share of rows with ``logit(target) > logit(foil)``.
+    """
+
+    logit_difference: Float[Tensor, " batch"]
+    probability_gap: Float[Tensor, " batch"]
+
+    @property
+    def accuracy(self) -> float:
+        return float((self.logit_difference > 0).double().mean())
+
+    @property
+    def mean_logit_difference(self) -> float:
+        return float(self.logit_difference.double().mean())
+
+    @property
+    def mean_probability_gap(self) -> float:
+        return float(self.probability_gap.double().mean())
+
+
+@torch.no_grad()
+def next_token_contrast(
+    model,
+    input_ids: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"] | None,
+    target: Int[Tensor, " batch"],
+    foil: Int[Tensor, " batch"],
+    *,
+    batch_size: int = 64,
+) -> NextTokenContrast:
+    """Logit difference and probability gap of ``target`` over ``foil`` at each row's last real token.
+
+    Works on the batches of :func:`~bcos_plugins.data.encode_ioi` and :func:`~bcos_plugins.data.encode_blimp`
+    (padding on either side: position ids count real tokens only, as ``explain`` does).
+    """
+    from ..errors import argument_error
+    from ..train_decoder import real_token_positions
+    from ._checks import require_int, require_token_batch
+
+    batch_size = require_int("batch_size", batch_size, minimum=1)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocab,
+                                                    max_length=_model_context(model))
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    n = input_ids.shape[0]
+    for name, ids in (("target", target), ("foil", foil)):
+        ids = torch.as_tensor(ids)
+        if ids.shape != (n,) or ids.is_floating_point() or ids.dtype == torch.bool:
+            raise argument_error(name, f"must be integer ids of shape ({n},), got dtype {ids.dtype} shape "
+                                 f"{tuple(ids.shape)}", "Pass one next-token id per row")
+        if vocab is not None and ((ids < 0) | (ids >= vocab)).any():
+            raise argument_error(name, f"has ids outside the vocabulary [0, {vocab}): "
+                                 f"{ids[(ids < 0) | (ids >= vocab)].tolist()[:8]}", "Use the model's own token ids")
+    target, foil = torch.as_tensor(target), torch.as_tensor(foil)
+    last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # each row's last real token
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    diffs, gaps = [], []
+    try:
+        for s in range(0, n, batch_size):
+            ids, mask = input_ids[s:s + batch_size].to(device), attention_mask[s:s + batch_size].to(device)
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=real_token_positions(mask)).logits
+            logits = logits[torch.arange(len(ids), device=device), last[s:s + batch_size].to(device)]
+            t, f = target[s:s + batch_size].to(device), foil[s:s + batch_size].to(device)
+            rows = torch.arange(len(ids), device=device)
+            diffs.append((logits[rows, t] - logits[rows, f]).float().cpu())
+            gaps.append(probability_gap(logits, t, f).float().cpu())
+    finally:
+        model.train(was_training)
+    return NextTokenContrast(torch.cat(diffs), torch.cat(gaps))
