@@ -7,7 +7,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import numbers
+import os
+import re
 from pathlib import Path
 
 import torch
@@ -15,7 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .convert.architectures import SPECS
-from .convert.bcosify import BCOS_CONFIG_KEY, bcosify
+from .convert.bcosify import BCOS_CONFIG_KEY, READABLE_FORMAT_VERSIONS, bcosify
+from .errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
+from .nn.linear import AlignmentPressure, check_b
 
 __all__ = ["BWarmupCallback", "accuracy", "bcos_loss", "fine_tune_classifier", "load_bcos_model", "predict"]
 
@@ -26,62 +33,243 @@ def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None =
     Usable directly as ``Trainer(..., compute_loss_func=bcos_loss)``. ``outputs`` is a model output with
     ``.logits`` (or the logits tensor); ``labels`` are class ids ``(batch,)``. The loss is the mean over
     rows and classes; with ``num_items_in_batch`` (gradient accumulation) rows are summed and divided by it.
+
+    Raises:
+        BcosValueError / BcosTypeError: logits not ``(batch, classes)`` or an empty batch (whose mean would be
+            NaN), labels not integer ids of shape ``(batch,)`` in ``[0, classes)``, ``num_items_in_batch`` < 1.
     """
     logits = outputs.logits if hasattr(outputs, "logits") else outputs
-    if logits.ndim != 2:
-        raise ValueError(f"bcos_loss expects classifier logits of shape (batch, classes); got {tuple(logits.shape)}")
-    if labels.is_floating_point() or labels.shape != logits.shape[:1]:
-        raise ValueError(f"labels must be integer class ids of shape ({logits.shape[0]},); got "
-                         f"{tuple(labels.shape)} {labels.dtype}")
+    if not isinstance(logits, Tensor) or not logits.is_floating_point():
+        raise argument_error("outputs", f"must be float logits or a model output with .logits, got "
+                             f"{type(logits).__name__}", "pass the model's output (or its logits)",
+                             kind=BcosTypeError)
+    if logits.ndim != 2 or logits.shape[1] < 1:
+        raise argument_error("outputs", f"bcos_loss expects classifier logits of shape (batch, classes), got "
+                             f"{tuple(logits.shape)}", "pass a sequence/image classifier's logits")
+    if logits.shape[0] == 0:
+        raise argument_error("outputs", "the batch is empty (0 rows), whose mean loss is NaN",
+                             "skip empty batches (check the data loader / dataset length)")
+    if not isinstance(labels, Tensor):
+        raise argument_error("labels", f"must be a tensor of class ids, got {type(labels).__name__}",
+                             "pass torch.tensor(ids, dtype=torch.long)", kind=BcosTypeError)
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise argument_error("labels", f"must be integer class ids, got dtype {labels.dtype}",
+                             "pass class ids as torch.long (float labels such as 0.7 are not class ids; "
+                             "soft targets are not supported)")
+    if labels.shape != logits.shape[:1]:
+        raise argument_error("labels", f"must have shape ({logits.shape[0]},) like the logits' batch, got "
+                             f"{tuple(labels.shape)}", "pass one class id per row")
     n_classes = logits.shape[-1]
     if (labels < 0).any() or (labels >= n_classes).any():
-        raise ValueError(f"labels must lie in [0, {n_classes}); got {labels.tolist()}")
+        bad = labels[(labels < 0) | (labels >= n_classes)].unique().tolist()
+        raise argument_error("labels", f"must lie in [0, {n_classes}), got {bad[:10]}",
+                             "check the label mapping against the model's num_labels")
     one_hot = F.one_hot(labels.to(logits.device), n_classes).to(logits.dtype)
     if num_items_in_batch is None:
         return F.binary_cross_entropy_with_logits(logits, one_hot)
+    n_items = num_items_in_batch.item() if isinstance(num_items_in_batch, Tensor) else num_items_in_batch
+    if isinstance(n_items, bool) or not isinstance(n_items, numbers.Real) or not n_items >= 1:
+        raise argument_error("num_items_in_batch", f"must be a count >= 1, got {num_items_in_batch!r}",
+                             "pass the number of rows over all accumulated batches, or None")
     per_row = F.binary_cross_entropy_with_logits(logits, one_hot, reduction="none").mean(-1)
     return per_row.sum() / num_items_in_batch
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class _LogCapture(logging.Handler):
+    """Keeps transformers' loading messages (its load report) to put them into the package's errors."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(_ANSI.sub("", record.getMessage()))
+
+    def problems(self) -> list[str]:
+        """The report's rows that are errors (not the biases and ``bcos_b`` entries B-cos expects)."""
+        rows = [line for message in self.messages for line in message.splitlines() if "|" in line]
+        bad = [" ".join(r.replace("|", " ").split()) for r in rows if "MISMATCH" in r or "CONVERSION" in r]
+        return bad or [m for m in self.messages if "LOAD REPORT" not in m][:5]
+
+
+def _checked_folder(path) -> tuple[str, bool]:
+    """``path`` as a string and whether it is a local folder; clear errors for what cannot be a model."""
+    if not isinstance(path, str | os.PathLike):
+        raise argument_error("path", f"must be a folder path (str or Path), got {type(path).__name__}",
+                             "pass the folder written by model.save_pretrained(folder)", kind=BcosTypeError)
+    text = os.fspath(path)
+    local = Path(text).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise BcosFileError(f"path: {local} has no config.json, so it is not a saved model. Pass the folder "
+                                "written by model.save_pretrained(folder).")
+        return str(local), True
+    if local.exists():
+        raise BcosFileError(f"path: {local} is a file, not a folder. Pass the folder written by "
+                            "model.save_pretrained(folder) (it holds config.json and model.safetensors).")
+    if not _HUB_ID.match(text) or text.startswith((".", "~")):
+        raise BcosFileError(f"path: the folder {local} does not exist. Pass the folder written by "
+                            "model.save_pretrained(folder) (or a hub model id such as 'user/model').")
+    return text, False
+
+
+def _weight_files(path: str, local: bool) -> list[str]:
+    """The checkpoint's safetensors files, each checked to be complete (named in the error if not)."""
+    from safetensors import safe_open
+    from transformers.utils import cached_file
+
+    def find(name: str) -> str | None:
+        if local:
+            candidate = os.path.join(path, name)
+            return candidate if os.path.isfile(candidate) else None
+        try:
+            return cached_file(path, name, _raise_exceptions_for_missing_entries=False)
+        except OSError:
+            return None
+
+    index = find("model.safetensors.index.json")
+    if index is not None:
+        try:
+            with open(index) as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError) as err:
+            raise BcosFileError(f"path: {index} is not a valid safetensors index ({err}). Re-save the model "
+                                "with save_pretrained.") from None
+        files = [find(name) or os.path.join(os.path.dirname(index), name) for name in shards]
+    else:
+        single = find("model.safetensors")
+        if single is None:
+            other = [n for n in ("pytorch_model.bin", "model.pt") if find(n)]
+            hint = (f" It holds {other[0]}: load it with transformers and save it again with "
+                    "save_pretrained(folder) (safetensors)") if other else ""
+            raise BcosFileError(f"path: {path} has no model.safetensors (load_bcos_model reads safetensors only)."
+                                f"{hint or ' Save the model with model.save_pretrained(folder)'}.")
+        files = [single]
+    for file in files:
+        if not os.path.isfile(file):
+            raise BcosFileError(f"path: the weight file {file} listed in the index is missing. Copy the whole "
+                                "folder written by save_pretrained.")
+        if os.path.getsize(file) == 0:
+            raise BcosFileError(f"path: the weight file {file} is empty (0 bytes). Save the model again with "
+                                "save_pretrained, or copy the file again (the copy was interrupted?).")
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except Exception as err:  # safetensors raises its own SafetensorError for damaged files
+            raise BcosFileError(f"path: the weight file {file} is damaged or truncated ({err}). Save the model "
+                                "again with save_pretrained, or copy the file again.") from None
+    return files
+
+
+def _stored_pressures(files: list[str]) -> dict[str, float]:
+    """``{layer name: B}`` from the ``bcos_b`` entries of the checkpoint (format 2)."""
+    from safetensors import safe_open
+
+    out = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for key in f.keys():
+                if key.endswith(".bcos_b"):
+                    out[key[: -len(".bcos_b")]] = f.get_tensor(key).item()
+    return out
+
+
+def _checked_settings(path: str, config) -> dict:
+    settings = getattr(config, BCOS_CONFIG_KEY, None)
+    if not isinstance(settings, dict) or "architecture" not in settings:
+        raise BcosValueError(f"path: {path} has no B-cos settings in config.json (config.bcos); it was not "
+                             "saved from a model converted with bcosify. Load it with transformers and call "
+                             "bcosify instead.")
+    version = settings.get("format_version")
+    if isinstance(version, bool) or version not in READABLE_FORMAT_VERSIONS:
+        raise BcosValueError(
+            f"config.bcos['format_version']: {path}/config.json says {version!r}, but this version of "
+            f"bcos-plugins reads formats {', '.join(map(str, READABLE_FORMAT_VERSIONS))}. Upgrade bcos-plugins "
+            "if the model was saved by a newer one; otherwise config.json was edited: restore it from the "
+            "original save (the file is not rewritten)."
+        )
+    check_b(settings.get("b"), name="config.bcos['b']")
+    name = settings["architecture"]
+    if name not in SPECS:
+        raise BcosValueError(f"config.bcos['architecture']: {path}/config.json names {name!r}, not one of "
+                             f"{', '.join(sorted(SPECS))}. Restore config.json from the original save.")
+    return settings
 
 
 def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     """Reload a B-cos model written by ``model.save_pretrained(path)`` (safetensors only).
 
     The stock architecture recorded in ``config.bcos`` is loaded with transformers' own
-    ``from_pretrained`` (sharding, dtype and device options work), converted again with the recorded B,
-    and checked: the only weights transformers may report missing are the biases B-cos removes.
+    ``from_pretrained`` (sharding, dtype and device options work), converted again, and checked: the only
+    weights transformers may report missing are the biases B-cos removes. Every B-cos layer gets the B
+    stored with it (format 2: the B it was running with when saved, also mid-way through a B warm-up);
+    format-1 folders, which stored one B in ``config.bcos["b"]``, load at that B.
+
+    Raises:
+        BcosFileError: no such folder (or hub id), no config.json, no or an empty / truncated safetensors
+            file (named).
+        BcosValueError: not a B-cos model, an unknown ``format_version``, or weights that do not fit the
+            configuration (wrong shapes, a changed ``num_labels``: transformers' load report is quoted).
     """
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path)
-    settings = getattr(config, BCOS_CONFIG_KEY, None)
-    if not isinstance(settings, dict) or "architecture" not in settings:
-        raise ValueError(f"{path} has no B-cos settings in config.json (config.bcos); it was not saved from a "
-                         "model converted with bcosify. Load it with transformers and call bcosify instead.")
-    name = settings["architecture"]
-    if name not in SPECS:
-        raise ValueError(f"{path}: unknown B-cos architecture {name!r}; supported: {sorted(SPECS)}")
-    import transformers
+    from .convert.architectures import stock_class
 
-    cls = getattr(transformers, name)
-    hf_logger = logging.getLogger("transformers.modeling_utils")
-    level = hf_logger.level
-    hf_logger.setLevel(logging.ERROR)  # the missing biases are expected; checked below instead
+    path, local = _checked_folder(path)
     try:
-        model, info = cls.from_pretrained(path, config=config, use_safetensors=True,
-                                          output_loading_info=True, **from_pretrained_kwargs)
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        where = os.path.join(path, "config.json") if local else path
+        raise BcosFileError(f"path: cannot read a model configuration from {where} ({err}). Pass the folder "
+                            "written by model.save_pretrained(folder) (or a hub model id).") from None
+    settings = _checked_settings(path, config)
+    files = _weight_files(path, local)
+    name = settings["architecture"]
+    capture = _LogCapture()
+    hf_logger = logging.getLogger("transformers.modeling_utils")
+    level, propagate = hf_logger.level, hf_logger.propagate
+    hf_logger.addHandler(capture)
+    # The report is expected to list the biases B-cos removes and the bcos_b entries the stock class lacks;
+    # it is kept off the console and quoted in the error below if anything else is wrong.
+    hf_logger.setLevel(logging.WARNING)
+    hf_logger.propagate = False
+    try:
+        model, info = stock_class(name).from_pretrained(path, config=config, use_safetensors=True,
+                                                        output_loading_info=True, **from_pretrained_kwargs)
+    except Exception as err:
+        problems = capture.problems() or [f"{type(err).__name__}: {err}"]
+        raise BcosValueError(
+            f"path: the weights in {path} do not fit its config.json; transformers reports: "
+            + "; ".join(problems) + ". Restore the folder from the original save_pretrained (config.json and "
+            "the safetensors files must come from the same model; a changed num_labels changes the "
+            "classifier's shape)."
+        ) from None
     finally:
+        hf_logger.removeHandler(capture)
         hf_logger.setLevel(level)
+        hf_logger.propagate = propagate
     bcosify(model, b=settings["b"], verbose=False)
     dropped = set(model.bcos_report.dropped_biases)
+    stored = _stored_pressures(files) if settings["format_version"] >= 2 else {}
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, AlignmentPressure)}
     unexpected_missing = [k for k in info["missing_keys"] if k not in dropped]
-    if unexpected_missing or info["unexpected_keys"] or info.get("mismatched_keys"):
-        raise ValueError(
-            f"{path} does not match a B-cos {name}: missing {unexpected_missing}, unexpected "
-            f"{info['unexpected_keys']}, mismatched {info.get('mismatched_keys')}"
+    unexpected = [k for k in info["unexpected_keys"] if not (k.endswith(".bcos_b") and k[:-7] in layers)]
+    without_b = sorted(set(layers) - set(stored)) if settings["format_version"] >= 2 else []
+    if unexpected_missing or unexpected or info.get("mismatched_keys") or without_b:
+        raise BcosValueError(
+            f"path: {path} does not match a B-cos {name}: missing {sorted(unexpected_missing)}, unexpected "
+            f"{sorted(unexpected)}, mismatched {info.get('mismatched_keys')}, B-cos layers without a stored B "
+            f"{without_b}. Restore the folder from the original save_pretrained."
         )
+    for layer_name, value in stored.items():
+        if layer_name in layers:
+            layers[layer_name].b = check_b(value, name=f"{layer_name}.bcos_b in {path}")
     model.eval()
     return model
-
 
 
 class _EncodedTexts(torch.utils.data.Dataset):
@@ -141,10 +329,25 @@ def fine_tune_classifier(
 
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
 
-    if len(texts) != len(labels):
-        raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
-    if loss not in ("auto", "bce", "ce"):
-        raise ValueError(f"loss must be 'auto', 'bce' or 'ce', got {loss!r}")
+    num_labels = _check_classifier(model)
+    texts = _check_texts(texts)
+    labels = check_labels(labels, num_labels, n=len(texts))
+    if not callable(tokenizer):
+        raise argument_error("tokenizer", f"must be a transformers tokenizer, got {type(tokenizer).__name__}",
+                             "pass AutoTokenizer.from_pretrained(...) of the model", kind=BcosTypeError)
+    _check_number("epochs", epochs, low=0.0, low_open=True)
+    _check_count("batch_size", batch_size)
+    _check_count("max_length", max_length, minimum=2)
+    _check_number("learning_rate", learning_rate, low=0.0, low_open=True)
+    if head_learning_rate is not None:
+        _check_number("head_learning_rate", head_learning_rate, low=0.0, low_open=True)
+    if b_warmup is not None:
+        _check_number("b_warmup", b_warmup, low=0.0, low_open=True, high=1.0)
+    if not isinstance(loss, str) or loss not in ("auto", "bce", "ce"):
+        raise argument_error("loss", f"must be 'auto', 'bce' or 'ce', got {loss!r}",
+                             "use 'auto' (BCE for B-cos models, the model's cross-entropy otherwise)")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise argument_error("seed", f"must be an integer, got {seed!r}", "pass e.g. seed=0", kind=BcosTypeError)
     use_bce = loss == "bce" or (loss == "auto" and _is_bcos(model))
     args = TrainingArguments(
         output_dir=str(output_dir or tempfile.mkdtemp(prefix="bcos_finetune_")),
@@ -176,6 +379,80 @@ def fine_tune_classifier(
     return trainer
 
 
+def _check_number(name: str, value, *, low: float, low_open: bool = False, high: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise argument_error(name, f"must be a number, got {type(value).__name__} {value!r}",
+                             f"pass a float, e.g. {name}=0.5" if high else "pass a positive float",
+                             kind=BcosTypeError)
+    value = float(value)
+    above = value > low if low_open else value >= low
+    if not (math.isfinite(value) and above and (high is None or value <= high)):
+        span = f"({low:g}, {high:g}]" if high is not None else f"{'>' if low_open else '>='} {low:g}"
+        raise argument_error(name, f"must be finite and {span}, got {value!r}", "pass a value in that range")
+    return value
+
+
+def _check_count(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise argument_error(name, f"must be an integer, got {type(value).__name__} {value!r}",
+                             f"pass e.g. {name}={max(minimum, 8)}", kind=BcosTypeError)
+    if value < minimum:
+        raise argument_error(name, f"must be >= {minimum}, got {value}", f"pass e.g. {name}={max(minimum, 8)}")
+    return int(value)
+
+
+def _check_classifier(model) -> int:
+    num_labels = getattr(getattr(model, "config", None), "num_labels", None)
+    if not isinstance(model, nn.Module) or not isinstance(num_labels, int) or num_labels < 1:
+        raise argument_error("model", f"must be a transformers sequence classifier (config.num_labels), got "
+                             f"{type(model).__name__}", "pass e.g. AutoModelForSequenceClassification"
+                             ".from_pretrained(name, num_labels=2)", kind=BcosTypeError)
+    return num_labels
+
+
+def _check_texts(texts) -> list[str]:
+    if isinstance(texts, str) or not hasattr(texts, "__len__"):
+        raise argument_error("texts", f"must be a list of strings, got {type(texts).__name__}",
+                             "pass e.g. ['a text', 'another']", kind=BcosTypeError)
+    texts = list(texts)
+    if not texts:
+        raise argument_error("texts", "is empty", "pass at least one text")
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise argument_error("texts", f"texts[{bad}] is {type(texts[bad]).__name__} {texts[bad]!r}, not a string",
+                             "pass strings only", kind=BcosTypeError)
+    return texts
+
+
+def check_labels(labels, num_labels: int, *, n: int | None = None) -> list[int]:
+    """Class ids as a list of ints, refusing what would be silently truncated or out of range.
+
+    Floats are refused, not truncated (``int(0.7) == 0`` would train on a wrong label): pass integer ids.
+    """
+    if isinstance(labels, Tensor):
+        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+            raise argument_error("labels", f"must be integer class ids, got a {labels.dtype} tensor",
+                                 "pass class ids as integers (0.7 or 1.9 are not class ids; convert whole "
+                                 "numbers with .long())")
+        labels = labels.reshape(-1).tolist()
+    if isinstance(labels, str) or not hasattr(labels, "__len__"):
+        raise argument_error("labels", f"must be a list of integer class ids, got {type(labels).__name__}",
+                             "pass e.g. [0, 1, 1]", kind=BcosTypeError)
+    labels = list(labels)
+    for i, y in enumerate(labels):
+        if isinstance(y, bool) or not isinstance(y, numbers.Integral):
+            raise argument_error("labels", f"labels[{i}] is {type(y).__name__} {y!r}, not an integer class id",
+                                 "pass integer ids (floats such as 0.7 or 1.9 are refused, not truncated; "
+                                 "convert whole numbers with int(y))")
+        if not 0 <= y < num_labels:
+            raise argument_error("labels", f"labels[{i}] = {y} is outside [0, {num_labels}) (the model's "
+                                 "num_labels)", "map the labels to 0..num_labels-1, or build the model with "
+                                 "more labels")
+    if n is not None and len(labels) != n:
+        raise argument_error("labels", f"{n} texts but {len(labels)} labels", "pass one label per text")
+    return [int(y) for y in labels]
+
+
 def _two_rate_adamw(model: nn.Module, lr: float, head_lr: float, weight_decay: float):
     """AdamW with one rate for the pretrained encoder and another for the head (and pooler)."""
     prefix = getattr(model, "base_model_prefix", "")
@@ -193,6 +470,9 @@ def _two_rate_adamw(model: nn.Module, lr: float, head_lr: float, weight_decay: f
 def predict(model: nn.Module, tokenizer, texts: list[str], *, batch_size: int = 64,
             max_length: int = 64) -> Tensor:
     """Logits ``(n, classes)`` for a list of texts, batched, in eval mode."""
+    texts = _check_texts(texts)
+    _check_count("batch_size", batch_size)
+    _check_count("max_length", max_length, minimum=2)
     model.eval()
     device = next(model.parameters()).device
     out = []
@@ -205,6 +485,7 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, batch_size: int = 
 
 def accuracy(model: nn.Module, tokenizer, texts: list[str], labels: list[int], **kwargs) -> float:
     """Share of texts whose predicted class equals the label."""
+    labels = check_labels(labels, _check_classifier(model), n=len(_check_texts(texts)))
     pred = predict(model, tokenizer, texts, **kwargs).argmax(-1)
     return (pred == torch.as_tensor(labels)).float().mean().item()
 
@@ -217,7 +498,9 @@ class BWarmupCallback:
     residual stream collapses and short fine-tunings cannot recover. With B = 1 the converted model is close
     to the pretrained one (only biases removed); raising B linearly over the first ``fraction`` of the
     training steps lets the weights align as the pressure grows. At the end every layer has the target B
-    recorded in ``model.config.bcos["b"]``, so saved models are ordinary B-cos models. Measured so far: on a
+    recorded in ``model.config.bcos["b"]``, so saved models are ordinary B-cos models. Every layer stores the B
+    it runs with in its checkpoint entry ``bcos_b``, so a Trainer checkpoint written during the warm-up (or a
+    model saved after an interrupted one) reloads at the B it was running with, not the final one. Measured so far: on a
     48-step fine-tuning of MiniLM on SST-2 (head rate 1e-3) warming up to B = 1.5 did not train better than
     B = 1.25 from the start, so treat it as an option to experiment with, not a recommendation.
 
@@ -235,19 +518,19 @@ class BWarmupCallback:
 
 class _BWarmup:
     def __init__(self, model: nn.Module, start: float = 1.0, fraction: float = 0.5) -> None:
-        from .nn.linear import BcosLinear, check_b
-
-        settings = getattr(model.config, BCOS_CONFIG_KEY, None)
+        settings = getattr(getattr(model, "config", None), BCOS_CONFIG_KEY, None)
         if not isinstance(settings, dict):
-            raise ValueError("BWarmupCallback needs a model converted with bcosify (config.bcos is missing)")
-        if not 0.0 < fraction <= 1.0:
-            raise ValueError(f"fraction must lie in (0, 1], got {fraction}")
-        self.start = check_b(start)
-        self.target = float(settings["b"])
+            raise argument_error("model", "has no config.bcos: BWarmupCallback needs a model converted with "
+                                 "bcosify (or a BcosViT)", "call bcosify(model, b=...) first")
+        self.fraction = _check_number("fraction", fraction, low=0.0, low_open=True, high=1.0)
+        self.start = check_b(start, name="start")
+        self.target = check_b(settings.get("b"), name="config.bcos['b']")
         if self.start > self.target:
-            raise ValueError(f"start B {self.start} is larger than the model's B {self.target}")
-        self.fraction = fraction
-        self.layers = [m for m in model.modules() if isinstance(m, BcosLinear)]
+            raise argument_error("start", f"{self.start} is larger than the model's B {self.target}",
+                                 "warm up from a smaller B (default 1.0)")
+        self.layers = [m for m in model.modules() if isinstance(m, AlignmentPressure)]
+        if not self.layers:
+            raise argument_error("model", "has no B-cos layers", "call bcosify(model, b=...) first")
         self._set(self.start)
 
     def _set(self, b: float) -> None:

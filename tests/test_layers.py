@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from bcos_plugins.errors import BcosValueError
 from bcos_plugins.nn import (
     BcosConv1D,
     BcosLayerNorm,
@@ -169,9 +170,9 @@ def test_zero_input_gives_finite_output_and_gradients(b):
         assert torch.isfinite(x2.grad).all()
 
 
-@pytest.mark.parametrize("bad", [0.5, 0.0, -1.0, math.nan])
-def test_b_below_one_rejected(bad):
-    with pytest.raises(ValueError, match="b must be >= 1"):
+@pytest.mark.parametrize("bad", [0.5, 0.0, -1.0, math.nan, math.inf, 1e6, 10.5])
+def test_b_outside_range_rejected(bad):
+    with pytest.raises(BcosValueError, match=r"^b: must be a finite number in \[1, 10\], got .*b must be >= 1 .*use 1\.25-1\.5"):
         BcosLinear(3, 3, b=bad)
 
 

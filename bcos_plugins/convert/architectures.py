@@ -13,7 +13,7 @@ from typing import Literal
 
 from torch import nn
 
-__all__ = ["ArchitectureSpec", "SPECS", "spec_for", "supported_architectures"]
+__all__ = ["ArchitectureSpec", "SPECS", "check_stock_class", "spec_for", "stock_class", "supported_architectures"]
 
 
 @dataclass(frozen=True)
@@ -110,14 +110,45 @@ def supported_architectures() -> list[str]:
     return sorted(SPECS)
 
 
+def stock_class(name: str) -> type[nn.Module]:
+    """The transformers class a spec of :data:`SPECS` describes (``"BertModel"`` -> ``transformers.BertModel``)."""
+    import transformers
+
+    return getattr(transformers, name)
+
+
 def spec_for(model: nn.Module) -> ArchitectureSpec:
-    """The spec of a (possibly already B-cosified) model, or a clear error."""
+    """The spec of a (possibly already B-cosified) model, or a clear error.
+
+    The model's real class is checked, not its name: a spec describes the forward pass of one transformers
+    class, and a subclass (or a copy under the same name) may compute something else, which would be
+    explained incompletely without any error.
+    """
+    from .bcosify import UnsupportedModuleError
+
     bcos = getattr(getattr(model, "config", None), "bcos", None)
-    name = bcos["architecture"] if isinstance(bcos, dict) else type(model).__name__
-    try:
-        return SPECS[name]
-    except KeyError:
-        raise TypeError(
-            f"{type(model).__name__} is not supported by bcosify. Supported transformers classes: "
-            f"{', '.join(supported_architectures())}."
-        ) from None
+    converted = isinstance(bcos, dict) and "architecture" in bcos
+    name = bcos["architecture"] if converted else type(model).__name__
+    if name not in SPECS:
+        raise UnsupportedModuleError(
+            f"model: {type(model).__module__}.{type(model).__qualname__} is not supported by bcosify. Pass "
+            f"one of the transformers classes {', '.join(supported_architectures())}."
+        )
+    # bcosify swaps some classes for B-cos subclasses of the stock class (heads.py), hence isinstance after
+    # conversion; bcosify itself checks the class by identity before converting.
+    check_stock_class(model, name, exact=not converted)
+    return SPECS[name]
+
+
+def check_stock_class(model: nn.Module, name: str, *, exact: bool) -> None:
+    """Refuse a model that is not transformers' ``name`` (``exact``: not that very class, no subclass)."""
+    from .bcosify import UnsupportedModuleError
+
+    cls = stock_class(name)
+    if (type(model) is not cls) if exact else not isinstance(model, cls):
+        raise UnsupportedModuleError(
+            f"model: {type(model).__module__}.{type(model).__qualname__} is not transformers' {name} (a "
+            f"subclass or a class of the same name); bcosify knows the forward pass of transformers' {name} "
+            f"only, and another forward would be explained incompletely. Build transformers.{name} itself, "
+            "or convert your own forward by hand with the layers of bcos_plugins.nn."
+        )

@@ -7,7 +7,9 @@
 - identity ("linear"):            ``gate = 1`` (bilinear MLPs)
 
 In explanation mode ``gate`` is a constant, so ``x · d act / dx = act(x)``. The product form is used
-in both modes so that forward values are identical in and out of explanation mode.
+in both modes so that forward values are identical in and out of explanation mode. Half-precision inputs
+get their gate computed in float32 (the tanh form's ``x^3`` and its derivative overflow float16 for
+``|x| > 40`` and ``|x| > 148``, which gave NaN gradients) and cast back; the gate lies in [0, 1].
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..errors import BcosValueError, argument_error
 from .dynamic import DynamicWeightModule
+from .functional import HALF_DTYPES
 
 __all__ = ["DetachableActivation", "GATES"]
 
@@ -44,16 +48,19 @@ class DetachableActivation(DynamicWeightModule):
 
     def __init__(self, kind: str) -> None:
         super().__init__()
-        if kind not in GATES:
-            raise ValueError(f"unknown gate {kind!r}; supported: {sorted(GATES)}")
+        if not isinstance(kind, str) or kind not in GATES:
+            raise argument_error("kind", f"unknown gate {kind!r}", f"use one of {sorted(GATES)}",
+                                 kind=BcosValueError)
         self.kind = kind
 
     def forward(self, x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
         with self.dynamic_scope():
-            gate = GATES[self.kind](x)
+            gate = self.gate(x)
         return x * self.dynamic_weight(gate)
 
     def gate(self, x: Tensor) -> Tensor:
+        if x.dtype in HALF_DTYPES:
+            return GATES[self.kind](x.float()).to(x.dtype)
         return GATES[self.kind](x)
 
     def extra_repr(self) -> str:

@@ -22,23 +22,27 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from .dynamic import DynamicWeightModule
-from .functional import NORM_EPS, bcos_scale, unit_norm
-from .linear import check_b
+from ..errors import BcosValueError, argument_error
+from .functional import HALF_DTYPES, NORM_EPS, bcos_scale, unit_norm
+from .linear import AlignmentPressure, check_features
 
 __all__ = ["BcosConv2d"]
 
 
-def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+def _pair(name: str, v: int | tuple[int, int], minimum: int) -> tuple[int, int]:
+    pair = (v, v) if not isinstance(v, tuple | list) else tuple(v)
+    if len(pair) != 2 or any(isinstance(p, bool) or not isinstance(p, int) or p < minimum for p in pair):
+        raise argument_error(name, f"must be an integer >= {minimum} or a pair of them, got {v!r}",
+                             f"pass e.g. {name}={max(minimum, 1)}")
+    return (int(pair[0]), int(pair[1]))
 
 
-class BcosConv2d(DynamicWeightModule):
+class BcosConv2d(AlignmentPressure):
     """B-cos convolution with weight ``(out_channels * max_out, in_channels, kh, kw)``, no bias.
 
     Args:
         in_channels, out_channels, kernel_size, stride, padding: as in ``nn.Conv2d`` (zero padding).
-        b: alignment pressure, >= 1.
+        b: alignment pressure in [1, 10] (see :func:`~bcos_plugins.nn.check_b`).
         max_out: units per output channel taken the maximum over (MaxOut); 1 disables it.
     """
 
@@ -46,15 +50,13 @@ class BcosConv2d(DynamicWeightModule):
                  stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0, b: float = 2.0,
                  max_out: int = 1, device=None, dtype=None) -> None:
         super().__init__()
-        if max_out < 1:
-            raise ValueError(f"max_out={max_out} must be >= 1 (1 disables MaxOut)")
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        self.kernel_size = _pair(kernel_size)
-        self.stride = _pair(stride)
-        self.padding = _pair(padding)
-        self.b = check_b(b)
-        self.max_out = int(max_out)
+        self.in_channels = check_features("in_channels", in_channels)
+        self.out_channels = check_features("out_channels", out_channels)
+        self.kernel_size = _pair("kernel_size", kernel_size, 1)
+        self.stride = _pair("stride", stride, 1)
+        self.padding = _pair("padding", padding, 0)
+        self.max_out = check_features("max_out", max_out)
+        self._init_b(b, device)
         self.weight = nn.Parameter(torch.empty(out_channels * max_out, in_channels, *self.kernel_size,
                                                device=device, dtype=dtype))
         nn.init.kaiming_uniform_(self.weight, a=5**0.5)
@@ -64,21 +66,29 @@ class BcosConv2d(DynamicWeightModule):
         return unit_norm(self.weight, dim=(1, 2, 3))
 
     def patch_norm(self, x: Float[Tensor, "batch c_in h w"]) -> Float[Tensor, "batch 1 h_out w_out"]:
-        """``||x_r||`` of every receptive field (with the same epsilon as ``BcosLinear``)."""
+        """``||x_r||`` of every receptive field (with the same epsilon as ``BcosLinear``).
+
+        Half-precision inputs are summed in float32 (the squares overflow float16 once a patch norm passes
+        256); the result is then float32.
+        """
+        if x.dtype in HALF_DTYPES:
+            x = x.float()
         ones = x.new_ones(1, 1, *self.kernel_size)
         squares = F.conv2d(x.pow(2).sum(dim=1, keepdim=True), ones, stride=self.stride, padding=self.padding)
         return (squares + NORM_EPS).sqrt()
 
     def forward(self, x: Float[Tensor, "batch c_in h w"]) -> Float[Tensor, "batch c_out h_out w_out"]:
         if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f"BcosConv2d expects input (batch, {self.in_channels}, height, width); got "
-                             f"{tuple(x.shape)}")
+            raise argument_error("x", f"BcosConv2d expects shape (batch, {self.in_channels}, height, width), got "
+                                 f"{tuple(x.shape)}", "pass a batch of images with the layer's in_channels",
+                                 kind=BcosValueError)
+        b = self._pressure()
         lin = F.conv2d(x, self.unit_weight(), stride=self.stride, padding=self.padding)
         if self.max_out > 1:
             lin = lin.unflatten(1, (self.out_channels, self.max_out)).amax(dim=2)
-        if self.b != 1.0:
+        if b != 1.0:
             with self.dynamic_scope():
-                dyn = bcos_scale(lin, self.patch_norm(x), self.b)
+                dyn = bcos_scale(lin, self.patch_norm(x), b)
             lin = self.dynamic_weight(dyn) * lin
         return lin
 

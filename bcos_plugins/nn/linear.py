@@ -14,36 +14,136 @@ clamped from below before the power so that the gradient of ``|cos| ** (B - 1)``
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from ..errors import BcosTypeError, BcosValueError, argument_error
 from .dynamic import DynamicWeightModule
 from .functional import COS_FLOOR, NORM_EPS, bcos_scale, input_norm, max_out, unit_norm
 
-__all__ = ["BcosLinear", "BcosConv1D", "check_b"]
+__all__ = ["AlignmentPressure", "BcosLinear", "BcosConv1D", "MAX_B", "check_b"]
 
 _NORM_EPS = NORM_EPS  # kept: other layers import these names
 _COS_FLOOR = COS_FLOOR
 
 
-def check_b(b: float) -> float:
-    """Validate the alignment pressure B, with an error that says what to use instead."""
-    b = float(b)
-    if not b >= 1.0:  # also catches NaN
-        raise ValueError(
-            f"B-cos alignment pressure b={b} is invalid: b must be >= 1 (b=1 is a plain bias-free linear "
-            "layer; the papers recommend 1.25-1.5 for classifiers and 1.1 for decoders)."
-        )
-    return b
+MAX_B = 10.0
+"""Largest accepted alignment pressure. A B-cos layer scales its output by ``|cos|^(B - 1)``; the papers use
+B <= 2.5, and above 10 even a well-aligned input (``|cos| = 0.5``) is scaled by less than 0.002 per layer, so a
+few layers drive every output to 0 (an all-zero model whose explanation is trivially "complete")."""
 
 
-class BcosLinear(DynamicWeightModule):
+def check_b(b, name: str = "b") -> float:
+    """Validate the alignment pressure B: a finite real number in [1, :data:`MAX_B`]; returns it as a float.
+
+    ``name`` is the argument named in the error (``"b"``, ``"start"``, ``"config.bcos['b']"``, ...).
+    """
+    fix = (f"{name} must be >= 1 (b=1 is a plain bias-free linear layer) and at most {MAX_B:g} (above it every "
+           "B-cos output is scaled by |cos|^(b-1), which drives the model to all zeros); use 1.25-1.5 for "
+           "classifiers and 1.1 for decoders")
+    if isinstance(b, Tensor) and b.numel() == 1 and not b.is_complex():
+        b = b.item()
+    if isinstance(b, bool) or not isinstance(b, numbers.Real):
+        raise argument_error(name, f"must be a real number, got {type(b).__name__} {b!r}", fix,
+                             kind=BcosTypeError)
+    value = float(b)
+    if not math.isfinite(value) or not 1.0 <= value <= MAX_B:
+        raise argument_error(name, f"must be a finite number in [1, {MAX_B:g}], got {value!r}", fix)
+    return value
+
+
+def check_features(name: str, value) -> int:
+    """A layer size or MaxOut count: a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise argument_error(name, f"must be a positive integer, got {value!r}",
+                             "pass the number of features/units (max_out=1 disables MaxOut)",
+                             kind=BcosTypeError if not isinstance(value, numbers.Integral) else BcosValueError)
+    return int(value)
+
+
+class AlignmentPressure(DynamicWeightModule):
+    """Base of the B-cos layers: the alignment pressure B, stored in every checkpoint.
+
+    B is a persistent float64 buffer ``bcos_b`` (so ``state_dict`` / ``save_pretrained`` / Trainer
+    checkpoints hold the B each layer was running with, also mid-way through :class:`BWarmupCallback`), and a
+    Python float ``b`` that the forward pass reads (no device synchronisation per call). Whatever writes the
+    buffer (``load_state_dict``, transformers' loading, an in-place edit) is picked up at the next forward:
+    the buffer's identity and version counter are compared there, which costs two attribute reads. Dtype
+    conversions (``.half()``, ``.to(torch.bfloat16)``) keep the buffer float64, so a saved half-precision
+    model reloads at exactly the B it ran with.
+    """
+
+    def _init_b(self, b, device) -> None:
+        self._b = self._b_init = check_b(b)
+        self.register_buffer("bcos_b", torch.tensor(self._b, dtype=torch.float64, device=device))
+        self._b_seen = (self.bcos_b, self.bcos_b._version)
+
+    @property
+    def b(self) -> float:
+        """The alignment pressure this layer runs with (assigning validates it and updates ``bcos_b``)."""
+        return self._pressure()
+
+    @b.setter
+    def b(self, value) -> None:
+        self._b = check_b(value)
+        with torch.no_grad():
+            self.bcos_b.fill_(self._b)
+        self._b_seen = (self.bcos_b, self.bcos_b._version)
+
+    def reset_b(self) -> None:
+        """Set B back to the value the layer was built with.
+
+        For a ``PreTrainedModel._init_weights``: transformers materialises a buffer missing from a checkpoint
+        (one saved before B was stored per layer) uninitialised, and ``_init_weights`` must fill it.
+        """
+        self.b = self._b_init
+
+    def _pressure(self) -> float:
+        buf = self._buffers["bcos_b"]
+        seen, version = self._b_seen
+        if buf is not seen or buf._version != version:
+            if not buf.is_meta:
+                value = buf.item()
+                if not (math.isfinite(value) and 1.0 <= value <= MAX_B):
+                    raise argument_error(
+                        f"{type(self).__name__}.bcos_b", f"the stored alignment pressure is {value!r}, outside "
+                        f"[1, {MAX_B:g}]", "the checkpoint's B is damaged, or it predates per-layer B and the "
+                        "model's _init_weights does not call reset_b(): reload with load_bcos_model, or set "
+                        "layer.b explicitly")
+                self._b = value
+            self._b_seen = (buf, buf._version)
+        return self._b
+
+    def _apply(self, fn, recurse=True):
+        buf = self._buffers.pop("bcos_b")
+        in_sync = buf is self._b_seen[0] and buf._version == self._b_seen[1]
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            device = self.weight.device
+            # MPS has no float64; float32 holds the common B values (1, 1.25, 1.5, 2) exactly.
+            dtype = torch.float32 if device.type == "mps" else torch.float64
+            if buf.device == device and buf.dtype == dtype:
+                new = buf
+            elif buf.is_meta:
+                new = torch.tensor(self._b, dtype=dtype, device=device)
+            else:
+                new = buf.to(device=device, dtype=dtype)
+            self._buffers["bcos_b"] = new
+            if in_sync:
+                self._b_seen = (new, new._version)
+
+
+class BcosLinear(AlignmentPressure):
     """B-cos linear layer with weight of shape ``(out_features * max_out, in_features)``.
 
     Args:
         in_features, out_features: sizes as in ``nn.Linear``.
-        b: alignment pressure, >= 1.
+        b: alignment pressure in [1, :data:`MAX_B`] (see :func:`check_b`).
         max_out: number of units per output taken the maximum over (MaxOut); 1 disables it.
         constant_outputs: output features that only feed a dynamic weight elsewhere (the query and key of
             attention, which only shape the attention matrix): in explanation mode they are detached
@@ -62,12 +162,10 @@ class BcosLinear(DynamicWeightModule):
         dtype=None,
     ) -> None:
         super().__init__()
-        if max_out < 1:
-            raise ValueError(f"max_out={max_out} must be >= 1 (1 disables MaxOut)")
-        self.in_features = in_features
-        self.out_features = out_features
-        self.b = check_b(b)
-        self.max_out = int(max_out)
+        self.in_features = check_features("in_features", in_features)
+        self.out_features = check_features("out_features", out_features)
+        self.max_out = check_features("max_out", max_out)
+        self._init_b(b, device)
         self.constant_outputs = constant_outputs
         self.weight = nn.Parameter(
             torch.empty(self._weight_shape(), device=device, dtype=dtype)
@@ -98,10 +196,11 @@ class BcosLinear(DynamicWeightModule):
         return torch.nn.functional.linear(x, self.unit_weight())
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
+        b = self._pressure()
         lin = max_out(self._linear(x), self.max_out)
-        if self.b != 1.0:
+        if b != 1.0:
             with self.dynamic_scope():
-                dyn = bcos_scale(lin, input_norm(x), self.b)
+                dyn = bcos_scale(lin, input_norm(x), b)
             lin = self.dynamic_weight(dyn) * lin
         if self.explaining and self.constant_outputs is not None:
             lin = _detach_slice(lin, self.constant_outputs)

@@ -5,7 +5,9 @@ differentiable; ``rsqrt(var + eps)`` is the dynamic weight (a constant in explan
 
 ``DetachableRMSNorm``: ``y = x * rsqrt(mean(x^2) + eps) * gamma``; the rsqrt factor is the dynamic weight.
 
-Both compute the same arithmetic in and out of explanation mode, so forward values are bit-identical.
+Both compute the same arithmetic in and out of explanation mode, so forward values are bit-identical, and
+both normalise half-precision inputs in float32 and cast back: in float16 the variance overflows once values
+pass about 256, and BERT's ``eps = 1e-12`` rounds to 0 (a constant row, e.g. padding, then gives NaN).
 """
 
 from __future__ import annotations
@@ -14,9 +16,18 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from ..errors import BcosTypeError, BcosValueError, argument_error
 from .dynamic import DynamicWeightModule
+from .functional import HALF_DTYPES
 
 __all__ = ["BcosLayerNorm", "DetachableRMSNorm"]
+
+
+def _check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0.0 < float(eps) < float("inf"):
+        raise argument_error("eps", f"must be a finite number > 0, got {eps!r}",
+                             "keep the model's layer_norm_eps (e.g. 1e-5 or 1e-12)", kind=BcosValueError)
+    return float(eps)
 
 
 class BcosLayerNorm(DynamicWeightModule):
@@ -28,7 +39,12 @@ class BcosLayerNorm(DynamicWeightModule):
         if isinstance(normalized_shape, int):
             normalized_shape = (normalized_shape,)
         self.normalized_shape = tuple(normalized_shape)
-        self.eps = eps
+        if not self.normalized_shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1
+                                            for d in self.normalized_shape):
+            raise argument_error("normalized_shape", f"must be a positive int or a tuple of them, got "
+                                 f"{normalized_shape!r}", "pass the size of the normalised last dimension(s)",
+                                 kind=BcosTypeError)
+        self.eps = _check_eps(eps)
         if elementwise_affine:
             self.weight = nn.Parameter(torch.ones(self.normalized_shape, device=device, dtype=dtype))
         else:
@@ -47,8 +63,12 @@ class BcosLayerNorm(DynamicWeightModule):
 
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
         dims = tuple(range(-len(self.normalized_shape), 0))
-        var, mean = torch.var_mean(x, dim=dims, correction=0, keepdim=True)
-        y = (x - mean) * self.dynamic_weight(torch.rsqrt(var + self.eps))
+        half = x.dtype in HALF_DTYPES
+        xc = x.float() if half else x
+        var, mean = torch.var_mean(xc, dim=dims, correction=0, keepdim=True)
+        y = (xc - mean) * self.dynamic_weight(torch.rsqrt(var + self.eps))
+        if half:
+            y = y.to(x.dtype)
         return y * self.weight if self.weight is not None else y
 
     def extra_repr(self) -> str:
@@ -63,8 +83,11 @@ class DetachableRMSNorm(DynamicWeightModule):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None) -> None:
         super().__init__()
+        if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
+            raise argument_error("hidden_size", f"must be a positive int, got {hidden_size!r}",
+                                 "pass the size of the normalised last dimension", kind=BcosTypeError)
         self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
-        self.variance_epsilon = eps
+        self.variance_epsilon = _check_eps(eps)
 
     @classmethod
     def from_rms_norm(cls, norm: nn.Module) -> DetachableRMSNorm:
