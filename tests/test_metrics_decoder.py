@@ -99,9 +99,9 @@ def test_probability_gap_hand_computed():
 
 def test_metric_error_paths():
     scores = torch.rand(2, 4)
-    with pytest.raises(ValueError, match=r"scores must have shape \(batch, pos\)"):
+    with pytest.raises(ValueError, match=r"scores: must have 2 dimensions \(batch, pos\)"):
         reciprocal_rank(scores[0], _mask([1, 0, 0, 0]))
-    with pytest.raises(ValueError, match="evidence mask shape"):
+    with pytest.raises(ValueError, match="evidence: mask shape"):
         reciprocal_rank(scores, _mask([1, 0, 0]))
     with pytest.raises(ValueError, match=r"rows \[1\] mark evidence outside the candidate tokens"):
         reciprocal_rank(scores, _mask([1, 0, 0, 0], [0, 0, 0, 1]), _mask([1, 1, 1, 1], [1, 1, 1, 0]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.metrics.image import IMAGE_FRACTIONS, grid_pointing_game, pixel_perturbation, pixel_ranking
 
 
@@ -34,7 +35,7 @@ def test_grid_pointing_game_errors():
         grid_pointing_game(torch.ones(1, 5, 4), 0)
     with pytest.raises(ValueError, match=r"indices in \[0, 4\)"):
         grid_pointing_game(torch.ones(2, 4, 4), torch.tensor([0, 4]))
-    with pytest.raises(ValueError, match="per-pixel maps"):
+    with pytest.raises(ValueError, match=r"attributions: must have 3 or 4 dimensions \(batch, H, W\)"):
         grid_pointing_game(torch.ones(4, 4), 0)
 
 
@@ -105,5 +106,29 @@ def test_pixel_perturbation_errors():
         pixel_perturbation(forward, x, torch.ones(2, 2, 2), target=0, score="prob")
     with pytest.raises(ValueError, match=r"shape \(batch,\) = \(2,\)"):
         pixel_perturbation(forward, x, torch.ones(2, 2, 2), target=torch.tensor([0, 1, 0]))
-    with pytest.raises(ValueError, match=r"images \(batch, C, H, W\)"):
+    with pytest.raises(ValueError, match=r"inputs: must have 4 dimensions \(batch, C, H, W\)"):
         pixel_perturbation(forward, x[0], torch.ones(2, 2, 2), target=0)
+
+
+# --- issue 15: unusual input gets a correct answer or a clear error -------------------------------------------
+
+def test_nan_maps_float_cells_empty_batches_and_out_of_range_targets_are_named():
+    nan = torch.rand(2, 4, 4)
+    nan[1, 0, 0] = float("nan")
+    with pytest.raises(BcosValueError, match=r"attributions: contains? NaN or inf in row \[1\]"):
+        pixel_ranking(nan)
+    forward = linear_model(torch.ones(1, 1, 4, 4))
+    with pytest.raises(BcosValueError, match=r"attributions: contains? NaN or inf in row \[1\]"):
+        pixel_perturbation(forward, torch.rand(2, 1, 4, 4), nan, target=0)
+    with pytest.raises(BcosValueError, match=r"target: ids must lie in \[0, 2\)"):
+        pixel_perturbation(forward, torch.rand(2, 1, 4, 4), torch.rand(2, 4, 4), target=5)
+    with pytest.raises(BcosValueError, match="inputs: are empty"):
+        pixel_perturbation(forward, torch.rand(0, 1, 4, 4), torch.rand(0, 4, 4), target=0)
+    with pytest.raises(BcosTypeError, match="cell: must be integer cell indices"):
+        grid_pointing_game(torch.rand(1, 4, 4), 1.7)  # used to be truncated to cell 1
+    with pytest.raises(BcosValueError, match="grid: must be >= 1"):
+        grid_pointing_game(torch.rand(1, 4, 4), 0, grid=(0, 2))
+    with pytest.raises(BcosValueError, match="attributions: are empty"):
+        grid_pointing_game(torch.rand(0, 4, 4), 0)
+    # a map with no positive attribution scores 0 (documented), not NaN
+    assert grid_pointing_game(-torch.rand(1, 4, 4), 0).item() == 0.0

@@ -6,6 +6,7 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score
 
+from bcos_plugins.errors import BcosValueError
 from bcos_plugins.metrics.rationale import average_precision, rationale_alignment, top_k_iou
 
 
@@ -89,9 +90,34 @@ def test_batched_equals_row_by_row():
 def test_bad_inputs_have_clear_errors():
     with pytest.raises(ValueError, match="batch, pos"):
         top_k_iou(torch.zeros(2, 3, 4), torch.zeros(2, 3))
-    with pytest.raises(ValueError, match="gold_mask shape"):
+    with pytest.raises(ValueError, match="gold_mask: has shape"):
         average_precision(torch.zeros(2, 3), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="k must be"):
         top_k_iou(torch.zeros(1, 3), torch.ones(1, 3), k=0)
     with pytest.raises(ValueError, match="NaN"):
         average_precision(torch.tensor([[float("nan"), 1.0]]), torch.tensor([[1, 0]]))
+
+
+# --- issue 15: unusual input gets a correct answer or a clear error -------------------------------------------
+
+def test_nan_scores_masks_and_k_out_of_range_are_named():
+    scores, gold = torch.rand(3, 4), torch.tensor([[1, 0, 0, 0]] * 3)
+    nan = scores.clone()
+    nan[2, 1] = float("nan")
+    with pytest.raises(BcosValueError, match=r"scores: contain NaN or inf at valid positions in row \[2\]"):
+        rationale_alignment(nan, gold)
+    # a NaN at a position that does not count is fine, and changes nothing
+    valid = torch.ones(3, 4, dtype=torch.bool)
+    valid[2, 1] = False
+    assert torch.equal(top_k_iou(nan, gold, valid), top_k_iou(scores, gold, valid))
+    with pytest.raises(BcosValueError, match="gold_mask: must be a 0/1 mask"):
+        top_k_iou(scores, gold * 2)
+    with pytest.raises(BcosValueError, match="gold_mask: contains NaN"):
+        average_precision(scores, torch.full((3, 4), float("nan")))
+    with pytest.raises(BcosValueError, match="scores: are empty"):
+        rationale_alignment(torch.zeros(0, 4), torch.zeros(0, 4))
+    for k in (0, 5, -1, True):
+        with pytest.raises(BcosValueError, match=r"k: k must be None .* an int in \[1, 4\]"):
+            top_k_iou(scores, gold, k=k)
+    with pytest.raises(BcosValueError, match="k: a float k"):
+        top_k_iou(scores, gold, k=1.5)

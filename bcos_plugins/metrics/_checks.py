@@ -107,7 +107,7 @@ def require_tensor(name: str, value, *, ndim: int | Sequence[int] | None = None,
                 "Reshape it or pass the tensor the docstring describes")
     if finite and value.is_floating_point() and value.numel() and not torch.isfinite(value).all():
         where = bad_rows(~torch.isfinite(value)) if value.ndim else "its value"
-        raise argument_error(name, f"contains NaN or inf ({where})", "Pass finite values")
+        raise argument_error(name, f"contains NaN or inf in {where}", "Pass finite values")
     if kind == "mask" and value.numel() and value.dtype != torch.bool and not ((value == 0) | (value == 1)).all():
         raise argument_error(name, f"must be a 0/1 mask, got values {sorted(set(value.unique().tolist()))[:6]}",
                              "Pass a boolean tensor or one of 0s and 1s")

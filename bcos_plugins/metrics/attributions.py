@@ -14,6 +14,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from ..errors import BcosTypeError, argument_error
+from ._checks import bad_rows, require_same_shape, require_tensor
+
 __all__ = ["perturbable_mask", "special_tokens_mask", "token_scores"]
 
 
@@ -26,29 +29,44 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
         reduce: ``"sum"`` (default, signed) or ``"mean"`` over the feature dimensions; ``"l2"`` gives the
             unsigned norm for methods whose sign is meaningless.
     """
+    if reduce not in ("sum", "mean", "l2"):
+        raise argument_error("reduce", f"reduce must be 'sum', 'mean' or 'l2', got {reduce!r}", "Pick one of those")
     if hasattr(attributions, "embedding_contributions"):
         attributions = attributions.embedding_contributions
+    elif hasattr(attributions, "input_contributions"):
+        attributions = attributions.input_contributions
     if isinstance(attributions, (tuple, list)):
         if len(attributions) != 1:
-            raise ValueError(f"expected the attributions of one input tensor, got a tuple of {len(attributions)}; "
-                             "pass the tensor attributed at the token embeddings")
+            raise argument_error("attributions", f"expected the attributions of one input tensor, got a tuple of "
+                                 f"{len(attributions)}", "Pass the tensor attributed at the token embeddings")
         attributions = attributions[0]
     if not isinstance(attributions, Tensor):
-        raise TypeError(f"attributions must be a tensor, a one-tensor tuple or an Explanation; got "
-                        f"{type(attributions).__name__}")
+        raise argument_error("attributions", f"must be a tensor, a one-tensor tuple or an Explanation, got "
+                             f"{type(attributions).__name__}", "Pass the attribution tensor", kind=BcosTypeError)
+    if attributions.is_complex() or attributions.dtype == torch.bool:
+        raise argument_error("attributions", f"must be real numbers, got dtype {attributions.dtype}",
+                             "Pass float attributions", kind=BcosTypeError)
     scores = attributions.detach().float()
     if scores.ndim < 2:
-        raise ValueError(f"attributions need a batch and a position dimension; got shape {tuple(scores.shape)}")
+        raise argument_error("attributions", f"need a batch and a position dimension, got shape "
+                             f"{tuple(scores.shape)}", "Add the batch dimension (attributions[None])")
+    if scores.shape[0] == 0 or scores.shape[1] == 0:
+        raise argument_error("attributions", f"are empty (shape {tuple(scores.shape)})",
+                             "Pass the attributions of at least one token of one example")
+    finite = torch.isfinite(scores)
+    if not finite.all():
+        # A NaN score ranks arbitrarily (first under a descending sort) and turns sums into NaN: every metric
+        # built on it would be silently wrong.
+        raise argument_error("attributions", f"contain NaN or inf in {bad_rows(~finite)}",
+                             "Fix the attribution method (or its inputs) for those rows")
     if scores.ndim > 2:
         flat = scores.flatten(2)
         if reduce == "sum":
             scores = flat.sum(-1)
         elif reduce == "mean":
             scores = flat.mean(-1)
-        elif reduce == "l2":
-            scores = flat.norm(dim=-1)
         else:
-            raise ValueError(f"reduce must be 'sum', 'mean' or 'l2', got {reduce!r}")
+            scores = flat.norm(dim=-1)
     return scores
 
 
@@ -71,14 +89,17 @@ def perturbable_mask(
     One of ``tokenizer`` (its special-token mask) or ``special_tokens`` (a boolean mask) is required, so
     that CLS/SEP/PAD are never perturbed by accident.
     """
+    input_ids = require_tensor("input_ids", input_ids, ndim=2, kind="int", shape_hint="(batch, pos)")
     if special_tokens is None:
         if tokenizer is None:
-            raise ValueError("pass tokenizer= (to find CLS/SEP/PAD) or special_tokens= (a boolean mask, True at "
-                             "tokens that must never be perturbed)")
+            raise argument_error("special_tokens", "pass tokenizer= (to find CLS/SEP/PAD) or special_tokens= (a "
+                                 "boolean mask, True at tokens that must never be perturbed)", "Pass one of them")
         special_tokens = special_tokens_mask(tokenizer, input_ids)
+    special_tokens = require_tensor("special_tokens", special_tokens, ndim=2, kind="mask")
     special_tokens = special_tokens.to(device=input_ids.device, dtype=torch.bool)
-    if special_tokens.shape != input_ids.shape:
-        raise ValueError(f"special_tokens shape {tuple(special_tokens.shape)} != input_ids shape "
-                         f"{tuple(input_ids.shape)}")
+    require_same_shape("special_tokens", special_tokens, "input_ids", input_ids)
+    if attention_mask is not None:
+        attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
+        require_same_shape("attention_mask", attention_mask, "input_ids", input_ids)
     real = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     return real & ~special_tokens

@@ -1,4 +1,4 @@
-"""Metrics for contrastive next-token explanations of decoders (B-cos LM paper §7, DESIGN.md §4).
+"""Metrics for contrastive next-token explanations of decoders (B-cos LM paper §7, docs/design.md#metrics).
 
 - **Reciprocal rank** of one explanation: rank the candidate tokens of the prefix by score (descending) and
   take ``1 / rank`` of the best-ranked evidence token. MRR is its mean over examples. Ties keep the prefix
@@ -29,6 +29,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from ..errors import argument_error
+from ._checks import bad_rows, require_int, require_tensor
+
 __all__ = [
     "MRRResult",
     "NextTokenContrast",
@@ -44,19 +47,26 @@ __all__ = [
 
 
 def _check_masks(scores: Tensor, evidence: Tensor, candidates: Tensor | None) -> Tensor:
-    if scores.ndim != 2:
-        raise ValueError(f"scores must have shape (batch, pos); got {tuple(scores.shape)}")
+    scores = require_tensor("scores", scores, ndim=2, kind="real", shape_hint="(batch, pos)")
+    if 0 in scores.shape:
+        raise argument_error("scores", f"are empty (shape {tuple(scores.shape)})",
+                             "Pass the scores of at least one token of one example")
+    evidence = require_tensor("evidence", evidence, ndim=2, kind="mask")
     if evidence.shape != scores.shape:
-        raise ValueError(f"evidence mask shape {tuple(evidence.shape)} != scores shape {tuple(scores.shape)}")
+        raise argument_error("evidence", f"mask shape {tuple(evidence.shape)} != scores shape "
+                             f"{tuple(scores.shape)}", "Pass one flag per scored token")
     if candidates is None:
         candidates = torch.ones_like(scores, dtype=torch.bool)
-    elif candidates.shape != scores.shape:
-        raise ValueError(f"candidates mask shape {tuple(candidates.shape)} != scores shape {tuple(scores.shape)}")
+    else:
+        candidates = require_tensor("candidates", candidates, ndim=2, kind="mask")
+        if candidates.shape != scores.shape:
+            raise argument_error("candidates", f"mask shape {tuple(candidates.shape)} != scores shape "
+                                 f"{tuple(scores.shape)}", "Pass one flag per scored token")
     candidates = candidates.bool()
     if (evidence.bool() & ~candidates).any():
         rows = (evidence.bool() & ~candidates).any(1).nonzero().flatten().tolist()
-        raise ValueError(f"rows {rows} mark evidence outside the candidate tokens (padding or excluded tokens); "
-                         "evidence must be a subset of the ranked prefix tokens")
+        raise argument_error("evidence", f"rows {rows} mark evidence outside the candidate tokens (padding or "
+                             "excluded tokens)", "Evidence must be a subset of the ranked prefix tokens")
     return candidates
 
 
@@ -74,6 +84,10 @@ def reciprocal_rank(
             and BOS; default: all positions.
     """
     candidates = _check_masks(scores, evidence, candidates)
+    bad = ~torch.isfinite(scores.detach().double()) & candidates
+    if bad.any():
+        raise argument_error("scores", f"contain NaN or inf at candidate tokens in {bad_rows(bad)}",
+                             "Fix the attribution method for those rows")
     # Non-candidates sink below every candidate; a stable descending sort keeps prefix order among ties.
     ranked = scores.detach().to(torch.float64).masked_fill(~candidates, float("-inf"))
     order = ranked.sort(dim=1, descending=True, stable=True).indices
@@ -87,9 +101,11 @@ def reciprocal_rank(
 
 def expected_random_reciprocal_rank(n_candidates: int, n_evidence: int) -> float:
     """Expected ``1 / rank`` of the best of ``n_evidence`` evidence tokens among ``n_candidates`` ranked at random."""
-    n, k = int(n_candidates), int(n_evidence)
+    n = require_int("n_candidates", n_candidates, minimum=1)
+    k = require_int("n_evidence", n_evidence)
     if not 1 <= k <= n:
-        raise ValueError(f"need 1 <= n_evidence <= n_candidates; got n_evidence={k}, n_candidates={n}")
+        raise argument_error("n_evidence", f"need 1 <= n_evidence <= n_candidates, got n_evidence={k}, "
+                             f"n_candidates={n}", "Count the evidence tokens among the candidates")
     total = comb(n, k)
     return sum(comb(n - r, k - 1) / r for r in range(1, n - k + 2)) / total
 
@@ -98,6 +114,7 @@ def random_reciprocal_rank(
     evidence: Bool[Tensor, "batch pos"], candidates: Bool[Tensor, "batch pos"] | None = None
 ) -> Float[Tensor, " batch"]:
     """Per-row random baseline of :func:`reciprocal_rank` (NaN for rows without evidence)."""
+    evidence = require_tensor("evidence", evidence, ndim=2, kind="mask")
     scores = torch.ones(evidence.shape, dtype=torch.float64)
     candidates = _check_masks(scores, evidence, candidates)
     n = candidates.sum(1).tolist()
@@ -131,7 +148,8 @@ def mean_reciprocal_rank(
     rand = random_reciprocal_rank(evidence, candidates)
     valid = ~rr.isnan()
     if not valid.any():
-        raise ValueError("no row has both an evidence token and a non-zero score; MRR is undefined")
+        raise argument_error("scores", "no row has both an evidence token and a non-zero score, so MRR is undefined",
+                             "Check the evidence masks and that the explanations are not all zero")
     return MRRResult(mrr=float(rr[valid].mean()), random=float(rand[~rand.isnan()].mean()), n=int(valid.sum()),
                      n_skipped=int((~valid).sum()), reciprocal_ranks=rr)
 
@@ -142,18 +160,31 @@ def probability_gap(
     foil: Int[Tensor, " batch"],
 ) -> Float[Tensor, " batch"]:
     """``softmax(logits)[target] - softmax(logits)[foil]`` per row (next-token logits at one position)."""
+    # -inf is a legitimate logit (a token the model rules out); NaN and +inf are not.
+    logits = require_tensor("logits", logits, kind="float", finite=False)
     if logits.ndim != 2:
-        raise ValueError(f"logits must be next-token logits of shape (batch, vocab); got {tuple(logits.shape)} "
-                         "(select the explained position first, e.g. logits[rows, position])")
+        raise argument_error("logits", f"logits must be next-token logits of shape (batch, vocab), got "
+                             f"{tuple(logits.shape)}", "Select the explained position first, e.g. "
+                             "logits[rows, position]")
+    if 0 in logits.shape:
+        raise argument_error("logits", f"are empty (shape {tuple(logits.shape)})", "Pass (batch, vocab) logits")
+    bad = logits.isnan() | (logits == float("inf"))
+    bad = bad.any(1) | (logits == float("-inf")).all(1)
+    if bad.any():
+        raise argument_error("logits", f"contain NaN, +inf or only -inf in {bad_rows(bad)}",
+                             "Check the model's output for those rows")
     target, foil = torch.as_tensor(target), torch.as_tensor(foil)
     for name, ids in (("target", target), ("foil", foil)):
         if ids.shape != logits.shape[:1] or ids.is_floating_point():
-            raise ValueError(f"{name} must be integer ids of shape ({logits.shape[0]},); got {tuple(ids.shape)}")
+            raise argument_error(name, f"{name} must be integer ids of shape ({logits.shape[0]},), got "
+                                 f"{tuple(ids.shape)} {ids.dtype}", "Pass one token id per row")
         if (ids < 0).any() or (ids >= logits.shape[1]).any():
-            raise ValueError(f"{name} ids must lie in [0, {logits.shape[1]}); got {ids.tolist()}")
+            raise argument_error(name, f"{name} ids must lie in [0, {logits.shape[1]}), got {ids.tolist()}",
+                                 "Pass ids from the model's vocabulary")
     probs = logits.detach().float().softmax(-1)
     rows = torch.arange(logits.shape[0], device=logits.device)
     return probs[rows, target.to(logits.device)] - probs[rows, foil.to(logits.device)]
+
 
 # ---------------------------------------------------------------- language-modelling ability (paper Tables 5, 6)
 

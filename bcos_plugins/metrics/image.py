@@ -30,6 +30,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..errors import BcosTypeError, argument_error
+from ._checks import bad_rows, require_float, require_int, require_tensor
 from .perturbation import aopc
 
 __all__ = ["IMAGE_FRACTIONS", "PixelPerturbation", "grid_pointing_game", "pixel_perturbation", "pixel_ranking"]
@@ -38,11 +40,16 @@ IMAGE_FRACTIONS: tuple[float, ...] = tuple(round(0.25 * i / 8, 6) for i in range
 
 
 def _spatial(attributions: Tensor, name: str = "attributions") -> Tensor:
+    if hasattr(attributions, "contributions") and not isinstance(attributions, Tensor):
+        attributions = attributions.contributions  # an ImageExplanation
+    attributions = require_tensor(name, attributions, ndim=(3, 4), kind="real",
+                                  shape_hint="(batch, H, W) or (batch, C, H, W)")
+    if 0 in attributions.shape:
+        raise argument_error(name, f"are empty (shape {tuple(attributions.shape)})", "Pass at least one map")
+    if not attributions.is_floating_point():
+        attributions = attributions.double()
     if attributions.ndim == 4:  # (batch, channels, H, W): per-pixel score = sum over channels
         return attributions.sum(dim=1)
-    if attributions.ndim != 3:
-        raise ValueError(f"{name} must be per-pixel maps (batch, H, W) or per-channel (batch, C, H, W); got "
-                         f"{tuple(attributions.shape)}")
     return attributions
 
 
@@ -51,15 +58,23 @@ def grid_pointing_game(attributions: Float[Tensor, "batch h w"], cell: Int[Tenso
     """Share of positive attribution inside the explained cell (row-major index) of each grid image."""
     maps = _spatial(attributions).detach()
     batch, height, width = maps.shape
-    rows, cols = grid
+    if not isinstance(grid, tuple | list) or len(grid) != 2:
+        raise argument_error("grid", f"must be (rows, cols), got {grid!r}", "Pass e.g. (2, 2)", kind=BcosTypeError)
+    rows, cols = (require_int("grid", g, minimum=1) for g in grid)
     if height % rows or width % cols:
-        raise ValueError(f"a {height}x{width} map cannot be split into a {rows}x{cols} grid of equal cells")
-    cell_t = torch.as_tensor(cell, device=maps.device).to(torch.long)
+        raise argument_error("grid", f"a {height}x{width} map cannot be split into a {rows}x{cols} grid of equal "
+                             "cells", "Pass the grid the images were built with")
+    cell_t = torch.as_tensor(cell, device=maps.device)
+    if cell_t.is_floating_point() or cell_t.dtype == torch.bool:
+        # torch would truncate 1.7 to cell 1 without a word.
+        raise argument_error("cell", f"must be integer cell indices, got dtype {cell_t.dtype}",
+                             "Pass an int or a (batch,) long tensor", kind=BcosTypeError)
+    cell_t = cell_t.to(torch.long)
     if cell_t.ndim == 0:
         cell_t = cell_t.expand(batch)
     if cell_t.shape != (batch,) or (cell_t < 0).any() or (cell_t >= rows * cols).any():
-        raise ValueError(f"cell must be an int or (batch,) = ({batch},) indices in [0, {rows * cols}); got "
-                         f"{cell_t.tolist()}")
+        raise argument_error("cell", f"cell must be an int or (batch,) = ({batch},) indices in [0, {rows * cols}), "
+                             f"got {cell_t.tolist()}", "Cells are numbered row by row from 0")
     positive = maps.clamp_min(0)
     per_cell = positive.reshape(batch, rows, height // rows, cols, width // cols).sum(dim=(2, 4)).flatten(1)
     total = per_cell.sum(dim=1)
@@ -71,6 +86,7 @@ def pixel_ranking(attributions: Float[Tensor, "batch h w"], most_important_first
                   seed: int = 0) -> Int[Tensor, "batch hw"]:
     """Flat pixel indices in removal order; ties broken at random (fixed ``seed``)."""
     maps = _spatial(attributions).detach().flatten(1)
+    _require_finite_maps(maps)
     g = torch.Generator().manual_seed(seed)
     shuffle = torch.stack([torch.randperm(maps.shape[1], generator=g) for _ in range(maps.shape[0])]).to(maps.device)
     shuffled = maps.gather(1, shuffle)
@@ -102,9 +118,23 @@ class PixelPerturbation:
         return aopc(self.least_first, self.fractions, normalise=True)
 
 
+def _require_finite_maps(maps: Tensor) -> None:
+    finite = torch.isfinite(maps)
+    if not finite.all():
+        # NaN sorts as the largest value: the ranking (and every curve after it) would be silently arbitrary.
+        raise argument_error("attributions", f"contain NaN or inf in {bad_rows(~finite)}",
+                             "Fix the attribution method for those images")
+
+
 def _scores(forward: Callable, inputs: Tensor, target: Tensor, score: str) -> Tensor:
     out = forward(inputs)
     logits = out.logits if hasattr(out, "logits") else out
+    if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[0] != inputs.shape[0]:
+        raise argument_error("forward", f"must return logits (batch, classes), got "
+                             f"{tuple(getattr(logits, 'shape', ()))}", "Return the model's logits")
+    if (target >= logits.shape[1]).any() or (target < 0).any():
+        raise argument_error("target", f"ids must lie in [0, {logits.shape[1]}), got {target.tolist()}",
+                             "Pass classes of the model")
     if score == "softmax":
         values = torch.softmax(logits, dim=-1)
     elif score == "sigmoid":
@@ -131,24 +161,37 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
         removed_value: value written to every channel of a removed pixel.
         score: ``"softmax"`` probability (default), ``"sigmoid"`` or raw ``"logit"`` of the target.
     """
-    if inputs.ndim != 4:
-        raise ValueError(f"inputs must be images (batch, C, H, W); got {tuple(inputs.shape)}")
+    if not callable(forward):
+        raise argument_error("forward", f"must be callable, got {type(forward).__name__}",
+                             "Pass e.g. lambda e: model(encoded_pixel_values=e)", kind=BcosTypeError)
+    inputs = require_tensor("inputs", inputs, ndim=4, kind="float", shape_hint="(batch, C, H, W)")
+    if 0 in inputs.shape:
+        raise argument_error("inputs", f"are empty (shape {tuple(inputs.shape)})", "Pass at least one image")
     maps = _spatial(attributions)
+    _require_finite_maps(maps)
     batch, _, height, width = inputs.shape
     if maps.shape != (batch, height, width):
-        raise ValueError(f"attributions {tuple(maps.shape)} do not match the inputs' (batch, H, W) = "
-                         f"{(batch, height, width)}")
+        raise argument_error("attributions", f"attributions {tuple(maps.shape)} do not match the inputs' "
+                             f"(batch, H, W) = {(batch, height, width)}", "Explain the same images")
     if score not in ("softmax", "sigmoid", "logit"):
-        raise ValueError(f"score must be 'softmax', 'sigmoid' or 'logit'; got {score!r}")
-    fractions = tuple(float(f) for f in fractions)
+        raise argument_error("score", f"score must be 'softmax', 'sigmoid' or 'logit', got {score!r}",
+                             "Pick one of those")
+    removed_value = require_float("removed_value", removed_value)
+    fractions = tuple(require_float("fractions", f) for f in fractions)
     if len(fractions) < 2 or any(b <= a for a, b in zip(fractions, fractions[1:], strict=False)) \
             or fractions[0] < 0 or fractions[-1] > 1:
-        raise ValueError(f"fractions must be at least two increasing values in [0, 1]; got {list(fractions)}")
-    target_t = torch.as_tensor(target, device=inputs.device).to(torch.long)
+        raise argument_error("fractions", f"fractions must be at least two increasing values in [0, 1], got "
+                             f"{list(fractions)}", "Pass e.g. IMAGE_FRACTIONS")
+    target_t = torch.as_tensor(target, device=inputs.device)
+    if target_t.is_floating_point() or target_t.dtype == torch.bool:
+        raise argument_error("target", f"must be integer class ids, got dtype {target_t.dtype}",
+                             "Pass an int or a (batch,) long tensor", kind=BcosTypeError)
+    target_t = target_t.to(torch.long)
     if target_t.ndim == 0:
         target_t = target_t.expand(batch)
     if target_t.shape != (batch,):
-        raise ValueError(f"target must be an int or have shape (batch,) = ({batch},); got {tuple(target_t.shape)}")
+        raise argument_error("target", f"target must be an int or have shape (batch,) = ({batch},), got "
+                             f"{tuple(target_t.shape)}", "Pass one class per image")
     n_pixels = height * width
     curves = {}
     with torch.no_grad():

@@ -31,6 +31,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from ..errors import BcosTypeError, argument_error
+from ._checks import require_class_ids, require_float, require_int, require_tensor
 from .attributions import perturbable_mask, token_scores
 
 __all__ = ["DEFAULT_FRACTIONS", "PerturbationCurves", "aopc", "perturbation_curves", "top_k_masks"]
@@ -41,11 +43,19 @@ DEFAULT_FRACTIONS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 
 def aopc(curve: Float[Tensor, "... n_fractions"], fractions: Sequence[float] = DEFAULT_FRACTIONS,
          normalise: bool = False) -> Float[Tensor, ...]:
     """Trapezoidal area under ``curve`` over ``fractions`` (sklearn ``auc``); ``normalise`` divides by the width."""
+    curve = require_tensor("curve", curve, kind="real", shape_hint="(..., n_fractions)")
+    if curve.ndim == 0:
+        raise argument_error("curve", "is a scalar", "Pass the curve values over the fractions (last axis)")
+    if not curve.is_floating_point():
+        curve = curve.double()
+    fractions = _check_fractions(fractions, lowest=float("-inf"))
     x = torch.as_tensor(fractions, dtype=curve.dtype, device=curve.device)
     if curve.shape[-1] != x.shape[0]:
-        raise ValueError(f"curve has {curve.shape[-1]} points but there are {x.shape[0]} fractions")
+        raise argument_error("curve", f"has {curve.shape[-1]} points but there are {x.shape[0]} fractions",
+                             "Pass one value per fraction")
     if x.shape[0] < 2 or not (x[1:] > x[:-1]).all():
-        raise ValueError(f"fractions must be at least two increasing values; got {list(fractions)}")
+        raise argument_error("fractions", f"fractions must be at least two increasing values, got {list(fractions)}",
+                             "Pass e.g. DEFAULT_FRACTIONS")
     area = torch.trapezoid(curve, x, dim=-1)
     return area / (x[-1] - x[0]) if normalise else area
 
@@ -120,12 +130,17 @@ def top_k_masks(
 
     Ties are broken by position (earlier first), so results are deterministic.
     """
+    scores = token_scores(scores)
+    fractions = _check_fractions(fractions)
+    perturbable = require_tensor("perturbable", perturbable, ndim=2, kind="mask").to(scores.device).bool()
     if scores.shape != perturbable.shape:
-        raise ValueError(f"scores shape {tuple(scores.shape)} != token mask shape {tuple(perturbable.shape)}")
+        raise argument_error("perturbable", f"has shape {tuple(perturbable.shape)} but scores have "
+                             f"{tuple(scores.shape)}", "Pass one flag per token score")
     n = perturbable.sum(-1)
     if (n == 0).any():
         bad = (n == 0).nonzero().flatten().tolist()
-        raise ValueError(f"rows {bad} have no perturbable token (only special tokens or padding)")
+        raise argument_error("perturbable", f"rows {bad} have no perturbable token (only special tokens or "
+                             "padding)", "Drop those rows")
     # rank perturbable tokens by descending score; others go last
     ranked_scores = scores.masked_fill(~perturbable, float("-inf"))
     order = torch.sort(ranked_scores, dim=-1, descending=True, stable=True).indices
@@ -138,12 +153,38 @@ def top_k_masks(
     return masks, k
 
 
+def _check_fractions(fractions, lowest: float = 0.0) -> tuple[float, ...]:
+    """Fractions as floats; for perturbation each must lie in (0, 1] (``lowest=0``, open)."""
+    if isinstance(fractions, str) or not hasattr(fractions, "__iter__"):
+        raise argument_error("fractions", f"must be a sequence of floats, got {fractions!r}",
+                             "Pass e.g. DEFAULT_FRACTIONS", kind=BcosTypeError)
+    values = tuple(require_float("fractions", f) for f in fractions)
+    if not values:
+        raise argument_error("fractions", "is empty", "Pass e.g. DEFAULT_FRACTIONS")
+    if lowest == 0.0 and not all(0.0 < f <= 1.0 for f in values):
+        raise argument_error("fractions", f"fractions must lie in (0, 1], got {values}",
+                             "Pass shares of the perturbable tokens, e.g. DEFAULT_FRACTIONS")
+    return values
+
+
+def _class_ids(name: str, value, batch: int, n_classes: int) -> Tensor:
+    """An int or ``(batch,)`` integer class ids in range (a float ``1.7`` is refused, not truncated)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = torch.full((batch,), value, dtype=torch.long)
+    elif isinstance(value, Tensor) and value.ndim == 0:
+        value = value.expand(batch)
+    return require_class_ids(name, value, batch, n_classes)
+
+
 def _probabilities(model: Callable, input_ids: Tensor, attention_mask: Tensor, forward_kwargs: dict,
                    probability: str) -> Tensor:
     out = model(input_ids=input_ids, attention_mask=attention_mask, **forward_kwargs)
     logits = out.logits if hasattr(out, "logits") else out
-    if logits.ndim != 2:
-        raise ValueError(f"the model must return class logits (batch, classes); got shape {tuple(logits.shape)}")
+    if not isinstance(logits, Tensor) or logits.ndim != 2:
+        raise argument_error("model", f"must return class logits (batch, classes), got "
+                             f"{tuple(getattr(logits, 'shape', ()))}", "Pass a sequence classifier")
+    if not torch.isfinite(logits).all():
+        raise argument_error("model", "returned NaN or inf logits", "Check the model and its inputs")
     logits = logits.float()
     return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
 
@@ -185,21 +226,30 @@ def perturbation_curves(
         **forward_kwargs: extra per-example tensors for the model (e.g. ``token_type_ids``).
     """
     if masking not in ("attention", "mask_token"):
-        raise ValueError(f"masking must be 'attention' or 'mask_token', got {masking!r}")
+        raise argument_error("masking", f"masking must be 'attention' or 'mask_token', got {masking!r}",
+                             "Pick one of those")
     if probability not in ("softmax", "sigmoid"):
-        raise ValueError(f"probability must be 'softmax' or 'sigmoid', got {probability!r}")
+        raise argument_error("probability", f"probability must be 'softmax' or 'sigmoid', got {probability!r}",
+                             "Pick one of those")
+    if not callable(model):
+        raise argument_error("model", f"must be callable, got {type(model).__name__}", "Pass the classifier",
+                             kind=BcosTypeError)
     if masking == "mask_token" and mask_token_id is None:
         mask_token_id = getattr(tokenizer, "mask_token_id", None)
         if mask_token_id is None:
-            raise ValueError("masking='mask_token' needs mask_token_id= or a tokenizer with a mask token")
-    fractions = tuple(float(f) for f in fractions)
-    if not all(0.0 < f <= 1.0 for f in fractions):
-        raise ValueError(f"fractions must lie in (0, 1]; got {fractions}")
+            raise argument_error("mask_token_id", "masking='mask_token' needs mask_token_id= or a tokenizer with a "
+                                 "mask token", "Pass one of them")
+    if mask_token_id is not None:
+        mask_token_id = require_int("mask_token_id", mask_token_id, minimum=0)
+    batch_size = require_int("batch_size", batch_size, minimum=1)
+    fractions = _check_fractions(fractions)
+    input_ids = require_tensor("input_ids", input_ids, ndim=2, kind="int", shape_hint="(batch, pos)")
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     scores = token_scores(attributions, reduce=reduce).to(input_ids.device)
     if scores.shape != input_ids.shape:
-        raise ValueError(f"token scores of shape {tuple(scores.shape)} do not align with input_ids "
-                         f"{tuple(input_ids.shape)}; attribute at the token (embedding) level of the same batch")
+        raise argument_error("attributions", f"token scores of shape {tuple(scores.shape)} do not align with "
+                             f"input_ids {tuple(input_ids.shape)}",
+                             "Attribute at the token (embedding) level of the same batch")
     perturbable = perturbable_mask(input_ids, mask, tokenizer=tokenizer, special_tokens=special_tokens)
     top, k = top_k_masks(scores, perturbable, fractions)
     batch, n_fr, length = top.shape
@@ -208,7 +258,7 @@ def perturbation_curves(
     if target is None:
         target_t = full.argmax(-1)
     else:
-        target_t = torch.as_tensor(target, device=input_ids.device, dtype=torch.long).expand(batch)
+        target_t = _class_ids("target", target, batch, full.shape[-1]).to(input_ids.device)
     p_full = full.gather(-1, target_t[:, None]).squeeze(-1)
 
     # rows: [removed top-k for each p] then [kept only top-k for each p], per example

@@ -25,6 +25,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
+from ..errors import argument_error
+from ._checks import require_float, require_int, require_tensor
 from .attributions import token_scores
 
 __all__ = ["SeqPGExamples", "make_seqpg_examples", "seqpg_score"]
@@ -80,7 +82,11 @@ def make_seqpg_examples(
     Class pairs cycle through all pairs of distinct classes that still have segments, so every pair is
     represented; the order inside an example is random (``seed``).
     """
-    if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
+    segment_length = require_int("segment_length", segment_length, minimum=1)
+    n_examples = require_int("n_examples", n_examples, minimum=1)
+    batch_size = require_int("batch_size", batch_size, minimum=1)
+    min_confidence = require_float("min_confidence", min_confidence, minimum=0.0, maximum=1.0)
+    if getattr(tokenizer, "cls_token_id", None) is None or getattr(tokenizer, "sep_token_id", None) is None:
         raise ValueError("make_seqpg_examples joins segments as [CLS] a [SEP] b [SEP]; the tokenizer needs "
                          "cls_token and sep_token (a BERT-style tokenizer)")
     if len(texts) != len(labels):
@@ -192,12 +198,18 @@ def seqpg_score(
         attention_mask: padding is ignored (``(n, pos)``; optional).
     """
     scores = token_scores(attributions, reduce=reduce)
+    segment_masks = require_tensor("segment_masks", segment_masks, ndim=3, kind="mask", shape_hint="(n, 2, pos)")
     n, two, length = segment_masks.shape
     if two != 2 or scores.shape != (2 * n, length):
-        raise ValueError(f"expected attributions for {2 * n} rows of {length} tokens (each example explained "
-                         f"for both segment classes); got {tuple(scores.shape)}")
+        raise argument_error("attributions", f"expected attributions for {2 * n} rows of {length} tokens (each "
+                             f"example explained for both segment classes), got {tuple(scores.shape)}",
+                             "Explain SeqPGExamples.explanation_batch()")
     positive = scores.clamp_min(0).reshape(n, 2, length)
     if attention_mask is not None:
+        attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
+        if attention_mask.shape != (n, length):
+            raise argument_error("attention_mask", f"has shape {tuple(attention_mask.shape)}, expected ({n}, {length})",
+                                 "Pass SeqPGExamples.attention_mask")
         positive = positive * attention_mask.to(positive.device)[:, None, :].to(positive.dtype)
     inside = (positive * segment_masks.to(positive.device)).sum(-1)
     total = positive.sum(-1)

@@ -1,4 +1,4 @@
-"""Rationale alignment: how well token scores agree with human rationale masks (DESIGN.md §4).
+"""Rationale alignment: how well token scores agree with human rationale masks (docs/design.md#metrics).
 
 Both metrics take any per-token scores (attention, B-cos contributions, Captum attributions, Space Model
 context attribution) of shape ``(batch, pos)``, a gold mask of the same shape (1 on rationale tokens) and the
@@ -27,23 +27,34 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..errors import BcosTypeError, argument_error
+from ._checks import bad_rows, require_same_shape, require_tensor
+
 __all__ = ["RationaleAlignment", "rationale_alignment", "top_k_iou", "average_precision"]
 
 
 def _check(scores: Tensor, gold_mask: Tensor, valid_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    if scores.ndim != 2:
-        raise ValueError(f"scores must have shape (batch, pos); got {tuple(scores.shape)}. Reduce attention "
-                         "over heads/layers (e.g. guided.attention_token_scores) or embeddings first.")
-    if gold_mask.shape != scores.shape:
-        raise ValueError(f"gold_mask shape {tuple(gold_mask.shape)} != scores shape {tuple(scores.shape)}")
+    scores = require_tensor("scores", scores, ndim=2, finite=False, shape_hint="(batch, pos)")
+    if scores.dtype == torch.bool:
+        raise argument_error("scores", "must be numbers, got a boolean tensor", "Pass float token scores",
+                             kind=BcosTypeError)
+    if 0 in scores.shape:
+        raise argument_error("scores", f"are empty (shape {tuple(scores.shape)})",
+                             "Pass the scores of at least one token of one example")
+    # A gold mask of 2s or NaNs would silently count as rationale (bool()); annotator averages are thresholded
+    # by the caller (gold_mask_from_words).
+    gold_mask = require_tensor("gold_mask", gold_mask, ndim=2, kind="mask")
+    require_same_shape("gold_mask", gold_mask, "scores", scores)
     if valid_mask is None:
         valid_mask = torch.ones_like(gold_mask, dtype=torch.bool)
-    if valid_mask.shape != scores.shape:
-        raise ValueError(f"valid_mask shape {tuple(valid_mask.shape)} != scores shape {tuple(scores.shape)}")
+    valid_mask = require_tensor("valid_mask", valid_mask, ndim=2, kind="mask")
+    require_same_shape("valid_mask", valid_mask, "scores", scores)
     valid = valid_mask.bool()
     gold = gold_mask.bool() & valid
-    if not torch.isfinite(scores[valid]).all():
-        raise ValueError("scores contain NaN or inf at valid positions")
+    bad = ~torch.isfinite(scores) & valid
+    if bad.any():
+        raise argument_error("scores", f"contain NaN or inf at valid positions in {bad_rows(bad)}",
+                             "Fix the attribution method for those rows (or mark the positions invalid)")
     return scores.detach().float(), gold, valid
 
 
@@ -61,12 +72,15 @@ def top_k_iou(
         k_row = n_gold
     elif isinstance(k, float):
         if not 0 < k <= 1:
-            raise ValueError(f"a float k is a fraction of the valid tokens and must lie in (0, 1]; got {k}")
+            raise argument_error("k", f"a float k is a fraction of the valid tokens and must lie in (0, 1], got {k}",
+                                 "Pass a fraction in (0, 1], an int or None")
         k_row = (n_valid.float() * k).long().clamp_min(1)
-    elif isinstance(k, int) and k >= 1:
+    elif isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= scores.shape[1]:
+        # Rows with fewer valid tokens than k select all of them (k is capped per row).
         k_row = torch.full_like(n_gold, k)
     else:
-        raise ValueError(f"k must be None (= number of gold tokens), an int >= 1 or a fraction; got {k!r}")
+        raise argument_error("k", f"k must be None (= number of gold tokens), an int in [1, {scores.shape[1]}] "
+                             f"(the number of positions) or a fraction in (0, 1], got {k!r}", "Pass one of those")
     k_row = torch.minimum(k_row, n_valid)
     # Invalid positions sink below every valid score, so top-k never picks them while k <= n_valid.
     ranked = scores.masked_fill(~valid, float("-inf"))

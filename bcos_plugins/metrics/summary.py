@@ -2,7 +2,11 @@
 
 - entropy (B-cos LM paper §5, Fig. 5): of the distribution ``p_i = |s_i| / sum_j |s_j|`` over a row's real
   tokens, in nats; low = a few tokens carry the explanation. A row of zeros has entropy 0.
-- completeness error: ``|sum of attributions - explained value| / |explained value|`` per example.
+- completeness error: ``|sum of attributions - explained value| / |explained value|`` per example, the
+  package's one definition (:func:`bcos_plugins.attribution.results.relative_completeness_error`). An explained
+  value of exactly 0 has no relative error: its ``|explained|`` is floored at ``1e-12``, so the result is 0
+  for an exactly complete explanation and at least 1 once ``|delta| >= 1e-12`` (never NaN or inf); pass
+  ``relative=False`` for the absolute error ``|delta|`` there.
 - :func:`measure_cost`: wall-clock seconds and peak memory of one call. On CUDA the peak is
   ``torch.cuda.max_memory_allocated`` above the level before the call. On CPU it is the peak resident set
   size of the process above the level before the call (PyTorch's CPU allocator is invisible to
@@ -28,6 +32,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..errors import argument_error
+from ._checks import require_same_shape, require_tensor
 from .attributions import token_scores
 
 __all__ = ["Cost", "completeness_error", "explanation_entropy", "measure_cost"]
@@ -38,6 +44,8 @@ def explanation_entropy(attributions, attention_mask: Int[Tensor, "batch pos"] |
     """Entropy (nats) of the normalised absolute token scores of each row (padding excluded)."""
     scores = token_scores(attributions, reduce=reduce).abs()
     if attention_mask is not None:
+        attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
+        require_same_shape("attention_mask", attention_mask, "attributions (as token scores)", scores)
         scores = scores * attention_mask.to(scores.device, scores.dtype)
     total = scores.sum(-1, keepdim=True)
     p = scores / total.clamp_min(1e-30)
@@ -46,18 +54,39 @@ def explanation_entropy(attributions, attention_mask: Int[Tensor, "batch pos"] |
 
 def completeness_error(attributions, explained: Float[Tensor, " batch"],
                        relative: bool = True) -> Float[Tensor, " batch"]:
-    """``|sum(attributions) - explained|`` per example, divided by ``|explained|`` when ``relative``."""
+    """``|sum(attributions) - explained|`` per example, divided by ``|explained|`` when ``relative``.
+
+    See the module docstring for an explained value of 0 (finite, documented, never NaN or inf).
+    """
     if hasattr(attributions, "embedding_contributions"):
         attributions = attributions.embedding_contributions
-    if isinstance(attributions, (tuple, list)):
-        total = sum(a.detach().reshape(a.shape[0], -1).sum(-1) for a in attributions)
-    else:
-        total = attributions.detach().reshape(attributions.shape[0], -1).sum(-1)
-    explained = torch.as_tensor(explained, dtype=total.dtype, device=total.device).detach()
+    parts = list(attributions) if isinstance(attributions, (tuple, list)) else [attributions]
+    if not parts:
+        raise argument_error("attributions", "is an empty tuple", "Pass the attributions of every input")
+    flat = []
+    for a in parts:
+        a = require_tensor("attributions", a, kind="real")
+        if a.ndim == 0 or a.shape[0] == 0:
+            raise argument_error("attributions", f"need a non-empty batch dimension, got shape {tuple(a.shape)}",
+                                 "Pass (batch, ...) attributions")
+        flat.append(a.detach().reshape(a.shape[0], -1))
+    if len({f.shape[0] for f in flat}) > 1:
+        raise argument_error("attributions", f"tensors disagree on the batch size: {[f.shape[0] for f in flat]}",
+                             "Pass the attributions of one batch")
+    total = sum(f.sum(-1) for f in flat)
+    if not total.is_floating_point():
+        total = total.double()
+    explained = require_tensor("explained", explained, kind="real").to(total.device, total.dtype).detach()
     if explained.shape != total.shape:
-        raise ValueError(f"explained values of shape {tuple(explained.shape)} for {total.shape[0]} examples")
-    err = (total - explained).abs()
-    return err / explained.abs().clamp_min(1e-12) if relative else err
+        raise argument_error("explained", f"values of shape {tuple(explained.shape)} for {total.shape[0]} examples",
+                             "Pass one explained value per example")
+    if relative:
+        from ..attribution.results import (
+            relative_completeness_error,  # local: the attribution core imports metrics
+        )
+
+        return relative_completeness_error(total - explained, explained)
+    return (total - explained).abs()
 
 
 @dataclass
