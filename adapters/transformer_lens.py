@@ -30,6 +30,13 @@ from transformer_lens import HookedTransformerConfig
 from bcos_plugins.errors import BcosValueError
 
 from ._lens.activation import LINEAR_ACTIVATION, identity_activation, register_linear_activation
+from ._lens.bridge import (
+    SUPPORTED_BRIDGE_ARCHITECTURES,
+    check_bridge_internals,
+    is_explainable_bridge,
+    make_bridge_explainable,
+    transformer_bridge_from_hf,
+)
 from ._lens.config import ALL_PROJECTIONS, BcosTransformerConfig
 from ._lens.decomposition import (
     BcosActivationCache,
@@ -56,9 +63,11 @@ __all__ = [
     "DynamicHookPoint",
     "LINEAR_ACTIVATION",
     "LensExplanation",
+    "SUPPORTED_BRIDGE_ARCHITECTURES",
     "SUPPORTED_HF_ARCHITECTURES",
     "bcos_model_class",
     "bilinear_config",
+    "check_bridge_internals",
     "effective_weight",
     "explain_logits",
     "fold_final_norm_weight",
@@ -66,9 +75,12 @@ __all__ = [
     "hooked_transformer_from_hf",
     "identity_activation",
     "is_explainable",
+    "is_explainable_bridge",
+    "make_bridge_explainable",
     "make_explainable",
     "register_linear_activation",
     "remove_biases",
+    "transformer_bridge_from_hf",
 ]
 
 register_linear_activation()

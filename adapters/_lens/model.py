@@ -108,7 +108,10 @@ def make_explainable(model: HookedTransformer) -> HookedTransformer:
 
 
 def is_explainable(model: nn.Module) -> bool:
-    """Whether :func:`make_explainable` has been applied (every attention pattern is detachable)."""
+    """Whether :func:`make_explainable` (or, for a ``TransformerBridge``, ``make_bridge_explainable``) has been
+    applied (every attention pattern is detachable)."""
+    if getattr(model, "_bcos_explainable_bridge", False):
+        return True
     attentions = [m for m in model.modules() if isinstance(m, AbstractAttention)]
     return bool(attentions) and all(isinstance(m.hook_pattern, DynamicHookPoint) for m in attentions)
 

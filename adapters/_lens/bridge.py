@@ -1,0 +1,265 @@
+"""``TransformerBridge`` (TransformerLens 3.x and 4.x) on B-cos, bilinear and plain transformers models.
+
+``TransformerBridge.boot_transformers(name, hf_model=model)`` wraps the model it is given *in place*: it
+swaps the model's submodules for bridge components (so the user's model changes), and for GPT-2 it splits
+the fused ``c_attn`` into plain ``nn.Linear`` q/k/v built from the raw weights, which for a B-cos ``c_attn``
+is a different model. :func:`transformer_bridge_from_hf` instead:
+
+1. boots the bridge on a deep copy, so the user's model is never modified (parameters bit-identical);
+2. replaces the split q/k/v of a B-cos ``c_attn`` by :class:`~bcos_plugins.nn.BcosLinear` layers with the same
+   maths: a B-cos unit is one weight row normalised on its own, so splitting the output units into three
+   groups changes nothing (MaxOut groups could straddle the split and are refused); the query and key
+   parts keep ``c_attn``'s ``constant_outputs`` (detached in explanation mode);
+3. makes the bridge explainable: the hook points whose values are dynamic weights of the bridge's own
+   computations (``hook_pattern`` where the bridge computes attention itself, the norms' ``hook_scale``, a
+   gated MLP's gate branch ``mlp.gate.hook_out``) become :class:`~.hook_point.DynamicHookPoint` s, so
+   :func:`bcos_plugins.nn.explanation_mode` makes the bridged model linear in its embeddings (B-cos and
+   bilinear models; on plain models with biases the biases' share is missing, as for ``make_explainable``).
+
+Everything this module relies on in TransformerLens' bridge internals (private attributes, component
+classes, hook names) is listed in :func:`check_bridge_internals`, which runs on every conversion and in the
+tests, so a TransformerLens release that changes them fails loudly instead of giving a different model.
+
+Decompositions through a bridge: TransformerLens' ``ActivationCache`` reads ``W_O``/``W_out`` through the
+bridge's compatibility shims (raw weights), so ``stack_head_results`` and ``stack_neuron_results`` are not
+exact for B-cos models there; use ``hooked_transformer_from_hf`` (TransformerLens 3.x) for those analyses,
+or the token x component decomposition, which works on both.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+
+import torch
+from torch import nn
+
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
+from bcos_plugins.nn.dynamic import DynamicWeightModule
+from bcos_plugins.nn.linear import BcosConv1D, BcosLinear
+from bcos_plugins.nn.norm import BcosLayerNorm, DetachableRMSNorm
+
+from .hook_point import DynamicHookPoint
+
+__all__ = [
+    "SUPPORTED_BRIDGE_ARCHITECTURES",
+    "check_bridge_internals",
+    "is_explainable_bridge",
+    "make_bridge_explainable",
+    "transformer_bridge_from_hf",
+]
+
+SUPPORTED_BRIDGE_ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM")
+_EXPLAINABLE_FLAG = "_bcos_explainable_bridge"
+
+
+def _bridge_classes():
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.model_bridge.generalized_components import (
+        AttentionBridge,
+        GatedMLPBridge,
+        JointQKVAttentionBridge,
+        LinearBridge,
+        NormalizationBridge,
+    )
+
+    return TransformerBridge, AttentionBridge, GatedMLPBridge, JointQKVAttentionBridge, LinearBridge, \
+        NormalizationBridge
+
+
+def check_bridge_internals() -> None:
+    """Check the TransformerLens bridge details this module relies on; raise naming the one that changed.
+
+    Relied on: ``TransformerBridge.boot_transformers(name, hf_model=, tokenizer=)``; the component classes
+    ``AttentionBridge``, ``JointQKVAttentionBridge`` (with ``q``/``k``/``v`` ``LinearBridge`` children whose
+    ``set_original_component`` takes the module to run and whose ``original_component`` holds it),
+    ``GatedMLPBridge`` (gate branch in child ``gate``), ``NormalizationBridge``; hook points named
+    ``hook_pattern``, ``hook_scale``, ``hook_out``, ``hook_embed``; the wrapped model at
+    ``bridge.original_model``.
+    """
+    try:
+        bridge_cls, attention, gated, joint, linear, norm = _bridge_classes()
+    except ImportError as error:  # pragma: no cover - message only
+        raise BcosRuntimeError(f"TransformerLens' bridge components moved ({error}); this adapter needs updating"
+                               ) from error
+    problems = []
+    if not hasattr(bridge_cls, "boot_transformers"):
+        problems.append("TransformerBridge.boot_transformers is gone")
+    for cls, attrs in ((linear, ("set_original_component", "original_component")),
+                       (joint, ("set_original_component", "_default_split_qkv_matrix")),
+                       (attention, ("_softmax_dropout_pattern",))):
+        problems += [f"{cls.__name__}.{a} is gone" for a in attrs if not hasattr(cls, a)]
+    for cls in (attention, gated, norm, joint):
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            problems.append(f"{cls!r} is not an nn.Module class")
+    if problems:
+        raise BcosRuntimeError("TransformerLens' bridge internals changed: " + "; ".join(problems)
+                               + ". bcos_plugins.adapters.transformer_lens' bridge support needs updating")
+
+
+def _architecture(hf_model: nn.Module) -> str:
+    bcos = getattr(getattr(hf_model, "config", None), "bcos", None)
+    name = bcos["architecture"] if isinstance(bcos, dict) else type(hf_model).__name__
+    if name not in SUPPORTED_BRIDGE_ARCHITECTURES:
+        raise BcosTypeError(
+            f"hf_model: {type(hf_model).__name__} is not supported by transformer_bridge_from_hf. Pass a "
+            f"{' or '.join(SUPPORTED_BRIDGE_ARCHITECTURES)} (plain, B-cosified or bilinear), with its LM head")
+    return name
+
+
+def _placeholder_tokenizer(vocab_size: int):
+    # TransformerLens' boot loads a tokenizer by the model's name when none is given (hub access). Token-id
+    # workflows need none, so an offline word-level tokenizer "t0 t1 ..." over the vocabulary stands in.
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"t{i}": i for i in range(vocab_size)}
+    backend = Tokenizer(models.WordLevel(words, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", bos_token="t0", eos_token="t0")
+
+
+def _reloadable(tokenizer):
+    # TransformerLens re-creates the tokenizer from its name_or_path (to add a BOS token), which an in-memory
+    # tokenizer lacks: save it and load it back from the folder, which then exists while the bridge boots.
+    from transformers import AutoTokenizer
+
+    folder = tempfile.mkdtemp(prefix="bcos_bridge_tokenizer_")
+    tokenizer.save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _bcos_qkv_parts(c_attn: BcosConv1D, n_parts: int = 3) -> list[BcosLinear]:
+    if c_attn.max_out != 1:
+        raise BcosValueError(
+            f"hf_model: c_attn uses MaxOut (max_out={c_attn.max_out}); its MaxOut groups are not q/k/v units, "
+            "so the bridge's q/k/v split cannot express it. Use max_out=1 (bcosify's default for decoders)")
+    out = c_attn.out_features
+    if out % n_parts:
+        raise BcosValueError(f"hf_model: c_attn has {out} outputs, not divisible into q, k, v")
+    size = out // n_parts
+    constant = torch.zeros(out, dtype=torch.bool)
+    if c_attn.constant_outputs is not None:
+        constant[c_attn.constant_outputs] = True
+    parts = []
+    for i in range(n_parts):
+        flags = constant[i * size:(i + 1) * size]
+        if flags.any() and not flags.all():
+            raise BcosValueError("hf_model: c_attn.constant_outputs splits a q/k/v part; it must cover whole parts")
+        layer = BcosLinear(c_attn.in_features, size, b=c_attn.b, constant_outputs=slice(None) if flags.all() else None,
+                           device=c_attn.weight.device, dtype=c_attn.weight.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(c_attn.weight[:, i * size:(i + 1) * size].T)  # Conv1D stores (in, out)
+        parts.append(layer.train(c_attn.training))
+    return parts
+
+
+def _swap_to_dynamic(point: nn.Module) -> None:
+    from transformer_lens.hook_points import HookPoint
+
+    if isinstance(point, DynamicHookPoint):
+        return
+    if type(point) is not HookPoint:
+        raise BcosTypeError(f"{type(point).__name__} at a dynamic-weight hook is not a plain HookPoint; call "
+                            "make_bridge_explainable before attaching SAEs or other wrappers")
+    # In place, so the bridge's hook registry (which holds these objects) keeps working.
+    point.__class__ = DynamicHookPoint
+
+
+def _runs_original_norm(norm_bridge: nn.Module) -> bool:
+    # NormalizationBridge.forward: the "native" path runs the wrapped HF norm (and falls back to its own maths
+    # when a hook returns a different tensor than it was given); the other path computes the norm itself,
+    # dividing by hook_scale's output.
+    config = getattr(norm_bridge, "config", None)
+    return bool(getattr(norm_bridge, "use_native_layernorm_autograd", False)
+                or getattr(config, "layer_norm_folding", False))
+
+
+def _make_norm_explainable(norm_bridge: nn.Module) -> None:
+    if not _runs_original_norm(norm_bridge):
+        _swap_to_dynamic(norm_bridge.hook_scale)
+        return
+    # Detaching hook_scale would make the native path take its no-grad fallback: make the wrapped norm
+    # itself detachable instead (B-cos models' norms already are).
+    original = norm_bridge.original_component
+    if isinstance(original, DynamicWeightModule | nn.Identity):
+        return
+    if isinstance(original, nn.LayerNorm):
+        if original.bias is not None and original.bias.detach().abs().max() > 0:
+            raise BcosValueError(f"{type(original).__name__}: a LayerNorm with a bias the bridge runs natively "
+                                 "cannot be made detachable without changing the model; B-cosify it first")
+        replacement = BcosLayerNorm.from_layer_norm(original)
+    elif hasattr(original, "weight") and (hasattr(original, "variance_epsilon") or hasattr(original, "eps")):
+        replacement = DetachableRMSNorm.from_rms_norm(original)
+    else:
+        raise BcosTypeError(f"{type(original).__name__}: a normalisation the bridge runs natively and "
+                            "bcos_plugins cannot make detachable; supported: LayerNorm and RMSNorm")
+    norm_bridge.set_original_component(replacement.train(original.training))
+
+
+def make_bridge_explainable(bridge: nn.Module) -> nn.Module:
+    """Route the bridge's own dynamic weights through detachable hook points (in place, idempotent).
+
+    See the module docstring for which hook points; the forward values do not change. Returns ``bridge``.
+    """
+    check_bridge_internals()
+    bridge_cls, attention, gated, joint, _linear, norm = _bridge_classes()
+    if not isinstance(bridge, bridge_cls):
+        raise BcosTypeError(f"bridge: expected a TransformerBridge, got {type(bridge).__name__}. Build one with "
+                            "transformer_bridge_from_hf(hf_model)")
+    for module in bridge.modules():
+        if isinstance(module, attention):
+            _swap_to_dynamic(module.hook_pattern)
+        elif isinstance(module, norm) and hasattr(module, "hook_scale"):
+            _make_norm_explainable(module)
+        elif isinstance(module, gated) and hasattr(module, "gate"):
+            # the whole gate branch act(x W_gate) is the dynamic weight of act(...) * (x W_in): its output hook
+            # (before the activation) detaches the branch; the activation of a detached input is constant too
+            _swap_to_dynamic(module.gate.hook_out)
+    setattr(bridge, _EXPLAINABLE_FLAG, True)
+    return bridge
+
+
+def is_explainable_bridge(model: nn.Module) -> bool:
+    """Whether :func:`make_bridge_explainable` has been applied to ``model``."""
+    return bool(getattr(model, _EXPLAINABLE_FLAG, False))
+
+
+def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_name: str | None = None):
+    """A ``TransformerBridge`` over a copy of ``hf_model`` that computes the same logits; ``hf_model`` is untouched.
+
+    Args:
+        hf_model: a transformers ``GPT2LMHeadModel`` or ``LlamaForCausalLM``: B-cosified
+            (:func:`bcos_plugins.bcosify`), bilinear (Llama with ``hidden_act="linear"``) or plain.
+        tokenizer: optional; in-memory tokenizers work. Without one a placeholder word-level tokenizer
+            (``"t0 t1 ..."``) is attached, enough for token-id workflows, with no hub access.
+        model_name: the name the bridge records (default ``hf_model.config.name_or_path`` or the
+            architecture); the architecture itself is read from ``hf_model.config``.
+
+    Returns:
+        an explainable (:func:`make_bridge_explainable`) ``TransformerBridge`` in ``hf_model``'s train/eval
+        mode. It holds its own copy of the weights (about the model's size in memory).
+    """
+    if not isinstance(hf_model, nn.Module):
+        raise BcosTypeError(f"hf_model: expected a transformers model, got {type(hf_model).__name__}")
+    arch = _architecture(hf_model)
+    check_bridge_internals()
+    bridge_cls, _attention, _gated, joint, _linear, _norm = _bridge_classes()
+    copied = copy.deepcopy(hf_model)
+    if tokenizer is None:
+        tokenizer = _placeholder_tokenizer(hf_model.config.vocab_size)
+    name = model_name or getattr(hf_model.config, "name_or_path", "") or arch
+    bridge = bridge_cls.boot_transformers(name, hf_model=copied, tokenizer=_reloadable(tokenizer))
+    for module in bridge.modules():
+        if not isinstance(module, joint):
+            continue
+        c_attn = getattr(module.original_component, "c_attn", None)
+        c_attn = getattr(c_attn, "original_component", c_attn)  # the bridge wraps it in a LinearBridge
+        if isinstance(c_attn, DynamicWeightModule):
+            if not isinstance(c_attn, BcosConv1D):
+                raise BcosTypeError(f"hf_model: a fused attention projection of type {type(c_attn).__name__} "
+                                    "cannot be split into B-cos q/k/v; expected BcosConv1D (GPT-2 via bcosify)")
+            for part, layer in zip((module.q, module.k, module.v), _bcos_qkv_parts(c_attn), strict=True):
+                part.set_original_component(layer)
+    make_bridge_explainable(bridge)
+    return bridge.train(hf_model.training)

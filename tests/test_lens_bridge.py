@@ -1,0 +1,162 @@
+"""TransformerBridge on B-cos GPT-2, B-cos Llama and a bilinear Llama (TransformerLens 3.9 and 4.x).
+
+The user's model is never modified, logits equal the HF model's, explanations through the bridge's hooks
+are complete, and TransformerLens' run_with_cache / run_with_hooks / patching work on the bridged models.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import transformers as T
+from bcos_plugins.adapters._lens import bridge as bridge_module
+from bcos_plugins.adapters.transformer_lens import check_bridge_internals, transformer_bridge_from_hf
+from conftest import VOCAB, tiny_config, tiny_model
+from transformer_lens import patching
+
+from bcos_plugins import BcosError, bcosify, explanation_mode
+from bcos_plugins.nn.linear import BcosLinear
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def _bilinear_llama():
+    config = tiny_config("llama")
+    config.hidden_act = "linear"
+    torch.manual_seed(0)
+    return T.LlamaForCausalLM(config).eval()
+
+
+HF_MODELS = {
+    "bcos_gpt2": lambda: bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False),
+    "bcos_llama": lambda: bcosify(tiny_model("LlamaForCausalLM"), b=1.1, verbose=False),
+    "bilinear_llama": _bilinear_llama,
+}
+_BUILT: dict = {}
+
+
+def built(name: str):
+    """(hf model, snapshot of its state before bridging, module types before, bridge), once per module."""
+    if name not in _BUILT:
+        hf = HF_MODELS[name]().eval()
+        state = {k: v.clone() for k, v in hf.state_dict().items()}
+        types = {n: type(m) for n, m in hf.named_modules()}
+        _BUILT[name] = (hf, state, types, transformer_bridge_from_hf(hf))
+    return _BUILT[name]
+
+
+def ids(seed: int = 1, batch: int = 2, length: int = 7) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def explain_through_hooks(bridge, tokens, target: int):
+    """Input x gradient at the bridge's embedding hooks in explanation mode: (contributions, explained)."""
+    leaves = {}
+
+    def capture(activation, hook):
+        leaves[hook.name] = activation.detach().requires_grad_(True)
+        return leaves[hook.name]
+
+    names = [n for n in ("hook_embed", "hook_pos_embed") if n in bridge.hook_dict]
+    with explanation_mode(bridge), torch.enable_grad():
+        explained = bridge.run_with_hooks(tokens, fwd_hooks=[(n, capture) for n in names])[:, -1, target]
+        grads = torch.autograd.grad(explained.sum(), list(leaves.values()))
+    contributions = sum(leaf * g for leaf, g in zip(leaves.values(), grads, strict=True))
+    return contributions.detach(), explained.detach()
+
+
+@pytest.mark.parametrize("name", list(HF_MODELS))
+def test_users_model_untouched_and_logits_equal(name):
+    hf, state, types, bridge = built(name)
+    assert {n: type(m) for n, m in hf.named_modules()} == types  # no submodule swapped for a bridge component
+    now = hf.state_dict()
+    assert now.keys() == state.keys() and all(torch.equal(now[k], state[k]) for k in state)
+    tokens = ids()
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        got = bridge(tokens)
+    assert ((got - expected).abs().max() / expected.abs().max()) <= 1e-5
+    mask = torch.ones_like(tokens)
+    mask[1, -2:] = 0  # right padding: the real positions agree with the masked HF forward
+    with torch.no_grad():
+        masked = hf(tokens, attention_mask=mask).logits
+        got_masked = bridge(tokens, attention_mask=mask)
+    real = mask.bool()
+    assert ((got_masked[real] - masked[real]).abs().max() / masked.abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("name", list(HF_MODELS))
+def test_explanation_through_the_bridge_hooks_is_complete(name):
+    _, _, _, bridge = built(name)
+    tokens = ids(seed=3)
+    contributions, explained = explain_through_hooks(bridge, tokens, target=5)
+    total = contributions.sum((1, 2))
+    assert ((total - explained).abs() / explained.abs()).max() <= 1e-4
+    with torch.no_grad():
+        assert torch.equal(bridge(tokens)[:, -1, 5], explained)  # explanation mode leaves the forward alone
+
+
+def test_bcos_gpt2_split_parts_are_bcos_layers_with_the_same_maths():
+    hf, _, _, bridge = built("bcos_gpt2")
+    attn = bridge.blocks[0].attn
+    q, k, v = (getattr(attn, p).original_component for p in ("q", "k", "v"))
+    assert all(isinstance(part, BcosLinear) and part.b == 1.5 for part in (q, k, v))
+    # queries and keys only shape the attention pattern: constant in explanation mode, as in c_attn
+    assert q.constant_outputs == slice(None) and k.constant_outputs == slice(None) and v.constant_outputs is None
+    x = torch.randn(3, 5, hf.config.n_embd, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fused = hf.transformer.h[0].attn.c_attn(x)
+        split = torch.cat([q(x), k(x), v(x)], dim=-1)
+    torch.testing.assert_close(split, fused, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(HF_MODELS))
+def test_run_with_cache_hooks_and_patching(name):
+    _, _, _, bridge = built(name)
+    clean = ids(seed=4, batch=1)
+    logits, cache = bridge.run_with_cache(clean)
+    assert "blocks.0.hook_resid_pre" in cache and "blocks.1.attn.hook_pattern" in cache
+    pattern = cache["blocks.1.attn.hook_pattern"]
+    torch.testing.assert_close(pattern.sum(-1), torch.ones_like(pattern.sum(-1)))
+    ablated = bridge.run_with_hooks(clean, fwd_hooks=[("blocks.0.hook_mlp_out", lambda act, hook: act * 0)])
+    assert not torch.allclose(ablated, logits)
+    with torch.no_grad():
+        torch.testing.assert_close(bridge(clean), logits)  # run_with_hooks removed its hook
+
+    corrupted = clean.clone()
+    corrupted[0, 3] = (clean[0, 3] + 1) % VOCAB
+
+    def metric(out):
+        return out[0, -1, 5]
+
+    result = patching.get_act_patch_resid_pre(bridge, corrupted, cache, metric)
+    assert result.shape == (bridge.cfg.n_layers, clean.shape[1])
+    # patching the only corrupted position at the first layer restores the clean run
+    torch.testing.assert_close(result[0, 3], metric(logits), rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(result[0, 5], metric(bridge(corrupted)), rtol=1e-4, atol=1e-5)
+
+
+def test_bridge_internals_check_fails_loudly_when_transformer_lens_changes(monkeypatch):
+    check_bridge_internals()  # the installed TransformerLens has everything the adapter relies on
+    real = bridge_module._bridge_classes()
+    changed = type("LinearBridge", (torch.nn.Module,), {})  # a release whose LinearBridge lost the API we use
+    monkeypatch.setattr(bridge_module, "_bridge_classes", lambda: (*real[:4], changed, real[5]))
+    with pytest.raises(BcosError, match="LinearBridge.set_original_component is gone"):
+        check_bridge_internals()
+    with pytest.raises(BcosError, match="bridge internals changed"):
+        transformer_bridge_from_hf(bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False))
+
+
+def test_bridge_error_paths():
+    with pytest.raises(BcosError, match="hf_model: BertForSequenceClassification is not supported"):
+        transformer_bridge_from_hf(tiny_model("BertForSequenceClassification"))
+    with pytest.raises(BcosError, match="hf_model: expected a transformers model"):
+        transformer_bridge_from_hf("gpt2")
+    maxout = bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False)
+    c_attn = maxout.transformer.h[0].attn.c_attn
+    c_attn.max_out = 2  # (a MaxOut fused projection: its groups are not q/k/v units)
+    with pytest.raises(BcosError, match="MaxOut"):
+        transformer_bridge_from_hf(maxout)
