@@ -518,13 +518,18 @@ class BWarmupCallback:
 
 class _BWarmup:
     def __init__(self, model: nn.Module, start: float = 1.0, fraction: float = 0.5) -> None:
-        settings = getattr(getattr(model, "config", None), BCOS_CONFIG_KEY, None)
-        if not isinstance(settings, dict):
+        config = getattr(model, "config", None)
+        settings = getattr(config, BCOS_CONFIG_KEY, None)
+        if isinstance(settings, dict):
+            target, where = settings.get("b"), "config.bcos['b']"
+        elif getattr(config, "model_type", None) == "bcos_vit":
+            target, where = config.b, "config.b"
+        else:
             raise argument_error("model", "has no config.bcos: BWarmupCallback needs a model converted with "
                                  "bcosify (or a BcosViT)", "call bcosify(model, b=...) first")
         self.fraction = _check_number("fraction", fraction, low=0.0, low_open=True, high=1.0)
         self.start = check_b(start, name="start")
-        self.target = check_b(settings.get("b"), name="config.bcos['b']")
+        self.target = check_b(target, name=where)
         if self.start > self.target:
             raise argument_error("start", f"{self.start} is larger than the model's B {self.target}",
                                  "warm up from a smaller B (default 1.0)")

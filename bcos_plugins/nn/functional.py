@@ -25,7 +25,6 @@ __all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "input_norm", "b
 NORM_EPS = 1e-6
 COS_FLOOR = 1e-12
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-_SQRT_NORM_EPS = NORM_EPS**0.5
 
 
 def unit_norm(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
@@ -39,15 +38,15 @@ def unit_norm(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
 def input_norm(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
     """``||x||`` over ``dim`` (kept), with an epsilon so that a zero input gives a zero output, not NaN.
 
-    ``sqrt(||x||^2 + eps)`` as ``hypot(||x||, sqrt(eps))``, which never squares the norm (no overflow, in any
-    dtype), with the norm from one fused reduction: squaring ``x`` first would allocate and fill a tensor of
-    its full size on every call. Half-precision ``x`` gives a float32 norm (see the module docstring).
+    ``sqrt(||x||^2 + eps)`` with the norm from one fused reduction: squaring ``x`` first would allocate and
+    fill a tensor of its full size on every call. Half-precision ``x`` gives a float32 norm (see the module
+    docstring), whose square cannot overflow.
     """
     if x.dtype in HALF_DTYPES:
         norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True, dtype=torch.float32)
     else:
         norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True)
-    return torch.hypot(norm, norm.new_tensor(_SQRT_NORM_EPS))
+    return (norm * norm + NORM_EPS).sqrt()
 
 
 def bcos_scale(lin: Tensor, x_norm: Tensor, b: float) -> Tensor:
