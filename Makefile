@@ -6,9 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # one target per script in examples/: `make space-sst2` runs examples/space_sst2.py
-EXAMPLES := blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli
+EXAMPLES := blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli ioi-circuit
 
-.PHONY: setup test demo bench bench-faithfulness bench-faithfulness-full lint clean $(EXAMPLES)
+.PHONY: setup test demo bench bench-faithfulness bench-faithfulness-full bench-decoders lint clean $(EXAMPLES)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ bench: $(STAMP)
 
 bench-faithfulness: $(STAMP)
 	$(BIN)/python benchmarks/bench_faithfulness.py
+
+# trains (or reloads from outputs/bench_decoders/models) a small conventional and B-cos GPT-2 until they solve IOI
+bench-decoders: $(STAMP)
+	$(BIN)/python benchmarks/bench_decoders.py
 
 # every shipped training row, 3 epochs, twice the evaluation size (about 40 minutes on a 2-core CPU from nothing)
 bench-faithfulness-full: $(STAMP)

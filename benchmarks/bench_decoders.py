@@ -1,0 +1,376 @@
+"""Decoders evaluated as the B-cos LM paper does (its Tables 5 and 6), on a small GPT-2 trained here on a CPU.
+
+`make bench-decoders`. Two models, one table:
+
+1. a conventional GPT-2 (3 layers, d_model 128, 4 heads, context 64; the real GPT-2 tokenizer, the embedding
+   keeping only the GPT-2 ids the data uses, as examples/blimp_mrr.py does) is trained from scratch with plain
+   cross-entropy on a mix of the TinyStories slice's training part (its first 90% of paragraphs, packed into
+   64-token windows), IOI sentences from the *training* templates and names (bcos_plugins.data.ioi) and the
+   grammatical BLiMP sentences of pairs 100-299 of the nine paradigms, until it solves held-out IOI: IO logit >
+   S logit on >= 90% (BENCH_IOI_STOP) of 200 prompts from the held-out templates and names, checked every 100
+   steps (a ``TrainerCallback`` stops training);
+2. a copy is B-cosified (``bcosify(model, b=1.1)``) and trained further on the same mix, with the same rule;
+3. both are evaluated on a *different* draw of held-out IOI prompts (another seed): perplexity on the
+   TinyStories slice's held-out 10%, IOI accuracy, logit difference and probability gap, BLiMP accuracy and
+   probability gap (pairs 0-49 of each paradigm), and MRR of contrastive explanations against the evidence
+   (IOI: the IO's earlier mention; BLiMP: bcos_plugins.data.blimp's rules) for B-cos (``explain`` with
+   ``foil=``, B-cos model only), Grad Norm, IxG and Occlusion (Captum at the combined embedding, the functions
+   of examples/blimp_mrr.py) and the random baseline, with seconds per explanation.
+
+The models are cached in outputs/bench_decoders/models (names carry the settings; BENCH_RETRAIN=1 retrains)
+with the training wall time in their folder, so a second run only evaluates. Writes results.md and
+results.json to outputs/bench_decoders.
+
+Environment: BENCH_THREADS (torch threads, default 1: the machine is shared), BENCH_SEED (0), BENCH_IOI_TRAIN
+(training IOI sentences, 4000), BENCH_IOI_EVAL (200), BENCH_BLIMP_EVAL (pairs per paradigm, 50),
+BENCH_MAX_EPOCHS (10, per stage), BENCH_IOI_STOP (0.9).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPT2TokenizerFast,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+from transformers.utils import logging as hf_logging
+
+from bcos_plugins import bcosify, explain, load_bcos_model
+from bcos_plugins.data import SHIPPED_DATA
+from bcos_plugins.data.blimp import BLIMP_SUBSETS, encode_blimp, load_blimp
+from bcos_plugins.data.ioi import IOIBatch, encode_ioi, make_ioi_prompts
+from bcos_plugins.metrics.decoder import mean_reciprocal_rank, next_token_contrast, perplexity
+from bcos_plugins.train_decoder import CausalLMCollator, train_causal_lm
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = Path(os.environ.get("BENCH_OUT", "outputs/bench_decoders"))
+MODELS = Path("outputs/bench_decoders/models")
+TINYSTORIES = SHIPPED_DATA / "tinystories" / "tinystories_val_head_400k.txt"
+CONTEXT = 64
+BLIMP_TRAIN_FROM = 100  # BLiMP pairs 100-299 are training text; evaluation uses pairs from 0
+METHODS = ["B-cos", "Saliency", "InputXGradient", "Occlusion"]
+NAMES = {"Saliency": "Grad Norm", "InputXGradient": "IxG", "Occlusion": "Occlusion", "B-cos": "B-cos"}
+# B-cos LM paper, Table 6 (GPT-2 small, IOI MRR)
+PAPER_IOI_MRR = {"Random": 0.236, "Grad Norm": 0.860, "IxG": 0.111, "Occlusion": 0.852, "B-cos": 1.0}
+
+
+def env(name: str, default):
+    return type(default)(os.environ.get(name, default))
+
+
+@dataclass
+class Settings:
+    seed: int = env("BENCH_SEED", 0)
+    threads: int = env("BENCH_THREADS", 1)
+    n_ioi_train: int = env("BENCH_IOI_TRAIN", 4000)
+    n_ioi_eval: int = env("BENCH_IOI_EVAL", 200)
+    n_blimp_eval: int = env("BENCH_BLIMP_EVAL", 50)
+    max_epochs: float = env("BENCH_MAX_EPOCHS", 10.0)
+    ioi_stop: float = env("BENCH_IOI_STOP", 0.9)
+    retrain: bool = os.environ.get("BENCH_RETRAIN", "0") == "1"
+    n_layer: int = 3
+    n_embd: int = 128
+    n_head: int = 4
+    b: float = 1.1
+
+    @property
+    def tag(self) -> str:
+        return (f"L{self.n_layer}-d{self.n_embd}-h{self.n_head}-ioi{self.n_ioi_train}-stop{self.ioi_stop:g}"
+                f"-s{self.seed}")
+
+
+def blimp_mrr_module():
+    """examples/blimp_mrr.py as a module: its Captum baselines and compact vocabulary are reused, not copied."""
+    if "blimp_mrr" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("blimp_mrr", ROOT / "examples" / "blimp_mrr.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["blimp_mrr"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["blimp_mrr"]
+
+
+# ---------------------------------------------------------------- data
+
+
+@dataclass
+class DecoderData:
+    """Everything in the model's compact vocabulary (``vocab`` maps GPT-2 ids to it)."""
+
+    tokenizer: GPT2TokenizerFast
+    vocab: object
+    eos: int  # compact id of <|endoftext|>
+    train: list[dict]
+    heldout_text: list[torch.Tensor]
+    ioi_val: IOIBatch  # held-out templates and names: the stopping rule
+    ioi_test: IOIBatch  # another draw of them: the reported numbers
+    blimp: dict
+
+
+def tinystories_split(tokenizer, heldout_fraction: float = 0.1) -> tuple[list[list[int]], list[list[int]]]:
+    """GPT-2 ids of the slice's paragraphs: the first 90% for training, the last 10% held out."""
+    paragraphs = [p.strip() for p in TINYSTORIES.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+    cut = int(len(paragraphs) * (1 - heldout_fraction))
+    ids = [tokenizer(p)["input_ids"] for p in paragraphs]
+    return ids[:cut], ids[cut:]
+
+
+def pack(rows: list[list[int]], eos: int, length: int) -> list[list[int]]:
+    """Concatenate rows separated by end-of-text and cut into windows of ``length`` tokens."""
+    stream: list[int] = []
+    for row in rows:
+        stream += [eos, *row]
+    return [stream[i:i + length] for i in range(0, len(stream) - 1, length)]
+
+
+def make_data(cfg: Settings, tokenizer: GPT2TokenizerFast | None = None) -> DecoderData:
+    tokenizer = tokenizer or GPT2TokenizerFast.from_pretrained(SHIPPED_DATA / "gpt2_tokenizer")
+    eos = tokenizer.eos_token_id
+    stories, heldout = tinystories_split(tokenizer)
+    ioi_train = make_ioi_prompts(cfg.n_ioi_train, split="train", seed=cfg.seed, tokenizer=tokenizer)
+    ioi_rows = [[eos, *tokenizer(p.completion)["input_ids"], eos] for p in ioi_train]
+    blimp_rows = [[eos, *tokenizer(f"{pair.prefix} {pair.target}.")["input_ids"], eos]
+                  for subset in BLIMP_SUBSETS for pair in load_blimp(subset)[BLIMP_TRAIN_FROM:]]
+    val = encode_ioi(make_ioi_prompts(cfg.n_ioi_eval, split="heldout", seed=cfg.seed + 1, tokenizer=tokenizer),
+                     bos_token_id=eos, pad_token_id=eos)
+    test = encode_ioi(make_ioi_prompts(cfg.n_ioi_eval, split="heldout", seed=cfg.seed + 2, tokenizer=tokenizer),
+                      bos_token_id=eos, pad_token_id=eos)
+    blimp = {s: encode_blimp(load_blimp(s, n=cfg.n_blimp_eval), tokenizer, bos_token_id=eos) for s in BLIMP_SUBSETS}
+    windows = pack(stories, eos, CONTEXT)
+    flat = [torch.tensor(r) for r in windows + ioi_rows + blimp_rows + heldout]
+    vocab = blimp_mrr_module().CompactVocabulary(
+        torch.tensor([eos]), *flat, *[t for b in (val, test, *blimp.values())
+                                      for t in (b.input_ids, b.target_ids, b.foil_ids)])
+    for batch in (val, test, *blimp.values()):
+        batch.input_ids, batch.target_ids, batch.foil_ids = (vocab(batch.input_ids), vocab(batch.target_ids),
+                                                             vocab(batch.foil_ids))
+    train = [{"input_ids": vocab(torch.tensor(r))} for r in windows + ioi_rows + blimp_rows]
+    return DecoderData(tokenizer, vocab, int(vocab(torch.tensor(eos))), train,
+                       [vocab(torch.tensor(r)) for r in heldout], val, test, blimp)
+
+
+# ---------------------------------------------------------------- training
+
+
+def ioi_accuracy(model, batch: IOIBatch) -> float:
+    return next_token_contrast(model, batch.input_ids, batch.attention_mask, batch.target_ids,
+                               batch.foil_ids).accuracy
+
+
+class SolveIOI(TrainerCallback):
+    """Stop training once held-out IOI accuracy reaches ``threshold`` (checked every ``every`` steps)."""
+
+    def __init__(self, batch: IOIBatch, threshold: float, every: int = 100) -> None:
+        self.batch, self.threshold, self.every = batch, threshold, every
+        self.history: list[tuple[int, float]] = []
+        self.model = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.model = model
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.every == 0:
+            accuracy = ioi_accuracy(self.model, self.batch)
+            self.model.train()
+            self.history.append((state.global_step, accuracy))
+            print(f"  step {state.global_step}: held-out IOI accuracy {accuracy:.3f}", flush=True)
+            if accuracy >= self.threshold:
+                control.should_training_stop = True
+        return control
+
+
+def training_arguments(cfg: Settings, folder: Path, learning_rate: float) -> dict:
+    return {"num_train_epochs": cfg.max_epochs, "per_device_train_batch_size": 32, "learning_rate": learning_rate,
+            "warmup_steps": 100, "weight_decay": 0.01, "logging_steps": 100, "seed": cfg.seed,
+            "disable_tqdm": True, "lr_scheduler_type": "constant_with_warmup"}
+
+
+def build_conventional(cfg: Settings, vocab_size: int, eos: int) -> GPT2LMHeadModel:
+    torch.manual_seed(cfg.seed)
+    config = GPT2Config(vocab_size=vocab_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                        n_positions=CONTEXT, n_ctx=CONTEXT, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config)
+
+
+def train_until_solved(model, data: DecoderData, cfg: Settings, folder: Path, *, bcos: bool) -> dict:
+    stop = SolveIOI(data.ioi_val, cfg.ioi_stop)
+    start = time.perf_counter()
+    if bcos:
+        trainer = train_causal_lm(model, data.train, str(folder / "trainer"), pad_token_id=data.eos,
+                                  callbacks=[stop], max_length=CONTEXT,
+                                  **training_arguments(cfg, folder, 5e-4))
+    else:
+        args = TrainingArguments(output_dir=str(folder / "trainer"), save_strategy="no", report_to=[],
+                                 remove_unused_columns=False, use_cpu=not torch.cuda.is_available(),
+                                 **training_arguments(cfg, folder, 1e-3))
+        trainer = Trainer(model=model, args=args, train_dataset=data.train, callbacks=[stop],
+                          data_collator=CausalLMCollator(data.eos, max_length=CONTEXT))
+        trainer.train()
+        model.eval()
+    seconds = time.perf_counter() - start
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    accuracy = ioi_accuracy(model, data.ioi_val)
+    return {"train_seconds": seconds, "steps": trainer.state.global_step, "epochs": trainer.state.epoch,
+            "loss_first_last": [losses[0], losses[-1]] if losses else [], "ioi_val_accuracy": accuracy,
+            "ioi_val_history": stop.history, "solved": accuracy >= cfg.ioi_stop}
+
+
+def trained_models(cfg: Settings, data: DecoderData) -> tuple[GPT2LMHeadModel, GPT2LMHeadModel, dict]:
+    """The conventional and the B-cos model, trained until they solve held-out IOI, or loaded from the cache."""
+    conv_dir, bcos_dir = MODELS / f"conv-{cfg.tag}", MODELS / f"bcos-{cfg.tag}-B{cfg.b:g}"
+    info = {}
+    if conv_dir.exists() and not cfg.retrain:
+        conv = GPT2LMHeadModel.from_pretrained(conv_dir).eval()
+        info["conventional"] = json.loads((conv_dir / "training.json").read_text())
+    else:
+        conv = build_conventional(cfg, len(data.vocab), data.eos)
+        print(f"training the conventional model ({sum(p.numel() for p in conv.parameters()) / 1e6:.2f} M "
+              f"parameters, {len(data.train)} training rows)")
+        info["conventional"] = train_until_solved(conv, data, cfg, conv_dir, bcos=False)
+        conv.save_pretrained(conv_dir)
+        (conv_dir / "training.json").write_text(json.dumps(info["conventional"], indent=2))
+    if bcos_dir.exists() and not cfg.retrain:
+        model = load_bcos_model(bcos_dir).eval()
+        info["bcos"] = json.loads((bcos_dir / "training.json").read_text())
+    else:
+        model = bcosify(GPT2LMHeadModel.from_pretrained(conv_dir), b=cfg.b, verbose=False)
+        before = ioi_accuracy(model, data.ioi_val)
+        print(f"B-cosified (B = {cfg.b:g}): held-out IOI accuracy {before:.3f} before further training")
+        info["bcos"] = {"ioi_val_accuracy_at_conversion": before,
+                        **train_until_solved(model, data, cfg, bcos_dir, bcos=True)}
+        model.save_pretrained(bcos_dir)
+        (bcos_dir / "training.json").write_text(json.dumps(info["bcos"], indent=2))
+    for name, part in info.items():
+        print(f"{name}: {part['steps']} steps ({part['epochs']:.2f} epochs) in {part['train_seconds']:.0f} s, "
+              f"held-out IOI accuracy {part['ioi_val_accuracy']:.3f}")
+    return conv.eval(), model.eval(), info
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def explanation_scores(model, batch, with_bcos: bool) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """Token scores and seconds per explanation of every method (B-cos only on a B-cos model)."""
+    scores, seconds = {}, {}
+    if with_bcos:
+        start = time.perf_counter()
+        expl = explain(model, batch.input_ids, batch.attention_mask, target=batch.target_ids, foil=batch.foil_ids)
+        seconds["B-cos"] = (time.perf_counter() - start) / len(batch)
+        scores["B-cos"] = expl.contributions.detach()
+        scores["completeness_error"] = expl.completeness_error.detach()
+    captum, timings = blimp_mrr_module().captum_scores(model, batch)
+    scores.update(captum)
+    seconds.update({m: t / len(batch) for m, t in timings.items()})
+    return scores, seconds
+
+
+def evaluate(model, data: DecoderData, is_bcos: bool) -> dict:
+    with torch.no_grad():
+        ppl = perplexity(model, data.heldout_text, bos_token_id=data.eos, max_length=CONTEXT)
+    ioi = next_token_contrast(model, data.ioi_test.input_ids, data.ioi_test.attention_mask,
+                              data.ioi_test.target_ids, data.ioi_test.foil_ids)
+    row = {"perplexity": ppl.perplexity, "heldout_tokens": ppl.n_tokens, "ioi_accuracy": ioi.accuracy,
+           "ioi_logit_difference": ioi.mean_logit_difference, "ioi_probability_gap": ioi.mean_probability_gap}
+    blimp = {s: next_token_contrast(model, b.input_ids, b.attention_mask, b.target_ids, b.foil_ids)
+             for s, b in data.blimp.items()}
+    row["blimp_accuracy"] = sum(c.accuracy for c in blimp.values()) / len(blimp)
+    row["blimp_probability_gap"] = sum(c.mean_probability_gap for c in blimp.values()) / len(blimp)
+    mrr: dict[str, dict[str, float]] = {"IOI": {}, "BLiMP": {}}
+    seconds: dict[str, list[float]] = {}
+    completeness = []
+    scores, secs = explanation_scores(model, data.ioi_test, is_bcos)
+    completeness += scores.pop("completeness_error", torch.zeros(0)).tolist()
+    for method, s in scores.items():
+        result = mean_reciprocal_rank(s, data.ioi_test.evidence, data.ioi_test.candidates)
+        mrr["IOI"][NAMES[method]], mrr["IOI"]["Random"] = result.mrr, result.random
+        seconds.setdefault(NAMES[method], []).append(secs[method])
+    per_subset: dict[str, dict[str, float]] = {}
+    for subset, batch in data.blimp.items():
+        scores, secs = explanation_scores(model, batch, is_bcos)
+        completeness += scores.pop("completeness_error", torch.zeros(0)).tolist()
+        per_subset[subset] = {}
+        for method, s in scores.items():
+            result = mean_reciprocal_rank(s, batch.evidence, batch.candidates)
+            per_subset[subset][NAMES[method]], per_subset[subset]["Random"] = result.mrr, result.random
+            seconds.setdefault(NAMES[method], []).append(secs[method])
+    for method in next(iter(per_subset.values())):
+        mrr["BLiMP"][method] = sum(r[method] for r in per_subset.values()) / len(per_subset)
+    row.update(mrr=mrr, blimp_mrr_per_subset=per_subset,
+               seconds_per_explanation={m: sum(v) / len(v) for m, v in seconds.items()},
+               completeness_error_max=max(completeness) if completeness else None)
+    return row
+
+
+def report(results: dict, info: dict, cfg: Settings) -> str:
+    def f(x, digits=3):
+        return "—" if x is None else f"{x:.{digits}f}"
+
+    lines = ["## Language modelling and task performance", "",
+             "| model | perplexity (held-out TinyStories) | IOI acc | IOI logit diff | IOI p gap | BLiMP acc | "
+             "BLiMP p gap | training |", "|---|---|---|---|---|---|---|---|"]
+    for name, row in results.items():
+        t = info[name]
+        lines.append(f"| {name} | {row['perplexity']:.2f} | {f(row['ioi_accuracy'])} | "
+                     f"{f(row['ioi_logit_difference'], 2)} | {f(row['ioi_probability_gap'])} | "
+                     f"{f(row['blimp_accuracy'])} | {f(row['blimp_probability_gap'])} | "
+                     f"{t['steps']} steps, {t['train_seconds']:.0f} s |")
+    methods = ["Random", "Grad Norm", "IxG", "Occlusion", "B-cos"]
+    lines += ["", "## MRR of contrastive explanations against the evidence (higher is better)", "",
+              "| model | task | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+    for name, row in results.items():
+        for task in ("IOI", "BLiMP"):
+            lines.append(f"| {name} | {task} | " + " | ".join(f(row["mrr"][task].get(m)) for m in methods) + " |")
+    lines.append("| paper (GPT-2 small) | IOI | " + " | ".join(f(PAPER_IOI_MRR[m]) for m in methods) + " |")
+    lines += ["", "## Milliseconds per explanation (CPU, 1 thread)", "", "| model | " + " | ".join(methods[1:]) + " |",
+              "|---|" + "---|" * (len(methods) - 1)]
+    for name, row in results.items():
+        sec = row["seconds_per_explanation"]
+        lines.append(f"| {name} | " + " | ".join(f(sec[m] * 1e3 if m in sec else None, 2) for m in methods[1:])
+                     + " |")
+    bcos_err = results.get("bcos", {}).get("completeness_error_max")
+    lines += ["", f"B-cos completeness: largest relative error {f(bcos_err, 8)} (contributions sum to the "
+              "explained logit difference). IOI: "
+              f"{cfg.n_ioi_eval} prompts of the held-out templates and names; BLiMP: pairs 0-{cfg.n_blimp_eval - 1} "
+              "of 9 paradigms; held-out perplexity on the last 10% of the TinyStories slice's paragraphs."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    hf_logging.set_verbosity_error()
+    cfg = Settings()
+    torch.set_num_threads(cfg.threads)
+    random.seed(cfg.seed)
+    OUT.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    data = make_data(cfg)
+    print(f"data: {len(data.train)} training rows, {len(data.vocab)} GPT-2 ids in use "
+          f"({time.perf_counter() - start:.0f} s)")
+    conv, bcos, info = trained_models(cfg, data)
+    results = {}
+    for name, model in (("conventional", conv), ("bcos", bcos)):
+        t = time.perf_counter()
+        results[name] = evaluate(model, data, is_bcos=name == "bcos")
+        print(f"evaluated {name} in {time.perf_counter() - t:.0f} s")
+    table = report(results, info, cfg)
+    print(table)
+    (OUT / "results.md").write_text(table + "\n")
+    (OUT / "results.json").write_text(json.dumps({"settings": cfg.__dict__, "training": info,
+                                                  "results": results}, indent=2, default=str))
+    print(f"wrote {OUT / 'results.md'} and {OUT / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
