@@ -8,14 +8,14 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # one target per script in examples/: `make space-sst2` runs examples/space_sst2.py
 EXAMPLES := blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli ioi-circuit
 
-.PHONY: setup test demo bench bench-faithfulness bench-faithfulness-full bench-decoders lint clean $(EXAMPLES)
+.PHONY: setup test docs wheel-smoke demo bench bench-faithfulness bench-faithfulness-full bench-decoders lint clean $(EXAMPLES)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	# The local CPU build; any other torch pulls multi-GB CUDA wheels.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e ".[dev,captum,lens,inseq-runtime,demo,vision,space,corpus]"
+	$(PIP) install -e ".[dev,captum,lens,inseq-runtime,demo,vision,space,corpus,docs]"
 	# inseq pins typeguard<=2.13.3 against TransformerLens' >=4.2 and lists CUDA-11 wheels;
 	# it imports neither, so take it without its dependencies (its real ones are in inseq-runtime).
 	$(PIP) install --no-deps inseq==0.7.1
@@ -23,8 +23,18 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
-test: $(STAMP)
+# the strict docs build and the wheel test first, so that pytest's summary is the last line
+test: $(STAMP) docs wheel-smoke
 	$(BIN)/python -m pytest -q tests
+
+# the documentation site (docs/, mkdocs.yml) into build/site; strict: any warning fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict -q
+
+# build the wheel, install it into a fresh environment (torch first, then extras, inseq the README way) and
+# run one explanation per host library there (.ci/wheel_smoke.sh; about 2 minutes with pip's cache warm)
+wheel-smoke: $(STAMP)
+	bash .ci/wheel_smoke.sh
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo_sst2.py

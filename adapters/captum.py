@@ -1,6 +1,6 @@
 """Captum adapter: B-cos explanations as Captum attribution methods.
 
-B-cos explanations are input x gradient inside :func:`~bcos_plugins.nn.explanation_mode` (DESIGN.md §2), so
+B-cos explanations are input x gradient inside :func:`~bcos_plugins.nn.explanation_mode` (docs/design.md#one-explanation-mechanism), so
 both classes here are thin: they switch the model into explanation mode around Captum's own gradient
 machinery and add the completeness check as Captum's convergence delta.
 
@@ -98,7 +98,7 @@ class EmbeddingForward(nn.Module):
     """A transformers model as a function of its combined embedding: ``f(embeddings, attention_mask)``.
 
     The combined embedding (word + position + token type; token embeddings for Llama) is the attribution
-    point where B-cos completeness holds (DESIGN.md §3). ``forward`` runs the wrapped model with that tensor
+    point where B-cos completeness holds (docs/design.md#the-attribution-point). ``forward`` runs the wrapped model with that tensor
     swapped in (a hook at the architecture's embedding point; the ids it is called with are placeholders), so
     Captum methods (B-cos, IxG, IG, Saliency, Occlusion, Shapley sampling, LIME) all attribute at the same
     point and can be compared. ``embed`` computes the combined embedding of real ids (inputs and baselines).

@@ -1,4 +1,4 @@
-"""Bilinear MLPs and weight-based analysis (Pearce, Dooms et al., ICLR 2025); maths in DESIGN.md §3.
+"""Bilinear MLPs and weight-based analysis (Pearce, Dooms et al., ICLR 2025); maths in docs/design.md#bilinear-layers.
 
 - :class:`BilinearMLP`: ``P ((W x) * (V x))``, a :class:`~bcos_plugins.nn.DynamicWeightModule`.
 - :func:`bilinear_weights`: ``(W, V, P)`` from our module, a TransformerLens bilinear ``GatedMLP``, a

@@ -9,7 +9,7 @@ Maths, per example with encoder token states ``h_j`` (j over positions, ``m_j`` 
 
 The reference code averages over padding too (``mean(dim=1)``), so its predictions change with the padded
 length; here padding never enters. Because the classifier is linear in the centroids, each token's share
-of each logit is exact (DESIGN.md §3):
+of each logit is exact (docs/design.md#space-model):
 
     logit_c = sum_j  m_j / n * sum_k w_{c,k} . z_{k,j}   +   b_c
 

@@ -1,0 +1,129 @@
+"""The documentation site: every document a docstring cites exists (down to the section), every page is in
+the navigation, and the API reference covers every module. `make docs` builds the site strictly."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from markdown.extensions.toc import slugify
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+SOURCES = ("bcos_plugins", "adapters", "examples", "benchmarks", ".ci")
+# A cited document: a page of the site (docs/design.md#metrics, with an optional section) or a project document
+# named in capitals (README.md, CHANGELOG.md, SOURCE.md). Lower-case bare names (results.md) are files a
+# script writes, not citations.
+CITATION = re.compile(r"(?<![\w/.-])(docs/(?:[\w.-]+/)*[\w.-]+\.md|[A-Z][A-Z_]*\.md)(#[\w-]+)?")
+EXPLICIT_ID = re.compile(r"\{#([\w-]+)\}\s*$")
+
+
+def _anchors(page: Path) -> set[str]:
+    """Section ids of a Markdown page as MkDocs makes them: an explicit {#id} or the slug of the heading."""
+    anchors = set()
+    in_fence = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_fence = not in_fence
+        if in_fence or not re.match(r"#{1,6} ", line):
+            continue
+        heading = line.lstrip("#").strip()
+        explicit = EXPLICIT_ID.search(heading)
+        anchors.add(explicit.group(1) if explicit else slugify(heading, "-"))
+    return anchors
+
+
+def broken_citations(text: str, where: str) -> list[str]:
+    """Citations in ``text`` of documents (or sections) that do not exist in the repository."""
+    problems = []
+    for match in CITATION.finditer(text):
+        name, section = match.group(1), match.group(2)
+        target = ROOT / name
+        if "/" not in name and not target.exists():
+            # a bare file name (SOURCE.md sits in every shipped data folder): it must exist somewhere
+            found = [p for p in ROOT.rglob(name) if not {".venv", "build", ".git"} & set(p.parts)]
+            target = found[0] if found else target
+        if not target.exists():
+            problems.append(f"{where}: cites {name}, which does not exist")
+        elif section and target.suffix == ".md" and section[1:] not in _anchors(target):
+            problems.append(f"{where}: cites {name}{section}; {name} has no such section "
+                            f"(sections: {sorted(_anchors(target))})")
+    return problems
+
+
+def test_citation_check_catches_a_missing_document_and_a_missing_section():
+    assert broken_citations("maths in DESIGN.md §3", "x") == ["x: cites DESIGN.md, which does not exist"]
+    assert broken_citations("see docs/design.md#no-such-section", "x")[0].startswith(
+        "x: cites docs/design.md#no-such-section; docs/design.md has no such section")
+    assert broken_citations("see docs/design.md#metrics, README.md and SOURCE.md; writes results.md", "x") == []
+    assert broken_citations("docs/no-such-page.md", "x") == ["x: cites docs/no-such-page.md, which does not exist"]
+
+
+def test_every_document_a_docstring_or_comment_cites_exists():
+    problems = []
+    for folder in SOURCES:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            problems += broken_citations(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
+    assert not problems, "\n".join(problems)
+
+
+def test_links_between_docs_pages_point_to_existing_sections():
+    problems = []
+    for page in sorted(DOCS.rglob("*.md")):
+        for target, section in re.findall(r"\]\(([\w./-]*\.md)(#[\w-]+)?\)", page.read_text(encoding="utf-8")):
+            linked = (page.parent / target).resolve()
+            if not linked.exists():
+                problems.append(f"{page.relative_to(ROOT)}: links to missing {target}")
+            elif section and section[1:] not in _anchors(linked):
+                problems.append(f"{page.relative_to(ROOT)}: links to {target}{section}, no such section")
+    assert not problems, "\n".join(problems)
+
+
+def _nav_pages(nav) -> list[str]:
+    pages = []
+    for item in nav:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        pages += _nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+@pytest.fixture(scope="module")
+def mkdocs_config() -> dict:
+    # mkdocs.yml has no Python-specific tags, so a plain YAML load reads it
+    return yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+
+
+def test_every_page_is_in_the_navigation_and_every_entry_exists(mkdocs_config):
+    assert mkdocs_config["strict"] is True
+    in_nav = _nav_pages(mkdocs_config["nav"])
+    on_disk = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
+    assert sorted(in_nav) == on_disk
+
+
+def test_every_host_library_and_method_has_its_page(mkdocs_config):
+    pages = set(_nav_pages(mkdocs_config["nav"]))
+    for host in ("inseq", "captum", "transformer-lens", "sae-lens"):
+        assert f"hosts/{host}.md" in pages
+    for method in ("bcos-lms", "bcos-vits", "bilinear", "space-model", "self-guided-attention"):
+        page = DOCS / "methods" / f"{method}.md"
+        assert f"methods/{method}.md" in pages
+        text = page.read_text(encoding="utf-8")
+        assert "**Paper**" in text and "## The maths" in text, f"{page.name}: states its paper and its maths"
+
+
+def test_the_api_reference_covers_every_module():
+    documented = set()
+    for page in (DOCS / "api").glob("*.md"):
+        documented |= set(re.findall(r"^::: ([\w.]+)", page.read_text(encoding="utf-8"), flags=re.M))
+    expected = {"adapters." + p.stem for p in (ROOT / "adapters").glob("*.py") if not p.stem.startswith("_")}
+    for path in (ROOT / "bcos_plugins").iterdir():
+        if path.name.startswith("_"):
+            continue
+        if path.is_dir() and (path / "__init__.py").exists():
+            expected.add(f"bcos_plugins.{path.name}")
+        elif path.suffix == ".py":
+            expected.add(f"bcos_plugins.{path.stem}")
+    missing = sorted(m for m in expected if m not in documented)
+    assert not missing, f"add these to a page under docs/api/: {missing}"
