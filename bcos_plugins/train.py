@@ -103,12 +103,17 @@ def _checked_folder(path) -> tuple[str, bool]:
                              "pass the folder written by model.save_pretrained(folder)", kind=BcosTypeError)
     text = os.fspath(path)
     local = Path(text).expanduser()
-    if local.is_dir():
+    try:
+        is_dir, exists = local.is_dir(), local.exists()
+    except (OSError, ValueError) as err:  # a name too long for the file system, a NUL byte, ...
+        raise BcosFileError(f"path: {text[:200]!r} cannot be a folder ({err.__class__.__name__}: "
+                            f"{str(err)[:120]}). Pass the folder written by model.save_pretrained(folder).") from None
+    if is_dir:
         if not (local / "config.json").is_file():
             raise BcosFileError(f"path: {local} has no config.json, so it is not a saved model. Pass the folder "
                                 "written by model.save_pretrained(folder).")
         return str(local), True
-    if local.exists():
+    if exists:
         raise BcosFileError(f"path: {local} is a file, not a folder. Pass the folder written by "
                             "model.save_pretrained(folder) (it holds config.json and model.safetensors).")
     if not _HUB_ID.match(text) or text.startswith((".", "~")):
