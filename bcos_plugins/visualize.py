@@ -1,15 +1,21 @@
 """Self-contained HTML for signed token explanations.
 
 Written by hand rather than with Captum's ``visualize_text`` because that needs IPython and a notebook;
-this page opens in any browser and is what ``make demo`` writes. Green = supports the explained class,
-red = opposes it; intensity is relative to the largest magnitude in the row.
+this page opens in any browser and is what ``make demo`` writes. Green = supports the explained output,
+red = opposes it; intensity is relative to the largest magnitude in the row. Every token shows its exact
+score on hover (its ``title``), and long sentences wrap at token boundaries instead of running off the page
+(the Captum records page of :mod:`bcos_plugins.adapters.captum` uses the same rows).
 """
 
 from __future__ import annotations
 
 import html as _html
+import math
+from collections.abc import Sequence
 
 import torch
+
+from .errors import BcosTypeError, BcosValueError, argument_error
 
 __all__ = ["explanations_to_html", "tokens_to_html"]
 
@@ -19,6 +25,10 @@ body { font-family: system-ui, sans-serif; margin: 2em; max-width: 60em; }
 .tok { padding: 0.15em 0.25em; margin: 0 0.05em; border-radius: 0.25em; }
 .meta { color: #555; font-size: 0.9em; }
 """
+# Inline on every row, so that pages which bring their own stylesheet (the Captum records table) wrap too:
+# tokens are inline spans separated by <wbr> break opportunities; overflow-wrap breaks a single token longer
+# than the line (a URL) instead of widening the page.
+_ROW_STYLE = "overflow-wrap:anywhere;word-break:normal;white-space:normal;max-width:100%"
 
 
 def _colour(score: float, scale: float) -> str:
@@ -26,31 +36,92 @@ def _colour(score: float, scale: float) -> str:
     return f"rgba(0,150,0,{a:.3f})" if score >= 0 else f"rgba(210,0,0,{a:.3f})"
 
 
-def tokens_to_html(tokens: list[str], scores: torch.Tensor | list[float], caption: str = "") -> str:
-    """One row of coloured tokens; the score shows on hover."""
-    values = [float(s) for s in scores]
+def _hover(token: str, score: float) -> str:
+    # %g keeps small scores readable (1.2e-05 rather than +0.0000)
+    return _html.escape(f"{token}: {score:+.4g}", quote=True)
+
+
+def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float], caption: str = "") -> str:
+    """One row of coloured tokens that wraps like text; each token's score shows on hover.
+
+    Args:
+        tokens: the tokens of one sequence, as they should be shown.
+        scores: one finite score per token (a 1-D tensor or a sequence of numbers).
+        caption: a line shown above the tokens.
+
+    Raises:
+        BcosTypeError: ``scores`` is not a 1-D tensor or a sequence of numbers.
+        BcosValueError: the lengths differ, or a score is NaN or infinite.
+    """
+    if isinstance(scores, torch.Tensor):
+        if scores.ndim != 1:
+            raise argument_error("scores", f"must be one score per token (1-D), got shape {tuple(scores.shape)}",
+                                 "Pass one row of an explanation, e.g. explanation.scores()[i]", kind=BcosTypeError)
+        values = scores.detach().double().cpu().tolist()
+    else:
+        try:
+            values = [float(s) for s in scores]
+        except (TypeError, ValueError):
+            raise argument_error("scores", "must be numbers", "Pass one float per token",
+                                 kind=BcosTypeError) from None
     if len(values) != len(tokens):
-        raise ValueError(f"{len(tokens)} tokens but {len(values)} scores")
+        raise argument_error("scores", f"has {len(values)} values for {len(tokens)} tokens",
+                             "Pass exactly one score per token (padding removed from both)", kind=BcosValueError)
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if bad:
+        raise argument_error("scores", f"are NaN or infinite at token positions {bad[:10]}",
+                             "Check the explanation (completeness_error) before rendering it", kind=BcosValueError)
     scale = max((abs(v) for v in values), default=0.0)
-    spans = "".join(
-        f'<span class="tok" style="background:{_colour(v, scale)}" title="{v:+.4f}">{_html.escape(t)}</span>'
+    spans = "<wbr>".join(
+        f'<span class="tok" style="background:{_colour(v, scale)}" title="{_hover(t, v)}">{_html.escape(t)}</span>'
         for t, v in zip(tokens, values, strict=True)
     )
     meta = f'<div class="meta">{_html.escape(caption)}</div>' if caption else ""
-    return f'<div class="row">{meta}{spans}</div>'
+    return f'<div class="row" style="{_ROW_STYLE}">{meta}{spans}</div>'
 
 
-def explanations_to_html(explanation, tokenizer, label_names: list[str] | None = None,
-                         title: str = "Explanations") -> str:
-    """A full HTML page for an :class:`~bcos_plugins.explain.Explanation` batch."""
+def _name(value, label_names: Sequence[str] | None) -> str:
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point():
+        value = int(value)
+    if isinstance(value, int) and label_names and 0 <= value < len(label_names):
+        return label_names[value]
+    if isinstance(value, torch.Tensor):
+        return "a direction" if value.is_floating_point() else str(value.tolist())
+    return str(value)
+
+
+def _row_item(values, i: int):
+    """The ``i``-th row's target or foil: a per-row id tensor, one shared value, or a direction."""
+    if isinstance(values, torch.Tensor) and values.ndim >= 1 and not values.is_floating_point():
+        return values[i]
+    return values
+
+
+def explanations_to_html(explanation, tokenizer, label_names: Sequence[str] | None = None,
+                         title: str = "Explanations", captions: Sequence[str] | None = None) -> str:
+    """A full HTML page for a :class:`~bcos_plugins.attribution.TokenExplanation` batch, one row per example.
+
+    Each row's caption names what was explained (the class, or ``target − foil`` for a contrastive
+    explanation), the explained value and the sum of the contributions (equal for a complete explanation);
+    ``captions`` adds a line of your own per row (e.g. the true label).
+    """
+    tokens, scores = explanation.tokens(tokenizer), explanation.scores()
+    if captions is not None and len(captions) != len(tokens):
+        raise argument_error("captions", f"has {len(captions)} entries for {len(tokens)} rows",
+                             "Pass one caption per explained row, or none")
+    foil = getattr(explanation, "foil", None)
     rows = []
-    for tokens, scores, logit, target in zip(explanation.tokens(tokenizer), explanation.scores(),
-                                             explanation.logits, explanation.target, strict=True):
-        name = label_names[int(target)] if label_names and not target.is_floating_point() else str(target.tolist())
-        caption = (f"explained: {name} — value {float(logit):.4f}, sum of contributions "
-                   f"{float(scores.sum()):.4f}")
-        rows.append(tokens_to_html(tokens, scores, caption))
+    for i, (row_tokens, row_scores, value) in enumerate(zip(tokens, scores, explanation.explained, strict=True)):
+        name = _name(_row_item(explanation.target, i), label_names)
+        if foil is not None:
+            name = f"{name} − {_name(_row_item(foil, i), label_names)}"
+        caption = (f"explained: {name} — value {float(value):.4f}, sum of contributions "
+                   f"{float(row_scores.sum()):.4f}")
+        if captions is not None:
+            caption = f"{captions[i]} · {caption}"
+        rows.append(tokens_to_html(row_tokens, row_scores, caption))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<style>{_STYLE}</style></head><body><h1>{_html.escape(title)}</h1>"
-            f"<p class='meta'>green: supports the explained output; red: opposes it.</p>{''.join(rows)}"
-            "</body></html>")
+            f"<p class='meta'>green: supports the explained output; red: opposes it. Hover over a token for "
+            f"its score.</p>{''.join(rows)}</body></html>")
