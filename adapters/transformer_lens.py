@@ -17,6 +17,18 @@ Public API:
   :func:`bcos_plugins.explanation_mode` works on it (B-cos, bilinear and plain models alike);
 - :func:`explain_logits`: contributions at ``hook_embed`` + ``hook_pos_embed`` that sum to the logit.
 
+- :class:`BcosActivationCache` (what B-cos models' ``run_with_cache`` returns) and :func:`effective_weight`:
+  TransformerLens' own decompositions (``logit_attrs``, ``decompose_resid``, ``get_full_resid_decomposition``,
+  ``stack_head_results``, ``stack_neuron_results``) exact on B-cos and bilinear models;
+- :func:`token_component_decomposition` (+ :func:`plot_token_components`): a logit split into input token x
+  component (each head, each MLP, the direct path) shares that sum to it exactly, on both model classes;
+- :func:`transformer_bridge_from_hf`: a ``TransformerBridge`` over a copy of a B-cos / bilinear / plain
+  GPT-2 or Llama (the user's model is left untouched), explainable through its hooks.
+
+TransformerLens versions: 3.x (the ``lens`` extra, with sae-lens) has the whole API; 4.x (the ``lens4``
+extra) removed ``HookedTransformer``, so there only the bridge API is offered, and the HookedTransformer
+names raise an ``ImportError`` that says so.
+
 All hook names are TransformerLens' standard ones; B-cos models add ``hook_bcos_scale_{q,k,v,o}`` (attention)
 and ``hook_bcos_scale_{in,gate,out}`` (MLP), the B-cos dynamic scales.
 """
@@ -25,11 +37,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformer_lens import HookedTransformerConfig
-
 from bcos_plugins.errors import BcosValueError
 
-from ._lens.activation import LINEAR_ACTIVATION, identity_activation, register_linear_activation
 from ._lens.bridge import (
     SUPPORTED_BRIDGE_ARCHITECTURES,
     check_bridge_internals,
@@ -37,37 +46,38 @@ from ._lens.bridge import (
     make_bridge_explainable,
     transformer_bridge_from_hf,
 )
-from ._lens.config import ALL_PROJECTIONS, BcosTransformerConfig
-from ._lens.decomposition import (
-    BcosActivationCache,
-    effective_weight,
-    fold_final_norm_weight,
-    fold_final_norm_weight_in_state_dict,
+from ._lens.compat import HAS_HOOKED_TRANSFORMER, TRANSFORMER_LENS_VERSION
+from ._lens.components import (
+    TokenComponentDecomposition,
+    plot_token_components,
+    token_component_decomposition,
 )
-from ._lens.explain import LensExplanation, explain_logits
-from ._lens.from_hf import SUPPORTED_HF_ARCHITECTURES, hooked_transformer_from_hf
 from ._lens.hook_point import DynamicHookPoint
-from ._lens.model import (
-    BcosHookedTransformer,
-    bcos_model_class,
-    is_explainable,
-    make_explainable,
-    remove_biases,
-)
 
 __all__ = [
+    "DynamicHookPoint",
+    "HAS_HOOKED_TRANSFORMER",
+    "SUPPORTED_BRIDGE_ARCHITECTURES",
+    "TRANSFORMER_LENS_VERSION",
+    "TokenComponentDecomposition",
+    "check_bridge_internals",
+    "is_explainable_bridge",
+    "make_bridge_explainable",
+    "plot_token_components",
+    "token_component_decomposition",
+    "transformer_bridge_from_hf",
+]
+# HookedTransformer-based API: TransformerLens 3.x only.
+_HOOKED_API = [
     "ALL_PROJECTIONS",
     "BcosActivationCache",
     "BcosHookedTransformer",
     "BcosTransformerConfig",
-    "DynamicHookPoint",
     "LINEAR_ACTIVATION",
     "LensExplanation",
-    "SUPPORTED_BRIDGE_ARCHITECTURES",
     "SUPPORTED_HF_ARCHITECTURES",
     "bcos_model_class",
     "bilinear_config",
-    "check_bridge_internals",
     "effective_weight",
     "explain_logits",
     "fold_final_norm_weight",
@@ -75,15 +85,63 @@ __all__ = [
     "hooked_transformer_from_hf",
     "identity_activation",
     "is_explainable",
-    "is_explainable_bridge",
-    "make_bridge_explainable",
     "make_explainable",
     "register_linear_activation",
     "remove_biases",
-    "transformer_bridge_from_hf",
 ]
 
-register_linear_activation()
+if HAS_HOOKED_TRANSFORMER:
+    from transformer_lens import HookedTransformerConfig
+
+    from ._lens.activation import LINEAR_ACTIVATION, identity_activation, register_linear_activation
+    from ._lens.config import ALL_PROJECTIONS, BcosTransformerConfig
+    from ._lens.decomposition import (
+        BcosActivationCache,
+        effective_weight,
+        fold_final_norm_weight,
+        fold_final_norm_weight_in_state_dict,
+    )
+    from ._lens.explain import LensExplanation, explain_logits
+    from ._lens.from_hf import SUPPORTED_HF_ARCHITECTURES, hooked_transformer_from_hf
+    from ._lens.model import (
+        BcosHookedTransformer,
+        bcos_model_class,
+        is_explainable,
+        make_explainable,
+        remove_biases,
+    )
+
+    register_linear_activation()
+    __all__ += [
+        "ALL_PROJECTIONS",
+        "BcosActivationCache",
+        "BcosHookedTransformer",
+        "BcosTransformerConfig",
+        "LINEAR_ACTIVATION",
+        "LensExplanation",
+        "SUPPORTED_HF_ARCHITECTURES",
+        "bcos_model_class",
+        "bilinear_config",
+        "effective_weight",
+        "explain_logits",
+        "fold_final_norm_weight",
+        "fold_final_norm_weight_in_state_dict",
+        "hooked_transformer_from_hf",
+        "identity_activation",
+        "is_explainable",
+        "make_explainable",
+        "register_linear_activation",
+        "remove_biases",
+    ]
+else:
+    def __getattr__(name: str):
+        if name in _HOOKED_API:
+            raise ImportError(
+                f"{name} needs TransformerLens 3.x (HookedTransformer); the installed TransformerLens "
+                f"{TRANSFORMER_LENS_VERSION} has only TransformerBridge. Use transformer_bridge_from_hf(hf_model), "
+                "or install the 'lens' extra (TransformerLens 3.9, with sae-lens) for the HookedTransformer API"
+            )
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def bilinear_config(
@@ -135,3 +193,7 @@ def bilinear_config(
         positional_embedding_type=positional_embedding_type,
         **overrides,
     )
+
+
+if not HAS_HOOKED_TRANSFORMER:
+    del bilinear_config  # module __getattr__ explains that it needs TransformerLens 3.x

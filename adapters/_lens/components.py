@@ -1,0 +1,241 @@
+"""Token x component decomposition of a logit: which input token reaches the logit through which component.
+
+In explanation mode (:func:`bcos_plugins.nn.explanation_mode`) every dynamic weight is a constant, so an
+explainable model (B-cos, bilinear) is linear in its embeddings, and so is the output of every component.
+With ``g = d explained / d resid_final`` (a constant: the final norm's scale is held fixed) the explained
+value splits over the residual stream's components, ``explained = sum_c out_c . g`` (direct logit
+attribution: each attention head, each MLP, and the direct path ``embed + pos_embed``), and each
+``out_c . g`` splits over the input tokens by input x gradient. The table ``T[t, c]``:
+
+- sums exactly to the explained value (float rounding);
+- row sums over tokens ``sum_t T[t, c]`` are each component's direct logit attribution;
+- column sums over components ``sum_c T[t, c]`` are the token contributions of ``explain_logits``.
+
+A head's direct share needs its per-head output; it is taken from the forward's own values without reading
+weights: the attention output at the explained position is linear in that position's ``z`` (the output
+projection's B-cos scale is a constant in explanation mode), so ``out_attn . g = sum_h z_h . u_h`` with
+``u = d (out_attn . g) / d z``. All components' token splits come from one batched backward pass
+(``torch.autograd.grad(..., is_grads_batched=True)``) instead of one backward per component.
+
+Works on explainable ``HookedTransformer`` s (TransformerLens 3.x) and ``TransformerBridge`` s from
+:func:`~.bridge.transformer_bridge_from_hf` (3.x and 4.x): only standard hook names are used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from bcos_plugins.attribution import as_leaf, parse_ids, resolve_positions, select_explained
+from bcos_plugins.attribution.results import relative_completeness_error
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
+from bcos_plugins.nn.dynamic import explanation_mode
+
+__all__ = ["TokenComponentDecomposition", "plot_token_components", "token_component_decomposition"]
+
+_EMBED_HOOKS = ("hook_embed", "hook_pos_embed")
+
+
+@dataclass
+class TokenComponentDecomposition:
+    """Result of :func:`token_component_decomposition` (see the module docstring).
+
+    Attributes:
+        table: ``(batch, pos, n_components)``: token ``t``'s share of the explained value through component ``c``.
+        labels: component names, ``"direct"`` (embed + pos_embed), ``"L{l}H{h}"`` per head, ``"L{l}MLP"``.
+        explained: the explained value per row (a logit, or ``target - foil``).
+        target, foil, position: what was explained, per row.
+    """
+
+    table: Float[Tensor, "batch pos n_components"]
+    labels: list[str]
+    explained: Float[Tensor, " batch"]
+    target: object
+    foil: object | None
+    position: Int[Tensor, " batch"]
+
+    @property
+    def component_totals(self) -> Float[Tensor, "batch n_components"]:
+        """Direct logit attribution of each component (sums of the table over tokens)."""
+        return self.table.sum(1)
+
+    @property
+    def token_totals(self) -> Float[Tensor, "batch pos"]:
+        """Each token's contribution to the explained value (sums over components): ``explain_logits``'."""
+        return self.table.sum(2)
+
+    @property
+    def delta(self) -> Float[Tensor, " batch"]:
+        """Signed ``sum(table) - explained`` per row."""
+        return self.table.sum((1, 2)) - self.explained
+
+    @property
+    def completeness_error(self) -> Float[Tensor, " batch"]:
+        """``|delta| / |explained|`` per row (float rounding for B-cos and bilinear models)."""
+        return relative_completeness_error(self.delta, self.explained)
+
+
+def _layers(model: nn.Module) -> tuple[int, bool]:
+    cfg = model.cfg
+    return cfg.n_layers, bool(getattr(cfg, "attn_only", False))
+
+
+def _check_inputs(model: nn.Module, tokens, attention_mask) -> None:
+    from .bridge import is_explainable_bridge
+    from .compat import HAS_HOOKED_TRANSFORMER
+
+    explainable = is_explainable_bridge(model)
+    if not explainable and HAS_HOOKED_TRANSFORMER:
+        from .model import is_explainable
+
+        explainable = is_explainable(model)
+    if not explainable:
+        raise BcosTypeError(
+            "model: its dynamic weights are not detachable, so the decomposition would not be exact. Use a "
+            "model from hooked_transformer_from_hf / BcosHookedTransformer / make_explainable, or a bridge from "
+            "transformer_bridge_from_hf")
+    if not isinstance(tokens, Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise BcosTypeError("tokens: must be a tensor of token ids (use model.to_tokens(text) for strings)")
+    if tokens.ndim != 2 or tokens.numel() == 0:
+        raise BcosValueError(f"tokens: expected a non-empty (batch, pos) tensor, got shape {tuple(tokens.shape)}")
+    if (tokens < 0).any() or (tokens >= model.cfg.d_vocab).any():
+        raise BcosValueError(f"tokens: ids outside the vocabulary [0, {model.cfg.d_vocab}). Check the tokenizer")
+    if attention_mask is not None and attention_mask.shape != tokens.shape:
+        raise BcosValueError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from tokens "
+                             f"{tuple(tokens.shape)}. Pass one 0/1 entry per token")
+
+
+def token_component_decomposition(
+    model: nn.Module,
+    tokens: Int[Tensor, "batch pos"],
+    *,
+    target=None,
+    foil=None,
+    position=None,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    batched: bool = True,
+) -> TokenComponentDecomposition:
+    """Split a logit (or logit difference) into input token x component shares that sum to it exactly.
+
+    Args:
+        model: an explainable ``HookedTransformer`` or ``TransformerBridge`` without biases (B-cos, bilinear).
+        tokens: token ids ``(batch, pos)``.
+        target, foil, position, attention_mask: as for ``explain_logits`` (ids per row or
+            ``Direction``; default target: the top prediction; default position: each row's last real token).
+        batched: one batched backward pass for all components (default), or one backward per component
+            (the reference loop the benchmark compares against; same numbers).
+    """
+    _check_inputs(model, tokens, attention_mask)
+    batch, _ = tokens.shape
+    n_layers, attn_only = _layers(model)
+    mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)
+    pos = resolve_positions(position, mask, default="last")
+    rows = torch.arange(batch, device=tokens.device)
+    embed_names = [n for n in _EMBED_HOOKS if n in model.hook_dict]
+    leaves: dict[str, Tensor] = {}
+    kept: dict[str, Tensor] = {}
+
+    def make_leaf(name):
+        def hook(activation: Tensor, hook) -> Tensor:
+            leaves[name] = as_leaf(activation)
+            return leaves[name]
+        return hook
+
+    def keep(name):
+        def hook(activation: Tensor, hook) -> Tensor:
+            kept[name] = activation
+            return activation
+        return hook
+
+    watched = [f"blocks.{n_layers - 1}.hook_resid_post"]
+    for layer in range(n_layers):
+        watched += [f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.hook_attn_out"]
+        if not attn_only:
+            watched.append(f"blocks.{layer}.hook_mlp_out")
+    missing = [n for n in embed_names + watched if n not in model.hook_dict] or (not embed_names and ["hook_embed"])
+    if missing:
+        raise BcosTypeError(f"model: it lacks the standard hook points {missing}; the decomposition needs them")
+    hooks = [(n, make_leaf(n)) for n in embed_names] + [(n, keep(n)) for n in watched]
+
+    with torch.inference_mode(False), torch.enable_grad(), explanation_mode(model):
+        logits = model.run_with_hooks(tokens, attention_mask=attention_mask, fwd_hooks=hooks)
+        at_position = logits[rows, pos]
+        n = at_position.shape[-1]
+        target = at_position.argmax(-1) if target is None else parse_ids(target, batch, "target", n_outputs=n,
+                                                                          device=logits.device)
+        foil = None if foil is None else parse_ids(foil, batch, "foil", n_outputs=n, device=logits.device)
+        explained = select_explained(at_position, target, foil)
+        embed_names = [n for n in embed_names if n in leaves]  # a bridge lists hook_pos_embed for rotary models too
+        if not embed_names or any(n not in kept for n in watched):
+            raise BcosRuntimeError(
+                "model: the forward did not run through the standard hook points "
+                f"{[n for n in watched if n not in kept] or ['hook_embed']}; the decomposition needs them")
+        resid = kept[watched[0]]
+        # the direct unembedding direction per row: a constant in explanation mode (final norm scale fixed)
+        direction = torch.autograd.grad(explained.sum(), resid, retain_graph=True)[0]
+        shares = [sum((leaves[n] * direction).sum((1, 2)) for n in embed_names)]
+        labels = ["direct"]
+        for layer in range(n_layers):
+            z, attn_out = kept[f"blocks.{layer}.attn.hook_z"], kept[f"blocks.{layer}.hook_attn_out"]
+            if z.ndim != 4:
+                raise BcosRuntimeError(f"blocks.{layer}.attn.hook_z has shape {tuple(z.shape)}, expected "
+                                       "(batch, pos, head, d_head)")
+            # per-head directions: attn_out . g is linear in z (output projection scale constant)
+            u = torch.autograd.grad((attn_out * direction).sum(), z, retain_graph=True)[0]
+            head_shares = (z * u).sum((1, 3))  # (batch, head), still a function of the embeddings
+            shares += list(head_shares.unbind(-1))
+            labels += [f"L{layer}H{h}" for h in range(z.shape[2])]
+            if not attn_only:
+                shares.append((kept[f"blocks.{layer}.hook_mlp_out"] * direction).sum((1, 2)))
+                labels.append(f"L{layer}MLP")
+        stacked = torch.stack(shares, dim=-1)  # (batch, n_components)
+        inputs = [leaves[n] for n in embed_names]
+        k = stacked.shape[-1]
+        if batched:
+            eye = torch.eye(k, dtype=stacked.dtype, device=stacked.device)
+            grad_outputs = eye[:, None, :].expand(k, batch, k)
+            grads = torch.autograd.grad(stacked, inputs, grad_outputs=grad_outputs, is_grads_batched=True,
+                                        allow_unused=True)
+            table = sum(leaf[None] * g for leaf, g in zip(inputs, grads, strict=True) if g is not None)
+            table = table.sum(-1).permute(1, 2, 0)  # (batch, pos, component)
+        else:
+            columns = []
+            for c in range(k):
+                grads = torch.autograd.grad(stacked[:, c].sum(), inputs, retain_graph=c < k - 1, allow_unused=True)
+                columns.append(sum((leaf * g).sum(-1) for leaf, g in zip(inputs, grads, strict=True)
+                                   if g is not None))
+            table = torch.stack(columns, dim=-1)
+    return TokenComponentDecomposition(table=table.detach(), labels=labels, explained=explained.detach(),
+                                       target=target, foil=foil, position=pos)
+
+
+def plot_token_components(decomposition: TokenComponentDecomposition, row: int = 0, *, token_labels=None,
+                          ax=None, max_abs: float | None = None):
+    """Heatmap of one row's table: components down, tokens across, diverging colours centred at 0.
+
+    Returns the matplotlib ``AxesImage``; ``token_labels`` (e.g. ``model.to_str_tokens(tokens[row])``)
+    label the columns. Needs matplotlib.
+    """
+    import matplotlib.pyplot as plt
+
+    if not 0 <= row < decomposition.table.shape[0]:
+        raise BcosValueError(f"row: {row} is outside the batch of {decomposition.table.shape[0]}. Pick a row index")
+    data = decomposition.table[row].T.float().cpu().numpy()  # (component, pos)
+    if token_labels is not None and len(token_labels) != data.shape[1]:
+        raise BcosValueError(f"token_labels: {len(token_labels)} labels for {data.shape[1]} tokens. Pass one per "
+                             "token")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(4, 0.4 * data.shape[1]), max(3, 0.25 * data.shape[0])))
+    scale = max_abs if max_abs is not None else float(abs(data).max()) or 1.0
+    image = ax.imshow(data, cmap="RdBu_r", vmin=-scale, vmax=scale, aspect="auto")
+    ax.set_yticks(range(len(decomposition.labels)), decomposition.labels, fontsize=7)
+    if token_labels is not None:
+        ax.set_xticks(range(data.shape[1]), token_labels, rotation=90, fontsize=7)
+    ax.set_xlabel("input token")
+    ax.set_ylabel("component")
+    ax.set_title(f"token x component shares (sum {float(decomposition.explained[row]):.3g})")
+    ax.figure.colorbar(image, ax=ax)
+    return image
