@@ -8,7 +8,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # one target per script in examples/: `make space-sst2` runs examples/space_sst2.py
 EXAMPLES := blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli ioi-circuit
 
-.PHONY: setup test docs wheel-smoke demo bench bench-faithfulness bench-faithfulness-full bench-decoders lint clean $(EXAMPLES)
+.PHONY: setup test test-tl4 docs wheel-smoke demo bench bench-faithfulness bench-faithfulness-full bench-decoders lint clean $(EXAMPLES)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,8 +23,20 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
-# the strict docs build and the wheel test first, so that pytest's summary is the last line
-test: $(STAMP) docs wheel-smoke
+# TransformerLens 4.x (TransformerBridge only) in a second environment, for the tests that run under both
+TL4 := .venv-tl4
+TL4_TESTS := tests/test_lens_bridge.py tests/test_lens_components.py
+$(TL4)/.installed: pyproject.toml Makefile
+	test -x $(TL4)/bin/python || $(PYTHON) -m venv $(TL4)
+	$(TL4)/bin/python -m pip --disable-pip-version-check -q install torch==2.13.0
+	$(TL4)/bin/python -m pip --disable-pip-version-check -q install -e ".[lens4,dev]"
+	touch $@
+
+test-tl4: $(TL4)/.installed
+	$(TL4)/bin/python -m pytest -q $(TL4_TESTS)
+
+# the strict docs build, the wheel test and TransformerLens 4 first, so that pytest's summary is the last line
+test: $(STAMP) docs wheel-smoke test-tl4
 	$(BIN)/python -m pytest -q tests
 
 # the documentation site (docs/, mkdocs.yml) into build/site; strict: any warning fails the build
@@ -64,4 +76,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(TL4) build *.egg-info .pytest_cache
