@@ -19,6 +19,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
+from .errors import BcosTypeError, argument_error
+from .metrics._checks import require_int
+
 __all__ = ["CausalLMCollator", "IGNORE_INDEX", "real_token_positions", "train_causal_lm"]
 
 IGNORE_INDEX = -100  # transformers' (and torch's) cross-entropy ignore_index
@@ -42,28 +45,24 @@ class CausalLMCollator:
     def __init__(self, pad_token_id: int, padding_side: Literal["left", "right"] = "right",
                  max_length: int | None = None) -> None:
         if padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-        if max_length is not None and max_length < 2:
-            raise ValueError(f"max_length={max_length} leaves no next token to predict; use >= 2 or None")
-        self.pad_token_id = int(pad_token_id)
+            raise argument_error("padding_side", f"padding_side must be 'left' or 'right', got {padding_side!r}",
+                                 "Use 'right' for training, 'left' for generation")
+        if max_length is not None:
+            max_length = require_int("max_length", max_length)
+            if max_length < 2:
+                raise argument_error("max_length", f"max_length={max_length} leaves no next token to predict",
+                                     "Use >= 2 or None")
+        self.pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
         self.padding_side = padding_side
         self.max_length = max_length
 
     def __call__(self, features: Sequence[Mapping[str, Sequence[int] | Tensor]]) -> dict[str, Tensor]:
         if len(features) == 0:
-            raise ValueError("CausalLMCollator got an empty list of features")
+            raise argument_error("features", "CausalLMCollator got an empty list of features",
+                                 "Pass at least one tokenised example")
         ids, masks = [], []
         for i, feature in enumerate(features):
-            if "input_ids" not in feature:
-                raise ValueError(f"feature {i} has no 'input_ids' (keys: {sorted(feature)}); tokenise first")
-            row = torch.as_tensor(feature["input_ids"], dtype=torch.long).flatten()
-            mask = torch.as_tensor(feature.get("attention_mask", torch.ones_like(row)), dtype=torch.long).flatten()
-            if mask.shape != row.shape:
-                raise ValueError(f"feature {i}: attention_mask has {mask.numel()} entries, input_ids {row.numel()}")
-            if self.max_length is not None:
-                row, mask = row[: self.max_length], mask[: self.max_length]
-            if row.numel() == 0:
-                raise ValueError(f"feature {i} has no tokens")
+            row, mask = _feature_tokens(feature, i, self.max_length)
             ids.append(row)
             masks.append(mask)
         pad = torch.nn.utils.rnn.pad_sequence
@@ -74,12 +73,47 @@ class CausalLMCollator:
         # from a padding position.
         predicted_from_real = torch.nn.functional.pad(attention_mask[:, :-1], (1, 0), value=0)
         has_loss = (attention_mask == 1) & (predicted_from_real == 1)
+        if not has_loss.any():
+            # The mean cross-entropy over no labelled position is NaN (0/0): refuse instead of training on it.
+            raise argument_error("features", "no example of this batch has two real tokens, so there is no next "
+                                 "token to predict and the loss would be NaN",
+                                 "Drop examples shorter than 2 tokens (or join them into longer ones)")
         return {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": real_token_positions(attention_mask),
             "labels": input_ids.masked_fill(~has_loss, IGNORE_INDEX),
         }
+
+
+def _feature_tokens(feature, i: int, max_length: int | None) -> tuple[Tensor, Tensor]:
+    """Token ids and 0/1 mask of one feature as 1-d long tensors (truncated), with errors naming the feature."""
+    if not isinstance(feature, Mapping) or "input_ids" not in feature:
+        keys = sorted(feature) if isinstance(feature, Mapping) else type(feature).__name__
+        raise argument_error("features", f"feature {i} has no 'input_ids' (keys: {keys})",
+                             "Tokenise first: each feature is a mapping with input_ids")
+    try:
+        raw = torch.as_tensor(feature["input_ids"])
+        raw_mask = torch.as_tensor(feature.get("attention_mask", torch.ones_like(raw)))
+    except (TypeError, ValueError, RuntimeError):
+        raise argument_error("features", f"feature {i}: input_ids / attention_mask are not sequences of ints",
+                             "Pass lists or 1-d tensors of token ids", kind=BcosTypeError) from None
+    if raw.is_floating_point() or raw.dtype == torch.bool or raw.ndim > 1 and raw.shape[0] != 1:
+        raise argument_error("features", f"feature {i}: input_ids must be one sequence of integer ids, got "
+                             f"dtype {raw.dtype} shape {tuple(raw.shape)}", "Pass a list or 1-d tensor of ints",
+                             kind=BcosTypeError)
+    row, mask = raw.to(torch.long).flatten(), raw_mask.to(torch.long).flatten()
+    if mask.shape != row.shape:
+        raise argument_error("features", f"feature {i}: attention_mask has {mask.numel()} entries, input_ids "
+                             f"{row.numel()}", "Give both the same length")
+    if ((mask != 0) & (mask != 1)).any() or (row < 0).any():
+        raise argument_error("features", f"feature {i}: attention_mask must be 0/1 and ids >= 0",
+                             "Pass the tokenizer's output")
+    if max_length is not None:
+        row, mask = row[:max_length], mask[:max_length]
+    if row.numel() == 0:
+        raise argument_error("features", f"feature {i} has no tokens", "Drop empty examples")
+    return row, mask
 
 
 def real_token_positions(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
@@ -107,8 +141,13 @@ def train_causal_lm(
     from transformers import Trainer, TrainingArguments
 
     if getattr(getattr(model, "config", None), "bcos", None) is None:
-        raise ValueError(f"{type(model).__name__} is not B-cosified (no config.bcos); call bcosify(model, b=1.1) "
-                         "first, or use transformers' Trainer directly for a stock model")
+        raise argument_error("model", f"{type(model).__name__} is not B-cosified (no config.bcos)",
+                             "Call bcosify(model, b=1.1) first, or use transformers' Trainer directly for a stock model")
+    pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
+    vocab_size = getattr(model.config, "vocab_size", None)
+    _check_training_rows("train_dataset", train_dataset, max_length, vocab_size)
+    if eval_dataset is not None:
+        _check_training_rows("eval_dataset", eval_dataset, max_length, vocab_size)
     defaults = {"learning_rate": 5e-4, "save_strategy": "no", "report_to": [], "remove_unused_columns": False,
                 "use_cpu": not torch.cuda.is_available(), "logging_steps": 10}
     args = TrainingArguments(output_dir=output_dir, **{**defaults, **training_arguments})
@@ -117,3 +156,27 @@ def train_causal_lm(
     trainer.train()
     model.eval()
     return trainer
+
+
+def _check_training_rows(name: str, dataset, max_length: int | None, vocab_size: int | None) -> None:
+    """Refuse an empty dataset and rows with nothing to predict (fewer than 2 real tokens) before training.
+
+    A batch of such rows has a loss of 0/0 = NaN and a dataset of them trains on nothing; one short row among
+    others is silently unused. Datasets without a length (iterable) are checked batch by batch by the collator.
+    """
+    if not hasattr(dataset, "__len__"):
+        return
+    if len(dataset) == 0:
+        raise argument_error(name, "is empty", "Pass at least one tokenised example with 2 or more tokens")
+    short = []
+    for i in range(len(dataset)):
+        row, mask = _feature_tokens(dataset[i], i, max_length)
+        if int(mask.sum()) < 2:
+            short.append(i)
+        if vocab_size is not None and row.numel() and int(row.max()) >= vocab_size:
+            raise argument_error(name, f"feature {i} has token id {int(row.max())} outside the vocabulary "
+                                 f"[0, {vocab_size})", "Tokenise with the model's own tokenizer")
+    if short:
+        shown = ", ".join(str(i) for i in short[:8]) + (", ..." if len(short) > 8 else "")
+        raise argument_error(name, f"{len(short)} example(s) have fewer than 2 real tokens, so there is no next "
+                             f"token to predict (features [{shown}])", "Drop them or join short examples")

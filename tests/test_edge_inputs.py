@@ -92,6 +92,7 @@ def test_explain_refuses_what_is_not_a_supported_model(value):
 import math  # noqa: E402
 
 import numpy as np  # noqa: E402
+from hypothesis import event  # noqa: E402
 
 from bcos_plugins import metrics as M  # noqa: E402
 from bcos_plugins.bilinear import (  # noqa: E402
@@ -107,49 +108,77 @@ from bcos_plugins.bilinear import (  # noqa: E402
 )
 from bcos_plugins.errors import BcosTypeError, BcosValueError  # noqa: E402
 
-SUB = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+SUB = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                        HealthCheck.too_slow])
+SUB_MODEL = settings(SUB, max_examples=15)  # each example runs a model forward (and backward)
 
 
 def _names(err: Exception, *args: str) -> None:
     """The package's error, naming one of ``args`` in the ``"<argument>: ..."`` pattern."""
     assert isinstance(err, BcosError), f"{type(err).__name__} is not the package's error: {err}"
+    event("refused")
     assert any(f"{a}:" in str(err) for a in args), f"error names none of {args}: {err}"
 
 
 @st.composite
-def _tensor(draw, max_batch=3, max_len=6, ndim=2, kinds=("float", "int", "bool", "mask")):
-    """Tensors of any small shape (zero sizes included), dtype kind, and NaN / inf / zero injections."""
-    shape = tuple(draw(st.integers(0, max_batch if i == 0 else max_len)) for i in range(ndim))
-    kind = draw(st.sampled_from(kinds))
+def _tensor(draw, max_batch=3, max_len=6, ndim=2, kinds=("float", "int", "bool", "mask"), shape=None):
+    """Tensors of small shapes (zero sizes now and then), mostly of the first dtype kind, with NaN / inf / zero
+    injections now and then: each test sees valid, edge and invalid values in comparable numbers."""
+    def size(limit):
+        return 0 if limit < 1 or draw(st.integers(0, 11)) == 0 else draw(st.integers(1, limit))
+
+    if shape is None:
+        shape = tuple(size(max_batch if i == 0 else max_len) for i in range(ndim))
+    kind = kinds[0] if draw(st.integers(0, 9)) < 8 else draw(st.sampled_from(kinds))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     if kind == "float":
         t = torch.randn(shape, generator=g, dtype=torch.float64)
-        special = draw(st.sampled_from(["none", "none", "nan", "inf", "zero"]))
-        if t.numel() and special != "none":
+        special = draw(st.sampled_from(["none"] * 8 + ["nan", "inf", "zero", "zeros"]))
+        if t.numel() and special == "zeros":
+            t.zero_()
+        elif t.numel() and special != "none":
             t.view(-1)[draw(st.integers(0, t.numel() - 1))] = {"nan": math.nan, "inf": math.inf, "zero": 0.0}[special]
         return t
     if kind == "int":
-        return torch.randint(-2, 4, shape, generator=g)
+        return torch.randint(-1, 4, shape, generator=g)
     if kind == "bool":
         return torch.rand(shape, generator=g) < 0.5
     return (torch.rand(shape, generator=g) < 0.5).to(torch.float32)
 
 
-_k = st.one_of(st.none(), st.integers(-2, 8), (st.floats(-0.5, 1.5) | st.just(math.nan)), st.booleans(), st.just("3"))
+def _mostly(valid, invalid):
+    """``valid`` three times in four (``one_of`` would merge repeated branches)."""
+    return st.integers(0, 3).flatmap(lambda i: valid if i < 3 else invalid)
+
+
+@st.composite
+def _like(draw, reference, kinds=("mask", "bool")):
+    """A 0/1 mask shaped like ``reference`` three times in four, any tensor otherwise."""
+    if draw(st.integers(0, 3)) < 3:
+        g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+        mask = torch.rand(reference.shape, generator=g) < draw(st.sampled_from([0.0, 0.3, 0.7, 1.0]))
+        return mask if draw(st.sampled_from(kinds)) == "bool" else mask.float()
+    return draw(_tensor(max_batch=max(reference.shape[0], 1) if reference.ndim else 3,
+                        kinds=("float", "int", "mask")))
+
+
+_k = _mostly(st.none() | st.integers(1, 6) | st.floats(0.05, 1.0),
+             st.integers(-2, 8) | st.floats(-0.5, 1.5) | st.just(math.nan) | st.booleans() | st.just("3"))
 
 
 # --- metrics: rationale alignment ------------------------------------------------------------------------------
 
 @SUB
-@given(scores=_tensor(), gold=_tensor(kinds=("mask", "bool", "int", "float")), valid=st.none() | _tensor(
-    kinds=("bool", "mask")), k=_k)
-def test_rationale_alignment_any_input(scores, gold, valid, k):
+@given(scores=_tensor(kinds=("float", "int", "bool")), k=_k, data=st.data())
+def test_rationale_alignment_any_input(scores, k, data):
+    gold = data.draw(_like(scores))
+    valid = data.draw(st.none() | _like(scores))
     try:
         result = M.rationale_alignment(scores, gold, valid, k=k)
     except BcosError as err:
         _names(err, "scores", "gold_mask", "valid_mask", "k")
         return
+    event("answered")
     valid_b = torch.ones_like(gold, dtype=torch.bool) if valid is None else valid.bool()
     has_gold = (gold.bool() & valid_b).any(1)
     for per_row in (result.iou_per_row, result.auprc_per_row):
@@ -167,28 +196,32 @@ def test_rationale_alignment_any_input(scores, gold, valid, k):
 # --- metrics: token scores, entropy, completeness --------------------------------------------------------------
 
 @SUB
-@given(attributions=_tensor(ndim=3, max_len=4) | _tensor(), mask=st.none() | _tensor(kinds=("mask", "int", "float")),
-       reduce=st.sampled_from(["sum", "mean", "l2", "max"]))
-def test_entropy_any_input(attributions, mask, reduce):
+@given(attributions=_tensor(ndim=3, max_len=4) | _tensor(), reduce=_mostly(st.sampled_from(["sum", "mean", "l2"]),
+       st.sampled_from(["max", None])), data=st.data())
+def test_entropy_any_input(attributions, reduce, data):
+    mask = data.draw(st.none() | _like(attributions.sum(-1) if attributions.ndim == 3 else attributions))
     try:
         entropy = M.explanation_entropy(attributions, mask, reduce=reduce)
     except BcosError as err:
         _names(err, "attributions", "attention_mask", "reduce")
         return
+    event("answered")
     n_tokens = attributions.shape[1]
     assert torch.isfinite(entropy).all() and (entropy >= -1e-9).all()
     assert (entropy <= math.log(n_tokens) + 1e-6).all()
 
 
 @SUB
-@given(attributions=_tensor(ndim=3, max_len=4, kinds=("float", "int")), explained=_tensor(ndim=1),
-       relative=st.booleans())
-def test_completeness_error_any_input_and_zero_explained_values(attributions, explained, relative):
+@given(attributions=_tensor(ndim=3, max_len=4, kinds=("float", "int")), relative=st.booleans(), data=st.data())
+def test_completeness_error_any_input_and_zero_explained_values(attributions, relative, data):
+    same = attributions.double().flatten(1).sum(1) + data.draw(st.sampled_from([0.0, 1e-7, 0.5]))
+    explained = data.draw(_mostly(st.just(same) | st.just(torch.zeros(attributions.shape[0])), _tensor(ndim=1)))
     try:
         err = M.completeness_error(attributions, explained, relative=relative)
     except BcosError as error:
         _names(error, "attributions", "explained")
         return
+    event("answered")
     total = attributions.double().flatten(1).sum(1)
     delta = (total - explained.double()).abs()
     expected = delta / explained.double().abs().clamp_min(1e-12) if relative else delta
@@ -212,9 +245,11 @@ def _bag_of_tokens(input_ids, attention_mask, **_):
 
 
 @SUB
-@given(scores=_tensor(max_len=9), fractions=st.lists((st.floats(-0.5, 1.5) | st.just(math.nan)), max_size=4)
-       | st.just((0.1, 0.5, 0.9)), target=st.none() | st.integers(-1, 4) | st.floats(0, 2),
-       batch_size=st.integers(-1, 3))
+@given(scores=_mostly(_tensor(shape=(3, 9)), _tensor(max_len=9)),
+       fractions=_mostly(st.lists(st.floats(0.05, 1.0), min_size=1, max_size=4),
+                         st.lists(st.floats(-0.5, 1.5) | st.just(math.nan), max_size=4) | st.just("0.5")),
+       target=_mostly(st.none() | st.integers(0, 2), st.integers(-1, 4) | st.floats(0, 2)),
+       batch_size=_mostly(st.integers(1, 7), st.integers(-1, 0) | st.just(2.0)))
 def test_perturbation_curves_any_input(scores, fractions, target, batch_size):
     ids, mask = padded_batch()
     special = torch.zeros_like(ids, dtype=torch.bool)
@@ -225,6 +260,7 @@ def test_perturbation_curves_any_input(scores, fractions, target, batch_size):
     except BcosError as err:
         _names(err, "attributions", "fractions", "target", "batch_size", "perturbable")
         return
+    event("answered")
     for curve in (curves.comprehensiveness, curves.sufficiency):
         assert torch.isfinite(curve).all() and (curve.abs() <= 1).all()
     perturbable = mask.bool() & ~special
@@ -232,33 +268,41 @@ def test_perturbation_curves_any_input(scores, fractions, target, batch_size):
 
 
 @SUB
-@given(curve=_tensor(ndim=1, max_len=5, kinds=("float", "int")),
-       fractions=st.lists((st.floats(-1, 2) | st.sampled_from([math.nan, math.inf])), max_size=5))
-def test_aopc_any_input(curve, fractions):
+@given(curve=_tensor(ndim=1, max_len=5, kinds=("float", "int")), data=st.data())
+def test_aopc_any_input(curve, data):
+    n = curve.shape[0]
+    increasing = st.lists(st.floats(0, 1), min_size=n, max_size=n, unique=True).map(sorted)
+    fractions = data.draw(_mostly(increasing, st.lists(st.floats(-1, 2) | st.sampled_from([math.nan, math.inf]),
+                                                       max_size=5)))
     try:
         area = M.aopc(curve, fractions)
     except BcosError as err:
         _names(err, "curve", "fractions")
         return
+    event("answered")
     assert math.isfinite(float(area))
     assert float(area) == pytest.approx(float(np.trapezoid(curve.double().numpy(), np.asarray(fractions))))
 
 
 @SUB
-@given(maps=_tensor(ndim=3, max_len=4) | _tensor(ndim=2), cell=st.integers(-1, 5) | st.floats(0, 3)
-       | st.just(torch.tensor([0, 1, 2])), grid=st.sampled_from([(2, 2), (0, 2), (1, 4), (2, 2.0), "2x2"]))
+@given(maps=_mostly(st.integers(1, 3).flatmap(lambda b: _tensor(shape=(b, 4, 4))), _tensor(ndim=2)),
+       cell=_mostly(st.integers(0, 3), st.integers(-1, 5) | st.floats(0, 3) | st.just(torch.tensor([0, 1, 2]))),
+       grid=_mostly(st.sampled_from([(2, 2), (1, 4), [4, 1]]), st.sampled_from([(0, 2), (2, 2.0), "2x2", (3, 3)])))
 def test_grid_pointing_game_any_input(maps, cell, grid):
     try:
         score = M.grid_pointing_game(maps, cell, grid=grid)
     except BcosError as err:
         _names(err, "attributions", "cell", "grid")
         return
+    event("answered")
     assert torch.isfinite(score).all() and ((score >= 0) & (score <= 1 + 1e-9)).all()
 
 
 @SUB
-@given(maps=_tensor(ndim=3, max_len=4), target=st.integers(-1, 3) | st.floats(0, 1),
-       removed=st.floats(allow_nan=True, allow_infinity=True), score=st.sampled_from(["softmax", "logit", "p"]))
+@given(maps=_mostly(st.integers(1, 3).flatmap(lambda b: _tensor(shape=(b, 4, 4))), _tensor(ndim=3, max_len=4)),
+       target=_mostly(st.integers(0, 1), st.integers(-1, 3) | st.floats(0, 1)),
+       removed=_mostly(st.floats(-1, 1), st.floats(allow_nan=True, allow_infinity=True)),
+       score=_mostly(st.sampled_from(["softmax", "logit", "sigmoid"]), st.just("p")))
 def test_pixel_perturbation_any_input(maps, target, removed, score):
     images = torch.rand(maps.shape[0], 1, 4, 4, dtype=torch.float64)
     weights = torch.arange(16, dtype=torch.float64).reshape(1, 1, 4, 4)
@@ -272,6 +316,7 @@ def test_pixel_perturbation_any_input(maps, target, removed, score):
     except BcosError as err:
         _names(err, "inputs", "attributions", "target", "removed_value", "score")
         return
+    event("answered")
     assert torch.isfinite(result.most_first).all() and torch.isfinite(result.area_between).all()
     assert maps.shape[1:] == (4, 4) and 0 <= target < 2
 
@@ -279,27 +324,31 @@ def test_pixel_perturbation_any_input(maps, target, removed, score):
 # --- metrics: decoders ----------------------------------------------------------------------------------------
 
 @SUB
-@given(scores=_tensor(), evidence=_tensor(kinds=("bool", "mask", "float")),
-       candidates=st.none() | _tensor(kinds=("bool", "mask")))
-def test_mean_reciprocal_rank_any_input(scores, evidence, candidates):
+@given(scores=_tensor(), data=st.data())
+def test_mean_reciprocal_rank_any_input(scores, data):
+    evidence = data.draw(_like(scores))
+    candidates = data.draw(_mostly(st.none() | st.just(torch.ones(scores.shape, dtype=torch.bool)), _like(scores)))
     try:
         result = M.mean_reciprocal_rank(scores, evidence, candidates)
     except BcosError as err:
         _names(err, "scores", "evidence", "candidates")
         return
+    event("answered")
     ranked = result.reciprocal_ranks[~result.reciprocal_ranks.isnan()]
     assert ranked.numel() == result.n and ((ranked > 0) & (ranked <= 1)).all()
     assert 0 < result.mrr <= 1 and 0 < result.random <= 1
 
 
 @SUB
-@given(n=st.integers(-1, 6) | st.floats(0, 6) | st.booleans(), k=st.integers(-1, 6) | st.floats(0, 6))
+@given(n=_mostly(st.integers(1, 6), st.integers(-1, 0) | st.floats(0, 6) | st.booleans()),
+       k=_mostly(st.integers(1, 6), st.integers(-1, 0) | st.floats(0, 6)))
 def test_expected_random_reciprocal_rank_any_input(n, k):
     try:
         value = M.expected_random_reciprocal_rank(n, k)
     except BcosError as err:
         _names(err, "n_candidates", "n_evidence")
         return
+    event("answered")
     # brute force over every placement of the k evidence tokens among n
     from itertools import combinations
 
@@ -308,14 +357,17 @@ def test_expected_random_reciprocal_rank_any_input(n, k):
 
 
 @SUB
-@given(logits=_tensor(max_len=4), target=_tensor(ndim=1, kinds=("int", "float")),
-       foil=_tensor(ndim=1, kinds=("int",)))
-def test_probability_gap_any_input(logits, target, foil):
+@given(logits=_tensor(max_len=4), data=st.data())
+def test_probability_gap_any_input(logits, data):
+    ids = st.lists(st.integers(0, 3), min_size=logits.shape[0], max_size=logits.shape[0]).map(torch.tensor)
+    target = data.draw(_mostly(ids, _tensor(ndim=1, kinds=("int", "float"))))
+    foil = data.draw(_mostly(ids, _tensor(ndim=1, kinds=("int",))))
     try:
         gap = M.probability_gap(logits, target, foil)
     except BcosError as err:
         _names(err, "logits", "target", "foil")
         return
+    event("answered")
     assert torch.isfinite(gap).all() and (gap.abs() <= 1).all()
 
 
@@ -325,13 +377,17 @@ _BILINEAR = BilinearMLP(4, 6, 3).double()
 
 
 @SUB
-@given(u=_tensor(ndim=1, max_len=4) | _tensor(max_batch=3, max_len=4), chunk=st.integers(-1, 3) | st.floats(0, 3))
+@given(u=_mostly(_tensor(shape=(3,))
+                 | st.integers(1, 4).flatmap(lambda n: _tensor(shape=(n, 3))),
+                 _tensor(ndim=1, max_len=4) | _tensor(max_batch=3, max_len=4)),
+       chunk=_mostly(st.integers(1, 3), st.integers(-1, 0) | st.floats(0, 3)))
 def test_interaction_matrix_any_direction(u, chunk):
     try:
         q = interaction_matrix(_BILINEAR, u, chunk_size=chunk)
     except BcosError as err:
         _names(err, "u", "chunk_size")
         return
+    event("answered")
     x = torch.randn(5, 4, dtype=torch.float64)
     with torch.no_grad():
         out = _BILINEAR(x)
@@ -341,8 +397,9 @@ def test_interaction_matrix_any_direction(u, chunk):
 
 
 @SUB
-@given(values=_tensor(max_len=5, kinds=("float", "int")), k=st.integers(-1, 6) | st.booleans() | st.floats(0, 2),
-       by=st.sampled_from(["magnitude", "positive", "negative", "abs"]))
+@given(values=_tensor(max_len=5, kinds=("float", "int")), k=_mostly(st.integers(0, 1), st.integers(-1, 6)
+       | st.booleans() | st.floats(0, 2)), by=_mostly(st.sampled_from(["magnitude", "positive", "negative"]),
+                                                     st.just("abs")))
 def test_eigen_helpers_any_input(values, k, by):
     try:
         index = top_eigen_indices(values, k, by)
@@ -350,14 +407,19 @@ def test_eigen_helpers_any_input(values, k, by):
     except BcosError as err:
         _names(err, "eigenvalues", "values", "k", "by")
         return
+    event("answered")
     assert index.shape == (*values.shape[:-1], k)
     assert torch.isfinite(sparsity).all() and (sparsity <= values.shape[-1] + 1e-9).all()
 
 
 @SUB
-@given(rank=st.none() | st.integers(-1, 4) | st.booleans(), rtol=(st.floats(-1, 2) | st.just(math.nan)),
-       per=st.integers(-1, 5), ks=st.lists(st.integers(-1, 5), max_size=3) | st.just([1.5]),
-       labels=_tensor(ndim=1, max_len=6, kinds=("int", "float")))
+@given(rank=_mostly(st.none() | st.integers(1, 4), st.integers(-1, 0) | st.booleans()),
+       rtol=_mostly(st.floats(0, 1), st.floats(-1, 2) | st.just(math.nan)),
+       per=_mostly(st.just(1), st.integers(-1, 5)),
+       ks=_mostly(st.lists(st.integers(1, 4), min_size=1, max_size=3), st.lists(st.integers(-1, 5), max_size=3)
+                  | st.just([1.5])),
+       labels=_mostly(st.lists(st.integers(0, 2), min_size=1, max_size=6).map(torch.tensor),
+                      _tensor(ndim=1, max_len=6, kinds=("int", "float"))))
 def test_hosvd_masks_and_truncation_any_input(rank, rtol, per, ks, labels):
     eig = eigendecompose(_BILINEAR, torch.eye(3, dtype=torch.float64))
     try:
@@ -367,6 +429,7 @@ def test_hosvd_masks_and_truncation_any_input(rank, rtol, per, ks, labels):
     except BcosError as err:
         _names(err, "rank", "rtol", "per_direction", "vectors", "ks", "labels", "x")
         return
+    event("answered")
     keys = masks.masks.reshape(-1, 4) @ masks.eigenvectors.reshape(-1, 4).T
     torch.testing.assert_close(keys, torch.eye(keys.shape[0], dtype=keys.dtype), atol=1e-6, rtol=0)
     assert torch.isfinite(decomposition.singular_values).all()
@@ -395,6 +458,198 @@ def test_low_rank_correlation_refuses_ranks_below_one():
     for ranks in ([0], [-1], [], 0, [1.5]):  # [0] used to report a correlation of exactly 1.0
         with pytest.raises((BcosValueError, BcosTypeError), match="ranks:"):
             analysis.low_rank_correlation(x, [0, 1], ranks=ranks)
+
+
+# --- Space Model ----------------------------------------------------------------------------------------------
+
+_SPACE: dict[str, torch.nn.Module] = {}
+
+
+def _space_model():
+    if "model" not in _SPACE:
+        from conftest import tiny_config
+
+        from bcos_plugins.space import SpaceModelForSequenceClassification
+
+        torch.manual_seed(0)
+        encoder = __import__("transformers").AutoModel.from_config(tiny_config("bert")).eval()
+        _SPACE["model"] = SpaceModelForSequenceClassification.from_encoder(encoder, num_labels=3, n_latent=4).eval()
+    return _SPACE["model"]
+
+
+_config_value = _mostly(st.integers(1, 4) | st.floats(0.0, 2.0),
+                        st.integers(-2, 0) | st.sampled_from([math.nan, math.inf, -1.0, 2.5, "4", None, True]))
+
+
+@SUB
+@given(num_labels=_mostly(st.integers(2, 4), st.integers(-1, 1)), n_latent=_config_value,
+       weight=_config_value, eps=_config_value)
+def test_space_config_any_value(num_labels, n_latent, weight, eps):
+    from conftest import tiny_config
+
+    from bcos_plugins.space import SpaceModelConfig
+
+    try:
+        config = SpaceModelConfig(encoder_config=tiny_config("bert"), num_labels=num_labels, n_latent=n_latent,
+                                  inter_space_weight=weight, intra_space_eps=eps)
+    except BcosError as err:
+        _names(err, "num_labels", "n_latent", "inter_space_weight", "intra_space_eps")
+        return
+    event("answered")
+    assert config.num_labels >= 2 and isinstance(config.n_latent, int) and config.n_latent >= 1
+    assert math.isfinite(config.inter_space_weight) and config.intra_space_eps > 0
+
+
+@SUB_MODEL
+@given(batch=_mostly(st.integers(1, 3), st.just(0)), length=_mostly(st.integers(1, 40), st.sampled_from([0, 41])),
+       low=_mostly(st.integers(0, VOCAB - 1), st.sampled_from([-1, VOCAB])),
+       mask_kind=_mostly(st.sampled_from(["none", "ones", "padded"]), st.sampled_from(["twos", "short", "empty_row"])),
+       labels=_mostly(st.none() | st.integers(0, 2), st.sampled_from([3, -1, -100, 0.5, "row"])))
+def test_space_forward_any_batch(batch, length, low, mask_kind, labels):
+    model = _space_model()
+    ids = torch.full((batch, length), low, dtype=torch.long)
+    mask = {"none": None, "ones": torch.ones_like(ids), "twos": 2 * torch.ones_like(ids),
+            "padded": torch.ones_like(ids).index_fill_(1, torch.tensor([length - 1]), 0) if length > 1
+            else torch.ones_like(ids),
+            "short": torch.ones(batch, max(length - 1, 0), dtype=torch.long),
+            "empty_row": torch.zeros_like(ids)}[mask_kind]
+    label_t = None
+    if labels is not None:
+        label_t = (torch.ones(batch, 1, dtype=torch.long) if labels == "row" else
+                   torch.full((batch,), labels, dtype=torch.float32 if isinstance(labels, float) else torch.long))
+    try:
+        out = model(input_ids=ids, attention_mask=mask, labels=label_t)
+    except BcosError as err:
+        _names(err, "input_ids", "attention_mask", "labels")
+        return
+    event("answered")
+    assert torch.isfinite(out.logits).all() and out.logits.shape == (batch, 3)
+    if label_t is not None:
+        assert torch.isfinite(out.loss) and out.loss > 0
+    # the logits are the bias plus the exact token shares (DESIGN.md §3)
+    shares = model.head.token_contributions(out.concepts, mask).sum(dim=(1, 3, 4))
+    torch.testing.assert_close(shares + model.head.classifier.bias, out.logits, rtol=1e-5, atol=1e-5)
+
+
+# --- guided attention -----------------------------------------------------------------------------------------
+
+@SUB
+@given(scores=_tensor(shape=(2, 1, 3, 4)), mask=_mostly(_tensor(shape=(2, 4), kinds=("mask", "bool")),
+       _tensor(shape=(2, 4), kinds=("float", "int")) | _tensor(max_len=5)),
+       mode=_mostly(st.sampled_from(["multiply", "add", "replace", "log1p"]), st.just("scale")),
+       strength=_mostly(st.floats(0, 5), st.sampled_from([-1.0, math.nan, math.inf, "1"])))
+def test_guide_scores_any_mask(scores, mask, mode, strength):
+    from bcos_plugins.guided import guide_scores
+
+    scores = scores.nan_to_num(0.0, 1.0, -1.0)
+    try:
+        guided = guide_scores(scores, mask, mode, strength)
+    except BcosError as err:
+        _names(err, "rationale_mask", "mode", "strength")
+        return
+    event("answered")
+    attention = torch.softmax(guided, dim=-1)
+    assert torch.isfinite(attention).all()
+    torch.testing.assert_close(attention.sum(-1), torch.ones(2, 1, 3, dtype=attention.dtype))
+    if strength == 0 and mode != "replace":
+        assert torch.equal(guided, scores)
+
+
+# --- ViT ------------------------------------------------------------------------------------------------------
+
+@SUB
+@given(image_size=_mostly(st.sampled_from([4, 8]), st.sampled_from([0, -4, 6, 8.0])),
+       patch_size=_mostly(st.sampled_from([2, 4]), st.sampled_from([0, -2, 3])),
+       channels=_mostly(st.integers(1, 3), st.integers(-1, 0)),
+       b=_mostly(st.floats(1.0, 3.0), st.sampled_from([0.5, math.inf, math.nan, 1e6])))
+def test_vit_config_any_value(image_size, patch_size, channels, b):
+    from bcos_plugins.vision import BcosViTConfig
+
+    try:
+        config = BcosViTConfig(image_size=image_size, patch_size=patch_size, num_channels=channels, b=b,
+                               hidden_size=8, num_attention_heads=2, intermediate_size=8, num_hidden_layers=1)
+    except BcosError as err:
+        _names(err, "image_size", "patch_size", "num_channels", "b")
+        return
+    event("answered")
+    assert config.grid_size * config.patch_size == config.image_size and 1 <= config.b <= 10
+
+
+_VIT: dict[str, torch.nn.Module] = {}
+
+
+def _vit():
+    if "model" not in _VIT:
+        from bcos_plugins.vision import BcosViT, BcosViTConfig
+
+        torch.manual_seed(0)
+        _VIT["model"] = BcosViT(BcosViTConfig(image_size=8, num_channels=1, patch_size=4, hidden_size=8,
+                                              num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
+                                              num_labels=3, conv_channels=[4])).double().eval()
+    return _VIT["model"]
+
+
+@SUB_MODEL
+@given(pixels=_mostly(st.integers(1, 3).flatmap(lambda n: _tensor(shape=(n, 1, 8, 8), kinds=("float",))),
+                      _tensor(ndim=4, max_len=8, kinds=("float", "int"))),
+       shift=_mostly(st.just("unit"), st.sampled_from(["raw", "edges"])),
+       target=_mostly(st.none() | st.integers(0, 2), st.integers(-1, 3) | st.just(1.0)))
+def test_vit_forward_and_explain_any_image(pixels, shift, target):
+    from bcos_plugins.vision import explain_image
+
+    if shift == "unit" and pixels.is_floating_point():
+        pixels = torch.sigmoid(pixels)  # NaN / inf injections survive as NaN / 1.0 / 0.0
+    elif shift == "edges" and pixels.is_floating_point():
+        pixels = (pixels > 0).to(pixels.dtype)
+    model = _vit()
+    try:
+        logits = model(pixel_values=pixels).logits
+        explanation = explain_image(model, pixels, target=target)
+    except BcosError as err:
+        _names(err, "pixel_values", "target")
+        return
+    event("answered")
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(explanation.total, explanation.explained, rtol=1e-6, atol=1e-8)
+
+
+# --- decoder training -----------------------------------------------------------------------------------------
+
+@SUB
+@given(lengths=_mostly(st.lists(st.integers(2, 5), min_size=1, max_size=3),
+                       st.lists(st.integers(0, 3), max_size=3)),
+       side=st.sampled_from(["left", "right"]), pad=_mostly(st.integers(0, 5), st.sampled_from([-1, 1.5])),
+       max_length=_mostly(st.none() | st.integers(2, 6), st.integers(-1, 1) | st.just(2.5)))
+def test_causal_lm_collator_any_features(lengths, side, pad, max_length):
+    from bcos_plugins.train_decoder import IGNORE_INDEX, CausalLMCollator
+
+    features = [{"input_ids": list(range(3, 3 + n))} for n in lengths]
+    try:
+        batch = CausalLMCollator(pad, padding_side=side, max_length=max_length)(features)
+    except BcosError as err:
+        _names(err, "features", "pad_token_id", "max_length")
+        return
+    event("answered")
+    labelled = batch["labels"] != IGNORE_INDEX
+    assert labelled.any()  # the loss is a mean over at least one position: never 0/0
+    real = batch["attention_mask"].sum(1)
+    assert torch.equal(labelled.sum(1), (real - 1).clamp_min(0))
+
+
+def test_train_causal_lm_refuses_rows_with_nothing_to_predict(tmp_path):
+    from bcos_plugins.train_decoder import train_causal_lm
+
+    model = bcosify(tiny_model("GPT2LMHeadModel"), b=1.1, verbose=False)
+    with pytest.raises(BcosValueError, match=r"train_dataset: 2 example\(s\) have fewer than 2 real tokens.*\[0, 2\]"):
+        train_causal_lm(model, [{"input_ids": [5]}, {"input_ids": [5, 6]}, {"input_ids": [7]}], str(tmp_path),
+                        pad_token_id=0)
+    with pytest.raises(BcosValueError, match="train_dataset: is empty"):
+        train_causal_lm(model, [], str(tmp_path), pad_token_id=0)
+    with pytest.raises(BcosValueError, match="eval_dataset: .*outside the vocabulary"):
+        train_causal_lm(model, [{"input_ids": [5, 6]}], str(tmp_path), pad_token_id=0,
+                        eval_dataset=[{"input_ids": [5, VOCAB]}])
+    with pytest.raises(BcosValueError, match="pad_token_id: must be >= 0"):
+        train_causal_lm(model, [{"input_ids": [5, 6]}], str(tmp_path), pad_token_id=-1)
 
 
 # ============================================================== layers, conversion, checkpoints, training helpers

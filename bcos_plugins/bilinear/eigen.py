@@ -21,6 +21,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..errors import argument_error
+from ..metrics._checks import require_int, require_tensor
 from .interaction import DEFAULT_CHUNK, interaction_matrix, iter_interaction_matrices
 
 __all__ = [
@@ -59,6 +61,11 @@ def interaction_spectra(source, u: Float[Tensor, "n d_out"], chunk_size: int = D
 def eigenvector_activations(eig: Eigendecomposition, x: Float[Tensor, "batch d_in"]
                             ) -> Float[Tensor, "batch *n d_in"]:
     """``lambda_i (v_i . x)^2`` for every eigenvector; summed over the last axis it equals ``u . out(x)``."""
+    d_in = eig.eigenvectors.shape[-1]
+    x = require_tensor("x", x, ndim=2, kind="real", shape_hint=f"(batch, d_in) = (batch, {d_in})")
+    if x.shape[1] != d_in:
+        raise argument_error("x", f"has width {x.shape[1]}, the eigenvectors live in d_in={d_in}",
+                             "Pass inputs of the decomposed layer (augment_input(x) for an augmented layer)")
     projections = torch.einsum("bi,...ik->b...k", x.to(eig.eigenvectors.dtype), eig.eigenvectors)
     return eig.eigenvalues * projections.square()
 
@@ -66,16 +73,27 @@ def eigenvector_activations(eig: Eigendecomposition, x: Float[Tensor, "batch d_i
 def top_eigen_indices(eigenvalues: Float[Tensor, "*n d_in"], k: int, by: Order = "magnitude"
                       ) -> Int[Tensor, "*n k"]:
     """Indices of the ``k`` leading eigenvalues: largest ``|lambda|``, most positive, or most negative."""
+    eigenvalues = require_tensor("eigenvalues", eigenvalues, kind="real", shape_hint="(..., d_in)")
+    if eigenvalues.ndim == 0:
+        raise argument_error("eigenvalues", "is a scalar", "Pass (..., d_in) eigenvalues")
+    k = require_int("k", k)
     if not 0 <= k <= eigenvalues.shape[-1]:
-        raise ValueError(f"k={k} must lie in [0, {eigenvalues.shape[-1]}] (the number of eigenvalues)")
+        raise argument_error("k", f"k={k} must lie in [0, {eigenvalues.shape[-1]}] (the number of eigenvalues)",
+                             "Pass a smaller k")
     keys = {"magnitude": eigenvalues.abs(), "positive": eigenvalues, "negative": -eigenvalues}
     if by not in keys:
-        raise ValueError(f"by={by!r} must be one of {sorted(keys)}")
+        raise argument_error("by", f"by={by!r} must be one of {sorted(keys)}", "Pick one of those")
     return keys[by].topk(k, dim=-1).indices
 
 
 def l1_l2_sparsity(values: Float[Tensor, "... n"], eps: float = 1e-30) -> Float[Tensor, ...]:
     """``(||v||_1 / ||v||_2)^2`` over the last axis (App. E); 0 for an all-zero vector."""
+    # NaN would fall through ``l2 > 0`` and read as an all-zero vector (sparsity 0).
+    values = require_tensor("values", values, kind="real", shape_hint="(..., n)")
+    if values.ndim == 0:
+        raise argument_error("values", "is a scalar", "Pass (..., n) values")
+    if not values.is_floating_point():
+        values = values.double()
     l1 = values.abs().sum(-1)
     l2 = values.norm(dim=-1)
     return torch.where(l2 > 0, (l1 / l2.clamp_min(eps)).square(), torch.zeros_like(l1))

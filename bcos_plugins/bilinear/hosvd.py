@@ -25,7 +25,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .interaction import interaction_matrix
+from ..metrics._checks import require_float, require_int
+from .interaction import interaction_matrix, require_finite_weights
 from .weights import bilinear_weights, require_bias_free
 
 __all__ = ["HOSVD", "hosvd"]
@@ -48,8 +49,12 @@ def hosvd(source, rank: int | None = None, rtol: float = 1e-6) -> HOSVD:
 
     Terms with ``sigma_i <= rtol * sigma_max`` are dropped: their ``q_i`` are undefined.
     """
+    if rank is not None:
+        rank = require_int("rank", rank, minimum=1)
+    rtol = require_float("rtol", rtol, minimum=0.0, maximum=1.0)
     weights = bilinear_weights(source)
     require_bias_free(weights, "hosvd")
+    require_finite_weights(weights)
     W, V, P = (t.to(torch.float64) for t in (weights.W, weights.V, weights.P))
     gram_hidden = 0.5 * ((W @ W.T) * (V @ V.T) + (W @ V.T) * (V @ W.T))
     gram_out = P @ gram_hidden @ P.T
@@ -58,10 +63,13 @@ def hosvd(source, rank: int | None = None, rtol: float = 1e-6) -> HOSVD:
     sigma = squared.clamp_min(0).sqrt()
     keep = sigma > rtol * sigma[0].clamp_min(torch.finfo(torch.float64).tiny)
     if rank is not None:
-        if rank < 1:
-            raise ValueError(f"rank={rank} must be >= 1 (or None for every non-zero term)")
         keep &= torch.arange(sigma.numel(), device=sigma.device) < rank
     sigma, directions = sigma[keep], directions[:, keep]
+    if sigma.numel() == 0:
+        # An all-zero layer: the empty decomposition, whose reconstruction is the zero tensor.
+        dtype = weights.W.dtype
+        return HOSVD(sigma.to(dtype), directions.to(dtype),
+                     weights.W.new_zeros(0, weights.d_in, weights.d_in))
     dtype = weights.W.dtype
     directions = directions.to(dtype)
     matrices = interaction_matrix(weights, directions.T) / sigma.to(dtype)[:, None, None]

@@ -18,6 +18,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..errors import argument_error
+from ..metrics._checks import require_int, require_tensor
 from .weights import BilinearWeights, bilinear_weights, require_bias_free
 
 __all__ = ["bilinear_tensor", "interaction_matrix", "iter_interaction_matrices"]
@@ -26,14 +28,24 @@ __all__ = ["bilinear_tensor", "interaction_matrix", "iter_interaction_matrices"]
 DEFAULT_CHUNK = 8
 
 
+def require_finite_weights(weights: BilinearWeights) -> None:
+    """NaN / inf weights make every interaction matrix and eigenvalue NaN without an error: refuse them."""
+    for name in ("W", "V", "P"):
+        value = getattr(weights, name)
+        if not torch.isfinite(value).all():
+            raise argument_error("source", f"bilinear weight {name} contains NaN or inf",
+                                 "Check the model (a diverged training run?) before analysing it")
+
+
 def _directions(weights: BilinearWeights, u: Tensor) -> Tensor:
-    if not isinstance(u, Tensor):
-        u = torch.as_tensor(u)
-    if u.ndim not in (1, 2) or u.shape[-1] != weights.d_out:
-        raise ValueError(
-            f"output direction(s) u must have shape (d_out,) or (n, d_out) with d_out={weights.d_out}, got "
-            f"{tuple(u.shape)}"
-        )
+    u = require_tensor("u", u, ndim=(1, 2), kind="real", shape_hint=f"(d_out,) or (n, d_out) = (n, {weights.d_out})")
+    if u.shape[-1] != weights.d_out:
+        raise argument_error(
+            "u", f"output direction(s) u must have shape (d_out,) or (n, d_out) with d_out={weights.d_out}, got "
+            f"{tuple(u.shape)}", "Pass directions in the layer's output space")
+    if u.ndim == 2 and u.shape[0] == 0:
+        raise argument_error("u", "holds no direction (shape (0, d_out))", "Pass at least one output direction")
+    require_finite_weights(weights)
     return u.to(device=weights.P.device, dtype=weights.P.dtype)
 
 
@@ -48,8 +60,7 @@ def iter_interaction_matrices(source, u: Float[Tensor, "n d_out"], chunk_size: i
     u = _directions(weights, u)
     if u.ndim == 1:
         u = u[None]
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+    chunk_size = require_int("chunk_size", chunk_size, minimum=1)
     W_t = weights.W.T  # (d_in, d_hidden)
     hidden_coefficients = u @ weights.P  # (n, d_hidden) = P^T u for each direction
     for start in range(0, u.shape[0], chunk_size):

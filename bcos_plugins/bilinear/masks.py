@@ -20,6 +20,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..errors import argument_error
+from ..metrics._checks import require_int, require_tensor
 from .eigen import Eigendecomposition, top_eigen_indices
 
 __all__ = ["AdversarialMasks", "adversarial_masks", "pseudo_inverse_masks"]
@@ -27,13 +29,23 @@ __all__ = ["AdversarialMasks", "adversarial_masks", "pseudo_inverse_masks"]
 
 def pseudo_inverse_masks(vectors: Float[Tensor, "n d_in"]) -> Float[Tensor, "n d_in"]:
     """Rows ``m_i`` with ``m_i . vectors[j] = delta_ij`` (needs ``n <= d_in`` and independent vectors)."""
+    vectors = require_tensor("vectors", vectors, ndim=2, kind="float", shape_hint="(n, d_in)")
     n, d_in = vectors.shape
+    if n == 0:
+        raise argument_error("vectors", "holds no vector", "Pass at least one eigenvector")
     if n > d_in:
-        raise ValueError(
-            f"{n} vectors in {d_in} dimensions cannot be separated (m_i . v_j = delta_ij needs n <= d_in); "
-            "use fewer eigenvectors per direction."
-        )
-    return torch.linalg.pinv(vectors).T
+        raise argument_error(
+            "vectors", f"{n} vectors in {d_in} dimensions cannot be separated (m_i . v_j = delta_ij needs "
+            "n <= d_in)", "Use fewer eigenvectors per direction")
+    masks = torch.linalg.pinv(vectors).T
+    # With dependent vectors the pseudo-inverse is only a least-squares answer: m_i . v_j = delta_ij fails,
+    # and the masks would silently not be the keys they are meant to be.
+    check = masks @ vectors.T
+    eye = torch.eye(n, dtype=check.dtype, device=check.device)
+    if not torch.allclose(check, eye, atol=1e-3 if vectors.dtype == torch.float32 else 1e-8, rtol=0):
+        raise argument_error("vectors", "are linearly dependent, so no masks with m_i . v_j = delta_ij exist",
+                             "Use fewer eigenvectors per direction (or directions with different spectra)")
+    return masks
 
 
 class AdversarialMasks(NamedTuple):
@@ -53,8 +65,15 @@ def adversarial_masks(eig: Eigendecomposition, per_direction: int = 1,
     activation on typical inputs rather than first cancelling it.
     """
     if eig.eigenvalues.ndim != 2:
-        raise ValueError("adversarial_masks needs a batch of decompositions: eigendecompose(layer, u) with u (n, d_out)")
+        raise argument_error("eig", "adversarial_masks needs a batch of decompositions",
+                             "Use eigendecompose(layer, u) with u of shape (n, d_out)")
     n_dirs, d_in = eig.eigenvalues.shape
+    per_direction = require_int("per_direction", per_direction, minimum=1, maximum=d_in)
+    if reference is not None:
+        reference = require_tensor("reference", reference, ndim=1, kind="real", shape_hint=f"({d_in},)")
+        if reference.shape[0] != d_in:
+            raise argument_error("reference", f"has {reference.shape[0]} entries, the eigenvectors {d_in}",
+                                 "Pass an input of the layer (e.g. the mean input)")
     index = top_eigen_indices(eig.eigenvalues, per_direction, by="positive")  # (n, per)
     vectors = eig.eigenvectors.gather(-1, index[:, None, :].expand(n_dirs, d_in, per_direction)).mT  # (n, per, d_in)
     values = eig.eigenvalues.gather(-1, index)

@@ -31,6 +31,8 @@ from __future__ import annotations
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from ..errors import argument_error
+from ..metrics._checks import require_int
 from ..nn.dynamic import DynamicWeightModule
 from .weights import BilinearWeights
 
@@ -50,10 +52,9 @@ class BilinearMLP(DynamicWeightModule):
     def __init__(self, d_in: int, d_hidden: int, d_out: int | None = None, bias: bool = False,
                  device=None, dtype=None) -> None:
         super().__init__()
-        d_out = d_in if d_out is None else d_out
-        for name, size in (("d_in", d_in), ("d_hidden", d_hidden), ("d_out", d_out)):
-            if size < 1:
-                raise ValueError(f"{name}={size} must be a positive integer")
+        d_in = require_int("d_in", d_in, minimum=1)
+        d_hidden = require_int("d_hidden", d_hidden, minimum=1)
+        d_out = d_in if d_out is None else require_int("d_out", d_out, minimum=1)
         self.W = nn.Linear(d_in, d_hidden, bias=bias, device=device, dtype=dtype)
         self.V = nn.Linear(d_in, d_hidden, bias=bias, device=device, dtype=dtype)
         self.P = nn.Linear(d_hidden, d_out, bias=bias, device=device, dtype=dtype)
@@ -75,8 +76,9 @@ class BilinearMLP(DynamicWeightModule):
         return self.dynamic_weight(self.W(x)) * self.V(x)
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
-        if x.shape[-1] != self.d_in:
-            raise ValueError(f"BilinearMLP expects inputs with last dimension d_in={self.d_in}, got {tuple(x.shape)}")
+        if not isinstance(x, Tensor) or x.ndim == 0 or x.shape[-1] != self.d_in:
+            raise argument_error("x", f"BilinearMLP expects inputs with last dimension d_in={self.d_in}, got "
+                                 f"{tuple(getattr(x, 'shape', ()))}", "Pass (..., d_in) inputs")
         return self.P(self.hidden(x))
 
     def weights(self) -> BilinearWeights:

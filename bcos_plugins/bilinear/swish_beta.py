@@ -24,6 +24,8 @@ from torch import Tensor, nn
 from transformers import TrainerCallback
 from transformers.activations import ACT2FN
 
+from ..errors import argument_error
+from ..metrics._checks import require_float
 from ..nn.dynamic import DynamicWeightModule
 
 __all__ = ["SwishBeta", "SwishBetaToBilinear", "finalize_bilinear", "gated_mlps", "set_swish_beta"]
@@ -39,7 +41,8 @@ class SwishBeta(DynamicWeightModule):
 
     def __init__(self, beta: float = 1.0) -> None:
         super().__init__()
-        self.beta = float(beta)
+        # beta anneals from 1 (SiLU) or 1.702 (GELU) to 0; NaN would make every gate NaN.
+        self.beta = require_float("beta", beta, minimum=0.0)
 
     def forward(self, x: Float[Tensor, ...]) -> Float[Tensor, ...]:
         return x * self.dynamic_weight(torch.sigmoid(self.beta * x))
@@ -56,6 +59,7 @@ def gated_mlps(model: nn.Module) -> list[nn.Module]:
 
 def set_swish_beta(model: nn.Module, beta: float) -> None:
     """Install (first call) or update the :class:`SwishBeta` gate of every gated MLP."""
+    beta = require_float("beta", beta, minimum=0.0)
     mlps = gated_mlps(model)
     if not mlps:
         raise ValueError(
@@ -99,10 +103,12 @@ class SwishBetaToBilinear(TrainerCallback):
     """
 
     def __init__(self, anneal_fraction: float = 0.3, start_beta: float | None = None) -> None:
+        anneal_fraction = require_float("anneal_fraction", anneal_fraction)
         if not 0.0 < anneal_fraction <= 1.0:
-            raise ValueError(f"anneal_fraction={anneal_fraction} must lie in (0, 1]: the share of steps spent annealing")
-        self.anneal_fraction = float(anneal_fraction)
-        self.start_beta = start_beta
+            raise argument_error("anneal_fraction", f"anneal_fraction={anneal_fraction} must lie in (0, 1]",
+                                 "It is the share of steps spent annealing (the paper: 0.3)")
+        self.anneal_fraction = anneal_fraction
+        self.start_beta = None if start_beta is None else require_float("start_beta", start_beta, minimum=0.0)
         self.beta: float | None = None
 
     def _start_beta(self, model: nn.Module) -> float:

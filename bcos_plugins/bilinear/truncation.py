@@ -16,6 +16,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..errors import BcosTypeError, argument_error
+from ..metrics._checks import require_class_ids, require_int, require_tensor
 from .eigen import Eigendecomposition, Order, eigendecompose, eigenvector_activations, top_eigen_indices
 from .weights import bilinear_weights
 
@@ -30,7 +32,8 @@ def truncated_outputs(eig: Eigendecomposition, x: Float[Tensor, "batch d_in"], k
     ``(n, d_out)``); with ``k = d_in`` this is the exact output ``directions @ out(x)``.
     """
     if eig.eigenvalues.ndim != 2:
-        raise ValueError("truncated_outputs needs a batch of decompositions: eigendecompose(layer, u) with u (n, d_out)")
+        raise argument_error("eig", "truncated_outputs needs a batch of decompositions",
+                             "Use eigendecompose(layer, u) with u of shape (n, d_out)")
     activations = eigenvector_activations(eig, x)  # (batch, n, d_in)
     keep = top_eigen_indices(eig.eigenvalues, k, by)  # (n, k)
     return activations.gather(-1, keep.expand(activations.shape[0], *keep.shape)).sum(-1)
@@ -53,10 +56,19 @@ def truncation_curve(source, x: Float[Tensor, "batch d_in"], labels: Int[Tensor,
     weights = bilinear_weights(source)
     if directions is None:
         directions = torch.eye(weights.d_out, dtype=weights.P.dtype, device=weights.P.device)
-    if labels.shape != x.shape[:1]:
-        raise ValueError(f"labels {tuple(labels.shape)} must have one entry per input row ({x.shape[0]})")
+    x = require_tensor("x", x, ndim=2, kind="real", shape_hint="(batch, d_in)")
+    if x.shape[0] == 0:
+        raise argument_error("x", "is an empty batch, whose accuracy is undefined", "Pass at least one input")
+    n_directions = 1 if directions.ndim == 1 else directions.shape[0]
+    # Out-of-range or float labels would silently count as errors (or be truncated).
+    labels = require_class_ids("labels", labels, x.shape[0], n_directions, "directions (classes)")
+    if isinstance(ks, int | str) or not hasattr(ks, "__iter__"):
+        raise argument_error("ks", f"must be a sequence of ints, got {ks!r}", "Pass e.g. [1, 2, 4]",
+                             kind=BcosTypeError)
+    ks = [require_int("ks", k, minimum=1, maximum=x.shape[1]) for k in ks]
+    if not ks:
+        raise argument_error("ks", "is empty", "Pass the numbers of eigenvectors to keep, e.g. [1, 2, 4]")
     eig = eigendecompose(weights, directions)
-    ks = [int(k) for k in ks]
     accuracy = [
         (truncated_outputs(eig, x, k, by).argmax(-1) == labels).float().mean().item() for k in ks
     ]
