@@ -102,7 +102,7 @@ def _checked_folder(path) -> tuple[str, bool]:
         raise argument_error("path", f"must be a folder path (str or Path), got {type(path).__name__}",
                              "pass the folder written by model.save_pretrained(folder)", kind=BcosTypeError)
     text = os.fspath(path)
-    local = Path(text).expanduser()
+    local = Path(os.path.expanduser(text))  # os.path leaves "~unknown_user" as it is; pathlib raises
     try:
         is_dir, exists = local.is_dir(), local.exists()
     except (OSError, ValueError) as err:  # a name too long for the file system, a NUL byte, ...
