@@ -414,7 +414,9 @@ def records_to_html(records: Sequence[VisualizationDataRecord], title: str = "At
             f"<td>{_html.escape(str(r.attr_class))}</td><td>{r.attr_score:.3f}</td>"
             f"<td>{r.convergence_score:.2e}</td><td>{row_html}</td></tr>"
         )
-    style = ("body{font-family:system-ui,sans-serif;margin:2em} table{border-collapse:collapse} "
+    # the token column takes the width the others leave (a width hint, never a horizontal scrollbar)
+    style = ("body{font-family:system-ui,sans-serif;margin:2em} table{border-collapse:collapse;width:100%} "
+             "td:last-child{width:55%} "
              "td,th{border:1px solid #ccc;padding:.4em;vertical-align:top;text-align:left} "
              ".row{margin:0;line-height:2em} .tok{padding:.1em .2em;border-radius:.2em}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>"

@@ -17,7 +17,7 @@ import torch
 
 from .errors import BcosTypeError, BcosValueError, argument_error
 
-__all__ = ["explanations_to_html", "tokens_to_html"]
+__all__ = ["explanation_sections_to_html", "explanations_to_html", "tokens_to_html"]
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; max-width: 60em; }
@@ -97,14 +97,8 @@ def _row_item(values, i: int):
     return values
 
 
-def explanations_to_html(explanation, tokenizer, label_names: Sequence[str] | None = None,
-                         title: str = "Explanations", captions: Sequence[str] | None = None) -> str:
-    """A full HTML page for a :class:`~bcos_plugins.attribution.TokenExplanation` batch, one row per example.
-
-    Each row's caption names what was explained (the class, or ``target − foil`` for a contrastive
-    explanation), the explained value and the sum of the contributions (equal for a complete explanation);
-    ``captions`` adds a line of your own per row (e.g. the true label).
-    """
+def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
+                      captions: Sequence[str] | None) -> str:
     tokens, scores = explanation.tokens(tokenizer), explanation.scores()
     if captions is not None and len(captions) != len(tokens):
         raise argument_error("captions", f"has {len(captions)} entries for {len(tokens)} rows",
@@ -120,8 +114,42 @@ def explanations_to_html(explanation, tokenizer, label_names: Sequence[str] | No
         if captions is not None:
             caption = f"{captions[i]} · {caption}"
         rows.append(tokens_to_html(row_tokens, row_scores, caption))
+    return "".join(rows)
+
+
+def _page(title: str, body: str) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<style>{_STYLE}</style></head><body><h1>{_html.escape(title)}</h1>"
-            f"<p class='meta'>green: supports the explained output; red: opposes it. Hover over a token for "
-            f"its score.</p>{''.join(rows)}</body></html>")
+            "<p class='meta'>green: supports the explained output; red: opposes it. Hover over a token for "
+            f"its score.</p>{body}</body></html>")
+
+
+def explanations_to_html(explanation, tokenizer, label_names: Sequence[str] | None = None,
+                         title: str = "Explanations", captions: Sequence[str] | None = None) -> str:
+    """A full HTML page for a :class:`~bcos_plugins.attribution.TokenExplanation` batch, one row per example.
+
+    Each row's caption names what was explained (the class, or ``target − foil`` for a contrastive
+    explanation), the explained value and the sum of the contributions (equal for a complete explanation);
+    ``captions`` adds a line of your own per row (e.g. the true label).
+    """
+    return _page(title, _explanation_rows(explanation, tokenizer, label_names, captions))
+
+
+def explanation_sections_to_html(sections: Sequence[tuple], tokenizer, label_names: Sequence[str] | None = None,
+                                 title: str = "Explanations") -> str:
+    """One HTML page with a headed section per explanation batch, e.g. a class, the other class, a contrast.
+
+    Args:
+        sections: ``(heading, explanation)`` or ``(heading, explanation, captions)`` tuples, in page order.
+        tokenizer, label_names, title: as for :func:`explanations_to_html`.
+    """
+    body = []
+    for k, section in enumerate(sections):
+        if not isinstance(section, tuple) or len(section) not in (2, 3):
+            raise argument_error(f"sections[{k}]", "must be (heading, explanation) or (heading, explanation, "
+                                 "captions)", "Pass a list of such tuples", kind=BcosTypeError)
+        heading, explanation, captions = (*section, None)[:3]
+        body.append(f"<h2>{_html.escape(str(heading))}</h2>"
+                    + _explanation_rows(explanation, tokenizer, label_names, captions))
+    return _page(title, "".join(body))

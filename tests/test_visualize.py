@@ -145,3 +145,16 @@ def test_captum_records_page_rows_wrap_and_hover(bcos_bert_explanations):
     for row, record in zip(parsed.rows, records, strict=True):
         _assert_wraps_and_hovers(row, list(record.raw_input_ids), [float(s) for s in record.word_attributions])
     assert "nowrap" not in page and "overflow-x" not in page
+
+
+def test_sections_page_has_one_headed_section_per_explanation(bcos_bert_explanations):
+    from bcos_plugins.visualize import explanation_sections_to_html
+
+    model, ids, mask = bcos_bert_explanations
+    one, other = explain(model, ids, mask, target=0), explain(model, ids, mask, target=1, foil=0)
+    page = explanation_sections_to_html([("Class 0", one), ("Contrast", other, ["a", "b", "c"])], _Tokenizer(),
+                                        label_names=["neg", "neu", "pos"], title="t")
+    assert re.findall(r"<h2>([^<]*)</h2>", page) == ["Class 0", "Contrast"]
+    assert len(_parse(page).rows) == 6
+    with pytest.raises(BcosTypeError, match=r"sections\[0\]: must be"):
+        explanation_sections_to_html([("only a heading",)], _Tokenizer())
