@@ -317,3 +317,14 @@ def test_b_warmup_validates_its_arguments():
     model.config.bcos["b"] = float("inf")
     with pytest.raises(BcosValueError, match=r"^config\.bcos\['b'\]: must be a finite number"):
         BWarmupCallback(model)
+
+
+def test_a_tampered_b_in_a_state_dict_is_refused_at_the_next_forward():
+    layer = BcosLinear(4, 2, b=1.5)
+    state = layer.state_dict()
+    state["bcos_b"] = torch.tensor(float("inf"), dtype=torch.float64)
+    layer.load_state_dict(state)
+    with pytest.raises(BcosValueError, match=r"^BcosLinear\.bcos_b: the stored alignment pressure is inf, outside "
+                                             r"\[1, 10\]\. .*initial_b"):
+        layer(torch.randn(1, 4))
+    assert layer.initial_b == 1.5

@@ -94,13 +94,16 @@ class AlignmentPressure(DynamicWeightModule):
             self.bcos_b.fill_(self._b)
         self._b_seen = (self.bcos_b, self.bcos_b._version)
 
-    def reset_b(self) -> None:
-        """Set B back to the value the layer was built with.
+    @property
+    def initial_b(self) -> float:
+        """The B the layer was built with.
 
-        For a ``PreTrainedModel._init_weights``: transformers materialises a buffer missing from a checkpoint
-        (one saved before B was stored per layer) uninitialised, and ``_init_weights`` must fill it.
+        For a ``PreTrainedModel._init_weights`` of a model holding B-cos layers: transformers materialises a
+        buffer missing from a checkpoint (one saved before B was stored per layer) uninitialised, so
+        ``_init_weights`` must fill it with ``transformers.initialization.constant_(module.bcos_b,
+        module.initial_b)`` (which leaves a B loaded from the checkpoint alone).
         """
-        self.b = self._b_init
+        return self._b_init
 
     def _pressure(self) -> float:
         buf = self._buffers["bcos_b"]
@@ -112,8 +115,8 @@ class AlignmentPressure(DynamicWeightModule):
                     raise argument_error(
                         f"{type(self).__name__}.bcos_b", f"the stored alignment pressure is {value!r}, outside "
                         f"[1, {MAX_B:g}]", "the checkpoint's B is damaged, or it predates per-layer B and the "
-                        "model's _init_weights does not call reset_b(): reload with load_bcos_model, or set "
-                        "layer.b explicitly")
+                        "model's _init_weights does not fill bcos_b (see AlignmentPressure.initial_b): reload "
+                        "with load_bcos_model, or set layer.b explicitly")
                 self._b = value
             self._b_seen = (buf, buf._version)
         return self._b
