@@ -1,25 +1,30 @@
 """Captum adapter: B-cos explanations as Captum attribution methods.
 
-B-cos explanations are input x gradient inside :func:`~bcos_plugins.nn.explanation_mode` (docs/design.md#one-explanation-mechanism), so
-both classes here are thin: they switch the model into explanation mode around Captum's own gradient
-machinery and add the completeness check as Captum's convergence delta.
+B-cos explanations are input x gradient inside :func:`~bcos_plugins.nn.explanation_mode`
+(docs/design.md#one-explanation-mechanism). The classes here translate Captum's calling conventions to the
+attribution core (:mod:`bcos_plugins.attribution`) and hold no maths of their own:
 
-- :class:`BcosAttribution` (a ``captum.attr.GradientAttribution``): attributions ``W(x) x`` at the inputs of
-  ``forward_func``. For transformers models the inputs must be the combined embedding (word + position +
-  token type), which :class:`EmbeddingForward` provides; then ``sum(attributions) == logit`` exactly and
-  ``delta`` (``return_convergence_delta=True``) is ``sum(attributions) - explained output`` per example.
-- :class:`LayerBcos` (a ``captum.attr.LayerGradientXActivation``): the same at a layer's input or output
-  (default: the model's combined-embedding point). It is accepted by ``captum.attr.LLMGradientAttribution``,
-  so Captum's LLM workflow runs with B-cos unchanged. That workflow explains the *log-probability* of each
-  target token; B-cos decomposes logits exactly, not log-softmax, so there the attributions do not sum to the
-  explained value (use :class:`BcosAttribution` with an :class:`EmbeddingForward` to explain a logit exactly).
+- :class:`BcosAttribution` (a ``captum.attr.GradientAttribution``, read it next to Captum's
+  ``InputXGradient``): attributions ``W(x) x`` at the inputs of ``forward_func``, computed by the core's
+  :func:`~bcos_plugins.attribution.input_x_gradient`. ``forward_func`` may be any function of tensors, e.g.
+  ``lambda e: model(inputs_embeds=e).logits[:, -1]``: the thread-wide explanation mode holds every B-cos
+  module it runs through constant, and a function that ran through none is refused. ``delta``
+  (``return_convergence_delta=True``) is the core's ``Explanation.delta``: ``sum(attributions) - explained``.
+- :class:`LayerBcos` (a ``captum.attr.LayerGradientXActivation``): the same at a layer's input or output, or
+  at several layers (a list, as Captum's layer methods take). Default layer: the model's attribution point
+  (:func:`~bcos_plugins.attribution.text_attribution_point`). It is accepted by
+  ``captum.attr.LLMGradientAttribution``; that workflow explains the *log-probability* of each target token,
+  which B-cos does not decompose exactly (use :class:`BcosAttribution` with an :class:`EmbeddingForward` to
+  explain a logit exactly).
+- :class:`EmbeddingForward`: a transformers text model as a function of the tensor at its attribution point,
+  so that every Captum method (B-cos, IxG, IG, Saliency, Occlusion, ...) attributes at the same place.
 - :func:`visualization_records` and :func:`records_to_html`: Captum ``VisualizationDataRecord`` objects from
   an :class:`~bcos_plugins.explain.Explanation` (or any token scores), and a self-contained HTML page for them
   that does not need IPython (Captum's ``visualize_text`` returns an IPython display object).
 
-Which model is put into explanation mode: ``forward_func`` itself when it is an ``nn.Module`` (a B-cos model,
-or an :class:`EmbeddingForward` wrapping one); otherwise pass ``model=``. A model without B-cos
-(dynamic-weight) modules is refused with a ``TypeError``: its input x gradient is not ``W(x) x``.
+Both classes work under ``captum.attr.NoiseTunnel`` and in ``captum.metrics.infidelity`` /
+``sensitivity_max``. A model passed as ``forward_func`` or ``model=`` is checked to hold B-cos modules when
+the method is built, and put in eval mode for each call; a plain function is checked on each call.
 
 >>> fwd = EmbeddingForward(bcos_model)
 >>> emb = fwd.embed(input_ids, attention_mask)
@@ -31,7 +36,9 @@ or an :class:`EmbeddingForward` wrapping one); otherwise pass ``model=``. A mode
 from __future__ import annotations
 
 import html as _html
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +49,29 @@ from captum._utils.common import (
     _format_tensor_into_tuples,
     _is_tuple,
     _run_forward,
+    _select_targets,
 )
 from captum._utils.typing import TargetType
 from captum.attr import GradientAttribution, LayerGradientXActivation
 from captum.attr._utils.visualization import VisualizationDataRecord
+from captum.log import log_usage
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from bcos_plugins.attribution import (
+    Explanation,
+    as_leaf,
+    has_dynamic_weights,
+    input_x_gradient,
+    model_call_kwargs,
+    resolve_positions,
+    text_attribution_point,
+)
+from bcos_plugins.attribution.text import check_token_inputs
 from bcos_plugins.convert.architectures import spec_for
-from bcos_plugins.attribution import last_real_position
-from bcos_plugins.explain import Explanation
-from bcos_plugins.nn.dynamic import DynamicWeightModule, explanation_mode
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
+from bcos_plugins.explain import Explanation as TokenExplanation
+from bcos_plugins.nn.dynamic import dynamic_weights_used, explanation_mode, is_explaining
 
 __all__ = [
     "BcosAttribution",
@@ -64,137 +83,251 @@ __all__ = [
 ]
 
 
-def _has_bcos_modules(model: nn.Module) -> bool:
-    return any(isinstance(m, DynamicWeightModule) for m in model.modules())
+# ------------------------------------------------------------------------------------ explanation mode
 
 
-def _resolve_model(forward_func: Callable, model: nn.Module | None, who: str) -> nn.Module:
-    """The module to put into explanation mode, checked to contain B-cos modules."""
-    if model is None:
-        if not isinstance(forward_func, nn.Module):
-            raise TypeError(
-                f"{who} needs the model to put into explanation mode: forward_func is a plain function, so pass "
-                f"model=<the B-cos model it calls>, e.g. {who}(forward_func, model=bcos_model)"
-            )
-        model = forward_func
+def _checked_model(forward_func: Callable, model: nn.Module | None, who: str) -> nn.Module | None:
+    """The model to hold in eval mode during calls (``model=``, or ``forward_func`` if it is a module), checked
+    to contain B-cos modules; ``None`` for a plain function (then each call checks what it ran through)."""
+    name = "model"
+    if model is None and isinstance(forward_func, nn.Module):
+        model, name = forward_func, "forward_func"
     if isinstance(model, EmbeddingForward):
-        # explanation_mode restores the training flag of the module it is given; the wrapper's own flag
-        # would otherwise overwrite the wrapped model's (and switch dropout on) on exit.
+        # eval/train must be switched on the wrapped model: the wrapper's flag would overwrite it on exit
         model = model.model
-    if not _has_bcos_modules(model):
-        raise TypeError(
-            f"{who}: {type(model).__name__} has no B-cos (dynamic-weight) modules, so its input x gradient is "
-            "not an exact W(x)x explanation. Convert it with bcos_plugins.bcosify(model) and fine-tune it, or "
-            "use captum.attr.InputXGradient for plain input x gradient on a conventional model."
-        )
+    if model is None:
+        return None
+    if not isinstance(model, nn.Module):
+        raise argument_error("model", f"expected the torch module forward_func runs through, got "
+                             f"{type(model).__name__}", "Pass the B-cos model, or leave model out",
+                             kind=BcosTypeError)
+    if not has_dynamic_weights(model):
+        raise argument_error(
+            name, f"{type(model).__name__} has no B-cos (dynamic-weight) modules, so its input x gradient is not an "
+            "exact W(x)x explanation",
+            "Convert it with bcos_plugins.bcosify(model) and fine-tune it, or use captum.attr.InputXGradient for "
+            "plain input x gradient on a conventional model", kind=BcosTypeError)
     return model
 
 
-class _ReplaceEmbedding(Exception):
-    """Raised inside the embedding hook to stop a forward pass that only had to compute the embedding."""
+_training_modules_seen = threading.local()
+
+
+def _random_in_training(module: nn.Module) -> bool:
+    """Whether ``module`` computes differently (randomly, or from batch statistics) in training mode: a dropout or
+    batch norm, or a transformers attention that applies functional dropout with a rate it holds."""
+    if isinstance(module, nn.modules.dropout._DropoutNd | nn.modules.batchnorm._BatchNorm):
+        return getattr(module, "p", 1.0) > 0
+    if any(isinstance(c, nn.modules.dropout._DropoutNd) and c.p > 0 for c in module.children()):
+        return True
+    return any(isinstance(getattr(module, a, None), float) and getattr(module, a) > 0
+               for a in ("attention_dropout", "dropout_prob"))
+
+
+def _note_training_module(module: nn.Module, args) -> None:
+    seen = getattr(_training_modules_seen, "names", None)
+    if seen is not None and not seen and module.training and _random_in_training(module):
+        seen.append(type(module).__name__)
+
+
+@contextmanager
+def _explaining(who: str, model: nn.Module | None) -> Iterator[None]:
+    """Around one attribution call: ``model`` in eval mode, and afterwards the checks that the call explained
+    a B-cos computation (it ran through dynamic-weight modules) and a deterministic one (no module in
+    training mode: dropout would make the explained function random; the thread-wide explanation mode cannot
+    switch it off for a plain function)."""
+    was_training = model.training if model is not None else False
+    if model is not None:
+        model.eval()
+    used_before = dynamic_weights_used()
+    _training_modules_seen.names = []
+    # global hooks see every thread's modules; only this thread's list is set, so only its calls are noted
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(_note_training_module)
+    try:
+        yield
+        training = list(_training_modules_seen.names)
+    finally:
+        handle.remove()
+        _training_modules_seen.names = None
+        if model is not None:
+            model.train(was_training)
+    if training:
+        raise argument_error("forward_func", f"ran {training[0]} in training mode, where dropout makes the "
+                             "explained function random", "Call model.eval() before attributing",
+                             kind=BcosRuntimeError)
+    if dynamic_weights_used() == used_before and not (model is not None and is_explaining(model)):
+        raise argument_error(
+            "forward_func", f"{who} ran it, but it ran through no B-cos (dynamic-weight) module, so input x "
+            "gradient of it is not an exact W(x)x explanation",
+            "Pass a function that calls a B-cos model (bcos_plugins.bcosify), or use captum.attr.InputXGradient "
+            "for a conventional model", kind=BcosTypeError)
+
+
+def _delta(attributions: Sequence[Tensor], explained: Tensor) -> Float[Tensor, " batch"]:
+    """The core's signed completeness difference ``sum(attributions) - explained`` per example."""
+    batch = explained.shape[0]
+    flat = torch.cat([a.reshape(batch, -1) for a in attributions], dim=1)
+    return Explanation(contributions=flat, input_contributions=flat, explained=explained, target=None).delta
+
+
+def _one_value_per_example(out: Tensor, batch: int, who: str) -> Float[Tensor, " batch"]:
+    if isinstance(out, Tensor) and out.ndim == 2 and out.shape == (batch, 1):
+        out = out[:, 0]
+    if not isinstance(out, Tensor) or out.ndim != 1 or out.shape[0] != batch:
+        shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise argument_error("target", f"{who} must explain one scalar per example, but the selected output has "
+                             f"shape {shape} for {batch} examples",
+                             "Pass target= for multi-output functions (a class index, or one per example)")
+    return out
+
+
+# ------------------------------------------------------------------------------------ text models
+
+
+class _StopForward(Exception):
+    """Raised inside the attribution-point hook to stop a forward pass that only had to reach that point."""
+
+
+def _placeholder_ids(model: nn.Module, mask: Tensor) -> Tensor:
+    """Ids for a forward pass whose attribution-point tensor is replaced: any id on real tokens that is not the
+    pad id (decoder classifiers find each row's last token by comparing ids with ``config.pad_token_id``);
+    :func:`~bcos_plugins.attribution.model_call_kwargs` writes the pad id on padding."""
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    return torch.full_like(mask, 1 if pad == 0 else 0)
 
 
 class EmbeddingForward(nn.Module):
-    """A transformers model as a function of its combined embedding: ``f(embeddings, attention_mask)``.
+    """A transformers text model as a function of the tensor at its attribution point:
+    ``f(embeddings, attention_mask=None, position=None)``.
 
-    The combined embedding (word + position + token type; token embeddings for Llama) is the attribution
-    point where B-cos completeness holds (docs/design.md#the-attribution-point). ``forward`` runs the wrapped model with that tensor
-    swapped in (a hook at the architecture's embedding point; the ids it is called with are placeholders), so
-    Captum methods (B-cos, IxG, IG, Saliency, Occlusion, Shapley sampling, LIME) all attribute at the same
-    point and can be compared. ``embed`` computes the combined embedding of real ids (inputs and baselines).
+    The point is the core's :func:`~bcos_plugins.attribution.text_attribution_point`: for B-cos models the
+    combined embedding (word + position + token type; token embeddings for Llama), where completeness holds;
+    for stock BERT-family models the output of the embedding LayerNorm (before it input x gradient is zero).
+    ``forward`` runs the model with the given tensor swapped in at that point, called with the core's
+    :func:`~bcos_plugins.attribution.model_call_kwargs` (decoder positions counted from the mask), so every
+    Captum method (B-cos, IxG, IG, Saliency, Occlusion, Shapley sampling, LIME) explains the same function as
+    :func:`bcos_plugins.explain`. :meth:`embed` computes that tensor for real ids (inputs and baselines).
 
-    Output: classifier logits ``(batch, classes)``; causal LMs: next-token logits at the last real token
-    ``(batch, vocab)``.
+    Output: classifier logits ``(batch, classes)``; causal LMs: next-token logits ``(batch, vocab)`` at
+    ``position`` (default: each row's last real token; negative values count from it, as everywhere).
     """
 
     def __init__(self, model: nn.Module):
         super().__init__()
+        if not isinstance(model, nn.Module):
+            raise argument_error("model", f"expected a transformers model, got {type(model).__name__}",
+                                 "Pass the model object", kind=BcosTypeError)
         self.model = model
         self.spec = spec_for(model)
+        self.point = text_attribution_point(model, self.spec)
         self.train(model.training)
         if not self.spec.is_classifier and not hasattr(model, "lm_head"):
-            raise TypeError(f"EmbeddingForward wraps sequence classifiers and causal LMs; {type(model).__name__} "
-                            "has neither class logits nor an LM head")
+            raise argument_error("model", f"EmbeddingForward wraps sequence classifiers and causal LMs; "
+                                 f"{type(model).__name__} has neither class logits nor an LM head",
+                                 "Use bcos_plugins.explain for base models", kind=BcosTypeError)
+        embeddings = model.get_input_embeddings()
+        self.width = getattr(embeddings, "embedding_dim", None)
 
     def _hook(self, replace: Callable[[Tensor], Tensor]):
-        module, where = self.spec.embedding_module(self.model)
-        if where == "input":
-            return module.register_forward_pre_hook(lambda m, args: (replace(args[0]), *args[1:]))
-        return module.register_forward_hook(lambda m, args, out: replace(out))
-
-    def _position_ids(self, attention_mask: Tensor) -> Tensor | None:
-        # As explain() does for decoders: positions count real tokens, so left padding does not shift them.
-        if self.spec.kind != "decoder":
-            return None
-        return (attention_mask.cumsum(-1) - 1).clamp_min(0)
+        # prepend: a Captum layer hook on the same module (LayerBcos at the default point) must see the
+        # swapped-in tensor, not the placeholder's
+        module = self.point.module
+        if self.point.where == "input":
+            return module.register_forward_pre_hook(lambda m, args: (replace(args[0]), *args[1:]), prepend=True)
+        return module.register_forward_hook(lambda m, args, out: replace(out), prepend=True)
 
     @torch.no_grad()
     def embed(self, input_ids: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None = None,
               **forward_kwargs) -> Float[Tensor, "batch pos d_model"]:
-        """Combined embedding of ``input_ids`` (the forward pass stops right after computing it)."""
+        """The attribution-point tensor of ``input_ids`` (the forward pass stops right after computing it)."""
+        input_ids, attention_mask = check_token_inputs(self.model, input_ids, attention_mask)
         captured: list[Tensor] = []
 
         def grab(t: Tensor) -> Tensor:
             captured.append(t.detach().clone())
-            raise _ReplaceEmbedding
+            raise _StopForward
 
-        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-        if self.spec.kind == "decoder" and "position_ids" not in forward_kwargs:
-            forward_kwargs["position_ids"] = self._position_ids(mask)
+        kwargs = model_call_kwargs(self.model, self.spec, input_ids, attention_mask, forward_kwargs)
         handle = self._hook(grab)
         try:
-            self.model(input_ids=input_ids, attention_mask=mask, **forward_kwargs)
-        except _ReplaceEmbedding:
+            self.model(**kwargs)
+        except _StopForward:
             pass
         finally:
             handle.remove()
         return captured[0]
 
+    def _checked(self, embeddings, attention_mask) -> Tensor | None:
+        if not isinstance(embeddings, Tensor) or not embeddings.is_floating_point():
+            what = embeddings.dtype if isinstance(embeddings, Tensor) else type(embeddings).__name__
+            raise argument_error("embeddings", f"expected a float tensor (batch, pos, d_model), got {what}",
+                                 "Compute it with EmbeddingForward.embed(input_ids, attention_mask)",
+                                 kind=BcosTypeError)
+        if embeddings.ndim != 3 or (self.width is not None and embeddings.shape[-1] != self.width):
+            raise argument_error("embeddings", f"expected shape (batch, pos, {self.width}), got "
+                                 f"{tuple(embeddings.shape)}",
+                                 "Compute it with EmbeddingForward.embed(input_ids, attention_mask); add a batch "
+                                 "dimension with [None] for one sequence")
+        if not torch.isfinite(embeddings).all():
+            raise argument_error("embeddings", "has NaN or infinite entries", "Pass finite embeddings (check the "
+                                 "baseline or the noise added to them)")
+        if attention_mask is None:
+            return None
+        if not isinstance(attention_mask, Tensor) or attention_mask.shape != embeddings.shape[:2]:
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask)
+            raise argument_error("attention_mask", f"expected shape {tuple(embeddings.shape[:2])} (the embeddings' "
+                                 f"batch and positions), got {shape}", "Pass the mask the tokenizer returned")
+        return attention_mask
+
     def forward(self, embeddings: Float[Tensor, "batch pos d_model"],
-                attention_mask: Int[Tensor, "batch pos"] | None = None) -> Tensor:
+                attention_mask: Int[Tensor, "batch pos"] | None = None,
+                position: int | Tensor | None = None) -> Tensor:
+        attention_mask = self._checked(embeddings, attention_mask)
         batch, length = embeddings.shape[:2]
         mask = attention_mask if attention_mask is not None else torch.ones(
             batch, length, dtype=torch.long, device=embeddings.device)
-        if mask.shape != (batch, length):
-            raise ValueError(f"attention_mask shape {tuple(mask.shape)} does not match embeddings "
-                             f"{tuple(embeddings.shape[:2])}")
-        placeholder_ids = torch.zeros(batch, length, dtype=torch.long, device=embeddings.device)
-        kwargs = {}
-        if self.spec.kind == "decoder":
-            kwargs["position_ids"] = self._position_ids(mask)
+        # validates the mask (0/1, no empty row) and the length against the position table
+        placeholder, attention_mask = check_token_inputs(self.model, _placeholder_ids(self.model, mask.long()),
+                                                         attention_mask)
+        if self.spec.is_classifier and position is not None:
+            raise argument_error("position", "a sequence classifier gives one logit vector per sequence",
+                                 "Leave position out (it applies to causal LMs)")
+        pos = None if self.spec.is_classifier else resolve_positions(position, mask.long(), default="last")
+        kwargs = model_call_kwargs(self.model, self.spec, placeholder, attention_mask, {})
         handle = self._hook(lambda t: embeddings.to(t.dtype))
         try:
-            out = self.model(input_ids=placeholder_ids, attention_mask=mask, **kwargs)
+            out = self.model(**kwargs)
         finally:
             handle.remove()
         logits = out.logits
-        if logits.ndim == 3:
-            logits = logits[torch.arange(batch, device=logits.device), last_real_position(mask)]
+        if pos is not None:
+            logits = logits[torch.arange(batch, device=logits.device), pos]
         return logits
 
 
 class _Logits(nn.Module):
     """A transformers model called Captum-style (positional tensors) returning a logits tensor.
 
-    Captum selects targets on tensors; transformers returns a ``ModelOutput``. Causal LM logits are taken at
-    the last real token (from the attention mask when one is passed second), as in :class:`EmbeddingForward`.
+    Captum selects targets on tensors; transformers returns a ``ModelOutput``. Called with the core's
+    ``model_call_kwargs``; causal LM logits are taken at the last real token.
     """
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
         try:
-            self.is_decoder = spec_for(model).kind == "decoder"
-        except TypeError:  # a transformers class bcosify does not know: no decoder-specific positions
-            self.is_decoder = False
+            self.spec = spec_for(model)
+        except TypeError:  # a transformers class bcosify does not know: called as it is
+            self.spec = None
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-        kwargs = {"position_ids": (mask.cumsum(-1) - 1).clamp_min(0)} if self.is_decoder else {}
         # keywords: the second positional parameter of transformers decoders is the cache, not the mask
-        logits = self.model(input_ids=input_ids, attention_mask=mask, **kwargs).logits
+        kwargs = (model_call_kwargs(self.model, self.spec, input_ids, mask, {}) if self.spec is not None
+                  else {"input_ids": input_ids, "attention_mask": mask})
+        logits = self.model(**kwargs).logits
         if logits.ndim == 3:
-            logits = logits[torch.arange(logits.shape[0], device=logits.device), last_real_position(mask)]
+            logits = logits[torch.arange(logits.shape[0], device=logits.device), resolve_positions(None, mask)]
         return logits
 
 
@@ -204,17 +337,24 @@ def _returns_model_output(forward_func: Callable) -> bool:
     return isinstance(forward_func, PreTrainedModel)
 
 
+# ------------------------------------------------------------------------------------ the two methods
+
+
 class BcosAttribution(GradientAttribution):
     """B-cos explanation ``W(x) x`` as a Captum attribution method (see the module docstring).
 
     Args:
-        forward_func: the B-cos model, an :class:`EmbeddingForward` around one, or any function of tensors
-            whose computation runs through a B-cos model (then pass ``model=``).
-        model: the module to put into explanation mode; defaults to ``forward_func`` if it is a module.
+        forward_func: any function of tensors that runs through a B-cos model: the model, an
+            :class:`EmbeddingForward` around one, ``lambda e: model(inputs_embeds=e).logits[:, -1]``, ...
+        model: optional; the model ``forward_func`` runs through, checked to hold B-cos modules and put in
+            eval mode for each call. Without it a plain function must leave its model in eval mode.
     """
 
     def __init__(self, forward_func: Callable[..., Tensor], model: nn.Module | None = None) -> None:
-        self.model = _resolve_model(forward_func, model, type(self).__name__)
+        if not callable(forward_func):
+            raise argument_error("forward_func", f"expected a callable, got {type(forward_func).__name__}",
+                                 "Pass the model or a function of the input tensors", kind=BcosTypeError)
+        self.model = _checked_model(forward_func, model, type(self).__name__)
         GradientAttribution.__init__(self, forward_func)
 
     @property
@@ -224,6 +364,7 @@ class BcosAttribution(GradientAttribution):
     def has_convergence_delta(self) -> bool:
         return True
 
+    @log_usage(part_of_slo=True)
     def attribute(
         self,
         inputs: Tensor | tuple[Tensor, ...],
@@ -234,61 +375,77 @@ class BcosAttribution(GradientAttribution):
         """Attributions ``x * d out[target] / d x`` in explanation mode, shaped like ``inputs``.
 
         Args:
-            inputs: tensor or tuple of tensors, first dimension = examples.
+            inputs: float tensor or tuple of float tensors, first dimension = examples.
             target: Captum's target (int, per-example tensor/list, or None for scalar-per-example outputs).
             additional_forward_args: passed after ``inputs`` to ``forward_func`` (e.g. the attention mask).
             return_convergence_delta: also return ``delta = sum(attributions) - out[target]`` per example
-                (the completeness error; ~1e-6 relative for B-cos models, exactly what Captum's IG calls delta
-                with a zero baseline, since a bias-free B-cos network maps 0 to 0).
+                (the core's ``Explanation.delta``; ~1e-6 of the logit for B-cos models; the same as Captum's
+                IG delta with a zero baseline, since a bias-free B-cos network maps 0 to 0).
         """
         is_tuple = _is_tuple(inputs)
         inputs_t = _format_tensor_into_tuples(inputs)
+        for i, x in enumerate(inputs_t):
+            if not isinstance(x, Tensor) or not x.is_floating_point():
+                what = x.dtype if isinstance(x, Tensor) else type(x).__name__
+                raise argument_error(f"inputs[{i}]" if is_tuple else "inputs",
+                                     f"input x gradient needs float inputs, got {what}",
+                                     "For token ids attribute at the embedding: EmbeddingForward(model).embed(ids, "
+                                     "mask), or LayerBcos(model)", kind=BcosTypeError)
         extra = _format_additional_forward_args(additional_forward_args)
-        with torch.enable_grad(), explanation_mode(self.model):
-            leaves = tuple(x.detach().requires_grad_(True) for x in inputs_t)
-            explained = _run_forward(self.forward_func, leaves, target, extra)
-            if explained.ndim != 1 or explained.shape[0] != leaves[0].shape[0]:
-                raise ValueError(
-                    "the selected output must be one scalar per example; got shape "
-                    f"{tuple(explained.shape)} for {leaves[0].shape[0]} examples. Pass target= for "
-                    "multi-output functions (class index, or one per example)."
-                )
-            grads = torch.autograd.grad(explained.sum(), leaves)
-        attributions = tuple(x.detach() * g for x, g in zip(leaves, grads, strict=True))
-        formatted = _format_output(is_tuple, attributions)
+        batch = inputs_t[0].shape[0]
+        name = type(self).__name__
+
+        def compute():
+            leaves = tuple(as_leaf(x) for x in inputs_t)
+            out = _run_forward(self.forward_func, leaves, target, extra)
+            return _one_value_per_example(out, batch, name), leaves
+
+        with _explaining(name, self.model):
+            step = input_x_gradient(compute)
+        formatted = _format_output(is_tuple, step.contributions)
         if not return_convergence_delta:
             return formatted
-        total = sum(a.reshape(a.shape[0], -1).sum(-1) for a in attributions)
-        return formatted, total - explained.detach()
+        return formatted, _delta(step.contributions, step.explained)
 
 
 class LayerBcos(LayerGradientXActivation):
-    """B-cos explanation at a layer's input or output; usable in ``captum.attr.LLMGradientAttribution``.
+    """B-cos explanation at a layer's input or output (or several layers); usable in Captum's
+    ``NoiseTunnel`` and ``LLMGradientAttribution``.
 
     Args:
-        forward_func: the B-cos model (``LLMGradientAttribution`` requires the model itself).
-        layer: the module to attribute at. Default: the architecture's combined-embedding point (for BERT and
-            GPT-2 the *input* of ``embeddings.LayerNorm`` / ``drop``; for Llama the output of
-            ``embed_tokens``), where attributions are complete.
-        model: the module to put into explanation mode; defaults to ``forward_func`` if it is a module.
-        attribute_to_layer_input: default for :meth:`attribute`; ``None`` picks the embedding point's side
+        forward_func: the B-cos model, or any function that runs through one.
+        layer: a module or a list of modules to attribute at. Default: the model's attribution point
+            (:func:`~bcos_plugins.attribution.text_attribution_point`: the combined embedding of B-cos models),
+            where attributions are complete; a plain ``forward_func`` then needs ``model=``.
+        model: optional; the model ``forward_func`` runs through (checked, put in eval mode for each call).
+        attribute_to_layer_input: default for :meth:`attribute`; ``None`` picks the attribution point's side
             when ``layer`` is left at its default, and the layer output otherwise.
+        device_ids, multiply_by_inputs: as in ``LayerGradientXActivation`` (``multiply_by_inputs=False`` gives
+            the layer gradient, which is not an explanation that sums to the output).
     """
 
-    def __init__(self, forward_func: Callable[..., Tensor], layer: nn.Module | None = None,
+    def __init__(self, forward_func: Callable[..., Tensor], layer: nn.Module | list[nn.Module] | None = None,
                  model: nn.Module | None = None, attribute_to_layer_input: bool | None = None,
-                 device_ids: list[int] | None = None) -> None:
-        self.model = _resolve_model(forward_func, model, type(self).__name__)
+                 device_ids: list[int] | None = None, multiply_by_inputs: bool = True) -> None:
+        if not callable(forward_func):
+            raise argument_error("forward_func", f"expected a callable, got {type(forward_func).__name__}",
+                                 "Pass the model or a function of the input tensors", kind=BcosTypeError)
+        self.model = _checked_model(forward_func, model, type(self).__name__)
         default_side = False
         if layer is None:
-            try:
-                layer, where = spec_for(self.model).embedding_module(self.model)
-            except TypeError as err:
-                raise TypeError(f"LayerBcos: no default embedding layer for {type(self.model).__name__}; "
-                                "pass layer=<module>") from err
-            default_side = where == "input"
+            if self.model is None:
+                raise argument_error("layer", "no default for a plain function (the attribution point is found "
+                                     "from the model)", "Pass layer=<module>, or model=<the B-cos model>",
+                                     kind=BcosTypeError)
+            point = text_attribution_point(self.model)
+            layer, default_side = point.module, point.where == "input"
+        elif not (isinstance(layer, nn.Module) or (isinstance(layer, list) and layer
+                                                   and all(isinstance(m, nn.Module) for m in layer))):
+            raise argument_error("layer", f"expected a module or a non-empty list of modules, got {layer!r}",
+                                 "Pass e.g. model.transformer.h[0] or [model.transformer.h[0], model.transformer.h[1]]",
+                                 kind=BcosTypeError)
         self._to_layer_input = default_side if attribute_to_layer_input is None else attribute_to_layer_input
-        super().__init__(forward_func, layer, device_ids=device_ids, multiply_by_inputs=True)
+        super().__init__(forward_func, layer, device_ids=device_ids, multiply_by_inputs=multiply_by_inputs)
         # LLMGradientAttribution needs forward_func to be the model itself (it calls generate and replaces
         # forward_func on its copy); called directly, a transformers model's ModelOutput is unwrapped.
         self._model_forward = forward_func if _returns_model_output(forward_func) else None
@@ -297,6 +454,7 @@ class LayerBcos(LayerGradientXActivation):
     def has_convergence_delta(self) -> bool:
         return True
 
+    @log_usage(part_of_slo=True)
     def attribute(
         self,
         inputs: Tensor | tuple[Tensor, ...],
@@ -305,37 +463,53 @@ class LayerBcos(LayerGradientXActivation):
         attribute_to_layer_input: bool | None = None,
         grad_kwargs: dict[str, Any] | None = None,
         return_convergence_delta: bool = False,
+        **kwargs: Any,
     ):
-        """Layer activation x gradient in explanation mode (Captum's ``LayerGradientXActivation`` maths).
+        """Captum's ``LayerGradientXActivation.attribute`` (every keyword passes through) in explanation mode.
 
         With ``return_convergence_delta=True`` also returns ``sum(attributions) - out[target]`` per example
-        (one extra forward pass); it is ~0 at the combined embedding of a B-cos model.
+        (the core's ``Explanation.delta``; one per layer, as a list, for a list of layers). It is ~0 wherever
+        the layer cuts every path from the input to the output (e.g. the combined embedding of a B-cos model).
         """
         to_input = self._to_layer_input if attribute_to_layer_input is None else attribute_to_layer_input
         saved_forward = self.forward_func
-        if self._model_forward is not None and saved_forward is self._model_forward:
-            self.forward_func = self._logits_forward
+        inner = self._logits_forward if self._model_forward is not None and saved_forward is self._model_forward \
+            else saved_forward
+        outputs: list[Tensor] = []
+
+        def recording(*args, **kw):
+            # the explained value comes from the same forward pass as the gradient
+            out = inner(*args, **kw)
+            outputs.append(out)
+            return out
+
+        self.forward_func = recording
         try:
-            with explanation_mode(self.model):
-                attributions = super().attribute(inputs, target=target,
-                                                 additional_forward_args=additional_forward_args,
-                                                 attribute_to_layer_input=to_input, grad_kwargs=grad_kwargs)
-                attributions = (tuple(a.detach() for a in attributions) if isinstance(attributions, tuple)
-                                else attributions.detach())
-                if not return_convergence_delta:
-                    return attributions
-                with torch.no_grad():
-                    explained = _run_forward(self.forward_func, _format_tensor_into_tuples(inputs), target,
-                                             _format_additional_forward_args(additional_forward_args))
+            with _explaining(type(self).__name__, self.model), explanation_mode():
+                attributions = super().attribute(
+                    inputs, target=target, additional_forward_args=additional_forward_args,
+                    attribute_to_layer_input=to_input, grad_kwargs=grad_kwargs, **kwargs)
         finally:
             self.forward_func = saved_forward
-        parts = attributions if isinstance(attributions, tuple) else (attributions,)
-        total = sum(a.reshape(a.shape[0], -1).sum(-1) for a in parts)
-        return attributions, (total - explained.reshape(total.shape)).detach()
+
+        def detach(a):
+            return tuple(t.detach() for t in a) if isinstance(a, tuple) else a.detach()
+
+        attributions = [detach(a) for a in attributions] if isinstance(attributions, list) else detach(attributions)
+        if not return_convergence_delta:
+            return attributions
+        explained = _select_targets(outputs[-1], target).detach()
+        explained = explained.reshape(explained.shape[0], -1).sum(-1) if explained.ndim > 1 else explained
+
+        def delta(a):
+            return _delta(a if isinstance(a, tuple) else (a,), explained)
+
+        return attributions, ([delta(a) for a in attributions] if isinstance(attributions, list)
+                              else delta(attributions))
 
 
 def visualization_records(
-    explanation: Explanation | None = None,
+    explanation: TokenExplanation | None = None,
     tokenizer=None,
     *,
     scores: Sequence[Tensor] | None = None,
@@ -355,7 +529,7 @@ def visualization_records(
     """
     if explanation is not None:
         if tokenizer is None:
-            raise ValueError("visualization_records(explanation, tokenizer): the tokenizer is needed to turn "
+            raise BcosValueError("visualization_records(explanation, tokenizer): the tokenizer is needed to turn "
                              "input ids into tokens")
         tokens = explanation.tokens(tokenizer)
         scores = explanation.scores()
@@ -363,11 +537,11 @@ def visualization_records(
         delta = explanation.completeness_error.tolist()
     else:
         if scores is None or tokens is None:
-            raise ValueError("pass an Explanation (with its tokenizer) or both scores= and tokens=")
+            raise BcosValueError("pass an Explanation (with its tokenizer) or both scores= and tokens=")
         delta = [0.0] * len(scores)
     n = len(scores)
     if len(tokens) != n:
-        raise ValueError(f"{len(tokens)} token rows but {len(scores)} score rows")
+        raise BcosValueError(f"{len(tokens)} token rows but {len(scores)} score rows")
 
     def name(i):
         if i is None:
@@ -378,7 +552,7 @@ def visualization_records(
     for i in range(n):
         row = torch.as_tensor(scores[i], dtype=torch.float32).detach().cpu()
         if row.shape != (len(tokens[i]),):
-            raise ValueError(f"example {i}: {len(tokens[i])} tokens but scores of shape {tuple(row.shape)}")
+            raise BcosValueError(f"example {i}: {len(tokens[i])} tokens but scores of shape {tuple(row.shape)}")
         if logits is not None:
             probs = logits[i].detach().float().softmax(-1)
             pred = int(probs.argmax())

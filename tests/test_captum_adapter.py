@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from bcos_plugins.adapters.captum import (
@@ -12,7 +14,15 @@ from bcos_plugins.adapters.captum import (
     save_records_html,
     visualization_records,
 )
-from captum.attr import InputXGradient, LLMGradientAttribution, TextTokenInput
+from captum.attr import (
+    InputXGradient,
+    IntegratedGradients,
+    LayerGradientXActivation,
+    LLMGradientAttribution,
+    NoiseTunnel,
+    Saliency,
+    TextTokenInput,
+)
 from captum.attr._utils.visualization import VisualizationDataRecord
 from captum.metrics import infidelity, sensitivity_max
 from conftest import VOCAB, padded_batch, tiny_model
@@ -20,6 +30,7 @@ from conftest import VOCAB, padded_batch, tiny_model
 from bcos_plugins import bcosify, explain
 from bcos_plugins.attribution import capture_point
 from bcos_plugins.convert.architectures import spec_for
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn import explanation_mode
 
 
@@ -145,26 +156,187 @@ def test_layer_bcos_runs_inside_llm_gradient_attribution():
     torch.testing.assert_close(attr.sum(-1), ref.contributions, rtol=1e-5, atol=1e-6)
 
 
-def test_non_bcos_models_and_plain_functions_are_refused_clearly():
+def test_non_bcos_models_are_refused_clearly():
     stock = tiny_model("BertForSequenceClassification")
-    with pytest.raises(TypeError, match="bcosify"):
+    with pytest.raises(BcosTypeError, match="forward_func: .*no B-cos.*bcosify"):
         BcosAttribution(EmbeddingForward(stock))
-    with pytest.raises(TypeError, match="bcosify"):
+    with pytest.raises(BcosTypeError, match="no B-cos.*bcosify"):
         LayerBcos(stock)
-    model = tiny_model("BertForSequenceClassification")
-    bcosify(model, b=1.5, verbose=False)
-    with pytest.raises(TypeError, match="model="):
-        BcosAttribution(lambda x: x.sum(-1))
-    # a plain function is fine with model=
-    fwd = EmbeddingForward(model)
+    with pytest.raises(BcosTypeError, match="model: .*no B-cos"):
+        BcosAttribution(lambda e: e.sum(-1), model=stock)
+    # a plain function is accepted, and refused on the call when it ran through no B-cos module
+    fwd = EmbeddingForward(stock)
     ids, mask = padded_batch()
     emb = fwd.embed(ids, mask)
-    attr = BcosAttribution(lambda e, m: fwd(e, m), model=model).attribute(
-        emb, target=0, additional_forward_args=(mask,))
-    torch.testing.assert_close(attr.sum(dim=(1, 2)), model(input_ids=ids, attention_mask=mask).logits[:, 0].detach(),
-                               rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="one scalar per example"):
+    with pytest.raises(BcosTypeError, match="ran through no B-cos"):
+        BcosAttribution(lambda e, m: fwd(e, m)).attribute(emb, target=0, additional_forward_args=(mask,))
+    with pytest.raises(BcosTypeError, match="ran through no B-cos"):
+        BcosAttribution(lambda e: e.sum(dim=(1, 2))).attribute(emb)
+    with pytest.raises(BcosTypeError, match="ran through no B-cos"):
+        LayerBcos(lambda e, m: fwd(e, m), stock.bert.encoder.layer[0]).attribute(
+            emb, target=0, additional_forward_args=(mask,))
+    with pytest.raises(BcosTypeError, match="layer: no default for a plain function"):
+        LayerBcos(lambda e: e)
+
+
+def test_plain_functions_work_like_captums_other_methods(bcos_bert):
+    # Captum's benchmarking style: a lambda around the model, no model= anywhere
+    ids, mask = padded_batch()
+    fwd = EmbeddingForward(bcos_bert)
+    emb = fwd.embed(ids, mask)
+    attr, delta = BcosAttribution(lambda e, m: fwd(e, m)).attribute(
+        emb, target=0, additional_forward_args=(mask,), return_convergence_delta=True)
+    logits = bcos_bert(input_ids=ids, attention_mask=mask).logits.detach()
+    torch.testing.assert_close(attr.sum(dim=(1, 2)), logits[:, 0], rtol=1e-5, atol=1e-6)
+    assert delta.abs().max() < 1e-5
+    with pytest.raises(BcosValueError, match="target: .*one scalar per example"):
         BcosAttribution(fwd).attribute(emb, additional_forward_args=(mask,))
+
+    llama = bcosify(tiny_model("LlamaForCausalLM"), b=1.25, verbose=False)
+    ids, _ = padded_batch(batch=2, length=6)
+    embeds = llama.get_input_embeddings()(ids).detach()
+    attr, delta = BcosAttribution(lambda e: llama(inputs_embeds=e).logits[:, -1]).attribute(
+        embeds, target=torch.tensor([5, 7]), return_convergence_delta=True)
+    ref = explain(llama, ids, target=torch.tensor([5, 7]))
+    torch.testing.assert_close(attr, ref.input_contributions, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(delta, ref.delta, rtol=0, atol=1e-5)
+    assert ref.completeness_error.max() < 1e-4
+
+    llama.train()  # dropout rates are 0 here, but the explained function must not depend on the mode
+    llama.model.layers[0].self_attn.attention_dropout = 0.1
+    with pytest.raises(BcosRuntimeError, match=r"training mode.*model\.eval\(\)"):
+        BcosAttribution(lambda e: llama(inputs_embeds=e).logits[:, -1]).attribute(embeds, target=1)
+    # with model= the model is put in eval mode for the call and its flag restored
+    BcosAttribution(lambda e: llama(inputs_embeds=e).logits[:, -1], model=llama).attribute(embeds, target=1)
+    assert llama.training
+
+
+def test_noise_tunnel_over_both_classes_stays_complete(bcos_bert):
+    ids, mask = padded_batch(seed=2)
+    fwd = EmbeddingForward(bcos_bert)
+    emb = fwd.embed(ids, mask)
+    bcos = BcosAttribution(fwd)
+    torch.manual_seed(0)
+    smooth, deltas = NoiseTunnel(bcos).attribute(emb, nt_samples=3, stdevs=0.05, target=1,
+                                                 additional_forward_args=(mask,), return_convergence_delta=True)
+    assert smooth.shape == emb.shape and deltas.shape == (3 * 3,)
+    assert deltas.abs().max() < 1e-5  # every noisy sample's attributions sum to its own logit
+    plain = bcos.attribute(emb, target=1, additional_forward_args=(mask,))
+    assert (smooth - plain).abs().max() > 1e-4  # the noise did something
+    # zero noise: exactly the plain method
+    still = NoiseTunnel(bcos).attribute(emb, nt_samples=2, stdevs=0.0, target=1, additional_forward_args=(mask,))
+    torch.testing.assert_close(still, plain, rtol=1e-5, atol=1e-7)
+
+    layer = bcos_bert.bert.encoder.layer[0]
+    layer_attr, layer_deltas = NoiseTunnel(LayerBcos(fwd, layer)).attribute(
+        emb, nt_type="vargrad", nt_samples=2, stdevs=0.05, target=2, additional_forward_args=(mask,),
+        return_convergence_delta=True)
+    assert layer_attr.shape == emb.shape and layer_deltas.abs().max() < 1e-5
+
+
+def test_layer_bcos_takes_a_list_of_layers_and_every_parent_keyword(bcos_bert):
+    ids, mask = padded_batch(seed=4)
+    layers = [bcos_bert.bert.encoder.layer[0], bcos_bert.bert.encoder.layer[1]]
+    attrs, deltas = LayerBcos(bcos_bert, layers).attribute(ids, target=1, additional_forward_args=(mask,),
+                                                         return_convergence_delta=True)
+    logits = bcos_bert(input_ids=ids, attention_mask=mask).logits[:, 1].detach()
+    assert isinstance(attrs, list) and len(attrs) == 2 and len(deltas) == 2
+    for a, d in zip(attrs, deltas, strict=True):  # each layer's output carries the whole residual stream
+        assert a.shape == (3, 9, 32)
+        torch.testing.assert_close(a.sum(dim=(1, 2)), logits, rtol=1e-5, atol=1e-5)
+        assert d.abs().max() < 1e-5
+    # the parent's keywords pass through: attribute_to_layer_input and grad_kwargs
+    pooled = LayerBcos(bcos_bert, bcos_bert.bert.pooler).attribute(ids, target=1, additional_forward_args=(mask,))
+    head_input, delta = LayerBcos(bcos_bert, bcos_bert.classifier).attribute(
+        ids, target=1, additional_forward_args=(mask,), attribute_to_layer_input=True,
+        grad_kwargs={"retain_graph": False}, return_convergence_delta=True)
+    torch.testing.assert_close(head_input, pooled, rtol=1e-5, atol=1e-6)  # the head reads the pooler's output
+    assert delta.abs().max() < 1e-5
+    for ours, parent in ((BcosAttribution, InputXGradient), (LayerBcos, LayerGradientXActivation)):
+        theirs = inspect.signature(inspect.unwrap(parent.attribute)).parameters
+        assert set(theirs) <= set(inspect.signature(inspect.unwrap(ours.attribute)).parameters)
+
+
+def test_captum_metrics_with_a_plain_function_forward(bcos_bert):
+    ids, mask = padded_batch(seed=5)
+    fwd = EmbeddingForward(bcos_bert)
+    emb = fwd.embed(ids, mask)
+
+    def forward(e, m):
+        return fwd(e, m)
+
+    bcos = BcosAttribution(forward)
+    attr = bcos.attribute(emb, target=0, additional_forward_args=(mask,))
+
+    def perturb(x):
+        noise = torch.randn_like(x) * 0.01
+        return noise, x - noise
+
+    torch.manual_seed(0)
+    inf = infidelity(forward, perturb, emb, attr, additional_forward_args=(mask,), target=0, n_perturb_samples=3)
+    assert inf.shape == (3,) and torch.isfinite(inf).all() and (inf >= 0).all()
+    sens = sensitivity_max(bcos.attribute, emb, perturb_radius=0.05, n_perturb_samples=2, target=0,
+                           additional_forward_args=(mask,))
+    assert sens.shape == (3,) and torch.isfinite(sens).all() and (sens > 1e-3).all()
+
+
+def test_stock_bert_attributions_through_embedding_forward_are_not_noise():
+    # regression: before the LayerNorm the stock model's input x gradient is ~1e-9 noise
+    stock = tiny_model("BertForSequenceClassification")
+    fwd = EmbeddingForward(stock)
+    ids, mask = padded_batch(seed=6)
+    emb = fwd.embed(ids, mask)
+    logits = stock(input_ids=ids, attention_mask=mask).logits[:, 1].detach()
+    ixg = InputXGradient(fwd).attribute(emb.clone().requires_grad_(), target=1, additional_forward_args=(mask,))
+    assert ixg.abs().sum(dim=(1, 2)).min() > 1e-2 * logits.abs().max()
+    ref = explain(stock, ids, mask, target=1)
+    assert "LayerNorm" in ref.attribution_point
+    torch.testing.assert_close(ixg, ref.input_contributions, rtol=1e-5, atol=1e-7)
+    ig = IntegratedGradients(fwd).attribute(emb.clone(), target=1, additional_forward_args=(mask,), n_steps=8)
+    sal = Saliency(fwd).attribute(emb.clone().requires_grad_(), target=1, additional_forward_args=(mask,))
+    assert ig.abs().sum() > 1e-2 * logits.abs().max() and sal.abs().sum() > 1e-3
+    with torch.no_grad():
+        torch.testing.assert_close(fwd(emb, mask), stock(input_ids=ids, attention_mask=mask).logits)
+
+
+def test_embedding_forward_on_a_padded_decoder_classifier_matches_each_row_alone():
+    model = bcosify(tiny_model("GPT2ForSequenceClassification"), b=1.25, verbose=False)  # pad_token_id 0
+    ids, mask = padded_batch(seed=7, pad_id=5)  # padding written with an id other than pad_token_id
+    fwd = EmbeddingForward(model)
+    with torch.no_grad():
+        batched = fwd(fwd.embed(ids, mask), mask)
+        for row in range(3):
+            real = ids[row, mask[row].bool()][None]
+            alone = model(input_ids=real).logits[0]
+            torch.testing.assert_close(batched[row], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_embedding_forward_input_errors(bcos_bert):
+    fwd = EmbeddingForward(bcos_bert)
+    ids, mask = padded_batch()
+    emb = fwd.embed(ids, mask)
+    with pytest.raises(BcosValueError, match=r"embeddings: expected shape \(batch, pos, 32\)"):
+        fwd(emb[0], mask)
+    with pytest.raises(BcosValueError, match=r"embeddings: expected shape"):
+        fwd(emb[..., :16], mask)
+    with pytest.raises(BcosTypeError, match="embeddings: expected a float tensor"):
+        fwd(ids, mask)
+    with pytest.raises(BcosValueError, match=r"attention_mask: expected shape \(3, 9\)"):
+        fwd(emb, mask[:, :5])
+    with pytest.raises(BcosValueError, match="attention_mask: row"):
+        fwd(emb, mask * torch.tensor([[1], [0], [1]]))
+    bad = emb.clone()
+    bad[1, 2, 3] = float("nan")
+    with pytest.raises(BcosValueError, match="embeddings: has NaN"):
+        fwd(bad, mask)
+    with pytest.raises(BcosValueError, match="embeddings: has NaN"):
+        BcosAttribution(fwd).attribute(bad, target=0, additional_forward_args=(mask,))
+    with pytest.raises(BcosTypeError, match="inputs: input x gradient needs float inputs"):
+        BcosAttribution(fwd).attribute(ids, target=0, additional_forward_args=(mask,))
+    with pytest.raises(BcosValueError, match="position: a sequence classifier"):
+        fwd(emb, mask, -1)
+    with pytest.raises(BcosTypeError, match="model: EmbeddingForward wraps"):
+        EmbeddingForward(tiny_model("BertModel"))
 
 
 def test_visualization_records_and_html_without_ipython(bcos_bert, tmp_path):
@@ -188,7 +360,7 @@ def test_visualization_records_and_html_without_ipython(bcos_bert, tmp_path):
     assert page.startswith("<!doctype html>") and page.count("<tr>") == 4 and "t" + str(ids[0, 0].item()) in page
     path = save_records_html(records, tmp_path / "sub" / "attr.html")
     assert path.read_text(encoding="utf-8") == page.replace("tiny", "Attributions")
-    with pytest.raises(ValueError, match="tokenizer"):
+    with pytest.raises(BcosValueError, match="tokenizer"):
         visualization_records(expl)
     # any method's scores work too
     other = visualization_records(scores=[torch.ones(2)], tokens=[["a", "b"]])
