@@ -127,3 +127,28 @@ def test_the_api_reference_covers_every_module():
             expected.add(f"bcos_plugins.{path.stem}")
     missing = sorted(m for m in expected if m not in documented)
     assert not missing, f"add these to a page under docs/api/: {missing}"
+
+
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_every_bcos_plugins_import_in_the_docs_and_readme_works():
+    """The hand-written pages' imports name things that exist (a renamed function fails here, not for users)."""
+    statements = set()
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for block in _python_blocks(page.read_text(encoding="utf-8")):
+            # join parenthesised multi-line imports, then keep the package's own import statements
+            block = re.sub(r"\(\s*([^)]*?)\s*\)", lambda m: " ".join(m.group(1).split()), block)
+            for line in block.splitlines():
+                line = line.split("#")[0].strip()
+                if re.match(r"(from bcos_plugins[\w.]* import |import bcos_plugins)", line):
+                    statements.add(line.rstrip(","))
+    assert len(statements) >= 10
+    failures = []
+    for statement in sorted(statements):
+        try:
+            exec(statement, {})
+        except Exception as error:  # every broken import reported at once
+            failures.append(f"{statement}: {type(error).__name__}: {error}")
+    assert not failures, "\n".join(failures)
