@@ -328,3 +328,11 @@ def test_a_tampered_b_in_a_state_dict_is_refused_at_the_next_forward():
                                              r"\[1, 10\]\. .*initial_b"):
         layer(torch.randn(1, 4))
     assert layer.initial_b == 1.5
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_classifier_without_labels_is_refused_by_bcosify(family):
+    name = {"bert": "BertForSequenceClassification", "gpt2": "GPT2ForSequenceClassification"}[family]
+    model = getattr(T, name)(tiny_config(family, num_labels=0))
+    with pytest.raises(BcosValueError, match=r"^model: config\.num_labels is 0, so the classifier has no output"):
+        bcosify(model, verbose=False)

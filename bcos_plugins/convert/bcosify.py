@@ -222,6 +222,10 @@ def bcosify(model: nn.Module, b: float = 1.5, *, verbose: bool = True) -> nn.Mod
             "keys and values come from another model's states that explanations cannot attribute to. Build "
             "the model with add_cross_attention=False (encoder-only or decoder-only)."
         )
+    num_labels = getattr(config, "num_labels", None)
+    if spec.is_classifier and not (isinstance(num_labels, int) and num_labels >= 1):
+        raise argument_error("model", f"config.num_labels is {num_labels!r}, so the classifier has no output",
+                             "build the classifier with num_labels >= 1 (e.g. num_labels=2)")
     plan, report = _plan(model, spec, b)
 
     for name, action in plan:
