@@ -93,6 +93,7 @@ import math  # noqa: E402
 
 import numpy as np  # noqa: E402
 from hypothesis import event  # noqa: E402
+from hypothesis.control import currently_in_test_context  # noqa: E402
 
 from bcos_plugins import metrics as M  # noqa: E402
 from bcos_plugins.bilinear import (  # noqa: E402
@@ -116,7 +117,8 @@ SUB_MODEL = settings(SUB, max_examples=15)  # each example runs a model forward 
 def _names(err: Exception, *args: str) -> None:
     """The package's error, naming one of ``args`` in the ``"<argument>: ..."`` pattern."""
     assert isinstance(err, BcosError), f"{type(err).__name__} is not the package's error: {err}"
-    event("refused")
+    if currently_in_test_context():
+        event("refused")
     assert any(f"{a}:" in str(err) for a in args), f"error names none of {args}: {err}"
 
 
@@ -541,11 +543,11 @@ def test_space_forward_any_batch(batch, length, low, mask_kind, labels):
 def test_guide_scores_any_mask(scores, mask, mode, strength):
     from bcos_plugins.guided import guide_scores
 
-    scores = scores.nan_to_num(0.0, 1.0, -1.0)
+    scores = scores.nan_to_num(0.0, 1.0, -1.0) if scores.is_floating_point() else scores
     try:
         guided = guide_scores(scores, mask, mode, strength)
     except BcosError as err:
-        _names(err, "rationale_mask", "mode", "strength")
+        _names(err, "rationale_mask", "mode", "strength", "scores")
         return
     event("answered")
     attention = torch.softmax(guided, dim=-1)
@@ -650,6 +652,54 @@ def test_train_causal_lm_refuses_rows_with_nothing_to_predict(tmp_path):
                         eval_dataset=[{"input_ids": [5, VOCAB]}])
     with pytest.raises(BcosValueError, match="pad_token_id: must be >= 0"):
         train_causal_lm(model, [{"input_ids": [5, 6]}], str(tmp_path), pad_token_id=-1)
+
+
+# --- the smaller public helpers: one bad argument each, named -------------------------------------------------
+
+def _helper_cases():
+    from bcos_plugins.guided import find_span, parse_esnli_question, random_rationale_mask
+    from bcos_plugins.space import SpaceHead, classification_scores, masked_mean
+    from bcos_plugins.vision import attention_rollout
+    from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids, place_digits
+    from bcos_plugins.vision.visualize import contribution_map, weight_colour_image
+
+    digits = torch.rand(8, 1, 8, 8)
+    head = SpaceHead(4, 2, 3)
+    return {
+        "rollout patch 0 (was an empty map)": (lambda: attention_rollout([torch.rand(1, 2, 4, 4)], 0), "patch_size"),
+        "rollout NaN": (lambda: attention_rollout([torch.full((1, 2, 4, 4), math.nan)], 2), "attentions"),
+        "rollout layers disagree": (lambda: attention_rollout([torch.rand(1, 2, 4, 4), torch.rand(1, 2, 9, 9)], 2),
+                                    "attentions"),
+        "colour image NaN": (lambda: weight_colour_image(torch.full((2, 4, 4), math.nan), torch.rand(4, 4)),
+                             "weights"),
+        "contribution map NaN (was a NaN map)": (lambda: contribution_map(torch.full((4, 4), math.nan)),
+                                                 "contributions"),
+        "canvas too small": (lambda: DigitImages(digits, torch.arange(8), size=4), "size"),
+        "labels for other digits (were repeated)": (lambda: DigitImages(digits[:2], torch.arange(3)), "labels"),
+        "no views (was an empty dataset)": (lambda: DigitImages(digits, torch.arange(8), views=0), "views"),
+        "offset off the canvas": (lambda: place_digits(digits[:1], 16, torch.tensor([0]), torch.tensor([[20, 0]])),
+                                  "offsets"),
+        "no grids": (lambda: make_grids(digits, torch.arange(8), torch.rand(8), 0), "n_grids"),
+        "test fraction 1.5": (lambda: load_digits_split(1.5), "test_fraction"),
+        "span of None": (lambda: find_span(None, "a"), "text"),
+        "question not a str": (lambda: parse_esnli_question(3), "question"),
+        "NaN gold mask": (lambda: random_rationale_mask(torch.tensor([[math.nan, 1.0]]), torch.ones(1, 2)),
+                          "gold_mask"),
+        "empty scores": (lambda: classification_scores([], []), "labels"),
+        "mask of other values": (lambda: masked_mean(torch.rand(2, 3, 4), torch.ones(2, 4)), "attention_mask"),
+        "shares of an empty row (were NaN)": (lambda: head.token_contributions(torch.rand(2, 3, 2, 3),
+                                                                               torch.zeros(2, 3)), "attention_mask"),
+        "cost of a non-callable": (lambda: M.measure_cost(3), "fn"),
+        "no curves": (lambda: M.PerturbationCurves.concatenate([]), "parts"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_helper_cases()))
+def test_small_helpers_name_the_bad_argument(case):
+    call, argument = _helper_cases()[case]
+    with pytest.raises(BcosError) as info:
+        call()
+    _names(info.value, argument)
 
 
 # ============================================================== layers, conversion, checkpoints, training helpers

@@ -50,26 +50,27 @@ def check_guidance(mode: str, strength: float) -> tuple[str, float]:
     return mode, strength
 
 
-def check_rationale_mask(rationale_mask, batch: int | None = None, n_keys: int | None = None) -> Tensor:
+def check_rationale_mask(rationale_mask, batch: int | None = None, n_keys: int | None = None,
+                         name: str = "rationale_mask") -> Tensor:
     """A gold mask ``(batch, key_pos)`` with values in [0, 1]; NaN, negative or > 1 values are refused
     (they turn the guided scores into NaN, or reverse the guidance), naming the rows."""
     if not isinstance(rationale_mask, Tensor):
-        raise argument_error("rationale_mask", f"must be a tensor of shape (batch, key_pos), got "
+        raise argument_error(name, f"must be a tensor of shape (batch, key_pos), got "
                              f"{type(rationale_mask).__name__}", "Pass a float or bool tensor like input_ids",
                              kind=BcosTypeError)
     if rationale_mask.is_complex():
-        raise argument_error("rationale_mask", f"must be real, got dtype {rationale_mask.dtype}",
+        raise argument_error(name, f"must be real, got dtype {rationale_mask.dtype}",
                              "Pass a float or bool tensor", kind=BcosTypeError)
     expected = f"({'batch' if batch is None else batch}, {'key_pos' if n_keys is None else n_keys})"
     if rationale_mask.ndim != 2 or (batch is not None and rationale_mask.shape[0] != batch) \
             or (n_keys is not None and rationale_mask.shape[1] != n_keys):
-        raise argument_error("rationale_mask", f"must have shape (batch, key_pos) = {expected} like input_ids, got "
+        raise argument_error(name, f"must have shape (batch, key_pos) = {expected} like input_ids, got "
                              f"{tuple(rationale_mask.shape)}", "Build it from the same padded batch")
     if rationale_mask.dtype != torch.bool and rationale_mask.numel():
         values = rationale_mask.detach()
         bad = ~((values >= 0) & (values <= 1))  # NaN fails both comparisons
         if bad.any():
-            raise argument_error("rationale_mask", f"must hold values in [0, 1] (1 = rationale token), got "
+            raise argument_error(name, f"must hold values in [0, 1] (1 = rationale token), got "
                                  f"{values[bad].flatten()[:6].tolist()} in {bad_rows(bad)}",
                                  "Fix those rows (NaN or negative values give NaN or reversed guidance)")
     return rationale_mask
@@ -101,6 +102,10 @@ def guide_scores(
     softmax gives ``M / sum M``; rows without an allowed rationale key are returned unchanged.
     """
     mode, strength = check_guidance(mode, strength)
+    if not isinstance(scores, Tensor) or not scores.is_floating_point() or scores.ndim != 4:
+        raise argument_error("scores", f"must be float attention scores (batch, head, query, key), got "
+                             f"{getattr(scores, 'dtype', type(scores).__name__)} {tuple(getattr(scores, 'shape', ()))}",
+                             "Pass Q K^T / sqrt(d_head)", kind=BcosTypeError)
     m = _as_key_mask(rationale_mask, scores)
     if mode == "multiply":
         return scores * (1.0 + strength * m)

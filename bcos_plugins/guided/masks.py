@@ -22,7 +22,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..errors import BcosTypeError, argument_error
-from ..metrics._checks import require_float, require_tensor
+from ..metrics._checks import require_float, require_int, require_tensor
 from .guidance import check_rationale_mask
 
 __all__ = [
@@ -58,6 +58,11 @@ def text_token_mask(encoding) -> Tensor:
 def find_span(text: str, phrase: str, start: int = 0) -> Span | None:
     """Character span of ``phrase`` in ``text``: an exact match on word boundaries first, then a
     case-insensitive one (the paper lowercases to improve alignment); ``None`` if absent."""
+    for name, value in (("text", text), ("phrase", phrase)):
+        if not isinstance(value, str):
+            raise argument_error(name, f"must be a str, got {type(value).__name__}", "Pass text",
+                                 kind=BcosTypeError)
+    start = require_int("start", start, minimum=0)
     phrase = phrase.strip()
     if not phrase:
         return None
@@ -130,7 +135,7 @@ def random_rationale_mask(
 ) -> Float[Tensor, "batch pos"]:
     """Random control with the gold mask's sparsity: per row, ``gold.sum()`` positions drawn uniformly
     among ``eligible`` positions (real, non-special tokens), without replacement."""
-    gold_mask = check_rationale_mask(gold_mask) if isinstance(gold_mask, Tensor) else gold_mask
+    gold_mask = check_rationale_mask(gold_mask, name="gold_mask") if isinstance(gold_mask, Tensor) else gold_mask
     if not isinstance(gold_mask, Tensor):
         raise argument_error("gold_mask", f"must be a (batch, pos) tensor, got {type(gold_mask).__name__}",
                              "Pass the gold mask of the batch", kind=BcosTypeError)
@@ -167,6 +172,9 @@ _ESNLI_QUESTION = re.compile(r'^Suppose "(.*)"\. Can we infer that "(.*)"\?$', r
 
 def parse_esnli_question(question: str) -> tuple[str, str]:
     """(premise, hypothesis) from the ``question`` field of the e-SNLI premise-span slice."""
+    if not isinstance(question, str):
+        raise argument_error("question", f"must be a str, got {type(question).__name__}",
+                             "Pass the record's question field", kind=BcosTypeError)
     match = _ESNLI_QUESTION.match(question)
     if match is None:
         raise ValueError(f"not an e-SNLI 'Suppose \"...\". Can we infer that \"...\"?' question: {question[:80]!r}")

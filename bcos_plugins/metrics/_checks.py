@@ -140,7 +140,8 @@ def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | Non
     ids, an empty batch or zero-length rows, ids outside the vocabulary, rows longer than the model's position
     table, a mask of another shape or with values other than 0/1, and rows without any real token.
     """
-    ids = require_tensor(name, input_ids, ndim=2, kind="int", shape_hint="(batch, pos)")
+    ids = require_tensor(name, input_ids, ndim=2, kind="int" if name == "input_ids" else "real",
+                         shape_hint="(batch, pos)", finite=False)
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise argument_error(name, f"is empty (shape {tuple(ids.shape)})", "Pass at least one row of one token")
     if vocab_size is not None:

@@ -113,9 +113,9 @@ class PerturbationCurves:
     def concatenate(cls, parts: Sequence[PerturbationCurves]) -> PerturbationCurves:
         """Join the curves of several batches (same fractions)."""
         if not parts:
-            raise ValueError("nothing to concatenate")
+            raise argument_error("parts", "nothing to concatenate", "Pass at least one PerturbationCurves")
         if any(p.fractions != parts[0].fractions for p in parts):
-            raise ValueError("all parts must use the same fractions")
+            raise argument_error("parts", "all parts must use the same fractions", "Compute them with one setting")
         return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in
                      ("comprehensiveness", "sufficiency")), parts[0].fractions,
                    *(torch.cat([getattr(p, f) for p in parts]) for f in ("full_probability", "target", "k")))

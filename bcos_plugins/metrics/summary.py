@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..errors import argument_error
+from ..errors import BcosTypeError, argument_error
 from ._checks import require_same_shape, require_tensor
 from .attributions import token_scores
 
@@ -179,6 +179,9 @@ def measure_cost(fn: Callable[..., Any], *args, device: str | torch.device | Non
 
     ``device``: where the work runs (default: CUDA if available, else CPU); decides how memory is measured.
     """
+    if not callable(fn):
+        raise argument_error("fn", f"must be callable, got {type(fn).__name__}", "Pass the function to measure",
+                             kind=BcosTypeError)
     dev = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda":

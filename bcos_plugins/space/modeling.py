@@ -126,7 +126,8 @@ def masked_mean(
                              f"{tuple(values.shape)}", "Pass (batch, pos, ...) values")
     if attention_mask is None:
         return values.mean(dim=1)
-    _, attention_mask = require_token_batch(torch.ones(values.shape[:2], dtype=torch.long), attention_mask)
+    _, attention_mask = require_token_batch(torch.ones(values.shape[:2], dtype=torch.long), attention_mask,
+                                            name="values")
     weights = attention_mask.to(values.dtype)
     weights = weights / weights.sum(dim=1)[:, None]
     return torch.einsum("bp...,bp->b...", values, weights)
@@ -178,7 +179,16 @@ class SpaceHead(nn.Module):
     ) -> Float[Tensor, "batch pos n_classes n_spaces n_latent"]:
         """Exact shares ``m_j / n * w_{c,k,l} z_{k,j,l}``; summed over (pos, n_spaces, n_latent) they give
         ``logits - classifier.bias``. Padding positions get exactly 0."""
+        concepts = require_tensor("concepts", concepts, ndim=4, kind="float",
+                                  shape_hint="(batch, pos, n_spaces, n_latent)")
+        if concepts.shape[2:] != (self.n_spaces, self.n_latent):
+            raise argument_error("concepts", f"has spaces x latent {tuple(concepts.shape[2:])}, the head "
+                                 f"({self.n_spaces}, {self.n_latent})", "Pass this head's concepts(hidden_states)")
         batch, pos = concepts.shape[:2]
+        if attention_mask is not None:
+            # a row without real tokens would give 0/0 = NaN shares
+            _, attention_mask = require_token_batch(torch.ones(batch, pos, dtype=torch.long), attention_mask,
+                                                    name="concepts")
         mask = torch.ones(batch, pos, device=concepts.device) if attention_mask is None else attention_mask
         weights = mask.to(concepts.dtype) / mask.to(concepts.dtype).sum(1, keepdim=True)
         w = self.classifier.weight.view(-1, self.n_spaces, self.n_latent)  # (n_classes, n_spaces, n_latent)

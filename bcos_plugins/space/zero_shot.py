@@ -15,6 +15,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..errors import argument_error
+from ..metrics._checks import require_int
+
 __all__ = ["read_sst2_tsv", "read_rt_polarity", "predict_labels", "classification_scores",
            "zero_shot_evaluation"]
 
@@ -53,6 +56,8 @@ def read_rt_polarity(folder: str | Path, limit_per_class: int | None = None) -> 
 def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32, max_length: int = 128,
                    progress: bool = False) -> list[int]:
     """Arg-max class of each text (the model in eval mode, batches padded per batch)."""
+    batch_size = require_int("batch_size", batch_size, minimum=1)
+    max_length = require_int("max_length", max_length, minimum=1)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -75,6 +80,12 @@ def classification_scores(labels: Sequence[int], predictions: Sequence[int]) -> 
         raise ImportError("classification_scores needs scikit-learn: pip install scikit-learn "
                           "(or bcos-plugins[captum])") from None
 
+    labels, predictions = list(labels), list(predictions)
+    if len(labels) != len(predictions):
+        raise argument_error("predictions", f"has {len(predictions)} entries for {len(labels)} labels",
+                             "Pass one prediction per label")
+    if not labels:
+        raise argument_error("labels", "is empty, so the scores are undefined", "Pass at least one example")
     precision, recall, f1, _ = precision_recall_fscore_support(labels, predictions, average="macro", zero_division=0)
     return {"accuracy": float(accuracy_score(labels, predictions)), "f1_macro": float(f1),
             "precision_macro": float(precision), "recall_macro": float(recall), "n": len(labels)}
@@ -96,9 +107,9 @@ def zero_shot_evaluation(
     3-class model evaluated on a binary set); unmapped predictions count as errors.
     """
     if len(texts) != len(labels):
-        raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+        raise argument_error("labels", f"{len(texts)} texts but {len(labels)} labels", "Pass one label per text")
     if not texts:
-        raise ValueError("nothing to evaluate: texts is empty")
+        raise argument_error("texts", "nothing to evaluate: texts is empty", "Pass at least one text")
     predictions = predict_labels(model, tokenizer, texts, batch_size, max_length, progress)
     if label_map is not None:
         predictions = [label_map.get(p, -1) for p in predictions]

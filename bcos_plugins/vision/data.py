@@ -20,6 +20,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from ..errors import argument_error
+from ..metrics._checks import require_float, require_int, require_tensor
+
 __all__ = ["DigitImages", "load_digits_split", "make_grids", "place_digits"]
 
 DIGIT_SIZE = 8
@@ -27,6 +30,9 @@ DIGIT_SIZE = 8
 
 def load_digits_split(test_fraction: float = 0.25, seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(train_images, train_labels, test_images, test_labels)``; images ``(n, 1, 8, 8)`` in [0, 1]."""
+    test_fraction = require_float("test_fraction", test_fraction, minimum=0.0, open_minimum=True)
+    if test_fraction >= 1:
+        raise argument_error("test_fraction", f"must lie in (0, 1), got {test_fraction}", "Pass e.g. 0.25")
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -41,8 +47,18 @@ def load_digits_split(test_fraction: float = 0.25, seed: int = 0) -> tuple[Tenso
 def place_digits(digits: Float[Tensor, "n 1 8 8"], size: int, scale_up: Tensor,
                  offsets: Int[Tensor, "n 2"]) -> Float[Tensor, "n 1 size size"]:
     """Canvases ``size x size``: digit ``i`` fills it (bilinear) where ``scale_up[i]``, else sits at ``offsets[i]``."""
+    size = require_int("size", size)
     if size < DIGIT_SIZE:
-        raise ValueError(f"canvas size {size} is smaller than the {DIGIT_SIZE}x{DIGIT_SIZE} digits")
+        raise argument_error("size", f"canvas size {size} is smaller than the {DIGIT_SIZE}x{DIGIT_SIZE} digits",
+                             f"Use size >= {DIGIT_SIZE}")
+    digits = require_tensor("digits", digits, ndim=4, kind="float", shape_hint="(n, 1, 8, 8)")
+    offsets = require_tensor("offsets", offsets, ndim=2, kind="int", shape_hint="(n, 2)")
+    if offsets.shape != (len(digits), 2) or len(scale_up) != len(digits):
+        raise argument_error("offsets", f"need one (row, col) offset and one scale_up flag per digit ({len(digits)})",
+                             "Pass them for every digit")
+    if ((offsets < 0) | (offsets > size - DIGIT_SIZE)).any():
+        raise argument_error("offsets", f"must lie in [0, {size - DIGIT_SIZE}] so that the digit fits the canvas",
+                             "Draw offsets with torch.randint(0, size - 8 + 1, ...)")
     canvas = torch.zeros(len(digits), 1, size, size)
     big = F.interpolate(digits, size=(size, size), mode="bilinear", align_corners=False).clamp(0, 1)
     for i in range(len(digits)):
@@ -60,6 +76,10 @@ class DigitImages(Dataset):
     def __init__(self, digits: Float[Tensor, "n 1 8 8"], labels: Int[Tensor, " n"], size: int = 16,
                  views: int = 2, scaled_up_only: bool = False, seed: int = 0) -> None:
         n = len(digits)
+        if len(labels) != n:
+            raise argument_error("labels", f"has {len(labels)} entries for {n} digits", "Pass one label per digit")
+        views = require_int("views", views, minimum=1)
+        size = require_int("size", size, minimum=DIGIT_SIZE)
         g = torch.Generator().manual_seed(seed)
         if scaled_up_only:
             views = 1
@@ -86,8 +106,9 @@ def make_grids(digits: Float[Tensor, "n 1 8 8"], labels: Int[Tensor, " n"], conf
     (``strict=True``) or returns the grids made so far (``strict=False``).
     """
     if not (len(digits) == len(labels) == len(confidence)):
-        raise ValueError(f"digits, labels and confidence must have the same length; got {len(digits)}, "
-                         f"{len(labels)}, {len(confidence)}")
+        raise argument_error("labels", f"digits, labels and confidence must have the same length, got "
+                             f"{len(digits)}, {len(labels)}, {len(confidence)}", "Pass one of each per digit")
+    n_grids = require_int("n_grids", n_grids, minimum=1)
     rng = np.random.default_rng(seed)
     queues = {int(c): [int(i) for i in (labels == c).nonzero().flatten()[confidence[labels == c].argsort(descending=True)]]
               for c in labels.unique()}

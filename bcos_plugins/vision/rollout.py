@@ -14,6 +14,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..errors import argument_error
+from ..metrics._checks import require_float, require_int, require_tensor
+
 __all__ = ["attention_rollout"]
 
 
@@ -21,8 +24,16 @@ def attention_rollout(attentions: tuple[Tensor, ...] | list[Tensor], patch_size:
                       residual_weight: float = 0.5) -> Float[Tensor, "batch h w"]:
     """Pixel map ``(batch, grid * p, grid * p)`` from per-layer attention ``(batch, heads, N, N)``."""
     if not attentions:
-        raise ValueError("attention_rollout needs the attention matrices of at least one layer "
-                         "(call the model with output_attentions=True)")
+        raise argument_error("attentions", "attention_rollout needs the attention matrices of at least one layer",
+                             "Call the model with output_attentions=True")
+    patch_size = require_int("patch_size", patch_size, minimum=1)
+    residual_weight = require_float("residual_weight", residual_weight, minimum=0.0, maximum=1.0)
+    for i, a in enumerate(attentions):
+        a = require_tensor("attentions", a, ndim=4, kind="float", shape_hint="(batch, heads, N, N)")
+        if a.shape != attentions[0].shape or a.shape[-1] != a.shape[-2] or 0 in a.shape:
+            raise argument_error("attentions", f"layer {i} has shape {tuple(a.shape)}; every layer must be "
+                                 f"(batch, heads, N, N) like layer 0 {tuple(attentions[0].shape)}",
+                                 "Pass model(..., output_attentions=True).attentions")
     batch, _, n, _ = attentions[0].shape
     grid = int(round(n**0.5))
     if grid * grid != n:

@@ -21,17 +21,24 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..errors import argument_error
+from ..metrics._checks import require_float, require_tensor
+
 __all__ = ["contribution_map", "save_explanation_figure", "weight_colour_image"]
 
 
 def weight_colour_image(weights: Float[Tensor, "two_c h w"], contributions: Float[Tensor, "h w"],
                         alpha_percentile: float = 99.5) -> np.ndarray:
     """RGBA image ``(H, W, 4)`` in [0, 1] of one ``W(x)`` row; see the module docstring."""
-    if weights.ndim != 3 or weights.shape[0] % 2 != 0:
-        raise ValueError(f"weights must have shape (2C, H, W) (the encoded channels); got {tuple(weights.shape)}")
+    weights = require_tensor("weights", weights, ndim=3, kind="float", shape_hint="(2C, H, W)")
+    if weights.shape[0] % 2 != 0:
+        raise argument_error("weights", f"weights must have shape (2C, H, W) (the encoded channels), got "
+                             f"{tuple(weights.shape)}", "Pass ImageExplanation.weights[i]")
+    contributions = require_tensor("contributions", contributions, ndim=2, kind="float", shape_hint="(H, W)")
     if contributions.shape != weights.shape[1:]:
-        raise ValueError(f"contributions shape {tuple(contributions.shape)} does not match the weights' "
-                         f"spatial shape {tuple(weights.shape[1:])}")
+        raise argument_error("contributions", f"contributions shape {tuple(contributions.shape)} does not match "
+                             f"the weights' spatial shape {tuple(weights.shape[1:])}", "Pass the same image's map")
+    alpha_percentile = require_float("alpha_percentile", alpha_percentile, minimum=0.0, maximum=100.0)
     w = weights.detach().double().cpu()
     c = w.shape[0] // 2
     scaled = (w / w.abs().amax(dim=0, keepdim=True).clamp_min(1e-12)).clamp_min(0)
@@ -49,6 +56,8 @@ def weight_colour_image(weights: Float[Tensor, "two_c h w"], contributions: Floa
 
 def contribution_map(contributions: Float[Tensor, "h w"], percentile: float = 99.9) -> tuple[np.ndarray, float]:
     """``(clipped map, v)`` with the map clipped to ``[-v, v]``, ``v`` the percentile of ``|contributions|``."""
+    contributions = require_tensor("contributions", contributions, kind="real", shape_hint="(H, W)")
+    percentile = require_float("percentile", percentile, minimum=0.0, maximum=100.0)
     values = contributions.detach().double().cpu().numpy()
     v = float(np.percentile(np.abs(values), percentile))
     v = v if v > 0 else 1.0
