@@ -68,8 +68,11 @@ class Direction:
 
 
 def parse_ids(value: IdsLike | Direction, batch: int, name: str, *, n_outputs: int | None = None,
-              device: torch.device | str | None = None) -> Int[Tensor, " batch"] | Direction:
+              device: torch.device | str | None = None, allow_direction: bool = True
+              ) -> Int[Tensor, " batch"] | Direction:
     """``value`` as ``(batch,)`` long ids (checked against ``[0, n_outputs)``), or the Direction itself."""
+    if isinstance(value, Direction) and not allow_direction:
+        raise BcosTypeError(f"{name}: takes integer indices (an int or one per row), not a Direction.")
     if isinstance(value, Direction):
         if n_outputs is not None:
             value.rows(batch, n_outputs, name)
@@ -145,7 +148,7 @@ def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_m
         if default == "last":
             return last
         return attention_mask.to(torch.long).argmax(dim=1)
-    pos = parse_ids(position, batch, "position", device=attention_mask.device)
+    pos = parse_ids(position, batch, "position", device=attention_mask.device, allow_direction=False)
     resolved = torch.where(pos < 0, last + 1 + pos, pos)
     outside = (resolved < 0) | (resolved >= length)
     if outside.any():
