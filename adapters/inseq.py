@@ -1,7 +1,7 @@
 """inseq adapter: the attribution method ``"bcos"`` and B-cos sequence classifiers with inseq's output objects.
 
-``import bcos_plugins.adapters.inseq`` registers the method through inseq's own registry (a
-``FeatureAttribution`` subclass with ``method_name = "bcos"``; importing again registers nothing new), so
+``import bcos_plugins.adapters.inseq`` registers the method through inseq's own registry (a subclass of inseq's
+``GradientAttributionRegistry`` with ``method_name = "bcos"``; importing again registers nothing new), so
 
 >>> import inseq, bcos_plugins.adapters.inseq
 >>> model = inseq.load_model(bcos_gpt2, "bcos", tokenizer=tokenizer)   # or a folder saved from a B-cos model
@@ -12,58 +12,57 @@ works with inseq's ``attribute``, ``show``, ``aggregate``, ``save``/``load`` and
 
 What "bcos" computes (decoder-only B-cos LMs: GPT2LMHeadModel, LlamaForCausalLM converted with ``bcosify``):
 
-- Each generation step is explained at the *combined embedding* (GPT-2: word + position embeddings, the input of
-  ``transformer.drop``; Llama: the token embeddings, positions enter through rotary q/k only), inside
-  :func:`~bcos_plugins.nn.explanation_mode`: contributions ``W(x) x`` per prefix token and embedding dimension.
-  Attributing at inseq's usual point (the word embeddings) would miss GPT-2's position-embedding share.
+- Like inseq's own layer methods, the method holds a Captum attribution: the Captum adapter's
+  :class:`~bcos_plugins.adapters.captum.LayerBcos` at the core's attribution point
+  (:func:`~bcos_plugins.attribution.text_attribution_point`: GPT-2's combined word + position embedding, the
+  input of ``transformer.drop``; Llama's token embeddings, positions enter through rotary q/k only), in
+  explanation mode: contributions ``W(x) x`` per prefix token and embedding dimension. Attributing at inseq's
+  usual point (the word embeddings) would miss GPT-2's position-embedding share.
 - Completeness: the contributions of all prefix tokens (the prompt and the tokens generated so far) sum to the
-  attributed value. The error ``sum(contributions) - attributed value`` is stored per step as inseq's
-  convergence-delta step score ``step_scores["deltas"]`` (it is ~1e-6 of the logit for B-cos models).
+  attributed value. ``sum(contributions) - attributed value`` (the core's ``delta``) is stored per step as
+  inseq's convergence-delta step score ``step_scores["deltas"]`` (~1e-6 of the logit for B-cos models).
 - Attributed function: ``"logit"`` by default (B-cos decomposes logits exactly, not probabilities):
   ``load_model(..., "bcos")`` sets the model's default attributed function to ``"logit"``. Any inseq step
   function works as ``attributed_fn``: ``"contrast_logits_diff"`` (with ``contrast_targets=``) is exact as well
   (a difference of two logits of one forward pass; inseq's *step score* of the same name instead takes the
-  contrast logit after the contrast prefix, so it can differ from the attributed value). For a non-linear function of the logits ``f(z)`` such as
-  ``"probability"`` the contributions sum to ``sum_j z_j df/dz_j`` (for the probability of token t:
-  ``p_t (z_t - sum_k p_k z_k)``), the first-order share of every logit, not to ``f`` itself; ``deltas`` then
-  holds that gap (a property of softmax, not an approximation error). With ``contrast_force_inputs=True`` the
-  contrastive logit comes from a second forward pass on other tokens, whose share is not attributed, so
-  ``deltas`` equals minus that logit.
+  contrast logit after the contrast prefix, so it can differ from the attributed value). For a non-linear
+  function of the logits ``f(z)`` such as ``"probability"`` the contributions sum to ``sum_j z_j df/dz_j`` (for
+  the probability of token t: ``p_t (z_t - sum_k p_k z_k)``), the first-order share of every logit, not to
+  ``f`` itself; ``deltas`` then holds that gap (a property of softmax, not an approximation error). With
+  ``contrast_force_inputs=True`` the contrastive logit comes from a second forward pass on other tokens, whose
+  share is not attributed, so ``deltas`` equals minus that logit.
 - Aggregation: outputs keep the per-dimension contributions and aggregate by a *signed sum* over the embedding
   dimension, without inseq's default normalisation (the aggregator ``"signed_sum"``, registered here), so the
   aggregated token scores still sum to the explained logit and keep their sign (inseq's default for gradient
   methods, a vector norm, drops the sign). Merging subwords or spans also sums. Ask for anything else as usual:
   ``out.aggregate("vnorm")``, ``out.show(aggregator="vnorm")``.
-- Positions: inseq left-pads batched prompts and calls the model without ``position_ids``, so under transformers
-  5 a padded row is run at shifted positions, unlike in ``generate`` (inseq 0.7.1 issue). While "bcos"
-  attributes, positions are counted from the attention mask (as ``generate`` and :func:`bcos_plugins.explain`
-  do), so a prompt attributed in a batch gets the same scores as alone.
+- Positions: a prompt attributed in a batch (inseq left-pads) gets the same scores as alone (see
+  :class:`_Inseq071`).
 
-Models "bcos" refuses, with a ``TypeError`` naming what is supported: encoder-decoder models (bcosify has no
-encoder-decoder architecture: use another inseq method), architectures bcosify does not know, base models
-without an LM head, sequence classifiers (use :func:`load_classifier`), and models without B-cos modules (a
-stock model's input x gradient is not an exact ``W(x) x``: convert it with ``bcosify`` and fine-tune it, or use
-inseq's ``"input_x_gradient"``). (BERT-family models stop earlier, inside inseq 0.7.1's own loader, which needs
-a ``bos_token_id``.) A folder saved from a B-cos model (``config.bcos`` present) that
+Models "bcos" refuses, with an :class:`UnsupportedModelError` naming what is supported: encoder-decoder models
+(bcosify has no encoder-decoder architecture: use another inseq method), architectures bcosify does not know,
+base models without an LM head, sequence classifiers (use :func:`load_classifier`), and models without B-cos
+modules (a stock model's input x gradient is not an exact ``W(x) x``: convert it with ``bcosify`` and fine-tune
+it, or use inseq's ``"input_x_gradient"``). (BERT-family models stop earlier, inside inseq 0.7.1's own loader,
+which needs a ``bos_token_id``.) A folder saved from a B-cos model (``config.bcos`` present) that
 ``AutoModelForCausalLM`` loaded as a stock model is converted again with the saved B, as
 :func:`bcos_plugins.load_bcos_model` does.
 
 Sequence classifiers (inseq itself only handles generation models): :func:`load_classifier` returns a
 :class:`BcosClassifier` whose ``attribute(texts)`` returns an inseq ``FeatureAttributionOutput`` with one
-sequence per text: source = the input tokens, columns = the classes, ``source_attributions`` = per-class
-contributions (summing to each class logit), step scores ``logit``, ``probability`` and ``deltas``;
-``show()``, ``aggregate()``, ``save()``/``FeatureAttributionOutput.load()`` work on it.
+sequence per text, computed by :func:`bcos_plugins.explain` (so with the core's input checks and padding
+handling): source = the input tokens, columns = the classes, ``source_attributions`` = per-class contributions
+(summing to each class logit), step scores ``logit``, ``probability`` and ``deltas``; ``show()``,
+``aggregate()``, ``save()``/``FeatureAttributionOutput.load()`` work on it.
 
-inseq 0.7.1 workarounds kept here (each has a test in tests/test_inseq_adapter.py):
-``inseq.get_version()`` needs ``pkg_resources`` (gone from recent setuptools), so nothing here calls it;
-``FeatureAttributionSequenceOutput.__post_init__`` merges an output's aggregation settings into inseq's
-module-level defaults (shared by every output of every method), so B-cos outputs keep their own copy;
-the setter of ``AttributionModel.default_attributed_fn_id`` is defined under the name ``set_attributed_fn``;
-batched decoder prompts get shifted positions (above).
+Everything inseq 0.7.1 still forces (private fields, a misnamed setter, positions of left-padded prompts,
+``pkg_resources``) is in :class:`_Inseq071`; tests/test_inseq_adapter.py checks that each quirk is still there
+and fails when inseq changes.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -72,7 +71,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from bcos_plugins.adapters.captum import LayerBcos
 from inseq.attr.feat import FeatureAttribution
+from inseq.attr.feat.gradient_attribution import GradientAttributionRegistry
 from inseq.data import (
     FeatureAttributionOutput,
     FeatureAttributionSequenceOutput,
@@ -80,22 +81,23 @@ from inseq.data import (
 )
 from inseq.data.aggregation_functions import SumAggregationFunction
 from inseq.data.aggregator import Aggregator, SequenceAttributionAggregator
+from inseq.models import AttributionModel
 from inseq.utils import Registry
 from inseq.utils.typing import TokenWithId
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor, nn
 
+from bcos_plugins.attribution import has_dynamic_weights, text_attribution_point
 from bcos_plugins.convert.architectures import ArchitectureSpec, spec_for, supported_architectures
 from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY, bcosify
-from bcos_plugins.attribution import capture_point
+from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
-from bcos_plugins.nn.dynamic import DynamicWeightModule, explanation_mode
 
 __all__ = [
     "METHOD_NAME",
     "SIGNED_SUM",
-    "BcosInseqAttribution",
     "BcosClassifier",
+    "BcosInseqAttribution",
     "BcosSequenceAttribution",
     "BcosStepAttribution",
     "SignedSumAggregator",
@@ -113,11 +115,86 @@ _CLASSIFIERS = ("BertForSequenceClassification", "DistilBertForSequenceClassific
                 "LlamaForSequenceClassification")
 
 
-class UnsupportedModelError(TypeError):
+class UnsupportedModelError(BcosTypeError):
     """A model the "bcos" method cannot explain exactly (the message says which models it supports)."""
 
 
-# --------------------------------------------------------------------------------------------- registration
+# ------------------------------------------------------------------------------------- inseq 0.7.1 quirks
+
+
+class _Inseq071:
+    """Everything inseq 0.7.1 forces on a method of its own, in one place.
+
+    Each quirk has a check in :meth:`quirks_present` that tests/test_inseq_adapter.py asserts, so a new inseq
+    release that fixes (or changes) one fails that test instead of silently running a workaround that is no
+    longer right.
+
+    1. ``AttributionModel.default_attributed_fn_id`` is read-only: its setter was defined under the name
+       ``set_attributed_fn`` (so that name is the settable property).
+    2. ``FeatureAttributionSequenceOutput.__post_init__`` merges an output's aggregation settings into inseq's
+       module-level default dicts (``DEFAULT_ATTRIBUTION_AGGREGATE_DICT``, ``DEFAULT_ATTRIBUTION_DIM_NAMES``),
+       which every output of every method shares: our outputs hand it empty dicts and keep private copies.
+    3. Batched decoder prompts are left-padded and the model is called without ``position_ids``; transformers 5
+       then counts positions from the first (padding) column, so a padded row runs at other positions than in
+       ``generate``. While "bcos" attributes, positions are filled in from the attention mask, as ``generate``
+       and :func:`bcos_plugins.explain` count them.
+    4. ``inseq.get_version()`` imports ``pkg_resources`` (gone from recent setuptools): nothing here calls it.
+    """
+
+    @staticmethod
+    def set_default_attributed_fn(attribution_model: AttributionModel, fn: str) -> None:
+        attribution_model.set_attributed_fn = fn  # quirk 1
+
+    @staticmethod
+    def isolated_post_init(output: FeatureAttributionSequenceOutput) -> tuple[dict, dict]:
+        """Run inseq's ``__post_init__`` on empty settings (quirk 2); returns the settings the object had."""
+        carried = (output._dict_aggregate_fn, output._attribution_dim_names)
+        output._dict_aggregate_fn, output._attribution_dim_names = {}, {}
+        FeatureAttributionSequenceOutput.__post_init__(output)
+        output._dict_aggregate_fn = deepcopy(output._dict_aggregate_fn)
+        return carried
+
+    @staticmethod
+    @contextmanager
+    def positions_from_mask(model: nn.Module, spec: ArchitectureSpec) -> Iterator[None]:
+        """Decoders: fill in ``position_ids`` from the attention mask when a call leaves them out (quirk 3)."""
+        if spec.kind != "decoder":
+            yield
+            return
+
+        def fill(module, args, kwargs):
+            mask = kwargs.get("attention_mask")
+            if kwargs.get("position_ids") is None and kwargs.get("past_key_values") is None \
+                    and mask is not None and mask.ndim == 2:
+                kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp_min(0)
+                return args, kwargs
+            return None
+
+        handle = model.register_forward_pre_hook(fill, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    @staticmethod
+    def quirks_present() -> dict[str, bool]:
+        """Whether each quirk above is still in the installed inseq."""
+        import inseq
+        from inseq.models.decoder_only import DecoderOnlyAttributionModel
+
+        prop = inspect.getattr_static(AttributionModel, "default_attributed_fn_id")
+        misnamed = inspect.getattr_static(AttributionModel, "set_attributed_fn", None)
+        post_init = inspect.getsource(FeatureAttributionSequenceOutput.__post_init__)
+        decoder_source = inspect.getsource(DecoderOnlyAttributionModel)
+        return {
+            "misnamed setter": prop.fset is None and isinstance(misnamed, property) and misnamed.fset is not None,
+            "shared default dicts": "default_aggregate_fn.update(" in post_init,
+            "no position_ids": "position_ids" not in decoder_source,
+            "pkg_resources": "pkg_resources" in inspect.getsource(inseq.get_version),
+        }
+
+
+# ---------------------------------------------------------------------------------------------- registration
 
 
 def _reuse_or_refuse(registry: type[Registry], name: str) -> type | None:
@@ -183,21 +260,16 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
     """
 
     def __post_init__(self):
-        carried_fns, carried_names, carried_aggregator = (self._dict_aggregate_fn, self._attribution_dim_names,
-                                                          self._aggregator)
-        # inseq 0.7.1 merges an output's settings into its module-level default dicts, which every output of
-        # every method shares; hand it empty ones and keep a private copy instead.
-        self._dict_aggregate_fn, self._attribution_dim_names = {}, {}
-        super().__post_init__()
+        carried_aggregator = self._aggregator
+        carried_fns, carried_names = _Inseq071.isolated_post_init(self)
         if self.sequence_scores is None:  # inseq's aggregators iterate over it
             self.sequence_scores = {}
-        fns = deepcopy(self._dict_aggregate_fn)
+        fns = self._dict_aggregate_fn
         for field in ("source_attributions", "target_attributions"):
             fns[field] = {"scores": "sum", "spans": "sum"}
         fns["step_scores"]["spans"]["deltas"] = "absmax"
         if carried_fns:
             fns.update(deepcopy(carried_fns))
-        self._dict_aggregate_fn = fns
         self._attribution_dim_names = deepcopy(carried_names) if carried_names else deepcopy(_DIM_NAMES)
         scores = self.source_attributions if self.source_attributions is not None else self.target_attributions
         if isinstance(scores, Tensor):
@@ -214,10 +286,6 @@ class BcosStepAttribution(FeatureAttributionStepOutput):
 
 
 # ------------------------------------------------------------------------------------------ the method
-
-
-def _has_bcos_modules(model: nn.Module) -> bool:
-    return any(isinstance(m, DynamicWeightModule) for m in model.modules())
 
 
 def _supported_text() -> str:
@@ -252,7 +320,7 @@ def _explainable_model(model: nn.Module, *, classifier: bool) -> tuple[nn.Module
         )
     if not classifier and (spec.kind != "decoder" or not hasattr(model, "lm_head")):
         raise UnsupportedModelError(f"{name} has no LM head to generate with. Supported: {_supported_text()}.")
-    if not _has_bcos_modules(model):
+    if not has_dynamic_weights(model):
         settings = getattr(model.config, BCOS_CONFIG_KEY, None)
         if not isinstance(settings, dict) or "b" not in settings:
             raise UnsupportedModelError(
@@ -268,32 +336,6 @@ def _explainable_model(model: nn.Module, *, classifier: bool) -> tuple[nn.Module
     return model, spec
 
 
-@contextmanager
-def _positions_from_mask(model: nn.Module, spec: ArchitectureSpec) -> Iterator[None]:
-    """Decoders: fill in ``position_ids`` from the attention mask when a call leaves them out.
-
-    inseq 0.7.1 left-pads batched prompts and calls the model without positions; transformers 5 then counts
-    positions from the first (padding) column, so padded rows run at other positions than in ``generate``.
-    """
-    if spec.kind != "decoder":
-        yield
-        return
-
-    def fill(module, args, kwargs):
-        mask = kwargs.get("attention_mask")
-        if kwargs.get("position_ids") is None and kwargs.get("past_key_values") is None and mask is not None \
-                and mask.ndim == 2:
-            kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp_min(0)
-            return args, kwargs
-        return None
-
-    handle = model.register_forward_pre_hook(fill, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
 class _BcosMethod:
     """The "bcos" inseq method (registered as :class:`BcosInseqAttribution`); see the module docstring."""
 
@@ -302,51 +344,34 @@ class _BcosMethod:
     def __init__(self, attribution_model, **kwargs):
         super().__init__(attribution_model, hook_to_model=False)
         self.model, self.spec = _explainable_model(attribution_model.model, classifier=False)
-        # Ids go in, so the forward pass runs through the model's own embedding layers and the combined
-        # embedding (where B-cos is exact) can be captured for every architecture.
+        # as inseq's layer methods: ids in, attributions at a layer of the model
         self.attribute_batch_ids = True
         self.forward_batch_embeds = False
         self.use_baselines = False
         if attribution_model.attribution_method is None:
-            # "bcos" becomes this model's default method: make the logit its default target. inseq 0.7.1 defines
-            # the setter of default_attributed_fn_id under the name set_attributed_fn.
-            attribution_model.set_attributed_fn = "logit"
-        self.hook(**kwargs)
+            # "bcos" becomes this model's default method: make the logit (what B-cos decomposes) its target
+            _Inseq071.set_default_attributed_fn(attribution_model, "logit")
+        point = text_attribution_point(self.model, self.spec)
+        self.hook(target_layer=point.module, **kwargs)
+        self.method = LayerBcos(self.attribution_model, self.target_layer, model=self.model,
+                                attribute_to_layer_input=point.where == "input")
 
     def attribute(self, *args, **kwargs) -> FeatureAttributionOutput:
-        with _positions_from_mask(self.model, self.spec):
+        with _Inseq071.positions_from_mask(self.model, self.spec):
             return super().attribute(*args, **kwargs)
 
-    def attribute_step(
-        self, attribute_fn_main_args: dict[str, Any], attribution_args: dict[str, Any] | None = None
-    ) -> BcosStepAttribution:
-        """One step: ``W(x) x`` at the combined embedding for the attributed function's value.
-
-        ``attribute_fn_main_args`` is what inseq's input formatter builds for id-based methods: ``inputs`` (the
-        prefix ids) and ``additional_forward_args`` for the attribution model's forward (ids, target ids,
-        attributed function, attention mask, ...), whose output is the attributed value per sequence.
-        """
-        if attribution_args:
-            raise TypeError(f"the 'bcos' method takes no attribution arguments; got {sorted(attribution_args)}")
-        (input_ids,) = attribute_fn_main_args["inputs"]
-        extra = attribute_fn_main_args["additional_forward_args"]
-        with torch.enable_grad(), explanation_mode(self.model), capture_point(*self.spec.embedding_module(self.model)) as captured:
-            explained = self.attribution_model(input_ids, *extra).reshape(-1)
-            if explained.shape[0] != input_ids.shape[0]:
-                raise ValueError(f"the attributed function must give one value per sequence; got shape "
-                                 f"{tuple(explained.shape)} for {input_ids.shape[0]} sequences")
-            if not explained.requires_grad:
-                raise ValueError("the attributed function does not depend on the model's inputs (no gradient); "
-                                 "B-cos contributions need a function of the model's output logits")
-            (grad,) = torch.autograd.grad(explained.sum(), captured[0])
-        contributions: Float[Tensor, "batch pos d_model"] = captured[0].detach() * grad
-        deltas = contributions.sum(dim=(1, 2)) - explained.detach()
-        return BcosStepAttribution(target_attributions=contributions, step_scores={"deltas": deltas})
+    def attribute_step(self, attribute_fn_main_args: dict[str, Any],
+                       attribution_args: dict[str, Any] | None = None) -> BcosStepAttribution:
+        """inseq's gradient step with the completeness delta always on, as a :class:`BcosStepAttribution`."""
+        step = super().attribute_step(attribute_fn_main_args,
+                                      {**(attribution_args or {}), "return_convergence_delta": True})
+        return BcosStepAttribution(source_attributions=step.source_attributions,
+                                   target_attributions=step.target_attributions, step_scores=step.step_scores)
 
 
 _previous_method = _reuse_or_refuse(FeatureAttribution, METHOD_NAME)
 if _previous_method is None:
-    class BcosInseqAttribution(_BcosMethod, FeatureAttribution):
+    class BcosInseqAttribution(_BcosMethod, GradientAttributionRegistry):
         """inseq feature attribution method ``"bcos"``: exact B-cos contributions (see the module docstring)."""
 
         method_name = METHOD_NAME
@@ -380,7 +405,8 @@ class BcosClassifier:
             id2label = getattr(model.config, "id2label", None) or {}
             label_names = [str(id2label.get(i, f"LABEL_{i}")) for i in range(num_labels)]
         if len(label_names) != num_labels:
-            raise ValueError(f"{len(label_names)} label names for a model with {num_labels} classes")
+            raise argument_error("label_names", f"{len(label_names)} names for a model with {num_labels} classes",
+                                 "Pass one name per class, in class-id order")
         self.label_names = list(label_names)
         self.max_length = max_length
         self.model.eval()
@@ -398,7 +424,8 @@ class BcosClassifier:
         classes = [target_classes] if isinstance(target_classes, int) else [int(c) for c in target_classes]
         bad = [c for c in classes if not 0 <= c < n]
         if bad or not classes:
-            raise ValueError(f"target_classes must be class ids in [0, {n}); got {classes}")
+            raise argument_error("target_classes", f"must be class ids in [0, {n}); got {classes}",
+                                 "Pass class ids of this model, or leave target_classes out for all")
         return classes
 
     def attribute(self, texts: str | Sequence[str], target_classes: int | Sequence[int] | None = None,
@@ -406,7 +433,7 @@ class BcosClassifier:
         """Per-class token attributions of ``texts`` as an inseq ``FeatureAttributionOutput``."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts or not all(isinstance(t, str) and t for t in texts):
-            raise ValueError("attribute needs one or more non-empty texts")
+            raise argument_error("texts", "attribute needs one or more non-empty strings", "Pass a text or a list of texts")
         classes = self._classes(target_classes)
         sequences = []
         for start in range(0, len(texts), batch_size):
@@ -427,7 +454,7 @@ class BcosClassifier:
     def _attribute_batch(self, texts: list[str], classes: list[int]) -> list[BcosSequenceAttribution]:
         device = next(self.model.parameters()).device
         if len(texts) > 1 and self.tokenizer.pad_token is None:
-            raise ValueError("the tokenizer has no pad token to batch texts with; set one (e.g. tokenizer.pad_token = "
+            raise BcosValueError("tokenizer: it has no pad token to batch texts with; set one (e.g. tokenizer.pad_token = "
                              "tokenizer.eos_token and model.config.pad_token_id to its id) or pass batch_size=1")
         enc = self.tokenizer(texts, padding=len(texts) > 1, truncation=self.max_length is not None,
                              max_length=self.max_length, return_tensors="pt").to(device)
@@ -435,9 +462,9 @@ class BcosClassifier:
         mask: Int[Tensor, "batch pos"] = enc["attention_mask"]
         extra = {k: enc[k] for k in ("token_type_ids",) if k in enc}
         per_class = [explain(self.model, ids, mask, target=c, **extra) for c in classes]
-        contributions = torch.stack([e.embedding_contributions for e in per_class], dim=2).cpu()
-        logits = torch.stack([e.logits for e in per_class], dim=1).cpu()
-        deltas = torch.stack([e.total - e.logits for e in per_class], dim=1).cpu()
+        contributions = torch.stack([e.input_contributions for e in per_class], dim=2).cpu()
+        logits = torch.stack([e.explained for e in per_class], dim=1).cpu()
+        deltas = torch.stack([e.delta for e in per_class], dim=1).cpu()
         all_classes = len(classes) == len(self.label_names)
         sequences = []
         for row in range(len(texts)):

@@ -11,13 +11,16 @@ import inseq
 import pytest
 import torch
 import transformers as T
+from bcos_plugins.adapters.captum import LayerBcos
 from inseq.attr.feat import FeatureAttribution
 from inseq.data.aggregation_functions import DEFAULT_ATTRIBUTION_AGGREGATE_DICT
 from inseq.data.aggregator import Aggregator
 from inseq.utils import Registry
 
 from bcos_plugins import bcosify
+from bcos_plugins.attribution import has_dynamic_weights
 from bcos_plugins.data import SHIPPED_DATA
+from bcos_plugins.errors import BcosValueError
 
 TOKENIZER_DIR = SHIPPED_DATA / "gpt2_tokenizer"
 PROMPTS = ["The cat sat on the", "Hello"]
@@ -93,6 +96,20 @@ def test_generation_is_exact_signed_and_matches_the_models_own_logits(generation
         "B-cos settings leaked into inseq's shared aggregation defaults"
 
 
+def test_the_method_holds_a_captum_attribution_at_the_embedding_point(generation):
+    family, model, attribution_model, out = generation
+    method = attribution_model.attribution_method
+    assert isinstance(method, adapter.BcosInseqAttribution) and isinstance(method.method, LayerBcos)
+    embedding_point = model.transformer.drop if family == "gpt2" else model.model.embed_tokens
+    assert method.method.layer is embedding_point
+
+
+def test_inseq_quirks_worked_around_are_still_there():
+    # fails when inseq changes one of them: then revisit adapters/inseq.py's _Inseq071
+    quirks = adapter._Inseq071.quirks_present()
+    assert quirks == dict.fromkeys(quirks, True), quirks
+
+
 def test_batched_prompt_scores_equal_the_prompt_alone(generation):
     family, model, attribution_model, out = generation
     short = out.sequence_attributions[1]
@@ -162,7 +179,7 @@ def test_load_model_from_a_saved_bcos_folder(gpt2_tokenizer, tmp_path):
     model.save_pretrained(tmp_path)
     gpt2_tokenizer.save_pretrained(tmp_path)
     from_folder = inseq.load_model(str(tmp_path), "bcos")
-    assert any(isinstance(m, adapter.DynamicWeightModule) for m in from_folder.model.modules())
+    assert has_dynamic_weights(from_folder.model)
     kwargs = {"step_scores": ["logit"], "show_progress": False}
     a = from_folder.attribute("The cat", "The cat sat", **kwargs).sequence_attributions[0]
     b = inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer).attribute("The cat", "The cat sat", **kwargs)
@@ -226,8 +243,28 @@ def test_classifier_per_class_scores_sum_to_each_class_logit(name, bert_tokenize
 
     one = classifier.attribute("the plot was awful", target_classes=[2]).sequence_attributions[0]
     assert [t.token for t in one.target] == ["positive"] and "probability" not in one.step_scores
-    with pytest.raises(ValueError, match=r"class ids in \[0, 3\)"):
+    with pytest.raises(BcosValueError, match=r"target_classes: must be class ids in \[0, 3\)"):
         classifier.attribute("the film", target_classes=[3])
+
+
+def test_gpt2_classifier_padded_with_another_id_gives_each_text_its_own_logits(bert_tokenizer):
+    # the tokenizer pads with [PAD] (id 0) but the model's config names another pad id: explain (the core)
+    # rewrites padding so that the classifier still reads each row's last real token
+    vocab = len(bert_tokenizer)
+    torch.manual_seed(1)
+    config = T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=32, n_ctx=32, num_labels=2,
+                          pad_token_id=bert_tokenizer.convert_tokens_to_ids("[MASK]"))
+    model = bcosify(T.GPT2ForSequenceClassification(config).eval(), b=1.25, verbose=False)
+    classifier = adapter.load_classifier(model, bert_tokenizer)
+    texts = ["the film was great and the acting good", "bad"]
+    batched = classifier.attribute(texts).sequence_attributions
+    for text, seq in zip(texts, batched, strict=True):
+        alone = classifier.attribute(text).sequence_attributions[0]
+        ids = bert_tokenizer(text, return_tensors="pt")
+        with torch.no_grad():
+            own = model(**ids).logits[0]
+        torch.testing.assert_close(seq.step_scores["logit"], own, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(seq.source_attributions, alone.source_attributions, rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------- error paths
