@@ -6,6 +6,8 @@ One section per area; each section owns its strategies and helpers.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from conftest import VOCAB, padded_batch, tiny_model
@@ -16,7 +18,8 @@ from bcos_plugins import bcosify, explain
 from bcos_plugins.attribution import Direction
 from bcos_plugins.errors import BcosError
 
-EDGE = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# EDGE_EXAMPLES=500 make test (or pytest) for a deeper search than CI's default
+EDGE = settings(max_examples=int(os.environ.get("EDGE_EXAMPLES", 25)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 # ============================================================== explanation core: explain (text)
 
@@ -656,10 +659,20 @@ def test_train_causal_lm_refuses_rows_with_nothing_to_predict(tmp_path):
 
 # --- the smaller public helpers: one bad argument each, named -------------------------------------------------
 
+_SST2 = __import__("bcos_plugins.data", fromlist=["SHIPPED_DATA"]).SHIPPED_DATA / "sst2" / "train.tsv"
+_RT = _SST2.parent.parent / "rt_polarity"
+
+
 def _helper_cases():
     from bcos_plugins.guided import find_span, parse_esnli_question, random_rationale_mask
-    from bcos_plugins.space import SpaceHead, classification_scores, masked_mean
-    from bcos_plugins.vision import attention_rollout
+    from bcos_plugins.space import (
+        SpaceHead,
+        classification_scores,
+        masked_mean,
+        read_rt_polarity,
+        read_sst2_tsv,
+    )
+    from bcos_plugins.vision import BcosPatchEmbedding, attention_rollout
     from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids, place_digits
     from bcos_plugins.vision.visualize import contribution_map, weight_colour_image
 
@@ -691,7 +704,20 @@ def _helper_cases():
                                                                                torch.zeros(2, 3)), "attention_mask"),
         "cost of a non-callable": (lambda: M.measure_cost(3), "fn"),
         "no curves": (lambda: M.PerturbationCurves.concatenate([]), "parts"),
+        "negative SST-2 limit (was one row)": (lambda: read_sst2_tsv(_SST2, limit=-1), "limit"),
+        "negative rt_polarity limit (dropped the last rows)": (lambda: read_rt_polarity(_RT, limit_per_class=-1),
+                                                               "limit_per_class"),
+        "patch embedding of patch 0": (lambda: BcosPatchEmbedding(2, 0, 8, b=2.0, max_out=2), "patch_size"),
     }
+
+
+def test_dataset_readers_take_a_limit_of_zero():
+    from bcos_plugins.space import read_rt_polarity, read_sst2_tsv
+
+    assert read_sst2_tsv(_SST2, limit=0) == ([], [])
+    assert len(read_sst2_tsv(_SST2, limit=3)[0]) == 3
+    texts, labels = read_rt_polarity(_RT, limit_per_class=2)
+    assert labels == [0, 0, 1, 1] and len(texts) == 4
 
 
 @pytest.mark.parametrize("case", list(_helper_cases()))
