@@ -143,7 +143,7 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float) -> tuple[list, Con
             if type(module).__name__.endswith("RotaryEmbedding"):
                 continue  # rotary embeddings only act on query/key, which are constants when explaining
             raise UnsupportedModuleError(
-                f"bcosify cannot convert module '{name}' of class {type(module).__module__}."
+                f"model: bcosify cannot convert module '{name}' of class {type(module).__module__}."
                 f"{type(module).__qualname__}: it is neither a linear layer, a norm, nor a supported "
                 f"activation ({', '.join(sorted(_ACTIVATION_GATES))}). Replace it with a dynamic-weight "
                 "equivalent or open an issue."
