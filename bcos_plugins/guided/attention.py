@@ -158,7 +158,7 @@ def register_guided_attention() -> None:
             if existing is None:
                 interface.register(name, value)
             elif existing is not value:
-                raise RuntimeError(
+                raise BcosRuntimeError(
                     f"{interface.__name__} already has a different function registered as {name!r} "
                     f"({getattr(existing, '__module__', '?')}.{getattr(existing, '__qualname__', existing)}); "
                     "bcos_plugins will not overwrite it. Unregister it or use one of them only."

@@ -23,7 +23,12 @@ __all__ = ["read_sst2_tsv", "read_rt_polarity", "predict_labels", "classificatio
 
 
 def read_sst2_tsv(path: str | Path, limit: int | None = None) -> tuple[list[str], list[int]]:
-    """Texts and labels of a GLUE-style SST-2 ``.tsv`` (header ``sentence<TAB>label``)."""
+    """Texts and labels of a GLUE-style SST-2 ``.tsv`` (header ``sentence<TAB>label``); at most ``limit`` rows."""
+    if limit is not None:
+        # limit=0 used to return one row and a negative limit one row too.
+        limit = require_int("limit", limit, minimum=0)
+        if limit == 0:
+            return [], []
     texts, labels = [], []
     with open(path, encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -39,6 +44,9 @@ def read_sst2_tsv(path: str | Path, limit: int | None = None) -> tuple[list[str]
 
 def read_rt_polarity(folder: str | Path, limit_per_class: int | None = None) -> tuple[list[str], list[int]]:
     """Texts and labels (0 = negative, 1 = positive) from ``rt-polarity.neg`` / ``rt-polarity.pos``."""
+    if limit_per_class is not None:
+        # A negative limit used to drop rows from the end (a slice), silently.
+        limit_per_class = require_int("limit_per_class", limit_per_class, minimum=0)
     folder = Path(folder)
     texts, labels = [], []
     for label, name in ((0, "rt-polarity.neg"), (1, "rt-polarity.pos")):

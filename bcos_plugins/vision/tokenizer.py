@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from ..errors import argument_error
+from ..metrics._checks import require_int
 from ..nn.conv import BcosConv2d
 from ..nn.linear import BcosLinear
 
@@ -27,7 +29,7 @@ class BcosPatchEmbedding(nn.Module):
 
     def __init__(self, in_channels: int, patch_size: int, hidden_size: int, b: float, max_out: int) -> None:
         super().__init__()
-        self.patch_size = patch_size
+        self.patch_size = require_int("patch_size", patch_size, minimum=1)
         self.projection = BcosLinear(in_channels * patch_size * patch_size, hidden_size, b=b, max_out=max_out)
 
     def forward(self, encoded: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch n_patches d_model"]:
@@ -41,8 +43,11 @@ class BcosConvTokenizer(nn.Module):
     def __init__(self, in_channels: int, patch_size: int, hidden_size: int, channels: tuple[int, ...],
                  b: float, max_out: int, kernel_size: int = 3) -> None:
         super().__init__()
+        patch_size = require_int("patch_size", patch_size, minimum=1)
+        kernel_size = require_int("kernel_size", kernel_size, minimum=1)
         if kernel_size % 2 != 1:
-            raise ValueError(f"conv tokeniser kernel_size must be odd (same-size padding); got {kernel_size}")
+            raise argument_error("kernel_size", f"conv tokeniser kernel_size must be odd (same-size padding), got "
+                                 f"{kernel_size}", "Use 3 (the paper) or another odd size")
         layers = []
         previous = in_channels
         for width in channels:
