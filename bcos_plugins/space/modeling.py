@@ -316,6 +316,8 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
         """The weighted training loss and its unweighted terms, from the head's outputs (so that a head
         trained on cached encoder states uses exactly the loss of :meth:`forward`)."""
         c = self.config
+        logits = require_tensor("logits", logits, ndim=2, kind="float", shape_hint="(batch, n_classes)")
+        labels = require_class_ids("labels", labels, logits.shape[0], logits.shape[1])
         terms = {
             "cross_entropy": nn.functional.cross_entropy(logits, labels),
             "inter_space": inter_space_loss(concepts, labels, attention_mask),
