@@ -1,4 +1,6 @@
-"""B-cos TransformerLens forward vs a plain TransformerLens forward of the same size (goal: ratio <= 1.5).
+"""TransformerLens benchmarks: B-cos forward vs plain (goal: ratio <= 1.5) and the token x component decomposition.
+
+1. Forward (``--what forward``): B-cos TransformerLens forward vs a plain TransformerLens forward of the same size.
 
 Both models are ``HookedTransformer``s with the same config (GPT-2 layout: LayerNorm, GELU, learned
 positions; or the Llama layout: RMSNorm, SiLU gated MLP, rotary, grouped-query attention) and the same
@@ -11,7 +13,13 @@ process' CPU time, along with tokens per second and the peak memory of one forwa
 On CPU the run uses one thread by default (``--threads``): on a shared machine multi-threaded wall-clock
 timings swing by 2x between runs, single-threaded ones by a few percent.
 
-    python benchmarks/bench_lens.py                     # GPT-2-small width, 4 layers, CPU, 1 thread
+2. Token x component decomposition (``--what components``): a 6-layer, 8-head B-cos model over 64 tokens;
+   :func:`token_component_decomposition` (one top-down batched backward) timed next to one ``explain_logits``
+   call and next to the plain loop of one backward pass per component (goal: >= 3x faster than the loop),
+   alternating the three in each round; the tables of the two decompositions are checked equal.
+
+    python benchmarks/bench_lens.py                     # both; forward: GPT-2-small width, 4 layers, 1 thread
+    python benchmarks/bench_lens.py --what components   # the decomposition only
     python benchmarks/bench_lens.py --layout llama
     python benchmarks/bench_lens.py --threads 0         # torch's default thread count
     python benchmarks/bench_lens.py --device cuda --batch 16 --seq 512 --layers 12
@@ -25,7 +33,12 @@ import time
 import warnings
 
 import torch
-from bcos_plugins.adapters.transformer_lens import BcosHookedTransformer, BcosTransformerConfig
+from bcos_plugins.adapters.transformer_lens import (
+    BcosHookedTransformer,
+    BcosTransformerConfig,
+    explain_logits,
+    token_component_decomposition,
+)
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
@@ -70,8 +83,48 @@ def _peak_mib(model, tokens, device) -> float | None:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
+def bench_components(args) -> None:
+    """Token x component decomposition of a 6-layer, 8-head model over 64 tokens vs explain and the loop."""
+    cfg = BcosTransformerConfig(d_model=256, n_layers=6, n_heads=8, d_head=32, d_mlp=1024, d_vocab=args.vocab,
+                                n_ctx=64, device=args.device, seed=0, bcos_b=args.b, **LAYOUTS["gpt2"])
+    model = BcosHookedTransformer(cfg).eval()
+    tokens = torch.randint(0, args.vocab, (1, 64), generator=torch.Generator().manual_seed(0)).to(args.device)
+    calls = {
+        "explain_logits": lambda: explain_logits(model, tokens, target=5),
+        "decomposition (batched)": lambda: token_component_decomposition(model, tokens, target=5),
+        "loop, 1 backward/component": lambda: token_component_decomposition(model, tokens, target=5, batched=False),
+    }
+    results = {name: call() for name, call in calls.items()}  # warm-up, and the numbers to compare
+    batched, loop = results["decomposition (batched)"], results["loop, 1 backward/component"]
+    torch.testing.assert_close(batched.table, loop.table, rtol=1e-4, atol=1e-5)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.repeats):
+        for name, call in calls.items():
+            times[name].append(_time_call(call, args.device))
+    wall = {name: statistics.median(t) for name, t in times.items()}
+    print(f"\nToken x component decomposition: 6 layers x 8 heads (d_model 256, {len(batched.labels)} components), "
+          f"64 tokens, B={args.b}, device={args.device}, threads={torch.get_num_threads()}, {args.repeats} rounds; "
+          f"completeness error {float(batched.completeness_error.max()):.1e}")
+    for name in calls:
+        print(f"  {name:28s}: median {wall[name] * 1e3:8.1f} ms")
+    ratio = wall["loop, 1 backward/component"] / wall["decomposition (batched)"]
+    print(f"loop / batched = {ratio:.2f}x (goal >= 3: {'met' if ratio >= 3 else 'NOT met'}); "
+          f"batched / one explain call = {wall['decomposition (batched)'] / wall['explain_logits']:.2f}x")
+
+
+def _time_call(call, device) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    call()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--what", choices=("all", "forward", "components"), default="all")
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="gpt2")
     parser.add_argument("--d-model", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)
@@ -89,6 +142,13 @@ def main() -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.what in ("all", "forward"):
+        bench_forward(args)
+    if args.what in ("all", "components"):
+        bench_components(args)
+
+
+def bench_forward(args) -> None:
     plain, bcos = _models(args)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
     times = {"plain": [], "bcos": []}

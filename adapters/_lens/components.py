@@ -14,8 +14,10 @@ attribution: each attention head, each MLP, and the direct path ``embed + pos_em
 A head's direct share needs its per-head output; it is taken from the forward's own values without reading
 weights: the attention output at the explained position is linear in that position's ``z`` (the output
 projection's B-cos scale is a constant in explanation mode), so ``out_attn . g = sum_h z_h . u_h`` with
-``u = d (out_attn . g) / d z``. All components' token splits come from one batched backward pass
-(``torch.autograd.grad(..., is_grads_batched=True)``) instead of one backward per component.
+``u = d (out_attn . g) / d z``. All components' token splits come from one batched backward sweep
+(``torch.autograd.grad(..., is_grads_batched=True)``) instead of one backward per component: going down the
+blocks, the gradients of all components above are carried together, so each crosses only the blocks below
+it (the loop's arithmetic, batched; ``benchmarks/bench_lens.py`` times the two).
 
 Works on explainable ``HookedTransformer`` s (TransformerLens 3.x) and ``TransformerBridge`` s from
 :func:`~.bridge.transformer_bridge_from_hf` (3.x and 4.x): only standard hook names are used.
@@ -108,6 +110,31 @@ def _check_inputs(model: nn.Module, tokens, attention_mask) -> None:
                              f"{tuple(tokens.shape)}. Pass one 0/1 entry per token")
 
 
+def _top_down_table(shares: list[Tensor], resid_pre: list[Tensor], inputs: list[Tensor]) -> Tensor:
+    """Token split of every block's component shares, carried down the residual stream in one pass.
+
+    ``shares[l]`` ``(batch, k_l)`` are block ``l``'s components, functions of ``resid_pre[l]``. Going from the
+    last block down, the gradients of all components at or above block ``l`` w.r.t. ``resid_pre[l]`` are
+    one batched tensor: the new block's are added, and the whole stack is pulled through block ``l - 1`` in one
+    batched backward (``is_grads_batched``). Each component's gradient thus crosses only the blocks below it,
+    as in one backward per component, but all of them travel together.
+    """
+    carried = None  # (n_components so far, batch, pos, d_model): gradients w.r.t. resid_pre[layer + 1]
+    for layer in range(len(shares) - 1, -1, -1):
+        here = resid_pre[layer]
+        if carried is not None:  # pull the upper components' gradients through block `layer`
+            carried = torch.autograd.grad(resid_pre[layer + 1], here, grad_outputs=carried,
+                                          is_grads_batched=True, retain_graph=True)[0]
+        k = shares[layer].shape[-1]
+        eye = torch.eye(k, dtype=shares[layer].dtype, device=shares[layer].device)
+        new = torch.autograd.grad(shares[layer], here, grad_outputs=eye[:, None, :].expand(k, *shares[layer].shape),
+                                  is_grads_batched=True, retain_graph=True)[0]
+        carried = new if carried is None else torch.cat([new, carried])  # block order: lower blocks first
+    # resid_pre[0] is the sum of the embedding leaves: the same gradient reaches each of them
+    first = sum(inputs)
+    return (first[None] * carried).sum(-1).permute(1, 2, 0)  # (batch, pos, component)
+
+
 def token_component_decomposition(
     model: nn.Module,
     tokens: Int[Tensor, "batch pos"],
@@ -125,7 +152,7 @@ def token_component_decomposition(
         tokens: token ids ``(batch, pos)``.
         target, foil, position, attention_mask: as for ``explain_logits`` (ids per row or
             ``Direction``; default target: the top prediction; default position: each row's last real token).
-        batched: one batched backward pass for all components (default), or one backward per component
+        batched: one batched backward sweep for all components (default), or one backward per component
             (the reference loop the benchmark compares against; same numbers).
     """
     _check_inputs(model, tokens, attention_mask)
@@ -152,7 +179,7 @@ def token_component_decomposition(
 
     watched = [f"blocks.{n_layers - 1}.hook_resid_post"]
     for layer in range(n_layers):
-        watched += [f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.hook_attn_out"]
+        watched += [f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.hook_attn_out"]
         if not attn_only:
             watched.append(f"blocks.{layer}.hook_mlp_out")
     missing = [n for n in embed_names + watched if n not in model.hook_dict] or (not embed_names and ["hook_embed"])
@@ -176,8 +203,8 @@ def token_component_decomposition(
         resid = kept[watched[0]]
         # the direct unembedding direction per row: a constant in explanation mode (final norm scale fixed)
         direction = torch.autograd.grad(explained.sum(), resid, retain_graph=True)[0]
-        shares = [sum((leaves[n] * direction).sum((1, 2)) for n in embed_names)]
-        labels = ["direct"]
+        inputs = [leaves[n] for n in embed_names]
+        shares, labels = [], []  # per block: the (batch,) direct shares of its heads and MLP
         for layer in range(n_layers):
             z, attn_out = kept[f"blocks.{layer}.attn.hook_z"], kept[f"blocks.{layer}.hook_attn_out"]
             if z.ndim != 4:
@@ -185,29 +212,28 @@ def token_component_decomposition(
                                        "(batch, pos, head, d_head)")
             # per-head directions: attn_out . g is linear in z (output projection scale constant)
             u = torch.autograd.grad((attn_out * direction).sum(), z, retain_graph=True)[0]
-            head_shares = (z * u).sum((1, 3))  # (batch, head), still a function of the embeddings
-            shares += list(head_shares.unbind(-1))
-            labels += [f"L{layer}H{h}" for h in range(z.shape[2])]
+            block = list((z * u).sum((1, 3)).unbind(-1))  # (batch,) per head, functions of the embeddings
+            names = [f"L{layer}H{h}" for h in range(z.shape[2])]
             if not attn_only:
-                shares.append((kept[f"blocks.{layer}.hook_mlp_out"] * direction).sum((1, 2)))
-                labels.append(f"L{layer}MLP")
-        stacked = torch.stack(shares, dim=-1)  # (batch, n_components)
-        inputs = [leaves[n] for n in embed_names]
-        k = stacked.shape[-1]
+                block.append((kept[f"blocks.{layer}.hook_mlp_out"] * direction).sum((1, 2)))
+                names.append(f"L{layer}MLP")
+            shares.append(torch.stack(block, dim=-1))
+            labels += names
+        direct = sum((leaf * direction).sum(-1) for leaf in inputs)  # embed + pos_embed: (batch, pos)
         if batched:
-            eye = torch.eye(k, dtype=stacked.dtype, device=stacked.device)
-            grad_outputs = eye[:, None, :].expand(k, batch, k)
-            grads = torch.autograd.grad(stacked, inputs, grad_outputs=grad_outputs, is_grads_batched=True,
-                                        allow_unused=True)
-            table = sum(leaf[None] * g for leaf, g in zip(inputs, grads, strict=True) if g is not None)
-            table = table.sum(-1).permute(1, 2, 0)  # (batch, pos, component)
+            table = _top_down_table(shares, [kept[f"blocks.{layer}.hook_resid_pre"] for layer in range(n_layers)],
+                                    inputs)
         else:
             columns = []
-            for c in range(k):
-                grads = torch.autograd.grad(stacked[:, c].sum(), inputs, retain_graph=c < k - 1, allow_unused=True)
+            flat = torch.cat(shares, dim=-1)
+            for c in range(flat.shape[-1]):
+                grads = torch.autograd.grad(flat[:, c].sum(), inputs, retain_graph=c < flat.shape[-1] - 1,
+                                            allow_unused=True)
                 columns.append(sum((leaf * g).sum(-1) for leaf, g in zip(inputs, grads, strict=True)
                                    if g is not None))
             table = torch.stack(columns, dim=-1)
+        table = torch.cat([direct[..., None], table], dim=-1)
+        labels = ["direct"] + labels
     return TokenComponentDecomposition(table=table.detach(), labels=labels, explained=explained.detach(),
                                        target=target, foil=foil, position=pos)
 
