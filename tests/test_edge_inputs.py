@@ -303,7 +303,7 @@ def test_grid_pointing_game_any_input(maps, cell, grid):
     assert torch.isfinite(score).all() and ((score >= 0) & (score <= 1 + 1e-9)).all()
 
 
-@SUB
+@SUB_MODEL
 @given(maps=_mostly(st.integers(1, 3).flatmap(lambda b: _tensor(shape=(b, 4, 4))), _tensor(ndim=3, max_len=4)),
        target=_mostly(st.integers(0, 1), st.integers(-1, 3) | st.floats(0, 1)),
        removed=_mostly(st.floats(-1, 1), st.floats(allow_nan=True, allow_infinity=True)),
@@ -319,7 +319,7 @@ def test_pixel_perturbation_any_input(maps, target, removed, score):
     try:
         result = M.pixel_perturbation(forward, images, maps, target, removed_value=removed, score=score)
     except BcosError as err:
-        _names(err, "inputs", "attributions", "target", "removed_value", "score")
+        _names(err, "inputs", "attributions", "target", "removed_value", "score", "forward")
         return
     event("answered")
     assert torch.isfinite(result.most_first).all() and torch.isfinite(result.area_between).all()

@@ -132,6 +132,10 @@ def _scores(forward: Callable, inputs: Tensor, target: Tensor, score: str) -> Te
     if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[0] != inputs.shape[0]:
         raise argument_error("forward", f"must return logits (batch, classes), got "
                              f"{tuple(getattr(logits, 'shape', ()))}", "Return the model's logits")
+    if not torch.isfinite(logits).all():
+        # NaN confidences would make the curves and the area between them NaN without a word.
+        raise argument_error("forward", "returned NaN or inf logits on the perturbed inputs",
+                             "Check removed_value (it is written into removed pixels) and the model")
     if (target >= logits.shape[1]).any() or (target < 0).any():
         raise argument_error("target", f"ids must lie in [0, {logits.shape[1]}), got {target.tolist()}",
                              "Pass classes of the model")
