@@ -289,7 +289,7 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
                                      "Pass at least one row of one position")
             if attention_mask is not None:
                 _, attention_mask = require_token_batch(torch.ones(inputs_embeds.shape[:2], dtype=torch.long),
-                                                        attention_mask)
+                                                        attention_mask, name="inputs_embeds")
         if labels is not None:
             # Checked before the encoder runs: torch's cross-entropy would fail with an opaque index error (or
             # silently skip -100) before the inter-space term could name the problem.
