@@ -93,6 +93,7 @@ def test_explain_refuses_what_is_not_a_supported_model(value):
 # error must be the package's and name the argument; a result must be finite and correct.
 
 import math  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
 
 import numpy as np  # noqa: E402
 from hypothesis import event  # noqa: E402
@@ -663,8 +664,27 @@ _SST2 = __import__("bcos_plugins.data", fromlist=["SHIPPED_DATA"]).SHIPPED_DATA 
 _RT = _SST2.parent.parent / "rt_polarity"
 
 
+class _OneWordEncoding(dict):
+    """A fast-tokenizer-like encoding: one row holding one token of word 0 in segment 0."""
+
+    def word_ids(self, i):
+        return [0]
+
+    def sequence_ids(self, i):
+        return [0]
+
+
+def _words_encoding():
+    return _OneWordEncoding(input_ids=[[5]])
+
+
 def _helper_cases():
-    from bcos_plugins.guided import find_span, parse_esnli_question, random_rationale_mask
+    from bcos_plugins.guided import (
+        find_span,
+        gold_mask_from_words,
+        parse_esnli_question,
+        random_rationale_mask,
+    )
     from bcos_plugins.space import (
         SpaceHead,
         classification_scores,
@@ -708,6 +728,10 @@ def _helper_cases():
         "negative rt_polarity limit (dropped the last rows)": (lambda: read_rt_polarity(_RT, limit_per_class=-1),
                                                                "limit_per_class"),
         "patch embedding of patch 0": (lambda: BcosPatchEmbedding(2, 0, 8, b=2.0, max_out=2), "patch_size"),
+        "float SeqPG labels (were truncated)": (lambda: M.make_seqpg_examples(
+            torch.nn.Identity(), SimpleNamespace(cls_token_id=1, sep_token_id=2), ["a b"], [0.7]), "labels"),
+        "NaN word rationale (was 0)": (lambda: gold_mask_from_words(_words_encoding(), [[math.nan]]),
+                                       "word_rationales"),
     }
 
 

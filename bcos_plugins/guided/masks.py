@@ -124,7 +124,11 @@ def gold_mask_from_words(
             if w >= len(words):
                 raise ValueError(f"row {i}: token {j} comes from word {w} but only {len(words)} word rationales "
                                  "were given; tokenize the same word list the rationales belong to")
-            mask[i, j] = float(words[w] >= threshold)
+            value = float(words[w])
+            if value != value:
+                raise argument_error("word_rationales", f"row {i}: word {w} has a NaN rationale",
+                                     "Pass 0/1 highlights or annotator averages in [0, 1]")
+            mask[i, j] = float(value >= threshold)
     return mask
 
 
@@ -163,7 +167,8 @@ def hatexplain_word_rationale(record: dict) -> list[float] | None:
         return None
     n_words = len(record["post_tokens"])
     if any(len(r) != n_words for r in rationales):
-        raise ValueError(f"post {record.get('post_id')}: a rationale's length differs from post_tokens")
+        raise argument_error("record", f"post {record.get('post_id')}: a rationale's length differs from "
+                             "post_tokens", "Pass an unmodified HateXplain record")
     return [sum(r[w] for r in rationales) / len(rationales) for w in range(n_words)]
 
 

@@ -90,7 +90,9 @@ def make_seqpg_examples(
         raise ValueError("make_seqpg_examples joins segments as [CLS] a [SEP] b [SEP]; the tokenizer needs "
                          "cls_token and sep_token (a BERT-style tokenizer)")
     if len(texts) != len(labels):
-        raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+        raise argument_error("labels", f"{len(texts)} texts but {len(labels)} labels", "Pass one label per text")
+    # int(0.7) would silently make a float label class 0.
+    labels = [require_int("labels", y, minimum=0) for y in labels]
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     pieces = tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]
     candidates = [(i, ids[:segment_length]) for i, ids in enumerate(pieces) if len(ids) >= segment_length]
