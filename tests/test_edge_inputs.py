@@ -692,7 +692,7 @@ def _helper_cases():
         read_rt_polarity,
         read_sst2_tsv,
     )
-    from bcos_plugins.vision import BcosPatchEmbedding, attention_rollout
+    from bcos_plugins.vision import BcosPatchEmbedding, BcosViTAttention, attention_rollout
     from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids, place_digits
     from bcos_plugins.vision.visualize import contribution_map, weight_colour_image
 
@@ -728,6 +728,8 @@ def _helper_cases():
         "negative rt_polarity limit (dropped the last rows)": (lambda: read_rt_polarity(_RT, limit_per_class=-1),
                                                                "limit_per_class"),
         "patch embedding of patch 0": (lambda: BcosPatchEmbedding(2, 0, 8, b=2.0, max_out=2), "patch_size"),
+        "attention with 0 heads (was a ZeroDivisionError)": (lambda: BcosViTAttention(8, 0, 4, b=2.0, max_out=2),
+                                                             "num_heads"),
         "float SeqPG labels (were truncated)": (lambda: M.make_seqpg_examples(
             torch.nn.Identity(), SimpleNamespace(cls_token_id=1, sep_token_id=2), ["a b"], [0.7]), "labels"),
         "NaN word rationale (was 0)": (lambda: gold_mask_from_words(_words_encoding(), [[math.nan]]),

@@ -29,6 +29,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from ..errors import argument_error
+from ..metrics._checks import require_int
 from ..nn.dynamic import DynamicWeightModule
 from ..nn.linear import BcosLinear
 
@@ -48,10 +50,14 @@ class BcosViTAttention(DynamicWeightModule):
     def __init__(self, hidden_size: int, num_heads: int, num_tokens: int, b: float, max_out: int,
                  prior: PriorKind = "additive", layer_norm_eps: float = 1e-5) -> None:
         super().__init__()
+        hidden_size = require_int("hidden_size", hidden_size, minimum=1)
+        num_heads = require_int("num_heads", num_heads, minimum=1)
+        num_tokens = require_int("num_tokens", num_tokens, minimum=1)
         if hidden_size % num_heads != 0:
-            raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
+            raise argument_error("num_heads", f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}",
+                                 "Pick a divisor of hidden_size")
         if prior not in PRIOR_KINDS:
-            raise ValueError(f"attention prior {prior!r} is not one of {PRIOR_KINDS}")
+            raise argument_error("prior", f"attention prior {prior!r} is not one of {PRIOR_KINDS}", "Pick one of those")
         self.num_heads = num_heads
         self.head_size = hidden_size // num_heads
         self.prior_kind = prior
