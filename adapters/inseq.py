@@ -139,6 +139,10 @@ class _Inseq071:
        ``generate``. While "bcos" attributes, positions are filled in from the attention mask, as ``generate``
        and :func:`bcos_plugins.explain` count them.
     4. ``inseq.get_version()`` imports ``pkg_resources`` (gone from recent setuptools): nothing here calls it.
+    5. ``embed_ids`` calls the model's embedding layer outside the model's forward (e.g. to embed contrastive
+       targets inside the attributed function); where that layer is the attribution point (Llama's token
+       embeddings), Captum's layer hook would keep that activation instead of the forward's (Captum keeps the
+       last one). While "bcos" attributes, ``embed_ids`` looks the ids up without calling the module.
     """
 
     @staticmethod
@@ -177,10 +181,30 @@ class _Inseq071:
             handle.remove()
 
     @staticmethod
+    @contextmanager
+    def embeddings_without_hooks(attribution_model: AttributionModel) -> Iterator[None]:
+        """``attribution_model.embed_ids`` without calling the embedding module (quirk 5): same values."""
+        layer = attribution_model.get_embedding_layer()
+        if type(layer) is not nn.Embedding or layer.max_norm is not None \
+                or getattr(attribution_model, "encoder_int_embeds", None) is not None:
+            yield
+            return
+
+        def embed_ids(ids, as_targets: bool = False):
+            return nn.functional.embedding(ids, layer.weight, layer.padding_idx) * attribution_model.embed_scale
+
+        attribution_model.embed_ids = embed_ids
+        try:
+            yield
+        finally:
+            del attribution_model.embed_ids
+
+    @staticmethod
     def quirks_present() -> dict[str, bool]:
         """Whether each quirk above is still in the installed inseq."""
         import inseq
         from inseq.models.decoder_only import DecoderOnlyAttributionModel
+        from inseq.models.huggingface_model import HuggingfaceModel
 
         prop = inspect.getattr_static(AttributionModel, "default_attributed_fn_id")
         misnamed = inspect.getattr_static(AttributionModel, "set_attributed_fn", None)
@@ -191,6 +215,8 @@ class _Inseq071:
             "shared default dicts": "default_aggregate_fn.update(" in post_init,
             "no position_ids": "position_ids" not in decoder_source,
             "pkg_resources": "pkg_resources" in inspect.getsource(inseq.get_version),
+            "embed_ids calls the layer": "self.get_embedding_layer()(ids)" in inspect.getsource(
+                HuggingfaceModel.embed_ids),
         }
 
 
@@ -357,7 +383,8 @@ class _BcosMethod:
                                 attribute_to_layer_input=point.where == "input")
 
     def attribute(self, *args, **kwargs) -> FeatureAttributionOutput:
-        with _Inseq071.positions_from_mask(self.model, self.spec):
+        with _Inseq071.positions_from_mask(self.model, self.spec), \
+                _Inseq071.embeddings_without_hooks(self.attribution_model):
             return super().attribute(*args, **kwargs)
 
     def attribute_step(self, attribute_fn_main_args: dict[str, Any],

@@ -174,6 +174,24 @@ def test_contrastive_and_probability_targets(gpt2_tokenizer):
                                    first_order - prob.step_scores["probability"][step].double(), rtol=1e-3, atol=1e-9)
 
 
+def test_contrastive_attribution_on_llama_is_exact(gpt2_tokenizer):
+    # regression: inseq embeds the contrast targets with the embedding layer, which is Llama's attribution point
+    model = _tiny_lm("llama", len(gpt2_tokenizer), seed=1)
+    attribution_model = inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer)
+    target, contrast = "The cat sat down", "The cat ran away"
+    with pytest.warns(UserWarning, match="Contrastive inputs"):
+        seq = attribution_model.attribute("The cat", target, attributed_fn="contrast_logits_diff",
+                                          contrast_targets=contrast, show_progress=False).sequence_attributions[0]
+    target_ids, contrast_ids = gpt2_tokenizer(target)["input_ids"], gpt2_tokenizer(contrast)["input_ids"]
+    own = _model_logits(model, gpt2_tokenizer, target_ids)
+    totals = torch.nansum(seq.target_attributions, dim=(0, 2))
+    assert len(totals) == 2 and seq.step_scores["deltas"].abs().max() < 1e-4
+    for step in range(len(totals)):
+        pos = seq.attr_pos_start + step
+        torch.testing.assert_close(totals[step], own[pos - 1, target_ids[pos]] - own[pos - 1, contrast_ids[pos]],
+                                   rtol=1e-4, atol=1e-5)
+
+
 def test_load_model_from_a_saved_bcos_folder(gpt2_tokenizer, tmp_path):
     model = _tiny_lm("gpt2", len(gpt2_tokenizer), seed=2)
     model.save_pretrained(tmp_path)
