@@ -334,7 +334,7 @@ def test_hf_to_lens_error_paths():
 def test_bcos_config_error_paths():
     with pytest.raises(ValueError, match="bcos_max_out=2.*MaxOut"):
         BcosTransformerConfig(**SIZE, **GPT2_LIKE, bcos_max_out=2)
-    with pytest.raises(ValueError, match="b must be >= 1"):
+    with pytest.raises(ValueError, match=r"b: must be a finite number in \[1, 10\], got 0.5"):
         BcosTransformerConfig(**SIZE, **GPT2_LIKE, bcos_b=0.5)
     with pytest.raises(ValueError, match=r"\['W_gate'\] are not projections"):
         BcosTransformerConfig(**SIZE, **GPT2_LIKE, bcos_projections=("W_O", "W_gate"))
