@@ -38,7 +38,7 @@ from bcos_plugins.bilinear import (
     interaction_matrix,
     top_eigen_indices,
 )
-from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.metrics._checks import require_int
 
 __all__ = [
@@ -341,31 +341,9 @@ def sae_error_share(model, tokens: Tensor, **explain_kwargs) -> SAEErrorShare:
         raise BcosTypeError(
             "model: no SAEs are attached (model.acts_to_saes is empty or missing). Attach them with "
             "HookedSAETransformer.add_sae(sae, use_error_term=True), or use explain_logits for a model without SAEs.")
-    errors: dict[str, Tensor] = {}
-    grads: dict[str, Tensor] = {}
+    from ._lens.sae_error import sae_error_capture
 
-    def keep_error(activation: Tensor, hook) -> Tensor:
-        errors[hook.name.rsplit(".", 1)[0]] = activation.detach()
-        return activation
-
-    def keep_gradient(activation: Tensor, hook) -> Tensor:
-        name = hook.name.rsplit(".", 1)[0]
-        if activation.requires_grad:
-            activation.register_hook(lambda g: grads.__setitem__(name, g.detach()))
-        return activation
-
-    hooks = []
-    for name in saes:
-        hooks += [(f"{name}.hook_sae_error", keep_error), (f"{name}.hook_sae_output", keep_gradient)]
-    with model.hooks(fwd_hooks=hooks):
+    with sae_error_capture(model) as capture:
         explanation = explain_logits(model, tokens, **explain_kwargs)
-    shares = {}
-    for name in saes:
-        if name not in errors:  # use_error_term=False: the reconstruction replaces the activation, no error term
-            continue
-        if name not in grads:
-            raise BcosRuntimeError(
-                f"the explained value has no gradient at the SAE on {name!r} (no active feature reaches the "
-                "embeddings), so its error share cannot be measured. Explain another position or target.")
-        shares[name] = (errors[name] * grads[name]).flatten(1).sum(-1)
+    shares = capture.shares()
     return SAEErrorShare(explanation=explanation, error_shares=shares)
