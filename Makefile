@@ -73,7 +73,7 @@ $(EXAMPLES): $(STAMP)
 	$(BIN)/python examples/$(subst -,_,$@).py
 
 lint: $(STAMP)
-	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks
+	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks .ci docs
 
 clean:
 	rm -rf $(VENV) $(TL4) build *.egg-info .pytest_cache
