@@ -6,6 +6,7 @@ the real MiniLM tokenizer, so a change in Captum or in our metrics that breaks t
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 import sys
@@ -42,7 +43,8 @@ def setup(bench):
                           attn_implementation="eager")
     torch.manual_seed(0)
     conv = T.BertForSequenceClassification(config).eval()
-    bcos = bcosify(T.BertForSequenceClassification(config), b=1.25, verbose=False).eval()
+    # its own config: bcosify writes config.bcos, which would mark the conventional model (same config object)
+    bcos = bcosify(T.BertForSequenceClassification(copy.deepcopy(config)), b=1.25, verbose=False).eval()
     cfg = bench.Config(ig_steps=4, shapley_samples=3, lime_samples=10, batch=3, n_eval=5)
     texts = ["a gripping , funny film", "dull and far too long", "i liked it", "not good", "a mess"]
     return tok, conv, bcos, cfg, texts
