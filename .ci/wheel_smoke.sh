@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 REPO=$(pwd)
 PYTHON=${PYTHON:-python3}
 BUILD_PY=${BUILD_PY:-.venv/bin/python}   # any Python with pip: the build runs isolated, as pyproject.toml asks
+[ -x "$BUILD_PY" ] || BUILD_PY=$PYTHON
 WORK=$(realpath -m "${WHEEL_SMOKE_DIR:-build/wheel-smoke}")
 EXTRAS=${WHEEL_SMOKE_EXTRAS:-captum,lens,inseq-runtime,demo}
 # Combinations of extras the README's support matrix states and the real install below does not cover:
