@@ -41,6 +41,8 @@ from bcos_plugins.bilinear import (
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.metrics._checks import require_int
 
+from ._lens.sae_error import sae_error_capture
+
 __all__ = [
     "BilinearSAEInteractions",
     "FeatureInteraction",
@@ -341,8 +343,6 @@ def sae_error_share(model, tokens: Tensor, **explain_kwargs) -> SAEErrorShare:
         raise BcosTypeError(
             "model: no SAEs are attached (model.acts_to_saes is empty or missing). Attach them with "
             "HookedSAETransformer.add_sae(sae, use_error_term=True), or use explain_logits for a model without SAEs.")
-    from ._lens.sae_error import sae_error_capture
-
     with sae_error_capture(model) as capture:
         explanation = explain_logits(model, tokens, **explain_kwargs)
     shares = capture.shares()

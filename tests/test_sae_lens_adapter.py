@@ -269,3 +269,20 @@ def test_sae_error_share_needs_attached_saes():
     model.reset_saes()
     with pytest.raises(BcosError, match="no SAEs are attached"):
         sae_error_share(model, torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_sae_error_capture_wraps_any_explanation():
+    from bcos_plugins.adapters._lens.sae_error import sae_error_capture
+    from bcos_plugins.adapters.transformer_lens import explain_logits
+
+    model = _bcos_sae_model(True)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(1))
+    with sae_error_capture(model) as capture:
+        explanation = explain_logits(model, tokens, target=3)
+    shares = capture.shares()
+    total = explanation.total + shares["blocks.0.hook_resid_post"]
+    assert ((total - explanation.explained).abs() / explanation.explained.abs()).max() <= 1e-4
+    model.reset_saes()
+    with sae_error_capture(model) as capture:  # no SAEs: nothing captured, nothing hooked
+        explain_logits(model, tokens, target=3)
+    assert capture.shares() == {} and not any(h.fwd_hooks for h in model.hook_dict.values())
