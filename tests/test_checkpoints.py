@@ -253,9 +253,21 @@ def test_classes_are_checked_by_identity_not_by_name():
 
 def test_stale_config_bcos_does_not_decide_the_class():
     config = tiny_config("bert")
-    bcosify(T.BertForSequenceClassification(config), verbose=False)  # writes config.bcos into the shared config
+    # e.g. a B-cos checkpoint's config loaded with plain transformers
+    config.bcos = {"b": 1.5, "architecture": "BertModel", "format_version": 2}
     with pytest.raises(UnsupportedModuleError, match="is not transformers' BertModel"):
         bcosify(type("BertModel", (T.BertModel,), {})(config), verbose=False)
+
+
+def test_bcosify_leaves_a_config_shared_with_another_model_unchanged():
+    config = tiny_config("bert")
+    stock = T.BertForSequenceClassification(config)
+    converted = bcosify(T.BertForSequenceClassification(config), b=1.25, verbose=False)
+    assert not hasattr(stock.config, "bcos") and not hasattr(config, "bcos")
+    assert converted.config.bcos["b"] == 1.25 and converted.bert.config is converted.config
+    ids, mask = padded_batch()
+    assert explain(stock, ids, mask).completeness_error.max() > 1e-2  # explained as the stock model it is
+    assert explain(converted, ids, mask).completeness_error.max() < 1e-4
 
 
 def test_bcos_loss_refuses_empty_batches_and_bad_labels():

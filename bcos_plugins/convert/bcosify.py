@@ -16,6 +16,7 @@ with the module path and class, before the model is touched.
 
 from __future__ import annotations
 
+import copy
 import logging
 
 from torch import nn
@@ -178,7 +179,8 @@ def bcosify(model: nn.Module, b: float = 1.5, *, verbose: bool = True) -> nn.Mod
             ``model.bcos_report``).
 
     The settings are recorded in ``model.config.bcos`` so that ``save_pretrained`` keeps them and
-    :func:`~bcos_plugins.load_bcos_model` rebuilds the same model.
+    :func:`~bcos_plugins.load_bcos_model` rebuilds the same model. The model gets its own copy of its config
+    (``model.config`` is a new object), so a config shared with another model is left unchanged.
 
     Every B-cos layer stores its B in the state dict (buffer ``bcos_b``), so checkpoints hold the B each
     layer runs with (also during :class:`~bcos_plugins.train.BWarmupCallback`).
@@ -245,7 +247,13 @@ def bcosify(model: nn.Module, b: float = 1.5, *, verbose: bool = True) -> nn.Mod
     # Re-tie weights the conversion must not have broken (LM heads share the embedding matrix).
     if hasattr(model, "tie_weights"):
         model.tie_weights()
-    config.bcos = {"b": b, "architecture": report.architecture, "format_version": FORMAT_VERSION}
+    # The model gets its own copy of its config: a config object shared with another model (two models built
+    # from one config) would otherwise mark that stock model as B-cos too.
+    own = copy.deepcopy(config)
+    for module in model.modules():
+        if getattr(module, "config", None) is config:
+            module.config = own
+    own.bcos = {"b": b, "architecture": report.architecture, "format_version": FORMAT_VERSION}
     model.bcos_report = report
     if verbose:
         logger.info(report.summary())
