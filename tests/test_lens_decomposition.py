@@ -227,3 +227,12 @@ def test_shortformer_is_refused_with_a_reason():
                                                       positional_embedding_type="shortformer"))
     with pytest.raises(BcosError, match="shortformer"):
         make_explainable(plain)
+
+
+def test_cache_internals_check_fails_loudly_when_transformer_lens_changes(monkeypatch):
+    from bcos_plugins.adapters._lens import decomposition
+
+    decomposition.check_cache_internals()  # the installed TransformerLens routes results through our overrides
+    monkeypatch.delattr(ActivationCache, "_stack_neuron_results_apply_ln_projected")
+    with pytest.raises(BcosError, match="no longer has \\['_stack_neuron_results_apply_ln_projected'\\]"):
+        model_named("bcos_gpt2").run_with_cache(ids())

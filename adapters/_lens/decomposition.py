@@ -41,6 +41,7 @@ from bcos_plugins.nn.functional import unit_norm
 
 __all__ = [
     "BcosActivationCache",
+    "check_cache_internals",
     "effective_weight",
     "fold_final_norm_weight",
     "fold_final_norm_weight_in_state_dict",
@@ -165,6 +166,23 @@ def effective_weight(cache: ActivationCache, layer: int, projection: str) -> Flo
     return weight * scale[:, :, None, :]  # (b, p, d_out)
 
 
+# ActivationCache methods BcosActivationCache overrides: if TransformerLens renames one, TransformerLens' own
+# version (which reads raw W_O / W_out) would run instead of ours, silently; check_cache_internals refuses that.
+_OVERRIDDEN = ("compute_head_results", "get_neuron_results", "_stack_neuron_results_apply_ln_projected")
+_READ = ("cache_dict", "model")
+
+
+def check_cache_internals() -> None:
+    """Check that TransformerLens' ``ActivationCache`` still routes head and neuron results through the methods
+    :class:`BcosActivationCache` overrides; raise naming the ones that changed."""
+    missing = [name for name in _OVERRIDDEN if not callable(getattr(ActivationCache, name, None))]
+    if missing:
+        raise BcosRuntimeError(
+            f"TransformerLens' ActivationCache no longer has {missing}; BcosActivationCache overrides them to make "
+            "per-head and per-neuron results exact for B-cos models. bcos_plugins' TransformerLens adapter needs "
+            "updating for this TransformerLens version")
+
+
 class BcosActivationCache(ActivationCache):
     """An ``ActivationCache`` whose per-head and per-neuron results are the forward's own (see module docstring).
 
@@ -172,6 +190,14 @@ class BcosActivationCache(ActivationCache):
     ``BcosActivationCache(cache_dict, model)``. On models without B-cos output projections it behaves
     exactly like ``ActivationCache``.
     """
+
+    def __init__(self, cache_dict, model, *args, **kwargs) -> None:
+        check_cache_internals()
+        super().__init__(cache_dict, model, *args, **kwargs)
+        missing = [name for name in _READ if not hasattr(self, name)]
+        if missing:
+            raise BcosRuntimeError(f"TransformerLens' ActivationCache no longer stores {missing}; "
+                                   "bcos_plugins' TransformerLens adapter needs updating")
 
     def compute_head_results(self) -> None:
         if not _is_scaled(self.model, "W_O"):
