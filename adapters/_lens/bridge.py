@@ -119,12 +119,11 @@ def _placeholder_tokenizer(vocab_size: int):
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", bos_token="t0", eos_token="t0")
 
 
-def _reloadable(tokenizer):
+def _reloadable(tokenizer, folder: str):
     # TransformerLens re-creates the tokenizer from its name_or_path (to add a BOS token), which an in-memory
-    # tokenizer lacks: save it and load it back from the folder, which then exists while the bridge boots.
+    # tokenizer lacks: save it and load it back from `folder`, which must exist while the bridge boots.
     from transformers import AutoTokenizer
 
-    folder = tempfile.mkdtemp(prefix="bcos_bridge_tokenizer_")
     tokenizer.save_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
 
@@ -249,7 +248,8 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
     if tokenizer is None:
         tokenizer = _placeholder_tokenizer(hf_model.config.vocab_size)
     name = model_name or getattr(hf_model.config, "name_or_path", "") or arch
-    bridge = bridge_cls.boot_transformers(name, hf_model=copied, tokenizer=_reloadable(tokenizer))
+    with tempfile.TemporaryDirectory(prefix="bcos_bridge_tokenizer_") as folder:
+        bridge = bridge_cls.boot_transformers(name, hf_model=copied, tokenizer=_reloadable(tokenizer, folder))
     for module in bridge.modules():
         if not isinstance(module, joint):
             continue
