@@ -240,7 +240,9 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     hf_logger.addHandler(capture)
     # The report is expected to list the biases B-cos removes and the bcos_b entries the stock class lacks;
     # it is kept off the console and quoted in the error below if anything else is wrong.
-    hf_logger.setLevel(logging.WARNING)
+    # Just below WARNING: the report (a warning) is emitted, but transformers' tensor-parallel plan check,
+    # which runs when this logger's own level is WARNING or above, stays off (it warns on every B-cos load).
+    hf_logger.setLevel(logging.WARNING - 1)
     hf_logger.propagate = False
     try:
         model, info = stock_class(name).from_pretrained(path, config=config, use_safetensors=True,

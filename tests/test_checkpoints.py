@@ -348,3 +348,18 @@ def test_classifier_without_labels_is_refused_by_bcosify(family):
     model = getattr(T, name)(tiny_config(family, num_labels=0))
     with pytest.raises(BcosValueError, match=r"^model: config\.num_labels is 0, so the classifier has no output"):
         bcosify(model, verbose=False)
+
+
+def test_sharded_checkpoints_load_with_per_layer_b_and_a_missing_shard_is_named(tmp_path):
+    model = bcosify(tiny_model("BertForSequenceClassification"), b=1.5, verbose=False)
+    model.classifier.b = 1.3
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    loaded = load_bcos_model(tmp_path)
+    ids, mask = padded_batch()
+    assert loaded.classifier.b == 1.3
+    assert torch.equal(_logits(loaded, ids, mask), _logits(model, ids, mask))
+    shards[1].unlink()
+    with pytest.raises(BcosFileError, match=rf"^path: the weight file {shards[1]} listed in the index is missing"):
+        load_bcos_model(tmp_path)
