@@ -689,6 +689,7 @@ def _helper_cases():
         SpaceHead,
         classification_scores,
         masked_mean,
+        predict_labels,
         read_rt_polarity,
         read_sst2_tsv,
     )
@@ -719,6 +720,8 @@ def _helper_cases():
         "NaN gold mask": (lambda: random_rationale_mask(torch.tensor([[math.nan, 1.0]]), torch.ones(1, 2)),
                           "gold_mask"),
         "empty scores": (lambda: classification_scores([], []), "labels"),
+        "one string as texts (was one text per character)": (lambda: predict_labels(None, None, "good film"),
+                                                             "texts"),
         "mask of other values": (lambda: masked_mean(torch.rand(2, 3, 4), torch.ones(2, 4)), "attention_mask"),
         "shares of an empty row (were NaN)": (lambda: head.token_contributions(torch.rand(2, 3, 2, 3),
                                                                                torch.zeros(2, 3)), "attention_mask"),

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..errors import argument_error
+from ..errors import BcosTypeError, argument_error
 from ..metrics._checks import require_int
 
 __all__ = ["read_sst2_tsv", "read_rt_polarity", "predict_labels", "classification_scores",
@@ -64,6 +64,10 @@ def read_rt_polarity(folder: str | Path, limit_per_class: int | None = None) -> 
 def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32, max_length: int = 128,
                    progress: bool = False) -> list[int]:
     """Arg-max class of each text (the model in eval mode, batches padded per batch)."""
+    if isinstance(texts, str | bytes):
+        # A string is a sequence too: each character would be classified as a text of its own.
+        raise argument_error("texts", "is a single string", "Pass a list of texts (e.g. [text])",
+                             kind=BcosTypeError)
     batch_size = require_int("batch_size", batch_size, minimum=1)
     max_length = require_int("max_length", max_length, minimum=1)
     was_training = model.training
@@ -114,6 +118,12 @@ def zero_shot_evaluation(
     ``label_map`` maps the model's class ids to the target dataset's label ids when they differ (e.g. a
     3-class model evaluated on a binary set); unmapped predictions count as errors.
     """
+    if isinstance(texts, str | bytes):
+        raise argument_error("texts", "is a single string", "Pass a list of texts (e.g. [text])",
+                             kind=BcosTypeError)
+    if label_map is not None and not isinstance(label_map, Mapping):
+        raise argument_error("label_map", f"must be a mapping from model class to dataset label, got "
+                             f"{type(label_map).__name__}", "Pass e.g. {0: 0, 1: 1}", kind=BcosTypeError)
     if len(texts) != len(labels):
         raise argument_error("labels", f"{len(texts)} texts but {len(labels)} labels", "Pass one label per text")
     if not texts:
