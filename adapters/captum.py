@@ -140,15 +140,16 @@ def _explaining(who: str, model: nn.Module | None) -> Iterator[None]:
     if model is not None:
         model.eval()
     used_before = dynamic_weights_used()
-    _training_modules_seen.names = []
+    outer = getattr(_training_modules_seen, "names", None)  # a call nested in another one (e.g. a metric)
+    training: list[str] = []
+    _training_modules_seen.names = training
     # global hooks see every thread's modules; only this thread's list is set, so only its calls are noted
     handle = torch.nn.modules.module.register_module_forward_pre_hook(_note_training_module)
     try:
         yield
-        training = list(_training_modules_seen.names)
     finally:
         handle.remove()
-        _training_modules_seen.names = None
+        _training_modules_seen.names = outer
         if model is not None:
             model.train(was_training)
     if training:

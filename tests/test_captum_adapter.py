@@ -286,15 +286,21 @@ def test_stock_bert_attributions_through_embedding_forward_are_not_noise():
     fwd = EmbeddingForward(stock)
     ids, mask = padded_batch(seed=6)
     emb = fwd.embed(ids, mask)
-    logits = stock(input_ids=ids, attention_mask=mask).logits[:, 1].detach()
     ixg = InputXGradient(fwd).attribute(emb.clone().requires_grad_(), target=1, additional_forward_args=(mask,))
-    assert ixg.abs().sum(dim=(1, 2)).min() > 1e-2 * logits.abs().max()
+    # token scores (sums over the embedding dimension): at the LayerNorm's input they are zero for any model
+    with capture_point(stock.bert.embeddings.LayerNorm, "input") as leaves:
+        value = stock(input_ids=ids, attention_mask=mask).logits[:, 1].sum()
+    (grad,) = torch.autograd.grad(value, leaves[0])
+    before_norm = (leaves[0] * grad).sum(-1).detach()
+    assert before_norm.abs().max() < 1e-7
+    assert ixg.sum(-1).abs().max() > 1e-5 and ixg.sum(-1).abs().max() > 1e3 * before_norm.abs().max()
     ref = explain(stock, ids, mask, target=1)
     assert "LayerNorm" in ref.attribution_point
     torch.testing.assert_close(ixg, ref.input_contributions, rtol=1e-5, atol=1e-7)
     ig = IntegratedGradients(fwd).attribute(emb.clone(), target=1, additional_forward_args=(mask,), n_steps=8)
+    assert ig.sum(-1).abs().max() > 1e3 * before_norm.abs().max()
     sal = Saliency(fwd).attribute(emb.clone().requires_grad_(), target=1, additional_forward_args=(mask,))
-    assert ig.abs().sum() > 1e-2 * logits.abs().max() and sal.abs().sum() > 1e-3
+    assert sal.abs().sum() > 1e-3
     with torch.no_grad():
         torch.testing.assert_close(fwd(emb, mask), stock(input_ids=ids, attention_mask=mask).logits)
 
