@@ -286,3 +286,19 @@ def test_sae_error_capture_wraps_any_explanation():
     with sae_error_capture(model) as capture:  # no SAEs: nothing captured, nothing hooked
         explain_logits(model, tokens, target=3)
     assert capture.shares() == {} and not any(h.fwd_hooks for h in model.hook_dict.values())
+
+
+def test_explain_logits_reports_the_sae_error_terms_share():
+    """With SAEs spliced in, explain_logits itself says what the error terms carry (never silently incomplete)."""
+    from bcos_plugins.adapters.transformer_lens import explain_logits
+
+    model = _bcos_sae_model(zero_sae_biases=True)
+    tokens = torch.randint(0, model.cfg.d_vocab, (3, 8), generator=torch.Generator().manual_seed(0))
+    expl = explain_logits(model, tokens, target=4)
+    assert set(expl.sae_error_shares) == {"blocks.0.hook_resid_post"}
+    assert expl.completeness_error.max() > 1e-2  # the tokens alone miss the error term ...
+    torch.testing.assert_close(expl.total + expl.sae_error_share, expl.explained, rtol=1e-4, atol=1e-5)
+    model.reset_saes()
+    plain = explain_logits(model, tokens, target=4)
+    assert plain.sae_error_shares == {} and (plain.sae_error_share == 0).all()
+    assert plain.completeness_error.max() < 1e-4

@@ -30,6 +30,7 @@ from bcos_plugins.attribution import (
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 
 from .model import is_explainable
+from .sae_error import sae_error_capture
 
 __all__ = ["LensExplanation", "explain_logits", "ATTRIBUTION_HOOKS"]
 
@@ -42,9 +43,22 @@ class LensExplanation(TokenExplanation):
 
     ``input_contributions`` is the sum over the attribution hooks (``hook_embed`` and ``hook_pos_embed``
     when present), ``(batch, pos, d_model)``; ``hook_contributions`` holds each hook's share separately.
+
+    With SAEs spliced in (sae-lens ``add_sae(sae, use_error_term=True)``) the error terms are computed
+    without gradient, so the token contributions miss their share: ``sae_error_shares`` holds it per SAE
+    hook, and ``total + sum(sae_error_shares.values()) == explained``. ``completeness_error`` still
+    measures the tokens alone, so it shows the error terms' share instead of hiding it.
     """
 
     hook_contributions: dict[str, Float[Tensor, "batch pos d_model"]] | None = None
+    sae_error_shares: dict[str, Float[Tensor, " batch"]] | None = None
+
+    @property
+    def sae_error_share(self) -> Float[Tensor, " batch"]:
+        """The spliced SAEs' error terms' share of ``explained`` per row (0 without SAEs)."""
+        if not self.sae_error_shares:
+            return torch.zeros_like(self.explained)
+        return sum(self.sae_error_shares.values())
 
 
 def explain_logits(
@@ -110,7 +124,8 @@ def explain_logits(
                                                              device=logits.device)
         return select_explained(at_position, parsed["target"], parsed["foil"]), [leaves[n] for n in names]
 
-    step = input_x_gradient(compute, model)
+    with sae_error_capture(model) as sae_capture:  # records nothing when no SAEs are attached
+        step = input_x_gradient(compute, model)
     hook_contributions = dict(zip(names, step.contributions, strict=True))
     total = sum(step.contributions)
     return LensExplanation(
@@ -118,5 +133,5 @@ def explain_logits(
         target=parsed["target"], foil=parsed["foil"],
         attribution_point=" + ".join(names) + " (TransformerLens hooks)",
         position=pos, input_ids=tokens, attention_mask=attention_mask, reduce="sum",
-        hook_contributions=hook_contributions,
+        hook_contributions=hook_contributions, sae_error_shares=sae_capture.shares(),
     )
