@@ -247,8 +247,11 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     try:
         model, info = stock_class(name).from_pretrained(path, config=config, use_safetensors=True,
                                                         output_loading_info=True, **from_pretrained_kwargs)
-    except Exception as err:
-        problems = capture.problems() or [f"{type(err).__name__}: {err}"]
+    except (RuntimeError, OSError, ValueError) as err:  # a TypeError (bad keyword argument) stays as it is
+        problems = capture.problems()
+        if not problems:
+            raise BcosValueError(f"path: transformers could not load {path} ({type(err).__name__}: {err}). Check "
+                                 "the from_pretrained keyword arguments, or re-save the model.") from err
         raise BcosValueError(
             f"path: the weights in {path} do not fit its config.json; transformers reports: "
             + "; ".join(problems) + ". Restore the folder from the original save_pretrained (config.json and "
