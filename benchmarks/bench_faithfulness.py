@@ -5,9 +5,14 @@ the same data: a conventional one (cross-entropy, lr 1e-4) and a B-cos one (`bco
 with 1e-3 for the fresh head: the project demo's CPU recipe).
 The conventional model is explained with Captum's Attention (last layer, [CLS] row, mean over heads),
 InputXGradient, IntegratedGradients, Saliency, ShapleyValueSampling, Lime and Occlusion; the B-cos model with
-`BcosAttribution`. Every method attributes at the combined embedding (word + position + token type) through
-`EmbeddingForward`, token score = sum over the embedding dimension (the paper's setup); perturbation methods
-replace a token by the embedding of [MASK] at its position and never touch [CLS]/[SEP]/[PAD].
+`BcosAttribution`. Every method attributes through `EmbeddingForward`, at the point the attribution core chooses
+(bcos_plugins.attribution.text_attribution_point): for the conventional model the output of the embedding
+LayerNorm, where the paper's reference code attributes (before it, input x gradient is identically zero: the
+LayerNorm ignores its input's scale); for the B-cos model the combined embedding (word + position + token type),
+where its explanation is exact. The table states the point per row. Token score = sum over the embedding
+dimension; IG runs with a zero baseline and, as a second row, with the [MASK] embedding as baseline;
+perturbation methods replace a token by the embedding of [MASK] at its position and never touch
+[CLS]/[SEP]/[PAD]. Ablation (paper Table 3): plain IxG on the B-cos model (outside explanation mode).
 
 Metrics (bcos_plugins.metrics): comprehensiveness and sufficiency AOPC on SST-2 (removal through the attention
 mask; paper-compatible unnormalised area over p = 0.1..0.9, x100 like the paper's tables; the normalised
@@ -167,18 +172,27 @@ def token_feature_mask(emb: torch.Tensor) -> torch.Tensor:
     return pos.expand(emb.shape[0], emb.shape[1], emb.shape[2]).contiguous()
 
 
-def make_methods(conv, bcos, mask_id: int, cfg: Config) -> dict[str, tuple[str, Callable[[Batch], torch.Tensor]]]:
-    """name -> (model kind, function(batch) -> token scores (batch, pos))."""
+@dataclass(frozen=True)
+class Method:
+    """One row of the table: which model it explains, how, and where its attributions are taken."""
+
+    kind: str
+    run: Callable[[Batch], torch.Tensor]
+    point: str
+
+
+def make_methods(conv, bcos, mask_id: int, cfg: Config) -> dict[str, Method]:
+    """name -> Method (model kind, function(batch) -> token scores (batch, pos), attribution point)."""
     conv_fwd, bcos_fwd = EmbeddingForward(conv), EmbeddingForward(bcos)
 
-    def at_embedding(method_factory, **kwargs):
-        method = method_factory(conv_fwd)
+    def at_embedding(method_factory, fwd=conv_fwd, **kwargs):
+        method = method_factory(fwd)
 
         def run(b: Batch) -> torch.Tensor:
-            emb = conv_fwd.embed(b.ids, b.mask)
+            emb = fwd.embed(b.ids, b.mask)
             extra = {}
             if "baselines" in kwargs:
-                extra["baselines"] = mask_baseline(conv_fwd, b, mask_id)
+                extra["baselines"] = mask_baseline(fwd, b, mask_id)
             if kwargs.get("feature_mask"):
                 extra["feature_mask"] = token_feature_mask(emb)
             call = {k: v for k, v in kwargs.items() if k not in ("baselines", "feature_mask")}
@@ -199,19 +213,27 @@ def make_methods(conv, bcos, mask_id: int, cfg: Config) -> dict[str, tuple[str, 
         return bcos_method.attribute(emb, target=b.target, additional_forward_args=(b.mask,)).sum(-1)
 
     d = conv.config.hidden_size
+    conv_point, bcos_point = conv_fwd.point.description, bcos_fwd.point.description
     return {
-        "Attention": ("conventional", attention),
-        "IxG": ("conventional", at_embedding(InputXGradient)),
-        f"IG ({cfg.ig_steps} steps)": ("conventional", at_embedding(IntegratedGradients, n_steps=cfg.ig_steps)),
-        "Saliency": ("conventional", at_embedding(Saliency)),
-        f"ShapSampl ({cfg.shapley_samples})": ("conventional", at_embedding(
+        "Attention": Method("conventional", attention, "last layer's attention, [CLS] row, mean over heads"),
+        "IxG": Method("conventional", at_embedding(InputXGradient), conv_point),
+        f"IG ({cfg.ig_steps} steps)": Method("conventional", at_embedding(IntegratedGradients,
+                                                                          n_steps=cfg.ig_steps), conv_point),
+        f"IG ({cfg.ig_steps} steps, [MASK] baseline)": Method("conventional", at_embedding(
+            IntegratedGradients, baselines=True, n_steps=cfg.ig_steps), conv_point),
+        "Saliency": Method("conventional", at_embedding(Saliency), conv_point),
+        f"ShapSampl ({cfg.shapley_samples})": Method("conventional", at_embedding(
             ShapleyValueSampling, baselines=True, feature_mask=True, n_samples=cfg.shapley_samples,
-            perturbations_per_eval=16)),
-        f"LIME ({cfg.lime_samples})": ("conventional", at_embedding(
-            Lime, baselines=True, feature_mask=True, n_samples=cfg.lime_samples, perturbations_per_eval=32)),
-        "Occlusion": ("conventional", at_embedding(
-            Occlusion, baselines=True, sliding_window_shapes=(1, d), strides=(1, d), perturbations_per_eval=16)),
-        "B-cos": ("bcos", bcos_run),
+            perturbations_per_eval=16), conv_point),
+        f"LIME ({cfg.lime_samples})": Method("conventional", at_embedding(
+            Lime, baselines=True, feature_mask=True, n_samples=cfg.lime_samples, perturbations_per_eval=32),
+            conv_point),
+        "Occlusion": Method("conventional", at_embedding(
+            Occlusion, baselines=True, sliding_window_shapes=(1, d), strides=(1, d), perturbations_per_eval=16),
+            conv_point),
+        "IxG on B-cos (ablation)": Method("bcos", at_embedding(InputXGradient, fwd=bcos_fwd),
+                                          bcos_point + "; plain gradient, not in explanation mode"),
+        "B-cos": Method("bcos", bcos_run, bcos_point),
     }
 
 
@@ -228,6 +250,7 @@ class MethodResult:
     seqpg: list[torch.Tensor] = field(default_factory=list)
     seqpg_seconds: float = 0.0
     memory_method: str = ""
+    point: str = ""
 
 
 def encode(tokenizer, texts, max_length: int = MAX_LENGTH):
@@ -255,8 +278,9 @@ def predictions(model, ids, mask, size: int = 64):
 def evaluate_sst2(methods, models, tokenizer, texts, cfg: Config, results: dict[str, MethodResult]):
     ids, mask = encode(tokenizer, texts)
     preds = {kind: predictions(m, ids, mask) for kind, m in models.items()}
-    for name, (kind, run) in tqdm(methods.items(), desc="SST-2 Comp/Suff", file=sys.stdout):
-        res = results.setdefault(name, MethodResult())
+    for name, method in tqdm(methods.items(), desc="SST-2 Comp/Suff", file=sys.stdout):
+        kind, run = method.kind, method.run
+        res = results.setdefault(name, MethodResult(point=method.point))
         run(next(batches(ids, mask, preds[kind], tokenizer, cfg.batch)))  # warm-up, untimed
         for b in batches(ids, mask, preds[kind], tokenizer, cfg.batch):
             scores, cost = measure_cost(run, b)
@@ -272,8 +296,9 @@ def evaluate_sst2(methods, models, tokenizer, texts, cfg: Config, results: dict[
 def evaluate_seqpg(methods, models, tokenizer, examples, cfg: Config, results: dict[str, MethodResult]):
     ids, mask, targets = examples.explanation_batch()
     special = special_tokens_mask(tokenizer, ids)
-    for name, (_kind, run) in tqdm(methods.items(), desc="SeqPG", file=sys.stdout):
-        res = results.setdefault(name, MethodResult())
+    for name, method in tqdm(methods.items(), desc="SeqPG", file=sys.stdout):
+        run = method.run
+        res = results.setdefault(name, MethodResult(point=method.point))
         rows = []
         for start in range(0, ids.shape[0], cfg.batch):
             sl = slice(start, start + cfg.batch)
@@ -314,12 +339,14 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
         curves = PerturbationCurves.concatenate(res.curves)
         s = curves.summary()
         spe = res.seconds / max(res.n, 1)
-        kind = "B-cos MiniLM" if name == "B-cos" else "conv. MiniLM"
+        is_bcos = "B-cos" in name
+        model_key = "bcos" if is_bcos else "conventional"
         rows.append({
-            "model": kind,
+            "model": "B-cos MiniLM" if is_bcos else "conv. MiniLM",
             "method": name,
-            "sst2_accuracy": acc["sst2"]["bcos" if name == "B-cos" else "conventional"],
-            "ag_news_accuracy": acc.get("ag_news", {}).get("bcos" if name == "B-cos" else "conventional", float("nan")),
+            "attributed_at": res.point,
+            "sst2_accuracy": acc["sst2"][model_key],
+            "ag_news_accuracy": acc.get("ag_news", {}).get(model_key, float("nan")),
             "comp_aopc_x100": 100 * s["comprehensiveness_aopc"],
             "suff_aopc_x100": 100 * s["sufficiency_aopc"],
             "comp_aopc_normalised_x100": 100 * s["comprehensiveness_aopc_normalised"],
@@ -336,14 +363,16 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
         writer.writeheader()
         writer.writerows(rows)
     head = ("| model | method | acc SST-2 | acc AG News | Comp ↑ | Suff ↓ | SeqPG ↑ | entropy | s / explanation "
-            f"| × B-cos time | peak MiB (batch of {cfg.batch}) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+            f"| × B-cos time | peak MiB (batch of {cfg.batch}) | attributed at |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     def num(value: float, scale: float = 1.0, digits: int = 2) -> str:
         return "–" if value != value else f"{scale * value:.{digits}f}"  # NaN: not measured in this run
 
     lines = [f"| {r['model']} | {r['method']} | {num(r['sst2_accuracy'], 100, 1)} | "
              f"{num(r['ag_news_accuracy'], 100, 1)} | {r['comp_aopc_x100']:.2f} | {r['suff_aopc_x100']:.2f} | "
              f"{num(r['seqpg_x100'])} | {r['entropy']:.2f} | "
-             f"{r['seconds_per_explanation']:.4f} | {r['times_bcos_time']:.1f} | {r['peak_mib_per_batch']:.0f} |"
+             f"{r['seconds_per_explanation']:.4f} | {r['times_bcos_time']:.1f} | {r['peak_mib_per_batch']:.0f} | "
+             f"{r['attributed_at']} |"
              for r in rows]
     notes = (
         f"\nSST-2: {info['n_eval']} test sentences (Comp/Suff, time, memory); SeqPG: {info['n_seqpg']} examples "
@@ -371,7 +400,8 @@ def plot(rows) -> None:
 
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
     names = [r["method"] for r in rows]
-    colours = ["tab:green" if r["method"] == "B-cos" else "tab:gray" for r in rows]
+    colours = ["tab:green" if r["method"] == "B-cos" else "tab:olive" if "B-cos" in r["method"] else "tab:gray"
+               for r in rows]
     for ax, key, title in [(axes[0], "comp_aopc_x100", "Comprehensiveness AOPC ×100 (↑)"),
                            (axes[1], "suff_aopc_x100", "Sufficiency AOPC ×100 (↓)"),
                            (axes[2], "seqpg_x100", "SeqPG ×100 (↑)")]:

@@ -53,19 +53,19 @@ def setup(bench):
 def test_every_method_scores_each_token_and_bcos_is_complete(bench, setup):
     tok, conv, bcos, cfg, texts = setup
     methods = bench.make_methods(conv, bcos, tok.mask_token_id, cfg)
-    assert list(methods) == ["Attention", "IxG", "IG (4 steps)", "Saliency", "ShapSampl (3)", "LIME (10)",
-                             "Occlusion", "B-cos"]
+    assert list(methods) == ["Attention", "IxG", "IG (4 steps)", "IG (4 steps, [MASK] baseline)", "Saliency",
+                             "ShapSampl (3)", "LIME (10)", "Occlusion", "IxG on B-cos (ablation)", "B-cos"]
     ids, mask = bench.encode(tok, texts[:3])
     batch = next(bench.batches(ids, mask, torch.tensor([1, 0, 1]), tok, 3))
-    for name, (_kind, run) in methods.items():
-        scores = run(batch)
+    for name, method in methods.items():
+        scores = method.run(batch)
         assert scores.shape == batch.ids.shape, name
         assert torch.isfinite(scores).all(), name
         if name in ("ShapSampl (3)", "Occlusion"):
             # the [MASK] baseline keeps [CLS]/[SEP]/[PAD]: replacing them changes nothing (up to float32 noise
             # of the logits between differently composed perturbation batches; real scores here are ~1e-3)
             assert scores[batch.special].abs().max() <= 1e-6, name
-    scores = methods["B-cos"][1](batch)
+    scores = methods["B-cos"].run(batch)
     with torch.no_grad():
         logits = bcos(input_ids=batch.ids, attention_mask=batch.mask).logits
     explained = logits.gather(1, batch.target[:, None]).squeeze(1)
@@ -85,6 +85,7 @@ def test_the_report_has_one_row_per_method_and_the_ratios(bench, setup, tmp_path
                                                   "memory_method": results["B-cos"].memory_method})
     bench.plot(rows)
     assert [r["method"] for r in rows] == list(methods)
+    assert all(r["attributed_at"] for r in rows)
     bcos_row = rows[-1]
     assert bcos_row["times_bcos_time"] == pytest.approx(1.0)
     assert math.isnan(bcos_row["seqpg_x100"])  # no SeqPG in this run: reported as missing, not as 0
@@ -93,3 +94,24 @@ def test_the_report_has_one_row_per_method_and_the_ratios(bench, setup, tmp_path
     assert "faster than IG (4 steps)" in table and "faster than ShapSampl (3)" in table
     assert (tmp_path / "results.csv").read_text().count("\n") == len(methods) + 1
     assert (tmp_path / "faithfulness.png").stat().st_size > 0
+
+
+def test_every_row_states_its_point_and_gradient_baselines_are_not_noise(bench, setup):
+    """Conventional IxG / IG attribute after the embedding LayerNorm: before it they are float noise."""
+    from bcos_plugins.attribution import capture_point
+
+    tok, conv, bcos, cfg, texts = setup
+    methods = bench.make_methods(conv, bcos, tok.mask_token_id, cfg)
+    assert all(m.point for m in methods.values())
+    for name in ("IxG", "IG (4 steps)", "IG (4 steps, [MASK] baseline)", "Saliency"):
+        assert "after the embedding LayerNorm" in methods[name].point, name
+    assert "combined embedding" in methods["B-cos"].point
+    ids, mask = bench.encode(tok, texts[:3])
+    batch = next(bench.batches(ids, mask, torch.tensor([1, 0, 1]), tok, 3))
+    with capture_point(conv.bert.embeddings.LayerNorm, "input") as leaves:
+        logits = conv(input_ids=batch.ids, attention_mask=batch.mask).logits
+    explained = logits.gather(1, batch.target[:, None]).sum()
+    (grad,) = torch.autograd.grad(explained, leaves[0])
+    before_layernorm = (leaves[0] * grad).sum(-1).abs().max()
+    for name in ("IxG", "IG (4 steps)", "IG (4 steps, [MASK] baseline)"):
+        assert methods[name].run(batch).abs().max() > 100 * before_layernorm, name
