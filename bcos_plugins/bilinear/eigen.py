@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..errors import argument_error
+from ..errors import BcosTypeError, argument_error
 from ..metrics._checks import require_int, require_tensor
 from .interaction import DEFAULT_CHUNK, interaction_matrix, iter_interaction_matrices
 
@@ -58,9 +58,17 @@ def interaction_spectra(source, u: Float[Tensor, "n d_out"], chunk_size: int = D
     return torch.cat([torch.linalg.eigvalsh(q) for q in iter_interaction_matrices(source, u, chunk_size)])
 
 
+def require_eigendecomposition(eig) -> Eigendecomposition:
+    if not isinstance(eig, Eigendecomposition):
+        raise argument_error("eig", f"must be an Eigendecomposition, got {type(eig).__name__}",
+                             "Pass eigendecompose(layer, u)", kind=BcosTypeError)
+    return eig
+
+
 def eigenvector_activations(eig: Eigendecomposition, x: Float[Tensor, "batch d_in"]
                             ) -> Float[Tensor, "batch *n d_in"]:
     """``lambda_i (v_i . x)^2`` for every eigenvector; summed over the last axis it equals ``u . out(x)``."""
+    eig = require_eigendecomposition(eig)
     d_in = eig.eigenvectors.shape[-1]
     x = require_tensor("x", x, ndim=2, kind="real", shape_hint=f"(batch, d_in) = (batch, {d_in})")
     if x.shape[1] != d_in:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..errors import argument_error
 from ..metrics._checks import require_int, require_tensor
-from .eigen import Eigendecomposition, top_eigen_indices
+from .eigen import Eigendecomposition, require_eigendecomposition, top_eigen_indices
 
 __all__ = ["AdversarialMasks", "adversarial_masks", "pseudo_inverse_masks"]
 
@@ -62,6 +62,7 @@ def adversarial_masks(eig: Eigendecomposition, per_direction: int = 1,
     oriented so that adding it increases ``|v_i . reference|``, i.e. it strengthens the eigenvector's
     activation on typical inputs rather than first cancelling it.
     """
+    eig = require_eigendecomposition(eig)
     if eig.eigenvalues.ndim != 2:
         raise argument_error("eig", "adversarial_masks needs a batch of decompositions",
                              "Use eigendecompose(layer, u) with u of shape (n, d_out)")

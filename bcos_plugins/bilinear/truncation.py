@@ -18,7 +18,14 @@ from torch import Tensor
 
 from ..errors import BcosTypeError, argument_error
 from ..metrics._checks import require_class_ids, require_int, require_tensor
-from .eigen import Eigendecomposition, Order, eigendecompose, eigenvector_activations, top_eigen_indices
+from .eigen import (
+    Eigendecomposition,
+    Order,
+    eigendecompose,
+    eigenvector_activations,
+    require_eigendecomposition,
+    top_eigen_indices,
+)
 from .weights import bilinear_weights
 
 __all__ = ["TruncationCurve", "truncated_outputs", "truncation_curve"]
@@ -31,6 +38,7 @@ def truncated_outputs(eig: Eigendecomposition, x: Float[Tensor, "batch d_in"], k
     ``eig`` holds a batch of decompositions (``eigendecompose(layer, directions)`` with directions
     ``(n, d_out)``); with ``k = d_in`` this is the exact output ``directions @ out(x)``.
     """
+    eig = require_eigendecomposition(eig)
     if eig.eigenvalues.ndim != 2:
         raise argument_error("eig", "truncated_outputs needs a batch of decompositions",
                              "Use eigendecompose(layer, u) with u of shape (n, d_out)")

@@ -213,6 +213,9 @@ def _install_guard(model: nn.Module) -> None:
 
 def guided_layers(model: nn.Module) -> list[str]:
     """Names of the attention modules that currently carry rationale guidance."""
+    if not isinstance(model, nn.Module):
+        raise argument_error("model", f"must be a torch model, got {type(model).__name__}", "Pass the model",
+                             kind=BcosTypeError)
     return [name for name, m in model.named_modules() if getattr(m, GUIDANCE_ATTRIBUTE, None) is not None]
 
 
@@ -297,6 +300,10 @@ def attention_token_scores(
 
     ``attentions`` is ``model(..., output_attentions=True).attentions`` (eager attention).
     """
+    if not isinstance(attentions, tuple | list):
+        raise argument_error("attentions", f"must be the per-layer tuple of attention weights, got "
+                             f"{type(attentions).__name__}", "Pass model(..., output_attentions=True).attentions",
+                             kind=BcosTypeError)
     if not attentions or any(a is None for a in attentions):
         raise argument_error("attentions", "holds no attention weights", "Run the model with output_attentions=True "
                              "and eager attention (sdpa returns none)")
@@ -306,6 +313,9 @@ def attention_token_scores(
             raise argument_error("attentions", f"entry {i} is not a (batch, head, query, key) tensor of the same "
                                  f"shape as entry 0, got {getattr(a, 'shape', type(a).__name__)}",
                                  "Pass model(..., output_attentions=True).attentions")
+    if not isinstance(layers, int) and not isinstance(layers, tuple | list | range):
+        raise argument_error("layers", f"must be a layer index or a list of them, got {layers!r}",
+                             "Pass e.g. -1 or [-2, -1]", kind=BcosTypeError)
     index = [layers] if isinstance(layers, int) else list(layers)
     if not index:
         raise argument_error("layers", "is empty", "Pass a layer index or a non-empty list of them")

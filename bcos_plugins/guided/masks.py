@@ -38,7 +38,23 @@ __all__ = [
 Span = tuple[int, int]
 
 
+def _require_encoding(encoding) -> None:
+    """A fast tokenizer's (padded) output: ``input_ids`` rows and ``word_ids`` / ``sequence_ids``."""
+    ok = (hasattr(encoding, "__getitem__") and hasattr(encoding, "sequence_ids") and hasattr(encoding, "word_ids"))
+    try:
+        rows = encoding["input_ids"] if ok else None
+    except (KeyError, TypeError, IndexError):
+        rows = None
+    if rows is None:
+        raise argument_error("encoding", f"must be a fast tokenizer's output (BatchEncoding), got "
+                             f"{type(encoding).__name__}", "Call tokenizer(texts, ...) with a fast tokenizer",
+                             kind=BcosTypeError)
+    if len(rows) == 0 or len(rows[0]) == 0:
+        raise argument_error("encoding", "holds no tokens", "Tokenise at least one non-empty text")
+
+
 def _require_offsets(encoding) -> list:
+    _require_encoding(encoding)
     if "offset_mapping" not in encoding:
         raise ValueError("the encoding has no offset_mapping: tokenize with return_offsets_mapping=True "
                          "(needs a fast tokenizer)")
@@ -49,6 +65,7 @@ def _require_offsets(encoding) -> list:
 def text_token_mask(encoding) -> Tensor:
     """True at text tokens, False at special tokens and padding (positions without a segment id), from a
     fast-tokenizer encoding: the ``valid_mask`` of the rationale metrics and the random control's pool."""
+    _require_encoding(encoding)
     n_rows = len(encoding["input_ids"])
     length = len(encoding["input_ids"][0])
     return torch.tensor([[sid is not None for sid in encoding.sequence_ids(i)] for i in range(n_rows)],
@@ -112,6 +129,7 @@ def gold_mask_from_words(
     compared with ``threshold``: >= threshold counts as rationale). Every sub-token of a highlighted word is 1.
     """
     threshold = require_float("threshold", threshold)
+    _require_encoding(encoding)
     rows = len(encoding["input_ids"])
     if len(word_rationales) != rows:
         raise ValueError(f"got word rationales for {len(word_rationales)} rows but the encoding has {rows}")
@@ -162,6 +180,9 @@ def random_rationale_mask(
 def hatexplain_word_rationale(record: dict) -> list[float] | None:
     """Annotator-averaged word rationale of a HateXplain record (the paper thresholds it at 0.5);
     ``None`` when no annotator marked a rationale (posts labelled normal)."""
+    if not isinstance(record, dict):
+        raise argument_error("record", f"must be a HateXplain record (dict), got {type(record).__name__}",
+                             "Pass one parsed JSON line", kind=BcosTypeError)
     rationales = record.get("rationales") or []
     if not rationales:
         return None
@@ -182,5 +203,6 @@ def parse_esnli_question(question: str) -> tuple[str, str]:
                              "Pass the record's question field", kind=BcosTypeError)
     match = _ESNLI_QUESTION.match(question)
     if match is None:
-        raise ValueError(f"not an e-SNLI 'Suppose \"...\". Can we infer that \"...\"?' question: {question[:80]!r}")
+        raise argument_error("question", f"not an e-SNLI 'Suppose \"...\". Can we infer that \"...\"?' question: "
+                             f"{question[:80]!r}", "Pass the question field of the premise-span slice")
     return match.group(1), match.group(2)

@@ -72,6 +72,10 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
 
 def special_tokens_mask(tokenizer, input_ids: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
     """True at the tokenizer's special tokens (CLS, SEP, PAD, BOS, EOS, MASK, ...) of each row."""
+    input_ids = require_tensor("input_ids", input_ids, ndim=2, kind="int", shape_hint="(batch, pos)")
+    if not hasattr(tokenizer, "get_special_tokens_mask"):
+        raise argument_error("tokenizer", f"must be a transformers tokenizer, got {type(tokenizer).__name__}",
+                             "Pass the model's tokenizer", kind=BcosTypeError)
     rows = [tokenizer.get_special_tokens_mask(row, already_has_special_tokens=True)
             for row in input_ids.tolist()]
     return torch.tensor(rows, dtype=torch.bool, device=input_ids.device)

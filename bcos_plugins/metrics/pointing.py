@@ -87,8 +87,8 @@ def make_seqpg_examples(
     batch_size = require_int("batch_size", batch_size, minimum=1)
     min_confidence = require_float("min_confidence", min_confidence, minimum=0.0, maximum=1.0)
     if getattr(tokenizer, "cls_token_id", None) is None or getattr(tokenizer, "sep_token_id", None) is None:
-        raise ValueError("make_seqpg_examples joins segments as [CLS] a [SEP] b [SEP]; the tokenizer needs "
-                         "cls_token and sep_token (a BERT-style tokenizer)")
+        raise argument_error("tokenizer", "make_seqpg_examples joins segments as [CLS] a [SEP] b [SEP]; the "
+                             "tokenizer needs cls_token and sep_token", "Use a BERT-style tokenizer")
     if len(texts) != len(labels):
         raise argument_error("labels", f"{len(texts)} texts but {len(labels)} labels", "Pass one label per text")
     # int(0.7) would silently make a float label class 0.

@@ -13,13 +13,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
-from ..errors import BcosTypeError, argument_error
+from ..errors import BcosFileError, BcosTypeError, argument_error
 from ..metrics._checks import require_int
 
 __all__ = ["read_sst2_tsv", "read_rt_polarity", "predict_labels", "classification_scores",
            "zero_shot_evaluation"]
+
+
+def _existing_file(name: str, path) -> Path:
+    if not isinstance(path, str | Path):
+        raise argument_error(name, f"must be a path, got {type(path).__name__}", "Pass the file's path",
+                             kind=BcosTypeError)
+    if not Path(path).is_file():
+        raise BcosFileError(f"{name}: {path} is not a file. Pass the path of an existing file.")
+    return Path(path)
 
 
 def read_sst2_tsv(path: str | Path, limit: int | None = None) -> tuple[list[str], list[int]]:
@@ -29,6 +39,7 @@ def read_sst2_tsv(path: str | Path, limit: int | None = None) -> tuple[list[str]
         limit = require_int("limit", limit, minimum=0)
         if limit == 0:
             return [], []
+    path = _existing_file("path", path)
     texts, labels = [], []
     with open(path, encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -47,12 +58,16 @@ def read_rt_polarity(folder: str | Path, limit_per_class: int | None = None) -> 
     if limit_per_class is not None:
         # A negative limit used to drop rows from the end (a slice), silently.
         limit_per_class = require_int("limit_per_class", limit_per_class, minimum=0)
+    if not isinstance(folder, str | Path):
+        raise argument_error("folder", f"must be a path, got {type(folder).__name__}",
+                             "Pass the folder holding rt-polarity.neg and rt-polarity.pos", kind=BcosTypeError)
     folder = Path(folder)
     texts, labels = [], []
     for label, name in ((0, "rt-polarity.neg"), (1, "rt-polarity.pos")):
         path = folder / name
-        if not path.exists():
-            raise FileNotFoundError(f"{path} not found: pass the folder holding rt-polarity.neg and rt-polarity.pos")
+        if not path.is_file():
+            raise BcosFileError(f"folder: {path} not found. Pass the folder holding rt-polarity.neg and "
+                                "rt-polarity.pos.")
         lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         lines = lines[:limit_per_class] if limit_per_class is not None else lines
         texts += lines
@@ -64,6 +79,10 @@ def read_rt_polarity(folder: str | Path, limit_per_class: int | None = None) -> 
 def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32, max_length: int = 128,
                    progress: bool = False) -> list[int]:
     """Arg-max class of each text (the model in eval mode, batches padded per batch)."""
+    if not isinstance(model, nn.Module) or not callable(tokenizer):
+        raise argument_error("model", f"predict_labels needs a torch classifier and its tokenizer, got "
+                             f"{type(model).__name__} and {type(tokenizer).__name__}",
+                             "Pass the model and tokenizer", kind=BcosTypeError)
     if isinstance(texts, str | bytes):
         # A string is a sequence too: each character would be classified as a text of its own.
         raise argument_error("texts", "is a single string", "Pass a list of texts (e.g. [text])",
@@ -92,6 +111,10 @@ def classification_scores(labels: Sequence[int], predictions: Sequence[int]) -> 
         raise ImportError("classification_scores needs scikit-learn: pip install scikit-learn "
                           "(or bcos-plugins[captum])") from None
 
+    for name, values in (("labels", labels), ("predictions", predictions)):
+        if isinstance(values, str | bytes) or not hasattr(values, "__len__"):
+            raise argument_error(name, f"must be a sequence of class ids, got {type(values).__name__}",
+                                 "Pass a list of ints", kind=BcosTypeError)
     labels, predictions = list(labels), list(predictions)
     if len(labels) != len(predictions):
         raise argument_error("predictions", f"has {len(predictions)} entries for {len(labels)} labels",
@@ -118,15 +141,16 @@ def zero_shot_evaluation(
     ``label_map`` maps the model's class ids to the target dataset's label ids when they differ (e.g. a
     3-class model evaluated on a binary set); unmapped predictions count as errors.
     """
-    if isinstance(texts, str | bytes):
-        raise argument_error("texts", "is a single string", "Pass a list of texts (e.g. [text])",
-                             kind=BcosTypeError)
+    for name, values in (("texts", texts), ("labels", labels)):
+        if isinstance(values, str | bytes) or not hasattr(values, "__len__"):
+            raise argument_error(name, f"must be a sequence, got {type(values).__name__}",
+                                 "Pass a list (e.g. [text] for one text)", kind=BcosTypeError)
     if label_map is not None and not isinstance(label_map, Mapping):
         raise argument_error("label_map", f"must be a mapping from model class to dataset label, got "
                              f"{type(label_map).__name__}", "Pass e.g. {0: 0, 1: 1}", kind=BcosTypeError)
     if len(texts) != len(labels):
         raise argument_error("labels", f"{len(texts)} texts but {len(labels)} labels", "Pass one label per text")
-    if not texts:
+    if len(texts) == 0:
         raise argument_error("texts", "nothing to evaluate: texts is empty", "Pass at least one text")
     predictions = predict_labels(model, tokenizer, texts, batch_size, max_length, progress)
     if label_map is not None:

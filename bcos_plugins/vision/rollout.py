@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..errors import argument_error
+from ..errors import BcosTypeError, argument_error
 from ..metrics._checks import require_float, require_int, require_tensor
 
 __all__ = ["attention_rollout"]
@@ -23,6 +23,10 @@ __all__ = ["attention_rollout"]
 def attention_rollout(attentions: tuple[Tensor, ...] | list[Tensor], patch_size: int,
                       residual_weight: float = 0.5) -> Float[Tensor, "batch h w"]:
     """Pixel map ``(batch, grid * p, grid * p)`` from per-layer attention ``(batch, heads, N, N)``."""
+    if not isinstance(attentions, tuple | list):
+        raise argument_error("attentions", f"must be the per-layer tuple of attention matrices, got "
+                             f"{type(attentions).__name__}", "Pass model(..., output_attentions=True).attentions",
+                             kind=BcosTypeError)
     if not attentions:
         raise argument_error("attentions", "attention_rollout needs the attention matrices of at least one layer",
                              "Call the model with output_attentions=True")
