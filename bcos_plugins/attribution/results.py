@@ -26,6 +26,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..errors import BcosValueError
+
 __all__ = ["Explanation", "TokenExplanation", "relative_completeness_error"]
 
 # |explained| below this is treated as this: the relative error of a zero logit is |delta| / 1e-12, which is
@@ -98,7 +100,8 @@ class TokenExplanation(Explanation):
     def tokens(self, tokenizer) -> list[list[str]]:
         """Tokens of each row (padding removed), aligned with :meth:`scores`."""
         if self.input_ids is None:
-            raise ValueError("tokens(): this explanation holds no input_ids (it was made from embeddings)")
+            raise BcosValueError("tokenizer: this explanation holds no input_ids (it was made from embeddings), so "
+                                 "there are no tokens to look up. Use the tokens of the inputs you explained.")
         return [tokenizer.convert_ids_to_tokens(ids[self._keep(i)].tolist())
                 for i, ids in enumerate(self.input_ids)]
 

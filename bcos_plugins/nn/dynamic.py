@@ -32,7 +32,7 @@ def _thread_depth() -> int:
 
 
 def dynamic_weights_used() -> int:
-    """How many dynamic weights were held constant by the thread-wide mode in this thread so far.
+    """How many dynamic weights were held constant (in either form of the mode) in this thread so far.
 
     The Captum adapter reads it around a call of a plain function to check that the function ran through
     B-cos modules at all (otherwise its input x gradient is not a ``W(x) x`` explanation).
@@ -58,9 +58,9 @@ class DynamicWeightModule(nn.Module):
 
     def dynamic_weight(self, factor: Tensor) -> Tensor:
         """Return ``factor`` as it must enter the product: detached while explaining."""
-        if self._explaining_module:
-            return factor.detach()
-        if _thread_depth() > 0:
+        if self._explaining_module or _thread_depth() > 0:
+            # counted in both forms: a plain function called inside the user's own explanation_mode(model)
+            # ran through B-cos modules too
             _THREAD_STATE.used = dynamic_weights_used() + 1
             return factor.detach()
         return factor
