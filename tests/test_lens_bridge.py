@@ -160,3 +160,17 @@ def test_bridge_error_paths():
     c_attn.max_out = 2  # (a MaxOut fused projection: its groups are not q/k/v units)
     with pytest.raises(BcosError, match="MaxOut"):
         transformer_bridge_from_hf(maxout)
+
+
+@pytest.mark.parametrize("name", list(HF_MODELS))
+def test_explain_logits_works_on_the_bridge(name):
+    """The package's TransformerLens explanation runs on bridges too and agrees with the bridge's hooks."""
+    from bcos_plugins.adapters.transformer_lens import explain_logits
+
+    _, _, _, bridge = built(name)
+    tokens = ids(seed=3)
+    expl = explain_logits(bridge, tokens, target=5)
+    contributions, explained = explain_through_hooks(bridge, tokens, target=5)
+    torch.testing.assert_close(expl.explained, explained)
+    assert expl.completeness_error.max() < 1e-4
+    torch.testing.assert_close(expl.input_contributions, contributions, rtol=1e-5, atol=1e-6)

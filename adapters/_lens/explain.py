@@ -96,9 +96,9 @@ def explain_logits(
     if tokens.ndim != 2 or tokens.numel() == 0:
         raise BcosValueError(f"tokens: expected a non-empty (batch, pos) tensor, got shape {tuple(tokens.shape)}")
     batch, length = tokens.shape
-    if (tokens < 0).any() or (tokens >= model.cfg.d_vocab).any():
+    if (tokens < 0).any() or (tokens >= model.cfg.d_vocab).any():  # bridges have cfg.d_vocab too
         raise BcosValueError(f"tokens: ids outside the vocabulary [0, {model.cfg.d_vocab}).")
-    if model.cfg.positional_embedding_type != "rotary" and length > model.cfg.n_ctx:
+    if getattr(model.cfg, "positional_embedding_type", "rotary") != "rotary" and length > model.cfg.n_ctx:
         raise BcosValueError(f"tokens: {length} positions but the model has n_ctx={model.cfg.n_ctx}. Truncate.")
     if attention_mask is not None and attention_mask.shape != tokens.shape:
         raise BcosValueError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from tokens "
@@ -109,13 +109,18 @@ def explain_logits(
     leaves: dict[str, Tensor] = {}
     parsed: dict = {}
 
-    def capture(activation: Tensor, hook) -> Tensor:
-        leaves[hook.name] = as_leaf(activation)
-        return leaves[hook.name]
+    def capture_as(name: str):
+        # keyed by the requested name: on a TransformerBridge, hook_embed is an alias that fires under
+        # another name (embed.hook_out)
+        def capture(activation: Tensor, hook) -> Tensor:
+            leaves[name] = as_leaf(activation)
+            return leaves[name]
+        return capture
 
     def compute():
         logits = model.run_with_hooks(tokens, attention_mask=attention_mask,
-                                      fwd_hooks=[(n, capture) for n in names])
+                                      fwd_hooks=[(n, capture_as(n)) for n in names])
+        names[:] = [n for n in names if n in leaves]  # a bridge lists hook_pos_embed for rotary models too
         at_position = logits[torch.arange(batch, device=logits.device), pos]
         n = at_position.shape[-1]
         parsed["target"] = (at_position.argmax(-1) if target is None
