@@ -75,6 +75,12 @@ IOI_TRAIN_TEMPLATES: tuple[str, ...] = (
     "Afterwards, {A} and {B} went to the {PLACE}. {S} gave a {OBJECT} to",
     "One day, {A} and {B} played at the {PLACE}. {S} threw the {OBJECT} to",
     "At the {PLACE}, {A} and {B} found a {OBJECT}. {S} handed it to",
+    # short frames: fewer tokens between the names and the prediction, so a small model trained from scratch
+    # finds the names to attend to sooner
+    "Then, {A} and {B} met. {S} waved to",
+    "So {A} and {B} sat down. {S} talked to",
+    "Later, {A} and {B} ate lunch. {S} said hi to",
+    "Yesterday {A} and {B} played. {S} gave a {OBJECT} to",
 )
 IOI_HELDOUT_TEMPLATES: tuple[str, ...] = (
     "Friends {A} and {B} found a {OBJECT} at the {PLACE}. {S} gave it to",
