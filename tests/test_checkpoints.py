@@ -363,3 +363,21 @@ def test_sharded_checkpoints_load_with_per_layer_b_and_a_missing_shard_is_named(
     shards[1].unlink()
     with pytest.raises(BcosFileError, match=rf"^path: the weight file {shards[1]} listed in the index is missing"):
         load_bcos_model(tmp_path)
+
+
+def test_vit_checkpoint_without_stored_b_loads_at_the_config_b(tmp_path):
+    """A BcosViT saved before B was stored per layer reloads at config.b (not at uninitialised memory)."""
+    from bcos_plugins.vision import BcosViT, BcosViTConfig
+
+    config = BcosViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1,
+                           num_attention_heads=2, intermediate_size=16, num_labels=3, b=1.5)
+    torch.manual_seed(0)
+    model = BcosViT(config).eval()
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.endswith("bcos_b")}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    reloaded = BcosViT.from_pretrained(tmp_path).eval()
+    images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(images).logits, model(images).logits)

@@ -87,6 +87,9 @@ class BcosViT(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (BcosLinear, BcosConv2d)):
             init.kaiming_uniform_(module.weight, a=5**0.5)
+            # checkpoints older than the stored B have no bcos_b: fill it with the config's B (a B loaded
+            # from the checkpoint is left alone)
+            init.constant_(module.bcos_b, module.initial_b)
         elif isinstance(module, nn.Linear):
             init.normal_(module.weight, std=self.config.initializer_range)
         elif isinstance(module, nn.LayerNorm):
