@@ -58,3 +58,36 @@ def test_version_has_one_source_and_a_dated_changelog_section():
     assert versions == sorted(versions, reverse=True) and dates == sorted(dates, reverse=True)
     assert bcos_plugins.__version__ in {m.group(1) for m in released}, (
         f"version {bcos_plugins.__version__} has no dated CHANGELOG section: rename '## Unreleased' when releasing")
+
+
+def test_package_data_ships_every_data_file_and_every_dataset_has_its_source():
+    from fnmatch import fnmatch
+
+    from bcos_plugins.data import SHIPPED_DATA
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "bcos_plugins.data"]
+    package = ROOT / "bcos_plugins" / "data"
+    files = [p for p in SHIPPED_DATA.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert files and SHIPPED_DATA.parent == package
+
+    def globbed(relative: Path, pattern: str) -> bool:  # setuptools' glob: '*' never crosses a '/'
+        parts = pattern.split("/")
+        return len(parts) == len(relative.parts) and all(map(fnmatch, relative.parts, parts))
+
+    unshipped = [str(p.relative_to(package)) for p in files
+                 if not any(globbed(p.relative_to(package), pattern) for pattern in patterns)]
+    assert not unshipped, f"not matched by [tool.setuptools.package-data]: {unshipped}"
+    for folder in (p for p in SHIPPED_DATA.iterdir() if p.is_dir()):
+        assert (folder / "SOURCE.md").is_file(), f"{folder.name} has no SOURCE.md (origin and licence)"
+
+
+def test_shipped_data_names_what_is_missing():
+    import pytest
+
+    from bcos_plugins.data import shipped_data
+    from bcos_plugins.errors import BcosFileError
+
+    assert shipped_data("sst2", "train.tsv").is_file()
+    with pytest.raises(BcosFileError, match=r"parts: 'sst3/train.tsv' is not shipped with bcos_plugins .*'sst2'"):
+        shipped_data("sst3", "train.tsv")
