@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from ..errors import argument_error
-from . import SHIPPED_DATA, TextClassificationData, _read_tsv
+from . import TextClassificationData, _check_n, _read_tsv, _shipped_split
 
 __all__ = ["AG_NEWS_LABELS", "load_ag_news"]
 
@@ -34,27 +34,28 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
     Args:
         split: ``"train"`` (2,400 rows) or ``"test"`` (800 rows) of the shipped balanced slice; with
             ``source="hub"``: ``"train"`` or ``"test"`` of the ``ag_news`` dataset on the Hugging Face hub.
-        n: keep the first ``n`` rows (the shipped files are shuffled, so any prefix is roughly balanced).
+        n: keep the first ``n`` rows (the shipped files are shuffled, so any prefix is roughly balanced);
+            ``None``: all.
         path: a ``text<TAB>label`` file without header (label a class name or id) instead of the slice.
         source: ``"local"`` (default, no network) or ``"hub"`` (``datasets.load_dataset("ag_news")``).
         clean: undo the source's escapes (`` #39;`` -> ``'``, ``\\`` -> space).
     """
+    n = _check_n(n)
     if source == "hub":
         from datasets import load_dataset
 
         ds = load_dataset("ag_news", split=split)
         rows = [(r["text"], int(r["label"])) for r in ds]
     elif source == "local":
-        file = Path(path) if path is not None else SHIPPED_DATA / "ag_news" / f"{split}.tsv"
+        file = Path(path) if path is not None else _shipped_split("ag_news", split, ("train", "test"))
         rows = []
-        for text, label in _read_tsv(file, header=False):
-            label = label.strip()
+        for text, label, number in _read_tsv(file, header=False):
             if label in AG_NEWS_LABELS:
                 y = AG_NEWS_LABELS.index(label)
             elif label.isdigit() and int(label) < len(AG_NEWS_LABELS):
                 y = int(label)
             else:
-                raise argument_error("path", f"{file} has an unknown AG News label {label!r}",
+                raise argument_error("path", f"{file}, line {number}: unknown AG News label {label!r}",
                                      f"Labels are one of {AG_NEWS_LABELS} or an id 0-3")
             rows.append((text, y))
     else:
