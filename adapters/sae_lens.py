@@ -29,6 +29,7 @@ from jaxtyping import Float
 from sae_lens import SAE
 from torch import Tensor
 
+from bcos_plugins._checks import require_int
 from bcos_plugins.bilinear import (
     Eigendecomposition,
     augment_input,
@@ -39,7 +40,6 @@ from bcos_plugins.bilinear import (
     top_eigen_indices,
 )
 from bcos_plugins.errors import BcosTypeError, BcosValueError
-from bcos_plugins.metrics._checks import require_int
 
 from ._lens.sae_error import sae_error_capture
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..errors import BcosTypeError, argument_error
+from .errors import BcosTypeError, argument_error
 
 __all__ = ["bad_rows", "require_choice", "require_class_ids", "require_float", "require_int",
            "require_same_shape", "require_tensor", "require_token_batch"]

@@ -19,8 +19,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
+from ._checks import require_int
 from .errors import BcosTypeError, argument_error
-from .metrics._checks import require_int
 
 __all__ = ["CausalLMCollator", "IGNORE_INDEX", "real_token_positions", "train_causal_lm"]
 

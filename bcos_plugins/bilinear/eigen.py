@@ -21,8 +21,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .._checks import require_int, require_tensor
 from ..errors import BcosTypeError, argument_error
-from ..metrics._checks import require_int, require_tensor
 from .interaction import DEFAULT_CHUNK, interaction_matrix, iter_interaction_matrices
 
 __all__ = [

@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..metrics._checks import require_float, require_int
+from .._checks import require_float, require_int
 from .interaction import interaction_matrix, require_finite_weights
 from .weights import bilinear_weights, require_bias_free
 

@@ -18,8 +18,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .._checks import require_int, require_tensor
 from ..errors import argument_error
-from ..metrics._checks import require_int, require_tensor
 from .weights import BilinearWeights, bilinear_weights, require_bias_free
 
 __all__ = ["bilinear_tensor", "interaction_matrix", "iter_interaction_matrices"]

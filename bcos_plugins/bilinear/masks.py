@@ -20,8 +20,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .._checks import require_int, require_tensor
 from ..errors import argument_error
-from ..metrics._checks import require_int, require_tensor
 from .eigen import Eigendecomposition, require_eigendecomposition, top_eigen_indices
 
 __all__ = ["AdversarialMasks", "adversarial_masks", "pseudo_inverse_masks"]

@@ -31,8 +31,8 @@ from __future__ import annotations
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from .._checks import require_int
 from ..errors import argument_error
-from ..metrics._checks import require_int
 from ..nn.dynamic import DynamicWeightModule
 from .weights import BilinearWeights
 

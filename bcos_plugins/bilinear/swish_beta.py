@@ -24,8 +24,8 @@ from torch import Tensor, nn
 from transformers import TrainerCallback
 from transformers.activations import ACT2FN
 
+from .._checks import require_float
 from ..errors import argument_error
-from ..metrics._checks import require_float
 from ..nn.dynamic import DynamicWeightModule
 
 __all__ = ["SwishBeta", "SwishBetaToBilinear", "finalize_bilinear", "gated_mlps", "set_swish_beta"]

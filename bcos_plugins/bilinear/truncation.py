@@ -16,8 +16,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .._checks import require_class_ids, require_int, require_tensor
 from ..errors import BcosTypeError, argument_error
-from ..metrics._checks import require_class_ids, require_int, require_tensor
 from .eigen import (
     Eigendecomposition,
     Order,

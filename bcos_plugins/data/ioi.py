@@ -43,8 +43,8 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from .._checks import require_choice, require_int
 from ..errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
-from ..metrics._checks import require_choice, require_int
 from . import SHIPPED_DATA
 
 __all__ = [

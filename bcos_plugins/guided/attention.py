@@ -40,8 +40,8 @@ from torch import Tensor, nn
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
+from .._checks import require_int
 from ..errors import BcosRuntimeError, BcosTypeError, argument_error
-from ..metrics._checks import require_int
 from .guidance import GuidanceMode, check_guidance, check_rationale_mask, guide_scores
 
 __all__ = [

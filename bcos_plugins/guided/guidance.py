@@ -29,8 +29,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .._checks import bad_rows, require_float
 from ..errors import BcosTypeError, argument_error
-from ..metrics._checks import bad_rows, require_float
 
 __all__ = ["GuidanceMode", "GUIDANCE_MODES", "check_guidance", "check_rationale_mask", "guide_scores"]
 

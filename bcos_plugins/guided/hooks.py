@@ -20,8 +20,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .._checks import require_int
 from ..errors import argument_error
-from ..metrics._checks import require_int
 from .guidance import GuidanceMode, check_guidance, check_rationale_mask, guide_scores
 
 __all__ = ["attn_scores_guidance_hook", "guidance_hooks"]

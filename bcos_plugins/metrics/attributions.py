@@ -14,8 +14,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
-from ._checks import bad_rows, require_same_shape, require_tensor
 
 __all__ = ["perturbable_mask", "special_tokens_mask", "token_scores"]
 

@@ -29,8 +29,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .._checks import bad_rows, require_int, require_tensor
 from ..errors import argument_error
-from ._checks import bad_rows, require_int, require_tensor
 
 __all__ = [
     "MRRResult",
@@ -263,8 +263,8 @@ def perplexity(
         max_length: window length including the BOS (>= 2).
         batch_size: windows per forward pass.
     """
+    from .._checks import require_int
     from ..errors import argument_error
-    from ._checks import require_int
 
     batch_size = require_int("batch_size", batch_size, minimum=1)
     context = _model_context(model)
@@ -357,9 +357,9 @@ def next_token_contrast(
     Works on the batches of :func:`~bcos_plugins.data.encode_ioi` and :func:`~bcos_plugins.data.encode_blimp`
     (padding on either side: position ids count real tokens only, as ``explain`` does).
     """
+    from .._checks import require_int, require_token_batch
     from ..errors import argument_error
     from ..train_decoder import real_token_positions
-    from ._checks import require_int, require_token_batch
 
     batch_size = require_int("batch_size", batch_size, minimum=1)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)

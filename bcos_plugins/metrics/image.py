@@ -30,8 +30,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .._checks import bad_rows, require_float, require_int, require_tensor
 from ..errors import BcosTypeError, argument_error
-from ._checks import bad_rows, require_float, require_int, require_tensor
 from .perturbation import aopc
 
 __all__ = ["IMAGE_FRACTIONS", "PixelPerturbation", "grid_pointing_game", "pixel_perturbation", "pixel_ranking"]

@@ -31,8 +31,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .._checks import require_class_ids, require_float, require_int, require_tensor
 from ..errors import BcosTypeError, argument_error
-from ._checks import require_class_ids, require_float, require_int, require_tensor
 from .attributions import perturbable_mask, token_scores
 
 __all__ = ["DEFAULT_FRACTIONS", "PerturbationCurves", "aopc", "perturbation_curves", "top_k_masks"]

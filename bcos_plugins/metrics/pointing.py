@@ -25,8 +25,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
+from .._checks import require_float, require_int, require_tensor
 from ..errors import argument_error
-from ._checks import require_float, require_int, require_tensor
 from .attributions import token_scores
 
 __all__ = ["SeqPGExamples", "make_seqpg_examples", "seqpg_score"]

@@ -27,8 +27,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
-from ._checks import bad_rows, require_same_shape, require_tensor
 
 __all__ = ["RationaleAlignment", "rationale_alignment", "top_k_iou", "average_precision"]
 

@@ -32,8 +32,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .._checks import require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
-from ._checks import require_same_shape, require_tensor
 from .attributions import token_scores
 
 __all__ = ["Cost", "completeness_error", "explanation_entropy", "measure_cost"]

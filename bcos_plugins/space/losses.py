@@ -23,8 +23,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .._checks import bad_rows, require_class_ids, require_float, require_tensor
 from ..errors import argument_error
-from ..metrics._checks import bad_rows, require_class_ids, require_float, require_tensor
 
 __all__ = ["inter_space_loss", "intra_space_loss"]
 

@@ -34,14 +34,14 @@ from transformers import initialization as init
 from transformers.configuration_utils import SubConfigSpec
 from transformers.utils import ModelOutput
 
-from ..errors import BcosTypeError, argument_error
-from ..metrics._checks import (
+from .._checks import (
     require_class_ids,
     require_float,
     require_int,
     require_tensor,
     require_token_batch,
 )
+from ..errors import BcosTypeError, argument_error
 from .losses import inter_space_loss, intra_space_loss
 
 __all__ = ["SpaceModelConfig", "SpaceHead", "SpaceModelForSequenceClassification", "SpaceModelOutput",

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._checks import require_int
 from ..errors import BcosFileError, BcosTypeError, argument_error
-from ..metrics._checks import require_int
 
 __all__ = ["read_sst2_tsv", "read_rt_polarity", "predict_labels", "classification_scores",
            "zero_shot_evaluation"]

@@ -29,8 +29,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from .._checks import require_int
 from ..errors import argument_error
-from ..metrics._checks import require_int
 from ..nn.dynamic import DynamicWeightModule
 from ..nn.linear import BcosLinear
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
+from .._checks import require_float, require_int
 from ..errors import BcosTypeError, argument_error
-from ..metrics._checks import require_float, require_int
 from .attention import PRIOR_KINDS
 
 __all__ = ["TOKENIZER_KINDS", "BcosViTConfig"]

@@ -24,8 +24,8 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import ImageClassifierOutput
 
+from .._checks import require_class_ids
 from ..errors import argument_error
-from ..metrics._checks import require_class_ids
 from .config import BcosViTConfig
 from .encoding import check_pixel_values
 

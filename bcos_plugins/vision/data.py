@@ -20,8 +20,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from .._checks import require_float, require_int, require_tensor
 from ..errors import argument_error
-from ..metrics._checks import require_float, require_int, require_tensor
 
 __all__ = ["DigitImages", "load_digits_split", "make_grids", "place_digits"]
 

@@ -17,8 +17,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from .._checks import bad_rows, require_tensor
 from ..errors import BcosValueError, argument_error
-from ..metrics._checks import bad_rows, require_tensor
 
 __all__ = ["InputEncoding", "check_pixel_values", "encode_image"]
 

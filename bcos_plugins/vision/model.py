@@ -25,8 +25,8 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import ImageClassifierOutput
 
+from .._checks import require_class_ids
 from ..errors import argument_error
-from ..metrics._checks import require_class_ids
 from ..nn.conv import BcosConv2d
 from ..nn.linear import BcosLinear
 from ..train import bcos_loss

@@ -14,8 +14,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .._checks import require_float, require_int, require_tensor
 from ..errors import BcosTypeError, argument_error
-from ..metrics._checks import require_float, require_int, require_tensor
 
 __all__ = ["attention_rollout"]
 

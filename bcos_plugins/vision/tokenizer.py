@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from .._checks import require_int
 from ..errors import argument_error
-from ..metrics._checks import require_int
 from ..nn.conv import BcosConv2d
 from ..nn.linear import BcosLinear
 

@@ -21,8 +21,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .._checks import require_float, require_tensor
 from ..errors import argument_error
-from ..metrics._checks import require_float, require_tensor
 
 __all__ = ["contribution_map", "save_explanation_figure", "weight_colour_image"]
 
