@@ -51,7 +51,7 @@ from transformers.utils import logging as hf_logging
 from bcos_plugins import bcosify, explain, load_bcos_model
 from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.data.blimp import BLIMP_SUBSETS, encode_blimp, load_blimp
-from bcos_plugins.data.ioi import IOIBatch, encode_ioi, make_ioi_prompts
+from bcos_plugins.data.ioi import IOI_TRAIN_NAMES, IOIBatch, encode_ioi, make_ioi_prompts
 from bcos_plugins.metrics.decoder import mean_reciprocal_rank, next_token_contrast, perplexity
 from bcos_plugins.train_decoder import CausalLMCollator, train_causal_lm
 
@@ -89,7 +89,8 @@ class Settings:
 
     @property
     def tag(self) -> str:
-        return (f"L{self.n_layer}-d{self.n_embd}-h{self.n_head}-ioi{self.n_ioi_train}-stop{self.ioi_stop:g}"
+        return (f"L{self.n_layer}-d{self.n_embd}-h{self.n_head}-ioi{self.n_ioi_train}-names{len(IOI_TRAIN_NAMES)}"
+                f"-stop{self.ioi_stop:g}"
                 f"-s{self.seed}")
 
 
@@ -243,7 +244,7 @@ def trained_models(cfg: Settings, data: DecoderData) -> tuple[GPT2LMHeadModel, G
     """The conventional and the B-cos model, trained until they solve held-out IOI, or loaded from the cache."""
     conv_dir, bcos_dir = MODELS / f"conv-{cfg.tag}", MODELS / f"bcos-{cfg.tag}-B{cfg.b:g}"
     info = {}
-    if conv_dir.exists() and not cfg.retrain:
+    if (conv_dir / "training.json").exists() and not cfg.retrain:  # written last: a killed run leaves none
         conv = GPT2LMHeadModel.from_pretrained(conv_dir).eval()
         info["conventional"] = json.loads((conv_dir / "training.json").read_text())
     else:
@@ -253,7 +254,7 @@ def trained_models(cfg: Settings, data: DecoderData) -> tuple[GPT2LMHeadModel, G
         info["conventional"] = train_until_solved(conv, data, cfg, conv_dir, bcos=False)
         conv.save_pretrained(conv_dir)
         (conv_dir / "training.json").write_text(json.dumps(info["conventional"], indent=2))
-    if bcos_dir.exists() and not cfg.retrain:
+    if (bcos_dir / "training.json").exists() and not cfg.retrain:
         model = load_bcos_model(bcos_dir).eval()
         info["bcos"] = json.loads((bcos_dir / "training.json").read_text())
     else:

@@ -88,10 +88,19 @@ IOI_HELDOUT_TEMPLATES: tuple[str, ...] = (
     "While {A} and {B} were walking to the {PLACE}, {S} brought a {OBJECT} to",
     "The {PLACE} {A} and {B} went to had a {OBJECT}. {S} gave it to",
 )
+# many training names: with few, a small model learns name-specific shortcuts that do not carry over to the
+# held-out names
 IOI_TRAIN_NAMES: tuple[str, ...] = (
     "Lily", "Tom", "Ben", "Tim", "Max", "Lucy", "Amy", "Bob", "Jane", "John", "Emma", "Joe", "Sarah", "Kim",
     "James", "Carl", "Billy", "Sally", "Benny", "Jill", "Ellie", "Eva", "Josh", "Mark", "Mary", "Kate", "Jim",
     "Mike", "Tony", "Alex", "Rose", "Jake", "Luke", "Leo", "Dan", "Lisa", "Paul", "Grace", "Nick", "Laura",
+    "Peter", "David", "Rachel", "Jessica", "Michael", "Robert", "Daniel", "Chris", "Adam", "Ryan", "Kevin",
+    "Brian", "Eric", "Jason", "Justin", "Andrew", "Matt", "Steve", "Amanda", "Julia", "Kelly", "Katie", "Anne",
+    "Hannah", "Helen", "Linda", "Maria", "Elizabeth", "Jennifer", "Jon", "Alan", "Ted", "Fred", "Bill", "Frank",
+    "Henry", "Charles", "George", "Edward", "Rick", "Roger", "Sean", "Greg", "Scott", "Bruce", "Lucas", "Ruby",
+    "Jenny", "Tina", "Nina", "Nora", "Sophie", "Harry", "Oliver", "Charlie", "Jacob", "Ethan", "Noah", "Liam",
+    "Olivia", "Kyle", "Brandon", "Tyler", "Nathan", "Victoria", "Alice", "Bella", "Beth", "Cindy", "Diana",
+    "Paula", "Rita", "Clara", "Ann", "Zoe", "Molly", "Lauren", "Megan",
 )
 IOI_HELDOUT_NAMES: tuple[str, ...] = ("Sam", "Mia", "Anna", "Sue", "Jack", "Sara", "Emily", "Daisy")
 # consonant-initial, so every template's "a {OBJECT}" reads right
