@@ -14,6 +14,7 @@ from bcos_plugins.space import (
     context_attribution,
     inter_space_loss,
     intra_space_loss,
+    intra_space_weight_from_paper,
     read_rt_polarity,
     read_sst2_tsv,
     zero_shot_evaluation,
@@ -137,6 +138,20 @@ def test_intra_space_loss_ignores_padding():
     z = torch.tensor([0.5, -0.5, 0.9, 0.9]).view(1, 4, 1, 1)
     mask = torch.tensor([[1, 1, 0, 0]])
     assert intra_space_loss(z, mask, eps=0.01).item() == pytest.approx(1 / (0.25 + 0.01))
+
+
+def test_paper_intra_weight_reproduces_the_reference_sum_over_spaces_and_latents():
+    torch.manual_seed(0)
+    z = torch.tanh(torch.randn(3, 6, 2, 5))  # batch 3, 6 tokens, K = 2 spaces, L = 5 latents
+    variance = z.var(dim=1, unbiased=False)  # (batch, K, L), no padding
+    reference = (1.0 / (variance + 0.01)).sum(dim=(1, 2)).mean()  # the reference: sum over K and L
+    weight = intra_space_weight_from_paper(0.001, n_spaces=2, n_latent=5)
+    assert weight == pytest.approx(0.01)
+    assert (weight * intra_space_loss(z, eps=0.01)).item() == pytest.approx(0.001 * reference.item(), rel=1e-5)
+    with pytest.raises(BcosValueError, match="n_latent"):
+        intra_space_weight_from_paper(0.001, n_spaces=2, n_latent=0)
+    with pytest.raises(BcosValueError, match="paper_weight"):
+        intra_space_weight_from_paper(-1.0, n_spaces=2, n_latent=5)
 
 
 def test_inter_space_loss_hand_values():

@@ -8,7 +8,7 @@
 """
 
 from .attribution import SpaceExplanation, concept_contributions, context_attribution
-from .losses import inter_space_loss, intra_space_loss
+from .losses import inter_space_loss, intra_space_loss, intra_space_weight_from_paper
 from .modeling import (
     SpaceHead,
     SpaceModelConfig,
@@ -38,6 +38,7 @@ __all__ = [
     "context_attribution",
     "inter_space_loss",
     "intra_space_loss",
+    "intra_space_weight_from_paper",
     "masked_mean",
     "predict_labels",
     "read_rt_polarity",

@@ -15,6 +15,11 @@ Why it cannot blow up: tanh saturates at ±1, where every token gets the same va
 returns ~1e9 there, which swamps the cross-entropy. Here ``eps`` defaults to 0.01: since ``z`` lies in
 [-1, 1] the variance lies in [0, 1], so the term lies in ``[1 / (1 + eps), 1 / eps]`` = [0.99, 100] and
 its gradient ``-1 / (variance + eps)^2`` is at most ``1 / eps^2`` in size. It is finite for every input.
+
+Scale of the intra-space weight: the reference code *sums* ``1 / variance`` over the ``K`` spaces and ``L``
+latent units (and averages over the batch), where :func:`intra_space_loss` *averages* over them, so at the
+same weight ours is ``K x L`` times weaker. The paper's weight (0.001) therefore does not carry over as is:
+:func:`intra_space_weight_from_paper` converts it (``paper_weight * K * L``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from torch import Tensor
 from .._checks import bad_rows, require_class_ids, require_float, require_tensor
 from ..errors import argument_error
 
-__all__ = ["inter_space_loss", "intra_space_loss"]
+__all__ = ["inter_space_loss", "intra_space_loss", "intra_space_weight_from_paper"]
 
 
 def _check_concepts(concepts) -> Tensor:
@@ -88,3 +93,18 @@ def intra_space_loss(
     mean = torch.einsum("bpkl,bp->bkl", concepts, w)
     variance = torch.einsum("bpkl,bp->bkl", (concepts - mean[:, None]) ** 2, w)
     return (1.0 / (variance + eps)).mean()
+
+
+def intra_space_weight_from_paper(paper_weight: float, n_spaces: int, n_latent: int) -> float:
+    """The ``intra_space_weight`` that gives the paper's / reference code's intra-space term at ``paper_weight``.
+
+    The reference sums ``1 / variance`` over spaces and latent units, :func:`intra_space_loss` averages over
+    them, so the equivalent weight here is ``paper_weight * n_spaces * n_latent`` (e.g. the paper's 0.001 with
+    2 spaces of 8 latents is 0.016). Only the sum-vs-mean scale is converted; the ``eps`` bound stays.
+    """
+    paper_weight = require_float("paper_weight", paper_weight, minimum=0.0)
+    for name, value in (("n_spaces", n_spaces), ("n_latent", n_latent)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise argument_error(name, f"is {value!r}, not a positive int",
+                                 "Pass the head's number of concept spaces / latent units (config.n_latent)")
+    return paper_weight * n_spaces * n_latent

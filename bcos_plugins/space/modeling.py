@@ -58,7 +58,9 @@ class SpaceModelConfig(PreTrainedConfig):
         train_encoder: ``False`` (default, the paper's "fine-tuning" setting): the encoder's parameters
             are frozen (``requires_grad=False``) and only the head trains; ``True``: the whole model trains.
         cross_entropy_weight, inter_space_weight, intra_space_weight: weights of the loss terms
-            (:mod:`bcos_plugins.space.losses`); the paper reports intra-space weights 0 and 0.001.
+            (:mod:`bcos_plugins.space.losses`); the paper reports intra-space weights 0 and 0.001 in its
+            scale, which sums over spaces and latents where ours averages (``K x L`` times weaker at the same
+            weight): pass ``intra_space_weight_from_paper(0.001, num_labels, n_latent)`` to match it.
         intra_space_eps: the epsilon that bounds the intra-space term by ``1/eps`` (see its docstring).
         num_labels: number of classes = number of concept spaces.
     """
