@@ -4,6 +4,8 @@
   BERT-family model (Eq. 3, 4, 5, renormalised product), fed by ``model(..., rationale_mask=M)`` in training;
 - :func:`guidance_hooks`: the same guidance as TransformerLens hooks on ``hook_attn_scores``;
 - gold masks from character spans or highlighted words, and the random control of equal sparsity;
+- :func:`attention_supervision_loss`: a training loss pulling the [CLS] attention of the guided layers
+  towards the normalised gold mask, so rationale alignment survives evaluation without masks;
 - :func:`attention_token_scores`: [CLS] attention as token scores for the rationale metrics
   (:mod:`bcos_plugins.metrics.rationale`).
 """
@@ -29,12 +31,14 @@ from .masks import (
     random_rationale_mask,
     text_token_mask,
 )
+from .supervision import attention_supervision_loss
 
 __all__ = [
     "GUIDANCE_MODES",
     "GUIDED_IMPLEMENTATIONS",
     "GoldMaskAtEvaluationError",
     "RationaleGuidance",
+    "attention_supervision_loss",
     "attention_token_scores",
     "attn_scores_guidance_hook",
     "find_span",

@@ -1,0 +1,63 @@
+"""Attention supervision: a training-time loss that pulls the [CLS] attention of the guided layers towards
+the normalised gold rationale mask.
+
+Why it exists: Eq. 3/4/5 guidance changes the attention only while the mask is applied, so the attention
+learns nothing that survives evaluation without masks (issue 20: IoU 0.063 guided vs 0.062 vanilla). This
+loss trains the attention itself: ``weight * KL(gold / sum(gold) || attention)``, with the attention of
+``query_position`` averaged over heads and ``layers`` (:func:`attention_token_scores`). Rows without any
+rationale token (e.g. neutral / contradiction pairs without highlight) are left out of the mean. It needs
+the gold mask, so it is a training loss only; the model itself still refuses masks in eval mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .._checks import require_float
+from ..errors import argument_error
+from .attention import attention_token_scores
+from .guidance import check_rationale_mask
+
+__all__ = ["attention_supervision_loss"]
+
+
+def attention_supervision_loss(
+    attentions: Sequence[Float[Tensor, "batch head query key"]],
+    rationale_mask: Float[Tensor, "batch key"],
+    attention_mask: Tensor | None = None,
+    layers: int | Sequence[int] = -1,
+    weight: float = 1.0,
+    query_position: int = 0,
+    eps: float = 1e-8,
+) -> Float[Tensor, ""]:
+    """``weight`` x the mean over rows with a rationale of ``KL(gold / sum(gold) || [CLS] attention)``.
+
+    Args:
+        attentions: ``model(..., output_attentions=True).attentions`` of a training forward pass.
+        rationale_mask: the gold mask ``(batch, key)`` in [0, 1]; padding is zeroed by ``attention_mask``.
+        layers: the layer index or indices to supervise (the guided layers, e.g. ``[-2, -1]``).
+        weight: the loss weight (0 turns it off).
+    """
+    weight = require_float("weight", weight, minimum=0.0)
+    eps = require_float("eps", eps, minimum=0.0, open_minimum=True)
+    scores = attention_token_scores(attentions, layers=layers, query_position=query_position)
+    batch, n_keys = scores.shape
+    gold = check_rationale_mask(rationale_mask, batch, n_keys).to(scores.dtype)
+    if attention_mask is not None:
+        if not isinstance(attention_mask, Tensor) or attention_mask.shape != (batch, n_keys):
+            raise argument_error("attention_mask", f"must have shape (batch, key) = ({batch}, {n_keys}), got "
+                                 f"{tuple(getattr(attention_mask, 'shape', ()))}", "Pass the batch's attention mask")
+        gold = gold * attention_mask.to(gold.dtype)
+    total = gold.sum(1)
+    has_rationale = total > 0
+    if not has_rationale.any():
+        return scores.sum() * 0.0  # keeps the graph, contributes nothing
+    target = gold[has_rationale] / total[has_rationale, None]
+    log_attention = torch.log(scores[has_rationale].clamp_min(eps))
+    log_target = torch.log(target.clamp_min(eps))
+    kl = (target * (log_target - log_attention)).sum(1)
+    return weight * kl.mean()

@@ -1,0 +1,58 @@
+"""Attention supervision: the loss by hand, and that it moves the unmasked [CLS] attention towards the gold
+mask in a few steps while evaluation still refuses masks."""
+
+import pytest
+import torch
+from test_guided import batch_and_gold, make
+
+from bcos_plugins.errors import BcosValueError
+from bcos_plugins.guided import (
+    GoldMaskAtEvaluationError,
+    attention_supervision_loss,
+    attention_token_scores,
+    guide_attention,
+)
+
+
+def test_loss_by_hand_and_rows_without_rationale_are_left_out():
+    attn = torch.tensor([0.5, 0.25, 0.25]).view(1, 1, 1, 3).expand(2, 2, 3, 3).clone()
+    gold = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    expected = 0.5 * torch.log(torch.tensor(0.5 / 0.5)) + 0.5 * torch.log(torch.tensor(0.5 / 0.25))
+    loss = attention_supervision_loss((attn,), gold, weight=2.0)
+    assert loss.item() == pytest.approx(2.0 * expected.item(), rel=1e-5)
+    matched = torch.tensor([0.5, 0.5, 0.0]).view(1, 1, 1, 3).expand(2, 2, 3, 3)
+    assert attention_supervision_loss((matched,), gold).item() == pytest.approx(0.0, abs=1e-6)
+    assert attention_supervision_loss((attn,), torch.zeros(2, 3)).item() == 0.0
+    with pytest.raises(BcosValueError, match="weight"):
+        attention_supervision_loss((attn,), gold, weight=-1.0)
+    with pytest.raises(BcosValueError, match="rationale_mask"):
+        attention_supervision_loss((attn,), gold[:, :2])
+
+
+def _mass_on_gold(model, ids, mask, gold):
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    scores = attention_token_scores(out.attentions, layers=[-2, -1])
+    return (scores * gold).sum(1).mean().item()
+
+
+def test_supervised_attention_moves_toward_the_mask_and_evaluation_refuses_masks():
+    torch.manual_seed(0)
+    ids, mask, gold = batch_and_gold()
+    model = make("BertForSequenceClassification", sharpen=4.0)
+    guide_attention(model, mode="multiply", strength=1.0, last_layers=2)
+    labels = torch.zeros(ids.shape[0], dtype=torch.long)
+    before = _mass_on_gold(model.eval(), ids, mask, gold)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(15):
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, rationale_mask=gold, output_attentions=True)
+        loss = out.loss + attention_supervision_loss(out.attentions, gold, mask, layers=[-2, -1], weight=1.0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    after = _mass_on_gold(model, ids, mask, gold)  # measured without masks
+    assert after > before + 0.2, (before, after)
+    with pytest.raises(GoldMaskAtEvaluationError):
+        model(input_ids=ids, attention_mask=mask, rationale_mask=gold)
