@@ -6,6 +6,9 @@ For each of the three training modes (Gu, "Self-Guided Attention for Explainable
 - ``guided``: the human-highlighted premise span (gold mask, built with the tokenizer's offset mapping) enters
   the attention logits of the last 4 layers (Eq. 3 by default) during training;
 - ``random``: the same guidance with a random mask of the gold mask's size per example (the control);
+- ``supervised``: the guidance plus ``attention_supervision_loss`` (KL between the normalised gold mask and
+  the [CLS] attention of the guided layers, weight ``--supervision-weight``), so that the alignment is
+  learnt by the attention itself and survives evaluation without masks;
 
 a stock MiniLM classifier and a B-cos version of it (``bcosify``, trained with the B-cos BCE loss) are
 fine-tuned with transformers' ``Trainer``. Evaluation runs without any mask (the guided models are called
@@ -21,7 +24,8 @@ To keep the CPU cost low, the word-embedding matrix (half of MiniLM's 22.7M para
 every variant; everything else trains.
 
 Options: ``--train`` (default 640), ``--eval`` (200), ``--epochs`` (2), ``--mode`` (multiply | add | replace |
-log1p), ``--strength`` (lambda, 1.0), ``--last-layers`` (4), ``--lr`` (2e-4), ``--family`` (both | stock | bcos).
+log1p), ``--strength`` (lambda, 1.0), ``--last-layers`` (4), ``--lr`` (2e-4), ``--family`` (both | stock | bcos),
+``--supervision-weight`` (1.0), ``--variants`` (comma-separated subset of vanilla,guided,random,supervised).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from transformers.utils import logging as hf_logging
 from bcos_plugins import bcosify, explain
 from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.guided import (
+    attention_supervision_loss,
     attention_token_scores,
     find_span,
     gold_mask_from_spans,
@@ -100,19 +105,42 @@ def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generat
     return batch, gold, valid
 
 
+class AttentionSupervisedTrainer(Trainer):
+    """Trainer whose loss adds ``attention_supervision_loss`` on the guided layers (training batches only)."""
+
+    def __init__(self, *args, supervision_weight: float, supervised_layers: list[int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.supervision_weight = supervision_weight
+        self.supervised_layers = supervised_layers
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        gold, attention_mask = inputs["rationale_mask"], inputs["attention_mask"]
+        loss, outputs = super().compute_loss(model, {**inputs, "output_attentions": True}, return_outputs=True,
+                                             num_items_in_batch=num_items_in_batch)
+        loss = loss + attention_supervision_loss(outputs.attentions, gold, attention_mask,
+                                                 layers=self.supervised_layers, weight=self.supervision_weight)
+        return (loss, outputs) if return_outputs else loss
+
+
 def train(model, rows, pad_id, mode, args, bcos: bool):
     if mode != "vanilla":
         guide_attention(model, mode=args.mode, strength=args.strength, last_layers=args.last_layers)
     generator = torch.Generator().manual_seed(args.seed)
-    rationale = {"vanilla": None, "guided": "gold", "random": "random"}[mode]
+    rationale = {"vanilla": None, "guided": "gold", "random": "random", "supervised": "gold"}[mode]
     training_args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="guided_esnli_"), num_train_epochs=args.epochs,
         per_device_train_batch_size=16, learning_rate=args.lr, seed=args.seed, report_to=[],
         save_strategy="no", logging_strategy="no", remove_unused_columns=False, disable_tqdm=False)
-    trainer = Trainer(
+    extra = {}
+    trainer_class = Trainer
+    if mode == "supervised":
+        trainer_class = AttentionSupervisedTrainer
+        extra = {"supervision_weight": args.supervision_weight,
+                 "supervised_layers": list(range(-args.last_layers, 0))}
+    trainer = trainer_class(
         model=model, args=training_args, train_dataset=rows,
         data_collator=lambda items: collate(items, pad_id, rationale, generator)[0],
-        compute_loss_func=bcos_loss if bcos else None)
+        compute_loss_func=bcos_loss if bcos else None, **extra)
     trainer.train()
     unguide_attention(model)  # evaluation runs without masks: back to the plain eager model
     return model.eval()
@@ -154,6 +182,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--family", default="both", choices=["both", "stock", "bcos"],
                         help="train the stock models, the B-cos models, or both (two processes can split the work)")
+    parser.add_argument("--supervision-weight", type=float, default=1.0)
+    parser.add_argument("--variants", default="vanilla,guided,random,supervised")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: torch's default); on a busy shared machine 1 is often fastest")
@@ -178,8 +208,12 @@ def main() -> None:
     results = {"chance": rationale_alignment(torch.rand(gold.shape, generator=g), gold, valid).as_dict(),
                "settings": vars(args)}
 
+    modes = [m for m in args.variants.split(",") if m]
+    unknown = sorted(set(modes) - {"vanilla", "guided", "random", "supervised"})
+    if unknown or not modes:
+        parser.error(f"--variants: unknown or empty {unknown}; pick from vanilla,guided,random,supervised")
     families = {"both": (False, True), "stock": (False,), "bcos": (True,)}[args.family]
-    variants = [(mode, bcos) for bcos in families for mode in ("vanilla", "guided", "random")]
+    variants = [(mode, bcos) for bcos in families for mode in modes]
     for mode, bcos in tqdm(variants, desc="variants"):
         torch.manual_seed(args.seed)
         model = BertForSequenceClassification.from_pretrained(path, num_labels=2, attn_implementation="eager")
