@@ -288,6 +288,7 @@ class _EncodedTexts(torch.utils.data.Dataset):
     def __init__(self, tokenizer, texts: list[str], labels: list[int] | None, max_length: int):
         self.encodings = tokenizer(list(texts), truncation=True, max_length=max_length)
         self.labels = labels
+        self.teacher_logits: list[list[float]] | None = None
 
     def __len__(self) -> int:
         return len(self.encodings["input_ids"])
@@ -296,6 +297,8 @@ class _EncodedTexts(torch.utils.data.Dataset):
         item = {k: v[i] for k, v in self.encodings.items()}
         if self.labels is not None:
             item["labels"] = int(self.labels[i])
+        if self.teacher_logits is not None:
+            item["teacher_logits"] = self.teacher_logits[i]
         return item
 
 
@@ -321,6 +324,10 @@ def fine_tune_classifier(
     seed: int = 0,
     progress: bool = True,
     b_warmup: float | None = None,
+    teacher: nn.Module | None = None,
+    distill_weight: float | None = None,
+    distill_loss: str = "kl",
+    distill_temperature: float = 1.0,
     **training_args,
 ):
     """Fine-tune a sequence classifier with transformers' ``Trainer`` and return the trainer.
@@ -334,6 +341,12 @@ def fine_tune_classifier(
     with a larger head rate (the paper trains 5 epochs on GPUs instead). ``b_warmup=f`` anneals B from 1 to
     the model's B over the first fraction ``f`` of the steps (:class:`BWarmupCallback`). Extra keyword
     arguments go to ``TrainingArguments``.
+
+    Distillation: with ``teacher`` (a classifier with the same ``num_labels`` that reads the same tokenizer's
+    ids, e.g. the conventionally fine-tuned model) the loss is the task loss plus ``distill_weight`` (default
+    1.0) times ``distill_loss``: ``"kl"``, ``T**2 * KL(softmax(teacher / T) || softmax(student / T))`` with
+    ``T = distill_temperature``, or ``"mse"``, the mean squared difference of the logits. The teacher's logits
+    are computed once, in eval mode, before training.
     """
     import tempfile
 
@@ -358,35 +371,129 @@ def fine_tune_classifier(
                              "use 'auto' (BCE for B-cos models, the model's cross-entropy otherwise)")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise argument_error("seed", f"must be an integer, got {seed!r}", "pass e.g. seed=0", kind=BcosTypeError)
+    distill = _check_distillation(model, teacher, distill_weight, distill_loss, distill_temperature)
     use_bce = loss == "bce" or (loss == "auto" and _is_bcos(model))
+    # defaults the caller may override through training_args
+    overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, len(texts) // batch_size // 10),
+                   "dataloader_pin_memory": torch.cuda.is_available()}
     args = TrainingArguments(
         output_dir=str(output_dir or tempfile.mkdtemp(prefix="bcos_finetune_")),
         num_train_epochs=epochs,
         per_device_train_batch_size=batch_size,
         learning_rate=learning_rate,
         seed=seed,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=max(1, len(texts) // batch_size // 10),
         disable_tqdm=not progress,
-        dataloader_pin_memory=torch.cuda.is_available(),
-        **training_args,
+        **{**overridable, **training_args},
     )
     optimizers = (None, None)
     if head_learning_rate is not None:
         optimizers = (_two_rate_adamw(model, learning_rate, head_learning_rate, args.weight_decay), None)
-    trainer = Trainer(
+    dataset = _EncodedTexts(tokenizer, texts, labels, max_length)
+    trainer_class, loss_func = Trainer, (bcos_loss if use_bce else None)
+    if distill is not None:
+        dataset.teacher_logits = predict(teacher, tokenizer, texts, batch_size=batch_size,
+                                         max_length=max_length).tolist()
+        # the Trainer would drop "teacher_logits" (not an argument of the model's forward) before the loss
+        args.remove_unused_columns = False
+        trainer_class = _distilling_trainer_class()
+        loss_func = _DistillationLoss(use_bce, *distill)
+    trainer = trainer_class(
         model=model,
         args=args,
-        train_dataset=_EncodedTexts(tokenizer, texts, labels, max_length),
-        data_collator=DataCollatorWithPadding(tokenizer),
-        compute_loss_func=bcos_loss if use_bce else None,
+        train_dataset=dataset,
+        data_collator=_TeacherCollator(DataCollatorWithPadding(tokenizer)) if distill else DataCollatorWithPadding(
+            tokenizer),
+        compute_loss_func=loss_func,
         optimizers=optimizers,
         callbacks=[BWarmupCallback(model, fraction=b_warmup)] if b_warmup else None,
     )
+    if distill is not None:
+        loss_func.trainer = trainer
     trainer.train()
     model.eval()
     return trainer
+
+
+def _check_distillation(model, teacher, weight, kind, temperature) -> tuple[float, str, float] | None:
+    """``(weight, kind, temperature)`` of a valid distillation setting, ``None`` without a teacher."""
+    if teacher is None:
+        if weight is not None:
+            raise argument_error("distill_weight", f"is {weight!r} but no teacher was given",
+                                 "pass teacher=<a fine-tuned classifier>, or leave distill_weight out")
+        return None
+    if not isinstance(teacher, nn.Module) or not isinstance(getattr(getattr(teacher, "config", None),
+                                                                    "num_labels", None), int):
+        raise argument_error("teacher", f"must be a transformers sequence classifier, got "
+                             f"{type(teacher).__name__}", "pass the conventionally fine-tuned model",
+                             kind=BcosTypeError)
+    if teacher is model:
+        raise argument_error("teacher", "is the model being trained", "pass a separate, fine-tuned model")
+    if teacher.config.num_labels != model.config.num_labels:
+        raise argument_error("teacher", f"has {teacher.config.num_labels} labels, the model "
+                             f"{model.config.num_labels}", "distil from a teacher trained on the same classes")
+    weight = 1.0 if weight is None else _check_number("distill_weight", weight, low=0.0)
+    if not isinstance(kind, str) or kind not in ("kl", "mse"):
+        raise argument_error("distill_loss", f"must be 'kl' or 'mse', got {kind!r}",
+                             "use 'kl' (softened class probabilities) or 'mse' (logits)")
+    temperature = _check_number("distill_temperature", temperature, low=0.0, low_open=True)
+    return weight, kind, temperature
+
+
+class _DistillationLoss:
+    """Task loss + weight x distillation term, as a ``compute_loss_func`` (same scaling as :func:`bcos_loss`).
+
+    The teacher's logits of the batch are handed over by the trainer (``trainer.teacher_batch``) because
+    ``compute_loss_func`` only receives the outputs and the labels.
+    """
+
+    def __init__(self, use_bce: bool, weight: float, kind: str, temperature: float) -> None:
+        self.use_bce, self.weight, self.kind, self.temperature = use_bce, weight, kind, temperature
+        self.trainer = None
+
+    def __call__(self, outputs, labels: Tensor, num_items_in_batch=None) -> Tensor:
+        logits = outputs.logits if hasattr(outputs, "logits") else outputs
+        teacher = self.trainer.teacher_batch.to(logits.device, logits.dtype)
+        if self.use_bce:
+            task = bcos_loss(logits, labels, num_items_in_batch)
+        else:
+            per_row = F.cross_entropy(logits, labels, reduction="none")
+            task = per_row.mean() if num_items_in_batch is None else per_row.sum() / num_items_in_batch
+        if self.kind == "kl":
+            t = self.temperature
+            per_row = t * t * F.kl_div(F.log_softmax(logits / t, -1), F.log_softmax(teacher / t, -1),
+                                       log_target=True, reduction="none").sum(-1)
+        else:
+            per_row = (logits - teacher).pow(2).mean(-1)
+        term = per_row.mean() if num_items_in_batch is None else per_row.sum() / num_items_in_batch
+        return task + self.weight * term
+
+
+class _TeacherCollator:
+    """Pads like ``DataCollatorWithPadding`` and stacks the teacher logits (the tokenizer's pad drops them)."""
+
+    def __init__(self, pad) -> None:
+        self.pad = pad
+
+    def __call__(self, features: list[dict]) -> dict:
+        teacher = torch.tensor([f["teacher_logits"] for f in features])
+        batch = self.pad([{k: v for k, v in f.items() if k != "teacher_logits"} for f in features])
+        batch["teacher_logits"] = teacher
+        return batch
+
+
+def _distilling_trainer_class():
+    from transformers import Trainer
+
+    class BcosDistillationTrainer(Trainer):
+        """Trainer that takes the precomputed teacher logits out of the batch before the model sees it."""
+
+        teacher_batch: Tensor | None = None
+
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            self.teacher_batch = inputs.pop("teacher_logits")
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    return BcosDistillationTrainer
 
 
 def _check_number(name: str, value, *, low: float, low_open: bool = False, high: float | None = None) -> float:

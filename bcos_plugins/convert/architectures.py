@@ -61,6 +61,11 @@ def _distilbert_cls():
     return BcosDistilBertForSequenceClassification
 
 
+def _bert_mlm_head():
+    from .mlm_heads import BcosBertLMPredictionHead
+    return BcosBertLMPredictionHead
+
+
 def _gated_mlp():
     from .decoder_modules import BcosGatedMLP
     return BcosGatedMLP
@@ -71,6 +76,8 @@ _DISTIL_QK = {"attention.q_lin": "all", "attention.k_lin": "all"}
 _GPT2_QK = {"attn.c_attn": "first_two_thirds"}
 _LLAMA_QK = {"self_attn.q_proj": "all", "self_attn.k_proj": "all"}
 _TIED = "LM head tied to the input embeddings; kept, as in the B-cos LM paper (it is linear and bias-free)"
+_MLM_BIAS = ("masked-LM decoder applied without its vocabulary bias (a bias is no token's contribution); the "
+             "transform's dense / GELU / LayerNorm are converted")
 _GATED = ("gated MLP: the activated gate branch is the dynamic weight, so the product is not counted "
           "twice (product rule)")
 
@@ -80,6 +87,9 @@ SPECS: dict[str, ArchitectureSpec] = {
     "BertForSequenceClassification": ArchitectureSpec(
         "encoder", "bert", _BERT_QK, ("embeddings.LayerNorm", "input"), is_classifier=True,
         remove_activations=("bert.pooler.activation",)),
+    "BertForMaskedLM": ArchitectureSpec(
+        "encoder", "bert", _BERT_QK, ("embeddings.LayerNorm", "input"), keep={"cls.predictions.decoder": _TIED},
+        class_swaps={"cls.predictions": (_bert_mlm_head, _MLM_BIAS)}),
     "DistilBertModel": ArchitectureSpec("encoder", "", _DISTIL_QK, ("embeddings.LayerNorm", "input")),
     "DistilBertForSequenceClassification": ArchitectureSpec(
         "encoder", "distilbert", _DISTIL_QK, ("embeddings.LayerNorm", "input"), is_classifier=True,

@@ -1,0 +1,258 @@
+"""The B-cos LM paper's two-stage recipes (its §5): "B-cos then task" and "task then B-cos".
+
+- :func:`pretrain_masked_lm`: B-cos masked-LM pre-training on unlabelled text (transformers' ``Trainer`` and
+  ``DataCollatorForLanguageModeling``). A ``BertForMaskedLM`` is B-cosified like any other model: the encoder
+  and the MLM head's transform (dense, GELU, LayerNorm) become B-cos / dynamic-weight layers; the decoder, tied
+  to the word embeddings, is kept (as the paper keeps LM heads) and applied without its vocabulary bias.
+- :func:`classifier_from_masked_lm`: a B-cos ``BertForSequenceClassification`` whose encoder carries the
+  pre-trained B-cos encoder's weights (and the B of every layer); fine-tune it with
+  :func:`~bcos_plugins.train.fine_tune_classifier`.
+- :func:`fine_tune_task_then_bcos`: fine-tune conventionally, B-cosify, fine-tune again with ``bcos_loss``.
+
+All three run unchanged under ``torchrun`` / ``accelerate launch`` (the ``Trainer`` does the distribution).
+"""
+
+from __future__ import annotations
+
+import copy
+import numbers
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .convert.architectures import spec_for
+from .convert.bcosify import BCOS_CONFIG_KEY, bcosify
+from .errors import BcosTypeError, BcosValueError, argument_error
+from .nn.linear import check_b
+from .train import (
+    _check_classifier,
+    _check_count,
+    _check_number,
+    _check_texts,
+    _is_bcos,
+    fine_tune_classifier,
+    load_bcos_model,
+)
+
+__all__ = ["MASKED_LM_ARCHITECTURES", "classifier_from_masked_lm", "fine_tune_task_then_bcos",
+           "pretrain_masked_lm"]
+
+#: Masked-LM classes ``pretrain_masked_lm`` trains, with the sequence classifier their encoder moves into.
+MASKED_LM_ARCHITECTURES = {"BertForMaskedLM": "BertForSequenceClassification"}
+
+
+def _masked_lm_name(model: nn.Module, name: str = "model") -> str:
+    settings = getattr(getattr(model, "config", None), BCOS_CONFIG_KEY, None)
+    arch = settings.get("architecture") if isinstance(settings, dict) else type(model).__name__
+    if arch not in MASKED_LM_ARCHITECTURES:
+        raise argument_error(name, f"must be a masked-LM model ({', '.join(MASKED_LM_ARCHITECTURES)}), got "
+                             f"{arch}", "pass a path/hub id (loaded with AutoModelForMaskedLM) or "
+                             "transformers.BertForMaskedLM", kind=BcosTypeError)
+    spec_for(model)  # the real class, not only the name, must be the one the spec describes
+    return arch
+
+
+def _load_masked_lm(source, b: float | None) -> nn.Module:
+    """A B-cos masked LM from a module or a folder / hub id (B-cos checkpoints reload at their own B)."""
+    if isinstance(source, str | os.PathLike):
+        from transformers import AutoConfig, AutoModelForMaskedLM
+
+        path = os.fspath(source)
+        try:
+            config = AutoConfig.from_pretrained(path)
+        except (OSError, ValueError) as err:
+            from .errors import BcosFileError
+
+            raise BcosFileError(f"model: cannot read a model configuration from {path} ({err}). Pass a folder "
+                                "written by save_pretrained or a hub model id.") from None
+        if isinstance(getattr(config, BCOS_CONFIG_KEY, None), dict):
+            source = load_bcos_model(path)
+        else:
+            source = AutoModelForMaskedLM.from_pretrained(path)
+    if not isinstance(source, nn.Module):
+        raise argument_error("model", f"must be a masked-LM model or a path to one, got {type(source).__name__}",
+                             "pass e.g. 'bert-base-uncased' or transformers.BertForMaskedLM(config)",
+                             kind=BcosTypeError)
+    _masked_lm_name(source)
+    if not _is_bcos(source):
+        return bcosify(source, b=1.25 if b is None else b, verbose=False)
+    own = source.config.bcos["b"]
+    if b is not None and check_b(b) != own:
+        raise argument_error("b", f"is {b} but the model is already B-cos with B = {own}",
+                             "leave b out to continue with the model's own B, or start from the stock model")
+    return source
+
+
+def pretrain_masked_lm(
+    model,
+    tokenizer,
+    texts: list[str],
+    *,
+    b: float | None = None,
+    epochs: float = 1.0,
+    batch_size: int = 32,
+    learning_rate: float = 5e-5,
+    mlm_probability: float = 0.15,
+    max_length: int = 128,
+    output_dir: str | Path | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    **training_args,
+):
+    """B-cos masked-LM pre-training on unlabelled ``texts``; returns the ``Trainer`` (the model is ``.model``).
+
+    Args:
+        model: a stock ``BertForMaskedLM`` (B-cosified here, in place, at ``b``; default 1.25), a B-cos one
+            (training continues at its own B), or a folder / hub id (a stock checkpoint is loaded with
+            ``AutoModelForMaskedLM`` (a base-model checkpoint gets a fresh MLM head transform), a B-cos one
+            with :func:`~bcos_plugins.load_bcos_model`).
+        tokenizer: the model's tokenizer; it needs a mask token.
+        texts: unlabelled texts (tokenised with truncation at ``max_length``).
+        mlm_probability: share of tokens masked per batch (``DataCollatorForLanguageModeling``; 80 % become
+            the mask token, 10 % a random token, 10 % stay).
+        **training_args: passed to ``TrainingArguments`` (e.g. ``warmup_ratio``, ``use_cpu``).
+
+    Save the result with ``trainer.save_model(folder)`` (only the main process writes under ``torchrun``)
+    and continue with :func:`classifier_from_masked_lm`. The loss is the model's own cross-entropy over the
+    masked positions.
+
+    Raises:
+        BcosTypeError / BcosValueError: not a masked-LM model, a tokenizer without a mask token, empty texts,
+            ``b`` different from an already-B-cos model's B, or a setting out of range (named).
+    """
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from .train import _EncodedTexts
+
+    if b is not None:
+        check_b(b)
+    if not callable(tokenizer) or getattr(tokenizer, "mask_token", None) is None:
+        raise argument_error("tokenizer", f"must be a transformers tokenizer with a mask token, got "
+                             f"{type(tokenizer).__name__}", "pass AutoTokenizer.from_pretrained(...) of the model")
+    texts = _check_texts(texts)
+    _check_number("epochs", epochs, low=0.0, low_open=True)
+    _check_count("batch_size", batch_size)
+    _check_count("max_length", max_length, minimum=2)
+    _check_number("learning_rate", learning_rate, low=0.0, low_open=True)
+    _check_number("mlm_probability", mlm_probability, low=0.0, low_open=True, high=1.0)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise argument_error("seed", f"must be an integer, got {seed!r}", "pass e.g. seed=0", kind=BcosTypeError)
+    model = _load_masked_lm(model, b)
+    if len(tokenizer) > model.config.vocab_size:
+        raise argument_error("tokenizer", f"has {len(tokenizer)} tokens but the model's vocabulary "
+                             f"{model.config.vocab_size}", "pass the tokenizer the model was trained with")
+    # defaults the caller may override through training_args
+    overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, len(texts) // batch_size // 10),
+                   "dataloader_pin_memory": torch.cuda.is_available()}
+    args = TrainingArguments(
+        output_dir=str(output_dir or tempfile.mkdtemp(prefix="bcos_mlm_")),
+        num_train_epochs=epochs,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        seed=seed,
+        disable_tqdm=not progress,
+        **{**overridable, **training_args},
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=_EncodedTexts(tokenizer, texts, None, max_length),
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability,
+                                                      seed=seed),
+    )
+    trainer.train()
+    model.eval()
+    return trainer
+
+
+def classifier_from_masked_lm(masked_lm, num_labels: int = 2, *, pooler_from=None) -> nn.Module:
+    """A B-cos sequence classifier whose encoder is the B-cos masked LM's encoder (copied).
+
+    Args:
+        masked_lm: a B-cos ``BertForMaskedLM`` (e.g. ``pretrain_masked_lm(...).model``) or the folder it was
+            saved to.
+        num_labels: classes of the new, freshly initialised head.
+        pooler_from: optional stock checkpoint (folder / hub id of a ``BertModel`` with a pooler, e.g. the one
+            the pre-training started from) to take the pooler's weights from; ``BertForMaskedLM`` has no
+            pooler, so without it the pooler starts random like the classifier head.
+
+    Every layer keeps the B it had in the masked LM. The classifier is in eval mode; fine-tune it with
+    :func:`~bcos_plugins.train.fine_tune_classifier` (a larger ``head_learning_rate`` helps the fresh head).
+
+    Raises:
+        BcosTypeError / BcosValueError: not a B-cos masked LM, ``num_labels`` < 1, a ``pooler_from`` without a
+            pooler of the same size.
+    """
+    import transformers
+
+    if isinstance(masked_lm, str | os.PathLike):
+        masked_lm = load_bcos_model(masked_lm)
+    if not isinstance(masked_lm, nn.Module) or not _is_bcos(masked_lm):
+        raise argument_error("masked_lm", f"must be a B-cos masked LM (or its folder), got "
+                             f"{type(masked_lm).__name__}", "pass pretrain_masked_lm(...).model or the "
+                             "folder saved from it", kind=BcosTypeError)
+    arch = _masked_lm_name(masked_lm, "masked_lm")
+    num_labels = _check_count("num_labels", num_labels)
+    config = copy.deepcopy(masked_lm.config)
+    delattr(config, BCOS_CONFIG_KEY)
+    config.num_labels = num_labels
+    config.architectures = None
+    classifier = getattr(transformers, MASKED_LM_ARCHITECTURES[arch])(config)
+    if pooler_from is not None:
+        stock = transformers.AutoModel.from_pretrained(os.fspath(pooler_from))
+        pooler = getattr(stock, "pooler", None)
+        if pooler is None or pooler.dense.weight.shape != classifier.bert.pooler.dense.weight.shape:
+            raise argument_error("pooler_from", f"{pooler_from} has no pooler of hidden size "
+                                 f"{config.hidden_size}", "pass the stock checkpoint the pre-training started "
+                                 "from, or leave pooler_from out")
+        classifier.bert.pooler.load_state_dict(pooler.state_dict())
+    bcosify(classifier, b=masked_lm.config.bcos["b"], verbose=False)
+    missing, unexpected = classifier.bert.load_state_dict(masked_lm.bert.state_dict(), strict=False)
+    stray = [k for k in missing if not k.startswith("pooler.")]
+    if stray or unexpected:  # the two encoders are built from one config: anything else is a bug
+        raise BcosValueError(f"masked_lm: its encoder does not fit the classifier's (missing {stray}, unexpected "
+                             f"{unexpected}). Report this with the model's config.")
+    classifier.to(next(masked_lm.parameters()).device)
+    return classifier.eval()
+
+
+def fine_tune_task_then_bcos(
+    model: nn.Module,
+    tokenizer,
+    texts: list[str],
+    labels: list[int],
+    *,
+    b: float = 1.25,
+    task_epochs: float = 1.0,
+    task_learning_rate: float = 5e-5,
+    **fine_tune_kwargs,
+):
+    """The paper's "task then B-cos": conventional fine-tuning, :func:`bcosify`, then B-cos fine-tuning.
+
+    ``model`` (a stock sequence classifier) is first fine-tuned with its own cross-entropy for
+    ``task_epochs`` at ``task_learning_rate``, then B-cosified in place at ``b`` and fine-tuned with
+    ``bcos_loss`` by :func:`~bcos_plugins.train.fine_tune_classifier` with ``fine_tune_kwargs`` (``epochs``,
+    ``learning_rate``, ``head_learning_rate``, ...). Returns the second stage's ``Trainer``; the B-cos model is
+    ``model`` itself (and ``trainer.model``).
+
+    Raises:
+        BcosValueError / BcosTypeError: ``model`` is already B-cos (use fine_tune_classifier), or any argument
+            fine_tune_classifier refuses.
+    """
+    _check_classifier(model)
+    if _is_bcos(model):
+        raise argument_error("model", "is already B-cos; task then B-cos starts from a stock classifier",
+                             "pass the stock model, or call fine_tune_classifier on the B-cos one")
+    check_b(b)
+    if fine_tune_kwargs.get("loss", "auto") == "ce":
+        raise argument_error("loss", "is 'ce', but the B-cos stage trains with bcos_loss",
+                             "leave loss out (or 'auto' / 'bce')")
+    shared = {k: fine_tune_kwargs[k] for k in ("batch_size", "max_length", "seed", "progress")
+              if k in fine_tune_kwargs}
+    fine_tune_classifier(model, tokenizer, texts, labels, epochs=task_epochs, learning_rate=task_learning_rate,
+                         loss="ce", **shared)
+    bcosify(model, b=b, verbose=False)
+    return fine_tune_classifier(model, tokenizer, texts, labels, **fine_tune_kwargs)
