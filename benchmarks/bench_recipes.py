@@ -1,0 +1,223 @@
+"""Recipe search: B-cos fine-tuning recipes against conventional fine-tuning at the benchmark's CPU budget.
+
+Every recipe fine-tunes all-MiniLM-L6-v2 (``bcos_plugins.pretrained.minilm_path()``) on the first BENCH_TRAIN
+(1200) shipped SST-2 training rows, batch 16, max length 64, and reports accuracy on the shipped SST-2 test
+rows (600) next to the conventional model (cross-entropy, lr 1e-4, 2 epochs: the faithfulness benchmark's
+baseline). One line per recipe with its wall time; results are appended to
+``outputs/bench_recipes/results.jsonl`` (a recipe already there is not run again unless BENCH_RETRAIN=1), and
+the table of everything run so far is printed at the end.
+
+Usage::
+
+    python benchmarks/bench_recipes.py                  # every recipe (about 2-4 minutes each on 1 thread)
+    python benchmarks/bench_recipes.py conv b1.25-head  # only these
+
+Environment: BENCH_TRAIN=1200 training rows, BENCH_EPOCHS=2 (the budget; recipes named "-4ep" use 4),
+BENCH_THREADS=1 torch threads, BENCH_OUT=outputs/bench_recipes, BENCH_RETRAIN=1 reruns cached recipes,
+BENCH_MLM_TEXTS=4000 unlabelled texts for the B-cos masked-LM pre-training (SST-2 training rows after the
+labelled ones, then RT polarity sentences; labels are never read), BENCH_MLM_EPOCHS=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, BertForSequenceClassification
+from transformers.utils import logging as hf_logging
+
+from bcos_plugins import bcosify
+from bcos_plugins.data import load_sst2, shipped_data
+from bcos_plugins.pretrained import minilm_path
+from bcos_plugins.train import accuracy, fine_tune_classifier
+
+OUT = Path(os.environ.get("BENCH_OUT", "outputs/bench_recipes"))
+N_TRAIN = int(os.environ.get("BENCH_TRAIN", 1200))
+EPOCHS = float(os.environ.get("BENCH_EPOCHS", 2))
+THREADS = int(os.environ.get("BENCH_THREADS", 1))
+N_MLM = int(os.environ.get("BENCH_MLM_TEXTS", 4000))
+MLM_EPOCHS = float(os.environ.get("BENCH_MLM_EPOCHS", 1))
+RETRAIN = os.environ.get("BENCH_RETRAIN", "0") == "1"
+BATCH = 16
+MAX_LENGTH = 64
+BASE_LR = 1e-4
+
+
+def base_classifier() -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    return BertForSequenceClassification.from_pretrained(minilm_path(), num_labels=2)
+
+
+def tune(model, tok, data, **kwargs):
+    settings = dict(epochs=EPOCHS, batch_size=BATCH, learning_rate=BASE_LR, max_length=MAX_LENGTH, progress=False)
+    settings.update(kwargs)
+    fine_tune_classifier(model, tok, data.texts, data.labels, **settings)
+    return model
+
+
+_CONVENTIONAL: dict = {}
+
+
+def conventional(tok, data):
+    """The baseline (also the teacher and the starting point of task-then-B-cos; trained once per process)."""
+    folder = OUT / "models" / f"conv-n{N_TRAIN}-e{EPOCHS:g}"
+    if "model" not in _CONVENTIONAL:
+        if (folder / "config.json").exists() and not RETRAIN:
+            _CONVENTIONAL["model"] = BertForSequenceClassification.from_pretrained(folder).eval()
+        else:
+            _CONVENTIONAL["model"] = tune(base_classifier(), tok, data)
+            _CONVENTIONAL["model"].save_pretrained(folder)
+    return _CONVENTIONAL["model"]
+
+
+def direct(b: float, head_lr: float | None = None, **kwargs) -> Callable:
+    def run(tok, data):
+        return tune(bcosify(base_classifier(), b=b, verbose=False), tok, data, head_learning_rate=head_lr, **kwargs)
+    return run
+
+
+def diagnostic(drop_biases: bool, unit_rows: str | None) -> Callable:
+    """Conventional fine-tuning from a stock model changed like bcosify changes it, to see what costs accuracy:
+    biases zeroed (they stay trainable) and/or weight rows rescaled to unit norm at the start ("all" linear
+    layers of the encoder, or "no-qk": all but query/key)."""
+    def run(tok, data):
+        model = base_classifier()
+        with torch.no_grad():
+            for name, module in model.bert.named_modules():
+                if isinstance(module, torch.nn.Linear | torch.nn.LayerNorm) and drop_biases:
+                    module.bias.zero_()
+                if isinstance(module, torch.nn.Linear) and unit_rows and not (
+                        unit_rows == "no-qk" and name.endswith(("query", "key"))):
+                    module.weight.div_(module.weight.norm(dim=1, keepdim=True))
+        return tune(model, tok, data)
+    return run
+
+
+def distilled(b: float, head_lr: float, weight: float, kind: str = "kl", **kwargs) -> Callable:
+    def run(tok, data):
+        teacher = conventional(tok, data)
+        model = bcosify(base_classifier(), b=b, verbose=False)
+        return tune(model, tok, data, head_learning_rate=head_lr, teacher=teacher, distill_weight=weight,
+                    distill_loss=kind, **kwargs)
+    return run
+
+
+def task_then_bcos(b: float, head_lr: float | None, **kwargs) -> Callable:
+    def run(tok, data):
+        import copy
+
+        model = bcosify(copy.deepcopy(conventional(tok, data)), b=b, verbose=False)
+        return tune(model, tok, data, head_learning_rate=head_lr, **kwargs)
+    return run
+
+
+def unlabelled_texts(n: int) -> list[str]:
+    texts = load_sst2("train").texts[N_TRAIN:]
+    folder = shipped_data("rt_polarity")
+    for name in ("rt-polarity.pos", "rt-polarity.neg"):
+        texts += (folder / name).read_text(encoding="latin-1").splitlines()
+    return [t for t in texts if t.strip()][:n]
+
+
+def bcos_then_task(b: float, head_lr: float | None, **kwargs) -> Callable:
+    def run(tok, data):
+        from bcos_plugins.pretrain import classifier_from_masked_lm, pretrain_masked_lm
+
+        folder = OUT / "models" / f"mlm-B{b:g}-n{N_MLM}-e{MLM_EPOCHS:g}"
+        if not (folder / "config.json").exists() or RETRAIN:
+            torch.manual_seed(0)
+            trainer = pretrain_masked_lm(str(minilm_path()), tok, unlabelled_texts(N_MLM), b=b, epochs=MLM_EPOCHS,
+                                         batch_size=32, learning_rate=1e-4, max_length=MAX_LENGTH, progress=False)
+            trainer.model.save_pretrained(folder)
+        torch.manual_seed(0)
+        model = classifier_from_masked_lm(folder, num_labels=2, pooler_from=str(minilm_path()))
+        return tune(model, tok, data, head_learning_rate=head_lr, **kwargs)
+    return run
+
+
+RECIPES: dict[str, tuple[str, Callable]] = {
+    "conv": ("conventional: CE, lr 1e-4", conventional),
+    "b1.25": ("B-cos B=1.25, lr 1e-4 everywhere", direct(1.25)),
+    "b1.25-head": ("B-cos B=1.25, head lr 1e-3 (the old benchmark recipe)", direct(1.25, 1e-3)),
+    "b1.1-head": ("B-cos B=1.1, head lr 1e-3", direct(1.1, 1e-3)),
+    "b1.5-head": ("B-cos B=1.5, head lr 1e-3", direct(1.5, 1e-3)),
+    "b1.0-head": ("diagnostic: B=1 (bias-free, head activations removed, no alignment pressure), head lr 1e-3",
+                  direct(1.0, 1e-3)),
+    "diag-conv-nobias": ("diagnostic: conventional, encoder biases zeroed at the start", diagnostic(True, None)),
+    "diag-conv-unitrows": ("diagnostic: conventional, encoder weight rows unit-norm at the start",
+                           diagnostic(False, "all")),
+    "diag-conv-unitrows-no-qk": ("diagnostic: conventional, encoder rows unit-norm at the start except query/key",
+                                 diagnostic(False, "no-qk")),
+    "b1.25-lr3e-4-head": ("B-cos B=1.25, lr 3e-4, head lr 1e-3", direct(1.25, 1e-3, learning_rate=3e-4)),
+    "b1.25-head3e-3": ("B-cos B=1.25, head lr 3e-3", direct(1.25, 3e-3)),
+    "b1.25-lr2e-4-head": ("B-cos B=1.25, lr 2e-4, head lr 1e-3", direct(1.25, 1e-3, learning_rate=2e-4)),
+    "b1.25-head-warm-cos": ("B-cos B=1.25, head lr 1e-3, 10% warm-up + cosine",
+                            direct(1.25, 1e-3, warmup_steps=0.1, lr_scheduler_type="cosine")),
+    "b1.25-head-ce": ("B-cos B=1.25, head lr 1e-3, cross-entropy instead of BCE", direct(1.25, 1e-3, loss="ce")),
+    "b1.25-lr3e-4-head3e-3": ("B-cos B=1.25, lr 3e-4, head lr 3e-3", direct(1.25, 3e-3, learning_rate=3e-4)),
+    "b1.1-lr2e-4-head-4ep": ("B-cos B=1.1, lr 2e-4, head lr 1e-3, 4 epochs",
+                             direct(1.1, 1e-3, learning_rate=2e-4, epochs=4.0)),
+    "b1.25-lr2e-4-head-4ep": ("B-cos B=1.25, lr 2e-4, head lr 1e-3, 4 epochs",
+                              direct(1.25, 1e-3, learning_rate=2e-4, epochs=4.0)),
+    "distill-kl-w5-t2": ("B-cos B=1.25, lr 2e-4, head lr 1e-3, + 5.0 x KL (T=2) to the conventional model",
+                         distilled(1.25, 1e-3, 5.0, "kl", learning_rate=2e-4, distill_temperature=2.0)),
+    "b1.25-head-4ep": ("B-cos B=1.25, head lr 1e-3, 4 epochs", direct(1.25, 1e-3, epochs=4.0)),
+    "b1.1-head-4ep": ("B-cos B=1.1, head lr 1e-3, 4 epochs", direct(1.1, 1e-3, epochs=4.0)),
+    "b1.25-bwarm": ("B-cos B=1.25, head lr 1e-3, B warm-up from 1 over 50%", direct(1.25, 1e-3, b_warmup=0.5)),
+    "distill-kl": ("B-cos B=1.25, head lr 1e-3, + 1.0 x KL to the conventional model",
+                   distilled(1.25, 1e-3, 1.0, "kl")),
+    "distill-mse": ("B-cos B=1.25, head lr 1e-3, + 1.0 x MSE to the conventional model's logits",
+                    distilled(1.25, 1e-3, 1.0, "mse")),
+    "task-then-bcos": ("conventional 2 ep, bcosify B=1.25, B-cos 2 ep (head lr 1e-4)", task_then_bcos(1.25, None)),
+    "bcos-then-task": ("B-cos MLM pre-training (B=1.25), then B-cos task 2 ep, head lr 1e-3",
+                       bcos_then_task(1.25, 1e-3)),
+}
+
+
+def main(names: list[str]) -> None:
+    torch.set_num_threads(THREADS)
+    hf_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore")
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown:
+        raise SystemExit(f"unknown recipes {unknown}; known: {', '.join(RECIPES)}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    results_file = OUT / "results.jsonl"
+    done = {}
+    if results_file.exists():
+        for line in results_file.read_text().splitlines():
+            row = json.loads(line)
+            if row["n_train"] == N_TRAIN and row["budget_epochs"] == EPOCHS:
+                done[row["recipe"]] = row
+    tok = AutoTokenizer.from_pretrained(minilm_path())
+    train, test = load_sst2("train", n=N_TRAIN), load_sst2("test")
+    for name in names or list(RECIPES):
+        if name in done and not RETRAIN:
+            continue
+        what, run = RECIPES[name]
+        start = time.perf_counter()
+        model = run(tok, train)
+        seconds = time.perf_counter() - start
+        acc = accuracy(model, tok, test.texts, test.labels, max_length=MAX_LENGTH)
+        row = {"recipe": name, "what": what, "accuracy": acc, "seconds": seconds, "n_train": N_TRAIN,
+               "budget_epochs": EPOCHS, "n_test": len(test.texts), "threads": THREADS}
+        done[name] = row
+        with results_file.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{name:22s} acc {100 * acc:5.1f}  {seconds:6.0f} s  {what}", flush=True)
+    conv_acc = done.get("conv", {}).get("accuracy")
+    print(f"\n| recipe | accuracy (SST-2 test, {len(test.texts)}) | vs conventional | wall time | what |")
+    print("|---|---|---|---|---|")
+    for name, row in done.items():
+        gap = f"{100 * (row['accuracy'] - conv_acc):+.1f}" if conv_acc is not None else "n/a"
+        print(f"| {name} | {100 * row['accuracy']:.1f} | {gap} | {row['seconds']:.0f} s | {row['what']} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
