@@ -8,7 +8,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # one target per script in examples/: `make space-sst2` runs examples/space_sst2.py
 EXAMPLES := blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli ioi-circuit
 
-.PHONY: setup test test-tl4 docs wheel-smoke demo bench bench-faithfulness bench-faithfulness-full bench-decoders lint clean $(EXAMPLES)
+.PHONY: setup test test-tl4 docs wheel-smoke demo bench bench-faithfulness bench-faithfulness-full bench-decoders bench-recipes lint clean $(EXAMPLES)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,10 @@ bench: $(STAMP)
 
 bench-faithfulness: $(STAMP)
 	$(BIN)/python benchmarks/bench_faithfulness.py
+
+# B-cos fine-tuning recipes against conventional fine-tuning (docs/recipes.md; a few minutes per recipe)
+bench-recipes: $(STAMP)
+	$(BIN)/python benchmarks/bench_recipes.py
 
 # trains (or reloads from outputs/bench_decoders/models) a small conventional and B-cos GPT-2 until they solve IOI
 bench-decoders: $(STAMP)
