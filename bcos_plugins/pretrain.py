@@ -235,8 +235,9 @@ def fine_tune_task_then_bcos(
     ``model`` (a stock sequence classifier) is first fine-tuned with its own cross-entropy for
     ``task_epochs`` at ``task_learning_rate``, then B-cosified in place at ``b`` and fine-tuned with
     ``bcos_loss`` by :func:`~bcos_plugins.train.fine_tune_classifier` with ``fine_tune_kwargs`` (``epochs``,
-    ``learning_rate``, ``head_learning_rate``, ...). Returns the second stage's ``Trainer``; the B-cos model is
-    ``model`` itself (and ``trainer.model``).
+    ``learning_rate``, ``head_learning_rate``, ...; those that are not B-cos-stage settings, such as
+    ``batch_size``, ``max_length`` or ``TrainingArguments`` keywords, apply to the first stage too). Returns
+    the second stage's ``Trainer``; the B-cos model is ``model`` itself (and ``trainer.model``).
 
     Raises:
         BcosValueError / BcosTypeError: ``model`` is already B-cos (use fine_tune_classifier), or any argument
@@ -250,8 +251,11 @@ def fine_tune_task_then_bcos(
     if fine_tune_kwargs.get("loss", "auto") == "ce":
         raise argument_error("loss", "is 'ce', but the B-cos stage trains with bcos_loss",
                              "leave loss out (or 'auto' / 'bce')")
-    shared = {k: fine_tune_kwargs[k] for k in ("batch_size", "max_length", "seed", "progress")
-              if k in fine_tune_kwargs}
+    # the B-cos stage's own settings stay out of the conventional stage; the rest (batch size, max length,
+    # TrainingArguments such as use_cpu) apply to both
+    own = {"epochs", "learning_rate", "head_learning_rate", "b_warmup", "teacher", "distill_weight", "distill_loss",
+           "distill_temperature", "loss", "output_dir"}
+    shared = {k: v for k, v in fine_tune_kwargs.items() if k not in own}
     fine_tune_classifier(model, tokenizer, texts, labels, epochs=task_epochs, learning_rate=task_learning_rate,
                          loss="ce", **shared)
     bcosify(model, b=b, verbose=False)

@@ -82,15 +82,19 @@ def direct(b: float, head_lr: float | None = None, **kwargs) -> Callable:
     return run
 
 
-def diagnostic(drop_biases: bool, unit_rows: str | None) -> Callable:
+def diagnostic(drop_biases: str | None, unit_rows: str | None) -> Callable:
     """Conventional fine-tuning from a stock model changed like bcosify changes it, to see what costs accuracy:
-    biases zeroed (they stay trainable) and/or weight rows rescaled to unit norm at the start ("all" linear
-    layers of the encoder, or "no-qk": all but query/key)."""
+    biases zeroed at the start (they stay trainable; "all", "linear" or "layernorm" ones of the encoder) and/or
+    weight rows rescaled to unit norm at the start ("all" linear layers of the encoder, or "no-qk": all but
+    query/key)."""
+    kinds = {"all": (torch.nn.Linear, torch.nn.LayerNorm), "linear": (torch.nn.Linear,),
+             "layernorm": (torch.nn.LayerNorm,), None: ()}[drop_biases]
+
     def run(tok, data):
         model = base_classifier()
         with torch.no_grad():
             for name, module in model.bert.named_modules():
-                if isinstance(module, torch.nn.Linear | torch.nn.LayerNorm) and drop_biases:
+                if isinstance(module, kinds):
                     module.bias.zero_()
                 if isinstance(module, torch.nn.Linear) and unit_rows and not (
                         unit_rows == "no-qk" and name.endswith(("query", "key"))):
@@ -149,11 +153,15 @@ RECIPES: dict[str, tuple[str, Callable]] = {
     "b1.5-head": ("B-cos B=1.5, head lr 1e-3", direct(1.5, 1e-3)),
     "b1.0-head": ("diagnostic: B=1 (bias-free, head activations removed, no alignment pressure), head lr 1e-3",
                   direct(1.0, 1e-3)),
-    "diag-conv-nobias": ("diagnostic: conventional, encoder biases zeroed at the start", diagnostic(True, None)),
+    "diag-conv-nobias": ("diagnostic: conventional, encoder biases zeroed at the start", diagnostic("all", None)),
+    "diag-conv-nobias-linear": ("diagnostic: conventional, biases of the encoder's linear layers zeroed at the start",
+                                diagnostic("linear", None)),
+    "diag-conv-nobias-layernorm": ("diagnostic: conventional, LayerNorm biases of the encoder zeroed at the start",
+                                   diagnostic("layernorm", None)),
     "diag-conv-unitrows": ("diagnostic: conventional, encoder weight rows unit-norm at the start",
-                           diagnostic(False, "all")),
+                           diagnostic(None, "all")),
     "diag-conv-unitrows-no-qk": ("diagnostic: conventional, encoder rows unit-norm at the start except query/key",
-                                 diagnostic(False, "no-qk")),
+                                 diagnostic(None, "no-qk")),
     "b1.25-lr3e-4-head": ("B-cos B=1.25, lr 3e-4, head lr 1e-3", direct(1.25, 1e-3, learning_rate=3e-4)),
     "b1.25-head3e-3": ("B-cos B=1.25, head lr 3e-3", direct(1.25, 3e-3)),
     "b1.25-lr2e-4-head": ("B-cos B=1.25, lr 2e-4, head lr 1e-3", direct(1.25, 1e-3, learning_rate=2e-4)),
@@ -161,6 +169,9 @@ RECIPES: dict[str, tuple[str, Callable]] = {
                             direct(1.25, 1e-3, warmup_steps=0.1, lr_scheduler_type="cosine")),
     "b1.25-head-ce": ("B-cos B=1.25, head lr 1e-3, cross-entropy instead of BCE", direct(1.25, 1e-3, loss="ce")),
     "b1.25-lr3e-4-head3e-3": ("B-cos B=1.25, lr 3e-4, head lr 3e-3", direct(1.25, 3e-3, learning_rate=3e-4)),
+    "b1.1-lr2e-4-head": ("B-cos B=1.1, lr 2e-4, head lr 1e-3", direct(1.1, 1e-3, learning_rate=2e-4)),
+    "b1.1-lr2e-4-head-3ep": ("B-cos B=1.1, lr 2e-4, head lr 1e-3, 3 epochs",
+                             direct(1.1, 1e-3, learning_rate=2e-4, epochs=3.0)),
     "b1.1-lr2e-4-head-4ep": ("B-cos B=1.1, lr 2e-4, head lr 1e-3, 4 epochs",
                              direct(1.1, 1e-3, learning_rate=2e-4, epochs=4.0)),
     "b1.25-lr2e-4-head-4ep": ("B-cos B=1.25, lr 2e-4, head lr 1e-3, 4 epochs",
