@@ -45,6 +45,10 @@ def main(out: Path) -> None:
     trainer.save_model(str(out / "classifier"))
     mlm_trainer.save_model(str(out / "mlm"))
     (out / f"rank{rank}.json").write_text(json.dumps(report))
+    if dist.is_initialized():
+        # a rank that exits while the other still talks to it aborts that one (gloo: connection closed)
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
