@@ -52,10 +52,13 @@ from ._lens.components import (
     plot_token_components,
     token_component_decomposition,
 )
+from ._lens.explain import LensExplanation, explain_logits
 from ._lens.hook_point import DynamicHookPoint
 
 __all__ = [
     "DynamicHookPoint",
+    "LensExplanation",
+    "explain_logits",
     "HAS_HOOKED_TRANSFORMER",
     "SUPPORTED_BRIDGE_ARCHITECTURES",
     "TRANSFORMER_LENS_VERSION",
@@ -74,12 +77,10 @@ _HOOKED_API = [
     "BcosHookedTransformer",
     "BcosTransformerConfig",
     "LINEAR_ACTIVATION",
-    "LensExplanation",
     "SUPPORTED_HF_ARCHITECTURES",
     "bcos_model_class",
     "bilinear_config",
     "effective_weight",
-    "explain_logits",
     "fold_final_norm_weight",
     "fold_final_norm_weight_in_state_dict",
     "hooked_transformer_from_hf",
@@ -101,7 +102,6 @@ if HAS_HOOKED_TRANSFORMER:
         fold_final_norm_weight,
         fold_final_norm_weight_in_state_dict,
     )
-    from ._lens.explain import LensExplanation, explain_logits
     from ._lens.from_hf import SUPPORTED_HF_ARCHITECTURES, hooked_transformer_from_hf
     from ._lens.model import (
         BcosHookedTransformer,
@@ -118,12 +118,10 @@ if HAS_HOOKED_TRANSFORMER:
         "BcosHookedTransformer",
         "BcosTransformerConfig",
         "LINEAR_ACTIVATION",
-        "LensExplanation",
         "SUPPORTED_HF_ARCHITECTURES",
         "bcos_model_class",
         "bilinear_config",
         "effective_weight",
-        "explain_logits",
         "fold_final_norm_weight",
         "fold_final_norm_weight_in_state_dict",
         "hooked_transformer_from_hf",

@@ -12,11 +12,11 @@ in its embeddings as far as autograd sees, so for the explained logit ``y``::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from bcos_plugins.attribution import (
     Direction,
@@ -29,8 +29,21 @@ from bcos_plugins.attribution import (
 )
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 
-from .model import is_explainable
 from .sae_error import sae_error_capture
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+
+def _is_explainable(model) -> bool:
+    # TransformerLens 4.x has only bridges; the HookedTransformer check needs 3.x's components
+    if getattr(model, "_bcos_explainable_bridge", False):
+        return True
+    try:
+        from .model import is_explainable
+    except ImportError:
+        return False
+    return is_explainable(model)
 
 __all__ = ["LensExplanation", "explain_logits", "ATTRIBUTION_HOOKS"]
 
@@ -86,7 +99,7 @@ def explain_logits(
         position: one index or one per row; default each row's last real token.
         attention_mask: 1 for real tokens, passed to the model.
     """
-    if not is_explainable(model):
+    if not _is_explainable(model):
         raise BcosTypeError(
             "model: this HookedTransformer's dynamic weights are not detachable; call "
             "bcos_plugins.adapters.transformer_lens.make_explainable(model) first (before adding hooks)."
