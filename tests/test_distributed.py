@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,17 @@ def test_bcos_training_runs_under_torchrun_with_two_processes(tmp_path):
            "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER),
            str(tmp_path)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-8000:]
+    # own session: on a timeout the workers are killed with torchrun, not left running
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        raise AssertionError(f"torchrun did not finish in 120 s; ranks done: "
+                             f"{sorted(p.name for p in tmp_path.glob('rank*.json'))}\n{stderr[-8000:]}") from None
+    assert proc.returncode == 0, stderr[-8000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for rank, report in enumerate(reports):
         assert report["rank"] == rank and report["world_size"] == 2 and report["backend"] == "gloo"
