@@ -15,12 +15,9 @@ All three run unchanged under ``torchrun`` / ``accelerate launch`` (the ``Traine
 from __future__ import annotations
 
 import copy
-import numbers
 import os
-import tempfile
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from .convert.architectures import spec_for
@@ -31,8 +28,10 @@ from .train import (
     _check_classifier,
     _check_count,
     _check_number,
+    _check_run_settings,
     _check_texts,
     _is_bcos,
+    _training_arguments,
     fine_tune_classifier,
     load_bcos_model,
 )
@@ -123,7 +122,7 @@ def pretrain_masked_lm(
         BcosTypeError / BcosValueError: not a masked-LM model, a tokenizer without a mask token, empty texts,
             ``b`` different from an already-B-cos model's B, or a setting out of range (named).
     """
-    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+    from transformers import DataCollatorForLanguageModeling, Trainer
 
     from .train import _EncodedTexts
 
@@ -133,29 +132,14 @@ def pretrain_masked_lm(
         raise argument_error("tokenizer", f"must be a transformers tokenizer with a mask token, got "
                              f"{type(tokenizer).__name__}", "pass AutoTokenizer.from_pretrained(...) of the model")
     texts = _check_texts(texts)
-    _check_number("epochs", epochs, low=0.0, low_open=True)
-    _check_count("batch_size", batch_size)
-    _check_count("max_length", max_length, minimum=2)
-    _check_number("learning_rate", learning_rate, low=0.0, low_open=True)
+    _check_run_settings(epochs, batch_size, max_length, learning_rate, seed)
     _check_number("mlm_probability", mlm_probability, low=0.0, low_open=True, high=1.0)
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise argument_error("seed", f"must be an integer, got {seed!r}", "pass e.g. seed=0", kind=BcosTypeError)
     model = _load_masked_lm(model, b)
     if len(tokenizer) > model.config.vocab_size:
         raise argument_error("tokenizer", f"has {len(tokenizer)} tokens but the model's vocabulary "
                              f"{model.config.vocab_size}", "pass the tokenizer the model was trained with")
-    # defaults the caller may override through training_args
-    overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, len(texts) // batch_size // 10),
-                   "dataloader_pin_memory": torch.cuda.is_available()}
-    args = TrainingArguments(
-        output_dir=str(output_dir or tempfile.mkdtemp(prefix="bcos_mlm_")),
-        num_train_epochs=epochs,
-        per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate,
-        seed=seed,
-        disable_tqdm=not progress,
-        **{**overridable, **training_args},
-    )
+    args = _training_arguments("bcos_mlm_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
+                               progress, training_args)
     trainer = Trainer(
         model=model,
         args=args,

@@ -348,9 +348,8 @@ def fine_tune_classifier(
     ``T = distill_temperature``, or ``"mse"``, the mean squared difference of the logits. The teacher's logits
     are computed once, in eval mode, before training.
     """
-    import tempfile
 
-    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+    from transformers import DataCollatorWithPadding, Trainer
 
     num_labels = _check_classifier(model)
     texts = _check_texts(texts)
@@ -358,10 +357,7 @@ def fine_tune_classifier(
     if not callable(tokenizer):
         raise argument_error("tokenizer", f"must be a transformers tokenizer, got {type(tokenizer).__name__}",
                              "pass AutoTokenizer.from_pretrained(...) of the model", kind=BcosTypeError)
-    _check_number("epochs", epochs, low=0.0, low_open=True)
-    _check_count("batch_size", batch_size)
-    _check_count("max_length", max_length, minimum=2)
-    _check_number("learning_rate", learning_rate, low=0.0, low_open=True)
+    _check_run_settings(epochs, batch_size, max_length, learning_rate, seed)
     if head_learning_rate is not None:
         _check_number("head_learning_rate", head_learning_rate, low=0.0, low_open=True)
     if b_warmup is not None:
@@ -369,22 +365,10 @@ def fine_tune_classifier(
     if not isinstance(loss, str) or loss not in ("auto", "bce", "ce"):
         raise argument_error("loss", f"must be 'auto', 'bce' or 'ce', got {loss!r}",
                              "use 'auto' (BCE for B-cos models, the model's cross-entropy otherwise)")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise argument_error("seed", f"must be an integer, got {seed!r}", "pass e.g. seed=0", kind=BcosTypeError)
     distill = _check_distillation(model, teacher, distill_weight, distill_loss, distill_temperature)
     use_bce = loss == "bce" or (loss == "auto" and _is_bcos(model))
-    # defaults the caller may override through training_args
-    overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, len(texts) // batch_size // 10),
-                   "dataloader_pin_memory": torch.cuda.is_available()}
-    args = TrainingArguments(
-        output_dir=str(output_dir or tempfile.mkdtemp(prefix="bcos_finetune_")),
-        num_train_epochs=epochs,
-        per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate,
-        seed=seed,
-        disable_tqdm=not progress,
-        **{**overridable, **training_args},
-    )
+    args = _training_arguments("bcos_finetune_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
+                               progress, training_args)
     optimizers = (None, None)
     if head_learning_rate is not None:
         optimizers = (_two_rate_adamw(model, learning_rate, head_learning_rate, args.weight_decay), None)
@@ -494,6 +478,36 @@ def _distilling_trainer_class():
             return super().compute_loss(model, inputs, *args, **kwargs)
 
     return BcosDistillationTrainer
+
+
+def _check_run_settings(epochs, batch_size, max_length, learning_rate, seed) -> None:
+    """The settings every training helper of the package takes, checked before any work is done."""
+    _check_number("epochs", epochs, low=0.0, low_open=True)
+    _check_count("batch_size", batch_size)
+    _check_count("max_length", max_length, minimum=2)
+    _check_number("learning_rate", learning_rate, low=0.0, low_open=True)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise argument_error("seed", f"must be an integer, got {seed!r}", "pass e.g. seed=0", kind=BcosTypeError)
+
+
+def _training_arguments(prefix: str, output_dir, n_texts: int, epochs, batch_size, learning_rate, seed,
+                        progress: bool, training_args: dict):
+    """``TrainingArguments`` of the package's training helpers; ``training_args`` override the defaults."""
+    import tempfile
+
+    from transformers import TrainingArguments
+
+    overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, n_texts // batch_size // 10),
+                   "dataloader_pin_memory": torch.cuda.is_available()}
+    return TrainingArguments(
+        output_dir=str(output_dir or tempfile.mkdtemp(prefix=prefix)),
+        num_train_epochs=epochs,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        seed=seed,
+        disable_tqdm=not progress,
+        **{**overridable, **training_args},
+    )
 
 
 def _check_number(name: str, value, *, low: float, low_open: bool = False, high: float | None = None) -> float:
