@@ -86,19 +86,22 @@ def test_bcos_attribution_on_a_left_padded_decoder_matches_explain():
     assert delta.abs().max().item() < 1e-5
 
 
-def test_captum_infidelity_and_sensitivity_run_on_bcos_outputs(bcos_bert):
+def _perturb(x):
+    noise = torch.randn_like(x) * 0.01
+    return noise, x - noise
+
+
+@pytest.mark.parametrize("forward_kind", ["module", "plain function"])
+def test_captum_infidelity_and_sensitivity_run_on_bcos_outputs(bcos_bert, forward_kind):
+    """Captum's metrics on B-cos attributions, with the forward as a module and as a plain function."""
     ids, mask = padded_batch()
     fwd = EmbeddingForward(bcos_bert)
     emb = fwd.embed(ids, mask)
-    bcos = BcosAttribution(fwd)
+    forward = fwd if forward_kind == "module" else (lambda e, m: fwd(e, m))
+    bcos = BcosAttribution(forward)
     attr = bcos.attribute(emb, target=1, additional_forward_args=(mask,))
-
-    def perturb(x):
-        noise = torch.randn_like(x) * 0.01
-        return noise, x - noise
-
     torch.manual_seed(0)
-    inf = infidelity(fwd, perturb, emb, attr, additional_forward_args=(mask,), target=1, n_perturb_samples=4)
+    inf = infidelity(forward, _perturb, emb, attr, additional_forward_args=(mask,), target=1, n_perturb_samples=4)
     assert inf.shape == (3,) and torch.isfinite(inf).all() and (inf >= 0).all()
     # deterministic: zero radius gives zero sensitivity up to float noise from re-batching (Captum stacks
     # the perturbed copies into one batch); a real radius gives a sensitivity far above that noise
@@ -257,27 +260,7 @@ def test_layer_bcos_takes_a_list_of_layers_and_every_parent_keyword(bcos_bert):
         assert set(theirs) <= set(inspect.signature(inspect.unwrap(ours.attribute)).parameters)
 
 
-def test_captum_metrics_with_a_plain_function_forward(bcos_bert):
-    ids, mask = padded_batch(seed=5)
-    fwd = EmbeddingForward(bcos_bert)
-    emb = fwd.embed(ids, mask)
 
-    def forward(e, m):
-        return fwd(e, m)
-
-    bcos = BcosAttribution(forward)
-    attr = bcos.attribute(emb, target=0, additional_forward_args=(mask,))
-
-    def perturb(x):
-        noise = torch.randn_like(x) * 0.01
-        return noise, x - noise
-
-    torch.manual_seed(0)
-    inf = infidelity(forward, perturb, emb, attr, additional_forward_args=(mask,), target=0, n_perturb_samples=3)
-    assert inf.shape == (3,) and torch.isfinite(inf).all() and (inf >= 0).all()
-    sens = sensitivity_max(bcos.attribute, emb, perturb_radius=0.05, n_perturb_samples=2, target=0,
-                           additional_forward_args=(mask,))
-    assert sens.shape == (3,) and torch.isfinite(sens).all() and (sens > 1e-3).all()
 
 
 def test_stock_bert_attributions_through_embedding_forward_are_not_noise():
