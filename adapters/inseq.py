@@ -87,7 +87,7 @@ from inseq.utils.typing import TokenWithId
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from bcos_plugins.attribution import has_dynamic_weights, text_attribution_point
+from bcos_plugins.attribution import has_dynamic_weights, real_token_positions, text_attribution_point
 from bcos_plugins.convert.architectures import ArchitectureSpec, spec_for, supported_architectures
 from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY, bcosify
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
@@ -170,7 +170,7 @@ class _Inseq071:
             mask = kwargs.get("attention_mask")
             if kwargs.get("position_ids") is None and kwargs.get("past_key_values") is None \
                     and mask is not None and mask.ndim == 2:
-                kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp_min(0)
+                kwargs["position_ids"] = real_token_positions(mask.long())
                 return args, kwargs
             return None
 

@@ -303,9 +303,9 @@ class _EncodedTexts(torch.utils.data.Dataset):
 
 
 def _is_bcos(model: nn.Module) -> bool:
-    from .nn.dynamic import DynamicWeightModule
+    from .nn.dynamic import has_dynamic_weights
 
-    return any(isinstance(m, DynamicWeightModule) for m in model.modules())
+    return has_dynamic_weights(model)
 
 
 def fine_tune_classifier(

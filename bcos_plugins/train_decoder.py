@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
-from jaxtyping import Int
 from torch import Tensor, nn
 
 from ._checks import require_int
+from .attribution.targets import real_token_positions
 from .errors import BcosTypeError, argument_error
 
 __all__ = ["CausalLMCollator", "IGNORE_INDEX", "real_token_positions", "train_causal_lm"]
@@ -116,9 +116,6 @@ def _feature_tokens(feature, i: int, max_length: int | None) -> tuple[Tensor, Te
     return row, mask
 
 
-def real_token_positions(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
-    """Position ids that count real tokens only (padding gets 0); the rule ``generate`` and ``explain`` use."""
-    return (attention_mask.cumsum(-1) - 1).clamp_min(0)
 
 
 def train_causal_lm(

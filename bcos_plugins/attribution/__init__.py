@@ -12,11 +12,19 @@ Every explanation path of the package calls this package and none re-implements 
 - :mod:`.corpus`: :func:`explain_dataset`, a corpus in, a ``datasets.Dataset`` of scores out.
 """
 
+from ..nn.dynamic import has_dynamic_weights
 from .corpus import explain_dataset
 from .gradient import GradientStep, as_leaf, capture_point, input_x_gradient
 from .results import Explanation, TokenExplanation, relative_completeness_error
-from .targets import Direction, last_real_position, parse_ids, resolve_positions, select_explained
-from .text import check_token_inputs, has_dynamic_weights, model_call_kwargs, text_attribution_point
+from .targets import (
+    Direction,
+    last_real_position,
+    parse_ids,
+    real_token_positions,
+    resolve_positions,
+    select_explained,
+)
+from .text import check_token_inputs, model_call_kwargs, text_attribution_point
 
 __all__ = [
     "Direction",
@@ -32,6 +40,7 @@ __all__ = [
     "last_real_position",
     "model_call_kwargs",
     "parse_ids",
+    "real_token_positions",
     "relative_completeness_error",
     "resolve_positions",
     "select_explained",

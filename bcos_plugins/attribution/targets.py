@@ -25,6 +25,7 @@ __all__ = [
     "Direction",
     "last_real_position",
     "parse_ids",
+    "real_token_positions",
     "resolve_positions",
     "select_explained",
 ]
@@ -130,6 +131,12 @@ def last_real_position(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, 
                              "rows before explaining; there is nothing to attribute to.")
     length = attention_mask.shape[1]
     return length - 1 - attention_mask.flip(dims=(1,)).to(torch.long).argmax(dim=1)
+
+
+def real_token_positions(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+    """Position ids that count real tokens only (padding gets 0); the rule ``generate`` and ``explain`` use,
+    so left padding does not shift a decoder's positions."""
+    return (attention_mask.cumsum(-1) - 1).clamp_min(0)
 
 
 def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_mask: Int[Tensor, "batch pos"],

@@ -25,16 +25,12 @@ from torch import Tensor, nn
 
 from ..convert.architectures import ArchitectureSpec, spec_for
 from ..errors import BcosTypeError, BcosValueError
-from ..nn.dynamic import DynamicWeightModule
+from ..nn.dynamic import has_dynamic_weights
 from .gradient import outside_inference
+from .targets import real_token_positions
 
-__all__ = ["TextPoint", "has_dynamic_weights", "text_attribution_point", "check_token_inputs",
+__all__ = ["TextPoint", "text_attribution_point", "check_token_inputs",
            "model_call_kwargs"]
-
-
-def has_dynamic_weights(model: nn.Module) -> bool:
-    """Whether ``model`` contains B-cos / dynamic-weight modules (i.e. was B-cosified or built B-cos)."""
-    return any(isinstance(m, DynamicWeightModule) for m in model.modules())
 
 
 @dataclass(frozen=True)
@@ -112,10 +108,7 @@ def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Ten
         if attention_mask.shape != input_ids.shape:
             raise BcosValueError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids "
                                  f"{tuple(input_ids.shape)}. Pass the mask the tokenizer returned with the ids.")
-        if attention_mask.is_floating_point():
-            if not ((attention_mask == 0) | (attention_mask == 1)).all():
-                raise BcosValueError("attention_mask: must hold 0 (padding) and 1 (real token) only.")
-        elif not ((attention_mask == 0) | (attention_mask == 1)).all():
+        if not ((attention_mask == 0) | (attention_mask == 1)).all():
             raise BcosValueError("attention_mask: must hold 0 (padding) and 1 (real token) only.")
         attention_mask = outside_inference(attention_mask.to(torch.long))
         empty = attention_mask.sum(-1) == 0
@@ -137,7 +130,7 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     kwargs = dict(forward_kwargs)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     if spec.kind == "decoder" and "position_ids" not in kwargs:
-        kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp_min(0)
+        kwargs["position_ids"] = real_token_positions(mask)
     if spec.kind == "decoder" and spec.is_classifier and attention_mask is not None and (mask == 0).any():
         pad = getattr(model.config, "pad_token_id", None)
         if pad is None:

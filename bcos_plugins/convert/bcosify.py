@@ -29,8 +29,8 @@ from ..nn import (
     BcosLinear,
     DetachableActivation,
     DetachableRMSNorm,
-    DynamicWeightModule,
     check_b,
+    has_dynamic_weights,
 )
 from .architectures import SPECS, ArchitectureSpec, check_stock_class, supported_architectures
 from .report import ConversionReport
@@ -200,7 +200,7 @@ def bcosify(model: nn.Module, b: float = 1.5, *, verbose: bool = True) -> nn.Mod
         raise argument_error("verbose", f"must be True or False, got {verbose!r}", "pass a bool",
                              kind=BcosTypeError)
     config = getattr(model, "config", None)
-    if any(isinstance(m, DynamicWeightModule) for m in model.modules()):
+    if has_dynamic_weights(model):
         raise argument_error(
             "model", f"{type(model).__name__} is already B-cosified (config.bcos={getattr(config, 'bcos', None)})",
             "convert a stock model, or reload a saved one with load_bcos_model(path)", kind=BcosValueError)

@@ -2,7 +2,7 @@
 
 from .activation import DetachableActivation
 from .conv import BcosConv2d
-from .dynamic import DynamicWeightModule, explanation_mode, is_explaining
+from .dynamic import DynamicWeightModule, explanation_mode, has_dynamic_weights, is_explaining
 from .linear import BcosConv1D, BcosLinear, check_b
 from .norm import BcosLayerNorm, DetachableRMSNorm
 
@@ -16,5 +16,6 @@ __all__ = [
     "DynamicWeightModule",
     "check_b",
     "explanation_mode",
+    "has_dynamic_weights",
     "is_explaining",
 ]

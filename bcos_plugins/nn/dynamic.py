@@ -20,7 +20,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DynamicWeightModule", "explanation_mode", "is_explaining", "dynamic_weights_used"]
+__all__ = ["DynamicWeightModule", "dynamic_weights_used", "explanation_mode", "has_dynamic_weights",
+           "is_explaining"]
 
 # Explanation mode without a model handle is per thread: a forward pass runs in the caller's thread, and
 # another thread (a data loader, a second model being trained) must not see its modules switched.
@@ -72,6 +73,11 @@ class DynamicWeightModule(nn.Module):
         time and memory of saving its intermediate tensors. The arithmetic (and so the value) is the same.
         """
         return torch.no_grad() if self.explaining else nullcontext()
+
+
+def has_dynamic_weights(model: nn.Module) -> bool:
+    """Whether ``model`` contains dynamic-weight modules (it was B-cosified, or built B-cos or bilinear)."""
+    return any(isinstance(m, DynamicWeightModule) for m in model.modules())
 
 
 def is_explaining(module: nn.Module) -> bool:
