@@ -54,7 +54,7 @@ def _masked_lm_name(model: nn.Module, name: str = "model") -> str:
     return arch
 
 
-def _load_masked_lm(source, b: float | None) -> nn.Module:
+def _load_masked_lm(source, b: float | None, bcos_query_key: bool | None) -> nn.Module:
     """A B-cos masked LM from a module or a folder / hub id (B-cos checkpoints reload at their own B)."""
     if isinstance(source, str | os.PathLike):
         from transformers import AutoConfig, AutoModelForMaskedLM
@@ -77,12 +77,26 @@ def _load_masked_lm(source, b: float | None) -> nn.Module:
                              kind=BcosTypeError)
     _masked_lm_name(source)
     if not _is_bcos(source):
-        return bcosify(source, b=1.25 if b is None else b, verbose=False)
+        return bcosify(source, b=1.25 if b is None else b, bcos_query_key=bcos_query_key is not False,
+                       verbose=False)
     own = source.config.bcos["b"]
     if b is not None and check_b(b) != own:
         raise argument_error("b", f"is {b} but the model is already B-cos with B = {own}",
                              "leave b out to continue with the model's own B, or start from the stock model")
+    own_query_key = source.config.bcos.get("query_key") != "stock"
+    if bcos_query_key is not None and bcos_query_key != own_query_key:
+        raise argument_error("bcos_query_key", f"is {bcos_query_key} but the model is already B-cos with "
+                             f"bcos_query_key={own_query_key}", "leave bcos_query_key out to continue with the "
+                             "model's own setting, or start from the stock model")
     return source
+
+
+def _check_query_key(value, allow_none: bool = False) -> None:
+    """Checked before any training: bcosify would refuse it only after the first stage."""
+    if not (isinstance(value, bool) or (allow_none and value is None)):
+        raise argument_error("bcos_query_key", f"must be True or False, got {value!r}",
+                             "pass True (B-cos query/key layers) or False (keep the pretrained query/key maps)",
+                             kind=BcosTypeError)
 
 
 def pretrain_masked_lm(
@@ -91,6 +105,7 @@ def pretrain_masked_lm(
     texts: list[str],
     *,
     b: float | None = None,
+    bcos_query_key: bool | None = None,
     epochs: float = 1.0,
     batch_size: int = 32,
     learning_rate: float = 5e-5,
@@ -108,6 +123,8 @@ def pretrain_masked_lm(
             (training continues at its own B), or a folder / hub id (a stock checkpoint is loaded with
             ``AutoModelForMaskedLM`` (a base-model checkpoint gets a fresh MLM head transform), a B-cos one
             with :func:`~bcos_plugins.load_bcos_model`).
+        bcos_query_key: passed to :func:`~bcos_plugins.bcosify` when the model is converted here (default
+            True); an already-B-cos model keeps its own setting (a different value is refused).
         tokenizer: the model's tokenizer; it needs a mask token.
         texts: unlabelled texts (tokenised with truncation at ``max_length``).
         mlm_probability: share of tokens masked per batch (``DataCollatorForLanguageModeling``; 80 % become
@@ -128,13 +145,14 @@ def pretrain_masked_lm(
 
     if b is not None:
         check_b(b)
+    _check_query_key(bcos_query_key, allow_none=True)
     if not callable(tokenizer) or getattr(tokenizer, "mask_token", None) is None:
         raise argument_error("tokenizer", f"must be a transformers tokenizer with a mask token, got "
                              f"{type(tokenizer).__name__}", "pass AutoTokenizer.from_pretrained(...) of the model")
     texts = _check_texts(texts)
     _check_run_settings(epochs, batch_size, max_length, learning_rate, seed)
     _check_number("mlm_probability", mlm_probability, low=0.0, low_open=True, high=1.0)
-    model = _load_masked_lm(model, b)
+    model = _load_masked_lm(model, b, bcos_query_key)
     if len(tokenizer) > model.config.vocab_size:
         raise argument_error("tokenizer", f"has {len(tokenizer)} tokens but the model's vocabulary "
                              f"{model.config.vocab_size}", "pass the tokenizer the model was trained with")
@@ -163,7 +181,8 @@ def classifier_from_masked_lm(masked_lm, num_labels: int = 2, *, pooler_from=Non
             the pre-training started from) to take the pooler's weights from; ``BertForMaskedLM`` has no
             pooler, so without it the pooler starts random like the classifier head.
 
-    Every layer keeps the B it had in the masked LM. The classifier is in eval mode; fine-tune it with
+    Every layer keeps the B it had in the masked LM, and the query/key projections their kind (B-cos or
+    stock, ``bcos_query_key``). The classifier is in eval mode; fine-tune it with
     :func:`~bcos_plugins.train.fine_tune_classifier` (a larger ``head_learning_rate`` helps the fresh head).
 
     Raises:
@@ -193,7 +212,8 @@ def classifier_from_masked_lm(masked_lm, num_labels: int = 2, *, pooler_from=Non
                                  f"{config.hidden_size}", "pass the stock checkpoint the pre-training started "
                                  "from, or leave pooler_from out")
         classifier.bert.pooler.load_state_dict(pooler.state_dict())
-    bcosify(classifier, b=masked_lm.config.bcos["b"], verbose=False)
+    bcosify(classifier, b=masked_lm.config.bcos["b"],
+            bcos_query_key=masked_lm.config.bcos.get("query_key") != "stock", verbose=False)
     missing, unexpected = classifier.bert.load_state_dict(masked_lm.bert.state_dict(), strict=False)
     stray = [k for k in missing if not k.startswith("pooler.")]
     if stray or unexpected:  # the two encoders are built from one config: anything else is a bug
@@ -210,6 +230,7 @@ def fine_tune_task_then_bcos(
     labels: list[int],
     *,
     b: float = 1.25,
+    bcos_query_key: bool = True,
     task_epochs: float = 1.0,
     task_learning_rate: float = 5e-5,
     **fine_tune_kwargs,
@@ -217,7 +238,8 @@ def fine_tune_task_then_bcos(
     """The paper's "task then B-cos": conventional fine-tuning, :func:`bcosify`, then B-cos fine-tuning.
 
     ``model`` (a stock sequence classifier) is first fine-tuned with its own cross-entropy for
-    ``task_epochs`` at ``task_learning_rate``, then B-cosified in place at ``b`` and fine-tuned with
+    ``task_epochs`` at ``task_learning_rate``, then B-cosified in place at ``b`` (and ``bcos_query_key``, see
+    :func:`~bcos_plugins.bcosify`) and fine-tuned with
     ``bcos_loss`` by :func:`~bcos_plugins.train.fine_tune_classifier` with ``fine_tune_kwargs`` (``epochs``,
     ``learning_rate``, ``head_learning_rate``, ...; those that are not B-cos-stage settings, such as
     ``batch_size``, ``max_length`` or ``TrainingArguments`` keywords, apply to the first stage too). Returns
@@ -232,6 +254,7 @@ def fine_tune_task_then_bcos(
         raise argument_error("model", "is already B-cos; task then B-cos starts from a stock classifier",
                              "pass the stock model, or call fine_tune_classifier on the B-cos one")
     check_b(b)
+    _check_query_key(bcos_query_key)
     if fine_tune_kwargs.get("loss", "auto") == "ce":
         raise argument_error("loss", "is 'ce', but the B-cos stage trains with bcos_loss",
                              "leave loss out (or 'auto' / 'bce')")
@@ -242,5 +265,5 @@ def fine_tune_task_then_bcos(
     shared = {k: v for k, v in fine_tune_kwargs.items() if k not in own}
     fine_tune_classifier(model, tokenizer, texts, labels, epochs=task_epochs, learning_rate=task_learning_rate,
                          loss="ce", **shared)
-    bcosify(model, b=b, verbose=False)
+    bcosify(model, b=b, bcos_query_key=bcos_query_key, verbose=False)
     return fine_tune_classifier(model, tokenizer, texts, labels, **fine_tune_kwargs)

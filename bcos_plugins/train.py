@@ -20,7 +20,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .convert.architectures import SPECS
-from .convert.bcosify import BCOS_CONFIG_KEY, READABLE_FORMAT_VERSIONS, bcosify
+from .convert.bcosify import (
+    BCOS_CONFIG_KEY,
+    READABLE_FORMAT_VERSIONS,
+    STOCK_QUERY_KEY_FORMAT_VERSION,
+    bcosify,
+)
 from .errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
 from .nn.linear import AlignmentPressure, check_b
 
@@ -198,6 +203,12 @@ def _checked_settings(path: str, config) -> dict:
             "original save (the file is not rewritten)."
         )
     check_b(settings.get("b"), name="config.bcos['b']")
+    expected = "stock" if version == STOCK_QUERY_KEY_FORMAT_VERSION else None
+    if settings.get("query_key") != expected:
+        raise BcosValueError(
+            f"config.bcos['query_key']: {path}/config.json says {settings.get('query_key')!r} with format "
+            f"{version}, which writes {expected!r}. config.json was edited: restore it from the original save "
+            "(the file is not rewritten).")
     name = settings["architecture"]
     if name not in SPECS:
         raise BcosValueError(f"config.bcos['architecture']: {path}/config.json names {name!r}, not one of "
@@ -262,7 +273,7 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
         hf_logger.removeHandler(capture)
         hf_logger.setLevel(level)
         hf_logger.propagate = propagate
-    bcosify(model, b=settings["b"], verbose=False)
+    bcosify(model, b=settings["b"], bcos_query_key=settings.get("query_key") != "stock", verbose=False)
     dropped = set(model.bcos_report.dropped_biases)
     stored = _stored_pressures(files) if settings["format_version"] >= 2 else {}
     layers = {n: m for n, m in model.named_modules() if isinstance(m, AlignmentPressure)}

@@ -131,7 +131,7 @@ def test_tampered_format_version_is_refused_not_rewritten(tmp_path, version):
     _, folder = _saved(tmp_path)
     _edit_config(folder, lambda c: c["bcos"].__setitem__("format_version", version))
     before = (folder / "config.json").read_text()
-    with pytest.raises(BcosValueError, match=r"^config\.bcos\['format_version'\]: .* reads formats 1, 2\. "
+    with pytest.raises(BcosValueError, match=r"^config\.bcos\['format_version'\]: .* reads formats 1, 2, 3\. "
                                              r"Upgrade bcos-plugins"):
         load_bcos_model(folder)
     assert (folder / "config.json").read_text() == before

@@ -4,7 +4,8 @@ What it does to every module (docs/design.md#what-bcosify-changes):
 
 - ``nn.Linear`` / GPT-2 ``Conv1D`` -> :class:`BcosLinear` / :class:`BcosConv1D` from the pretrained weights,
   bias dropped; query/key projections get ``constant_outputs`` so the attention matrix is the constant in
-  explanation mode (this works for every attention implementation: eager, sdpa, flash);
+  explanation mode (this works for every attention implementation: eager, sdpa, flash); with
+  ``bcos_query_key=False`` they keep their stock weights and biases instead (outputs constant all the same);
 - ``nn.LayerNorm`` -> :class:`BcosLayerNorm` (bias dropped); RMSNorm -> :class:`DetachableRMSNorm`;
 - GELU (erf / tanh), SiLU, ReLU -> :class:`DetachableActivation`; identity activations stay;
 - tanh / ReLU of prediction heads removed; gated MLPs route the gate branch as the dynamic weight;
@@ -33,6 +34,7 @@ from ..nn import (
     has_dynamic_weights,
 )
 from .architectures import SPECS, ArchitectureSpec, check_stock_class, supported_architectures
+from .query_key import ConstantQueryKeyProjection, StockQueryKeyConv1D
 from .report import ConversionReport
 
 __all__ = ["bcosify", "UnsupportedModuleError", "BCOS_CONFIG_KEY"]
@@ -41,8 +43,10 @@ logger = logging.getLogger("bcos_plugins")
 
 BCOS_CONFIG_KEY = "bcos"
 # 1: B only in config.bcos["b"]. 2: every B-cos layer also stores the B it runs with (buffer ``bcos_b``).
+# 3: query/key projections kept stock (config.bcos["query_key"] == "stock"); written only for such models.
 FORMAT_VERSION = 2
-READABLE_FORMAT_VERSIONS = (1, 2)
+STOCK_QUERY_KEY_FORMAT_VERSION = 3
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 
 # Activation classes by name (transformers' ACT2CLS classes and torch.nn ones) -> gate kind.
 _ACTIVATION_GATES = {
@@ -91,9 +95,14 @@ def _qk_slice(part: str, out_features: int) -> slice:
     return slice(None) if part == "all" else slice(0, 2 * out_features // 3)
 
 
-def _plan(model: nn.Module, spec: ArchitectureSpec, b: float) -> tuple[list, ConversionReport]:
+_STOCK_QK = ("query/key kept as the pretrained affine map (weights and bias; bcos_query_key=False): its output "
+             "only shapes the attention pattern, a constant in explanation mode")
+
+
+def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
+          bcos_query_key: bool) -> tuple[list, ConversionReport]:
     """Decide every replacement (and fail on unsupported modules) before touching the model."""
-    report = ConversionReport(architecture=type(model).__name__, b=b)
+    report = ConversionReport(architecture=type(model).__name__, b=b, bcos_query_key=bcos_query_key)
     plan: list[tuple[str, object]] = []
     keep = set(spec.keep)
     removed = set(spec.remove_activations)
@@ -122,6 +131,16 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float) -> tuple[list, Con
             const = _qk_slice(qk, out_features) if qk else None
             if qk:
                 report.constant_outputs.append(name)
+            if qk and not bcos_query_key:
+                report.kept[name] = _STOCK_QK
+                if qk == "all":
+                    plan.append((name, ("swap", ConstantQueryKeyProjection, _STOCK_QK)))
+                    continue
+                # fused q|k|v (GPT-2): stock query/key columns, B-cos value columns
+                report.dropped_biases.append(f"{name}.bias[{const.stop}:] (values)")
+                report.bcos_layers.append(name)
+                plan.append((name, ("stock_qk_conv1d", const.stop)))
+                continue
             if module.bias is not None:
                 report.dropped_biases.append(f"{name}.bias")
             report.bcos_layers.append(name)
@@ -164,17 +183,25 @@ def _build(module: nn.Module, action, b: float) -> nn.Module:
         return BcosLinear.from_linear(module, b=b, constant_outputs=action[1])
     if tag == "bcos_conv1d":
         return BcosConv1D.from_conv1d(module, b=b, constant_outputs=action[1])
+    if tag == "stock_qk_conv1d":
+        return StockQueryKeyConv1D(module, b=b, query_key_features=action[1])
     if tag == "activation":
         return DetachableActivation(action[1])
     raise AssertionError(action)
 
 
-def bcosify(model: nn.Module, b: float = 1.5, *, verbose: bool = True) -> nn.Module:
+def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, verbose: bool = True) -> nn.Module:
     """Convert a stock transformers model into a B-cos model, in place, and return it.
 
     Args:
         model: one of :func:`~bcos_plugins.convert.supported_architectures` (transformers 5).
         b: alignment pressure B >= 1 (1.25-1.5 recommended for classifiers, 1.1 for decoders).
+        bcos_query_key: whether the query/key projections become B-cos layers (bias-free, unit-norm rows).
+            ``False`` keeps them as the pretrained affine maps, weights and biases included: their outputs
+            only shape the attention pattern, which explanation mode holds constant, so explanations stay
+            complete, and the pretrained attention logits are not shrunk by the unit-norm rows
+            (docs/recipes.md: the conversion's largest single accuracy cost when fine-tuning briefly).
+            The report lists them under ``kept``; ``config.bcos["query_key"]`` records ``"stock"``.
         verbose: log the conversion summary at INFO level (the full report is always at
             ``model.bcos_report``).
 
@@ -196,6 +223,10 @@ def bcosify(model: nn.Module, b: float = 1.5, *, verbose: bool = True) -> nn.Mod
         raise argument_error("model", f"must be a transformers model (torch.nn.Module), got "
                              f"{type(model).__name__}", "pass e.g. AutoModelForSequenceClassification"
                              ".from_pretrained(...)", kind=BcosTypeError)
+    if not isinstance(bcos_query_key, bool):
+        raise argument_error("bcos_query_key", f"must be True or False, got {bcos_query_key!r}",
+                             "pass True (B-cos query/key layers) or False (keep the pretrained query/key maps)",
+                             kind=BcosTypeError)
     if not isinstance(verbose, bool):
         raise argument_error("verbose", f"must be True or False, got {verbose!r}", "pass a bool",
                              kind=BcosTypeError)
@@ -228,7 +259,7 @@ def bcosify(model: nn.Module, b: float = 1.5, *, verbose: bool = True) -> nn.Mod
     if spec.is_classifier and not (isinstance(num_labels, int) and num_labels >= 1):
         raise argument_error("model", f"config.num_labels is {num_labels!r}, so the classifier has no output",
                              "build the classifier with num_labels >= 1 (e.g. num_labels=2)")
-    plan, report = _plan(model, spec, b)
+    plan, report = _plan(model, spec, b, bcos_query_key)
 
     for name, action in plan:
         module = model.get_submodule(name)
@@ -254,6 +285,10 @@ def bcosify(model: nn.Module, b: float = 1.5, *, verbose: bool = True) -> nn.Mod
         if getattr(module, "config", None) is config:
             module.config = own
     own.bcos = {"b": b, "architecture": report.architecture, "format_version": FORMAT_VERSION}
+    if not bcos_query_key:
+        # format 3: a reader that did not know stock query/key layers would rebuild B-cos ones from these
+        # weights (a different model); it refuses format 3 instead
+        own.bcos.update(format_version=STOCK_QUERY_KEY_FORMAT_VERSION, query_key="stock")
     model.bcos_report = report
     if verbose:
         logger.info(report.summary())

@@ -14,18 +14,22 @@ class ConversionReport:
     Attributes:
         architecture: class name of the converted model (before conversion).
         b: alignment pressure used.
+        bcos_query_key: whether query/key projections became B-cos layers (``False``: kept stock, listed in
+            ``kept``).
         bcos_layers: linear / Conv1D layers replaced by B-cos layers.
         dropped_biases: full parameter names of the biases removed (linear, norm, classifier).
         norms: normalisation layers made bias-free and detachable.
         activations: activations made detachable, with the gate they use.
         removed_activations: head activations removed (tanh / ReLU in poolers and pre-classifiers).
-        constant_outputs: query/key projections whose outputs are constants in explanation mode.
+        constant_outputs: query/key projections whose outputs are constants in explanation mode (B-cos or
+            stock).
         kept: modules deliberately left as they are (e.g. tied LM heads), with the reason.
         patched_modules: modules whose class was swapped for a B-cos subclass, with the reason.
     """
 
     architecture: str
     b: float
+    bcos_query_key: bool = True
     bcos_layers: list[str] = field(default_factory=list)
     dropped_biases: list[str] = field(default_factory=list)
     norms: list[str] = field(default_factory=list)
@@ -42,7 +46,8 @@ class ConversionReport:
             f"  {len(self.norms)} norms -> bias-free, detachable",
             f"  {len(self.activations)} activations -> detachable "
             f"({', '.join(sorted(set(self.activations.values()))) or 'none'})",
-            f"  {len(self.constant_outputs)} query/key projections constant in explanation mode",
+            f"  {len(self.constant_outputs)} query/key projections constant in explanation mode"
+            + ("" if self.bcos_query_key else " (kept stock: pretrained weights and biases)"),
             f"  {len(self.dropped_biases)} biases dropped",
         ]
         for name in self.removed_activations:
