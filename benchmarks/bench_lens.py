@@ -15,8 +15,11 @@ timings swing by 2x between runs, single-threaded ones by a few percent.
 
 2. Token x component decomposition (``--what components``): a 6-layer, 8-head B-cos model over 64 tokens;
    :func:`token_component_decomposition` (one top-down batched backward) timed next to one ``explain_logits``
-   call and next to the plain loop of one backward pass per component (goal: >= 3x faster than the loop),
-   alternating the three in each round; the tables of the two decompositions are checked equal.
+   call and next to the plain loop of one backward pass per component, each from that component's own scalar
+   (goal: >= 3x faster than the loop), alternating the three in each round; the tables of the two
+   decompositions are checked equal. The floating-point operations of each call are counted too
+   (``torch.utils.flop_counter``): both decompositions do the same arithmetic (each component's gradient
+   crosses the blocks below it once), so their time ratio is what batching alone buys on the device.
 
     python benchmarks/bench_lens.py                     # both; forward: GPT-2-small width, 4 layers, 1 thread
     python benchmarks/bench_lens.py --what components   # the decomposition only
@@ -39,6 +42,7 @@ from bcos_plugins.adapters.transformer_lens import (
     explain_logits,
     token_component_decomposition,
 )
+from torch.utils.flop_counter import FlopCounterMode
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
@@ -95,6 +99,11 @@ def bench_components(args) -> None:
         "loop, 1 backward/component": lambda: token_component_decomposition(model, tokens, target=5, batched=False),
     }
     results = {name: call() for name, call in calls.items()}  # warm-up, and the numbers to compare
+    flops = {}
+    for name, call in calls.items():
+        with FlopCounterMode(display=False) as counter:
+            call()
+        flops[name] = counter.get_total_flops()
     batched, loop = results["decomposition (batched)"], results["loop, 1 backward/component"]
     torch.testing.assert_close(batched.table, loop.table, rtol=1e-4, atol=1e-5)
     times: dict[str, list[float]] = {name: [] for name in calls}
@@ -106,7 +115,8 @@ def bench_components(args) -> None:
           f"64 tokens, B={args.b}, device={args.device}, threads={torch.get_num_threads()}, {args.repeats} rounds; "
           f"completeness error {float(batched.completeness_error.max()):.1e}")
     for name in calls:
-        print(f"  {name:28s}: median {wall[name] * 1e3:8.1f} ms")
+        print(f"  {name:28s}: median {wall[name] * 1e3:8.1f} ms, {flops[name] / 1e9:6.2f} GFLOP "
+              f"({flops[name] / wall[name] / 1e9:5.1f} GFLOP/s)")
     ratio = wall["loop, 1 backward/component"] / wall["decomposition (batched)"]
     print(f"loop / batched = {ratio:.2f}x (goal >= 3: {'met' if ratio >= 3 else 'NOT met'}); "
           f"batched / one explain call = {wall['decomposition (batched)'] / wall['explain_logits']:.2f}x")

@@ -110,14 +110,19 @@ def _check_inputs(model: nn.Module, tokens, attention_mask) -> None:
                              f"{tuple(tokens.shape)}. Pass one 0/1 entry per token")
 
 
-def _top_down_table(shares: list[Tensor], resid_pre: list[Tensor], inputs: list[Tensor]) -> Tensor:
+def _top_down_table(shares: list[list[Tensor]], resid_pre: list[Tensor], inputs: list[Tensor]) -> Tensor:
     """Token split of every block's component shares, carried down the residual stream in one pass.
 
-    ``shares[l]`` ``(batch, k_l)`` are block ``l``'s components, functions of ``resid_pre[l]``. Going from the
-    last block down, the gradients of all components at or above block ``l`` w.r.t. ``resid_pre[l]`` are
-    one batched tensor: the new block's are added, and the whole stack is pulled through block ``l - 1`` in one
-    batched backward (``is_grads_batched``). Each component's gradient thus crosses only the blocks below it,
-    as in one backward per component, but all of them travel together.
+    ``shares[l]`` is a list of ``(batch, k)`` groups of block ``l``'s components (its heads, its MLP), functions of
+    ``resid_pre[l]``. Going from the last block down, the gradients of all components at or above block ``l``
+    w.r.t. ``resid_pre[l]`` are one batched tensor: the new block's are added, and the whole stack is pulled
+    through block ``l - 1`` in one batched backward (``is_grads_batched``). Each component's gradient thus
+    crosses only the blocks below it, as in one backward per component, but all of them travel together.
+
+    A block's own groups are differentiated separately: the heads' shares depend on ``resid_pre[l]`` through the
+    value path alone and the MLP's through one position, so batching them with each other would push the heads'
+    all-zero gradients through the MLP (and the MLP's through nothing cheaper): separately, each group's backward
+    runs only its own path.
     """
     carried = None  # (n_components so far, batch, pos, d_model): gradients w.r.t. resid_pre[layer + 1]
     for layer in range(len(shares) - 1, -1, -1):
@@ -125,11 +130,17 @@ def _top_down_table(shares: list[Tensor], resid_pre: list[Tensor], inputs: list[
         if carried is not None:  # pull the upper components' gradients through block `layer`
             carried = torch.autograd.grad(resid_pre[layer + 1], here, grad_outputs=carried,
                                           is_grads_batched=True, retain_graph=True)[0]
-        k = shares[layer].shape[-1]
-        eye = torch.eye(k, dtype=shares[layer].dtype, device=shares[layer].device)
-        new = torch.autograd.grad(shares[layer], here, grad_outputs=eye[:, None, :].expand(k, *shares[layer].shape),
-                                  is_grads_batched=True, retain_graph=True)[0]
-        carried = new if carried is None else torch.cat([new, carried])  # block order: lower blocks first
+        new = []
+        for group in shares[layer]:
+            k = group.shape[-1]
+            if k == 1:
+                new.append(torch.autograd.grad(group, here, grad_outputs=torch.ones_like(group),
+                                               retain_graph=True)[0][None])
+                continue
+            eye = torch.eye(k, dtype=group.dtype, device=group.device)
+            new.append(torch.autograd.grad(group, here, grad_outputs=eye[:, None, :].expand(k, *group.shape),
+                                           is_grads_batched=True, retain_graph=True)[0])
+        carried = torch.cat(new if carried is None else [*new, carried])  # block order: lower blocks first
     # resid_pre[0] is the sum of the embedding leaves: the same gradient reaches each of them
     first = sum(inputs)
     return (first[None] * carried).sum(-1).permute(1, 2, 0)  # (batch, pos, component)
@@ -212,22 +223,25 @@ def token_component_decomposition(
                                        "(batch, pos, head, d_head)")
             # per-head directions: attn_out . g is linear in z (output projection scale constant)
             u = torch.autograd.grad((attn_out * direction).sum(), z, retain_graph=True)[0]
-            block = list((z * u).sum((1, 3)).unbind(-1))  # (batch,) per head, functions of the embeddings
+            block = [(z * u).sum((1, 3))]  # (batch, head): functions of the embeddings
             names = [f"L{layer}H{h}" for h in range(z.shape[2])]
             if not attn_only:
-                block.append((kept[f"blocks.{layer}.hook_mlp_out"] * direction).sum((1, 2)))
+                block.append((kept[f"blocks.{layer}.hook_mlp_out"] * direction).sum((1, 2))[:, None])
                 names.append(f"L{layer}MLP")
-            shares.append(torch.stack(block, dim=-1))
+            shares.append(block)
             labels += names
         direct = sum((leaf * direction).sum(-1) for leaf in inputs)  # embed + pos_embed: (batch, pos)
         if batched:
             table = _top_down_table(shares, [kept[f"blocks.{layer}.hook_resid_pre"] for layer in range(n_layers)],
                                     inputs)
         else:
+            # each component's own scalar (not a column of one stacked tensor: a backward from a column would
+            # also run every other component's graph with zero gradients)
+            per_component = [column for block in shares for group in block
+                             for column in (group.unbind(-1) if group.shape[-1] > 1 else [group[:, 0]])]
             columns = []
-            flat = torch.cat(shares, dim=-1)
-            for c in range(flat.shape[-1]):
-                grads = torch.autograd.grad(flat[:, c].sum(), inputs, retain_graph=c < flat.shape[-1] - 1,
+            for c, share in enumerate(per_component):
+                grads = torch.autograd.grad(share.sum(), inputs, retain_graph=c < len(per_component) - 1,
                                             allow_unused=True)
                 columns.append(sum((leaf * g).sum(-1) for leaf, g in zip(inputs, grads, strict=True)
                                    if g is not None))
