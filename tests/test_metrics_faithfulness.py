@@ -21,6 +21,7 @@ from bcos_plugins.metrics import (
     make_seqpg_examples,
     measure_cost,
     perturbation_curves,
+    seqpg_evidence_split,
     seqpg_score,
     token_scores,
     top_k_masks,
@@ -162,6 +163,13 @@ def test_seqpg_score_by_hand():
     scores = torch.tensor([[1.0, 2.0, -1.0, 0.0, 1.0, 0.0, 0.0],   # for segment a's class: 2 / 4
                            [0.0, -5.0, 0.0, 0.0, 3.0, 1.0, 0.0]])  # for segment b's class: 4 / 4
     assert seqpg_score(scores, seg).tolist() == pytest.approx([0.75])
+    # class a: 1 on [CLS], 2 on its segment, 1 on b's; class b: 4 on its segment
+    split = seqpg_evidence_split(scores, seg)
+    assert split.tolist() == [pytest.approx([(2 / 4 + 4 / 4) / 2, (1 / 4 + 0) / 2, (1 / 4 + 0) / 2])]
+    # padding is not evidence: masking b2 leaves class b with 3 of 3 on its segment
+    mask = torch.ones(1, 7, dtype=torch.long)
+    mask[0, 5] = 0
+    assert seqpg_evidence_split(scores, seg, mask)[0, 0].item() == pytest.approx((2 / 4 + 3 / 3) / 2)
     # no positive attribution at all scores 0 for that class
     assert seqpg_score(-scores.abs(), seg).tolist() == [0.0]
     with pytest.raises(ValueError, match="both segment classes"):

@@ -22,7 +22,7 @@ from .decoder import (
 )
 from .image import IMAGE_FRACTIONS, PixelPerturbation, grid_pointing_game, pixel_perturbation, pixel_ranking
 from .perturbation import DEFAULT_FRACTIONS, PerturbationCurves, aopc, perturbation_curves, top_k_masks
-from .pointing import SeqPGExamples, make_seqpg_examples, seqpg_score
+from .pointing import SeqPGExamples, make_seqpg_examples, seqpg_evidence_split, seqpg_score
 from .rationale import RationaleAlignment, average_precision, rationale_alignment, top_k_iou
 from .summary import Cost, completeness_error, explanation_entropy, measure_cost
 
@@ -56,6 +56,7 @@ __all__ = [
     "random_reciprocal_rank",
     "rationale_alignment",
     "reciprocal_rank",
+    "seqpg_evidence_split",
     "seqpg_score",
     "special_tokens_mask",
     "token_scores",

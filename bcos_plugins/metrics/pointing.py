@@ -29,7 +29,7 @@ from .._checks import require_float, require_int, require_tensor
 from ..errors import argument_error
 from .attributions import token_scores
 
-__all__ = ["SeqPGExamples", "make_seqpg_examples", "seqpg_score"]
+__all__ = ["SeqPGExamples", "make_seqpg_examples", "seqpg_evidence_split", "seqpg_score"]
 
 
 @dataclass
@@ -184,20 +184,19 @@ def _segment_probabilities(model, candidates, cls_id: int, sep_id: int, batch_si
     return torch.cat(conf)
 
 
-def seqpg_score(
+def seqpg_evidence_split(
     attributions,
     segment_masks: Bool[Tensor, "n 2 pos"],
     attention_mask: Int[Tensor, "n pos"] | None = None,
     reduce: str = "sum",
-) -> Float[Tensor, " n"]:
-    """SeqPG score per example, in [0, 1].
+) -> Float[Tensor, "n 3"]:
+    """Where each SeqPG example's positive evidence lands: ``(right segment, other segment, special tokens)``.
 
-    Args:
-        attributions: token-level attributions for ``2 n`` rows, ordered as
-            :meth:`SeqPGExamples.explanation_batch` (row ``2i + s`` explains example i for segment s's
-            class), from any method (see :func:`~bcos_plugins.metrics.token_scores`).
-        segment_masks: ``(n, 2, pos)`` from :class:`SeqPGExamples`.
-        attention_mask: padding is ignored (``(n, pos)``; optional).
+    For each explained class, the positive attribution on the class's own segment, on the other class's
+    segment and on the remaining real tokens ([CLS]/[SEP]), each as a share of all its positive attribution;
+    averaged over the example's two classes. The first column is :func:`seqpg_score`; the second says how much
+    evidence a method puts on the wrong segment, the usual reason a method loses the pointing game. Rows sum to
+    1 (0 for an explanation with no positive attribution). Arguments as for :func:`seqpg_score`.
     """
     scores = token_scores(attributions, reduce=reduce)
     segment_masks = require_tensor("segment_masks", segment_masks, ndim=3, kind="mask", shape_hint="(n, 2, pos)")
@@ -213,7 +212,30 @@ def seqpg_score(
             raise argument_error("attention_mask", f"has shape {tuple(attention_mask.shape)}, expected ({n}, {length})",
                                  "Pass SeqPGExamples.attention_mask")
         positive = positive * attention_mask.to(positive.device)[:, None, :].to(positive.dtype)
-    inside = (positive * segment_masks.to(positive.device)).sum(-1)
+    segments = segment_masks.to(positive.device, positive.dtype)
+    right = (positive * segments).sum(-1)  # (n, 2): row s explains segment s's class
+    wrong = (positive * segments.flip(1)).sum(-1)
     total = positive.sum(-1)
-    ratio = torch.where(total > 0, inside / total.clamp_min(1e-30), torch.zeros_like(total))
-    return ratio.mean(-1)
+    parts = torch.stack([right, wrong, total - right - wrong], dim=-1)  # (n, 2, 3)
+    shares = torch.where(total[..., None] > 0, parts / total.clamp_min(1e-30)[..., None], torch.zeros_like(parts))
+    return shares.mean(1)
+
+
+def seqpg_score(
+    attributions,
+    segment_masks: Bool[Tensor, "n 2 pos"],
+    attention_mask: Int[Tensor, "n pos"] | None = None,
+    reduce: str = "sum",
+) -> Float[Tensor, " n"]:
+    """SeqPG score per example, in [0, 1].
+
+    Args:
+        attributions: token-level attributions for ``2 n`` rows, ordered as
+            :meth:`SeqPGExamples.explanation_batch` (row ``2i + s`` explains example i for segment s's
+            class), from any method (see :func:`~bcos_plugins.metrics.token_scores`).
+        segment_masks: ``(n, 2, pos)`` from :class:`SeqPGExamples`.
+        attention_mask: padding is ignored (``(n, pos)``; optional).
+
+    :func:`seqpg_evidence_split` also reports the share on the wrong segment.
+    """
+    return seqpg_evidence_split(attributions, segment_masks, attention_mask, reduce)[:, 0]
