@@ -4,11 +4,14 @@
   ``(n, 1, 8, 8)``, split into train / test with a fixed seed (stratified).
 - :class:`DigitImages`: a ``torch.utils.data.Dataset`` of ``size x size`` canvases (default 16) returning
   ``{"pixel_values", "labels"}`` (what transformers ``Trainer`` and its default collator expect). Each
-  digit appears in ``views`` versions: scaled up to the whole canvas, or at its own 8x8 size at a random
+  digit appears in ``views`` versions: scaled up to the whole canvas, or at its own size at a random
   position (so that a digit in one cell of a 2x2 grid is an input the model has seen).
 - :func:`make_grids`: 2x2 grids of four digits of different classes for the grid pointing game (paper
   §C.4.1): per class, images sorted by the model's confidence; each grid draws four distinct classes and
   takes, per class, the most confident image not used yet.
+
+Digits are square images of any side ``s`` (8 for the originals; e.g. 16 after upsampling them): they sit
+at their own size on a canvas and fill one cell of a ``2s x 2s`` grid.
 """
 
 from __future__ import annotations
@@ -24,8 +27,6 @@ from .._checks import require_float, require_int, require_tensor
 from ..errors import argument_error
 
 __all__ = ["DigitImages", "load_digits_split", "make_grids", "place_digits"]
-
-DIGIT_SIZE = 8
 
 
 def load_digits_split(test_fraction: float = 0.25, seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -44,21 +45,29 @@ def load_digits_split(test_fraction: float = 0.25, seed: int = 0) -> tuple[Tenso
     return images[train_idx], labels[train_idx], images[test_idx], labels[test_idx]
 
 
-def place_digits(digits: Float[Tensor, "n 1 8 8"], size: int, scale_up: Tensor,
+def _digit_side(digits: Tensor) -> int:
+    digits = require_tensor("digits", digits, ndim=4, kind="float", shape_hint="(n, 1, s, s)")
+    if digits.shape[-1] != digits.shape[-2] or digits.shape[-1] == 0:
+        raise argument_error("digits", f"must be square images (n, 1, s, s), got shape {tuple(digits.shape)}",
+                             "Pass load_digits_split()'s images (8x8) or a square resize of them")
+    return digits.shape[-1]
+
+
+def place_digits(digits: Float[Tensor, "n 1 s s"], size: int, scale_up: Tensor,
                  offsets: Int[Tensor, "n 2"]) -> Float[Tensor, "n 1 size size"]:
     """Canvases ``size x size``: digit ``i`` fills it (bilinear) where ``scale_up[i]``, else sits at ``offsets[i]``."""
     size = require_int("size", size)
-    if size < DIGIT_SIZE:
-        raise argument_error("size", f"canvas size {size} is smaller than the {DIGIT_SIZE}x{DIGIT_SIZE} digits",
-                             f"Use size >= {DIGIT_SIZE}")
-    digits = require_tensor("digits", digits, ndim=4, kind="float", shape_hint="(n, 1, 8, 8)")
+    side = _digit_side(digits)
+    if size < side:
+        raise argument_error("size", f"canvas size {size} is smaller than the {side}x{side} digits",
+                             f"Use size >= {side}")
     offsets = require_tensor("offsets", offsets, ndim=2, kind="int", shape_hint="(n, 2)")
     if offsets.shape != (len(digits), 2) or len(scale_up) != len(digits):
         raise argument_error("offsets", f"need one (row, col) offset and one scale_up flag per digit ({len(digits)})",
                              "Pass them for every digit")
-    if ((offsets < 0) | (offsets > size - DIGIT_SIZE)).any():
-        raise argument_error("offsets", f"must lie in [0, {size - DIGIT_SIZE}] so that the digit fits the canvas",
-                             "Draw offsets with torch.randint(0, size - 8 + 1, ...)")
+    if ((offsets < 0) | (offsets > size - side)).any():
+        raise argument_error("offsets", f"must lie in [0, {size - side}] so that the digit fits the canvas",
+                             f"Draw offsets with torch.randint(0, size - {side} + 1, ...)")
     canvas = torch.zeros(len(digits), 1, size, size)
     big = F.interpolate(digits, size=(size, size), mode="bilinear", align_corners=False).clamp(0, 1)
     for i in range(len(digits)):
@@ -66,26 +75,27 @@ def place_digits(digits: Float[Tensor, "n 1 8 8"], size: int, scale_up: Tensor,
             canvas[i] = big[i]
         else:
             r, c = int(offsets[i, 0]), int(offsets[i, 1])
-            canvas[i, :, r:r + DIGIT_SIZE, c:c + DIGIT_SIZE] = digits[i]
+            canvas[i, :, r:r + side, c:c + side] = digits[i]
     return canvas
 
 
 class DigitImages(Dataset):
     """``views`` canvases per digit (see module docstring); ``scaled_up_only`` gives one full-canvas view."""
 
-    def __init__(self, digits: Float[Tensor, "n 1 8 8"], labels: Int[Tensor, " n"], size: int = 16,
+    def __init__(self, digits: Float[Tensor, "n 1 s s"], labels: Int[Tensor, " n"], size: int = 16,
                  views: int = 2, scaled_up_only: bool = False, seed: int = 0) -> None:
         n = len(digits)
         if len(labels) != n:
             raise argument_error("labels", f"has {len(labels)} entries for {n} digits", "Pass one label per digit")
         views = require_int("views", views, minimum=1)
-        size = require_int("size", size, minimum=DIGIT_SIZE)
+        side = _digit_side(digits)
+        size = require_int("size", size, minimum=side)
         g = torch.Generator().manual_seed(seed)
         if scaled_up_only:
             views = 1
         repeated = digits.repeat(views, 1, 1, 1)
         scale_up = torch.ones(n * views, dtype=torch.bool) if scaled_up_only else torch.rand(n * views, generator=g) < 0.5
-        offsets = torch.randint(0, size - DIGIT_SIZE + 1, (n * views, 2), generator=g)
+        offsets = torch.randint(0, size - side + 1, (n * views, 2), generator=g)
         self.pixel_values = place_digits(repeated, size, scale_up, offsets)
         self.labels = labels.repeat(views)
 
@@ -96,9 +106,9 @@ class DigitImages(Dataset):
         return {"pixel_values": self.pixel_values[i], "labels": self.labels[i]}
 
 
-def make_grids(digits: Float[Tensor, "n 1 8 8"], labels: Int[Tensor, " n"], confidence: Float[Tensor, " n"],
-               n_grids: int, seed: int = 0, strict: bool = True) -> tuple[Float[Tensor, "g 1 16 16"], Int[Tensor, "g 4"]]:
-    """2x2 grids of 8x8 digits of four different classes; returns grids and the class of each cell.
+def make_grids(digits: Float[Tensor, "n 1 s s"], labels: Int[Tensor, " n"], confidence: Float[Tensor, " n"],
+               n_grids: int, seed: int = 0, strict: bool = True) -> tuple[Float[Tensor, "g 1 2s 2s"], Int[Tensor, "g 4"]]:
+    """2x2 grids of ``s x s`` digits of four different classes; returns grids and the class of each cell.
 
     Cells are in row-major order (0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right). Only pass
     digits the model classifies correctly (and confidently); ``confidence`` ranks them within a class.
@@ -109,6 +119,7 @@ def make_grids(digits: Float[Tensor, "n 1 8 8"], labels: Int[Tensor, " n"], conf
         raise argument_error("labels", f"digits, labels and confidence must have the same length, got "
                              f"{len(digits)}, {len(labels)}, {len(confidence)}", "Pass one of each per digit")
     n_grids = require_int("n_grids", n_grids, minimum=1)
+    side = _digit_side(digits)
     rng = np.random.default_rng(seed)
     queues = {int(c): [int(i) for i in (labels == c).nonzero().flatten()[confidence[labels == c].argsort(descending=True)]]
               for c in labels.unique()}
@@ -120,11 +131,11 @@ def make_grids(digits: Float[Tensor, "n 1 8 8"], labels: Int[Tensor, " n"], conf
                 break
             raise ValueError(f"only {len(grids)} grids could be made: fewer than four classes have unused images")
         classes = rng.choice(available, size=4, replace=False)
-        grid = torch.zeros(1, 2 * DIGIT_SIZE, 2 * DIGIT_SIZE)
+        grid = torch.zeros(1, 2 * side, 2 * side)
         for cell, c in enumerate(classes):
             i = queues[int(c)].pop(0)
             r, col = divmod(cell, 2)
-            grid[:, r * DIGIT_SIZE:(r + 1) * DIGIT_SIZE, col * DIGIT_SIZE:(col + 1) * DIGIT_SIZE] = digits[i]
+            grid[:, r * side:(r + 1) * side, col * side:(col + 1) * side] = digits[i]
         grids.append(grid)
         cell_labels.append(torch.as_tensor(classes, dtype=torch.long))
     return torch.stack(grids), torch.stack(cell_labels)
