@@ -8,7 +8,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # one target per script in examples/: `make space-sst2` runs examples/space_sst2.py
 EXAMPLES := blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli ioi-circuit
 
-.PHONY: setup test test-tl4 docs wheel-smoke demo bench bench-faithfulness bench-faithfulness-full bench-decoders bench-recipes lint clean $(EXAMPLES)
+.PHONY: setup test test-tl4 docs wheel-smoke demo bench bench-faithfulness bench-faithfulness-full bench-decoders bench-recipes bench-vision lint clean $(EXAMPLES)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,10 @@ bench-faithfulness: $(STAMP)
 # B-cos fine-tuning recipes against conventional fine-tuning (docs/recipes.md; a few minutes per recipe)
 bench-recipes: $(STAMP)
 	$(BIN)/python benchmarks/bench_recipes.py
+
+# B-cos ViT W(x)x against post-hoc methods on the same B-cos ViT and a conventional ViT (docs/benchmarks.md#vision)
+bench-vision: $(STAMP)
+	$(BIN)/python benchmarks/bench_vision.py
 
 # trains (or reloads from outputs/bench_decoders/models) a small conventional and B-cos GPT-2 until they solve IOI
 bench-decoders: $(STAMP)
