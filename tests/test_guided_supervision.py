@@ -29,6 +29,22 @@ def test_loss_by_hand_and_rows_without_rationale_are_left_out():
         attention_supervision_loss((attn,), gold[:, :2])
 
 
+def test_valid_mask_renormalises_the_attention_over_text_tokens():
+    # keys: [CLS], two text tokens, [SEP]; half the mass parked on [SEP] is not penalised once renormalised
+    attn = torch.tensor([0.1, 0.3, 0.1, 0.5]).view(1, 1, 1, 4).expand(1, 2, 4, 4).clone()
+    gold = torch.tensor([[0.0, 1.0, 0.0, 0.0]])
+    valid = torch.tensor([[False, True, True, False]])
+    # renormalised over the text tokens the attention is (0.75, 0.25): KL(one-hot || it) = -log 0.75
+    loss = attention_supervision_loss((attn,), gold, valid_mask=valid)
+    assert loss.item() == pytest.approx(-torch.log(torch.tensor(0.75)).item(), rel=1e-5)
+    assert attention_supervision_loss((attn,), gold).item() == pytest.approx(-torch.log(torch.tensor(0.3)).item(),
+                                                                             rel=1e-5)
+    # a gold token outside the valid positions does not count (the row has no rationale left)
+    assert attention_supervision_loss((attn,), torch.tensor([[1.0, 0.0, 0.0, 0.0]]), valid_mask=valid).item() == 0.0
+    with pytest.raises(BcosValueError, match="valid_mask"):
+        attention_supervision_loss((attn,), gold, valid_mask=valid[:, :3])
+
+
 def _mass_on_gold(model, ids, mask, gold):
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
