@@ -50,7 +50,8 @@ def images():
     return torch.rand(3, 1, 16, 16), torch.tensor([0, 3, 4])
 
 
-EXPECTED = {"bcos": {"B-cos W(x)x", "Attention (last layer)", "Rollout", "IntGrad (4 steps)", "IxG", "GradCAM"},
+EXPECTED = {"bcos": {"B-cos W(x)x", "Attention (last layer)", "Rollout", "IntGrad (4 steps)", "IxG", "GradCAM",
+                     "IntGrad (4 steps), pixels", "IxG, pixels"},
             "conventional": {"Attention (last layer)", "Rollout", "IntGrad (4 steps)", "IxG", "GradCAM"}}
 
 
@@ -80,13 +81,32 @@ def test_bcos_map_is_complete_it_sums_to_the_explained_logit(bench, models, imag
     torch.testing.assert_close(maps.sum(dim=(1, 2)), logits.gather(1, target[:, None]).squeeze(1), rtol=1e-4, atol=1e-5)
 
 
-def test_input_x_gradient_at_the_encoding_sums_both_encoded_channels(bench, models, images):
+def test_input_x_gradient_at_the_encoding_and_at_the_pixels(bench, models, images):
     model = models["bcos"]
     x, target = images
+    methods = bench.make_methods(model)
     encoded = model.encode(x).requires_grad_(True)
     logit = model(encoded_pixel_values=encoded).logits.gather(1, target[:, None]).sum()
     (grad,) = torch.autograd.grad(logit, encoded)
-    torch.testing.assert_close(bench.make_methods(model)["IxG"].explain(x, target), (encoded * grad).sum(dim=1).detach())
+    torch.testing.assert_close(methods["IxG"].explain(x, target), (encoded * grad).sum(dim=1).detach())
+    pixels = x.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(model(pixel_values=pixels).logits.gather(1, target[:, None]).sum(), pixels)
+    torch.testing.assert_close(methods["IxG, pixels"].explain(x, target), (x * grad).sum(dim=1))
+
+
+def test_integrated_gradients_on_the_bcos_vit_equals_input_x_gradient_it_is_homogeneous(bench, models, images):
+    """B-cos layers are positively homogeneous (y(a x) = a y(x)), so IG from the zero encoding is exact IxG."""
+    model = models["bcos"]
+    x, target = images
+    methods = bench.make_methods(model, ig_steps=4)
+    encoded = model.encode(x)
+    with torch.no_grad():
+        logits = model(encoded_pixel_values=encoded).logits
+        halved = model(encoded_pixel_values=0.5 * encoded).logits
+    # up to the norm epsilons of the B-cos and LayerNorm layers
+    assert (halved - 0.5 * logits).abs().max() < 1e-3 * logits.abs().max()
+    ig, ixg = methods["IntGrad (4 steps)"].explain(x, target), methods["IxG"].explain(x, target)
+    assert (ig - ixg).abs().max() < 1e-2 * ixg.abs().max()
 
 
 @pytest.mark.parametrize("kind", ["bcos", "conventional"])
@@ -178,10 +198,10 @@ def test_perturbation_scores_and_the_written_table(bench, models, images, tmp_pa
     table = bench.write_outputs(rows, info, cfg)
     assert table == (tmp_path / "results.md").read_text().strip()
     method_lines = [line for line in table.splitlines() if line.count("|") == 9 and line.startswith("| B-cos ViT |")]
-    assert len(method_lines) == 6  # one per method (the accuracy table has its own rows)
+    assert len(method_lines) == 8  # one per method (the accuracy table has its own rows)
     assert "encoded image [x, 1-x] (exact)" in table and "last block's output tokens" in table
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert len(saved["rows"]) == 11 and (tmp_path / "results.csv").exists()
+    assert len(saved["rows"]) == 13 and (tmp_path / "results.csv").exists()
 
 
 def test_summary_and_ratios_against_the_best_post_hoc_method(bench):
