@@ -25,6 +25,7 @@ from bcos_plugins.data.ioi import (
     IOI_TRAIN_NAMES,
     IOI_TRAIN_TEMPLATES,
     _gpt2_tokenizer,
+    ioi_name_pool,
 )
 from bcos_plugins.errors import BcosError, BcosFileError, BcosTypeError, BcosValueError
 from bcos_plugins.metrics.decoder import mean_reciprocal_rank, next_token_contrast, perplexity
@@ -93,6 +94,26 @@ def test_heldout_split_shares_no_template_or_name_with_training(tok):
     assert {p.template for p in held} == set(IOI_HELDOUT_TEMPLATES)
     train_ids = {t for p in train for t in (p.target_id, p.foil_id)}
     assert not train_ids & {t for p in held for t in (p.target_id, p.foil_id)}
+
+
+def test_name_pool_is_single_token_words_never_a_heldout_name_or_template_word(tok):
+    pool = ioi_name_pool(3000, seed=1, tokenizer=tok)
+    assert len(pool) == len(set(pool)) == 3000 and list(pool) == sorted(pool)
+    assert pool == ioi_name_pool(3000, seed=1) and pool != ioi_name_pool(3000, seed=2)
+    for word in pool:
+        assert word[0].isupper() and word[1:].islower() and len(tok(" " + word)["input_ids"]) == 1, word
+    template_words = {w.strip(",.") for t in IOI_TRAIN_TEMPLATES + IOI_HELDOUT_TEMPLATES for w in t.split()}
+    assert not set(pool) & set(IOI_HELDOUT_NAMES) and not set(pool) & template_words
+    # prompts filled from the pool are well formed and share no name token with the held-out split
+    train = make_ioi_prompts(200, seed=0, names=pool, tokenizer=tok)
+    for p in train:
+        check_prompt(p, tok)
+    held_ids = {t for p in make_ioi_prompts(200, split="heldout", seed=0) for t in (p.target_id, p.foil_id)}
+    assert not {t for p in train for t in (p.target_id, p.foil_id)} & held_ids
+    with pytest.raises(BcosValueError, match=r"n: the tokenizer has \d+ capitalised single-token words"):
+        ioi_name_pool(10**6)
+    with pytest.raises(BcosValueError, match="n: must be >= 2"):
+        ioi_name_pool(1)
 
 
 @settings(max_examples=20, deadline=None)

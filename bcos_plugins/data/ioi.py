@@ -18,6 +18,13 @@ Names, objects and places are shipped as constants below. Every name is one GPT-
 (checked against the tokenizer at generation time: a name that splits would make ``target``/``foil`` a mere
 prefix of the name). Templates never start with a name, so every mention is the leading-space token.
 
+Name-independent training: with a few hundred training names a small model trained from scratch learns
+name-specific shortcuts (which of two familiar names tends to be the IO) that are at chance on unseen names.
+:func:`ioi_name_pool` draws stand-in "names" from the tokenizer's whole vocabulary of capitalised single-token
+words (thousands for GPT-2), never a held-out name nor a word of any template; filling the training prompts'
+name slots from it (``make_ioi_prompts(..., names=ioi_name_pool(...))``) leaves every name too rare to
+memorise, so only the generic mechanism (find the name that occurs once, copy it) pays.
+
 Splits: ``"train"`` draws from :data:`IOI_TRAIN_TEMPLATES` and :data:`IOI_TRAIN_NAMES`, ``"heldout"`` from
 :data:`IOI_HELDOUT_TEMPLATES` and :data:`IOI_HELDOUT_NAMES`; the two share no template and no name, so a model
 trained on ``"train"`` prompts is tested on sentence frames and names it never saw in that role. (The held-out
@@ -58,6 +65,7 @@ __all__ = [
     "IOIPrompt",
     "corrupt_ioi",
     "encode_ioi",
+    "ioi_name_pool",
     "load_ioi",
     "make_ioi_prompts",
 ]
@@ -261,6 +269,43 @@ def make_ioi_prompts(
         text, spans = _fill(template, io, s, order, obj, place)
         prompts.append(_tokenise(tokenizer, text, io, s, order, template, obj, place, spans))
     return prompts
+
+
+def ioi_name_pool(n: int = 2000, *, seed: int = 0, tokenizer=None) -> tuple[str, ...]:
+    """``n`` capitalised words that are one token with a leading space, to fill training name slots.
+
+    The candidates are the tokenizer's vocabulary entries that read as a space and a capitalised word of three or
+    more letters (" Democracy", " Glover", " Toby"; 10,000 for GPT-2), less the held-out names
+    (:data:`IOI_HELDOUT_NAMES`) and every capitalised word of the templates (so a stand-in name never doubles as
+    a template word). The draw is a function of ``(n, seed)`` and the vocabulary only, sorted for readability.
+
+    Why: a model trained on a few hundred real names can solve the training prompts by remembering which names
+    tend to be the IO; with thousands of stand-ins each seen a few times, only the name-independent mechanism
+    works, and held-out prompts (real held-out names, held-out templates) test exactly that.
+
+    Args:
+        n: pool size, at most the number of candidates (an error says how many there are).
+        seed: which candidates are drawn.
+        tokenizer: a fast tokenizer; default: the GPT-2 tokenizer shipped with the package.
+    """
+    n = require_int("n", n, minimum=2)
+    seed = require_int("seed", seed)
+    tokenizer = _check_tokenizer(tokenizer)
+    template_words = set(re.findall(r"[A-Z][a-z]+", " ".join(IOI_TRAIN_TEMPLATES + IOI_HELDOUT_TEMPLATES)))
+    excluded = template_words | set(IOI_HELDOUT_NAMES)
+    candidates = []
+    for piece in tokenizer.get_vocab():
+        # the space marker is one character ("Ġ" byte-level, "▁" sentencepiece); decoding all 50k pieces is slow
+        if not re.fullmatch(r".[A-Z][a-z]{2,}", piece):
+            continue
+        word = tokenizer.convert_tokens_to_string([piece])
+        if re.fullmatch(r" [A-Z][a-z]{2,}", word) and word[1:] not in excluded:
+            candidates.append(word[1:])
+    candidates = sorted(set(candidates))
+    if n > len(candidates):
+        raise argument_error("n", f"the tokenizer has {len(candidates)} capitalised single-token words to draw "
+                             f"from, {n} were asked for", f"Use n <= {len(candidates)}")
+    return tuple(sorted(random.Random(f"ioi-pool-{seed}").sample(candidates, n)))
 
 
 def corrupt_ioi(prompts: Sequence[IOIPrompt], *, seed: int = 0, tokenizer=None,
