@@ -214,3 +214,13 @@ def test_summary_and_ratios_against_the_best_post_hoc_method(bench):
     assert s["abc"] == {"bcos": 0.8, "best_post_hoc_same_model": 0.4, "best_post_hoc_any_model": 0.4}
     assert bench.ratio(0.6, 0.3) == "2.00x"
     assert bench.ratio(0.8, -0.1) == "n/a" and bench.ratio(0.8, 0.0) == "n/a"  # no ratio to a non-positive score
+
+
+def test_logit_bias_is_applied_in_the_loss_only(bench):
+    # logits of log(C - 1) become 0 after the bias: every sigmoid is 1/2, so the BCE is log 2 for any label
+    logits = torch.full((2, 5), math.log(4.0))
+    loss = bench.bcos_loss_with_logit_bias(logits, torch.tensor([0, 3]))
+    torch.testing.assert_close(loss, torch.tensor(math.log(2.0)))
+    # an output object works as with bcos_loss (Trainer passes the model output)
+    outputs = type("Out", (), {"logits": logits})()
+    torch.testing.assert_close(bench.bcos_loss_with_logit_bias(outputs, torch.tensor([0, 3])), loss)
