@@ -210,8 +210,10 @@ def test_summary_and_ratios_against_the_best_post_hoc_method(bench):
             bench.Row("B-cos ViT", "Rollout", "p", True, 0.2, 0.4, 0.1),
             bench.Row("conventional ViT", "IxG", "p", True, 0.4, -0.1, 0.1)]
     s = bench.summary(rows)
-    assert s["pointing"] == {"bcos": 0.6, "best_post_hoc_same_model": 0.3, "best_post_hoc_any_model": 0.4}
-    assert s["abc"] == {"bcos": 0.8, "best_post_hoc_same_model": 0.4, "best_post_hoc_any_model": 0.4}
+    assert s["pointing"] == {"bcos": 0.6, "best_post_hoc_same_model": 0.3, "best_post_hoc_other_model": 0.4,
+                             "best_post_hoc_any_model": 0.4}
+    assert s["abc"] == {"bcos": 0.8, "best_post_hoc_same_model": 0.4, "best_post_hoc_other_model": -0.1,
+                        "best_post_hoc_any_model": 0.4}
     assert bench.ratio(0.6, 0.3) == "2.00x"
     assert bench.ratio(0.8, -0.1) == "n/a" and bench.ratio(0.8, 0.0) == "n/a"  # no ratio to a non-positive score
 
