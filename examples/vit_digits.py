@@ -15,6 +15,10 @@ digits (no download):
 6. write outputs/vit_digits/: results.md (table), results.json, explanations.png, grid_explanations.png,
    perturbation_curves.png, and the trained models.
 
+The paper's full protocol (last-layer attention, GradCAM, gradient methods at the encoding and at the pixels,
+ratios to the best post-hoc method, the paper's logit bias in the B-cos loss) is ``make bench-vision``
+(benchmarks/bench_vision.py).
+
 Environment variables: VIT_EPOCHS (B-cos ViT epochs, default 12), VIT_BASELINE_EPOCHS (default 30: the conventional ViT is 3x faster per epoch and needs more),
 VIT_GRIDS (default 60), VIT_PERTURB (images for the perturbation metric, default 150),
 VIT_THREADS (torch intra-op threads, default 1), VIT_PRIOR_ABLATION=1 also trains B-cos ViTs with no prior, a multiplicative prior and a position
