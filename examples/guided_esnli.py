@@ -193,7 +193,7 @@ def posthoc_scores(model, batch: dict, mask_id: int, valid: torch.Tensor, ig_ste
 def evaluate(model, rows, pad_id, bcos: bool, posthoc: dict | None = None, batch_size: int = 32) -> dict:
     """Accuracy and rationale alignment without masks; ``posthoc`` = {"mask_id", "ig_steps"} adds IG and
     Occlusion (stock models)."""
-    correct, golds, valids = 0, [], []
+    correct, golds, valids, premises = 0, [], [], []
     scores: dict[str, list[torch.Tensor]] = {"attention": []}
     width = MAX_LENGTH  # pad every batch's scores to one width so that rows can be stacked
     for start in range(0, len(rows), batch_size):
@@ -215,10 +215,14 @@ def evaluate(model, rows, pad_id, bcos: bool, posthoc: dict | None = None, batch
             scores.setdefault(name, []).append(torch.nn.functional.pad(value.detach().cpu(), pad))
         golds.append(torch.nn.functional.pad(gold, pad))
         valids.append(torch.nn.functional.pad(valid, pad))
-    gold, valid = torch.cat(golds), torch.cat(valids)
+        premises.append(torch.nn.functional.pad(valid & (batch["token_type_ids"].cpu() == 0), pad))
+    gold, valid, premise = torch.cat(golds), torch.cat(valids), torch.cat(premises)
     result = {"accuracy": correct / len(rows)}
     for name, value in scores.items():
+        # all text tokens, and the premise only: the gold span is a premise highlight, so the second asks whether
+        # a method finds it among the premise's tokens, whatever weight it gives the hypothesis
         result[name] = rationale_alignment(torch.cat(value), gold, valid).as_dict()
+        result[name]["premise"] = rationale_alignment(torch.cat(value), gold, premise).as_dict()
     return result
 
 
@@ -312,8 +316,11 @@ def main() -> None:
 
     # Chance level: random token scores against the same gold masks.
     g = torch.Generator().manual_seed(args.seed)
-    _, gold, valid = collate(eval_rows, tokenizer.pad_token_id)
-    results = {"chance": rationale_alignment(torch.rand(gold.shape, generator=g), gold, valid).as_dict(),
+    batch, gold, valid = collate(eval_rows, tokenizer.pad_token_id)
+    premise = valid & (batch["token_type_ids"] == 0)
+    random_scores = torch.rand(gold.shape, generator=g)
+    results = {"chance": {**rationale_alignment(random_scores, gold, valid).as_dict(),
+                          "premise": rationale_alignment(random_scores, gold, premise).as_dict()},
                "settings": vars(args)}
 
     modes = [m for m in args.variants.split(",") if m]
@@ -340,15 +347,20 @@ def main() -> None:
     out_file = OUT / f"results{suffix}.json"
     out_file.write_text(json.dumps(results, indent=2))
 
-    print(f"\n{'model':16s} {'method':12s} {'acc':>6s} {'IoU':>6s} {'AUPRC':>6s}")
-    c = results["chance"]
-    print(f"{'chance':16s} {'random':12s} {'':>6s} {c['iou']:6.3f} {c['auprc']:6.3f}")
+    print(f"\n{'':36s} {'all text tokens':>13s}   {'premise only':>12s}")
+    print(f"{'model':16s} {'method':12s} {'acc':>6s} {'IoU':>6s} {'AUPRC':>6s}   {'IoU':>6s} {'AUPRC':>6s}")
+
+    def line(name, label, acc, r):
+        p = r["premise"]
+        print(f"{name:16s} {label:12s} {acc:>6s} {r['iou']:6.3f} {r['auprc']:6.3f}   {p['iou']:6.3f} {p['auprc']:6.3f}")
+
+    line("chance", "random", "", results["chance"])
     for mode, bcos in variants:
         name = f"{'bcos' if bcos else 'stock'}-{mode}"
         r = results[name]
         for key, label in METHODS:
             if key in r:
-                print(f"{name:16s} {label:12s} {r['accuracy']:6.3f} {r[key]['iou']:6.3f} {r[key]['auprc']:6.3f}")
+                line(name, label, f"{r['accuracy']:.3f}", r[key])
     print(f"\nguidance: {args.mode}, lambda={args.strength}, last {args.last_layers} layers; supervision: weight "
           f"{args.supervision_weight}, last {args.supervision_layers} layers, lambda {args.supervision_strength}; "
           f"wrote {out_file} in {results['seconds']:.0f} s")
