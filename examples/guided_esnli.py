@@ -32,7 +32,7 @@ every variant; everything else trains.
 
 Options: ``--train`` (default 640), ``--eval`` (200), ``--epochs`` (2), ``--mode`` (multiply | add | replace |
 log1p), ``--strength`` (lambda, 1.0), ``--last-layers`` (4), ``--lr`` (2e-4), ``--family`` (both | stock | bcos),
-``--supervision-weight`` (0.03), ``--supervision-layers`` (1), ``--supervision-strength`` (0),
+``--supervision-weight`` (0.03), ``--supervision-layers`` (1), ``--supervision-strength`` (0), ``--supervision-keys`` (text | all),
 ``--variants`` (comma-separated subset of vanilla,guided,random,supervised), ``--b`` (1.25), ``--bcos-head-lr``
 (1e-3), ``--bcos-epochs`` (3), ``--bcos-query-key`` (B-cos query/key projections, the old conversion), ``--posthoc`` / ``--no-posthoc``
 (IG and Occlusion on the stock vanilla model), ``--ig-steps`` (20), ``--seed`` (0), ``--threads``.
@@ -125,8 +125,10 @@ def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generat
 class AttentionSupervisedTrainer(Trainer):
     """Trainer whose loss adds ``attention_supervision_loss`` on the last layers (training batches only)."""
 
-    def __init__(self, *args, supervision_weight: float, supervised_layers: list[int], **kwargs):
+    def __init__(self, *args, supervision_weight: float, supervised_layers: list[int], text_keys_only: bool,
+                 **kwargs):
         super().__init__(*args, **kwargs)
+        self.text_keys_only = text_keys_only
         self.supervision_weight = supervision_weight
         self.supervised_layers = supervised_layers
 
@@ -135,7 +137,8 @@ class AttentionSupervisedTrainer(Trainer):
         loss, outputs = super().compute_loss(model, {**inputs, "output_attentions": True}, return_outputs=True,
                                              num_items_in_batch=num_items_in_batch)
         loss = loss + attention_supervision_loss(outputs.attentions, gold, inputs["attention_mask"],
-                                                 layers=self.supervised_layers, valid_mask=valid,
+                                                 layers=self.supervised_layers,
+                                                 valid_mask=valid if self.text_keys_only else None,
                                                  weight=self.supervision_weight)
         return (loss, outputs) if return_outputs else loss
 
@@ -157,7 +160,8 @@ def train(model, rows, pad_id, mode, args, bcos: bool):
     trainer_class = Trainer
     if supervised:
         trainer_class = AttentionSupervisedTrainer
-        extra = {"supervision_weight": args.supervision_weight, "supervised_layers": list(range(-layers, 0))}
+        extra = {"supervision_weight": args.supervision_weight, "supervised_layers": list(range(-layers, 0)),
+                 "text_keys_only": args.supervision_keys == "text"}
     if bcos:
         # B-cos logits are bounded by the norm of their input and grow only as the fresh head aligns with it,
         # so the head (classifier and pooler) gets a larger rate (fine_tune_classifier's head_learning_rate)
@@ -272,6 +276,8 @@ def main() -> None:
     parser.add_argument("--supervision-layers", type=int, default=1, help="last layers the supervision acts on")
     parser.add_argument("--supervision-strength", type=float, default=0.0,
                         help="lambda of Eq. 3 guidance of the supervised layers (0: supervision alone)")
+    parser.add_argument("--supervision-keys", default="text", choices=["text", "all"],
+                        help="renormalise the supervised attention over the text tokens, or compare it over all keys")
     parser.add_argument("--variants", default="vanilla,guided,random,supervised")
     parser.add_argument("--b", type=float, default=1.25, help="alignment pressure of the B-cos models")
     parser.add_argument("--bcos-epochs", type=float, default=3,
