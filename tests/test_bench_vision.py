@@ -226,3 +226,15 @@ def test_logit_bias_is_applied_in_the_loss_only(bench):
     # an output object works as with bcos_loss (Trainer passes the model output)
     outputs = type("Out", (), {"logits": logits})()
     torch.testing.assert_close(bench.bcos_loss_with_logit_bias(outputs, torch.tensor([0, 3])), loss)
+
+
+def test_digit_views_follow_the_scaled_up_fraction():
+    from bcos_plugins.vision.data import DigitImages
+
+    digits = torch.ones(6, 1, 8, 8)
+    small = DigitImages(digits, torch.arange(6), size=16, views=2, scaled_up_fraction=0.0)
+    full = DigitImages(digits, torch.arange(6), size=16, views=2, scaled_up_fraction=1.0)
+    assert torch.all(small.pixel_values.sum(dim=(1, 2, 3)) == 64)  # one 8x8 digit of ones per canvas
+    assert torch.all(full.pixel_values == 1)
+    with pytest.raises(ValueError, match="scaled_up_fraction"):
+        DigitImages(digits, torch.arange(6), scaled_up_fraction=1.5)

@@ -4,8 +4,9 @@
   ``(n, 1, 8, 8)``, split into train / test with a fixed seed (stratified).
 - :class:`DigitImages`: a ``torch.utils.data.Dataset`` of ``size x size`` canvases (default 16) returning
   ``{"pixel_values", "labels"}`` (what transformers ``Trainer`` and its default collator expect). Each
-  digit appears in ``views`` versions: scaled up to the whole canvas, or at its own size at a random
-  position (so that a digit in one cell of a 2x2 grid is an input the model has seen).
+  digit appears in ``views`` versions: scaled up to the whole canvas (a share ``scaled_up_fraction`` of
+  them, half by default), or at its own size at a random position (so that a digit in one cell of a 2x2
+  grid is an input the model has seen).
 - :func:`make_grids`: 2x2 grids of four digits of different classes for the grid pointing game (paper
   §C.4.1): per class, images sorted by the model's confidence; each grid draws four distinct classes and
   takes, per class, the most confident image not used yet.
@@ -80,21 +81,27 @@ def place_digits(digits: Float[Tensor, "n 1 s s"], size: int, scale_up: Tensor,
 
 
 class DigitImages(Dataset):
-    """``views`` canvases per digit (see module docstring); ``scaled_up_only`` gives one full-canvas view."""
+    """``views`` canvases per digit (see module docstring); ``scaled_up_only`` gives one full-canvas view.
+
+    ``scaled_up_fraction``: probability that a view fills the canvas (else the digit sits at its own size).
+    """
 
     def __init__(self, digits: Float[Tensor, "n 1 s s"], labels: Int[Tensor, " n"], size: int = 16,
-                 views: int = 2, scaled_up_only: bool = False, seed: int = 0) -> None:
+                 views: int = 2, scaled_up_only: bool = False, seed: int = 0,
+                 scaled_up_fraction: float = 0.5) -> None:
         n = len(digits)
         if len(labels) != n:
             raise argument_error("labels", f"has {len(labels)} entries for {n} digits", "Pass one label per digit")
         views = require_int("views", views, minimum=1)
+        scaled_up_fraction = require_float("scaled_up_fraction", scaled_up_fraction, minimum=0.0, maximum=1.0)
         side = _digit_side(digits)
         size = require_int("size", size, minimum=side)
         g = torch.Generator().manual_seed(seed)
         if scaled_up_only:
             views = 1
         repeated = digits.repeat(views, 1, 1, 1)
-        scale_up = torch.ones(n * views, dtype=torch.bool) if scaled_up_only else torch.rand(n * views, generator=g) < 0.5
+        scale_up = (torch.ones(n * views, dtype=torch.bool) if scaled_up_only
+                    else torch.rand(n * views, generator=g) < scaled_up_fraction)
         offsets = torch.randint(0, size - side + 1, (n * views, 2), generator=g)
         self.pixel_values = place_digits(repeated, size, scale_up, offsets)
         self.labels = labels.repeat(views)
