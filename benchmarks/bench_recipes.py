@@ -89,6 +89,65 @@ def direct(b: float, head_lr: float | None = None, bcos_query_key: bool = True, 
     return run
 
 
+def _layer_inputs(model, layer, enc) -> torch.Tensor:
+    """The inputs ``layer`` sees when ``model`` runs on ``enc`` (real tokens only, rows of features)."""
+    seen = []
+    hook = layer.register_forward_hook(lambda m, i, o: seen.append(i[0]))
+    with torch.no_grad():
+        model.eval()(**enc)
+    hook.remove()
+    x = seen[0]
+    return x[enc["attention_mask"].bool()] if x.dim() == 3 else x
+
+
+@torch.no_grad()
+def fold_biases(model: BertForSequenceClassification, enc, ridge: float = 1e-3) -> None:
+    """Prototype for post-LN BERT: make the stock encoder bias-free (except query/key) before bcosify, nearly
+    without changing it. 1. Exact: every LayerNorm shift moves into the biases of the layers after it (a value bias
+    passes through attention unchanged, since attention rows sum to 1, into the output dense's bias; the residual
+    path's shift into the next output dense's bias). 2. Approximate: each remaining bias b of a linear layer is folded
+    into its weight, W' = W + b c^T with c the ridge least-squares solution of x . c = 1 over the layer's inputs on
+    calibration texts (layer by layer, each on the already-folded model's inputs)."""
+    bert = model.bert
+
+    def shift_into_block(beta, block):
+        att = block.attention
+        for proj in (att.self.query, att.self.key, att.self.value):
+            proj.bias += proj.weight @ beta
+        att.output.dense.bias += att.output.dense.weight @ att.self.value.bias + beta
+        att.self.value.bias.zero_()
+
+    beta = bert.embeddings.LayerNorm.bias.clone()
+    bert.embeddings.LayerNorm.bias.zero_()
+    for block in bert.encoder.layer:
+        shift_into_block(beta, block)
+        shift = block.attention.output.LayerNorm.bias.clone()
+        block.attention.output.LayerNorm.bias.zero_()
+        block.intermediate.dense.bias += block.intermediate.dense.weight @ shift
+        block.output.dense.bias += shift
+        beta = block.output.LayerNorm.bias.clone()
+        block.output.LayerNorm.bias.zero_()
+    bert.pooler.dense.bias += bert.pooler.dense.weight @ beta
+    for name, layer in list(bert.named_modules()):
+        if isinstance(layer, torch.nn.Linear) and not name.endswith(("query", "key")):
+            x = _layer_inputs(model, layer, enc).double()
+            gram = x.T @ x + ridge * x.shape[0] * torch.eye(x.shape[1], dtype=x.dtype)
+            c = torch.linalg.solve(gram, x.sum(0))
+            layer.weight += torch.outer(layer.bias.double(), c).to(layer.weight.dtype)
+            layer.bias.zero_()
+
+
+def folded(b: float, head_lr: float | None, n_calibration: int = 256, **kwargs) -> Callable:
+    def run(tok, data):
+        model = base_classifier()
+        enc = tok(data.texts[:n_calibration], padding=True, truncation=True, max_length=MAX_LENGTH,
+                  return_tensors="pt")
+        fold_biases(model, enc)
+        bcosify(model, b=b, bcos_query_key=False, verbose=False)
+        return tune(model, tok, data, head_learning_rate=head_lr, **kwargs)
+    return run
+
+
 def diagnostic(drop_biases: str | None, unit_rows: str | None) -> Callable:
     """Conventional fine-tuning from a stock model changed like bcosify changes it, to see what costs accuracy:
     biases zeroed at the start (they stay trainable; "all", "linear" or "layernorm" ones of the encoder) and/or
@@ -200,6 +259,9 @@ RECIPES: dict[str, tuple[str, Callable]] = {
                                   direct(1.25, 1e-3, bcos_query_key=False, learning_rate=2e-4)),
     "b1.1-lr2e-4-head-stockqk": ("B-cos B=1.1, lr 2e-4, head lr 1e-3, query/key kept stock",
                                  direct(1.1, 1e-3, bcos_query_key=False, learning_rate=2e-4)),
+    "b1.25-head-stockqk-fold": ("B-cos B=1.25, head lr 1e-3, query/key kept stock, biases folded into the weights "
+                                "before bcosify (LayerNorm shifts moved exactly, linear biases by least squares on "
+                                "256 training texts)", folded(1.25, 1e-3)),
     "b1.25-head-stockqk-3ep": ("B-cos B=1.25, head lr 1e-3, query/key kept stock, 3 epochs",
                                direct(1.25, 1e-3, bcos_query_key=False, epochs=3.0)),
     "b1.25-lr2e-4-head-stockqk-3ep": ("B-cos B=1.25, lr 2e-4, head lr 1e-3, query/key kept stock, 3 epochs",
