@@ -41,6 +41,8 @@ Environment variables (defaults in brackets):
   BENCH_VISION_DATA [digits16]  BENCH_VISION_EPOCHS [12] (B-cos ViT)  BENCH_VISION_BASELINE_EPOCHS [30]
   BENCH_VISION_GRIDS [48] grids per model   BENCH_VISION_PERTURB [96] images for the perturbation metric
   BENCH_VISION_IG_STEPS [32]   BENCH_VISION_THREADS [1] torch threads   BENCH_VISION_SEED [0]
+  BENCH_VISION_VIEWS [3] training views per digit   BENCH_VISION_FULL_FRACTION [0.25] share of them filling the
+  canvas (the rest sit at grid-cell size)
 """
 
 from __future__ import annotations
@@ -73,12 +75,10 @@ DATASETS = ("digits16", "digits32")
 # underfit here; 30 localised best with the logit bias below).
 BCOS = dict(b=2.0, max_out=2, logit_scale=30.0)
 
-# Three views per training digit, a quarter of them filling the canvas and the rest at grid-cell size, so that
-# the models see digits at grid-cell size more often. B-cos pointing on digits16 (60 grids): 0.54-0.58 with a
+# Defaults of Config.views / Config.full_fraction: three views per training digit, a quarter of them filling
+# the canvas and the rest at grid-cell size, so that the models see digits at grid-cell size more often. B-cos pointing on digits16 (60 grids): 0.54-0.58 with a
 # quarter full size (three seeds, two views; 0.57 with three views, seed 0) against 0.48-0.52 with half; accuracy
 # on full-size digits 1-3 points lower with two views, 1 point with three.
-TRAIN_VIEWS = 3
-SCALED_UP_FRACTION = 0.25
 
 
 def bcos_loss_with_logit_bias(outputs, labels: Tensor, num_items_in_batch=None) -> Tensor:
@@ -102,6 +102,14 @@ def env_int(name: str, default: int) -> int:
         raise SystemExit(f"{name}: expected an integer, got {raw!r}") from None
 
 
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    try:
+        return default if raw is None else float(raw)
+    except ValueError:
+        raise SystemExit(f"{name}: expected a number, got {raw!r}") from None
+
+
 @dataclass
 class Config:
     data: str = "digits16"
@@ -110,6 +118,8 @@ class Config:
     n_grids: int = 48
     n_perturb: int = 96
     ig_steps: int = 32
+    views: int = 3
+    full_fraction: float = 0.25
     threads: int = 1
     seed: int = 0
     out: Path = Path("outputs/bench_vision")
@@ -123,7 +133,9 @@ class Config:
         return cls(data=data, epochs=env_int("BENCH_VISION_EPOCHS", 12),
                    baseline_epochs=env_int("BENCH_VISION_BASELINE_EPOCHS", 30),
                    n_grids=env_int("BENCH_VISION_GRIDS", 48), n_perturb=env_int("BENCH_VISION_PERTURB", 96),
-                   ig_steps=env_int("BENCH_VISION_IG_STEPS", 32), threads=env_int("BENCH_VISION_THREADS", 1),
+                   ig_steps=env_int("BENCH_VISION_IG_STEPS", 32), views=env_int("BENCH_VISION_VIEWS", 3),
+                   full_fraction=env_float("BENCH_VISION_FULL_FRACTION", 0.25),
+                   threads=env_int("BENCH_VISION_THREADS", 1),
                    seed=env_int("BENCH_VISION_SEED", 0),
                    out=Path(os.environ.get("BENCH_VISION_OUT", "outputs/bench_vision")),
                    retrain=os.environ.get("BENCH_VISION_RETRAIN", "0") == "1")
@@ -263,7 +275,7 @@ class ImageData:
     test_labels: Tensor
 
 
-def load_data(data: str, seed: int = 0) -> ImageData:
+def load_data(data: str, seed: int = 0, views: int = 3, full_fraction: float = 0.25) -> ImageData:
     train_digits, train_labels, test_digits, test_labels = load_digits_split(seed=seed)
     if data == "digits32":
         # 16x16 digits (the grid cells of 32x32 grids), made once from the 8x8 originals
@@ -272,8 +284,8 @@ def load_data(data: str, seed: int = 0) -> ImageData:
         size = 32
     else:
         size = 16
-    train = DigitImages(train_digits, train_labels, size=size, views=TRAIN_VIEWS, seed=seed,
-                        scaled_up_fraction=SCALED_UP_FRACTION)
+    train = DigitImages(train_digits, train_labels, size=size, views=views, seed=seed,
+                        scaled_up_fraction=full_fraction)
     test = DigitImages(test_digits, test_labels, size=size, scaled_up_only=True)
     return ImageData(train=train, test=test, test_cells=test_digits, test_labels=test_labels)
 
@@ -292,7 +304,7 @@ def train(model: nn.Module, data, epochs: int, folder: Path, loss_func=None) -> 
 
 def trained_models(cfg: Config, data: ImageData) -> tuple[BcosViT, ConventionalViT, dict[str, float]]:
     # the name carries what changes the models, so a cached pair is only reused for the same recipe
-    recipe = f"b{BCOS['b']:g}-scale{BCOS['logit_scale']:g}-logit-bias-views{TRAIN_VIEWS}-full{SCALED_UP_FRACTION:g}"
+    recipe = f"b{BCOS['b']:g}-scale{BCOS['logit_scale']:g}-logit-bias-views{cfg.views}-full{cfg.full_fraction:g}"
     folder = cfg.out / "models" / f"{cfg.data}-{recipe}-e{cfg.epochs}-c{cfg.baseline_epochs}-s{cfg.seed}"
     seconds_file = folder / "train_seconds.json"
     shape = model_shape(cfg.data)
@@ -452,7 +464,7 @@ def main() -> None:
         torch.set_num_threads(cfg.threads)
     set_seed(cfg.seed)
     start = time.perf_counter()
-    data = load_data(cfg.data, cfg.seed)
+    data = load_data(cfg.data, cfg.seed, cfg.views, cfg.full_fraction)
     print(f"{cfg.data}: {len(data.train)} training images, {len(data.test)} test images")
     bcos, conventional, seconds = trained_models(cfg, data)
     rows, info = [], {}
