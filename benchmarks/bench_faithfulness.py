@@ -42,7 +42,8 @@ set explicitly wins over the preset.
   BENCH_EPOCHS=2   BENCH_DATA_SOURCE=local (shipped slices) or hub (GLUE SST-2 / AG News via `datasets`)
   BENCH_TRAIN_BATCH=16 training batch size
   B-cos model (docs/recipes.md): BENCH_B=1.25, BENCH_BCOS_LR=1e-4 encoder rate, BENCH_BCOS_HEAD_LR=1e-3 head rate,
-  BENCH_BCOS_QUERY_KEY=0 (query/key kept stock; 1: B-cos query/key)
+  BENCH_BCOS_QUERY_KEY=0 (query/key kept stock; 1: B-cos query/key), BENCH_BCOS_START=pretrained (or
+  conventional: task then B-cos from this run's conventional model)
   BENCH_EVAL=16 SST-2 test sentences explained for Comp/Suff   BENCH_SEQPG=8 SeqPG examples (AG News)
   BENCH_SEGMENT=20 tokens per SeqPG segment (paper: 50)   BENCH_BATCH=8 explanations per batch
   BENCH_IG_STEPS=50   BENCH_SHAPLEY_SAMPLES=25   BENCH_LIME_SAMPLES=100 (paper: 3000)
@@ -125,6 +126,7 @@ class Config:
     bcos_lr: float = env("BENCH_BCOS_LR", 1e-4, float)
     bcos_head_lr: float = env("BENCH_BCOS_HEAD_LR", 1e-3, float)
     bcos_query_key: bool = env_flag("BENCH_BCOS_QUERY_KEY", False)
+    bcos_start: str = env("BENCH_BCOS_START", "pretrained", str)
     n_eval: int = env("BENCH_EVAL", 16)
     n_seqpg: int = env("BENCH_SEQPG", 8)
     segment: int = env("BENCH_SEGMENT", 20)
@@ -157,13 +159,18 @@ def load_data(loader, split: str, hub_split: str, cfg: Config, n: int = 0):
 # ---------------------------------------------------------------- models
 
 
-def trained_model(kind: str, dataset: str, texts, labels, num_labels: int, cfg: Config, source: str = "shipped"):
-    """Fine-tune (or reload from the cache) a conventional or B-cos MiniLM classifier on all of ``texts``."""
+def trained_model(kind: str, dataset: str, texts, labels, num_labels: int, cfg: Config, source: str = "shipped",
+                  conventional=None):
+    """Fine-tune (or reload from the cache) a conventional or B-cos MiniLM classifier on all of ``texts``.
+
+    With BENCH_BCOS_START=conventional the B-cos model starts from a copy of ``conventional`` (this run's
+    conventional model: the paper's "task then B-cos", at no extra cost here), else from the pretrained MiniLM."""
     where = "" if source == "shipped" else f"-{source}"
     folder = MODELS / f"{kind}-{dataset}{where}-n{len(texts)}-e{cfg.epochs:g}-b{cfg.train_batch}"
     if kind == "bcos":
         qk = "" if cfg.bcos_query_key else "-stockqk"
-        folder = folder.with_name(f"{folder.name}-B{cfg.b:g}-lr{cfg.bcos_lr:g}-head{cfg.bcos_head_lr:g}{qk}")
+        origin = "-fromconv" if cfg.bcos_start == "conventional" else ""
+        folder = folder.with_name(f"{folder.name}-B{cfg.b:g}-lr{cfg.bcos_lr:g}-head{cfg.bcos_head_lr:g}{qk}{origin}")
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
     if folder.exists() and not cfg.retrain:
         if kind == "bcos":
@@ -171,14 +178,21 @@ def trained_model(kind: str, dataset: str, texts, labels, num_labels: int, cfg: 
         conv = BertForSequenceClassification.from_pretrained(folder, attn_implementation="eager")
         return conv.to(DEVICE).eval(), tokenizer, 0.0
     torch.manual_seed(0)
-    model = BertForSequenceClassification.from_pretrained(minilm_path(), num_labels=num_labels,
-                                                          attn_implementation="eager")
+    if kind == "bcos" and cfg.bcos_start == "conventional":
+        import copy
+
+        model = copy.deepcopy(conventional)
+    else:
+        model = BertForSequenceClassification.from_pretrained(minilm_path(), num_labels=num_labels,
+                                                              attn_implementation="eager")
     lr, head_lr = 1e-4, None
     if kind == "bcos":
         bcosify(model, b=cfg.b, bcos_query_key=cfg.bcos_query_key, verbose=False)
         # docs/recipes.md: B-cos logits grow only as the fresh head aligns with its input, so a short CPU
         # fine-tuning needs larger rates (the paper trains 5 epochs on GPUs instead)
         lr, head_lr = cfg.bcos_lr, cfg.bcos_head_lr
+        if cfg.bcos_start == "conventional":
+            head_lr = None  # the head is trained already (docs/recipes.md, task-then-bcos: one rate)
     start = time.perf_counter()
     fine_tune_classifier(model, tokenizer, texts, labels, epochs=cfg.epochs, batch_size=cfg.train_batch,
                          learning_rate=lr, head_learning_rate=head_lr, max_length=MAX_LENGTH, progress=False)
@@ -418,9 +432,11 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
         f"{'all' if cfg.n_acc <= 0 else f'last {cfg.n_acc}'} rows of each test split. Models: all-MiniLM-L6-v2 "
         f"fine-tuned on {info.get('sources', 'the shipped slices')}, {cfg.epochs:g} epochs, batch "
         f"{cfg.train_batch}; conventional: cross-entropy, lr 1e-4; B-cos: B = {cfg.b:g}, "
-        f"{'B-cos' if cfg.bcos_query_key else 'stock (pretrained)'} query/key, BCE loss, lr {cfg.bcos_lr:g}, "
-        f"head lr {cfg.bcos_head_lr:g}.\n"
-        "Comp / Suff: AOPC x100, paper-compatible unnormalised area (sklearn auc over p = 0.1..0.9, max 80); "
+        f"{'B-cos' if cfg.bcos_query_key else 'stock (pretrained)'} query/key, BCE loss, "
+        + (f"started from the conventional model (task then B-cos), lr {cfg.bcos_lr:g}.\n"
+           if cfg.bcos_start == "conventional" else
+           f"started from the pretrained MiniLM, lr {cfg.bcos_lr:g}, head lr {cfg.bcos_head_lr:g}.\n")
+        + "Comp / Suff: AOPC x100, paper-compatible unnormalised area (sklearn auc over p = 0.1..0.9, max 80); "
         "tokens removed through the attention mask, [CLS]/[SEP] never removed; the normalised area is in "
         "results.csv. Time: wall clock on "
         f"{info['device']} ({torch.get_num_threads()} threads), batches of {cfg.batch}, after one untimed warm-up "
@@ -477,6 +493,8 @@ def config_from(argv: list[str]) -> Config:
         cfg = Config()
     if cfg.data_source not in ("local", "hub"):
         raise SystemExit(f"BENCH_DATA_SOURCE must be 'local' or 'hub', got {cfg.data_source!r}")
+    if cfg.bcos_start not in ("pretrained", "conventional"):
+        raise SystemExit(f"BENCH_BCOS_START must be 'pretrained' or 'conventional', got {cfg.bcos_start!r}")
     return cfg
 
 
@@ -499,7 +517,7 @@ def main(argv: list[str]) -> None:
         load_data(load_sst2, "test", "validation", cfg)
     sources = {"sst2": f"{len(train.texts)} SST-2 training rows ({source})"}
     conv, tok, s1 = trained_model("conv", "sst2", train.texts, train.labels, 2, cfg, source)
-    bcos, _, s2 = trained_model("bcos", "sst2", train.texts, train.labels, 2, cfg, source)
+    bcos, _, s2 = trained_model("bcos", "sst2", train.texts, train.labels, 2, cfg, source, conv)
     acc_texts, acc_labels = last_rows(test.texts, cfg.n_acc), last_rows(test.labels, cfg.n_acc)
     acc = {"sst2": {"conventional": accuracy(conv, tok, acc_texts, acc_labels),
                     "bcos": accuracy(bcos, tok, acc_texts, acc_labels)}}
@@ -524,7 +542,8 @@ def main(argv: list[str]) -> None:
             load_data(load_ag_news, "test", "test", cfg)
         sources["ag_news"] = f"{len(ag_train.texts)} AG News training rows ({ag_source})"
         ag_conv, _, s3 = trained_model("conv", "ag_news", ag_train.texts, ag_train.labels, 4, cfg, ag_source)
-        ag_bcos, _, s4 = trained_model("bcos", "ag_news", ag_train.texts, ag_train.labels, 4, cfg, ag_source)
+        ag_bcos, _, s4 = trained_model("bcos", "ag_news", ag_train.texts, ag_train.labels, 4, cfg, ag_source,
+                                       ag_conv)
         ag_acc_texts, ag_acc_labels = last_rows(ag_test.texts, cfg.n_acc), last_rows(ag_test.labels, cfg.n_acc)
         acc["ag_news"] = {"conventional": accuracy(ag_conv, tok, ag_acc_texts, ag_acc_labels),
                           "bcos": accuracy(ag_bcos, tok, ag_acc_texts, ag_acc_labels)}

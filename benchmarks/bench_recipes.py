@@ -178,11 +178,11 @@ def distilled(b: float, head_lr: float, weight: float, kind: str = "kl", **kwarg
     return run
 
 
-def task_then_bcos(b: float, head_lr: float | None, **kwargs) -> Callable:
+def task_then_bcos(b: float, head_lr: float | None, bcos_query_key: bool = True, **kwargs) -> Callable:
     def run(tok, data):
         import copy
 
-        model = bcosify(copy.deepcopy(conventional(tok, data)), b=b, verbose=False)
+        model = bcosify(copy.deepcopy(conventional(tok, data)), b=b, bcos_query_key=bcos_query_key, verbose=False)
         return tune(model, tok, data, head_learning_rate=head_lr, **kwargs)
     return run
 
@@ -262,6 +262,8 @@ RECIPES: dict[str, tuple[str, Callable]] = {
     "b1.25-head-stockqk-fold": ("B-cos B=1.25, head lr 1e-3, query/key kept stock, biases folded into the weights "
                                 "before bcosify (LayerNorm shifts moved exactly, linear biases by least squares on "
                                 "256 training texts)", folded(1.25, 1e-3)),
+    "task-then-bcos-stockqk": ("conventional 2 ep (the cached conv model; not in the wall time), bcosify B=1.25 with "
+                               "query/key kept stock, B-cos 2 ep (head lr 1e-4)", task_then_bcos(1.25, None, False)),
     "b1.25-head-stockqk-3ep": ("B-cos B=1.25, head lr 1e-3, query/key kept stock, 3 epochs",
                                direct(1.25, 1e-3, bcos_query_key=False, epochs=3.0)),
     "b1.25-lr2e-4-head-stockqk-3ep": ("B-cos B=1.25, lr 2e-4, head lr 1e-3, query/key kept stock, 3 epochs",
