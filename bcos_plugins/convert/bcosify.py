@@ -137,7 +137,8 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
                     plan.append((name, ("swap", ConstantQueryKeyProjection, _STOCK_QK)))
                     continue
                 # fused q|k|v (GPT-2): stock query/key columns, B-cos value columns
-                report.dropped_biases.append(f"{name}.bias[{const.stop}:] (values)")
+                report.kept[name] = (f"{_STOCK_QK}; the value outputs {const.stop}: are B-cos units without "
+                                     "bias (the bias keeps its stock shape; its value part is unused)")
                 report.bcos_layers.append(name)
                 plan.append((name, ("stock_qk_conv1d", const.stop)))
                 continue
