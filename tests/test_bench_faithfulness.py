@@ -147,3 +147,25 @@ def test_hub_data_falls_back_to_the_shipped_slice(bench, monkeypatch, capsys):
     assert "unavailable (ConnectionError: no network); using the shipped train slice" in capsys.readouterr().out
     data, source = bench.load_data(offline, "test", "validation", bench.Config(data_source="local"))
     assert source == "shipped" and len(data.texts) == 600
+
+
+def test_task_then_bcos_model_starts_from_the_conventional_one_and_is_cached(bench, setup, monkeypatch, tmp_path):
+    from bcos_plugins import explain
+
+    tok, conv, _, _, texts = setup
+    monkeypatch.setattr(bench, "MODELS", tmp_path)
+    monkeypatch.setattr(bench, "DEVICE", torch.device("cpu"))
+    cfg = bench.Config(epochs=1, train_batch=4, bcos_start="conventional", bcos_query_key=False)
+    labels = [1, 0, 1, 0, 0]
+    model, _, seconds = bench.trained_model("bcos", "sst2", texts, labels, 2, cfg, "shipped", conv)
+    assert seconds > 0 and model.config.bcos["query_key"] == "stock"
+    assert not hasattr(conv.config, "bcos"), "the conventional model must stay stock"
+    (folder,) = tmp_path.iterdir()
+    assert folder.name.endswith("-stockqk-fromconv")
+    ids, mask = bench.encode(tok, texts)
+    assert (explain(model, ids, mask).completeness_error <= 1e-4).all()
+    cached, _, again = bench.trained_model("bcos", "sst2", texts, labels, 2, cfg, "shipped", conv)
+    assert again == 0.0
+    with torch.no_grad():
+        torch.testing.assert_close(cached(input_ids=ids, attention_mask=mask).logits,
+                                   model(input_ids=ids, attention_mask=mask).logits)
