@@ -264,6 +264,9 @@ RECIPES: dict[str, tuple[str, Callable]] = {
                                 "256 training texts)", folded(1.25, 1e-3)),
     "task-then-bcos-stockqk": ("conventional 2 ep (the cached conv model; not in the wall time), bcosify B=1.25 with "
                                "query/key kept stock, B-cos 2 ep (head lr 1e-4)", task_then_bcos(1.25, None, False)),
+    "task-then-bcos-b1.1-stockqk": ("conventional 2 ep (the cached conv model; not in the wall time), bcosify B=1.1 "
+                                    "with query/key kept stock, B-cos 2 ep (head lr 1e-4)",
+                                    task_then_bcos(1.1, None, False)),
     "b1.25-head-stockqk-3ep": ("B-cos B=1.25, head lr 1e-3, query/key kept stock, 3 epochs",
                                direct(1.25, 1e-3, bcos_query_key=False, epochs=3.0)),
     "b1.25-lr2e-4-head-stockqk-3ep": ("B-cos B=1.25, lr 2e-4, head lr 1e-3, query/key kept stock, 3 epochs",
