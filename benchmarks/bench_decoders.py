@@ -26,12 +26,13 @@ search is recorded in docs/benchmarks.md; the 90% rule is NOT reached yet, see t
 - an IOI row's loss is the cross-entropy of its IO token alone, averaged separately from the text rows' loss
   (``IOITrainer``): the names before it are unpredictable draws, and the one IO token per row would otherwise
   be drowned by the 64-token windows;
-- the IOI loss reaches no (tied) token embedding (``BENCH_DETACH=1``), so the training names' embeddings are
-  trained by TinyStories only, like the held-out names'. When the IOI loss could shape the training names'
-  embedding rows (``BENCH_DETACH=2``: input side cut, tied output side not), the model solved IOI for every
-  pair of training names (100% in both template sets) and stayed at chance (~0.55) on the held-out names. With
+- the IOI loss reaches no (tied) token embedding (``BENCH_DETACH=1``), so no name gets IOI-only features in
+  its embedding row. When the IOI loss could shape the training names' rows (``BENCH_DETACH=2``: input side
+  cut, tied output side not), the model solved IOI for every pair of training names (100% in both template
+  sets) and stayed at chance (0.49 with training templates, 0.52 held-out) on the held-out names. With
   ``BENCH_DETACH=1`` it learns more slowly and still prefers the training names (0.77 vs 0.51 after 2754
-  steps): the name-specific part then sits in the attention weights;
+  steps). Likely reason: 95 of the 118 training names never occur in the TinyStories slice, so their rows stay
+  at their random initialisation, while the held-out names' rows are trained by TinyStories;
 - ``BENCH_POOL_SHARE`` > 0 fills that share of IOI rows from ``ioi_name_pool`` (thousands of capitalised
   single-token words) instead of the 118 training names; with trainable embeddings that alone did not carry
   over to the held-out names either (0.53 on training templates with held-out names, 0.86 with training names).
