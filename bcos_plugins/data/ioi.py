@@ -109,6 +109,9 @@ IOI_TRAIN_NAMES: tuple[str, ...] = (
     "Jenny", "Tina", "Nina", "Nora", "Sophie", "Harry", "Oliver", "Charlie", "Jacob", "Ethan", "Noah", "Liam",
     "Olivia", "Kyle", "Brandon", "Tyler", "Nathan", "Victoria", "Alice", "Bella", "Beth", "Cindy", "Diana",
     "Paula", "Rita", "Clara", "Ann", "Zoe", "Molly", "Lauren", "Megan",
+    # names the shipped TinyStories slice uses often, as it uses the held-out ones (most names above it never
+    # uses): a model whose IOI loss is kept off the embeddings needs training names whose rows it learns
+    "Sammy", "Tommy", "Johnny", "Jimmy", "Spot", "Buzz", "Rex", "Olive",
 )
 IOI_HELDOUT_NAMES: tuple[str, ...] = ("Sam", "Mia", "Anna", "Sue", "Jack", "Sara", "Emily", "Daisy")
 # consonant-initial, so every template's "a {OBJECT}" reads right
