@@ -33,6 +33,10 @@ search is recorded in docs/benchmarks.md; the 90% rule is NOT reached yet, see t
   ``BENCH_DETACH=1`` it learns more slowly and still prefers the training names (0.77 vs 0.51 after 2754
   steps). Likely reason: 95 of the 118 training names never occur in the TinyStories slice, so their rows stay
   at their random initialisation, while the held-out names' rows are trained by TinyStories;
+- so the IOI rows' names are the training names that TinyStories trains (``training_names``: those occurring
+  at least BENCH_MIN_NAME_COUNT = 5 times in the slice's training part, 23 names). In a standalone run with 22
+  such names (the same recipe otherwise, 80% IOI steps of 128 prompts) held-out IOI rose from chance to 0.71
+  (logit difference 1.70) within 1000 steps, where every run before it had stayed at chance;
 - ``BENCH_POOL_SHARE`` > 0 fills that share of IOI rows from ``ioi_name_pool`` (thousands of capitalised
   single-token words) instead of the 118 training names; with trainable embeddings that alone did not carry
   over to the held-out names either (0.53 on training templates with held-out names, 0.86 with training names).
@@ -45,7 +49,7 @@ Environment: BENCH_THREADS (torch threads, default 1: the machine is shared), BE
 (IOI template rows per epoch, 10000), BENCH_IOI_EVAL (200), BENCH_BLIMP_EVAL (pairs per paradigm, 50),
 BENCH_MAX_EPOCHS (60, per stage), BENCH_IOI_STOP (0.9), BENCH_MAX_MINUTES (per stage, 0 = no limit), BENCH_LR
 (conventional stage, 2e-3; the B-cos stage uses the paper's 5e-4), BENCH_DETACH (1: the IOI loss reaches no
-embedding; 2: not the input side only; 0: all), BENCH_NAME_POOL (2000), BENCH_POOL_SHARE (0).
+embedding; 2: not the input side only; 0: all), BENCH_NAME_POOL (2000), BENCH_POOL_SHARE (0), BENCH_MIN_NAME_COUNT (5).
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ class Settings:
     ioi_stop: float = env("BENCH_IOI_STOP", 0.9)
     max_minutes: float = env("BENCH_MAX_MINUTES", 0.0)  # per stage; 0 = no limit
     retrain: bool = os.environ.get("BENCH_RETRAIN", "0") == "1"
+    min_name_count: int = env("BENCH_MIN_NAME_COUNT", 5)  # occurrences in TinyStories for a training name
     name_pool: int = env("BENCH_NAME_POOL", 2000)
     pool_share: float = env("BENCH_POOL_SHARE", 0.0)
     detach: int = env("BENCH_DETACH", 1)
@@ -123,7 +128,8 @@ class Settings:
 
     @property
     def tag(self) -> str:
-        return (f"L{self.n_layer}-d{self.n_embd}-h{self.n_head}-ioi{self.n_ioi_train}-pool{self.name_pool}"
+        return (f"L{self.n_layer}-d{self.n_embd}-h{self.n_head}-ioi{self.n_ioi_train}-min{self.min_name_count}"
+                f"-pool{self.name_pool}"
                 f"x{self.pool_share:g}-det{self.detach}-lr{self.learning_rate:g}-stop{self.ioi_stop:g}-s{self.seed}")
 
 
@@ -165,6 +171,23 @@ def tinystories_split(tokenizer, heldout_fraction: float = 0.1) -> tuple[list[li
     return ids[:cut], ids[cut:]
 
 
+def training_names(stories: list[list[int]], tokenizer, min_count: int) -> tuple[str, ...]:
+    """The training names that occur at least ``min_count`` times in the TinyStories training part.
+
+    The IOI loss is kept off the embeddings, so a name's embedding row is whatever language modelling makes of
+    it; the held-out names occur 10-74 times in the slice, and training on names the slice never uses (random
+    rows) taught a mechanism that did not carry over to them.
+    """
+    counts: dict[int, int] = {}
+    for row in stories:
+        for token in row:
+            counts[token] = counts.get(token, 0) + 1
+    names = tuple(n for n in IOI_TRAIN_NAMES if counts.get(tokenizer(" " + n)["input_ids"][0], 0) >= min_count)
+    if len(names) < 2:
+        raise ValueError(f"BENCH_MIN_NAME_COUNT={min_count} leaves {len(names)} training names; lower it")
+    return names
+
+
 def pack(rows: list[list[int]], eos: int, length: int) -> list[list[int]]:
     """Concatenate rows separated by end-of-text and cut into windows of ``length`` tokens."""
     stream: list[int] = []
@@ -183,7 +206,7 @@ def make_data(cfg: Settings, tokenizer: GPT2TokenizerFast | None = None) -> Deco
     ioi_slots = [[1 + p.evidence_positions[0], *(1 + q for q in p.s_positions)] for p in ioi_train]
     pool = ioi_name_pool(cfg.name_pool, seed=cfg.seed, tokenizer=tokenizer) if cfg.pool_share > 0 else ()
     name_ids = [torch.tensor([tokenizer(" " + n)["input_ids"][0] for n in names], dtype=torch.long)
-                for names in (IOI_TRAIN_NAMES, pool)]
+                for names in (training_names(stories, tokenizer, cfg.min_name_count), pool)]
     blimp_rows = [[eos, *tokenizer(f"{pair.prefix} {pair.target}.")["input_ids"], eos]
                   for subset in BLIMP_SUBSETS for pair in load_blimp(subset)[BLIMP_TRAIN_FROM:]]
     val = encode_ioi(make_ioi_prompts(cfg.n_ioi_eval, split="heldout", seed=cfg.seed + 1, tokenizer=tokenizer),
