@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from copy import deepcopy
@@ -89,9 +90,10 @@ from torch import Tensor, nn
 
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions, text_attribution_point
 from bcos_plugins.convert.architectures import ArchitectureSpec, spec_for, supported_architectures
-from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY, bcosify
+from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
+from bcos_plugins.train import reconvert_stock_load
 
 __all__ = [
     "METHOD_NAME",
@@ -355,10 +357,20 @@ def _explainable_model(model: nn.Module, *, classifier: bool) -> tuple[nn.Module
                 "model), or use inseq's 'input_x_gradient' for plain input x gradient."
             )
         # A folder saved from a B-cos model, loaded by transformers as the stock class (inseq.load_model(path)):
-        # convert it again with the saved B, as bcos_plugins.load_bcos_model does.
-        logger.info("%s carries B-cos settings (config.bcos) but stock modules: converting with b=%s", name,
-                    settings["b"])
-        bcosify(model, b=settings["b"], verbose=False)
+        # convert it again as it was saved (B per layer, query/key choice), as bcos_plugins.load_bcos_model does.
+        folder = getattr(model.config, "_name_or_path", "")
+        if not (isinstance(folder, str) and os.path.isdir(folder)):
+            raise UnsupportedModelError(
+                f"{name} carries B-cos settings (config.bcos) but stock modules, and the folder it was loaded from "
+                f"({folder!r}) is not a local folder, so the B each layer was saved with cannot be read. Load it "
+                "with bcos_plugins.load_bcos_model(folder) and pass that model to inseq.load_model(model, 'bcos').")
+        logger.info("%s carries B-cos settings (config.bcos) but stock modules: converting it as saved in %s",
+                    name, folder)
+        _, without_b = reconvert_stock_load(model, folder)
+        if without_b:
+            raise UnsupportedModelError(
+                f"{folder} stores no B for the B-cos layers {without_b}; restore the folder from the original "
+                "save_pretrained.")
     return model, spec
 
 

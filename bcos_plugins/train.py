@@ -273,24 +273,42 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
         hf_logger.removeHandler(capture)
         hf_logger.setLevel(level)
         hf_logger.propagate = propagate
-    bcosify(model, b=settings["b"], bcos_query_key=settings.get("query_key") != "stock", verbose=False)
+    layers, without_b = reconvert_stock_load(model, path, settings, files)
     dropped = set(model.bcos_report.dropped_biases)
-    stored = _stored_pressures(files) if settings["format_version"] >= 2 else {}
-    layers = {n: m for n, m in model.named_modules() if isinstance(m, AlignmentPressure)}
     unexpected_missing = [k for k in info["missing_keys"] if k not in dropped]
     unexpected = [k for k in info["unexpected_keys"] if not (k.endswith(".bcos_b") and k[:-7] in layers)]
-    without_b = sorted(set(layers) - set(stored)) if settings["format_version"] >= 2 else []
     if unexpected_missing or unexpected or info.get("mismatched_keys") or without_b:
         raise BcosValueError(
             f"path: {path} does not match a B-cos {name}: missing {sorted(unexpected_missing)}, unexpected "
             f"{sorted(unexpected)}, mismatched {info.get('mismatched_keys')}, B-cos layers without a stored B "
             f"{without_b}. Restore the folder from the original save_pretrained."
         )
+    model.eval()
+    return model
+
+
+def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = None,
+                         files: list[str] | None = None) -> tuple[dict[str, nn.Module], list[str]]:
+    """Convert, in place, a model transformers loaded as its *stock* class from a B-cos save at ``path``.
+
+    Converts it as it was saved: the query/key choice recorded in ``config.bcos`` and, from format 2, the B
+    every B-cos layer stored (a save made mid-way through a B warm-up has several). The one mechanism behind
+    :func:`load_bcos_model` and the inseq adapter's ``inseq.load_model(folder, "bcos")``. Returns the B-cos
+    layers by name and the names of those the save stored no B for (the caller decides whether that is an
+    error). ``settings`` / ``files`` skip re-reading them when the caller already has them.
+    """
+    if settings is None:
+        settings = _checked_settings(path, model.config)
+    if files is None:
+        files = _weight_files(*_checked_folder(path))
+    bcosify(model, b=settings["b"], bcos_query_key=settings.get("query_key") != "stock", verbose=False)
+    stored = _stored_pressures(files) if settings["format_version"] >= 2 else {}
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, AlignmentPressure)}
+    without_b = sorted(set(layers) - set(stored)) if settings["format_version"] >= 2 else []
     for layer_name, value in stored.items():
         if layer_name in layers:
             layers[layer_name].b = check_b(value, name=f"{layer_name}.bcos_b in {path}")
-    model.eval()
-    return model
+    return layers, without_b
 
 
 class _EncodedTexts(torch.utils.data.Dataset):

@@ -32,17 +32,20 @@ def gpt2_tokenizer():
     return T.GPT2Tokenizer.from_pretrained(TOKENIZER_DIR)
 
 
-def _tiny_lm(family: str, vocab: int, seed: int = 0):
+def _tiny_lm(family: str, vocab: int, seed: int = 0, bcos_query_key: bool = True):
     torch.manual_seed(seed)
     if family == "gpt2":
         config = T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64, n_ctx=64)
         model = T.GPT2LMHeadModel(config)
+        with torch.no_grad():  # GPT-2 initialises biases at 0: non-zero ones make a lost query/key bias visible
+            for block in model.transformer.h:
+                block.attn.c_attn.bias.normal_(0, 0.5)
     else:
         config = T.LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
                                bos_token_id=vocab - 1, eos_token_id=vocab - 1)
         model = T.LlamaForCausalLM(config)
-    return bcosify(model.eval(), b=1.1, verbose=False)
+    return bcosify(model.eval(), b=1.1, bcos_query_key=bcos_query_key, verbose=False)
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
@@ -192,12 +195,18 @@ def test_contrastive_attribution_on_llama_is_exact(gpt2_tokenizer):
                                    rtol=1e-4, atol=1e-5)
 
 
-def test_load_model_from_a_saved_bcos_folder(gpt2_tokenizer, tmp_path):
-    model = _tiny_lm("gpt2", len(gpt2_tokenizer), seed=2)
+@pytest.mark.parametrize("bcos_query_key", [True, False])
+def test_load_model_from_a_saved_bcos_folder(gpt2_tokenizer, tmp_path, bcos_query_key):
+    model = _tiny_lm("gpt2", len(gpt2_tokenizer), seed=2, bcos_query_key=bcos_query_key)
+    model.transformer.h[1].mlp.c_fc.b = 1.4  # a per-layer B (as mid-way through a B warm-up) must come back
     model.save_pretrained(tmp_path)
     gpt2_tokenizer.save_pretrained(tmp_path)
     from_folder = inseq.load_model(str(tmp_path), "bcos")
     assert has_dynamic_weights(from_folder.model)
+    assert from_folder.model.transformer.h[1].mlp.c_fc.b == 1.4
+    ids = torch.tensor([[5, 9, 2, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(from_folder.model(ids).logits, model(ids).logits)
     kwargs = {"step_scores": ["logit"], "show_progress": False}
     a = from_folder.attribute("The cat", "The cat sat", **kwargs).sequence_attributions[0]
     b = inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer).attribute("The cat", "The cat sat", **kwargs)

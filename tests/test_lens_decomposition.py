@@ -236,3 +236,11 @@ def test_cache_internals_check_fails_loudly_when_transformer_lens_changes(monkey
     monkeypatch.delattr(ActivationCache, "_stack_neuron_results_apply_ln_projected")
     with pytest.raises(BcosError, match="no longer has \\['_stack_neuron_results_apply_ln_projected'\\]"):
         model_named("bcos_gpt2").run_with_cache(ids())
+
+
+@pytest.mark.parametrize("arch", ["GPT2LMHeadModel", "LlamaForCausalLM"])
+def test_stock_query_key_models_are_refused_not_rebuilt_wrong(arch):
+    # a HookedTransformer would rebuild B-cos query/key layers from these stock weights: different logits
+    hf = bcosify(tiny_model(arch), b=1.25, bcos_query_key=False, verbose=False)
+    with pytest.raises(BcosError, match="bcos_query_key=False.*transformer_bridge_from_hf"):
+        hooked_transformer_from_hf(hf)

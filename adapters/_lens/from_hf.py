@@ -76,6 +76,11 @@ def _refuse_inexpressible(arch: str, hf_config, bcos: dict | None, hf_model: nn.
                 f"rope_type={rope_type!r} is not expressed by TransformerLens' Llama config (default and llama3 "
                 "are); convert a model with standard rotary embeddings."
             )
+    if bcos is not None and bcos.get("query_key") == "stock":
+        raise BcosValueError(
+            "model: it was converted with bcosify(..., bcos_query_key=False) (stock query/key projections with "
+            "biases); the B-cos HookedTransformer builds B-cos query/key layers, so its logits would differ. Use "
+            "transformer_bridge_from_hf(model) for it, or convert with bcos_query_key=True.")
     if bcos is not None:
         for name, module in hf_model.named_modules():
             if getattr(module, "max_out", 1) != 1:
