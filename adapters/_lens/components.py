@@ -133,10 +133,6 @@ def _top_down_table(shares: list[list[Tensor]], resid_pre: list[Tensor], inputs:
         new = []
         for group in shares[layer]:
             k = group.shape[-1]
-            if k == 1:
-                new.append(torch.autograd.grad(group, here, grad_outputs=torch.ones_like(group),
-                                               retain_graph=True)[0][None])
-                continue
             eye = torch.eye(k, dtype=group.dtype, device=group.device)
             new.append(torch.autograd.grad(group, here, grad_outputs=eye[:, None, :].expand(k, *group.shape),
                                            is_grads_batched=True, retain_graph=True)[0])
@@ -237,8 +233,7 @@ def token_component_decomposition(
         else:
             # each component's own scalar (not a column of one stacked tensor: a backward from a column would
             # also run every other component's graph with zero gradients)
-            per_component = [column for block in shares for group in block
-                             for column in (group.unbind(-1) if group.shape[-1] > 1 else [group[:, 0]])]
+            per_component = [column for block in shares for group in block for column in group.unbind(-1)]
             columns = []
             for c, share in enumerate(per_component):
                 grads = torch.autograd.grad(share.sum(), inputs, retain_graph=c < len(per_component) - 1,
