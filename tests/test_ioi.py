@@ -14,6 +14,7 @@ from bcos_plugins.data import (
     IOIPrompt,
     corrupt_ioi,
     encode_ioi,
+    ioi_name_pool,
     load_ioi,
     make_ioi_prompts,
 )
@@ -25,7 +26,6 @@ from bcos_plugins.data.ioi import (
     IOI_TRAIN_NAMES,
     IOI_TRAIN_TEMPLATES,
     _gpt2_tokenizer,
-    ioi_name_pool,
 )
 from bcos_plugins.errors import BcosError, BcosFileError, BcosTypeError, BcosValueError
 from bcos_plugins.metrics.decoder import mean_reciprocal_rank, next_token_contrast, perplexity

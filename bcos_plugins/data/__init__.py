@@ -21,6 +21,7 @@ __all__ = [
     "corrupt_ioi",
     "encode_blimp",
     "encode_ioi",
+    "ioi_name_pool",
     "load_ag_news",
     "load_blimp",
     "load_ioi",
@@ -143,4 +144,12 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
 # The dataset modules import the helpers above, so they come last.
 from .ag_news import load_ag_news  # noqa: E402
 from .blimp import BLIMP_SUBSETS, BlimpBatch, BlimpPair, encode_blimp, load_blimp  # noqa: E402
-from .ioi import IOIBatch, IOIPrompt, corrupt_ioi, encode_ioi, load_ioi, make_ioi_prompts  # noqa: E402
+from .ioi import (  # noqa: E402
+    IOIBatch,
+    IOIPrompt,
+    corrupt_ioi,
+    encode_ioi,
+    ioi_name_pool,
+    load_ioi,
+    make_ioi_prompts,
+)
