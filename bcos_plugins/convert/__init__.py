@@ -2,6 +2,7 @@
 
 from .architectures import SPECS, ArchitectureSpec, spec_for, supported_architectures
 from .bcosify import BCOS_CONFIG_KEY, UnsupportedModuleError, bcosify
+from .dynamic_linear import DYNAMIC_LINEAR_ARCHITECTURES, dynamic_linear_copy
 from .report import ConversionReport
 
 __all__ = [
@@ -9,8 +10,10 @@ __all__ = [
     "ArchitectureSpec",
     "BCOS_CONFIG_KEY",
     "ConversionReport",
+    "DYNAMIC_LINEAR_ARCHITECTURES",
     "UnsupportedModuleError",
     "bcosify",
+    "dynamic_linear_copy",
     "spec_for",
     "supported_architectures",
 ]
