@@ -29,7 +29,8 @@ from .convert.bcosify import (
 from .errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
 from .nn.linear import AlignmentPressure, check_b
 
-__all__ = ["BWarmupCallback", "accuracy", "bcos_loss", "fine_tune_classifier", "load_bcos_model", "predict"]
+__all__ = ["BWarmupCallback", "accuracy", "bcos_loss", "fine_tune_classifier", "load_bcos_model", "predict",
+           "two_rate_adamw"]
 
 
 def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None = None) -> Tensor:
@@ -312,10 +313,11 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
 
 
 class _EncodedTexts(torch.utils.data.Dataset):
-    """Tokenised texts for ``Trainer`` (padding is left to the collator)."""
+    """Tokenised texts (or sentence pairs) for ``Trainer`` (padding is left to the collator)."""
 
-    def __init__(self, tokenizer, texts: list[str], labels: list[int] | None, max_length: int):
-        self.encodings = tokenizer(list(texts), truncation=True, max_length=max_length)
+    def __init__(self, tokenizer, texts: list[str], labels: list[int] | None, max_length: int,
+                 text_pairs: list[str] | None = None):
+        self.encodings = tokenizer(list(texts), text_pairs, truncation=True, max_length=max_length)
         self.labels = labels
         self.teacher_logits: list[list[float]] | None = None
 
@@ -343,6 +345,7 @@ def fine_tune_classifier(
     texts: list[str],
     labels: list[int],
     *,
+    text_pairs: list[str] | None = None,
     epochs: float = 1.0,
     batch_size: int = 32,
     learning_rate: float = 5e-5,
@@ -363,6 +366,9 @@ def fine_tune_classifier(
 
     ``loss="auto"`` uses :func:`bcos_loss` (BCE on one-hot targets) for B-cos models and the model's own
     cross-entropy otherwise; ``"bce"`` / ``"ce"`` force one. Padding is dynamic (``DataCollatorWithPadding``).
+    Sentence-pair tasks (NLI, paraphrase): ``text_pairs`` holds the second text of each example, encoded as the
+    tokenizer's pair (``[CLS] text [SEP] pair [SEP]`` with token types for BERT), truncated longest first to
+    ``max_length``; pass the same ``text_pairs`` to :func:`predict` / :func:`accuracy`.
 
     ``head_learning_rate`` (default: ``learning_rate``) applies to the freshly initialised head (every
     parameter outside the encoder, plus the pooler). B-cos logits are bounded by the norm of their input
@@ -382,6 +388,7 @@ def fine_tune_classifier(
 
     num_labels = _check_classifier(model)
     texts = _check_texts(texts)
+    text_pairs = _check_text_pairs(text_pairs, len(texts))
     labels = check_labels(labels, num_labels, n=len(texts))
     if not callable(tokenizer):
         raise argument_error("tokenizer", f"must be a transformers tokenizer, got {type(tokenizer).__name__}",
@@ -400,11 +407,11 @@ def fine_tune_classifier(
                                progress, training_args)
     optimizers = (None, None)
     if head_learning_rate is not None:
-        optimizers = (_two_rate_adamw(model, learning_rate, head_learning_rate, args.weight_decay), None)
-    dataset = _EncodedTexts(tokenizer, texts, labels, max_length)
+        optimizers = (two_rate_adamw(model, learning_rate, head_learning_rate, args.weight_decay), None)
+    dataset = _EncodedTexts(tokenizer, texts, labels, max_length, text_pairs)
     trainer_class, loss_func = Trainer, (bcos_loss if use_bce else None)
     if distill is not None:
-        dataset.teacher_logits = predict(teacher, tokenizer, texts, batch_size=batch_size,
+        dataset.teacher_logits = predict(teacher, tokenizer, texts, text_pairs=text_pairs, batch_size=batch_size,
                                          max_length=max_length).tolist()
         # the Trainer would drop "teacher_logits" (not an argument of the model's forward) before the loss
         args.remove_unused_columns = False
@@ -584,6 +591,26 @@ def _check_texts(texts) -> list[str]:
     return texts
 
 
+def _check_text_pairs(text_pairs, n: int) -> list[str] | None:
+    """The second texts of sentence pairs (``None``: single texts), one string per text."""
+    if text_pairs is None:
+        return None
+    if isinstance(text_pairs, str) or not hasattr(text_pairs, "__len__"):
+        raise argument_error("text_pairs", f"must be a list of strings (the second text of each pair), got "
+                             f"{type(text_pairs).__name__}", "pass e.g. ['a hypothesis', 'another'], one per text",
+                             kind=BcosTypeError)
+    text_pairs = list(text_pairs)
+    if len(text_pairs) != n:
+        raise argument_error("text_pairs", f"{n} texts but {len(text_pairs)} text_pairs",
+                             "pass one second text per text (texts[i] pairs with text_pairs[i])")
+    bad = next((i for i, t in enumerate(text_pairs) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise argument_error("text_pairs", f"text_pairs[{bad}] is {type(text_pairs[bad]).__name__} "
+                             f"{text_pairs[bad]!r}, not a string", "pass strings only (use '' for an empty "
+                             "second text)", kind=BcosTypeError)
+    return text_pairs
+
+
 def check_labels(labels, num_labels: int, *, n: int | None = None) -> list[int]:
     """Class ids as a list of ints, refusing what would be silently truncated or out of range.
 
@@ -613,38 +640,68 @@ def check_labels(labels, num_labels: int, *, n: int | None = None) -> list[int]:
     return [int(y) for y in labels]
 
 
-def _two_rate_adamw(model: nn.Module, lr: float, head_lr: float, weight_decay: float):
-    """AdamW with one rate for the pretrained encoder and another for the head (and pooler)."""
+def two_rate_adamw(model: nn.Module, learning_rate: float, head_learning_rate: float,
+                   weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """AdamW with one rate for the pretrained encoder and another for the head (and the pooler).
+
+    The head is every trainable parameter outside the encoder (``model.base_model_prefix``) plus the pooler;
+    frozen parameters (``requires_grad=False``) are left out. This is the optimiser behind
+    ``fine_tune_classifier(..., head_learning_rate=...)``; pass it to a custom ``Trainer`` as
+    ``optimizers=(two_rate_adamw(model, 2e-4, 1e-3, args.weight_decay), None)``. B-cos logits are bounded by
+    the norm of their input and grow only as the fresh head aligns with it, so B-cos fine-tuning on a small
+    budget converges faster with a larger head rate.
+
+    Raises:
+        BcosTypeError / BcosValueError: ``model`` not a module with encoder parameters under its
+            ``base_model_prefix``, or with nothing trainable; a rate not finite and > 0; ``weight_decay`` < 0.
+    """
+    if not isinstance(model, nn.Module):
+        raise argument_error("model", f"must be a torch module, got {type(model).__name__}",
+                             "pass a transformers classifier", kind=BcosTypeError)
+    learning_rate = _check_number("learning_rate", learning_rate, low=0.0, low_open=True)
+    head_learning_rate = _check_number("head_learning_rate", head_learning_rate, low=0.0, low_open=True)
+    weight_decay = _check_number("weight_decay", weight_decay, low=0.0)
     prefix = getattr(model, "base_model_prefix", "")
+    named = list(model.named_parameters())
+    if not prefix or not any(name.startswith(prefix + ".") for name, _ in named):
+        raise argument_error("model", f"has no encoder parameters under base_model_prefix {prefix!r}, so the "
+                             "encoder cannot be told from the head", "pass a transformers classifier (e.g. "
+                             "BertForSequenceClassification), or build the parameter groups yourself")
     head, body = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        in_body = name.startswith(prefix + ".") and ".pooler." not in name
-        (body if in_body else head).append(p)
-    return torch.optim.AdamW([{"params": body, "lr": lr}, {"params": head, "lr": head_lr}],
-                             lr=lr, weight_decay=weight_decay)
+    for name, p in named:
+        if p.requires_grad:
+            in_body = name.startswith(prefix + ".") and ".pooler." not in name
+            (body if in_body else head).append(p)
+    if not body and not head:
+        raise argument_error("model", "has no trainable parameters (all have requires_grad=False)",
+                             "unfreeze the parameters to train")
+    # a frozen encoder (or head) leaves its group out rather than giving AdamW an empty one
+    groups = [{"params": ps, "lr": lr} for ps, lr in ((body, learning_rate), (head, head_learning_rate)) if ps]
+    return torch.optim.AdamW(groups, lr=learning_rate, weight_decay=weight_decay)
 
 
 @torch.no_grad()
-def predict(model: nn.Module, tokenizer, texts: list[str], *, batch_size: int = 64,
-            max_length: int = 64) -> Tensor:
-    """Logits ``(n, classes)`` for a list of texts, batched, in eval mode."""
+def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[str] | None = None,
+            batch_size: int = 64, max_length: int = 64) -> Tensor:
+    """Logits ``(n, classes)`` for a list of texts (with ``text_pairs``: sentence pairs), batched, in eval mode."""
     texts = _check_texts(texts)
+    text_pairs = _check_text_pairs(text_pairs, len(texts))
     _check_count("batch_size", batch_size)
     _check_count("max_length", max_length, minimum=2)
     model.eval()
     device = next(model.parameters()).device
     out = []
     for start in range(0, len(texts), batch_size):
-        enc = tokenizer(list(texts[start : start + batch_size]), padding=True, truncation=True,
+        pairs = None if text_pairs is None else text_pairs[start : start + batch_size]
+        enc = tokenizer(list(texts[start : start + batch_size]), pairs, padding=True, truncation=True,
                         max_length=max_length, return_tensors="pt").to(device)
         out.append(model(**enc).logits.float().cpu())
     return torch.cat(out)
 
 
 def accuracy(model: nn.Module, tokenizer, texts: list[str], labels: list[int], **kwargs) -> float:
-    """Share of texts whose predicted class equals the label."""
+    """Share of texts whose predicted class equals the label (``kwargs``: :func:`predict`'s, ``text_pairs``
+    included)."""
     labels = check_labels(labels, _check_classifier(model), n=len(_check_texts(texts)))
     pred = predict(model, tokenizer, texts, **kwargs).argmax(-1)
     return (pred == torch.as_tensor(labels)).float().mean().item()

@@ -68,7 +68,7 @@ from bcos_plugins.guided import (
     unguide_attention,
 )
 from bcos_plugins.metrics.rationale import rationale_alignment
-from bcos_plugins.train import _two_rate_adamw, bcos_loss
+from bcos_plugins.train import bcos_loss, two_rate_adamw
 
 DATA = SHIPPED_DATA / "esnli_test_premise_spans" / "esnli_test_part_a_first1600.jsonl"
 OUT = Path("outputs") / "guided_esnli"
@@ -165,7 +165,7 @@ def train(model, rows, pad_id, mode, args, bcos: bool):
     if bcos:
         # B-cos logits are bounded by the norm of their input and grow only as the fresh head aligns with it,
         # so the head (classifier and pooler) gets a larger rate (fine_tune_classifier's head_learning_rate)
-        extra["optimizers"] = (_two_rate_adamw(model, args.lr, args.bcos_head_lr, training_args.weight_decay), None)
+        extra["optimizers"] = (two_rate_adamw(model, args.lr, args.bcos_head_lr, training_args.weight_decay), None)
     trainer = trainer_class(
         model=model, args=training_args, train_dataset=rows,
         data_collator=lambda items: collate(items, pad_id, rationale, generator, supervise=supervised)[0],

@@ -1,4 +1,5 @@
-"""bcos_loss: definition, Trainer integration, errors."""
+"""bcos_loss: definition, Trainer integration, errors; sentence pairs and the two-rate optimiser of the
+fine-tuning helpers."""
 
 from __future__ import annotations
 
@@ -106,3 +107,115 @@ def test_b_warmup_errors():
         BWarmupCallback(model, start=1.5)
     with pytest.raises(ValueError, match="fraction"):
         BWarmupCallback(model, fraction=0.0)
+
+
+def pair_tokenizer():
+    """The word-level tokenizer of test_pretrain with BERT's pair template: [CLS] a [SEP] b [SEP], token types."""
+    from test_pretrain import word_tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    tok = word_tokenizer()
+    tok.backend_tokenizer.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.cls_token_id), ("[SEP]", tok.sep_token_id)])
+    tok.model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
+    return tok
+
+
+def test_sentence_pairs_are_encoded_as_pairs_and_learnt_from_the_second_text():
+    """The label is a word of the second text only: a model fine-tuned with ``text_pairs`` learns it, and
+    ``predict`` / ``accuracy`` read the same pair encoding the training used."""
+    import transformers as T
+    from conftest import tiny_config
+    from test_pretrain import QUIET, corpus
+
+    from bcos_plugins.train import accuracy, fine_tune_classifier, predict
+
+    tok = pair_tokenizer()
+    noise, _ = corpus(48, seed=2)
+    labels = [i % 2 for i in range(48)]
+    pairs = [f"{'w1' if y else 'w2'} {words}" for y, words in zip(labels, noise, strict=True)]
+    firsts, _ = corpus(48, seed=3)  # independent of the labels
+    torch.manual_seed(0)
+    model = T.BertForSequenceClassification(tiny_config("bert", num_labels=2))
+    trainer = fine_tune_classifier(model, tok, firsts, labels, text_pairs=pairs, epochs=8, batch_size=8,
+                                   learning_rate=3e-3, max_length=32, loss="ce", **QUIET)
+    item = trainer.train_dataset[0]
+    expected = tok(firsts[0], pairs[0], truncation=True, max_length=32)
+    assert item["input_ids"] == expected["input_ids"] and item["token_type_ids"] == expected["token_type_ids"]
+    assert item["input_ids"].count(tok.sep_token_id) == 2 and 1 in item["token_type_ids"]
+    enc = tok(firsts[:5], pairs[:5], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(predict(model, tok, firsts[:5], text_pairs=pairs[:5], max_length=32),
+                                   model.eval()(**enc).logits)
+    assert accuracy(model, tok, firsts, labels, text_pairs=pairs, max_length=32) >= 0.9
+
+
+def test_task_then_bcos_passes_text_pairs_to_both_stages():
+    import transformers as T
+    from conftest import tiny_config
+    from test_pretrain import QUIET, corpus
+
+    from bcos_plugins.pretrain import fine_tune_task_then_bcos
+
+    tok = pair_tokenizer()
+    texts, labels = corpus(16)
+    pairs, _ = corpus(16, seed=1)
+    model = T.BertForSequenceClassification(tiny_config("bert", num_labels=2))
+    trainer = fine_tune_task_then_bcos(model, tok, texts, labels, text_pairs=pairs, b=1.1, bcos_query_key=False,
+                                       task_epochs=1, epochs=1, batch_size=8, max_length=32, **QUIET)
+    assert trainer.train_dataset[0]["token_type_ids"] == tok(texts[0], pairs[0])["token_type_ids"]
+
+
+@pytest.mark.parametrize(("text_pairs", "pattern", "kind"), [
+    (["x"], r"^text_pairs: 2 texts but 1 text_pairs\. .*one second text per text", ValueError),
+    ("xy", r"^text_pairs: must be a list of strings", TypeError),
+    (["x", None], r"^text_pairs: text_pairs\[1\] is NoneType None, not a string", TypeError),
+])
+def test_text_pairs_are_validated(text_pairs, pattern, kind):
+    from bcos_plugins.train import accuracy, fine_tune_classifier, predict
+
+    model = bcosify(tiny_model("BertForSequenceClassification"), verbose=False)
+    tok = lambda *a, **k: None  # noqa: E731 - never reached: the arguments are checked first
+    for call in (lambda: fine_tune_classifier(model, tok, ["a", "b"], [0, 1], text_pairs=text_pairs),
+                 lambda: predict(model, tok, ["a", "b"], text_pairs=text_pairs),
+                 lambda: accuracy(model, tok, ["a", "b"], [0, 1], text_pairs=text_pairs)):
+        with pytest.raises(kind, match=pattern):
+            call()
+
+
+def test_two_rate_adamw_groups_encoder_and_head():
+    from bcos_plugins.train import two_rate_adamw
+
+    model = tiny_model("BertForSequenceClassification")
+    model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+    opt = two_rate_adamw(model, 2e-4, 1e-3, weight_decay=0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    body, head = ([names[id(p)] for p in g["params"]] for g in opt.param_groups)
+    assert [g["lr"] for g in opt.param_groups] == [2e-4, 1e-3]
+    assert all(g["weight_decay"] == 0.01 for g in opt.param_groups)
+    assert set(head) == {n for n in names.values() if n.startswith(("classifier.", "bert.pooler."))}
+    assert "bert.embeddings.word_embeddings.weight" not in body  # frozen: left out
+    assert len(body) + len(head) == sum(p.requires_grad for p in model.parameters())
+    # a frozen encoder leaves only the head's group
+    for p in model.bert.parameters():
+        p.requires_grad_(False)
+    assert [g["lr"] for g in two_rate_adamw(model, 2e-4, 1e-3).param_groups] == [1e-3]
+
+
+def test_two_rate_adamw_errors():
+    from bcos_plugins.train import two_rate_adamw
+
+    model = tiny_model("BertForSequenceClassification")
+    with pytest.raises(ValueError, match=r"^head_learning_rate: must be finite and > 0, got 0\.0"):
+        two_rate_adamw(model, 1e-4, 0.0)
+    with pytest.raises(ValueError, match=r"^weight_decay: must be finite and >= 0"):
+        two_rate_adamw(model, 1e-4, 1e-3, weight_decay=-0.1)
+    with pytest.raises(ValueError, match=r"^model: has no encoder parameters under base_model_prefix ''"):
+        two_rate_adamw(torch.nn.Linear(2, 2), 1e-4, 1e-3)
+    with pytest.raises(TypeError, match=r"^model: must be a torch module"):
+        two_rate_adamw("bert", 1e-4, 1e-3)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"^model: has no trainable parameters"):
+        two_rate_adamw(model, 1e-4, 1e-3)
