@@ -53,22 +53,20 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from captum.attr import InputXGradient, IntegratedGradients, LayerAttribution, LayerGradCam
 from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments, set_seed
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins.metrics.image import grid_pointing_game, pixel_perturbation
 from bcos_plugins.train import bcos_loss
-from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT, attention_rollout, explain_image
+from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT
 from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids
+from bcos_plugins.vision.posthoc import ImageAttributionMethod, attribution_input, image_attribution_methods
 
 DATASETS = ("digits16", "digits32")
 # B = 2 and MaxOut 2 as in the paper; a constant logit scale instead of the paper's 1/1000 (1 and below
@@ -153,112 +151,14 @@ def model_shape(data: str) -> dict:
 # explanation methods
 
 
-@dataclass
-class Method:
-    """``explain(images, target) -> (batch, H, W)`` per-pixel map; ``point``: where it attributes."""
-
-    explain: Callable[[Tensor, Tensor], Tensor]
-    point: str
-    post_hoc: bool = True
-
-
-def model_input(model: nn.Module, images: Tensor) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
-    """``(inputs, forward)`` at the model's attribution point: the ``[x, 1 - x]`` encoding for B-cos ViTs."""
-    if isinstance(model, BcosViT):
-        return model.encode(images), lambda e: model(encoded_pixel_values=e).logits
-    return images, lambda x: model(pixel_values=x).logits
-
-
-def attentions(model: nn.Module, images: Tensor) -> tuple[Tensor, ...]:
-    with torch.no_grad():
-        return model(pixel_values=images, output_attentions=True).attentions
-
-
-@contextmanager
-def token_grid_layer(model: nn.Module) -> Iterator[nn.Module]:
-    """A module whose output is the last block's tokens as ``(batch, D, h, w)``, for Captum's LayerGradCam.
-
-    The last block returns ``(tokens, attention)`` with tokens ``(batch, N, D)``; GradCAM averages gradients
-    over the spatial axes after the channel axis, so the tokens are passed through an identity module in
-    grid layout (a forward hook on the block reshapes there and back; the model's output is unchanged).
-    """
-    view = nn.Identity()
-    grid = model.config.grid_size
-
-    def hook(module, args, output):
-        tokens, pattern = output
-        spatial = view(tokens.transpose(1, 2).unflatten(2, (grid, grid)))
-        return spatial.flatten(2).transpose(1, 2), pattern
-
-    handle = model.blocks[-1].register_forward_hook(hook)
-    try:
-        yield view
-    finally:
-        handle.remove()
+# The method set is the package's (bcos_plugins.vision.posthoc), shared with examples/vit_digits.py.
+Method = ImageAttributionMethod
+model_input = attribution_input
 
 
 def make_methods(model: nn.Module, ig_steps: int = 32) -> dict[str, Method]:
     """Every method of the benchmark for ``model`` (a :class:`BcosViT` also gets its inherent explanation)."""
-    patch = model.config.patch_size
-    bcos = isinstance(model, BcosViT)
-    gradient_point = "encoded image [x, 1-x]" if bcos else "pixels"
-
-    def inherent(images, target):
-        exp = explain_image(model, images, target=target)
-        worst = exp.completeness_error.max().item()
-        if worst > 1e-4:
-            raise RuntimeError(f"B-cos explanation incomplete: relative error {worst:.2e}")
-        return exp.contributions
-
-    def last_attention(images, target):
-        # rollout of the last layer alone, without the residual term: mean over heads and queries
-        return attention_rollout(attentions(model, images)[-1:], patch, residual_weight=0.0)
-
-    def rollout(images, target):
-        return attention_rollout(attentions(model, images), patch)
-
-    def pixels(images):
-        return images, lambda x: model(pixel_values=x).logits
-
-    def model_point(images):
-        return model_input(model, images)
-
-    def integrated_gradients(point):
-        def explain(images, target):
-            inputs, forward = point(images)
-            return IntegratedGradients(forward).attribute(inputs, baselines=0.0, target=target, n_steps=ig_steps,
-                                                          internal_batch_size=512).sum(dim=1)
-        return explain
-
-    def input_x_gradient(point):
-        def explain(images, target):
-            inputs, forward = point(images)
-            return InputXGradient(forward).attribute(inputs, target=target).sum(dim=1)
-        return explain
-
-    def grad_cam(images, target):
-        inputs, forward = model_input(model, images)
-        with token_grid_layer(model) as layer:
-            cam = LayerGradCam(forward, layer).attribute(inputs, target=target, relu_attributions=True)
-        return LayerAttribution.interpolate(cam, tuple(images.shape[-2:])).squeeze(1)
-
-    methods = {"B-cos W(x)x": Method(inherent, "encoded image [x, 1-x] (exact)", post_hoc=False)} if bcos else {}
-    methods |= {
-        "Attention (last layer)": Method(last_attention, "last layer's attention, per token"),
-        "Rollout": Method(rollout, "attention of every layer, per token"),
-        f"IntGrad ({ig_steps} steps)": Method(integrated_gradients(model_point), gradient_point),
-        "IxG": Method(input_x_gradient(model_point), gradient_point),
-        "GradCAM": Method(grad_cam, "last block's output tokens"),
-    }
-    if bcos:
-        # the same methods with the encoding inside the model: black pixels (x = 0) get no attribution, which
-        # favours them on black-background digits; reported so that the best post-hoc score is the best one
-        methods |= {
-            f"IntGrad ({ig_steps} steps), pixels": Method(integrated_gradients(pixels),
-                                                          "pixels x (through the encoding; black baseline)"),
-            "IxG, pixels": Method(input_x_gradient(pixels), "pixels x (through the encoding)"),
-        }
-    return methods
+    return image_attribution_methods(model, ig_steps=ig_steps)
 
 
 # ---------------------------------------------------------------------------------------------------------

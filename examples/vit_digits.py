@@ -6,18 +6,18 @@ digits (no download):
 1. 16x16 digit images (a digit scaled up, or at its own size somewhere on the canvas), stratified split;
 2. train a B-cos ViT (B-cos CNN tokeniser, B-cos attention with a learnt additive attention prior, BCE loss
    through transformers' ``Trainer`` + ``bcos_loss``) and a conventional ViT of the same shape (softmax CE);
-3. explain: the B-cos ViT's inherent ``W(x) x`` (checked complete), Captum Integrated Gradients (32 steps),
-   Input x Gradient and Saliency, and attention rollout, on both models (post-hoc methods only on the
-   conventional one);
+3. explain with the methods of ``bcos_plugins.vision.posthoc`` (the set ``make bench-vision`` uses): the B-cos
+   ViT's inherent ``W(x) x`` (checked complete), last-layer attention, attention rollout, and Captum's
+   Integrated Gradients (32 steps), Input x Gradient and GradCAM, on both models (the gradient methods on the
+   B-cos ViT also at the pixels);
 4. grid pointing game on 2x2 grids of confidently and correctly classified test digits of four classes;
 5. pixel perturbation (remove up to 25% of the pixels, most / least important first; area between the
    curves) on the most confidently classified test images;
 6. write outputs/vit_digits/: results.md (table), results.json, explanations.png, grid_explanations.png,
    perturbation_curves.png, and the trained models.
 
-The paper's full protocol (last-layer attention, GradCAM, gradient methods at the encoding and at the pixels,
-ratios to the best post-hoc method, the paper's logit bias in the B-cos loss) is ``make bench-vision``
-(benchmarks/bench_vision.py).
+The paper's full protocol (ratios to the best post-hoc method, the paper's logit bias in the B-cos loss, more
+training views at grid-cell size) is ``make bench-vision`` (benchmarks/bench_vision.py).
 
 Environment variables: VIT_EPOCHS (B-cos ViT epochs, default 12), VIT_BASELINE_EPOCHS (default 30: the conventional ViT is 3x faster per epoch and needs more),
 VIT_GRIDS (default 60), VIT_PERTURB (images for the perturbation metric, default 150),
@@ -31,19 +31,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from captum.attr import InputXGradient, IntegratedGradients, Saliency
 from transformers import Trainer, TrainingArguments, set_seed
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins.metrics.image import grid_pointing_game, pixel_perturbation
 from bcos_plugins.metrics.summary import Cost, measure_cost
 from bcos_plugins.train import bcos_loss
-from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT, attention_rollout, explain_image
+from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT, explain_image
 from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids
+from bcos_plugins.vision.posthoc import attribution_input, image_attribution_methods
 from bcos_plugins.vision.visualize import save_explanation_figure, weight_colour_image
 
 OUT = Path("outputs/vit_digits")
@@ -87,51 +86,16 @@ def accuracy(model, data: DigitImages) -> float:
     return (predict(model, data.pixel_values).argmax(-1) == data.labels).float().mean().item()
 
 
-def sum_channels(t: torch.Tensor) -> torch.Tensor:
-    return t.sum(dim=1) if t.ndim == 4 else t
-
-
-def attribution_methods(model) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
-    """Per-pixel attribution methods ``(images, target) -> (batch, H, W)`` for ``model``."""
-    def forward(x):
-        return model(pixel_values=x).logits
-
-    def inherent(images, target):
-        exp = explain_image(model, images, target=target)
-        assert exp.completeness_error.max() < 1e-4, exp.completeness_error.max()
-        return exp.contributions
-
-    def rollout(images, target):
-        with torch.no_grad():
-            attentions = model(pixel_values=images, output_attentions=True).attentions
-        return attention_rollout(attentions, model.config.patch_size)
-
-    methods = {"B-cos W(x)x": inherent} if isinstance(model, BcosViT) else {}
-    methods["IntGrad"] = lambda images, target: sum_channels(IntegratedGradients(forward).attribute(
-        images, target=target, n_steps=32, internal_batch_size=512))
-    methods["IxG"] = lambda images, target: sum_channels(InputXGradient(forward).attribute(images, target=target))
-    methods["Saliency"] = lambda images, target: sum_channels(Saliency(forward).attribute(images, target=target))
-    methods["Rollout"] = rollout
-    return methods
-
-
 def method_maps(model, images: torch.Tensor, target: torch.Tensor,
                 costs: dict[str, Cost] | None = None) -> dict[str, torch.Tensor]:
     """Maps of every method; with ``costs``, also the time and peak memory of each call."""
     maps = {}
-    for name, method in attribution_methods(model).items():
-        result, cost = measure_cost(method, images, target, device="cpu")
+    for name, method in image_attribution_methods(model).items():
+        result, cost = measure_cost(method.explain, images, target, device="cpu")
         maps[name] = result.detach()
         if costs is not None:
             costs[name] = cost
     return maps
-
-
-def model_input(model, images: torch.Tensor):
-    """(inputs, forward) in the space where pixels are removed: the [x, 1 - x] encoding for B-cos models."""
-    if isinstance(model, BcosViT):
-        return model.encode(images), lambda e: model(encoded_pixel_values=e).logits
-    return images, lambda x: model(pixel_values=x).logits
 
 
 def grid_pointing(model, grids: torch.Tensor, cell_labels: torch.Tensor) -> tuple[dict[str, float], dict]:
@@ -146,7 +110,7 @@ def grid_pointing(model, grids: torch.Tensor, cell_labels: torch.Tensor) -> tupl
 
 
 def perturbation(model, images: torch.Tensor, labels: torch.Tensor) -> dict[str, dict]:
-    inputs, forward = model_input(model, images)
+    inputs, forward = attribution_input(model, images)
     results = {}
     costs: dict[str, Cost] = {}
     for name, m in method_maps(model, images, labels, costs).items():

@@ -61,3 +61,25 @@ def padded_batch(seed: int = 0, batch: int = 3, length: int = 9, side: str = "ri
 @pytest.fixture
 def batch():
     return padded_batch()
+
+
+# the two ViT kinds of bcos_plugins.vision, tiny and random (tests/test_vision_posthoc.py, tests/test_bench_vision.py)
+TINY_VIT_SHAPE = dict(image_size=16, num_channels=1, patch_size=4, hidden_size=16, num_hidden_layers=2,
+                      num_attention_heads=2, intermediate_size=32, tokenizer="conv", conv_channels=[4], num_labels=5)
+
+
+@pytest.fixture(scope="module")
+def tiny_vits():
+    from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT
+
+    torch.manual_seed(0)
+    bcos = BcosViT(BcosViTConfig(**TINY_VIT_SHAPE, b=2.0, max_out=2, logit_scale=10.0)).eval()
+    conventional = ConventionalViT(BcosViTConfig(**TINY_VIT_SHAPE)).eval()
+    return {"bcos": bcos, "conventional": conventional}
+
+
+@pytest.fixture(scope="module")
+def vit_images():
+    """Three random 16x16 grey images and their targets."""
+    torch.manual_seed(1)
+    return torch.rand(3, 1, 16, 16), torch.tensor([0, 3, 4])

@@ -1,4 +1,6 @@
-"""The vision benchmark's functions on tiny random ViTs: every method, its attribution maths, the metrics' wiring.
+"""The vision benchmark's functions on tiny random ViTs: data, the metrics' wiring, the written tables.
+
+The methods' maths is tested in tests/test_vision_posthoc.py.
 
 The benchmark trains two ViTs for minutes; here the same functions run on 2-layer random models, so a change
 in Captum, in the models or in the metrics that breaks the script (or silently changes a method) fails a test.
@@ -15,15 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT
 from bcos_plugins.vision.data import make_grids
+from bcos_plugins.vision.posthoc import ImageAttributionMethod, image_attribution_methods
 
 ROOT = Path(__file__).resolve().parents[1]
 # Captum's note that it set requires_grad on the inputs itself: expected here
 pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already require gradients")
 
-SHAPE = dict(image_size=16, num_channels=1, patch_size=4, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-             intermediate_size=32, tokenizer="conv", conv_channels=[4], num_labels=5)
 
 
 @pytest.fixture(scope="module")
@@ -36,127 +36,20 @@ def bench():
     sys.modules.pop("bench_vision", None)
 
 
-@pytest.fixture(scope="module")
-def models():
-    torch.manual_seed(0)
-    bcos = BcosViT(BcosViTConfig(**SHAPE, b=2.0, max_out=2, logit_scale=10.0)).eval()
-    conventional = ConventionalViT(BcosViTConfig(**SHAPE)).eval()
-    return {"bcos": bcos, "conventional": conventional}
-
-
-@pytest.fixture(scope="module")
-def images():
-    torch.manual_seed(1)
-    return torch.rand(3, 1, 16, 16), torch.tensor([0, 3, 4])
-
-
-EXPECTED = {"bcos": {"B-cos W(x)x", "Attention (last layer)", "Rollout", "IntGrad (4 steps)", "IxG", "GradCAM",
-                     "IntGrad (4 steps), pixels", "IxG, pixels"},
-            "conventional": {"Attention (last layer)", "Rollout", "IntGrad (4 steps)", "IxG", "GradCAM"}}
-
-
-@pytest.mark.parametrize("kind", ["bcos", "conventional"])
-def test_every_method_gives_finite_pixel_maps_and_names_its_attribution_point(bench, models, images, kind):
-    methods = bench.make_methods(models[kind], ig_steps=4)
-    assert set(methods) == EXPECTED[kind]
-    x, target = images
-    for name, method in methods.items():
-        maps = method.explain(x, target)
-        assert maps.shape == (3, 16, 16), name
-        assert torch.isfinite(maps).all(), name
-        assert maps.abs().sum() > 0, name  # not a degenerate all-zero map
-        assert method.point, name
-        assert method.post_hoc == (name != "B-cos W(x)x")
-    # gradient methods attribute where the perturbation edits: the encoding for B-cos, the pixels otherwise
-    expected_point = "encoded image [x, 1-x]" if kind == "bcos" else "pixels"
-    assert methods["IxG"].point == expected_point
-
-
-def test_bcos_map_is_complete_it_sums_to_the_explained_logit(bench, models, images):
-    model = models["bcos"]
-    x, target = images
-    maps = bench.make_methods(model)["B-cos W(x)x"].explain(x, target)
-    with torch.no_grad():
-        logits = model(pixel_values=x).logits
-    torch.testing.assert_close(maps.sum(dim=(1, 2)), logits.gather(1, target[:, None]).squeeze(1), rtol=1e-4, atol=1e-5)
-
-
-def test_input_x_gradient_at_the_encoding_and_at_the_pixels(bench, models, images):
-    model = models["bcos"]
-    x, target = images
-    methods = bench.make_methods(model)
-    encoded = model.encode(x).requires_grad_(True)
-    logit = model(encoded_pixel_values=encoded).logits.gather(1, target[:, None]).sum()
-    (grad,) = torch.autograd.grad(logit, encoded)
-    torch.testing.assert_close(methods["IxG"].explain(x, target), (encoded * grad).sum(dim=1).detach())
-    pixels = x.clone().requires_grad_(True)
-    (grad,) = torch.autograd.grad(model(pixel_values=pixels).logits.gather(1, target[:, None]).sum(), pixels)
-    torch.testing.assert_close(methods["IxG, pixels"].explain(x, target), (x * grad).sum(dim=1))
-
-
-def test_integrated_gradients_on_the_bcos_vit_equals_input_x_gradient_it_is_homogeneous(bench, models, images):
-    """B-cos layers are positively homogeneous (y(a x) = a y(x)), so IG from the zero encoding is exact IxG."""
-    model = models["bcos"]
-    x, target = images
-    methods = bench.make_methods(model, ig_steps=4)
-    encoded = model.encode(x)
-    with torch.no_grad():
-        logits = model(encoded_pixel_values=encoded).logits
-        halved = model(encoded_pixel_values=0.5 * encoded).logits
-    # up to the norm epsilons of the B-cos and LayerNorm layers
-    assert (halved - 0.5 * logits).abs().max() < 1e-3 * logits.abs().max()
-    ig, ixg = methods["IntGrad (4 steps)"].explain(x, target), methods["IxG"].explain(x, target)
-    assert (ig - ixg).abs().max() < 1e-2 * ixg.abs().max()
-
-
-@pytest.mark.parametrize("kind", ["bcos", "conventional"])
-def test_last_layer_attention_is_the_mean_over_heads_and_queries_spread_over_patches(bench, models, images, kind):
-    model = models[kind]
-    x, target = images
-    with torch.no_grad():
-        last = model(pixel_values=x, output_attentions=True).attentions[-1]
-    per_token = last.mean(dim=1)
-    per_token = (per_token / per_token.sum(dim=-1, keepdim=True)).mean(dim=1).reshape(3, 4, 4)
-    expected = per_token.repeat_interleave(4, dim=1).repeat_interleave(4, dim=2)
-    torch.testing.assert_close(bench.make_methods(model)["Attention (last layer)"].explain(x, target), expected)
-
-
-@pytest.mark.parametrize("kind", ["bcos", "conventional"])
-def test_gradcam_weights_each_token_feature_by_its_mean_gradient_over_tokens(bench, models, images, kind):
-    """GradCAM by hand on the last block's tokens (batch, N, D): relu(sum_d mean_n(dy/dA_nd) * A_nd)."""
-    model = models[kind]
-    x, target = images
-    inputs, forward = bench.model_input(model, x)
-    captured = {}
-
-    def keep(module, args, output):
-        output[0].retain_grad()
-        captured["tokens"] = output[0]
-
-    handle = model.blocks[-1].register_forward_hook(keep)
-    try:
-        forward(inputs).gather(1, target[:, None]).sum().backward()
-    finally:
-        handle.remove()
-    tokens = captured["tokens"]
-    weights = tokens.grad.mean(dim=1, keepdim=True)
-    cam = (weights * tokens).sum(dim=-1).clamp_min(0).detach().reshape(3, 4, 4)
-    expected = cam.repeat_interleave(4, dim=1).repeat_interleave(4, dim=2)
-    torch.testing.assert_close(bench.make_methods(model)["GradCAM"].explain(x, target), expected)
-    # the hook only reshapes: the model's output is unchanged while it is in place
-    with torch.no_grad(), bench.token_grid_layer(model):
-        inside = forward(inputs)
-    with torch.no_grad():
-        torch.testing.assert_close(inside, forward(inputs))
+def test_the_benchmark_explains_with_the_package_method_set(bench, tiny_vits):
+    """One method set (bcos_plugins.vision.posthoc) serves the benchmark and examples/vit_digits.py."""
+    for model in tiny_vits.values():
+        assert set(bench.make_methods(model, ig_steps=4)) == set(image_attribution_methods(model, ig_steps=4))
+    assert bench.Method is ImageAttributionMethod
 
 
 def test_pointing_scores_wire_each_cell_to_its_class(bench):
     # cell k of grid g holds the value (class + 1) / 10; an oracle method marks exactly those pixels
     digits = torch.stack([torch.full((1, 8, 8), (c + 1) / 10) for c in range(5)])
     grids, cells = make_grids(digits, torch.arange(5), torch.ones(5), n_grids=1, seed=0)
-    oracle = bench.Method(lambda img, t: (img[:, 0] - ((t[:, None, None] + 1) / 10)).abs().lt(1e-6).double(), "test")
-    uniform = bench.Method(lambda img, t: torch.ones_like(img[:, 0]), "test")
-    wrong = bench.Method(lambda img, t: -oracle.explain(img, t), "test")
+    oracle = ImageAttributionMethod(lambda img, t: (img[:, 0] - ((t[:, None, None] + 1) / 10)).abs().lt(1e-6).double(), "test")
+    uniform = ImageAttributionMethod(lambda img, t: torch.ones_like(img[:, 0]), "test")
+    wrong = ImageAttributionMethod(lambda img, t: -oracle.explain(img, t), "test")
     scores = bench.pointing_scores({"oracle": oracle, "uniform": uniform, "negative": wrong}, grids, cells)
     assert scores == {"oracle": 1.0, "uniform": 0.25, "negative": 0.0}
 
@@ -180,12 +73,12 @@ def test_load_data_digits32_makes_32_pixel_canvases_of_16_pixel_digits(bench):
     assert bench.model_shape("digits32")["image_size"] == 32
 
 
-def test_perturbation_scores_and_the_written_table(bench, models, images, tmp_path):
-    x, target = images
+def test_perturbation_scores_and_the_written_table(bench, tiny_vits, vit_images, tmp_path):
+    x, target = vit_images
     rows = []
     for kind, name in (("bcos", "B-cos ViT"), ("conventional", "conventional ViT")):
-        methods = bench.make_methods(models[kind], ig_steps=4)
-        results = bench.perturbation_scores(models[kind], methods, x, target)
+        methods = bench.make_methods(tiny_vits[kind], ig_steps=4)
+        results = bench.perturbation_scores(tiny_vits[kind], methods, x, target)
         assert set(results) == set(methods)
         for method_name, (abc, seconds, curves) in results.items():
             assert math.isfinite(abc) and seconds > 0

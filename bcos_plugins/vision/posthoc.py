@@ -1,0 +1,179 @@
+"""The post-hoc explanations the B-cos ViT paper compares ``W(x) x`` with, as one set of per-pixel map functions.
+
+:func:`image_attribution_methods` returns, for a :class:`~.model.BcosViT` or a :class:`~.conventional.ConventionalViT`,
+``{name: ImageAttributionMethod}``; each method maps ``(images, target) -> (batch, H, W)`` (summed over
+channels) and states where it attributes:
+
+- ``"B-cos W(x)x"`` (B-cos ViT only): the inherent explanation (:func:`~.explain.explain_image`), checked
+  complete on every call;
+- ``"Attention (last layer)"``: the last layer's attention, mean over heads and over query tokens (the
+  classifier mean-pools the tokens), i.e. :func:`~.rollout.attention_rollout` of that layer alone without the
+  residual term; ``"Rollout"``: attention rollout over every layer; both spread each token's value over its patch;
+- ``"IntGrad (n steps)"`` (zero baseline), ``"IxG"``: Captum's ``IntegratedGradients`` / ``InputXGradient`` at
+  :func:`attribution_input`: the ``[x, 1 - x]`` encoding for a B-cos ViT (where ``W(x) x`` is exact and where
+  pixel perturbation removes pixels), the pixels for a conventional ViT. On a B-cos ViT they use its ordinary
+  gradient (outside explanation mode), as a Captum user gets it;
+- ``"GradCAM"``: Captum's ``LayerGradCam`` on the last block's output tokens laid out as a ``(D, h, w)`` grid
+  (the reshape pytorch-grad-cam applies to ViTs), with ReLU, upsampled to the image;
+- B-cos ViT only, ``"IntGrad (n steps), pixels"`` and ``"IxG, pixels"``: the same at the pixels, through the
+  encoding (black pixels, ``x = 0``, then get no attribution, which favours them on black-background images).
+
+``benchmarks/bench_vision.py`` (``make bench-vision``) and ``examples/vit_digits.py`` both explain with this set.
+Needs Captum (the ``captum`` extra) for the gradient methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from .._checks import require_int
+from ..errors import BcosRuntimeError, BcosTypeError, argument_error
+from .conventional import ConventionalViT
+from .explain import explain_image
+from .model import BcosViT
+from .rollout import attention_rollout
+
+__all__ = ["ImageAttributionMethod", "attribution_input", "image_attribution_methods"]
+
+# explain_image's relative completeness error is float rounding (about 1e-7 in float32); far above it, the
+# model is not in the state explain_image expects, and the map must not be reported as W(x) x
+_COMPLETENESS_TOLERANCE = 1e-4
+
+
+@dataclass
+class ImageAttributionMethod:
+    """``explain(images, target) -> (batch, H, W)`` per-pixel map; ``point``: where it attributes."""
+
+    explain: Callable[[Tensor, Tensor], Float[Tensor, "batch h w"]]
+    point: str
+    post_hoc: bool = True
+
+
+def _require_vit(model) -> nn.Module:
+    if not isinstance(model, BcosViT | ConventionalViT):
+        raise argument_error("model", f"expected a BcosViT or ConventionalViT, got {type(model).__name__}",
+                             "Build the model with bcos_plugins.vision", kind=BcosTypeError)
+    return model
+
+
+def attribution_input(model: BcosViT | ConventionalViT, images: Tensor) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """``(inputs, forward)`` at the model's attribution point: the ``[x, 1 - x]`` encoding for a B-cos ViT.
+
+    ``forward(inputs)`` returns the logits; pixel perturbation edits ``inputs`` (a removed pixel is zero in both
+    channels of the encoding, black for a conventional ViT).
+    """
+    model = _require_vit(model)
+    if isinstance(model, BcosViT):
+        return model.encode(images), lambda encoded: model(encoded_pixel_values=encoded).logits
+    return images, lambda pixels: model(pixel_values=pixels).logits
+
+
+def _attentions(model: nn.Module, images: Tensor) -> tuple[Tensor, ...]:
+    with torch.no_grad():
+        return model(pixel_values=images, output_attentions=True).attentions
+
+
+@contextmanager
+def _token_grid_layer(model: nn.Module) -> Iterator[nn.Module]:
+    """A module whose output is the last block's tokens as ``(batch, D, h, w)``, for Captum's LayerGradCam.
+
+    The last block returns ``(tokens, attention)`` with tokens ``(batch, N, D)``; GradCAM averages gradients
+    over the spatial axes after the channel axis, so the tokens pass through an identity module in grid layout
+    (a forward hook on the block reshapes there and back; the model's output is unchanged).
+    """
+    view = nn.Identity()
+    grid = model.config.grid_size
+
+    def hook(module, args, output):
+        tokens, pattern = output
+        spatial = view(tokens.transpose(1, 2).unflatten(2, (grid, grid)))
+        return spatial.flatten(2).transpose(1, 2), pattern
+
+    handle = model.blocks[-1].register_forward_hook(hook)
+    try:
+        yield view
+    finally:
+        handle.remove()
+
+
+def _captum():
+    try:
+        import captum.attr
+    except ImportError as err:
+        raise ImportError("image_attribution_methods: the gradient methods need Captum. Install the `captum` "
+                          "extra: pip install 'bcos-plugins[captum]'") from err
+    return captum.attr
+
+
+def image_attribution_methods(model: BcosViT | ConventionalViT, ig_steps: int = 32,
+                              internal_batch_size: int = 512) -> dict[str, ImageAttributionMethod]:
+    """Every method of the module docstring for ``model`` (a :class:`BcosViT` also gets ``W(x) x``)."""
+    model = _require_vit(model)
+    ig_steps = require_int("ig_steps", ig_steps, minimum=1)
+    internal_batch_size = require_int("internal_batch_size", internal_batch_size, minimum=1)
+    attr = _captum()
+    patch = model.config.patch_size
+    bcos = isinstance(model, BcosViT)
+    gradient_point = "encoded image [x, 1-x]" if bcos else "pixels"
+
+    def inherent(images, target):
+        explanation = explain_image(model, images, target=target)
+        worst = explanation.completeness_error.max().item()
+        if worst > _COMPLETENESS_TOLERANCE:
+            raise BcosRuntimeError(f"model: its W(x) x explanation is incomplete (relative error {worst:.2e}); "
+                                   "explain_image's completeness check failed, so the map is not reported")
+        return explanation.contributions
+
+    def last_attention(images, target):
+        return attention_rollout(_attentions(model, images)[-1:], patch, residual_weight=0.0)
+
+    def rollout(images, target):
+        return attention_rollout(_attentions(model, images), patch)
+
+    def pixels(images):
+        return images, lambda x: model(pixel_values=x).logits
+
+    def model_point(images):
+        return attribution_input(model, images)
+
+    def integrated_gradients(point):
+        def explain(images, target):
+            inputs, forward = point(images)
+            return attr.IntegratedGradients(forward).attribute(inputs, baselines=0.0, target=target, n_steps=ig_steps,
+                                                               internal_batch_size=internal_batch_size).sum(dim=1)
+        return explain
+
+    def input_x_gradient(point):
+        def explain(images, target):
+            inputs, forward = point(images)
+            return attr.InputXGradient(forward).attribute(inputs, target=target).sum(dim=1)
+        return explain
+
+    def grad_cam(images, target):
+        inputs, forward = attribution_input(model, images)
+        with _token_grid_layer(model) as layer:
+            cam = attr.LayerGradCam(forward, layer).attribute(inputs, target=target, relu_attributions=True)
+        return attr.LayerAttribution.interpolate(cam, tuple(images.shape[-2:])).squeeze(1)
+
+    methods = ({"B-cos W(x)x": ImageAttributionMethod(inherent, "encoded image [x, 1-x] (exact)", post_hoc=False)}
+               if bcos else {})
+    methods |= {
+        "Attention (last layer)": ImageAttributionMethod(last_attention, "last layer's attention, per token"),
+        "Rollout": ImageAttributionMethod(rollout, "attention of every layer, per token"),
+        f"IntGrad ({ig_steps} steps)": ImageAttributionMethod(integrated_gradients(model_point), gradient_point),
+        "IxG": ImageAttributionMethod(input_x_gradient(model_point), gradient_point),
+        "GradCAM": ImageAttributionMethod(grad_cam, "last block's output tokens"),
+    }
+    if bcos:
+        methods |= {
+            f"IntGrad ({ig_steps} steps), pixels": ImageAttributionMethod(
+                integrated_gradients(pixels), "pixels x (through the encoding; black baseline)"),
+            "IxG, pixels": ImageAttributionMethod(input_x_gradient(pixels), "pixels x (through the encoding)"),
+        }
+    return methods
