@@ -106,10 +106,18 @@ def bench_components(args) -> None:
         flops[name] = counter.get_total_flops()
     batched, loop = results["decomposition (batched)"], results["loop, 1 backward/component"]
     torch.testing.assert_close(batched.table, loop.table, rtol=1e-4, atol=1e-5)
+    # The ceiling for any method that does the loop's arithmetic: the device's own matrix-product rate on the
+    # largest product of the batched sweep (every component's gradient through an MLP: 54 x 64 rows, 256 -> 1024),
+    # timed in the same rounds
+    rows, d_model, d_mlp = (len(batched.labels) - 1) * tokens.shape[1], cfg.d_model, cfg.d_mlp
+    a = torch.randn(rows, d_model, device=args.device)
+    b = torch.randn(d_model, d_mlp, device=args.device)
     times: dict[str, list[float]] = {name: [] for name in calls}
+    product_times = []
     for _ in range(args.repeats):
         for name, call in calls.items():
             times[name].append(_time_call(call, args.device))
+        product_times.append(_time_call(lambda: a @ b, args.device))
     wall = {name: statistics.median(t) for name, t in times.items()}
     print(f"\nToken x component decomposition: 6 layers x 8 heads (d_model 256, {len(batched.labels)} components), "
           f"64 tokens, B={args.b}, device={args.device}, threads={torch.get_num_threads()}, {args.repeats} rounds; "
@@ -120,6 +128,11 @@ def bench_components(args) -> None:
     ratio = wall["loop, 1 backward/component"] / wall["decomposition (batched)"]
     print(f"loop / batched = {ratio:.2f}x (goal >= 3: {'met' if ratio >= 3 else 'NOT met'}); "
           f"batched / one explain call = {wall['decomposition (batched)'] / wall['explain_logits']:.2f}x")
+    peak = 2 * rows * d_model * d_mlp / statistics.median(product_times)
+    loop_rate = flops["loop, 1 backward/component"] / wall["loop, 1 backward/component"]
+    print(f"device matrix-product rate ({rows}x{d_model} @ {d_model}x{d_mlp}): {peak / 1e9:.1f} GFLOP/s; the loop "
+          f"runs at {loop_rate / 1e9:.1f}, so doing its arithmetic at the device's peak would be "
+          f"{peak / loop_rate:.2f}x the loop at most")
 
 
 def _time_call(call, device) -> float:
