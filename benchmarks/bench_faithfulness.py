@@ -13,13 +13,19 @@ LayerNorm ignores its input's scale); for the B-cos model the combined embedding
 where its explanation is exact. The table states the point per row. Token score = sum over the embedding
 dimension; IG runs with a zero baseline and, as a second row, with the [MASK] embedding as baseline;
 perturbation methods replace a token by the embedding of [MASK] at its position and never touch
-[CLS]/[SEP]/[PAD]. Ablation (paper Table 3): plain IxG on the B-cos model (outside explanation mode).
+[CLS]/[SEP]/[PAD]. Ablations (paper Table 3): plain IxG on the B-cos model (outside explanation mode), and W(x)x
+from the conventional model: `bcos_plugins.convert.dynamic_linear_copy` holds its attention, activation gates and
+LayerNorm scales constant and keeps its biases, and `explain` takes input x gradient at the combined embedding,
+the B-cos model's point. Its token scores leave out the biases' share of the logit; the table's completeness
+error column (for every input x gradient row) says how large that share is.
 
 Metrics (bcos_plugins.metrics): comprehensiveness and sufficiency AOPC on SST-2 (removal through the attention
 mask; paper-compatible unnormalised area over p = 0.1..0.9, x100 like the paper's tables; the normalised
 area is in the CSV), SeqPG on AG News (two-segment examples built from segments that *both* models classify correctly with
 probability >= 0.75, so the same examples score both and neither is charged for its classification errors),
-explanation entropy, seconds per explanation and peak memory (CPU: the kernel's peak resident size above
+with the split of each method's positive evidence between the right segment, the wrong segment and
+[CLS]/[SEP] (`seqpg_evidence_split`: why a method wins or loses the pointing game), explanation entropy,
+completeness error, seconds per explanation and peak memory (CPU: the kernel's peak resident size above
 the level before the call, for one batch). Each method explains one batch untimed first (warm-up: lazy
 initialisation and allocator growth are not part of the cost of an explanation).
 
@@ -78,16 +84,18 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, BertForSequenceClassification
 from transformers.utils import logging as hf_logging
 
-from bcos_plugins import bcosify, load_bcos_model
+from bcos_plugins import bcosify, explain, load_bcos_model
+from bcos_plugins.convert import dynamic_linear_copy
 from bcos_plugins.data import load_sst2
 from bcos_plugins.data.ag_news import load_ag_news
 from bcos_plugins.metrics import (
     PerturbationCurves,
+    completeness_error,
     explanation_entropy,
     make_seqpg_examples,
     measure_cost,
     perturbation_curves,
-    seqpg_score,
+    seqpg_evidence_split,
     special_tokens_mask,
 )
 from bcos_plugins.pretrained import minilm_path
@@ -226,11 +234,15 @@ def token_feature_mask(emb: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Method:
-    """One row of the table: which model it explains, how, and where its attributions are taken."""
+    """One row of the table: which model it explains, how, and where its attributions are taken.
+
+    ``decomposes_logit``: the row is input x gradient at its point, whose token scores are meant to add up to
+    the explained logit (exactly for B-cos); the report gives its completeness error."""
 
     kind: str
     run: Callable[[Batch], torch.Tensor]
     point: str
+    decomposes_logit: bool = False
 
 
 def make_methods(conv, bcos, mask_id: int, cfg: Config) -> dict[str, Method]:
@@ -259,6 +271,11 @@ def make_methods(conv, bcos, mask_id: int, cfg: Config) -> dict[str, Method]:
         return att[:, :, 0, :].mean(1)
 
     bcos_method = BcosAttribution(bcos_fwd)
+    # paper Table 3: the conventional model itself as W(x) x + bias terms (non-linearities held constant)
+    conv_wx = dynamic_linear_copy(conv)
+
+    def conv_wx_run(b: Batch) -> torch.Tensor:
+        return explain(conv_wx, b.ids, b.mask, target=b.target).contributions
 
     def bcos_run(b: Batch) -> torch.Tensor:
         emb = bcos_fwd.embed(b.ids, b.mask)
@@ -268,7 +285,7 @@ def make_methods(conv, bcos, mask_id: int, cfg: Config) -> dict[str, Method]:
     conv_point, bcos_point = conv_fwd.point.description, bcos_fwd.point.description
     return {
         "Attention": Method("conventional", attention, "last layer's attention, [CLS] row, mean over heads"),
-        "IxG": Method("conventional", at_embedding(InputXGradient), conv_point),
+        "IxG": Method("conventional", at_embedding(InputXGradient), conv_point, decomposes_logit=True),
         f"IG ({cfg.ig_steps} steps)": Method("conventional", at_embedding(IntegratedGradients,
                                                                           n_steps=cfg.ig_steps), conv_point),
         f"IG ({cfg.ig_steps} steps, [MASK] baseline)": Method("conventional", at_embedding(
@@ -283,9 +300,14 @@ def make_methods(conv, bcos, mask_id: int, cfg: Config) -> dict[str, Method]:
         "Occlusion": Method("conventional", at_embedding(
             Occlusion, baselines=True, sliding_window_shapes=(1, d), strides=(1, d), perturbations_per_eval=16),
             conv_point),
+        "W(x)x of conv. (ablation)": Method(
+            "conventional", conv_wx_run, EmbeddingForward(conv_wx).point.description + "; conventional model with "
+            "attention, activation gates and LayerNorm scales held constant, biases kept (their share of the logit "
+            "is attributed to no token)", decomposes_logit=True),
         "IxG on B-cos (ablation)": Method("bcos", at_embedding(InputXGradient, fwd=bcos_fwd),
-                                          bcos_point + "; plain gradient, not in explanation mode"),
-        "B-cos": Method("bcos", bcos_run, bcos_point),
+                                          bcos_point + "; plain gradient, not in explanation mode",
+                                          decomposes_logit=True),
+        "B-cos": Method("bcos", bcos_run, bcos_point, decomposes_logit=True),
     }
 
 
@@ -299,10 +321,12 @@ class MethodResult:
     peak_mib: float = 0.0
     curves: list[PerturbationCurves] = field(default_factory=list)
     entropy: list[torch.Tensor] = field(default_factory=list)
-    seqpg: list[torch.Tensor] = field(default_factory=list)
+    seqpg: list[torch.Tensor] = field(default_factory=list)  # (n, 3): right segment, wrong segment, special
     seqpg_seconds: float = 0.0
     memory_method: str = ""
     point: str = ""
+    kind: str = ""
+    completeness: list[torch.Tensor] = field(default_factory=list)  # |sum of scores - logit| / |logit| per row
 
 
 def encode(tokenizer, texts, max_length: int = MAX_LENGTH):
@@ -332,7 +356,7 @@ def evaluate_sst2(methods, models, tokenizer, texts, cfg: Config, results: dict[
     preds = {kind: predictions(m, ids, mask) for kind, m in models.items()}
     for name, method in tqdm(methods.items(), desc="SST-2 Comp/Suff", file=sys.stdout):
         kind, run = method.kind, method.run
-        res = results.setdefault(name, MethodResult(point=method.point))
+        res = results.setdefault(name, MethodResult(point=method.point, kind=kind))
         run(next(batches(ids, mask, preds[kind], tokenizer, cfg.batch)))  # warm-up, untimed
         for b in batches(ids, mask, preds[kind], tokenizer, cfg.batch):
             scores, cost = measure_cost(run, b)
@@ -343,6 +367,13 @@ def evaluate_sst2(methods, models, tokenizer, texts, cfg: Config, results: dict[
             res.curves.append(perturbation_curves(models[kind], b.ids, b.mask, scores, special_tokens=b.special,
                                                   target=b.target))
             res.entropy.append(explanation_entropy(scores, b.mask & ~b.special))
+            if method.decomposes_logit:
+                res.completeness.append(completeness_error(scores, explained_logits(models[kind], b)))
+
+
+@torch.no_grad()
+def explained_logits(model, b: Batch) -> torch.Tensor:
+    return model(input_ids=b.ids, attention_mask=b.mask).logits.gather(1, b.target[:, None]).squeeze(1)
 
 
 def evaluate_seqpg(methods, models, tokenizer, examples, cfg: Config, results: dict[str, MethodResult]):
@@ -350,7 +381,7 @@ def evaluate_seqpg(methods, models, tokenizer, examples, cfg: Config, results: d
     special = special_tokens_mask(tokenizer, ids)
     for name, method in tqdm(methods.items(), desc="SeqPG", file=sys.stdout):
         run = method.run
-        res = results.setdefault(name, MethodResult(point=method.point))
+        res = results.setdefault(name, MethodResult(point=method.point, kind=method.kind))
         rows = []
         for start in range(0, ids.shape[0], cfg.batch):
             sl = slice(start, start + cfg.batch)
@@ -358,7 +389,7 @@ def evaluate_seqpg(methods, models, tokenizer, examples, cfg: Config, results: d
             scores, cost = measure_cost(run, b)
             res.seqpg_seconds += cost.seconds
             rows.append(scores.cpu())
-        res.seqpg.append(seqpg_score(torch.cat(rows), examples.segment_masks, examples.attention_mask))
+        res.seqpg.append(seqpg_evidence_split(torch.cat(rows), examples.segment_masks, examples.attention_mask))
 
 
 def seqpg_examples(conv, bcos, tok, data, cfg: Config):
@@ -391,10 +422,12 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
         curves = PerturbationCurves.concatenate(res.curves)
         s = curves.summary()
         spe = res.seconds / max(res.n, 1)
-        is_bcos = "B-cos" in name
-        model_key = "bcos" if is_bcos else "conventional"
+        model_key = res.kind
+        nan = float("nan")
+        split = 100 * torch.cat(res.seqpg).mean(0) if res.seqpg else torch.full((3,), nan)
+        compl = torch.cat(res.completeness) if res.completeness else torch.full((1,), nan)
         rows.append({
-            "model": "B-cos MiniLM" if is_bcos else "conv. MiniLM",
+            "model": "B-cos MiniLM" if model_key == "bcos" else "conv. MiniLM",
             "method": name,
             "attributed_at": res.point,
             "sst2_accuracy": acc["sst2"][model_key],
@@ -403,7 +436,11 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
             "suff_aopc_x100": 100 * s["sufficiency_aopc"],
             "comp_aopc_normalised_x100": 100 * s["comprehensiveness_aopc_normalised"],
             "suff_aopc_normalised_x100": 100 * s["sufficiency_aopc_normalised"],
-            "seqpg_x100": 100 * torch.cat(res.seqpg).mean().item() if res.seqpg else float("nan"),
+            "seqpg_x100": split[0].item(),
+            "seqpg_wrong_segment_x100": split[1].item(),
+            "seqpg_special_tokens_x100": split[2].item(),
+            "completeness_error_median": compl.median().item(),
+            "completeness_error_mean": compl.mean().item(),
             "entropy": torch.cat(res.entropy).mean().item(),
             "seconds_per_explanation": spe,
             "times_bcos_time": spe / bcos_spe,
@@ -414,18 +451,26 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    head = ("| model | method | acc SST-2 | acc AG News | Comp ↑ | Suff ↓ | SeqPG ↑ | entropy | s / explanation "
-            f"| × B-cos time | peak MiB (batch of {cfg.batch}) | attributed at |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-    def num(value: float, scale: float = 1.0, digits: int = 2) -> str:
-        return "–" if value != value else f"{scale * value:.{digits}f}"  # NaN: not measured in this run
+    head = ("| model | method | acc SST-2 | acc AG News | Comp ↑ | Suff ↓ | SeqPG ↑ | entropy | completeness error "
+            f"| s / explanation | × B-cos time | peak MiB (batch of {cfg.batch}) | attributed at |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    def num(value: float, scale: float = 1.0, digits: int = 2, fmt: str = "f") -> str:
+        return "–" if value != value else f"{scale * value:.{digits}{fmt}}"  # NaN: not measured in this run
 
     lines = [f"| {r['model']} | {r['method']} | {num(r['sst2_accuracy'], 100, 1)} | "
              f"{num(r['ag_news_accuracy'], 100, 1)} | {r['comp_aopc_x100']:.2f} | {r['suff_aopc_x100']:.2f} | "
-             f"{num(r['seqpg_x100'])} | {r['entropy']:.2f} | "
+             f"{num(r['seqpg_x100'])} | {r['entropy']:.2f} | {num(r['completeness_error_median'], fmt='g')} | "
              f"{r['seconds_per_explanation']:.4f} | {r['times_bcos_time']:.1f} | {r['peak_mib_per_batch']:.0f} | "
              f"{r['attributed_at']} |"
              for r in rows]
+    seqpg_rows = [r for r in rows if r["seqpg_x100"] == r["seqpg_x100"]]
+    split_table = ""
+    if seqpg_rows:  # where each method's positive evidence lands: why a method wins or loses the pointing game
+        split_table = (
+            "\nSeqPG: where the positive evidence for each segment's class lands (x100, rows sum to 100)\n\n"
+            "| model | method | right segment (SeqPG) ↑ | wrong segment ↓ | [CLS] / [SEP] |\n|---|---|---|---|---|\n"
+            + "".join(f"| {r['model']} | {r['method']} | {r['seqpg_x100']:.1f} | {r['seqpg_wrong_segment_x100']:.1f} "
+                      f"| {r['seqpg_special_tokens_x100']:.1f} |\n" for r in seqpg_rows))
     notes = (
         f"\nSST-2: {info['n_eval']} test sentences (Comp/Suff, time, memory); SeqPG: {info['n_seqpg']} examples "
         f"of 2 x {cfg.segment} tokens from {info['seqpg_source'] or '(skipped)'} test texts. Accuracy: "
@@ -438,13 +483,16 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
            f"started from the pretrained MiniLM, lr {cfg.bcos_lr:g}, head lr {cfg.bcos_head_lr:g}.\n")
         + "Comp / Suff: AOPC x100, paper-compatible unnormalised area (sklearn auc over p = 0.1..0.9, max 80); "
         "tokens removed through the attention mask, [CLS]/[SEP] never removed; the normalised area is in "
-        "results.csv. Time: wall clock on "
+        "results.csv. Completeness error (input x gradient rows): median over the SST-2 sentences of |sum of "
+        "the token scores - explained logit| / |logit| (mean in results.csv); for W(x)x of the conventional "
+        "model it is the biases' share of the logit, which no token receives. Time: wall clock on "
         f"{info['device']} ({torch.get_num_threads()} threads), batches of {cfg.batch}, after one untimed warm-up "
         f"batch per method. Peak memory: {MEMORY_NOTES[info['memory_method']]}.\n"
     )
     ratios = "".join(f"\nB-cos is {r['times_bcos_time']:.0f}x faster than {r['method']}." for r in rows
                      if r["method"].startswith(("IG", "ShapSampl")))
-    (OUT / "results.md").write_text(head + "\n".join(lines) + "\n" + notes + ratios + "\n", encoding="utf-8")
+    (OUT / "results.md").write_text(head + "\n".join(lines) + "\n" + split_table + notes + ratios + "\n",
+                                    encoding="utf-8")
     return rows
 
 
@@ -456,7 +504,7 @@ def plot(rows) -> None:
 
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
     names = [r["method"] for r in rows]
-    colours = ["tab:green" if r["method"] == "B-cos" else "tab:olive" if "B-cos" in r["method"] else "tab:gray"
+    colours = ["tab:green" if r["method"] == "B-cos" else "tab:olive" if r["model"] == "B-cos MiniLM" else "tab:gray"
                for r in rows]
     for ax, key, title in [(axes[0], "comp_aopc_x100", "Comprehensiveness AOPC ×100 (↑)"),
                            (axes[1], "suff_aopc_x100", "Sufficiency AOPC ×100 (↓)"),

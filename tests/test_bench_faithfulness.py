@@ -43,6 +43,10 @@ def setup(bench):
                           attn_implementation="eager")
     torch.manual_seed(0)
     conv = T.BertForSequenceClassification(config).eval()
+    with torch.no_grad():  # transformers starts biases at 0; a fine-tuned model's are not (W(x)x misses them)
+        for name, p in conv.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.1)
     # its own config: bcosify writes config.bcos, which would mark the conventional model (same config object)
     bcos = bcosify(T.BertForSequenceClassification(copy.deepcopy(config)), b=1.25, verbose=False).eval()
     cfg = bench.Config(ig_steps=4, shapley_samples=3, lime_samples=10, batch=3, n_eval=5)
@@ -54,7 +58,8 @@ def test_every_method_scores_each_token_and_bcos_is_complete(bench, setup):
     tok, conv, bcos, cfg, texts = setup
     methods = bench.make_methods(conv, bcos, tok.mask_token_id, cfg)
     assert list(methods) == ["Attention", "IxG", "IG (4 steps)", "IG (4 steps, [MASK] baseline)", "Saliency",
-                             "ShapSampl (3)", "LIME (10)", "Occlusion", "IxG on B-cos (ablation)", "B-cos"]
+                             "ShapSampl (3)", "LIME (10)", "Occlusion", "W(x)x of conv. (ablation)",
+                             "IxG on B-cos (ablation)", "B-cos"]
     ids, mask = bench.encode(tok, texts[:3])
     batch = next(bench.batches(ids, mask, torch.tensor([1, 0, 1]), tok, 3))
     for name, method in methods.items():
@@ -106,6 +111,8 @@ def test_every_row_states_its_point_and_gradient_baselines_are_not_noise(bench, 
     for name in ("IxG", "IG (4 steps)", "IG (4 steps, [MASK] baseline)", "Saliency"):
         assert "after the embedding LayerNorm" in methods[name].point, name
     assert "combined embedding" in methods["B-cos"].point
+    assert "combined embedding" in methods["W(x)x of conv. (ablation)"].point
+    assert "biases kept" in methods["W(x)x of conv. (ablation)"].point
     ids, mask = bench.encode(tok, texts[:3])
     batch = next(bench.batches(ids, mask, torch.tensor([1, 0, 1]), tok, 3))
     with capture_point(conv.bert.embeddings.LayerNorm, "input") as leaves:
@@ -169,3 +176,75 @@ def test_task_then_bcos_model_starts_from_the_conventional_one_and_is_cached(ben
     with torch.no_grad():
         torch.testing.assert_close(cached(input_ids=ids, attention_mask=mask).logits,
                                    model(input_ids=ids, attention_mask=mask).logits)
+
+
+def test_wx_of_the_conventional_model_explains_its_logits_up_to_the_bias_share(bench, setup, tmp_path, monkeypatch):
+    """The Table 3 ablation row: the conventional model's own logit, W(x)x at the combined embedding, reported
+    as incomplete (the biases' share); B-cos reported complete."""
+    from bcos_plugins import explain
+    from bcos_plugins.convert import dynamic_linear_copy
+
+    tok, conv, bcos, cfg, texts = setup
+    monkeypatch.setattr(bench, "OUT", tmp_path)
+    methods = bench.make_methods(conv, bcos, tok.mask_token_id, cfg)
+    row = methods["W(x)x of conv. (ablation)"]
+    assert row.kind == "conventional" and row.decomposes_logit
+    ids, mask = bench.encode(tok, texts[:3])
+    batch = next(bench.batches(ids, mask, torch.tensor([1, 0, 1]), tok, 3))
+    reference = explain(dynamic_linear_copy(conv), batch.ids, batch.mask, target=batch.target)
+    torch.testing.assert_close(reference.explained, bench.explained_logits(conv, batch), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(row.run(batch), reference.contributions)
+    assert (reference.completeness_error > 1e-3).all()  # the biases' share is real and not attributed
+
+    results: dict = {}
+    bench.evaluate_sst2(methods, {"conventional": conv, "bcos": bcos}, tok, texts, cfg, results)
+    rows = {r["method"]: r for r in bench.write_report(
+        results, {"sst2": {"conventional": 0.5, "bcos": 0.6}}, cfg,
+        {"n_eval": len(texts), "n_seqpg": 0, "device": "CPU", "seqpg_source": None,
+         "memory_method": results["B-cos"].memory_method})}
+    assert rows["B-cos"]["completeness_error_median"] < 1e-4
+    assert rows["W(x)x of conv. (ablation)"]["completeness_error_median"] > 1e-3
+    assert rows["W(x)x of conv. (ablation)"]["model"] == "conv. MiniLM"
+    assert math.isnan(rows["Occlusion"]["completeness_error_median"])  # not an input x gradient row: not reported
+    table = (tmp_path / "results.md").read_text(encoding="utf-8")
+    assert "biases' share of the logit" in table
+
+
+def test_seqpg_report_shows_where_each_methods_evidence_lands(bench, setup, tmp_path, monkeypatch):
+    from bcos_plugins.metrics import SeqPGExamples, seqpg_evidence_split, seqpg_score
+
+    tok, conv, bcos, cfg, texts = setup
+    monkeypatch.setattr(bench, "OUT", tmp_path)
+    seg = 3
+    pieces = [tok(t, add_special_tokens=False)["input_ids"][:seg] for t in ("a gripping , funny film",
+                                                                            "dull and far too long")]
+    ids = torch.tensor([[tok.cls_token_id, *pieces[0], tok.sep_token_id, *pieces[1], tok.sep_token_id]] * 2)
+    segment_masks = torch.zeros(2, 2, ids.shape[1], dtype=torch.bool)
+    segment_masks[:, 0, 1 : 1 + seg] = True
+    segment_masks[:, 1, 2 + seg : 2 + 2 * seg] = True
+    examples = SeqPGExamples(ids, torch.ones_like(ids), segment_masks, torch.tensor([[1, 0], [0, 1]]),
+                             torch.ones(2, 2), torch.zeros(2, 2, dtype=torch.long))
+    methods = bench.make_methods(conv, bcos, tok.mask_token_id, cfg)
+    results: dict = {}
+    bench.evaluate_sst2(methods, {"conventional": conv, "bcos": bcos}, tok, texts, cfg, results)
+    bench.evaluate_seqpg(methods, {"conventional": conv, "bcos": bcos}, tok, examples, cfg, results)
+    rows = bench.write_report(results, {"sst2": {"conventional": 0.5, "bcos": 0.6}}, cfg,
+                              {"n_eval": len(texts), "n_seqpg": len(examples), "device": "CPU",
+                               "seqpg_source": "SST-2", "memory_method": results["B-cos"].memory_method})
+    b_ids, b_mask, targets = examples.explanation_batch()
+    bcos_scores = methods["B-cos"].run(bench.Batch(b_ids, b_mask, targets, torch.zeros_like(b_ids, dtype=torch.bool)))
+    bcos_row = next(r for r in rows if r["method"] == "B-cos")
+    expected = 100 * seqpg_evidence_split(bcos_scores, segment_masks).mean(0)
+    assert bcos_row["seqpg_x100"] == pytest.approx(100 * seqpg_score(bcos_scores, segment_masks).mean().item(),
+                                                   abs=1e-3)
+    assert [bcos_row["seqpg_x100"], bcos_row["seqpg_wrong_segment_x100"],
+            bcos_row["seqpg_special_tokens_x100"]] == pytest.approx(expected.tolist(), abs=1e-3)
+    for r in rows:
+        parts = (r["seqpg_x100"], r["seqpg_wrong_segment_x100"], r["seqpg_special_tokens_x100"])
+        assert all(0 <= p <= 100 for p in parts), r["method"]
+        # each explanation's shares sum to 1, or to 0 when it has no positive evidence (4 explanations here)
+        assert min(abs(sum(parts) - k) for k in (0, 25, 50, 75, 100)) < 1e-3, r["method"]
+    table = (tmp_path / "results.md").read_text(encoding="utf-8")
+    split = table[table.index("| model | method | right segment"):]
+    assert sum(line.startswith("| ") for line in split.splitlines()) == len(methods) + 1
+    assert (tmp_path / "results.csv").read_text().splitlines()[0].count("seqpg_wrong_segment_x100") == 1
