@@ -49,18 +49,20 @@ THREADS = int(os.environ.get("BENCH_THREADS", 1))
 N_MLM = int(os.environ.get("BENCH_MLM_TEXTS", 4000))
 MLM_EPOCHS = float(os.environ.get("BENCH_MLM_EPOCHS", 1))
 RETRAIN = os.environ.get("BENCH_RETRAIN", "0") == "1"
+SEED = int(os.environ.get("BENCH_SEED", 0))
 BATCH = 16
 MAX_LENGTH = 64
 BASE_LR = 1e-4
 
 
 def base_classifier() -> BertForSequenceClassification:
-    torch.manual_seed(0)
+    torch.manual_seed(SEED)
     return BertForSequenceClassification.from_pretrained(minilm_path(), num_labels=2 if DATA == "sst2" else 4)
 
 
 def tune(model, tok, data, **kwargs):
-    settings = dict(epochs=EPOCHS, batch_size=BATCH, learning_rate=BASE_LR, max_length=MAX_LENGTH, progress=False)
+    settings = dict(epochs=EPOCHS, batch_size=BATCH, learning_rate=BASE_LR, max_length=MAX_LENGTH, progress=False,
+                    seed=SEED)
     settings.update(kwargs)
     fine_tune_classifier(model, tok, data.texts, data.labels, **settings)
     return model
@@ -73,6 +75,8 @@ def conventional(tok, data):
     """The baseline (also the teacher and the starting point of task-then-B-cos; trained once per process)."""
     folder = OUT / "models" / f"conv-n{N_TRAIN}-e{EPOCHS:g}" if DATA == "sst2" else \
         OUT / "models" / f"conv-{DATA}-n{N_TRAIN}-e{EPOCHS:g}"
+    if SEED:
+        folder = folder.with_name(f"{folder.name}-s{SEED}")
     if "model" not in _CONVENTIONAL:
         if (folder / "config.json").exists() and not RETRAIN:
             _CONVENTIONAL["model"] = BertForSequenceClassification.from_pretrained(folder).eval()
@@ -178,12 +182,97 @@ def distilled(b: float, head_lr: float, weight: float, kind: str = "kl", **kwarg
     return run
 
 
-def task_then_bcos(b: float, head_lr: float | None, bcos_query_key: bool = True, **kwargs) -> Callable:
+def task_then_bcos(b: float, head_lr: float | None, bcos_query_key: bool = True, distill_weight: float | None = None,
+                   train: bool = True, **kwargs) -> Callable:
+    """B-cosify the cached conventional model and fine-tune it (with ``distill_weight``: plus KL to that same
+    conventional model; ``train=False``: the converted model as it is, to see what the conversion costs)."""
     def run(tok, data):
         import copy
 
-        model = bcosify(copy.deepcopy(conventional(tok, data)), b=b, bcos_query_key=bcos_query_key, verbose=False)
+        teacher = conventional(tok, data)
+        model = bcosify(copy.deepcopy(teacher), b=b, bcos_query_key=bcos_query_key, verbose=False)
+        if not train:
+            return model.eval()
+        if distill_weight is not None:
+            kwargs.update(teacher=teacher, distill_weight=distill_weight)
         return tune(model, tok, data, head_learning_rate=head_lr, **kwargs)
+    return run
+
+
+def transfer_texts(n: int) -> list[str]:
+    """``n`` texts of the task's own shipped training split after the labelled rows (their labels are never read)."""
+    rows = (load_sst2 if DATA == "sst2" else load_ag_news)("train").texts[N_TRAIN:]
+    if len(rows) < n:
+        raise SystemExit(f"only {len(rows)} shipped {DATA} training rows after the first {N_TRAIN}, asked for {n}")
+    return rows[:n]
+
+
+def task_then_bcos_transfer(b: float, n_extra: int, distill_weight: float = 1.0, **kwargs) -> Callable:
+    """Task then B-cos with distillation on a transfer set: the labelled rows plus ``n_extra`` unlabelled texts
+    that the conventional model labels (its argmax as the task label, its logits as the distillation target)."""
+    def run(tok, data):
+        import copy
+        from types import SimpleNamespace
+
+        from bcos_plugins.train import predict
+
+        teacher = conventional(tok, data)
+        extra = transfer_texts(n_extra)
+        pseudo = predict(teacher, tok, extra, max_length=MAX_LENGTH).argmax(-1).tolist()
+        both = SimpleNamespace(texts=list(data.texts) + extra, labels=list(data.labels) + pseudo)
+        model = bcosify(copy.deepcopy(teacher), b=b, bcos_query_key=False, verbose=False)
+        return tune(model, tok, both, teacher=teacher, distill_weight=distill_weight, **kwargs)
+    return run
+
+
+def task_then_bcos_features(b: float, n_extra: int, hidden_weight: float, learning_rate: float = 2e-4,
+                            epochs: float = 0.8, temperature: float = 2.0) -> Callable:
+    """Prototype: task then B-cos where the B-cos stage also matches the conventional model's hidden states.
+
+    Loss: bcos_loss + KL (``temperature``) to the conventional model's logits + ``hidden_weight`` x the mean
+    squared difference of every layer's token states (real tokens) to the conventional model's, minus the bias of
+    the conventional LayerNorm that wrote them (B-cos LayerNorms have none: with equal inputs this is exactly what
+    they output). On the labelled rows and ``n_extra`` transfer texts (conventional argmax as their labels)."""
+    def run(tok, data):
+        import copy
+        import tempfile
+
+        import torch.nn.functional as F
+        from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+
+        from bcos_plugins.train import _EncodedTexts, bcos_loss, predict
+
+        teacher = conventional(tok, data).eval()
+        extra = transfer_texts(n_extra)
+        pseudo = predict(teacher, tok, extra, max_length=MAX_LENGTH).argmax(-1).tolist()
+        texts, labels = list(data.texts) + extra, list(data.labels) + pseudo
+        bert = teacher.bert
+        shifts = [bert.embeddings.LayerNorm.bias.detach()] + [
+            layer.output.LayerNorm.bias.detach() for layer in bert.encoder.layer]
+        model = bcosify(copy.deepcopy(teacher), b=b, bcos_query_key=False, verbose=False)
+
+        class FeatureTrainer(Trainer):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                labels = inputs.pop("labels")
+                out = model(**inputs, output_hidden_states=True)
+                with torch.no_grad():
+                    ref = teacher(**inputs, output_hidden_states=True)
+                mask = inputs["attention_mask"].bool()
+                hidden = sum(F.mse_loss(h[mask], (r - shift)[mask]) for h, r, shift in
+                             zip(out.hidden_states, ref.hidden_states, shifts, strict=True)) / len(shifts)
+                t = temperature
+                kl = t * t * F.kl_div(F.log_softmax(out.logits / t, -1), F.log_softmax(ref.logits / t, -1),
+                                      log_target=True, reduction="batchmean")
+                loss = bcos_loss(out.logits, labels) + kl + hidden_weight * hidden
+                return (loss, out) if return_outputs else loss
+
+        args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="bench_features_"), num_train_epochs=epochs,
+                                 per_device_train_batch_size=BATCH, learning_rate=learning_rate, seed=SEED,
+                                 disable_tqdm=True, report_to=[], save_strategy="no", logging_steps=10, dataloader_pin_memory=False,
+                                 remove_unused_columns=False)
+        FeatureTrainer(model=model, args=args, train_dataset=_EncodedTexts(tok, texts, labels, MAX_LENGTH),
+                       data_collator=DataCollatorWithPadding(tok)).train()
+        return model.eval()
     return run
 
 
@@ -267,6 +356,46 @@ RECIPES: dict[str, tuple[str, Callable]] = {
     "task-then-bcos-b1.1-stockqk": ("conventional 2 ep (the cached conv model; not in the wall time), bcosify B=1.1 "
                                     "with query/key kept stock, B-cos 2 ep (head lr 1e-4)",
                                     task_then_bcos(1.1, None, False)),
+    "task-then-bcos-b1.1-stockqk-0ep": ("diagnostic: the cached conventional model B-cosified (B=1.1, query/key "
+                                        "kept stock), not trained further", task_then_bcos(1.1, None, False,
+                                                                                           train=False)),
+    "task-then-bcos-b1.1-stockqk-lr2e-4": ("task then B-cos, B=1.1, query/key stock, B-cos 2 ep at lr 2e-4",
+                                           task_then_bcos(1.1, None, False, learning_rate=2e-4)),
+    "task-then-bcos-b1.1-stockqk-3ep": ("task then B-cos, B=1.1, query/key stock, B-cos 3 ep at lr 1e-4",
+                                        task_then_bcos(1.1, None, False, epochs=3.0)),
+    "task-then-bcos-b1.1-stockqk-4ep": ("task then B-cos, B=1.1, query/key stock, B-cos 4 ep at lr 1e-4",
+                                        task_then_bcos(1.1, None, False, epochs=4.0)),
+    "task-then-bcos-b1.1-stockqk-kl": ("task then B-cos, B=1.1, query/key stock, B-cos 2 ep at lr 1e-4 + 1.0 x KL "
+                                       "(T=2) to the conventional model it started from",
+                                       task_then_bcos(1.1, None, False, distill_weight=1.0, distill_temperature=2.0)),
+    "task-then-bcos-b1.1-stockqk-warm-cos": ("task then B-cos, B=1.1, query/key stock, B-cos 2 ep at lr 2e-4, 10% "
+                                             "warm-up + cosine", task_then_bcos(1.1, None, False, learning_rate=2e-4,
+                                                                                warmup_steps=0.1,
+                                                                                lr_scheduler_type="cosine")),
+    "task-then-bcos-b1.1-stockqk-head1e-3": ("task then B-cos, B=1.1, query/key stock, B-cos 2 ep at lr 1e-4, head "
+                                             "lr 1e-3", task_then_bcos(1.1, 1e-3, False)),
+    "task-then-bcos-b1.2-stockqk": ("task then B-cos, B=1.2, query/key stock, B-cos 2 ep at lr 1e-4",
+                                    task_then_bcos(1.2, None, False)),
+    "task-then-bcos-b1.1-stockqk-transfer1800-kl": (
+        "task then B-cos, B=1.1, query/key stock, + KL (T=2) to the conventional model on the labelled rows and 1800 "
+        "unlabelled training texts it labels; B-cos 2 ep over all 3000 (2.5x the steps) at lr 1e-4",
+        task_then_bcos_transfer(1.1, 1800, distill_temperature=2.0)),
+    "task-then-bcos-b1.1-stockqk-transfer1800-kl-samesteps": (
+        "the same with the B-cos stage's steps of the 2-epoch budget (0.8 ep over the 3000 texts)",
+        task_then_bcos_transfer(1.1, 1800, distill_temperature=2.0, epochs=0.8)),
+    "task-then-bcos-b1.1-stockqk-lr3e-4": ("task then B-cos, B=1.1, query/key stock, B-cos 2 ep at lr 3e-4",
+                                           task_then_bcos(1.1, None, False, learning_rate=3e-4)),
+    "task-then-bcos-b1.1-stockqk-lr2e-4-3ep": ("task then B-cos, B=1.1, query/key stock, B-cos 3 ep at lr 2e-4",
+                                               task_then_bcos(1.1, None, False, learning_rate=2e-4, epochs=3.0)),
+    "task-then-bcos-b1.1-stockqk-lr2e-4-transfer1800-kl-samesteps": (
+        "task then B-cos, B=1.1, query/key stock, lr 2e-4, + KL (T=2) to the conventional model on the labelled rows "
+        "and 1800 unlabelled training texts it labels, the 2-epoch budget's steps (0.8 ep over the 3000 texts)",
+        task_then_bcos_transfer(1.1, 1800, distill_temperature=2.0, epochs=0.8, learning_rate=2e-4)),
+    "task-then-bcos-b1.1-stockqk-lr2e-4-transfer1800-features": (
+        "prototype: task then B-cos, B=1.1, query/key stock, lr 2e-4; B-cos stage loss = BCE + KL (T=2) to the "
+        "conventional model + 1.0 x MSE of every layer's token states to the conventional model's (minus its "
+        "LayerNorm biases), on the labelled rows and 1800 transfer texts, the 2-epoch budget's steps (0.8 ep)",
+        task_then_bcos_features(1.1, 1800, 1.0)),
     "b1.25-head-stockqk-3ep": ("B-cos B=1.25, head lr 1e-3, query/key kept stock, 3 epochs",
                                direct(1.25, 1e-3, bcos_query_key=False, epochs=3.0)),
     "b1.25-lr2e-4-head-stockqk-3ep": ("B-cos B=1.25, lr 2e-4, head lr 1e-3, query/key kept stock, 3 epochs",
@@ -287,7 +416,8 @@ def main(names: list[str]) -> None:
     if results_file.exists():
         for line in results_file.read_text().splitlines():
             row = json.loads(line)
-            if row["n_train"] == N_TRAIN and row["budget_epochs"] == EPOCHS and row.get("data", "sst2") == DATA:
+            if row["n_train"] == N_TRAIN and row["budget_epochs"] == EPOCHS and row.get("data", "sst2") == DATA \
+                    and row.get("seed", 0) == SEED:
                 done[row["recipe"]] = row
     tok = AutoTokenizer.from_pretrained(minilm_path())
     if DATA == "sst2":
@@ -303,7 +433,7 @@ def main(names: list[str]) -> None:
         seconds = time.perf_counter() - start
         acc = accuracy(model, tok, test.texts, test.labels, max_length=MAX_LENGTH)
         row = {"recipe": name, "data": DATA, "what": what, "accuracy": acc, "seconds": seconds, "n_train": N_TRAIN,
-               "budget_epochs": EPOCHS, "n_test": len(test.texts), "threads": THREADS}
+               "budget_epochs": EPOCHS, "n_test": len(test.texts), "threads": THREADS, "seed": SEED}
         done[name] = row
         with results_file.open("a") as f:
             f.write(json.dumps(row) + "\n")
