@@ -229,21 +229,28 @@ def fine_tune_task_then_bcos(
     texts: list[str],
     labels: list[int],
     *,
-    b: float = 1.25,
-    bcos_query_key: bool = True,
-    task_epochs: float = 1.0,
-    task_learning_rate: float = 5e-5,
+    b: float = 1.1,
+    bcos_query_key: bool = False,
+    task_epochs: float = 2.0,
+    task_learning_rate: float = 1e-4,
+    epochs: float = 2.0,
+    learning_rate: float = 2e-4,
+    batch_size: int = 16,
     **fine_tune_kwargs,
 ):
     """The paper's "task then B-cos": conventional fine-tuning, :func:`bcosify`, then B-cos fine-tuning.
 
     ``model`` (a stock sequence classifier) is first fine-tuned with its own cross-entropy for
     ``task_epochs`` at ``task_learning_rate``, then B-cosified in place at ``b`` (and ``bcos_query_key``, see
-    :func:`~bcos_plugins.bcosify`) and fine-tuned with
-    ``bcos_loss`` by :func:`~bcos_plugins.train.fine_tune_classifier` with ``fine_tune_kwargs`` (``epochs``,
-    ``learning_rate``, ``head_learning_rate``, ...; those that are not B-cos-stage settings, such as
-    ``batch_size``, ``max_length`` or ``TrainingArguments`` keywords, apply to the first stage too). Returns
-    the second stage's ``Trainer``; the B-cos model is ``model`` itself (and ``trainer.model``).
+    :func:`~bcos_plugins.bcosify`) and fine-tuned with ``bcos_loss`` for ``epochs`` at ``learning_rate`` by
+    :func:`~bcos_plugins.train.fine_tune_classifier` with ``fine_tune_kwargs`` (``head_learning_rate``,
+    ``teacher``, ...; those that are not B-cos-stage settings, such as ``max_length`` or ``TrainingArguments``
+    keywords, apply to the first stage too, as does ``batch_size``). Returns the second stage's ``Trainer``;
+    the B-cos model is ``model`` itself (and ``trainer.model``).
+
+    The defaults are the best recipe of the recipe search (docs/recipes.md, ``task-then-bcos-b1.1-stockqk-lr2e-4``):
+    B = 1.1 with the query/key projections kept stock, 2 conventional epochs at 1e-4, then 2 B-cos epochs at
+    2e-4, batch 16. Note that :func:`~bcos_plugins.bcosify` itself defaults to B-cos query/key.
 
     Raises:
         BcosValueError / BcosTypeError: ``model`` is already B-cos (use fine_tune_classifier), or any argument
@@ -255,15 +262,21 @@ def fine_tune_task_then_bcos(
                              "pass the stock model, or call fine_tune_classifier on the B-cos one")
     check_b(b)
     _check_query_key(bcos_query_key)
+    # both stages' own settings are checked before the first stage trains, under their own names
+    _check_number("task_epochs", task_epochs, low=0.0, low_open=True)
+    _check_number("task_learning_rate", task_learning_rate, low=0.0, low_open=True)
+    _check_run_settings(epochs, batch_size, fine_tune_kwargs.get("max_length", 64), learning_rate,
+                        fine_tune_kwargs.get("seed", 0))
     if fine_tune_kwargs.get("loss", "auto") == "ce":
         raise argument_error("loss", "is 'ce', but the B-cos stage trains with bcos_loss",
                              "leave loss out (or 'auto' / 'bce')")
     # the B-cos stage's own settings stay out of the conventional stage; the rest (batch size, max length,
     # TrainingArguments such as use_cpu) apply to both
-    own = {"epochs", "learning_rate", "head_learning_rate", "b_warmup", "teacher", "distill_weight", "distill_loss",
-           "distill_temperature", "loss", "output_dir"}
+    own = {"head_learning_rate", "b_warmup", "teacher", "distill_weight", "distill_loss", "distill_temperature",
+           "loss", "output_dir"}
     shared = {k: v for k, v in fine_tune_kwargs.items() if k not in own}
     fine_tune_classifier(model, tokenizer, texts, labels, epochs=task_epochs, learning_rate=task_learning_rate,
-                         loss="ce", **shared)
+                         batch_size=batch_size, loss="ce", **shared)
     bcosify(model, b=b, bcos_query_key=bcos_query_key, verbose=False)
-    return fine_tune_classifier(model, tokenizer, texts, labels, **fine_tune_kwargs)
+    return fine_tune_classifier(model, tokenizer, texts, labels, epochs=epochs, learning_rate=learning_rate,
+                                batch_size=batch_size, **fine_tune_kwargs)

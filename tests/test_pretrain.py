@@ -240,3 +240,11 @@ def test_recipe_arguments_are_validated():
         fine_tune_classifier(**call, teacher="bert")
     with pytest.raises(BcosValueError, match=r"^loss: is 'ce', but the B-cos stage trains with bcos_loss"):
         fine_tune_task_then_bcos(tiny_model("BertForSequenceClassification"), tok, ["w1"], [0], loss="ce")
+    stock = tiny_model("BertForSequenceClassification")
+    before = {k: v.clone() for k, v in stock.state_dict().items()}
+    with pytest.raises(BcosValueError, match=r"^task_epochs: must be finite and > 0"):
+        fine_tune_task_then_bcos(stock, tok, ["w1"], [0], task_epochs=0)
+    with pytest.raises(BcosValueError, match=r"^learning_rate: must be finite and > 0"):
+        fine_tune_task_then_bcos(stock, tok, ["w1"], [0], learning_rate=-1.0)
+    # refused before the conventional stage trained: the model is untouched
+    assert all(torch.equal(v, before[k]) for k, v in stock.state_dict().items())
