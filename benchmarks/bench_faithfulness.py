@@ -13,7 +13,8 @@ LayerNorm ignores its input's scale); for the B-cos model the combined embedding
 where its explanation is exact. The table states the point per row. Token score = sum over the embedding
 dimension; IG runs with a zero baseline and, as a second row, with the [MASK] embedding as baseline;
 perturbation methods replace a token by the embedding of [MASK] at its position and never touch
-[CLS]/[SEP]/[PAD]. Ablations (paper Table 3): plain IxG on the B-cos model (outside explanation mode), and W(x)x
+[CLS]/[SEP]/[PAD]. Ablations (paper Table 3): plain IxG on the B-cos model (outside explanation mode, after its
+embedding LayerNorm like the conventional IxG: before it each token's score is zero), and W(x)x
 from the conventional model: `bcos_plugins.convert.dynamic_linear_copy` holds its attention, activation gates and
 LayerNorm scales constant and keeps its biases, and `explain` takes input x gradient at the combined embedding,
 the B-cos model's point. Its token scores leave out the biases' share of the logit; the table's completeness
@@ -75,6 +76,7 @@ from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward
 from captum.attr import (
     InputXGradient,
     IntegratedGradients,
+    LayerGradientXActivation,
     Lime,
     Occlusion,
     Saliency,
@@ -85,7 +87,7 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify, explain, load_bcos_model
-from bcos_plugins.convert import dynamic_linear_copy
+from bcos_plugins.convert import dynamic_linear_copy, spec_for
 from bcos_plugins.data import load_sst2
 from bcos_plugins.data.ag_news import load_ag_news
 from bcos_plugins.metrics import (
@@ -281,6 +283,18 @@ def make_methods(conv, bcos, mask_id: int, cfg: Config) -> dict[str, Method]:
         emb = bcos_fwd.embed(b.ids, b.mask)
         return bcos_method.attribute(emb, target=b.target, additional_forward_args=(b.mask,)).sum(-1)
 
+    # Plain IxG on the B-cos model after its embedding LayerNorm, as for the conventional model: at the
+    # combined embedding (the B-cos point) each token's score would be identically zero outside explanation
+    # mode, since that LayerNorm ignores the scale of each token's vector
+    bcos_ln = spec_for(bcos).embedding_module(bcos)[0]
+    bcos_layer_ixg = LayerGradientXActivation(
+        lambda ids, mask: bcos(input_ids=ids, attention_mask=mask).logits, bcos_ln)
+    bcos_ixg_point = ("output of the B-cos model's embedding LayerNorm (after the embedding LayerNorm, where input x "
+                      "gradient is not zero); plain gradient, not in explanation mode")
+
+    def bcos_ixg(b: Batch) -> torch.Tensor:
+        return bcos_layer_ixg.attribute(b.ids, target=b.target, additional_forward_args=(b.mask,)).detach().sum(-1)
+
     d = conv.config.hidden_size
     conv_point, bcos_point = conv_fwd.point.description, bcos_fwd.point.description
     return {
@@ -304,9 +318,7 @@ def make_methods(conv, bcos, mask_id: int, cfg: Config) -> dict[str, Method]:
             "conventional", conv_wx_run, EmbeddingForward(conv_wx).point.description + "; conventional model with "
             "attention, activation gates and LayerNorm scales held constant, biases kept (their share of the logit "
             "is attributed to no token)", decomposes_logit=True),
-        "IxG on B-cos (ablation)": Method("bcos", at_embedding(InputXGradient, fwd=bcos_fwd),
-                                          bcos_point + "; plain gradient, not in explanation mode",
-                                          decomposes_logit=True),
+        "IxG on B-cos (ablation)": Method("bcos", bcos_ixg, bcos_ixg_point, decomposes_logit=True),
         "B-cos": Method("bcos", bcos_run, bcos_point, decomposes_logit=True),
     }
 

@@ -122,6 +122,13 @@ def test_every_row_states_its_point_and_gradient_baselines_are_not_noise(bench, 
     before_layernorm = (leaves[0] * grad).sum(-1).abs().max()
     for name in ("IxG", "IG (4 steps)", "IG (4 steps, [MASK] baseline)"):
         assert methods[name].run(batch).abs().max() > 100 * before_layernorm, name
+    # the same for plain IxG on the B-cos model: each token's score before its embedding LayerNorm is zero
+    assert "after the embedding LayerNorm" in methods["IxG on B-cos (ablation)"].point
+    with capture_point(bcos.bert.embeddings.LayerNorm, "input") as leaves:
+        logits = bcos(input_ids=batch.ids, attention_mask=batch.mask).logits
+    (grad,) = torch.autograd.grad(logits.gather(1, batch.target[:, None]).sum(), leaves[0])
+    bcos_before = (leaves[0] * grad).sum(-1).abs().max()
+    assert methods["IxG on B-cos (ablation)"].run(batch).abs().max() > 100 * bcos_before
 
 
 def test_paper_scale_sets_the_paper_sizes_and_explicit_variables_win(bench, monkeypatch):
