@@ -6,10 +6,14 @@
    keeping only the GPT-2 ids the data uses, as examples/blimp_mrr.py does) is trained from scratch on a mix of
    the TinyStories slice's training part (its first 90% of paragraphs, packed into 64-token windows), the
    grammatical BLiMP sentences of pairs 100-299 of the nine paradigms, and IOI prompts from the *training*
-   templates (bcos_plugins.data.ioi), until it solves held-out IOI: IO logit > S logit on >= 90%
-   (BENCH_IOI_STOP) of 200 prompts from the held-out templates *and* held-out names, checked every 50 steps (a
-   ``TrainerCallback`` stops training);
-2. a copy is B-cosified (``bcosify(model, b=1.1)``) and trained further on the same mix, with the same rule;
+   templates (bcos_plugins.data.ioi): 4227 steps at a constant learning rate 2e-3 (BENCH_PRE_STEPS, BENCH_PRE_LR:
+   where IOI emerges; the count is where the first run of this recipe hit its 18-minute limit), then 1500 steps
+   (BENCH_STEPS) with the rate decaying from 1e-3 (BENCH_LR) along a cosine (BENCH_SCHEDULE), until it solves
+   held-out IOI: IO logit > S logit on >= 90% (BENCH_IOI_STOP) of 200 prompts from the held-out templates
+   *and* held-out names, averaged over the last three checks (one every 50 steps; a ``TrainerCallback``
+   stops training and, in the decaying phase, keeps the weights with the best such average);
+2. a copy is B-cosified (``bcosify(model, b=1.1)``) and trained further on the same mix, with the same rule,
+   1000 steps (BENCH_BCOS_STEPS) with the rate decaying from 5e-4 (BENCH_BCOS_LR);
 3. both are evaluated on a *different* draw of held-out IOI prompts (another seed): perplexity on the
    TinyStories slice's held-out 10%, IOI accuracy, logit difference and probability gap, BLiMP accuracy and
    probability gap (pairs 0-49 of each paradigm), and MRR of contrastive explanations against the evidence
@@ -18,7 +22,8 @@
    of examples/blimp_mrr.py) and the random baseline, with seconds per explanation.
 
 How IOI is trained, aiming at a mechanism that carries over to names never seen in an IOI sentence (the recipe
-search is recorded in docs/benchmarks.md; the 90% rule is NOT reached yet, see there):
+search is recorded in docs/benchmarks.md; the 90% rule is NOT reached: both models solve IOI with every pair of
+training names in either template set (1.000) but reach 0.74-0.78 with the held-out names, see there):
 
 - each IOI row is a training template filled with two names drawn afresh every time the row is batched
   (``IOICollator``), so no sentence recurs and the model cannot memorise rows (a fixed set of 20,000 rows was
@@ -39,7 +44,21 @@ search is recorded in docs/benchmarks.md; the 90% rule is NOT reached yet, see t
   (logit difference 1.70) within 1000 steps, where every run before it had stayed at chance;
 - ``BENCH_POOL_SHARE`` > 0 fills that share of IOI rows from ``ioi_name_pool`` (thousands of capitalised
   single-token words) instead of the 118 training names; with trainable embeddings that alone did not carry
-  over to the held-out names either (0.53 on training templates with held-out names, 0.86 with training names).
+  over to the held-out names either (0.53 on training templates with held-out names, 0.86 with training names);
+- a constant rate leaves held-out accuracy oscillating (0.65-0.86 over the last 2000 of the 4227 steps), so a
+  decaying phase follows, keeping the best weights by a three-check average (the selection uses the stopping
+  draw, seed + 1; the reported numbers use another, seed + 2). Continuing with the rate decaying from 1e-3 over
+  1500 steps settled at 0.74 (the kept weights, step 200 of it, averaged 0.83 on the stopping draw and score
+  0.76 on the reporting draw); the B-cos stage (decaying from 5e-4) settled at 0.77 (0.78 reported);
+- ``BENCH_SWAP_NAMES=1`` swaps the training names in every TinyStories window for random training names
+  (:class:`IOICollator`), so that all 126 get trained embedding rows, and uses all of them in the IOI rows. From
+  scratch (cosine from 2e-3 over 3000 steps) held-out IOI was still at chance (0.53) after 1750 steps, where
+  the constant-rate run without the swap had started to rise at about 1300; continuing the 4227-step model
+  with it (cosine from 1e-3) dropped to 0.65 and recovered to 0.70-0.745 by step 950 of 1500. Neither beat the
+  default. Where the held-out names fail: on 1000 held-out prompts the conventional model gets the IO right
+  for Jack 0.95, Sue 0.90, Sara 0.88, Anna 0.86, Mia 0.80, Emily 0.66, Sam 0.59 and Daisy 0.40 (the rarest
+  held-out name in the slice, 7 occurrences): each name's embedding carries its own bias, which the copy
+  mechanism learned on the training names does not override.
 
 The models are cached in outputs/bench_decoders/models (names carry the settings; BENCH_RETRAIN=1 retrains)
 with the training wall and CPU time in their folder (training.json), so a second run only evaluates. Writes
@@ -47,9 +66,11 @@ results.md and results.json to outputs/bench_decoders.
 
 Environment: BENCH_THREADS (torch threads, default 1: the machine is shared), BENCH_SEED (0), BENCH_IOI_TRAIN
 (IOI template rows per epoch, 10000), BENCH_IOI_EVAL (200), BENCH_BLIMP_EVAL (pairs per paradigm, 50),
-BENCH_MAX_EPOCHS (60, per stage), BENCH_IOI_STOP (0.9), BENCH_MAX_MINUTES (per stage, 0 = no limit), BENCH_LR
-(conventional stage, 2e-3; the B-cos stage uses the paper's 5e-4), BENCH_DETACH (1: the IOI loss reaches no
-embedding; 2: not the input side only; 0: all), BENCH_NAME_POOL (2000), BENCH_POOL_SHARE (0), BENCH_MIN_NAME_COUNT (5).
+BENCH_PRE_STEPS (4227; 0 skips the constant phase), BENCH_PRE_LR (2e-3), BENCH_STEPS (1500), BENCH_LR (1e-3),
+BENCH_BCOS_STEPS (1000), BENCH_BCOS_LR (the paper's 5e-4), BENCH_SCHEDULE (cosine; any transformers
+lr_scheduler_type), BENCH_IOI_STOP (0.9), BENCH_MAX_MINUTES (per stage, 0 = no limit), BENCH_DETACH (1: the IOI
+loss reaches no embedding; 2: not the input side only; 0: all), BENCH_NAME_POOL (2000), BENCH_POOL_SHARE (0),
+BENCH_MIN_NAME_COUNT (5), BENCH_SWAP_NAMES (0).
 """
 
 from __future__ import annotations
@@ -112,7 +133,13 @@ class Settings:
     n_ioi_train: int = env("BENCH_IOI_TRAIN", 10000)
     n_ioi_eval: int = env("BENCH_IOI_EVAL", 200)
     n_blimp_eval: int = env("BENCH_BLIMP_EVAL", 50)
-    max_epochs: float = env("BENCH_MAX_EPOCHS", 60.0)
+    # the conventional stage: pre_steps at a constant pre_learning_rate (IOI emerges), then steps over which
+    # learning_rate decays (schedule), keeping the best weights
+    pre_steps: int = env("BENCH_PRE_STEPS", 4227)
+    pre_learning_rate: float = env("BENCH_PRE_LR", 2e-3)
+    steps: int = env("BENCH_STEPS", 1500)
+    bcos_steps: int = env("BENCH_BCOS_STEPS", 1000)
+    schedule: str = env("BENCH_SCHEDULE", "cosine")  # a transformers lr_scheduler_type, after 50 warm-up steps
     ioi_stop: float = env("BENCH_IOI_STOP", 0.9)
     max_minutes: float = env("BENCH_MAX_MINUTES", 0.0)  # per stage; 0 = no limit
     retrain: bool = os.environ.get("BENCH_RETRAIN", "0") == "1"
@@ -120,17 +147,33 @@ class Settings:
     name_pool: int = env("BENCH_NAME_POOL", 2000)
     pool_share: float = env("BENCH_POOL_SHARE", 0.0)
     detach: int = env("BENCH_DETACH", 1)
-    learning_rate: float = env("BENCH_LR", 2e-3)
+    learning_rate: float = env("BENCH_LR", 1e-3)
+    bcos_learning_rate: float = env("BENCH_BCOS_LR", 5e-4)
+    swap_names: int = env("BENCH_SWAP_NAMES", 0)  # 1: TinyStories' training names swapped for random ones
     n_layer: int = 2
     n_embd: int = 128
     n_head: int = 4
     b: float = 1.1
 
     @property
+    def data_tag(self) -> str:
+        names = "swap" if self.swap_names else f"min{self.min_name_count}"
+        return (f"L{self.n_layer}-d{self.n_embd}-h{self.n_head}-ioi{self.n_ioi_train}-{names}-pool{self.name_pool}"
+                f"x{self.pool_share:g}-det{self.detach}")
+
+    @property
+    def pre_tag(self) -> str:
+        return f"{self.data_tag}-lr{self.pre_learning_rate:g}-constant{self.pre_steps}-s{self.seed}"
+
+    @property
     def tag(self) -> str:
-        return (f"L{self.n_layer}-d{self.n_embd}-h{self.n_head}-ioi{self.n_ioi_train}-min{self.min_name_count}"
-                f"-pool{self.name_pool}"
-                f"x{self.pool_share:g}-det{self.detach}-lr{self.learning_rate:g}-stop{self.ioi_stop:g}-s{self.seed}")
+        pre = f"-after-lr{self.pre_learning_rate:g}-constant{self.pre_steps}" if self.pre_steps else ""
+        return (f"{self.data_tag}-lr{self.learning_rate:g}-{self.schedule}{self.steps}{pre}"
+                f"-stop{self.ioi_stop:g}-s{self.seed}")
+
+    @property
+    def bcos_tag(self) -> str:
+        return f"{self.tag}-B{self.b:g}-lr{self.bcos_learning_rate:g}-{self.schedule}{self.bcos_steps}"
 
 
 def blimp_mrr_module():
@@ -171,13 +214,17 @@ def tinystories_split(tokenizer, heldout_fraction: float = 0.1) -> tuple[list[li
     return ids[:cut], ids[cut:]
 
 
-def training_names(stories: list[list[int]], tokenizer, min_count: int) -> tuple[str, ...]:
-    """The training names that occur at least ``min_count`` times in the TinyStories training part.
+def training_names(stories: list[list[int]], tokenizer, min_count: int, swap: bool) -> tuple[str, ...]:
+    """The training names of the IOI rows: all of them when the stories' names are swapped (``swap``), else
+    those that occur at least ``min_count`` times in the TinyStories training part.
 
     The IOI loss is kept off the embeddings, so a name's embedding row is whatever language modelling makes of
     it; the held-out names occur 10-74 times in the slice, and training on names the slice never uses (random
-    rows) taught a mechanism that did not carry over to them.
+    rows) taught a mechanism that did not carry over to them. Swapping the stories' training names for random
+    ones (:class:`IOICollator`) gives every training name such a row.
     """
+    if swap:
+        return IOI_TRAIN_NAMES
     counts: dict[int, int] = {}
     for row in stories:
         for token in row:
@@ -205,8 +252,9 @@ def make_data(cfg: Settings, tokenizer: GPT2TokenizerFast | None = None) -> Deco
     ioi_rows = [[eos, *p.input_ids, p.target_id] for p in ioi_train]
     ioi_slots = [[1 + p.evidence_positions[0], *(1 + q for q in p.s_positions)] for p in ioi_train]
     pool = ioi_name_pool(cfg.name_pool, seed=cfg.seed, tokenizer=tokenizer) if cfg.pool_share > 0 else ()
-    name_ids = [torch.tensor([tokenizer(" " + n)["input_ids"][0] for n in names], dtype=torch.long)
-                for names in (training_names(stories, tokenizer, cfg.min_name_count), pool)]
+    names = training_names(stories, tokenizer, cfg.min_name_count, bool(cfg.swap_names))
+    name_ids = [torch.tensor([tokenizer(" " + n)["input_ids"][0] for n in group], dtype=torch.long)
+                for group in (names, pool)]
     blimp_rows = [[eos, *tokenizer(f"{pair.prefix} {pair.target}.")["input_ids"], eos]
                   for subset in BLIMP_SUBSETS for pair in load_blimp(subset)[BLIMP_TRAIN_FROM:]]
     val = encode_ioi(make_ioi_prompts(cfg.n_ioi_eval, split="heldout", seed=cfg.seed + 1, tokenizer=tokenizer),
@@ -217,7 +265,7 @@ def make_data(cfg: Settings, tokenizer: GPT2TokenizerFast | None = None) -> Deco
     diagnostics = {
         f"{t} templates, {n} names": encode_ioi(make_ioi_prompts(
             cfg.n_ioi_eval, split=t, seed=cfg.seed + 3, tokenizer=tokenizer,
-            names=IOI_TRAIN_NAMES if n == "training" else IOI_HELDOUT_NAMES), bos_token_id=eos, pad_token_id=eos)
+            names=names if n == "training" else IOI_HELDOUT_NAMES), bos_token_id=eos, pad_token_id=eos)
         for t, n in (("train", "training"), ("heldout", "training"), ("train", "held-out"))}
     windows = pack(stories, eos, CONTEXT)
     flat = [torch.tensor(r) for r in windows + ioi_rows + blimp_rows + heldout]
@@ -227,7 +275,8 @@ def make_data(cfg: Settings, tokenizer: GPT2TokenizerFast | None = None) -> Deco
     for batch in (val, test, *blimp.values(), *diagnostics.values()):
         batch.input_ids, batch.target_ids, batch.foil_ids = (vocab(batch.input_ids), vocab(batch.target_ids),
                                                              vocab(batch.foil_ids))
-    train = [{"input_ids": vocab(torch.tensor(r))} for r in windows + blimp_rows]
+    train = [{"input_ids": vocab(torch.tensor(r)), "story": torch.tensor(True)} for r in windows]
+    train += [{"input_ids": vocab(torch.tensor(r))} for r in blimp_rows]
     train += [{"input_ids": vocab(torch.tensor(r)), "io_slots": torch.tensor(slots)}
               for r, slots in zip(ioi_rows, ioi_slots, strict=True)]
     return DecoderData(tokenizer, vocab, int(vocab(torch.tensor(eos))), train,
@@ -244,12 +293,18 @@ def ioi_accuracy(model, batch: IOIBatch) -> float:
 
 
 class SolveIOI(TrainerCallback):
-    """Stop training once held-out IOI accuracy reaches ``threshold`` (checked every ``every`` steps), or after
-    ``max_minutes`` of training (then the model is saved and reported as not solving IOI)."""
+    """Keep the weights with the best held-out IOI accuracy, smoothed over ``window`` checks (one every ``every``
+    steps; a single check of 200 prompts moves by +-0.03 by chance alone), and stop training once that smoothed
+    accuracy reaches ``threshold``, or after ``max_minutes`` (then the model is reported as not solving IOI).
+    The weights kept are those of the last check in the best window; training ends with them restored."""
 
-    def __init__(self, batch: IOIBatch, threshold: float, every: int = 50, max_minutes: float = 0.0) -> None:
+    def __init__(self, batch: IOIBatch, threshold: float, every: int = 50, max_minutes: float = 0.0,
+                 window: int = 3, keep_best: bool = True) -> None:
         self.batch, self.threshold, self.every, self.max_minutes = batch, threshold, every, max_minutes
+        self.window, self.keep_best = window, keep_best
         self.history: list[tuple[int, float]] = []
+        self.best: tuple[float, int] = (-1.0, 0)  # smoothed accuracy, step
+        self.best_state: dict[str, torch.Tensor] | None = None
         self.model = None
         self.start = time.perf_counter()
 
@@ -262,13 +317,25 @@ class SolveIOI(TrainerCallback):
             accuracy = ioi_accuracy(self.model, self.batch)
             self.model.train()
             self.history.append((state.global_step, accuracy))
-            print(f"  step {state.global_step}: held-out IOI accuracy {accuracy:.3f}", flush=True)
-            if accuracy >= self.threshold:
-                control.should_training_stop = True
+            recent = [a for _, a in self.history[-self.window:]]
+            smoothed = sum(recent) / len(recent)
+            print(f"  step {state.global_step}: held-out IOI accuracy {accuracy:.3f} (last {len(recent)}: "
+                  f"{smoothed:.3f})", flush=True)
+            if len(recent) == self.window and smoothed > self.best[0]:
+                self.best = (smoothed, state.global_step)
+                self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+                if smoothed >= self.threshold:
+                    control.should_training_stop = True
         if self.max_minutes and time.perf_counter() - self.start > 60 * self.max_minutes:
             print(f"  stopping at the time limit ({self.max_minutes:g} min)", flush=True)
             control.should_training_stop = True
         return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.keep_best and self.best_state is not None:
+            self.model.load_state_dict(self.best_state)
+            print(f"  kept the weights of step {self.best[1]} (smoothed held-out IOI accuracy {self.best[0]:.3f})",
+                  flush=True)
 
 
 class IOICollator:
@@ -279,12 +346,30 @@ class IOICollator:
     the stand-in pool), so no (template, names) combination recurs and no name is IO more often than S. Names
     are single tokens, so the swap is the tokenisation of the renamed sentence. ``ioi_rows`` tells
     :class:`IOITrainer` which rows are IOI.
+
+    With ``swap_stories``, every TinyStories window (a feature with ``story``) has each distinct training name in
+    it (the space-prefixed token; the held-out names are never touched) replaced by a random training name, the
+    same one throughout the window: language modelling then trains every training name's embedding row as it
+    trains the held-out names', instead of the 23 names the slice happens to use.
     """
 
-    def __init__(self, eos: int, names: tuple[torch.Tensor, torch.Tensor], pool_share: float, seed: int) -> None:
+    def __init__(self, eos: int, names: tuple[torch.Tensor, torch.Tensor], pool_share: float, seed: int,
+                 swap_stories: bool = False) -> None:
         self.base = CausalLMCollator(eos, max_length=CONTEXT)
-        self.names, self.pool_share = names, pool_share
+        self.names, self.pool_share, self.swap_stories = names, pool_share, swap_stories
         self.rng = torch.Generator().manual_seed(seed)
+        self.is_name = torch.zeros(int(names[0].max()) + 1, dtype=torch.bool)
+        self.is_name[names[0]] = True
+
+    def swap(self, ids: torch.Tensor) -> torch.Tensor:
+        inside = ids < len(self.is_name)
+        found = torch.zeros_like(inside)
+        found[inside] = self.is_name[ids[inside]]
+        if not found.any():
+            return ids
+        present, where = torch.unique(ids[found], return_inverse=True)
+        ids[found] = self.names[0][torch.randperm(len(self.names[0]), generator=self.rng)[:len(present)]][where]
+        return ids
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         rows, is_ioi = [], []
@@ -296,6 +381,8 @@ class IOICollator:
                 slots = torch.as_tensor(feature["io_slots"])
                 ids[slots[0]] = ids[-1] = io
                 ids[slots[1:]] = s
+            elif self.swap_stories and "story" in feature:
+                ids = self.swap(ids)
             rows.append({"input_ids": ids})
             is_ioi.append("io_slots" in feature)
         batch = self.base(rows)
@@ -339,14 +426,15 @@ class IOITrainer(Trainer):
         return loss
 
 
-def training_arguments(cfg: Settings, folder: Path, learning_rate: float) -> dict:
+def training_arguments(cfg: Settings, learning_rate: float, steps: int, schedule: str) -> dict:
     # grouping by length: IOI and BLiMP rows (~20 tokens) are batched together instead of padded to the 64-token
     # TinyStories windows, which makes their steps about 3x cheaper
     # 128 rows a step: at 32 the IO prediction (one token in twenty) gave too weak a signal and IOI had not
     # emerged after 3600 steps; at 128 it emerges within a few hundred
-    return {"num_train_epochs": cfg.max_epochs, "per_device_train_batch_size": 128, "learning_rate": learning_rate,
+    # a decaying rate: under a constant 2e-3 held-out IOI oscillated between 0.65 and 0.86 for 2000 steps
+    return {"max_steps": steps, "per_device_train_batch_size": 128, "learning_rate": learning_rate,
             "warmup_steps": 50, "weight_decay": 0.01, "logging_steps": 50, "seed": cfg.seed,
-            "disable_tqdm": True, "lr_scheduler_type": "constant_with_warmup", "train_sampling_strategy": "group_by_length"}
+            "disable_tqdm": True, "lr_scheduler_type": schedule, "train_sampling_strategy": "group_by_length"}
 
 
 def build_conventional(cfg: Settings, vocab_size: int, eos: int) -> GPT2LMHeadModel:
@@ -357,15 +445,18 @@ def build_conventional(cfg: Settings, vocab_size: int, eos: int) -> GPT2LMHeadMo
     return GPT2LMHeadModel(config)
 
 
-def train_until_solved(model, data: DecoderData, cfg: Settings, folder: Path, *, bcos: bool) -> dict:
-    stop = SolveIOI(data.ioi_val, cfg.ioi_stop, max_minutes=cfg.max_minutes)
+def train_until_solved(model, data: DecoderData, cfg: Settings, folder: Path, *, learning_rate: float, steps: int,
+                       schedule: str, keep_best: bool = True) -> dict:
+    """Train ``steps`` steps (fewer if held-out IOI is solved first); ``keep_best``: end with :class:`SolveIOI`'s
+    best weights (the constant-rate phase keeps its last ones: it is where IOI emerges, not where it settles)."""
+    stop = SolveIOI(data.ioi_val, cfg.ioi_stop, max_minutes=cfg.max_minutes, keep_best=keep_best)
     start, cpu_start = time.perf_counter(), time.process_time()
-    # the B-cos stage continues from a model that already solves IOI: the paper's 5e-4 is enough there
     args = TrainingArguments(output_dir=str(folder / "trainer"), save_strategy="no", report_to=[],
                              remove_unused_columns=False, use_cpu=not torch.cuda.is_available(),
-                             **training_arguments(cfg, folder, 5e-4 if bcos else cfg.learning_rate))
+                             **training_arguments(cfg, learning_rate, steps, schedule))
+    collator = IOICollator(data.eos, data.names, cfg.pool_share, cfg.seed, swap_stories=bool(cfg.swap_names))
     trainer = IOITrainer(model=model, args=args, train_dataset=data.train, callbacks=[stop], detach=cfg.detach,
-                         data_collator=IOICollator(data.eos, data.names, cfg.pool_share, cfg.seed))
+                         data_collator=collator)
     trainer.train()
     model.eval()
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
@@ -374,21 +465,37 @@ def train_until_solved(model, data: DecoderData, cfg: Settings, folder: Path, *,
     diagnostics = {name: ioi_accuracy(model, batch) for name, batch in data.ioi_diagnostics.items()}
     return {"ioi_accuracy_by_split": diagnostics, "train_seconds": seconds, "train_cpu_seconds": cpu_seconds, "steps": trainer.state.global_step, "epochs": trainer.state.epoch,
             "loss_first_last": [losses[0], losses[-1]] if losses else [], "ioi_val_accuracy": accuracy,
-            "ioi_val_history": stop.history, "solved": accuracy >= cfg.ioi_stop}
+            "ioi_val_history": stop.history, "kept_step": stop.best[1], "kept_smoothed_accuracy": stop.best[0],
+            "solved": accuracy >= cfg.ioi_stop}
 
 
 def trained_models(cfg: Settings, data: DecoderData) -> tuple[GPT2LMHeadModel, GPT2LMHeadModel, dict]:
     """The conventional and the B-cos model, trained until they solve held-out IOI, or loaded from the cache."""
-    conv_dir, bcos_dir = MODELS / f"conv-{cfg.tag}", MODELS / f"bcos-{cfg.tag}-B{cfg.b:g}"
+    conv_dir, bcos_dir = MODELS / f"conv-{cfg.tag}", MODELS / f"bcos-{cfg.bcos_tag}"
     info = {}
     if (conv_dir / "training.json").exists() and not cfg.retrain:  # written last: a killed run leaves none
         conv = GPT2LMHeadModel.from_pretrained(conv_dir).eval()
         info["conventional"] = json.loads((conv_dir / "training.json").read_text())
     else:
-        conv = build_conventional(cfg, len(data.vocab), data.eos)
-        print(f"training the conventional model ({sum(p.numel() for p in conv.parameters()) / 1e6:.2f} M "
-              f"parameters, {len(data.train)} training rows)")
-        info["conventional"] = train_until_solved(conv, data, cfg, conv_dir, bcos=False)
+        pre_dir = MODELS / f"conv-{cfg.pre_tag}"
+        if not cfg.pre_steps:
+            conv = build_conventional(cfg, len(data.vocab), data.eos)
+        elif (pre_dir / "training.json").exists() and not cfg.retrain:
+            conv = GPT2LMHeadModel.from_pretrained(pre_dir)
+        else:
+            conv = build_conventional(cfg, len(data.vocab), data.eos)
+            print(f"training the conventional model ({sum(p.numel() for p in conv.parameters()) / 1e6:.2f} M "
+                  f"parameters, {len(data.train)} training rows) at a constant rate")
+            pre = train_until_solved(conv, data, cfg, pre_dir, learning_rate=cfg.pre_learning_rate,
+                                     steps=cfg.pre_steps, schedule="constant_with_warmup", keep_best=False)
+            conv.save_pretrained(pre_dir)
+            (pre_dir / "training.json").write_text(json.dumps(pre, indent=2))
+        print(f"training the conventional model with a {cfg.schedule} rate (held-out IOI accuracy "
+              f"{ioi_accuracy(conv.eval(), data.ioi_val):.3f} at the start)")
+        info["conventional"] = train_until_solved(conv, data, cfg, conv_dir, learning_rate=cfg.learning_rate,
+                                                  steps=cfg.steps, schedule=cfg.schedule)
+        if cfg.pre_steps:
+            info["conventional"]["constant_rate_phase"] = json.loads((pre_dir / "training.json").read_text())
         conv.save_pretrained(conv_dir)
         (conv_dir / "training.json").write_text(json.dumps(info["conventional"], indent=2))
     if (bcos_dir / "training.json").exists() and not cfg.retrain:
@@ -399,7 +506,8 @@ def trained_models(cfg: Settings, data: DecoderData) -> tuple[GPT2LMHeadModel, G
         before = ioi_accuracy(model, data.ioi_val)
         print(f"B-cosified (B = {cfg.b:g}): held-out IOI accuracy {before:.3f} before further training")
         info["bcos"] = {"ioi_val_accuracy_at_conversion": before,
-                        **train_until_solved(model, data, cfg, bcos_dir, bcos=True)}
+                        **train_until_solved(model, data, cfg, bcos_dir, learning_rate=cfg.bcos_learning_rate,
+                                             steps=cfg.bcos_steps, schedule=cfg.schedule)}
         model.save_pretrained(bcos_dir)
         (bcos_dir / "training.json").write_text(json.dumps(info["bcos"], indent=2))
     for name, part in info.items():
@@ -471,11 +579,16 @@ def report(results: dict, info: dict, cfg: Settings) -> str:
              "| model | perplexity (held-out TinyStories) | IOI acc | IOI logit diff | IOI p gap | BLiMP acc | "
              "BLiMP p gap | training |", "|---|---|---|---|---|---|---|---|"]
     for name, row in results.items():
-        t = info[name]
+        t, pre = info[name], info[name].get("constant_rate_phase")
+        training = (f"{pre['steps']} + {t['steps']} steps, {pre['train_seconds']:.0f} + {t['train_seconds']:.0f} s"
+                    if pre else f"{t['steps']} steps, {t['train_seconds']:.0f} s")
         lines.append(f"| {name} | {row['perplexity']:.2f} | {f(row['ioi_accuracy'])} | "
                      f"{f(row['ioi_logit_difference'], 2)} | {f(row['ioi_probability_gap'])} | "
-                     f"{f(row['blimp_accuracy'])} | {f(row['blimp_probability_gap'])} | "
-                     f"{t['steps']} steps, {t['train_seconds']:.0f} s |")
+                     f"{f(row['blimp_accuracy'])} | {f(row['blimp_probability_gap'])} | {training} |")
+    unsolved = [name for name in results if not info[name]["solved"]]
+    if unsolved:
+        lines += ["", f"**Not solved**: {', '.join(unsolved)} stayed below the {cfg.ioi_stop:g} held-out IOI rule "
+                  "(the IOI accuracy above is on another draw of held-out prompts)."]
     methods = ["Random", "Grad Norm", "IxG", "Occlusion", "B-cos"]
     lines += ["", "## MRR of contrastive explanations against the evidence (higher is better)", "",
               "| model | task | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
