@@ -1,9 +1,13 @@
 """IOI prompts: determinism, both name orders, evidence on the IO's earlier mention, a disjoint held-out split,
-the public-format loader, the ABC corruption, and MRR on IOI-shaped batches."""
+the public-format loader, the ABC corruption, MRR on IOI-shaped batches, and the IOI training pieces of
+benchmarks/bench_decoders.py (name redrawing and swapping, best-weights selection)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -340,3 +344,95 @@ def test_next_token_contrast_on_an_ioi_batch_and_its_errors(tok):
                             torch.full((4,), tok.vocab_size))
     with pytest.raises(BcosValueError, match="target: must be integer ids of shape \\(4,\\)"):
         next_token_contrast(model, batch.input_ids, batch.attention_mask, batch.target_ids[:2], batch.foil_ids)
+
+
+# ---------------------------------------------------------------- the IOI training pieces of bench-decoders
+
+
+def _bench_decoders():
+    if "bench_decoders" not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_decoders.py"
+        spec = importlib.util.spec_from_file_location("bench_decoders", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_decoders"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["bench_decoders"]
+
+
+def test_collator_swaps_story_names_consistently_and_never_touches_other_tokens():
+    bench = _bench_decoders()
+    names = torch.tensor([10, 11, 12, 13, 14, 15])
+    heldout = 50  # a held-out name's id: not among the training names, so it must stay
+    story = torch.tensor([1, 10, 2, 11, 10, heldout, 3, 11])
+    collator = bench.IOICollator(0, (names, torch.zeros(0, dtype=torch.long)), 0.0, seed=0, swap_stories=True)
+    seen = set()
+    for _ in range(20):
+        ids = collator([{"input_ids": story, "story": torch.tensor(True)}])["input_ids"][0]
+        assert ids[[0, 2, 5, 6]].tolist() == [1, 2, heldout, 3]
+        assert ids[1] == ids[4] and ids[3] == ids[7] and ids[1] != ids[3]  # one name per name, two names stay two
+        assert set(ids[[1, 3]].tolist()) <= set(names.tolist())
+        seen.add(int(ids[1]))
+    assert len(seen) > 2  # redrawn each batch
+    plain = bench.IOICollator(0, (names, torch.zeros(0, dtype=torch.long)), 0.0, seed=0)
+    assert torch.equal(plain([{"input_ids": story, "story": torch.tensor(True)}])["input_ids"][0], story)
+    # BLiMP rows (no "story") keep their names even when stories are swapped
+    assert torch.equal(collator([{"input_ids": story}])["input_ids"][0], story)
+
+
+def test_collator_fills_ioi_rows_with_two_distinct_training_names():
+    bench = _bench_decoders()
+    names = torch.tensor([10, 11, 12])
+    row = torch.tensor([0, 5, 99, 6, 98, 7, 98, 8, 99])  # IO at 2 and at the end, S at 4 and 6
+    collator = bench.IOICollator(0, (names, torch.zeros(0, dtype=torch.long)), 0.0, seed=1, swap_stories=True)
+    for _ in range(10):
+        batch = collator([{"input_ids": row, "io_slots": torch.tensor([2, 4, 6])}])
+        ids = batch["input_ids"][0]
+        assert ids[2] == ids[8] and ids[4] == ids[6] and ids[2] != ids[4]
+        assert {int(ids[2]), int(ids[4])} <= set(names.tolist())
+        assert ids[[0, 1, 3, 5, 7]].tolist() == [0, 5, 6, 7, 8]
+        assert batch["ioi_rows"].tolist() == [True]
+
+
+def test_solve_ioi_keeps_the_best_smoothed_weights_and_stops_at_the_threshold(monkeypatch):
+    bench = _bench_decoders()
+    model = torch.nn.Linear(1, 1, bias=False)
+    accuracies = iter([0.5, 0.9, 0.6, 0.8, 0.7, 0.95, 0.95, 0.95])
+
+    def fake_accuracy(m, batch):
+        return next(accuracies)
+
+    monkeypatch.setattr(bench, "ioi_accuracy", fake_accuracy)
+
+    class State:
+        global_step = 0
+
+    class Control:
+        should_training_stop = False
+
+    def run(threshold, keep_best):
+        callback, state, control = bench.SolveIOI(None, threshold, every=1, keep_best=keep_best), State(), Control()
+        callback.on_train_begin(None, state, control, model=model)
+        for step in range(1, 9):
+            with torch.no_grad():
+                model.weight.fill_(step)  # the weight records the step, so a restore is visible
+            state.global_step = step
+            callback.on_step_end(None, state, control)
+            if control.should_training_stop:
+                break
+        callback.on_train_end(None, state, control)
+        return callback, state
+
+    callback, state = run(threshold=1.0, keep_best=True)  # never stops: keeps the best 3-check average
+    # averages from step 3: 0.667, 0.767, 0.7, 0.817, 0.867, 0.95 -> step 8
+    assert callback.best[1] == 8 and callback.best[0] == pytest.approx(0.95)
+    assert model.weight.item() == 8
+    accuracies = iter([0.5, 0.9, 0.6, 0.8, 0.7, 0.95, 0.95, 0.95])
+    callback, state = run(threshold=0.85, keep_best=True)  # stops at the first average >= 0.85 (step 7)
+    assert state.global_step == 7 and callback.best == (pytest.approx((0.7 + 0.95 + 0.95) / 3), 7)
+    assert model.weight.item() == 7
+    accuracies = iter([0.9, 0.9, 0.9, 0.1, 0.1, 0.1, 0.1, 0.1])
+    callback, state = run(threshold=1.0, keep_best=False)  # the constant phase keeps its last weights
+    assert callback.best[1] == 3 and model.weight.item() == 8
+    accuracies = iter([0.9, 0.9, 0.9, 0.1, 0.1, 0.1, 0.1, 0.1])
+    callback, state = run(threshold=1.0, keep_best=True)
+    assert model.weight.item() == 3
