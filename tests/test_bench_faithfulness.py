@@ -137,6 +137,9 @@ def test_paper_scale_sets_the_paper_sizes_and_explicit_variables_win(bench, monk
     default = bench.config_from([])
     assert (default.epochs, default.n_eval, default.n_seqpg, default.lime_samples) == (2, 16, 8, 100)
     assert (default.n_train, default.n_ag_train, default.data_source) == (1200, 600, "local")
+    # the best recipe measured (docs/recipes.md): task then B-cos at B = 1.1, stock query/key, lr 2e-4
+    assert (default.b, default.bcos_lr, default.bcos_query_key, default.bcos_start) == (1.1, 2e-4, False,
+                                                                                       "conventional")
     monkeypatch.setenv("BENCH_EVAL", "10")
     paper = bench.config_from(["--paper-scale"])
     assert (paper.epochs, paper.n_seqpg, paper.segment, paper.lime_samples) == (5, 500, 50, 3000)
