@@ -16,6 +16,8 @@ Usage::
 Environment: BENCH_DATA=sst2 (or ag_news), BENCH_TRAIN=1200 training rows (600 for ag_news), BENCH_EPOCHS=2 (the
 budget; recipes named "-4ep" use 4),
 BENCH_THREADS=1 torch threads, BENCH_OUT=outputs/bench_recipes, BENCH_RETRAIN=1 reruns cached recipes,
+BENCH_SEED=0 (seeds the head's initialisation and the training order; each seed has its own cached conventional
+model, from which that seed's task-then-B-cos recipes start; rows are kept per seed),
 BENCH_MLM_TEXTS=4000 unlabelled texts for the B-cos masked-LM pre-training (SST-2 training rows after the
 labelled ones, then RT polarity sentences; labels are never read), BENCH_MLM_EPOCHS=1.
 """
