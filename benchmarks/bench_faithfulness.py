@@ -34,10 +34,12 @@ Writes results.md, results.csv and faithfulness.png to BENCH_OUT (default output
 caches the fine-tuned models in outputs/bench_faithfulness/models (delete them or set BENCH_RETRAIN=1 to
 retrain).
 
-Size (environment variables). Measured on an idle 2-core CPU (2 threads): the defaults ran in 12 min 20 s
-with all four models fine-tuned from the pretrained MiniLM, and explain in about 7 minutes once the models are
-cached (ShapleyValueSampling takes most of it). `make bench-faithfulness-full` (every shipped training row, 3
-epochs, 32 sentences, 16 SeqPG examples) took 23 minutes with its B-cos models cached; about 40 from nothing.
+Size (environment variables). Measured on a 2-core CPU shared with three other jobs (BENCH_THREADS=1, load
+average 4-5), the defaults ran in 36 minutes from nothing: 14 minutes for the four fine-tunings and about 20 to
+explain (ShapleyValueSampling takes half of that). With the models cached, explaining took 19 minutes. An earlier
+version measured 12 min 20 s from nothing on an idle machine with 2 threads; that was not repeated.
+`make bench-faithfulness-full` (every shipped training row, 3 epochs, 32 sentences, 16 SeqPG examples) took about
+40 minutes from nothing in an earlier version.
 
 Paper scale (a GPU): `python benchmarks/bench_faithfulness.py --paper-scale` (or BENCH_PAPER_SCALE=1) sets the
 paper's sizes: the full GLUE SST-2 and AG News training splits through `datasets` (BENCH_DATA_SOURCE=hub; without
