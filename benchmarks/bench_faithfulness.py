@@ -6,7 +6,7 @@ docs/recipes.md at this budget: "task then B-cos" from the conventional model (`
 bcos_query_key=False)`: query/key projections kept stock; then BCE, lr 2e-4, the same epochs).
 The conventional model is explained with Captum's Attention (last layer, [CLS] row, mean over heads),
 InputXGradient, IntegratedGradients, Saliency, ShapleyValueSampling, Lime and Occlusion; the B-cos model with
-`BcosAttribution`. Every method attributes through `EmbeddingForward`, at the point the attribution core chooses
+`BcosAttribution`. These methods attribute through `EmbeddingForward`, at the point the attribution core chooses
 (bcos_plugins.attribution.text_attribution_point): for the conventional model the output of the embedding
 LayerNorm, where the paper's reference code attributes (before it, input x gradient is identically zero: the
 LayerNorm ignores its input's scale); for the B-cos model the combined embedding (word + position + token type),
