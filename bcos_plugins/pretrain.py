@@ -233,7 +233,7 @@ def fine_tune_task_then_bcos(
     bcos_query_key: bool = False,
     task_epochs: float = 2.0,
     task_learning_rate: float = 1e-4,
-    epochs: float = 3.0,
+    epochs: float = 2.0,
     learning_rate: float = 2e-4,
     batch_size: int = 16,
     **fine_tune_kwargs,
@@ -249,10 +249,12 @@ def fine_tune_task_then_bcos(
     the B-cos model is ``model`` itself (and ``trainer.model``).
 
     The defaults are the best recipe of the recipe search (docs/recipes.md,
-    ``task-then-bcos-b1.1-stockqk-lr2e-4-3ep``): B = 1.1 with the query/key projections kept stock, 2 conventional
-    epochs at 1e-4, then 3 B-cos epochs at 2e-4, batch 16 (on SST-2 2.6 points behind conventional fine-tuning
-    over three seeds; ``epochs=2``, a third less B-cos training, was 3.0 behind). Note that
-    :func:`~bcos_plugins.bcosify` itself defaults to B-cos query/key.
+    ``task-then-bcos-b1.1-stockqk-warm-cos``): B = 1.1 with the query/key projections kept stock, 2 conventional
+    epochs at 1e-4, then 2 B-cos epochs at 2e-4 with a 10 % linear warm-up and a cosine decay (the B-cos stage's
+    default ``warmup_steps=0.1``, ``lr_scheduler_type="cosine"``; either one passed applies to both stages), batch
+    16: on the shipped slices 2.8 points behind conventional fine-tuning on SST-2 (three seeds) and 0.2 on AG News
+    (two), at no more B-cos training than the conventional model's. Note that :func:`~bcos_plugins.bcosify` itself
+    defaults to B-cos query/key.
 
     Raises:
         BcosValueError / BcosTypeError: ``model`` is already B-cos (use fine_tune_classifier), or any argument
@@ -280,5 +282,6 @@ def fine_tune_task_then_bcos(
     fine_tune_classifier(model, tokenizer, texts, labels, epochs=task_epochs, learning_rate=task_learning_rate,
                          batch_size=batch_size, loss="ce", **shared)
     bcosify(model, b=b, bcos_query_key=bcos_query_key, verbose=False)
+    schedule = {"warmup_steps": 0.1, "lr_scheduler_type": "cosine"}  # the B-cos stage's own (docs/recipes.md)
     return fine_tune_classifier(model, tokenizer, texts, labels, epochs=epochs, learning_rate=learning_rate,
-                                batch_size=batch_size, **fine_tune_kwargs)
+                                batch_size=batch_size, **{**schedule, **fine_tune_kwargs})

@@ -152,9 +152,16 @@ def test_task_then_bcos_fine_tunes_conventionally_then_as_bcos():
     assert trainer.model is model and model.config.bcos["b"] == 1.25
     assert isinstance(model.classifier, BcosLinear)
     assert trainer.compute_loss_func is not None  # the second stage trains with bcos_loss
+    # the B-cos stage's own schedule (docs/recipes.md: task-then-bcos-b1.1-stockqk-warm-cos)
+    assert trainer.args.lr_scheduler_type == T.SchedulerType.COSINE and trainer.args.warmup_steps == 0.1
     assert_complete(model)
     with pytest.raises(BcosValueError, match=r"^model: is already B-cos"):
         fine_tune_task_then_bcos(model, tok, texts, labels, **QUIET)
+    # a schedule passed by the caller wins over the B-cos stage's default
+    other = T.BertForSequenceClassification(tiny_config("bert", num_labels=2))
+    trainer = fine_tune_task_then_bcos(other, tok, texts[:8], labels[:8], task_epochs=1, epochs=1, max_length=16,
+                                       lr_scheduler_type="linear", **QUIET)
+    assert trainer.args.lr_scheduler_type == T.SchedulerType.LINEAR
 
 
 def _distance(model, teacher, tok, texts):
