@@ -286,15 +286,17 @@ def unlabelled_texts(n: int) -> list[str]:
     return [t for t in texts if t.strip()][:n]
 
 
-def bcos_then_task(b: float, head_lr: float | None, **kwargs) -> Callable:
+def bcos_then_task(b: float, head_lr: float | None, bcos_query_key: bool = True, **kwargs) -> Callable:
     def run(tok, data):
         from bcos_plugins.pretrain import classifier_from_masked_lm, pretrain_masked_lm
 
-        folder = OUT / "models" / f"mlm-B{b:g}-n{N_MLM}-e{MLM_EPOCHS:g}"
+        qk = "" if bcos_query_key else "-stockqk"
+        folder = OUT / "models" / f"mlm-B{b:g}-n{N_MLM}-e{MLM_EPOCHS:g}{qk}"
         if not (folder / "config.json").exists() or RETRAIN:
             torch.manual_seed(0)
             trainer = pretrain_masked_lm(str(minilm_path()), tok, unlabelled_texts(N_MLM), b=b, epochs=MLM_EPOCHS,
-                                         batch_size=32, learning_rate=1e-4, max_length=MAX_LENGTH, progress=False)
+                                         batch_size=32, learning_rate=1e-4, max_length=MAX_LENGTH, progress=False,
+                                         bcos_query_key=bcos_query_key)
             trainer.model.save_pretrained(folder)
         torch.manual_seed(0)
         model = classifier_from_masked_lm(folder, num_labels=2, pooler_from=str(minilm_path()))
@@ -398,6 +400,9 @@ RECIPES: dict[str, tuple[str, Callable]] = {
         "conventional model + 1.0 x MSE of every layer's token states to the conventional model's (minus its "
         "LayerNorm biases), on the labelled rows and 1800 transfer texts, the 2-epoch budget's steps (0.8 ep)",
         task_then_bcos_features(1.1, 1800, 1.0)),
+    "bcos-then-task-b1.1-stockqk": ("B-cos MLM pre-training (B=1.1, query/key stock, 1 epoch on 4,000 unlabelled "
+                                    "sentences, in the wall time), then B-cos task 2 ep, lr 2e-4, head lr 1e-3",
+                                    bcos_then_task(1.1, 1e-3, False, learning_rate=2e-4)),
     "b1.25-head-stockqk-3ep": ("B-cos B=1.25, head lr 1e-3, query/key kept stock, 3 epochs",
                                direct(1.25, 1e-3, bcos_query_key=False, epochs=3.0)),
     "b1.25-lr2e-4-head-stockqk-3ep": ("B-cos B=1.25, lr 2e-4, head lr 1e-3, query/key kept stock, 3 epochs",
