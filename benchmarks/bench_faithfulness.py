@@ -52,7 +52,9 @@ set explicitly wins over the preset.
   BENCH_TRAIN_BATCH=16 training batch size
   B-cos model (docs/recipes.md): BENCH_B=1.1, BENCH_BCOS_LR=2e-4 encoder rate, BENCH_BCOS_HEAD_LR=1e-3 head rate,
   BENCH_BCOS_QUERY_KEY=0 (query/key kept stock; 1: B-cos query/key), BENCH_BCOS_START=conventional (task then
-  B-cos from this run's conventional model; pretrained: from the pretrained MiniLM, with the head rate)
+  B-cos from this run's conventional model; pretrained: from the pretrained MiniLM, with the head rate),
+  BENCH_BCOS_SCHEDULE=warmup-cosine (10% linear warm-up then cosine decay, fine_tune_task_then_bcos' default;
+  linear: transformers' default linear decay without warm-up)
   BENCH_EVAL=16 SST-2 test sentences explained for Comp/Suff   BENCH_SEQPG=8 SeqPG examples (AG News)
   BENCH_SEGMENT=20 tokens per SeqPG segment (paper: 50)   BENCH_BATCH=8 explanations per batch
   BENCH_IG_STEPS=50   BENCH_SHAPLEY_SAMPLES=25   BENCH_LIME_SAMPLES=100 (paper: 3000)
@@ -139,6 +141,7 @@ class Config:
     bcos_head_lr: float = env("BENCH_BCOS_HEAD_LR", 1e-3, float)
     bcos_query_key: bool = env_flag("BENCH_BCOS_QUERY_KEY", False)
     bcos_start: str = env("BENCH_BCOS_START", "conventional", str)
+    bcos_schedule: str = env("BENCH_BCOS_SCHEDULE", "warmup-cosine", str)
     n_eval: int = env("BENCH_EVAL", 16)
     n_seqpg: int = env("BENCH_SEQPG", 8)
     segment: int = env("BENCH_SEGMENT", 20)
@@ -182,7 +185,9 @@ def trained_model(kind: str, dataset: str, texts, labels, num_labels: int, cfg: 
     if kind == "bcos":
         qk = "" if cfg.bcos_query_key else "-stockqk"
         origin = "-fromconv" if cfg.bcos_start == "conventional" else ""
-        folder = folder.with_name(f"{folder.name}-B{cfg.b:g}-lr{cfg.bcos_lr:g}-head{cfg.bcos_head_lr:g}{qk}{origin}")
+        schedule = "-warmcos" if cfg.bcos_schedule == "warmup-cosine" else ""
+        folder = folder.with_name(f"{folder.name}-B{cfg.b:g}-lr{cfg.bcos_lr:g}-head{cfg.bcos_head_lr:g}{qk}{origin}"
+                                  f"{schedule}")
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
     if folder.exists() and not cfg.retrain:
         if kind == "bcos":
@@ -197,7 +202,7 @@ def trained_model(kind: str, dataset: str, texts, labels, num_labels: int, cfg: 
     else:
         model = BertForSequenceClassification.from_pretrained(minilm_path(), num_labels=num_labels,
                                                               attn_implementation="eager")
-    lr, head_lr = 1e-4, None
+    lr, head_lr, schedule_kwargs = 1e-4, None, {}
     if kind == "bcos":
         bcosify(model, b=cfg.b, bcos_query_key=cfg.bcos_query_key, verbose=False)
         # docs/recipes.md: B-cos logits grow only as the fresh head aligns with its input, so a short CPU
@@ -205,9 +210,12 @@ def trained_model(kind: str, dataset: str, texts, labels, num_labels: int, cfg: 
         lr, head_lr = cfg.bcos_lr, cfg.bcos_head_lr
         if cfg.bcos_start == "conventional":
             head_lr = None  # the head is trained already (docs/recipes.md, task-then-bcos: one rate)
+        if cfg.bcos_schedule == "warmup-cosine":  # fine_tune_task_then_bcos' default B-cos stage
+            schedule_kwargs = dict(warmup_steps=0.1, lr_scheduler_type="cosine")
     start = time.perf_counter()
     fine_tune_classifier(model, tokenizer, texts, labels, epochs=cfg.epochs, batch_size=cfg.train_batch,
-                         learning_rate=lr, head_learning_rate=head_lr, max_length=MAX_LENGTH, progress=False)
+                         learning_rate=lr, head_learning_rate=head_lr, max_length=MAX_LENGTH, progress=False,
+                         **schedule_kwargs)
     seconds = time.perf_counter() - start
     model.save_pretrained(folder)
     return model.to(DEVICE).eval(), tokenizer, seconds
@@ -492,7 +500,8 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
         f"fine-tuned on {info.get('sources', 'the shipped slices')}, {cfg.epochs:g} epochs, batch "
         f"{cfg.train_batch}; conventional: cross-entropy, lr 1e-4; B-cos: B = {cfg.b:g}, "
         f"{'B-cos' if cfg.bcos_query_key else 'stock (pretrained)'} query/key, BCE loss, "
-        + (f"started from the conventional model (task then B-cos), lr {cfg.bcos_lr:g}.\n"
+        + (f"started from the conventional model (task then B-cos), lr {cfg.bcos_lr:g}"
+           f"{', 10% warm-up and cosine decay' if cfg.bcos_schedule == 'warmup-cosine' else ''}.\n"
            if cfg.bcos_start == "conventional" else
            f"started from the pretrained MiniLM, lr {cfg.bcos_lr:g}, head lr {cfg.bcos_head_lr:g}.\n")
         + "Comp / Suff: AOPC x100, paper-compatible unnormalised area (sklearn auc over p = 0.1..0.9, max 80); "
@@ -557,6 +566,8 @@ def config_from(argv: list[str]) -> Config:
         raise SystemExit(f"BENCH_DATA_SOURCE must be 'local' or 'hub', got {cfg.data_source!r}")
     if cfg.bcos_start not in ("pretrained", "conventional"):
         raise SystemExit(f"BENCH_BCOS_START must be 'pretrained' or 'conventional', got {cfg.bcos_start!r}")
+    if cfg.bcos_schedule not in ("warmup-cosine", "linear"):
+        raise SystemExit(f"BENCH_BCOS_SCHEDULE must be 'warmup-cosine' or 'linear', got {cfg.bcos_schedule!r}")
     return cfg
 
 

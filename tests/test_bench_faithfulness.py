@@ -140,6 +140,7 @@ def test_paper_scale_sets_the_paper_sizes_and_explicit_variables_win(bench, monk
     # the best recipe measured (docs/recipes.md): task then B-cos at B = 1.1, stock query/key, lr 2e-4
     assert (default.b, default.bcos_lr, default.bcos_query_key, default.bcos_start) == (1.1, 2e-4, False,
                                                                                        "conventional")
+    assert default.bcos_schedule == "warmup-cosine"  # fine_tune_task_then_bcos' B-cos stage
     monkeypatch.setenv("BENCH_EVAL", "10")
     paper = bench.config_from(["--paper-scale"])
     assert (paper.epochs, paper.n_seqpg, paper.segment, paper.lime_samples) == (5, 500, 50, 3000)
@@ -178,7 +179,7 @@ def test_task_then_bcos_model_starts_from_the_conventional_one_and_is_cached(ben
     assert seconds > 0 and model.config.bcos["query_key"] == "stock"
     assert not hasattr(conv.config, "bcos"), "the conventional model must stay stock"
     (folder,) = tmp_path.iterdir()
-    assert folder.name.endswith("-stockqk-fromconv")
+    assert folder.name.endswith("-stockqk-fromconv-warmcos")
     ids, mask = bench.encode(tok, texts)
     assert (explain(model, ids, mask).completeness_error <= 1e-4).all()
     cached, _, again = bench.trained_model("bcos", "sst2", texts, labels, 2, cfg, "shipped", conv)
