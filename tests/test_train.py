@@ -148,6 +148,8 @@ def test_sentence_pairs_are_encoded_as_pairs_and_learnt_from_the_second_text():
     with torch.no_grad():
         torch.testing.assert_close(predict(model, tok, firsts[:5], text_pairs=pairs[:5], max_length=32),
                                    model.eval()(**enc).logits)
+    # called with gradients on, predictions still carry no autograd graph
+    assert not predict(model, tok, firsts[:2], text_pairs=pairs[:2], max_length=32).requires_grad
     assert accuracy(model, tok, firsts, labels, text_pairs=pairs, max_length=32) >= 0.9
 
 
