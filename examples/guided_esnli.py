@@ -177,9 +177,11 @@ class AttentionSupervisedTrainer(Trainer):
         super().log(logs, *args, **kwargs)
 
 
-def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float, head_lr: float | None = None):
+def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float, head_lr: float | None = None,
+          schedule: str = "linear"):
     """Fine-tune ``model`` in ``mode`` (B-cos: ``bcos_loss``; ``head_lr``: a second rate for classifier and
-    pooler); returns it in eval mode, unguided, and its training curve (the logged losses)."""
+    pooler; ``schedule``: transformers' linear decay, or ``warmup-cosine``, 10% warm-up then cosine decay);
+    returns it in eval mode, unguided, and its training curve (the logged losses)."""
     supervised = mode == "supervised"
     strength, layers = ((args.supervision_strength, args.supervision_layers) if supervised
                         else (args.strength, args.last_layers))
@@ -191,7 +193,8 @@ def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float,
     training_args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="guided_esnli_"), num_train_epochs=epochs,
         per_device_train_batch_size=16, learning_rate=lr, seed=args.seed, report_to=[],
-        save_strategy="no", logging_steps=10, remove_unused_columns=False, disable_tqdm=False)
+        save_strategy="no", logging_steps=10, remove_unused_columns=False, disable_tqdm=False,
+        **(dict(warmup_steps=0.1, lr_scheduler_type="cosine") if schedule == "warmup-cosine" else {}))
     extra = {}
     trainer_class = Trainer
     if supervised:
@@ -330,10 +333,14 @@ def main() -> None:
     parser.add_argument("--bcos-epochs", type=float, default=None,
                         help="epochs of the B-cos models (2 task-then-bcos, after the stock model's; 3 direct)")
     parser.add_argument("--bcos-lr", type=float, default=None,
-                        help="encoder learning rate of the B-cos models (1e-4 task-then-bcos, --lr direct)")
+                        help="encoder learning rate of the B-cos models (2e-4 task-then-bcos, --lr direct)")
     parser.add_argument("--bcos-head-lr", type=float, default=None,
                         help="learning rate of the B-cos models' classifier and pooler (1e-4 task-then-bcos, 1e-3 "
                              "direct)")
+    parser.add_argument("--bcos-schedule", choices=("linear", "warmup-cosine"), default=None,
+                        help="learning-rate schedule of the B-cos models (and of the same-budget control): "
+                             "linear decay, or 10%% warm-up then cosine decay (warmup-cosine task-then-bcos, as "
+                             "fine_tune_task_then_bcos; linear direct)")
     parser.add_argument("--same-budget-control", action="store_true",
                         help="task-then-bcos: also train each stock model on for the B-cos stage's epochs and rate "
                              "(cross-entropy), the stock model with the B-cos model's training budget")
@@ -350,7 +357,8 @@ def main() -> None:
     args = parser.parse_args()
     task_then = args.bcos_recipe == "task-then-bcos"
     for name, task_then_value, direct_value in (("b", 1.1, 1.25), ("bcos_epochs", 2.0, 3.0),
-                                                ("bcos_lr", 1e-4, args.lr), ("bcos_head_lr", 1e-4, 1e-3)):
+                                                ("bcos_lr", 2e-4, args.lr), ("bcos_head_lr", 1e-4, 1e-3),
+                                                ("bcos_schedule", "warmup-cosine", "linear")):
         if getattr(args, name) is None:
             setattr(args, name, task_then_value if task_then else direct_value)
     if args.same_budget_control and not task_then:
@@ -426,7 +434,7 @@ def main() -> None:
                 record(f"stock-{mode}", stock, curve, False)
             if args.same_budget_control:
                 control, control_curve = train(copy.deepcopy(stock), train_rows, pad_id, mode, args, False,
-                                               args.bcos_epochs, args.bcos_lr)
+                                               args.bcos_epochs, args.bcos_lr, schedule=args.bcos_schedule)
                 record(f"stock-{mode}-continued", control, control_curve, False)
         if True in families:
             if task_then:
@@ -438,7 +446,7 @@ def main() -> None:
                 model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
             bcosify(model, b=args.b, bcos_query_key=args.bcos_query_key, verbose=False)
             model, curve = train(model, train_rows, pad_id, mode, args, True, args.bcos_epochs, args.bcos_lr,
-                                 args.bcos_head_lr)
+                                 args.bcos_head_lr, schedule=args.bcos_schedule)
             record(f"bcos-{mode}", model, curve, True)
     results["seconds"] = time.perf_counter() - t0
     suffix = "" if args.family == "both" else f"_{args.family}"
