@@ -698,12 +698,11 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
     model.eval()
     device = next(model.parameters()).device
     out = []
-    with torch.no_grad():  # predictions only: no autograd graph kept per batch, and plain tensors returned
-        for start in range(0, len(texts), batch_size):
-            pairs = None if text_pairs is None else text_pairs[start : start + batch_size]
-            enc = tokenizer(list(texts[start : start + batch_size]), pairs, padding=True, truncation=True,
-                            max_length=max_length, return_tensors="pt").to(device)
-            out.append(model(**enc).logits.float().cpu())
+    for start in range(0, len(texts), batch_size):
+        pairs = None if text_pairs is None else text_pairs[start : start + batch_size]
+        enc = tokenizer(list(texts[start : start + batch_size]), pairs, padding=True, truncation=True,
+                        max_length=max_length, return_tensors="pt").to(device)
+        out.append(model(**enc).logits.float().cpu())
     return torch.cat(out)
 
 
