@@ -151,16 +151,6 @@ def model_shape(data: str) -> dict:
 # explanation methods
 
 
-# The method set is the package's (bcos_plugins.vision.posthoc), shared with examples/vit_digits.py.
-Method = ImageAttributionMethod
-model_input = attribution_input
-
-
-def make_methods(model: nn.Module, ig_steps: int = 32) -> dict[str, Method]:
-    """Every method of the benchmark for ``model`` (a :class:`BcosViT` also gets its inherent explanation)."""
-    return image_attribution_methods(model, ig_steps=ig_steps)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # data and training
 
@@ -244,7 +234,7 @@ class Row:
     curves: dict = field(default_factory=dict)
 
 
-def pointing_scores(methods: dict[str, Method], grids: Tensor, cell_labels: Tensor) -> dict[str, float]:
+def pointing_scores(methods: dict[str, ImageAttributionMethod], grids: Tensor, cell_labels: Tensor) -> dict[str, float]:
     """Mean grid pointing score per method, every cell's class explained once per grid."""
     cells = cell_labels.shape[1]
     rows_cols = (int(round(cells**0.5)),) * 2
@@ -256,10 +246,10 @@ def pointing_scores(methods: dict[str, Method], grids: Tensor, cell_labels: Tens
     return {name: torch.cat(s).mean().item() for name, s in scores.items()}
 
 
-def perturbation_scores(model: nn.Module, methods: dict[str, Method], images: Tensor,
+def perturbation_scores(model: nn.Module, methods: dict[str, ImageAttributionMethod], images: Tensor,
                         labels: Tensor) -> dict[str, tuple[float, float, dict]]:
     """``(ABC, seconds per explanation, mean curves)`` per method on one batch of images."""
-    inputs, forward = model_input(model, images)
+    inputs, forward = attribution_input(model, images)
     results = {}
     for name, method in methods.items():
         method.explain(images[:2], labels[:2])  # warm-up, untimed
@@ -274,7 +264,7 @@ def perturbation_scores(model: nn.Module, methods: dict[str, Method], images: Te
 
 
 def evaluate(model_name: str, model: nn.Module, data: ImageData, cfg: Config) -> tuple[list[Row], dict]:
-    methods = make_methods(model, cfg.ig_steps)
+    methods = image_attribution_methods(model, ig_steps=cfg.ig_steps)  # shared with examples/vit_digits.py
     probs = probabilities(model, data.test.pixel_values)
     confidence, predicted = probs.max(-1)
     correct = predicted == data.test.labels

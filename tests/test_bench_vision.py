@@ -36,13 +36,6 @@ def bench():
     sys.modules.pop("bench_vision", None)
 
 
-def test_the_benchmark_explains_with_the_package_method_set(bench, tiny_vits):
-    """One method set (bcos_plugins.vision.posthoc) serves the benchmark and examples/vit_digits.py."""
-    for model in tiny_vits.values():
-        assert set(bench.make_methods(model, ig_steps=4)) == set(image_attribution_methods(model, ig_steps=4))
-    assert bench.Method is ImageAttributionMethod
-
-
 def test_pointing_scores_wire_each_cell_to_its_class(bench):
     # cell k of grid g holds the value (class + 1) / 10; an oracle method marks exactly those pixels
     digits = torch.stack([torch.full((1, 8, 8), (c + 1) / 10) for c in range(5)])
@@ -77,7 +70,7 @@ def test_perturbation_scores_and_the_written_table(bench, tiny_vits, vit_images,
     x, target = vit_images
     rows = []
     for kind, name in (("bcos", "B-cos ViT"), ("conventional", "conventional ViT")):
-        methods = bench.make_methods(tiny_vits[kind], ig_steps=4)
+        methods = image_attribution_methods(tiny_vits[kind], ig_steps=4)
         results = bench.perturbation_scores(tiny_vits[kind], methods, x, target)
         assert set(results) == set(methods)
         for method_name, (abc, seconds, curves) in results.items():
