@@ -36,8 +36,12 @@ from .train import (
     load_bcos_model,
 )
 
-__all__ = ["MASKED_LM_ARCHITECTURES", "classifier_from_masked_lm", "fine_tune_task_then_bcos",
+__all__ = ["BCOS_STAGE_SCHEDULE", "MASKED_LM_ARCHITECTURES", "classifier_from_masked_lm", "fine_tune_task_then_bcos",
            "pretrain_masked_lm"]
+
+#: The learning-rate schedule of the best recipe's B-cos stage (docs/recipes.md): 10 % linear warm-up, then cosine
+#: decay, as ``TrainingArguments`` keywords; :func:`fine_tune_task_then_bcos`'s default for its second stage.
+BCOS_STAGE_SCHEDULE = {"warmup_steps": 0.1, "lr_scheduler_type": "cosine"}
 
 #: Masked-LM classes ``pretrain_masked_lm`` trains, with the sequence classifier their encoder moves into.
 MASKED_LM_ARCHITECTURES = {"BertForMaskedLM": "BertForSequenceClassification"}
@@ -282,6 +286,5 @@ def fine_tune_task_then_bcos(
     fine_tune_classifier(model, tokenizer, texts, labels, epochs=task_epochs, learning_rate=task_learning_rate,
                          batch_size=batch_size, loss="ce", **shared)
     bcosify(model, b=b, bcos_query_key=bcos_query_key, verbose=False)
-    schedule = {"warmup_steps": 0.1, "lr_scheduler_type": "cosine"}  # the B-cos stage's own (docs/recipes.md)
     return fine_tune_classifier(model, tokenizer, texts, labels, epochs=epochs, learning_rate=learning_rate,
-                                batch_size=batch_size, **{**schedule, **fine_tune_kwargs})
+                                batch_size=batch_size, **{**BCOS_STAGE_SCHEDULE, **fine_tune_kwargs})

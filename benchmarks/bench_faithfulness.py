@@ -104,6 +104,7 @@ from bcos_plugins.metrics import (
     seqpg_evidence_split,
     special_tokens_mask,
 )
+from bcos_plugins.pretrain import BCOS_STAGE_SCHEDULE
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import accuracy, fine_tune_classifier
 
@@ -211,7 +212,7 @@ def trained_model(kind: str, dataset: str, texts, labels, num_labels: int, cfg: 
         if cfg.bcos_start == "conventional":
             head_lr = None  # the head is trained already (docs/recipes.md, task-then-bcos: one rate)
         if cfg.bcos_schedule == "warmup-cosine":  # fine_tune_task_then_bcos' default B-cos stage
-            schedule_kwargs = dict(warmup_steps=0.1, lr_scheduler_type="cosine")
+            schedule_kwargs = BCOS_STAGE_SCHEDULE
     start = time.perf_counter()
     fine_tune_classifier(model, tokenizer, texts, labels, epochs=cfg.epochs, batch_size=cfg.train_batch,
                          learning_rate=lr, head_learning_rate=head_lr, max_length=MAX_LENGTH, progress=False,

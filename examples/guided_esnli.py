@@ -82,6 +82,7 @@ from bcos_plugins.guided import (
     unguide_attention,
 )
 from bcos_plugins.metrics.rationale import rationale_alignment
+from bcos_plugins.pretrain import BCOS_STAGE_SCHEDULE
 from bcos_plugins.train import bcos_loss, two_rate_adamw
 
 DATA = SHIPPED_DATA / "esnli_test_premise_spans" / "esnli_test_part_a_first1600.jsonl"
@@ -194,7 +195,7 @@ def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float,
         output_dir=tempfile.mkdtemp(prefix="guided_esnli_"), num_train_epochs=epochs,
         per_device_train_batch_size=16, learning_rate=lr, seed=args.seed, report_to=[],
         save_strategy="no", logging_steps=10, remove_unused_columns=False, disable_tqdm=False,
-        **(dict(warmup_steps=0.1, lr_scheduler_type="cosine") if schedule == "warmup-cosine" else {}))
+        **(BCOS_STAGE_SCHEDULE if schedule == "warmup-cosine" else {}))
     extra = {}
     trainer_class = Trainer
     if supervised:
