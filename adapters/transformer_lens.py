@@ -112,6 +112,8 @@ if HAS_HOOKED_TRANSFORMER:
     )
 
     register_linear_activation()
+    # the literal list again (not ``__all__ += _HOOKED_API``) so that linters see the imports above as
+    # re-exports; tests/test_lens_bridge.py keeps the two lists equal
     __all__ += [
         "ALL_PROJECTIONS",
         "BcosActivationCache",

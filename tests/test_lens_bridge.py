@@ -174,3 +174,20 @@ def test_explain_logits_works_on_the_bridge(name):
     torch.testing.assert_close(expl.explained, explained)
     assert expl.completeness_error.max() < 1e-4
     torch.testing.assert_close(expl.input_contributions, contributions, rtol=1e-5, atol=1e-6)
+
+
+def test_public_api_names_resolve_or_explain_the_version():
+    """Every name in ``__all__`` imports; the HookedTransformer names are public exactly when TL 3.x is there,
+    and under 4.x each one raises an ImportError that names the version and the alternative."""
+    from bcos_plugins.adapters import transformer_lens as lens_adapter
+
+    for name in lens_adapter.__all__:
+        assert getattr(lens_adapter, name) is not None, name
+    hooked = set(lens_adapter._HOOKED_API)
+    if lens_adapter.HAS_HOOKED_TRANSFORMER:
+        assert lens_adapter.__all__[-len(hooked):] == lens_adapter._HOOKED_API
+    else:
+        assert not hooked & set(lens_adapter.__all__)
+        for name in sorted(hooked):
+            with pytest.raises(ImportError, match="transformer_bridge_from_hf"):
+                getattr(lens_adapter, name)
