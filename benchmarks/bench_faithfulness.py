@@ -63,13 +63,19 @@ set explicitly wins over the preset.
   SST-2 models)   BENCH_SKIP_AG=1 skips AG News altogether (no SeqPG with BENCH_SEQPG_DATA=ag_news)
   BENCH_THREADS=0 torch threads (0 = torch's default; 1 is faster on an oversubscribed machine)
 """
+# ruff: noqa: E402 (the clock below starts before the heavy imports)
 
 from __future__ import annotations
 
+import time
+
+# the budget line counts from here: importing torch, transformers and Captum is part of what a user waits for
+_STARTED = (time.perf_counter(), time.process_time())
+
+import contextlib
 import csv
 import os
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,6 +97,7 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify, explain, load_bcos_model
+from bcos_plugins._env import env_choice, env_flag, env_float, env_int
 from bcos_plugins.convert import dynamic_linear_copy, spec_for
 from bcos_plugins.data import load_sst2
 from bcos_plugins.data.ag_news import load_ag_news
@@ -122,41 +129,41 @@ PAPER_SCALE = {"BENCH_DATA_SOURCE": "hub", "BENCH_TRAIN": "0", "BENCH_AG_TRAIN":
                "BENCH_ACC_TEST": "0"}
 
 
-def env(name: str, default, cast=int):
-    """A Config field read from the environment when the Config is built (after --paper-scale applied)."""
-    return field(default_factory=lambda: cast(os.environ.get(name, default)))
+def setting(read, name: str, default, **limits):
+    """A Config field read from the environment when the Config is built (after --paper-scale applied), through
+    the scripts' shared parser: a bad value stops the run with the variable, the value and the fix."""
+    return field(default_factory=lambda: read(name, default, **limits))
 
 
-def env_flag(name: str, default: bool):
-    return env(name, "1" if default else "0", lambda v: v == "1")
+POSITIVE = {"minimum": 0, "exclusive_minimum": True}
 
 
 @dataclass
 class Config:
-    n_train: int = env("BENCH_TRAIN", 1200)
-    n_ag_train: int = env("BENCH_AG_TRAIN", 600)
-    epochs: float = env("BENCH_EPOCHS", 2, float)
-    train_batch: int = env("BENCH_TRAIN_BATCH", 16)
-    b: float = env("BENCH_B", 1.1, float)
-    bcos_lr: float = env("BENCH_BCOS_LR", 2e-4, float)
-    bcos_head_lr: float = env("BENCH_BCOS_HEAD_LR", 1e-3, float)
-    bcos_query_key: bool = env_flag("BENCH_BCOS_QUERY_KEY", False)
-    bcos_start: str = env("BENCH_BCOS_START", "conventional", str)
-    bcos_schedule: str = env("BENCH_BCOS_SCHEDULE", "warmup-cosine", str)
-    n_eval: int = env("BENCH_EVAL", 16)
-    n_seqpg: int = env("BENCH_SEQPG", 8)
-    segment: int = env("BENCH_SEGMENT", 20)
-    batch: int = env("BENCH_BATCH", 8)
-    ig_steps: int = env("BENCH_IG_STEPS", 50)
-    shapley_samples: int = env("BENCH_SHAPLEY_SAMPLES", 25)
-    lime_samples: int = env("BENCH_LIME_SAMPLES", 100)
-    min_confidence: float = env("BENCH_SEQPG_MIN_CONF", 0.75, float)
-    n_acc: int = env("BENCH_ACC_TEST", 600)
-    seqpg_data: str = env("BENCH_SEQPG_DATA", "ag_news", str)
-    data_source: str = env("BENCH_DATA_SOURCE", "local", str)
-    threads: int = env("BENCH_THREADS", 0)
-    skip_ag: bool = env_flag("BENCH_SKIP_AG", False)
-    retrain: bool = env_flag("BENCH_RETRAIN", False)
+    n_train: int = setting(env_int, "BENCH_TRAIN", 1200, minimum=0)
+    n_ag_train: int = setting(env_int, "BENCH_AG_TRAIN", 600, minimum=0)
+    epochs: float = setting(env_float, "BENCH_EPOCHS", 2.0, **POSITIVE)
+    train_batch: int = setting(env_int, "BENCH_TRAIN_BATCH", 16, minimum=1)
+    b: float = setting(env_float, "BENCH_B", 1.1, minimum=1)
+    bcos_lr: float = setting(env_float, "BENCH_BCOS_LR", 2e-4, **POSITIVE)
+    bcos_head_lr: float = setting(env_float, "BENCH_BCOS_HEAD_LR", 1e-3, **POSITIVE)
+    bcos_query_key: bool = setting(env_flag, "BENCH_BCOS_QUERY_KEY", False)
+    bcos_start: str = setting(env_choice, "BENCH_BCOS_START", "conventional", choices=("conventional", "pretrained"))
+    bcos_schedule: str = setting(env_choice, "BENCH_BCOS_SCHEDULE", "warmup-cosine", choices=("warmup-cosine", "linear"))
+    n_eval: int = setting(env_int, "BENCH_EVAL", 16, minimum=1)
+    n_seqpg: int = setting(env_int, "BENCH_SEQPG", 8, minimum=1)
+    segment: int = setting(env_int, "BENCH_SEGMENT", 20, minimum=1)
+    batch: int = setting(env_int, "BENCH_BATCH", 8, minimum=1)
+    ig_steps: int = setting(env_int, "BENCH_IG_STEPS", 50, minimum=1)
+    shapley_samples: int = setting(env_int, "BENCH_SHAPLEY_SAMPLES", 25, minimum=1)
+    lime_samples: int = setting(env_int, "BENCH_LIME_SAMPLES", 100, minimum=1)
+    min_confidence: float = setting(env_float, "BENCH_SEQPG_MIN_CONF", 0.75, minimum=0, maximum=1)
+    n_acc: int = setting(env_int, "BENCH_ACC_TEST", 600, minimum=0)
+    seqpg_data: str = setting(env_choice, "BENCH_SEQPG_DATA", "ag_news", choices=("ag_news", "sst2"))
+    data_source: str = setting(env_choice, "BENCH_DATA_SOURCE", "local", choices=("local", "hub"))
+    threads: int = setting(env_int, "BENCH_THREADS", 0, minimum=0)
+    skip_ag: bool = setting(env_flag, "BENCH_SKIP_AG", False)
+    retrain: bool = setting(env_flag, "BENCH_RETRAIN", False)
 
 
 def load_data(loader, split: str, hub_split: str, cfg: Config, n: int = 0):
@@ -170,6 +177,33 @@ def load_data(loader, split: str, hub_split: str, cfg: Config, n: int = 0):
             print(f"{loader.__name__}('{hub_split}', source='hub') unavailable ({type(err).__name__}: {err}); "
                   f"using the shipped {split} slice")
     return loader(split, n=rows), "shipped"
+
+
+class Budget:
+    """Wall-clock and CPU seconds (user + system, every thread of the process) per phase of the run.
+
+    On one thread, CPU seconds estimate the wall time of an idle machine even when the machine is shared; wall
+    seconds are what the user waited. Phases with the same name add up."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, list[float]] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            spent = self.phases.setdefault(name, [0.0, 0.0])
+            spent[0] += time.perf_counter() - wall
+            spent[1] += time.process_time() - cpu
+
+    def line(self) -> str:
+        """One line: the whole run since the benchmark's imports started, then each phase (wall / CPU s)."""
+        wall, cpu = time.perf_counter() - _STARTED[0], time.process_time() - _STARTED[1]
+        parts = ", ".join(f"{name} {w:.0f} / {c:.0f}" for name, (w, c) in self.phases.items())
+        return (f"Budget: {wall:.0f} s wall, {cpu:.0f} s CPU ({torch.get_num_threads()} torch threads); "
+                f"per phase, wall / CPU s: {parts}")
 
 
 # ---------------------------------------------------------------- models
@@ -374,24 +408,31 @@ def predictions(model, ids, mask, size: int = 64):
                       for s in range(0, ids.shape[0], size)])
 
 
-def evaluate_sst2(methods, models, tokenizer, texts, cfg: Config, results: dict[str, MethodResult]):
+def evaluate_sst2(methods, models, tokenizer, texts, cfg: Config, results: dict[str, MethodResult],
+                  per_method: Budget | None = None):
+    per_method = per_method or Budget()
     ids, mask = encode(tokenizer, texts)
     preds = {kind: predictions(m, ids, mask) for kind, m in models.items()}
     for name, method in tqdm(methods.items(), desc="SST-2 Comp/Suff", file=sys.stdout):
         kind, run = method.kind, method.run
         res = results.setdefault(name, MethodResult(point=method.point, kind=kind))
-        run(next(batches(ids, mask, preds[kind], tokenizer, cfg.batch)))  # warm-up, untimed
-        for b in batches(ids, mask, preds[kind], tokenizer, cfg.batch):
-            scores, cost = measure_cost(run, b)
-            res.seconds += cost.seconds
-            res.n += b.ids.shape[0]
-            res.peak_mib = max(res.peak_mib, cost.peak_mib)
-            res.memory_method = cost.memory_method
-            res.curves.append(perturbation_curves(models[kind], b.ids, b.mask, scores, special_tokens=b.special,
-                                                  target=b.target))
-            res.entropy.append(explanation_entropy(scores, b.mask & ~b.special))
-            if method.decomposes_logit:
-                res.completeness.append(completeness_error(scores, explained_logits(models[kind], b)))
+        explained = []
+        with per_method.phase(f"SST-2 {name}"):
+            run(next(batches(ids, mask, preds[kind], tokenizer, cfg.batch)))  # warm-up, untimed
+            for b in batches(ids, mask, preds[kind], tokenizer, cfg.batch):
+                scores, cost = measure_cost(run, b)
+                res.seconds += cost.seconds
+                res.n += b.ids.shape[0]
+                res.peak_mib = max(res.peak_mib, cost.peak_mib)
+                res.memory_method = cost.memory_method
+                explained.append((b, scores))
+        with per_method.phase("SST-2 metrics (Comp/Suff curves, entropy, completeness)"):
+            for b, scores in explained:
+                res.curves.append(perturbation_curves(models[kind], b.ids, b.mask, scores, special_tokens=b.special,
+                                                      target=b.target))
+                res.entropy.append(explanation_entropy(scores, b.mask & ~b.special))
+                if method.decomposes_logit:
+                    res.completeness.append(completeness_error(scores, explained_logits(models[kind], b)))
 
 
 @torch.no_grad()
@@ -399,19 +440,22 @@ def explained_logits(model, b: Batch) -> torch.Tensor:
     return model(input_ids=b.ids, attention_mask=b.mask).logits.gather(1, b.target[:, None]).squeeze(1)
 
 
-def evaluate_seqpg(methods, models, tokenizer, examples, cfg: Config, results: dict[str, MethodResult]):
+def evaluate_seqpg(methods, models, tokenizer, examples, cfg: Config, results: dict[str, MethodResult],
+                   per_method: Budget | None = None):
+    per_method = per_method or Budget()
     ids, mask, targets = examples.explanation_batch()
     special = special_tokens_mask(tokenizer, ids)
     for name, method in tqdm(methods.items(), desc="SeqPG", file=sys.stdout):
         run = method.run
         res = results.setdefault(name, MethodResult(point=method.point, kind=method.kind))
         rows = []
-        for start in range(0, ids.shape[0], cfg.batch):
-            sl = slice(start, start + cfg.batch)
-            b = Batch(ids[sl].to(DEVICE), mask[sl].to(DEVICE), targets[sl].to(DEVICE), special[sl].to(DEVICE))
-            scores, cost = measure_cost(run, b)
-            res.seqpg_seconds += cost.seconds
-            rows.append(scores.cpu())
+        with per_method.phase(f"SeqPG {name}"):
+            for start in range(0, ids.shape[0], cfg.batch):
+                sl = slice(start, start + cfg.batch)
+                b = Batch(ids[sl].to(DEVICE), mask[sl].to(DEVICE), targets[sl].to(DEVICE), special[sl].to(DEVICE))
+                scores, cost = measure_cost(run, b)
+                res.seqpg_seconds += cost.seconds
+                rows.append(scores.cpu())
         res.seqpg.append(seqpg_evidence_split(torch.cat(rows), examples.segment_masks, examples.attention_mask))
 
 
@@ -559,17 +603,10 @@ def config_from(argv: list[str]) -> Config:
     unknown = [a for a in argv if a != "--paper-scale"]
     if unknown:
         raise SystemExit(f"unknown arguments {unknown}; usage: bench_faithfulness.py [--paper-scale]")
-    paper = "--paper-scale" in argv or os.environ.get("BENCH_PAPER_SCALE") == "1"
+    paper = "--paper-scale" in argv or env_flag("BENCH_PAPER_SCALE", False)
     preset = {k: v for k, v in PAPER_SCALE.items() if k not in os.environ} if paper else {}
     with mock.patch.dict(os.environ, preset):  # a variable the user set wins
-        cfg = Config()
-    if cfg.data_source not in ("local", "hub"):
-        raise SystemExit(f"BENCH_DATA_SOURCE must be 'local' or 'hub', got {cfg.data_source!r}")
-    if cfg.bcos_start not in ("pretrained", "conventional"):
-        raise SystemExit(f"BENCH_BCOS_START must be 'pretrained' or 'conventional', got {cfg.bcos_start!r}")
-    if cfg.bcos_schedule not in ("warmup-cosine", "linear"):
-        raise SystemExit(f"BENCH_BCOS_SCHEDULE must be 'warmup-cosine' or 'linear', got {cfg.bcos_schedule!r}")
-    return cfg
+        return Config()
 
 
 def main(argv: list[str]) -> None:
@@ -582,19 +619,21 @@ def main(argv: list[str]) -> None:
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
     OUT.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    budget, per_method = Budget(), Budget()
+    budget.phases["start-up"] = [time.perf_counter() - _STARTED[0], time.process_time() - _STARTED[1]]
     print(f"config: {cfg}")
 
-    if cfg.seqpg_data not in ("ag_news", "sst2"):
-        raise ValueError(f"BENCH_SEQPG_DATA must be 'ag_news' or 'sst2', got {cfg.seqpg_data!r}")
     (train, source), (test, _) = load_data(load_sst2, "train", "train", cfg, cfg.n_train), \
         load_data(load_sst2, "test", "validation", cfg)
     sources = {"sst2": f"{len(train.texts)} SST-2 training rows ({source})"}
-    conv, tok, s1 = trained_model("conv", "sst2", train.texts, train.labels, 2, cfg, source)
-    bcos, _, s2 = trained_model("bcos", "sst2", train.texts, train.labels, 2, cfg, source, conv)
+    with budget.phase("SST-2 conv. training"):
+        conv, tok, s1 = trained_model("conv", "sst2", train.texts, train.labels, 2, cfg, source)
+    with budget.phase("SST-2 B-cos training"):
+        bcos, _, s2 = trained_model("bcos", "sst2", train.texts, train.labels, 2, cfg, source, conv)
     acc_texts, acc_labels = last_rows(test.texts, cfg.n_acc), last_rows(test.labels, cfg.n_acc)
-    acc = {"sst2": {"conventional": accuracy(conv, tok, acc_texts, acc_labels),
-                    "bcos": accuracy(bcos, tok, acc_texts, acc_labels)}}
+    with budget.phase("accuracy"):
+        acc = {"sst2": {"conventional": accuracy(conv, tok, acc_texts, acc_labels),
+                        "bcos": accuracy(bcos, tok, acc_texts, acc_labels)}}
     print(f"SST-2 models trained in {s1:.0f} s + {s2:.0f} s; accuracy on {len(acc_texts)}: {acc['sst2']}")
 
     results: dict[str, MethodResult] = {}
@@ -602,41 +641,55 @@ def main(argv: list[str]) -> None:
     eval_texts = test.texts[: cfg.n_eval]
     if len(eval_texts) < cfg.n_eval:
         print(f"BENCH_EVAL={cfg.n_eval}, but the SST-2 evaluation split has {len(eval_texts)} sentences: using all")
-    evaluate_sst2(methods, {"conventional": conv, "bcos": bcos}, tok, eval_texts, cfg, results)
+    with budget.phase("SST-2 explanations + Comp/Suff"):
+        evaluate_sst2(methods, {"conventional": conv, "bcos": bcos}, tok, eval_texts, cfg, results, per_method)
 
     n_seqpg = 0
     seqpg_source = None
     if cfg.seqpg_data == "sst2":
-        examples = seqpg_examples(conv, bcos, tok, test, cfg)
+        with budget.phase("SeqPG examples"):
+            examples = seqpg_examples(conv, bcos, tok, test, cfg)
         if examples is not None:
             n_seqpg, seqpg_source = len(examples), "SST-2"
-            evaluate_seqpg(methods, {"conventional": conv, "bcos": bcos}, tok, examples, cfg, results)
+            with budget.phase("SeqPG explanations"):
+                evaluate_seqpg(methods, {"conventional": conv, "bcos": bcos}, tok, examples, cfg, results,
+                               per_method)
     elif not cfg.skip_ag:
         (ag_train, ag_source), (ag_test, _) = load_data(load_ag_news, "train", "train", cfg, cfg.n_ag_train), \
             load_data(load_ag_news, "test", "test", cfg)
         sources["ag_news"] = f"{len(ag_train.texts)} AG News training rows ({ag_source})"
-        ag_conv, _, s3 = trained_model("conv", "ag_news", ag_train.texts, ag_train.labels, 4, cfg, ag_source)
-        ag_bcos, _, s4 = trained_model("bcos", "ag_news", ag_train.texts, ag_train.labels, 4, cfg, ag_source,
-                                       ag_conv)
+        with budget.phase("AG News conv. training"):
+            ag_conv, _, s3 = trained_model("conv", "ag_news", ag_train.texts, ag_train.labels, 4, cfg, ag_source)
+        with budget.phase("AG News B-cos training"):
+            ag_bcos, _, s4 = trained_model("bcos", "ag_news", ag_train.texts, ag_train.labels, 4, cfg, ag_source,
+                                           ag_conv)
         ag_acc_texts, ag_acc_labels = last_rows(ag_test.texts, cfg.n_acc), last_rows(ag_test.labels, cfg.n_acc)
-        acc["ag_news"] = {"conventional": accuracy(ag_conv, tok, ag_acc_texts, ag_acc_labels),
-                          "bcos": accuracy(ag_bcos, tok, ag_acc_texts, ag_acc_labels)}
+        with budget.phase("accuracy"):
+            acc["ag_news"] = {"conventional": accuracy(ag_conv, tok, ag_acc_texts, ag_acc_labels),
+                              "bcos": accuracy(ag_bcos, tok, ag_acc_texts, ag_acc_labels)}
         print(f"AG News models trained in {s3:.0f} s + {s4:.0f} s; accuracy on {len(ag_acc_texts)}: "
               f"{acc['ag_news']}")
-        examples = seqpg_examples(ag_conv, ag_bcos, tok, ag_test, cfg)
+        with budget.phase("SeqPG examples"):
+            examples = seqpg_examples(ag_conv, ag_bcos, tok, ag_test, cfg)
         if examples is not None:
             n_seqpg, seqpg_source = len(examples), "AG News"
-            ag_methods = make_methods(ag_conv, ag_bcos, tok.mask_token_id, cfg)
-            evaluate_seqpg(ag_methods, {"conventional": ag_conv, "bcos": ag_bcos}, tok, examples, cfg, results)
+            with budget.phase("SeqPG explanations"):
+                ag_methods = make_methods(ag_conv, ag_bcos, tok.mask_token_id, cfg)
+                evaluate_seqpg(ag_methods, {"conventional": ag_conv, "bcos": ag_bcos}, tok, examples, cfg, results,
+                               per_method)
 
     device = "CPU" if not torch.cuda.is_available() else torch.cuda.get_device_name()
-    rows = write_report(results, acc, cfg, {"n_eval": len(eval_texts), "n_seqpg": n_seqpg, "device": device,
-                                            "sources": " / ".join(sources.values()),
-                                            "seqpg_source": seqpg_source,
-                                            "memory_method": results["B-cos"].memory_method})
-    plot(rows)
+    with budget.phase("report"):
+        rows = write_report(results, acc, cfg, {"n_eval": len(eval_texts), "n_seqpg": n_seqpg, "device": device,
+                                                "sources": " / ".join(sources.values()),
+                                                "seqpg_source": seqpg_source,
+                                                "memory_method": results["B-cos"].memory_method})
+        plot(rows)
     print((OUT / "results.md").read_text(encoding="utf-8"))
-    print(f"wrote {OUT}/results.md, results.csv, faithfulness.png in {time.perf_counter() - t0:.0f} s")
+    print("Explanation methods, wall / CPU s: "
+          + ", ".join(f"{name} {w:.1f} / {c:.1f}" for name, (w, c) in per_method.phases.items()))
+    print(budget.line())
+    print(f"wrote {OUT}/results.md, results.csv, faithfulness.png")
 
 
 if __name__ == "__main__":

@@ -153,6 +153,18 @@ def test_paper_scale_sets_the_paper_sizes_and_explicit_variables_win(bench, monk
         bench.config_from(["--paper"])
 
 
+@pytest.mark.parametrize("name, raw, problem", [
+    ("BENCH_EVAL", "sixteen", "not a whole number"), ("BENCH_EPOCHS", "0", "out of range (must be > 0)"),
+    ("BENCH_RETRAIN", "yes", "not a switch"), ("BENCH_PAPER_SCALE", "true", "not a switch"),
+    ("BENCH_DATA_SOURCE", "glue", "not one of 'local' or 'hub'"),
+    ("BENCH_SEQPG_DATA", "imdb", "not one of 'ag_news' or 'sst2'")])
+def test_a_bad_setting_stops_the_run_naming_the_variable(bench, monkeypatch, name, raw, problem):
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(SystemExit) as excinfo:
+        bench.config_from([])
+    assert str(excinfo.value).startswith(f"{name}={raw!r}: {problem}. Set {name} to ")
+
+
 def test_hub_data_falls_back_to_the_shipped_slice(bench, monkeypatch, capsys):
     def offline(split, n=None, source="local"):
         if source == "hub":

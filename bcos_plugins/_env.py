@@ -1,0 +1,88 @@
+"""Settings read from environment variables by the benchmark and example scripts (private).
+
+The scripts are configured through ``BENCH_*``-style variables. A value that does not parse, or is out of range,
+stops the script before any work with a message naming the variable, the bad value and the fix; a typo such as
+``BENCH_RETRAIN=yes`` or ``BENCH_EVAL=1e3`` must never fall back to a default silently (a silently wrong
+configuration is a silently wrong number in a results table). An unset variable gives the default; a variable
+set to the empty string is an error, like any other value that is not a setting.
+
+Errors are ``SystemExit`` so a command-line user sees the message without a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+__all__ = ["env_choice", "env_flag", "env_float", "env_int"]
+
+
+def _bad(name: str, raw: str, problem: str, fix: str, default) -> SystemExit:
+    shown = "" if default is None else f", or unset it for the default {default}"
+    return SystemExit(f"{name}={raw!r}: {problem}. Set {name} to {fix}{shown}.")
+
+
+def _bounds(minimum, maximum, *, exclusive_minimum: bool = False) -> str:
+    low = None if minimum is None else (f"> {minimum}" if exclusive_minimum else f">= {minimum}")
+    high = None if maximum is None else f"<= {maximum}"
+    return " and ".join(part for part in (low, high) if part)
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``int(os.environ[name])``, ``default`` when unset; a whole number within ``[minimum, maximum]``."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    bounds = _bounds(minimum, maximum)
+    wanted = f"a whole number{f' {bounds}' if bounds else ''}, e.g. {name}={default}"
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise _bad(name, raw, "not a whole number", wanted, default) from None
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise _bad(name, raw, f"out of range (must be {bounds})", wanted, default)
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None,
+              exclusive_minimum: bool = False) -> float:
+    """``float(os.environ[name])``, ``default`` when unset; finite, within the bounds (``exclusive_minimum``:
+    strictly above ``minimum``, e.g. a learning rate or a number of epochs)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    bounds = _bounds(minimum, maximum, exclusive_minimum=exclusive_minimum)
+    wanted = f"a number{f' {bounds}' if bounds else ''}, e.g. {name}={default:g}"
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise _bad(name, raw, "not a number", wanted, f"{default:g}") from None
+    if not math.isfinite(value):
+        raise _bad(name, raw, "not a finite number", wanted, f"{default:g}")
+    too_low = minimum is not None and (value <= minimum if exclusive_minimum else value < minimum)
+    if too_low or (maximum is not None and value > maximum):
+        raise _bad(name, raw, f"out of range (must be {bounds})", wanted, f"{default:g}")
+    return value
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """``True`` for ``1``, ``False`` for ``0``, ``default`` when unset; anything else (``yes``, ``true``) is an
+    error rather than a silent ``False``."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if raw.strip() not in ("0", "1"):
+        raise _bad(name, raw, "not a switch", "1 (on) or 0 (off)", int(default))
+    return raw.strip() == "1"
+
+
+def env_choice(name: str, default: str, choices: Sequence[str]) -> str:
+    """One of ``choices`` (exactly as spelled there), ``default`` when unset."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if raw not in choices:
+        listed = " or ".join(repr(c) for c in choices)
+        raise _bad(name, raw, f"not one of {listed}", f"one of {listed}", repr(default))
+    return raw

@@ -1,0 +1,83 @@
+"""The scripts' environment settings (bcos_plugins._env): values parse, bad ones stop with the variable, the value
+and the fix in the message, and nothing falls back to a default silently."""
+
+from __future__ import annotations
+
+import pytest
+
+from bcos_plugins._env import env_choice, env_flag, env_float, env_int
+
+
+def message(excinfo) -> str:
+    return str(excinfo.value)
+
+
+def test_unset_gives_the_default_and_set_values_parse(monkeypatch):
+    monkeypatch.delenv("BENCH_X", raising=False)
+    assert env_int("BENCH_X", 16) == 16
+    assert env_float("BENCH_X", 2e-4) == 2e-4
+    assert env_flag("BENCH_X", True) is True
+    assert env_choice("BENCH_X", "local", ("local", "hub")) == "local"
+    monkeypatch.setenv("BENCH_X", " 32 ")
+    assert env_int("BENCH_X", 16, minimum=1) == 32
+    monkeypatch.setenv("BENCH_X", "1e-4")
+    assert env_float("BENCH_X", 2e-4, minimum=0, exclusive_minimum=True) == 1e-4
+    monkeypatch.setenv("BENCH_X", "0")
+    assert env_flag("BENCH_X", True) is False
+    assert env_int("BENCH_X", 1200, minimum=0) == 0  # the bound is inclusive
+    monkeypatch.setenv("BENCH_X", "hub")
+    assert env_choice("BENCH_X", "local", ("local", "hub")) == "hub"
+
+
+@pytest.mark.parametrize("raw", ["abc", "1e3", "2.0", "", "16 sentences"])
+def test_an_integer_that_does_not_parse_names_variable_value_and_fix(monkeypatch, raw):
+    monkeypatch.setenv("BENCH_EVAL", raw)
+    with pytest.raises(SystemExit) as excinfo:
+        env_int("BENCH_EVAL", 16, minimum=1)
+    assert message(excinfo) == (f"BENCH_EVAL={raw!r}: not a whole number. Set BENCH_EVAL to a whole number >= 1, "
+                                "e.g. BENCH_EVAL=16, or unset it for the default 16.")
+
+
+def test_an_integer_out_of_range_says_the_range(monkeypatch):
+    monkeypatch.setenv("BENCH_THREADS", "-1")
+    with pytest.raises(SystemExit) as excinfo:
+        env_int("BENCH_THREADS", 0, minimum=0)
+    assert message(excinfo) == ("BENCH_THREADS='-1': out of range (must be >= 0). Set BENCH_THREADS to a whole "
+                                "number >= 0, e.g. BENCH_THREADS=0, or unset it for the default 0.")
+    monkeypatch.setenv("BENCH_THREADS", "9")
+    with pytest.raises(SystemExit, match=r"out of range \(must be >= 1 and <= 8\)"):
+        env_int("BENCH_THREADS", 1, minimum=1, maximum=8)
+
+
+@pytest.mark.parametrize("raw, problem", [("fast", "not a number"), ("nan", "not a finite number"),
+                                          ("inf", "not a finite number"), ("0", "out of range (must be > 0)"),
+                                          ("-2", "out of range (must be > 0)")])
+def test_a_bad_float_names_variable_value_and_fix(monkeypatch, raw, problem):
+    monkeypatch.setenv("BENCH_EPOCHS", raw)
+    with pytest.raises(SystemExit) as excinfo:
+        env_float("BENCH_EPOCHS", 2.0, minimum=0, exclusive_minimum=True)
+    assert message(excinfo) == (f"BENCH_EPOCHS={raw!r}: {problem}. Set BENCH_EPOCHS to a number > 0, e.g. "
+                                "BENCH_EPOCHS=2, or unset it for the default 2.")
+
+
+def test_a_float_above_its_maximum(monkeypatch):
+    monkeypatch.setenv("BENCH_SEQPG_MIN_CONF", "1.5")
+    with pytest.raises(SystemExit, match=r"^BENCH_SEQPG_MIN_CONF='1.5': out of range \(must be >= 0 and <= 1\)"):
+        env_float("BENCH_SEQPG_MIN_CONF", 0.75, minimum=0, maximum=1)
+
+
+@pytest.mark.parametrize("raw", ["yes", "true", "2", ""])
+def test_a_switch_other_than_0_or_1_is_an_error_not_false(monkeypatch, raw):
+    monkeypatch.setenv("BENCH_RETRAIN", raw)
+    with pytest.raises(SystemExit) as excinfo:
+        env_flag("BENCH_RETRAIN", False)
+    assert message(excinfo) == (f"BENCH_RETRAIN={raw!r}: not a switch. Set BENCH_RETRAIN to 1 (on) or 0 (off), or "
+                                "unset it for the default 0.")
+
+
+def test_a_choice_outside_the_list_names_the_choices(monkeypatch):
+    monkeypatch.setenv("BENCH_DATA_SOURCE", "Hub")  # spelled exactly as listed, no case folding
+    with pytest.raises(SystemExit) as excinfo:
+        env_choice("BENCH_DATA_SOURCE", "local", ("local", "hub"))
+    assert message(excinfo) == ("BENCH_DATA_SOURCE='Hub': not one of 'local' or 'hub'. Set BENCH_DATA_SOURCE to one "
+                                "of 'local' or 'hub', or unset it for the default 'local'.")
