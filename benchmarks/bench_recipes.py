@@ -37,21 +37,21 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify
+from bcos_plugins._env import env_choice, env_flag, env_float, env_int
 from bcos_plugins.data import load_ag_news, load_sst2, shipped_data
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import accuracy, fine_tune_classifier
 
 OUT = Path(os.environ.get("BENCH_OUT", "outputs/bench_recipes"))
-DATA = os.environ.get("BENCH_DATA", "sst2")
-if DATA not in ("sst2", "ag_news"):
-    raise SystemExit(f"BENCH_DATA must be sst2 or ag_news, got {DATA!r}")
-N_TRAIN = int(os.environ.get("BENCH_TRAIN", 1200 if DATA == "sst2" else 600))
-EPOCHS = float(os.environ.get("BENCH_EPOCHS", 2))
-THREADS = int(os.environ.get("BENCH_THREADS", 1))
-N_MLM = int(os.environ.get("BENCH_MLM_TEXTS", 4000))
-MLM_EPOCHS = float(os.environ.get("BENCH_MLM_EPOCHS", 1))
-RETRAIN = os.environ.get("BENCH_RETRAIN", "0") == "1"
-SEED = int(os.environ.get("BENCH_SEED", 0))
+# read once at import through the scripts' shared parser: a bad value stops here, naming the variable and the fix
+DATA = env_choice("BENCH_DATA", "sst2", ("sst2", "ag_news"))
+N_TRAIN = env_int("BENCH_TRAIN", 1200 if DATA == "sst2" else 600, minimum=1)
+EPOCHS = env_float("BENCH_EPOCHS", 2.0, minimum=0, exclusive_minimum=True)
+THREADS = env_int("BENCH_THREADS", 1, minimum=1)
+N_MLM = env_int("BENCH_MLM_TEXTS", 4000, minimum=1)
+MLM_EPOCHS = env_float("BENCH_MLM_EPOCHS", 1.0, minimum=0, exclusive_minimum=True)
+RETRAIN = env_flag("BENCH_RETRAIN", False)
+SEED = env_int("BENCH_SEED", 0, minimum=0)
 BATCH = 16
 MAX_LENGTH = 64
 BASE_LR = 1e-4

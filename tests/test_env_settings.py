@@ -3,6 +3,11 @@ and the fix in the message, and nothing falls back to a default silently."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from bcos_plugins._env import env_choice, env_flag, env_float, env_int
@@ -81,3 +86,16 @@ def test_a_choice_outside_the_list_names_the_choices(monkeypatch):
         env_choice("BENCH_DATA_SOURCE", "local", ("local", "hub"))
     assert message(excinfo) == ("BENCH_DATA_SOURCE='Hub': not one of 'local' or 'hub'. Set BENCH_DATA_SOURCE to one "
                                 "of 'local' or 'hub', or unset it for the default 'local'.")
+
+
+def test_the_recipe_benchmark_stops_on_a_bad_setting_before_any_work(tmp_path):
+    """bench_recipes reads its settings at import: a bad one ends the script with status 1 and the message."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_recipes.py"
+    env = {**os.environ, "BENCH_SEED": "-1", "BENCH_OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(script), "conv"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "BENCH_SEED='-1': out of range (must be >= 0). Set BENCH_SEED to a whole number >= 0, e.g. BENCH_SEED=0, "
+        "or unset it for the default 0.")
+    assert not any(tmp_path.iterdir()), "nothing was written"
