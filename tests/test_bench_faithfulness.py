@@ -82,8 +82,12 @@ def test_the_report_has_one_row_per_method_and_the_ratios(bench, setup, tmp_path
     monkeypatch.setattr(bench, "OUT", tmp_path)
     methods = bench.make_methods(conv, bcos, tok.mask_token_id, cfg)
     results: dict = {}
-    bench.evaluate_sst2(methods, {"conventional": conv, "bcos": bcos}, tok, texts, cfg, results)
+    per_method = bench.Budget()
+    bench.evaluate_sst2(methods, {"conventional": conv, "bcos": bcos}, tok, texts, cfg, results, per_method)
     assert all(res.n == len(texts) and res.seconds > 0 for res in results.values())
+    # the budget has each method's explaining, and the metrics of all of them as one phase
+    metrics = "SST-2 metrics (Comp/Suff curves, entropy, completeness)"
+    assert sorted(per_method.phases) == sorted([f"SST-2 {name}" for name in methods] + [metrics])
     acc = {"sst2": {"conventional": 0.5, "bcos": 0.6}}
     rows = bench.write_report(results, acc, cfg, {"n_eval": len(texts), "n_seqpg": 0, "device": "CPU",
                                                   "seqpg_source": None,
@@ -99,6 +103,24 @@ def test_the_report_has_one_row_per_method_and_the_ratios(bench, setup, tmp_path
     assert "faster than IG (4 steps)" in table and "faster than ShapSampl (3)" in table
     assert (tmp_path / "results.csv").read_text().count("\n") == len(methods) + 1
     assert (tmp_path / "faithfulness.png").stat().st_size > 0
+
+
+def test_the_budget_adds_phases_of_one_name_and_lists_them_in_order(bench, monkeypatch):
+    clock = iter([0.0, 10.0, 10.0, 12.5, 20.0, 23.0])  # wall and CPU read the same fake clock in turn
+    budget = bench.Budget()
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(bench.time, "process_time", lambda: 0.0)
+    with budget.phase("training"):
+        pass
+    with budget.phase("explaining"):
+        pass
+    with budget.phase("training"):
+        pass
+    assert budget.phases == {"training": [13.0, 0.0], "explaining": [2.5, 0.0]}
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: bench._STARTED[0] + 100.0)
+    monkeypatch.setattr(bench.time, "process_time", lambda: bench._STARTED[1] + 90.0)
+    assert budget.line().startswith(f"Budget: 100 s wall, 90 s CPU ({torch.get_num_threads()} torch threads); "
+                                    "per phase, wall / CPU s: training 13 / 0, explaining 2 / 0")
 
 
 def test_every_row_states_its_point_and_gradient_baselines_are_not_noise(bench, setup):
