@@ -13,7 +13,6 @@ timings are stable on a shared machine; 0 keeps torch's default).
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
@@ -22,6 +21,7 @@ from captum.attr import LayerGradientXActivation
 from transformers import BertConfig, BertForSequenceClassification
 
 from bcos_plugins import bcosify, explain
+from bcos_plugins._env import env_int
 from bcos_plugins.pretrained import minilm_path
 
 
@@ -35,10 +35,10 @@ def _time(fn, repeats: int) -> list[float]:
 
 
 def main() -> None:
-    batch = int(os.environ.get("BENCH_BATCH", 16))
-    length = int(os.environ.get("BENCH_LEN", 64))
-    repeats = int(os.environ.get("BENCH_REPEATS", 7))
-    threads = int(os.environ.get("BENCH_THREADS", 1))
+    batch = env_int("BENCH_BATCH", 16, minimum=1)
+    length = env_int("BENCH_LEN", 64, minimum=1)
+    repeats = env_int("BENCH_REPEATS", 7, minimum=1)
+    threads = env_int("BENCH_THREADS", 1, minimum=0)
     if threads > 0:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
