@@ -78,6 +78,7 @@ from bcos_plugins.guided import (
     guide_attention,
     parse_esnli_question,
     random_rationale_mask,
+    supervision_warmup_factor,
     text_token_mask,
     unguide_attention,
 )
@@ -113,10 +114,12 @@ def load_rows(tokenizer, n_train: int, n_eval: int) -> tuple[list[dict], list[di
 
 
 def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generator=None,
-            supervise: bool = False) -> tuple[dict, torch.Tensor, torch.Tensor]:
+            supervise: str | None = None) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Pad a batch; ``rationale`` = "gold" / "random" adds ``rationale_mask`` (the guidance, training only);
-    ``supervise`` adds the gold and text-token masks for the supervision loss (``supervision_gold`` /
-    ``supervision_valid``, taken out of the batch before the model sees it)."""
+    ``supervise`` = "gold" / "random" adds the target and text-token masks for the supervision loss
+    (``supervision_gold`` / ``supervision_valid``, taken out of the batch before the model sees it). A random
+    mask (``random_rationale_mask``: as many text tokens as the gold mask) is drawn once per batch and serves
+    both."""
     length = max(len(r["input_ids"]) for r in rows)
 
     def pad(key, value, dtype):
@@ -131,12 +134,13 @@ def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generat
     }
     gold = torch.stack([torch.nn.functional.pad(r["gold"], (0, length - len(r["gold"]))) for r in rows])
     valid = torch.stack([torch.nn.functional.pad(r["valid"], (0, length - len(r["valid"]))) for r in rows])
-    if rationale == "gold":
-        batch["rationale_mask"] = gold
-    elif rationale == "random":
-        batch["rationale_mask"] = random_rationale_mask(gold, valid, generator)
-    if supervise:
-        batch["supervision_gold"], batch["supervision_valid"] = gold, valid
+    masks = {"gold": gold}
+    if "random" in (rationale, supervise):
+        masks["random"] = random_rationale_mask(gold, valid, generator)
+    if rationale is not None:
+        batch["rationale_mask"] = masks[rationale]
+    if supervise is not None:
+        batch["supervision_gold"], batch["supervision_valid"] = masks[supervise], valid
     return batch, gold, valid
 
 
@@ -146,8 +150,9 @@ class AttentionSupervisedTrainer(Trainer):
     the weight) so that a training curve shows which one moves."""
 
     def __init__(self, *args, supervision_weight: float, supervised_layers: list[int], text_keys_only: bool,
-                 supervised_heads: int, **kwargs):
+                 supervised_heads: int, supervision_warmup: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
+        self.supervision_warmup = supervision_warmup
         self.supervised_heads = supervised_heads
         self.text_keys_only = text_keys_only
         self.supervision_weight = supervision_weight
@@ -158,16 +163,15 @@ class AttentionSupervisedTrainer(Trainer):
         gold, valid = inputs.pop("supervision_gold"), inputs.pop("supervision_valid")
         loss, outputs = super().compute_loss(model, {**inputs, "output_attentions": True}, return_outputs=True,
                                              num_items_in_batch=num_items_in_batch)
-        attentions = outputs.attentions
-        if self.supervised_heads:
-            # only the first heads are pulled to the rationale; the others stay free to read the hypothesis
-            attentions = tuple(a[:, : self.supervised_heads] for a in attentions)
-        divergence = attention_supervision_loss(attentions, gold, inputs["attention_mask"],
-                                                layers=self.supervised_layers,
+        # only the first heads are pulled to the rationale (when asked); the others stay free to read the hypothesis
+        heads = list(range(self.supervised_heads)) if self.supervised_heads else None
+        divergence = attention_supervision_loss(outputs.attentions, gold, inputs["attention_mask"],
+                                                layers=self.supervised_layers, heads=heads,
                                                 valid_mask=valid if self.text_keys_only else None)
         self.parts["task_loss"].append(loss.item())
         self.parts["supervision_loss"].append(divergence.item())
-        loss = loss + self.supervision_weight * divergence
+        factor = supervision_warmup_factor(self.state.global_step, self.state.max_steps, self.supervision_warmup)
+        loss = loss + factor * self.supervision_weight * divergence
         return (loss, outputs) if return_outputs else loss
 
     def log(self, logs, *args, **kwargs):
@@ -183,14 +187,15 @@ def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float,
     """Fine-tune ``model`` in ``mode`` (B-cos: ``bcos_loss``; ``head_lr``: a second rate for classifier and
     pooler; ``schedule``: transformers' linear decay, or ``warmup-cosine``, 10% warm-up then cosine decay);
     returns it in eval mode, unguided, and its training curve (the logged losses)."""
-    supervised = mode == "supervised"
+    supervised = mode in ("supervised", "supervised-random")
     strength, layers = ((args.supervision_strength, args.supervision_layers) if supervised
                         else (args.strength, args.last_layers))
     guided = mode in ("guided", "random") or (supervised and strength > 0)
     if guided:
         guide_attention(model, mode=args.mode, strength=strength, last_layers=layers)
     generator = torch.Generator().manual_seed(args.seed)
-    rationale = "random" if mode == "random" else ("gold" if guided else None)
+    mask_kind = "random" if mode in ("random", "supervised-random") else "gold"
+    rationale = mask_kind if guided else None
     training_args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="guided_esnli_"), num_train_epochs=epochs,
         per_device_train_batch_size=16, learning_rate=lr, seed=args.seed, report_to=[],
@@ -201,14 +206,16 @@ def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float,
     if supervised:
         trainer_class = AttentionSupervisedTrainer
         extra = {"supervision_weight": args.supervision_weight, "supervised_layers": list(range(-layers, 0)),
-                 "text_keys_only": args.supervision_keys == "text", "supervised_heads": args.supervision_heads}
+                 "text_keys_only": args.supervision_keys == "text", "supervised_heads": args.supervision_heads,
+                 "supervision_warmup": args.supervision_warmup}
     if head_lr is not None and head_lr != lr:
         # B-cos logits are bounded by the norm of their input and grow only as a fresh head aligns with it, so
         # the direct recipe gives the head (classifier and pooler) a larger rate
         extra["optimizers"] = (two_rate_adamw(model, lr, head_lr, training_args.weight_decay), None)
     trainer = trainer_class(
         model=model, args=training_args, train_dataset=rows,
-        data_collator=lambda items: collate(items, pad_id, rationale, generator, supervise=supervised)[0],
+        data_collator=lambda items: collate(items, pad_id, rationale, generator,
+                                            supervise=mask_kind if supervised else None)[0],
         compute_loss_func=bcos_loss if bcos else None, **extra)
     trainer.train()
     if guided:
@@ -300,6 +307,7 @@ def diagnose(path, rows, pad_id, b: float) -> None:
               f"{out.logits.std(0).mean():8.4f}  {' '.join(norms)}")
 
 
+VARIANTS = ("vanilla", "guided", "random", "supervised", "supervised-random")
 METHODS = (("attention", "attention"), ("bcos_explanation", "B-cos expl."),
            ("integrated_gradients", "IG"), ("occlusion", "Occlusion"))
 
@@ -319,6 +327,9 @@ def main() -> None:
     parser.add_argument("--supervision-layers", type=int, default=1, help="last layers the supervision acts on")
     parser.add_argument("--supervision-heads", type=int, default=0,
                         help="supervise only the first N heads of the supervised layers (0: all heads)")
+    parser.add_argument("--supervision-warmup", type=float, default=0.0,
+                        help="fraction of the training steps over which the supervision weight ramps up linearly "
+                             "from 0 (supervision_warmup_factor; 0: full weight from the first step)")
     parser.add_argument("--supervision-strength", type=float, default=0.0,
                         help="lambda of Eq. 3 guidance of the supervised layers (0: supervision alone)")
     parser.add_argument("--supervision-keys", default="text", choices=["text", "all"],
@@ -375,6 +386,9 @@ def main() -> None:
             parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
     if args.supervision_heads < 0:
         parser.error(f"--supervision-heads: must be >= 0 (0: all heads), got {args.supervision_heads}")
+    if not 0 <= args.supervision_warmup <= 1:
+        parser.error(f"--supervision-warmup: must be a fraction of the training steps in [0, 1], got "
+                     f"{args.supervision_warmup}")
     if args.supervision_weight < 0 or args.supervision_strength < 0:
         parser.error("--supervision-weight / --supervision-strength: must be >= 0")
     if args.threads > 0:
@@ -410,9 +424,9 @@ def main() -> None:
     results = {"chance": {**chance["all"], "premise": chance["premise"]}, "settings": vars(args)}
 
     modes = [m for m in args.variants.split(",") if m]
-    unknown = sorted(set(modes) - {"vanilla", "guided", "random", "supervised"})
+    unknown = sorted(set(modes) - set(VARIANTS))
     if unknown or not modes:
-        parser.error(f"--variants: unknown or empty {unknown}; pick from vanilla,guided,random,supervised")
+        parser.error(f"--variants: unknown or empty {unknown}; pick from {','.join(VARIANTS)}")
     families = {"both": (False, True), "stock": (False,), "bcos": (True,)}[args.family]
     pad_id = tokenizer.pad_token_id
 

@@ -5,12 +5,13 @@ import pytest
 import torch
 from test_guided import batch_and_gold, make
 
-from bcos_plugins.errors import BcosValueError
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.guided import (
     GoldMaskAtEvaluationError,
     attention_supervision_loss,
     attention_token_scores,
     guide_attention,
+    supervision_warmup_factor,
 )
 
 
@@ -72,3 +73,61 @@ def test_supervised_attention_moves_toward_the_mask_and_evaluation_refuses_masks
     assert after > before + 0.2, (before, after)
     with pytest.raises(GoldMaskAtEvaluationError):
         model(input_ids=ids, attention_mask=mask, rationale_mask=gold)
+
+
+def test_heads_pick_the_supervised_heads_and_bad_heads_are_refused():
+    # head 0 attends to key 1 only, head 1 uniformly over the four keys
+    head0 = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    head1 = torch.full((4,), 0.25)
+    attn = torch.stack([head0, head1]).view(1, 2, 1, 4).expand(1, 2, 4, 4).clone()
+    assert torch.allclose(attention_token_scores((attn,), heads=0), head0.view(1, 4))
+    assert torch.allclose(attention_token_scores((attn,), heads=[-1]), head1.view(1, 4))
+    assert torch.allclose(attention_token_scores((attn,), heads=[0, 1]), attention_token_scores((attn,)))
+    gold = torch.tensor([[0.0, 1.0, 0.0, 0.0]])
+    # KL(one-hot || head 0) = 0; against head 1 it is -log 0.25; the mean of both heads gives -log 0.625
+    assert attention_supervision_loss((attn,), gold, heads=[0]).item() == pytest.approx(0.0, abs=1e-6)
+    assert attention_supervision_loss((attn,), gold, heads=1).item() == pytest.approx(
+        -torch.log(torch.tensor(0.25)).item(), rel=1e-5)
+    assert attention_supervision_loss((attn,), gold).item() == pytest.approx(
+        -torch.log(torch.tensor(0.625)).item(), rel=1e-5)
+    for bad, message in ((2, "heads: must be in"), ([], "heads: is empty"), ([0, -2], "heads: repeats a head"),
+                         (1.0, "heads: must be a head index")):
+        with pytest.raises((BcosValueError, BcosTypeError), match=message):
+            attention_supervision_loss((attn,), gold, heads=bad)
+
+
+def test_supervision_warmup_factor_ramps_linearly_and_checks_its_arguments():
+    assert supervision_warmup_factor(0, 100, 0.0) == 1.0
+    assert [supervision_warmup_factor(s, 100, 0.5) for s in (0, 25, 50, 99)] == [0.0, 0.5, 1.0, 1.0]
+    for kwargs, name in (({"step": -1}, "step"), ({"total_steps": 0}, "total_steps"), ({"warmup": 1.5}, "warmup"),
+                         ({"warmup": float("nan")}, "warmup"), ({"step": 1.0}, "step")):
+        with pytest.raises((BcosValueError, BcosTypeError), match=f"^{name}:"):
+            supervision_warmup_factor(**{"step": 0, "total_steps": 10, "warmup": 0.5, **kwargs})
+
+
+def test_one_supervised_head_with_warmup_moves_toward_the_mask_and_the_others_stay_free():
+    torch.manual_seed(0)
+    ids, mask, gold = batch_and_gold()
+    model = make("BertForSequenceClassification", sharpen=4.0)
+    labels = torch.zeros(ids.shape[0], dtype=torch.long)
+
+    def mass(heads):
+        with torch.no_grad():
+            out = model.eval()(input_ids=ids, attention_mask=mask, output_attentions=True)
+        return (attention_token_scores(out.attentions, layers=-1, heads=heads) * gold).sum(1).mean().item()
+
+    before, before_free = mass([0]), mass([1])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    factors = []
+    for step in range(20):
+        out = model.train()(input_ids=ids, attention_mask=mask, labels=labels, output_attentions=True)
+        factors.append(supervision_warmup_factor(step, 20, 0.25))
+        supervision = attention_supervision_loss(out.attentions, gold, mask, layers=-1, heads=[0])
+        optimizer.zero_grad()
+        (out.loss + factors[-1] * supervision).backward()
+        optimizer.step()
+    assert factors[:6] == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0] and factors[-1] == 1.0
+    after, after_free = mass([0]), mass([1])  # measured without masks
+    assert after > before + 0.3, (before, after)
+    # the unsupervised head is not pulled along
+    assert after_free < before_free + 0.1, (before_free, after_free)

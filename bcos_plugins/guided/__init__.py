@@ -5,7 +5,8 @@
 - :func:`guidance_hooks`: the same guidance as TransformerLens hooks on ``hook_attn_scores``;
 - gold masks from character spans or highlighted words, and the random control of equal sparsity;
 - :func:`attention_supervision_loss`: a training loss pulling the [CLS] attention of the guided layers
-  towards the normalised gold mask, so rationale alignment survives evaluation without masks;
+  towards the normalised gold mask, so rationale alignment survives evaluation without masks, and
+  :func:`supervision_warmup_factor`, the linear warm-up of its weight;
 - :func:`attention_token_scores`: [CLS] attention as token scores for the rationale metrics
   (:mod:`bcos_plugins.metrics.rationale`).
 """
@@ -31,7 +32,7 @@ from .masks import (
     random_rationale_mask,
     text_token_mask,
 )
-from .supervision import attention_supervision_loss
+from .supervision import attention_supervision_loss, supervision_warmup_factor
 
 __all__ = [
     "GUIDANCE_MODES",
@@ -52,6 +53,7 @@ __all__ = [
     "parse_esnli_question",
     "random_rationale_mask",
     "register_guided_attention",
+    "supervision_warmup_factor",
     "text_token_mask",
     "unguide_attention",
 ]

@@ -294,9 +294,11 @@ def attention_token_scores(
     attentions: Sequence[Float[Tensor, "batch head query key"]],
     layers: int | Sequence[int] = -1,
     query_position: int = 0,
+    heads: int | Sequence[int] | None = None,
 ) -> Float[Tensor, "batch key"]:
     """Token scores from attention weights: the attention of ``query_position`` ([CLS] by default) to each
-    key, averaged over heads and over ``layers`` (an index or indices into ``attentions``).
+    key, averaged over ``heads`` (all by default; an index or distinct indices) and over ``layers`` (an index
+    or indices into ``attentions``).
 
     ``attentions`` is ``model(..., output_attentions=True).attentions`` (eager attention).
     """
@@ -322,5 +324,20 @@ def attention_token_scores(
     index = [require_int("layers", i, minimum=-n_layers, maximum=n_layers - 1) for i in index]
     n_queries = attentions[0].shape[2]
     query_position = require_int("query_position", query_position, minimum=-n_queries, maximum=n_queries - 1)
-    picked = torch.stack([attentions[i][:, :, query_position, :] for i in index])  # (layer, batch, head, key)
+    n_heads = attentions[0].shape[1]
+    if heads is None:
+        head_index = list(range(n_heads))
+    else:
+        if not isinstance(heads, int) and not isinstance(heads, tuple | list | range):
+            raise argument_error("heads", f"must be a head index or a list of them, got {heads!r}",
+                                 "Pass e.g. 0 or [0, 1], or None for all heads", kind=BcosTypeError)
+        head_index = [heads] if isinstance(heads, int) else list(heads)
+        if not head_index:
+            raise argument_error("heads", "is empty", "Pass a head index or a non-empty list of them, or None for "
+                                 "all heads")
+        head_index = [require_int("heads", h, minimum=-n_heads, maximum=n_heads - 1) % n_heads for h in head_index]
+        if len(set(head_index)) != len(head_index):
+            # a repeated head would silently weigh twice in the mean
+            raise argument_error("heads", f"repeats a head: {list(heads)}", "Pass distinct head indices")
+    picked = torch.stack([attentions[i][:, head_index, query_position, :] for i in index])  # (layer, batch, head, key)
     return picked.mean(dim=(0, 2))
