@@ -8,7 +8,8 @@ digits (no download):
    through transformers' ``Trainer`` + ``bcos_loss``) and a conventional ViT of the same shape (softmax CE);
 3. explain with the methods of ``bcos_plugins.vision.posthoc`` (the set ``make bench-vision`` uses): the B-cos
    ViT's inherent ``W(x) x`` (checked complete), last-layer attention, attention rollout, and Captum's
-   Integrated Gradients (32 steps), Input x Gradient and GradCAM, on both models (the gradient methods on the
+   Integrated Gradients (32 steps), Input x Gradient and GradCAM (on the last attention layer as Chefer et al.
+   adapt it, and on the token grid), on both models (the gradient methods on the
    B-cos ViT also at the pixels);
 4. grid pointing game on 2x2 grids of confidently and correctly classified test digits of four classes;
 5. pixel perturbation (remove up to 25% of the pixels, most / least important first; area between the

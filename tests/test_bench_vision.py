@@ -73,21 +73,121 @@ def test_perturbation_scores_and_the_written_table(bench, tiny_vits, vit_images,
         methods = image_attribution_methods(tiny_vits[kind], ig_steps=4)
         results = bench.perturbation_scores(tiny_vits[kind], methods, x, target)
         assert set(results) == set(methods)
-        for method_name, (abc, seconds, curves) in results.items():
+        for method_name, (abc, seconds, curves, agreement, removal) in results.items():
             assert math.isfinite(abc) and seconds > 0
             assert len(curves["most_first"]) == len(curves["least_first"]) == len(curves["fractions"]) == 9
+            # correlation with W(x)x: for the B-cos ViT's post-hoc rows only
+            assert (agreement is not None) == (kind == "bcos" and methods[method_name].post_hoc)
+            for a in filter(None, (agreement, removal)):  # NaN where every map is constant (a random GradCAM)
+                assert all(math.isnan(v) or -1 <= v <= 1 for v in a.values())
+            assert removal is not None
             rows.append(bench.Row(name, method_name, methods[method_name].point, methods[method_name].post_hoc,
-                                  0.5, abc, seconds, curves))
+                                  0.5, abc, seconds, curves, agreement, removal))
     cfg = bench.Config(out=tmp_path, n_perturb=3)
     info = {n: {"accuracy": 0.5, "grids": 1, "perturbed": 3, "train_seconds": 1.0}
             for n in ("B-cos ViT", "conventional ViT")}
     table = bench.write_outputs(rows, info, cfg)
     assert table == (tmp_path / "results.md").read_text().strip()
-    method_lines = [line for line in table.splitlines() if line.count("|") == 9 and line.startswith("| B-cos ViT |")]
-    assert len(method_lines) == 8  # one per method (the accuracy table has its own rows)
+    method_lines = [line for line in table.splitlines() if line.count("|") == 11 and line.startswith("| B-cos ViT |")]
+    assert len(method_lines) == 9  # one per method (the accuracy table has its own rows)
     assert "encoded image [x, 1-x] (exact)" in table and "last block's output tokens" in table
+    assert "The paper's comparison, Rollout on the same B-cos ViT" in table
+    assert "{" not in table  # every placeholder filled
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert len(saved["rows"]) == 13 and (tmp_path / "results.csv").exists()
+    assert len(saved["rows"]) == 15 and (tmp_path / "results.csv").exists()
+
+
+def test_perturbation_score_removal_and_normalisation_follow_the_arguments(bench, tiny_vits, vit_images):
+    x, target = vit_images
+    bcos, conventional = tiny_vits["bcos"], tiny_vits["conventional"]
+    one = {"IxG": image_attribution_methods(bcos)["IxG"]}
+    # "confidence" on the B-cos ViT: the sigmoid of the logit minus the training logit bias log(C - 1)
+    forward, metric = bench.curve_forward(bcos, lambda e: bcos(encoded_pixel_values=e).logits, "confidence")
+    encoded = bcos.encode(x)
+    with torch.no_grad():
+        torch.testing.assert_close(forward(encoded), bcos(encoded_pixel_values=encoded).logits
+                                   - math.log(bcos.config.num_labels - 1))
+    assert metric == "sigmoid" and bench.curve_forward(conventional, None, "confidence")[1] == "softmax"
+    assert bench.curve_forward(bcos, None, "softmax")[1] == "softmax"
+    # normalised ABC = unnormalised ABC / the mean unperturbed score, the same curves either way
+    plain = bench.perturbation_scores(bcos, one, x, target, "softmax", 0.0, normalise=False)["IxG"]
+    scaled = bench.perturbation_scores(bcos, one, x, target, "softmax", 0.0, normalise=True)["IxG"]
+    assert scaled[2] == plain[2] and scaled[4] == plain[4]
+    assert scaled[0] == pytest.approx(plain[0] / plain[2]["most_first"][0], rel=1e-5)
+    # the removed value reaches the perturbed pixels: a different value, different curves
+    conv_one = {"IxG": image_attribution_methods(conventional)["IxG"]}
+    black = bench.perturbation_scores(conventional, conv_one, x, target, "softmax", 0.0)["IxG"][2]
+    grey = bench.perturbation_scores(conventional, conv_one, x, target, "softmax", 0.5)["IxG"][2]
+    assert black["most_first"][0] == grey["most_first"][0] and black["most_first"][1:] != grey["most_first"][1:]
+    with pytest.raises(ValueError, match="score: 'prob' is not one of"):
+        bench.curve_forward(bcos, None, "prob")
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("BENCH_VISION_SCORE", "prob", "BENCH_VISION_SCORE: 'prob' is not one of"),
+    ("BENCH_VISION_REMOVAL", "grey", "BENCH_VISION_REMOVAL: 'grey' is not one of"),
+    ("BENCH_VISION_NORMALISE", "yes", "BENCH_VISION_NORMALISE: expected 0 or 1"),
+])
+def test_bad_protocol_variables_stop_with_the_variable_named(bench, monkeypatch, variable, value, message):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit, match=message):
+        bench.Config.from_env()
+
+
+def test_default_protocol_is_the_papers_and_the_earlier_one_stays_reachable(bench, monkeypatch):
+    for name in ("BENCH_VISION_SCORE", "BENCH_VISION_REMOVAL", "BENCH_VISION_NORMALISE"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = bench.Config.from_env()
+    assert (cfg.score, cfg.removal, cfg.normalise) == ("confidence", "mean", True)
+    for name, value in (("BENCH_VISION_SCORE", "softmax"), ("BENCH_VISION_REMOVAL", "black"),
+                        ("BENCH_VISION_NORMALISE", "0")):
+        monkeypatch.setenv(name, value)
+    cfg = bench.Config.from_env()
+    assert (cfg.score, cfg.removal, cfg.normalise) == ("softmax", "black", False)
+
+
+def test_removal_effects_are_each_pixels_exact_contribution_on_a_linear_model(bench):
+    torch.manual_seed(0)
+    w = torch.randn(2, 3, 4, 4)  # 2 classes, 3 channels
+
+    def forward(x):
+        return torch.einsum("bchw,kchw->bk", x, w)
+
+    x, labels = torch.rand(5, 3, 4, 4), torch.tensor([0, 1, 1, 0, 1])
+    # removing pixel p (every channel to 0) drops the logit by sum_c w_c x_c at p: input x gradient, exactly
+    torch.testing.assert_close(bench.removal_effects(forward, x, labels), (w[labels] * x).sum(dim=1))
+    # with another removed value the drop is sum_c w_c (x_c - v)
+    torch.testing.assert_close(bench.removal_effects(forward, x, labels, 0.5), (w[labels] * (x - 0.5)).sum(dim=1))
+
+
+def test_map_agreement_is_one_for_the_same_ranking_and_undefined_for_a_constant_map(bench):
+    torch.manual_seed(0)
+    reference = torch.randn(3, 4, 4)
+    same = bench.map_agreement(2 * reference + 1, reference)
+    assert same["pearson"] == pytest.approx(1.0) and same["spearman"] == pytest.approx(1.0)
+    # a monotone but non-linear transform keeps the ranking (Spearman 1) but not the values (Pearson < 1)
+    cubed = bench.map_agreement(reference**3, reference)
+    assert cubed["spearman"] == pytest.approx(1.0) and cubed["pearson"] < 0.99
+    flipped = bench.map_agreement(-reference, reference)
+    assert flipped["pearson"] == pytest.approx(-1.0) and flipped["spearman"] == pytest.approx(-1.0)
+    # one constant image is left out of the mean; an all-constant batch has no correlation at all
+    partly = torch.cat([reference[:2], torch.zeros(1, 4, 4)])
+    assert bench.map_agreement(partly, reference)["pearson"] == pytest.approx(1.0)
+    assert math.isnan(bench.map_agreement(torch.zeros(3, 4, 4), reference)["spearman"])
+
+
+def test_confidence_ranking_does_not_tie_where_the_confidence_rounds_to_one(bench, tiny_vits):
+    logits = torch.tensor([[40.0, 0.0, -5.0], [30.0, 1.0, 0.0], [0.0, 2.0, 1.0]])
+    bcos, conventional = tiny_vits["bcos"], tiny_vits["conventional"]
+    # softmax of the first two rows is 1.0 in float32: the earlier protocol ties them ...
+    assert bench.confidence_ranking(bcos, logits, "softmax")[:2].tolist() == [1.0, 1.0]
+    # ... the paper's confidence orders them (logit for the B-cos ViT, softmax margin for the conventional ViT)
+    for model in (bcos, conventional):
+        key = bench.confidence_ranking(model, logits, "confidence")
+        assert key[0] > key[1] > key[2]
+    # the margin is the softmax's logit: sigmoid(margin) = softmax of the predicted class
+    margin = bench.confidence_ranking(conventional, logits[2:], "confidence")
+    torch.testing.assert_close(margin.sigmoid(), logits[2:].softmax(-1).max(-1).values)
 
 
 def test_summary_and_ratios_against_the_best_post_hoc_method(bench):
@@ -97,9 +197,11 @@ def test_summary_and_ratios_against_the_best_post_hoc_method(bench):
             bench.Row("conventional ViT", "IxG", "p", True, 0.4, -0.1, 0.1)]
     s = bench.summary(rows)
     assert s["pointing"] == {"bcos": 0.6, "best_post_hoc_same_model": 0.3, "best_post_hoc_other_model": 0.4,
-                             "best_post_hoc_any_model": 0.4}
+                             "best_post_hoc_any_model": 0.4, "rollout_same_model": 0.2}
     assert s["abc"] == {"bcos": 0.8, "best_post_hoc_same_model": 0.4, "best_post_hoc_other_model": -0.1,
-                        "best_post_hoc_any_model": 0.4}
+                        "best_post_hoc_any_model": 0.4, "rollout_same_model": 0.4}
+    assert bench.best_method(rows, "pointing", same_model=True) == "IxG"
+    assert bench.best_method(rows, "abc", same_model=True) == "Rollout"
     assert bench.ratio(0.6, 0.3) == "2.00x"
     assert bench.ratio(0.8, -0.1) == "n/a" and bench.ratio(0.8, 0.0) == "n/a"  # no ratio to a non-positive score
 

@@ -74,6 +74,25 @@ def test_pixel_perturbation_curves_and_area_between_them_on_a_linear_model():
     torch.testing.assert_close(reversed_.area_between, torch.tensor([-2.5]))
 
 
+def test_normalised_area_is_the_area_between_mean_curves_that_start_at_one():
+    # two images, logits 10 and 30 before removal: the paper divides the mean curves by the mean start, 20
+    w = torch.tensor([[[[4.0, 3.0], [2.0, 1.0]]]])
+    x = torch.cat([torch.ones(1, 1, 2, 2), 3 * torch.ones(1, 1, 2, 2)])
+    result = pixel_perturbation(linear_model(w), x, (w * x)[:, 0], target=0, fractions=(0.0, 0.25, 0.5, 0.75, 1.0),
+                                score="logit")
+    torch.testing.assert_close(result.area_between, torch.tensor([2.5, 7.5]))
+    mean_curves = (result.least_first.mean(0) - result.most_first.mean(0)) / result.most_first[:, 0].mean()
+    by_hand = torch.trapezoid(mean_curves, torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0])).item()
+    assert result.mean_area_between_normalised() == pytest.approx(by_hand) == pytest.approx(5.0 / 20.0)
+    # a negative start would flip the sign of every area: refused, with the fix named
+    negative = pixel_perturbation(linear_model(-w), x, (w * x)[:, 0], target=0, fractions=(0.0, 0.5), score="logit")
+    with pytest.raises(BcosValueError, match="score: the normalised area needs .* positive mean score"):
+        negative.mean_area_between_normalised()
+    late = pixel_perturbation(linear_model(w), x, (w * x)[:, 0], target=0, fractions=(0.25, 0.5), score="logit")
+    with pytest.raises(BcosValueError, match="start unperturbed"):
+        late.mean_area_between_normalised()
+
+
 def test_pixel_perturbation_removes_every_channel_of_a_pixel_and_uses_the_requested_score():
     torch.manual_seed(0)
     w = torch.randn(3, 2, 4, 4)

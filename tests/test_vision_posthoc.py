@@ -1,7 +1,7 @@
 """The post-hoc image explanations the B-cos ViT paper compares with (bcos_plugins.vision.posthoc), on tiny ViTs.
 
 Each method's maths is checked by hand (IxG at the encoding and at the pixels, last-layer attention, GradCAM
-on the token grid), the inherent map's completeness, and the argument checks; the vision benchmark and
+on the token grid and on the last attention layer), the inherent map's completeness, and the argument checks; the vision benchmark and
 examples/vit_digits.py explain with this set.
 """
 
@@ -18,9 +18,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already r
 
 
 
-EXPECTED = {"bcos": {"B-cos W(x)x", "Attention (last layer)", "Rollout", "IntGrad (4 steps)", "IxG", "GradCAM",
-                     "IntGrad (4 steps), pixels", "IxG, pixels"},
-            "conventional": {"Attention (last layer)", "Rollout", "IntGrad (4 steps)", "IxG", "GradCAM"}}
+EXPECTED = {"bcos": {"B-cos W(x)x", "Attention (last layer)", "Rollout", "IntGrad (4 steps)", "IxG",
+                     "GradCAM (attention)", "GradCAM (tokens)", "IntGrad (4 steps), pixels", "IxG, pixels"},
+            "conventional": {"Attention (last layer)", "Rollout", "IntGrad (4 steps)", "IxG", "GradCAM (attention)",
+                             "GradCAM (tokens)"}}
 
 
 @pytest.mark.parametrize("kind", ["bcos", "conventional"])
@@ -110,12 +111,34 @@ def test_gradcam_weights_each_token_feature_by_its_mean_gradient_over_tokens(tin
     weights = tokens.grad.mean(dim=1, keepdim=True)
     cam = (weights * tokens).sum(dim=-1).clamp_min(0).detach().reshape(3, 4, 4)
     expected = cam.repeat_interleave(4, dim=1).repeat_interleave(4, dim=2)
-    torch.testing.assert_close(image_attribution_methods(model)["GradCAM"].explain(x, target), expected)
+    torch.testing.assert_close(image_attribution_methods(model)["GradCAM (tokens)"].explain(x, target), expected)
     # the hook only reshapes: the model's output is unchanged while it is in place
     with torch.no_grad(), _token_grid_layer(model):
         inside = forward(inputs)
     with torch.no_grad():
         torch.testing.assert_close(inside, forward(inputs))
+
+
+@pytest.mark.parametrize("kind", ["bcos", "conventional"])
+def test_attention_gradcam_weights_each_heads_query_mean_attention_by_its_mean_gradient(tiny_vits, vit_images, kind):
+    """Chefer et al.'s ViT GradCAM with the query-mean row for the [CLS] row: relu(mean_h mean(dy/dA_h) mean_q A_h)."""
+    model = tiny_vits[kind]
+    x, target = vit_images
+    inputs, _ = attribution_input(model, x)
+    keyword = "encoded_pixel_values" if kind == "bcos" else "pixel_values"
+    out = model(**{keyword: inputs}, output_attentions=True)
+    last = out.attentions[-1]  # (batch, heads, N, N)
+    (grad,) = torch.autograd.grad(out.logits.gather(1, target[:, None]).sum(), last)
+    per_head = [grad[:, h].mean(dim=(1, 2))[:, None] * last[:, h].mean(dim=1) for h in range(last.shape[1])]
+    cam = torch.stack(per_head).mean(dim=0).clamp_min(0).detach().reshape(3, 4, 4)
+    expected = cam.repeat_interleave(4, dim=1).repeat_interleave(4, dim=2)
+    method = image_attribution_methods(model)["GradCAM (attention)"]
+    torch.testing.assert_close(method.explain(x, target), expected)
+    # class-specific through the gradient only: another class reweights the heads, the attention stays
+    other = (target + 1) % model.config.num_labels
+    assert not torch.allclose(method.explain(x, other), expected)
+    # an int target explains that class for every image, as Captum's methods accept it
+    torch.testing.assert_close(method.explain(x, 2), method.explain(x, torch.full_like(target, 2)))
 
 
 def test_arguments_are_checked_with_the_fix_named(tiny_vits):

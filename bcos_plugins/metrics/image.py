@@ -15,7 +15,11 @@ second. Summary: the *area between the curves* (ABC)::
 
     ABC = trapezoid(least_first - most_first, r) / (r_max - r_min)        (normalised: the mean gap)
 
-reported per image; higher is better. ``k = round(r * H * W)`` pixels are removed at fraction ``r``. Ties
+reported per image; higher is better. The paper (§C.4.2) instead averages the curves over the images and
+divides them by the mean unperturbed confidence, so that each starts at 1:
+:meth:`PixelPerturbation.mean_area_between_normalised` gives that number for a batch (the mean of the
+per-image ABC divided by the mean unperturbed score). Within one model it only rescales every method by the
+same factor; it matters when two models are compared. ``k = round(r * H * W)`` pixels are removed at fraction ``r``. Ties
 in the ranking (e.g. token-level maps such as attention rollout) are broken at random with a fixed seed,
 not by pixel position.
 """
@@ -106,6 +110,20 @@ class PixelPerturbation:
     def area_between(self) -> Float[Tensor, " batch"]:
         """Normalised area between the least-first and most-first curves (higher = more faithful)."""
         return aopc(self.least_first - self.most_first, self.fractions, normalise=True)
+
+    def mean_area_between_normalised(self) -> float:
+        """The paper's ABC for the batch: area between the mean curves, each divided by the mean unperturbed score.
+
+        Raises if that mean score is not positive (e.g. logits below zero): dividing by it would flip or blow
+        up the area without a word.
+        """
+        initial = self.most_first[:, 0].double().mean()
+        if self.fractions[0] != 0 or not initial > 0:
+            raise argument_error("score", f"the normalised area needs curves that start unperturbed (fraction 0, "
+                                 f"got {self.fractions[0]}) at a positive mean score (got {initial.item():.4g})",
+                                 "Use fractions starting at 0 and score='softmax' or 'sigmoid', or report "
+                                 "area_between unnormalised")
+        return (self.area_between.double().mean() / initial).item()
 
     @property
     def area_most_first(self) -> Float[Tensor, " batch"]:

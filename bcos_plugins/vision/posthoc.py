@@ -13,8 +13,14 @@ channels) and states where it attributes:
   :func:`attribution_input`: the ``[x, 1 - x]`` encoding for a B-cos ViT (where ``W(x) x`` is exact and where
   pixel perturbation removes pixels), the pixels for a conventional ViT. On a B-cos ViT they use its ordinary
   gradient (outside explanation mode), as a Captum user gets it;
-- ``"GradCAM"``: Captum's ``LayerGradCam`` on the last block's output tokens laid out as a ``(D, h, w)`` grid
-  (the reshape pytorch-grad-cam applies to ViTs), with ReLU, upsampled to the image;
+- ``"GradCAM (attention)"``: GradCAM as Chefer et al. (2021) adapt it to ViTs, whose implementation the B-cos ViT
+  paper uses: the last layer's attention rows weighted per head by the mean gradient of the target logit with
+  respect to that head's attention, averaged over heads, with ReLU. The classifier mean-pools the tokens, so
+  the query-mean row stands where Chefer et al. read the [CLS] row (and the mean over every query and key
+  where they average the [CLS] row's gradient); no min-max rescaling (it would move the positive share the
+  grid pointing game measures);
+- ``"GradCAM (tokens)"``: Captum's ``LayerGradCam`` on the last block's output tokens laid out as a ``(D, h, w)``
+  grid (the reshape pytorch-grad-cam applies to ViTs), with ReLU, upsampled to the image;
 - B-cos ViT only, ``"IntGrad (n steps), pixels"`` and ``"IxG, pixels"``: the same at the pixels, through the
   encoding (black pixels, ``x = 0``, then get no attribution, which favours them on black-background images).
 
@@ -155,6 +161,19 @@ def image_attribution_methods(model: BcosViT | ConventionalViT, ig_steps: int = 
             return attr.InputXGradient(forward).attribute(inputs, target=target).sum(dim=1)
         return explain
 
+    def attention_grad_cam(images, target):
+        inputs = attribution_input(model, images)[0].detach()
+        # one class per image, as Captum's methods accept it (an int or a (batch,) tensor)
+        classes = torch.as_tensor(target, device=inputs.device).reshape(-1).expand(len(inputs))
+        with torch.enable_grad():
+            out = model(**{"encoded_pixel_values" if bcos else "pixel_values": inputs}, output_attentions=True)
+            last = out.attentions[-1]
+            (grad,) = torch.autograd.grad(out.logits.gather(1, classes[:, None]).sum(), last)
+        head_weights = grad.mean(dim=(2, 3), keepdim=True)[..., 0]  # (batch, heads, 1)
+        cam = (head_weights * last.detach().mean(dim=2)).mean(dim=1).clamp_min(0)  # (batch, N)
+        grid = model.config.grid_size
+        return cam.reshape(-1, grid, grid).repeat_interleave(patch, dim=1).repeat_interleave(patch, dim=2)
+
     def grad_cam(images, target):
         inputs, forward = attribution_input(model, images)
         with _token_grid_layer(model) as layer:
@@ -168,7 +187,9 @@ def image_attribution_methods(model: BcosViT | ConventionalViT, ig_steps: int = 
         "Rollout": ImageAttributionMethod(rollout, "attention of every layer, per token"),
         f"IntGrad ({ig_steps} steps)": ImageAttributionMethod(integrated_gradients(model_point), gradient_point),
         "IxG": ImageAttributionMethod(input_x_gradient(model_point), gradient_point),
-        "GradCAM": ImageAttributionMethod(grad_cam, "last block's output tokens"),
+        "GradCAM (attention)": ImageAttributionMethod(attention_grad_cam, "last layer's attention x its gradient, "
+                                                      "per token"),
+        "GradCAM (tokens)": ImageAttributionMethod(grad_cam, "last block's output tokens"),
     }
     if bcos:
         methods |= {
