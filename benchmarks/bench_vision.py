@@ -52,6 +52,7 @@ Environment variables (defaults in brackets):
   BENCH_VISION_DATA [digits16]  BENCH_VISION_EPOCHS [12] (B-cos ViT)  BENCH_VISION_BASELINE_EPOCHS [30]
   BENCH_VISION_GRIDS [48] grids per model   BENCH_VISION_PERTURB [96] images for the perturbation metric
   BENCH_VISION_IG_STEPS [32]   BENCH_VISION_THREADS [1] torch threads   BENCH_VISION_SEED [0]
+  BENCH_VISION_LAYERS [3] transformer blocks of both ViTs
   BENCH_VISION_SCORE [confidence] what the perturbation curves track: confidence (the paper's), softmax, logit
   BENCH_VISION_REMOVAL [mean] a removed pixel of the conventional ViT: mean (the paper's) or black (0)
   BENCH_VISION_NORMALISE [1] divide the curves by the mean unperturbed score (the paper's); 0: per-image ABC
@@ -141,6 +142,7 @@ class Config:
     n_grids: int = 48
     n_perturb: int = 96
     ig_steps: int = 32
+    layers: int = 3
     score: str = "confidence"
     removal: str = "mean"
     normalise: bool = True
@@ -162,6 +164,8 @@ class Config:
         removal = os.environ.get("BENCH_VISION_REMOVAL", "mean")
         if removal not in REMOVALS:
             raise SystemExit(f"BENCH_VISION_REMOVAL: {removal!r} is not one of {REMOVALS}")
+        if env_int("BENCH_VISION_LAYERS", 3) < 1:
+            raise SystemExit(f"BENCH_VISION_LAYERS: expected at least 1 block, got {os.environ['BENCH_VISION_LAYERS']}")
         normalise = os.environ.get("BENCH_VISION_NORMALISE", "1")
         if normalise not in ("0", "1"):
             raise SystemExit(f"BENCH_VISION_NORMALISE: expected 0 or 1, got {normalise!r}")
@@ -170,6 +174,7 @@ class Config:
                    baseline_epochs=env_int("BENCH_VISION_BASELINE_EPOCHS", 30),
                    n_grids=env_int("BENCH_VISION_GRIDS", 48), n_perturb=env_int("BENCH_VISION_PERTURB", 96),
                    ig_steps=env_int("BENCH_VISION_IG_STEPS", 32), views=env_int("BENCH_VISION_VIEWS", 3),
+                   layers=env_int("BENCH_VISION_LAYERS", 3),
                    full_fraction=env_float("BENCH_VISION_FULL_FRACTION", 0.25),
                    threads=env_int("BENCH_VISION_THREADS", 1),
                    seed=env_int("BENCH_VISION_SEED", 0),
@@ -177,10 +182,10 @@ class Config:
                    retrain=os.environ.get("BENCH_VISION_RETRAIN", "0") == "1")
 
 
-def model_shape(data: str) -> dict:
+def model_shape(data: str, layers: int = 3) -> dict:
     """ViT shape per data set: a 4x4 token grid either way, so a grid cell is 2x2 tokens."""
     image_size = 32 if data == "digits32" else 16
-    return dict(image_size=image_size, num_channels=1, patch_size=image_size // 4, hidden_size=48, num_hidden_layers=3,
+    return dict(image_size=image_size, num_channels=1, patch_size=image_size // 4, hidden_size=48, num_hidden_layers=layers,
                 num_attention_heads=4, intermediate_size=96, tokenizer="conv", conv_channels=[32], num_labels=10,
                 id2label={i: str(i) for i in range(10)}, label2id={str(i): i for i in range(10)})
 
@@ -233,9 +238,11 @@ def train(model: nn.Module, data, epochs: int, folder: Path, loss_func=None) -> 
 def trained_models(cfg: Config, data: ImageData) -> tuple[BcosViT, ConventionalViT, dict[str, float]]:
     # the name carries what changes the models, so a cached pair is only reused for the same recipe
     recipe = f"b{BCOS['b']:g}-scale{BCOS['logit_scale']:g}-logit-bias-views{cfg.views}-full{cfg.full_fraction:g}"
+    if cfg.layers != 3:  # the default's folder name predates the variable; caches stay valid
+        recipe += f"-layers{cfg.layers}"
     folder = cfg.out / "models" / f"{cfg.data}-{recipe}-e{cfg.epochs}-c{cfg.baseline_epochs}-s{cfg.seed}"
     seconds_file = folder / "train_seconds.json"
-    shape = model_shape(cfg.data)
+    shape = model_shape(cfg.data, cfg.layers)
     if not cfg.retrain and seconds_file.exists():
         return (BcosViT.from_pretrained(folder / "bcos").eval(), ConventionalViT.from_pretrained(folder / "conventional")
                 .eval(), json.loads(seconds_file.read_text()))

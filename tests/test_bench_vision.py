@@ -64,6 +64,8 @@ def test_load_data_digits32_makes_32_pixel_canvases_of_16_pixel_digits(bench):
     assert len(data.test_cells) == len(data.test_labels) == len(data.test)
     assert 0 <= data.train.pixel_values.min() and data.train.pixel_values.max() <= 1
     assert bench.model_shape("digits32")["image_size"] == 32
+    assert bench.model_shape("digits16")["num_hidden_layers"] == 3
+    assert bench.model_shape("digits16", layers=6)["num_hidden_layers"] == 6
 
 
 def test_perturbation_scores_and_the_written_table(bench, tiny_vits, vit_images, tmp_path):
@@ -127,6 +129,8 @@ def test_perturbation_score_removal_and_normalisation_follow_the_arguments(bench
     ("BENCH_VISION_SCORE", "prob", "BENCH_VISION_SCORE: 'prob' is not one of"),
     ("BENCH_VISION_REMOVAL", "grey", "BENCH_VISION_REMOVAL: 'grey' is not one of"),
     ("BENCH_VISION_NORMALISE", "yes", "BENCH_VISION_NORMALISE: expected 0 or 1"),
+    ("BENCH_VISION_LAYERS", "0", "BENCH_VISION_LAYERS: expected at least 1 block, got 0"),
+    ("BENCH_VISION_LAYERS", "two", "BENCH_VISION_LAYERS: expected an integer, got 'two'"),
 ])
 def test_bad_protocol_variables_stop_with_the_variable_named(bench, monkeypatch, variable, value, message):
     monkeypatch.setenv(variable, value)
