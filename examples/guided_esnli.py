@@ -8,10 +8,15 @@ For each training mode (Gu, "Self-Guided Attention for Explainable NLI", Table 1
 - ``random``: the same guidance with a random mask of the gold mask's size per example (the control);
 - ``supervised``: ``attention_supervision_loss`` (KL between the normalised gold mask and the [CLS] attention
   of the last ``--supervision-layers`` layers, renormalised over the text tokens, weight
-  ``--supervision-weight``), so that the alignment is learnt by the attention itself and survives evaluation
-  without masks; Eq. 3 guidance of the same layers is added with ``--supervision-strength`` > 0 (default 0:
-  guidance and supervision pull the same way, and supervising attention that the mask already steers teaches
-  it little; docs/methods/self-guided-attention.md);
+  ``--supervision-weight``, ramped up linearly from 0 over the first ``--supervision-warmup`` of the training
+  steps), so that the alignment is learnt by the attention itself and survives evaluation without masks; Eq. 3
+  guidance of the same layers is added with ``--supervision-strength`` > 0 (default 0: guidance and supervision
+  pull the same way, and supervising attention that the mask already steers teaches it little;
+  docs/methods/self-guided-attention.md). The warm-up lets the task loss leave the constant-prediction plateau
+  before the supervision acts (without it one seed in three stayed there 30 steps longer and lost 5 points);
+  ``--supervision-weight 0.03 --supervision-warmup 0`` is the earlier setting;
+- ``supervised-random``: the same supervision toward a random mask with as many text tokens as the gold one,
+  drawn per batch (the control of ``supervised``);
 
 a stock MiniLM classifier and a B-cos version of it are fine-tuned with transformers' ``Trainer``. The B-cos
 models follow "task then B-cos" by default (``--bcos-recipe``): each starts from the stock model of its
@@ -41,10 +46,10 @@ each model's curve (with the task and supervision losses of the supervised varia
 
 Options: ``--train`` (default 1200), ``--eval`` (400), ``--epochs`` (2), ``--mode`` (multiply | add | replace |
 log1p), ``--strength`` (lambda, 1.0), ``--last-layers`` (4), ``--lr`` (2e-4), ``--family`` (both | stock | bcos),
-``--supervision-weight`` (0.03), ``--supervision-layers`` (1), ``--supervision-heads`` (0: all),
-``--supervision-strength`` (0),
-``--supervision-keys`` (text | all), ``--variants`` (vanilla,supervised; any subset of
-vanilla,guided,random,supervised),
+``--supervision-weight`` (0.1), ``--supervision-warmup`` (0.5), ``--supervision-layers`` (1),
+``--supervision-heads`` (0: all), ``--supervision-strength`` (0),
+``--supervision-keys`` (text | premise | all), ``--variants`` (vanilla,supervised; any subset of
+vanilla,guided,random,supervised,supervised-random),
 ``--bcos-recipe`` (task-then-bcos | direct), ``--b`` (1.1 | 1.25), ``--bcos-epochs`` (2 | 3), ``--bcos-lr``
 (1e-4 | ``--lr``), ``--bcos-head-lr`` (1e-4 | 1e-3), ``--same-budget-control``, ``--bcos-query-key`` (B-cos
 query/key projections, the old conversion), ``--posthoc`` / ``--no-posthoc`` (IG and Occlusion on the stock
@@ -149,12 +154,12 @@ class AttentionSupervisedTrainer(Trainer):
     task and supervision terms are logged separately (``task_loss``, ``supervision_loss``, the latter before
     the weight) so that a training curve shows which one moves."""
 
-    def __init__(self, *args, supervision_weight: float, supervised_layers: list[int], text_keys_only: bool,
+    def __init__(self, *args, supervision_weight: float, supervised_layers: list[int], keys: str,
                  supervised_heads: int, supervision_warmup: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.supervision_warmup = supervision_warmup
         self.supervised_heads = supervised_heads
-        self.text_keys_only = text_keys_only
+        self.keys = keys
         self.supervision_weight = supervision_weight
         self.supervised_layers = supervised_layers
         self.parts: dict[str, list[float]] = {"task_loss": [], "supervision_loss": []}
@@ -167,12 +172,19 @@ class AttentionSupervisedTrainer(Trainer):
         heads = list(range(self.supervised_heads)) if self.supervised_heads else None
         divergence = attention_supervision_loss(outputs.attentions, gold, inputs["attention_mask"],
                                                 layers=self.supervised_layers, heads=heads,
-                                                valid_mask=valid if self.text_keys_only else None)
+                                                valid_mask=self.compared_keys(valid, inputs["token_type_ids"]))
         self.parts["task_loss"].append(loss.item())
         self.parts["supervision_loss"].append(divergence.item())
         factor = supervision_warmup_factor(self.state.global_step, self.state.max_steps, self.supervision_warmup)
         loss = loss + factor * self.supervision_weight * divergence
         return (loss, outputs) if return_outputs else loss
+
+    def compared_keys(self, valid: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor | None:
+        """The keys the supervised attention is renormalised over: the text tokens, the premise's only (the
+        attention's split between premise and hypothesis is then left to the task), or all (None)."""
+        if self.keys == "premise":
+            return valid & (token_type_ids == 0)
+        return valid if self.keys == "text" else None
 
     def log(self, logs, *args, **kwargs):
         if "loss" in logs and self.parts["task_loss"]:
@@ -206,7 +218,7 @@ def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float,
     if supervised:
         trainer_class = AttentionSupervisedTrainer
         extra = {"supervision_weight": args.supervision_weight, "supervised_layers": list(range(-layers, 0)),
-                 "text_keys_only": args.supervision_keys == "text", "supervised_heads": args.supervision_heads,
+                 "keys": args.supervision_keys, "supervised_heads": args.supervision_heads,
                  "supervision_warmup": args.supervision_warmup}
     if head_lr is not None and head_lr != lr:
         # B-cos logits are bounded by the norm of their input and grow only as a fresh head aligns with it, so
@@ -323,20 +335,24 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--family", default="both", choices=["both", "stock", "bcos"],
                         help="train the stock models, the B-cos models, or both (two processes can split the work)")
-    parser.add_argument("--supervision-weight", type=float, default=0.03)
+    parser.add_argument("--supervision-weight", type=float, default=0.1,
+                        help="weight of the supervision term once warmed up (0.03 without warm-up: the earlier "
+                             "default)")
     parser.add_argument("--supervision-layers", type=int, default=1, help="last layers the supervision acts on")
     parser.add_argument("--supervision-heads", type=int, default=0,
                         help="supervise only the first N heads of the supervised layers (0: all heads)")
-    parser.add_argument("--supervision-warmup", type=float, default=0.0,
+    parser.add_argument("--supervision-warmup", type=float, default=0.5,
                         help="fraction of the training steps over which the supervision weight ramps up linearly "
                              "from 0 (supervision_warmup_factor; 0: full weight from the first step)")
     parser.add_argument("--supervision-strength", type=float, default=0.0,
                         help="lambda of Eq. 3 guidance of the supervised layers (0: supervision alone)")
-    parser.add_argument("--supervision-keys", default="text", choices=["text", "all"],
-                        help="renormalise the supervised attention over the text tokens, or compare it over all keys")
+    parser.add_argument("--supervision-keys", default="text", choices=["text", "premise", "all"],
+                        help="renormalise the supervised attention over the text tokens, over the premise's tokens "
+                             "only (the rationale's segment), or compare it over all keys")
     parser.add_argument("--variants", default="vanilla,supervised",
-                        help="comma-separated subset of vanilla,guided,random,supervised (guided and random: the "
-                             "paper's Eq. 3 guidance and its control, measured in the docs)")
+                        help="comma-separated subset of vanilla,guided,random,supervised,supervised-random (guided "
+                             "and random: the paper's Eq. 3 guidance and its control; supervised-random: supervision "
+                             "toward a random mask, the control of supervised)")
     parser.add_argument("--bcos-recipe", default="task-then-bcos", choices=["task-then-bcos", "direct"],
                         help="task-then-bcos: each B-cos model starts from the stock model of its variant, "
                              "B-cosified and trained on; direct: B-cosify the pretrained MiniLM and fine-tune it")
@@ -483,7 +499,8 @@ def main() -> None:
             if key in r:
                 line(name, label, f"{r['accuracy']:.3f}", r[key])
     print(f"\nguidance: {args.mode}, lambda={args.strength}, last {args.last_layers} layers; supervision: weight "
-          f"{args.supervision_weight}, last {args.supervision_layers} layers, lambda {args.supervision_strength}; "
+          f"{args.supervision_weight} (warm-up {args.supervision_warmup}), last {args.supervision_layers} layers, "
+          f"lambda {args.supervision_strength}; "
           f"wrote {out_file} in {results['seconds']:.0f} s")
 
 
