@@ -256,9 +256,11 @@ def posthoc_scores(model, batch: dict, mask_id: int, valid: torch.Tensor, ig_ste
     return {"integrated_gradients": ig.detach().sum(-1), "occlusion": occlusion.detach().sum(-1)}
 
 
-def evaluate(model, rows, pad_id, bcos: bool, posthoc: dict | None = None, batch_size: int = 32) -> dict:
+def evaluate(model, rows, pad_id, bcos: bool, posthoc: dict | None = None, batch_size: int = 32,
+             heads: list[int] | None = None) -> dict:
     """Accuracy and rationale alignment without masks; ``posthoc`` = {"mask_id", "ig_steps"} adds IG and
-    Occlusion (stock models)."""
+    Occlusion (stock models); ``heads`` adds the last layer's [CLS] attention of those heads alone
+    (``attention_heads``: the supervised heads of ``--supervision-heads``)."""
     correct, golds, valids, premises = 0, [], [], []
     scores: dict[str, list[torch.Tensor]] = {"attention": []}
     width = MAX_LENGTH  # pad every batch's scores to one width so that rows can be stacked
@@ -270,6 +272,8 @@ def evaluate(model, rows, pad_id, bcos: bool, posthoc: dict | None = None, batch
             out = model(**batch, output_attentions=True)
         correct += int((out.logits.argmax(-1) == labels).sum())
         found = {"attention": attention_token_scores(out.attentions, -1)}
+        if heads:
+            found["attention_heads"] = attention_token_scores(out.attentions, -1, heads=heads)
         if bcos:
             found["bcos_explanation"] = explain(model, batch["input_ids"], batch["attention_mask"],
                                                 token_type_ids=batch["token_type_ids"]).contributions
@@ -320,7 +324,7 @@ def diagnose(path, rows, pad_id, b: float) -> None:
 
 
 VARIANTS = ("vanilla", "guided", "random", "supervised", "supervised-random")
-METHODS = (("attention", "attention"), ("bcos_explanation", "B-cos expl."),
+METHODS = (("attention", "attention"), ("attention_heads", "sup. heads"), ("bcos_explanation", "B-cos expl."),
            ("integrated_gradients", "IG"), ("occlusion", "Occlusion"))
 
 
@@ -449,7 +453,9 @@ def main() -> None:
     def record(name: str, model, curve, bcos: bool) -> None:
         posthoc = ({"mask_id": tokenizer.mask_token_id, "ig_steps": args.ig_steps}
                    if args.posthoc and name == "stock-vanilla" else None)
-        results[name] = evaluate(model, eval_rows, pad_id, bcos, posthoc)
+        heads = (list(range(args.supervision_heads)) if args.supervision_heads and "supervised" in name
+                 else None)
+        results[name] = evaluate(model, eval_rows, pad_id, bcos, posthoc, heads=heads)
         print(name, json.dumps(results[name]))
         results[name]["curve"] = curve
 
