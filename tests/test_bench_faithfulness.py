@@ -158,6 +158,7 @@ def test_paper_scale_sets_the_paper_sizes_and_explicit_variables_win(bench, monk
         monkeypatch.delenv(name, raising=False)
     default = bench.config_from([])
     assert (default.epochs, default.n_eval, default.n_seqpg, default.lime_samples) == (2, 16, 8, 100)
+    assert (default.shapley_samples, default.ig_steps) == (10, 50)
     assert (default.n_train, default.n_ag_train, default.data_source) == (1200, 600, "local")
     # the best recipe measured (docs/recipes.md): task then B-cos at B = 1.1, stock query/key, lr 2e-4
     assert (default.b, default.bcos_lr, default.bcos_query_key, default.bcos_start) == (1.1, 2e-4, False,
@@ -166,6 +167,7 @@ def test_paper_scale_sets_the_paper_sizes_and_explicit_variables_win(bench, monk
     monkeypatch.setenv("BENCH_EVAL", "10")
     paper = bench.config_from(["--paper-scale"])
     assert (paper.epochs, paper.n_seqpg, paper.segment, paper.lime_samples) == (5, 500, 50, 3000)
+    assert paper.shapley_samples == 25
     assert (paper.n_train, paper.n_ag_train, paper.n_acc, paper.data_source) == (0, 0, 0, "hub")
     assert paper.n_eval == 10, "a variable set explicitly wins over the preset"
     assert "BENCH_EPOCHS" not in __import__("os").environ, "the preset must not leak into the environment"
@@ -293,3 +295,12 @@ def test_seqpg_report_shows_where_each_methods_evidence_lands(bench, setup, tmp_
     split = table[table.index("| model | method | right segment"):]
     assert sum(line.startswith("| ") for line in split.splitlines()) == len(methods) + 1
     assert (tmp_path / "results.csv").read_text().splitlines()[0].count("seqpg_wrong_segment_x100") == 1
+
+
+def test_accuracy_in_order_of_length_is_the_accuracy(bench, setup):
+    tok, conv, _, _, texts = setup
+    labels = [1, 0, 1, 0, 0]
+    assert bench.accuracy_by_length(conv, tok, texts, labels) == bench.accuracy(conv, tok, texts, labels)
+    flipped = [1 - y for y in labels]  # the labels travel with their texts: the complement sums to one
+    assert bench.accuracy_by_length(conv, tok, texts, flipped) == pytest.approx(
+        1 - bench.accuracy(conv, tok, texts, labels))
