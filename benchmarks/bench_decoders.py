@@ -7,13 +7,16 @@
    the TinyStories slice's training part (its first 90% of paragraphs, packed into 64-token windows), the
    grammatical BLiMP sentences of pairs 100-299 of the nine paradigms, and IOI prompts from the *training*
    templates (bcos_plugins.data.ioi): 4227 steps at a constant learning rate 2e-3 (BENCH_PRE_STEPS, BENCH_PRE_LR:
-   where IOI emerges; the count is where the first run of this recipe hit its 18-minute limit), then 1500 steps
-   (BENCH_STEPS) with the rate decaying from 1e-3 (BENCH_LR) along a cosine (BENCH_SCHEDULE), until it solves
-   held-out IOI: IO logit > S logit on >= 90% (BENCH_IOI_STOP) of 200 prompts from the held-out templates
-   *and* held-out names, averaged over the last three checks (one every 50 steps; a ``TrainerCallback``
-   stops training and, in the decaying phase, keeps the weights with the best such average);
-2. a copy is B-cosified (``bcosify(model, b=1.1)``) and trained further on the same mix, with the same rule,
-   1000 steps (BENCH_BCOS_STEPS) with the rate decaying from 5e-4 (BENCH_BCOS_LR);
+   where IOI emerges; the count is where the first run of this recipe hit its 18-minute limit), then up to 2000
+   steps (BENCH_STEPS) with the rate decaying from 1e-3 (BENCH_LR) along a cosine (BENCH_SCHEDULE) and 90% of
+   the IOI rows (BENCH_WORD_SHARE) naming two story words instead of two names, until it solves held-out IOI:
+   IO logit > S logit on >= 90% (BENCH_IOI_STOP) of 200 prompts from the held-out templates *and* held-out
+   names, averaged over the last three checks (one every 50 steps; a ``TrainerCallback`` stops training at
+   0.93, the rule plus BENCH_STOP_MARGIN, and, in the decaying phase, keeps the weights with the best such
+   average);
+2. a copy is B-cosified (``bcosify(model, b=1.1)``) and trained further on the same mix (story words
+   included), with the same rule, up to 1000 steps (BENCH_BCOS_STEPS) with the rate decaying from 5e-4
+   (BENCH_BCOS_LR);
 3. both are evaluated on a *different* draw of held-out IOI prompts (another seed): perplexity on the
    TinyStories slice's held-out 10%, IOI accuracy, logit difference and probability gap, BLiMP accuracy and
    probability gap (pairs 0-49 of each paradigm), and MRR of contrastive explanations against the evidence
@@ -22,8 +25,8 @@
    of examples/blimp_mrr.py) and the random baseline, with seconds per explanation.
 
 How IOI is trained, aiming at a mechanism that carries over to names never seen in an IOI sentence (the recipe
-search is recorded in docs/benchmarks.md; the 90% rule is NOT reached: both models solve IOI with every pair of
-training names in either template set (1.000) but reach 0.74-0.78 with the held-out names, see there):
+search is recorded in docs/benchmarks.md; without the story words of the last point both models solved IOI
+with every pair of training names (1.000) but reached only 0.76-0.78 with the held-out names):
 
 - each IOI row is a training template filled with two names drawn afresh every time the row is batched
   (``IOICollator``), so no sentence recurs and the model cannot memorise rows (a fixed set of 20,000 rows was
@@ -58,7 +61,18 @@ training names in either template set (1.000) but reach 0.74-0.78 with the held-
   default. Where the held-out names fail: on 1000 held-out prompts the conventional model gets the IO right
   for Jack 0.95, Sue 0.90, Sara 0.88, Anna 0.86, Mia 0.80, Emily 0.66, Sam 0.59 and Daisy 0.40 (the rarest
   held-out name in the slice, 7 occurrences): each name's embedding carries its own bias, which the copy
-  mechanism learned on the training names does not override.
+  mechanism learned on the training names does not override;
+- so after the constant phase ``word_share`` (BENCH_WORD_SHARE, 0.9) of the IOI rows take their two names from
+  ``story_word_pool``: the 1,131 words (" dog", " happy", " Kitty") that occur at least BENCH_MIN_NAME_COUNT
+  times in the TinyStories training part, less the held-out names and the words of the templates, objects and
+  places. Their embedding rows are, like the held-out names', trained by language modelling alone, each with
+  its own bias; a copy that must beat a thousand such biases carries over to eight more. Continuing the cached
+  decaying-phase model (0.76) with it at a constant 1e-3 raised held-out IOI to 0.855 in 600 steps and to
+  0.85-0.93 after. From the constant phase, cosine from 1e-3, with half of the rows: the stopping draw crossed
+  0.9 at step 1000, where the reporting draw gave 0.890 (hence the stopping margin, BENCH_STOP_MARGIN = 0.03),
+  and settled at 0.91-0.93 (kept: step 1650, 0.880 reported, 0.899 on 1000 prompts, the long template "Then,
+  {A} and {B} were thinking about going to the {PLACE}. ..." at 0.77); with 90% of the rows (the default):
+  kept step 1350, 0.920 reported, 0.930 on 1000 prompts.
 
 The models are cached in outputs/bench_decoders/models (names carry the settings; BENCH_RETRAIN=1 retrains)
 with the training wall and CPU time in their folder (training.json), so a second run only evaluates. Writes
@@ -66,11 +80,11 @@ results.md and results.json to outputs/bench_decoders.
 
 Environment: BENCH_THREADS (torch threads, default 1: the machine is shared), BENCH_SEED (0), BENCH_IOI_TRAIN
 (IOI template rows per epoch, 10000), BENCH_IOI_EVAL (200), BENCH_BLIMP_EVAL (pairs per paradigm, 50),
-BENCH_PRE_STEPS (4227; 0 skips the constant phase), BENCH_PRE_LR (2e-3), BENCH_STEPS (1500), BENCH_LR (1e-3),
+BENCH_PRE_STEPS (4227; 0 skips the constant phase), BENCH_PRE_LR (2e-3), BENCH_STEPS (2000), BENCH_LR (1e-3),
 BENCH_BCOS_STEPS (1000), BENCH_BCOS_LR (the paper's 5e-4), BENCH_SCHEDULE (cosine; any transformers
-lr_scheduler_type), BENCH_IOI_STOP (0.9), BENCH_MAX_MINUTES (per stage, 0 = no limit), BENCH_DETACH (1: the IOI
+lr_scheduler_type), BENCH_IOI_STOP (0.9), BENCH_STOP_MARGIN (0.03), BENCH_MAX_MINUTES (per stage, 0 = no limit), BENCH_DETACH (1: the IOI
 loss reaches no embedding; 2: not the input side only; 0: all), BENCH_NAME_POOL (2000), BENCH_POOL_SHARE (0),
-BENCH_MIN_NAME_COUNT (5), BENCH_SWAP_NAMES (0).
+BENCH_MIN_NAME_COUNT (5), BENCH_SWAP_NAMES (0), BENCH_WORD_SHARE (0.9; with BENCH_POOL_SHARE at most 1).
 """
 
 from __future__ import annotations
@@ -79,6 +93,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -101,7 +116,11 @@ from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.data.blimp import BLIMP_SUBSETS, encode_blimp, load_blimp
 from bcos_plugins.data.ioi import (
     IOI_HELDOUT_NAMES,
+    IOI_HELDOUT_TEMPLATES,
+    IOI_OBJECTS,
+    IOI_PLACES,
     IOI_TRAIN_NAMES,
+    IOI_TRAIN_TEMPLATES,
     IOIBatch,
     encode_ioi,
     ioi_name_pool,
@@ -137,10 +156,13 @@ class Settings:
     # learning_rate decays (schedule), keeping the best weights
     pre_steps: int = env("BENCH_PRE_STEPS", 4227)
     pre_learning_rate: float = env("BENCH_PRE_LR", 2e-3)
-    steps: int = env("BENCH_STEPS", 1500)
+    steps: int = env("BENCH_STEPS", 2000)
     bcos_steps: int = env("BENCH_BCOS_STEPS", 1000)
     schedule: str = env("BENCH_SCHEDULE", "cosine")  # a transformers lr_scheduler_type, after 50 warm-up steps
     ioi_stop: float = env("BENCH_IOI_STOP", 0.9)
+    # training stops at ioi_stop + stop_margin on the stopping draw: stopping at the first three-check average
+    # over 0.9 selects a lucky window (0.902 there, 0.890 on the reporting draw)
+    stop_margin: float = env("BENCH_STOP_MARGIN", 0.03)
     max_minutes: float = env("BENCH_MAX_MINUTES", 0.0)  # per stage; 0 = no limit
     retrain: bool = os.environ.get("BENCH_RETRAIN", "0") == "1"
     min_name_count: int = env("BENCH_MIN_NAME_COUNT", 5)  # occurrences in TinyStories for a training name
@@ -150,6 +172,8 @@ class Settings:
     learning_rate: float = env("BENCH_LR", 1e-3)
     bcos_learning_rate: float = env("BENCH_BCOS_LR", 5e-4)
     swap_names: int = env("BENCH_SWAP_NAMES", 0)  # 1: TinyStories' training names swapped for random ones
+    # after the constant phase: this share of IOI rows gets two story words (story_word_pool) as its names
+    word_share: float = env("BENCH_WORD_SHARE", 0.9)
     n_layer: int = 2
     n_embd: int = 128
     n_head: int = 4
@@ -166,10 +190,23 @@ class Settings:
         return f"{self.data_tag}-lr{self.pre_learning_rate:g}-constant{self.pre_steps}-s{self.seed}"
 
     @property
+    def stop_threshold(self) -> float:
+        return round(self.ioi_stop + self.stop_margin, 6)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ioi_stop <= 1 or not 0 <= self.stop_margin or self.stop_threshold > 1:
+            raise ValueError(f"BENCH_IOI_STOP={self.ioi_stop:g} and BENCH_STOP_MARGIN={self.stop_margin:g}: the rule "
+                             "must be in (0, 1], the margin >= 0 and their sum (where training stops) at most 1")
+        if not 0 <= self.word_share <= 1 or not 0 <= self.pool_share <= 1 or self.word_share + self.pool_share > 1:
+            raise ValueError(f"BENCH_WORD_SHARE={self.word_share:g} and BENCH_POOL_SHARE={self.pool_share:g}: each "
+                             "is a share of the IOI rows, so each must be in [0, 1] and their sum at most 1")
+
+    @property
     def tag(self) -> str:
         pre = f"-after-lr{self.pre_learning_rate:g}-constant{self.pre_steps}" if self.pre_steps else ""
-        return (f"{self.data_tag}-lr{self.learning_rate:g}-{self.schedule}{self.steps}{pre}"
-                f"-stop{self.ioi_stop:g}-s{self.seed}")
+        words = f"-words{self.word_share:g}" if self.word_share else ""
+        return (f"{self.data_tag}-lr{self.learning_rate:g}-{self.schedule}{self.steps}{pre}{words}"
+                f"-stop{self.stop_threshold:g}-s{self.seed}")
 
     @property
     def bcos_tag(self) -> str:
@@ -198,6 +235,7 @@ class DecoderData:
     eos: int  # compact id of <|endoftext|>
     train: list[dict]
     names: tuple[torch.Tensor, torch.Tensor]  # compact ids of the training names and of the stand-in pool
+    words: torch.Tensor  # compact ids of story_word_pool
     heldout_text: list[torch.Tensor]
     ioi_val: IOIBatch  # held-out templates and names: the stopping rule
     ioi_test: IOIBatch  # another draw of them: the reported numbers
@@ -233,6 +271,31 @@ def training_names(stories: list[list[int]], tokenizer, min_count: int, swap: bo
     if len(names) < 2:
         raise ValueError(f"BENCH_MIN_NAME_COUNT={min_count} leaves {len(names)} training names; lower it")
     return names
+
+
+def story_word_pool(stories: list[list[int]], tokenizer, min_count: int) -> list[int]:
+    """GPT-2 ids of the words (a space and three or more letters, one token) that occur at least ``min_count``
+    times in the TinyStories training part: stand-ins for the names of IOI rows.
+
+    Left out: the held-out names and every word of the templates, objects and places, so a stand-in never
+    doubles as another word of its prompt. Why: a held-out name's embedding row is trained by language
+    modelling alone and carries its own bias for or against being predicted; copying learned on 23 names does
+    not override it, copying learned on a thousand such rows (" dog", " happy", " Kitty") has to.
+    """
+    excluded = set(IOI_HELDOUT_NAMES) | set(re.findall(r"[A-Za-z]+", " ".join(
+        IOI_TRAIN_TEMPLATES + IOI_HELDOUT_TEMPLATES + IOI_OBJECTS + IOI_PLACES)))
+    counts: dict[int, int] = {}
+    for row in stories:
+        for token in row:
+            counts[token] = counts.get(token, 0) + 1
+    words = []
+    for token, count in sorted(counts.items()):
+        word = tokenizer.decode([token])
+        if count >= min_count and re.fullmatch(r" [A-Za-z]{3,}", word) and word[1:] not in excluded:
+            words.append(token)
+    if len(words) < 2:
+        raise ValueError(f"BENCH_MIN_NAME_COUNT={min_count} leaves {len(words)} story words; lower it")
+    return words
 
 
 def pack(rows: list[list[int]], eos: int, length: int) -> list[list[int]]:
@@ -279,8 +342,9 @@ def make_data(cfg: Settings, tokenizer: GPT2TokenizerFast | None = None) -> Deco
     train += [{"input_ids": vocab(torch.tensor(r))} for r in blimp_rows]
     train += [{"input_ids": vocab(torch.tensor(r)), "io_slots": torch.tensor(slots)}
               for r, slots in zip(ioi_rows, ioi_slots, strict=True)]
+    words = vocab(torch.tensor(story_word_pool(stories, tokenizer, cfg.min_name_count), dtype=torch.long))
     return DecoderData(tokenizer, vocab, int(vocab(torch.tensor(eos))), train,
-                       (vocab(name_ids[0]), vocab(name_ids[1])), [vocab(torch.tensor(r)) for r in heldout],
+                       (vocab(name_ids[0]), vocab(name_ids[1])), words, [vocab(torch.tensor(r)) for r in heldout],
                        val, test, blimp, diagnostics)
 
 
@@ -342,8 +406,9 @@ class IOICollator:
     """:class:`CausalLMCollator` batches in which every IOI row gets two fresh names each time it is drawn.
 
     An IOI row (a feature with ``io_slots``: the IO's mention, the S's two mentions; the row ends with the IO)
-    has its names replaced by two distinct ids drawn from the training names (``pool_share`` of the rows: from
-    the stand-in pool), so no (template, names) combination recurs and no name is IO more often than S. Names
+    has its names replaced by two distinct ids drawn from the training names (``word_share`` of the rows: from
+    ``words``, ``pool_share`` of them: from the stand-in pool), so no (template, names) combination recurs and
+    no name is IO more often than S. Names
     are single tokens, so the swap is the tokenisation of the renamed sentence. ``ioi_rows`` tells
     :class:`IOITrainer` which rows are IOI.
 
@@ -354,9 +419,12 @@ class IOICollator:
     """
 
     def __init__(self, eos: int, names: tuple[torch.Tensor, torch.Tensor], pool_share: float, seed: int,
-                 swap_stories: bool = False) -> None:
+                 swap_stories: bool = False, words: torch.Tensor | None = None, word_share: float = 0.0) -> None:
+        if word_share and (words is None or len(words) < 2):
+            raise ValueError(f"word_share={word_share:g} needs words: at least two ids to draw a row's names from")
         self.base = CausalLMCollator(eos, max_length=CONTEXT)
         self.names, self.pool_share, self.swap_stories = names, pool_share, swap_stories
+        self.words, self.word_share = words, word_share
         self.rng = torch.Generator().manual_seed(seed)
         self.is_name = torch.zeros(int(names[0].max()) + 1, dtype=torch.bool)
         self.is_name[names[0]] = True
@@ -376,7 +444,9 @@ class IOICollator:
         for feature in features:
             ids = torch.as_tensor(feature["input_ids"]).clone()
             if "io_slots" in feature:
-                pool = self.names[int(torch.rand((), generator=self.rng) < self.pool_share)]
+                u = float(torch.rand((), generator=self.rng))
+                pool = (self.words if u < self.word_share else
+                        self.names[int(u < self.word_share + self.pool_share)])
                 io, s = pool[torch.randperm(len(pool), generator=self.rng)[:2]]
                 slots = torch.as_tensor(feature["io_slots"])
                 ids[slots[0]] = ids[-1] = io
@@ -446,15 +516,17 @@ def build_conventional(cfg: Settings, vocab_size: int, eos: int) -> GPT2LMHeadMo
 
 
 def train_until_solved(model, data: DecoderData, cfg: Settings, folder: Path, *, learning_rate: float, steps: int,
-                       schedule: str, keep_best: bool = True) -> dict:
+                       schedule: str, keep_best: bool = True, word_share: float = 0.0) -> dict:
     """Train ``steps`` steps (fewer if held-out IOI is solved first); ``keep_best``: end with :class:`SolveIOI`'s
-    best weights (the constant-rate phase keeps its last ones: it is where IOI emerges, not where it settles)."""
-    stop = SolveIOI(data.ioi_val, cfg.ioi_stop, max_minutes=cfg.max_minutes, keep_best=keep_best)
+    best weights (the constant-rate phase keeps its last ones: it is where IOI emerges, not where it settles);
+    ``word_share`` of the IOI rows get story words as names (the phases after the constant one)."""
+    stop = SolveIOI(data.ioi_val, cfg.stop_threshold, max_minutes=cfg.max_minutes, keep_best=keep_best)
     start, cpu_start = time.perf_counter(), time.process_time()
     args = TrainingArguments(output_dir=str(folder / "trainer"), save_strategy="no", report_to=[],
                              remove_unused_columns=False, use_cpu=not torch.cuda.is_available(),
                              **training_arguments(cfg, learning_rate, steps, schedule))
-    collator = IOICollator(data.eos, data.names, cfg.pool_share, cfg.seed, swap_stories=bool(cfg.swap_names))
+    collator = IOICollator(data.eos, data.names, cfg.pool_share, cfg.seed, swap_stories=bool(cfg.swap_names),
+                           words=data.words, word_share=word_share)
     trainer = IOITrainer(model=model, args=args, train_dataset=data.train, callbacks=[stop], detach=cfg.detach,
                          data_collator=collator)
     trainer.train()
@@ -493,7 +565,7 @@ def trained_models(cfg: Settings, data: DecoderData) -> tuple[GPT2LMHeadModel, G
         print(f"training the conventional model with a {cfg.schedule} rate (held-out IOI accuracy "
               f"{ioi_accuracy(conv.eval(), data.ioi_val):.3f} at the start)")
         info["conventional"] = train_until_solved(conv, data, cfg, conv_dir, learning_rate=cfg.learning_rate,
-                                                  steps=cfg.steps, schedule=cfg.schedule)
+                                                  steps=cfg.steps, schedule=cfg.schedule, word_share=cfg.word_share)
         if cfg.pre_steps:
             info["conventional"]["constant_rate_phase"] = json.loads((pre_dir / "training.json").read_text())
         conv.save_pretrained(conv_dir)
@@ -507,7 +579,8 @@ def trained_models(cfg: Settings, data: DecoderData) -> tuple[GPT2LMHeadModel, G
         print(f"B-cosified (B = {cfg.b:g}): held-out IOI accuracy {before:.3f} before further training")
         info["bcos"] = {"ioi_val_accuracy_at_conversion": before,
                         **train_until_solved(model, data, cfg, bcos_dir, learning_rate=cfg.bcos_learning_rate,
-                                             steps=cfg.bcos_steps, schedule=cfg.schedule)}
+                                             steps=cfg.bcos_steps, schedule=cfg.schedule,
+                                             word_share=cfg.word_share)}
         model.save_pretrained(bcos_dir)
         (bcos_dir / "training.json").write_text(json.dumps(info["bcos"], indent=2))
     for name, part in info.items():

@@ -393,6 +393,58 @@ def test_collator_fills_ioi_rows_with_two_distinct_training_names():
         assert batch["ioi_rows"].tolist() == [True]
 
 
+def test_collator_fills_word_share_of_ioi_rows_with_story_words():
+    bench = _bench_decoders()
+    names, pool, words = torch.tensor([10, 11, 12]), torch.tensor([20, 21]), torch.tensor([30, 31, 32, 33])
+    row = torch.tensor([0, 5, 99, 6, 98, 7, 98, 8, 99])
+    feature = {"input_ids": row, "io_slots": torch.tensor([2, 4, 6])}
+
+    def drawn(collator, n=200):
+        out = []
+        for _ in range(n):
+            ids = collator([feature])["input_ids"][0]
+            assert ids[2] == ids[8] and ids[4] == ids[6] and ids[2] != ids[4]
+            out.append({int(ids[2]), int(ids[4])})
+        return out
+
+    only_words = bench.IOICollator(0, (names, pool), 0.0, seed=0, words=words, word_share=1.0)
+    assert all(pair <= set(words.tolist()) for pair in drawn(only_words))
+    mixed = bench.IOICollator(0, (names, pool), 0.25, seed=0, words=words, word_share=0.5)
+    groups = [next(g for g, ids in (("names", names), ("pool", pool), ("words", words)) if pair <= set(ids.tolist()))
+              for pair in drawn(mixed, 400)]  # both names of a row come from one group
+    shares = {g: groups.count(g) / len(groups) for g in ("names", "pool", "words")}
+    assert shares["words"] == pytest.approx(0.5, abs=0.08) and shares["pool"] == pytest.approx(0.25, abs=0.08)
+    with pytest.raises(ValueError, match="word_share=0.5 needs words"):
+        bench.IOICollator(0, (names, pool), 0.0, seed=0, word_share=0.5)
+    with pytest.raises(ValueError, match="BENCH_WORD_SHARE=0.8 and BENCH_POOL_SHARE=0.5"):
+        bench.Settings(word_share=0.8, pool_share=0.5)
+
+
+def test_story_word_pool_keeps_frequent_words_and_leaves_out_held_out_names_and_prompt_words(tok):
+    bench = _bench_decoders()
+    stories = [tok(text)["input_ids"] for text in (
+        "Daisy saw a dog. The dog and Daisy ran to the park with a happy cat.",
+        "Kitty was happy. Kitty and the dog went to the park and Daisy sat.")]
+    words = {tok.decode([t]) for t in bench.story_word_pool(stories, tok, min_count=2)}
+    # " Daisy" (held out), " the" and " and" (template words), " park" (a place) occur twice or more but stay out;
+    # " ran", " cat" and " Kitty" occur once; " a" and " to" are too short
+    assert words == {" dog", " happy"}
+    with pytest.raises(ValueError, match="BENCH_MIN_NAME_COUNT=4 leaves 0 story words"):
+        bench.story_word_pool(stories, tok, min_count=4)
+
+
+def test_settings_stop_at_the_rule_plus_the_margin_and_refuse_impossible_values():
+    bench = _bench_decoders()
+    cfg = bench.Settings(ioi_stop=0.9, stop_margin=0.03, word_share=0.5)
+    assert cfg.stop_threshold == 0.93 and "-words0.5-stop0.93-" in cfg.tag and cfg.bcos_tag.startswith(cfg.tag)
+    # without the margin and the story words, the tag is that of the models cached before either existed
+    assert "-stop0.9-" in bench.Settings(ioi_stop=0.9, stop_margin=0.0, word_share=0.0).tag
+    with pytest.raises(ValueError, match="BENCH_IOI_STOP=0.9 and BENCH_STOP_MARGIN=0.2"):
+        bench.Settings(ioi_stop=0.9, stop_margin=0.2)
+    with pytest.raises(ValueError, match="BENCH_IOI_STOP=0 and BENCH_STOP_MARGIN"):
+        bench.Settings(ioi_stop=0.0)
+
+
 def test_solve_ioi_keeps_the_best_smoothed_weights_and_stops_at_the_threshold(monkeypatch):
     bench = _bench_decoders()
     model = torch.nn.Linear(1, 1, bias=False)
