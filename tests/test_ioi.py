@@ -445,6 +445,41 @@ def test_settings_stop_at_the_rule_plus_the_margin_and_refuse_impossible_values(
         bench.Settings(ioi_stop=0.0)
 
 
+def test_ioi_trainer_loss_is_text_cross_entropy_plus_the_io_cross_entropy_and_spares_the_embeddings(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    bench = _bench_decoders()
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_embd=16, n_layer=1, n_head=2, n_positions=16,
+                                       bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                       attn_pdrop=0.0))
+    collator = bench.IOICollator(0, (torch.tensor([10, 11, 12]), torch.zeros(0, dtype=torch.long)), 0.0, seed=0,
+                                 words=torch.tensor([30, 31, 32]), word_share=0.5)
+    ioi = {"input_ids": torch.tensor([0, 5, 99, 6, 98, 7, 98, 8, 99]), "io_slots": torch.tensor([2, 4, 6])}
+    text = {"input_ids": torch.tensor([0, 1, 2, 3, 4, 1, 2]), "story": torch.tensor(True)}
+    batch = collator([ioi, text, ioi])
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    for detach in (0, 1):
+        trainer = bench.IOITrainer(model=model, args=args, detach=detach)
+        model.zero_grad()
+        loss = trainer.compute_loss(model, batch)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"]).logits
+        labels = batch["labels"][1, 1:]
+        assert int((labels != -100).sum()) == 6  # every next token of the 7-token text row
+        expected = torch.nn.functional.cross_entropy(logits[1, :-1][labels != -100], labels[labels != -100])
+        last = int(batch["attention_mask"][0].sum()) - 2  # the IO is predicted from the token before it
+        io_rows = torch.tensor([0, 2])
+        expected = expected + torch.nn.functional.cross_entropy(logits[io_rows, last],
+                                                                batch["input_ids"][io_rows, last + 1])
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+        # the IOI rows alone: with detach=1 their loss reaches no (tied) embedding row
+        model.zero_grad()
+        trainer.compute_loss(model, {k: v[io_rows] for k, v in batch.items()}).backward()
+        grad = model.get_input_embeddings().weight.grad
+        assert (grad is None or not grad.any()) == (detach == 1)
+
+
 def test_solve_ioi_keeps_the_best_smoothed_weights_and_stops_at_the_threshold(monkeypatch):
     bench = _bench_decoders()
     model = torch.nn.Linear(1, 1, bias=False)
