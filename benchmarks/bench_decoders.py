@@ -72,7 +72,9 @@ with every pair of training names (1.000) but reached only 0.76-0.78 with the he
   0.9 at step 1000, where the reporting draw gave 0.890 (hence the stopping margin, BENCH_STOP_MARGIN = 0.03),
   and settled at 0.91-0.93 (kept: step 1650, 0.880 reported, 0.899 on 1000 prompts, the long template "Then,
   {A} and {B} were thinking about going to the {PLACE}. ..." at 0.77); with 90% of the rows (the default):
-  kept step 1350, 0.920 reported, 0.930 on 1000 prompts.
+  kept step 1350, 0.920 reported, 0.930 on 1000 prompts; its B-cos stage: 0.785 at conversion, kept step 350,
+  0.915 reported, 0.923 on 1000 prompts. Earlier cached models: BENCH_WORD_SHARE=0 BENCH_STOP_MARGIN=0
+  BENCH_STEPS=1500.
 
 The models are cached in outputs/bench_decoders/models (names carry the settings; BENCH_RETRAIN=1 retrains)
 with the training wall and CPU time in their folder (training.json), so a second run only evaluates. Writes
