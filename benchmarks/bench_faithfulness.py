@@ -34,12 +34,15 @@ Writes results.md, results.csv and faithfulness.png to BENCH_OUT (default output
 caches the fine-tuned models in outputs/bench_faithfulness/models (delete them or set BENCH_RETRAIN=1 to
 retrain).
 
-Size (environment variables). Measured on a 2-core CPU shared with three other jobs (BENCH_THREADS=1, load
-average 4-5), the defaults ran in 36 minutes from nothing: 14 minutes for the four fine-tunings and about 20 to
-explain (ShapleyValueSampling takes half of that). With the models cached, explaining took 19 minutes. An earlier
-version measured 12 min 20 s from nothing on an idle machine with 2 threads; that was not repeated.
-`make bench-faithfulness-full` (every shipped training row, 3 epochs, 32 sentences, 16 SeqPG examples) took about
-40 minutes from nothing in an earlier version.
+Size and budget. The run ends with a line of wall-clock and CPU seconds per phase (also in results.md). Measured
+2026-11-25 from nothing (BENCH_RETRAIN=1) with one torch thread on a 2-core CPU shared with three other jobs: 723 s
+of CPU time (1110 s wall): 398 s for the four fine-tunings, 275 s to explain and score, 33 s for accuracy; on one
+thread, CPU seconds estimate the wall time of an idle machine, so with `make setup` (87 s of CPU from a local wheel
+mirror) about 13.5 minutes from nothing. By default torch uses one thread per core (BENCH_THREADS=0), so a user alone
+on a 2-core machine gets both cores; that wall time was not measured here. Before the batching and warm-up changes and
+with ShapleyValueSampling at 25 samples the same run took 1097 s of CPU (2504 s wall). docs/benchmarks.md has the
+table per phase. `make bench-faithfulness-full` (every shipped training row, 3 epochs, 32 sentences, 16 SeqPG
+examples) took about 40 minutes from nothing in an earlier version.
 
 Paper scale (a GPU): `python benchmarks/bench_faithfulness.py --paper-scale` (or BENCH_PAPER_SCALE=1) sets the
 paper's sizes: the full GLUE SST-2 and AG News training splits through `datasets` (BENCH_DATA_SOURCE=hub; without
@@ -183,6 +186,11 @@ def load_data(loader, split: str, hub_split: str, cfg: Config, n: int = 0):
     return loader(split, n=rows), "shipped"
 
 
+def threads_text() -> str:
+    n = torch.get_num_threads()
+    return f"{n} torch thread{'' if n == 1 else 's'}"
+
+
 class Budget:
     """Wall-clock and CPU seconds (user + system, every thread of the process) per phase of the run.
 
@@ -206,7 +214,7 @@ class Budget:
         """One line: the whole run since the benchmark's imports started, then each phase (wall / CPU s)."""
         wall, cpu = time.perf_counter() - _STARTED[0], time.process_time() - _STARTED[1]
         parts = ", ".join(f"{name} {w:.0f} / {c:.0f}" for name, (w, c) in self.phases.items())
-        return (f"Budget: {wall:.0f} s wall, {cpu:.0f} s CPU ({torch.get_num_threads()} torch threads); "
+        return (f"Budget: {wall:.0f} s wall, {cpu:.0f} s CPU ({threads_text()}); "
                 f"per phase, wall / CPU s: {parts}")
 
 
@@ -564,8 +572,8 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
         "results.csv. Completeness error (input x gradient rows): median over the SST-2 sentences of |sum of "
         "the token scores - explained logit| / |logit| (mean in results.csv); for W(x)x of the conventional "
         "model it is the biases' share of the logit, which no token receives. Time: wall clock on "
-        f"{info['device']} ({torch.get_num_threads()} threads), batches of {cfg.batch}, after one untimed warm-up "
-        f"batch per method. Peak memory: {MEMORY_NOTES[info['memory_method']]}.\n"
+        f"{info['device']} ({threads_text()}), SST-2 sentences in batches of {cfg.batch} of similar length, after "
+        f"one untimed warm-up sentence per method. Peak memory: {MEMORY_NOTES[info['memory_method']]}.\n"
     )
     ratios = "".join(f"\nB-cos is {r['times_bcos_time']:.0f}x faster than {r['method']}." for r in rows
                      if r["method"].startswith(("IG", "ShapSampl")))

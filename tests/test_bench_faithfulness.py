@@ -119,7 +119,7 @@ def test_the_budget_adds_phases_of_one_name_and_lists_them_in_order(bench, monke
     assert budget.phases == {"training": [13.0, 0.0], "explaining": [2.5, 0.0]}
     monkeypatch.setattr(bench.time, "perf_counter", lambda: bench._STARTED[0] + 100.0)
     monkeypatch.setattr(bench.time, "process_time", lambda: bench._STARTED[1] + 90.0)
-    assert budget.line().startswith(f"Budget: 100 s wall, 90 s CPU ({torch.get_num_threads()} torch threads); "
+    assert budget.line().startswith(f"Budget: 100 s wall, 90 s CPU ({bench.threads_text()}); "
                                     "per phase, wall / CPU s: training 13 / 0, explaining 2 / 0")
 
 
