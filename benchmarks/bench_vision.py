@@ -46,12 +46,14 @@ Data (``BENCH_VISION_DATA``), both made offline from the digits scikit-learn shi
     2.5x the training time; it did not change the comparison (docs/benchmarks.md#vision).
 
 Writes results.md, results.json and results.csv to BENCH_VISION_OUT (default outputs/bench_vision) and
-keeps the trained models in BENCH_VISION_OUT/models (BENCH_VISION_RETRAIN=1 retrains them).
+keeps the trained models in BENCH_VISION_OUT/models (BENCH_VISION_RETRAIN=1 retrains them; 0, the default,
+reuses them).
 
 Environment variables (defaults in brackets):
   BENCH_VISION_DATA [digits16]  BENCH_VISION_EPOCHS [12] (B-cos ViT)  BENCH_VISION_BASELINE_EPOCHS [30]
   BENCH_VISION_GRIDS [48] grids per model   BENCH_VISION_PERTURB [96] images for the perturbation metric
-  BENCH_VISION_IG_STEPS [32]   BENCH_VISION_THREADS [1] torch threads   BENCH_VISION_SEED [0]
+  BENCH_VISION_IG_STEPS [32]   BENCH_VISION_THREADS [1] torch threads (0: torch's default)
+  BENCH_VISION_SEED [0]
   BENCH_VISION_LAYERS [3] transformer blocks of both ViTs
   BENCH_VISION_SCORE [confidence] what the perturbation curves track: confidence (the paper's), softmax, logit
   BENCH_VISION_REMOVAL [mean] a removed pixel of the conventional ViT: mean (the paper's) or black (0)
@@ -60,6 +62,9 @@ Environment variables (defaults in brackets):
   BENCH_VISION_NORMALISE=0 (the same numbers as then).
   BENCH_VISION_VIEWS [3] training views per digit   BENCH_VISION_FULL_FRACTION [0.25] share of them filling the
   canvas (the rest sit at grid-cell size)
+Epochs, grids, images, steps, blocks and views are whole numbers >= 1, seed and threads >= 0, the fraction
+in [0, 1], switches (NORMALISE, RETRAIN) 0 or 1, the others one of the values listed; anything else
+(BENCH_VISION_RETRAIN=yes) stops the script before any work, naming the variable, the value and the fix.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments, set_seed
 from transformers.utils import logging as hf_logging
 
+from bcos_plugins._env import env_choice, env_flag, env_float, env_int
 from bcos_plugins.metrics.image import grid_pointing_game, pixel_perturbation
 from bcos_plugins.train import bcos_loss
 from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT
@@ -118,22 +124,6 @@ def bcos_loss_with_logit_bias(outputs, labels: Tensor, num_items_in_batch=None) 
     return bcos_loss(logits - math.log(logits.shape[-1] - 1), labels, num_items_in_batch)
 
 
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    try:
-        return default if raw is None else int(raw)
-    except ValueError:
-        raise SystemExit(f"{name}: expected an integer, got {raw!r}") from None
-
-
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    try:
-        return default if raw is None else float(raw)
-    except ValueError:
-        raise SystemExit(f"{name}: expected a number, got {raw!r}") from None
-
-
 @dataclass
 class Config:
     data: str = "digits16"
@@ -155,31 +145,24 @@ class Config:
 
     @classmethod
     def from_env(cls) -> Config:
-        data = os.environ.get("BENCH_VISION_DATA", "digits16")
-        if data not in DATASETS:
-            raise SystemExit(f"BENCH_VISION_DATA: {data!r} is not one of {DATASETS}")
-        score = os.environ.get("BENCH_VISION_SCORE", "confidence")
-        if score not in SCORES:
-            raise SystemExit(f"BENCH_VISION_SCORE: {score!r} is not one of {SCORES}")
-        removal = os.environ.get("BENCH_VISION_REMOVAL", "mean")
-        if removal not in REMOVALS:
-            raise SystemExit(f"BENCH_VISION_REMOVAL: {removal!r} is not one of {REMOVALS}")
-        if env_int("BENCH_VISION_LAYERS", 3) < 1:
-            raise SystemExit(f"BENCH_VISION_LAYERS: expected at least 1 block, got {os.environ['BENCH_VISION_LAYERS']}")
-        normalise = os.environ.get("BENCH_VISION_NORMALISE", "1")
-        if normalise not in ("0", "1"):
-            raise SystemExit(f"BENCH_VISION_NORMALISE: expected 0 or 1, got {normalise!r}")
-        return cls(data=data, epochs=env_int("BENCH_VISION_EPOCHS", 12), score=score, removal=removal,
-                   normalise=normalise == "1",
-                   baseline_epochs=env_int("BENCH_VISION_BASELINE_EPOCHS", 30),
-                   n_grids=env_int("BENCH_VISION_GRIDS", 48), n_perturb=env_int("BENCH_VISION_PERTURB", 96),
-                   ig_steps=env_int("BENCH_VISION_IG_STEPS", 32), views=env_int("BENCH_VISION_VIEWS", 3),
-                   layers=env_int("BENCH_VISION_LAYERS", 3),
-                   full_fraction=env_float("BENCH_VISION_FULL_FRACTION", 0.25),
-                   threads=env_int("BENCH_VISION_THREADS", 1),
-                   seed=env_int("BENCH_VISION_SEED", 0),
-                   out=Path(os.environ.get("BENCH_VISION_OUT", "outputs/bench_vision")),
-                   retrain=os.environ.get("BENCH_VISION_RETRAIN", "0") == "1")
+        """The run's settings from the BENCH_VISION_* variables (module docstring), the defaults above for unset
+        ones; a bad value stops the run before any work, naming the variable, the value and the fix."""
+        return cls(data=env_choice("BENCH_VISION_DATA", cls.data, DATASETS),
+                   epochs=env_int("BENCH_VISION_EPOCHS", cls.epochs, minimum=1),
+                   baseline_epochs=env_int("BENCH_VISION_BASELINE_EPOCHS", cls.baseline_epochs, minimum=1),
+                   n_grids=env_int("BENCH_VISION_GRIDS", cls.n_grids, minimum=1),
+                   n_perturb=env_int("BENCH_VISION_PERTURB", cls.n_perturb, minimum=1),
+                   ig_steps=env_int("BENCH_VISION_IG_STEPS", cls.ig_steps, minimum=1),
+                   layers=env_int("BENCH_VISION_LAYERS", cls.layers, minimum=1),
+                   score=env_choice("BENCH_VISION_SCORE", cls.score, SCORES),
+                   removal=env_choice("BENCH_VISION_REMOVAL", cls.removal, REMOVALS),
+                   normalise=env_flag("BENCH_VISION_NORMALISE", cls.normalise),
+                   views=env_int("BENCH_VISION_VIEWS", cls.views, minimum=1),
+                   full_fraction=env_float("BENCH_VISION_FULL_FRACTION", cls.full_fraction, minimum=0, maximum=1),
+                   threads=env_int("BENCH_VISION_THREADS", cls.threads, minimum=0),
+                   seed=env_int("BENCH_VISION_SEED", cls.seed, minimum=0),
+                   out=Path(os.environ.get("BENCH_VISION_OUT", str(cls.out))),
+                   retrain=env_flag("BENCH_VISION_RETRAIN", cls.retrain))
 
 
 def model_shape(data: str, layers: int = 3) -> dict:

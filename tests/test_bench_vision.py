@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -126,16 +127,27 @@ def test_perturbation_score_removal_and_normalisation_follow_the_arguments(bench
 
 
 @pytest.mark.parametrize(("variable", "value", "message"), [
-    ("BENCH_VISION_SCORE", "prob", "BENCH_VISION_SCORE: 'prob' is not one of"),
-    ("BENCH_VISION_REMOVAL", "grey", "BENCH_VISION_REMOVAL: 'grey' is not one of"),
-    ("BENCH_VISION_NORMALISE", "yes", "BENCH_VISION_NORMALISE: expected 0 or 1"),
-    ("BENCH_VISION_LAYERS", "0", "BENCH_VISION_LAYERS: expected at least 1 block, got 0"),
-    ("BENCH_VISION_LAYERS", "two", "BENCH_VISION_LAYERS: expected an integer, got 'two'"),
+    ("BENCH_VISION_SCORE", "prob", "BENCH_VISION_SCORE='prob': not one of 'confidence' or 'softmax' or 'logit'"),
+    ("BENCH_VISION_REMOVAL", "grey", "BENCH_VISION_REMOVAL='grey': not one of 'mean' or 'black'"),
+    ("BENCH_VISION_DATA", "digits64", "BENCH_VISION_DATA='digits64': not one of 'digits16' or 'digits32'"),
+    ("BENCH_VISION_NORMALISE", "yes", "BENCH_VISION_NORMALISE='yes': not a switch. Set BENCH_VISION_NORMALISE to "
+                                      "1 (on) or 0 (off), or unset it for the default 1."),
+    # before, anything but 1 silently kept the cached models
+    ("BENCH_VISION_RETRAIN", "yes", "BENCH_VISION_RETRAIN='yes': not a switch. Set BENCH_VISION_RETRAIN to "
+                                    "1 (on) or 0 (off), or unset it for the default 0."),
+    ("BENCH_VISION_LAYERS", "0", "BENCH_VISION_LAYERS='0': out of range (must be >= 1). Set BENCH_VISION_LAYERS to "
+                                 "a whole number >= 1, e.g. BENCH_VISION_LAYERS=3, or unset it for the default 3."),
+    ("BENCH_VISION_LAYERS", "two", "BENCH_VISION_LAYERS='two': not a whole number"),
+    ("BENCH_VISION_EPOCHS", "12.5", "BENCH_VISION_EPOCHS='12.5': not a whole number"),
+    ("BENCH_VISION_THREADS", "-1", "BENCH_VISION_THREADS='-1': out of range (must be >= 0)"),
+    ("BENCH_VISION_FULL_FRACTION", "25%", "BENCH_VISION_FULL_FRACTION='25%': not a number"),
+    ("BENCH_VISION_FULL_FRACTION", "1.5", "BENCH_VISION_FULL_FRACTION='1.5': out of range (must be >= 0 and <= 1)"),
 ])
-def test_bad_protocol_variables_stop_with_the_variable_named(bench, monkeypatch, variable, value, message):
+def test_bad_variables_stop_with_the_variable_value_and_fix(bench, monkeypatch, variable, value, message):
     monkeypatch.setenv(variable, value)
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(SystemExit) as excinfo:
         bench.Config.from_env()
+    assert str(excinfo.value).startswith(message)
 
 
 def test_default_protocol_is_the_papers_and_the_earlier_one_stays_reachable(bench, monkeypatch):
@@ -148,6 +160,21 @@ def test_default_protocol_is_the_papers_and_the_earlier_one_stays_reachable(benc
         monkeypatch.setenv(name, value)
     cfg = bench.Config.from_env()
     assert (cfg.score, cfg.removal, cfg.normalise) == ("softmax", "black", False)
+
+
+def test_unset_variables_give_the_config_defaults_and_set_ones_reach_the_config(bench, monkeypatch):
+    for name in [n for n in os.environ if n.startswith("BENCH_VISION_")]:
+        monkeypatch.delenv(name)
+    assert bench.Config.from_env() == bench.Config()
+    values = {"DATA": "digits32", "EPOCHS": "2", "BASELINE_EPOCHS": "3", "GRIDS": "4", "PERTURB": "5",
+              "IG_STEPS": "6", "LAYERS": "2", "SCORE": "logit", "REMOVAL": "black", "NORMALISE": "0", "VIEWS": "1",
+              "FULL_FRACTION": "1", "THREADS": "0", "SEED": "7", "OUT": "elsewhere", "RETRAIN": "1"}
+    for name, value in values.items():
+        monkeypatch.setenv(f"BENCH_VISION_{name}", value)
+    assert bench.Config.from_env() == bench.Config(
+        data="digits32", epochs=2, baseline_epochs=3, n_grids=4, n_perturb=5, ig_steps=6, layers=2, score="logit",
+        removal="black", normalise=False, views=1, full_fraction=1.0, threads=0, seed=7, out=Path("elsewhere"),
+        retrain=True)
 
 
 def test_removal_effects_are_each_pixels_exact_contribution_on_a_linear_model(bench):
