@@ -17,18 +17,20 @@ and how the explanation methods compare on one and the same model.
 4. MRR against the evidence tokens (bcos_plugins.data.blimp documents the rules), the paper's random baseline,
    and the probability gap p(good) - p(bad) are printed per paradigm and written to outputs/blimp_mrr/.
 
-Environment variables: BLIMP_EPOCHS (default 8), BLIMP_EVAL (pairs per paradigm, default 100), BLIMP_SEED,
-BLIMP_THREADS (torch threads, default 1: for a model this small, more threads mostly wait on each other, and on
-a shared CPU a step took 2-6 s with two threads against 0.25 s with one).
+Environment variables: BLIMP_EPOCHS (default 8), BLIMP_EVAL (pairs per paradigm, default 100), BLIMP_SEED
+(default 0), BLIMP_THREADS (torch threads, default 1: for a model this small, more threads mostly wait on each
+other, and on a shared CPU a step took 2-6 s with two threads against 0.25 s with one). BLIMP_EPOCHS is a number
+above 0, BLIMP_EVAL a whole number from 1 to 299 (the pairs after it train the model), BLIMP_SEED >= 0,
+BLIMP_THREADS >= 1; any other value stops the script before any work, naming the variable.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from captum.attr import InputXGradient, Occlusion, Saliency
@@ -36,16 +38,32 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2Tokenizer
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify, explain
+from bcos_plugins._env import env_float, env_int
 from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.data.blimp import BLIMP_SUBSETS, encode_blimp, load_blimp
 from bcos_plugins.metrics.decoder import mean_reciprocal_rank, probability_gap
 from bcos_plugins.train_decoder import real_token_positions, train_causal_lm
 
 OUT = Path("outputs") / "blimp_mrr"
-EPOCHS = float(os.environ.get("BLIMP_EPOCHS", 8))
-N_EVAL = int(os.environ.get("BLIMP_EVAL", 100))
-SEED = int(os.environ.get("BLIMP_SEED", 0))
-THREADS = int(os.environ.get("BLIMP_THREADS", 1))
+
+
+class BlimpSettings(NamedTuple):
+    epochs: float
+    n_eval: int
+    seed: int
+    threads: int
+
+
+def blimp_settings() -> BlimpSettings:
+    """The BLIMP_* variables (module docstring); a bad value stops the script before any work, naming the
+    variable, the value and the fix."""
+    # the shipped slice holds 300 pairs per paradigm; those after the evaluation pairs are the training data
+    return BlimpSettings(env_float("BLIMP_EPOCHS", 8.0, minimum=0, exclusive_minimum=True),
+                         env_int("BLIMP_EVAL", 100, minimum=1, maximum=299), env_int("BLIMP_SEED", 0, minimum=0),
+                         env_int("BLIMP_THREADS", 1, minimum=1))
+
+
+EPOCHS, N_EVAL, SEED, THREADS = blimp_settings()
 METHODS = ["B-cos", "Saliency", "InputXGradient", "Occlusion"]
 
 

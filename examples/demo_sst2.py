@@ -14,7 +14,9 @@ Runs offline on a 2-core CPU in about 2 minutes (`make demo`; measured in docs/g
 Environment variables: DEMO_TRAIN (training rows, default 2000), DEMO_TEST (held-out rows, default 400),
 DEMO_EPOCHS (default 2), DEMO_MAX_LENGTH (tokens per training sentence, default 48: 99% of SST-2 sentences
 fit), DEMO_EXPLAIN (sentences explained, default 4), DEMO_THREADS (torch threads; default: the cores the
-load average leaves free, at least 1).
+load average leaves free, at least 1). Each is a whole number >= 1 (DEMO_MAX_LENGTH >= 3), DEMO_EPOCHS a
+number above 0; any other value (DEMO_THREADS=0, DEMO_EPOCHS=two) stops the demo before any work, naming the
+variable.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from rich.console import Console
@@ -30,6 +33,7 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify, explain, load_bcos_model
+from bcos_plugins._env import env_float, env_int
 from bcos_plugins.data import load_sst2
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import accuracy, fine_tune_classifier
@@ -50,15 +54,13 @@ def colour_tokens(tokens: list[str], scores: torch.Tensor) -> Text:
     return text
 
 
-def choose_threads() -> int:
-    """torch threads for this run: DEMO_THREADS if set, else the cores the 1-minute load average leaves free.
+def free_cores() -> int:
+    """Torch threads when DEMO_THREADS is unset: the cores the 1-minute load average leaves free, at least 1.
 
     torch's worker threads spin while they wait for each other, so on cores that other programs keep busy
     two threads run many times slower than one (measured here: 55 s instead of about 4 s per training step
     on a 2-core machine with a load of 9); on idle cores more threads are faster.
     """
-    if "DEMO_THREADS" in os.environ:
-        return max(1, int(os.environ["DEMO_THREADS"]))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
         load = os.getloadavg()[0]
@@ -67,14 +69,29 @@ def choose_threads() -> int:
     return max(1, min(torch.get_num_threads(), round(cores - load)))
 
 
+class DemoSettings(NamedTuple):
+    n_train: int
+    n_test: int
+    epochs: float
+    max_length: int
+    n_explain: int
+    threads: int
+
+
+def demo_settings() -> DemoSettings:
+    """The DEMO_* variables (module docstring); a bad value stops the demo before any work, naming the variable,
+    the value and the fix."""
+    return DemoSettings(n_train=env_int("DEMO_TRAIN", 2000, minimum=1), n_test=env_int("DEMO_TEST", 400, minimum=1),
+                        epochs=env_float("DEMO_EPOCHS", 2.0, minimum=0, exclusive_minimum=True),
+                        # [CLS], one word piece and [SEP] at the least
+                        max_length=env_int("DEMO_MAX_LENGTH", 48, minimum=3),
+                        n_explain=env_int("DEMO_EXPLAIN", 4, minimum=1),
+                        threads=env_int("DEMO_THREADS", free_cores(), minimum=1))
+
+
 def main() -> None:
-    n_train = int(os.environ.get("DEMO_TRAIN", 2000))
-    n_test = int(os.environ.get("DEMO_TEST", 400))
-    epochs = float(os.environ.get("DEMO_EPOCHS", 2))
-    max_length = int(os.environ.get("DEMO_MAX_LENGTH", 48))
-    n_explain = int(os.environ.get("DEMO_EXPLAIN", 4))
+    n_train, n_test, epochs, max_length, n_explain, threads = demo_settings()
     started = time.perf_counter()
-    threads = choose_threads()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     hf_logging.set_verbosity_error()

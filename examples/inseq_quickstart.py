@@ -14,14 +14,15 @@
 
 Output: outputs/inseq_quickstart/attributions.html (both views) and generation.json (inseq's own save format;
 ``inseq.FeatureAttributionOutput.load`` reads it back once bcos_plugins.adapters.inseq is imported).
-Environment: QUICKSTART_STEPS (training steps, default 80), QUICKSTART_THREADS (torch threads, default 1).
+Environment: QUICKSTART_STEPS (training steps, default 80), QUICKSTART_THREADS (torch threads, default 1), each a
+whole number >= 1; any other value stops the script before any work, naming the variable.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
+from typing import NamedTuple
 
 import bcos_plugins.adapters.inseq as bcos_inseq  # registers the "bcos" method
 import inseq
@@ -37,6 +38,7 @@ from transformers import (
 )
 
 from bcos_plugins import bcosify
+from bcos_plugins._env import env_int
 from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.train_decoder import train_causal_lm
 
@@ -62,16 +64,28 @@ def bcos_language_model(name: str | None, steps: int):
     return model, tokenizer
 
 
+class QuickstartSettings(NamedTuple):
+    steps: int
+    threads: int
+
+
+def quickstart_settings() -> QuickstartSettings:
+    """The QUICKSTART_* variables (module docstring); a bad value stops the script before any work, naming the
+    variable, the value and the fix."""
+    return QuickstartSettings(env_int("QUICKSTART_STEPS", 80, minimum=1), env_int("QUICKSTART_THREADS", 1, minimum=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="hub id or folder of a causal LM (default: offline tiny GPT-2)")
     parser.add_argument("--prompt", default="Once upon a time, there was a little")
     parser.add_argument("--continuation", default=" girl named Lily. She loved to play outside.")
     args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("QUICKSTART_THREADS", "1")))
+    steps, threads = quickstart_settings()
+    torch.set_num_threads(threads)
     OUT.mkdir(parents=True, exist_ok=True)
 
-    model, tokenizer = bcos_language_model(args.model, int(os.environ.get("QUICKSTART_STEPS", "80")))
+    model, tokenizer = bcos_language_model(args.model, steps)
     attribution_model = inseq.load_model(model, "bcos", tokenizer=tokenizer)  # default target: the logit
     # Forced decoding: explain the logits the model gives a continuation of our choice, token by token. Leave
     # the second argument out to explain the model's own generation (then pass generation_args=...).

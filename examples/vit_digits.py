@@ -20,24 +20,28 @@ digits (no download):
 The paper's full protocol (ratios to the best post-hoc method, the paper's logit bias in the B-cos loss, more
 training views at grid-cell size) is ``make bench-vision`` (benchmarks/bench_vision.py).
 
-Environment variables: VIT_EPOCHS (B-cos ViT epochs, default 12), VIT_BASELINE_EPOCHS (default 30: the conventional ViT is 3x faster per epoch and needs more),
-VIT_GRIDS (default 60), VIT_PERTURB (images for the perturbation metric, default 150),
-VIT_THREADS (torch intra-op threads, default 1), VIT_PRIOR_ABLATION=1 also trains B-cos ViTs with no prior, a multiplicative prior and a position
-embedding, and reports their accuracy (about 3x the training time); VIT_REUSE=1 loads the models a previous
-run saved in outputs/vit_digits/ instead of training them again (to redo the metrics and figures only).
+Environment variables: VIT_EPOCHS (B-cos ViT epochs, default 12), VIT_BASELINE_EPOCHS (default 30: the
+conventional ViT is 3x faster per epoch and needs more), VIT_GRIDS (default 60), VIT_PERTURB (images for the
+perturbation metric, default 150), VIT_THREADS (torch intra-op threads, default 1), each a whole number >= 1;
+VIT_PRIOR_ABLATION=1 also trains B-cos ViTs with no prior, a multiplicative prior and a position embedding, and
+reports their accuracy (about 3x the training time); VIT_REUSE=1 loads the models a previous run saved in
+outputs/vit_digits/ instead of training them again (to redo the metrics and figures only). Both switches are 0
+(the default) or 1; any other value (VIT_REUSE=yes, VIT_GRIDS=0) stops the script before any work, naming the
+variable.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from transformers import Trainer, TrainingArguments, set_seed
 from transformers.utils import logging as hf_logging
 
+from bcos_plugins._env import env_flag, env_int
 from bcos_plugins.metrics.image import grid_pointing_game, pixel_perturbation
 from bcos_plugins.metrics.summary import Cost, measure_cost
 from bcos_plugins.train import bcos_loss
@@ -47,15 +51,31 @@ from bcos_plugins.vision.posthoc import attribution_input, image_attribution_met
 from bcos_plugins.vision.visualize import save_explanation_figure, weight_colour_image
 
 OUT = Path("outputs/vit_digits")
-EPOCHS = int(os.environ.get("VIT_EPOCHS", 12))
-BASELINE_EPOCHS = int(os.environ.get("VIT_BASELINE_EPOCHS", 30))
-N_GRIDS = int(os.environ.get("VIT_GRIDS", 60))
-N_PERTURB = int(os.environ.get("VIT_PERTURB", 150))
-ABLATION = os.environ.get("VIT_PRIOR_ABLATION", "0") == "1"
-REUSE = os.environ.get("VIT_REUSE", "0") == "1"
-# The models are tiny: one intra-op thread is as fast as several on an idle machine, and on a shared,
-# oversubscribed CPU several threads spin-wait on each other (measured here: 0.23 s vs 4.1 s per step).
-THREADS = int(os.environ.get("VIT_THREADS", 1))
+
+
+class VitDigitsSettings(NamedTuple):
+    epochs: int
+    baseline_epochs: int
+    n_grids: int
+    n_perturb: int
+    ablation: bool
+    reuse: bool
+    threads: int
+
+
+def vit_digits_settings() -> VitDigitsSettings:
+    """The VIT_* variables (module docstring); a bad value stops the script before any work, naming the variable,
+    the value and the fix."""
+    return VitDigitsSettings(env_int("VIT_EPOCHS", 12, minimum=1), env_int("VIT_BASELINE_EPOCHS", 30, minimum=1),
+                             env_int("VIT_GRIDS", 60, minimum=1), env_int("VIT_PERTURB", 150, minimum=1),
+                             env_flag("VIT_PRIOR_ABLATION", False), env_flag("VIT_REUSE", False),
+                             # The models are tiny: one intra-op thread is as fast as several on an idle machine,
+                             # and on a shared, oversubscribed CPU several threads spin-wait on each other
+                             # (measured here: 0.23 s vs 4.1 s per step).
+                             env_int("VIT_THREADS", 1, minimum=1))
+
+
+EPOCHS, BASELINE_EPOCHS, N_GRIDS, N_PERTURB, ABLATION, REUSE, THREADS = vit_digits_settings()
 
 SHAPE = dict(image_size=16, num_channels=1, patch_size=4, hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
              intermediate_size=96, tokenizer="conv", conv_channels=[32], num_labels=10,
