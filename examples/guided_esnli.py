@@ -7,14 +7,15 @@ For each training mode (Gu, "Self-Guided Attention for Explainable NLI", Table 1
   the attention logits of the last 4 layers (Eq. 3 by default) during training;
 - ``random``: the same guidance with a random mask of the gold mask's size per example (the control);
 - ``supervised``: ``attention_supervision_loss`` (KL between the normalised gold mask and the [CLS] attention
-  of the last ``--supervision-layers`` layers, renormalised over the text tokens, weight
-  ``--supervision-weight``, ramped up linearly from 0 over the first ``--supervision-warmup`` of the training
-  steps), so that the alignment is learnt by the attention itself and survives evaluation without masks; Eq. 3
+  of the first ``--supervision-heads`` heads (6 of 12; the others stay free for the task) of the last
+  ``--supervision-layers`` layers, renormalised over the text tokens, weight ``--supervision-weight``, ramped up
+  linearly from 0 over the first ``--supervision-warmup`` of the training steps), so that the alignment is
+  learnt by the attention itself and survives evaluation without masks; Eq. 3
   guidance of the same layers is added with ``--supervision-strength`` > 0 (default 0: guidance and supervision
   pull the same way, and supervising attention that the mask already steers teaches it little;
   docs/methods/self-guided-attention.md). The warm-up lets the task loss leave the constant-prediction plateau
   before the supervision acts (without it one seed in three stayed there 30 steps longer and lost 5 points);
-  ``--supervision-weight 0.03 --supervision-warmup 0`` is the earlier setting;
+  ``--supervision-weight 0.03 --supervision-warmup 0 --supervision-heads 0`` is the earlier setting;
 - ``supervised-random``: the same supervision toward a random mask with as many text tokens as the gold one,
   drawn per batch (the control of ``supervised``);
 
@@ -47,7 +48,7 @@ each model's curve (with the task and supervision losses of the supervised varia
 Options: ``--train`` (default 1200), ``--eval`` (400), ``--epochs`` (2), ``--mode`` (multiply | add | replace |
 log1p), ``--strength`` (lambda, 1.0), ``--last-layers`` (4), ``--lr`` (2e-4), ``--family`` (both | stock | bcos),
 ``--supervision-weight`` (0.1), ``--supervision-warmup`` (0.5), ``--supervision-layers`` (1),
-``--supervision-heads`` (0: all), ``--supervision-strength`` (0),
+``--supervision-heads`` (6; 0: all), ``--supervision-strength`` (0),
 ``--supervision-keys`` (text | premise | all), ``--variants`` (vanilla,supervised; any subset of
 vanilla,guided,random,supervised,supervised-random),
 ``--bcos-recipe`` (task-then-bcos | direct), ``--b`` (1.1 | 1.25), ``--bcos-epochs`` (2 | 3), ``--bcos-lr``
@@ -119,12 +120,12 @@ def load_rows(tokenizer, n_train: int, n_eval: int) -> tuple[list[dict], list[di
 
 
 def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generator=None,
-            supervise: str | None = None) -> tuple[dict, torch.Tensor, torch.Tensor]:
+            supervise: str | None = None, random_in_premise: bool = False) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Pad a batch; ``rationale`` = "gold" / "random" adds ``rationale_mask`` (the guidance, training only);
     ``supervise`` = "gold" / "random" adds the target and text-token masks for the supervision loss
     (``supervision_gold`` / ``supervision_valid``, taken out of the batch before the model sees it). A random
-    mask (``random_rationale_mask``: as many text tokens as the gold mask) is drawn once per batch and serves
-    both."""
+    mask (``random_rationale_mask``: as many text tokens as the gold mask, among the premise's with
+    ``random_in_premise``) is drawn once per batch and serves both."""
     length = max(len(r["input_ids"]) for r in rows)
 
     def pad(key, value, dtype):
@@ -141,7 +142,8 @@ def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generat
     valid = torch.stack([torch.nn.functional.pad(r["valid"], (0, length - len(r["valid"]))) for r in rows])
     masks = {"gold": gold}
     if "random" in (rationale, supervise):
-        masks["random"] = random_rationale_mask(gold, valid, generator)
+        eligible = valid & (batch["token_type_ids"] == 0) if random_in_premise else valid
+        masks["random"] = random_rationale_mask(gold, eligible, generator)
     if rationale is not None:
         batch["rationale_mask"] = masks[rationale]
     if supervise is not None:
@@ -227,7 +229,8 @@ def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float,
     trainer = trainer_class(
         model=model, args=training_args, train_dataset=rows,
         data_collator=lambda items: collate(items, pad_id, rationale, generator,
-                                            supervise=mask_kind if supervised else None)[0],
+                                            supervise=mask_kind if supervised else None,
+                                            random_in_premise=supervised and args.supervision_keys == "premise")[0],
         compute_loss_func=bcos_loss if bcos else None, **extra)
     trainer.train()
     if guided:
@@ -343,8 +346,9 @@ def main() -> None:
                         help="weight of the supervision term once warmed up (0.03 without warm-up: the earlier "
                              "default)")
     parser.add_argument("--supervision-layers", type=int, default=1, help="last layers the supervision acts on")
-    parser.add_argument("--supervision-heads", type=int, default=0,
-                        help="supervise only the first N heads of the supervised layers (0: all heads)")
+    parser.add_argument("--supervision-heads", type=int, default=6,
+                        help="supervise only the first N heads of the supervised layers, leaving the others free for "
+                             "the task (0: all heads)")
     parser.add_argument("--supervision-warmup", type=float, default=0.5,
                         help="fraction of the training steps over which the supervision weight ramps up linearly "
                              "from 0 (supervision_warmup_factor; 0: full weight from the first step)")
