@@ -509,7 +509,9 @@ def main() -> None:
             if key in r:
                 line(name, label, f"{r['accuracy']:.3f}", r[key])
     print(f"\nguidance: {args.mode}, lambda={args.strength}, last {args.last_layers} layers; supervision: weight "
-          f"{args.supervision_weight} (warm-up {args.supervision_warmup}), last {args.supervision_layers} layers, "
+          f"{args.supervision_weight} (warm-up {args.supervision_warmup}), "
+          f"{f'first {args.supervision_heads} heads' if args.supervision_heads else 'all heads'} of the last "
+          f"{args.supervision_layers} layers, "
           f"lambda {args.supervision_strength}; "
           f"wrote {out_file} in {results['seconds']:.0f} s")
 
