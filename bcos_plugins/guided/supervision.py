@@ -90,9 +90,10 @@ def supervision_warmup_factor(step: int, total_steps: int, warmup: float) -> flo
 
     Why: at the start of fine-tuning the task loss sits on the constant-prediction plateau (ln 2 for two
     classes) and its gradient is small, so even a small supervision term steers the first steps; on e-SNLI
-    MiniLM it kept one seed on the plateau 30 steps longer than vanilla fine-tuning and cost 5 points of
-    accuracy (docs/methods/self-guided-attention.md). Ramping the supervision in lets the task leave the
-    plateau first. In a transformers ``Trainer``: ``supervision_warmup_factor(self.state.global_step,
+    MiniLM (weight 0.03 from the first step) it kept one seed of five on the plateau for 110 of 150 steps
+    (72.5 % accuracy against 89.75 % for vanilla fine-tuning) and another 30 steps longer than vanilla (5 points
+    lost; docs/methods/self-guided-attention.md). Ramping the supervision in lets the task leave the plateau
+    first. In a transformers ``Trainer``: ``supervision_warmup_factor(self.state.global_step,
     self.state.max_steps, warmup)``.
     """
     total_steps = require_int("total_steps", total_steps, minimum=1)
