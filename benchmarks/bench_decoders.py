@@ -86,7 +86,10 @@ BENCH_PRE_STEPS (4227; 0 skips the constant phase), BENCH_PRE_LR (2e-3), BENCH_S
 BENCH_BCOS_STEPS (1000), BENCH_BCOS_LR (the paper's 5e-4), BENCH_SCHEDULE (cosine; any transformers
 lr_scheduler_type), BENCH_IOI_STOP (0.9), BENCH_STOP_MARGIN (0.03), BENCH_MAX_MINUTES (per stage, 0 = no limit), BENCH_DETACH (1: the IOI
 loss reaches no embedding; 2: not the input side only; 0: all), BENCH_NAME_POOL (2000), BENCH_POOL_SHARE (0),
-BENCH_MIN_NAME_COUNT (5), BENCH_SWAP_NAMES (0), BENCH_WORD_SHARE (0.9; with BENCH_POOL_SHARE at most 1).
+BENCH_MIN_NAME_COUNT (5), BENCH_SWAP_NAMES (0), BENCH_WORD_SHARE (0.9; with BENCH_POOL_SHARE at most 1),
+BENCH_RETRAIN (0). Switches (BENCH_RETRAIN, BENCH_SWAP_NAMES) take 0 or 1; counts are whole numbers >= 1 (BENCH_PRE_STEPS
+and BENCH_SEED >= 0, BENCH_BLIMP_EVAL <= 100), rates > 0, shares in [0, 1]; anything else stops the run with the
+variable, the value and the fix (bcos_plugins._env).
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     GPT2TokenizerFast,
+    SchedulerType,
     Trainer,
     TrainerCallback,
     TrainingArguments,
@@ -114,6 +118,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify, explain, load_bcos_model
+from bcos_plugins._env import env_choice, env_flag, env_float, env_int
 from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.data.blimp import BLIMP_SUBSETS, encode_blimp, load_blimp
 from bcos_plugins.data.ioi import (
@@ -132,7 +137,7 @@ from bcos_plugins.metrics.decoder import mean_reciprocal_rank, next_token_contra
 from bcos_plugins.train_decoder import CausalLMCollator
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = Path(os.environ.get("BENCH_OUT", "outputs/bench_decoders"))
+OUT = Path(os.environ.get("BENCH_OUT", "outputs/bench_decoders"))  # any string is a path
 MODELS = Path("outputs/bench_decoders/models")
 TINYSTORIES = SHIPPED_DATA / "tinystories" / "tinystories_val_head_400k.txt"
 CONTEXT = 64
@@ -143,43 +148,69 @@ NAMES = {"Saliency": "Grad Norm", "InputXGradient": "IxG", "Occlusion": "Occlusi
 PAPER_IOI_MRR = {"Random": 0.236, "Grad Norm": 0.860, "IxG": 0.111, "Occlusion": 0.852, "B-cos": 1.0}
 
 
-def env(name: str, default):
-    return type(default)(os.environ.get(name, default))
-
-
 @dataclass
 class Settings:
-    seed: int = env("BENCH_SEED", 0)
-    threads: int = env("BENCH_THREADS", 1)
-    n_ioi_train: int = env("BENCH_IOI_TRAIN", 10000)
-    n_ioi_eval: int = env("BENCH_IOI_EVAL", 200)
-    n_blimp_eval: int = env("BENCH_BLIMP_EVAL", 50)
+    seed: int = 0
+    threads: int = 1
+    n_ioi_train: int = 10000
+    n_ioi_eval: int = 200
+    n_blimp_eval: int = 50
     # the conventional stage: pre_steps at a constant pre_learning_rate (IOI emerges), then steps over which
     # learning_rate decays (schedule), keeping the best weights
-    pre_steps: int = env("BENCH_PRE_STEPS", 4227)
-    pre_learning_rate: float = env("BENCH_PRE_LR", 2e-3)
-    steps: int = env("BENCH_STEPS", 2000)
-    bcos_steps: int = env("BENCH_BCOS_STEPS", 1000)
-    schedule: str = env("BENCH_SCHEDULE", "cosine")  # a transformers lr_scheduler_type, after 50 warm-up steps
-    ioi_stop: float = env("BENCH_IOI_STOP", 0.9)
+    pre_steps: int = 4227
+    pre_learning_rate: float = 2e-3
+    steps: int = 2000
+    bcos_steps: int = 1000
+    schedule: str = "cosine"  # a transformers lr_scheduler_type, after 50 warm-up steps
+    ioi_stop: float = 0.9
     # training stops at ioi_stop + stop_margin on the stopping draw: stopping at the first three-check average
     # over 0.9 selects a lucky window (0.902 there, 0.890 on the reporting draw)
-    stop_margin: float = env("BENCH_STOP_MARGIN", 0.03)
-    max_minutes: float = env("BENCH_MAX_MINUTES", 0.0)  # per stage; 0 = no limit
-    retrain: bool = os.environ.get("BENCH_RETRAIN", "0") == "1"
-    min_name_count: int = env("BENCH_MIN_NAME_COUNT", 5)  # occurrences in TinyStories for a training name
-    name_pool: int = env("BENCH_NAME_POOL", 2000)
-    pool_share: float = env("BENCH_POOL_SHARE", 0.0)
-    detach: int = env("BENCH_DETACH", 1)
-    learning_rate: float = env("BENCH_LR", 1e-3)
-    bcos_learning_rate: float = env("BENCH_BCOS_LR", 5e-4)
-    swap_names: int = env("BENCH_SWAP_NAMES", 0)  # 1: TinyStories' training names swapped for random ones
+    stop_margin: float = 0.03
+    max_minutes: float = 0.0  # per stage; 0 = no limit
+    retrain: bool = False
+    min_name_count: int = 5  # occurrences in TinyStories for a training name
+    name_pool: int = 2000
+    pool_share: float = 0.0
+    detach: int = 1
+    learning_rate: float = 1e-3
+    bcos_learning_rate: float = 5e-4
+    swap_names: int = 0  # 1: TinyStories' training names swapped for random ones
     # after the constant phase: this share of IOI rows gets two story words (story_word_pool) as its names
-    word_share: float = env("BENCH_WORD_SHARE", 0.9)
+    word_share: float = 0.9
     n_layer: int = 2
     n_embd: int = 128
     n_head: int = 4
     b: float = 1.1
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        """The run's settings from the BENCH_* variables (module docstring), the defaults above for unset ones; a
+        bad value stops the run before any work, naming the variable, the value and the fix."""
+        return cls(
+            seed=env_int("BENCH_SEED", cls.seed, minimum=0),
+            threads=env_int("BENCH_THREADS", cls.threads, minimum=1),
+            n_ioi_train=env_int("BENCH_IOI_TRAIN", cls.n_ioi_train, minimum=1),
+            n_ioi_eval=env_int("BENCH_IOI_EVAL", cls.n_ioi_eval, minimum=1),
+            # pairs from BLIMP_TRAIN_FROM on are training text
+            n_blimp_eval=env_int("BENCH_BLIMP_EVAL", cls.n_blimp_eval, minimum=1, maximum=BLIMP_TRAIN_FROM),
+            pre_steps=env_int("BENCH_PRE_STEPS", cls.pre_steps, minimum=0),
+            pre_learning_rate=env_float("BENCH_PRE_LR", cls.pre_learning_rate, minimum=0, exclusive_minimum=True),
+            steps=env_int("BENCH_STEPS", cls.steps, minimum=1),
+            bcos_steps=env_int("BENCH_BCOS_STEPS", cls.bcos_steps, minimum=1),
+            schedule=env_choice("BENCH_SCHEDULE", cls.schedule, [s.value for s in SchedulerType]),
+            ioi_stop=env_float("BENCH_IOI_STOP", cls.ioi_stop, minimum=0, maximum=1, exclusive_minimum=True),
+            stop_margin=env_float("BENCH_STOP_MARGIN", cls.stop_margin, minimum=0, maximum=1),
+            max_minutes=env_float("BENCH_MAX_MINUTES", cls.max_minutes, minimum=0),
+            retrain=env_flag("BENCH_RETRAIN", cls.retrain),
+            min_name_count=env_int("BENCH_MIN_NAME_COUNT", cls.min_name_count, minimum=1),
+            name_pool=env_int("BENCH_NAME_POOL", cls.name_pool, minimum=2),
+            pool_share=env_float("BENCH_POOL_SHARE", cls.pool_share, minimum=0, maximum=1),
+            detach=env_int("BENCH_DETACH", cls.detach, minimum=0, maximum=2),
+            learning_rate=env_float("BENCH_LR", cls.learning_rate, minimum=0, exclusive_minimum=True),
+            bcos_learning_rate=env_float("BENCH_BCOS_LR", cls.bcos_learning_rate, minimum=0, exclusive_minimum=True),
+            swap_names=int(env_flag("BENCH_SWAP_NAMES", bool(cls.swap_names))),
+            word_share=env_float("BENCH_WORD_SHARE", cls.word_share, minimum=0, maximum=1),
+        )
 
     @property
     def data_tag(self) -> str:
@@ -687,7 +718,7 @@ def report(results: dict, info: dict, cfg: Settings) -> str:
 
 def main() -> None:
     hf_logging.set_verbosity_error()
-    cfg = Settings()
+    cfg = Settings.from_env()
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     OUT.mkdir(parents=True, exist_ok=True)

@@ -21,14 +21,14 @@ align position by position:
    heatmaps (heads.png) and writes token contributions of the IO - S logit difference from ``explain(...,
    foil=...)`` on the B-cos model as an HTML page (tokens.html, bcos_plugins.visualize), with results.json.
 
-Environment: CIRCUIT_PROMPTS (default 64), CIRCUIT_SEED (0), BENCH_THREADS (1) and the benchmark's settings.
+Environment: CIRCUIT_PROMPTS (default 64, >= 1), CIRCUIT_SEED (0, >= 0), BENCH_THREADS (1) and the benchmark's
+settings; a bad value stops the run naming the variable.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from bcos_plugins import explain
+from bcos_plugins._env import env_int
 from bcos_plugins.data.ioi import (
     IOI_HELDOUT_NAMES,
     IOI_HELDOUT_TEMPLATES,
@@ -205,14 +206,14 @@ def main() -> None:
 
     hf_logging.set_verbosity_error()
     bench = bench_module()
-    cfg = bench.Settings()
+    cfg = bench.Settings.from_env()
+    n_prompts, prompt_seed = env_int("CIRCUIT_PROMPTS", 64, minimum=1), env_int("CIRCUIT_SEED", 0, minimum=0)
     torch.set_num_threads(cfg.threads)
     OUT.mkdir(parents=True, exist_ok=True)
     data = bench.make_data(cfg)
     _, bcos, _ = bench.trained_models(cfg, data)
     lens = hooked_transformer_from_hf(bcos).eval()
-    prompts = circuit_prompts(int(os.environ.get("CIRCUIT_PROMPTS", 64)), int(os.environ.get("CIRCUIT_SEED", 0)),
-                              data.tokenizer, data.vocab, data.eos)
+    prompts = circuit_prompts(n_prompts, prompt_seed, data.tokenizer, data.vocab, data.eos)
     with torch.no_grad():
         same = (lens(prompts.clean) - bcos(prompts.clean).logits).abs().max().item()
     print(f"{len(prompts.prompts)} prompts of length {prompts.clean.shape[1]}; TransformerLens vs transformers "

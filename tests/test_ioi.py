@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -443,6 +445,35 @@ def test_settings_stop_at_the_rule_plus_the_margin_and_refuse_impossible_values(
         bench.Settings(ioi_stop=0.9, stop_margin=0.2)
     with pytest.raises(ValueError, match="BENCH_IOI_STOP=0 and BENCH_STOP_MARGIN"):
         bench.Settings(ioi_stop=0.0)
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("BENCH_RETRAIN", "yes", "BENCH_RETRAIN='yes': not a switch"),
+    ("BENCH_STEPS", "2k", "BENCH_STEPS='2k': not a whole number"),
+    ("BENCH_BLIMP_EVAL", "150", "BENCH_BLIMP_EVAL='150': out of range"),
+    ("BENCH_SCHEDULE", "cosin", "BENCH_SCHEDULE='cosin': not one of"),
+    ("BENCH_LR", "0", "BENCH_LR='0': out of range"),
+    ("BENCH_DETACH", "3", "BENCH_DETACH='3': out of range"),
+    ("BENCH_SWAP_NAMES", "true", "BENCH_SWAP_NAMES='true': not a switch"),
+])
+def test_settings_from_env_stop_on_a_bad_value_naming_the_variable(monkeypatch, variable, value, message):
+    bench = _bench_decoders()
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        bench.Settings.from_env()
+
+
+def test_settings_from_env_defaults_and_values_reach_the_settings(monkeypatch):
+    bench = _bench_decoders()
+    for name in [n for n in os.environ if n.startswith("BENCH_")]:
+        monkeypatch.delenv(name)
+    assert bench.Settings.from_env() == bench.Settings()
+    monkeypatch.setenv("BENCH_RETRAIN", "1")
+    monkeypatch.setenv("BENCH_WORD_SHARE", "0.5")
+    monkeypatch.setenv("BENCH_SCHEDULE", "linear")
+    monkeypatch.setenv("BENCH_SWAP_NAMES", "1")
+    cfg = bench.Settings.from_env()
+    assert (cfg.retrain, cfg.word_share, cfg.schedule, cfg.swap_names) == (True, 0.5, "linear", 1)
 
 
 def test_ioi_trainer_loss_is_text_cross_entropy_plus_the_io_cross_entropy_and_spares_the_embeddings(tmp_path):
