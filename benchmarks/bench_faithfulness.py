@@ -39,7 +39,8 @@ Size and budget. The run ends with a line of wall-clock and CPU seconds per phas
 of CPU time (1110 s wall): 398 s for the four fine-tunings, 275 s to explain and score, 33 s for accuracy; on one
 thread, CPU seconds estimate the wall time of an idle machine, so with `make setup` (87 s of CPU from a local wheel
 mirror) about 13.5 minutes from nothing. By default torch uses one thread per core (BENCH_THREADS=0), so a user alone
-on a 2-core machine gets both cores; that wall time was not measured here. Before the batching and warm-up changes and
+on a 2-core machine gets both cores: `make bench-faithfulness` in a fresh clone, alone on an idle 2-core CPU, took
+8 min 11 s (about 70 s of it building .venv from the package cache; the run itself 420 s wall, 799 s CPU). Before the batching and warm-up changes and
 with ShapleyValueSampling at 25 samples the same run took 1097 s of CPU (2504 s wall). docs/benchmarks.md has the
 table per phase. `make bench-faithfulness-full` (every shipped training row, 3 epochs, 32 sentences, 16 SeqPG
 examples) took about 40 minutes from nothing in an earlier version.
