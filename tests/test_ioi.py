@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bcos_plugins.data import (
+    ContrastiveBatch,
     IOIPrompt,
     corrupt_ioi,
     encode_ioi,
@@ -133,7 +134,7 @@ def test_generated_prompts_are_well_formed(seed, n, split):
 def test_encode_places_evidence_and_left_pads(tok):
     prompts = make_ioi_prompts(8, split="heldout", seed=2)
     batch = encode_ioi(prompts, bos_token_id=tok.eos_token_id, pad_token_id=0)
-    assert len(batch) == 8 and batch.attention_mask[:, -1].all()
+    assert len(batch) == 8 and batch.attention_mask[:, -1].all() and isinstance(batch, ContrastiveBatch)
     for i, p in enumerate(prompts):
         real = batch.input_ids[i][batch.attention_mask[i].bool()].tolist()
         assert real == [tok.eos_token_id, *p.input_ids]

@@ -123,7 +123,7 @@ def test_metric_error_paths():
 
 from transformers import GPT2Tokenizer  # noqa: E402
 
-from bcos_plugins.data import SHIPPED_DATA  # noqa: E402
+from bcos_plugins.data import SHIPPED_DATA, ContrastiveBatch  # noqa: E402
 from bcos_plugins.data.blimp import BLIMP_SUBSETS, BlimpPair, encode_blimp, load_blimp  # noqa: E402
 
 
@@ -171,7 +171,7 @@ def test_encode_blimp_left_pads_and_marks_evidence(gpt2_tokenizer):
     pairs = load_blimp("aga", n=2) + load_blimp("asp", n=1)
     bos = gpt2_tokenizer.eos_token_id
     batch = encode_blimp(pairs, gpt2_tokenizer, bos_token_id=bos)
-    assert len(batch) == 3 and not batch.dropped
+    assert len(batch) == 3 and not batch.dropped and isinstance(batch, ContrastiveBatch)
     assert (batch.attention_mask[:, -1] == 1).all(), "every prefix must end at the last column"
     first = batch.input_ids[0][batch.attention_mask[0].bool()].tolist()
     assert first == [bos, 42, 15289, 460, 470, 1037]  # <|endoftext|> K atherine Ġcan 't Ġhelp

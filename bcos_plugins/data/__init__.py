@@ -15,6 +15,7 @@ __all__ = [
     "SHIPPED_DATA",
     "BlimpBatch",
     "BlimpPair",
+    "ContrastiveBatch",
     "IOIBatch",
     "IOIPrompt",
     "TextClassificationData",
@@ -144,6 +145,7 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
 # The dataset modules import the helpers above, so they come last.
 from .ag_news import load_ag_news  # noqa: E402
 from .blimp import BLIMP_SUBSETS, BlimpBatch, BlimpPair, encode_blimp, load_blimp  # noqa: E402
+from .contrastive import ContrastiveBatch  # noqa: E402
 from .ioi import (  # noqa: E402
     IOIBatch,
     IOIPrompt,

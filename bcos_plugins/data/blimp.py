@@ -37,10 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from jaxtyping import Bool, Int
-from torch import Tensor
 
 from . import SHIPPED_DATA
+from .contrastive import ContrastiveBatch
 
 __all__ = ["BLIMP_SUBSETS", "BlimpBatch", "BlimpPair", "encode_blimp", "load_blimp"]
 
@@ -167,24 +166,15 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
 
 
 @dataclass
-class BlimpBatch:
+class BlimpBatch(ContrastiveBatch):
     """Tokenised pairs, left-padded, ready for ``explain(..., target=target_ids, foil=foil_ids)``.
 
     ``evidence`` marks the tokens overlapping an evidence word; ``candidates`` the tokens that are ranked (real
     prefix tokens, BOS excluded). ``dropped`` lists ``(pair, reason)`` for pairs that could not be used.
     """
 
-    input_ids: Int[Tensor, "batch pos"]
-    attention_mask: Int[Tensor, "batch pos"]
-    target_ids: Int[Tensor, " batch"]
-    foil_ids: Int[Tensor, " batch"]
-    evidence: Bool[Tensor, "batch pos"]
-    candidates: Bool[Tensor, "batch pos"]
     pairs: list[BlimpPair]
     dropped: list[tuple[BlimpPair, str]] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.pairs)
 
 
 def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | None = None,

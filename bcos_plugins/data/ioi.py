@@ -47,12 +47,13 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from jaxtyping import Bool, Int
+from jaxtyping import Int
 from torch import Tensor
 
 from .._checks import require_choice, require_int
 from ..errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
 from . import SHIPPED_DATA
+from .contrastive import ContrastiveBatch
 
 __all__ = [
     "IOI_HELDOUT_NAMES",
@@ -433,7 +434,7 @@ def load_ioi(
 
 
 @dataclass
-class IOIBatch:
+class IOIBatch(ContrastiveBatch):
     """Tokenised prompts, left-padded, ready for ``explain(..., target=target_ids, foil=foil_ids)``.
 
     ``evidence`` marks the IO's earlier mention; ``candidates`` the ranked tokens (real prompt tokens, BOS
@@ -441,18 +442,9 @@ class IOIBatch:
     candidates)`` applies unchanged. ``s_positions`` / ``io_positions`` are column indices in the padded batch.
     """
 
-    input_ids: Int[Tensor, "batch pos"]
-    attention_mask: Int[Tensor, "batch pos"]
-    target_ids: Int[Tensor, " batch"]
-    foil_ids: Int[Tensor, " batch"]
-    evidence: Bool[Tensor, "batch pos"]
-    candidates: Bool[Tensor, "batch pos"]
     io_positions: Int[Tensor, " batch"]
     s_positions: Int[Tensor, "batch 2"]
     prompts: list[IOIPrompt] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.prompts)
 
 
 def encode_ioi(prompts: Sequence[IOIPrompt], *, bos_token_id: int | None = None,
