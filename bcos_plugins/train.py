@@ -690,20 +690,28 @@ def two_rate_adamw(model: nn.Module, learning_rate: float, head_learning_rate: f
 @torch.no_grad()
 def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[str] | None = None,
             batch_size: int = 64, max_length: int = 64) -> Tensor:
-    """Logits ``(n, classes)`` for a list of texts (with ``text_pairs``: sentence pairs), batched, in eval mode."""
+    """Logits ``(n, classes)`` for a list of texts (with ``text_pairs``: sentence pairs), batched, in eval mode,
+    row ``i`` for text ``i``.
+
+    Texts are batched in order of length (each batch is padded to its longest text, so similar lengths waste
+    less work) and the rows are put back in the input order.
+    """
     texts = _check_texts(texts)
     text_pairs = _check_text_pairs(text_pairs, len(texts))
     _check_count("batch_size", batch_size)
     _check_count("max_length", max_length, minimum=2)
     model.eval()
     device = next(model.parameters()).device
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]) + (len(text_pairs[i]) if text_pairs else 0))
     out = []
     for start in range(0, len(texts), batch_size):
-        pairs = None if text_pairs is None else text_pairs[start : start + batch_size]
-        enc = tokenizer(list(texts[start : start + batch_size]), pairs, padding=True, truncation=True,
-                        max_length=max_length, return_tensors="pt").to(device)
+        rows = order[start : start + batch_size]
+        pairs = None if text_pairs is None else [text_pairs[i] for i in rows]
+        enc = tokenizer([texts[i] for i in rows], pairs, padding=True, truncation=True, max_length=max_length,
+                        return_tensors="pt").to(device)
         out.append(model(**enc).logits.float().cpu())
-    return torch.cat(out)
+    logits = torch.cat(out)
+    return logits[torch.argsort(torch.tensor(order))]
 
 
 def accuracy(model: nn.Module, tokenizer, texts: list[str], labels: list[int], **kwargs) -> float:

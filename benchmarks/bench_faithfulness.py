@@ -615,13 +615,6 @@ def last_rows(rows: list, n: int) -> list:
     return rows[-n:] if n > 0 else rows
 
 
-def accuracy_by_length(model, tokenizer, texts, labels) -> float:
-    """``train.accuracy`` on the texts in order of length: each batch is padded to its longest text, so similar
-    lengths waste less; accuracy does not depend on the order."""
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    return accuracy(model, tokenizer, [texts[i] for i in order], [labels[i] for i in order])
-
-
 def config_from(argv: list[str]) -> Config:
     """The run's settings: the environment, over the paper-scale preset with --paper-scale / BENCH_PAPER_SCALE=1."""
     from unittest import mock
@@ -658,8 +651,8 @@ def main(argv: list[str]) -> None:
         bcos, _, s2 = trained_model("bcos", "sst2", train.texts, train.labels, 2, cfg, source, conv)
     acc_texts, acc_labels = last_rows(test.texts, cfg.n_acc), last_rows(test.labels, cfg.n_acc)
     with budget.phase("accuracy"):
-        acc = {"sst2": {"conventional": accuracy_by_length(conv, tok, acc_texts, acc_labels),
-                        "bcos": accuracy_by_length(bcos, tok, acc_texts, acc_labels)}}
+        acc = {"sst2": {"conventional": accuracy(conv, tok, acc_texts, acc_labels),
+                        "bcos": accuracy(bcos, tok, acc_texts, acc_labels)}}
     print(f"SST-2 models trained in {s1:.0f} s + {s2:.0f} s; accuracy on {len(acc_texts)}: {acc['sst2']}")
 
     results: dict[str, MethodResult] = {}
@@ -691,8 +684,8 @@ def main(argv: list[str]) -> None:
                                            ag_conv)
         ag_acc_texts, ag_acc_labels = last_rows(ag_test.texts, cfg.n_acc), last_rows(ag_test.labels, cfg.n_acc)
         with budget.phase("accuracy"):
-            acc["ag_news"] = {"conventional": accuracy_by_length(ag_conv, tok, ag_acc_texts, ag_acc_labels),
-                              "bcos": accuracy_by_length(ag_bcos, tok, ag_acc_texts, ag_acc_labels)}
+            acc["ag_news"] = {"conventional": accuracy(ag_conv, tok, ag_acc_texts, ag_acc_labels),
+                              "bcos": accuracy(ag_bcos, tok, ag_acc_texts, ag_acc_labels)}
         print(f"AG News models trained in {s3:.0f} s + {s4:.0f} s; accuracy on {len(ag_acc_texts)}: "
               f"{acc['ag_news']}")
         with budget.phase("SeqPG examples"):

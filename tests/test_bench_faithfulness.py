@@ -295,12 +295,3 @@ def test_seqpg_report_shows_where_each_methods_evidence_lands(bench, setup, tmp_
     split = table[table.index("| model | method | right segment"):]
     assert sum(line.startswith("| ") for line in split.splitlines()) == len(methods) + 1
     assert (tmp_path / "results.csv").read_text().splitlines()[0].count("seqpg_wrong_segment_x100") == 1
-
-
-def test_accuracy_in_order_of_length_is_the_accuracy(bench, setup):
-    tok, conv, _, _, texts = setup
-    labels = [1, 0, 1, 0, 0]
-    assert bench.accuracy_by_length(conv, tok, texts, labels) == bench.accuracy(conv, tok, texts, labels)
-    flipped = [1 - y for y in labels]  # the labels travel with their texts: the complement sums to one
-    assert bench.accuracy_by_length(conv, tok, texts, flipped) == pytest.approx(
-        1 - bench.accuracy(conv, tok, texts, labels))

@@ -153,6 +153,30 @@ def test_sentence_pairs_are_encoded_as_pairs_and_learnt_from_the_second_text():
     assert accuracy(model, tok, firsts, labels, text_pairs=pairs, max_length=32) >= 0.9
 
 
+def test_predict_batches_by_length_and_returns_rows_in_input_order():
+    """Texts of very different lengths, two per batch: each row equals the logits of its text predicted alone,
+    with and without sentence pairs, and the accuracy follows its labels."""
+    import transformers as T
+    from conftest import tiny_config
+
+    from bcos_plugins.train import accuracy, predict
+
+    tok = pair_tokenizer()
+    texts = ["w1 " * 9, "w2", "w1 w2 " * 4, "w2 w2 w1", "w1"]
+    pairs = ["w2", "w1 " * 7, "w1", "w2 w1", "w2 " * 5]
+    torch.manual_seed(0)
+    model = T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval()
+    batched = predict(model, tok, texts, batch_size=2, max_length=32)
+    alone = torch.cat([predict(model, tok, [t], max_length=32) for t in texts])
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-4)
+    batched_pairs = predict(model, tok, texts, text_pairs=pairs, batch_size=2, max_length=32)
+    alone_pairs = torch.cat([predict(model, tok, [t], text_pairs=[p], max_length=32) for t, p in zip(texts, pairs, strict=True)])
+    torch.testing.assert_close(batched_pairs, alone_pairs, atol=1e-5, rtol=1e-4)
+    labels = batched.argmax(-1).tolist()
+    assert accuracy(model, tok, texts, labels, batch_size=2, max_length=32) == 1.0
+    assert accuracy(model, tok, texts, [1 - y for y in labels], batch_size=2, max_length=32) == 0.0
+
+
 def test_task_then_bcos_passes_text_pairs_to_both_stages():
     import transformers as T
     from conftest import tiny_config
