@@ -43,7 +43,7 @@ from ..errors import BcosRuntimeError, BcosTypeError, argument_error
 from .conventional import ConventionalViT
 from .explain import explain_image
 from .model import BcosViT
-from .rollout import attention_rollout
+from .rollout import attention_rollout, spread_over_patches
 
 __all__ = ["ImageAttributionMethod", "attribution_input", "image_attribution_methods"]
 
@@ -171,8 +171,7 @@ def image_attribution_methods(model: BcosViT | ConventionalViT, ig_steps: int = 
             (grad,) = torch.autograd.grad(out.logits.gather(1, classes[:, None]).sum(), last)
         head_weights = grad.mean(dim=(2, 3), keepdim=True)[..., 0]  # (batch, heads, 1)
         cam = (head_weights * last.detach().mean(dim=2)).mean(dim=1).clamp_min(0)  # (batch, N)
-        grid = model.config.grid_size
-        return cam.reshape(-1, grid, grid).repeat_interleave(patch, dim=1).repeat_interleave(patch, dim=2)
+        return spread_over_patches(cam, patch)
 
     def grad_cam(images, target):
         inputs, forward = attribution_input(model, images)

@@ -49,5 +49,12 @@ def attention_rollout(attentions: tuple[Tensor, ...] | list[Tensor], patch_size:
         averaged = averaged / averaged.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(averaged.dtype).tiny)
         mixed = (1 - residual_weight) * averaged + residual_weight * eye
         rollout = mixed @ rollout
-    relevance = rollout.mean(dim=1).reshape(batch, grid, grid)
-    return relevance.repeat_interleave(patch_size, dim=1).repeat_interleave(patch_size, dim=2)
+    return spread_over_patches(rollout.mean(dim=1), patch_size)
+
+
+def spread_over_patches(token_scores: Float[Tensor, "batch N"], patch_size: int) -> Float[Tensor, "batch h w"]:
+    """Pixel map ``(batch, grid * p, grid * p)``: each of the ``N = grid^2`` patch tokens' score copied over its
+    ``p x p`` patch (row-major token order, as the ViT's tokeniser lays them out)."""
+    grid = int(round(token_scores.shape[-1] ** 0.5))
+    return (token_scores.reshape(-1, grid, grid)
+            .repeat_interleave(patch_size, dim=1).repeat_interleave(patch_size, dim=2))
