@@ -404,6 +404,11 @@ PAPER_RATIOS = {"pointing": {"same": ("Rollout", 2.47), "other": ("IntGrad", 2.3
                 "abc": {"same": ("Rollout", 1.99), "other": ("Attention (last layer)", None)}}
 
 
+def best_post_hoc(rows: list[Row], metric: str, keep) -> Row:
+    """The post-hoc row with the highest ``metric`` among those ``keep`` accepts."""
+    return max((r for r in rows if r.post_hoc and keep(r)), key=lambda r: getattr(r, metric))
+
+
 def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
     """Per metric: the B-cos explanation's score; the best post-hoc score on the same B-cos ViT, on the other
     model(s) (the conventional ViT) and on any model; and Rollout's on the same B-cos ViT (the paper's divisor)."""
@@ -411,7 +416,7 @@ def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
     out = {}
     for metric in ("pointing", "abc"):
         def best(keep, metric=metric):
-            return max(getattr(r, metric) for r in rows if r.post_hoc and keep(r))
+            return getattr(best_post_hoc(rows, metric, keep), metric)
         out[metric] = {"bcos": getattr(inherent, metric),
                        "best_post_hoc_same_model": best(lambda r: r.model == inherent.model),
                        "best_post_hoc_other_model": best(lambda r: r.model != inherent.model),
@@ -421,9 +426,9 @@ def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
 
 
 def best_method(rows: list[Row], metric: str, same_model: bool) -> str:
+    """The name of the best post-hoc method on the B-cos ViT (``same_model``) or on the other model(s)."""
     inherent = next(r for r in rows if not r.post_hoc)
-    candidates = [r for r in rows if r.post_hoc and (r.model == inherent.model) == same_model]
-    return max(candidates, key=lambda r: getattr(r, metric)).method
+    return best_post_hoc(rows, metric, lambda r: (r.model == inherent.model) == same_model).method
 
 
 def format_table(rows: list[Row], info: dict, cfg: Config) -> str:
