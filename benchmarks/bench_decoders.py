@@ -101,7 +101,9 @@ import random
 import re
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import torch
@@ -296,11 +298,8 @@ def training_names(stories: list[list[int]], tokenizer, min_count: int, swap: bo
     """
     if swap:
         return IOI_TRAIN_NAMES
-    counts: dict[int, int] = {}
-    for row in stories:
-        for token in row:
-            counts[token] = counts.get(token, 0) + 1
-    names = tuple(n for n in IOI_TRAIN_NAMES if counts.get(tokenizer(" " + n)["input_ids"][0], 0) >= min_count)
+    counts = Counter(chain.from_iterable(stories))
+    names = tuple(n for n in IOI_TRAIN_NAMES if counts[tokenizer(" " + n)["input_ids"][0]] >= min_count)
     if len(names) < 2:
         raise ValueError(f"BENCH_MIN_NAME_COUNT={min_count} leaves {len(names)} training names; lower it")
     return names
@@ -317,10 +316,7 @@ def story_word_pool(stories: list[list[int]], tokenizer, min_count: int) -> list
     """
     excluded = set(IOI_HELDOUT_NAMES) | set(re.findall(r"[A-Za-z]+", " ".join(
         IOI_TRAIN_TEMPLATES + IOI_HELDOUT_TEMPLATES + IOI_OBJECTS + IOI_PLACES)))
-    counts: dict[int, int] = {}
-    for row in stories:
-        for token in row:
-            counts[token] = counts.get(token, 0) + 1
+    counts = Counter(chain.from_iterable(stories))
     words = []
     for token, count in sorted(counts.items()):
         word = tokenizer.decode([token])
