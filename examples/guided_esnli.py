@@ -119,6 +119,11 @@ def load_rows(tokenizer, n_train: int, n_eval: int) -> tuple[list[dict], list[di
     return rows[:n_train], rows[n_train:]
 
 
+def premise_tokens(valid: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+    """The premise's text tokens (segment 0 of the pair encoding): the segment e-SNLI's rationales highlight."""
+    return valid & (token_type_ids == 0)
+
+
 def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generator=None,
             supervise: str | None = None, random_in_premise: bool = False) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Pad a batch; ``rationale`` = "gold" / "random" adds ``rationale_mask`` (the guidance, training only);
@@ -142,7 +147,7 @@ def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generat
     valid = torch.stack([torch.nn.functional.pad(r["valid"], (0, length - len(r["valid"]))) for r in rows])
     masks = {"gold": gold}
     if "random" in (rationale, supervise):
-        eligible = valid & (batch["token_type_ids"] == 0) if random_in_premise else valid
+        eligible = premise_tokens(valid, batch["token_type_ids"]) if random_in_premise else valid
         masks["random"] = random_rationale_mask(gold, eligible, generator)
     if rationale is not None:
         batch["rationale_mask"] = masks[rationale]
@@ -185,7 +190,7 @@ class AttentionSupervisedTrainer(Trainer):
         """The keys the supervised attention is renormalised over: the text tokens, the premise's only (the
         attention's split between premise and hypothesis is then left to the task), or all (None)."""
         if self.keys == "premise":
-            return valid & (token_type_ids == 0)
+            return premise_tokens(valid, token_type_ids)
         return valid if self.keys == "text" else None
 
     def log(self, logs, *args, **kwargs):
@@ -288,7 +293,7 @@ def evaluate(model, rows, pad_id, bcos: bool, posthoc: dict | None = None, batch
             scores.setdefault(name, []).append(torch.nn.functional.pad(value.detach().cpu(), pad))
         golds.append(torch.nn.functional.pad(gold, pad))
         valids.append(torch.nn.functional.pad(valid, pad))
-        premises.append(torch.nn.functional.pad(valid & (batch["token_type_ids"].cpu() == 0), pad))
+        premises.append(torch.nn.functional.pad(premise_tokens(valid, batch["token_type_ids"].cpu()), pad))
     gold, valid, premise = torch.cat(golds), torch.cat(valids), torch.cat(premises)
     result = {"accuracy": correct / len(rows)}
     for name, value in scores.items():
@@ -439,7 +444,7 @@ def main() -> None:
     # rows moves the IoU by about 0.01).
     g = torch.Generator().manual_seed(args.seed)
     batch, gold, valid = collate(eval_rows, tokenizer.pad_token_id)
-    premise = valid & (batch["token_type_ids"] == 0)
+    premise = premise_tokens(valid, batch["token_type_ids"])
     draws = [torch.rand(gold.shape, generator=g) for _ in range(100)]
     chance = {}
     for name, positions in (("all", valid), ("premise", premise)):
