@@ -136,42 +136,67 @@ PAPER_SCALE = {"BENCH_DATA_SOURCE": "hub", "BENCH_TRAIN": "0", "BENCH_AG_TRAIN":
                "BENCH_SHAPLEY_SAMPLES": "25", "BENCH_ACC_TEST": "0"}
 
 
-def setting(read, name: str, default, **limits):
-    """A Config field read from the environment when the Config is built (after --paper-scale applied), through
-    the scripts' shared parser: a bad value stops the run with the variable, the value and the fix."""
-    return field(default_factory=lambda: read(name, default, **limits))
-
-
 POSITIVE = {"minimum": 0, "exclusive_minimum": True}
 
 
 @dataclass
 class Config:
-    n_train: int = setting(env_int, "BENCH_TRAIN", 1200, minimum=0)
-    n_ag_train: int = setting(env_int, "BENCH_AG_TRAIN", 600, minimum=0)
-    epochs: float = setting(env_float, "BENCH_EPOCHS", 2.0, **POSITIVE)
-    train_batch: int = setting(env_int, "BENCH_TRAIN_BATCH", 16, minimum=1)
-    b: float = setting(env_float, "BENCH_B", 1.1, minimum=1)
-    bcos_lr: float = setting(env_float, "BENCH_BCOS_LR", 2e-4, **POSITIVE)
-    bcos_head_lr: float = setting(env_float, "BENCH_BCOS_HEAD_LR", 1e-3, **POSITIVE)
-    bcos_query_key: bool = setting(env_flag, "BENCH_BCOS_QUERY_KEY", False)
-    bcos_start: str = setting(env_choice, "BENCH_BCOS_START", "conventional", choices=("conventional", "pretrained"))
-    bcos_schedule: str = setting(env_choice, "BENCH_BCOS_SCHEDULE", "warmup-cosine", choices=("warmup-cosine", "linear"))
-    n_eval: int = setting(env_int, "BENCH_EVAL", 16, minimum=1)
-    n_seqpg: int = setting(env_int, "BENCH_SEQPG", 8, minimum=1)
-    segment: int = setting(env_int, "BENCH_SEGMENT", 20, minimum=1)
-    batch: int = setting(env_int, "BENCH_BATCH", 8, minimum=1)
-    ig_steps: int = setting(env_int, "BENCH_IG_STEPS", 50, minimum=1)
+    n_train: int = 1200
+    n_ag_train: int = 600
+    epochs: float = 2.0
+    train_batch: int = 16
+    b: float = 1.1
+    bcos_lr: float = 2e-4
+    bcos_head_lr: float = 1e-3
+    bcos_query_key: bool = False
+    bcos_start: str = "conventional"
+    bcos_schedule: str = "warmup-cosine"
+    n_eval: int = 16
+    n_seqpg: int = 8
+    segment: int = 20
+    batch: int = 8
+    ig_steps: int = 50
     # 10, not Captum's 25 (the paper-scale preset's): it was 40% of the CPU default's time at 25
-    shapley_samples: int = setting(env_int, "BENCH_SHAPLEY_SAMPLES", 10, minimum=1)
-    lime_samples: int = setting(env_int, "BENCH_LIME_SAMPLES", 100, minimum=1)
-    min_confidence: float = setting(env_float, "BENCH_SEQPG_MIN_CONF", 0.75, minimum=0, maximum=1)
-    n_acc: int = setting(env_int, "BENCH_ACC_TEST", 600, minimum=0)
-    seqpg_data: str = setting(env_choice, "BENCH_SEQPG_DATA", "ag_news", choices=("ag_news", "sst2"))
-    data_source: str = setting(env_choice, "BENCH_DATA_SOURCE", "local", choices=("local", "hub"))
-    threads: int = setting(env_int, "BENCH_THREADS", 0, minimum=0)
-    skip_ag: bool = setting(env_flag, "BENCH_SKIP_AG", False)
-    retrain: bool = setting(env_flag, "BENCH_RETRAIN", False)
+    shapley_samples: int = 10
+    lime_samples: int = 100
+    min_confidence: float = 0.75
+    n_acc: int = 600
+    seqpg_data: str = "ag_news"
+    data_source: str = "local"
+    threads: int = 0
+    skip_ag: bool = False
+    retrain: bool = False
+
+    @classmethod
+    def from_env(cls) -> Config:
+        """The run's settings from the BENCH_* variables (module docstring), the defaults above for unset ones,
+        through the scripts' shared parser: a bad value stops the run with the variable, the value and the fix."""
+        return cls(
+            n_train=env_int("BENCH_TRAIN", cls.n_train, minimum=0),
+            n_ag_train=env_int("BENCH_AG_TRAIN", cls.n_ag_train, minimum=0),
+            epochs=env_float("BENCH_EPOCHS", cls.epochs, **POSITIVE),
+            train_batch=env_int("BENCH_TRAIN_BATCH", cls.train_batch, minimum=1),
+            b=env_float("BENCH_B", cls.b, minimum=1),
+            bcos_lr=env_float("BENCH_BCOS_LR", cls.bcos_lr, **POSITIVE),
+            bcos_head_lr=env_float("BENCH_BCOS_HEAD_LR", cls.bcos_head_lr, **POSITIVE),
+            bcos_query_key=env_flag("BENCH_BCOS_QUERY_KEY", cls.bcos_query_key),
+            bcos_start=env_choice("BENCH_BCOS_START", cls.bcos_start, choices=("conventional", "pretrained")),
+            bcos_schedule=env_choice("BENCH_BCOS_SCHEDULE", cls.bcos_schedule, choices=("warmup-cosine", "linear")),
+            n_eval=env_int("BENCH_EVAL", cls.n_eval, minimum=1),
+            n_seqpg=env_int("BENCH_SEQPG", cls.n_seqpg, minimum=1),
+            segment=env_int("BENCH_SEGMENT", cls.segment, minimum=1),
+            batch=env_int("BENCH_BATCH", cls.batch, minimum=1),
+            ig_steps=env_int("BENCH_IG_STEPS", cls.ig_steps, minimum=1),
+            shapley_samples=env_int("BENCH_SHAPLEY_SAMPLES", cls.shapley_samples, minimum=1),
+            lime_samples=env_int("BENCH_LIME_SAMPLES", cls.lime_samples, minimum=1),
+            min_confidence=env_float("BENCH_SEQPG_MIN_CONF", cls.min_confidence, minimum=0, maximum=1),
+            n_acc=env_int("BENCH_ACC_TEST", cls.n_acc, minimum=0),
+            seqpg_data=env_choice("BENCH_SEQPG_DATA", cls.seqpg_data, choices=("ag_news", "sst2")),
+            data_source=env_choice("BENCH_DATA_SOURCE", cls.data_source, choices=("local", "hub")),
+            threads=env_int("BENCH_THREADS", cls.threads, minimum=0),
+            skip_ag=env_flag("BENCH_SKIP_AG", cls.skip_ag),
+            retrain=env_flag("BENCH_RETRAIN", cls.retrain),
+        )
 
 
 def load_data(loader, split: str, hub_split: str, cfg: Config, n: int = 0):
@@ -625,7 +650,7 @@ def config_from(argv: list[str]) -> Config:
     paper = "--paper-scale" in argv or env_flag("BENCH_PAPER_SCALE", False)
     preset = {k: v for k, v in PAPER_SCALE.items() if k not in os.environ} if paper else {}
     with mock.patch.dict(os.environ, preset):  # a variable the user set wins
-        return Config()
+        return Config.from_env()
 
 
 def main(argv: list[str]) -> None:

@@ -170,6 +170,7 @@ def test_paper_scale_sets_the_paper_sizes_and_explicit_variables_win(bench, monk
     assert paper.shapley_samples == 25
     assert (paper.n_train, paper.n_ag_train, paper.n_acc, paper.data_source) == (0, 0, 0, "hub")
     assert paper.n_eval == 10, "a variable set explicitly wins over the preset"
+    assert bench.Config().n_eval == 16, "a Config built in code reads no environment (from_env does)"
     assert "BENCH_EPOCHS" not in __import__("os").environ, "the preset must not leak into the environment"
     monkeypatch.setenv("BENCH_PAPER_SCALE", "1")
     assert bench.config_from([]).epochs == 5
