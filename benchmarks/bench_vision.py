@@ -111,6 +111,11 @@ BCOS = dict(b=2.0, max_out=2, logit_scale=30.0)
 # on full-size digits 1-3 points lower with two views, 1 point with three.
 
 
+def logit_bias(num_classes: int) -> float:
+    """The B-cos ViT paper's fixed logit bias ``-log(C - 1)``: sigmoid outputs start near ``1 / C``."""
+    return -math.log(num_classes - 1)
+
+
 def bcos_loss_with_logit_bias(outputs, labels: Tensor, num_items_in_batch=None) -> Tensor:
     """``bcos_loss`` on ``logits - log(C - 1)``: the paper's fixed logit bias, applied in the loss only.
 
@@ -121,7 +126,7 @@ def bcos_loss_with_logit_bias(outputs, labels: Tensor, num_items_in_batch=None) 
     with it and logit scale 30 (three seeds each).
     """
     logits = outputs.logits if hasattr(outputs, "logits") else outputs
-    return bcos_loss(logits - math.log(logits.shape[-1] - 1), labels, num_items_in_batch)
+    return bcos_loss(logits + logit_bias(logits.shape[-1]), labels, num_items_in_batch)
 
 
 @dataclass
@@ -301,8 +306,8 @@ def curve_forward(model: nn.Module, forward, score: str):
     if score != "confidence":
         return forward, score
     if isinstance(model, BcosViT):
-        bias = math.log(model.config.num_labels - 1)  # the logit bias the B-cos ViT was trained with
-        return (lambda inputs: forward(inputs) - bias), "sigmoid"
+        bias = logit_bias(model.config.num_labels)  # the one the B-cos ViT was trained with
+        return (lambda inputs: forward(inputs) + bias), "sigmoid"
     return forward, "softmax"
 
 
