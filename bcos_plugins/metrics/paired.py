@@ -1,0 +1,139 @@
+"""Paired comparison of two training variants' accuracies over seeds (docs/methods/self-guided-attention.md).
+
+Two variants trained with the same seeds, data order and evaluation set differ by their method *and* by
+training noise; on a few hundred evaluation pairs one run's accuracy moves by 2-3 points from seed to seed,
+about as much as the effects of interest. Comparing the variants seed by seed and example by example removes
+what the two runs of a seed share:
+
+- per seed ``s``: the accuracy difference ``d_s = acc_s(b) - acc_s(a)`` on the same examples;
+- ``difference``: the mean of ``d_s`` over seeds, with a ``confidence`` t-interval over seeds (training noise
+  on this evaluation set); with a single seed, a Wald interval over the examples' paired differences
+  ``d_i = [b_i correct] - [a_i correct]`` instead (evaluation-sample noise only; ``interval_over`` says which);
+- McNemar's exact test on the discordant pairs pooled over seeds (``only_a_correct``, ``only_b_correct``): a
+  two-sided binomial test of ``only_b_correct`` out of the discordant pairs at 1/2. Pooling treats the
+  seeds' examples as independent, so it says whether the variants' errors differ on this evaluation set, not
+  whether a new seed would show the difference; the interval over seeds is the one for that question.
+
+"b no worse than a" as a non-inferiority test (:meth:`PairedAccuracyDifference.non_inferior`): the lower end
+of the two-sided interval lies above ``-margin``, the margin fixed before the runs are seen. A difference
+that is not significant is not evidence of no difference: with few seeds the interval is wide and the test
+fails, which is the honest answer.
+
+The quantiles and the binomial test are scipy's (``scipy.stats``), which scikit-learn (the ``captum``,
+``vision`` and ``space`` extras) installs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .._checks import require_float, require_same_shape, require_tensor
+from ..errors import argument_error
+
+__all__ = ["PairedAccuracyDifference", "paired_accuracy_difference"]
+
+
+@dataclass(frozen=True)
+class PairedAccuracyDifference:
+    """``b`` minus ``a``, in accuracy units (0.01 = one point); see the module docstring."""
+
+    difference: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    interval_over: str
+    per_seed: tuple[float, ...]
+    accuracy_a: tuple[float, ...]
+    accuracy_b: tuple[float, ...]
+    only_a_correct: int
+    only_b_correct: int
+    mcnemar_p: float
+    n_seeds: int
+    n_examples: int
+
+    def non_inferior(self, margin: float) -> bool:
+        """Whether ``b`` is no worse than ``a`` by more than ``margin`` (accuracy units): the interval's lower
+        end lies above ``-margin``."""
+        margin = require_float("margin", margin, minimum=0.0)
+        return self.ci_low > -margin
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def _as_seed_rows(name: str, value) -> Tensor:
+    """``(seed, example)`` class ids from a tensor, one flat list (one seed) or a list of per-seed rows."""
+    if not isinstance(value, Tensor) and isinstance(value, Sequence) and value \
+            and isinstance(value[0], Sequence | Tensor):
+        lengths = sorted({len(row) for row in value})
+        if len(lengths) > 1:
+            raise argument_error(name, f"seeds have different numbers of examples {lengths}",
+                                 "Evaluate every seed on the same examples, in the same order")
+        value = torch.stack([torch.as_tensor(row) for row in value])
+    rows = require_tensor(name, value, ndim=(1, 2), kind="int", shape_hint="(seed, example)")
+    return rows[None] if rows.ndim == 1 else rows
+
+
+def paired_accuracy_difference(
+    predictions_a,
+    predictions_b,
+    labels,
+    confidence: float = 0.95,
+) -> PairedAccuracyDifference:
+    """Compare the predictions of variants ``a`` and ``b`` trained with the same seeds, pair by pair.
+
+    Args:
+        predictions_a: predicted class ids, ``(seed, example)`` (one seed: ``(example,)``); a list of per-seed
+            lists works too. Row ``s`` of ``a`` and of ``b`` must come from runs with the same seed.
+        predictions_b: the same for variant ``b``.
+        labels: the true class ids of the examples, ``(example,)``, the same for every seed.
+        confidence: of the two-sided interval, in (0, 1).
+
+    Returns:
+        :class:`PairedAccuracyDifference` of ``b - a``.
+    """
+    try:
+        from scipy import stats
+    except ImportError as error:  # scikit-learn brings scipy; the core install does not
+        raise ImportError("paired_accuracy_difference needs scipy: pip install scipy (or the 'captum' extra)") \
+            from error
+    a = _as_seed_rows("predictions_a", predictions_a)
+    b = _as_seed_rows("predictions_b", predictions_b)
+    require_same_shape("predictions_b", b, "predictions_a", a)
+    if 0 in a.shape:
+        raise argument_error("predictions_a", f"are empty (shape {tuple(a.shape)})",
+                             "Pass the predictions of at least one seed on at least one example")
+    labels = require_tensor("labels", labels, ndim=1, kind="int", shape_hint="(example,)")
+    if labels.shape[0] != a.shape[1]:
+        raise argument_error("labels", f"has {labels.shape[0]} entries but the predictions cover {a.shape[1]} "
+                             "examples", "Pass one label per evaluated example, in the predictions' order")
+    confidence = require_float("confidence", confidence, minimum=0.0, maximum=1.0, open_minimum=True)
+    if confidence == 1.0:
+        raise argument_error("confidence", "must be below 1 (a 100 % interval is unbounded)", "Pass e.g. 0.95")
+    correct_a, correct_b = (a == labels).double(), (b == labels).double()
+    accuracy_a, accuracy_b = correct_a.mean(1), correct_b.mean(1)
+    per_seed = accuracy_b - accuracy_a
+    n_seeds, n_examples = a.shape
+    difference = float(per_seed.mean())
+    if n_seeds >= 2:
+        interval_over = "seeds"
+        half = float(stats.t.ppf(0.5 + confidence / 2, n_seeds - 1)) * float(per_seed.std()) / math.sqrt(n_seeds)
+    else:
+        interval_over = "examples"
+        paired = (correct_b - correct_a)[0]
+        spread = float(paired.std()) if n_examples > 1 else 0.0
+        half = float(stats.norm.ppf(0.5 + confidence / 2)) * spread / math.sqrt(n_examples)
+    only_a = int(((correct_a == 1) & (correct_b == 0)).sum())
+    only_b = int(((correct_b == 1) & (correct_a == 0)).sum())
+    discordant = only_a + only_b
+    mcnemar_p = float(stats.binomtest(only_b, discordant, 0.5).pvalue) if discordant else 1.0
+    return PairedAccuracyDifference(
+        difference=difference, ci_low=difference - half, ci_high=difference + half, confidence=confidence,
+        interval_over=interval_over, per_seed=tuple(per_seed.tolist()), accuracy_a=tuple(accuracy_a.tolist()),
+        accuracy_b=tuple(accuracy_b.tolist()), only_a_correct=only_a, only_b_correct=only_b,
+        mcnemar_p=mcnemar_p, n_seeds=n_seeds, n_examples=n_examples)

@@ -1,0 +1,104 @@
+"""paired_accuracy_difference: by hand, against scipy's own one-sample t interval, its symmetries (hypothesis)
+and its error messages."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from bcos_plugins.errors import BcosTypeError, BcosValueError
+from bcos_plugins.metrics import paired_accuracy_difference
+
+
+def test_by_hand_two_seeds():
+    labels = [0, 1, 1, 1]
+    a = [[0, 1, 1, 0], [1, 1, 0, 0]]  # correct: 3/4, 1/4
+    b = [[0, 1, 1, 1], [1, 1, 1, 0]]  # correct: 4/4, 2/4
+    r = paired_accuracy_difference(a, b, labels)
+    assert r.accuracy_a == (0.75, 0.25) and r.accuracy_b == (1.0, 0.5)
+    assert r.per_seed == (0.25, 0.25) and r.difference == 0.25
+    assert (r.ci_low, r.ci_high) == (0.25, 0.25)  # identical seed differences: no spread over seeds
+    assert r.interval_over == "seeds" and (r.n_seeds, r.n_examples) == (2, 4)
+    assert (r.only_a_correct, r.only_b_correct) == (0, 2)
+    assert r.mcnemar_p == pytest.approx(2 * 0.5 ** 2)  # exact: both discordant pairs favour b
+    assert r.non_inferior(0.0) and r.as_dict()["difference"] == 0.25
+
+
+def test_interval_over_seeds_is_scipys_one_sample_t_interval():
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 3, (200,), generator=g)
+    a = torch.where(torch.rand(7, 200, generator=g) < 0.8, labels, (labels + 1) % 3)
+    b = torch.where(torch.rand(7, 200, generator=g) < 0.78, labels, (labels + 2) % 3)
+    r = paired_accuracy_difference(a, b, labels, confidence=0.9)
+    d = ((b == labels).double().mean(1) - (a == labels).double().mean(1)).numpy()
+    expected = stats.ttest_1samp(d, 0.0).confidence_interval(confidence_level=0.9)
+    assert r.ci_low == pytest.approx(expected.low) and r.ci_high == pytest.approx(expected.high)
+    assert r.difference == pytest.approx(d.mean())
+    # McNemar: the discordant pairs pooled over the seven seeds, an exact binomial test at 1/2
+    only_a = int(((a == labels) & (b != labels)).sum())
+    only_b = int(((b == labels) & (a != labels)).sum())
+    assert (r.only_a_correct, r.only_b_correct) == (only_a, only_b)
+    k, n = min(only_a, only_b), only_a + only_b
+    by_hand = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+    assert r.mcnemar_p == pytest.approx(by_hand)
+
+
+def test_one_seed_uses_a_wald_interval_over_the_examples():
+    labels = [1] * 10
+    a = [1] * 8 + [0] * 2
+    b = [1] * 9 + [0]
+    r = paired_accuracy_difference(a, b, labels)
+    paired = torch.tensor([0.0] * 8 + [1.0, 0.0])  # b right where a was wrong once
+    half = 1.959963984540054 * float(paired.std()) / math.sqrt(10)
+    assert r.interval_over == "examples" and r.n_seeds == 1
+    assert r.difference == pytest.approx(0.1)
+    assert r.ci_low == pytest.approx(0.1 - half) and r.ci_high == pytest.approx(0.1 + half)
+    assert r.mcnemar_p == 1.0  # one discordant pair: no evidence either way
+
+
+def test_non_inferiority_is_decided_by_the_lower_end_of_the_interval():
+    labels = [1] * 100
+    a = [[1] * 90 + [0] * 10, [1] * 88 + [0] * 12, [1] * 91 + [0] * 9]
+    b = [[1] * 89 + [0] * 11, [1] * 88 + [0] * 12, [1] * 89 + [0] * 11]  # -1, 0, -2 points
+    r = paired_accuracy_difference(a, b, labels)
+    assert r.difference == pytest.approx(-0.01)
+    assert r.ci_low < -0.01 < r.ci_high
+    assert r.non_inferior(-r.ci_low + 1e-9) and not r.non_inferior(-r.ci_low - 1e-9)
+    with pytest.raises(BcosValueError, match="margin"):
+        r.non_inferior(-0.01)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seeds=st.integers(1, 4), examples=st.integers(2, 30), data=st.data())
+def test_swapping_the_variants_negates_the_difference(seeds, examples, data):
+    classes = st.integers(0, 2)
+    labels = data.draw(st.lists(classes, min_size=examples, max_size=examples))
+    rows = st.lists(st.lists(classes, min_size=examples, max_size=examples), min_size=seeds, max_size=seeds)
+    a, b = data.draw(rows), data.draw(rows)
+    ab, ba = paired_accuracy_difference(a, b, labels), paired_accuracy_difference(b, a, labels)
+    assert ab.difference == pytest.approx(-ba.difference, abs=1e-12)
+    assert ab.ci_low == pytest.approx(-ba.ci_high, abs=1e-12) and ab.ci_high == pytest.approx(-ba.ci_low, abs=1e-12)
+    assert (ab.only_a_correct, ab.only_b_correct) == (ba.only_b_correct, ba.only_a_correct)
+    assert ab.mcnemar_p == pytest.approx(ba.mcnemar_p) and 0.0 <= ab.mcnemar_p <= 1.0
+    assert ab.ci_low <= ab.difference <= ab.ci_high
+    same = paired_accuracy_difference(a, a, labels)
+    assert same.difference == 0.0 and same.mcnemar_p == 1.0 and (same.ci_low, same.ci_high) == (0.0, 0.0)
+
+
+def test_errors_name_the_argument_and_the_fix():
+    with pytest.raises(BcosValueError, match="predictions_b.*shape"):
+        paired_accuracy_difference([[0, 1], [1, 1]], [[0, 1]], [0, 1])
+    with pytest.raises(BcosValueError, match="labels.*3 entries.*2 examples"):
+        paired_accuracy_difference([0, 1], [1, 1], [0, 1, 1])
+    with pytest.raises(BcosValueError, match="predictions_a.*different numbers of examples"):
+        paired_accuracy_difference([[0, 1], [1]], [[0, 1], [1, 0]], [0, 1])
+    with pytest.raises(BcosTypeError, match="predictions_a.*integer"):
+        paired_accuracy_difference(torch.tensor([0.0, 1.0]), [0, 1], [0, 1])
+    with pytest.raises(BcosValueError, match="confidence.*below 1"):
+        paired_accuracy_difference([0, 1], [0, 1], [0, 1], confidence=1.0)
+    with pytest.raises(BcosValueError, match="predictions_a.*empty"):
+        paired_accuracy_difference(torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, 3, dtype=torch.long),
+                                   [0, 1, 1])
