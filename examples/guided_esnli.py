@@ -17,7 +17,9 @@ For each training mode (Gu, "Self-Guided Attention for Explainable NLI", Table 1
   before the supervision acts (without it one seed in three stayed there 30 steps longer and lost 5 points);
   ``--supervision-weight 0.03 --supervision-warmup 0 --supervision-heads 0`` is the earlier setting;
 - ``supervised-random``: the same supervision toward a random mask with as many text tokens as the gold one,
-  drawn per batch (the control of ``supervised``);
+  drawn per batch (the control of ``supervised``); ``--supervision-objective rank`` replaces the KL target by
+  the ranking hinge of ``attention_supervision_loss`` (rationale tokens above the others by
+  ``--supervision-margin`` in log attention, then no pull);
 
 a stock MiniLM classifier and a B-cos version of it are fine-tuned with transformers' ``Trainer``. The B-cos
 models follow "task then B-cos" by default (``--bcos-recipe``): each starts from the stock model of its
@@ -49,7 +51,8 @@ each model's curve (with the task and supervision losses of the supervised varia
 Options: ``--train`` (default 1200), ``--eval`` (400), ``--epochs`` (2), ``--mode`` (multiply | add | replace |
 log1p), ``--strength`` (lambda, 1.0), ``--last-layers`` (4), ``--lr`` (2e-4), ``--family`` (both | stock | bcos),
 ``--supervision-weight`` (0.1), ``--supervision-warmup`` (0.5), ``--supervision-layers`` (1),
-``--supervision-heads`` (6; 0: all), ``--supervision-strength`` (0),
+``--supervision-heads`` (6; 0: all), ``--supervision-objective`` (kl | rank), ``--supervision-margin`` (1.0),
+``--supervision-strength`` (0),
 ``--supervision-keys`` (text | premise | all), ``--variants`` (vanilla,supervised; any subset of
 vanilla,guided,random,supervised,supervised-random),
 ``--bcos-recipe`` (task-then-bcos | direct), ``--b`` (1.1 | 1.25), ``--bcos-epochs`` (2 | 3), ``--bcos-lr``
@@ -78,6 +81,7 @@ from transformers.utils import logging as hf_logging
 from bcos_plugins import bcosify, explain
 from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.guided import (
+    SUPERVISION_OBJECTIVES,
     attention_supervision_loss,
     attention_token_scores,
     find_span,
@@ -163,8 +167,10 @@ class AttentionSupervisedTrainer(Trainer):
     the weight) so that a training curve shows which one moves."""
 
     def __init__(self, *args, supervision_weight: float, supervised_layers: list[int], keys: str,
-                 supervised_heads: int, supervision_warmup: float = 0.0, **kwargs):
+                 supervised_heads: int, supervision_warmup: float = 0.0, objective: str = "kl",
+                 margin: float = 1.0, **kwargs):
         super().__init__(*args, **kwargs)
+        self.objective, self.margin = objective, margin
         self.supervision_warmup = supervision_warmup
         self.supervised_heads = supervised_heads
         self.keys = keys
@@ -180,7 +186,8 @@ class AttentionSupervisedTrainer(Trainer):
         heads = list(range(self.supervised_heads)) if self.supervised_heads else None
         divergence = attention_supervision_loss(outputs.attentions, gold, inputs["attention_mask"],
                                                 layers=self.supervised_layers, heads=heads,
-                                                valid_mask=self.compared_keys(valid, inputs["token_type_ids"]))
+                                                valid_mask=self.compared_keys(valid, inputs["token_type_ids"]),
+                                                objective=self.objective, margin=self.margin)
         self.parts["task_loss"].append(loss.item())
         self.parts["supervision_loss"].append(divergence.item())
         factor = supervision_warmup_factor(self.state.global_step, self.state.max_steps, self.supervision_warmup)
@@ -227,7 +234,8 @@ def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float,
         trainer_class = AttentionSupervisedTrainer
         extra = {"supervision_weight": args.supervision_weight, "supervised_layers": list(range(-layers, 0)),
                  "keys": args.supervision_keys, "supervised_heads": args.supervision_heads,
-                 "supervision_warmup": args.supervision_warmup}
+                 "supervision_warmup": args.supervision_warmup, "objective": args.supervision_objective,
+                 "margin": args.supervision_margin}
     if head_lr is not None and head_lr != lr:
         # B-cos logits are bounded by the norm of their input and grow only as a fresh head aligns with it, so
         # the direct recipe gives the head (classifier and pooler) a larger rate
@@ -361,6 +369,11 @@ def main() -> None:
     parser.add_argument("--supervision-warmup", type=float, default=0.5,
                         help="fraction of the training steps over which the supervision weight ramps up linearly "
                              "from 0 (supervision_warmup_factor; 0: full weight from the first step)")
+    parser.add_argument("--supervision-objective", default="kl", choices=list(SUPERVISION_OBJECTIVES),
+                        help="kl: the divergence from the normalised gold mask; rank: every rationale token's "
+                             "attention above every other text token's by --supervision-margin, then no pull")
+    parser.add_argument("--supervision-margin", type=float, default=1.0,
+                        help="margin of --supervision-objective rank, in log attention")
     parser.add_argument("--supervision-strength", type=float, default=0.0,
                         help="lambda of Eq. 3 guidance of the supervised layers (0: supervision alone)")
     parser.add_argument("--supervision-keys", default="text", choices=["text", "premise", "all"],
@@ -425,8 +438,8 @@ def main() -> None:
     if not 0 <= args.supervision_warmup <= 1:
         parser.error(f"--supervision-warmup: must be a fraction of the training steps in [0, 1], got "
                      f"{args.supervision_warmup}")
-    if args.supervision_weight < 0 or args.supervision_strength < 0:
-        parser.error("--supervision-weight / --supervision-strength: must be >= 0")
+    if args.supervision_weight < 0 or args.supervision_strength < 0 or args.supervision_margin < 0:
+        parser.error("--supervision-weight / --supervision-strength / --supervision-margin: must be >= 0")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()

@@ -131,3 +131,54 @@ def test_one_supervised_head_with_warmup_moves_toward_the_mask_and_the_others_st
     assert after > before + 0.3, (before, after)
     # the unsupervised head is not pulled along
     assert after_free < before_free + 0.1, (before_free, after_free)
+
+
+def test_rank_objective_by_hand_and_it_stops_pulling_once_the_rationale_leads():
+    # keys: [CLS], two text tokens, [SEP]; the rationale is key 1
+    attn = torch.tensor([0.1, 0.3, 0.1, 0.5]).view(1, 1, 1, 4).expand(1, 2, 4, 4).clone()
+    gold = torch.tensor([[0.0, 1.0, 0.0, 0.0]])
+    valid = torch.tensor([[False, True, True, False]])
+    # among the text tokens key 1 leads key 2 by log 3 > margin 1: nothing to pull
+    assert attention_supervision_loss((attn,), gold, valid_mask=valid, objective="rank").item() == 0.0
+    # a larger margin: relu(1.5 - log 3) for the one pair
+    assert attention_supervision_loss((attn,), gold, valid_mask=valid, objective="rank", margin=1.5).item() == \
+        pytest.approx(1.5 - torch.log(torch.tensor(3.0)).item(), rel=1e-5)
+    # over all keys [SEP] (0.5) outranks the rationale: pairs (1, 0), (1, 2), (1, 3) -> (0 + 0 + (1 - log 0.6)) / 3
+    expected = (1.0 - torch.log(torch.tensor(0.3 / 0.5)).item()) / 3
+    loss = attention_supervision_loss((attn,), gold, objective="rank", weight=2.0)
+    assert loss.item() == pytest.approx(2.0 * expected, rel=1e-5)
+    # the renormalisation over valid_mask shifts every log attention of a row: the ranking term is unchanged
+    scaled = attn.clone()
+    scaled[..., 1:3] *= 2.5
+    assert attention_supervision_loss((scaled,), gold, valid_mask=valid, objective="rank", margin=1.5).item() == \
+        pytest.approx(1.5 - torch.log(torch.tensor(3.0)).item(), rel=1e-5)
+    # a row whose every compared token is rationale has no pair and is left out
+    assert attention_supervision_loss((attn,), torch.tensor([[0.0, 1.0, 1.0, 0.0]]), valid_mask=valid,
+                                      objective="rank").item() == 0.0
+    with pytest.raises(BcosValueError, match="objective"):
+        attention_supervision_loss((attn,), gold, objective="mse")
+    with pytest.raises(BcosValueError, match="margin"):
+        attention_supervision_loss((attn,), gold, objective="rank", margin=-1.0)
+
+
+def test_rank_objective_ranks_the_rationale_first_without_masks():
+    torch.manual_seed(0)
+    ids, mask, gold = batch_and_gold()
+    model = make("BertForSequenceClassification", sharpen=4.0)
+    labels = torch.zeros(ids.shape[0], dtype=torch.long)
+
+    def ranking_loss():
+        with torch.no_grad():
+            out = model.eval()(input_ids=ids, attention_mask=mask, output_attentions=True)
+        return attention_supervision_loss(out.attentions, gold, mask, layers=-1, objective="rank").item()
+
+    before = ranking_loss()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(20):
+        out = model.train()(input_ids=ids, attention_mask=mask, labels=labels, output_attentions=True)
+        loss = out.loss + attention_supervision_loss(out.attentions, gold, mask, layers=-1, objective="rank")
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    after = ranking_loss()  # measured without masks
+    assert before > 0.5 and after < 0.25 * before, (before, after)

@@ -5,7 +5,8 @@
 - :func:`guidance_hooks`: the same guidance as TransformerLens hooks on ``hook_attn_scores``;
 - gold masks from character spans or highlighted words, and the random control of equal sparsity;
 - :func:`attention_supervision_loss`: a training loss pulling the [CLS] attention of the guided layers
-  towards the normalised gold mask, so rationale alignment survives evaluation without masks, and
+  towards the normalised gold mask (or, ``objective="rank"``, only ranks the rationale first), so rationale
+  alignment survives evaluation without masks, and
   :func:`supervision_warmup_factor`, the linear warm-up of its weight;
 - :func:`attention_token_scores`: [CLS] attention as token scores for the rationale metrics
   (:mod:`bcos_plugins.metrics.rationale`).
@@ -32,13 +33,14 @@ from .masks import (
     random_rationale_mask,
     text_token_mask,
 )
-from .supervision import attention_supervision_loss, supervision_warmup_factor
+from .supervision import SUPERVISION_OBJECTIVES, attention_supervision_loss, supervision_warmup_factor
 
 __all__ = [
     "GUIDANCE_MODES",
     "GUIDED_IMPLEMENTATIONS",
     "GoldMaskAtEvaluationError",
     "RationaleGuidance",
+    "SUPERVISION_OBJECTIVES",
     "attention_supervision_loss",
     "attention_token_scores",
     "attn_scores_guidance_hook",

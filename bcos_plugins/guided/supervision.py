@@ -14,6 +14,18 @@ other: BERT-family models park much of their attention on [CLS] / [SEP] (a no-op
 onto the rationale as well changes what the classifier reads (on e-SNLI MiniLM it cost accuracy before the
 alignment reached twice chance; docs/methods/self-guided-attention.md). The rationale metrics score text
 tokens only, so the renormalised loss targets exactly what they measure.
+
+``objective="rank"`` asks for less: every rationale token's attention above every other compared token's by
+a factor ``exp(margin)``, a hinge on the differences of log attention,
+
+    ``mean over (g, o) pairs of relu(margin - (log a_g - log a_o))``,
+
+with ``g`` a rationale token and ``o`` another compared token (pairs weighted by ``gold_g * (1 - gold_o)``
+for soft masks). Once the rationale leads by the margin the term is zero, so the attention's remaining
+mass (on the hypothesis of an NLI pair, say) is left to the task, where the KL target keeps pulling all of
+it onto the rationale. It is invariant to the renormalisation over ``valid_mask`` (a shift of every log
+attention of a row), which then only chooses the compared tokens. The top-k IoU and AUPRC of the rationale
+metrics depend on exactly this ranking.
 """
 
 from __future__ import annotations
@@ -24,12 +36,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .._checks import require_float, require_int
+from .._checks import require_choice, require_float, require_int
 from ..errors import argument_error
 from .attention import attention_token_scores
 from .guidance import check_rationale_mask
 
-__all__ = ["attention_supervision_loss", "supervision_warmup_factor"]
+__all__ = ["SUPERVISION_OBJECTIVES", "attention_supervision_loss", "supervision_warmup_factor"]
+
+SUPERVISION_OBJECTIVES = ("kl", "rank")
 
 
 def attention_supervision_loss(
@@ -42,8 +56,11 @@ def attention_supervision_loss(
     query_position: int = 0,
     eps: float = 1e-8,
     heads: int | Sequence[int] | None = None,
+    objective: str = "kl",
+    margin: float = 1.0,
 ) -> Float[Tensor, ""]:
-    """``weight`` x the mean over rows with a rationale of ``KL(gold / sum(gold) || [CLS] attention)``.
+    """``weight`` x the mean over rows with a rationale of ``KL(gold / sum(gold) || [CLS] attention)``, or of
+    the ranking hinge with ``objective="rank"`` (module docstring).
 
     Args:
         attentions: ``model(..., output_attentions=True).attentions`` of a training forward pass.
@@ -54,8 +71,13 @@ def attention_supervision_loss(
             attention is renormalised over them and the gold mask restricted to them. ``None``: all keys.
         heads: the head index or indices whose mean attention is supervised (``None``: all heads); the other
             heads of the supervised layers are left free.
+        objective: ``"kl"`` (the divergence from the normalised mask) or ``"rank"`` (rationale tokens above the
+            others by ``margin`` in log attention, then no pull).
+        margin: of ``"rank"``, in log attention (1.0: each rationale token at least e = 2.7 times any other).
     """
     weight = require_float("weight", weight, minimum=0.0)
+    objective = require_choice("objective", objective, SUPERVISION_OBJECTIVES)
+    margin = require_float("margin", margin, minimum=0.0)
     eps = require_float("eps", eps, minimum=0.0, open_minimum=True)
     scores = attention_token_scores(attentions, layers=layers, query_position=query_position, heads=heads)
     batch, n_keys = scores.shape
@@ -77,6 +99,19 @@ def attention_supervision_loss(
     has_rationale = total > 0
     if not has_rationale.any():
         return scores.sum() * 0.0  # keeps the graph, contributes nothing
+    if objective == "rank":
+        compared = torch.ones_like(gold) if valid_mask is None else valid_mask.to(gold.dtype)
+        if attention_mask is not None:
+            compared = compared * attention_mask.to(gold.dtype)
+        log_attention = torch.log(scores.clamp_min(eps))
+        pairs = gold[:, :, None] * ((1 - gold) * compared)[:, None, :]  # (batch, rationale token, other token)
+        hinge = torch.relu(margin - (log_attention[:, :, None] - log_attention[:, None, :]))
+        weights = pairs.sum((1, 2))
+        ranked = has_rationale & (weights > 0)  # a row whose every compared token is rationale has no pair
+        if not ranked.any():
+            return scores.sum() * 0.0
+        per_row = (hinge * pairs).sum((1, 2))[ranked] / weights[ranked]
+        return weight * per_row.mean()
     target = gold[has_rationale] / total[has_rationale, None]
     log_attention = torch.log(scores[has_rationale].clamp_min(eps))
     log_target = torch.log(target.clamp_min(eps))
