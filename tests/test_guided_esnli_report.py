@@ -1,0 +1,76 @@
+"""examples/guided_esnli.py --report: models of several results files paired by seed against the baseline, and
+the refusals (files without predictions, other evaluation pairs, an ambiguous baseline, a seed passed twice)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from bcos_plugins.metrics import paired_accuracy_difference
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def guided_esnli():
+    spec = importlib.util.spec_from_file_location("example_guided_esnli", ROOT / "examples" / "guided_esnli.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LABELS = [0, 1, 1, 0, 1, 0, 0, 1]
+
+
+def model(predictions, iou):
+    correct = sum(p == y for p, y in zip(predictions, LABELS, strict=True))
+    return {"accuracy": correct / len(LABELS), "predictions": predictions, "attention": {"iou": iou}}
+
+
+def write(path: Path, seed: int, **models) -> Path:
+    path.write_text(json.dumps({"chance": {"iou": 0.1}, "settings": {"seed": seed}, "labels": LABELS, **models}))
+    return path
+
+
+def test_report_pairs_every_model_with_the_baseline_by_seed(guided_esnli, tmp_path, capsys):
+    vanilla = {0: [0, 1, 1, 0, 1, 0, 1, 0], 1: [0, 1, 0, 0, 1, 0, 0, 1]}
+    supervised = {0: [0, 1, 1, 0, 1, 0, 0, 0], 1: [0, 1, 0, 0, 1, 1, 0, 1]}
+    rank = {0: [0, 1, 1, 0, 1, 0, 0, 1], 1: [0, 1, 1, 0, 1, 0, 0, 1]}
+    files = []
+    for seed in (0, 1):
+        files.append(write(tmp_path / f"default_seed{seed}.json", seed, **{
+            "stock-vanilla": model(vanilla[seed], 0.03), "stock-supervised": model(supervised[seed], 0.2 + seed / 10)}))
+        files.append(write(tmp_path / f"rank_seed{seed}.json", seed,
+                           **{"stock-supervised": model(rank[seed], 0.25)}))
+    report = guided_esnli.paired_report(files, "stock-vanilla", 0.01)
+    assert sorted(report) == ["default/stock-supervised", "rank/stock-supervised"]
+    expected = paired_accuracy_difference([vanilla[0], vanilla[1]], [rank[0], rank[1]], LABELS)
+    got = report["rank/stock-supervised"]
+    assert got["difference"] == pytest.approx(expected.difference) and got["seeds"] == [0, 1]
+    assert got["ci_low"] == pytest.approx(expected.ci_low) and got["non_inferior"] == expected.non_inferior(0.01)
+    assert report["default/stock-supervised"]["iou_x_chance"] == pytest.approx([2.0, 3.0])
+    printed = capsys.readouterr().out
+    assert "paired against default/stock-vanilla" in printed and "rank/stock-supervised" in printed
+
+
+def test_report_refusals(guided_esnli, tmp_path):
+    old = tmp_path / "old_seed0.json"
+    old.write_text(json.dumps({"chance": {"iou": 0.1}, "settings": {"seed": 0},
+                               "stock-vanilla": {"accuracy": 0.5}}))
+    with pytest.raises(SystemExit, match="no per-example predictions"):
+        guided_esnli.paired_report([old], "stock-vanilla", 0.01)
+    a = write(tmp_path / "a_seed0.json", 0, **{"stock-vanilla": model(LABELS, 0.1)})
+    other = tmp_path / "b_seed0.json"
+    other.write_text(json.dumps({"chance": {"iou": 0.1}, "settings": {"seed": 0}, "labels": LABELS[::-1],
+                                 "stock-vanilla": model(LABELS, 0.1)}))
+    with pytest.raises(SystemExit, match="other pairs"):
+        guided_esnli.paired_report([a, other], "stock-vanilla", 0.01)
+    b = write(tmp_path / "b_seed0.json", 0, **{"stock-vanilla": model(LABELS, 0.1)})
+    with pytest.raises(SystemExit, match="--baseline.*names 2 models"):
+        guided_esnli.paired_report([a, b], "stock-vanilla", 0.01)
+    assert guided_esnli.paired_report([a, b], "a/stock-vanilla", 0.01)["b/stock-vanilla"]["difference"] == 0.0
+    with pytest.raises(SystemExit, match="appears twice for seed 0"):
+        guided_esnli.paired_report([a, a], "stock-vanilla", 0.01)
