@@ -537,7 +537,8 @@ def main() -> None:
     for name, positions in (("all", valid), ("premise", premise)):
         found = [rationale_alignment(d, gold, positions).as_dict() for d in draws]
         chance[name] = {key: sum(f[key] for f in found) / len(found) for key in ("iou", "auprc")}
-    results = {"chance": {**chance["all"], "premise": chance["premise"]}, "settings": vars(args),
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    results = {"chance": {**chance["all"], "premise": chance["premise"]}, "settings": settings,
                "labels": [r["label"] for r in eval_rows]}
 
     modes = [m for m in args.variants.split(",") if m]

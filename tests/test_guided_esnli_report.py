@@ -74,3 +74,24 @@ def test_report_refusals(guided_esnli, tmp_path):
     assert guided_esnli.paired_report([a, b], "a/stock-vanilla", 0.01)["b/stock-vanilla"]["difference"] == 0.0
     with pytest.raises(SystemExit, match="appears twice for seed 0"):
         guided_esnli.paired_report([a, a], "stock-vanilla", 0.01)
+
+
+@pytest.mark.slow
+def test_a_short_run_writes_predictions_that_report_reads(guided_esnli, tmp_path, monkeypatch, capsys):
+    # the whole script on 16 training / 8 evaluation pairs, one optimiser step per variant: the results file
+    # (with --out, a Path among the settings) is written as JSON and --report reads it back
+    out = tmp_path / "tiny_seed0.json"
+    argv = ["guided_esnli.py", "--train", "16", "--eval", "8", "--epochs", "1", "--family", "stock",
+            "--variants", "vanilla,supervised", "--supervision-objective", "rank", "--no-posthoc", "--threads", "1",
+            "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    guided_esnli.main()
+    results = json.loads(out.read_text())
+    assert results["settings"]["out"] == str(out) and len(results["labels"]) == 8
+    for name in ("stock-vanilla", "stock-supervised"):
+        predictions = results[name]["predictions"]
+        assert len(predictions) == 8 and set(predictions) <= {0, 1}
+        correct = sum(p == y for p, y in zip(predictions, results["labels"], strict=True))
+        assert results[name]["accuracy"] == correct / 8
+    report = guided_esnli.paired_report([out], "stock-vanilla", 0.01)
+    assert list(report) == ["tiny/stock-supervised"] and report["tiny/stock-supervised"]["seeds"] == [0]
