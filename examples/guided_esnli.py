@@ -41,7 +41,7 @@ bcos_plugins/data/files). Results go to outputs/guided_esnli/results.json (resul
 with ``--family`` or ``--seed``, or the file ``--out`` names), each model's per-example predictions included
 (``paired_accuracy_difference`` compares two variants pair by pair over seeds). ``--report FILE...`` trains
 nothing: it pairs every model of those results files with ``--baseline`` (``stock-vanilla``) by seed and prints
-the difference, its 95 % interval over seeds, McNemar's p, whether it is no worse than ``--margin`` (1 point)
+the difference, its interval over seeds (``--confidence``, 0.95), McNemar's p, whether it is no worse than ``--margin`` (1 point)
 and the attention IoU over chance of each seed.
 
 To keep the CPU cost low, the word-embedding matrix (half of MiniLM's 22.7M parameters) stays frozen in
@@ -348,7 +348,7 @@ def diagnose(path, rows, pad_id, b: float) -> None:
               f"{out.logits.std(0).mean():8.4f}  {' '.join(norms)}")
 
 
-def paired_report(files: list[Path], baseline: str, margin: float) -> dict:
+def paired_report(files: list[Path], baseline: str, margin: float, confidence: float = 0.95) -> dict:
     """Every model of the results ``files`` against the ``baseline`` model, paired by seed on the same evaluation
     pairs (``paired_accuracy_difference``), with each seed's attention IoU over chance; prints a table and
     returns it. A model is named ``<run>/<model>``, the run being the file name without ``_seed<N>`` (so that
@@ -380,15 +380,15 @@ def paired_report(files: list[Path], baseline: str, margin: float) -> dict:
         raise SystemExit(f"--baseline: {baseline!r} names {len(matches)} models of {sorted(runs)}; name one")
     reference = runs[matches[0]]
     report = {}
-    print(f"paired against {matches[0]} (margin {margin * 100:g} points; 95 % t-interval over seeds)")
-    print(f"{'model':44s} {'seeds':>5s} {'acc':>6s} {'diff':>6s} {'95 % interval':>15s} {'McNemar p':>9s} "
+    print(f"paired against {matches[0]} (margin {margin * 100:g} points; {confidence:.1%} t-interval over seeds)")
+    print(f"{'model':44s} {'seeds':>5s} {'acc':>6s} {'diff':>6s} {'interval':>15s} {'McNemar p':>9s} "
           f"{'no worse':>8s} {'attn IoU x chance (min-max)':>27s}")
     for key, model in runs.items():
         seeds = sorted(set(model) & set(reference))
         if key == matches[0] or not seeds:
             continue
         paired = paired_accuracy_difference([reference[s]["predictions"] for s in seeds],
-                                            [model[s]["predictions"] for s in seeds], labels)
+                                            [model[s]["predictions"] for s in seeds], labels, confidence)
         ious = [model[s]["iou_x_chance"] for s in seeds]
         report[key] = {**paired.as_dict(), "seeds": seeds, "non_inferior": paired.non_inferior(margin),
                        "iou_x_chance": ious}
@@ -477,11 +477,15 @@ def main() -> None:
     parser.add_argument("--baseline", default="stock-vanilla", help="the reference model of --report")
     parser.add_argument("--margin", type=float, default=0.01,
                         help="non-inferiority margin of --report, in accuracy (0.01: one point)")
+    parser.add_argument("--confidence", type=float, default=0.95,
+                        help="of --report's two-sided interval (0.975 for two candidates judged at once)")
     args = parser.parse_args()
     if args.report:
         if not 0 <= args.margin < 1:
             parser.error(f"--margin: must be an accuracy difference in [0, 1), got {args.margin}")
-        paired_report(args.report, args.baseline, args.margin)
+        if not 0 < args.confidence < 1:
+            parser.error(f"--confidence: must lie in (0, 1), got {args.confidence}")
+        paired_report(args.report, args.baseline, args.margin, args.confidence)
         return
     task_then = args.bcos_recipe == "task-then-bcos"
     for name, task_then_value, direct_value in (("b", 1.1, 1.25), ("bcos_epochs", 2.0, 3.0),
