@@ -19,7 +19,10 @@ BENCH_THREADS=1 torch threads, BENCH_OUT=outputs/bench_recipes, BENCH_RETRAIN=1 
 BENCH_SEED=0 (seeds the head's initialisation and the training order; each seed has its own cached conventional
 model, from which that seed's task-then-B-cos recipes start; rows are kept per seed),
 BENCH_MLM_TEXTS=4000 unlabelled texts for the B-cos masked-LM pre-training (SST-2 training rows after the
-labelled ones, then RT polarity sentences; labels are never read), BENCH_MLM_EPOCHS=1.
+labelled ones, then RT polarity sentences; labels are never read), BENCH_MLM_EPOCHS=1. BENCH_DATA is sst2 or
+ag_news, counts are whole numbers >= 1 (BENCH_SEED >= 0), epochs numbers > 0, BENCH_RETRAIN 0 or 1. They are read
+when the run starts (``Settings.from_env()`` at the start of ``main``), not when the module is imported; any other
+value stops the run before any work, naming the variable, the value and the fix (bcos_plugins._env).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,56 +46,77 @@ from bcos_plugins.data import load_ag_news, load_sst2, shipped_data
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import accuracy, fine_tune_classifier
 
-OUT = Path(os.environ.get("BENCH_OUT", "outputs/bench_recipes"))
-# read once at import through the scripts' shared parser: a bad value stops here, naming the variable and the fix
-DATA = env_choice("BENCH_DATA", "sst2", ("sst2", "ag_news"))
-N_TRAIN = env_int("BENCH_TRAIN", 1200 if DATA == "sst2" else 600, minimum=1)
-EPOCHS = env_float("BENCH_EPOCHS", 2.0, minimum=0, exclusive_minimum=True)
-THREADS = env_int("BENCH_THREADS", 1, minimum=1)
-N_MLM = env_int("BENCH_MLM_TEXTS", 4000, minimum=1)
-MLM_EPOCHS = env_float("BENCH_MLM_EPOCHS", 1.0, minimum=0, exclusive_minimum=True)
-RETRAIN = env_flag("BENCH_RETRAIN", False)
-SEED = env_int("BENCH_SEED", 0, minimum=0)
 BATCH = 16
 MAX_LENGTH = 64
 BASE_LR = 1e-4
+DEFAULT_TRAIN = {"sst2": 1200, "ag_news": 600}  # BENCH_TRAIN's default per BENCH_DATA
 
 
-def base_classifier() -> BertForSequenceClassification:
-    torch.manual_seed(SEED)
-    return BertForSequenceClassification.from_pretrained(minilm_path(), num_labels=2 if DATA == "sst2" else 4)
+@dataclass(frozen=True)
+class Settings:
+    """One run's settings (module docstring). ``n_train`` is taken as given; ``from_env`` defaults it by ``data``
+    (``DEFAULT_TRAIN``)."""
+
+    data: str = "sst2"
+    n_train: int = DEFAULT_TRAIN["sst2"]
+    epochs: float = 2.0  # the budget; recipes named "-4ep" use 4
+    threads: int = 1
+    n_mlm: int = 4000  # unlabelled texts for the B-cos masked-LM pre-training
+    mlm_epochs: float = 1.0
+    retrain: bool = False
+    seed: int = 0
+    out: Path = Path("outputs/bench_recipes")
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        """The BENCH_* variables (module docstring), the defaults above for unset ones; a bad value stops the run
+        before any work, naming the variable, the value and the fix."""
+        data = env_choice("BENCH_DATA", cls.data, ("sst2", "ag_news"))
+        return cls(data=data, n_train=env_int("BENCH_TRAIN", DEFAULT_TRAIN[data], minimum=1),
+                   epochs=env_float("BENCH_EPOCHS", cls.epochs, minimum=0, exclusive_minimum=True),
+                   threads=env_int("BENCH_THREADS", cls.threads, minimum=1),
+                   n_mlm=env_int("BENCH_MLM_TEXTS", cls.n_mlm, minimum=1),
+                   mlm_epochs=env_float("BENCH_MLM_EPOCHS", cls.mlm_epochs, minimum=0, exclusive_minimum=True),
+                   retrain=env_flag("BENCH_RETRAIN", cls.retrain), seed=env_int("BENCH_SEED", cls.seed, minimum=0),
+                   out=Path(os.environ.get("BENCH_OUT", str(cls.out))))  # any string is a path
 
 
-def tune(model, tok, data, **kwargs):
-    settings = dict(epochs=EPOCHS, batch_size=BATCH, learning_rate=BASE_LR, max_length=MAX_LENGTH, progress=False,
-                    seed=SEED)
+def base_classifier(cfg: Settings) -> BertForSequenceClassification:
+    torch.manual_seed(cfg.seed)
+    return BertForSequenceClassification.from_pretrained(minilm_path(), num_labels=2 if cfg.data == "sst2" else 4)
+
+
+def tune(model, tok, data, cfg: Settings, **kwargs):
+    settings = dict(epochs=cfg.epochs, batch_size=BATCH, learning_rate=BASE_LR, max_length=MAX_LENGTH,
+                    progress=False, seed=cfg.seed)
     settings.update(kwargs)
     fine_tune_classifier(model, tok, data.texts, data.labels, **settings)
     return model
 
 
-_CONVENTIONAL: dict = {}
+_CONVENTIONAL: dict[Path, BertForSequenceClassification] = {}
 
 
-def conventional(tok, data):
-    """The baseline (also the teacher and the starting point of task-then-B-cos; trained once per process)."""
-    folder = OUT / "models" / f"conv-n{N_TRAIN}-e{EPOCHS:g}" if DATA == "sst2" else \
-        OUT / "models" / f"conv-{DATA}-n{N_TRAIN}-e{EPOCHS:g}"
-    if SEED:
-        folder = folder.with_name(f"{folder.name}-s{SEED}")
-    if "model" not in _CONVENTIONAL:
-        if (folder / "config.json").exists() and not RETRAIN:
-            _CONVENTIONAL["model"] = BertForSequenceClassification.from_pretrained(folder).eval()
+def conventional(tok, data, cfg: Settings):
+    """The baseline (also the teacher and the starting point of task-then-B-cos; trained once per process and
+    setting)."""
+    folder = cfg.out / "models" / f"conv-n{cfg.n_train}-e{cfg.epochs:g}" if cfg.data == "sst2" else \
+        cfg.out / "models" / f"conv-{cfg.data}-n{cfg.n_train}-e{cfg.epochs:g}"
+    if cfg.seed:
+        folder = folder.with_name(f"{folder.name}-s{cfg.seed}")
+    if folder not in _CONVENTIONAL:
+        if (folder / "config.json").exists() and not cfg.retrain:
+            _CONVENTIONAL[folder] = BertForSequenceClassification.from_pretrained(folder).eval()
         else:
-            _CONVENTIONAL["model"] = tune(base_classifier(), tok, data)
-            _CONVENTIONAL["model"].save_pretrained(folder)
-    return _CONVENTIONAL["model"]
+            _CONVENTIONAL[folder] = tune(base_classifier(cfg), tok, data, cfg)
+            _CONVENTIONAL[folder].save_pretrained(folder)
+    return _CONVENTIONAL[folder]
 
 
 def direct(b: float, head_lr: float | None = None, bcos_query_key: bool = True, **kwargs) -> Callable:
-    def run(tok, data):
-        model = bcosify(base_classifier(), b=b, bcos_query_key=bcos_query_key, verbose=False)
-        return tune(model, tok, data, head_learning_rate=head_lr, **kwargs)
+    def run(tok, data, cfg: Settings):
+        model = bcosify(base_classifier(cfg), b=b, bcos_query_key=bcos_query_key, verbose=False)
+        return tune(model, tok, data, cfg, head_learning_rate=head_lr, **kwargs)
     return run
 
 
@@ -144,13 +169,13 @@ def fold_biases(model: BertForSequenceClassification, enc, ridge: float = 1e-3) 
 
 
 def folded(b: float, head_lr: float | None, n_calibration: int = 256, **kwargs) -> Callable:
-    def run(tok, data):
-        model = base_classifier()
+    def run(tok, data, cfg: Settings):
+        model = base_classifier(cfg)
         enc = tok(data.texts[:n_calibration], padding=True, truncation=True, max_length=MAX_LENGTH,
                   return_tensors="pt")
         fold_biases(model, enc)
         bcosify(model, b=b, bcos_query_key=False, verbose=False)
-        return tune(model, tok, data, head_learning_rate=head_lr, **kwargs)
+        return tune(model, tok, data, cfg, head_learning_rate=head_lr, **kwargs)
     return run
 
 
@@ -162,8 +187,8 @@ def diagnostic(drop_biases: str | None, unit_rows: str | None) -> Callable:
     kinds = {"all": (torch.nn.Linear, torch.nn.LayerNorm), "linear": (torch.nn.Linear,),
              "layernorm": (torch.nn.LayerNorm,), None: ()}[drop_biases]
 
-    def run(tok, data):
-        model = base_classifier()
+    def run(tok, data, cfg: Settings):
+        model = base_classifier(cfg)
         with torch.no_grad():
             for name, module in model.bert.named_modules():
                 if isinstance(module, kinds):
@@ -171,15 +196,15 @@ def diagnostic(drop_biases: str | None, unit_rows: str | None) -> Callable:
                 if isinstance(module, torch.nn.Linear) and unit_rows and not (
                         unit_rows == "no-qk" and name.endswith(("query", "key"))):
                     module.weight.div_(module.weight.norm(dim=1, keepdim=True))
-        return tune(model, tok, data)
+        return tune(model, tok, data, cfg)
     return run
 
 
 def distilled(b: float, head_lr: float, weight: float, kind: str = "kl", **kwargs) -> Callable:
-    def run(tok, data):
-        teacher = conventional(tok, data)
-        model = bcosify(base_classifier(), b=b, verbose=False)
-        return tune(model, tok, data, head_learning_rate=head_lr, teacher=teacher, distill_weight=weight,
+    def run(tok, data, cfg: Settings):
+        teacher = conventional(tok, data, cfg)
+        model = bcosify(base_classifier(cfg), b=b, verbose=False)
+        return tune(model, tok, data, cfg, head_learning_rate=head_lr, teacher=teacher, distill_weight=weight,
                     distill_loss=kind, **kwargs)
     return run
 
@@ -188,42 +213,43 @@ def task_then_bcos(b: float, head_lr: float | None, bcos_query_key: bool = True,
                    train: bool = True, **kwargs) -> Callable:
     """B-cosify the cached conventional model and fine-tune it (with ``distill_weight``: plus KL to that same
     conventional model; ``train=False``: the converted model as it is, to see what the conversion costs)."""
-    def run(tok, data):
+    def run(tok, data, cfg: Settings):
         import copy
 
-        teacher = conventional(tok, data)
+        teacher = conventional(tok, data, cfg)
         model = bcosify(copy.deepcopy(teacher), b=b, bcos_query_key=bcos_query_key, verbose=False)
         if not train:
             return model.eval()
         if distill_weight is not None:
             kwargs.update(teacher=teacher, distill_weight=distill_weight)
-        return tune(model, tok, data, head_learning_rate=head_lr, **kwargs)
+        return tune(model, tok, data, cfg, head_learning_rate=head_lr, **kwargs)
     return run
 
 
-def transfer_texts(n: int) -> list[str]:
+def transfer_texts(n: int, cfg: Settings) -> list[str]:
     """``n`` texts of the task's own shipped training split after the labelled rows (their labels are never read)."""
-    rows = (load_sst2 if DATA == "sst2" else load_ag_news)("train").texts[N_TRAIN:]
+    rows = (load_sst2 if cfg.data == "sst2" else load_ag_news)("train").texts[cfg.n_train:]
     if len(rows) < n:
-        raise SystemExit(f"only {len(rows)} shipped {DATA} training rows after the first {N_TRAIN}, asked for {n}")
+        raise SystemExit(f"only {len(rows)} shipped {cfg.data} training rows after the first {cfg.n_train}, "
+                         f"asked for {n}")
     return rows[:n]
 
 
 def task_then_bcos_transfer(b: float, n_extra: int, distill_weight: float = 1.0, **kwargs) -> Callable:
     """Task then B-cos with distillation on a transfer set: the labelled rows plus ``n_extra`` unlabelled texts
     that the conventional model labels (its argmax as the task label, its logits as the distillation target)."""
-    def run(tok, data):
+    def run(tok, data, cfg: Settings):
         import copy
         from types import SimpleNamespace
 
         from bcos_plugins.train import predict
 
-        teacher = conventional(tok, data)
-        extra = transfer_texts(n_extra)
+        teacher = conventional(tok, data, cfg)
+        extra = transfer_texts(n_extra, cfg)
         pseudo = predict(teacher, tok, extra, max_length=MAX_LENGTH).argmax(-1).tolist()
         both = SimpleNamespace(texts=list(data.texts) + extra, labels=list(data.labels) + pseudo)
         model = bcosify(copy.deepcopy(teacher), b=b, bcos_query_key=False, verbose=False)
-        return tune(model, tok, both, teacher=teacher, distill_weight=distill_weight, **kwargs)
+        return tune(model, tok, both, cfg, teacher=teacher, distill_weight=distill_weight, **kwargs)
     return run
 
 
@@ -235,7 +261,7 @@ def task_then_bcos_features(b: float, n_extra: int, hidden_weight: float, learni
     squared difference of every layer's token states (real tokens) to the conventional model's, minus the bias of
     the conventional LayerNorm that wrote them (B-cos LayerNorms have none: with equal inputs this is exactly what
     they output). On the labelled rows and ``n_extra`` transfer texts (conventional argmax as their labels)."""
-    def run(tok, data):
+    def run(tok, data, cfg: Settings):
         import copy
         import tempfile
 
@@ -244,8 +270,8 @@ def task_then_bcos_features(b: float, n_extra: int, hidden_weight: float, learni
 
         from bcos_plugins.train import _EncodedTexts, bcos_loss, predict
 
-        teacher = conventional(tok, data).eval()
-        extra = transfer_texts(n_extra)
+        teacher = conventional(tok, data, cfg).eval()
+        extra = transfer_texts(n_extra, cfg)
         pseudo = predict(teacher, tok, extra, max_length=MAX_LENGTH).argmax(-1).tolist()
         texts, labels = list(data.texts) + extra, list(data.labels) + pseudo
         bert = teacher.bert
@@ -269,7 +295,7 @@ def task_then_bcos_features(b: float, n_extra: int, hidden_weight: float, learni
                 return (loss, out) if return_outputs else loss
 
         args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="bench_features_"), num_train_epochs=epochs,
-                                 per_device_train_batch_size=BATCH, learning_rate=learning_rate, seed=SEED,
+                                 per_device_train_batch_size=BATCH, learning_rate=learning_rate, seed=cfg.seed,
                                  disable_tqdm=True, report_to=[], save_strategy="no", logging_steps=10, dataloader_pin_memory=False,
                                  remove_unused_columns=False)
         FeatureTrainer(model=model, args=args, train_dataset=_EncodedTexts(tok, texts, labels, MAX_LENGTH),
@@ -278,8 +304,9 @@ def task_then_bcos_features(b: float, n_extra: int, hidden_weight: float, learni
     return run
 
 
-def unlabelled_texts(n: int) -> list[str]:
-    texts = load_sst2("train").texts[N_TRAIN:]
+def unlabelled_texts(n: int, n_train: int) -> list[str]:
+    """The first ``n`` SST-2 training texts after the ``n_train`` labelled ones, then RT polarity sentences."""
+    texts = load_sst2("train").texts[n_train:]
     folder = shipped_data("rt_polarity")
     for name in ("rt-polarity.pos", "rt-polarity.neg"):
         texts += (folder / name).read_text(encoding="latin-1").splitlines()
@@ -287,20 +314,20 @@ def unlabelled_texts(n: int) -> list[str]:
 
 
 def bcos_then_task(b: float, head_lr: float | None, bcos_query_key: bool = True, **kwargs) -> Callable:
-    def run(tok, data):
+    def run(tok, data, cfg: Settings):
         from bcos_plugins.pretrain import classifier_from_masked_lm, pretrain_masked_lm
 
         qk = "" if bcos_query_key else "-stockqk"
-        folder = OUT / "models" / f"mlm-B{b:g}-n{N_MLM}-e{MLM_EPOCHS:g}{qk}"
-        if not (folder / "config.json").exists() or RETRAIN:
+        folder = cfg.out / "models" / f"mlm-B{b:g}-n{cfg.n_mlm}-e{cfg.mlm_epochs:g}{qk}"
+        if not (folder / "config.json").exists() or cfg.retrain:
             torch.manual_seed(0)
-            trainer = pretrain_masked_lm(str(minilm_path()), tok, unlabelled_texts(N_MLM), b=b, epochs=MLM_EPOCHS,
-                                         batch_size=32, learning_rate=1e-4, max_length=MAX_LENGTH, progress=False,
+            trainer = pretrain_masked_lm(str(minilm_path()), tok, unlabelled_texts(cfg.n_mlm, cfg.n_train), b=b,
+                                         epochs=cfg.mlm_epochs, batch_size=32, learning_rate=1e-4, max_length=MAX_LENGTH, progress=False,
                                          bcos_query_key=bcos_query_key)
             trainer.model.save_pretrained(folder)
         torch.manual_seed(0)
         model = classifier_from_masked_lm(folder, num_labels=2, pooler_from=str(minilm_path()))
-        return tune(model, tok, data, head_learning_rate=head_lr, **kwargs)
+        return tune(model, tok, data, cfg, head_learning_rate=head_lr, **kwargs)
     return run
 
 
@@ -411,42 +438,44 @@ RECIPES: dict[str, tuple[str, Callable]] = {
 
 
 def main(names: list[str]) -> None:
-    torch.set_num_threads(THREADS)
+    cfg = Settings.from_env()  # a bad BENCH_* value stops here, before any work
+    torch.set_num_threads(cfg.threads)
     hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
     unknown = [n for n in names if n not in RECIPES]
     if unknown:
         raise SystemExit(f"unknown recipes {unknown}; known: {', '.join(RECIPES)}")
-    OUT.mkdir(parents=True, exist_ok=True)
-    results_file = OUT / "results.jsonl"
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    results_file = cfg.out / "results.jsonl"
     done = {}
     if results_file.exists():
         for line in results_file.read_text().splitlines():
             row = json.loads(line)
-            if row["n_train"] == N_TRAIN and row["budget_epochs"] == EPOCHS and row.get("data", "sst2") == DATA \
-                    and row.get("seed", 0) == SEED:
+            if row["n_train"] == cfg.n_train and row["budget_epochs"] == cfg.epochs \
+                    and row.get("data", "sst2") == cfg.data and row.get("seed", 0) == cfg.seed:
                 done[row["recipe"]] = row
     tok = AutoTokenizer.from_pretrained(minilm_path())
-    if DATA == "sst2":
-        train, test = load_sst2("train", n=N_TRAIN), load_sst2("test")
+    if cfg.data == "sst2":
+        train, test = load_sst2("train", n=cfg.n_train), load_sst2("test")
     else:
-        train, test = load_ag_news("train", n=N_TRAIN), load_ag_news("test")
+        train, test = load_ag_news("train", n=cfg.n_train), load_ag_news("test")
     for name in names or list(RECIPES):
-        if name in done and not RETRAIN:
+        if name in done and not cfg.retrain:
             continue
         what, run = RECIPES[name]
         start = time.perf_counter()
-        model = run(tok, train)
+        model = run(tok, train, cfg)
         seconds = time.perf_counter() - start
         acc = accuracy(model, tok, test.texts, test.labels, max_length=MAX_LENGTH)
-        row = {"recipe": name, "data": DATA, "what": what, "accuracy": acc, "seconds": seconds, "n_train": N_TRAIN,
-               "budget_epochs": EPOCHS, "n_test": len(test.texts), "threads": THREADS, "seed": SEED}
+        row = {"recipe": name, "data": cfg.data, "what": what, "accuracy": acc, "seconds": seconds,
+               "n_train": cfg.n_train, "budget_epochs": cfg.epochs, "n_test": len(test.texts), "threads": cfg.threads,
+               "seed": cfg.seed}
         done[name] = row
         with results_file.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{name:22s} acc {100 * acc:5.1f}  {seconds:6.0f} s  {what}", flush=True)
     conv_acc = done.get("conv", {}).get("accuracy")
-    print(f"\n| recipe | accuracy ({DATA} test, {len(test.texts)}) | vs conventional | wall time | what |")
+    print(f"\n| recipe | accuracy ({cfg.data} test, {len(test.texts)}) | vs conventional | wall time | what |")
     print("|---|---|---|---|---|")
     for name, row in done.items():
         gap = f"{100 * (row['accuracy'] - conv_acc):+.1f}" if conv_acc is not None else "n/a"

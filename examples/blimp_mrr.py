@@ -21,7 +21,9 @@ Environment variables: BLIMP_EPOCHS (default 8), BLIMP_EVAL (pairs per paradigm,
 (default 0), BLIMP_THREADS (torch threads, default 1: for a model this small, more threads mostly wait on each
 other, and on a shared CPU a step took 2-6 s with two threads against 0.25 s with one). BLIMP_EPOCHS is a number
 above 0, BLIMP_EVAL a whole number from 1 to 299 (the pairs after it train the model), BLIMP_SEED >= 0,
-BLIMP_THREADS >= 1; any other value stops the script before any work, naming the variable.
+BLIMP_THREADS >= 1. They are read when the run starts (``BlimpSettings.from_env()`` at the start of ``main``),
+not when the module is imported; any other value stops the script before any work, naming the variable, the value
+and the fix.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 from captum.attr import InputXGradient, Occlusion, Saliency
@@ -47,23 +49,29 @@ from bcos_plugins.train_decoder import real_token_positions, train_causal_lm
 OUT = Path("outputs") / "blimp_mrr"
 
 
-class BlimpSettings(NamedTuple):
-    epochs: float
-    n_eval: int
-    seed: int
-    threads: int
+@dataclass(frozen=True)
+class BlimpSettings:
+    epochs: float = 8.0
+    n_eval: int = 100  # pairs per paradigm; the shipped slice's pairs after them train the model
+    seed: int = 0
+    threads: int = 1
+
+    @classmethod
+    def from_env(cls) -> BlimpSettings:
+        """The BLIMP_* variables (module docstring), the defaults above for unset ones; a bad value stops the
+        script before any work, naming the variable, the value and the fix."""
+        # the shipped slice holds 300 pairs per paradigm; those after the evaluation pairs are the training data
+        return cls(epochs=env_float("BLIMP_EPOCHS", cls.epochs, minimum=0, exclusive_minimum=True),
+                   n_eval=env_int("BLIMP_EVAL", cls.n_eval, minimum=1, maximum=299),
+                   seed=env_int("BLIMP_SEED", cls.seed, minimum=0),
+                   threads=env_int("BLIMP_THREADS", cls.threads, minimum=1))
 
 
 def blimp_settings() -> BlimpSettings:
-    """The BLIMP_* variables (module docstring); a bad value stops the script before any work, naming the
-    variable, the value and the fix."""
-    # the shipped slice holds 300 pairs per paradigm; those after the evaluation pairs are the training data
-    return BlimpSettings(env_float("BLIMP_EPOCHS", 8.0, minimum=0, exclusive_minimum=True),
-                         env_int("BLIMP_EVAL", 100, minimum=1, maximum=299), env_int("BLIMP_SEED", 0, minimum=0),
-                         env_int("BLIMP_THREADS", 1, minimum=1))
+    """The BLIMP_* variables as the run reads them at its start (``BlimpSettings.from_env()``)."""
+    return BlimpSettings.from_env()
 
 
-EPOCHS, N_EVAL, SEED, THREADS = blimp_settings()
 METHODS = ["B-cos", "Saliency", "InputXGradient", "Occlusion"]
 
 
@@ -139,46 +147,48 @@ class CompactVocabulary:
         return self.from_gpt2[ids]
 
 
-def build_model(vocab_size: int, eos_id: int) -> GPT2LMHeadModel:
-    torch.manual_seed(SEED)
+def build_model(vocab_size: int, eos_id: int, seed: int = BlimpSettings.seed) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
     config = GPT2Config(vocab_size=vocab_size, n_embd=96, n_layer=2, n_head=4, n_positions=64, n_ctx=64,
                         bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     return bcosify(GPT2LMHeadModel(config), b=1.1)
 
 
-def training_sentences(tokenizer) -> list[torch.Tensor]:
+def training_sentences(tokenizer, n_eval: int = BlimpSettings.n_eval) -> list[torch.Tensor]:
+    """The grammatical sentences of each paradigm's pairs after the first ``n_eval`` (the evaluation pairs)."""
     eos = tokenizer.eos_token_id
     rows = []
     for subset in BLIMP_SUBSETS:
-        for pair in load_blimp(subset)[N_EVAL:]:
+        for pair in load_blimp(subset)[n_eval:]:
             sentence = f"{pair.prefix} {pair.target}."
             rows.append(torch.tensor([eos, *tokenizer(sentence)["input_ids"], eos]))
     return rows
 
 
 def main() -> None:
+    cfg = blimp_settings()  # a bad BLIMP_* value stops here, before any work
     hf_logging.set_verbosity_error()
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(cfg.threads)
     OUT.mkdir(parents=True, exist_ok=True)
     tokenizer = GPT2Tokenizer.from_pretrained(SHIPPED_DATA / "gpt2_tokenizer")
     eos = tokenizer.eos_token_id
-    batches = {s: encode_blimp(load_blimp(s, n=N_EVAL), tokenizer, bos_token_id=eos) for s in BLIMP_SUBSETS}
-    train_rows = training_sentences(tokenizer)
+    batches = {s: encode_blimp(load_blimp(s, n=cfg.n_eval), tokenizer, bos_token_id=eos) for s in BLIMP_SUBSETS}
+    train_rows = training_sentences(tokenizer, cfg.n_eval)
     vocab = CompactVocabulary(torch.tensor([eos]), *train_rows,
                               *[t for b in batches.values() for t in (b.input_ids, b.target_ids, b.foil_ids)])
     for batch in batches.values():
         batch.input_ids, batch.target_ids, batch.foil_ids = (vocab(batch.input_ids), vocab(batch.target_ids),
                                                              vocab(batch.foil_ids))
     train = [{"input_ids": vocab(row)} for row in train_rows]
-    model = build_model(len(vocab), int(vocab(torch.tensor(eos))))
+    model = build_model(len(vocab), int(vocab(torch.tensor(eos))), cfg.seed)
     print(model.bcos_report)
 
-    print(f"training on {len(train)} BLiMP sentences (pairs {N_EVAL}-299 of 9 paradigms), {EPOCHS:g} epochs, "
+    print(f"training on {len(train)} BLiMP sentences (pairs {cfg.n_eval}-299 of 9 paradigms), {cfg.epochs:g} epochs, "
           f"{len(vocab)} GPT-2 token ids in use")
     start = time.perf_counter()
     trainer = train_causal_lm(model, train, str(OUT / "trainer"), pad_token_id=model.config.eos_token_id,
-                              num_train_epochs=EPOCHS, per_device_train_batch_size=32, learning_rate=2e-3,
-                              warmup_steps=20, logging_steps=50, seed=SEED, disable_tqdm=True)
+                              num_train_epochs=cfg.epochs, per_device_train_batch_size=32, learning_rate=2e-3,
+                              warmup_steps=20, logging_steps=50, seed=cfg.seed, disable_tqdm=True)
     train_seconds = time.perf_counter() - start
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     print(f"trained in {train_seconds:.0f} s; loss {losses[0]:.2f} -> {losses[-1]:.2f}")
@@ -222,7 +232,7 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     (OUT / "results.txt").write_text(table + "\n")
-    (OUT / "results.json").write_text(json.dumps({"epochs": EPOCHS, "train_sentences": len(train),
+    (OUT / "results.json").write_text(json.dumps({"epochs": cfg.epochs, "train_sentences": len(train),
                                                   "vocabulary": len(vocab), "train_loss": [losses[0], losses[-1]],
                                                   "train_seconds": train_seconds, "subsets": results,
                                                   "mean": means}, indent=2))

@@ -26,16 +26,17 @@ perturbation metric, default 150), VIT_THREADS (torch intra-op threads, default 
 VIT_PRIOR_ABLATION=1 also trains B-cos ViTs with no prior, a multiplicative prior and a position embedding, and
 reports their accuracy (about 3x the training time); VIT_REUSE=1 loads the models a previous run saved in
 outputs/vit_digits/ instead of training them again (to redo the metrics and figures only). Both switches are 0
-(the default) or 1; any other value (VIT_REUSE=yes, VIT_GRIDS=0) stops the script before any work, naming the
-variable.
+(the default) or 1. They are read when the run starts (``VitDigitsSettings.from_env()`` at the start of
+``main``), not when the module is imported; any other value (VIT_REUSE=yes, VIT_GRIDS=0) stops the script before
+any work, naming the variable, the value and the fix.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 from transformers import Trainer, TrainingArguments, set_seed
@@ -53,29 +54,34 @@ from bcos_plugins.vision.visualize import save_explanation_figure, weight_colour
 OUT = Path("outputs/vit_digits")
 
 
-class VitDigitsSettings(NamedTuple):
-    epochs: int
-    baseline_epochs: int
-    n_grids: int
-    n_perturb: int
-    ablation: bool
-    reuse: bool
-    threads: int
+@dataclass(frozen=True)
+class VitDigitsSettings:
+    epochs: int = 12  # the B-cos ViT's
+    baseline_epochs: int = 30  # the conventional ViT's: 3x faster per epoch, and it needs more
+    n_grids: int = 60
+    n_perturb: int = 150
+    ablation: bool = False
+    reuse: bool = False
+    # The models are tiny: one intra-op thread is as fast as several on an idle machine, and on a shared,
+    # oversubscribed CPU several threads spin-wait on each other (measured here: 0.23 s vs 4.1 s per step).
+    threads: int = 1
+
+    @classmethod
+    def from_env(cls) -> VitDigitsSettings:
+        """The VIT_* variables (module docstring), the defaults above for unset ones; a bad value stops the script
+        before any work, naming the variable, the value and the fix."""
+        return cls(epochs=env_int("VIT_EPOCHS", cls.epochs, minimum=1),
+                   baseline_epochs=env_int("VIT_BASELINE_EPOCHS", cls.baseline_epochs, minimum=1),
+                   n_grids=env_int("VIT_GRIDS", cls.n_grids, minimum=1),
+                   n_perturb=env_int("VIT_PERTURB", cls.n_perturb, minimum=1),
+                   ablation=env_flag("VIT_PRIOR_ABLATION", cls.ablation), reuse=env_flag("VIT_REUSE", cls.reuse),
+                   threads=env_int("VIT_THREADS", cls.threads, minimum=1))
 
 
 def vit_digits_settings() -> VitDigitsSettings:
-    """The VIT_* variables (module docstring); a bad value stops the script before any work, naming the variable,
-    the value and the fix."""
-    return VitDigitsSettings(env_int("VIT_EPOCHS", 12, minimum=1), env_int("VIT_BASELINE_EPOCHS", 30, minimum=1),
-                             env_int("VIT_GRIDS", 60, minimum=1), env_int("VIT_PERTURB", 150, minimum=1),
-                             env_flag("VIT_PRIOR_ABLATION", False), env_flag("VIT_REUSE", False),
-                             # The models are tiny: one intra-op thread is as fast as several on an idle machine,
-                             # and on a shared, oversubscribed CPU several threads spin-wait on each other
-                             # (measured here: 0.23 s vs 4.1 s per step).
-                             env_int("VIT_THREADS", 1, minimum=1))
+    """The VIT_* variables as the run reads them at its start (``VitDigitsSettings.from_env()``)."""
+    return VitDigitsSettings.from_env()
 
-
-EPOCHS, BASELINE_EPOCHS, N_GRIDS, N_PERTURB, ABLATION, REUSE, THREADS = vit_digits_settings()
 
 SHAPE = dict(image_size=16, num_channels=1, patch_size=4, hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
              intermediate_size=96, tokenizer="conv", conv_channels=[32], num_labels=10,
@@ -178,8 +184,9 @@ def plot_curves(results: dict, path: Path) -> None:
 
 
 def main() -> None:
+    cfg = vit_digits_settings()  # a bad VIT_* value stops here, before any work
     hf_logging.set_verbosity_error()
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(cfg.threads)
     set_seed(0)
     OUT.mkdir(parents=True, exist_ok=True)
     train_digits, train_labels, test_digits, test_labels = load_digits_split()
@@ -189,21 +196,21 @@ def main() -> None:
     print(f"train images {len(train_set)}, test images {len(test_mixed)} (mixed views) / {len(test_full)} (full size)")
 
     variants = {"additive": dict(attention_prior="additive")}
-    if ABLATION:
+    if cfg.ablation:
         variants |= {"none": dict(attention_prior="none"), "multiplicative": dict(attention_prior="multiplicative"),
                      "position embedding": dict(attention_prior="none", position_embedding=True)}
     accuracy_rows = []
     models = {}
     saved_seconds = (json.loads((OUT / "train_seconds.json").read_text())
-                     if REUSE and (OUT / "train_seconds.json").exists() else {})
+                     if cfg.reuse and (OUT / "train_seconds.json").exists() else {})
     for name, extra in variants.items():
         set_seed(0)
         folder = OUT / f"bcos_vit_{name.replace(' ', '_')}"
-        if REUSE and folder.exists():
+        if cfg.reuse and folder.exists():
             model, seconds = BcosViT.from_pretrained(folder).eval(), saved_seconds[name]
         else:
             model = BcosViT(BcosViTConfig(**SHAPE, **BCOS, **extra))
-            seconds = train(model, train_set, EPOCHS, loss_func=bcos_loss, name=f"bcos-{name}")
+            seconds = train(model, train_set, cfg.epochs, loss_func=bcos_loss, name=f"bcos-{name}")
             model.save_pretrained(folder)
         saved_seconds[name] = seconds
         accuracy_rows.append((f"B-cos ViT ({name} prior)" if "embedding" not in name else "B-cos ViT (position embedding)",
@@ -213,11 +220,11 @@ def main() -> None:
         print(accuracy_rows[-1])
     bcos = models["additive"]
     set_seed(0)
-    if REUSE and (OUT / "conventional_vit").exists():
+    if cfg.reuse and (OUT / "conventional_vit").exists():
         conventional, seconds = ConventionalViT.from_pretrained(OUT / "conventional_vit").eval(), saved_seconds["conventional"]
     else:
         conventional = ConventionalViT(BcosViTConfig(**SHAPE))
-        seconds = train(conventional, train_set, BASELINE_EPOCHS, name="conventional")
+        seconds = train(conventional, train_set, cfg.baseline_epochs, name="conventional")
         conventional.save_pretrained(OUT / "conventional_vit")
     saved_seconds["conventional"] = seconds
     (OUT / "train_seconds.json").write_text(json.dumps(saved_seconds))
@@ -238,12 +245,12 @@ def main() -> None:
         confidence, predicted = probs.max(-1)
         correct = predicted == test_full.labels
         # grids of the model's own confidently and correctly classified digits (each model its own grids)
-        grids, cell_labels = make_grids(test_digits[correct], test_labels[correct], confidence[correct], N_GRIDS,
+        grids, cell_labels = make_grids(test_digits[correct], test_labels[correct], confidence[correct], cfg.n_grids,
                                         strict=False)
         grids_used[model_name] = (grids, cell_labels)
         start = time.perf_counter()
         pointing[model_name], first_grids[model_name] = grid_pointing(model, grids, cell_labels)
-        top = confidence.masked_fill(~correct, -1).argsort(descending=True)[:N_PERTURB]
+        top = confidence.masked_fill(~correct, -1).argsort(descending=True)[:cfg.n_perturb]
         perturb[model_name] = perturbation(model, test_full.pixel_values[top], test_full.labels[top])
         print(f"{model_name}: metrics in {time.perf_counter() - start:.0f} s")
 
@@ -272,20 +279,20 @@ def main() -> None:
     lines += [f"| {n} | {a:.3f} | {b:.3f} | {s:.0f} | {p:,} |" for n, a, b, s, p in accuracy_rows]
     lines += ["", f"B-cos ViT completeness: max relative error {completeness:.1e} over {len(test_full)} test images.", "",
               "| model | method | grid pointing game (higher better) | pixel perturbation ABC (higher better) "
-              f"| ms / image (batch of {N_PERTURB}) | peak MiB (batch) |",
+              f"| ms / image (batch of {cfg.n_perturb}) | peak MiB (batch) |",
               "|---|---|---|---|---|---|"]
     for model_name in model_pairs:
         for name in pointing[model_name]:
             r = perturb[model_name][name]
             lines.append(f"| {model_name} | {name} | {pointing[model_name][name]:.3f} | {r['abc']:.3f} | "
                          f"{r['ms_per_image']:.2f} | {r['peak_mib_batch']:.0f} |")
-    lines += ["", f"Grid pointing game: {N_GRIDS} 2x2 grids per model, each cell's class explained (mean share of "
+    lines += ["", f"Grid pointing game: {cfg.n_grids} 2x2 grids per model, each cell's class explained (mean share of "
               "positive attribution in the right cell; 0.25 = chance).",
-              f"Pixel perturbation: the {N_PERTURB} most confidently and correctly classified test images; up to 25% "
+              f"Pixel perturbation: the {cfg.n_perturb} most confidently and correctly classified test images; up to 25% "
               "of the pixels removed (B-cos: [x, 1-x] encoding zeroed; conventional: pixel set to 0); ABC = "
               "normalised area between the least- and most-important-first softmax-confidence curves.",
               "Time and peak memory (RSS above the level before the call) of computing the maps for that batch, "
-              f"on this machine's CPU with {THREADS} thread(s)."]
+              f"on this machine's CPU with {cfg.threads} thread(s)."]
     table = "\n".join(lines)
     (OUT / "results.md").write_text(table + "\n")
     (OUT / "results.json").write_text(json.dumps({

@@ -3,6 +3,7 @@ and the fix in the message, and nothing falls back to a default silently."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -89,7 +90,8 @@ def test_a_choice_outside_the_list_names_the_choices(monkeypatch):
 
 
 def test_the_recipe_benchmark_stops_on_a_bad_setting_before_any_work(tmp_path):
-    """bench_recipes reads its settings at import: a bad one ends the script with status 1 and the message."""
+    """bench_recipes reads its settings when the run starts: a bad one ends the script with status 1 and the
+    message."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_recipes.py"
     env = {**os.environ, "BENCH_SEED": "-1", "BENCH_OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, str(script), "conv"], env=env, capture_output=True, text=True,
@@ -99,3 +101,50 @@ def test_the_recipe_benchmark_stops_on_a_bad_setting_before_any_work(tmp_path):
         "BENCH_SEED='-1': out of range (must be >= 0). Set BENCH_SEED to a whole number >= 0, e.g. BENCH_SEED=0, "
         "or unset it for the default 0.")
     assert not any(tmp_path.iterdir()), "nothing was written"
+
+
+def _bench_recipes(monkeypatch):
+    """benchmarks/bench_recipes.py as a new module (importing it reads no variable)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_recipes_settings", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_recipes.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def no_bench_variables(monkeypatch):
+    for variable in [v for v in os.environ if v.startswith("BENCH_")]:
+        monkeypatch.delenv(variable)
+
+
+def test_the_recipe_benchmark_reads_its_settings_when_the_run_starts(no_bench_variables, monkeypatch, tmp_path):
+    """Importing bench_recipes reads no variable (a bad one set before the import stops the run, not the import);
+    ``Settings.from_env()`` and ``main`` see the variables set after the import."""
+    monkeypatch.setenv("BENCH_SEED", "-1")
+    bench = _bench_recipes(monkeypatch)
+    with pytest.raises(SystemExit, match=r"^BENCH_SEED='-1': out of range \(must be >= 0\)"):
+        bench.Settings.from_env()
+    monkeypatch.delenv("BENCH_SEED")
+    assert bench.Settings.from_env() == bench.Settings()
+    monkeypatch.setenv("BENCH_DATA", "ag_news")  # BENCH_TRAIN's default follows the data set
+    monkeypatch.setenv("BENCH_THREADS", "3")
+    monkeypatch.setenv("BENCH_OUT", str(tmp_path / "out"))
+    cfg = bench.Settings.from_env()
+    assert (cfg.data, cfg.n_train, cfg.threads, cfg.out) == ("ag_news", 600, 3, tmp_path / "out")
+
+    class Started(Exception):
+        pass
+
+    used = []
+
+    def set_num_threads(n):
+        used.append(n)
+        raise Started
+
+    monkeypatch.setattr(bench.torch, "set_num_threads", set_num_threads)
+    with pytest.raises(Started):
+        bench.main(["conv"])
+    assert used == [3]
+    assert not (tmp_path / "out").exists(), "nothing was written"

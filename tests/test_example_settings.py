@@ -3,16 +3,18 @@ defaults, set ones parse, and a bad value (a typo, an out-of-range count, a swit
 script naming the variable, the value and the fix instead of falling back to a default or a bare ValueError.
 
 Each script's own settings function is called here (the scripts' runs take minutes; their settings are read
-before any work).
+before any work). The scripts read their variables when the run starts, not when they are imported: a module
+imported once sees the variables set after it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import os
+import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
@@ -22,20 +24,28 @@ SCRIPTS = {"demo_sst2": ("demo_settings", "DEMO_"), "blimp_mrr": ("blimp_setting
            "vit_digits": ("vit_digits_settings", "VIT_"), "inseq_quickstart": ("quickstart_settings", "QUICKSTART_")}
 
 
+def load_example(name: str, module_name: str):
+    """The example script as a new module (importing it reads no variable: none is set or cleared here)."""
+    spec = importlib.util.spec_from_file_location(module_name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
 @functools.cache
 def example(name: str):
-    """The example script as a module, imported with none of its variables set (two read them at import)."""
-    prefix = SCRIPTS[name][1]
-    with mock.patch.dict(os.environ, {k: v for k, v in os.environ.items() if not k.startswith(prefix)}, clear=True):
-        spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
+    """The example script as a module, imported once for all the tests, whatever the variables are then."""
+    return load_example(name, f"example_{name}")
 
 
 def settings(name: str):
     module = example(name)
     return getattr(module, SCRIPTS[name][0])()
+
+
+def as_dict(values) -> dict:
+    return dataclasses.asdict(values) if dataclasses.is_dataclass(values) else values._asdict()
 
 
 @pytest.fixture
@@ -54,7 +64,7 @@ def clean_environment(monkeypatch):
 def test_unset_variables_give_the_documented_defaults(clean_environment, monkeypatch, name, expected):
     if name == "demo_sst2":  # its default thread count is the cores the load leaves free, whatever they are now
         monkeypatch.setattr(example(name), "free_cores", lambda: 3)
-    assert settings(name)._asdict() == expected
+    assert as_dict(settings(name)) == expected
 
 
 @pytest.mark.parametrize(("name", "variables", "field", "value"), [
@@ -89,8 +99,45 @@ def test_set_variables_reach_the_settings(clean_environment, monkeypatch, name, 
 ])
 def test_a_bad_value_stops_the_script_naming_the_variable(clean_environment, monkeypatch, name, variable, raw,
                                                           message):
-    example(name)  # imported before the bad value is set: two scripts read their settings at import
+    example(name)  # imported before the bad value is set: the settings function reads it
     monkeypatch.setenv(variable, raw)
     with pytest.raises(SystemExit) as excinfo:
         settings(name)
     assert str(excinfo.value).startswith(message)
+
+
+@pytest.mark.parametrize(("name", "variable", "raw"), [("blimp_mrr", "BLIMP_EVAL", "300"),
+                                                       ("vit_digits", "VIT_REUSE", "yes")])
+def test_importing_a_script_reads_no_variable(clean_environment, monkeypatch, name, variable, raw):
+    """A bad value set before the import stops the run, not the import (the module's helpers stay usable, e.g.
+    bench_decoders imports blimp_mrr's Captum baselines)."""
+    monkeypatch.setenv(variable, raw)
+    monkeypatch.setitem(sys.modules, f"example_{name}_fresh", None)  # removed again after the test
+    module = load_example(name, f"example_{name}_fresh")
+    with pytest.raises(SystemExit, match=f"^{variable}={raw!r}"):
+        getattr(module, SCRIPTS[name][0])()
+
+
+class _Started(Exception):
+    """Raised in place of the run's first call after reading its settings, so no work is done."""
+
+
+@pytest.mark.parametrize(("name", "variable", "field"), [("blimp_mrr", "BLIMP_THREADS", "threads"),
+                                                         ("vit_digits", "VIT_THREADS", "threads")])
+def test_a_variable_set_after_the_import_reaches_the_run(clean_environment, monkeypatch, name, variable, field):
+    """``main`` reads the settings when it starts: a variable set after the import (here its thread count, the
+    first thing the run uses) is the one the run uses, not a value frozen when the module was imported."""
+    module = example(name)
+    monkeypatch.setenv(variable, "3")
+    assert getattr(settings(name), field) == 3
+    used = []
+
+    def set_num_threads(n):
+        used.append(n)
+        raise _Started
+
+    monkeypatch.setattr(module.hf_logging, "set_verbosity_error", lambda: None)  # leaves transformers' logging
+    monkeypatch.setattr(module.torch, "set_num_threads", set_num_threads)
+    with pytest.raises(_Started):
+        module.main()
+    assert used == [3]
