@@ -8,7 +8,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # one target per script in examples/: `make space-sst2` runs examples/space_sst2.py
 EXAMPLES := blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli ioi-circuit
 
-.PHONY: setup test test-tl4 docs wheel-smoke demo bench bench-faithfulness bench-faithfulness-full bench-decoders bench-recipes bench-vision lint clean $(EXAMPLES)
+.PHONY: setup test test-tl4 docs wheel-smoke demo bench bench-faithfulness bench-faithfulness-full bench-decoders bench-recipes bench-vision guided-esnli-seeds lint clean $(EXAMPLES)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -80,6 +80,22 @@ bench-faithfulness-full: $(STAMP)
 # Examples (CPU, minutes each; outputs under outputs/)
 $(EXAMPLES): $(STAMP)
 	$(BIN)/python examples/$(subst -,_,$@).py
+
+# examples/guided_esnli.py on ten seeds, two runs at a time: vanilla, the supervised default and its random-mask
+# control, and the ranking objective on all heads; then the paired table of the decision rule
+# (docs/methods/self-guided-attention.md; about 80 minutes on an idle 2-core CPU)
+GUIDED_SEEDS ?= 0 1 2 3 4 5 6 7 8 9
+GUIDED_OUT := outputs/guided_esnli/seeds
+GUIDED_RUN := $(BIN)/python examples/guided_esnli.py --threads 1 --family stock --no-posthoc
+guided-esnli-seeds: $(STAMP)
+	mkdir -p $(GUIDED_OUT)
+	printf '%s\n' $(GUIDED_SEEDS) | xargs -P 2 -I{} sh -c '\
+	  $(GUIDED_RUN) --variants vanilla,supervised,supervised-random --seed {} --out $(GUIDED_OUT)/default_seed{}.json \
+	    > $(GUIDED_OUT)/log_default_seed{}.txt 2>&1 && \
+	  $(GUIDED_RUN) --variants supervised --supervision-objective rank --supervision-heads 0 --seed {} \
+	    --out $(GUIDED_OUT)/rank12_seed{}.json > $(GUIDED_OUT)/log_rank12_seed{}.txt 2>&1'
+	$(BIN)/python examples/guided_esnli.py --report $(GUIDED_OUT)/default_seed*.json $(GUIDED_OUT)/rank12_seed*.json \
+	  --confidence 0.975
 
 lint: $(STAMP)
 	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks .ci docs

@@ -357,6 +357,8 @@ def paired_report(files: list[Path], baseline: str, margin: float, confidence: f
     runs: dict[str, dict[int, dict]] = {}
     labels = None
     for file in files:
+        if not Path(file).is_file():
+            raise SystemExit(f"--report: no results file {file}; run the seeds first (make guided-esnli-seeds)")
         results = json.loads(Path(file).read_text(encoding="utf-8"))
         if "labels" not in results:
             raise SystemExit(f"--report: {file} has no per-example predictions (written before they were "

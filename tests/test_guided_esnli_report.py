@@ -60,6 +60,8 @@ def test_report_refusals(guided_esnli, tmp_path):
     old = tmp_path / "old_seed0.json"
     old.write_text(json.dumps({"chance": {"iou": 0.1}, "settings": {"seed": 0},
                                "stock-vanilla": {"accuracy": 0.5}}))
+    with pytest.raises(SystemExit, match="no results file .*missing_seed0.json"):
+        guided_esnli.paired_report([tmp_path / "missing_seed0.json"], "stock-vanilla", 0.01)
     with pytest.raises(SystemExit, match="no per-example predictions"):
         guided_esnli.paired_report([old], "stock-vanilla", 0.01)
     a = write(tmp_path / "a_seed0.json", 0, **{"stock-vanilla": model(LABELS, 0.1)})
