@@ -54,7 +54,8 @@ each model's curve (with the task and supervision losses of the supervised varia
 Options: ``--train`` (default 1200), ``--eval`` (400), ``--epochs`` (2), ``--mode`` (multiply | add | replace |
 log1p), ``--strength`` (lambda, 1.0), ``--last-layers`` (4), ``--lr`` (2e-4), ``--family`` (both | stock | bcos),
 ``--supervision-weight`` (0.1), ``--supervision-warmup`` (0.5), ``--supervision-layers`` (1),
-``--supervision-heads`` (6; 0: all), ``--supervision-objective`` (kl | rank), ``--supervision-margin`` (1.0),
+``--supervision-heads`` (6; 0: all), ``--supervision-objective`` (kl | rank), ``--supervision-margin`` (1.0), ``--supervision-gate`` (0: off;
+0.9: start the supervision once the running task loss is below 0.9 ln 2),
 ``--supervision-strength`` (0),
 ``--supervision-keys`` (text | premise | all), ``--variants`` (vanilla,supervised; any subset of
 vanilla,guided,random,supervised,supervised-random),
@@ -69,6 +70,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import re
 import tempfile
 import time
@@ -86,6 +88,7 @@ from bcos_plugins import bcosify, explain
 from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.guided import (
     SUPERVISION_OBJECTIVES,
+    PlateauGate,
     attention_supervision_loss,
     attention_token_scores,
     find_span,
@@ -173,9 +176,11 @@ class AttentionSupervisedTrainer(Trainer):
 
     def __init__(self, *args, supervision_weight: float, supervised_layers: list[int], keys: str,
                  supervised_heads: int, supervision_warmup: float = 0.0, objective: str = "kl",
-                 margin: float = 1.0, **kwargs):
+                 margin: float = 1.0, gate: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.objective, self.margin = objective, margin
+        # gate > 0: the supervision starts once the running task loss is below gate * ln 2 (PlateauGate)
+        self.gate = PlateauGate(gate * math.log(2)) if gate > 0 else None
         self.supervision_warmup = supervision_warmup
         self.supervised_heads = supervised_heads
         self.keys = keys
@@ -195,7 +200,14 @@ class AttentionSupervisedTrainer(Trainer):
                                                 objective=self.objective, margin=self.margin)
         self.parts["task_loss"].append(loss.item())
         self.parts["supervision_loss"].append(divergence.item())
-        factor = supervision_warmup_factor(self.state.global_step, self.state.max_steps, self.supervision_warmup)
+        start = 0
+        if self.gate is not None and model.training:
+            start = self.gate.update(self.state.global_step, loss.item())
+        if start is None:
+            factor = 0.0
+        else:
+            factor = supervision_warmup_factor(self.state.global_step, self.state.max_steps, self.supervision_warmup,
+                                               start=start)
         loss = loss + factor * self.supervision_weight * divergence
         return (loss, outputs) if return_outputs else loss
 
@@ -240,7 +252,7 @@ def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float,
         extra = {"supervision_weight": args.supervision_weight, "supervised_layers": list(range(-layers, 0)),
                  "keys": args.supervision_keys, "supervised_heads": args.supervision_heads,
                  "supervision_warmup": args.supervision_warmup, "objective": args.supervision_objective,
-                 "margin": args.supervision_margin}
+                 "margin": args.supervision_margin, "gate": args.supervision_gate}
     if head_lr is not None and head_lr != lr:
         # B-cos logits are bounded by the norm of their input and grow only as a fresh head aligns with it, so
         # the direct recipe gives the head (classifier and pooler) a larger rate
@@ -432,6 +444,9 @@ def main() -> None:
                              "attention above every other text token's by --supervision-margin, then no pull")
     parser.add_argument("--supervision-margin", type=float, default=1.0,
                         help="margin of --supervision-objective rank, in log attention")
+    parser.add_argument("--supervision-gate", type=float, default=0.0,
+                        help="hold the supervision back until the running task loss is below this fraction of ln 2 "
+                             "(PlateauGate; e.g. 0.9), then ramp it in over --supervision-warmup; 0: no gate")
     parser.add_argument("--supervision-strength", type=float, default=0.0,
                         help="lambda of Eq. 3 guidance of the supervised layers (0: supervision alone)")
     parser.add_argument("--supervision-keys", default="text", choices=["text", "premise", "all"],
@@ -508,6 +523,9 @@ def main() -> None:
             parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
     if args.supervision_heads < 0:
         parser.error(f"--supervision-heads: must be >= 0 (0: all heads), got {args.supervision_heads}")
+    if not 0 <= args.supervision_gate < 1:
+        parser.error(f"--supervision-gate: must be a fraction of ln 2 in [0, 1) (0: no gate), got "
+                     f"{args.supervision_gate}")
     if not 0 <= args.supervision_warmup <= 1:
         parser.error(f"--supervision-warmup: must be a fraction of the training steps in [0, 1], got "
                      f"{args.supervision_warmup}")

@@ -84,7 +84,8 @@ def test_a_short_run_writes_predictions_that_report_reads(guided_esnli, tmp_path
     # (with --out, a Path among the settings) is written as JSON and --report reads it back
     out = tmp_path / "tiny_seed0.json"
     argv = ["guided_esnli.py", "--train", "16", "--eval", "8", "--epochs", "1", "--family", "stock",
-            "--variants", "vanilla,supervised", "--supervision-objective", "rank", "--no-posthoc", "--threads", "1",
+            "--variants", "vanilla,supervised", "--supervision-objective", "rank", "--supervision-gate", "0.9",
+            "--no-posthoc", "--threads", "1",
             "--out", str(out)]
     monkeypatch.setattr("sys.argv", argv)
     guided_esnli.main()

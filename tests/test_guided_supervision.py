@@ -8,6 +8,7 @@ from test_guided import batch_and_gold, make
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.guided import (
     GoldMaskAtEvaluationError,
+    PlateauGate,
     attention_supervision_loss,
     attention_token_scores,
     guide_attention,
@@ -182,3 +183,25 @@ def test_rank_objective_ranks_the_rationale_first_without_masks():
         optimizer.step()
     after = ranking_loss()  # measured without masks
     assert before > 0.5 and after < 0.25 * before, (before, after)
+
+
+def test_warmup_starts_at_start_and_the_plateau_gate_picks_start_from_the_task_loss():
+    assert [supervision_warmup_factor(s, 100, 0.5, start=40) for s in (0, 39, 40, 65, 90, 99)] == \
+        [0.0, 0.0, 0.0, 0.5, 1.0, 1.0]
+    assert [supervision_warmup_factor(s, 100, 0.0, start=10) for s in (9, 10)] == [0.0, 1.0]
+    with pytest.raises(BcosValueError, match="^start:"):
+        supervision_warmup_factor(0, 10, 0.5, start=-1)
+    gate = PlateauGate(threshold=0.6, smoothing=0.5)
+    # the running mean: 0.69, 0.69, 0.59 (< 0.6 from step 2 on), then fixed whatever the loss does
+    assert [gate.update(step, loss) for step, loss in enumerate([0.69, 0.69, 0.49, 0.69, 0.69])] == \
+        [None, None, 2, 2, 2]
+    assert gate.running == pytest.approx(0.69 * 0.75 + 0.59 * 0.25)
+    # a run that never leaves the plateau is never supervised
+    stuck = PlateauGate(threshold=0.9 * 0.6931)
+    assert all(stuck.update(step, 0.693) is None for step in range(200))
+    for kwargs, name in (({"threshold": 0.0}, "threshold"), ({"threshold": 0.6, "smoothing": 1.0}, "smoothing"),
+                         ({"threshold": float("nan")}, "threshold")):
+        with pytest.raises(BcosValueError, match=f"^{name}:"):
+            PlateauGate(**kwargs)
+    with pytest.raises(BcosValueError, match="^task_loss:"):
+        PlateauGate(0.6).update(0, float("nan"))

@@ -7,7 +7,8 @@
 - :func:`attention_supervision_loss`: a training loss pulling the [CLS] attention of the guided layers
   towards the normalised gold mask (or, ``objective="rank"``, only ranks the rationale first), so rationale
   alignment survives evaluation without masks, and
-  :func:`supervision_warmup_factor`, the linear warm-up of its weight;
+  :func:`supervision_warmup_factor`, the linear warm-up of its weight, with :class:`PlateauGate` to start
+  it once the task loss has left its plateau;
 - :func:`attention_token_scores`: [CLS] attention as token scores for the rationale metrics
   (:mod:`bcos_plugins.metrics.rationale`).
 """
@@ -33,12 +34,18 @@ from .masks import (
     random_rationale_mask,
     text_token_mask,
 )
-from .supervision import SUPERVISION_OBJECTIVES, attention_supervision_loss, supervision_warmup_factor
+from .supervision import (
+    SUPERVISION_OBJECTIVES,
+    PlateauGate,
+    attention_supervision_loss,
+    supervision_warmup_factor,
+)
 
 __all__ = [
     "GUIDANCE_MODES",
     "GUIDED_IMPLEMENTATIONS",
     "GoldMaskAtEvaluationError",
+    "PlateauGate",
     "RationaleGuidance",
     "SUPERVISION_OBJECTIVES",
     "attention_supervision_loss",
