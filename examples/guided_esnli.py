@@ -200,14 +200,9 @@ class AttentionSupervisedTrainer(Trainer):
                                                 objective=self.objective, margin=self.margin)
         self.parts["task_loss"].append(loss.item())
         self.parts["supervision_loss"].append(divergence.item())
-        start = 0
-        if self.gate is not None and model.training:
-            start = self.gate.update(self.state.global_step, loss.item())
-        if start is None:
-            factor = 0.0
-        else:
-            factor = supervision_warmup_factor(self.state.global_step, self.state.max_steps, self.supervision_warmup,
-                                               start=start)
+        step, total = self.state.global_step, self.state.max_steps
+        factor = (self.gate.factor(step, total, self.supervision_warmup, loss.item()) if self.gate is not None
+                  else supervision_warmup_factor(step, total, self.supervision_warmup))
         loss = loss + factor * self.supervision_weight * divergence
         return (loss, outputs) if return_outputs else loss
 
@@ -387,8 +382,7 @@ def paired_report(files: list[Path], baseline: str, margin: float, confidence: f
                 model = runs.setdefault(f"{run}/{name}", {})
                 if seed in model:
                     raise SystemExit(f"--report: {run}/{name} appears twice for seed {seed}; pass each run once")
-                model[seed] = {"predictions": value["predictions"], "accuracy": value["accuracy"],
-                               "iou_x_chance": iou}
+                model[seed] = {"predictions": value["predictions"], "iou_x_chance": iou}
     matches = [key for key in runs if key == baseline or key.split("/", 1)[1] == baseline]
     if len(matches) != 1:
         raise SystemExit(f"--baseline: {baseline!r} names {len(matches)} models of {sorted(runs)}; name one")

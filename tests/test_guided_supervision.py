@@ -205,3 +205,20 @@ def test_warmup_starts_at_start_and_the_plateau_gate_picks_start_from_the_task_l
             PlateauGate(**kwargs)
     with pytest.raises(BcosValueError, match="^task_loss:"):
         PlateauGate(0.6).update(0, float("nan"))
+    # factor: 0 on the plateau, then the warm-up ramp from the step the gate opened
+    gate = PlateauGate(threshold=0.6, smoothing=0.0)
+    factors = [gate.factor(step, 100, 0.5, loss) for step, loss in enumerate([0.69] * 10 + [0.3] * 90)]
+    assert factors[:11] == [0.0] * 11 and gate.start == 10
+    assert factors[35] == pytest.approx(0.5) and factors[60:] == [1.0] * 40
+    assert factors == [supervision_warmup_factor(s, 100, 0.5, start=10) for s in range(100)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("objective", ["kl", "rank"])
+def test_half_precision_attention_gives_the_float32_loss_not_nan(dtype, objective):
+    # a gold token with no attention: in half precision the eps floor rounded to 0 and log(0) made the loss NaN
+    attn = torch.tensor([0.0, 0.5, 0.5, 0.0]).view(1, 1, 1, 4).expand(1, 2, 4, 4)
+    gold = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    loss = attention_supervision_loss((attn.to(dtype),), gold, objective=objective)
+    assert torch.isfinite(loss) and loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(attention_supervision_loss((attn,), gold, objective=objective).item(), rel=1e-3)

@@ -79,7 +79,8 @@ def attention_supervision_loss(
     objective = require_choice("objective", objective, SUPERVISION_OBJECTIVES)
     margin = require_float("margin", margin, minimum=0.0)
     eps = require_float("eps", eps, minimum=0.0, open_minimum=True)
-    scores = attention_token_scores(attentions, layers=layers, query_position=query_position, heads=heads)
+    # in float32: in float16 / bfloat16 the eps floor (1e-8) rounds to 0, and log(0) made the loss NaN
+    scores = attention_token_scores(attentions, layers=layers, query_position=query_position, heads=heads).float()
     batch, n_keys = scores.shape
     gold = check_rationale_mask(rationale_mask, batch, n_keys).to(scores.dtype)
     if attention_mask is not None:
@@ -107,7 +108,7 @@ def attention_supervision_loss(
         pairs = gold[:, :, None] * ((1 - gold) * compared)[:, None, :]  # (batch, rationale token, other token)
         hinge = torch.relu(margin - (log_attention[:, :, None] - log_attention[:, None, :]))
         weights = pairs.sum((1, 2))
-        ranked = has_rationale & (weights > 0)  # a row whose every compared token is rationale has no pair
+        ranked = weights > 0  # no pair: no rationale token, or every compared token is rationale
         if not ranked.any():
             return scores.sum() * 0.0
         per_row = (hinge * pairs).sum((1, 2))[ranked] / weights[ranked]
@@ -146,9 +147,10 @@ def supervision_warmup_factor(step: int, total_steps: int, warmup: float, start:
 class PlateauGate:
     """Holds the supervision back until the task loss has left its constant-prediction plateau.
 
-    ``update(step, task_loss)`` once per training step; ``start`` is the first step at which the running mean
-    of the task loss (exponential, ``smoothing``) fell below ``threshold`` (then fixed), ``None`` before. Pass
-    it to :func:`supervision_warmup_factor` (``start=gate.start``, with 0 weight while it is ``None``).
+    ``factor(step, total_steps, warmup, task_loss)`` once per training step gives the supervision weight's
+    factor: 0 while the plateau lasts, then :func:`supervision_warmup_factor` ramped from ``start``, the first
+    step at which the running mean of the task loss (exponential, ``smoothing``) fell below ``threshold`` (then
+    fixed; ``None`` before). ``update(step, task_loss)`` feeds the loss alone.
 
     Why: the supervision term is a second gradient that, added while the task gradient is still small (the loss
     at ``ln C`` for ``C`` classes, the constant prediction), can keep a slow-starting run on the plateau for
@@ -179,3 +181,8 @@ class PlateauGate:
         if self.start is None and self.running < self.threshold:
             self.start = step
         return self.start
+
+    def factor(self, step: int, total_steps: int, warmup: float, task_loss: float) -> float:
+        """Feed one step's task loss; returns the supervision weight's factor at ``step`` (module docstring)."""
+        start = self.update(step, task_loss)
+        return 0.0 if start is None else supervision_warmup_factor(step, total_steps, warmup, start=start)
