@@ -81,23 +81,26 @@ bench-faithfulness-full: $(STAMP)
 $(EXAMPLES): $(STAMP)
 	$(BIN)/python examples/$(subst -,_,$@).py
 
-# examples/guided_esnli.py on ten seeds, two runs at a time: vanilla, the supervised default and its random-mask
-# control, and a candidate (GUIDED_CANDIDATE, named GUIDED_CANDIDATE_TAG; the ranking objective on all heads by
-# default); then the paired table of the decision rule (docs/methods/self-guided-attention.md; about 80 minutes
-# on an idle 2-core CPU)
+# examples/guided_esnli.py on ten seeds, two runs at a time: a base run (GUIDED_BASE, named GUIDED_BASE_TAG: vanilla,
+# the supervised default and its random-mask control by default) and a candidate (GUIDED_CANDIDATE, named
+# GUIDED_CANDIDATE_TAG; the ranking objective on all heads by default), on GUIDED_EVAL evaluation pairs; then the
+# paired table of the decision rule (docs/methods/self-guided-attention.md; about 80 minutes on an idle 2-core CPU)
 GUIDED_SEEDS ?= 0 1 2 3 4 5 6 7 8 9
+GUIDED_BASE ?= --variants vanilla,supervised,supervised-random
+GUIDED_BASE_TAG ?= default
 GUIDED_CANDIDATE ?= --variants supervised --supervision-objective rank --supervision-heads 0
 GUIDED_CANDIDATE_TAG ?= rank12
+GUIDED_EVAL ?= 400
 GUIDED_OUT ?= outputs/guided_esnli/seeds
-GUIDED_RUN := $(BIN)/python examples/guided_esnli.py --threads 1 --family stock --no-posthoc
+GUIDED_RUN := $(BIN)/python examples/guided_esnli.py --threads 1 --family stock --no-posthoc --eval $(GUIDED_EVAL)
 guided-esnli-seeds: $(STAMP)
 	mkdir -p $(GUIDED_OUT)
 	printf '%s\n' $(GUIDED_SEEDS) | xargs -P 2 -I{} sh -c '\
-	  $(GUIDED_RUN) --variants vanilla,supervised,supervised-random --seed {} --out $(GUIDED_OUT)/default_seed{}.json \
-	    > $(GUIDED_OUT)/log_default_seed{}.txt 2>&1 && \
+	  $(GUIDED_RUN) $(GUIDED_BASE) --seed {} --out $(GUIDED_OUT)/$(GUIDED_BASE_TAG)_seed{}.json \
+	    > $(GUIDED_OUT)/log_$(GUIDED_BASE_TAG)_seed{}.txt 2>&1 && \
 	  $(GUIDED_RUN) $(GUIDED_CANDIDATE) --seed {} --out $(GUIDED_OUT)/$(GUIDED_CANDIDATE_TAG)_seed{}.json \
 	    > $(GUIDED_OUT)/log_$(GUIDED_CANDIDATE_TAG)_seed{}.txt 2>&1'
-	$(BIN)/python examples/guided_esnli.py --report $(GUIDED_OUT)/default_seed*.json \
+	$(BIN)/python examples/guided_esnli.py --report $(GUIDED_OUT)/$(GUIDED_BASE_TAG)_seed*.json \
 	  $(GUIDED_OUT)/$(GUIDED_CANDIDATE_TAG)_seed*.json --confidence 0.975
 
 lint: $(STAMP)

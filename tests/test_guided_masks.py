@@ -96,9 +96,12 @@ from bcos_plugins.data import SHIPPED_DATA  # noqa: E402
 
 
 def test_every_shipped_esnli_span_gives_a_premise_mask(tokenizer):
-    lines = (SHIPPED_DATA / "esnli_test_premise_spans" / "esnli_test_part_a_first1600.jsonl").read_text(
-        encoding="utf-8").splitlines()[:300]
-    records = [json.loads(line) for line in lines]
+    lines = (SHIPPED_DATA / "esnli_test_premise_spans" / "esnli_test_part_a.jsonl").read_text(
+        encoding="utf-8").splitlines()
+    assert len(lines) == 2805
+    every = [json.loads(line) for line in lines]
+    assert all(find_span(parse_esnli_question(r["question"])[0], r["subject"]) is not None for r in every)
+    records = every[:300]
     pairs = [parse_esnli_question(r["question"]) for r in records]
     spans = [find_span(p, r["subject"]) for (p, _), r in zip(pairs, records, strict=True)]
     assert all(s is not None for s in spans)
