@@ -78,7 +78,8 @@ with every pair of training names (1.000) but reached only 0.76-0.78 with the he
 
 The models are cached in outputs/bench_decoders/models (names carry the settings; BENCH_RETRAIN=1 retrains)
 with the training wall and CPU time in their folder (training.json), so a second run only evaluates. Writes
-results.md and results.json to outputs/bench_decoders.
+results.md and results.json to BENCH_OUT (default outputs/bench_decoders; read when the run starts, like every
+setting).
 
 Environment: BENCH_THREADS (torch threads, default 1: the machine is shared), BENCH_SEED (0), BENCH_IOI_TRAIN
 (IOI template rows per epoch, 10000), BENCH_IOI_EVAL (200), BENCH_BLIMP_EVAL (pairs per paradigm, 50),
@@ -139,7 +140,6 @@ from bcos_plugins.metrics.decoder import mean_reciprocal_rank, next_token_contra
 from bcos_plugins.train_decoder import CausalLMCollator
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = Path(os.environ.get("BENCH_OUT", "outputs/bench_decoders"))  # any string is a path
 MODELS = Path("outputs/bench_decoders/models")
 TINYSTORIES = SHIPPED_DATA / "tinystories" / "tinystories_val_head_400k.txt"
 CONTEXT = 64
@@ -183,6 +183,7 @@ class Settings:
     n_embd: int = 128
     n_head: int = 4
     b: float = 1.1
+    out: Path = Path("outputs/bench_decoders")
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -212,6 +213,7 @@ class Settings:
             bcos_learning_rate=env_float("BENCH_BCOS_LR", cls.bcos_learning_rate, minimum=0, exclusive_minimum=True),
             swap_names=int(env_flag("BENCH_SWAP_NAMES", bool(cls.swap_names))),
             word_share=env_float("BENCH_WORD_SHARE", cls.word_share, minimum=0, maximum=1),
+            out=Path(os.environ.get("BENCH_OUT", str(cls.out))),  # any string is a path
         )
 
     @property
@@ -717,7 +719,7 @@ def main() -> None:
     cfg = Settings.from_env()
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
-    OUT.mkdir(parents=True, exist_ok=True)
+    cfg.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     data = make_data(cfg)
     print(f"data: {len(data.train)} training rows, {len(data.vocab)} GPT-2 ids in use "
@@ -730,10 +732,10 @@ def main() -> None:
         print(f"evaluated {name} in {time.perf_counter() - t:.0f} s")
     table = report(results, info, cfg)
     print(table)
-    (OUT / "results.md").write_text(table + "\n")
-    (OUT / "results.json").write_text(json.dumps({"settings": cfg.__dict__, "training": info,
+    (cfg.out / "results.md").write_text(table + "\n")
+    (cfg.out / "results.json").write_text(json.dumps({"settings": cfg.__dict__, "training": info,
                                                   "results": results}, indent=2, default=str))
-    print(f"wrote {OUT / 'results.md'} and {OUT / 'results.json'}")
+    print(f"wrote {cfg.out / 'results.md'} and {cfg.out / 'results.json'}")
 
 
 if __name__ == "__main__":

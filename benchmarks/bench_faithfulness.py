@@ -122,7 +122,6 @@ from bcos_plugins.pretrain import BCOS_STAGE_SCHEDULE
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import accuracy, fine_tune_classifier
 
-OUT = Path(os.environ.get("BENCH_OUT", "outputs/bench_faithfulness"))
 MODELS = Path("outputs/bench_faithfulness/models")  # shared by every output folder; names carry the settings
 MAX_LENGTH = 64
 # GPU if present (the "GPU if present"); every model and batch is moved here
@@ -166,6 +165,7 @@ class Config:
     threads: int = 0
     skip_ag: bool = False
     retrain: bool = False
+    out: Path = Path("outputs/bench_faithfulness")
 
     @classmethod
     def from_env(cls) -> Config:
@@ -196,6 +196,7 @@ class Config:
             threads=env_int("BENCH_THREADS", cls.threads, minimum=0),
             skip_ag=env_flag("BENCH_SKIP_AG", cls.skip_ag),
             retrain=env_flag("BENCH_RETRAIN", cls.retrain),
+            out=Path(os.environ.get("BENCH_OUT", str(cls.out))),  # any string is a path
         )
 
 
@@ -557,8 +558,8 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
             "times_bcos_time": spe / bcos_spe,
             "peak_mib_per_batch": res.peak_mib,
         })
-    OUT.mkdir(parents=True, exist_ok=True)
-    with (OUT / "results.csv").open("w", newline="") as f:
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    with (cfg.out / "results.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -603,12 +604,12 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
     )
     ratios = "".join(f"\nB-cos is {r['times_bcos_time']:.0f}x faster than {r['method']}." for r in rows
                      if r["method"].startswith(("IG", "ShapSampl")))
-    (OUT / "results.md").write_text(head + "\n".join(lines) + "\n" + split_table + notes + ratios + "\n",
+    (cfg.out / "results.md").write_text(head + "\n".join(lines) + "\n" + split_table + notes + ratios + "\n",
                                     encoding="utf-8")
     return rows
 
 
-def plot(rows) -> None:
+def plot(rows, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -633,7 +634,7 @@ def plot(rows) -> None:
     ax.set_ylabel("Comp AOPC ×100")
     ax.set_title("faithfulness vs cost (SST-2)")
     fig.tight_layout()
-    fig.savefig(OUT / "faithfulness.png", dpi=120)
+    fig.savefig(out / "faithfulness.png", dpi=120)
 
 
 def last_rows(rows: list, n: int) -> list:
@@ -662,7 +663,7 @@ def main(argv: list[str]) -> None:
         torch.set_num_threads(cfg.threads)
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
-    OUT.mkdir(parents=True, exist_ok=True)
+    cfg.out.mkdir(parents=True, exist_ok=True)
     budget, per_method = Budget(), Budget()
     budget.phases["start-up"] = [time.perf_counter() - _STARTED[0], time.process_time() - _STARTED[1]]
     print(f"config: {cfg}")
@@ -728,13 +729,13 @@ def main(argv: list[str]) -> None:
                                                 "sources": " / ".join(sources.values()),
                                                 "seqpg_source": seqpg_source,
                                                 "memory_method": results["B-cos"].memory_method})
-        plot(rows)
-    with (OUT / "results.md").open("a", encoding="utf-8") as f:  # the cost of this run, for the next user's plans
+        plot(rows, cfg.out)
+    with (cfg.out / "results.md").open("a", encoding="utf-8") as f:  # the cost of this run, for the next user's plans
         f.write("\n" + budget.line() + "\nExplanation methods (explaining only; the metrics are one line), wall / "
                 "CPU s: " + ", ".join(f"{name} {w:.1f} / {c:.1f}" for name, (w, c) in per_method.phases.items())
                 + "\n")
-    print((OUT / "results.md").read_text(encoding="utf-8"))
-    print(f"wrote {OUT}/results.md, results.csv, faithfulness.png")
+    print((cfg.out / "results.md").read_text(encoding="utf-8"))
+    print(f"wrote {cfg.out}/results.md, results.csv, faithfulness.png")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ the real MiniLM tokenizer, so a change in Captum or in our metrics that breaks t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -77,9 +78,9 @@ def test_every_method_scores_each_token_and_bcos_is_complete(bench, setup):
     torch.testing.assert_close(scores.sum(-1), explained, rtol=1e-4, atol=1e-5)
 
 
-def test_the_report_has_one_row_per_method_and_the_ratios(bench, setup, tmp_path, monkeypatch):
+def test_the_report_has_one_row_per_method_and_the_ratios(bench, setup, tmp_path):
     tok, conv, bcos, cfg, texts = setup
-    monkeypatch.setattr(bench, "OUT", tmp_path)
+    cfg = dataclasses.replace(cfg, out=tmp_path)
     methods = bench.make_methods(conv, bcos, tok.mask_token_id, cfg)
     results: dict = {}
     per_method = bench.Budget()
@@ -92,7 +93,8 @@ def test_the_report_has_one_row_per_method_and_the_ratios(bench, setup, tmp_path
     rows = bench.write_report(results, acc, cfg, {"n_eval": len(texts), "n_seqpg": 0, "device": "CPU",
                                                   "seqpg_source": None,
                                                   "memory_method": results["B-cos"].memory_method})
-    bench.plot(rows)
+    bench.plot(rows, cfg.out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["faithfulness.png", "results.csv", "results.md"]
     assert [r["method"] for r in rows] == list(methods)
     assert all(r["attributed_at"] for r in rows)
     bcos_row = rows[-1]
@@ -226,14 +228,14 @@ def test_task_then_bcos_model_starts_from_the_conventional_one_and_is_cached(ben
                                    model(input_ids=ids, attention_mask=mask).logits)
 
 
-def test_wx_of_the_conventional_model_explains_its_logits_up_to_the_bias_share(bench, setup, tmp_path, monkeypatch):
+def test_wx_of_the_conventional_model_explains_its_logits_up_to_the_bias_share(bench, setup, tmp_path):
     """The Table 3 ablation row: the conventional model's own logit, W(x)x at the combined embedding, reported
     as incomplete (the biases' share); B-cos reported complete."""
     from bcos_plugins import explain
     from bcos_plugins.convert import dynamic_linear_copy
 
     tok, conv, bcos, cfg, texts = setup
-    monkeypatch.setattr(bench, "OUT", tmp_path)
+    cfg = dataclasses.replace(cfg, out=tmp_path)
     methods = bench.make_methods(conv, bcos, tok.mask_token_id, cfg)
     row = methods["W(x)x of conv. (ablation)"]
     assert row.kind == "conventional" and row.decomposes_logit
@@ -258,11 +260,11 @@ def test_wx_of_the_conventional_model_explains_its_logits_up_to_the_bias_share(b
     assert "biases' share of the logit" in table
 
 
-def test_seqpg_report_shows_where_each_methods_evidence_lands(bench, setup, tmp_path, monkeypatch):
+def test_seqpg_report_shows_where_each_methods_evidence_lands(bench, setup, tmp_path):
     from bcos_plugins.metrics import SeqPGExamples, seqpg_evidence_split, seqpg_score
 
     tok, conv, bcos, cfg, texts = setup
-    monkeypatch.setattr(bench, "OUT", tmp_path)
+    cfg = dataclasses.replace(cfg, out=tmp_path)
     seg = 3
     pieces = [tok(t, add_special_tokens=False)["input_ids"][:seg] for t in ("a gripping , funny film",
                                                                             "dull and far too long")]

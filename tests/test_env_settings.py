@@ -148,3 +148,48 @@ def test_the_recipe_benchmark_reads_its_settings_when_the_run_starts(no_bench_va
         bench.main(["conv"])
     assert used == [3]
     assert not (tmp_path / "out").exists(), "nothing was written"
+
+
+def _benchmark(monkeypatch, name: str):
+    """benchmarks/<name>.py as a new module (importing it reads no variable)."""
+    spec = importlib.util.spec_from_file_location(
+        f"{name}_settings", Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("name", "settings", "default"), [("bench_faithfulness", "Config", "outputs/bench_faithfulness"),
+                                                           ("bench_decoders", "Settings", "outputs/bench_decoders")])
+def test_the_benchmarks_read_their_output_folder_when_the_run_starts(no_bench_variables, monkeypatch, tmp_path, name,
+                                                                      settings, default):
+    """BENCH_OUT set after the import is the folder the run writes to; unset, the documented default."""
+    monkeypatch.setenv("BENCH_OUT", str(tmp_path / "at-import"))
+    bench = _benchmark(monkeypatch, name)
+    monkeypatch.setenv("BENCH_OUT", str(tmp_path / "at-start"))
+    assert getattr(bench, settings).from_env().out == tmp_path / "at-start"
+    monkeypatch.delenv("BENCH_OUT")
+    assert getattr(bench, settings).from_env().out == Path(default)
+
+
+def test_the_decoder_benchmark_writes_nothing_before_its_settings_are_read(no_bench_variables, monkeypatch, tmp_path):
+    bench = _benchmark(monkeypatch, "bench_decoders")
+    monkeypatch.setenv("BENCH_OUT", str(tmp_path / "out"))
+    monkeypatch.setenv("BENCH_THREADS", "3")
+
+    class Started(Exception):
+        pass
+
+    used = []
+
+    def set_num_threads(n):
+        used.append(n)
+        raise Started
+
+    monkeypatch.setattr(bench.hf_logging, "set_verbosity_error", lambda: None)
+    monkeypatch.setattr(bench.torch, "set_num_threads", set_num_threads)
+    with pytest.raises(Started):
+        bench.main()
+    assert used == [3]
+    assert not (tmp_path / "out").exists(), "nothing was written"
