@@ -83,14 +83,15 @@ $(EXAMPLES): $(STAMP)
 
 # examples/guided_esnli.py on ten seeds, two runs at a time: a base run (GUIDED_BASE, named GUIDED_BASE_TAG: vanilla,
 # the supervised default and its random-mask control by default) and a candidate (GUIDED_CANDIDATE, named
-# GUIDED_CANDIDATE_TAG; the ranking objective on all heads by default), on GUIDED_EVAL evaluation pairs; then the
-# paired table of the decision rule (docs/methods/self-guided-attention.md; about 80 minutes on an idle 2-core CPU)
+# GUIDED_CANDIDATE_TAG; the ranking objective on all heads by default; empty: none), on GUIDED_EVAL evaluation
+# pairs; then the paired table of the decision rule (GUIDED_CONFIDENCE: its intervals) (docs/methods/self-guided-attention.md; about 80 minutes on an idle 2-core CPU)
 GUIDED_SEEDS ?= 0 1 2 3 4 5 6 7 8 9
 GUIDED_BASE ?= --variants vanilla,supervised,supervised-random
 GUIDED_BASE_TAG ?= default
 GUIDED_CANDIDATE ?= --variants supervised --supervision-objective rank --supervision-heads 0
 GUIDED_CANDIDATE_TAG ?= rank12
 GUIDED_EVAL ?= 400
+GUIDED_CONFIDENCE ?= 0.975
 GUIDED_OUT ?= outputs/guided_esnli/seeds
 GUIDED_RUN := $(BIN)/python examples/guided_esnli.py --threads 1 --family stock --no-posthoc --eval $(GUIDED_EVAL)
 guided-esnli-seeds: $(STAMP)
@@ -98,10 +99,10 @@ guided-esnli-seeds: $(STAMP)
 	printf '%s\n' $(GUIDED_SEEDS) | xargs -P 2 -I{} sh -c '\
 	  $(GUIDED_RUN) $(GUIDED_BASE) --seed {} --out $(GUIDED_OUT)/$(GUIDED_BASE_TAG)_seed{}.json \
 	    > $(GUIDED_OUT)/log_$(GUIDED_BASE_TAG)_seed{}.txt 2>&1 && \
-	  $(GUIDED_RUN) $(GUIDED_CANDIDATE) --seed {} --out $(GUIDED_OUT)/$(GUIDED_CANDIDATE_TAG)_seed{}.json \
-	    > $(GUIDED_OUT)/log_$(GUIDED_CANDIDATE_TAG)_seed{}.txt 2>&1'
+	  $(if $(GUIDED_CANDIDATE),$(GUIDED_RUN) $(GUIDED_CANDIDATE) --seed {} --out $(GUIDED_OUT)/$(GUIDED_CANDIDATE_TAG)_seed{}.json \
+	    > $(GUIDED_OUT)/log_$(GUIDED_CANDIDATE_TAG)_seed{}.txt 2>&1,true)'
 	$(BIN)/python examples/guided_esnli.py --report $(GUIDED_OUT)/$(GUIDED_BASE_TAG)_seed*.json \
-	  $(GUIDED_OUT)/$(GUIDED_CANDIDATE_TAG)_seed*.json --confidence 0.975
+	  $(if $(GUIDED_CANDIDATE),$(GUIDED_OUT)/$(GUIDED_CANDIDATE_TAG)_seed*.json) --confidence $(GUIDED_CONFIDENCE)
 
 lint: $(STAMP)
 	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks .ci docs
