@@ -84,7 +84,9 @@ $(EXAMPLES): $(STAMP)
 # examples/guided_esnli.py on ten seeds, two runs at a time: a base run (GUIDED_BASE, named GUIDED_BASE_TAG: vanilla,
 # the supervised default and its random-mask control by default) and a candidate (GUIDED_CANDIDATE, named
 # GUIDED_CANDIDATE_TAG; the ranking objective on all heads by default; empty: none), on GUIDED_EVAL evaluation
-# pairs; then the paired table of the decision rule (GUIDED_CONFIDENCE: its intervals) (docs/methods/self-guided-attention.md; about 80 minutes on an idle 2-core CPU)
+# pairs; then the paired table of the decision rule (GUIDED_CONFIDENCE: its intervals;
+# docs/methods/self-guided-attention.md). At the defaults (3 epochs) about 2 hours on an idle 2-core CPU; the
+# confirmation that set them (GUIDED_CANDIDATE= and GUIDED_EVAL=1605, the documented command) about 1 hour.
 GUIDED_SEEDS ?= 0 1 2 3 4 5 6 7 8 9
 GUIDED_BASE ?= --variants vanilla,supervised,supervised-random
 GUIDED_BASE_TAG ?= default
