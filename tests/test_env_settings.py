@@ -103,14 +103,31 @@ def test_the_recipe_benchmark_stops_on_a_bad_setting_before_any_work(tmp_path):
     assert not any(tmp_path.iterdir()), "nothing was written"
 
 
-def _bench_recipes(monkeypatch):
-    """benchmarks/bench_recipes.py as a new module (importing it reads no variable)."""
+def _benchmark(monkeypatch, name: str):
+    """benchmarks/<name>.py as a new module (importing it reads no variable)."""
     spec = importlib.util.spec_from_file_location(
-        "bench_recipes_settings", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_recipes.py")
+        f"{name}_settings", Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+class _Started(Exception):
+    """Raised in place of the run's first call after reading its settings, so no work is done."""
+
+
+def _stop_at_first_call(monkeypatch, bench) -> list[int]:
+    """Make the benchmark's ``torch.set_num_threads`` (the first thing a run does with its settings) record
+    its argument and raise ``_Started``; returns the record."""
+    used: list[int] = []
+
+    def set_num_threads(n):
+        used.append(n)
+        raise _Started
+
+    monkeypatch.setattr(bench.torch, "set_num_threads", set_num_threads)
+    return used
 
 
 @pytest.fixture
@@ -123,7 +140,7 @@ def test_the_recipe_benchmark_reads_its_settings_when_the_run_starts(no_bench_va
     """Importing bench_recipes reads no variable (a bad one set before the import stops the run, not the import);
     ``Settings.from_env()`` and ``main`` see the variables set after the import."""
     monkeypatch.setenv("BENCH_SEED", "-1")
-    bench = _bench_recipes(monkeypatch)
+    bench = _benchmark(monkeypatch, "bench_recipes")
     with pytest.raises(SystemExit, match=r"^BENCH_SEED='-1': out of range \(must be >= 0\)"):
         bench.Settings.from_env()
     monkeypatch.delenv("BENCH_SEED")
@@ -133,31 +150,11 @@ def test_the_recipe_benchmark_reads_its_settings_when_the_run_starts(no_bench_va
     monkeypatch.setenv("BENCH_OUT", str(tmp_path / "out"))
     cfg = bench.Settings.from_env()
     assert (cfg.data, cfg.n_train, cfg.threads, cfg.out) == ("ag_news", 600, 3, tmp_path / "out")
-
-    class Started(Exception):
-        pass
-
-    used = []
-
-    def set_num_threads(n):
-        used.append(n)
-        raise Started
-
-    monkeypatch.setattr(bench.torch, "set_num_threads", set_num_threads)
-    with pytest.raises(Started):
+    used = _stop_at_first_call(monkeypatch, bench)
+    with pytest.raises(_Started):
         bench.main(["conv"])
     assert used == [3]
     assert not (tmp_path / "out").exists(), "nothing was written"
-
-
-def _benchmark(monkeypatch, name: str):
-    """benchmarks/<name>.py as a new module (importing it reads no variable)."""
-    spec = importlib.util.spec_from_file_location(
-        f"{name}_settings", Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(("name", "settings", "default"), [("bench_faithfulness", "Config", "outputs/bench_faithfulness"),
@@ -177,19 +174,9 @@ def test_the_decoder_benchmark_writes_nothing_before_its_settings_are_read(no_be
     bench = _benchmark(monkeypatch, "bench_decoders")
     monkeypatch.setenv("BENCH_OUT", str(tmp_path / "out"))
     monkeypatch.setenv("BENCH_THREADS", "3")
-
-    class Started(Exception):
-        pass
-
-    used = []
-
-    def set_num_threads(n):
-        used.append(n)
-        raise Started
-
     monkeypatch.setattr(bench.hf_logging, "set_verbosity_error", lambda: None)
-    monkeypatch.setattr(bench.torch, "set_num_threads", set_num_threads)
-    with pytest.raises(Started):
+    used = _stop_at_first_call(monkeypatch, bench)
+    with pytest.raises(_Started):
         bench.main()
     assert used == [3]
     assert not (tmp_path / "out").exists(), "nothing was written"
