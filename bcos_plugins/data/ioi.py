@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -210,8 +211,16 @@ def _tokenise(tokenizer, text: str, io: str, s: str, order: Order, template: str
             found.append(hit[0])
         return tuple(found)
 
-    return IOIPrompt(text, io, s, order, template, obj, place, tuple(ids), target, foil,
-                     positions(mentions["io"], target), positions(mentions["s"], foil))
+    evidence, s_positions = positions(mentions["io"], target), positions(mentions["s"], foil)
+    # The task is defined by the IO occurring once and the S twice: a third mention anywhere (a literal name
+    # in the template, an object equal to a name, IO == S) makes the logit difference and the evidence wrong.
+    for role, token, expected in (("IO", target, evidence), ("S", foil, s_positions)):
+        found = tuple(i for i, t in enumerate(ids) if t == token)
+        if found != tuple(sorted(expected)):
+            raise argument_error("text", f"{text!r} mentions the {role} {(io if role == 'IO' else s)!r} at tokens "
+                                 f"{list(found)}, the IOI slots only at {sorted(expected)}",
+                                 "Use templates without literal names and distinct names for IO and S")
+    return IOIPrompt(text, io, s, order, template, obj, place, tuple(ids), target, foil, evidence, s_positions)
 
 
 def _fill(template: str, io: str, s: str, order: Order, obj: str, place: str) -> tuple[str, dict]:
@@ -227,6 +236,40 @@ def _fill(template: str, io: str, s: str, order: Order, obj: str, place: str) ->
             if key in ("A", "B", "S"):
                 spans["io" if values[key] == io and key != "S" else "s"].append((start, len(text)))
     return text, spans
+
+
+def _check_names(names: tuple) -> None:
+    """Names are distinct non-empty strings: a repeated name would be drawn as both IO and S (target == foil)."""
+    for name in names:
+        if not isinstance(name, str) or not name.strip():
+            raise argument_error("names", f"every name must be a non-empty str, got {name!r}",
+                                 "Pass a list of names such as ['Tom', 'Amy']", kind=BcosTypeError)
+    if len(set(names)) < 2:
+        raise argument_error("names", f"need at least two distinct names, got {list(names)}", "Pass more names")
+    repeated = sorted(name for name, count in Counter(names).items() if count > 1)
+    if repeated:
+        raise argument_error("names", f"repeats {repeated}; a repeated name can be drawn as both the IO and the S, "
+                             "whose logit difference is then always 0", "Pass each name once (e.g. "
+                             "list(dict.fromkeys(names)))")
+
+
+def _check_templates_name_free(templates: tuple, names: tuple) -> None:
+    """Refuse a template whose fixed words (or objects / places) include a name of ``names``: that name would
+    occur once more than its slots say (an IO mentioned twice is no longer the name that occurs once)."""
+    name_set = set(names)
+    for template in templates:
+        fixed = re.sub(r"\{\w+\}", " ", template)
+        words = set(re.findall(r"\w+", fixed))
+        if "{OBJECT}" in template:
+            words |= set(IOI_OBJECTS)
+        if "{PLACE}" in template:
+            words |= set(IOI_PLACES)
+        clash = sorted(words & name_set)
+        if clash:
+            raise argument_error("templates", f"{template!r} contains the name(s) {clash[:5]} outside the {{A}} "
+                                 "{B} {S} slots (or among the objects / places it draws), so a prompt could mention "
+                                 "the IO or the S once more than the task allows",
+                                 "Reword the template without that name, or leave it out of names")
 
 
 def make_ioi_prompts(
@@ -254,8 +297,7 @@ def make_ioi_prompts(
     templates = tuple(templates) if templates is not None else (
         IOI_TRAIN_TEMPLATES if split == "train" else IOI_HELDOUT_TEMPLATES)
     names = tuple(names) if names is not None else (IOI_TRAIN_NAMES if split == "train" else IOI_HELDOUT_NAMES)
-    if len(set(names)) < 2:
-        raise argument_error("names", f"need at least two distinct names, got {list(names)}", "Pass more names")
+    _check_names(names)
     for t in templates:
         keys = re.findall(r"\{(\w+)\}", t) if isinstance(t, str) else None
         if keys is None or sorted(set(keys) & {"A", "B", "S"}) != ["A", "B", "S"] or keys.count("S") != 1 \
@@ -263,6 +305,7 @@ def make_ioi_prompts(
             raise argument_error("templates", f"{t!r} is not an IOI template",
                                  "Use {A} and {B} once each for the introduction and {S} once for the subject's "
                                  "second mention, optionally {OBJECT} and {PLACE}; do not start with a name")
+    _check_templates_name_free(templates, names)
     rng = random.Random(f"ioi-{split}-{seed}")
     prompts = []
     for i in range(n):
@@ -350,6 +393,10 @@ def corrupt_ioi(prompts: Sequence[IOIPrompt], *, seed: int = 0, tokenizer=None,
         if tokenizer(text, add_special_tokens=False)["input_ids"] != ids:
             raise BcosValueError(f"corrupt_ioi: the corrupted text {text!r} does not tokenise to the clean prompt's "
                                  "tokens with the names swapped; the template's names are not single tokens there")
+        if any(ids.count(ids[position]) != 1 for position in slots):
+            raise argument_error("names", f"the corrupted text {text!r} mentions one of {[a, b, c]} outside its slot "
+                                 "(the template or its object / place holds that word), so a name repeats",
+                                 "Leave the template's own words out of names")
         out.append(IOIPrompt(text, a, b, p.order, p.template, p.obj, p.place, tuple(ids), ids[p.evidence_positions[0]],
                              ids[p.s_positions[0]], p.evidence_positions, p.s_positions))
     return out
