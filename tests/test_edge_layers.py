@@ -179,3 +179,40 @@ def test_half_precision_training_on_all_zero_embeddings_keeps_gradients_finite(n
     bcos_loss(out, torch.tensor([0, 1, 2])).backward()
     assert torch.isfinite(out.logits).all()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+AUTOCAST_MODELS = ["BertForSequenceClassification", "GPT2ForSequenceClassification", "LlamaForSequenceClassification"]
+
+
+@pytest.mark.parametrize("name", AUTOCAST_MODELS)
+@pytest.mark.parametrize("dtype", HALF)
+def test_autocast_runs_matrix_products_low_and_stays_finite_and_complete(name, dtype):
+    # Under torch.autocast the B-cos projections run their matrix products in the low precision (their
+    # outputs are half, as nn.Linear's are), the norms stay float32, training gradients are finite and reach
+    # every parameter, and explain stays complete to the dtype's rounding (bf16: unit roundoff 4e-3 per step).
+    model = bcosify(tiny_model(name), b=1.25, verbose=False)
+    ids, mask = padded_batch()
+    seen = set()
+    for module in model.modules():
+        if isinstance(module, BcosLinear):
+            module.register_forward_hook(lambda m, args, out: seen.add(out.dtype))
+    model.train()
+    with torch.autocast("cpu", dtype=dtype):
+        out = model(input_ids=ids, attention_mask=mask)
+        loss = bcos_loss(out, torch.tensor([0, 1, 2]))
+    loss.backward()
+    assert seen == {dtype}
+    assert torch.isfinite(out.logits).all() and torch.isfinite(loss)
+    bcos_weights = [m.weight for m in model.modules() if isinstance(m, BcosLinear)]
+    assert bcos_weights and all(w.grad is not None and torch.isfinite(w.grad).all() for w in bcos_weights)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    with torch.autocast("cpu", dtype=dtype):
+        e = explain(model.eval(), ids, mask)
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.isfinite(e.input_contributions).all()
+    bound = 2e-2 if dtype == torch.bfloat16 else 2e-3
+    assert e.completeness_error.float().median() < bound
+    assert (e.delta.abs().float().max() < 2 * bound * e.explained.abs().float().max())
+    picked = full.gather(1, e.target.view(-1, 1)).squeeze(1)
+    torch.testing.assert_close(e.explained.float(), picked, rtol=0, atol=3 * bound * full.abs().max().item())

@@ -6,10 +6,17 @@
 - ReLU:                           ``gate = 1[x > 0]``
 - identity ("linear"):            ``gate = 1`` (bilinear MLPs)
 
-In explanation mode ``gate`` is a constant, so ``x · d act / dx = act(x)``. The product form is used
-in both modes so that forward values are identical in and out of explanation mode. Half-precision inputs
-get their gate computed in float32 (the tanh form's ``x^3`` and its derivative overflow float16 for
-``|x| > 40`` and ``|x| > 148``, which gave NaN gradients) and cast back; the gate lies in [0, 1].
+In explanation mode ``gate`` is a constant, so ``x · d act / dx = act(x)``.
+
+Fused path (default): the forward value is torch's own activation (``F.gelu``, ``F.gelu(approximate="tanh")``,
+``F.silu``, ``F.relu``: one kernel) in both modes, so forward values are identical in and out of explanation
+mode and equal the conventional model's. Training differentiates it as torch does; explanation mode goes
+through :class:`_ConstantGate`, whose backward is ``grad * gate(x)`` (the gate recomputed from the saved
+input, nothing else kept). Reference path (:func:`~bcos_plugins.nn.functional.reference_path`): the product
+``x * gate(x)`` with the gate detached in explanation mode, in both modes. Half-precision inputs get their gate
+computed in float32 (the tanh form's ``x^3`` and its derivative overflow float16 for ``|x| > 40`` and
+``|x| > 148``, which gave NaN gradients) and cast back; the gate lies in [0, 1]. torch's kernels compute half
+inputs in float32 internally.
 """
 
 from __future__ import annotations
@@ -17,14 +24,15 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
 from ..errors import BcosValueError, argument_error
 from .dynamic import DynamicWeightModule
-from .functional import HALF_DTYPES
+from .functional import HALF_DTYPES, using_reference_path
 
-__all__ = ["DetachableActivation", "GATES"]
+__all__ = ["ACTIVATIONS", "DetachableActivation", "GATES"]
 
 
 def _gelu_erf_gate(x: Tensor) -> Tensor:
@@ -42,6 +50,39 @@ GATES = {
     "relu": lambda x: (x > 0).to(x.dtype),
 }
 
+# torch's one-kernel activation for each gate: ``x * GATES[kind](x)``
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "relu": F.relu,
+}
+
+
+def _gate(kind: str, x: Tensor) -> Tensor:
+    if x.dtype in HALF_DTYPES:
+        return GATES[kind](x.float()).to(x.dtype)
+    return GATES[kind](x)
+
+
+class _ConstantGate(torch.autograd.Function):
+    """torch's activation ``x * gate(x)`` in the forward; ``grad * gate(x)`` in the backward (gate constant)."""
+
+    @staticmethod
+    def forward(x: Tensor, kind: str) -> Tensor:
+        return ACTIVATIONS[kind](x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, kind = inputs
+        ctx.kind = kind
+        ctx.save_for_backward(x)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        (x,) = ctx.saved_tensors
+        return grad_out * _gate(ctx.kind, x), None
+
 
 class DetachableActivation(DynamicWeightModule):
     """``x * gate(x)`` with the gate detached in explanation mode. ``kind`` is a key of :data:`GATES`."""
@@ -54,14 +95,17 @@ class DetachableActivation(DynamicWeightModule):
         self.kind = kind
 
     def forward(self, x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
-        with self.dynamic_scope():
-            gate = self.gate(x)
-        return x * self.dynamic_weight(gate)
+        if using_reference_path():
+            with self.dynamic_scope():
+                gate = self.gate(x)
+            return x * self.dynamic_weight(gate)
+        if self.holds_constant():
+            return _ConstantGate.apply(x, self.kind)
+        return ACTIVATIONS[self.kind](x)
 
     def gate(self, x: Tensor) -> Tensor:
-        if x.dtype in HALF_DTYPES:
-            return GATES[self.kind](x.float()).to(x.dtype)
-        return GATES[self.kind](x)
+        """The dynamic weight ``gate(x)`` (float32 arithmetic for half-precision ``x``)."""
+        return _gate(self.kind, x)
 
     def extra_repr(self) -> str:
         return self.kind

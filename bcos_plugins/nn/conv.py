@@ -23,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..errors import BcosValueError, argument_error
-from .functional import HALF_DTYPES, NORM_EPS, bcos_scale, unit_norm
+from .functional import HALF_DTYPES, NORM_EPS, bcos_product, unit_norm
 from .linear import AlignmentPressure, check_features
 
 __all__ = ["BcosConv2d"]
@@ -87,9 +87,10 @@ class BcosConv2d(AlignmentPressure):
         if self.max_out > 1:
             lin = lin.unflatten(1, (self.out_channels, self.max_out)).amax(dim=2)
         if b != 1.0:
+            explaining = self.holds_constant()
             with self.dynamic_scope():
-                dyn = bcos_scale(lin, self.patch_norm(x), b)
-            lin = self.dynamic_weight(dyn) * lin
+                x_norm = self.patch_norm(x)
+            lin = bcos_product(lin, x_norm, b, explaining)
         return lin
 
     def extra_repr(self) -> str:

@@ -66,6 +66,16 @@ class DynamicWeightModule(nn.Module):
             return factor.detach()
         return factor
 
+    def holds_constant(self) -> bool:
+        """Whether this call must treat the dynamic weight as a constant (counted like :meth:`dynamic_weight`).
+
+        For layers whose fused kernels take the decision as an argument instead of detaching a tensor.
+        """
+        if self._explaining_module or _thread_depth() > 0:
+            _THREAD_STATE.used = dynamic_weights_used() + 1
+            return True
+        return False
+
     def dynamic_scope(self) -> AbstractContextManager:
         """Context for computing the dynamic factor: ``torch.no_grad()`` while explaining.
 

@@ -13,14 +13,37 @@ Half precision (float16 / bfloat16): ``||x||`` and the cosine are computed in fl
 back. In float16 the squared norm overflows once ``||x||`` passes 256 (the largest float16 is 65504), which
 made every B-cos layer output exactly 0, and the ``|cos|`` floor (1e-12) rounds to 0, which made the gradient
 of ``|cos| ** (B - 1)`` infinite on zero inputs (padding). float32 inputs take the unchanged path.
+
+Two implementations of ``out = dyn * lin`` (docs/api/nn.md#fused-and-reference-kernels):
+
+- :func:`bcos_product` (the default, "fused"): one autograd node. Its forward runs the element-wise steps in
+  place on one fresh tensor and saves only ``lin`` and ``||x||`` for the backward pass, which recomputes
+  ``dyn`` (a few cheap element-wise operations) instead of keeping the four or five output-sized
+  intermediates that autograd saves for the step-by-step form. Plain tensor code, so ``torch.compile``
+  traces it (no graph break) and inductor fuses each direction into one kernel.
+- :func:`bcos_scale` followed by ``dyn * lin`` (the reference): the maths step by step, differentiated by
+  autograd. Selected for the whole process by :func:`reference_path`; the tests compare the two.
+
+Under ``torch.autocast`` (or with bfloat16 weights) ``lin`` is low precision. ``||x||`` is always accumulated
+in float32 for half-precision inputs (range: the squares overflow float16; precision: bfloat16 sums of
+hundreds of squares lose digits). The fused cosine and ``dyn`` are computed in ``lin``'s dtype when that is
+bfloat16 (float32's range; ``dyn`` lies in [0, 1] and is rounded to bfloat16 before the product in either
+form) and in float32 for float16 (whose range cannot hold ``||x||`` past 65504, nor ``1 / ||x||`` past 2^14
+without losing digits).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 
-__all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "input_norm", "bcos_scale", "max_out"]
+from ..errors import BcosTypeError, argument_error
+
+__all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "input_norm", "bcos_scale", "bcos_product",
+           "max_out", "reference_path", "using_reference_path"]
 
 NORM_EPS = 1e-6
 COS_FLOOR = 1e-12
@@ -71,6 +94,124 @@ def bcos_scale(lin: Tensor, x_norm: Tensor, b: float) -> Tensor:
     else:
         dyn = abs_cos.pow_(b - 1.0) if in_place else abs_cos.pow(b - 1.0)
     return dyn if dyn.dtype == lin.dtype else dyn.to(lin.dtype)
+
+
+def _fused_dtype(lin: Tensor) -> torch.dtype:
+    """The dtype the fused cosine and ``dyn`` are computed in (module docstring)."""
+    return torch.float32 if lin.dtype == torch.float16 else lin.dtype
+
+
+def _fused_scale(lin: Tensor, x_norm: Tensor, b: float) -> Tensor:
+    """``dyn`` for the fused path, in :func:`_fused_dtype`; a fresh tensor (the caller may write into it).
+
+    ``lin * (1 / ||x||)``: the reciprocal is taken once per row (a tensor of ``lin``'s size divided
+    element-wise costs more than a product). Called without autograd recording (in the forward and the
+    backward of :class:`_BcosProduct`), so the steps run in place.
+    """
+    dtype = _fused_dtype(lin)
+    inv_norm = x_norm.to(torch.promote_types(x_norm.dtype, torch.float32)).reciprocal().to(dtype)
+    abs_cos = lin.to(dtype) * inv_norm
+    abs_cos = abs_cos.abs_().clamp_min_(COS_FLOOR)
+    if b == 2.0:
+        return abs_cos
+    if b == 1.5:
+        return abs_cos.sqrt_()
+    if b == 1.25:
+        return abs_cos.sqrt_().sqrt_()
+    return abs_cos.pow_(b - 1.0)
+
+
+class _BcosProduct(torch.autograd.Function):
+    """``out = |lin / ||x|| | ** (B - 1) * lin`` as one autograd node (module docstring).
+
+    Gradients, with ``dyn = max(|cos|, floor) ** (B - 1)`` and ``active`` where ``|cos| > floor``:
+
+    - training: ``d out / d lin = B dyn`` where active (the product rule collapses: ``lin d dyn / d lin =
+      (B - 1) dyn``), ``dyn`` elsewhere; ``d out / d ||x|| = -(B - 1) out / ||x||`` where active, summed over
+      the units that share the norm. No negative power of ``|cos|`` appears, so zero inputs keep finite
+      gradients in any dtype.
+    - explaining (``dyn`` constant): ``d out / d lin = dyn`` and no gradient reaches ``||x||``.
+    """
+
+    @staticmethod
+    def forward(lin: Tensor, x_norm: Tensor, b: float, explaining: bool) -> Tensor:
+        dyn = _fused_scale(lin, x_norm, b)
+        if dyn.dtype != lin.dtype:
+            dyn = dyn.to(lin.dtype)
+        return dyn.mul_(lin)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        lin, x_norm, b, explaining = inputs
+        ctx.b = b
+        ctx.explaining = explaining
+        ctx.save_for_backward(lin, x_norm)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        lin, x_norm = ctx.saved_tensors
+        b = ctx.b
+        dyn = _fused_scale(lin, x_norm, b)
+        if ctx.explaining:
+            grad_lin = grad_out * dyn.to(lin.dtype)
+            return grad_lin, None, None, None
+        dtype = dyn.dtype
+        active = (lin.to(dtype) * x_norm.to(dtype).reciprocal()).abs_() > COS_FLOOR
+        grad_dyn_lin = grad_out.to(dtype) * dyn
+        grad_lin = torch.where(active, grad_dyn_lin * b, grad_dyn_lin)
+        grad_norm = None
+        if ctx.needs_input_grad[1]:
+            # d out / d ||x|| = -(B - 1) dyn lin / ||x|| on the active units
+            per_unit = torch.where(active, grad_dyn_lin * lin.to(dtype), 0.0)
+            wide = torch.promote_types(x_norm.dtype, torch.float32)
+            grad_norm = per_unit.sum_to_size(x_norm.shape).to(wide)
+            grad_norm = (grad_norm * (-(b - 1.0)) / x_norm.to(wide)).to(x_norm.dtype)
+        return grad_lin.to(lin.dtype), grad_norm, None, None
+
+
+def bcos_product(lin: Tensor, x_norm: Tensor, b: float, explaining: bool) -> Tensor:
+    """``dyn * lin`` with ``dyn = |lin / ||x|| | ** (B - 1)`` (``dyn`` a constant for autograd when
+    ``explaining``), through the fused path or, inside :func:`reference_path`, the reference one.
+
+    ``x_norm`` broadcasts against ``lin`` (``(..., 1)`` for a linear layer, ``(batch, 1, h, w)`` for a
+    convolution). The forward values are the same whether ``explaining`` or not; only the gradient differs.
+    """
+    if _REFERENCE_PATH:
+        if explaining:
+            with torch.no_grad():
+                dyn = bcos_scale(lin, x_norm, b)
+            return dyn * lin
+        return bcos_scale(lin, x_norm, b) * lin
+    return _BcosProduct.apply(lin, x_norm, b, explaining)
+
+
+_REFERENCE_PATH = False
+
+
+def using_reference_path() -> bool:
+    """Whether the B-cos layers run the step-by-step reference implementation (see :func:`reference_path`)."""
+    return _REFERENCE_PATH
+
+
+@contextmanager
+def reference_path(enabled: bool = True) -> Iterator[None]:
+    r"""Run every B-cos layer (linear, convolution, LayerNorm, activations) through the reference
+    implementation, the maths written step by step and differentiated by autograd, while the block runs.
+
+    For tests and debugging: the fused default computes the same values with fewer kernels and less saved
+    memory (docs/api/nn.md). Process-wide (not per thread), and read when a forward pass runs, so a
+    ``torch.compile``\ d model recompiles when it changes.
+    """
+    global _REFERENCE_PATH
+    if not isinstance(enabled, bool):
+        raise argument_error("enabled", f"must be True or False, got {enabled!r}",
+                             "call reference_path() or reference_path(False)", kind=BcosTypeError)
+    previous = _REFERENCE_PATH
+    _REFERENCE_PATH = enabled
+    try:
+        yield
+    finally:
+        _REFERENCE_PATH = previous
 
 
 def max_out(lin: Tensor, m: int) -> Tensor:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from .dynamic import DynamicWeightModule
-from .functional import COS_FLOOR, NORM_EPS, bcos_scale, input_norm, max_out, unit_norm
+from .functional import COS_FLOOR, NORM_EPS, bcos_product, input_norm, max_out, unit_norm
 
 __all__ = ["AlignmentPressure", "BcosLinear", "BcosConv1D", "MAX_B", "check_b"]
 
@@ -210,9 +210,10 @@ class BcosLinear(AlignmentPressure):
         b = self._pressure()
         lin = max_out(self._linear(x), self.max_out)
         if b != 1.0:
+            explaining = self.holds_constant()
             with self.dynamic_scope():
-                dyn = bcos_scale(lin, input_norm(x), b)
-            lin = self.dynamic_weight(dyn) * lin
+                x_norm = input_norm(x)
+            lin = bcos_product(lin, x_norm, b, explaining)
         if self.explaining and self.constant_outputs is not None:
             lin = _detach_slice(lin, self.constant_outputs)
         return lin

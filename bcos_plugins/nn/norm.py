@@ -8,17 +8,25 @@ differentiable; ``rsqrt(var + eps)`` is the dynamic weight (a constant in explan
 Both compute the same arithmetic in and out of explanation mode, so forward values are bit-identical, and
 both normalise half-precision inputs in float32 and cast back: in float16 the variance overflows once values
 pass about 256, and BERT's ``eps = 1e-12`` rounds to 0 (a constant row, e.g. padding, then gives NaN).
+
+``BcosLayerNorm``'s fused path (default) is torch's ``F.layer_norm`` without bias (one kernel, which
+accumulates half-precision inputs in float32 itself) in both modes; explanation mode differentiates it through
+:class:`_ConstantScaleLayerNorm`, whose backward holds ``rsqrt(var + eps)`` constant:
+``grad_x = h - mean(h)`` with ``h = grad * gamma * rsqrt(var + eps)`` (the centring's transpose). The
+reference path (:func:`~bcos_plugins.nn.functional.reference_path`) is the step-by-step form above.
+``DetachableRMSNorm`` has one path: it is the arithmetic of Llama's own RMSNorm (the conventional model's).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from .dynamic import DynamicWeightModule
-from .functional import HALF_DTYPES
+from .functional import HALF_DTYPES, using_reference_path
 
 __all__ = ["BcosLayerNorm", "DetachableRMSNorm"]
 
@@ -28,6 +36,39 @@ def _check_eps(eps) -> float:
         raise argument_error("eps", f"must be a finite number > 0, got {eps!r}",
                              "keep the model's layer_norm_eps (e.g. 1e-5 or 1e-12)", kind=BcosValueError)
     return float(eps)
+
+
+class _ConstantScaleLayerNorm(torch.autograd.Function):
+    """``F.layer_norm(x, shape, gamma, None, eps)`` whose backward holds ``rsqrt(var + eps)`` constant."""
+
+    @staticmethod
+    def forward(x: Tensor, weight: Tensor | None, normalized_shape: tuple[int, ...], eps: float) -> Tensor:
+        return F.layer_norm(x, normalized_shape, weight, None, eps)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, weight, normalized_shape, eps = inputs
+        ctx.dims = tuple(range(-len(normalized_shape), 0))
+        ctx.eps = eps
+        ctx.save_for_backward(x, weight)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        x, weight = ctx.saved_tensors
+        dims = ctx.dims
+        compute = torch.float32 if x.dtype in HALF_DTYPES else x.dtype
+        xc = x.to(compute)
+        var, mean = torch.var_mean(xc, dim=dims, correction=0, keepdim=True)
+        inv_std = torch.rsqrt(var + ctx.eps)
+        grad = grad_out.to(compute)
+        grad_weight = None
+        if weight is not None and ctx.needs_input_grad[1]:
+            normalised = (xc - mean) * inv_std
+            batch_dims = tuple(range(grad.ndim - len(dims)))
+            grad_weight = (grad * normalised).sum(dim=batch_dims).to(weight.dtype)
+        h = (grad * weight.to(compute) if weight is not None else grad) * inv_std
+        grad_x = h - h.mean(dim=dims, keepdim=True) if ctx.needs_input_grad[0] else None
+        return (grad_x.to(x.dtype) if grad_x is not None else None), grad_weight, None, None
 
 
 class BcosLayerNorm(DynamicWeightModule):
@@ -62,6 +103,13 @@ class BcosLayerNorm(DynamicWeightModule):
         return new
 
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
+        if not using_reference_path():
+            if x.dtype == torch.float16:
+                # torch's float16 kernel keeps rsqrt(var + eps) in float16 for the backward pass, where BERT's
+                # eps = 1e-12 makes it 1e6 on a constant row (padding): infinite, then NaN gradients
+                y = self._fused(x.float(), None).to(x.dtype)
+                return y * self.weight if self.weight is not None else y
+            return self._fused(x, self.weight)
         dims = tuple(range(-len(self.normalized_shape), 0))
         half = x.dtype in HALF_DTYPES
         xc = x.float() if half else x
@@ -70,6 +118,11 @@ class BcosLayerNorm(DynamicWeightModule):
         if half:
             y = y.to(x.dtype)
         return y * self.weight if self.weight is not None else y
+
+    def _fused(self, x: Tensor, weight: Tensor | None) -> Tensor:
+        if self.holds_constant():
+            return _ConstantScaleLayerNorm.apply(x, weight, self.normalized_shape, self.eps)
+        return F.layer_norm(x, self.normalized_shape, weight, None, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, bias=False"
