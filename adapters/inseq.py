@@ -93,7 +93,7 @@ from bcos_plugins.convert.architectures import ArchitectureSpec, spec_for, suppo
 from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
-from bcos_plugins.train import reconvert_stock_load
+from bcos_plugins.persistence import reconvert_stock_load
 
 __all__ = [
     "METHOD_NAME",

@@ -7,16 +7,18 @@ transformers internal (opaque error) or a formula (silently wrong number).
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .errors import BcosTypeError, argument_error
 
-__all__ = ["bad_rows", "require_choice", "require_class_ids", "require_float", "require_int",
-           "require_same_shape", "require_tensor", "require_token_batch"]
+__all__ = ["bad_rows", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
+           "require_int", "require_labels", "require_number", "require_run_settings", "require_same_shape",
+           "require_tensor", "require_text_pairs", "require_texts", "require_token_batch"]
 
 
 def bad_rows(bad: Tensor, limit: int = 8) -> str:
@@ -160,3 +162,115 @@ def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | Non
             raise argument_error("attention_mask", f"has no real token in {bad_rows(empty)}",
                                  "Remove empty rows from the batch")
     return ids, attention_mask
+
+
+# The training helpers' checks (fine-tuning, pre-training, prediction): their messages state the whole
+# allowed range ("must be finite and (0, 1]"), which the training tests and the docs quote.
+
+
+def require_number(name: str, value, *, low: float, low_open: bool = False, high: float | None = None) -> float:
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``), bools refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise argument_error(name, f"must be a number, got {type(value).__name__} {value!r}",
+                             f"pass a float, e.g. {name}=0.5" if high else "pass a positive float",
+                             kind=BcosTypeError)
+    value = float(value)
+    above = value > low if low_open else value >= low
+    if not (math.isfinite(value) and above and (high is None or value <= high)):
+        span = f"({low:g}, {high:g}]" if high is not None else f"{'>' if low_open else '>='} {low:g}"
+        raise argument_error(name, f"must be finite and {span}, got {value!r}", "pass a value in that range")
+    return value
+
+
+def require_count(name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum`` (a batch size, a length, a number of labels), bools refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise argument_error(name, f"must be an integer, got {type(value).__name__} {value!r}",
+                             f"pass e.g. {name}={max(minimum, 8)}", kind=BcosTypeError)
+    if value < minimum:
+        raise argument_error(name, f"must be >= {minimum}, got {value}", f"pass e.g. {name}={max(minimum, 8)}")
+    return int(value)
+
+
+def require_classifier(model) -> int:
+    """The ``num_labels`` of a transformers sequence classifier, refusing anything else."""
+    num_labels = getattr(getattr(model, "config", None), "num_labels", None)
+    if not isinstance(model, nn.Module) or not isinstance(num_labels, int) or num_labels < 1:
+        raise argument_error("model", f"must be a transformers sequence classifier (config.num_labels), got "
+                             f"{type(model).__name__}", "pass e.g. AutoModelForSequenceClassification"
+                             ".from_pretrained(name, num_labels=2)", kind=BcosTypeError)
+    return num_labels
+
+
+def require_texts(texts) -> list[str]:
+    """A non-empty list of strings (a single string is refused: it would be split into characters)."""
+    if isinstance(texts, str) or not hasattr(texts, "__len__"):
+        raise argument_error("texts", f"must be a list of strings, got {type(texts).__name__}",
+                             "pass e.g. ['a text', 'another']", kind=BcosTypeError)
+    texts = list(texts)
+    if not texts:
+        raise argument_error("texts", "is empty", "pass at least one text")
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise argument_error("texts", f"texts[{bad}] is {type(texts[bad]).__name__} {texts[bad]!r}, not a string",
+                             "pass strings only", kind=BcosTypeError)
+    return texts
+
+
+def require_text_pairs(text_pairs, n: int) -> list[str] | None:
+    """The second texts of sentence pairs (``None``: single texts), one string per text."""
+    if text_pairs is None:
+        return None
+    if isinstance(text_pairs, str) or not hasattr(text_pairs, "__len__"):
+        raise argument_error("text_pairs", f"must be a list of strings (the second text of each pair), got "
+                             f"{type(text_pairs).__name__}", "pass e.g. ['a hypothesis', 'another'], one per text",
+                             kind=BcosTypeError)
+    text_pairs = list(text_pairs)
+    if len(text_pairs) != n:
+        raise argument_error("text_pairs", f"{n} texts but {len(text_pairs)} text_pairs",
+                             "pass one second text per text (texts[i] pairs with text_pairs[i])")
+    bad = next((i for i, t in enumerate(text_pairs) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise argument_error("text_pairs", f"text_pairs[{bad}] is {type(text_pairs[bad]).__name__} "
+                             f"{text_pairs[bad]!r}, not a string", "pass strings only (use '' for an empty "
+                             "second text)", kind=BcosTypeError)
+    return text_pairs
+
+
+def require_labels(labels, num_labels: int, *, n: int | None = None) -> list[int]:
+    """Class ids as a list of ints, refusing what would be silently truncated or out of range.
+
+    Floats are refused, not truncated (``int(0.7) == 0`` would train on a wrong label): pass integer ids.
+    """
+    if isinstance(labels, Tensor):
+        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+            raise argument_error("labels", f"must be integer class ids, got a {labels.dtype} tensor",
+                                 "pass class ids as integers (0.7 or 1.9 are not class ids; convert whole "
+                                 "numbers with .long())")
+        labels = labels.reshape(-1).tolist()
+    if isinstance(labels, str) or not hasattr(labels, "__len__"):
+        raise argument_error("labels", f"must be a list of integer class ids, got {type(labels).__name__}",
+                             "pass e.g. [0, 1, 1]", kind=BcosTypeError)
+    labels = list(labels)
+    for i, y in enumerate(labels):
+        if isinstance(y, bool) or not isinstance(y, numbers.Integral):
+            raise argument_error("labels", f"labels[{i}] is {type(y).__name__} {y!r}, not an integer class id",
+                                 "pass integer ids (floats such as 0.7 or 1.9 are refused, not truncated; "
+                                 "convert whole numbers with int(y))")
+        if not 0 <= y < num_labels:
+            raise argument_error("labels", f"labels[{i}] = {y} is outside [0, {num_labels}) (the model's "
+                                 "num_labels)", "map the labels to 0..num_labels-1, or build the model with "
+                                 "more labels")
+    if n is not None and len(labels) != n:
+        raise argument_error("labels", f"{n} texts but {len(labels)} labels", "pass one label per text")
+    return [int(y) for y in labels]
+
+
+def require_run_settings(epochs, batch_size, max_length, learning_rate, seed) -> None:
+    """The settings every training helper of the package takes, checked before any work is done."""
+    require_number("epochs", epochs, low=0.0, low_open=True)
+    require_count("batch_size", batch_size)
+    require_count("max_length", max_length, minimum=2)
+    require_number("learning_rate", learning_rate, low=0.0, low_open=True)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise argument_error("seed", f"must be an integer, got {seed!r}", "pass e.g. seed=0", kind=BcosTypeError)

@@ -6,7 +6,7 @@
   to the word embeddings, is kept (as the paper keeps LM heads) and applied without its vocabulary bias.
 - :func:`classifier_from_masked_lm`: a B-cos ``BertForSequenceClassification`` whose encoder carries the
   pre-trained B-cos encoder's weights (and the B of every layer); fine-tune it with
-  :func:`~bcos_plugins.train.fine_tune_classifier`.
+  :func:`~bcos_plugins.fine_tuning.fine_tune_classifier`.
 - :func:`fine_tune_task_then_bcos`: fine-tune conventionally, B-cosify, fine-tune again with ``bcos_loss``.
 
 All three run unchanged under ``torchrun`` / ``accelerate launch`` (the ``Trainer`` does the distribution).
@@ -20,21 +20,16 @@ from pathlib import Path
 
 from torch import nn
 
+from ._checks import require_classifier, require_count, require_number, require_run_settings, require_texts
 from .convert.architectures import spec_for
-from .convert.bcosify import BCOS_CONFIG_KEY, bcosify
+from .convert.bcosify import bcosify
+from .convert.checkpoint_format import BCOS_CONFIG_KEY
+from .encoded_texts import EncodedTexts
 from .errors import BcosTypeError, BcosValueError, argument_error
+from .fine_tuning import fine_tune_classifier, training_arguments
+from .nn.dynamic import has_dynamic_weights
 from .nn.linear import check_b
-from .train import (
-    _check_classifier,
-    _check_count,
-    _check_number,
-    _check_run_settings,
-    _check_texts,
-    _is_bcos,
-    _training_arguments,
-    fine_tune_classifier,
-    load_bcos_model,
-)
+from .persistence import load_bcos_model
 
 __all__ = ["BCOS_STAGE_SCHEDULE", "MASKED_LM_ARCHITECTURES", "classifier_from_masked_lm", "fine_tune_task_then_bcos",
            "pretrain_masked_lm"]
@@ -80,7 +75,7 @@ def _load_masked_lm(source, b: float | None, bcos_query_key: bool | None) -> nn.
                              "pass e.g. 'bert-base-uncased' or transformers.BertForMaskedLM(config)",
                              kind=BcosTypeError)
     _masked_lm_name(source)
-    if not _is_bcos(source):
+    if not has_dynamic_weights(source):
         return bcosify(source, b=1.25 if b is None else b, bcos_query_key=bcos_query_key is not False,
                        verbose=False)
     own = source.config.bcos["b"]
@@ -145,27 +140,25 @@ def pretrain_masked_lm(
     """
     from transformers import DataCollatorForLanguageModeling, Trainer
 
-    from .train import _EncodedTexts
-
     if b is not None:
         check_b(b)
     _check_query_key(bcos_query_key, allow_none=True)
     if not callable(tokenizer) or getattr(tokenizer, "mask_token", None) is None:
         raise argument_error("tokenizer", f"must be a transformers tokenizer with a mask token, got "
                              f"{type(tokenizer).__name__}", "pass AutoTokenizer.from_pretrained(...) of the model")
-    texts = _check_texts(texts)
-    _check_run_settings(epochs, batch_size, max_length, learning_rate, seed)
-    _check_number("mlm_probability", mlm_probability, low=0.0, low_open=True, high=1.0)
+    texts = require_texts(texts)
+    require_run_settings(epochs, batch_size, max_length, learning_rate, seed)
+    require_number("mlm_probability", mlm_probability, low=0.0, low_open=True, high=1.0)
     model = _load_masked_lm(model, b, bcos_query_key)
     if len(tokenizer) > model.config.vocab_size:
         raise argument_error("tokenizer", f"has {len(tokenizer)} tokens but the model's vocabulary "
                              f"{model.config.vocab_size}", "pass the tokenizer the model was trained with")
-    args = _training_arguments("bcos_mlm_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
+    args = training_arguments("bcos_mlm_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
                                progress, training_args)
     trainer = Trainer(
         model=model,
         args=args,
-        train_dataset=_EncodedTexts(tokenizer, texts, None, max_length),
+        train_dataset=EncodedTexts(tokenizer, texts, None, max_length),
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability,
                                                       seed=seed),
     )
@@ -187,7 +180,7 @@ def classifier_from_masked_lm(masked_lm, num_labels: int = 2, *, pooler_from=Non
 
     Every layer keeps the B it had in the masked LM, and the query/key projections their kind (B-cos or
     stock, ``bcos_query_key``). The classifier is in eval mode; fine-tune it with
-    :func:`~bcos_plugins.train.fine_tune_classifier` (a larger ``head_learning_rate`` helps the fresh head).
+    :func:`~bcos_plugins.fine_tuning.fine_tune_classifier` (a larger ``head_learning_rate`` helps the fresh head).
 
     Raises:
         BcosTypeError / BcosValueError: not a B-cos masked LM, ``num_labels`` < 1, a ``pooler_from`` without a
@@ -197,12 +190,12 @@ def classifier_from_masked_lm(masked_lm, num_labels: int = 2, *, pooler_from=Non
 
     if isinstance(masked_lm, str | os.PathLike):
         masked_lm = load_bcos_model(masked_lm)
-    if not isinstance(masked_lm, nn.Module) or not _is_bcos(masked_lm):
+    if not isinstance(masked_lm, nn.Module) or not has_dynamic_weights(masked_lm):
         raise argument_error("masked_lm", f"must be a B-cos masked LM (or its folder), got "
                              f"{type(masked_lm).__name__}", "pass pretrain_masked_lm(...).model or the "
                              "folder saved from it", kind=BcosTypeError)
     arch = _masked_lm_name(masked_lm, "masked_lm")
-    num_labels = _check_count("num_labels", num_labels)
+    num_labels = require_count("num_labels", num_labels)
     config = copy.deepcopy(masked_lm.config)
     delattr(config, BCOS_CONFIG_KEY)
     config.num_labels = num_labels
@@ -247,7 +240,7 @@ def fine_tune_task_then_bcos(
     ``model`` (a stock sequence classifier) is first fine-tuned with its own cross-entropy for
     ``task_epochs`` at ``task_learning_rate``, then B-cosified in place at ``b`` (and ``bcos_query_key``, see
     :func:`~bcos_plugins.bcosify`) and fine-tuned with ``bcos_loss`` for ``epochs`` at ``learning_rate`` by
-    :func:`~bcos_plugins.train.fine_tune_classifier` with ``fine_tune_kwargs`` (``head_learning_rate``,
+    :func:`~bcos_plugins.fine_tuning.fine_tune_classifier` with ``fine_tune_kwargs`` (``head_learning_rate``,
     ``teacher``, ...; those that are not B-cos-stage settings, such as ``max_length`` or ``TrainingArguments``
     keywords, apply to the first stage too, as does ``batch_size``). Returns the second stage's ``Trainer``;
     the B-cos model is ``model`` itself (and ``trainer.model``).
@@ -256,24 +249,23 @@ def fine_tune_task_then_bcos(
     ``task-then-bcos-b1.1-stockqk-warm-cos``): B = 1.1 with the query/key projections kept stock, 2 conventional
     epochs at 1e-4, then 2 B-cos epochs at 2e-4 with a 10 % linear warm-up and a cosine decay (the B-cos stage's
     default ``warmup_steps=0.1``, ``lr_scheduler_type="cosine"``; either one passed applies to both stages), batch
-    16: on the shipped slices 2.8 points behind conventional fine-tuning on SST-2 (three seeds) and 0.2 on AG News
-    (two), at no more B-cos training than the conventional model's. Note that :func:`~bcos_plugins.bcosify` itself
-    defaults to B-cos query/key.
+    16, at no more B-cos training than the conventional model's (docs/benchmarks.md has what it measured). Note
+    that :func:`~bcos_plugins.bcosify` itself defaults to B-cos query/key.
 
     Raises:
         BcosValueError / BcosTypeError: ``model`` is already B-cos (use fine_tune_classifier), or any argument
             fine_tune_classifier refuses.
     """
-    _check_classifier(model)
-    if _is_bcos(model):
+    require_classifier(model)
+    if has_dynamic_weights(model):
         raise argument_error("model", "is already B-cos; task then B-cos starts from a stock classifier",
                              "pass the stock model, or call fine_tune_classifier on the B-cos one")
     check_b(b)
     _check_query_key(bcos_query_key)
     # both stages' own settings are checked before the first stage trains, under their own names
-    _check_number("task_epochs", task_epochs, low=0.0, low_open=True)
-    _check_number("task_learning_rate", task_learning_rate, low=0.0, low_open=True)
-    _check_run_settings(epochs, batch_size, fine_tune_kwargs.get("max_length", 64), learning_rate,
+    require_number("task_epochs", task_epochs, low=0.0, low_open=True)
+    require_number("task_learning_rate", task_learning_rate, low=0.0, low_open=True)
+    require_run_settings(epochs, batch_size, fine_tune_kwargs.get("max_length", 64), learning_rate,
                         fine_tune_kwargs.get("seed", 0))
     if fine_tune_kwargs.get("loss", "auto") == "ce":
         raise argument_error("loss", "is 'ce', but the B-cos stage trains with bcos_loss",

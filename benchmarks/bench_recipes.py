@@ -268,7 +268,8 @@ def task_then_bcos_features(b: float, n_extra: int, hidden_weight: float, learni
         import torch.nn.functional as F
         from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
 
-        from bcos_plugins.train import _EncodedTexts, bcos_loss, predict
+        from bcos_plugins.encoded_texts import EncodedTexts
+        from bcos_plugins.train import bcos_loss, predict
 
         teacher = conventional(tok, data, cfg).eval()
         extra = transfer_texts(n_extra, cfg)
@@ -298,7 +299,7 @@ def task_then_bcos_features(b: float, n_extra: int, hidden_weight: float, learni
                                  per_device_train_batch_size=BATCH, learning_rate=learning_rate, seed=cfg.seed,
                                  disable_tqdm=True, report_to=[], save_strategy="no", logging_steps=10, dataloader_pin_memory=False,
                                  remove_unused_columns=False)
-        FeatureTrainer(model=model, args=args, train_dataset=_EncodedTexts(tok, texts, labels, MAX_LENGTH),
+        FeatureTrainer(model=model, args=args, train_dataset=EncodedTexts(tok, texts, labels, MAX_LENGTH),
                        data_collator=DataCollatorWithPadding(tok)).train()
         return model.eval()
     return run

@@ -196,16 +196,16 @@ def test_distillation_moves_the_student_toward_the_teacher(kind):
 
 
 def test_distillation_loss_is_task_loss_plus_weighted_term():
-    from bcos_plugins.train import _DistillationLoss, bcos_loss
+    from bcos_plugins.losses import DistillationLoss, bcos_loss
 
     logits, teacher = torch.tensor([[1.0, -2.0], [0.5, 0.3]]), torch.tensor([[3.0, -1.0], [-1.0, 2.0]])
     labels = torch.tensor([0, 1])
-    loss = _DistillationLoss(True, 0.5, "kl", 2.0)
+    loss = DistillationLoss(True, 0.5, "kl", 2.0)
     loss.trainer = type("T", (), {"teacher_batch": teacher})()
     p_t, log_s = (teacher / 2).softmax(-1), (logits / 2).log_softmax(-1)
     kl = (p_t * (p_t.log() - log_s)).sum(-1).mean() * 4
     torch.testing.assert_close(loss(logits, labels), bcos_loss(logits, labels) + 0.5 * kl)
-    mse = _DistillationLoss(False, 2.0, "mse", 1.0)
+    mse = DistillationLoss(False, 2.0, "mse", 1.0)
     mse.trainer = loss.trainer
     expected = torch.nn.functional.cross_entropy(logits, labels) + 2.0 * (logits - teacher).pow(2).mean()
     torch.testing.assert_close(mse(logits, labels), expected)

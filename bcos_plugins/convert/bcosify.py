@@ -34,19 +34,13 @@ from ..nn import (
     has_dynamic_weights,
 )
 from .architectures import SPECS, ArchitectureSpec, check_stock_class, supported_architectures
+from .checkpoint_format import BCOS_CONFIG_KEY, FORMAT_VERSION, STOCK_QUERY_KEY_FORMAT_VERSION
 from .query_key import ConstantQueryKeyProjection, StockQueryKeyConv1D
 from .report import ConversionReport
 
 __all__ = ["bcosify", "UnsupportedModuleError", "BCOS_CONFIG_KEY"]
 
 logger = logging.getLogger("bcos_plugins")
-
-BCOS_CONFIG_KEY = "bcos"
-# 1: B only in config.bcos["b"]. 2: every B-cos layer also stores the B it runs with (buffer ``bcos_b``).
-# 3: query/key projections kept stock (config.bcos["query_key"] == "stock"); written only for such models.
-FORMAT_VERSION = 2
-STOCK_QUERY_KEY_FORMAT_VERSION = 3
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
 
 # Activation classes by name (transformers' ACT2CLS classes and torch.nn ones) -> gate kind.
 _ACTIVATION_GATES = {

@@ -358,8 +358,8 @@ def next_token_contrast(
     (padding on either side: position ids count real tokens only, as ``explain`` does).
     """
     from .._checks import require_int, require_token_batch
+    from ..attribution.targets import real_token_positions
     from ..errors import argument_error
-    from ..train_decoder import real_token_positions
 
     batch_size = require_int("batch_size", batch_size, minimum=1)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)

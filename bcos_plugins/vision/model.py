@@ -27,9 +27,9 @@ from transformers.modeling_outputs import ImageClassifierOutput
 
 from .._checks import require_class_ids
 from ..errors import argument_error
+from ..losses import bcos_loss
 from ..nn.conv import BcosConv2d
 from ..nn.linear import BcosLinear
-from ..train import bcos_loss
 from .attention import BcosViTAttention
 from .config import BcosViTConfig
 from .encoding import InputEncoding, check_pixel_values

@@ -1,0 +1,241 @@
+"""Fine-tuning sequence classifiers with transformers' ``Trainer``: one call, an optimiser with a separate head
+rate, and distillation from a teacher's logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ._checks import (
+    require_classifier,
+    require_labels,
+    require_number,
+    require_run_settings,
+    require_text_pairs,
+    require_texts,
+)
+from .b_warmup import BWarmupCallback
+from .encoded_texts import EncodedTexts
+from .errors import BcosTypeError, argument_error
+from .losses import DistillationLoss, bcos_loss
+from .nn.dynamic import has_dynamic_weights
+from .prediction import predict
+
+__all__ = ["fine_tune_classifier", "two_rate_adamw"]
+
+
+def fine_tune_classifier(
+    model: nn.Module,
+    tokenizer,
+    texts: list[str],
+    labels: list[int],
+    *,
+    text_pairs: list[str] | None = None,
+    epochs: float = 1.0,
+    batch_size: int = 32,
+    learning_rate: float = 5e-5,
+    head_learning_rate: float | None = None,
+    max_length: int = 64,
+    output_dir: str | Path | None = None,
+    loss: str = "auto",
+    seed: int = 0,
+    progress: bool = True,
+    b_warmup: float | None = None,
+    teacher: nn.Module | None = None,
+    distill_weight: float | None = None,
+    distill_loss: str = "kl",
+    distill_temperature: float = 1.0,
+    **training_args,
+):
+    """Fine-tune a sequence classifier with transformers' ``Trainer`` and return the trainer.
+
+    The defaults are generic (stock or B-cos, one stage). The two-stage recipe
+    :func:`bcos_plugins.pretrain.fine_tune_task_then_bcos` (conventional fine-tuning, ``bcosify`` at B = 1.1
+    with stock query/key, then this function at ``learning_rate=2e-4`` with ``warmup_steps=0.1,
+    lr_scheduler_type="cosine"``) has its own defaults, since they suit a B-cos model that starts from a
+    task-trained stock model, not a stock model or a B-cos model with a fresh head; docs/recipes.md and
+    docs/benchmarks.md give what each recipe measured.
+
+    ``loss="auto"`` uses :func:`bcos_loss` (BCE on one-hot targets) for B-cos models and the model's own
+    cross-entropy otherwise; ``"bce"`` / ``"ce"`` force one. Padding is dynamic (``DataCollatorWithPadding``).
+    Sentence-pair tasks (NLI, paraphrase): ``text_pairs`` holds the second text of each example, encoded as the
+    tokenizer's pair (``[CLS] text [SEP] pair [SEP]`` with token types for BERT), truncated longest first to
+    ``max_length``; pass the same ``text_pairs`` to :func:`predict` / :func:`accuracy`.
+
+    ``head_learning_rate`` (default: ``learning_rate``) applies to the freshly initialised head (every
+    parameter outside the encoder, plus the pooler). B-cos logits are bounded by the norm of their input
+    and grow only as the head's weights align with it, so a short CPU fine-tuning converges much faster
+    with a larger head rate (the paper trains 5 epochs on GPUs instead). ``b_warmup=f`` anneals B from 1 to
+    the model's B over the first fraction ``f`` of the steps (:class:`BWarmupCallback`). Extra keyword
+    arguments go to ``TrainingArguments``.
+
+    Distillation: with ``teacher`` (a classifier with the same ``num_labels`` that reads the same tokenizer's
+    ids, e.g. the conventionally fine-tuned model) the loss is the task loss plus ``distill_weight`` (default
+    1.0) times ``distill_loss``: ``"kl"``, ``T**2 * KL(softmax(teacher / T) || softmax(student / T))`` with
+    ``T = distill_temperature``, or ``"mse"``, the mean squared difference of the logits. The teacher's logits
+    are computed once, in eval mode, before training.
+    """
+
+    from transformers import DataCollatorWithPadding, Trainer
+
+    num_labels = require_classifier(model)
+    texts = require_texts(texts)
+    text_pairs = require_text_pairs(text_pairs, len(texts))
+    labels = require_labels(labels, num_labels, n=len(texts))
+    if not callable(tokenizer):
+        raise argument_error("tokenizer", f"must be a transformers tokenizer, got {type(tokenizer).__name__}",
+                             "pass AutoTokenizer.from_pretrained(...) of the model", kind=BcosTypeError)
+    require_run_settings(epochs, batch_size, max_length, learning_rate, seed)
+    if head_learning_rate is not None:
+        require_number("head_learning_rate", head_learning_rate, low=0.0, low_open=True)
+    if b_warmup is not None:
+        require_number("b_warmup", b_warmup, low=0.0, low_open=True, high=1.0)
+    if not isinstance(loss, str) or loss not in ("auto", "bce", "ce"):
+        raise argument_error("loss", f"must be 'auto', 'bce' or 'ce', got {loss!r}",
+                             "use 'auto' (BCE for B-cos models, the model's cross-entropy otherwise)")
+    distill = _check_distillation(model, teacher, distill_weight, distill_loss, distill_temperature)
+    use_bce = loss == "bce" or (loss == "auto" and has_dynamic_weights(model))
+    args = training_arguments("bcos_finetune_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
+                               progress, training_args)
+    optimizers = (None, None)
+    if head_learning_rate is not None:
+        optimizers = (two_rate_adamw(model, learning_rate, head_learning_rate, args.weight_decay), None)
+    dataset = EncodedTexts(tokenizer, texts, labels, max_length, text_pairs)
+    trainer_class, loss_func = Trainer, (bcos_loss if use_bce else None)
+    if distill is not None:
+        dataset.teacher_logits = predict(teacher, tokenizer, texts, text_pairs=text_pairs, batch_size=batch_size,
+                                         max_length=max_length).tolist()
+        # the Trainer would drop "teacher_logits" (not an argument of the model's forward) before the loss
+        args.remove_unused_columns = False
+        trainer_class = distilling_trainer_class()
+        loss_func = DistillationLoss(use_bce, *distill)
+    trainer = trainer_class(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=TeacherCollator(DataCollatorWithPadding(tokenizer)) if distill else DataCollatorWithPadding(
+            tokenizer),
+        compute_loss_func=loss_func,
+        optimizers=optimizers,
+        callbacks=[BWarmupCallback(model, fraction=b_warmup)] if b_warmup else None,
+    )
+    if distill is not None:
+        loss_func.trainer = trainer
+    trainer.train()
+    model.eval()
+    return trainer
+
+
+def _check_distillation(model, teacher, weight, kind, temperature) -> tuple[float, str, float] | None:
+    """``(weight, kind, temperature)`` of a valid distillation setting, ``None`` without a teacher."""
+    if teacher is None:
+        if weight is not None:
+            raise argument_error("distill_weight", f"is {weight!r} but no teacher was given",
+                                 "pass teacher=<a fine-tuned classifier>, or leave distill_weight out")
+        return None
+    if not isinstance(teacher, nn.Module) or not isinstance(getattr(getattr(teacher, "config", None),
+                                                                    "num_labels", None), int):
+        raise argument_error("teacher", f"must be a transformers sequence classifier, got "
+                             f"{type(teacher).__name__}", "pass the conventionally fine-tuned model",
+                             kind=BcosTypeError)
+    if teacher is model:
+        raise argument_error("teacher", "is the model being trained", "pass a separate, fine-tuned model")
+    if teacher.config.num_labels != model.config.num_labels:
+        raise argument_error("teacher", f"has {teacher.config.num_labels} labels, the model "
+                             f"{model.config.num_labels}", "distil from a teacher trained on the same classes")
+    weight = 1.0 if weight is None else require_number("distill_weight", weight, low=0.0)
+    if not isinstance(kind, str) or kind not in ("kl", "mse"):
+        raise argument_error("distill_loss", f"must be 'kl' or 'mse', got {kind!r}",
+                             "use 'kl' (softened class probabilities) or 'mse' (logits)")
+    temperature = require_number("distill_temperature", temperature, low=0.0, low_open=True)
+    return weight, kind, temperature
+
+
+class TeacherCollator:
+    """Pads like ``DataCollatorWithPadding`` and stacks the teacher logits (the tokenizer's pad drops them)."""
+
+    def __init__(self, pad) -> None:
+        self.pad = pad
+
+    def __call__(self, features: list[dict]) -> dict:
+        teacher = torch.tensor([f["teacher_logits"] for f in features])
+        batch = self.pad([{k: v for k, v in f.items() if k != "teacher_logits"} for f in features])
+        batch["teacher_logits"] = teacher
+        return batch
+
+
+def distilling_trainer_class():
+    from transformers import Trainer
+
+    class BcosDistillationTrainer(Trainer):
+        """Trainer that takes the precomputed teacher logits out of the batch before the model sees it."""
+
+        teacher_batch: Tensor | None = None
+
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            self.teacher_batch = inputs.pop("teacher_logits")
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    return BcosDistillationTrainer
+
+
+def training_arguments(prefix: str, output_dir, n_texts: int, epochs, batch_size, learning_rate, seed,
+                        progress: bool, training_args: dict):
+    """``TrainingArguments`` of the package's training helpers; ``training_args`` override the defaults."""
+    import tempfile
+
+    from transformers import TrainingArguments
+
+    overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, n_texts // batch_size // 10),
+                   "dataloader_pin_memory": torch.cuda.is_available()}
+    return TrainingArguments(
+        output_dir=str(output_dir or tempfile.mkdtemp(prefix=prefix)),
+        num_train_epochs=epochs,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        seed=seed,
+        disable_tqdm=not progress,
+        **{**overridable, **training_args},
+    )
+
+
+def two_rate_adamw(model: nn.Module, learning_rate: float, head_learning_rate: float,
+                   weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """AdamW with one rate for the pretrained encoder and another for the head (and the pooler).
+
+    The head is every trainable parameter outside the encoder (``model.base_model_prefix``) plus the pooler;
+    frozen parameters (``requires_grad=False``) are left out. This is the optimiser behind
+    ``fine_tune_classifier(..., head_learning_rate=...)``; pass it to a custom ``Trainer`` as
+    ``optimizers=(two_rate_adamw(model, 2e-4, 1e-3, args.weight_decay), None)``. B-cos logits are bounded by
+    the norm of their input and grow only as the fresh head aligns with it, so B-cos fine-tuning on a small
+    budget converges faster with a larger head rate.
+
+    Raises:
+        BcosTypeError / BcosValueError: ``model`` not a module with encoder parameters under its
+            ``base_model_prefix``, or with nothing trainable; a rate not finite and > 0; ``weight_decay`` < 0.
+    """
+    if not isinstance(model, nn.Module):
+        raise argument_error("model", f"must be a torch module, got {type(model).__name__}",
+                             "pass a transformers classifier", kind=BcosTypeError)
+    learning_rate = require_number("learning_rate", learning_rate, low=0.0, low_open=True)
+    head_learning_rate = require_number("head_learning_rate", head_learning_rate, low=0.0, low_open=True)
+    weight_decay = require_number("weight_decay", weight_decay, low=0.0)
+    prefix = getattr(model, "base_model_prefix", "")
+    named = list(model.named_parameters())
+    if not prefix or not any(name.startswith(prefix + ".") for name, _ in named):
+        raise argument_error("model", f"has no encoder parameters under base_model_prefix {prefix!r}, so the "
+                             "encoder cannot be told from the head", "pass a transformers classifier (e.g. "
+                             "BertForSequenceClassification), or build the parameter groups yourself")
+    head, body = [], []
+    for name, p in named:
+        if p.requires_grad:
+            in_body = name.startswith(prefix + ".") and ".pooler." not in name
+            (body if in_body else head).append(p)
+    if not body and not head:
+        raise argument_error("model", "has no trainable parameters (all have requires_grad=False)",
+                             "unfreeze the parameters to train")
+    # a frozen encoder (or head) leaves its group out rather than giving AdamW an empty one
+    groups = [{"params": ps, "lr": lr} for ps, lr in ((body, learning_rate), (head, head_learning_rate)) if ps]
+    return torch.optim.AdamW(groups, lr=learning_rate, weight_decay=weight_decay)

@@ -1,0 +1,97 @@
+"""Training losses of B-cos classifiers.
+
+- :func:`bcos_loss`: binary cross-entropy on one-hot targets, from logits (numerically stable, unlike
+  sigmoid-then-BCE), with transformers ``Trainer``'s ``compute_loss_func`` signature.
+- :class:`DistillationLoss`: the task loss plus a distillation term towards a teacher's logits.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .errors import BcosTypeError, argument_error
+
+__all__ = ["bcos_loss"]
+
+
+def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None = None) -> Tensor:
+    """Binary cross-entropy from logits on one-hot targets (B-cos training objective).
+
+    Usable directly as ``Trainer(..., compute_loss_func=bcos_loss)``. ``outputs`` is a model output with
+    ``.logits`` (or the logits tensor); ``labels`` are class ids ``(batch,)``. The loss is the mean over
+    rows and classes; with ``num_items_in_batch`` (gradient accumulation) rows are summed and divided by it.
+
+    Raises:
+        BcosValueError / BcosTypeError: logits not ``(batch, classes)`` or an empty batch (whose mean would be
+            NaN), labels not integer ids of shape ``(batch,)`` in ``[0, classes)``, ``num_items_in_batch`` < 1.
+    """
+    logits = outputs.logits if hasattr(outputs, "logits") else outputs
+    if not isinstance(logits, Tensor) or not logits.is_floating_point():
+        raise argument_error("outputs", f"must be float logits or a model output with .logits, got "
+                             f"{type(logits).__name__}", "pass the model's output (or its logits)",
+                             kind=BcosTypeError)
+    if logits.ndim != 2 or logits.shape[1] < 1:
+        raise argument_error("outputs", f"bcos_loss expects classifier logits of shape (batch, classes), got "
+                             f"{tuple(logits.shape)}", "pass a sequence/image classifier's logits")
+    if logits.shape[0] == 0:
+        raise argument_error("outputs", "the batch is empty (0 rows), whose mean loss is NaN",
+                             "skip empty batches (check the data loader / dataset length)")
+    if not isinstance(labels, Tensor):
+        raise argument_error("labels", f"must be a tensor of class ids, got {type(labels).__name__}",
+                             "pass torch.tensor(ids, dtype=torch.long)", kind=BcosTypeError)
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise argument_error("labels", f"must be integer class ids, got dtype {labels.dtype}",
+                             "pass class ids as torch.long (float labels such as 0.7 are not class ids; "
+                             "soft targets are not supported)")
+    if labels.shape != logits.shape[:1]:
+        raise argument_error("labels", f"must have shape ({logits.shape[0]},) like the logits' batch, got "
+                             f"{tuple(labels.shape)}", "pass one class id per row")
+    n_classes = logits.shape[-1]
+    if (labels < 0).any() or (labels >= n_classes).any():
+        bad = labels[(labels < 0) | (labels >= n_classes)].unique().tolist()
+        raise argument_error("labels", f"must lie in [0, {n_classes}), got {bad[:10]}",
+                             "check the label mapping against the model's num_labels")
+    one_hot = F.one_hot(labels.to(logits.device), n_classes).to(logits.dtype)
+    if num_items_in_batch is None:
+        return F.binary_cross_entropy_with_logits(logits, one_hot)
+    n_items = num_items_in_batch.item() if isinstance(num_items_in_batch, Tensor) else num_items_in_batch
+    if isinstance(n_items, bool) or not isinstance(n_items, numbers.Real) or not n_items >= 1:
+        raise argument_error("num_items_in_batch", f"must be a count >= 1, got {num_items_in_batch!r}",
+                             "pass the number of rows over all accumulated batches, or None")
+    per_row = F.binary_cross_entropy_with_logits(logits, one_hot, reduction="none").mean(-1)
+    return per_row.sum() / num_items_in_batch
+
+
+class DistillationLoss:
+    """Task loss + weight x distillation term, as a ``compute_loss_func`` (same scaling as :func:`bcos_loss`).
+
+    The task loss is :func:`bcos_loss` (``use_bce``) or the cross-entropy; the term is ``"kl"``,
+    ``T**2 * KL(softmax(teacher / T) || softmax(student / T))`` with ``T = temperature``, or ``"mse"``, the mean
+    squared difference of the logits. The teacher's logits of the batch are handed over by the trainer
+    (``trainer.teacher_batch``) because ``compute_loss_func`` only receives the outputs and the labels.
+    """
+
+    def __init__(self, use_bce: bool, weight: float, kind: str, temperature: float) -> None:
+        self.use_bce, self.weight, self.kind, self.temperature = use_bce, weight, kind, temperature
+        self.trainer = None
+
+    def __call__(self, outputs, labels: Tensor, num_items_in_batch=None) -> Tensor:
+        logits = outputs.logits if hasattr(outputs, "logits") else outputs
+        teacher = self.trainer.teacher_batch.to(logits.device, logits.dtype)
+        if self.use_bce:
+            task = bcos_loss(logits, labels, num_items_in_batch)
+        else:
+            per_row = F.cross_entropy(logits, labels, reduction="none")
+            task = per_row.mean() if num_items_in_batch is None else per_row.sum() / num_items_in_batch
+        if self.kind == "kl":
+            t = self.temperature
+            per_row = t * t * F.kl_div(F.log_softmax(logits / t, -1), F.log_softmax(teacher / t, -1),
+                                       log_target=True, reduction="none").sum(-1)
+        else:
+            per_row = (logits - teacher).pow(2).mean(-1)
+        term = per_row.mean() if num_items_in_batch is None else per_row.sum() / num_items_in_batch
+        return task + self.weight * term

@@ -1,0 +1,373 @@
+"""Loading B-cos models saved with ``save_pretrained``, and the checks that make a load exact or refuse it.
+
+A B-cos text model is saved as its stock transformers class would be, plus ``config.bcos`` (the record of
+:mod:`bcos_plugins.convert.checkpoint_format`) and one ``bcos_b`` entry per B-cos layer. Loading reads it
+with transformers' own ``from_pretrained`` as the stock class, converts it again exactly as it was saved and
+refuses anything that would make the loaded model differ from the saved one. A :class:`~bcos_plugins.vision.
+BcosViT` folder is loaded as a ``BcosViT`` with the same checks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+from torch import nn
+
+from .convert.architectures import SPECS, stock_class
+from .convert.bcosify import bcosify
+from .convert.checkpoint_format import (
+    BCOS_CONFIG_KEY,
+    FORMAT_VERSION,
+    READABLE_FORMAT_VERSIONS,
+    STOCK_QUERY_KEY_FORMAT_VERSION,
+)
+from .errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
+from .nn.linear import AlignmentPressure, check_b
+
+__all__ = ["BCOS_CONFIG_KEY", "FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "STOCK_QUERY_KEY_FORMAT_VERSION",
+           "load_bcos_model", "reconvert_stock_load"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_VIT_MODEL_TYPE = "bcos_vit"
+SINGLE_WEIGHTS = "model.safetensors"
+SHARDED_INDEX = "model.safetensors.index.json"
+
+
+class _LogCapture(logging.Handler):
+    """Keeps transformers' loading messages (its load report) to put them into the package's errors."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(_ANSI.sub("", record.getMessage()))
+
+    def problems(self) -> list[str]:
+        """The report's rows that are errors (not the biases and ``bcos_b`` entries B-cos expects)."""
+        rows = [line for message in self.messages for line in message.splitlines() if "|" in line]
+        bad = [" ".join(r.replace("|", " ").split()) for r in rows if "MISMATCH" in r or "CONVERSION" in r]
+        return bad or [m for m in self.messages if "LOAD REPORT" not in m][:5]
+
+
+def checked_folder(path) -> tuple[str, bool]:
+    """``path`` as a string and whether it is a local folder; clear errors for what cannot be a model."""
+    if not isinstance(path, str | os.PathLike):
+        raise argument_error("path", f"must be a folder path (str or Path), got {type(path).__name__}",
+                             "pass the folder written by model.save_pretrained(folder)", kind=BcosTypeError)
+    text = os.fspath(path)
+    local = Path(os.path.expanduser(text))  # os.path leaves "~unknown_user" as it is; pathlib raises
+    try:
+        is_dir, exists = local.is_dir(), local.exists()
+    except (OSError, ValueError) as err:  # a name too long for the file system, a NUL byte, ...
+        raise BcosFileError(f"path: {text[:200]!r} cannot be a folder ({err.__class__.__name__}: "
+                            f"{str(err)[:120]}). Pass the folder written by model.save_pretrained(folder).") from None
+    if is_dir:
+        if not (local / "config.json").is_file():
+            raise BcosFileError(f"path: {local} has no config.json, so it is not a saved model. Pass the folder "
+                                "written by model.save_pretrained(folder).")
+        return str(local), True
+    if exists:
+        raise BcosFileError(f"path: {local} is a file, not a folder. Pass the folder written by "
+                            "model.save_pretrained(folder) (it holds config.json and model.safetensors).")
+    if not _HUB_ID.match(text) or text.startswith((".", "~")):
+        raise BcosFileError(f"path: the folder {local} does not exist. Pass the folder written by "
+                            "model.save_pretrained(folder) (or a hub model id such as 'user/model').")
+    return text, False
+
+
+def weight_files(path: str, local: bool) -> list[str]:
+    """The safetensors files transformers loads from ``path``, each checked to be complete (named if not).
+
+    The choice follows transformers' own: a single ``model.safetensors`` wins over a sharded index, so an
+    index left behind by an earlier sharded save (``save_pretrained`` does not remove it) is not read.
+    """
+    from safetensors import safe_open
+    from transformers.utils import cached_file
+
+    def find(name: str) -> str | None:
+        if local:
+            candidate = os.path.join(path, name)
+            return candidate if os.path.isfile(candidate) else None
+        try:
+            return cached_file(path, name, _raise_exceptions_for_missing_entries=False)
+        except OSError:
+            return None
+
+    single = find(SINGLE_WEIGHTS)
+    index = None if single is not None else find(SHARDED_INDEX)
+    if single is not None:
+        files = [single]
+    elif index is not None:
+        try:
+            with open(index) as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise BcosFileError(f"path: {index} is not a valid safetensors index ({err}). Re-save the model "
+                                "with save_pretrained.") from None
+        files = [find(name) or os.path.join(os.path.dirname(index), name) for name in shards]
+    else:
+        other = [n for n in ("pytorch_model.bin", "model.pt") if find(n)]
+        hint = (f" It holds {other[0]}: load it with transformers and save it again with "
+                "save_pretrained(folder) (safetensors)") if other else ""
+        raise BcosFileError(f"path: {path} has no model.safetensors (load_bcos_model reads safetensors only)."
+                            f"{hint or ' Save the model with model.save_pretrained(folder)'}.")
+    for file in files:
+        if not os.path.isfile(file):
+            raise BcosFileError(f"path: the weight file {file} listed in the index is missing. Copy the whole "
+                                "folder written by save_pretrained.")
+        if os.path.getsize(file) == 0:
+            raise BcosFileError(f"path: the weight file {file} is empty (0 bytes). Save the model again with "
+                                "save_pretrained, or copy the file again (the copy was interrupted?).")
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except Exception as err:  # safetensors raises its own SafetensorError for damaged files
+            raise BcosFileError(f"path: the weight file {file} is damaged or truncated ({err}). Save the model "
+                                "again with save_pretrained, or copy the file again.") from None
+    return files
+
+
+def stored_pressures(files: list[str]) -> dict[str, float]:
+    """``{layer name: B}`` from the ``bcos_b`` entries of the checkpoint (format 2 and later)."""
+    from safetensors import safe_open
+
+    out = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for key in f.keys():
+                if key.endswith(".bcos_b"):
+                    out[key[: -len(".bcos_b")]] = f.get_tensor(key).item()
+    return out
+
+
+def checked_settings(path: str, config) -> dict:
+    """``config.bcos`` of a saved B-cos model, refused (with the field named) if it was edited or is unknown."""
+    settings = getattr(config, BCOS_CONFIG_KEY, None)
+    if not isinstance(settings, dict) or "architecture" not in settings:
+        raise BcosValueError(f"path: {path} has no B-cos settings in config.json (config.bcos); it was not "
+                             "saved from a model converted with bcosify. Load it with transformers and call "
+                             "bcosify instead.")
+    version = settings.get("format_version")
+    if isinstance(version, bool) or version not in READABLE_FORMAT_VERSIONS:
+        raise BcosValueError(
+            f"config.bcos['format_version']: {path}/config.json says {version!r}, but this version of "
+            f"bcos-plugins reads formats {', '.join(map(str, READABLE_FORMAT_VERSIONS))}. Upgrade bcos-plugins "
+            "if the model was saved by a newer one; otherwise config.json was edited: restore it from the "
+            "original save (the file is not rewritten)."
+        )
+    check_b(settings.get("b"), name="config.bcos['b']")
+    expected = "stock" if version == STOCK_QUERY_KEY_FORMAT_VERSION else None
+    if settings.get("query_key") != expected:
+        raise BcosValueError(
+            f"config.bcos['query_key']: {path}/config.json says {settings.get('query_key')!r} with format "
+            f"{version}, which writes {expected!r}. config.json was edited: restore it from the original save "
+            "(the file is not rewritten).")
+    name = settings["architecture"]
+    if not isinstance(name, str) or name not in SPECS:
+        raise BcosValueError(f"config.bcos['architecture']: {path}/config.json names {name!r}, not one of "
+                             f"{', '.join(sorted(SPECS))}. Restore config.json from the original save.")
+    # save_pretrained writes the class it saved into config.architectures (the B-cos subclass bcosify swaps in
+    # for some, e.g. BcosDistilBertForSequenceClassification), and the config's own class (model_type) must be
+    # the one the architecture reads: either differing means config.json was edited
+    saved = getattr(config, "architectures", None)
+    config_class = stock_class(name).config_class
+    if (saved and list(saved) not in ([name], [f"Bcos{name}"])) or not isinstance(config, config_class):
+        raise BcosValueError(
+            f"config.bcos['architecture']: {path}/config.json names {name!r}, but the file describes "
+            f"{'architectures ' + str(list(saved)) if saved else ''}{' and ' if saved else ''}model_type "
+            f"{getattr(config, 'model_type', None)!r} ({name} reads {config_class.__name__}). config.json was "
+            "edited: restore it from the original save (the file is not rewritten).")
+    return settings
+
+
+def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = None,
+                         files: list[str] | None = None) -> tuple[dict[str, nn.Module], list[str]]:
+    """Convert, in place, a model transformers loaded as its *stock* class from a B-cos save at ``path``.
+
+    Converts it as it was saved: the query/key choice recorded in ``config.bcos`` and, from format 2, the B
+    every B-cos layer stored (a save made mid-way through a B warm-up has several). The one mechanism behind
+    :func:`load_bcos_model` and the inseq adapter's ``inseq.load_model(folder, "bcos")``. Returns the B-cos
+    layers by name and the names of those the save stored no B for (the caller decides whether that is an
+    error). ``settings`` / ``files`` skip re-reading them when the caller already has them.
+
+    Raises:
+        BcosValueError: a format-1 record (one B in ``config.bcos["b"]``) next to weights that store a B per
+            layer, i.e. an edited ``format_version`` whose load would ignore the stored B.
+    """
+    if settings is None:
+        settings = checked_settings(path, model.config)
+    if files is None:
+        files = weight_files(*checked_folder(path))
+    stored = stored_pressures(files)
+    if settings["format_version"] < 2 and stored:
+        # format 1 never wrote bcos_b entries: these weights come from a later save whose config.json was edited
+        raise BcosValueError(
+            f"config.bcos['format_version']: {path}/config.json says 1 (one B for every layer, "
+            f"config.bcos['b'] = {settings['b']}), but its weights store a B per layer ({len(stored)} bcos_b "
+            "entries, written from format 2 on), which format 1 would ignore. config.json was edited: restore "
+            "it from the original save (the file is not rewritten).")
+    bcosify(model, b=settings["b"], bcos_query_key=settings.get("query_key") != "stock", verbose=False)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, AlignmentPressure)}
+    without_b = sorted(set(layers) - set(stored)) if settings["format_version"] >= 2 else []
+    for layer_name, value in stored.items():
+        if layer_name in layers:
+            layers[layer_name].b = check_b(value, name=f"{layer_name}.bcos_b in {path}")
+    return layers, without_b
+
+
+# from_pretrained's own options that share a name with a configuration attribute
+_LOADING_OPTIONS = frozenset({"dtype", "torch_dtype", "attn_implementation", "experts_implementation"})
+# what sets the classifier head's shape, which the saved weights fix
+_LABEL_SETTINGS = ("num_labels", "id2label", "label2id")
+
+
+def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
+    """Set the configuration attributes among ``kwargs`` on ``config`` (as ``from_pretrained`` does when it
+    reads the configuration itself) and return the other keywords; refuse those that would change the head.
+
+    ``load_bcos_model`` hands transformers a configuration object, and transformers then passes every keyword
+    on to the model's constructor, which fails on a configuration attribute (``TypeError`` from deep inside).
+    """
+    if "config" in kwargs:
+        raise argument_error("config", "load_bcos_model reads the configuration saved in the folder (config.bcos "
+                             "records how the model was converted)", "leave config out; change attributes of "
+                             "model.config after loading, or pass them as keywords (e.g. output_attentions=True)")
+    labels = next((k for k in _LABEL_SETTINGS if k in kwargs), None)
+    if labels is not None:
+        raise argument_error(
+            labels, f"{path} was saved with {config.num_labels} labels (a classifier's head has that shape), and "
+            "load_bcos_model rebuilds the saved model as it was", "leave it out; for other classes, "
+            "load this model and fine-tune it with a new head, or B-cosify the stock model built with the labels "
+            "you need")
+    saved = config.to_dict()
+    rest = {}
+    for key, value in kwargs.items():
+        if key in saved and key not in _LOADING_OPTIONS:
+            setattr(config, key, value)
+        else:
+            rest[key] = value
+    return rest
+
+
+def _load_reporting(load, path: str):
+    """``load()`` with transformers' load report kept off the console and quoted in our errors."""
+    capture = _LogCapture()
+    hf_logger = logging.getLogger("transformers.modeling_utils")
+    level, propagate = hf_logger.level, hf_logger.propagate
+    hf_logger.addHandler(capture)
+    # The report is expected to list the biases B-cos removes and the bcos_b entries the stock class lacks;
+    # it is kept off the console and quoted in the error below if anything else is wrong.
+    # Just below WARNING: the report (a warning) is emitted, but transformers' tensor-parallel plan check,
+    # which runs when this logger's own level is WARNING or above, stays off (it warns on every B-cos load).
+    hf_logger.setLevel(logging.WARNING - 1)
+    hf_logger.propagate = False
+    try:
+        return load()
+    except (RuntimeError, OSError, ValueError) as err:  # a TypeError (bad keyword argument) stays as it is
+        problems = capture.problems()
+        if not problems:
+            raise BcosValueError(f"path: transformers could not load {path} ({type(err).__name__}: {err}). Check "
+                                 "the from_pretrained keyword arguments, or re-save the model.") from err
+        raise BcosValueError(
+            f"path: the weights in {path} do not fit its config.json; transformers reports: "
+            + "; ".join(problems) + ". Restore the folder from the original save_pretrained (config.json and "
+            "the safetensors files must come from the same model; a changed num_labels changes the "
+            "classifier's shape)."
+        ) from None
+    finally:
+        hf_logger.removeHandler(capture)
+        hf_logger.setLevel(level)
+        hf_logger.propagate = propagate
+
+
+def _saved_model_type(path: str, local: bool) -> str | None:
+    """``model_type`` of config.json read as plain JSON (AutoConfig does not know the package's own types)."""
+    if not local:
+        return None
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None  # AutoConfig reports the unreadable file below, with the path
+    return data.get("model_type") if isinstance(data, dict) else None
+
+
+def _load_vit(path: str, kwargs: dict) -> nn.Module:
+    """A saved :class:`~bcos_plugins.vision.BcosViT`, refused if any weight it needs is missing or unexpected."""
+    from .vision import BcosViT, BcosViTConfig
+
+    try:
+        config = BcosViTConfig.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as err:
+        raise BcosFileError(f"path: cannot read a BcosViT configuration from {path}/config.json ({err}). "
+                            "Restore config.json from the original save.") from None
+    kwargs = _apply_config_overrides(path, config, kwargs)
+    weight_files(path, True)
+    model, info = _load_reporting(lambda: BcosViT.from_pretrained(path, config=config, use_safetensors=True,
+                                                                  output_loading_info=True, **kwargs), path)
+    # a BcosViT saved before every layer stored its B has no bcos_b entries; it runs at config.b
+    missing = [k for k in info["missing_keys"] if not k.endswith("bcos_b")]
+    if missing or info["unexpected_keys"] or info.get("mismatched_keys"):
+        raise BcosValueError(
+            f"path: {path} does not hold a whole BcosViT: missing {sorted(missing)}, unexpected "
+            f"{sorted(info['unexpected_keys'])}, mismatched {info.get('mismatched_keys')} (the missing weights "
+            "would be random). Restore the folder from the original save_pretrained.")
+    return model.eval()
+
+
+def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
+    """Reload a B-cos model written by ``model.save_pretrained(path)`` (safetensors only).
+
+    The stock architecture recorded in ``config.bcos`` is loaded with transformers' own
+    ``from_pretrained`` (sharding, dtype and device options work), converted again, and checked: the only
+    weights transformers may report missing are the biases B-cos removes. Every B-cos layer gets the B
+    stored with it (format 2: the B it was running with when saved, also mid-way through a B warm-up);
+    format-1 folders, which stored one B in ``config.bcos["b"]``, load at that B. A folder saved from a
+    :class:`~bcos_plugins.vision.BcosViT` loads as one, with every weight required. Keywords that name a
+    configuration attribute (e.g. ``output_attentions=True``) set it, as in ``from_pretrained``; the others
+    (``dtype``, ``device_map``, ...) go to ``from_pretrained``. The model is returned in eval mode.
+
+    Raises:
+        BcosFileError: no such folder (or hub id), no config.json, no or an empty / truncated safetensors
+            file (named).
+        BcosValueError: not a B-cos model, an unknown or edited ``config.bcos`` (format version, architecture,
+            query/key), weights that do not fit the configuration (wrong shapes, a changed ``num_labels``:
+            transformers' load report is quoted) or are missing, or a keyword that would change the saved head
+            (``num_labels``, ``id2label``, ``label2id``) or replace the saved configuration (``config``).
+    """
+    from transformers import AutoConfig
+
+    path, local = checked_folder(path)
+    if _saved_model_type(path, local) == _VIT_MODEL_TYPE:
+        return _load_vit(path, from_pretrained_kwargs)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        where = os.path.join(path, "config.json") if local else path
+        raise BcosFileError(f"path: cannot read a model configuration from {where} ({err}). Pass the folder "
+                            "written by model.save_pretrained(folder) (or a hub model id).") from None
+    settings = checked_settings(path, config)
+    from_pretrained_kwargs = _apply_config_overrides(path, config, from_pretrained_kwargs)
+    files = weight_files(path, local)
+    name = settings["architecture"]
+    model, info = _load_reporting(
+        lambda: stock_class(name).from_pretrained(path, config=config, use_safetensors=True,
+                                                  output_loading_info=True, **from_pretrained_kwargs), path)
+    layers, without_b = reconvert_stock_load(model, path, settings, files)
+    dropped = set(model.bcos_report.dropped_biases)
+    unexpected_missing = [k for k in info["missing_keys"] if k not in dropped]
+    unexpected = [k for k in info["unexpected_keys"] if not (k.endswith(".bcos_b") and k[:-7] in layers)]
+    if unexpected_missing or unexpected or info.get("mismatched_keys") or without_b:
+        raise BcosValueError(
+            f"path: {path} does not match a B-cos {name}: missing {sorted(unexpected_missing)}, unexpected "
+            f"{sorted(unexpected)}, mismatched {info.get('mismatched_keys')}, B-cos layers without a stored B "
+            f"{without_b}. Restore the folder from the original save_pretrained."
+        )
+    model.eval()
+    return model

@@ -1,0 +1,45 @@
+"""Batched prediction with a text classifier: logits and accuracy for lists of texts (or sentence pairs)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ._checks import require_classifier, require_count, require_labels, require_text_pairs, require_texts
+
+__all__ = ["accuracy", "predict"]
+
+
+@torch.no_grad()
+def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[str] | None = None,
+            batch_size: int = 64, max_length: int = 64) -> Tensor:
+    """Logits ``(n, classes)`` for a list of texts (with ``text_pairs``: sentence pairs), batched, in eval mode,
+    row ``i`` for text ``i``.
+
+    Texts are batched in order of length (each batch is padded to its longest text, so similar lengths waste
+    less work) and the rows are put back in the input order.
+    """
+    texts = require_texts(texts)
+    text_pairs = require_text_pairs(text_pairs, len(texts))
+    require_count("batch_size", batch_size)
+    require_count("max_length", max_length, minimum=2)
+    model.eval()
+    device = next(model.parameters()).device
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]) + (len(text_pairs[i]) if text_pairs else 0))
+    out = []
+    for start in range(0, len(texts), batch_size):
+        rows = order[start : start + batch_size]
+        pairs = None if text_pairs is None else [text_pairs[i] for i in rows]
+        enc = tokenizer([texts[i] for i in rows], pairs, padding=True, truncation=True, max_length=max_length,
+                        return_tensors="pt").to(device)
+        out.append(model(**enc).logits.float().cpu())
+    logits = torch.cat(out)
+    return logits[torch.argsort(torch.tensor(order))]
+
+
+def accuracy(model: nn.Module, tokenizer, texts: list[str], labels: list[int], **kwargs) -> float:
+    """Share of texts whose predicted class equals the label (``kwargs``: :func:`predict`'s, ``text_pairs``
+    included)."""
+    labels = require_labels(labels, require_classifier(model), n=len(require_texts(texts)))
+    pred = predict(model, tokenizer, texts, **kwargs).argmax(-1)
+    return (pred == torch.as_tensor(labels)).float().mean().item()
