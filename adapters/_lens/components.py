@@ -36,6 +36,8 @@ from bcos_plugins.attribution.results import relative_completeness_error
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn.dynamic import explanation_mode
 
+from .inputs import check_lens_tokens
+
 __all__ = ["TokenComponentDecomposition", "plot_token_components", "token_component_decomposition"]
 
 _EMBED_HOOKS = ("hook_embed", "hook_pos_embed")
@@ -50,6 +52,11 @@ class TokenComponentDecomposition:
         labels: component names, ``"direct"`` (embed + pos_embed), ``"L{l}H{h}"`` per head, ``"L{l}MLP"``.
         explained: the explained value per row (a logit, or ``target - foil``).
         target, foil, position: what was explained, per row.
+        sae_error_shares: with SAEs spliced in (sae-lens ``add_sae(sae, use_error_term=True)``), per SAE hook the
+            share of ``explained`` its error term carries (computed without gradient, so no token's column holds
+            it; the same numbers as ``explain_logits``' ``sae_error_shares``). Then ``table`` sums to
+            ``explained - sae_error_share`` (minus the SAEs' biases' share, if they have biases), and
+            ``completeness_error`` measures the table alone, so it shows that share instead of hiding it.
     """
 
     table: Float[Tensor, "batch pos n_components"]
@@ -58,6 +65,14 @@ class TokenComponentDecomposition:
     target: object
     foil: object | None
     position: Int[Tensor, " batch"]
+    sae_error_shares: dict[str, Float[Tensor, " batch"]] | None = None
+
+    @property
+    def sae_error_share(self) -> Float[Tensor, " batch"]:
+        """The spliced SAEs' error terms' share of ``explained`` per row (0 without SAEs): no token carries it."""
+        if not self.sae_error_shares:
+            return torch.zeros_like(self.explained)
+        return sum(self.sae_error_shares.values())
 
     @property
     def component_totals(self) -> Float[Tensor, "batch n_components"]:
@@ -99,15 +114,7 @@ def _check_inputs(model: nn.Module, tokens, attention_mask) -> None:
             "model: its dynamic weights are not detachable, so the decomposition would not be exact. Use a "
             "model from hooked_transformer_from_hf / BcosHookedTransformer / make_explainable, or a bridge from "
             "transformer_bridge_from_hf")
-    if not isinstance(tokens, Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
-        raise BcosTypeError("tokens: must be a tensor of token ids (use model.to_tokens(text) for strings)")
-    if tokens.ndim != 2 or tokens.numel() == 0:
-        raise BcosValueError(f"tokens: expected a non-empty (batch, pos) tensor, got shape {tuple(tokens.shape)}")
-    if (tokens < 0).any() or (tokens >= model.cfg.d_vocab).any():
-        raise BcosValueError(f"tokens: ids outside the vocabulary [0, {model.cfg.d_vocab}). Check the tokenizer")
-    if attention_mask is not None and attention_mask.shape != tokens.shape:
-        raise BcosValueError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from tokens "
-                             f"{tuple(tokens.shape)}. Pass one 0/1 entry per token")
+    check_lens_tokens(model, tokens, attention_mask)
 
 
 def _top_down_table(shares: list[list[Tensor]], resid_pre: list[Tensor], inputs: list[Tensor]) -> Tensor:
@@ -156,7 +163,10 @@ def token_component_decomposition(
 
     Args:
         model: an explainable ``HookedTransformer`` or ``TransformerBridge`` without biases (B-cos, bilinear).
-        tokens: token ids ``(batch, pos)``.
+            A model whose biases make the table miss part of the logit (e.g. a plain GPT-2) is refused with a
+            ``BcosValueError``; SAEs spliced in are allowed, and their error terms' share is reported
+            (``sae_error_shares``).
+        tokens: token ids ``(batch, pos)`` (``torch.long``), at most ``n_ctx`` positions.
         target, foil, position, attention_mask: as for ``explain_logits`` (ids per row or
             ``Direction``; default target: the top prediction; default position: each row's last real token).
         batched: one batched backward sweep for all components (default), or one backward per component
@@ -243,8 +253,66 @@ def token_component_decomposition(
             table = torch.stack(columns, dim=-1)
         table = torch.cat([direct[..., None], table], dim=-1)
         labels = ["direct"] + labels
-    return TokenComponentDecomposition(table=table.detach(), labels=labels, explained=explained.detach(),
-                                       target=target, foil=foil, position=pos)
+    table, explained = table.detach(), explained.detach()
+    if getattr(model, "acts_to_saes", None):
+        sae_error_shares = _sae_error_shares(model, tokens, target, foil, pos, attention_mask, table)
+    else:
+        sae_error_shares = {}
+        _refuse_untracked_terms(model, table, explained)
+    return TokenComponentDecomposition(table=table, labels=labels, explained=explained, target=target, foil=foil,
+                                       position=pos, sae_error_shares=sae_error_shares)
+
+
+def _tolerance(table: Tensor, reference: Tensor) -> Tensor:
+    # float rounding, relative to the magnitudes summed per row
+    return max(1e-4, 100 * torch.finfo(table.dtype).eps) * (reference.abs() + table.abs().sum((1, 2)))
+
+
+def _sae_error_shares(model, tokens, target, foil, position, attention_mask, table: Tensor) -> dict[str, Tensor]:
+    """The spliced SAEs' error terms' shares, as ``explain_logits`` measures them, after checking that the table's
+    token totals are that explanation's token contributions (they are not when an SAE sits on the residual stream).
+
+    What the error terms carry (computed without gradient by sae-lens) is in no token's column, and it is exactly
+    the share ``explain_logits`` reports, as long as the components' shares add up to the logit as functions of the
+    tokens. An SAE on the residual stream breaks that: the components below it reach the logit through its
+    reconstruction, not directly, while their direct shares count their whole outputs.
+    """
+    from .explain import explain_logits
+
+    reference = explain_logits(model, tokens, target=target, foil=foil, position=position,
+                               attention_mask=attention_mask)
+    gap = (table.sum(2) - reference.contributions).abs().sum(1)
+    if (gap > _tolerance(table, reference.explained)).any():
+        hooks = sorted(model.acts_to_saes)
+        raise BcosValueError(
+            f"model: with the SAEs spliced in at {hooks} the components' shares do not add up to the logit (an SAE "
+            "on the residual stream replaces the sum of the component outputs below it by its reconstruction, so "
+            "those components reach the logit only through the SAE). Splice SAEs inside a component (e.g. blocks.L.ln2.hook_normalized, "
+            "blocks.L.ln1.hook_normalized) for this decomposition, or use explain_logits / "
+            "bcos_plugins.adapters.sae_lens.sae_error_share for token contributions with the error terms' share")
+    return reference.sae_error_shares
+
+
+def _nonzero_bias_names(model: nn.Module, limit: int = 4) -> list[str]:
+    names = [name for name, p in model.named_parameters()
+             if (name.rsplit(".", 1)[-1] in ("b", "bias") or name.rsplit(".", 1)[-1].startswith("b_"))
+             and p.detach().abs().max() > 0]
+    return names[:limit] + (["..."] if len(names) > limit else [])
+
+
+def _refuse_untracked_terms(model: nn.Module, table: Tensor, explained: Tensor) -> None:
+    """Refuse a table that does not sum to the explained value: the model adds terms no input token carries."""
+    gap = explained - table.sum((1, 2))
+    off = (gap.abs() > _tolerance(table, explained)).nonzero().flatten()
+    if off.numel():
+        row = int(off[0])
+        biases = _nonzero_bias_names(model)
+        raise BcosValueError(
+            f"model: the token x component table sums to {float(table[row].sum()):.4g} but the explained value is "
+            f"{float(explained[row]):.4g} (row {row}): the model adds terms that no input token carries, "
+            f"{'non-zero biases (' + ', '.join(biases) + ')' if biases else 'e.g. non-zero biases'}, so the table "
+            "cannot be exact. Decompose a bias-free model: B-cosify it (bcos_plugins.bcosify) or use a bilinear one; "
+            "explain_logits works on models with biases (its completeness_error shows their share)")
 
 
 def plot_token_components(decomposition: TokenComponentDecomposition, row: int = 0, *, token_labels=None,

@@ -27,8 +27,9 @@ from bcos_plugins.attribution import (
     resolve_positions,
     select_explained,
 )
-from bcos_plugins.errors import BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosTypeError
 
+from .inputs import check_lens_tokens
 from .sae_error import sae_error_capture
 
 if TYPE_CHECKING:
@@ -104,18 +105,8 @@ def explain_logits(
             "model: this HookedTransformer's dynamic weights are not detachable; call "
             "bcos_plugins.adapters.transformer_lens.make_explainable(model) first (before adding hooks)."
         )
-    if not isinstance(tokens, Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
-        raise BcosTypeError("tokens: must be a tensor of token ids (use model.to_tokens(text) for strings)")
-    if tokens.ndim != 2 or tokens.numel() == 0:
-        raise BcosValueError(f"tokens: expected a non-empty (batch, pos) tensor, got shape {tuple(tokens.shape)}")
-    batch, length = tokens.shape
-    if (tokens < 0).any() or (tokens >= model.cfg.d_vocab).any():  # bridges have cfg.d_vocab too
-        raise BcosValueError(f"tokens: ids outside the vocabulary [0, {model.cfg.d_vocab}).")
-    if getattr(model.cfg, "positional_embedding_type", "rotary") != "rotary" and length > model.cfg.n_ctx:
-        raise BcosValueError(f"tokens: {length} positions but the model has n_ctx={model.cfg.n_ctx}. Truncate.")
-    if attention_mask is not None and attention_mask.shape != tokens.shape:
-        raise BcosValueError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from tokens "
-                             f"{tuple(tokens.shape)}.")
+    check_lens_tokens(model, tokens, attention_mask)
+    batch = tokens.shape[0]
     mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)
     pos = resolve_positions(position, mask, default="last")
     names = [n for n in ATTRIBUTION_HOOKS if n in model.hook_dict]

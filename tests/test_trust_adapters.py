@@ -1,0 +1,117 @@
+"""Host adapters refuse what they cannot answer exactly (issue 29): each test fails on the earlier behaviour,
+which returned a number that was wrong or raised from deep inside torch / TransformerLens / Captum / inseq.
+
+Written through the host libraries' own calls (TransformerLens' HookedTransformer and TransformerBridge, sae-lens'
+HookedSAETransformer, Captum's NoiseTunnel, inseq's load_model / attribute)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from bcos_plugins.adapters.transformer_lens import (
+    HAS_HOOKED_TRANSFORMER,
+    explain_logits,
+    token_component_decomposition,
+    transformer_bridge_from_hf,
+)
+from conftest import MAX_POS, VOCAB, tiny_model
+
+from bcos_plugins import BcosError, bcosify
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+needs_hooked = pytest.mark.skipif(not HAS_HOOKED_TRANSFORMER, reason="HookedTransformer is TransformerLens 3.x")
+
+
+def ids(seed: int = 0, batch: int = 2, length: int = 7) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _plain_gpt2_with_biases():
+    hf = tiny_model("GPT2LMHeadModel")
+    with torch.no_grad():  # a pretrained GPT-2 has non-zero biases; a fresh one starts them at 0
+        for name, parameter in hf.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
+    return hf
+
+
+# ------------------------------------------------------------------ token x component decomposition (item 1)
+
+
+def _lens_models_with_biases():
+    hf = _plain_gpt2_with_biases()
+    models = {"bridge": transformer_bridge_from_hf(hf)}
+    if HAS_HOOKED_TRANSFORMER:
+        from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
+
+        models["hooked"] = hooked_transformer_from_hf(hf)
+    return models
+
+
+@pytest.mark.parametrize("kind", ["bridge", "hooked"])
+def test_decomposition_refuses_a_model_whose_biases_the_table_cannot_hold(kind):
+    if kind == "hooked" and not HAS_HOOKED_TRANSFORMER:
+        pytest.skip("HookedTransformer is TransformerLens 3.x")
+    model = _lens_models_with_biases()[kind]
+    # the explanation at the embeddings runs (and its completeness error shows the biases' share) ...
+    assert explain_logits(model, ids(), target=5).completeness_error.min() > 1e-2
+    # ... the decomposition, whose table is promised to sum to the logit, refuses instead of a table that does not
+    with pytest.raises(BcosError, match=r"model: the token x component table sums to .* non-zero biases .*bcosify"):
+        token_component_decomposition(model, ids(), target=5)
+
+
+def test_decomposition_refuses_tokens_longer_than_the_context_and_narrow_id_dtypes():
+    model = transformer_bridge_from_hf(bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False))
+    with pytest.raises(BcosError, match=rf"tokens: {MAX_POS + 5} positions but the model has n_ctx={MAX_POS}"):
+        token_component_decomposition(model, ids(length=MAX_POS + 5))
+    for call in (token_component_decomposition, explain_logits):
+        with pytest.raises(BcosError, match=r"tokens: ids of dtype torch.uint8 .* tokens.long\(\)"):
+            call(model, ids().to(torch.uint8))
+    result = token_component_decomposition(model, ids().to(torch.int32), target=5)  # int32 ids index as ids
+    assert result.completeness_error.max() <= 1e-4
+
+
+def _bcos_sae_model(hook_name: str):
+    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
+    from sae_lens import HookedSAETransformer, StandardSAE, StandardSAEConfig
+
+    model = hooked_transformer_from_hf(bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False),
+                                       model_class=HookedSAETransformer)
+    d_model = model.cfg.d_model
+    cfg = StandardSAEConfig(d_in=d_model, d_sae=4 * d_model, device="cpu")
+    cfg.metadata.hook_name = hook_name
+    torch.manual_seed(0)
+    sae = StandardSAE(cfg)
+    with torch.no_grad():  # bias-free: what the tokens miss is then the error term's share alone
+        sae.W_enc.copy_(torch.randn_like(sae.W_enc))
+        sae.W_dec.copy_(torch.randn_like(sae.W_dec) / d_model)
+        sae.b_enc.zero_()
+        sae.b_dec.zero_()
+    model.add_sae(sae, use_error_term=True)
+    return model
+
+
+@needs_hooked
+@pytest.mark.parametrize("hook_name", ["blocks.0.ln2.hook_normalized", "blocks.1.ln1.hook_normalized"])
+def test_decomposition_reports_the_spliced_sae_error_terms_share(hook_name):
+    model = _bcos_sae_model(hook_name)
+    tokens = ids(seed=3)
+    result = token_component_decomposition(model, tokens, target=4)
+    reference = explain_logits(model, tokens, target=4)
+    assert set(result.sae_error_shares) == {hook_name}
+    torch.testing.assert_close(result.sae_error_shares[hook_name], reference.sae_error_shares[hook_name])
+    assert result.sae_error_share.abs().min() > 1e-3  # the error term carries a visible share ...
+    assert result.completeness_error.min() > 1e-3  # ... which the table alone (tokens) does not hold
+    torch.testing.assert_close(result.table.sum((1, 2)) + result.sae_error_share, result.explained,
+                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(result.token_totals, reference.contributions, rtol=1e-4, atol=1e-5)
+
+
+@needs_hooked
+def test_decomposition_refuses_an_sae_on_the_residual_stream():
+    model = _bcos_sae_model("blocks.0.hook_resid_post")
+    with pytest.raises(BcosError, match=r"SAEs spliced in at \['blocks.0.hook_resid_post'\].*residual stream"):
+        token_component_decomposition(model, ids(seed=3), target=4)
