@@ -19,7 +19,7 @@ attribution core (:mod:`bcos_plugins.attribution`) and hold no maths of their ow
 - :class:`EmbeddingForward`: a transformers text model as a function of the tensor at its attribution point,
   so that every Captum method (B-cos, IxG, IG, Saliency, Occlusion, ...) attributes at the same place.
 - :func:`visualization_records` and :func:`records_to_html`: Captum ``VisualizationDataRecord`` objects from
-  an :class:`~bcos_plugins.explain.Explanation` (or any token scores), and a self-contained HTML page for them
+  a :class:`~bcos_plugins.attribution.TokenExplanation` (or any token scores), and a self-contained HTML page for them
   that does not need IPython (Captum's ``visualize_text`` returns an IPython display object).
 
 Both classes work under ``captum.attr.NoiseTunnel`` and in ``captum.metrics.infidelity`` /
@@ -60,6 +60,7 @@ from torch import Tensor, nn
 
 from bcos_plugins.attribution import (
     Explanation,
+    TokenExplanation,
     as_leaf,
     has_dynamic_weights,
     input_x_gradient,
@@ -70,7 +71,6 @@ from bcos_plugins.attribution import (
 from bcos_plugins.attribution.text import check_token_inputs
 from bcos_plugins.convert.architectures import spec_for
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
-from bcos_plugins.explain import Explanation as TokenExplanation
 from bcos_plugins.nn.dynamic import dynamic_weights_used, explanation_mode, is_explaining
 
 __all__ = [
@@ -522,7 +522,7 @@ def visualization_records(
 ) -> list[VisualizationDataRecord]:
     """Captum ``VisualizationDataRecord``s, one per example.
 
-    Either from an :class:`~bcos_plugins.explain.Explanation` plus its tokenizer (tokens, scores, explained
+    Either from a :class:`~bcos_plugins.attribution.TokenExplanation` plus its tokenizer (tokens, scores, explained
     class and completeness error are taken from it; ``logits`` = the model's class logits give the predicted
     class and its probability), or from any method's per-example ``scores`` and ``tokens``.
     ``convergence_score`` holds the completeness error for B-cos explanations (0 if unknown).

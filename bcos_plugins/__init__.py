@@ -5,10 +5,11 @@ The core imports torch and transformers only; host-library integrations live in
 """
 
 from ._version import __version__ as __version__  # the one source; pyproject.toml reads it too
-from .attribution import Direction, TokenExplanation, explain_dataset
+from .attribution import Direction, Explanation, TokenExplanation
 from .convert import ConversionReport, UnsupportedModuleError, bcosify, supported_architectures
+from .corpus import explain_dataset
 from .errors import BcosError, BcosFileError, BcosRuntimeError, BcosTypeError, BcosValueError
-from .explain import Explanation, explain
+from .explain import explain
 from .guided import guide_attention, unguide_attention
 from .metrics.rationale import rationale_alignment
 from .nn import BcosLinear, explanation_mode

@@ -26,16 +26,12 @@ from torch import Tensor, nn
 
 from .attribution.gradient import capture_point, input_x_gradient
 from .attribution.results import TokenExplanation
-from .attribution.targets import Direction, last_real_position, parse_ids, resolve_positions, select_explained
+from .attribution.targets import Direction, last_real_position, resolve_explained, resolve_positions
 from .attribution.text import check_token_inputs, model_call_kwargs, text_attribution_point
 from .convert.architectures import spec_for
 from .errors import BcosValueError
 
-__all__ = ["Explanation", "explain", "last_real_position"]
-
-# The text result under the name the 0.1 releases returned (the family's base is
-# bcos_plugins.attribution.Explanation).
-Explanation = TokenExplanation
+__all__ = ["explain", "last_real_position"]
 
 
 def explain(
@@ -91,12 +87,8 @@ def explain(
         else:
             hidden = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
             values = hidden[torch.arange(batch, device=hidden.device), pos]
-        n = values.shape[-1]
-        parsed["target"] = (values.argmax(-1) if target is None
-                            else parse_ids(target, batch, "target", n_outputs=n, device=values.device))
-        parsed["foil"] = None if foil is None else parse_ids(foil, batch, "foil", n_outputs=n,
-                                                             device=values.device)
-        return select_explained(values, parsed["target"], parsed["foil"]), leaves[:1]
+        parsed["resolved"] = resolve_explained(values, target, foil)
+        return parsed["resolved"].explained, leaves[:1]
 
     step = input_x_gradient(compute, model)
     contrib = step.contributions[0]
@@ -104,8 +96,8 @@ def explain(
         contributions=contrib.sum(-1) if reduce == "sum" else contrib.mean(-1),
         input_contributions=contrib,
         explained=step.explained,
-        target=parsed["target"],
-        foil=parsed["foil"],
+        target=parsed["resolved"].target,
+        foil=parsed["resolved"].foil,
         attribution_point=point.description,
         position=pos,
         input_ids=input_ids,

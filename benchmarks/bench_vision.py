@@ -80,6 +80,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from bcos_plugins.adapters.captum_vision import ImageAttributionMethod, image_attribution_methods
 from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments, set_seed
 from transformers.utils import logging as hf_logging
@@ -87,9 +88,8 @@ from transformers.utils import logging as hf_logging
 from bcos_plugins._env import env_choice, env_flag, env_float, env_int
 from bcos_plugins.metrics.image import grid_pointing_game, pixel_perturbation
 from bcos_plugins.train import bcos_loss
-from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT
+from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT, attribution_input
 from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids
-from bcos_plugins.vision.posthoc import ImageAttributionMethod, attribution_input, image_attribution_methods
 
 DATASETS = ("digits16", "digits32")
 # What the perturbation curves track. "confidence" (the paper's "model confidence"): the sigmoid of the logit

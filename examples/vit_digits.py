@@ -6,7 +6,7 @@ digits (no download):
 1. 16x16 digit images (a digit scaled up, or at its own size somewhere on the canvas), stratified split;
 2. train a B-cos ViT (B-cos CNN tokeniser, B-cos attention with a learnt additive attention prior, BCE loss
    through transformers' ``Trainer`` + ``bcos_loss``) and a conventional ViT of the same shape (softmax CE);
-3. explain with the methods of ``bcos_plugins.vision.posthoc`` (the set ``make bench-vision`` uses): the B-cos
+3. explain with the methods of ``bcos_plugins.adapters.captum_vision`` (the set ``make bench-vision`` uses): the B-cos
    ViT's inherent ``W(x) x`` (checked complete), last-layer attention, attention rollout, and Captum's
    Integrated Gradients (32 steps), Input x Gradient and GradCAM (on the last attention layer as Chefer et al.
    adapt it, and on the token grid), on both models (the gradient methods on the
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from bcos_plugins.adapters.captum_vision import image_attribution_methods
 from transformers import Trainer, TrainingArguments, set_seed
 from transformers.utils import logging as hf_logging
 
@@ -46,9 +47,8 @@ from bcos_plugins._env import env_flag, env_int
 from bcos_plugins.metrics.image import grid_pointing_game, pixel_perturbation
 from bcos_plugins.metrics.summary import Cost, measure_cost
 from bcos_plugins.train import bcos_loss
-from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT, explain_image
+from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT, attribution_input, explain_image
 from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids
-from bcos_plugins.vision.posthoc import attribution_input, image_attribution_methods
 from bcos_plugins.vision.visualize import save_explanation_figure, weight_colour_image
 
 OUT = Path("outputs/vit_digits")

@@ -89,7 +89,11 @@ def test_one_result_family_with_delta_and_relative_error():
     torch.testing.assert_close(expl.delta, expl.input_contributions.sum((1, 2)) - expl.explained)
     torch.testing.assert_close(expl.completeness_error, expl.delta.abs() / expl.explained.abs())
     assert expl.completeness_error.max() < 1e-4
-    assert expl.logits is expl.explained and expl.embedding_contributions is expl.input_contributions
+    assert expl.logits is expl.explained
+    # the 0.1 name of input_contributions is refused by name, not kept as a second spelling
+    assert not hasattr(expl, "embedding_contributions")
+    with pytest.raises(AttributeError, match="embedding_contributions: renamed input_contributions"):
+        _ = expl.embedding_contributions
     assert "combined embedding" in expl.attribution_point
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from bcos_plugins.adapters.captum_vision import ImageAttributionMethod, image_attribution_methods
 
 from bcos_plugins.vision.data import make_grids
-from bcos_plugins.vision.posthoc import ImageAttributionMethod, image_attribution_methods
 
 ROOT = Path(__file__).resolve().parents[1]
 # Captum's note that it set requires_grad on the inputs itself: expected here

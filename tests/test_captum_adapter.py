@@ -55,7 +55,7 @@ def test_bcos_attribution_is_complete_and_equals_explain(bcos_bert):
     assert delta.abs().max().item() < 1e-5 * explained.abs().max().item() + 1e-6
     torch.testing.assert_close(delta, attr.sum(dim=(1, 2)) - explained, rtol=0, atol=1e-6)
     ref = explain(bcos_bert, ids, mask, target=targets)
-    torch.testing.assert_close(attr, ref.embedding_contributions, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(attr, ref.input_contributions, rtol=1e-5, atol=1e-7)
     # outside explanation mode the same call would be plain IxG, which is not complete
     plain = InputXGradient(fwd).attribute(emb.clone().requires_grad_(), target=targets,
                                           additional_forward_args=(mask,))
@@ -118,7 +118,7 @@ def test_layer_bcos_at_the_embedding_point_is_complete(bcos_bert):
     layer = LayerBcos(bcos_bert)
     attr, delta = layer.attribute(ids, target=2, additional_forward_args=(mask,), return_convergence_delta=True)
     ref = explain(bcos_bert, ids, mask, target=2)
-    torch.testing.assert_close(attr, ref.embedding_contributions, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(attr, ref.input_contributions, rtol=1e-5, atol=1e-7)
     assert delta.abs().max().item() < 1e-5
     assert not attr.requires_grad
 

@@ -34,7 +34,7 @@ def _positions(mask):
 
 
 def _assert_complete(expl, rtol=1e-4):
-    assert torch.isfinite(expl.embedding_contributions).all()
+    assert torch.isfinite(expl.input_contributions).all()
     err = expl.completeness_error
     assert (err <= rtol).all(), f"completeness error {err.tolist()} for values {expl.logits.tolist()}"
 
@@ -138,14 +138,14 @@ def test_causality_future_tokens_get_exactly_zero(name, attn):
     _assert_complete(expl)
     after = torch.arange(10)[None, :] > explained_at[:, None]
     assert after.any()
-    assert (expl.embedding_contributions[after] == 0).all()
-    assert (expl.embedding_contributions[mask == 0] == 0).all()
+    assert (expl.input_contributions[after] == 0).all()
+    assert (expl.input_contributions[mask == 0] == 0).all()
     assert (expl.contributions[after | (mask == 0)] == 0).all()
 
     changed = ids.clone()
     changed[after] = (changed[after] + 7) % VOCAB
     again = explain(model, changed, mask, target=13, foil=21, position=explained_at)
-    assert torch.equal(again.embedding_contributions, expl.embedding_contributions)
+    assert torch.equal(again.input_contributions, expl.input_contributions)
     assert torch.equal(again.logits, expl.logits)
 
 
@@ -169,7 +169,7 @@ def test_gpt2_attributes_to_word_plus_position_embeddings():
         (grad,) = torch.autograd.grad(logit.sum(), captured[0])
     word = model.transformer.wte(ids).detach()
     position = model.transformer.wpe(position_ids).detach()
-    torch.testing.assert_close((word + position) * grad, expl.embedding_contributions)
+    torch.testing.assert_close((word + position) * grad, expl.input_contributions)
     word_only = (word * grad).sum((1, 2))
     position_share = (position * grad).sum((1, 2))
     assert (position_share.abs() > 1e-3 * expl.logits.abs()).all()
@@ -282,7 +282,7 @@ def test_save_load_round_trip(name, tmp_path):
     loaded = load_bcos_model(tmp_path)
     assert type(loaded).__name__ == name and loaded.config.bcos["b"] == 1.1
     after = explain(loaded, ids, mask, **kwargs)
-    assert torch.equal(after.embedding_contributions, before.embedding_contributions)
+    assert torch.equal(after.input_contributions, before.input_contributions)
     assert torch.equal(after.logits, before.logits)
     if name == "GPT2LMHeadModel":
         assert loaded.lm_head.weight is loaded.transformer.wte.weight
@@ -427,8 +427,8 @@ def test_tied_llama_head_stays_tied_and_exact(tmp_path):
     model.save_pretrained(tmp_path)
     loaded = load_bcos_model(tmp_path)
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
-    assert torch.equal(explain(loaded, ids, mask, target=5, foil=7).embedding_contributions,
-                       before.embedding_contributions)
+    assert torch.equal(explain(loaded, ids, mask, target=5, foil=7).input_contributions,
+                       before.input_contributions)
 
 
 def test_captum_input_x_gradient_in_explanation_mode_equals_explain():
@@ -453,6 +453,6 @@ def test_captum_input_x_gradient_in_explanation_mode_equals_explain():
     expl = explain(model, ids, mask, target=target, foil=foil)
     with explanation_mode(model):
         inside = InputXGradient(contrast).attribute(x)
-    torch.testing.assert_close(inside, expl.embedding_contributions, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(inside, expl.input_contributions, rtol=1e-5, atol=1e-6)
     outside = InputXGradient(contrast).attribute(x)
     assert ((outside.sum((1, 2)) - expl.logits).abs() > 1e-3 * expl.logits.abs()).all()

@@ -32,7 +32,7 @@ def _pad_id(name: str) -> int:
 
 def _assert_complete(expl, rtol=1e-4):
     err = expl.completeness_error
-    assert torch.isfinite(expl.embedding_contributions).all()
+    assert torch.isfinite(expl.input_contributions).all()
     assert (err <= rtol).all(), f"completeness error {err.tolist()} for logits {expl.logits.tolist()}"
 
 
@@ -69,7 +69,7 @@ def test_contrastive_and_mean_reduction():
         logits = model(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(e.logits, logits[:, 0] - logits[:, 2])
     _assert_complete(e)
-    torch.testing.assert_close(e.contributions * 32, e.embedding_contributions.sum(-1))
+    torch.testing.assert_close(e.contributions * 32, e.input_contributions.sum(-1))
 
 
 def test_batched_equals_single_rows():
@@ -114,14 +114,14 @@ def test_zero_and_padded_inputs_are_finite(name):
     ids, mask = padded_batch(pad_id=_pad_id(name))
     mask[2, 1:] = 0  # a row with a single real token
     e = explain(model, ids, mask)
-    assert torch.isfinite(e.embedding_contributions).all() and torch.isfinite(e.logits).all()
+    assert torch.isfinite(e.input_contributions).all() and torch.isfinite(e.logits).all()
     with torch.no_grad():  # all-zero word embeddings (a zeroed vocabulary)
         emb = model.base_model.embeddings.word_embeddings.weight
         emb.zero_()
         if hasattr(model.base_model.embeddings, "position_embeddings"):
             model.base_model.embeddings.position_embeddings.weight.zero_()
     e = explain(model, ids, mask)
-    assert torch.isfinite(e.embedding_contributions).all() and torch.isfinite(e.logits).all()
+    assert torch.isfinite(e.input_contributions).all() and torch.isfinite(e.logits).all()
 
 
 @pytest.mark.parametrize("name", CLASSIFIERS + ["BertModel"])
@@ -134,7 +134,7 @@ def test_save_load_round_trip(name, tmp_path):
     kw = {} if name.endswith("Classification") else {"target": 3}
     a, b = explain(model, ids, mask, **kw), explain(loaded, ids, mask, **kw)
     assert torch.equal(a.logits, b.logits)
-    assert torch.equal(a.embedding_contributions, b.embedding_contributions)
+    assert torch.equal(a.input_contributions, b.input_contributions)
     assert loaded.config.bcos == model.config.bcos
 
 

@@ -148,7 +148,7 @@ def test_token_scores_reductions_and_explanation_objects():
     torch.testing.assert_close(token_scores(attr, reduce="l2"), attr.norm(dim=-1))
 
     class Expl:
-        embedding_contributions = attr
+        input_contributions = attr
 
     torch.testing.assert_close(token_scores(Expl()), attr.sum(-1))
     with pytest.raises(ValueError, match="tuple of 2"):

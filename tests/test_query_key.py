@@ -60,7 +60,7 @@ def _batch(name: str):
 
 def _assert_complete(expl, rtol=1e-4):
     err = expl.completeness_error
-    assert torch.isfinite(expl.embedding_contributions).all()
+    assert torch.isfinite(expl.input_contributions).all()
     assert (err <= rtol).all(), f"completeness error {err.tolist()} for logits {expl.logits.tolist()}"
 
 
@@ -153,7 +153,7 @@ def test_stock_query_key_save_load_round_trip(name, tmp_path):
     assert loaded.config.bcos == model.config.bcos
     after = explain(loaded, ids, mask, **_kwargs(name))
     assert torch.equal(after.logits, before.logits)
-    assert torch.equal(after.embedding_contributions, before.embedding_contributions)
+    assert torch.equal(after.input_contributions, before.input_contributions)
 
 
 def test_query_key_setting_tampered_in_config_is_refused(tmp_path):

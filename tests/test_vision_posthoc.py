@@ -1,4 +1,4 @@
-"""The post-hoc image explanations the B-cos ViT paper compares with (bcos_plugins.vision.posthoc), on tiny ViTs.
+"""The post-hoc image explanations the B-cos ViT paper compares with (bcos_plugins.adapters.captum_vision), on tiny ViTs.
 
 Each method's maths is checked by hand (IxG at the encoding and at the pixels, last-layer attention, GradCAM
 on the token grid and on the last attention layer), the inherent map's completeness, and the argument checks; the vision benchmark and
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bcos_plugins.adapters.captum_vision import _token_grid_layer, image_attribution_methods
 
 from bcos_plugins.errors import BcosTypeError, BcosValueError
-from bcos_plugins.vision.posthoc import _token_grid_layer, attribution_input, image_attribution_methods
+from bcos_plugins.vision import attribution_input
 
 # Captum's note that it set requires_grad on the inputs itself: expected here
 pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already require gradients")

@@ -31,7 +31,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from bcos_plugins.attribution import as_leaf, parse_ids, resolve_positions, select_explained
+from bcos_plugins.attribution import as_leaf, resolve_explained, resolve_positions
 from bcos_plugins.attribution.results import relative_completeness_error
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn.dynamic import explanation_mode
@@ -206,12 +206,7 @@ def token_component_decomposition(
 
     with torch.inference_mode(False), torch.enable_grad(), explanation_mode(model):
         logits = model.run_with_hooks(tokens, attention_mask=attention_mask, fwd_hooks=hooks)
-        at_position = logits[rows, pos]
-        n = at_position.shape[-1]
-        target = at_position.argmax(-1) if target is None else parse_ids(target, batch, "target", n_outputs=n,
-                                                                          device=logits.device)
-        foil = None if foil is None else parse_ids(foil, batch, "foil", n_outputs=n, device=logits.device)
-        explained = select_explained(at_position, target, foil)
+        explained, target, foil = resolve_explained(logits[rows, pos], target, foil)
         embed_names = [n for n in embed_names if n in leaves]  # a bridge lists hook_pos_embed for rotary models too
         if not embed_names or any(n not in kept for n in watched):
             raise BcosRuntimeError(

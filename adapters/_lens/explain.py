@@ -23,9 +23,8 @@ from bcos_plugins.attribution import (
     TokenExplanation,
     as_leaf,
     input_x_gradient,
-    parse_ids,
+    resolve_explained,
     resolve_positions,
-    select_explained,
 )
 from bcos_plugins.errors import BcosTypeError
 
@@ -126,12 +125,8 @@ def explain_logits(
                                       fwd_hooks=[(n, capture_as(n)) for n in names])
         names[:] = [n for n in names if n in leaves]  # a bridge lists hook_pos_embed for rotary models too
         at_position = logits[torch.arange(batch, device=logits.device), pos]
-        n = at_position.shape[-1]
-        parsed["target"] = (at_position.argmax(-1) if target is None
-                            else parse_ids(target, batch, "target", n_outputs=n, device=logits.device))
-        parsed["foil"] = None if foil is None else parse_ids(foil, batch, "foil", n_outputs=n,
-                                                             device=logits.device)
-        return select_explained(at_position, parsed["target"], parsed["foil"]), [leaves[n] for n in names]
+        parsed["resolved"] = resolve_explained(at_position, target, foil)
+        return parsed["resolved"].explained, [leaves[n] for n in names]
 
     with sae_error_capture(model) as sae_capture:  # records nothing when no SAEs are attached
         step = input_x_gradient(compute, model)
@@ -139,7 +134,7 @@ def explain_logits(
     total = sum(step.contributions)
     return LensExplanation(
         contributions=total.sum(-1), input_contributions=total, explained=step.explained,
-        target=parsed["target"], foil=parsed["foil"],
+        target=parsed["resolved"].target, foil=parsed["resolved"].foil,
         attribution_point=" + ".join(names) + " (TransformerLens hooks)",
         position=pos, input_ids=tokens, attention_mask=attention_mask, reduce="sum",
         hook_contributions=hook_contributions, sae_error_shares=sae_capture.shares(),

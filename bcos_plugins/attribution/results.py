@@ -53,6 +53,13 @@ class Explanation:
     attribution_point: str = ""
 
     @property
+    def embedding_contributions(self):
+        # the 0.1 name; refused by name (an AttributeError, so hasattr() is False) rather than kept as a
+        # second spelling of input_contributions
+        raise AttributeError("embedding_contributions: renamed input_contributions in 0.2 (the name every "
+                             "result type shares). Read explanation.input_contributions.")
+
+    @property
     def logits(self) -> Float[Tensor, " batch"]:
         """The explained values (``explained``; kept because most explained values are logits)."""
         return self.explained
@@ -86,11 +93,6 @@ class TokenExplanation(Explanation):
     input_ids: Int[Tensor, "batch pos"] | None = None
     attention_mask: Int[Tensor, "batch pos"] | None = None
     reduce: str = "sum"
-
-    @property
-    def embedding_contributions(self) -> Float[Tensor, "batch pos d_model"]:
-        """``input_contributions`` under the name the 0.1 releases used."""
-        return self.input_contributions
 
     def _keep(self, i: int):
         if self.attention_mask is None:

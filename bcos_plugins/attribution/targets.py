@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from jaxtyping import Float, Int
@@ -23,9 +24,11 @@ from ..errors import BcosTypeError, BcosValueError
 
 __all__ = [
     "Direction",
+    "ResolvedExplained",
     "last_real_position",
     "parse_ids",
     "real_token_positions",
+    "resolve_explained",
     "resolve_positions",
     "select_explained",
 ]
@@ -120,6 +123,29 @@ def select_explained(outputs: Float[Tensor, "batch n"], target: Tensor | Directi
     if foil is not None:
         explained = explained - pick(foil, "foil")
     return explained
+
+
+class ResolvedExplained(NamedTuple):
+    """What :func:`resolve_explained` returns: the explained value per row and the parsed target / foil."""
+
+    explained: Float[Tensor, " batch"]
+    target: Tensor | Direction
+    foil: Tensor | Direction | None
+
+
+def resolve_explained(values: Float[Tensor, "batch n"], target: IdsLike | Direction | None,
+                      foil: IdsLike | Direction | None = None) -> ResolvedExplained:
+    """The one target / foil resolution every path runs on its output ``values`` ``(batch, n_outputs)``.
+
+    ``target`` defaults to each row's top output (the predicted class or next token); ``target`` and ``foil``
+    are parsed by :func:`parse_ids` against ``n_outputs`` and the explained value is
+    :func:`select_explained`'s ``values[target] (- values[foil])``, still attached to the autograd graph.
+    """
+    batch, n = values.shape
+    parsed_target = (values.argmax(-1) if target is None
+                     else parse_ids(target, batch, "target", n_outputs=n, device=values.device))
+    parsed_foil = None if foil is None else parse_ids(foil, batch, "foil", n_outputs=n, device=values.device)
+    return ResolvedExplained(select_explained(values, parsed_target, parsed_foil), parsed_target, parsed_foil)
 
 
 def last_real_position(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, " batch"]:

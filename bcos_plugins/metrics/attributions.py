@@ -3,7 +3,7 @@
 Metrics take attributions from any method: a ``(batch, pos)`` tensor of token scores, a ``(batch, pos, d)``
 tensor at an embedding (summed over ``d``, the B-cos LM paper's choice: the sum is exact for B-cos and more
 faithful than the L2 norm for post-hoc methods), a one-element tuple as Captum returns for tuple inputs,
-or an :class:`~bcos_plugins.explain.Explanation`.
+or any :class:`~bcos_plugins.attribution.Explanation` (text, image, Space, TransformerLens).
 """
 
 from __future__ import annotations
@@ -25,15 +25,13 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
 
     Args:
         attributions: tensor ``(batch, pos)`` or ``(batch, pos, *feature_dims)``, a tuple holding one such
-            tensor (Captum), or an object with ``embedding_contributions`` (an ``Explanation``).
+            tensor (Captum), or an :class:`~bcos_plugins.attribution.Explanation` (its ``input_contributions``).
         reduce: ``"sum"`` (default, signed) or ``"mean"`` over the feature dimensions; ``"l2"`` gives the
             unsigned norm for methods whose sign is meaningless.
     """
     if reduce not in ("sum", "mean", "l2"):
         raise argument_error("reduce", f"reduce must be 'sum', 'mean' or 'l2', got {reduce!r}", "Pick one of those")
-    if hasattr(attributions, "embedding_contributions"):
-        attributions = attributions.embedding_contributions
-    elif hasattr(attributions, "input_contributions"):
+    if hasattr(attributions, "input_contributions"):  # any result type of the attribution core
         attributions = attributions.input_contributions
     if isinstance(attributions, (tuple, list)):
         if len(attributions) != 1:

@@ -33,6 +33,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .._checks import require_same_shape, require_tensor
+from ..attribution.results import relative_completeness_error
 from ..errors import BcosTypeError, argument_error
 from .attributions import token_scores
 
@@ -58,8 +59,8 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"],
 
     See the module docstring for an explained value of 0 (finite, documented, never NaN or inf).
     """
-    if hasattr(attributions, "embedding_contributions"):
-        attributions = attributions.embedding_contributions
+    if hasattr(attributions, "input_contributions"):  # any result type of the attribution core
+        attributions = attributions.input_contributions
     parts = list(attributions) if isinstance(attributions, (tuple, list)) else [attributions]
     if not parts:
         raise argument_error("attributions", "is an empty tuple", "Pass the attributions of every input")
@@ -81,10 +82,6 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"],
         raise argument_error("explained", f"values of shape {tuple(explained.shape)} for {total.shape[0]} examples",
                              "Pass one explained value per example")
     if relative:
-        from ..attribution.results import (
-            relative_completeness_error,  # local: the attribution core imports metrics
-        )
-
         return relative_completeness_error(total - explained, explained)
     return (total - explained).abs()
 

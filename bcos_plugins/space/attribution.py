@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..attribution import Direction, TokenExplanation, parse_ids
+from ..attribution import Direction, TokenExplanation, resolve_explained
 from ..errors import BcosTypeError
 
 __all__ = ["SpaceExplanation", "context_attribution", "concept_contributions"]
@@ -63,9 +63,11 @@ def context_attribution(
 ) -> SpaceExplanation:
     """Explain a batch: each token's exact share of the ``target`` logit (default: the predicted class),
     or of ``target - foil``. ``forward_kwargs`` go to the model (``token_type_ids``, ``inputs_embeds``)."""
-    from .modeling import SpaceModelForSequenceClassification
-
-    if not isinstance(model, SpaceModelForSequenceClassification):
+    # what this function reads of the model, not an isinstance check: modeling.py's explain() calls this
+    # module, so importing modeling here would make the two import each other
+    head = getattr(model, "head", None)
+    if not (callable(getattr(head, "token_contributions", None)) and hasattr(head, "classifier")
+            and hasattr(head, "n_spaces")):
         raise BcosTypeError(f"model: context_attribution explains a SpaceModelForSequenceClassification; got "
                         f"{type(model).__name__} (use bcos_plugins.explain for B-cos models)")
     was_training = model.training
@@ -75,25 +77,21 @@ def context_attribution(
     finally:
         model.train(was_training)
     logits, concepts = out.logits, out.concepts
-    batch, n_classes = logits.shape
+    batch = logits.shape[0]
     device = logits.device
     # Class ids only: the head's bias is per class, so a Direction would need its own bias bookkeeping.
     for name, value in (("target", target), ("foil", foil)):
         if isinstance(value, Direction):
             raise BcosTypeError(f"{name}: the Space head explains class logits; pass class ids, not a Direction.")
-    target_t = logits.argmax(-1) if target is None else parse_ids(target, batch, "target", n_outputs=n_classes,
-                                                                  device=device)
+    full, target_t, foil_t = resolve_explained(logits, target, foil)
     per_class = model.head.token_contributions(concepts, attention_mask)  # (b, p, c, k, l)
     rows = torch.arange(batch, device=device)
     units = per_class[rows, :, target_t]  # (b, p, k, l)
     bias = model.head.classifier.bias[target_t]
-    foil_t = None
-    if foil is not None:
-        foil_t = parse_ids(foil, batch, "foil", n_outputs=n_classes, device=device)
+    if foil_t is not None:
         units = units - per_class[rows, :, foil_t]
         bias = bias - model.head.classifier.bias[foil_t]
     units = units.flatten(2)
-    full = logits[rows, target_t] - (logits[rows, foil_t] if foil_t is not None else 0)
     return SpaceExplanation(
         contributions=units.sum(-1),
         input_contributions=units,

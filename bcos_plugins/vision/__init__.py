@@ -7,9 +7,9 @@ Public API:
 - :func:`explain_image` -> :class:`ImageExplanation`: exact per-pixel contributions ``W(x) x``, batched;
 - :class:`ConventionalViT`: the conventional ViT of the same shape (baseline);
 - :func:`attention_rollout`: the attention-only explanation the paper compares with;
-- :func:`image_attribution_methods` -> ``{name: ImageAttributionMethod}``: the post-hoc methods the paper compares
-  with (last-layer attention, rollout, Captum's IntGrad, IxG and GradCAM), each naming where it attributes, and
-  :func:`attribution_input`: the model's attribution point (the ``[x, 1 - x]`` encoding for a B-cos ViT);
+- :func:`attribution_input`: the model's attribution point (the ``[x, 1 - x]`` encoding for a B-cos ViT), where
+  the post-hoc methods the paper compares with attribute (``bcos_plugins.adapters.captum_vision``: last-layer
+  attention, rollout, Captum's IntGrad, IxG and GradCAM);
 - :mod:`.visualize`: colour images of ``W(x)`` rows and contribution maps (matplotlib);
 - :mod:`.data`: digit images and 2x2 grids from scikit-learn's bundled digits.
 """
@@ -19,10 +19,9 @@ from .attention import BcosViTAttention
 from .config import BcosViTConfig
 from .conventional import ConventionalViT
 from .encoding import encode_image
-from .explain import ImageExplanation, explain_image
+from .explain import ImageExplanation, attribution_input, explain_image
 from .mlp import BcosViTMLP
 from .model import BcosViT
-from .posthoc import ImageAttributionMethod, attribution_input, image_attribution_methods
 from .rollout import attention_rollout
 from .tokenizer import BcosConvTokenizer, BcosPatchEmbedding
 
@@ -35,11 +34,9 @@ __all__ = [
     "BcosViT",
     "BcosViTConfig",
     "ConventionalViT",
-    "ImageAttributionMethod",
     "ImageExplanation",
     "attention_rollout",
     "attribution_input",
     "encode_image",
     "explain_image",
-    "image_attribution_methods",
 ]

@@ -14,17 +14,19 @@ is zero and pixel contributions are complete.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float
-from torch import Tensor
+from torch import Tensor, nn
 
-from ..attribution import Direction, Explanation, as_leaf, input_x_gradient, parse_ids, select_explained
-from ..errors import BcosTypeError, BcosValueError
+from ..attribution import Direction, Explanation, as_leaf, input_x_gradient, resolve_explained
+from ..errors import BcosTypeError, BcosValueError, argument_error
+from .conventional import ConventionalViT
 from .model import BcosViT
 
-__all__ = ["ImageExplanation", "explain_image"]
+__all__ = ["ImageExplanation", "attribution_input", "explain_image", "require_vit"]
 
 
 @dataclass
@@ -76,12 +78,8 @@ def explain_image(model: BcosViT, pixel_values: Float[Tensor, "batch c h w"], *,
         if model.position_embedding is not None:
             position.append(as_leaf(model.position_embedding.expand(batch, -1, -1)))
         logits, _ = model.forward_encoded(encoded, position_embedding=position[0] if position else None)
-        n = logits.shape[-1]
-        parsed["target"] = (logits.argmax(-1) if target is None
-                            else parse_ids(target, batch, "target", n_outputs=n, device=logits.device))
-        parsed["foil"] = None if foil is None else parse_ids(foil, batch, "foil", n_outputs=n,
-                                                             device=logits.device)
-        return select_explained(logits, parsed["target"], parsed["foil"]), [encoded, *position]
+        parsed["resolved"] = resolve_explained(logits, target, foil)
+        return parsed["resolved"].explained, [encoded, *position]
 
     step = input_x_gradient(compute, model)
     contributions = step.contributions[0]
@@ -91,10 +89,31 @@ def explain_image(model: BcosViT, pixel_values: Float[Tensor, "batch c h w"], *,
         contributions=contributions.sum(dim=1),
         input_contributions=contributions,
         explained=step.explained,
-        target=parsed["target"],
-        foil=parsed["foil"],
+        target=parsed["resolved"].target,
+        foil=parsed["resolved"].foil,
         attribution_point="encoded image x~ = [x, 1 - x] (per pixel and encoded channel)",
         weights=step.gradients[0].detach(),
         encoded=encoded.detach(),
         position_contributions=position_share,
     )
+
+
+def require_vit(model) -> nn.Module:
+    """``model`` if it is a :class:`BcosViT` or a :class:`ConventionalViT`, else the error naming it."""
+    if not isinstance(model, BcosViT | ConventionalViT):
+        raise argument_error("model", f"expected a BcosViT or ConventionalViT, got {type(model).__name__}",
+                             "Build the model with bcos_plugins.vision", kind=BcosTypeError)
+    return model
+
+
+def attribution_input(model: BcosViT | ConventionalViT, images: Tensor) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """``(inputs, forward)`` at the model's attribution point: the ``[x, 1 - x]`` encoding for a B-cos ViT.
+
+    ``forward(inputs)`` returns the logits; pixel perturbation edits ``inputs`` (a removed pixel is zero in both
+    channels of the encoding, black for a conventional ViT). Captum's methods for images
+    (``bcos_plugins.adapters.captum_vision``) attribute here.
+    """
+    model = require_vit(model)
+    if isinstance(model, BcosViT):
+        return model.encode(images), lambda encoded: model(encoded_pixel_values=encoded).logits
+    return images, lambda pixels: model(pixel_values=pixels).logits

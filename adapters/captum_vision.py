@@ -1,16 +1,18 @@
-"""The post-hoc explanations the B-cos ViT paper compares ``W(x) x`` with, as one set of per-pixel map functions.
+"""Captum for images: the post-hoc explanations the B-cos ViT paper compares ``W(x) x`` with, as one set of
+per-pixel map functions (``bcos_plugins.adapters.captum_vision``; was ``bcos_plugins.vision.posthoc``).
 
-:func:`image_attribution_methods` returns, for a :class:`~.model.BcosViT` or a :class:`~.conventional.ConventionalViT`,
+:func:`image_attribution_methods` returns, for a :class:`~bcos_plugins.vision.BcosViT` or a
+:class:`~bcos_plugins.vision.ConventionalViT`,
 ``{name: ImageAttributionMethod}``; each method maps ``(images, target) -> (batch, H, W)`` (summed over
 channels) and states where it attributes:
 
-- ``"B-cos W(x)x"`` (B-cos ViT only): the inherent explanation (:func:`~.explain.explain_image`), checked
+- ``"B-cos W(x)x"`` (B-cos ViT only): the inherent explanation (:func:`~bcos_plugins.vision.explain_image`), checked
   complete on every call;
 - ``"Attention (last layer)"``: the last layer's attention, mean over heads and over query tokens (the
-  classifier mean-pools the tokens), i.e. :func:`~.rollout.attention_rollout` of that layer alone without the
+  classifier mean-pools the tokens), i.e. :func:`~bcos_plugins.vision.attention_rollout` of that layer alone without the
   residual term; ``"Rollout"``: attention rollout over every layer; both spread each token's value over its patch;
 - ``"IntGrad (n steps)"`` (zero baseline), ``"IxG"``: Captum's ``IntegratedGradients`` / ``InputXGradient`` at
-  :func:`attribution_input`: the ``[x, 1 - x]`` encoding for a B-cos ViT (where ``W(x) x`` is exact and where
+  :func:`~bcos_plugins.vision.attribution_input`: the ``[x, 1 - x]`` encoding for a B-cos ViT (where ``W(x) x`` is exact and where
   pixel perturbation removes pixels), the pixels for a conventional ViT. On a B-cos ViT they use its ordinary
   gradient (outside explanation mode), as a Captum user gets it;
 - ``"GradCAM (attention)"``: GradCAM as Chefer et al. (2021) adapt it to ViTs, whose implementation the B-cos ViT
@@ -25,7 +27,7 @@ channels) and states where it attributes:
   encoding (black pixels, ``x = 0``, then get no attribution, which favours them on black-background images).
 
 ``benchmarks/bench_vision.py`` (``make bench-vision``) and ``examples/vit_digits.py`` both explain with this set.
-Needs Captum (the ``captum`` extra) for the gradient methods.
+Needs Captum (the ``captum`` extra), as every adapter needs its host library.
 """
 
 from __future__ import annotations
@@ -34,18 +36,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import captum.attr as attr
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from .._checks import require_int
-from ..errors import BcosRuntimeError, BcosTypeError, argument_error
-from .conventional import ConventionalViT
-from .explain import explain_image
-from .model import BcosViT
-from .rollout import attention_rollout, spread_over_patches
+from bcos_plugins._checks import require_int
+from bcos_plugins.errors import BcosRuntimeError
+from bcos_plugins.vision.conventional import ConventionalViT
+from bcos_plugins.vision.explain import attribution_input, explain_image, require_vit
+from bcos_plugins.vision.model import BcosViT
+from bcos_plugins.vision.rollout import attention_rollout, spread_over_patches
 
-__all__ = ["ImageAttributionMethod", "attribution_input", "image_attribution_methods"]
+__all__ = ["ImageAttributionMethod", "image_attribution_methods"]
 
 # explain_image's relative completeness error is float rounding (about 1e-7 in float32); far above it, the
 # model is not in the state explain_image expects, and the map must not be reported as W(x) x
@@ -59,25 +62,6 @@ class ImageAttributionMethod:
     explain: Callable[[Tensor, Tensor], Float[Tensor, "batch h w"]]
     point: str
     post_hoc: bool = True
-
-
-def _require_vit(model) -> nn.Module:
-    if not isinstance(model, BcosViT | ConventionalViT):
-        raise argument_error("model", f"expected a BcosViT or ConventionalViT, got {type(model).__name__}",
-                             "Build the model with bcos_plugins.vision", kind=BcosTypeError)
-    return model
-
-
-def attribution_input(model: BcosViT | ConventionalViT, images: Tensor) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
-    """``(inputs, forward)`` at the model's attribution point: the ``[x, 1 - x]`` encoding for a B-cos ViT.
-
-    ``forward(inputs)`` returns the logits; pixel perturbation edits ``inputs`` (a removed pixel is zero in both
-    channels of the encoding, black for a conventional ViT).
-    """
-    model = _require_vit(model)
-    if isinstance(model, BcosViT):
-        return model.encode(images), lambda encoded: model(encoded_pixel_values=encoded).logits
-    return images, lambda pixels: model(pixel_values=pixels).logits
 
 
 def _attentions(model: nn.Module, images: Tensor) -> tuple[Tensor, ...]:
@@ -108,22 +92,12 @@ def _token_grid_layer(model: nn.Module) -> Iterator[nn.Module]:
         handle.remove()
 
 
-def _captum():
-    try:
-        import captum.attr
-    except ImportError as err:
-        raise ImportError("image_attribution_methods: the gradient methods need Captum. Install the `captum` "
-                          "extra: pip install 'bcos-plugins[captum]'") from err
-    return captum.attr
-
-
 def image_attribution_methods(model: BcosViT | ConventionalViT, ig_steps: int = 32,
                               internal_batch_size: int = 512) -> dict[str, ImageAttributionMethod]:
     """Every method of the module docstring for ``model`` (a :class:`BcosViT` also gets ``W(x) x``)."""
-    model = _require_vit(model)
+    model = require_vit(model)
     ig_steps = require_int("ig_steps", ig_steps, minimum=1)
     internal_batch_size = require_int("internal_batch_size", internal_batch_size, minimum=1)
-    attr = _captum()
     patch = model.config.patch_size
     bcos = isinstance(model, BcosViT)
     gradient_point = "encoded image [x, 1-x]" if bcos else "pixels"

@@ -15,8 +15,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..errors import BcosTypeError, BcosValueError
-from .targets import Direction
+from .attribution.targets import Direction
+from .errors import BcosTypeError, BcosValueError
+from .explain import explain
 
 __all__ = ["explain_dataset"]
 
@@ -90,8 +91,6 @@ def explain_dataset(
         ``input_ids``, ``scores`` (one float per token), ``explained`` (the explained value), ``target``,
         ``foil`` (when given), ``delta`` and ``completeness_error``. Save it with ``.save_to_disk(path)``.
     """
-    from ..explain import explain
-
     datasets = _import_datasets()
     if isinstance(data, str):
         raise BcosTypeError("data: got one string; pass a list of texts (or a datasets.Dataset).")
