@@ -4,9 +4,12 @@ right answer or a package error naming the argument, the problem and the fix."""
 from __future__ import annotations
 
 import pytest
+import torch
+from conftest import padded_batch, tiny_model
 
 from bcos_plugins.data import corrupt_ioi, make_ioi_prompts
 from bcos_plugins.errors import BcosTypeError, BcosValueError
+from bcos_plugins.guided import attention_supervision_loss, attention_token_scores, guide_attention
 
 # ---------------------------------------------------------------- IOI prompts: IO and S are two different names
 
@@ -52,3 +55,77 @@ def test_ioi_corruption_never_repeats_a_name():
         corrupt_ioi(clean, names=["Kim", "Joe", "Tim"])
     for p in corrupt_ioi(clean, names=["Lily", "Joe", "Tim", "Max"]):
         assert len({p.input_ids[i] for i in (*p.evidence_positions, *p.s_positions)}) == 3
+
+
+# ---------------------------------------------------------------- attention supervision: softmax weights only
+
+
+def _softmax_attentions(n_layers: int = 2, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, 2, 4, 4, generator=g).softmax(-1) for _ in range(n_layers))
+
+
+def test_supervision_refuses_nan_attention_instead_of_a_nan_loss():
+    attentions = _softmax_attentions()
+    gold = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    assert torch.isfinite(attention_supervision_loss(attentions, gold))
+    broken = (attentions[0], attentions[1].clone())
+    broken[1][1, 0, 0, 2] = float("nan")
+    # before: the loss was NaN and the next optimiser step wrote NaN into every weight
+    with pytest.raises(BcosValueError, match=r"^attentions: layer 1 holds NaN or inf in batch row \[1\]"):
+        attention_supervision_loss(broken, gold)
+    with pytest.raises(BcosValueError, match="^attentions: layer 1 holds NaN"):
+        attention_token_scores(broken, layers=-1)
+
+
+def test_supervision_refuses_scores_before_the_softmax():
+    g = torch.Generator().manual_seed(1)
+    scores = torch.randn(2, 2, 4, 4, generator=g)
+    gold = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    with pytest.raises(BcosValueError, match="^attentions: layer 0 has negative values .* before the softmax"):
+        attention_supervision_loss((scores,), gold)
+    # non-negative, but rows summing to 4 (e.g. exp of the scores without normalisation)
+    with pytest.raises(BcosValueError, match=r"^attentions: layer 0's rows sum to .* on average, not 1"):
+        attention_supervision_loss((scores.exp(),), gold)
+
+
+def test_supervision_accepts_training_attention_after_dropout():
+    # rows of a training forward are dropped out (sum 1 in expectation only): not a reason to refuse
+    model = tiny_model("BertForSequenceClassification")
+    model.set_attn_implementation("eager")
+    ids, mask = padded_batch()
+    out = model.train()(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert not torch.allclose(out.attentions[-1].sum(-1), torch.ones(()))  # dropout is on
+    gold = torch.zeros(ids.shape)
+    gold[:, 2] = 1.0
+    assert torch.isfinite(attention_supervision_loss(out.attentions, gold, mask, layers=[-2, -1]))
+
+
+def test_supervision_refuses_a_layer_listed_twice():
+    attentions = _softmax_attentions()
+    gold = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    # before: [0, 1, -1] on two layers averaged layer 1 twice
+    with pytest.raises(BcosValueError, match=r"^layers: repeats a layer: \[0, 1, -1\] is \[0, 1, 1\] on 2 layers"):
+        attention_supervision_loss(attentions, gold, layers=[0, 1, -1])
+    with pytest.raises(BcosValueError, match="^layers: repeats a layer"):
+        attention_token_scores(attentions, layers=[-2, 0])
+    assert torch.allclose(attention_token_scores(attentions, layers=[0, -1]),
+                          attention_token_scores(attentions, layers=[0, 1]))
+
+
+def test_guided_training_refuses_labels_outside_the_classes():
+    model = tiny_model("BertForSequenceClassification")  # 3 labels
+    model.set_attn_implementation("eager")
+    guide_attention(model, last_layers=1)
+    ids, mask = padded_batch()
+    gold = torch.zeros(ids.shape)
+    gold[:, 1] = 1.0
+    model.train()
+    # before: torch's "IndexError: Target 3 is out of bounds" from inside the loss
+    with pytest.raises(BcosValueError, match=r"^labels: must be class ids in \[0, 3\) \(or -100 to skip\), got \[3\] "
+                                             r"in row \[1\].*config.num_labels = 3"):
+        model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 3, 1]), rationale_mask=gold)
+    with pytest.raises(BcosValueError, match=r"^labels: .*got \[-1\]"):
+        model(input_ids=ids, attention_mask=mask, labels=torch.tensor([-1, 0, 1]), rationale_mask=gold)
+    out = model(input_ids=ids, attention_mask=mask, labels=torch.tensor([2, -100, 1]), rationale_mask=gold)
+    assert torch.isfinite(out.loss)

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from .._checks import require_int
+from .._checks import bad_rows, require_int
 from ..errors import BcosRuntimeError, BcosTypeError, argument_error
 from .guidance import GuidanceMode, check_guidance, check_rationale_mask, guide_scores
 
@@ -183,11 +183,13 @@ GUARD_ATTRIBUTE = "_bcos_rationale_mask_guard"
 
 
 def _rationale_mask_guard(model: nn.Module, args: tuple, kwargs: dict) -> None:
-    """Forward pre-hook: a gold mask is refused at evaluation, and in training by a model with no guided layer.
+    """Forward pre-hook: a gold mask is refused at evaluation, and in training by a model with no guided layer;
+    class labels outside ``[0, num_labels)`` are refused by name.
 
     transformers passes unknown keywords down to the attention functions, and the stock ones drop them, so
     without this hook a mask given to an unguided model (or at evaluation) would be silently ignored.
     """
+    _check_class_labels(model, kwargs.get("labels"))
     mask = kwargs.get("rationale_mask")
     if mask is None:
         return
@@ -203,6 +205,28 @@ def _rationale_mask_guard(model: nn.Module, args: tuple, kwargs: dict) -> None:
         check_rationale_mask(mask, *ids.shape)
     else:
         check_rationale_mask(mask)
+
+
+def _check_class_labels(model: nn.Module, labels) -> None:
+    """Class-id labels of a sequence / token classifier must lie in ``[0, num_labels)`` (or be -100, the rows
+    transformers' cross-entropy skips); torch's cross-entropy would fail with an opaque index error (on a GPU, a
+    device-side assert) after the whole forward pass."""
+    if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.is_complex() \
+            or labels.dtype == torch.bool:
+        return  # float labels are regression / multi-label targets, which have no class range
+    config = getattr(model, "config", None)
+    n_labels = getattr(config, "num_labels", None)
+    if getattr(config, "problem_type", None) not in (None, "single_label_classification") \
+            or not isinstance(n_labels, int) or n_labels < 2 \
+            or not any(c.__name__.endswith(("ForSequenceClassification", "ForTokenClassification"))
+                       for c in type(model).__mro__):
+        return
+    bad = ((labels < 0) & (labels != -100)) | (labels >= n_labels)
+    if bad.any():
+        raise argument_error("labels", f"must be class ids in [0, {n_labels}) (or -100 to skip), got "
+                             f"{labels[bad].flatten()[:8].tolist()} in {bad_rows(bad)}",
+                             f"The model has config.num_labels = {n_labels}: map the dataset's labels to "
+                             f"0..{n_labels - 1}, or build the model with the dataset's number of classes")
 
 
 def _install_guard(model: nn.Module) -> None:
@@ -290,6 +314,30 @@ def unguide_attention(model: nn.Module, *, restore_implementation: bool = True) 
         _set_implementation(model, _BASE_OF[current])
 
 
+def _check_attention_weights(weights: Tensor, layer: int) -> None:
+    """Refuse what is not softmax attention: NaN / inf (a diverged step would make every score and the loss
+    NaN), negative values or rows that do not sum to 1 (scores before the softmax).
+
+    Rows are checked on average: the weights a training forward returns are after attention dropout, which
+    zeroes some and scales the rest by ``1 / (1 - p)``, so single rows sum to 1 only in expectation."""
+    values = weights.detach()
+    finite = torch.isfinite(values)
+    if not finite.all():
+        raise argument_error("attentions", f"layer {layer} holds NaN or inf in batch {bad_rows(~finite)}",
+                             "The forward pass diverged or got non-finite inputs (check the inputs, the learning "
+                             "rate and the loss of the previous steps); NaN attention would make the loss NaN")
+    if (values < 0).any():
+        raise argument_error("attentions", f"layer {layer} has negative values (down to {values.min().item():.3g}), "
+                             "so these are attention scores before the softmax, not attention weights",
+                             "Pass model(..., output_attentions=True).attentions (eager attention), which are "
+                             "the softmax outputs")
+    mean_row_sum = values.float().sum(-1).mean().item()
+    if abs(mean_row_sum - 1.0) > 0.1:
+        raise argument_error("attentions", f"layer {layer}'s rows sum to {mean_row_sum:.4g} on average, not 1, so "
+                             "these are not softmax attention weights (scores before the softmax, or a sum over "
+                             "heads)", "Pass model(..., output_attentions=True).attentions (eager attention)")
+
+
 def attention_token_scores(
     attentions: Sequence[Float[Tensor, "batch head query key"]],
     layers: int | Sequence[int] = -1,
@@ -298,7 +346,10 @@ def attention_token_scores(
 ) -> Float[Tensor, "batch key"]:
     """Token scores from attention weights: the attention of ``query_position`` ([CLS] by default) to each
     key, averaged over ``heads`` (all by default; an index or distinct indices) and over ``layers`` (an index
-    or indices into ``attentions``).
+    or distinct indices into ``attentions``).
+
+    The selected layers must hold softmax attention: NaN / inf, negative values (scores before the softmax)
+    and rows that do not sum to 1 on average are refused.
 
     ``attentions`` is ``model(..., output_attentions=True).attentions`` (eager attention).
     """
@@ -321,7 +372,13 @@ def attention_token_scores(
     index = [layers] if isinstance(layers, int) else list(layers)
     if not index:
         raise argument_error("layers", "is empty", "Pass a layer index or a non-empty list of them")
-    index = [require_int("layers", i, minimum=-n_layers, maximum=n_layers - 1) for i in index]
+    index = [require_int("layers", i, minimum=-n_layers, maximum=n_layers - 1) % n_layers for i in index]
+    if len(set(index)) != len(index):
+        # [0, 1, -1] on two layers is [0, 1, 1]: layer 1 would silently weigh twice in the mean
+        raise argument_error("layers", f"repeats a layer: {list(layers)} is {index} on {n_layers} layers",
+                             "Pass distinct layer indices (negative ones count from the last layer)")
+    for i in index:
+        _check_attention_weights(attentions[i], i)
     n_queries = attentions[0].shape[2]
     query_position = require_int("query_position", query_position, minimum=-n_queries, maximum=n_queries - 1)
     n_heads = attentions[0].shape[1]
