@@ -43,17 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from captum._utils.common import (
-    _format_additional_forward_args,
-    _format_output,
-    _format_tensor_into_tuples,
-    _is_tuple,
-    _run_forward,
-    _select_targets,
-)
-from captum._utils.typing import TargetType
+from bcos_plugins.adapters._captum_private import CaptumInternals, TargetType, VisualizationDataRecord
 from captum.attr import GradientAttribution, LayerGradientXActivation
-from captum.attr._utils.visualization import VisualizationDataRecord
 from captum.log import log_usage
 from jaxtyping import Float, Int
 from torch import Tensor, nn
@@ -383,8 +374,8 @@ class BcosAttribution(GradientAttribution):
                 (the core's ``Explanation.delta``; ~1e-6 of the logit for B-cos models; the same as Captum's
                 IG delta with a zero baseline, since a bias-free B-cos network maps 0 to 0).
         """
-        is_tuple = _is_tuple(inputs)
-        inputs_t = _format_tensor_into_tuples(inputs)
+        is_tuple = CaptumInternals.is_tuple(inputs)
+        inputs_t = CaptumInternals.as_tuple(inputs)
         for i, x in enumerate(inputs_t):
             if not isinstance(x, Tensor) or not x.is_floating_point():
                 what = x.dtype if isinstance(x, Tensor) else type(x).__name__
@@ -392,18 +383,18 @@ class BcosAttribution(GradientAttribution):
                                      f"input x gradient needs float inputs, got {what}",
                                      "For token ids attribute at the embedding: EmbeddingForward(model).embed(ids, "
                                      "mask), or LayerBcos(model)", kind=BcosTypeError)
-        extra = _format_additional_forward_args(additional_forward_args)
+        extra = CaptumInternals.forward_args(additional_forward_args)
         batch = inputs_t[0].shape[0]
         name = type(self).__name__
 
         def compute():
             leaves = tuple(as_leaf(x) for x in inputs_t)
-            out = _run_forward(self.forward_func, leaves, target, extra)
+            out = CaptumInternals.run_forward(self.forward_func, leaves, target, extra)
             return _one_value_per_example(out, batch, name), leaves
 
         with _explaining(name, self.model):
             step = input_x_gradient(compute)
-        formatted = _format_output(is_tuple, step.contributions)
+        formatted = CaptumInternals.output_as(is_tuple, step.contributions)
         if not return_convergence_delta:
             return formatted
         return formatted, _delta(step.contributions, step.explained)
@@ -499,7 +490,7 @@ class LayerBcos(LayerGradientXActivation):
         attributions = [detach(a) for a in attributions] if isinstance(attributions, list) else detach(attributions)
         if not return_convergence_delta:
             return attributions
-        explained = _select_targets(outputs[-1], target).detach()
+        explained = CaptumInternals.select_targets(outputs[-1], target).detach()
         explained = explained.reshape(explained.shape[0], -1).sum(-1) if explained.ndim > 1 else explained
 
         def delta(a):

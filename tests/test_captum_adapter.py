@@ -354,3 +354,13 @@ def test_visualization_records_and_html_without_ipython(bcos_bert, tmp_path):
     # any method's scores work too
     other = visualization_records(scores=[torch.ones(2)], tokens=[["a", "b"]])
     assert other[0].attr_score == 2.0
+
+
+def test_the_captum_private_helpers_the_adapter_uses_still_behave():
+    # fails when Captum renames or changes one of them: then revisit adapters/_captum_private.py
+    from bcos_plugins.adapters._captum_private import CaptumInternals
+
+    behaving = CaptumInternals.helpers_behave()
+    assert set(behaving) == {"_is_tuple", "_format_tensor_into_tuples", "_format_additional_forward_args",
+                             "_run_forward", "_format_output", "_select_targets"}
+    assert behaving == dict.fromkeys(behaving, True), behaving

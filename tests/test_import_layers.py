@@ -168,3 +168,18 @@ def test_the_core_never_imports_a_host_library():
     offenders = sorted(f"{name} imports {lib}" for name, (_, external) in GRAPH.items()
                        if not name.startswith("bcos_plugins.adapters") for lib in external & set(HOST_LIBRARIES))
     assert not offenders, "\n".join(offenders)
+
+
+def test_captums_private_modules_are_imported_in_one_place_only():
+    # adapters/_captum_private.py holds (and tests) every private Captum helper the adapters use
+    offenders = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            imported = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                        else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for module in imported:
+                if module.split(".")[0] == "captum" and any(p.startswith("_") for p in module.split(".")):
+                    offenders.append(f"{name} imports {module}")
+    assert offenders == ["bcos_plugins.adapters._captum_private imports captum._utils",
+                         "bcos_plugins.adapters._captum_private imports captum._utils.typing",
+                         "bcos_plugins.adapters._captum_private imports captum.attr._utils.visualization"], offenders
