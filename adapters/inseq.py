@@ -89,7 +89,12 @@ from jaxtyping import Int
 from torch import Tensor, nn
 
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions, text_attribution_point
-from bcos_plugins.convert.architectures import ArchitectureSpec, spec_for, supported_architectures
+from bcos_plugins.convert.architectures import (
+    ArchitectureSpec,
+    spec_for,
+    specs_where,
+    supported_architectures,
+)
 from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
@@ -111,10 +116,9 @@ logger = logging.getLogger("bcos_plugins")
 
 METHOD_NAME = "bcos"
 SIGNED_SUM = "signed_sum"
-_CAUSAL_LMS = ("GPT2LMHeadModel", "LlamaForCausalLM")
-_CLASSIFIERS = ("BertForSequenceClassification", "DistilBertForSequenceClassification",
-                "RobertaForSequenceClassification", "GPT2ForSequenceClassification",
-                "LlamaForSequenceClassification")
+# from the architecture registry: inseq generates with causal LMs; load_classifier takes sequence classifiers
+_CAUSAL_LMS = specs_where(lambda spec: spec.head == "causal_lm")
+_CLASSIFIERS = specs_where(lambda spec: spec.is_classifier)
 
 
 class UnsupportedModelError(BcosTypeError):

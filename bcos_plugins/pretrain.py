@@ -21,7 +21,7 @@ from pathlib import Path
 from torch import nn
 
 from ._checks import require_classifier, require_count, require_number, require_run_settings, require_texts
-from .convert.architectures import spec_for
+from .convert.architectures import SPECS, spec_for
 from .convert.bcosify import bcosify
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
 from .encoded_texts import EncodedTexts
@@ -39,7 +39,8 @@ __all__ = ["BCOS_STAGE_SCHEDULE", "MASKED_LM_ARCHITECTURES", "classifier_from_ma
 BCOS_STAGE_SCHEDULE = {"warmup_steps": 0.1, "lr_scheduler_type": "cosine"}
 
 #: Masked-LM classes ``pretrain_masked_lm`` trains, with the sequence classifier their encoder moves into.
-MASKED_LM_ARCHITECTURES = {"BertForMaskedLM": "BertForSequenceClassification"}
+MASKED_LM_ARCHITECTURES = {name: spec.masked_lm_classifier for name, spec in SPECS.items()
+                           if spec.masked_lm_classifier}
 
 
 def _masked_lm_name(model: nn.Module, name: str = "model") -> str:

@@ -65,16 +65,8 @@ def text_attribution_point(model: nn.Module, spec: ArchitectureSpec | None = Non
 
 
 def _position_limit(model: nn.Module) -> int | None:
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", "")
-    if model_type == "gpt2":
-        return getattr(config, "n_positions", None)
-    if model_type in ("bert", "distilbert"):
-        return getattr(config, "max_position_embeddings", None)
-    if model_type == "roberta":
-        # RoBERTa counts positions from padding_idx + 1
-        return config.max_position_embeddings - (config.pad_token_id or 0) - 1
-    return None  # rotary (Llama): no table to run off
+    # the registry says where each family keeps its position count (rotary families have no table)
+    return spec_for(model).positions(getattr(model, "config", None))
 
 
 def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Tensor, Tensor | None]:

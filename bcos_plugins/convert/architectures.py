@@ -1,8 +1,17 @@
-"""Per-architecture facts ``bcosify`` and ``explain`` need: which projections are query/key, where the
-combined embedding is, which head activations go, which modules stay.
+"""The architecture registry: every per-architecture fact the core and the host adapters need.
 
-One :class:`ArchitectureSpec` per supported transformers class. Adding an architecture means adding a
-spec here (and, if its forward applies an activation inline, a subclass in ``heads.py``).
+One :class:`ArchitectureSpec` per supported transformers class, in :data:`SPECS`. Everything that differs
+between families lives here (or in a module a spec names): which projections are query/key, where the
+combined embedding is, which head activations go, which modules are swapped for B-cos subclasses, the
+model's position limit, which head the class has, and which host-library paths accept it (TransformerLens'
+``HookedTransformer`` through the per-family converter module a spec names, the ``TransformerBridge``,
+``dynamic_linear_copy``, masked-LM pretraining). The adapters derive their accept/refuse decisions from it,
+so adding an architecture means adding its specs here (plus a TransformerLens converter module if
+``HookedTransformer`` needs one) and its entry in ``tests/test_conformance.py`` (docs/design.md, "Adding an
+architecture").
+
+The core never imports an adapter: a spec names its TransformerLens converter by a module name
+(``lens_conversion``) that ``bcos_plugins.adapters`` resolves.
 """
 
 from __future__ import annotations
@@ -13,12 +22,16 @@ from typing import Literal
 
 from torch import nn
 
-__all__ = ["ArchitectureSpec", "SPECS", "check_stock_class", "spec_for", "stock_class", "supported_architectures"]
+__all__ = ["ArchitectureSpec", "REFUSED_ARCHITECTURES", "SPECS", "architecture_name", "check_stock_class",
+           "spec_for", "specs_where", "stock_class", "supported_architectures"]
+
+
+Head = Literal["base", "classifier", "causal_lm", "masked_lm"]
 
 
 @dataclass(frozen=True)
 class ArchitectureSpec:
-    """How one transformers architecture is B-cosified and explained.
+    """How one transformers architecture is B-cosified, explained and handed to the host libraries.
 
     Attributes:
         kind: ``"encoder"`` (explain a class logit or a hidden unit) or ``"decoder"`` (next-token logits).
@@ -27,21 +40,45 @@ class ArchitectureSpec:
             output that is query/key (``"all"`` or ``"first_two_thirds"`` for fused q|k|v projections).
         embedding_point: (module path under the base model, ``"input"`` or ``"output"``): the tensor at
             which contributions are taken, i.e. word + position (+ token type) embeddings summed.
+        head: ``"base"`` (hidden states), ``"classifier"`` (``logits`` of shape (batch, classes)),
+            ``"causal_lm"`` (next-token logits from ``lm_head``) or ``"masked_lm"``.
         remove_activations: module paths of head activations replaced by ``nn.Identity``.
         class_swaps: module path ("" = the model) -> (B-cos subclass factory, reason).
         keep: module paths left unconverted, with the reason.
-        is_classifier: whether the model has a classification head (``logits`` of shape (batch, classes)).
+        module_swaps: module-path suffix -> (B-cos mixin factory, reason): modules whose forward multiplies
+            two input-dependent branches (gated MLPs), swapped so that the gate branch is the detachable
+            dynamic weight.
+        position_limit: ``config -> number of positions`` for models with a position table (inputs longer
+            than it are refused); ``None`` for rotary models, which have no table to run off.
+        lens_conversion: name of the module under ``bcos_plugins.adapters._lens.conversions`` that converts
+            this class to a TransformerLens 3.x ``HookedTransformer`` (``None``: not expressible there).
+        bridge: whether ``transformer_bridge_from_hf`` accepts this class (TransformerLens' bridge has an
+            adapter for it and the bridged model computes the same logits, checked by the conformance test).
+        dynamic_linear: whether ``dynamic_linear_copy`` accepts the stock class (every non-linearity of its
+            forward is a module that can be held constant).
+        masked_lm_classifier: masked LMs only: the sequence-classifier class ``pretrain_masked_lm``'s encoder
+            moves into (``None``: ``pretrain_masked_lm`` refuses the class).
     """
 
     kind: Literal["encoder", "decoder"]
     base_prefix: str
     query_key: dict[str, str]
     embedding_point: tuple[str, Literal["input", "output"]]
-    is_classifier: bool = False
+    head: Head = "base"
     remove_activations: tuple[str, ...] = ()
     class_swaps: dict[str, tuple[Callable[[], type[nn.Module]], str]] = field(default_factory=dict)
     keep: dict[str, str] = field(default_factory=dict)
     module_swaps: dict[str, tuple[Callable[[], type[nn.Module]], str]] = field(default_factory=dict)
+    position_limit: Callable[[object], int | None] | None = None
+    lens_conversion: str | None = None
+    bridge: bool = False
+    dynamic_linear: bool = False
+    masked_lm_classifier: str | None = None
+
+    @property
+    def is_classifier(self) -> bool:
+        """Whether the model has a classification head (``logits`` of shape (batch, classes))."""
+        return self.head == "classifier"
 
     def base_model(self, model: nn.Module) -> nn.Module:
         return model.get_submodule(self.base_prefix) if self.base_prefix else model
@@ -49,6 +86,10 @@ class ArchitectureSpec:
     def embedding_module(self, model: nn.Module) -> tuple[nn.Module, str]:
         path, where = self.embedding_point
         return self.base_model(model).get_submodule(path), where
+
+    def positions(self, config) -> int | None:
+        """The number of positions of a model with this ``config`` (``None``: no position table)."""
+        return self.position_limit(config) if self.position_limit is not None else None
 
 
 def _roberta_head():
@@ -71,49 +112,100 @@ def _gated_mlp():
     return BcosGatedMLP
 
 
+def _max_position_embeddings(config) -> int | None:
+    return getattr(config, "max_position_embeddings", None)
+
+
+def _gpt2_positions(config) -> int | None:
+    return getattr(config, "n_positions", None)
+
+
+def _roberta_positions(config) -> int | None:
+    # RoBERTa counts positions from padding_idx + 1
+    return config.max_position_embeddings - (config.pad_token_id or 0) - 1
+
+
 _BERT_QK = {"attention.self.query": "all", "attention.self.key": "all"}
 _DISTIL_QK = {"attention.q_lin": "all", "attention.k_lin": "all"}
 _GPT2_QK = {"attn.c_attn": "first_two_thirds"}
 _LLAMA_QK = {"self_attn.q_proj": "all", "self_attn.k_proj": "all"}
 _TIED = "LM head tied to the input embeddings; kept, as in the B-cos LM paper (it is linear and bias-free)"
+_LM_HEAD = _TIED.replace("tied to the input embeddings", "(tied or not)")
 _MLM_BIAS = ("masked-LM decoder applied without its vocabulary bias (a bias is no token's contribution); the "
              "transform's dense / GELU / LayerNorm are converted")
 _GATED = ("gated MLP: the activated gate branch is the dynamic weight, so the product is not counted "
           "twice (product rule)")
 
+
+def _llama_like(prefix: str, lens_conversion: str | None) -> dict[str, ArchitectureSpec]:
+    """The three classes of a Llama-shaped decoder family (rotary positions, RMSNorm, gated MLP, q/k/v/o
+    projections): ``{prefix}Model``, ``{prefix}ForCausalLM``, ``{prefix}ForSequenceClassification``."""
+    gated = {"mlp": (_gated_mlp, _GATED)}
+    common = dict(query_key=_LLAMA_QK, embedding_point=("embed_tokens", "output"), module_swaps=gated)
+    return {
+        f"{prefix}Model": ArchitectureSpec("decoder", "", **common),
+        f"{prefix}ForCausalLM": ArchitectureSpec("decoder", "model", head="causal_lm", keep={"lm_head": _LM_HEAD},
+                                                 lens_conversion=lens_conversion, bridge=True, **common),
+        f"{prefix}ForSequenceClassification": ArchitectureSpec("decoder", "model", head="classifier", **common),
+    }
+
+
+_BERT_POINT = ("embeddings.LayerNorm", "input")
+
 SPECS: dict[str, ArchitectureSpec] = {
-    "BertModel": ArchitectureSpec("encoder", "", _BERT_QK, ("embeddings.LayerNorm", "input"),
-                                  remove_activations=("pooler.activation",)),
+    "BertModel": ArchitectureSpec("encoder", "", _BERT_QK, _BERT_POINT, remove_activations=("pooler.activation",),
+                                  position_limit=_max_position_embeddings, dynamic_linear=True),
     "BertForSequenceClassification": ArchitectureSpec(
-        "encoder", "bert", _BERT_QK, ("embeddings.LayerNorm", "input"), is_classifier=True,
-        remove_activations=("bert.pooler.activation",)),
+        "encoder", "bert", _BERT_QK, _BERT_POINT, head="classifier", remove_activations=("bert.pooler.activation",),
+        position_limit=_max_position_embeddings, dynamic_linear=True),
     "BertForMaskedLM": ArchitectureSpec(
-        "encoder", "bert", _BERT_QK, ("embeddings.LayerNorm", "input"), keep={"cls.predictions.decoder": _TIED},
-        class_swaps={"cls.predictions": (_bert_mlm_head, _MLM_BIAS)}),
-    "DistilBertModel": ArchitectureSpec("encoder", "", _DISTIL_QK, ("embeddings.LayerNorm", "input")),
+        "encoder", "bert", _BERT_QK, _BERT_POINT, head="masked_lm", keep={"cls.predictions.decoder": _TIED},
+        class_swaps={"cls.predictions": (_bert_mlm_head, _MLM_BIAS)}, position_limit=_max_position_embeddings,
+        masked_lm_classifier="BertForSequenceClassification"),
+    "DistilBertModel": ArchitectureSpec("encoder", "", _DISTIL_QK, _BERT_POINT,
+                                        position_limit=_max_position_embeddings, dynamic_linear=True),
     "DistilBertForSequenceClassification": ArchitectureSpec(
-        "encoder", "distilbert", _DISTIL_QK, ("embeddings.LayerNorm", "input"), is_classifier=True,
-        class_swaps={"": (_distilbert_cls, "ReLU after pre_classifier removed")}),
-    "RobertaModel": ArchitectureSpec("encoder", "", _BERT_QK, ("embeddings.LayerNorm", "input"),
-                                     remove_activations=("pooler.activation",)),
+        "encoder", "distilbert", _DISTIL_QK, _BERT_POINT, head="classifier",
+        class_swaps={"": (_distilbert_cls, "ReLU after pre_classifier removed")},
+        position_limit=_max_position_embeddings),
+    "RobertaModel": ArchitectureSpec("encoder", "", _BERT_QK, _BERT_POINT, remove_activations=("pooler.activation",),
+                                     position_limit=_roberta_positions, dynamic_linear=True),
     "RobertaForSequenceClassification": ArchitectureSpec(
-        "encoder", "roberta", _BERT_QK, ("embeddings.LayerNorm", "input"), is_classifier=True,
-        class_swaps={"classifier": (_roberta_head, "tanh between dense and out_proj removed")}),
-    "GPT2Model": ArchitectureSpec("decoder", "", _GPT2_QK, ("drop", "input")),
-    "GPT2LMHeadModel": ArchitectureSpec("decoder", "transformer", _GPT2_QK, ("drop", "input"),
-                                        keep={"lm_head": _TIED}),
+        "encoder", "roberta", _BERT_QK, _BERT_POINT, head="classifier",
+        class_swaps={"classifier": (_roberta_head, "tanh between dense and out_proj removed")},
+        position_limit=_roberta_positions),
+    "GPT2Model": ArchitectureSpec("decoder", "", _GPT2_QK, ("drop", "input"), position_limit=_gpt2_positions),
+    "GPT2LMHeadModel": ArchitectureSpec("decoder", "transformer", _GPT2_QK, ("drop", "input"), head="causal_lm",
+                                        keep={"lm_head": _TIED}, position_limit=_gpt2_positions,
+                                        lens_conversion="gpt2", bridge=True),
     "GPT2ForSequenceClassification": ArchitectureSpec(
-        "decoder", "transformer", _GPT2_QK, ("drop", "input"), is_classifier=True),
-    "LlamaModel": ArchitectureSpec("decoder", "", _LLAMA_QK, ("embed_tokens", "output"),
-                                   module_swaps={"mlp": (_gated_mlp, _GATED)}),
-    "LlamaForCausalLM": ArchitectureSpec("decoder", "model", _LLAMA_QK, ("embed_tokens", "output"),
-                                         keep={"lm_head": _TIED.replace("tied to the input embeddings",
-                                                                        "(tied or not)")},
-                                         module_swaps={"mlp": (_gated_mlp, _GATED)}),
-    "LlamaForSequenceClassification": ArchitectureSpec(
-        "decoder", "model", _LLAMA_QK, ("embed_tokens", "output"), is_classifier=True,
-        module_swaps={"mlp": (_gated_mlp, _GATED)}),
+        "decoder", "transformer", _GPT2_QK, ("drop", "input"), head="classifier", position_limit=_gpt2_positions),
+    **_llama_like("Llama", lens_conversion="llama"),
 }
+
+# Classes people ask for that bcosify refuses, with the reason (named in the error instead of a bare "not
+# supported"). A class is either fully supported (a spec above that passes the conformance suite) or here.
+REFUSED_ARCHITECTURES: dict[str, str] = {}
+
+
+def specs_where(predicate: Callable[[ArchitectureSpec], bool]) -> tuple[str, ...]:
+    """The names of the registered classes whose spec satisfies ``predicate``, sorted (for adapters' lists)."""
+    return tuple(sorted(name for name, spec in SPECS.items() if predicate(spec)))
+
+
+def architecture_name(model: nn.Module) -> str:
+    """The transformers class a (possibly B-cosified) model was built as: ``config.bcos["architecture"]`` for
+    converted models (bcosify may swap the class for a B-cos subclass), else the class name."""
+    bcos = getattr(getattr(model, "config", None), "bcos", None)
+    return bcos["architecture"] if isinstance(bcos, dict) and "architecture" in bcos else type(model).__name__
+
+
+def _unsupported_message(model: nn.Module, name: str, what: str = "bcosify") -> str:
+    where = f"{type(model).__module__}.{type(model).__qualname__}"
+    if name in REFUSED_ARCHITECTURES:
+        return f"model: {where} is not supported by {what}: {REFUSED_ARCHITECTURES[name]}"
+    return (f"model: {where} is not supported by {what}. Pass one of the transformers classes "
+            f"{', '.join(supported_architectures())}.")
 
 
 def supported_architectures() -> list[str]:
@@ -138,12 +230,9 @@ def spec_for(model: nn.Module) -> ArchitectureSpec:
 
     bcos = getattr(getattr(model, "config", None), "bcos", None)
     converted = isinstance(bcos, dict) and "architecture" in bcos
-    name = bcos["architecture"] if converted else type(model).__name__
+    name = architecture_name(model)
     if name not in SPECS:
-        raise UnsupportedModuleError(
-            f"model: {type(model).__module__}.{type(model).__qualname__} is not supported by bcosify. Pass "
-            f"one of the transformers classes {', '.join(supported_architectures())}."
-        )
+        raise UnsupportedModuleError(_unsupported_message(model, name))
     # bcosify swaps some classes for B-cos subclasses of the stock class (heads.py), hence isinstance after
     # conversion; bcosify itself checks the class by identity before converting.
     check_stock_class(model, name, exact=not converted)

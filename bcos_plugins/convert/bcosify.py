@@ -33,7 +33,7 @@ from ..nn import (
     check_b,
     has_dynamic_weights,
 )
-from .architectures import SPECS, ArchitectureSpec, check_stock_class, supported_architectures
+from .architectures import SPECS, ArchitectureSpec, _unsupported_message, check_stock_class
 from .checkpoint_format import BCOS_CONFIG_KEY, FORMAT_VERSION, STOCK_QUERY_KEY_FORMAT_VERSION
 from .query_key import ConstantQueryKeyProjection, StockQueryKeyConv1D
 from .report import ConversionReport
@@ -234,10 +234,7 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
     # from_pretrained, must not), and by identity: a subclass or a namesake may compute another forward.
     name = type(model).__name__
     if name not in SPECS:
-        raise UnsupportedModuleError(
-            f"model: {type(model).__module__}.{type(model).__qualname__} is not supported by bcosify. Pass "
-            f"one of the transformers classes {', '.join(supported_architectures())}."
-        )
+        raise UnsupportedModuleError(_unsupported_message(model, name))
     check_stock_class(model, name, exact=True)
     spec = SPECS[name]
     if getattr(config, "add_cross_attention", False):

@@ -29,15 +29,16 @@ from torch import Tensor, nn
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn import BcosLayerNorm, DetachableActivation, has_dynamic_weights
 from ..nn.dynamic import DynamicWeightModule
-from .architectures import check_stock_class, spec_for
+from .architectures import check_stock_class, spec_for, specs_where
 from .bcosify import _ACTIVATION_GATES, _IDENTITY_ACTIVATIONS, _PASSTHROUGH, _gelu_kind
 from .query_key import ConstantQueryKeyProjection
 
 __all__ = ["AffineDetachableLayerNorm", "ConstantQueryKeyLinear", "DetachableTanh", "DYNAMIC_LINEAR_ARCHITECTURES",
            "dynamic_linear_copy"]
 
-# Classes whose forward applies no non-linearity outside a module (checked by reading transformers 5's code).
-DYNAMIC_LINEAR_ARCHITECTURES = ("BertForSequenceClassification", "BertModel", "DistilBertModel", "RobertaModel")
+# Classes whose forward applies no non-linearity outside a module (checked by reading transformers 5's code):
+# the registry's ``dynamic_linear`` flag.
+DYNAMIC_LINEAR_ARCHITECTURES = specs_where(lambda spec: spec.dynamic_linear)
 
 # below this |x| the ratio tanh(x) / x is evaluated as its Taylor series (error < x^4 / 7 < 2e-13): the
 # division itself would be 0 / 0 at x = 0

@@ -1,0 +1,249 @@
+"""The conformance suite every entry of the architecture registry (``bcos_plugins.convert.architectures.SPECS``)
+must pass: adding an architecture means adding its spec and its tiny config to :data:`CONFIGS` below.
+
+For every registered class, from a tiny random config (2 layers, d_model 32): ``bcosify`` and its report,
+``explain`` complete to 1e-4 relative (target, foil, position; no, left and right padding) on the model's own
+outputs, ``load_bcos_model`` round trip with bit-identical outputs, Captum's ``BcosAttribution`` through
+``EmbeddingForward`` and ``LayerBcos`` (classifiers and causal LMs), inseq's ``load_model(m, "bcos")`` (causal
+LMs), TransformerLens' ``hooked_transformer_from_hf`` (classes with a converter, TransformerLens 3.x) and
+``transformer_bridge_from_hf`` (classes the registry marks for the bridge).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import transformers as T
+from conftest import MAX_POS, VOCAB, padded_batch, tiny_config
+
+from bcos_plugins import bcosify, explain, load_bcos_model
+from bcos_plugins.attribution import real_token_positions
+from bcos_plugins.convert.architectures import SPECS, stock_class
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+RTOL = 1e-4
+B = 1.25
+
+
+def _rotary(config_class, **extra):
+    return lambda: config_class(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, intermediate_size=64, max_position_embeddings=MAX_POS,
+                                num_labels=3, pad_token_id=0, bos_token_id=2, eos_token_id=2, **extra)
+
+
+# One tiny config per family, keyed by the class-name prefix of its registry entries.
+CONFIGS = {
+    "Bert": lambda: tiny_config("bert"),
+    "DistilBert": lambda: tiny_config("distilbert"),
+    "Roberta": lambda: tiny_config("roberta"),
+    "GPT2": lambda: tiny_config("gpt2"),
+    "Llama": lambda: tiny_config("llama"),
+}
+SIDES = ["none", "left", "right"]
+NAMES = sorted(SPECS)
+
+
+def _family(name: str) -> str:
+    matches = [prefix for prefix in CONFIGS if name.startswith(prefix)]
+    assert matches, f"{name} is in the registry but has no tiny config in tests/test_conformance.py CONFIGS"
+    return max(matches, key=len)
+
+
+def _stock(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    model = stock_class(name)(CONFIGS[_family(name)]()).eval()
+    with torch.no_grad():  # transformers initialises biases at 0: non-zero ones make a lost bias visible
+        for param_name, param in model.named_parameters():
+            if param_name.endswith("bias"):
+                param.normal_(0, 0.2)
+    return model
+
+
+_CONVERTED: dict[str, torch.nn.Module] = {}
+
+
+def _converted(name: str):
+    """The B-cos model of ``name`` (built once per session; tests must not modify it)."""
+    if name not in _CONVERTED:
+        _CONVERTED[name] = bcosify(_stock(name), b=B, verbose=False)
+    return _CONVERTED[name]
+
+
+def _batch(side: str, seed: int = 0):
+    ids, mask = padded_batch(seed=seed, side="right" if side == "none" else side)
+    return (ids, torch.ones_like(mask)) if side == "none" else (ids, mask)
+
+
+def _outputs(model, ids, mask):
+    """The model's own outputs explain() explains: class logits (batch, classes), else (batch, pos, units)."""
+    spec = SPECS[model.config.bcos["architecture"]]
+    kwargs = {"position_ids": real_token_positions(mask)} if spec.kind == "decoder" else {}
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, **kwargs)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _last_real(mask):
+    return mask.shape[1] - 1 - mask.flip(1).argmax(1)
+
+
+def _assert_complete(expl):
+    assert torch.isfinite(expl.input_contributions).all()
+    err = expl.completeness_error
+    assert (err <= RTOL).all(), f"completeness error {err.tolist()} for values {expl.explained.tolist()}"
+
+
+def test_every_registry_entry_has_a_tiny_config():
+    for name in NAMES:
+        _family(name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bcosify_converts_and_reports_every_change(name):
+    stock = _stock(name)
+    stock_biases = {n for n, _ in stock.named_parameters() if n.endswith("bias")}
+    model = bcosify(stock, b=B, verbose=False)
+    report = model.bcos_report
+    assert report.architecture == name and model.config.bcos["architecture"] == name
+    assert report.bcos_layers and report.constant_outputs
+    remaining = {n for n, _ in model.named_parameters() if n.endswith("bias")}
+    assert set(report.dropped_biases) <= stock_biases
+    assert stock_biases - remaining <= set(report.dropped_biases), "a bias went without being reported"
+    for path, module in model.named_modules():
+        if type(module) is torch.nn.Linear:
+            assert any(path == kept or path.startswith(kept + ".") for kept in report.kept), \
+                f"{path} is a plain nn.Linear but neither converted nor reported as kept"
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("name", NAMES)
+def test_explain_is_complete_on_the_models_own_outputs(name, side):
+    model = _converted(name)
+    spec = SPECS[name]
+    ids, mask = _batch(side)
+    out = _outputs(model, ids, mask)
+    rows = torch.arange(ids.shape[0])
+    last = _last_real(mask)
+    default = last if spec.kind == "decoder" else mask.argmax(1)  # encoders: the first real token
+    # explained values far from 0 (a relative error of a value near 0 measures nothing): the largest output,
+    # and the largest minus the smallest for the contrast
+    at_default = out if spec.is_classifier else out[rows, default]
+    target = at_default.abs().argmax(-1)
+    expl = explain(model, ids, mask, target=target)
+    _assert_complete(expl)
+    torch.testing.assert_close(expl.explained, at_default[rows, target])
+    at_other = out if spec.is_classifier else out[rows, last - 1]
+    high, low = at_other.argmax(-1), at_other.argmin(-1)
+    position = {} if spec.is_classifier else {"position": -2}
+    contrast = explain(model, ids, mask, target=high, foil=low, **position)
+    _assert_complete(contrast)
+    torch.testing.assert_close(contrast.explained, at_other[rows, high] - at_other[rows, low])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_load_bcos_model_round_trip_is_bit_identical(name, tmp_path):
+    model = _converted(name)
+    ids, mask = _batch("right", seed=2)
+    model.save_pretrained(tmp_path)
+    loaded = load_bcos_model(tmp_path).eval()
+    assert type(loaded) is type(model)
+    assert torch.equal(_outputs(loaded, ids, mask), _outputs(model, ids, mask))
+
+
+CAPTUM_NAMES = [n for n in NAMES if SPECS[n].head in ("classifier", "causal_lm")]
+
+
+@pytest.mark.parametrize("name", CAPTUM_NAMES)
+def test_captum_bcos_attribution_and_layer_bcos_equal_explain(name):
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward, LayerBcos
+
+    model = _converted(name)
+    ids, mask = _batch("left", seed=4)
+    target = torch.tensor([2, 0, 1])
+    reference = explain(model, ids, mask, target=target)
+    forward = EmbeddingForward(model)
+    embedded = forward.embed(ids, mask)
+    attr, delta = BcosAttribution(forward).attribute(embedded, target=target, additional_forward_args=(mask,),
+                                                     return_convergence_delta=True)
+    torch.testing.assert_close(attr, reference.input_contributions, rtol=1e-5, atol=1e-6)
+    assert (delta.abs() <= RTOL * reference.explained.abs()).all()
+    layer_attr, layer_delta = LayerBcos(model).attribute(ids, target=target, additional_forward_args=(mask,),
+                                                         return_convergence_delta=True)
+    torch.testing.assert_close(layer_attr, reference.input_contributions, rtol=1e-5, atol=1e-6)
+    assert (layer_delta.abs() <= RTOL * reference.explained.abs()).all()
+
+
+def _word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<pad>", "<unk>", "<eos>"] + [f"w{i}" for i in range(3, VOCAB)]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return T.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>",
+                                     eos_token="<eos>", bos_token="<eos>")
+
+
+CAUSAL_LM_NAMES = [n for n in NAMES if SPECS[n].head == "causal_lm"]
+
+
+@pytest.mark.parametrize("name", CAUSAL_LM_NAMES)
+def test_inseq_load_model_bcos_is_exact(name):
+    import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
+    import inseq
+
+    model = _converted(name)
+    attribution_model = inseq.load_model(model, "bcos", tokenizer=_word_tokenizer())
+    out = attribution_model.attribute(["w5 w9 w11 w4", "w7"], generation_args={"max_new_tokens": 2,
+                                                                               "do_sample": False},
+                                      step_scores=["logit"], show_progress=False)
+    for seq in out.sequence_attributions:
+        totals = torch.nansum(seq.target_attributions, dim=(0, 2))
+        logits = seq.step_scores["logit"]
+        assert ((totals - logits).abs() <= RTOL * logits.abs().clamp_min(1.0)).all()
+        own = model(input_ids=torch.tensor([[t.id for t in seq.target]])).logits[0].detach()
+        for step in range(2):
+            pos = seq.attr_pos_start + step
+            torch.testing.assert_close(logits[step], own[pos - 1, seq.target[pos].id], rtol=1e-4, atol=1e-5)
+
+
+def _lens_checks(lens_model, hf_model):
+    """Same logits as the HF model; the package's TransformerLens explanation complete on them."""
+    from bcos_plugins.adapters.transformer_lens import explain_logits
+
+    tokens = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = hf_model(tokens).logits
+        got = lens_model(tokens)
+    assert ((got - expected).abs().max() / expected.abs().max()) <= 1e-5
+    expl = explain_logits(lens_model, tokens, target=5)
+    assert expl.completeness_error.max() <= RTOL
+    torch.testing.assert_close(expl.explained, expected[:, -1, 5], rtol=1e-5, atol=1e-6)
+
+
+LENS_NAMES = [n for n in NAMES if SPECS[n].lens_conversion is not None]
+
+
+@pytest.mark.parametrize("name", LENS_NAMES)
+def test_hooked_transformer_from_hf_has_the_same_logits_and_is_explainable(name):
+    from bcos_plugins.adapters import transformer_lens as lens
+
+    if not lens.HAS_HOOKED_TRANSFORMER:  # TransformerLens 4 has no HookedTransformer: the bridge test covers it
+        with pytest.raises(ImportError, match="transformer_bridge_from_hf"):
+            lens.hooked_transformer_from_hf  # noqa: B018
+        return
+    model = _converted(name)
+    _lens_checks(lens.hooked_transformer_from_hf(model), model)
+
+
+BRIDGE_NAMES = [n for n in NAMES if SPECS[n].bridge]
+
+
+@pytest.mark.parametrize("name", BRIDGE_NAMES)
+def test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable(name):
+    from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
+
+    model = _converted(name)
+    _lens_checks(transformer_bridge_from_hf(model), model)
