@@ -41,6 +41,9 @@ CONFIGS = {
     "Roberta": lambda: tiny_config("roberta"),
     "GPT2": lambda: tiny_config("gpt2"),
     "Llama": lambda: tiny_config("llama"),
+    # a window shorter than the test sequences, so that the sliding-window mask matters
+    "Mistral": _rotary(T.MistralConfig, sliding_window=4),
+    "Qwen2": _rotary(T.Qwen2Config),
 }
 SIDES = ["none", "left", "right"]
 NAMES = sorted(SPECS)

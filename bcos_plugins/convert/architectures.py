@@ -181,6 +181,10 @@ SPECS: dict[str, ArchitectureSpec] = {
     "GPT2ForSequenceClassification": ArchitectureSpec(
         "decoder", "transformer", _GPT2_QK, ("drop", "input"), head="classifier", position_limit=_gpt2_positions),
     **_llama_like("Llama", lens_conversion="llama"),
+    # Mistral: Llama's maths plus sliding-window attention, which only masks the (constant) attention pattern
+    **_llama_like("Mistral", lens_conversion="mistral"),
+    # Qwen2: biases on q/k/v (bcosify drops and reports them; kept with bcos_query_key=False for q/k)
+    **_llama_like("Qwen2", lens_conversion="qwen2"),
 }
 
 # Classes people ask for that bcosify refuses, with the reason (named in the error instead of a bare "not
