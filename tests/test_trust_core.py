@@ -129,3 +129,22 @@ def test_guided_training_refuses_labels_outside_the_classes():
         model(input_ids=ids, attention_mask=mask, labels=torch.tensor([-1, 0, 1]), rationale_mask=gold)
     out = model(input_ids=ids, attention_mask=mask, labels=torch.tensor([2, -100, 1]), rationale_mask=gold)
     assert torch.isfinite(out.loss)
+
+
+# ---------------------------------------------------------------- Space Model over a base encoder only
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "BertForMaskedLM",
+                                  "RobertaForSequenceClassification"])
+def test_space_model_refuses_a_task_model_as_encoder_naming_its_base_model(name):
+    from bcos_plugins.space import SpaceModelForSequenceClassification
+
+    task_model = tiny_model(name)
+    prefix = task_model.base_model_prefix
+    # before: accepted, then "'SequenceClassifierOutput' object has no attribute 'last_hidden_state'" at forward
+    with pytest.raises(BcosTypeError, match=rf"^encoder: {name} is a task model .* Pass its base model, "
+                                            rf"encoder\.{prefix} \(encoder\.base_model\)"):
+        SpaceModelForSequenceClassification.from_encoder(task_model, num_labels=2, n_latent=4)
+    model = SpaceModelForSequenceClassification.from_encoder(task_model.base_model, num_labels=2, n_latent=4)
+    ids, mask = padded_batch(pad_id=1 if name.startswith("Roberta") else 0)
+    assert model(input_ids=ids, attention_mask=mask).logits.shape == (3, 2)

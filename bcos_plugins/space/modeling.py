@@ -102,6 +102,20 @@ class SpaceModelConfig(PreTrainedConfig):
         self.check_space_fields()
 
 
+def require_base_encoder(encoder) -> None:
+    """The Space head reads the token states (``last_hidden_state``) of a base model: a task model (a classifier,
+    a masked LM) returns its head's logits instead, which would fail deep inside the forward pass."""
+    if not isinstance(encoder, PreTrainedModel):
+        raise argument_error("encoder", f"must be a transformers PreTrainedModel, got {type(encoder).__name__}",
+                             "Pass e.g. AutoModel.from_pretrained(path)", kind=BcosTypeError)
+    base = encoder.base_model
+    if base is not encoder:
+        raise argument_error("encoder", f"{type(encoder).__name__} is a task model (its head on top of "
+                             f"{type(base).__name__}), which returns its head's outputs, not the token states the "
+                             "Space head reads", f"Pass its base model, encoder.{encoder.base_model_prefix} "
+                             "(encoder.base_model), or load AutoModel.from_pretrained(path)", kind=BcosTypeError)
+
+
 def encoder_limits(encoder: nn.Module) -> tuple[int | None, int | None]:
     """``(vocab_size, longest input)`` of a transformers encoder, ``None`` where the config does not say.
 
@@ -226,6 +240,8 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
     _supports_sdpa = True
 
     def __init__(self, config: SpaceModelConfig, encoder: PreTrainedModel | None = None):
+        if encoder is not None:
+            require_base_encoder(encoder)
         super().__init__(config)
         self.encoder = encoder if encoder is not None else AutoModel.from_config(config.encoder_config)
         d_model = self.encoder.config.hidden_size
@@ -246,9 +262,7 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
     @classmethod
     def from_encoder(cls, encoder: PreTrainedModel, num_labels: int, **config_kwargs):
         """Wrap an encoder that already has weights (e.g. ``AutoModel.from_pretrained``); the head is new."""
-        if not isinstance(encoder, PreTrainedModel):
-            raise TypeError(f"encoder must be a transformers PreTrainedModel (e.g. AutoModel.from_pretrained(...)); "
-                            f"got {type(encoder).__name__}")
+        require_base_encoder(encoder)
         # The config's attention implementation propagates to the encoder's config (a sub-config): pass the
         # encoder's own, or the composite config would reset it.
         config_kwargs.setdefault("attn_implementation", encoder.config._attn_implementation or "sdpa")
