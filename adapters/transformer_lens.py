@@ -39,6 +39,7 @@ from typing import Any
 
 from bcos_plugins.errors import BcosValueError
 
+from ._lens.boot_guard import install_boot_guard
 from ._lens.bridge import (
     SUPPORTED_BRIDGE_ARCHITECTURES,
     check_bridge_internals,
@@ -70,6 +71,9 @@ __all__ = [
     "token_component_decomposition",
     "transformer_bridge_from_hf",
 ]
+# TransformerLens' own bridge construction refuses B-cos models from here on (it would rewrite them in place)
+install_boot_guard()
+
 # HookedTransformer-based API: TransformerLens 3.x only.
 _HOOKED_API = [
     "ALL_PROJECTIONS",

@@ -191,3 +191,73 @@ def test_public_api_names_resolve_or_explain_the_version():
         for name in sorted(hooked):
             with pytest.raises(ImportError, match="transformer_bridge_from_hf"):
                 getattr(lens_adapter, name)
+
+
+@pytest.mark.parametrize("name", ["bcos_gpt2", "bcos_llama"])
+def test_transformer_lens_own_bridge_construction_refuses_a_bcos_model_and_leaves_it_untouched(name, tmp_path):
+    """TransformerLens' boot_transformers (and build_bridge_from_module, which TransformerBridge.__init__ guards)
+    would wrap the user's B-cos model in place and rebuild GPT-2's c_attn as plain layers: refused up front."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    hf = HF_MODELS[name]().eval()
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
+    types = {n: type(m) for n, m in hf.named_modules()}
+    config = hf.config.to_dict()
+    tokenizer = bridge_module._reloadable(bridge_module._placeholder_tokenizer(VOCAB), str(tmp_path))
+    with pytest.raises(BcosError, match=r"hf_model: .* holds B-cos .*transformer_bridge_from_hf\(model"):
+        TransformerBridge.boot_transformers("tiny", hf_model=hf, tokenizer=tokenizer)
+    from transformer_lens.model_bridge.sources.transformers import boot
+
+    with pytest.raises(BcosError, match="transformer_bridge_from_hf"):
+        boot("tiny", hf_model=hf, tokenizer=tokenizer)
+    with pytest.raises(BcosError, match="TransformerBridge would wrap it in place"):
+        TransformerBridge(hf, adapter=None, tokenizer=tokenizer)  # any other path that builds a bridge
+    assert {n: type(m) for n, m in hf.named_modules()} == types
+    assert all(torch.equal(v, state[k]) for k, v in hf.state_dict().items())
+    assert hf.config.to_dict() == config
+    # the plain (non-B-cos) models TransformerLens handles itself still boot through it
+    plain = _bilinear_llama()
+    tokens = ids()
+    with torch.no_grad():
+        expected = plain(tokens).logits
+        booted = TransformerBridge.boot_transformers("tiny", hf_model=plain, tokenizer=tokenizer)(tokens)
+    torch.testing.assert_close(booted, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_boot_guard_fails_loudly_when_transformer_lens_changes(monkeypatch):
+    from bcos_plugins.adapters._lens import boot_guard
+
+    boot_guard.check_boot_guard()  # the installed TransformerLens has what the guard relies on
+    bridge_cls, source = boot_guard._targets()
+    assert boot_guard.is_guarded(bridge_cls.__init__) and boot_guard.is_guarded(source.boot)
+    moved = type("transformers_source", (), {})  # a release whose boot moved elsewhere
+    monkeypatch.setattr(boot_guard, "_targets", lambda: (bridge_cls, moved))
+    with pytest.raises(BcosError, match=r"sources.transformers.boot\(..., hf_model=\) is gone"):
+        boot_guard.check_boot_guard()
+    with pytest.raises(BcosError, match="boot guard"):
+        boot_guard.install_boot_guard()
+
+
+def test_a_bridge_without_tokenizer_refuses_text_instead_of_reading_it_as_token_0():
+    """The TransformerLens page's form, transformer_bridge_from_hf(hf) without tokenizer=: text used to become t0."""
+    _, _, _, bridge = built("bcos_gpt2")
+    for text_call in (lambda: bridge.to_tokens("Once upon a time"), lambda: bridge.to_str_tokens("Once upon a time"),
+                      lambda: bridge("Once upon a time"), lambda: bridge.run_with_cache("Once upon a time")):
+        with pytest.raises(BcosError, match=r"tokenizer: this bridge was built without tokenizer=.*tokenizer="):
+            text_call()
+    tokens = ids(batch=1)
+    assert bridge.to_str_tokens(tokens[0]) == [f"t{int(i)}" for i in tokens[0]]  # ids still read and decode
+    assert bridge(tokens).shape == (1, tokens.shape[1], VOCAB)
+
+
+def test_a_bridge_with_the_models_tokenizer_reads_text(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {w: i for i, w in enumerate(["<unk>", "once", "upon", "a", "time"])}
+    backend = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = T.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<unk>",
+                                          eos_token="<unk>")
+    hf, _, _, _ = built("bcos_gpt2")
+    bridge = transformer_bridge_from_hf(hf, tokenizer=tokenizer)
+    assert bridge.to_tokens("once upon a time", prepend_bos=False).tolist() == [[1, 2, 3, 4]]

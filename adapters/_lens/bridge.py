@@ -34,12 +34,12 @@ import tempfile
 import torch
 from torch import nn
 
-from bcos_plugins.convert.architectures import architecture_name, specs_where
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn.dynamic import DynamicWeightModule
 from bcos_plugins.nn.linear import BcosConv1D, BcosLinear
 from bcos_plugins.nn.norm import BcosLayerNorm, DetachableRMSNorm
 
+from .boot_guard import BRIDGE_COPY_MARKER
 from .hook_point import DynamicHookPoint
 
 __all__ = [
@@ -50,8 +50,7 @@ __all__ = [
     "transformer_bridge_from_hf",
 ]
 
-# the registry's classes the bridge accepts (ArchitectureSpec.bridge)
-SUPPORTED_BRIDGE_ARCHITECTURES = specs_where(lambda spec: spec.bridge)
+SUPPORTED_BRIDGE_ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM")
 _EXPLAINABLE_FLAG = "_bcos_explainable_bridge"
 
 
@@ -100,7 +99,8 @@ def check_bridge_internals() -> None:
 
 
 def _architecture(hf_model: nn.Module) -> str:
-    name = architecture_name(hf_model)
+    bcos = getattr(getattr(hf_model, "config", None), "bcos", None)
+    name = bcos["architecture"] if isinstance(bcos, dict) else type(hf_model).__name__
     if name not in SUPPORTED_BRIDGE_ARCHITECTURES:
         raise BcosTypeError(
             f"hf_model: {type(hf_model).__name__} is not supported by transformer_bridge_from_hf. Pass a "
@@ -118,6 +118,22 @@ def _placeholder_tokenizer(vocab_size: int):
     backend = Tokenizer(models.WordLevel(words, unk_token="t0"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", bos_token="t0", eos_token="t0")
+
+
+def _refuse_text(self, *args, **kwargs):
+    raise BcosValueError(
+        "tokenizer: this bridge was built without tokenizer=, so it has no vocabulary for text (its placeholder "
+        "only names ids t0, t1, ...; a string would silently become token 0). Pass token ids (a tensor), or build "
+        "the bridge with transformer_bridge_from_hf(hf_model, tokenizer=the_model's_tokenizer)")
+
+
+def _ids_only(tokenizer):
+    """The placeholder tokenizer, refusing text from here on (it was needed as a tokenizer while the bridge booted):
+    ids still decode (``to_str_tokens(ids)`` gives ``t<id>``)."""
+    refusing = {name: _refuse_text for name in ("__call__", "encode", "tokenize", "_encode_plus")
+                if hasattr(tokenizer, name)}
+    tokenizer.__class__ = type(f"IdsOnly{type(tokenizer).__name__}", (type(tokenizer),), refusing)
+    return tokenizer
 
 
 def _reloadable(tokenizer, folder: str):
@@ -231,8 +247,9 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
     Args:
         hf_model: a transformers ``GPT2LMHeadModel`` or ``LlamaForCausalLM``: B-cosified
             (:func:`bcos_plugins.bcosify`), bilinear (Llama with ``hidden_act="linear"``) or plain.
-        tokenizer: optional; in-memory tokenizers work. Without one a placeholder word-level tokenizer
-            (``"t0 t1 ..."``) is attached, enough for token-id workflows, with no hub access.
+        tokenizer: the model's tokenizer (in-memory tokenizers work); needed for text inputs. Without one a
+            placeholder that names ids ``t0 t1 ...`` is attached, with no hub access: token-id workflows work,
+            and text (``to_tokens("...")``, ``bridge("...")``) raises a ``BcosValueError`` naming ``tokenizer=``.
         model_name: the name the bridge records (default ``hf_model.config.name_or_path`` or the
             architecture); the architecture itself is read from ``hf_model.config``.
 
@@ -246,11 +263,15 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
     check_bridge_internals()
     bridge_cls, _attention, _gated, joint, _linear, _norm = _bridge_classes()
     copied = copy.deepcopy(hf_model)
-    if tokenizer is None:
+    setattr(copied, BRIDGE_COPY_MARKER, True)  # the boot guard lets this copy through: it is made exact below
+    placeholder = tokenizer is None
+    if placeholder:
         tokenizer = _placeholder_tokenizer(hf_model.config.vocab_size)
     name = model_name or getattr(hf_model.config, "name_or_path", "") or arch
     with tempfile.TemporaryDirectory(prefix="bcos_bridge_tokenizer_") as folder:
         bridge = bridge_cls.boot_transformers(name, hf_model=copied, tokenizer=_reloadable(tokenizer, folder))
+    if placeholder:
+        _ids_only(bridge.tokenizer)
     for module in bridge.modules():
         if not isinstance(module, joint):
             continue

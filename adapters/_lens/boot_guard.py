@@ -1,0 +1,131 @@
+"""The one place that patches TransformerLens: its own bridge construction refuses B-cos models.
+
+TransformerLens' ``TransformerBridge.boot_transformers(name, hf_model=model)`` (and every other way it builds a
+bridge) wraps the model it is given *in place*, and for GPT-2 splits the fused ``c_attn`` into plain ``nn.Linear``
+q/k/v built from the raw weights: on a B-cos model that is another model (the logits move, explanations lose
+completeness) and the user's model has been rewritten. :func:`install_boot_guard` (run when
+``bcos_plugins.adapters.transformer_lens`` is imported) makes those calls fail loudly on a model that holds B-cos
+(dynamic-weight) modules or carries B-cos settings, before TransformerLens touches it, with the fix:
+:func:`~.bridge.transformer_bridge_from_hf`, which builds an exact, explainable bridge over a copy.
+
+What this relies on in TransformerLens (3.9 and 4.x), checked by :func:`check_boot_guard` (and in the tests, so
+a release that moves any of it fails loudly instead of leaving B-cos models unguarded):
+
+- every bridge is built by ``TransformerBridge.__init__(self, model, adapter, tokenizer)``, before any submodule
+  of ``model`` is swapped (``sources.transformers.boot``, ``boot_transformers``, ``build_bridge_from_module``);
+- ``transformer_lens.model_bridge.sources.transformers.boot(model_name, ..., hf_model=...)`` (a module in 3.9, a
+  package re-exporting it from ``.source`` in 4.x) is the function behind ``TransformerBridge.boot_transformers``; guarding it up front keeps even the model's config untouched
+  (``boot`` switches ``config._attn_implementation`` to eager before it builds the bridge).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+
+from torch import nn
+
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError
+
+__all__ = ["BRIDGE_COPY_MARKER", "check_boot_guard", "install_boot_guard", "is_guarded", "refuse_bcos_model"]
+
+# set on the copy transformer_bridge_from_hf boots: the one B-cos model TransformerLens may wrap (it is made exact)
+BRIDGE_COPY_MARKER = "_bcos_plugins_bridge_copy"
+_GUARDED = "__bcos_plugins_guard__"
+
+
+def refuse_bcos_model(model, entry: str) -> None:
+    """Raise when ``model`` is a B-cos model that TransformerLens' ``entry`` would turn into another model."""
+    if not isinstance(model, nn.Module) or getattr(model, BRIDGE_COPY_MARKER, False):
+        return
+    from bcos_plugins.attribution import has_dynamic_weights
+
+    settings = getattr(getattr(model, "config", None), "bcos", None)
+    if has_dynamic_weights(model):
+        what = "holds B-cos (dynamic-weight) modules"
+    elif isinstance(settings, dict):
+        what = "carries B-cos settings (config.bcos) but stock modules (a B-cos checkpoint loaded as a stock model)"
+    else:
+        return
+    raise BcosTypeError(
+        f"hf_model: {type(model).__name__} {what}; TransformerLens' {entry} would wrap it in place and rebuild its "
+        "layers as plain ones from the raw weights (for GPT-2 the fused c_attn becomes plain q/k/v), which changes "
+        "your model and its logits. Use bcos_plugins.adapters.transformer_lens.transformer_bridge_from_hf(model, "
+        "tokenizer=tokenizer): an exact, explainable TransformerBridge over a copy"
+        + (" (load the checkpoint with bcos_plugins.load_bcos_model first)" if "config.bcos" in what else ""))
+
+
+def _targets():
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.model_bridge.sources import transformers as source
+
+    return TransformerBridge, source
+
+
+def check_boot_guard() -> None:
+    """Check what the guard relies on in the installed TransformerLens; raise naming what changed."""
+    try:
+        bridge_cls, source = _targets()
+    except ImportError as error:
+        raise BcosRuntimeError(f"TransformerLens' bridge modules moved ({error}); the B-cos boot guard "
+                               "(bcos_plugins.adapters._lens.boot_guard) needs updating") from error
+    problems = []
+    init = inspect.signature(bridge_cls.__init__)
+    if list(init.parameters)[1:2] != ["model"]:
+        problems.append(f"TransformerBridge.__init__{init} no longer takes the model first")
+    boot = getattr(source, "boot", None)
+    if boot is None or "hf_model" not in inspect.signature(boot).parameters:
+        problems.append("transformer_lens.model_bridge.sources.transformers.boot(..., hf_model=) is gone")
+    if problems:
+        raise BcosRuntimeError("TransformerLens changed what the B-cos boot guard relies on: " + "; ".join(problems)
+                               + ". bcos_plugins.adapters._lens.boot_guard needs updating")
+
+
+def _guarded_init(init):
+    @functools.wraps(init)
+    def __init__(self, model, *args, **kwargs):
+        refuse_bcos_model(model, "TransformerBridge")
+        init(self, model, *args, **kwargs)
+
+    setattr(__init__, _GUARDED, True)
+    return __init__
+
+
+def _guarded_boot(boot):
+    @functools.wraps(boot)
+    def guarded(*args, **kwargs):
+        bound = inspect.signature(boot).bind_partial(*args, **kwargs)
+        refuse_bcos_model(bound.arguments.get("hf_model"), "TransformerBridge.boot_transformers")
+        return boot(*args, **kwargs)
+
+    setattr(guarded, _GUARDED, True)
+    return guarded
+
+
+def is_guarded(function) -> bool:
+    """Whether ``function`` is one of the guard's wrappers."""
+    return getattr(function, _GUARDED, False)
+
+
+def install_boot_guard() -> None:
+    """Guard TransformerLens' bridge construction against B-cos models (idempotent; see the module docstring)."""
+    check_boot_guard()
+    bridge_cls, source = _targets()
+    if not is_guarded(bridge_cls.__init__):
+        bridge_cls.__init__ = _guarded_init(bridge_cls.__init__)
+    original = source.boot
+    if is_guarded(original):
+        return
+    guarded = _guarded_boot(original)
+    # every name TransformerLens exports boot under: its defining module, the package re-exports (sources,
+    # sources.transformers: a module in 3.9, a package in 4.x) and boot_transformers, a staticmethod of it; a
+    # boot_transformers method that imports boot at call time finds the guarded one through these names
+    for name, module in list(sys.modules.items()):
+        if name.startswith("transformer_lens.model_bridge") and module is not None:
+            for attribute, value in list(vars(module).items()):
+                if value is original:
+                    setattr(module, attribute, guarded)
+    static = inspect.getattr_static(bridge_cls, "boot_transformers", None)
+    if isinstance(static, staticmethod) and static.__func__ is original:
+        bridge_cls.boot_transformers = staticmethod(guarded)
