@@ -44,6 +44,7 @@ CONFIGS = {
     # a window shorter than the test sequences, so that the sliding-window mask matters
     "Mistral": _rotary(T.MistralConfig, sliding_window=4),
     "Qwen2": _rotary(T.Qwen2Config),
+    "Qwen3": _rotary(T.Qwen3Config, head_dim=8),  # Qwen3Config's head_dim defaults to 128
 }
 SIDES = ["none", "left", "right"]
 NAMES = sorted(SPECS)

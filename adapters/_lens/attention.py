@@ -78,6 +78,11 @@ class HookedBcosAttentionMixin(ABC, nn.Module):
         q = self.hook_q(self._project(query_input, "W_Q", self.b_Q, "W_Q"))
         k = self.hook_k(self._project(key_input, w_k, b_k, "W_K"))
         v = self.hook_v(self._project(value_input, w_v, b_v, "W_V"))
+        if self.cfg.use_qk_norm:
+            # per-head RMSNorm of queries and keys (Qwen3), where the parent applies it; it only shapes the
+            # pattern, which hook_pattern holds constant in explanation mode
+            q = self._apply_qk_norm(q, self.q_norm)
+            k = self._apply_qk_norm(k, self.k_norm)
         return q, k, v
 
     def forward(

@@ -82,7 +82,6 @@ _BCOS_REFUSED = {
         "'standard' or 'rotary'",
     ),
     "use_attention_sinks": (lambda c: c.use_attention_sinks, "set use_attention_sinks=False"),
-    "use_qk_norm": (lambda c: c.use_qk_norm, "set use_qk_norm=False"),
     "use_logn_attn": (lambda c: c.use_logn_attn, "set use_logn_attn=False"),
     "load_in_4bit": (lambda c: c.load_in_4bit, "B-cos weights are renormalised each forward; load in float"),
     "original_architecture": (

@@ -185,6 +185,9 @@ SPECS: dict[str, ArchitectureSpec] = {
     **_llama_like("Mistral", lens_conversion="mistral"),
     # Qwen2: biases on q/k/v (bcosify drops and reports them; kept with bcos_query_key=False for q/k)
     **_llama_like("Qwen2", lens_conversion="qwen2"),
+    # Qwen3: RMSNorm on queries and keys (detachable norms like every RMSNorm; their inputs, the query/key
+    # outputs, are constants in explanation mode anyway)
+    **_llama_like("Qwen3", lens_conversion="qwen3"),
 }
 
 # Classes people ask for that bcosify refuses, with the reason (named in the error instead of a bare "not
