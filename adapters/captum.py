@@ -49,6 +49,7 @@ from captum.log import log_usage
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from bcos_plugins._checks import refuse_renamed_keywords
 from bcos_plugins.attribution import (
     Explanation,
     TokenExplanation,
@@ -508,8 +509,9 @@ def visualization_records(
     tokens: Sequence[Sequence[str]] | None = None,
     logits: Tensor | None = None,
     true_labels: Sequence[int] | None = None,
-    attributed_class: Sequence[int] | None = None,
+    target: Sequence[int] | None = None,
     label_names: Sequence[str] | None = None,
+    **renamed,
 ) -> list[VisualizationDataRecord]:
     """Captum ``VisualizationDataRecord``s, one per example.
 
@@ -517,15 +519,17 @@ def visualization_records(
     class and completeness error are taken from it; ``logits`` = the model's class logits give the predicted
     class and its probability), or from any method's per-example ``scores`` and ``tokens``.
     ``convergence_score`` holds the completeness error for B-cos explanations (0 if unknown).
-    Class ids are turned into ``label_names`` when given, as Captum's own examples do.
+    Class ids are turned into ``label_names`` when given, as Captum's own examples do. ``target``: the attributed
+    class per example (Captum's ``attr_class``; default the explanation's target, else the predicted class).
     """
+    refuse_renamed_keywords("visualization_records", renamed, {"attributed_class": "target"})
     if explanation is not None:
         if tokenizer is None:
             raise BcosValueError("visualization_records(explanation, tokenizer): the tokenizer is needed to turn "
                              "input ids into tokens")
         tokens = explanation.tokens(tokenizer)
         scores = explanation.scores()
-        attributed_class = attributed_class if attributed_class is not None else explanation.target.tolist()
+        target = target if target is not None else explanation.target.tolist()
         delta = explanation.completeness_error.tolist()
     else:
         if scores is None or tokens is None:
@@ -551,7 +555,7 @@ def visualization_records(
             pred_prob = float(probs[pred])
         else:
             pred, pred_prob = None, float("nan")
-        attr_cls = attributed_class[i] if attributed_class is not None else pred
+        attr_cls = target[i] if target is not None else pred
         records.append(VisualizationDataRecord(
             word_attributions=row,
             pred_prob=pred_prob,

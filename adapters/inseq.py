@@ -88,6 +88,7 @@ from inseq.utils.typing import TokenWithId
 from jaxtyping import Int
 from torch import Tensor, nn
 
+from bcos_plugins._checks import refuse_renamed_keywords
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions, text_attribution_point
 from bcos_plugins.convert.architectures import (
     ArchitectureSpec,
@@ -428,7 +429,7 @@ else:  # registered by an earlier import of this file
 class BcosClassifier:
     """A B-cos sequence classifier with inseq-style attribution; build it with :func:`load_classifier`.
 
-    ``attribute(texts)`` explains every class (or ``target_classes``) of every text with
+    ``attribute(texts)`` explains every class (or the classes ``target``) of every text with
     :func:`bcos_plugins.explain` and returns an inseq ``FeatureAttributionOutput``: per text one
     :class:`BcosSequenceAttribution` with ``source`` = the input tokens (padding removed, special tokens kept:
     they carry contributions too), ``target`` = the attributed classes (``TokenWithId(label, class_id)``),
@@ -460,24 +461,28 @@ class BcosClassifier:
                 "model_class": type(self.model).__name__,
                 "tokenizer_class": type(self.tokenizer).__name__}
 
-    def _classes(self, target_classes: int | Sequence[int] | None) -> list[int]:
+    def _classes(self, target: int | Sequence[int] | None) -> list[int]:
         n = len(self.label_names)
-        if target_classes is None:
+        if target is None:
             return list(range(n))
-        classes = [target_classes] if isinstance(target_classes, int) else [int(c) for c in target_classes]
+        classes = [target] if isinstance(target, int) else [int(c) for c in target]
         bad = [c for c in classes if not 0 <= c < n]
         if bad or not classes:
-            raise argument_error("target_classes", f"must be class ids in [0, {n}); got {classes}",
-                                 "Pass class ids of this model, or leave target_classes out for all")
+            raise argument_error("target", f"must be class ids in [0, {n}); got {classes}",
+                                 "Pass class ids of this model, or leave target out for all")
         return classes
 
-    def attribute(self, texts: str | Sequence[str], target_classes: int | Sequence[int] | None = None,
-                  batch_size: int = 8) -> FeatureAttributionOutput:
-        """Per-class token attributions of ``texts`` as an inseq ``FeatureAttributionOutput``."""
+    def attribute(self, texts: str | Sequence[str], target: int | Sequence[int] | None = None,
+                  batch_size: int = 8, **renamed) -> FeatureAttributionOutput:
+        """Per-class token attributions of ``texts`` as an inseq ``FeatureAttributionOutput``.
+
+        ``target``: the class id or ids to attribute (each text gets every one of them); default every class.
+        """
+        refuse_renamed_keywords("BcosClassifier.attribute", renamed, {"target_classes": "target"})
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts or not all(isinstance(t, str) and t for t in texts):
             raise argument_error("texts", "attribute needs one or more non-empty strings", "Pass a text or a list of texts")
-        classes = self._classes(target_classes)
+        classes = self._classes(target)
         sequences = []
         for start in range(0, len(texts), batch_size):
             sequences += self._attribute_batch(texts[start:start + batch_size], classes)

@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from .errors import BcosTypeError, argument_error
 
 __all__ = ["bad_rows", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
-           "require_int", "require_labels", "require_number", "require_run_settings", "require_same_shape",
-           "require_tensor", "require_text_pairs", "require_texts", "require_token_batch"]
+           "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_run_settings",
+           "require_same_shape", "require_tensor", "require_text_pairs", "require_texts", "require_token_batch"]
 
 
 def bad_rows(bad: Tensor, limit: int = 8) -> str:
@@ -274,3 +274,17 @@ def require_run_settings(epochs, batch_size, max_length, learning_rate, seed) ->
     require_number("learning_rate", learning_rate, low=0.0, low_open=True)
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise argument_error("seed", f"must be an integer, got {seed!r}", "pass e.g. seed=0", kind=BcosTypeError)
+
+
+def refuse_renamed_keywords(function: str, given: dict, renamed: dict[str, str]) -> None:
+    """Refuse the keywords a release renamed (``renamed``: old name -> new name) by name, pointing at the new
+    one, and any other keyword a function's ``**given`` caught, as Python would refuse it.
+
+    Old code then fails with the fix in the message instead of Python's bare "unexpected keyword argument".
+    """
+    for key in given:
+        if key in renamed:
+            raise argument_error(key, f"{function}() calls it {renamed[key]} since 0.2 (the name the package's "
+                                 "explanation entry points share)", f"Pass {renamed[key]}= instead",
+                                 kind=BcosTypeError)
+        raise BcosTypeError(f"{function}() got an unexpected keyword argument {key!r}")

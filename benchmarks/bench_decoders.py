@@ -383,8 +383,8 @@ def make_data(cfg: Settings, tokenizer: GPT2TokenizerFast | None = None) -> Deco
 
 
 def ioi_accuracy(model, batch: IOIBatch) -> float:
-    return next_token_contrast(model, batch.input_ids, batch.attention_mask, batch.target_ids,
-                               batch.foil_ids).accuracy
+    return next_token_contrast(model, batch.input_ids, batch.attention_mask, target=batch.target_ids,
+                               foil=batch.foil_ids).accuracy
 
 
 class SolveIOI(TrainerCallback):
@@ -642,10 +642,10 @@ def evaluate(model, data: DecoderData, is_bcos: bool) -> dict:
     with torch.no_grad():
         ppl = perplexity(model, data.heldout_text, bos_token_id=data.eos, max_length=CONTEXT)
     ioi = next_token_contrast(model, data.ioi_test.input_ids, data.ioi_test.attention_mask,
-                              data.ioi_test.target_ids, data.ioi_test.foil_ids)
+                              target=data.ioi_test.target_ids, foil=data.ioi_test.foil_ids)
     row = {"perplexity": ppl.perplexity, "heldout_tokens": ppl.n_tokens, "ioi_accuracy": ioi.accuracy,
            "ioi_logit_difference": ioi.mean_logit_difference, "ioi_probability_gap": ioi.mean_probability_gap}
-    blimp = {s: next_token_contrast(model, b.input_ids, b.attention_mask, b.target_ids, b.foil_ids)
+    blimp = {s: next_token_contrast(model, b.input_ids, b.attention_mask, target=b.target_ids, foil=b.foil_ids)
              for s, b in data.blimp.items()}
     row["blimp_accuracy"] = sum(c.accuracy for c in blimp.values()) / len(blimp)
     row["blimp_probability_gap"] = sum(c.mean_probability_gap for c in blimp.values()) / len(blimp)

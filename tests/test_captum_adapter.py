@@ -354,6 +354,11 @@ def test_visualization_records_and_html_without_ipython(bcos_bert, tmp_path):
     # any method's scores work too
     other = visualization_records(scores=[torch.ones(2)], tokens=[["a", "b"]])
     assert other[0].attr_score == 2.0
+    # the attributed class is target=, as everywhere in the package; the 0.1 keyword is refused by name
+    named = visualization_records(scores=[torch.ones(2)], tokens=[["a", "b"]], target=[1], label_names=["no", "yes"])
+    assert named[0].attr_class == "yes"
+    with pytest.raises(BcosTypeError, match=r"attributed_class: .*calls it target since 0.2.*Pass target= instead"):
+        visualization_records(scores=[torch.ones(2)], tokens=[["a", "b"]], attributed_class=[1])
 
 
 def test_the_captum_private_helpers_the_adapter_uses_still_behave():

@@ -20,7 +20,7 @@ from inseq.utils import Registry
 from bcos_plugins import bcosify
 from bcos_plugins.attribution import has_dynamic_weights
 from bcos_plugins.data import SHIPPED_DATA
-from bcos_plugins.errors import BcosValueError
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 
 TOKENIZER_DIR = SHIPPED_DATA / "gpt2_tokenizer"
 PROMPTS = ["The cat sat on the", "Hello"]
@@ -268,10 +268,15 @@ def test_classifier_per_class_scores_sum_to_each_class_logit(name, bert_tokenize
     torch.testing.assert_close(loaded.sequence_attributions[1].source_attributions,
                                out.sequence_attributions[1].source_attributions)
 
-    one = classifier.attribute("the plot was awful", target_classes=[2]).sequence_attributions[0]
+    one = classifier.attribute("the plot was awful", target=[2]).sequence_attributions[0]
     assert [t.token for t in one.target] == ["positive"] and "probability" not in one.step_scores
-    with pytest.raises(BcosValueError, match=r"target_classes: must be class ids in \[0, 3\)"):
-        classifier.attribute("the film", target_classes=[3])
+    with pytest.raises(BcosValueError, match=r"target: must be class ids in \[0, 3\)"):
+        classifier.attribute("the film", target=[3])
+    # the 0.1 keyword is refused by name, pointing at the new one
+    with pytest.raises(BcosTypeError, match=r"target_classes: .*calls it target since 0.2.*Pass target= instead"):
+        classifier.attribute("the film", target_classes=[2])
+    with pytest.raises(BcosTypeError, match="unexpected keyword argument 'classes'"):
+        classifier.attribute("the film", classes=[2])
 
 
 def test_gpt2_classifier_padded_with_another_id_gives_each_text_its_own_logits(bert_tokenizer):

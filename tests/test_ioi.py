@@ -328,7 +328,7 @@ def test_next_token_contrast_matches_unpadded_rows_on_either_padding_side():
         for i, row in enumerate(rows):
             cols = slice(5 - len(row), 5) if side == "left" else slice(0, len(row))
             ids[i, cols], mask[i, cols] = torch.tensor(row), 1
-        result = next_token_contrast(model, ids, mask, target, foil)
+        result = next_token_contrast(model, ids, mask, target=target, foil=foil)
         assert result.logit_difference.tolist() == pytest.approx(expected_diff, abs=1e-5)
         assert result.probability_gap.tolist() == pytest.approx(expected_gap, abs=1e-6)
         assert result.accuracy == sum(d > 0 for d in expected_diff) / 3
@@ -337,16 +337,23 @@ def test_next_token_contrast_matches_unpadded_rows_on_either_padding_side():
 def test_next_token_contrast_on_an_ioi_batch_and_its_errors(tok):
     model = tiny_gpt2(vocab=tok.vocab_size, n_positions=32)
     batch = encode_ioi(make_ioi_prompts(4, seed=1), bos_token_id=tok.eos_token_id)
-    result = next_token_contrast(model, batch.input_ids, batch.attention_mask, batch.target_ids, batch.foil_ids,
-                                 batch_size=3)
-    swapped = next_token_contrast(model, batch.input_ids, batch.attention_mask, batch.foil_ids, batch.target_ids)
+    result = next_token_contrast(model, batch.input_ids, batch.attention_mask, target=batch.target_ids,
+                                 foil=batch.foil_ids, batch_size=3)
+    swapped = next_token_contrast(model, batch.input_ids, batch.attention_mask, target=batch.foil_ids,
+                                  foil=batch.target_ids)
     assert torch.allclose(result.logit_difference, -swapped.logit_difference)
     assert result.accuracy + swapped.accuracy == pytest.approx(1.0)
     with pytest.raises(BcosValueError, match="foil: has ids outside the vocabulary"):
-        next_token_contrast(model, batch.input_ids, batch.attention_mask, batch.target_ids,
-                            torch.full((4,), tok.vocab_size))
+        next_token_contrast(model, batch.input_ids, batch.attention_mask, target=batch.target_ids,
+                            foil=torch.full((4,), tok.vocab_size))
     with pytest.raises(BcosValueError, match="target: must be integer ids of shape \\(4,\\)"):
-        next_token_contrast(model, batch.input_ids, batch.attention_mask, batch.target_ids[:2], batch.foil_ids)
+        next_token_contrast(model, batch.input_ids, batch.attention_mask, target=batch.target_ids[:2],
+                            foil=batch.foil_ids)
+    # target and foil are keywords, as in explain: the 0.1 positional call is refused by name
+    with pytest.raises(BcosTypeError, match="target: next_token_contrast takes target and foil by keyword"):
+        next_token_contrast(model, batch.input_ids, batch.attention_mask, batch.target_ids, batch.foil_ids)
+    with pytest.raises(BcosTypeError, match="foil: is required"):
+        next_token_contrast(model, batch.input_ids, batch.attention_mask, target=batch.target_ids)
 
 
 # ---------------------------------------------------------------- the IOI training pieces of bench-decoders

@@ -346,21 +346,31 @@ class NextTokenContrast:
 def next_token_contrast(
     model,
     input_ids: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"] | None,
-    target: Int[Tensor, " batch"],
-    foil: Int[Tensor, " batch"],
-    *,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    *positional,
+    target: Int[Tensor, " batch"] | None = None,
+    foil: Int[Tensor, " batch"] | None = None,
     batch_size: int = 64,
 ) -> NextTokenContrast:
     """Logit difference and probability gap of ``target`` over ``foil`` at each row's last real token.
 
-    Works on the batches of :func:`~bcos_plugins.data.encode_ioi` and :func:`~bcos_plugins.data.encode_blimp`
-    (padding on either side: position ids count real tokens only, as ``explain`` does).
+    ``target`` and ``foil`` (one next-token id per row, required) are keywords, as in
+    :func:`bcos_plugins.explain`. Works on the batches of :func:`~bcos_plugins.data.encode_ioi` and
+    :func:`~bcos_plugins.data.encode_blimp` (padding on either side: position ids count real tokens only, as
+    ``explain`` does).
     """
     from .._checks import require_int, require_token_batch
     from ..attribution.targets import real_token_positions
-    from ..errors import argument_error
+    from ..errors import BcosTypeError, argument_error
 
+    if positional:  # the 0.1 signature took target and foil by position
+        raise argument_error("target", "next_token_contrast takes target and foil by keyword since 0.2, got "
+                             f"{len(positional)} more positional argument(s)", "Call next_token_contrast(model, "
+                             "input_ids, attention_mask, target=..., foil=...)", kind=BcosTypeError)
+    for name, ids in (("target", target), ("foil", foil)):
+        if ids is None:
+            raise argument_error(name, "is required", f"Pass {name}= with one next-token id per row",
+                                 kind=BcosTypeError)
     batch_size = require_int("batch_size", batch_size, minimum=1)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocab,
