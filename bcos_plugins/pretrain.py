@@ -22,7 +22,7 @@ from torch import nn
 
 from ._checks import require_classifier, require_count, require_number, require_run_settings, require_texts
 from .convert.architectures import SPECS, spec_for
-from .convert.bcosify import bcosify
+from .convert.bcosify import bcosify, plan_conversion
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
 from .encoded_texts import EncodedTexts
 from .errors import BcosTypeError, BcosValueError, argument_error
@@ -256,14 +256,17 @@ def fine_tune_task_then_bcos(
     Raises:
         BcosValueError / BcosTypeError: ``model`` is already B-cos (use fine_tune_classifier), or any argument
             fine_tune_classifier refuses.
+        UnsupportedModuleError: a model :func:`~bcos_plugins.bcosify` cannot convert; raised, like every
+            error above, before the first stage trains.
     """
     require_classifier(model)
     if has_dynamic_weights(model):
         raise argument_error("model", "is already B-cos; task then B-cos starts from a stock classifier",
                              "pass the stock model, or call fine_tune_classifier on the B-cos one")
-    check_b(b)
     _check_query_key(bcos_query_key)
-    # both stages' own settings are checked before the first stage trains, under their own names
+    # the conversion between the stages, both stages' own settings: checked before the first stage trains
+    # the user's model in place (an unconvertible model would otherwise fail only after it)
+    plan_conversion(model, b, bcos_query_key=bcos_query_key)
     require_number("task_epochs", task_epochs, low=0.0, low_open=True)
     require_number("task_learning_rate", task_learning_rate, low=0.0, low_open=True)
     require_run_settings(epochs, batch_size, fine_tune_kwargs.get("max_length", 64), learning_rate,

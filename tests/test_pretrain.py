@@ -255,3 +255,25 @@ def test_recipe_arguments_are_validated():
         fine_tune_task_then_bcos(stock, tok, ["w1"], [0], learning_rate=-1.0)
     # refused before the conventional stage trained: the model is untouched
     assert all(torch.equal(v, before[k]) for k, v in stock.state_dict().items())
+
+
+@pytest.mark.parametrize("change", ["module", "subclass"])
+def test_task_then_bcos_refuses_a_model_bcosify_cannot_convert_before_training_it(change):
+    from bcos_plugins import UnsupportedModuleError
+
+    tok = word_tokenizer()
+    texts, labels = corpus(8)
+    torch.manual_seed(0)
+    if change == "module":  # an activation bcosify has no dynamic-weight form for
+        model = T.BertForSequenceClassification(tiny_config("bert", num_labels=2))
+        model.bert.encoder.layer[0].intermediate.intermediate_act_fn = torch.nn.Tanh()
+        pattern = r"cannot convert module 'bert\.encoder\.layer\.0\.intermediate\.intermediate_act_fn'"
+    else:  # a subclass may compute another forward pass
+        model = type("MyBert", (T.BertForSequenceClassification,), {})(tiny_config("bert", num_labels=2))
+        pattern = r"MyBert is not"
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UnsupportedModuleError, match=pattern):
+        fine_tune_task_then_bcos(model, tok, texts, labels, task_epochs=1, epochs=1, batch_size=4, max_length=16,
+                                 **QUIET)
+    # the conventional stage never ran: the user's model is as it was
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

@@ -185,6 +185,52 @@ def _build(module: nn.Module, action, b: float) -> nn.Module:
     raise AssertionError(action)
 
 
+def plan_conversion(model: nn.Module, b: float = 1.5, *,
+                    bcos_query_key: bool = True) -> tuple[list, ConversionReport]:
+    """Every check :func:`bcosify` makes and its plan, without touching the model.
+
+    Returns the planned replacements and the report of what :func:`bcosify` would change, or raises the error
+    it would raise. :func:`bcosify` runs it first; a caller that converts only after other work (a recipe that
+    trains before it converts) runs it up front, so that an unconvertible model fails before that work.
+    """
+    b = check_b(b)
+    if not isinstance(model, nn.Module):
+        raise argument_error("model", f"must be a transformers model (torch.nn.Module), got "
+                             f"{type(model).__name__}", "pass e.g. AutoModelForSequenceClassification"
+                             ".from_pretrained(...)", kind=BcosTypeError)
+    if not isinstance(bcos_query_key, bool):
+        raise argument_error("bcos_query_key", f"must be True or False, got {bcos_query_key!r}",
+                             "pass True (B-cos query/key layers) or False (keep the pretrained query/key maps)",
+                             kind=BcosTypeError)
+    config = getattr(model, "config", None)
+    if has_dynamic_weights(model):
+        raise argument_error(
+            "model", f"{type(model).__name__} is already B-cosified (config.bcos={getattr(config, 'bcos', None)})",
+            "convert a stock model, or reload a saved one with load_bcos_model(path)", kind=BcosValueError)
+    # The model's own class decides (a stale config.bcos, e.g. a B-cos checkpoint loaded with plain
+    # from_pretrained, must not), and by identity: a subclass or a namesake may compute another forward.
+    name = type(model).__name__
+    if name not in SPECS:
+        raise UnsupportedModuleError(_unsupported_message(model, name))
+    check_stock_class(model, name, exact=True)
+    spec = SPECS[name]
+    if getattr(config, "add_cross_attention", False):
+        # Cross-attention keys/values come from another model's states (encoder_hidden_states), which
+        # explain() does not attribute to: measured 63-127 % incomplete on BertModel(is_decoder=True,
+        # add_cross_attention=True). GPT-2's fused cross-attention c_attn also holds k|v (no query), so the
+        # q/k slice would be wrong.
+        raise UnsupportedModuleError(
+            f"model: {type(model).__name__} has cross-attention (config.add_cross_attention=True), whose "
+            "keys and values come from another model's states that explanations cannot attribute to. Build "
+            "the model with add_cross_attention=False (encoder-only or decoder-only)."
+        )
+    num_labels = getattr(config, "num_labels", None)
+    if spec.is_classifier and not (isinstance(num_labels, int) and num_labels >= 1):
+        raise argument_error("model", f"config.num_labels is {num_labels!r}, so the classifier has no output",
+                             "build the classifier with num_labels >= 1 (e.g. num_labels=2)")
+    return _plan(model, spec, b, bcos_query_key)
+
+
 def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, verbose: bool = True) -> nn.Module:
     """Convert a stock transformers model into a B-cos model, in place, and return it.
 
@@ -213,45 +259,11 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
         UnsupportedModuleError: unsupported model class (checked by identity with the transformers class,
             not by name), cross-attention, or an unsupported module (path and class named).
     """
-    b = check_b(b)
-    if not isinstance(model, nn.Module):
-        raise argument_error("model", f"must be a transformers model (torch.nn.Module), got "
-                             f"{type(model).__name__}", "pass e.g. AutoModelForSequenceClassification"
-                             ".from_pretrained(...)", kind=BcosTypeError)
-    if not isinstance(bcos_query_key, bool):
-        raise argument_error("bcos_query_key", f"must be True or False, got {bcos_query_key!r}",
-                             "pass True (B-cos query/key layers) or False (keep the pretrained query/key maps)",
-                             kind=BcosTypeError)
     if not isinstance(verbose, bool):
         raise argument_error("verbose", f"must be True or False, got {verbose!r}", "pass a bool",
                              kind=BcosTypeError)
-    config = getattr(model, "config", None)
-    if has_dynamic_weights(model):
-        raise argument_error(
-            "model", f"{type(model).__name__} is already B-cosified (config.bcos={getattr(config, 'bcos', None)})",
-            "convert a stock model, or reload a saved one with load_bcos_model(path)", kind=BcosValueError)
-    # The model's own class decides (a stale config.bcos, e.g. a B-cos checkpoint loaded with plain
-    # from_pretrained, must not), and by identity: a subclass or a namesake may compute another forward.
-    name = type(model).__name__
-    if name not in SPECS:
-        raise UnsupportedModuleError(_unsupported_message(model, name))
-    check_stock_class(model, name, exact=True)
-    spec = SPECS[name]
-    if getattr(config, "add_cross_attention", False):
-        # Cross-attention keys/values come from another model's states (encoder_hidden_states), which
-        # explain() does not attribute to: measured 63-127 % incomplete on BertModel(is_decoder=True,
-        # add_cross_attention=True). GPT-2's fused cross-attention c_attn also holds k|v (no query), so the
-        # q/k slice would be wrong.
-        raise UnsupportedModuleError(
-            f"model: {type(model).__name__} has cross-attention (config.add_cross_attention=True), whose "
-            "keys and values come from another model's states that explanations cannot attribute to. Build "
-            "the model with add_cross_attention=False (encoder-only or decoder-only)."
-        )
-    num_labels = getattr(config, "num_labels", None)
-    if spec.is_classifier and not (isinstance(num_labels, int) and num_labels >= 1):
-        raise argument_error("model", f"config.num_labels is {num_labels!r}, so the classifier has no output",
-                             "build the classifier with num_labels >= 1 (e.g. num_labels=2)")
-    plan, report = _plan(model, spec, b, bcos_query_key)
+    plan, report = plan_conversion(model, b, bcos_query_key=bcos_query_key)
+    b, config, spec = report.b, getattr(model, "config", None), SPECS[type(model).__name__]
 
     for name, action in plan:
         module = model.get_submodule(name)
