@@ -148,3 +148,48 @@ def test_space_model_refuses_a_task_model_as_encoder_naming_its_base_model(name)
     model = SpaceModelForSequenceClassification.from_encoder(task_model.base_model, num_labels=2, n_latent=4)
     ids, mask = padded_batch(pad_id=1 if name.startswith("Roberta") else 0)
     assert model(input_ids=ids, attention_mask=mask).logits.shape == (3, 2)
+
+
+# ---------------------------------------------------------------- perplexity: causal LMs only
+
+
+def test_perplexity_refuses_a_masked_lm_whose_outputs_are_not_next_token_predictions():
+    from bcos_plugins.metrics.decoder import perplexity
+
+    texts = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
+    # before: BertForMaskedLM got a perplexity (3.05e4 on real text) from outputs that see the next token
+    with pytest.raises(BcosTypeError, match="^model: BertForMaskedLM is a masked LM: its prediction at a position "
+                                            "changes when a later token changes.*Pass a causal LM"):
+        perplexity(tiny_model("BertForMaskedLM"), texts)
+    # the same weights with a causal mask (BertLMHeadModel, is_decoder=True) are a causal LM
+    import transformers as T
+    from conftest import tiny_config
+
+    config = tiny_config("bert")
+    config.is_decoder = True
+    decoder = T.BertLMHeadModel(config).eval()
+    assert perplexity(decoder, texts).n_tokens == 7
+    not_causal = T.BertLMHeadModel(tiny_config("bert")).eval()  # is_decoder False: attends both ways
+    with pytest.raises(BcosTypeError, match="^model: BertLMHeadModel is a model without a causal mask"):
+        perplexity(not_causal, texts)
+    assert perplexity(tiny_model("GPT2LMHeadModel"), texts, bos_token_id=0).n_tokens == 9
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "GPT2ForSequenceClassification"])
+def test_perplexity_refuses_a_classifier(name):
+    from bcos_plugins.metrics.decoder import perplexity
+
+    # before: an opaque index error from gather on (batch, classes) logits
+    with pytest.raises(BcosTypeError, match=rf"^model: {name} returns \(1, 3\) for one window of 4 tokens, not "
+                                            r"next-token logits \(1, 4, vocab\)"):
+        perplexity(tiny_model(name), [[5, 6, 7, 8]])
+
+
+def test_perplexity_refuses_a_bos_token_outside_the_vocabulary():
+    from bcos_plugins.metrics.decoder import perplexity
+
+    model = tiny_model("GPT2LMHeadModel")  # 60 ids
+    # before: "IndexError: index out of range in self" from the embedding
+    with pytest.raises(BcosValueError, match=r"^bos_token_id: must be in \[0, 59\], got 50256"):
+        perplexity(model, [[5, 6, 7]], bos_token_id=50256)
+    assert perplexity(model, [[5, 6, 7]], bos_token_id=59).n_tokens == 3

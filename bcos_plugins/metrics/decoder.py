@@ -213,6 +213,45 @@ def _model_context(model) -> int | None:
     return None
 
 
+def _vocabulary_size(model) -> int | None:
+    """Rows of the input embedding (the ids a model can read), else ``config.vocab_size``."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    return rows if isinstance(rows, int) else getattr(getattr(model, "config", None), "vocab_size", None)
+
+
+def _require_causal_lm(model, window: list[int], device) -> None:
+    """Refuse a model whose outputs are not next-token predictions, from what it computes, not its class name.
+
+    A classifier returns one row of logits per text; a masked LM (or an encoder without a causal mask) returns
+    a row per position, but each row sees the tokens after it, so scoring them as ``p(x_t | x_<t)`` gives a
+    number (3e4 for BERT) that means nothing. Changing the window's last token must leave every earlier
+    position's logits unchanged.
+    """
+    from ..errors import BcosTypeError, argument_error
+
+    ids = torch.tensor([window], device=device)
+    name = type(model).__name__
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    logits = getattr(out, "logits", None)
+    if not isinstance(logits, Tensor) or logits.ndim != 3 or logits.shape[:2] != ids.shape:
+        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(out).__name__
+        raise argument_error("model", f"{name} returns {shape} for one window of {len(window)} tokens, not "
+                             f"next-token logits (1, {len(window)}, vocab): a classifier or base model has no "
+                             "next-token distribution", "Pass a causal LM (e.g. GPT2LMHeadModel, LlamaForCausalLM)",
+                             kind=BcosTypeError)
+    changed = ids.clone()
+    changed[0, -1] = 0 if window[-1] != 0 else 1
+    shifted = model(input_ids=changed, attention_mask=torch.ones_like(ids)).logits
+    before, after = logits[0, :-1].double(), shifted[0, :-1].double()
+    if not torch.allclose(before, after, rtol=1e-4, atol=1e-4 * (1.0 + float(before.abs().max()))):
+        kind = "a masked LM" if name.endswith("ForMaskedLM") else "a model without a causal mask"
+        raise argument_error("model", f"{name} is {kind}: its prediction at a position changes when a later token "
+                             "changes, so its outputs are not next-token predictions and their perplexity is "
+                             "meaningless", "Pass a causal LM (e.g. GPT2LMHeadModel, LlamaForCausalLM; BERT's "
+                             "BertLMHeadModel needs config.is_decoder=True)", kind=BcosTypeError)
+
+
 def _token_rows(texts, tokenizer) -> list[list[int]]:
     from ..errors import BcosTypeError, argument_error
 
@@ -255,7 +294,9 @@ def perplexity(
     ``bos_token_id``, and every token after a window's first (or after the BOS) is scored:
     ``ppl = exp(-sum log p(x_t | x_<t) / n_tokens)``. Windows do not overlap, so the first tokens of a
     window see less context than in a sliding evaluation (a higher, conservative perplexity). The model runs
-    in eval mode and is put back in its previous mode.
+    in eval mode and is put back in its previous mode. A model whose outputs are not next-token predictions
+    (a masked LM, a classifier, an encoder without a causal mask) is refused: it is checked that the logits at
+    a position do not change when a later token does.
 
     Args:
         texts: strings (with ``tokenizer``) or token-id sequences in the model's own vocabulary.
@@ -274,9 +315,10 @@ def perplexity(
                                  "max_position_embeddings in its config", "Pass max_length=...")
         max_length = context
     max_length = require_int("max_length", max_length, minimum=2, maximum=context)
+    vocab = _vocabulary_size(model)
     if bos_token_id is not None:
-        bos_token_id = require_int("bos_token_id", bos_token_id, minimum=0)
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        bos_token_id = require_int("bos_token_id", bos_token_id, minimum=0,
+                                   maximum=None if vocab is None else vocab - 1)
     rows = _token_rows(texts, tokenizer)
     windows: list[list[int]] = []
     step = max_length - int(bos_token_id is not None)
@@ -297,6 +339,7 @@ def perplexity(
     device = next(model.parameters()).device
     total, count = torch.zeros((), dtype=torch.float64), 0
     try:
+        _require_causal_lm(model, windows[0], device)
         for start in range(0, len(windows), batch_size):
             chunk = windows[start:start + batch_size]
             length = max(len(w) for w in chunk)
