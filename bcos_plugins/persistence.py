@@ -84,8 +84,11 @@ def checked_folder(path) -> tuple[str, bool]:
 def weight_files(path: str, local: bool) -> list[str]:
     """The safetensors files transformers loads from ``path``, each checked to be complete (named if not).
 
-    The choice follows transformers' own: a single ``model.safetensors`` wins over a sharded index, so an
-    index left behind by an earlier sharded save (``save_pretrained`` does not remove it) is not read.
+    The choice follows transformers' own: a single ``model.safetensors`` wins over a sharded index. An index
+    whose shards are gone is left over from an earlier sharded save into the same folder (``save_pretrained``
+    removes the shards, not the index) and is not read. A folder holding both whole checkpoints is refused:
+    one of them is left over from an earlier save (a sharded save leaves an earlier ``model.safetensors``),
+    and transformers would load ``model.safetensors`` even when it is the stale one.
     """
     from safetensors import safe_open
     from transformers.utils import cached_file
@@ -99,19 +102,30 @@ def weight_files(path: str, local: bool) -> list[str]:
         except OSError:
             return None
 
-    single = find(SINGLE_WEIGHTS)
-    index = None if single is not None else find(SHARDED_INDEX)
-    if single is not None:
-        files = [single]
-    elif index is not None:
+    single, index = find(SINGLE_WEIGHTS), find(SHARDED_INDEX)
+    if index is not None:
         try:
             with open(index) as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
+                names = sorted(set(json.load(f)["weight_map"].values()))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise BcosFileError(f"path: {index} is not a valid safetensors index ({err}). Re-save the model "
-                                "with save_pretrained.") from None
-        files = [find(name) or os.path.join(os.path.dirname(index), name) for name in shards]
-    else:
+            if single is None:
+                raise BcosFileError(f"path: {index} is not a valid safetensors index ({err}). Re-save the model "
+                                    "with save_pretrained.") from None
+            names = []  # transformers reads model.safetensors and never opens this index
+        shards = [find(name) for name in names]
+        if single is None:
+            files = [shard or os.path.join(os.path.dirname(index), name) for shard, name in zip(shards, names, strict=True)]
+        elif names and all(shards):
+            newer = SINGLE_WEIGHTS if os.path.getmtime(single) >= os.path.getmtime(index) else SHARDED_INDEX
+            raise BcosFileError(
+                f"path: {path} holds two checkpoints, {SINGLE_WEIGHTS} and a sharded one ({SHARDED_INDEX} with "
+                f"{len(names)} shards): one is left over from an earlier save_pretrained into this folder, and "
+                f"transformers would load {SINGLE_WEIGHTS} even if it is the old one. Delete the files of the "
+                f"checkpoint you did not save last ({newer} is the newer by its time stamp), or save into an "
+                "empty folder.")
+    if single is not None:
+        files = [single]
+    elif index is None:
         other = [n for n in ("pytorch_model.bin", "model.pt") if find(n)]
         hint = (f" It holds {other[0]}: load it with transformers and save it again with "
                 "save_pretrained(folder) (safetensors)") if other else ""

@@ -1,6 +1,6 @@
 """load_bcos_model gives back the saved model exactly, or a clear error naming what is wrong and the fix: edited
-config.json records, missing weights, keywords that would change the head, BcosViT folders, and a folder where
-an earlier sharded save left its index behind."""
+config.json records, missing weights, keywords that would change the head, BcosViT folders, and folders where
+an earlier save left files behind (a sharded save's index, or a single file under a later sharded save)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from conftest import padded_batch, tiny_model
 from safetensors.torch import load_file, save_file
 
 from bcos_plugins import bcosify, load_bcos_model
-from bcos_plugins.errors import BcosValueError
+from bcos_plugins.errors import BcosFileError, BcosValueError
 from bcos_plugins.nn import BcosLinear
 
 
@@ -106,6 +106,22 @@ def test_a_save_over_an_earlier_sharded_save_loads_what_transformers_loads(tmp_p
     loaded = load_bcos_model(folder)
     torch.testing.assert_close(_logits(loaded, ids, mask), _logits(new, ids, mask), rtol=0, atol=0)
     assert not torch.equal(_logits(old, ids, mask), _logits(new, ids, mask))
+
+
+def test_a_sharded_save_over_an_earlier_single_file_save_is_refused_not_loaded_stale(tmp_path):
+    old, folder = _saved(tmp_path)
+    new = bcosify(tiny_model("BertForSequenceClassification", seed=1), b=1.5, verbose=False)
+    new.save_pretrained(folder, max_shard_size="20KB")  # transformers leaves the old model.safetensors
+    assert (folder / "model.safetensors").exists() and (folder / "model.safetensors.index.json").exists()
+    stock = T.BertForSequenceClassification.from_pretrained(folder)  # transformers loads the stale file
+    torch.testing.assert_close(stock.bert.embeddings.word_embeddings.weight,
+                               old.bert.embeddings.word_embeddings.weight, rtol=0, atol=0)
+    with pytest.raises(BcosFileError, match=r"^path: .* holds two checkpoints, model\.safetensors and a sharded one "
+                                            r"\(model\.safetensors\.index\.json with \d+ shards\).*Delete the files"):
+        load_bcos_model(folder)
+    (folder / "model.safetensors").unlink()  # the stale file removed: the sharded save loads exactly
+    ids, mask = padded_batch()
+    torch.testing.assert_close(_logits(load_bcos_model(folder), ids, mask), _logits(new, ids, mask), rtol=0, atol=0)
 
 
 def _vit(tmp_path):
