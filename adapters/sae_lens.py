@@ -39,7 +39,7 @@ from bcos_plugins.bilinear import (
     interaction_matrix,
     top_eigen_indices,
 )
-from bcos_plugins.errors import BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosError, BcosTypeError, BcosValueError
 
 from ._lens.sae_error import sae_error_capture
 
@@ -155,6 +155,35 @@ def _decoder_directions(sae) -> Float[Tensor, "d_sae d_in"]:
     return directions
 
 
+def _bilinear_layer(layer):
+    """The layer's bilinear weights, or an error that says which layers are bilinear."""
+    try:
+        return bilinear_weights(layer)
+    except BcosError:
+        raise  # already names the layer's problem (e.g. a B-cos gated MLP)
+    except (TypeError, ValueError) as error:
+        raise BcosTypeError(
+            f"layer: {type(layer).__name__} is not a bilinear layer P((W x) * (V x)), so it has no feature "
+            f"interactions to read ({error}) Bilinear layers: model.blocks[L].mlp of a HookedTransformer built from "
+            "bcos_plugins.adapters.transformer_lens.bilinear_config, or of hooked_transformer_from_hf(llama) for a "
+            "transformers Llama with hidden_act='linear' (not B-cosified); a BilinearMLP; a transformers gated MLP "
+            "with the identity activation. The MLP of a B-cos or GELU model (e.g. a B-cos GPT-2 block) is not one: "
+            "explain such a model with explain_logits or token_component_decomposition") from error
+
+
+def _layer_inputs(mlp_inputs, d_in: int, name: str = "mlp_inputs") -> Tensor:
+    """``mlp_inputs`` as ``(tokens, d_in)``; refuses another width (a reshape would silently mix tokens)."""
+    if not isinstance(mlp_inputs, Tensor) or not mlp_inputs.is_floating_point():
+        what = mlp_inputs.dtype if isinstance(mlp_inputs, Tensor) else type(mlp_inputs).__name__
+        raise BcosTypeError(f"{name}: expected a float tensor (..., {d_in}) of the layer's input activations, got "
+                            f"{what}. Pass e.g. cache['blocks.L.ln2.hook_normalized']")
+    if mlp_inputs.ndim == 0 or mlp_inputs.shape[-1] != d_in or mlp_inputs.numel() == 0:
+        raise BcosValueError(f"{name}: shape {tuple(mlp_inputs.shape)}, but the bilinear layer reads vectors of width "
+                             f"{d_in} (last dimension). Pass the activations at the layer's input (the input SAE's "
+                             "hook), shaped (..., d_in)")
+    return mlp_inputs.reshape(-1, d_in)
+
+
 class BilinearSAEInteractions:
     """Feature-level analysis of one bilinear layer with sae-lens SAEs on its input and output.
 
@@ -168,13 +197,15 @@ class BilinearSAEInteractions:
             MLP, and unchecked for layers that have no hook names.
 
     Raises:
+        TypeError: on a layer that is not bilinear (e.g. the MLP of a B-cos GPT-2 block); the message lists
+            the layers that are.
         ValueError: on a width mismatch, a hook-name mismatch (or a missing hook name where one is
             expected), or SAEs whose inputs are normalised or reshaped.
     """
 
     def __init__(self, layer, input_sae, output_sae, *, input_hook: str | None = None,
                  output_hook: str | None = None) -> None:
-        weights = bilinear_weights(layer)
+        weights = _bilinear_layer(layer)
         self.augmented = weights.has_bias
         self.weights = weights
         self._analysed = weights.augmented() if self.augmented else weights
@@ -247,6 +278,7 @@ class BilinearSAEInteractions:
 
     def output_activations(self, mlp_inputs: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae_out"]:
         """The output SAE's feature activations on the layer's output, computed from the weights."""
+        mlp_inputs = _layer_inputs(mlp_inputs, self.weights.d_in).reshape(mlp_inputs.shape)
         with torch.no_grad():
             return self.output_sae.encode(self.weights.forward(mlp_inputs).to(self.output_sae.dtype))
 
@@ -255,7 +287,7 @@ class BilinearSAEInteractions:
         """``sum over the top-rank |lambda_i| of lambda_i (v_i . x)^2`` for each output feature (paper §5.2)."""
         rank = require_int("rank", rank, minimum=1)
         eig = eigendecompose(self._analysed, self._encoder(output_features))
-        x = self._input_coordinates(mlp_inputs.reshape(-1, self.weights.d_in).to(self.weights.W.dtype))
+        x = self._input_coordinates(_layer_inputs(mlp_inputs, self.weights.d_in).to(self.weights.W.dtype))
         activations = eigenvector_activations(eig, x)
         keep = top_eigen_indices(eig.eigenvalues, rank)
         return activations.gather(-1, keep.expand(activations.shape[0], *keep.shape)).sum(-1)
@@ -269,7 +301,7 @@ class BilinearSAEInteractions:
             raise BcosValueError("ranks: must be a non-empty sequence of ints >= 1. Pass e.g. ranks=(1, 2, 4, 8).")
         ranks = [require_int("ranks", r, minimum=1) for r in ranks]
         features = _feature_ids(output_features, "output_features", self.output_sae.cfg.d_sae, "output").tolist()
-        x = mlp_inputs.reshape(-1, self.weights.d_in).to(self.weights.W.dtype)
+        x = _layer_inputs(mlp_inputs, self.weights.d_in).to(self.weights.W.dtype)
         actual = self.output_activations(x)[:, features].to(x.dtype)  # (tokens, n)
         active = actual > 0
         eig = eigendecompose(self._analysed, self._encoder(features))

@@ -68,7 +68,7 @@ def test_decomposition_refuses_tokens_longer_than_the_context_and_narrow_id_dtyp
     with pytest.raises(BcosError, match=rf"tokens: {MAX_POS + 5} positions but the model has n_ctx={MAX_POS}"):
         token_component_decomposition(model, ids(length=MAX_POS + 5))
     for call in (token_component_decomposition, explain_logits):
-        with pytest.raises(BcosError, match=r"tokens: ids of dtype torch.uint8 .* tokens.long\(\)"):
+        with pytest.raises(BcosError, match=r"tokens: token ids of dtype torch.uint8 .* tokens.long\(\)"):
             call(model, ids().to(torch.uint8))
     result = token_component_decomposition(model, ids().to(torch.int32), target=5)  # int32 ids index as ids
     assert result.completeness_error.max() <= 1e-4
@@ -115,3 +115,67 @@ def test_decomposition_refuses_an_sae_on_the_residual_stream():
     model = _bcos_sae_model("blocks.0.hook_resid_post")
     with pytest.raises(BcosError, match=r"SAEs spliced in at \['blocks.0.hook_resid_post'\].*residual stream"):
         token_component_decomposition(model, ids(seed=3), target=4)
+
+
+# ------------------------------------------------------------------ sae-lens (items 5 and 7)
+
+
+def _topk_sae(d_in, hook_name, d_sae=24, seed=0):
+    from sae_lens import TopKSAE, TopKSAEConfig
+    from sae_lens.saes.sae import SAEMetadata
+
+    torch.manual_seed(seed)
+    sae = TopKSAE(TopKSAEConfig(d_in=d_in, d_sae=d_sae, k=6, metadata=SAEMetadata(hook_name=hook_name)))
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.randn_like(sae.W_enc))
+        sae.W_dec.copy_(torch.randn_like(sae.W_dec))
+    return sae
+
+
+def _bilinear_llama():
+    import transformers as T
+    from conftest import tiny_config
+
+    config = tiny_config("llama")
+    config.hidden_act = "linear"
+    torch.manual_seed(0)
+    return T.LlamaForCausalLM(config).eval()
+
+
+@needs_hooked
+def test_bilinear_sae_interactions_on_a_bcos_gpt2_block_says_which_layers_are_bilinear():
+    """The README's sae-lens line ran on the B-cos GPT-2 of the line above and raised a bare TypeError."""
+    from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions
+    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
+
+    lens = hooked_transformer_from_hf(bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False))
+    d_model = lens.cfg.d_model
+    with pytest.raises(BcosError, match=r"layer: \w+ is not a bilinear layer .*bilinear_config.*hidden_act='linear'"):
+        BilinearSAEInteractions(lens.blocks[1].mlp, _topk_sae(d_model, "blocks.1.ln2.hook_normalized"),
+                                _topk_sae(d_model, "blocks.1.hook_mlp_out", seed=1))
+    # the README's corrected line: the MLP of a bilinear model (a Llama with hidden_act="linear")
+    bilinear = hooked_transformer_from_hf(_bilinear_llama())
+    analysis = BilinearSAEInteractions(bilinear.blocks[1].mlp, _topk_sae(d_model, "blocks.1.ln2.hook_normalized"),
+                                       _topk_sae(d_model, "blocks.1.hook_mlp_out", seed=1))
+    top = analysis.top_interactions(3, k=10)
+    assert len(top) == 10 and abs(top[0].value) >= abs(top[-1].value)
+
+
+def test_low_rank_correlation_refuses_inputs_of_another_width():
+    from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions
+
+    from bcos_plugins.bilinear import BilinearMLP
+
+    torch.manual_seed(0)
+    layer = BilinearMLP(8, 16)
+    analysis = BilinearSAEInteractions(layer, _topk_sae(8, None), _topk_sae(8, None, seed=1))
+    inputs = torch.randn(200, 8)
+    analysis.low_rank_correlation(inputs, [0, 1])
+    # 16 = twice the width: a reshape to (-1, 8) used to split each row into two made-up tokens, silently
+    for wrong in (torch.randn(200, 16), torch.randn(200, 5)):
+        for call in (lambda x: analysis.low_rank_correlation(x, [0, 1]),
+                     lambda x: analysis.low_rank_approximation(x, [0, 1], rank=2),
+                     analysis.output_activations):
+            with pytest.raises(BcosError, match=r"mlp_inputs: shape \(200, \d+\), but the bilinear layer reads "
+                                                r"vectors of width 8"):
+                call(wrong)

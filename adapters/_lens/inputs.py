@@ -8,20 +8,16 @@ from torch import Tensor, nn
 
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 
-__all__ = ["check_lens_tokens"]
+from .._token_ids import require_token_ids
 
-# TransformerLens embeds with ``W_E[tokens]``: an index of another integer dtype is read as a mask (uint8) or
-# refused deep inside torch, and a narrow dtype may already have wrapped ids around
-_ID_DTYPES = (torch.int64, torch.int32)
+__all__ = ["check_lens_tokens"]
 
 
 def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> None:
     """Refuse token ids ``model`` (a ``HookedTransformer`` or ``TransformerBridge``) cannot embed as meant."""
     if not isinstance(tokens, Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
         raise BcosTypeError("tokens: must be a tensor of token ids (use model.to_tokens(text) for strings)")
-    if tokens.dtype not in _ID_DTYPES:
-        raise BcosTypeError(f"tokens: ids of dtype {tokens.dtype} are not embedded as ids (TransformerLens indexes "
-                            "with them, and a uint8 index selects by mask). Pass torch.long ids: tokens.long()")
+    require_token_ids("tokens", tokens)
     if tokens.ndim != 2 or tokens.numel() == 0:
         raise BcosValueError(f"tokens: expected a non-empty (batch, pos) tensor, got shape {tuple(tokens.shape)}")
     if (tokens < 0).any() or (tokens >= model.cfg.d_vocab).any():  # bridges have cfg.d_vocab too
