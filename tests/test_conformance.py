@@ -18,9 +18,9 @@ import torch
 import transformers as T
 from conftest import MAX_POS, VOCAB, padded_batch, tiny_config
 
-from bcos_plugins import bcosify, explain, load_bcos_model
-from bcos_plugins.attribution import real_token_positions
-from bcos_plugins.convert.architectures import SPECS, stock_class
+from bcos_plugins import UnsupportedModuleError, bcosify, explain, load_bcos_model
+from bcos_plugins.attribution import has_dynamic_weights, real_token_positions
+from bcos_plugins.convert.architectures import REFUSED_ARCHITECTURES, SPECS, stock_class
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -45,6 +45,12 @@ CONFIGS = {
     "Mistral": _rotary(T.MistralConfig, sliding_window=4),
     "Qwen2": _rotary(T.Qwen2Config),
     "Qwen3": _rotary(T.Qwen3Config, head_dim=8),  # Qwen3Config's head_dim defaults to 128
+    # every other layer local, with a window shorter than the test sequences; mean pooling (padding matters)
+    "ModernBert": lambda: T.ModernBertConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=MAX_POS, local_attention=4, global_attn_every_n_layers=2, num_labels=3,
+        pad_token_id=0, bos_token_id=2, eos_token_id=2, cls_token_id=2, sep_token_id=2,
+        classifier_pooling="mean"),
 }
 SIDES = ["none", "left", "right"]
 NAMES = sorted(SPECS)
@@ -105,6 +111,35 @@ def test_every_registry_entry_has_a_tiny_config():
         _family(name)
 
 
+# tiny configs of families that are refused (not in CONFIGS: the registry does not hold them)
+REFUSED_CONFIGS = {
+    "Gemma2": _rotary(T.Gemma2Config, head_dim=8),
+    "ModernBert": CONFIGS["ModernBert"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_ARCHITECTURES))
+def test_refused_classes_are_refused_with_their_reason(name):
+    """A family that is not (or not wholly) supported is refused with the reason, never half-converted."""
+    assert name not in SPECS
+    prefix = max((p for p in REFUSED_CONFIGS if name.startswith(p)), key=len)
+    torch.manual_seed(0)
+    model = stock_class(name)(REFUSED_CONFIGS[prefix]()).eval()
+    with pytest.raises(UnsupportedModuleError) as error:
+        bcosify(model, verbose=False)
+    assert REFUSED_ARCHITECTURES[name] in str(error.value)
+    assert not has_dynamic_weights(model)  # nothing converted
+
+
+def test_fused_linear_query_key_cannot_be_kept_stock():
+    """bcos_query_key=False keeps a fused q|k|v stock through Conv1D's (in, out) layout; ModernBERT's fused
+    nn.Linear (out, in) is refused instead of being read transposed."""
+    model = _stock("ModernBertForSequenceClassification")
+    with pytest.raises(UnsupportedModuleError, match="bcos_query_key"):
+        bcosify(model, bcos_query_key=False, verbose=False)
+    assert not has_dynamic_weights(model)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_bcosify_converts_and_reports_every_change(name):
     stock = _stock(name)
@@ -120,6 +155,17 @@ def test_bcosify_converts_and_reports_every_change(name):
         if type(module) is torch.nn.Linear:
             assert any(path == kept or path.startswith(kept + ".") for kept in report.kept), \
                 f"{path} is a plain nn.Linear but neither converted nor reported as kept"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_stock_models_attribution_point_is_never_a_layer_norms_input(name):
+    """Input x gradient before a LayerNorm is identically zero (the norm ignores its input's scale), so a
+    conventional model is attributed after its embedding norm, whatever the family calls it."""
+    from bcos_plugins.attribution import text_attribution_point
+
+    point = text_attribution_point(_stock(name))
+    if isinstance(point.module, torch.nn.LayerNorm):
+        assert point.where == "output", point.description
 
 
 @pytest.mark.parametrize("side", SIDES)

@@ -54,7 +54,7 @@ def text_attribution_point(model: nn.Module, spec: ArchitectureSpec | None = Non
         )
     module, where = spec.embedding_module(model)
     path = spec.embedding_point[0]
-    if not bcos and where == "input" and path.endswith("LayerNorm"):
+    if not bcos and where == "input" and isinstance(module, nn.LayerNorm):
         return TextPoint(module, "output", f"output of {path} (stock model: after the embedding LayerNorm, "
                                            "where input x gradient is not zero)")
     if spec.kind == "decoder" and where == "output":

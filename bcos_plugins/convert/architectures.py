@@ -112,6 +112,11 @@ def _gated_mlp():
     return BcosGatedMLP
 
 
+def _fused_gated_mlp():
+    from .decoder_modules import BcosFusedGatedMLP
+    return BcosFusedGatedMLP
+
+
 def _max_position_embeddings(config) -> int | None:
     return getattr(config, "max_position_embeddings", None)
 
@@ -129,6 +134,7 @@ _BERT_QK = {"attention.self.query": "all", "attention.self.key": "all"}
 _DISTIL_QK = {"attention.q_lin": "all", "attention.k_lin": "all"}
 _GPT2_QK = {"attn.c_attn": "first_two_thirds"}
 _LLAMA_QK = {"self_attn.q_proj": "all", "self_attn.k_proj": "all"}
+_MODERNBERT_QK = {"attn.Wqkv": "first_two_thirds"}
 _TIED = "LM head tied to the input embeddings; kept, as in the B-cos LM paper (it is linear and bias-free)"
 _LM_HEAD = _TIED.replace("tied to the input embeddings", "(tied or not)")
 _MLM_BIAS = ("masked-LM decoder applied without its vocabulary bias (a bias is no token's contribution); the "
@@ -188,11 +194,26 @@ SPECS: dict[str, ArchitectureSpec] = {
     # Qwen3: RMSNorm on queries and keys (detachable norms like every RMSNorm; their inputs, the query/key
     # outputs, are constants in explanation mode anyway)
     **_llama_like("Qwen3", lens_conversion="qwen3"),
+    # ModernBERT: rotary positions (no table), fused q|k|v, GeGLU with a fused input|gate projection,
+    # alternating local/global attention (a mask on the constant pattern), bias-free LayerNorms
+    **{name: ArchitectureSpec("encoder", prefix, _MODERNBERT_QK, ("embeddings.norm", "input"), head=head,
+                              module_swaps={"mlp": (_fused_gated_mlp, _GATED)})
+       for name, prefix, head in (("ModernBertModel", "", "base"),
+                                  ("ModernBertForSequenceClassification", "model", "classifier"))},
 }
 
 # Classes people ask for that bcosify refuses, with the reason (named in the error instead of a bare "not
 # supported"). A class is either fully supported (a spec above that passes the conformance suite) or here.
-REFUSED_ARCHITECTURES: dict[str, str] = {}
+_GEMMA2 = ("Gemma 2 is not supported yet: its final-logit soft-cap tanh(z / c) * c is applied inline in the "
+           "forward, outside any module bcosify can make a detachable dynamic scale, and its RMSNorms scale by "
+           "(1 + weight); an explanation of it would be incomplete. Use Llama, Mistral, Qwen2 or Qwen3.")
+REFUSED_ARCHITECTURES: dict[str, str] = {
+    **{f"Gemma2{suffix}": _GEMMA2 for suffix in ("Model", "ForCausalLM", "ForSequenceClassification",
+                                                 "ForTokenClassification")},
+    "ModernBertForMaskedLM": ("ModernBertForMaskedLM is not supported yet (its decoder adds a vocabulary bias "
+                              "and no B-cos masked-LM head exists for it); ModernBertModel and "
+                              "ModernBertForSequenceClassification are."),
+}
 
 
 def specs_where(predicate: Callable[[ArchitectureSpec], bool]) -> tuple[str, ...]:

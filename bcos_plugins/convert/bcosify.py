@@ -130,6 +130,10 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
                 if qk == "all":
                     plan.append((name, ("swap", ConstantQueryKeyProjection, _STOCK_QK)))
                     continue
+                if not is_conv:  # StockQueryKeyConv1D reads Conv1D's (in, out) layout
+                    raise UnsupportedModuleError(
+                        f"bcos_query_key: False is not supported for {type(model).__name__}, whose fused q|k|v "
+                        f"projection '{name}' is an nn.Linear; convert it with bcos_query_key=True.")
                 # fused q|k|v (GPT-2): stock query/key columns, B-cos value columns
                 report.kept[name] = (f"{_STOCK_QK}; the value outputs {const.stop}: are B-cos units without "
                                      "bias (the bias keeps its stock shape; its value part is unused)")

@@ -1,4 +1,4 @@
-"""B-cos subclasses for decoder blocks."""
+"""B-cos mixins for gated MLP blocks (Llama-shaped decoders, ModernBERT)."""
 
 from __future__ import annotations
 
@@ -21,3 +21,16 @@ class BcosGatedMLP(DynamicWeightModule):
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         gate = self.dynamic_weight(self.act_fn(self.gate_proj(x)))
         return self.down_proj(gate * self.up_proj(x))
+
+
+class BcosFusedGatedMLP(DynamicWeightModule):
+    """ModernBERT's GeGLU ``Wo(act(a) * g)`` with ``a | g = Wi(x)`` (one fused projection), whose activated
+    branch ``act(a)`` is the dynamic weight, for the same reason as :class:`BcosGatedMLP`.
+
+    Mixed into the class of an existing ``ModernBertMLP`` instance: attribute names and state-dict keys stay
+    transformers'.
+    """
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        activated, gate = self.Wi(x).chunk(2, dim=-1)
+        return self.Wo(self.drop(self.dynamic_weight(self.act(activated)) * gate))
