@@ -68,7 +68,7 @@ set explicitly wins over the preset.
   SST-2 models)   BENCH_SKIP_AG=1 skips AG News altogether (no SeqPG with BENCH_SEQPG_DATA=ag_news)
   BENCH_THREADS=0 torch threads (0 = torch's default, one per core; 1 is faster on an oversubscribed machine)
 A bad value (BENCH_EVAL=abc, BENCH_RETRAIN=yes, BENCH_EPOCHS=0) stops the run before any work, naming the variable,
-the value and the fix (bcos_plugins._env, shared with bench_recipes and bench_core).
+the value and the fix (benchmarks.common.settings, shared with the other scripts).
 """
 # ruff: noqa: E402 (the clock below starts before the heavy imports)
 
@@ -104,7 +104,6 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify, explain, load_bcos_model
-from bcos_plugins._env import env_choice, env_flag, env_float, env_int
 from bcos_plugins.convert import dynamic_linear_copy, spec_for
 from bcos_plugins.data import load_sst2
 from bcos_plugins.data.ag_news import load_ag_news
@@ -121,6 +120,9 @@ from bcos_plugins.metrics import (
 from bcos_plugins.pretrain import BCOS_STAGE_SCHEDULE
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import accuracy, fine_tune_classifier
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.settings import env_choice, env_flag, env_float, env_int, env_path
 
 MODELS = Path("outputs/bench_faithfulness/models")  # shared by every output folder; names carry the settings
 MAX_LENGTH = 64
@@ -196,7 +198,7 @@ class Config:
             threads=env_int("BENCH_THREADS", cls.threads, minimum=0),
             skip_ag=env_flag("BENCH_SKIP_AG", cls.skip_ag),
             retrain=env_flag("BENCH_RETRAIN", cls.retrain),
-            out=Path(os.environ.get("BENCH_OUT", str(cls.out))),  # any string is a path
+            out=env_path("BENCH_OUT", cls.out),
         )
 
 

@@ -22,13 +22,12 @@ BENCH_MLM_TEXTS=4000 unlabelled texts for the B-cos masked-LM pre-training (SST-
 labelled ones, then RT polarity sentences; labels are never read), BENCH_MLM_EPOCHS=1. BENCH_DATA is sst2 or
 ag_news, counts are whole numbers >= 1 (BENCH_SEED >= 0), epochs numbers > 0, BENCH_RETRAIN 0 or 1. They are read
 when the run starts (``Settings.from_env()`` at the start of ``main``), not when the module is imported; any other
-value stops the run before any work, naming the variable, the value and the fix (bcos_plugins._env).
+value stops the run before any work, naming the variable, the value and the fix (benchmarks.common.settings).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import warnings
@@ -41,10 +40,12 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify
-from bcos_plugins._env import env_choice, env_flag, env_float, env_int
 from bcos_plugins.data import load_ag_news, load_sst2, shipped_data
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import accuracy, fine_tune_classifier
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.settings import env_choice, env_flag, env_float, env_int, env_path
 
 BATCH = 16
 MAX_LENGTH = 64
@@ -78,7 +79,7 @@ class Settings:
                    n_mlm=env_int("BENCH_MLM_TEXTS", cls.n_mlm, minimum=1),
                    mlm_epochs=env_float("BENCH_MLM_EPOCHS", cls.mlm_epochs, minimum=0, exclusive_minimum=True),
                    retrain=env_flag("BENCH_RETRAIN", cls.retrain), seed=env_int("BENCH_SEED", cls.seed, minimum=0),
-                   out=Path(os.environ.get("BENCH_OUT", str(cls.out))))  # any string is a path
+                   out=env_path("BENCH_OUT", cls.out))
 
 
 def base_classifier(cfg: Settings) -> BertForSequenceClassification:

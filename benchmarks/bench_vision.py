@@ -72,7 +72,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -85,11 +85,13 @@ from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments, set_seed
 from transformers.utils import logging as hf_logging
 
-from bcos_plugins._env import env_choice, env_flag, env_float, env_int
 from bcos_plugins.metrics.image import grid_pointing_game, pixel_perturbation
 from bcos_plugins.train import bcos_loss
 from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT, attribution_input
 from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.settings import env_choice, env_flag, env_float, env_int, env_path
 
 DATASETS = ("digits16", "digits32")
 # What the perturbation curves track. "confidence" (the paper's "model confidence"): the sigmoid of the logit
@@ -166,7 +168,7 @@ class Config:
                    full_fraction=env_float("BENCH_VISION_FULL_FRACTION", cls.full_fraction, minimum=0, maximum=1),
                    threads=env_int("BENCH_VISION_THREADS", cls.threads, minimum=0),
                    seed=env_int("BENCH_VISION_SEED", cls.seed, minimum=0),
-                   out=Path(os.environ.get("BENCH_VISION_OUT", str(cls.out))),
+                   out=env_path("BENCH_VISION_OUT", cls.out),
                    retrain=env_flag("BENCH_VISION_RETRAIN", cls.retrain))
 
 

@@ -13,7 +13,8 @@ and how the explanation methods compare on one and the same model.
    is explained by B-cos (``explain``, exact: contributions sum to it) and, on the same model and at the same
    attribution point (word + position embedding), by Captum's Saliency (L1 norm of the gradient, the paper's
    "Grad Norm"), InputXGradient and Occlusion (each token replaced by the end-of-text embedding at the same
-   position, the paper's in-distribution [PAD] choice);
+   position, the paper's in-distribution [PAD] choice), as benchmarks/common/decoder_baselines.py computes them
+   for ``make bench-decoders`` too;
 4. MRR against the evidence tokens (bcos_plugins.data.blimp documents the rules), the paper's random baseline,
    and the probability gap p(good) - p(bad) are printed per paradigm and written to outputs/blimp_mrr/.
 
@@ -29,22 +30,24 @@ and the fix.
 from __future__ import annotations
 
 import json
+import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from captum.attr import InputXGradient, Occlusion, Saliency
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Tokenizer
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify, explain
-from bcos_plugins._env import env_float, env_int
 from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.data.blimp import BLIMP_SUBSETS, encode_blimp, load_blimp
 from bcos_plugins.metrics.decoder import mean_reciprocal_rank, probability_gap
 from bcos_plugins.train_decoder import real_token_positions, train_causal_lm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.decoder_baselines import CompactVocabulary, captum_scores
+from benchmarks.common.settings import env_float, env_int
 
 OUT = Path("outputs") / "blimp_mrr"
 
@@ -73,78 +76,6 @@ def blimp_settings() -> BlimpSettings:
 
 
 METHODS = ["B-cos", "Saliency", "InputXGradient", "Occlusion"]
-
-
-@contextmanager
-def combined_embedding_input(model: GPT2LMHeadModel, replacement: list[torch.Tensor]):
-    """Feed ``replacement[0]`` in place of GPT-2's word + position embedding (the input of ``transformer.drop``).
-
-    Captum's attribution classes perturb and differentiate a float input of the forward function; this makes
-    that input the same attribution point ``explain`` uses, so every method is compared at one place.
-    """
-    handle = model.transformer.drop.register_forward_pre_hook(lambda module, args: (replacement[0], *args[1:]))
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-def combined_embedding(model: GPT2LMHeadModel, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    return (model.transformer.wte(input_ids) + model.transformer.wpe(position_ids)).detach()
-
-
-def captum_scores(model, batch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """Token scores (and seconds taken) of the Captum baselines for ``logit(target) - logit(foil)``."""
-    ids, mask = batch.input_ids, batch.attention_mask
-    position_ids = real_token_positions(mask)
-
-    def contrast(embedded, input_ids, attention_mask, position_ids, target, foil):
-        # Captum repeats the additional arguments when it evaluates several perturbations per batch.
-        with combined_embedding_input(model, [embedded]):
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-        last = logits[:, -1]  # left padding: every prefix ends at the last column
-        return last.gather(1, target[:, None]).squeeze(1) - last.gather(1, foil[:, None]).squeeze(1)
-
-    extra = (ids, mask, position_ids, batch.target_ids, batch.foil_ids)
-    x = combined_embedding(model, ids, position_ids)
-    occluded = combined_embedding(model, torch.full_like(ids, model.config.eos_token_id), position_ids)
-    methods = {
-        # the paper's "Grad Norm": L1 norm of the gradient over the embedding dimension
-        "Saliency": lambda: Saliency(contrast).attribute(x.clone().requires_grad_(), abs=True,
-                                                         additional_forward_args=extra).sum(-1),
-        "InputXGradient": lambda: InputXGradient(contrast).attribute(
-            x.clone().requires_grad_(), additional_forward_args=extra).sum(-1),
-        # one value per token, repeated over the embedding dimension by the (1, d) window
-        "Occlusion": lambda: Occlusion(contrast).attribute(
-            x, sliding_window_shapes=(1, x.shape[-1]), baselines=occluded, additional_forward_args=extra,
-            perturbations_per_eval=4)[..., 0],
-    }
-    scores, seconds = {}, {}
-    for name, run in methods.items():
-        start = time.perf_counter()
-        scores[name] = run().detach()
-        seconds[name] = time.perf_counter() - start
-    return scores, seconds
-
-
-class CompactVocabulary:
-    """The GPT-2 token ids that occur in the data, renumbered 0..n-1.
-
-    A full 50,257-row embedding and LM head would dominate a tiny model's CPU time; keeping only the ids the
-    slice uses leaves every sequence unchanged up to renumbering (``to_gpt2`` maps back for display).
-    """
-
-    def __init__(self, *id_tensors: torch.Tensor) -> None:
-        used = torch.unique(torch.cat([t.flatten() for t in id_tensors]))
-        self.to_gpt2 = used
-        self.from_gpt2 = torch.full((int(used.max()) + 1,), -1, dtype=torch.long)
-        self.from_gpt2[used] = torch.arange(len(used))
-
-    def __len__(self) -> int:
-        return len(self.to_gpt2)
-
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.from_gpt2[ids]
 
 
 def build_model(vocab_size: int, eos_id: int, seed: int = BlimpSettings.seed) -> GPT2LMHeadModel:

@@ -22,6 +22,7 @@ variable.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -33,11 +34,13 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify, explain, load_bcos_model
-from bcos_plugins._env import env_float, env_int
 from bcos_plugins.data import load_sst2
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import accuracy, fine_tune_classifier
 from bcos_plugins.visualize import explanation_sections_to_html
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.settings import env_float, env_int
 
 OUT = Path("outputs")
 console = Console()

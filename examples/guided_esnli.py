@@ -77,7 +77,7 @@ import argparse
 import copy
 import json
 import math
-import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -106,10 +106,12 @@ from bcos_plugins.guided import (
     text_token_mask,
     unguide_attention,
 )
-from bcos_plugins.metrics import paired_accuracy_difference
 from bcos_plugins.metrics.rationale import rationale_alignment
 from bcos_plugins.pretrain import BCOS_STAGE_SCHEDULE
 from bcos_plugins.train import bcos_loss, two_rate_adamw
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.paired_report import paired_report
 
 DATA = SHIPPED_DATA / "esnli_test_premise_spans" / "esnli_test_part_a.jsonl"
 # Rows before this train, rows from it on evaluate: a fixed boundary keeps the evaluation pairs the same whatever
@@ -367,64 +369,13 @@ def diagnose(path, rows, pad_id, b: float) -> None:
               f"{out.logits.std(0).mean():8.4f}  {' '.join(norms)}")
 
 
-def paired_report(files: list[Path], baseline: str, margin: float, confidence: float = 0.95) -> dict:
-    """Every model of the results ``files`` against the ``baseline`` model, paired by seed on the same evaluation
-    pairs (``paired_accuracy_difference``), with each seed's attention IoU over chance; prints a table and
-    returns it. A model is named ``<run>/<model>``, the run being the file name without ``_seed<N>`` (so that
-    two runs of the same seed may both train ``stock-supervised``); ``baseline`` is a full name or a model name
-    that only one run has."""
-    runs: dict[str, dict[int, dict]] = {}
-    labels = None
-    for file in files:
-        if not Path(file).is_file():
-            raise SystemExit(f"--report: no results file {file}; run the seeds first (make guided-esnli-seeds)")
-        results = json.loads(Path(file).read_text(encoding="utf-8"))
-        if "labels" not in results:
-            raise SystemExit(f"--report: {file} has no per-example predictions (written before they were "
-                             "stored); re-run it with this version")
-        if labels is not None and results["labels"] != labels:
-            raise SystemExit(f"--report: {file} was evaluated on other pairs than {files[0]} (--train/--eval "
-                             "differ); compare runs of one evaluation set")
-        labels = results["labels"]
-        run = re.sub(r"_seed\d+$", "", Path(file).stem)
-        seed = results["settings"]["seed"]
-        for name, value in results.items():
-            if isinstance(value, dict) and "predictions" in value:
-                iou = value["attention"]["iou"] / results["chance"]["iou"]
-                model = runs.setdefault(f"{run}/{name}", {})
-                if seed in model:
-                    raise SystemExit(f"--report: {run}/{name} appears twice for seed {seed}; pass each run once")
-                model[seed] = {"predictions": value["predictions"], "iou_x_chance": iou}
-    matches = [key for key in runs if key == baseline or key.split("/", 1)[1] == baseline]
-    if len(matches) != 1:
-        raise SystemExit(f"--baseline: {baseline!r} names {len(matches)} models of {sorted(runs)}; name one")
-    reference = runs[matches[0]]
-    report = {}
-    print(f"paired against {matches[0]} (margin {margin * 100:g} points; {confidence:.1%} t-interval over seeds)")
-    print(f"{'model':44s} {'seeds':>5s} {'acc':>6s} {'diff':>6s} {'interval':>15s} {'McNemar p':>9s} "
-          f"{'no worse':>8s} {'attn IoU x chance (min-max)':>27s}")
-    for key, model in runs.items():
-        seeds = sorted(set(model) & set(reference))
-        if key == matches[0] or not seeds:
-            continue
-        paired = paired_accuracy_difference([reference[s]["predictions"] for s in seeds],
-                                            [model[s]["predictions"] for s in seeds], labels, confidence)
-        ious = [model[s]["iou_x_chance"] for s in seeds]
-        report[key] = {**paired.as_dict(), "seeds": seeds, "non_inferior": paired.non_inferior(margin),
-                       "iou_x_chance": ious}
-        mean = sum(paired.accuracy_b) / len(seeds)
-        print(f"{key:44s} {len(seeds):5d} {mean * 100:6.2f} {paired.difference * 100:+6.2f} "
-              f"[{paired.ci_low * 100:+6.2f}, {paired.ci_high * 100:+5.2f}] {paired.mcnemar_p:9.3f} "
-              f"{'yes' if paired.non_inferior(margin) else 'no':>8s} {min(ious):13.2f} - {max(ious):.2f}")
-    return report
-
-
 VARIANTS = ("vanilla", "guided", "random", "supervised", "supervised-random")
 METHODS = (("attention", "attention"), ("attention_heads", "sup. heads"), ("bcos_explanation", "B-cos expl."),
            ("integrated_gradients", "IG"), ("occlusion", "Occlusion"))
 
 
-def main() -> None:
+def settings_parser() -> argparse.ArgumentParser:
+    """The command line (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--train", type=int, default=1200, help="training pairs: the first rows of the slice (at most 1200)")
     parser.add_argument("--eval", type=int, default=400, help="evaluation pairs: the rows from 1200 on (at most 1605)")
@@ -503,14 +454,25 @@ def main() -> None:
                         help="non-inferiority margin of --report, in accuracy (0.01: one point)")
     parser.add_argument("--confidence", type=float, default=0.95,
                         help="of --report's two-sided interval (0.975 for two candidates judged at once)")
-    args = parser.parse_args()
+    return parser
+
+
+def variant_names(args: argparse.Namespace) -> list[str]:
+    """The training modes ``--variants`` names, in its order."""
+    return [m for m in args.variants.split(",") if m]
+
+
+def parse_settings(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``sys.argv`` when ``argv`` is None) with the B-cos recipe's defaults filled in; a bad value
+    exits before any work, naming the option and the problem."""
+    parser = settings_parser()
+    args = parser.parse_args(argv)
     if args.report:
         if not 0 <= args.margin < 1:
             parser.error(f"--margin: must be an accuracy difference in [0, 1), got {args.margin}")
         if not 0 < args.confidence < 1:
             parser.error(f"--confidence: must lie in (0, 1), got {args.confidence}")
-        paired_report(args.report, args.baseline, args.margin, args.confidence)
-        return
+        return args
     task_then = args.bcos_recipe == "task-then-bcos"
     for name, task_then_value, direct_value in (("b", 1.1, 1.25), ("bcos_epochs", 2.0, 3.0),
                                                 ("bcos_lr", 2e-4, args.lr), ("bcos_head_lr", 1e-4, 1e-3),
@@ -538,44 +500,36 @@ def main() -> None:
                      f"{args.supervision_warmup}")
     if args.supervision_weight < 0 or args.supervision_strength < 0 or args.supervision_margin < 0:
         parser.error("--supervision-weight / --supervision-strength / --supervision-margin: must be >= 0")
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    hf_logging.set_verbosity_error()
-    OUT.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-
-    path = get_model_path()
-    n_heads = AutoConfig.from_pretrained(path).num_attention_heads
+    modes = variant_names(args)
+    unknown = sorted(set(modes) - set(VARIANTS))
+    if unknown or not modes:
+        parser.error(f"--variants: unknown or empty {unknown}; pick from {','.join(VARIANTS)}")
+    n_heads = AutoConfig.from_pretrained(get_model_path()).num_attention_heads
     if args.supervision_heads > n_heads:
         parser.error(f"--supervision-heads: MiniLM has {n_heads} heads per layer, got {args.supervision_heads}")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    train_rows, eval_rows = load_rows(tokenizer, args.train, args.eval)
-    gold_tokens = sum(int(r["gold"].sum()) for r in eval_rows) / len(eval_rows)
-    text_tokens = sum(int(r["valid"].sum()) for r in eval_rows) / len(eval_rows)
-    print(f"{len(train_rows)} training / {len(eval_rows)} evaluation pairs; a gold mask covers "
-          f"{gold_tokens:.1f} of {text_tokens:.1f} text tokens on average")
-    if args.diagnose:
-        diagnose(path, train_rows, tokenizer.pad_token_id, args.b)
-        return
+    return args
 
-    # Chance level: random token scores against the same gold masks, averaged over 100 draws (one draw of 200
-    # rows moves the IoU by about 0.01).
-    g = torch.Generator().manual_seed(args.seed)
-    batch, gold, valid = collate(eval_rows, tokenizer.pad_token_id)
+
+def chance_levels(eval_rows: list[dict], pad_id: int, seed: int) -> dict:
+    """IoU and AUPRC of random token scores against the gold masks, over all text tokens and over the premise's,
+    averaged over 100 draws (one draw of 200 rows moves the IoU by about 0.01)."""
+    g = torch.Generator().manual_seed(seed)
+    batch, gold, valid = collate(eval_rows, pad_id)
     premise = premise_tokens(valid, batch["token_type_ids"])
     draws = [torch.rand(gold.shape, generator=g) for _ in range(100)]
     chance = {}
     for name, positions in (("all", valid), ("premise", premise)):
         found = [rationale_alignment(d, gold, positions).as_dict() for d in draws]
         chance[name] = {key: sum(f[key] for f in found) / len(found) for key in ("iou", "auprc")}
-    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
-    results = {"chance": {**chance["all"], "premise": chance["premise"]}, "settings": settings,
-               "labels": [r["label"] for r in eval_rows]}
+    return {**chance["all"], "premise": chance["premise"]}
 
-    modes = [m for m in args.variants.split(",") if m]
-    unknown = sorted(set(modes) - set(VARIANTS))
-    if unknown or not modes:
-        parser.error(f"--variants: unknown or empty {unknown}; pick from {','.join(VARIANTS)}")
+
+def train_variants(args: argparse.Namespace, path, tokenizer, train_rows: list[dict], eval_rows: list[dict],
+                   results: dict) -> None:
+    """Train and evaluate every variant of ``--variants`` in the families of ``--family``, adding each model's
+    evaluation (and training curve) to ``results`` under its name (``stock-<variant>``, ``bcos-<variant>``,
+    ``stock-<variant>-continued``)."""
+    task_then = args.bcos_recipe == "task-then-bcos"
     families = {"both": (False, True), "stock": (False,), "bcos": (True,)}[args.family]
     pad_id = tokenizer.pad_token_id
 
@@ -589,7 +543,7 @@ def main() -> None:
         results[name]["curve"] = curve
 
     # task then B-cos needs the stock model of the variant as its start, so it is trained in either family
-    for mode in tqdm(modes, desc="variants"):
+    for mode in tqdm(variant_names(args), desc="variants"):
         stock = None
         if False in families or task_then:
             torch.manual_seed(args.seed)
@@ -614,13 +568,21 @@ def main() -> None:
             model, curve = train(model, train_rows, pad_id, mode, args, True, args.bcos_epochs, args.bcos_lr,
                                  args.bcos_head_lr, schedule=args.bcos_schedule)
             record(f"bcos-{mode}", model, curve, True)
-    results["seconds"] = time.perf_counter() - t0
+
+
+def write_results(args: argparse.Namespace, results: dict) -> Path:
+    """Write ``results`` to ``--out`` or to outputs/guided_esnli/results[_<family>][_seed<seed>].json; returns
+    the file."""
     suffix = "" if args.family == "both" else f"_{args.family}"
     suffix += f"_seed{args.seed}" if args.seed else ""
     out_file = args.out or OUT / f"results{suffix}.json"
     out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.write_text(json.dumps(results, indent=2))
+    return out_file
 
+
+def print_summary(args: argparse.Namespace, results: dict, out_file: Path) -> None:
+    """Accuracy, IoU and AUPRC of every model and method against chance, and the run's guidance settings."""
     print(f"\n{'':36s} {'all text tokens':>13s}   {'premise only':>12s}")
     print(f"{'model':26s} {'method':12s} {'acc':>6s} {'IoU':>6s} {'AUPRC':>6s}   {'IoU':>6s} {'AUPRC':>6s}")
 
@@ -640,6 +602,37 @@ def main() -> None:
           f"{args.supervision_layers} layers, "
           f"lambda {args.supervision_strength}; "
           f"wrote {out_file} in {results['seconds']:.0f} s")
+
+
+def main() -> None:
+    args = parse_settings()  # a bad option stops here, before any work
+    if args.report:
+        paired_report(args.report, args.baseline, args.margin, args.confidence)
+        return
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    hf_logging.set_verbosity_error()
+    OUT.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+
+    path = get_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    train_rows, eval_rows = load_rows(tokenizer, args.train, args.eval)
+    gold_tokens = sum(int(r["gold"].sum()) for r in eval_rows) / len(eval_rows)
+    text_tokens = sum(int(r["valid"].sum()) for r in eval_rows) / len(eval_rows)
+    print(f"{len(train_rows)} training / {len(eval_rows)} evaluation pairs; a gold mask covers "
+          f"{gold_tokens:.1f} of {text_tokens:.1f} text tokens on average")
+    if args.diagnose:
+        diagnose(path, train_rows, tokenizer.pad_token_id, args.b)
+        return
+
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    results = {"chance": chance_levels(eval_rows, tokenizer.pad_token_id, args.seed), "settings": settings,
+               "labels": [r["label"] for r in eval_rows]}
+    train_variants(args, path, tokenizer, train_rows, eval_rows, results)
+    results["seconds"] = time.perf_counter() - t0
+    out_file = write_results(args, results)
+    print_summary(args, results, out_file)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ whole number >= 1; any other value stops the script before any work, naming the 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -38,9 +39,11 @@ from transformers import (
 )
 
 from bcos_plugins import bcosify
-from bcos_plugins._env import env_int
 from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.train_decoder import train_causal_lm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.settings import env_int
 
 DATA = SHIPPED_DATA
 OUT = Path("outputs/inseq_quickstart")

@@ -5,7 +5,7 @@ same way if the cache is missing). On held-out IOI prompts of one template ("Fri
 {OBJECT} at the {PLACE}. {S} gave it to", held-out names), all of one token length so clean and corrupted runs
 align position by position:
 
-1. the B-cos GPT-2 of benchmarks/bench_decoders.py is converted with
+1. the B-cos GPT-2 of the IOI recipe (benchmarks/common/ioi_recipe.py) is converted with
    ``bcos_plugins.adapters.transformer_lens.hooked_transformer_from_hf`` (same logits, standard hook names);
 2. **activation patching** with TransformerLens' own ``patching.get_act_patch_attn_head_out_all_pos``: each
    head's output (``hook_z``, all positions) from the clean run is patched into the run on the "ABC"-corrupted
@@ -21,13 +21,13 @@ align position by position:
    heatmaps (heads.png) and writes token contributions of the IO - S logit difference from ``explain(...,
    foil=...)`` on the B-cos model as an HTML page (tokens.html, bcos_plugins.visualize), with results.json.
 
-Environment: CIRCUIT_PROMPTS (default 64, >= 1), CIRCUIT_SEED (0, >= 0), BENCH_THREADS (1) and the benchmark's
-settings; a bad value stops the run naming the variable.
+Environment: CIRCUIT_PROMPTS (default 64, >= 1), CIRCUIT_SEED (0, >= 0), BENCH_THREADS (1) and the recipe's
+settings (the BENCH_* variables of benchmarks/common/ioi_recipe.py); a bad value stops the run naming the
+variable.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from collections.abc import Callable
@@ -38,7 +38,6 @@ import torch
 from torch import Tensor
 
 from bcos_plugins import explain
-from bcos_plugins._env import env_int
 from bcos_plugins.data.ioi import (
     IOI_HELDOUT_NAMES,
     IOI_HELDOUT_TEMPLATES,
@@ -48,7 +47,10 @@ from bcos_plugins.data.ioi import (
 )
 from bcos_plugins.visualize import explanations_to_html
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common import ioi_recipe
+from benchmarks.common.settings import env_int
+
 OUT = Path("outputs") / "ioi_circuit"
 TEMPLATE = IOI_HELDOUT_TEMPLATES[0]  # the paper's Table 7 frame: "Friends {A} and {B} found a ..."
 
@@ -192,26 +194,17 @@ def token_contributions_html(hf_model, data: CircuitPrompts, readable, path: Pat
     return float(expl.completeness_error.max())
 
 
-def bench_module():
-    spec = importlib.util.spec_from_file_location("bench_decoders", ROOT / "benchmarks" / "bench_decoders.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_decoders"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def main() -> None:
     from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    bench = bench_module()
-    cfg = bench.Settings.from_env()
+    cfg = ioi_recipe.Settings.from_env()
     n_prompts, prompt_seed = env_int("CIRCUIT_PROMPTS", 64, minimum=1), env_int("CIRCUIT_SEED", 0, minimum=0)
     torch.set_num_threads(cfg.threads)
     OUT.mkdir(parents=True, exist_ok=True)
-    data = bench.make_data(cfg)
-    _, bcos, _ = bench.trained_models(cfg, data)
+    data = ioi_recipe.make_data(cfg)
+    _, bcos, _ = ioi_recipe.trained_models(cfg, data)
     lens = hooked_transformer_from_hf(bcos).eval()
     prompts = circuit_prompts(n_prompts, prompt_seed, data.tokenizer, data.vocab, data.eos)
     with torch.no_grad():

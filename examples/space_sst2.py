@@ -129,7 +129,8 @@ def native_head(seq_model):
     return logits, list(seq_model.classifier.parameters())
 
 
-def main() -> None:
+def settings_parser() -> argparse.ArgumentParser:
+    """The command line (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--train", type=int, default=2000)
     parser.add_argument("--test", type=int, default=600)
@@ -143,18 +144,28 @@ def main() -> None:
                         help="torch CPU threads (0: torch's default); on a busy shared machine 1 is often fastest")
     parser.add_argument("--out", type=Path, default=OUT,
                         help="folder of results.json and the saved model (one per run when seeds run side by side)")
-    args = parser.parse_args()
-    out = args.out
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    hf_logging.set_verbosity_error()
-    torch.manual_seed(args.seed)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    return parser
 
-    path = get_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if args.encoder == "minilm":
+
+def parse_settings(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``sys.argv`` when ``argv`` is None); a bad value exits before any work, naming the option
+    and the problem."""
+    parser = settings_parser()
+    args = parser.parse_args(argv)
+    for name in ("train", "test", "rt", "epochs", "n_latent"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if args.threads < 0:
+        parser.error(f"--threads: must be >= 0 (0: torch's default), got {args.threads}")
+    if not args.intra_paper_weight >= 0:  # also refuses nan
+        parser.error(f"--intra-paper-weight: must be a number >= 0, got {args.intra_paper_weight}")
+    return args
+
+
+def frozen_encoder(name: str, path, tokenizer):
+    """The sequence classifier whose base model is the frozen encoder (``minilm``: the shipped MiniLM;
+    ``distilbert``: a small random DistilBERT built from a config), in eval mode, and that encoder."""
+    if name == "minilm":
         seq_model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
     else:
         config = DistilBertConfig(vocab_size=tokenizer.vocab_size, dim=128, n_layers=2, n_heads=4, hidden_dim=256,
@@ -164,29 +175,33 @@ def main() -> None:
     encoder = seq_model.base_model
     for p in encoder.parameters():
         p.requires_grad_(False)
-    intra_weight = intra_space_weight_from_paper(args.intra_paper_weight, 2, args.n_latent)
-    model = SpaceModelForSequenceClassification.from_encoder(
-        encoder, num_labels=2, n_latent=args.n_latent, train_encoder=False,
-        inter_space_weight=0.1, intra_space_weight=intra_weight).eval()
-    print(f"Space head: {sum(p.numel() for p in model.head.parameters()):,} trainable parameters "
-          f"(encoder frozen: {not any(p.requires_grad for p in model.encoder.parameters())})")
+    return seq_model, encoder
 
-    train_x, train_y = by_length(*read_sst2_tsv(DATA / "sst2" / "train.tsv", limit=args.train))
-    test_x, test_y = by_length(*read_sst2_tsv(DATA / "sst2" / "test.tsv", limit=args.test))
-    rt_x, rt_y = by_length(*read_rt_polarity(DATA / "rt_polarity", limit_per_class=args.rt))
-    train_b = encode(encoder, tokenizer, train_x, desc="encode SST-2 train")
-    test_b = encode(encoder, tokenizer, test_x, desc="encode SST-2 test")
-    rt_b = encode(encoder, tokenizer, rt_x, desc="encode rt_polarity")
+
+def encoded_splits(encoder, tokenizer, args: argparse.Namespace) -> dict[str, tuple[list[str], list[int], list]]:
+    """Texts, labels and cached frozen-encoder states of the SST-2 training and test slices, rt_polarity and
+    HateXplain (the paper's sentiment mapping), each sorted by length."""
+    splits = {"train": by_length(*read_sst2_tsv(DATA / "sst2" / "train.tsv", limit=args.train)),
+              "test": by_length(*read_sst2_tsv(DATA / "sst2" / "test.tsv", limit=args.test)),
+              "rt": by_length(*read_rt_polarity(DATA / "rt_polarity", limit_per_class=args.rt))}
+    descriptions = {"train": "encode SST-2 train", "test": "encode SST-2 test", "rt": "encode rt_polarity"}
+    encoded = {name: (x, y, encode(encoder, tokenizer, x, desc=descriptions[name])) for name, (x, y) in splits.items()}
     hx_x, hx_y = by_length(*read_hatexplain_as_sentiment(DATA / "hatexplain" / "val_first600.jsonl"))
-    hx_b = encode(encoder, tokenizer, hx_x, desc="encode HateXplain")
+    encoded["hatexplain"] = (hx_x, hx_y, encode(encoder, tokenizer, hx_x, desc="encode HateXplain"))
+    return encoded
 
+
+def train_heads(model, seq_model, encoder, train_batches, train_labels, args: argparse.Namespace) -> dict:
+    """Train the Space head and the two head-only baselines on the cached training states; returns each head's
+    logits function of (hidden, mask), by name (space, linear, native)."""
     # The Space head, trained with exactly the model's loss (cross-entropy + inter- + intra-space terms).
     def space_loss(hidden, mask, labels):
         logits, concepts = model.head(hidden, mask)
         return model.space_loss(logits, concepts, labels, mask)[0]
 
     model.head.train()
-    train_head(space_loss, model.head.parameters(), train_b, train_y, args.epochs, 1e-3, args.seed, "train Space")
+    train_head(space_loss, model.head.parameters(), train_batches, train_labels, args.epochs, 1e-3, args.seed,
+               "train Space")
     model.head.eval()
 
     # Baseline: the standard head-only fine-tuning, a linear classifier on the masked-mean embedding.
@@ -196,7 +211,8 @@ def main() -> None:
     def linear_loss(hidden, mask, labels):
         return nn.functional.cross_entropy(linear(masked_mean(hidden, mask)), labels)
 
-    train_head(linear_loss, linear.parameters(), train_b, train_y, args.epochs, 1e-3, args.seed, "train linear")
+    train_head(linear_loss, linear.parameters(), train_batches, train_labels, args.epochs, 1e-3, args.seed,
+               "train linear")
 
     # Baseline of the paper: the base model's own sequence-classification head, encoder frozen.
     torch.manual_seed(args.seed)
@@ -206,20 +222,26 @@ def main() -> None:
         return nn.functional.cross_entropy(native_logits(hidden, mask), labels)
 
     seq_model.train()  # dropout of the head, as transformers trains it
-    train_head(native_loss, native_params, train_b, train_y, args.epochs, 1e-3, args.seed, "train native")
+    train_head(native_loss, native_params, train_batches, train_labels, args.epochs, 1e-3, args.seed,
+               "train native")
     seq_model.eval()
+    return {"space": lambda h, m: model.head(h, m)[0], "linear": lambda h, m: linear(masked_mean(h, m)),
+            "native": native_logits}
 
-    results = {"settings": {**vars(args), "out": str(out)}, "intra_space_weight": intra_weight}
-    heads = (("space", lambda h, m: model.head(h, m)[0]), ("linear", lambda h, m: linear(masked_mean(h, m))),
-             ("native", native_logits))
-    for name, fn in heads:
-        results[name] = {
-            "sst2_test": classification_scores(test_y, predict_cached(fn, test_b)),
-            "rt_polarity_zero_shot": classification_scores(rt_y, predict_cached(fn, rt_b)),
-            "hatexplain_zero_shot": classification_scores(hx_y, predict_cached(fn, hx_b)),
-        }
 
-    # Save / reload like any transformers model, then evaluate the reloaded model end to end on a subset.
+def evaluate_heads(heads: dict, splits: dict) -> dict:
+    """Accuracy, macro F1 and macro recall of each head on SST-2 test and, zero-shot, rt_polarity and HateXplain."""
+    targets = {"sst2_test": "test", "rt_polarity_zero_shot": "rt", "hatexplain_zero_shot": "hatexplain"}
+    return {name: {key: classification_scores(splits[split][1], predict_cached(fn, splits[split][2]))
+                   for key, split in targets.items()}
+            for name, fn in heads.items()}
+
+
+def check_reloaded(model, tokenizer, out: Path, rt: tuple) -> tuple:
+    """Save the Space model and reload it like any transformers model; evaluate the reloaded model end to end
+    on a subset of rt_polarity next to the cached-state head on the same rows. Returns (reloaded model, end to
+    end scores, cached-state scores)."""
+    rt_x, rt_y, rt_b = rt
     model.save_pretrained(out / "model")
     tokenizer.save_pretrained(out / "model")
     reloaded = SpaceModelForSequenceClassification.from_pretrained(out / "model").eval()
@@ -229,20 +251,16 @@ def main() -> None:
     cached_on_subset = classification_scores([rt_y[i] for i in subset],
                                              [predict_cached(lambda h, m: model.head(h, m)[0], rt_b)[i]
                                               for i in subset])
-    results["reloaded_end_to_end_rt_subset"] = end_to_end
-    results["cached_rt_subset"] = cached_on_subset
+    return reloaded, end_to_end, cached_on_subset
 
-    # Exact context attribution of a few test sentences.
-    shown = test_x[len(test_x) // 2:len(test_x) // 2 + 4]
-    enc = tokenizer(shown, padding=True, truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
-    explanation = context_attribution(reloaded, enc["input_ids"], enc["attention_mask"])
-    results["completeness_error_max"] = float(explanation.completeness_error.max())
-    results["seconds"] = time.perf_counter() - t0
-    (out / "results.json").write_text(json.dumps(results, indent=2))
 
+def print_report(args: argparse.Namespace, results: dict, shown: list[str], explanation, tokenizer) -> None:
+    """The three heads' scores, the reload check, the completeness of the context attribution and the top tokens
+    of the explained sentences."""
+    end_to_end, cached_on_subset = results["reloaded_end_to_end_rt_subset"], results["cached_rt_subset"]
     print(f"\nencoder {args.encoder}; acc / macro F1 / macro recall")
     print(f"{'head':8s} {'SST-2':>20s} {'rt_polarity 0-shot':>20s} {'HateXplain 0-shot':>20s}")
-    for name, _ in heads:
+    for name in ("space", "linear", "native"):
         r = results[name]
         cells = [r[k] for k in ("sst2_test", "rt_polarity_zero_shot", "hatexplain_zero_shot")]
         print(f"{name:8s} " + " ".join(f"{c['accuracy']:6.3f} {c['f1_macro']:6.3f} {c['recall_macro']:6.3f}"
@@ -255,8 +273,46 @@ def main() -> None:
         label = ["negative", "positive"][int(explanation.target[row])]
         top = sorted(zip(tokens, scores.tolist(), strict=True), key=lambda t: -t[1])[:4]
         print(f"  [{label}] {shown[row][:70]!r}\n     top tokens: " + ", ".join(f"{t} {s:+.3f}" for t, s in top))
-    print(f"\nwrote {out / 'results.json'} and {out / 'model'} in {results['seconds']:.0f} s")
 
+
+def main() -> None:
+    args = parse_settings()  # a bad option stops here, before any work
+    out = args.out
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(args.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+
+    path = get_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    seq_model, encoder = frozen_encoder(args.encoder, path, tokenizer)
+    intra_weight = intra_space_weight_from_paper(args.intra_paper_weight, 2, args.n_latent)
+    model = SpaceModelForSequenceClassification.from_encoder(
+        encoder, num_labels=2, n_latent=args.n_latent, train_encoder=False,
+        inter_space_weight=0.1, intra_space_weight=intra_weight).eval()
+    print(f"Space head: {sum(p.numel() for p in model.head.parameters()):,} trainable parameters "
+          f"(encoder frozen: {not any(p.requires_grad for p in model.encoder.parameters())})")
+
+    splits = encoded_splits(encoder, tokenizer, args)
+    heads = train_heads(model, seq_model, encoder, splits["train"][2], splits["train"][1], args)
+    results = {"settings": {**vars(args), "out": str(out)}, "intra_space_weight": intra_weight,
+               **evaluate_heads(heads, splits)}
+    reloaded, end_to_end, cached_on_subset = check_reloaded(model, tokenizer, out, splits["rt"])
+    results["reloaded_end_to_end_rt_subset"] = end_to_end
+    results["cached_rt_subset"] = cached_on_subset
+
+    # Exact context attribution of a few test sentences.
+    test_x = splits["test"][0]
+    shown = test_x[len(test_x) // 2:len(test_x) // 2 + 4]
+    enc = tokenizer(shown, padding=True, truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
+    explanation = context_attribution(reloaded, enc["input_ids"], enc["attention_mask"])
+    results["completeness_error_max"] = float(explanation.completeness_error.max())
+    results["seconds"] = time.perf_counter() - t0
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    print_report(args, results, shown, explanation, tokenizer)
+    print(f"\nwrote {out / 'results.json'} and {out / 'model'} in {results['seconds']:.0f} s")
 
 if __name__ == "__main__":
     main()

@@ -34,6 +34,7 @@ any work, naming the variable, the value and the fix.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,13 +44,15 @@ from bcos_plugins.adapters.captum_vision import image_attribution_methods
 from transformers import Trainer, TrainingArguments, set_seed
 from transformers.utils import logging as hf_logging
 
-from bcos_plugins._env import env_flag, env_int
 from bcos_plugins.metrics.image import grid_pointing_game, pixel_perturbation
 from bcos_plugins.metrics.summary import Cost, measure_cost
 from bcos_plugins.train import bcos_loss
 from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT, attribution_input, explain_image
 from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids
 from bcos_plugins.vision.visualize import save_explanation_figure, weight_colour_image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.settings import env_flag, env_int
 
 OUT = Path("outputs/vit_digits")
 

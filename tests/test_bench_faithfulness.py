@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +17,6 @@ import transformers as T
 from bcos_plugins import bcosify
 from bcos_plugins.pretrained import minilm_path
 
-ROOT = Path(__file__).resolve().parents[1]
 # Captum's notes that it set requires_grad itself and fits one LIME model per example: expected here
 pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already require gradients",
                                         "ignore:You are providing multiple inputs for Lime")
@@ -28,12 +24,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already r
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_faithfulness", ROOT / "benchmarks" / "bench_faithfulness.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_faithfulness"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("bench_faithfulness", None)
+    from benchmarks import bench_faithfulness
+
+    return bench_faithfulness
 
 
 @pytest.fixture(scope="module")

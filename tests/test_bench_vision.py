@@ -8,11 +8,9 @@ in Captum, in the models or in the metrics that breaks the script (or silently c
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,6 @@ from bcos_plugins.adapters.captum_vision import ImageAttributionMethod, image_at
 
 from bcos_plugins.vision.data import make_grids
 
-ROOT = Path(__file__).resolve().parents[1]
 # Captum's note that it set requires_grad on the inputs itself: expected here
 pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already require gradients")
 
@@ -29,12 +26,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already r
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_vision", ROOT / "benchmarks" / "bench_vision.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_vision"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("bench_vision", None)
+    from benchmarks import bench_vision
+
+    return bench_vision
 
 
 def test_pointing_scores_wire_each_cell_to_its_class(bench):

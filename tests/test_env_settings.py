@@ -1,9 +1,9 @@
-"""The scripts' environment settings (bcos_plugins._env): values parse, bad ones stop with the variable, the value
-and the fix in the message, and nothing falls back to a default silently."""
+"""The scripts' environment settings (benchmarks.common.settings): values parse, bad ones stop with the variable,
+the value and the fix in the message, and nothing falls back to a default silently."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import subprocess
 import sys
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bcos_plugins._env import env_choice, env_flag, env_float, env_int
+from benchmarks.common.settings import env_choice, env_flag, env_float, env_int, env_path
 
 
 def message(excinfo) -> str:
@@ -89,6 +89,19 @@ def test_a_choice_outside_the_list_names_the_choices(monkeypatch):
                                 "of 'local' or 'hub', or unset it for the default 'local'.")
 
 
+def test_a_folder_is_any_path_and_an_empty_one_is_an_error_not_the_current_folder(monkeypatch):
+    monkeypatch.delenv("BENCH_OUT", raising=False)
+    assert env_path("BENCH_OUT", "outputs/bench") == Path("outputs/bench")
+    monkeypatch.setenv("BENCH_OUT", "runs/one two")
+    assert env_path("BENCH_OUT", "outputs/bench") == Path("runs/one two")
+    for raw in ("", "  "):
+        monkeypatch.setenv("BENCH_OUT", raw)
+        with pytest.raises(SystemExit) as excinfo:
+            env_path("BENCH_OUT", Path("outputs/bench"))
+        assert message(excinfo) == (f"BENCH_OUT={raw!r}: empty, which would be the current folder. Set BENCH_OUT to a "
+                                    "folder, e.g. BENCH_OUT=outputs/bench, or unset it for the default outputs/bench.")
+
+
 def test_the_recipe_benchmark_stops_on_a_bad_setting_before_any_work(tmp_path):
     """bench_recipes reads its settings when the run starts: a bad one ends the script with status 1 and the
     message."""
@@ -104,13 +117,10 @@ def test_the_recipe_benchmark_stops_on_a_bad_setting_before_any_work(tmp_path):
 
 
 def _benchmark(monkeypatch, name: str):
-    """benchmarks/<name>.py as a new module (importing it reads no variable)."""
-    spec = importlib.util.spec_from_file_location(
-        f"{name}_settings", Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    """``benchmarks.<name>`` imported anew (importing it reads no variable); the module imported before, if
+    any, is back in ``sys.modules`` after the test."""
+    monkeypatch.delitem(sys.modules, f"benchmarks.{name}", raising=False)
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 class _Started(Exception):
@@ -180,3 +190,17 @@ def test_the_decoder_benchmark_writes_nothing_before_its_settings_are_read(no_be
         bench.main()
     assert used == [3]
     assert not (tmp_path / "out").exists(), "nothing was written"
+
+
+@pytest.mark.parametrize(("name", "settings", "variable"), [("bench_recipes", "Settings", "BENCH_OUT"),
+                                                            ("bench_faithfulness", "Config", "BENCH_OUT"),
+                                                            ("bench_decoders", "Settings", "BENCH_OUT"),
+                                                            ("bench_vision", "Config", "BENCH_VISION_OUT")])
+def test_an_empty_output_folder_stops_the_benchmark_before_any_work(no_bench_variables, monkeypatch, name,
+                                                                      settings, variable):
+    """Before, BENCH_OUT= (empty) was Path(""), the current folder: the results landed wherever the run started."""
+    bench = _benchmark(monkeypatch, name)
+    monkeypatch.setenv(variable, "")
+    with pytest.raises(SystemExit, match=f"^{variable}='': empty, which would be the current folder. Set {variable} "
+                                         "to a folder"):
+        getattr(bench, settings).from_env()

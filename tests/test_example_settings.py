@@ -1,4 +1,4 @@
-"""The examples' environment settings go through bcos_plugins._env: unset variables keep the documented
+"""The examples' environment settings go through benchmarks.common.settings: unset variables keep the documented
 defaults, set ones parse, and a bad value (a typo, an out-of-range count, a switch other than 0 or 1) stops the
 script naming the variable, the value and the fix instead of falling back to a default or a bare ValueError.
 
@@ -11,32 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
+import importlib
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 # script -> (its settings function, the prefix of its variables)
 SCRIPTS = {"demo_sst2": ("demo_settings", "DEMO_"), "blimp_mrr": ("blimp_settings", "BLIMP_"),
            "vit_digits": ("vit_digits_settings", "VIT_"), "inseq_quickstart": ("quickstart_settings", "QUICKSTART_")}
 
 
-def load_example(name: str, module_name: str):
-    """The example script as a new module (importing it reads no variable: none is set or cleared here)."""
-    spec = importlib.util.spec_from_file_location(module_name, ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
 @functools.cache
 def example(name: str):
     """The example script as a module, imported once for all the tests, whatever the variables are then."""
-    return load_example(name, f"example_{name}")
+    return importlib.import_module(f"examples.{name}")
 
 
 def settings(name: str):
@@ -110,10 +99,10 @@ def test_a_bad_value_stops_the_script_naming_the_variable(clean_environment, mon
                                                        ("vit_digits", "VIT_REUSE", "yes")])
 def test_importing_a_script_reads_no_variable(clean_environment, monkeypatch, name, variable, raw):
     """A bad value set before the import stops the run, not the import (the module's helpers stay usable, e.g.
-    bench_decoders imports blimp_mrr's Captum baselines)."""
+    by a test)."""
     monkeypatch.setenv(variable, raw)
-    monkeypatch.setitem(sys.modules, f"example_{name}_fresh", None)  # removed again after the test
-    module = load_example(name, f"example_{name}_fresh")
+    monkeypatch.delitem(sys.modules, f"examples.{name}", raising=False)  # the module imported before is back after
+    module = importlib.import_module(f"examples.{name}")
     with pytest.raises(SystemExit, match=f"^{variable}={raw!r}"):
         getattr(module, SCRIPTS[name][0])()
 

@@ -3,7 +3,6 @@ the refusals (files without predictions, other evaluation pairs, an ambiguous ba
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,15 +10,12 @@ import pytest
 
 from bcos_plugins.metrics import paired_accuracy_difference
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def guided_esnli():
-    spec = importlib.util.spec_from_file_location("example_guided_esnli", ROOT / "examples" / "guided_esnli.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from examples import guided_esnli
+
+    return guided_esnli
 
 
 LABELS = [0, 1, 1, 0, 1, 0, 0, 1]
@@ -120,3 +116,15 @@ def test_load_rows_evaluates_from_the_fixed_boundary_whatever_train(guided_esnli
         guided_esnli.load_rows(tokenizer, start + 1, 10)
     with pytest.raises(ValueError, match=r"--eval: .* at most 1605"):
         guided_esnli.load_rows(tokenizer, 10, 1606)
+
+
+def test_the_command_line_is_checked_and_completed_before_any_work(guided_esnli, capsys):
+    args = guided_esnli.parse_settings(["--bcos-recipe", "direct"])
+    assert (args.b, args.bcos_epochs, args.bcos_lr, args.bcos_head_lr) == (1.25, 3.0, args.lr, 1e-3)
+    assert guided_esnli.variant_names(args) == ["vanilla", "supervised"]
+    for argv, message in ((["--variants", "vanilla,guidance"], "--variants: unknown or empty ['guidance']"),
+                          (["--supervision-heads", "13"], "--supervision-heads: MiniLM has 12 heads per layer"),
+                          (["--report", "x.json", "--margin", "1"], "--margin: must be an accuracy difference")):
+        with pytest.raises(SystemExit) as excinfo:
+            guided_esnli.parse_settings(argv)
+        assert excinfo.value.code == 2 and message in capsys.readouterr().err

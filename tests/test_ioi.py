@@ -1,15 +1,12 @@
 """IOI prompts: determinism, both name orders, evidence on the IO's earlier mention, a disjoint held-out split,
 the public-format loader, the ABC corruption, MRR on IOI-shaped batches, and the IOI training pieces of
-benchmarks/bench_decoders.py (name redrawing and swapping, best-weights selection)."""
+benchmarks/common/ioi_recipe.py (name redrawing and swapping, best-weights selection)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -356,21 +353,18 @@ def test_next_token_contrast_on_an_ioi_batch_and_its_errors(tok):
         next_token_contrast(model, batch.input_ids, batch.attention_mask, target=batch.target_ids)
 
 
-# ---------------------------------------------------------------- the IOI training pieces of bench-decoders
+# ---------------------------------------------------------------- the IOI recipe of bench-decoders
 
 
-def _bench_decoders():
-    if "bench_decoders" not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_decoders.py"
-        spec = importlib.util.spec_from_file_location("bench_decoders", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["bench_decoders"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["bench_decoders"]
+def _ioi_recipe():
+    """The IOI recipe that bench-decoders trains (benchmarks/common/ioi_recipe.py)."""
+    from benchmarks.common import ioi_recipe
+
+    return ioi_recipe
 
 
 def test_collator_swaps_story_names_consistently_and_never_touches_other_tokens():
-    bench = _bench_decoders()
+    bench = _ioi_recipe()
     names = torch.tensor([10, 11, 12, 13, 14, 15])
     heldout = 50  # a held-out name's id: not among the training names, so it must stay
     story = torch.tensor([1, 10, 2, 11, 10, heldout, 3, 11])
@@ -390,7 +384,7 @@ def test_collator_swaps_story_names_consistently_and_never_touches_other_tokens(
 
 
 def test_collator_fills_ioi_rows_with_two_distinct_training_names():
-    bench = _bench_decoders()
+    bench = _ioi_recipe()
     names = torch.tensor([10, 11, 12])
     row = torch.tensor([0, 5, 99, 6, 98, 7, 98, 8, 99])  # IO at 2 and at the end, S at 4 and 6
     collator = bench.IOICollator(0, (names, torch.zeros(0, dtype=torch.long)), 0.0, seed=1, swap_stories=True)
@@ -404,7 +398,7 @@ def test_collator_fills_ioi_rows_with_two_distinct_training_names():
 
 
 def test_collator_fills_word_share_of_ioi_rows_with_story_words():
-    bench = _bench_decoders()
+    bench = _ioi_recipe()
     names, pool, words = torch.tensor([10, 11, 12]), torch.tensor([20, 21]), torch.tensor([30, 31, 32, 33])
     row = torch.tensor([0, 5, 99, 6, 98, 7, 98, 8, 99])
     feature = {"input_ids": row, "io_slots": torch.tensor([2, 4, 6])}
@@ -431,7 +425,7 @@ def test_collator_fills_word_share_of_ioi_rows_with_story_words():
 
 
 def test_story_word_pool_keeps_frequent_words_and_leaves_out_held_out_names_and_prompt_words(tok):
-    bench = _bench_decoders()
+    bench = _ioi_recipe()
     stories = [tok(text)["input_ids"] for text in (
         "Daisy saw a dog. The dog and Daisy ran to the park with a happy cat.",
         "Kitty was happy. Kitty and the dog went to the park and Daisy sat.")]
@@ -444,7 +438,7 @@ def test_story_word_pool_keeps_frequent_words_and_leaves_out_held_out_names_and_
 
 
 def test_settings_stop_at_the_rule_plus_the_margin_and_refuse_impossible_values():
-    bench = _bench_decoders()
+    bench = _ioi_recipe()
     cfg = bench.Settings(ioi_stop=0.9, stop_margin=0.03, word_share=0.5)
     assert cfg.stop_threshold == 0.93 and "-words0.5-stop0.93-" in cfg.tag and cfg.bcos_tag.startswith(cfg.tag)
     # without the margin and the story words, the tag is that of the models cached before either existed
@@ -465,14 +459,14 @@ def test_settings_stop_at_the_rule_plus_the_margin_and_refuse_impossible_values(
     ("BENCH_SWAP_NAMES", "true", "BENCH_SWAP_NAMES='true': not a switch"),
 ])
 def test_settings_from_env_stop_on_a_bad_value_naming_the_variable(monkeypatch, variable, value, message):
-    bench = _bench_decoders()
+    bench = _ioi_recipe()
     monkeypatch.setenv(variable, value)
     with pytest.raises(SystemExit, match=re.escape(message)):
         bench.Settings.from_env()
 
 
 def test_settings_from_env_defaults_and_values_reach_the_settings(monkeypatch):
-    bench = _bench_decoders()
+    bench = _ioi_recipe()
     for name in [n for n in os.environ if n.startswith("BENCH_")]:
         monkeypatch.delenv(name)
     assert bench.Settings.from_env() == bench.Settings()
@@ -487,7 +481,7 @@ def test_settings_from_env_defaults_and_values_reach_the_settings(monkeypatch):
 def test_ioi_trainer_loss_is_text_cross_entropy_plus_the_io_cross_entropy_and_spares_the_embeddings(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
-    bench = _bench_decoders()
+    bench = _ioi_recipe()
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_embd=16, n_layer=1, n_head=2, n_positions=16,
                                        bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
@@ -520,7 +514,7 @@ def test_ioi_trainer_loss_is_text_cross_entropy_plus_the_io_cross_entropy_and_sp
 
 
 def test_solve_ioi_keeps_the_best_smoothed_weights_and_stops_at_the_threshold(monkeypatch):
-    bench = _bench_decoders()
+    bench = _ioi_recipe()
     model = torch.nn.Linear(1, 1, bias=False)
     accuracies = iter([0.5, 0.9, 0.6, 0.8, 0.7, 0.95, 0.95, 0.95])
 

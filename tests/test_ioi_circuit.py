@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -13,16 +9,12 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from bcos_plugins import bcosify
 from bcos_plugins.data.ioi import _gpt2_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def circuit():
-    spec = importlib.util.spec_from_file_location("ioi_circuit", ROOT / "examples" / "ioi_circuit.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ioi_circuit"] = module
-    spec.loader.exec_module(module)
-    return module
+    from examples import ioi_circuit
+
+    return ioi_circuit
 
 
 @pytest.fixture(scope="module")

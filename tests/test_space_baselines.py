@@ -1,18 +1,13 @@
 """The Space example's head-only baselines on tiny models: the model's own head reproduced on cached encoder
 states (so the 'native' baseline is exactly what transformers builds), and the HateXplain label mapping."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import padded_batch, tiny_model
 
-_SPEC = importlib.util.spec_from_file_location(
-    "space_sst2_example", Path(__file__).resolve().parents[1] / "examples" / "space_sst2.py")
-space_example = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(space_example)
+from examples import space_sst2 as space_example
 
 
 @pytest.mark.parametrize("class_name", ["BertForSequenceClassification", "DistilBertForSequenceClassification"])
@@ -34,3 +29,15 @@ def test_hatexplain_mapping_is_the_papers(tmp_path):
     path = tmp_path / "hx.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     assert space_example.read_hatexplain_as_sentiment(path) == (["a b", "c", "d"], [1, 0, 0])
+
+
+def test_the_command_line_is_checked_before_any_work(capsys):
+    args = space_example.parse_settings([])
+    assert (args.train, args.test, args.rt, args.epochs, args.n_latent, args.threads) == (2000, 600, 500, 20, 8, 0)
+    for argv, message in ((["--epochs", "0"], "--epochs: must be >= 1, got 0"),
+                          (["--n-latent", "-2"], "--n-latent: must be >= 1, got -2"),
+                          (["--threads", "-1"], "--threads: must be >= 0 (0: torch's default), got -1"),
+                          (["--intra-paper-weight", "nan"], "--intra-paper-weight: must be a number >= 0, got nan")):
+        with pytest.raises(SystemExit) as excinfo:
+            space_example.parse_settings(argv)
+        assert excinfo.value.code == 2 and message in capsys.readouterr().err

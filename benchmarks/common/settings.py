@@ -1,4 +1,4 @@
-"""Settings read from environment variables by the benchmark and example scripts (private).
+"""Settings read from environment variables by the benchmark and example scripts.
 
 The scripts are configured through ``BENCH_*``-style variables. A value that does not parse, or is out of range,
 stops the script before any work with a message naming the variable, the bad value and the fix; a typo such as
@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
-__all__ = ["env_choice", "env_flag", "env_float", "env_int"]
+__all__ = ["env_choice", "env_flag", "env_float", "env_int", "env_path"]
 
 
 def _bad(name: str, raw: str, problem: str, fix: str, default) -> SystemExit:
@@ -86,3 +87,15 @@ def env_choice(name: str, default: str, choices: Sequence[str]) -> str:
         listed = " or ".join(repr(c) for c in choices)
         raise _bad(name, raw, f"not one of {listed}", f"one of {listed}", repr(default))
     return raw
+
+
+def env_path(name: str, default: Path | str) -> Path:
+    """``Path(os.environ[name])``, ``Path(default)`` when unset; an empty (or blank) value is an error, not the
+    current folder (``Path("")`` is ``.``: a run would write its results wherever it was started)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return Path(default)
+    if not raw.strip():
+        raise _bad(name, raw, "empty, which would be the current folder", f"a folder, e.g. {name}={default}",
+                   default)
+    return Path(raw)
