@@ -1,14 +1,14 @@
 """Decoders evaluated as the B-cos LM paper does (its Tables 5 and 6), on a small GPT-2 trained here on a CPU.
 
-`make bench-decoders`. The conventional GPT-2 and its B-cosified copy of the IOI recipe
-(benchmarks/common/ioi_recipe.py: trained until both solve IOI with held-out templates and held-out names, or
-loaded from its cache) are evaluated on a *different* draw of held-out IOI prompts (another seed): perplexity on
-the TinyStories slice's held-out 10%, IOI accuracy, logit difference and probability gap, BLiMP accuracy and
+`make bench-decoders`. The two models of the IOI recipe (benchmarks/common/ioi_recipe.py: a conventional GPT-2
+and its B-cosified copy, trained until both solve IOI with held-out templates and held-out names, or loaded from
+the recipe's cache) are evaluated on a *different* draw of held-out IOI prompts (another seed): perplexity on the
+TinyStories slice's held-out 10%, IOI accuracy, logit difference and probability gap, BLiMP accuracy and
 probability gap (pairs 0-49 of each paradigm), and MRR of contrastive explanations against the evidence (IOI:
 the IO's earlier mention; BLiMP: bcos_plugins.data.blimp's rules) for B-cos (``explain`` with ``foil=``, B-cos
-model only), Grad Norm, IxG and Occlusion (Captum at the combined embedding, benchmarks/common/
-decoder_baselines.py) and the random baseline, with seconds per explanation. The measured tables and the
-search that led to the recipe: docs/benchmarks.md#ioi-recipe-search.
+model only), Grad Norm, IxG and Occlusion (Captum at the combined embedding, as ``captum_scores`` of
+benchmarks/common/decoder_baselines.py computes them) and the random baseline, with seconds per explanation.
+The measured tables and the search that led to the recipe: docs/benchmarks.md#ioi-recipe-search.
 
 Writes results.md and results.json to BENCH_OUT (default outputs/bench_decoders). Every setting is a BENCH_*
 variable read when the run starts (listed in benchmarks/common/ioi_recipe.py); a bad value stops the run before
