@@ -36,6 +36,7 @@ from bcos_plugins.attribution.results import relative_completeness_error
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn.dynamic import explanation_mode
 
+from .explain import require_explainable
 from .inputs import check_lens_tokens
 
 __all__ = ["TokenComponentDecomposition", "plot_token_components", "token_component_decomposition"]
@@ -101,19 +102,7 @@ def _layers(model: nn.Module) -> tuple[int, bool]:
 
 
 def _check_inputs(model: nn.Module, tokens, attention_mask) -> None:
-    from .bridge import is_explainable_bridge
-    from .compat import HAS_HOOKED_TRANSFORMER
-
-    explainable = is_explainable_bridge(model)
-    if not explainable and HAS_HOOKED_TRANSFORMER:
-        from .model import is_explainable
-
-        explainable = is_explainable(model)
-    if not explainable:
-        raise BcosTypeError(
-            "model: its dynamic weights are not detachable, so the decomposition would not be exact. Use a "
-            "model from hooked_transformer_from_hf / BcosHookedTransformer / make_explainable, or a bridge from "
-            "transformer_bridge_from_hf")
+    require_explainable(model)
     check_lens_tokens(model, tokens, attention_mask)
 
 

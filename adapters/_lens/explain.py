@@ -28,6 +28,8 @@ from bcos_plugins.attribution import (
 )
 from bcos_plugins.errors import BcosTypeError
 
+from .bridge import is_explainable_bridge
+from .compat import HAS_HOOKED_TRANSFORMER
 from .inputs import check_lens_tokens
 from .sae_error import sae_error_capture
 
@@ -35,17 +37,25 @@ if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
 
-def _is_explainable(model) -> bool:
-    # TransformerLens 4.x has only bridges; the HookedTransformer check needs 3.x's components
-    if getattr(model, "_bcos_explainable_bridge", False):
-        return True
-    try:
-        from .model import is_explainable
-    except ImportError:
-        return False
-    return is_explainable(model)
+__all__ = ["LensExplanation", "explain_logits", "require_explainable", "ATTRIBUTION_HOOKS"]
 
-__all__ = ["LensExplanation", "explain_logits", "ATTRIBUTION_HOOKS"]
+
+def require_explainable(model) -> None:
+    """The adapter's one "is this model explainable" check (``explain_logits``, the token x component
+    decomposition): a bridge made explainable, or (TransformerLens 3.x) a ``HookedTransformer`` after
+    ``make_explainable``; otherwise its dynamic weights are not constants and no explanation is exact."""
+    explainable = is_explainable_bridge(model)
+    if not explainable and HAS_HOOKED_TRANSFORMER:  # 4.x has only bridges; this check needs 3.x's components
+        from .model import is_explainable
+
+        explainable = is_explainable(model)
+    if not explainable:
+        raise BcosTypeError(
+            "model: its dynamic weights are not detachable, so the explanation would not be exact. Call "
+            "bcos_plugins.adapters.transformer_lens.make_explainable(model) first (before adding hooks), or use a "
+            "model from hooked_transformer_from_hf / BcosHookedTransformer, or a bridge from "
+            "transformer_bridge_from_hf."
+        )
 
 ATTRIBUTION_HOOKS = ("hook_embed", "hook_pos_embed")
 
@@ -99,11 +109,7 @@ def explain_logits(
         position: one index or one per row; default each row's last real token.
         attention_mask: 1 for real tokens, passed to the model.
     """
-    if not _is_explainable(model):
-        raise BcosTypeError(
-            "model: this HookedTransformer's dynamic weights are not detachable; call "
-            "bcos_plugins.adapters.transformer_lens.make_explainable(model) first (before adding hooks)."
-        )
+    require_explainable(model)
     check_lens_tokens(model, tokens, attention_mask)
     batch = tokens.shape[0]
     mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)
