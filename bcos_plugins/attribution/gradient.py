@@ -2,8 +2,9 @@
 
 Inside :func:`~bcos_plugins.nn.explanation_mode` every dynamic weight ``W(x)`` is a constant for autograd,
 so a B-cos network is, as far as autograd sees, the linear map ``x -> W(x) x`` and for an explained scalar
-``y``: ``x . dy/dx = y`` (completeness). Every explanation path (text, images, the Space head's encoder
-input, Captum's two classes, inseq, TransformerLens) runs :func:`input_x_gradient`; none re-implements it.
+``y``: ``x . dy/dx = y`` (completeness). ``bcos_plugins.explain``, ``explain_image``, TransformerLens'
+``explain_logits`` and Captum's ``BcosAttribution`` run :func:`input_x_gradient`; none re-implements it
+(Captum's ``LayerBcos``, and inseq's method through it, run Captum's layer input x gradient in the same mode).
 
 Rows are explained in one backward pass of the summed explained values: the rows of a batch do not interact
 in a transformer (no batch statistics), so the gradient of the sum w.r.t. row ``i``'s input is the gradient

@@ -135,7 +135,9 @@ class ResolvedExplained(NamedTuple):
 
 def resolve_explained(values: Float[Tensor, "batch n"], target: IdsLike | Direction | None,
                       foil: IdsLike | Direction | None = None) -> ResolvedExplained:
-    """The one target / foil resolution every path runs on its output ``values`` ``(batch, n_outputs)``.
+    """The one target / foil resolution, run by every path that takes the package's ``target`` / ``foil``
+    (``explain``, ``explain_image``, the Space head, the TransformerLens adapter) on its outputs ``values``
+    ``(batch, n_outputs)``; Captum's classes take Captum's own target forms instead.
 
     ``target`` defaults to each row's top output (the predicted class or next token); ``target`` and ``foil``
     are parsed by :func:`parse_ids` against ``n_outputs`` and the explained value is
