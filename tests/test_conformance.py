@@ -259,6 +259,24 @@ def test_inseq_load_model_bcos_is_exact(name):
             torch.testing.assert_close(logits[step], own[pos - 1, seq.target[pos].id], rtol=1e-4, atol=1e-5)
 
 
+CLASSIFIER_NAMES = [n for n in NAMES if SPECS[n].is_classifier]
+
+
+@pytest.mark.parametrize("name", CLASSIFIER_NAMES)
+def test_inseq_load_classifier_scores_sum_to_each_class_logit(name):
+    from bcos_plugins.adapters.inseq import load_classifier
+
+    model = _converted(name)
+    tokenizer = _word_tokenizer()
+    texts = ["w5 w9 w11 w4 w8", "w7 w3"]
+    out = load_classifier(model, tokenizer).attribute(texts)
+    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    logits = _outputs(model, encoded["input_ids"], encoded["attention_mask"])
+    for row, sequence in enumerate(out.sequence_attributions):
+        totals = sequence.source_attributions.sum(dim=(0, 2))
+        assert ((totals - logits[row]).abs() <= RTOL * logits[row].abs().max()).all()
+
+
 def _lens_checks(lens_model, hf_model):
     """Same logits as the HF model; the package's TransformerLens explanation complete on them."""
     from bcos_plugins.adapters.transformer_lens import explain_logits
