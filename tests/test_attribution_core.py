@@ -42,6 +42,16 @@ def test_float_ids_are_refused_whatever_the_batch_size(batch, n):
     assert parse_ids(direction, batch, "target", n_outputs=n) is direction
 
 
+def test_the_direction_hint_appears_only_where_a_direction_is_taken():
+    mask = torch.ones(2, 4, dtype=torch.long)
+    for bad in (1.5, torch.tensor([1.0, 2.0])):
+        with pytest.raises(BcosTypeError, match="position: got a float") as refused:
+            resolve_positions(bad, mask)
+        assert "Direction" not in str(refused.value)
+    with pytest.raises(BcosTypeError, match=r"position: ids must be integers, got torch.complex64\.$"):
+        resolve_positions(torch.tensor([1j, 2j]), mask)
+
+
 @settings(max_examples=40, deadline=None)
 @given(lengths=st.lists(st.integers(1, 8), min_size=1, max_size=4), left=st.booleans(),
        position=st.integers(-10, 10))

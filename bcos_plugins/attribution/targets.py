@@ -84,9 +84,12 @@ def parse_ids(value: IdsLike | Direction, batch: int, name: str, *, n_outputs: i
     if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
         raise BcosTypeError(f"{name}: got a boolean; pass an integer id (or one per row).")
     if isinstance(value, float) or (isinstance(value, Tensor) and value.is_floating_point()):
+        # the Direction hint only where a Direction is taken (not for positions, cells or classes of a metric)
+        hint = (f" To explain a direction of the output space pass {name}=Direction(vector)." if allow_direction
+                else "")
         raise BcosTypeError(
             f"{name}: got a float ({value if isinstance(value, float) else value.dtype}); ids must be integers "
-            f"(an int, or one per row). To explain a direction of the output space pass {name}=Direction(vector)."
+            f"(an int, or one per row).{hint}"
         )
     try:
         t = torch.as_tensor(value, device=device)
@@ -94,8 +97,8 @@ def parse_ids(value: IdsLike | Direction, batch: int, name: str, *, n_outputs: i
         raise BcosTypeError(f"{name}: cannot read {value!r} as ids; pass an int, a list of ints or an integer "
                             "tensor of shape (batch,).") from err
     if t.is_floating_point() or t.dtype == torch.bool or t.is_complex():
-        raise BcosTypeError(f"{name}: ids must be integers, got {t.dtype}. To explain a direction pass "
-                            f"{name}=Direction(vector).")
+        hint = f" To explain a direction pass {name}=Direction(vector)." if allow_direction else ""
+        raise BcosTypeError(f"{name}: ids must be integers, got {t.dtype}.{hint}")
     t = t.to(torch.long)
     if t.ndim == 0:
         t = t.expand(batch)
