@@ -245,3 +245,17 @@ def test_two_rate_adamw_errors():
         p.requires_grad_(False)
     with pytest.raises(ValueError, match=r"^model: has no trainable parameters"):
         two_rate_adamw(model, 1e-4, 1e-3)
+
+
+def test_bcos_plugins_train_still_gives_every_name_it_gave_before_the_split():
+    import bcos_plugins
+    from bcos_plugins import b_warmup, fine_tuning, losses, persistence, prediction, train
+
+    homes = {"bcos_loss": losses, "fine_tune_classifier": fine_tuning, "two_rate_adamw": fine_tuning,
+             "predict": prediction, "accuracy": prediction, "BWarmupCallback": b_warmup,
+             "load_bcos_model": persistence, "reconvert_stock_load": persistence}
+    assert set(train.__all__) == set(homes) - {"reconvert_stock_load"}
+    for name, home in homes.items():
+        assert getattr(train, name) is getattr(home, name), name
+    assert bcos_plugins.load_bcos_model is persistence.load_bcos_model and bcos_plugins.bcos_loss is losses.bcos_loss
+    assert train.check_labels([0, 1], 2) == [0, 1]
