@@ -21,6 +21,7 @@ from conftest import MAX_POS, VOCAB, padded_batch, tiny_config
 from bcos_plugins import UnsupportedModuleError, bcosify, explain, load_bcos_model
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions
 from bcos_plugins.convert.architectures import REFUSED_ARCHITECTURES, SPECS, stock_class
+from bcos_plugins.errors import BcosTypeError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -45,6 +46,9 @@ CONFIGS = {
     "Mistral": _rotary(T.MistralConfig, sliding_window=4),
     "Qwen2": _rotary(T.Qwen2Config),
     "Qwen3": _rotary(T.Qwen3Config, head_dim=8),  # Qwen3Config's head_dim defaults to 128
+    # soft-caps small enough to bite on a tiny random model's logits; every other layer a sliding window
+    "Gemma2": _rotary(T.Gemma2Config, head_dim=8, sliding_window=4, final_logit_softcapping=0.5,
+                      attn_logit_softcapping=0.5, query_pre_attn_scalar=8),
     # every other layer local, with a window shorter than the test sequences; mean pooling (padding matters)
     "ModernBert": lambda: T.ModernBertConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -113,7 +117,7 @@ def test_every_registry_entry_has_a_tiny_config():
 
 # tiny configs of families that are refused (not in CONFIGS: the registry does not hold them)
 REFUSED_CONFIGS = {
-    "Gemma2": _rotary(T.Gemma2Config, head_dim=8),
+    "Gemma2": CONFIGS["Gemma2"],
     "ModernBert": CONFIGS["ModernBert"],
 }
 
@@ -306,6 +310,17 @@ def test_hooked_transformer_from_hf_has_the_same_logits_and_is_explainable(name)
     _lens_checks(lens.hooked_transformer_from_hf(model), model)
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].lens_refusal])
+def test_hooked_transformer_from_hf_refuses_with_the_reason(name):
+    from bcos_plugins.adapters import transformer_lens as lens
+
+    if not lens.HAS_HOOKED_TRANSFORMER:
+        return  # TransformerLens 4 has no HookedTransformer (the previous test checks its ImportError)
+    with pytest.raises(BcosTypeError) as error:
+        lens.hooked_transformer_from_hf(_converted(name))
+    assert SPECS[name].lens_refusal in str(error.value)
+
+
 BRIDGE_NAMES = [n for n in NAMES if SPECS[n].bridge]
 
 
@@ -315,3 +330,32 @@ def test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable(name)
 
     model = _converted(name)
     _lens_checks(transformer_bridge_from_hf(model), model)
+
+
+# ---------------------------------------------------------------------------------- family-specific maths
+
+
+def test_gemma2_norms_keep_the_one_plus_weight_gain_and_the_soft_cap_stays_in_the_forward():
+    """Gemma's RMSNorm gain is 1 + weight (weights start at 0): the B-cos norm computes the stock value; the
+    final-logit soft-cap is still applied (|logits| < cap) and equals c * tanh(z / c) of the head's output."""
+    from bcos_plugins.convert.gemma import BcosGemmaRMSNorm, BcosSoftCappedLMHead
+
+    stock = _stock("Gemma2ForCausalLM")
+    norm = stock.model.layers[0].post_feedforward_layernorm
+    with torch.no_grad():
+        norm.weight.normal_(0, 0.5)
+        x = torch.randn(2, 5, 32)
+        expected = norm(x)
+    model = bcosify(stock, b=B, verbose=False)
+    assert isinstance(norm, BcosGemmaRMSNorm)
+    torch.testing.assert_close(norm(x), expected, rtol=1e-6, atol=1e-6)
+    head = model.lm_head
+    assert isinstance(head, BcosSoftCappedLMHead) and head.soft_cap == 0.5
+    assert head.weight is model.model.embed_tokens.weight  # still tied
+    ids, mask = _batch("none")
+    logits = _outputs(model, ids, mask)
+    assert logits.abs().max() < 0.5
+    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    raw = torch.nn.functional.linear(hidden, head.weight)
+    torch.testing.assert_close(logits, 0.5 * torch.tanh(raw / 0.5), rtol=1e-5, atol=1e-6)
+    assert "lm_head" in model.bcos_report.patched_modules and "<model>" in model.bcos_report.patched_modules

@@ -37,6 +37,8 @@ _BIAS_KEY = ("b", "b_Q", "b_K", "b_V", "b_O", "_b_K", "_b_V", "b_in", "b_out", "
 
 def _architecture(hf_model: nn.Module) -> str:
     name = architecture_name(hf_model)
+    if name in SPECS and SPECS[name].lens_refusal:
+        raise BcosTypeError(f"hf_model: hooked_transformer_from_hf cannot take a {name}: {SPECS[name].lens_refusal}.")
     if name not in SUPPORTED_HF_ARCHITECTURES:
         raise BcosTypeError(
             f"hooked_transformer_from_hf supports {', '.join(SUPPORTED_HF_ARCHITECTURES)} (plain, B-cosified "

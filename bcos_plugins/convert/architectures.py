@@ -52,6 +52,7 @@ class ArchitectureSpec:
             than it are refused); ``None`` for rotary models, which have no table to run off.
         lens_conversion: name of the module under ``bcos_plugins.adapters._lens.conversions`` that converts
             this class to a TransformerLens 3.x ``HookedTransformer`` (``None``: not expressible there).
+        lens_refusal: why ``hooked_transformer_from_hf`` refuses this class (named in its error).
         bridge: whether ``transformer_bridge_from_hf`` accepts this class (TransformerLens' bridge has an
             adapter for it and the bridged model computes the same logits, checked by the conformance test).
         dynamic_linear: whether ``dynamic_linear_copy`` accepts the stock class (every non-linearity of its
@@ -71,6 +72,7 @@ class ArchitectureSpec:
     module_swaps: dict[str, tuple[Callable[[], type[nn.Module]], str]] = field(default_factory=dict)
     position_limit: Callable[[object], int | None] | None = None
     lens_conversion: str | None = None
+    lens_refusal: str = ""
     bridge: bool = False
     dynamic_linear: bool = False
     masked_lm_classifier: str | None = None
@@ -117,6 +119,21 @@ def _fused_gated_mlp():
     return BcosFusedGatedMLP
 
 
+def _gemma_rms_norm():
+    from .gemma import BcosGemmaRMSNorm
+    return BcosGemmaRMSNorm
+
+
+def _soft_capped_head():
+    from .gemma import BcosSoftCappedLMHead
+    return BcosSoftCappedLMHead
+
+
+def _uncapped_lm():
+    from .gemma import BcosUncappedCausalLM
+    return BcosUncappedCausalLM
+
+
 def _max_position_embeddings(config) -> int | None:
     return getattr(config, "max_position_embeddings", None)
 
@@ -153,6 +170,35 @@ def _llama_like(prefix: str, lens_conversion: str | None) -> dict[str, Architect
         f"{prefix}ForCausalLM": ArchitectureSpec("decoder", "model", head="causal_lm", keep={"lm_head": _LM_HEAD},
                                                  lens_conversion=lens_conversion, bridge=True, **common),
         f"{prefix}ForSequenceClassification": ArchitectureSpec("decoder", "model", head="classifier", **common),
+    }
+
+
+_GEMMA_NORM = ("Gemma RMSNorm x * rsqrt(mean(x^2) + eps) * (1 + weight): the rsqrt factor is the dynamic "
+               "weight (the (1 + weight) gain is kept)")
+_SOFT_CAP = ("LM head (weights kept, tied) with the final-logit soft-cap c * tanh(z / c) = z * g, g = tanh(z / c) / "
+             "(z / c) the dynamic weight (config.final_logit_softcapping kept)")
+_UNCAPPED = "forward without the inline final-logit soft-cap, which the LM head applies as a dynamic scale"
+_GEMMA2_LENS = ("TransformerLens' HookedTransformer applies Gemma 2's final-logit soft-cap inline in its forward, "
+                "where it cannot be held constant, so its explanations would be incomplete; use "
+                "transformer_bridge_from_hf(model)")
+
+
+def _gemma2() -> dict[str, ArchitectureSpec]:
+    """Gemma 2: Llama-shaped with GeGLU (gelu_tanh gate), an RMSNorm before and after attention and MLP whose
+    gain is ``1 + weight``, scaled embeddings (the attribution point is after the scale), sliding-window
+    layers and soft-capped attention scores (both only shape the attention pattern, a constant in explanation
+    mode) and soft-capped final logits (a dynamic scale)."""
+    norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+             "post_feedforward_layernorm", "norm")
+    swaps = {"mlp": (_gated_mlp, _GATED), **{n: (_gemma_rms_norm, _GEMMA_NORM) for n in norms}}
+    common = dict(query_key=_LLAMA_QK, embedding_point=("embed_tokens", "output"), module_swaps=swaps)
+    return {
+        "Gemma2Model": ArchitectureSpec("decoder", "", **common),
+        "Gemma2ForCausalLM": ArchitectureSpec(
+            "decoder", "model", head="causal_lm", class_swaps={"": (_uncapped_lm, _UNCAPPED)},
+            lens_refusal=_GEMMA2_LENS, bridge=True,
+            **{**common, "module_swaps": {**swaps, "lm_head": (_soft_capped_head, _SOFT_CAP)}}),
+        "Gemma2ForSequenceClassification": ArchitectureSpec("decoder", "model", head="classifier", **common),
     }
 
 
@@ -194,6 +240,7 @@ SPECS: dict[str, ArchitectureSpec] = {
     # Qwen3: RMSNorm on queries and keys (detachable norms like every RMSNorm; their inputs, the query/key
     # outputs, are constants in explanation mode anyway)
     **_llama_like("Qwen3", lens_conversion="qwen3"),
+    **_gemma2(),
     # ModernBERT: rotary positions (no table), fused q|k|v, GeGLU with a fused input|gate projection,
     # alternating local/global attention (a mask on the constant pattern), bias-free LayerNorms
     **{name: ArchitectureSpec("encoder", prefix, _MODERNBERT_QK, ("embeddings.norm", "input"), head=head,
@@ -204,12 +251,10 @@ SPECS: dict[str, ArchitectureSpec] = {
 
 # Classes people ask for that bcosify refuses, with the reason (named in the error instead of a bare "not
 # supported"). A class is either fully supported (a spec above that passes the conformance suite) or here.
-_GEMMA2 = ("Gemma 2 is not supported yet: its final-logit soft-cap tanh(z / c) * c is applied inline in the "
-           "forward, outside any module bcosify can make a detachable dynamic scale, and its RMSNorms scale by "
-           "(1 + weight); an explanation of it would be incomplete. Use Llama, Mistral, Qwen2 or Qwen3.")
 REFUSED_ARCHITECTURES: dict[str, str] = {
-    **{f"Gemma2{suffix}": _GEMMA2 for suffix in ("Model", "ForCausalLM", "ForSequenceClassification",
-                                                 "ForTokenClassification")},
+    "Gemma2ForTokenClassification": ("Gemma2ForTokenClassification is not supported (no token-classification "
+                                     "head is in the registry); Gemma2Model, Gemma2ForCausalLM and "
+                                     "Gemma2ForSequenceClassification are."),
     "ModernBertForMaskedLM": ("ModernBertForMaskedLM is not supported yet (its decoder adds a vocabulary bias "
                               "and no B-cos masked-LM head exists for it); ModernBertModel and "
                               "ModernBertForSequenceClassification are."),

@@ -114,10 +114,12 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
             report.removed_activations.append(f"{name} ({type(module).__name__})")
             plan.append((name, nn.Identity()))
             continue
-        for suffix, (factory, why) in spec.module_swaps.items():
-            if name == suffix or name.endswith("." + suffix):
-                plan.append((name, ("swap", factory(), why)))
-                report.patched_modules[name] = why
+        swap = next(((factory, why) for suffix, (factory, why) in spec.module_swaps.items()
+                     if name == suffix or name.endswith("." + suffix)), None)
+        if swap is not None:  # the swapped-in forward is the whole conversion of the module itself
+            plan.append((name, ("swap", swap[0](), swap[1])))
+            report.patched_modules[name] = swap[1]
+            continue
         if isinstance(module, nn.Linear | Conv1D):
             is_conv = isinstance(module, Conv1D)
             out_features = module.weight.shape[1] if is_conv else module.out_features
@@ -282,6 +284,10 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
         target = model.get_submodule(path) if path else model
         target.__class__ = _mixed_class(factory(), type(target))
         report.patched_modules[path or "<model>"] = why
+    # swapped-in classes that read a setting of the model's config (Gemma 2's soft-capped LM head)
+    for module in model.modules():
+        if hasattr(module, "bcos_configure"):
+            module.bcos_configure(config)
 
     # Re-tie weights the conversion must not have broken (LM heads share the embedding matrix).
     if hasattr(model, "tie_weights"):

@@ -73,14 +73,19 @@ class ConstantQueryKeyLinear(ConstantQueryKeyProjection, nn.Linear):
     holds the attention probabilities constant."""
 
 
+def tanh_ratio(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
+    """``tanh(x) / x``, 1 at ``x = 0`` (its limit): the dynamic weight of ``tanh(x) = x * (tanh(x) / x)``."""
+    small = x.abs() < _TANH_SERIES_BELOW
+    safe = torch.where(small, torch.ones_like(x), x)
+    return torch.where(small, 1.0 - x * x / 3.0, torch.tanh(safe) / safe)
+
+
 class DetachableTanh(DynamicWeightModule):
     """``tanh(x) = x * (tanh(x) / x)`` with the ratio as the dynamic weight (1 at ``x = 0``, its limit)."""
 
     def forward(self, x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
         with self.dynamic_scope():
-            small = x.abs() < _TANH_SERIES_BELOW
-            safe = torch.where(small, torch.ones_like(x), x)
-            gate = torch.where(small, 1.0 - x * x / 3.0, torch.tanh(safe) / safe)
+            gate = tanh_ratio(x)
         return x * self.dynamic_weight(gate)
 
 

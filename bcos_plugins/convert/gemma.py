@@ -1,0 +1,78 @@
+"""B-cos mixins for Gemma 2: its RMSNorm with a ``(1 + weight)`` gain and its soft-capped final logits.
+
+``bcosify`` mixes these into the classes of the existing instances (attribute names, parameters and state-dict
+keys stay transformers'), as it does for gated MLPs.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_utils import slice_logits_to_keep
+from transformers.utils import can_return_tuple
+
+from ..nn.dynamic import DynamicWeightModule
+from .dynamic_linear import tanh_ratio
+
+__all__ = ["BcosGemmaRMSNorm", "BcosSoftCappedLMHead", "BcosUncappedCausalLM"]
+
+
+class BcosGemmaRMSNorm(DynamicWeightModule):
+    """Gemma's RMSNorm ``x * rsqrt(mean(x^2) + eps) * (1 + weight)`` whose rsqrt factor is the dynamic weight.
+
+    Gemma stores the gain as an offset from 1 (its weights start at 0), so the package's
+    :class:`~bcos_plugins.nn.DetachableRMSNorm` (gain ``weight``) would compute another model: the stock
+    module keeps its parameter and only its forward changes. Computed in float32 and cast back, as the stock
+    forward does.
+    """
+
+    def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
+        x32 = x.float()
+        with self.dynamic_scope():
+            inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * self.dynamic_weight(inv_rms) * (1.0 + self.weight.float())).type_as(x)
+
+
+class BcosSoftCappedLMHead(DynamicWeightModule):
+    """An LM head whose logits are soft-capped, ``c * tanh(z / c)`` (Gemma 2's ``config.final_logit_softcapping``),
+    written ``z * g`` with ``g = tanh(z / c) / (z / c)`` the dynamic weight: the values are the stock model's
+    (float rounding apart), and in explanation mode the logits are linear in the head's input, so explanations of
+    them stay complete.
+
+    The cap lives in the head, not in the model's forward (:class:`BcosUncappedCausalLM`), so that it is held
+    constant wherever the head runs, also inside a TransformerLens bridge, which calls the model's forward from
+    outside its own module tree. ``bcosify`` sets the cap from the config through :meth:`bcos_configure`.
+    """
+
+    soft_cap: float | None = None
+
+    def bcos_configure(self, config) -> None:
+        self.soft_cap = config.final_logit_softcapping
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... vocab"]:
+        logits = super().forward(x)
+        if self.soft_cap is None:
+            return logits
+        with self.dynamic_scope():
+            gate = tanh_ratio(logits / self.soft_cap)
+        return logits * self.dynamic_weight(gate)
+
+
+class BcosUncappedCausalLM(nn.Module):
+    """``Gemma2ForCausalLM.forward`` without its inline final-logit soft-cap, which its LM head applies instead
+    (:class:`BcosSoftCappedLMHead`)."""
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                labels=None, use_cache=None, logits_to_keep=0, **kwargs) -> CausalLMOutputWithPast:
+        if "past_key_values" in kwargs:  # the name transformers deprecates for ``cache``
+            cache = kwargs.pop("past_key_values")
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
+        logits = self.lm_head(hidden_states)
+        loss = self.loss_function(logits, labels, self.vocab_size, **kwargs) if labels is not None else None
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache,
+                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
