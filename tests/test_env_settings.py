@@ -118,8 +118,11 @@ def test_the_recipe_benchmark_stops_on_a_bad_setting_before_any_work(tmp_path):
 
 def _benchmark(monkeypatch, name: str):
     """``benchmarks.<name>`` imported anew (importing it reads no variable); the module imported before, if
-    any, is back in ``sys.modules`` after the test."""
+    any, is back after the test (in ``sys.modules`` and on the package)."""
+    import benchmarks
+
     monkeypatch.delitem(sys.modules, f"benchmarks.{name}", raising=False)
+    monkeypatch.delattr(benchmarks, name, raising=False)
     return importlib.import_module(f"benchmarks.{name}")
 
 

@@ -100,8 +100,12 @@ def test_a_bad_value_stops_the_script_naming_the_variable(clean_environment, mon
 def test_importing_a_script_reads_no_variable(clean_environment, monkeypatch, name, variable, raw):
     """A bad value set before the import stops the run, not the import (the module's helpers stay usable, e.g.
     by a test)."""
+    import examples
+
     monkeypatch.setenv(variable, raw)
-    monkeypatch.delitem(sys.modules, f"examples.{name}", raising=False)  # the module imported before is back after
+    # imported anew; the module imported before is back after the test (in sys.modules and on the package)
+    monkeypatch.delitem(sys.modules, f"examples.{name}", raising=False)
+    monkeypatch.delattr(examples, name, raising=False)
     module = importlib.import_module(f"examples.{name}")
     with pytest.raises(SystemExit, match=f"^{variable}={raw!r}"):
         getattr(module, SCRIPTS[name][0])()
