@@ -35,9 +35,12 @@ What "bcos" computes (decoder-only B-cos LMs: GPT2LMHeadModel, LlamaForCausalLM 
   dimension, without inseq's default normalisation (the aggregator ``"signed_sum"``, registered here), so the
   aggregated token scores still sum to the explained logit and keep their sign (inseq's default for gradient
   methods, a vector norm, drops the sign). Merging subwords or spans also sums. Ask for anything else as usual:
-  ``out.aggregate("vnorm")``, ``out.show(aggregator="vnorm")``.
-- Positions: a prompt attributed in a batch (inseq left-pads) gets the same scores as alone (see
-  :class:`_Inseq071`).
+  ``out.aggregate("vnorm")``, ``out.show(aggregator="vnorm")``. Merged spans sum the entries that exist (the
+  aggregation function ``"present_sum"``, registered here): a word that starts in the prompt and ends in the
+  generation keeps its prompt subwords' share in the columns of the steps that generate its later subwords.
+- Batches: a prompt attributed in a batch (inseq left-pads) gets the same scores as alone, and with
+  ``generation_args`` generates the same tokens as alone: a model loaded with "bcos" generates with the prompts'
+  attention mask, which inseq 0.7.1 drops (see :class:`_Inseq071`).
 
 Models "bcos" refuses, with an :class:`UnsupportedModelError` naming what is supported: encoder-decoder models
 (bcosify has no encoder-decoder architecture: use another inseq method), architectures bcosify does not know,
@@ -80,7 +83,7 @@ from inseq.data import (
     FeatureAttributionSequenceOutput,
     FeatureAttributionStepOutput,
 )
-from inseq.data.aggregation_functions import SumAggregationFunction
+from inseq.data.aggregation_functions import AggregationFunction, SumAggregationFunction
 from inseq.data.aggregator import Aggregator, SequenceAttributionAggregator
 from inseq.models import AttributionModel
 from inseq.utils import Registry
@@ -103,11 +106,13 @@ from bcos_plugins.persistence import reconvert_stock_load
 
 __all__ = [
     "METHOD_NAME",
+    "PRESENT_SUM",
     "SIGNED_SUM",
     "BcosClassifier",
     "BcosInseqAttribution",
     "BcosSequenceAttribution",
     "BcosStepAttribution",
+    "PresentSumAggregationFunction",
     "SignedSumAggregator",
     "UnsupportedModelError",
     "load_classifier",
@@ -117,6 +122,7 @@ logger = logging.getLogger("bcos_plugins")
 
 METHOD_NAME = "bcos"
 SIGNED_SUM = "signed_sum"
+PRESENT_SUM = "present_sum"
 # from the architecture registry: inseq generates with causal LMs; load_classifier takes sequence classifiers
 _CAUSAL_LMS = specs_where(lambda spec: spec.head == "causal_lm")
 _CLASSIFIERS = specs_where(lambda spec: spec.is_classifier)
@@ -150,6 +156,11 @@ class _Inseq071:
        targets inside the attributed function); where that layer is the attribution point (Llama's token
        embeddings), Captum's layer hook would keep that activation instead of the forward's (Captum keeps the
        last one). While "bcos" attributes, ``embed_ids`` looks the ids up without calling the module.
+    6. ``generate`` calls the model's ``generate`` with the input ids alone, dropping the padding mask, so a
+       left-padded prompt generates from its padding: other tokens in a batch than alone; and with ``batch_size``
+       a slice of one prompt is decoded with the batch's padding, which ``attribute`` then refuses. A model loaded
+       with "bcos" generates with the prompts' attention mask and decodes every slice as the whole batch (for
+       every method it then runs).
     """
 
     @staticmethod
@@ -207,6 +218,45 @@ class _Inseq071:
             del attribution_model.embed_ids
 
     @staticmethod
+    def generate_with_padding_mask(attribution_model: AttributionModel) -> None:
+        """``attribution_model.generate`` passing each prompt's attention mask to the model (quirk 6; idempotent)."""
+        if getattr(attribution_model.generate, "_passes_padding_mask", False):
+            return
+        unpatched = attribution_model.generate  # inseq's bound method (batched, unhooked)
+        hf_model = attribution_model.model
+
+        def generate(inputs, *args, **kwargs):
+            if isinstance(inputs, str) or (isinstance(inputs, list) and inputs
+                                           and all(isinstance(x, str) for x in inputs)):
+                # as inseq's generate encodes text, so that the mask is known here
+                inputs = attribution_model.encode(inputs, add_special_tokens=not kwargs.get("skip_special_tokens"))
+            ids, mask = getattr(inputs, "input_ids", None), getattr(inputs, "attention_mask", None)
+            if ids is None or mask is None or "attention_mask" in kwargs:
+                return unpatched(inputs, *args, **kwargs)
+            if kwargs.get("skip_special_tokens") is None and len(ids) > 1:
+                # inseq decides per batch_size slice; a one-prompt slice of a padded batch would keep its padding
+                kwargs["skip_special_tokens"] = True
+            done = [0]  # inseq's batch_size splits the prompts into consecutive slices, one generate call each
+            hf_generate = hf_model.generate
+
+            def generate_rows(*call_args, **call_kwargs):
+                rows = call_kwargs.get("inputs", call_args[0] if call_args else None)
+                start, done[0] = done[0], done[0] + len(rows)
+                expected = ids[start:done[0]].to(rows.device)
+                if "attention_mask" not in call_kwargs and torch.equal(rows, expected):
+                    call_kwargs["attention_mask"] = mask[start:done[0]].to(rows.device)
+                return hf_generate(*call_args, **call_kwargs)
+
+            hf_model.generate = generate_rows
+            try:
+                return unpatched(inputs, *args, **kwargs)
+            finally:
+                del hf_model.generate
+
+        generate._passes_padding_mask = True
+        attribution_model.generate = generate
+
+    @staticmethod
     def quirks_present() -> dict[str, bool]:
         """Whether each quirk above is still in the installed inseq."""
         import inseq
@@ -224,6 +274,8 @@ class _Inseq071:
             "pkg_resources": "pkg_resources" in inspect.getsource(inseq.get_version),
             "embed_ids calls the layer": "self.get_embedding_layer()(ids)" in inspect.getsource(
                 HuggingfaceModel.embed_ids),
+            "generate drops the padding mask": "inputs=inputs.input_ids," in (generate := inspect.getsource(
+                HuggingfaceModel.generate)) and "attention_mask" not in generate,
         }
 
 
@@ -276,6 +328,30 @@ else:  # registered by an earlier import of this file
     SignedSumAggregator = _previous_aggregator
 
 
+class _PresentSum:
+    """Sum over a merged span of the entries that exist; a span with none stays NaN.
+
+    Merging subwords or spans of a decoder's output sums rows of prefix tokens. A word that starts in the prompt
+    and ends in the generation holds, in the column of a step that generates its later part, prompt rows (numbers)
+    and rows not generated yet (NaN): inseq's plain sum turns the whole merged cell into NaN and the column loses
+    the prompt subwords' share, so it no longer sums to the logit.
+    """
+
+    aggregation_function_name = PRESENT_SUM
+    _registered_by_bcos_plugins = True
+
+    def __call__(self, scores: Tensor, dim: int) -> Tensor:
+        return scores.nansum(dim).masked_fill(scores.isnan().all(dim), float("nan"))
+
+
+_previous_span_sum = _reuse_or_refuse(AggregationFunction, PRESENT_SUM)
+if _previous_span_sum is None:
+    class PresentSumAggregationFunction(_PresentSum, AggregationFunction):
+        """inseq aggregation function ``"present_sum"``: B-cos outputs merge spans with it (see the base class)."""
+else:  # registered by an earlier import of this file
+    PresentSumAggregationFunction = _previous_span_sum
+
+
 _DIM_NAMES = {
     "source_attributions": {0: "Input Tokens", 1: "Generated Tokens", 2: "Embedding Dimension"},
     "target_attributions": {0: "Input Tokens", 1: "Generated Tokens", 2: "Embedding Dimension"},
@@ -299,7 +375,7 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
             self.sequence_scores = {}
         fns = self._dict_aggregate_fn
         for field in ("source_attributions", "target_attributions"):
-            fns[field] = {"scores": "sum", "spans": "sum"}
+            fns[field] = {"scores": "sum", "spans": PRESENT_SUM}
         fns["step_scores"]["spans"]["deltas"] = "absmax"
         if carried_fns:
             fns.update(deepcopy(carried_fns))
@@ -394,6 +470,7 @@ class _BcosMethod:
         if attribution_model.attribution_method is None:
             # "bcos" becomes this model's default method: make the logit (what B-cos decomposes) its target
             _Inseq071.set_default_attributed_fn(attribution_model, "logit")
+        _Inseq071.generate_with_padding_mask(attribution_model)
         point = text_attribution_point(self.model, self.spec)
         self.hook(target_layer=point.module, **kwargs)
         self.method = LayerBcos(self.attribution_model, self.target_layer, model=self.model,

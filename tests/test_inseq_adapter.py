@@ -353,3 +353,38 @@ def test_a_name_held_by_another_package_is_refused():
         adapter._reuse_or_refuse(Methods, "bcos")
     assert adapter._reuse_or_refuse(Methods, "other") is None
     assert adapter._reuse_or_refuse(Aggregator, "signed_sum") is adapter.SignedSumAggregator
+
+
+def test_a_batched_prompt_generates_what_it_generates_alone(gpt2_tokenizer):
+    """inseq 0.7.1's generate drops the padding mask: a left-padded prompt used to generate from its padding."""
+    for family in ("gpt2", "llama"):
+        attribution_model = inseq.load_model(_tiny_lm(family, len(gpt2_tokenizer)), "bcos", tokenizer=gpt2_tokenizer)
+        generation_args = {"max_new_tokens": NEW_TOKENS, "do_sample": False}
+        batched = attribution_model.attribute(PROMPTS, generation_args=generation_args, show_progress=False)
+        for i, prompt in enumerate(PROMPTS):
+            alone = attribution_model.attribute(prompt, generation_args=generation_args, show_progress=False)
+            assert batched.info["generated_texts"][i] == alone.info["generated_texts"][0], family
+        split = attribution_model.attribute(PROMPTS, generation_args=generation_args, batch_size=1,
+                                            show_progress=False)
+        assert split.info["generated_texts"] == batched.info["generated_texts"]
+        assert attribution_model.generate(PROMPTS, max_new_tokens=NEW_TOKENS, do_sample=False) == \
+            batched.info["generated_texts"]
+
+
+def test_merging_a_word_across_the_prompt_generation_boundary_keeps_the_prompt_subwords_share(gpt2_tokenizer):
+    model = _tiny_lm("gpt2", len(gpt2_tokenizer))
+    attribution_model = inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer)
+    # "zxqvbn" is four subwords: the prompt ends inside the word, the generation finishes it
+    out = attribution_model.attribute("Hello zxq", "Hello zxqvbn good", step_scores=["logit"], show_progress=False)
+    seq = out.sequence_attributions[0]
+    logits = seq.step_scores["logit"]
+    first_generated = seq.target[seq.attr_pos_start].token
+    assert not first_generated.startswith("Ġ"), "the first generated token must continue the prompt's last word"
+    merged = seq.aggregate("subwords", special_chars=("Ġ",)).aggregate()
+    assert len(merged.target) < len(seq.target)
+    # every step's column still sums to its logit (the prompt subwords of the split word keep their share)
+    torch.testing.assert_close(torch.nansum(merged.target_attributions, 0), logits, rtol=1e-4, atol=1e-5)
+    word = next(i for i, t in enumerate(merged.target) if "zxq" in t.token)
+    assert torch.isfinite(merged.target_attributions[word, 0])
+    # a span with no entry at a step (not generated yet) stays NaN, not 0
+    assert merged.target_attributions[-1].isnan().all()
