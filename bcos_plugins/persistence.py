@@ -248,10 +248,11 @@ def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
     ``load_bcos_model`` hands transformers a configuration object, and transformers then passes every keyword
     on to the model's constructor, which fails on a configuration attribute (``TypeError`` from deep inside).
     """
-    if "config" in kwargs:
-        raise argument_error("config", "load_bcos_model reads the configuration saved in the folder (config.bcos "
-                             "records how the model was converted)", "leave config out; change attributes of "
-                             "model.config after loading, or pass them as keywords (e.g. output_attentions=True)")
+    for key in ("config", BCOS_CONFIG_KEY):
+        if key in kwargs:
+            raise argument_error(key, "load_bcos_model reads the configuration saved in the folder (config.bcos "
+                                 "records how the model was converted)", f"leave {key} out; change attributes of "
+                                 "model.config after loading, or pass them as keywords (e.g. output_attentions=True)")
     labels = next((k for k in _LABEL_SETTINGS if k in kwargs), None)
     if labels is not None:
         raise argument_error(
@@ -353,7 +354,7 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
         BcosValueError: not a B-cos model, an unknown or edited ``config.bcos`` (format version, architecture,
             query/key), weights that do not fit the configuration (wrong shapes, a changed ``num_labels``:
             transformers' load report is quoted) or are missing, or a keyword that would change the saved head
-            (``num_labels``, ``id2label``, ``label2id``) or replace the saved configuration (``config``).
+            (``num_labels``, ``id2label``, ``label2id``) or replace the saved configuration (``config``, ``bcos``).
     """
     from transformers import AutoConfig
 

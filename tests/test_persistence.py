@@ -64,6 +64,15 @@ def test_a_keyword_that_would_change_the_saved_head_is_refused_by_name(tmp_path,
         load_bcos_model(folder, **{name: value[name]})
 
 
+@pytest.mark.parametrize("name", ["config", "bcos"])
+def test_a_keyword_that_would_replace_the_saved_configuration_is_refused_by_name(tmp_path, name):
+    _, folder = _saved(tmp_path)
+    value = {"config": T.BertConfig(), "bcos": {"b": 2.0, "architecture": "BertModel", "format_version": 2}}
+    with pytest.raises(BcosValueError, match=rf"^{name}: load_bcos_model reads the configuration saved in the "
+                                             rf"folder .*leave {name} out"):
+        load_bcos_model(folder, **{name: value[name]})
+
+
 def test_configuration_keywords_apply_like_from_pretrained_and_loading_options_pass_through(tmp_path):
     model, folder = _saved(tmp_path)
     loaded = load_bcos_model(folder, output_attentions=True, dtype=torch.float64)
