@@ -80,7 +80,12 @@ def explain(
     parsed: dict = {}
 
     def compute():
-        with capture_point(point.module, point.where) as leaves:
+        # the point is multiplied by a probe of ones made here, outside the forward pass: then a compiled
+        # model (torch.compile, fullgraph) is explained too; the contributions are the probe's gradient
+        weight = model.get_input_embeddings().weight
+        probe = torch.ones(*input_ids.shape, weight.shape[-1], dtype=weight.dtype, device=weight.device,
+                           requires_grad=True)
+        with capture_point(point.module, point.where, probe=probe) as leaves:
             out = model(**call_kwargs)
         if spec.is_classifier:
             values = out.logits

@@ -209,3 +209,51 @@ def test_autocast_bfloat16_keeps_the_bcos_factor_in_bfloat16():
 
     assert saved_float32_of_output_size(reference=False) == 0
     assert saved_float32_of_output_size(reference=True) > 0
+
+
+def _one_layer_model(name: str) -> nn.Module:
+    import transformers as T
+    from conftest import tiny_config
+
+    config = tiny_config({"Bert": "bert", "GPT2": "gpt2", "Llam": "llama"}[name[:4]])
+    for key in ("num_hidden_layers", "n_layer"):
+        if hasattr(config, key):
+            setattr(config, key, 1)
+    torch.manual_seed(0)
+    return bcosify(getattr(T, name)(config).eval(), b=1.25, verbose=False)
+
+
+@pytest.mark.parametrize(("name", "backend"), [("BertForSequenceClassification", "aot_eager"),
+                                               ("GPT2ForSequenceClassification", "eager"),
+                                               ("LlamaForSequenceClassification", "eager")])
+def test_compiled_fullgraph_forward_and_explain_equal_eager(name, backend):
+    # fullgraph=True raises on any graph break. "eager" checks that Dynamo traces the whole model; "aot_eager"
+    # also traces the fused layers' backward (inductor would add minutes of C++ compilation on CPU).
+    torch._dynamo.reset()
+    model = _one_layer_model(name)
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    eager = explain(model, ids, mask)
+    model.compile(fullgraph=True, backend=backend)
+    try:
+        with torch.no_grad():
+            compiled_logits = model(input_ids=ids, attention_mask=mask).logits
+        compiled = explain(model, ids, mask)
+        torch.testing.assert_close(compiled_logits, logits, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(compiled.explained, eager.explained, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(compiled.input_contributions, eager.input_contributions, rtol=1e-4, atol=1e-6)
+        assert compiled.completeness_error.max() < 1e-5
+        # the compiled graph reads B from each layer's buffer, so a B written after compiling is used
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, BcosLinear):
+                    module.bcos_b.fill_(2.0)
+            changed = model(input_ids=ids, attention_mask=mask).logits
+        model._compiled_call_impl = None  # eager again
+        with torch.no_grad():
+            torch.testing.assert_close(changed, model(input_ids=ids, attention_mask=mask).logits, rtol=1e-5,
+                                       atol=1e-6)
+        assert not torch.allclose(changed, logits)
+    finally:
+        torch._dynamo.reset()

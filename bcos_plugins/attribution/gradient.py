@@ -53,21 +53,35 @@ def as_leaf(t: Tensor) -> Tensor:
 
 
 @contextmanager
-def capture_point(module: nn.Module, where: str) -> Iterator[list[Tensor]]:
+def capture_point(module: nn.Module, where: str, *, probe: Tensor | None = None) -> Iterator[list[Tensor]]:
     """Replace ``module``'s first input (``where="input"``) or its output (``"output"``) by a fresh leaf on
     every call while the block runs; yields the list the leaves are appended to.
 
     Gradients w.r.t. a captured leaf are gradients at that point of the network (the parameters before it
     get none), which is how contributions at an inner point (the combined embedding) are taken.
+
+    With ``probe`` (ones of the point's shape and dtype, requiring grad, made before the forward pass) the
+    point of the first call is multiplied by it instead (the value is unchanged: ``x * 1 = x``) and the list
+    holds the probe. The gradient w.r.t. the probe is ``x * dy/dx``, the contributions themselves, so
+    :func:`input_x_gradient` returns them unchanged (``probe * gradient``). A compiled model
+    (``torch.compile``) needs this form: a graph cannot make one of its own tensors a leaf.
     """
     if where not in ("input", "output"):
         raise BcosValueError(f"where: must be 'input' or 'output', got {where!r}.")
     captured: list[Tensor] = []
 
     def replace(t: Tensor) -> Tensor:
-        leaf = as_leaf(t)
-        captured.append(leaf)
-        return leaf
+        if probe is None:
+            leaf = as_leaf(t)
+            captured.append(leaf)
+            return leaf
+        if captured:
+            return t
+        if t.shape != probe.shape or t.dtype != probe.dtype:
+            raise BcosRuntimeError(f"capture_point: the attribution point is {tuple(t.shape)} {t.dtype}, the probe "
+                                   f"{tuple(probe.shape)} {probe.dtype}; make the probe like the point.")
+        captured.append(probe)
+        return t * probe
 
     if where == "input":
         handle = module.register_forward_pre_hook(lambda m, args: (replace(args[0]), *args[1:]))

@@ -82,11 +82,11 @@ class BcosConv2d(AlignmentPressure):
             raise argument_error("x", f"BcosConv2d expects shape (batch, {self.in_channels}, height, width), got "
                                  f"{tuple(x.shape)}", "pass a batch of images with the layer's in_channels",
                                  kind=BcosValueError)
-        b = self._pressure()
+        b = self._forward_pressure()
         lin = F.conv2d(x, self.unit_weight(), stride=self.stride, padding=self.padding)
         if self.max_out > 1:
             lin = lin.unflatten(1, (self.out_channels, self.max_out)).amax(dim=2)
-        if b != 1.0:
+        if isinstance(b, Tensor) or b != 1.0:
             explaining = self.holds_constant()
             with self.dynamic_scope():
                 x_norm = self.patch_norm(x)

@@ -101,7 +101,7 @@ def _fused_dtype(lin: Tensor) -> torch.dtype:
     return torch.float32 if lin.dtype == torch.float16 else lin.dtype
 
 
-def _fused_scale(lin: Tensor, x_norm: Tensor, b: float) -> Tensor:
+def _fused_scale(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
     """``dyn`` for the fused path, in :func:`_fused_dtype`; a fresh tensor (the caller may write into it).
 
     ``lin * (1 / ||x||)``: the reciprocal is taken once per row (a tensor of ``lin``'s size divided
@@ -112,6 +112,8 @@ def _fused_scale(lin: Tensor, x_norm: Tensor, b: float) -> Tensor:
     inv_norm = x_norm.to(torch.promote_types(x_norm.dtype, torch.float32)).reciprocal().to(dtype)
     abs_cos = lin.to(dtype) * inv_norm
     abs_cos = abs_cos.abs_().clamp_min_(COS_FLOOR)
+    if isinstance(b, Tensor):  # B read from the layer's buffer inside a compiled graph (pow: exact for B = 1)
+        return abs_cos.pow_(b - 1.0)
     if b == 2.0:
         return abs_cos
     if b == 1.5:
@@ -134,7 +136,7 @@ class _BcosProduct(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(lin: Tensor, x_norm: Tensor, b: float, explaining: bool) -> Tensor:
+    def forward(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool) -> Tensor:
         dyn = _fused_scale(lin, x_norm, b)
         if dyn.dtype != lin.dtype:
             dyn = dyn.to(lin.dtype)
@@ -143,14 +145,17 @@ class _BcosProduct(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         lin, x_norm, b, explaining = inputs
-        ctx.b = b
         ctx.explaining = explaining
-        ctx.save_for_backward(lin, x_norm)
+        if isinstance(b, Tensor):
+            ctx.save_for_backward(lin, x_norm, b)
+        else:
+            ctx.b = b
+            ctx.save_for_backward(lin, x_norm)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        lin, x_norm = ctx.saved_tensors
-        b = ctx.b
+        lin, x_norm, *b_tensor = ctx.saved_tensors
+        b = b_tensor[0] if b_tensor else ctx.b
         dyn = _fused_scale(lin, x_norm, b)
         if ctx.explaining:
             grad_lin = grad_out * dyn.to(lin.dtype)
@@ -165,16 +170,17 @@ class _BcosProduct(torch.autograd.Function):
             per_unit = torch.where(active, grad_dyn_lin * lin.to(dtype), 0.0)
             wide = torch.promote_types(x_norm.dtype, torch.float32)
             grad_norm = per_unit.sum_to_size(x_norm.shape).to(wide)
-            grad_norm = (grad_norm * (-(b - 1.0)) / x_norm.to(wide)).to(x_norm.dtype)
+            grad_norm = (grad_norm * (1.0 - b) / x_norm.to(wide)).to(x_norm.dtype)
         return grad_lin.to(lin.dtype), grad_norm, None, None
 
 
-def bcos_product(lin: Tensor, x_norm: Tensor, b: float, explaining: bool) -> Tensor:
+def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool) -> Tensor:
     """``dyn * lin`` with ``dyn = |lin / ||x|| | ** (B - 1)`` (``dyn`` a constant for autograd when
     ``explaining``), through the fused path or, inside :func:`reference_path`, the reference one.
 
     ``x_norm`` broadcasts against ``lin`` (``(..., 1)`` for a linear layer, ``(batch, 1, h, w)`` for a
     convolution). The forward values are the same whether ``explaining`` or not; only the gradient differs.
+    ``b`` may be a 0-d tensor (a layer's ``bcos_b`` inside a compiled graph; fused path only).
     """
     if _REFERENCE_PATH:
         if explaining:

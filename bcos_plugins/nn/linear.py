@@ -23,7 +23,15 @@ from torch import Tensor, nn
 
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from .dynamic import DynamicWeightModule
-from .functional import COS_FLOOR, NORM_EPS, bcos_product, input_norm, max_out, unit_norm
+from .functional import (
+    COS_FLOOR,
+    NORM_EPS,
+    bcos_product,
+    input_norm,
+    max_out,
+    unit_norm,
+    using_reference_path,
+)
 
 __all__ = ["AlignmentPressure", "BcosLinear", "BcosConv1D", "MAX_B", "check_b"]
 
@@ -121,6 +129,15 @@ class AlignmentPressure(DynamicWeightModule):
             self._b_seen = (buf, buf._version)
         return self._b
 
+    def _forward_pressure(self) -> float | Tensor:
+        """B as a forward pass reads it: the float of :meth:`_pressure` in eager mode; under ``torch.compile``
+        the buffer ``bcos_b`` itself (a 0-d tensor), so that a compiled graph reads B at every call and follows
+        every change of it. A float would be baked into the graph, and the buffer's version counter, which
+        detects in-place writes, cannot be read while tracing."""
+        if torch.compiler.is_compiling() and not using_reference_path():
+            return self._buffers["bcos_b"]
+        return self._pressure()
+
     def _apply(self, fn, recurse=True):
         buf = self._buffers.pop("bcos_b")
         in_sync = buf is self._b_seen[0] and buf._version == self._b_seen[1]
@@ -207,9 +224,9 @@ class BcosLinear(AlignmentPressure):
         return torch.nn.functional.linear(x, self.unit_weight())
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
-        b = self._pressure()
+        b = self._forward_pressure()
         lin = max_out(self._linear(x), self.max_out)
-        if b != 1.0:
+        if isinstance(b, Tensor) or b != 1.0:
             explaining = self.holds_constant()
             with self.dynamic_scope():
                 x_norm = input_norm(x)
