@@ -9,6 +9,7 @@ from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.guided import (
     GoldMaskAtEvaluationError,
     PlateauGate,
+    PlateauRestart,
     attention_supervision_loss,
     attention_token_scores,
     guide_attention,
@@ -212,6 +213,50 @@ def test_warmup_starts_at_start_and_the_plateau_gate_picks_start_from_the_task_l
     assert factors[:11] == [0.0] * 11 and gate.start == 10
     assert factors[35] == pytest.approx(0.5) and factors[60:] == [1.0] * 40
     assert factors == [supervision_warmup_factor(s, 100, 0.5, start=10) for s in range(100)]
+
+
+def test_plateau_restart_stops_a_stuck_attempt_at_the_check_step_and_lets_the_last_one_run():
+    rule = PlateauRestart(threshold=0.6, check_fraction=0.4, max_restarts=2, smoothing=0.0)
+    assert rule.check_step(100) == 40 and rule.check_step(1) == 1
+    # stuck: the loss stays at ln 2, so the attempt is stopped after its 40th step (step 39), and only then
+    stuck = rule.watch(0, 100)
+    assert [stuck.update(step, 0.693) for step in range(39)] == [False] * 39
+    assert stuck.update(39, 0.693) and stuck.stopped_at == 39 and stuck.left_at is None
+    assert stuck.update(40, 0.1) and stuck.stopped_at == 39  # once stopped, stopped
+    # leaves the plateau at step 30: never stopped, whatever the loss does later
+    leaves = rule.watch(0, 100)
+    assert not any(leaves.update(step, 0.693 if step < 30 else 0.4 + (step > 50)) for step in range(100))
+    assert leaves.left_at == 30 and leaves.stopped_at is None
+    # the last attempt allowed (restart == max_restarts) runs to the end and reports that it never left
+    last = rule.watch(2, 100)
+    assert not any(last.update(step, 0.693) for step in range(100)) and last.left_at is None
+    # the running mean decides, as PlateauGate's: one low loss in a noisy plateau does not count as leaving
+    smooth = PlateauRestart(threshold=0.6, check_fraction=0.1, smoothing=0.8).watch(0, 100)
+    assert [smooth.update(step, loss) for step, loss in enumerate([0.69] * 5 + [0.3] + [0.69] * 4)][-1]
+    # seeds: attempt 0 is the seed itself (a run that never stalls is unchanged); restarts are deterministic,
+    # distinct, and not the first attempt of a neighbouring seed
+    seeds = [rule.attempt_seed(32, restart) for restart in range(3)]
+    assert seeds[0] == 32 and seeds == [PlateauRestart(0.6, max_restarts=2).attempt_seed(32, r) for r in range(3)]
+    assert len(set(seeds)) == 3 and not set(seeds[1:]) & set(range(100)) and all(0 <= s < 2**32 for s in seeds)
+    assert rule.attempt_seed(33, 1) != seeds[1]
+
+
+def test_plateau_restart_refuses_bad_settings_by_name():
+    for kwargs, name in (({"threshold": 0.0}, "threshold"), ({"threshold": 0.6, "check_fraction": 0.0}, "check_fraction"),
+                         ({"threshold": 0.6, "check_fraction": 1.5}, "check_fraction"),
+                         ({"threshold": 0.6, "max_restarts": -1}, "max_restarts"),
+                         ({"threshold": 0.6, "smoothing": 1.0}, "smoothing")):
+        with pytest.raises(BcosValueError, match=f"^{name}:"):
+            PlateauRestart(**kwargs)
+    rule = PlateauRestart(0.6, max_restarts=1)
+    with pytest.raises(BcosValueError, match="^restart:"):
+        rule.attempt_seed(0, 2)
+    with pytest.raises(BcosValueError, match="^seed:"):
+        rule.attempt_seed(-1, 0)
+    with pytest.raises(BcosValueError, match="^total_steps:"):
+        rule.watch(0, 0)
+    with pytest.raises(BcosValueError, match="^task_loss:"):
+        rule.watch(0, 10).update(0, float("nan"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -8,7 +8,8 @@
   towards the normalised gold mask (or, ``objective="rank"``, only ranks the rationale first), so rationale
   alignment survives evaluation without masks, and
   :func:`supervision_warmup_factor`, the linear warm-up of its weight, with :class:`PlateauGate` to start
-  it once the task loss has left its plateau;
+  it once the task loss has left its plateau, and :class:`PlateauRestart`, the rule that restarts a run
+  still on the plateau at a fixed point of its training;
 - :func:`attention_token_scores`: [CLS] attention as token scores for the rationale metrics
   (:mod:`bcos_plugins.metrics.rationale`).
 """
@@ -37,6 +38,8 @@ from .masks import (
 from .supervision import (
     SUPERVISION_OBJECTIVES,
     PlateauGate,
+    PlateauRestart,
+    PlateauWatch,
     attention_supervision_loss,
     supervision_warmup_factor,
 )
@@ -46,6 +49,8 @@ __all__ = [
     "GUIDED_IMPLEMENTATIONS",
     "GoldMaskAtEvaluationError",
     "PlateauGate",
+    "PlateauRestart",
+    "PlateauWatch",
     "RationaleGuidance",
     "SUPERVISION_OBJECTIVES",
     "attention_supervision_loss",
