@@ -35,8 +35,11 @@ the method is built, and put in eval mode for each call; a plain function is che
 
 from __future__ import annotations
 
+import functools
 import html as _html
+import inspect
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,7 +47,8 @@ from typing import Any
 
 import torch
 from bcos_plugins.adapters._captum_private import CaptumInternals, TargetType, VisualizationDataRecord
-from captum.attr import GradientAttribution, LayerGradientXActivation
+from bcos_plugins.adapters._token_ids import require_token_ids
+from captum.attr import GradientAttribution, LayerGradientXActivation, NoiseTunnel
 from captum.log import log_usage
 from jaxtyping import Float, Int
 from torch import Tensor, nn
@@ -163,6 +167,60 @@ def _delta(attributions: Sequence[Tensor], explained: Tensor) -> Float[Tensor, "
     return Explanation(contributions=flat, input_contributions=flat, explained=explained, target=None).delta
 
 
+def _check_target(target: TargetType, output) -> None:
+    """Captum's target forms checked against the output they index, before Captum indexes with them (it would
+    raise from inside torch, or count a negative index from the end)."""
+    if target is None or not isinstance(output, Tensor) or output.ndim < 2:
+        return
+    shape = tuple(output.shape)
+    if isinstance(target, Tensor):
+        if target.is_floating_point() or target.dtype == torch.bool:
+            raise argument_error("target", f"class indices must be integers, got a {target.dtype} tensor",
+                                 "Pass an int, one int per example, or a tuple of ints", kind=BcosTypeError)
+        per_example = [(int(t),) for t in target.reshape(-1)] if target.ndim else None
+        target = int(target) if target.ndim == 0 else None
+    elif isinstance(target, list):
+        per_example = [t if isinstance(t, tuple) else (t,) for t in target]
+    else:
+        per_example = None
+    if per_example is not None:  # one target per example, indexing the dimensions after the batch
+        checks = [(index, shape[1 + d]) for t in per_example for d, index in enumerate(t) if 1 + d < len(shape)]
+    elif isinstance(target, tuple):  # the last dimensions of every example
+        checks = list(zip(target, shape[-len(target):], strict=False)) if len(target) < len(shape) else []
+    else:
+        checks = [(target, shape[-1])]
+    for index, size in checks:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise argument_error("target", f"class indices must be ints, got {index!r}",
+                                 "Pass an int, one int per example, or a tuple of ints", kind=BcosTypeError)
+        if not 0 <= index < size:
+            raise argument_error("target", f"{index} is outside the {size} entries of the output (shape {shape}); "
+                                 "negative targets are not counted from the end",
+                                 f"Pass indices in [0, {size}), e.g. a class id of this model")
+
+
+# above float rounding (B-cos: about 1e-6 of the logit), below any share that matters
+_INCOMPLETE = 1e-3
+
+
+def _warn_if_incomplete(contributions: Sequence[Tensor], explained: Tensor) -> None:
+    """Warn when the attributions miss part of the explained output: ``forward_func`` adds something that is not a
+    function of ``inputs`` (e.g. the position embeddings a transformers model adds after ``inputs_embeds``)."""
+    batch = explained.shape[0]
+    flat = torch.cat([c.reshape(batch, -1) for c in contributions], dim=1)
+    scale = explained.abs() + flat.abs().sum(1)
+    tolerance = max(_INCOMPLETE, 100 * torch.finfo(flat.dtype).eps)
+    if ((flat.sum(1) - explained).abs() > tolerance * scale).any():
+        warnings.warn(
+            "BcosAttribution: the attributions do not sum to the explained output (the convergence delta says by "
+            "how much): part of the output does not come from `inputs`. A transformers text model called with "
+            "inputs_embeds= adds the position (and token-type) embeddings after them (BERT, RoBERTa, DistilBERT, "
+            "GPT-2). Attribute at the combined embedding: fwd = EmbeddingForward(model); "
+            "BcosAttribution(fwd).attribute(fwd.embed(input_ids, attention_mask), target=..., "
+            "additional_forward_args=(attention_mask,)); otherwise pass every input the output depends on",
+            stacklevel=3)
+
+
 def _one_value_per_example(out: Tensor, batch: int, who: str) -> Float[Tensor, " batch"]:
     if isinstance(out, Tensor) and out.ndim == 2 and out.shape == (batch, 1):
         out = out[:, 0]
@@ -233,6 +291,7 @@ class EmbeddingForward(nn.Module):
     def embed(self, input_ids: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None = None,
               **forward_kwargs) -> Float[Tensor, "batch pos d_model"]:
         """The attribution-point tensor of ``input_ids`` (the forward pass stops right after computing it)."""
+        require_token_ids("input_ids", input_ids)
         input_ids, attention_mask = check_token_inputs(self.model, input_ids, attention_mask)
         captured: list[Tensor] = []
 
@@ -314,6 +373,7 @@ class _Logits(nn.Module):
             self.spec = None
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        require_token_ids("inputs", input_ids)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         # keywords: the second positional parameter of transformers decoders is the cache, not the mask
         kwargs = (model_call_kwargs(self.model, self.spec, input_ids, mask, {}) if self.spec is not None
@@ -390,11 +450,14 @@ class BcosAttribution(GradientAttribution):
 
         def compute():
             leaves = tuple(as_leaf(x) for x in inputs_t)
-            out = CaptumInternals.run_forward(self.forward_func, leaves, target, extra)
+            out = CaptumInternals.run_forward(self.forward_func, leaves, None, extra)
+            _check_target(target, out)
+            out = CaptumInternals.select_targets(out, target)
             return _one_value_per_example(out, batch, name), leaves
 
         with _explaining(name, self.model):
             step = input_x_gradient(compute)
+        _warn_if_incomplete(step.contributions, step.explained)
         formatted = CaptumInternals.output_as(is_tuple, step.contributions)
         if not return_convergence_delta:
             return formatted
@@ -437,6 +500,14 @@ class LayerBcos(LayerGradientXActivation):
             raise argument_error("layer", f"expected a module or a non-empty list of modules, got {layer!r}",
                                  "Pass e.g. model.transformer.h[0] or [model.transformer.h[0], model.transformer.h[1]]",
                                  kind=BcosTypeError)
+        if self.model is not None:
+            inside = set(self.model.modules())
+            foreign = [m for m in (layer if isinstance(layer, list) else [layer]) if m not in inside]
+            if foreign:
+                raise argument_error(
+                    "layer", f"{type(foreign[0]).__name__} is not a module of {type(self.model).__name__} (a layer of "
+                    "another model never runs in this forward)", "Pass a layer of the model you attribute, e.g. "
+                    "model.bert.encoder.layer[0], or leave layer out for the attribution point")
         self._to_layer_input = default_side if attribute_to_layer_input is None else attribute_to_layer_input
         super().__init__(forward_func, layer, device_ids=device_ids, multiply_by_inputs=multiply_by_inputs)
         # LLMGradientAttribution needs forward_func to be the model itself (it calls generate and replaces
@@ -473,17 +544,30 @@ class LayerBcos(LayerGradientXActivation):
         def recording(*args, **kw):
             # the explained value comes from the same forward pass as the gradient
             out = inner(*args, **kw)
+            _check_target(target, out)
             outputs.append(out)
             return out
 
         self.forward_func = recording
+        layers = self.layer if isinstance(self.layer, list) else [self.layer]
+        ran: set[nn.Module] = set()
+        handles = [m.register_forward_hook(lambda module, args, out: ran.add(module)) for m in layers]
         try:
             with _explaining(type(self).__name__, self.model), explanation_mode():
                 attributions = super().attribute(
                     inputs, target=target, additional_forward_args=additional_forward_args,
                     attribute_to_layer_input=to_input, grad_kwargs=grad_kwargs, **kwargs)
+        except Exception as error:
+            idle = [m for m in layers if m not in ran]
+            if outputs and idle:  # the forward ran, but not through the layer: Captum's hook found nothing
+                raise argument_error("layer", f"{type(idle[0]).__name__} did not run in forward_func's forward "
+                                     "(a layer of another model?)", "Pass a layer of the model forward_func runs "
+                                     "through") from error
+            raise
         finally:
             self.forward_func = saved_forward
+            for handle in handles:
+                handle.remove()
 
         def detach(a):
             return tuple(t.detach() for t in a) if isinstance(a, tuple) else a.detach()
@@ -499,6 +583,60 @@ class LayerBcos(LayerGradientXActivation):
 
         return attributions, ([delta(a) for a in attributions] if isinstance(attributions, list)
                               else delta(attributions))
+
+
+# ------------------------------------------------------------------------------------ NoiseTunnel
+
+# what the checks below read from Captum's NoiseTunnel.attribute (tests/test_trust_adapters.py checks they exist)
+NOISE_TUNNEL_PARAMETERS = ("inputs", "nt_samples", "nt_samples_batch_size")
+_CHECKED = "__bcos_plugins_checked__"
+
+
+def _check_noise_tunnel_arguments(arguments: dict) -> None:
+    """What NoiseTunnel would fail on deep inside (nt_samples=0: a ZeroDivisionError) or run meaninglessly."""
+    for name, allow_none in (("nt_samples", False), ("nt_samples_batch_size", True)):
+        value = arguments.get(name)
+        if value is None and allow_none:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise argument_error(name, f"must be an int >= 1, got {value!r}",
+                                 "Pass the number of noisy samples per example, e.g. nt_samples=10"
+                                 + (" (or leave nt_samples_batch_size out)" if allow_none else ""))
+    inputs = arguments.get("inputs")
+    for x in inputs if isinstance(inputs, tuple) else (inputs,):
+        if isinstance(x, Tensor) and not x.is_floating_point():
+            raise argument_error(
+                "inputs", f"NoiseTunnel adds Gaussian noise to its inputs, and these are token ids ({x.dtype}): noisy "
+                "ids are not tokens", "Smooth at the embeddings: fwd = EmbeddingForward(model); "
+                "NoiseTunnel(BcosAttribution(fwd)).attribute(fwd.embed(input_ids, attention_mask), "
+                "additional_forward_args=(attention_mask,), ...)", kind=BcosTypeError)
+
+
+def install_noise_tunnel_checks() -> None:
+    """Captum's ``NoiseTunnel.attribute`` checks its arguments first when it wraps :class:`BcosAttribution` or
+    :class:`LayerBcos` (idempotent; run on import); other methods run through it unchanged."""
+    original = NoiseTunnel.attribute
+    if getattr(original, _CHECKED, False):
+        return
+    signature = inspect.signature(original)
+    missing = [p for p in NOISE_TUNNEL_PARAMETERS if p not in signature.parameters]
+    if missing:
+        raise BcosRuntimeError(f"Captum's NoiseTunnel.attribute no longer takes {missing}; "
+                               "bcos_plugins.adapters.captum.install_noise_tunnel_checks needs updating")
+
+    @functools.wraps(original)
+    def attribute(self, *args, **kwargs):
+        if isinstance(getattr(self, "attribution_method", None), BcosAttribution | LayerBcos):
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            _check_noise_tunnel_arguments(bound.arguments)
+        return original(self, *args, **kwargs)
+
+    setattr(attribute, _CHECKED, True)
+    NoiseTunnel.attribute = attribute
+
+
+install_noise_tunnel_checks()
 
 
 def visualization_records(

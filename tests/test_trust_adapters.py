@@ -179,3 +179,110 @@ def test_low_rank_correlation_refuses_inputs_of_another_width():
             with pytest.raises(BcosError, match=r"mlp_inputs: shape \(200, \d+\), but the bilinear layer reads "
                                                 r"vectors of width 8"):
                 call(wrong)
+
+
+# ------------------------------------------------------------------ Captum (items 5 and 6)
+
+
+@pytest.fixture(scope="module")
+def bcos_bert():
+    return bcosify(tiny_model("BertForSequenceClassification"), b=1.5, verbose=False)
+
+
+def _bert_inputs():
+    from conftest import padded_batch
+
+    return padded_batch()
+
+
+def test_captum_out_of_range_and_negative_targets_are_refused_naming_target(bcos_bert):
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward, LayerBcos
+
+    ids, mask = _bert_inputs()
+    fwd = EmbeddingForward(bcos_bert)
+    emb = fwd.embed(ids, mask)
+    for target in (7, -1, [0, 1, 3], torch.tensor([0, 5, 1])):
+        with pytest.raises(BcosError, match=r"target: -?\d+ is outside the 3 entries of the output \(shape \(3, 3\)\)"):
+            BcosAttribution(fwd).attribute(emb, target=target, additional_forward_args=(mask,))
+        with pytest.raises(BcosError, match=r"target: -?\d+ is outside the 3 entries"):
+            LayerBcos(bcos_bert).attribute(ids, target=target, additional_forward_args=(mask,))
+    ok = BcosAttribution(fwd).attribute(emb, target=[0, 1, 2], additional_forward_args=(mask,))  # in range: runs
+    assert ok.shape == emb.shape
+
+
+def test_noise_tunnel_refuses_zero_samples_and_token_ids(bcos_bert):
+    from bcos_plugins.adapters.captum import (
+        NOISE_TUNNEL_PARAMETERS,
+        BcosAttribution,
+        EmbeddingForward,
+        LayerBcos,
+    )
+    from captum.attr import NoiseTunnel, Saliency
+
+    ids, mask = _bert_inputs()
+    fwd = EmbeddingForward(bcos_bert)
+    emb = fwd.embed(ids, mask)
+    for bad in (0, -2, 1.5):
+        with pytest.raises(BcosError, match=rf"nt_samples: must be an int >= 1, got {bad}"):  # was ZeroDivisionError
+            NoiseTunnel(BcosAttribution(fwd)).attribute(emb, nt_samples=bad, target=1, additional_forward_args=(mask,))
+    with pytest.raises(BcosError, match="nt_samples_batch_size: must be an int >= 1, got 0"):
+        NoiseTunnel(BcosAttribution(fwd)).attribute(emb, nt_samples=2, nt_samples_batch_size=0, target=1,
+                                                    additional_forward_args=(mask,))
+    # noise on token ids used to fail inside torch's embedding (float indices)
+    with pytest.raises(BcosError, match=r"inputs: NoiseTunnel adds Gaussian noise .* token ids .*EmbeddingForward"):
+        NoiseTunnel(LayerBcos(bcos_bert)).attribute(ids, nt_samples=2, target=1, additional_forward_args=(mask,))
+    smooth = NoiseTunnel(BcosAttribution(fwd)).attribute(emb, nt_samples=2, target=1, additional_forward_args=(mask,))
+    assert smooth.shape == emb.shape
+    # other methods go through NoiseTunnel unchanged, and the parameters the checks read are still there
+    assert NoiseTunnel(Saliency(fwd)).attribute(emb, nt_samples=2, target=1, additional_forward_args=(mask,)).shape \
+        == emb.shape
+    import inspect
+
+    assert set(NOISE_TUNNEL_PARAMETERS) <= set(inspect.signature(NoiseTunnel.attribute).parameters)
+
+
+def test_layer_bcos_refuses_a_layer_of_another_model(bcos_bert):
+    from bcos_plugins.adapters.captum import EmbeddingForward, LayerBcos
+
+    ids, mask = _bert_inputs()
+    other = bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False).transformer.h[0]
+    for forward in (bcos_bert, EmbeddingForward(bcos_bert)):
+        with pytest.raises(BcosError, match="layer: GPT2Block is not a module of BertForSequenceClassification"):
+            LayerBcos(forward, other)
+    # a plain function (no model to check against): found when the forward did not run through the layer
+    plain = LayerBcos(lambda i, m: bcos_bert(input_ids=i, attention_mask=m).logits, other)
+    with pytest.raises(BcosError, match="layer: GPT2Block did not run in forward_func's forward"):
+        plain.attribute(ids, target=1, additional_forward_args=(mask,))
+
+
+def test_captum_adapter_refuses_uint8_ids(bcos_bert):
+    from bcos_plugins.adapters.captum import EmbeddingForward, LayerBcos
+
+    ids, mask = _bert_inputs()
+    with pytest.raises(BcosError, match=r"input_ids: token ids of dtype torch.uint8 .* input_ids.long\(\)"):
+        EmbeddingForward(bcos_bert).embed(ids.to(torch.uint8), mask)
+    with pytest.raises(BcosError, match=r"inputs: token ids of dtype torch.uint8"):
+        LayerBcos(bcos_bert).attribute(ids.to(torch.uint8), target=1, additional_forward_args=(mask,))
+
+
+def test_the_readme_captum_one_liner_on_bert_warns_and_its_fix_is_complete(bcos_bert):
+    """BERT adds position and token-type embeddings after inputs_embeds: the README's one-liner explained only the
+    word embeddings' share, silently. It now warns with the fix; the fix (EmbeddingForward) is complete."""
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward
+
+    ids, mask = _bert_inputs()
+    embeds = bcos_bert.bert.embeddings.word_embeddings(ids).detach()
+    with pytest.warns(UserWarning, match=r"do not sum to the explained output.*inputs_embeds=.*EmbeddingForward"):
+        attr, delta = BcosAttribution(lambda e: bcos_bert(inputs_embeds=e).logits).attribute(
+            embeds, target=1, return_convergence_delta=True)
+    assert delta.abs().max() > 1e-3
+    # the README's line as it now reads
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fwd = EmbeddingForward(bcos_bert)
+        attr, delta = BcosAttribution(fwd).attribute(fwd.embed(ids, mask), target=1, additional_forward_args=(mask,),
+                                                     return_convergence_delta=True)
+    with torch.no_grad():
+        logits = bcos_bert(input_ids=ids, attention_mask=mask).logits[:, 1]
+    torch.testing.assert_close(attr.sum((1, 2)), logits, rtol=1e-4, atol=1e-5)
+    assert delta.abs().max() < 1e-4
