@@ -18,7 +18,8 @@ from .errors import BcosTypeError, argument_error
 
 __all__ = ["bad_rows", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
            "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_run_settings",
-           "require_same_shape", "require_tensor", "require_text_pairs", "require_texts", "require_token_batch"]
+           "require_same_shape", "require_tensor", "require_text_pairs", "require_texts", "require_token_batch",
+           "ids_as_long"]
 
 
 def bad_rows(bad: Tensor, limit: int = 8) -> str:
@@ -134,6 +135,12 @@ def require_class_ids(name: str, value, batch: int, n_classes: int, what: str = 
     return ids
 
 
+def ids_as_long(ids: Tensor) -> Tensor:
+    """Integer token ids of any width (uint8, int16, int32, ...) as int64, exactly: embeddings take only
+    int64 / int32, and a uint8 tensor used as an index is read as a boolean mask."""
+    return ids if ids.dtype == torch.long else ids.to(torch.long)
+
+
 def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | None = None,
                         max_length: int | None = None, name: str = "input_ids") -> tuple[Tensor, Tensor | None]:
     """Validate a ``(batch, pos)`` batch of token ids and its 0/1 attention mask before a model sees it.
@@ -146,6 +153,8 @@ def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | Non
                          shape_hint="(batch, pos)", finite=False)
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise argument_error(name, f"is empty (shape {tuple(ids.shape)})", "Pass at least one row of one token")
+    if name == "input_ids":
+        ids = ids_as_long(ids)
     if vocab_size is not None:
         outside = (ids < 0) | (ids >= vocab_size)
         if outside.any():

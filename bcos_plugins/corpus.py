@@ -16,6 +16,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .attribution.targets import Direction
+from .attribution.text import forward_keywords
 from .errors import BcosTypeError, BcosValueError
 from .explain import explain
 
@@ -52,6 +53,28 @@ def _per_row(value, name: str, n: int, data, column: str | None) -> list | None:
         raise BcosValueError(f"{name}: {len(values)} values for {n} texts. Pass one per text, one int for all, "
                              f"or {name}_column=<column name>.")
     return values
+
+
+def _require_model_tokenizer(model: nn.Module, tokenizer, enc) -> None:
+    """Refuse a tokenizer that is not the model's, from what it returned: token ids beyond the model's embedding,
+    or token type ids beyond its segment embedding (a BERT tokenizer's pair ids on RoBERTa). Either would fail
+    deep inside an embedding lookup, or on a GPU with a device-side assert."""
+    tokenizer_name = f"{type(tokenizer).__name__}({getattr(tokenizer, 'name_or_path', '') or '?'!r})"
+    model_name = f"{type(model).__name__}({getattr(getattr(model, 'config', None), '_name_or_path', '') or '?'!r})"
+    fix = ("Pass the tokenizer saved with the model (AutoTokenizer.from_pretrained of the model's folder or hub "
+           "name)")
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocab = getattr(embeddings, "num_embeddings", None)
+    ids = enc["input_ids"]
+    if vocab is not None and ((ids < 0) | (ids >= vocab)).any():
+        raise BcosValueError(f"tokenizer: {tokenizer_name} gives token ids up to {int(ids.max())}, but "
+                             f"{model_name} has {vocab} embedding rows: the tokenizer is not the model's. {fix}.")
+    types = enc.get("token_type_ids")
+    n_types = getattr(getattr(model, "config", None), "type_vocab_size", None)
+    if types is not None and isinstance(n_types, int) and ((types < 0) | (types >= n_types)).any():
+        raise BcosValueError(f"tokenizer: {tokenizer_name} gives token type ids up to {int(types.max())} (the "
+                             f"segments of text pairs), but {model_name} has type_vocab_size {n_types}: the "
+                             f"tokenizer is not the model's. {fix}.")
 
 
 def explain_dataset(
@@ -134,7 +157,12 @@ def explain_dataset(
         hi = min(lo + batch_size, n)
         enc = tokenizer(texts[lo:hi], pairs[lo:hi] if pairs is not None else None, padding=True,
                         truncation=True, max_length=max_length, return_tensors="pt").to(device)
-        extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")}
+        _require_model_tokenizer(model, tokenizer, enc)
+        # what the tokenizer returns and the forward does not read (token_type_ids of a BERT tokenizer on
+        # DistilBERT) is left out, as the model's own tokenizer would not return it
+        readable = forward_keywords(model)
+        extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")
+                 and (readable is None or k in readable)}
         expl = explain(model, enc["input_ids"], enc["attention_mask"], target=value_of(targets, lo, hi),
                        foil=value_of(foils, lo, hi), position=position, reduce=reduce, **extra)
         ids_rows = [ids[m.bool()].tolist() for ids, m in zip(enc["input_ids"], enc["attention_mask"], strict=True)]

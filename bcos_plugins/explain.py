@@ -24,12 +24,20 @@ import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
+from ._checks import bad_rows
 from .attribution.gradient import capture_point, input_x_gradient
 from .attribution.results import TokenExplanation
-from .attribution.targets import Direction, last_real_position, resolve_explained, resolve_positions
+from .attribution.targets import (
+    Direction,
+    last_real_position,
+    resolve_explained,
+    resolve_positions,
+    select_explained,
+)
 from .attribution.text import check_token_inputs, model_call_kwargs, text_attribution_point
 from .convert.architectures import spec_for
-from .errors import BcosValueError
+from .errors import BcosRuntimeError, BcosValueError
+from .nn.dynamic import has_dynamic_weights
 
 __all__ = ["explain", "last_real_position"]
 
@@ -93,11 +101,12 @@ def explain(
             hidden = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
             values = hidden[torch.arange(batch, device=hidden.device), pos]
         parsed["resolved"] = resolve_explained(values, target, foil)
+        parsed["scale"] = _output_scale(values.detach(), parsed["resolved"].target, parsed["resolved"].foil)
         return parsed["resolved"].explained, leaves[:1]
 
     step = input_x_gradient(compute, model)
     contrib = step.contributions[0]
-    return TokenExplanation(
+    result = TokenExplanation(
         contributions=contrib.sum(-1) if reduce == "sum" else contrib.mean(-1),
         input_contributions=contrib,
         explained=step.explained,
@@ -109,3 +118,76 @@ def explain(
         attention_mask=attention_mask,
         reduce=reduce,
     )
+    _require_complete(model, result, parsed["scale"])
+    return result
+
+
+def _output_scale(values: Tensor, target: Tensor | Direction, foil: Tensor | Direction | None) -> Tensor:
+    """Per row, ``|output[target]| + |output[foil]|`` (``sum |v_i| |output_i|`` for a Direction): the size of
+    the outputs whose difference is explained, against which a logit difference near 0 is still exact."""
+    magnitudes = values.abs()
+
+    def size(which):
+        if isinstance(which, Direction):
+            return select_explained(magnitudes, Direction(which.vector.abs()))
+        return select_explained(magnitudes, which)
+
+    return size(target) + (0.0 if foil is None else size(foil))
+
+
+def _completeness_tolerance(contributions: Tensor) -> float:
+    """``sqrt(eps)`` of the least precise dtype the forward ran in (3.5e-4 in float32, 0.03 in float16, 0.09 in
+    bfloat16): measured B-cos completeness errors are 1e-6 (float32) to 1e-2 (bfloat16) of the output scale,
+    a broken computation is off by the order of the value itself."""
+    dtypes = [contributions.dtype]
+    device = contributions.device.type
+    if torch.is_autocast_enabled(device):
+        dtypes.append(torch.get_autocast_dtype(device))
+    return max(torch.finfo(d).eps for d in dtypes) ** 0.5
+
+
+def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor) -> None:
+    """Raise instead of returning contributions that are not finite, or (B-cos models, whose contributions
+    are exact) that do not sum to the explained value beyond float rounding; the numbers would look like an
+    explanation. The message names the cause: values at the attribution point so large (an embedding row of
+    1e10) that the forward pass or the sum over tokens and dimensions overflows or cancels to noise, or else a
+    module that is not exact in explanation mode."""
+    contributions = result.input_contributions
+    finite = torch.isfinite(contributions)
+    if not finite.all():
+        raise BcosRuntimeError(
+            f"explain: the contributions of {bad_rows(~finite)} are infinite or NaN: the forward pass overflowed "
+            f"in {contributions.dtype}. Check the inputs and the embedding rows of their tokens for huge values "
+            "(model.get_input_embeddings().weight[input_ids].abs().max()), or explain in float64 (model.double())."
+        )
+    if not has_dynamic_weights(model):
+        return  # plain input x gradient of a stock model is not complete; completeness_error reports how far
+    tolerance = _completeness_tolerance(contributions)
+    # against the explained value, the outputs it is a difference of, or the token scores' own size, whichever
+    # is largest: float rounding of a healthy model is relative to those (an explained value can be near 0),
+    # while an overflowed or cancelled computation is off by the size of the scores themselves
+    token_scores = contributions.sum(-1).abs().sum(-1)
+    size = torch.stack([result.explained.abs(), scale.to(result.explained.dtype), token_scores]).amax(0)
+    error = result.delta.abs().double() / size.double().clamp_min(torch.finfo(torch.float64).tiny)
+    broken = error > tolerance
+    if broken.any():
+        row = int(broken.nonzero()[0])
+        found = (f"{bad_rows(broken)} do not sum to the explained value (row {row}: {float(result.total[row]):.3g} "
+                 f"against {float(result.explained[row]):.3g}, an error of {float(error[row]):.2g} of the size of "
+                 f"the value and its scores where {contributions.dtype} allows {tolerance:.1g})")
+        # rounding alone reaches this error only if the contributions are huge next to the scores (cancellation)
+        magnitude = float(contributions[row].abs().sum())
+        if torch.finfo(contributions.dtype).eps * magnitude > 0.1 * float(result.delta[row].abs()):
+            raise BcosRuntimeError(
+                f"explain: the contributions of {found}: the computation overflowed or cancelled to noise (the "
+                f"contributions add up to {magnitude:.3g} in absolute value), so the scores would be meaningless. "
+                "Check the inputs and the embedding rows of their tokens for huge values "
+                "(model.get_input_embeddings().weight[input_ids].abs().max()), or explain in float64 "
+                "(model.double())."
+            )
+        raise BcosRuntimeError(
+            f"explain: the contributions of {found}, though float rounding does not explain it: a module of the "
+            "model is not exact in explanation mode (a stock module put back after bcosify, a plain product of "
+            "two input-dependent branches, a bias). Convert the model with bcosify (or load it with "
+            "load_bcos_model) and add no module that computes outside bcos_plugins.nn."
+        )

@@ -193,3 +193,152 @@ def test_perplexity_refuses_a_bos_token_outside_the_vocabulary():
     with pytest.raises(BcosValueError, match=r"^bos_token_id: must be in \[0, 59\], got 50256"):
         perplexity(model, [[5, 6, 7]], bos_token_id=50256)
     assert perplexity(model, [[5, 6, 7]], bos_token_id=59).n_tokens == 3
+
+
+# ---------------------------------------------------------------- explain: what the model would ignore, and overflow
+
+
+def _bcos(name: str):
+    from bcos_plugins import bcosify
+
+    return bcosify(tiny_model(name), b=2.0, verbose=False)
+
+
+def test_explain_refuses_a_misspelt_forward_argument_naming_the_close_match():
+    from bcos_plugins import explain
+
+    model = _bcos("BertForSequenceClassification")
+    ids, mask = padded_batch()
+    types = torch.zeros_like(ids)
+    # before: token_type_id= went down to the attention functions and was dropped without a word
+    with pytest.raises(BcosTypeError, match="^token_type_id: is not an argument of BertForSequenceClassification."
+                                            "forward, which would silently ignore it. Pass token_type_ids= if"):
+        explain(model, ids, mask, token_type_id=types)
+    with pytest.raises(BcosTypeError, match="^atention_mask: .*Pass attention_mask= if"):
+        explain(model, ids, atention_mask=mask)
+    with pytest.raises(BcosTypeError, match="^zzz: is not an argument .* It reads .*token_type_ids"):
+        explain(model, ids, mask, zzz=1)
+    # what the forward reads (named, or transformers' own keywords) is passed on
+    types[:, 4:] = 1
+    with_types = explain(model, ids, mask, token_type_ids=types)
+    assert not torch.allclose(with_types.explained, explain(model, ids, mask).explained)
+    assert explain(model, ids, mask, output_attentions=True).completeness_error.max() < 1e-4
+
+
+def test_explain_refuses_a_gold_mask_for_a_never_guided_model():
+    from bcos_plugins import explain, guide_attention
+    from bcos_plugins.guided import GoldMaskAtEvaluationError
+
+    model = _bcos("BertForSequenceClassification")
+    ids, mask = padded_batch()
+    gold = torch.zeros(ids.shape)
+    # before: accepted and ignored by a model in eval mode that was never guided
+    with pytest.raises(BcosTypeError, match="^rationale_mask: BertForSequenceClassification has no guided layer, "
+                                            "so the gold mask would be silently ignored"):
+        explain(model, ids, mask, rationale_mask=gold)
+    model.set_attn_implementation("eager")
+    guide_attention(model, last_layers=1)
+    with pytest.raises(GoldMaskAtEvaluationError, match="^rationale_mask: was passed to a model in eval mode"):
+        explain(model, ids, mask, rationale_mask=gold)
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "RobertaForSequenceClassification",
+                                  "GPT2ForSequenceClassification"])
+def test_explain_raises_on_an_overflowed_computation_instead_of_returning_noise(name):
+    from bcos_plugins import explain
+    from bcos_plugins.errors import BcosRuntimeError
+
+    model = _bcos(name)
+    ids, mask = padded_batch(pad_id=1 if name.startswith("Roberta") else 0)
+    ids[0, 2] = 2  # an id no other row uses (padded_batch draws from 3 on)
+    healthy = explain(model, ids, mask)
+    assert healthy.completeness_error.max() < 1e-4
+    with torch.no_grad():
+        model.get_input_embeddings().weight[2] = 1e15  # one embedding row of huge norm
+    # before: BERT returned token scores of 1e3-1e4 for a logit of 7e-7 (completeness error 5e9), no error
+    with pytest.raises(BcosRuntimeError, match=r"^explain: the contributions of row \[0\] do not sum to the "
+                                               r"explained value .*overflowed or cancelled.*model\.double\(\)"):
+        explain(model, ids, mask)
+    # the rows without the huge token are explained as before
+    rows = explain(model, ids[1:], mask[1:])
+    assert torch.allclose(rows.contributions, healthy.contributions[1:], atol=1e-6)
+
+
+def test_explain_completeness_check_has_no_false_alarm_on_explained_values_near_zero():
+    from bcos_plugins import explain
+
+    # every next-token target of a B-cos Llama: some logits are near 0, where float rounding is a large share
+    # of the value (relative completeness error up to 6e-4 here) though every score is exact to rounding
+    model = _bcos("LlamaForCausalLM")
+    ids, mask = padded_batch(batch=4, length=12)
+    errors = torch.cat([explain(model, ids, mask, target=t).completeness_error for t in range(60)])
+    assert errors.max() < 1e-2
+    contrastive = explain(model, ids, mask, target=5, foil=5)  # explained value exactly 0
+    assert (contrastive.explained == 0).all() and (contrastive.contributions == 0).all()
+
+
+# ---------------------------------------------------------------- token ids of any integer width
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_narrow_integer_token_ids_are_converted_exactly(dtype):
+    from bcos_plugins import explain
+    from bcos_plugins.metrics.decoder import next_token_contrast
+
+    model = _bcos("BertForSequenceClassification")
+    ids, mask = padded_batch()
+    # before: uint8 / int8 / int16 ids failed inside the embedding ("Expected tensor for argument #1
+    # 'indices' to have one of the following scalar types: Long, Int")
+    narrow = explain(model, ids.to(dtype), mask.to(dtype))
+    wide = explain(model, ids, mask)
+    assert narrow.input_ids.dtype == torch.long
+    assert torch.equal(narrow.contributions, wide.contributions)
+    lm = tiny_model("GPT2LMHeadModel")
+    target, foil = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
+    a = next_token_contrast(lm, ids.to(dtype), mask, target=target, foil=foil)
+    b = next_token_contrast(lm, ids, mask, target=target, foil=foil)
+    assert torch.equal(a.logit_difference, b.logit_difference)
+
+
+# ---------------------------------------------------------------- explain_dataset with another model's tokenizer
+
+
+@pytest.fixture(scope="module")
+def bert_tokenizer():
+    import transformers as T
+
+    from bcos_plugins.pretrained import minilm_path
+
+    return T.AutoTokenizer.from_pretrained(minilm_path())
+
+
+def test_explain_dataset_refuses_a_tokenizer_that_is_not_the_models(bert_tokenizer):
+    import datasets
+    import transformers as T
+
+    from bcos_plugins import bcosify
+    from bcos_plugins.corpus import explain_dataset
+
+    pairs = datasets.Dataset.from_dict({"premise": ["a man sleeps", "two dogs run"],
+                                        "hypothesis": ["nobody sleeps", "animals move"]})
+    torch.manual_seed(0)
+    roberta = bcosify(T.RobertaForSequenceClassification(T.RobertaConfig(
+        vocab_size=bert_tokenizer.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=66, num_labels=2, pad_token_id=1,
+        type_vocab_size=1)).eval(), verbose=False)  # as roberta-base: no segment embedding to speak of
+    # before: "IndexError: index out of range in self" from RoBERTa's one-row token type embedding
+    with pytest.raises(BcosValueError, match=r"^tokenizer: BertTokenizer\w*\('.*'\) gives token type ids up to 1 "
+                                             r".*but RobertaForSequenceClassification.* has type_vocab_size 1: the "
+                                             "tokenizer is not the model's. Pass the tokenizer saved with the model"):
+        explain_dataset(roberta, bert_tokenizer, pairs, text_column="premise", text_pair_column="hypothesis",
+                        progress=False)
+    small = tiny_model("BertForSequenceClassification")  # 60 ids
+    with pytest.raises(BcosValueError, match=r"^tokenizer: BertTokenizer\w*\('.*'\) gives token ids up to \d+, "
+                                             r"but BertForSequenceClassification.* has 60 embedding rows"):
+        explain_dataset(small, bert_tokenizer, ["a gorgeous film"], progress=False)
+    # a BERT tokenizer on DistilBERT (same vocabulary): the token type ids DistilBERT has no use for are left out
+    distil = tiny_model("DistilBertForSequenceClassification")
+    distil.resize_token_embeddings(bert_tokenizer.vocab_size)
+    out = explain_dataset(distil, bert_tokenizer, pairs, text_column="premise", text_pair_column="hypothesis",
+                          progress=False)
+    assert len(out) == 2

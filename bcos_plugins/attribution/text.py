@@ -17,20 +17,23 @@ Attribution point:
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from dataclasses import dataclass
 
 import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
+from .._checks import ids_as_long
 from ..convert.architectures import ArchitectureSpec, spec_for
-from ..errors import BcosTypeError, BcosValueError
+from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn.dynamic import has_dynamic_weights
 from .gradient import outside_inference
 from .targets import real_token_positions
 
 __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs",
-           "model_call_kwargs"]
+           "model_call_kwargs", "check_forward_kwargs", "forward_keywords"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Ten
     if input_ids.is_floating_point() or input_ids.dtype == torch.bool or input_ids.is_complex():
         raise BcosTypeError(f"input_ids: token ids must be integers, got {input_ids.dtype}. Pass the "
                             "tokenizer's input_ids (to explain embeddings use the Captum adapter).")
+    input_ids = ids_as_long(input_ids)
     if input_ids.ndim != 2:
         raise BcosValueError(f"input_ids: expected shape (batch, pos), got {tuple(input_ids.shape)}. Add a batch "
                              "dimension with input_ids[None] for one sequence.")
@@ -110,6 +114,44 @@ def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Ten
     return outside_inference(input_ids), attention_mask
 
 
+def forward_keywords(model: nn.Module) -> set[str] | None:
+    """The keyword arguments ``model``'s forward reads: its named parameters, plus the keywords transformers
+    passes down through ``**kwargs`` (``TransformersKwargs``); ``None`` if its signature cannot be read."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    names = {n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        from transformers.utils.generic import TransformersKwargs
+
+        names |= set(TransformersKwargs.__annotations__)
+    return names
+
+
+def check_forward_kwargs(model: nn.Module, forward_kwargs: dict) -> None:
+    """Refuse keyword arguments the model's forward does not read: transformers 5 passes unknown keywords down
+    to the attention functions, which drop them, so a typo (``token_type_id=``) would be silently ignored and
+    the explanation would be of another input than the user meant."""
+    known = forward_keywords(model)
+    if known is None:
+        return
+    for name in forward_kwargs:
+        if name in known:
+            continue
+        if name == "rationale_mask":
+            if any(getattr(m, "rationale_guidance", None) is not None for m in model.modules()):
+                continue  # a guided model's own guard refuses it at evaluation, naming it
+            raise argument_error("rationale_mask", f"{type(model).__name__} has no guided layer, so the gold mask "
+                                 "would be silently ignored (and gold masks are a training-time input only)",
+                                 "Drop it from explanation and evaluation calls; to train with it, call "
+                                 "bcos_plugins.guide_attention(model) first", kind=BcosTypeError)
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"Pass {close[0]}= if that is what you meant" if close else f"It reads {', '.join(sorted(known))}"
+        raise argument_error(name, f"is not an argument of {type(model).__name__}.forward, which would silently "
+                             "ignore it", hint, kind=BcosTypeError)
+
+
 def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[Tensor, "batch pos"],
                       attention_mask: Int[Tensor, "batch pos"] | None, forward_kwargs: dict) -> dict:
     """Keyword arguments for ``model(...)`` so that every row is computed as it would be alone.
@@ -119,6 +161,7 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     ``config.pad_token_id``; padding written with another id would make them read a padding position, so
     padded positions are rewritten to ``pad_token_id`` (the model never attends to them).
     """
+    check_forward_kwargs(model, forward_kwargs)
     kwargs = dict(forward_kwargs)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     if spec.kind == "decoder" and "position_ids" not in kwargs:
