@@ -7,6 +7,9 @@
 
 The architecture is all-MiniLM-L6-v2's (a 6-layer BERT, hidden 384) built from its config with random
 weights, so the benchmark needs no download. Timings interleave the two models and report medians.
+A second table has a row per family added with the architecture registry (Mistral, Qwen2, Qwen3, Gemma 2
+causal LMs, a ModernBERT classifier) at a small shape (2 layers, hidden 128, batch 4 x 32 tokens): the same
+two ratios, Captum's IxG taken at the conventional model's attribution point.
 Environment: BENCH_BATCH (16), BENCH_LEN (64), BENCH_REPEATS (7), BENCH_THREADS (1: single-threaded
 timings are stable on a shared machine; 0 keeps torch's default).
 """
@@ -23,6 +26,7 @@ from captum.attr import LayerGradientXActivation
 from transformers import BertConfig, BertForSequenceClassification
 
 from bcos_plugins import bcosify, explain
+from bcos_plugins.attribution import text_attribution_point
 from bcos_plugins.pretrained import minilm_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
@@ -36,6 +40,75 @@ def _time(fn, repeats: int) -> list[float]:
         fn()
         out.append(time.perf_counter() - t0)
     return out
+
+
+def _interleaved_medians(runs: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each named callable, warmed up once, then run in turn so that machine load affects
+    every side alike."""
+    for f in runs.values():
+        f()
+    t = {k: [] for k in runs}
+    for _ in range(repeats):
+        for k, f in runs.items():
+            t[k] += _time(f, 1)
+    return {k: statistics.median(v) for k, v in t.items()}
+
+
+def _family_models() -> dict:
+    """(stock class, tiny config) per family the registry added, at one small shape."""
+    import transformers as T
+
+    common = dict(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, max_position_embeddings=256, pad_token_id=0)
+    rotary = dict(common, num_key_value_heads=2, bos_token_id=1, eos_token_id=2)
+    return {
+        "Mistral": (T.MistralForCausalLM, T.MistralConfig(**rotary)),
+        "Qwen2": (T.Qwen2ForCausalLM, T.Qwen2Config(**rotary)),
+        "Qwen3": (T.Qwen3ForCausalLM, T.Qwen3Config(**rotary, head_dim=32)),
+        "Gemma 2": (T.Gemma2ForCausalLM, T.Gemma2Config(**rotary, head_dim=32)),
+        "ModernBERT": (T.ModernBertForSequenceClassification,
+                       T.ModernBertConfig(**common, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+                                          num_labels=2)),
+    }
+
+
+def _family_ratios(cls, config, repeats: int, batch: int, length: int) -> tuple[float, float]:
+    """(B-cos forward / conventional forward, B-cos explain / Captum IxG) for one family."""
+    torch.manual_seed(0)
+    conventional = cls(config).eval()
+    bcos = bcosify(cls(config), b=1.25, verbose=False).eval()
+    ids = torch.randint(3, config.vocab_size, (batch, length))
+    mask = torch.ones_like(ids)
+    point = text_attribution_point(conventional)
+
+    def logits(i, m):
+        out = conventional(input_ids=i, attention_mask=m).logits
+        return out if out.ndim == 2 else out[:, -1]  # causal LMs: the next token after the prompt
+
+    with torch.no_grad():
+        target = logits(ids, mask).argmax(-1)
+    ixg = LayerGradientXActivation(logits, point.module)
+
+    def fwd(model):
+        return torch.no_grad()(lambda: model(input_ids=ids, attention_mask=mask))
+
+    med = _interleaved_medians({
+        "ixg": lambda: ixg.attribute(ids, target=target, additional_forward_args=(mask,),
+                                     attribute_to_layer_input=point.where == "input"),
+        "bcos": lambda: explain(bcos, ids, mask, target=target),
+        "fwd_conv": fwd(conventional),
+        "fwd_bcos": fwd(bcos),
+    }, repeats)
+    return med["fwd_bcos"] / med["fwd_conv"], med["bcos"] / med["ixg"]
+
+
+def family_rows(repeats: int, batch: int = 4, length: int = 32) -> list[str]:
+    """Markdown rows: family, B-cos forward / conventional forward, B-cos explain / Captum IxG."""
+    rows = []
+    for family, (cls, config) in _family_models().items():
+        forward, explanation = _family_ratios(cls, config, repeats, batch, length)
+        rows.append(f"| {family} | {forward:.2f} | {explanation:.2f} |")
+    return rows
 
 
 def main() -> None:
@@ -73,15 +146,8 @@ def main() -> None:
                 model(input_ids=ids, attention_mask=mask)
         return f
 
-    for f in (run_ixg, run_bcos, fwd(conventional), fwd(bcos)):  # warm-up
-        f()
-    t = {k: [] for k in ("ixg", "bcos", "fwd_conv", "fwd_bcos")}
-    for _ in range(repeats):  # interleaved so that machine load affects both sides alike
-        t["ixg"] += _time(run_ixg, 1)
-        t["bcos"] += _time(run_bcos, 1)
-        t["fwd_conv"] += _time(fwd(conventional), 1)
-        t["fwd_bcos"] += _time(fwd(bcos), 1)
-    med = {k: statistics.median(v) for k, v in t.items()}
+    med = _interleaved_medians({"ixg": run_ixg, "bcos": run_bcos, "fwd_conv": fwd(conventional),
+                                "fwd_bcos": fwd(bcos)}, repeats)
     print(f"MiniLM-L6 architecture, batch {batch} x {length} tokens, median of {repeats} interleaved runs, "
           f"{torch.get_num_threads()} thread(s)")
     print("| measurement | seconds | ratio | goal |")
@@ -90,6 +156,12 @@ def main() -> None:
     print(f"| B-cos explain, B-cos | {med['bcos']:.4f} | {med['bcos'] / med['ixg']:.2f} | <= 1.3 |")
     print(f"| forward, conventional | {med['fwd_conv']:.4f} | | |")
     print(f"| forward, B-cos | {med['fwd_bcos']:.4f} | {med['fwd_bcos'] / med['fwd_conv']:.2f} | <= 1.5 |")
+    print()
+    print("Families added with the architecture registry (2 layers, hidden 128, batch 4 x 32 tokens, random weights)")
+    print("| family | forward B-cos / conventional | B-cos explain / Captum IxG |")
+    print("|---|---|---|")
+    for row in family_rows(repeats):
+        print(row)
 
 
 if __name__ == "__main__":
