@@ -6,9 +6,12 @@ attribution core (:mod:`bcos_plugins.attribution`) and hold no maths of their ow
 
 - :class:`BcosAttribution` (a ``captum.attr.GradientAttribution``, read it next to Captum's
   ``InputXGradient``): attributions ``W(x) x`` at the inputs of ``forward_func``, computed by the core's
-  :func:`~bcos_plugins.attribution.input_x_gradient`. ``forward_func`` may be any function of tensors, e.g.
-  ``lambda e: model(inputs_embeds=e).logits[:, -1]``: the thread-wide explanation mode holds every B-cos
-  module it runs through constant, and a function that ran through none is refused. ``delta``
+  :func:`~bcos_plugins.attribution.input_x_gradient`. ``forward_func`` may be any function of tensors (the
+  thread-wide explanation mode holds every B-cos module it runs through constant, and a function that ran
+  through none is refused); the attributions are complete when the output is a function of the inputs alone. A
+  transformers text model called with ``inputs_embeds=e`` is not: BERT-family models add position and token-type
+  embeddings after ``e``, GPT-2 position embeddings, so attribute at the combined embedding with
+  :class:`EmbeddingForward` (a call whose attributions miss part of the output warns and names it). ``delta``
   (``return_convergence_delta=True``) is the core's ``Explanation.delta``: ``sum(attributions) - explained``.
 - :class:`LayerBcos` (a ``captum.attr.LayerGradientXActivation``): the same at a layer's input or output, or
   at several layers (a list, as Captum's layer methods take). Default layer: the model's attribution point
@@ -398,7 +401,9 @@ class BcosAttribution(GradientAttribution):
 
     Args:
         forward_func: any function of tensors that runs through a B-cos model: the model, an
-            :class:`EmbeddingForward` around one, ``lambda e: model(inputs_embeds=e).logits[:, -1]``, ...
+            :class:`EmbeddingForward` around one (text models: complete at the combined embedding), a ViT's
+            ``lambda e: model(encoded_pixel_values=e).logits``, ... (``model(inputs_embeds=e)`` of a text model
+            misses the position embeddings added after ``e``: a ``UserWarning`` says so).
         model: optional; the model ``forward_func`` runs through, checked to hold B-cos modules and put in
             eval mode for each call. Without it a plain function must leave its model in eval mode.
     """
