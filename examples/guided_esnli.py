@@ -57,6 +57,17 @@ evaluate (1,200 / 400 by default, at most 1,200 / 1,605; the evaluation pairs st
 ``--train``, and ``--eval 1605`` takes every pair no run trains on). Training logs every 10 steps;
 each model's curve (with the task and supervision losses of the supervised variant) is saved in the results.
 
+Restarts (``PlateauRestart``, the same rule for every variant): a stock fine-tuning whose running task loss has
+not fallen below ``--plateau-threshold`` ln 2 (0.9) within the first ``--plateau-check`` (0.4) of its steps is
+stopped there and started again from the pretrained model with the seed of its next attempt (derived from
+``--seed`` and the restart counter: a fresh classifier head and another data order), at most ``--max-restarts``
+(3) times; the last attempt runs to the end. With the default gate (equal to the threshold) the supervised
+variant trains exactly like vanilla until its gate opens, so both restart on the same attempts. A model whose
+last attempt never left the plateau, or whose accuracy is not above the evaluation pairs' majority-class rate,
+is marked ``did_not_learn`` (with the reasons) in the results and printed as "did not learn" instead of its
+alignment; ``--report`` leaves its seed out of the pairing and says so. Each model's ``training`` lists the
+attempts (seed, the step the plateau was left at, the step an attempt was stopped at).
+
 Options: ``--train`` (default 1200), ``--eval`` (400), ``--epochs`` (3), ``--mode`` (multiply | add | replace |
 log1p), ``--strength`` (lambda, 1.0), ``--last-layers`` (4), ``--lr`` (2e-4), ``--family`` (both | stock | bcos),
 ``--supervision-weight`` (0.2), ``--supervision-warmup`` (0.2), ``--supervision-layers`` (1),
@@ -65,6 +76,7 @@ supervision once the running task loss is below 0.9 ln 2; 0: off),
 ``--supervision-strength`` (0),
 ``--supervision-keys`` (text | premise | all), ``--variants`` (vanilla,supervised; any subset of
 vanilla,guided,random,supervised,supervised-random),
+``--plateau-threshold`` (0.9), ``--plateau-check`` (0.4), ``--max-restarts`` (3),
 ``--bcos-recipe`` (task-then-bcos | direct), ``--b`` (1.1 | 1.25), ``--bcos-epochs`` (2 | 3), ``--bcos-lr``
 (1e-4 | ``--lr``), ``--bcos-head-lr`` (1e-4 | 1e-3), ``--same-budget-control``, ``--bcos-query-key`` (B-cos
 query/key projections, the old conversion), ``--posthoc`` / ``--no-posthoc`` (IG and Occlusion on the stock
@@ -95,6 +107,7 @@ from bcos_plugins.data import SHIPPED_DATA
 from bcos_plugins.guided import (
     SUPERVISION_OBJECTIVES,
     PlateauGate,
+    PlateauRestart,
     attention_supervision_loss,
     attention_token_scores,
     find_span,
@@ -183,7 +196,27 @@ def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generat
     return batch, gold, valid
 
 
-class AttentionSupervisedTrainer(Trainer):
+class PlateauWatchedTrainer(Trainer):
+    """Trainer that feeds each training step's task loss to a ``PlateauWatch`` of ``restart_rule`` (attempt
+    ``restart``) and stops training when the watch says the attempt is stuck on the plateau at its check step
+    (``plateau_watch.stopped_at``); the caller then restarts (``train_from_pretrained``)."""
+
+    def __init__(self, *args, restart_rule: PlateauRestart | None = None, restart: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.restart_rule, self.restart = restart_rule, restart
+        self.plateau_watch = None  # built at the first step, when the Trainer knows its number of steps
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        if self.restart_rule is not None and model.training:
+            if self.plateau_watch is None:
+                self.plateau_watch = self.restart_rule.watch(self.restart, self.state.max_steps)
+            if self.plateau_watch.update(self.state.global_step, loss.item()):
+                self.control.should_training_stop = True  # the Trainer stops after this optimiser step
+        return (loss, outputs) if return_outputs else loss
+
+
+class AttentionSupervisedTrainer(PlateauWatchedTrainer):
     """Trainer whose loss adds ``attention_supervision_loss`` on the last layers (training batches only); the
     task and supervision terms are logged separately (``task_loss``, ``supervision_loss``, the latter before
     the weight) so that a training curve shows which one moves."""
@@ -236,29 +269,36 @@ class AttentionSupervisedTrainer(Trainer):
 
 
 def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float, head_lr: float | None = None,
-          schedule: str = "linear"):
+          schedule: str = "linear", seed: int | None = None, restart_rule: PlateauRestart | None = None,
+          restart: int = 0):
     """Fine-tune ``model`` in ``mode`` (B-cos: ``bcos_loss``; ``head_lr``: a second rate for classifier and
-    pooler; ``schedule``: transformers' linear decay, or ``warmup-cosine``, 10% warm-up then cosine decay);
-    returns it in eval mode, unguided, and its training curve (the logged losses)."""
+    pooler; ``schedule``: transformers' linear decay, or ``warmup-cosine``, 10% warm-up then cosine decay;
+    ``seed``: of the data order and random masks, ``--seed`` if None; ``restart_rule``: watch the task loss as
+    attempt ``restart`` of that rule and stop if it is stuck); returns it in eval mode, unguided, its training
+    curve (the logged losses) and the ``PlateauWatch`` (None without ``restart_rule``)."""
+    seed = args.seed if seed is None else seed
     supervised = mode in ("supervised", "supervised-random")
     strength, layers = ((args.supervision_strength, args.supervision_layers) if supervised
                         else (args.strength, args.last_layers))
     guided = mode in ("guided", "random") or (supervised and strength > 0)
     if guided:
         guide_attention(model, mode=args.mode, strength=strength, last_layers=layers)
-    generator = torch.Generator().manual_seed(args.seed)
+    generator = torch.Generator().manual_seed(seed)
     mask_kind = "random" if mode in ("random", "supervised-random") else "gold"
     rationale = mask_kind if guided else None
     training_args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="guided_esnli_"), num_train_epochs=epochs,
-        per_device_train_batch_size=16, learning_rate=lr, seed=args.seed, report_to=[],
+        per_device_train_batch_size=16, learning_rate=lr, seed=seed, report_to=[],
         save_strategy="no", logging_steps=10, remove_unused_columns=False, disable_tqdm=False,
         **(BCOS_STAGE_SCHEDULE if schedule == "warmup-cosine" else {}))
     extra = {}
     trainer_class = Trainer
+    if restart_rule is not None:
+        trainer_class = PlateauWatchedTrainer
+        extra = {"restart_rule": restart_rule, "restart": restart}
     if supervised:
         trainer_class = AttentionSupervisedTrainer
-        extra = {"supervision_weight": args.supervision_weight, "supervised_layers": list(range(-layers, 0)),
+        extra = {**extra, "supervision_weight": args.supervision_weight, "supervised_layers": list(range(-layers, 0)),
                  "keys": args.supervision_keys, "supervised_heads": args.supervision_heads,
                  "supervision_warmup": args.supervision_warmup, "objective": args.supervision_objective,
                  "margin": args.supervision_margin, "gate": args.supervision_gate}
@@ -278,7 +318,55 @@ def train(model, rows, pad_id, mode, args, bcos: bool, epochs: float, lr: float,
     curve = [{k: round(v, 4) if isinstance(v, float) else v for k, v in entry.items()
               if k in ("step", "loss", "task_loss", "supervision_loss")}
              for entry in trainer.state.log_history if "loss" in entry]
-    return model.eval(), curve
+    return model.eval(), curve, getattr(trainer, "plateau_watch", None)
+
+
+def restart_rule(args: argparse.Namespace) -> PlateauRestart:
+    """The restart rule of ``--plateau-threshold`` (a fraction of ln 2), ``--plateau-check`` and
+    ``--max-restarts``, the same for every variant."""
+    return PlateauRestart(args.plateau_threshold * math.log(2), check_fraction=args.plateau_check,
+                          max_restarts=args.max_restarts)
+
+
+def train_from_pretrained(path, rows, pad_id, mode, args) -> tuple:
+    """Stock fine-tuning of the pretrained MiniLM in ``mode`` under the restart rule (``restart_rule``): an
+    attempt whose running task loss has not fallen below ``--plateau-threshold`` ln 2 within the first
+    ``--plateau-check`` of its steps is stopped there and the run starts again from the pretrained model with
+    the next attempt's seed (a fresh classifier head, another data order), at most ``--max-restarts`` times;
+    the last attempt runs to the end. Returns the model, its curve and the record of the attempts
+    (``attempts``: seed, step it left the plateau at, step it was stopped at; ``left_plateau``)."""
+    rule = restart_rule(args)
+    attempts = []
+    for restart in range(rule.max_restarts + 1):
+        seed = rule.attempt_seed(args.seed, restart)
+        torch.manual_seed(seed)  # the fresh classifier head
+        model = BertForSequenceClassification.from_pretrained(path, num_labels=2, attn_implementation="eager")
+        model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+        model, curve, watch = train(model, rows, pad_id, mode, args, False, args.epochs, args.lr, seed=seed,
+                                    restart_rule=rule, restart=restart)
+        attempts.append({"seed": seed, "left_plateau_at": watch.left_at, "stopped_at": watch.stopped_at})
+        if watch.stopped_at is None:
+            break
+        print(f"stock-{mode}: attempt {restart} (seed {seed}) still on the plateau after {watch.stopped_at + 1} "
+              f"steps; restarting")
+    training = {"attempts": attempts, "left_plateau": attempts[-1]["left_plateau_at"] is not None,
+                "plateau_threshold": rule.threshold}
+    return model, curve, training
+
+
+def did_not_learn(accuracy: float, labels: list[int], training: dict | None) -> list[str]:
+    """Why a model did not learn (empty: it did): its training (or that of the stock model it started from)
+    never brought the running task loss below the plateau threshold, or its accuracy is not above the
+    evaluation pairs' majority-class rate (what a constant prediction gets). Such a model's attention is not
+    a result about guidance: the table prints "did not learn" instead and ``--report`` leaves it out."""
+    reasons = []
+    if training is not None and not training["left_plateau"]:
+        reasons.append(f"the running task loss never fell below {training['plateau_threshold']:.3f} "
+                       f"({len(training['attempts'])} attempt(s))")
+    majority = max(labels.count(label) for label in set(labels)) / len(labels)
+    if accuracy <= majority:
+        reasons.append(f"accuracy {accuracy:.3f} is not above the majority-class rate {majority:.3f}")
+    return reasons
 
 
 def posthoc_scores(model, batch: dict, mask_id: int, valid: torch.Tensor, ig_steps: int) -> dict[str, torch.Tensor]:
@@ -440,6 +528,15 @@ def settings_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ig-steps", type=int, default=20)
     parser.add_argument("--diagnose", action="store_true",
                         help="print attention / gradient diagnostics of stock and B-cos models at initialisation")
+    parser.add_argument("--plateau-threshold", type=float, default=0.9,
+                        help="restart rule: a stock fine-tuning whose running task loss is not below this fraction "
+                             "of ln 2 within the first --plateau-check of its steps is restarted (PlateauRestart); "
+                             "a model whose last attempt never got below it is reported as 'did not learn'")
+    parser.add_argument("--plateau-check", type=float, default=0.4,
+                        help="restart rule: the fraction of the training steps a run gets to leave the plateau")
+    parser.add_argument("--max-restarts", type=int, default=3,
+                        help="restart rule: restarts allowed, each from the pretrained model with a seed derived "
+                             "from --seed and the restart counter (0: never restart, still report 'did not learn')")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None,
                         help="results file (default outputs/guided_esnli/results[_<family>][_seed<seed>].json); name "
@@ -492,6 +589,14 @@ def parse_settings(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
     if args.supervision_heads < 0:
         parser.error(f"--supervision-heads: must be >= 0 (0: all heads), got {args.supervision_heads}")
+    if not 0 < args.plateau_threshold < 1:
+        parser.error(f"--plateau-threshold: must be a fraction of ln 2 in (0, 1), got {args.plateau_threshold}")
+    if not 0 < args.plateau_check <= 1:
+        parser.error(f"--plateau-check: must be a fraction of the training steps in (0, 1], got {args.plateau_check}")
+    if args.max_restarts < 0:
+        parser.error(f"--max-restarts: must be >= 0 (0: never restart), got {args.max_restarts}")
+    if args.seed < 0:
+        parser.error(f"--seed: must be >= 0, got {args.seed}")
     if not 0 <= args.supervision_gate < 1:
         parser.error(f"--supervision-gate: must be a fraction of ln 2 in [0, 1) (0: no gate), got "
                      f"{args.supervision_gate}")
@@ -533,29 +638,31 @@ def train_variants(args: argparse.Namespace, path, tokenizer, train_rows: list[d
     families = {"both": (False, True), "stock": (False,), "bcos": (True,)}[args.family]
     pad_id = tokenizer.pad_token_id
 
-    def record(name: str, model, curve, bcos: bool) -> None:
+    labels = [r["label"] for r in eval_rows]
+
+    def record(name: str, model, curve, bcos: bool, training: dict | None) -> None:
         posthoc = ({"mask_id": tokenizer.mask_token_id, "ig_steps": args.ig_steps}
                    if args.posthoc and name == "stock-vanilla" else None)
         heads = (list(range(args.supervision_heads)) if args.supervision_heads and "supervised" in name
                  else None)
         results[name] = evaluate(model, eval_rows, pad_id, bcos, posthoc, heads=heads)
+        # training: the stock fine-tuning's attempts, of this model or of the stock model it started from
+        results[name]["training"] = training
+        results[name]["did_not_learn"] = did_not_learn(results[name]["accuracy"], labels, training)
         print(name, json.dumps({k: v for k, v in results[name].items() if k != "predictions"}))
         results[name]["curve"] = curve
 
     # task then B-cos needs the stock model of the variant as its start, so it is trained in either family
     for mode in tqdm(variant_names(args), desc="variants"):
-        stock = None
+        stock, stock_training = None, None
         if False in families or task_then:
-            torch.manual_seed(args.seed)
-            stock = BertForSequenceClassification.from_pretrained(path, num_labels=2, attn_implementation="eager")
-            stock.bert.embeddings.word_embeddings.weight.requires_grad_(False)
-            stock, curve = train(stock, train_rows, pad_id, mode, args, False, args.epochs, args.lr)
+            stock, curve, stock_training = train_from_pretrained(path, train_rows, pad_id, mode, args)
             if False in families:
-                record(f"stock-{mode}", stock, curve, False)
+                record(f"stock-{mode}", stock, curve, False, stock_training)
             if args.same_budget_control:
-                control, control_curve = train(copy.deepcopy(stock), train_rows, pad_id, mode, args, False,
-                                               args.bcos_epochs, args.bcos_lr, schedule=args.bcos_schedule)
-                record(f"stock-{mode}-continued", control, control_curve, False)
+                control, control_curve, _ = train(copy.deepcopy(stock), train_rows, pad_id, mode, args, False,
+                                                  args.bcos_epochs, args.bcos_lr, schedule=args.bcos_schedule)
+                record(f"stock-{mode}-continued", control, control_curve, False, stock_training)
         if True in families:
             if task_then:
                 model = copy.deepcopy(stock)
@@ -565,9 +672,10 @@ def train_variants(args: argparse.Namespace, path, tokenizer, train_rows: list[d
                                                                       attn_implementation="eager")
                 model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
             bcosify(model, b=args.b, bcos_query_key=args.bcos_query_key, verbose=False)
-            model, curve = train(model, train_rows, pad_id, mode, args, True, args.bcos_epochs, args.bcos_lr,
-                                 args.bcos_head_lr, schedule=args.bcos_schedule)
-            record(f"bcos-{mode}", model, curve, True)
+            # the direct recipe's BCE has no ln 2 plateau to watch: its models are judged by accuracy alone
+            model, curve, _ = train(model, train_rows, pad_id, mode, args, True, args.bcos_epochs, args.bcos_lr,
+                                    args.bcos_head_lr, schedule=args.bcos_schedule)
+            record(f"bcos-{mode}", model, curve, True, stock_training if task_then else None)
 
 
 def write_results(args: argparse.Namespace, results: dict) -> Path:
@@ -593,6 +701,10 @@ def print_summary(args: argparse.Namespace, results: dict, out_file: Path) -> No
     line("chance", "random", "", results["chance"])
     for name in [k for k in results if k.startswith(("stock-", "bcos-"))]:
         r = results[name]
+        if r.get("did_not_learn"):
+            # its attention and explanations describe a model that learnt nothing, not the guidance
+            print(f"{name:26s} {'-':12s} {r['accuracy']:6.3f}   did not learn: {'; '.join(r['did_not_learn'])}")
+            continue
         for key, label in METHODS:
             if key in r:
                 line(name, label, f"{r['accuracy']:.3f}", r[key])
