@@ -58,7 +58,7 @@ evaluate (1,200 / 400 by default, at most 1,200 / 1,605; the evaluation pairs st
 each model's curve (with the task and supervision losses of the supervised variant) is saved in the results.
 
 Restarts (``PlateauRestart``, the same rule for every variant): a stock fine-tuning whose running task loss has
-not fallen below ``--plateau-threshold`` ln 2 (0.9) within the first ``--plateau-check`` (0.4) of its steps is
+not fallen below ``--plateau-threshold`` ln 2 (0.9) within the first ``--plateau-check`` (0.5) of its steps is
 stopped there and started again from the pretrained model with the seed of its next attempt (derived from
 ``--seed`` and the restart counter: a fresh classifier head and another data order), at most ``--max-restarts``
 (3) times; the last attempt runs to the end. With the default gate (equal to the threshold) the supervised
@@ -76,7 +76,7 @@ supervision once the running task loss is below 0.9 ln 2; 0: off),
 ``--supervision-strength`` (0),
 ``--supervision-keys`` (text | premise | all), ``--variants`` (vanilla,supervised; any subset of
 vanilla,guided,random,supervised,supervised-random),
-``--plateau-threshold`` (0.9), ``--plateau-check`` (0.4), ``--max-restarts`` (3),
+``--plateau-threshold`` (0.9), ``--plateau-check`` (0.5), ``--max-restarts`` (3),
 ``--bcos-recipe`` (task-then-bcos | direct), ``--b`` (1.1 | 1.25), ``--bcos-epochs`` (2 | 3), ``--bcos-lr``
 (1e-4 | ``--lr``), ``--bcos-head-lr`` (1e-4 | 1e-3), ``--same-budget-control``, ``--bcos-query-key`` (B-cos
 query/key projections, the old conversion), ``--posthoc`` / ``--no-posthoc`` (IG and Occlusion on the stock
@@ -532,7 +532,7 @@ def settings_parser() -> argparse.ArgumentParser:
                         help="restart rule: a stock fine-tuning whose running task loss is not below this fraction "
                              "of ln 2 within the first --plateau-check of its steps is restarted (PlateauRestart); "
                              "a model whose last attempt never got below it is reported as 'did not learn'")
-    parser.add_argument("--plateau-check", type=float, default=0.4,
+    parser.add_argument("--plateau-check", type=float, default=0.5,
                         help="restart rule: the fraction of the training steps a run gets to leave the plateau")
     parser.add_argument("--max-restarts", type=int, default=3,
                         help="restart rule: restarts allowed, each from the pretrained model with a seed derived "
