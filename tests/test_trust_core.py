@@ -342,3 +342,15 @@ def test_explain_dataset_refuses_a_tokenizer_that_is_not_the_models(bert_tokeniz
     out = explain_dataset(distil, bert_tokenizer, pairs, text_column="premise", text_pair_column="hypothesis",
                           progress=False)
     assert len(out) == 2
+
+
+def test_space_model_refuses_a_misspelt_forward_argument():
+    from bcos_plugins.space import SpaceModelForSequenceClassification
+
+    model = SpaceModelForSequenceClassification.from_encoder(tiny_model("BertModel"), num_labels=2, n_latent=4)
+    ids, mask = padded_batch()
+    # before: token_type_id= went through the Space forward's **kwargs into the encoder, which dropped it
+    with pytest.raises(BcosTypeError, match="^token_type_id: is not an argument of BertModel.forward.*"
+                                            "Pass token_type_ids= if"):
+        model(input_ids=ids, attention_mask=mask, token_type_id=torch.zeros_like(ids))
+    assert model(input_ids=ids, attention_mask=mask, output_attentions=True).logits.shape == (3, 2)

@@ -41,6 +41,7 @@ from .._checks import (
     require_tensor,
     require_token_batch,
 )
+from ..attribution.text import check_forward_kwargs
 from ..errors import BcosTypeError, argument_error
 from .losses import inter_space_loss, intra_space_loss
 
@@ -310,6 +311,8 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
             # Checked before the encoder runs: torch's cross-entropy would fail with an opaque index error (or
             # silently skip -100) before the inter-space term could name the problem.
             labels = require_class_ids("labels", labels, batch, self.config.num_labels)
+        # the encoder takes **kwargs and drops what it does not know: a typo would be silently ignored
+        check_forward_kwargs(self.encoder, kwargs)
         encoder_kwargs = dict(kwargs)
         if token_type_ids is not None:
             encoder_kwargs["token_type_ids"] = token_type_ids
