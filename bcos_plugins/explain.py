@@ -67,7 +67,13 @@ def explain(
             negative values count from each row's last real token, -1 being it). Must be a real token.
             Classifiers explain the whole sequence and refuse it.
         reduce: ``"sum"`` (exact, default) or ``"mean"`` over the embedding dimension for token scores.
-        **forward_kwargs: passed to the model (e.g. ``token_type_ids``).
+        **forward_kwargs: passed to the model (e.g. ``token_type_ids``); a keyword its forward does not read
+            is refused, naming the close match (transformers would drop it without a word).
+
+    Raises:
+        BcosRuntimeError: the contributions are not finite, or (B-cos models) do not sum to the explained value
+            beyond float rounding of the dtype (an overflowed or cancelled computation, or a module that is not
+            exact in explanation mode); the message names the cause and the fix.
     """
     if reduce not in ("sum", "mean"):
         raise BcosValueError(f"reduce: must be 'sum' or 'mean', got {reduce!r}. 'sum' is the exact one.")
