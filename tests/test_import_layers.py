@@ -136,24 +136,37 @@ def test_no_two_modules_import_each_other():
     assert not mutual, "\n".join(mutual)
 
 
-def test_no_import_cycles():
+def _part(name: str) -> str:
+    """The part of the package a module belongs to: a top-level module or subpackage of ``bcos_plugins``, or
+    one adapter (``bcos_plugins.adapters.captum``; the TransformerLens adapter with its ``_lens`` parts)."""
+    parts = name.split(".")
+    if parts[1:2] == ["adapters"] and len(parts) > 2:
+        return "bcos_plugins.adapters." + ("transformer_lens" if parts[2] == "_lens" else parts[2])
+    return ".".join(parts[:2])
+
+
+def test_no_import_cycles_between_the_parts_of_the_package():
+    # inside one part a registry may import its entries lazily and they the registry's helpers (convert/'s
+    # architecture list); between parts (attribution, explain, vision, metrics, an adapter, ...) every import
+    # goes one way
+    graph: dict[str, set[str]] = {}
+    for name, (internal, _) in GRAPH.items():
+        graph.setdefault(_part(name), set()).update(_part(t) for t in internal if _part(t) != _part(name))
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
     cycles = []
 
-    def visit(name, path):
-        state[name] = 1
-        for target in sorted(GRAPH[name][0]):
-            if (min(name, target), max(name, target)) in KNOWN_MUTUAL:
-                continue
+    def visit(part, path):
+        state[part] = 1
+        for target in sorted(graph.get(part, ())):
             if state.get(target) == 1:
                 cycles.append(" -> ".join(path[path.index(target):] + [target]))
             elif target not in state:
                 visit(target, path + [target])
-        state[name] = 2
+        state[part] = 2
 
-    for name in sorted(GRAPH):
-        if name not in state:
-            visit(name, [name])
+    for part in sorted(graph):
+        if part not in state:
+            visit(part, [part])
     assert not cycles, "\n".join(cycles)
 
 
