@@ -76,7 +76,8 @@ supervision once the running task loss is below 0.9 ln 2; 0: off),
 ``--supervision-strength`` (0),
 ``--supervision-keys`` (text | premise | all), ``--variants`` (vanilla,supervised; any subset of
 vanilla,guided,random,supervised,supervised-random),
-``--plateau-threshold`` (0.9), ``--plateau-check`` (0.5), ``--max-restarts`` (3),
+``--plateau-threshold`` (0.9), ``--plateau-check`` (0.5), ``--max-restarts`` (3; 0: never restart, as the runs of
+the tables measured before the rule),
 ``--bcos-recipe`` (task-then-bcos | direct), ``--b`` (1.1 | 1.25), ``--bcos-epochs`` (2 | 3), ``--bcos-lr``
 (1e-4 | ``--lr``), ``--bcos-head-lr`` (1e-4 | 1e-3), ``--same-budget-control``, ``--bcos-query-key`` (B-cos
 query/key projections, the old conversion), ``--posthoc`` / ``--no-posthoc`` (IG and Occlusion on the stock
