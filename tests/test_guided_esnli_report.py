@@ -52,6 +52,9 @@ def test_report_pairs_every_model_with_the_baseline_by_seed(guided_esnli, tmp_pa
     assert report["default/stock-supervised"]["iou_x_chance"] == pytest.approx([2.0, 3.0])
     printed = capsys.readouterr().out
     assert "paired against default/stock-vanilla" in printed and "rank/stock-supervised" in printed
+    # files written before the did-not-learn check are paired, and said to be unchecked
+    assert got["unchecked_seeds"] == [0, 1] and got["excluded_seeds"] == {}
+    assert "rank/stock-supervised seeds [0, 1]: unchecked" in printed
 
 
 def test_report_leaves_out_and_names_the_seeds_on_which_a_model_or_the_baseline_did_not_learn(
