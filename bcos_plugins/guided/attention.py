@@ -322,16 +322,18 @@ def _check_attention_weights(weights: Tensor, layer: int) -> None:
     zeroes some and scales the rest by ``1 / (1 - p)``, so single rows sum to 1 only in expectation."""
     values = weights.detach()
     finite = torch.isfinite(values)
-    if not finite.all():
+    # one device synchronisation per layer and training step, not three
+    has_bad, has_negative, mean_row_sum = torch.stack([
+        (~finite).any().float(), (values < 0).any().float(), values.float().sum(-1).mean()]).tolist()
+    if has_bad:
         raise argument_error("attentions", f"layer {layer} holds NaN or inf in batch {bad_rows(~finite)}",
                              "The forward pass diverged or got non-finite inputs (check the inputs, the learning "
                              "rate and the loss of the previous steps); NaN attention would make the loss NaN")
-    if (values < 0).any():
+    if has_negative:
         raise argument_error("attentions", f"layer {layer} has negative values (down to {values.min().item():.3g}), "
                              "so these are attention scores before the softmax, not attention weights",
                              "Pass model(..., output_attentions=True).attentions (eager attention), which are "
                              "the softmax outputs")
-    mean_row_sum = values.float().sum(-1).mean().item()
     if abs(mean_row_sum - 1.0) > 0.1:
         raise argument_error("attentions", f"layer {layer}'s rows sum to {mean_row_sum:.4g} on average, not 1, so "
                              "these are not softmax attention weights (scores before the softmax, or a sum over "
