@@ -197,6 +197,28 @@ def test_explain_is_complete_on_the_models_own_outputs(name, side):
     torch.testing.assert_close(contrast.explained, at_other[rows, high] - at_other[rows, low])
 
 
+STOCK_QUERY_KEY_NAMES = [n for n in NAMES if not n.startswith("ModernBert")]  # fused nn.Linear: refused
+
+
+@pytest.mark.parametrize("name", STOCK_QUERY_KEY_NAMES)
+def test_stock_query_key_projections_keep_explanations_complete(name, tmp_path):
+    """bcosify(bcos_query_key=False): query/key keep their pretrained weights and biases (Qwen2's included),
+    their outputs constant in explanation mode; explanations complete and the model reloads bit-identically."""
+    model = bcosify(_stock(name), b=B, bcos_query_key=False, verbose=False)
+    assert model.bcos_report.constant_outputs and set(model.bcos_report.constant_outputs) <= set(model.bcos_report.kept)
+    ids, mask = _batch("left", seed=6)
+    out = _outputs(model, ids, mask)
+    rows = torch.arange(ids.shape[0])
+    spec = SPECS[name]
+    at = out if spec.is_classifier else out[rows, _last_real(mask) if spec.kind == "decoder" else mask.argmax(1)]
+    target = at.abs().argmax(-1)
+    expl = explain(model, ids, mask, target=target)
+    _assert_complete(expl)
+    torch.testing.assert_close(expl.explained, at[rows, target])
+    model.save_pretrained(tmp_path)
+    assert torch.equal(_outputs(load_bcos_model(tmp_path).eval(), ids, mask), out)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_load_bcos_model_round_trip_is_bit_identical(name, tmp_path):
     model = _converted(name)

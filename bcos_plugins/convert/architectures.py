@@ -262,8 +262,9 @@ REFUSED_ARCHITECTURES: dict[str, str] = {
 
 
 def specs_where(predicate: Callable[[ArchitectureSpec], bool]) -> tuple[str, ...]:
-    """The names of the registered classes whose spec satisfies ``predicate``, sorted (for adapters' lists)."""
-    return tuple(sorted(name for name, spec in SPECS.items() if predicate(spec)))
+    """The names of the registered classes whose spec satisfies ``predicate``, in registry order (for the
+    adapters' lists and messages: families in the order they were added, a family's classes together)."""
+    return tuple(name for name, spec in SPECS.items() if predicate(spec))
 
 
 def architecture_name(model: nn.Module) -> str:
