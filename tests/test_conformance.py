@@ -354,6 +354,33 @@ def test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable(name)
     _lens_checks(transformer_bridge_from_hf(model), model)
 
 
+GATED_LM_NAMES = [n for n in CAUSAL_LM_NAMES if "mlp" in SPECS[n].module_swaps]
+
+
+@pytest.mark.parametrize("name", GATED_LM_NAMES)
+def test_bilinear_variant_is_explained_exactly_on_every_path(name):
+    """The family's gated MLP with the identity activation is a bilinear MLP (gate branch the dynamic weight):
+    B-cosified, its explanations are complete through explain and the TransformerLens paths the family has."""
+    from bcos_plugins.adapters import transformer_lens as lens
+
+    config = CONFIGS[_family(name)]()
+    config.hidden_act = "linear"
+    if hasattr(config, "hidden_activation"):  # Gemma names it so
+        config.hidden_activation = "linear"
+    torch.manual_seed(0)
+    model = bcosify(stock_class(name)(config).eval(), b=B, verbose=False)
+    assert type(model.model.layers[0].mlp.act_fn).__name__ == "LinearActivation"
+    ids, mask = _batch("left", seed=7)
+    out = _outputs(model, ids, mask)
+    rows = torch.arange(ids.shape[0])
+    at = out[rows, _last_real(mask)]
+    _assert_complete(explain(model, ids, mask, target=at.abs().argmax(-1)))
+    if SPECS[name].lens_conversion is not None and lens.HAS_HOOKED_TRANSFORMER:
+        _lens_checks(lens.hooked_transformer_from_hf(model), model)
+    if SPECS[name].bridge:
+        _lens_checks(lens.transformer_bridge_from_hf(model), model)
+
+
 # ---------------------------------------------------------------------------------- family-specific maths
 
 
