@@ -332,6 +332,35 @@ def test_hooked_transformer_from_hf_has_the_same_logits_and_is_explainable(name)
     _lens_checks(lens.hooked_transformer_from_hf(model), model)
 
 
+def _rel(got, want) -> float:
+    got, want = got.detach(), want.detach()
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
+
+
+@pytest.mark.parametrize("name", LENS_NAMES)
+def test_transformer_lens_decompositions_are_exact(name):
+    """TransformerLens' own calls on the converted model: logit_attrs of its residual decompositions sum to the
+    logit, stack_head_results / stack_neuron_results sum to each layer's attention / MLP output."""
+    from bcos_plugins.adapters import transformer_lens as lens
+
+    if not lens.HAS_HOOKED_TRANSFORMER:
+        return  # TransformerLens 4 has no HookedTransformer
+    model = lens.hooked_transformer_from_hf(_converted(name))
+    tokens = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(8))
+    logits, cache = model.run_with_cache(tokens)
+    target = logits.argmax(-1)
+    logit = logits.gather(-1, target[..., None])[..., 0]
+    for stack in (cache.decompose_resid(), cache.get_full_resid_decomposition(expand_neurons=True)):
+        assert _rel(cache.logit_attrs(stack, target).sum(0), logit) <= RTOL
+    heads = cache.stack_head_results(layer=-1)
+    n_heads, d_mlp = model.cfg.n_heads, model.cfg.d_mlp
+    for layer in range(model.cfg.n_layers):
+        attn_out = cache[f"blocks.{layer}.hook_attn_out"]
+        assert _rel(heads[layer * n_heads:(layer + 1) * n_heads].sum(0), attn_out) <= RTOL
+        neurons = cache.stack_neuron_results(layer + 1)[layer * d_mlp:]
+        assert _rel(neurons.sum(0), cache[f"blocks.{layer}.hook_mlp_out"]) <= RTOL
+
+
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].lens_refusal])
 def test_hooked_transformer_from_hf_refuses_with_the_reason(name):
     from bcos_plugins.adapters import transformer_lens as lens
