@@ -25,7 +25,7 @@ from .convert.checkpoint_format import (
     READABLE_FORMAT_VERSIONS,
     STOCK_QUERY_KEY_FORMAT_VERSION,
 )
-from .errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
+from .errors import BcosError, BcosFileError, BcosTypeError, BcosValueError, argument_error
 from .nn.linear import AlignmentPressure, check_b
 
 __all__ = ["BCOS_CONFIG_KEY", "FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "STOCK_QUERY_KEY_FORMAT_VERSION",
@@ -284,6 +284,8 @@ def _load_reporting(load, path: str):
     hf_logger.propagate = False
     try:
         return load()
+    except BcosError:  # a refusal of the model's own from_pretrained already names the problem
+        raise
     except (RuntimeError, OSError, ValueError) as err:  # a TypeError (bad keyword argument) stays as it is
         problems = capture.problems()
         if not problems:
@@ -324,15 +326,9 @@ def _load_vit(path: str, kwargs: dict) -> nn.Module:
                             "Restore config.json from the original save.") from None
     kwargs = _apply_config_overrides(path, config, kwargs)
     weight_files(path, True)
-    model, info = _load_reporting(lambda: BcosViT.from_pretrained(path, config=config, use_safetensors=True,
-                                                                  output_loading_info=True, **kwargs), path)
-    # a BcosViT saved before every layer stored its B has no bcos_b entries; it runs at config.b
-    missing = [k for k in info["missing_keys"] if not k.endswith("bcos_b")]
-    if missing or info["unexpected_keys"] or info.get("mismatched_keys"):
-        raise BcosValueError(
-            f"path: {path} does not hold a whole BcosViT: missing {sorted(missing)}, unexpected "
-            f"{sorted(info['unexpected_keys'])}, mismatched {info.get('mismatched_keys')} (the missing weights "
-            "would be random). Restore the folder from the original save_pretrained.")
+    # BcosViT.from_pretrained itself refuses missing, unexpected and mismatched weights, naming them
+    model = _load_reporting(lambda: BcosViT.from_pretrained(path, config=config, use_safetensors=True, **kwargs),
+                            path)
     return model.eval()
 
 

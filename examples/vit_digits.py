@@ -44,6 +44,7 @@ from bcos_plugins.adapters.captum_vision import image_attribution_methods
 from transformers import Trainer, TrainingArguments, set_seed
 from transformers.utils import logging as hf_logging
 
+from bcos_plugins import load_bcos_model
 from bcos_plugins.metrics.image import grid_pointing_game, pixel_perturbation
 from bcos_plugins.metrics.summary import Cost, measure_cost
 from bcos_plugins.train import bcos_loss
@@ -210,7 +211,7 @@ def main() -> None:
         set_seed(0)
         folder = OUT / f"bcos_vit_{name.replace(' ', '_')}"
         if cfg.reuse and folder.exists():
-            model, seconds = BcosViT.from_pretrained(folder).eval(), saved_seconds[name]
+            model, seconds = load_bcos_model(folder), saved_seconds[name]  # refuses a partial folder
         else:
             model = BcosViT(BcosViTConfig(**SHAPE, **BCOS, **extra))
             seconds = train(model, train_set, cfg.epochs, loss_func=bcos_loss, name=f"bcos-{name}")

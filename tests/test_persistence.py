@@ -165,3 +165,19 @@ def test_a_bcos_vit_folder_missing_its_classifier_is_refused_naming_the_weight(t
     with pytest.raises(BcosValueError, match=r"^path: .* does not hold a whole BcosViT: missing "
                                              r"\['classifier\.weight'\].*would be random.*Restore the folder"):
         load_bcos_model(folder)
+
+
+def test_bcos_vit_from_pretrained_refuses_a_folder_missing_its_classifier(tmp_path):
+    """Called directly (not through load_bcos_model), from_pretrained used to fill the missing classifier with
+    random weights and only list it in transformers' load report."""
+    from bcos_plugins.vision import BcosViT
+
+    model, folder = _vit(tmp_path)
+    loaded, info = BcosViT.from_pretrained(folder, output_loading_info=True)  # a whole folder: as transformers
+    assert not info["missing_keys"] and torch.equal(loaded.classifier.weight, model.classifier.weight)
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if k != "classifier.weight"}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(BcosValueError, match=r"^path: .* does not hold a whole BcosViT: missing "
+                                             r"\['classifier\.weight'\].*would be random.*Restore the folder"):
+        BcosViT.from_pretrained(folder)

@@ -26,7 +26,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import ImageClassifierOutput
 
 from .._checks import require_class_ids
-from ..errors import argument_error
+from ..errors import BcosValueError, argument_error
 from ..losses import bcos_loss
 from ..nn.conv import BcosConv2d
 from ..nn.linear import BcosLinear
@@ -83,6 +83,27 @@ class BcosViT(PreTrainedModel):
         self.blocks = nn.ModuleList(BcosViTBlock(config) for _ in range(config.num_hidden_layers))
         self.classifier = BcosLinear(config.hidden_size, config.num_labels, b=config.b, max_out=1)
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, output_loading_info: bool = False,
+                        **kwargs):
+        """transformers' ``from_pretrained``, refusing a folder that lacks a weight the model needs (transformers
+        would fill it with random values and only list it in its load report), holds weights it does not use,
+        or holds weights of another shape. Only ``bcos_b`` may be missing: a BcosViT saved before every layer
+        stored its B runs at ``config.b``. ``load_bcos_model`` loads a BcosViT folder through this method.
+
+        Raises:
+            BcosValueError: naming the missing, unexpected and mismatched weights.
+        """
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True,
+                                              **kwargs)
+        missing = [k for k in info["missing_keys"] if not k.endswith("bcos_b")]
+        if missing or info["unexpected_keys"] or info.get("mismatched_keys"):
+            raise BcosValueError(
+                f"path: {pretrained_model_name_or_path} does not hold a whole BcosViT: missing {sorted(missing)}, "
+                f"unexpected {sorted(info['unexpected_keys'])}, mismatched {info.get('mismatched_keys')} (the "
+                "missing weights would be random). Restore the folder from the original save_pretrained.")
+        return (model, info) if output_loading_info else model
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (BcosLinear, BcosConv2d)):
