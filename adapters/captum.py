@@ -50,13 +50,12 @@ from typing import Any
 
 import torch
 from bcos_plugins.adapters._captum_private import CaptumInternals, TargetType, VisualizationDataRecord
-from bcos_plugins.adapters._token_ids import require_token_ids
 from captum.attr import GradientAttribution, LayerGradientXActivation, NoiseTunnel
 from captum.log import log_usage
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from bcos_plugins._checks import refuse_renamed_keywords
+from bcos_plugins._checks import ids_as_long, refuse_renamed_keywords
 from bcos_plugins.attribution import (
     Explanation,
     TokenExplanation,
@@ -294,7 +293,6 @@ class EmbeddingForward(nn.Module):
     def embed(self, input_ids: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None = None,
               **forward_kwargs) -> Float[Tensor, "batch pos d_model"]:
         """The attribution-point tensor of ``input_ids`` (the forward pass stops right after computing it)."""
-        require_token_ids("input_ids", input_ids)
         input_ids, attention_mask = check_token_inputs(self.model, input_ids, attention_mask)
         captured: list[Tensor] = []
 
@@ -376,7 +374,7 @@ class _Logits(nn.Module):
             self.spec = None
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        require_token_ids("inputs", input_ids)
+        input_ids = ids_as_long(input_ids)  # any integer width, exactly (a uint8 index would read as a mask)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         # keywords: the second positional parameter of transformers decoders is the cache, not the mask
         kwargs = (model_call_kwargs(self.model, self.spec, input_ids, mask, {}) if self.spec is not None

@@ -63,15 +63,17 @@ def test_decomposition_refuses_a_model_whose_biases_the_table_cannot_hold(kind):
         token_component_decomposition(model, ids(), target=5)
 
 
-def test_decomposition_refuses_tokens_longer_than_the_context_and_narrow_id_dtypes():
+def test_decomposition_refuses_tokens_longer_than_the_context_and_reads_narrow_ids_exactly():
     model = transformer_bridge_from_hf(bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False))
     with pytest.raises(BcosError, match=rf"tokens: {MAX_POS + 5} positions but the model has n_ctx={MAX_POS}"):
         token_component_decomposition(model, ids(length=MAX_POS + 5))
-    for call in (token_component_decomposition, explain_logits):
-        with pytest.raises(BcosError, match=r"tokens: token ids of dtype torch.uint8 .* tokens.long\(\)"):
-            call(model, ids().to(torch.uint8))
-    result = token_component_decomposition(model, ids().to(torch.int32), target=5)  # int32 ids index as ids
-    assert result.completeness_error.max() <= 1e-4
+    # uint8 ids used to be read as a mask by W_E[tokens] (an IndexError); any integer width is read as the ids
+    reference = token_component_decomposition(model, ids(), target=5)
+    for dtype in (torch.uint8, torch.int16, torch.int32):
+        torch.testing.assert_close(token_component_decomposition(model, ids().to(dtype), target=5).table,
+                                   reference.table)
+        torch.testing.assert_close(explain_logits(model, ids().to(dtype), target=5).contributions,
+                                   explain_logits(model, ids(), target=5).contributions)
 
 
 def _bcos_sae_model(hook_name: str):
@@ -255,14 +257,15 @@ def test_layer_bcos_refuses_a_layer_of_another_model(bcos_bert):
         plain.attribute(ids, target=1, additional_forward_args=(mask,))
 
 
-def test_captum_adapter_refuses_uint8_ids(bcos_bert):
+def test_captum_adapter_reads_uint8_ids_as_the_ids(bcos_bert):
     from bcos_plugins.adapters.captum import EmbeddingForward, LayerBcos
 
-    ids, mask = _bert_inputs()
-    with pytest.raises(BcosError, match=r"input_ids: token ids of dtype torch.uint8 .* input_ids.long\(\)"):
-        EmbeddingForward(bcos_bert).embed(ids.to(torch.uint8), mask)
-    with pytest.raises(BcosError, match=r"inputs: token ids of dtype torch.uint8"):
-        LayerBcos(bcos_bert).attribute(ids.to(torch.uint8), target=1, additional_forward_args=(mask,))
+    ids, mask = _bert_inputs()  # used to fail inside torch's embedding ("indices ... ByteTensor")
+    fwd = EmbeddingForward(bcos_bert)
+    torch.testing.assert_close(fwd.embed(ids.to(torch.uint8), mask), fwd.embed(ids, mask))
+    torch.testing.assert_close(
+        LayerBcos(bcos_bert).attribute(ids.to(torch.uint8), target=1, additional_forward_args=(mask,)),
+        LayerBcos(bcos_bert).attribute(ids, target=1, additional_forward_args=(mask,)))
 
 
 def test_the_readme_captum_one_liner_on_bert_warns_and_its_fix_is_complete(bcos_bert):

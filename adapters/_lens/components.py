@@ -101,9 +101,9 @@ def _layers(model: nn.Module) -> tuple[int, bool]:
     return cfg.n_layers, bool(getattr(cfg, "attn_only", False))
 
 
-def _check_inputs(model: nn.Module, tokens, attention_mask) -> None:
+def _check_inputs(model: nn.Module, tokens, attention_mask) -> Tensor:
     require_explainable(model)
-    check_lens_tokens(model, tokens, attention_mask)
+    return check_lens_tokens(model, tokens, attention_mask)
 
 
 def _top_down_table(shares: list[list[Tensor]], resid_pre: list[Tensor], inputs: list[Tensor]) -> Tensor:
@@ -161,7 +161,7 @@ def token_component_decomposition(
         batched: one batched backward sweep for all components (default), or one backward per component
             (the reference loop the benchmark compares against; same numbers).
     """
-    _check_inputs(model, tokens, attention_mask)
+    tokens = _check_inputs(model, tokens, attention_mask)
     batch, _ = tokens.shape
     n_layers, attn_only = _layers(model)
     mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)

@@ -110,7 +110,7 @@ def explain_logits(
         attention_mask: 1 for real tokens, passed to the model.
     """
     require_explainable(model)
-    check_lens_tokens(model, tokens, attention_mask)
+    tokens = check_lens_tokens(model, tokens, attention_mask)
     batch = tokens.shape[0]
     mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)
     pos = resolve_positions(position, mask, default="last")

@@ -6,18 +6,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from bcos_plugins._checks import ids_as_long
 from bcos_plugins.errors import BcosTypeError, BcosValueError
-
-from .._token_ids import require_token_ids
 
 __all__ = ["check_lens_tokens"]
 
 
-def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> None:
-    """Refuse token ids ``model`` (a ``HookedTransformer`` or ``TransformerBridge``) cannot embed as meant."""
+def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> Tensor:
+    """Refuse token ids ``model`` (a ``HookedTransformer`` or ``TransformerBridge``) cannot embed as meant; returns
+    them as int64 (ids of any integer width convert exactly, as everywhere in the package: TransformerLens' ``W_E[tokens]``
+    would read a uint8 tensor as a mask)."""
     if not isinstance(tokens, Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
         raise BcosTypeError("tokens: must be a tensor of token ids (use model.to_tokens(text) for strings)")
-    require_token_ids("tokens", tokens)
+    tokens = ids_as_long(tokens)
     if tokens.ndim != 2 or tokens.numel() == 0:
         raise BcosValueError(f"tokens: expected a non-empty (batch, pos) tensor, got shape {tuple(tokens.shape)}")
     if (tokens < 0).any() or (tokens >= model.cfg.d_vocab).any():  # bridges have cfg.d_vocab too
@@ -31,3 +32,4 @@ def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> None:
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
         raise BcosValueError(f"attention_mask: shape {shape} differs from tokens {tuple(tokens.shape)}. Pass one 0/1 "
                              "entry per token")
+    return tokens
