@@ -266,6 +266,28 @@ CAUSAL_LM_NAMES = [n for n in NAMES if SPECS[n].head == "causal_lm"]
 
 
 @pytest.mark.parametrize("name", CAUSAL_LM_NAMES)
+def test_layer_bcos_runs_inside_captums_llm_gradient_attribution(name):
+    """Captum's LLM workflow explains log p(target tokens); its first row is input x gradient of that
+    log-probability at the attribution point, inside explanation mode."""
+    from bcos_plugins.adapters.captum import LayerBcos
+    from captum.attr import LLMGradientAttribution, TextTokenInput
+
+    from bcos_plugins.attribution import capture_point
+    from bcos_plugins.nn import explanation_mode
+
+    model = _converted(name)
+    tokenizer = _word_tokenizer()
+    result = LLMGradientAttribution(LayerBcos(model), tokenizer).attribute(
+        TextTokenInput("w5 w7 w9 w11", tokenizer), target="w3 w4")
+    assert result.token_attr.shape == (2, 4) and torch.isfinite(result.token_attr).all()
+    point = SPECS[name].embedding_module(model)
+    with torch.enable_grad(), explanation_mode(model), capture_point(*point) as captured:
+        log_p = model(input_ids=torch.tensor([[5, 7, 9, 11]])).logits[0, -1].log_softmax(-1)[3]
+        (grad,) = torch.autograd.grad(log_p, captured[0])
+    torch.testing.assert_close(result.token_attr[0], (captured[0] * grad).sum(-1)[0].detach(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", CAUSAL_LM_NAMES)
 def test_inseq_load_model_bcos_is_exact(name):
     import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
     import inseq
