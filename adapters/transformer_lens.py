@@ -2,7 +2,10 @@
 
 Importing this module registers the identity activation under ``"linear"`` (transformers' name for it) in
 TransformerLens' ``SUPPORTED_ACTIVATIONS`` (idempotent), so ``HookedTransformerConfig(gated_mlp=True,
-act_fn="linear")`` is a bilinear transformer: ``hook_post == hook_pre * hook_pre_linear``.
+act_fn="linear")`` is a bilinear transformer: ``hook_post == hook_pre * hook_pre_linear``. It also makes
+TransformerLens' own bridge construction (``TransformerBridge.boot_transformers(name, hf_model=...)`` and the
+rest) refuse B-cos models, which it would rewrite in place (:mod:`._lens.boot_guard`; use
+:func:`transformer_bridge_from_hf`).
 
 Public API:
 
