@@ -326,8 +326,9 @@ def test_inseq_load_classifier_scores_sum_to_each_class_logit(name):
 
 
 def _lens_checks(lens_model, hf_model):
-    """Same logits as the HF model; the package's TransformerLens explanation complete on them."""
-    from bcos_plugins.adapters.transformer_lens import explain_logits
+    """Same logits as the HF model; the package's TransformerLens explanation and token x component
+    decomposition complete on them."""
+    from bcos_plugins.adapters.transformer_lens import explain_logits, token_component_decomposition
 
     tokens = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
@@ -337,6 +338,11 @@ def _lens_checks(lens_model, hf_model):
     expl = explain_logits(lens_model, tokens, target=5)
     assert expl.completeness_error.max() <= RTOL
     torch.testing.assert_close(expl.explained, expected[:, -1, 5], rtol=1e-5, atol=1e-6)
+    # token x component shares (per head, per MLP, direct) that sum to the logit
+    table = token_component_decomposition(lens_model, tokens, target=5)
+    assert table.completeness_error.max() <= RTOL
+    torch.testing.assert_close(table.explained, expected[:, -1, 5], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(table.token_totals, expl.contributions, rtol=1e-4, atol=1e-5)
 
 
 LENS_NAMES = [n for n in NAMES if SPECS[n].lens_conversion is not None]
