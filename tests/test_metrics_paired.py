@@ -102,3 +102,57 @@ def test_errors_name_the_argument_and_the_fix():
     with pytest.raises(BcosValueError, match="predictions_a.*empty"):
         paired_accuracy_difference(torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, 3, dtype=torch.long),
                                    [0, 1, 1])
+
+
+# ---------------------------------------------------------------- paired_bootstrap_difference
+
+
+def test_bootstrap_by_hand():
+    """Two sentences, differences 0 and 1: each resample mean is 0, 1/2 or 1; the interval is the quantiles of the
+    resample means drawn with the documented generator, computed here without the function."""
+    from bcos_plugins.metrics.paired import paired_bootstrap_difference
+
+    a, b = [0.5, 0.25], [0.5, 1.25]
+    r = paired_bootstrap_difference(a, b, confidence=0.8, n_resamples=5, seed=3)
+    indices = torch.randint(2, (5, 2), generator=torch.Generator().manual_seed(3))
+    d = [0.0, 1.0]
+    means = sorted((d[i] + d[j]) / 2 for i, j in indices.tolist())
+    # torch.quantile's linear interpolation at q over 5 sorted values: position q * 4
+    def quantile(q):
+        pos = q * 4
+        low = int(math.floor(pos))
+        return means[low] + (pos - low) * (means[min(low + 1, 4)] - means[low])
+
+    assert r.difference == 0.5 and (r.n_units, r.n_resamples, r.confidence) == (2, 5, 0.8)
+    assert r.ci_low == pytest.approx(quantile(0.1)) and r.ci_high == pytest.approx(quantile(0.9))
+    assert set(means) <= {0.0, 0.5, 1.0}
+
+
+def test_bootstrap_of_identical_differences_collapses_and_swapping_negates():
+    from bcos_plugins.metrics.paired import paired_bootstrap_difference
+
+    same = paired_bootstrap_difference([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])
+    assert (same.difference, same.ci_low, same.ci_high) == pytest.approx((0.5, 0.5, 0.5))
+    assert same.excludes_zero()
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.rand(50, generator=g), torch.rand(50, generator=g)
+    ab, ba = paired_bootstrap_difference(a, b, seed=7), paired_bootstrap_difference(b, a, seed=7)
+    assert ab.difference == pytest.approx(-ba.difference)
+    assert (ab.ci_low, ab.ci_high) == pytest.approx((-ba.ci_high, -ba.ci_low))
+    assert ab.ci_low <= ab.difference <= ab.ci_high
+    assert paired_bootstrap_difference(a, b, seed=7) == ab  # the seed fixes the interval
+
+
+def test_bootstrap_errors_name_the_argument():
+    from bcos_plugins.metrics.paired import paired_bootstrap_difference
+
+    with pytest.raises(BcosValueError, match="values_b.*shape"):
+        paired_bootstrap_difference([1.0, 2.0], [1.0])
+    with pytest.raises(BcosValueError, match="values_a.*empty"):
+        paired_bootstrap_difference([], [])
+    with pytest.raises(BcosValueError, match="values_a"):
+        paired_bootstrap_difference([float("nan"), 1.0], [1.0, 1.0])
+    with pytest.raises(BcosValueError, match="confidence.*below 1"):
+        paired_bootstrap_difference([1.0], [1.0], confidence=1.0)
+    with pytest.raises(BcosTypeError, match="n_resamples"):
+        paired_bootstrap_difference([1.0], [1.0], n_resamples=2.5)

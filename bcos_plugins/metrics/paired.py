@@ -32,10 +32,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._checks import require_float, require_same_shape, require_tensor
+from .._checks import require_float, require_int, require_same_shape, require_tensor
 from ..errors import argument_error
 
-__all__ = ["PairedAccuracyDifference", "paired_accuracy_difference"]
+__all__ = ["PairedAccuracyDifference", "PairedBootstrapDifference", "paired_accuracy_difference",
+           "paired_bootstrap_difference"]
 
 
 @dataclass(frozen=True)
@@ -137,3 +138,63 @@ def paired_accuracy_difference(
         interval_over=interval_over, per_seed=tuple(per_seed.tolist()), accuracy_a=tuple(accuracy_a.tolist()),
         accuracy_b=tuple(accuracy_b.tolist()), only_a_correct=only_a, only_b_correct=only_b,
         mcnemar_p=mcnemar_p, n_seeds=n_seeds, n_examples=n_examples)
+
+
+@dataclass(frozen=True)
+class PairedBootstrapDifference:
+    """Mean of ``b - a`` over paired units (sentences, examples) with a percentile bootstrap interval."""
+
+    difference: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    n_units: int
+    n_resamples: int
+
+    def excludes_zero(self) -> bool:
+        """Whether the interval lies entirely above or entirely below zero."""
+        return self.ci_low > 0 or self.ci_high < 0
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95, n_resamples: int = 2000,
+                                seed: int = 0) -> PairedBootstrapDifference:
+    """The mean of the paired differences ``b_i - a_i`` with a percentile bootstrap interval over the units.
+
+    Use it for a per-unit score of two methods on the same units (e.g. the comprehensiveness of two explanation
+    methods on the same sentences): resampling the pairs, not each method's values apart, keeps what the two
+    share (an easy sentence is easy for both). The interval covers evaluation-sample noise only.
+
+    Args:
+        values_a: ``(unit,)`` numbers for ``a``; NaN is refused (drop the unit from both sides instead).
+        values_b: ``(unit,)`` floats for ``b``, unit ``i`` paired with ``values_a[i]``.
+        confidence: of the two-sided interval, in (0, 1).
+        n_resamples: bootstrap resamples (units drawn with replacement, ``n_units`` per resample).
+        seed: of the resampling generator (``torch.Generator().manual_seed(seed)``): the same inputs give the same
+            interval.
+
+    Algorithm (what a hand computation reproduces): ``d = b - a`` in float64; indices
+    ``torch.randint(n_units, (n_resamples, n_units), generator=torch.Generator().manual_seed(seed))``; the
+    resample means ``d[indices].mean(1)``; the interval is ``torch.quantile`` (linear interpolation) of those
+    means at ``(1 - confidence) / 2`` and ``(1 + confidence) / 2``.
+    """
+    a = require_tensor("values_a", values_a, ndim=1, kind="real", shape_hint="(unit,)").double()
+    b = require_tensor("values_b", values_b, ndim=1, kind="real", shape_hint="(unit,)").double()
+    require_same_shape("values_b", b, "values_a", a)
+    if a.shape[0] == 0:
+        raise argument_error("values_a", "is empty", "Pass the scores of at least one unit")
+    confidence = require_float("confidence", confidence, minimum=0.0, maximum=1.0, open_minimum=True)
+    if confidence == 1.0:
+        raise argument_error("confidence", "must be below 1 (a 100 % interval is the range of the resamples)",
+                             "Pass e.g. 0.95")
+    n_resamples = require_int("n_resamples", n_resamples, minimum=1)
+    seed = require_int("seed", seed, minimum=0)
+    d = b - a
+    n = d.shape[0]
+    indices = torch.randint(n, (n_resamples, n), generator=torch.Generator().manual_seed(seed))
+    means = d[indices].mean(1)
+    low, high = torch.quantile(means, torch.tensor([(1 - confidence) / 2, (1 + confidence) / 2], dtype=torch.float64))
+    return PairedBootstrapDifference(difference=float(d.mean()), ci_low=float(low), ci_high=float(high),
+                                     confidence=confidence, n_units=n, n_resamples=n_resamples)
