@@ -8,7 +8,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # one target per script in examples/: `make space-sst2` runs examples/space_sst2.py
 EXAMPLES := blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli ioi-circuit
 
-.PHONY: setup test test-tl4 docs wheel-smoke demo bench bench-faithfulness bench-faithfulness-full bench-decoders bench-recipes bench-vision guided-esnli-seeds lint clean $(EXAMPLES)
+.PHONY: setup test test-tl4 docs wheel-smoke demo bench bench-gpu bench-faithfulness bench-faithfulness-full bench-decoders bench-recipes bench-vision guided-esnli-seeds lint clean $(EXAMPLES)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_lens.py
 	$(BIN)/python benchmarks/bench_bilinear.py
+
+# B-cos / conventional speed and peak memory on a GPU, < 8 min on one H100 (docs/benchmarks.md#gpu); on a CPU:
+# make bench-gpu BENCH_GPU_ARGS="--device cpu --quick"
+bench-gpu: $(STAMP)
+	$(BIN)/python benchmarks/bench_gpu.py $(BENCH_GPU_ARGS)
 
 bench-faithfulness: $(STAMP)
 	$(BIN)/python benchmarks/bench_faithfulness.py

@@ -235,11 +235,20 @@ def test_compiled_fullgraph_forward_and_explain_equal_eager(name, backend):
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits
     eager = explain(model, ids, mask)
-    model.compile(fullgraph=True, backend=backend)
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    model.compile(fullgraph=True, backend=counting_backend)
     try:
         with torch.no_grad():
             compiled_logits = model(input_ids=ids, attention_mask=mask).logits
         compiled = explain(model, ids, mask)
+        compiled_once = len(graphs)
+        explain(model, ids, mask)  # a second call reuses the graph (nothing in it changes per call)
+        assert len(graphs) == compiled_once
         torch.testing.assert_close(compiled_logits, logits, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(compiled.explained, eager.explained, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(compiled.input_contributions, eager.input_contributions, rtol=1e-4, atol=1e-6)

@@ -36,9 +36,18 @@ def dynamic_weights_used() -> int:
     """How many dynamic weights were held constant (in either form of the mode) in this thread so far.
 
     The Captum adapter reads it around a call of a plain function to check that the function ran through
-    B-cos modules at all (otherwise its input x gradient is not a ``W(x) x`` explanation).
+    B-cos modules at all (otherwise its input x gradient is not a ``W(x) x`` explanation). Modules running
+    inside a graph compiled by ``torch.compile`` are not counted.
     """
     return getattr(_THREAD_STATE, "used", 0)
+
+
+def _count_use() -> None:
+    # counted in both forms: a plain function called inside the user's own explanation_mode(model) ran through
+    # B-cos modules too. Not while torch.compile traces: the count would become a guard of the compiled graph
+    # (its value differs at every call, so every call would compile the model again).
+    if not torch.compiler.is_compiling():
+        _THREAD_STATE.used = dynamic_weights_used() + 1
 
 
 class DynamicWeightModule(nn.Module):
@@ -60,9 +69,7 @@ class DynamicWeightModule(nn.Module):
     def dynamic_weight(self, factor: Tensor) -> Tensor:
         """Return ``factor`` as it must enter the product: detached while explaining."""
         if self._explaining_module or _thread_depth() > 0:
-            # counted in both forms: a plain function called inside the user's own explanation_mode(model)
-            # ran through B-cos modules too
-            _THREAD_STATE.used = dynamic_weights_used() + 1
+            _count_use()
             return factor.detach()
         return factor
 
@@ -72,7 +79,7 @@ class DynamicWeightModule(nn.Module):
         For layers whose fused kernels take the decision as an argument instead of detaching a tensor.
         """
         if self._explaining_module or _thread_depth() > 0:
-            _THREAD_STATE.used = dynamic_weights_used() + 1
+            _count_use()
             return True
         return False
 

@@ -1,0 +1,301 @@
+"""B-cos / conventional speed and memory ratios on a GPU (issue 30), measured side by side in one run.
+
+For float32 and bfloat16 autocast, eager and compiled (``torch.compile``), at four shapes built from configs
+with random weights (no download):
+
+| shape | architecture | batch x tokens |
+|---|---|---|
+| minilm | all-MiniLM-L6-v2 (6-layer BERT, hidden 384) | 64 x 128 |
+| bert-base | BERT base (12 layers, hidden 768) | 32 x 256 |
+| gpt2 | GPT-2 small (12 layers, hidden 768) | 16 x 512 |
+| llama-1b | Llama 3.2 1B shape (16 layers, hidden 2048, GQA 32/8) | 4 x 512 |
+
+it prints the B-cos / conventional ratio of
+
+- forward: a no-grad forward of the B-cos model / of the conventional one (sequence classifiers, 2 labels);
+- explain / IxG: :func:`bcos_plugins.explain` on the B-cos model / Captum ``LayerGradientXActivation`` on the
+  conventional model at the same point (the combined embedding). Compiled, Captum's layer hooks cannot take
+  gradients inside a compiled graph, so the conventional side is the same input x gradient through the
+  package's probe (:func:`bcos_plugins.attribution.capture_point`), which ``explain`` uses too;
+- train step: forward + backward + AdamW step (B-cos: ``bcos_loss``; conventional: cross-entropy);
+- peak train memory: the model's own parameters and AdamW state plus the peak of
+  ``torch.cuda.max_memory_allocated`` above what was allocated before a training step (both models share the
+  device, so the raw peak would count the other one too); n/a on CPU.
+
+Each cell is the median of ``--repeats`` interleaved calls after warm-up. Compiled cells run after all eager
+ones and are skipped (and say so) once ``--budget-s`` seconds have passed, so a run ends in time (8 minutes on
+one H100 with the defaults). ``--device cpu --quick`` runs tiny shapes on the CPU (the test suite does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import transformers as T
+from captum.attr import LayerGradientXActivation
+
+from bcos_plugins import bcos_loss, bcosify, explain
+from bcos_plugins.attribution.gradient import capture_point
+from bcos_plugins.convert.architectures import spec_for
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    make_config: Callable[[], T.PretrainedConfig]
+    model_class: str
+    batch: int
+    tokens: int
+
+
+def _bert(hidden: int, layers: int, heads: int, intermediate: int, vocab: int = 30522) -> T.BertConfig:
+    return T.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=intermediate, num_labels=2)
+
+
+def _gpt2(hidden: int, layers: int, heads: int, vocab: int = 50257) -> T.GPT2Config:
+    return T.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=1024,
+                        num_labels=2, pad_token_id=0)
+
+
+def _llama(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
+           vocab: int = 128256) -> T.LlamaConfig:
+    return T.LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=2048,
+                         num_labels=2, pad_token_id=0, tie_word_embeddings=True)
+
+
+FULL_SHAPES = [
+    Shape("minilm", lambda: _bert(384, 6, 12, 1536), "BertForSequenceClassification", 64, 128),
+    Shape("bert-base", lambda: _bert(768, 12, 12, 3072), "BertForSequenceClassification", 32, 256),
+    Shape("gpt2", lambda: _gpt2(768, 12, 12), "GPT2ForSequenceClassification", 16, 512),
+    Shape("llama-1b", lambda: _llama(2048, 16, 32, 8, 8192), "LlamaForSequenceClassification", 4, 512),
+]
+QUICK_SHAPES = [
+    Shape("minilm", lambda: _bert(32, 1, 4, 64, vocab=100), "BertForSequenceClassification", 2, 16),
+    Shape("bert-base", lambda: _bert(32, 1, 4, 64, vocab=100), "BertForSequenceClassification", 2, 16),
+    Shape("gpt2", lambda: _gpt2(32, 1, 4, vocab=100), "GPT2ForSequenceClassification", 2, 16),
+    Shape("llama-1b", lambda: _llama(32, 1, 4, 2, 64, vocab=100), "LlamaForSequenceClassification", 2, 16),
+]
+PRECISIONS = ("float32", "bf16 autocast")
+MEASUREMENTS = ("forward", "explain / IxG", "train step", "peak train memory")
+
+
+class Bench:
+    def __init__(self, device: torch.device, repeats: int) -> None:
+        self.device = device
+        self.repeats = repeats
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def pair(self, bcos_fn: Callable[[], object], conv_fn: Callable[[], object]) -> tuple[float, float]:
+        """Median seconds of ``bcos_fn`` and ``conv_fn``, interleaved so that load affects both alike."""
+        for fn in (bcos_fn, conv_fn, bcos_fn, conv_fn):  # warm-up (the first compiled call compiles)
+            fn()
+        self.sync()
+        times: dict[int, list[float]] = {0: [], 1: []}
+        for _ in range(self.repeats):
+            for i, fn in enumerate((bcos_fn, conv_fn)):
+                self.sync()
+                t0 = time.perf_counter()
+                fn()
+                self.sync()
+                times[i].append(time.perf_counter() - t0)
+        return statistics.median(times[0]), statistics.median(times[1])
+
+    def peak_memory(self, fn: Callable[[], object]) -> float | None:
+        """Peak bytes allocated while ``fn`` runs, above what was allocated before (CUDA only)."""
+        if self.device.type != "cuda":
+            return None
+        self.sync()
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        fn()
+        self.sync()
+        return float(torch.cuda.max_memory_allocated(self.device) - before)
+
+
+def _models(shape: Shape, device: torch.device, b: float):
+    config = shape.make_config()
+    cls = getattr(T, shape.model_class)
+    torch.manual_seed(0)
+    with torch.device(device):
+        conventional = cls(config).eval()
+        torch.manual_seed(0)
+        bcos = bcosify(cls(config), b=b, verbose=False).eval()
+    return conventional, bcos
+
+
+def _ixg_captum(model, ids, mask, target):
+    module, where = spec_for(model).embedding_module(model)
+    ixg = LayerGradientXActivation(lambda i, m: model(input_ids=i, attention_mask=m).logits, module)
+
+    def run():
+        ixg.attribute(ids, target=target, additional_forward_args=(mask,), attribute_to_layer_input=where == "input")
+    return run
+
+
+def _ixg_probe(model, ids, mask, target):
+    """Input x gradient at the combined embedding of a (compiled) conventional model, through the probe."""
+    module, where = spec_for(model).embedding_module(model)
+    weight = model.get_input_embeddings().weight
+    rows = torch.arange(ids.shape[0], device=ids.device)
+
+    def run():
+        probe = torch.ones(*ids.shape, weight.shape[-1], dtype=weight.dtype, device=weight.device,
+                           requires_grad=True)
+        with capture_point(module, where, probe=probe):
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        torch.autograd.grad(logits[rows, target].sum(), probe)
+    return run
+
+
+def _train_step(model, ids, mask, labels, bcos: bool, autocast):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def run():
+        with autocast():
+            out = model(input_ids=ids, attention_mask=mask)
+            loss = bcos_loss(out, labels) if bcos else torch.nn.functional.cross_entropy(out.logits.float(), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return run, optimizer
+
+
+def _resident_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of ``model``'s parameters and buffers and of ``optimizer``'s state tensors."""
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
+
+
+def run_shape(shape: Shape, bench: Bench, precision: str, mode: str, backend: str, b: float) -> dict[str, str]:
+    device = bench.device
+    conventional, bcos = _models(shape, device, b)
+    compiled = mode == "compiled"
+    if compiled:
+        for model in (conventional, bcos):
+            model.compile(backend=backend)
+    dtype = torch.bfloat16 if precision == "bf16 autocast" else None
+
+    def autocast():
+        return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, conventional.config.vocab_size, (shape.batch, shape.tokens), generator=g).to(device)
+    mask = torch.ones_like(ids)
+    labels = torch.randint(0, 2, (shape.batch,), generator=g).to(device)
+    with torch.no_grad(), autocast():
+        target = conventional(input_ids=ids, attention_mask=mask).logits.argmax(-1)
+
+    def forward(model):
+        def run():
+            with torch.no_grad(), autocast():
+                model(input_ids=ids, attention_mask=mask)
+        return run
+
+    row: dict[str, str] = {}
+    fb, fc = bench.pair(forward(bcos), forward(conventional))
+    row["forward"] = f"{_ratio(fb, fc)} ({fb * 1e3:.1f} vs {fc * 1e3:.1f} ms)"
+
+    ixg = (_ixg_probe if compiled else _ixg_captum)(conventional, ids, mask, target)
+
+    def run_explain():
+        with autocast():
+            explain(bcos, ids, mask, target=target)
+
+    def run_ixg():
+        with autocast():
+            ixg()
+
+    eb, ec = bench.pair(run_explain, run_ixg)
+    row["explain / IxG"] = f"{_ratio(eb, ec)} ({eb * 1e3:.1f} vs {ec * 1e3:.1f} ms)"
+
+    bcos.train()
+    conventional.train()
+    step_b, opt_b = _train_step(bcos, ids, mask, labels, True, autocast)
+    step_c, opt_c = _train_step(conventional, ids, mask, labels, False, autocast)
+    tb, tc = bench.pair(step_b, step_c)
+    row["train step"] = f"{_ratio(tb, tc)} ({tb * 1e3:.1f} vs {tc * 1e3:.1f} ms)"
+    mb, mc = bench.peak_memory(step_b), bench.peak_memory(step_c)
+    if mb is not None:
+        mb, mc = mb + _resident_bytes(bcos, opt_b), mc + _resident_bytes(conventional, opt_c)
+    row["peak train memory"] = ("n/a (CPU)" if mb is None else
+                                f"{_ratio(mb, mc)} ({mb / 2**20:,.0f} vs {mc / 2**20:,.0f} MiB)")
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda (default when available) or cpu")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (1 layer, hidden 32, 2 x 16 tokens)")
+    parser.add_argument("--shapes", nargs="+", choices=[s.name for s in FULL_SHAPES],
+                        default=[s.name for s in FULL_SHAPES])
+    parser.add_argument("--modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
+    parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per cell (default 6; quick: 2)")
+    parser.add_argument("--budget-s", type=float, default=420.0,
+                        help="compiled cells are skipped after this many seconds (default 420)")
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    parser.add_argument("--b", type=float, default=1.5, help="alignment pressure of the B-cos models (1.5)")
+    args = parser.parse_args(argv)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        parser.error(f"--device: {err}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible; pass --device cpu (with --quick for a smoke run)")
+    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 6)
+    if repeats < 1:
+        parser.error(f"--repeats: must be >= 1, got {repeats}")
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 on both sides
+    # two models of one class, train/eval and explanation mode each get their own graph; the default limit (8)
+    # would send the later ones back to eager mode silently
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    setattr(torch._dynamo.config, limit, 64)
+    bench = Bench(device, repeats)
+    shapes = [s for s in (QUICK_SHAPES if args.quick else FULL_SHAPES) if s.name in args.shapes]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
+    print(f"# B-cos / conventional on {name}, torch {torch.__version__}, transformers {T.__version__}, "
+          f"B = {args.b}, median of {repeats} interleaved calls{', quick shapes' if args.quick else ''}")
+    start = time.perf_counter()
+    print("| shape (batch x tokens) | precision | mode | " + " | ".join(MEASUREMENTS) + " |")
+    print("|---" * (3 + len(MEASUREMENTS)) + "|")
+    for mode in args.modes:  # eager first: the compiled cells are the ones the budget may cut
+        for shape in shapes:
+            for precision in args.precisions:
+                label = f"| {shape.name} ({shape.batch} x {shape.tokens}) | {precision} | {mode} | "
+                if mode == "compiled" and time.perf_counter() - start > args.budget_s:
+                    print(label + " | ".join(["skipped (time budget)"] * len(MEASUREMENTS)) + " |", flush=True)
+                    continue
+                if mode == "compiled":
+                    torch._dynamo.reset()
+                row = run_shape(shape, bench, precision, mode, args.compile_backend, args.b)
+                gc.collect()  # the two models and their optimizers go before the next shape is built
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                print(label + " | ".join(row[m] for m in MEASUREMENTS) + " |", flush=True)
+    print(f"# total {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
