@@ -113,11 +113,7 @@ def test_the_attribution_core_never_imports_an_explanation_path():
 # Loops that predate this test, in modules other work owns; each entry leaves when its loop is cut, and the
 # tests fail while a listed loop no longer exists, so this list only shrinks.
 KNOWN_MUTUAL = {
-    ("bcos_plugins.bilinear.module", "bcos_plugins.bilinear.weights"),
     ("bcos_plugins.convert.architectures", "bcos_plugins.convert.bcosify"),
-    ("bcos_plugins.data", "bcos_plugins.data.ag_news"),
-    ("bcos_plugins.data", "bcos_plugins.data.blimp"),
-    ("bcos_plugins.data", "bcos_plugins.data.ioi"),
 }
 
 

@@ -21,8 +21,9 @@ from .hosvd import HOSVD, hosvd
 from .interaction import bilinear_tensor, interaction_matrix, iter_interaction_matrices
 from .masks import AdversarialMasks, adversarial_masks, pseudo_inverse_masks
 from .module import BilinearMLP
+from .sources import bilinear_weights
 from .truncation import TruncationCurve, truncated_outputs, truncation_curve
-from .weights import BilinearWeights, augment_input, bilinear_weights
+from .weights import BilinearWeights, augment_input
 
 __all__ = [
     "HOSVD",

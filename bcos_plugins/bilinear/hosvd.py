@@ -27,7 +27,8 @@ from torch import Tensor
 
 from .._checks import require_float, require_int
 from .interaction import interaction_matrix, require_finite_weights
-from .weights import bilinear_weights, require_bias_free
+from .sources import bilinear_weights
+from .weights import require_bias_free
 
 __all__ = ["HOSVD", "hosvd"]
 

@@ -20,7 +20,8 @@ from torch import Tensor
 
 from .._checks import require_int, require_tensor
 from ..errors import argument_error
-from .weights import BilinearWeights, bilinear_weights, require_bias_free
+from .sources import bilinear_weights
+from .weights import BilinearWeights, require_bias_free
 
 __all__ = ["bilinear_tensor", "interaction_matrix", "iter_interaction_matrices"]
 

@@ -26,7 +26,7 @@ from .eigen import (
     require_eigendecomposition,
     top_eigen_indices,
 )
-from .weights import bilinear_weights
+from .sources import bilinear_weights
 
 __all__ = ["TruncationCurve", "truncated_outputs", "truncation_curve"]
 

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from ..errors import argument_error
-from . import TextClassificationData, _check_n, _read_tsv, _shipped_split
+from .shipped import TextClassificationData, check_n, read_tsv, shipped_split
 
 __all__ = ["AG_NEWS_LABELS", "load_ag_news"]
 
@@ -40,16 +40,16 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
         source: ``"local"`` (default, no network) or ``"hub"`` (``datasets.load_dataset("ag_news")``).
         clean: undo the source's escapes (`` #39;`` -> ``'``, ``\\`` -> space).
     """
-    n = _check_n(n)
+    n = check_n(n)
     if source == "hub":
         from datasets import load_dataset
 
         ds = load_dataset("ag_news", split=split)
         rows = [(r["text"], int(r["label"])) for r in ds]
     elif source == "local":
-        file = Path(path) if path is not None else _shipped_split("ag_news", split, ("train", "test"))
+        file = Path(path) if path is not None else shipped_split("ag_news", split, ("train", "test"))
         rows = []
-        for text, label, number in _read_tsv(file, header=False):
+        for text, label, number in read_tsv(file, header=False):
             if label in AG_NEWS_LABELS:
                 y = AG_NEWS_LABELS.index(label)
             elif label.isdigit() and int(label) < len(AG_NEWS_LABELS):

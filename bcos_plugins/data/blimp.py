@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-from . import SHIPPED_DATA
 from .contrastive import ContrastiveBatch
+from .shipped import SHIPPED_DATA
 
 __all__ = ["BLIMP_SUBSETS", "BlimpBatch", "BlimpPair", "encode_blimp", "load_blimp"]
 

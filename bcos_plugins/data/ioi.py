@@ -53,8 +53,8 @@ from torch import Tensor
 
 from .._checks import require_choice, require_int
 from ..errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
-from . import SHIPPED_DATA
 from .contrastive import ContrastiveBatch
+from .shipped import SHIPPED_DATA
 
 __all__ = [
     "IOI_HELDOUT_NAMES",
