@@ -389,6 +389,38 @@ def test_transformer_lens_decompositions_are_exact(name):
         assert _rel(neurons.sum(0), cache[f"blocks.{layer}.hook_mlp_out"]) <= RTOL
 
 
+@pytest.mark.parametrize("name", LENS_NAMES)
+def test_sae_lens_hooked_sae_transformer_with_a_spliced_sae_accounts_for_the_whole_logit(name):
+    """sae-lens' HookedSAETransformer built by hooked_transformer_from_hf, a bias-free SAE spliced into the
+    residual stream with its error term: the tokens' share plus the error term's reported share is the logit."""
+    from bcos_plugins.adapters import transformer_lens as lens
+
+    if not lens.HAS_HOOKED_TRANSFORMER:
+        return  # sae-lens needs TransformerLens 3
+    from bcos_plugins.adapters.sae_lens import sae_error_share
+    from sae_lens import HookedSAETransformer, StandardSAE, StandardSAEConfig
+
+    model = lens.hooked_transformer_from_hf(_converted(name), model_class=HookedSAETransformer)
+    d_model = model.cfg.d_model
+    sae_cfg = StandardSAEConfig(d_in=d_model, d_sae=4 * d_model, device="cpu")
+    sae_cfg.metadata.hook_name = "blocks.0.hook_resid_post"
+    torch.manual_seed(0)
+    sae = StandardSAE(sae_cfg)
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.randn_like(sae.W_enc))
+        sae.W_dec.copy_(torch.randn_like(sae.W_dec) / d_model)
+        sae.b_enc.zero_()
+        sae.b_dec.zero_()
+    model.add_sae(sae, use_error_term=True)
+    tokens = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(9))
+    result = sae_error_share(model, tokens, target=4)
+    explained = result.explanation.explained
+    assert set(result.error_shares) == {"blocks.0.hook_resid_post"}
+    assert result.error_fraction.abs().max() > 1e-3  # the error term carries a real share
+    total = result.explanation.total + result.error_share
+    assert ((total - explained).abs() / explained.abs()).max() <= RTOL
+
+
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].lens_refusal])
 def test_hooked_transformer_from_hf_refuses_with_the_reason(name):
     from bcos_plugins.adapters import transformer_lens as lens
