@@ -37,7 +37,6 @@ from .attribution.targets import (
 from .attribution.text import check_token_inputs, model_call_kwargs, text_attribution_point
 from .convert.architectures import spec_for
 from .errors import BcosRuntimeError, BcosValueError
-from .nn.dynamic import has_dynamic_weights
 
 __all__ = ["explain", "last_real_position"]
 
@@ -166,8 +165,11 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor)
             f"in {contributions.dtype}. Check the inputs and the embedding rows of their tokens for huge values "
             "(model.get_input_embeddings().weight[input_ids].abs().max()), or explain in float64 (model.double())."
         )
-    if not has_dynamic_weights(model):
-        return  # plain input x gradient of a stock model is not complete; completeness_error reports how far
+    if not isinstance(getattr(getattr(model, "config", None), "bcos", None), dict):
+        # only a B-cos model (bcosify / load_bcos_model record config.bcos) claims exactness: plain input x
+        # gradient of a stock model, and dynamic_linear_copy's W(x) x + bias terms, are not complete by design,
+        # and completeness_error / delta report how far
+        return
     tolerance = _completeness_tolerance(contributions)
     # against the explained value, the outputs it is a difference of, or the token scores' own size, whichever
     # is largest: float rounding of a healthy model is relative to those (an explained value can be near 0),

@@ -38,7 +38,7 @@ __all__ = ["AffineDetachableLayerNorm", "ConstantQueryKeyLinear", "DetachableTan
 
 # Classes whose forward applies no non-linearity outside a module (checked by reading transformers 5's code):
 # the registry's ``dynamic_linear`` flag.
-DYNAMIC_LINEAR_ARCHITECTURES = specs_where(lambda spec: spec.dynamic_linear)
+DYNAMIC_LINEAR_ARCHITECTURES = tuple(sorted(specs_where(lambda spec: spec.dynamic_linear)))  # by name, as before
 
 # below this |x| the ratio tanh(x) / x is evaluated as its Taylor series (error < x^4 / 7 < 2e-13): the
 # division itself would be 0 / 0 at x = 0
