@@ -34,6 +34,7 @@ import tempfile
 import torch
 from torch import nn
 
+from bcos_plugins.convert.architectures import architecture_name, specs_where
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn.dynamic import DynamicWeightModule
 from bcos_plugins.nn.linear import BcosConv1D, BcosLinear
@@ -50,7 +51,8 @@ __all__ = [
     "transformer_bridge_from_hf",
 ]
 
-SUPPORTED_BRIDGE_ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM")
+# the registry's classes the bridge accepts (ArchitectureSpec.bridge)
+SUPPORTED_BRIDGE_ARCHITECTURES = specs_where(lambda spec: spec.bridge)
 _EXPLAINABLE_FLAG = "_bcos_explainable_bridge"
 
 
@@ -99,8 +101,7 @@ def check_bridge_internals() -> None:
 
 
 def _architecture(hf_model: nn.Module) -> str:
-    bcos = getattr(getattr(hf_model, "config", None), "bcos", None)
-    name = bcos["architecture"] if isinstance(bcos, dict) else type(hf_model).__name__
+    name = architecture_name(hf_model)
     if name not in SUPPORTED_BRIDGE_ARCHITECTURES:
         raise BcosTypeError(
             f"hf_model: {type(hf_model).__name__} is not supported by transformer_bridge_from_hf. Pass a "
