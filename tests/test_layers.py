@@ -181,3 +181,24 @@ def test_bad_maxout_and_gate_rejected():
         BcosLinear(3, 3, max_out=0)
     with pytest.raises(ValueError, match="unknown gate"):
         DetachableActivation("tanh")
+
+
+@pytest.mark.parametrize("max_out", [1, 2])
+def test_from_pretrained_layers_copy_weights_without_random_initialisation(monkeypatch, max_out):
+    # bcosify on a billion-parameter model spent most of its time drawing random weights it then overwrote
+    def refuse(tensor, *args, **kwargs):
+        if not tensor.is_meta:  # a layer built on the meta device allocates nothing to initialise
+            raise AssertionError("from_linear / from_conv1d must not initialise randomly")
+        return tensor
+
+    torch.manual_seed(0)
+    lin, conv = nn.Linear(6, 4).half(), Conv1D(4, 6)
+    monkeypatch.setattr(nn.init, "kaiming_uniform_", refuse)
+    bcos_lin = BcosLinear.from_linear(lin, b=1.25, max_out=max_out)
+    bcos_conv = BcosConv1D.from_conv1d(conv, b=1.5, max_out=max_out)
+    assert torch.equal(bcos_lin.weight, lin.weight.repeat_interleave(max_out, dim=0))
+    assert torch.equal(bcos_conv.weight, conv.weight.repeat_interleave(max_out, dim=1))
+    assert bcos_lin.weight.dtype == torch.float16 and bcos_lin.weight.data_ptr() != lin.weight.data_ptr()
+    assert bcos_lin.weight.requires_grad and bcos_conv.weight.requires_grad
+    assert (bcos_lin.b, bcos_conv.b) == (1.25, 1.5)
+    assert bcos_lin.bcos_b.dtype == torch.float64 and bcos_lin.bcos_b.item() == 1.25

@@ -210,11 +210,21 @@ class BcosLinear(AlignmentPressure):
         With ``max_out > 1`` each output's M units start as copies of the pretrained row, so the layer
         starts from the pretrained B-cos output exactly.
         """
-        layer = cls(linear.in_features, linear.out_features, b=b, max_out=max_out,
-                    device=linear.weight.device, dtype=linear.weight.dtype, **kwargs)
+        layer = cls._uninitialised(linear.weight, linear.in_features, linear.out_features, b=b, max_out=max_out,
+                                   **kwargs)
         with torch.no_grad():
-            layer.weight.copy_(linear.weight.repeat_interleave(max_out, dim=0))
+            layer.weight.copy_(linear.weight.repeat_interleave(max_out, dim=0) if max_out > 1 else linear.weight)
         return layer
+
+    @classmethod
+    def _uninitialised(cls, like: Tensor, *args, **kwargs) -> BcosLinear:
+        """A layer on ``like``'s device and dtype whose weight is allocated but not initialised.
+
+        For the ``from_*`` constructors, which overwrite the weight at once: the random initialisation of
+        ``__init__`` would cost more than the copy (most of ``bcosify``'s time on a billion-parameter model).
+        """
+        layer = cls(*args, device="meta", dtype=like.dtype, **kwargs)
+        return layer.to_empty(device=like.device)
 
     def unit_weight(self) -> Float[Tensor, "units d_in"]:
         """Weight rows scaled to unit norm, ``(out_features * max_out, in_features)``."""
@@ -254,10 +264,9 @@ class BcosConv1D(BcosLinear):
     @classmethod
     def from_conv1d(cls, conv, b: float, max_out: int = 1, **kwargs) -> BcosConv1D:
         in_features, out_features = conv.weight.shape
-        layer = cls(in_features, out_features, b=b, max_out=max_out,
-                    device=conv.weight.device, dtype=conv.weight.dtype, **kwargs)
+        layer = cls._uninitialised(conv.weight, in_features, out_features, b=b, max_out=max_out, **kwargs)
         with torch.no_grad():
-            layer.weight.copy_(conv.weight.repeat_interleave(max_out, dim=1))
+            layer.weight.copy_(conv.weight.repeat_interleave(max_out, dim=1) if max_out > 1 else conv.weight)
         return layer
 
     def unit_weight(self) -> Float[Tensor, "units d_in"]:
