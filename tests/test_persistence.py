@@ -181,3 +181,25 @@ def test_bcos_vit_from_pretrained_refuses_a_folder_missing_its_classifier(tmp_pa
     with pytest.raises(BcosValueError, match=r"^path: .* does not hold a whole BcosViT: missing "
                                              r"\['classifier\.weight'\].*would be random.*Restore the folder"):
         BcosViT.from_pretrained(folder)
+
+
+def test_conventional_vit_from_pretrained_refuses_a_folder_missing_its_head(tmp_path):
+    """The baseline ViT of the vision example reloads with from_pretrained: a missing head is refused too."""
+    from bcos_plugins.vision import BcosViTConfig, ConventionalViT
+
+    config = BcosViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1,
+                           num_attention_heads=2, intermediate_size=16, num_labels=3)
+    torch.manual_seed(0)
+    model = ConventionalViT(config).eval()
+    model.save_pretrained(tmp_path)
+    images = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ConventionalViT.from_pretrained(tmp_path).eval()(images).logits,
+                                   model(images).logits, rtol=0, atol=0)
+    weights = load_file(tmp_path / "model.safetensors")
+    head = [k for k in weights if k.startswith("classifier.") or k.startswith("head.")]
+    assert head, sorted(weights)
+    save_file({k: v for k, v in weights.items() if k not in head}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(BcosValueError, match=r"^path: .* does not hold a whole ConventionalViT: missing \["):
+        ConventionalViT.from_pretrained(tmp_path)

@@ -28,6 +28,7 @@ from .._checks import require_class_ids
 from ..errors import argument_error
 from .config import BcosViTConfig
 from .encoding import check_pixel_values
+from .loading import WholeCheckpointLoading
 
 __all__ = ["ConventionalViT"]
 
@@ -62,7 +63,7 @@ class _Block(nn.Module):
         return x + self.mlp(self.norm2(x)), pattern
 
 
-class ConventionalViT(PreTrainedModel):
+class ConventionalViT(WholeCheckpointLoading, PreTrainedModel):
     """Conventional ViT classifier with a learnt position embedding; see the module docstring."""
 
     config_class = BcosViTConfig

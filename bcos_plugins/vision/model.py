@@ -26,13 +26,14 @@ from transformers import initialization as init
 from transformers.modeling_outputs import ImageClassifierOutput
 
 from .._checks import require_class_ids
-from ..errors import BcosValueError, argument_error
+from ..errors import argument_error
 from ..losses import bcos_loss
 from ..nn.conv import BcosConv2d
 from ..nn.linear import BcosLinear
 from .attention import BcosViTAttention
 from .config import BcosViTConfig
 from .encoding import InputEncoding, check_pixel_values
+from .loading import WholeCheckpointLoading
 from .mlp import BcosViTMLP
 from .tokenizer import BcosConvTokenizer, BcosPatchEmbedding
 
@@ -54,7 +55,7 @@ class BcosViTBlock(nn.Module):
         return self.mlp(x), pattern
 
 
-class BcosViT(PreTrainedModel):
+class BcosViT(WholeCheckpointLoading, PreTrainedModel):
     """B-cos vision transformer classifier; see the module docstring.
 
     ``forward(pixel_values)`` takes images in [0, 1]; ``forward(encoded_pixel_values=...)`` takes the
@@ -83,27 +84,6 @@ class BcosViT(PreTrainedModel):
         self.blocks = nn.ModuleList(BcosViTBlock(config) for _ in range(config.num_hidden_layers))
         self.classifier = BcosLinear(config.hidden_size, config.num_labels, b=config.b, max_out=1)
         self.post_init()
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, output_loading_info: bool = False,
-                        **kwargs):
-        """transformers' ``from_pretrained``, refusing a folder that lacks a weight the model needs (transformers
-        would fill it with random values and only list it in its load report), holds weights it does not use,
-        or holds weights of another shape. Only ``bcos_b`` may be missing: a BcosViT saved before every layer
-        stored its B runs at ``config.b``. ``load_bcos_model`` loads a BcosViT folder through this method.
-
-        Raises:
-            BcosValueError: naming the missing, unexpected and mismatched weights.
-        """
-        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True,
-                                              **kwargs)
-        missing = [k for k in info["missing_keys"] if not k.endswith("bcos_b")]
-        if missing or info["unexpected_keys"] or info.get("mismatched_keys"):
-            raise BcosValueError(
-                f"path: {pretrained_model_name_or_path} does not hold a whole BcosViT: missing {sorted(missing)}, "
-                f"unexpected {sorted(info['unexpected_keys'])}, mismatched {info.get('mismatched_keys')} (the "
-                "missing weights would be random). Restore the folder from the original save_pretrained.")
-        return (model, info) if output_loading_info else model
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (BcosLinear, BcosConv2d)):

@@ -1,0 +1,34 @@
+"""Loading the vision models with ``from_pretrained``: a folder that lacks a weight is refused, not filled."""
+
+from __future__ import annotations
+
+from ..errors import BcosValueError
+
+__all__ = ["WholeCheckpointLoading"]
+
+
+class WholeCheckpointLoading:
+    """Mixin of the vision ``PreTrainedModel`` classes (listed before ``PreTrainedModel``): ``from_pretrained``
+    refuses a folder that lacks a weight the model needs (transformers would fill it with random values and only
+    list it in its load report), holds weights the model does not use, or holds weights of another shape."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, output_loading_info: bool = False,
+                        **kwargs):
+        """transformers' ``from_pretrained``, with every weight required. Only ``bcos_b`` may be missing: a
+        BcosViT saved before every layer stored its B runs at ``config.b``. ``load_bcos_model`` loads a BcosViT
+        folder through this method.
+
+        Raises:
+            BcosValueError: naming the missing, unexpected and mismatched weights.
+        """
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True,
+                                              **kwargs)
+        missing = [k for k in info["missing_keys"] if not k.endswith("bcos_b")]
+        if missing or info["unexpected_keys"] or info.get("mismatched_keys"):
+            raise BcosValueError(
+                f"path: {pretrained_model_name_or_path} does not hold a whole {cls.__name__}: missing "
+                f"{sorted(missing)}, unexpected {sorted(info['unexpected_keys'])}, mismatched "
+                f"{info.get('mismatched_keys')} (the missing weights would be random). Restore the folder from the "
+                "original save_pretrained.")
+        return (model, info) if output_loading_info else model
