@@ -45,8 +45,8 @@ from bcos_plugins.metrics import (
 )
 
 __all__ = ["DEVICE", "MAX_LENGTH", "Batch", "Method", "MethodResult", "batches", "encode", "evaluate_seqpg",
-           "evaluate_sst2", "explained_logits", "make_methods", "mask_baseline", "predictions", "seqpg_examples",
-           "token_feature_mask"]
+           "evaluate_sst2", "explained_logits", "make_bcos_methods", "make_methods", "mask_baseline", "predictions",
+           "seqpg_examples", "token_feature_mask"]
 
 MAX_LENGTH = 64
 # GPU if present (the issue's "GPU if present"); every model and batch is moved here
@@ -148,11 +148,11 @@ def make_methods(conv, bcos, mask_id: int, cfg) -> dict[str, Method]:
             "is attributed to no token)", decomposes_logit=True),
     }
     if bcos is not None:
-        methods.update(_bcos_methods(bcos))
+        methods.update(make_bcos_methods(bcos))
     return methods
 
 
-def _bcos_methods(bcos) -> dict[str, Method]:
+def make_bcos_methods(bcos) -> dict[str, Method]:
     """The B-cos model's rows: its explanation and, as an ablation, plain IxG on it."""
     bcos_fwd = EmbeddingForward(bcos)
     bcos_method = BcosAttribution(bcos_fwd)

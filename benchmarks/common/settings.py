@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["env_choice", "env_flag", "env_float", "env_int", "env_path"]
+__all__ = ["env_choice", "env_choices", "env_flag", "env_float", "env_int", "env_numbers", "env_path"]
 
 
 def _bad(name: str, raw: str, problem: str, fix: str, default) -> SystemExit:
@@ -99,3 +99,37 @@ def env_path(name: str, default: Path | str) -> Path:
         raise _bad(name, raw, "empty, which would be the current folder", f"a folder, e.g. {name}={default}",
                    default)
     return Path(raw)
+
+
+def env_numbers(name: str, default: Sequence[float], *, kind: type = float, minimum: float | None = None) -> tuple:
+    """A comma-separated list of numbers (``kind``: ``int`` or ``float``), each finite and ``>= minimum``, no
+    repeats, at least one; ``default`` when unset. ``BENCH_FRONTIER_B=1.1,1.5``."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return tuple(default)
+    shown = ",".join(f"{v:g}" if kind is float else str(v) for v in default)
+    what = "whole numbers" if kind is int else "numbers"
+    wanted = f"comma-separated {what}{f' >= {minimum}' if minimum is not None else ''}, e.g. {name}={shown}"
+    try:
+        values = tuple(kind(part.strip()) for part in raw.split(","))
+    except ValueError:
+        raise _bad(name, raw, f"not a comma-separated list of {what}", wanted, shown) from None
+    if any(not math.isfinite(v) for v in values) or (minimum is not None and any(v < minimum for v in values)):
+        raise _bad(name, raw, f"out of range (each must be finite{f' and >= {minimum}' if minimum is not None else ''})",
+                   wanted, shown)
+    if len(set(values)) != len(values):
+        raise _bad(name, raw, "lists a value twice", wanted, shown)
+    return values
+
+
+def env_choices(name: str, default: Sequence[str], choices: Sequence[str]) -> tuple[str, ...]:
+    """A comma-separated list of distinct ``choices`` (at least one), ``default`` when unset."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return tuple(default)
+    listed = ",".join(choices)
+    values = tuple(part.strip() for part in raw.split(","))
+    if any(v not in choices for v in values) or len(set(values)) != len(values):
+        raise _bad(name, raw, f"not a comma-separated list of distinct values from {listed}",
+                   f"some of {listed}, e.g. {name}={listed}", ",".join(default))
+    return values

@@ -1,0 +1,153 @@
+"""The frontier benchmark end to end in --quick mode on a tiny random BERT (with the real MiniLM tokenizer) and small
+data files written here: the files it writes, the paired bootstrap intervals, resumption, and its settings errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+import pytest
+import torch
+import transformers as T
+
+from bcos_plugins.pretrained import minilm_path
+
+pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already require gradients",
+                                        "ignore:You are providing multiple inputs for Lime")
+
+POSITIVE = ["a gripping , funny and moving film", "the best picture of the year by far", "warm , witty and wise",
+            "i liked every minute of it", "a triumph of acting and writing"]
+NEGATIVE = ["dull , slow and far too long", "a mess from start to finish", "i hated every minute of it",
+            "the plot makes no sense at all", "flat jokes and wooden acting"]
+TOPICS = {"World": "president minister election war president minister election {}",
+          "Sports": "football goal league coach football goal league {}",
+          "Business": "shares profit earnings market shares profit earnings {}",
+          "Sci/Tech": "software chip computer internet software chip computer {}"}
+DAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday", "today", "sunday night"]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    from benchmarks import bench_frontier
+
+    return bench_frontier
+
+
+@pytest.fixture()
+def clean_env(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("BENCH_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A tiny random BERT saved with the MiniLM tokenizer, and SST-2 / AG News files in the shared layout."""
+    root = tmp_path_factory.mktemp("frontier")
+    tok = T.AutoTokenizer.from_pretrained(minilm_path())
+    config = T.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    T.BertModel(config).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    sst2 = root / "sst2"
+    sst2.mkdir()
+    rows = [f"{t}\t{y}" for pos, neg in zip(POSITIVE, NEGATIVE, strict=True) for t, y in ((pos, 1), (neg, 0))]
+    (sst2 / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows * 4) + "\n", encoding="utf-8")
+    (sst2 / "dev.tsv").write_text("sentence\tlabel\nshort\t1\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    ag = root / "ag_news"
+    ag.mkdir()
+    news = [f"{text.format(day)}\t{topic}" for day in DAYS for topic, text in TOPICS.items()]
+    (ag / "dev.tsv").write_text("\n".join(news * 5) + "\n", encoding="utf-8")
+    return root
+
+
+def quick_env(env, inputs, out):
+    env.setenv("BENCH_OUT", str(out))
+    env.setenv("BENCH_FRONTIER_MODEL", str(inputs / "model"))
+    env.setenv("BENCH_FRONTIER_SST2", str(inputs / "sst2"))
+    env.setenv("BENCH_FRONTIER_AG_NEWS", str(inputs / "ag_news"))
+    env.setenv("BENCH_EPOCHS", "3")
+    env.setenv("BENCH_TRAIN_BATCH", "4")
+    env.setenv("BENCH_CONV_LR", "3e-3")  # the tiny random model learns the topic words only at a larger rate
+    env.setenv("BENCH_AG_TRAIN", "40")
+    env.setenv("BENCH_AG_EVAL", "60")
+
+
+def test_quick_run_writes_the_frontier_and_a_rerun_trains_nothing(bench, clean_env, inputs, tmp_path):
+    quick_env(clean_env, inputs, tmp_path / "out")
+    first = bench.main(["--quick"])
+    out = tmp_path / "out"
+    for name in ("results.csv", "results.md", "frontier.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    cells = sorted(out.glob("cells/*/*/*.json"))
+    assert [c.relative_to(c.parents[1]).as_posix() for c in cells] == [
+        "ag_news/B1.25-stockqk-task-then-bcos-seed0.json", "ag_news/conventional-seed0.json",
+        "sst2/B1.25-stockqk-task-then-bcos-seed0.json", "sst2/conventional-seed0.json"]
+    assert first["computed"] == 4 and first["trained"] >= 3  # 2 conventional models, 2 B-cos models
+    [row] = first["rows"]
+    assert row["setting"] == "B1.25-stockqk-task-then-bcos"
+    assert sorted(r["setting"] for r in first["posthoc"]) == [
+        "post-hoc: IG (4 steps, [MASK] baseline)", "post-hoc: LIME (10)", "post-hoc: Occlusion",
+        "post-hoc: ShapSampl (2)"]
+    sst2_cell = json.loads((out / cells[3].relative_to(out)).read_text())
+    explained = sst2_cell["n_units"]
+    assert explained == 6  # BENCH_EVAL=6 sentences of >= 3 words: the one-word dev row is not explained
+    for metric in ("comp", "suff", "seqpg"):
+        low, diff, high = row[f"{metric}_low"], row[f"{metric}_diff"], row[f"{metric}_high"]
+        assert all(math.isfinite(v) for v in (low, diff, high)) and low <= diff <= high, metric
+        # the difference is B-cos minus the named best post-hoc method, mean over the paired units
+        bcos_cell = json.loads(cells[2 if metric != "seqpg" else 0].read_text())
+        conv_cell = json.loads(cells[3 if metric != "seqpg" else 1].read_text())
+        best = conv_cell["methods"][row[f"best_posthoc_{metric}"]][metric]
+        own = bcos_cell["methods"]["B-cos"][metric]
+        assert len(own) == len(best) == row[f"{metric}_units"]
+        assert diff == pytest.approx(sum(own) / len(own) - sum(best) / len(best))
+    assert row["comp_units"] == explained and row["seqpg_units"] == 2 * 3 or row["seqpg_units"] <= 6
+    with (out / "results.csv").open(encoding="utf-8") as f:
+        assert len(list(csv.DictReader(f))) == 1 + 4
+    table = (out / "results.md").read_text(encoding="utf-8")
+    assert "B1.25-stockqk-task-then-bcos" in table and "paired bootstrap 95 % interval" in table
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a rerun trained a model")
+
+    clean_env.setattr(bench, "fine_tune_classifier", no_training)
+    second = bench.main(["--quick"])
+    assert second["computed"] == 0 and second["trained"] == 0
+    assert second["rows"] == first["rows"]
+
+
+@pytest.mark.parametrize(("name", "raw", "problem"), [
+    ("BENCH_FRONTIER_B", "", "not a comma-separated list of numbers"),
+    ("BENCH_FRONTIER_B", "1.1,0.5", "out of range"),
+    ("BENCH_FRONTIER_B", "1.1,1.1", "lists a value twice"),
+    ("BENCH_FRONTIER_SEEDS", "1.5", "not a comma-separated list of whole numbers"),
+    ("BENCH_FRONTIER_QK", "stock,query", "not a comma-separated list of distinct values"),
+    ("BENCH_FRONTIER_START", "", "not a comma-separated list of distinct values"),
+    ("BENCH_EVAL", "", "not a whole number"),
+    ("BENCH_OUT", "", "empty, which would be the current folder"),
+    ("BENCH_FRONTIER_QUICK", "yes", "not a switch"),
+])
+def test_a_bad_setting_stops_the_run_naming_the_variable(bench, clean_env, tmp_path, name, raw, problem):
+    clean_env.setenv("BENCH_OUT", str(tmp_path / "out"))
+    clean_env.setenv(name, raw)
+    with pytest.raises(SystemExit, match=f"^{name}={raw!r}: {problem}"):
+        bench.main([])
+    assert not (tmp_path / "out").exists(), "nothing was written"
+
+
+def test_missing_data_and_overlapping_rows_are_refused(bench, clean_env, inputs, tmp_path):
+    clean_env.setenv("BENCH_FRONTIER_SST2", str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit, match="^BENCH_FRONTIER_SST2=.*nowhere.*no train.tsv there"):
+        bench.config_from([])
+    with pytest.raises(SystemExit, match=r"unknown arguments \['--full'\]"):
+        bench.config_from(["--full"])
+    quick_env(clean_env, inputs, tmp_path / "out")
+    clean_env.setenv("BENCH_AG_TRAIN", "150")
+    clean_env.setenv("BENCH_AG_EVAL", "100")
+    with pytest.raises(SystemExit, match="BENCH_AG_TRAIN=150 \\+ BENCH_AG_EVAL=100 exceed the 180 rows"):
+        bench.data(bench.config_from(["--quick"]), "ag_news")
