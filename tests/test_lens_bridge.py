@@ -261,3 +261,72 @@ def test_a_bridge_with_the_models_tokenizer_reads_text(tmp_path):
     hf, _, _, _ = built("bcos_gpt2")
     bridge = transformer_bridge_from_hf(hf, tokenizer=tokenizer)
     assert bridge.to_tokens("once upon a time", prepend_bos=False).tolist() == [[1, 2, 3, 4]]
+
+
+def _raw_weight_readers(cache, n_layers: int) -> dict:
+    """Each of TransformerLens' cache decompositions that multiplies cached activations by raw W_O / W_out."""
+    return {
+        "compute_head_results": lambda: cache.compute_head_results(),
+        "stack_head_results": lambda: cache.stack_head_results(layer=n_layers),
+        "get_neuron_results": lambda: cache.get_neuron_results(0),
+        "stack_neuron_results": lambda: cache.stack_neuron_results(layer=n_layers),
+        "get_full_resid_decomposition": lambda: cache.get_full_resid_decomposition(expand_neurons=True),
+    }
+
+
+@pytest.mark.parametrize("name", ["bcos_gpt2", "bcos_llama"])
+def test_transformer_lens_raw_weight_decompositions_refuse_on_bcos_bridges_naming_the_exact_alternative(name):
+    """On a B-cos bridge hook_z @ W_O and hook_post @ W_out are not what the forward computed (the B-cos weight
+    depends on the input): TransformerLens' per-head / per-neuron results raise instead of returning them."""
+    from bcos_plugins.adapters._lens.boot_guard import CACHE_WEIGHT_READERS
+    from bcos_plugins.adapters.transformer_lens import token_component_decomposition
+
+    _, _, _, bridge = built(name)
+    tokens = ids()
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(tokens)
+    calls = _raw_weight_readers(cache, bridge.cfg.n_layers)
+    assert set(calls) == set(CACHE_WEIGHT_READERS)
+    for method, call in calls.items():
+        with pytest.raises(BcosError, match=rf"ActivationCache.{method}: .*B-cos model.*"
+                                            r"token_component_decomposition\(bridge.*explain_logits.*"
+                                            r"hooked_transformer_from_hf"):
+            call()
+    assert not any("hook_result" in key for key in cache.keys())  # nothing wrong was cached on the way
+    # the alternative the message names is exact on this bridge
+    table = token_component_decomposition(bridge, tokens, target=5)
+    assert table.completeness_error.max() < 1e-4
+
+
+def test_transformer_lens_decompositions_keep_their_behaviour_on_bridges_without_bcos_projections():
+    """A bilinear (or plain) model's W_O / W_out are the weights its forward applies: TransformerLens' own per-head
+    and per-neuron results stay available there, and sum to attn_out / mlp_out."""
+    _, _, _, bridge = built("bilinear_llama")
+    n_layers = bridge.cfg.n_layers
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(ids())
+        heads = cache.stack_head_results(layer=n_layers)
+        neurons = cache.stack_neuron_results(layer=n_layers)
+    attn_out = sum(cache[("attn_out", layer)] for layer in range(n_layers))
+    mlp_out = sum(cache[("mlp_out", layer)] for layer in range(n_layers))
+    torch.testing.assert_close(heads.sum(0), attn_out, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(neurons.sum(0), mlp_out, rtol=1e-4, atol=1e-5)
+
+
+def test_cache_guard_fails_loudly_when_transformer_lens_moves_what_it_reads(monkeypatch):
+    from bcos_plugins.adapters._lens import boot_guard
+    from transformer_lens import ActivationCache
+
+    assert all(boot_guard.is_guarded(vars(ActivationCache)[n]) for n in boot_guard.CACHE_WEIGHT_READERS)
+
+    class NewReader(ActivationCache):  # a release with another method reading the raw output weights
+        def head_contributions(self):
+            return self["z", 0] * self.model.blocks[0].attn.W_O
+
+    monkeypatch.setattr(boot_guard, "_cache_target", lambda: NewReader)
+    with pytest.raises(BcosError, match=r"\['head_contributions'\] now read W_O / W_out"):
+        boot_guard.check_boot_guard()
+    renamed = type("RenamedCache", (), {name: lambda self: None for name in boot_guard.CACHE_WEIGHT_READERS[1:]})
+    monkeypatch.setattr(boot_guard, "_cache_target", lambda: renamed)
+    with pytest.raises(BcosError, match=r"ActivationCache no longer defines \['compute_head_results'\]"):
+        boot_guard.check_boot_guard()

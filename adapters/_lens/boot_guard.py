@@ -16,23 +16,43 @@ a release that moves any of it fails loudly instead of leaving B-cos models ungu
 - ``transformer_lens.model_bridge.sources.transformers.boot(model_name, ..., hf_model=...)`` (a module in 3.9, a
   package re-exporting it from ``.source`` in 4.x) is the function behind ``TransformerBridge.boot_transformers``; guarding it up front keeps even the model's config untouched
   (``boot`` switches ``config._attn_implementation`` to eager before it builds the bridge).
+
+It also guards TransformerLens' cache decompositions on bridges over B-cos models: ``ActivationCache``'s
+:data:`CACHE_WEIGHT_READERS` multiply cached activations by the bridge's raw ``W_O`` / ``W_out``, but a B-cos
+projection's weight depends on the input, so their per-head and per-neuron results do not sum to ``attn_out`` /
+``mlp_out`` (wrong numbers, silently). On a ``TransformerBridge`` that holds B-cos projections they raise, naming
+the exact alternatives; every other model keeps TransformerLens' behaviour. Relied on: those methods are defined on
+``transformer_lens.ActivationCache`` and are the only ones that read ``W_O`` / ``W_out`` besides the private
+helpers in :data:`_PRIVATE_WEIGHT_READERS`, which only they call (checked from the methods' source, so a release
+that adds another reader fails loudly).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import re
 import sys
 
 from torch import nn
 
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError
+from bcos_plugins.nn.linear import AlignmentPressure
 
-__all__ = ["BRIDGE_COPY_MARKER", "check_boot_guard", "install_boot_guard", "is_guarded", "refuse_bcos_model"]
+__all__ = ["BRIDGE_COPY_MARKER", "CACHE_WEIGHT_READERS", "check_boot_guard", "install_boot_guard", "is_guarded",
+           "refuse_bcos_model", "refuse_raw_weight_decomposition"]
 
 # set on the copy transformer_bridge_from_hf boots: the one B-cos model TransformerLens may wrap (it is made exact)
 BRIDGE_COPY_MARKER = "_bcos_plugins_bridge_copy"
 _GUARDED = "__bcos_plugins_guard__"
+
+# ActivationCache methods that multiply cached activations by the model's raw W_O / W_out (directly or through
+# _PRIVATE_WEIGHT_READERS); guarded on bridges over B-cos models
+CACHE_WEIGHT_READERS = ("compute_head_results", "stack_head_results", "get_neuron_results", "stack_neuron_results",
+                        "get_full_resid_decomposition")
+# private helpers that read them too and are reached only through CACHE_WEIGHT_READERS (4.x has both)
+_PRIVATE_WEIGHT_READERS = ("_ensure_head_results", "_stack_neuron_results_apply_ln_projected")
+_READS_OUTPUT_WEIGHTS = re.compile(r"\.W_(O|out)\b")
 
 
 def refuse_bcos_model(model, entry: str) -> None:
@@ -56,11 +76,51 @@ def refuse_bcos_model(model, entry: str) -> None:
         + (" (load the checkpoint with bcos_plugins.load_bcos_model first)" if "config.bcos" in what else ""))
 
 
+def refuse_raw_weight_decomposition(model, method: str) -> None:
+    """Raise when ``model`` is a ``TransformerBridge`` over a B-cos model, whose raw ``W_O`` / ``W_out`` are not
+    the weights its forward applied, so ``ActivationCache.<method>`` would return wrong numbers."""
+    bridge_cls, _source = _targets()
+    if not isinstance(model, bridge_cls) or not any(isinstance(m, AlignmentPressure) for m in model.modules()):
+        return
+    raise BcosTypeError(
+        f"ActivationCache.{method}: this cache comes from a TransformerBridge over a B-cos model. TransformerLens "
+        "computes per-head results as hook_z times the raw W_O and per-neuron results as hook_post times the raw "
+        "W_out, but a B-cos projection's weight depends on the input, so those results would not sum to attn_out "
+        "/ mlp_out (wrong numbers). For an exact split use bcos_plugins.adapters.transformer_lens."
+        "token_component_decomposition(bridge, tokens, target=...) (input token x component shares that sum to "
+        "the logit) or explain_logits(bridge, tokens, target=...); on TransformerLens 3.x, "
+        "hooked_transformer_from_hf(hf_model) gives a HookedTransformer whose run_with_cache makes "
+        f"{method} exact")
+
+
 def _targets():
     from transformer_lens.model_bridge import TransformerBridge
     from transformer_lens.model_bridge.sources import transformers as source
 
     return TransformerBridge, source
+
+
+def _cache_target():
+    from transformer_lens import ActivationCache
+
+    return ActivationCache
+
+
+def _unguarded_weight_readers(cache_cls) -> list[str]:
+    """Functions defined on ``cache_cls`` that read ``W_O`` / ``W_out`` but are neither guarded nor known helpers."""
+    known = set(CACHE_WEIGHT_READERS) | set(_PRIVATE_WEIGHT_READERS)
+    found = []
+    for name, value in vars(cache_cls).items():
+        function = inspect.unwrap(getattr(value, "__func__", value))
+        if name in known or not inspect.isfunction(function):
+            continue
+        try:
+            source = inspect.getsource(function)
+        except (OSError, TypeError):  # pragma: no cover - source not shipped: nothing to scan
+            continue
+        if _READS_OUTPUT_WEIGHTS.search(source):
+            found.append(name)
+    return found
 
 
 def check_boot_guard() -> None:
@@ -77,6 +137,14 @@ def check_boot_guard() -> None:
     boot = getattr(source, "boot", None)
     if boot is None or "hf_model" not in inspect.signature(boot).parameters:
         problems.append("transformer_lens.model_bridge.sources.transformers.boot(..., hf_model=) is gone")
+    cache_cls = _cache_target()
+    missing = [name for name in CACHE_WEIGHT_READERS if not inspect.isfunction(vars(cache_cls).get(name))]
+    if missing:
+        problems.append(f"ActivationCache no longer defines {missing}")
+    unguarded = _unguarded_weight_readers(cache_cls)
+    if unguarded:
+        problems.append(f"ActivationCache.{unguarded} now read W_O / W_out (add them to CACHE_WEIGHT_READERS or "
+                        "_PRIVATE_WEIGHT_READERS)")
     if problems:
         raise BcosRuntimeError("TransformerLens changed what the B-cos boot guard relies on: " + "; ".join(problems)
                                + ". bcos_plugins.adapters._lens.boot_guard needs updating")
@@ -103,6 +171,16 @@ def _guarded_boot(boot):
     return guarded
 
 
+def _guarded_cache_method(name: str, method):
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        refuse_raw_weight_decomposition(getattr(self, "model", None), name)
+        return method(self, *args, **kwargs)
+
+    setattr(guarded, _GUARDED, True)
+    return guarded
+
+
 def is_guarded(function) -> bool:
     """Whether ``function`` is one of the guard's wrappers."""
     return getattr(function, _GUARDED, False)
@@ -114,6 +192,10 @@ def install_boot_guard() -> None:
     bridge_cls, source = _targets()
     if not is_guarded(bridge_cls.__init__):
         bridge_cls.__init__ = _guarded_init(bridge_cls.__init__)
+    cache_cls = _cache_target()
+    for name in CACHE_WEIGHT_READERS:
+        if not is_guarded(vars(cache_cls)[name]):
+            setattr(cache_cls, name, _guarded_cache_method(name, vars(cache_cls)[name]))
     original = source.boot
     if is_guarded(original):
         return
