@@ -21,9 +21,10 @@ classes, hook names) is listed in :func:`check_bridge_internals`, which runs on 
 tests, so a TransformerLens release that changes them fails loudly instead of giving a different model.
 
 Decompositions through a bridge: TransformerLens' ``ActivationCache`` reads ``W_O``/``W_out`` through the
-bridge's compatibility shims (raw weights), so ``stack_head_results`` and ``stack_neuron_results`` are not
-exact for B-cos models there; use ``hooked_transformer_from_hf`` (TransformerLens 3.x) for those analyses,
-or the token x component decomposition, which works on both.
+bridge's compatibility shims (raw weights), so ``stack_head_results``, ``stack_neuron_results`` and the other
+helpers in :data:`~.boot_guard.CACHE_WEIGHT_READERS` are not exact for B-cos models there; the boot guard makes
+them raise on bridges holding B-cos projections, naming ``token_component_decomposition`` (which works on both
+TransformerLens versions) and ``hooked_transformer_from_hf`` (3.x). Bilinear and plain bridges keep them.
 """
 
 from __future__ import annotations
