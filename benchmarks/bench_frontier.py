@@ -28,9 +28,9 @@ post-hoc method (highest mean Comp / SeqPG, lowest mean Suff, pooled over the se
 interval of B-cos minus it over the sentences / examples, the seeds' pairs pooled (``paired_bootstrap_difference``:
 evaluation-sample noise, not training noise); the explanations' entropy on SST-2 and the SeqPG wrong-segment share.
 
-Resumable: each (setting, seed, dataset) result is a JSON file under BENCH_OUT/cells/<settings key>/ (the key is a
-hash of every setting that changes a number; another configuration starts other cells), and the conventional models
-are kept under BENCH_OUT/models/<key>/ for the B-cos cells of their seed. A rerun computes only the missing cells,
+Resumable: each (setting, seed, dataset) result is a JSON file under BENCH_OUT/cells/<dataset>/<settings key>/ (the
+key is a hash of every setting that changes a number on that data set; another configuration starts other cells), and
+the conventional models are kept under BENCH_OUT/models/<dataset>/<key>/ for the B-cos cells of their seed. A rerun computes only the missing cells,
 then rewrites results.csv, results.md (the frontier table) and frontier.png (accuracy against each faithfulness
 metric, one point per setting, the post-hoc methods as reference lines) from all finished cells. Before any work
 the run prints its cells and a CPU budget: from the CPU seconds measured by this configuration's finished cells of
@@ -187,12 +187,17 @@ class Config:
             out=env_path("BENCH_OUT", cls.out),
         )
 
-    def key(self) -> str:
-        """A hash of every setting that changes a cell's numbers (not the grid, the output folder, the threads or
-        the bootstrap, which only select cells or change the report)."""
+    def key(self, dataset: str) -> str:
+        """A hash of every setting that changes a cell's numbers on ``dataset`` (not the grid, the output folder,
+        the threads, the bootstrap or the other data set's sizes, which only select cells or change the report)."""
         ignored = {"b_values", "query_keys", "starts", "seeds", "datasets", "out", "threads", "bootstrap"}
+        ignored |= AG_NEWS_ONLY if dataset == "sst2" else SST2_ONLY
         changing = {f.name: str(getattr(self, f.name)) for f in fields(self) if f.name not in ignored}
         return hashlib.sha256(json.dumps(changing, sort_keys=True).encode()).hexdigest()[:12]
+
+
+SST2_ONLY = {"sst2", "n_train", "n_eval", "min_words"}
+AG_NEWS_ONLY = {"ag_news", "n_ag_train", "n_ag_eval", "n_seqpg", "segment", "min_confidence"}
 
 
 def config_from(argv: list[str]) -> Config:
@@ -236,7 +241,7 @@ def grid(cfg: Config) -> list[Setting]:
 
 
 def cell_file(cfg: Config, setting: Setting, seed: int, dataset: str) -> Path:
-    return cfg.out / "cells" / cfg.key() / dataset / f"{setting.name}-seed{seed}.json"
+    return cfg.out / "cells" / dataset / cfg.key(dataset) / f"{setting.name}-seed{seed}.json"
 
 
 def data(cfg: Config, dataset: str):
@@ -265,7 +270,7 @@ def data(cfg: Config, dataset: str):
 def conventional_model(cfg: Config, seed: int, dataset: str, train, num_labels: int, tokenizer):
     """The seed's conventional classifier, trained once and kept under BENCH_OUT/models (the B-cos cells of the
     seed start from it or pick SeqPG examples with it); returns (model, trained now)."""
-    folder = cfg.out / "models" / cfg.key() / f"{CONVENTIONAL}-{dataset}-seed{seed}"
+    folder = cfg.out / "models" / dataset / cfg.key(dataset) / f"{CONVENTIONAL}-seed{seed}"
     if (folder / "config.json").is_file():
         return BertForSequenceClassification.from_pretrained(folder, attn_implementation="eager").to(DEVICE).eval(), \
             False
@@ -488,7 +493,7 @@ def write_report(rows: list[dict], posthoc: list[dict], cfg: Config, cells: list
     best = {m: rows[0].get(f"best_posthoc_{m}", "") for m in METRICS} if rows else {}
     units = {ds: sorted({c["n_units"] for c in cells if c["dataset"] == ds}) for ds in ("sst2", "ag_news")}
     notes = (
-        f"\nSettings key {cfg.key()}; {len(cells)} cells. Δ: B-cos minus the best post-hoc method on the "
+        f"\nSettings keys {', '.join(f'{d} {cfg.key(d)}' for d in cfg.datasets)}; {len(cells)} cells. Δ: B-cos minus the best post-hoc method on the "
         f"conventional MiniLM of the same seeds ({', '.join(f'{m}: {n}' for m, n in best.items() if n)}), mean over "
         f"the pooled (seed, sentence) pairs with a {cfg.bootstrap}-resample paired bootstrap 95 % interval (sampling of "
         "the sentences only, not training noise). Suff: lower is better, so a negative Δ is a B-cos lead. Accuracy Δ: "
@@ -535,8 +540,8 @@ def plot(rows: list[dict], posthoc: list[dict], out: Path) -> None:
 
 
 def finished_cells(cfg: Config) -> list[dict]:
-    folder = cfg.out / "cells" / cfg.key()
-    return [json.loads(f.read_text(encoding="utf-8")) for f in sorted(folder.glob("*/*.json"))]
+    return [json.loads(f.read_text(encoding="utf-8")) for dataset in cfg.datasets
+            for f in sorted((cfg.out / "cells" / dataset / cfg.key(dataset)).glob("*.json"))]
 
 
 def main(argv: list[str]) -> dict:
