@@ -64,6 +64,12 @@ bench-gpu: $(STAMP)
 bench-faithfulness: $(STAMP)
 	$(BIN)/python benchmarks/bench_faithfulness.py
 
+# the B frontier: accuracy vs Comp / Suff / SeqPG per B-cos setting against the best post-hoc methods, with paired
+# bootstrap intervals (docs/benchmarks.md#frontier); resumable (cells cached in outputs/bench_frontier), prints its
+# CPU budget first (about 6.5 CPU-hours for the default grid, an estimate until cells are measured)
+bench-frontier: $(STAMP)
+	$(BIN)/python benchmarks/bench_frontier.py
+
 # B-cos fine-tuning recipes against conventional fine-tuning (docs/recipes.md; a few minutes per recipe)
 bench-recipes: $(STAMP)
 	$(BIN)/python benchmarks/bench_recipes.py
