@@ -41,6 +41,7 @@ from bcos_plugins.bilinear import (
 )
 from bcos_plugins.errors import BcosError, BcosTypeError, BcosValueError
 
+from ._lens.explain import LensExplanation, explain_lens_value
 from ._lens.sae_error import sae_error_capture
 
 __all__ = [
@@ -48,7 +49,9 @@ __all__ = [
     "FeatureInteraction",
     "LowRankCorrelation",
     "SAEErrorShare",
+    "SAEFeatureExplanation",
     "expected_hook_names",
+    "explain_sae_feature",
     "sae_error_share",
 ]
 
@@ -379,3 +382,148 @@ def sae_error_share(model, tokens: Tensor, **explain_kwargs) -> SAEErrorShare:
         explanation = explain_logits(model, tokens, **explain_kwargs)
     shares = capture.shares()
     return SAEErrorShare(explanation=explanation, error_shares=shares)
+
+
+# Architectures whose hook_sae_acts_pre is ``process_sae_in(x) @ W_enc + b_enc``: affine in the activation. A
+# gated SAE's hook holds the magnitude path (exp(r_mag)-scaled W_enc, b_mag); matching-pursuit and temporal SAEs
+# are iterative or read other tokens: none of those has one affine pre-activation per token.
+AFFINE_ENCODER_ARCHITECTURES = frozenset({
+    "standard", "topk", "batchtopk", "matryoshka_batchtopk", "abstopk", "jumprelu",
+    "transcoder", "skip_transcoder", "jumprelu_transcoder", "jumprelu_skip_transcoder",
+})
+
+
+@dataclass
+class SAEFeatureExplanation(LensExplanation):
+    """Token-level explanation of an SAE feature's pre-activation (see :func:`explain_sae_feature`).
+
+    ``explained`` is the pre-activation minus its bias terms (the part linear in the tokens), so
+    ``total == explained`` up to float rounding and ``total + bias_terms == pre_activation``.
+
+    Attributes:
+        pre_activation: the value sae-lens records at the SAE's ``hook_sae_acts_pre`` for ``feature`` at the
+            explained position, per row.
+        bias_terms: the pre-activation of a zero activation (``b_enc[feature]``, minus ``b_dec @ W_enc[:, feature]``
+            when the SAE subtracts ``b_dec`` from its input), per row: what no token contributes.
+        feature: the explained feature's index; hook_name: the SAE's hook.
+    """
+
+    pre_activation: Float[Tensor, " batch"] | None = None
+    bias_terms: Float[Tensor, " batch"] | None = None
+    feature: int | None = None
+    hook_name: str | None = None
+
+
+class _FeatureReached(Exception):
+    """Ends the forward pass once the pre-activation is computed: nothing after the SAE's hook matters, and SAEs
+    further on (with their error terms) must not run."""
+
+
+def _check_feature_sae(model, sae, feature) -> tuple[str, int]:
+    if not isinstance(sae, SAE):
+        raise BcosTypeError(f"sae: must be a sae_lens.SAE (e.g. StandardSAE, TopKSAE, JumpReLUSAE), got "
+                            f"{type(sae).__name__}.")
+    architecture = sae.cfg.architecture()
+    if architecture not in AFFINE_ENCODER_ARCHITECTURES:
+        raise BcosValueError(
+            f"sae: a {architecture!r} SAE has no pre-activation of the form sae_in @ W_enc + b_enc (e.g. a gated SAE's "
+            f"hook_sae_acts_pre is its magnitude path), so it cannot be split into token contributions and bias "
+            f"terms. Supported architectures: {sorted(AFFINE_ENCODER_ARCHITECTURES)}.")
+    if sae.cfg.normalize_activations in ("constant_norm_rescale", "layer_norm"):
+        raise BcosValueError(
+            f"sae: it normalises each input at run time ({sae.cfg.normalize_activations!r}), so its pre-activation is "
+            "not affine in the activation and no token split of it is exact. Use an SAE without run-time "
+            "normalisation (normalize_activations='none', or a constant scale folded in with "
+            "sae.fold_activation_norm_scaling_factor).")
+    if sae.cfg.reshape_activations != "none":
+        raise BcosValueError(f"sae: it reshapes its inputs ({sae.cfg.reshape_activations!r}, an attention hook_z SAE); "
+                             "explain_sae_feature takes SAEs on (batch, pos, d_in) activations such as the residual "
+                             "stream or an MLP's output.")
+    hook_name = sae.cfg.metadata.hook_name
+    if hook_name is None:
+        raise BcosValueError("sae: it has no hook name (sae.cfg.metadata.hook_name is None), so there is no "
+                             "activation to read. Set it, e.g. sae.cfg.metadata.hook_name = 'blocks.0.hook_resid_post'.")
+    attached = (getattr(model, "acts_to_saes", None) or {}).get(hook_name)
+    if hook_name not in model.hook_dict and attached is None:
+        near = sorted(n for n in model.hook_dict if n.split(".")[-1] == hook_name.split(".")[-1])[:4]
+        raise BcosValueError(f"sae: its hook {hook_name!r} is not a hook of the model (model.hook_dict). Hooks of that "
+                             f"kind: {near or 'none'}. Set sae.cfg.metadata.hook_name to one of the model's hooks.")
+    if attached is not None and attached is not sae and hook_name not in model.hook_dict:
+        raise BcosValueError(f"sae: another SAE is attached at {hook_name!r}, so the model's activation there is not "
+                             "this SAE's input. Attach this SAE (model.add_sae(sae)) or remove the other "
+                             "(model.reset_saes()).")
+    feature = require_int("feature", feature, minimum=0)
+    if feature >= sae.cfg.d_sae:
+        raise BcosValueError(f"feature: {feature} is outside [0, {sae.cfg.d_sae}), the SAE's features (d_sae="
+                             f"{sae.cfg.d_sae}). Pass an index in that range.")
+    return hook_name, feature
+
+
+def _pre_activations(sae, activation: Tensor) -> Tensor:
+    """sae-lens' own ``hook_sae_acts_pre`` of ``sae.encode(activation)`` (attached to the graph)."""
+    grabbed: list[Tensor] = []
+    with sae.hooks(fwd_hooks=[("hook_sae_acts_pre", lambda t, hook: grabbed.append(t))]):
+        sae.encode(activation)
+    return grabbed[0]
+
+
+def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None, *,
+                        attention_mask: Tensor | None = None) -> SAEFeatureExplanation:
+    """Explain an SAE feature's pre-activation token by token, exactly.
+
+    The pre-activation is the value sae-lens records at ``hook_sae_acts_pre`` (``sae_in @ W_enc + b_enc``, with
+    ``sae_in = x - b_dec`` when ``cfg.apply_b_dec_to_input``; before a TopK SAE's decoder-norm rescaling). Inside
+    explanation mode the model is linear in its embeddings, so the pre-activation minus its bias terms is too:
+    the contributions at the embeddings (``hook_embed`` + ``hook_pos_embed``, as :func:`explain_logits`) sum to
+    ``explained = pre_activation - bias_terms``, and ``total + bias_terms == pre_activation``.
+
+    Args:
+        model: an explainable ``HookedTransformer`` / ``HookedSAETransformer`` (e.g. from
+            ``hooked_transformer_from_hf``); the SAE may be attached (``model.add_sae(sae)``) or not.
+        tokens: ``(batch, pos)`` token ids.
+        sae: a sae-lens SAE whose ``cfg.metadata.hook_name`` is a hook of ``model`` (its encoder reads there).
+        feature: index of the feature, in ``[0, d_sae)``.
+        position: the explained position, one or one per row; default each row's last real token; negative
+            values count back from it.
+        attention_mask: 1 for real tokens, passed to the model.
+
+    Other SAEs attached before the hook with ``use_error_term=True`` carry a share through their error terms:
+    it is reported in ``sae_error_shares``, as for :func:`explain_logits`.
+    """
+    hook_name, feature = _check_feature_sae(model, sae, feature)
+    # the model's own hook when it is there (unattached SAE, or a transcoder's input hook); otherwise the attached
+    # SAE's pre-activation hook, where sae-lens computes the very value explained
+    hook_is_free = hook_name in model.hook_dict
+    with torch.no_grad():
+        zero_input = torch.zeros(1, sae.cfg.d_in, dtype=sae.dtype, device=sae.W_enc.device)
+        bias = _pre_activations(sae, zero_input)[0, feature].detach()
+    found: dict[str, Tensor] = {}
+
+    def read(activation: Tensor, hook) -> Tensor:
+        if hook_is_free:
+            if activation.shape[-1] != sae.cfg.d_in:
+                raise BcosValueError(f"sae: it reads vectors of width d_in={sae.cfg.d_in}, but {hook_name!r} has width "
+                                     f"{activation.shape[-1]}; it was trained on another activation.")
+            activation = _pre_activations(sae, activation)
+        found["pre"] = activation
+        raise _FeatureReached
+
+    def feature_at(run, pos: Tensor):
+        try:
+            run([(hook_name if hook_is_free else f"{hook_name}.hook_sae_acts_pre", read)])
+        except _FeatureReached:
+            pass
+        pre = found["pre"]
+        if pre.ndim != 3:
+            raise BcosValueError(f"sae: the activation at {hook_name!r} has shape {tuple(pre.shape)}, not "
+                                 "(batch, pos, d_in); explain_sae_feature takes per-token activations.")
+        at_position = pre[torch.arange(pre.shape[0], device=pre.device), pos.to(pre.device), feature]
+        found["pre_activation"] = at_position.detach()
+        targets = torch.full_like(pos, feature)
+        return at_position - bias, targets, None
+
+    explanation = explain_lens_value(model, tokens, feature_at, position=position, attention_mask=attention_mask,
+                                     result_class=SAEFeatureExplanation, feature=feature, hook_name=hook_name)
+    explanation.pre_activation = found["pre_activation"]
+    explanation.bias_terms = bias.expand_as(found["pre_activation"]).clone()
+    return explanation

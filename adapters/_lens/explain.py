@@ -11,6 +11,7 @@ in its embeddings as far as autograd sees, so for the explained logit ``y``::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
 
-__all__ = ["LensExplanation", "explain_logits", "require_explainable", "ATTRIBUTION_HOOKS"]
+__all__ = ["LensExplanation", "explain_lens_value", "explain_logits", "require_explainable", "ATTRIBUTION_HOOKS"]
 
 
 def require_explainable(model) -> None:
@@ -109,9 +110,34 @@ def explain_logits(
         position: one index or one per row; default each row's last real token.
         attention_mask: 1 for real tokens, passed to the model.
     """
+    def logit_at(run, pos: Tensor):
+        logits = run([])
+        return resolve_explained(logits[torch.arange(logits.shape[0], device=logits.device), pos], target, foil)
+
+    return explain_lens_value(model, tokens, logit_at, position=position, attention_mask=attention_mask)
+
+
+def explain_lens_value(
+    model,
+    tokens: Int[Tensor, "batch pos"],
+    explained_at: Callable[[Callable[[list], Tensor], Tensor], tuple[Tensor, object, object]],
+    *,
+    position: int | Tensor | None = None,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    result_class: type[LensExplanation] | None = None,
+    **result_fields,
+) -> LensExplanation:
+    """The adapter's one explanation loop, for any value the model computes from its tokens: a logit
+    (:func:`explain_logits`) or a readout of an inner activation (an SAE feature's pre-activation).
+
+    ``explained_at(run, positions)`` calls ``run(fwd_hooks)``, which runs the model on ``tokens`` with the
+    attribution captures plus ``fwd_hooks`` (TransformerLens ``(name, hook)`` pairs) and returns its output,
+    and returns ``(explained (batch,), target, foil)``, the explained value attached to the autograd graph.
+    A hook may end the forward pass early by raising; ``explained_at`` then catches it (the leaves captured
+    before it are kept). ``result_fields`` go to ``result_class`` (a :class:`LensExplanation` subclass).
+    """
     require_explainable(model)
     tokens = check_lens_tokens(model, tokens, attention_mask)
-    batch = tokens.shape[0]
     mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)
     pos = resolve_positions(position, mask, default="last")
     names = [n for n in ATTRIBUTION_HOOKS if n in model.hook_dict]
@@ -126,22 +152,24 @@ def explain_logits(
             return leaves[name]
         return capture
 
+    def run(fwd_hooks: list):
+        return model.run_with_hooks(tokens, attention_mask=attention_mask,
+                                    fwd_hooks=[(n, capture_as(n)) for n in names] + list(fwd_hooks))
+
     def compute():
-        logits = model.run_with_hooks(tokens, attention_mask=attention_mask,
-                                      fwd_hooks=[(n, capture_as(n)) for n in names])
+        parsed["resolved"] = explained_at(run, pos)
         names[:] = [n for n in names if n in leaves]  # a bridge lists hook_pos_embed for rotary models too
-        at_position = logits[torch.arange(batch, device=logits.device), pos]
-        parsed["resolved"] = resolve_explained(at_position, target, foil)
-        return parsed["resolved"].explained, [leaves[n] for n in names]
+        return parsed["resolved"][0], [leaves[n] for n in names]
 
     with sae_error_capture(model) as sae_capture:  # records nothing when no SAEs are attached
         step = input_x_gradient(compute, model)
     hook_contributions = dict(zip(names, step.contributions, strict=True))
     total = sum(step.contributions)
-    return LensExplanation(
+    _, explained_target, explained_foil = parsed["resolved"]
+    return (result_class or LensExplanation)(
         contributions=total.sum(-1), input_contributions=total, explained=step.explained,
-        target=parsed["resolved"].target, foil=parsed["resolved"].foil,
+        target=explained_target, foil=explained_foil,
         attribution_point=" + ".join(names) + " (TransformerLens hooks)",
         position=pos, input_ids=tokens, attention_mask=attention_mask, reduce="sum",
-        hook_contributions=hook_contributions, sae_error_shares=sae_capture.shares(),
+        hook_contributions=hook_contributions, sae_error_shares=sae_capture.shares(), **result_fields,
     )
