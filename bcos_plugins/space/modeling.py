@@ -31,7 +31,6 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
-from transformers.configuration_utils import SubConfigSpec
 from transformers.utils import ModelOutput
 
 from .._checks import (
@@ -44,6 +43,11 @@ from .._checks import (
 from ..attribution.text import check_forward_kwargs
 from ..errors import BcosTypeError, argument_error
 from .losses import inter_space_loss, intra_space_loss
+
+try:  # transformers >= 5.20 builds a sub-config from its dict through a spec
+    from transformers.configuration_utils import SubConfigSpec
+except ImportError:  # 5.9-5.19: SpaceModelConfig.__post_init__ builds it (pyproject.toml's lower bound is tested)
+    SubConfigSpec = None
 
 __all__ = ["SpaceModelConfig", "SpaceHead", "SpaceModelForSequenceClassification", "SpaceModelOutput",
            "masked_mean"]
@@ -67,7 +71,10 @@ class SpaceModelConfig(PreTrainedConfig):
     """
 
     model_type = "bcos_plugins_space"
-    sub_configs_defaults = {"encoder_config": SubConfigSpec(config_class=AutoConfig, model_type="bert")}
+    if SubConfigSpec is not None:
+        sub_configs_defaults = {"encoder_config": SubConfigSpec(config_class=AutoConfig, model_type="bert")}
+    else:
+        sub_configs = {"encoder_config": AutoConfig}
 
     encoder_config: PreTrainedConfig | dict | None = None
     n_latent: int = 128
@@ -79,6 +86,8 @@ class SpaceModelConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         self.check_space_fields()
+        if SubConfigSpec is None:
+            self.encoder_config = encoder_config_object(self.encoder_config)
         super().__post_init__(**kwargs)
         # One concept space per class, trained by cross-entropy over the classes: with one class that loss is
         # identically 0 (softmax over one logit), so the head would train on the regularisers alone.
@@ -115,6 +124,15 @@ def require_base_encoder(encoder) -> None:
                              f"{type(base).__name__}), which returns its head's outputs, not the token states the "
                              "Space head reads", f"Pass its base model, encoder.{encoder.base_model_prefix} "
                              "(encoder.base_model), or load AutoModel.from_pretrained(path)", kind=BcosTypeError)
+
+
+def encoder_config_object(encoder_config: PreTrainedConfig | dict | None) -> PreTrainedConfig:
+    """The encoder's config object from a config, its dict or ``None`` (a default BERT), as transformers >= 5.20
+    builds it from ``sub_configs_defaults``; used where that mechanism is missing (transformers 5.9-5.19)."""
+    if isinstance(encoder_config, PreTrainedConfig):
+        return encoder_config
+    fields = dict(encoder_config or {})
+    return AutoConfig.for_model(fields.pop("model_type", "bert"), **fields)
 
 
 def encoder_limits(encoder: nn.Module) -> tuple[int | None, int | None]:
