@@ -17,9 +17,10 @@ of ``|cos| ** (B - 1)`` infinite on zero inputs (padding). float32 inputs take t
 Two implementations of ``out = dyn * lin`` (docs/api/nn.md#fused-and-reference-kernels):
 
 - :func:`bcos_product` (the default, "fused"): one autograd node. Its forward runs the element-wise steps in
-  place on one fresh tensor and saves only ``lin`` and ``||x||`` for the backward pass, which recomputes
-  ``dyn`` (a few cheap element-wise operations) instead of keeping the four or five output-sized
-  intermediates that autograd saves for the step-by-step form. Plain tensor code, so ``torch.compile``
+  place on one fresh tensor. Training, it saves only ``lin`` and ``||x||`` for the backward pass, which
+  recomputes ``dyn`` (a few cheap element-wise operations) instead of keeping the four or five output-sized
+  intermediates that autograd saves for the step-by-step form; explaining, it saves ``dyn`` alone (the
+  backward is one product). Plain tensor code, so ``torch.compile``
   traces it (no graph break) and inductor fuses each direction into one kernel.
 - :func:`bcos_scale` followed by ``dyn * lin`` (the reference): the maths step by step, differentiated by
   autograd. Selected for the whole process by :func:`reference_path`; the tests compare the two.
@@ -136,30 +137,38 @@ class _BcosProduct(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool) -> Tensor:
+    def forward(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool) -> tuple[Tensor, Tensor]:
         dyn = _fused_scale(lin, x_norm, b)
         if dyn.dtype != lin.dtype:
             dyn = dyn.to(lin.dtype)
-        return dyn.mul_(lin)
+        # explaining: dyn is all the backward needs (one tensor, as the reference keeps); training: dyn is
+        # recomputed there, so the product is written into it
+        return (dyn * lin, dyn) if explaining else (dyn.mul_(lin), lin.new_empty(0))
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         lin, x_norm, b, explaining = inputs
         ctx.explaining = explaining
-        if isinstance(b, Tensor):
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)  # no zeros made for the second output's (absent) gradient
+        if explaining:
+            ctx.save_for_backward(output[1])
+        elif isinstance(b, Tensor):
             ctx.save_for_backward(lin, x_norm, b)
         else:
             ctx.b = b
             ctx.save_for_backward(lin, x_norm)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):
+    def backward(ctx, grad_out: Tensor | None, _grad_dyn: Tensor | None):
+        if grad_out is None:
+            return None, None, None, None
+        if ctx.explaining:
+            (dyn,) = ctx.saved_tensors
+            return grad_out * dyn, None, None, None
         lin, x_norm, *b_tensor = ctx.saved_tensors
         b = b_tensor[0] if b_tensor else ctx.b
         dyn = _fused_scale(lin, x_norm, b)
-        if ctx.explaining:
-            grad_lin = grad_out * dyn.to(lin.dtype)
-            return grad_lin, None, None, None
         dtype = dyn.dtype
         active = (lin.to(dtype) * x_norm.to(dtype).reciprocal()).abs_() > COS_FLOOR
         grad_dyn_lin = grad_out.to(dtype) * dyn
@@ -188,7 +197,7 @@ def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: boo
                 dyn = bcos_scale(lin, x_norm, b)
             return dyn * lin
         return bcos_scale(lin, x_norm, b) * lin
-    return _BcosProduct.apply(lin, x_norm, b, explaining)
+    return _BcosProduct.apply(lin, x_norm, b, explaining)[0]
 
 
 _REFERENCE_PATH = False
