@@ -275,10 +275,33 @@ def _raw_weight_readers(cache, n_layers: int) -> dict:
 
 
 @pytest.mark.parametrize("name", ["bcos_gpt2", "bcos_llama"])
+def test_transformer_lens_head_results_are_exact_on_bcos_bridges(name):
+    """TransformerLens' own per-head results on a B-cos bridge are each head's share of the forward's attn_out
+    (hook_z @ raw W_O missed it by about its own size): they sum to attn_out per layer."""
+    _, _, _, bridge = built(name)
+    n_layers, n_heads = bridge.cfg.n_layers, bridge.cfg.n_heads
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(ids())
+        heads, labels = cache.stack_head_results(layer=n_layers, return_labels=True)
+        cache.compute_head_results()
+    assert labels == [f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
+    for layer in range(n_layers):
+        attn_out = cache[("attn_out", layer)]
+        per_layer = heads[layer * n_heads:(layer + 1) * n_heads].sum(0)
+        assert ((per_layer - attn_out).abs().max() / attn_out.abs().max()) <= 1e-5
+        assert torch.equal(cache[("result", layer, "attn")].sum(-2), per_layer)
+    # a cache without its batch dimension: TransformerLens 3.9 would recompute from the raw W_O, so refused
+    with torch.no_grad():
+        _, single = bridge.run_with_cache(ids(batch=1), remove_batch_dim=True)
+    with pytest.raises(BcosError, match="no batch dimension .*remove_batch_dim=False"):
+        single.stack_head_results(layer=n_layers)
+
+
+@pytest.mark.parametrize("name", ["bcos_gpt2", "bcos_llama"])
 def test_transformer_lens_raw_weight_decompositions_refuse_on_bcos_bridges_naming_the_exact_alternative(name):
-    """On a B-cos bridge hook_z @ W_O and hook_post @ W_out are not what the forward computed (the B-cos weight
-    depends on the input): TransformerLens' per-head / per-neuron results raise instead of returning them."""
-    from bcos_plugins.adapters._lens.boot_guard import CACHE_WEIGHT_READERS
+    """On a B-cos bridge hook_post @ W_out is not what the forward computed (the B-cos weight depends on the
+    input): TransformerLens' per-neuron results (and the full decomposition) raise instead of returning them."""
+    from bcos_plugins.adapters._lens.boot_guard import _HEAD_RESULT_METHODS, CACHE_WEIGHT_READERS
     from bcos_plugins.adapters.transformer_lens import token_component_decomposition
 
     _, _, _, bridge = built(name)
@@ -287,12 +310,11 @@ def test_transformer_lens_raw_weight_decompositions_refuse_on_bcos_bridges_namin
         _, cache = bridge.run_with_cache(tokens)
     calls = _raw_weight_readers(cache, bridge.cfg.n_layers)
     assert set(calls) == set(CACHE_WEIGHT_READERS)
-    for method, call in calls.items():
+    for method in set(calls) - set(_HEAD_RESULT_METHODS):
         with pytest.raises(BcosError, match=rf"ActivationCache.{method}: .*B-cos model.*"
                                             r"token_component_decomposition\(bridge.*explain_logits.*"
                                             r"hooked_transformer_from_hf"):
-            call()
-    assert not any("hook_result" in key for key in cache.keys())  # nothing wrong was cached on the way
+            calls[method]()
     # the alternative the message names is exact on this bridge
     table = token_component_decomposition(bridge, tokens, target=5)
     assert table.completeness_error.max() < 1e-4

@@ -20,8 +20,10 @@ a release that moves any of it fails loudly instead of leaving B-cos models ungu
 It also guards TransformerLens' cache decompositions on bridges over B-cos models: ``ActivationCache``'s
 :data:`CACHE_WEIGHT_READERS` multiply cached activations by the bridge's raw ``W_O`` / ``W_out``, but a B-cos
 projection's weight depends on the input, so their per-head and per-neuron results do not sum to ``attn_out`` /
-``mlp_out`` (wrong numbers, silently). On a ``TransformerBridge`` that holds B-cos projections they raise, naming
-the exact alternatives; every other model keeps TransformerLens' behaviour. Relied on: those methods are defined on
+``mlp_out`` (wrong numbers, silently). On a ``TransformerBridge`` that holds B-cos projections the head methods
+(:data:`_HEAD_RESULT_METHODS`) first cache each head's exact share (:func:`_cache_exact_head_results`), which
+TransformerLens then reads instead of ``hook_z @ W_O`` (it keeps batched ``hook_result`` entries in 3.9 and 4.x);
+the others raise, naming the exact alternatives. Every other model keeps TransformerLens' behaviour. Relied on: those methods are defined on
 ``transformer_lens.ActivationCache`` and are the only ones that read ``W_O`` / ``W_out`` besides the private
 helpers in :data:`_PRIVATE_WEIGHT_READERS`, which only they call (checked from the methods' source, so a release
 that adds another reader fails loudly).
@@ -34,10 +36,12 @@ import inspect
 import re
 import sys
 
+import torch
 from torch import nn
 
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError
-from bcos_plugins.nn.linear import AlignmentPressure
+from bcos_plugins.nn.functional import bcos_scale, input_norm
+from bcos_plugins.nn.linear import AlignmentPressure, BcosLinear
 
 __all__ = ["BRIDGE_COPY_MARKER", "CACHE_WEIGHT_READERS", "check_boot_guard", "install_boot_guard", "is_guarded",
            "refuse_bcos_model", "refuse_raw_weight_decomposition"]
@@ -53,6 +57,8 @@ CACHE_WEIGHT_READERS = ("compute_head_results", "stack_head_results", "get_neuro
 # private helpers that read them too and are reached only through CACHE_WEIGHT_READERS (4.x has both)
 _PRIVATE_WEIGHT_READERS = ("_ensure_head_results", "_stack_neuron_results_apply_ln_projected")
 _READS_OUTPUT_WEIGHTS = re.compile(r"\.W_(O|out)\b")
+# the ones that use cached per-head results (hook_result) when present: made exact on B-cos bridges
+_HEAD_RESULT_METHODS = ("compute_head_results", "stack_head_results")
 
 
 def refuse_bcos_model(model, entry: str) -> None:
@@ -76,21 +82,51 @@ def refuse_bcos_model(model, entry: str) -> None:
         + (" (load the checkpoint with bcos_plugins.load_bcos_model first)" if "config.bcos" in what else ""))
 
 
-def refuse_raw_weight_decomposition(model, method: str) -> None:
+def _is_bcos_bridge(model) -> bool:
+    bridge_cls, _source = _targets()
+    return isinstance(model, bridge_cls) and any(isinstance(m, AlignmentPressure) for m in model.modules())
+
+
+def refuse_raw_weight_decomposition(model, method: str, reason: str = "") -> None:
     """Raise when ``model`` is a ``TransformerBridge`` over a B-cos model, whose raw ``W_O`` / ``W_out`` are not
     the weights its forward applied, so ``ActivationCache.<method>`` would return wrong numbers."""
-    bridge_cls, _source = _targets()
-    if not isinstance(model, bridge_cls) or not any(isinstance(m, AlignmentPressure) for m in model.modules()):
+    if not _is_bcos_bridge(model):
         return
     raise BcosTypeError(
-        f"ActivationCache.{method}: this cache comes from a TransformerBridge over a B-cos model. TransformerLens "
-        "computes per-head results as hook_z times the raw W_O and per-neuron results as hook_post times the raw "
-        "W_out, but a B-cos projection's weight depends on the input, so those results would not sum to attn_out "
-        "/ mlp_out (wrong numbers). For an exact split use bcos_plugins.adapters.transformer_lens."
+        f"ActivationCache.{method}: this cache comes from a TransformerBridge over a B-cos model{reason}. "
+        "TransformerLens computes per-neuron results as hook_post times the raw W_out (and per-head results as "
+        "hook_z times the raw W_O where it cannot use exact ones), but a B-cos projection's weight depends on the "
+        "input, so those results would not sum to mlp_out / attn_out (wrong numbers). For an exact split use "
+        "bcos_plugins.adapters.transformer_lens."
         "token_component_decomposition(bridge, tokens, target=...) (input token x component shares that sum to "
         "the logit) or explain_logits(bridge, tokens, target=...); on TransformerLens 3.x, "
         "hooked_transformer_from_hf(hf_model) gives a HookedTransformer whose run_with_cache makes "
         f"{method} exact")
+
+
+def _cache_exact_head_results(cache, method: str) -> None:
+    """Cache each head's exact share of ``attn_out`` as ``blocks.{layer}.attn.hook_result`` (B-cos bridges).
+
+    A B-cos output projection computes ``y = s(x) * (ŵ x)`` per output unit, where ``x`` is the heads' ``z``
+    concatenated and the scale ``s(x)`` depends on the whole of ``x``; head ``h``'s share is ``s(x) * (ŵ x_h)``
+    (``x_h``: ``x`` with the other heads zeroed), and the shares sum to ``y``. ``hook_z`` @ raw ``W_O`` has
+    neither the scale nor the unit-norm rows.
+    """
+    model = cache.model
+    if not cache.has_batch_dim:  # 3.9 recomputes batchless hook_result entries from the raw W_O
+        refuse_raw_weight_decomposition(model, method, " and has no batch dimension (run_with_cache(..., "
+                                        "remove_batch_dim=False) gives exact per-head results)")
+    for layer in range(model.cfg.n_layers):
+        projection = getattr(getattr(model.blocks[layer].attn, "o", None), "original_component", None)
+        if not isinstance(projection, BcosLinear) or projection.max_out != 1:
+            refuse_raw_weight_decomposition(model, method, f" whose layer {layer} output projection is "
+                                            f"{type(projection).__name__}, not a B-cos layer without MaxOut")
+        z = cache[("z", layer, "attn")]
+        concatenated = z.flatten(-2)
+        scale = bcos_scale(projection._linear(concatenated), input_norm(concatenated), projection.b)
+        only = torch.eye(z.shape[-2], dtype=z.dtype, device=z.device)[:, :, None]  # (head, head, 1)
+        shares = torch.stack([projection._linear((z * only[h]).flatten(-2)) for h in range(z.shape[-2])], dim=-2)
+        cache.cache_dict[f"blocks.{layer}.attn.hook_result"] = shares * scale.unsqueeze(-2)
 
 
 def _targets():
@@ -174,7 +210,12 @@ def _guarded_boot(boot):
 def _guarded_cache_method(name: str, method):
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
-        refuse_raw_weight_decomposition(getattr(self, "model", None), name)
+        if name in _HEAD_RESULT_METHODS and _is_bcos_bridge(getattr(self, "model", None)):
+            _cache_exact_head_results(self, name)
+            if name == "compute_head_results":  # done; TransformerLens' own would only warn they are cached
+                return None
+        else:
+            refuse_raw_weight_decomposition(getattr(self, "model", None), name)
         return method(self, *args, **kwargs)
 
     setattr(guarded, _GUARDED, True)
