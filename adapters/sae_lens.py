@@ -1,4 +1,6 @@
-"""sae-lens adapter: trace SAE features through a bilinear layer, from the weights (paper §3.1, §5).
+"""sae-lens adapter: which tokens build an SAE feature (:func:`explain_sae_feature`), what spliced SAEs' error
+terms carry (:func:`sae_error_share`), and SAE features traced through a bilinear layer, from the weights
+(paper §3.1, §5).
 
 Given a bilinear layer and sae-lens ``SAE`` objects on its input and its output (any architecture with
 ``W_enc`` (d_in, d_sae) and ``W_dec`` (d_sae, d_in)), with ``e`` the output SAE's encoder direction of an

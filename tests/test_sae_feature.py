@@ -167,3 +167,50 @@ def test_bad_inputs_are_refused_naming_the_argument():
     model.add_sae(other)
     with pytest.raises(BcosError, match="sae: another SAE is attached"):
         explain_sae_feature(model, tokens, sae, 1)
+
+
+def test_an_earlier_spliced_saes_error_term_share_is_reported():
+    """An SAE attached before the feature's hook with its error term: the tokens miss the error term's share,
+    which the result reports (bias-free earlier SAE: tokens + its error share + bias terms = pre-activation)."""
+    model = _lens_model("GPT2LMHeadModel")
+    d = model.cfg.d_model
+    earlier = _sae(d, "blocks.0.hook_resid_post", seed=3)
+    with torch.no_grad():
+        earlier.W_dec.div_(d)
+        earlier.b_enc.zero_()
+        earlier.b_dec.zero_()
+    model.add_sae(earlier, use_error_term=True)
+    sae = _sae(d)
+    tokens = torch.randint(3, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(5))
+    expl = explain_sae_feature(model, tokens, sae, 3)
+    assert set(expl.sae_error_shares) == {"blocks.0.hook_resid_post"}
+    torch.testing.assert_close(expl.pre_activation, _sae_lens_pre_activations(model, sae, tokens)[:, -1, 3])
+    assert (expl.sae_error_share.abs() / expl.explained.abs()).max() > 1e-3  # the error term carries a share
+    rebuilt = expl.total + expl.sae_error_share + expl.bias_terms
+    scale = torch.stack([expl.pre_activation, expl.bias_terms, expl.explained]).abs().amax(0)
+    assert float(((rebuilt - expl.pre_activation).abs() / scale).max()) <= RTOL
+
+
+def test_a_plain_hooked_transformer_and_a_transcoders_input_hook():
+    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
+    from sae_lens import Transcoder, TranscoderConfig
+
+    model = hooked_transformer_from_hf(bcosify(tiny_model("LlamaForCausalLM"), b=1.5, verbose=False))
+    d = model.cfg.d_model
+    tokens = torch.randint(3, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(6))
+    _, cache = model.run_with_cache(tokens)
+    sae = _sae(d)
+    expl = explain_sae_feature(model, tokens, sae, 1, position=3)
+    _assert_exact(expl, sae.run_with_cache(cache[HOOK])[1]["hook_sae_acts_pre"][:, 3, 1])
+
+    transcoder = Transcoder(TranscoderConfig(d_in=d, d_sae=2 * d, d_out=d, apply_b_dec_to_input=False, metadata=SAEMetadata(
+        hook_name="blocks.0.ln2.hook_normalized", hook_name_out="blocks.0.hook_mlp_out")))
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in (transcoder.W_enc, transcoder.b_enc, transcoder.b_dec):
+            param.copy_(torch.randn(param.shape, generator=g))
+    expl = explain_sae_feature(model, tokens, transcoder, 2)
+    # a transcoder does not subtract b_dec (it lives in the output space): its bias term is b_enc alone
+    torch.testing.assert_close(expl.bias_terms, transcoder.b_enc[2].detach().expand(2))
+    want = cache["blocks.0.ln2.hook_normalized"][:, -1] @ transcoder.W_enc[:, 2] + transcoder.b_enc[2]
+    _assert_exact(expl, want.detach())
