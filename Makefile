@@ -8,14 +8,16 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # one target per script in examples/: `make space-sst2` runs examples/space_sst2.py
 EXAMPLES := blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli ioi-circuit
 
-.PHONY: setup test test-tl4 docs wheel-smoke demo bench bench-gpu bench-faithfulness bench-faithfulness-full bench-decoders bench-recipes bench-vision guided-esnli-seeds lint clean $(EXAMPLES)
+.PHONY: setup test test-tl4 test-min docs wheel-smoke demo bench bench-gpu bench-faithfulness bench-faithfulness-full bench-decoders bench-recipes bench-vision guided-esnli-seeds lint clean $(EXAMPLES)
 
-$(STAMP): pyproject.toml Makefile
+# The versions of the support matrix's "tested" column (pip constraints; the README names them, a test checks)
+TESTED := .ci/tested-versions.txt
+$(STAMP): pyproject.toml Makefile $(TESTED)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	# The local CPU build; any other torch pulls multi-GB CUDA wheels.
-	$(PIP) install torch==2.13.0
-	$(PIP) install -e ".[dev,captum,lens,inseq-runtime,demo,vision,space,corpus,docs]"
+	$(PIP) install -c $(TESTED) torch
+	$(PIP) install -c $(TESTED) -e ".[dev,captum,lens,inseq-runtime,demo,vision,space,corpus,docs]"
 	# inseq pins typeguard<=2.13.3 against TransformerLens' >=4.2 and lists CUDA-11 wheels;
 	# it imports neither, so take it without its dependencies (its real ones are in inseq-runtime).
 	$(PIP) install --no-deps inseq==0.7.1
@@ -35,8 +37,27 @@ $(TL4)/.installed: pyproject.toml Makefile
 test-tl4: $(TL4)/.installed
 	$(TL4)/bin/python -m pytest -q $(TL4_TESTS)
 
-# the strict docs build, the wheel test and TransformerLens 4 first, so that pytest's summary is the last line
-test: $(STAMP) docs wheel-smoke test-tl4
+# The lowest versions pyproject.toml declares (.ci/min-versions.txt pins each lower bound; a test keeps them
+# equal) in a third environment, where a smoke subset of the suite runs: every host library's adapter, the
+# encoders, decoders, Space Model, training, checkpoints and explain_dataset (about 3 minutes of tests).
+MIN := .venv-min
+MIN_VERSIONS := .ci/min-versions.txt
+MIN_TESTS := tests/test_packaging.py tests/test_support_matrix.py tests/test_shipped_tokenizer.py \
+	tests/test_attribution_core.py tests/test_encoders.py tests/test_decoders.py tests/test_space.py \
+	tests/test_train.py tests/test_checkpoints.py tests/test_captum_adapter.py \
+	tests/test_transformer_lens_adapter.py tests/test_sae_lens_adapter.py
+$(MIN)/.installed: pyproject.toml Makefile $(MIN_VERSIONS)
+	test -x $(MIN)/bin/python || $(PYTHON) -m venv $(MIN)
+	$(MIN)/bin/python -m pip --disable-pip-version-check -q install -r $(MIN_VERSIONS)
+	$(MIN)/bin/python -m pip --disable-pip-version-check -q install -c $(MIN_VERSIONS) -e ".[dev,captum,lens,corpus,vision,space]"
+	touch $@
+
+test-min: $(MIN)/.installed
+	$(MIN)/bin/python -m pytest -q $(MIN_TESTS)
+
+# the strict docs build, the wheel test, TransformerLens 4 and the lowest versions first, so that pytest's
+# summary is the last line
+test: $(STAMP) docs wheel-smoke test-tl4 test-min
 	$(BIN)/python -m pytest -q tests
 
 # the documentation site (docs/, mkdocs.yml) into build/site; strict: any warning fails the build
@@ -121,4 +142,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks .ci docs
 
 clean:
-	rm -rf $(VENV) $(TL4) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(TL4) $(MIN) build *.egg-info .pytest_cache

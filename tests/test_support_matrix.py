@@ -1,0 +1,74 @@
+"""The support matrix is tested, not asserted: every lower bound pyproject.toml declares for torch and the host
+libraries is pinned in .ci/min-versions.txt (the environment `make test` builds as .venv-min), and the README's
+matrix names exactly the versions the Makefile installs."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTS = ("torch", "transformers", "captum", "transformer-lens", "sae-lens", "datasets")
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[name.strip()] = version.strip()
+    return pins
+
+
+def _declared_lower_bounds() -> dict[str, set[str]]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    requirements = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        requirements += extra
+    bounds: dict[str, set[str]] = {}
+    for requirement in requirements:
+        match = re.match(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?\s*(.*)", requirement)
+        name, spec = match.group(1).lower(), match.group(2)
+        lower = re.search(r">=\s*([\w.]+)", spec) or re.search(r"==\s*([\w.]+)", spec)
+        if lower:
+            bounds.setdefault(name, set()).add(lower.group(1))
+    return bounds
+
+
+def _same_version(a: str, b: str) -> bool:
+    def parts(v):
+        return [int(p) for p in v.split(".")] + [0] * (3 - len(v.split(".")))
+    return parts(a) == parts(b)
+
+
+def test_every_declared_lower_bound_is_the_pinned_minimum():
+    minimum = _pins(ROOT / ".ci" / "min-versions.txt")
+    bounds = _declared_lower_bounds()
+    assert sorted(minimum) == sorted(HOSTS)
+    for name in HOSTS:
+        assert bounds.get(name), f"pyproject.toml declares no lower bound for {name}"
+        # the lowest bound over the core and the extras (lens4's transformer-lens>=4.3 is .venv-tl4's version)
+        bound = min(bounds[name], key=lambda v: [int(p) for p in v.split(".")])
+        assert _same_version(bound, minimum[name]), (
+            f"pyproject.toml declares {name}>={bound} but .venv-min tests {name}=={minimum[name]}: "
+            f"change .ci/min-versions.txt and pyproject.toml together")
+
+
+def test_the_readme_matrix_names_the_tested_and_the_lowest_versions():
+    tested = _pins(ROOT / ".ci" / "tested-versions.txt")
+    minimum = _pins(ROOT / ".ci" / "min-versions.txt")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Support matrix", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in (line for line in section.splitlines() if line.startswith("|")):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        key = re.search(r"`([\w-]+)`", cells[0])
+        if key:
+            rows[key.group(1)] = cells
+    for name, version in tested.items():
+        assert name in rows, f"README support matrix has no row for `{name}`"
+        assert version in rows[name][1], f"README: tested {name} is {version} (.ci/tested-versions.txt)"
+    for name, version in minimum.items():
+        assert version in rows[name][2], f"README: lowest tested {name} is {version} (.ci/min-versions.txt)"
