@@ -117,6 +117,7 @@ def make_methods(conv, bcos, mask_id: int, cfg) -> dict[str, Method]:
             att = conv(input_ids=b.ids, attention_mask=b.mask, output_attentions=True).attentions[-1]
         return att[:, :, 0, :].mean(1)
 
+    bcos_rows = {} if bcos is None else make_bcos_methods(bcos)
     # paper Table 3: the conventional model itself as W(x) x + bias terms (non-linearities held constant)
     conv_wx = dynamic_linear_copy(conv)
 
@@ -147,9 +148,7 @@ def make_methods(conv, bcos, mask_id: int, cfg) -> dict[str, Method]:
             "attention, activation gates and LayerNorm scales held constant, biases kept (their share of the logit "
             "is attributed to no token)", decomposes_logit=True),
     }
-    if bcos is not None:
-        methods.update(make_bcos_methods(bcos))
-    return methods
+    return {**methods, **bcos_rows}
 
 
 def make_bcos_methods(bcos) -> dict[str, Method]:
