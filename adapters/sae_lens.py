@@ -481,7 +481,8 @@ def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None,
 
     Args:
         model: an explainable ``HookedTransformer`` / ``HookedSAETransformer`` (e.g. from
-            ``hooked_transformer_from_hf``); the SAE may be attached (``model.add_sae(sae)``) or not.
+            ``hooked_transformer_from_hf``), the SAE attached (``model.add_sae(sae)``) or not; or a bridge from
+            ``transformer_bridge_from_hf`` (every family, Gemma 2 included), the SAE not attached.
         tokens: ``(batch, pos)`` token ids.
         sae: a sae-lens SAE whose ``cfg.metadata.hook_name`` is a hook of ``model`` (its encoder reads there).
         feature: index of the feature, in ``[0, d_sae)``.

@@ -214,3 +214,24 @@ def test_a_plain_hooked_transformer_and_a_transcoders_input_hook():
     torch.testing.assert_close(expl.bias_terms, transcoder.b_enc[2].detach().expand(2))
     want = cache["blocks.0.ln2.hook_normalized"][:, -1] @ transcoder.W_enc[:, 2] + transcoder.b_enc[2]
     _assert_exact(expl, want.detach())
+
+
+def test_every_family_through_transformer_lens_bridge_gemma_2_included():
+    """The Gemma Scope workflow: a B-cos Gemma 2 (bridge only: HookedTransformer refuses its inline logit soft-cap,
+    which an SAE feature at an inner hook never reaches) with an SAE on its residual stream."""
+    from bcos_plugins.adapters import transformer_lens as lens
+    from test_conformance import BRIDGE_NAMES, CONFIGS, VOCAB
+
+    from bcos_plugins.convert.architectures import stock_class
+
+    assert "Gemma2ForCausalLM" in BRIDGE_NAMES
+    for name in BRIDGE_NAMES:
+        family = max((p for p in CONFIGS if name.startswith(p)), key=len)
+        torch.manual_seed(0)
+        model = lens.transformer_bridge_from_hf(bcosify(stock_class(name)(CONFIGS[family]()).eval(), b=1.25,
+                                                        verbose=False))
+        sae = _sae(model.cfg.d_model)
+        tokens = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(9))
+        _, cache = model.run_with_cache(tokens)
+        want = (cache[HOOK][:, 5] - sae.b_dec) @ sae.W_enc[:, 4] + sae.b_enc[4]
+        _assert_exact(explain_sae_feature(model, tokens, sae, 4, position=5), want.detach())
