@@ -290,6 +290,14 @@ def test_transformer_lens_head_results_are_exact_on_bcos_bridges(name):
         per_layer = heads[layer * n_heads:(layer + 1) * n_heads].sum(0)
         assert ((per_layer - attn_out).abs().max() / attn_out.abs().max()) <= 1e-5
         assert torch.equal(cache[("result", layer, "attn")].sum(-2), per_layer)
+    # the shares are checked against the cached attn_out: where something follows the output projection (Gemma 2's
+    # post-attention norm; here a doctored cache) or attn_out was not cached, refused instead of returned
+    cache.cache_dict["blocks.1.hook_attn_out"] = 2 * cache.cache_dict["blocks.1.hook_attn_out"]
+    with pytest.raises(BcosError, match="layer 1 attention output is not its output projection's"):
+        cache.stack_head_results(layer=n_layers)
+    del cache.cache_dict["blocks.1.hook_attn_out"]
+    with pytest.raises(BcosError, match="lacks hook_attn_out"):
+        cache.compute_head_results()
     # a cache without its batch dimension: TransformerLens 3.9 would recompute from the raw W_O, so refused
     with torch.no_grad():
         _, single = bridge.run_with_cache(ids(batch=1), remove_batch_dim=True)

@@ -126,7 +126,17 @@ def _cache_exact_head_results(cache, method: str) -> None:
         scale = bcos_scale(projection._linear(concatenated), input_norm(concatenated), projection.b)
         only = torch.eye(z.shape[-2], dtype=z.dtype, device=z.device)[:, :, None]  # (head, head, 1)
         shares = torch.stack([projection._linear((z * only[h]).flatten(-2)) for h in range(z.shape[-2])], dim=-2)
-        cache.cache_dict[f"blocks.{layer}.attn.hook_result"] = shares * scale.unsqueeze(-2)
+        shares = shares * scale.unsqueeze(-2)
+        # the shares are attn_out's only where nothing follows the projection (Gemma 2 normalises it again)
+        attn_out = cache.cache_dict.get(f"blocks.{layer}.hook_attn_out")
+        tolerance = max(1e-4, 16 * torch.finfo(shares.dtype).eps) * (attn_out.abs().max() if attn_out is not None
+                                                                      else 0)
+        if attn_out is None or (shares.sum(-2) - attn_out).abs().max() > tolerance:
+            refuse_raw_weight_decomposition(model, method, (
+                " whose cache lacks hook_attn_out (cache it to get exact per-head results)" if attn_out is None
+                else f" whose layer {layer} attention output is not its output projection's (a norm follows it), "
+                     "so per-head shares of the projection do not sum to attn_out"))
+        cache.cache_dict[f"blocks.{layer}.attn.hook_result"] = shares
 
 
 def _targets():
