@@ -148,6 +148,10 @@ def test_bad_inputs_are_refused_naming_the_argument():
         explain_sae_feature(model, tokens, sae, 1, position=5)
     with pytest.raises(BcosError, match="tokens: must be a tensor of token ids"):
         explain_sae_feature(model, tokens.float(), sae, 1)
+    padded = torch.ones_like(tokens)
+    padded[1, -2:] = 0
+    with pytest.raises(BcosError, match="position: .*padding token"):
+        explain_sae_feature(model, tokens, sae, 1, position=4, attention_mask=padded)
     with pytest.raises(BcosError, match="sae: its hook 'blocks.9.hook_resid_pre' is not a hook of the model"):
         explain_sae_feature(model, tokens, _sae(d, "blocks.9.hook_resid_pre"), 1)
     with pytest.raises(BcosError, match="sae: it has no hook name"):
@@ -235,3 +239,12 @@ def test_every_family_through_transformer_lens_bridge_gemma_2_included():
         _, cache = model.run_with_cache(tokens)
         want = (cache[HOOK][:, 5] - sae.b_dec) @ sae.W_enc[:, 4] + sae.b_enc[4]
         _assert_exact(explain_sae_feature(model, tokens, sae, 4, position=5), want.detach())
+
+
+def test_a_model_whose_dynamic_weights_are_not_constants_is_refused():
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    model = HookedTransformer(HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=8, d_head=4, d_vocab=20,
+                                                      act_fn="gelu"))
+    with pytest.raises(BcosError, match="model: its dynamic weights are not detachable"):
+        explain_sae_feature(model, torch.randint(0, 20, (1, 5)), _sae(16), 1)
