@@ -263,17 +263,6 @@ def test_a_bridge_with_the_models_tokenizer_reads_text(tmp_path):
     assert bridge.to_tokens("once upon a time", prepend_bos=False).tolist() == [[1, 2, 3, 4]]
 
 
-def _raw_weight_readers(cache, n_layers: int) -> dict:
-    """Each of TransformerLens' cache decompositions that multiplies cached activations by raw W_O / W_out."""
-    return {
-        "compute_head_results": lambda: cache.compute_head_results(),
-        "stack_head_results": lambda: cache.stack_head_results(layer=n_layers),
-        "get_neuron_results": lambda: cache.get_neuron_results(0),
-        "stack_neuron_results": lambda: cache.stack_neuron_results(layer=n_layers),
-        "get_full_resid_decomposition": lambda: cache.get_full_resid_decomposition(expand_neurons=True),
-    }
-
-
 @pytest.mark.parametrize("name", ["bcos_gpt2", "bcos_llama"])
 def test_transformer_lens_head_results_are_exact_on_bcos_bridges(name):
     """TransformerLens' own per-head results on a B-cos bridge are each head's share of the forward's attn_out
@@ -306,24 +295,46 @@ def test_transformer_lens_head_results_are_exact_on_bcos_bridges(name):
 
 
 @pytest.mark.parametrize("name", ["bcos_gpt2", "bcos_llama"])
+def test_transformer_lens_neuron_results_are_exact_on_bcos_bridges(name):
+    """TransformerLens' per-neuron results on a B-cos bridge are each neuron's share of the forward's mlp_out
+    (hook_post @ raw W_out missed it by about its own size), with TransformerLens' slicing and projection."""
+    _, _, _, bridge = built(name)
+    n_layers, d_mlp = bridge.cfg.n_layers, bridge.cfg.d_mlp
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(ids())
+        neurons, labels = cache.stack_neuron_results(n_layers, return_labels=True)
+        direction = torch.randn(bridge.cfg.d_model, generator=torch.Generator().manual_seed(0))
+        full = cache.get_neuron_results(1)
+        projected = cache.get_neuron_results(1, project_output_onto=direction)
+        one = cache.get_neuron_results(1, neuron_slice=3, pos_slice=-1)
+    assert labels == [f"L{layer}N{n}" for layer in range(n_layers) for n in range(d_mlp)]
+    for layer in range(n_layers):
+        mlp_out = cache[("mlp_out", layer)]
+        assert ((neurons[layer * d_mlp:(layer + 1) * d_mlp].sum(0) - mlp_out).abs().max() / mlp_out.abs().max()
+                ) <= 1e-5
+    torch.testing.assert_close(projected, full @ direction)
+    torch.testing.assert_close(one, full[:, -1, 3])
+
+
+@pytest.mark.parametrize("name", ["bcos_gpt2", "bcos_llama"])
 def test_transformer_lens_raw_weight_decompositions_refuse_on_bcos_bridges_naming_the_exact_alternative(name):
-    """On a B-cos bridge hook_post @ W_out is not what the forward computed (the B-cos weight depends on the
-    input): TransformerLens' per-neuron results (and the full decomposition) raise instead of returning them."""
-    from bcos_plugins.adapters._lens.boot_guard import _HEAD_RESULT_METHODS, CACHE_WEIGHT_READERS
+    """Where TransformerLens' path still reads raw W_out (the full residual decomposition, the fused norm-and-project
+    path of stack_neuron_results), a B-cos bridge raises instead of returning wrong numbers."""
     from bcos_plugins.adapters.transformer_lens import token_component_decomposition
 
     _, _, _, bridge = built(name)
     tokens = ids()
     with torch.no_grad():
         _, cache = bridge.run_with_cache(tokens)
-    calls = _raw_weight_readers(cache, bridge.cfg.n_layers)
-    assert set(calls) == set(CACHE_WEIGHT_READERS)
-    for method in set(calls) - set(_HEAD_RESULT_METHODS):
-        with pytest.raises(BcosError, match=rf"ActivationCache.{method}: .*B-cos model.*"
-                                            r"token_component_decomposition\(bridge.*explain_logits.*"
-                                            r"hooked_transformer_from_hf"):
-            calls[method]()
-    # the alternative the message names is exact on this bridge
+    alternatives = r"token_component_decomposition\(bridge.*explain_logits.*hooked_transformer_from_hf"
+    with pytest.raises(BcosError, match=r"ActivationCache.get_full_resid_decomposition: .*B-cos model.*"
+                                        + alternatives):
+        cache.get_full_resid_decomposition(expand_neurons=True)
+    with pytest.raises(BcosError, match=r"ActivationCache.stack_neuron_results: .*apply_ln=True and "
+                                        r"project_output_onto=.*" + alternatives):
+        cache.stack_neuron_results(bridge.cfg.n_layers, apply_ln=True,
+                                   project_output_onto=torch.ones(bridge.cfg.d_model))
+    # the alternative the messages name is exact on this bridge
     table = token_component_decomposition(bridge, tokens, target=5)
     assert table.completeness_error.max() < 1e-4
 

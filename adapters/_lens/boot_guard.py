@@ -23,7 +23,10 @@ projection's weight depends on the input, so their per-head and per-neuron resul
 ``mlp_out`` (wrong numbers, silently). On a ``TransformerBridge`` that holds B-cos projections the head methods
 (:data:`_HEAD_RESULT_METHODS`) first cache each head's exact share (:func:`_cache_exact_head_results`), which
 TransformerLens then reads instead of ``hook_z @ W_O`` (it keeps batched ``hook_result`` entries in 3.9 and 4.x);
-the others raise, naming the exact alternatives. Every other model keeps TransformerLens' behaviour. Relied on: those methods are defined on
+``get_neuron_results`` is replaced by :func:`_exact_neuron_results`, which ``stack_neuron_results`` stacks
+(except on its fused ``apply_ln`` + ``project_output_onto`` path, refused); ``get_full_resid_decomposition``
+raises, naming the exact alternatives. Every other model keeps TransformerLens' behaviour. Relied on: those
+methods are defined on
 ``transformer_lens.ActivationCache`` and are the only ones that read ``W_O`` / ``W_out`` besides the private
 helpers in :data:`_PRIVATE_WEIGHT_READERS`, which only they call (checked from the methods' source, so a release
 that adds another reader fails loudly).
@@ -139,6 +142,42 @@ def _cache_exact_head_results(cache, method: str) -> None:
         cache.cache_dict[f"blocks.{layer}.attn.hook_result"] = shares
 
 
+def _exact_neuron_results(cache, layer: int, neuron_slice=None, pos_slice=None, project_output_onto=None):
+    """``get_neuron_results`` on a B-cos bridge: neuron ``n``'s share of ``mlp_out`` is ``post_n * ŵ_out[:, n] *
+    s(post)`` (the B-cos projection's per-unit scale of the whole input), not ``post_n * W_out[n]``; the shares
+    sum to ``mlp_out`` (checked). Same arguments and output shapes as TransformerLens'."""
+    from transformer_lens.utilities import Slice
+
+    model = cache.model
+    method = "get_neuron_results"
+    projection = getattr(getattr(model.blocks[layer].mlp, "out", None), "original_component", None)
+    if not isinstance(projection, BcosLinear) or projection.max_out != 1:
+        refuse_raw_weight_decomposition(model, method, f" whose layer {layer} MLP output projection is "
+                                        f"{type(projection).__name__}, not a B-cos layer without MaxOut")
+    post = cache[("post", layer, "mlp")]
+    linear = projection._linear(post)
+    scale = bcos_scale(linear, input_norm(post), projection.b)
+    mlp_out = cache.cache_dict.get(f"blocks.{layer}.hook_mlp_out")
+    if mlp_out is None or ((linear * scale - mlp_out).abs().max()
+                           > max(1e-4, 16 * torch.finfo(post.dtype).eps) * mlp_out.abs().max()):
+        refuse_raw_weight_decomposition(model, method, (
+            " whose cache lacks hook_mlp_out (cache it to get exact per-neuron results)" if mlp_out is None
+            else f" whose layer {layer} MLP output is not its output projection's (a norm follows it)"))
+    neuron_slice = neuron_slice if isinstance(neuron_slice, Slice) else Slice(neuron_slice)
+    pos_slice = pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
+    post, scale = pos_slice.apply(post, dim=-2), pos_slice.apply(scale, dim=-2)
+    weight = projection.unit_weight()  # (d_model, d_mlp): neuron n writes column n
+    index = neuron_slice.apply(torch.arange(weight.shape[1], device=weight.device), dim=0)
+    single = index.ndim == 0  # an int slice drops the neuron axis, as TransformerLens' does
+    index = index.reshape(-1)
+    shares = post[..., index, None] * weight[:, index].T * scale[..., None, :]  # (..., neuron, d_model)
+    if project_output_onto is not None:
+        shares = shares @ (project_output_onto if project_output_onto.ndim == 2 else project_output_onto[:, None])
+        if project_output_onto.ndim == 1:
+            shares = shares.squeeze(-1)
+    return shares.select(-2 if shares.ndim > post.ndim else -1, 0) if single else shares
+
+
 def _targets():
     from transformer_lens.model_bridge import TransformerBridge
     from transformer_lens.model_bridge.sources import transformers as source
@@ -217,6 +256,14 @@ def _guarded_boot(boot):
     return guarded
 
 
+def _folds_norm_into_projection(method, cache, args, kwargs) -> bool:
+    # stack_neuron_results(apply_ln=True, project_output_onto=p) bypasses get_neuron_results for a fused path
+    # that reads W_out (and 4.x's mlp_input=True reads other activations): refused on B-cos bridges
+    bound = inspect.signature(method).bind(cache, *args, **kwargs).arguments
+    return bool(bound.get("apply_ln") and bound.get("project_output_onto") is not None) or bool(
+        bound.get("mlp_input"))
+
+
 def _guarded_cache_method(name: str, method):
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
@@ -224,8 +271,16 @@ def _guarded_cache_method(name: str, method):
             _cache_exact_head_results(self, name)
             if name == "compute_head_results":  # done; TransformerLens' own would only warn they are cached
                 return None
+        elif name == "get_neuron_results" and _is_bcos_bridge(getattr(self, "model", None)):
+            return _exact_neuron_results(self, *args, **kwargs)
+        elif (name == "stack_neuron_results" and _is_bcos_bridge(getattr(self, "model", None))
+              and not _folds_norm_into_projection(method, self, args, kwargs)):
+            return method(self, *args, **kwargs)  # it stacks get_neuron_results, exact above
         else:
-            refuse_raw_weight_decomposition(getattr(self, "model", None), name)
+            refuse_raw_weight_decomposition(getattr(self, "model", None), name, (
+                " (with apply_ln=True and project_output_onto=, or mlp_input=True, TransformerLens takes a path "
+                "that reads W_out; stack without project_output_onto and project the stack yourself)")
+                if name == "stack_neuron_results" else "")
         return method(self, *args, **kwargs)
 
     setattr(guarded, _GUARDED, True)
