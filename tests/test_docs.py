@@ -152,3 +152,42 @@ def test_every_bcos_plugins_import_in_the_docs_and_readme_works():
         except Exception as error:  # every broken import reported at once
             failures.append(f"{statement}: {type(error).__name__}: {error}")
     assert not failures, "\n".join(failures)
+
+
+# A Python block of the README or the docs runs as written (tests below), unless the line right before its
+# fence is this marker with a reason: then skipping it is a visible decision in the page, not silence here.
+NOT_RUN = re.compile(r"<!-- snippet: not run: (.+?) -->\s*$")
+
+
+def _snippets() -> list[tuple[str, int, str, str | None]]:
+    """(page, line, code, reason it is not run or None) for every ```python block of README.md and docs/."""
+    found = []
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines):
+            if line.strip() != "```python":
+                continue
+            end = next(i for i in range(number + 1, len(lines)) if lines[i].strip().startswith("```"))
+            before = lines[number - 1] if number else ""
+            marker = NOT_RUN.search(before)
+            found.append((str(page.relative_to(ROOT)), number + 1, "\n".join(lines[number + 1:end]),
+                          marker.group(1) if marker else None))
+    return found
+
+
+def test_the_snippet_collector_sees_markers_and_blocks():
+    snippets = _snippets()
+    assert len(snippets) >= 30
+    assert all(reason.strip() for *_, reason in snippets if reason is not None)
+    assert ("README.md" in {page for page, _, _, reason in snippets if reason is None}), "the quickstart runs"
+
+
+RUNNABLE = [pytest.param(code, id=f"{page}:{line}") for page, line, code, reason in _snippets() if reason is None]
+
+
+@pytest.mark.parametrize("code", RUNNABLE)
+def test_readme_and_docs_snippets_run_as_written(code, tmp_path, monkeypatch):
+    """Offline (HF_HUB_OFFLINE): a snippet that reaches for the hub fails here instead of on a user's machine."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # snippets may save models into the current folder
+    exec(compile(code, "<snippet>", "exec"), {"__name__": "__snippet__"})
