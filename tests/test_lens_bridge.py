@@ -318,8 +318,8 @@ def test_transformer_lens_neuron_results_are_exact_on_bcos_bridges(name):
 
 @pytest.mark.parametrize("name", ["bcos_gpt2", "bcos_llama"])
 def test_transformer_lens_raw_weight_decompositions_refuse_on_bcos_bridges_naming_the_exact_alternative(name):
-    """Where TransformerLens' path still reads raw W_out (the full residual decomposition, the fused norm-and-project
-    path of stack_neuron_results), a B-cos bridge raises instead of returning wrong numbers."""
+    """Where TransformerLens' path still reads raw W_out (the fused norm-and-project path of stack_neuron_results,
+    also through get_full_resid_decomposition), a B-cos bridge raises instead of returning wrong numbers."""
     from bcos_plugins.adapters.transformer_lens import token_component_decomposition
 
     _, _, _, bridge = built(name)
@@ -327,13 +327,17 @@ def test_transformer_lens_raw_weight_decompositions_refuse_on_bcos_bridges_namin
     with torch.no_grad():
         _, cache = bridge.run_with_cache(tokens)
     alternatives = r"token_component_decomposition\(bridge.*explain_logits.*hooked_transformer_from_hf"
-    with pytest.raises(BcosError, match=r"ActivationCache.get_full_resid_decomposition: .*B-cos model.*"
-                                        + alternatives):
-        cache.get_full_resid_decomposition(expand_neurons=True)
+    direction = torch.ones(bridge.cfg.d_model)
     with pytest.raises(BcosError, match=r"ActivationCache.stack_neuron_results: .*apply_ln=True and "
                                         r"project_output_onto=.*" + alternatives):
-        cache.stack_neuron_results(bridge.cfg.n_layers, apply_ln=True,
-                                   project_output_onto=torch.ones(bridge.cfg.d_model))
+        cache.stack_neuron_results(bridge.cfg.n_layers, apply_ln=True, project_output_onto=direction)
+    with pytest.raises(BcosError, match=r"ActivationCache.stack_neuron_results: .*" + alternatives):
+        cache.get_full_resid_decomposition(expand_neurons=True, apply_ln=True, project_output_onto=direction)
+    # without the fused path the full decomposition stacks the exact head and neuron results
+    resid = cache[("resid_post", bridge.cfg.n_layers - 1)]
+    for expand_neurons in (False, True):
+        total = cache.get_full_resid_decomposition(expand_neurons=expand_neurons).sum(0)
+        assert ((total - resid).abs().max() / resid.abs().max()) <= 1e-5
     # the alternative the messages name is exact on this bridge
     table = token_component_decomposition(bridge, tokens, target=5)
     assert table.completeness_error.max() < 1e-4

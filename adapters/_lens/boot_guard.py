@@ -24,9 +24,9 @@ projection's weight depends on the input, so their per-head and per-neuron resul
 (:data:`_HEAD_RESULT_METHODS`) first cache each head's exact share (:func:`_cache_exact_head_results`), which
 TransformerLens then reads instead of ``hook_z @ W_O`` (it keeps batched ``hook_result`` entries in 3.9 and 4.x);
 ``get_neuron_results`` is replaced by :func:`_exact_neuron_results`, which ``stack_neuron_results`` stacks
-(except on its fused ``apply_ln`` + ``project_output_onto`` path, refused); ``get_full_resid_decomposition``
-raises, naming the exact alternatives. Every other model keeps TransformerLens' behaviour. Relied on: those
-methods are defined on
+(except on its fused ``apply_ln`` + ``project_output_onto`` path, refused, naming the exact alternatives), and
+``get_full_resid_decomposition`` stacks those. Every other model keeps TransformerLens' behaviour. Relied on:
+those methods are defined on
 ``transformer_lens.ActivationCache`` and are the only ones that read ``W_O`` / ``W_out`` besides the private
 helpers in :data:`_PRIVATE_WEIGHT_READERS`, which only they call (checked from the methods' source, so a release
 that adds another reader fails loudly).
@@ -55,8 +55,8 @@ _GUARDED = "__bcos_plugins_guard__"
 
 # ActivationCache methods that multiply cached activations by the model's raw W_O / W_out (directly or through
 # _PRIVATE_WEIGHT_READERS); guarded on bridges over B-cos models
-CACHE_WEIGHT_READERS = ("compute_head_results", "stack_head_results", "get_neuron_results", "stack_neuron_results",
-                        "get_full_resid_decomposition")
+# (get_full_resid_decomposition reaches W_O / W_out only through these, so it is exact or refused with them)
+CACHE_WEIGHT_READERS = ("compute_head_results", "stack_head_results", "get_neuron_results", "stack_neuron_results")
 # private helpers that read them too and are reached only through CACHE_WEIGHT_READERS (4.x has both)
 _PRIVATE_WEIGHT_READERS = ("_ensure_head_results", "_stack_neuron_results_apply_ln_projected")
 _READS_OUTPUT_WEIGHTS = re.compile(r"\.W_(O|out)\b")
