@@ -24,9 +24,9 @@ Decompositions through a bridge: TransformerLens' ``ActivationCache`` reads ``W_
 bridge's compatibility shims (raw weights), so ``stack_head_results``, ``stack_neuron_results`` and the other
 helpers in :data:`~.boot_guard.CACHE_WEIGHT_READERS` would not be exact for B-cos models there. The boot guard
 makes the per-head and per-neuron ones exact on bridges holding B-cos projections (or refuses them where it
-cannot) and makes ``get_full_resid_decomposition`` raise, naming ``token_component_decomposition`` (which works
-on both TransformerLens versions) and ``hooked_transformer_from_hf`` (3.x). Bilinear and plain bridges keep
-them.
+cannot); their fused ``apply_ln`` + ``project_output_onto`` path raises, naming ``token_component_decomposition``
+(which works on both TransformerLens versions) and ``hooked_transformer_from_hf`` (3.x). Bilinear and plain
+bridges keep them.
 """
 
 from __future__ import annotations
