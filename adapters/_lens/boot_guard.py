@@ -26,10 +26,11 @@ TransformerLens then reads instead of ``hook_z @ W_O`` (it keeps batched ``hook_
 ``get_neuron_results`` is replaced by :func:`_exact_neuron_results`, which ``stack_neuron_results`` stacks
 (except on its fused ``apply_ln`` + ``project_output_onto`` path, refused, naming the exact alternatives), and
 ``get_full_resid_decomposition`` stacks those. Every other model keeps TransformerLens' behaviour. Relied on:
-those methods are defined on
-``transformer_lens.ActivationCache`` and are the only ones that read ``W_O`` / ``W_out`` besides the private
-helpers in :data:`_PRIVATE_WEIGHT_READERS`, which only they call (checked from the methods' source, so a release
-that adds another reader fails loudly).
+those methods are defined on ``transformer_lens.ActivationCache`` and are the only ones that read ``W_O`` /
+``W_out`` besides the private helpers in :data:`_PRIVATE_WEIGHT_READERS`, which only they call (checked from the
+methods' source, so a release that adds another reader fails loudly); a cached batched ``hook_result`` is used as
+it is; the bridge's output projections are ``blocks[i].attn.o`` / ``blocks[i].mlp.out`` (``original_component``;
+a bridge without them is refused, not approximated).
 """
 
 from __future__ import annotations
