@@ -38,8 +38,9 @@ test-tl4: $(TL4)/.installed
 	$(TL4)/bin/python -m pytest -q $(TL4_TESTS)
 
 # The lowest versions pyproject.toml declares (.ci/min-versions.txt pins each lower bound; a test keeps them
-# equal) in a third environment, where a smoke subset of the suite runs: every host library's adapter, the
-# encoders, decoders, Space Model, training, checkpoints and explain_dataset (about 3 minutes of tests).
+# equal) in a third environment, where a smoke subset of the suite runs: the Captum, TransformerLens and
+# sae-lens adapters (not inseq), encoders, decoders, Space Model, training, checkpoints and explain_dataset (about
+# 6 minutes with the build on a warm pip cache).
 MIN := .venv-min
 MIN_VERSIONS := .ci/min-versions.txt
 MIN_TESTS := tests/test_packaging.py tests/test_support_matrix.py tests/test_shipped_tokenizer.py \
