@@ -27,7 +27,9 @@ setup: $(STAMP)
 
 # TransformerLens 4.x (TransformerBridge only) in a second environment, for the tests that run under both
 TL4 := .venv-tl4
-TL4_TESTS := tests/test_lens_bridge.py tests/test_lens_components.py
+# plus the conformance suite's bridge test, so every registered bridge family runs under TransformerLens 4 too
+TL4_TESTS := tests/test_lens_bridge.py tests/test_lens_components.py \
+	tests/test_conformance.py::test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable
 $(TL4)/.installed: pyproject.toml Makefile
 	test -x $(TL4)/bin/python || $(PYTHON) -m venv $(TL4)
 	$(TL4)/bin/python -m pip --disable-pip-version-check -q install torch==2.13.0
