@@ -81,7 +81,6 @@ _STARTED = (time.perf_counter(), time.process_time())
 
 import contextlib
 import csv
-import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -119,7 +118,7 @@ from benchmarks.common.faithfulness import (  # noqa: F401
     seqpg_examples,
     token_feature_mask,
 )
-from benchmarks.common.settings import env_choice, env_flag, env_float, env_int, env_path
+from benchmarks.common.settings import env_choice, env_flag, env_float, env_int, env_path, settings_from_argv
 
 MODELS = Path("outputs/bench_faithfulness/models")  # shared by every output folder; names carry the settings
 
@@ -421,15 +420,8 @@ def last_rows(rows: list, n: int) -> list:
 
 def config_from(argv: list[str]) -> Config:
     """The run's settings: the environment, over the paper-scale preset with --paper-scale / BENCH_PAPER_SCALE=1."""
-    from unittest import mock
-
-    unknown = [a for a in argv if a != "--paper-scale"]
-    if unknown:
-        raise SystemExit(f"unknown arguments {unknown}; usage: bench_faithfulness.py [--paper-scale]")
-    paper = "--paper-scale" in argv or env_flag("BENCH_PAPER_SCALE", False)
-    preset = {k: v for k, v in PAPER_SCALE.items() if k not in os.environ} if paper else {}
-    with mock.patch.dict(os.environ, preset):  # a variable the user set wins
-        return Config.from_env()
+    return settings_from_argv(argv, "bench_faithfulness.py", "--paper-scale", "BENCH_PAPER_SCALE", PAPER_SCALE,
+                              Config.from_env)
 
 
 def main(argv: list[str]) -> None:

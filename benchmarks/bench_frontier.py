@@ -57,7 +57,6 @@ import copy
 import csv
 import hashlib
 import json
-import os
 import sys
 import time
 import warnings
@@ -93,11 +92,11 @@ from benchmarks.common.faithfulness import (
 )
 from benchmarks.common.settings import (
     env_choices,
-    env_flag,
     env_float,
     env_int,
     env_numbers,
     env_path,
+    settings_from_argv,
 )
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -202,15 +201,7 @@ AG_NEWS_ONLY = {"ag_news", "n_ag_train", "n_ag_eval", "n_seqpg", "segment", "min
 
 def config_from(argv: list[str]) -> Config:
     """The environment, over the quick preset with --quick / BENCH_FRONTIER_QUICK=1."""
-    from unittest import mock
-
-    unknown = [a for a in argv if a != "--quick"]
-    if unknown:
-        raise SystemExit(f"unknown arguments {unknown}; usage: bench_frontier.py [--quick]")
-    quick = "--quick" in argv or env_flag("BENCH_FRONTIER_QUICK", False)
-    preset = {k: v for k, v in QUICK.items() if k not in os.environ} if quick else {}
-    with mock.patch.dict(os.environ, preset):
-        cfg = Config.from_env()
+    cfg = settings_from_argv(argv, "bench_frontier.py", "--quick", "BENCH_FRONTIER_QUICK", QUICK, Config.from_env)
     for name, folder, file in (("BENCH_FRONTIER_SST2", cfg.sst2, "train.tsv"), ("BENCH_FRONTIER_SST2", cfg.sst2,
                                "dev.tsv"), ("BENCH_FRONTIER_AG_NEWS", cfg.ag_news, "dev.tsv")):
         if not (folder / file).is_file():

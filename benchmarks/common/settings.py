@@ -133,3 +133,17 @@ def env_choices(name: str, default: Sequence[str], choices: Sequence[str]) -> tu
         raise _bad(name, raw, f"not a comma-separated list of distinct values from {listed}",
                    f"some of {listed}, e.g. {name}={listed}", ",".join(default))
     return values
+
+
+def settings_from_argv(argv: Sequence[str], script: str, flag: str, env_name: str, preset: dict[str, str], read):
+    """``read()`` (a ``Config.from_env``) over ``preset`` when ``argv`` holds ``flag`` or ``env_name`` is set; a
+    variable the user set wins over the preset. Any other argument stops the run with the usage line."""
+    from unittest import mock
+
+    unknown = [a for a in argv if a != flag]
+    if unknown:
+        raise SystemExit(f"unknown arguments {unknown}; usage: {script} [{flag}]")
+    chosen = flag in argv or env_flag(env_name, False)
+    applied = {k: v for k, v in preset.items() if k not in os.environ} if chosen else {}
+    with mock.patch.dict(os.environ, applied):
+        return read()
