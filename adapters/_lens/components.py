@@ -38,6 +38,7 @@ from bcos_plugins.nn.dynamic import explanation_mode
 
 from .explain import require_explainable
 from .inputs import check_lens_tokens
+from .sae_error import SAEErrorShares
 
 __all__ = ["TokenComponentDecomposition", "plot_token_components", "token_component_decomposition"]
 
@@ -45,7 +46,7 @@ _EMBED_HOOKS = ("hook_embed", "hook_pos_embed")
 
 
 @dataclass
-class TokenComponentDecomposition:
+class TokenComponentDecomposition(SAEErrorShares):
     """Result of :func:`token_component_decomposition` (see the module docstring).
 
     Attributes:
@@ -67,13 +68,6 @@ class TokenComponentDecomposition:
     foil: object | None
     position: Int[Tensor, " batch"]
     sae_error_shares: dict[str, Float[Tensor, " batch"]] | None = None
-
-    @property
-    def sae_error_share(self) -> Float[Tensor, " batch"]:
-        """The spliced SAEs' error terms' share of ``explained`` per row (0 without SAEs): no token carries it."""
-        if not self.sae_error_shares:
-            return torch.zeros_like(self.explained)
-        return sum(self.sae_error_shares.values())
 
     @property
     def component_totals(self) -> Float[Tensor, "batch n_components"]:

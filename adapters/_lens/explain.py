@@ -32,7 +32,7 @@ from bcos_plugins.errors import BcosTypeError
 from .bridge import is_explainable_bridge
 from .compat import HAS_HOOKED_TRANSFORMER
 from .inputs import check_lens_tokens
-from .sae_error import sae_error_capture
+from .sae_error import SAEErrorShares, sae_error_capture
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -62,7 +62,7 @@ ATTRIBUTION_HOOKS = ("hook_embed", "hook_pos_embed")
 
 
 @dataclass
-class LensExplanation(TokenExplanation):
+class LensExplanation(SAEErrorShares, TokenExplanation):
     """:class:`~bcos_plugins.attribution.TokenExplanation` of a TransformerLens model.
 
     ``input_contributions`` is the sum over the attribution hooks (``hook_embed`` and ``hook_pos_embed``
@@ -76,13 +76,6 @@ class LensExplanation(TokenExplanation):
 
     hook_contributions: dict[str, Float[Tensor, "batch pos d_model"]] | None = None
     sae_error_shares: dict[str, Float[Tensor, " batch"]] | None = None
-
-    @property
-    def sae_error_share(self) -> Float[Tensor, " batch"]:
-        """The spliced SAEs' error terms' share of ``explained`` per row (0 without SAEs)."""
-        if not self.sae_error_shares:
-            return torch.zeros_like(self.explained)
-        return sum(self.sae_error_shares.values())
 
 
 def explain_logits(

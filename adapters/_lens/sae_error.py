@@ -19,11 +19,24 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 from torch import Tensor, nn
 
 from bcos_plugins.errors import BcosRuntimeError
 
-__all__ = ["SAEErrorCapture", "sae_error_capture"]
+__all__ = ["SAEErrorCapture", "SAEErrorShares", "sae_error_capture"]
+
+
+class SAEErrorShares:
+    """The ``sae_error_share`` of a result that holds ``sae_error_shares`` ({hook name: (batch,)} or None) and
+    ``explained`` (batch,): the lens explanation and the token x component table share it."""
+
+    @property
+    def sae_error_share(self) -> Tensor:
+        """The spliced SAEs' error terms' share of ``explained`` per row (0 without SAEs): no token carries it."""
+        if not self.sae_error_shares:
+            return torch.zeros_like(self.explained)
+        return sum(self.sae_error_shares.values())
 
 
 class SAEErrorCapture:
