@@ -142,34 +142,60 @@ def ids_as_long(ids: Tensor) -> Tensor:
 
 
 def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | None = None,
-                        max_length: int | None = None, name: str = "input_ids") -> tuple[Tensor, Tensor | None]:
-    """Validate a ``(batch, pos)`` batch of token ids and its 0/1 attention mask before a model sees it.
+                        max_length: int | None = None, limit_name: str | None = None,
+                        name: str = "input_ids") -> tuple[Tensor, Tensor | None]:
+    """Validate a ``(batch, pos)`` batch of token ids and its 0/1 attention mask before a model sees it: the one
+    token-batch check of ``explain``, the Captum and TransformerLens adapters, the Space model and the metrics.
 
-    Catches what would otherwise fail deep inside an embedding or a position table (opaque errors): float
-    ids, an empty batch or zero-length rows, ids outside the vocabulary, rows longer than the model's position
-    table, a mask of another shape or with values other than 0/1, and rows without any real token.
+    Catches what would otherwise fail deep inside an embedding or a position table (opaque errors): a non-tensor,
+    float ids, another rank, an empty batch or zero-length rows, ids outside the vocabulary, rows longer than the
+    model's position table (``max_length``; ``limit_name`` says where the model keeps it, e.g. ``"cfg.n_ctx"``),
+    a mask of another shape or with values other than 0/1, and rows without any real token. Returns the ids as
+    int64 (any integer width, exactly) and the mask as int64.
     """
-    ids = require_tensor(name, input_ids, ndim=2, kind="int" if name == "input_ids" else "real",
-                         shape_hint="(batch, pos)", finite=False)
-    if ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise argument_error(name, f"is empty (shape {tuple(ids.shape)})", "Pass at least one row of one token")
-    if name == "input_ids":
-        ids = ids_as_long(ids)
+    if not isinstance(input_ids, Tensor):
+        raise argument_error(name, f"expected a tensor of token ids (batch, pos), got {type(input_ids).__name__}",
+                             "Tokenise with tokenizer(texts, return_tensors='pt') (TransformerLens: "
+                             "model.to_tokens(texts))", kind=BcosTypeError)
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise argument_error(name, f"token ids must be integers, got {input_ids.dtype}", "Pass the tokenizer's "
+                             "ids (TransformerLens: model.to_tokens(text); to explain embeddings use the Captum "
+                             "adapter's EmbeddingForward)", kind=BcosTypeError)
+    if input_ids.ndim != 2:
+        raise argument_error(name, f"expected shape (batch, pos), got {tuple(input_ids.shape)}",
+                             f"Add a batch dimension with {name}[None] for one sequence")
+    if 0 in input_ids.shape:
+        raise argument_error(name, f"empty input of shape {tuple(input_ids.shape)}; there is nothing to explain",
+                             "Pass at least one sequence of at least one token")
+    ids = ids_as_long(input_ids)
     if vocab_size is not None:
         outside = (ids < 0) | (ids >= vocab_size)
         if outside.any():
             raise argument_error(name, f"has ids outside the vocabulary [0, {vocab_size}) at {bad_rows(outside)}: "
-                                 f"{ids[outside].tolist()[:8]}", "Tokenise with the model's own tokenizer")
+                                 f"{ids[outside].unique().tolist()[:8]}", "Tokenise with the model's own tokenizer")
     if max_length is not None and ids.shape[1] > max_length:
-        raise argument_error(name, f"has {ids.shape[1]} positions but the model has only {max_length}",
-                             f"Truncate the inputs to {max_length} tokens (tokenizer(..., truncation=True))")
-    if attention_mask is not None:
-        attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
-        require_same_shape("attention_mask", attention_mask, name, ids)
-        empty = attention_mask.sum(1) == 0
-        if empty.any():
-            raise argument_error("attention_mask", f"has no real token in {bad_rows(empty)}",
-                                 "Remove empty rows from the batch")
+        where = f" ({limit_name}, its position table)" if limit_name else ""
+        raise argument_error(name, f"has {ids.shape[1]} positions but the model has only {max_length}{where}",
+                             f"Truncate the inputs to {max_length} tokens (tokenizer(..., truncation=True, "
+                             f"max_length={max_length}), or {name}[:, -{max_length}:])")
+    if attention_mask is None:
+        return ids, None
+    if not isinstance(attention_mask, Tensor):
+        raise argument_error("attention_mask", f"expected a tensor, got {type(attention_mask).__name__}",
+                             "Pass the mask the tokenizer returned with the ids", kind=BcosTypeError)
+    if tuple(attention_mask.shape) != tuple(ids.shape):
+        raise argument_error("attention_mask", f"shape {tuple(attention_mask.shape)} differs from {name} "
+                             f"{tuple(ids.shape)}", "Pass the mask the tokenizer returned with the ids (one 0/1 "
+                             "entry per token)")
+    if attention_mask.is_complex() or not ((attention_mask == 0) | (attention_mask == 1)).all():
+        shown = attention_mask.unique().tolist()[:6] if not attention_mask.is_complex() else attention_mask.dtype
+        raise argument_error("attention_mask", f"must hold 0 (padding) and 1 (real token) only, got {shown}",
+                             "Pass a boolean tensor or one of 0s and 1s")
+    attention_mask = attention_mask.to(torch.long)
+    empty = attention_mask.sum(1) == 0
+    if empty.any():
+        raise argument_error("attention_mask", f"row(s) {empty.nonzero().flatten().tolist()} have no real token "
+                             "(all zeros); there is nothing to attribute to", "Remove empty rows from the batch")
     return ids, attention_mask
 
 

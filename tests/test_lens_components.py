@@ -137,9 +137,11 @@ def test_heatmap_and_errors(tmp_path):
         plot_token_components(result, row=2)
     with pytest.raises(BcosError, match="token_labels: 3 labels for 7 tokens"):
         plot_token_components(result, token_labels=["a", "b", "c"])
-    with pytest.raises(BcosError, match="tokens: must be a tensor of token ids"):
+    with pytest.raises(BcosError, match=r"tokens: token ids must be integers, got torch\.float32\. Pass the "
+                                       r"tokenizer's ids \(TransformerLens: model\.to_tokens"):
         token_component_decomposition(model, ids().float())
-    with pytest.raises(BcosError, match=r"tokens: ids outside the vocabulary"):
+    with pytest.raises(BcosError, match=rf"tokens: has ids outside the vocabulary \[0, {VOCAB}\) at rows \[0, 1\]: .*"
+                                       "Tokenise with the model's own tokenizer"):
         token_component_decomposition(model, ids() + VOCAB)
     with pytest.raises(BcosError, match="target: ids must lie in"):
         token_component_decomposition(model, ids(), target=VOCAB)

@@ -146,7 +146,8 @@ def test_bad_inputs_are_refused_naming_the_argument():
         explain_sae_feature(model, tokens, sae, -1)
     with pytest.raises(BcosError, match="position: .*outside"):
         explain_sae_feature(model, tokens, sae, 1, position=5)
-    with pytest.raises(BcosError, match="tokens: must be a tensor of token ids"):
+    with pytest.raises(BcosError, match=r"tokens: token ids must be integers, got torch\.float32\. Pass the "
+                                       r"tokenizer's ids \(TransformerLens: model\.to_tokens"):
         explain_sae_feature(model, tokens.float(), sae, 1)
     padded = torch.ones_like(tokens)
     padded[1, -2:] = 0

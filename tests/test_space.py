@@ -316,13 +316,15 @@ def test_labels_out_of_range_are_named_before_the_cross_entropy(bad):
 def test_opaque_encoder_errors_become_named_ones():
     model = space_model()
     ids, mask = padded_batch()
-    with pytest.raises(BcosValueError, match="input_ids: is empty"):
+    with pytest.raises(BcosValueError, match=r"input_ids: empty input of shape \(0, 9\); there is nothing to explain\. "
+                                             "Pass at least one sequence"):
         model(input_ids=ids[:0], attention_mask=mask[:0])
     with pytest.raises(BcosValueError, match="input_ids: has ids outside the vocabulary"):
         model(input_ids=ids + 100, attention_mask=mask)
     with pytest.raises(BcosValueError, match="input_ids: has 41 positions but the model has only 40"):
         model(input_ids=torch.randint(3, 50, (1, 41)))
-    with pytest.raises(BcosValueError, match="attention_mask: has shape"):
+    with pytest.raises(BcosValueError, match=r"attention_mask: shape \(3, 4\) differs from input_ids \(3, 9\)\. "
+                                             "Pass the mask the tokenizer returned"):
         model(input_ids=ids, attention_mask=mask[:, :4])
     roberta = space_model("roberta")  # its position table starts after the padding index
     with pytest.raises(BcosValueError, match="has 41 positions"):

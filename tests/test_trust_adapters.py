@@ -65,7 +65,8 @@ def test_decomposition_refuses_a_model_whose_biases_the_table_cannot_hold(kind):
 
 def test_decomposition_refuses_tokens_longer_than_the_context_and_reads_narrow_ids_exactly():
     model = transformer_bridge_from_hf(bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False))
-    with pytest.raises(BcosError, match=rf"tokens: {MAX_POS + 5} positions but the model has n_ctx={MAX_POS}"):
+    with pytest.raises(BcosError, match=rf"tokens: has {MAX_POS + 5} positions but the model has only {MAX_POS} "
+                                       r"\(cfg\.n_ctx, its position table\)\. Truncate"):
         token_component_decomposition(model, ids(length=MAX_POS + 5))
     # uint8 ids used to be read as a mask by W_E[tokens] (an IndexError); any integer width is read as the ids
     reference = token_component_decomposition(model, ids(), target=5)

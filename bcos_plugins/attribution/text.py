@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from .._checks import ids_as_long
+from .._checks import require_token_batch
 from ..convert.architectures import ArchitectureSpec, spec_for
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn.dynamic import has_dynamic_weights
@@ -73,45 +73,13 @@ def _position_limit(model: nn.Module) -> int | None:
 
 
 def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Tensor, Tensor | None]:
-    """Validate ``input_ids`` / ``attention_mask`` for ``model``; returns them (normal tensors)."""
-    if not isinstance(input_ids, Tensor):
-        raise BcosTypeError(f"input_ids: expected a tensor of token ids (batch, pos), got "
-                            f"{type(input_ids).__name__}. Tokenise with tokenizer(texts, return_tensors='pt').")
-    if input_ids.is_floating_point() or input_ids.dtype == torch.bool or input_ids.is_complex():
-        raise BcosTypeError(f"input_ids: token ids must be integers, got {input_ids.dtype}. Pass the "
-                            "tokenizer's input_ids (to explain embeddings use the Captum adapter).")
-    input_ids = ids_as_long(input_ids)
-    if input_ids.ndim != 2:
-        raise BcosValueError(f"input_ids: expected shape (batch, pos), got {tuple(input_ids.shape)}. Add a batch "
-                             "dimension with input_ids[None] for one sequence.")
-    batch, length = input_ids.shape
-    if batch == 0 or length == 0:
-        raise BcosValueError(f"input_ids: empty input of shape {tuple(input_ids.shape)}; there is nothing to "
-                             "explain. Pass at least one sequence of at least one token.")
+    """The package's token-batch check (:func:`~bcos_plugins._checks.require_token_batch`) against ``model``'s
+    vocabulary and position table; returns the ids and mask as normal (not inference-mode) int64 tensors."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    vocab = getattr(embeddings, "num_embeddings", None)
-    if vocab is not None and ((input_ids < 0).any() or (input_ids >= vocab).any()):
-        bad = input_ids[(input_ids < 0) | (input_ids >= vocab)].unique()[:5].tolist()
-        raise BcosValueError(f"input_ids: ids {bad} are outside the vocabulary [0, {vocab}). Use the model's "
-                             "own tokenizer.")
-    limit = _position_limit(model)
-    if limit is not None and length > limit:
-        raise BcosValueError(f"input_ids: {length} tokens but the model has {limit} positions. Truncate "
-                             f"(tokenizer(..., truncation=True, max_length={limit})).")
-    if attention_mask is not None:
-        if not isinstance(attention_mask, Tensor):
-            raise BcosTypeError(f"attention_mask: expected a tensor, got {type(attention_mask).__name__}.")
-        if attention_mask.shape != input_ids.shape:
-            raise BcosValueError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids "
-                                 f"{tuple(input_ids.shape)}. Pass the mask the tokenizer returned with the ids.")
-        if not ((attention_mask == 0) | (attention_mask == 1)).all():
-            raise BcosValueError("attention_mask: must hold 0 (padding) and 1 (real token) only.")
-        attention_mask = outside_inference(attention_mask.to(torch.long))
-        empty = attention_mask.sum(-1) == 0
-        if empty.any():
-            raise BcosValueError(f"attention_mask: row(s) {empty.nonzero().flatten().tolist()} have no real "
-                                 "token (all zeros). Remove empty rows; there is nothing to attribute to.")
-    return outside_inference(input_ids), attention_mask
+    input_ids, attention_mask = require_token_batch(input_ids, attention_mask,
+                                                    vocab_size=getattr(embeddings, "num_embeddings", None),
+                                                    max_length=_position_limit(model))
+    return outside_inference(input_ids), None if attention_mask is None else outside_inference(attention_mask)
 
 
 def forward_keywords(model: nn.Module) -> set[str] | None:
