@@ -435,12 +435,47 @@ def test_hooked_transformer_from_hf_refuses_with_the_reason(name):
 BRIDGE_NAMES = [n for n in NAMES if SPECS[n].bridge]
 
 
+def _with_trained_norm_gains(name: str):
+    """The B-cos model of a stock model whose norm gains moved away from their initial values, as a trained
+    model's do: a final-norm gain of exactly 1 hides a logit_attrs that leaves the gain out."""
+    stock = _stock(name)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for module in stock.modules():
+            if type(module).__name__.endswith(("LayerNorm", "RMSNorm")):
+                module.weight.add_(0.3 * torch.randn(module.weight.shape, generator=generator))
+    return bcosify(stock, b=B, verbose=False)
+
+
 @pytest.mark.parametrize("name", BRIDGE_NAMES)
 def test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable(name):
+    """The bridge's logits, the package's explanations, and TransformerLens' logit_attrs of the bridge's residual
+    decompositions as a TransformerLens user writes them: each sums to the logit (or logit difference)."""
     from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
 
-    model = _converted(name)
-    _lens_checks(transformer_bridge_from_hf(model), model)
+    model = _with_trained_norm_gains(name)
+    bridge = transformer_bridge_from_hf(model)
+    _lens_checks(bridge, model)
+    tokens = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        logits, cache = bridge.run_with_cache(tokens)
+    target, foil = logits.argmax(-1), logits.argmin(-1)
+    logit = logits.gather(-1, target[..., None])[..., 0]
+    difference = logit - logits.gather(-1, foil[..., None])[..., 0]
+    resid, labels = cache.decompose_resid(return_labels=True)
+    assert len(labels) == resid.shape[0]
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap is not None:  # the logit is cap * tanh(z / cap): no sum of per-component terms equals it
+        with pytest.raises(BcosTypeError, match=r"ActivationCache.logit_attrs: .*soft-caps the logits.*"
+                                                r"token_component_decomposition"):
+            cache.logit_attrs(resid, tokens=target)
+        return
+    stacks = {"decompose_resid": resid,
+              "accumulated_resid": cache.accumulated_resid(layer=-1)[-1:],
+              "stack_head_results + stack_neuron_results": cache.get_full_resid_decomposition(expand_neurons=True)}
+    for label, stack in stacks.items():
+        assert _rel(cache.logit_attrs(stack, tokens=target).sum(0), logit) <= RTOL, label
+        assert _rel(cache.logit_attrs(stack, tokens=target, incorrect_tokens=foil).sum(0), difference) <= RTOL, label
 
 
 GATED_LM_NAMES = [n for n in CAUSAL_LM_NAMES if "mlp" in SPECS[n].module_swaps]

@@ -47,11 +47,14 @@ from bcos_plugins.errors import BcosRuntimeError, BcosTypeError
 from bcos_plugins.nn.functional import bcos_scale, input_norm
 from bcos_plugins.nn.linear import AlignmentPressure, BcosLinear
 
-__all__ = ["BRIDGE_COPY_MARKER", "CACHE_WEIGHT_READERS", "check_boot_guard", "install_boot_guard", "is_guarded",
-           "refuse_bcos_model", "refuse_raw_weight_decomposition"]
+__all__ = ["BRIDGE_COPY_MARKER", "CACHE_UNEMBEDDING_READERS", "CACHE_WEIGHT_READERS", "FINAL_NORM_FOLDED_MARKER",
+           "check_boot_guard", "install_boot_guard", "is_guarded", "refuse_bcos_model",
+           "refuse_raw_weight_decomposition", "refuse_unfolded_logit_attrs"]
 
 # set on the copy transformer_bridge_from_hf boots: the one B-cos model TransformerLens may wrap (it is made exact)
 BRIDGE_COPY_MARKER = "_bcos_plugins_bridge_copy"
+# set on bridges whose final norm gain transformer_bridge_from_hf folded into the LM head (logit_attrs is exact there)
+FINAL_NORM_FOLDED_MARKER = "_bcos_plugins_final_norm_folded"
 _GUARDED = "__bcos_plugins_guard__"
 
 # ActivationCache methods that multiply cached activations by the model's raw W_O / W_out (directly or through
@@ -61,6 +64,9 @@ CACHE_WEIGHT_READERS = ("compute_head_results", "stack_head_results", "get_neuro
 # private helpers that read them too and are reached only through CACHE_WEIGHT_READERS (4.x has both)
 _PRIVATE_WEIGHT_READERS = ("_ensure_head_results", "_stack_neuron_results_apply_ln_projected")
 _READS_OUTPUT_WEIGHTS = re.compile(r"\.W_(O|out)\b")
+# ActivationCache methods that multiply the normalised residual by W_U alone (the final norm's gain folded into it):
+# refused on B-cos bridges where transformer_bridge_from_hf could not fold it (a soft-capped head is not linear)
+CACHE_UNEMBEDDING_READERS = ("logit_attrs",)
 # the ones that use cached per-head results (hook_result) when present: made exact on B-cos bridges
 _HEAD_RESULT_METHODS = ("compute_head_results", "stack_head_results")
 
@@ -106,6 +112,23 @@ def refuse_raw_weight_decomposition(model, method: str, reason: str = "") -> Non
         "the logit) or explain_logits(bridge, tokens, target=...); on TransformerLens 3.x, "
         "hooked_transformer_from_hf(hf_model) gives a HookedTransformer whose run_with_cache makes "
         f"{method} exact")
+
+
+def refuse_unfolded_logit_attrs(model, method: str) -> None:
+    """Raise when ``model`` is a ``TransformerBridge`` over a B-cos model whose logits are not ``W_U`` applied to the
+    gain-free normalised residual, so ``ActivationCache.<method>``'s terms would not sum to the logit."""
+    if not _is_bcos_bridge(model) or getattr(model, FINAL_NORM_FOLDED_MARKER, False):
+        return
+    cap = getattr(getattr(getattr(model, "original_model", None), "config", None), "final_logit_softcapping", None)
+    reason = (f"whose LM head soft-caps the logits ({cap} * tanh(z / {cap})), so a logit is not a sum of one term "
+              "per residual component" if cap is not None else
+              "whose final norm gain is not folded into W_U (its LM head is not a plain linear layer, or the bridge "
+              "was not built by transformer_bridge_from_hf), which logit_attrs assumes")
+    raise BcosTypeError(
+        f"ActivationCache.{method}: this cache comes from a TransformerBridge over a B-cos model {reason}; its terms "
+        "would not add up to the logit (wrong numbers). For an exact split use bcos_plugins.adapters."
+        "transformer_lens.token_component_decomposition(bridge, tokens, target=...) (input token x component "
+        "shares that sum to the logit) or explain_logits(bridge, tokens, target=...)")
 
 
 def _cache_exact_head_results(cache, method: str) -> None:
@@ -224,9 +247,10 @@ def check_boot_guard() -> None:
     if boot is None or "hf_model" not in inspect.signature(boot).parameters:
         problems.append("transformer_lens.model_bridge.sources.transformers.boot(..., hf_model=) is gone")
     cache_cls = _cache_target()
-    missing = [name for name in CACHE_WEIGHT_READERS if not inspect.isfunction(vars(cache_cls).get(name))]
-    if missing:
-        problems.append(f"ActivationCache no longer defines {missing}")
+    for guarded in (CACHE_WEIGHT_READERS, CACHE_UNEMBEDDING_READERS):
+        missing = [name for name in guarded if not inspect.isfunction(vars(cache_cls).get(name))]
+        if missing:
+            problems.append(f"ActivationCache no longer defines {missing}")
     unguarded = _unguarded_weight_readers(cache_cls)
     if unguarded:
         problems.append(f"ActivationCache.{unguarded} now read W_O / W_out (add them to CACHE_WEIGHT_READERS or "
@@ -288,6 +312,16 @@ def _guarded_cache_method(name: str, method):
     return guarded
 
 
+def _guarded_unembedding_reader(name: str, method):
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        refuse_unfolded_logit_attrs(getattr(self, "model", None), name)
+        return method(self, *args, **kwargs)
+
+    setattr(guarded, _GUARDED, True)
+    return guarded
+
+
 def is_guarded(function) -> bool:
     """Whether ``function`` is one of the guard's wrappers."""
     return getattr(function, _GUARDED, False)
@@ -303,6 +337,9 @@ def install_boot_guard() -> None:
     for name in CACHE_WEIGHT_READERS:
         if not is_guarded(vars(cache_cls)[name]):
             setattr(cache_cls, name, _guarded_cache_method(name, vars(cache_cls)[name]))
+    for name in CACHE_UNEMBEDDING_READERS:
+        if not is_guarded(vars(cache_cls)[name]):
+            setattr(cache_cls, name, _guarded_unembedding_reader(name, vars(cache_cls)[name]))
     original = source.boot
     if is_guarded(original):
         return

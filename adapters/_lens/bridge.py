@@ -26,7 +26,9 @@ helpers in :data:`~.boot_guard.CACHE_WEIGHT_READERS` would not be exact for B-co
 makes the per-head and per-neuron ones exact on bridges holding B-cos projections (or refuses them where it
 cannot); their fused ``apply_ln`` + ``project_output_onto`` path raises, naming ``token_component_decomposition``
 (which works on both TransformerLens versions) and ``hooked_transformer_from_hf`` (3.x). Bilinear and plain
-bridges keep them.
+bridges keep them. ``logit_attrs`` multiplies the normalised residual by ``W_U`` alone: the final norm's gain is
+folded into the copy's LM head (:func:`~.final_norm.fold_final_norm_into_unembedding`), and on a B-cos bridge
+where it cannot be (Gemma 2's soft-capped head) ``logit_attrs`` is refused by the boot guard.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from bcos_plugins.nn.dynamic import DynamicWeightModule
 from bcos_plugins.nn.linear import BcosConv1D, BcosLinear
 from bcos_plugins.nn.norm import BcosLayerNorm, DetachableRMSNorm
 
-from .boot_guard import BRIDGE_COPY_MARKER
+from .boot_guard import BRIDGE_COPY_MARKER, FINAL_NORM_FOLDED_MARKER
+from .final_norm import fold_final_norm_into_unembedding
 from .hook_point import DynamicHookPoint
 
 __all__ = [
@@ -174,6 +177,18 @@ def _bcos_qkv_parts(c_attn: BcosConv1D, n_parts: int = 3) -> list[BcosLinear]:
     return parts
 
 
+def _fold_final_norm(bridge: nn.Module, wrapped: nn.Module) -> None:
+    """Fold the final norm's gain into the LM head of the wrapped copy, so that ``logit_attrs`` is exact; record
+    whether it could (a soft-capped or non-linear head cannot: the boot guard refuses ``logit_attrs`` there)."""
+    norm = getattr(getattr(bridge, "ln_final", None), "original_component", None)
+    head = getattr(getattr(bridge, "unembed", None), "original_component", None)
+    folded = norm is not None and head is not None and fold_final_norm_into_unembedding(
+        norm, head, gain_offset=bool(getattr(bridge.cfg, "rmsnorm_uses_offset", False)))
+    if folded and getattr(wrapped.config, "tie_word_embeddings", False):
+        wrapped.config.tie_word_embeddings = False  # a later tie_weights() would undo the fold
+    setattr(bridge, FINAL_NORM_FOLDED_MARKER, folded)
+
+
 def _swap_to_dynamic(point: nn.Module) -> None:
     from transformer_lens.hook_points import HookPoint
 
@@ -287,5 +302,6 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
                                     "cannot be split into B-cos q/k/v; expected BcosConv1D (GPT-2 via bcosify)")
             for part, layer in zip((module.q, module.k, module.v), _bcos_qkv_parts(c_attn), strict=True):
                 part.set_original_component(layer)
+    _fold_final_norm(bridge, copied)
     make_bridge_explainable(bridge)
     return bridge.train(hf_model.training)

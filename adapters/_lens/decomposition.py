@@ -39,6 +39,8 @@ from transformer_lens.utilities import Slice
 from bcos_plugins.errors import BcosRuntimeError, BcosValueError, argument_error
 from bcos_plugins.nn.functional import unit_norm
 
+from .final_norm import fold_final_norm_weight_in_state_dict
+
 __all__ = [
     "BcosActivationCache",
     "check_cache_internals",
@@ -56,27 +58,6 @@ _PROJECTIONS = {
 
 def _weightless(norm: nn.Module, cfg) -> nn.Module:
     return RMSNormPre(cfg) if isinstance(norm, RMSNorm | RMSNormPre) else LayerNormPre(cfg)
-
-
-def fold_final_norm_weight_in_state_dict(state: dict[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
-    """Fold ``ln_final.w`` (and a bias ``ln_final.b``) into ``unembed.W_U`` / ``unembed.b_U`` of a state dict.
-
-    Returns a new dict without ``ln_final.w`` / ``ln_final.b``; the logits of a model with a weightless final
-    norm loading it equal those of the unfolded model. A dict without ``ln_final.w`` is returned unchanged.
-    """
-    w_key, b_key = f"{prefix}ln_final.w", f"{prefix}ln_final.b"
-    if w_key not in state:
-        return state
-    state = dict(state)
-    weight = state.pop(w_key)
-    bias = state.pop(b_key, None)
-    w_u = state[f"{prefix}unembed.W_U"]
-    if bias is not None and bias.abs().max() > 0:
-        b_u_key = f"{prefix}unembed.b_U"
-        b_u = state.get(b_u_key, torch.zeros(w_u.shape[1], dtype=w_u.dtype, device=w_u.device))
-        state[b_u_key] = b_u + bias.to(w_u.dtype) @ w_u
-    state[f"{prefix}unembed.W_U"] = weight.to(w_u.dtype)[:, None] * w_u
-    return state
 
 
 def fold_final_norm_weight(model) -> None:
