@@ -4,6 +4,8 @@ explanation mode; less memory saved for the backward pass; the bfloat16 / float1
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from conftest import padded_batch, tiny_model
@@ -24,6 +26,7 @@ from bcos_plugins.nn import (
     reference_path,
 )
 from bcos_plugins.nn.functional import using_reference_path
+from bcos_plugins.nn.linear import AlignmentPressure
 
 FLOATS = [torch.float32, torch.float64]
 
@@ -67,6 +70,52 @@ def _run(module: nn.Module, x: torch.Tensor, explaining: bool, reference: bool):
     return y.detach(), x.grad.clone(), grads
 
 
+class _SelfAttention(nn.Module):
+    """A TransformerLens attention component called on one input (query = key = value input)."""
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention(x, x, x)
+
+
+def _lens_components(dtype: torch.dtype = torch.float32) -> dict[str, nn.Module]:
+    """The B-cos TransformerLens components of the adapter (GPT-2 and Llama layouts), input width 8."""
+    from bcos_plugins.adapters.transformer_lens import BcosHookedTransformer, BcosTransformerConfig
+
+    size = dict(d_model=8, n_layers=1, n_heads=2, d_head=4, d_mlp=12, d_vocab=20, n_ctx=8, device="cpu",
+                bcos_b=1.5, seed=0, dtype=dtype)
+    gpt2 = BcosHookedTransformer(BcosTransformerConfig(**size, act_fn="gelu_new", normalization_type="LN"))
+    llama = BcosHookedTransformer(BcosTransformerConfig(**size, act_fn="silu", gated_mlp=True,
+                                                        normalization_type="RMS", n_key_value_heads=1,
+                                                        positional_embedding_type="rotary"))
+    return {"lens_mlp": gpt2.blocks[0].mlp, "lens_gated_mlp": llama.blocks[0].mlp,
+            "lens_attention": _SelfAttention(gpt2.blocks[0].attn),
+            "lens_grouped_query_attention": _SelfAttention(llama.blocks[0].attn)}
+
+
+LENS_COMPONENTS = ["lens_mlp", "lens_gated_mlp", "lens_attention", "lens_grouped_query_attention"]
+
+
+def _assert_same_run(fused, ref, dtype: torch.dtype, atol_per_magnitude: bool = False) -> None:
+    """Same output, input gradient and parameter gradients. ``atol_per_magnitude``: the absolute tolerance
+    scales with each tensor's largest entry (for sums over many products, whose rounding grows with them)."""
+    rtol, atol = (1e-5, 1e-6) if dtype == torch.float32 else (1e-12, 1e-13)
+
+    def close(actual, expected, msg=None):
+        scale = max(1.0, expected.abs().max().item()) if atol_per_magnitude else 1.0
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * scale, msg=msg)
+
+    close(fused[0], ref[0])
+    close(fused[1], ref[1])
+    assert fused[2].keys() == ref[2].keys()
+    for key in ref[2]:
+        close(fused[2][key], ref[2][key], msg=key)
+    assert all(torch.isfinite(t).all() for t in (*fused[:2], *fused[2].values()))
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("explaining", [False, True])
 @pytest.mark.parametrize("name", list(_layers()))
@@ -75,15 +124,74 @@ def test_fused_equals_reference_values_and_gradients(name, explaining, dtype):
     module = module.to(dtype)
     x = torch.randn(shape, dtype=dtype, generator=torch.Generator().manual_seed(1)) * 3
     x[0] = 0.0  # a zero row (padding): finite gradients in both paths
-    fused = _run(module, x, explaining, reference=False)
-    ref = _run(module, x, explaining, reference=True)
-    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-13)
-    torch.testing.assert_close(fused[0], ref[0], **tol)
-    torch.testing.assert_close(fused[1], ref[1], **tol)
-    assert fused[2].keys() == ref[2].keys()
-    for key in ref[2]:
-        torch.testing.assert_close(fused[2][key], ref[2][key], **tol, msg=key)
-    assert all(torch.isfinite(t).all() for t in (*fused[:2], *fused[2].values()))
+    _assert_same_run(_run(module, x, explaining, reference=False), _run(module, x, explaining, reference=True),
+                     dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("explaining", [False, True])
+@pytest.mark.parametrize("name", LENS_COMPONENTS)
+def test_fused_lens_components_equal_reference(name, explaining, dtype):
+    module = _lens_components(dtype)[name]
+    x = torch.randn(4, 3, 8, dtype=dtype, generator=torch.Generator().manual_seed(1)) * 3
+    x[0, 0] = 0.0  # a zero row (padding) as attention and MLP input
+    # gradients of the weights reach 15 here: float32 rounding differs by up to 4e-6 between the two orders of
+    # the same arithmetic (3e-7 of the largest entry)
+    _assert_same_run(_run(module, x, explaining, reference=False), _run(module, x, explaining, reference=True),
+                     dtype, atol_per_magnitude=True)
+
+
+def _holds_fused_product(output: torch.Tensor) -> bool:
+    """Whether the autograd graph of ``output`` contains the fused B-cos product's node."""
+    seen, pending = set(), [output.grad_fn]
+    while pending:
+        node = pending.pop()
+        if node is None or node in seen:
+            continue
+        if type(node).__name__ == "_BcosProductBackward":
+            return True
+        seen.add(node)
+        pending.extend(child for child, _ in node.next_functions)
+    return False
+
+
+@pytest.mark.parametrize("explaining", [False, True])
+@pytest.mark.parametrize("name", ["linear_b1.5_m1", "conv1d", "stock_qk_conv1d", "conv2d", *LENS_COMPONENTS])
+def test_bcos_projections_run_the_fused_product(name, explaining):
+    # every B-cos projection (the stock-query/key GPT-2 projection and the TransformerLens components too) runs
+    # the one fused product by default and the step-by-step maths inside reference_path()
+    module, shape = (_lens_components()[name], (4, 3, 8)) if name.startswith("lens") else _layers()[name]
+    x = torch.randn(shape, requires_grad=True)
+    for reference in (False, True):
+        with reference_path(reference), explanation_mode(module) if explaining else contextlib.nullcontext():
+            assert _holds_fused_product(module(x)) is not reference, reference
+
+
+def test_lens_scale_hooks_see_and_replace_the_scale():
+    # a hook on hook_bcos_scale_* needs the scale tensor, so a hooked projection computes it as a tensor: the
+    # cache holds it, a replacement changes the output, and without hooks the output is the fused one
+    from bcos_plugins.adapters.transformer_lens import BcosHookedTransformer, BcosTransformerConfig
+
+    model = BcosHookedTransformer(BcosTransformerConfig(d_model=8, n_layers=1, n_heads=2, d_head=4, d_mlp=12,
+                                                        d_vocab=20, n_ctx=8, act_fn="gelu_new", bcos_b=1.5,
+                                                        normalization_type="LN", seed=0, device="cpu"))
+    tokens = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(0))
+    plain = model(tokens)
+    logits, cache = model.run_with_cache(tokens)
+    torch.testing.assert_close(logits, plain, rtol=1e-5, atol=1e-6)
+    for short in ("in", "out"):
+        scale = cache[f"blocks.0.mlp.hook_bcos_scale_{short}"]
+        assert scale.shape[-1] == (12 if short == "in" else 8) and 0 < scale.min() and scale.max() <= 1
+    mlp_out = {}
+
+    def keep(t, hook):
+        mlp_out[hook.name] = t
+
+    doubled = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.mlp.hook_bcos_scale_out", lambda t, hook: 2 * t),
+                                                      ("blocks.0.hook_mlp_out", keep)])
+    assert not torch.allclose(doubled, plain)
+    torch.testing.assert_close(mlp_out["blocks.0.hook_mlp_out"], 2 * cache["blocks.0.hook_mlp_out"])
+    torch.testing.assert_close(model(tokens), plain, rtol=0, atol=0)  # the hooks are gone: fused again
 
 
 @pytest.mark.parametrize("b", [1.25, 1.5, 2.0, 2.7])
@@ -211,7 +319,7 @@ def test_autocast_bfloat16_keeps_the_bcos_factor_in_bfloat16():
     assert saved_float32_of_output_size(reference=True) > 0
 
 
-def _one_layer_model(name: str) -> nn.Module:
+def _one_layer_model(name: str, bcos_query_key: bool = True) -> nn.Module:
     import transformers as T
     from conftest import tiny_config
 
@@ -220,17 +328,19 @@ def _one_layer_model(name: str) -> nn.Module:
         if hasattr(config, key):
             setattr(config, key, 1)
     torch.manual_seed(0)
-    return bcosify(getattr(T, name)(config).eval(), b=1.25, verbose=False)
+    return bcosify(getattr(T, name)(config).eval(), b=1.25, verbose=False, bcos_query_key=bcos_query_key)
 
 
 @pytest.mark.parametrize(("name", "backend"), [("BertForSequenceClassification", "aot_eager"),
                                                ("GPT2ForSequenceClassification", "eager"),
                                                ("LlamaForSequenceClassification", "eager")])
-def test_compiled_fullgraph_forward_and_explain_equal_eager(name, backend):
+@pytest.mark.parametrize("bcos_query_key", [True, False])
+def test_compiled_fullgraph_forward_and_explain_equal_eager(name, backend, bcos_query_key):
     # fullgraph=True raises on any graph break. "eager" checks that Dynamo traces the whole model; "aot_eager"
     # also traces the fused layers' backward (inductor would add minutes of C++ compilation on CPU).
+    # bcos_query_key=False keeps the query/key projections stock (GPT-2: StockQueryKeyConv1D).
     torch._dynamo.reset()
-    model = _one_layer_model(name)
+    model = _one_layer_model(name, bcos_query_key)
     ids, mask = padded_batch()
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits
@@ -256,7 +366,7 @@ def test_compiled_fullgraph_forward_and_explain_equal_eager(name, backend):
         # the compiled graph reads B from each layer's buffer, so a B written after compiling is used
         with torch.no_grad():
             for module in model.modules():
-                if isinstance(module, BcosLinear):
+                if isinstance(module, AlignmentPressure):
                     module.bcos_b.fill_(2.0)
             changed = model(input_ids=ids, attention_mask=mask).logits
         model._compiled_call_impl = None  # eager again

@@ -32,7 +32,7 @@ from transformer_lens.utilities.attention import complex_attn_linear, simple_att
 
 from bcos_plugins.nn.functional import bcos_scale, input_norm
 
-from .hook_point import DynamicHookPoint
+from .hook_point import DynamicHookPoint, hooked_bcos_product
 from .unit_weights import unit_weight
 
 __all__ = ["HookedBcosAttention", "HookedBcosGroupedQueryAttention", "HookedBcosAttentionMixin"]
@@ -69,7 +69,7 @@ class HookedBcosAttentionMixin(ABC, nn.Module):
             return lin
         x_norm = input_norm(x) if split else input_norm(x).unsqueeze(-1)
         hook = getattr(self, f"hook_bcos_scale_{self._SCALE_HOOKS[projection]}")
-        return hook(bcos_scale(lin, x_norm, self.cfg.bcos_b)) * lin
+        return hooked_bcos_product(lin, x_norm, self.cfg.bcos_b, hook)
 
     def calculate_qkv_matrices(self, query_input, key_input, value_input):
         grouped = hasattr(self, "_W_K") and not self.cfg.ungroup_grouped_query_attention
@@ -128,12 +128,14 @@ class HookedBcosAttentionMixin(ABC, nn.Module):
             lin = per_head.sum(dim=2)
         else:
             lin = F.linear(z_flat, einops.rearrange(w_o, "h d m -> m (h d)"))
-        if bcos and self.cfg.bcos_b != 1.0:
-            scale = self.hook_bcos_scale_o(bcos_scale(lin, input_norm(z_flat), self.cfg.bcos_b))
-        else:
+        if not (bcos and self.cfg.bcos_b != 1.0):
+            if not self.cfg.use_attn_result:
+                return lin
             scale = None
-        if not self.cfg.use_attn_result:
-            return lin if scale is None else scale * lin
+        elif not self.cfg.use_attn_result:
+            return hooked_bcos_product(lin, input_norm(z_flat), self.cfg.bcos_b, self.hook_bcos_scale_o)
+        else:  # the per-head results need the scale tensor itself
+            scale = self.hook_bcos_scale_o(bcos_scale(lin, input_norm(z_flat), self.cfg.bcos_b))
         result = self.hook_result(per_head if scale is None else per_head * scale.unsqueeze(2))
         return result.sum(dim=2)
 

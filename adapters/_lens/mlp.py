@@ -24,9 +24,9 @@ from torch import Tensor, nn
 from transformer_lens.components.mlps.gated_mlp import GatedMLP
 from transformer_lens.components.mlps.mlp import MLP
 
-from bcos_plugins.nn.functional import bcos_scale, input_norm
+from bcos_plugins.nn.functional import input_norm
 
-from .hook_point import DynamicHookPoint
+from .hook_point import DynamicHookPoint, hooked_bcos_product
 from .unit_weights import unit_weight
 
 __all__ = ["HookedBcosMLP", "HookedBcosGatedMLP", "HookedBcosMLPMixin"]
@@ -49,7 +49,7 @@ class HookedBcosMLPMixin(nn.Module):
         if self.cfg.bcos_b == 1.0:
             return lin
         hook = getattr(self, f"hook_bcos_scale_{self._SCALE_HOOKS[projection]}")
-        return hook(bcos_scale(lin, input_norm(x), self.cfg.bcos_b)) * lin
+        return hooked_bcos_product(lin, input_norm(x), self.cfg.bcos_b, hook)
 
 
 class HookedBcosMLP(HookedBcosMLPMixin, MLP):

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..nn.dynamic import DynamicWeightModule
-from ..nn.functional import bcos_scale, input_norm, unit_norm
+from ..nn.functional import bcos_product, input_norm, unit_norm
 from ..nn.linear import AlignmentPressure
 
 __all__ = ["ConstantQueryKeyProjection", "StockQueryKeyConv1D"]
@@ -62,11 +62,13 @@ class StockQueryKeyConv1D(AlignmentPressure):
             qk = F.linear(x, self.weight[:, :n].T, self.bias[:n])
         qk = self.dynamic_weight(qk)
         v = F.linear(x, unit_norm(self.weight[:, n:].T, dim=1))
-        b = self._pressure()
-        if b != 1.0:
+        b = self._forward_pressure()
+        if isinstance(b, Tensor) or b != 1.0:
+            # the values are B-cos units: the same fused product as BcosLinear (compiles without a graph break)
+            explaining = self.holds_constant()
             with self.dynamic_scope():
-                dyn = bcos_scale(v, input_norm(x), b)
-            v = self.dynamic_weight(dyn) * v
+                x_norm = input_norm(x)
+            v = bcos_product(v, x_norm, b, explaining)
         return torch.cat([qk, v], dim=-1)
 
     def extra_repr(self) -> str:
