@@ -47,6 +47,8 @@ from bcos_plugins.errors import BcosRuntimeError, BcosTypeError
 from bcos_plugins.nn.functional import bcos_scale, input_norm
 from bcos_plugins.nn.linear import AlignmentPressure, BcosLinear
 
+from .shares import head_shares, neuron_shares
+
 __all__ = ["BRIDGE_COPY_MARKER", "CACHE_UNEMBEDDING_READERS", "CACHE_WEIGHT_READERS", "FINAL_NORM_FOLDED_MARKER",
            "check_boot_guard", "install_boot_guard", "is_guarded", "refuse_bcos_model",
            "refuse_raw_weight_decomposition", "refuse_unfolded_logit_attrs"]
@@ -151,9 +153,8 @@ def _cache_exact_head_results(cache, method: str) -> None:
         z = cache[("z", layer, "attn")]
         concatenated = z.flatten(-2)
         scale = bcos_scale(projection._linear(concatenated), input_norm(concatenated), projection.b)
-        only = torch.eye(z.shape[-2], dtype=z.dtype, device=z.device)[:, :, None]  # (head, head, 1)
-        shares = torch.stack([projection._linear((z * only[h]).flatten(-2)) for h in range(z.shape[-2])], dim=-2)
-        shares = shares * scale.unsqueeze(-2)
+        # W_O layout (head, d_head, d_model) of the unit-norm (d_model, head * d_head) weight
+        shares = head_shares(z, projection.unit_weight().T.unflatten(0, z.shape[-2:]), scale)
         # the shares are attn_out's only where nothing follows the projection (Gemma 2 normalises it again)
         attn_out = cache.cache_dict.get(f"blocks.{layer}.hook_attn_out")
         tolerance = max(1e-4, 16 * torch.finfo(shares.dtype).eps) * (attn_out.abs().max() if attn_out is not None
@@ -170,8 +171,6 @@ def _exact_neuron_results(cache, layer: int, neuron_slice=None, pos_slice=None, 
     """``get_neuron_results`` on a B-cos bridge: neuron ``n``'s share of ``mlp_out`` is ``post_n * ŵ_out[:, n] *
     s(post)`` (the B-cos projection's per-unit scale of the whole input), not ``post_n * W_out[n]``; the shares
     sum to ``mlp_out`` (checked). Same arguments and output shapes as TransformerLens'."""
-    from transformer_lens.utilities import Slice
-
     model = cache.model
     method = "get_neuron_results"
     projection = getattr(getattr(model.blocks[layer].mlp, "out", None), "original_component", None)
@@ -187,19 +186,8 @@ def _exact_neuron_results(cache, layer: int, neuron_slice=None, pos_slice=None, 
         refuse_raw_weight_decomposition(model, method, (
             " whose cache lacks hook_mlp_out (cache it to get exact per-neuron results)" if mlp_out is None
             else f" whose layer {layer} MLP output is not its output projection's (a norm follows it)"))
-    neuron_slice = neuron_slice if isinstance(neuron_slice, Slice) else Slice(neuron_slice)
-    pos_slice = pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
-    post, scale = pos_slice.apply(post, dim=-2), pos_slice.apply(scale, dim=-2)
-    weight = projection.unit_weight()  # (d_model, d_mlp): neuron n writes column n
-    index = neuron_slice.apply(torch.arange(weight.shape[1], device=weight.device), dim=0)
-    single = index.ndim == 0  # an int slice drops the neuron axis, as TransformerLens' does
-    index = index.reshape(-1)
-    shares = post[..., index, None] * weight[:, index].T * scale[..., None, :]  # (..., neuron, d_model)
-    if project_output_onto is not None:
-        shares = shares @ (project_output_onto if project_output_onto.ndim == 2 else project_output_onto[:, None])
-        if project_output_onto.ndim == 1:
-            shares = shares.squeeze(-1)
-    return shares.select(-2 if shares.ndim > post.ndim else -1, 0) if single else shares
+    # W_out layout (d_mlp, d_model) of the unit-norm (d_model, d_mlp) weight: neuron n writes column n
+    return neuron_shares(post, projection.unit_weight().T, scale, neuron_slice, pos_slice, project_output_onto)
 
 
 def _targets():

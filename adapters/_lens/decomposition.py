@@ -34,12 +34,12 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens import ActivationCache
 from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
-from transformer_lens.utilities import Slice
 
 from bcos_plugins.errors import BcosRuntimeError, BcosValueError, argument_error
 from bcos_plugins.nn.functional import unit_norm
 
 from .final_norm import fold_final_norm_weight_in_state_dict
+from .shares import head_shares, neuron_shares
 
 __all__ = [
     "BcosActivationCache",
@@ -187,35 +187,16 @@ class BcosActivationCache(ActivationCache):
         if first in self.cache_dict and self.cache_dict[first].ndim >= 4:
             return None  # use_attn_result=True: the forward cached them
         for layer in range(self.model.cfg.n_layers):
-            attn = self.model.blocks[layer].attn
-            z = self[("z", layer, "attn")]
-            per_head = einops.einsum(z, _weight(attn, "W_O"), "... h d, h d m -> ... h m")
-            scale = _scale(self, layer, "attn", "o")
-            self.cache_dict[f"blocks.{layer}.attn.hook_result"] = per_head * scale.unsqueeze(-2)
+            self.cache_dict[f"blocks.{layer}.attn.hook_result"] = head_shares(
+                self[("z", layer, "attn")], _weight(self.model.blocks[layer].attn, "W_O"),
+                _scale(self, layer, "attn", "o"))
         return None
 
     def get_neuron_results(self, layer: int, neuron_slice=None, pos_slice=None, project_output_onto=None):
         if not _is_scaled(self.model, "W_out"):
             return super().get_neuron_results(layer, neuron_slice, pos_slice, project_output_onto)
-        neuron_slice = neuron_slice if isinstance(neuron_slice, Slice) else Slice(neuron_slice)
-        pos_slice = pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
-        acts = pos_slice.apply(self[("post", layer, "mlp")], dim=-2)
-        scale = pos_slice.apply(_scale(self, layer, "mlp", "out"), dim=-2)  # (..., d_model)
-        weight = _weight(self.model.blocks[layer].mlp, "W_out")  # (d_mlp, d_model)
-        index = neuron_slice.apply(torch.arange(weight.shape[0], device=weight.device), dim=0)
-        single = index.ndim == 0  # an int slice drops the neuron axis, as TransformerLens' does
-        index = index.reshape(-1)
-        acts, weight = acts[..., index], weight[index]
-        if project_output_onto is None:
-            out = acts[..., None] * weight * scale[..., None, :]
-            neuron_axis = -2
-        else:
-            project = project_output_onto if project_output_onto.ndim == 2 else project_output_onto[:, None]
-            out = acts[..., None] * einops.einsum(weight, scale, project, "n m, ... m, m o -> ... n o")
-            neuron_axis = -2
-            if project_output_onto.ndim == 1:
-                out, neuron_axis = out.squeeze(-1), -1
-        return out.select(neuron_axis, 0) if single else out
+        return neuron_shares(self[("post", layer, "mlp")], _weight(self.model.blocks[layer].mlp, "W_out"),
+                             _scale(self, layer, "mlp", "out"), neuron_slice, pos_slice, project_output_onto)
 
     def _stack_neuron_results_apply_ln_projected(self, layer, pos_slice, neuron_slice, project_2d):
         if not _is_scaled(self.model, "W_out"):
