@@ -23,8 +23,9 @@ it prints the B-cos / conventional ratio of
   device, so the raw peak would count the other one too); n/a on CPU.
 
 Each cell is the median of ``--repeats`` interleaved calls after warm-up. Compiled cells run after all eager
-ones and are skipped (and say so) once ``--budget-s`` seconds have passed, so that a run ends in time (the
-target is 8 minutes on one H100 with the defaults; not yet timed on one). ``--device cpu --quick`` runs tiny shapes on the CPU (the test suite does).
+ones and are skipped (and say so) once ``--budget-s`` seconds have passed, so that a run ends in time: with the
+default (230 s) a run took 394 s on one H100, the compiled cells past MiniLM skipped (compiling one GPT-2 pair
+takes over 4 minutes there; docs/benchmarks.md#gpu). ``--device cpu --quick`` runs tiny shapes on the CPU (the test suite does).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import gc
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -127,15 +129,37 @@ class Bench:
         return float(torch.cuda.max_memory_allocated(self.device) - before)
 
 
-def _models(shape: Shape, device: torch.device, b: float):
+@dataclass
+class Pair:
+    """The conventional model and its B-cos twin (same initial weights), and what the conversion cost."""
+
+    conventional: torch.nn.Module
+    bcos: torch.nn.Module
+    bcosify_s: float
+    bcosify_extra_bytes: float | None  # peak CUDA memory above the stock model during bcosify (None on CPU)
+    model_bytes: int
+
+
+def _models(shape: Shape, device: torch.device, b: float) -> Pair:
     config = shape.make_config()
     cls = getattr(T, shape.model_class)
     torch.manual_seed(0)
     with torch.device(device):
         conventional = cls(config).eval()
         torch.manual_seed(0)
-        bcos = bcosify(cls(config), b=b, verbose=False).eval()
-    return conventional, bcos
+        stock = cls(config)
+    model_bytes = sum(t.numel() * t.element_size() for t in [*stock.parameters(), *stock.buffers()])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    start = time.perf_counter()
+    bcos = bcosify(stock, b=b, verbose=False).eval()
+    extra = None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        extra = float(torch.cuda.max_memory_allocated(device) - before)
+    return Pair(conventional, bcos, time.perf_counter() - start, extra, model_bytes)
 
 
 def _ixg_captum(model, ids, mask, target):
@@ -186,13 +210,14 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
 
 
-def run_shape(shape: Shape, bench: Bench, precision: str, mode: str, backend: str, b: float) -> dict[str, str]:
+def run_shape(shape: Shape, bench: Bench, precision: str, mode: str, pair: Pair) -> dict[str, str]:
+    """One row of the table; ``pair``'s models are shared by the precisions of a shape and mode (compiled: already
+    wrapped by ``Module.compile``), so that each is built and converted once."""
     device = bench.device
-    conventional, bcos = _models(shape, device, b)
+    conventional, bcos = pair.conventional, pair.bcos
+    conventional.eval()
+    bcos.eval()
     compiled = mode == "compiled"
-    if compiled:
-        for model in (conventional, bcos):
-            model.compile(backend=backend)
     dtype = torch.bfloat16 if precision == "bf16 autocast" else None
 
     def autocast():
@@ -242,6 +267,34 @@ def run_shape(shape: Shape, bench: Bench, precision: str, mode: str, backend: st
     return row
 
 
+def _conversion_line(shape: Shape, pair: Pair) -> str:
+    memory = ("" if pair.bcosify_extra_bytes is None else
+              f", peak memory above the stock model {pair.bcosify_extra_bytes / 2**20:,.0f} MiB")
+    return (f"# bcosify {shape.name}: {pair.bcosify_s:.2f} s for a {pair.model_bytes / 2**20:,.0f} MiB model"
+            f"{memory}")
+
+
+def _profile(shape: Shape, device: torch.device, b: float) -> None:
+    """The kernels of one no-grad forward of each model of ``shape`` under bfloat16 autocast, most time first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    pair = _models(shape, device, b)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, pair.conventional.config.vocab_size, (shape.batch, shape.tokens), generator=g).to(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    for name, model in (("B-cos", pair.bcos), ("conventional", pair.conventional)):
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+            for _ in range(2):
+                model(input_ids=ids)
+            with profile(activities=activities) as prof:
+                model(input_ids=ids)
+        events = prof.key_averages()
+        launches = sum(e.count for e in events if e.device_type.name == "CUDA")
+        print(f"# profile, {name} {shape.name} forward, bf16 autocast: {launches} kernel launches")
+        print(events.table(sort_by=sort, row_limit=15))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
@@ -252,9 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
     parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per cell (default 6; quick: 2)")
-    parser.add_argument("--budget-s", type=float, default=300.0,
-                        help="compiled cells are skipped after this many seconds (default 300)")
+    parser.add_argument("--budget-s", type=float, default=230.0,
+                        help="compiled cells are skipped after this many seconds (default 230)")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    parser.add_argument("--profile", action="store_true",
+                        help="print the top kernels of one bf16 forward of each model of the first shape")
     parser.add_argument("--b", type=float, default=1.5, help="alignment pressure of the B-cos models (1.5)")
     args = parser.parse_args(argv)
     try:
@@ -279,22 +334,46 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     print("| shape (batch x tokens) | precision | mode | " + " | ".join(MEASUREMENTS) + " |")
     print("|---" * (3 + len(MEASUREMENTS)) + "|")
+    conversions: list[str] = []
+    failed = 0
     for mode in args.modes:  # eager first: the compiled cells are the ones the budget may cut
         for shape in shapes:
+            pair = None
             for precision in args.precisions:
                 label = f"| {shape.name} ({shape.batch} x {shape.tokens}) | {precision} | {mode} | "
                 if mode == "compiled" and time.perf_counter() - start > args.budget_s:
                     print(label + " | ".join(["skipped (time budget)"] * len(MEASUREMENTS)) + " |", flush=True)
                     continue
-                if mode == "compiled":
-                    torch._dynamo.reset()
-                row = run_shape(shape, bench, precision, mode, args.compile_backend, args.b)
-                gc.collect()  # the two models and their optimizers go before the next shape is built
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                try:
+                    if pair is None:
+                        if mode == "compiled":
+                            torch._dynamo.reset()
+                        pair = _models(shape, device, args.b)
+                        if mode == "eager":
+                            conversions.append(_conversion_line(shape, pair))
+                        else:
+                            for model in (pair.conventional, pair.bcos):
+                                model.compile(backend=args.compile_backend)
+                    row = run_shape(shape, bench, precision, mode, pair)
+                except Exception as err:  # one failing cell (e.g. out of memory) must not cost the whole table
+                    traceback.print_exc(file=sys.stderr)
+                    message = f"error: {type(err).__name__}: {str(err).splitlines()[0][:60] if str(err) else ''}"
+                    row = dict.fromkeys(MEASUREMENTS, message)
+                    failed += 1
                 print(label + " | ".join(row[m] for m in MEASUREMENTS) + " |", flush=True)
-    print(f"# total {time.perf_counter() - start:.0f} s")
-    return 0
+            pair = None
+            gc.collect()  # the two models and their optimizers go before the next shape is built
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    for line in conversions:
+        print(line)
+    if args.profile:
+        try:
+            _profile(shapes[0], device, args.b)
+        except Exception:  # the table above is the result; a profiler failure must not hide it
+            traceback.print_exc(file=sys.stderr)
+    print(f"# total {time.perf_counter() - start:.0f} s" + (f"; {failed} row(s) failed (tracebacks above)" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
