@@ -21,7 +21,7 @@ from conftest import MAX_POS, VOCAB, padded_batch, tiny_config
 from bcos_plugins import UnsupportedModuleError, bcosify, explain, load_bcos_model
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions
 from bcos_plugins.convert.architectures import REFUSED_ARCHITECTURES, SPECS, stock_class
-from bcos_plugins.errors import BcosTypeError
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -419,6 +419,36 @@ def test_sae_lens_hooked_sae_transformer_with_a_spliced_sae_accounts_for_the_who
     assert result.error_fraction.abs().max() > 1e-3  # the error term carries a real share
     total = result.explanation.total + result.error_share
     assert ((total - explained).abs() / explained.abs()).max() <= RTOL
+
+
+# per converter, a transformers setting its TransformerLens config cannot express, and the refusal's words
+INEXPRESSIBLE = {
+    "GPT2LMHeadModel": ({"add_cross_attention": True}, "add_cross_attention=True cannot be expressed"),
+    "LlamaForCausalLM": ({"mlp_bias": True}, "Llama with mlp_bias=True: TransformerLens' Llama conversion drops"),
+    "MistralForCausalLM": ({"head_dim": 16}, "Mistral head_dim=16 with 4 heads != hidden_size=32"),
+    "Qwen2ForCausalLM": ({"layer_types": ["full_attention", "sliding_attention"]},
+                         "Qwen2 with sliding-window layers .* Qwen2 config has no window"),
+    "Qwen3ForCausalLM": ({"attention_bias": True}, "Qwen3 with attention_bias=True: .* Qwen3 conversion drops"),
+}
+
+
+def test_every_converter_has_an_inexpressible_setting():
+    assert set(INEXPRESSIBLE) == set(LENS_NAMES)
+
+
+@pytest.mark.parametrize("name", sorted(INEXPRESSIBLE))
+def test_hooked_transformer_from_hf_refuses_what_its_converter_cannot_express(name):
+    from bcos_plugins.adapters import transformer_lens as lens
+
+    if not lens.HAS_HOOKED_TRANSFORMER:
+        return  # TransformerLens 4 has no HookedTransformer
+    setting, message = INEXPRESSIBLE[name]
+    config = CONFIGS[_family(name)]()
+    for key, value in setting.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    with pytest.raises(BcosValueError, match=message):
+        lens.hooked_transformer_from_hf(stock_class(name)(config).eval())
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].lens_refusal])

@@ -2,32 +2,62 @@
 own ``pretrained/weight_conversions`` has one per family).
 
 The architecture registry (:data:`bcos_plugins.convert.architectures.SPECS`) names a family's module in
-``ArchitectureSpec.lens_conversion``; :func:`conversion_for` resolves it. Every module provides:
-
-- ``activation(hf_config) -> str``: the MLP activation's name (a key of TransformerLens' ``SUPPORTED_ACTIVATIONS``);
-- ``refuse_inexpressible(hf_config, bcos) -> None``: raise ``BcosValueError`` naming any transformers option the
-  HookedTransformer would silently get wrong (``bcos``: the model's ``config.bcos`` or ``None``);
-- ``prepare_config(local_config) -> None``: fix a local copy of the transformers config before TransformerLens'
-  ``convert_hf_model_config`` reads it;
-- ``adjust_config(cfg, hf_config) -> None``: fix TransformerLens' config dict after that;
-- ``state_dict(hf_model, cfg) -> dict``: the TransformerLens state dict (TransformerLens' own weight conversion;
-  layers whose bias B-cos removed read as zero biases).
+``ArchitectureSpec.lens_conversion``; :func:`conversion_for` resolves it to the module's ``CONVERSION``, a
+:class:`LensConversion`. A module holds only what differs for its family: Llama-shaped decoders (rotary
+positions, RMSNorm, gated MLP, q/k/v/o projections) build theirs with
+:func:`~._llama_shaped.llama_shaped_conversion` from TransformerLens' weight conversion and the options its
+config cannot express; others (GPT-2) fill in the fields themselves.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType, SimpleNamespace
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 
-__all__ = ["conversion_for", "with_zero_bias"]
+__all__ = ["LensConversion", "conversion_for", "with_zero_bias"]
 
 
-def conversion_for(name: str) -> ModuleType:
-    """The converter module named ``name`` by an ``ArchitectureSpec.lens_conversion``."""
-    return importlib.import_module(f"{__name__}.{name}")
+def _hidden_act(hf_config) -> str:
+    return hf_config.hidden_act
+
+
+def _keep_config(*_config) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class LensConversion:
+    """What ``hooked_transformer_from_hf`` needs of one family.
+
+    Attributes:
+        state_dict: ``(hf_model, cfg) -> dict``: the TransformerLens state dict (TransformerLens' own weight
+            conversion; layers whose bias B-cos removed read as zero biases).
+        refuse_inexpressible: ``(hf_config, bcos) -> None``: raise ``BcosValueError`` naming any transformers
+            option the HookedTransformer would silently get wrong (``bcos``: the model's ``config.bcos`` or
+            ``None``).
+        activation: ``hf_config -> str``: the MLP activation's name (a key of TransformerLens'
+            ``SUPPORTED_ACTIVATIONS``); default ``hf_config.hidden_act``.
+        prepare_config: ``local_config -> None``: fix a local copy of the transformers config before
+            TransformerLens' ``convert_hf_model_config`` reads it; default: nothing to fix.
+        adjust_config: ``(cfg, hf_config) -> None``: fix TransformerLens' config dict after that; default:
+            nothing to fix.
+    """
+
+    state_dict: Callable[[nn.Module, object], dict]
+    refuse_inexpressible: Callable[[object, dict | None], None]
+    activation: Callable[[object], str] = _hidden_act
+    prepare_config: Callable[[object], None] = _keep_config
+    adjust_config: Callable[[dict, object], None] = _keep_config
+
+
+def conversion_for(name: str) -> LensConversion:
+    """The ``CONVERSION`` of the converter module named ``name`` by an ``ArchitectureSpec.lens_conversion``."""
+    return importlib.import_module(f"{__name__}.{name}").CONVERSION
 
 
 def with_zero_bias(module: nn.Module, out_features: int) -> SimpleNamespace:

@@ -9,23 +9,23 @@ from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
 
 from bcos_plugins.errors import BcosValueError
 
-from . import with_zero_bias
+from . import LensConversion, with_zero_bias
 
 
-def activation(hf_config) -> str:
+def _activation(hf_config) -> str:
     return hf_config.activation_function
 
 
-def refuse_inexpressible(hf_config, bcos: dict | None) -> None:
+def _refuse_inexpressible(hf_config, bcos: dict | None) -> None:
     if getattr(hf_config, "add_cross_attention", False):
         raise BcosValueError("GPT-2 with add_cross_attention=True cannot be expressed as a HookedTransformer.")
 
 
-def prepare_config(local_config) -> None:
+def _prepare_config(local_config) -> None:
     local_config.n_ctx = local_config.n_positions  # TransformerLens reads n_ctx, which GPT2Config may lack
 
 
-def adjust_config(cfg: dict, hf_config) -> None:
+def _adjust_config(cfg: dict, hf_config) -> None:
     if getattr(hf_config, "n_inner", None):
         cfg["d_mlp"] = hf_config.n_inner  # TransformerLens assumes 4 * n_embd
 
@@ -52,5 +52,9 @@ def _view(gpt2: nn.Module) -> SimpleNamespace:
         transformer=SimpleNamespace(wte=t.wte, wpe=t.wpe, h=blocks, ln_f=norm(t.ln_f)), lm_head=gpt2.lm_head)
 
 
-def state_dict(hf_model: nn.Module, cfg) -> dict:
+def _state_dict(hf_model: nn.Module, cfg) -> dict:
     return convert_gpt2_weights(_view(hf_model), cfg)
+
+
+CONVERSION = LensConversion(state_dict=_state_dict, refuse_inexpressible=_refuse_inexpressible,
+                            activation=_activation, prepare_config=_prepare_config, adjust_config=_adjust_config)

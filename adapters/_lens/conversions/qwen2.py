@@ -11,31 +11,8 @@ from types import SimpleNamespace
 from torch import nn
 from transformer_lens.pretrained.weight_conversions import convert_qwen2_weights
 
-from bcos_plugins.errors import BcosValueError
-
 from . import with_zero_bias
-from .llama import check_head_dim, check_rope
-
-
-def activation(hf_config) -> str:
-    return hf_config.hidden_act
-
-
-def refuse_inexpressible(hf_config, bcos: dict | None) -> None:
-    check_head_dim(hf_config, "Qwen2")
-    check_rope(hf_config, "Qwen2", ("default",))
-    if "sliding_attention" in (getattr(hf_config, "layer_types", None) or ()):
-        raise BcosValueError("Qwen2 with sliding-window layers (use_sliding_window=True): TransformerLens' Qwen2 "
-                             "config has no window, so its attention would differ. Use "
-                             "transformer_bridge_from_hf(model), or a model without sliding windows.")
-
-
-def prepare_config(local_config) -> None:
-    pass
-
-
-def adjust_config(cfg: dict, hf_config) -> None:
-    pass
+from ._llama_shaped import llama_shaped_conversion
 
 
 def _view(qwen: nn.Module) -> SimpleNamespace:
@@ -58,5 +35,5 @@ def _view(qwen: nn.Module) -> SimpleNamespace:
                                                  norm=qwen.model.norm), lm_head=qwen.lm_head)
 
 
-def state_dict(hf_model: nn.Module, cfg) -> dict:
-    return convert_qwen2_weights(_view(hf_model), cfg)
+# TransformerLens converts Qwen2's q/k/v biases (none are dropped)
+CONVERSION = llama_shaped_conversion("Qwen2", convert_qwen2_weights, refuse_sliding_windows=True, view=_view)
