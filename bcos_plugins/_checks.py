@@ -17,9 +17,9 @@ from torch import Tensor, nn
 from .errors import BcosTypeError, argument_error
 
 __all__ = ["bad_rows", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
-           "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_run_settings",
-           "require_same_shape", "require_tensor", "require_text_pairs", "require_texts", "require_token_batch",
-           "ids_as_long"]
+           "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_row_ids",
+           "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
+           "require_token_batch", "ids_as_long"]
 
 
 def bad_rows(bad: Tensor, limit: int = 8) -> str:
@@ -123,16 +123,52 @@ def require_same_shape(name: str, value: Tensor, other_name: str, other: Tensor)
                              f"Pass one entry per entry of {other_name}")
 
 
-def require_class_ids(name: str, value, batch: int, n_classes: int, what: str = "classes") -> Tensor:
-    """Integer class ids of shape ``(batch,)`` in ``[0, n_classes)``; floats (``0.7``) are refused, not truncated."""
-    ids = require_tensor(name, value, ndim=1, kind="int", shape_hint=f"(batch,) = ({batch},)")
-    if ids.shape[0] != batch:
-        raise argument_error(name, f"has {ids.shape[0]} entries for a batch of {batch}", "Pass one class id per row")
-    out_of_range = (ids < 0) | (ids >= n_classes)
-    if out_of_range.any():
-        raise argument_error(name, f"must be class ids in [0, {n_classes}), got {ids[out_of_range].tolist()[:8]} "
-                             f"at {bad_rows(out_of_range)}", f"There are {n_classes} {what}")
+def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, what: str = "outputs",
+                    broadcast: bool = True, direction_hint: bool = False, device=None) -> Tensor:
+    """``value`` as ``(batch,)`` int64 ids, one per row, in ``[0, n_ids)`` when ``n_ids`` is given: the one
+    per-row id parser (targets, foils, positions, class ids, labels, grid cells).
+
+    Takes an int for every row (unless ``broadcast=False``), a sequence of ints or an integer tensor of shape
+    ``(batch,)``. Floats are refused, never truncated (torch would read 1.7 as 1 without a word), booleans too
+    (a mask is not ids); ``direction_hint`` names ``Direction(vector)`` in the refusal of a float, where the
+    caller takes one. ``what`` names the ``n_ids`` things in the out-of-range message ("3 classes").
+    """
+    one = "an int or one id per row" if broadcast else "one id per row"
+    fix_type = (f"Pass {'an int for every row, or ' if broadcast else ''}one integer id per row (a list of ints or "
+                f"an integer tensor of shape ({batch},))")
+    if direction_hint:
+        fix_type += f"; to explain a direction of the output space pass {name}=Direction(vector)"
+    if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
+        raise argument_error(name, "got a boolean; ids must be integers", fix_type, kind=BcosTypeError)
+    if isinstance(value, float):
+        raise argument_error(name, f"got a float ({value}); ids must be integers (floats are refused, not "
+                             "truncated)", fix_type, kind=BcosTypeError)
+    try:
+        ids = torch.as_tensor(value, device=device)
+    except (TypeError, ValueError, RuntimeError):
+        raise argument_error(name, f"cannot read {value!r} as ids", fix_type, kind=BcosTypeError) from None
+    if ids.is_floating_point():
+        raise argument_error(name, f"got a float ({ids.dtype}); ids must be integers (floats are refused, not "
+                             "truncated)", fix_type, kind=BcosTypeError)
+    if ids.is_complex() or ids.dtype == torch.bool:
+        raise argument_error(name, f"ids must be integers, got {ids.dtype}", fix_type, kind=BcosTypeError)
+    ids = ids.to(torch.long)
+    if ids.ndim == 0 and broadcast:
+        ids = ids.expand(batch)
+    if tuple(ids.shape) != (batch,):
+        raise argument_error(name, f"expected {one}, shape ({batch},); got shape {tuple(ids.shape)}", fix_type)
+    if n_ids is not None:
+        outside = (ids < 0) | (ids >= n_ids)
+        if outside.any():
+            raise argument_error(name, f"ids must lie in [0, {n_ids}), got {ids[outside].tolist()[:8]} at "
+                                 f"{bad_rows(outside)}", f"Pass ids in [0, {n_ids}) (there are {n_ids} {what}); negative "
+                                 "ids are not counted from the end")
     return ids
+
+
+def require_class_ids(name: str, value, batch: int, n_classes: int, what: str = "classes") -> Tensor:
+    """One class id per row (:func:`require_row_ids` without broadcasting an int: labels come one per row)."""
+    return require_row_ids(name, value, batch, n_ids=n_classes, what=what, broadcast=False)
 
 
 def ids_as_long(ids: Tensor) -> Tensor:

@@ -48,7 +48,9 @@ def test_the_direction_hint_appears_only_where_a_direction_is_taken():
         with pytest.raises(BcosTypeError, match="position: got a float") as refused:
             resolve_positions(bad, mask)
         assert "Direction" not in str(refused.value)
-    with pytest.raises(BcosTypeError, match=r"position: ids must be integers, got torch.complex64\.$"):
+    with pytest.raises(BcosTypeError, match=r"position: ids must be integers, got torch\.complex64\. Pass an int "
+                                             r"for every row, or one integer id per row \(a list of ints or an "
+                                             r"integer tensor of shape \(2,\)\)\.$"):
         resolve_positions(torch.tensor([1j, 2j]), mask)
 
 

@@ -340,10 +340,12 @@ def test_next_token_contrast_on_an_ioi_batch_and_its_errors(tok):
                                   foil=batch.target_ids)
     assert torch.allclose(result.logit_difference, -swapped.logit_difference)
     assert result.accuracy + swapped.accuracy == pytest.approx(1.0)
-    with pytest.raises(BcosValueError, match="foil: has ids outside the vocabulary"):
+    with pytest.raises(BcosValueError, match=rf"foil: ids must lie in \[0, {tok.vocab_size}\), got .* at rows "
+                                             rf"\[0, 1, 2, 3\]\. .*there are {tok.vocab_size} vocabulary tokens"):
         next_token_contrast(model, batch.input_ids, batch.attention_mask, target=batch.target_ids,
                             foil=torch.full((4,), tok.vocab_size))
-    with pytest.raises(BcosValueError, match="target: must be integer ids of shape \\(4,\\)"):
+    with pytest.raises(BcosValueError, match=r"target: expected an int or one id per row, shape \(4,\); got "
+                                             r"shape \(2,\)"):
         next_token_contrast(model, batch.input_ids, batch.attention_mask, target=batch.target_ids[:2],
                             foil=batch.foil_ids)
     # target and foil are keywords, as in explain: the 0.1 positional call is refused by name

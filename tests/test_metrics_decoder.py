@@ -113,9 +113,12 @@ def test_metric_error_paths():
         expected_random_reciprocal_rank(3, 0)
     with pytest.raises(ValueError, match=r"logits must be next-token logits of shape \(batch, vocab\)"):
         probability_gap(torch.rand(2, 3, 5), torch.tensor([0, 1]), torch.tensor([1, 0]))
-    with pytest.raises(ValueError, match=r"foil ids must lie in \[0, 5\)"):
+    with pytest.raises(ValueError, match=r"foil: ids must lie in \[0, 5\), got \[5\] at row \[1\]\. Pass ids in "
+                                         r"\[0, 5\) \(there are 5 vocabulary tokens\)"):
         probability_gap(torch.rand(2, 5), torch.tensor([0, 1]), torch.tensor([1, 5]))
-    with pytest.raises(ValueError, match=r"target must be integer ids of shape \(2,\)"):
+    # a float is a type error, as everywhere ids are read (it was a ValueError here only)
+    with pytest.raises(TypeError, match=r"target: got a float \(torch\.float32\); ids must be integers .*"
+                                        r"shape \(2,\)"):
         probability_gap(torch.rand(2, 5), torch.tensor([0.0, 1.0]), torch.tensor([1, 0]))
 
 

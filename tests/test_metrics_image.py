@@ -33,7 +33,8 @@ def test_grid_pointing_game_counts_positive_attribution_in_the_explained_cell():
 def test_grid_pointing_game_errors():
     with pytest.raises(ValueError, match="cannot be split into a 2x2 grid"):
         grid_pointing_game(torch.ones(1, 5, 4), 0)
-    with pytest.raises(ValueError, match=r"indices in \[0, 4\)"):
+    with pytest.raises(ValueError, match=r"cell: ids must lie in \[0, 4\), got \[4\] at row \[1\]\. Pass ids in "
+                                         r"\[0, 4\) \(there are 4 cells in the 2x2 grid"):
         grid_pointing_game(torch.ones(2, 4, 4), torch.tensor([0, 4]))
     with pytest.raises(ValueError, match=r"attributions: must have 3 or 4 dimensions \(batch, H, W\)"):
         grid_pointing_game(torch.ones(4, 4), 0)
@@ -123,7 +124,8 @@ def test_pixel_perturbation_errors():
         pixel_perturbation(forward, x, torch.ones(2, 2, 2), target=0, fractions=(0.2, 0.1))
     with pytest.raises(ValueError, match="score must be"):
         pixel_perturbation(forward, x, torch.ones(2, 2, 2), target=0, score="prob")
-    with pytest.raises(ValueError, match=r"shape \(batch,\) = \(2,\)"):
+    with pytest.raises(ValueError, match=r"target: expected an int or one id per row, shape \(2,\); got "
+                                         r"shape \(3,\)"):
         pixel_perturbation(forward, x, torch.ones(2, 2, 2), target=torch.tensor([0, 1, 0]))
     with pytest.raises(ValueError, match=r"inputs: must have 4 dimensions \(batch, C, H, W\)"):
         pixel_perturbation(forward, x[0], torch.ones(2, 2, 2), target=0)
@@ -143,7 +145,8 @@ def test_nan_maps_float_cells_empty_batches_and_out_of_range_targets_are_named()
         pixel_perturbation(forward, torch.rand(2, 1, 4, 4), torch.rand(2, 4, 4), target=5)
     with pytest.raises(BcosValueError, match="inputs: are empty"):
         pixel_perturbation(forward, torch.rand(0, 1, 4, 4), torch.rand(0, 4, 4), target=0)
-    with pytest.raises(BcosTypeError, match="cell: must be integer cell indices"):
+    with pytest.raises(BcosTypeError, match=r"cell: got a float \(1\.7\); ids must be integers \(floats are "
+                                          r"refused, not truncated\)"):
         grid_pointing_game(torch.rand(1, 4, 4), 1.7)  # used to be truncated to cell 1
     with pytest.raises(BcosValueError, match="grid: must be >= 1"):
         grid_pointing_game(torch.rand(1, 4, 4), 0, grid=(0, 2))

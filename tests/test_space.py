@@ -165,7 +165,8 @@ def test_inter_space_loss_hand_values():
     padded = torch.cat([ideal, -ideal], dim=1)
     mask = torch.tensor([[1, 1, 1, 0, 0, 0]] * 2)
     assert inter_space_loss(padded, labels, mask).item() == pytest.approx(0.0)
-    with pytest.raises(BcosValueError, match=r"labels: must be class ids in \[0, 2\).*2 concept spaces"):
+    with pytest.raises(BcosValueError, match=r"labels: ids must lie in \[0, 2\), got \[2\] at row \[1\]\. "
+                                             r"Pass ids in \[0, 2\) \(there are 2 concept spaces"):
         inter_space_loss(ideal, torch.tensor([0, 2]))
 
 
@@ -307,9 +308,10 @@ def test_config_values_are_validated(field, value, match):
 def test_labels_out_of_range_are_named_before_the_cross_entropy(bad):
     model = space_model()
     ids, mask = padded_batch()
-    with pytest.raises(BcosValueError, match=r"labels: must be class ids in \[0, 3\).*row \[2\]"):
+    with pytest.raises(BcosValueError, match=rf"labels: ids must lie in \[0, 3\), got \[{bad[2]}\] at row \[2\]\. "
+                                             r"Pass ids in \[0, 3\) \(there are 3 classes\)"):
         model(input_ids=ids, attention_mask=mask, labels=torch.tensor(bad))
-    with pytest.raises(BcosTypeError, match="labels: must be an integer tensor"):
+    with pytest.raises(BcosTypeError, match=r"labels: got a float \(torch\.float32\); ids must be integers"):
         model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0.0, 1.0, 0.7]))
 
 

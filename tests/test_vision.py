@@ -286,9 +286,10 @@ def test_bad_images_are_named_by_the_model_and_explain_image():
     # values outside [0, 1] are refused, not clipped (documented on BcosViTConfig)
     with pytest.raises(BcosValueError, match=r"pixel_values: B-cos image inputs must lie in \[0, 1\]"):
         model(pixel_values=images() + 0.01)
-    with pytest.raises(BcosValueError, match=r"labels: must be class ids in \[0, 3\)"):
+    with pytest.raises(BcosValueError, match=r"labels: ids must lie in \[0, 3\), got \[3\] at row \[2\]\. "
+                                             r"Pass ids in \[0, 3\) \(there are 3 classes\)"):
         model(pixel_values=images(), labels=torch.tensor([0, 1, 3]))
-    with pytest.raises(BcosTypeError, match="labels: must be an integer tensor"):
+    with pytest.raises(BcosTypeError, match=r"labels: got a float \(torch\.float32\); ids must be integers"):
         model(pixel_values=images(), labels=torch.tensor([0.0, 1.0, 2.0]))
     # the edges of the valid range are explained exactly
     edges = torch.zeros(2, 1, 8, 8, dtype=torch.float64)

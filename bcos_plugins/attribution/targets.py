@@ -20,6 +20,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .._checks import require_row_ids
 from ..errors import BcosTypeError, BcosValueError
 
 __all__ = [
@@ -74,42 +75,15 @@ class Direction:
 def parse_ids(value: IdsLike | Direction, batch: int, name: str, *, n_outputs: int | None = None,
               device: torch.device | str | None = None, allow_direction: bool = True
               ) -> Int[Tensor, " batch"] | Direction:
-    """``value`` as ``(batch,)`` long ids (checked against ``[0, n_outputs)``), or the Direction itself."""
+    """``value`` as ``(batch,)`` long ids (checked against ``[0, n_outputs)`` by the package's one per-row id
+    parser, :func:`~bcos_plugins._checks.require_row_ids`), or the Direction itself."""
     if isinstance(value, Direction) and not allow_direction:
         raise BcosTypeError(f"{name}: takes integer indices (an int or one per row), not a Direction.")
     if isinstance(value, Direction):
         if n_outputs is not None:
             value.rows(batch, n_outputs, name)
         return value
-    if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
-        raise BcosTypeError(f"{name}: got a boolean; pass an integer id (or one per row).")
-    if isinstance(value, float) or (isinstance(value, Tensor) and value.is_floating_point()):
-        # the Direction hint only where a Direction is taken (not for positions, cells or classes of a metric)
-        hint = (f" To explain a direction of the output space pass {name}=Direction(vector)." if allow_direction
-                else "")
-        raise BcosTypeError(
-            f"{name}: got a float ({value if isinstance(value, float) else value.dtype}); ids must be integers "
-            f"(an int, or one per row).{hint}"
-        )
-    try:
-        t = torch.as_tensor(value, device=device)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise BcosTypeError(f"{name}: cannot read {value!r} as ids; pass an int, a list of ints or an integer "
-                            "tensor of shape (batch,).") from err
-    if t.is_floating_point() or t.dtype == torch.bool or t.is_complex():
-        hint = f" To explain a direction pass {name}=Direction(vector)." if allow_direction else ""
-        raise BcosTypeError(f"{name}: ids must be integers, got {t.dtype}.{hint}")
-    t = t.to(torch.long)
-    if t.ndim == 0:
-        t = t.expand(batch)
-    if t.shape != (batch,):
-        raise BcosValueError(f"{name}: expected an int or one id per row, shape ({batch},); got shape "
-                             f"{tuple(t.shape)}.")
-    if n_outputs is not None and ((t < 0).any() or (t >= n_outputs).any()):
-        bad = t[(t < 0) | (t >= n_outputs)].tolist()
-        raise BcosValueError(f"{name}: ids must lie in [0, {n_outputs}); got {bad}. Negative ids are not "
-                             "counted from the end.")
-    return t
+    return require_row_ids(name, value, batch, n_ids=n_outputs, device=device, direction_hint=allow_direction)
 
 
 def select_explained(outputs: Float[Tensor, "batch n"], target: Tensor | Direction,

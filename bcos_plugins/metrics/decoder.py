@@ -29,7 +29,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .._checks import bad_rows, require_int, require_tensor
+from .._checks import bad_rows, require_int, require_row_ids, require_tensor
 from ..errors import argument_error
 
 __all__ = [
@@ -173,14 +173,8 @@ def probability_gap(
     if bad.any():
         raise argument_error("logits", f"contain NaN, +inf or only -inf in {bad_rows(bad)}",
                              "Check the model's output for those rows")
-    target, foil = torch.as_tensor(target), torch.as_tensor(foil)
-    for name, ids in (("target", target), ("foil", foil)):
-        if ids.shape != logits.shape[:1] or ids.is_floating_point():
-            raise argument_error(name, f"{name} must be integer ids of shape ({logits.shape[0]},), got "
-                                 f"{tuple(ids.shape)} {ids.dtype}", "Pass one token id per row")
-        if (ids < 0).any() or (ids >= logits.shape[1]).any():
-            raise argument_error(name, f"{name} ids must lie in [0, {logits.shape[1]}), got {ids.tolist()}",
-                                 "Pass ids from the model's vocabulary")
+    target, foil = (require_row_ids(name, ids, logits.shape[0], n_ids=logits.shape[1], what="vocabulary tokens")
+                    for name, ids in (("target", target), ("foil", foil)))
     probs = logits.detach().float().softmax(-1)
     rows = torch.arange(logits.shape[0], device=logits.device)
     return probs[rows, target.to(logits.device)] - probs[rows, foil.to(logits.device)]
@@ -397,7 +391,7 @@ def next_token_contrast(
 ) -> NextTokenContrast:
     """Logit difference and probability gap of ``target`` over ``foil`` at each row's last real token.
 
-    ``target`` and ``foil`` (one next-token id per row, required) are keywords, as in
+    ``target`` and ``foil`` (required: a next-token id for every row or one per row) are keywords, as in
     :func:`bcos_plugins.explain`. Works on the batches of :func:`~bcos_plugins.data.encode_ioi` and
     :func:`~bcos_plugins.data.encode_blimp` (padding on either side: position ids count real tokens only, as
     ``explain`` does).
@@ -421,15 +415,8 @@ def next_token_contrast(
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     n = input_ids.shape[0]
-    for name, ids in (("target", target), ("foil", foil)):
-        ids = torch.as_tensor(ids)
-        if ids.shape != (n,) or ids.is_floating_point() or ids.dtype == torch.bool:
-            raise argument_error(name, f"must be integer ids of shape ({n},), got dtype {ids.dtype} shape "
-                                 f"{tuple(ids.shape)}", "Pass one next-token id per row")
-        if vocab is not None and ((ids < 0) | (ids >= vocab)).any():
-            raise argument_error(name, f"has ids outside the vocabulary [0, {vocab}): "
-                                 f"{ids[(ids < 0) | (ids >= vocab)].tolist()[:8]}", "Use the model's own token ids")
-    target, foil = torch.as_tensor(target), torch.as_tensor(foil)
+    target, foil = (require_row_ids(name, ids, n, n_ids=vocab, what="vocabulary tokens")
+                    for name, ids in (("target", target), ("foil", foil)))
     last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # each row's last real token
     was_training = model.training
     model.eval()

@@ -34,7 +34,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import bad_rows, require_float, require_int, require_tensor
+from .._checks import bad_rows, require_float, require_int, require_row_ids, require_tensor
 from ..errors import BcosTypeError, argument_error
 from .perturbation import aopc
 
@@ -57,31 +57,6 @@ def _spatial(attributions: Tensor, name: str = "attributions") -> Tensor:
     return attributions
 
 
-def _per_image_ids(name: str, value, batch: int, device, what: str, one: str) -> Tensor:
-    """``value``, an int for every image or one per image, as ``(batch,)`` long ids; floats are refused (torch
-    would truncate 1.7 to 1 without a word), as are booleans and other shapes."""
-    try:
-        ids = torch.as_tensor(value, device=device)
-    except (TypeError, ValueError, RuntimeError):
-        raise argument_error(name, f"must be integer {what}, got {type(value).__name__} {value!r}",
-                             "Pass an int or a (batch,) long tensor", kind=BcosTypeError) from None
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise argument_error(name, f"must be integer {what}, got dtype {ids.dtype}",
-                             "Pass an int or a (batch,) long tensor", kind=BcosTypeError)
-    ids = ids.to(torch.long)
-    if ids.ndim == 0:
-        ids = ids.expand(batch)
-    if ids.shape != (batch,):
-        raise argument_error(name, f"must be an int or have shape (batch,) = ({batch},), got shape "
-                             f"{tuple(ids.shape)}", f"Pass one {one} per image")
-    return ids
-
-
-def _require_ids_below(name: str, ids: Tensor, n: int, fix: str) -> None:
-    if (ids < 0).any() or (ids >= n).any():
-        raise argument_error(name, f"ids must lie in [0, {n}), got {ids.tolist()}", fix)
-
-
 def grid_pointing_game(attributions: Float[Tensor, "batch h w"], cell: Int[Tensor, " batch"] | int,
                        grid: tuple[int, int] = (2, 2)) -> Float[Tensor, " batch"]:
     """Share of positive attribution inside the explained cell (row-major index) of each grid image."""
@@ -93,9 +68,8 @@ def grid_pointing_game(attributions: Float[Tensor, "batch h w"], cell: Int[Tenso
     if height % rows or width % cols:
         raise argument_error("grid", f"a {height}x{width} map cannot be split into a {rows}x{cols} grid of equal "
                              "cells", "Pass the grid the images were built with")
-    cell_t = _per_image_ids("cell", cell, batch, maps.device, "cell indices", "cell")
-    _require_ids_below("cell", cell_t, rows * cols,
-                       f"Pass cell indices in [0, {rows * cols}), numbered row by row from 0")
+    cell_t = require_row_ids("cell", cell, batch, n_ids=rows * cols, device=maps.device,
+                             what=f"cells in the {rows}x{cols} grid, numbered row by row from 0")
     positive = maps.clamp_min(0)
     per_cell = positive.reshape(batch, rows, height // rows, cols, width // cols).sum(dim=(2, 4)).flatten(1)
     total = per_cell.sum(dim=1)
@@ -171,7 +145,7 @@ def _scores(forward: Callable, inputs: Tensor, target: Tensor, score: str) -> Te
         # NaN confidences would make the curves and the area between them NaN without a word.
         raise argument_error("forward", "returned NaN or inf logits on the perturbed inputs",
                              "Check removed_value (it is written into removed pixels) and the model")
-    _require_ids_below("target", target, logits.shape[1], "Pass classes of the model")
+    target = require_row_ids("target", target, inputs.shape[0], n_ids=logits.shape[1], what="classes")
     if score == "softmax":
         values = torch.softmax(logits, dim=-1)
     elif score == "sigmoid":
@@ -219,7 +193,7 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
             or fractions[0] < 0 or fractions[-1] > 1:
         raise argument_error("fractions", f"fractions must be at least two increasing values in [0, 1], got "
                              f"{list(fractions)}", "Pass e.g. IMAGE_FRACTIONS")
-    target_t = _per_image_ids("target", target, batch, inputs.device, "class ids", "class")  # range: per forward
+    target_t = require_row_ids("target", target, batch, device=inputs.device)  # range: once the logits are known
     n_pixels = height * width
     curves = {}
     with torch.no_grad():

@@ -31,7 +31,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .._checks import require_class_ids, require_float, require_int, require_tensor
+from .._checks import require_float, require_int, require_row_ids, require_tensor
 from ..errors import BcosTypeError, argument_error
 from .attributions import perturbable_mask, token_scores
 
@@ -167,15 +167,6 @@ def _check_fractions(fractions, lowest: float = 0.0) -> tuple[float, ...]:
     return values
 
 
-def _class_ids(name: str, value, batch: int, n_classes: int) -> Tensor:
-    """An int or ``(batch,)`` integer class ids in range (a float ``1.7`` is refused, not truncated)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = torch.full((batch,), value, dtype=torch.long)
-    elif isinstance(value, Tensor) and value.ndim == 0:
-        value = value.expand(batch)
-    return require_class_ids(name, value, batch, n_classes)
-
-
 def _probabilities(model: Callable, input_ids: Tensor, attention_mask: Tensor, forward_kwargs: dict,
                    probability: str) -> Tensor:
     out = model(input_ids=input_ids, attention_mask=attention_mask, **forward_kwargs)
@@ -258,7 +249,7 @@ def perturbation_curves(
     if target is None:
         target_t = full.argmax(-1)
     else:
-        target_t = _class_ids("target", target, batch, full.shape[-1]).to(input_ids.device)
+        target_t = require_row_ids("target", target, batch, n_ids=full.shape[-1], what="classes").to(input_ids.device)
     p_full = full.gather(-1, target_t[:, None]).squeeze(-1)
 
     # rows: [removed top-k for each p] then [kept only top-k for each p], per example
