@@ -162,7 +162,10 @@ def test_every_bcos_plugins_import_in_the_docs_and_readme_works():
 #   <!-- snippet: uses NAME, NAME -->   the named setups (SETUPS below) run first: they define the tiny models and
 #                                       inputs the block takes as given; the shown code itself runs unchanged
 #   <!-- snippet: not run: REASON -->   the block is not run; REASON names what it needs (a GPU, ...)
+# and the lines right after its closing fence may hold checks of what the block's comments claim:
+#   <!-- snippet: check: EXPRESSION -->   evaluated in the page's namespace after the block; must be true
 MARKER = re.compile(r"<!-- snippet: (?:not run: (?P<reason>.+?)|uses (?P<setups>[\w, ]+?)) -->\s*$")
+CHECK = re.compile(r"^<!-- snippet: check: (.+) -->\s*$")
 # reasons too vague to keep a block out of the test: say what the block needs instead
 VAGUE_REASONS = ("fragment", "sets up in its text")
 MIN_RUN = 30
@@ -175,6 +178,7 @@ class Snippet:
     code: str
     not_run: str | None  # the reason it is not run, or None
     setups: tuple[str, ...] = ()
+    checks: tuple[str, ...] = ()
 
 
 def _snippets_of(page: Path) -> list[Snippet]:
@@ -188,7 +192,12 @@ def _snippets_of(page: Path) -> list[Snippet]:
         reason = marker.group("reason") if marker else None
         setups = tuple(s.strip() for s in marker.group("setups").split(",")) if marker and marker.group("setups") else ()
         where = str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else str(page)
-        found.append(Snippet(where, number + 1, "\n".join(lines[number + 1:end]), reason, setups))
+        checks = []
+        for after in lines[end + 1:]:
+            if not CHECK.match(after):
+                break
+            checks.append(CHECK.match(after).group(1))
+        found.append(Snippet(where, number + 1, "\n".join(lines[number + 1:end]), reason, setups, tuple(checks)))
     return found
 
 
@@ -219,6 +228,8 @@ def run_page(snippets: list[Snippet]) -> int:
         except Exception as error:
             raise AssertionError(f"{snippet.page}:{snippet.line}: the snippet raised "
                                  f"{type(error).__name__}: {error}") from error
+        for check in snippet.checks:
+            assert eval(check, namespace), f"{snippet.page}:{snippet.line}: the block's claim `{check}` is false"
         ran += 1
     return ran
 
@@ -561,6 +572,16 @@ def test_a_broken_snippet_fails_with_its_page_and_line(tmp_path, monkeypatch):
         run_page(snippets)
     # the traceback points at the failing line of the page (line 16), and the second block saw the first's x
     assert caught.value.__cause__.__traceback__.tb_next.tb_lineno == 16
+
+
+def test_a_false_claim_of_a_snippet_fails(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```python\ntotal = 0.1 + 0.2   # == 0.3\n```\n<!-- snippet: check: abs(total - 0.3) < 1e-12 -->\n"
+                    "<!-- snippet: check: total == 0.3 -->\n", encoding="utf-8")
+    (snippet,) = _snippets_of(page)
+    assert snippet.checks == ("abs(total - 0.3) < 1e-12", "total == 0.3")
+    with pytest.raises(AssertionError, match=r"page.md:1: the block's claim `total == 0.3` is false"):
+        run_page([snippet])
 
 
 PAGES = sorted({s.page for s in _snippets() if s.not_run is None})
