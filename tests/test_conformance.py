@@ -373,7 +373,7 @@ def test_transformer_lens_decompositions_are_exact(name):
 
     if not lens.HAS_HOOKED_TRANSFORMER:
         return  # TransformerLens 4 has no HookedTransformer
-    model = lens.hooked_transformer_from_hf(_converted(name))
+    model = lens.hooked_transformer_from_hf(_with_trained_norm_gains(name))
     tokens = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(8))
     logits, cache = model.run_with_cache(tokens)
     target = logits.argmax(-1)
@@ -479,8 +479,9 @@ def _with_trained_norm_gains(name: str):
 
 @pytest.mark.parametrize("name", BRIDGE_NAMES)
 def test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable(name):
-    """The bridge's logits, the package's explanations, and TransformerLens' logit_attrs of the bridge's residual
-    decompositions as a TransformerLens user writes them: each sums to the logit (or logit difference)."""
+    """The bridge's logits, the package's explanations, TransformerLens' per-head / per-neuron results (summing to
+    each layer's attn_out / mlp_out) and its logit_attrs of the bridge's residual decompositions as a
+    TransformerLens user writes them (summing to the logit, or logit difference), under TransformerLens 3.x and 4.x."""
     from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
 
     model = _with_trained_norm_gains(name)
@@ -499,7 +500,18 @@ def test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable(name)
         with pytest.raises(BcosTypeError, match=r"ActivationCache.logit_attrs: .*soft-caps the logits.*"
                                                 r"token_component_decomposition"):
             cache.logit_attrs(resid, tokens=target)
+        # Gemma 2 normalises each attention output again: per-head shares of the projection are not attn_out's
+        with pytest.raises(BcosTypeError, match="attention output is not its output projection's"):
+            cache.stack_head_results(layer=-1)
         return
+    # TransformerLens' per-head and per-neuron results sum to each layer's attention and MLP output
+    heads = cache.stack_head_results(layer=-1)
+    n_heads, d_mlp = bridge.cfg.n_heads, bridge.cfg.d_mlp
+    for layer in range(bridge.cfg.n_layers):
+        assert _rel(heads[layer * n_heads:(layer + 1) * n_heads].sum(0), cache[f"blocks.{layer}.hook_attn_out"]) \
+            <= RTOL
+        neurons = cache.stack_neuron_results(layer + 1)[layer * d_mlp:]
+        assert _rel(neurons.sum(0), cache[f"blocks.{layer}.hook_mlp_out"]) <= RTOL
     stacks = {"decompose_resid": resid,
               "accumulated_resid": cache.accumulated_resid(layer=-1)[-1:],
               "stack_head_results + stack_neuron_results": cache.get_full_resid_decomposition(expand_neurons=True)}
