@@ -358,6 +358,29 @@ def test_transformer_lens_decompositions_keep_their_behaviour_on_bridges_without
     torch.testing.assert_close(neurons.sum(0), mlp_out, rtol=1e-4, atol=1e-5)
 
 
+def test_logit_attrs_on_a_plain_bridge_sums_to_the_logit_less_b_u_and_the_users_tied_head_stays_tied():
+    """The final norm's gain and bias go into the bridge copy's LM head (logit_attrs leaves b_U out, as for
+    TransformerLens' own folded models); the user's GPT-2 keeps its values and its head tied to the embeddings."""
+    hf = tiny_model("GPT2LMHeadModel").eval()
+    with torch.no_grad():
+        hf.transformer.ln_f.weight.normal_(1, 0.5, generator=torch.Generator().manual_seed(0))
+        hf.transformer.ln_f.bias.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
+    bridge = transformer_bridge_from_hf(hf)
+    assert all(torch.equal(v, state[k]) for k, v in hf.state_dict().items())
+    assert hf.lm_head.weight is hf.transformer.wte.weight
+    tokens = ids()
+    with torch.no_grad():
+        logits, cache = bridge.run_with_cache(tokens)
+        expected = hf(tokens).logits
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    target = logits.argmax(-1)
+    logit = logits.gather(-1, target[..., None])[..., 0]
+    attrs = cache.logit_attrs(cache.decompose_resid(), tokens=target).sum(0)
+    assert bridge.b_U.abs().max() > 1e-3  # the bias' share is real, and outside the decomposition
+    torch.testing.assert_close(attrs + bridge.b_U[target], logit, rtol=1e-5, atol=1e-5)
+
+
 def test_cache_guard_fails_loudly_when_transformer_lens_moves_what_it_reads(monkeypatch):
     from bcos_plugins.adapters._lens import boot_guard
     from transformer_lens import ActivationCache
