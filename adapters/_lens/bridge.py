@@ -274,7 +274,8 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
 
     Returns:
         an explainable (:func:`make_bridge_explainable`) ``TransformerBridge`` in ``hf_model``'s train/eval
-        mode. It holds its own copy of the weights (about the model's size in memory).
+        mode. It holds its own copy of the weights (about the model's size in memory), with the final norm's gain
+        folded into the LM head (so ``cache.logit_attrs`` sums to the logit; a tied head becomes untied there).
     """
     if not isinstance(hf_model, nn.Module):
         raise BcosTypeError(f"hf_model: expected a transformers model, got {type(hf_model).__name__}")
