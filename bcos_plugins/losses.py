@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numbers
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._checks import require_class_ids
 from .errors import BcosTypeError, argument_error
 
 __all__ = ["bcos_loss"]
@@ -43,18 +43,8 @@ def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None =
     if not isinstance(labels, Tensor):
         raise argument_error("labels", f"must be a tensor of class ids, got {type(labels).__name__}",
                              "pass torch.tensor(ids, dtype=torch.long)", kind=BcosTypeError)
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise argument_error("labels", f"must be integer class ids, got dtype {labels.dtype}",
-                             "pass class ids as torch.long (float labels such as 0.7 are not class ids; "
-                             "soft targets are not supported)")
-    if labels.shape != logits.shape[:1]:
-        raise argument_error("labels", f"must have shape ({logits.shape[0]},) like the logits' batch, got "
-                             f"{tuple(labels.shape)}", "pass one class id per row")
     n_classes = logits.shape[-1]
-    if (labels < 0).any() or (labels >= n_classes).any():
-        bad = labels[(labels < 0) | (labels >= n_classes)].unique().tolist()
-        raise argument_error("labels", f"must lie in [0, {n_classes}), got {bad[:10]}",
-                             "check the label mapping against the model's num_labels")
+    labels = require_class_ids("labels", labels, logits.shape[0], n_classes)
     one_hot = F.one_hot(labels.to(logits.device), n_classes).to(logits.dtype)
     if num_items_in_batch is None:
         return F.binary_cross_entropy_with_logits(logits, one_hot)

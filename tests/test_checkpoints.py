@@ -273,9 +273,12 @@ def test_bcosify_leaves_a_config_shared_with_another_model_unchanged():
 def test_bcos_loss_refuses_empty_batches_and_bad_labels():
     with pytest.raises(BcosValueError, match=r"^outputs: the batch is empty \(0 rows\)"):
         bcos_loss(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
-    with pytest.raises(BcosValueError, match=r"^labels: must lie in \[0, 3\), got \[-1, 5\]"):
+    with pytest.raises(BcosValueError, match=r"^labels: ids must lie in \[0, 3\), got \[5, -1\] at rows \[0, 2\]\. "
+                                             r"Pass ids in \[0, 3\) \(there are 3 classes\)"):
         bcos_loss(torch.zeros(3, 3), torch.tensor([5, 0, -1]))
-    with pytest.raises(BcosValueError, match=r"^labels: must be integer class ids, got dtype torch\.float32"):
+    # a float is a type error, as everywhere ids are read (it was a ValueError here only)
+    with pytest.raises(BcosTypeError, match=r"^labels: got a float \(torch\.float32\); ids must be integers \(floats "
+                                            r"are refused, not truncated\)"):
         bcos_loss(torch.zeros(2, 3), torch.tensor([0.7, 1.9]))
     with pytest.raises(BcosValueError, match=r"^num_items_in_batch: must be a count >= 1, got 0"):
         bcos_loss(torch.zeros(2, 3), torch.tensor([0, 1]), num_items_in_batch=0)
