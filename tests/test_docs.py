@@ -557,6 +557,12 @@ def test_the_snippet_collector_sees_markers_and_blocks():
     unknown = [f"{s.page}:{s.line}: {name}" for s in snippets for name in s.setups if name not in SETUPS]
     assert not unknown, f"no such setup (known: {sorted(SETUPS)}):\n" + "\n".join(unknown)
     assert len(snippets) - len(not_run) >= MIN_RUN, "blocks that run may only become more"
+    # a misspelt or misplaced marker would be ignored silently: every one must belong to a block
+    written = sum(line.lstrip().startswith("<!-- snippet:") for page in [ROOT / "README.md", *DOCS.rglob("*.md")]
+                  for line in page.read_text(encoding="utf-8").splitlines())
+    understood = sum(bool(s.not_run is not None or s.setups) + len(s.checks) for s in snippets)
+    assert written == understood, (f"{written - understood} `<!-- snippet: ... -->` line(s) are not understood: "
+                                   "`uses`/`not run` go right before a ```python fence, `check` right after its end")
     assert "README.md" in {s.page for s in snippets if s.not_run is None}, "the quickstart runs"
 
 
