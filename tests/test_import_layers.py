@@ -110,11 +110,10 @@ def test_the_attribution_core_never_imports_an_explanation_path():
         assert not any(t.startswith("bcos_plugins.adapters") for t in internal), name
 
 
-# Loops that predate this test, in modules other work owns; each entry leaves when its loop is cut, and the
-# tests fail while a listed loop no longer exists, so this list only shrinks.
-KNOWN_MUTUAL = {
-    ("bcos_plugins.convert.architectures", "bcos_plugins.convert.bcosify"),
-}
+# Loops that predate this test; each entry left when its loop was cut (the last, convert's architectures <->
+# bcosify, when UnsupportedModuleError moved to the registry), and the tests fail while a listed loop no longer
+# exists, so this list only shrinks: it stays empty.
+KNOWN_MUTUAL: set[tuple[str, str]] = set()
 
 
 def _mutual() -> set[tuple[str, str]]:
@@ -155,15 +154,10 @@ def _underscore_imports() -> set[tuple[str, str]]:
     return found
 
 
-# Private names convert/ takes from its own modules, which other work (the registry) is editing; each entry
-# leaves when its import goes, and the test below fails while a listed import no longer exists.
-KNOWN_UNDERSCORE_IMPORTS = {
-    ("bcos_plugins.convert.bcosify", "bcos_plugins.convert.architectures._unsupported_message"),
-    ("bcos_plugins.convert.dynamic_linear", "bcos_plugins.convert.bcosify._ACTIVATION_GATES"),
-    ("bcos_plugins.convert.dynamic_linear", "bcos_plugins.convert.bcosify._IDENTITY_ACTIVATIONS"),
-    ("bcos_plugins.convert.dynamic_linear", "bcos_plugins.convert.bcosify._PASSTHROUGH"),
-    ("bcos_plugins.convert.dynamic_linear", "bcos_plugins.convert.bcosify._gelu_kind"),
-}
+# Private names a module took from another; each entry left when its import went (convert/'s activation tables,
+# gelu_kind and unsupported_message are internal names now), and the test below fails while a listed import no
+# longer exists, so this list only shrinks: it stays empty.
+KNOWN_UNDERSCORE_IMPORTS: set[tuple[str, str]] = set()
 
 
 def test_no_module_imports_another_modules_private_names():

@@ -22,8 +22,10 @@ from typing import Literal
 
 from torch import nn
 
-__all__ = ["ArchitectureSpec", "REFUSED_ARCHITECTURES", "SPECS", "architecture_name", "check_stock_class",
-           "spec_for", "specs_where", "stock_class", "supported_architectures"]
+from ..errors import BcosTypeError
+
+__all__ = ["ArchitectureSpec", "REFUSED_ARCHITECTURES", "SPECS", "UnsupportedModuleError", "architecture_name",
+           "check_stock_class", "spec_for", "specs_where", "stock_class", "supported_architectures"]
 
 
 Head = Literal["base", "classifier", "causal_lm", "masked_lm"]
@@ -267,6 +269,11 @@ def specs_where(predicate: Callable[[ArchitectureSpec], bool]) -> tuple[str, ...
     return tuple(name for name, spec in SPECS.items() if predicate(spec))
 
 
+class UnsupportedModuleError(BcosTypeError):
+    """A module ``bcosify`` cannot make bias-free and dynamic-weight (defined with the registry that refuses
+    models, so that the registry and ``bcosify`` do not import each other)."""
+
+
 def architecture_name(model: nn.Module) -> str:
     """The transformers class a (possibly B-cosified) model was built as: ``config.bcos["architecture"]`` for
     converted models (bcosify may swap the class for a B-cos subclass), else the class name."""
@@ -274,7 +281,7 @@ def architecture_name(model: nn.Module) -> str:
     return bcos["architecture"] if isinstance(bcos, dict) and "architecture" in bcos else type(model).__name__
 
 
-def _unsupported_message(model: nn.Module, name: str, what: str = "bcosify") -> str:
+def unsupported_message(model: nn.Module, name: str, what: str = "bcosify") -> str:
     where = f"{type(model).__module__}.{type(model).__qualname__}"
     if name in REFUSED_ARCHITECTURES:
         return f"model: {where} is not supported by {what}: {REFUSED_ARCHITECTURES[name]}"
@@ -300,13 +307,11 @@ def spec_for(model: nn.Module) -> ArchitectureSpec:
     class, and a subclass (or a copy under the same name) may compute something else, which would be
     explained incompletely without any error.
     """
-    from .bcosify import UnsupportedModuleError
-
     bcos = getattr(getattr(model, "config", None), "bcos", None)
     converted = isinstance(bcos, dict) and "architecture" in bcos
     name = architecture_name(model)
     if name not in SPECS:
-        raise UnsupportedModuleError(_unsupported_message(model, name))
+        raise UnsupportedModuleError(unsupported_message(model, name))
     # bcosify swaps some classes for B-cos subclasses of the stock class (heads.py), hence isinstance after
     # conversion; bcosify itself checks the class by identity before converting.
     check_stock_class(model, name, exact=not converted)
@@ -315,8 +320,6 @@ def spec_for(model: nn.Module) -> ArchitectureSpec:
 
 def check_stock_class(model: nn.Module, name: str, *, exact: bool) -> None:
     """Refuse a model that is not transformers' ``name`` (``exact``: not that very class, no subclass)."""
-    from .bcosify import UnsupportedModuleError
-
     cls = stock_class(name)
     if (type(model) is not cls) if exact else not isinstance(model, cls):
         raise UnsupportedModuleError(

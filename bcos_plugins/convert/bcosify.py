@@ -33,7 +33,13 @@ from ..nn import (
     check_b,
     has_dynamic_weights,
 )
-from .architectures import SPECS, ArchitectureSpec, _unsupported_message, check_stock_class
+from .architectures import (
+    SPECS,
+    ArchitectureSpec,
+    UnsupportedModuleError,
+    check_stock_class,
+    unsupported_message,
+)
 from .checkpoint_format import BCOS_CONFIG_KEY, FORMAT_VERSION, STOCK_QUERY_KEY_FORMAT_VERSION
 from .query_key import ConstantQueryKeyProjection, StockQueryKeyConv1D
 from .report import ConversionReport
@@ -43,7 +49,7 @@ __all__ = ["bcosify", "UnsupportedModuleError", "BCOS_CONFIG_KEY"]
 logger = logging.getLogger("bcos_plugins")
 
 # Activation classes by name (transformers' ACT2CLS classes and torch.nn ones) -> gate kind.
-_ACTIVATION_GATES = {
+ACTIVATION_GATES = {
     "GELUActivation": "gelu",
     "GELU": "gelu",
     "NewGELUActivation": "gelu_tanh",
@@ -53,19 +59,17 @@ _ACTIVATION_GATES = {
     "SiLU": "silu",
     "ReLU": "relu",
 }
-_IDENTITY_ACTIVATIONS = {"LinearActivation", "Identity"}
+IDENTITY_ACTIVATIONS = {"LinearActivation", "Identity"}
 # Leaves that are linear (or constant) by themselves and need no change.
-_PASSTHROUGH = (nn.Embedding, nn.Dropout, nn.Identity)
+PASSTHROUGH_MODULES = (nn.Embedding, nn.Dropout, nn.Identity)
 
 
-class UnsupportedModuleError(BcosTypeError):
-    """A module ``bcosify`` cannot make bias-free and dynamic-weight."""
-
-
-def _gelu_kind(module: nn.Module) -> str:
+def gelu_kind(module: nn.Module) -> str:
+    """The :class:`~bcos_plugins.nn.DetachableActivation` kind of a GELU / SiLU / ReLU module (``bcosify`` and
+    ``dynamic_linear_copy`` read activations through this one table)."""
     if isinstance(module, nn.GELU):
         return "gelu_tanh" if module.approximate == "tanh" else "gelu"
-    return _ACTIVATION_GATES[type(module).__name__]
+    return ACTIVATION_GATES[type(module).__name__]
 
 
 def _is_rms_norm(module: nn.Module) -> bool:
@@ -154,11 +158,11 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
         elif _is_rms_norm(module):
             report.norms.append(name)
             plan.append((name, "rms_norm"))
-        elif isinstance(module, nn.GELU) or type(module).__name__ in _ACTIVATION_GATES:
-            kind = _gelu_kind(module)
+        elif isinstance(module, nn.GELU) or type(module).__name__ in ACTIVATION_GATES:
+            kind = gelu_kind(module)
             report.activations[name] = kind
             plan.append((name, ("activation", kind)))
-        elif type(module).__name__ in _IDENTITY_ACTIVATIONS or isinstance(module, _PASSTHROUGH):
+        elif type(module).__name__ in IDENTITY_ACTIVATIONS or isinstance(module, PASSTHROUGH_MODULES):
             continue
         elif next(module.children(), None) is None:  # a leaf we know nothing about
             if type(module).__name__.endswith("RotaryEmbedding"):
@@ -166,7 +170,7 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
             raise UnsupportedModuleError(
                 f"model: bcosify cannot convert module '{name}' of class {type(module).__module__}."
                 f"{type(module).__qualname__}: it is neither a linear layer, a norm, nor a supported "
-                f"activation ({', '.join(sorted(_ACTIVATION_GATES))}). Replace it with a dynamic-weight "
+                f"activation ({', '.join(sorted(ACTIVATION_GATES))}). Replace it with a dynamic-weight "
                 "equivalent or open an issue."
             )
     return plan, report
@@ -217,7 +221,7 @@ def plan_conversion(model: nn.Module, b: float = 1.5, *,
     # from_pretrained, must not), and by identity: a subclass or a namesake may compute another forward.
     name = type(model).__name__
     if name not in SPECS:
-        raise UnsupportedModuleError(_unsupported_message(model, name))
+        raise UnsupportedModuleError(unsupported_message(model, name))
     check_stock_class(model, name, exact=True)
     spec = SPECS[name]
     if getattr(config, "add_cross_attention", False):

@@ -30,7 +30,7 @@ from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn import BcosLayerNorm, DetachableActivation, has_dynamic_weights
 from ..nn.dynamic import DynamicWeightModule
 from .architectures import check_stock_class, spec_for, specs_where
-from .bcosify import _ACTIVATION_GATES, _IDENTITY_ACTIVATIONS, _PASSTHROUGH, _gelu_kind
+from .bcosify import ACTIVATION_GATES, IDENTITY_ACTIVATIONS, PASSTHROUGH_MODULES, gelu_kind
 from .query_key import ConstantQueryKeyProjection
 
 __all__ = ["AffineDetachableLayerNorm", "ConstantQueryKeyLinear", "DetachableTanh", "DYNAMIC_LINEAR_ARCHITECTURES",
@@ -103,9 +103,9 @@ def _replacement(name: str, module: nn.Module, query_key: tuple[str, ...]):
         return AffineDetachableLayerNorm.from_layer_norm(module)
     if isinstance(module, nn.Tanh):
         return DetachableTanh()
-    if isinstance(module, nn.GELU) or type(module).__name__ in _ACTIVATION_GATES:
-        return DetachableActivation(_gelu_kind(module))
-    if type(module).__name__ in _IDENTITY_ACTIVATIONS or isinstance(module, _PASSTHROUGH):
+    if isinstance(module, nn.GELU) or type(module).__name__ in ACTIVATION_GATES:
+        return DetachableActivation(gelu_kind(module))
+    if type(module).__name__ in IDENTITY_ACTIVATIONS or isinstance(module, PASSTHROUGH_MODULES):
         return None
     if next(module.children(), None) is None:
         raise argument_error(
