@@ -1,6 +1,6 @@
 """One token-batch check (issue 31): ``explain``, Captum's ``EmbeddingForward``, the TransformerLens adapter, the
-Space model and ``next_token_contrast`` refuse the same bad token batch with the same words (one mechanism,
-``_checks.require_token_batch``), each naming the argument, the problem and the fix.
+Space model, ``next_token_contrast`` and ``perturbation_curves`` refuse the same bad token batch with the same
+words (one mechanism, ``_checks.require_token_batch``), each naming the argument, the problem and the fix.
 
 Before, each path had its own check: the TransformerLens adapter let a 0/1-violating mask through and called a
 float batch "not a tensor of token ids", the Space model and the metrics turned lists into ids and said "is
@@ -22,7 +22,7 @@ from test_cross_path import bcos_model, lens_model
 
 from bcos_plugins import SpaceModelConfig, SpaceModelForSequenceClassification, explain
 from bcos_plugins.errors import BcosError, BcosTypeError, BcosValueError
-from bcos_plugins.metrics import next_token_contrast
+from bcos_plugins.metrics import next_token_contrast, perturbation_curves
 
 GPT2 = ("gpt2", 2, 2.0)  # test_cross_path's tiny B-cos GPT-2: vocabulary 40, 16 positions
 
@@ -45,6 +45,8 @@ def _paths(with_space: bool = True):
         "token_component_decomposition": lambda ids, mask: token_component_decomposition(lens, ids,
                                                                                          attention_mask=mask),
         "next_token_contrast": lambda ids, mask: next_token_contrast(model, ids, mask, target=5, foil=6),
+        "perturbation_curves": lambda ids, mask: perturbation_curves(
+            bcos_model("bert", 2, 2.0), ids, mask, torch.zeros(2, 5), special_tokens=torch.zeros(2, 5, dtype=bool)),
     }
     if with_space:
         paths["SpaceModel"] = lambda ids, mask: space()(input_ids=ids, attention_mask=mask)
@@ -103,6 +105,8 @@ def test_every_token_path_refuses_a_bad_batch_with_the_same_words(case):
 
 def test_ids_outside_the_vocabulary_and_beyond_the_position_table_are_named_alike():
     for path, call in _paths(with_space=False).items():  # the Space encoder has another vocabulary
+        if path == "perturbation_curves":  # takes any callable, so it knows no vocabulary or position table
+            continue
         name = "tokens" if path in ("explain_logits", "token_component_decomposition") else "input_ids"
         ids = _ids()
         ids[1, 2] = 40

@@ -31,7 +31,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .._checks import require_float, require_int, require_row_ids, require_tensor
+from .._checks import require_float, require_int, require_row_ids, require_tensor, require_token_batch
 from ..errors import BcosTypeError, argument_error
 from .attributions import perturbable_mask, token_scores
 
@@ -234,7 +234,7 @@ def perturbation_curves(
         mask_token_id = require_int("mask_token_id", mask_token_id, minimum=0)
     batch_size = require_int("batch_size", batch_size, minimum=1)
     fractions = _check_fractions(fractions)
-    input_ids = require_tensor("input_ids", input_ids, ndim=2, kind="int", shape_hint="(batch, pos)")
+    input_ids, attention_mask = require_token_batch(input_ids, attention_mask)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     scores = token_scores(attributions, reduce=reduce).to(input_ids.device)
     if scores.shape != input_ids.shape:
