@@ -41,7 +41,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from bcos_plugins._checks import require_int
+from bcos_plugins._checks import require_int, require_row_ids
 from bcos_plugins.errors import BcosRuntimeError
 from bcos_plugins.vision.conventional import ConventionalViT
 from bcos_plugins.vision.explain import attribution_input, explain_image, require_vit
@@ -137,8 +137,10 @@ def image_attribution_methods(model: BcosViT | ConventionalViT, ig_steps: int = 
 
     def attention_grad_cam(images, target):
         inputs = attribution_input(model, images)[0].detach()
-        # one class per image, as Captum's methods accept it (an int or a (batch,) tensor)
-        classes = torch.as_tensor(target, device=inputs.device).reshape(-1).expand(len(inputs))
+        # one class per image, read as the package reads every per-row id (an int or a (batch,) tensor, as
+        # Captum's methods accept it)
+        classes = require_row_ids("target", target, len(inputs), n_ids=model.config.num_labels, what="classes",
+                                  device=inputs.device)
         with torch.enable_grad():
             out = model(**{"encoded_pixel_values" if bcos else "pixel_values": inputs}, output_attentions=True)
             last = out.attentions[-1]

@@ -1,6 +1,6 @@
 """One per-row id parser (issue 31): targets, foils, positions, class labels and grid cells are read by
 ``_checks.require_row_ids`` on every path (``explain``, positions, the Space model's labels, the image and
-decoder metrics), so the same bad value gets the same words, naming the argument, the problem and the fix.
+decoder metrics, the Captum image methods' own code), so the same bad value gets the same words, naming the argument, the problem and the fix.
 
 Before, the image metrics, ``probability_gap``, ``next_token_contrast`` and the class-id check each had their
 own copy, with their own wordings ("must be integer cell indices", "foil ids must lie in", "has ids outside
@@ -14,7 +14,8 @@ from functools import cache
 
 import pytest
 import torch
-from conftest import tiny_config
+from bcos_plugins.adapters.captum_vision import image_attribution_methods
+from conftest import TINY_VIT_SHAPE, tiny_config
 from test_cross_path import bcos_model
 from test_metrics_image import linear_model
 
@@ -23,6 +24,7 @@ from bcos_plugins.attribution import resolve_positions
 from bcos_plugins.errors import BcosError, BcosTypeError, BcosValueError
 from bcos_plugins.metrics import grid_pointing_game, next_token_contrast, pixel_perturbation
 from bcos_plugins.metrics.decoder import probability_gap
+from bcos_plugins.vision import BcosViT, BcosViTConfig
 
 IDS = torch.tensor([[5, 9, 14, 22, 7], [0, 0, 31, 8, 19]])
 MASK = (IDS != 0).long()
@@ -32,6 +34,12 @@ MASK = (IDS != 0).long()
 def space():
     torch.manual_seed(0)
     return SpaceModelForSequenceClassification(SpaceModelConfig(encoder_config=tiny_config("bert"))).eval()
+
+
+@cache
+def _vit_methods():
+    torch.manual_seed(0)
+    return image_attribution_methods(BcosViT(BcosViTConfig(**TINY_VIT_SHAPE, b=2.0, max_out=2)).eval())
 
 
 def _paths():
@@ -50,6 +58,8 @@ def _paths():
                             "vocabulary tokens", True),
         "next_token_contrast": (lambda v: next_token_contrast(decoder, IDS, MASK, target=7, foil=v), "foil", 40,
                                 "vocabulary tokens", True),
+        "Captum vision GradCAM (attention)": (lambda v: _vit_methods()["GradCAM (attention)"].explain(
+            torch.rand(2, 1, 16, 16), v), "target", 5, "classes", True),
         "SpaceModel labels": (lambda v: space()(input_ids=IDS.clamp_min(3), attention_mask=MASK, labels=v), "labels",
                               space().config.num_labels, "classes", False),
     }
