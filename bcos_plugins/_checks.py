@@ -138,8 +138,6 @@ def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, w
                 f"an integer tensor of shape ({batch},))")
     if direction_hint:
         fix_type += f"; to explain a direction of the output space pass {name}=Direction(vector)"
-    if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
-        raise argument_error(name, "got a boolean; ids must be integers", fix_type, kind=BcosTypeError)
     if isinstance(value, float):
         raise argument_error(name, f"got a float ({value}); ids must be integers (floats are refused, not "
                              "truncated)", fix_type, kind=BcosTypeError)
@@ -150,7 +148,9 @@ def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, w
     if ids.is_floating_point():
         raise argument_error(name, f"got a float ({ids.dtype}); ids must be integers (floats are refused, not "
                              "truncated)", fix_type, kind=BcosTypeError)
-    if ids.is_complex() or ids.dtype == torch.bool:
+    if ids.dtype == torch.bool:  # a mask (or True / False) is not ids
+        raise argument_error(name, "got a boolean; ids must be integers", fix_type, kind=BcosTypeError)
+    if ids.is_complex():
         raise argument_error(name, f"ids must be integers, got {ids.dtype}", fix_type, kind=BcosTypeError)
     ids = ids.to(torch.long)
     if ids.ndim == 0 and broadcast:
@@ -309,32 +309,19 @@ def require_text_pairs(text_pairs, n: int) -> list[str] | None:
 
 
 def require_labels(labels, num_labels: int, *, n: int | None = None) -> list[int]:
-    """Class ids as a list of ints, refusing what would be silently truncated or out of range.
-
-    Floats are refused, not truncated (``int(0.7) == 0`` would train on a wrong label): pass integer ids.
-    """
-    if isinstance(labels, Tensor):
-        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-            raise argument_error("labels", f"must be integer class ids, got a {labels.dtype} tensor",
-                                 "pass class ids as integers (0.7 or 1.9 are not class ids; convert whole "
-                                 "numbers with .long())")
-        labels = labels.reshape(-1).tolist()
-    if isinstance(labels, str) or not hasattr(labels, "__len__"):
+    """Class ids as a list of ints (a list or a tensor, one per text when ``n`` is given), read by the package's
+    one per-row id parser (:func:`require_row_ids`): floats are refused, not truncated (``int(0.7) == 0`` would
+    train on a wrong label)."""
+    if not isinstance(labels, Tensor) and (isinstance(labels, str) or not hasattr(labels, "__len__")):
         raise argument_error("labels", f"must be a list of integer class ids, got {type(labels).__name__}",
                              "pass e.g. [0, 1, 1]", kind=BcosTypeError)
-    labels = list(labels)
-    for i, y in enumerate(labels):
-        if isinstance(y, bool) or not isinstance(y, numbers.Integral):
-            raise argument_error("labels", f"labels[{i}] is {type(y).__name__} {y!r}, not an integer class id",
-                                 "pass integer ids (floats such as 0.7 or 1.9 are refused, not truncated; "
-                                 "convert whole numbers with int(y))")
-        if not 0 <= y < num_labels:
-            raise argument_error("labels", f"labels[{i}] = {y} is outside [0, {num_labels}) (the model's "
-                                 "num_labels)", "map the labels to 0..num_labels-1, or build the model with "
-                                 "more labels")
+    labels = labels.reshape(-1) if isinstance(labels, Tensor) else list(labels)
     if n is not None and len(labels) != n:
         raise argument_error("labels", f"{n} texts but {len(labels)} labels", "pass one label per text")
-    return [int(y) for y in labels]
+    if not len(labels):
+        return []
+    return require_row_ids("labels", labels, len(labels), n_ids=num_labels, what="classes of the model (num_labels)",
+                           broadcast=False).tolist()
 
 
 def require_run_settings(epochs, batch_size, max_length, learning_rate, seed) -> None:

@@ -289,15 +289,18 @@ def test_bcos_loss_refuses_empty_batches_and_bad_labels():
 @pytest.mark.parametrize("labels", [[0.7, 1.9], [0, 1.0], [True, False]])
 def test_fine_tuning_refuses_float_labels_instead_of_truncating(labels):
     model = bcosify(tiny_model("BertForSequenceClassification"), verbose=False)
-    with pytest.raises(BcosValueError, match=r"^labels: labels\[\d\] is .* not an integer class id\. .*refused, "
-                                             r"not truncated"):
+    # one per-row id parser reads labels everywhere: a float or a boolean is a type error naming the dtype
+    refused = (r"^labels: got a boolean; ids must be integers\." if labels == [True, False] else
+               r"^labels: got a float \(torch\.float32\); ids must be integers \(floats are refused, not truncated\)\.")
+    with pytest.raises(BcosTypeError, match=refused + r" Pass one integer id per row"):
         fine_tune_classifier(model, None, ["a", "b"], labels)
-    with pytest.raises(BcosValueError, match=r"^labels: labels\[\d\] is"):
+    with pytest.raises(BcosTypeError, match=refused):
         accuracy(model, None, ["a", "b"], labels)
 
 
 @pytest.mark.parametrize(("kwargs", "pattern"), [
-    ({"labels": [0, 3]}, r"^labels: labels\[1\] = 3 is outside \[0, 3\)"),
+    ({"labels": [0, 3]}, r"^labels: ids must lie in \[0, 3\), got \[3\] at row \[1\]\. .*classes of the model "
+                         r"\(num_labels\)"),
     ({"labels": [0]}, r"^labels: 2 texts but 1 labels"),
     ({"texts": []}, r"^texts: is empty"),
     ({"texts": "ab"}, r"^texts: must be a list of strings"),
