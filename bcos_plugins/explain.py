@@ -18,6 +18,7 @@ Explained quantities:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -91,6 +92,7 @@ def explain(
         position, mask, default="last" if spec.kind == "decoder" else "first")
     call_kwargs = model_call_kwargs(model, spec, input_ids, attention_mask, forward_kwargs)
     parsed: dict = {}
+    forward_autocast: list[torch.dtype] = []  # the autocast dtype the forward ran under, if any (see below)
 
     def compute():
         # the point is multiplied by a probe of ones made here, outside the forward pass: then a compiled
@@ -98,8 +100,20 @@ def explain(
         weight = model.get_input_embeddings().weight
         probe = torch.ones(*input_ids.shape, weight.shape[-1], dtype=weight.dtype, device=weight.device,
                            requires_grad=True)
-        with capture_point(point.module, point.where, probe=probe) as leaves:
-            out = model(**call_kwargs)
+        # autocast entered inside the model's forward counts too: Trainer(bf16=True) / accelerate leave
+        # model.forward wrapped in autocast after training, so the caller sees no autocast around the call
+        device = weight.device.type
+
+        def note_autocast(module, args) -> None:
+            if torch.is_autocast_enabled(device):
+                forward_autocast.append(torch.get_autocast_dtype(device))
+
+        note = point.module.register_forward_pre_hook(note_autocast)
+        try:
+            with capture_point(point.module, point.where, probe=probe) as leaves:
+                out = model(**call_kwargs)
+        finally:
+            note.remove()
         if spec.is_classifier:
             values = out.logits
         else:
@@ -123,7 +137,7 @@ def explain(
         attention_mask=attention_mask,
         reduce=reduce,
     )
-    _require_complete(model, result, parsed["scale"])
+    _require_complete(model, result, parsed["scale"], forward_autocast)
     return result
 
 
@@ -140,18 +154,23 @@ def _output_scale(values: Tensor, target: Tensor | Direction, foil: Tensor | Dir
     return size(target) + (0.0 if foil is None else size(foil))
 
 
-def _completeness_tolerance(contributions: Tensor) -> float:
+def _completeness_tolerance(contributions: Tensor,
+                            forward_autocast: Sequence[torch.dtype] = ()) -> tuple[float, torch.dtype]:
     """``sqrt(eps)`` of the least precise dtype the forward ran in (3.5e-4 in float32, 0.03 in float16, 0.09 in
     bfloat16): measured B-cos completeness errors are 1e-6 (float32) to 1e-2 (bfloat16) of the output scale,
-    a broken computation is off by the order of the value itself."""
-    dtypes = [contributions.dtype]
+    a broken computation is off by the order of the value itself. ``forward_autocast``: autocast dtypes seen
+    inside the forward pass (an autocast entered by the model's own forward). Returns the tolerance and that
+    dtype."""
+    dtypes = [contributions.dtype, *forward_autocast]
     device = contributions.device.type
     if torch.is_autocast_enabled(device):
         dtypes.append(torch.get_autocast_dtype(device))
-    return max(torch.finfo(d).eps for d in dtypes) ** 0.5
+    least_precise = max(dtypes, key=lambda d: torch.finfo(d).eps)
+    return torch.finfo(least_precise).eps ** 0.5, least_precise
 
 
-def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor) -> None:
+def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
+                      forward_autocast: Sequence[torch.dtype] = ()) -> None:
     """Raise instead of returning contributions that are not finite, or (B-cos models, whose contributions
     are exact) that do not sum to the explained value beyond float rounding; the numbers would look like an
     explanation. The message names the cause: values at the attribution point so large (an embedding row of
@@ -170,7 +189,7 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor)
         # gradient of a stock model, and dynamic_linear_copy's W(x) x + bias terms, are not complete by design,
         # and completeness_error / delta report how far
         return
-    tolerance = _completeness_tolerance(contributions)
+    tolerance, precision = _completeness_tolerance(contributions, forward_autocast)
     # against the explained value, the outputs it is a difference of, or the token scores' own size, whichever
     # is largest: float rounding of a healthy model is relative to those (an explained value can be near 0),
     # while an overflowed or cancelled computation is off by the size of the scores themselves
@@ -182,7 +201,7 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor)
         row = int(broken.nonzero()[0])
         found = (f"{bad_rows(broken)} do not sum to the explained value (row {row}: {float(result.total[row]):.3g} "
                  f"against {float(result.explained[row]):.3g}, an error of {float(error[row]):.2g} of the size of "
-                 f"the value and its scores where {contributions.dtype} allows {tolerance:.1g})")
+                 f"the value and its scores where {precision} allows {tolerance:.1g})")
         # rounding alone reaches this error only if the contributions are huge next to the scores (cancellation)
         magnitude = float(contributions[row].abs().sum())
         if torch.finfo(contributions.dtype).eps * magnitude > 0.1 * float(result.delta[row].abs()):
