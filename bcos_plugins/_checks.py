@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from .errors import BcosTypeError, argument_error
 
 __all__ = ["bad_rows", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
-           "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_row_ids",
-           "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
+           "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
+           "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_token_batch", "ids_as_long"]
 
 
@@ -228,11 +228,17 @@ def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | Non
         raise argument_error("attention_mask", f"must hold 0 (padding) and 1 (real token) only, got {shown}",
                              "Pass a boolean tensor or one of 0s and 1s")
     attention_mask = attention_mask.to(torch.long)
+    require_real_tokens(attention_mask)
+    return ids, attention_mask
+
+
+def require_real_tokens(attention_mask: Tensor) -> None:
+    """Refuse a ``(batch, pos)`` 0/1 mask with a row of padding only (its explained position, mean or share
+    would be undefined: 0/0)."""
     empty = attention_mask.sum(1) == 0
     if empty.any():
         raise argument_error("attention_mask", f"row(s) {empty.nonzero().flatten().tolist()} have no real token "
                              "(all zeros); there is nothing to attribute to", "Remove empty rows from the batch")
-    return ids, attention_mask
 
 
 # The training helpers' checks (fine-tuning, pre-training, prediction): their messages state the whole

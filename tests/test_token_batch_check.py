@@ -21,8 +21,10 @@ from conftest import tiny_config
 from test_cross_path import bcos_model, lens_model
 
 from bcos_plugins import SpaceModelConfig, SpaceModelForSequenceClassification, explain
+from bcos_plugins.attribution import resolve_positions
 from bcos_plugins.errors import BcosError, BcosTypeError, BcosValueError
 from bcos_plugins.metrics import next_token_contrast, perturbation_curves
+from bcos_plugins.space import inter_space_loss, intra_space_loss
 
 GPT2 = ("gpt2", 2, 2.0)  # test_cross_path's tiny B-cos GPT-2: vocabulary 40, 16 positions
 
@@ -126,3 +128,20 @@ def test_the_checked_batch_reaches_the_model_as_int64():
     reference = explain(model, ids, mask.long(), target=5)
     for dtype in (torch.uint8, torch.int32):
         torch.testing.assert_close(explain(model, ids.to(dtype), mask, target=5).contributions, reference.contributions)
+
+
+def test_mask_only_checks_use_the_same_words():
+    # resolve_positions (every path's positions) and the Space losses check a mask on its own: same words
+    empty_row = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    concepts, labels = torch.rand(2, 3, 2, 4), torch.tensor([0, 1])
+    words = (r"^attention_mask: row\(s\) \[1\] have no real token \(all zeros\); there is nothing to attribute to\. "
+             r"Remove empty rows from the batch\.$")
+    for call in (lambda: resolve_positions(None, empty_row), lambda: inter_space_loss(concepts, labels, empty_row),
+                 lambda: intra_space_loss(concepts, empty_row)):
+        with pytest.raises(BcosValueError, match=words):
+            call()
+    with pytest.raises(BcosValueError, match=r"^attention_mask: shape \(2, 2\) differs from concepts \(2, 3\)\. Pass "
+                                             r"the mask the tokenizer returned with the ids \(one 0/1 entry per token\)"):
+        inter_space_loss(concepts, labels, torch.ones(2, 2))
+    with pytest.raises(BcosValueError, match=r"^attention_mask: must hold 0 \(padding\) and 1 \(real token\) only"):
+        intra_space_loss(concepts, torch.full((2, 3), 0.5))

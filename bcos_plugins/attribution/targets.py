@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import require_row_ids
+from .._checks import require_real_tokens, require_row_ids
 from ..errors import BcosTypeError, BcosValueError
 
 __all__ = [
@@ -129,11 +129,7 @@ def resolve_explained(values: Float[Tensor, "batch n"], target: IdsLike | Direct
 
 def last_real_position(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, " batch"]:
     """Index of the last real (non-padding) token of each row, for left and right padding alike."""
-    has_token = attention_mask.sum(dim=1) > 0
-    if not has_token.all():
-        rows = (~has_token).nonzero().flatten().tolist()
-        raise BcosValueError(f"attention_mask: row(s) {rows} have no real token (all zeros). Remove empty "
-                             "rows before explaining; there is nothing to attribute to.")
+    require_real_tokens(attention_mask)
     length = attention_mask.shape[1]
     return length - 1 - attention_mask.flip(dims=(1,)).to(torch.long).argmax(dim=1)
 

@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import bad_rows, require_class_ids, require_float, require_tensor
+from .._checks import require_class_ids, require_float, require_tensor, require_token_batch
 from ..errors import argument_error
 
 __all__ = ["inter_space_loss", "intra_space_loss", "intra_space_weight_from_paper"]
@@ -48,15 +48,11 @@ def _token_weights(concepts: Tensor, attention_mask: Tensor | None) -> Float[Ten
     if attention_mask is None:
         mask = torch.ones(batch, pos, dtype=concepts.dtype, device=concepts.device)
     else:
-        attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
-        if attention_mask.shape != (batch, pos):
-            raise argument_error("attention_mask", f"has shape {tuple(attention_mask.shape)}, not (batch, pos) = "
-                                 f"({batch}, {pos}) of concepts", "Pass the mask of the same batch")
+        # the package's one mask check (shape, 0/1, a real token per row), against the concepts' (batch, pos)
+        _, attention_mask = require_token_batch(torch.ones(batch, pos, dtype=torch.long), attention_mask,
+                                                name="concepts")
         mask = attention_mask.to(concepts.dtype)
-    n = mask.sum(1, keepdim=True)
-    if (n == 0).any():
-        raise argument_error("attention_mask", f"has no real token in {bad_rows(n == 0)}", "Remove empty rows")
-    return mask / n
+    return mask / mask.sum(1, keepdim=True)
 
 
 def inter_space_loss(
