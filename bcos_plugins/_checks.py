@@ -1,4 +1,6 @@
-"""Argument checks shared by the metrics, Space, guided, vision and bilinear entry points.
+"""Argument checks shared by every entry point: the attribution core and the adapters (one token-batch check,
+:func:`require_token_batch`; one per-row id parser, :func:`require_row_ids`), the metrics, Space, guided, vision,
+bilinear and training helpers.
 
 Each check raises the package's own exception (:mod:`bcos_plugins.errors`) with a message that names the
 argument, says what was wrong with it and what to pass instead, so that bad input never reaches a torch or
