@@ -140,6 +140,9 @@ def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, w
                 f"an integer tensor of shape ({batch},))")
     if direction_hint:
         fix_type += f"; to explain a direction of the output space pass {name}=Direction(vector)"
+    if isinstance(value, list | tuple) and any(isinstance(v, bool) for v in value):
+        # torch reads [0, True] as the ids [0, 1] without a word
+        raise argument_error(name, "got a boolean; ids must be integers", fix_type, kind=BcosTypeError)
     if isinstance(value, float):
         raise argument_error(name, f"got a float ({value}); ids must be integers (floats are refused, not "
                              "truncated)", fix_type, kind=BcosTypeError)

@@ -115,3 +115,9 @@ def test_labels_still_come_one_per_row():
     # a training label is per example: an int for a whole batch is refused, not broadcast
     with pytest.raises(BcosValueError, match=r"^labels: expected one id per row, shape \(2,\); got shape \(\)\. "):
         space()(input_ids=IDS.clamp_min(3), attention_mask=MASK, labels=torch.tensor(1))
+
+
+def test_a_boolean_inside_a_list_is_refused_not_read_as_one():
+    # torch.as_tensor([0, True]) is the int64 ids [0, 1]
+    with pytest.raises(BcosTypeError, match=r"^target: got a boolean; ids must be integers\. "):
+        probability_gap(torch.rand(2, 5), [0, True], [1, 0])
