@@ -319,6 +319,33 @@ def test_autocast_bfloat16_keeps_the_bcos_factor_in_bfloat16():
     assert saved_float32_of_output_size(reference=True) > 0
 
 
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+def test_lens_model_under_bfloat16_autocast_is_finite_and_complete(layout):
+    # the TransformerLens B-cos components on the fused path under autocast: the loss and every gradient are
+    # finite, and explain_logits is complete to bfloat16's rounding (measured 1e-2 of the logit; float32: 1e-6)
+    from bcos_plugins.adapters.transformer_lens import (
+        BcosHookedTransformer,
+        BcosTransformerConfig,
+        explain_logits,
+    )
+
+    shape = dict(act_fn="gelu_new", normalization_type="LN") if layout == "gpt2" else dict(
+        act_fn="silu", gated_mlp=True, normalization_type="RMS", positional_embedding_type="rotary",
+        n_key_value_heads=2)
+    model = BcosHookedTransformer(BcosTransformerConfig(d_model=16, n_layers=2, n_heads=4, d_head=4, d_mlp=24,
+                                                        d_vocab=40, n_ctx=16, device="cpu", bcos_b=1.5, seed=0,
+                                                        **shape)).eval()
+    tokens = torch.randint(0, 40, (3, 9), generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(tokens, return_type="loss")
+        loss.backward()
+        explained = explain_logits(model, tokens, target=5)
+    assert loss.dtype == torch.bfloat16 and torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert explained.completeness_error.max() < torch.finfo(torch.bfloat16).eps ** 0.5
+    assert explain_logits(model, tokens, target=5).completeness_error.max() < 1e-5
+
+
 def _one_layer_model(name: str, bcos_query_key: bool = True) -> nn.Module:
     import transformers as T
     from conftest import tiny_config
