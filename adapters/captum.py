@@ -29,15 +29,18 @@ Both classes work under ``captum.attr.NoiseTunnel`` and in ``captum.metrics.infi
 ``sensitivity_max``. A model passed as ``forward_func`` or ``model=`` is checked to hold B-cos modules when
 the method is built, and put in eval mode for each call; a plain function is checked on each call.
 
->>> import torch
->>> from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward
->>> fwd = EmbeddingForward(bcos_model)
->>> emb = fwd.embed(input_ids, attention_mask)
->>> attr, delta = BcosAttribution(fwd).attribute(emb, target=1, additional_forward_args=(attention_mask,),
-...                                              return_convergence_delta=True)
->>> logits = bcos_model(input_ids=input_ids, attention_mask=attention_mask).logits
->>> torch.allclose(attr.sum(dim=(1, 2)), logits[:, 1], atol=1e-5), bool(delta.abs().max() < 1e-5)  # complete
-(True, True)
+Examples:
+    >>> import torch
+    >>> from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward
+    >>> fwd = EmbeddingForward(bcos_model)
+    >>> emb = fwd.embed(input_ids, attention_mask)
+    >>> attr, delta = BcosAttribution(fwd).attribute(emb, target=1, additional_forward_args=(attention_mask,),
+    ...                                              return_convergence_delta=True)
+    >>> logits = bcos_model(input_ids=input_ids, attention_mask=attention_mask).logits
+    >>> torch.allclose(attr.sum(dim=(1, 2)), logits[:, 1], atol=1e-5)      # complete: the class-1 logits
+    True
+    >>> bool(delta.abs().max() < 1e-5)
+    True
 """
 
 from __future__ import annotations

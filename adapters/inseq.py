@@ -1,16 +1,16 @@
 """inseq adapter: the attribution method ``"bcos"`` and B-cos sequence classifiers with inseq's output objects.
 
 ``import bcos_plugins.adapters.inseq`` registers the method through inseq's own registry (a subclass of inseq's
-``GradientAttributionRegistry`` with ``method_name = "bcos"``; importing again registers nothing new), so
+``GradientAttributionRegistry`` with ``method_name = "bcos"``; importing again registers nothing new), so that
+it works with inseq's ``attribute``, ``show``, ``aggregate``, ``save``/``load`` and step functions unchanged.
 
->>> import inseq, bcos_plugins.adapters.inseq
->>> model = inseq.load_model(bcos_gpt2, "bcos", tokenizer=tokenizer)   # or a folder saved from a B-cos model
->>> out = model.attribute("The cat sat on the", generation_args={"max_new_tokens": 5}, show_progress=False)
->>> out.show()                                   # signed token scores, columns = generated tokens
-Target Saliency Heatmap
-...
-
-works with inseq's ``attribute``, ``show``, ``aggregate``, ``save``/``load`` and step functions unchanged.
+Examples:
+    >>> import inseq, bcos_plugins.adapters.inseq
+    >>> model = inseq.load_model(bcos_gpt2, "bcos", tokenizer=tokenizer)   # or a saved B-cos model folder
+    >>> out = model.attribute("The cat sat on the", generation_args={"max_new_tokens": 5}, show_progress=False)
+    >>> out.show()                                   # signed token scores, columns = generated tokens
+    Target Saliency Heatmap
+    ...
 
 What "bcos" computes (decoder-only B-cos LMs: GPT2LMHeadModel, LlamaForCausalLM converted with ``bcosify``):
 
@@ -617,15 +617,16 @@ def load_classifier(model: nn.Module, tokenizer, label_names: Sequence[str] | No
                     max_length: int | None = None) -> BcosClassifier:
     """Wrap a B-cos sequence classifier (BERT, DistilBERT, RoBERTa, GPT-2, Llama) for inseq-style attribution.
 
-    >>> import torch
-    >>> from bcos_plugins.adapters.inseq import load_classifier
-    >>> clf = load_classifier(bcos_bert, tokenizer, label_names=["negative", "positive"])
-    >>> out = clf.attribute(["a gripping, well acted film"])      # inseq FeatureAttributionOutput
-    >>> out.show()                                               # tokens x classes, signed
-    Source Saliency Heatmap
-    ...
-    >>> logits = bcos_bert(**tokenizer(["a gripping, well acted film"], return_tensors="pt")).logits
-    >>> torch.allclose(out[0].source_attributions.sum(dim=(0, 2)), logits[0], atol=1e-5)   # the class logits
-    True
+    Examples:
+        >>> import torch
+        >>> from bcos_plugins.adapters.inseq import load_classifier
+        >>> clf = load_classifier(bcos_bert, tokenizer, label_names=["negative", "positive"])
+        >>> out = clf.attribute(["a gripping, well acted film"])      # inseq FeatureAttributionOutput
+        >>> out.show()                                               # tokens x classes, signed
+        Source Saliency Heatmap
+        ...
+        >>> logits = bcos_bert(**tokenizer(["a gripping, well acted film"], return_tensors="pt")).logits
+        >>> torch.allclose(out[0].source_attributions.sum(dim=(0, 2)), logits[0], atol=1e-5)   # the logits
+        True
     """
     return BcosClassifier(model, tokenizer, label_names=label_names, max_length=max_length)

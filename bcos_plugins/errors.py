@@ -41,10 +41,11 @@ class BcosFileError(BcosError, FileNotFoundError):
 def argument_error(name: str, problem: str, fix: str, *, kind: type[BcosError] = BcosValueError) -> BcosError:
     """Build an error in the package's pattern: ``"<name>: <problem>. <fix>"``.
 
-    >>> from bcos_plugins.errors import argument_error
-    >>> raise argument_error("b", "must be finite and >= 1, got inf", "Use 1.25-1.5 for classifiers")
-    Traceback (most recent call last):
-    bcos_plugins.errors.BcosValueError: b: must be finite and >= 1, got inf. Use 1.25-1.5 for classifiers.
+    Examples:
+        >>> from bcos_plugins.errors import argument_error
+        >>> raise argument_error("b", "must be finite and >= 1, got inf", "Use 1.25-1.5 for classifiers")
+        Traceback (most recent call last):
+        bcos_plugins.errors.BcosValueError: b: must be finite and >= 1, got inf. Use 1.25-1.5 for classifiers.
     """
     problem = problem.rstrip(".")
     fix = fix.rstrip(".")

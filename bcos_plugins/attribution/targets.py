@@ -44,15 +44,16 @@ class Direction:
     ``vector`` is ``(n_outputs,)`` (the same direction for every row) or ``(batch, n_outputs)``. Passing it
     wrapped is what makes a float direction explicit: plain float tensors are refused as targets.
 
-    >>> import torch
-    >>> from bcos_plugins import Direction, explain
-    >>> ids = tokenizer(["Is the sky blue? Answer:"], return_tensors="pt")["input_ids"]
-    >>> vector = torch.zeros(len(tokenizer))                              # one entry per output (token)
-    >>> vector[tokenizer.convert_tokens_to_ids(["Ġyes", "ĠYes"])] = 0.5
-    >>> vector[tokenizer.convert_tokens_to_ids(["Ġno", "ĠNo"])] = -0.5   # mean "yes" logit - mean "no" logit
-    >>> explanation = explain(bcos_gpt2, ids, target=Direction(vector))
-    >>> torch.allclose(explanation.explained, bcos_gpt2(ids).logits[:, -1] @ vector)
-    True
+    Examples:
+        >>> import torch
+        >>> from bcos_plugins import Direction, explain
+        >>> ids = tokenizer(["Is the sky blue? Answer:"], return_tensors="pt")["input_ids"]
+        >>> vector = torch.zeros(len(tokenizer))                              # one entry per output (token)
+        >>> vector[tokenizer.convert_tokens_to_ids(["Ġyes", "ĠYes"])] = 0.5
+        >>> vector[tokenizer.convert_tokens_to_ids(["Ġno", "ĠNo"])] = -0.5   # mean "yes" - mean "no" logit
+        >>> explanation = explain(bcos_gpt2, ids, target=Direction(vector))
+        >>> torch.allclose(explanation.explained, bcos_gpt2(ids).logits[:, -1] @ vector)
+        True
     """
 
     vector: Tensor

@@ -98,20 +98,21 @@ class SwishBetaToBilinear(TrainerCallback):
     end of training the model becomes bilinear (:func:`finalize_bilinear`). ``start_beta=None`` reads it from
     ``model.config.hidden_act`` (SiLU: 1.0, GELU variants: 1.702).
 
-    >>> import torch
-    >>> from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
-    >>> from bcos_plugins.bilinear import SwishBetaToBilinear
-    >>> llama = LlamaForCausalLM(LlamaConfig(vocab_size=60, hidden_size=16, intermediate_size=32,
-    ...                                      num_hidden_layers=1, num_attention_heads=2))   # SwiGLU (SiLU gate)
-    >>> ds = [{"input_ids": ids, "labels": ids} for ids in torch.randint(60, (8, 12))]
-    >>> args = TrainingArguments("swish-beta-run", max_steps=4, per_device_train_batch_size=4, save_strategy="no",
-    ...                          report_to="none")
-    >>> trainer = Trainer(model=llama, args=args, train_dataset=ds, callbacks=[SwishBetaToBilinear()])
-    >>> trainer.train()
-    {'train_runtime': ...}
-    TrainOutput(global_step=4, ...)
-    >>> llama.config.hidden_act                        # bilinear from here on
-    'linear'
+    Examples:
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+        >>> from bcos_plugins.bilinear import SwishBetaToBilinear
+        >>> llama = LlamaForCausalLM(LlamaConfig(vocab_size=60, hidden_size=16, intermediate_size=32,
+        ...                                      num_hidden_layers=1, num_attention_heads=2))   # SwiGLU
+        >>> ds = [{"input_ids": ids, "labels": ids} for ids in torch.randint(60, (8, 12))]
+        >>> args = TrainingArguments("swish-beta-run", max_steps=4, per_device_train_batch_size=4,
+        ...                          save_strategy="no", report_to="none")
+        >>> trainer = Trainer(model=llama, args=args, train_dataset=ds, callbacks=[SwishBetaToBilinear()])
+        >>> trainer.train()
+        {'train_runtime': ...}
+        TrainOutput(global_step=4, ...)
+        >>> llama.config.hidden_act                        # bilinear from here on
+        'linear'
     """
 
     def __init__(self, anneal_fraction: float = 0.3, start_beta: float | None = None) -> None:

@@ -8,17 +8,18 @@ and ``-inf + c`` are ``-inf``; ``"replace"`` renormalises over the finite entrie
 
 This module does not import TransformerLens: a hook is a plain ``(tensor, hook) -> tensor`` callable.
 
->>> import torch
->>> from transformer_lens import HookedTransformer, HookedTransformerConfig
->>> from bcos_plugins.guided import guidance_hooks
->>> model = HookedTransformer(HookedTransformerConfig(n_layers=4, d_model=32, d_head=8, n_ctx=16, d_vocab=60,
-...                                                   act_fn="gelu"))
->>> tokens = torch.randint(60, (2, 8))
->>> gold_mask = torch.tensor([[0, 1, 1, 0, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1, 0, 0]]).float()   # rationale tokens
->>> hooks = guidance_hooks(model.cfg.n_layers, gold_mask, mode="multiply", strength=1.0, last_layers=4)
->>> logits = model.run_with_hooks(tokens, fwd_hooks=hooks)          # training step only
->>> bool((logits - model(tokens)).abs().max() > 0)                  # the guided attention changed the output
-True
+Examples:
+    >>> import torch
+    >>> from transformer_lens import HookedTransformer, HookedTransformerConfig
+    >>> from bcos_plugins.guided import guidance_hooks
+    >>> config = HookedTransformerConfig(n_layers=4, d_model=32, d_head=8, n_ctx=16, d_vocab=60, act_fn="gelu")
+    >>> model = HookedTransformer(config)
+    >>> tokens = torch.randint(60, (2, 8))
+    >>> gold_mask = torch.tensor([[0, 1, 1, 0, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1, 0, 0]]).float()   # rationale
+    >>> hooks = guidance_hooks(model.cfg.n_layers, gold_mask, mode="multiply", strength=1.0, last_layers=4)
+    >>> logits = model.run_with_hooks(tokens, fwd_hooks=hooks)          # training step only
+    >>> bool((logits - model(tokens)).abs().max() > 0)                  # guidance changed the output
+    True
 """
 
 from __future__ import annotations

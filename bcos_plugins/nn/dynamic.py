@@ -114,15 +114,16 @@ def explanation_mode(model: nn.Module | None = None) -> Iterator[nn.Module | Non
     block raises. The model is put in eval mode for the duration (dropout would otherwise make the
     explained function random) and its training flag is restored afterwards.
 
-    >>> import torch
-    >>> from bcos_plugins.nn import BcosLinear, explanation_mode
-    >>> model = torch.nn.Sequential(BcosLinear(8, 16), BcosLinear(16, 3))   # any model with B-cos layers
-    >>> with explanation_mode(model):
-    ...     x = torch.randn(1, 8).requires_grad_()
-    ...     logit = model(x)[0, 1]
-    ...     contributions = x * torch.autograd.grad(logit, x)[0]
-    >>> torch.allclose(contributions.sum(), logit)                          # they sum to the logit
-    True
+    Examples:
+        >>> import torch
+        >>> from bcos_plugins.nn import BcosLinear, explanation_mode
+        >>> model = torch.nn.Sequential(BcosLinear(8, 16), BcosLinear(16, 3))   # any model with B-cos layers
+        >>> with explanation_mode(model):
+        ...     x = torch.randn(1, 8).requires_grad_()
+        ...     logit = model(x)[0, 1]
+        ...     contributions = x * torch.autograd.grad(logit, x)[0]
+        >>> torch.allclose(contributions.sum(), logit)                          # they sum to the logit
+        True
     """
     if model is None:
         _THREAD_STATE.depth = _thread_depth() + 1

@@ -245,15 +245,16 @@ class SpaceModelOutput(ModelOutput):
 class SpaceModelForSequenceClassification(PreTrainedModel):
     """Space Model head over a transformers encoder, saved and loaded like any transformers model.
 
-    >>> from transformers import AutoModel
-    >>> from bcos_plugins.space import SpaceModelForSequenceClassification
-    >>> encoder = AutoModel.from_pretrained(path)                       # any encoder
-    >>> model = SpaceModelForSequenceClassification.from_encoder(encoder, num_labels=2, n_latent=64)
-    >>> out = model(input_ids, attention_mask, labels=y)                # out.loss for Trainer
-    >>> out.logits.shape
-    torch.Size([4, 2])
-    >>> model.save_pretrained("space-model")
-    >>> reloaded = SpaceModelForSequenceClassification.from_pretrained("space-model")
+    Examples:
+        >>> from transformers import AutoModel
+        >>> from bcos_plugins.space import SpaceModelForSequenceClassification
+        >>> encoder = AutoModel.from_pretrained(path)                       # any encoder
+        >>> model = SpaceModelForSequenceClassification.from_encoder(encoder, num_labels=2, n_latent=64)
+        >>> out = model(input_ids, attention_mask, labels=y)                # out.loss for Trainer
+        >>> out.logits.shape
+        torch.Size([4, 2])
+        >>> model.save_pretrained("space-model")
+        >>> reloaded = SpaceModelForSequenceClassification.from_pretrained("space-model")
     """
 
     config_class = SpaceModelConfig
