@@ -115,9 +115,9 @@ def test_ids_outside_the_vocabulary_and_beyond_the_position_table_are_named_alik
         with pytest.raises(BcosValueError, match=rf"^{name}: has ids outside the vocabulary \[0, 40\) at row \[1\]: "
                                                  r"\[40\]\. Tokenise with the model's own tokenizer"):
             call(ids, None)
-        limit = r" \(cfg\.n_ctx, its position table\)" if name == "tokens" else ""
-        with pytest.raises(BcosValueError, match=rf"^{name}: has 17 positions but the model has only 16{limit}\. "
-                                                 r"Truncate the inputs to 16 tokens \(tokenizer\(\.\.\., "
+        limit = r"cfg\.n_ctx" if name == "tokens" else r"config\.n_positions"  # where each model keeps it
+        with pytest.raises(BcosValueError, match=rf"^{name}: has 17 positions but the model has only 16 \({limit}, "
+                                                 r"its position table\)\. Truncate the inputs to 16 tokens \(tokenizer\(\.\.\., "
                                                  rf"truncation=True, max_length=16\), or {name}\[:, -16:\]\)"):
             call(_ids(length=17), None)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from bcos_plugins._checks import require_token_batch
+from bcos_plugins.convert.architectures import position_limit
 
 __all__ = ["check_lens_tokens"]
 
@@ -13,10 +14,10 @@ __all__ = ["check_lens_tokens"]
 def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> Tensor:
     """The package's token-batch check (:func:`~bcos_plugins._checks.require_token_batch`) against ``model``'s
     (a ``HookedTransformer`` or ``TransformerBridge``: both have them) ``cfg.d_vocab`` and, for a position table,
-    ``cfg.n_ctx``; returns the ids as int64 (ids of any integer width convert exactly, as everywhere in the
-    package: TransformerLens' ``W_E[tokens]`` would read a uint8 tensor as a mask)."""
-    rotary = getattr(model.cfg, "positional_embedding_type", "rotary") == "rotary"
+    ``cfg.n_ctx`` (the package's one reading of it, :func:`~bcos_plugins.convert.architectures.position_limit`);
+    returns the ids as int64 (ids of any integer width convert exactly, as everywhere in the package:
+    TransformerLens' ``W_E[tokens]`` would read a uint8 tensor as a mask)."""
+    limit = position_limit(model)
     tokens, _ = require_token_batch(tokens, attention_mask, vocab_size=model.cfg.d_vocab,
-                                    max_length=None if rotary else model.cfg.n_ctx, limit_name="cfg.n_ctx",
-                                    name="tokens")
+                                    max_length=limit.max_length, limit_name=limit.source, name="tokens")
     return tokens

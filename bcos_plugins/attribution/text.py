@@ -26,7 +26,7 @@ from jaxtyping import Int
 from torch import Tensor, nn
 
 from .._checks import require_token_batch
-from ..convert.architectures import ArchitectureSpec, spec_for
+from ..convert.architectures import ArchitectureSpec, position_limit, spec_for
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn.dynamic import has_dynamic_weights
 from .gradient import outside_inference
@@ -67,18 +67,15 @@ def text_attribution_point(model: nn.Module, spec: ArchitectureSpec | None = Non
     return TextPoint(module, where, f"{what}, {where} of {path}")
 
 
-def _position_limit(model: nn.Module) -> int | None:
-    # the registry says where each family keeps its position count (rotary families have no table)
-    return spec_for(model).positions(getattr(model, "config", None))
-
-
 def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Tensor, Tensor | None]:
     """The package's token-batch check (:func:`~bcos_plugins._checks.require_token_batch`) against ``model``'s
-    vocabulary and position table; returns the ids and mask as normal (not inference-mode) int64 tensors."""
+    vocabulary and position limit (:func:`~bcos_plugins.convert.architectures.position_limit`); returns the ids
+    and mask as normal (not inference-mode) int64 tensors."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    limit = position_limit(model)
     input_ids, attention_mask = require_token_batch(input_ids, attention_mask,
                                                     vocab_size=getattr(embeddings, "num_embeddings", None),
-                                                    max_length=_position_limit(model))
+                                                    max_length=limit.max_length, limit_name=limit.source)
     return outside_inference(input_ids), None if attention_mask is None else outside_inference(attention_mask)
 
 

@@ -24,11 +24,54 @@ from torch import nn
 
 from ..errors import BcosTypeError
 
-__all__ = ["ArchitectureSpec", "REFUSED_ARCHITECTURES", "SPECS", "UnsupportedModuleError", "architecture_name",
-           "check_stock_class", "spec_for", "specs_where", "stock_class", "supported_architectures"]
+__all__ = ["ArchitectureSpec", "PositionLimit", "PositionTable", "REFUSED_ARCHITECTURES", "SPECS",
+           "UnsupportedModuleError", "architecture_name", "check_stock_class", "position_limit", "spec_for",
+           "specs_where", "stock_class", "supported_architectures"]
 
 
 Head = Literal["base", "classifier", "causal_lm", "masked_lm"]
+
+
+def _config_int(config, key: str) -> int | None:
+    value = getattr(config, key, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class PositionTable:
+    """A learned position table of ``config.<size_key>`` rows. ``after_padding``: positions count from
+    ``pad_token_id + 1`` (RoBERTa), so that many rows are never reached by real tokens."""
+
+    size_key: str
+    after_padding: bool = False
+
+    def usable_rows(self, config) -> int | None:
+        rows = _config_int(config, self.size_key)
+        if rows is None or not self.after_padding:
+            return rows
+        return rows - (getattr(config, "pad_token_id", None) or 0) - 1
+
+    @property
+    def source(self) -> str:
+        return f"config.{self.size_key}" + (" - pad_token_id - 1" if self.after_padding else "")
+
+
+@dataclass(frozen=True)
+class PositionLimit:
+    """How many positions a model takes (:func:`position_limit`).
+
+    Attributes:
+        max_length: the longest input the model can run, the usable rows of its position table; every token
+            check refuses longer inputs. ``None``: no table (rotary positions), or the model does not say.
+        context: the number of positions the model was built for, the default and largest window of
+            ``perplexity``: ``max_length`` for a position table, ``config.max_position_embeddings`` (``cfg.n_ctx``)
+            for a rotary model, which runs longer inputs but on positions it was not trained on.
+        source: where the model keeps ``max_length`` (``"config.n_positions"``, ``"cfg.n_ctx"``), named in errors.
+    """
+
+    max_length: int | None
+    context: int | None
+    source: str | None
 
 
 @dataclass(frozen=True)
@@ -50,8 +93,8 @@ class ArchitectureSpec:
         module_swaps: module-path suffix -> (B-cos mixin factory, reason): modules whose forward multiplies
             two input-dependent branches (gated MLPs), swapped so that the gate branch is the detachable
             dynamic weight.
-        position_limit: ``config -> number of positions`` for models with a position table (inputs longer
-            than it are refused); ``None`` for rotary models, which have no table to run off.
+        position_table: the learned position table (inputs longer than its usable rows are refused); ``None``
+            for rotary models, which have no table to run off. Read through :func:`position_limit`.
         lens_conversion: name of the module under ``bcos_plugins.adapters._lens.conversions`` that converts
             this class to a TransformerLens 3.x ``HookedTransformer`` (``None``: not expressible there).
         lens_refusal: why ``hooked_transformer_from_hf`` refuses this class (named in its error).
@@ -72,7 +115,7 @@ class ArchitectureSpec:
     class_swaps: dict[str, tuple[Callable[[], type[nn.Module]], str]] = field(default_factory=dict)
     keep: dict[str, str] = field(default_factory=dict)
     module_swaps: dict[str, tuple[Callable[[], type[nn.Module]], str]] = field(default_factory=dict)
-    position_limit: Callable[[object], int | None] | None = None
+    position_table: PositionTable | None = None
     lens_conversion: str | None = None
     lens_refusal: str = ""
     bridge: bool = False
@@ -90,10 +133,6 @@ class ArchitectureSpec:
     def embedding_module(self, model: nn.Module) -> tuple[nn.Module, str]:
         path, where = self.embedding_point
         return self.base_model(model).get_submodule(path), where
-
-    def positions(self, config) -> int | None:
-        """The number of positions of a model with this ``config`` (``None``: no position table)."""
-        return self.position_limit(config) if self.position_limit is not None else None
 
 
 def _roberta_head():
@@ -136,17 +175,9 @@ def _uncapped_lm():
     return BcosUncappedCausalLM
 
 
-def _max_position_embeddings(config) -> int | None:
-    return getattr(config, "max_position_embeddings", None)
-
-
-def _gpt2_positions(config) -> int | None:
-    return getattr(config, "n_positions", None)
-
-
-def _roberta_positions(config) -> int | None:
-    # RoBERTa counts positions from padding_idx + 1
-    return config.max_position_embeddings - (config.pad_token_id or 0) - 1
+_BERT_TABLE = PositionTable("max_position_embeddings")
+_GPT2_TABLE = PositionTable("n_positions")
+_ROBERTA_TABLE = PositionTable("max_position_embeddings", after_padding=True)
 
 
 _BERT_QK = {"attention.self.query": "all", "attention.self.key": "all"}
@@ -208,32 +239,32 @@ _BERT_POINT = ("embeddings.LayerNorm", "input")
 
 SPECS: dict[str, ArchitectureSpec] = {
     "BertModel": ArchitectureSpec("encoder", "", _BERT_QK, _BERT_POINT, remove_activations=("pooler.activation",),
-                                  position_limit=_max_position_embeddings, dynamic_linear=True),
+                                  position_table=_BERT_TABLE, dynamic_linear=True),
     "BertForSequenceClassification": ArchitectureSpec(
         "encoder", "bert", _BERT_QK, _BERT_POINT, head="classifier", remove_activations=("bert.pooler.activation",),
-        position_limit=_max_position_embeddings, dynamic_linear=True),
+        position_table=_BERT_TABLE, dynamic_linear=True),
     "BertForMaskedLM": ArchitectureSpec(
         "encoder", "bert", _BERT_QK, _BERT_POINT, head="masked_lm", keep={"cls.predictions.decoder": _TIED},
-        class_swaps={"cls.predictions": (_bert_mlm_head, _MLM_BIAS)}, position_limit=_max_position_embeddings,
+        class_swaps={"cls.predictions": (_bert_mlm_head, _MLM_BIAS)}, position_table=_BERT_TABLE,
         masked_lm_classifier="BertForSequenceClassification"),
     "DistilBertModel": ArchitectureSpec("encoder", "", _DISTIL_QK, _BERT_POINT,
-                                        position_limit=_max_position_embeddings, dynamic_linear=True),
+                                        position_table=_BERT_TABLE, dynamic_linear=True),
     "DistilBertForSequenceClassification": ArchitectureSpec(
         "encoder", "distilbert", _DISTIL_QK, _BERT_POINT, head="classifier",
         class_swaps={"": (_distilbert_cls, "ReLU after pre_classifier removed")},
-        position_limit=_max_position_embeddings),
+        position_table=_BERT_TABLE),
     "RobertaModel": ArchitectureSpec("encoder", "", _BERT_QK, _BERT_POINT, remove_activations=("pooler.activation",),
-                                     position_limit=_roberta_positions, dynamic_linear=True),
+                                     position_table=_ROBERTA_TABLE, dynamic_linear=True),
     "RobertaForSequenceClassification": ArchitectureSpec(
         "encoder", "roberta", _BERT_QK, _BERT_POINT, head="classifier",
         class_swaps={"classifier": (_roberta_head, "tanh between dense and out_proj removed")},
-        position_limit=_roberta_positions),
-    "GPT2Model": ArchitectureSpec("decoder", "", _GPT2_QK, ("drop", "input"), position_limit=_gpt2_positions),
+        position_table=_ROBERTA_TABLE),
+    "GPT2Model": ArchitectureSpec("decoder", "", _GPT2_QK, ("drop", "input"), position_table=_GPT2_TABLE),
     "GPT2LMHeadModel": ArchitectureSpec("decoder", "transformer", _GPT2_QK, ("drop", "input"), head="causal_lm",
-                                        keep={"lm_head": _TIED}, position_limit=_gpt2_positions,
+                                        keep={"lm_head": _TIED}, position_table=_GPT2_TABLE,
                                         lens_conversion="gpt2", bridge=True),
     "GPT2ForSequenceClassification": ArchitectureSpec(
-        "decoder", "transformer", _GPT2_QK, ("drop", "input"), head="classifier", position_limit=_gpt2_positions),
+        "decoder", "transformer", _GPT2_QK, ("drop", "input"), head="classifier", position_table=_GPT2_TABLE),
     **_llama_like("Llama", lens_conversion="llama"),
     # Mistral: Llama's maths plus sliding-window attention, which only masks the (constant) attention pattern
     **_llama_like("Mistral", lens_conversion="mistral"),
@@ -316,6 +347,49 @@ def spec_for(model: nn.Module) -> ArchitectureSpec:
     # conversion; bcosify itself checks the class by identity before converting.
     check_stock_class(model, name, exact=not converted)
     return SPECS[name]
+
+
+def position_limit(model: nn.Module) -> PositionLimit:
+    """How many positions ``model`` takes: the one reading of a model's position limit, used by every token check
+    (``explain``, Captum's ``EmbeddingForward``, the TransformerLens adapter, the Space model,
+    ``next_token_contrast``) and by ``perplexity``'s windows.
+
+    - A class in the registry (stock or B-cos): its spec's ``position_table``: ``config.max_position_embeddings``
+      (BERT, DistilBERT), ``config.n_positions`` (GPT-2), ``config.max_position_embeddings - pad_token_id - 1``
+      (RoBERTa, whose positions count from the padding index). Rotary families (Llama, Mistral, Qwen2, Qwen3,
+      Gemma 2, ModernBERT) have no table: ``max_length`` is ``None`` (no input is refused for its length) and
+      ``context`` is ``config.max_position_embeddings``.
+    - A TransformerLens model (a ``cfg`` with ``n_ctx``): ``cfg.n_ctx``. A ``HookedTransformer`` cannot run
+      past it, rotary or not (its rotary angles are a table of ``n_ctx`` rows); a ``TransformerBridge`` runs the
+      transformers model it wraps (``original_model``), so a rotary one (``cfg.positional_embedding_type``
+      ``"rotary"`` or missing) has ``max_length`` ``None``.
+    - Any other transformers model (a stock class outside the registry, e.g. ``BertLMHeadModel`` for
+      ``perplexity`` or an encoder under the Space head): ``config.n_positions``, else
+      ``config.max_position_embeddings``, less ``pad_token_id + 1`` when its position embedding has a padding
+      index (RoBERTa-style tables), rotary or not (outside the registry the package cannot tell); ``None``
+      where the config has neither.
+    """
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and hasattr(cfg, "n_ctx"):  # checked first: a bridge forwards .config to the HF model
+        unlimited = (getattr(model, "original_model", None) is not None
+                     and getattr(cfg, "positional_embedding_type", "rotary") == "rotary")
+        n_ctx = _config_int(cfg, "n_ctx")
+        return PositionLimit(None if unlimited else n_ctx, n_ctx, None if unlimited else "cfg.n_ctx")
+    config = getattr(model, "config", None)
+    name = architecture_name(model)
+    if name in SPECS:
+        table = SPECS[name].position_table
+        if table is None:
+            return PositionLimit(None, _config_int(config, "max_position_embeddings"), None)
+    elif _config_int(config, "n_positions") is not None:
+        table = PositionTable("n_positions")
+    else:
+        base = getattr(model, "base_model", model)
+        embedding = getattr(getattr(base, "embeddings", None), "position_embeddings", None)
+        table = PositionTable("max_position_embeddings",
+                              after_padding=getattr(embedding, "padding_idx", None) is not None)
+    rows = table.usable_rows(config)
+    return PositionLimit(rows, rows, None if rows is None else table.source)
 
 
 def check_stock_class(model: nn.Module, name: str, *, exact: bool) -> None:

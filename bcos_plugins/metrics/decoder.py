@@ -30,6 +30,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .._checks import bad_rows, require_int, require_row_ids, require_tensor
+from ..convert.architectures import position_limit
 from ..errors import argument_error
 
 __all__ = [
@@ -198,15 +199,6 @@ class PerplexityResult:
     n_texts: int
 
 
-def _model_context(model) -> int | None:
-    config = getattr(model, "config", None)
-    for key in ("n_positions", "max_position_embeddings"):
-        value = getattr(config, key, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
 def _vocabulary_size(model) -> int | None:
     """Rows of the input embedding (the ids a model can read), else ``config.vocab_size``."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -302,7 +294,7 @@ def perplexity(
     from ..errors import argument_error
 
     batch_size = require_int("batch_size", batch_size, minimum=1)
-    context = _model_context(model)
+    context = position_limit(model).context
     if max_length is None:
         if context is None:
             raise argument_error("max_length", f"{type(model).__name__} has no n_positions / "
@@ -410,8 +402,9 @@ def next_token_contrast(
                                  kind=BcosTypeError)
     batch_size = require_int("batch_size", batch_size, minimum=1)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    limit = position_limit(model)
     input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocab,
-                                                    max_length=_model_context(model))
+                                                    max_length=limit.max_length, limit_name=limit.source)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     n = input_ids.shape[0]

@@ -41,6 +41,7 @@ from .._checks import (
     require_token_batch,
 )
 from ..attribution.text import check_forward_kwargs
+from ..convert.architectures import position_limit
 from ..errors import BcosTypeError, argument_error
 from .losses import inter_space_loss, intra_space_loss
 
@@ -133,22 +134,6 @@ def encoder_config_object(encoder_config: PreTrainedConfig | dict | None) -> Pre
         return encoder_config
     fields = dict(encoder_config or {})
     return AutoConfig.for_model(fields.pop("model_type", "bert"), **fields)
-
-
-def encoder_limits(encoder: nn.Module) -> tuple[int | None, int | None]:
-    """``(vocab_size, longest input)`` of a transformers encoder, ``None`` where the config does not say.
-
-    RoBERTa-style position tables start after the padding index, so ``padding_idx + 1`` of their
-    ``max_position_embeddings`` rows are never reached by real tokens.
-    """
-    config = getattr(encoder, "config", None)
-    vocab_size = getattr(config, "vocab_size", None)
-    max_length = getattr(config, "max_position_embeddings", None)
-    embeddings = getattr(encoder, "embeddings", None)
-    positions = getattr(embeddings, "position_embeddings", None)
-    if max_length is not None and getattr(positions, "padding_idx", None) is not None:
-        max_length -= positions.padding_idx + 1
-    return vocab_size, max_length
 
 
 def masked_mean(
@@ -317,9 +302,9 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
             raise argument_error("input_ids", "and inputs_embeds: pass exactly one of them",
                                  "Pass token ids (batch, pos) or embeddings (batch, pos, hidden)")
         if input_ids is not None:
-            vocab_size, max_length = encoder_limits(self.encoder)
+            vocab_size, limit = getattr(self.encoder.config, "vocab_size", None), position_limit(self.encoder)
             input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocab_size,
-                                                            max_length=max_length)
+                                                            max_length=limit.max_length, limit_name=limit.source)
             batch = input_ids.shape[0]
         else:
             inputs_embeds = require_tensor("inputs_embeds", inputs_embeds, ndim=3, kind="float",
