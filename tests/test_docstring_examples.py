@@ -149,6 +149,10 @@ def test_examples_sit_under_an_examples_heading():
 def test_docstring_examples_run_as_written(module_name, tmp_path, monkeypatch):
     """Offline (HF_HUB_OFFLINE), in a scratch folder: examples and setups save models into the current folder."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # the printed text as in a log, not a terminal's: rich (inseq's show and progress) would otherwise add colour
+    # codes and a transient spinner when the environment forces a terminal
+    for variable in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(variable, raising=False)
     monkeypatch.chdir(tmp_path)
     tests = docstring_examples(module_name)
     ran = sum(run_examples(test, GIVEN.get(test.name, ((), ""))[0]) for test in tests)
