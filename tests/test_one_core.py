@@ -13,7 +13,8 @@ same model, input and target give the same answer on every path.
   ``completeness_error``.
 
 The property-based comparison over random models, paddings, targets, foils and positions is
-tests/test_cross_path.py.
+tests/test_cross_path.py; the one reading of a model's position limit, walked through every caller per family
+kind, is tests/test_position_limit.py.
 """
 
 from __future__ import annotations
