@@ -22,7 +22,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..errors import BcosRuntimeError, BcosValueError
-from ..nn.dynamic import explanation_mode
+from ..nn.dynamic import explanation_mode, no_parameter_gradients
 
 __all__ = ["GradientStep", "as_leaf", "capture_point", "input_x_gradient", "outside_inference"]
 
@@ -112,7 +112,9 @@ def input_x_gradient(
 
     Works under ``torch.no_grad()`` and ``torch.inference_mode()`` too: both are lifted for the call.
     """
-    with torch.inference_mode(False), torch.enable_grad(), explanation_mode(model):
+    # the graph is differentiated with respect to the leaves only: B-cos layers may reuse their cached
+    # unit-norm weights instead of normalising the weights in every call
+    with torch.inference_mode(False), torch.enable_grad(), explanation_mode(model), no_parameter_gradients():
         explained, leaves = compute()
         leaves = tuple(leaves)
         if not leaves:

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..nn.dynamic import DynamicWeightModule
-from ..nn.functional import bcos_product, input_norm, unit_norm
+from ..nn.functional import bcos_product, cached_unit_norm, input_norm
 from ..nn.linear import AlignmentPressure
 
 __all__ = ["ConstantQueryKeyProjection", "StockQueryKeyConv1D"]
@@ -61,7 +61,7 @@ class StockQueryKeyConv1D(AlignmentPressure):
         with self.dynamic_scope():
             qk = F.linear(x, self.weight[:, :n].T, self.bias[:n])
         qk = self.dynamic_weight(qk)
-        v = F.linear(x, unit_norm(self.weight[:, n:].T, dim=1))
+        v = F.linear(x, cached_unit_norm(self.weight, dim=1, transposed=True, first_unit=n, autocast=True))
         b = self._forward_pressure()
         if isinstance(b, Tensor) or b != 1.0:
             # the values are B-cos units: the same fused product as BcosLinear (compiles without a graph break)

@@ -23,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..errors import BcosValueError, argument_error
-from .functional import HALF_DTYPES, NORM_EPS, bcos_product, unit_norm
+from .functional import HALF_DTYPES, NORM_EPS, bcos_product, cached_unit_norm
 from .linear import AlignmentPressure, check_features
 
 __all__ = ["BcosConv2d"]
@@ -63,7 +63,7 @@ class BcosConv2d(AlignmentPressure):
 
     def unit_weight(self) -> Float[Tensor, "units c_in kh kw"]:
         """Filters scaled to unit norm over (in_channels, kh, kw)."""
-        return unit_norm(self.weight, dim=(1, 2, 3))
+        return cached_unit_norm(self.weight, dim=(1, 2, 3))
 
     def patch_norm(self, x: Float[Tensor, "batch c_in h w"]) -> Float[Tensor, "batch 1 h_out w_out"]:
         """``||x_r||`` of every receptive field (with the same epsilon as ``BcosLinear``).
@@ -83,7 +83,8 @@ class BcosConv2d(AlignmentPressure):
                                  f"{tuple(x.shape)}", "pass a batch of images with the layer's in_channels",
                                  kind=BcosValueError)
         b = self._forward_pressure()
-        lin = F.conv2d(x, self.unit_weight(), stride=self.stride, padding=self.padding)
+        weight = cached_unit_norm(self.weight, dim=(1, 2, 3), autocast=True)
+        lin = F.conv2d(x, weight, stride=self.stride, padding=self.padding)
         if self.max_out > 1:
             lin = lin.unflatten(1, (self.out_channels, self.max_out)).amax(dim=2)
         if isinstance(b, Tensor) or b != 1.0:

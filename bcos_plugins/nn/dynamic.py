@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["DynamicWeightModule", "dynamic_weights_used", "explanation_mode", "has_dynamic_weights",
-           "is_explaining"]
+           "is_explaining", "no_parameter_gradients", "parameter_gradients_unused"]
 
 # Explanation mode without a model handle is per thread: a forward pass runs in the caller's thread, and
 # another thread (a data loader, a second model being trained) must not see its modules switched.
@@ -40,6 +40,29 @@ def dynamic_weights_used() -> int:
     inside a graph compiled by ``torch.compile`` are not counted.
     """
     return getattr(_THREAD_STATE, "used", 0)
+
+
+def parameter_gradients_unused() -> bool:
+    """Whether the current thread runs inside :func:`no_parameter_gradients` (see there)."""
+    return getattr(_THREAD_STATE, "no_parameter_gradients", 0) > 0
+
+
+@contextmanager
+def no_parameter_gradients() -> Iterator[None]:
+    """Declare that no gradient with respect to a parameter is taken from the autograd graph built in this
+    block (in this thread): only gradients with respect to inputs (``torch.autograd.grad(out, inputs)``).
+
+    Explanations (:func:`~bcos_plugins.attribution.input_x_gradient`) run in it. B-cos layers then reuse their
+    cached unit-norm weights (:func:`bcos_plugins.nn.functional.cached_unit_norm`), which carry no autograd
+    history back to the raw weights, instead of normalising the weights again in every forward pass. A
+    parameter gradient taken from such a graph would silently lack the normalisation's part: code that trains
+    through an explanation (a loss on input x gradient) must not run in this block.
+    """
+    _THREAD_STATE.no_parameter_gradients = getattr(_THREAD_STATE, "no_parameter_gradients", 0) + 1
+    try:
+        yield
+    finally:
+        _THREAD_STATE.no_parameter_gradients -= 1
 
 
 def _count_use() -> None:

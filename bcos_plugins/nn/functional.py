@@ -14,6 +14,9 @@ back. In float16 the squared norm overflows once ``||x||`` passes 256 (the large
 made every B-cos layer output exactly 0, and the ``|cos|`` floor (1e-12) rounds to 0, which made the gradient
 of ``|cos| ** (B - 1)`` infinite on zero inputs (padding). float32 inputs take the unchanged path.
 
+The unit-norm weight ``ŵ`` is reused between forward passes while no gradient of ``w`` is needed
+(:func:`cached_unit_norm`), for every B-cos layer and the TransformerLens components alike.
+
 Two implementations of ``out = dyn * lin`` (docs/api/nn.md#fused-and-reference-kernels):
 
 - :func:`bcos_product` (the default, "fused"): one autograd node. Its forward runs the element-wise steps in
@@ -27,10 +30,11 @@ Two implementations of ``out = dyn * lin`` (docs/api/nn.md#fused-and-reference-k
 
 Under ``torch.autocast`` (or with bfloat16 weights) ``lin`` is low precision. ``||x||`` is always accumulated
 in float32 for half-precision inputs (range: the squares overflow float16; precision: bfloat16 sums of
-hundreds of squares lose digits). The fused cosine and ``dyn`` are computed in ``lin``'s dtype when that is
+hundreds of squares lose digits). The fused cosine and ``dyn`` are stored in ``lin``'s dtype when that is
 bfloat16 (float32's range; ``dyn`` lies in [0, 1] and is rounded to bfloat16 before the product in either
-form) and in float32 for float16 (whose range cannot hold ``||x||`` past 65504, nor ``1 / ||x||`` past 2^14
-without losing digits).
+form; ``|lin|`` is multiplied by the float32 ``1 / ||x||`` in place, so neither tensor is cast) and in
+float32 for float16 (whose range cannot hold ``||x||`` past 65504, nor ``1 / ||x||`` past 2^14 without losing
+digits).
 """
 
 from __future__ import annotations
@@ -39,16 +43,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..errors import BcosTypeError, argument_error
+from .dynamic import parameter_gradients_unused
 
-__all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "input_norm", "bcos_scale", "bcos_product",
+__all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "cached_unit_norm", "clear_unit_norm_cache",
+           "input_norm", "bcos_scale", "bcos_product",
            "max_out", "reference_path", "using_reference_path"]
 
 NORM_EPS = 1e-6
 COS_FLOOR = 1e-12
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+# sqrt(NORM_EPS) as the 0-d second argument of torch.hypot: a CPU scalar tensor enters a kernel on any device
+# as a plain number (no copy), and a 0-d tensor does not promote the norm's dtype (float64 so that a float64
+# norm gets the exact constant; a float32 norm gets it rounded to float32)
+_SQRT_NORM_EPS = torch.tensor(NORM_EPS**0.5, dtype=torch.float64)
 
 
 def unit_norm(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
@@ -59,18 +70,94 @@ def unit_norm(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
     return weight / torch.linalg.vector_norm(weight, dim=dim, keepdim=True).clamp_min(NORM_EPS)
 
 
+# weight -> {form: (validity key, unit-norm weight)}; entries die with their weight (ids are compared, never
+# tensor values, and the cached tensors hold no autograd history that could keep the weight alive)
+_UNIT_WEIGHTS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: bool = False,
+                     first_unit: int = 0, autocast: bool = False) -> Tensor:
+    """:func:`unit_norm` of ``weight`` (of ``weight.T`` if ``transposed``, from row ``first_unit`` on), reused
+    across forward passes while it cannot differ and no gradient reaches ``weight`` through it.
+
+    The one cache of unit-norm weights (B-cos layers and the TransformerLens components). Inference,
+    evaluation and explanations call a model many times with the same weights; normalising them costs a
+    reduction, a clamp and a division per layer and call. A cached value is used when
+
+    - autograd needs no gradient of ``weight``: gradients are off, ``weight.requires_grad`` is False, or the
+      call runs inside :func:`~bcos_plugins.nn.dynamic.no_parameter_gradients` (explanations). Training
+      recomputes the normalisation every time, so that autograd differentiates through it;
+    - the weight is the same tensor object (a parameter replaced by a new one misses), with the same
+      storage, version counter (every in-place write through the tensor, ``load_state_dict`` and optimiser
+      steps included, bumps it), dtype, device, shape and strides, and the inference-mode state matches.
+
+    Writes that bypass the version counter (``weight.data.copy_(...)``, code that refills a parameter's
+    storage behind autograd's back) are not seen: after them, :func:`clear_unit_norm_cache`. Weights of
+    tensor subclasses (DTensor, quantised parameters), the reference path and ``torch.compile`` traces always
+    normalise afresh. Memory: one normalised copy per cached weight stays alive as long as the weight.
+
+    ``autocast``: the caller feeds the result to an op that ``torch.autocast`` casts (``F.linear``,
+    ``F.conv2d``); under autocast the cast to the autocast dtype is cached too (the same rounding as
+    autocast's own per-call cast).
+    """
+    view = weight.T if transposed else weight
+    if first_unit:
+        view = view[first_unit:]
+    if torch.is_grad_enabled() and weight.requires_grad and not parameter_gradients_unused():
+        return unit_norm(view, dim)
+    if (type(weight) not in (Tensor, nn.Parameter) or _REFERENCE_PATH or torch.compiler.is_compiling()
+            or weight.is_inference() or weight.is_meta):
+        return unit_norm(view, dim)
+    cast = None
+    if autocast and weight.dtype == torch.float32 and torch.is_autocast_enabled(weight.device.type):
+        cast = torch.get_autocast_dtype(weight.device.type)
+    form = (dim, transposed, first_unit, cast)
+    key = (weight._version, weight.data_ptr(), weight.dtype, weight.device, weight.shape, weight.stride(),
+           torch.is_inference_mode_enabled())
+    forms = _UNIT_WEIGHTS.get(weight)
+    if forms is None:
+        forms = _UNIT_WEIGHTS[weight] = {}
+    hit = forms.get(form)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    with torch.no_grad():
+        unit = unit_norm(view, dim)
+        if cast is not None:
+            unit = unit.to(cast)
+    forms[form] = (key, unit)
+    return unit
+
+
+def clear_unit_norm_cache(model: nn.Module | None = None) -> None:
+    """Drop the cached unit-norm weights of ``model``'s parameters (of every weight when ``None``).
+
+    Needed only after writing a weight in a way its version counter does not record (``weight.data``
+    edits; see :func:`cached_unit_norm`), or to free the memory of the normalised copies.
+    """
+    if model is None:
+        _UNIT_WEIGHTS.clear()
+        return
+    for parameter in model.parameters():
+        _UNIT_WEIGHTS.pop(parameter, None)
+
+
 def input_norm(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
     """``||x||`` over ``dim`` (kept), with an epsilon so that a zero input gives a zero output, not NaN.
 
     ``sqrt(||x||^2 + eps)`` with the norm from one fused reduction: squaring ``x`` first would allocate and
     fill a tensor of its full size on every call. Half-precision ``x`` gives a float32 norm (see the module
-    docstring), whose square cannot overflow.
+    docstring), whose square cannot overflow. The fused path takes ``hypot(||x||, sqrt(eps))``, the reference
+    path the three steps.
     """
     if x.dtype in HALF_DTYPES:
         norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True, dtype=torch.float32)
     else:
         norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True)
-    return (norm * norm + NORM_EPS).sqrt()
+    if _REFERENCE_PATH:
+        return (norm * norm + NORM_EPS).sqrt()
+    # the same value in one kernel instead of three (equal to within one rounding of the dtype; hypot skips
+    # the rounding of norm * norm); its gradient norm / hypot is 0, not NaN, at norm = 0
+    return torch.hypot(norm, _SQRT_NORM_EPS)
 
 
 def bcos_scale(lin: Tensor, x_norm: Tensor, b: float) -> Tensor:
@@ -102,17 +189,23 @@ def _fused_dtype(lin: Tensor) -> torch.dtype:
     return torch.float32 if lin.dtype == torch.float16 else lin.dtype
 
 
+def _abs_cos(lin: Tensor, x_norm: Tensor) -> Tensor:
+    """``|lin| * (1 / ||x||)`` in :func:`_fused_dtype`, a fresh tensor (see :func:`_fused_scale`)."""
+    abs_lin = lin.float().abs_() if lin.dtype == torch.float16 else lin.abs()
+    return abs_lin.mul_(x_norm.reciprocal())
+
+
 def _fused_scale(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
     """``dyn`` for the fused path, in :func:`_fused_dtype`; a fresh tensor (the caller may write into it).
 
-    ``lin * (1 / ||x||)``: the reciprocal is taken once per row (a tensor of ``lin``'s size divided
-    element-wise costs more than a product). Called without autograd recording (in the forward and the
-    backward of :class:`_BcosProduct`), so the steps run in place.
+    ``|lin| * (1 / ||x||)``: the reciprocal is taken once per row (a tensor of ``lin``'s size divided
+    element-wise costs more than a product), and ``|lin|`` is the one pass that makes the fresh tensor, which
+    every further step updates in place. ``x_norm`` is float32 or float64 (:func:`input_norm`): a bfloat16
+    ``lin`` is multiplied by the float32 reciprocal in place (computed in float32 and rounded once, with no
+    cast of either operand), a float16 ``lin`` is widened first (module docstring). Called without autograd
+    recording (in the forward and the backward of :class:`_BcosProduct`).
     """
-    dtype = _fused_dtype(lin)
-    inv_norm = x_norm.to(torch.promote_types(x_norm.dtype, torch.float32)).reciprocal().to(dtype)
-    abs_cos = lin.to(dtype) * inv_norm
-    abs_cos = abs_cos.abs_().clamp_min_(COS_FLOOR)
+    abs_cos = _abs_cos(lin, x_norm).clamp_min_(COS_FLOOR)
     if isinstance(b, Tensor):  # B read from the layer's buffer inside a compiled graph (pow: exact for B = 1)
         return abs_cos.pow_(b - 1.0)
     if b == 2.0:
@@ -170,7 +263,7 @@ class _BcosProduct(torch.autograd.Function):
         b = b_tensor[0] if b_tensor else ctx.b
         dyn = _fused_scale(lin, x_norm, b)
         dtype = dyn.dtype
-        active = (lin.to(dtype) * x_norm.to(dtype).reciprocal()).abs_() > COS_FLOOR
+        active = _abs_cos(lin, x_norm) > COS_FLOOR  # where the forward's clamp left |cos| unchanged
         grad_dyn_lin = grad_out.to(dtype) * dyn
         grad_lin = torch.where(active, grad_dyn_lin * b, grad_dyn_lin)
         grad_norm = None

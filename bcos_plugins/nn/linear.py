@@ -27,9 +27,9 @@ from .functional import (
     COS_FLOOR,
     NORM_EPS,
     bcos_product,
+    cached_unit_norm,
     input_norm,
     max_out,
-    unit_norm,
     using_reference_path,
 )
 
@@ -226,12 +226,18 @@ class BcosLinear(AlignmentPressure):
         layer = cls(*args, device="meta", dtype=like.dtype, **kwargs)
         return layer.to_empty(device=like.device)
 
+    _UNITS_ARE_COLUMNS = False  # BcosConv1D stores the weight (in, out)
+
     def unit_weight(self) -> Float[Tensor, "units d_in"]:
-        """Weight rows scaled to unit norm, ``(out_features * max_out, in_features)``."""
-        return unit_norm(self.weight, dim=1)
+        """Weight rows scaled to unit norm, ``(out_features * max_out, in_features)``.
+
+        Reused between calls while no gradient of the weight is needed and the weight is unchanged
+        (:func:`~bcos_plugins.nn.functional.cached_unit_norm`)."""
+        return cached_unit_norm(self.weight, dim=1, transposed=self._UNITS_ARE_COLUMNS)
 
     def _linear(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... units"]:
-        return torch.nn.functional.linear(x, self.unit_weight())
+        weight = cached_unit_norm(self.weight, dim=1, transposed=self._UNITS_ARE_COLUMNS, autocast=True)
+        return torch.nn.functional.linear(x, weight)
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         b = self._forward_pressure()
@@ -269,8 +275,7 @@ class BcosConv1D(BcosLinear):
             layer.weight.copy_(conv.weight.repeat_interleave(max_out, dim=1) if max_out > 1 else conv.weight)
         return layer
 
-    def unit_weight(self) -> Float[Tensor, "units d_in"]:
-        return unit_norm(self.weight.T, dim=1)
+    _UNITS_ARE_COLUMNS = True
 
 
 def _detach_slice(t: Tensor, part: slice) -> Tensor:

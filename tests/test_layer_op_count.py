@@ -1,0 +1,199 @@
+"""How many aten ops one B-cos linear forward dispatches (the eager B-cos forward on a GPU is bound by kernel
+launches, docs/benchmarks.md), and the unit-norm weight cache that removes the weight normalisation from
+inference and explanations: it is used only while no gradient of the weight is needed and the weight is
+unchanged, and it never changes a value."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from conftest import padded_batch, tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from bcos_plugins import bcosify, explain
+from bcos_plugins.nn import BcosConv1D, BcosConv2d, BcosLinear, explanation_mode, reference_path
+from bcos_plugins.nn.dynamic import no_parameter_gradients
+from bcos_plugins.nn.functional import cached_unit_norm, clear_unit_norm_cache, input_norm, unit_norm
+
+# views and allocations launch no kernel: not counted
+_NO_KERNEL = {"t", "view", "_unsafe_view", "detach", "alias", "unsqueeze", "expand", "as_strided", "new_empty",
+              "empty"}
+
+
+class _CountOps(TorchDispatchMode):
+    """The aten ops that compute (``ops``), in dispatch order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in _NO_KERNEL:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _forward_ops(layer: torch.nn.Module, mode: str, autocast: bool) -> list[str]:
+    """The aten ops of the second of two identical forward passes (the first fills the weight cache)."""
+    x = torch.randn(4, 7, 32)
+    amp = torch.autocast("cpu", torch.bfloat16) if autocast else contextlib.nullcontext()
+
+    def forward():
+        if mode == "inference":
+            with torch.no_grad():
+                return layer(x)
+        with explanation_mode(layer), no_parameter_gradients():  # as explain / input_x_gradient run it
+            return layer(x.detach().requires_grad_())
+
+    with amp:
+        forward()
+        with _CountOps() as counter:
+            forward()
+    return counter.ops
+
+
+# Measured when the fused path was slimmed, for B = 2 (B = 1.5 adds one sqrt_, B = 1.25 two). Before: 14 ops
+# in float32 (vector_norm clamp_min div | mm | vector_norm mul add sqrt | promote_types reciprocal mul abs_
+# clamp_min_ | mul_), 17 under bfloat16 autocast (+ the weight's and the input's casts, the reciprocal's cast).
+# Now the weight normalisation is cached, the input norm is one reduction and one hypot, and the scale is
+# |lin| times the per-row reciprocal, floored, all in place: mm | vector_norm hypot | abs reciprocal mul_
+# clamp_min_ | mul_. Lower these bounds when you cut more.
+OP_BOUNDS = {
+    ("inference", False): 8,
+    ("inference", True): 9,  # + autocast's cast of the float32 input
+    ("explaining", False): 8,
+    ("explaining", True): 9,
+}
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16_autocast"])
+@pytest.mark.parametrize("mode", ["inference", "explaining"])
+@pytest.mark.parametrize("b, extra", [(2.0, 0), (1.5, 1), (1.25, 2)])
+def test_bcos_linear_forward_op_count_is_pinned(mode, autocast, b, extra):
+    ops = _forward_ops(BcosLinear(32, 16, b=b).eval(), mode, autocast)
+    bound = OP_BOUNDS[(mode, autocast)] + extra
+    assert len(ops) <= bound, f"{len(ops)} ops > {bound}: {ops}"
+    # the weight is not normalised again: one reduction (the input norm), no division
+    assert ops.count("linalg_vector_norm") == 1 and "div" not in ops, ops
+
+
+def test_training_forward_normalises_the_weight_every_time():
+    layer = BcosLinear(32, 16, b=1.5)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        layer(x)  # fills the cache
+    with _CountOps() as counter:
+        layer(x)
+    assert counter.ops.count("linalg_vector_norm") == 2  # weight and input: autograd sees the normalisation
+
+
+def _weight_grad(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    layer.zero_grad()
+    (layer(x) * torch.linspace(-1, 2, 16)).sum().backward()
+    return layer.weight.grad.clone()
+
+
+@pytest.mark.parametrize("cls", [BcosLinear, BcosConv1D])
+def test_training_after_cached_inference_gets_the_full_weight_gradient(cls):
+    torch.manual_seed(0)
+    layer = cls(32, 16, b=1.5)
+    x = torch.randn(5, 32)
+    with reference_path():
+        expected = _weight_grad(layer, x)
+    with torch.no_grad():
+        layer(x)
+    with torch.inference_mode():
+        layer(x)
+    with explanation_mode(layer), no_parameter_gradients():
+        layer(x.requires_grad_())
+    torch.testing.assert_close(_weight_grad(layer, x.detach()), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_cache_follows_in_place_updates_replacement_and_dtype_changes():
+    torch.manual_seed(0)
+    layer = BcosLinear(8, 6, b=2.0)
+    x = torch.randn(3, 8, dtype=torch.float64)
+
+    def fresh_output():
+        return layer(x) if layer.weight.dtype == x.dtype else layer(x.to(layer.weight.dtype))
+
+    def uncached_output():
+        with reference_path():  # normalises afresh
+            return fresh_output()
+
+    with torch.no_grad():
+        layer.double()
+        first = fresh_output()
+        torch.testing.assert_close(first, uncached_output(), rtol=1e-12, atol=1e-12)
+        layer.weight.mul_(torch.linspace(0.5, 2.0, 8, dtype=torch.float64))  # new directions, in place
+        torch.testing.assert_close(fresh_output(), uncached_output(), rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(fresh_output(), first)
+        layer.weight = torch.nn.Parameter(torch.randn(6, 8, dtype=torch.float64))  # replaced
+        torch.testing.assert_close(fresh_output(), uncached_output(), rtol=1e-12, atol=1e-12)
+        layer.load_state_dict({"weight": torch.randn(6, 8), "bcos_b": torch.tensor(2.0)})
+        torch.testing.assert_close(fresh_output(), uncached_output(), rtol=1e-12, atol=1e-12)
+        layer.float()  # same parameter object, new storage and dtype
+        torch.testing.assert_close(fresh_output(), uncached_output(), rtol=1e-6, atol=1e-7)
+
+
+def test_cache_is_bypassed_when_the_weight_gradient_is_needed_and_cleared_on_request():
+    weight = torch.randn(6, 8, requires_grad=True)
+    with torch.no_grad():
+        cached = cached_unit_norm(weight, dim=1)
+        assert cached_unit_norm(weight, dim=1) is cached
+    assert cached_unit_norm(weight, dim=1).grad_fn is not None  # training: differentiable, fresh
+    with no_parameter_gradients():
+        assert cached_unit_norm(weight, dim=1) is cached
+    with torch.no_grad():
+        weight.data.mul_(2.0)  # bypasses the version counter (documented): clear explicitly
+        clear_unit_norm_cache()
+        torch.testing.assert_close(cached_unit_norm(weight, dim=1), unit_norm(weight, dim=1))
+        assert cached_unit_norm(weight, dim=1, transposed=True).shape == (8, 6)
+        torch.testing.assert_close(cached_unit_norm(weight, dim=1, transposed=True, first_unit=2),
+                                   unit_norm(weight.T[2:], dim=1))
+
+
+def test_cached_autocast_cast_equals_autocasts_own_cast():
+    torch.manual_seed(0)
+    layer = BcosLinear(32, 16, b=1.5).eval()
+    conv = BcosConv2d(3, 4, kernel_size=3, padding=1, b=1.5).eval()
+    x, image = torch.randn(4, 32), torch.randn(2, 3, 5, 5)
+    with torch.autocast("cpu", torch.bfloat16):
+        expected = layer(x).detach(), conv(image).detach()  # grad on: no cache, autocast casts per call
+        with torch.no_grad():
+            for _ in range(2):
+                assert torch.equal(layer(x), expected[0]) and torch.equal(conv(image), expected[1])
+    with torch.no_grad():  # outside autocast the float32 weight is used again
+        assert layer(x).dtype == torch.float32
+
+
+def test_explain_with_cached_weights_equals_explain_without():
+    torch.manual_seed(0)
+    model = bcosify(tiny_model("BertForSequenceClassification"), b=1.5)
+    ids, mask = padded_batch()
+    with reference_path():  # no cache
+        expected = explain(model, ids, mask)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)  # fills the cache
+    for _ in range(2):
+        got = explain(model, ids, mask)
+        torch.testing.assert_close(got.input_contributions, expected.input_contributions, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got.explained, expected.explained, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_fused_input_norm_equals_the_reference_and_has_finite_gradients_at_zero(dtype):
+    x = torch.randn(6, 64, dtype=dtype) * torch.logspace(-4, 4, 6, dtype=torch.float64)[:, None].to(dtype)
+    x[0] = 0
+    x.requires_grad_()
+    fused = input_norm(x)
+    with reference_path():
+        reference = input_norm(x)
+    assert fused.dtype == reference.dtype
+    eps = torch.finfo(fused.dtype).eps
+    torch.testing.assert_close(fused, reference, rtol=2 * eps, atol=0)
+    (grad,) = torch.autograd.grad(fused.sum(), x)
+    assert torch.isfinite(grad).all() and (grad[0] == 0).all()
