@@ -251,6 +251,15 @@ def test_classes_are_checked_by_identity_not_by_name():
         bcosify(MyBert(tiny_config("bert")), verbose=False)
 
 
+def test_the_bare_transformer_of_a_converted_lm_is_refused_naming_the_whole_lm():
+    lm = bcosify(T.GPT2LMHeadModel(tiny_config("gpt2")), b=1.1, verbose=False)
+    ids, mask = padded_batch()
+    with pytest.raises(UnsupportedModuleError, match=r"model: a bare GPT2Model \(the \.transformer of a "
+                                                     r"GPT2LMHeadModel.*Pass the GPT2LMHeadModel itself: "
+                                                     r"explain\(lm, \.\.\.\), not explain\(lm\.transformer"):
+        explain(lm.transformer, ids, mask, target=0)
+
+
 def test_stale_config_bcos_does_not_decide_the_class():
     config = tiny_config("bert")
     # e.g. a B-cos checkpoint's config loaded with plain transformers

@@ -392,10 +392,25 @@ def position_limit(model: nn.Module) -> PositionLimit:
     return PositionLimit(rows, rows, None if rows is None else table.source)
 
 
+def _is_bare_transformer_of(model: nn.Module, cls: type) -> bool:
+    """Whether ``model`` is the body (``cls.base_model_prefix``) of a ``cls`` rather than a ``cls``: the same
+    family's pre-trained base class, and no head of its own (it is its own ``base_model``)."""
+    family = next((c for c in cls.__mro__[1:] if c.__name__.endswith("PreTrainedModel")), None)
+    return (family is not None and isinstance(model, family) and not isinstance(model, cls)
+            and getattr(model, "base_model", None) is model)
+
+
 def check_stock_class(model: nn.Module, name: str, *, exact: bool) -> None:
     """Refuse a model that is not transformers' ``name`` (``exact``: not that very class, no subclass)."""
     cls = stock_class(name)
     if (type(model) is not cls) if exact else not isinstance(model, cls):
+        inner = getattr(cls, "base_model_prefix", "")
+        if inner and _is_bare_transformer_of(model, cls):
+            raise UnsupportedModuleError(
+                f"model: a bare {type(model).__name__} (the .{inner} of a {name}, the class its config names); "
+                f"bcosify and explain work on the whole {name}, head included. Pass the {name} itself: "
+                f"explain(lm, ...), not explain(lm.{inner}, ...)."
+            )
         raise UnsupportedModuleError(
             f"model: {type(model).__module__}.{type(model).__qualname__} is not transformers' {name} (a "
             f"subclass or a class of the same name); bcosify knows the forward pass of transformers' {name} "
