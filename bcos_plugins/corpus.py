@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from .attribution.targets import Direction
 from .attribution.text import forward_keywords
+from .convert.architectures import position_limit
 from .errors import BcosTypeError, BcosValueError
 from .explain import explain
 
@@ -105,7 +106,9 @@ def explain_dataset(
             ``foil_column``). Classifiers default to the predicted class.
         position: for causal LMs and base models, as in ``explain`` (default: each row's last real token for
             decoders, the first for encoders).
-        batch_size, max_length: batching and truncation (``max_length`` defaults to the model's limit).
+        batch_size, max_length: batching and truncation (``max_length`` defaults to the model's limit,
+            :func:`~bcos_plugins.convert.architectures.position_limit`; without one, as for a rotary model, to
+            the tokenizer's ``model_max_length``).
         reduce: ``"sum"`` (exact) or ``"mean"`` token scores.
         progress: show a tqdm progress bar.
 
@@ -141,6 +144,8 @@ def explain_dataset(
     if tokenizer.pad_token is None:
         raise BcosValueError("tokenizer: has no pad token, so texts cannot be batched. Set "
                              "tokenizer.pad_token = tokenizer.eos_token (decoders) before explaining.")
+    if max_length is None:
+        max_length = position_limit(model).max_length
     device = next(model.parameters()).device
     columns: dict[str, list] = {"tokens": [], "input_ids": [], "scores": [], "explained": [], "target": [],
                                 "delta": [], "completeness_error": []}

@@ -5,8 +5,9 @@ Before, three readings disagreed: ``explain`` / Captum asked the registry (a rot
 limit), ``next_token_contrast`` / ``perplexity`` read ``n_positions`` or ``max_position_embeddings`` (so
 ``next_token_contrast`` refused a Llama batch that ``explain`` accepted, and took a RoBERTa-style table for 2 rows
 longer than it is), the Space model read ``max_position_embeddings`` less the padding offset (a ModernBERT encoder
-was refused past 8192 tokens, where ``explain`` accepts any length), and the TransformerLens adapter let a
-rotary ``HookedTransformer`` run past ``cfg.n_ctx`` into an opaque shape error from its rotary table.
+was refused past 8192 tokens, where ``explain`` accepts any length), the TransformerLens adapter let a
+rotary ``HookedTransformer`` run past ``cfg.n_ctx`` into an opaque shape error from its rotary table, and
+``explain_dataset`` truncated at the tokenizer's ``model_max_length`` (its docstring said the model's limit).
 
 - every caller is walked with the function patched: each must follow the patched limit, so a caller with its
   own copy of the reading fails here;
@@ -41,14 +42,31 @@ from test_cross_path import bcos_model, lens_model
 from bcos_plugins import SpaceModelForSequenceClassification, explain
 from bcos_plugins.convert import architectures
 from bcos_plugins.convert.architectures import PositionLimit, position_limit
+from bcos_plugins.corpus import explain_dataset
 from bcos_plugins.errors import BcosValueError
 from bcos_plugins.metrics import next_token_contrast, perplexity
+from bcos_plugins.pretrained import minilm_path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = (2, 2.0)  # heads, B of test_cross_path's tiny models (16 positions, vocabulary 40)
 # the modules that read the limit (each imports the one function by name, so each is patched where it calls it)
 CALLERS = ("bcos_plugins.attribution.text", "bcos_plugins.metrics.decoder", "bcos_plugins.space.modeling",
-           "bcos_plugins.adapters._lens.inputs")
+           "bcos_plugins.adapters._lens.inputs", "bcos_plugins.corpus")
+LONG_TEXT = " ".join(["a gorgeous, witty film"] * 6)  # 26 MiniLM tokens with [CLS] and [SEP]
+
+
+@cache
+def minilm_tokenizer():
+    return T.AutoTokenizer.from_pretrained(minilm_path())
+
+
+@cache
+def minilm_sized_bert():
+    """A tiny BERT classifier with MiniLM's vocabulary (for explain_dataset) and 16 positions."""
+    torch.manual_seed(0)
+    return T.BertForSequenceClassification(T.BertConfig(
+        vocab_size=minilm_tokenizer().vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=16, num_labels=2)).eval()
 
 
 @cache
@@ -146,6 +164,9 @@ def test_every_caller_follows_the_one_function(monkeypatch):
                                                  r"tokens") as info:
             call(_ids(5))
         assert seen, (key, path, str(info.value))
+    # explain_dataset truncates at the patched limit by default
+    out = explain_dataset(minilm_sized_bert(), minilm_tokenizer(), [LONG_TEXT], progress=False)
+    assert [len(t) for t in out["tokens"]] == [4]
     # perplexity cuts its default windows at the patched context and caps max_length there
     gpt2 = models()["gpt2"]
     assert perplexity(gpt2, [list(range(3, 10))]).n_windows == 2  # 7 tokens: windows of 4 and 3
@@ -167,6 +188,12 @@ def test_every_caller_refuses_past_the_limit_with_the_same_words_or_runs_without
                             rf"\(tokenizer\(\.\.\., truncation=True, max_length={n}\), or \w+\[:, -{n}:\]\)\.?",
                             str(info.value)), (key, path, str(info.value))
         call(_ids(n))  # the limit itself runs
+
+
+def test_explain_dataset_truncates_at_the_models_limit_not_the_tokenizers():
+    # before: the tokenizer's model_max_length (512) left the text whole, and explain refused its 26 tokens
+    out = explain_dataset(minilm_sized_bert(), minilm_tokenizer(), [LONG_TEXT, "dull"], progress=False)
+    assert [len(t) for t in out["tokens"]] == [16, 3] and out["tokens"][0][-1] == "[SEP]"
 
 
 def test_perplexity_windows_default_to_the_context_of_each_family():
