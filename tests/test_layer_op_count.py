@@ -6,6 +6,8 @@ unchanged, and it never changes a value."""
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 
 import pytest
 import torch
@@ -37,21 +39,23 @@ class _CountOps(TorchDispatchMode):
 
 
 def _forward_ops(layer: torch.nn.Module, mode: str, autocast: bool) -> list[str]:
-    """The aten ops of the second of two identical forward passes (the first fills the weight cache)."""
+    """The aten ops of the second of two forward passes (the first fills the weight cache), on a new input
+    tensor each (layers reading the same input tensor share its norm: see the last test)."""
     x = torch.randn(4, 7, 32)
     amp = torch.autocast("cpu", torch.bfloat16) if autocast else contextlib.nullcontext()
 
-    def forward():
+    def forward(x):
         if mode == "inference":
             with torch.no_grad():
                 return layer(x)
         with explanation_mode(layer), no_parameter_gradients():  # as explain / input_x_gradient run it
-            return layer(x.detach().requires_grad_())
+            return layer(x.requires_grad_())
 
+    first, second = x.clone(), x.clone()
     with amp:
-        forward()
+        forward(first)
         with _CountOps() as counter:
-            forward()
+            forward(second)
     return counter.ops
 
 
@@ -144,9 +148,11 @@ def test_cache_is_bypassed_when_the_weight_gradient_is_needed_and_cleared_on_req
     with torch.no_grad():
         cached = cached_unit_norm(weight, dim=1)
         assert cached_unit_norm(weight, dim=1) is cached
-    assert cached_unit_norm(weight, dim=1).grad_fn is not None  # training: differentiable, fresh
     with no_parameter_gradients():
         assert cached_unit_norm(weight, dim=1) is cached
+    assert cached_unit_norm(weight, dim=1).grad_fn is not None  # training: differentiable, fresh
+    with torch.no_grad():
+        assert cached_unit_norm(weight, dim=1) is not cached  # training dropped the cached copy
     with torch.no_grad():
         weight.data.mul_(2.0)  # bypasses the version counter (documented): clear explicitly
         clear_unit_norm_cache()
@@ -197,3 +203,39 @@ def test_fused_input_norm_equals_the_reference_and_has_finite_gradients_at_zero(
     torch.testing.assert_close(fused, reference, rtol=2 * eps, atol=0)
     (grad,) = torch.autograd.grad(fused.sum(), x)
     assert torch.isfinite(grad).all() and (grad[0] == 0).all()
+
+
+def test_layers_reading_one_input_share_its_norm_without_autograd():
+    torch.manual_seed(0)
+    query, key, value = (BcosLinear(32, 16, b=1.5).eval() for _ in range(3))
+    x = torch.randn(4, 7, 32)
+    with torch.no_grad():
+        expected = [layer(x.clone()) for layer in (query, key, value)]  # a tensor each: a norm each
+        with _CountOps() as counter:
+            got = [layer(x) for layer in (query, key, value)]
+        assert counter.ops.count("linalg_vector_norm") == 1 and counter.ops.count("hypot") == 1
+        for actual, wanted in zip(got, expected, strict=True):
+            assert torch.equal(actual, wanted)
+        x.mul_(-3.0)  # written in place: its norm is computed again
+        with _CountOps() as counter:
+            changed = query(x)
+        assert counter.ops.count("linalg_vector_norm") == 1
+        assert torch.equal(changed, query(x.clone()))
+    # recording autograd, every layer differentiates through its own norm of the input
+    x.requires_grad_()
+    (query(x) * torch.linspace(-1, 2, 16)).sum().backward()
+    with reference_path():
+        expected_grad = torch.autograd.grad((query(x) * torch.linspace(-1, 2, 16)).sum(), x)[0]
+    torch.testing.assert_close(x.grad, expected_grad, rtol=1e-5, atol=1e-7)
+
+
+def test_training_forward_frees_the_copy_an_evaluation_cached():
+    layer = BcosLinear(32, 16, b=1.5)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        layer(x)
+        cached = weakref.ref(layer.unit_weight())
+        assert cached() is layer.unit_weight()
+    layer(x).sum().backward()  # a training step between evaluations
+    gc.collect()
+    assert cached() is None

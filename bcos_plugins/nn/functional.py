@@ -39,6 +39,8 @@ digits).
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -94,7 +96,8 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
     Writes that bypass the version counter (``weight.data.copy_(...)``, code that refills a parameter's
     storage behind autograd's back) are not seen: after them, :func:`clear_unit_norm_cache`. Weights of
     tensor subclasses (DTensor, quantised parameters), the reference path and ``torch.compile`` traces always
-    normalise afresh. Memory: one normalised copy per cached weight stays alive as long as the weight.
+    normalise afresh. Memory: one normalised copy per cached weight, alive until the weight is used for
+    training (a forward pass that needs its gradient drops it), cleared, or freed.
 
     ``autocast``: the caller feeds the result to an op that ``torch.autocast`` casts (``F.linear``,
     ``F.conv2d``); under autocast the cast to the autocast dtype is cached too (the same rounding as
@@ -103,10 +106,13 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
     view = weight.T if transposed else weight
     if first_unit:
         view = view[first_unit:]
-    if torch.is_grad_enabled() and weight.requires_grad and not parameter_gradients_unused():
+    if torch.compiler.is_compiling():
         return unit_norm(view, dim)
-    if (type(weight) not in (Tensor, nn.Parameter) or _REFERENCE_PATH or torch.compiler.is_compiling()
-            or weight.is_inference() or weight.is_meta):
+    if torch.is_grad_enabled() and weight.requires_grad and not parameter_gradients_unused():
+        if _UNIT_WEIGHTS:  # training: free the copy an evaluation left, training memory stays as it was
+            _UNIT_WEIGHTS.pop(weight, None)
+        return unit_norm(view, dim)
+    if type(weight) not in (Tensor, nn.Parameter) or _REFERENCE_PATH or weight.is_inference() or weight.is_meta:
         return unit_norm(view, dim)
     cast = None
     if autocast and weight.dtype == torch.float32 and torch.is_autocast_enabled(weight.device.type):
@@ -141,6 +147,11 @@ def clear_unit_norm_cache(model: nn.Module | None = None) -> None:
         _UNIT_WEIGHTS.pop(parameter, None)
 
 
+# the last input norm computed without autograd recording, per thread: (weak reference to the input, its
+# version counter and dim, the norm)
+_LAST_INPUT_NORM = threading.local()
+
+
 def input_norm(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
     """``||x||`` over ``dim`` (kept), with an epsilon so that a zero input gives a zero output, not NaN.
 
@@ -148,7 +159,20 @@ def input_norm(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
     fill a tensor of its full size on every call. Half-precision ``x`` gives a float32 norm (see the module
     docstring), whose square cannot overflow. The fused path takes ``hypot(||x||, sqrt(eps))``, the reference
     path the three steps.
+
+    Layers that read the same input (an attention block's query, key and value projections, a gated MLP's
+    gate and up projections) share its norm: without autograd recording (inference, and explanation mode,
+    which computes the factor without it) the fused path returns the previous call's norm when ``x`` is the
+    same tensor, unchanged (its version counter, which every in-place write bumps, is the same). Callers must
+    not write into the returned tensor.
     """
+    reusable = (not torch.compiler.is_compiling() and not torch.is_grad_enabled() and not _REFERENCE_PATH
+                and type(x) is Tensor and not x.is_inference())
+    if reusable:
+        key = (x._version, dim)
+        last = getattr(_LAST_INPUT_NORM, "entry", None)
+        if last is not None and last[0]() is x and last[1] == key:
+            return last[2]
     if x.dtype in HALF_DTYPES:
         norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True, dtype=torch.float32)
     else:
@@ -157,7 +181,10 @@ def input_norm(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
         return (norm * norm + NORM_EPS).sqrt()
     # the same value in one kernel instead of three (equal to within one rounding of the dtype; hypot skips
     # the rounding of norm * norm); its gradient norm / hypot is 0, not NaN, at norm = 0
-    return torch.hypot(norm, _SQRT_NORM_EPS)
+    norm = torch.hypot(norm, _SQRT_NORM_EPS)
+    if reusable:
+        _LAST_INPUT_NORM.entry = (weakref.ref(x), key, norm)
+    return norm
 
 
 def bcos_scale(lin: Tensor, x_norm: Tensor, b: float) -> Tensor:
