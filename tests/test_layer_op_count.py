@@ -15,6 +15,7 @@ from conftest import padded_batch, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bcos_plugins import bcosify, explain
+from bcos_plugins.errors import BcosTypeError
 from bcos_plugins.nn import BcosConv1D, BcosConv2d, BcosLinear, explanation_mode, reference_path
 from bcos_plugins.nn.dynamic import no_parameter_gradients
 from bcos_plugins.nn.functional import cached_unit_norm, clear_unit_norm_cache, input_norm, unit_norm
@@ -158,6 +159,12 @@ def test_cache_is_bypassed_when_the_weight_gradient_is_needed_and_cleared_on_req
         clear_unit_norm_cache()
         torch.testing.assert_close(cached_unit_norm(weight, dim=1), unit_norm(weight, dim=1))
         assert cached_unit_norm(weight, dim=1, transposed=True).shape == (8, 6)
+        layer = BcosLinear(8, 6)
+        kept = layer.unit_weight()
+        clear_unit_norm_cache(layer)
+        assert layer.unit_weight() is not kept
+    with pytest.raises(BcosTypeError, match="model: must be a torch.nn.Module"):
+        clear_unit_norm_cache(weight)
         torch.testing.assert_close(cached_unit_norm(weight, dim=1, transposed=True, first_unit=2),
                                    unit_norm(weight.T[2:], dim=1))
 

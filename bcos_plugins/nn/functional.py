@@ -143,6 +143,10 @@ def clear_unit_norm_cache(model: nn.Module | None = None) -> None:
     if model is None:
         _UNIT_WEIGHTS.clear()
         return
+    if not isinstance(model, nn.Module):
+        raise argument_error("model", f"must be a torch.nn.Module or None, got {type(model).__name__}",
+                             "pass the model whose cached weights to drop, or nothing to drop all",
+                             kind=BcosTypeError)
     for parameter in model.parameters():
         _UNIT_WEIGHTS.pop(parameter, None)
 
