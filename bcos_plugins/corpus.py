@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from .attribution.targets import Direction
 from .attribution.text import forward_keywords
-from .convert.architectures import position_limit
+from .convert.architectures import position_limit, vocabulary_size
 from .errors import BcosTypeError, BcosValueError
 from .explain import explain
 
@@ -64,8 +64,7 @@ def _require_model_tokenizer(model: nn.Module, tokenizer, enc) -> None:
     model_name = f"{type(model).__name__}({getattr(getattr(model, 'config', None), '_name_or_path', '') or '?'!r})"
     fix = ("Pass the tokenizer saved with the model (AutoTokenizer.from_pretrained of the model's folder or hub "
            "name)")
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    vocab = getattr(embeddings, "num_embeddings", None)
+    vocab = vocabulary_size(model)
     ids = enc["input_ids"]
     if vocab is not None and ((ids < 0) | (ids >= vocab)).any():
         raise BcosValueError(f"tokenizer: {tokenizer_name} gives token ids up to {int(ids.max())}, but "

@@ -21,7 +21,7 @@ from pathlib import Path
 from torch import nn
 
 from ._checks import require_classifier, require_count, require_number, require_run_settings, require_texts
-from .convert.architectures import SPECS, spec_for
+from .convert.architectures import SPECS, spec_for, vocabulary_size
 from .convert.bcosify import bcosify, plan_conversion
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
 from .encoded_texts import EncodedTexts
@@ -151,9 +151,10 @@ def pretrain_masked_lm(
     require_run_settings(epochs, batch_size, max_length, learning_rate, seed)
     require_number("mlm_probability", mlm_probability, low=0.0, low_open=True, high=1.0)
     model = _load_masked_lm(model, b, bcos_query_key)
-    if len(tokenizer) > model.config.vocab_size:
+    vocab_size = vocabulary_size(model)
+    if vocab_size is not None and len(tokenizer) > vocab_size:
         raise argument_error("tokenizer", f"has {len(tokenizer)} tokens but the model's vocabulary "
-                             f"{model.config.vocab_size}", "pass the tokenizer the model was trained with")
+                             f"{vocab_size}", "pass the tokenizer the model was trained with")
     args = training_arguments("bcos_mlm_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
                                progress, training_args)
     trainer = Trainer(

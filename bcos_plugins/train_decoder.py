@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ._checks import require_int
 from .attribution.targets import real_token_positions
+from .convert.architectures import vocabulary_size
 from .errors import BcosTypeError, argument_error
 
 __all__ = ["CausalLMCollator", "IGNORE_INDEX", "real_token_positions", "train_causal_lm"]
@@ -141,7 +142,7 @@ def train_causal_lm(
         raise argument_error("model", f"{type(model).__name__} is not B-cosified (no config.bcos)",
                              "Call bcosify(model, b=1.1) first, or use transformers' Trainer directly for a stock model")
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
-    vocab_size = getattr(model.config, "vocab_size", None)
+    vocab_size = vocabulary_size(model)
     _check_training_rows("train_dataset", train_dataset, max_length, vocab_size)
     if eval_dataset is not None:
         _check_training_rows("eval_dataset", eval_dataset, max_length, vocab_size)

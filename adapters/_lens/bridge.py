@@ -39,7 +39,7 @@ import tempfile
 import torch
 from torch import nn
 
-from bcos_plugins.convert.architectures import architecture_name, specs_where
+from bcos_plugins.convert.architectures import architecture_name, specs_where, vocabulary_size
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn.dynamic import DynamicWeightModule
 from bcos_plugins.nn.linear import BcosConv1D, BcosLinear
@@ -286,7 +286,7 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
     setattr(copied, BRIDGE_COPY_MARKER, True)  # the boot guard lets this copy through: it is made exact below
     placeholder = tokenizer is None
     if placeholder:
-        tokenizer = _placeholder_tokenizer(hf_model.config.vocab_size)
+        tokenizer = _placeholder_tokenizer(vocabulary_size(hf_model))
     name = model_name or getattr(hf_model.config, "name_or_path", "") or arch
     with tempfile.TemporaryDirectory(prefix="bcos_bridge_tokenizer_") as folder:
         bridge = bridge_cls.boot_transformers(name, hf_model=copied, tokenizer=_reloadable(tokenizer, folder))

@@ -6,18 +6,19 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from bcos_plugins._checks import require_token_batch
-from bcos_plugins.convert.architectures import position_limit
+from bcos_plugins.convert.architectures import position_limit, vocabulary_size
 
 __all__ = ["check_lens_tokens"]
 
 
 def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> Tensor:
     """The package's token-batch check (:func:`~bcos_plugins._checks.require_token_batch`) against ``model``'s
-    (a ``HookedTransformer`` or ``TransformerBridge``: both have them) ``cfg.d_vocab`` and, for a position table,
-    ``cfg.n_ctx`` (the package's one reading of it, :func:`~bcos_plugins.convert.architectures.position_limit`);
+    (a ``HookedTransformer`` or ``TransformerBridge``) vocabulary (its embedding's rows, the package's one reading,
+    :func:`~bcos_plugins.convert.architectures.vocabulary_size`) and, for a position table, ``cfg.n_ctx`` (the
+    package's one reading of it, :func:`~bcos_plugins.convert.architectures.position_limit`);
     returns the ids as int64 (ids of any integer width convert exactly, as everywhere in the package:
     TransformerLens' ``W_E[tokens]`` would read a uint8 tensor as a mask)."""
     limit = position_limit(model)
-    tokens, _ = require_token_batch(tokens, attention_mask, vocab_size=model.cfg.d_vocab,
+    tokens, _ = require_token_batch(tokens, attention_mask, vocab_size=vocabulary_size(model),
                                     max_length=limit.max_length, limit_name=limit.source, name="tokens")
     return tokens

@@ -26,7 +26,7 @@ from jaxtyping import Int
 from torch import Tensor, nn
 
 from .._checks import require_token_batch
-from ..convert.architectures import ArchitectureSpec, position_limit, spec_for
+from ..convert.architectures import ArchitectureSpec, position_limit, spec_for, vocabulary_size
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn.dynamic import has_dynamic_weights
 from .gradient import outside_inference
@@ -69,12 +69,11 @@ def text_attribution_point(model: nn.Module, spec: ArchitectureSpec | None = Non
 
 def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Tensor, Tensor | None]:
     """The package's token-batch check (:func:`~bcos_plugins._checks.require_token_batch`) against ``model``'s
-    vocabulary and position limit (:func:`~bcos_plugins.convert.architectures.position_limit`); returns the ids
-    and mask as normal (not inference-mode) int64 tensors."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocabulary (:func:`~bcos_plugins.convert.architectures.vocabulary_size`) and position limit
+    (:func:`~bcos_plugins.convert.architectures.position_limit`); returns the ids and mask as normal (not
+    inference-mode) int64 tensors."""
     limit = position_limit(model)
-    input_ids, attention_mask = require_token_batch(input_ids, attention_mask,
-                                                    vocab_size=getattr(embeddings, "num_embeddings", None),
+    input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocabulary_size(model),
                                                     max_length=limit.max_length, limit_name=limit.source)
     return outside_inference(input_ids), None if attention_mask is None else outside_inference(attention_mask)
 

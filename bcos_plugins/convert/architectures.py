@@ -26,7 +26,7 @@ from ..errors import BcosTypeError
 
 __all__ = ["ArchitectureSpec", "PositionLimit", "PositionTable", "REFUSED_ARCHITECTURES", "SPECS",
            "UnsupportedModuleError", "architecture_name", "check_stock_class", "position_limit", "spec_for",
-           "specs_where", "stock_class", "supported_architectures"]
+           "specs_where", "stock_class", "supported_architectures", "vocabulary_size"]
 
 
 Head = Literal["base", "classifier", "causal_lm", "masked_lm"]
@@ -390,6 +390,39 @@ def position_limit(model: nn.Module) -> PositionLimit:
                               after_padding=getattr(embedding, "padding_idx", None) is not None)
     rows = table.usable_rows(config)
     return PositionLimit(rows, rows, None if rows is None else table.source)
+
+
+def vocabulary_size(model: nn.Module) -> int | None:
+    """How many token ids ``model`` reads (ids lie in ``[0, vocabulary_size(model))``): the one reading of a
+    model's vocabulary, used by every token check (``explain``, Captum's ``EmbeddingForward``, the TransformerLens
+    adapter, the Space model, ``next_token_contrast``, ``perplexity``, ``explain_dataset``'s tokenizer check, the
+    training entry points).
+
+    An id indexes the rows of the input embedding, so those rows are read first, ahead of what the configuration
+    says: where the two disagree (an embedding swapped with ``set_input_embeddings``, a configuration edited or
+    saved out of step with its weights, a checkpoint whose embedding was padded past its tokenizer's count), the
+    rows are what the model can look up; ids past them fail deep in the embedding (a device-side assert on a
+    GPU), and ids below them are real tokens a smaller ``config.vocab_size`` would refuse.
+
+    - A transformers model (stock or B-cos, a Space model, a TransformerLens ``TransformerBridge``, which hands
+      out its transformers model's embedding): rows of ``get_input_embeddings()`` (``num_embeddings``).
+    - A TransformerLens ``HookedTransformer``: rows of ``W_E`` (``cfg.d_vocab`` when it was built).
+    - Otherwise ``cfg.d_vocab``, else ``config.vocab_size``; ``None`` where the model says neither (no id is
+      refused).
+    """
+    rows = None
+    if callable(getattr(model, "get_input_embeddings", None)):
+        try:
+            rows = getattr(model.get_input_embeddings(), "num_embeddings", None)
+        except NotImplementedError:  # transformers' default when a class does not say where its embedding is
+            rows = None
+    if isinstance(rows, int) and not isinstance(rows, bool):
+        return rows
+    embedding_matrix = getattr(model, "W_E", None)  # HookedTransformer: (d_vocab, d_model)
+    if getattr(embedding_matrix, "ndim", None) == 2:
+        return int(embedding_matrix.shape[0])
+    d_vocab = _config_int(getattr(model, "cfg", None), "d_vocab")
+    return d_vocab if d_vocab is not None else _config_int(getattr(model, "config", None), "vocab_size")
 
 
 def _is_bare_transformer_of(model: nn.Module, cls: type) -> bool:

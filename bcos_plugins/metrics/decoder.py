@@ -30,7 +30,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .._checks import bad_rows, require_int, require_row_ids, require_tensor
-from ..convert.architectures import position_limit
+from ..convert.architectures import position_limit, vocabulary_size
 from ..errors import argument_error
 
 __all__ = [
@@ -199,13 +199,6 @@ class PerplexityResult:
     n_texts: int
 
 
-def _vocabulary_size(model) -> int | None:
-    """Rows of the input embedding (the ids a model can read), else ``config.vocab_size``."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    rows = getattr(embeddings, "num_embeddings", None)
-    return rows if isinstance(rows, int) else getattr(getattr(model, "config", None), "vocab_size", None)
-
-
 def _require_causal_lm(model, window: list[int], device) -> None:
     """Refuse a model whose outputs are not next-token predictions, from what it computes, not its class name.
 
@@ -301,7 +294,7 @@ def perplexity(
                                  "max_position_embeddings in its config", "Pass max_length=...")
         max_length = context
     max_length = require_int("max_length", max_length, minimum=2, maximum=context)
-    vocab = _vocabulary_size(model)
+    vocab = vocabulary_size(model)
     if bos_token_id is not None:
         bos_token_id = require_int("bos_token_id", bos_token_id, minimum=0,
                                    maximum=None if vocab is None else vocab - 1)
@@ -401,7 +394,7 @@ def next_token_contrast(
             raise argument_error(name, "is required", f"Pass {name}= with one next-token id per row",
                                  kind=BcosTypeError)
     batch_size = require_int("batch_size", batch_size, minimum=1)
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    vocab = vocabulary_size(model)
     limit = position_limit(model)
     input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocab,
                                                     max_length=limit.max_length, limit_name=limit.source)

@@ -41,7 +41,7 @@ from .._checks import (
     require_token_batch,
 )
 from ..attribution.text import check_forward_kwargs
-from ..convert.architectures import position_limit
+from ..convert.architectures import position_limit, vocabulary_size
 from ..errors import BcosTypeError, argument_error
 from .losses import inter_space_loss, intra_space_loss
 
@@ -302,7 +302,7 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
             raise argument_error("input_ids", "and inputs_embeds: pass exactly one of them",
                                  "Pass token ids (batch, pos) or embeddings (batch, pos, hidden)")
         if input_ids is not None:
-            vocab_size, limit = getattr(self.encoder.config, "vocab_size", None), position_limit(self.encoder)
+            vocab_size, limit = vocabulary_size(self.encoder), position_limit(self.encoder)
             input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocab_size,
                                                             max_length=limit.max_length, limit_name=limit.source)
             batch = input_ids.shape[0]
