@@ -15,6 +15,7 @@ from ._checks import (
     require_run_settings,
     require_text_pairs,
     require_texts,
+    truncation_length,
 )
 from .b_warmup import BWarmupCallback
 from .encoded_texts import EncodedTexts
@@ -37,7 +38,7 @@ def fine_tune_classifier(
     batch_size: int = 32,
     learning_rate: float = 5e-5,
     head_learning_rate: float | None = None,
-    max_length: int = 64,
+    max_length: int | None = None,
     output_dir: str | Path | None = None,
     loss: str = "auto",
     seed: int = 0,
@@ -62,7 +63,8 @@ def fine_tune_classifier(
     cross-entropy otherwise; ``"bce"`` / ``"ce"`` force one. Padding is dynamic (``DataCollatorWithPadding``).
     Sentence-pair tasks (NLI, paraphrase): ``text_pairs`` holds the second text of each example, encoded as the
     tokenizer's pair (``[CLS] text [SEP] pair [SEP]`` with token types for BERT), truncated longest first to
-    ``max_length``; pass the same ``text_pairs`` to :func:`predict` / :func:`accuracy`.
+    ``max_length``; pass the same ``text_pairs`` to :func:`predict` / :func:`accuracy`. ``max_length`` defaults to
+    64 tokens, capped at the model's position limit; a longer one is refused before training.
 
     ``head_learning_rate`` (default: ``learning_rate``) applies to the freshly initialised head (every
     parameter outside the encoder, plus the pooler). B-cos logits are bounded by the norm of their input
@@ -87,6 +89,7 @@ def fine_tune_classifier(
     if not callable(tokenizer):
         raise argument_error("tokenizer", f"must be a transformers tokenizer, got {type(tokenizer).__name__}",
                              "pass AutoTokenizer.from_pretrained(...) of the model", kind=BcosTypeError)
+    max_length = truncation_length(model, max_length, default=64)
     require_run_settings(epochs, batch_size, max_length, learning_rate, seed)
     if head_learning_rate is not None:
         require_number("head_learning_rate", head_learning_rate, low=0.0, low_open=True)

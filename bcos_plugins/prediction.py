@@ -5,24 +5,32 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._checks import require_classifier, require_count, require_labels, require_text_pairs, require_texts
+from ._checks import (
+    require_classifier,
+    require_count,
+    require_labels,
+    require_text_pairs,
+    require_texts,
+    truncation_length,
+)
 
 __all__ = ["accuracy", "predict"]
 
 
 @torch.no_grad()
 def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[str] | None = None,
-            batch_size: int = 64, max_length: int = 64) -> Tensor:
+            batch_size: int = 64, max_length: int | None = None) -> Tensor:
     """Logits ``(n, classes)`` for a list of texts (with ``text_pairs``: sentence pairs), batched, in eval mode,
     row ``i`` for text ``i``.
 
     Texts are batched in order of length (each batch is padded to its longest text, so similar lengths waste
-    less work) and the rows are put back in the input order.
+    less work) and the rows are put back in the input order. They are truncated to ``max_length`` tokens: by
+    default 64, capped at the model's position limit; a longer one is refused.
     """
     texts = require_texts(texts)
     text_pairs = require_text_pairs(text_pairs, len(texts))
     require_count("batch_size", batch_size)
-    require_count("max_length", max_length, minimum=2)
+    max_length = truncation_length(model, max_length, default=64)
     model.eval()
     device = next(model.parameters()).device
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]) + (len(text_pairs[i]) if text_pairs else 0))

@@ -20,7 +20,14 @@ from pathlib import Path
 
 from torch import nn
 
-from ._checks import require_classifier, require_count, require_number, require_run_settings, require_texts
+from ._checks import (
+    require_classifier,
+    require_count,
+    require_number,
+    require_run_settings,
+    require_texts,
+    truncation_length,
+)
 from .convert.architectures import SPECS, spec_for, vocabulary_size
 from .convert.bcosify import bcosify, plan_conversion
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
@@ -110,7 +117,7 @@ def pretrain_masked_lm(
     batch_size: int = 32,
     learning_rate: float = 5e-5,
     mlm_probability: float = 0.15,
-    max_length: int = 128,
+    max_length: int | None = None,
     output_dir: str | Path | None = None,
     seed: int = 0,
     progress: bool = True,
@@ -127,6 +134,7 @@ def pretrain_masked_lm(
             True); an already-B-cos model keeps its own setting (a different value is refused).
         tokenizer: the model's tokenizer; it needs a mask token.
         texts: unlabelled texts (tokenised with truncation at ``max_length``).
+        max_length: default 128, capped at the model's position limit; a longer one is refused before training.
         mlm_probability: share of tokens masked per batch (``DataCollatorForLanguageModeling``; 80 % become
             the mask token, 10 % a random token, 10 % stay).
         **training_args: passed to ``TrainingArguments`` (e.g. ``warmup_ratio``, ``use_cpu``).
@@ -137,7 +145,8 @@ def pretrain_masked_lm(
 
     Raises:
         BcosTypeError / BcosValueError: not a masked-LM model, a tokenizer without a mask token, empty texts,
-            ``b`` different from an already-B-cos model's B, or a setting out of range (named).
+            ``b`` different from an already-B-cos model's B, a ``max_length`` past the model's position table, or
+            a setting out of range (named).
     """
     from transformers import DataCollatorForLanguageModeling, Trainer
 
@@ -151,6 +160,7 @@ def pretrain_masked_lm(
     require_run_settings(epochs, batch_size, max_length, learning_rate, seed)
     require_number("mlm_probability", mlm_probability, low=0.0, low_open=True, high=1.0)
     model = _load_masked_lm(model, b, bcos_query_key)
+    max_length = truncation_length(model, max_length, default=128)
     vocab_size = vocabulary_size(model)
     if vocab_size is not None and len(tokenizer) > vocab_size:
         raise argument_error("tokenizer", f"has {len(tokenizer)} tokens but the model's vocabulary "
@@ -270,8 +280,8 @@ def fine_tune_task_then_bcos(
     plan_conversion(model, b, bcos_query_key=bcos_query_key)
     require_number("task_epochs", task_epochs, low=0.0, low_open=True)
     require_number("task_learning_rate", task_learning_rate, low=0.0, low_open=True)
-    require_run_settings(epochs, batch_size, fine_tune_kwargs.get("max_length", 64), learning_rate,
-                        fine_tune_kwargs.get("seed", 0))
+    max_length = truncation_length(model, fine_tune_kwargs.get("max_length"), default=64)
+    require_run_settings(epochs, batch_size, max_length, learning_rate, fine_tune_kwargs.get("seed", 0))
     if fine_tune_kwargs.get("loss", "auto") == "ce":
         raise argument_error("loss", "is 'ce', but the B-cos stage trains with bcos_loss",
                              "leave loss out (or 'auto' / 'bce')")
