@@ -236,7 +236,12 @@ def _fused_scale(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
     cast of either operand), a float16 ``lin`` is widened first (module docstring). Called without autograd
     recording (in the forward and the backward of :class:`_BcosProduct`).
     """
-    abs_cos = _abs_cos(lin, x_norm).clamp_min_(COS_FLOOR)
+    return _floored_power_(_abs_cos(lin, x_norm), b)
+
+
+def _floored_power_(abs_cos: Tensor, b: float | Tensor) -> Tensor:
+    """``max(|cos|, floor) ** (B - 1)``, written into ``abs_cos``."""
+    abs_cos = abs_cos.clamp_min_(COS_FLOOR)
     if isinstance(b, Tensor):  # B read from the layer's buffer inside a compiled graph (pow: exact for B = 1)
         return abs_cos.pow_(b - 1.0)
     if b == 2.0:
@@ -292,16 +297,17 @@ class _BcosProduct(torch.autograd.Function):
             return grad_out * dyn, None, None, None
         lin, x_norm, *b_tensor = ctx.saved_tensors
         b = b_tensor[0] if b_tensor else ctx.b
-        dyn = _fused_scale(lin, x_norm, b)
+        abs_cos = _abs_cos(lin, x_norm)
+        active = abs_cos > COS_FLOOR  # where the forward's clamp left |cos| unchanged
+        dyn = _floored_power_(abs_cos, b)  # the forward's dyn, bit for bit (the same steps)
         dtype = dyn.dtype
-        active = _abs_cos(lin, x_norm) > COS_FLOOR  # where the forward's clamp left |cos| unchanged
         grad_dyn_lin = grad_out.to(dtype) * dyn
         grad_lin = torch.where(active, grad_dyn_lin * b, grad_dyn_lin)
         grad_norm = None
         if ctx.needs_input_grad[1]:
             # d out / d ||x|| = -(B - 1) dyn lin / ||x|| on the active units
             per_unit = torch.where(active, grad_dyn_lin * lin.to(dtype), 0.0)
-            wide = torch.promote_types(x_norm.dtype, torch.float32)
+            wide = torch.float64 if x_norm.dtype == torch.float64 else torch.float32  # (no dispatched op)
             grad_norm = per_unit.sum_to_size(x_norm.shape).to(wide)
             grad_norm = (grad_norm * (1.0 - b) / x_norm.to(wide)).to(x_norm.dtype)
         return grad_lin.to(lin.dtype), grad_norm, None, None
