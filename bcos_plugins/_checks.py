@@ -20,7 +20,7 @@ from .convert.architectures import position_limit
 from .errors import BcosTypeError, argument_error
 
 __all__ = ["bad_rows", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
-           "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
+           "refuse_renamed_keywords", "require_int", "require_labels", "require_max_length_fits", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_token_batch", "ids_as_long", "truncation_length"]
 
@@ -358,16 +358,21 @@ def truncation_length(model: nn.Module, max_length, *, default: int) -> int:
     limit, so a model with fewer positions runs on its default. Without a table (rotary positions) every length
     runs.
     """
-    limit = position_limit(model)
     if max_length is None:
-        return default if limit.max_length is None else min(default, limit.max_length)
+        limit = position_limit(model).max_length
+        return default if limit is None else min(default, limit)
     max_length = require_count("max_length", max_length, minimum=2)
+    require_max_length_fits(model, max_length)
+    return max_length
+
+
+def require_max_length_fits(model: nn.Module, max_length: int) -> None:
+    """Refuse a truncation length ``max_length`` longer than ``model``'s position limit (:func:`truncation_length`)."""
+    limit = position_limit(model)
     if limit.max_length is not None and max_length > limit.max_length:
         raise argument_error("max_length", f"is {max_length} but {type(model).__name__} takes at most "
                              f"{limit.max_length} positions ({limit.source}, its position table)",
-                             f"Pass max_length={limit.max_length} or less (longer texts are then truncated to it), or "
-                             "leave it out for the default capped at the model's limit")
-    return max_length
+                             f"Pass max_length={limit.max_length} or less (longer texts are then truncated to it)")
 
 
 def refuse_renamed_keywords(function: str, given: dict, renamed: dict[str, str]) -> None:

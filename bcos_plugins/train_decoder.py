@@ -18,9 +18,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ._checks import require_int
+from ._checks import require_int, require_max_length_fits
 from .attribution.targets import real_token_positions
-from .convert.architectures import vocabulary_size
+from .convert.architectures import PositionLimit, position_limit, vocabulary_size
 from .errors import BcosTypeError, argument_error
 
 __all__ = ["CausalLMCollator", "IGNORE_INDEX", "real_token_positions", "train_causal_lm"]
@@ -134,7 +134,9 @@ def train_causal_lm(
 
     ``train_dataset`` yields features with ``input_ids`` (a ``datasets.Dataset`` or a list of dicts).
     ``training_arguments`` go to ``TrainingArguments`` (defaults: no checkpoints, no reporting, the paper's
-    learning rate 5e-4, unused columns kept so the collator sees them). Returns the trained ``Trainer``.
+    learning rate 5e-4, unused columns kept so the collator sees them). Returns the trained ``Trainer``. Rows are
+    truncated to ``max_length`` tokens (``None``: kept whole); a ``max_length``, or without one a row, longer than
+    the model's position table is refused before training.
     """
     from transformers import Trainer, TrainingArguments
 
@@ -142,22 +144,28 @@ def train_causal_lm(
         raise argument_error("model", f"{type(model).__name__} is not B-cosified (no config.bcos)",
                              "Call bcosify(model, b=1.1) first, or use transformers' Trainer directly for a stock model")
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
-    vocab_size = vocabulary_size(model)
-    _check_training_rows("train_dataset", train_dataset, max_length, vocab_size)
+    collator = CausalLMCollator(pad_token_id, max_length=max_length)
+    max_length = collator.max_length  # checked there
+    if max_length is not None:
+        require_max_length_fits(model, max_length)
+    vocab_size, limit = vocabulary_size(model), position_limit(model)
+    _check_training_rows("train_dataset", train_dataset, max_length, vocab_size, limit)
     if eval_dataset is not None:
-        _check_training_rows("eval_dataset", eval_dataset, max_length, vocab_size)
+        _check_training_rows("eval_dataset", eval_dataset, max_length, vocab_size, limit)
     defaults = {"learning_rate": 5e-4, "save_strategy": "no", "report_to": [], "remove_unused_columns": False,
                 "use_cpu": not torch.cuda.is_available(), "logging_steps": 10}
     args = TrainingArguments(output_dir=output_dir, **{**defaults, **training_arguments})
     trainer = Trainer(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                      data_collator=CausalLMCollator(pad_token_id, max_length=max_length), callbacks=callbacks)
+                      data_collator=collator, callbacks=callbacks)
     trainer.train()
     model.eval()
     return trainer
 
 
-def _check_training_rows(name: str, dataset, max_length: int | None, vocab_size: int | None) -> None:
-    """Refuse an empty dataset and rows with nothing to predict (fewer than 2 real tokens) before training.
+def _check_training_rows(name: str, dataset, max_length: int | None, vocab_size: int | None,
+                         limit: PositionLimit) -> None:
+    """Refuse an empty dataset, rows with nothing to predict (fewer than 2 real tokens) and rows longer than the
+    model's position table (they would fail inside the embedding, mid-training) before training.
 
     A batch of such rows has a loss of 0/0 = NaN and a dataset of them trains on nothing; one short row among
     others is silently unused. Datasets without a length (iterable) are checked batch by batch by the collator.
@@ -174,6 +182,11 @@ def _check_training_rows(name: str, dataset, max_length: int | None, vocab_size:
         if vocab_size is not None and row.numel() and int(row.max()) >= vocab_size:
             raise argument_error(name, f"feature {i} has token id {int(row.max())} outside the vocabulary "
                                  f"[0, {vocab_size})", "Tokenise with the model's own tokenizer")
+        if limit.max_length is not None and row.numel() > limit.max_length:
+            raise argument_error(name, f"feature {i} has {row.numel()} tokens but the model takes at most "
+                                 f"{limit.max_length} positions ({limit.source}, its position table)",
+                                 f"Pass max_length={limit.max_length} (rows are then truncated to it), or split "
+                                 "long examples")
     if short:
         shown = ", ".join(str(i) for i in short[:8]) + (", ..." if len(short) > 8 else "")
         raise argument_error(name, f"{len(short)} example(s) have fewer than 2 real tokens, so there is no next "

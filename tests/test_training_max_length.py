@@ -1,7 +1,8 @@
 """Training and prediction check ``max_length`` against the model's position limit up front (issue 31).
 
 ``fine_tune_classifier`` (``max_length=64``), ``pretrain_masked_lm`` (``max_length=128``), ``fine_tune_task_then_bcos``
-and ``predict`` / ``accuracy`` (``max_length=64``) truncate texts at ``max_length``. Before, a model with fewer
+and ``predict`` / ``accuracy`` (``max_length=64``) truncate texts at ``max_length``; ``train_causal_lm`` truncates
+token rows at it or keeps them whole. Before, a model with fewer
 positions (a tiny BERT of 40, a RoBERTa of 514 rows and 512 usable) took the setting, default included, and the
 first text longer than its table failed inside the embedding with an opaque error (an ``IndexError``, or a shape
 error from BERT's token type buffer; a device-side assert on a GPU), in the middle of training. Now, through
@@ -24,6 +25,7 @@ from bcos_plugins.errors import BcosValueError
 from bcos_plugins.nn.dynamic import has_dynamic_weights
 from bcos_plugins.pretrain import fine_tune_task_then_bcos, pretrain_masked_lm
 from bcos_plugins.train import accuracy, fine_tune_classifier, predict
+from bcos_plugins.train_decoder import train_causal_lm
 
 QUIET = {"progress": False, "use_cpu": True}
 LONG_TEXT = " ".join(WORDS[i % len(WORDS)] for i in range(MAX_POS + 10))  # 50 words: past a 40-row table
@@ -115,3 +117,19 @@ def test_the_check_follows_the_one_position_limit(monkeypatch, training_runs, tm
         predict(model, tok, [LONG_TEXT], max_length=7)
     fine_tune_classifier(model, tok, [LONG_TEXT, "w1"], [0, 1], output_dir=tmp_path, **QUIET)
     assert training_runs == [(model, 6)]
+
+
+def test_causal_lm_training_refuses_a_max_length_or_a_row_past_the_position_table(training_runs, tmp_path):
+    model = bcosify(tiny_model("GPT2LMHeadModel"), b=1.1, verbose=False)  # n_positions 40
+    rows = [{"input_ids": [3 + i % 50 for i in range(MAX_POS + 10)]}, {"input_ids": [5, 6, 7]}]
+    with pytest.raises(BcosValueError, match=refusal(64, "GPT2LMHeadModel", MAX_POS, "config.n_positions")):
+        train_causal_lm(model, rows, str(tmp_path), pad_token_id=0, max_length=64)
+    with pytest.raises(BcosValueError, match=r"^train_dataset: feature 0 has 50 tokens but the model takes at most "
+                                             r"40 positions \(config\.n_positions, its position table\)\. Pass "
+                                             r"max_length=40"):
+        train_causal_lm(model, rows, str(tmp_path), pad_token_id=0)
+    with pytest.raises(BcosValueError, match=r"^eval_dataset: feature 0 has 50 tokens"):
+        train_causal_lm(model, rows[1:], str(tmp_path), pad_token_id=0, eval_dataset=rows)
+    assert not training_runs
+    train_causal_lm(model, rows, str(tmp_path), pad_token_id=0, max_length=MAX_POS)
+    assert len(training_runs) == 1
