@@ -16,13 +16,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .convert.architectures import position_limit
 from .errors import BcosTypeError, argument_error
 
 __all__ = ["bad_rows", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
-           "refuse_renamed_keywords", "require_int", "require_labels", "require_max_length_fits", "require_number", "require_real_tokens",
+           "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
-           "require_token_batch", "ids_as_long", "truncation_length"]
+           "require_token_batch", "ids_as_long"]
 
 
 def bad_rows(bad: Tensor, limit: int = 8) -> str:
@@ -338,7 +337,7 @@ def require_labels(labels, num_labels: int, *, n: int | None = None) -> list[int
 
 def require_run_settings(epochs, batch_size, max_length, learning_rate, seed) -> None:
     """The settings every training helper of the package takes, checked before any work is done (``max_length``
-    ``None``: the default of :func:`truncation_length`)."""
+    ``None``: the helper's default length, ``bcos_plugins.encoded_texts.truncation_length``)."""
     require_number("epochs", epochs, low=0.0, low_open=True)
     require_count("batch_size", batch_size)
     if max_length is not None:
@@ -346,33 +345,6 @@ def require_run_settings(epochs, batch_size, max_length, learning_rate, seed) ->
     require_number("learning_rate", learning_rate, low=0.0, low_open=True)
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise argument_error("seed", f"must be an integer, got {seed!r}", "pass e.g. seed=0", kind=BcosTypeError)
-
-
-def truncation_length(model: nn.Module, max_length, *, default: int) -> int:
-    """The length the training and prediction helpers truncate texts to for ``model``, checked before any work.
-
-    ``max_length`` longer than the model's position limit
-    (:func:`~bcos_plugins.convert.architectures.position_limit`) is refused: the first longer text would reach
-    the position table and fail inside the embedding with an opaque index error (a device-side assert on a GPU),
-    possibly after part of the training had run. ``None``: ``default`` (a helper's usual length), capped at that
-    limit, so a model with fewer positions runs on its default. Without a table (rotary positions) every length
-    runs.
-    """
-    if max_length is None:
-        limit = position_limit(model).max_length
-        return default if limit is None else min(default, limit)
-    max_length = require_count("max_length", max_length, minimum=2)
-    require_max_length_fits(model, max_length)
-    return max_length
-
-
-def require_max_length_fits(model: nn.Module, max_length: int) -> None:
-    """Refuse a truncation length ``max_length`` longer than ``model``'s position limit (:func:`truncation_length`)."""
-    limit = position_limit(model)
-    if limit.max_length is not None and max_length > limit.max_length:
-        raise argument_error("max_length", f"is {max_length} but {type(model).__name__} takes at most "
-                             f"{limit.max_length} positions ({limit.source}, its position table)",
-                             f"Pass max_length={limit.max_length} or less (longer texts are then truncated to it)")
 
 
 def refuse_renamed_keywords(function: str, given: dict, renamed: dict[str, str]) -> None:

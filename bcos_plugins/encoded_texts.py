@@ -1,10 +1,16 @@
-"""Tokenised texts as a ``torch`` dataset for transformers' ``Trainer`` (the package's training helpers)."""
+"""Tokenised texts as a ``torch`` dataset for transformers' ``Trainer`` (the package's training helpers), and the
+length the training and prediction helpers truncate texts to, checked against the model's position limit."""
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-__all__ = ["EncodedTexts"]
+from ._checks import require_count
+from .convert.architectures import position_limit
+from .errors import argument_error
+
+__all__ = ["EncodedTexts", "require_max_length_fits", "truncation_length"]
 
 
 class EncodedTexts(torch.utils.data.Dataset):
@@ -26,3 +32,30 @@ class EncodedTexts(torch.utils.data.Dataset):
         if self.teacher_logits is not None:
             item["teacher_logits"] = self.teacher_logits[i]
         return item
+
+
+def truncation_length(model: nn.Module, max_length, *, default: int) -> int:
+    """The length the training and prediction helpers truncate texts to for ``model``, checked before any work.
+
+    ``max_length`` longer than the model's position limit
+    (:func:`~bcos_plugins.convert.architectures.position_limit`) is refused: the first longer text would reach
+    the position table and fail inside the embedding with an opaque index error (a device-side assert on a GPU),
+    possibly after part of the training had run. ``None``: ``default`` (a helper's usual length), capped at that
+    limit, so a model with fewer positions runs on its default. Without a table (rotary positions) every length
+    runs.
+    """
+    if max_length is None:
+        limit = position_limit(model).max_length
+        return default if limit is None else min(default, limit)
+    max_length = require_count("max_length", max_length, minimum=2)
+    require_max_length_fits(model, max_length)
+    return max_length
+
+
+def require_max_length_fits(model: nn.Module, max_length: int) -> None:
+    """Refuse a truncation length ``max_length`` longer than ``model``'s position limit (:func:`truncation_length`)."""
+    limit = position_limit(model)
+    if limit.max_length is not None and max_length > limit.max_length:
+        raise argument_error("max_length", f"is {max_length} but {type(model).__name__} takes at most "
+                             f"{limit.max_length} positions ({limit.source}, its position table)",
+                             f"Pass max_length={limit.max_length} or less (longer texts are then truncated to it)")

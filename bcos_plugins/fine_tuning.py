@@ -15,10 +15,9 @@ from ._checks import (
     require_run_settings,
     require_text_pairs,
     require_texts,
-    truncation_length,
 )
 from .b_warmup import BWarmupCallback
-from .encoded_texts import EncodedTexts
+from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, argument_error
 from .losses import DistillationLoss, bcos_loss
 from .nn.dynamic import has_dynamic_weights

@@ -5,14 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._checks import (
-    require_classifier,
-    require_count,
-    require_labels,
-    require_text_pairs,
-    require_texts,
-    truncation_length,
-)
+from ._checks import require_classifier, require_count, require_labels, require_text_pairs, require_texts
+from .encoded_texts import truncation_length
 
 __all__ = ["accuracy", "predict"]
 

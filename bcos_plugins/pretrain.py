@@ -20,18 +20,11 @@ from pathlib import Path
 
 from torch import nn
 
-from ._checks import (
-    require_classifier,
-    require_count,
-    require_number,
-    require_run_settings,
-    require_texts,
-    truncation_length,
-)
+from ._checks import require_classifier, require_count, require_number, require_run_settings, require_texts
 from .convert.architectures import SPECS, spec_for, vocabulary_size
 from .convert.bcosify import bcosify, plan_conversion
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
-from .encoded_texts import EncodedTexts
+from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, BcosValueError, argument_error
 from .fine_tuning import fine_tune_classifier, training_arguments
 from .nn.dynamic import has_dynamic_weights

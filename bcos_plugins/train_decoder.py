@@ -18,9 +18,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ._checks import require_int, require_max_length_fits
+from ._checks import require_int
 from .attribution.targets import real_token_positions
 from .convert.architectures import PositionLimit, position_limit, vocabulary_size
+from .encoded_texts import require_max_length_fits
 from .errors import BcosTypeError, argument_error
 
 __all__ = ["CausalLMCollator", "IGNORE_INDEX", "real_token_positions", "train_causal_lm"]

@@ -19,7 +19,7 @@ from conftest import MAX_POS, tiny_config, tiny_model
 from test_conformance import CONFIGS
 from test_pretrain import WORDS, word_tokenizer
 
-from bcos_plugins import _checks, bcosify
+from bcos_plugins import bcosify, encoded_texts
 from bcos_plugins.convert.architectures import PositionLimit, position_limit
 from bcos_plugins.errors import BcosValueError
 from bcos_plugins.nn.dynamic import has_dynamic_weights
@@ -108,8 +108,8 @@ def test_a_rotary_model_has_no_table_to_run_off(training_runs, tmp_path):
 
 
 def test_the_check_follows_the_one_position_limit(monkeypatch, training_runs, tmp_path):
-    assert _checks.position_limit is position_limit, "the training check reads the limit with its own function"
-    monkeypatch.setattr(_checks, "position_limit", lambda model: PositionLimit(6, 6, "patched.limit"))
+    assert encoded_texts.position_limit is position_limit, "the training check reads the limit with its own function"
+    monkeypatch.setattr(encoded_texts, "position_limit", lambda model: PositionLimit(6, 6, "patched.limit"))
     model, tok = tiny_model("BertForSequenceClassification"), word_tokenizer()
     with pytest.raises(BcosValueError, match=refusal(7, "BertForSequenceClassification", 6, "patched.limit")):
         fine_tune_classifier(model, tok, [LONG_TEXT, "w1"], [0, 1], max_length=7, output_dir=tmp_path, **QUIET)
