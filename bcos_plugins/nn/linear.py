@@ -232,7 +232,7 @@ class BcosLinear(AlignmentPressure):
         """Weight rows scaled to unit norm, ``(out_features * max_out, in_features)``.
 
         Reused between calls while no gradient of the weight is needed and the weight is unchanged
-        (:func:`~bcos_plugins.nn.functional.cached_unit_norm`)."""
+        (:func:`~bcos_plugins.nn.functional.cached_unit_norm`): read it, do not write into it."""
         return cached_unit_norm(self.weight, dim=1, transposed=self._UNITS_ARE_COLUMNS)
 
     def _linear(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... units"]:
