@@ -114,6 +114,7 @@ def test_every_caller_follows_the_one_function(monkeypatch, tmp_path):
         with pytest.raises(BcosValueError, match=REFUSAL.format(n=8, id=9)) as info:
             call(torch.tensor([[3, 9, 5]]))
         assert seen, (key, path, str(info.value))
+        call(torch.tensor([[3, 7, 5]]))  # the last id the patched size holds runs
     gpt2 = m["gpt2"]
     with pytest.raises(BcosValueError, match=r"^target: ids must lie in \[0, 8\), got \[9\]"):
         next_token_contrast(gpt2, torch.tensor([[3, 4]]), target=9, foil=2)
