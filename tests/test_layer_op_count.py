@@ -1,7 +1,9 @@
 """How many aten ops one B-cos linear forward dispatches (the eager B-cos forward on a GPU is bound by kernel
 launches, docs/benchmarks.md), and the unit-norm weight cache that removes the weight normalisation from
-inference and explanations: it is used only while no gradient of the weight is needed and the weight is
-unchanged, and it never changes a value."""
+inference and explanations inside ``reuse_unit_weights()`` (opt-in: a ``weight.data`` write is invisible to it):
+it is used only while no gradient of the weight is needed and the weight is unchanged, and it never changes a
+value. Every test of this module runs inside ``reuse_unit_weights()`` (the autouse fixture) except the
+``test_by_default_*`` ones."""
 
 from __future__ import annotations
 
@@ -16,9 +18,26 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bcos_plugins import bcosify, explain
 from bcos_plugins.errors import BcosTypeError
-from bcos_plugins.nn import BcosConv1D, BcosConv2d, BcosLinear, explanation_mode, reference_path
+from bcos_plugins.nn import (
+    BcosConv1D,
+    BcosConv2d,
+    BcosLinear,
+    explanation_mode,
+    reference_path,
+    reuse_unit_weights,
+)
 from bcos_plugins.nn.dynamic import no_parameter_gradients
 from bcos_plugins.nn.functional import cached_unit_norm, clear_unit_norm_cache, input_norm, unit_norm
+
+
+@pytest.fixture(autouse=True)
+def _reuse_unit_weights(request):
+    if request.node.name.startswith("test_by_default"):
+        yield
+        return
+    with reuse_unit_weights():
+        yield
+
 
 # views and allocations launch no kernel: not counted
 _NO_KERNEL = {"t", "view", "_unsafe_view", "detach", "alias", "unsqueeze", "expand", "as_strided", "new_empty",
@@ -72,6 +91,41 @@ OP_BOUNDS = {
     ("explaining", False): 8,
     ("explaining", True): 9,
 }
+
+
+# Outside reuse_unit_weights() (the default) the weight is normalised on every call: + vector_norm clamp_min div,
+# and under autocast the normalised weight's cast (the input's is counted above).
+DEFAULT_EXTRA_OPS = {False: 3, True: 4}
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16_autocast"])
+@pytest.mark.parametrize("mode", ["inference", "explaining"])
+def test_by_default_every_forward_normalises_the_weight(mode, autocast):
+    ops = _forward_ops(BcosLinear(32, 16, b=2.0).eval(), mode, autocast)
+    bound = OP_BOUNDS[(mode, autocast)] + DEFAULT_EXTRA_OPS[autocast]
+    assert len(ops) <= bound, f"{len(ops)} ops > {bound}: {ops}"
+    assert ops.count("linalg_vector_norm") == 2 and "div" in ops, ops
+
+
+def test_by_default_a_weight_data_write_is_seen_and_inside_the_scope_clearing_makes_it_seen():
+    layer = BcosLinear(8, 4, b=2.0).eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        before = layer(x)
+        layer.weight.data[0] = -layer.weight.data[0]  # an ablation written the old way: no version bump
+        after = layer(x)
+    torch.testing.assert_close(after[:, 0], -before[:, 0])  # unit 0 flips sign: the new weight is read
+    with reuse_unit_weights(), torch.no_grad():
+        cached = layer(x)
+        layer.weight.data[1] = 0.5 * layer.weight.data[1]
+        clear_unit_norm_cache(layer)
+        torch.testing.assert_close(layer(x), cached)  # unit norm: scaling a weight row changes nothing
+        layer.weight.data[2] = -layer.weight.data[2]
+        clear_unit_norm_cache(layer)
+        torch.testing.assert_close(layer(x)[:, 2], -cached[:, 2])
+    with pytest.raises(BcosTypeError, match=r"enabled: must be True or False, got 'yes'"):
+        with reuse_unit_weights("yes"):
+            pass
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16_autocast"])

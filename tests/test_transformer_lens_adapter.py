@@ -127,10 +127,13 @@ def test_bcos_use_attn_result_splits_the_output_by_head():
     torch.testing.assert_close(logits, reference(ids), rtol=1e-5, atol=1e-6)
 
 
-def test_cached_unit_weights_follow_parameter_updates():
+@pytest.mark.parametrize("reuse", [False, True], ids=["default", "reuse_unit_weights"])
+def test_cached_unit_weights_follow_parameter_updates(reuse):
+    from bcos_plugins.nn import reuse_unit_weights
+
     model = tiny_bcos(LLAMA_LIKE)
     ids = tokens()
-    with torch.no_grad():
+    with reuse_unit_weights(reuse), torch.no_grad():
         first = model(ids)
         model.blocks[0].mlp.W_in.add_(torch.linspace(-0.5, 0.5, 16)[:, None])  # in place: new directions
         model.blocks[1].attn._W_K.add_(0.1)

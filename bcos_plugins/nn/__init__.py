@@ -3,7 +3,7 @@
 from .activation import DetachableActivation
 from .conv import BcosConv2d
 from .dynamic import DynamicWeightModule, explanation_mode, has_dynamic_weights, is_explaining
-from .functional import reference_path
+from .functional import reference_path, reuse_unit_weights
 from .linear import BcosConv1D, BcosLinear, check_b
 from .norm import BcosLayerNorm, DetachableRMSNorm
 
@@ -20,4 +20,5 @@ __all__ = [
     "has_dynamic_weights",
     "is_explaining",
     "reference_path",
+    "reuse_unit_weights",
 ]

@@ -52,6 +52,7 @@ from ..errors import BcosTypeError, argument_error
 from .dynamic import parameter_gradients_unused
 
 __all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "cached_unit_norm", "clear_unit_norm_cache",
+           "reuse_unit_weights",
            "input_norm", "bcos_scale", "bcos_product",
            "max_out", "reference_path", "using_reference_path"]
 
@@ -80,7 +81,8 @@ _UNIT_WEIGHTS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: bool = False,
                      first_unit: int = 0, autocast: bool = False) -> Tensor:
     """:func:`unit_norm` of ``weight`` (of ``weight.T`` if ``transposed``, from row ``first_unit`` on), reused
-    across forward passes while it cannot differ and no gradient reaches ``weight`` through it.
+    across forward passes while it cannot differ and no gradient reaches ``weight`` through it, inside
+    :func:`reuse_unit_weights` only (outside it, always :func:`unit_norm` afresh).
 
     The one cache of unit-norm weights (B-cos layers and the TransformerLens components). Inference,
     evaluation and explanations call a model many times with the same weights; normalising them costs a
@@ -106,7 +108,7 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
     view = weight.T if transposed else weight
     if first_unit:
         view = view[first_unit:]
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not _REUSE_UNIT_WEIGHTS:
         return unit_norm(view, dim)
     if torch.is_grad_enabled() and weight.requires_grad and not parameter_gradients_unused():
         if _UNIT_WEIGHTS:  # training: free the copy an evaluation left, training memory stays as it was
@@ -132,6 +134,36 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
             unit = unit.to(cast)
     forms[form] = (key, unit)
     return unit
+
+
+_REUSE_UNIT_WEIGHTS = False
+
+
+@contextmanager
+def reuse_unit_weights(enabled: bool = True) -> Iterator[None]:
+    """Let the B-cos layers reuse their normalised weights across forward passes while the block runs
+    (:func:`cached_unit_norm`): inference and explanations then skip a reduction, a clamp and a division per
+    layer and call (the eager forward on a GPU is bound by kernel launches; docs/benchmarks.md#gpu).
+
+    Opt-in, because one way of editing weights cannot be seen: a write through ``weight.data`` (``layer.weight
+    .data[:, i] = 0``, a common way to ablate a unit) does not bump the weight's version counter, so a reused
+    copy would silently keep the old weight. Inside this block, edit weights under ``torch.no_grad()``
+    (``layer.weight[:, i] = 0``) or call :func:`clear_unit_norm_cache` after a ``.data`` write. Outside it
+    (the default) every forward normalises the weight it reads. Process-wide, like :func:`reference_path`;
+    the cached copies are dropped when the block ends.
+    """
+    global _REUSE_UNIT_WEIGHTS
+    if not isinstance(enabled, bool):
+        raise argument_error("enabled", f"must be True or False, got {enabled!r}",
+                             "call reuse_unit_weights() or reuse_unit_weights(False)", kind=BcosTypeError)
+    previous = _REUSE_UNIT_WEIGHTS
+    _REUSE_UNIT_WEIGHTS = enabled
+    try:
+        yield
+    finally:
+        _REUSE_UNIT_WEIGHTS = previous
+        if not previous:
+            _UNIT_WEIGHTS.clear()
 
 
 def clear_unit_norm_cache(model: nn.Module | None = None) -> None:
