@@ -43,6 +43,7 @@ from bcos_plugins import SpaceModelForSequenceClassification, explain
 from bcos_plugins.convert import architectures
 from bcos_plugins.convert.architectures import PositionLimit, position_limit
 from bcos_plugins.corpus import explain_dataset
+from bcos_plugins.encoded_texts import truncation_length
 from bcos_plugins.errors import BcosValueError
 from bcos_plugins.metrics import next_token_contrast, perplexity
 from bcos_plugins.pretrained import minilm_path
@@ -144,6 +145,22 @@ def test_the_registry_is_the_source_of_the_limit():
     assert position_limit(roberta_lm) == expected["roberta"]
     assert position_limit(T.BertLMHeadModel(tiny_config("bert"))) == PositionLimit(40, 40,
                                                                                     "config.max_position_embeddings")
+
+
+def test_a_space_model_has_its_encoders_limit():
+    # before: the Space model's own configuration holds no position field, so position_limit said "no limit" and
+    # the training helpers neither checked max_length up front nor capped their default (its forward refuses)
+    for key in ("space bert", "space roberta", "space modernbert"):
+        model, encoder_limit = models()[key], _limit_of(key)
+        source = None if encoder_limit.source is None else f"encoder.{encoder_limit.source}"
+        assert position_limit(model) == PositionLimit(encoder_limit.max_length, encoder_limit.context, source), key
+    space_bert = models()["space bert"]
+    assert truncation_length(space_bert, None, default=64) == 40
+    with pytest.raises(BcosValueError, match=r"^max_length: is 41 but SpaceModelForSequenceClassification takes at "
+                                             r"most 40 positions \(encoder\.config\.max_position_embeddings, its "
+                                             r"position table\)\. Pass max_length=40 or less"):
+        truncation_length(space_bert, 41, default=64)
+    assert truncation_length(models()["space modernbert"], None, default=64) == 64  # rotary: no table to cap at
 
 
 def test_every_caller_follows_the_one_function(monkeypatch):

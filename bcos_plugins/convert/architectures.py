@@ -17,7 +17,7 @@ The core never imports an adapter: a spec names its TransformerLens converter by
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from torch import nn
@@ -368,6 +368,8 @@ def position_limit(model: nn.Module) -> PositionLimit:
       ``config.max_position_embeddings``, less ``pad_token_id + 1`` when its position embedding has a padding
       index (RoBERTa-style tables), rotary or not (outside the registry the package cannot tell); ``None``
       where the config has neither.
+    - A wrapper whose body (``base_model``) keeps a configuration of its own (a Space model's ``encoder``): the
+      body's limit, its ``source`` named through the wrapper (``"encoder.config.max_position_embeddings"``).
     """
     cfg = getattr(model, "cfg", None)
     if cfg is not None and hasattr(cfg, "n_ctx"):  # checked first: a bridge forwards .config to the HF model
@@ -376,6 +378,13 @@ def position_limit(model: nn.Module) -> PositionLimit:
         n_ctx = _config_int(cfg, "n_ctx")
         return PositionLimit(None if unlimited else n_ctx, n_ctx, None if unlimited else "cfg.n_ctx")
     config = getattr(model, "config", None)
+    body = getattr(model, "base_model", model)
+    if isinstance(body, nn.Module) and body is not model and getattr(body, "config", config) is not config:
+        # the wrapper's own configuration does not describe the positions (a Space model's holds the head's
+        # fields): only the body's does, so reading the wrapper's would report no limit at all
+        limit = position_limit(body)
+        prefix = getattr(model, "base_model_prefix", "") or "base_model"
+        return limit if limit.source is None else replace(limit, source=f"{prefix}.{limit.source}")
     name = architecture_name(model)
     if name in SPECS:
         table = SPECS[name].position_table
