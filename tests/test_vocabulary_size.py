@@ -33,6 +33,7 @@ import transformers as T
 from bcos_plugins.adapters.captum import EmbeddingForward
 from bcos_plugins.adapters.transformer_lens import (
     explain_logits,
+    hooked_transformer_from_hf,
     token_component_decomposition,
     transformer_bridge_from_hf,
 )
@@ -175,6 +176,29 @@ def test_a_configuration_out_of_step_with_the_embedding(config_size):
     with pytest.raises(BcosValueError, match=r"^texts: texts\[0\] has token ids outside the model's vocabulary "
                                              r"\[0, 40\)"):
         perplexity(gpt2, [[3, 40, 5]])
+
+
+@pytest.mark.parametrize("config_size", [30, 60], ids=["config smaller than the embedding", "config larger"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "plain gpt2"])
+def test_hooked_transformer_from_hf_sizes_its_vocabulary_from_the_weights(family, config_size):
+    # before: TransformerLens built d_vocab from config.vocab_size, and loading the 40 embedding rows failed with
+    # an opaque load_state_dict size mismatch
+    torch.manual_seed(0)
+    if family == "plain gpt2":
+        hf = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=2, n_positions=16)).eval()
+    else:
+        hf = copy.deepcopy(bcos_model(family, *CONFIG))
+    hf.config.vocab_size = config_size
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        lens = hooked_transformer_from_hf(hf).eval()
+    assert (lens.cfg.d_vocab, lens.cfg.d_vocab_out) == (40, 40)
+    ids = torch.tensor([[3, 39, 5, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(lens(ids), hf(ids).logits, rtol=1e-5, atol=1e-5)
+    explain_logits(lens, ids, target=39)
+    with pytest.raises(BcosValueError, match=REFUSAL.format(n=40, id=40)):
+        explain_logits(lens, torch.tensor([[3, 40, 5]]), target=1)
 
 
 def test_only_the_registry_reads_the_fields_of_the_size():

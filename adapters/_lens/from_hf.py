@@ -24,7 +24,7 @@ from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.nn.dynamic import DynamicWeightModule
 
 from .config import BcosTransformerConfig
-from .conversions import conversion_for
+from .conversions import conversion_for, vocabulary_sizes
 from .decomposition import fold_final_norm_weight
 from .model import bcos_model_class, make_explainable
 
@@ -139,7 +139,7 @@ def hooked_transformer_from_hf(
     _refuse_inexpressible(conversion, arch, hf_config, bcos, hf_model)
     param = next(hf_model.parameters())
     cfg_dict = _config_dict(conversion, arch, hf_config)
-    cfg_dict.update(device=str(param.device), dtype=param.dtype, init_weights=False)
+    cfg_dict.update(device=str(param.device), dtype=param.dtype, init_weights=False, **vocabulary_sizes(hf_model))
     if bcos is not None:
         cfg = BcosTransformerConfig(**cfg_dict, bcos_b=bcos["b"])
         model = bcos_model_class(model_class)(cfg, move_to_device=True)

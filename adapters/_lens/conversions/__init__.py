@@ -19,7 +19,9 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-__all__ = ["LensConversion", "conversion_for", "with_zero_bias"]
+from bcos_plugins.convert.architectures import vocabulary_size
+
+__all__ = ["LensConversion", "conversion_for", "vocabulary_sizes", "with_zero_bias"]
 
 
 def _hidden_act(hf_config) -> str:
@@ -53,6 +55,19 @@ class LensConversion:
     activation: Callable[[object], str] = _hidden_act
     prepare_config: Callable[[object], None] = _keep_config
     adjust_config: Callable[[dict, object], None] = _keep_config
+
+
+def vocabulary_sizes(hf_model: nn.Module) -> dict:
+    """The TransformerLens config's ``d_vocab`` and ``d_vocab_out`` from the weights (the input embedding's rows,
+    :func:`~bcos_plugins.convert.architectures.vocabulary_size`, and the LM head's), not from
+    ``config.vocab_size``: a configuration edited or saved out of step with its embedding would otherwise build a
+    model of other sizes, which refuses the weights with a ``load_state_dict`` size mismatch. Every row is copied
+    as it is, so the logits stay the transformers model's."""
+    sizes = {"d_vocab": vocabulary_size(hf_model)}
+    head = hf_model.get_output_embeddings()
+    if head is not None:
+        sizes["d_vocab_out"] = int(head.weight.shape[0])  # an nn.Linear (out, in), tied or not
+    return sizes
 
 
 def conversion_for(name: str) -> LensConversion:
