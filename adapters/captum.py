@@ -51,7 +51,7 @@ import inspect
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,7 @@ from bcos_plugins.attribution import (
 from bcos_plugins.attribution.text import check_token_inputs
 from bcos_plugins.convert.architectures import spec_for
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
+from bcos_plugins.explain import completeness_tolerance, recording_forward_autocast
 from bcos_plugins.nn.dynamic import dynamic_weights_used, explanation_mode, is_explaining
 
 __all__ = [
@@ -212,14 +213,29 @@ def _check_target(target: TargetType, output) -> None:
 _INCOMPLETE = 1e-3
 
 
-def _warn_if_incomplete(contributions: Sequence[Tensor], explained: Tensor) -> None:
+def _warn_if_incomplete(contributions: Sequence[Tensor], explained: Tensor,
+                        forward_autocast: Sequence[torch.dtype] = ()) -> None:
     """Warn when the attributions miss part of the explained output: ``forward_func`` adds something that is not a
-    function of ``inputs`` (e.g. the position embeddings a transformers model adds after ``inputs_embeds``)."""
+    function of ``inputs`` (e.g. the position embeddings a transformers model adds after ``inputs_embeds``), or
+    the forward ran in a lower precision than the attributions (``torch.autocast``, or the autocast
+    ``Trainer(bf16=True)`` leaves in the forward, as ``explain`` detects it): then they are complete only to that
+    precision's rounding."""
     batch = explained.shape[0]
     flat = torch.cat([c.reshape(batch, -1) for c in contributions], dim=1)
     scale = explained.abs() + flat.abs().sum(1)
+    gap = (flat.sum(1) - explained).abs() / scale.clamp_min(torch.finfo(scale.dtype).tiny)
+    rounding, precision = completeness_tolerance(flat, forward_autocast)
+    low_precision = torch.finfo(precision).eps > torch.finfo(flat.dtype).eps
+    if low_precision and (gap <= rounding).all():
+        warnings.warn(
+            f"BcosAttribution: the forward ran in {precision} (torch.autocast, or the autocast Trainer(bf16=True) "
+            f"leaves in model.forward), so the attributions are complete only to {precision} rounding: they miss "
+            f"the explained output by up to {float(gap.max()):.2g} of its size (the convergence delta says by how "
+            "much per example). For float32 completeness run the model outside autocast (after Trainer(bf16=True): "
+            "trainer.accelerator.unwrap_model(model, keep_fp32_wrapper=False))", stacklevel=3)
+        return
     tolerance = max(_INCOMPLETE, 100 * torch.finfo(flat.dtype).eps)
-    if ((flat.sum(1) - explained).abs() > tolerance * scale).any():
+    if (gap > tolerance).any():
         warnings.warn(
             "BcosAttribution: the attributions do not sum to the explained output (the convergence delta says by "
             "how much): part of the output does not come from `inputs`. A transformers text model called with "
@@ -458,16 +474,20 @@ class BcosAttribution(GradientAttribution):
         batch = inputs_t[0].shape[0]
         name = type(self).__name__
 
+        forward_autocast: list[torch.dtype] = []
+
         def compute():
             leaves = tuple(as_leaf(x) for x in inputs_t)
-            out = CaptumInternals.run_forward(self.forward_func, leaves, None, extra)
+            with (nullcontext() if self.model is None
+                  else recording_forward_autocast(self.model, forward_autocast)):
+                out = CaptumInternals.run_forward(self.forward_func, leaves, None, extra)
             _check_target(target, out)
             out = CaptumInternals.select_targets(out, target)
             return _one_value_per_example(out, batch, name), leaves
 
         with _explaining(name, self.model):
             step = input_x_gradient(compute)
-        _warn_if_incomplete(step.contributions, step.explained)
+        _warn_if_incomplete(step.contributions, step.explained, forward_autocast)
         formatted = CaptumInternals.output_as(is_tuple, step.contributions)
         if not return_convergence_delta:
             return formatted

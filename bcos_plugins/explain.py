@@ -18,7 +18,8 @@ Explained quantities:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -100,20 +101,9 @@ def explain(
         weight = model.get_input_embeddings().weight
         probe = torch.ones(*input_ids.shape, weight.shape[-1], dtype=weight.dtype, device=weight.device,
                            requires_grad=True)
-        # autocast entered inside the model's forward counts too: Trainer(bf16=True) / accelerate leave
-        # model.forward wrapped in autocast after training, so the caller sees no autocast around the call
-        device = weight.device.type
-
-        def note_autocast(module, args) -> None:
-            if torch.is_autocast_enabled(device):
-                forward_autocast.append(torch.get_autocast_dtype(device))
-
-        note = point.module.register_forward_pre_hook(note_autocast)
-        try:
-            with capture_point(point.module, point.where, probe=probe) as leaves:
-                out = model(**call_kwargs)
-        finally:
-            note.remove()
+        with recording_forward_autocast(point.module, forward_autocast), \
+                capture_point(point.module, point.where, probe=probe) as leaves:
+            out = model(**call_kwargs)
         if spec.is_classifier:
             values = out.logits
         else:
@@ -141,6 +131,25 @@ def explain(
     return result
 
 
+@contextmanager
+def recording_forward_autocast(module: nn.Module, seen: list[torch.dtype]) -> Iterator[list[torch.dtype]]:
+    """Append to ``seen`` the autocast dtype that ``module`` and its submodules run under, while inside. An
+    autocast entered inside the model's forward counts too: ``Trainer(bf16=True)`` / accelerate leave
+    ``model.forward`` wrapped in autocast after training, so the caller sees no autocast around the call."""
+    device = next(module.parameters(), torch.empty(0)).device.type
+
+    def note_autocast(submodule, args) -> None:
+        if torch.is_autocast_enabled(device):
+            seen.append(torch.get_autocast_dtype(device))
+
+    notes = [m.register_forward_pre_hook(note_autocast) for m in module.modules()]
+    try:
+        yield seen
+    finally:
+        for note in notes:
+            note.remove()
+
+
 def _output_scale(values: Tensor, target: Tensor | Direction, foil: Tensor | Direction | None) -> Tensor:
     """Per row, ``|output[target]| + |output[foil]|`` (``sum |v_i| |output_i|`` for a Direction): the size of
     the outputs whose difference is explained, against which a logit difference near 0 is still exact."""
@@ -154,7 +163,7 @@ def _output_scale(values: Tensor, target: Tensor | Direction, foil: Tensor | Dir
     return size(target) + (0.0 if foil is None else size(foil))
 
 
-def _completeness_tolerance(contributions: Tensor,
+def completeness_tolerance(contributions: Tensor,
                             forward_autocast: Sequence[torch.dtype] = ()) -> tuple[float, torch.dtype]:
     """``sqrt(eps)`` of the least precise dtype the forward ran in (3.5e-4 in float32, 0.03 in float16, 0.09 in
     bfloat16): measured B-cos completeness errors are 1e-6 (float32) to 1e-2 (bfloat16) of the output scale,
@@ -189,7 +198,7 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
         # gradient of a stock model, and dynamic_linear_copy's W(x) x + bias terms, are not complete by design,
         # and completeness_error / delta report how far
         return
-    tolerance, precision = _completeness_tolerance(contributions, forward_autocast)
+    tolerance, precision = completeness_tolerance(contributions, forward_autocast)
     # against the explained value, the outputs it is a difference of, or the token scores' own size, whichever
     # is largest: float rounding of a healthy model is relative to those (an explained value can be near 0),
     # while an overflowed or cancelled computation is off by the size of the scores themselves
