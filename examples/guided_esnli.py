@@ -15,12 +15,8 @@ For each training mode (Gu, "Self-Guided Attention for Explainable NLI", Table 1
   guidance of the same layers is added with ``--supervision-strength`` > 0 (default 0: guidance and supervision
   pull the same way, and supervising attention that the mask already steers teaches it little;
   docs/methods/self-guided-attention.md). The gate (``PlateauGate``) lets the task loss leave the
-  constant-prediction plateau before the supervision acts (without it one seed in ten never left it). Defaults:
-  weight 0.2, gate 0.9, warm-up 0.2, 3 epochs for every variant, the setting that met "attention IoU at least
-  twice chance on every seed, accuracy no worse than vanilla" on ten fresh seeds;
-  ``--epochs 2 --supervision-gate 0 --supervision-warmup 0.5 --supervision-weight 0.1`` is the earlier default,
-  ``--epochs 2 --supervision-gate 0 --supervision-weight 0.03 --supervision-warmup 0 --supervision-heads 0`` the
-  one before;
+  constant-prediction plateau before the supervision acts. Defaults: weight 0.2, gate 0.9, warm-up 0.2, 3 epochs
+  for every variant (what they measured, and the earlier defaults' flags: docs/methods/self-guided-attention.md);
 - ``supervised-random``: the same supervision toward a random mask with as many text tokens as the gold one,
   drawn per batch (the control of ``supervised``); ``--supervision-objective rank`` replaces the KL target by
   the ranking hinge of ``attention_supervision_loss`` (rationale tokens above the others by
