@@ -213,13 +213,22 @@ def _check_target(target: TargetType, output) -> None:
 _INCOMPLETE = 1e-3
 
 
+_MISSING_FROM_INPUTS = (
+    "part of the output does not come from `inputs`. A transformers text model called with "
+    "inputs_embeds= adds the position (and token-type) embeddings after them (BERT, RoBERTa, DistilBERT, "
+    "GPT-2). Attribute at the combined embedding: fwd = EmbeddingForward(model); "
+    "BcosAttribution(fwd).attribute(fwd.embed(input_ids, attention_mask), target=..., "
+    "additional_forward_args=(attention_mask,)); otherwise pass every input the output depends on")
+
+
 def _warn_if_incomplete(contributions: Sequence[Tensor], explained: Tensor,
-                        forward_autocast: Sequence[torch.dtype] = ()) -> None:
+                        forward_autocast: Sequence[torch.dtype] = (), who: str = "BcosAttribution",
+                        missing_share: str = _MISSING_FROM_INPUTS) -> None:
     """Warn when the attributions miss part of the explained output: ``forward_func`` adds something that is not a
     function of ``inputs`` (e.g. the position embeddings a transformers model adds after ``inputs_embeds``), or
     the forward ran in a lower precision than the attributions (``torch.autocast``, or the autocast
     ``Trainer(bf16=True)`` leaves in the forward, as ``explain`` detects it): then they are complete only to that
-    precision's rounding."""
+    precision's rounding. ``who`` names the caller; ``missing_share`` says why a share can be missing and the fix."""
     batch = explained.shape[0]
     flat = torch.cat([c.reshape(batch, -1) for c in contributions], dim=1)
     scale = explained.abs() + flat.abs().sum(1)
@@ -228,7 +237,7 @@ def _warn_if_incomplete(contributions: Sequence[Tensor], explained: Tensor,
     low_precision = torch.finfo(precision).eps > torch.finfo(flat.dtype).eps
     if low_precision and (gap <= rounding).all():
         warnings.warn(
-            f"BcosAttribution: the forward ran in {precision} (torch.autocast, or the autocast Trainer(bf16=True) "
+            f"{who}: the forward ran in {precision} (torch.autocast, or the autocast Trainer(bf16=True) "
             f"leaves in model.forward), so the attributions are complete only to {precision} rounding: they miss "
             f"the explained output by up to {float(gap.max()):.2g} of its size (the convergence delta says by how "
             "much per example). For float32 completeness run the model outside autocast (after Trainer(bf16=True): "
@@ -237,13 +246,9 @@ def _warn_if_incomplete(contributions: Sequence[Tensor], explained: Tensor,
     tolerance = max(_INCOMPLETE, 100 * torch.finfo(flat.dtype).eps)
     if (gap > tolerance).any():
         warnings.warn(
-            "BcosAttribution: the attributions do not sum to the explained output (the convergence delta says by "
-            "how much): part of the output does not come from `inputs`. A transformers text model called with "
-            "inputs_embeds= adds the position (and token-type) embeddings after them (BERT, RoBERTa, DistilBERT, "
-            "GPT-2). Attribute at the combined embedding: fwd = EmbeddingForward(model); "
-            "BcosAttribution(fwd).attribute(fwd.embed(input_ids, attention_mask), target=..., "
-            "additional_forward_args=(attention_mask,)); otherwise pass every input the output depends on",
-            stacklevel=3)
+            f"{who}: the attributions do not sum to the explained output (they miss it by up to "
+            f"{float(gap.max()):.2g} of its size; the convergence delta says by how much per example): "
+            f"{missing_share}", stacklevel=3)
 
 
 def _one_value_per_example(out: Tensor, batch: int, who: str) -> Float[Tensor, " batch"]:
@@ -540,6 +545,7 @@ class LayerBcos(LayerGradientXActivation):
                     "model.bert.encoder.layer[0], or leave layer out for the attribution point")
         self._to_layer_input = default_side if attribute_to_layer_input is None else attribute_to_layer_input
         super().__init__(forward_func, layer, device_ids=device_ids, multiply_by_inputs=multiply_by_inputs)
+        self._explained_forward = forward_func
         # LLMGradientAttribution needs forward_func to be the model itself (it calls generate and replaces
         # forward_func on its copy); called directly, a transformers model's ModelOutput is unwrapped.
         self._model_forward = forward_func if _returns_model_output(forward_func) else None
@@ -582,8 +588,10 @@ class LayerBcos(LayerGradientXActivation):
         layers = self.layer if isinstance(self.layer, list) else [self.layer]
         ran: set[nn.Module] = set()
         handles = [m.register_forward_hook(lambda module, args, out: ran.add(module)) for m in layers]
+        forward_autocast: list[torch.dtype] = []
         try:
-            with _explaining(type(self).__name__, self.model), explanation_mode():
+            with _explaining(type(self).__name__, self.model), explanation_mode(), \
+                    (nullcontext() if self.model is None else recording_forward_autocast(self.model, forward_autocast)):
                 attributions = super().attribute(
                     inputs, target=target, additional_forward_args=additional_forward_args,
                     attribute_to_layer_input=to_input, grad_kwargs=grad_kwargs, **kwargs)
@@ -603,16 +611,28 @@ class LayerBcos(LayerGradientXActivation):
             return tuple(t.detach() for t in a) if isinstance(a, tuple) else a.detach()
 
         attributions = [detach(a) for a in attributions] if isinstance(attributions, list) else detach(attributions)
-        if not return_convergence_delta:
-            return attributions
+        per_layer = attributions if isinstance(attributions, list) else [attributions]
+        per_layer = [a if isinstance(a, tuple) else (a,) for a in per_layer]
         explained = CaptumInternals.select_targets(outputs[-1], target).detach()
         explained = explained.reshape(explained.shape[0], -1).sum(-1) if explained.ndim > 1 else explained
+        # only an explanation (multiply_by_inputs) of the function given here sums to its output: the layer
+        # gradient does not, nor does LLMGradientAttribution's replacement forward_func (a log-probability,
+        # which log-softmax makes non-linear in the layer), so those are not checked
+        if self.multiplies_by_inputs and saved_forward is self._explained_forward:
+            for layer, layer_attributions in zip(layers, per_layer, strict=True):
+                _warn_if_incomplete(layer_attributions, explained, forward_autocast, type(self).__name__,
+                                    _missing_beside_layer(layer, to_input))
+        if not return_convergence_delta:
+            return attributions
+        deltas = [_delta(a, explained) for a in per_layer]
+        return attributions, (deltas if isinstance(attributions, list) else deltas[0])
 
-        def delta(a):
-            return _delta(a if isinstance(a, tuple) else (a,), explained)
 
-        return attributions, ([delta(a) for a in attributions] if isinstance(attributions, list)
-                              else delta(attributions))
+def _missing_beside_layer(layer: nn.Module, to_input: bool) -> str:
+    return (f"part of the output does not pass through the {'input' if to_input else 'output'} of "
+            f"{type(layer).__name__} (a sublayer beside a residual connection, or an input the layer does not "
+            "see). Attribute at a layer every path from the input to the output runs through: leave layer out "
+            "for the model's attribution point (the combined embedding), or pass a whole block")
 
 
 # ------------------------------------------------------------------------------------ NoiseTunnel

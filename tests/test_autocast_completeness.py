@@ -8,7 +8,9 @@ says so instead of handing them back as exact.
   is false. It now warns that they are complete only to bfloat16 rounding, by how much, and how to get float32
   completeness back (the autocast is detected inside the forward the way ``explain`` detects it); a share really
   missing still gets the old warning;
-- the TransformerLens adapter's ``explain_logits`` reports the gap in its result's ``completeness_error``.
+- the TransformerLens adapter's ``explain_logits`` reports the gap in its result's ``completeness_error``;
+- Captum's ``LayerBcos`` ran no completeness check at all: it now warns the same way, both of bfloat16 rounding
+  and of a share of the output that does not pass through the layer.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import warnings
 
 import pytest
 import torch
-from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward
+from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward, LayerBcos
 from bcos_plugins.adapters.transformer_lens import explain_logits
 from test_bf16_training import cue_word_task, train_and_score
 from test_cross_path import bcos_model, lens_model
@@ -82,3 +84,29 @@ def test_transformer_lens_explain_logits_reports_the_bfloat16_gap():
     assert 1e-4 < rounded.completeness_error.max() < BF16_ROUNDING
     torch.testing.assert_close(rounded.completeness_error,
                                (rounded.total - rounded.explained.float()).abs() / rounded.explained.float().abs())
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_layer_bcos_under_a_callers_autocast_says_the_attributions_are_complete_to_bfloat16(family):
+    model = bcos_model(family, 2, 2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float32 at the attribution point: complete, no warning
+        attributions, delta = LayerBcos(model).attribute(_ids(), target=1, return_convergence_delta=True)
+    assert (delta.abs() / attributions.sum((1, 2)).abs()).max() < 1e-5
+    # before: nothing, in any precision
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            pytest.warns(UserWarning, match="LayerBcos: the " + ROUNDING_WARNING) as record:
+        attributions, delta = LayerBcos(model).attribute(_ids(), target=1, return_convergence_delta=True)
+    assert not any("do not sum" in str(w.message) for w in record)
+    gap = delta.abs() / attributions.sum((1, 2)).abs()
+    assert 1e-6 < gap.max() < BF16_ROUNDING
+
+
+def test_layer_bcos_warns_of_a_share_that_does_not_pass_through_the_layer():
+    # GPT-2's MLP sublayer sits beside the residual connection: the embeddings reach the output around it
+    model = bcos_model("gpt2", 2, 2.0)
+    with pytest.warns(UserWarning, match=r"LayerBcos: the attributions do not sum to the explained output .*"
+                                         r"does not pass through the output of .*leave layer out"):
+        _, delta = LayerBcos(model, model.transformer.h[0].mlp).attribute(
+            _ids(), target=1, return_convergence_delta=True)
+    assert delta.abs().max() > 1e-3  # the delta the warning points to shows the missing share
