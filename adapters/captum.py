@@ -49,7 +49,6 @@ import functools
 import html as _html
 import inspect
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -57,6 +56,7 @@ from typing import Any
 
 import torch
 from bcos_plugins.adapters._captum_private import CaptumInternals, TargetType, VisualizationDataRecord
+from bcos_plugins.adapters._completeness import warn_if_incomplete
 from captum.attr import GradientAttribution, LayerGradientXActivation, NoiseTunnel
 from captum.log import log_usage
 from jaxtyping import Float, Int
@@ -76,7 +76,7 @@ from bcos_plugins.attribution import (
 from bcos_plugins.attribution.text import check_token_inputs
 from bcos_plugins.convert.architectures import spec_for
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
-from bcos_plugins.explain import completeness_tolerance, recording_forward_autocast
+from bcos_plugins.explain import recording_forward_autocast
 from bcos_plugins.nn.dynamic import dynamic_weights_used, explanation_mode, is_explaining
 
 __all__ = [
@@ -209,46 +209,12 @@ def _check_target(target: TargetType, output) -> None:
                                  f"Pass indices in [0, {size}), e.g. a class id of this model")
 
 
-# above float rounding (B-cos: about 1e-6 of the logit), below any share that matters
-_INCOMPLETE = 1e-3
-
-
 _MISSING_FROM_INPUTS = (
     "part of the output does not come from `inputs`. A transformers text model called with "
     "inputs_embeds= adds the position (and token-type) embeddings after them (BERT, RoBERTa, DistilBERT, "
     "GPT-2). Attribute at the combined embedding: fwd = EmbeddingForward(model); "
     "BcosAttribution(fwd).attribute(fwd.embed(input_ids, attention_mask), target=..., "
     "additional_forward_args=(attention_mask,)); otherwise pass every input the output depends on")
-
-
-def _warn_if_incomplete(contributions: Sequence[Tensor], explained: Tensor,
-                        forward_autocast: Sequence[torch.dtype] = (), who: str = "BcosAttribution",
-                        missing_share: str = _MISSING_FROM_INPUTS) -> None:
-    """Warn when the attributions miss part of the explained output: ``forward_func`` adds something that is not a
-    function of ``inputs`` (e.g. the position embeddings a transformers model adds after ``inputs_embeds``), or
-    the forward ran in a lower precision than the attributions (``torch.autocast``, or the autocast
-    ``Trainer(bf16=True)`` leaves in the forward, as ``explain`` detects it): then they are complete only to that
-    precision's rounding. ``who`` names the caller; ``missing_share`` says why a share can be missing and the fix."""
-    batch = explained.shape[0]
-    flat = torch.cat([c.reshape(batch, -1) for c in contributions], dim=1)
-    scale = explained.abs() + flat.abs().sum(1)
-    gap = (flat.sum(1) - explained).abs() / scale.clamp_min(torch.finfo(scale.dtype).tiny)
-    rounding, precision = completeness_tolerance(flat, forward_autocast)
-    low_precision = torch.finfo(precision).eps > torch.finfo(flat.dtype).eps
-    if low_precision and (gap <= rounding).all():
-        warnings.warn(
-            f"{who}: the forward ran in {precision} (torch.autocast, or the autocast Trainer(bf16=True) "
-            f"leaves in model.forward), so the attributions are complete only to {precision} rounding: they miss "
-            f"the explained output by up to {float(gap.max()):.2g} of its size (the convergence delta says by how "
-            "much per example). For float32 completeness run the model outside autocast (after Trainer(bf16=True): "
-            "trainer.accelerator.unwrap_model(model, keep_fp32_wrapper=False))", stacklevel=3)
-        return
-    tolerance = max(_INCOMPLETE, 100 * torch.finfo(flat.dtype).eps)
-    if (gap > tolerance).any():
-        warnings.warn(
-            f"{who}: the attributions do not sum to the explained output (they miss it by up to "
-            f"{float(gap.max()):.2g} of its size; the convergence delta says by how much per example): "
-            f"{missing_share}", stacklevel=3)
 
 
 def _one_value_per_example(out: Tensor, batch: int, who: str) -> Float[Tensor, " batch"]:
@@ -492,7 +458,8 @@ class BcosAttribution(GradientAttribution):
 
         with _explaining(name, self.model):
             step = input_x_gradient(compute)
-        _warn_if_incomplete(step.contributions, step.explained, forward_autocast)
+        warn_if_incomplete(step.contributions, step.explained, forward_autocast, who=name,
+                           missing_share=_MISSING_FROM_INPUTS)
         formatted = CaptumInternals.output_as(is_tuple, step.contributions)
         if not return_convergence_delta:
             return formatted
@@ -620,8 +587,8 @@ class LayerBcos(LayerGradientXActivation):
         # which log-softmax makes non-linear in the layer), so those are not checked
         if self.multiplies_by_inputs and saved_forward is self._explained_forward:
             for layer, layer_attributions in zip(layers, per_layer, strict=True):
-                _warn_if_incomplete(layer_attributions, explained, forward_autocast, type(self).__name__,
-                                    _missing_beside_layer(layer, to_input))
+                warn_if_incomplete(layer_attributions, explained, forward_autocast, who=type(self).__name__,
+                                   missing_share=_missing_beside_layer(layer, to_input))
         if not return_convergence_delta:
             return attributions
         deltas = [_delta(a, explained) for a in per_layer]

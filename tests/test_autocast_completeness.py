@@ -8,7 +8,8 @@ says so instead of handing them back as exact.
   is false. It now warns that they are complete only to bfloat16 rounding, by how much, and how to get float32
   completeness back (the autocast is detected inside the forward the way ``explain`` detects it); a share really
   missing still gets the old warning;
-- the TransformerLens adapter's ``explain_logits`` reports the gap in its result's ``completeness_error``;
+- the TransformerLens adapter's ``explain_logits`` reports the gap in its result's ``completeness_error``, and now
+  warns that the contributions are complete only to bfloat16 rounding (it was silent);
 - Captum's ``LayerBcos`` ran no completeness check at all: it now warns the same way, both of bfloat16 rounding
   and of a share of the output that does not pass through the layer.
 """
@@ -77,9 +78,13 @@ def test_captum_after_trainer_bf16_says_the_attributions_are_complete_to_bfloat1
 
 def test_transformer_lens_explain_logits_reports_the_bfloat16_gap():
     model = lens_model("gpt2", 2, 2.0)
-    exact = explain_logits(model, _ids(), target=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float32: complete, no warning
+        exact = explain_logits(model, _ids(), target=1)
     assert exact.completeness_error.max() < 1e-5
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    # before: the gap was only in completeness_error, nothing warned
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            pytest.warns(UserWarning, match="explain_logits: the " + ROUNDING_WARNING + r".*completeness_error"):
         rounded = explain_logits(model, _ids(), target=1)
     assert 1e-4 < rounded.completeness_error.max() < BF16_ROUNDING
     torch.testing.assert_close(rounded.completeness_error,

@@ -28,7 +28,9 @@ from bcos_plugins.attribution import (
     resolve_positions,
 )
 from bcos_plugins.errors import BcosTypeError
+from bcos_plugins.explain import recording_forward_autocast
 
+from .._completeness import warn_if_incomplete
 from .bridge import is_explainable_bridge
 from .compat import HAS_HOOKED_TRANSFORMER
 from .inputs import check_lens_tokens
@@ -107,7 +109,13 @@ def explain_logits(
         logits = run([])
         return resolve_explained(logits[torch.arange(logits.shape[0], device=logits.device), pos], target, foil)
 
-    return explain_lens_value(model, tokens, logit_at, position=position, attention_mask=attention_mask)
+    forward_autocast: list[torch.dtype] = []
+    with recording_forward_autocast(model, forward_autocast):
+        result = explain_lens_value(model, tokens, logit_at, position=position, attention_mask=attention_mask)
+    # only the rounding is reported here: a share really missing (SAE error terms) is in sae_error_shares
+    warn_if_incomplete([result.input_contributions], result.explained, forward_autocast, who="explain_logits",
+                       missing_share=None, per_example="completeness_error")
+    return result
 
 
 def explain_lens_value(
