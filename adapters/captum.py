@@ -480,14 +480,24 @@ class LayerBcos(LayerGradientXActivation):
             when ``layer`` is left at its default, and the layer output otherwise.
         device_ids, multiply_by_inputs: as in ``LayerGradientXActivation`` (``multiply_by_inputs=False`` gives
             the layer gradient, which is not an explanation that sums to the output).
+        completeness_check: warn when the attributions miss the explained output (default). ``False`` for a
+            caller that reports the gap itself and whose ``forward_func`` returns something other than the
+            outputs the attributions should sum to (inseq: its attributed function and its ``deltas`` step
+            score).
     """
 
     def __init__(self, forward_func: Callable[..., Tensor], layer: nn.Module | list[nn.Module] | None = None,
                  model: nn.Module | None = None, attribute_to_layer_input: bool | None = None,
-                 device_ids: list[int] | None = None, multiply_by_inputs: bool = True) -> None:
+                 device_ids: list[int] | None = None, multiply_by_inputs: bool = True,
+                 completeness_check: bool = True) -> None:
         if not callable(forward_func):
             raise argument_error("forward_func", f"expected a callable, got {type(forward_func).__name__}",
                                  "Pass the model or a function of the input tensors", kind=BcosTypeError)
+        if not isinstance(completeness_check, bool):
+            raise argument_error("completeness_check", f"must be True or False, got {completeness_check!r}",
+                                 "pass completeness_check=False only where the caller reports the gap itself",
+                                 kind=BcosTypeError)
+        self.completeness_check = completeness_check
         self.model = _checked_model(forward_func, model, type(self).__name__)
         default_side = False
         if layer is None:
@@ -585,7 +595,7 @@ class LayerBcos(LayerGradientXActivation):
         # only an explanation (multiply_by_inputs) of the function given here sums to its output: the layer
         # gradient does not, nor does LLMGradientAttribution's replacement forward_func (a log-probability,
         # which log-softmax makes non-linear in the layer), so those are not checked
-        if self.multiplies_by_inputs and saved_forward is self._explained_forward:
+        if self.completeness_check and self.multiplies_by_inputs and saved_forward is self._explained_forward:
             for layer, layer_attributions in zip(layers, per_layer, strict=True):
                 warn_if_incomplete(layer_attributions, explained, forward_autocast, who=type(self).__name__,
                                    missing_share=_missing_beside_layer(layer, to_input))

@@ -475,8 +475,11 @@ class _BcosMethod:
         _Inseq071.generate_with_padding_mask(attribution_model)
         point = text_attribution_point(self.model, self.spec)
         self.hook(target_layer=point.module, **kwargs)
+        # the forward here is inseq's attributed function (a logit, a contrast, a probability) over inseq's own
+        # target selection, not what LayerBcos would compare the attributions with; inseq's "deltas" step score
+        # reports the gap instead
         self.method = LayerBcos(self.attribution_model, self.target_layer, model=self.model,
-                                attribute_to_layer_input=point.where == "input")
+                                attribute_to_layer_input=point.where == "input", completeness_check=False)
 
     def attribute(self, *args, **kwargs) -> FeatureAttributionOutput:
         with _Inseq071.positions_from_mask(self.model, self.spec), \

@@ -5,6 +5,7 @@ functions, batched prompts, B-cos classifiers as inseq outputs, registration and
 from __future__ import annotations
 
 import importlib
+import warnings
 
 import bcos_plugins.adapters.inseq as adapter
 import inseq
@@ -140,6 +141,18 @@ def test_show_returns_html_and_save_load_round_trips(generation, tmp_path):
         torch.testing.assert_close(after.step_scores["deltas"], before.step_scores["deltas"])
         torch.testing.assert_close(torch.nansum(after.aggregate().target_attributions, 0), before.step_scores["logit"],
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_inseq_targets_raise_no_layer_completeness_warning(gpt2_tokenizer):
+    # inseq's attributed function is not the output LayerBcos would compare with: its "deltas" report the gap
+    model = _tiny_lm("gpt2", len(gpt2_tokenizer), seed=1)
+    attribution_model = inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        attribution_model.attribute("The cat", "The cat sat down", attributed_fn="probability", show_progress=False)
+        attribution_model.attribute("The cat", "The cat sat down", attributed_fn="contrast_logits_diff",
+                                    contrast_targets="The cat ran away", show_progress=False)
+    assert not [w for w in caught if "LayerBcos" in str(w.message)], [str(w.message) for w in caught]
 
 
 def test_contrastive_and_probability_targets(gpt2_tokenizer):
