@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 from pathlib import Path
@@ -89,3 +90,21 @@ def vit_images():
     """Three random 16x16 grey images and their targets."""
     torch.manual_seed(1)
     return torch.rand(3, 1, 16, 16), torch.tensor([0, 3, 4])
+
+
+def package_reads_of(fields: set[str], allowed: set[Path]) -> list[str]:
+    """Where the package's sources (bcos_plugins/, adapters/) read one of ``fields`` as an attribute or a string,
+    outside the files in ``allowed`` and the TransformerLens converters (which translate a transformers config into
+    a TransformerLens one): the guard of a "one function reads this" mechanism."""
+    root = Path(__file__).resolve().parents[1]
+    reads = []
+    for folder in ("bcos_plugins", "adapters"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path in allowed or path.parent == root / "adapters" / "_lens" / "conversions":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                read = (node.attr if isinstance(node, ast.Attribute) else
+                        node.value if isinstance(node, ast.Constant) else None)
+                if read in fields:
+                    reads.append(f"{path.relative_to(root)}:{node.lineno} reads {read}")
+    return reads

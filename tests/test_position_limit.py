@@ -19,7 +19,6 @@ rotary ``HookedTransformer`` run past ``cfg.n_ctx`` into an opaque shape error f
 
 from __future__ import annotations
 
-import ast
 import importlib
 import re
 import warnings
@@ -35,7 +34,7 @@ from bcos_plugins.adapters.transformer_lens import (
     token_component_decomposition,
     transformer_bridge_from_hf,
 )
-from conftest import tiny_config
+from conftest import package_reads_of, tiny_config
 from test_conformance import CONFIGS
 from test_cross_path import bcos_model, lens_model
 
@@ -224,16 +223,7 @@ def test_only_the_registry_reads_the_configuration_fields_of_the_limit():
     fields = {"n_positions", "max_position_embeddings", "n_ctx"}
     # the TransformerLens converters translate a transformers config into a TransformerLens one (they write n_ctx)
     allowed = {ROOT / "bcos_plugins" / "convert" / "architectures.py"}
-    copies = []
-    for folder in ("bcos_plugins", "adapters"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            if path in allowed or path.parent == ROOT / "adapters" / "_lens" / "conversions":
-                continue
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                read = (node.attr if isinstance(node, ast.Attribute) else
-                        node.value if isinstance(node, ast.Constant) else None)
-                if read in fields:
-                    copies.append(f"{path.relative_to(ROOT)}:{node.lineno} reads {read}")
+    copies = package_reads_of(fields, allowed)
     assert not copies, ("read a model's position limit with bcos_plugins.convert.architectures.position_limit:\n"
                         + "\n".join(copies))
     assert architectures.position_limit is position_limit

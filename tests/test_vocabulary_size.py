@@ -20,7 +20,6 @@ tokens that ``explain`` accepts; with a larger one they passed ids past the embe
 
 from __future__ import annotations
 
-import ast
 import copy
 import importlib
 import warnings
@@ -37,7 +36,7 @@ from bcos_plugins.adapters.transformer_lens import (
     token_component_decomposition,
     transformer_bridge_from_hf,
 )
-from conftest import tiny_config, tiny_model
+from conftest import package_reads_of, tiny_config, tiny_model
 from test_cross_path import bcos_model
 from test_position_limit import CONFIG, minilm_sized_bert, minilm_tokenizer, models
 from test_pretrain import word_tokenizer
@@ -206,16 +205,7 @@ def test_only_the_registry_reads_the_fields_of_the_size():
     # the TransformerLens converters translate a transformers config into a TransformerLens one (they write
     # d_vocab); Gemma 2's B-cos head passes its own vocab_size to transformers' loss function, as the stock one does
     allowed = {ROOT / "bcos_plugins" / "convert" / "architectures.py", ROOT / "bcos_plugins" / "convert" / "gemma.py"}
-    copies = []
-    for folder in ("bcos_plugins", "adapters"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            if path in allowed or path.parent == ROOT / "adapters" / "_lens" / "conversions":
-                continue
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                read = (node.attr if isinstance(node, ast.Attribute) else
-                        node.value if isinstance(node, ast.Constant) else None)
-                if read in fields:
-                    copies.append(f"{path.relative_to(ROOT)}:{node.lineno} reads {read}")
+    copies = package_reads_of(fields, allowed)
     assert not copies, ("read a model's vocabulary size with bcos_plugins.convert.architectures.vocabulary_size:\n"
                         + "\n".join(copies))
     assert architectures.vocabulary_size is vocabulary_size
