@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn import BcosLayerNorm, DetachableActivation, has_dynamic_weights
+from ..nn.activation import tanh_ratio
 from ..nn.dynamic import DynamicWeightModule
 from .architectures import check_stock_class, spec_for, specs_where
 from .bcosify import ACTIVATION_GATES, IDENTITY_ACTIVATIONS, PASSTHROUGH_MODULES, gelu_kind
@@ -39,11 +39,6 @@ __all__ = ["AffineDetachableLayerNorm", "ConstantQueryKeyLinear", "DetachableTan
 # Classes whose forward applies no non-linearity outside a module (checked by reading transformers 5's code):
 # the registry's ``dynamic_linear`` flag.
 DYNAMIC_LINEAR_ARCHITECTURES = tuple(sorted(specs_where(lambda spec: spec.dynamic_linear)))  # by name, as before
-
-# below this |x| the ratio tanh(x) / x is evaluated as its Taylor series (error < x^4 / 7 < 2e-13): the
-# division itself would be 0 / 0 at x = 0
-_TANH_SERIES_BELOW = 1e-3
-
 
 class AffineDetachableLayerNorm(BcosLayerNorm):
     """A stock LayerNorm, bias included, whose ``1 / std`` is the dynamic weight (``BcosLayerNorm`` + bias)."""
@@ -71,13 +66,6 @@ class AffineDetachableLayerNorm(BcosLayerNorm):
 class ConstantQueryKeyLinear(ConstantQueryKeyProjection, nn.Linear):
     """A stock query or key ``nn.Linear`` (weights and bias) whose output is constant in explanation mode, which
     holds the attention probabilities constant."""
-
-
-def tanh_ratio(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
-    """``tanh(x) / x``, 1 at ``x = 0`` (its limit): the dynamic weight of ``tanh(x) = x * (tanh(x) / x)``."""
-    small = x.abs() < _TANH_SERIES_BELOW
-    safe = torch.where(small, torch.ones_like(x), x)
-    return torch.where(small, 1.0 - x * x / 3.0, torch.tanh(safe) / safe)
 
 
 class DetachableTanh(DynamicWeightModule):

@@ -13,8 +13,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import can_return_tuple
 
+from ..nn.activation import tanh_ratio
 from ..nn.dynamic import DynamicWeightModule
-from .dynamic_linear import tanh_ratio
 
 __all__ = ["BcosGemmaRMSNorm", "BcosSoftCappedLMHead", "BcosUncappedCausalLM"]
 

@@ -5,6 +5,7 @@
 - SiLU / swish:                   ``gate = sigmoid(x)``
 - ReLU:                           ``gate = 1[x > 0]``
 - identity ("linear"):            ``gate = 1`` (bilinear MLPs)
+- tanh (:func:`tanh_ratio`):      ``gate = tanh(x) / x`` (a pooler's tanh, Gemma 2's logit soft-cap)
 
 In explanation mode ``gate`` is a constant, so ``x · d act / dx = act(x)``.
 
@@ -57,6 +58,18 @@ ACTIVATIONS = {
     "silu": F.silu,
     "relu": F.relu,
 }
+
+
+# below this |x| the ratio tanh(x) / x is evaluated as its Taylor series (error < x^4 / 7 < 2e-13): the
+# division itself would be 0 / 0 at x = 0
+_TANH_SERIES_BELOW = 1e-3
+
+
+def tanh_ratio(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
+    """``tanh(x) / x``, 1 at ``x = 0`` (its limit): the dynamic weight of ``tanh(x) = x * (tanh(x) / x)``."""
+    small = x.abs() < _TANH_SERIES_BELOW
+    safe = torch.where(small, torch.ones_like(x), x)
+    return torch.where(small, 1.0 - x * x / 3.0, torch.tanh(safe) / safe)
 
 
 def _gate(kind: str, x: Tensor) -> Tensor:
