@@ -500,9 +500,17 @@ def test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable(name)
         with pytest.raises(BcosTypeError, match=r"ActivationCache.logit_attrs: .*soft-caps the logits.*"
                                                 r"token_component_decomposition"):
             cache.logit_attrs(resid, tokens=target)
-        # Gemma 2 normalises each attention output again: per-head shares of the projection are not attn_out's
-        with pytest.raises(BcosTypeError, match="attention output is not its output projection's"):
-            cache.stack_head_results(layer=-1)
+        # Gemma 2 normalises each attention and MLP output again: per-head / per-neuron shares of the projection
+        # are not attn_out's / mlp_out's. The refusals name the exact split, and not hooked_transformer_from_hf,
+        # which refuses the class (lens_refusal)
+        refusals = {"attention output is not its output projection's": lambda: cache.stack_head_results(layer=-1),
+                    "MLP output is not its output projection's": lambda: cache.stack_neuron_results(1)}
+        for reason, call in refusals.items():
+            with pytest.raises(BcosTypeError, match=reason) as error:
+                call()
+            assert "token_component_decomposition" in str(error.value)
+            if SPECS[name].lens_conversion is None:
+                assert "hooked_transformer_from_hf(hf_model) gives" not in str(error.value)
         return
     # TransformerLens' per-head and per-neuron results sum to each layer's attention and MLP output
     heads = cache.stack_head_results(layer=-1)

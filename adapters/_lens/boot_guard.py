@@ -43,6 +43,7 @@ import sys
 import torch
 from torch import nn
 
+from bcos_plugins.convert.architectures import SPECS, architecture_name
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError
 from bcos_plugins.nn.functional import bcos_scale, input_norm
 from bcos_plugins.nn.linear import AlignmentPressure, BcosLinear
@@ -111,9 +112,18 @@ def refuse_raw_weight_decomposition(model, method: str, reason: str = "") -> Non
         "input, so those results would not sum to mlp_out / attn_out (wrong numbers). For an exact split use "
         "bcos_plugins.adapters.transformer_lens."
         "token_component_decomposition(bridge, tokens, target=...) (input token x component shares that sum to "
-        "the logit) or explain_logits(bridge, tokens, target=...); on TransformerLens 3.x, "
-        "hooked_transformer_from_hf(hf_model) gives a HookedTransformer whose run_with_cache makes "
-        f"{method} exact")
+        "the logit) or explain_logits(bridge, tokens, target=...)" + _hooked_transformer_route(model, method))
+
+
+def _hooked_transformer_route(bridge, method: str) -> str:
+    """The HookedTransformer alternative for the bridged class, as the registry has it: offered only where
+    ``hooked_transformer_from_hf`` takes the class (Gemma 2's is refused: naming it would send users to an error)."""
+    name = architecture_name(getattr(bridge, "original_model", bridge))
+    spec = SPECS.get(name)
+    if spec is not None and spec.lens_conversion is None:
+        return f" (hooked_transformer_from_hf does not take a {name}: the bridge is its TransformerLens route)"
+    return (f"; on TransformerLens 3.x, hooked_transformer_from_hf(hf_model) gives a HookedTransformer whose "
+            f"run_with_cache makes {method} exact")
 
 
 def refuse_unfolded_logit_attrs(model, method: str) -> None:
