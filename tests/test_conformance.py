@@ -531,18 +531,23 @@ def test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable(name)
 GATED_LM_NAMES = [n for n in CAUSAL_LM_NAMES if "mlp" in SPECS[n].module_swaps]
 
 
+def _bilinear_config(name: str):
+    """The family's tiny config with the identity activation in its gated MLP (its bilinear variant)."""
+    config = CONFIGS[_family(name)]()
+    config.hidden_act = "linear"
+    if hasattr(config, "hidden_activation"):  # Gemma names it so
+        config.hidden_activation = "linear"
+    return config
+
+
 @pytest.mark.parametrize("name", GATED_LM_NAMES)
 def test_bilinear_variant_is_explained_exactly_on_every_path(name):
     """The family's gated MLP with the identity activation is a bilinear MLP (gate branch the dynamic weight):
     B-cosified, its explanations are complete through explain and the TransformerLens paths the family has."""
     from bcos_plugins.adapters import transformer_lens as lens
 
-    config = CONFIGS[_family(name)]()
-    config.hidden_act = "linear"
-    if hasattr(config, "hidden_activation"):  # Gemma names it so
-        config.hidden_activation = "linear"
     torch.manual_seed(0)
-    model = bcosify(stock_class(name)(config).eval(), b=B, verbose=False)
+    model = bcosify(stock_class(name)(_bilinear_config(name)).eval(), b=B, verbose=False)
     assert type(model.model.layers[0].mlp.act_fn).__name__ == "LinearActivation"
     ids, mask = _batch("left", seed=7)
     out = _outputs(model, ids, mask)
@@ -553,6 +558,37 @@ def test_bilinear_variant_is_explained_exactly_on_every_path(name):
         _lens_checks(lens.hooked_transformer_from_hf(model), model)
     if SPECS[name].bridge:
         _lens_checks(lens.transformer_bridge_from_hf(model), model)
+
+
+@pytest.mark.parametrize("name", GATED_LM_NAMES)
+def test_bilinear_variant_is_analysable_with_the_bilinear_tools(name):
+    """The family's bilinear variant, not B-cosified, through the bilinear tools: (W, V, P) read from each layer's
+    transformers MLP (and from the HookedTransformer's, where the family has a converter) reproduce the MLP, and
+    the interaction matrices give its output, u . mlp(x) = x^T Q(u) x. Its B-cos version is refused there (an
+    input-dependent scale is not a bilinear form)."""
+    from bcos_plugins.adapters import transformer_lens as lens
+
+    from bcos_plugins.bilinear import bilinear_weights, interaction_matrix
+
+    config = _bilinear_config(name)
+    torch.manual_seed(0)
+    model = stock_class(name)(config).eval()
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(5, config.hidden_size, generator=generator)
+    directions = torch.randn(3, config.hidden_size, generator=generator)
+    hooked = (lens.hooked_transformer_from_hf(model)
+              if SPECS[name].lens_conversion is not None and lens.HAS_HOOKED_TRANSFORMER else None)
+    for index, layer in enumerate(model.model.layers):
+        with torch.no_grad():
+            out = layer.mlp(x)
+        torch.testing.assert_close(bilinear_weights(layer.mlp).forward(x), out)
+        quadratic = torch.einsum("bi,nij,bj->bn", x, interaction_matrix(layer.mlp, directions), x)
+        torch.testing.assert_close(quadratic, out @ directions.T, rtol=1e-4, atol=1e-5)
+        if hooked is not None:
+            torch.testing.assert_close(bilinear_weights(hooked.blocks[index].mlp).forward(x), out)
+    bcos = bcosify(model, b=B, verbose=False)
+    with pytest.raises(BcosTypeError, match="not bilinear"):
+        bilinear_weights(bcos.model.layers[0].mlp)
 
 
 # ---------------------------------------------------------------------------------- family-specific maths
