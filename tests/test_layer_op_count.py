@@ -27,7 +27,13 @@ from bcos_plugins.nn import (
     reuse_unit_weights,
 )
 from bcos_plugins.nn.dynamic import no_parameter_gradients
-from bcos_plugins.nn.functional import cached_unit_norm, clear_unit_norm_cache, input_norm, unit_norm
+from bcos_plugins.nn.functional import (
+    cached_unit_norm,
+    clear_unit_norm_cache,
+    input_norm,
+    unit_norm,
+    using_reference_path,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -126,6 +132,30 @@ def test_by_default_a_weight_data_write_is_seen_and_inside_the_scope_clearing_ma
     with pytest.raises(BcosTypeError, match=r"enabled: must be True or False, got 'yes'"):
         with reuse_unit_weights("yes"):
             pass
+
+
+def test_by_default_the_cached_copies_last_until_the_outermost_reuse_block_ends_and_errors_restore_the_switches():
+    # reuse_unit_weights and reference_path share one scoped switch: nested blocks, an error inside, the message
+    weight = torch.randn(4, 8)
+    with reuse_unit_weights():
+        first = cached_unit_norm(weight, dim=1)
+        with reuse_unit_weights(False):
+            assert cached_unit_norm(weight, dim=1) is not first  # off inside the inner block
+        assert cached_unit_norm(weight, dim=1) is first  # the inner block's end keeps the outer block's copies
+    with reuse_unit_weights():
+        assert cached_unit_norm(weight, dim=1) is not first  # the outermost block's end dropped them
+    with pytest.raises(RuntimeError, match="inside"), reuse_unit_weights(), reference_path():
+        reused = cached_unit_norm(weight, dim=1)
+        assert using_reference_path()
+        raise RuntimeError("inside")
+    assert not using_reference_path()
+    assert cached_unit_norm(weight, dim=1) is not cached_unit_norm(weight, dim=1) is not reused  # reuse is off
+    for switch in (reuse_unit_weights, reference_path):
+        name = switch.__name__
+        with pytest.raises(BcosTypeError, match=rf"^enabled: must be True or False, got 1\. call {name}\(\) or "
+                                                rf"{name}\(False\)\.$"):
+            with switch(1):
+                pass
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16_autocast"])

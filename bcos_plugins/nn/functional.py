@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -136,7 +136,29 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
     return unit
 
 
+# The process-wide switches of reuse_unit_weights() and reference_path(): plain module globals, so that the hot
+# paths (and torch.compile's guards) read a bool, set by one context manager
 _REUSE_UNIT_WEIGHTS = False
+_REFERENCE_PATH = False
+
+
+@contextmanager
+def _process_switch(flag: str, enabled: bool, function: str,
+                    on_exit: Callable[[bool], None] | None = None) -> Iterator[None]:
+    """Set the module global ``flag`` to ``enabled`` while the block runs and restore it after (then
+    ``on_exit(restored value)``); ``function`` names the public context manager in the error message."""
+    if not isinstance(enabled, bool):
+        raise argument_error("enabled", f"must be True or False, got {enabled!r}",
+                             f"call {function}() or {function}(False)", kind=BcosTypeError)
+    module = globals()
+    previous = module[flag]
+    module[flag] = enabled
+    try:
+        yield
+    finally:
+        module[flag] = previous
+        if on_exit is not None:
+            on_exit(previous)
 
 
 @contextmanager
@@ -152,18 +174,13 @@ def reuse_unit_weights(enabled: bool = True) -> Iterator[None]:
     (the default) every forward normalises the weight it reads. Process-wide, like :func:`reference_path`;
     the cached copies are dropped when the block ends.
     """
-    global _REUSE_UNIT_WEIGHTS
-    if not isinstance(enabled, bool):
-        raise argument_error("enabled", f"must be True or False, got {enabled!r}",
-                             "call reuse_unit_weights() or reuse_unit_weights(False)", kind=BcosTypeError)
-    previous = _REUSE_UNIT_WEIGHTS
-    _REUSE_UNIT_WEIGHTS = enabled
-    try:
+    with _process_switch("_REUSE_UNIT_WEIGHTS", enabled, "reuse_unit_weights", on_exit=_after_reuse):
         yield
-    finally:
-        _REUSE_UNIT_WEIGHTS = previous
-        if not previous:
-            _UNIT_WEIGHTS.clear()
+
+
+def _after_reuse(still_reusing: bool) -> None:
+    if not still_reusing:  # the outermost block ended: its cached copies would go stale unseen outside it
+        _UNIT_WEIGHTS.clear()
 
 
 def clear_unit_norm_cache(model: nn.Module | None = None) -> None:
@@ -362,9 +379,6 @@ def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: boo
     return _BcosProduct.apply(lin, x_norm, b, explaining)[0]
 
 
-_REFERENCE_PATH = False
-
-
 def using_reference_path() -> bool:
     """Whether the B-cos layers run the step-by-step reference implementation (see :func:`reference_path`)."""
     return _REFERENCE_PATH
@@ -379,16 +393,8 @@ def reference_path(enabled: bool = True) -> Iterator[None]:
     memory (docs/api/nn.md). Process-wide (not per thread), and read when a forward pass runs, so a
     ``torch.compile``\ d model recompiles when it changes.
     """
-    global _REFERENCE_PATH
-    if not isinstance(enabled, bool):
-        raise argument_error("enabled", f"must be True or False, got {enabled!r}",
-                             "call reference_path() or reference_path(False)", kind=BcosTypeError)
-    previous = _REFERENCE_PATH
-    _REFERENCE_PATH = enabled
-    try:
+    with _process_switch("_REFERENCE_PATH", enabled, "reference_path"):
         yield
-    finally:
-        _REFERENCE_PATH = previous
 
 
 def max_out(lin: Tensor, m: int) -> Tensor:
