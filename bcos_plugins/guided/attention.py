@@ -210,7 +210,13 @@ def _rationale_mask_guard(model: nn.Module, args: tuple, kwargs: dict) -> None:
 def _check_class_labels(model: nn.Module, labels) -> None:
     """Class-id labels of a sequence / token classifier must lie in ``[0, num_labels)`` (or be -100, the rows
     transformers' cross-entropy skips); torch's cross-entropy would fail with an opaque index error (on a GPU, a
-    device-side assert) after the whole forward pass."""
+    device-side assert) after the whole forward pass.
+
+    Not the package's id parser (``_checks.require_row_ids``), on purpose: this guard runs inside every forward
+    of a transformers model and refuses only what transformers' own loss would fail on, so it takes labels of
+    any shape (a token classifier's are ``(batch, pos)``), the ``-100`` entries that loss skips, and float
+    labels (regression, multi-label) unchecked, where ``require_row_ids`` reads one id per row for the
+    package's own entry points and refuses all three."""
     if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.is_complex() \
             or labels.dtype == torch.bool:
         return  # float labels are regression / multi-label targets, which have no class range
