@@ -4,6 +4,7 @@ the scripts reach each other's parts by import, never by loading a file."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -97,8 +98,58 @@ def test_no_script_or_test_loads_a_script_by_its_file_path():
     assert not found, f"load these by import (from examples import x; from benchmarks.common import y): {found}"
 
 
+def _private(dotted: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
+
+
+def _private_imports(path: Path, source: str | None = None) -> list[str]:
+    """What the script at ``path`` takes from the package or another script that is private: a module or name
+    with a leading underscore, imported (``from bcos_plugins import _env``, ``from benchmarks.common.x import
+    _helper``, relative imports included) or read off an imported module (``bcos_plugins.nn.functional._FLAG``)."""
+    ours = ("bcos_plugins", "benchmarks", "examples")
+    package = ".".join(path.relative_to(ROOT).parent.parts)
+    tree = ast.parse(path.read_text(encoding="utf-8") if source is None else source)
+    found, modules = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in ours:
+                    bound = alias.asname or alias.name.split(".")[0]  # `import a.b` binds `a`
+                    modules[bound] = alias.name if alias.asname else bound
+                    if _private(alias.name):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} import {alias.name}")
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([module] if module else []))
+            if module.split(".")[0] not in ours:
+                continue
+            for alias in node.names:
+                modules[alias.asname or alias.name] = f"{module}.{alias.name}"
+                if _private(f"{module}.{alias.name}"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} from {module} import {alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules \
+                and _private(node.attr):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {modules[node.value.id]}.{node.attr}")
+    return found
+
+
 def test_the_scripts_import_no_private_module_of_the_package():
-    private = re.compile(r"^\s*(?:from|import) bcos_plugins(?:\.\w+)*\._\w+", re.M)
-    found = [str(path.relative_to(ROOT)) for folder in ("examples", "benchmarks")
-             for path in sorted((ROOT / folder).rglob("*.py")) if private.search(path.read_text(encoding="utf-8"))]
-    assert not found, f"the scripts' shared code lives in benchmarks.common, not in a private module: {found}"
+    # nor a private name of it, nor of each other: what two scripts share is a public name of benchmarks.common
+    found = [line for folder in ("examples", "benchmarks") for path in sorted((ROOT / folder).rglob("*.py"))
+             for line in _private_imports(path)]
+    assert not found, "the scripts' shared code lives in benchmarks.common, not in a private module or name:\n" + \
+        "\n".join(found)
+
+
+def test_the_private_import_check_sees_each_spelling():
+    script = ROOT / "benchmarks" / "common" / "settings.py"  # where the relative import is read from
+    source = ("import bcos_plugins._env\nfrom bcos_plugins import _checks\nfrom bcos_plugins.nn.functional import "
+              "_REFERENCE_PATH\nfrom ._helpers import x\nimport bcos_plugins.nn.functional as F\nF._FLAG\n"
+              "from bcos_plugins import explain, errors\nimport torch\ntorch._C\n")
+    assert [line.split(" ", 1)[1] for line in _private_imports(script, source)] == [
+        "import bcos_plugins._env", "from bcos_plugins import _checks",
+        "from bcos_plugins.nn.functional import _REFERENCE_PATH", "from benchmarks.common._helpers import x",
+        "bcos_plugins.nn.functional._FLAG"]
