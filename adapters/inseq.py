@@ -12,7 +12,8 @@ Examples:
     Target Saliency Heatmap
     ...
 
-What "bcos" computes (decoder-only B-cos LMs: GPT2LMHeadModel, LlamaForCausalLM converted with ``bcosify``):
+What "bcos" computes (decoder-only B-cos LMs: the registry's causal LMs, GPT2LMHeadModel, LlamaForCausalLM,
+MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and Gemma2ForCausalLM, converted with ``bcosify``):
 
 - Like inseq's own layer methods, the method holds a Captum attribution: the Captum adapter's
   :class:`~bcos_plugins.adapters.captum.LayerBcos` at the core's attribution point
@@ -618,7 +619,8 @@ class BcosClassifier:
 
 def load_classifier(model: nn.Module, tokenizer, label_names: Sequence[str] | None = None,
                     max_length: int | None = None) -> BcosClassifier:
-    """Wrap a B-cos sequence classifier (BERT, DistilBERT, RoBERTa, GPT-2, Llama) for inseq-style attribution.
+    """Wrap a B-cos sequence classifier (any ``*ForSequenceClassification`` of the registry: BERT, DistilBERT,
+    RoBERTa, ModernBERT, GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2) for inseq-style attribution.
 
     Examples:
         >>> import torch

@@ -13,8 +13,9 @@ Public API:
 - :class:`BcosTransformerConfig` + :class:`BcosHookedTransformer`: a B-cos transformer (every projection
   B-cos unless ``bcos_projections`` says otherwise, no biases, detachable norms);
   :func:`bcos_model_class` gives the B-cos version of a subclass such as sae-lens' ``HookedSAETransformer``;
-- :func:`hooked_transformer_from_hf`: a B-cosified / bilinear / plain transformers GPT-2 or Llama as a
-  TransformerLens model with the same logits, offline;
+- :func:`hooked_transformer_from_hf`: a B-cosified / bilinear / plain transformers causal LM (GPT-2, Llama,
+  Mistral, Qwen2, Qwen3: the registry's classes with a TransformerLens converter) as a TransformerLens model with
+  the same logits, offline;
 - :func:`make_explainable`: route every dynamic weight (norm scale, attention pattern, activation gate,
   B-cos scale) of a ``HookedTransformer`` through a detachable module, so that
   :func:`bcos_plugins.explanation_mode` works on it (B-cos, bilinear and plain models alike);
@@ -26,7 +27,8 @@ Public API:
 - :func:`token_component_decomposition` (+ :func:`plot_token_components`): a logit split into input token x
   component (each head, each MLP, the direct path) shares that sum to it exactly, on both model classes;
 - :func:`transformer_bridge_from_hf`: a ``TransformerBridge`` over a copy of a B-cos / bilinear / plain
-  GPT-2 or Llama (the user's model is left untouched), explainable through its hooks.
+  causal LM (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2; the user's model is left untouched), explainable
+  through its hooks.
 
 TransformerLens versions: 3.x (the ``lens`` extra, with sae-lens) has the whole API; 4.x (the ``lens4``
 extra) removed ``HookedTransformer``, so there only the bridge API is offered, and the HookedTransformer

@@ -264,8 +264,10 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
     """A ``TransformerBridge`` over a copy of ``hf_model`` that computes the same logits; ``hf_model`` is untouched.
 
     Args:
-        hf_model: a transformers ``GPT2LMHeadModel`` or ``LlamaForCausalLM``: B-cosified
-            (:func:`bcos_plugins.bcosify`), bilinear (Llama with ``hidden_act="linear"``) or plain.
+        hf_model: a transformers causal LM of :data:`SUPPORTED_BRIDGE_ARCHITECTURES` (``GPT2LMHeadModel``,
+            ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``,
+            ``Gemma2ForCausalLM``): B-cosified (:func:`bcos_plugins.bcosify`), bilinear (a gated MLP with
+            ``hidden_act="linear"``) or plain.
         tokenizer: the model's tokenizer (in-memory tokenizers work); needed for text inputs. Without one a
             placeholder that names ids ``t0 t1 ...`` is attached, with no hub access: token-id workflows work,
             and text (``to_tokens("...")``, ``bridge("...")``) raises a ``BcosValueError`` naming ``tokenizer=``.
