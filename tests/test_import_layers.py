@@ -131,13 +131,22 @@ def test_no_two_modules_import_each_other():
     assert not mutual, "\n".join(mutual)
 
 
-def _underscore_imports() -> set[tuple[str, str]]:
-    """(importing module, ``module.name``) for every ``from module import _name`` across modules, where
-    ``_name`` is not itself a module (``from . import _version`` imports a module: allowed)."""
+def _underscore_imports(sources: dict[str, str] | None = None) -> set[tuple[str, str]]:
+    """(importing module, ``module.name``) for every ``from module import _name`` across modules, and every
+    ``module._name`` read off an imported module (``from . import functional`` ... ``functional._FLAG``), where
+    ``_name`` is not itself a module (``from . import _version`` imports a module: allowed). ``sources``:
+    module name -> source text in place of the files (for the test of this check)."""
     found = set()
     for name, path in MODULES.items():
         package = name if _is_package(name) else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8") if sources is None else sources.get(name, ""))
+        bound = {}  # a local name -> the package module it holds
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                bound.update({alias.asname: alias.name for alias in node.names
+                              if alias.asname and alias.name in MODULES})
+                if any(not alias.asname and alias.name.split(".")[0] == "bcos_plugins" for alias in node.names):
+                    bound["bcos_plugins"] = "bcos_plugins"  # `import bcos_plugins.x` binds the package
             if not isinstance(node, ast.ImportFrom):
                 continue
             if node.level:
@@ -148,10 +157,29 @@ def _underscore_imports() -> set[tuple[str, str]]:
             if module.split(".")[0] != "bcos_plugins" or module == name:
                 continue
             for alias in node.names:
-                if alias.name.startswith("_") and not alias.name.startswith("__") \
-                        and f"{module}.{alias.name}" not in MODULES:
+                if f"{module}.{alias.name}" in MODULES:
+                    bound[alias.asname or alias.name] = f"{module}.{alias.name}"
+                elif alias.name.startswith("_") and not alias.name.startswith("__"):
                     found.add((name, f"{module}.{alias.name}"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound \
+                    and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and f"{bound[node.value.id]}.{node.attr}" not in MODULES and bound[node.value.id] != name:
+                found.add((name, f"{bound[node.value.id]}.{node.attr}"))
     return found
+
+
+def test_the_private_name_check_sees_each_spelling():
+    sources = {"bcos_plugins.explain": "from .attribution.targets import _private\nfrom .nn import functional\n"
+                                       "functional._REFERENCE_PATH\nfrom . import _checks\n_checks.require_int\n"
+                                       "import bcos_plugins.nn.functional as F\nF._FLAG\nF.__name__\n",
+               "bcos_plugins.corpus": "import bcos_plugins.nn.functional\nbcos_plugins._version\n"
+                                      "bcos_plugins._hidden\n"}
+    assert _underscore_imports(sources) == {
+        ("bcos_plugins.explain", "bcos_plugins.attribution.targets._private"),
+        ("bcos_plugins.explain", "bcos_plugins.nn.functional._REFERENCE_PATH"),
+        ("bcos_plugins.explain", "bcos_plugins.nn.functional._FLAG"),
+        ("bcos_plugins.corpus", "bcos_plugins._hidden")}
 
 
 # Private names a module took from another; each entry left when its import went (convert/'s activation tables,
