@@ -4,6 +4,7 @@ The core imports torch and transformers only; host-library integrations live in
 ``bcos_plugins.adapters.{inseq,captum,transformer_lens,sae_lens}`` and are imported explicitly.
 """
 
+from ._host_import_guard import guard_transformer_lens_on_import
 from ._version import __version__ as __version__  # the one source; pyproject.toml reads it too
 from .attribution import Direction, Explanation, TokenExplanation
 from .convert import ConversionReport, UnsupportedModuleError, bcosify, supported_architectures
@@ -17,6 +18,9 @@ from .space import SpaceModelConfig, SpaceModelForSequenceClassification, contex
 from .train import BWarmupCallback, bcos_loss, fine_tune_classifier, load_bcos_model
 from .train_decoder import CausalLMCollator, train_causal_lm
 from .vision import BcosViT, BcosViTConfig, explain_image
+
+# TransformerLens' own boot_transformers would rewrite a B-cos model in place: refused once both are imported
+guard_transformer_lens_on_import()
 
 __all__ = [
     "BcosError",

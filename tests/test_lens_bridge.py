@@ -238,6 +238,54 @@ def test_boot_guard_fails_loudly_when_transformer_lens_changes(monkeypatch):
         boot_guard.install_boot_guard()
 
 
+# TransformerLens called directly, as its docs show it: the TransformerLens adapter is never imported
+_DIRECT_BOOT = """
+import sys, warnings
+warnings.simplefilter("ignore", DeprecationWarning)
+{imports}
+import torch, transformers as T
+sys.path.insert(0, {tests!r})
+from conftest import tiny_model
+from transformer_lens.model_bridge import TransformerBridge
+from bcos_plugins import BcosError, bcosify
+
+model = bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False)
+tokens = torch.tensor([[5, 6, 7, 8]])
+with torch.no_grad():
+    before = model(tokens).logits
+try:
+    TransformerBridge.boot_transformers("tiny", hf_model=model,
+                                       tokenizer=T.AutoTokenizer.from_pretrained({tokenizer!r}))
+    print("booted")
+except BcosError as error:
+    print(type(error).__name__, str(error).split(";")[0])
+with torch.no_grad():
+    print("logits unchanged:", torch.equal(model(tokens).logits, before))
+print("adapter imported:", "bcos_plugins.adapters.transformer_lens" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("imports", ["import bcos_plugins\nimport transformer_lens",
+                                     "import transformer_lens\nimport bcos_plugins"])
+def test_transformer_lens_own_boot_refuses_a_bcos_model_without_the_adapter_imported(imports, tmp_path):
+    """Whoever calls TransformerLens' boot_transformers directly never imports the TransformerLens adapter, whose
+    import installed the guard: TransformerLens rewrote the B-cos GPT-2 in place (logits moved by 0.27) and
+    explain then reported it inexact. import bcos_plugins installs the guard, in either import order."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bridge_module._reloadable(bridge_module._placeholder_tokenizer(VOCAB), str(tmp_path))  # saves it there
+    script = _DIRECT_BOOT.format(imports=imports, tests=str(Path(__file__).parent), tokenizer=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == [
+        "BcosTypeError hf_model: GPT2LMHeadModel holds B-cos (dynamic-weight) modules",
+        "logits unchanged: True", "adapter imported: False"], out.stdout + out.stderr[-3000:]
+
+
 def test_a_bridge_without_tokenizer_refuses_text_instead_of_reading_it_as_token_0():
     """The TransformerLens page's form, transformer_bridge_from_hf(hf) without tokenizer=: text used to become t0."""
     _, _, _, bridge = built("bcos_gpt2")

@@ -15,7 +15,6 @@ import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens.utilities import Slice
 
 __all__ = ["head_shares", "neuron_shares"]
 
@@ -35,6 +34,10 @@ def neuron_shares(post: Float[Tensor, "... pos d_mlp"], weight: Float[Tensor, "d
     ``ActivationCache.get_neuron_results``: ``(..., pos, neuron, d_model)``; an int ``neuron_slice`` drops the
     neuron axis; ``project_output_onto`` (``(d_model,)`` or ``(d_model, k)``) replaces ``d_model`` by its
     projection (dropped for a vector)."""
+    # imported when needed, not at the top: the boot guard imports this module, and importing the guard must not
+    # import TransformerLens, whose import installs that guard (bcos_plugins._host_import_guard)
+    from transformer_lens.utilities import Slice
+
     neuron_slice = neuron_slice if isinstance(neuron_slice, Slice) else Slice(neuron_slice)
     pos_slice = pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
     post, scale = pos_slice.apply(post, dim=-2), pos_slice.apply(scale, dim=-2)
