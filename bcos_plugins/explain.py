@@ -166,8 +166,8 @@ def _output_scale(values: Tensor, target: Tensor | Direction, foil: Tensor | Dir
 def completeness_tolerance(contributions: Tensor,
                             forward_autocast: Sequence[torch.dtype] = ()) -> tuple[float, torch.dtype]:
     """``sqrt(eps)`` of the least precise dtype the forward ran in (3.5e-4 in float32, 0.03 in float16, 0.09 in
-    bfloat16): measured B-cos completeness errors are 1e-6 (float32) to 1e-2 (bfloat16) of the output scale,
-    a broken computation is off by the order of the value itself. ``forward_autocast``: autocast dtypes seen
+    bfloat16): a B-cos model's completeness error is that dtype's rounding, well below it
+    (docs/benchmarks.md#readme-results), a broken computation is off by the order of the value itself. ``forward_autocast``: autocast dtypes seen
     inside the forward pass (an autocast entered by the model's own forward). Returns the tolerance and that
     dtype."""
     dtypes = [contributions.dtype, *forward_autocast]

@@ -129,11 +129,10 @@ def supervision_warmup_factor(step: int, total_steps: int, warmup: float, start:
     (``warmup`` = 0: 1 from ``start`` on). :class:`PlateauGate` picks ``start`` from the task loss.
 
     Why: at the start of fine-tuning the task loss sits on the constant-prediction plateau (ln 2 for two
-    classes) and its gradient is small, so even a small supervision term steers the first steps; on e-SNLI
-    MiniLM (weight 0.03 from the first step) it kept one seed of five on the plateau for 110 of 150 steps
-    (72.5 % accuracy against 89.75 % for vanilla fine-tuning) and another 30 steps longer than vanilla (5 points
-    lost; docs/methods/self-guided-attention.md). Ramping the supervision in lets the task leave the plateau
-    first. In a transformers ``Trainer``: ``supervision_warmup_factor(self.state.global_step,
+    classes) and its gradient is small, so even a small supervision term steers the first steps: applied from
+    the first step on e-SNLI MiniLM it held runs on the plateau far longer than vanilla fine-tuning and cost
+    them accuracy (docs/methods/self-guided-attention.md has the runs). Ramping the supervision in lets the task
+    leave the plateau first. In a transformers ``Trainer``: ``supervision_warmup_factor(self.state.global_step,
     self.state.max_steps, warmup)``.
     """
     total_steps = require_int("total_steps", total_steps, minimum=1)
@@ -157,9 +156,8 @@ class PlateauGate:
 
     Why: the supervision term is a second gradient that, added while the task gradient is still small (the loss
     at ``ln C`` for ``C`` classes, the constant prediction), can keep a slow-starting run on the plateau for
-    good: on e-SNLI MiniLM one seed in ten of the ramped-in default stayed at ln 2 for all 150 steps, and so did
-    its random-mask control, while vanilla fine-tuning left it at step 50-80
-    (docs/methods/self-guided-attention.md). Gated, a supervised run follows vanilla fine-tuning step for step
+    good: on e-SNLI MiniLM a ramped-in run and its random-mask control stayed at ln 2 to the end where vanilla
+    fine-tuning of the same seed left it early (docs/methods/self-guided-attention.md has the runs). Gated, a supervised run follows vanilla fine-tuning step for step
     (same seed and data order) until the task loss has left the plateau.
 
     Args:
@@ -233,10 +231,10 @@ class PlateauRestart:
     that train alike until the running loss has left the plateau (a supervision gated by a :class:`PlateauGate`
     of the same threshold, say) restart on the same attempts and stay paired.
 
-    Why: on e-SNLI MiniLM one fresh seed in five (seed 32) never left ln 2 in 225 steps of stock fine-tuning
-    (53.1 % accuracy, the majority class), so every variant of that seed reported the alignment of a model
-    that had learnt nothing; the slow seeds documented there left it around step 80, so the default check,
-    halfway (step 113 of 225), restarts runs that are stuck, not slow (docs/methods/self-guided-attention.md).
+    Why: on e-SNLI MiniLM a seed can leave stock fine-tuning on ln 2 for the whole run (predicting the majority
+    class), and then every variant of that seed reports the alignment of a model that has learnt nothing; the
+    slow seeds seen there left the plateau well before halfway, so the default check, halfway, restarts runs
+    that are stuck, not slow (docs/methods/self-guided-attention.md has the runs).
 
     Usage (``total_steps`` the optimiser steps of a full attempt)::
 

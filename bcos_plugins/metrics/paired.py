@@ -1,8 +1,8 @@
 """Paired comparison of two training variants' accuracies over seeds (docs/methods/self-guided-attention.md).
 
 Two variants trained with the same seeds, data order and evaluation set differ by their method *and* by
-training noise; on a few hundred evaluation pairs one run's accuracy moves by 2-3 points from seed to seed,
-about as much as the effects of interest. Comparing the variants seed by seed and example by example removes
+training noise; on a few hundred evaluation pairs one run's accuracy moves from seed to seed by about as much
+as the effects of interest (docs/methods/self-guided-attention.md). Comparing the variants seed by seed and example by example removes
 what the two runs of a seed share:
 
 - per seed ``s``: the accuracy difference ``d_s = acc_s(b) - acc_s(a)`` on the same examples;

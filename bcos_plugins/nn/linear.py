@@ -163,11 +163,8 @@ class BcosLinear(AlignmentPressure):
 
     Half precision (``.half()`` / ``.bfloat16()``): ``||x||`` and ``cos`` are computed in float32 (see
     :mod:`bcos_plugins.nn.functional`), so inputs of any norm a half-precision tensor can hold work, and zero
-    inputs keep finite gradients. Completeness then holds to the dtype's rounding. Measured with
-    :func:`~bcos_plugins.explain` on tiny B-cos BERT classifiers (2 layers, hidden 64, B = 1.25 and 1.5, 5
-    seeds x 8 rows, tests/test_edge_layers.py): relative completeness error median 8e-4 in float16 and 7e-3
-    in bfloat16 (float32: 3e-7), with ``|delta|`` at most 6e-4 (float16) and 7e-3 (bfloat16) of the largest
-    logit; as in float32, logits near 0 have larger relative errors (cancellation).
+    inputs keep finite gradients. Completeness then holds to the dtype's rounding (docs/benchmarks.md#readme-results
+    has the errors measured); as in float32, logits near 0 have larger relative errors (cancellation).
 
     Args:
         in_features, out_features: sizes as in ``nn.Linear``.
