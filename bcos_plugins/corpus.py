@@ -3,7 +3,7 @@
 For users who explain thousands of examples: batched, with a progress bar, on the same core as
 :func:`bcos_plugins.explain` (so the numbers are the same as explaining each batch by hand), and the result
 saves with ``Dataset.save_to_disk`` / ``to_parquet`` / ``to_pandas``. ``datasets`` is imported only here
-(``pip install "bcos-plugins[corpus]"``).
+(the ``corpus`` extra: ``pip install ".[corpus]"`` from a clone of bcos-plugins).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def _import_datasets():
         import datasets
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise BcosTypeError("explain_dataset: needs the `datasets` package. Install it with "
-                            "pip install \"bcos-plugins[corpus]\".") from err
+                            "pip install \"datasets>=3.1\" (or the `corpus` extra: pip install \".[corpus]\" "
+                            "from a clone of bcos-plugins).") from err
     return datasets
 
 

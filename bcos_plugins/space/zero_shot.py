@@ -109,7 +109,7 @@ def classification_scores(labels: Sequence[int], predictions: Sequence[int]) -> 
         from sklearn.metrics import accuracy_score, precision_recall_fscore_support
     except ImportError:
         raise ImportError("classification_scores needs scikit-learn: pip install scikit-learn "
-                          "(or bcos-plugins[captum])") from None
+                          "(or the 'captum' extra)") from None
 
     for name, values in (("labels", labels), ("predictions", predictions)):
         if isinstance(values, str | bytes) or not hasattr(values, "__len__"):
