@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from .contrastive import ContrastiveBatch
+from .contrastive import ContrastiveBatch, left_pad
 from .shipped import SHIPPED_DATA
 
 __all__ = ["BLIMP_SUBSETS", "BlimpBatch", "BlimpPair", "encode_blimp", "load_blimp"]
@@ -200,24 +200,11 @@ def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | N
             continue
         evidence = [any(a < e_end and e_start < b for e_start, e_end in pair.evidence)
                     for a, b in enc["offset_mapping"]]
-        ids = list(enc["input_ids"])
-        if bos_token_id is not None:
-            ids, evidence = [bos_token_id, *ids], [False, *evidence]
-        rows.append((ids, evidence, bos_token_id is not None, target[0], foil[0]))
+        rows.append((list(enc["input_ids"]), evidence, target[0], foil[0]))
         kept.append(pair)
     if not rows:
         raise ValueError(f"none of the {len(pairs)} pairs is usable: {sorted({r for _, r in dropped})}")
-    length = max(len(r[0]) for r in rows)
-    batch = len(rows)
-    input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros(batch, length, dtype=torch.long)
-    evidence = torch.zeros(batch, length, dtype=torch.bool)
-    candidates = torch.zeros(batch, length, dtype=torch.bool)
-    for i, (ids, ev, has_bos, _, _) in enumerate(rows):
-        start = length - len(ids)  # left padding: the prefix ends at the last column, where the model predicts
-        input_ids[i, start:] = torch.tensor(ids)
-        attention_mask[i, start:] = 1
-        evidence[i, start:] = torch.tensor(ev)
-        candidates[i, start + int(has_bos):] = True
-    return BlimpBatch(input_ids, attention_mask, torch.tensor([r[3] for r in rows]),
-                      torch.tensor([r[4] for r in rows]), evidence, candidates, kept, dropped)
+    input_ids, attention_mask, evidence, candidates, _ = left_pad(
+        [r[0] for r in rows], [r[1] for r in rows], pad_token_id=pad_token_id, bos_token_id=bos_token_id)
+    return BlimpBatch(input_ids, attention_mask, torch.tensor([r[2] for r in rows]),
+                      torch.tensor([r[3] for r in rows]), evidence, candidates, kept, dropped)

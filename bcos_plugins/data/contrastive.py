@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-__all__ = ["ContrastiveBatch"]
+__all__ = ["ContrastiveBatch", "left_pad"]
 
 
 @dataclass
@@ -29,3 +31,26 @@ class ContrastiveBatch:
 
     def __len__(self) -> int:
         return self.target_ids.shape[0]
+
+
+def left_pad(rows: Sequence[Sequence[int]], evidence: Sequence[Sequence[bool]], *, pad_token_id: int,
+             bos_token_id: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Token rows in one batch, left-padded so that each ends at the last column (where the model predicts),
+    ``bos_token_id`` prepended to each when given: ``(input_ids, attention_mask, evidence, candidates,
+    starts)``. ``evidence`` holds one flag per token of each row; ``candidates`` marks the rows' tokens (not
+    the BOS, not the padding); ``starts`` is the column of each row's first token (after the BOS)."""
+    shift = int(bos_token_id is not None)
+    length = max(len(row) for row in rows) + shift
+    batch = len(rows)
+    input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(batch, length, dtype=torch.long)
+    evidence_mask = torch.zeros(batch, length, dtype=torch.bool)
+    candidates = torch.zeros(batch, length, dtype=torch.bool)
+    starts = torch.zeros(batch, dtype=torch.long)
+    for i, (row, flags) in enumerate(zip(rows, evidence, strict=True)):
+        start = starts[i] = length - len(row)
+        input_ids[i, start - shift:] = torch.tensor([bos_token_id, *row] if shift else list(row), dtype=torch.long)
+        attention_mask[i, start - shift:] = 1
+        evidence_mask[i, start:] = torch.tensor(list(flags), dtype=torch.bool)
+        candidates[i, start:] = True
+    return input_ids, attention_mask, evidence_mask, candidates, starts

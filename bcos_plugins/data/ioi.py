@@ -53,7 +53,7 @@ from torch import Tensor
 
 from .._checks import require_choice, require_int
 from ..errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
-from .contrastive import ContrastiveBatch
+from .contrastive import ContrastiveBatch, left_pad
 from .shipped import SHIPPED_DATA
 
 __all__ = [
@@ -512,24 +512,12 @@ def encode_ioi(prompts: Sequence[IOIPrompt], *, bos_token_id: int | None = None,
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
     if bos_token_id is not None:
         bos_token_id = require_int("bos_token_id", bos_token_id, minimum=0)
-    shift = int(bos_token_id is not None)
-    length = max(len(p.input_ids) for p in prompts) + shift
-    batch = len(prompts)
-    input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros(batch, length, dtype=torch.long)
-    evidence = torch.zeros(batch, length, dtype=torch.bool)
-    candidates = torch.zeros(batch, length, dtype=torch.bool)
-    io_positions = torch.zeros(batch, dtype=torch.long)
-    s_positions = torch.zeros(batch, 2, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        start = length - len(p.input_ids)  # column of the prompt's first token
-        ids = [bos_token_id, *p.input_ids] if shift else list(p.input_ids)
-        input_ids[i, start - shift:] = torch.tensor(ids)
-        attention_mask[i, start - shift:] = 1
-        candidates[i, start:] = True
-        evidence[i, [start + e for e in p.evidence_positions]] = True
-        io_positions[i] = start + p.evidence_positions[0]
-        s_positions[i] = torch.tensor([start + s for s in p.s_positions[:2]])
+    input_ids, attention_mask, evidence, candidates, starts = left_pad(
+        [p.input_ids for p in prompts],
+        [[j in p.evidence_positions for j in range(len(p.input_ids))] for p in prompts],
+        pad_token_id=pad_token_id, bos_token_id=bos_token_id)
+    io_positions = starts + torch.tensor([p.evidence_positions[0] for p in prompts])
+    s_positions = starts[:, None] + torch.tensor([list(p.s_positions[:2]) for p in prompts])
     return IOIBatch(input_ids, attention_mask, torch.tensor([p.target_id for p in prompts]),
                     torch.tensor([p.foil_id for p in prompts]), evidence, candidates, io_positions, s_positions,
                     list(prompts))
