@@ -366,6 +366,12 @@ class _Logits(nn.Module):
             self.spec = spec_for(model)
         except TypeError:  # a transformers class bcosify does not know: called as it is
             self.spec = None
+        if self.spec is not None and self.spec.head == "base":  # was an AttributeError on .logits mid-attribute
+            raise argument_error(
+                "forward_func", f"{type(model).__name__} is a base model: it returns hidden states, no logits for "
+                "Captum's target to pick", "explain its hidden units with bcos_plugins.explain(model, input_ids, "
+                "target=<unit>), or pass a model with a head (a classifier or causal LM) or a function that returns "
+                "the tensor to explain, with model=", kind=BcosTypeError)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         input_ids = ids_as_long(input_ids)  # any integer width, exactly (a uint8 index would read as a mask)

@@ -245,6 +245,21 @@ def test_captum_bcos_attribution_and_layer_bcos_equal_explain(name):
     assert (layer_delta.abs() <= RTOL * reference.explained.abs()).all()
 
 
+BASE_NAMES = [n for n in NAMES if SPECS[n].head == "base"]
+
+
+@pytest.mark.parametrize("name", BASE_NAMES)
+def test_captum_refuses_a_base_model_naming_explain(name):
+    """A base model returns hidden states, no logits: Captum's wrappers refuse it when built, naming explain (which
+    explains its hidden units, checked above), instead of an AttributeError in the middle of attribute()."""
+    from bcos_plugins.adapters.captum import EmbeddingForward, LayerBcos
+
+    model = _converted(name)
+    for wrapper in (EmbeddingForward, LayerBcos):
+        with pytest.raises(BcosTypeError, match=r"base model.*bcos_plugins\.explain|bcos_plugins\.explain for base"):
+            wrapper(model)
+
+
 def _word_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers
 
