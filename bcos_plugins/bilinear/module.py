@@ -83,14 +83,7 @@ class BilinearMLP(DynamicWeightModule):
 
     def weights(self) -> BilinearWeights:
         """The layer's ``(W, V, P)`` and biases as detached tensors (views of the parameters)."""
-
-        def bias(linear: nn.Linear) -> Tensor | None:
-            return None if linear.bias is None else linear.bias.detach()
-
-        return BilinearWeights(
-            W=self.W.weight.detach(), V=self.V.weight.detach(), P=self.P.weight.detach(),
-            w_bias=bias(self.W), v_bias=bias(self.V), out_bias=bias(self.P),
-        )
+        return BilinearWeights.from_linears(self.W, self.V, self.P)
 
     def extra_repr(self) -> str:
         return f"d_in={self.d_in}, d_hidden={self.d_hidden}, d_out={self.d_out}"

@@ -87,14 +87,7 @@ def _from_hf_gated(mlp: nn.Module) -> BilinearWeights:
             f"this gated MLP ({type(mlp).__name__}) has activation {mlp.act_fn!r}, so it is not bilinear; convert "
             "it with bcos_plugins.bilinear.SwishBetaToBilinear (a transformers TrainerCallback) first."
         )
-
-    def bias(linear: nn.Linear) -> Tensor | None:
-        return None if linear.bias is None else linear.bias.detach()
-
-    return BilinearWeights(
-        W=mlp.gate_proj.weight.detach(), V=mlp.up_proj.weight.detach(), P=mlp.down_proj.weight.detach(),
-        w_bias=bias(mlp.gate_proj), v_bias=bias(mlp.up_proj), out_bias=bias(mlp.down_proj),
-    )
+    return BilinearWeights.from_linears(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
 
 def bilinear_weights(source) -> BilinearWeights:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from jaxtyping import Float
-from torch import Tensor
+from torch import Tensor, nn
 
 __all__ = ["BilinearWeights", "augment_input", "require_bias_free"]
 
@@ -61,6 +61,17 @@ class BilinearWeights:
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != (size,):
                 raise ValueError(f"{name} must have shape ({size},), got {tuple(value.shape)}.")
+
+    @classmethod
+    def from_linears(cls, w: nn.Linear, v: nn.Linear, p: nn.Linear) -> BilinearWeights:
+        """``W``, ``V``, ``P`` and their biases from three linear layers, detached (views of the parameters):
+        a :class:`~bcos_plugins.bilinear.BilinearMLP`'s or a gated MLP's gate, up and down projections."""
+
+        def bias(linear: nn.Linear) -> Tensor | None:
+            return None if linear.bias is None else linear.bias.detach()
+
+        return cls(W=w.weight.detach(), V=v.weight.detach(), P=p.weight.detach(),
+                   w_bias=bias(w), v_bias=bias(v), out_bias=bias(p))
 
     @property
     def d_in(self) -> int:
