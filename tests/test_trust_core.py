@@ -264,6 +264,24 @@ def test_explain_raises_on_an_overflowed_computation_instead_of_returning_noise(
     assert torch.allclose(rows.contributions, healthy.contributions[1:], atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "GPT2ForSequenceClassification"])
+def test_explain_refuses_an_output_that_overflowed_to_inf_naming_the_rows(name):
+    from bcos_plugins import explain
+
+    model = _bcos(name)
+    ids, mask = padded_batch()
+    ids[0, 2] = 2  # an id no other row uses
+    healthy = explain(model, ids, mask)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[2] = 1e30  # the embedding row: finite, but overflows inside
+    # before: contributions of 1e26 with a completeness error of 7e26, and no error
+    with pytest.raises(BcosValueError, match=r"^model: its output is NaN or infinite for row\(s\) \[0\], so there "
+                                             r"is nothing finite to explain .*embedding rows of their tokens"):
+        explain(model, ids, mask)
+    rows = explain(model, ids[1:], mask[1:])
+    assert torch.allclose(rows.contributions, healthy.contributions[1:], atol=1e-6)
+
+
 def test_explain_completeness_check_has_no_false_alarm_on_explained_values_near_zero():
     from bcos_plugins import explain
 

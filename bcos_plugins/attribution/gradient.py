@@ -125,8 +125,10 @@ def input_x_gradient(
                                  f"{tuple(explained.shape)}. Select one output per row with target=.")
         if check_finite and not torch.isfinite(explained).all():
             rows = (~torch.isfinite(explained)).nonzero().flatten().tolist()
-            raise BcosValueError(f"the model's output is NaN or infinite for row(s) {rows}: there is nothing "
-                                 "finite to explain. Check the inputs (NaN/inf/huge values) and the weights.")
+            raise BcosValueError(f"model: its output is NaN or infinite for row(s) {rows}, so there is nothing "
+                                 "finite to explain (an input or an embedding row of NaN, inf or a huge value "
+                                 "overflows inside the model). Check those rows' inputs and the embedding rows of "
+                                 "their tokens, and the weights.")
         if not explained.requires_grad:
             raise BcosRuntimeError("the explained value does not depend on the attribution point (no gradient "
                                    "path); the function ignores its input.")
