@@ -409,3 +409,23 @@ def test_hooked_sae_transformer_from_our_config_accepts_an_sae(layout):
     lens = hooked_transformer_from_hf(bcosify(tiny_model("LlamaForCausalLM"), b=1.1, verbose=False),
                                       model_class=HookedSAETransformer)
     assert isinstance(lens, HookedSAETransformer) and isinstance(lens, BcosHookedTransformer)
+
+
+@pytest.mark.parametrize("sniffed", ["llama", "Gemma"])
+def test_hooked_transformer_from_hf_names_a_temporary_directory_transformer_lens_reads_as_a_model_name(
+        sniffed, tmp_path, monkeypatch):
+    """TransformerLens' convert_hf_model_config takes the architecture from "llama" / "gemma" in the config folder's
+    path; under a temporary directory whose path holds one, the conversion says so and names TMPDIR (was a
+    RecursionError: the folder was redrawn without end under the same directory)."""
+    import tempfile
+
+    from bcos_plugins.errors import BcosRuntimeError
+
+    parent = tmp_path / f"home_{sniffed}"
+    parent.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(parent))
+    model = tiny_model("GPT2LMHeadModel")
+    with pytest.raises(BcosRuntimeError, match=f"contains '{sniffed.lower()}'.*Set TMPDIR"):
+        hooked_transformer_from_hf(model)
+    monkeypatch.undo()
+    hooked_transformer_from_hf(model)  # the same model converts under another directory

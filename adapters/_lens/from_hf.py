@@ -20,7 +20,7 @@ from transformer_lens.loading_from_pretrained import convert_hf_model_config, fi
 from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
 
 from bcos_plugins.convert.architectures import SPECS, architecture_name, specs_where
-from bcos_plugins.errors import BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn.dynamic import DynamicWeightModule
 
 from .config import BcosTransformerConfig
@@ -33,6 +33,9 @@ __all__ = ["hooked_transformer_from_hf", "SUPPORTED_HF_ARCHITECTURES"]
 # the registry's classes with a TransformerLens converter
 SUPPORTED_HF_ARCHITECTURES = specs_where(lambda spec: spec.lens_conversion is not None)
 _BIAS_KEY = ("b", "b_Q", "b_K", "b_V", "b_O", "_b_K", "_b_V", "b_in", "b_out", "b_U")
+# the substrings of a config folder's path by which TransformerLens' convert_hf_model_config (3.9) picks an
+# architecture ahead of the config it reads (a Qwen2 config under /home/gemma/ fails there as an unsupported Gemma)
+_SNIFFED_NAMES = ("llama", "gemma")
 
 
 def _architecture(hf_model: nn.Module) -> str:
@@ -81,9 +84,16 @@ def _config_dict(conversion, arch: str, hf_config) -> dict:
     local.architectures = [arch]
     conversion.prepare_config(local)
     with tempfile.TemporaryDirectory(prefix="bcos_tl_config_") as folder:
-        # convert_hf_model_config picks some architectures by substrings of the name ("llama", "gemma"):
-        # the folder name must carry none of them (a fixed prefix plus random letters could).
-        if any(s in folder.lower() for s in ("llama", "gemma", "phi", "mistral", "qwen")):
+        # the folder's path must carry none of _SNIFFED_NAMES: its random letters could (then a new folder is
+        # drawn), the temporary directory above it cannot be redrawn (a retry would recurse without end)
+        parent = str(Path(folder).parent)
+        sniffed = [s for s in _SNIFFED_NAMES if s in parent.lower()]
+        if sniffed:
+            raise BcosRuntimeError(
+                f"the temporary directory {parent!r} contains {sniffed[0]!r}: TransformerLens' convert_hf_model_config "
+                "reads the config folder's path as a model name and takes that architecture instead of the config's. "
+                f"Set TMPDIR to a folder whose path has none of {', '.join(_SNIFFED_NAMES)}")
+        if any(s in folder.lower() for s in _SNIFFED_NAMES):
             return _config_dict(conversion, arch, hf_config)
         local.save_pretrained(folder)
         cfg = convert_hf_model_config(str(Path(folder)))
