@@ -372,3 +372,20 @@ def test_space_model_refuses_a_misspelt_forward_argument():
                                             "Pass token_type_ids= if"):
         model(input_ids=ids, attention_mask=mask, token_type_id=torch.zeros_like(ids))
     assert model(input_ids=ids, attention_mask=mask, output_attentions=True).logits.shape == (3, 2)
+
+
+def test_space_model_from_encoder_refuses_a_misspelt_setting_naming_the_close_match():
+    from bcos_plugins.space import SpaceModelForSequenceClassification
+
+    # before: n_latant=4 was kept as an unused config attribute and the head was built with n_latent = 128
+    with pytest.raises(BcosTypeError, match="^n_latant: is not a setting of SpaceModelConfig, which would keep it "
+                                            "as an unused attribute .* Pass n_latent= if that is what you meant"):
+        SpaceModelForSequenceClassification.from_encoder(tiny_model("BertModel"), num_labels=2, n_latant=4)
+    with pytest.raises(BcosTypeError, match="^zzz: .*own settings are n_latent, train_encoder"):
+        SpaceModelForSequenceClassification.from_encoder(tiny_model("BertModel"), num_labels=2, zzz=1)
+    # the Space Model's settings and transformers' common configuration keywords are taken
+    model = SpaceModelForSequenceClassification.from_encoder(
+        tiny_model("BertModel"), num_labels=2, n_latent=4, train_encoder=True, intra_space_eps=0.1,
+        output_attentions=True, attn_implementation="eager", id2label={0: "no", 1: "yes"})
+    assert model.config.n_latent == 4 and model.head.projections.shape[-1] == 4
+    assert model.config.output_attentions and model.config.id2label[1] == "yes"

@@ -23,6 +23,7 @@ Hook points for attribution libraries: ``head.concept_activation`` (an ``nn.Tanh
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import torch
@@ -111,6 +112,28 @@ class SpaceModelConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         self.check_space_fields()
+
+
+# the Space Model's own configuration fields (the rest are transformers' common ones: output_attentions, id2label, ...)
+SPACE_SETTINGS = ("n_latent", "train_encoder", "cross_entropy_weight", "inter_space_weight", "intra_space_weight",
+                  "intra_space_eps")
+
+
+def refuse_unknown_config_keywords(config_kwargs: dict) -> None:
+    """A keyword that is no setting of :class:`SpaceModelConfig` would be stored as an unused attribute (transformers'
+    configs keep any keyword), so a typo (``n_latant=4``) left the setting at its default without a word."""
+    default = SpaceModelConfig(num_labels=2)
+    known = set(vars(default)) | {name for name in dir(type(default))
+                                  if isinstance(getattr(type(default), name, None), property)}
+    known = {name for name in known if not name.startswith("_")} | {"attn_implementation"}
+    for name in config_kwargs:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"Pass {close[0]}= if that is what you meant" if close else \
+            f"The Space Model's own settings are {', '.join(SPACE_SETTINGS)}"
+        raise argument_error(name, "is not a setting of SpaceModelConfig, which would keep it as an unused "
+                             "attribute and leave the setting you meant at its default", hint, kind=BcosTypeError)
 
 
 def require_base_encoder(encoder) -> None:
@@ -273,6 +296,7 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
     def from_encoder(cls, encoder: PreTrainedModel, num_labels: int, **config_kwargs):
         """Wrap an encoder that already has weights (e.g. ``AutoModel.from_pretrained``); the head is new."""
         require_base_encoder(encoder)
+        refuse_unknown_config_keywords(config_kwargs)
         # The config's attention implementation propagates to the encoder's config (a sub-config): pass the
         # encoder's own, or the composite config would reset it.
         config_kwargs.setdefault("attn_implementation", encoder.config._attn_implementation or "sdpa")
