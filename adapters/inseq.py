@@ -68,9 +68,11 @@ and fails when inseq changes.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from copy import deepcopy
@@ -163,7 +165,7 @@ class _Inseq071:
        left-padded prompt generates from its padding: other tokens in a batch than alone; and with ``batch_size``
        a slice of one prompt is decoded with the batch's padding, which ``attribute`` then refuses. A model loaded
        with "bcos" generates with the prompts' attention mask and decodes every slice as the whole batch (for
-       every method it then runs).
+       every method it then runs); on any other model a padded batch warns (:meth:`warn_on_padded_generation`).
     """
 
     @staticmethod
@@ -260,6 +262,35 @@ class _Inseq071:
         attribution_model.generate = generate
 
     @staticmethod
+    def warn_on_padded_generation() -> None:
+        """inseq's own ``generate`` (a model not loaded with "bcos") keeps quirk 6: a left-padded prompt of a batch
+        generates other tokens than alone. Left as inseq has it, but never silently: a padded batch warns, naming
+        the rows and the ways out (idempotent; wraps ``HuggingfaceModel.generate``, which inseq calls for every
+        method)."""
+        from inseq.models.huggingface_model import HuggingfaceModel
+
+        original = HuggingfaceModel.generate
+        if getattr(original, "_warns_on_padding", False):
+            return
+
+        @functools.wraps(original)
+        def generate(self, inputs, *args, **kwargs):
+            if not getattr(self.generate, "_passes_padding_mask", False) and "attention_mask" not in kwargs:
+                padded = _padded_prompt_rows(self, inputs, kwargs.get("skip_special_tokens"))
+                if padded:
+                    warnings.warn(
+                        f"inseq 0.7.1 generates without the padding mask: in this batch, the padded prompt(s) at "
+                        f"rows {padded} generate other tokens than they would alone (inseq's own generate drops "
+                        "the mask; its attributions then explain those tokens). Attribute one "
+                        "prompt at a time, pass the generated texts (attribute(input_texts, generated_texts)), or "
+                        "load a B-cos model with inseq.load_model(model, \"bcos\"), which generates with the mask",
+                        UserWarning, stacklevel=2)
+            return original(self, inputs, *args, **kwargs)
+
+        generate._warns_on_padding = True
+        HuggingfaceModel.generate = generate
+
+    @staticmethod
     def quirks_present() -> dict[str, bool]:
         """Whether each quirk above is still in the installed inseq."""
         import inseq
@@ -280,6 +311,20 @@ class _Inseq071:
             "generate drops the padding mask": "inputs=inputs.input_ids," in (generate := inspect.getsource(
                 HuggingfaceModel.generate)) and "attention_mask" not in generate,
         }
+
+
+def _padded_prompt_rows(attribution_model: AttributionModel, inputs, skip_special_tokens) -> list[int]:
+    """Rows of a batch of prompts that inseq's ``generate`` would left-pad (none for a single prompt)."""
+    if isinstance(inputs, list) and len(inputs) > 1 and all(isinstance(x, str) for x in inputs):
+        # as inseq's generate encodes text
+        inputs = attribution_model.encode(inputs, add_special_tokens=not skip_special_tokens)
+    mask = getattr(inputs, "attention_mask", None)
+    if not isinstance(mask, Tensor) or mask.ndim != 2 or len(mask) < 2:
+        return []
+    return (mask == 0).any(dim=1).nonzero().flatten().tolist()
+
+
+_Inseq071.warn_on_padded_generation()
 
 
 # ---------------------------------------------------------------------------------------------- registration

@@ -384,6 +384,23 @@ def test_a_batched_prompt_generates_what_it_generates_alone(gpt2_tokenizer):
             batched.info["generated_texts"]
 
 
+def test_inseq_own_methods_warn_that_a_padded_prompt_generates_other_tokens_than_alone(gpt2_tokenizer):
+    """inseq's own methods on a model not loaded with "bcos" keep inseq 0.7.1's generate, which drops the padding
+    mask: left as inseq has it, but a padded batch now warns instead of generating other tokens silently."""
+    generation_args = {"max_new_tokens": NEW_TOKENS, "do_sample": False}
+    own = inseq.load_model(_tiny_lm("gpt2", len(gpt2_tokenizer)), "input_x_gradient", tokenizer=gpt2_tokenizer)
+    with pytest.warns(UserWarning, match=r"^inseq 0\.7\.1 generates without the padding mask: .* rows \[1\] "
+                                         r"generate other tokens than they would alone.*load_model\(model, \"bcos\"\)"):
+        own.attribute(PROMPTS, generation_args=generation_args, show_progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        own.attribute(PROMPTS[1], generation_args=generation_args, show_progress=False)  # one prompt: no padding
+        # a model loaded with "bcos" generates with the mask (every method it runs): nothing to warn about
+        bcos = inseq.load_model(_tiny_lm("gpt2", len(gpt2_tokenizer)), "bcos", tokenizer=gpt2_tokenizer)
+        bcos.attribute(PROMPTS, generation_args=generation_args, show_progress=False)
+        bcos.attribute(PROMPTS, generation_args=generation_args, method="input_x_gradient", show_progress=False)
+
+
 def test_merging_a_word_across_the_prompt_generation_boundary_keeps_the_prompt_subwords_share(gpt2_tokenizer):
     model = _tiny_lm("gpt2", len(gpt2_tokenizer))
     attribution_model = inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer)
