@@ -3,8 +3,9 @@
 TransformerLens' ``TransformerBridge.boot_transformers(name, hf_model=model)`` (and every other way it builds a
 bridge) wraps the model it is given *in place*, and for GPT-2 splits the fused ``c_attn`` into plain ``nn.Linear``
 q/k/v built from the raw weights: on a B-cos model that is another model (the logits move, explanations lose
-completeness) and the user's model has been rewritten. :func:`install_boot_guard` (run when
-``bcos_plugins.adapters.transformer_lens`` is imported) makes those calls fail loudly on a model that holds B-cos
+completeness) and the user's model has been rewritten. :func:`install_boot_guard` (run once ``bcos_plugins`` and
+TransformerLens are both imported, in either order: ``bcos_plugins._host_import_guard``; and by importing
+``bcos_plugins.adapters.transformer_lens``) makes those calls fail loudly on a model that holds B-cos
 (dynamic-weight) modules or carries B-cos settings, before TransformerLens touches it, with the fix:
 :func:`~.bridge.transformer_bridge_from_hf`, which builds an exact, explainable bridge over a copy.
 
