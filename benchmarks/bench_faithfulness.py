@@ -67,6 +67,9 @@ set explicitly wins over the preset.
   BENCH_SEQPG_DATA=ag_news (paper; trains two more models) or sst2 (positive + negative segments, reuses the
   SST-2 models)   BENCH_SKIP_AG=1 skips AG News altogether (no SeqPG with BENCH_SEQPG_DATA=ag_news)
   BENCH_THREADS=0 torch threads (0 = torch's default, one per core; 1 is faster on an oversubscribed machine)
+  BENCH_PERTURBATIONS_PER_EVAL=0 perturbed copies of a sentence per forward call for ShapleyValueSampling, Lime,
+  Occlusion and the Comp/Suff curves (0: 16 / 32 / 16 / 64 rows on the CPU, 256 on a CUDA device); only groups the
+  same perturbations into fewer forward calls (benchmarks.common.faithfulness), the scores change by rounding at most
 A bad value (BENCH_EVAL=abc, BENCH_RETRAIN=yes, BENCH_EPOCHS=0) stops the run before any work, naming the variable,
 the value and the fix (benchmarks.common.settings, shared with the other scripts).
 """
@@ -102,6 +105,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 # the methods and evaluation loops live in benchmarks.common.faithfulness (shared with bench_frontier.py); they are
 # imported by name so that this module keeps offering them (tests and users call bench_faithfulness.make_methods)
 from benchmarks.common.faithfulness import (  # noqa: F401
+    CPU_PERTURBATIONS_PER_EVAL,
     DEVICE,
     MAX_LENGTH,
     Batch,
@@ -114,6 +118,7 @@ from benchmarks.common.faithfulness import (  # noqa: F401
     explained_logits,
     make_methods,
     mask_baseline,
+    perturbations_per_eval,
     predictions,
     seqpg_examples,
     token_feature_mask,
@@ -158,6 +163,7 @@ class Config:
     seqpg_data: str = "ag_news"
     data_source: str = "local"
     threads: int = 0
+    perturbations_per_eval: int = 0
     skip_ag: bool = False
     retrain: bool = False
     out: Path = Path("outputs/bench_faithfulness")
@@ -189,6 +195,7 @@ class Config:
             seqpg_data=env_choice("BENCH_SEQPG_DATA", cls.seqpg_data, choices=("ag_news", "sst2")),
             data_source=env_choice("BENCH_DATA_SOURCE", cls.data_source, choices=("local", "hub")),
             threads=env_int("BENCH_THREADS", cls.threads, minimum=0),
+            perturbations_per_eval=env_int("BENCH_PERTURBATIONS_PER_EVAL", cls.perturbations_per_eval, minimum=0),
             skip_ag=env_flag("BENCH_SKIP_AG", cls.skip_ag),
             retrain=env_flag("BENCH_RETRAIN", cls.retrain),
             out=env_path("BENCH_OUT", cls.out),
@@ -376,8 +383,10 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
         "results.csv. Completeness error (input x gradient rows): median over the SST-2 sentences of |sum of "
         "the token scores - explained logit| / |logit| (mean in results.csv); for W(x)x of the conventional "
         "model it is the biases' share of the logit, which no token receives. Time: wall clock on "
-        f"{info['device']} ({threads_text()}), SST-2 sentences in batches of {cfg.batch} of similar length, after "
-        f"one untimed warm-up sentence per method. Peak memory: {MEMORY_NOTES[info['memory_method']]}.\n"
+        f"{info['device']} ({threads_text()}), SST-2 sentences in batches of {cfg.batch} of similar length ("
+        + ", ".join(f"{m} {perturbations_per_eval(cfg, m)}" for m in CPU_PERTURBATIONS_PER_EVAL)
+        + " perturbed copies of a sentence per forward call), after one untimed warm-up sentence per method. "
+        f"Peak memory: {MEMORY_NOTES[info['memory_method']]}.\n"
     )
     ratios = "".join(f"\nB-cos is {r['times_bcos_time']:.0f}x faster than {r['method']}." for r in rows
                      if r["method"].startswith(("IG", "ShapSampl")))

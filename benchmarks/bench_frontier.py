@@ -48,6 +48,10 @@ Settings (unset: the default; a bad or empty value stops the run naming the vari
   BENCH_CONV_LR=1e-4   BENCH_BCOS_LR=2e-4   BENCH_BCOS_HEAD_LR=1e-3 (B-cos directly only)   BENCH_EVAL=400   BENCH_SEQPG=200
   BENCH_SEGMENT=20   BENCH_BATCH=8   BENCH_IG_STEPS=50   BENCH_SHAPLEY_SAMPLES=10   BENCH_LIME_SAMPLES=100
   BENCH_SEQPG_MIN_CONF=0.75   BENCH_ACC_TEST=0   BENCH_THREADS=0   BENCH_OUT=outputs/bench_frontier
+  BENCH_PERTURBATIONS_PER_EVAL=0 perturbed copies of a sentence per forward call for Shapley sampling, LIME, Occlusion
+  and the Comp/Suff curves (0: the CPU values 16 / 32 / 16 / 64 rows, 256 on a CUDA device; benchmarks.common.
+  faithfulness). It groups the same perturbations into fewer, larger forward calls and changes no number beyond
+  floating-point rounding, so like BENCH_THREADS it is not part of the settings key: a GPU run resumes CPU cells.
 """
 # ruff: noqa: E402 (sys.path first: run as a file, the repository root holds benchmarks)
 
@@ -150,6 +154,7 @@ class Config:
     n_acc: int = 0
     bootstrap: int = 2000
     threads: int = 0
+    perturbations_per_eval: int = 0
     out: Path = Path("outputs/bench_frontier")
 
     @classmethod
@@ -183,13 +188,16 @@ class Config:
             n_acc=env_int("BENCH_ACC_TEST", cls.n_acc, minimum=0),
             bootstrap=env_int("BENCH_FRONTIER_BOOTSTRAP", cls.bootstrap, minimum=100),
             threads=env_int("BENCH_THREADS", cls.threads, minimum=0),
+            perturbations_per_eval=env_int("BENCH_PERTURBATIONS_PER_EVAL", cls.perturbations_per_eval, minimum=0),
             out=env_path("BENCH_OUT", cls.out),
         )
 
     def key(self, dataset: str) -> str:
         """A hash of every setting that changes a cell's numbers on ``dataset`` (not the grid, the output folder,
-        the threads, the bootstrap or the other data set's sizes, which only select cells or change the report)."""
-        ignored = {"b_values", "query_keys", "starts", "seeds", "datasets", "out", "threads", "bootstrap"}
+        the threads, the forward-call grouping, the bootstrap or the other data set's sizes, which only select cells,
+        change the report or change a number by floating-point rounding at most)."""
+        ignored = {"b_values", "query_keys", "starts", "seeds", "datasets", "out", "threads", "perturbations_per_eval",
+                   "bootstrap"}
         ignored |= AG_NEWS_ONLY if dataset == "sst2" else SST2_ONLY
         changing = {f.name: str(getattr(self, f.name)) for f in fields(self) if f.name not in ignored}
         return hashlib.sha256(json.dumps(changing, sort_keys=True).encode()).hexdigest()[:12]

@@ -4,6 +4,8 @@ data files written here: the files it writes, the paired bootstrap intervals, re
 from __future__ import annotations
 
 import csv
+import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -11,6 +13,7 @@ import os
 import pytest
 import torch
 import transformers as T
+from captum.attr import Lime, ShapleyValueSampling
 
 from bcos_plugins.pretrained import minilm_path
 
@@ -145,6 +148,7 @@ def test_the_budget_uses_measured_cells_of_the_same_kind_else_the_estimate(bench
     ("BENCH_EVAL", "", "not a whole number"),
     ("BENCH_OUT", "", "empty, which would be the current folder"),
     ("BENCH_FRONTIER_QUICK", "yes", "not a switch"),
+    ("BENCH_PERTURBATIONS_PER_EVAL", "-1", "out of range"),
 ])
 def test_a_bad_setting_stops_the_run_naming_the_variable(bench, clean_env, tmp_path, name, raw, problem):
     clean_env.setenv("BENCH_OUT", str(tmp_path / "out"))
@@ -165,3 +169,142 @@ def test_missing_data_and_overlapping_rows_are_refused(bench, clean_env, inputs,
     clean_env.setenv("BENCH_AG_EVAL", "100")
     with pytest.raises(SystemExit, match="BENCH_AG_TRAIN=150 \\+ BENCH_AG_EVAL=100 exceed the 180 rows"):
         bench.data(bench.config_from(["--quick"]), "ag_news")
+
+
+# ---------------------------------------------------------------- BENCH_PERTURBATIONS_PER_EVAL
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier():
+    """A tiny random BERT classifier, the MiniLM tokenizer and a batch of five sentences of different lengths."""
+    from benchmarks.common import faithfulness
+
+    tok = T.AutoTokenizer.from_pretrained(minilm_path())
+    config = T.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=64, num_labels=2, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = T.BertForSequenceClassification(config).eval()
+    texts = POSITIVE[:3] + NEGATIVE[:2]
+    ids, mask = faithfulness.encode(tok, texts)
+    [batch] = faithfulness.batches(ids, mask, torch.tensor([1, 1, 1, 0, 0]), tok, len(texts))
+    return model, tok, texts, batch
+
+
+def count_forwards(model) -> list[int]:
+    """Rows of every full forward call of ``model`` (the classifier head runs once per call)."""
+    rows: list[int] = []
+    model.classifier.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+    return rows
+
+
+def test_the_setting_is_read_per_method_and_defaults_to_todays_cpu_values_and_256_on_cuda(bench):
+    from benchmarks.common.faithfulness import perturbation_curve_rows, perturbations_per_eval
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    auto = bench.Config()
+    assert auto.perturbations_per_eval == 0
+    assert [perturbations_per_eval(auto, m, cpu) for m in ("ShapSampl", "LIME", "Occlusion")] == [16, 32, 16]
+    assert perturbation_curve_rows(auto, 8, cpu) == 64  # perturbation_curves' default, as before the setting
+    assert [perturbations_per_eval(auto, m, cuda) for m in ("ShapSampl", "LIME", "Occlusion")] == [256] * 3
+    assert perturbation_curve_rows(auto, 8, cuda) == 256 * 8
+    chosen = bench.Config(perturbations_per_eval=4)
+    for device in (cpu, cuda):
+        assert [perturbations_per_eval(chosen, m, device) for m in ("ShapSampl", "LIME", "Occlusion")] == [4] * 3
+        assert perturbation_curve_rows(chosen, 8, device) == 4 * 8
+
+
+def test_the_setting_is_not_part_of_the_settings_key_so_finished_cells_stay_valid(bench, clean_env):
+    def key_without_the_setting(cfg, dataset):  # Config.key as it was before BENCH_PERTURBATIONS_PER_EVAL existed
+        ignored = {"b_values", "query_keys", "starts", "seeds", "datasets", "out", "threads", "bootstrap",
+                   "perturbations_per_eval"} | (bench.AG_NEWS_ONLY if dataset == "sst2" else bench.SST2_ONLY)
+        changing = {f.name: str(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in ignored}
+        return hashlib.sha256(json.dumps(changing, sort_keys=True).encode()).hexdigest()[:12]
+
+    for dataset in ("sst2", "ag_news"):
+        keys = {bench.Config(perturbations_per_eval=n).key(dataset) for n in (0, 1, 16, 256)}
+        assert keys == {key_without_the_setting(bench.Config(), dataset)}, dataset
+    clean_env.setenv("BENCH_PERTURBATIONS_PER_EVAL", "256")
+    read = bench.Config.from_env()
+    assert read.perturbations_per_eval == 256
+    assert read.key("sst2") == dataclasses.replace(read, perturbations_per_eval=0).key("sst2")
+
+
+def test_the_token_feature_mask_is_broadcast_and_gives_bitwise_the_expanded_masks_attributions(tiny_classifier):
+    """Captum's ShapleyValueSampling reads its feature mask element by element with .item(); an expanded
+    (batch, pos, hidden) mask made that, not the forward calls, the cost on a GPU."""
+    from adapters.captum import EmbeddingForward
+    from benchmarks.common.faithfulness import mask_baseline, token_feature_mask
+
+    model, tok, _, b = tiny_classifier
+    fwd = EmbeddingForward(model)
+    emb = fwd.embed(b.ids, b.mask)
+    mask = token_feature_mask(emb)
+    assert mask.shape == (1, emb.shape[1], 1)
+    expanded = mask.expand_as(emb).contiguous()
+    baseline = mask_baseline(fwd, b, tok.mask_token_id)
+    for method, kwargs in ((ShapleyValueSampling, {"n_samples": 3}), (Lime, {"n_samples": 20})):
+        attributions = []
+        for feature_mask in (expanded, mask):
+            torch.manual_seed(1)
+            attributions.append(method(fwd).attribute(emb, target=b.target, additional_forward_args=(b.mask,),
+                                                      baselines=baseline, feature_mask=feature_mask,
+                                                      perturbations_per_eval=16, **kwargs))
+        assert torch.equal(*attributions), method.__name__
+    item_calls = [0]
+    real_item = torch.Tensor.item
+
+    def counted_item(tensor):
+        item_calls[0] += 1
+        return real_item(tensor)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.Tensor, "item", counted_item)
+        ShapleyValueSampling(fwd).attribute(emb, target=b.target, additional_forward_args=(b.mask,),
+                                            baselines=baseline, feature_mask=mask, n_samples=3)
+    # per permutation sample one read per token and one per forward call (one per token here) and a few more, not
+    # one per element of batch x tokens x hidden (3 x 5 x 10 x 32 = 4,800 with the expanded mask)
+    assert item_calls[0] <= 3 * 2 * emb.shape[1] + 5, item_calls[0]
+
+
+def test_a_large_setting_makes_fewer_forward_calls_and_the_same_scores_and_curves(bench, tiny_classifier):
+    from benchmarks.common.faithfulness import MethodResult, evaluate_sst2, make_methods
+
+    model, tok, texts, b = tiny_classifier
+    base = bench.Config(batch=len(texts), ig_steps=4, shapley_samples=3, lime_samples=20)
+    settings = {"one per call": 1, "today's CPU values": 0, "large": 256}
+    scores, forwards, curves = {}, {}, {}
+    for label, per_eval in settings.items():
+        cfg = dataclasses.replace(base, perturbations_per_eval=per_eval)
+        methods = bench.posthoc_methods(model, tok.mask_token_id, cfg)
+        assert sorted(methods) == ["IG (4 steps, [MASK] baseline)", "LIME (20)", "Occlusion", "ShapSampl (3)"]
+        for name, method in methods.items():
+            rows = count_forwards(model)
+            torch.manual_seed(2)
+            scores[label, name] = method.run(b)
+            forwards[label, name] = len(rows)
+            model.classifier._forward_hooks.clear()
+        rows = count_forwards(model)
+        results: dict[str, MethodResult] = {}
+        torch.manual_seed(2)
+        evaluate_sst2(make_methods(model, None, tok.mask_token_id, cfg), {"conventional": model}, tok, texts, cfg,
+                      results)
+        model.classifier._forward_hooks.clear()
+        forwards[label, "evaluate_sst2"] = len(rows)
+        curves[label] = {name: bench.PerturbationCurves.concatenate(r.curves) for name, r in results.items()}
+    n_tokens = b.ids.shape[1]
+    for name in ("ShapSampl (3)", "Occlusion"):  # one call per token (and sample) at 1; one per sample at 256
+        assert forwards["one per call", name] > forwards["today's CPU values", name] >= forwards["large", name]
+    assert forwards["large", "ShapSampl (3)"] == 3 + 1 and forwards["one per call", "ShapSampl (3)"] > 3 * n_tokens
+    assert forwards["large", "LIME (20)"] == len(texts) + 1 < forwards["one per call", "LIME (20)"]
+    assert forwards["large", "evaluate_sst2"] < forwards["today's CPU values", "evaluate_sst2"]
+    for label in ("one per call", "large"):
+        for name in {n for _, n in scores}:
+            torch.testing.assert_close(scores[label, name], scores["today's CPU values", name], rtol=1e-5,
+                                       atol=1e-6, msg=f"{label}: {name}")
+        assert curves[label].keys() == curves["today's CPU values"].keys()
+        for name, curve in curves[label].items():
+            reference = curves["today's CPU values"][name]
+            for part in ("comprehensiveness", "sufficiency", "full_probability"):
+                torch.testing.assert_close(getattr(curve, part), getattr(reference, part), rtol=1e-5, atol=1e-6,
+                                           msg=f"{label}: {name} {part}")
+            assert torch.equal(curve.k, reference.k), name

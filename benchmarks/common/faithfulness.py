@@ -8,7 +8,16 @@
 - ``seqpg_examples``: the two-segment examples the given models classify confidently and correctly.
 
 ``cfg`` is any settings object with the attributes a function reads (``batch``, ``ig_steps``,
-``shapley_samples``, ``lime_samples``; ``segment``, ``n_seqpg``, ``min_confidence`` for SeqPG).
+``shapley_samples``, ``lime_samples``, ``perturbations_per_eval``; ``segment``, ``n_seqpg``, ``min_confidence`` for
+SeqPG).
+
+``perturbations_per_eval`` (BENCH_PERTURBATIONS_PER_EVAL; :func:`perturbations_per_eval`) is how many perturbed
+copies of each explained sentence go through the model in one forward call, for every perturbation method
+(ShapleyValueSampling, Lime and Occlusion through Captum's ``perturbations_per_eval``, the Comp/Suff curves through
+``perturbation_curves``' ``batch_size``). It changes only how the same perturbed inputs are grouped into forward calls,
+so the scores are equal up to floating-point rounding; 0 (the default) keeps the CPU's values of the published runs
+and uses 256 on a CUDA device, where many small forward calls cost more than a few large ones.
+IntegratedGradients already evaluates all its steps of a batch in one forward call (``internal_batch_size`` unset).
 """
 
 from __future__ import annotations
@@ -45,12 +54,37 @@ from bcos_plugins.metrics import (
 )
 
 __all__ = ["DEVICE", "MAX_LENGTH", "Batch", "Method", "MethodResult", "batches", "encode", "evaluate_seqpg",
-           "evaluate_sst2", "explained_logits", "make_bcos_methods", "make_methods", "mask_baseline", "predictions",
-           "seqpg_examples", "token_feature_mask"]
+           "evaluate_sst2", "explained_logits", "make_bcos_methods", "make_methods", "mask_baseline",
+           "perturbation_curve_rows", "perturbations_per_eval", "predictions", "seqpg_examples", "token_feature_mask"]
 
 MAX_LENGTH = 64
 # GPU if present (the issue's "GPU if present"); every model and batch is moved here
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# perturbed copies of a sentence per forward call with BENCH_PERTURBATIONS_PER_EVAL=0 on a CUDA device: every
+# method's perturbations of a batch of BENCH_BATCH sentences up to MAX_LENGTH tokens (Shapley sampling: one per
+# token per permutation; Lime's 100 default samples) fit in one call, a few hundred rows of MiniLM
+GPU_PERTURBATIONS_PER_EVAL = 256
+# ... and on the CPU the values the published tables were measured with (per method; rows per call for the curves)
+CPU_PERTURBATIONS_PER_EVAL = {"ShapSampl": 16, "LIME": 32, "Occlusion": 16}
+CPU_CURVE_ROWS = 64
+
+
+def perturbations_per_eval(cfg, method: str, device: torch.device = DEVICE) -> int:
+    """Perturbed copies of each sentence per forward call for ``method`` (a key of CPU_PERTURBATIONS_PER_EVAL):
+    ``cfg.perturbations_per_eval`` when set (> 0), else the CPU's per-method value or GPU_PERTURBATIONS_PER_EVAL on
+    a CUDA ``device``."""
+    if cfg.perturbations_per_eval > 0:
+        return cfg.perturbations_per_eval
+    return GPU_PERTURBATIONS_PER_EVAL if device.type == "cuda" else CPU_PERTURBATIONS_PER_EVAL[method]
+
+
+def perturbation_curve_rows(cfg, n_sentences: int, device: torch.device = DEVICE) -> int:
+    """``perturbation_curves``' ``batch_size`` (rows per forward call) for a batch of ``n_sentences``: the
+    setting's perturbations of every sentence, or CPU_CURVE_ROWS on the CPU when the setting is 0."""
+    if cfg.perturbations_per_eval == 0 and device.type != "cuda":
+        return CPU_CURVE_ROWS
+    per_sentence = cfg.perturbations_per_eval or GPU_PERTURBATIONS_PER_EVAL
+    return per_sentence * n_sentences
 
 
 def _phase(per_method, name: str):
@@ -73,9 +107,14 @@ def mask_baseline(fwd: EmbeddingForward, batch: Batch, mask_id: int) -> torch.Te
 
 
 def token_feature_mask(emb: torch.Tensor) -> torch.Tensor:
-    """One Captum feature per token position, shared over the embedding dimension."""
-    pos = torch.arange(emb.shape[1], device=emb.device)[None, :, None]
-    return pos.expand(emb.shape[0], emb.shape[1], emb.shape[2]).contiguous()
+    """One Captum feature per token position, ``(1, pos, 1)``: Captum broadcasts it over the batch and the embedding
+    dimension.
+
+    Not expanded to the input's shape: ShapleyValueSampling reads every element of the mask with ``.item()`` once per
+    permutation sample, batch x pos x hidden calls (460,000 per batch of 8 MiniLM sentences of 15 tokens at 10
+    samples, against 11 forward calls), each a device synchronisation on a GPU. The attributions (and Lime's) are
+    bitwise those of the expanded mask (tests/test_bench_frontier.py)."""
+    return torch.arange(emb.shape[1], device=emb.device)[None, :, None]
 
 
 @dataclass(frozen=True)
@@ -136,13 +175,13 @@ def make_methods(conv, bcos, mask_id: int, cfg) -> dict[str, Method]:
         "Saliency": Method("conventional", at_embedding(Saliency), conv_point),
         f"ShapSampl ({cfg.shapley_samples})": Method("conventional", at_embedding(
             ShapleyValueSampling, baselines=True, feature_mask=True, n_samples=cfg.shapley_samples,
-            perturbations_per_eval=16), conv_point),
+            perturbations_per_eval=perturbations_per_eval(cfg, "ShapSampl")), conv_point),
         f"LIME ({cfg.lime_samples})": Method("conventional", at_embedding(
-            Lime, baselines=True, feature_mask=True, n_samples=cfg.lime_samples, perturbations_per_eval=32),
-            conv_point),
+            Lime, baselines=True, feature_mask=True, n_samples=cfg.lime_samples,
+            perturbations_per_eval=perturbations_per_eval(cfg, "LIME")), conv_point),
         "Occlusion": Method("conventional", at_embedding(
-            Occlusion, baselines=True, sliding_window_shapes=(1, d), strides=(1, d), perturbations_per_eval=16),
-            conv_point),
+            Occlusion, baselines=True, sliding_window_shapes=(1, d), strides=(1, d),
+            perturbations_per_eval=perturbations_per_eval(cfg, "Occlusion")), conv_point),
         "W(x)x of conv. (ablation)": Method(
             "conventional", conv_wx_run, EmbeddingForward(conv_wx).point.description + "; conventional model with "
             "attention, activation gates and LayerNorm scales held constant, biases kept (their share of the logit "
@@ -244,7 +283,8 @@ def evaluate_sst2(methods, models, tokenizer, texts, cfg, results: dict[str, Met
         with _phase(per_method, "SST-2 metrics (Comp/Suff curves, entropy, completeness)"):
             for b, scores in explained:
                 res.curves.append(perturbation_curves(models[kind], b.ids, b.mask, scores, special_tokens=b.special,
-                                                      target=b.target))
+                                                      target=b.target,
+                                                      batch_size=perturbation_curve_rows(cfg, b.ids.shape[0])))
                 res.entropy.append(explanation_entropy(scores, b.mask & ~b.special))
                 if method.decomposes_logit:
                     res.completeness.append(completeness_error(scores, explained_logits(models[kind], b)))
