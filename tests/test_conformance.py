@@ -376,18 +376,25 @@ def _rel(got, want) -> float:
 @pytest.mark.parametrize("name", LENS_NAMES)
 def test_transformer_lens_decompositions_are_exact(name):
     """TransformerLens' own calls on the converted model: logit_attrs of its residual decompositions sum to the
-    logit, stack_head_results / stack_neuron_results sum to each layer's attention / MLP output."""
+    logit (refused with the exact alternative where the logits are soft-capped), stack_head_results /
+    stack_neuron_results sum to each layer's attention / MLP output (through Gemma 2's norms after them too)."""
     from bcos_plugins.adapters import transformer_lens as lens
 
     if not lens.HAS_HOOKED_TRANSFORMER:
         return  # TransformerLens 4 has no HookedTransformer
-    model = lens.hooked_transformer_from_hf(_with_trained_norm_gains(name))
+    hf_model = _with_trained_norm_gains(name)
+    model = lens.hooked_transformer_from_hf(hf_model)
     tokens = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(8))
     logits, cache = model.run_with_cache(tokens)
     target = logits.argmax(-1)
     logit = logits.gather(-1, target[..., None])[..., 0]
     for stack in (cache.decompose_resid(), cache.get_full_resid_decomposition(expand_neurons=True)):
-        assert _rel(cache.logit_attrs(stack, target).sum(0), logit) <= RTOL
+        if getattr(hf_model.config, "final_logit_softcapping", None) is None:
+            assert _rel(cache.logit_attrs(stack, target).sum(0), logit) <= RTOL
+        else:  # the logit is cap * tanh(z / cap): no sum of per-component terms equals it
+            with pytest.raises(BcosTypeError, match=r"logit_attrs: .*soft-caps its logits.*"
+                                                    r"token_component_decomposition"):
+                cache.logit_attrs(stack, target)
     heads = cache.stack_head_results(layer=-1)
     n_heads, d_mlp = model.cfg.n_heads, model.cfg.d_mlp
     for layer in range(model.cfg.n_layers):
@@ -437,6 +444,8 @@ INEXPRESSIBLE = {
     "Qwen2ForCausalLM": ({"layer_types": ["full_attention", "sliding_attention"]},
                          "Qwen2 with sliding-window layers .* Qwen2 config has no window"),
     "Qwen3ForCausalLM": ({"attention_bias": True}, "Qwen3 with attention_bias=True: .* Qwen3 conversion drops"),
+    "Gemma2ForCausalLM": ({"use_bidirectional_attention": True},
+                          "Gemma 2 with use_bidirectional_attention=True: TransformerLens' attention is causal"),
 }
 
 
@@ -459,15 +468,21 @@ def test_hooked_transformer_from_hf_refuses_what_its_converter_cannot_express(na
         lens.hooked_transformer_from_hf(stock_class(name)(config).eval())
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].lens_refusal])
-def test_hooked_transformer_from_hf_refuses_with_the_reason(name):
+def test_hooked_transformer_from_hf_refuses_with_the_reason(monkeypatch):
+    """A class whose spec gives a lens_refusal (no family has one now: the check of the registry's mechanism, on a
+    spec that refuses a class hooked_transformer_from_hf otherwise takes) is refused with that reason."""
+    import dataclasses
+
     from bcos_plugins.adapters import transformer_lens as lens
 
     if not lens.HAS_HOOKED_TRANSFORMER:
         return  # TransformerLens 4 has no HookedTransformer (the previous test checks its ImportError)
+    name = "Gemma2ForCausalLM"
+    reason = "a reason the registry gives"
+    monkeypatch.setitem(SPECS, name, dataclasses.replace(SPECS[name], lens_conversion=None, lens_refusal=reason))
     with pytest.raises(BcosTypeError) as error:
         lens.hooked_transformer_from_hf(_converted(name))
-    assert SPECS[name].lens_refusal in str(error.value)
+    assert reason in str(error.value)
 
 
 BRIDGE_NAMES = [n for n in NAMES if SPECS[n].bridge]
@@ -508,17 +523,18 @@ def test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable(name)
         with pytest.raises(BcosTypeError, match=r"ActivationCache.logit_attrs: .*soft-caps the logits.*"
                                                 r"token_component_decomposition"):
             cache.logit_attrs(resid, tokens=target)
-        # Gemma 2 normalises each attention and MLP output again: per-head / per-neuron shares of the projection
-        # are not attn_out's / mlp_out's. The refusals name the exact split, and not hooked_transformer_from_hf,
-        # which refuses the class (lens_refusal)
+        # Gemma 2 normalises each attention and MLP output again: per-head / per-neuron shares of the bridge's
+        # projection are not attn_out's / mlp_out's. The refusals name the exact split, and
+        # hooked_transformer_from_hf where the family has a converter (its cache's results are exact, checked in
+        # test_transformer_lens_decompositions_are_exact)
         refusals = {"attention output is not its output projection's": lambda: cache.stack_head_results(layer=-1),
                     "MLP output is not its output projection's": lambda: cache.stack_neuron_results(1)}
         for reason, call in refusals.items():
             with pytest.raises(BcosTypeError, match=reason) as error:
                 call()
             assert "token_component_decomposition" in str(error.value)
-            if SPECS[name].lens_conversion is None:
-                assert "hooked_transformer_from_hf(hf_model) gives" not in str(error.value)
+            routed = "hooked_transformer_from_hf(hf_model) gives" in str(error.value)
+            assert routed == (SPECS[name].lens_conversion is not None)
         return
     # TransformerLens' per-head and per-neuron results sum to each layer's attention and MLP output
     heads = cache.stack_head_results(layer=-1)
@@ -573,7 +589,9 @@ def test_bilinear_variant_is_analysable_with_the_bilinear_tools(name):
     """The family's bilinear variant, not B-cosified, through the bilinear tools: (W, V, P) read from each layer's
     transformers MLP (and from the HookedTransformer's, where the family has a converter) reproduce the MLP, and
     the interaction matrices give its output, u . mlp(x) = x^T Q(u) x. Its B-cos version is refused there (an
-    input-dependent scale is not a bilinear form)."""
+    input-dependent scale is not a bilinear form). A plain model whose logits are soft-capped (Gemma 2) has no
+    explainable HookedTransformer (TransformerLens' forward applies the cap inline): it is refused with the reason,
+    and the HookedTransformer's MLPs are read from the same model with the final soft-cap off (no MLP reads it)."""
     from bcos_plugins.adapters import transformer_lens as lens
 
     from bcos_plugins.bilinear import bilinear_weights, interaction_matrix
@@ -584,8 +602,13 @@ def test_bilinear_variant_is_analysable_with_the_bilinear_tools(name):
     generator = torch.Generator().manual_seed(11)
     x = torch.randn(5, config.hidden_size, generator=generator)
     directions = torch.randn(3, config.hidden_size, generator=generator)
-    hooked = (lens.hooked_transformer_from_hf(model)
-              if SPECS[name].lens_conversion is not None and lens.HAS_HOOKED_TRANSFORMER else None)
+    hooked = None
+    if SPECS[name].lens_conversion is not None and lens.HAS_HOOKED_TRANSFORMER:
+        if getattr(config, "final_logit_softcapping", None) is not None:
+            with pytest.raises(BcosValueError, match="applies tanh to the logits inline.*bcosify"):
+                lens.hooked_transformer_from_hf(model)
+            model.config.final_logit_softcapping = None
+        hooked = lens.hooked_transformer_from_hf(model)
     for index, layer in enumerate(model.model.layers):
         with torch.no_grad():
             out = layer.mlp(x)

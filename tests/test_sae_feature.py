@@ -116,7 +116,7 @@ def test_every_decoder_family_with_a_transformer_lens_converter():
     from bcos_plugins.convert.architectures import SPECS, stock_class
 
     names = [n for n in LENS_NAMES if SPECS[n].head == "causal_lm"]
-    assert {"GPT2LMHeadModel", "LlamaForCausalLM"} <= set(names)
+    assert {"GPT2LMHeadModel", "LlamaForCausalLM", "Gemma2ForCausalLM"} <= set(names)  # Gemma Scope's family
     for name in names:
         family = max((p for p in CONFIGS if name.startswith(p)), key=len)
         torch.manual_seed(0)
@@ -222,8 +222,8 @@ def test_a_plain_hooked_transformer_and_a_transcoders_input_hook():
 
 
 def test_every_family_through_transformer_lens_bridge_gemma_2_included():
-    """The Gemma Scope workflow: a B-cos Gemma 2 (bridge only: HookedTransformer refuses its inline logit soft-cap,
-    which an SAE feature at an inner hook never reaches) with an SAE on its residual stream."""
+    """The Gemma Scope workflow through the bridge: a B-cos Gemma 2 with an SAE on its residual stream (the
+    HookedTransformer route is the test above)."""
     from bcos_plugins.adapters import transformer_lens as lens
     from test_conformance import BRIDGE_NAMES, CONFIGS, VOCAB
 

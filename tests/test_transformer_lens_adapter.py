@@ -165,7 +165,21 @@ MODELS = {
     "bcos_llama_like": lambda: tiny_bcos(LLAMA_LIKE),
     "bcos_mlp_and_out_only": lambda: tiny_bcos(GPT2_LIKE, bcos_projections=("W_O", "W_in", "W_out")),
     "plain_gpt2_like": lambda: make_explainable(tiny_plain()),
+    # a cap small enough to bite on the tiny model's logits (Gemma 2's final-logit soft-cap)
+    "bcos_soft_capped": lambda: tiny_bcos(LLAMA_LIKE, output_logits_soft_cap=0.5),
 }
+
+
+def test_bcos_soft_cap_is_applied_once_in_the_unembedding():
+    """A B-cos config takes TransformerLens' output_logits_soft_cap off its inline place in the forward and the
+    unembedding applies it as a dynamic scale: the logits are cap * tanh(z / cap) of the uncapped z, capped once."""
+    model = tiny_bcos(LLAMA_LIKE, output_logits_soft_cap=0.5)
+    assert model.cfg.output_logits_soft_cap == -1.0 and model.cfg.bcos_output_logits_soft_cap == 0.5
+    logits, cache = model.run_with_cache(tokens())
+    uncapped = cache["unembed.hook_out"]
+    assert uncapped.abs().max() > 0.5  # the cap changes the logits
+    torch.testing.assert_close(logits, 0.5 * torch.tanh(uncapped / 0.5), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cache["unembed.hook_soft_cap"] * uncapped, logits)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -345,8 +359,14 @@ def test_bcos_config_error_paths():
         BcosTransformerConfig(**SIZE, act_fn="gelu", positional_embedding_type="alibi")
     with pytest.raises(ValueError, match="act_fn='solu'"):
         BcosTransformerConfig(**SIZE, act_fn="solu")
-    with pytest.raises(ValueError, match="output_logits_soft_cap"):
-        BcosTransformerConfig(**SIZE, **GPT2_LIKE, output_logits_soft_cap=30.0)
+    with pytest.raises(ValueError, match="output_logits_soft_cap=30.0 and bcos_output_logits_soft_cap=20.0 disagree"):
+        BcosTransformerConfig(**SIZE, **GPT2_LIKE, output_logits_soft_cap=30.0, bcos_output_logits_soft_cap=20.0)
+    # TransformerLens' forward caps inline, which a plain model cannot hold constant
+    capped = HookedTransformer(HookedTransformerConfig(**SIZE, **GPT2_LIKE, output_logits_soft_cap=30.0))
+    with pytest.raises(ValueError, match="output_logits_soft_cap=30.0 applies tanh to the logits inline"):
+        make_explainable(capped)
+    with pytest.raises(TypeError, match="bcos_output_logits_soft_cap=30.0.*its logits are not capped"):
+        make_explainable(HookedTransformer(BcosTransformerConfig(**SIZE, **GPT2_LIKE, output_logits_soft_cap=30.0)))
     with pytest.raises(TypeError, match="needs a BcosTransformerConfig"):
         BcosHookedTransformer(HookedTransformerConfig(**SIZE, **GPT2_LIKE))
     solu = HookedTransformer(HookedTransformerConfig(**SIZE, act_fn="solu_ln", normalization_type="LN"))

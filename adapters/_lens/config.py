@@ -5,7 +5,12 @@ Fields added to TransformerLens' config:
 - ``bcos_b``: alignment pressure B >= 1 of every B-cos projection (1.1 is the decoders' recommendation);
 - ``bcos_max_out``: MaxOut group size; only 1 can be expressed with TransformerLens' weight shapes;
 - ``bcos_projections``: which projections are B-cos, a subset of ``W_Q W_K W_V W_O W_in W_gate W_out``
-  (default: all the model has). The others are plain, bias-free linear maps.
+  (default: all the model has). The others are plain, bias-free linear maps;
+- ``bcos_output_logits_soft_cap``: the final-logit soft-cap ``c * tanh(z / c)`` (Gemma 2), applied by the B-cos
+  unembedding as the dynamic scale ``z * g``, ``g = tanh(z / c) / (z / c)`` (``unembed.hook_soft_cap``), which
+  explanation mode holds constant. TransformerLens' forward applies its own ``output_logits_soft_cap`` inline,
+  where it cannot be held constant, so a positive ``output_logits_soft_cap`` (TransformerLens' Gemma 2 configs
+  set it) moves here and reads -1 (disabled) afterwards: the logits are the same, capped once.
 
 Options whose maths is not dynamic-weight (or that the B-cos attention does not implement) are refused at
 construction with the option named, so a model that cannot be explained exactly is never built.
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transformer_lens import HookedTransformerConfig
-from transformer_lens.utilities.activation_functions import softcap_enabled
+from transformer_lens.utilities.activation_functions import SOFTCAP_DISABLED, softcap_enabled
 
 from bcos_plugins.errors import BcosValueError
 from bcos_plugins.nn.linear import check_b
@@ -62,9 +67,12 @@ def check_explainable(cfg: HookedTransformerConfig) -> None:
     if cfg.gated_mlp and cfg.act_fn is not None and cfg.act_fn.endswith("_ln"):
         raise BcosValueError(f"act_fn={cfg.act_fn!r} (an activation followed by a LayerNorm) is not supported.")
     if softcap_enabled(cfg.output_logits_soft_cap):
+        # a BcosTransformerConfig moves the cap to its unembedding (bcos_output_logits_soft_cap) in __post_init__
         raise BcosValueError(
-            f"output_logits_soft_cap={cfg.output_logits_soft_cap} applies tanh to the logits, so the logits are "
-            "not W(x) x of the input; set output_logits_soft_cap=-1 to explain the uncapped logits."
+            f"output_logits_soft_cap={cfg.output_logits_soft_cap} applies tanh to the logits inline in "
+            "TransformerLens' forward, so the logits are not W(x) x of the input. Use a B-cos model (bcosify the "
+            "transformers model, or a BcosTransformerConfig: its unembedding applies the cap as a dynamic scale), "
+            "or set output_logits_soft_cap=-1 to explain the uncapped logits."
         )
     if cfg.clip_qkv is not None:
         raise BcosValueError(
@@ -96,9 +104,11 @@ class BcosTransformerConfig(HookedTransformerConfig):
     bcos_b: float = 1.5
     bcos_max_out: int = 1
     bcos_projections: tuple[str, ...] | None = None
+    bcos_output_logits_soft_cap: float = SOFTCAP_DISABLED
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._move_soft_cap_to_unembedding()
         self.bcos_b = check_b(self.bcos_b)
         if self.bcos_max_out != 1:
             raise BcosValueError(
@@ -125,6 +135,15 @@ class BcosTransformerConfig(HookedTransformerConfig):
                     f"{fix}."
                 )
         check_explainable(self)
+
+    def _move_soft_cap_to_unembedding(self) -> None:
+        inline, own = self.output_logits_soft_cap, self.bcos_output_logits_soft_cap
+        if softcap_enabled(inline):
+            if softcap_enabled(own) and own != inline:
+                raise BcosValueError(
+                    f"output_logits_soft_cap={inline} and bcos_output_logits_soft_cap={own} disagree; a B-cos model "
+                    "applies one final-logit soft-cap (in its unembedding). Set only one of them")
+            self.bcos_output_logits_soft_cap, self.output_logits_soft_cap = inline, SOFTCAP_DISABLED
 
     def is_bcos(self, projection: str) -> bool:
         """Whether ``projection`` (e.g. ``"W_O"``) is a B-cos projection."""

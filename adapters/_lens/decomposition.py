@@ -1,6 +1,6 @@
 """TransformerLens' decomposition tools made exact on B-cos and bilinear models.
 
-TransformerLens' ``ActivationCache`` helpers read *parameters*, not activations, in three places:
+TransformerLens' ``ActivationCache`` helpers read *parameters*, not activations, in these places:
 
 - ``logit_attrs`` (and ``accumulated_resid``/``decompose_resid`` followed by it) divides by the cached final
   norm scale and multiplies by ``W_U``: it assumes the final norm's weight is folded into ``W_U``.
@@ -13,8 +13,11 @@ TransformerLens' ``ActivationCache`` helpers read *parameters*, not activations,
   input-dependent scale, so the raw parameters give the wrong per-head and per-neuron results.
   :class:`BcosActivationCache` (what ``BcosHookedTransformer.run_with_cache`` returns) computes them from the
   forward's own values: ``result_h = scale_o ⊙ (z_h @ ŵ_O[h])`` and ``result_n = post_n * ŵ_out[n] ⊙ scale_out``
-  with the cached ``hook_bcos_scale_o`` / ``hook_bcos_scale_out``. They sum to ``hook_attn_out`` /
-  ``hook_mlp_out`` exactly.
+  with the cached ``hook_bcos_scale_o`` / ``hook_bcos_scale_out``. Where a norm follows the projection (Gemma 2's
+  ``ln1_post`` / ``ln2_post``) each share is also multiplied by that norm's gain over its cached ``hook_scale``
+  (the forward's value, a constant in explanation mode). They sum to ``hook_attn_out`` / ``hook_mlp_out`` exactly.
+- ``logit_attrs`` of a soft-capped model (``bcos_output_logits_soft_cap``, Gemma 2) would sum to the uncapped
+  logit: it is refused, naming ``token_component_decomposition``, whose shares sum to the capped logit.
 
 What cannot be exact: analyses of the raw weights alone (``model.W_O``, ``model.OV``, ``model.QK``, any
 ``FactoredMatrix`` built from parameters, ``SVDInterpreter``) describe ``ŵ`` up to the per-unit norms, not the
@@ -34,8 +37,9 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens import ActivationCache
 from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
+from transformer_lens.utilities.activation_functions import softcap_enabled
 
-from bcos_plugins.errors import BcosRuntimeError, BcosValueError, argument_error
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.nn.functional import unit_norm
 
 from .final_norm import fold_final_norm_weight_in_state_dict
@@ -97,6 +101,46 @@ def _scale(cache: ActivationCache, layer: int, part: str, short: str) -> Tensor:
     return cache.cache_dict[name]
 
 
+# the norm TransformerLens applies to a block's attention / MLP output before hook_attn_out / hook_mlp_out
+# (use_normalization_before_and_after: Gemma 2), and the output projection it follows
+_POST_NORMS = {"attn": ("ln1_post", "W_O", "o"), "mlp": ("ln2_post", "W_out", "out")}
+
+
+def _output_factor(cache: ActivationCache, layer: int, part: str) -> Tensor:
+    """What multiplies each output unit of block ``layer``'s attention / MLP output projection on its way to
+    ``hook_attn_out`` / ``hook_mlp_out``, per (batch, position): the B-cos scale (``hook_bcos_scale_o`` / ``_out``)
+    and, where a norm follows the projection (Gemma 2's ``ln1_post`` / ``ln2_post``), its gain over its cached scale.
+    Both are the forward's values (constants in explanation mode), so the per-head / per-neuron shares they multiply
+    sum to the block's output exactly."""
+    model = cache.model
+    post, projection, short = _POST_NORMS[part]
+    factor = _scale(cache, layer, part, short) if _is_scaled(model, projection) else None
+    norm = getattr(model.blocks[layer], post, None)
+    if norm is None:
+        return factor
+    if not isinstance(norm, RMSNorm | RMSNormPre):
+        raise BcosRuntimeError(
+            f"blocks.{layer}.{post} is a {type(norm).__name__}; exact per-{'head' if part == 'attn' else 'neuron'} "
+            "results through a norm after the output projection are implemented for RMSNorm only (Gemma 2's)")
+    name = f"blocks.{layer}.{post}.hook_scale"
+    if name not in cache.cache_dict:
+        raise BcosRuntimeError(
+            f"{name} is not in the cache; the exact per-{'head' if part == 'attn' else 'neuron'} results of a model "
+            f"that normalises the {part} output again need the scale that norm used. Run run_with_cache without a "
+            "names_filter, or include names ending in 'hook_scale'")
+    norm_factor = 1.0 / cache.cache_dict[name]  # RMSNorm: (x / scale) * w
+    if isinstance(norm, RMSNorm):
+        norm_factor = norm_factor * norm.w
+    return norm_factor if factor is None else factor * norm_factor
+
+
+def _needs_own_results(model, part: str) -> bool:
+    """Whether TransformerLens' per-head / per-neuron results (cached ``z`` / ``post`` times raw ``W_O`` /
+    ``W_out``) miss a factor of the forward: a B-cos scale or a norm after the projection."""
+    post, projection, _ = _POST_NORMS[part]
+    return _is_scaled(model, projection) or any(hasattr(block, post) for block in model.blocks)
+
+
 def _is_scaled(model, projection: str) -> bool:
     cfg = model.cfg
     return bool(getattr(cfg, "bcos_projections", None)) and cfg.is_bcos(projection) and cfg.bcos_b != 1.0
@@ -149,7 +193,8 @@ def effective_weight(cache: ActivationCache, layer: int, projection: str) -> Flo
 
 # ActivationCache methods BcosActivationCache overrides: if TransformerLens renames one, TransformerLens' own
 # version (which reads raw W_O / W_out) would run instead of ours, silently; check_cache_internals refuses that.
-_OVERRIDDEN = ("compute_head_results", "get_neuron_results", "_stack_neuron_results_apply_ln_projected")
+_OVERRIDDEN = ("compute_head_results", "get_neuron_results", "_stack_neuron_results_apply_ln_projected",
+               "logit_attrs")
 _READ = ("cache_dict", "model")
 
 
@@ -181,25 +226,44 @@ class BcosActivationCache(ActivationCache):
                                    "bcos_plugins' TransformerLens adapter needs updating")
 
     def compute_head_results(self) -> None:
-        if not _is_scaled(self.model, "W_O"):
+        if not _needs_own_results(self.model, "attn"):
             return super().compute_head_results()
         first = "blocks.0.attn.hook_result"
         if first in self.cache_dict and self.cache_dict[first].ndim >= 4:
-            return None  # use_attn_result=True: the forward cached them
+            if getattr(self, "_exact_head_results", False) \
+                    or not any(hasattr(block, "ln1_post") for block in self.model.blocks):
+                return None  # computed below by an earlier call, or cached by the forward (use_attn_result=True)
+            raise BcosValueError(
+                "model: it normalises each attention output again (ln1_post) and ran with use_attn_result=True: the "
+                "forward's hook_result holds each head's share before that norm, which does not sum to hook_attn_out."
+                " Set model.cfg.use_attn_result = False before run_with_cache; stack_head_results then computes the "
+                "shares through the norm (exact)")
         for layer in range(self.model.cfg.n_layers):
             self.cache_dict[f"blocks.{layer}.attn.hook_result"] = head_shares(
                 self[("z", layer, "attn")], _weight(self.model.blocks[layer].attn, "W_O"),
-                _scale(self, layer, "attn", "o"))
+                _output_factor(self, layer, "attn"))
+        self._exact_head_results = True
         return None
 
     def get_neuron_results(self, layer: int, neuron_slice=None, pos_slice=None, project_output_onto=None):
-        if not _is_scaled(self.model, "W_out"):
+        if not _needs_own_results(self.model, "mlp"):
             return super().get_neuron_results(layer, neuron_slice, pos_slice, project_output_onto)
         return neuron_shares(self[("post", layer, "mlp")], _weight(self.model.blocks[layer].mlp, "W_out"),
-                             _scale(self, layer, "mlp", "out"), neuron_slice, pos_slice, project_output_onto)
+                             _output_factor(self, layer, "mlp"), neuron_slice, pos_slice, project_output_onto)
+
+    def logit_attrs(self, residual_stack, *args, **kwargs):
+        cap = getattr(self.model.cfg, "bcos_output_logits_soft_cap", None)
+        if softcap_enabled(cap):
+            raise BcosTypeError(
+                f"ActivationCache.logit_attrs: this model soft-caps its logits in its unembedding ({cap} * tanh(z / "
+                f"{cap})), so a logit is not a sum of one term per residual component: logit_attrs' terms would sum "
+                "to the uncapped z (wrong numbers). For an exact split use bcos_plugins.adapters.transformer_lens."
+                "token_component_decomposition(model, tokens, target=...) (input token x component shares that sum "
+                "to the capped logit) or explain_logits(model, tokens, target=...)")
+        return super().logit_attrs(residual_stack, *args, **kwargs)
 
     def _stack_neuron_results_apply_ln_projected(self, layer, pos_slice, neuron_slice, project_2d):
-        if not _is_scaled(self.model, "W_out"):
+        if not _needs_own_results(self.model, "mlp"):
             return super()._stack_neuron_results_apply_ln_projected(layer, pos_slice, neuron_slice, project_2d)
         # TransformerLens' fused path reads W_out; ours goes through the exact per-neuron results.
         stacks = [self.get_neuron_results(i, neuron_slice=neuron_slice, pos_slice=pos_slice) for i in range(layer)]

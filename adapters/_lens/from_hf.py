@@ -79,7 +79,12 @@ def _refuse_inexpressible(conversion, arch: str, hf_config, bcos: dict | None, h
 
 
 def _config_dict(conversion, arch: str, hf_config) -> dict:
-    """TransformerLens' own config conversion, run on a local copy of the config (no hub access)."""
+    """TransformerLens' own config conversion, run on a local copy of the config (no hub access), or the
+    converter's where TransformerLens converts the family's config only by hub name."""
+    if conversion.config_dict is not None:
+        cfg = conversion.config_dict(hf_config)
+        conversion.adjust_config(cfg, hf_config)
+        return cfg
     local = type(hf_config).from_dict(hf_config.to_dict())
     local.architectures = [arch]
     conversion.prepare_config(local)

@@ -13,6 +13,7 @@ attention               ``pattern``                                  ``hook_patt
 gated / bilinear MLP    ``act(x W_gate)`` (the whole gate branch)     ``hook_pre``
 MLP                     ``gate(pre)`` of ``act(pre) = pre * gate``    ``mlp.act_fn``
 B-cos projection        ``|cos| ** (B - 1)``                          ``hook_bcos_scale_*``
+logit soft-cap (B-cos)  ``tanh(z / c) / (z / c)``                     ``unembed.hook_soft_cap``
 ======================  ==========================================  =====================
 
 Everything else (embeddings, projections, residual sums, unembedding) is linear, so with zero biases the
@@ -42,6 +43,7 @@ from transformer_lens.components.abstract_attention import AbstractAttention
 from transformer_lens.components.mlps.gated_mlp import GatedMLP
 from transformer_lens.components.mlps.mlp import MLP
 from transformer_lens.hook_points import HookPoint
+from transformer_lens.utilities.activation_functions import softcap_enabled
 
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn.activation import DetachableActivation
@@ -51,6 +53,7 @@ from .config import GATE_KINDS, BcosTransformerConfig, check_explainable
 from .decomposition import BcosActivationCache, fold_final_norm_weight, fold_final_norm_weight_in_state_dict
 from .hook_point import DynamicHookPoint
 from .mlp import HookedBcosGatedMLP, HookedBcosMLP
+from .unembed import BcosSoftCappedUnembed
 
 __all__ = ["BcosHookedTransformer", "bcos_model_class", "is_explainable", "make_explainable", "remove_biases"]
 
@@ -86,6 +89,12 @@ def make_explainable(model: HookedTransformer) -> HookedTransformer:
     values, mixtures of experts, shortformer positions).
     """
     check_explainable(model.cfg)
+    if softcap_enabled(getattr(model.cfg, "bcos_output_logits_soft_cap", None)) \
+            and not isinstance(getattr(model, "unembed", None), BcosSoftCappedUnembed):
+        raise BcosTypeError(
+            f"model: its config sets bcos_output_logits_soft_cap={model.cfg.bcos_output_logits_soft_cap}, which "
+            f"only a B-cos model's unembedding applies, but it is a {type(model).__name__}: its logits are not "
+            "capped. Build it as BcosHookedTransformer(cfg) (or with hooked_transformer_from_hf)")
     final = getattr(model, "ln_final", None)
     if final is not None and any(_has_hooks(h) for h in final.modules() if isinstance(h, HookPoint)):
         raise BcosRuntimeError("ln_final already has hooks; call make_explainable before adding hooks.")
@@ -153,6 +162,10 @@ def _to_bcos(model: HookedTransformer) -> None:
     _require_bcos_config(cfg)
     remove_biases(model)  # TransformerLens creates its biases as zeros
     fold_final_norm_weight(model)  # ln_final becomes weightless, so logit_attrs is exact
+    if softcap_enabled(cfg.bcos_output_logits_soft_cap):
+        # the cap as a dynamic scale in the unembedding (BcosTransformerConfig took it off TransformerLens' forward)
+        model.unembed.__class__ = BcosSoftCappedUnembed
+        model.unembed.convert_to_soft_capped()
     for block in model.blocks:
         attn = block.attn
         if type(attn) is GroupedQueryAttention:
@@ -183,7 +196,9 @@ class BcosHookedTransformer(HookedTransformer):
     used unit-normalised; the state dict has no biases. The final norm is weightless (its weight lives in
     ``W_U``; a state dict with ``ln_final.w`` is folded on loading), and ``run_with_cache`` returns a
     :class:`~.decomposition.BcosActivationCache`, so TransformerLens' ``logit_attrs``, ``stack_head_results``,
-    ``stack_neuron_results`` and ``get_full_resid_decomposition`` are exact.
+    ``stack_neuron_results`` and ``get_full_resid_decomposition`` are exact (norms after the attention / MLP
+    output included). A final-logit soft-cap (``bcos_output_logits_soft_cap``) is applied by the unembedding as a
+    dynamic scale (:class:`~.unembed.BcosSoftCappedUnembed`); ``logit_attrs`` is refused there.
     """
 
     def __init__(self, cfg, *args, **kwargs) -> None:

@@ -211,9 +211,6 @@ _GEMMA_NORM = ("Gemma RMSNorm x * rsqrt(mean(x^2) + eps) * (1 + weight): the rsq
 _SOFT_CAP = ("LM head (weights kept, tied) with the final-logit soft-cap c * tanh(z / c) = z * g, g = tanh(z / c) / "
              "(z / c) the dynamic weight (config.final_logit_softcapping kept)")
 _UNCAPPED = "forward without the inline final-logit soft-cap, which the LM head applies as a dynamic scale"
-_GEMMA2_LENS = ("TransformerLens' HookedTransformer applies Gemma 2's final-logit soft-cap inline in its forward, "
-                "where it cannot be held constant, so its explanations would be incomplete; use "
-                "transformer_bridge_from_hf(model)")
 
 
 def _gemma2() -> dict[str, ArchitectureSpec]:
@@ -229,7 +226,7 @@ def _gemma2() -> dict[str, ArchitectureSpec]:
         "Gemma2Model": ArchitectureSpec("decoder", "", **common),
         "Gemma2ForCausalLM": ArchitectureSpec(
             "decoder", "model", head="causal_lm", class_swaps={"": (_uncapped_lm, _UNCAPPED)},
-            lens_refusal=_GEMMA2_LENS, bridge=True,
+            lens_conversion="gemma2", bridge=True,
             **{**common, "module_swaps": {**swaps, "lm_head": (_soft_capped_head, _SOFT_CAP)}}),
         "Gemma2ForSequenceClassification": ArchitectureSpec("decoder", "model", head="classifier", **common),
     }

@@ -16,7 +16,16 @@ from transformers.utils import can_return_tuple
 from ..nn.activation import tanh_ratio
 from ..nn.dynamic import DynamicWeightModule
 
-__all__ = ["BcosGemmaRMSNorm", "BcosSoftCappedLMHead", "BcosUncappedCausalLM"]
+__all__ = ["BcosGemmaRMSNorm", "BcosSoftCappedLMHead", "BcosUncappedCausalLM", "soft_cap_scale"]
+
+
+def soft_cap_scale(module: DynamicWeightModule, logits: Tensor, cap: float) -> Tensor:
+    """The dynamic weight ``g = tanh(z / c) / (z / c)`` of the soft-cap ``c * tanh(z / c) = z * g``, computed in
+    ``module``'s dynamic scope (no autograd graph while explaining). The one form of Gemma 2's final-logit soft-cap:
+    the B-cos LM head here and the B-cos TransformerLens unembedding multiply their logits by it, routed through
+    their own dynamic weight."""
+    with module.dynamic_scope():
+        return tanh_ratio(logits / cap)
 
 
 class BcosGemmaRMSNorm(DynamicWeightModule):
@@ -55,9 +64,7 @@ class BcosSoftCappedLMHead(DynamicWeightModule):
         logits = super().forward(x)
         if self.soft_cap is None:
             return logits
-        with self.dynamic_scope():
-            gate = tanh_ratio(logits / self.soft_cap)
-        return logits * self.dynamic_weight(gate)
+        return logits * self.dynamic_weight(soft_cap_scale(self, logits, self.soft_cap))
 
 
 class BcosUncappedCausalLM(nn.Module):

@@ -6,7 +6,7 @@ The architecture registry (:data:`bcos_plugins.convert.architectures.SPECS`) nam
 :class:`LensConversion`. A module holds only what differs for its family: Llama-shaped decoders (rotary
 positions, RMSNorm, gated MLP, q/k/v/o projections) build theirs with
 :func:`~._llama_shaped.llama_shaped_conversion` from TransformerLens' weight conversion and the options its
-config cannot express; others (GPT-2) fill in the fields themselves.
+config cannot express; others (GPT-2, Gemma 2) fill in the fields themselves.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ class LensConversion:
             TransformerLens' ``convert_hf_model_config`` reads it; default: nothing to fix.
         adjust_config: ``(cfg, hf_config) -> None``: fix TransformerLens' config dict after that; default:
             nothing to fix.
+        config_dict: ``hf_config -> dict``: TransformerLens' config dict built by the converter, for a family whose
+            config TransformerLens' ``convert_hf_model_config`` knows only by hub model name (Gemma 2: its
+            ``google/gemma-2-*`` entries), in that entry's field names; default ``None``: TransformerLens' own
+            conversion of the config.
     """
 
     state_dict: Callable[[nn.Module, object], dict]
@@ -55,6 +59,7 @@ class LensConversion:
     activation: Callable[[object], str] = _hidden_act
     prepare_config: Callable[[object], None] = _keep_config
     adjust_config: Callable[[dict, object], None] = _keep_config
+    config_dict: Callable[[object], dict] | None = None
 
 
 def vocabulary_sizes(hf_model: nn.Module) -> dict:

@@ -11,7 +11,7 @@ from bcos_plugins.errors import BcosValueError
 
 from . import LensConversion
 
-__all__ = ["llama_shaped_conversion"]
+__all__ = ["check_no_dropped_biases", "check_rope", "llama_shaped_conversion"]
 
 
 def _check_head_dim(hf_config, family: str) -> None:
@@ -24,7 +24,8 @@ def _check_head_dim(hf_config, family: str) -> None:
         )
 
 
-def _check_rope(hf_config, family: str, rope_types: tuple[str, ...]) -> None:
+def check_rope(hf_config, family: str, rope_types: tuple[str, ...]) -> None:
+    """Refuse a rotary type other than ``rope_types`` (those TransformerLens' config for ``family`` expresses)."""
     rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
     rope_type = (rope.get("rope_type") or rope.get("type") or "default").lower()
     if rope_type not in rope_types:
@@ -42,7 +43,8 @@ def _check_no_sliding_window(hf_config, family: str) -> None:
             "sliding windows.")
 
 
-def _check_no_dropped_biases(hf_config, bcos: dict | None, family: str, options: tuple[str, ...]) -> None:
+def check_no_dropped_biases(hf_config, bcos: dict | None, family: str, options: tuple[str, ...]) -> None:
+    """Refuse a plain model with any of the bias ``options`` set, which TransformerLens' conversion drops."""
     # a B-cos model has no biases (bcosify removed them); a plain one with biases would lose them
     present = [option for option in options if getattr(hf_config, option, False)]
     if bcos is None and present:
@@ -74,10 +76,10 @@ def llama_shaped_conversion(family: str, convert_weights: Callable[[object, obje
     def refuse_inexpressible(hf_config, bcos: dict | None) -> None:
         if fixed_head_dim:
             _check_head_dim(hf_config, family)
-        _check_rope(hf_config, family, rope_types)
+        check_rope(hf_config, family, rope_types)
         if refuse_sliding_windows:
             _check_no_sliding_window(hf_config, family)
-        _check_no_dropped_biases(hf_config, bcos, family, dropped_biases)
+        check_no_dropped_biases(hf_config, bcos, family, dropped_biases)
 
     def state_dict(hf_model: nn.Module, cfg) -> dict:
         return convert_weights(hf_model if view is None else view(hf_model), cfg)
