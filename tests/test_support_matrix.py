@@ -72,3 +72,18 @@ def test_the_readme_matrix_names_the_tested_and_the_lowest_versions():
         assert version in rows[name][1], f"README: tested {name} is {version} (.ci/tested-versions.txt)"
     for name, version in minimum.items():
         assert version in rows[name][2], f"README: lowest tested {name} is {version} (.ci/min-versions.txt)"
+
+
+def test_the_newest_torch_is_installed_in_the_tl4_environment_and_named_in_the_readme():
+    newest = _pins(ROOT / ".ci" / "newest-versions.txt")
+    assert newest.get("torch"), ".ci/newest-versions.txt pins no torch"
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    tl4_recipe = makefile.split("$(TL4)/.installed:", 1)[1].split("\n\n", 1)[0]
+    # the pins file must reach pip (it replaces a machine-wide constraint file) and be checked after the install
+    assert tl4_recipe.count("PIP_CONSTRAINT=$(NEWEST)") == 2, tl4_recipe
+    assert ".ci/check_pins.py $(NEWEST)" in tl4_recipe, tl4_recipe
+    assert "NEWEST := .ci/newest-versions.txt" in makefile
+    torch_row = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+                     if line.startswith("| `torch`"))
+    assert f"{newest['torch']}" in torch_row and ".venv-tl4" in torch_row, (
+        f"README: the torch row must name the newest torch {newest['torch']} and .venv-tl4: {torch_row}")
