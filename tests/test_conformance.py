@@ -649,3 +649,36 @@ def test_gemma2_norms_keep_the_one_plus_weight_gain_and_the_soft_cap_stays_in_th
     raw = torch.nn.functional.linear(hidden, head.weight)
     torch.testing.assert_close(logits, 0.5 * torch.tanh(raw / 0.5), rtol=1e-5, atol=1e-6)
     assert "lm_head" in model.bcos_report.patched_modules and "<model>" in model.bcos_report.patched_modules
+
+
+def test_gemma2_plain_hooked_transformers_per_head_and_per_neuron_results_include_its_post_norms():
+    """A plain Gemma 2 (final soft-cap off: TransformerLens caps inline) as a HookedTransformer: its cache's per-head
+    and per-neuron results go through the norms after the attention and MLP outputs, so they sum to hook_attn_out /
+    hook_mlp_out (TransformerLens' own leave the norms out); the logits are the transformers model's."""
+    from bcos_plugins.adapters import transformer_lens as lens
+
+    if not lens.HAS_HOOKED_TRANSFORMER:
+        return  # TransformerLens 4 has no HookedTransformer
+    stock = _stock("Gemma2ForCausalLM")
+    stock.config.final_logit_softcapping = None
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # trained-like gains: a post-norm gain of exactly 1 would hide half of the norm
+        for module in stock.modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                module.weight.add_(0.3 * torch.randn(module.weight.shape, generator=generator))
+    from transformer_lens import HookedTransformer
+
+    model = lens.hooked_transformer_from_hf(stock)
+    assert isinstance(model, HookedTransformer) and not isinstance(model, lens.BcosHookedTransformer)
+    tokens = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(8))
+    logits, cache = model.run_with_cache(tokens)
+    with torch.no_grad():
+        expected = stock(tokens).logits
+    assert _rel(logits, expected) <= 1e-5
+    heads = cache.stack_head_results(layer=-1)
+    n_heads, d_mlp = model.cfg.n_heads, model.cfg.d_mlp
+    for layer in range(model.cfg.n_layers):
+        assert _rel(heads[layer * n_heads:(layer + 1) * n_heads].sum(0), cache[f"blocks.{layer}.hook_attn_out"]) \
+            <= RTOL
+        neurons = cache.stack_neuron_results(layer + 1)[layer * d_mlp:]
+        assert _rel(neurons.sum(0), cache[f"blocks.{layer}.hook_mlp_out"]) <= RTOL

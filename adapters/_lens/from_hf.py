@@ -26,7 +26,7 @@ from bcos_plugins.nn.dynamic import DynamicWeightModule
 from .config import BcosTransformerConfig
 from .conversions import conversion_for, vocabulary_sizes
 from .decomposition import fold_final_norm_weight
-from .model import bcos_model_class, make_explainable
+from .model import bcos_model_class, exact_cache_class, make_explainable
 
 __all__ = ["hooked_transformer_from_hf", "SUPPORTED_HF_ARCHITECTURES"]
 
@@ -140,9 +140,10 @@ def hooked_transformer_from_hf(
         model_class: ``HookedTransformer`` or a subclass such as sae-lens' ``HookedSAETransformer``.
 
     Returns:
-        a ``model_class`` instance (its B-cos version for B-cos models, see ``bcos_model_class``) on the
-        device and dtype of ``hf_model``, made explainable (:func:`make_explainable`), in the same
-        train/eval mode.
+        a ``model_class`` instance (its B-cos version for B-cos models, see ``bcos_model_class``; for plain models
+        whose blocks normalise their outputs again, Gemma 2, a subclass whose ``run_with_cache`` gives exact
+        per-head / per-neuron results, see ``exact_cache_class``) on the device and dtype of ``hf_model``, made
+        explainable (:func:`make_explainable`), in the same train/eval mode.
 
     Raises:
         TypeError: other architectures. ValueError: options TransformerLens cannot express (named).
@@ -160,6 +161,8 @@ def hooked_transformer_from_hf(
         model = bcos_model_class(model_class)(cfg, move_to_device=True)
     else:
         cfg = HookedTransformerConfig(**cfg_dict)
+        if cfg.use_normalization_before_and_after:  # Gemma 2: per-head / per-neuron results through its post-norms
+            model_class = exact_cache_class(model_class)
         model = model_class(cfg, move_to_device=True)
     # TransformerLens' converters leave out buffers (masks, rotary tables) and some zero biases (GPT-2's
     # b_U); its fill_missing_keys takes those from the freshly built model and fails on missing weights.

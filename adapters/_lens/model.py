@@ -55,7 +55,8 @@ from .hook_point import DynamicHookPoint
 from .mlp import HookedBcosGatedMLP, HookedBcosMLP
 from .unembed import BcosSoftCappedUnembed
 
-__all__ = ["BcosHookedTransformer", "bcos_model_class", "is_explainable", "make_explainable", "remove_biases"]
+__all__ = ["BcosHookedTransformer", "ExactCacheHookedTransformer", "bcos_model_class", "exact_cache_class",
+           "is_explainable", "make_explainable", "remove_biases"]
 
 _NORMS = (LayerNorm, LayerNormPre, RMSNorm, RMSNormPre)
 
@@ -188,7 +189,23 @@ def _to_bcos(model: HookedTransformer) -> None:
     make_explainable(model)
 
 
-class BcosHookedTransformer(HookedTransformer):
+class ExactCacheHookedTransformer(HookedTransformer):
+    """A ``HookedTransformer`` whose ``run_with_cache`` returns a :class:`~.decomposition.BcosActivationCache`, whose
+    per-head and per-neuron results are the forward's own (B-cos scales, norms after the attention / MLP output).
+    The base of :class:`BcosHookedTransformer`; ``hooked_transformer_from_hf`` builds plain models whose blocks
+    normalise their outputs again (Gemma 2) as one (:func:`exact_cache_class`), since TransformerLens' own cache
+    leaves those norms out of the per-head / per-neuron results."""
+
+    def run_with_cache(self, *model_args, return_cache_object: bool = True, remove_batch_dim: bool = False,
+                       **kwargs):
+        out, cache_dict = super().run_with_cache(
+            *model_args, return_cache_object=False, remove_batch_dim=remove_batch_dim, **kwargs)
+        if not return_cache_object:
+            return out, cache_dict
+        return out, BcosActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
+
+
+class BcosHookedTransformer(ExactCacheHookedTransformer):
     """A ``HookedTransformer`` whose attention and MLP projections are B-cos (see the module docstring).
 
     Same arguments as ``HookedTransformer``; ``cfg`` must be a :class:`BcosTransformerConfig`. Weights
@@ -214,16 +231,21 @@ class BcosHookedTransformer(HookedTransformer):
                 "b_U to fold it into). Load a checkpoint of a B-cos model, or zero the final norm's bias")
         return super().load_state_dict(folded, strict=strict, assign=assign)
 
-    def run_with_cache(self, *model_args, return_cache_object: bool = True, remove_batch_dim: bool = False,
-                       **kwargs):
-        out, cache_dict = super().run_with_cache(
-            *model_args, return_cache_object=False, remove_batch_dim=remove_batch_dim, **kwargs)
-        if not return_cache_object:
-            return out, cache_dict
-        return out, BcosActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
-
-
 _CLASSES: dict[type, type] = {HookedTransformer: BcosHookedTransformer}
+_EXACT_CACHE_CLASSES: dict[type, type] = {HookedTransformer: ExactCacheHookedTransformer}
+
+
+def exact_cache_class(model_class: type[HookedTransformer]) -> type[HookedTransformer]:
+    """``model_class`` (``HookedTransformer`` or a subclass such as ``HookedSAETransformer``) with the
+    ``run_with_cache`` of :class:`ExactCacheHookedTransformer`."""
+    if not (isinstance(model_class, type) and issubclass(model_class, HookedTransformer)):
+        raise BcosTypeError(f"{model_class!r} is not a HookedTransformer subclass")
+    if issubclass(model_class, ExactCacheHookedTransformer):
+        return model_class
+    if model_class not in _EXACT_CACHE_CLASSES:
+        _EXACT_CACHE_CLASSES[model_class] = type(
+            f"ExactCache{model_class.__name__}", (model_class, ExactCacheHookedTransformer), {"__module__": __name__})
+    return _EXACT_CACHE_CLASSES[model_class]
 
 
 def bcos_model_class(model_class: type[HookedTransformer]) -> type[HookedTransformer]:
