@@ -118,7 +118,8 @@ def refuse_raw_weight_decomposition(model, method: str, reason: str = "") -> Non
 
 def _hooked_transformer_route(bridge, method: str) -> str:
     """The HookedTransformer alternative for the bridged class, as the registry has it: offered only where
-    ``hooked_transformer_from_hf`` takes the class (Gemma 2's is refused: naming it would send users to an error)."""
+    ``hooked_transformer_from_hf`` takes the class (for a class without a converter, naming it would send users to
+    an error)."""
     name = architecture_name(getattr(bridge, "original_model", bridge))
     spec = SPECS.get(name)
     if spec is not None and spec.lens_conversion is None:
