@@ -276,8 +276,17 @@ def _bilinear_llama(seed: int = 0):
     return T.LlamaForCausalLM(config).eval()
 
 
+def _gemma2():
+    """The conformance suite's tiny Gemma 2 (soft-caps that bite, every other layer a window of 4)."""
+    from test_conformance import CONFIGS
+
+    torch.manual_seed(0)
+    return T.Gemma2ForCausalLM(CONFIGS["Gemma2"]()).eval()
+
+
 HF_MODELS = {
     "bcos_gpt2": lambda: bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False),
+    "bcos_gemma2": lambda: bcosify(_gemma2(), b=1.1, verbose=False),
     "bcos_llama": lambda: bcosify(tiny_model("LlamaForCausalLM"), b=1.1, verbose=False),
     "bilinear_llama": _bilinear_llama,
     "bcos_bilinear_llama": lambda: bcosify(_bilinear_llama(), b=2.0, verbose=False),
@@ -302,7 +311,7 @@ def test_hf_to_lens_logits_match(name):
     assert ((got_masked[real] - masked[real]).abs().max() / masked.abs().max()) <= 1e-4
 
 
-@pytest.mark.parametrize("name", ["bcos_gpt2", "bcos_llama", "bcos_bilinear_llama"])
+@pytest.mark.parametrize("name", ["bcos_gpt2", "bcos_llama", "bcos_bilinear_llama", "bcos_gemma2"])
 def test_hf_and_lens_explanations_agree(name):
     # B-cosified HF models only: the core explain() on a stock HF model is plain input x gradient, while
     # the TransformerLens model is made explainable (detached norms, gates, pattern).
