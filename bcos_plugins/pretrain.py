@@ -20,7 +20,14 @@ from pathlib import Path
 
 from torch import nn
 
-from ._checks import require_classifier, require_count, require_number, require_run_settings, require_texts
+from ._checks import (
+    require_choice,
+    require_classifier,
+    require_count,
+    require_number,
+    require_run_settings,
+    require_texts,
+)
 from .convert.architectures import SPECS, spec_for, vocabulary_size
 from .convert.bcosify import bcosify, plan_conversion
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
@@ -31,12 +38,22 @@ from .nn.dynamic import has_dynamic_weights
 from .nn.linear import check_b
 from .persistence import load_bcos_model
 
-__all__ = ["BCOS_STAGE_SCHEDULE", "MASKED_LM_ARCHITECTURES", "classifier_from_masked_lm", "fine_tune_task_then_bcos",
-           "pretrain_masked_lm"]
+__all__ = ["BCOS_STAGE_SCHEDULE", "MASKED_LM_ARCHITECTURES", "TASK_THEN_BCOS_PRESETS", "classifier_from_masked_lm",
+           "fine_tune_task_then_bcos", "pretrain_masked_lm"]
 
 #: The learning-rate schedule of the best recipe's B-cos stage (docs/recipes.md): 10 % linear warm-up, then cosine
 #: decay, as ``TrainingArguments`` keywords; :func:`fine_tune_task_then_bcos`'s default for its second stage.
 BCOS_STAGE_SCHEDULE = {"warmup_steps": 0.1, "lr_scheduler_type": "cosine"}
+
+#: The B of each :func:`fine_tune_task_then_bcos` preset, the rest of the recipe (stock query/key, both stages'
+#: schedules) being the same: ``"accurate"``, the default, is the most accurate B of the faithfulness frontier;
+#: ``"faithful"`` is the B whose explanations lead the best post-hoc methods on both comprehensiveness and
+#: sufficiency there, within 3 accuracy points of the conventional model (docs/benchmarks.md#frontier).
+TASK_THEN_BCOS_PRESETS = {"accurate": 1.1, "faithful": 1.5}
+
+# the preset when neither b nor preset is given: "accurate" until the frontier's AG News SeqPG and seeds 1-2 are
+# measured (docs/benchmarks.md#frontier)
+_DEFAULT_TASK_THEN_BCOS_PRESET = "accurate"
 
 #: Masked-LM classes ``pretrain_masked_lm`` trains, with the sequence classifier their encoder moves into.
 MASKED_LM_ARCHITECTURES = {name: spec.masked_lm_classifier for name, spec in SPECS.items()
@@ -97,6 +114,18 @@ def _check_query_key(value, allow_none: bool = False) -> None:
         raise argument_error("bcos_query_key", f"must be True or False, got {value!r}",
                              "pass True (B-cos query/key layers) or False (keep the pretrained query/key maps)",
                              kind=BcosTypeError)
+
+
+def _task_then_bcos_b(b: float | None, preset: str | None) -> float:
+    """The B of ``fine_tune_task_then_bcos``: ``b`` itself, else the preset's (checked before any training)."""
+    if preset is not None:
+        require_choice("preset", preset, tuple(TASK_THEN_BCOS_PRESETS))
+        if b is not None:
+            raise argument_error("b", f"is {b!r} and preset is {preset!r}, but a preset sets B itself "
+                                 f"(B = {TASK_THEN_BCOS_PRESETS[preset]})",
+                                 "pass either b= (your own B) or preset=, not both")
+        return TASK_THEN_BCOS_PRESETS[preset]
+    return TASK_THEN_BCOS_PRESETS[_DEFAULT_TASK_THEN_BCOS_PRESET] if b is None else b
 
 
 def pretrain_masked_lm(
@@ -231,7 +260,8 @@ def fine_tune_task_then_bcos(
     texts: list[str],
     labels: list[int],
     *,
-    b: float = 1.1,
+    b: float | None = None,
+    preset: str | None = None,
     bcos_query_key: bool = False,
     task_epochs: float = 2.0,
     task_learning_rate: float = 1e-4,
@@ -243,12 +273,13 @@ def fine_tune_task_then_bcos(
     """The paper's "task then B-cos": conventional fine-tuning, :func:`bcosify`, then B-cos fine-tuning.
 
     ``model`` (a stock sequence classifier) is first fine-tuned with its own cross-entropy for
-    ``task_epochs`` at ``task_learning_rate``, then B-cosified in place at ``b`` (and ``bcos_query_key``, see
-    :func:`~bcos_plugins.bcosify`) and fine-tuned with ``bcos_loss`` for ``epochs`` at ``learning_rate`` by
-    :func:`~bcos_plugins.fine_tuning.fine_tune_classifier` with ``fine_tune_kwargs`` (``head_learning_rate``,
-    ``teacher``, ...; those that are not B-cos-stage settings, such as ``max_length`` or ``TrainingArguments``
-    keywords, apply to the first stage too, as does ``batch_size``). Returns the second stage's ``Trainer``;
-    the B-cos model is ``model`` itself (and ``trainer.model``).
+    ``task_epochs`` at ``task_learning_rate``, then B-cosified in place at B = ``b``, or the ``preset``'s B when
+    ``b`` is left out (and ``bcos_query_key``, see :func:`~bcos_plugins.bcosify`) and fine-tuned with
+    ``bcos_loss`` for ``epochs`` at ``learning_rate`` by :func:`~bcos_plugins.fine_tuning.fine_tune_classifier`
+    with ``fine_tune_kwargs`` (``head_learning_rate``, ``teacher``, ...; those that are not B-cos-stage settings,
+    such as ``max_length`` or ``TrainingArguments`` keywords, apply to the first stage too, as does
+    ``batch_size``). Returns the second stage's ``Trainer``; the B-cos model is ``model`` itself (and
+    ``trainer.model``).
 
     The defaults are the best recipe of the recipe search (docs/recipes.md,
     ``task-then-bcos-b1.1-stockqk-warm-cos``): B = 1.1 with the query/key projections kept stock, 2 conventional
@@ -257,8 +288,17 @@ def fine_tune_task_then_bcos(
     16, at no more B-cos training than the conventional model's (docs/benchmarks.md has what it measured). Note
     that :func:`~bcos_plugins.bcosify` itself defaults to B-cos query/key.
 
+    Presets (:data:`TASK_THEN_BCOS_PRESETS`) pick B on the faithfulness frontier (docs/benchmarks.md#frontier has
+    the numbers), the rest of the recipe unchanged: no single B there is both the most accurate and the most
+    faithful. ``preset="accurate"`` (B = 1.1, the default when neither ``b`` nor ``preset`` is given) is the most
+    accurate, and its explanations lead post-hoc methods on comprehensiveness but not on sufficiency;
+    ``preset="faithful"`` (B = 1.5) gives up little accuracy and leads them on both. The default stays
+    "accurate" until the frontier's AG News and further seeds are measured. ``b`` sets any other B; passing
+    both ``b`` and ``preset`` is refused.
+
     Raises:
-        BcosValueError / BcosTypeError: ``model`` is already B-cos (use fine_tune_classifier), or any argument
+        BcosValueError / BcosTypeError: ``model`` is already B-cos (use fine_tune_classifier), ``preset`` is
+            not a key of :data:`TASK_THEN_BCOS_PRESETS`, ``b`` and ``preset`` are both given, or any argument
             fine_tune_classifier refuses.
         UnsupportedModuleError: a model :func:`~bcos_plugins.bcosify` cannot convert; raised, like every
             error above, before the first stage trains.
@@ -267,6 +307,7 @@ def fine_tune_task_then_bcos(
     if has_dynamic_weights(model):
         raise argument_error("model", "is already B-cos; task then B-cos starts from a stock classifier",
                              "pass the stock model, or call fine_tune_classifier on the B-cos one")
+    b = _task_then_bcos_b(b, preset)
     _check_query_key(bcos_query_key)
     # the conversion between the stages, both stages' own settings: checked before the first stage trains
     # the user's model in place (an unconvertible model would otherwise fail only after it)

@@ -13,7 +13,12 @@ from conftest import VOCAB, padded_batch, tiny_config, tiny_model
 from bcos_plugins import bcosify, explain, load_bcos_model
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLayerNorm, BcosLinear, DetachableActivation
-from bcos_plugins.pretrain import classifier_from_masked_lm, fine_tune_task_then_bcos, pretrain_masked_lm
+from bcos_plugins.pretrain import (
+    TASK_THEN_BCOS_PRESETS,
+    classifier_from_masked_lm,
+    fine_tune_task_then_bcos,
+    pretrain_masked_lm,
+)
 from bcos_plugins.train import fine_tune_classifier, predict
 
 WORDS = [f"w{i}" for i in range(VOCAB - 5)]
@@ -162,6 +167,50 @@ def test_task_then_bcos_fine_tunes_conventionally_then_as_bcos():
     trainer = fine_tune_task_then_bcos(other, tok, texts[:8], labels[:8], task_epochs=1, epochs=1, max_length=16,
                                        lr_scheduler_type="linear", **QUIET)
     assert trainer.args.lr_scheduler_type == T.SchedulerType.LINEAR
+
+
+@pytest.mark.parametrize(("choice", "expected_b"), [
+    ({}, 1.1),  # no b, no preset: the "accurate" preset, today's default recipe
+    ({"preset": "accurate"}, 1.1),
+    ({"preset": "faithful"}, 1.5),
+    ({"b": 1.25}, 1.25),  # an explicit b still sets any B
+])
+def test_task_then_bcos_bcosifies_at_the_presets_b(choice, expected_b):
+    tok = word_tokenizer()
+    texts, labels = corpus(8)
+    torch.manual_seed(0)
+    model = T.BertForSequenceClassification(tiny_config("bert", num_labels=2))
+    fine_tune_task_then_bcos(model, tok, texts, labels, task_epochs=1, epochs=1, batch_size=8, max_length=16,
+                             **choice, **QUIET)
+    layers = [m for m in model.modules() if isinstance(m, BcosLinear)]
+    assert layers and {m.b for m in layers} == {expected_b}
+    assert model.config.bcos["b"] == expected_b
+    assert model.config.bcos["query_key"] == "stock"  # every preset keeps the recipe's stock query/key
+    assert not isinstance(model.bert.encoder.layer[0].attention.self.query, BcosLinear)
+
+
+def test_task_then_bcos_presets_are_the_frontiers_two_bs():
+    # docs/benchmarks.md#frontier: "accurate" the most accurate B, "faithful" the B that leads on Comp and Suff
+    assert TASK_THEN_BCOS_PRESETS == {"accurate": 1.1, "faithful": 1.5}
+
+
+def test_task_then_bcos_refuses_b_with_a_preset_or_an_unknown_preset_before_training():
+    tok = word_tokenizer()
+    texts, labels = corpus(8)
+    stock = tiny_model("BertForSequenceClassification")
+    before = {k: v.clone() for k, v in stock.state_dict().items()}
+    with pytest.raises(BcosValueError, match=r"^b: is 1\.25 and preset is 'faithful', but a preset sets B itself "
+                                            r"\(B = 1\.5\)\. pass either b= \(your own B\) or preset=, not both"):
+        fine_tune_task_then_bcos(stock, tok, texts, labels, b=1.25, preset="faithful", **QUIET)
+    with pytest.raises(BcosValueError, match=r"^b: is 1\.1 and preset is 'accurate'"):  # even at the preset's own B
+        fine_tune_task_then_bcos(stock, tok, texts, labels, b=1.1, preset="accurate", **QUIET)
+    with pytest.raises(BcosValueError, match=r"^preset: must be one of \('accurate', 'faithful'\), got 'fast'"):
+        fine_tune_task_then_bcos(stock, tok, texts, labels, preset="fast", **QUIET)
+    with pytest.raises(BcosValueError, match=r"^preset: must be one of \('accurate', 'faithful'\), got 1\.5"):
+        fine_tune_task_then_bcos(stock, tok, texts, labels, preset=1.5, **QUIET)
+    # refused before the conventional stage trained: the model is untouched and still stock
+    assert all(torch.equal(v, before[k]) for k, v in stock.state_dict().items())
+    assert not any(isinstance(m, BcosLinear) for m in stock.modules())
 
 
 def _distance(model, teacher, tok, texts):
