@@ -73,7 +73,7 @@ from bcos_plugins.attribution import (
     resolve_positions,
     text_attribution_point,
 )
-from bcos_plugins.attribution.text import check_token_inputs
+from bcos_plugins.attribution.text import check_token_inputs, explained_positions
 from bcos_plugins.convert.architectures import spec_for
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import recording_forward_autocast
@@ -339,7 +339,9 @@ class EmbeddingForward(nn.Module):
         if self.spec.is_classifier and position is not None:
             raise argument_error("position", "a sequence classifier gives one logit vector per sequence",
                                  "Leave position out (it applies to causal LMs)")
-        pos = None if self.spec.is_classifier else resolve_positions(position, mask.long(), default="last")
+        pos = None if self.spec.is_classifier else explained_positions(
+            self.spec, position, mask.long(),
+            how_to_pass="additional_forward_args=(attention_mask, position) (position= when calling it) with")
         kwargs = model_call_kwargs(self.model, self.spec, placeholder, attention_mask, {})
         handle = self._hook(lambda t: embeddings.to(t.dtype))
         try:
@@ -356,7 +358,9 @@ class _Logits(nn.Module):
     """A transformers model called Captum-style (positional tensors) returning a logits tensor.
 
     Captum selects targets on tensors; transformers returns a ``ModelOutput``. Called with the core's
-    ``model_call_kwargs``; causal LM logits are taken at the last real token.
+    ``model_call_kwargs``; per-position logits are taken at ``position`` (Captum passes it as the third of
+    ``additional_forward_args``), by the core's :func:`~bcos_plugins.attribution.text.explained_positions`:
+    left out, a causal LM's last real token, and a masked LM has no default.
     """
 
     def __init__(self, model: nn.Module):
@@ -373,15 +377,22 @@ class _Logits(nn.Module):
                 "target=<unit>), or pass a model with a head (a classifier or causal LM) or a function that returns "
                 "the tensor to explain, with model=", kind=BcosTypeError)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                position: int | Tensor | None = None) -> Tensor:
         input_ids = ids_as_long(input_ids)  # any integer width, exactly (a uint8 index would read as a mask)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        if self.spec is not None and self.spec.is_classifier and position is not None:
+            raise argument_error("position", "a sequence classifier gives one logit vector per sequence",
+                                 "Leave position out of additional_forward_args (it applies to causal and "
+                                 "masked LMs)")
         # keywords: the second positional parameter of transformers decoders is the cache, not the mask
         kwargs = (model_call_kwargs(self.model, self.spec, input_ids, mask, {}) if self.spec is not None
                   else {"input_ids": input_ids, "attention_mask": mask})
         logits = self.model(**kwargs).logits
         if logits.ndim == 3:
-            logits = logits[torch.arange(logits.shape[0], device=logits.device), resolve_positions(None, mask)]
+            pos = (resolve_positions(position, mask) if self.spec is None else explained_positions(
+                self.spec, position, mask, how_to_pass="additional_forward_args=(attention_mask, position) with"))
+            logits = logits[torch.arange(logits.shape[0], device=logits.device), pos]
         return logits
 
 

@@ -12,6 +12,8 @@ Explained quantities:
 - classifiers: the logit of ``target`` (default: the predicted class), or ``target - foil``;
 - causal LMs: the next-token logit of ``target`` predicted at ``position`` (default: each row's last real
   token), or ``target - foil`` (contrastive, B-cos LM paper §7);
+- masked LMs: the logit of ``target`` predicted at ``position``, which has no default (usually the [MASK]
+  token's prediction is meant, wherever it is; a missing ``position`` is refused);
 - base models: hidden unit ``target`` (or a :class:`~bcos_plugins.attribution.Direction` of the hidden state)
   at ``position`` (default: the first real token for encoders, the last real token for decoders).
 """
@@ -33,10 +35,14 @@ from .attribution.targets import (
     Direction,
     last_real_position,
     resolve_explained,
-    resolve_positions,
     select_explained,
 )
-from .attribution.text import check_token_inputs, model_call_kwargs, text_attribution_point
+from .attribution.text import (
+    check_token_inputs,
+    explained_positions,
+    model_call_kwargs,
+    text_attribution_point,
+)
 from .convert.architectures import spec_for
 from .errors import BcosRuntimeError, BcosValueError
 
@@ -62,11 +68,12 @@ def explain(
         attention_mask: 1 for real tokens, 0 for padding; every row needs a real token.
         target: class / token id / hidden unit, one for all rows or one per row (integers), or
             ``Direction(vector)`` for a direction of the output space. Classifiers default to the predicted
-            class; causal LMs and base models need one.
+            class; causal LMs, masked LMs and base models need one.
         foil: optional contrast (same forms); the explained value becomes ``target - foil``.
-        position: causal LMs and base models: which position's output to explain (int or one per row;
-            negative values count from each row's last real token, -1 being it). Must be a real token.
-            Classifiers explain the whole sequence and refuse it.
+        position: causal LMs, masked LMs and base models: which position's output to explain (int or one per
+            row; negative values count from each row's last real token, -1 being it). Must be a real token.
+            Required for masked LMs (no position is the natural one). Classifiers explain the whole sequence
+            and refuse it.
         reduce: ``"sum"`` (exact, default) or ``"mean"`` over the embedding dimension for token scores.
         **forward_kwargs: passed to the model (e.g. ``token_type_ids``); a keyword its forward does not read
             is refused, naming the close match (transformers would drop it without a word).
@@ -89,8 +96,7 @@ def explain(
     if not spec.is_classifier and target is None:
         raise BcosValueError("target: required for causal LMs (next-token ids) and base models (a hidden unit, "
                              "or Direction(vector)); only classifiers default to the predicted class.")
-    pos = None if spec.is_classifier else resolve_positions(
-        position, mask, default="last" if spec.kind == "decoder" else "first")
+    pos = None if spec.is_classifier else explained_positions(spec, position, mask)
     call_kwargs = model_call_kwargs(model, spec, input_ids, attention_mask, forward_kwargs)
     parsed: dict = {}
     forward_autocast: list[torch.dtype] = []  # the autocast dtype the forward ran under, if any (see below)

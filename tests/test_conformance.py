@@ -179,7 +179,9 @@ def test_explain_is_complete_on_the_models_own_outputs(name, side):
     # and the largest minus the smallest for the contrast
     at_default = out if spec.is_classifier else out[rows, default]
     target = at_default.abs().argmax(-1)
-    expl = explain(model, ids, mask, target=target)
+    # a masked LM has no default position (tests/test_masked_lm_position.py): it is given the same one
+    given = {"position": default} if spec.head == "masked_lm" else {}
+    expl = explain(model, ids, mask, target=target, **given)
     _assert_complete(expl)
     torch.testing.assert_close(expl.explained, at_default[rows, target])
     at_other = out if spec.is_classifier else out[rows, last - 1]
@@ -205,7 +207,8 @@ def test_stock_query_key_projections_keep_explanations_complete(name, tmp_path):
     spec = SPECS[name]
     at = out if spec.is_classifier else out[rows, _last_real(mask) if spec.kind == "decoder" else mask.argmax(1)]
     target = at.abs().argmax(-1)
-    expl = explain(model, ids, mask, target=target)
+    given = {"position": mask.argmax(1)} if spec.head == "masked_lm" else {}  # a masked LM has no default
+    expl = explain(model, ids, mask, target=target, **given)
     _assert_complete(expl)
     torch.testing.assert_close(expl.explained, at[rows, target])
     model.save_pretrained(tmp_path)

@@ -30,9 +30,9 @@ from ..convert.architectures import ArchitectureSpec, position_limit, spec_for, 
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn.dynamic import has_dynamic_weights
 from .gradient import outside_inference
-from .targets import real_token_positions
+from .targets import real_token_positions, resolve_positions
 
-__all__ = ["TextPoint", "text_attribution_point", "check_token_inputs",
+__all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explained_positions",
            "model_call_kwargs", "check_forward_kwargs", "forward_keywords"]
 
 
@@ -65,6 +65,25 @@ def text_attribution_point(model: nn.Module, spec: ArchitectureSpec | None = Non
     else:
         what = "combined embedding (word + position" + (" + token type" if spec.kind == "encoder" else "") + ")"
     return TextPoint(module, where, f"{what}, {where} of {path}")
+
+
+def explained_positions(spec: ArchitectureSpec, position, attention_mask: Int[Tensor, "batch pos"], *,
+                        how_to_pass: str = "position=") -> Int[Tensor, " batch"]:
+    """The position per row whose output a text model without a classification head explains, the one rule of
+    every path (``explain``, Captum's ``EmbeddingForward`` and ``LayerBcos``): ``position`` as
+    :func:`~bcos_plugins.attribution.resolve_positions` reads it; left out, each row's last real token for
+    decoders (the next-token prediction) and first real token for encoder base models (the [CLS] state).
+
+    A masked LM predicts a token at every position and none of them is the natural one (usually the [MASK]
+    token's is meant, wherever it is), so it has no default: a guessed position would explain another
+    prediction than the user's without a word. ``how_to_pass`` names how the caller's path takes a position.
+    """
+    if position is None and spec.head == "masked_lm":
+        raise argument_error(
+            "position", "a masked LM predicts a token at every position and none is the default one to explain",
+            f"Pass {how_to_pass} the index of the token whose prediction to explain, e.g. the [MASK] token's: "
+            "(input_ids == tokenizer.mask_token_id).int().argmax(1)")
+    return resolve_positions(position, attention_mask, default="last" if spec.kind == "decoder" else "first")
 
 
 def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Tensor, Tensor | None]:
