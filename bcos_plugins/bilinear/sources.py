@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..errors import BcosTypeError
+from ..errors import BcosTypeError, argument_error
 from ..nn.dynamic import DynamicWeightModule
 from .module import BilinearMLP
 from .weights import BilinearWeights
@@ -68,11 +68,11 @@ def _from_transformer_lens(mlp: nn.Module) -> BilinearWeights:
     _refuse_bcos_tl(mlp)
     act_name = getattr(getattr(mlp, "cfg", None), "act_fn", None)
     if not _is_identity(mlp.act_fn):
-        raise ValueError(
-            f"this TransformerLens GatedMLP has act_fn={act_name!r}, so it is not bilinear. Build the model with "
-            "bcos_plugins.adapters.transformer_lens.bilinear_config(...) (act_fn='linear'), or fine-tune the gate "
-            "away first (bcos_plugins.bilinear.SwishBetaToBilinear)."
-        )
+        raise argument_error(
+            "source", f"this TransformerLens GatedMLP has act_fn={act_name!r}, so it is not bilinear (its gate "
+            "branch passes through a non-linearity, so the layer is no fixed quadratic form P((W x) * (V x)))",
+            "Build the model with bcos_plugins.adapters.transformer_lens.bilinear_config(...) (act_fn='linear'), "
+            "or fine-tune the gate away first (bcos_plugins.bilinear.SwishBetaToBilinear)")
     with torch.no_grad():
         return BilinearWeights(
             W=mlp.W_gate.detach().T, V=mlp.W_in.detach().T, P=mlp.W_out.detach().T,
@@ -83,10 +83,11 @@ def _from_transformer_lens(mlp: nn.Module) -> BilinearWeights:
 def _from_hf_gated(mlp: nn.Module) -> BilinearWeights:
     _refuse_bcos_hf(mlp)
     if not _is_identity(mlp.act_fn):
-        raise ValueError(
-            f"this gated MLP ({type(mlp).__name__}) has activation {mlp.act_fn!r}, so it is not bilinear; convert "
-            "it with bcos_plugins.bilinear.SwishBetaToBilinear (a transformers TrainerCallback) first."
-        )
+        raise argument_error(
+            "source", f"this gated MLP ({type(mlp).__name__}) has activation {mlp.act_fn!r}, so it is not "
+            "bilinear (its gate branch passes through a non-linearity)", "Convert it with "
+            "bcos_plugins.bilinear.SwishBetaToBilinear (a transformers TrainerCallback) first, or build the model "
+            "with hidden_act='linear'")
     return BilinearWeights.from_linears(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
 
@@ -106,9 +107,16 @@ def bilinear_weights(source) -> BilinearWeights:
     if isinstance(source, tuple | list) and len(source) == 3 and all(isinstance(t, Tensor) for t in source):
         W, V, P = (t.detach() for t in source)
         return BilinearWeights(W, V, P)
-    raise TypeError(
-        f"cannot read bilinear weights from {type(source).__name__}. Pass a BilinearMLP, a TransformerLens "
+    raise argument_error(
+        "source", f"cannot read bilinear weights from {_described(source)}", "Pass a BilinearMLP, a TransformerLens "
         "GatedMLP (model.blocks[i].mlp of a bilinear HookedTransformer), a transformers gated MLP with the identity "
-        "activation, a BilinearWeights, or a tuple of tensors (W, V, P) shaped (d_hidden, d_in), (d_hidden, d_in), "
-        "(d_out, d_hidden)."
-    )
+        "activation, a BilinearWeights, or a tuple of three tensors (W, V, P) shaped (d_hidden, d_in), "
+        "(d_hidden, d_in), (d_out, d_hidden)", kind=BcosTypeError)
+
+
+def _described(source) -> str:
+    """What ``source`` is, in the words of the refusal: a sequence says what it holds, since a tuple of the wrong
+    length or with a non-tensor entry is the usual near miss."""
+    if isinstance(source, tuple | list):
+        return f"a {type(source).__name__} of {len(source)} ({', '.join(type(t).__name__ for t in source)})"
+    return type(source).__name__

@@ -22,6 +22,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from ..errors import argument_error
+
 __all__ = ["BilinearWeights", "augment_input", "require_bias_free"]
 
 
@@ -41,26 +43,27 @@ class BilinearWeights:
         for name in ("W", "V", "P"):
             value = getattr(self, name)
             if not isinstance(value, Tensor) or value.ndim != 2:
-                raise ValueError(
-                    f"bilinear weight {name} must be a 2-d tensor, got "
-                    f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}; "
-                    "layout: W and V (d_hidden, d_in), P (d_out, d_hidden)."
-                )
+                raise argument_error(
+                    name, "a bilinear weight must be a 2-d tensor, got "
+                    f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}",
+                    "Pass W and V shaped (d_hidden, d_in) and P shaped (d_out, d_hidden), in that order in a "
+                    "(W, V, P) tuple")
         if self.W.shape != self.V.shape:
-            raise ValueError(
-                f"W {tuple(self.W.shape)} and V {tuple(self.V.shape)} must have the same shape (d_hidden, d_in)."
-            )
+            raise argument_error(
+                "V", f"W {tuple(self.W.shape)} and V {tuple(self.V.shape)} must have the same shape (d_hidden, d_in)",
+                "Pass the two branches' projections of one layer (gate and up), each (d_hidden, d_in)")
         if self.P.shape[1] != self.W.shape[0]:
-            raise ValueError(
-                f"P {tuple(self.P.shape)} must be (d_out, d_hidden) with d_hidden={self.W.shape[0]} (rows of W); "
-                "if you passed TransformerLens-layout matrices (d_in, d_hidden), transpose them."
-            )
+            raise argument_error(
+                "P", f"P {tuple(self.P.shape)} must be (d_out, d_hidden) with d_hidden={self.W.shape[0]} (rows of W)",
+                "If you passed TransformerLens-layout matrices (d_in, d_hidden), transpose them")
         sizes = {"w_bias": self.d_hidden, "v_bias": self.d_hidden, "hidden_bias": self.d_hidden,
                  "out_bias": self.d_out}
         for name, size in sizes.items():
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != (size,):
-                raise ValueError(f"{name} must have shape ({size},), got {tuple(value.shape)}.")
+                raise argument_error(name, f"must have shape ({size},), got {tuple(value.shape)}",
+                                     f"Pass one bias per {'output' if name == 'out_bias' else 'hidden unit'}, "
+                                     "or None")
 
     @classmethod
     def from_linears(cls, w: nn.Linear, v: nn.Linear, p: nn.Linear) -> BilinearWeights:
@@ -141,8 +144,8 @@ def augment_input(x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_in_plus_
 def require_bias_free(weights: BilinearWeights, what: str) -> None:
     """Analyses of the quadratic form need a bias-free layer; say how to get one."""
     if weights.has_bias:
-        raise ValueError(
-            f"{what} needs a bias-free bilinear layer, but this one has biases. Use weights.augmented() (exact: "
-            "inputs become [x, 1], see bcos_plugins.bilinear.augment_input) or weights.without_biases() (the "
-            "quadratic part only)."
-        )
+        raise argument_error(
+            "source", f"{what} needs a bias-free bilinear layer, but this one has biases", "Pass "
+            "bilinear_weights(layer).augmented() (exact: inputs become [x, 1], see "
+            "bcos_plugins.bilinear.augment_input) or bilinear_weights(layer).without_biases() (the quadratic part "
+            "only)")
