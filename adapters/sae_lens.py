@@ -41,7 +41,7 @@ from bcos_plugins.bilinear import (
     interaction_matrix,
     top_eigen_indices,
 )
-from bcos_plugins.errors import BcosError, BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 
 from ._lens.explain import LensExplanation, explain_lens_value
 from ._lens.sae_error import sae_error_capture
@@ -164,9 +164,7 @@ def _bilinear_layer(layer):
     """The layer's bilinear weights, or an error that says which layers are bilinear."""
     try:
         return bilinear_weights(layer)
-    except BcosError:
-        raise  # already names the layer's problem (e.g. a B-cos gated MLP)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError) as error:  # its refusal names `source`; here the argument is `layer`
         raise BcosTypeError(
             f"layer: {type(layer).__name__} is not a bilinear layer P((W x) * (V x)), so it has no feature "
             f"interactions to read ({error}) Bilinear layers: model.blocks[L].mlp of a HookedTransformer built from "
