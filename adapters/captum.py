@@ -256,7 +256,8 @@ class EmbeddingForward(nn.Module):
     :func:`bcos_plugins.explain`. :meth:`embed` computes that tensor for real ids (inputs and baselines).
 
     Output: classifier logits ``(batch, classes)``; causal LMs: next-token logits ``(batch, vocab)`` at
-    ``position`` (default: each row's last real token; negative values count from it, as everywhere).
+    ``position`` (default: each row's last real token; negative values count from it, as everywhere); masked
+    LMs: the token logits ``(batch, vocab)`` at ``position``, which they need (no position is the natural one).
     """
 
     def __init__(self, model: nn.Module):
@@ -268,9 +269,9 @@ class EmbeddingForward(nn.Module):
         self.spec = spec_for(model)
         self.point = text_attribution_point(model, self.spec)
         self.train(model.training)
-        if not self.spec.is_classifier and not hasattr(model, "lm_head"):
-            raise argument_error("model", f"EmbeddingForward wraps sequence classifiers and causal LMs; "
-                                 f"{type(model).__name__} has neither class logits nor an LM head",
+        if self.spec.head == "base":  # the registry says which head a class has; an attribute could be anything
+            raise argument_error("model", f"EmbeddingForward wraps sequence classifiers, causal LMs and masked LMs; "
+                                 f"{type(model).__name__} is a base model, with neither class logits nor an LM head",
                                  "Use bcos_plugins.explain for base models", kind=BcosTypeError)
         embeddings = model.get_input_embeddings()
         self.width = getattr(embeddings, "embedding_dim", None)

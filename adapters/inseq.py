@@ -475,8 +475,10 @@ def _explainable_model(model: nn.Module, *, classifier: bool) -> tuple[nn.Module
             "bcos_plugins.adapters.inseq.load_classifier(model, tokenizer).attribute(texts) for per-class token "
             "attributions as inseq output objects."
         )
-    if not classifier and (spec.kind != "decoder" or not hasattr(model, "lm_head")):
-        raise UnsupportedModelError(f"{name} has no LM head to generate with. Supported: {_supported_text()}.")
+    if not classifier and spec.head != "causal_lm":  # the registry's head, not an attribute that could be anything
+        what = ("a masked LM, which predicts tokens in place and cannot generate" if spec.head == "masked_lm"
+                else "a base model: it returns hidden states and has no LM head to generate with")
+        raise UnsupportedModelError(f"{name} is {what}. Supported: {_supported_text()}.")
     if not has_dynamic_weights(model):
         settings = getattr(model.config, BCOS_CONFIG_KEY, None)
         if not isinstance(settings, dict) or "b" not in settings:
