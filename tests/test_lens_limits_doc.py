@@ -1,0 +1,59 @@
+"""The TransformerLens host page's limits say what the adapter refuses: QK-norm is not among them (Qwen3's per-head
+query/key RMSNorm converts to TransformerLens' ``use_qk_norm``; before, the page listed it as not expressible)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import transformers as T
+
+from bcos_plugins import bcosify
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def _not_expressible_lists() -> dict[str, str]:
+    """Each page's "Not expressible in TransformerLens ..." list, up to its paragraph's end (in-depth.md: up to the
+    sentence on what is expressed)."""
+    lists = {}
+    for page in ("hosts/transformer-lens.md", "in-depth.md"):
+        text = (DOCS / page).read_text()
+        found = re.search(r"Not expressible in TransformerLens.*?(?=\n\n|QK-norm \(Qwen3|\Z)", text, flags=re.S)
+        assert found, f"{page} lost its TransformerLens limits"
+        lists[page] = found.group(0)
+    return lists
+
+
+def test_the_limits_do_not_list_qk_norm_as_not_expressible():
+    for page, limits in _not_expressible_lists().items():
+        assert "QK-norm" not in limits, f"{page} still lists QK-norm as not expressible"
+    host_page = (DOCS / "hosts/transformer-lens.md").read_text()
+    assert "QK-norm is expressed: Qwen3's per-head RMSNorm of queries and keys converts to TransformerLens' " \
+           "`use_qk_norm`" in host_page
+
+
+def test_a_bcos_qwen3_with_qk_norm_converts_and_explains_exactly():
+    """What the page says: the per-head query/key norm is expressed, in a B-cos model, and explanations are exact."""
+    from bcos_plugins.adapters import transformer_lens as lens
+
+    if not lens.HAS_HOOKED_TRANSFORMER:
+        return  # TransformerLens 4 has no HookedTransformer (the bridge path is tested in test_lens_bridge.py)
+    torch.manual_seed(0)
+    config = T.Qwen3Config(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=40, head_dim=8,
+                           pad_token_id=0, bos_token_id=2, eos_token_id=2)
+    model = bcosify(T.Qwen3ForCausalLM(config).eval(), b=1.5, verbose=False)
+    with torch.no_grad():  # trained-like gains, so that dropping the norms would change the logits
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    hooked = lens.hooked_transformer_from_hf(model)
+    assert hooked.cfg.use_qk_norm
+    tokens = torch.tensor([[3, 7, 11, 19, 23]])
+    with torch.no_grad():
+        torch.testing.assert_close(hooked(tokens)[0, -1], model(input_ids=tokens).logits[0, -1], rtol=1e-4,
+                                   atol=1e-5)
+    explanation = lens.explain_logits(hooked, tokens, target=5)
+    assert float(explanation.completeness_error.abs().max()) < 1e-4
