@@ -34,8 +34,9 @@ def test_the_limits_do_not_list_qk_norm_as_not_expressible():
            "`use_qk_norm`" in host_page
 
 
-def test_a_bcos_qwen3_with_qk_norm_converts_and_explains_exactly():
-    """What the page says: the per-head query/key norm is expressed, in a B-cos model, and explanations are exact."""
+def test_qwen3_with_qk_norm_converts_plain_and_bcos_and_the_bcos_one_explains_exactly():
+    """What the page says: the per-head query/key norm is expressed, in plain and B-cos models, and explanations of
+    the B-cos one are exact."""
     from bcos_plugins.adapters import transformer_lens as lens
 
     if not lens.HAS_HOOKED_TRANSFORMER:
@@ -44,16 +45,21 @@ def test_a_bcos_qwen3_with_qk_norm_converts_and_explains_exactly():
     config = T.Qwen3Config(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=40, head_dim=8,
                            pad_token_id=0, bos_token_id=2, eos_token_id=2)
-    model = bcosify(T.Qwen3ForCausalLM(config).eval(), b=1.5, verbose=False)
+    plain = T.Qwen3ForCausalLM(config).eval()
     with torch.no_grad():  # trained-like gains, so that dropping the norms would change the logits
-        for layer in model.model.layers:
+        for layer in plain.model.layers:
             layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
             layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
-    hooked = lens.hooked_transformer_from_hf(model)
-    assert hooked.cfg.use_qk_norm
     tokens = torch.tensor([[3, 7, 11, 19, 23]])
-    with torch.no_grad():
-        torch.testing.assert_close(hooked(tokens)[0, -1], model(input_ids=tokens).logits[0, -1], rtol=1e-4,
-                                   atol=1e-5)
+
+    def converted_matches(model):
+        hooked = lens.hooked_transformer_from_hf(model)
+        assert hooked.cfg.use_qk_norm
+        with torch.no_grad():
+            torch.testing.assert_close(hooked(tokens)[0], model(input_ids=tokens).logits[0], rtol=1e-4, atol=1e-5)
+        return hooked
+
+    converted_matches(plain)  # before bcosify, which converts in place
+    hooked = converted_matches(bcosify(plain, b=1.5, verbose=False))
     explanation = lens.explain_logits(hooked, tokens, target=5)
     assert float(explanation.completeness_error.abs().max()) < 1e-4
