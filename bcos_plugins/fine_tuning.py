@@ -52,11 +52,12 @@ def fine_tune_classifier(
     """Fine-tune a sequence classifier with transformers' ``Trainer`` and return the trainer.
 
     The defaults are generic (stock or B-cos, one stage). The two-stage recipe
-    :func:`bcos_plugins.pretrain.fine_tune_task_then_bcos` (conventional fine-tuning, ``bcosify`` at B = 1.1
-    with stock query/key, then this function at ``learning_rate=2e-4`` with ``warmup_steps=0.1,
-    lr_scheduler_type="cosine"``) has its own defaults, since they suit a B-cos model that starts from a
-    task-trained stock model, not a stock model or a B-cos model with a fresh head; docs/recipes.md and
-    docs/benchmarks.md give what each recipe measured.
+    :func:`bcos_plugins.pretrain.fine_tune_task_then_bcos` (conventional fine-tuning, ``bcosify`` with stock
+    query/key at the B of its ``preset="accurate"`` (the default) or ``preset="faithful"``, see
+    :data:`~bcos_plugins.pretrain.TASK_THEN_BCOS_PRESETS`, then this function at ``learning_rate=2e-4`` with
+    ``warmup_steps=0.1, lr_scheduler_type="cosine"``) has its own defaults, since they suit a B-cos model that
+    starts from a task-trained stock model, not a stock model or a B-cos model with a fresh head; docs/recipes.md
+    and docs/benchmarks.md give what each recipe and preset measured.
 
     ``loss="auto"`` uses :func:`bcos_loss` (BCE on one-hot targets) for B-cos models and the model's own
     cross-entropy otherwise; ``"bce"`` / ``"ce"`` force one. Padding is dynamic (``DataCollatorWithPadding``).
