@@ -69,9 +69,11 @@ def require_float(name: str, value, *, minimum: float | None = None, maximum: fl
     return value
 
 
-def require_choice(name: str, value, choices: Sequence[str]) -> str:
+def require_choice(name: str, value, choices: Sequence[str], fix: str = "Pick one of those") -> str:
+    """``value`` itself if it is one of ``choices``; ``fix`` lets a caller name a further way out (such as
+    leaving an optional argument out)."""
     if not isinstance(value, str) or value not in choices:
-        raise argument_error(name, f"must be one of {tuple(choices)}, got {value!r}", "Pick one of those")
+        raise argument_error(name, f"must be one of {tuple(choices)}, got {value!r}", fix)
     return value
 
 

@@ -119,7 +119,8 @@ def _check_query_key(value, allow_none: bool = False) -> None:
 def _task_then_bcos_b(b: float | None, preset: str | None) -> float:
     """The B of ``fine_tune_task_then_bcos``: ``b`` itself, else the preset's (checked before any training)."""
     if preset is not None:
-        require_choice("preset", preset, tuple(TASK_THEN_BCOS_PRESETS))
+        require_choice("preset", preset, tuple(TASK_THEN_BCOS_PRESETS),
+                       f"Pick one of those, or leave preset out (the default, {_DEFAULT_TASK_THEN_BCOS_PRESET!r})")
         if b is not None:
             raise argument_error("b", f"is {b!r} and preset is {preset!r}, but a preset sets B itself "
                                  f"(B = {TASK_THEN_BCOS_PRESETS[preset]})",

@@ -204,7 +204,8 @@ def test_task_then_bcos_refuses_b_with_a_preset_or_an_unknown_preset_before_trai
         fine_tune_task_then_bcos(stock, tok, texts, labels, b=1.25, preset="faithful", **QUIET)
     with pytest.raises(BcosValueError, match=r"^b: is 1\.1 and preset is 'accurate'"):  # even at the preset's own B
         fine_tune_task_then_bcos(stock, tok, texts, labels, b=1.1, preset="accurate", **QUIET)
-    with pytest.raises(BcosValueError, match=r"^preset: must be one of \('accurate', 'faithful'\), got 'fast'"):
+    with pytest.raises(BcosValueError, match=r"^preset: must be one of \('accurate', 'faithful'\), got 'fast'\. "
+                                            r"Pick one of those, or leave preset out \(the default, 'accurate'\)\.$"):
         fine_tune_task_then_bcos(stock, tok, texts, labels, preset="fast", **QUIET)
     with pytest.raises(BcosValueError, match=r"^preset: must be one of \('accurate', 'faithful'\), got 1\.5"):
         fine_tune_task_then_bcos(stock, tok, texts, labels, preset=1.5, **QUIET)
