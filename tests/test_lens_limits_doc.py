@@ -1,11 +1,13 @@
 """The TransformerLens host page's limits say what the adapter refuses: QK-norm is not among them (Qwen3's per-head
-query/key RMSNorm converts to TransformerLens' ``use_qk_norm``; before, the page listed it as not expressible)."""
+query/key RMSNorm converts to TransformerLens' ``use_qk_norm``; before, the page listed it as not expressible), and
+what only B-cos models refuse is listed as such."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
 import torch
 import transformers as T
 
@@ -63,3 +65,37 @@ def test_qwen3_with_qk_norm_converts_plain_and_bcos_and_the_bcos_one_explains_ex
     hooked = converted_matches(bcosify(plain, b=1.5, verbose=False))
     explanation = lens.explain_logits(hooked, tokens, target=5)
     assert float(explanation.completeness_error.abs().max()) < 1e-4
+
+
+# Each option BcosTransformerConfig refuses (and a plain config does not), as both pages name it.
+BCOS_ONLY_REFUSALS = {
+    "positional_embedding_type": ({"positional_embedding_type": "alibi"}, "ALiBi"),
+    "use_attention_sinks": ({"use_attention_sinks": True}, "attention sinks"),
+    "use_logn_attn": ({"use_logn_attn": True}, "`use_logn_attn`"),
+    "load_in_4bit": ({"load_in_4bit": True}, "`load_in_4bit`"),
+    "original_architecture": ({"original_architecture": "Olmo2ForCausalLM"}, "OLMo's post-norm attention"),
+}
+TINY = dict(d_model=16, n_layers=1, n_heads=4, d_head=4, d_mlp=24, d_vocab=40, n_ctx=16, device="cpu",
+            act_fn="gelu_new", normalization_type="LN")
+
+
+def test_the_limits_name_the_bcos_only_refusals_as_bcos_only():
+    """ALiBi and attention sinks were listed as refused for every model, and use_logn_attn, load_in_4bit and OLMo's
+    post-norm attention not at all, though BcosTransformerConfig refuses all five and a plain config none."""
+    from bcos_plugins.adapters._lens.config import _BCOS_REFUSED, BcosTransformerConfig, check_explainable
+    from transformer_lens import HookedTransformerConfig
+
+    from bcos_plugins.errors import BcosValueError
+
+    assert set(_BCOS_REFUSED) == set(BCOS_ONLY_REFUSALS), "a B-cos-only refusal is missing from the pages' test"
+    for option, (setting, _) in BCOS_ONLY_REFUSALS.items():
+        check_explainable(HookedTransformerConfig(**TINY, **setting))  # a plain model is not refused
+        with pytest.raises(BcosValueError, match=rf"^{option}=.* cannot be expressed by a B-cos TransformerLens model"):
+            BcosTransformerConfig(**TINY, **setting)
+    for page, limits in _not_expressible_lists().items():
+        one_line = " ".join(limits.split())
+        every_model, marker, bcos_only = one_line.partition("B-cos models only (`BcosTransformerConfig`")
+        assert marker, f"{page}'s limits do not say what only B-cos models refuse"
+        for _, named in BCOS_ONLY_REFUSALS.values():
+            assert named in bcos_only, f"{page} does not list {named} among the B-cos-only refusals"
+            assert named not in every_model, f"{page} lists {named} as refused for every model"
