@@ -34,7 +34,8 @@ the conventional models are kept under BENCH_OUT/models/<dataset>/<key>/ for the
 then rewrites results.csv, results.md (the frontier table) and frontier.png (accuracy against each faithfulness
 metric, one point per setting, the post-hoc methods as reference lines) from all finished cells. Before any work
 the run prints its cells and a CPU budget: from the CPU seconds measured by this configuration's finished cells of
-the same kind where there are any, else from ESTIMATE below.
+the same kind where there are any, else from ESTIMATE below (on a CUDA device it says that this is CPU time and
+that the GPU run is much shorter).
 
 ``--quick`` (or BENCH_FRONTIER_QUICK=1): one setting, one seed, 3 epochs on 32 SST-2 / 64 AG News rows, 6
 sentences, 3 SeqPG examples, few samples (QUICK below; a variable set explicitly wins): a smoke test of the whole
@@ -387,6 +388,15 @@ def budget(cfg: Config, todo: list[tuple[Setting, int, str]], done: list[dict]) 
     return total, " and ".join(sorted(sources)) or "nothing to do"
 
 
+def budget_wording(seconds: float, source: str, device: torch.device = DEVICE) -> str:
+    """How the budget reads: its seconds are CPU seconds of one torch thread (ESTIMATE, and what finished cells
+    measured with process_time), about the wall time of a CPU run but far more than a GPU run takes."""
+    if device.type == "cuda":
+        return (f"about {seconds / 3600:.2f} CPU-hours ({source}; a CPU-time estimate for one torch thread: this run "
+                f"is on {device.type}, so it takes much less wall time)")
+    return f"about {seconds / 3600:.2f} CPU-hours ({source}; one torch thread, so about the wall time on an idle core)"
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -556,8 +566,8 @@ def main(argv: list[str]) -> dict:
     done = finished_cells(cfg)
     seconds, source = budget(cfg, todo, done)
     print(f"config: {cfg}\n{len(wanted)} cells ({len(settings)} settings x {len(cfg.seeds)} seeds x "
-          f"{len(cfg.datasets)} data sets), {len(wanted) - len(todo)} finished, {len(todo)} to do: about "
-          f"{seconds / 3600:.2f} CPU-hours ({source}; one torch thread, so about the wall time on an idle core)")
+          f"{len(cfg.datasets)} data sets), {len(wanted) - len(todo)} finished, {len(todo)} to do: "
+          f"{budget_wording(seconds, source)}")
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     trained = 0
     for i, (setting, seed, dataset) in enumerate(todo, 1):

@@ -308,3 +308,13 @@ def test_a_large_setting_makes_fewer_forward_calls_and_the_same_scores_and_curve
                 torch.testing.assert_close(getattr(curve, part), getattr(reference, part), rtol=1e-5, atol=1e-6,
                                            msg=f"{label}: {name} {part}")
             assert torch.equal(curve.k, reference.k), name
+
+
+def test_the_budget_reads_as_cpu_time_and_says_a_gpu_run_is_much_shorter(bench):
+    """On a GPU the budget's CPU-hours of one torch thread are not the run's wall time (it said they were)."""
+    on_cpu = bench.budget_wording(7200.0, "estimated", torch.device("cpu"))
+    assert on_cpu == "about 2.00 CPU-hours (estimated; one torch thread, so about the wall time on an idle core)"
+    on_gpu = bench.budget_wording(7200.0, "estimated", torch.device("cuda", 0))
+    assert on_gpu == ("about 2.00 CPU-hours (estimated; a CPU-time estimate for one torch thread: this run is on cuda, "
+                      "so it takes much less wall time)")
+    assert "wall time on an idle core" not in on_gpu
