@@ -4,7 +4,7 @@ Gemma 2 soft-caps its logits, ``c * tanh(z / c)``. TransformerLens' ``HookedTran
 (``cfg.output_logits_soft_cap``), outside any module, so explanation mode cannot hold it constant and explanations
 of the capped logits would be incomplete. A B-cos model applies it in its unembedding instead, as the B-cos
 transformers head does (:class:`bcos_plugins.convert.gemma.BcosSoftCappedLMHead`, the same
-:func:`~bcos_plugins.convert.gemma.soft_cap_scale`)::
+:func:`~bcos_plugins.nn.activation.soft_cap_scale`)::
 
     z      = resid @ W_U                          -> unembed.hook_out (the uncapped logits)
     g      = tanh(z / c) / (z / c)                -> unembed.hook_soft_cap (a DynamicHookPoint)
@@ -20,7 +20,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens.components import Unembed
 
-from bcos_plugins.convert.gemma import soft_cap_scale
+from bcos_plugins.nn.activation import soft_cap_scale
 
 from .hook_point import DynamicHookPoint
 

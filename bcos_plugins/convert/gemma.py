@@ -10,22 +10,25 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import can_return_tuple
 
-from ..nn.activation import tanh_ratio
+from ..nn.activation import soft_cap_scale
 from ..nn.dynamic import DynamicWeightModule
 
-__all__ = ["BcosGemmaRMSNorm", "BcosSoftCappedLMHead", "BcosUncappedCausalLM", "soft_cap_scale"]
+try:  # the helper the stock Gemma 2 forward calls in recent transformers
+    from transformers.modeling_utils import slice_logits_to_keep
+except ImportError:  # older transformers (the declared floor, 5.9): the stock forward's own inline slice
+
+    def slice_logits_to_keep(hidden_states: Tensor, logits_to_keep: int | Tensor) -> Tensor:
+        indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        return hidden_states[:, indices, :]
 
 
-def soft_cap_scale(module: DynamicWeightModule, logits: Tensor, cap: float) -> Tensor:
-    """The dynamic weight ``g = tanh(z / c) / (z / c)`` of the soft-cap ``c * tanh(z / c) = z * g``, computed in
-    ``module``'s dynamic scope (no autograd graph while explaining). The one form of Gemma 2's final-logit soft-cap:
-    the B-cos LM head here and the B-cos TransformerLens unembedding multiply their logits by it, routed through
-    their own dynamic weight."""
-    with module.dynamic_scope():
-        return tanh_ratio(logits / cap)
+# The key-value cache's name in the model's forward and outputs: ``cache`` in recent transformers, ``past_key_values``
+# up to the declared floor's generation (5.9); the stock forward this class replaces uses its own version's name.
+_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+__all__ = ["BcosGemmaRMSNorm", "BcosSoftCappedLMHead", "BcosUncappedCausalLM"]
 
 
 class BcosGemmaRMSNorm(DynamicWeightModule):
@@ -77,9 +80,9 @@ class BcosUncappedCausalLM(nn.Module):
         if "past_key_values" in kwargs:  # the name transformers deprecates for ``cache``
             cache = kwargs.pop("past_key_values")
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+                             inputs_embeds=inputs_embeds, use_cache=use_cache, **{_CACHE: cache}, **kwargs)
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
         logits = self.lm_head(hidden_states)
         loss = self.loss_function(logits, labels, self.vocab_size, **kwargs) if labels is not None else None
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache,
-                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                      attentions=outputs.attentions, **{_CACHE: getattr(outputs, _CACHE)})

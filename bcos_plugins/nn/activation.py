@@ -72,6 +72,17 @@ def tanh_ratio(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     return torch.where(small, 1.0 - x * x / 3.0, torch.tanh(safe) / safe)
 
 
+def soft_cap_scale(module: DynamicWeightModule, logits: Tensor, cap: float) -> Tensor:
+    """The dynamic weight ``g = tanh(z / c) / (z / c)`` of the soft-cap ``c * tanh(z / c) = z * g``, computed in
+    ``module``'s dynamic scope (no autograd graph while explaining). The one form of Gemma 2's final-logit soft-cap:
+    the B-cos LM head (``convert.gemma``) and the B-cos TransformerLens unembedding multiply their logits by it,
+    routed through their own dynamic weight. It lives here, not in ``convert.gemma``, because that module imports
+    transformers helpers that the lowest supported transformers lacks, and the TransformerLens adapter must import
+    on every supported version."""
+    with module.dynamic_scope():
+        return tanh_ratio(logits / cap)
+
+
 def _gate(kind: str, x: Tensor) -> Tensor:
     if x.dtype in HALF_DTYPES:
         return GATES[kind](x.float()).to(x.dtype)

@@ -14,6 +14,8 @@ final-logit soft-cap is refused by ``make_explainable``: TransformerLens' forwar
 
 from __future__ import annotations
 
+import transformers
+from packaging.version import Version
 from transformer_lens.loading_from_pretrained import _get_rope_theta
 from transformer_lens.pretrained.weight_conversions import convert_gemma_weights
 from transformer_lens.utilities.activation_functions import SOFTCAP_DISABLED
@@ -24,6 +26,10 @@ from . import LensConversion
 from ._llama_shaped import check_no_dropped_biases, check_rope
 
 _FAMILY = "Gemma 2"
+# The oldest transformers on which this conversion was checked to reproduce the transformers model's logits. On
+# transformers 5.9 (the package's declared floor) its Gemma 2 gives other logits than TransformerLens' Gemma 2 from
+# the second position on (found by the lowest-versions environment), so older versions are refused, not converted.
+GEMMA2_MIN_TRANSFORMERS = "5.24"
 # transformers' layer types -> TransformerLens' attention types
 _ATTENTION_TYPES = {"sliding_attention": "local", "full_attention": "global"}
 
@@ -37,6 +43,11 @@ def _soft_cap(value) -> float:
 
 
 def _refuse_inexpressible(hf_config, bcos: dict | None) -> None:
+    if Version(transformers.__version__) < Version(GEMMA2_MIN_TRANSFORMERS):
+        raise BcosValueError(
+            f"{_FAMILY} through hooked_transformer_from_hf needs transformers >= {GEMMA2_MIN_TRANSFORMERS}; the "
+            f"installed {transformers.__version__} computes Gemma 2 logits that TransformerLens' Gemma 2 does not "
+            f"reproduce. Upgrade transformers (pip install 'transformers>={GEMMA2_MIN_TRANSFORMERS}').")
     if getattr(hf_config, "use_bidirectional_attention", None):
         raise BcosValueError(
             f"{_FAMILY} with use_bidirectional_attention=True: TransformerLens' attention is causal, so its logits "
