@@ -376,6 +376,17 @@ def _rel(got, want) -> float:
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
 
 
+def _assert_head_and_neuron_results_sum_to_layer_outputs(cache, cfg) -> None:
+    """TransformerLens' per-head and per-neuron results sum to each layer's attention and MLP output."""
+    heads = cache.stack_head_results(layer=-1)
+    n_heads, d_mlp = cfg.n_heads, cfg.d_mlp
+    for layer in range(cfg.n_layers):
+        assert _rel(heads[layer * n_heads:(layer + 1) * n_heads].sum(0), cache[f"blocks.{layer}.hook_attn_out"]) \
+            <= RTOL
+        neurons = cache.stack_neuron_results(layer + 1)[layer * d_mlp:]
+        assert _rel(neurons.sum(0), cache[f"blocks.{layer}.hook_mlp_out"]) <= RTOL
+
+
 @pytest.mark.parametrize("name", LENS_NAMES)
 def test_transformer_lens_decompositions_are_exact(name):
     """TransformerLens' own calls on the converted model: logit_attrs of its residual decompositions sum to the
@@ -540,13 +551,7 @@ def test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable(name)
             assert routed == (SPECS[name].lens_conversion is not None)
         return
     # TransformerLens' per-head and per-neuron results sum to each layer's attention and MLP output
-    heads = cache.stack_head_results(layer=-1)
-    n_heads, d_mlp = bridge.cfg.n_heads, bridge.cfg.d_mlp
-    for layer in range(bridge.cfg.n_layers):
-        assert _rel(heads[layer * n_heads:(layer + 1) * n_heads].sum(0), cache[f"blocks.{layer}.hook_attn_out"]) \
-            <= RTOL
-        neurons = cache.stack_neuron_results(layer + 1)[layer * d_mlp:]
-        assert _rel(neurons.sum(0), cache[f"blocks.{layer}.hook_mlp_out"]) <= RTOL
+    _assert_head_and_neuron_results_sum_to_layer_outputs(cache, bridge.cfg)
     stacks = {"decompose_resid": resid,
               "accumulated_resid": cache.accumulated_resid(layer=-1)[-1:],
               "stack_head_results + stack_neuron_results": cache.get_full_resid_decomposition(expand_neurons=True)}
@@ -678,10 +683,4 @@ def test_gemma2_plain_hooked_transformers_per_head_and_per_neuron_results_includ
     with torch.no_grad():
         expected = stock(tokens).logits
     assert _rel(logits, expected) <= 1e-5
-    heads = cache.stack_head_results(layer=-1)
-    n_heads, d_mlp = model.cfg.n_heads, model.cfg.d_mlp
-    for layer in range(model.cfg.n_layers):
-        assert _rel(heads[layer * n_heads:(layer + 1) * n_heads].sum(0), cache[f"blocks.{layer}.hook_attn_out"]) \
-            <= RTOL
-        neurons = cache.stack_neuron_results(layer + 1)[layer * d_mlp:]
-        assert _rel(neurons.sum(0), cache[f"blocks.{layer}.hook_mlp_out"]) <= RTOL
+    _assert_head_and_neuron_results_sum_to_layer_outputs(cache, model.cfg)

@@ -238,14 +238,20 @@ _EXACT_CACHE_CLASSES: dict[type, type] = {HookedTransformer: ExactCacheHookedTra
 def exact_cache_class(model_class: type[HookedTransformer]) -> type[HookedTransformer]:
     """``model_class`` (``HookedTransformer`` or a subclass such as ``HookedSAETransformer``) with the
     ``run_with_cache`` of :class:`ExactCacheHookedTransformer`."""
+    return _with_mixin(model_class, ExactCacheHookedTransformer, _EXACT_CACHE_CLASSES, "ExactCache")
+
+
+def _with_mixin(model_class: type[HookedTransformer], mixin: type[HookedTransformer], made: dict,
+                prefix: str) -> type[HookedTransformer]:
+    """``model_class`` with ``mixin`` next in its MRO (made once per class and kept in ``made``); ``model_class``
+    itself when it already has it."""
     if not (isinstance(model_class, type) and issubclass(model_class, HookedTransformer)):
         raise BcosTypeError(f"{model_class!r} is not a HookedTransformer subclass")
-    if issubclass(model_class, ExactCacheHookedTransformer):
+    if issubclass(model_class, mixin):
         return model_class
-    if model_class not in _EXACT_CACHE_CLASSES:
-        _EXACT_CACHE_CLASSES[model_class] = type(
-            f"ExactCache{model_class.__name__}", (model_class, ExactCacheHookedTransformer), {"__module__": __name__})
-    return _EXACT_CACHE_CLASSES[model_class]
+    if model_class not in made:
+        made[model_class] = type(f"{prefix}{model_class.__name__}", (model_class, mixin), {"__module__": __name__})
+    return made[model_class]
 
 
 def bcos_model_class(model_class: type[HookedTransformer]) -> type[HookedTransformer]:
@@ -255,11 +261,4 @@ def bcos_model_class(model_class: type[HookedTransformer]) -> type[HookedTransfo
     ``model_class`` and ``HookedTransformer`` in the MRO), so wrappers the subclass installs afterwards
     wrap the B-cos modules.
     """
-    if not (isinstance(model_class, type) and issubclass(model_class, HookedTransformer)):
-        raise BcosTypeError(f"{model_class!r} is not a HookedTransformer subclass")
-    if issubclass(model_class, BcosHookedTransformer):
-        return model_class
-    if model_class not in _CLASSES:
-        _CLASSES[model_class] = type(
-            f"Bcos{model_class.__name__}", (model_class, BcosHookedTransformer), {"__module__": __name__})
-    return _CLASSES[model_class]
+    return _with_mixin(model_class, BcosHookedTransformer, _CLASSES, "Bcos")
