@@ -359,16 +359,27 @@ def _lens_checks(lens_model, hf_model):
 LENS_NAMES = [n for n in NAMES if SPECS[n].lens_conversion is not None]
 
 
-@pytest.mark.parametrize("name", LENS_NAMES)
-def test_hooked_transformer_from_hf_has_the_same_logits_and_is_explainable(name):
+def _hooked_transformer_from_hf():
+    """The adapter's ``hooked_transformer_from_hf`` under TransformerLens 3.x; under TransformerLens 4, which has no
+    HookedTransformer, ``None`` once the adapter is seen to refuse it naming ``transformer_bridge_from_hf``: a test
+    of the HookedTransformer path checks that refusal there instead of passing without a check."""
     from bcos_plugins.adapters import transformer_lens as lens
 
-    if not lens.HAS_HOOKED_TRANSFORMER:  # TransformerLens 4 has no HookedTransformer: the bridge test covers it
-        with pytest.raises(ImportError, match="transformer_bridge_from_hf"):
-            lens.hooked_transformer_from_hf  # noqa: B018
+    if lens.HAS_HOOKED_TRANSFORMER:
+        return lens.hooked_transformer_from_hf
+    with pytest.raises(ImportError, match=r"hooked_transformer_from_hf needs TransformerLens 3\.x.*"
+                                          r"transformer_bridge_from_hf\(hf_model\)"):
+        lens.hooked_transformer_from_hf  # noqa: B018
+    return None
+
+
+@pytest.mark.parametrize("name", LENS_NAMES)
+def test_hooked_transformer_from_hf_has_the_same_logits_and_is_explainable(name):
+    hooked_transformer_from_hf = _hooked_transformer_from_hf()
+    if hooked_transformer_from_hf is None:  # refused under TransformerLens 4: the bridge test covers the family
         return
     model = _converted(name)
-    _lens_checks(lens.hooked_transformer_from_hf(model), model)
+    _lens_checks(hooked_transformer_from_hf(model), model)
 
 
 def _rel(got, want) -> float:
@@ -392,12 +403,11 @@ def test_transformer_lens_decompositions_are_exact(name):
     """TransformerLens' own calls on the converted model: logit_attrs of its residual decompositions sum to the
     logit (refused with the exact alternative where the logits are soft-capped), stack_head_results /
     stack_neuron_results sum to each layer's attention / MLP output (through Gemma 2's norms after them too)."""
-    from bcos_plugins.adapters import transformer_lens as lens
-
-    if not lens.HAS_HOOKED_TRANSFORMER:
-        return  # TransformerLens 4 has no HookedTransformer
+    hooked_transformer_from_hf = _hooked_transformer_from_hf()
+    if hooked_transformer_from_hf is None:  # refused under TransformerLens 4
+        return
     hf_model = _with_trained_norm_gains(name)
-    model = lens.hooked_transformer_from_hf(hf_model)
+    model = hooked_transformer_from_hf(hf_model)
     tokens = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(8))
     logits, cache = model.run_with_cache(tokens)
     target = logits.argmax(-1)
@@ -422,14 +432,13 @@ def test_transformer_lens_decompositions_are_exact(name):
 def test_sae_lens_hooked_sae_transformer_with_a_spliced_sae_accounts_for_the_whole_logit(name):
     """sae-lens' HookedSAETransformer built by hooked_transformer_from_hf, a bias-free SAE spliced into the
     residual stream with its error term: the tokens' share plus the error term's reported share is the logit."""
-    from bcos_plugins.adapters import transformer_lens as lens
-
-    if not lens.HAS_HOOKED_TRANSFORMER:
-        return  # sae-lens needs TransformerLens 3
+    hooked_transformer_from_hf = _hooked_transformer_from_hf()
+    if hooked_transformer_from_hf is None:  # refused under TransformerLens 4 (sae-lens needs TransformerLens 3)
+        return
     from bcos_plugins.adapters.sae_lens import sae_error_share
     from sae_lens import HookedSAETransformer, StandardSAE, StandardSAEConfig
 
-    model = lens.hooked_transformer_from_hf(_converted(name), model_class=HookedSAETransformer)
+    model = hooked_transformer_from_hf(_converted(name), model_class=HookedSAETransformer)
     d_model = model.cfg.d_model
     sae_cfg = StandardSAEConfig(d_in=d_model, d_sae=4 * d_model, device="cpu")
     sae_cfg.metadata.hook_name = "blocks.0.hook_resid_post"
@@ -469,17 +478,16 @@ def test_every_converter_has_an_inexpressible_setting():
 
 @pytest.mark.parametrize("name", sorted(INEXPRESSIBLE))
 def test_hooked_transformer_from_hf_refuses_what_its_converter_cannot_express(name):
-    from bcos_plugins.adapters import transformer_lens as lens
-
-    if not lens.HAS_HOOKED_TRANSFORMER:
-        return  # TransformerLens 4 has no HookedTransformer
+    hooked_transformer_from_hf = _hooked_transformer_from_hf()
+    if hooked_transformer_from_hf is None:  # refused under TransformerLens 4
+        return
     setting, message = INEXPRESSIBLE[name]
     config = CONFIGS[_family(name)]()
     for key, value in setting.items():
         setattr(config, key, value)
     torch.manual_seed(0)
     with pytest.raises(BcosValueError, match=message):
-        lens.hooked_transformer_from_hf(stock_class(name)(config).eval())
+        hooked_transformer_from_hf(stock_class(name)(config).eval())
 
 
 def test_hooked_transformer_from_hf_refuses_with_the_reason(monkeypatch):
@@ -487,15 +495,14 @@ def test_hooked_transformer_from_hf_refuses_with_the_reason(monkeypatch):
     spec that refuses a class hooked_transformer_from_hf otherwise takes) is refused with that reason."""
     import dataclasses
 
-    from bcos_plugins.adapters import transformer_lens as lens
-
-    if not lens.HAS_HOOKED_TRANSFORMER:
-        return  # TransformerLens 4 has no HookedTransformer (the previous test checks its ImportError)
+    hooked_transformer_from_hf = _hooked_transformer_from_hf()
+    if hooked_transformer_from_hf is None:  # refused under TransformerLens 4
+        return
     name = "Gemma2ForCausalLM"
     reason = "a reason the registry gives"
     monkeypatch.setitem(SPECS, name, dataclasses.replace(SPECS[name], lens_conversion=None, lens_refusal=reason))
     with pytest.raises(BcosTypeError) as error:
-        lens.hooked_transformer_from_hf(_converted(name))
+        hooked_transformer_from_hf(_converted(name))
     assert reason in str(error.value)
 
 
@@ -586,8 +593,9 @@ def test_bilinear_variant_is_explained_exactly_on_every_path(name):
     rows = torch.arange(ids.shape[0])
     at = out[rows, _last_real(mask)]
     _assert_complete(explain(model, ids, mask, target=at.abs().argmax(-1)))
-    if SPECS[name].lens_conversion is not None and lens.HAS_HOOKED_TRANSFORMER:
-        _lens_checks(lens.hooked_transformer_from_hf(model), model)
+    hooked_transformer_from_hf = _hooked_transformer_from_hf()  # None: refused under TransformerLens 4
+    if SPECS[name].lens_conversion is not None and hooked_transformer_from_hf is not None:
+        _lens_checks(hooked_transformer_from_hf(model), model)
     if SPECS[name].bridge:
         _lens_checks(lens.transformer_bridge_from_hf(model), model)
 
@@ -600,8 +608,6 @@ def test_bilinear_variant_is_analysable_with_the_bilinear_tools(name):
     input-dependent scale is not a bilinear form). A plain model whose logits are soft-capped (Gemma 2) has no
     explainable HookedTransformer (TransformerLens' forward applies the cap inline): it is refused with the reason,
     and the HookedTransformer's MLPs are read from the same model with the final soft-cap off (no MLP reads it)."""
-    from bcos_plugins.adapters import transformer_lens as lens
-
     from bcos_plugins.bilinear import bilinear_weights, interaction_matrix
 
     config = _bilinear_config(name)
@@ -611,12 +617,13 @@ def test_bilinear_variant_is_analysable_with_the_bilinear_tools(name):
     x = torch.randn(5, config.hidden_size, generator=generator)
     directions = torch.randn(3, config.hidden_size, generator=generator)
     hooked = None
-    if SPECS[name].lens_conversion is not None and lens.HAS_HOOKED_TRANSFORMER:
+    hooked_transformer_from_hf = _hooked_transformer_from_hf()  # None: refused under TransformerLens 4
+    if SPECS[name].lens_conversion is not None and hooked_transformer_from_hf is not None:
         if getattr(config, "final_logit_softcapping", None) is not None:
             with pytest.raises(BcosValueError, match="applies tanh to the logits inline.*bcosify"):
-                lens.hooked_transformer_from_hf(model)
+                hooked_transformer_from_hf(model)
             model.config.final_logit_softcapping = None
-        hooked = lens.hooked_transformer_from_hf(model)
+        hooked = hooked_transformer_from_hf(model)
     for index, layer in enumerate(model.model.layers):
         with torch.no_grad():
             out = layer.mlp(x)
@@ -665,8 +672,9 @@ def test_gemma2_plain_hooked_transformers_per_head_and_per_neuron_results_includ
     hook_mlp_out (TransformerLens' own leave the norms out); the logits are the transformers model's."""
     from bcos_plugins.adapters import transformer_lens as lens
 
-    if not lens.HAS_HOOKED_TRANSFORMER:
-        return  # TransformerLens 4 has no HookedTransformer
+    hooked_transformer_from_hf = _hooked_transformer_from_hf()
+    if hooked_transformer_from_hf is None:  # refused under TransformerLens 4
+        return
     stock = _stock("Gemma2ForCausalLM")
     stock.config.final_logit_softcapping = None
     generator = torch.Generator().manual_seed(3)
@@ -676,7 +684,7 @@ def test_gemma2_plain_hooked_transformers_per_head_and_per_neuron_results_includ
                 module.weight.add_(0.3 * torch.randn(module.weight.shape, generator=generator))
     from transformer_lens import HookedTransformer
 
-    model = lens.hooked_transformer_from_hf(stock)
+    model = hooked_transformer_from_hf(stock)
     assert isinstance(model, HookedTransformer) and not isinstance(model, lens.BcosHookedTransformer)
     tokens = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(8))
     logits, cache = model.run_with_cache(tokens)
