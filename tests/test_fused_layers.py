@@ -141,14 +141,18 @@ def test_fused_lens_components_equal_reference(name, explaining, dtype):
                      dtype, atol_per_magnitude=True)
 
 
+FUSED_NODES = {"_BcosProductBackward", "_BcosLinearBackward"}
+
+
 def _holds_fused_product(output: torch.Tensor) -> bool:
-    """Whether the autograd graph of ``output`` contains the fused B-cos product's node."""
+    """Whether the autograd graph of ``output`` contains a fused B-cos node (the product, or the whole linear
+    layer that training runs)."""
     seen, pending = set(), [output.grad_fn]
     while pending:
         node = pending.pop()
         if node is None or node in seen:
             continue
-        if type(node).__name__ == "_BcosProductBackward":
+        if type(node).__name__ in FUSED_NODES:
             return True
         seen.add(node)
         pending.extend(child for child, _ in node.next_functions)

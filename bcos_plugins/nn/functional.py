@@ -42,7 +42,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import Tensor, nn
@@ -53,7 +53,7 @@ from .dynamic import parameter_gradients_unused
 
 __all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "cached_unit_norm", "clear_unit_norm_cache",
            "reuse_unit_weights",
-           "input_norm", "bcos_scale", "bcos_product",
+           "input_norm", "bcos_scale", "bcos_product", "bcos_linear",
            "max_out", "reference_path", "using_reference_path"]
 
 NORM_EPS = 1e-6
@@ -67,10 +67,23 @@ _SQRT_NORM_EPS = torch.tensor(NORM_EPS**0.5, dtype=torch.float64)
 
 def unit_norm(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
     """``weight`` scaled so that each unit's input weights (the axes ``dim``) have norm 1."""
+    return _divided_by_norm(weight, _unit_norms(weight, dim).clamp_min(NORM_EPS))
+
+
+def _unit_norms(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
+    """``||w||`` of each unit (the axes ``dim`` kept), float32 for half-precision weights."""
     if weight.dtype in HALF_DTYPES:
-        norm = torch.linalg.vector_norm(weight, dim=dim, keepdim=True, dtype=torch.float32)
-        return (weight.float() / norm.clamp_min(NORM_EPS)).to(weight.dtype)
-    return weight / torch.linalg.vector_norm(weight, dim=dim, keepdim=True).clamp_min(NORM_EPS)
+        return torch.linalg.vector_norm(weight, dim=dim, keepdim=True, dtype=torch.float32)
+    return torch.linalg.vector_norm(weight, dim=dim, keepdim=True)
+
+
+def _divided_by_norm(weight: Tensor, clamped_norm: Tensor, keep_wide: bool = False) -> Tensor:
+    """``weight / clamped_norm``; half-precision weights are divided in float32 and rounded back unless
+    ``keep_wide`` (the backward of :class:`_BcosLinear` wants the float32 quotient)."""
+    if weight.dtype in HALF_DTYPES:
+        unit = weight.float() / clamped_norm
+        return unit if keep_wide else unit.to(weight.dtype)
+    return weight / clamped_norm
 
 
 # weight -> {form: (validity key, unit-norm weight)}; entries die with their weight (ids are compared, never
@@ -111,8 +124,7 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
     if torch.compiler.is_compiling() or not _REUSE_UNIT_WEIGHTS:
         return unit_norm(view, dim)
     if torch.is_grad_enabled() and weight.requires_grad and not parameter_gradients_unused():
-        if _UNIT_WEIGHTS:  # training: free the copy an evaluation left, training memory stays as it was
-            _UNIT_WEIGHTS.pop(weight, None)
+        _forget_unit_norm(weight)
         return unit_norm(view, dim)
     if type(weight) not in (Tensor, nn.Parameter) or _REFERENCE_PATH or weight.is_inference() or weight.is_meta:
         return unit_norm(view, dim)
@@ -134,6 +146,13 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
             unit = unit.to(cast)
     forms[form] = (key, unit)
     return unit
+
+
+def _forget_unit_norm(weight: Tensor) -> None:
+    """Drop ``weight``'s cached unit-norm copies: it is being trained (its forward pass needs its gradient), so
+    the copy an evaluation left would only hold memory (training memory stays as it was without the cache)."""
+    if _UNIT_WEIGHTS:
+        _UNIT_WEIGHTS.pop(weight, None)
 
 
 # The process-wide switches of reuse_unit_weights() and reference_path(): plain module globals, so that the hot
@@ -346,20 +365,180 @@ class _BcosProduct(torch.autograd.Function):
             return grad_out * dyn, None, None, None
         lin, x_norm, *b_tensor = ctx.saved_tensors
         b = b_tensor[0] if b_tensor else ctx.b
-        abs_cos = _abs_cos(lin, x_norm)
-        active = abs_cos > COS_FLOOR  # where the forward's clamp left |cos| unchanged
-        dyn = _floored_power_(abs_cos, b)  # the forward's dyn, bit for bit (the same steps)
-        dtype = dyn.dtype
-        grad_dyn_lin = grad_out.to(dtype) * dyn
-        grad_lin = torch.where(active, grad_dyn_lin * b, grad_dyn_lin)
-        grad_norm = None
-        if ctx.needs_input_grad[1]:
-            # d out / d ||x|| = -(B - 1) dyn lin / ||x|| on the active units
-            per_unit = torch.where(active, grad_dyn_lin * lin.to(dtype), 0.0)
-            wide = torch.float64 if x_norm.dtype == torch.float64 else torch.float32  # (no dispatched op)
-            grad_norm = per_unit.sum_to_size(x_norm.shape).to(wide)
-            grad_norm = (grad_norm * (1.0 - b) / x_norm.to(wide)).to(x_norm.dtype)
+        dyn, active = _scale_from_lin(lin, x_norm, b)
+        grad_lin, grad_norm = _scale_backward(grad_out, dyn, active, x_norm, b, ctx.needs_input_grad[1], lin=lin)
         return grad_lin.to(lin.dtype), grad_norm, None, None
+
+
+def _scale_from_lin(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> tuple[Tensor, Tensor]:
+    """The forward's ``dyn`` (bit for bit: the same steps) and where ``|cos| > floor`` (the clamp left it)."""
+    abs_cos = _abs_cos(lin, x_norm)
+    active = abs_cos > COS_FLOOR
+    return _floored_power_(abs_cos, b), active
+
+
+def _scale_from_out(out: Tensor, x_norm: Tensor, b: float) -> tuple[Tensor, Tensor]:
+    """``dyn`` and where ``|cos| > floor``, recovered from the layer's output ``out = dyn * lin``.
+
+    ``|out| / ||x|| = |cos| ** B`` where ``|cos| > floor`` and at most ``floor ** B`` elsewhere, so ``dyn =
+    max(|out| / ||x||, floor ** B) ** ((B - 1) / B)`` in both cases. As precise as ``out`` itself: its
+    rounding error, divided by B, plus that of the power. Only where ``out`` is a normal number of its dtype
+    (:func:`_scale_recoverable`). Half-precision ``out`` is widened to float32 (one rounding of ``dyn`` fewer
+    than the forward's, which computes it in bfloat16 for bfloat16).
+    """
+    wide = torch.float32 if out.dtype in HALF_DTYPES else out.dtype
+    ratio = out.to(wide).abs_() if out.dtype != wide else out.abs()
+    ratio = ratio.mul_(x_norm.reciprocal())
+    floor = COS_FLOOR**b
+    active = ratio > floor
+    dyn = ratio.clamp_min_(floor)
+    return (dyn.sqrt_() if b == 2.0 else dyn.pow_((b - 1.0) / b)), active
+
+
+def _scale_backward(grad_out: Tensor, dyn: Tensor, active: Tensor, x_norm: Tensor, b: float | Tensor,
+                    norm_grad: bool, *, lin: Tensor | None = None,
+                    out: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """Gradients of ``out = dyn * lin`` wrt ``lin`` (in ``dyn``'s dtype) and, if ``norm_grad``, ``||x||``
+    (``None`` otherwise), from the forward's ``dyn`` and ``active`` and one of ``lin`` or ``out``.
+
+    ``d out / d lin = B dyn`` where active (the product rule collapses: ``lin d dyn / d lin = (B - 1) dyn``),
+    ``dyn`` elsewhere; ``d out / d ||x|| = -(B - 1) dyn lin / ||x|| = -(B - 1) out / ||x||`` where active,
+    summed over the units that share the norm. No negative power of ``|cos|`` appears, so zero inputs keep
+    finite gradients in any dtype.
+    """
+    dtype = dyn.dtype
+    grad_dyn_lin = grad_out.to(dtype) * dyn
+    grad_lin = torch.where(active, grad_dyn_lin * b, grad_dyn_lin)
+    if not norm_grad:
+        return grad_lin, None
+    per_unit = grad_dyn_lin * lin.to(dtype) if out is None else grad_out.to(dtype) * out.to(dtype)
+    per_unit = torch.where(active, per_unit, 0.0)
+    wide = torch.float64 if x_norm.dtype == torch.float64 else torch.float32  # (no dispatched op)
+    grad_norm = per_unit.sum_to_size(x_norm.shape).to(wide)
+    return grad_lin, (grad_norm * (1.0 - b) / x_norm.to(wide)).to(x_norm.dtype)
+
+
+def _scale_recoverable(dtype: torch.dtype, b: float | Tensor) -> bool:
+    """Whether :func:`_scale_from_out` recovers ``dyn`` to ``dtype``'s precision at this B.
+
+    Every unit with ``|cos| > floor`` has ``|out| = |cos| ** B ||x|| > COS_FLOOR ** B * sqrt(NORM_EPS)``
+    (``||x||`` carries the epsilon), which must be a normal number of ``dtype``: below that ``out`` is
+    subnormal or 0 and ``dyn`` loses its digits (float32 at B = 4 and ``|cos| = 1e-11``: ``out`` ~ 1e-44, a
+    gradient off by orders of magnitude). float32 and bfloat16: B <= 2.9; float64: every B up to
+    :data:`~bcos_plugins.nn.linear.MAX_B`; float16: never. A tensor B (a layer's buffer inside a compiled
+    graph) has no value while the graph is built: not recoverable.
+    """
+    return not isinstance(b, Tensor) and COS_FLOOR**b * NORM_EPS**0.5 >= torch.finfo(dtype).tiny
+
+
+def _without_autocast(device_type: str):
+    """The backward of :class:`_BcosLinear` computes in the dtypes its forward chose, also when the caller runs
+    the backward pass inside ``torch.autocast``."""
+    return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) else nullcontext()
+
+
+class _BcosLinear(torch.autograd.Function):
+    """A B-cos linear layer without MaxOut, ``ŵ = w / ||w||``, ``lin = x @ ŵ.T``, ``out = dyn * lin``, as one
+    autograd node for training (docs/api/nn.md#fused-and-reference-kernels).
+
+    Saved for the backward pass: ``x`` (only if the weight needs a gradient), the weight parameter itself,
+    ``||w||`` per unit and ``||x||`` per row (tiny), and ``out``, the output, which the next operation
+    usually keeps as its own input anyway (the next linear layer, GELU, attention's query / key / value).
+    Not ``ŵ`` (a weight-sized copy per layer, recomputed in the backward: one reduction-free division) and not
+    ``lin`` (``dyn`` is recovered from ``out``, :func:`_scale_from_out`). Where that recovery would lose
+    digits (:func:`_scale_recoverable`: float16, float32 / bfloat16 above B = 2.9, B as a tensor under
+    ``torch.compile``) it keeps ``lin`` instead, as :class:`_BcosProduct` does.
+
+    Gradients: those of :func:`_scale_backward` for the product, then ``d / dx = grad_lin @ ŵ`` and, through
+    the normalisation, ``d / dw = (G - ŵ <G, ŵ>) / ||w||`` per unit row with ``G = grad_lin.T @ x`` (``G /
+    max(||w||, eps)`` for a row whose norm is below the clamp, whose norm then is a constant). The matrix
+    products run in ``lin``'s dtype (bfloat16 under autocast, with the same casts of ``x`` and ``ŵ`` as
+    autocast's), the normalisation's gradient in float32 for half-precision weights. ``x_norm`` is ``None``
+    for B = 1 (no scale).
+    """
+
+    @staticmethod
+    def forward(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Tensor,
+                units_are_columns: bool) -> tuple[Tensor, Tensor, Tensor]:
+        view = weight.T if units_are_columns else weight
+        norms = _unit_norms(view, 1)
+        # the same steps as unit_norm and bcos_product: the values equal the unfused forward's bit for bit
+        lin = torch.nn.functional.linear(x, _divided_by_norm(view, norms.clamp_min(NORM_EPS)))
+        if x_norm is None:
+            return lin, norms, lin.new_empty(0)
+        dyn = _fused_scale(lin, x_norm, b)
+        if dyn.dtype != lin.dtype:
+            dyn = dyn.to(lin.dtype)
+        if _scale_recoverable(lin.dtype, b):
+            return dyn.mul_(lin), norms, lin.new_empty(0)
+        return dyn * lin, norms, lin
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, weight, x_norm, b, units_are_columns = inputs
+        out, norms, lin = output
+        ctx.mark_non_differentiable(norms, lin)
+        ctx.set_materialize_grads(False)  # no zeros made for the other outputs' (absent) gradients
+        ctx.units_are_columns = units_are_columns
+        ctx.x_dtype = x.dtype
+        ctx.keeps_lin = not _scale_recoverable(out.dtype, b)
+        kept = None if x_norm is None else lin if ctx.keeps_lin else out
+        if not isinstance(b, Tensor):
+            ctx.b, b = b, None
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight, norms, kept, x_norm, b)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor | None, _grad_norms: Tensor | None, _grad_lin: Tensor | None):
+        if grad_out is None:
+            return None, None, None, None, None
+        x, weight, norms, kept, x_norm, b_tensor = ctx.saved_tensors
+        b = ctx.b if b_tensor is None else b_tensor
+        matmul_dtype = grad_out.dtype  # lin's
+        with _without_autocast(weight.device.type):
+            grad_norm = None
+            if x_norm is None:
+                grad_lin = grad_out
+            else:
+                dyn, active = (_scale_from_lin(kept, x_norm, b) if ctx.keeps_lin else
+                               _scale_from_out(kept, x_norm, b))
+                grad_lin, grad_norm = _scale_backward(
+                    grad_out, dyn, active, x_norm, b, ctx.needs_input_grad[2],
+                    **{"lin" if ctx.keeps_lin else "out": kept})
+                grad_lin = grad_lin.to(matmul_dtype)
+            view = weight.T if ctx.units_are_columns else weight
+            clamped = norms.clamp_min(NORM_EPS)
+            unit = _divided_by_norm(view, clamped)  # the forward's ŵ
+            grad_x = grad_weight = None
+            if ctx.needs_input_grad[0]:
+                grad_x = (grad_lin @ unit.to(matmul_dtype)).to(ctx.x_dtype)
+            if ctx.needs_input_grad[1]:
+                rows = grad_lin.reshape(-1, grad_lin.shape[-1])
+                inputs = x.reshape(-1, x.shape[-1]).to(matmul_dtype)
+                # G in the weight's own layout, so that the gradient comes out contiguous like the weight
+                grad_unit = (inputs.T @ rows).T if ctx.units_are_columns else rows.T @ inputs
+                wide_unit = _divided_by_norm(view, clamped, keep_wide=True) if unit.dtype in HALF_DTYPES else unit
+                grad_unit = grad_unit.to(wide_unit.dtype)
+                radial = (grad_unit * wide_unit).sum(dim=1, keepdim=True)
+                radial = torch.where(norms >= NORM_EPS, radial, 0.0)  # a clamped norm is a constant
+                grad_view = torch.addcmul(grad_unit, wide_unit, radial, value=-1.0).div_(clamped)
+                grad_weight = (grad_view.T if ctx.units_are_columns else grad_view).to(weight.dtype)
+        return grad_x, grad_weight, grad_norm, None, None
+
+
+def bcos_linear(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Tensor, *,
+                units_are_columns: bool = False) -> Tensor:
+    """A B-cos linear layer's output ``dyn * (x @ ŵ.T)`` for training, as one autograd node that keeps neither
+    the unit-norm weight nor the pre-scale output for the backward pass (:class:`_BcosLinear`).
+
+    ``weight`` is the raw weight, ``(units, d_in)`` or, with ``units_are_columns``, ``(d_in, units)``
+    (GPT-2's ``Conv1D``); ``x_norm`` is :func:`input_norm` of ``x``, ``None`` for B = 1; ``b`` may be a 0-d
+    tensor (a compiled graph). No MaxOut, no explanation mode (``dyn`` is differentiated), fused path only:
+    :class:`~bcos_plugins.nn.BcosLinear` calls it when it trains and runs the unfused steps otherwise.
+    Training drops the weight's cached unit-norm copies, as :func:`cached_unit_norm` does.
+    """
+    if weight.requires_grad and not torch.compiler.is_compiling():
+        _forget_unit_norm(weight)
+    return _BcosLinear.apply(x, weight, x_norm, b, units_are_columns)[0]
 
 
 def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool) -> Tensor:

@@ -26,6 +26,7 @@ from .dynamic import DynamicWeightModule
 from .functional import (
     COS_FLOOR,
     NORM_EPS,
+    bcos_linear,
     bcos_product,
     cached_unit_norm,
     input_norm,
@@ -238,6 +239,9 @@ class BcosLinear(AlignmentPressure):
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         b = self._forward_pressure()
+        if self._trains_fused(x):
+            x_norm = input_norm(x) if isinstance(b, Tensor) or b != 1.0 else None
+            return bcos_linear(x, self.weight, x_norm, b, units_are_columns=self._UNITS_ARE_COLUMNS)
         lin = max_out(self._linear(x), self.max_out)
         if isinstance(b, Tensor) or b != 1.0:
             explaining = self.holds_constant()
@@ -247,6 +251,14 @@ class BcosLinear(AlignmentPressure):
         if self.explaining and self.constant_outputs is not None:
             lin = _detach_slice(lin, self.constant_outputs)
         return lin
+
+    def _trains_fused(self, x: Tensor) -> bool:
+        """Whether this call runs :func:`~bcos_plugins.nn.functional.bcos_linear`, the one autograd node that
+        saves the least for the backward pass: autograd records (training, or an input gradient outside
+        explanation mode), no MaxOut (its maximum needs the pre-scale outputs of every unit of a group: the
+        unfused steps keep them) and not the reference path."""
+        return (self.max_out == 1 and torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+                and not self.explaining and not using_reference_path())
 
     def extra_repr(self) -> str:
         extra = f", max_out={self.max_out}" if self.max_out > 1 else ""
