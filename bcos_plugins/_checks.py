@@ -9,6 +9,7 @@ transformers internal (opaque error) or a formula (silently wrong number).
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from torch import Tensor, nn
 
 from .errors import BcosTypeError, argument_error
 
-__all__ = ["bad_rows", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
+__all__ = ["bad_rows", "closest_name_fix", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
            "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_token_batch", "ids_as_long"]
@@ -29,6 +30,13 @@ def bad_rows(bad: Tensor, limit: int = 8) -> str:
     rows = bad.reshape(bad.shape[0], -1).any(1).nonzero().flatten().tolist() if bad.ndim else [0]
     shown = ", ".join(str(r) for r in rows[:limit]) + (", ..." if len(rows) > limit else "")
     return f"row{'s' if len(rows) != 1 else ''} [{shown}]"
+
+
+def closest_name_fix(name: str, known, otherwise: str) -> str:
+    """The fix of a refused unknown name (a misspelt keyword): ``"Pass <closest>= if that is what you meant"`` for the
+    name of ``known`` closest to ``name`` (difflib), else ``otherwise``."""
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f"Pass {close[0]}= if that is what you meant" if close else otherwise
 
 
 def require_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:

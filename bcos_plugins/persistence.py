@@ -9,6 +9,7 @@ BcosViT` folder is loaded as a ``BcosViT`` with the same checks.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ._checks import closest_name_fix
 from .convert.architectures import SPECS, stock_class
 from .convert.bcosify import bcosify
 from .convert.checkpoint_format import (
@@ -237,6 +239,9 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
 
 # from_pretrained's own options that share a name with a configuration attribute
 _LOADING_OPTIONS = frozenset({"dtype", "torch_dtype", "attn_implementation", "experts_implementation"})
+# options from_pretrained reads from its **kwargs (its docstring lists them), named in the fix of a misspelt keyword
+_FROM_PRETRAINED_OPTIONS = _LOADING_OPTIONS | {"device_map", "max_memory", "offload_folder", "quantization_config",
+                                               "subfolder", "variant", "key_mapping"}
 # what sets the classifier head's shape, which the saved weights fix
 _LABEL_SETTINGS = ("num_labels", "id2label", "label2id")
 
@@ -270,8 +275,22 @@ def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
     return rest
 
 
-def _load_reporting(load, path: str):
-    """``load()`` with transformers' load report kept off the console and quoted in our errors."""
+def _unknown_keyword_error(key: str, config, model_class) -> BcosTypeError:
+    """The refusal of a keyword that is neither an attribute of the saved configuration nor a ``from_pretrained``
+    option: transformers hands it on to the model's constructor, which fails with a bare ``TypeError``."""
+    named = {p.name for p in inspect.signature(model_class.from_pretrained).parameters.values()
+             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    known = set(config.to_dict()) | named | _FROM_PRETRAINED_OPTIONS
+    fix = closest_name_fix(key, known, "Pass attributes of the saved configuration (e.g. output_attentions=True) or "
+                           "from_pretrained options (e.g. dtype=torch.bfloat16, device_map='auto')")
+    return argument_error(key, f"is neither an attribute of the saved {type(config).__name__} nor an option of "
+                          f"{model_class.__name__}.from_pretrained, so load_bcos_model cannot use it", fix,
+                          kind=BcosTypeError)
+
+
+def _load_reporting(load, path: str, keywords: dict, config, model_class):
+    """``load()`` with transformers' load report kept off the console and quoted in our errors; a keyword of
+    ``keywords`` that the model's constructor refuses is named with the closest valid one."""
     capture = _LogCapture()
     hf_logger = logging.getLogger("transformers.modeling_utils")
     level, propagate = hf_logger.level, hf_logger.propagate
@@ -286,7 +305,12 @@ def _load_reporting(load, path: str):
         return load()
     except BcosError:  # a refusal of the model's own from_pretrained already names the problem
         raise
-    except (RuntimeError, OSError, ValueError) as err:  # a TypeError (bad keyword argument) stays as it is
+    except TypeError as err:
+        refused = next((key for key in keywords if f"unexpected keyword argument '{key}'" in str(err)), None)
+        if refused is None:
+            raise
+        raise _unknown_keyword_error(refused, config, model_class) from None
+    except (RuntimeError, OSError, ValueError) as err:
         problems = capture.problems()
         if not problems:
             raise BcosValueError(f"path: transformers could not load {path} ({type(err).__name__}: {err}). Check "
@@ -328,7 +352,7 @@ def _load_vit(path: str, kwargs: dict) -> nn.Module:
     weight_files(path, True)
     # BcosViT.from_pretrained itself refuses missing, unexpected and mismatched weights, naming them
     model = _load_reporting(lambda: BcosViT.from_pretrained(path, config=config, use_safetensors=True, **kwargs),
-                            path)
+                            path, kwargs, config, BcosViT)
     return model.eval()
 
 
@@ -351,6 +375,8 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
             query/key), weights that do not fit the configuration (wrong shapes, a changed ``num_labels``:
             transformers' load report is quoted) or are missing, or a keyword that would change the saved head
             (``num_labels``, ``id2label``, ``label2id``) or replace the saved configuration (``config``, ``bcos``).
+        BcosTypeError: a keyword that is neither a configuration attribute nor a ``from_pretrained`` option (a typo:
+            the message names the closest valid one).
     """
     from transformers import AutoConfig
 
@@ -369,7 +395,8 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     name = settings["architecture"]
     model, info = _load_reporting(
         lambda: stock_class(name).from_pretrained(path, config=config, use_safetensors=True,
-                                                  output_loading_info=True, **from_pretrained_kwargs), path)
+                                                  output_loading_info=True, **from_pretrained_kwargs),
+        path, from_pretrained_kwargs, config, stock_class(name))
     layers, without_b = reconvert_stock_load(model, path, settings, files)
     dropped = set(model.bcos_report.dropped_biases)
     unexpected_missing = [k for k in info["missing_keys"] if k not in dropped]

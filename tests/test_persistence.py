@@ -13,7 +13,7 @@ from conftest import padded_batch, tiny_model
 from safetensors.torch import load_file, save_file
 
 from bcos_plugins import bcosify, load_bcos_model
-from bcos_plugins.errors import BcosFileError, BcosValueError
+from bcos_plugins.errors import BcosFileError, BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLinear
 
 
@@ -133,6 +133,20 @@ def test_a_sharded_save_over_an_earlier_single_file_save_is_refused_not_loaded_s
     torch.testing.assert_close(_logits(load_bcos_model(folder), ids, mask), _logits(new, ids, mask), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(("typo", "meant"), [("output_attention", "output_attentions"), ("dtyp", "dtype"),
+                                             ("device_mapp", "device_map")])
+def test_a_misspelt_keyword_is_refused_naming_the_closest_valid_one(tmp_path, typo, meant):
+    # before: transformers handed it to the model's constructor: TypeError "__init__() got an unexpected keyword"
+    _, folder = _saved(tmp_path)
+    with pytest.raises(BcosTypeError, match=rf"^{typo}: is neither an attribute of the saved BertConfig nor an option "
+                                            rf"of BertForSequenceClassification.from_pretrained.* Pass {meant}= if "
+                                            "that is what you meant"):
+        load_bcos_model(folder, **{typo: True})
+    with pytest.raises(BcosTypeError, match=r"^zzz: .*Pass attributes of the saved configuration \(e.g. "
+                                            r"output_attentions=True\) or from_pretrained options"):
+        load_bcos_model(folder, zzz=1)
+
+
 def _vit(tmp_path):
     from bcos_plugins.vision import BcosViT, BcosViTConfig
 
@@ -154,6 +168,9 @@ def test_a_bcos_vit_folder_loads_as_a_bcos_vit(tmp_path):
         torch.testing.assert_close(loaded(images).logits, model(images).logits, rtol=0, atol=0)
     with pytest.raises(BcosValueError, match=r"^num_labels: .* was saved with 3 labels"):
         load_bcos_model(folder, num_labels=5)
+    with pytest.raises(BcosTypeError, match=r"^output_attention: .*saved BcosViTConfig nor an option of "
+                                            r"BcosViT.from_pretrained.* Pass output_attentions= if"):
+        load_bcos_model(folder, output_attention=True)
 
 
 def test_a_bcos_vit_folder_missing_its_classifier_is_refused_naming_the_weight(tmp_path):

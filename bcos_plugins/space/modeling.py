@@ -23,7 +23,6 @@ Hook points for attribution libraries: ``head.concept_activation`` (an ``nn.Tanh
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +34,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from .._checks import (
+    closest_name_fix,
     require_class_ids,
     require_float,
     require_int,
@@ -129,9 +129,7 @@ def refuse_unknown_config_keywords(config_kwargs: dict) -> None:
     for name in config_kwargs:
         if name in known:
             continue
-        close = difflib.get_close_matches(name, sorted(known), n=1)
-        hint = f"Pass {close[0]}= if that is what you meant" if close else \
-            f"The Space Model's own settings are {', '.join(SPACE_SETTINGS)}"
+        hint = closest_name_fix(name, known, f"The Space Model's own settings are {', '.join(SPACE_SETTINGS)}")
         raise argument_error(name, "is not a setting of SpaceModelConfig, which would keep it as an unused "
                              "attribute and leave the setting you meant at its default", hint, kind=BcosTypeError)
 
