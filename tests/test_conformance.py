@@ -20,7 +20,7 @@ from conftest import MAX_POS, VOCAB, padded_batch, tiny_config
 
 from bcos_plugins import UnsupportedModuleError, bcosify, explain, load_bcos_model
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions
-from bcos_plugins.convert.architectures import REFUSED_ARCHITECTURES, SPECS, stock_class
+from bcos_plugins.convert.architectures import REFUSED_ARCHITECTURES, SPECS, specs_where, stock_class
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -490,20 +490,17 @@ def test_hooked_transformer_from_hf_refuses_what_its_converter_cannot_express(na
         hooked_transformer_from_hf(stock_class(name)(config).eval())
 
 
-def test_hooked_transformer_from_hf_refuses_with_the_reason(monkeypatch):
-    """A class whose spec gives a lens_refusal (no family has one now: the check of the registry's mechanism, on a
-    spec that refuses a class hooked_transformer_from_hf otherwise takes) is refused with that reason."""
-    import dataclasses
-
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].lens_conversion is None])
+def test_hooked_transformer_from_hf_refuses_a_class_without_a_converter_naming_those_with_one(name):
+    """The refusal's list is the registry's: the classes whose spec names a converter module."""
     hooked_transformer_from_hf = _hooked_transformer_from_hf()
     if hooked_transformer_from_hf is None:  # refused under TransformerLens 4
         return
-    name = "Gemma2ForCausalLM"
-    reason = "a reason the registry gives"
-    monkeypatch.setitem(SPECS, name, dataclasses.replace(SPECS[name], lens_conversion=None, lens_refusal=reason))
     with pytest.raises(BcosTypeError) as error:
-        hooked_transformer_from_hf(_converted(name))
-    assert reason in str(error.value)
+        hooked_transformer_from_hf(_stock(name))
+    converted = ", ".join(specs_where(lambda spec: spec.lens_conversion is not None))
+    assert str(error.value) == (f"hf_model: hooked_transformer_from_hf supports {converted} (plain, B-cosified or "
+                                f"bilinear); got {name}. Load causal-LM classes (with their LM head).")
 
 
 BRIDGE_NAMES = [n for n in NAMES if SPECS[n].bridge]

@@ -20,7 +20,7 @@ from transformer_lens.loading_from_pretrained import convert_hf_model_config, fi
 from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
 
 from bcos_plugins.convert.architectures import SPECS, architecture_name, specs_where
-from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.nn.dynamic import DynamicWeightModule
 
 from .config import BcosTransformerConfig
@@ -40,13 +40,10 @@ _SNIFFED_NAMES = ("llama", "gemma")
 
 def _architecture(hf_model: nn.Module) -> str:
     name = architecture_name(hf_model)
-    if name in SPECS and SPECS[name].lens_refusal:
-        raise BcosTypeError(f"hf_model: hooked_transformer_from_hf cannot take a {name}: {SPECS[name].lens_refusal}.")
     if name not in SUPPORTED_HF_ARCHITECTURES:
-        raise BcosTypeError(
-            f"hooked_transformer_from_hf supports {', '.join(SUPPORTED_HF_ARCHITECTURES)} (plain, B-cosified "
-            f"or bilinear); got {type(hf_model).__name__}. Load causal-LM classes (with their LM head)."
-        )
+        raise argument_error("hf_model", f"hooked_transformer_from_hf supports {', '.join(SUPPORTED_HF_ARCHITECTURES)} "
+                             f"(plain, B-cosified or bilinear); got {type(hf_model).__name__}",
+                             "Load causal-LM classes (with their LM head)", kind=BcosTypeError)
     return name
 
 

@@ -96,8 +96,8 @@ class ArchitectureSpec:
         position_table: the learned position table (inputs longer than its usable rows are refused); ``None``
             for rotary models, which have no table to run off. Read through :func:`position_limit`.
         lens_conversion: name of the module under ``bcos_plugins.adapters._lens.conversions`` that converts
-            this class to a TransformerLens 3.x ``HookedTransformer`` (``None``: not expressible there).
-        lens_refusal: why ``hooked_transformer_from_hf`` refuses this class (named in its error).
+            this class to a TransformerLens 3.x ``HookedTransformer`` (``None``: not expressible there;
+            ``hooked_transformer_from_hf`` refuses the class, naming the classes that have one).
         bridge: whether ``transformer_bridge_from_hf`` accepts this class (TransformerLens' bridge has an
             adapter for it and the bridged model computes the same logits, checked by the conformance test).
         dynamic_linear: whether ``dynamic_linear_copy`` accepts the stock class (every non-linearity of its
@@ -117,7 +117,6 @@ class ArchitectureSpec:
     module_swaps: dict[str, tuple[Callable[[], type[nn.Module]], str]] = field(default_factory=dict)
     position_table: PositionTable | None = None
     lens_conversion: str | None = None
-    lens_refusal: str = ""
     bridge: bool = False
     dynamic_linear: bool = False
     masked_lm_classifier: str | None = None
