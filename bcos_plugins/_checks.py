@@ -129,10 +129,12 @@ def require_tensor(name: str, value, *, ndim: int | Sequence[int] | None = None,
     return value
 
 
-def require_same_shape(name: str, value: Tensor, other_name: str, other: Tensor) -> None:
+def require_same_shape(name: str, value: Tensor, other_name: str, other: Tensor, fix: str | None = None) -> None:
+    """Refuse ``value`` unless it has ``other``'s shape; ``fix`` replaces the default "Pass one entry per entry of
+    <other_name>" where the caller can say more (which call builds both)."""
     if tuple(value.shape) != tuple(other.shape):
         raise argument_error(name, f"has shape {tuple(value.shape)} but {other_name} has {tuple(other.shape)}",
-                             f"Pass one entry per entry of {other_name}")
+                             fix or f"Pass one entry per entry of {other_name}")
 
 
 def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, what: str = "outputs",

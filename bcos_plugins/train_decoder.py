@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ._checks import require_int
+from ._checks import require_int, require_same_shape
 from .attribution.targets import real_token_positions
 from .convert.architectures import PositionLimit, position_limit, vocabulary_size
 from .encoded_texts import require_max_length_fits
@@ -105,9 +105,8 @@ def _feature_tokens(feature, i: int, max_length: int | None) -> tuple[Tensor, Te
                              f"dtype {raw.dtype} shape {tuple(raw.shape)}", "Pass a list or 1-d tensor of ints",
                              kind=BcosTypeError)
     row, mask = raw.to(torch.long).flatten(), raw_mask.to(torch.long).flatten()
-    if mask.shape != row.shape:
-        raise argument_error("features", f"feature {i}: attention_mask has {mask.numel()} entries, input_ids "
-                             f"{row.numel()}", "Give both the same length")
+    require_same_shape(f"features[{i}]['attention_mask']", mask, f"features[{i}]['input_ids']", row,
+                       "Give both the same length")
     if ((mask != 0) & (mask != 1)).any() or (row < 0).any():
         raise argument_error("features", f"feature {i}: attention_mask must be 0/1 and ids >= 0",
                              "Pass the tokenizer's output")

@@ -39,8 +39,8 @@ def test_misshapen_tensors_are_bcos_value_errors_naming_the_weight_and_the_fix()
                                              r"\(d_in, d_hidden\), transpose them\.$") as error:
         bilinear_weights((W, V, P.T))
     assert isinstance(error.value, ValueError)
-    with pytest.raises(BcosValueError, match=r"^V: W \(10, 6\) and V \(10, 5\) must have the same shape "
-                                             r"\(d_hidden, d_in\)\. Pass the two branches' projections"):
+    with pytest.raises(BcosValueError, match=r"^V: has shape \(10, 5\) but W has \(10, 6\)\. Pass the two branches' "
+                                             r"projections of one layer \(gate and up\), each \(d_hidden, d_in\)\.$"):
         bilinear_weights((W, V[:, :-1], P))
     with pytest.raises(BcosValueError, match=r"^W: a bilinear weight must be a 2-d tensor, got \(6,\)\. Pass W "
                                              r"and V shaped \(d_hidden, d_in\) and P shaped \(d_out, d_hidden\)"):

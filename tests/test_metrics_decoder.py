@@ -101,7 +101,8 @@ def test_metric_error_paths():
     scores = torch.rand(2, 4)
     with pytest.raises(ValueError, match=r"scores: must have 2 dimensions \(batch, pos\)"):
         reciprocal_rank(scores[0], _mask([1, 0, 0, 0]))
-    with pytest.raises(ValueError, match="evidence: mask shape"):
+    with pytest.raises(ValueError, match=r"^evidence: has shape \(1, 3\) but scores has \(2, 4\)\. Pass one flag per "
+                                         "scored token"):
         reciprocal_rank(scores, _mask([1, 0, 0]))
     with pytest.raises(ValueError, match=r"rows \[1\] mark evidence outside the candidate tokens"):
         reciprocal_rank(scores, _mask([1, 0, 0, 0], [0, 0, 0, 1]), _mask([1, 1, 1, 1], [1, 1, 1, 0]))

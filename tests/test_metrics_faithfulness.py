@@ -133,7 +133,9 @@ def test_special_tokens_from_a_tokenizer_and_clear_errors():
     torch.testing.assert_close(with_tok.comprehensiveness, with_mask.comprehensiveness)
     with pytest.raises(ValueError, match="special_tokens="):
         perturbation_curves(SumModel(), IDS, ATT, SCORES)
-    with pytest.raises(ValueError, match="do not align"):
+    with pytest.raises(ValueError, match=r"^attributions: has shape \(1, 5\) but input_ids has \(1, 7\)\. Attribute the "
+                                         r"same batch at the token \(embedding\) level \(the shape is that of the token "
+                                         r"scores"):
         perturbation_curves(SumModel(), IDS, ATT, SCORES[:, :5], special_tokens=SPECIAL)
     with pytest.raises(ValueError, match="no perturbable token"):
         top_k_masks(SCORES, torch.zeros_like(SPECIAL))

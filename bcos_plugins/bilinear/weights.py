@@ -22,6 +22,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from .._checks import require_same_shape
 from ..errors import argument_error
 
 __all__ = ["BilinearWeights", "augment_input", "require_bias_free"]
@@ -48,10 +49,8 @@ class BilinearWeights:
                     f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}",
                     "Pass W and V shaped (d_hidden, d_in) and P shaped (d_out, d_hidden), in that order in a "
                     "(W, V, P) tuple")
-        if self.W.shape != self.V.shape:
-            raise argument_error(
-                "V", f"W {tuple(self.W.shape)} and V {tuple(self.V.shape)} must have the same shape (d_hidden, d_in)",
-                "Pass the two branches' projections of one layer (gate and up), each (d_hidden, d_in)")
+        require_same_shape("V", self.V, "W", self.W,
+                           "Pass the two branches' projections of one layer (gate and up), each (d_hidden, d_in)")
         if self.P.shape[1] != self.W.shape[0]:
             raise argument_error(
                 "P", f"P {tuple(self.P.shape)} must be (d_out, d_hidden) with d_hidden={self.W.shape[0]} (rows of W)",

@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .._checks import require_float, require_int, require_tensor
+from .._checks import require_float, require_int, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
 from .guidance import check_rationale_mask
 
@@ -162,9 +162,7 @@ def random_rationale_mask(
         raise argument_error("gold_mask", f"must be a (batch, pos) tensor, got {type(gold_mask).__name__}",
                              "Pass the gold mask of the batch", kind=BcosTypeError)
     eligible = require_tensor("eligible", eligible, ndim=2, kind="mask")
-    if gold_mask.shape != eligible.shape:
-        raise argument_error("eligible", f"has shape {tuple(eligible.shape)} but gold_mask has "
-                             f"{tuple(gold_mask.shape)}", "Build both from the same encoding")
+    require_same_shape("eligible", eligible, "gold_mask", gold_mask, "Build both from the same encoding")
     eligible = eligible.bool()
     counts = (gold_mask > 0).sum(1)
     if (counts > eligible.sum(1)).any():

@@ -29,7 +29,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .._checks import bad_rows, require_int, require_row_ids, require_tensor
+from .._checks import bad_rows, require_int, require_row_ids, require_same_shape, require_tensor
 from ..convert.architectures import position_limit, vocabulary_size
 from ..errors import argument_error
 
@@ -53,16 +53,12 @@ def _check_masks(scores: Tensor, evidence: Tensor, candidates: Tensor | None) ->
         raise argument_error("scores", f"are empty (shape {tuple(scores.shape)})",
                              "Pass the scores of at least one token of one example")
     evidence = require_tensor("evidence", evidence, ndim=2, kind="mask")
-    if evidence.shape != scores.shape:
-        raise argument_error("evidence", f"mask shape {tuple(evidence.shape)} != scores shape "
-                             f"{tuple(scores.shape)}", "Pass one flag per scored token")
+    require_same_shape("evidence", evidence, "scores", scores, "Pass one flag per scored token")
     if candidates is None:
         candidates = torch.ones_like(scores, dtype=torch.bool)
     else:
         candidates = require_tensor("candidates", candidates, ndim=2, kind="mask")
-        if candidates.shape != scores.shape:
-            raise argument_error("candidates", f"mask shape {tuple(candidates.shape)} != scores shape "
-                                 f"{tuple(scores.shape)}", "Pass one flag per scored token")
+        require_same_shape("candidates", candidates, "scores", scores, "Pass one flag per scored token")
     candidates = candidates.bool()
     if (evidence.bool() & ~candidates).any():
         rows = (evidence.bool() & ~candidates).any(1).nonzero().flatten().tolist()

@@ -31,7 +31,14 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .._checks import require_float, require_int, require_row_ids, require_tensor, require_token_batch
+from .._checks import (
+    require_float,
+    require_int,
+    require_row_ids,
+    require_same_shape,
+    require_tensor,
+    require_token_batch,
+)
 from ..errors import BcosTypeError, argument_error
 from .attributions import perturbable_mask, token_scores
 
@@ -133,9 +140,7 @@ def top_k_masks(
     scores = token_scores(scores)
     fractions = _check_fractions(fractions)
     perturbable = require_tensor("perturbable", perturbable, ndim=2, kind="mask").to(scores.device).bool()
-    if scores.shape != perturbable.shape:
-        raise argument_error("perturbable", f"has shape {tuple(perturbable.shape)} but scores have "
-                             f"{tuple(scores.shape)}", "Pass one flag per token score")
+    require_same_shape("perturbable", perturbable, "scores", scores, "Pass one flag per token score")
     n = perturbable.sum(-1)
     if (n == 0).any():
         bad = (n == 0).nonzero().flatten().tolist()
@@ -237,10 +242,9 @@ def perturbation_curves(
     input_ids, attention_mask = require_token_batch(input_ids, attention_mask)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     scores = token_scores(attributions, reduce=reduce).to(input_ids.device)
-    if scores.shape != input_ids.shape:
-        raise argument_error("attributions", f"token scores of shape {tuple(scores.shape)} do not align with "
-                             f"input_ids {tuple(input_ids.shape)}",
-                             "Attribute at the token (embedding) level of the same batch")
+    require_same_shape("attributions", scores, "input_ids", input_ids,
+                       "Attribute the same batch at the token (embedding) level (the shape is that of the token "
+                       "scores, the attributions summed over the embedding)")
     perturbable = perturbable_mask(input_ids, mask, tokenizer=tokenizer, special_tokens=special_tokens)
     top, k = top_k_masks(scores, perturbable, fractions)
     batch, n_fr, length = top.shape

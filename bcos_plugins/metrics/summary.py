@@ -78,9 +78,8 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"],
     if not total.is_floating_point():
         total = total.double()
     explained = require_tensor("explained", explained, kind="real").to(total.device, total.dtype).detach()
-    if explained.shape != total.shape:
-        raise argument_error("explained", f"values of shape {tuple(explained.shape)} for {total.shape[0]} examples",
-                             "Pass one explained value per example")
+    require_same_shape("explained", explained, "attributions (summed per example)", total,
+                       "Pass one explained value per example")
     if relative:
         return relative_completeness_error(total - explained, explained)
     return (total - explained).abs()

@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .._checks import require_float, require_tensor
+from .._checks import require_float, require_same_shape, require_tensor
 from ..errors import argument_error
 
 __all__ = ["contribution_map", "save_explanation_figure", "weight_colour_image"]
@@ -35,9 +35,8 @@ def weight_colour_image(weights: Float[Tensor, "two_c h w"], contributions: Floa
         raise argument_error("weights", f"weights must have shape (2C, H, W) (the encoded channels), got "
                              f"{tuple(weights.shape)}", "Pass ImageExplanation.weights[i]")
     contributions = require_tensor("contributions", contributions, ndim=2, kind="float", shape_hint="(H, W)")
-    if contributions.shape != weights.shape[1:]:
-        raise argument_error("contributions", f"contributions shape {tuple(contributions.shape)} does not match "
-                             f"the weights' spatial shape {tuple(weights.shape[1:])}", "Pass the same image's map")
+    require_same_shape("contributions", contributions, "each channel of weights", weights[0],
+                       "Pass the same image's map")
     alpha_percentile = require_float("alpha_percentile", alpha_percentile, minimum=0.0, maximum=100.0)
     w = weights.detach().double().cpu()
     c = w.shape[0] // 2
