@@ -4,22 +4,26 @@ matrix names exactly the versions the Makefile installs."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS = ("torch", "transformers", "captum", "transformer-lens", "sae-lens", "datasets")
 
 
-def _pins(path: Path) -> dict[str, str]:
-    pins = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            name, version = line.split("==")
-            pins[name.strip()] = version.strip()
-    return pins
+def _check_pins_module():
+    """.ci/check_pins.py (a script, not a package module), loaded by its path: its parser reads the pins here too."""
+    spec = importlib.util.spec_from_file_location("check_pins", ROOT / ".ci" / "check_pins.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_pins = _check_pins_module().read_pins
 
 
 def _declared_lower_bounds() -> dict[str, set[str]]:
@@ -87,3 +91,13 @@ def test_the_newest_torch_is_installed_in_the_tl4_environment_and_named_in_the_r
                      if line.startswith("| `torch`"))
     assert f"{newest['torch']}" in torch_row and ".venv-tl4" in torch_row, (
         f"README: the torch row must name the newest torch {newest['torch']} and .venv-tl4: {torch_row}")
+
+
+def test_the_pins_parser_refuses_a_line_that_is_no_exact_pin(tmp_path):
+    # the CI script skipped such a line before (a pin written torch>=2.15 was then never checked)
+    pins = tmp_path / "pins.txt"
+    pins.write_text("# comment\ntorch==2.15.0  # newest\n\ntransformers>=5.9\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"pins\.txt, line 4: 'transformers>=5\.9' is not a name==version pin"):
+        _pins(pins)
+    pins.write_text("# comment\ntorch==2.15.0  # newest\n", encoding="utf-8")
+    assert _pins(pins) == {"torch": "2.15.0"}
