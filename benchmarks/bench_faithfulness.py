@@ -52,7 +52,8 @@ network or `datasets` the shipped slices are used and the run says so), 5 epochs
 examples of 2 x 50 tokens, LIME with 3,000 samples, ShapleyValueSampling with 25, accuracy on the whole test
 splits. Any variable below that is
 set explicitly wins over the preset.
-  BENCH_TRAIN=1200 SST-2 training rows     BENCH_AG_TRAIN=600 AG News training rows (0: the whole split)
+  BENCH_TRAIN=1200 SST-2 training rows (0: the whole split)   BENCH_AG_TRAIN=600 AG News training rows (0: the whole
+  split; bench_recipes and bench_frontier have no such value, their row counts are >= 1)
   BENCH_EPOCHS=2   BENCH_DATA_SOURCE=local (shipped slices) or hub (GLUE SST-2 / AG News via `datasets`)
   BENCH_TRAIN_BATCH=16 training batch size
   B-cos model (docs/recipes.md): BENCH_B=1.1, BENCH_BCOS_LR=2e-4 encoder rate, BENCH_BCOS_HEAD_LR=1e-3 head rate,

@@ -20,7 +20,8 @@ BENCH_SEED=0 (seeds the head's initialisation and the training order; each seed 
 model, from which that seed's task-then-B-cos recipes start; rows are kept per seed),
 BENCH_MLM_TEXTS=4000 unlabelled texts for the B-cos masked-LM pre-training (SST-2 training rows after the
 labelled ones, then RT polarity sentences; labels are never read), BENCH_MLM_EPOCHS=1. BENCH_DATA is sst2 or
-ag_news, counts are whole numbers >= 1 (BENCH_SEED >= 0), epochs numbers > 0, BENCH_RETRAIN 0 or 1. They are read
+ag_news, counts are whole numbers >= 1 (BENCH_SEED >= 0; BENCH_TRAIN=0 is not the whole split as in
+bench_faithfulness: the rows after the labelled ones are the transfer and masked-LM texts), epochs numbers > 0, BENCH_RETRAIN 0 or 1. They are read
 when the run starts (``Settings.from_env()`` at the start of ``main``), not when the module is imported; any other
 value stops the run before any work, naming the variable, the value and the fix (benchmarks.common.settings).
 """

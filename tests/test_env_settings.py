@@ -207,3 +207,19 @@ def test_an_empty_output_folder_stops_the_benchmark_before_any_work(no_bench_var
     with pytest.raises(SystemExit, match=f"^{variable}='': empty, which would be the current folder. Set {variable} "
                                          "to a folder"):
         getattr(bench, settings).from_env()
+
+
+def test_bench_train_0_is_the_whole_split_in_bench_faithfulness_only_and_each_script_says_so(no_bench_variables,
+                                                                                            monkeypatch):
+    """BENCH_TRAIN's minimum differs on purpose: 0 trains bench_faithfulness on the whole split (its paper scale);
+    bench_recipes and bench_frontier count rows from 1 and refuse 0. Each script's docstring says which."""
+    monkeypatch.setenv("BENCH_TRAIN", "0")
+    faithfulness = _benchmark(monkeypatch, "bench_faithfulness")
+    assert faithfulness.Config.from_env().n_train == 0
+    assert faithfulness.PAPER_SCALE["BENCH_TRAIN"] == "0"
+    assert "BENCH_TRAIN=1200 SST-2 training rows (0: the whole split)" in faithfulness.__doc__
+    for name, settings in (("bench_recipes", "Settings"), ("bench_frontier", "Config")):
+        bench = _benchmark(monkeypatch, name)
+        with pytest.raises(SystemExit, match=r"^BENCH_TRAIN='0': out of range \(must be >= 1\)"):
+            getattr(bench, settings).from_env()
+    assert "BENCH_TRAIN=0 is not the whole split" in _benchmark(monkeypatch, "bench_recipes").__doc__
