@@ -149,6 +149,25 @@ def test_refusals_name_the_argument_and_the_fix():
     assert set(DYNAMIC_LINEAR_ARCHITECTURES) >= {"BertForSequenceClassification", "BertModel"}
 
 
+@pytest.mark.parametrize(("name", "reason"), [
+    ("RobertaForSequenceClassification", r"its classifier applies tanh between dense and out_proj inline"),
+    ("DistilBertForSequenceClassification", r"its forward applies ReLU to pre_classifier's output inline"),
+    ("GPT2LMHeadModel", r"its query, key and value come from one fused projection, attn\.c_attn \(a Conv1D\), whose "
+                        r"output cannot be held constant for the query and key alone"),
+    ("LlamaForCausalLM", r"its gated MLP multiplies two input-dependent branches .* RMSNorm is no LayerNorm"),
+    ("BertForMaskedLM", r"its forward has not been checked for non-linearities applied outside a module"),
+    ("BertForTokenClassification", r"it is not in the architecture registry"),
+])
+def test_a_refused_class_is_refused_with_its_own_reason(name, reason):
+    # before: every class was refused with "RoBERTa's and DistilBERT's classifiers apply tanh / ReLU inline"
+    from conftest import tiny_model
+
+    with pytest.raises(BcosTypeError, match=rf"^model: transformers\.models\.\w+\.modeling_\w+\.{name} is not "
+                                            rf"supported by dynamic_linear_copy: {reason}.*\. pass one of "
+                                            "BertForSequenceClassification, BertModel, DistilBertModel, RobertaModel"):
+        dynamic_linear_copy(tiny_model(name))
+
+
 def test_tanh_gate_at_and_near_zero():
     x = torch.tensor([0.0, 1e-8, -1e-4, 9.99e-4, 1e-3, -0.5, 3.0, 40.0], dtype=torch.float64, requires_grad=True)
     tanh = DetachableTanh()

@@ -74,6 +74,16 @@ class PositionLimit:
     source: str | None
 
 
+# dynamic_linear_copy's refusals (a class's forward read in transformers 5: a non-linearity outside a module cannot be
+# held constant, so explaining it would be wrong without an error)
+_FORWARD_NOT_READ = ("its forward has not been checked for non-linearities applied outside a module (the classes "
+                     "dynamic_linear_copy takes were)")
+_GATED_INLINE = ("its gated MLP multiplies two input-dependent branches in its forward (act(gate) * up) and its "
+                 "RMSNorm is no LayerNorm: neither can be held constant (bcosify converts both)")
+_FUSED_QKV = ("its query, key and value come from one fused projection, {path}, whose output cannot be held "
+              "constant for the query and key alone")
+
+
 @dataclass(frozen=True)
 class ArchitectureSpec:
     """How one transformers architecture is B-cosified, explained and handed to the host libraries.
@@ -100,8 +110,8 @@ class ArchitectureSpec:
             ``hooked_transformer_from_hf`` refuses the class, naming the classes that have one).
         bridge: whether ``transformer_bridge_from_hf`` accepts this class (TransformerLens' bridge has an
             adapter for it and the bridged model computes the same logits, checked by the conformance test).
-        dynamic_linear: whether ``dynamic_linear_copy`` accepts the stock class (every non-linearity of its
-            forward is a module that can be held constant).
+        dynamic_linear_refusal: why ``dynamic_linear_copy`` refuses the stock class (named in its error); ``None``:
+            accepted (every non-linearity of its forward is a module that can be held constant).
         masked_lm_classifier: masked LMs only: the sequence-classifier class ``pretrain_masked_lm``'s encoder
             moves into (``None``: ``pretrain_masked_lm`` refuses the class).
     """
@@ -118,7 +128,7 @@ class ArchitectureSpec:
     position_table: PositionTable | None = None
     lens_conversion: str | None = None
     bridge: bool = False
-    dynamic_linear: bool = False
+    dynamic_linear_refusal: str | None = _FORWARD_NOT_READ
     masked_lm_classifier: str | None = None
 
     @property
@@ -182,6 +192,7 @@ _ROBERTA_TABLE = PositionTable("max_position_embeddings", after_padding=True)
 _BERT_QK = {"attention.self.query": "all", "attention.self.key": "all"}
 _DISTIL_QK = {"attention.q_lin": "all", "attention.k_lin": "all"}
 _GPT2_QK = {"attn.c_attn": "first_two_thirds"}
+_GPT2_NOT_DYNAMIC = _FUSED_QKV.format(path="attn.c_attn (a Conv1D)")
 _LLAMA_QK = {"self_attn.q_proj": "all", "self_attn.k_proj": "all"}
 _MODERNBERT_QK = {"attn.Wqkv": "first_two_thirds"}
 _TIED = "LM head tied to the input embeddings; kept, as in the B-cos LM paper (it is linear and bias-free)"
@@ -196,7 +207,8 @@ def _llama_like(prefix: str, lens_conversion: str | None) -> dict[str, Architect
     """The three classes of a Llama-shaped decoder family (rotary positions, RMSNorm, gated MLP, q/k/v/o
     projections): ``{prefix}Model``, ``{prefix}ForCausalLM``, ``{prefix}ForSequenceClassification``."""
     gated = {"mlp": (_gated_mlp, _GATED)}
-    common = dict(query_key=_LLAMA_QK, embedding_point=("embed_tokens", "output"), module_swaps=gated)
+    common = dict(query_key=_LLAMA_QK, embedding_point=("embed_tokens", "output"), module_swaps=gated,
+                  dynamic_linear_refusal=_GATED_INLINE)
     return {
         f"{prefix}Model": ArchitectureSpec("decoder", "", **common),
         f"{prefix}ForCausalLM": ArchitectureSpec("decoder", "model", head="causal_lm", keep={"lm_head": _LM_HEAD},
@@ -220,7 +232,9 @@ def _gemma2() -> dict[str, ArchitectureSpec]:
     norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
              "post_feedforward_layernorm", "norm")
     swaps = {"mlp": (_gated_mlp, _GATED), **{n: (_gemma_rms_norm, _GEMMA_NORM) for n in norms}}
-    common = dict(query_key=_LLAMA_QK, embedding_point=("embed_tokens", "output"), module_swaps=swaps)
+    refusal = f"{_GATED_INLINE}; it also soft-caps its attention scores with tanh inline (the causal LM its logits too)"
+    common = dict(query_key=_LLAMA_QK, embedding_point=("embed_tokens", "output"), module_swaps=swaps,
+                  dynamic_linear_refusal=refusal)
     return {
         "Gemma2Model": ArchitectureSpec("decoder", "", **common),
         "Gemma2ForCausalLM": ArchitectureSpec(
@@ -235,32 +249,36 @@ _BERT_POINT = ("embeddings.LayerNorm", "input")
 
 SPECS: dict[str, ArchitectureSpec] = {
     "BertModel": ArchitectureSpec("encoder", "", _BERT_QK, _BERT_POINT, remove_activations=("pooler.activation",),
-                                  position_table=_BERT_TABLE, dynamic_linear=True),
+                                  position_table=_BERT_TABLE, dynamic_linear_refusal=None),
     "BertForSequenceClassification": ArchitectureSpec(
         "encoder", "bert", _BERT_QK, _BERT_POINT, head="classifier", remove_activations=("bert.pooler.activation",),
-        position_table=_BERT_TABLE, dynamic_linear=True),
+        position_table=_BERT_TABLE, dynamic_linear_refusal=None),
     "BertForMaskedLM": ArchitectureSpec(
         "encoder", "bert", _BERT_QK, _BERT_POINT, head="masked_lm", keep={"cls.predictions.decoder": _TIED},
         class_swaps={"cls.predictions": (_bert_mlm_head, _MLM_BIAS)}, position_table=_BERT_TABLE,
         masked_lm_classifier="BertForSequenceClassification"),
     "DistilBertModel": ArchitectureSpec("encoder", "", _DISTIL_QK, _BERT_POINT,
-                                        position_table=_BERT_TABLE, dynamic_linear=True),
+                                        position_table=_BERT_TABLE, dynamic_linear_refusal=None),
     "DistilBertForSequenceClassification": ArchitectureSpec(
         "encoder", "distilbert", _DISTIL_QK, _BERT_POINT, head="classifier",
         class_swaps={"": (_distilbert_cls, "ReLU after pre_classifier removed")},
-        position_table=_BERT_TABLE),
+        position_table=_BERT_TABLE, dynamic_linear_refusal="its forward applies ReLU to pre_classifier's output "
+        "inline (nn.ReLU()(pooled_output)), where no module of the model can hold it constant"),
     "RobertaModel": ArchitectureSpec("encoder", "", _BERT_QK, _BERT_POINT, remove_activations=("pooler.activation",),
-                                     position_table=_ROBERTA_TABLE, dynamic_linear=True),
+                                     position_table=_ROBERTA_TABLE, dynamic_linear_refusal=None),
     "RobertaForSequenceClassification": ArchitectureSpec(
         "encoder", "roberta", _BERT_QK, _BERT_POINT, head="classifier",
         class_swaps={"classifier": (_roberta_head, "tanh between dense and out_proj removed")},
-        position_table=_ROBERTA_TABLE),
-    "GPT2Model": ArchitectureSpec("decoder", "", _GPT2_QK, ("drop", "input"), position_table=_GPT2_TABLE),
+        position_table=_ROBERTA_TABLE, dynamic_linear_refusal="its classifier applies tanh between dense and "
+        "out_proj inline (torch.tanh), where no module can hold it constant"),
+    "GPT2Model": ArchitectureSpec("decoder", "", _GPT2_QK, ("drop", "input"), position_table=_GPT2_TABLE,
+                                  dynamic_linear_refusal=_GPT2_NOT_DYNAMIC),
     "GPT2LMHeadModel": ArchitectureSpec("decoder", "transformer", _GPT2_QK, ("drop", "input"), head="causal_lm",
                                         keep={"lm_head": _TIED}, position_table=_GPT2_TABLE,
-                                        lens_conversion="gpt2", bridge=True),
+                                        lens_conversion="gpt2", bridge=True, dynamic_linear_refusal=_GPT2_NOT_DYNAMIC),
     "GPT2ForSequenceClassification": ArchitectureSpec(
-        "decoder", "transformer", _GPT2_QK, ("drop", "input"), head="classifier", position_table=_GPT2_TABLE),
+        "decoder", "transformer", _GPT2_QK, ("drop", "input"), head="classifier", position_table=_GPT2_TABLE,
+        dynamic_linear_refusal=_GPT2_NOT_DYNAMIC),
     **_llama_like("Llama", lens_conversion="llama"),
     # Mistral: Llama's maths plus sliding-window attention, which only masks the (constant) attention pattern
     **_llama_like("Mistral", lens_conversion="mistral"),
@@ -273,7 +291,9 @@ SPECS: dict[str, ArchitectureSpec] = {
     # ModernBERT: rotary positions (no table), fused q|k|v, GeGLU with a fused input|gate projection,
     # alternating local/global attention (a mask on the constant pattern), bias-free LayerNorms
     **{name: ArchitectureSpec("encoder", prefix, _MODERNBERT_QK, ("embeddings.norm", "input"), head=head,
-                              module_swaps={"mlp": (_fused_gated_mlp, _GATED)})
+                              module_swaps={"mlp": (_fused_gated_mlp, _GATED)},
+                              dynamic_linear_refusal=f"{_FUSED_QKV.format(path='attn.Wqkv')}, and its GeGLU "
+                              "multiplies two input-dependent branches in its forward (act(input) * gate)")
        for name, prefix, head in (("ModernBertModel", "", "base"),
                                   ("ModernBertForSequenceClassification", "model", "classifier"))},
 }

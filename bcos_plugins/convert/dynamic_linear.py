@@ -29,16 +29,16 @@ from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn import BcosLayerNorm, DetachableActivation, has_dynamic_weights
 from ..nn.activation import tanh_ratio
 from ..nn.dynamic import DynamicWeightModule
-from .architectures import check_stock_class, spec_for, specs_where
+from .architectures import SPECS, check_stock_class, spec_for, specs_where
 from .bcosify import ACTIVATION_GATES, IDENTITY_ACTIVATIONS, PASSTHROUGH_MODULES, gelu_kind
 from .query_key import ConstantQueryKeyProjection
 
 __all__ = ["AffineDetachableLayerNorm", "ConstantQueryKeyLinear", "DetachableTanh", "DYNAMIC_LINEAR_ARCHITECTURES",
            "dynamic_linear_copy"]
 
-# Classes whose forward applies no non-linearity outside a module (checked by reading transformers 5's code):
-# the registry's ``dynamic_linear`` flag.
-DYNAMIC_LINEAR_ARCHITECTURES = tuple(sorted(specs_where(lambda spec: spec.dynamic_linear)))  # by name, as before
+# Classes whose forward applies no non-linearity outside a module (checked by reading transformers 5's code): the
+# registry's specs without a ``dynamic_linear_refusal``.
+DYNAMIC_LINEAR_ARCHITECTURES = tuple(sorted(specs_where(lambda spec: spec.dynamic_linear_refusal is None)))
 
 class AffineDetachableLayerNorm(BcosLayerNorm):
     """A stock LayerNorm, bias included, whose ``1 / std`` is the dynamic weight (``BcosLayerNorm`` + bias)."""
@@ -130,10 +130,10 @@ def dynamic_linear_copy(model: nn.Module) -> nn.Module:
                              "models", kind=BcosValueError)
     name = type(model).__name__
     if name not in DYNAMIC_LINEAR_ARCHITECTURES:
+        reason = SPECS[name].dynamic_linear_refusal if name in SPECS else "it is not in the architecture registry"
         raise argument_error(
-            "model", f"{type(model).__module__}.{type(model).__qualname__} is not supported by dynamic_linear_copy "
-            "(RoBERTa's and DistilBERT's classifiers apply tanh / ReLU inline, where it cannot be held constant)",
-            f"pass one of {', '.join(DYNAMIC_LINEAR_ARCHITECTURES)}", kind=BcosTypeError)
+            "model", f"{type(model).__module__}.{type(model).__qualname__} is not supported by dynamic_linear_copy: "
+            f"{reason}", f"pass one of {', '.join(DYNAMIC_LINEAR_ARCHITECTURES)}", kind=BcosTypeError)
     check_stock_class(model, name, exact=True)
     query_key = tuple(suffix for suffix, part in spec_for(model).query_key.items() if part == "all")
     # plan on the user's model (nothing touched if a module is refused), apply on the copy
