@@ -27,12 +27,14 @@ setup: $(STAMP)
 
 # TransformerLens 4.x (TransformerBridge only) in a second environment, for the tests that run under both
 TL4 := .venv-tl4
-# plus the conformance suite's bridge test, so every registered bridge family runs under TransformerLens 4 too.
+# plus the conformance suite's bridge test and its bilinear-variant test (explained through the bridge), so every
+# registered bridge family runs under TransformerLens 4 too.
 # It also holds the newest torch (.ci/newest-versions.txt: 2.15, a CUDA build that runs on the CPU), under which
 # the core's tests run as well (attribution core, encoders, decoders, the layers' op counts).
 NEWEST := .ci/newest-versions.txt
 TL4_TESTS := tests/test_lens_bridge.py tests/test_lens_components.py \
 	tests/test_conformance.py::test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable \
+	tests/test_conformance.py::test_bilinear_variant_is_explained_exactly_on_every_path \
 	tests/test_attribution_core.py tests/test_encoders.py tests/test_decoders.py tests/test_layer_op_count.py
 $(TL4)/.installed: pyproject.toml Makefile $(NEWEST)
 	test -x $(TL4)/bin/python || $(PYTHON) -m venv $(TL4)
