@@ -21,7 +21,9 @@ from bcos_plugins.errors import BcosTypeError
 from bcos_plugins.nn import (
     BcosConv1D,
     BcosConv2d,
+    BcosLayerNorm,
     BcosLinear,
+    DetachableActivation,
     explanation_mode,
     reference_path,
     reuse_unit_weights,
@@ -330,3 +332,56 @@ def test_training_forward_frees_the_copy_an_evaluation_cached():
     layer(x).sum().backward()  # a training step between evaluations
     gc.collect()
     assert cached() is None
+
+
+def test_by_default_explaining_layer_norm_backward_reuses_the_forward_inverse_std_and_computes_no_gain_gradient():
+    # explanations take no parameter gradient: the backward is h = grad * gamma * rsqrt(var + eps), h - mean(h),
+    # with the kernel's rsqrt(var + eps) (before: var_mean, add, rsqrt again, and the gain's unused gradient)
+    norm = BcosLayerNorm(32).eval()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x, grad_out = torch.randn(4, 7, 32, requires_grad=True), torch.randn(4, 7, 32)
+    with explanation_mode(norm), no_parameter_gradients():
+        out = norm(x)
+    with _CountOps() as counter:
+        (grad,) = torch.autograd.grad(out, x, grad_out)
+    assert counter.ops == ["mul", "mul", "mean", "sub"]
+    with explanation_mode(norm), reference_path():
+        (expected,) = torch.autograd.grad(norm(x), x, grad_out)
+    torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-6)
+    with explanation_mode(norm):  # a gradient of the gain is still there where it may be taken
+        (gain_grad,) = torch.autograd.grad(norm(x), norm.weight, grad_out)
+    with explanation_mode(norm), reference_path():
+        torch.testing.assert_close(gain_grad, torch.autograd.grad(norm(x), norm.weight, grad_out)[0])
+
+
+def test_by_default_explaining_norms_and_activations_bind_no_arguments_through_inspect(monkeypatch):
+    # torch's Function.apply runs inspect.signature on every call of a Function with setup_context, which costs
+    # more than a layer norm's or an activation's kernel at a layer's sizes
+    import inspect
+
+    bound = []
+    signature = inspect.signature
+    monkeypatch.setattr(inspect, "signature", lambda *args, **kwargs: bound.append(args) or signature(*args, **kwargs))
+    x = torch.randn(4, 7, 32, requires_grad=True)
+    for layer in (BcosLayerNorm(32), DetachableActivation("gelu"), DetachableActivation("silu")):
+        with explanation_mode(layer):
+            torch.autograd.grad(layer(x).sum(), x)
+    assert bound == []
+
+
+def test_by_default_explanation_mode_walks_no_train_of_a_model_in_eval_mode_and_restores_a_training_one():
+    model = torch.nn.Sequential(BcosLinear(8, 8), torch.nn.Dropout(0.5), BcosLayerNorm(8))
+    modes = []
+    train = model.train
+    model.train = lambda mode=True: modes.append(mode) or train(mode)
+    model.eval()
+    modes.clear()
+    with explanation_mode(model):
+        assert model[0].explaining and model[2].explaining and not model[1].training
+    assert modes == [] and not model[0].explaining and not model[2].explaining
+    model.train()
+    modes.clear()
+    with explanation_mode(model):
+        assert not model.training and not model[1].training and model[0].explaining
+    assert modes == [False, True] and model.training and model[1].training and not model[0].explaining

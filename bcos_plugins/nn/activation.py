@@ -90,17 +90,17 @@ def _gate(kind: str, x: Tensor) -> Tensor:
 
 
 class _ConstantGate(torch.autograd.Function):
-    """torch's activation ``x * gate(x)`` in the forward; ``grad * gate(x)`` in the backward (gate constant)."""
+    """torch's activation ``x * gate(x)`` in the forward; ``grad * gate(x)`` in the backward (gate constant).
+
+    Written as ``forward(ctx, ...)`` without ``setup_context``: with one, torch's ``Function.apply`` binds the
+    arguments through ``inspect.signature`` on every call, which costs more than the activation kernel itself
+    at a layer's sizes (docs/benchmarks.md)."""
 
     @staticmethod
-    def forward(x: Tensor, kind: str) -> Tensor:
-        return ACTIVATIONS[kind](x)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        x, kind = inputs
+    def forward(ctx, x: Tensor, kind: str) -> Tensor:
         ctx.kind = kind
         ctx.save_for_backward(x)
+        return ACTIVATIONS[kind](x)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):

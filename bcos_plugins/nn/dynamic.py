@@ -87,7 +87,12 @@ class DynamicWeightModule(nn.Module):
 
     @explaining.setter
     def explaining(self, value: bool) -> None:
-        self._explaining_module = bool(value)
+        self._set_explaining(value)
+
+    def _set_explaining(self, value: bool) -> None:
+        # a plain instance attribute (never a parameter, buffer or submodule), written past nn.Module.__setattr__'s
+        # checks: explanation_mode sets and restores it on every dynamic-weight module at each call
+        self.__dict__["_explaining_module"] = bool(value)
 
     def dynamic_weight(self, factor: Tensor) -> Tensor:
         """Return ``factor`` as it must enter the product: detached while explaining."""
@@ -155,16 +160,25 @@ def explanation_mode(model: nn.Module | None = None) -> Iterator[nn.Module | Non
         finally:
             _THREAD_STATE.depth -= 1
         return
-    modules = [m for m in model.modules() if isinstance(m, DynamicWeightModule)]
+    modules: list[DynamicWeightModule] = []
+    any_training = False
+    for m in model.modules():
+        any_training = any_training or m.training
+        if isinstance(m, DynamicWeightModule):
+            modules.append(m)
     previous = [m._explaining_module for m in modules]
     was_training = model.training
-    model.eval()
+    # eval() and the restoring train() walk the whole model (transformers' train() more than that); a model
+    # already wholly in eval mode (every explain call after the first) needs neither
+    if any_training:
+        model.eval()
     for m in modules:
-        m.explaining = True
+        m._set_explaining(True)
     try:
         yield model
     finally:
         for m, state in zip(modules, previous, strict=True):
-            m.explaining = state
-        model.train(was_training)
+            m._set_explaining(state)
+        if any_training:
+            model.train(was_training)
 

@@ -25,7 +25,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..errors import BcosTypeError, BcosValueError, argument_error
-from .dynamic import DynamicWeightModule
+from .dynamic import DynamicWeightModule, parameter_gradients_unused
 from .functional import HALF_DTYPES, using_reference_path
 
 __all__ = ["BcosLayerNorm", "DetachableRMSNorm"]
@@ -39,36 +39,48 @@ def _check_eps(eps) -> float:
 
 
 class _ConstantScaleLayerNorm(torch.autograd.Function):
-    """``F.layer_norm(x, shape, gamma, None, eps)`` whose backward holds ``rsqrt(var + eps)`` constant."""
+    """``F.layer_norm(x, shape, gamma, None, eps)`` whose backward holds ``rsqrt(var + eps)`` constant.
+
+    The forward runs ``torch.native_layer_norm`` (the kernel ``F.layer_norm`` calls, so the values are the
+    same), which also returns ``rsqrt(var + eps)``: the backward uses it instead of recomputing the variance.
+    Half-precision inputs recompute it in float32 from ``x`` (the kernel returns it rounded to ``x``'s dtype).
+    ``x`` is saved only where ``gamma`` needs a gradient. Written as ``forward(ctx, ...)`` without
+    ``setup_context``: with one, torch's ``Function.apply`` binds the arguments through ``inspect.signature`` on
+    every call, which costs more than the kernels at a layer norm's sizes (docs/benchmarks.md).
+    """
 
     @staticmethod
-    def forward(x: Tensor, weight: Tensor | None, normalized_shape: tuple[int, ...], eps: float) -> Tensor:
-        return F.layer_norm(x, normalized_shape, weight, None, eps)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        x, weight, normalized_shape, eps = inputs
+    def forward(ctx, x: Tensor, weight: Tensor | None, normalized_shape: tuple[int, ...], eps: float) -> Tensor:
+        out, _, inv_std = torch.native_layer_norm(x, normalized_shape, weight, None, eps)
         ctx.dims = tuple(range(-len(normalized_shape), 0))
         ctx.eps = eps
-        ctx.save_for_backward(x, weight)
+        recompute = x.dtype in HALF_DTYPES  # the kernel's inv_std is rounded to x's dtype
+        weight_grad = weight is not None and ctx.needs_input_grad[1]
+        ctx.save_for_backward(x if recompute or weight_grad else None, weight, None if recompute else inv_std)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        x, weight = ctx.saved_tensors
+        x, weight, inv_std = ctx.saved_tensors
         dims = ctx.dims
-        compute = torch.float32 if x.dtype in HALF_DTYPES else x.dtype
-        xc = x.to(compute)
-        var, mean = torch.var_mean(xc, dim=dims, correction=0, keepdim=True)
-        inv_std = torch.rsqrt(var + ctx.eps)
+        compute = torch.float32 if grad_out.dtype in HALF_DTYPES else grad_out.dtype
+        mean = None
+        if inv_std is None:
+            xc = x.to(compute)
+            var, mean = torch.var_mean(xc, dim=dims, correction=0, keepdim=True)
+            inv_std = torch.rsqrt(var + ctx.eps)
         grad = grad_out.to(compute)
         grad_weight = None
         if weight is not None and ctx.needs_input_grad[1]:
+            xc = x.to(compute)
+            if mean is None:
+                mean = xc.mean(dim=dims, keepdim=True)
             normalised = (xc - mean) * inv_std
             batch_dims = tuple(range(grad.ndim - len(dims)))
             grad_weight = (grad * normalised).sum(dim=batch_dims).to(weight.dtype)
         h = (grad * weight.to(compute) if weight is not None else grad) * inv_std
         grad_x = h - h.mean(dim=dims, keepdim=True) if ctx.needs_input_grad[0] else None
-        return (grad_x.to(x.dtype) if grad_x is not None else None), grad_weight, None, None
+        return (grad_x.to(grad_out.dtype) if grad_x is not None else None), grad_weight, None, None
 
 
 class BcosLayerNorm(DynamicWeightModule):
@@ -121,6 +133,8 @@ class BcosLayerNorm(DynamicWeightModule):
 
     def _fused(self, x: Tensor, weight: Tensor | None) -> Tensor:
         if self.holds_constant():
+            if weight is not None and parameter_gradients_unused():
+                weight = weight.detach()  # explanations take no parameter gradient: none is computed
             return _ConstantScaleLayerNorm.apply(x, weight, self.normalized_shape, self.eps)
         return F.layer_norm(x, self.normalized_shape, weight, None, self.eps)
 
