@@ -50,6 +50,20 @@ def tiny_model(class_name: str, seed: int = 0):
     return getattr(T, class_name)(tiny_config(family)).eval()
 
 
+def hooked_transformer_from_hf_or_none():
+    """The adapter's ``hooked_transformer_from_hf`` under TransformerLens 3.x; under TransformerLens 4, which has no
+    HookedTransformer, ``None`` once the adapter is seen to refuse it naming ``transformer_bridge_from_hf``: a test
+    of the HookedTransformer path checks that refusal there instead of passing without a check."""
+    from bcos_plugins.adapters import transformer_lens as lens
+
+    if lens.HAS_HOOKED_TRANSFORMER:
+        return lens.hooked_transformer_from_hf
+    with pytest.raises(ImportError, match=r"hooked_transformer_from_hf needs TransformerLens 3\.x.*"
+                                          r"transformer_bridge_from_hf\(hf_model\)"):
+        lens.hooked_transformer_from_hf  # noqa: B018
+    return None
+
+
 def padded_batch(seed: int = 0, batch: int = 3, length: int = 9, side: str = "right", pad_id: int = 0):
     """Token ids avoiding special ids 0-2, with rows of different lengths (row 0 unpadded)."""
     g = torch.Generator().manual_seed(seed)

@@ -16,7 +16,7 @@ import warnings
 import pytest
 import torch
 import transformers as T
-from conftest import MAX_POS, VOCAB, padded_batch, tiny_config
+from conftest import MAX_POS, VOCAB, hooked_transformer_from_hf_or_none, padded_batch, tiny_config
 
 from bcos_plugins import UnsupportedModuleError, bcosify, explain, load_bcos_model
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions
@@ -359,23 +359,9 @@ def _lens_checks(lens_model, hf_model):
 LENS_NAMES = [n for n in NAMES if SPECS[n].lens_conversion is not None]
 
 
-def _hooked_transformer_from_hf():
-    """The adapter's ``hooked_transformer_from_hf`` under TransformerLens 3.x; under TransformerLens 4, which has no
-    HookedTransformer, ``None`` once the adapter is seen to refuse it naming ``transformer_bridge_from_hf``: a test
-    of the HookedTransformer path checks that refusal there instead of passing without a check."""
-    from bcos_plugins.adapters import transformer_lens as lens
-
-    if lens.HAS_HOOKED_TRANSFORMER:
-        return lens.hooked_transformer_from_hf
-    with pytest.raises(ImportError, match=r"hooked_transformer_from_hf needs TransformerLens 3\.x.*"
-                                          r"transformer_bridge_from_hf\(hf_model\)"):
-        lens.hooked_transformer_from_hf  # noqa: B018
-    return None
-
-
 @pytest.mark.parametrize("name", LENS_NAMES)
 def test_hooked_transformer_from_hf_has_the_same_logits_and_is_explainable(name):
-    hooked_transformer_from_hf = _hooked_transformer_from_hf()
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()
     if hooked_transformer_from_hf is None:  # refused under TransformerLens 4: the bridge test covers the family
         return
     model = _converted(name)
@@ -403,7 +389,7 @@ def test_transformer_lens_decompositions_are_exact(name):
     """TransformerLens' own calls on the converted model: logit_attrs of its residual decompositions sum to the
     logit (refused with the exact alternative where the logits are soft-capped), stack_head_results /
     stack_neuron_results sum to each layer's attention / MLP output (through Gemma 2's norms after them too)."""
-    hooked_transformer_from_hf = _hooked_transformer_from_hf()
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()
     if hooked_transformer_from_hf is None:  # refused under TransformerLens 4
         return
     hf_model = _with_trained_norm_gains(name)
@@ -432,7 +418,7 @@ def test_transformer_lens_decompositions_are_exact(name):
 def test_sae_lens_hooked_sae_transformer_with_a_spliced_sae_accounts_for_the_whole_logit(name):
     """sae-lens' HookedSAETransformer built by hooked_transformer_from_hf, a bias-free SAE spliced into the
     residual stream with its error term: the tokens' share plus the error term's reported share is the logit."""
-    hooked_transformer_from_hf = _hooked_transformer_from_hf()
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()
     if hooked_transformer_from_hf is None:  # refused under TransformerLens 4 (sae-lens needs TransformerLens 3)
         return
     from bcos_plugins.adapters.sae_lens import sae_error_share
@@ -478,7 +464,7 @@ def test_every_converter_has_an_inexpressible_setting():
 
 @pytest.mark.parametrize("name", sorted(INEXPRESSIBLE))
 def test_hooked_transformer_from_hf_refuses_what_its_converter_cannot_express(name):
-    hooked_transformer_from_hf = _hooked_transformer_from_hf()
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()
     if hooked_transformer_from_hf is None:  # refused under TransformerLens 4
         return
     setting, message = INEXPRESSIBLE[name]
@@ -493,7 +479,7 @@ def test_hooked_transformer_from_hf_refuses_what_its_converter_cannot_express(na
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].lens_conversion is None])
 def test_hooked_transformer_from_hf_refuses_a_class_without_a_converter_naming_those_with_one(name):
     """The refusal's list is the registry's: the classes whose spec names a converter module."""
-    hooked_transformer_from_hf = _hooked_transformer_from_hf()
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()
     if hooked_transformer_from_hf is None:  # refused under TransformerLens 4
         return
     with pytest.raises(BcosTypeError) as error:
@@ -590,7 +576,7 @@ def test_bilinear_variant_is_explained_exactly_on_every_path(name):
     rows = torch.arange(ids.shape[0])
     at = out[rows, _last_real(mask)]
     _assert_complete(explain(model, ids, mask, target=at.abs().argmax(-1)))
-    hooked_transformer_from_hf = _hooked_transformer_from_hf()  # None: refused under TransformerLens 4
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()  # None: refused under TransformerLens 4
     if SPECS[name].lens_conversion is not None and hooked_transformer_from_hf is not None:
         _lens_checks(hooked_transformer_from_hf(model), model)
     if SPECS[name].bridge:
@@ -614,7 +600,7 @@ def test_bilinear_variant_is_analysable_with_the_bilinear_tools(name):
     x = torch.randn(5, config.hidden_size, generator=generator)
     directions = torch.randn(3, config.hidden_size, generator=generator)
     hooked = None
-    hooked_transformer_from_hf = _hooked_transformer_from_hf()  # None: refused under TransformerLens 4
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()  # None: refused under TransformerLens 4
     if SPECS[name].lens_conversion is not None and hooked_transformer_from_hf is not None:
         if getattr(config, "final_logit_softcapping", None) is not None:
             with pytest.raises(BcosValueError, match="applies tanh to the logits inline.*bcosify"):
@@ -669,7 +655,7 @@ def test_gemma2_plain_hooked_transformers_per_head_and_per_neuron_results_includ
     hook_mlp_out (TransformerLens' own leave the norms out); the logits are the transformers model's."""
     from bcos_plugins.adapters import transformer_lens as lens
 
-    hooked_transformer_from_hf = _hooked_transformer_from_hf()
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()
     if hooked_transformer_from_hf is None:  # refused under TransformerLens 4
         return
     stock = _stock("Gemma2ForCausalLM")
