@@ -153,7 +153,7 @@ def test_weight_accessors_plain_tensors_and_errors():
     assert from_tuple.d_in == D_IN and from_tuple.d_hidden == D_HIDDEN and from_tuple.d_out == D_OUT
     with pytest.raises(ValueError, match="transpose"):
         bilinear_weights((w.W, w.V, w.P.T))
-    with pytest.raises(ValueError, match="same shape"):
+    with pytest.raises(ValueError, match=rf"^V: has shape \({D_HIDDEN}, {D_IN - 1}\) but W has \({D_HIDDEN}, {D_IN}\)"):
         bilinear_weights((w.W, w.V[:, :-1], w.P))
     with pytest.raises(TypeError, match="cannot read bilinear weights"):
         bilinear_weights(torch.nn.Linear(3, 3))
