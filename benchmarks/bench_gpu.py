@@ -21,6 +21,9 @@ it prints the B-cos / conventional ratio of
 - peak train memory: the model's own parameters and AdamW state plus the peak of
   ``torch.cuda.max_memory_allocated`` above what was allocated before a training step (both models share the
   device, so the raw peak would count the other one too); n/a on CPU.
+- saved for backward: the bytes autograd keeps for the backward pass of a training forward and its loss
+  (:func:`saved_for_backward_bytes`: distinct storages, parameters and buffers excluded), the activation part
+  of training memory, on any device (on a CPU, which has no peak-memory statistics, the one memory column).
 
 Each cell is the median of ``--repeats`` interleaved calls after warm-up. Compiled cells run after all eager
 ones and are skipped (and say so) once ``--budget-s`` seconds have passed, so that a run ends in time: with the
@@ -88,7 +91,7 @@ QUICK_SHAPES = [
     Shape("llama-1b", lambda: _llama(32, 1, 4, 2, 64, vocab=100), "LlamaForSequenceClassification", 2, 16),
 ]
 PRECISIONS = ("float32", "bf16 autocast")
-MEASUREMENTS = ("forward", "explain / IxG", "train step", "peak train memory")
+MEASUREMENTS = ("forward", "explain / IxG", "train step", "peak train memory", "saved for backward")
 
 
 class Bench:
@@ -186,17 +189,44 @@ def _ixg_probe(model, ids, mask, target):
     return run
 
 
+def _loss(model, ids, mask, labels, bcos: bool, autocast) -> torch.Tensor:
+    """The training loss (B-cos: ``bcos_loss``; conventional: cross-entropy) of one forward pass."""
+    with autocast():
+        out = model(input_ids=ids, attention_mask=mask)
+        return bcos_loss(out, labels) if bcos else torch.nn.functional.cross_entropy(out.logits.float(), labels)
+
+
 def _train_step(model, ids, mask, labels, bcos: bool, autocast):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
     def run():
-        with autocast():
-            out = model(input_ids=ids, attention_mask=mask)
-            loss = bcos_loss(out, labels) if bcos else torch.nn.functional.cross_entropy(out.logits.float(), labels)
+        loss = _loss(model, ids, mask, labels, bcos, autocast)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return run, optimizer
+
+
+def saved_for_backward_bytes(model: torch.nn.Module, forward_and_loss: Callable[[], torch.Tensor]) -> int:
+    """Bytes of the distinct storages that autograd saves for the backward pass while ``forward_and_loss()``
+    builds the graph, ``model``'s parameters and buffers excluded (they are resident anyway).
+
+    Counted with ``torch.autograd.graph.saved_tensors_hooks``: a tensor that several operations save (a
+    layer's output that the next layer keeps as its input), or a view of one, counts once. The storages are
+    held until the count is done, so that no freed address is reused and missed. The graph is freed unused.
+    """
+    saved: dict[int, torch.UntypedStorage] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if tensor.device.type != "meta" and storage.nbytes() > 0:
+            saved.setdefault(storage.data_ptr(), storage)
+        return tensor
+
+    resident = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        forward_and_loss()
+    return sum(storage.nbytes() for ptr, storage in saved.items() if ptr not in resident)
 
 
 def _resident_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -264,7 +294,20 @@ def run_shape(shape: Shape, bench: Bench, precision: str, mode: str, pair: Pair)
         mb, mc = mb + _resident_bytes(bcos, opt_b), mc + _resident_bytes(conventional, opt_c)
     row["peak train memory"] = ("n/a (CPU)" if mb is None else
                                 f"{_ratio(mb, mc)} ({mb / 2**20:,.0f} vs {mc / 2**20:,.0f} MiB)")
+    try:  # measured last, failing alone: the timed cells above stay in the table
+        sb = saved_for_backward_bytes(bcos, lambda: _loss(bcos, ids, mask, labels, True, autocast))
+        sc = saved_for_backward_bytes(conventional, lambda: _loss(conventional, ids, mask, labels, False, autocast))
+    except Exception as err:
+        traceback.print_exc(file=sys.stderr)
+        row["saved for backward"] = _error_cell(err)
+        return row
+    unit, scale = ("MiB", 2**20) if max(sb, sc) >= 2**20 else ("KiB", 2**10)  # the quick shapes save KiBs
+    row["saved for backward"] = f"{_ratio(sb, sc)} ({sb / scale:,.1f} vs {sc / scale:,.1f} {unit})"
     return row
+
+
+def _error_cell(err: Exception) -> str:
+    return f"error: {type(err).__name__}: {str(err).splitlines()[0][:60] if str(err) else ''}"
 
 
 def _conversion_line(shape: Shape, pair: Pair) -> str:
@@ -357,9 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                     row = run_shape(shape, bench, precision, mode, pair)
                 except Exception as err:  # one failing cell (e.g. out of memory) must not cost the whole table
                     traceback.print_exc(file=sys.stderr)
-                    message = f"error: {type(err).__name__}: {str(err).splitlines()[0][:60] if str(err) else ''}"
-                    row = dict.fromkeys(MEASUREMENTS, message)
-                    failed += 1
+                    row = dict.fromkeys(MEASUREMENTS, _error_cell(err))
+                failed += any(cell.startswith("error: ") for cell in row.values())
                 print(label + " | ".join(row[m] for m in MEASUREMENTS) + " |", flush=True)
             pair = None
             gc.collect()  # the two models and their optimizers go before the next shape is built

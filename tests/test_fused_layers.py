@@ -25,8 +25,9 @@ from bcos_plugins.nn import (
     explanation_mode,
     reference_path,
 )
-from bcos_plugins.nn.functional import using_reference_path
+from bcos_plugins.nn.functional import bcos_linear, input_norm, reuse_unit_weights, using_reference_path
 from bcos_plugins.nn.linear import AlignmentPressure
+from benchmarks.bench_gpu import saved_for_backward_bytes
 
 FLOATS = [torch.float32, torch.float64]
 
@@ -210,6 +211,204 @@ def test_fused_training_gradient_passes_gradcheck(b):
     assert torch.autograd.gradcheck(lambda t: conv(t), (z,))
 
 
+B_VALUES = [1.0, 1.1, 1.25, 1.5, 2.0, 2.5]
+
+
+def _projection(kind: str, b: float, dtype: torch.dtype = torch.float32) -> BcosLinear:
+    """A BcosLinear (units are weight rows) or BcosConv1D (units are columns), 6 -> 5, with unit 2's weights
+    all zero (its norm is clamped, so the normalisation's gradient is the plain division's there)."""
+    torch.manual_seed(0)
+    if kind == "linear":
+        layer = BcosLinear(6, 5, b=b)
+        with torch.no_grad():
+            layer.weight[2] = 0.0
+    else:
+        conv = Conv1D(5, 6)
+        nn.init.normal_(conv.weight)
+        layer = BcosConv1D.from_conv1d(conv, b=b)
+        with torch.no_grad():
+            layer.weight[:, 2] = 0.0
+    return layer.to(dtype)
+
+
+def _inputs(dtype: torch.dtype, width: int = 6) -> torch.Tensor:
+    x = torch.randn(4, 3, width, dtype=dtype, generator=torch.Generator().manual_seed(1)) * 3
+    x[0] = 0.0  # padding rows
+    x[1, 0] = 1e-4  # a tiny input: its norm is mostly the epsilon
+    return x
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("explaining", [False, True])
+@pytest.mark.parametrize("b", B_VALUES)
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_fused_linear_layer_equals_reference_at_every_b(kind, b, explaining, dtype):
+    # training runs the whole layer as one node (dyn recovered from the output, the unit-norm weight recomputed
+    # in the backward); explaining runs the fused product; both equal the step-by-step maths, outputs and the
+    # gradients wrt the input and the raw weight, with zero inputs and a zero weight unit
+    layer = _projection(kind, b, dtype)
+    x = _inputs(dtype)
+    _assert_same_run(_run(layer, x, explaining, reference=False), _run(layer, x, explaining, reference=True), dtype)
+    with explanation_mode(layer) if explaining else contextlib.nullcontext():
+        node = _fused_node(layer(x.requires_grad_()))
+    assert node == ("_BcosProductBackward" if explaining and b != 1.0 else None if explaining
+                    else "_BcosLinearBackward"), node
+
+
+def _fused_node(output: torch.Tensor) -> str | None:
+    names = set()
+    pending = [output.grad_fn]
+    while pending:
+        node = pending.pop()
+        if node is not None:
+            names.add(type(node).__name__)
+            pending.extend(child for child, _ in node.next_functions)
+    found = names & FUSED_NODES
+    assert len(found) <= 1, found
+    return found.pop() if found else None
+
+
+@pytest.mark.parametrize("b", [1.0, 1.25, 1.5, 2.0, 2.5, 7.0])
+@pytest.mark.parametrize("units_are_columns", [False, True])
+def test_fused_linear_backward_passes_gradcheck(b, units_are_columns):
+    # the hand-written backward of bcos_linear, wrt the input and the raw weight (through the normalisation and
+    # ||x||); float64 recovers dyn from the output at any B (B = 7 too); B as a 0-d tensor keeps lin instead
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 5, dtype=torch.float64, generator=g).requires_grad_()
+    w = torch.randn((5, 4) if units_are_columns else (4, 5), dtype=torch.float64, generator=g).requires_grad_()
+    for pressure in (b, torch.tensor(b, dtype=torch.float64)):
+        def layer(x, w, pressure=pressure):
+            x_norm = None if pressure == 1.0 and not isinstance(pressure, torch.Tensor) else input_norm(x)
+            return bcos_linear(x, w, x_norm, pressure, units_are_columns=units_are_columns)
+
+        assert torch.autograd.gradcheck(layer, (x, w))
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_fused_linear_saves_input_weight_and_output_only(kind):
+    # what the unfused layer kept besides these (the unit-norm weight, a weight-sized copy per layer, and the
+    # pre-scale output) is recomputed in the backward pass; the output is what the next layer keeps anyway
+    layer = _projection(kind, 1.5)
+    x = torch.randn(4, 7, 6, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    for reference in (False, True):
+        saved.clear()
+        with reference_path(reference), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = layer(x)
+        large = {t.untyped_storage().data_ptr() for t in saved if t.numel() > x.shape[0] * x.shape[1]}
+        expected = {t.untyped_storage().data_ptr() for t in (x, layer.weight, out)}
+        if reference:
+            assert len(large - expected) >= 2  # the unit-norm weight and the pre-scale output, at least
+        else:
+            assert large == expected
+
+
+def _underflowing_layer() -> tuple[BcosLinear, torch.Tensor]:
+    # unit 0 sees |cos| = 2e-12 (above the 1e-12 floor): dyn = |cos| ** 3 = 8e-36 is a normal float32, but the
+    # output dyn * lin = 1.6e-47 underflows to 0
+    layer = BcosLinear(3, 2, b=4.0)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
+    return layer, torch.tensor([[2e-12, 1.0, 0.0]])
+
+
+def _unit_zero_gradients(layer: BcosLinear, x: torch.Tensor, reference: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    layer.zero_grad()
+    x = x.clone().requires_grad_()
+    with reference_path(reference):
+        layer(x)[:, 0].sum().backward()  # only unit 0's gradient: nothing else adds to it
+    return x.grad, layer.weight.grad
+
+
+def test_fused_linear_keeps_lin_where_the_output_underflows(monkeypatch):
+    # float32 above B = 2.9: dyn cannot be recovered from an output that underflows (here: 0 instead of 1.6e-47,
+    # which would make unit 0 look clamped and its gradient 32x too small), so the layer keeps lin there
+    from bcos_plugins.nn import functional
+
+    assert functional._scale_recoverable(torch.float32, 2.9) and not functional._scale_recoverable(torch.float32, 3.0)
+    assert functional._scale_recoverable(torch.bfloat16, 2.5) and functional._scale_recoverable(torch.float64, 10.0)
+    assert not functional._scale_recoverable(torch.float16, 1.1)
+    assert not functional._scale_recoverable(torch.float32, torch.tensor(1.5))
+    layer, x = _underflowing_layer()
+    reference = _unit_zero_gradients(layer, x, reference=True)
+    assert 3e-35 < reference[0][0, 0] < 3.4e-35  # 4 * 8e-36: the reference gradient is a normal float32
+    fused = _unit_zero_gradients(layer, x, reference=False)
+    for actual, expected in zip(fused, reference, strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0.0)
+    # recovering from the output anyway gives the wrong gradient this test exists to catch
+    monkeypatch.setattr(functional, "_scale_recoverable", lambda dtype, b: True)
+    recovered = _unit_zero_gradients(layer, x, reference=False)
+    assert not torch.allclose(recovered[0], reference[0], rtol=1e-1, atol=0.0)
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_fused_linear_in_half_precision_is_as_accurate_as_the_reference(kind):
+    # half precision: the matrix products run in bfloat16 under autocast (dyn recovered from the bfloat16
+    # output), float16 weights keep lin (float16 cannot hold the outputs' range). Against float64, the fused
+    # output and gradients (wrt the input and the weight) are as accurate as the reference path's (both
+    # round to the dtype). No zero weight unit here: its gradient is G / eps with G made of the floored dyn (1e-6,
+    # subnormal in float16), which neither path can compute to float16's precision.
+    def projection(dtype):
+        layer = _projection(kind, 1.5)
+        with torch.no_grad():
+            layer.weight.add_(0.1)
+        return layer.to(dtype)
+
+    x = _inputs(torch.float64)
+    truth = _run(projection(torch.float64), x, explaining=False, reference=True)
+    for dtype in (torch.bfloat16, torch.float16):
+        layer = projection(torch.float32 if dtype == torch.bfloat16 else dtype)
+        errors = []
+        for reference in (False, True):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                out, grad_x, grads = _run(layer, x.to(layer.weight.dtype), explaining=False, reference=reference)
+            assert out.dtype == dtype
+            pairs = [(out, truth[0]), (grad_x, truth[1]), (grads["weight"], truth[2]["weight"])]
+            assert all(torch.isfinite(actual).all() for actual, _ in pairs)
+            errors.append(torch.tensor([(a.double() - e).abs().max() / e.abs().max() for a, e in pairs]))
+        fused, ref = errors
+        assert (fused <= 2 * ref + torch.finfo(dtype).eps).all(), (dtype, fused, ref)
+        assert (fused < 2 * torch.finfo(dtype).eps).all(), (dtype, fused)  # measured: at most 0.9 eps
+
+
+def test_compiled_training_equals_eager():
+    # a compiled training step (B read from the layers' buffers as 0-d tensors: the fused node keeps lin) traces
+    # the fused layer's backward without a graph break and gives the eager gradients
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(BcosLinear(6, 8, b=1.5), BcosConv1D(8, 4, b=1.25))
+    x = _inputs(torch.float32)
+    eager = _run(model, x, explaining=False, reference=False)
+    model.compile(fullgraph=True, backend="aot_eager")
+    try:
+        compiled = _run(model, x, explaining=False, reference=False)
+    finally:
+        torch._dynamo.reset()
+    _assert_same_run(compiled, eager, torch.float32)
+
+
+def test_training_forward_drops_the_cached_unit_weight():
+    # cached_unit_norm's rule holds for the fused training node too: an evaluation inside reuse_unit_weights
+    # caches the unit-norm weight, a training forward drops it (training memory stays as without the cache)
+    from bcos_plugins.nn import functional
+
+    layer = BcosLinear(6, 5, b=1.5)
+    x = torch.randn(2, 6)
+    with reuse_unit_weights():
+        with torch.no_grad():
+            cached = layer(x)
+        assert layer.weight in functional._UNIT_WEIGHTS
+        trained = layer(x)
+        assert _fused_node(trained) == "_BcosLinearBackward"
+        assert layer.weight not in functional._UNIT_WEIGHTS
+        assert torch.equal(trained.detach(), cached)
+
+
 def test_fused_forward_is_bit_identical_in_and_out_of_explanation_mode():
     torch.manual_seed(0)
     model = nn.Sequential(BcosLinear(8, 16, b=1.5), BcosLayerNorm(16), DetachableActivation("gelu"),
@@ -251,23 +450,14 @@ def test_fused_model_equals_reference_model(name):
 
 def _saved_bytes(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> int:
     """Bytes of the distinct tensors autograd saves for the backward pass of a training forward."""
-    seen: dict[tuple[int, int], int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.device.type != "meta" and t.untyped_storage().nbytes() > 0:
-            seen[(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())] = t.untyped_storage().nbytes()
-        return t
-
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, attention_mask=mask).logits.sum()
-    return sum(n for (ptr, _), n in seen.items() if ptr not in params)
+    return saved_for_backward_bytes(model, lambda: model(input_ids=ids, attention_mask=mask).logits.sum())
 
 
 def test_fused_layers_save_less_for_backward_than_reference():
     # Peak training memory is set by what autograd saves. Measured on this tiny BERT (hidden 32, 2 layers,
-    # batch 8 x 32): conventional 1.00, fused B-cos 1.3x, reference B-cos 2.6x (the per-layer |cos|, its clamp,
-    # square roots and the GELU gate each kept).
+    # batch 8 x 32): conventional 1.00, fused B-cos 1.20x (1.31x before the linear layers ran as one node),
+    # reference B-cos 2.4x (the per-layer |cos|, its clamp, square roots and the GELU gate each kept).
+    # tests/test_saved_activations.py bounds the ratio at larger widths and for GPT-2 and Llama.
     ids = torch.randint(3, 60, (8, 32), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     conventional = tiny_model("BertForSequenceClassification").train()
@@ -280,7 +470,7 @@ def test_fused_layers_save_less_for_backward_than_reference():
         torch.manual_seed(0)
         reference = _saved_bytes(bcos, ids, mask)
     assert fused < 0.6 * reference
-    assert fused <= 1.4 * base, (fused / base, reference / base)
+    assert fused <= 1.22 * base, (fused / base, reference / base)
 
 
 def test_reference_path_is_scoped_and_validated():
