@@ -280,3 +280,21 @@ def test_explain_dataset_input_errors(minilm_tokenizer):
         explain_dataset(model, minilm_tokenizer, [], progress=False)
     with pytest.raises(BcosTypeError, match="data: got one string"):
         explain_dataset(model, minilm_tokenizer, "one text", progress=False)
+
+
+def test_explain_reads_the_forward_signature_only_to_check_keywords_it_was_given(monkeypatch):
+    # inspect.signature of a transformers forward costs about as much as a small layer; without keywords there is
+    # nothing to check (before: read on every explain call)
+    import bcos_plugins.attribution.text as text
+
+    reads = []
+    forward_keywords = text.forward_keywords
+    monkeypatch.setattr(text, "forward_keywords", lambda model: reads.append(model) or forward_keywords(model))
+    model = bcosify(tiny_model("BertForSequenceClassification"), b=2.0, verbose=False)
+    ids, mask = padded_batch()
+    explain(model, ids, mask)
+    assert reads == []
+    with_types = explain(model, ids, mask, token_type_ids=torch.zeros_like(ids))
+    assert reads == [model] and with_types.completeness_error.max() < 1e-5
+    with pytest.raises(BcosTypeError, match="^token_type_id: is not an argument of"):
+        explain(model, ids, mask, token_type_id=torch.zeros_like(ids))

@@ -385,3 +385,50 @@ def test_by_default_explanation_mode_walks_no_train_of_a_model_in_eval_mode_and_
     with explanation_mode(model):
         assert not model.training and not model[1].training and model[0].explaining
     assert modes == [False, True] and model.training and model[1].training and not model[0].explaining
+
+
+def test_by_default_the_tanh_gate_without_autograd_takes_four_passes_and_keeps_its_values():
+    from bcos_plugins.nn.activation import tanh_ratio
+
+    x = torch.tensor([0.0, 1e-300, 1e-8, -1e-4, 5e-4, 9.99e-4, 1e-3, -0.5, 3.0, 40.0, float("inf"), float("nan")],
+                     dtype=torch.float64)
+    with _CountOps() as counter:
+        fast = tanh_ratio(x)
+    assert counter.ops == ["tanh", "div_", "eq", "masked_fill_"]  # was 10 (the series' where, ones_like, ...)
+    recorded = tanh_ratio(x.clone().requires_grad_())  # the series form autograd differentiates
+    assert fast[0] == 1.0 and fast[-1].isnan() and fast[-2] == 0.0
+    # the series' own error below 1e-3 is under x^4 / 7 < 2e-13: the quotient is the more accurate of the two there
+    torch.testing.assert_close(fast[:-1], recorded[:-1].detach(), rtol=2e-13, atol=0.0)
+    for dtype in (torch.float32, torch.bfloat16):  # within one unit in the last place
+        torch.testing.assert_close(tanh_ratio(x[:-1].to(dtype)), recorded[:-1].detach().to(dtype),
+                                   rtol=torch.finfo(dtype).eps, atol=0.0)
+
+
+@pytest.mark.parametrize("name", ["LlamaForCausalLM", "ModernBertForSequenceClassification"])
+def test_by_default_explaining_a_gated_mlp_records_no_graph_for_its_gate_branch(name):
+    import transformers as T
+
+    if name.startswith("ModernBert"):
+        torch.manual_seed(0)
+        stock = T.ModernBertForSequenceClassification(T.ModernBertConfig(
+            vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, num_labels=2))
+    else:
+        stock = tiny_model(name)
+    model = bcosify(stock.eval(), b=1.5, verbose=False).eval()
+    mlp = next(m for n, m in model.named_modules() if n.endswith("mlp"))
+    gate_branch = mlp.act_fn if hasattr(mlp, "act_fn") else mlp.act
+    recorded = []
+    handle = gate_branch.register_forward_hook(lambda module, args, out: recorded.append(out.requires_grad))
+    ids, mask = padded_batch()
+    try:
+        with torch.no_grad():
+            expected = model(input_ids=ids, attention_mask=mask).logits
+        target = None if "Classification" in name else 3
+        result = explain(model, ids, mask, target=target)
+    finally:
+        handle.remove()
+    assert recorded[0] is False and recorded[-1] is False  # was True: recorded, then detached
+    assert result.completeness_error.max() < 1e-5
+    with explanation_mode(model), torch.no_grad():
+        assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, expected)

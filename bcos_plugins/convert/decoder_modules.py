@@ -19,8 +19,9 @@ class BcosGatedMLP(DynamicWeightModule):
     """
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        gate = self.dynamic_weight(self.act_fn(self.gate_proj(x)))
-        return self.down_proj(gate * self.up_proj(x))
+        with self.dynamic_scope():  # explaining, the whole gate branch is a constant: no autograd graph for it
+            gate = self.act_fn(self.gate_proj(x))
+        return self.down_proj(self.dynamic_weight(gate) * self.up_proj(x))
 
 
 class BcosFusedGatedMLP(DynamicWeightModule):
@@ -33,4 +34,6 @@ class BcosFusedGatedMLP(DynamicWeightModule):
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         activated, gate = self.Wi(x).chunk(2, dim=-1)
-        return self.Wo(self.drop(self.dynamic_weight(self.act(activated)) * gate))
+        with self.dynamic_scope():  # explaining, the activated branch is a constant: no autograd graph for it
+            activated = self.act(activated)
+        return self.Wo(self.drop(self.dynamic_weight(activated) * gate))

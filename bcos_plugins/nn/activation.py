@@ -66,10 +66,19 @@ _TANH_SERIES_BELOW = 1e-3
 
 
 def tanh_ratio(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
-    """``tanh(x) / x``, 1 at ``x = 0`` (its limit): the dynamic weight of ``tanh(x) = x * (tanh(x) / x)``."""
-    small = x.abs() < _TANH_SERIES_BELOW
-    safe = torch.where(small, torch.ones_like(x), x)
-    return torch.where(small, 1.0 - x * x / 3.0, torch.tanh(safe) / safe)
+    """``tanh(x) / x``, 1 at ``x = 0`` (its limit): the dynamic weight of ``tanh(x) = x * (tanh(x) / x)``.
+
+    Recording autograd, the ratio is its Taylor series near 0, where the quotient's gradient would cancel to
+    noise. Without autograd (the gate of an explanation, held constant and computed under ``no_grad``, and
+    inference) it is the quotient itself in four passes instead of ten: as accurate as ``tanh`` (which returns
+    tiny and subnormal ``x`` to the last bit, so the quotient is 1 there), with the limit 1 written where
+    ``x = 0``.
+    """
+    if torch.is_grad_enabled() and x.requires_grad:
+        small = x.abs() < _TANH_SERIES_BELOW
+        safe = torch.where(small, torch.ones_like(x), x)
+        return torch.where(small, 1.0 - x * x / 3.0, torch.tanh(safe) / safe)
+    return torch.tanh(x).div_(x).masked_fill_(x == 0, 1.0)
 
 
 def soft_cap_scale(module: DynamicWeightModule, logits: Tensor, cap: float) -> Tensor:
