@@ -11,18 +11,15 @@ import warnings
 import pytest
 import torch
 from bcos_plugins.adapters.transformer_lens import (
-    HAS_HOOKED_TRANSFORMER,
     explain_logits,
     token_component_decomposition,
     transformer_bridge_from_hf,
 )
-from conftest import MAX_POS, VOCAB, tiny_model
+from conftest import MAX_POS, VOCAB, hooked_transformer_from_hf_or_none, tiny_model
 
 from bcos_plugins import BcosError, bcosify
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
-
-needs_hooked = pytest.mark.skipif(not HAS_HOOKED_TRANSFORMER, reason="HookedTransformer is TransformerLens 3.x")
 
 
 def ids(seed: int = 0, batch: int = 2, length: int = 7) -> torch.Tensor:
@@ -41,21 +38,12 @@ def _plain_gpt2_with_biases():
 # ------------------------------------------------------------------ token x component decomposition (item 1)
 
 
-def _lens_models_with_biases():
-    hf = _plain_gpt2_with_biases()
-    models = {"bridge": transformer_bridge_from_hf(hf)}
-    if HAS_HOOKED_TRANSFORMER:
-        from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
-
-        models["hooked"] = hooked_transformer_from_hf(hf)
-    return models
-
-
 @pytest.mark.parametrize("kind", ["bridge", "hooked"])
 def test_decomposition_refuses_a_model_whose_biases_the_table_cannot_hold(kind):
-    if kind == "hooked" and not HAS_HOOKED_TRANSFORMER:
-        pytest.skip("HookedTransformer is TransformerLens 3.x")
-    model = _lens_models_with_biases()[kind]
+    to_lens = transformer_bridge_from_hf if kind == "bridge" else hooked_transformer_from_hf_or_none()
+    if to_lens is None:  # refused under TransformerLens 4, naming transformer_bridge_from_hf (the helper checks)
+        return
+    model = to_lens(_plain_gpt2_with_biases())
     # the explanation at the embeddings runs (and its completeness error shows the biases' share) ...
     assert explain_logits(model, ids(), target=5).completeness_error.min() > 1e-2
     # ... the decomposition, whose table is promised to sum to the logit, refuses instead of a table that does not
@@ -77,8 +65,7 @@ def test_decomposition_refuses_tokens_longer_than_the_context_and_reads_narrow_i
                                    explain_logits(model, ids(), target=5).contributions)
 
 
-def _bcos_sae_model(hook_name: str):
-    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
+def _bcos_sae_model(hooked_transformer_from_hf, hook_name: str):
     from sae_lens import HookedSAETransformer, StandardSAE, StandardSAEConfig
 
     model = hooked_transformer_from_hf(bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False),
@@ -97,10 +84,12 @@ def _bcos_sae_model(hook_name: str):
     return model
 
 
-@needs_hooked
 @pytest.mark.parametrize("hook_name", ["blocks.0.ln2.hook_normalized", "blocks.1.ln1.hook_normalized"])
 def test_decomposition_reports_the_spliced_sae_error_terms_share(hook_name):
-    model = _bcos_sae_model(hook_name)
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()
+    if hooked_transformer_from_hf is None:  # refused under TransformerLens 4 (sae-lens needs 3.x)
+        return
+    model = _bcos_sae_model(hooked_transformer_from_hf, hook_name)
     tokens = ids(seed=3)
     result = token_component_decomposition(model, tokens, target=4)
     reference = explain_logits(model, tokens, target=4)
@@ -113,9 +102,11 @@ def test_decomposition_reports_the_spliced_sae_error_terms_share(hook_name):
     torch.testing.assert_close(result.token_totals, reference.contributions, rtol=1e-4, atol=1e-5)
 
 
-@needs_hooked
 def test_decomposition_refuses_an_sae_on_the_residual_stream():
-    model = _bcos_sae_model("blocks.0.hook_resid_post")
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()
+    if hooked_transformer_from_hf is None:  # refused under TransformerLens 4 (sae-lens needs 3.x)
+        return
+    model = _bcos_sae_model(hooked_transformer_from_hf, "blocks.0.hook_resid_post")
     with pytest.raises(BcosError, match=r"SAEs spliced in at \['blocks.0.hook_resid_post'\].*residual stream"):
         token_component_decomposition(model, ids(seed=3), target=4)
 
@@ -145,11 +136,12 @@ def _bilinear_llama():
     return T.LlamaForCausalLM(config).eval()
 
 
-@needs_hooked
 def test_bilinear_sae_interactions_on_a_bcos_gpt2_block_says_which_layers_are_bilinear():
     """The README's sae-lens line ran on the B-cos GPT-2 of the line above and raised a bare TypeError."""
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()
+    if hooked_transformer_from_hf is None:  # refused under TransformerLens 4 (sae-lens needs 3.x)
+        return
     from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions
-    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
 
     lens = hooked_transformer_from_hf(bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False))
     d_model = lens.cfg.d_model
