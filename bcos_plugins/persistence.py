@@ -244,11 +244,28 @@ _FROM_PRETRAINED_OPTIONS = _LOADING_OPTIONS | {"device_map", "max_memory", "offl
                                                "subfolder", "variant", "key_mapping"}
 # what sets the classifier head's shape, which the saved weights fix
 _LABEL_SETTINGS = ("num_labels", "id2label", "label2id")
+# from_pretrained's arguments that load_bcos_model sets itself, each with what it does about it and the fix: a second
+# value was Python's bare "got multiple values for keyword argument" TypeError
+_SET_BY_LOAD = {
+    "pretrained_model_name_or_path": (
+        "load_bcos_model passes its path argument to from_pretrained as pretrained_model_name_or_path",
+        "Pass the folder (or hub id) as path, the first argument, and leave pretrained_model_name_or_path out"),
+    "use_safetensors": (
+        "load_bcos_model passes use_safetensors=True itself: it reads safetensors only, after checking that each "
+        "weight file is there and complete",
+        "Leave use_safetensors out; a checkpoint saved as pytorch_model.bin loads with transformers' from_pretrained, "
+        "and model.save_pretrained(folder) writes it again as safetensors"),
+    "output_loading_info": (
+        "load_bcos_model reads the loading info itself, refuses a load with a missing, unexpected or mismatched "
+        "weight (the biases B-cos removes aside) and returns the model alone",
+        "Leave output_loading_info out: a model it returns has every saved weight loaded"),
+}
 
 
 def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
     """Set the configuration attributes among ``kwargs`` on ``config`` (as ``from_pretrained`` does when it
-    reads the configuration itself) and return the other keywords; refuse those that would change the head.
+    reads the configuration itself) and return the other keywords; refuse those that would change the head or
+    the saved configuration, and the ``from_pretrained`` arguments ``load_bcos_model`` sets itself.
 
     ``load_bcos_model`` hands transformers a configuration object, and transformers then passes every keyword
     on to the model's constructor, which fails on a configuration attribute (``TypeError`` from deep inside).
@@ -258,6 +275,9 @@ def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
             raise argument_error(key, "load_bcos_model reads the configuration saved in the folder (config.bcos "
                                  "records how the model was converted)", f"leave {key} out; change attributes of "
                                  "model.config after loading, or pass them as keywords (e.g. output_attentions=True)")
+    for key, (problem, fix) in _SET_BY_LOAD.items():
+        if key in kwargs:
+            raise argument_error(key, problem, fix, kind=BcosTypeError)
     labels = next((k for k in _LABEL_SETTINGS if k in kwargs), None)
     if labels is not None:
         raise argument_error(
@@ -280,7 +300,8 @@ def _unknown_keyword_error(key: str, config, model_class) -> BcosTypeError:
     option: transformers hands it on to the model's constructor, which fails with a bare ``TypeError``."""
     named = {p.name for p in inspect.signature(model_class.from_pretrained).parameters.values()
              if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-    known = set(config.to_dict()) | named | _FROM_PRETRAINED_OPTIONS
+    # never suggest a keyword that load_bcos_model refuses
+    known = (set(config.to_dict()) | named | _FROM_PRETRAINED_OPTIONS) - set(_SET_BY_LOAD) - {"config", BCOS_CONFIG_KEY}
     fix = closest_name_fix(key, known, "Pass attributes of the saved configuration (e.g. output_attentions=True) or "
                            "from_pretrained options (e.g. dtype=torch.bfloat16, device_map='auto')")
     return argument_error(key, f"is neither an attribute of the saved {type(config).__name__} nor an option of "
@@ -376,7 +397,9 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
             transformers' load report is quoted) or are missing, or a keyword that would change the saved head
             (``num_labels``, ``id2label``, ``label2id``) or replace the saved configuration (``config``, ``bcos``).
         BcosTypeError: a keyword that is neither a configuration attribute nor a ``from_pretrained`` option (a typo:
-            the message names the closest valid one).
+            the message names the closest valid one), or one of the ``from_pretrained`` arguments it sets itself
+            (``pretrained_model_name_or_path``, ``use_safetensors``, ``output_loading_info``: the message says what
+            it does about each).
     """
     from transformers import AutoConfig
 

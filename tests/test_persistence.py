@@ -73,6 +73,37 @@ def test_a_keyword_that_would_replace_the_saved_configuration_is_refused_by_name
         load_bcos_model(folder, **{name: value[name]})
 
 
+@pytest.mark.parametrize(("name", "value", "what_it_does", "fix"), [
+    ("use_safetensors", False, r"passes use_safetensors=True itself: it reads safetensors only, after checking "
+                               r"that each weight file is there and complete",
+     r"Leave use_safetensors out; a checkpoint saved as pytorch_model\.bin loads with"),
+    ("output_loading_info", True, r"reads the loading info itself, refuses a load with a missing, unexpected or "
+                                  r"mismatched weight .* and returns the model alone",
+     r"Leave output_loading_info out: a model it returns has every saved weight loaded"),
+    ("pretrained_model_name_or_path", "elsewhere", r"passes its path argument to from_pretrained as "
+                                                   r"pretrained_model_name_or_path",
+     r"Pass the folder \(or hub id\) as path, the first argument"),
+])
+def test_a_from_pretrained_argument_that_load_bcos_model_sets_itself_is_refused_saying_what_it_does(
+        tmp_path, name, value, what_it_does, fix):
+    # before: Python's bare TypeError "got multiple values for keyword argument 'use_safetensors'" (and for a
+    # BcosViT folder, output_loading_info=True made from_pretrained return a tuple: AttributeError on .eval())
+    _, folder = _saved(tmp_path)
+    _, vit_folder = _vit(tmp_path)
+    for saved in (folder, vit_folder):
+        with pytest.raises(BcosTypeError, match=rf"^{name}: load_bcos_model {what_it_does}\. {fix}"):
+            load_bcos_model(saved, **{name: value})
+
+
+def test_a_misspelt_keyword_is_not_pointed_to_one_that_load_bcos_model_refuses(tmp_path):
+    _, folder = _saved(tmp_path)
+    for typo, refused in (("use_safetensor", "use_safetensors"), ("output_loading_inf", "output_loading_info"),
+                          ("confi", "config")):
+        with pytest.raises(BcosTypeError, match=rf"^{typo}: is neither an attribute") as refusal:
+            load_bcos_model(folder, **{typo: True})
+        assert f"Pass {refused}=" not in str(refusal.value)
+
+
 def test_configuration_keywords_apply_like_from_pretrained_and_loading_options_pass_through(tmp_path):
     model, folder = _saved(tmp_path)
     loaded = load_bcos_model(folder, output_attentions=True, dtype=torch.float64)
