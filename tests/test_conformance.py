@@ -476,17 +476,64 @@ def test_hooked_transformer_from_hf_refuses_what_its_converter_cannot_express(na
         hooked_transformer_from_hf(stock_class(name)(config).eval())
 
 
+# the causal LM of a base model's family, which a base model without an LM head is pointed to
+_FAMILY_CAUSAL_LM = {"GPT2Model": "GPT2LMHeadModel", "LlamaModel": "LlamaForCausalLM",
+                     "MistralModel": "MistralForCausalLM", "Qwen2Model": "Qwen2ForCausalLM",
+                     "Qwen3Model": "Qwen3ForCausalLM", "Gemma2Model": "Gemma2ForCausalLM"}
+
+
+def _refusal_without_converter(name: str, fix: str) -> str:
+    converted = ", ".join(specs_where(lambda spec: spec.lens_conversion is not None))
+    return (f"hf_model: hooked_transformer_from_hf supports {converted} (plain, B-cosified or bilinear); got {name}. "
+            f"{fix}.")
+
+
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].lens_conversion is None])
 def test_hooked_transformer_from_hf_refuses_a_class_without_a_converter_naming_those_with_one(name):
-    """The refusal's list is the registry's: the classes whose spec names a converter module."""
+    """The refusal's list is the registry's: the classes whose spec names a converter module; its fix follows
+    from the kind of class (no TransformerLens model is a classifier, a masked LM or a base model)."""
     hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()
     if hooked_transformer_from_hf is None:  # refused under TransformerLens 4
         return
     with pytest.raises(BcosTypeError) as error:
         hooked_transformer_from_hf(_stock(name))
-    converted = ", ".join(specs_where(lambda spec: spec.lens_conversion is not None))
-    assert str(error.value) == (f"hf_model: hooked_transformer_from_hf supports {converted} (plain, B-cosified or "
-                                f"bilinear); got {name}. Load causal-LM classes (with their LM head).")
+    transformers_path = f"explain {name} with bcos_plugins.explain (the transformers path)"
+    head = SPECS[name].head
+    if name in _FAMILY_CAUSAL_LM:
+        fix = (f"{name} is a base model (hidden states, no LM head), and a TransformerLens model ends in an LM head: "
+               f"use {_FAMILY_CAUSAL_LM[name]} (the base model with its LM head), or {transformers_path}")
+    elif head == "base":
+        fix = f"{name} is a base model (hidden states, no LM head), and a TransformerLens model is a causal LM: " \
+              f"{transformers_path}"
+    else:
+        kind = {"classifier": "a sequence classifier", "masked_lm": "a masked LM"}[head]
+        fix = f"{name} is {kind}, and a TransformerLens model is a causal LM: {transformers_path}"
+    assert str(error.value) == _refusal_without_converter(name, fix)
+
+
+@pytest.mark.parametrize("bridge", [True, False])
+def test_hooked_transformer_from_hf_points_a_causal_lm_without_a_converter_to_the_bridge_where_it_takes_it(
+        monkeypatch, bridge):
+    """A registered causal LM left without a converter (docs/design.md allows it) is refused pointing to
+    transformer_bridge_from_hf where the bridge takes it, else to the transformers path; it was told to load a
+    causal-LM class, which it is."""
+    import dataclasses
+
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()
+    if hooked_transformer_from_hf is None:  # refused under TransformerLens 4
+        return
+    from bcos_plugins.adapters._lens import from_hf
+
+    name = "LlamaForCausalLM"
+    monkeypatch.setitem(SPECS, name, dataclasses.replace(SPECS[name], lens_conversion=None, bridge=bridge))
+    monkeypatch.setattr(from_hf, "SUPPORTED_HF_ARCHITECTURES",
+                        specs_where(lambda spec: spec.lens_conversion is not None))
+    with pytest.raises(BcosTypeError) as error:
+        hooked_transformer_from_hf(_stock(name))
+    fix = (f"Use transformer_bridge_from_hf(hf_model): TransformerLens' TransformerBridge takes {name}" if bridge else
+           f"Neither TransformerLens path takes {name}: explain {name} with bcos_plugins.explain (the transformers "
+           "path)")
+    assert str(error.value) == _refusal_without_converter(name, fix)
 
 
 BRIDGE_NAMES = [n for n in NAMES if SPECS[n].bridge]

@@ -19,7 +19,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.loading_from_pretrained import convert_hf_model_config, fill_missing_keys
 from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
 
-from bcos_plugins.convert.architectures import SPECS, architecture_name, specs_where
+from bcos_plugins.convert.architectures import SPECS, architecture_name, specs_where, stock_class
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.nn.dynamic import DynamicWeightModule
 
@@ -38,12 +38,35 @@ _BIAS_KEY = ("b", "b_Q", "b_K", "b_V", "b_O", "_b_K", "_b_V", "b_in", "b_out", "
 _SNIFFED_NAMES = ("llama", "gemma")
 
 
+_HEAD_KINDS = {"base": "a base model (hidden states, no LM head)", "classifier": "a sequence classifier",
+               "masked_lm": "a masked LM"}
+
+
+def _fix_without_converter(name: str) -> str:
+    """What to use for a class ``hooked_transformer_from_hf`` cannot convert: it follows from the class, since a
+    causal LM may still go through the bridge, and a TransformerLens model is always a causal LM."""
+    spec = SPECS.get(name)
+    if spec is None:
+        return (f"The architecture registry has no {name}; pass one of those classes (bcosify converts only "
+                "registered ones)")
+    if spec.bridge:
+        return f"Use transformer_bridge_from_hf(hf_model): TransformerLens' TransformerBridge takes {name}"
+    transformers_path = f"explain {name} with bcos_plugins.explain (the transformers path)"
+    if spec.head == "causal_lm":
+        return f"Neither TransformerLens path takes {name}: {transformers_path}"
+    family_lm = [lm for lm in SUPPORTED_HF_ARCHITECTURES if stock_class(lm).config_class is stock_class(name).config_class]
+    if spec.head == "base" and family_lm:
+        return (f"{name} is {_HEAD_KINDS['base']}, and a TransformerLens model ends in an LM head: use "
+                f"{family_lm[0]} (the base model with its LM head), or {transformers_path}")
+    return f"{name} is {_HEAD_KINDS[spec.head]}, and a TransformerLens model is a causal LM: {transformers_path}"
+
+
 def _architecture(hf_model: nn.Module) -> str:
     name = architecture_name(hf_model)
     if name not in SUPPORTED_HF_ARCHITECTURES:
         raise argument_error("hf_model", f"hooked_transformer_from_hf supports {', '.join(SUPPORTED_HF_ARCHITECTURES)} "
                              f"(plain, B-cosified or bilinear); got {type(hf_model).__name__}",
-                             "Load causal-LM classes (with their LM head)", kind=BcosTypeError)
+                             _fix_without_converter(name), kind=BcosTypeError)
     return name
 
 
