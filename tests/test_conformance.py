@@ -511,6 +511,16 @@ def test_hooked_transformer_from_hf_refuses_a_class_without_a_converter_naming_t
     assert str(error.value) == _refusal_without_converter(name, fix)
 
 
+def test_hooked_transformer_from_hf_refuses_a_class_outside_the_registry_pointing_to_the_listed_ones():
+    hooked_transformer_from_hf = hooked_transformer_from_hf_or_none()
+    if hooked_transformer_from_hf is None:  # refused under TransformerLens 4
+        return
+    with pytest.raises(BcosTypeError) as error:
+        hooked_transformer_from_hf(torch.nn.Linear(4, 4))
+    assert str(error.value) == _refusal_without_converter(
+        "Linear", "The architecture registry has no Linear: pass a model of one of those classes")
+
+
 @pytest.mark.parametrize("bridge", [True, False])
 def test_hooked_transformer_from_hf_points_a_causal_lm_without_a_converter_to_the_bridge_where_it_takes_it(
         monkeypatch, bridge):

@@ -47,8 +47,7 @@ def _fix_without_converter(name: str) -> str:
     causal LM may still go through the bridge, and a TransformerLens model is always a causal LM."""
     spec = SPECS.get(name)
     if spec is None:
-        return (f"The architecture registry has no {name}; pass one of those classes (bcosify converts only "
-                "registered ones)")
+        return f"The architecture registry has no {name}: pass a model of one of those classes"
     if spec.bridge:
         return f"Use transformer_bridge_from_hf(hf_model): TransformerLens' TransformerBridge takes {name}"
     transformers_path = f"explain {name} with bcos_plugins.explain (the transformers path)"
