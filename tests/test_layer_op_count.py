@@ -432,3 +432,24 @@ def test_by_default_explaining_a_gated_mlp_records_no_graph_for_its_gate_branch(
     assert result.completeness_error.max() < 1e-5
     with explanation_mode(model), torch.no_grad():
         assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, expected)
+
+
+@pytest.mark.parametrize("kind", ["gelu", "gelu_tanh"])
+def test_by_default_explaining_gelu_backward_computes_the_gate_in_place_and_keeps_the_stock_formulas_bits(kind):
+    # the gate's steps write into its first fresh tensor, then one product with the gradient (before: a new tensor
+    # per step, 5 for the erf gate, 8 for the tanh one); the values are the out-of-place formula's, bit for bit
+    import math
+
+    act = DetachableActivation(kind)
+    x, grad_out = torch.randn(4, 7, 32, requires_grad=True), torch.randn(4, 7, 32)
+    with explanation_mode(act):
+        out = act(x)
+    with _CountOps() as counter:
+        (grad,) = torch.autograd.grad(out, x, grad_out)
+    fresh = [op for op in counter.ops if not op.endswith("_")]
+    assert len(fresh) == {"gelu": 3, "gelu_tanh": 2}[kind], counter.ops  # x / sqrt 2, erf; x ** 3; the product
+    z = x.detach()
+    gate = (torch.special.ndtr(z) if kind == "gelu"
+            else 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z.pow(3)))))
+    assert torch.equal(grad, grad_out * gate)
+    assert torch.equal(act.gate(x.detach()), gate) and torch.equal(act.gate(x).detach(), gate)  # recorded: same
