@@ -14,7 +14,7 @@ from transformers.pytorch_utils import Conv1D
 
 from bcos_plugins import bcos_loss, bcosify, explain
 from bcos_plugins.convert.query_key import StockQueryKeyConv1D
-from bcos_plugins.errors import BcosTypeError
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError
 from bcos_plugins.nn import (
     BcosConv1D,
     BcosConv2d,
@@ -597,3 +597,23 @@ def test_compiled_fullgraph_forward_and_explain_equal_eager(name, backend, bcos_
         assert not torch.allclose(changed, logits)
     finally:
         torch._dynamo.reset()
+
+
+def test_second_derivative_through_a_training_layer_raises_and_the_reference_path_gives_it():
+    # the fused node's backward is not itself differentiable: a backward pass that records its own graph raises
+    # rather than returning a gradient whose graph silently lacks the terms through the recomputed dyn and
+    # unit-norm weight (only the ||x|| part would be recorded); the reference path gives second derivatives
+    torch.manual_seed(0)
+    layer = BcosLinear(6, 5, b=1.5).double()
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+
+    def grad_norm_squared():
+        (grad,) = torch.autograd.grad(layer(x).sum(), x, create_graph=True)
+        return grad.square().sum()
+
+    with pytest.raises(BcosRuntimeError, match=r"^create_graph: .* inside bcos_plugins.nn.reference_path\(\)"):
+        grad_norm_squared()
+    with reference_path():
+        assert torch.autograd.gradgradcheck(lambda t: layer(t), (x,))
+        grad_norm_squared().backward()
+    assert torch.isfinite(layer.weight.grad).all()

@@ -53,7 +53,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..errors import BcosTypeError, argument_error
+from ..errors import BcosRuntimeError, BcosTypeError, argument_error
 from .dynamic import parameter_gradients_unused
 
 __all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "cached_unit_norm", "clear_unit_norm_cache",
@@ -504,6 +504,13 @@ class _BcosLinear(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor | None, _grad_norms: Tensor | None, _grad_lin: Tensor | None):
         if grad_out is None:
             return None, None, None, None, None
+        if torch.is_grad_enabled():  # the engine records the backward pass: create_graph=True
+            raise argument_error(
+                "create_graph", "a training B-cos linear layer's backward pass cannot be differentiated again (it "
+                "recomputes the unit-norm weight and the scale without recording them, so a second derivative "
+                "would silently miss their terms)", "take second derivatives inside "
+                "bcos_plugins.nn.reference_path(), whose step-by-step maths autograd differentiates twice",
+                kind=BcosRuntimeError)
         x, weight, norms, kept, x_norm, b_tensor = ctx.saved_tensors
         b = ctx.b if b_tensor is None else b_tensor
         matmul_dtype = grad_out.dtype  # lin's
@@ -547,7 +554,9 @@ def bcos_linear(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Ten
     (GPT-2's ``Conv1D``); ``x_norm`` is :func:`input_norm` of ``x``, ``None`` for B = 1; ``b`` may be a 0-d
     tensor (a compiled graph). No MaxOut, no explanation mode (``dyn`` is differentiated), fused path only:
     :class:`~bcos_plugins.nn.BcosLinear` calls it when it trains and runs the unfused steps otherwise.
-    Training drops the weight's cached unit-norm copies, as :func:`cached_unit_norm` does.
+    Training drops the weight's cached unit-norm copies, as :func:`cached_unit_norm` does. Its backward pass is
+    not differentiable again: a backward pass with ``create_graph=True`` through it raises a
+    :class:`~bcos_plugins.errors.BcosRuntimeError` naming :func:`reference_path`, which gives second derivatives.
     """
     if weight.requires_grad and not torch.compiler.is_compiling():
         _forget_unit_norm(weight)
