@@ -453,3 +453,26 @@ def test_by_default_explaining_gelu_backward_computes_the_gate_in_place_and_keep
             else 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z.pow(3)))))
     assert torch.equal(grad, grad_out * gate)
     assert torch.equal(act.gate(x.detach()), gate) and torch.equal(act.gate(x).detach(), gate)  # recorded: same
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_by_default_second_derivatives_through_an_explaining_layer_norm_equal_the_reference_paths(dtype):
+    # rsqrt(var + eps) is a constant in explanation mode, also when the backward pass is differentiated again (a
+    # loss on an explanation); before, the fused backward recomputed it from x with autograd recording, so the
+    # second derivative in x took its dependence on x that the reference path holds constant (off by 10 here)
+    torch.manual_seed(0)
+    norm = BcosLayerNorm(8).to(dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x0 = torch.randn(3, 8, dtype=torch.float64).to(dtype)
+    readout = torch.linspace(-1, 2, 8, dtype=torch.float64).to(dtype)
+
+    def gradients(reference: bool):
+        x = x0.clone().requires_grad_()
+        with explanation_mode(norm), reference_path(reference):
+            (grad,) = torch.autograd.grad((norm(x) * readout).sum(), x, create_graph=True)
+            return torch.autograd.grad((x * grad).float().square().sum(), [norm.weight, x])
+
+    tolerance = {} if dtype == torch.float64 else {"rtol": 0.05, "atol": 0.05}
+    for fused, reference in zip(gradients(False), gradients(True), strict=True):
+        torch.testing.assert_close(fused.float(), reference.float(), **tolerance)

@@ -44,7 +44,8 @@ class _ConstantScaleLayerNorm(torch.autograd.Function):
     The forward runs ``torch.native_layer_norm`` (the kernel ``F.layer_norm`` calls, so the values are the
     same), which also returns ``rsqrt(var + eps)``: the backward uses it instead of recomputing the variance.
     Half-precision inputs recompute it in float32 from ``x`` (the kernel returns it rounded to ``x``'s dtype).
-    ``x`` is saved only where ``gamma`` needs a gradient. Written as ``forward(ctx, ...)`` without
+    ``x`` is saved only where ``gamma`` needs a gradient. The backward is differentiable again
+    (``create_graph=True``) with ``rsqrt(var + eps)`` a constant, as in the reference path. Written as ``forward(ctx, ...)`` without
     ``setup_context``: with one, torch's ``Function.apply`` binds the arguments through ``inspect.signature`` on
     every call, which costs more than the kernels at a layer norm's sizes (docs/benchmarks.md).
     """
@@ -64,18 +65,14 @@ class _ConstantScaleLayerNorm(torch.autograd.Function):
         x, weight, inv_std = ctx.saved_tensors
         dims = ctx.dims
         compute = torch.float32 if grad_out.dtype in HALF_DTYPES else grad_out.dtype
-        mean = None
-        if inv_std is None:
-            xc = x.to(compute)
-            var, mean = torch.var_mean(xc, dim=dims, correction=0, keepdim=True)
-            inv_std = torch.rsqrt(var + ctx.eps)
+        if inv_std is None:  # recomputed in float32, and a constant like the forward's (also for create_graph=True)
+            with torch.no_grad():
+                inv_std = torch.rsqrt(torch.var(x.to(compute), dim=dims, correction=0, keepdim=True) + ctx.eps)
         grad = grad_out.to(compute)
         grad_weight = None
         if weight is not None and ctx.needs_input_grad[1]:
             xc = x.to(compute)
-            if mean is None:
-                mean = xc.mean(dim=dims, keepdim=True)
-            normalised = (xc - mean) * inv_std
+            normalised = (xc - xc.mean(dim=dims, keepdim=True)) * inv_std
             batch_dims = tuple(range(grad.ndim - len(dims)))
             grad_weight = (grad * normalised).sum(dim=batch_dims).to(weight.dtype)
         h = (grad * weight.to(compute) if weight is not None else grad) * inv_std
