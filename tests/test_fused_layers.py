@@ -617,3 +617,18 @@ def test_second_derivative_through_a_training_layer_raises_and_the_reference_pat
         assert torch.autograd.gradgradcheck(lambda t: layer(t), (x,))
         grad_norm_squared().backward()
     assert torch.isfinite(layer.weight.grad).all()
+
+
+@pytest.mark.parametrize("explaining", [False, True])
+@pytest.mark.parametrize("name", ["linear_b1.5_m1", "linear_b1.5_m2", "linear_b1.0_m1", "conv1d"])
+def test_batched_gradients_equal_one_backward_per_row(name, explaining):
+    # autograd.grad(..., is_grads_batched=True) (the TransformerLens decomposition's batched backward) vmaps the
+    # backward passes of the fused nodes: they must not write a batched gradient into an unbatched tensor
+    module, _ = _layers()[name]
+    x = torch.randn(3, 6, requires_grad=True)
+    with explanation_mode(module) if explaining else contextlib.nullcontext():
+        y = module(x)
+    basis = torch.eye(y.numel()).reshape(-1, *y.shape)
+    (batched,) = torch.autograd.grad(y, x, basis, is_grads_batched=True, retain_graph=True)
+    rows = torch.stack([torch.autograd.grad(y, x, one, retain_graph=True)[0] for one in basis])
+    torch.testing.assert_close(batched, rows, rtol=1e-5, atol=1e-6)

@@ -413,7 +413,7 @@ def _scale_backward(grad_out: Tensor, dyn: Tensor, active: Tensor, x_norm: Tenso
                     out: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Gradients of ``out = dyn * lin`` wrt ``lin`` (in ``dyn``'s dtype) and, if ``norm_grad``, ``||x||``
     (``None`` otherwise), from the forward's ``dyn`` and ``active`` (a 0/1 mask, :func:`_above`) and one of
-    ``lin`` or ``out``; writes into ``dyn`` and ``active``.
+    ``lin`` or ``out``; writes into ``active``.
 
     ``d out / d lin = B dyn`` where active (the product rule collapses: ``lin d dyn / d lin = (B - 1) dyn``),
     ``dyn`` elsewhere; ``d out / d ||x|| = -(B - 1) dyn lin / ||x|| = -(B - 1) out / ||x||`` where active,
@@ -421,7 +421,9 @@ def _scale_backward(grad_out: Tensor, dyn: Tensor, active: Tensor, x_norm: Tenso
     finite gradients in any dtype.
     """
     dtype = dyn.dtype
-    grad_dyn_lin = dyn.mul_(grad_out)  # (one output-sized allocation fewer: a CPU pays page faults for each)
+    # out of place: under batched gradients (autograd.grad(..., is_grads_batched=True)) grad_out is vmapped, and
+    # an in-place product into the unbatched dyn is refused
+    grad_dyn_lin = grad_out.to(dtype) * dyn
     grad_norm = None
     if norm_grad:
         per_unit = grad_dyn_lin * lin.to(dtype) if out is None else grad_out.to(dtype) * out.to(dtype)
