@@ -149,6 +149,7 @@ def test_the_budget_uses_measured_cells_of_the_same_kind_else_the_estimate(bench
     ("BENCH_OUT", "", "empty, which would be the current folder"),
     ("BENCH_FRONTIER_QUICK", "yes", "not a switch"),
     ("BENCH_PERTURBATIONS_PER_EVAL", "-1", "out of range"),
+    ("BENCH_FRONTIER_SCHEDULE", "default,short", "not a comma-separated list of distinct values"),
 ])
 def test_a_bad_setting_stops_the_run_naming_the_variable(bench, clean_env, tmp_path, name, raw, problem):
     clean_env.setenv("BENCH_OUT", str(tmp_path / "out"))
@@ -169,6 +170,84 @@ def test_missing_data_and_overlapping_rows_are_refused(bench, clean_env, inputs,
     clean_env.setenv("BENCH_AG_EVAL", "100")
     with pytest.raises(SystemExit, match="BENCH_AG_TRAIN=150 \\+ BENCH_AG_EVAL=100 exceed the 180 rows"):
         bench.data(bench.config_from(["--quick"]), "ag_news")
+
+
+def key_without_the_setting(bench, cfg, dataset):
+    """Config.key as it was before BENCH_PERTURBATIONS_PER_EVAL and BENCH_FRONTIER_SCHEDULE existed: the key of the
+    cells measured then."""
+    ignored = {"b_values", "query_keys", "starts", "seeds", "datasets", "out", "threads", "bootstrap",
+               "perturbations_per_eval", "schedules"} | (bench.AG_NEWS_ONLY if dataset == "sst2" else bench.SST2_ONLY)
+    changing = {f.name: str(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in ignored}
+    return hashlib.sha256(json.dumps(changing, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------- BENCH_FRONTIER_SCHEDULE
+
+
+def test_a_schedule_other_than_the_default_is_a_setting_of_its_own_and_keeps_the_cell_keys(bench, clean_env):
+    default = bench.Setting(1.5, "stock", "task-then-bcos")
+    assert default.name == "B1.5-stockqk-task-then-bcos"  # the name of the cells measured before schedules
+    assert bench.Setting(1.5, "stock", "task-then-bcos", "long-distilled").name == \
+        "B1.5-stockqk-task-then-bcos-long-distilled"
+    assert bench.Setting().name == bench.Setting(schedule="long-distilled").name == "conventional"  # one model
+    both = bench.Config(b_values=(1.5,), query_keys=("stock",), starts=("task-then-bcos",),
+                        schedules=("default", "long-distilled"))
+    assert [s.name for s in bench.grid(both)] == ["B1.5-stockqk-task-then-bcos",
+                                                  "B1.5-stockqk-task-then-bcos-long-distilled"]
+    for dataset in ("sst2", "ag_news"):
+        assert both.key(dataset) == bench.Config().key(dataset) == key_without_the_setting(bench, both, dataset)
+    clean_env.setenv("BENCH_FRONTIER_SCHEDULE", "default,long-distilled")
+    assert bench.Config.from_env().schedules == ("default", "long-distilled")
+    cfg = bench.Config(n_train=1000, epochs=2, n_eval=400, n_acc=100)
+    default_estimate = bench.estimate_seconds(cfg, default, "sst2")
+    long_estimate = bench.estimate_seconds(cfg, bench.Setting(1.5, "stock", "task-then-bcos", "long-distilled"),
+                                           "sst2")
+    assert long_estimate - default_estimate == pytest.approx(
+        bench.ESTIMATE["bcos_training_factor"] * bench.ESTIMATE["train_row_epoch"] * 1000 * 2)
+
+
+def test_a_new_schedule_trains_only_its_own_b_cos_cell_longer_and_distilled_and_reuses_the_default_cells(
+        bench, clean_env, inputs, tmp_path):
+    quick_env(clean_env, inputs, tmp_path / "out")
+    clean_env.setenv("BENCH_FRONTIER_DATA", "ag_news")
+    real = bench.fine_tune_classifier
+    trained = []  # (epochs, teacher, distill_weight) of every fine-tuning
+
+    def recording(*args, **kwargs):
+        trained.append((kwargs["epochs"], kwargs.get("teacher"), kwargs.get("distill_weight")))
+        return real(*args, **kwargs)
+
+    clean_env.setattr(bench, "fine_tune_classifier", recording)
+    before = bench.main(["--quick"])  # BENCH_FRONTIER_SCHEDULE unset: the default schedule only
+    assert before["computed"] == 2 and trained == [(3.0, None, None)] * 2  # the conventional model, then B-cos
+    cells = tmp_path / "out" / "cells" / "ag_news"
+    default_cells = {f: f.read_bytes() for f in cells.glob("*/*.json")}
+    assert sorted(f.name for f in default_cells) == ["B1.25-stockqk-task-then-bcos-seed0.json",
+                                                     "conventional-seed0.json"]
+    clean_env.setenv("BENCH_FRONTIER_SCHEDULE", "default,long-distilled")
+    after = bench.main(["--quick"])
+    assert after["computed"] == 1 and after["trained"] == 1 and len(trained) == 3  # no conventional retraining
+    epochs, teacher, weight = trained[2]
+    assert epochs == 6.0 and weight == 1.0  # the B-cos stage only, at twice BENCH_EPOCHS, distilled
+    conventional = tmp_path / "out" / "models" / "ag_news" / next(iter(default_cells)).parent.name / \
+        "conventional-seed0"
+    saved = T.BertForSequenceClassification.from_pretrained(conventional)
+    teacher_weights = teacher.state_dict()  # the teacher is the seed's saved conventional model
+    assert teacher_weights.keys() == saved.state_dict().keys()
+    for name, value in saved.state_dict().items():
+        assert torch.equal(teacher_weights[name].cpu(), value), name
+    assert {f: f.read_bytes() for f in default_cells} == default_cells
+    [new_cell] = set(cells.glob("*/*.json")) - set(default_cells)
+    assert new_cell.parent == next(iter(default_cells)).parent  # the same settings key
+    assert new_cell.name == "B1.25-stockqk-task-then-bcos-long-distilled-seed0.json"
+    assert json.loads(new_cell.read_text())["schedule"] == "long-distilled"
+    assert [(r["setting"], r["schedule"]) for r in after["rows"]] == [
+        ("B1.25-stockqk-task-then-bcos", "default"), ("B1.25-stockqk-task-then-bcos-long-distilled", "long-distilled")]
+
+    def measured(row):  # the SST-2 columns of an AG News-only run are NaN, which no comparison equals
+        return {k: v for k, v in row.items() if v == v}
+
+    assert measured(after["rows"][0]) == measured(before["rows"][0])
 
 
 # ---------------------------------------------------------------- BENCH_PERTURBATIONS_PER_EVAL
@@ -214,15 +293,9 @@ def test_the_setting_is_read_per_method_and_defaults_to_todays_cpu_values_and_25
 
 
 def test_the_setting_is_not_part_of_the_settings_key_so_finished_cells_stay_valid(bench, clean_env):
-    def key_without_the_setting(cfg, dataset):  # Config.key as it was before BENCH_PERTURBATIONS_PER_EVAL existed
-        ignored = {"b_values", "query_keys", "starts", "seeds", "datasets", "out", "threads", "bootstrap",
-                   "perturbations_per_eval"} | (bench.AG_NEWS_ONLY if dataset == "sst2" else bench.SST2_ONLY)
-        changing = {f.name: str(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in ignored}
-        return hashlib.sha256(json.dumps(changing, sort_keys=True).encode()).hexdigest()[:12]
-
     for dataset in ("sst2", "ag_news"):
         keys = {bench.Config(perturbations_per_eval=n).key(dataset) for n in (0, 1, 16, 256)}
-        assert keys == {key_without_the_setting(bench.Config(), dataset)}, dataset
+        assert keys == {key_without_the_setting(bench, bench.Config(), dataset)}, dataset
     clean_env.setenv("BENCH_PERTURBATIONS_PER_EVAL", "256")
     read = bench.Config.from_env()
     assert read.perturbations_per_eval == 256
