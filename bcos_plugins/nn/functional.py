@@ -312,6 +312,13 @@ def _fused_scale(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
     return _floored_power_(_abs_cos(lin, x_norm), b)
 
 
+def _lin_dtype_scale(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
+    """The fused forward's ``dyn`` as it enters the product: :func:`_fused_scale` rounded to ``lin``'s dtype
+    (a fresh tensor)."""
+    dyn = _fused_scale(lin, x_norm, b)
+    return dyn if dyn.dtype == lin.dtype else dyn.to(lin.dtype)
+
+
 def _floored_power_(abs_cos: Tensor, b: float | Tensor) -> Tensor:
     """``max(|cos|, floor) ** (B - 1)``, written into ``abs_cos``."""
     abs_cos = abs_cos.clamp_min_(COS_FLOOR)
@@ -336,35 +343,30 @@ class _BcosProduct(torch.autograd.Function):
       the units that share the norm. No negative power of ``|cos|`` appears, so zero inputs keep finite
       gradients in any dtype.
     - explaining (``dyn`` constant): ``d out / d lin = dyn`` and no gradient reaches ``||x||``.
+
+    Written as ``forward(ctx, ...)`` without ``setup_context``: with one, torch's ``Function.apply`` binds the
+    arguments through ``inspect.signature`` on every call (about 200 us, several times the element-wise work
+    at small widths; docs/benchmarks.md).
     """
 
     @staticmethod
-    def forward(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool) -> tuple[Tensor, Tensor]:
-        dyn = _fused_scale(lin, x_norm, b)
-        if dyn.dtype != lin.dtype:
-            dyn = dyn.to(lin.dtype)
+    def forward(ctx, lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool) -> Tensor:
+        dyn = _lin_dtype_scale(lin, x_norm, b)
+        ctx.explaining = explaining
         # explaining: dyn is all the backward needs (one tensor, as the reference keeps); training: dyn is
         # recomputed there, so the product is written into it
-        return (dyn * lin, dyn) if explaining else (dyn.mul_(lin), lin.new_empty(0))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        lin, x_norm, b, explaining = inputs
-        ctx.explaining = explaining
-        ctx.mark_non_differentiable(output[1])
-        ctx.set_materialize_grads(False)  # no zeros made for the second output's (absent) gradient
         if explaining:
-            ctx.save_for_backward(output[1])
-        elif isinstance(b, Tensor):
+            ctx.save_for_backward(dyn)
+            return dyn * lin
+        if isinstance(b, Tensor):
             ctx.save_for_backward(lin, x_norm, b)
         else:
             ctx.b = b
             ctx.save_for_backward(lin, x_norm)
+        return dyn.mul_(lin)
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor | None, _grad_dyn: Tensor | None):
-        if grad_out is None:
-            return None, None, None, None
+    def backward(ctx, grad_out: Tensor):
         if ctx.explaining:
             (dyn,) = ctx.saved_tensors
             return grad_out * dyn, None, None, None
@@ -473,39 +475,28 @@ class _BcosLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Tensor,
-                units_are_columns: bool) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(ctx, x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Tensor,
+                units_are_columns: bool) -> Tensor:
         view = weight.T if units_are_columns else weight
         norms = _unit_norms(view, 1)
         # the same steps as unit_norm and bcos_product: the values equal the unfused forward's bit for bit
         lin = torch.nn.functional.linear(x, _divided_by_norm(view, norms.clamp_min(NORM_EPS)))
-        if x_norm is None:
-            return lin, norms, lin.new_empty(0)
-        dyn = _fused_scale(lin, x_norm, b)
-        if dyn.dtype != lin.dtype:
-            dyn = dyn.to(lin.dtype)
-        if _scale_recoverable(lin.dtype, b):
-            return dyn.mul_(lin), norms, lin.new_empty(0)
-        return dyn * lin, norms, lin
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        x, weight, x_norm, b, units_are_columns = inputs
-        out, norms, lin = output
-        ctx.mark_non_differentiable(norms, lin)
-        ctx.set_materialize_grads(False)  # no zeros made for the other outputs' (absent) gradients
         ctx.units_are_columns = units_are_columns
         ctx.x_dtype = x.dtype
-        ctx.keeps_lin = not _scale_recoverable(out.dtype, b)
-        kept = None if x_norm is None else lin if ctx.keeps_lin else out
+        ctx.keeps_lin = x_norm is not None and not _scale_recoverable(lin.dtype, b)
+        if x_norm is None:
+            out = lin
+        else:
+            dyn = _lin_dtype_scale(lin, x_norm, b)
+            out = dyn * lin if ctx.keeps_lin else dyn.mul_(lin)
         if not isinstance(b, Tensor):
             ctx.b, b = b, None
+        kept = None if x_norm is None else lin if ctx.keeps_lin else out
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight, norms, kept, x_norm, b)
+        return out
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor | None, _grad_norms: Tensor | None, _grad_lin: Tensor | None):
-        if grad_out is None:
-            return None, None, None, None, None
+    def backward(ctx, grad_out: Tensor):
         if torch.is_grad_enabled():  # the engine records the backward pass: create_graph=True
             raise argument_error(
                 "create_graph", "a training B-cos linear layer's backward pass cannot be differentiated again (it "
@@ -562,7 +553,7 @@ def bcos_linear(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Ten
     """
     if weight.requires_grad and not torch.compiler.is_compiling():
         _forget_unit_norm(weight)
-    return _BcosLinear.apply(x, weight, x_norm, b, units_are_columns)[0]
+    return _BcosLinear.apply(x, weight, x_norm, b, units_are_columns)
 
 
 def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool) -> Tensor:
@@ -579,7 +570,10 @@ def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: boo
                 dyn = bcos_scale(lin, x_norm, b)
             return dyn * lin
         return bcos_scale(lin, x_norm, b) * lin
-    return _BcosProduct.apply(lin, x_norm, b, explaining)[0]
+    if not (torch.is_grad_enabled() and (lin.requires_grad or x_norm.requires_grad)):
+        # nothing to record: the forward's steps without Function.apply's per-call cost
+        return _lin_dtype_scale(lin, x_norm, b).mul_(lin)
+    return _BcosProduct.apply(lin, x_norm, b, explaining)
 
 
 def using_reference_path() -> bool:
