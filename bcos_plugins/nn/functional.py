@@ -385,9 +385,11 @@ def _scale_from_lin(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> tuple[Ten
 
 
 def _above(t: Tensor, threshold: float) -> Tensor:
-    """``1.0`` where ``t > threshold``, else ``0.0``, in ``t``'s dtype: a float mask multiplies in one
-    vectorised pass, where ``torch.where`` and products with a bool mask cost 4-10x that on a CPU."""
-    return torch.gt(t, threshold, out=torch.empty_like(t))
+    """``1.0`` where ``t > threshold``, else ``0.0``, in ``t``'s dtype or float32 if that is wider (the mask
+    becomes the factor ``1 + (B - 1) mask``, and bfloat16 would round B = 1.1 to 1.1016): a float mask
+    multiplies in one vectorised pass, where ``torch.where`` and products with a bool mask cost 4-10x that on
+    a CPU."""
+    return torch.gt(t, threshold, out=torch.empty_like(t, dtype=torch.promote_types(t.dtype, torch.float32)))
 
 
 def _scale_from_out(out: Tensor, x_norm: Tensor, b: float) -> tuple[Tensor, Tensor]:
@@ -440,10 +442,10 @@ def _scale_recoverable(dtype: torch.dtype, b: float | Tensor) -> bool:
 
     Every unit with ``|cos| > floor`` has ``|out| = |cos| ** B ||x|| > COS_FLOOR ** B * sqrt(NORM_EPS)``
     (``||x||`` carries the epsilon), which must be a normal number of ``dtype``: below that ``out`` is
-    subnormal or 0 and ``dyn`` loses its digits (float32 at B = 4 and ``|cos| = 2e-12``: ``out`` underflows to 0
-    although ``dyn = 8e-36`` is a normal number, and the gradient would come out 32x too small). float32 and bfloat16: B <= 2.9; float64: every B up to
-    :data:`~bcos_plugins.nn.linear.MAX_B`; float16: never. A tensor B (a layer's buffer inside a compiled
-    graph) has no value while the graph is built: not recoverable.
+    subnormal or 0 and ``dyn`` loses its digits (float32 at B = 4 and ``|cos| = 2e-12``: ``out`` underflows to
+    0 although ``dyn = 8e-36`` is a normal number, and the gradient would come out 32x too small). float32 and
+    bfloat16: B <= 2.9; float64: every B up to :data:`~bcos_plugins.nn.linear.MAX_B`; float16: never. A
+    tensor B (a layer's buffer inside a compiled graph) has no value while the graph is built: not recoverable.
     """
     return not isinstance(b, Tensor) and COS_FLOOR**b * NORM_EPS**0.5 >= torch.finfo(dtype).tiny
 
