@@ -402,14 +402,16 @@ def estimate_seconds(cfg: Config, setting: Setting, dataset: str) -> float:
 
 
 def budget(cfg: Config, todo: list[tuple[Setting, int, str]], done: list[dict]) -> tuple[float, str]:
-    """CPU seconds for the cells to do: the mean measured per (model kind, dataset) where a finished cell of this
-    configuration measured one, else the documented estimate."""
-    measured: dict[tuple[bool, str], list[float]] = {}
+    """CPU seconds for the cells to do: the mean measured per (model kind, dataset, schedule) where a finished cell
+    of this configuration measured one, else the documented estimate (cells written before schedules existed are
+    the default schedule's)."""
+    measured: dict[tuple[bool, str, str], list[float]] = {}
     for cell in done:
-        measured.setdefault((cell["b"] is None, cell["dataset"]), []).append(cell["cpu_seconds"])
+        kind = (cell["b"] is None, cell["dataset"], cell.get("schedule", "default"))
+        measured.setdefault(kind, []).append(cell["cpu_seconds"])
     total, sources = 0.0, set()
     for setting, _, dataset in todo:
-        seen = measured.get((setting.b is None, dataset))
+        seen = measured.get((setting.b is None, dataset, setting.schedule))
         total += sum(seen) / len(seen) if seen else estimate_seconds(cfg, setting, dataset)
         sources.add("measured" if seen else "estimated")
     return total, " and ".join(sorted(sources)) or "nothing to do"

@@ -204,6 +204,11 @@ def test_a_schedule_other_than_the_default_is_a_setting_of_its_own_and_keeps_the
                                            "sst2")
     assert long_estimate - default_estimate == pytest.approx(
         bench.ESTIMATE["bcos_training_factor"] * bench.ESTIMATE["train_row_epoch"] * 1000 * 2)
+    # a default B-cos cell's measured time (a cell written before schedules existed) is not the new schedule's
+    done = [{"b": 1.5, "dataset": "sst2", "cpu_seconds": 100.0}]
+    long_todo = [(bench.Setting(1.5, "stock", "task-then-bcos", "long-distilled"), 0, "sst2")]
+    assert bench.budget(cfg, long_todo, done) == (pytest.approx(long_estimate), "estimated")
+    assert bench.budget(cfg, [(default, 0, "sst2")], done) == (100.0, "measured")
 
 
 def test_a_new_schedule_trains_only_its_own_b_cos_cell_longer_and_distilled_and_reuses_the_default_cells(
