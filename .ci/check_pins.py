@@ -1,6 +1,7 @@
 """Fail unless this environment has the versions a pins file (``name==version`` lines) names.
 
-``read_pins`` is also the parser of tests/test_support_matrix.py, which loads this file by its path.
+``read_pins`` is also the parser of tests/test_support_matrix.py, which imports this file (its folder on the
+import path).
 """
 
 import sys

@@ -4,8 +4,8 @@ matrix names exactly the versions the Makefile installs."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -15,15 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HOSTS = ("torch", "transformers", "captum", "transformer-lens", "sae-lens", "datasets")
 
 
-def _check_pins_module():
-    """.ci/check_pins.py (a script, not a package module), loaded by its path: its parser reads the pins here too."""
-    spec = importlib.util.spec_from_file_location("check_pins", ROOT / ".ci" / "check_pins.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_pins = _check_pins_module().read_pins
+# .ci/check_pins.py is a script the Makefile runs in each environment it builds, not a package module: its folder
+# goes on the import path so that its parser reads the pins here too (imported, not loaded by its file path)
+sys.path.insert(0, str(ROOT / ".ci"))
+from check_pins import read_pins as _pins  # noqa: E402
 
 
 def _declared_lower_bounds() -> dict[str, set[str]]:
