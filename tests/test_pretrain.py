@@ -10,10 +10,12 @@ import torch
 import transformers as T
 from conftest import VOCAB, padded_batch, tiny_config, tiny_model
 
+import bcos_plugins.pretrain as pretrain
 from bcos_plugins import bcosify, explain, load_bcos_model
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLayerNorm, BcosLinear, DetachableActivation
 from bcos_plugins.pretrain import (
+    TASK_THEN_BCOS_PRESET_STAGES,
     TASK_THEN_BCOS_PRESETS,
     classifier_from_masked_lm,
     fine_tune_task_then_bcos,
@@ -192,6 +194,70 @@ def test_task_then_bcos_bcosifies_at_the_presets_b(choice, expected_b):
 def test_task_then_bcos_presets_are_the_frontiers_two_bs():
     # docs/benchmarks.md#frontier: "accurate" the most accurate B, "faithful" the B that leads on Comp and Suff
     assert TASK_THEN_BCOS_PRESETS == {"accurate": 1.1, "faithful": 1.5}
+    # and the B-cos stage that keeps B = 1.5 within 3 points on AG News (the frontier's long-distilled schedule)
+    assert TASK_THEN_BCOS_PRESET_STAGES == {"accurate": {"epochs": 2.0, "distill_from_task_stage": False},
+                                            "faithful": {"epochs": 4.0, "distill_from_task_stage": True}}
+
+
+def _spy_on_the_stages(monkeypatch):
+    """The keyword arguments of each fine_tune_classifier call of fine_tune_task_then_bcos (no training)."""
+    calls = []
+
+    def record(model, tokenizer, texts, labels, **kwargs):
+        calls.append({**kwargs, "model": model, "weight": model.classifier.weight.detach().clone()})
+        with torch.no_grad():  # the first stage "trains": the teacher must be the model as this stage left it
+            model.classifier.weight.add_(1.0)
+
+    monkeypatch.setattr(pretrain, "fine_tune_classifier", record)
+    return calls
+
+
+@pytest.mark.parametrize(("choice", "epochs", "distilled"), [
+    ({}, 2.0, False),
+    ({"preset": "accurate"}, 2.0, False),
+    ({"preset": "faithful"}, 4.0, True),
+    ({"b": 1.5}, 2.0, False),  # a B of the caller's own: the recipe's stage, not the faithful preset's
+    ({"preset": "faithful", "epochs": 3.0}, 3.0, True),  # an explicit epochs wins
+    ({"preset": "faithful", "distill_from_task_stage": False}, 4.0, False),
+    ({"preset": "accurate", "distill_from_task_stage": True}, 2.0, True),
+])
+def test_task_then_bcos_b_cos_stage_follows_the_preset(monkeypatch, choice, epochs, distilled):
+    calls = _spy_on_the_stages(monkeypatch)
+    tok = word_tokenizer()
+    texts, labels = corpus(8)
+    model = tiny_model("BertForSequenceClassification")
+    fine_tune_task_then_bcos(model, tok, texts, labels, task_epochs=1, **choice, **QUIET)
+    task, bcos_stage = calls
+    assert task["loss"] == "ce" and "teacher" not in task
+    assert bcos_stage["epochs"] == epochs
+    teacher = bcos_stage.get("teacher")
+    if not distilled:
+        assert teacher is None
+        return
+    # a stock copy of the model after the first stage, not the B-cos model being trained
+    assert teacher is not model and not any(isinstance(m, BcosLinear) for m in teacher.modules())
+    assert not teacher.training
+    assert torch.equal(teacher.classifier.weight, task["weight"] + 1.0)
+    assert torch.equal(teacher.classifier.weight, bcos_stage["weight"])  # bcosify keeps the weight's values
+
+
+def test_task_then_bcos_teacher_of_ones_own_replaces_the_presets_distillation(monkeypatch):
+    calls = _spy_on_the_stages(monkeypatch)
+    tok = word_tokenizer()
+    texts, labels = corpus(8)
+    mine = tiny_model("BertForSequenceClassification")
+    model = tiny_model("BertForSequenceClassification")
+    fine_tune_task_then_bcos(model, tok, texts, labels, preset="faithful", teacher=mine, **QUIET)
+    assert calls[1]["teacher"] is mine and calls[1]["epochs"] == 4.0
+    with pytest.raises(BcosValueError, match=r"^distill_from_task_stage: is True and teacher= is given, but the "
+                                            r"B-cos stage distils from one teacher\. pass distill_from_task_stage="
+                                            r"False to distil from your teacher"):
+        fine_tune_task_then_bcos(tiny_model("BertForSequenceClassification"), tok, texts, labels,
+                                 distill_from_task_stage=True, teacher=mine, **QUIET)
+    with pytest.raises(BcosTypeError, match=r"^distill_from_task_stage: must be True, False or None, got 'yes'"):
+        fine_tune_task_then_bcos(tiny_model("BertForSequenceClassification"), tok, texts, labels,
+                                 distill_from_task_stage="yes", **QUIET)
+    assert len(calls) == 2  # both refusals came before any stage ran
 
 
 def test_task_then_bcos_refuses_b_with_a_preset_or_an_unknown_preset_before_training():
