@@ -60,8 +60,8 @@ TASK_THEN_BCOS_PRESETS = {"accurate": 1.1, "faithful": 1.5}
 TASK_THEN_BCOS_PRESET_STAGES = {"accurate": {"epochs": 2.0, "distill_from_task_stage": False},
                                 "faithful": {"epochs": 4.0, "distill_from_task_stage": True}}
 
-# the preset when neither b nor preset is given: "accurate" until the frontier's AG News SeqPG and seeds 1-2 are
-# measured (docs/benchmarks.md#frontier)
+# the preset when neither b nor preset is given: "accurate" until the frontier's seeds 1-2 are measured (the faithful
+# preset's lead rests on seed 0; docs/benchmarks.md#frontier)
 _DEFAULT_TASK_THEN_BCOS_PRESET = "accurate"
 
 #: Masked-LM classes ``pretrain_masked_lm`` trains, with the sequence classifier their encoder moves into.
@@ -306,7 +306,7 @@ def fine_tune_task_then_bcos(
     ``preset="faithful"`` (B = 1.5) trains its B-cos stage for 4 epochs instead of 2, distilled from the
     task-stage model (:data:`TASK_THEN_BCOS_PRESET_STAGES`; in 2 epochs B = 1.5 does not learn a four-class
     task), stays within 3 points of the conventional model on SST-2 and AG News and leads post-hoc methods on
-    comprehensiveness and sufficiency (one seed so far). The default stays "accurate", the cheaper. ``b``
+    comprehensiveness, sufficiency and SeqPG (one seed so far). The default stays "accurate", the cheaper. ``b``
     sets any other B (with the "accurate" stage); passing both ``b`` and ``preset`` is refused.
 
     ``epochs`` (the B-cos stage's) and ``distill_from_task_stage`` default to the preset's. With
