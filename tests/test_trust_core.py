@@ -225,6 +225,25 @@ def test_explain_refuses_a_misspelt_forward_argument_naming_the_close_match():
     assert explain(model, ids, mask, output_attentions=True).completeness_error.max() < 1e-4
 
 
+def test_every_did_you_mean_hint_comes_from_the_one_closest_name_helper():
+    # before: check_forward_kwargs had its own copy of _checks.closest_name_fix's difflib lookup, so the two
+    # "Pass <name>= if that is what you meant" hints could drift apart
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    users = []
+    for folder in ("bcos_plugins", "adapters"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                imported = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) else []
+                if "difflib" in imported:
+                    users.append(path.relative_to(root).as_posix())
+    assert users == ["bcos_plugins/_checks.py"], "suggest close names with _checks.closest_name_fix: " \
+        + ", ".join(users)
+
+
 def test_explain_refuses_a_gold_mask_for_a_never_guided_model():
     from bcos_plugins import explain, guide_attention
     from bcos_plugins.guided import GoldMaskAtEvaluationError

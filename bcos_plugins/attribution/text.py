@@ -17,7 +17,6 @@ Attribution point:
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from .._checks import require_token_batch
+from .._checks import closest_name_fix, require_token_batch
 from ..convert.architectures import ArchitectureSpec, position_limit, spec_for, vocabulary_size
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn.dynamic import has_dynamic_weights
@@ -131,8 +130,7 @@ def check_forward_kwargs(model: nn.Module, forward_kwargs: dict) -> None:
                                  "would be silently ignored (and gold masks are a training-time input only)",
                                  "Drop it from explanation and evaluation calls; to train with it, call "
                                  "bcos_plugins.guide_attention(model) first", kind=BcosTypeError)
-        close = difflib.get_close_matches(name, sorted(known), n=1)
-        hint = f"Pass {close[0]}= if that is what you meant" if close else f"It reads {', '.join(sorted(known))}"
+        hint = closest_name_fix(name, known, f"It reads {', '.join(sorted(known))}")
         raise argument_error(name, f"is not an argument of {type(model).__name__}.forward, which would silently "
                              "ignore it", hint, kind=BcosTypeError)
 
