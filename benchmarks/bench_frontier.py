@@ -470,24 +470,14 @@ def aggregate(cells: list[dict], cfg: Config) -> tuple[list[dict], list[dict]]:
             row[f"{ds}_accuracy"] = row[f"{ds}_accuracy_diff"] = row[f"{ds}_accuracy_low"] = \
                 row[f"{ds}_accuracy_high"] = float("nan")
             if pairs:
-                paired = paired_accuracy_difference([a["predictions"] for a, _ in pairs],
-                                                    [b["predictions"] for _, b in pairs], pairs[0][0]["labels"])
-                row[f"{ds}_accuracy"] = 100 * sum(paired.accuracy_b) / len(pairs)
-                row[f"{ds}_accuracy_diff"] = 100 * paired.difference
-                row[f"{ds}_accuracy_low"], row[f"{ds}_accuracy_high"] = 100 * paired.ci_low, 100 * paired.ci_high
+                row.update(_accuracy_columns(pairs, ds))
         for metric, (ds, _, _) in METRICS.items():
             pairs = [(conv[(seed, ds)], by[(setting.name, seed, ds)]) for seed in seeds_done
                      if (setting.name, seed, ds) in by and (seed, ds) in conv]
             bcos_values = [v for _, b in pairs for v in b["methods"]["B-cos"][metric]]
             row[metric] = sum(bcos_values) / len(bcos_values) if bcos_values else float("nan")
             row[f"best_posthoc_{metric}"] = best.get(metric, "")
-            row[f"{metric}_diff"] = row[f"{metric}_low"] = row[f"{metric}_high"] = float("nan")
-            if bcos_values and metric in best:
-                reference = [v for a, _ in pairs for v in a["methods"][best[metric]][metric]]
-                interval = paired_bootstrap_difference(reference, bcos_values, n_resamples=cfg.bootstrap)
-                row[f"{metric}_diff"], row[f"{metric}_low"], row[f"{metric}_high"] = \
-                    interval.difference, interval.ci_low, interval.ci_high
-                row[f"{metric}_units"] = interval.n_units
+            row.update(_metric_columns(pairs, metric, best.get(metric), cfg))
         ent = [v for s in seeds_done if (setting.name, s, "sst2") in by
                for v in by[(setting.name, s, "sst2")]["methods"]["B-cos"]["entropy"]]
         wrong = [v for s in seeds_done if (setting.name, s, "ag_news") in by
@@ -496,6 +486,48 @@ def aggregate(cells: list[dict], cfg: Config) -> tuple[list[dict], list[dict]]:
         row["seqpg_wrong_segment"] = sum(wrong) / len(wrong) if wrong else float("nan")
         rows.append(row)
     return rows, posthoc_rows
+
+
+def _accuracy_columns(pairs: list[tuple[dict, dict]], dataset: str) -> dict:
+    """B-cos accuracy and its paired difference from the conventional model over ``pairs`` ((conventional cell,
+    B-cos cell) of the same seed): an interval over seeds (t) with two or more, else over examples."""
+    paired = paired_accuracy_difference([a["predictions"] for a, _ in pairs], [b["predictions"] for _, b in pairs],
+                                        pairs[0][0]["labels"])
+    return {f"{dataset}_accuracy": 100 * sum(paired.accuracy_b) / len(pairs),
+            f"{dataset}_accuracy_diff": 100 * paired.difference,
+            f"{dataset}_accuracy_low": 100 * paired.ci_low, f"{dataset}_accuracy_high": 100 * paired.ci_high}
+
+
+def _metric_columns(pairs: list[tuple[dict, dict]], metric: str, best: str | None, cfg: Config) -> dict:
+    """B-cos minus the post-hoc method ``best`` on ``metric`` over the pooled (seed, unit) pairs of ``pairs``, with
+    its paired bootstrap interval (NaN without B-cos values or a best method)."""
+    columns = {f"{metric}_diff": float("nan"), f"{metric}_low": float("nan"), f"{metric}_high": float("nan")}
+    bcos_values = [v for _, b in pairs for v in b["methods"]["B-cos"][metric]]
+    if bcos_values and best:
+        reference = [v for a, _ in pairs for v in a["methods"][best][metric]]
+        interval = paired_bootstrap_difference(reference, bcos_values, n_resamples=cfg.bootstrap)
+        columns.update({f"{metric}_diff": interval.difference, f"{metric}_low": interval.ci_low,
+                        f"{metric}_high": interval.ci_high, f"{metric}_units": interval.n_units})
+    return columns
+
+
+def seed_rows(rows: list[dict], cells: list[dict], cfg: Config) -> list[dict]:
+    """One row per (B-cos setting, seed) of ``rows``: the same differences as the pooled row, each seed's cells
+    alone, against the pooled best post-hoc method, so that training noise shows (the pooled interval covers the
+    sampling of sentences only)."""
+    by = {(c["setting"], c["seed"], c["dataset"]): c for c in cells}
+    out = []
+    for row in rows:
+        for seed in map(int, row["seeds"].split()):
+            seed_row = {"setting": row["setting"], "seed": seed}
+            for ds in ("sst2", "ag_news"):
+                pair = [(by[(CONVENTIONAL, seed, ds)], by[(row["setting"], seed, ds)])] \
+                    if (CONVENTIONAL, seed, ds) in by and (row["setting"], seed, ds) in by else []
+                seed_row.update(_accuracy_columns(pair, ds) if pair else {f"{ds}_accuracy_diff": float("nan")})
+                for metric in (m for m, (d, _, _) in METRICS.items() if d == ds):
+                    seed_row.update(_metric_columns(pair, metric, row.get(f"best_posthoc_{metric}"), cfg))
+            out.append(seed_row)
+    return out
 
 
 def _num(value, digits: int = 1) -> str:
@@ -542,6 +574,14 @@ def write_report(rows: list[dict], posthoc: list[dict], cfg: Config, cells: list
         f"(segments the conventional model classifies with probability >= {cfg.min_confidence:g}). Entropy: of the "
         "SST-2 explanations (bcos_plugins.metrics.explanation_entropy). Wrong segment: the share (x100) of the "
         "positive SeqPG evidence on the other class's segment.\n")
+    per_seed = seed_rows(rows, cells, cfg)
+    if len({r["seed"] for r in per_seed}) > 1:
+        notes += ("\nPer seed (the same Δ, each seed's cells alone, against the pooled best post-hoc method):\n\n"
+                  "| setting | seed | Δ acc SST-2 | Δ acc AG News | Δ Comp [95 %] | Δ Suff [95 %] | Δ SeqPG [95 %] |\n"
+                  "|---|---|---|---|---|---|---|\n")
+        notes += "".join(f"| {r['setting']} | {r['seed']} | {_interval(r, 'sst2_accuracy')} | "
+                         f"{_interval(r, 'ag_news_accuracy')} | {_interval(r, 'comp')} | {_interval(r, 'suff')} | "
+                         f"{_interval(r, 'seqpg')} |\n" for r in per_seed)
     (cfg.out / "results.md").write_text("\n".join(lines) + "\n" + notes, encoding="utf-8")
 
 

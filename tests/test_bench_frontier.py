@@ -396,3 +396,48 @@ def test_the_budget_reads_as_cpu_time_and_says_a_gpu_run_is_much_shorter(bench):
     assert on_gpu == ("about 2.00 CPU-hours (estimated; a CPU-time estimate for one torch thread: this run is on cuda, "
                       "so it takes much less wall time)")
     assert "wall time on an idle core" not in on_gpu
+
+
+def _synthetic_cell(bench, setting: str, seed: int, dataset: str, method: str, shift: float) -> dict:
+    """A finished cell of ``dataset`` whose one method scores ``shift`` plus a per-unit pattern."""
+    units = [float(i % 5) for i in range(20)]
+    labels = [i % 2 for i in range(10)]
+    record = ({"comp": [u + shift for u in units], "suff": [u - shift for u in units], "entropy": [1.0] * 20}
+              if dataset == "sst2" else {"seqpg": [u + shift for u in units], "seqpg_wrong": [0.0] * 20})
+    predictions = labels if setting == bench.CONVENTIONAL else [1 - y if i < seed else y for i, y in enumerate(labels)]
+    b = None if setting == bench.CONVENTIONAL else 1.5
+    return {"setting": setting, "b": b, "query_key": "stock", "start": "task-then-bcos", "schedule": "default",
+            "seed": seed, "dataset": dataset, "n_units": 20, "labels": labels, "predictions": predictions,
+            "accuracy": sum(p == y for p, y in zip(predictions, labels, strict=True)) / len(labels),
+            "methods": {method: record}}
+
+
+def test_the_report_has_a_row_per_seed_whose_differences_are_that_seeds_alone(bench, clean_env, tmp_path):
+    clean_env.setenv("BENCH_OUT", str(tmp_path))
+    clean_env.setenv("BENCH_FRONTIER_B", "1.5")
+    clean_env.setenv("BENCH_FRONTIER_QK", "stock")
+    clean_env.setenv("BENCH_FRONTIER_START", "task-then-bcos")
+    clean_env.setenv("BENCH_FRONTIER_BOOTSTRAP", "200")
+    cfg = bench.Config.from_env()
+    name = bench.grid(cfg)[0].name
+    # seed 0: B-cos leads by 2 on every metric; seed 1: by 6 (Suff: lower is better, so -2 and -6)
+    cells = [cell for seed, lead in ((0, 2.0), (1, 6.0)) for ds in ("sst2", "ag_news")
+             for cell in (_synthetic_cell(bench, bench.CONVENTIONAL, seed, ds, "Occlusion", 0.0),
+                          _synthetic_cell(bench, name, seed, ds, "B-cos", lead))]
+    rows, posthoc = bench.aggregate(cells, cfg)
+    per_seed = bench.seed_rows(rows, cells, cfg)
+    assert [(r["setting"], r["seed"]) for r in per_seed] == [(name, 0), (name, 1)]
+    for r, lead in zip(per_seed, (2.0, 6.0), strict=True):
+        assert r["comp_diff"] == pytest.approx(lead) and r["seqpg_diff"] == pytest.approx(lead)
+        assert r["suff_diff"] == pytest.approx(-lead)
+        assert r["comp_low"] == pytest.approx(lead) == r["comp_high"]  # a constant difference: a zero-width interval
+    assert per_seed[0]["sst2_accuracy_diff"] == 0.0 and per_seed[1]["sst2_accuracy_diff"] == pytest.approx(-10.0)
+    assert rows[0]["comp_diff"] == pytest.approx(4.0)  # pooled over both seeds' sentences
+    bench.write_report(rows, posthoc, cfg, cells)
+    report = (tmp_path / "results.md").read_text(encoding="utf-8")
+    assert "Per seed" in report
+    assert f"| {name} | 1 | -10.0 [" in report and "| +6.0 [+6.0, +6.0] | -6.0 [-6.0, -6.0] | +6.0 [+6.0, +6.0] |" \
+        in report
+    one_seed = [c for c in cells if c["seed"] == 0]
+    bench.write_report(*bench.aggregate(one_seed, cfg), cfg, one_seed)
+    assert "Per seed" not in (tmp_path / "results.md").read_text(encoding="utf-8")
