@@ -9,7 +9,14 @@ from ._version import __version__ as __version__  # the one source; pyproject.to
 from .attribution import Direction, Explanation, TokenExplanation
 from .convert import ConversionReport, UnsupportedModuleError, bcosify, supported_architectures
 from .corpus import explain_dataset
-from .errors import BcosError, BcosFileError, BcosRuntimeError, BcosTypeError, BcosValueError
+from .errors import (
+    BcosError,
+    BcosFileError,
+    BcosKeywordError,
+    BcosRuntimeError,
+    BcosTypeError,
+    BcosValueError,
+)
 from .explain import explain
 from .guided import guide_attention, unguide_attention
 from .metrics.rationale import rationale_alignment
@@ -25,6 +32,7 @@ guard_transformer_lens_on_import()
 __all__ = [
     "BcosError",
     "BcosFileError",
+    "BcosKeywordError",
     "BcosRuntimeError",
     "BcosTypeError",
     "BcosValueError",

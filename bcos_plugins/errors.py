@@ -12,6 +12,7 @@ __all__ = [
     "BcosError",
     "BcosValueError",
     "BcosTypeError",
+    "BcosKeywordError",
     "BcosRuntimeError",
     "BcosFileError",
     "argument_error",
@@ -28,6 +29,17 @@ class BcosValueError(BcosError, ValueError):
 
 class BcosTypeError(BcosError, TypeError):
     """An argument has the wrong type, or a model is not one the call supports."""
+
+
+class BcosKeywordError(BcosTypeError, BcosValueError):
+    """A keyword argument :func:`~bcos_plugins.load_bcos_model` does not accept: one that would replace the saved
+    configuration (``config``, ``bcos``) or change the saved head (``num_labels``, ``id2label``, ``label2id``), a
+    ``from_pretrained`` argument it sets itself, or a misspelt one.
+
+    A :class:`BcosTypeError` first, as Python's own refusal of an unexpected keyword is a ``TypeError`` (and the
+    package's other keyword refusals are); also a :class:`BcosValueError`, because 0.2.0 raised that for the
+    ``config`` / ``bcos`` / label keywords, so ``except ValueError`` written against it keeps working.
+    """
 
 
 class BcosRuntimeError(BcosError, RuntimeError):

@@ -27,7 +27,7 @@ from .convert.checkpoint_format import (
     READABLE_FORMAT_VERSIONS,
     STOCK_QUERY_KEY_FORMAT_VERSION,
 )
-from .errors import BcosError, BcosFileError, BcosTypeError, BcosValueError, argument_error
+from .errors import BcosError, BcosFileError, BcosKeywordError, BcosTypeError, BcosValueError, argument_error
 from .nn.linear import AlignmentPressure, check_b
 
 __all__ = ["BCOS_CONFIG_KEY", "FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "STOCK_QUERY_KEY_FORMAT_VERSION",
@@ -265,7 +265,8 @@ _SET_BY_LOAD = {
 def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
     """Set the configuration attributes among ``kwargs`` on ``config`` (as ``from_pretrained`` does when it
     reads the configuration itself) and return the other keywords; refuse those that would change the head or
-    the saved configuration, and the ``from_pretrained`` arguments ``load_bcos_model`` sets itself.
+    the saved configuration, and the ``from_pretrained`` arguments ``load_bcos_model`` sets itself (every refusal a
+    :class:`~bcos_plugins.errors.BcosKeywordError`).
 
     ``load_bcos_model`` hands transformers a configuration object, and transformers then passes every keyword
     on to the model's constructor, which fails on a configuration attribute (``TypeError`` from deep inside).
@@ -274,17 +275,18 @@ def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
         if key in kwargs:
             raise argument_error(key, "load_bcos_model reads the configuration saved in the folder (config.bcos "
                                  "records how the model was converted)", f"leave {key} out; change attributes of "
-                                 "model.config after loading, or pass them as keywords (e.g. output_attentions=True)")
+                                 "model.config after loading, or pass them as keywords (e.g. output_attentions=True)",
+                                 kind=BcosKeywordError)
     for key, (problem, fix) in _SET_BY_LOAD.items():
         if key in kwargs:
-            raise argument_error(key, problem, fix, kind=BcosTypeError)
+            raise argument_error(key, problem, fix, kind=BcosKeywordError)
     labels = next((k for k in _LABEL_SETTINGS if k in kwargs), None)
     if labels is not None:
         raise argument_error(
             labels, f"{path} was saved with {config.num_labels} labels (a classifier's head has that shape), and "
             "load_bcos_model rebuilds the saved model as it was", "leave it out; for other classes, "
             "load this model and fine-tune it with a new head, or B-cosify the stock model built with the labels "
-            "you need")
+            "you need", kind=BcosKeywordError)
     saved = config.to_dict()
     rest = {}
     for key, value in kwargs.items():
@@ -295,7 +297,7 @@ def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
     return rest
 
 
-def _unknown_keyword_error(key: str, config, model_class) -> BcosTypeError:
+def _unknown_keyword_error(key: str, config, model_class) -> BcosKeywordError:
     """The refusal of a keyword that is neither an attribute of the saved configuration nor a ``from_pretrained``
     option: transformers hands it on to the model's constructor, which fails with a bare ``TypeError``."""
     named = {p.name for p in inspect.signature(model_class.from_pretrained).parameters.values()
@@ -306,7 +308,7 @@ def _unknown_keyword_error(key: str, config, model_class) -> BcosTypeError:
                            "from_pretrained options (e.g. dtype=torch.bfloat16, device_map='auto')")
     return argument_error(key, f"is neither an attribute of the saved {type(config).__name__} nor an option of "
                           f"{model_class.__name__}.from_pretrained, so load_bcos_model cannot use it", fix,
-                          kind=BcosTypeError)
+                          kind=BcosKeywordError)
 
 
 def _load_reporting(load, path: str, keywords: dict, config, model_class):
@@ -394,12 +396,15 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
             file (named).
         BcosValueError: not a B-cos model, an unknown or edited ``config.bcos`` (format version, architecture,
             query/key), weights that do not fit the configuration (wrong shapes, a changed ``num_labels``:
-            transformers' load report is quoted) or are missing, or a keyword that would change the saved head
-            (``num_labels``, ``id2label``, ``label2id``) or replace the saved configuration (``config``, ``bcos``).
-        BcosTypeError: a keyword that is neither a configuration attribute nor a ``from_pretrained`` option (a typo:
-            the message names the closest valid one), or one of the ``from_pretrained`` arguments it sets itself
-            (``pretrained_model_name_or_path``, ``use_safetensors``, ``output_loading_info``: the message says what
-            it does about each).
+            transformers' load report is quoted) or are missing.
+        BcosKeywordError: a keyword it does not accept, each refused by name: one that would change the saved head
+            (``num_labels``, ``id2label``, ``label2id``) or replace the saved configuration (``config``, ``bcos``),
+            one of the ``from_pretrained`` arguments it sets itself (``pretrained_model_name_or_path``,
+            ``use_safetensors``, ``output_loading_info``: the message says what it does about each), or one that
+            is neither a configuration attribute nor a ``from_pretrained`` option (a typo: the message names the
+            closest valid one). One class for every keyword refusal: a ``TypeError``, as Python's refusal of an
+            unexpected keyword is, and also a ``ValueError`` (:class:`~bcos_plugins.errors.BcosValueError`),
+            which 0.2.0 raised for the head and configuration keywords.
     """
     from transformers import AutoConfig
 

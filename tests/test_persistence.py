@@ -13,7 +13,7 @@ from conftest import padded_batch, tiny_model
 from safetensors.torch import load_file, save_file
 
 from bcos_plugins import bcosify, load_bcos_model
-from bcos_plugins.errors import BcosFileError, BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosFileError, BcosKeywordError, BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLinear
 
 
@@ -102,6 +102,23 @@ def test_a_misspelt_keyword_is_not_pointed_to_one_that_load_bcos_model_refuses(t
         with pytest.raises(BcosTypeError, match=rf"^{typo}: is neither an attribute") as refusal:
             load_bcos_model(folder, **{typo: True})
         assert f"Pass {refused}=" not in str(refusal.value)
+
+
+def test_every_keyword_refusal_of_load_bcos_model_is_one_class_both_a_type_and_a_value_error(tmp_path):
+    # before: config= / bcos= / num_labels= raised BcosValueError and the keywords it sets itself or a typo
+    # BcosTypeError, so one except clause could not catch "a keyword load_bcos_model does not take"
+    _, folder = _saved(tmp_path)
+    _, vit_folder = _vit(tmp_path)
+    refused = {"config": T.BertConfig(), "bcos": {"b": 2.0}, "num_labels": 5, "id2label": {0: "a"},
+               "label2id": {"a": 0}, "use_safetensors": False, "output_loading_info": True,
+               "pretrained_model_name_or_path": "elsewhere", "output_attention": True}
+    for saved in (folder, vit_folder):
+        for name, value in refused.items():
+            with pytest.raises(BcosKeywordError, match=rf"^{name}: ") as refusal:
+                load_bcos_model(saved, **{name: value})
+            # Python's class for a keyword a call does not take, and the class 0.2.0 raised for the head and
+            # configuration keywords: except TypeError and except ValueError both keep working
+            assert isinstance(refusal.value, BcosTypeError) and isinstance(refusal.value, BcosValueError)
 
 
 def test_configuration_keywords_apply_like_from_pretrained_and_loading_options_pass_through(tmp_path):
