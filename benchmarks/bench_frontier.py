@@ -84,7 +84,7 @@ from bcos_plugins.data import load_sst2
 from bcos_plugins.data.ag_news import load_ag_news
 from bcos_plugins.metrics import PerturbationCurves, paired_accuracy_difference
 from bcos_plugins.metrics.paired import paired_bootstrap_difference
-from bcos_plugins.pretrain import BCOS_STAGE_SCHEDULE
+from bcos_plugins.pretrain import BCOS_STAGE_SCHEDULE, TASK_THEN_BCOS_PRESET_STAGES
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import fine_tune_classifier
 from benchmarks.common.faithfulness import (
@@ -136,7 +136,11 @@ METRICS = {"comp": ("sst2", "Comp", True), "suff": ("sst2", "Suff", False), "seq
 # training-region rows (600-1600 of ag_news/dev.tsv, conventional 88.6 %): the default schedule's 76 steps over 600
 # rows reach 72.7 % there (a faster head too), twice the epochs 83.0 % (81.9 % with a B warm-up from 1), distillation
 # alone 78.0 %, both 86.2 % (85.6 % at weight 3; 86.3 % at three times the epochs, so twice suffices).
-SCHEDULES = {"default": {}, "long-distilled": {"epochs_factor": 2.0, "distill_weight": 1.0}}
+# It is the B-cos stage of fine_tune_task_then_bcos(preset="faithful"): its epochs are read from the preset table so
+# that the two cannot drift apart; weight 1 is fine_tune_classifier's default, which the preset uses.
+_PRESET_EPOCHS = {name: stage["epochs"] for name, stage in TASK_THEN_BCOS_PRESET_STAGES.items()}
+SCHEDULES = {"default": {}, "long-distilled": {"epochs_factor": _PRESET_EPOCHS["faithful"] / _PRESET_EPOCHS["accurate"],
+                                               "distill_weight": 1.0}}
 
 
 @dataclass(frozen=True)
