@@ -14,8 +14,8 @@ import transformers as T
 from bcos_plugins import BcosTypeError, BcosValueError, bcosify, explain, explanation_mode
 from bcos_plugins.attribution import capture_point
 from bcos_plugins.convert import DYNAMIC_LINEAR_ARCHITECTURES, dynamic_linear_copy
-from bcos_plugins.convert.dynamic_linear import DetachableTanh
-from bcos_plugins.nn import has_dynamic_weights
+from bcos_plugins.convert.dynamic_linear import AffineDetachableLayerNorm, DetachableTanh
+from bcos_plugins.nn import DetachableActivation, has_dynamic_weights
 
 SIZES = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
              max_position_embeddings=32)
@@ -99,6 +99,54 @@ def test_without_biases_the_copy_explains_completely():
     assert (exp.completeness_error < 1e-4).all()
 
 
+def _bert_masked_lm() -> T.BertForMaskedLM:
+    torch.manual_seed(0)
+    return _random_biases(T.BertForMaskedLM(T.BertConfig(**SIZES, attn_implementation="eager")))
+
+
+def test_masked_lm_copy_matches_the_stock_logits_and_its_tokens_plus_the_bias_share_sum_to_the_logit():
+    # before: refused ("its forward has not been checked"); its head is dense -> GELU module -> LayerNorm ->
+    # decoder tied to the word embeddings, every non-linearity a module the copy holds constant
+    model = _bert_masked_lm()
+    ids, mask = _inputs()
+    copy = dynamic_linear_copy(model)
+    head = copy.cls.predictions
+    assert isinstance(head.transform.transform_act_fn, DetachableActivation)
+    assert isinstance(head.transform.LayerNorm, AffineDetachableLayerNorm) and type(head.decoder) is torch.nn.Linear
+    # the decoder stays tied to the copy's own word embeddings, and its vocabulary bias to the head's bias
+    assert head.decoder.weight is copy.bert.embeddings.word_embeddings.weight and head.decoder.bias is head.bias
+    assert head.decoder.weight is not model.cls.predictions.decoder.weight
+    with torch.no_grad():
+        stock = model(input_ids=ids, attention_mask=mask).logits
+        torch.testing.assert_close(copy(input_ids=ids, attention_mask=mask).logits, stock, rtol=1e-5, atol=1e-5)
+    rows, position, target = torch.arange(3), torch.tensor([2, 4, 0]), torch.tensor([7, 50, 99])
+    exp = explain(copy, ids, mask, target=target, position=position)
+    torch.testing.assert_close(exp.explained, stock[rows, position, target], rtol=1e-5, atol=1e-5)
+    # independent: the embedding's and every bias's input x gradient together are complete (the decoder's
+    # vocabulary bias counted once: named_parameters lists a tied parameter once)
+    biases = [p for name, p in copy.named_parameters() if name.endswith("bias")]
+    assert sum(name.startswith("cls.") for name, _ in copy.named_parameters() if name.endswith("bias")) == 3
+    with explanation_mode(copy), capture_point(copy.bert.embeddings.LayerNorm, "input") as leaves:
+        logits = copy(input_ids=ids, attention_mask=mask).logits
+    bias_share = torch.zeros(3)
+    for row in range(3):
+        grads = torch.autograd.grad(logits[row, position[row], target[row]], [leaves[0], *biases],
+                                    retain_graph=True, allow_unused=True)
+        assert torch.equal(grads[0][rows != row], torch.zeros_like(grads[0][1:])), "rows interact"
+        bias_share[row] = sum((b * g).sum() for b, g in zip(biases, grads[1:], strict=True) if g is not None)
+    torch.testing.assert_close(exp.total + bias_share, exp.explained, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(-exp.delta, bias_share, rtol=1e-4, atol=1e-5)
+    assert (exp.completeness_error > 1e-2).all()
+    # without biases the token contributions alone sum to the logit
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    exact = explain(dynamic_linear_copy(model), ids, mask, target=target, position=position)
+    assert (exact.completeness_error < 1e-4).all()
+    torch.testing.assert_close(exact.total, exact.explained, rtol=1e-4, atol=1e-6)
+
+
 def test_the_users_model_is_left_unmodified():
     model = _bert_classifier()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -136,7 +184,7 @@ def test_refusals_name_the_argument_and_the_fix():
     with pytest.raises(BcosTypeError, match="model: expected a transformers model"):
         dynamic_linear_copy("bert")
     roberta = T.RobertaForSequenceClassification(T.RobertaConfig(**SIZES, num_labels=2))
-    with pytest.raises(BcosTypeError, match="inline.*pass one of BertForSequenceClassification"):
+    with pytest.raises(BcosTypeError, match="inline.*pass one of BertForMaskedLM, BertForSequenceClassification"):
         dynamic_linear_copy(roberta)
     bcos = bcosify(_bert_classifier(), b=1.25, verbose=False)
     with pytest.raises(BcosValueError, match="is a B-cos model.*explain it with bcos_plugins.explain"):
@@ -155,7 +203,6 @@ def test_refusals_name_the_argument_and_the_fix():
     ("GPT2LMHeadModel", r"its query, key and value come from one fused projection, attn\.c_attn \(a Conv1D\), whose "
                         r"output cannot be held constant for the query and key alone"),
     ("LlamaForCausalLM", r"its gated MLP multiplies two input-dependent branches .* RMSNorm is no LayerNorm"),
-    ("BertForMaskedLM", r"its forward has not been checked for non-linearities applied outside a module"),
     ("BertForTokenClassification", r"it is not in the architecture registry"),
 ])
 def test_a_refused_class_is_refused_with_its_own_reason(name, reason):
@@ -164,8 +211,17 @@ def test_a_refused_class_is_refused_with_its_own_reason(name, reason):
 
     with pytest.raises(BcosTypeError, match=rf"^model: transformers\.models\.\w+\.modeling_\w+\.{name} is not "
                                             rf"supported by dynamic_linear_copy: {reason}.*\. pass one of "
-                                            "BertForSequenceClassification, BertModel, DistilBertModel, RobertaModel"):
+                                            "BertForMaskedLM, BertForSequenceClassification, BertModel, "
+                                            "DistilBertModel, RobertaModel"):
         dynamic_linear_copy(tiny_model(name))
+
+
+def test_a_class_whose_forward_was_not_read_is_refused_by_default():
+    from bcos_plugins.convert.architectures import ArchitectureSpec
+
+    spec = ArchitectureSpec("encoder", "", {}, ("embeddings.LayerNorm", "input"))
+    assert spec.dynamic_linear_refusal.startswith("its forward has not been checked for non-linearities applied "
+                                                  "outside a module")
 
 
 def test_tanh_gate_at_and_near_zero():

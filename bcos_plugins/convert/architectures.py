@@ -256,7 +256,7 @@ SPECS: dict[str, ArchitectureSpec] = {
     "BertForMaskedLM": ArchitectureSpec(
         "encoder", "bert", _BERT_QK, _BERT_POINT, head="masked_lm", keep={"cls.predictions.decoder": _TIED},
         class_swaps={"cls.predictions": (_bert_mlm_head, _MLM_BIAS)}, position_table=_BERT_TABLE,
-        masked_lm_classifier="BertForSequenceClassification"),
+        masked_lm_classifier="BertForSequenceClassification", dynamic_linear_refusal=None),
     "DistilBertModel": ArchitectureSpec("encoder", "", _DISTIL_QK, _BERT_POINT,
                                         position_table=_BERT_TABLE, dynamic_linear_refusal=None),
     "DistilBertForSequenceClassification": ArchitectureSpec(

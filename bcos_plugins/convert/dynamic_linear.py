@@ -13,9 +13,11 @@ the combined embedding, ``y = W(x) x + c``, and input x gradient there gives ``W
 training buys over the dynamic-linear reading of a conventional model (for ``HookedTransformer``\\ s,
 ``adapters.transformer_lens.make_explainable`` gives the same reading).
 
-Supported: BERT (``BertModel``, ``BertForSequenceClassification``), ``RobertaModel`` and ``DistilBertModel``,
-whose every non-linearity is a module. RoBERTa's and DistilBERT's classifiers apply ``tanh`` / ReLU inline in
-their forward, where no module can hold it constant, so they are refused rather than explained wrongly.
+Supported: BERT (``BertModel``, ``BertForSequenceClassification``, ``BertForMaskedLM``), ``RobertaModel`` and
+``DistilBertModel``, whose every non-linearity is a module. ``BertForMaskedLM``'s head is dense, GELU, LayerNorm
+(converted like the encoder's) and the decoder tied to the word embeddings, kept with its vocabulary bias (a share
+``c`` like every bias); explain it at a ``position``. RoBERTa's and DistilBERT's classifiers apply ``tanh`` / ReLU
+inline in their forward, where no module can hold it constant, so they are refused rather than explained wrongly.
 """
 
 from __future__ import annotations
