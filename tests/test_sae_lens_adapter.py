@@ -109,6 +109,21 @@ def test_width_mismatches_and_wrong_types_raise():
         analysis.spectrum(D_SAE)
 
 
+def test_low_rank_correlation_refuses_inputs_of_another_width():
+    # (moved from tests/test_trust_adapters.py, whose other tests run without sae-lens)
+    layer, inputs = layer_and_inputs()
+    analysis = BilinearSAEInteractions(layer, topk_sae(D_MODEL), topk_sae(D_MODEL, seed=1))
+    analysis.low_rank_correlation(inputs, [0, 1])
+    # 16 = twice the width: a reshape to (-1, 8) used to split each row into two made-up tokens, silently
+    for wrong in (torch.randn(200, 2 * D_MODEL), torch.randn(200, 5)):
+        for call in (lambda x: analysis.low_rank_correlation(x, [0, 1]),
+                     lambda x: analysis.low_rank_approximation(x, [0, 1], rank=2),
+                     analysis.output_activations):
+            with pytest.raises(BcosError, match=rf"mlp_inputs: shape \(200, \d+\), but the bilinear layer reads "
+                                                rf"vectors of width {D_MODEL}"):
+                call(wrong)
+
+
 def test_explicit_hook_names_are_checked_for_plain_layers():
     layer, _ = layer_and_inputs()
     good_in, good_out = topk_sae(D_MODEL, hook_name="mlp.in"), topk_sae(D_MODEL, hook_name="mlp.out")

@@ -156,26 +156,6 @@ def test_bilinear_sae_interactions_on_a_bcos_gpt2_block_says_which_layers_are_bi
     assert len(top) == 10 and abs(top[0].value) >= abs(top[-1].value)
 
 
-def test_low_rank_correlation_refuses_inputs_of_another_width():
-    from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions
-
-    from bcos_plugins.bilinear import BilinearMLP
-
-    torch.manual_seed(0)
-    layer = BilinearMLP(8, 16)
-    analysis = BilinearSAEInteractions(layer, _topk_sae(8, None), _topk_sae(8, None, seed=1))
-    inputs = torch.randn(200, 8)
-    analysis.low_rank_correlation(inputs, [0, 1])
-    # 16 = twice the width: a reshape to (-1, 8) used to split each row into two made-up tokens, silently
-    for wrong in (torch.randn(200, 16), torch.randn(200, 5)):
-        for call in (lambda x: analysis.low_rank_correlation(x, [0, 1]),
-                     lambda x: analysis.low_rank_approximation(x, [0, 1], rank=2),
-                     analysis.output_activations):
-            with pytest.raises(BcosError, match=r"mlp_inputs: shape \(200, \d+\), but the bilinear layer reads "
-                                                r"vectors of width 8"):
-                call(wrong)
-
-
 # ------------------------------------------------------------------ Captum (items 5 and 6)
 
 
