@@ -35,7 +35,8 @@ NEWEST := .ci/newest-versions.txt
 TL4_TESTS := tests/test_lens_bridge.py tests/test_lens_components.py \
 	tests/test_conformance.py::test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable \
 	tests/test_conformance.py::test_bilinear_variant_is_explained_exactly_on_every_path \
-	tests/test_attribution_core.py tests/test_encoders.py tests/test_decoders.py tests/test_layer_op_count.py
+	tests/test_attribution_core.py tests/test_encoders.py tests/test_decoders.py tests/test_layer_op_count.py \
+	tests/test_trust_adapters.py
 $(TL4)/.installed: pyproject.toml Makefile $(NEWEST)
 	test -x $(TL4)/bin/python || $(PYTHON) -m venv $(TL4)
 	PIP_CONSTRAINT=$(NEWEST) $(TL4)/bin/python -m pip --disable-pip-version-check -q install torch
