@@ -135,6 +135,30 @@ def check_forward_kwargs(model: nn.Module, forward_kwargs: dict) -> None:
                              "ignore it", hint, kind=BcosTypeError)
 
 
+# Keywords a forward reads that make its output another than the explained one, without an error from transformers:
+# keyword -> (the int value that changes nothing, or None; the problem; the fix)
+_OTHER_OUTPUT_KEYWORDS = {
+    "logits_to_keep": (0, "makes the model compute the logits of the last columns only, so the logits at the "
+                       "explained position (a column of input_ids) would be read from another column",
+                       "Leave it out (explain reads the logits of the explained position only)"),
+    **{name: (None, "holds keys and values of earlier tokens computed outside the explanation: their share of the "
+              "explained value would be missing, and the positions of input_ids would restart at 0 after them",
+              "Pass the whole sequence (the earlier tokens included) as input_ids, without a cache")
+       for name in ("cache", "past_key_values")},
+}
+
+
+def _check_explained_output_kwargs(forward_kwargs: dict) -> None:
+    """Refuse forward keywords that make the model compute another output than the one explained (a slice of the
+    logits, a continuation of a cached prefix): the numbers would be of another position or input."""
+    for name, (neutral, problem, fix) in _OTHER_OUTPUT_KEYWORDS.items():
+        value = forward_kwargs.get(name)
+        if value is None or (type(value) is int and value == neutral):
+            continue
+        got = repr(value) if type(value) is int else f"a {type(value).__name__}"
+        raise argument_error(name, f"{problem} (got {got})", fix)
+
+
 def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[Tensor, "batch pos"],
                       attention_mask: Int[Tensor, "batch pos"] | None, forward_kwargs: dict) -> dict:
     """Keyword arguments for ``model(...)`` so that every row is computed as it would be alone.
@@ -145,6 +169,7 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     padded positions are rewritten to ``pad_token_id`` (the model never attends to them).
     """
     check_forward_kwargs(model, forward_kwargs)
+    _check_explained_output_kwargs(forward_kwargs)
     kwargs = dict(forward_kwargs)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     if spec.kind == "decoder" and "position_ids" not in kwargs:
