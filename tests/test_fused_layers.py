@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import padded_batch, tiny_model
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.pytorch_utils import Conv1D
 
 from bcos_plugins import bcos_loss, bcosify, explain
@@ -160,16 +161,36 @@ def _holds_fused_product(output: torch.Tensor) -> bool:
     return False
 
 
+class _OpNames(TorchDispatchMode):
+    """The names of the aten ops dispatched while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.mark.parametrize("explaining", [False, True])
 @pytest.mark.parametrize("name", ["linear_b1.5_m1", "conv1d", "stock_qk_conv1d", "conv2d", *LENS_COMPONENTS])
 def test_bcos_projections_run_the_fused_product(name, explaining):
     # every B-cos projection (the stock-query/key GPT-2 projection and the TransformerLens components too) runs
-    # the one fused product by default and the step-by-step maths inside reference_path()
+    # the fused product by default and the step-by-step maths inside reference_path(): training, the one fused
+    # autograd node; explaining, the factor from the fused kernels (|lin| times the per-row reciprocal of ||x||,
+    # where the reference divides lin by ||x||), then one plain recorded product in both
     module, shape = (_lens_components()[name], (4, 3, 8)) if name.startswith("lens") else _layers()[name]
     x = torch.randn(shape, requires_grad=True)
     for reference in (False, True):
         with reference_path(reference), explanation_mode(module) if explaining else contextlib.nullcontext():
-            assert _holds_fused_product(module(x)) is not reference, reference
+            with _OpNames() as ops:
+                out = module(x)
+            if explaining:
+                assert not _holds_fused_product(out)
+                assert ("reciprocal" in ops.names) is not reference, (reference, ops.names)
+            else:
+                assert _holds_fused_product(out) is not reference, reference
 
 
 def test_lens_scale_hooks_see_and_replace_the_scale():
@@ -250,9 +271,81 @@ def test_fused_linear_layer_equals_reference_at_every_b(kind, b, explaining, dty
     x = _inputs(dtype)
     _assert_same_run(_run(layer, x, explaining, reference=False), _run(layer, x, explaining, reference=True), dtype)
     with explanation_mode(layer) if explaining else contextlib.nullcontext():
-        node = _fused_node(layer(x.requires_grad_()))
-    assert node == ("_BcosProductBackward" if explaining and b != 1.0 else None if explaining
-                    else "_BcosLinearBackward"), node
+        out = layer(x.requires_grad_())
+    node = _fused_node(out)
+    # explaining records one plain product with the constant factor (none at B = 1) and no fused node
+    assert node == (None if explaining else "_BcosLinearBackward"), node
+    if explaining and b != 1.0:
+        assert type(out.grad_fn).__name__ == "MulBackward0", out.grad_fn
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("b", B_VALUES)
+@pytest.mark.parametrize("kind", ["linear", "conv1d", "linear_max_out", "conv2d"])
+def test_fused_inference_equals_reference_at_every_b(kind, b, dtype):
+    # without autograd recording the fused product leaves the floor out and takes B = 1.25's fourth root as two
+    # rsqrt: the same values as the step-by-step maths (to rounding), with zero inputs and a zero weight unit
+    # giving exactly 0, never NaN; and the explaining forward (which keeps the floor) gives the same values
+    if kind == "conv2d":
+        torch.manual_seed(0)
+        layer = BcosConv2d(3, 4, kernel_size=3, padding=1, b=b).to(dtype)
+        with torch.no_grad():
+            layer.weight[1] = 0.0
+        x = torch.randn(2, 3, 5, 5, dtype=dtype, generator=torch.Generator().manual_seed(1)) * 3
+        x[0] = 0.0
+        zero_out = (slice(0, 1), slice(None))  # the zero image everywhere, the zero filter everywhere
+        zero_unit = (slice(None), slice(1, 2))
+    else:
+        layer = (_projection("linear" if kind == "linear_max_out" else kind, b, dtype) if kind != "linear_max_out"
+                 else BcosLinear(6, 5, b=b, max_out=2).to(dtype))
+        if kind == "linear_max_out":
+            with torch.no_grad():
+                layer.weight[4:6] = 0.0  # both units of output 2
+        x = _inputs(dtype)
+        zero_out = (slice(0, 1),)  # the padding rows
+        zero_unit = (Ellipsis, slice(2, 3))
+    with torch.no_grad():
+        fused = layer(x)
+        with reference_path():
+            reference = layer(x)
+    with explanation_mode(layer):  # recorded: the explaining product, with the floor
+        explaining = layer(x.clone().requires_grad_()).detach()
+    rtol, atol = (1e-5, 1e-6) if dtype == torch.float32 else (1e-12, 1e-13)
+    torch.testing.assert_close(fused, reference, rtol=rtol, atol=atol)
+    torch.testing.assert_close(explaining, fused, rtol=0, atol=0)
+    assert torch.isfinite(fused).all()
+    assert (fused[zero_out] == 0).all() and (fused[zero_unit] == 0).all()
+    # the maths, B-cos by hand: |cos| ** (B - 1) * lin; a wrong exponent or a dropped 1 / ||x|| fails here
+    if kind in ("linear", "conv1d"):
+        unit = layer.unit_weight().double()
+        xd = x.double()
+        lin = xd @ unit.T
+        norm = (xd.square().sum(-1, keepdim=True) + 1e-6).sqrt()
+        torch.testing.assert_close(fused.double(), (lin / norm).abs() ** (b - 1) * lin, rtol=rtol, atol=atol)
+
+
+def test_fused_inference_leaves_out_the_floor_that_explaining_keeps():
+    # |cos| = 1e-14, below the 1e-12 floor: inference computes |cos| ** (B - 1) * lin as written; explaining (whose
+    # constant factor the backward multiplies by) and the reference keep the floor, 1e-12 ** (B - 1) * lin. Both
+    # are below 1e-12 ** B ||x|| in size; away from the floor every path agrees (the other unit)
+    layer = BcosLinear(2, 2, b=1.5).double()
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, 0.0], [0.6, 0.8]], dtype=torch.float64))
+    x = torch.tensor([[1e-14, 1.0]], dtype=torch.float64)
+    norm = (1.0 + 1e-28 + 1e-6) ** 0.5
+    with torch.no_grad():
+        inference = layer(x)
+        with reference_path():
+            reference = layer(x)
+    with explanation_mode(layer):  # recorded (without recording, explanation mode has no backward: inference)
+        explaining = layer(x.clone().requires_grad_()).detach()
+    cos = 1e-14 / norm
+    torch.testing.assert_close(inference[0, 0], torch.tensor(cos**0.5 * 1e-14, dtype=torch.float64),
+                               rtol=1e-12, atol=0)
+    torch.testing.assert_close(reference[0, 0], torch.tensor(1e-6 * 1e-14, dtype=torch.float64), rtol=1e-12, atol=0)
+    assert explaining[0, 0] == reference[0, 0] and abs(inference[0, 0]) < 1e-18 * norm
+    torch.testing.assert_close(inference[0, 1], reference[0, 1], rtol=1e-14, atol=0)
+    torch.testing.assert_close(explaining[0, 1], reference[0, 1], rtol=1e-14, atol=0)
 
 
 def _fused_node(output: torch.Tensor) -> str | None:

@@ -91,7 +91,8 @@ class BcosConv2d(AlignmentPressure):
             explaining = self.holds_constant()
             with self.dynamic_scope():
                 x_norm = self.patch_norm(x)
-            lin = bcos_product(lin, x_norm, b, explaining)
+            # MaxOut's maximum saves its output for its backward pass: only the convolution's is free to reuse
+            lin = bcos_product(lin, x_norm, b, explaining, overwrite_lin=self.max_out == 1)
         return lin
 
     def extra_repr(self) -> str:

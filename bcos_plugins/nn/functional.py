@@ -19,11 +19,13 @@ The unit-norm weight ``ŵ`` is reused between forward passes while no gradient o
 
 Two implementations of ``out = dyn * lin`` (docs/api/nn.md#fused-and-reference-kernels):
 
-- :func:`bcos_product` (the default, "fused"): one autograd node. Its forward runs the element-wise steps in
-  place on one fresh tensor. Training, it saves only ``lin`` and ``||x||`` for the backward pass, which
+- :func:`bcos_product` (the default, "fused"): the element-wise steps run in place on one fresh tensor.
+  Training, it is one autograd node that saves only ``lin`` and ``||x||`` for the backward pass, which
   recomputes ``dyn`` (a few cheap element-wise operations) instead of keeping the four or five output-sized
-  intermediates that autograd saves for the step-by-step form; explaining, it saves ``dyn`` alone (the
-  backward is one product). Plain tensor code, so ``torch.compile``
+  intermediates that autograd saves for the step-by-step form; explaining, ``dyn`` is computed without
+  recording and one plain product is recorded, which saves ``dyn`` alone (the backward is one product) and is
+  written into the matrix product's output where the layer hands it over; inference leaves out the floor on
+  ``|cos|``, which only derivatives need (:func:`_inference_product`). Plain tensor code, so ``torch.compile``
   traces it (no graph break) and inductor fuses each direction into one kernel.
 - :func:`bcos_scale` followed by ``dyn * lin`` (the reference): the maths step by step, differentiated by
   autograd. Selected for the whole process by :func:`reference_path`; the tests compare the two.
@@ -64,10 +66,11 @@ __all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "cached_unit_nor
 NORM_EPS = 1e-6
 COS_FLOOR = 1e-12
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-# sqrt(NORM_EPS) as the 0-d second argument of torch.hypot: a CPU scalar tensor enters a kernel on any device
-# as a plain number (no copy), and a 0-d tensor does not promote the norm's dtype (float64 so that a float64
-# norm gets the exact constant; a float32 norm gets it rounded to float32)
-_SQRT_NORM_EPS = torch.tensor(NORM_EPS**0.5, dtype=torch.float64)
+# sqrt(NORM_EPS) as the 0-d second argument of torch.hypot, per norm dtype: a CPU scalar tensor enters a kernel
+# on any device as a plain number (no copy), and a 0-d tensor does not promote the norm's dtype. One per dtype
+# (float64's exact, float32's rounded to float32, the value a float64 constant took in float32 kernels) so
+# that no call casts the constant first (a CPU op of its own, per layer and call)
+_SQRT_NORM_EPS = {dtype: torch.tensor(NORM_EPS**0.5, dtype=dtype) for dtype in (torch.float32, torch.float64)}
 
 
 def unit_norm(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
@@ -258,7 +261,7 @@ def input_norm(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
         return (norm * norm + NORM_EPS).sqrt()
     # the same value in one kernel instead of three (equal to within one rounding of the dtype; hypot skips
     # the rounding of norm * norm); its gradient norm / hypot is 0, not NaN, at norm = 0
-    norm = torch.hypot(norm, _SQRT_NORM_EPS)
+    norm = torch.hypot(norm, _SQRT_NORM_EPS.get(norm.dtype, _SQRT_NORM_EPS[torch.float64]))
     if reusable:
         _LAST_INPUT_NORM.entry = (weakref.ref(x), key, norm)
     return norm
@@ -321,7 +324,17 @@ def _lin_dtype_scale(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
 
 def _floored_power_(abs_cos: Tensor, b: float | Tensor) -> Tensor:
     """``max(|cos|, floor) ** (B - 1)``, written into ``abs_cos``."""
-    abs_cos = abs_cos.clamp_min_(COS_FLOOR)
+    return _power_(abs_cos.clamp_min_(COS_FLOOR), b)
+
+
+def _power_(abs_cos: Tensor, b: float | Tensor) -> Tensor:
+    """``|cos| ** (B - 1)``, written into ``abs_cos``; 0 where ``|cos|`` is 0 (every exponent is positive).
+
+    Square roots for the common exponents (a CPU's ``pow`` is 10-15x slower than a square root). B = 1.25 takes
+    the fourth root as ``rsqrt(rsqrt(.))`` in float32 and float64, where a CPU's ``rsqrt`` costs half a
+    ``sqrt`` (each is within an ulp or two of ``sqrt(sqrt(.))``; ``rsqrt(rsqrt(0)) = rsqrt(inf) = 0``), and as
+    two square roots in bfloat16, whose ``rsqrt`` is the slower there.
+    """
     if isinstance(b, Tensor):  # B read from the layer's buffer inside a compiled graph (pow: exact for B = 1)
         return abs_cos.pow_(b - 1.0)
     if b == 2.0:
@@ -329,20 +342,32 @@ def _floored_power_(abs_cos: Tensor, b: float | Tensor) -> Tensor:
     if b == 1.5:
         return abs_cos.sqrt_()
     if b == 1.25:
-        return abs_cos.sqrt_().sqrt_()
+        return abs_cos.sqrt_().sqrt_() if abs_cos.dtype in HALF_DTYPES else abs_cos.rsqrt_().rsqrt_()
     return abs_cos.pow_(b - 1.0)
 
 
+def _inference_product(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
+    """``dyn * lin`` where autograd records nothing (inference), with ``dyn = |cos| ** (B - 1)`` unfloored.
+
+    The floor on ``|cos|`` exists for derivatives (it keeps the gradient of ``|cos| ** (B - 1)`` finite at 0,
+    and explanation mode keeps it so that the constant ``dyn`` its backward multiplies by is the training
+    one); without a backward pass it only changes outputs where ``|cos| < COS_FLOOR``, from ``|cos| ** (B -
+    1) lin`` to ``COS_FLOOR ** (B - 1) lin``, both below ``COS_FLOOR ** B ||x||`` in size. Leaving it out saves
+    one pass over the output per layer and computes the formula as written; zero rows and zero inputs still
+    give 0. A fresh tensor (``lin`` is not written).
+    """
+    dyn = _power_(_abs_cos(lin, x_norm), b)
+    return (dyn if dyn.dtype == lin.dtype else dyn.to(lin.dtype)).mul_(lin)
+
+
 class _BcosProduct(torch.autograd.Function):
-    """``out = |lin / ||x|| | ** (B - 1) * lin`` as one autograd node (module docstring).
+    """``out = |lin / ||x|| | ** (B - 1) * lin`` as one autograd node for training (module docstring).
 
-    Gradients, with ``dyn = max(|cos|, floor) ** (B - 1)`` and ``active`` where ``|cos| > floor``:
-
-    - training: ``d out / d lin = B dyn`` where active (the product rule collapses: ``lin d dyn / d lin =
-      (B - 1) dyn``), ``dyn`` elsewhere; ``d out / d ||x|| = -(B - 1) out / ||x||`` where active, summed over
-      the units that share the norm. No negative power of ``|cos|`` appears, so zero inputs keep finite
-      gradients in any dtype.
-    - explaining (``dyn`` constant): ``d out / d lin = dyn`` and no gradient reaches ``||x||``.
+    Gradients, with ``dyn = max(|cos|, floor) ** (B - 1)`` and ``active`` where ``|cos| > floor``: ``d out / d
+    lin = B dyn`` where active (the product rule collapses: ``lin d dyn / d lin = (B - 1) dyn``), ``dyn``
+    elsewhere; ``d out / d ||x|| = -(B - 1) out / ||x||`` where active, summed over the units that share the
+    norm. No negative power of ``|cos|`` appears, so zero inputs keep finite gradients in any dtype.
+    Explaining (``dyn`` a constant) needs no Function: :func:`bcos_product` records one plain product.
 
     Written as ``forward(ctx, ...)`` without ``setup_context``: with one, torch's ``Function.apply`` binds the
     arguments through ``inspect.signature`` on every call (about 200 us, several times the element-wise work
@@ -350,14 +375,9 @@ class _BcosProduct(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool) -> Tensor:
+    def forward(ctx, lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
         dyn = _lin_dtype_scale(lin, x_norm, b)
-        ctx.explaining = explaining
-        # explaining: dyn is all the backward needs (one tensor, as the reference keeps); training: dyn is
-        # recomputed there, so the product is written into it
-        if explaining:
-            ctx.save_for_backward(dyn)
-            return dyn * lin
+        # dyn is recomputed in the backward pass, so the product is written into it
         if isinstance(b, Tensor):
             ctx.save_for_backward(lin, x_norm, b)
         else:
@@ -367,14 +387,11 @@ class _BcosProduct(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        if ctx.explaining:
-            (dyn,) = ctx.saved_tensors
-            return grad_out * dyn, None, None, None
         lin, x_norm, *b_tensor = ctx.saved_tensors
         b = b_tensor[0] if b_tensor else ctx.b
         dyn, active = _scale_from_lin(lin, x_norm, b)
         grad_lin, grad_norm = _scale_backward(grad_out, dyn, active, x_norm, b, ctx.needs_input_grad[1], lin=lin)
-        return grad_lin.to(lin.dtype), grad_norm, None, None
+        return grad_lin.to(lin.dtype), grad_norm, None
 
 
 def _scale_from_lin(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> tuple[Tensor, Tensor]:
@@ -558,13 +575,24 @@ def bcos_linear(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Ten
     return _BcosLinear.apply(x, weight, x_norm, b, units_are_columns)
 
 
-def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool) -> Tensor:
+def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool, *,
+                 overwrite_lin: bool = False) -> Tensor:
     """``dyn * lin`` with ``dyn = |lin / ||x|| | ** (B - 1)`` (``dyn`` a constant for autograd when
     ``explaining``), through the fused path or, inside :func:`reference_path`, the reference one.
 
     ``x_norm`` broadcasts against ``lin`` (``(..., 1)`` for a linear layer, ``(batch, 1, h, w)`` for a
     convolution). The forward values are the same whether ``explaining`` or not; only the gradient differs.
-    ``b`` may be a 0-d tensor (a layer's ``bcos_b`` inside a compiled graph; fused path only).
+    Without autograd recording (inference) the fused path leaves out the floor on ``|cos|``, which only
+    derivatives need (:func:`_inference_product`). ``b`` may be a 0-d tensor (a layer's ``bcos_b`` inside a
+    compiled graph; fused path only).
+
+    ``overwrite_lin``: the caller hands ``lin`` over (a fresh tensor that nothing else reads and that no autograd
+    node saved for its backward pass, such as a matrix product's output): the fused path may then write the
+    explaining product into it, one output-sized allocation fewer per layer.
+
+    Explaining, the fused path computes ``dyn`` without recording and records one plain product with it, whose
+    backward multiplies by the saved ``dyn`` (no ``autograd.Function``, whose per-call cost in Python is
+    several times the element-wise work at small widths); training runs :class:`_BcosProduct`.
     """
     if _REFERENCE_PATH:
         if explaining:
@@ -573,9 +601,13 @@ def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: boo
             return dyn * lin
         return bcos_scale(lin, x_norm, b) * lin
     if not (torch.is_grad_enabled() and (lin.requires_grad or x_norm.requires_grad)):
-        # nothing to record: the forward's steps without Function.apply's per-call cost
-        return _lin_dtype_scale(lin, x_norm, b).mul_(lin)
-    return _BcosProduct.apply(lin, x_norm, b, explaining)
+        # nothing to record: the product without Function.apply's per-call cost
+        return _inference_product(lin, x_norm, b)
+    if explaining:
+        with torch.no_grad():
+            dyn = _lin_dtype_scale(lin, x_norm, b)
+        return lin.mul_(dyn) if overwrite_lin else lin * dyn
+    return _BcosProduct.apply(lin, x_norm, b)
 
 
 def using_reference_path() -> bool:

@@ -9,7 +9,8 @@ Maths (unit-norm weight rows ``ŵ``, no bias, MaxOut over groups of ``M`` consec
 ``dyn`` is the dynamic weight: constant for autograd in explanation mode, so that ``x · d out / dx = out``.
 ``||x||`` carries a small epsilon (a zero input, e.g. padding, gives 0, never NaN), and ``|cos|`` is
 clamped from below before the power so that the gradient of ``|cos| ** (B - 1)`` stays finite at 0 for
-``1 < B < 2`` (the clamp changes outputs only where ``|lin| < 1e-12 ||x||``, i.e. by less than 1e-12 ||x||).
+``1 < B < 2`` (the clamp changes outputs only where ``|lin| < 1e-12 ||x||``, i.e. by less than 1e-12 ||x||;
+inference, which has no gradient, leaves it out).
 """
 
 from __future__ import annotations
@@ -247,7 +248,8 @@ class BcosLinear(AlignmentPressure):
             explaining = self.holds_constant()
             with self.dynamic_scope():
                 x_norm = input_norm(x)
-            lin = bcos_product(lin, x_norm, b, explaining)
+            # MaxOut's maximum saves its output for its backward pass: only the matrix product's is free to reuse
+            lin = bcos_product(lin, x_norm, b, explaining, overwrite_lin=self.max_out == 1)
         if self.explaining and self.constant_outputs is not None:
             lin = _detach_slice(lin, self.constant_outputs)
         return lin
