@@ -99,3 +99,37 @@ def test_keywords_that_slice_the_logits_or_continue_a_cache_are_refused(name):
         out = model(input_ids=ids[:, :3], use_cache=True)
     with pytest.raises(BcosValueError, match=r"^cache: holds keys and values of earlier tokens.*without a cache"):
         explain(model, ids[:, 3:], target=5, cache=getattr(out, "cache", None) or out.past_key_values)
+
+
+# ------------------------------------------------------------------ ModernBERT's [CLS] pooling and left padding
+
+
+def test_modernbert_cls_pooling_refuses_left_padding_and_is_batch_invariant_right_padded():
+    """ModernBertForSequenceClassification with classifier_pooling="cls" (transformers' default) classifies from the
+    first column's hidden state: a padding token's on a left-padded row. That row's explanation was complete on the
+    model's own logit but of another function than the row's (-1.18 batched against 0.28 alone on this model, the
+    padding token carrying -1.32), so left padding is refused by every text path; right padding is exact and the
+    same as the row alone."""
+    from bcos_plugins.adapters.captum import EmbeddingForward, LayerBcos
+
+    model = _bcos("ModernBertForSequenceClassification", classifier_pooling="cls")
+    ids, mask = _padded([8, 5, 1], 8, "left", seed=4)
+    message = (r"^attention_mask: rows \[1, 2\] start with padding, and ModernBertForSequenceClassification with "
+               r"config\.classifier_pooling='cls' classifies from the first column.*padding_side = 'right'")
+    with pytest.raises(BcosValueError, match=message):
+        explain(model, ids, mask, target=1)
+    with pytest.raises(BcosValueError, match=message):
+        EmbeddingForward(model).embed(ids, mask)
+    with pytest.raises(BcosValueError, match=message):
+        LayerBcos(model).attribute(ids, target=1, additional_forward_args=(mask,))
+    ids, mask = _padded([8, 5, 1], 8, "right", seed=4)
+    batched = explain(model, ids, mask, target=1)
+    _assert_complete(batched)
+    torch.testing.assert_close(batched.explained, _own_outputs(model, ids, mask)[:, 1])
+    for row, n in enumerate([8, 5, 1]):
+        alone = explain(model, ids[row:row + 1, :n], target=1)
+        torch.testing.assert_close(alone.explained, batched.explained[row:row + 1], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(alone.contributions[0], batched.contributions[row, :n], rtol=1e-4, atol=1e-6)
+    # mean pooling (the conformance config) reads every real token: left padding is exact there
+    left_ids, left_mask = _padded([8, 5, 1], 8, "left", seed=4)
+    _assert_complete(explain(_bcos("ModernBertForSequenceClassification"), left_ids, left_mask, target=1))

@@ -24,8 +24,14 @@ import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from .._checks import closest_name_fix, require_token_batch
-from ..convert.architectures import ArchitectureSpec, position_limit, spec_for, vocabulary_size
+from .._checks import bad_rows, closest_name_fix, require_token_batch
+from ..convert.architectures import (
+    ArchitectureSpec,
+    architecture_name,
+    position_limit,
+    spec_for,
+    vocabulary_size,
+)
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn.dynamic import has_dynamic_weights
 from .gradient import outside_inference
@@ -159,6 +165,22 @@ def _check_explained_output_kwargs(forward_kwargs: dict) -> None:
         raise argument_error(name, f"{problem} (got {got})", fix)
 
 
+def _check_first_column_is_real(model: nn.Module, spec: ArchitectureSpec, mask: Int[Tensor, "batch pos"]) -> None:
+    """Refuse left padding where the classifier reads the first column's hidden state (the registry's
+    ``first_column_pooling``): on a left-padded row that is a padding token's, and the logit is not the row's."""
+    if spec.first_column_pooling is None:
+        return
+    field, value = spec.first_column_pooling
+    padded_first = mask[:, 0] == 0
+    if getattr(model.config, field, None) != value or not padded_first.any():
+        return
+    verb = "starts" if int(padded_first.sum()) == 1 else "start"
+    raise argument_error(
+        "attention_mask", f"{bad_rows(padded_first)} {verb} with padding, and {architecture_name(model)} with "
+        f"config.{field}={value!r} classifies from the first column's hidden state, a padding token's there (the "
+        "logits, and so the explanation, are not the row's)", "Pad on the right (tokenizer.padding_side = 'right')")
+
+
 def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[Tensor, "batch pos"],
                       attention_mask: Int[Tensor, "batch pos"] | None, forward_kwargs: dict) -> dict:
     """Keyword arguments for ``model(...)`` so that every row is computed as it would be alone.
@@ -172,6 +194,8 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     _check_explained_output_kwargs(forward_kwargs)
     kwargs = dict(forward_kwargs)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+    if spec.is_classifier and attention_mask is not None:
+        _check_first_column_is_real(model, spec, mask)
     if spec.kind == "decoder" and "position_ids" not in kwargs:
         kwargs["position_ids"] = real_token_positions(mask)
     if spec.kind == "decoder" and spec.is_classifier and attention_mask is not None and (mask == 0).any():

@@ -114,6 +114,9 @@ class ArchitectureSpec:
             accepted (every non-linearity of its forward is a module that can be held constant).
         masked_lm_classifier: masked LMs only: the sequence-classifier class ``pretrain_masked_lm``'s encoder
             moves into (``None``: ``pretrain_masked_lm`` refuses the class).
+        first_column_pooling: classifiers only: ``(config field, value)`` with which the head classifies from the
+            first column's hidden state (ModernBERT's ``classifier_pooling="cls"``), a padding token's on a
+            left-padded row, so the text paths refuse left padding there (``None``: the head never does).
     """
 
     kind: Literal["encoder", "decoder"]
@@ -130,6 +133,7 @@ class ArchitectureSpec:
     bridge: bool = False
     dynamic_linear_refusal: str | None = _FORWARD_NOT_READ
     masked_lm_classifier: str | None = None
+    first_column_pooling: tuple[str, object] | None = None
 
     @property
     def is_classifier(self) -> bool:
@@ -292,6 +296,7 @@ SPECS: dict[str, ArchitectureSpec] = {
     # alternating local/global attention (a mask on the constant pattern), bias-free LayerNorms
     **{name: ArchitectureSpec("encoder", prefix, _MODERNBERT_QK, ("embeddings.norm", "input"), head=head,
                               module_swaps={"mlp": (_fused_gated_mlp, _GATED)},
+                              first_column_pooling=("classifier_pooling", "cls") if head == "classifier" else None,
                               dynamic_linear_refusal=f"{_FUSED_QKV.format(path='attn.Wqkv')}, and its GeGLU "
                               "multiplies two input-dependent branches in its forward (act(input) * gate)")
        for name, prefix, head in (("ModernBertModel", "", "base"),
