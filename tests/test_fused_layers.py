@@ -469,6 +469,48 @@ def test_fused_linear_in_half_precision_is_as_accurate_as_the_reference(kind):
         assert (fused < 2 * torch.finfo(dtype).eps).all(), (dtype, fused)  # measured: at most 0.9 eps
 
 
+class _DivShapes(TorchDispatchMode):
+    """The output shapes of the out-of-place divisions dispatched while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ == "div":
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_half_precision_training_backward_divides_the_weight_once_and_keeps_its_values(kind, dtype):
+    # the backward pass recomputes the forward's unit-norm weight: for a half-precision weight one float32
+    # quotient, rounded to the weight's dtype for the input gradient and kept for the normalisation's gradient
+    # (it used to divide twice). The gradients are those of the formulas, bit for bit (B = 1: no scale)
+    torch.manual_seed(0)
+    layer = _projection(kind, 1.0).to(dtype)
+    x = torch.randn(4, 3, 6, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
+    upstream = torch.linspace(-1.0, 2.0, 4 * 3 * 5).reshape(4, 3, 5).to(dtype)
+    out = layer(x)
+    assert _fused_node(out) == "_BcosLinearBackward"
+    with _DivShapes() as divisions:
+        out.backward(upstream)
+    weight = layer.weight.T if kind == "conv1d" else layer.weight  # units as rows
+    assert divisions.shapes.count(tuple(weight.shape)) == 1, divisions.shapes
+    norms = torch.linalg.vector_norm(weight, dim=1, keepdim=True, dtype=torch.float32)
+    clamped = norms.clamp_min(1e-6)
+    wide_unit = weight.detach().float() / clamped
+    unit = wide_unit.to(dtype)
+    assert torch.equal(unit, layer.unit_weight())  # the forward's weight
+    assert torch.equal(x.grad, upstream @ unit)
+    grad_unit = (upstream.reshape(-1, 5).T @ x.detach().reshape(-1, 6)).float()
+    radial = torch.where(norms >= 1e-6, (grad_unit * wide_unit).sum(dim=1, keepdim=True), 0.0)
+    grad_rows = torch.addcmul(grad_unit, wide_unit, radial, value=-1.0).div_(clamped).to(dtype)
+    assert torch.equal(layer.weight.grad, grad_rows.T if kind == "conv1d" else grad_rows)
+
+
 def test_compiled_training_equals_eager():
     # a compiled training step (B read from the layers' buffers as 0-d tensors: the fused node keeps lin) traces
     # the fused layer's backward without a graph break and gives the eager gradients

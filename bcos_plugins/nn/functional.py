@@ -539,7 +539,10 @@ class _BcosLinear(torch.autograd.Function):
                 grad_lin = grad_lin.to(matmul_dtype)
             view = weight.T if ctx.units_are_columns else weight
             clamped = norms.clamp_min(NORM_EPS)
-            unit = _divided_by_norm(view, clamped)  # the forward's ŵ
+            # the forward's ŵ, divided once: half-precision weights are divided in float32 (the normalisation's
+            # gradient below wants that quotient) and rounded to the weight's dtype as the forward rounded it
+            wide_unit = _divided_by_norm(view, clamped, keep_wide=True)
+            unit = wide_unit.to(view.dtype)
             grad_x = grad_weight = None
             if ctx.needs_input_grad[0]:
                 grad_x = (grad_lin @ unit.to(matmul_dtype)).to(ctx.x_dtype)
@@ -548,7 +551,6 @@ class _BcosLinear(torch.autograd.Function):
                 inputs = x.reshape(-1, x.shape[-1]).to(matmul_dtype)
                 # G in the weight's own layout, so that the gradient comes out contiguous like the weight
                 grad_unit = (inputs.T @ rows).T if ctx.units_are_columns else rows.T @ inputs
-                wide_unit = _divided_by_norm(view, clamped, keep_wide=True) if unit.dtype in HALF_DTYPES else unit
                 grad_unit = grad_unit.to(wide_unit.dtype)
                 radial = (grad_unit * wide_unit).sum(dim=1, keepdim=True)
                 radial = torch.where(norms >= NORM_EPS, radial, 0.0)  # a clamped norm is a constant
