@@ -62,7 +62,7 @@ from captum.log import log_usage
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from bcos_plugins._checks import ids_as_long, refuse_renamed_keywords
+from bcos_plugins._checks import bad_rows, ids_as_long, refuse_renamed_keywords
 from bcos_plugins.attribution import (
     Explanation,
     TokenExplanation,
@@ -289,6 +289,7 @@ class EmbeddingForward(nn.Module):
               **forward_kwargs) -> Float[Tensor, "batch pos d_model"]:
         """The attribution-point tensor of ``input_ids`` (the forward pass stops right after computing it)."""
         input_ids, attention_mask = check_token_inputs(self.model, input_ids, attention_mask)
+        self._check_no_real_pad_ids(input_ids, attention_mask)
         captured: list[Tensor] = []
 
         def grab(t: Tensor) -> Tensor:
@@ -304,6 +305,24 @@ class EmbeddingForward(nn.Module):
         finally:
             handle.remove()
         return captured[0]
+
+    def _check_no_real_pad_ids(self, input_ids: Tensor, attention_mask: Tensor | None) -> None:
+        """A decoder classifier classifies from each row's last token whose id is not ``config.pad_token_id``: a real
+        token with that id (an end-of-sequence token used as padding) is skipped. :meth:`forward` sees embeddings, not
+        ids, and runs on placeholder ids (:func:`_placeholder_ids`), so it would classify from the last real token
+        instead, another logit than the model's: refused where the ids are seen."""
+        pad = getattr(self.model.config, "pad_token_id", None)
+        if self.spec.kind != "decoder" or not self.spec.is_classifier or pad is None:
+            return
+        real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        real_pads = (input_ids == pad) & real
+        if real_pads.any():
+            raise argument_error(
+                "input_ids", f"{bad_rows(real_pads)} hold config.pad_token_id ({pad}) on real tokens, which "
+                f"{type(self.model).__name__} skips when it finds each row's last token to classify from; from "
+                "embeddings alone EmbeddingForward cannot see them and would classify from the last real token, "
+                "another logit than the model's", "Use LayerBcos(model) or bcos_plugins.explain, which read the ids "
+                "and explain the model's own logits")
 
     def _checked(self, embeddings, attention_mask) -> Tensor | None:
         if not isinstance(embeddings, Tensor) or not embeddings.is_floating_point():

@@ -355,3 +355,31 @@ def test_the_bridge_explains_padded_rows_as_explain_does_and_as_alone(name):
             real = mask[row].bool()
             alone = explain_logits(bridge, ids[row:row + 1, real], target=5)
             torch.testing.assert_close(alone.contributions[0], expl.contributions[row, real], rtol=1e-4, atol=1e-6)
+
+
+DECODER_CLASSIFIERS = [n for n in DECODERS if SPECS[n].is_classifier]
+
+
+@pytest.mark.parametrize("name", DECODER_CLASSIFIERS)
+def test_embedding_forward_refuses_real_tokens_with_the_pad_id_of_a_decoder_classifier(name):
+    """A decoder classifier classifies from each row's last token whose id is not config.pad_token_id, so a real
+    end-of-sequence token that is also the pad id (tokenizer.pad_token = tokenizer.eos_token) is skipped. Given
+    embeddings alone, EmbeddingForward cannot see that: it classified from the last real token, another logit than
+    the model's, explain's and LayerBcos's (0.19 against 0.13 on the tiny Qwen2, complete and silent). embed() refuses
+    such ids, naming LayerBcos and explain, which read the ids and agree with the model."""
+    from bcos_plugins.adapters.captum import EmbeddingForward, LayerBcos
+
+    model = _bcos(name)
+    pad = model.config.pad_token_id
+    ids, mask = _padded([6, 4], 6, "left", seed=12)
+    ids[:, -1] = pad  # a real last token with the pad id
+    with pytest.raises(BcosValueError, match=r"^input_ids: rows \[0, 1\] hold config\.pad_token_id .* LayerBcos"):
+        EmbeddingForward(model).embed(ids, mask)
+    expected = _own_outputs(model, ids, mask)[:, 1]
+    torch.testing.assert_close(explain(model, ids, mask, target=1).explained, expected)
+    layer_attr = LayerBcos(model).attribute(ids, target=1, additional_forward_args=(mask,))
+    torch.testing.assert_close(layer_attr.sum((1, 2)), expected, rtol=1e-4, atol=1e-6)
+    ids[:, -1] = 7  # no real token with the pad id: EmbeddingForward computes the model's logits
+    forward = EmbeddingForward(model)
+    with torch.no_grad():
+        torch.testing.assert_close(forward(forward.embed(ids, mask), mask), _own_outputs(model, ids, mask))
