@@ -116,6 +116,26 @@ def test_by_default_every_forward_normalises_the_weight(mode, autocast):
     assert ops.count("linalg_vector_norm") == 2 and "div" in ops, ops
 
 
+def test_by_default_an_explanation_records_no_weight_normalisation():
+    # inside no_parameter_gradients (explanations) no gradient of the weight is taken: the unit-norm weight is
+    # computed afresh without autograd history (no norm, clamp and division nodes recorded per layer and call);
+    # the input gradient is the reference path's. Training, and explaining while weight gradients are wanted,
+    # record the normalisation as before
+    torch.manual_seed(0)
+    layer = BcosLinear(8, 4, b=1.5)
+    x = torch.randn(3, 8, requires_grad=True)
+    with explanation_mode(layer):
+        with no_parameter_gradients():
+            assert cached_unit_norm(layer.weight, dim=1).grad_fn is None
+            (grad,) = torch.autograd.grad(layer(x).sum(), x)
+        assert cached_unit_norm(layer.weight, dim=1).grad_fn is not None  # weight gradients wanted
+        with reference_path(), no_parameter_gradients():
+            assert cached_unit_norm(layer.weight, dim=1).grad_fn is not None  # the step-by-step maths, recorded
+            (expected,) = torch.autograd.grad(layer(x).sum(), x)
+    torch.testing.assert_close(grad, expected, rtol=1e-6, atol=1e-7)
+    assert cached_unit_norm(layer.weight, dim=1).grad_fn is not None
+
+
 def test_by_default_a_weight_data_write_is_seen_and_inside_the_scope_clearing_makes_it_seen():
     layer = BcosLinear(8, 4, b=2.0).eval()
     x = torch.randn(3, 8)

@@ -122,6 +122,10 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
     normalise afresh. Memory: one normalised copy per cached weight, alive until the weight is used for
     training (a forward pass that needs its gradient drops it), cleared, or freed.
 
+    Outside :func:`reuse_unit_weights`, inside :func:`~bcos_plugins.nn.dynamic.no_parameter_gradients`, the
+    fresh normalisation is computed without autograd recording (no gradient of ``weight`` is taken there; the
+    reference path records it).
+
     ``autocast``: the caller feeds the result to an op that ``torch.autocast`` casts (``F.linear``,
     ``F.conv2d``); under autocast the cast to the autocast dtype is cached too (the same rounding as
     autocast's own per-call cast).
@@ -129,7 +133,14 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
     view = weight.T if transposed else weight
     if first_unit:
         view = view[first_unit:]
-    if torch.compiler.is_compiling() or not _REUSE_UNIT_WEIGHTS:
+    if torch.compiler.is_compiling():
+        return unit_norm(view, dim)
+    if not _REUSE_UNIT_WEIGHTS:
+        if torch.is_grad_enabled() and weight.requires_grad and parameter_gradients_unused() and not _REFERENCE_PATH:
+            # an explanation: no gradient of the weight is taken, so the normalisation is not recorded (three
+            # autograd nodes and their saved tensors per layer and call), as a reused copy is not
+            with torch.no_grad():
+                return unit_norm(view, dim)
         return unit_norm(view, dim)
     if torch.is_grad_enabled() and weight.requires_grad and not parameter_gradients_unused():
         _forget_unit_norm(weight)
