@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_conformance import CONFIGS, _family
 
@@ -153,13 +153,17 @@ def _batches(draw):
 
 @pytest.mark.parametrize("name", NAMES)
 @FEW
-@given(batch=_batches(), target=st.integers(0, 2), with_foil=st.booleans())
-def test_a_rows_explanation_is_complete_its_models_output_and_the_same_alone(name, batch, target, with_foil):
+@given(batch=_batches(), edge=st.sampled_from([0, 1, -1]), with_foil=st.booleans())
+def test_a_rows_explanation_is_complete_its_models_output_and_the_same_alone(name, batch, edge, with_foil):
+    """``edge``: the target is the first, second or last output (class, token id or hidden unit); the foil the
+    next one round."""
     lengths, width, side, position, seed = batch
     model, spec = _bcos(name), SPECS[name]
     ids, mask = _padded(lengths, width, side, seed)
     rows = torch.arange(len(lengths))
-    asked = {"target": target, "foil": (target + 1) % 3 if with_foil else None}
+    n_outputs = _own_outputs(model, ids[:1, :1], torch.ones_like(mask[:1, :1])).shape[-1]
+    target, foil = edge % n_outputs, (edge + 1) % n_outputs
+    asked = {"target": target, "foil": foil if with_foil else None}
     if not spec.is_classifier:
         asked["position"] = position
     expl = explain(model, ids, mask, **asked)
@@ -170,7 +174,7 @@ def test_a_rows_explanation_is_complete_its_models_output_and_the_same_alone(nam
         column = default if position is None else width - mask.flip(1).argmax(1) + position
         assert torch.equal(expl.position, column)
         out = out[rows, column]
-    expected = out[rows, target] - (out[rows, (target + 1) % 3] if with_foil else 0)
+    expected = out[rows, target] - (out[rows, foil] if with_foil else 0)
     torch.testing.assert_close(expl.explained, expected, rtol=1e-5, atol=1e-6)
     assert (expl.input_contributions[mask == 0] == 0).all()  # padding has no share
     for row in range(len(lengths)):
@@ -183,7 +187,7 @@ def test_a_rows_explanation_is_complete_its_models_output_and_the_same_alone(nam
 @pytest.mark.parametrize("name", POSITIONED)
 @FEW
 @given(lengths=st.lists(st.integers(1, 8), min_size=1, max_size=3), side=st.sampled_from(["left", "right"]),
-       position=st.integers(-10, 9))
+       position=st.integers(-3, 2) | st.integers(-10, 9))
 def test_a_position_is_the_column_it_names_or_is_refused(name, lengths, side, position):
     """Non-negative positions are columns, negative ones count back from each row's last real token; a padding or
     outside column is refused (computed here from the mask, independently of the package's parser)."""
@@ -194,9 +198,11 @@ def test_a_position_is_the_column_it_names_or_is_refused(name, lengths, side, po
     column = torch.full_like(last, position) if position >= 0 else last + 1 + position
     inside = (column >= 0) & (column < width)
     if not inside.all() or not mask[torch.arange(len(lengths)), column.clamp(0, width - 1)].bool().all():
+        event("refused")
         with pytest.raises(BcosValueError, match=r"^position: "):
             explain(model, ids, mask, target=4, position=position)
         return
+    event("explained")
     expl = explain(model, ids, mask, target=4, position=position)
     _assert_complete(expl)
     torch.testing.assert_close(expl.explained, _own_outputs(model, ids, mask)[torch.arange(len(lengths)), column, 4])
