@@ -104,8 +104,10 @@ def explain_dataset(
             ``text_pair_column``); its other columns are kept in the result.
         target, foil: one id for all texts, one per text, a ``Direction``, or a column (``target_column`` /
             ``foil_column``). Classifiers default to the predicted class.
-        position: for causal LMs and base models, as in ``explain`` (default: each row's last real token for
-            decoders, the first for encoders).
+        position: for causal LMs and base models: the index of a token in each text, counted from its first token
+            (non-negative) or back from its last (negative, -1 being it), whatever side the tokenizer pads (the
+            batches are padded here, so a column of them would name another token of a text in another batch);
+            default: each text's last token for decoders, the first for encoders.
         batch_size, max_length: batching and truncation (``max_length`` defaults to the model's limit,
             :func:`~bcos_plugins.convert.architectures.position_limit`; without one, as for a rotary model, to
             the tokenizer's ``model_max_length``).
@@ -168,8 +170,12 @@ def explain_dataset(
         readable = forward_keywords(model)
         extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")
                  and (readable is None or k in readable)}
+        # a non-negative position counts from each text's first token: on a left-padded batch that is the text's
+        # padding plus the position, not the column itself
+        from_first = (position if not isinstance(position, int) or isinstance(position, bool) or position < 0
+                      else enc["attention_mask"].argmax(1) + position)
         expl = explain(model, enc["input_ids"], enc["attention_mask"], target=value_of(targets, lo, hi),
-                       foil=value_of(foils, lo, hi), position=position, reduce=reduce, **extra)
+                       foil=value_of(foils, lo, hi), position=from_first, reduce=reduce, **extra)
         ids_rows = [ids[m.bool()].tolist() for ids, m in zip(enc["input_ids"], enc["attention_mask"], strict=True)]
         columns["input_ids"] += ids_rows
         columns["tokens"] += [tokenizer.convert_ids_to_tokens(r) for r in ids_rows]

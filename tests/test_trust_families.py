@@ -15,9 +15,9 @@ import pytest
 import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from test_conformance import CONFIGS, _family
+from test_conformance import CONFIGS, _family, _word_tokenizer
 
-from bcos_plugins import bcosify, explain
+from bcos_plugins import bcosify, explain, explain_dataset
 from bcos_plugins.attribution import real_token_positions
 from bcos_plugins.convert.architectures import SPECS, stock_class
 from bcos_plugins.errors import BcosTypeError, BcosValueError
@@ -389,3 +389,26 @@ def test_embedding_forward_refuses_real_tokens_with_the_pad_id_of_a_decoder_clas
     forward = EmbeddingForward(model)
     with torch.no_grad():
         torch.testing.assert_close(forward(forward.embed(ids, mask), mask), _own_outputs(model, ids, mask))
+
+
+# ------------------------------------------------------------------ explain_dataset batches the texts itself
+
+
+@pytest.mark.parametrize("name", ["Qwen2ForCausalLM", "MistralModel"])
+def test_explain_datasets_position_is_a_token_of_each_text_whatever_its_batch(name):
+    """explain_dataset pads each batch itself, so a non-negative position cannot be a column of a batch the caller
+    never sees: with a left-padding tokenizer, position=4 was column 4, i.e. token 3 of a text one token shorter than
+    its batch's longest and token 4 alone (0.052 against 0.032 on the tiny Qwen2, complete and silent). It is token 4
+    of every text, whatever the padding side and the batch size; negative positions count from the last token."""
+    model = _bcos(name)
+    texts = ["w5 w7 w9 w3 w6", "w4 w8 w10 w11 w12 w13", "w20 w21 w22 w23 w24 w25 w26 w27"]
+    tokenizer = _word_tokenizer()
+    for position in (4, 0, -2):
+        alone = [explain(model, tokenizer(text, return_tensors="pt")["input_ids"], target=5,
+                         position=position).explained.item() for text in texts]
+        for side in ("left", "right"):
+            tokenizer.padding_side = side
+            for batch_size in (1, 3):
+                out = explain_dataset(model, tokenizer, texts, target=5, position=position, batch_size=batch_size,
+                                      progress=False)
+                torch.testing.assert_close(torch.tensor(out["explained"]), torch.tensor(alone), rtol=1e-5, atol=1e-6)
