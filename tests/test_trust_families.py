@@ -412,3 +412,24 @@ def test_explain_datasets_position_is_a_token_of_each_text_whatever_its_batch(na
                 out = explain_dataset(model, tokenizer, texts, target=5, position=position, batch_size=batch_size,
                                       progress=False)
                 torch.testing.assert_close(torch.tensor(out["explained"]), torch.tensor(alone), rtol=1e-5, atol=1e-6)
+
+
+def test_inseq_attributes_a_prompt_in_a_batch_as_alone():
+    """inseq's load_model(m, "bcos") on Gemma 2 (its forward is the package's, the soft-cap in the LM head): a prompt
+    generated and attributed in a left-padded batch gets the tokens, logits and attributions it gets alone."""
+    import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
+    import inseq
+
+    attribution_model = inseq.load_model(_bcos("Gemma2ForCausalLM"), "bcos", tokenizer=_word_tokenizer())
+    prompts = ["w5 w9 w11 w4", "w7"]
+    generation = {"max_new_tokens": 3, "do_sample": False}
+    both = attribution_model.attribute(prompts, generation_args=generation, step_scores=["logit"],
+                                       show_progress=False)
+    for row, prompt in enumerate(prompts):
+        alone = attribution_model.attribute([prompt], generation_args=generation, step_scores=["logit"],
+                                            show_progress=False).sequence_attributions[0]
+        batched = both.sequence_attributions[row]
+        assert [t.id for t in batched.target] == [t.id for t in alone.target]
+        torch.testing.assert_close(batched.step_scores["logit"], alone.step_scores["logit"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(batched.target_attributions.nan_to_num(), alone.target_attributions.nan_to_num(),
+                                   rtol=1e-4, atol=1e-6)
