@@ -361,32 +361,77 @@ def run_cell(cfg: Config, setting: Setting, seed: int, dataset: str, tokenizer) 
         trained = True
     ids, mask = encode(tokenizer, acc_texts)
     predicted = predictions(model, ids, mask).tolist()
-    results: dict[str, MethodResult] = {}
-    n_units = 0
+    file = cell_file(cfg, setting, seed, dataset)
     if dataset == "sst2":
-        evaluate_sst2(methods, {kind: model}, tokenizer, explained, cfg, results)
+        def evaluate(one: dict, results: dict) -> None:
+            evaluate_sst2(one, {kind: model}, tokenizer, explained, cfg, results)
         n_units = len(explained)
     else:
         examples = seqpg_examples(conv, None, tokenizer, explained, cfg)
         if examples is None:
             raise SystemExit(f"seed {seed}: no SeqPG examples from the conventional AG News model (above); lower "
                              "BENCH_SEQPG_MIN_CONF or train longer (BENCH_EPOCHS, BENCH_AG_TRAIN)")
-        evaluate_seqpg(methods, {kind: model}, tokenizer, examples, cfg, results)
+
+        def evaluate(one: dict, results: dict) -> None:
+            evaluate_seqpg(one, {kind: model}, tokenizer, examples, cfg, results)
         n_units = len(examples)
+    records, cpu_before = evaluate_resumably(methods, evaluate, file.with_suffix(PROGRESS_SUFFIX))
     cell = {"setting": setting.name, "b": setting.b, "query_key": setting.query_key, "start": setting.start,
             "schedule": setting.schedule, "seed": seed, "dataset": dataset, "n_units": n_units,
             "labels": list(acc_labels), "predictions": predicted,
             "accuracy": sum(p == y for p, y in zip(predicted, acc_labels, strict=True)) / len(acc_labels),
             "trained": trained,
-            "methods": {name: method_record(res) for name, res in results.items()},
-            "cpu_seconds": time.process_time() - cpu, "wall_seconds": time.perf_counter() - wall,
+            "methods": records,
+            "cpu_seconds": cpu_before + time.process_time() - cpu, "wall_seconds": time.perf_counter() - wall,
             "settings": {k: str(v) for k, v in asdict(cfg).items()}}
-    file = cell_file(cfg, setting, seed, dataset)
+    _write_atomically(file, cell)
+    file.with_suffix(PROGRESS_SUFFIX).unlink(missing_ok=True)
+    return cell
+
+
+# a cell's methods finished so far (with the random state after the last and their CPU time), next to the cell file
+# under another suffix than .json, so that finished_cells never reads it as a cell
+PROGRESS_SUFFIX = ".progress"
+
+
+def evaluate_resumably(methods: dict, evaluate, progress: Path) -> tuple[dict, float]:
+    """({method: method_record}, CPU seconds of the methods an earlier, stopped run finished) for ``methods``,
+    evaluated one at a time by ``evaluate({name: method}, results)`` in their order.
+
+    After each method its record, torch's random state and the CPU time so far are saved to ``progress``; a rerun
+    takes the finished methods from there and restores the random state before the next one, so a cell stopped
+    between methods (a post-hoc cell of AG News costs CPU-hours) resumes at the next method with the numbers an
+    uninterrupted run gives. Evaluating the methods one call each draws the same random numbers as one call for
+    all of them (the calls share nothing else), so the cells measured before this existed are the same kind.
+    """
+    cpu = time.process_time()
+    saved = json.loads(progress.read_text(encoding="utf-8")) if progress.is_file() else {}
+    records = {name: record for name, record in saved.get("methods", {}).items() if name in methods}
+    cpu_before = float(saved.get("cpu_seconds", 0.0))
+    if records:
+        print(f"  resuming: {', '.join(records)} finished by an earlier run", flush=True)
+        torch.set_rng_state(torch.tensor(saved["rng_state"], dtype=torch.uint8))
+        if saved.get("cuda_rng_states"):
+            torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in saved["cuda_rng_states"]])
+    for name, method in methods.items():
+        if name in records:
+            continue
+        results: dict[str, MethodResult] = {}
+        evaluate({name: method}, results)
+        records.update({n: method_record(res) for n, res in results.items()})
+        cuda_states = [s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else []
+        _write_atomically(progress, {"methods": records, "rng_state": torch.get_rng_state().tolist(),
+                                     "cuda_rng_states": cuda_states,
+                                     "cpu_seconds": cpu_before + time.process_time() - cpu})
+    return {name: records[name] for name in methods}, cpu_before
+
+
+def _write_atomically(file: Path, content: dict) -> None:
+    """A run stopped mid-write leaves no half file that a rerun would take as finished."""
     file.parent.mkdir(parents=True, exist_ok=True)
     partial = file.with_suffix(".partial")
-    partial.write_text(json.dumps(cell), encoding="utf-8")
-    partial.replace(file)  # a run stopped mid-write leaves no half cell that a rerun would take as finished
-    return cell
+    partial.write_text(json.dumps(content), encoding="utf-8")
+    partial.replace(file)
 
 
 # ---------------------------------------------------------------- budget

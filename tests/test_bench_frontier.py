@@ -441,3 +441,54 @@ def test_the_report_has_a_row_per_seed_whose_differences_are_that_seeds_alone(be
     one_seed = [c for c in cells if c["seed"] == 0]
     bench.write_report(*bench.aggregate(one_seed, cfg), cfg, one_seed)
     assert "Per seed" not in (tmp_path / "results.md").read_text(encoding="utf-8")
+
+
+class Stopped(Exception):
+    """A run stopped from outside (Ctrl-C, the end of a session) while a method was being evaluated."""
+
+
+def test_a_cell_stopped_between_methods_resumes_at_the_next_with_the_uninterrupted_numbers(
+        bench, clean_env, inputs, tmp_path):
+    real = bench.evaluate_sst2
+    calls = []  # (method names, torch's random state as the call starts) of every evaluation call
+    stop_at = []
+
+    def recording(methods, *args, **kwargs):
+        calls.append((list(methods), torch.get_rng_state()))
+        if len(calls) in stop_at:
+            raise Stopped
+        return real(methods, *args, **kwargs)
+
+    clean_env.setattr(bench, "evaluate_sst2", recording)
+    quick_env(clean_env, inputs, tmp_path / "straight")
+    clean_env.setenv("BENCH_FRONTIER_DATA", "sst2")
+    straight = bench.main(["--quick"])
+    [straight_cell] = (tmp_path / "straight" / "cells" / "sst2").glob(f"*/{bench.CONVENTIONAL}-seed0.json")
+    straight_calls = list(calls)
+    assert [len(names) for names, _ in straight_calls] == [1] * 5  # four post-hoc methods one call each, B-cos
+
+    clean_env.setenv("BENCH_OUT", str(tmp_path / "stopped"))
+    calls.clear()
+    stop_at.append(3)  # the conventional cell's third post-hoc method (LIME, which samples): stopped there
+    with pytest.raises(Stopped):
+        bench.main(["--quick"])
+    cells = tmp_path / "stopped" / "cells" / "sst2"
+    assert not list(cells.glob("*/*.json"))  # no cell was finished ...
+    [progress] = cells.glob(f"*/{bench.CONVENTIONAL}-seed0{bench.PROGRESS_SUFFIX}")
+    assert list(json.loads(progress.read_text())["methods"]) == calls[0][0] + calls[1][0]  # ... but two methods were
+
+    calls.clear()
+    stop_at.clear()
+    resumed = bench.main(["--quick"])
+    assert [names for names, _ in calls] == [names for names, _ in straight_calls[2:]]  # on from the third method
+    for (_, state), (_, straight_state) in zip(calls, straight_calls[2:], strict=True):
+        assert torch.equal(state, straight_state)  # the random numbers an uninterrupted run draws
+    assert not progress.exists()
+    [resumed_cell] = cells.glob(f"*/{bench.CONVENTIONAL}-seed0.json")
+    a, b = json.loads(straight_cell.read_text()), json.loads(resumed_cell.read_text())
+    assert list(a["methods"]) == list(b["methods"])
+    for name in a["methods"]:
+        for key in ("comp", "suff", "entropy"):
+            assert a["methods"][name][key] == b["methods"][name][key], (name, key)
+    assert a["predictions"] == b["predictions"]
+    assert [r["comp_diff"] for r in straight["rows"]] == [r["comp_diff"] for r in resumed["rows"]]
