@@ -324,6 +324,35 @@ def test_fused_inference_equals_reference_at_every_b(kind, b, dtype):
         torch.testing.assert_close(fused.double(), (lin / norm).abs() ** (b - 1) * lin, rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.bfloat16])
+@pytest.mark.parametrize("b", B_VALUES)
+@pytest.mark.parametrize("kind", ["linear", "linear_max_out", "conv2d"])
+def test_explaining_product_is_complete_at_every_b(kind, b, dtype):
+    # explanation mode: the factor is a constant, so x . d(upstream . out)/dx = upstream . out exactly (to
+    # rounding), with the product written into the matrix product's output (no MaxOut) or not (MaxOut); a factor
+    # that autograd differentiated would give B times the output instead
+    torch.manual_seed(0)
+    if kind == "conv2d":
+        layer = BcosConv2d(3, 4, kernel_size=3, padding=1, b=b)
+        x = torch.randn(2, 3, 5, 5) * 3
+    else:
+        layer = BcosLinear(6, 5, b=b, max_out=2 if kind == "linear_max_out" else 1)
+        x = _inputs(torch.float32)
+    layer = layer.to(dtype)
+    x = x.to(dtype).requires_grad_()
+    with explanation_mode(layer):
+        out = layer(x)
+    upstream = torch.linspace(-1.0, 2.0, out.numel(), dtype=dtype).reshape(out.shape)
+    (grad,) = torch.autograd.grad(out, x, upstream)
+    explained = (out.double() * upstream.double()).sum()
+    contributions = (x.double() * grad.double()).sum()
+    scale = (out.double() * upstream.double()).abs().sum()
+    tolerance = {torch.float32: 1e-6, torch.float64: 1e-13, torch.bfloat16: 2e-2}[dtype]
+    assert abs(contributions - explained) <= tolerance * scale, (contributions, explained)
+    if b != 1.0 and dtype != torch.bfloat16:  # not the differentiated factor's (B times the output)
+        assert abs(contributions - b * explained) > 10 * tolerance * scale
+
+
 def test_fused_inference_leaves_out_the_floor_that_explaining_keeps():
     # |cos| = 1e-14, below the 1e-12 floor: inference computes |cos| ** (B - 1) * lin as written; explaining (whose
     # constant factor the backward multiplies by) and the reference keep the floor, 1e-12 ** (B - 1) * lin. Both
