@@ -27,7 +27,7 @@ from .targets import (
     resolve_positions,
     select_explained,
 )
-from .text import check_token_inputs, model_call_kwargs, text_attribution_point
+from .text import check_first_column_is_real, check_token_inputs, model_call_kwargs, text_attribution_point
 
 __all__ = [
     "Direction",
@@ -36,6 +36,7 @@ __all__ = [
     "TokenExplanation",
     "as_leaf",
     "capture_point",
+    "check_first_column_is_real",
     "check_token_inputs",
     "has_dynamic_weights",
     "input_x_gradient",

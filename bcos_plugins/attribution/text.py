@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from .._checks import bad_rows, closest_name_fix, require_token_batch
 from ..convert.architectures import (
+    SPECS,
     ArchitectureSpec,
     architecture_name,
     position_limit,
@@ -38,7 +39,7 @@ from .gradient import outside_inference
 from .targets import real_token_positions, resolve_positions
 
 __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explained_positions",
-           "model_call_kwargs", "check_forward_kwargs", "forward_keywords"]
+           "model_call_kwargs", "check_forward_kwargs", "forward_keywords", "check_first_column_is_real"]
 
 
 @dataclass(frozen=True)
@@ -165,20 +166,33 @@ def _check_explained_output_kwargs(forward_kwargs: dict) -> None:
         raise argument_error(name, f"{problem} (got {got})", fix)
 
 
-def _check_first_column_is_real(model: nn.Module, spec: ArchitectureSpec, mask: Int[Tensor, "batch pos"]) -> None:
+def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "batch pos"] | None,
+                               spec: ArchitectureSpec | None = None) -> None:
     """Refuse left padding where the classifier reads the first column's hidden state (the registry's
-    ``first_column_pooling``): on a left-padded row that is a padding token's, and the logit is not the row's."""
-    if spec.first_column_pooling is None:
+    ``first_column_pooling``: BERT, DistilBERT, RoBERTa, ModernBERT with ``classifier_pooling="cls"``): on a
+    left-padded row that is a padding token's, so the logits are not the row's (they change with the padding).
+
+    The one check of every path that runs a classifier on a padded batch: ``explain`` and the adapters (through
+    :func:`model_call_kwargs`), ``perturbation_curves``, ``predict`` and ``fine_tune_classifier``. ``spec``: the
+    model's registry entry when the caller has it; otherwise it is looked up by class name, and a model outside
+    the registry (any callable a metric takes) is not checked.
+    """
+    if attention_mask is None or attention_mask.ndim != 2 or attention_mask.shape[1] == 0:
         return
-    field, value = spec.first_column_pooling
-    padded_first = mask[:, 0] == 0
-    if getattr(model.config, field, None) != value or not padded_first.any():
+    if spec is None:
+        spec = SPECS.get(architecture_name(model)) if isinstance(model, nn.Module) else None
+    if spec is None or not spec.classifies_from_first_column(getattr(model, "config", None)):
+        return
+    padded_first = attention_mask[:, 0] == 0
+    if not padded_first.any():
         return
     verb = "starts" if int(padded_first.sum()) == 1 else "start"
+    setting = (f" with config.{spec.first_column_pooling[0]}={spec.first_column_pooling[1]!r}"
+               if isinstance(spec.first_column_pooling, tuple) else "")
     raise argument_error(
-        "attention_mask", f"{bad_rows(padded_first)} {verb} with padding, and {architecture_name(model)} with "
-        f"config.{field}={value!r} classifies from the first column's hidden state, a padding token's there (the "
-        "logits, and so the explanation, are not the row's)", "Pad on the right (tokenizer.padding_side = 'right')")
+        "attention_mask", f"{bad_rows(padded_first)} {verb} with padding, and {architecture_name(model)}{setting} "
+        "classifies from the first column's hidden state, a padding token's there (the logits, and so any "
+        "explanation or score of them, are not the row's)", "Pad on the right (tokenizer.padding_side = 'right')")
 
 
 def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[Tensor, "batch pos"],
@@ -194,8 +208,7 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     _check_explained_output_kwargs(forward_kwargs)
     kwargs = dict(forward_kwargs)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-    if spec.is_classifier and attention_mask is not None:
-        _check_first_column_is_real(model, spec, mask)
+    check_first_column_is_real(model, attention_mask, spec)
     if spec.kind == "decoder" and "position_ids" not in kwargs:
         kwargs["position_ids"] = real_token_positions(mask)
     if spec.kind == "decoder" and spec.is_classifier and attention_mask is not None and (mask == 0).any():

@@ -114,9 +114,12 @@ class ArchitectureSpec:
             accepted (every non-linearity of its forward is a module that can be held constant).
         masked_lm_classifier: masked LMs only: the sequence-classifier class ``pretrain_masked_lm``'s encoder
             moves into (``None``: ``pretrain_masked_lm`` refuses the class).
-        first_column_pooling: classifiers only: ``(config field, value)`` with which the head classifies from the
-            first column's hidden state (ModernBERT's ``classifier_pooling="cls"``), a padding token's on a
-            left-padded row, so the text paths refuse left padding there (``None``: the head never does).
+        first_column_pooling: classifiers only: whether the head classifies from the first column's hidden state,
+            a padding token's on a left-padded row, so the text paths, ``perturbation_curves``, ``predict`` and
+            ``fine_tune_classifier`` refuse left padding there (:meth:`classifies_from_first_column`): ``True``
+            always (BERT's pooler, DistilBERT's and RoBERTa's heads read ``[CLS]`` / ``<s>``), ``(config field,
+            value)`` when the model's config has that value (ModernBERT's ``classifier_pooling="cls"``; its
+            ``"mean"`` reads every real token), ``False`` never (decoders read each row's last real token).
     """
 
     kind: Literal["encoder", "decoder"]
@@ -133,12 +136,20 @@ class ArchitectureSpec:
     bridge: bool = False
     dynamic_linear_refusal: str | None = _FORWARD_NOT_READ
     masked_lm_classifier: str | None = None
-    first_column_pooling: tuple[str, object] | None = None
+    first_column_pooling: bool | tuple[str, object] = False
 
     @property
     def is_classifier(self) -> bool:
         """Whether the model has a classification head (``logits`` of shape (batch, classes))."""
         return self.head == "classifier"
+
+    def classifies_from_first_column(self, config) -> bool:
+        """Whether a classifier of this class with ``config`` reads its logits from the first column's hidden state
+        (:attr:`first_column_pooling`)."""
+        if isinstance(self.first_column_pooling, tuple):
+            field_name, value = self.first_column_pooling
+            return self.is_classifier and getattr(config, field_name, None) == value
+        return self.is_classifier and self.first_column_pooling
 
     def base_model(self, model: nn.Module) -> nn.Module:
         return model.get_submodule(self.base_prefix) if self.base_prefix else model
@@ -256,7 +267,7 @@ SPECS: dict[str, ArchitectureSpec] = {
                                   position_table=_BERT_TABLE, dynamic_linear_refusal=None),
     "BertForSequenceClassification": ArchitectureSpec(
         "encoder", "bert", _BERT_QK, _BERT_POINT, head="classifier", remove_activations=("bert.pooler.activation",),
-        position_table=_BERT_TABLE, dynamic_linear_refusal=None),
+        position_table=_BERT_TABLE, dynamic_linear_refusal=None, first_column_pooling=True),
     "BertForMaskedLM": ArchitectureSpec(
         "encoder", "bert", _BERT_QK, _BERT_POINT, head="masked_lm", keep={"cls.predictions.decoder": _TIED},
         class_swaps={"cls.predictions": (_bert_mlm_head, _MLM_BIAS)}, position_table=_BERT_TABLE,
@@ -265,7 +276,7 @@ SPECS: dict[str, ArchitectureSpec] = {
                                         position_table=_BERT_TABLE, dynamic_linear_refusal=None),
     "DistilBertForSequenceClassification": ArchitectureSpec(
         "encoder", "distilbert", _DISTIL_QK, _BERT_POINT, head="classifier",
-        class_swaps={"": (_distilbert_cls, "ReLU after pre_classifier removed")},
+        class_swaps={"": (_distilbert_cls, "ReLU after pre_classifier removed")}, first_column_pooling=True,
         position_table=_BERT_TABLE, dynamic_linear_refusal="its forward applies ReLU to pre_classifier's output "
         "inline (nn.ReLU()(pooled_output)), where no module of the model can hold it constant"),
     "RobertaModel": ArchitectureSpec("encoder", "", _BERT_QK, _BERT_POINT, remove_activations=("pooler.activation",),
@@ -273,8 +284,8 @@ SPECS: dict[str, ArchitectureSpec] = {
     "RobertaForSequenceClassification": ArchitectureSpec(
         "encoder", "roberta", _BERT_QK, _BERT_POINT, head="classifier",
         class_swaps={"classifier": (_roberta_head, "tanh between dense and out_proj removed")},
-        position_table=_ROBERTA_TABLE, dynamic_linear_refusal="its classifier applies tanh between dense and "
-        "out_proj inline (torch.tanh), where no module can hold it constant"),
+        first_column_pooling=True, position_table=_ROBERTA_TABLE, dynamic_linear_refusal="its classifier applies "
+        "tanh between dense and out_proj inline (torch.tanh), where no module can hold it constant"),
     "GPT2Model": ArchitectureSpec("decoder", "", _GPT2_QK, ("drop", "input"), position_table=_GPT2_TABLE,
                                   dynamic_linear_refusal=_GPT2_NOT_DYNAMIC),
     "GPT2LMHeadModel": ArchitectureSpec("decoder", "transformer", _GPT2_QK, ("drop", "input"), head="causal_lm",
@@ -296,7 +307,7 @@ SPECS: dict[str, ArchitectureSpec] = {
     # alternating local/global attention (a mask on the constant pattern), bias-free LayerNorms
     **{name: ArchitectureSpec("encoder", prefix, _MODERNBERT_QK, ("embeddings.norm", "input"), head=head,
                               module_swaps={"mlp": (_fused_gated_mlp, _GATED)},
-                              first_column_pooling=("classifier_pooling", "cls") if head == "classifier" else None,
+                              first_column_pooling=("classifier_pooling", "cls") if head == "classifier" else False,
                               dynamic_linear_refusal=f"{_FUSED_QKV.format(path='attn.Wqkv')}, and its GeGLU "
                               "multiplies two input-dependent branches in its forward (act(input) * gate)")
        for name, prefix, head in (("ModernBertModel", "", "base"),
