@@ -244,13 +244,17 @@ class BcosLinear(AlignmentPressure):
             x_norm = input_norm(x) if isinstance(b, Tensor) or b != 1.0 else None
             return bcos_linear(x, self.weight, x_norm, b, units_are_columns=self._UNITS_ARE_COLUMNS)
         lin = max_out(self._linear(x), self.max_out)
-        if isinstance(b, Tensor) or b != 1.0:
-            explaining = self.holds_constant()
-            with self.dynamic_scope():
+        scaled = isinstance(b, Tensor) or b != 1.0
+        explaining = self.holds_constant() if scaled else self.explaining
+        if scaled:
+            if explaining:  # the factor is a constant: its norm is computed without recording (dynamic_scope)
+                with torch.no_grad():
+                    x_norm = input_norm(x)
+            else:
                 x_norm = input_norm(x)
             # MaxOut's maximum saves its output for its backward pass: only the matrix product's is free to reuse
             lin = bcos_product(lin, x_norm, b, explaining, overwrite_lin=self.max_out == 1)
-        if self.explaining and self.constant_outputs is not None:
+        if explaining and self.constant_outputs is not None:
             lin = _detach_slice(lin, self.constant_outputs)
         return lin
 
