@@ -16,6 +16,7 @@ from ._checks import (
     require_text_pairs,
     require_texts,
 )
+from .attribution.text import check_first_column_is_real
 from .b_warmup import BWarmupCallback
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, argument_error
@@ -106,6 +107,7 @@ def fine_tune_classifier(
     if head_learning_rate is not None:
         optimizers = (two_rate_adamw(model, learning_rate, head_learning_rate, args.weight_decay), None)
     dataset = EncodedTexts(tokenizer, texts, labels, max_length, text_pairs)
+    _check_padding_side(model, dataset, DataCollatorWithPadding(tokenizer))
     trainer_class, loss_func = Trainer, (bcos_loss if use_bce else None)
     if distill is not None:
         dataset.teacher_logits = predict(teacher, tokenizer, texts, text_pairs=text_pairs, batch_size=batch_size,
@@ -129,6 +131,19 @@ def fine_tune_classifier(
     trainer.train()
     model.eval()
     return trainer
+
+
+def _check_padding_side(model: nn.Module, dataset: EncodedTexts, collator) -> None:
+    """Refuse, before any step, a tokenizer that pads on the left for a classifier that reads the first column
+    (:func:`~bcos_plugins.attribution.check_first_column_is_real`): every padded row of a batch would be trained on a
+    padding token's logits. The collator the ``Trainer`` pads with pads the shortest and the longest text together."""
+    lengths = [len(ids) for ids in dataset.encodings["input_ids"]]
+    shortest = min(range(len(lengths)), key=lengths.__getitem__)
+    longest = max(range(len(lengths)), key=lengths.__getitem__)
+    if lengths[shortest] == lengths[longest]:
+        return  # no batch is ever padded
+    probe = collator([{name: values[i] for name, values in dataset.encodings.items()} for i in (shortest, longest)])
+    check_first_column_is_real(model, probe["attention_mask"])
 
 
 def _check_distillation(model, teacher, weight, kind, temperature) -> tuple[float, str, float] | None:

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import require_classifier, require_count, require_labels, require_text_pairs, require_texts
+from .attribution.text import check_first_column_is_real
 from .encoded_texts import truncation_length
 
 __all__ = ["accuracy", "predict"]
@@ -19,7 +20,9 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
 
     Texts are batched in order of length (each batch is padded to its longest text, so similar lengths waste
     less work) and the rows are put back in the input order. They are truncated to ``max_length`` tokens: by
-    default 64, capped at the model's position limit; a longer one is refused.
+    default 64, capped at the model's position limit; a longer one is refused. A tokenizer that pads on the left
+    is refused for a classifier that reads the first column (BERT, DistilBERT, RoBERTa, ModernBERT with
+    ``classifier_pooling="cls"``): a padded row's logits would be a padding token's.
     """
     texts = require_texts(texts)
     text_pairs = require_text_pairs(text_pairs, len(texts))
@@ -34,6 +37,7 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
         pairs = None if text_pairs is None else [text_pairs[i] for i in rows]
         enc = tokenizer([texts[i] for i in rows], pairs, padding=True, truncation=True, max_length=max_length,
                         return_tensors="pt").to(device)
+        check_first_column_is_real(model, enc.get("attention_mask"))
         out.append(model(**enc).logits.float().cpu())
     logits = torch.cat(out)
     return logits[torch.argsort(torch.tensor(order))]

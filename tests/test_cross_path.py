@@ -1,8 +1,8 @@
 """Every explanation path gives the same answer (issue 14), property-based over small random models and inputs.
 
 For tiny B-cos GPT-2 / Llama (causal LMs) and BERT (classifiers) with random sizes and B, random batches with left
-or right padding, targets, foils and positions, these paths must give the same per-token contributions and the
-same explained value as :func:`bcos_plugins.explain` (within 1e-5 of the largest contribution / explained
+or right padding (BERT: right; every path refuses its left-padded batches), targets, foils and positions, these
+paths must give the same per-token contributions and the same explained value as :func:`bcos_plugins.explain` (within 1e-5 of the largest contribution / explained
 value of the batch; float32):
 
 - Captum ``BcosAttribution`` with ``EmbeddingForward`` as the module, and with a plain function around it;
@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from bcos_plugins import bcosify, explain
 from bcos_plugins.attribution import model_call_kwargs, resolve_positions
 from bcos_plugins.convert.architectures import spec_for
+from bcos_plugins.errors import BcosValueError
 
 VOCAB = 40
 PAD = 0
@@ -88,7 +89,9 @@ def cases(draw, family: str):
     batch = draw(st.integers(1, 3))
     length = draw(st.integers(2, 7))
     lengths = [length] + [draw(st.integers(1, length)) for _ in range(batch - 1)]
-    side = draw(st.sampled_from(["left", "right"]))
+    # BERT classifies from the first column, a padding token's on a left-padded row: left padding is refused there
+    # (test_encoder_classifier_paths_agree checks the refusal on each batch moved to the left)
+    side = "right" if family == "bert" else draw(st.sampled_from(["left", "right"]))
     ids = torch.tensor([draw(st.lists(st.integers(3, VOCAB - 1), min_size=length, max_size=length))
                         for _ in range(batch)])
     mask = torch.zeros(batch, length, dtype=torch.long)
@@ -220,3 +223,13 @@ def test_encoder_classifier_paths_agree(data):
     assert_complete(ref)
     for name, contributions, explained in captum_paths(model, ids, mask, target, foil, None):
         assert_same(name, contributions, explained, ref)
+    # the same rows padded on the left: every path refuses them, naming the argument and the fix
+    shifts = (mask == 0).sum(1)
+    if shifts.any():
+        left_ids = torch.stack([row.roll(int(n)) for row, n in zip(ids, shifts, strict=True)])
+        left_mask = torch.stack([row.roll(int(n)) for row, n in zip(mask, shifts, strict=True)])
+        refusal = r"^attention_mask: rows? \[.*\] starts? with padding.*first column.*padding_side = 'right'"
+        with pytest.raises(BcosValueError, match=refusal):
+            explain(model, left_ids, left_mask, target=target, foil=foil)
+        with pytest.raises(BcosValueError, match=refusal):
+            captum_paths(model, left_ids, left_mask, target, foil, None)

@@ -330,3 +330,25 @@ def test_measure_cost_falls_back_to_sampling(monkeypatch):
     _, cost = measure_cost(work, device="cpu")
     assert cost.memory_method == "sampled_rss"
     assert cost.peak_mib > 128
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "DistilBertForSequenceClassification",
+                                  "RobertaForSequenceClassification"])
+def test_left_padding_is_refused_for_a_classifier_that_reads_the_first_column(name):
+    """BERT, DistilBERT and RoBERTa classify from the first column's hidden state, a padding token's on a left-padded
+    row: its full and perturbed probabilities were a padding token's (batch-dependent, silently). The one check of
+    explain refuses that batch here too, stock or B-cos; the same rows padded on the right are scored."""
+    from conftest import padded_batch, tiny_model
+
+    from bcos_plugins import bcosify
+
+    for model in (tiny_model(name), bcosify(tiny_model(name), verbose=False)):
+        ids, mask = padded_batch(side="right")
+        special = (mask == 0) | (torch.arange(ids.shape[1]) == 0)
+        scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
+        curves = perturbation_curves(model, ids, mask, scores, special_tokens=special)
+        assert torch.isfinite(curves.comprehensiveness).all() and torch.isfinite(curves.sufficiency).all()
+        ids, mask = padded_batch(side="left")
+        with pytest.raises(ValueError, match=rf"^attention_mask: rows \[1, 2\] start with padding, and {name} "
+                                             r"classifies from the first column.*padding_side = 'right'"):
+            perturbation_curves(model, ids, mask, scores, special_tokens=mask == 0)

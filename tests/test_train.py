@@ -259,3 +259,32 @@ def test_bcos_plugins_train_still_gives_every_name_it_gave_before_the_split():
         assert getattr(train, name) is getattr(home, name), name
     assert bcos_plugins.load_bcos_model is persistence.load_bcos_model and bcos_plugins.bcos_loss is losses.bcos_loss
     assert train.check_labels([0, 1], 2) == [0, 1]
+
+
+def test_a_tokenizer_that_pads_on_the_left_is_refused_for_a_first_column_classifier():
+    """BERT classifies from the first column's hidden state, a padding token's on a left-padded row: predict gave a
+    padded text other logits than alone, and fine_tune_classifier trained padded rows on a padding token's logits
+    (silently). Both refuse such a tokenizer with the one check of explain, fine_tune_classifier before any step;
+    padded on the right, each text is predicted as alone."""
+    import transformers as T
+    from conftest import tiny_config
+
+    from bcos_plugins.train import accuracy, fine_tune_classifier, predict
+
+    tok = pair_tokenizer()
+    texts = ["w1 " * 9, "w2", "w1 w2 " * 4, "w2 w2 w1"]
+    torch.manual_seed(0)
+    model = T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval()
+    alone = torch.cat([predict(model, tok, [t], max_length=32) for t in texts])
+    torch.testing.assert_close(predict(model, tok, texts, batch_size=4, max_length=32), alone, atol=1e-5, rtol=1e-4)
+    tok.padding_side = "left"
+    refusal = (r"^attention_mask: rows? \[.*\] starts? with padding, and BertForSequenceClassification classifies "
+               r"from the first column.*Pad on the right \(tokenizer\.padding_side = 'right'\)")
+    before = [p.detach().clone() for p in model.parameters()]
+    for call in (lambda: predict(model, tok, texts, batch_size=4, max_length=32),
+                 lambda: accuracy(model, tok, texts, [0, 1, 0, 1], batch_size=4, max_length=32),
+                 lambda: fine_tune_classifier(model, tok, texts, [0, 1, 0, 1], epochs=1, batch_size=4,
+                                              max_length=32, progress=False)):
+        with pytest.raises(ValueError, match=refusal):
+            call()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # no step was taken

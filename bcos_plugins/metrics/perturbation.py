@@ -39,6 +39,7 @@ from .._checks import (
     require_tensor,
     require_token_batch,
 )
+from ..attribution.text import check_first_column_is_real
 from ..errors import BcosTypeError, argument_error
 from .attributions import perturbable_mask, token_scores
 
@@ -208,7 +209,9 @@ def perturbation_curves(
     Args:
         model: a transformers classifier, or any ``f(input_ids=, attention_mask=, **kw)`` returning class
             logits (a tensor or an object with ``.logits``).
-        input_ids, attention_mask: the explained batch (padding on either side).
+        input_ids, attention_mask: the explained batch (padding on either side, except for a classifier that
+            reads the first column, BERT's, DistilBERT's, RoBERTa's, ModernBERT's with ``classifier_pooling="cls"``:
+            left padding is refused there, its probabilities would be a padding token's).
         attributions: from any method (see :func:`~bcos_plugins.metrics.token_scores`), aligned with
             ``input_ids``.
         tokenizer / special_tokens: where the special tokens are (one is required; they are never perturbed).
@@ -240,6 +243,7 @@ def perturbation_curves(
     batch_size = require_int("batch_size", batch_size, minimum=1)
     fractions = _check_fractions(fractions)
     input_ids, attention_mask = require_token_batch(input_ids, attention_mask)
+    check_first_column_is_real(model, attention_mask)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     scores = token_scores(attributions, reduce=reduce).to(input_ids.device)
     require_same_shape("attributions", scores, "input_ids", input_ids,
