@@ -312,6 +312,36 @@ def test_gpt2_classifier_padded_with_another_id_gives_each_text_its_own_logits(b
         torch.testing.assert_close(seq.source_attributions, alone.source_attributions, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "DistilBertForSequenceClassification",
+                                  "RobertaForSequenceClassification"])
+def test_classifier_reading_the_first_column_refuses_a_left_padding_tokenizer(name, bert_tokenizer):
+    """BERT, DistilBERT and RoBERTa classify from the first column's hidden state, a padding token's on a left-padded
+    row: load_classifier explained a logit that changed with the batch (complete, silently). A tokenizer that pads on
+    the left is refused with explain's message (argument, problem, fix); padded on the right, each text's
+    attributions are those it gets alone."""
+    import copy
+
+    config_class = getattr(T, name.replace("ForSequenceClassification", "Config"))
+    sizes = (dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64) if name.startswith("Distil") else
+             dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64))
+    torch.manual_seed(2)
+    model = bcosify(getattr(T, name)(config_class(vocab_size=len(bert_tokenizer), max_position_embeddings=40,
+                                                  num_labels=2, pad_token_id=0, **sizes)).eval(),
+                    b=1.25, verbose=False)
+    tokenizer = copy.deepcopy(bert_tokenizer)
+    if name.startswith("Distil"):  # DistilBERT has no token types (its own tokenizer gives none)
+        tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    texts = ["the film was great and the acting good", "bad"]
+    batched = adapter.load_classifier(model, tokenizer).attribute(texts).sequence_attributions
+    for text, seq in zip(texts, batched, strict=True):
+        alone = adapter.load_classifier(model, tokenizer).attribute(text).sequence_attributions[0]
+        torch.testing.assert_close(seq.source_attributions, alone.source_attributions, rtol=1e-5, atol=1e-6)
+    tokenizer.padding_side = "left"
+    with pytest.raises(BcosValueError, match=rf"^attention_mask: row \[1\] starts with padding, and {name} classifies "
+                                             r"from the first column.*Pad on the right \(tokenizer\.padding_side"):
+        adapter.load_classifier(model, tokenizer).attribute(texts)
+
+
 # ------------------------------------------------------------------------------------------- error paths
 
 
