@@ -259,6 +259,33 @@ def test_zero_shot_evaluation_scores_predictions():
         zero_shot_evaluation(model, tok, texts, predicted[:4])
 
 
+def test_predict_labels_refuses_left_padding_for_a_classifier_reading_the_first_column():
+    """A BERT classifier classifies from the first column, a padding token's on a left-padded row: predict_labels
+    refuses a tokenizer that pads on the left there (explain's one check); the Space model, which averages over real
+    tokens, takes either side."""
+    from conftest import tiny_model
+
+    from bcos_plugins.space import predict_labels
+
+    class LeftPadding(_WordTokenizer):
+        def __call__(self, *args, **kwargs):
+            enc = super().__call__(*args, **kwargs)
+            shift = (enc["attention_mask"] == 0).sum(1)
+            return T.BatchEncoding({k: torch.stack([row.roll(int(n)) for row, n in zip(v, shift, strict=True)])
+                                    for k, v in enc.items()})
+
+    texts = ["a bb ccc", "dddd e", "ff gg hhh iiii", "j"]
+    bert = tiny_model("BertForSequenceClassification")
+    assert len(predict_labels(bert, _WordTokenizer(), texts, batch_size=2)) == 4
+    with pytest.raises(ValueError, match=r"^attention_mask: row \[1\] starts with padding, and "
+                                         r"BertForSequenceClassification classifies from the first column.*"
+                                         r"padding_side = 'right'"):
+        predict_labels(bert, LeftPadding(), texts, batch_size=2)
+    space = space_model(num_labels=2)
+    assert predict_labels(space, LeftPadding(), texts, batch_size=2) == predict_labels(space, _WordTokenizer(), texts,
+                                                                                       batch_size=2)
+
+
 def test_classification_scores_hand_case():
     s = classification_scores([0, 0, 1, 1], [0, 1, 1, 1])
     assert s["accuracy"] == 0.75

@@ -17,6 +17,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .._checks import require_int
+from ..attribution.text import check_first_column_is_real
 from ..errors import BcosFileError, BcosTypeError, argument_error
 
 __all__ = ["read_sst2_tsv", "read_rt_polarity", "predict_labels", "classification_scores",
@@ -78,7 +79,8 @@ def read_rt_polarity(folder: str | Path, limit_per_class: int | None = None) -> 
 @torch.no_grad()
 def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32, max_length: int = 128,
                    progress: bool = False) -> list[int]:
-    """Arg-max class of each text (the model in eval mode, batches padded per batch)."""
+    """Arg-max class of each text (the model in eval mode, batches padded per batch; a tokenizer that pads on the
+    left is refused for a classifier that reads the first column, BERT's, DistilBERT's, RoBERTa's)."""
     if not isinstance(model, nn.Module) or not callable(tokenizer):
         raise argument_error("model", f"predict_labels needs a torch classifier and its tokenizer, got "
                              f"{type(model).__name__} and {type(tokenizer).__name__}",
@@ -97,6 +99,7 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
         for start in tqdm(range(0, len(texts), batch_size), disable=not progress, desc="predict"):
             batch = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
                               max_length=max_length, return_tensors="pt").to(device)
+            check_first_column_is_real(model, batch.get("attention_mask"))
             predictions += model(**batch).logits.argmax(-1).tolist()
     finally:
         model.train(was_training)
