@@ -61,7 +61,9 @@ def fine_tune_classifier(
     and docs/benchmarks.md give what each recipe and preset measured.
 
     ``loss="auto"`` uses :func:`bcos_loss` (BCE on one-hot targets) for B-cos models and the model's own
-    cross-entropy otherwise; ``"bce"`` / ``"ce"`` force one. Padding is dynamic (``DataCollatorWithPadding``).
+    cross-entropy otherwise; ``"bce"`` / ``"ce"`` force one. Padding is dynamic (``DataCollatorWithPadding``), on the
+    tokenizer's side; a tokenizer that pads on the left is refused before training for a classifier that reads the
+    first column (BERT, DistilBERT, RoBERTa, ModernBERT with ``classifier_pooling="cls"``).
     Sentence-pair tasks (NLI, paraphrase): ``text_pairs`` holds the second text of each example, encoded as the
     tokenizer's pair (``[CLS] text [SEP] pair [SEP]`` with token types for BERT), truncated longest first to
     ``max_length``; pass the same ``text_pairs`` to :func:`predict` / :func:`accuracy`. ``max_length`` defaults to
