@@ -6,7 +6,8 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import require_classifier, require_count, require_labels, require_text_pairs, require_texts
-from .attribution.text import check_first_column_is_real
+from .attribution.text import check_first_column_is_real, forward_keywords, model_call_kwargs
+from .convert.architectures import SPECS, architecture_name
 from .encoded_texts import truncation_length
 
 __all__ = ["accuracy", "predict"]
@@ -22,7 +23,9 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
     less work) and the rows are put back in the input order. They are truncated to ``max_length`` tokens: by
     default 64, capped at the model's position limit; a longer one is refused. A tokenizer that pads on the left
     is refused for a classifier that reads the first column (BERT, DistilBERT, RoBERTa, ModernBERT with
-    ``classifier_pooling="cls"``): a padded row's logits would be a padding token's.
+    ``classifier_pooling="cls"``): a padded row's logits would be a padding token's. Models of the architecture
+    registry are called as ``explain`` calls them (``model_call_kwargs``), so a decoder classifier's rows are
+    computed as alone under either padding side (position ids count real tokens).
     """
     texts = require_texts(texts)
     text_pairs = require_text_pairs(text_pairs, len(texts))
@@ -37,8 +40,18 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
         pairs = None if text_pairs is None else [text_pairs[i] for i in rows]
         enc = tokenizer([texts[i] for i in rows], pairs, padding=True, truncation=True, max_length=max_length,
                         return_tensors="pt").to(device)
-        check_first_column_is_real(model, enc.get("attention_mask"))
-        out.append(model(**enc).logits.float().cpu())
+        spec = SPECS.get(architecture_name(model))
+        if spec is None:  # outside the registry: called as given (the check below does nothing for it)
+            check_first_column_is_real(model, enc.get("attention_mask"))
+            call = dict(enc)
+        else:
+            # what the tokenizer returns by default and the forward does not read (a BERT tokenizer's
+            # token_type_ids for a Llama) is left out, as the forward's **kwargs left it unread before
+            known = forward_keywords(model)
+            rest = {k: v for k, v in enc.items()
+                    if k not in ("input_ids", "attention_mask") and (known is None or k in known)}
+            call = model_call_kwargs(model, spec, enc["input_ids"], enc.get("attention_mask"), rest)
+        out.append(model(**call).logits.float().cpu())
     logits = torch.cat(out)
     return logits[torch.argsort(torch.tensor(order))]
 

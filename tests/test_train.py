@@ -177,6 +177,22 @@ def test_predict_batches_by_length_and_returns_rows_in_input_order():
     assert accuracy(model, tok, texts, [1 - y for y in labels], batch_size=2, max_length=32) == 0.0
 
 
+@pytest.mark.parametrize("class_name", ["GPT2ForSequenceClassification", "LlamaForSequenceClassification"])
+def test_predict_computes_a_decoder_classifiers_rows_as_alone_under_left_padding(class_name):
+    """A left-padding tokenizer shifts a decoder's positions unless they count real tokens (as explain does):
+    each row equals its text predicted alone, on either padding side."""
+    from bcos_plugins.train import predict
+
+    tok = pair_tokenizer()
+    texts = ["w1 " * 9, "w2", "w1 w2 " * 4, "w2 w2 w1", "w1"]
+    model = tiny_model(class_name)
+    alone = torch.cat([predict(model, tok, [t], max_length=32) for t in texts])
+    for side in ("right", "left"):
+        tok.padding_side = side
+        torch.testing.assert_close(predict(model, tok, texts, batch_size=5, max_length=32), alone, atol=1e-5,
+                                   rtol=1e-4, msg=lambda m, side=side: f"padding on the {side}: {m}")
+
+
 def test_task_then_bcos_passes_text_pairs_to_both_stages():
     import transformers as T
     from conftest import tiny_config
