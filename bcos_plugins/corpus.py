@@ -16,7 +16,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .attribution.targets import Direction
-from .attribution.text import forward_keywords
+from .attribution.text import forward_keywords, readable_tokenizer_outputs
 from .convert.architectures import position_limit, vocabulary_size
 from .errors import BcosTypeError, BcosValueError
 from .explain import explain
@@ -160,16 +160,13 @@ def explain_dataset(
         return torch.tensor(items[lo:hi], device=device)
 
     bar = tqdm(total=n, desc="explaining", unit="text", disable=not progress)
+    readable = forward_keywords(model)
     for lo in range(0, n, batch_size):
         hi = min(lo + batch_size, n)
         enc = tokenizer(texts[lo:hi], pairs[lo:hi] if pairs is not None else None, padding=True,
                         truncation=True, max_length=max_length, return_tensors="pt").to(device)
         _require_model_tokenizer(model, tokenizer, enc)
-        # what the tokenizer returns and the forward does not read (token_type_ids of a BERT tokenizer on
-        # DistilBERT) is left out, as the model's own tokenizer would not return it
-        readable = forward_keywords(model)
-        extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")
-                 and (readable is None or k in readable)}
+        extra = readable_tokenizer_outputs(enc, readable)
         # a non-negative position counts from each text's first token: on a left-padded batch that is the text's
         # padding plus the position, not the column itself
         from_first = (position if not isinstance(position, int) or isinstance(position, bool) or position < 0

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import require_classifier, require_count, require_labels, require_text_pairs, require_texts
-from .attribution.text import check_first_column_is_real, forward_keywords, model_call_kwargs
+from .attribution.text import forward_keywords, model_call_kwargs, readable_tokenizer_outputs
 from .convert.architectures import SPECS, architecture_name
 from .encoded_texts import truncation_length
 
@@ -33,6 +33,8 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
     max_length = truncation_length(model, max_length, default=64)
     model.eval()
     device = next(model.parameters()).device
+    spec = SPECS.get(architecture_name(model))
+    readable = forward_keywords(model) if spec is not None else None
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]) + (len(text_pairs[i]) if text_pairs else 0))
     out = []
     for start in range(0, len(texts), batch_size):
@@ -40,17 +42,11 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
         pairs = None if text_pairs is None else [text_pairs[i] for i in rows]
         enc = tokenizer([texts[i] for i in rows], pairs, padding=True, truncation=True, max_length=max_length,
                         return_tensors="pt").to(device)
-        spec = SPECS.get(architecture_name(model))
-        if spec is None:  # outside the registry: called as given (the check below does nothing for it)
-            check_first_column_is_real(model, enc.get("attention_mask"))
+        if spec is None:  # outside the registry: called as given (no first-column check applies to it)
             call = dict(enc)
         else:
-            # what the tokenizer returns by default and the forward does not read (a BERT tokenizer's
-            # token_type_ids for a Llama) is left out, as the forward's **kwargs left it unread before
-            known = forward_keywords(model)
-            rest = {k: v for k, v in enc.items()
-                    if k not in ("input_ids", "attention_mask") and (known is None or k in known)}
-            call = model_call_kwargs(model, spec, enc["input_ids"], enc.get("attention_mask"), rest)
+            call = model_call_kwargs(model, spec, enc["input_ids"], enc.get("attention_mask"),
+                                     readable_tokenizer_outputs(enc, readable))
         out.append(model(**call).logits.float().cpu())
     logits = torch.cat(out)
     return logits[torch.argsort(torch.tensor(order))]

@@ -39,7 +39,8 @@ from .gradient import outside_inference
 from .targets import real_token_positions, resolve_positions
 
 __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explained_positions",
-           "model_call_kwargs", "check_forward_kwargs", "forward_keywords", "check_first_column_is_real"]
+           "model_call_kwargs", "check_forward_kwargs", "forward_keywords", "check_first_column_is_real",
+           "readable_tokenizer_outputs"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,15 @@ def forward_keywords(model: nn.Module) -> set[str] | None:
 
         names |= set(TransformersKwargs.__annotations__)
     return names
+
+
+def readable_tokenizer_outputs(encoding, readable: set[str] | None) -> dict:
+    """The tokenizer outputs of ``encoding`` besides ``input_ids`` and ``attention_mask`` that a forward reading
+    ``readable`` (:func:`forward_keywords`, computed once per model; ``None``: unknown, all kept) takes. What a
+    tokenizer returns by default and the forward does not read (a BERT tokenizer's ``token_type_ids`` for a
+    DistilBERT or a Llama) is left out, as the model's own tokenizer would not return it."""
+    return {k: v for k, v in encoding.items()
+            if k not in ("input_ids", "attention_mask") and (readable is None or k in readable)}
 
 
 def check_forward_kwargs(model: nn.Module, forward_kwargs: dict) -> None:
