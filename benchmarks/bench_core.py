@@ -4,6 +4,8 @@
   (the combined embedding, ``LayerGradientXActivation`` on the embedding LayerNorm's input) on the
   conventional model of the same architecture. Goal <= 1.05.
 - forward: B-cos forward / conventional forward. Goal <= 1.10.
+- both again on the reference path (``bcos_plugins.nn.functional.reference_path``: the step-by-step maths the
+  fused kernels are tested against), in the same interleaved run, so the fused kernels' gain is measured.
 
 The architecture is all-MiniLM-L6-v2's (a 6-layer BERT, hidden 384) built from its config with random
 weights, so the benchmark needs no download. Timings interleave the two models and report medians of two
@@ -33,6 +35,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from bcos_plugins import bcosify, explain
 from bcos_plugins.attribution import text_attribution_point
+from bcos_plugins.nn.functional import reference_path
 from bcos_plugins.pretrained import minilm_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
@@ -170,8 +173,15 @@ def main() -> None:
                 model(input_ids=ids, attention_mask=mask)
         return f
 
-    med = _interleaved_medians({"ixg": run_ixg, "bcos": run_bcos, "fwd_conv": fwd(conventional),
-                                "fwd_bcos": fwd(bcos)}, repeats)
+    def on_reference_path(f):  # the plain, step-by-step B-cos maths the fused kernels are tested against
+        def g():
+            with reference_path():
+                f()
+        return g
+
+    med = _interleaved_medians({"ixg": run_ixg, "bcos": run_bcos, "bcos_ref": on_reference_path(run_bcos),
+                                "fwd_conv": fwd(conventional), "fwd_bcos": fwd(bcos),
+                                "fwd_bcos_ref": on_reference_path(fwd(bcos))}, repeats)
     print(f"MiniLM-L6 architecture, batch {batch} x {length} tokens, median of {repeats} interleaved runs, "
           f"{torch.get_num_threads()} thread(s); {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load "
           f"average {os.getloadavg()[0]:.1f}")
@@ -180,7 +190,9 @@ def main() -> None:
     print("| measurement | seconds, wall / thread CPU | ratio, wall / thread CPU | goal |")
     print("|---|---|---|---|")
     rows = [("Captum IxG, conventional", "ixg", None, ""), ("B-cos explain, B-cos", "bcos", "ixg", EXPLAIN_GOAL),
-            ("forward, conventional", "fwd_conv", None, ""), ("forward, B-cos", "fwd_bcos", "fwd_conv", FORWARD_GOAL)]
+            ("B-cos explain, B-cos, reference path", "bcos_ref", "ixg", ""),
+            ("forward, conventional", "fwd_conv", None, ""), ("forward, B-cos", "fwd_bcos", "fwd_conv", FORWARD_GOAL),
+            ("forward, B-cos, reference path", "fwd_bcos_ref", "fwd_conv", "")]
     for label, key, base, goal in rows:
         ratio = _ratios(med[key], med[base]) if base else ""
         print(f"| {label} | {med[key].wall:.4f} / {med[key].cpu:.4f} | {ratio} | "
