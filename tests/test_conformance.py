@@ -19,7 +19,8 @@ import transformers as T
 from conftest import MAX_POS, VOCAB, hooked_transformer_from_hf_or_none, padded_batch, tiny_config
 
 from bcos_plugins import UnsupportedModuleError, bcosify, explain, load_bcos_model
-from bcos_plugins.attribution import has_dynamic_weights, real_token_positions
+from bcos_plugins.attribution import has_dynamic_weights
+from bcos_plugins.attribution.text import real_token_position_ids
 from bcos_plugins.convert.architectures import REFUSED_ARCHITECTURES, SPECS, specs_where, stock_class
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 
@@ -112,9 +113,11 @@ def _padding_side(name: str) -> str:
 
 
 def _outputs(model, ids, mask):
-    """The model's own outputs explain() explains: class logits (batch, classes), else (batch, pos, units)."""
+    """The model's own outputs explain() explains: class logits (batch, classes), else (batch, pos, units), each
+    row's as the row alone (positions counted from its first real token where they are absolute or causal)."""
     spec = SPECS[model.config.bcos["architecture"]]
-    kwargs = {"position_ids": real_token_positions(mask)} if spec.kind == "decoder" else {}
+    counted = spec.kind == "decoder" or spec.position_table is not None
+    kwargs = {"position_ids": real_token_position_ids(spec, model.config, mask)} if counted else {}
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, **kwargs)
     return out.logits if hasattr(out, "logits") else out.last_hidden_state

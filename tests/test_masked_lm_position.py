@@ -9,6 +9,7 @@ import torch
 from conftest import padded_batch, tiny_model
 
 from bcos_plugins import bcosify, explain
+from bcos_plugins.attribution import real_token_positions
 from bcos_plugins.errors import BcosValueError
 
 
@@ -42,7 +43,8 @@ def test_explain_and_captum_layer_bcos_explain_the_same_masked_lm_position(bcos_
     position = torch.tensor([-3, -2, -1])  # counted back from each row's last real token, either padding side
     target = torch.tensor([5, 9, 11])
     reference = explain(bcos_masked_lm, ids, mask, target=target, position=position)
-    logits = bcos_masked_lm(input_ids=ids, attention_mask=mask).logits
+    # each row's logits as the row alone: BERT's absolute positions counted from its first real token
+    logits = bcos_masked_lm(input_ids=ids, attention_mask=mask, position_ids=real_token_positions(mask)).logits
     rows = torch.arange(3)
     torch.testing.assert_close(reference.explained, logits[rows, reference.position, target])
     attributions, delta = LayerBcos(bcos_masked_lm).attribute(

@@ -40,7 +40,7 @@ from .targets import real_token_positions, resolve_positions
 
 __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explained_positions",
            "model_call_kwargs", "check_forward_kwargs", "forward_keywords", "check_first_column_is_real",
-           "readable_tokenizer_outputs"]
+           "readable_tokenizer_outputs", "real_token_position_ids"]
 
 
 @dataclass(frozen=True)
@@ -176,11 +176,52 @@ def _check_explained_output_kwargs(forward_kwargs: dict) -> None:
         raise argument_error(name, f"{problem} (got {got})", fix)
 
 
+def _forward_takes_position_ids(model: nn.Module) -> bool:
+    """Whether ``model``'s forward names ``position_ids`` (not :func:`forward_keywords`: transformers' ``**kwargs``
+    annotation lists ``position_ids`` for every model, read or not)."""
+    try:
+        return "position_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _counts_positions_of_real_tokens(model: nn.Module, spec: ArchitectureSpec) -> bool:
+    """Whether :func:`model_call_kwargs` passes position ids that count real tokens: decoders (rotary or not, as
+    ``generate`` does) and encoders with a learned position table (BERT, DistilBERT, RoBERTa) whose forward takes
+    ``position_ids``. Rotary encoders (ModernBERT) need none: rotary attention scores depend on the distance between
+    two tokens only, so a shift by the left padding changes nothing."""
+    return spec.kind == "decoder" or (spec.position_table is not None and _forward_takes_position_ids(model))
+
+
+def real_token_position_ids(spec: ArchitectureSpec, config, attention_mask: Int[Tensor, "batch pos"]
+                            ) -> Int[Tensor, "batch pos"]:
+    """Position ids under which every row of a padded batch is computed as it would be alone: real tokens count
+    from the row's first real token (:func:`~bcos_plugins.attribution.real_token_positions`), from
+    ``config.pad_token_id + 1`` where the position table counts from the padding index (RoBERTa, whose own ids
+    count the tokens that are not ``pad_token_id``, so padding written with another id shifted them); padding
+    gets the table's padding row (the model never attends to it)."""
+    positions = real_token_positions(attention_mask)
+    table = spec.position_table
+    if table is None or not table.after_padding:
+        return positions
+    pad = getattr(config, "pad_token_id", None) or 0
+    return torch.where(attention_mask.bool(), positions + pad + 1, torch.full_like(positions, pad))
+
+
 def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "batch pos"] | None,
                                spec: ArchitectureSpec | None = None) -> None:
-    """Refuse left padding where the classifier reads the first column's hidden state (the registry's
-    ``first_column_pooling``: BERT, DistilBERT, RoBERTa, ModernBERT with ``classifier_pooling="cls"``): on a
-    left-padded row that is a padding token's, so the logits are not the row's (they change with the padding).
+    """Refuse left padding where it would change a row's numbers, the one check of left padding:
+
+    - where the classifier reads the first column's hidden state (the registry's ``first_column_pooling``: BERT,
+      DistilBERT, RoBERTa, ModernBERT with ``classifier_pooling="cls"``): on a left-padded row that is a padding
+      token's, so the logits are not the row's (they change with the padding);
+    - where the positions come from a learned table (the registry's ``position_table``: BERT, DistilBERT,
+      RoBERTa) and the forward takes no ``position_ids``: positions would count from the padded first column.
+      Every such class of transformers >= 5.9 takes them, and :func:`model_call_kwargs` passes ids that count
+      real tokens (:func:`real_token_position_ids`), so a base model or masked LM explains a left-padded row as
+      it explains the row alone; this refusal guards a forward that cannot be given them.
+
+    Decoders and rotary encoders (ModernBERT: attention depends on distances only) are not refused.
 
     The one check of every path that runs a classifier on a padded batch: ``explain`` and the adapters (through
     :func:`model_call_kwargs`), ``perturbation_curves``, ``predict`` and ``fine_tune_classifier``. ``spec``: the
@@ -191,25 +232,36 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
         return
     if spec is None:
         spec = SPECS.get(architecture_name(model)) if isinstance(model, nn.Module) else None
-    if spec is None or not spec.classifies_from_first_column(getattr(model, "config", None)):
+    if spec is None:
+        return
+    first_column = spec.classifies_from_first_column(getattr(model, "config", None))
+    if not first_column and (spec.kind == "decoder" or spec.position_table is None
+                             or _forward_takes_position_ids(model)):
         return
     padded_first = attention_mask[:, 0] == 0
     if not padded_first.any():
         return
     verb = "starts" if int(padded_first.sum()) == 1 else "start"
-    setting = (f" with config.{spec.first_column_pooling[0]}={spec.first_column_pooling[1]!r}"
-               if isinstance(spec.first_column_pooling, tuple) else "")
-    raise argument_error(
-        "attention_mask", f"{bad_rows(padded_first)} {verb} with padding, and {architecture_name(model)}{setting} "
-        "classifies from the first column's hidden state, a padding token's there (the logits, and so any "
-        "explanation or score of them, are not the row's)", "Pad on the right (tokenizer.padding_side = 'right')")
+    if first_column:
+        setting = (f" with config.{spec.first_column_pooling[0]}={spec.first_column_pooling[1]!r}"
+                   if isinstance(spec.first_column_pooling, tuple) else "")
+        problem = (f"{architecture_name(model)}{setting} classifies from the first column's hidden state, a padding "
+                   "token's there (the logits, and so any explanation or score of them, are not the row's)")
+    else:
+        problem = (f"{architecture_name(model)} reads its position embeddings from a table counted from the first "
+                   "column and its forward takes no position_ids to count real tokens instead, so the row's "
+                   "positions (and every number of it) would be shifted by its padding")
+    raise argument_error("attention_mask", f"{bad_rows(padded_first)} {verb} with padding, and {problem}",
+                         "Pad on the right (tokenizer.padding_side = 'right')")
 
 
 def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[Tensor, "batch pos"],
                       attention_mask: Int[Tensor, "batch pos"] | None, forward_kwargs: dict) -> dict:
     """Keyword arguments for ``model(...)`` so that every row is computed as it would be alone.
 
-    Decoders: position ids count real tokens (as ``generate`` does), so left padding does not shift them.
+    Decoders and encoders with a learned position table (BERT, DistilBERT, RoBERTa): position ids count real
+    tokens (:func:`real_token_position_ids`, as ``generate`` does for decoders), so left padding does not shift
+    them (a ``position_ids`` of ``forward_kwargs`` is kept as given).
     Decoder classifiers (GPT-2 / Llama ``ForSequenceClassification``) pick the last token that is not
     ``config.pad_token_id``; padding written with another id would make them read a padding position, so
     padded positions are rewritten to ``pad_token_id`` (the model never attends to them).
@@ -219,8 +271,8 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     kwargs = dict(forward_kwargs)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     check_first_column_is_real(model, attention_mask, spec)
-    if spec.kind == "decoder" and "position_ids" not in kwargs:
-        kwargs["position_ids"] = real_token_positions(mask)
+    if "position_ids" not in kwargs and _counts_positions_of_real_tokens(model, spec):
+        kwargs["position_ids"] = real_token_position_ids(spec, getattr(model, "config", None), mask)
     if spec.kind == "decoder" and spec.is_classifier and attention_mask is not None and (mask == 0).any():
         pad = getattr(model.config, "pad_token_id", None)
         if pad is None:

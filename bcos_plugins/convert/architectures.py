@@ -104,7 +104,10 @@ class ArchitectureSpec:
             two input-dependent branches (gated MLPs), swapped so that the gate branch is the detachable
             dynamic weight.
         position_table: the learned position table (inputs longer than its usable rows are refused); ``None``
-            for rotary models, which have no table to run off. Read through :func:`position_limit`.
+            for rotary models, which have no table to run off. Read through :func:`position_limit`. Its positions
+            are absolute, so the text paths pass position ids that count each row's real tokens
+            (``bcos_plugins.attribution.text.model_call_kwargs``), or refuse left padding where the forward takes
+            none (``check_first_column_is_real``).
         lens_conversion: name of the module under ``bcos_plugins.adapters._lens.conversions`` that converts
             this class to a TransformerLens 3.x ``HookedTransformer`` (``None``: not expressible there;
             ``hooked_transformer_from_hf`` refuses the class, naming the classes that have one).

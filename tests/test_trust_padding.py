@@ -1,0 +1,95 @@
+"""Padding must not change a row's numbers: every row of a padded batch is explained (and predicted) as the same row
+alone, or the batch is refused naming ``attention_mask``, the problem and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import padded_batch
+from test_conformance import CONFIGS, _family, _stock
+
+from bcos_plugins import bcosify, explain
+from bcos_plugins.convert.architectures import SPECS
+from bcos_plugins.errors import BcosValueError
+
+ENCODER_NAMES = sorted(name for name, spec in SPECS.items() if spec.kind == "encoder")
+FIRST_COLUMN_REFUSAL = r"^attention_mask: rows \[1, 2\] start with padding.*first column's hidden state"
+PAD_ON_THE_RIGHT = r"Pad on the right \(tokenizer\.padding_side = 'right'\)"
+
+
+def _target_of(name: str):
+    """What explain is asked on ``name``: a target every class has (not the pad id 0 of a masked LM, whose tied
+    decoder row is the zero padding embedding) and, for a masked LM, a position (it has no default)."""
+    return 1 if SPECS[name].is_classifier else 5
+
+
+def _alone(model, name, ids, mask, row, target):
+    keep = mask[row].bool()
+    position = {"position": 0} if SPECS[name].head == "masked_lm" else {}
+    return explain(model, ids[row : row + 1, keep], mask[row : row + 1, keep], target=target, **position)
+
+
+@pytest.mark.parametrize("pad_id", ["config", 0])
+@pytest.mark.parametrize("stock", [False, True], ids=["bcos", "stock"])
+@pytest.mark.parametrize("name", ENCODER_NAMES)
+def test_every_encoder_explains_a_left_padded_row_as_the_row_alone_or_refuses(name, stock, pad_id):
+    """Before: BertModel, BertForMaskedLM, DistilBertModel and RobertaModel (RoBERTa with padding written as another
+    id than config.pad_token_id) counted absolute positions from the padded first column, so a left-padded row's
+    contributions differed from the row's own by up to 2.4 (tiny random models)."""
+    model = _stock(name) if stock else bcosify(_stock(name), b=1.25, verbose=False)
+    spec = SPECS[name]
+    config_pad = CONFIGS[_family(name)]().pad_token_id or 0
+    ids, mask = padded_batch(seed=3, side="left", pad_id=config_pad if pad_id == "config" else pad_id)
+    target = _target_of(name)
+    position = {"position": mask.argmax(1)} if spec.head == "masked_lm" else {}
+    if spec.classifies_from_first_column(model.config):
+        with pytest.raises(BcosValueError, match=FIRST_COLUMN_REFUSAL + ".*" + PAD_ON_THE_RIGHT):
+            explain(model, ids, mask, target=target)
+        return
+    batched = explain(model, ids, mask, target=target, **position)
+    for row in range(ids.shape[0]):
+        alone = _alone(model, name, ids, mask, row, target)
+        torch.testing.assert_close(batched.explained[row : row + 1], alone.explained, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(batched.contributions[row, mask[row].bool()], alone.contributions[0],
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_captum_paths_explain_a_left_padded_masked_lm_row_as_the_row_alone():
+    """Captum's EmbeddingForward and LayerBcos call the model through the same model_call_kwargs as explain."""
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward, LayerBcos
+
+    model = bcosify(_stock("BertForMaskedLM"), b=1.25, verbose=False)
+    ids, mask = padded_batch(seed=4, side="left")
+    position, target = mask.argmax(1), torch.tensor([5, 6, 7])
+    forward = EmbeddingForward(model)
+    attr = BcosAttribution(forward).attribute(forward.embed(ids, mask), target=target,
+                                              additional_forward_args=(mask, position))
+    layer_attr = LayerBcos(model).attribute(ids, target=target, additional_forward_args=(mask, position))
+    for row in range(ids.shape[0]):
+        keep = mask[row].bool()
+        alone = explain(model, ids[row : row + 1, keep], target=target[row : row + 1], position=0)
+        torch.testing.assert_close(attr[row, keep], alone.input_contributions[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(layer_attr[row, keep], alone.input_contributions[0], rtol=1e-5, atol=1e-6)
+
+
+def test_an_absolute_position_encoder_whose_forward_takes_no_position_ids_refuses_left_padding():
+    """Where the forward cannot be given position ids that count real tokens (a transformers class without
+    position_ids), left padding would shift the positions: refused, naming attention_mask, the problem and the fix;
+    right padding is explained as before."""
+    model = bcosify(_stock("DistilBertModel"), b=1.25, verbose=False)
+    original = model.forward
+
+    def forward_without_position_ids(input_ids=None, attention_mask=None, **kwargs):
+        return original(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    model.forward = forward_without_position_ids
+    ids, mask = padded_batch(seed=3, side="left")
+    with pytest.raises(BcosValueError, match=r"^attention_mask: rows \[1, 2\] start with padding, and "
+                       r"DistilBertModel reads its position embeddings from a table counted from the first column "
+                       r"and its forward takes no position_ids.*" + PAD_ON_THE_RIGHT):
+        explain(model, ids, mask, target=1)
+    right_ids, right_mask = padded_batch(seed=3, side="right")
+    batched = explain(model, right_ids, right_mask, target=1)
+    alone = explain(model, right_ids[2:, right_mask[2].bool()], target=1)
+    torch.testing.assert_close(batched.contributions[2, right_mask[2].bool()], alone.contributions[0],
+                               rtol=1e-5, atol=1e-6)
