@@ -16,7 +16,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .attribution.targets import Direction
-from .attribution.text import forward_keywords, readable_tokenizer_outputs
+from .attribution.text import check_first_column_is_real, forward_keywords, readable_tokenizer_outputs
 from .convert.architectures import position_limit, vocabulary_size
 from .errors import BcosTypeError, BcosValueError
 from .explain import explain
@@ -167,6 +167,8 @@ def explain_dataset(
                         truncation=True, max_length=max_length, return_tensors="pt").to(device)
         _require_model_tokenizer(model, tokenizer, enc)
         extra = readable_tokenizer_outputs(enc, readable)
+        # checked here too so that a refusal of left padding names the texts' rows in data, not in the batch
+        check_first_column_is_real(model, enc["attention_mask"], row_ids=range(lo, hi))
         # a non-negative position counts from each text's first token: on a left-padded batch that is the text's
         # padding plus the position, not the column itself
         from_first = (position if not isinstance(position, int) or isinstance(position, bool) or position < 0

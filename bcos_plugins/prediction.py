@@ -6,7 +6,12 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import require_classifier, require_count, require_labels, require_text_pairs, require_texts
-from .attribution.text import forward_keywords, model_call_kwargs, readable_tokenizer_outputs
+from .attribution.text import (
+    check_first_column_is_real,
+    forward_keywords,
+    model_call_kwargs,
+    readable_tokenizer_outputs,
+)
 from .convert.architectures import SPECS, architecture_name
 from .encoded_texts import truncation_length
 
@@ -23,7 +28,8 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
     less work) and the rows are put back in the input order. They are truncated to ``max_length`` tokens: by
     default 64, capped at the model's position limit; a longer one is refused. A tokenizer that pads on the left
     is refused for a classifier that reads the first column (BERT, DistilBERT, RoBERTa, ModernBERT with
-    ``classifier_pooling="cls"``): a padded row's logits would be a padding token's. Models of the architecture
+    ``classifier_pooling="cls"``): a padded row's logits would be a padding token's (the error names the padded
+    texts by their index in ``texts``). Models of the architecture
     registry are called as ``explain`` calls them (``model_call_kwargs``), so a decoder classifier's rows are
     computed as alone under either padding side (position ids count real tokens).
     """
@@ -45,6 +51,8 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
         if spec is None:  # outside the registry: called as given (no first-column check applies to it)
             call = dict(enc)
         else:
+            # checked here too so that a refusal names the caller's rows, not the length-sorted batch's
+            check_first_column_is_real(model, enc.get("attention_mask"), spec, row_ids=rows)
             call = model_call_kwargs(model, spec, enc["input_ids"], enc.get("attention_mask"),
                                      readable_tokenizer_outputs(enc, readable))
         out.append(model(**call).logits.float().cpu())

@@ -93,3 +93,50 @@ def test_an_absolute_position_encoder_whose_forward_takes_no_position_ids_refuse
     alone = explain(model, right_ids[2:, right_mask[2].bool()], target=1)
     torch.testing.assert_close(batched.contributions[2, right_mask[2].bool()], alone.contributions[0],
                                rtol=1e-5, atol=1e-6)
+
+
+def _left_padding_pair_tokenizer():
+    from test_train import pair_tokenizer
+
+    tokenizer = pair_tokenizer()
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def test_predict_and_accuracy_name_the_refused_rows_by_their_index_in_texts():
+    """predict batches texts in order of length: before, a refusal of left padding named the rows of that sorted
+    batch ("rows [0, 1, 2]" for texts 3, 1 and 4 here), so the user looked at the wrong texts."""
+    import transformers as T
+    from conftest import tiny_config
+
+    from bcos_plugins.train import accuracy, predict
+
+    tokenizer = _left_padding_pair_tokenizer()
+    texts = ["w1 w2 w1 w2 w1", "w2 w1", "w1 w2 w1 w2 w1 w2 w1 w2", "w1", "w2 w2 w1"]  # sorted: 3, 1, 4, 0, 2
+    torch.manual_seed(0)
+    model = T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval()
+    refusal = (r"^attention_mask: rows \[0, 1, 3, 4\] start with padding, and BertForSequenceClassification "
+               r"classifies from the first column.*" + PAD_ON_THE_RIGHT)
+    with pytest.raises(BcosValueError, match=refusal):
+        predict(model, tokenizer, texts, max_length=32)
+    with pytest.raises(BcosValueError, match=refusal):
+        accuracy(model, tokenizer, texts, [0, 1, 0, 1, 0], max_length=32)
+    # two per batch: the first batch (texts 3 and 1) pads text 3 only
+    with pytest.raises(BcosValueError, match=r"^attention_mask: row \[3\] starts with padding"):
+        predict(model, tokenizer, texts, batch_size=2, max_length=32)
+
+
+def test_explain_dataset_names_the_refused_rows_by_their_index_in_data():
+    """explain_dataset explains data in chunks of batch_size: a refusal named the rows of the chunk."""
+    import transformers as T
+    from conftest import tiny_config
+
+    from bcos_plugins import explain_dataset
+
+    tokenizer = _left_padding_pair_tokenizer()
+    texts = ["w1 w2 w1", "w2 w1 w2", "w1 w2 w1 w2 w1", "w1"]
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval(), verbose=False)
+    # the first chunk (texts 0 and 1) has no padding; in the second, text 3 (row 1 of the chunk) is padded
+    with pytest.raises(BcosValueError, match=r"^attention_mask: row \[3\] starts with padding.*" + PAD_ON_THE_RIGHT):
+        explain_dataset(model, tokenizer, texts, batch_size=2, progress=False)

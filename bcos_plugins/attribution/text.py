@@ -18,6 +18,7 @@ Attribution point:
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -209,7 +210,8 @@ def real_token_position_ids(spec: ArchitectureSpec, config, attention_mask: Int[
 
 
 def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "batch pos"] | None,
-                               spec: ArchitectureSpec | None = None) -> None:
+                               spec: ArchitectureSpec | None = None, *,
+                               row_ids: Sequence[int] | None = None) -> None:
     """Refuse left padding where it would change a row's numbers, the one check of left padding:
 
     - where the classifier reads the first column's hidden state (the registry's ``first_column_pooling``: BERT,
@@ -226,7 +228,9 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
     The one check of every path that runs a classifier on a padded batch: ``explain`` and the adapters (through
     :func:`model_call_kwargs`), ``perturbation_curves``, ``predict`` and ``fine_tune_classifier``. ``spec``: the
     model's registry entry when the caller has it; otherwise it is looked up by class name, and a model outside
-    the registry (any callable a metric takes) is not checked.
+    the registry (any callable a metric takes) is not checked. ``row_ids``: the caller's index of each row of the
+    batch, named in the error (a path that batches its caller's texts in another order or in chunks); default: the
+    batch's own.
     """
     if attention_mask is None or attention_mask.ndim != 2 or attention_mask.shape[1] == 0:
         return
@@ -242,6 +246,10 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
     if not padded_first.any():
         return
     verb = "starts" if int(padded_first.sum()) == 1 else "start"
+    if row_ids is not None:  # the same words, over the caller's rows
+        callers_rows = torch.as_tensor(list(row_ids))[padded_first.cpu()]
+        padded_first = torch.zeros(int(callers_rows.max()) + 1, dtype=torch.bool)
+        padded_first[callers_rows] = True
     if first_column:
         setting = (f" with config.{spec.first_column_pooling[0]}={spec.first_column_pooling[1]!r}"
                    if isinstance(spec.first_column_pooling, tuple) else "")
