@@ -140,3 +140,42 @@ def test_explain_dataset_names_the_refused_rows_by_their_index_in_data():
     # the first chunk (texts 0 and 1) has no padding; in the second, text 3 (row 1 of the chunk) is padded
     with pytest.raises(BcosValueError, match=r"^attention_mask: row \[3\] starts with padding.*" + PAD_ON_THE_RIGHT):
         explain_dataset(model, tokenizer, texts, batch_size=2, progress=False)
+
+
+# 40 texts of 1 to 11 words: on a tiny GPT-2 classifier, 13 of them got another class left-padded than alone
+_WORDS = ("w1", "w2")
+_GENERATOR = torch.Generator().manual_seed(0)
+VARIED_TEXTS = [" ".join(_WORDS[int(i)] for i in torch.randint(0, 2, (int(n),), generator=_GENERATOR))
+                for n in torch.randint(1, 12, (40,), generator=_GENERATOR)]
+
+
+@pytest.mark.parametrize("class_name", ["GPT2ForSequenceClassification", "LlamaForSequenceClassification"])
+def test_space_predict_labels_gives_a_decoder_classifiers_rows_the_class_of_the_row_alone(class_name):
+    """predict_labels called the model with the tokenizer's outputs only: a left-padded GPT-2 row's positions counted
+    from the padded column (13 of these 40 texts changed class). It calls registry models through model_call_kwargs,
+    as explain and predict do; Llama's rotary positions were and are unaffected."""
+    from conftest import tiny_model
+    from test_train import pair_tokenizer
+
+    from bcos_plugins.space import predict_labels
+    from bcos_plugins.train import predict
+
+    model = tiny_model(class_name)
+    tokenizer = pair_tokenizer()
+    alone = [predict_labels(model, tokenizer, [text])[0] for text in VARIED_TEXTS]
+    assert alone == predict(model, tokenizer, VARIED_TEXTS, max_length=32).argmax(-1).tolist()
+    for side in ("right", "left"):
+        tokenizer.padding_side = side
+        assert predict_labels(model, tokenizer, VARIED_TEXTS, batch_size=40) == alone, f"padding on the {side}"
+        assert predict_labels(model, tokenizer, VARIED_TEXTS, batch_size=7) == alone, f"padding on the {side}"
+
+
+def test_space_predict_labels_names_the_refused_rows_by_their_index_in_texts():
+    from conftest import tiny_model
+
+    from bcos_plugins.space import predict_labels
+
+    tokenizer = _left_padding_pair_tokenizer()
+    texts = ["w1 w2", "w2 w1", "w1 w2 w1", "w1"]
+    with pytest.raises(BcosValueError, match=r"^attention_mask: row \[3\] starts with padding.*" + PAD_ON_THE_RIGHT):
+        predict_labels(tiny_model("BertForSequenceClassification"), tokenizer, texts, batch_size=2)

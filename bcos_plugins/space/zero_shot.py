@@ -17,7 +17,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .._checks import require_int
-from ..attribution.text import check_first_column_is_real
+from ..attribution.text import (
+    check_first_column_is_real,
+    forward_keywords,
+    model_call_kwargs,
+    readable_tokenizer_outputs,
+)
+from ..convert.architectures import SPECS, architecture_name
 from ..errors import BcosFileError, BcosTypeError, argument_error
 
 __all__ = ["read_sst2_tsv", "read_rt_polarity", "predict_labels", "classification_scores",
@@ -80,7 +86,11 @@ def read_rt_polarity(folder: str | Path, limit_per_class: int | None = None) -> 
 def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32, max_length: int = 128,
                    progress: bool = False) -> list[int]:
     """Arg-max class of each text (the model in eval mode, batches padded per batch; a tokenizer that pads on the
-    left is refused for a classifier that reads the first column, BERT's, DistilBERT's, RoBERTa's)."""
+    left is refused for a classifier that reads the first column, BERT's, DistilBERT's, RoBERTa's, naming the texts'
+    indices). Models of the architecture registry are called as ``explain`` and ``predict`` call them
+    (``model_call_kwargs``), so a decoder classifier's rows are computed as alone under either padding side
+    (position ids count real tokens); any other classifier (a Space model) is called with the tokenizer's
+    outputs."""
     if not isinstance(model, nn.Module) or not callable(tokenizer):
         raise argument_error("model", f"predict_labels needs a torch classifier and its tokenizer, got "
                              f"{type(model).__name__} and {type(tokenizer).__name__}",
@@ -94,13 +104,22 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+    spec = SPECS.get(architecture_name(model))
+    readable = forward_keywords(model) if spec is not None else None
     predictions: list[int] = []
     try:
         for start in tqdm(range(0, len(texts), batch_size), disable=not progress, desc="predict"):
+            rows = range(start, min(start + batch_size, len(texts)))
             batch = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
                               max_length=max_length, return_tensors="pt").to(device)
-            check_first_column_is_real(model, batch.get("attention_mask"))
-            predictions += model(**batch).logits.argmax(-1).tolist()
+            if spec is None:  # outside the registry: called as given (no first-column check applies to it)
+                call = dict(batch)
+            else:
+                # checked here too so that a refusal names the texts' indices, not the batch's rows
+                check_first_column_is_real(model, batch.get("attention_mask"), spec, row_ids=rows)
+                call = model_call_kwargs(model, spec, batch["input_ids"], batch.get("attention_mask"),
+                                         readable_tokenizer_outputs(batch, readable))
+            predictions += model(**call).logits.argmax(-1).tolist()
     finally:
         model.train(was_training)
     return predictions
