@@ -179,3 +179,29 @@ def test_space_predict_labels_names_the_refused_rows_by_their_index_in_texts():
     texts = ["w1 w2", "w2 w1", "w1 w2 w1", "w1"]
     with pytest.raises(BcosValueError, match=r"^attention_mask: row \[3\] starts with padding.*" + PAD_ON_THE_RIGHT):
         predict_labels(tiny_model("BertForSequenceClassification"), tokenizer, texts, batch_size=2)
+
+
+BASE_ENCODER_NAMES = [name for name in ENCODER_NAMES if SPECS[name].head == "base"]
+
+
+@pytest.mark.parametrize("name", BASE_ENCODER_NAMES)
+def test_space_model_computes_a_left_padded_row_as_the_row_alone(name):
+    """The Space model called its encoder without position ids: on a BERT encoder a left-padded row's logits were
+    0.51 off the row's own (tiny model). Registry encoders get the position ids explain gives them."""
+    from bcos_plugins import SpaceModelForSequenceClassification
+
+    torch.manual_seed(0)
+    model = SpaceModelForSequenceClassification.from_encoder(_stock(name), num_labels=2, n_latent=4).eval()
+    config_pad = CONFIGS[_family(name)]().pad_token_id or 0
+    ids, mask = padded_batch(seed=5, side="left", pad_id=config_pad)
+    with torch.no_grad():
+        batched = model(input_ids=ids, attention_mask=mask).logits
+    explained = model.explain(ids, mask, target=1)
+    for row in range(ids.shape[0]):
+        keep = mask[row].bool()
+        with torch.no_grad():
+            alone = model(input_ids=ids[row : row + 1, keep]).logits
+        torch.testing.assert_close(batched[row : row + 1], alone, rtol=1e-5, atol=1e-6)
+        alone_explained = model.explain(ids[row : row + 1, keep], target=1)
+        torch.testing.assert_close(explained.contributions[row, keep], alone_explained.contributions[0],
+                                   rtol=1e-5, atol=1e-6)

@@ -41,7 +41,7 @@ from .targets import real_token_positions, resolve_positions
 
 __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explained_positions",
            "model_call_kwargs", "check_forward_kwargs", "forward_keywords", "check_first_column_is_real",
-           "readable_tokenizer_outputs", "real_token_position_ids"]
+           "readable_tokenizer_outputs", "real_token_position_ids", "position_ids_as_alone"]
 
 
 @dataclass(frozen=True)
@@ -186,12 +186,19 @@ def _forward_takes_position_ids(model: nn.Module) -> bool:
         return False
 
 
-def _counts_positions_of_real_tokens(model: nn.Module, spec: ArchitectureSpec) -> bool:
-    """Whether :func:`model_call_kwargs` passes position ids that count real tokens: decoders (rotary or not, as
-    ``generate`` does) and encoders with a learned position table (BERT, DistilBERT, RoBERTa) whose forward takes
-    ``position_ids``. Rotary encoders (ModernBERT) need none: rotary attention scores depend on the distance between
-    two tokens only, so a shift by the left padding changes nothing."""
-    return spec.kind == "decoder" or (spec.position_table is not None and _forward_takes_position_ids(model))
+def position_ids_as_alone(model: nn.Module, spec: ArchitectureSpec, attention_mask: Int[Tensor, "batch pos"]
+                          ) -> Int[Tensor, "batch pos"] | None:
+    """The position ids :func:`model_call_kwargs` passes (and the Space model gives its encoder) so that every row of
+    a padded batch is computed as alone (:func:`real_token_position_ids`), or ``None`` where none are needed.
+
+    Given to decoders (rotary or not, as ``generate`` does) and to encoders with a learned position table (BERT,
+    DistilBERT, RoBERTa) whose forward takes ``position_ids`` (a forward that takes none is refused left padding by
+    :func:`check_first_column_is_real`). Rotary encoders (ModernBERT) need none: rotary attention scores depend on
+    the distance between two tokens only, so a shift by the left padding changes nothing.
+    """
+    if spec.kind == "decoder" or (spec.position_table is not None and _forward_takes_position_ids(model)):
+        return real_token_position_ids(spec, getattr(model, "config", None), attention_mask)
+    return None
 
 
 def real_token_position_ids(spec: ArchitectureSpec, config, attention_mask: Int[Tensor, "batch pos"]
@@ -279,8 +286,9 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     kwargs = dict(forward_kwargs)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     check_first_column_is_real(model, attention_mask, spec)
-    if "position_ids" not in kwargs and _counts_positions_of_real_tokens(model, spec):
-        kwargs["position_ids"] = real_token_position_ids(spec, getattr(model, "config", None), mask)
+    position_ids = None if "position_ids" in kwargs else position_ids_as_alone(model, spec, mask)
+    if position_ids is not None:
+        kwargs["position_ids"] = position_ids
     if spec.kind == "decoder" and spec.is_classifier and attention_mask is not None and (mask == 0).any():
         pad = getattr(model.config, "pad_token_id", None)
         if pad is None:
