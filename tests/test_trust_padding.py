@@ -205,3 +205,47 @@ def test_space_model_computes_a_left_padded_row_as_the_row_alone(name):
         alone_explained = model.explain(ids[row : row + 1, keep], target=1)
         torch.testing.assert_close(explained.contributions[row, keep], alone_explained.contributions[0],
                                    rtol=1e-5, atol=1e-6)
+
+
+def _eager_bert_attentions(ids, mask):
+    import transformers as T
+    from conftest import tiny_config
+
+    torch.manual_seed(0)
+    config = tiny_config("bert")
+    config._attn_implementation = "eager"
+    model = T.BertForSequenceClassification(config).eval()
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+
+
+def test_attention_token_scores_refuses_a_query_column_on_padding_given_the_mask():
+    """A padding token's query row is a softmax over the real keys like [CLS]'s, so nothing in the attention weights
+    shows it: on a left-padded batch, query_position=0 scored the padded rows with a padding token's attention
+    (and attention_supervision_loss trained that row), silently. Given attention_mask, it is refused."""
+    from bcos_plugins.guided import attention_supervision_loss, attention_token_scores
+
+    ids, mask = padded_batch(seed=1, side="left")
+    attentions = _eager_bert_attentions(ids, mask)
+    # what the unchecked call returns for padded row 1: the attention of column 0 (padding), not of its [CLS]
+    unchecked = attention_token_scores(attentions, -1)
+    cls_column = int(mask[1].argmax())
+    cls_row = attentions[-1][1, :, cls_column, :].mean(0)
+    assert not torch.allclose(unchecked[1], cls_row)
+    refusal = (r"^query_position: column 0 is padding in rows \[1, 2\] \(attention_mask\), so their scores would be a "
+               r"padding token's attention.*" + PAD_ON_THE_RIGHT)
+    with pytest.raises(BcosValueError, match=refusal):
+        attention_token_scores(attentions, -1, attention_mask=mask)
+    gold = torch.zeros_like(mask, dtype=torch.float)
+    gold[:, -1] = 1.0
+    with pytest.raises(BcosValueError, match=refusal):
+        attention_supervision_loss(attentions, gold, attention_mask=mask)
+    # right padding: [CLS] is column 0 of every row (accepted, the same scores), the last column is not
+    right_ids, right_mask = padded_batch(seed=1, side="right")
+    right = _eager_bert_attentions(right_ids, right_mask)
+    torch.testing.assert_close(attention_token_scores(right, -1, attention_mask=right_mask),
+                               attention_token_scores(right, -1))
+    with pytest.raises(BcosValueError, match=r"^query_position: column -1 is padding in rows \[1, 2\]"):
+        attention_token_scores(right, -1, query_position=-1, attention_mask=right_mask)
+    with pytest.raises(BcosValueError, match=r"^attention_mask: must have shape \(batch, key\) = \(3, 9\)"):
+        attention_token_scores(right, -1, attention_mask=right_mask[:, :5])

@@ -351,6 +351,7 @@ def attention_token_scores(
     layers: int | Sequence[int] = -1,
     query_position: int = 0,
     heads: int | Sequence[int] | None = None,
+    attention_mask: Tensor | None = None,
 ) -> Float[Tensor, "batch key"]:
     """Token scores from attention weights: the attention of ``query_position`` ([CLS] by default) to each
     key, averaged over ``heads`` (all by default; an index or distinct indices) and over ``layers`` (an index
@@ -360,6 +361,12 @@ def attention_token_scores(
     and rows that do not sum to 1 on average are refused.
 
     ``attentions`` is ``model(..., output_attentions=True).attentions`` (eager attention).
+
+    ``query_position`` is a column of the batch (negative: from the last column), the same in every row. Attention
+    weights cannot show padding (a padding token's query row is a softmax over the real keys like any other), so
+    on a left-padded batch column 0 is a padding token's for the padded rows, and with right padding so is a
+    negative column: their scores would be that token's attention, silently. Pass the batch's ``attention_mask``
+    ``(batch, key)`` to have that refused; without it, padding is not checked.
     """
     if not isinstance(attentions, tuple | list):
         raise argument_error("attentions", f"must be the per-layer tuple of attention weights, got "
@@ -389,6 +396,18 @@ def attention_token_scores(
         _check_attention_weights(attentions[i], i)
     n_queries = attentions[0].shape[2]
     query_position = require_int("query_position", query_position, minimum=-n_queries, maximum=n_queries - 1)
+    if attention_mask is not None:
+        batch, n_keys = attentions[0].shape[0], attentions[0].shape[3]
+        if not isinstance(attention_mask, Tensor) or attention_mask.shape != (batch, n_keys):
+            raise argument_error("attention_mask", f"must have shape (batch, key) = ({batch}, {n_keys}), got "
+                                 f"{tuple(getattr(attention_mask, 'shape', ()))}", "Pass the batch's attention mask")
+        on_padding = attention_mask[:, query_position] == 0
+        if on_padding.any():
+            raise argument_error(
+                "query_position", f"column {query_position} is padding in {bad_rows(on_padding)} (attention_mask), "
+                "so their scores would be a padding token's attention, not the query token's",
+                "Pad on the right (tokenizer.padding_side = 'right') for query_position=0 ([CLS]), or pass a column "
+                "that is real in every row")
     n_heads = attentions[0].shape[1]
     if heads is None:
         head_index = list(range(n_heads))

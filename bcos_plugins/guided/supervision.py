@@ -83,7 +83,8 @@ def attention_supervision_loss(
     margin = require_float("margin", margin, minimum=0.0)
     eps = require_float("eps", eps, minimum=0.0, open_minimum=True)
     # in float32: in float16 / bfloat16 the eps floor (1e-8) rounds to 0, and log(0) made the loss NaN
-    scores = attention_token_scores(attentions, layers=layers, query_position=query_position, heads=heads).float()
+    scores = attention_token_scores(attentions, layers=layers, query_position=query_position, heads=heads,
+                                    attention_mask=attention_mask).float()
     batch, n_keys = scores.shape
     gold = check_rationale_mask(rationale_mask, batch, n_keys).to(scores.dtype)
     if attention_mask is not None:
