@@ -249,3 +249,20 @@ def test_attention_token_scores_refuses_a_query_column_on_padding_given_the_mask
         attention_token_scores(right, -1, query_position=-1, attention_mask=right_mask)
     with pytest.raises(BcosValueError, match=r"^attention_mask: must have shape \(batch, key\) = \(3, 9\)"):
         attention_token_scores(right, -1, attention_mask=right_mask[:, :5])
+
+
+@pytest.mark.parametrize("name", ["BertForMaskedLM", "BertModel", "DistilBertModel", "RobertaModel"])
+def test_a_dynamic_linear_copy_explains_a_left_padded_row_as_the_row_alone(name):
+    """dynamic_linear_copy keeps the stock class, so explain calls it with the same position ids (before: shifted
+    by the padding like the stock model)."""
+    from bcos_plugins.convert.dynamic_linear import dynamic_linear_copy
+
+    model = dynamic_linear_copy(_stock(name))
+    ids, mask = padded_batch(seed=2, side="left")
+    position = {"position": mask.argmax(1) + 1} if SPECS[name].head == "masked_lm" else {}
+    batched = explain(model, ids, mask, target=5, **position)
+    for row in range(ids.shape[0]):
+        keep = mask[row].bool()
+        alone = explain(model, ids[row : row + 1, keep], target=5, **({"position": 1} if position else {}))
+        torch.testing.assert_close(batched.contributions[row, keep], alone.contributions[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(batched.delta[row : row + 1], alone.delta, rtol=1e-5, atol=1e-6)
