@@ -46,6 +46,8 @@ def _layers() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
     layers = {f"linear_b{b}_m{m}": (BcosLinear(6, 5, b=b, max_out=m), (4, 3, 6))
               for b in (1.0, 1.25, 1.5, 2.0, 2.7) for m in (1, 2)}
     layers["linear_constant_outputs"] = (BcosLinear(6, 6, b=1.5, constant_outputs=slice(0, 2)), (4, 3, 6))
+    layers["linear_constant_outputs_m2"] = (BcosLinear(6, 6, b=1.25, max_out=2, constant_outputs=slice(2, 4)),
+                                            (4, 3, 6))
     layers["conv1d"] = (BcosConv1D.from_conv1d(conv, b=1.25), (4, 3, 6))
     layers["stock_qk_conv1d"] = (StockQueryKeyConv1D(conv, b=1.5, query_key_features=8), (4, 3, 6))
     layers["conv2d"] = (BcosConv2d(3, 4, kernel_size=3, padding=1, b=1.5, max_out=2), (2, 3, 5, 5))
@@ -783,8 +785,52 @@ def test_second_derivative_through_a_training_layer_raises_and_the_reference_pat
     assert torch.isfinite(layer.weight.grad).all()
 
 
+class _RecordOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_explaining_constant_outputs_record_no_concatenation_and_query_key_layers_no_graph():
+    # a fused q|k|v projection holds its q|k units at gradient 0 inside one product node (before: the product, then
+    # slices, the detached slice and a concatenation, a copy of the output); a query or key projection, whose whole
+    # output is a constant, records nothing (before: the matrix product and the product, then detached). Values,
+    # gradients and second derivatives as on the reference path, which detaches step by step
+    torch.manual_seed(0)
+    qkv = BcosLinear(8, 12, b=1.25, constant_outputs=slice(0, 8))
+    query = BcosLinear(8, 4, b=1.25, constant_outputs=slice(None))
+    x = torch.randn(2, 5, 8) * 3
+    x[0, 0] = 0.0
+    upstream = torch.linspace(-1.0, 2.0, 2 * 5 * 12).reshape(2, 5, 12)
+    runs = []
+    for reference in (False, True):
+        with reference_path(reference), explanation_mode(qkv), explanation_mode(query):
+            xr = x.clone().requires_grad_()
+            with _RecordOps() as recorded:
+                out = qkv(xr)
+            (grad,) = torch.autograd.grad(out, xr, upstream, create_graph=True)
+            (second,) = torch.autograd.grad((grad * grad).sum(), qkv.weight)  # a loss on the explanation
+            saved: list[torch.Tensor] = []
+            with torch.autograd.graph.saved_tensors_hooks(saved.append, lambda t: t):
+                constant = query(xr)
+            (qk_grad,) = torch.autograd.grad(qkv(xr)[..., :8].sum(), xr, allow_unused=True)
+        assert qk_grad is None or not qk_grad.any()
+        runs.append((out.detach(), grad.detach(), second, constant))
+        if not reference:
+            assert "cat" not in recorded.ops, recorded.ops
+            assert constant.grad_fn is None and saved == []  # no autograd node saved a tensor
+    torch.testing.assert_close(runs[0], runs[1], rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # the values of the layer out of explanation mode
+        assert torch.equal(query(x), runs[0][3]) and torch.equal(qkv(x), runs[0][0])
+
+
 @pytest.mark.parametrize("explaining", [False, True])
-@pytest.mark.parametrize("name", ["linear_b1.5_m1", "linear_b1.5_m2", "linear_b1.0_m1", "conv1d"])
+@pytest.mark.parametrize("name", ["linear_b1.5_m1", "linear_b1.5_m2", "linear_b1.0_m1", "conv1d",
+                                  "linear_constant_outputs"])
 def test_batched_gradients_equal_one_backward_per_row(name, explaining):
     # autograd.grad(..., is_grads_batched=True) (the TransformerLens decomposition's batched backward) vmaps the
     # backward passes of the fused nodes: they must not write a batched gradient into an unbatched tensor

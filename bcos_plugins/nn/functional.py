@@ -60,7 +60,7 @@ from .dynamic import parameter_gradients_unused
 
 __all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "cached_unit_norm", "clear_unit_norm_cache",
            "reuse_unit_weights",
-           "input_norm", "bcos_scale", "bcos_product", "bcos_linear",
+           "input_norm", "bcos_scale", "bcos_product", "explaining_scale", "detach_units", "bcos_linear",
            "max_out", "reference_path", "using_reference_path"]
 
 NORM_EPS = 1e-6
@@ -589,7 +589,7 @@ def bcos_linear(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Ten
 
 
 def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool, *,
-                 overwrite_lin: bool = False) -> Tensor:
+                 overwrite_lin: bool = False, constant_units: slice | None = None) -> Tensor:
     """``dyn * lin`` with ``dyn = |lin / ||x|| | ** (B - 1)`` (``dyn`` a constant for autograd when
     ``explaining``), through the fused path or, inside :func:`reference_path`, the reference one.
 
@@ -603,24 +603,80 @@ def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: boo
     node saved for its backward pass, such as a matrix product's output): the fused path may then write the
     explaining product into it, one output-sized allocation fewer per layer.
 
+    ``constant_units`` (explaining only): the units of the last axis whose outputs are constants too (the query
+    and key part of a fused q|k|v projection): their gradient is 0, as if they were detached.
+
     Explaining, the fused path computes ``dyn`` without recording and records one plain product with it, whose
     backward multiplies by the saved ``dyn`` (no ``autograd.Function``, whose per-call cost in Python is
-    several times the element-wise work at small widths); training runs :class:`_BcosProduct`.
+    several times the element-wise work at small widths); with ``constant_units`` that product is
+    :class:`_PartlyConstantProduct`. Training runs :class:`_BcosProduct`.
     """
     if _REFERENCE_PATH:
         if explaining:
             with torch.no_grad():
                 dyn = bcos_scale(lin, x_norm, b)
-            return dyn * lin
+            out = dyn * lin
+            return out if constant_units is None else detach_units(out, constant_units)
         return bcos_scale(lin, x_norm, b) * lin
     if not (torch.is_grad_enabled() and (lin.requires_grad or x_norm.requires_grad)):
-        # nothing to record: the product without Function.apply's per-call cost
+        # nothing to record (and no unit to detach): the product without Function.apply's per-call cost
         return _inference_product(lin, x_norm, b)
     if explaining:
-        with torch.no_grad():
-            dyn = _lin_dtype_scale(lin, x_norm, b)
-        return lin.mul_(dyn) if overwrite_lin else lin * dyn
+        dyn = explaining_scale(lin, x_norm, b)
+        if constant_units is None:
+            return lin.mul_(dyn) if overwrite_lin else lin * dyn
+        if torch.compiler.is_compiling():  # (inductor fuses the slices and the concatenation)
+            return detach_units(lin * dyn, constant_units)
+        return _PartlyConstantProduct.apply(lin, dyn, constant_units, overwrite_lin)
     return _BcosProduct.apply(lin, x_norm, b)
+
+
+def explaining_scale(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
+    """The constant ``dyn`` that the fused explaining product multiplies ``lin`` by (``|cos|`` floored, rounded to
+    ``lin``'s dtype), computed without recording; a fresh tensor.
+
+    For :func:`bcos_product` and for a layer whose whole output is a constant while explaining (a query or key
+    projection), which runs its product without recording at all and gets the same values."""
+    with torch.no_grad():
+        return _lin_dtype_scale(lin, x_norm, b)
+
+
+class _PartlyConstantProduct(torch.autograd.Function):
+    """The explaining product ``lin * dyn`` (``dyn`` constant) whose ``constant`` units are constants as well:
+    the backward is ``grad * dyn`` with those units' gradient set to 0.
+
+    The same gradient as detaching the units' slice of the product and concatenating the pieces again
+    (:func:`detach_units`), without the copy of the output that the concatenation makes nor the zero-filled,
+    output-sized gradient of each slice (measured on ModernBERT's fused q|k|v projection, 128 tokens, 128 -> 384:
+    forward and backward 1080 us with the concatenation against 820 us for a layer without constant units).
+    Differentiable again (``create_graph=True``): the backward is plain tensor code. Written as
+    ``forward(ctx, ...)`` without ``setup_context`` (see :class:`_BcosProduct`)."""
+
+    @staticmethod
+    def forward(ctx, lin: Tensor, dyn: Tensor, constant: slice, overwrite_lin: bool) -> Tensor:
+        ctx.constant = constant
+        ctx.save_for_backward(dyn)
+        if overwrite_lin:
+            ctx.mark_dirty(lin)
+            return lin.mul_(dyn)
+        return lin * dyn
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        (dyn,) = ctx.saved_tensors
+        # out of place: under batched gradients (autograd.grad(..., is_grads_batched=True)) grad_out is vmapped
+        grad_lin = grad_out * dyn
+        grad_lin[..., ctx.constant] = 0.0
+        return grad_lin, None, None, None
+
+
+def detach_units(t: Tensor, part: slice) -> Tensor:
+    """``t`` with the units ``part`` of its last axis detached (a constant for autograd), the others unchanged."""
+    if part == slice(None):
+        return t.detach()
+    n = t.shape[-1]
+    start, stop, _ = part.indices(n)
+    return torch.cat([t[..., :start], t[..., start:stop].detach(), t[..., stop:]], dim=-1)
 
 
 def using_reference_path() -> bool:

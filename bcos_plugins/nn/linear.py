@@ -30,6 +30,8 @@ from .functional import (
     bcos_linear,
     bcos_product,
     cached_unit_norm,
+    detach_units,
+    explaining_scale,
     input_norm,
     max_out,
     using_reference_path,
@@ -243,9 +245,17 @@ class BcosLinear(AlignmentPressure):
         if self._trains_fused(x):
             x_norm = input_norm(x) if isinstance(b, Tensor) or b != 1.0 else None
             return bcos_linear(x, self.weight, x_norm, b, units_are_columns=self._UNITS_ARE_COLUMNS)
-        lin = max_out(self._linear(x), self.max_out)
         scaled = isinstance(b, Tensor) or b != 1.0
         explaining = self.holds_constant() if scaled else self.explaining
+        constant = self.constant_outputs if explaining else None
+        if constant == slice(None) and not using_reference_path():
+            # explaining a query or key projection: its whole output is a constant, so nothing is recorded (the
+            # matrix product and the product's autograd nodes were built only to be detached); the same kernels
+            # as the explaining product, floor included, so the values are the ones detaching gave
+            with torch.no_grad():
+                lin = max_out(self._linear(x), self.max_out)
+                return lin.mul_(explaining_scale(lin, input_norm(x), b)) if scaled else lin
+        lin = max_out(self._linear(x), self.max_out)
         if scaled:
             if explaining:  # the factor is a constant: its norm is computed without recording (dynamic_scope)
                 with torch.no_grad():
@@ -253,10 +263,8 @@ class BcosLinear(AlignmentPressure):
             else:
                 x_norm = input_norm(x)
             # MaxOut's maximum saves its output for its backward pass: only the matrix product's is free to reuse
-            lin = bcos_product(lin, x_norm, b, explaining, overwrite_lin=self.max_out == 1)
-        if explaining and self.constant_outputs is not None:
-            lin = _detach_slice(lin, self.constant_outputs)
-        return lin
+            return bcos_product(lin, x_norm, b, explaining, overwrite_lin=self.max_out == 1, constant_units=constant)
+        return lin if constant is None else detach_units(lin, constant)
 
     def _trains_fused(self, x: Tensor) -> bool:
         """Whether this call runs :func:`~bcos_plugins.nn.functional.bcos_linear`, the one autograd node that
@@ -291,11 +299,3 @@ class BcosConv1D(BcosLinear):
         return layer
 
     _UNITS_ARE_COLUMNS = True
-
-
-def _detach_slice(t: Tensor, part: slice) -> Tensor:
-    if part == slice(None):
-        return t.detach()
-    n = t.shape[-1]
-    start, stop, _ = part.indices(n)
-    return torch.cat([t[..., :start], t[..., start:stop].detach(), t[..., stop:]], dim=-1)
