@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
-from torch import Tensor
+from torch import Tensor, nn
 
 from .._checks import (
     require_float,
@@ -39,7 +39,8 @@ from .._checks import (
     require_tensor,
     require_token_batch,
 )
-from ..attribution.text import check_first_column_is_real
+from ..attribution.text import model_call_kwargs
+from ..convert.architectures import SPECS, architecture_name
 from ..errors import BcosTypeError, argument_error
 from .attributions import perturbable_mask, token_scores
 
@@ -173,9 +174,8 @@ def _check_fractions(fractions, lowest: float = 0.0) -> tuple[float, ...]:
     return values
 
 
-def _probabilities(model: Callable, input_ids: Tensor, attention_mask: Tensor, forward_kwargs: dict,
-                   probability: str) -> Tensor:
-    out = model(input_ids=input_ids, attention_mask=attention_mask, **forward_kwargs)
+def _probabilities(model: Callable, call: dict, probability: str) -> Tensor:
+    out = model(**call)
     logits = out.logits if hasattr(out, "logits") else out
     if not isinstance(logits, Tensor) or logits.ndim != 2:
         raise argument_error("model", f"must return class logits (batch, classes), got "
@@ -211,7 +211,11 @@ def perturbation_curves(
             logits (a tensor or an object with ``.logits``).
         input_ids, attention_mask: the explained batch (padding on either side, except for a classifier that
             reads the first column, BERT's, DistilBERT's, RoBERTa's, ModernBERT's with ``classifier_pooling="cls"``:
-            left padding is refused there, its probabilities would be a padding token's).
+            left padding is refused there, its probabilities would be a padding token's). Models of the
+            architecture registry are called as ``explain`` calls them (``model_call_kwargs``), so each row's
+            curves are those of the row alone: a decoder classifier's positions count real tokens (of the
+            unperturbed row, so a removed token leaves the others' positions as they are) and its padding is
+            written as ``config.pad_token_id``. Any other callable is called with the batch as given.
         attributions: from any method (see :func:`~bcos_plugins.metrics.token_scores`), aligned with
             ``input_ids``.
         tokenizer / special_tokens: where the special tokens are (one is required; they are never perturbed).
@@ -243,8 +247,12 @@ def perturbation_curves(
     batch_size = require_int("batch_size", batch_size, minimum=1)
     fractions = _check_fractions(fractions)
     input_ids, attention_mask = require_token_batch(input_ids, attention_mask)
-    check_first_column_is_real(model, attention_mask)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+    spec = SPECS.get(architecture_name(model)) if isinstance(model, nn.Module) else None
+    if spec is None:  # outside the registry (any callable): called with the batch as given
+        call = {"input_ids": input_ids, "attention_mask": mask, **forward_kwargs}
+    else:  # refuses left padding before a classifier reads the first column; position ids of the unperturbed rows
+        call = model_call_kwargs(model, spec, input_ids, mask, forward_kwargs)
     scores = token_scores(attributions, reduce=reduce).to(input_ids.device)
     require_same_shape("attributions", scores, "input_ids", input_ids,
                        "Attribute the same batch at the token (embedding) level (the shape is that of the token "
@@ -253,7 +261,7 @@ def perturbation_curves(
     top, k = top_k_masks(scores, perturbable, fractions)
     batch, n_fr, length = top.shape
 
-    full = _probabilities(model, input_ids, mask, forward_kwargs, probability)
+    full = _probabilities(model, call, probability)
     if target is None:
         target_t = full.argmax(-1)
     else:
@@ -264,7 +272,7 @@ def perturbation_curves(
     removed = top
     kept_only = perturbable[:, None, :] & ~top  # the tokens removed for sufficiency
     drop = torch.cat([removed, kept_only], dim=1)  # (batch, 2 n_fr, pos)
-    ids = input_ids[:, None, :].expand(batch, 2 * n_fr, length)
+    ids = call["input_ids"][:, None, :].expand(batch, 2 * n_fr, length)
     msk = mask[:, None, :].expand(batch, 2 * n_fr, length)
     if masking == "attention":
         msk = msk.masked_fill(drop, 0)
@@ -272,12 +280,13 @@ def perturbation_curves(
         ids = ids.masked_fill(drop, mask_token_id)
     ids, msk = ids.reshape(-1, length), msk.reshape(-1, length)
     extra = {name: v[:, None].expand(batch, 2 * n_fr, *v.shape[1:]).reshape(-1, *v.shape[1:])
-             for name, v in forward_kwargs.items()}
+             for name, v in call.items() if name not in ("input_ids", "attention_mask")}
     target_rows = target_t[:, None].expand(batch, 2 * n_fr).reshape(-1)
     probs = []
     for start in range(0, ids.shape[0], batch_size):
         sl = slice(start, start + batch_size)
-        p = _probabilities(model, ids[sl], msk[sl], {n: v[sl] for n, v in extra.items()}, probability)
+        p = _probabilities(model, {"input_ids": ids[sl], "attention_mask": msk[sl],
+                                   **{n: v[sl] for n, v in extra.items()}}, probability)
         probs.append(p.gather(-1, target_rows[sl, None]).squeeze(-1))
     p_pert = torch.cat(probs).reshape(batch, 2 * n_fr)
     drops = p_full[:, None] - p_pert
