@@ -33,6 +33,16 @@ from benchmarks.bench_gpu import saved_for_backward_bytes
 FLOATS = [torch.float32, torch.float64]
 
 
+class _RecordOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
 def _layers() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
     """Every B-cos layer type of bcos_plugins.nn (and the stock-query/key GPT-2 projection), with an input shape."""
     torch.manual_seed(0)
@@ -324,6 +334,35 @@ def test_fused_inference_equals_reference_at_every_b(kind, b, dtype):
         lin = xd @ unit.T
         norm = (xd.square().sum(-1, keepdim=True) + 1e-6).sqrt()
         torch.testing.assert_close(fused.double(), (lin / norm).abs() ** (b - 1) * lin, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("b", B_VALUES)
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_inference_forward_runs_the_helpers_kernels_in_one_function(kind, b, dtype, reuse):
+    # a layer's forward without autograd recording is inference_linear: the kernels of unit_norm, F.linear,
+    # input_norm and the inference product written out in one function (their nested Python calls cost 3-4 % of a
+    # small decoder's forward), so the same ops in the same order and the same values, bit for bit
+    from bcos_plugins.nn.functional import _inference_product, unit_norm
+
+    layer = _projection(kind, b, dtype)
+    x = _inputs(dtype)
+    view = layer.weight.T if kind == "conv1d" else layer.weight
+    with torch.no_grad(), reuse_unit_weights(reuse):
+        layer(x)  # (fills the cache inside reuse_unit_weights)
+        x_fused, x_helpers = x.clone(), x.clone()  # new tensors: each computes its input norm
+        with _RecordOps() as fused_ops:
+            fused = layer(x_fused)
+        with _RecordOps() as helper_ops:
+            unit = layer.unit_weight() if reuse else unit_norm(view, 1)
+            lin = nn.functional.linear(x_helpers, unit)
+            expected = lin if b == 1.0 else _inference_product(lin, input_norm(x_helpers), b)
+    assert torch.equal(fused, expected)
+    views = {"t", "permute", "transpose", "view", "_unsafe_view", "expand", "as_strided", "detach", "alias"}
+    clamp = {"clamp_min_": "clamp_min"}  # (the fused function clamps the fresh norms in place)
+    assert ([clamp.get(op, op) for op in fused_ops.ops if op not in views]
+            == [op for op in helper_ops.ops if op not in views])
 
 
 @pytest.mark.parametrize("dtype", [*FLOATS, torch.bfloat16])
@@ -783,16 +822,6 @@ def test_second_derivative_through_a_training_layer_raises_and_the_reference_pat
         assert torch.autograd.gradgradcheck(lambda t: layer(t), (x,))
         grad_norm_squared().backward()
     assert torch.isfinite(layer.weight.grad).all()
-
-
-class _RecordOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def test_explaining_constant_outputs_record_no_concatenation_and_query_key_layers_no_graph():

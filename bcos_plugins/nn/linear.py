@@ -32,6 +32,7 @@ from .functional import (
     cached_unit_norm,
     detach_units,
     explaining_scale,
+    inference_linear,
     input_norm,
     max_out,
     using_reference_path,
@@ -241,6 +242,13 @@ class BcosLinear(AlignmentPressure):
         return torch.nn.functional.linear(x, weight)
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
+        if (self.max_out == 1 and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+                and not using_reference_path()):
+            # nothing is recorded (inference, evaluation): no training node, explaining product or unit to detach
+            b = self._pressure()
+            if b != 1.0:
+                self.holds_constant()  # (counts the dynamic weight while explaining, as the recorded paths do)
+            return inference_linear(x, self.weight, b, units_are_columns=self._UNITS_ARE_COLUMNS)
         b = self._forward_pressure()
         if self._trains_fused(x):
             x_norm = input_norm(x) if isinstance(b, Tensor) or b != 1.0 else None
