@@ -16,8 +16,9 @@ from ._checks import (
     require_text_pairs,
     require_texts,
 )
-from .attribution.text import check_first_column_is_real
+from .attribution.text import check_first_column_is_real, model_call_kwargs
 from .b_warmup import BWarmupCallback
+from .convert.architectures import SPECS, ArchitectureSpec, architecture_name
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, argument_error
 from .losses import DistillationLoss, bcos_loss
@@ -63,7 +64,10 @@ def fine_tune_classifier(
     ``loss="auto"`` uses :func:`bcos_loss` (BCE on one-hot targets) for B-cos models and the model's own
     cross-entropy otherwise; ``"bce"`` / ``"ce"`` force one. Padding is dynamic (``DataCollatorWithPadding``), on the
     tokenizer's side; a tokenizer that pads on the left is refused before training for a classifier that reads the
-    first column (BERT, DistilBERT, RoBERTa, ModernBERT with ``classifier_pooling="cls"``).
+    first column (BERT, DistilBERT, RoBERTa, ModernBERT with ``classifier_pooling="cls"``). Models of the
+    architecture registry are trained on the batches ``explain`` would compute (``model_call_kwargs``), so each row
+    is trained on as it would be alone: a decoder classifier's positions count real tokens under either padding
+    side, and its padding is written as ``config.pad_token_id`` (where it reads the last token that is not).
     Sentence-pair tasks (NLI, paraphrase): ``text_pairs`` holds the second text of each example, encoded as the
     tokenizer's pair (``[CLS] text [SEP] pair [SEP]`` with token types for BERT), truncated longest first to
     ``max_length``; pass the same ``text_pairs`` to :func:`predict` / :func:`accuracy`. ``max_length`` defaults to
@@ -109,7 +113,11 @@ def fine_tune_classifier(
     if head_learning_rate is not None:
         optimizers = (two_rate_adamw(model, learning_rate, head_learning_rate, args.weight_decay), None)
     dataset = EncodedTexts(tokenizer, texts, labels, max_length, text_pairs)
-    _check_padding_side(model, dataset, DataCollatorWithPadding(tokenizer))
+    collator = DataCollatorWithPadding(tokenizer)
+    spec = SPECS.get(architecture_name(model))
+    if spec is not None:
+        collator = RowsAsAloneCollator(collator, model, spec)
+    _check_padding_side(model, dataset, collator)
     trainer_class, loss_func = Trainer, (bcos_loss if use_bce else None)
     if distill is not None:
         dataset.teacher_logits = predict(teacher, tokenizer, texts, text_pairs=text_pairs, batch_size=batch_size,
@@ -122,8 +130,7 @@ def fine_tune_classifier(
         model=model,
         args=args,
         train_dataset=dataset,
-        data_collator=TeacherCollator(DataCollatorWithPadding(tokenizer)) if distill else DataCollatorWithPadding(
-            tokenizer),
+        data_collator=TeacherCollator(collator) if distill else collator,
         compute_loss_func=loss_func,
         optimizers=optimizers,
         callbacks=[BWarmupCallback(model, fraction=b_warmup)] if b_warmup else None,
@@ -144,8 +151,9 @@ def _check_padding_side(model: nn.Module, dataset: EncodedTexts, collator) -> No
     longest = max(range(len(lengths)), key=lengths.__getitem__)
     if lengths[shortest] == lengths[longest]:
         return  # no batch is ever padded
-    probe = collator([{name: values[i] for name, values in dataset.encodings.items()} for i in (shortest, longest)])
-    check_first_column_is_real(model, probe["attention_mask"])
+    pad = collator.pad if isinstance(collator, RowsAsAloneCollator) else collator
+    probe = pad([{name: values[i] for name, values in dataset.encodings.items()} for i in (shortest, longest)])
+    check_first_column_is_real(model, probe["attention_mask"], row_ids=(shortest, longest))
 
 
 def _check_distillation(model, teacher, weight, kind, temperature) -> tuple[float, str, float] | None:
@@ -171,6 +179,21 @@ def _check_distillation(model, teacher, weight, kind, temperature) -> tuple[floa
                              "use 'kl' (softened class probabilities) or 'mse' (logits)")
     temperature = require_number("distill_temperature", temperature, low=0.0, low_open=True)
     return weight, kind, temperature
+
+
+class RowsAsAloneCollator:
+    """Pads like ``pad`` (``DataCollatorWithPadding``), then turns the batch into the keyword arguments ``explain``
+    calls a registry model with (:func:`~bcos_plugins.attribution.text.model_call_kwargs`): without them a decoder
+    classifier would be trained on a left-padded row's shifted positions (logits 0.15 off the row's own on a tiny
+    GPT-2) and, where the tokenizer's padding id is not ``config.pad_token_id``, on a padding token's logits."""
+
+    def __init__(self, pad, model: nn.Module, spec: ArchitectureSpec) -> None:
+        self.pad, self.model, self.spec = pad, model, spec
+
+    def __call__(self, features: list[dict]) -> dict:
+        batch = self.pad(features)
+        rest = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
+        return model_call_kwargs(self.model, self.spec, batch["input_ids"], batch.get("attention_mask"), rest)
 
 
 class TeacherCollator:

@@ -266,3 +266,45 @@ def test_a_dynamic_linear_copy_explains_a_left_padded_row_as_the_row_alone(name)
         alone = explain(model, ids[row : row + 1, keep], target=5, **({"position": 1} if position else {}))
         torch.testing.assert_close(batched.contributions[row, keep], alone.contributions[0], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(batched.delta[row : row + 1], alone.delta, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("config_pad", ["tokenizer's", "another"])
+@pytest.mark.parametrize("class_name", ["GPT2ForSequenceClassification", "LlamaForSequenceClassification"])
+def test_fine_tune_classifier_trains_a_decoder_classifier_on_each_row_as_alone(class_name, config_pad):
+    """The Trainer called the model with DataCollatorWithPadding's batches as given: a left-padded GPT-2 row's logits
+    were 0.15 off the row's own (positions from the padded column), and where config.pad_token_id is not the
+    tokenizer's padding id every decoder classifier (Llama too) was trained on a padding token's logits. The training
+    batches of a registry model are model_call_kwargs', so both padding sides train the same weights."""
+    from conftest import tiny_model
+    from test_pretrain import QUIET
+    from test_train import pair_tokenizer
+
+    from bcos_plugins.train import fine_tune_classifier
+
+    texts = VARIED_TEXTS[:16]
+    labels = [int(text.count("w1") > text.count("w2")) for text in texts]
+    trained = {}
+    for side in ("right", "left"):
+        model = tiny_model(class_name)
+        for module in model.modules():  # dropout draws its masks over the padded layout, which differs per side
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        tokenizer = pair_tokenizer()
+        tokenizer.padding_side = side
+        model.config.pad_token_id = tokenizer.pad_token_id if config_pad == "tokenizer's" else model.config.vocab_size - 1
+        # plain SGD: Adam would blow float noise on a gradient that is 0 in exact arithmetic up to a full step
+        trainer = fine_tune_classifier(model, tokenizer, texts, labels, epochs=2, batch_size=8, learning_rate=0.1,
+                                       optim="sgd", max_length=32, **QUIET)
+        batch = next(iter(trainer.get_train_dataloader()))
+        assert (batch["attention_mask"] == 0).any(), "the probe batch is padded"
+        with torch.no_grad():
+            batched = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+            for row in range(batch["input_ids"].shape[0]):
+                keep = batch["attention_mask"][row].bool()
+                row_alone = {k: batch[k][row : row + 1, keep] for k in ("input_ids", "token_type_ids") if k in batch}
+                alone = model(**row_alone).logits
+                torch.testing.assert_close(batched[row : row + 1], alone, rtol=1e-5, atol=1e-6,
+                                           msg=lambda m, r=row, s=side: f"padding on the {s}, row {r}: {m}")
+        trained[side] = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for name, right in trained["right"].items():
+        torch.testing.assert_close(trained["left"][name], right, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
