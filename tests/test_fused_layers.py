@@ -365,6 +365,44 @@ def test_inference_forward_runs_the_helpers_kernels_in_one_function(kind, b, dty
             == [op for op in helper_ops.ops if op not in views])
 
 
+@pytest.mark.parametrize("constant", [None, slice(1, 3)])
+@pytest.mark.parametrize("reuse", [False, True])
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("b", B_VALUES)
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_explaining_forward_runs_the_helpers_kernels_in_one_function(kind, b, dtype, reuse, constant):
+    # explaining without parameter gradients (as explain runs), a layer's forward is explaining_linear: the kernels
+    # of cached_unit_norm, input_norm, F.linear and bcos_product's explaining branch in one function, so the same
+    # ops in the same order, the same values and the same input gradient, bit for bit
+    from bcos_plugins.nn.dynamic import no_parameter_gradients
+    from bcos_plugins.nn.functional import bcos_product, cached_unit_norm, detach_units
+
+    layer = _projection(kind, b, dtype)
+    layer.constant_outputs = constant
+    x = _inputs(dtype)
+    upstream = torch.linspace(-1.0, 2.0, 4 * 3 * 5, dtype=torch.float64).reshape(4, 3, 5).to(dtype)
+    results, recorded = [], []
+    for helpers in (False, True):
+        xr = x.clone().requires_grad_()
+        with explanation_mode(layer), no_parameter_gradients(), reuse_unit_weights(reuse), _RecordOps() as ops:
+            if helpers:
+                with torch.no_grad():
+                    unit = cached_unit_norm(layer.weight, dim=1, transposed=kind == "conv1d", autocast=True)
+                    x_norm = input_norm(xr) if b != 1.0 else None
+                lin = nn.functional.linear(xr, unit)
+                if b == 1.0:
+                    out = lin if constant is None else detach_units(lin, constant)
+                else:
+                    out = bcos_product(lin, x_norm, b, True, overwrite_lin=True, constant_units=constant)
+            else:
+                out = layer(xr)
+        results.append((out.detach(), torch.autograd.grad(out, xr, upstream)[0]))
+        views = {"t", "permute", "transpose", "view", "_unsafe_view", "expand", "as_strided", "detach", "alias"}
+        recorded.append([op.rstrip("_") for op in ops.ops if op not in views])  # (clamp_min_ and clamp_min alike)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert recorded[0] == recorded[1]
+
+
 @pytest.mark.parametrize("dtype", [*FLOATS, torch.bfloat16])
 @pytest.mark.parametrize("b", B_VALUES)
 @pytest.mark.parametrize("kind", ["linear", "linear_max_out", "conv2d"])

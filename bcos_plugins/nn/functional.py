@@ -60,7 +60,7 @@ from .dynamic import parameter_gradients_unused
 
 __all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "cached_unit_norm", "clear_unit_norm_cache",
            "reuse_unit_weights",
-           "input_norm", "bcos_scale", "bcos_product", "inference_linear", "explaining_scale", "detach_units", "bcos_linear",
+           "input_norm", "bcos_scale", "bcos_product", "inference_linear", "explaining_linear", "explaining_scale", "detach_units", "bcos_linear",
            "max_out", "reference_path", "using_reference_path"]
 
 NORM_EPS = 1e-6
@@ -395,6 +395,35 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     abs_cos = lin.abs().mul_(x_norm.reciprocal())  # _abs_cos, _power_
     dyn = abs_cos.rsqrt_().rsqrt_() if b == 1.25 else abs_cos.sqrt_() if b == 1.5 else abs_cos
     return dyn.mul_(lin)
+
+
+def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: bool = False,
+                      constant_units: slice | None = None) -> Tensor:
+    """A B-cos linear layer without MaxOut in explanation mode when no parameter gradient is taken
+    (:func:`~bcos_plugins.nn.dynamic.no_parameter_gradients`, as every explanation of the package runs) and
+    ``x`` requires a gradient, fused path, ``b`` a float: one recorded matrix product with the unit-norm weight and
+    one recorded product with the constant ``dyn`` (:func:`bcos_product`, ``constant_units`` as there).
+
+    The kernels of :func:`cached_unit_norm`, :func:`input_norm`, ``F.linear`` and :func:`bcos_product`'s explaining
+    branch, in the same order on the same tensors (the same values, bit for bit), in one function with one
+    ``no_grad`` block for the two norms, as :func:`inference_linear` does for inference."""
+    view = weight.T if units_are_columns else weight
+    with torch.no_grad():
+        if _REUSE_UNIT_WEIGHTS or view.dtype in HALF_DTYPES:
+            unit = cached_unit_norm(weight, dim=1, transposed=units_are_columns, autocast=True)
+        else:  # unit_norm, its clamp in place
+            unit = view / torch.linalg.vector_norm(view, dim=1, keepdim=True).clamp_min_(NORM_EPS)
+        x_norm = input_norm(x)
+    lin = torch.nn.functional.linear(x, unit)
+    with torch.no_grad():
+        if lin.dtype in HALF_DTYPES or b not in (1.25, 1.5, 2.0):
+            dyn = _lin_dtype_scale(lin, x_norm, b)
+        else:  # _abs_cos, _floored_power_
+            abs_cos = lin.abs().mul_(x_norm.reciprocal()).clamp_min_(COS_FLOOR)
+            dyn = abs_cos.rsqrt_().rsqrt_() if b == 1.25 else abs_cos.sqrt_() if b == 1.5 else abs_cos
+    if constant_units is None:
+        return lin.mul_(dyn)
+    return _PartlyConstantProduct.apply(lin, dyn, constant_units, True)
 
 
 class _BcosProduct(torch.autograd.Function):

@@ -23,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..errors import BcosTypeError, BcosValueError, argument_error
-from .dynamic import DynamicWeightModule
+from .dynamic import DynamicWeightModule, parameter_gradients_unused
 from .functional import (
     COS_FLOOR,
     NORM_EPS,
@@ -31,6 +31,7 @@ from .functional import (
     bcos_product,
     cached_unit_norm,
     detach_units,
+    explaining_linear,
     explaining_scale,
     inference_linear,
     input_norm,
@@ -249,6 +250,13 @@ class BcosLinear(AlignmentPressure):
             if b != 1.0:
                 self.holds_constant()  # (counts the dynamic weight while explaining, as the recorded paths do)
             return inference_linear(x, self.weight, b, units_are_columns=self._UNITS_ARE_COLUMNS)
+        if (self.max_out == 1 and self.explaining and x.requires_grad and parameter_gradients_unused()
+                and not torch.compiler.is_compiling() and not using_reference_path()):
+            b = self._pressure()
+            if b != 1.0 and self.constant_outputs != slice(None):  # (a whole constant output: below)
+                self.holds_constant()  # (counts the dynamic weight, as the general path does)
+                return explaining_linear(x, self.weight, b, units_are_columns=self._UNITS_ARE_COLUMNS,
+                                         constant_units=self.constant_outputs)
         b = self._forward_pressure()
         if self._trains_fused(x):
             x_norm = input_norm(x) if isinstance(b, Tensor) or b != 1.0 else None
