@@ -12,22 +12,51 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor, nn
 
 from .errors import BcosTypeError, argument_error
 
-__all__ = ["bad_rows", "closest_name_fix", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
+__all__ = ["bad_rows", "closest_name_fix", "named_rows", "rows_named_as", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
            "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_token_batch", "ids_as_long"]
 
 
-def bad_rows(bad: Tensor, limit: int = 8) -> str:
-    """``"rows [0, 3]"`` for a boolean tensor whose first axis is the batch (for messages)."""
+# the caller's index of each row of the batch being checked, where a path batches its caller's texts in chunks or in
+# another order (explain_dataset, predict): set by rows_named_as, read by named_rows
+_CALLERS_ROWS: ContextVar[tuple[int, ...] | None] = ContextVar("callers_rows", default=None)
+
+
+@contextmanager
+def rows_named_as(row_ids: Sequence[int]) -> Iterator[None]:
+    """Inside it, error messages name row ``i`` of a batch of ``len(row_ids)`` rows as ``row_ids[i]``: the one way a
+    path that batches its caller's texts in chunks or in another order makes every refusal inside (``explain``'s
+    included) name the caller's rows, not the batch's."""
+    token = _CALLERS_ROWS.set(tuple(int(i) for i in row_ids))
+    try:
+        yield
+    finally:
+        _CALLERS_ROWS.reset(token)
+
+
+def named_rows(bad: Tensor) -> list[int]:
+    """The rows where ``bad`` (first axis the batch) holds a True anywhere, as messages name them: the caller's
+    indices inside :func:`rows_named_as` (for a tensor with that many rows), else the batch's."""
     rows = bad.reshape(bad.shape[0], -1).any(1).nonzero().flatten().tolist() if bad.ndim else [0]
+    callers = _CALLERS_ROWS.get()
+    if callers is not None and bad.ndim and bad.shape[0] == len(callers):
+        rows = sorted(callers[r] for r in rows)
+    return rows
+
+
+def bad_rows(bad: Tensor, limit: int = 8) -> str:
+    """``"rows [0, 3]"`` for a boolean tensor whose first axis is the batch (for messages; :func:`named_rows`)."""
+    rows = named_rows(bad)
     shown = ", ".join(str(r) for r in rows[:limit]) + (", ..." if len(rows) > limit else "")
     return f"row{'s' if len(rows) != 1 else ''} [{shown}]"
 
@@ -254,7 +283,7 @@ def require_real_tokens(attention_mask: Tensor) -> None:
     would be undefined: 0/0)."""
     empty = attention_mask.sum(1) == 0
     if empty.any():
-        raise argument_error("attention_mask", f"row(s) {empty.nonzero().flatten().tolist()} have no real token "
+        raise argument_error("attention_mask", f"row(s) {named_rows(empty)} have no real token "
                              "(all zeros); there is nothing to attribute to", "Remove empty rows from the batch")
 
 

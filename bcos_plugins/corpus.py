@@ -15,8 +15,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ._checks import rows_named_as
 from .attribution.targets import Direction
-from .attribution.text import check_first_column_is_real, forward_keywords, readable_tokenizer_outputs
+from .attribution.text import forward_keywords, readable_tokenizer_outputs
 from .convert.architectures import position_limit, vocabulary_size
 from .errors import BcosTypeError, BcosValueError
 from .explain import explain
@@ -167,14 +168,13 @@ def explain_dataset(
                         truncation=True, max_length=max_length, return_tensors="pt").to(device)
         _require_model_tokenizer(model, tokenizer, enc)
         extra = readable_tokenizer_outputs(enc, readable)
-        # checked here too so that a refusal of left padding names the texts' rows in data, not in the batch
-        check_first_column_is_real(model, enc["attention_mask"], row_ids=range(lo, hi))
         # a non-negative position counts from each text's first token: on a left-padded batch that is the text's
         # padding plus the position, not the column itself
         from_first = (position if not isinstance(position, int) or isinstance(position, bool) or position < 0
                       else enc["attention_mask"].argmax(1) + position)
-        expl = explain(model, enc["input_ids"], enc["attention_mask"], target=value_of(targets, lo, hi),
-                       foil=value_of(foils, lo, hi), position=from_first, reduce=reduce, **extra)
+        with rows_named_as(range(lo, hi)):  # a refusal names the texts' rows in data, not the chunk's
+            expl = explain(model, enc["input_ids"], enc["attention_mask"], target=value_of(targets, lo, hi),
+                           foil=value_of(foils, lo, hi), position=from_first, reduce=reduce, **extra)
         ids_rows = [ids[m.bool()].tolist() for ids, m in zip(enc["input_ids"], enc["attention_mask"], strict=True)]
         columns["input_ids"] += ids_rows
         columns["tokens"] += [tokenizer.convert_ids_to_tokens(r) for r in ids_rows]

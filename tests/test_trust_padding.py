@@ -308,3 +308,27 @@ def test_fine_tune_classifier_trains_a_decoder_classifier_on_each_row_as_alone(c
         trained[side] = {name: p.detach().clone() for name, p in model.named_parameters()}
     for name, right in trained["right"].items():
         torch.testing.assert_close(trained["left"][name], right, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_explain_dataset_names_every_refused_row_by_its_index_in_data():
+    """explain_dataset explains data in chunks of batch_size: a bad target or position of text 3 was refused as "row
+    [1]", its row in the chunk (only the left-padding refusal named data's rows). Every refusal inside explain names
+    rows through bad_rows / named_rows, which name the caller's rows inside rows_named_as."""
+    import transformers as T
+    from conftest import tiny_config, tiny_model
+    from test_train import pair_tokenizer
+
+    from bcos_plugins import explain_dataset
+
+    tokenizer = pair_tokenizer()
+    texts = ["w1 w2 w1", "w2 w1 w2", "w1 w2 w1 w2 w1", "w1"]
+    torch.manual_seed(0)
+    classifier = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval(), verbose=False)
+    with pytest.raises(BcosValueError, match=r"^target: ids must lie in \[0, 2\), got \[7\] at row \[3\]\. "):
+        explain_dataset(classifier, tokenizer, texts, target=[0, 1, 0, 7], batch_size=2, progress=False)
+    with pytest.raises(BcosValueError, match=r"^target: ids must lie in \[0, 2\), got \[7, 7\] at rows \[2, 3\]\. "):
+        explain_dataset(classifier, tokenizer, texts, target=[0, 1, 7, 7], batch_size=2, progress=False)
+    # position 4 counts from each text's first token: past text 3's last token, on the chunk's right padding
+    with pytest.raises(BcosValueError, match=r"^position: \[4\] of row\(s\) \[3\] is a padding token"):
+        explain_dataset(tiny_model("GPT2LMHeadModel"), tokenizer, texts, target=5, position=4, batch_size=2,
+                        progress=False)

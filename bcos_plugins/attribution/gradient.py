@@ -21,6 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from .._checks import named_rows
 from ..errors import BcosRuntimeError, BcosValueError
 from ..nn.dynamic import explanation_mode, no_parameter_gradients
 
@@ -124,7 +125,7 @@ def input_x_gradient(
             raise BcosValueError(f"the explained value must be one scalar per row, shape (batch,); got shape "
                                  f"{tuple(explained.shape)}. Select one output per row with target=.")
         if check_finite and not torch.isfinite(explained).all():
-            rows = (~torch.isfinite(explained)).nonzero().flatten().tolist()
+            rows = named_rows(~torch.isfinite(explained))
             raise BcosValueError(f"model: its output is NaN or infinite for row(s) {rows}, so there is nothing "
                                  "finite to explain (an input or an embedding row of NaN, inf or a huge value "
                                  "overflows inside the model). Check those rows' inputs and the embedding rows of "

@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import require_real_tokens, require_row_ids
+from .._checks import named_rows, require_real_tokens, require_row_ids
 from ..errors import BcosTypeError, BcosValueError
 
 __all__ = [
@@ -169,7 +169,7 @@ def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_m
     resolved = torch.where(pos < 0, last + 1 + pos, pos)
     outside = (resolved < 0) | (resolved >= length)
     if outside.any():
-        rows = outside.nonzero().flatten().tolist()
+        rows = named_rows(outside)
         raise BcosValueError(
             f"position: {pos[outside].tolist()} is outside row(s) {rows} (length {length}; negative positions "
             "count back from each row's last real token, -1 being it). Pass an index of a real token."
@@ -177,7 +177,7 @@ def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_m
     rows = torch.arange(batch, device=attention_mask.device)
     on_padding = attention_mask[rows, resolved] == 0
     if on_padding.any():
-        bad = on_padding.nonzero().flatten().tolist()
+        bad = named_rows(on_padding)
         raise BcosValueError(
             f"position: {resolved[on_padding].tolist()} of row(s) {bad} is a padding token; the output there is "
             "meaningless. Pass a real token's index, or a negative position (-1 = last real token, per row)."

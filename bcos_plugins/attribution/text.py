@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from .._checks import bad_rows, closest_name_fix, require_token_batch
+from .._checks import bad_rows, closest_name_fix, require_token_batch, rows_named_as
 from ..convert.architectures import (
     SPECS,
     ArchitectureSpec,
@@ -236,8 +237,9 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
     :func:`model_call_kwargs`), ``perturbation_curves``, ``predict`` and ``fine_tune_classifier``. ``spec``: the
     model's registry entry when the caller has it; otherwise it is looked up by class name, and a model outside
     the registry (any callable a metric takes) is not checked. ``row_ids``: the caller's index of each row of the
-    batch, named in the error (a path that batches its caller's texts in another order or in chunks); default: the
-    batch's own.
+    batch, named in the error (a path that batches its caller's texts in another order or in chunks; the one
+    mechanism is :func:`~bcos_plugins._checks.rows_named_as`, which such a caller may wrap around any call instead);
+    default: the batch's own.
     """
     if attention_mask is None or attention_mask.ndim != 2 or attention_mask.shape[1] == 0:
         return
@@ -253,10 +255,6 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
     if not padded_first.any():
         return
     verb = "starts" if int(padded_first.sum()) == 1 else "start"
-    if row_ids is not None:  # the same words, over the caller's rows
-        callers_rows = torch.as_tensor(list(row_ids))[padded_first.cpu()]
-        padded_first = torch.zeros(int(callers_rows.max()) + 1, dtype=torch.bool)
-        padded_first[callers_rows] = True
     if first_column:
         setting = (f" with config.{spec.first_column_pooling[0]}={spec.first_column_pooling[1]!r}"
                    if isinstance(spec.first_column_pooling, tuple) else "")
@@ -266,7 +264,9 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
         problem = (f"{architecture_name(model)} reads its position embeddings from a table counted from the first "
                    "column and its forward takes no position_ids to count real tokens instead, so the row's "
                    "positions (and every number of it) would be shifted by its padding")
-    raise argument_error("attention_mask", f"{bad_rows(padded_first)} {verb} with padding, and {problem}",
+    with rows_named_as(row_ids) if row_ids is not None else nullcontext():
+        rows = bad_rows(padded_first)
+    raise argument_error("attention_mask", f"{rows} {verb} with padding, and {problem}",
                          "Pad on the right (tokenizer.padding_side = 'right')")
 
 
