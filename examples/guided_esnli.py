@@ -399,9 +399,11 @@ def evaluate(model, rows, pad_id, bcos: bool, posthoc: dict | None = None, batch
         with torch.no_grad():
             out = model(**batch, output_attentions=True)
         predictions += out.logits.argmax(-1).tolist()
-        found = {"attention": attention_token_scores(out.attentions, -1)}
+        # with the mask, a batch whose first column is padding is refused (its [CLS] scores would be a padding token's)
+        found = {"attention": attention_token_scores(out.attentions, -1, attention_mask=batch["attention_mask"])}
         if heads:
-            found["attention_heads"] = attention_token_scores(out.attentions, -1, heads=heads)
+            found["attention_heads"] = attention_token_scores(out.attentions, -1, heads=heads,
+                                                              attention_mask=batch["attention_mask"])
         if bcos:
             found["bcos_explanation"] = explain(model, batch["input_ids"], batch["attention_mask"],
                                                 token_type_ids=batch["token_type_ids"]).contributions

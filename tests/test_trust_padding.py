@@ -332,3 +332,44 @@ def test_explain_dataset_names_every_refused_row_by_its_index_in_data():
     with pytest.raises(BcosValueError, match=r"^position: \[4\] of row\(s\) \[3\] is a padding token"):
         explain_dataset(tiny_model("GPT2LMHeadModel"), tokenizer, texts, target=5, position=4, batch_size=2,
                         progress=False)
+
+
+def test_guided_esnli_evaluation_refuses_attention_scores_of_a_padding_query(monkeypatch):
+    """examples/guided_esnli.py scored [CLS] attention (query column 0) without the batch's attention_mask: a batch
+    whose first column is padding would have been scored on a padding token's attention, silently. Its collate pads
+    on the right (accepted, as before); a left-padding one is refused through attention_token_scores' check."""
+    import transformers as T
+    from conftest import tiny_config
+
+    from examples import guided_esnli
+
+    config = tiny_config("bert", num_labels=2)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = T.BertForSequenceClassification(config).eval()
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i, length in enumerate((7, 5, 4)):
+        ids = [2, *torch.randint(5, 40, (length - 2,), generator=g).tolist(), 3]
+        valid = torch.tensor([False, *[True] * (length - 2), False])
+        gold = torch.zeros(length, dtype=torch.bool)
+        gold[1] = True
+        rows.append({"input_ids": ids, "token_type_ids": [0] * length, "label": i % 2, "gold": gold, "valid": valid})
+    right = guided_esnli.evaluate(model, rows, 0, bcos=False, heads=[0])
+    assert set(right) >= {"accuracy", "attention", "attention_heads"}
+
+    right_padding_collate = guided_esnli.collate
+
+    def left_padding_collate(batch_rows, pad_id, **kwargs):
+        batch, gold, valid = right_padding_collate(batch_rows, pad_id, **kwargs)
+        shift = (batch["attention_mask"] == 0).sum(1)
+
+        def to_left(t):
+            return torch.stack([row.roll(int(s)) for row, s in zip(t, shift, strict=True)])
+
+        return {k: v if v.ndim == 1 else to_left(v) for k, v in batch.items()}, to_left(gold), to_left(valid)
+
+    monkeypatch.setattr(guided_esnli, "collate", left_padding_collate)
+    with pytest.raises(BcosValueError, match=r"^query_position: column 0 is padding in rows \[1, 2\] "
+                                             r"\(attention_mask\).*" + PAD_ON_THE_RIGHT):
+        guided_esnli.evaluate(model, rows, 0, bcos=False)
