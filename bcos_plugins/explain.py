@@ -29,7 +29,7 @@ from jaxtyping import Int
 from torch import Tensor, nn
 
 from ._checks import bad_rows
-from .attribution.gradient import capture_point, input_x_gradient
+from .attribution.gradient import capture_point, input_x_gradient, outside_inference
 from .attribution.results import TokenExplanation
 from .attribution.targets import (
     Direction,
@@ -96,7 +96,8 @@ def explain(
     if not spec.is_classifier and target is None:
         raise BcosValueError("target: required for causal LMs (next-token ids) and base models (a hidden unit, "
                              "or Direction(vector)); only classifiers default to the predicted class.")
-    pos = None if spec.is_classifier else explained_positions(spec, position, mask)
+    # made here, so an inference tensor under the caller's inference_mode: the forward's indexing saves it for backward
+    pos = None if spec.is_classifier else outside_inference(explained_positions(spec, position, mask))
     call_kwargs = model_call_kwargs(model, spec, input_ids, attention_mask, forward_kwargs)
     parsed: dict = {}
     forward_autocast: list[torch.dtype] = []  # the autocast dtype the forward ran under, if any (see below)

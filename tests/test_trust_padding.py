@@ -373,3 +373,17 @@ def test_guided_esnli_evaluation_refuses_attention_scores_of_a_padding_query(mon
     with pytest.raises(BcosValueError, match=r"^query_position: column 0 is padding in rows \[1, 2\] "
                                              r"\(attention_mask\).*" + PAD_ON_THE_RIGHT):
         guided_esnli.evaluate(model, rows, 0, bcos=False)
+
+
+@pytest.mark.parametrize("name", ["GPT2ForSequenceClassification", "LlamaForSequenceClassification",
+                                  "GPT2LMHeadModel", "BertModel"])
+def test_explain_under_inference_mode_gives_the_position_ids_it_makes_to_autograd(name):
+    """model_call_kwargs made the position ids (and a decoder classifier's rewritten padding) under the caller's
+    torch.inference_mode(), as inference tensors, which the embedding lookup cannot save for backward: explain
+    raised RuntimeError on every decoder and learned-position encoder there."""
+    model = bcosify(_stock(name), b=1.25, verbose=False)
+    ids, mask = padded_batch(seed=6, side="left", pad_id=1)
+    reference = explain(model, ids, mask, target=_target_of(name))
+    with torch.inference_mode():
+        inside = explain(model, ids.clone(), mask.clone(), target=_target_of(name))
+    torch.testing.assert_close(inside.contributions, reference.contributions)

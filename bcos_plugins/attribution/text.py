@@ -287,8 +287,8 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     check_first_column_is_real(model, attention_mask, spec)
     position_ids = None if "position_ids" in kwargs else position_ids_as_alone(model, spec, mask)
-    if position_ids is not None:
-        kwargs["position_ids"] = position_ids
+    if position_ids is not None:  # made here, so an inference tensor under the caller's inference_mode
+        kwargs["position_ids"] = outside_inference(position_ids)
     if spec.kind == "decoder" and spec.is_classifier and attention_mask is not None and (mask == 0).any():
         pad = getattr(model.config, "pad_token_id", None)
         if pad is None:
@@ -297,7 +297,7 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
                 "so it cannot find each row's last token. Set model.config.pad_token_id = "
                 "tokenizer.pad_token_id (or explain one row at a time)."
             )
-        input_ids = torch.where(mask == 0, torch.full_like(input_ids, pad), input_ids)
+        input_ids = outside_inference(torch.where(mask == 0, torch.full_like(input_ids, pad), input_ids))
     kwargs["input_ids"] = input_ids
     kwargs["attention_mask"] = attention_mask
     return kwargs
