@@ -15,8 +15,9 @@ from ._checks import (
     require_run_settings,
     require_text_pairs,
     require_texts,
+    rows_named_as,
 )
-from .attribution.text import check_first_column_is_real, model_call_kwargs
+from .attribution.text import forward_keywords, model_call_kwargs, readable_tokenizer_outputs
 from .b_warmup import BWarmupCallback
 from .convert.architectures import SPECS, ArchitectureSpec, architecture_name
 from .encoded_texts import EncodedTexts, truncation_length
@@ -117,7 +118,7 @@ def fine_tune_classifier(
     spec = SPECS.get(architecture_name(model))
     if spec is not None:
         collator = RowsAsAloneCollator(collator, model, spec)
-    _check_padding_side(model, dataset, collator)
+    _check_padding_side(collator, dataset)
     trainer_class, loss_func = Trainer, (bcos_loss if use_bce else None)
     if distill is not None:
         dataset.teacher_logits = predict(teacher, tokenizer, texts, text_pairs=text_pairs, batch_size=batch_size,
@@ -142,18 +143,21 @@ def fine_tune_classifier(
     return trainer
 
 
-def _check_padding_side(model: nn.Module, dataset: EncodedTexts, collator) -> None:
-    """Refuse, before any step, a tokenizer that pads on the left for a classifier that reads the first column
-    (:func:`~bcos_plugins.attribution.check_first_column_is_real`): every padded row of a batch would be trained on a
-    padding token's logits. The collator the ``Trainer`` pads with pads the shortest and the longest text together."""
+def _check_padding_side(collator, dataset: EncodedTexts) -> None:
+    """Refuse, before any step, what :func:`~bcos_plugins.attribution.text.model_call_kwargs` refuses on a padded
+    batch of a registry model: a tokenizer that pads on the left for a classifier that reads the first column (every
+    padded row would be trained on a padding token's logits; the error names the text by its index in ``texts``), a
+    decoder classifier without ``config.pad_token_id``. The collator the ``Trainer`` pads with pads the shortest and
+    the longest text together. Outside the registry nothing is checked (no rule is known there)."""
+    if not isinstance(collator, RowsAsAloneCollator):
+        return
     lengths = [len(ids) for ids in dataset.encodings["input_ids"]]
     shortest = min(range(len(lengths)), key=lengths.__getitem__)
     longest = max(range(len(lengths)), key=lengths.__getitem__)
     if lengths[shortest] == lengths[longest]:
         return  # no batch is ever padded
-    pad = collator.pad if isinstance(collator, RowsAsAloneCollator) else collator
-    probe = pad([{name: values[i] for name, values in dataset.encodings.items()} for i in (shortest, longest)])
-    check_first_column_is_real(model, probe["attention_mask"], row_ids=(shortest, longest))
+    with rows_named_as((shortest, longest)):
+        collator([{name: values[i] for name, values in dataset.encodings.items()} for i in (shortest, longest)])
 
 
 def _check_distillation(model, teacher, weight, kind, temperature) -> tuple[float, str, float] | None:
@@ -189,10 +193,13 @@ class RowsAsAloneCollator:
 
     def __init__(self, pad, model: nn.Module, spec: ArchitectureSpec) -> None:
         self.pad, self.model, self.spec = pad, model, spec
+        self.readable = forward_keywords(model)
 
     def __call__(self, features: list[dict]) -> dict:
         batch = self.pad(features)
-        rest = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
+        # what the forward does not read (a pair tokenizer's token_type_ids for Llama) is left out, as the Trainer's
+        # column removal does; labels are read
+        rest = readable_tokenizer_outputs(batch, self.readable)
         return model_call_kwargs(self.model, self.spec, batch["input_ids"], batch.get("attention_mask"), rest)
 
 

@@ -387,3 +387,28 @@ def test_explain_under_inference_mode_gives_the_position_ids_it_makes_to_autogra
     with torch.inference_mode():
         inside = explain(model, ids.clone(), mask.clone(), target=_target_of(name))
     torch.testing.assert_close(inside.contributions, reference.contributions)
+
+
+def test_fine_tune_classifier_refuses_before_any_step_what_model_call_kwargs_refuses():
+    """Checked on a padded probe batch of the Trainer's own collator: a left-padded first-column classifier (the error
+    names the text by its index in texts; it named row 0 of the probe), and a padded decoder classifier without
+    config.pad_token_id (transformers raised its own error at the first step)."""
+    import transformers as T
+    from conftest import tiny_config, tiny_model
+    from test_train import pair_tokenizer
+
+    from bcos_plugins.train import fine_tune_classifier
+
+    texts, labels = ["w1 w2 w1", "w2 w1 w2 w2", "w1", "w2 w1"], [0, 1, 0, 1]  # the shortest is text 2
+    tokenizer = _left_padding_pair_tokenizer()
+    torch.manual_seed(0)
+    bert = T.BertForSequenceClassification(tiny_config("bert", num_labels=2))
+    with pytest.raises(BcosValueError, match=r"^attention_mask: row \[2\] starts with padding.*" + PAD_ON_THE_RIGHT):
+        fine_tune_classifier(bert, tokenizer, texts, labels, max_length=32, progress=False, use_cpu=True)
+    gpt2 = tiny_model("GPT2ForSequenceClassification")
+    gpt2.config.pad_token_id = None
+    before = [p.detach().clone() for p in gpt2.parameters()]
+    with pytest.raises(BcosValueError, match=r"^attention_mask: the batch is padded but the decoder classifier has no "
+                                             r"config\.pad_token_id"):
+        fine_tune_classifier(gpt2, pair_tokenizer(), texts, labels, max_length=32, progress=False, use_cpu=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, gpt2.parameters(), strict=True))  # no step was taken
