@@ -8,6 +8,7 @@ saves with ``Dataset.save_to_disk`` / ``to_parquet`` / ``to_pandas``. ``datasets
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from ._checks import rows_named_as
 from .attribution.targets import Direction
 from .attribution.text import forward_keywords, readable_tokenizer_outputs
 from .convert.architectures import position_limit, vocabulary_size
-from .errors import BcosTypeError, BcosValueError
+from .errors import BcosTypeError, BcosValueError, argument_error
 from .explain import explain
 
 __all__ = ["explain_dataset"]
@@ -35,6 +36,24 @@ def _import_datasets():
     return datasets
 
 
+def _is_id(value) -> bool:
+    """An integer id: a Python or NumPy int (not a bool), or a 0-d integer tensor (an entry of a 1-d one)."""
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 0 and not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _require_ids(values: list, name: str) -> list:
+    """Refuse an entry that is not an integer id, naming the text by its index in data (checked here, over all the
+    texts: explain sees one chunk at a time, and a missing value (None) would fail inside torch.tensor)."""
+    bad = next((i for i, v in enumerate(values) if not _is_id(v)), None)
+    if bad is not None:
+        raise argument_error(name, f"the value for text {bad} is {type(values[bad]).__name__} {values[bad]!r}, not "
+                             "an integer id", "Pass one int per text (fill or drop the texts without one)",
+                             kind=BcosTypeError)
+    return values
+
+
 def _per_row(value, name: str, n: int, data, column: str | None) -> list | None:
     """``value`` as one entry per text (or None): a column name, a sequence aligned with the texts, or one
     value for all."""
@@ -44,7 +63,7 @@ def _per_row(value, name: str, n: int, data, column: str | None) -> list | None:
         if not hasattr(data, "column_names") or column not in data.column_names:
             raise BcosValueError(f"{name}_column: {column!r} is not a column of the dataset. Columns: "
                                  f"{getattr(data, 'column_names', [])}.")
-        return list(data[column])
+        return _require_ids(list(data[column]), f"{name}_column")
     if isinstance(value, Direction):
         if value.vector.ndim != 1:
             raise BcosValueError(f"{name}: explain_dataset takes one Direction (n_outputs,) for every text.")
@@ -55,7 +74,7 @@ def _per_row(value, name: str, n: int, data, column: str | None) -> list | None:
     if len(values) != n:
         raise BcosValueError(f"{name}: {len(values)} values for {n} texts. Pass one per text, one int for all, "
                              f"or {name}_column=<column name>.")
-    return values
+    return _require_ids(values, name)
 
 
 def _require_model_tokenizer(model: nn.Module, tokenizer, enc) -> None:
@@ -137,8 +156,11 @@ def explain_dataset(
         pairs, kept = None, None
     if not texts:
         raise BcosValueError("data: no texts to explain (empty input).")
-    if not all(isinstance(t, str) for t in texts):
-        raise BcosTypeError("data: every text must be a str.")
+    for argument, strings, what in (("data", texts, "text"), ("text_pair_column", pairs or [], "the pair of text")):
+        bad = next((i for i, t in enumerate(strings) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise argument_error(argument, f"{what} {bad} is {type(strings[bad]).__name__} {strings[bad]!r}, not a "
+                                 "str", "Pass strings only (fill or drop the texts without one)", kind=BcosTypeError)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise BcosValueError(f"batch_size: must be a positive int, got {batch_size!r}.")
     n = len(texts)

@@ -412,3 +412,37 @@ def test_fine_tune_classifier_refuses_before_any_step_what_model_call_kwargs_ref
                                              r"config\.pad_token_id"):
         fine_tune_classifier(gpt2, pair_tokenizer(), texts, labels, max_length=32, progress=False, use_cpu=True)
     assert all(torch.equal(a, b) for a, b in zip(before, gpt2.parameters(), strict=True))  # no step was taken
+
+
+def test_explain_dataset_names_a_missing_or_non_integer_value_by_its_text():
+    """A None target, a float target, a None text or a None pair (a dataset column with a gap) failed inside
+    torch.tensor ("Could not infer dtype of NoneType"), the tokenizer ("TextInputSequence must be str"), as
+    "data: every text must be a str" with no index, or named the chunk's shape; each now names the text's index."""
+    import datasets
+    import transformers as T
+    from conftest import tiny_config
+    from test_train import pair_tokenizer
+
+    from bcos_plugins import explain_dataset
+    from bcos_plugins.errors import BcosTypeError
+
+    tokenizer = pair_tokenizer()
+    texts = ["w1 w2 w1", "w2 w1 w2", "w1 w2 w1 w2 w1", "w1"]
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval(), verbose=False)
+    refusals = {
+        r"^target: the value for text 3 is NoneType None, not an integer id\. Pass one int per text":
+            {"data": texts, "target": [0, 1, 0, None]},
+        r"^target: the value for text 2 is float 1\.0, not an integer id": {"data": texts, "target": [0, 1, 1.0, 0]},
+        r"^target_column: the value for text 1 is NoneType None": {
+            "data": datasets.Dataset.from_dict({"text": texts, "y": [0, None, 1, 0]}), "target_column": "y"},
+        r"^data: text 3 is NoneType None, not a str\. Pass strings only": {"data": [*texts[:3], None]},
+        r"^text_pair_column: the pair of text 3 is NoneType None, not a str": {
+            "data": datasets.Dataset.from_dict({"text": texts, "pair": ["w1", "w2", "w1", None]}),
+            "text_pair_column": "pair"},
+    }
+    for refusal, call in refusals.items():
+        with pytest.raises(BcosTypeError, match=refusal):
+            explain_dataset(model, tokenizer, **call, batch_size=2, progress=False)
+    out = explain_dataset(model, tokenizer, texts, target=torch.tensor([0, 1, 1, 0]), batch_size=2, progress=False)
+    assert out["target"] == [0, 1, 1, 0]  # a 1-d integer tensor is one id per text, as before
