@@ -33,7 +33,9 @@ Two implementations of ``out = dyn * lin`` (docs/api/nn.md#fused-and-reference-k
 Training a linear layer without MaxOut goes one step further: :func:`bcos_linear` runs the normalisation, the
 matrix product and the product above as one autograd node that keeps the raw weight instead of ``ŵ`` and the
 output instead of ``lin`` (the next operation usually keeps the output anyway), and recomputes the rest in the
-backward pass (:class:`_BcosLinear`).
+backward pass (:class:`_BcosLinear`). Inference and explanations of such a layer run :func:`inference_linear` and
+:func:`explaining_linear`: the kernels of the helpers above in the same order (the same values), written out in one
+function each, because at a small model's widths the helpers' nested Python calls cost a few per cent of a forward.
 
 Under ``torch.autocast`` (or with bfloat16 weights) ``lin`` is low precision. ``||x||`` is always accumulated
 in float32 for half-precision inputs (range: the squares overflow float16; precision: bfloat16 sums of
