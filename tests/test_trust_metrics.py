@@ -45,3 +45,41 @@ def test_perturbation_curves_of_a_decoder_classifier_are_those_of_each_row_alone
         for field in ("full_probability", "comprehensiveness", "sufficiency"):
             torch.testing.assert_close(getattr(batched, field)[row : row + 1], getattr(alone, field),
                                        rtol=1e-5, atol=1e-6, msg=lambda m, f=field, r=row: f"{f} of row {r}: {m}")
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("name", ["GPT2ForSequenceClassification", "LlamaForSequenceClassification"])
+def test_attention_masking_never_removes_the_token_a_decoder_classifier_reads(name, side):
+    """A decoder classifier reads its last real token's hidden state, which holds that token's own embedding whatever
+    the attention mask says: its 'removal' left the probability almost unchanged (tiny Llama: 0.002 against
+    0.03-0.06 for the row without it), so a score ranking it first overstated what was left. It is kept like a
+    special token: the curves are those with it marked special, whatever its score."""
+    model = _stock(name)
+    ids, mask = padded_batch(seed=1, side=side, pad_id=model.config.pad_token_id)
+    rows = torch.arange(ids.shape[0])
+    read = torch.zeros_like(mask, dtype=torch.bool)
+    read[rows, mask.shape[1] - 1 - mask.flip(1).argmax(1)] = True  # each row's last real token
+    special = torch.zeros_like(read)
+    scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
+    read_first = scores.masked_fill(read, 100.0)
+    curves = perturbation_curves(model, ids, mask, read_first, special_tokens=special)
+    kept_as_special = perturbation_curves(model, ids, mask, scores, special_tokens=read)
+    for field in ("k", "full_probability", "comprehensiveness", "sufficiency"):
+        torch.testing.assert_close(getattr(curves, field), getattr(kept_as_special, field),
+                                   msg=lambda m, f=field: f"{f}: {m}")
+    # mask_token removal replaces the read token's embedding like any other token's, so it stays removable
+    replaced = perturbation_curves(model, ids, mask, read_first, special_tokens=special, masking="mask_token",
+                                   mask_token_id=3)
+    real = mask.sum(1, keepdim=True).double()
+    fractions = torch.tensor(replaced.fractions, dtype=torch.float64)
+    torch.testing.assert_close(replaced.k, torch.clamp((real * fractions + 1e-9).floor().long(), min=1))
+
+
+def test_a_row_whose_only_perturbable_token_a_decoder_classifier_reads_is_refused():
+    model = _stock("GPT2ForSequenceClassification")
+    ids, mask = padded_batch(seed=1, side="right", pad_id=model.config.pad_token_id)
+    special = mask.bool().clone()
+    special[:2, 0] = False  # rows 0 and 1: one perturbable token, not their last real one
+    special[2, int(mask[2].sum()) - 1] = False  # row 2: only its last real token (the one read)
+    with pytest.raises(ValueError, match=r"attention_mask.*row \[2\].*only perturbable token is the last one"):
+        perturbation_curves(model, ids, mask, torch.zeros(ids.shape), special_tokens=special | ~mask.bool())

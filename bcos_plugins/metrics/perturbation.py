@@ -9,6 +9,13 @@ tokens (real, non-special), the top ``k = max(1, int(n * p))`` tokens by *signed
 with y the class predicted on the full input (or a given target) and P the softmax probability.
 Special tokens (CLS, SEP, PAD, ...) are never removed and never ranked.
 
+Under removal through the attention mask, a decoder classifier of the architecture registry (GPT-2, Llama, ...
+``ForSequenceClassification``) keeps the token it reads (each row's last real token) the same way: it classifies from
+that token's hidden state, which holds the token's own embedding whatever the mask says, so masking cannot remove it
+(its "removal" left the probability almost unchanged, 0.002 against 0.03-0.06 for the row without it on a tiny
+Llama). The curves of such a model say nothing about that token's score; ``masking="mask_token"`` replaces it like
+any other token.
+
 Removal is done through the attention mask (a removed token gets attention 0, so no position attends to
 it), as in the B-cos LM paper's code; the remaining tokens keep their positions. ``masking="mask_token"``
 instead replaces removed tokens by ``[MASK]`` (the tokenizer's ``mask_token_id``).
@@ -32,6 +39,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from .._checks import (
+    bad_rows,
     require_float,
     require_int,
     require_row_ids,
@@ -39,7 +47,7 @@ from .._checks import (
     require_tensor,
     require_token_batch,
 )
-from ..attribution.text import model_call_kwargs
+from ..attribution.text import explained_positions, model_call_kwargs
 from ..convert.architectures import SPECS, architecture_name
 from ..errors import BcosTypeError, argument_error
 from .attributions import perturbable_mask, token_scores
@@ -186,6 +194,21 @@ def _probabilities(model: Callable, call: dict, probability: str) -> Tensor:
     return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
 
 
+def _without_read_token(spec, perturbable: Tensor, mask: Tensor) -> Tensor:
+    """``perturbable`` without the token a decoder classifier reads (its hidden state holds that token's own embedding,
+    which masking its attention does not remove: see the module docstring)."""
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    read = torch.zeros_like(perturbable)
+    read[rows, explained_positions(spec, None, mask).to(mask.device)] = True
+    only_read = read.any(-1) & perturbable.any(-1) & ~(perturbable & ~read).any(-1)
+    if only_read.any():
+        raise argument_error(
+            "attention_mask", f"{bad_rows(only_read)}: the only perturbable token is the last one, which the "
+            "decoder classifier reads: removing it through the attention mask leaves its own embedding in the hidden state "
+            "the classifier reads, so it is never perturbed", "Drop those rows, or pass masking='mask_token'")
+    return perturbable & ~read
+
+
 @torch.no_grad()
 def perturbation_curves(
     model: Callable[..., Any],
@@ -219,6 +242,8 @@ def perturbation_curves(
         attributions: from any method (see :func:`~bcos_plugins.metrics.token_scores`), aligned with
             ``input_ids``.
         tokenizer / special_tokens: where the special tokens are (one is required; they are never perturbed).
+            With ``masking="attention"``, a registry decoder classifier's read token (each row's last real token)
+            is never perturbed either (see the module docstring); a row with no other perturbable token is refused.
         target: the class whose probability is tracked; default the class predicted on the full input.
         fractions: the p values (default 0.1..0.9).
         masking: ``"attention"`` (remove via attention mask, the paper code's choice) or ``"mask_token"``.
@@ -258,6 +283,8 @@ def perturbation_curves(
                        "Attribute the same batch at the token (embedding) level (the shape is that of the token "
                        "scores, the attributions summed over the embedding)")
     perturbable = perturbable_mask(input_ids, mask, tokenizer=tokenizer, special_tokens=special_tokens)
+    if masking == "attention" and spec is not None and spec.kind == "decoder" and spec.is_classifier:
+        perturbable = _without_read_token(spec, perturbable, mask)
     top, k = top_k_masks(scores, perturbable, fractions)
     batch, n_fr, length = top.shape
 
