@@ -83,3 +83,29 @@ def test_a_row_whose_only_perturbable_token_a_decoder_classifier_reads_is_refuse
     special[2, int(mask[2].sum()) - 1] = False  # row 2: only its last real token (the one read)
     with pytest.raises(ValueError, match=r"attention_mask.*row \[2\].*only perturbable token is the last one"):
         perturbation_curves(model, ids, mask, torch.zeros(ids.shape), special_tokens=special | ~mask.bool())
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("name", ["GPT2LMHeadModel", "LlamaForCausalLM"])
+def test_next_token_contrast_calls_a_registry_lm_as_explain_does(name, side, monkeypatch):
+    """next_token_contrast passed real_token_positions itself, a second copy of model_call_kwargs' position rule: a
+    change there (as the decoder classifier's padding rewrite was) would not reach it. It calls model_call_kwargs,
+    and each row's numbers are those of the row alone, on either padding side."""
+    import bcos_plugins.attribution.text as text
+    from bcos_plugins.metrics import next_token_contrast
+
+    model = _stock(name)
+    ids, mask = padded_batch(seed=2, side=side)
+    target, foil = torch.tensor([3, 4, 5]), torch.tensor([6, 7, 8])
+    calls = []
+    original = text.model_call_kwargs
+    monkeypatch.setattr(text, "model_call_kwargs", lambda *a, **k: calls.append(a[1]) or original(*a, **k))
+    batched = next_token_contrast(model, ids, mask, target=target, foil=foil)
+    assert calls == [SPECS[name]]
+    for row in range(ids.shape[0]):
+        keep = mask[row].bool()
+        alone = next_token_contrast(model, ids[row : row + 1, keep], target=target[row], foil=foil[row])
+        torch.testing.assert_close(batched.logit_difference[row : row + 1], alone.logit_difference,
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batched.probability_gap[row : row + 1], alone.probability_gap,
+                                   rtol=1e-5, atol=1e-6)
