@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from .errors import BcosTypeError, argument_error
 
-__all__ = ["bad_rows", "closest_name_fix", "named_rows", "rows_named_as", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
+__all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
            "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_token_batch", "ids_as_long"]
@@ -44,14 +44,20 @@ def rows_named_as(row_ids: Sequence[int]) -> Iterator[None]:
         _CALLERS_ROWS.reset(token)
 
 
-def named_rows(bad: Tensor) -> list[int]:
-    """The rows where ``bad`` (first axis the batch) holds a True anywhere, as messages name them: the caller's
-    indices inside :func:`rows_named_as` (for a tensor with that many rows), else the batch's."""
-    rows = bad.reshape(bad.shape[0], -1).any(1).nonzero().flatten().tolist() if bad.ndim else [0]
+def named_row(row: int, batch: int) -> int:
+    """Row ``row`` of a batch of ``batch`` rows as messages name it: the caller's index inside :func:`rows_named_as`
+    (for a batch of that many rows), else ``row``."""
     callers = _CALLERS_ROWS.get()
-    if callers is not None and bad.ndim and bad.shape[0] == len(callers):
-        rows = sorted(callers[r] for r in rows)
-    return rows
+    return callers[row] if callers is not None and batch == len(callers) else row
+
+
+def named_rows(bad: Tensor) -> list[int]:
+    """The rows where ``bad`` (first axis the batch) holds a True anywhere, as messages name them
+    (:func:`named_row`), in ascending order."""
+    if not bad.ndim:
+        return [0]
+    rows = bad.reshape(bad.shape[0], -1).any(1).nonzero().flatten().tolist()
+    return sorted(named_row(r, bad.shape[0]) for r in rows)
 
 
 def bad_rows(bad: Tensor, limit: int = 8) -> str:

@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from ._checks import bad_rows
+from ._checks import bad_rows, named_row
 from .attribution.gradient import capture_point, input_x_gradient, outside_inference
 from .attribution.results import TokenExplanation
 from .attribution.targets import (
@@ -215,7 +215,8 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
     broken = error > tolerance
     if broken.any():
         row = int(broken.nonzero()[0])
-        found = (f"{bad_rows(broken)} do not sum to the explained value (row {row}: {float(result.total[row]):.3g} "
+        found = (f"{bad_rows(broken)} do not sum to the explained value (row {named_row(row, len(broken))}: "
+                 f"{float(result.total[row]):.3g} "
                  f"against {float(result.explained[row]):.3g}, an error of {float(error[row]):.2g} of the size of "
                  f"the value and its scores where {precision} allows {tolerance:.1g})")
         # rounding alone reaches this error only if the contributions are huge next to the scores (cancellation)

@@ -446,3 +446,24 @@ def test_explain_dataset_names_a_missing_or_non_integer_value_by_its_text():
             explain_dataset(model, tokenizer, **call, batch_size=2, progress=False)
     out = explain_dataset(model, tokenizer, texts, target=torch.tensor([0, 1, 1, 0]), batch_size=2, progress=False)
     assert out["target"] == [0, 1, 1, 0]  # a 1-d integer tensor is one id per text, as before
+
+
+def test_explain_dataset_names_an_incomplete_row_by_its_index_in_data():
+    """explain's completeness refusal named its example row by the batch's index ("rows [3] ... (row 1: ...)" for
+    text 3 in a chunk of 2) while its list of rows named data's: both go through named_rows / named_row."""
+    import transformers as T
+    from conftest import tiny_config
+    from test_train import pair_tokenizer
+
+    from bcos_plugins import explain_dataset
+    from bcos_plugins.errors import BcosRuntimeError
+
+    tokenizer = pair_tokenizer()
+    texts = ["w1 w2 w1", "w2 w1 w2", "w1 w2 w1 w2 w1", "w1 w3 w2"]
+    torch.manual_seed(0)
+    classifier = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval(), verbose=False)
+    with torch.no_grad():  # one embedding row of huge norm, used by text 3 only: its sum cancels to noise
+        classifier.get_input_embeddings().weight[tokenizer.convert_tokens_to_ids("w3")] = 1e15
+    with pytest.raises(BcosRuntimeError, match=r"^explain: the contributions of row \[3\] do not sum to the "
+                                               r"explained value \(row 3: "):
+        explain_dataset(classifier, tokenizer, texts, batch_size=2, progress=False)
