@@ -5,9 +5,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._checks import require_classifier, require_count, require_labels, require_text_pairs, require_texts
+from ._checks import (
+    require_classifier,
+    require_count,
+    require_labels,
+    require_text_pairs,
+    require_texts,
+    rows_named_as,
+)
 from .attribution.text import (
-    check_first_column_is_real,
     forward_keywords,
     model_call_kwargs,
     readable_tokenizer_outputs,
@@ -51,10 +57,9 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
         if spec is None:  # outside the registry: called as given (no first-column check applies to it)
             call = dict(enc)
         else:
-            # checked here too so that a refusal names the caller's rows, not the length-sorted batch's
-            check_first_column_is_real(model, enc.get("attention_mask"), spec, row_ids=rows)
-            call = model_call_kwargs(model, spec, enc["input_ids"], enc.get("attention_mask"),
-                                     readable_tokenizer_outputs(enc, readable))
+            with rows_named_as(rows):  # refusals name the caller's rows, not the length-sorted batch's
+                call = model_call_kwargs(model, spec, enc["input_ids"], enc.get("attention_mask"),
+                                         readable_tokenizer_outputs(enc, readable))
         out.append(model(**call).logits.float().cpu())
     logits = torch.cat(out)
     return logits[torch.argsort(torch.tensor(order))]

@@ -467,3 +467,20 @@ def test_explain_dataset_names_an_incomplete_row_by_its_index_in_data():
     with pytest.raises(BcosRuntimeError, match=r"^explain: the contributions of row \[3\] do not sum to the "
                                                r"explained value \(row 3: "):
         explain_dataset(classifier, tokenizer, texts, batch_size=2, progress=False)
+
+
+def test_a_left_padding_refusal_names_the_callers_rows_through_rows_named_as_only():
+    """predict and predict_labels passed row_ids= to check_first_column_is_real, a second way of naming the caller's
+    rows beside rows_named_as (which explain_dataset and fine_tune_classifier use): they wrap model_call_kwargs in
+    rows_named_as instead, and the parameter is gone; the messages are those of the tests above."""
+    import inspect
+
+    from conftest import tiny_model
+
+    from bcos_plugins._checks import rows_named_as
+    from bcos_plugins.attribution.text import check_first_column_is_real
+
+    assert "row_ids" not in inspect.signature(check_first_column_is_real).parameters
+    model = tiny_model("BertForSequenceClassification")
+    with rows_named_as([5, 2]), pytest.raises(BcosValueError, match=r"^attention_mask: row \[2\] starts with padding"):
+        check_first_column_is_real(model, torch.tensor([[1, 1], [0, 1]]))

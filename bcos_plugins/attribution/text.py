@@ -18,15 +18,13 @@ Attribution point:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from .._checks import bad_rows, closest_name_fix, require_token_batch, rows_named_as
+from .._checks import bad_rows, closest_name_fix, require_token_batch
 from ..convert.architectures import (
     SPECS,
     ArchitectureSpec,
@@ -218,8 +216,7 @@ def real_token_position_ids(spec: ArchitectureSpec, config, attention_mask: Int[
 
 
 def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "batch pos"] | None,
-                               spec: ArchitectureSpec | None = None, *,
-                               row_ids: Sequence[int] | None = None) -> None:
+                               spec: ArchitectureSpec | None = None) -> None:
     """Refuse left padding where it would change a row's numbers, the one check of left padding:
 
     - where the classifier reads the first column's hidden state (the registry's ``first_column_pooling``: BERT,
@@ -236,10 +233,9 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
     The one check of every path that runs a classifier on a padded batch: ``explain`` and the adapters (through
     :func:`model_call_kwargs`), ``perturbation_curves``, ``predict`` and ``fine_tune_classifier``. ``spec``: the
     model's registry entry when the caller has it; otherwise it is looked up by class name, and a model outside
-    the registry (any callable a metric takes) is not checked. ``row_ids``: the caller's index of each row of the
-    batch, named in the error (a path that batches its caller's texts in another order or in chunks; the one
-    mechanism is :func:`~bcos_plugins._checks.rows_named_as`, which such a caller may wrap around any call instead);
-    default: the batch's own.
+    the registry (any callable a metric takes) is not checked. The error names the rows through
+    :func:`~bcos_plugins._checks.bad_rows`: a path that batches its caller's texts in another order or in chunks
+    wraps its call (or :func:`model_call_kwargs`') in :func:`~bcos_plugins._checks.rows_named_as`.
     """
     if attention_mask is None or attention_mask.ndim != 2 or attention_mask.shape[1] == 0:
         return
@@ -264,9 +260,7 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
         problem = (f"{architecture_name(model)} reads its position embeddings from a table counted from the first "
                    "column and its forward takes no position_ids to count real tokens instead, so the row's "
                    "positions (and every number of it) would be shifted by its padding")
-    with rows_named_as(row_ids) if row_ids is not None else nullcontext():
-        rows = bad_rows(padded_first)
-    raise argument_error("attention_mask", f"{rows} {verb} with padding, and {problem}",
+    raise argument_error("attention_mask", f"{bad_rows(padded_first)} {verb} with padding, and {problem}",
                          "Pad on the right (tokenizer.padding_side = 'right')")
 
 

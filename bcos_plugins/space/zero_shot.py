@@ -16,9 +16,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .._checks import require_int
+from .._checks import require_int, rows_named_as
 from ..attribution.text import (
-    check_first_column_is_real,
     forward_keywords,
     model_call_kwargs,
     readable_tokenizer_outputs,
@@ -115,10 +114,9 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
             if spec is None:  # outside the registry: called as given (no first-column check applies to it)
                 call = dict(batch)
             else:
-                # checked here too so that a refusal names the texts' indices, not the batch's rows
-                check_first_column_is_real(model, batch.get("attention_mask"), spec, row_ids=rows)
-                call = model_call_kwargs(model, spec, batch["input_ids"], batch.get("attention_mask"),
-                                         readable_tokenizer_outputs(batch, readable))
+                with rows_named_as(rows):  # refusals name the texts' indices, not the batch's rows
+                    call = model_call_kwargs(model, spec, batch["input_ids"], batch.get("attention_mask"),
+                                             readable_tokenizer_outputs(batch, readable))
             predictions += model(**call).logits.argmax(-1).tolist()
     finally:
         model.train(was_training)
