@@ -109,3 +109,19 @@ def test_next_token_contrast_calls_a_registry_lm_as_explain_does(name, side, mon
                                    rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(batched.probability_gap[row : row + 1], alone.probability_gap,
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_top_k_masks_names_rows_without_a_perturbable_token_as_the_caller_does():
+    """Rows are named through the one mechanism (bad_rows / rows_named_as), so a caller that batches in another order
+    sees its own indices."""
+    from bcos_plugins._checks import rows_named_as
+    from bcos_plugins.metrics import top_k_masks
+
+    scores = torch.ones(3, 4)
+    perturbable = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"^perturbable: rows \[1, 2\] have no perturbable token"):
+        top_k_masks(scores, perturbable)
+    with rows_named_as([7, 5, 9]), pytest.raises(ValueError, match=r"^perturbable: rows \[5, 9\] have no perturbable"):
+        top_k_masks(scores, perturbable)
+    with pytest.raises(ValueError, match=r"^perturbable: row \[0\] has no perturbable token"):
+        top_k_masks(scores[:1], perturbable[1:2])

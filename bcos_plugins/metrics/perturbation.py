@@ -153,8 +153,9 @@ def top_k_masks(
     require_same_shape("perturbable", perturbable, "scores", scores, "Pass one flag per token score")
     n = perturbable.sum(-1)
     if (n == 0).any():
-        bad = (n == 0).nonzero().flatten().tolist()
-        raise argument_error("perturbable", f"rows {bad} have no perturbable token (only special tokens or "
+        none = n == 0
+        verb = "has" if int(none.sum()) == 1 else "have"
+        raise argument_error("perturbable", f"{bad_rows(none)} {verb} no perturbable token (only special tokens or "
                              "padding)", "Drop those rows")
     # rank perturbable tokens by descending score; others go last
     ranked_scores = scores.masked_fill(~perturbable, float("-inf"))
