@@ -194,16 +194,11 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
     module that is not exact in explanation mode."""
     contributions = result.input_contributions
     finite = torch.isfinite(contributions)
-    if not finite.all():
-        raise BcosRuntimeError(
-            f"explain: the contributions of {bad_rows(~finite)} are infinite or NaN: the forward pass overflowed "
-            f"in {contributions.dtype}. Check the inputs and the embedding rows of their tokens for huge values "
-            "(model.get_input_embeddings().weight[input_ids].abs().max()), or explain in float64 (model.double())."
-        )
     if not isinstance(getattr(getattr(model, "config", None), "bcos", None), dict):
         # only a B-cos model (bcosify / load_bcos_model record config.bcos) claims exactness: plain input x
         # gradient of a stock model, and dynamic_linear_copy's W(x) x + bias terms, are not complete by design,
         # and completeness_error / delta report how far
+        _refuse_non_finite(finite, contributions.dtype)
         return
     tolerance, precision = completeness_tolerance(contributions, forward_autocast)
     # against the explained value, the outputs it is a difference of, or the token scores' own size, whichever
@@ -213,7 +208,11 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
     size = torch.stack([result.explained.abs(), scale.to(result.explained.dtype), token_scores]).amax(0)
     error = result.delta.abs().double() / size.double().clamp_min(torch.finfo(torch.float64).tiny)
     broken = error > tolerance
-    if broken.any():
+    # both conditions reach the host in one device-to-host sync; the messages (which may sync) only on a failure
+    any_non_finite, any_broken = torch.stack([~finite.all(), broken.any()]).tolist()
+    if any_non_finite:
+        _refuse_non_finite(finite, contributions.dtype)
+    if any_broken:
         row = int(broken.nonzero()[0])
         found = (f"{bad_rows(broken)} do not sum to the explained value (row {named_row(row, len(broken))}: "
                  f"{float(result.total[row]):.3g} "
@@ -234,4 +233,14 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
             "model is not exact in explanation mode (a stock module put back after bcosify, a plain product of "
             "two input-dependent branches, a bias). Convert the model with bcosify (or load it with "
             "load_bcos_model) and add no module that computes outside bcos_plugins.nn."
+        )
+
+
+def _refuse_non_finite(finite: Tensor, dtype: torch.dtype) -> None:
+    """Raise if any contribution is infinite or NaN (``finite``: their ``isfinite`` mask)."""
+    if not finite.all():
+        raise BcosRuntimeError(
+            f"explain: the contributions of {bad_rows(~finite)} are infinite or NaN: the forward pass overflowed "
+            f"in {dtype}. Check the inputs and the embedding rows of their tokens for huge values "
+            "(model.get_input_embeddings().weight[input_ids].abs().max()), or explain in float64 (model.double())."
         )

@@ -124,21 +124,32 @@ def input_x_gradient(
         if explained.ndim != 1:
             raise BcosValueError(f"the explained value must be one scalar per row, shape (batch,); got shape "
                                  f"{tuple(explained.shape)}. Select one output per row with target=.")
-        if check_finite and not torch.isfinite(explained).all():
-            rows = named_rows(~torch.isfinite(explained))
-            raise BcosValueError(f"model: its output is NaN or infinite for row(s) {rows}, so there is nothing "
-                                 "finite to explain (an input or an embedding row of NaN, inf or a huge value "
-                                 "overflows inside the model). Check those rows' inputs and the embedding rows of "
-                                 "their tokens, and the weights.")
         if not explained.requires_grad:
+            if check_finite:
+                _require_finite_output(explained)
             raise BcosRuntimeError("the explained value does not depend on the attribution point (no gradient "
                                    "path); the function ignores its input.")
         grads = torch.autograd.grad(explained.sum(), leaves, allow_unused=True)
     grads = tuple(torch.zeros_like(leaf) if g is None else g for leaf, g in zip(leaves, grads, strict=True))
-    if check_finite and not all(torch.isfinite(g).all() for g in grads):
-        raise BcosValueError("the gradient at the attribution point is NaN or infinite: the input is outside "
-                             "the range the model computes in (e.g. huge values, or fp16 overflow). Check "
-                             "the inputs, or explain in float32.")
+    if check_finite:
+        # the output's and the gradients' finiteness reach the host together, in one device-to-host sync (a
+        # backward pass of a non-finite output costs nothing wrong: its numbers are refused here)
+        finite = torch.stack([torch.isfinite(explained).all(), *(torch.isfinite(g).all() for g in grads)])
+        if not finite.all():
+            _require_finite_output(explained)
+            raise BcosValueError("the gradient at the attribution point is NaN or infinite: the input is outside "
+                                 "the range the model computes in (e.g. huge values, or fp16 overflow). Check "
+                                 "the inputs, or explain in float32.")
     contributions = tuple(leaf.detach() * g for leaf, g in zip(leaves, grads, strict=True))
     return GradientStep(explained=explained.detach(), leaves=tuple(leaf.detach() for leaf in leaves),
                         gradients=grads, contributions=contributions)
+
+
+def _require_finite_output(explained: Tensor) -> None:
+    """Refuse explained values that are NaN or infinite (checked before the gradients: the cause comes first)."""
+    bad = ~torch.isfinite(explained)
+    if bad.any():
+        raise BcosValueError(f"model: its output is NaN or infinite for row(s) {named_rows(bad)}, so there is "
+                             "nothing finite to explain (an input or an embedding row of NaN, inf or a huge value "
+                             "overflows inside the model). Check those rows' inputs and the embedding rows of "
+                             "their tokens, and the weights.")
