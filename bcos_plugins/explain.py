@@ -97,7 +97,8 @@ def explain(
         raise BcosValueError("target: required for causal LMs (next-token ids) and base models (a hidden unit, "
                              "or Direction(vector)); only classifiers default to the predicted class.")
     # made here, so an inference tensor under the caller's inference_mode: the forward's indexing saves it for backward
-    pos = None if spec.is_classifier else outside_inference(explained_positions(spec, position, mask))
+    pos = None if spec.is_classifier else outside_inference(explained_positions(spec, position, mask,
+                                                                                mask_checked=True))
     call_kwargs = model_call_kwargs(model, spec, input_ids, attention_mask, forward_kwargs)
     parsed: dict = {}
     forward_autocast: list[torch.dtype] = []  # the autocast dtype the forward ran under, if any (see below)

@@ -139,8 +139,12 @@ def resolve_explained(values: Float[Tensor, "batch n"], target: IdsLike | Direct
 def last_real_position(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, " batch"]:
     """Index of the last real (non-padding) token of each row, for left and right padding alike."""
     require_real_tokens(attention_mask)
-    length = attention_mask.shape[1]
-    return length - 1 - attention_mask.flip(dims=(1,)).to(torch.long).argmax(dim=1)
+    return _last_real_column(attention_mask)
+
+
+def _last_real_column(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, " batch"]:
+    """:func:`last_real_position` without its check (a row without a real token gets the last column)."""
+    return attention_mask.shape[1] - 1 - attention_mask.flip(dims=(1,)).to(torch.long).argmax(dim=1)
 
 
 def real_token_positions(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
@@ -150,7 +154,7 @@ def real_token_positions(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor
 
 
 def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_mask: Int[Tensor, "batch pos"],
-                      *, default: str = "last") -> Int[Tensor, " batch"]:
+                      *, default: str = "last", mask_checked: bool = False) -> Int[Tensor, " batch"]:
     """Explained position per row (see the module docstring for the meaning of negative values).
 
     Args:
@@ -158,25 +162,34 @@ def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_m
         attention_mask: ``(batch, pos)``, 1 on real tokens.
         default: ``"last"`` (the last real token: decoders) or ``"first"`` (the first real token: encoders'
             [CLS]).
+        mask_checked: ``attention_mask`` already passed :func:`~bcos_plugins._checks.require_token_batch` (every
+            row has a real token), so that check is not repeated.
     """
     batch, length = attention_mask.shape
-    last = last_real_position(attention_mask)
+    last = _last_real_column(attention_mask)
+    # every refusal's condition reaches the host in one device-to-host sync; the messages (which may sync) are
+    # built only on a failure, in the order of the checks: rows without a real token, then outside, then padding
+    conditions = [] if mask_checked else [(attention_mask.sum(1) == 0).any()]
     if position is None:
+        if conditions and conditions[0]:
+            require_real_tokens(attention_mask)
         if default == "last":
             return last
         return attention_mask.to(torch.long).argmax(dim=1)
     pos = parse_ids(position, batch, "position", device=attention_mask.device, allow_direction=False)
     resolved = torch.where(pos < 0, last + 1 + pos, pos)
     outside = (resolved < 0) | (resolved >= length)
-    if outside.any():
-        rows = named_rows(outside)
-        raise BcosValueError(
-            f"position: {pos[outside].tolist()} is outside row(s) {rows} (length {length}; negative positions "
-            "count back from each row's last real token, -1 being it). Pass an index of a real token."
-        )
     rows = torch.arange(batch, device=attention_mask.device)
-    on_padding = attention_mask[rows, resolved] == 0
-    if on_padding.any():
+    on_padding = (attention_mask[rows, resolved.clamp(0, length - 1)] == 0) & ~outside
+    *no_real_token, any_outside, any_on_padding = torch.stack([*conditions, outside.any(), on_padding.any()]).tolist()
+    if any(no_real_token):
+        require_real_tokens(attention_mask)
+    if any_outside:
+        raise BcosValueError(
+            f"position: {pos[outside].tolist()} is outside row(s) {named_rows(outside)} (length {length}; negative "
+            "positions count back from each row's last real token, -1 being it). Pass an index of a real token."
+        )
+    if any_on_padding:
         bad = named_rows(on_padding)
         raise BcosValueError(
             f"position: {resolved[on_padding].tolist()} of row(s) {bad} is a padding token; the output there is "
