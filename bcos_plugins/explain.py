@@ -29,7 +29,14 @@ from jaxtyping import Int
 from torch import Tensor, nn
 
 from ._checks import bad_rows, named_row
-from .attribution.gradient import capture_point, input_x_gradient, outside_inference
+from .attribution.gradient import (
+    GradientStep,
+    capture_point,
+    input_x_gradient,
+    non_finite_step,
+    outside_inference,
+    refuse_non_finite_step,
+)
 from .attribution.results import TokenExplanation
 from .attribution.targets import (
     Direction,
@@ -121,7 +128,8 @@ def explain(
         parsed["scale"] = _output_scale(values.detach(), parsed["resolved"].target, parsed["resolved"].foil)
         return parsed["resolved"].explained, leaves[:1]
 
-    step = input_x_gradient(compute, model)
+    # the step's finiteness is checked with the completeness, in one device-to-host sync
+    step = input_x_gradient(compute, model, defer_finite_check=True)
     contrib = step.contributions[0]
     result = TokenExplanation(
         contributions=contrib.sum(-1) if reduce == "sum" else contrib.mean(-1),
@@ -135,7 +143,7 @@ def explain(
         attention_mask=attention_mask,
         reduce=reduce,
     )
-    _require_complete(model, result, parsed["scale"], forward_autocast)
+    _require_complete(model, result, parsed["scale"], forward_autocast, step)
     return result
 
 
@@ -187,20 +195,26 @@ def completeness_tolerance(contributions: Tensor,
 
 
 def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
-                      forward_autocast: Sequence[torch.dtype] = ()) -> None:
+                      forward_autocast: Sequence[torch.dtype], step: GradientStep) -> None:
     """Raise instead of returning contributions that are not finite, or (B-cos models, whose contributions
     are exact) that do not sum to the explained value beyond float rounding; the numbers would look like an
     explanation. The message names the cause: values at the attribution point so large (an embedding row of
     1e10) that the forward pass or the sum over tokens and dimensions overflows or cancels to noise, or else a
-    module that is not exact in explanation mode."""
-    contributions = result.input_contributions
-    finite = torch.isfinite(contributions)
+    module that is not exact in explanation mode.
+
+    The contributions are the gradient of a probe of ones (``1 * gradient``, exactly), so they are finite where
+    ``step``'s gradients are: :func:`~bcos_plugins.attribution.gradient.non_finite_step` checks both. Its
+    condition and the completeness condition reach the host together, in one device-to-host sync; the messages
+    (which may sync) are built only on a failure."""
+    non_finite = non_finite_step(step)
     if not isinstance(getattr(getattr(model, "config", None), "bcos", None), dict):
         # only a B-cos model (bcosify / load_bcos_model record config.bcos) claims exactness: plain input x
         # gradient of a stock model, and dynamic_linear_copy's W(x) x + bias terms, are not complete by design,
         # and completeness_error / delta report how far
-        _refuse_non_finite(finite, contributions.dtype)
+        if non_finite:
+            refuse_non_finite_step(step)
         return
+    contributions = result.input_contributions
     tolerance, precision = completeness_tolerance(contributions, forward_autocast)
     # against the explained value, the outputs it is a difference of, or the token scores' own size, whichever
     # is largest: float rounding of a healthy model is relative to those (an explained value can be near 0),
@@ -209,10 +223,9 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
     size = torch.stack([result.explained.abs(), scale.to(result.explained.dtype), token_scores]).amax(0)
     error = result.delta.abs().double() / size.double().clamp_min(torch.finfo(torch.float64).tiny)
     broken = error > tolerance
-    # both conditions reach the host in one device-to-host sync; the messages (which may sync) only on a failure
-    any_non_finite, any_broken = torch.stack([~finite.all(), broken.any()]).tolist()
+    any_non_finite, any_broken = torch.stack([non_finite, broken.any()]).tolist()
     if any_non_finite:
-        _refuse_non_finite(finite, contributions.dtype)
+        refuse_non_finite_step(step)
     if any_broken:
         row = int(broken.nonzero()[0])
         found = (f"{bad_rows(broken)} do not sum to the explained value (row {named_row(row, len(broken))}: "
@@ -234,14 +247,4 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
             "model is not exact in explanation mode (a stock module put back after bcosify, a plain product of "
             "two input-dependent branches, a bias). Convert the model with bcosify (or load it with "
             "load_bcos_model) and add no module that computes outside bcos_plugins.nn."
-        )
-
-
-def _refuse_non_finite(finite: Tensor, dtype: torch.dtype) -> None:
-    """Raise if any contribution is infinite or NaN (``finite``: their ``isfinite`` mask)."""
-    if not finite.all():
-        raise BcosRuntimeError(
-            f"explain: the contributions of {bad_rows(~finite)} are infinite or NaN: the forward pass overflowed "
-            f"in {dtype}. Check the inputs and the embedding rows of their tokens for huge values "
-            "(model.get_input_embeddings().weight[input_ids].abs().max()), or explain in float64 (model.double())."
         )

@@ -99,6 +99,7 @@ def input_x_gradient(
     model: nn.Module | None = None,
     *,
     check_finite: bool = True,
+    defer_finite_check: bool = False,
 ) -> GradientStep:
     """Run ``compute`` in explanation mode and return input x gradient of its explained values.
 
@@ -110,6 +111,9 @@ def input_x_gradient(
             thread-wide form, where every dynamic-weight module that runs is in explanation mode.
         check_finite: raise if the explained values or the gradients are NaN or infinite, instead of
             returning non-finite contributions.
+        defer_finite_check: with ``check_finite``, leave the check of the returned step to the caller, who brings
+            :func:`non_finite_step` to the host together with its own checks (one device-to-host sync instead of
+            two) and calls :func:`refuse_non_finite_step` when it is true.
 
     Works under ``torch.no_grad()`` and ``torch.inference_mode()`` too: both are lifted for the call.
     """
@@ -131,18 +135,28 @@ def input_x_gradient(
                                    "path); the function ignores its input.")
         grads = torch.autograd.grad(explained.sum(), leaves, allow_unused=True)
     grads = tuple(torch.zeros_like(leaf) if g is None else g for leaf, g in zip(leaves, grads, strict=True))
-    if check_finite:
-        # the output's and the gradients' finiteness reach the host together, in one device-to-host sync (a
-        # backward pass of a non-finite output costs nothing wrong: its numbers are refused here)
-        finite = torch.stack([torch.isfinite(explained).all(), *(torch.isfinite(g).all() for g in grads)])
-        if not finite.all():
-            _require_finite_output(explained)
-            raise BcosValueError("the gradient at the attribution point is NaN or infinite: the input is outside "
-                                 "the range the model computes in (e.g. huge values, or fp16 overflow). Check "
-                                 "the inputs, or explain in float32.")
     contributions = tuple(leaf.detach() * g for leaf, g in zip(leaves, grads, strict=True))
-    return GradientStep(explained=explained.detach(), leaves=tuple(leaf.detach() for leaf in leaves),
+    step = GradientStep(explained=explained.detach(), leaves=tuple(leaf.detach() for leaf in leaves),
                         gradients=grads, contributions=contributions)
+    # a backward pass of a non-finite output costs nothing wrong: its numbers are refused here
+    if check_finite and not defer_finite_check and non_finite_step(step):
+        refuse_non_finite_step(step)
+    return step
+
+
+def non_finite_step(step: GradientStep) -> Tensor:
+    """Whether the explained values or a gradient of ``step`` is NaN or infinite, as a 0-dim tensor left on the
+    device: the output's and the gradients' finiteness reach the host together, in one device-to-host sync."""
+    finite = torch.stack([torch.isfinite(step.explained).all(), *(torch.isfinite(g).all() for g in step.gradients)])
+    return ~finite.all()
+
+
+def refuse_non_finite_step(step: GradientStep) -> None:
+    """Raise for a step whose :func:`non_finite_step` is true, naming the output's rows if it is not finite."""
+    _require_finite_output(step.explained)
+    raise BcosValueError("the gradient at the attribution point is NaN or infinite: the input is outside the range "
+                         "the model computes in (e.g. huge values, or fp16 overflow). Check the inputs, or explain "
+                         "in float32.")
 
 
 def _require_finite_output(explained: Tensor) -> None:
