@@ -94,3 +94,23 @@ def test_the_sync_counter_sees_a_check_that_syncs(monkeypatch):
     counts = _count_package_syncs(monkeypatch, lambda: named_rows(torch.tensor([False, True])))
     assert sum(counts.values()) >= 1
     assert all("_checks.py" in site for site in counts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_one_sync_finiteness_condition_sees_every_non_finite_value_and_no_finite_one(dtype):
+    # non_finite_step replaces isfinite(x).all() per tensor by one sum of zero products: it must flag NaN, inf and
+    # -inf anywhere (output or gradient), and not flag the largest finite values (a sum of them would overflow)
+    from bcos_plugins.attribution.gradient import GradientStep, non_finite_step
+
+    def step(explained, gradient):
+        return GradientStep(explained=explained, leaves=(gradient,), gradients=(gradient,), contributions=(gradient,))
+
+    explained, gradient = torch.randn(3, dtype=dtype), torch.randn(3, 5, 4, dtype=dtype)
+    largest = torch.full_like(gradient, torch.finfo(dtype).max)
+    assert not bool(non_finite_step(step(explained, gradient)))
+    assert not bool(non_finite_step(step(torch.full_like(explained, -torch.finfo(dtype).max), largest)))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for broken in ("explained", "gradient"):
+            e, g = explained.clone(), gradient.clone()
+            (e if broken == "explained" else g.view(-1))[2] = bad
+            assert bool(non_finite_step(step(e, g))), (bad, broken)

@@ -147,8 +147,10 @@ def input_x_gradient(
 def non_finite_step(step: GradientStep) -> Tensor:
     """Whether the explained values or a gradient of ``step`` is NaN or infinite, as a 0-dim tensor left on the
     device: the output's and the gradients' finiteness reach the host together, in one device-to-host sync."""
-    finite = torch.stack([torch.isfinite(step.explained).all(), *(torch.isfinite(g).all() for g in step.gradients)])
-    return ~finite.all()
+    # 0 * x is 0 for every finite x and NaN for an infinite or NaN one, and a sum of zeros with a NaN is NaN: two
+    # kernels per tensor (a third of the time of isfinite(x).all() on a CPU), and no overflow of finite values
+    zero_products = sum((t * 0).sum() for t in (step.explained, *step.gradients))
+    return ~torch.isfinite(zero_products)
 
 
 def refuse_non_finite_step(step: GradientStep) -> None:
