@@ -219,7 +219,8 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
     # against the explained value, the outputs it is a difference of, or the token scores' own size, whichever
     # is largest: float rounding of a healthy model is relative to those (an explained value can be near 0),
     # while an overflowed or cancelled computation is off by the size of the scores themselves
-    token_scores = contributions.sum(-1).abs().sum(-1)
+    token_sums = result.contributions if result.reduce == "sum" else contributions.sum(-1)  # the same sum
+    token_scores = token_sums.abs().sum(-1)
     size = torch.stack([result.explained.abs(), scale.to(result.explained.dtype), token_scores]).amax(0)
     error = result.delta.abs().double() / size.double().clamp_min(torch.finfo(torch.float64).tiny)
     broken = error > tolerance
