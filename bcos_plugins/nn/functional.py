@@ -391,12 +391,7 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
             x, view / torch.linalg.vector_norm(view, dim=1, keepdim=True).clamp_min_(NORM_EPS))
     if b == 1.0:
         return lin
-    x_norm = input_norm(x)
-    if lin.dtype in HALF_DTYPES or b not in (1.25, 1.5, 2.0):
-        return _inference_product(lin, x_norm, b)
-    abs_cos = lin.abs().mul_(x_norm.reciprocal())  # _abs_cos, _power_
-    dyn = abs_cos.rsqrt_().rsqrt_() if b == 1.25 else abs_cos.sqrt_() if b == 1.5 else abs_cos
-    return dyn.mul_(lin)
+    return _inference_product(lin, input_norm(x), b)
 
 
 def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: bool = False,
@@ -418,11 +413,7 @@ def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns:
         x_norm = input_norm(x)
     lin = torch.nn.functional.linear(x, unit)
     with torch.no_grad():
-        if lin.dtype in HALF_DTYPES or b not in (1.25, 1.5, 2.0):
-            dyn = _lin_dtype_scale(lin, x_norm, b)
-        else:  # _abs_cos, _floored_power_
-            abs_cos = lin.abs().mul_(x_norm.reciprocal()).clamp_min_(COS_FLOOR)
-            dyn = abs_cos.rsqrt_().rsqrt_() if b == 1.25 else abs_cos.sqrt_() if b == 1.5 else abs_cos
+        dyn = _lin_dtype_scale(lin, x_norm, b)
     if constant_units is None:
         return lin.mul_(dyn)
     return _PartlyConstantProduct.apply(lin, dyn, constant_units, True)
