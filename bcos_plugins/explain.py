@@ -47,7 +47,7 @@ from .attribution.targets import (
 from .attribution.text import (
     check_token_inputs,
     explained_positions,
-    model_call_kwargs,
+    rows_as_alone_call,
     text_attribution_point,
 )
 from .convert.architectures import spec_for
@@ -106,7 +106,7 @@ def explain(
     # made here, so an inference tensor under the caller's inference_mode: the forward's indexing saves it for backward
     pos = None if spec.is_classifier else outside_inference(explained_positions(spec, position, mask,
                                                                                 mask_checked=True))
-    call_kwargs = model_call_kwargs(model, spec, input_ids, attention_mask, forward_kwargs)
+    call_kwargs = rows_as_alone_call(model, input_ids, attention_mask, forward_kwargs, spec=spec)
     parsed: dict = {}
     forward_autocast: list[torch.dtype] = []  # the autocast dtype the forward ran under, if any (see below)
 

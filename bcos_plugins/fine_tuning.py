@@ -17,9 +17,8 @@ from ._checks import (
     require_texts,
     rows_named_as,
 )
-from .attribution.text import forward_keywords, model_call_kwargs, readable_tokenizer_outputs
+from .attribution.text import rows_as_alone_call
 from .b_warmup import BWarmupCallback
-from .convert.architectures import SPECS, ArchitectureSpec, architecture_name
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, argument_error
 from .losses import DistillationLoss, bcos_loss
@@ -66,7 +65,7 @@ def fine_tune_classifier(
     cross-entropy otherwise; ``"bce"`` / ``"ce"`` force one. Padding is dynamic (``DataCollatorWithPadding``), on the
     tokenizer's side; a tokenizer that pads on the left is refused before training for a classifier that reads the
     first column (BERT, DistilBERT, RoBERTa, ModernBERT with ``classifier_pooling="cls"``). Models of the
-    architecture registry are trained on the batches ``explain`` would compute (``model_call_kwargs``), so each row
+    architecture registry are trained on the batches ``explain`` would compute (``rows_as_alone_call``), so each row
     is trained on as it would be alone: a decoder classifier's positions count real tokens under either padding
     side, and its padding is written as ``config.pad_token_id`` (where it reads the last token that is not).
     Sentence-pair tasks (NLI, paraphrase): ``text_pairs`` holds the second text of each example, encoded as the
@@ -114,10 +113,7 @@ def fine_tune_classifier(
     if head_learning_rate is not None:
         optimizers = (two_rate_adamw(model, learning_rate, head_learning_rate, args.weight_decay), None)
     dataset = EncodedTexts(tokenizer, texts, labels, max_length, text_pairs)
-    collator = DataCollatorWithPadding(tokenizer)
-    spec = SPECS.get(architecture_name(model))
-    if spec is not None:
-        collator = RowsAsAloneCollator(collator, model, spec)
+    collator = RowsAsAloneCollator(DataCollatorWithPadding(tokenizer), model)
     _check_padding_side(collator, dataset)
     trainer_class, loss_func = Trainer, (bcos_loss if use_bce else None)
     if distill is not None:
@@ -144,7 +140,7 @@ def fine_tune_classifier(
 
 
 def _check_padding_side(collator, dataset: EncodedTexts) -> None:
-    """Refuse, before any step, what :func:`~bcos_plugins.attribution.text.model_call_kwargs` refuses on a padded
+    """Refuse, before any step, what :func:`~bcos_plugins.attribution.text.rows_as_alone_call` refuses on a padded
     batch of a registry model: a tokenizer that pads on the left for a classifier that reads the first column (every
     padded row would be trained on a padding token's logits; the error names the text by its index in ``texts``), a
     decoder classifier without ``config.pad_token_id``. The collator the ``Trainer`` pads with pads the shortest and
@@ -187,20 +183,18 @@ def _check_distillation(model, teacher, weight, kind, temperature) -> tuple[floa
 
 class RowsAsAloneCollator:
     """Pads like ``pad`` (``DataCollatorWithPadding``), then turns the batch into the keyword arguments ``explain``
-    calls a registry model with (:func:`~bcos_plugins.attribution.text.model_call_kwargs`): without them a decoder
+    calls the model with (:func:`~bcos_plugins.attribution.text.rows_as_alone_call`): without them a decoder
     classifier would be trained on a left-padded row's shifted positions (logits 0.15 off the row's own on a tiny
     GPT-2) and, where the tokenizer's padding id is not ``config.pad_token_id``, on a padding token's logits."""
 
-    def __init__(self, pad, model: nn.Module, spec: ArchitectureSpec) -> None:
-        self.pad, self.model, self.spec = pad, model, spec
-        self.readable = forward_keywords(model)
+    def __init__(self, pad, model: nn.Module) -> None:
+        self.pad, self.model = pad, model
 
     def __call__(self, features: list[dict]) -> dict:
         batch = self.pad(features)
-        # what the forward does not read (a pair tokenizer's token_type_ids for Llama) is left out, as the Trainer's
-        # column removal does; labels are read
-        rest = readable_tokenizer_outputs(batch, self.readable)
-        return model_call_kwargs(self.model, self.spec, batch["input_ids"], batch.get("attention_mask"), rest)
+        # what a registry model's forward does not read (a pair tokenizer's token_type_ids for Llama) is left out, as
+        # the Trainer's column removal does; labels are read
+        return rows_as_alone_call(self.model, batch["input_ids"], batch.get("attention_mask"), tokenizer_outputs=batch)
 
 
 class TeacherCollator:

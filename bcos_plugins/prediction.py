@@ -13,12 +13,7 @@ from ._checks import (
     require_texts,
     rows_named_as,
 )
-from .attribution.text import (
-    forward_keywords,
-    model_call_kwargs,
-    readable_tokenizer_outputs,
-)
-from .convert.architectures import SPECS, architecture_name
+from .attribution.text import registry_spec, rows_as_alone_call
 from .encoded_texts import truncation_length
 
 __all__ = ["accuracy", "predict"]
@@ -36,7 +31,7 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
     is refused for a classifier that reads the first column (BERT, DistilBERT, RoBERTa, ModernBERT with
     ``classifier_pooling="cls"``): a padded row's logits would be a padding token's (the error names the padded
     texts by their index in ``texts``). Models of the architecture
-    registry are called as ``explain`` calls them (``model_call_kwargs``), so a decoder classifier's rows are
+    registry are called as ``explain`` calls them (``rows_as_alone_call``), so a decoder classifier's rows are
     computed as alone under either padding side (position ids count real tokens).
     """
     texts = require_texts(texts)
@@ -45,8 +40,7 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
     max_length = truncation_length(model, max_length, default=64)
     model.eval()
     device = next(model.parameters()).device
-    spec = SPECS.get(architecture_name(model))
-    readable = forward_keywords(model) if spec is not None else None
+    spec = registry_spec(model)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]) + (len(text_pairs[i]) if text_pairs else 0))
     out = []
     for start in range(0, len(texts), batch_size):
@@ -54,12 +48,9 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
         pairs = None if text_pairs is None else [text_pairs[i] for i in rows]
         enc = tokenizer([texts[i] for i in rows], pairs, padding=True, truncation=True, max_length=max_length,
                         return_tensors="pt").to(device)
-        if spec is None:  # outside the registry: called as given (no first-column check applies to it)
-            call = dict(enc)
-        else:
-            with rows_named_as(rows):  # refusals name the caller's rows, not the length-sorted batch's
-                call = model_call_kwargs(model, spec, enc["input_ids"], enc.get("attention_mask"),
-                                         readable_tokenizer_outputs(enc, readable))
+        with rows_named_as(rows):  # refusals name the caller's rows, not the length-sorted batch's
+            call = rows_as_alone_call(model, enc["input_ids"], enc.get("attention_mask"), tokenizer_outputs=enc,
+                                      spec=spec)
         out.append(model(**call).logits.float().cpu())
     logits = torch.cat(out)
     return logits[torch.argsort(torch.tensor(order))]

@@ -40,7 +40,8 @@ from .targets import real_token_positions, resolve_positions
 
 __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explained_positions",
            "model_call_kwargs", "check_forward_kwargs", "forward_keywords", "check_first_column_is_real",
-           "readable_tokenizer_outputs", "real_token_position_ids", "position_ids_as_alone"]
+           "readable_tokenizer_outputs", "real_token_position_ids", "position_ids_as_alone",
+           "gets_real_token_position_ids", "registry_spec", "rows_as_alone_call", "learned_position_table"]
 
 
 @dataclass(frozen=True)
@@ -187,17 +188,24 @@ def _forward_takes_position_ids(model: nn.Module) -> bool:
         return False
 
 
+def gets_real_token_position_ids(model: nn.Module, spec: ArchitectureSpec) -> bool:
+    """Whether a registry model is given position ids counting real tokens (:func:`position_ids_as_alone`), the one
+    predicate of both that function and the refusal of left padding (:func:`check_first_column_is_real` refuses it
+    for a learned position table that is not given them).
+
+    Decoders get them (rotary or not, as ``generate`` does), and encoders with a learned position table (BERT,
+    DistilBERT, RoBERTa) whose forward takes ``position_ids``. Rotary encoders (ModernBERT) need none: rotary
+    attention scores depend on the distance between two tokens only, so a shift by the left padding changes nothing.
+    """
+    return spec.kind == "decoder" or (spec.position_table is not None and _forward_takes_position_ids(model))
+
+
 def position_ids_as_alone(model: nn.Module, spec: ArchitectureSpec, attention_mask: Int[Tensor, "batch pos"]
                           ) -> Int[Tensor, "batch pos"] | None:
     """The position ids :func:`model_call_kwargs` passes (and the Space model gives its encoder) so that every row of
-    a padded batch is computed as alone (:func:`real_token_position_ids`), or ``None`` where none are needed.
-
-    Given to decoders (rotary or not, as ``generate`` does) and to encoders with a learned position table (BERT,
-    DistilBERT, RoBERTa) whose forward takes ``position_ids`` (a forward that takes none is refused left padding by
-    :func:`check_first_column_is_real`). Rotary encoders (ModernBERT) need none: rotary attention scores depend on
-    the distance between two tokens only, so a shift by the left padding changes nothing.
-    """
-    if spec.kind == "decoder" or (spec.position_table is not None and _forward_takes_position_ids(model)):
+    a padded batch is computed as alone (:func:`real_token_position_ids`), or ``None`` where none are needed
+    (:func:`gets_real_token_position_ids`)."""
+    if gets_real_token_position_ids(model, spec):
         return real_token_position_ids(spec, getattr(model, "config", None), attention_mask)
     return None
 
@@ -246,8 +254,7 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
     if spec is None:
         return
     first_column = spec.classifies_from_first_column(getattr(model, "config", None))
-    if not first_column and (spec.kind == "decoder" or spec.position_table is None
-                             or _forward_takes_position_ids(model)):
+    if not first_column and (spec.position_table is None or gets_real_token_position_ids(model, spec)):
         return
     padded_first = attention_mask[:, 0] == 0
     if not padded_first.any():
@@ -297,3 +304,71 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     kwargs["input_ids"] = input_ids
     kwargs["attention_mask"] = attention_mask
     return kwargs
+
+
+def registry_spec(model) -> ArchitectureSpec | None:
+    """``model``'s entry in the architecture registry, looked up by its class name (:func:`architecture_name`), or
+    ``None`` for a model outside it or any callable that is not a module (a metric takes any function)."""
+    return SPECS.get(architecture_name(model)) if isinstance(model, nn.Module) else None
+
+
+def learned_position_table(model: nn.Module) -> nn.Embedding | None:
+    """The learned position table of a model outside the registry, found by its name (the first ``nn.Embedding``
+    whose own name holds "position": BERT's and ELECTRA's ``position_embeddings``, OPT's ``embed_positions``), or
+    ``None`` (rotary, ALiBi or relative positions: no table whose rows a shift by left padding would change)."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and "position" in name.rsplit(".", 1)[-1]:
+            return module
+    return None
+
+
+def _generate_gives_position_ids(model) -> bool:
+    """``generate``'s rule for a causal LM outside the registry: a model transformers generates with, not an
+    encoder-decoder, whose forward names ``position_ids`` gets ids counting real tokens from the mask. Except a
+    position table with a padding row (RoBERTa's family, as a causal LM): its forward counts its positions from
+    ``pad_token_id + 1`` over the ids that are not padding, so ids counting from 0 (``generate``'s) would shift every
+    row, unpadded ones too; it is called as given."""
+    can_generate = getattr(model, "can_generate", None)
+    if not (isinstance(model, nn.Module) and callable(can_generate) and bool(can_generate())
+            and not getattr(getattr(model, "config", None), "is_encoder_decoder", False)
+            and _forward_takes_position_ids(model)):
+        return False
+    table = learned_position_table(model)
+    return table is None or table.padding_idx is None
+
+
+def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None,
+                       forward_kwargs: dict | None = None, *, tokenizer_outputs=None,
+                       spec: ArchitectureSpec | None = None) -> dict:
+    """Keyword arguments for ``model(...)`` on a (padded) batch, so that every row is computed as it would be alone:
+    the one decision of every path that calls a text model on a batch (``explain``, ``perturbation_curves``,
+    ``next_token_contrast``, ``predict``, ``predict_labels``, ``fine_tune_classifier``'s collator).
+
+    - A model of the architecture registry (``spec``; looked up with :func:`registry_spec` when not given):
+      :func:`model_call_kwargs` (position ids counting real tokens, the refusals of left padding, a decoder
+      classifier's padding written as ``config.pad_token_id``, ``forward_kwargs`` it does not read refused). Of
+      ``tokenizer_outputs`` (a tokenizer's encoding; its ids and mask are not read from it) only what the forward
+      reads is passed (:func:`readable_tokenizer_outputs`).
+    - Anything else is called with the batch as given (every tokenizer output and ``forward_kwargs``), except a
+      causal LM transformers generates with whose forward names ``position_ids``: it gets position ids counting real
+      tokens (:func:`~bcos_plugins.attribution.real_token_positions`), as ``generate`` gives them, so left padding
+      does not shift its positions (a ``position_ids`` passed in ``forward_kwargs`` is kept), unless its position
+      table has a padding row (RoBERTa's family counts its own positions from the padding index, see
+      :func:`_generate_gives_position_ids`).
+
+    Refusals name rows through :func:`~bcos_plugins._checks.bad_rows`: a caller that batches its caller's texts in
+    another order or in chunks wraps this call in :func:`~bcos_plugins._checks.rows_named_as`.
+    """
+    spec = spec if spec is not None else registry_spec(model)
+    forward_kwargs = dict(forward_kwargs or {})
+    if spec is not None:
+        if tokenizer_outputs is not None:
+            forward_kwargs = {**readable_tokenizer_outputs(tokenizer_outputs, forward_keywords(model)),
+                              **forward_kwargs}
+        return model_call_kwargs(model, spec, input_ids, attention_mask, forward_kwargs)
+    if tokenizer_outputs is not None:
+        forward_kwargs = {**readable_tokenizer_outputs(tokenizer_outputs, None), **forward_kwargs}
+    call = {"input_ids": input_ids, "attention_mask": attention_mask, **forward_kwargs}
+    if attention_mask is not None and "position_ids" not in call and _generate_gives_position_ids(model):
+        call["position_ids"] = outside_inference(real_token_positions(attention_mask))
+    return call

@@ -375,13 +375,13 @@ def next_token_contrast(
     ``target`` and ``foil`` (required: a next-token id for every row or one per row) are keywords, as in
     :func:`bcos_plugins.explain`. Works on the batches of :func:`~bcos_plugins.data.encode_ioi` and
     :func:`~bcos_plugins.data.encode_blimp` (padding on either side): a model of the architecture registry is
-    called as ``explain`` calls it (``model_call_kwargs``: position ids count real tokens), so each row's numbers are
-    those of the row alone; a causal LM outside the registry is given position ids counting real tokens.
+    called as ``explain`` calls it (``rows_as_alone_call``: position ids count real tokens), so each row's numbers are
+    those of the row alone; a causal LM outside the registry whose forward names ``position_ids`` is given ids
+    counting real tokens, as ``generate`` gives them; any other model is called with the batch as given.
     """
     from .._checks import require_int, require_token_batch
-    from ..attribution.targets import last_real_position, real_token_positions
-    from ..attribution.text import model_call_kwargs
-    from ..convert.architectures import SPECS, architecture_name
+    from ..attribution.targets import last_real_position
+    from ..attribution.text import registry_spec, rows_as_alone_call
     from ..errors import BcosTypeError, argument_error
 
     if positional:  # the 0.1 signature took target and foil by position
@@ -403,7 +403,7 @@ def next_token_contrast(
     target, foil = (require_row_ids(name, ids, n, n_ids=vocab, what="vocabulary tokens")
                     for name, ids in (("target", target), ("foil", foil)))
     last = last_real_position(attention_mask)
-    spec = SPECS.get(architecture_name(model))
+    spec = registry_spec(model)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -411,11 +411,7 @@ def next_token_contrast(
     try:
         for s in range(0, n, batch_size):
             ids, mask = input_ids[s:s + batch_size].to(device), attention_mask[s:s + batch_size].to(device)
-            if spec is not None:  # as explain calls it: each row computed as alone
-                call = model_call_kwargs(model, spec, ids, mask, {})
-            else:  # outside the registry model_call_kwargs has no entry; a causal LM's positions count real tokens
-                call = {"input_ids": ids, "attention_mask": mask, "position_ids": real_token_positions(mask)}
-            logits = model(**call).logits
+            logits = model(**rows_as_alone_call(model, ids, mask, spec=spec)).logits
             logits = logits[torch.arange(len(ids), device=device), last[s:s + batch_size].to(device)]
             t, f = target[s:s + batch_size].to(device), foil[s:s + batch_size].to(device)
             rows = torch.arange(len(ids), device=device)

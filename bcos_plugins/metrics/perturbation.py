@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._checks import (
     bad_rows,
@@ -47,8 +47,7 @@ from .._checks import (
     require_tensor,
     require_token_batch,
 )
-from ..attribution.text import explained_positions, model_call_kwargs
-from ..convert.architectures import SPECS, architecture_name
+from ..attribution.text import explained_positions, registry_spec, rows_as_alone_call
 from ..errors import BcosTypeError, argument_error
 from .attributions import perturbable_mask, token_scores
 
@@ -236,7 +235,7 @@ def perturbation_curves(
         input_ids, attention_mask: the explained batch (padding on either side, except for a classifier that
             reads the first column, BERT's, DistilBERT's, RoBERTa's, ModernBERT's with ``classifier_pooling="cls"``:
             left padding is refused there, its probabilities would be a padding token's). Models of the
-            architecture registry are called as ``explain`` calls them (``model_call_kwargs``), so each row's
+            architecture registry are called as ``explain`` calls them (``rows_as_alone_call``), so each row's
             curves are those of the row alone: a decoder classifier's positions count real tokens (of the
             unperturbed row, so a removed token leaves the others' positions as they are) and its padding is
             written as ``config.pad_token_id``. Any other callable is called with the batch as given.
@@ -274,11 +273,9 @@ def perturbation_curves(
     fractions = _check_fractions(fractions)
     input_ids, attention_mask = require_token_batch(input_ids, attention_mask)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-    spec = SPECS.get(architecture_name(model)) if isinstance(model, nn.Module) else None
-    if spec is None:  # outside the registry (any callable): called with the batch as given
-        call = {"input_ids": input_ids, "attention_mask": mask, **forward_kwargs}
-    else:  # refuses left padding before a classifier reads the first column; position ids of the unperturbed rows
-        call = model_call_kwargs(model, spec, input_ids, mask, forward_kwargs)
+    spec = registry_spec(model)
+    # refuses left padding before a classifier reads the first column; position ids of the unperturbed rows
+    call = rows_as_alone_call(model, input_ids, mask, forward_kwargs, spec=spec)
     scores = token_scores(attributions, reduce=reduce).to(input_ids.device)
     require_same_shape("attributions", scores, "input_ids", input_ids,
                        "Attribute the same batch at the token (embedding) level (the shape is that of the token "

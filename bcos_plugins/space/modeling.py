@@ -34,6 +34,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from .._checks import (
+    bad_rows,
     closest_name_fix,
     require_class_ids,
     require_float,
@@ -41,7 +42,12 @@ from .._checks import (
     require_tensor,
     require_token_batch,
 )
-from ..attribution.text import check_first_column_is_real, check_forward_kwargs, position_ids_as_alone
+from ..attribution.text import (
+    check_first_column_is_real,
+    check_forward_kwargs,
+    learned_position_table,
+    position_ids_as_alone,
+)
 from ..convert.architectures import SPECS, architecture_name, position_limit, vocabulary_size
 from ..errors import BcosTypeError, argument_error
 from .losses import inter_space_loss, intra_space_loss
@@ -146,6 +152,31 @@ def require_base_encoder(encoder) -> None:
                              f"{type(base).__name__}), which returns its head's outputs, not the token states the "
                              "Space head reads", f"Pass its base model, encoder.{encoder.base_model_prefix} "
                              "(encoder.base_model), or load AutoModel.from_pretrained(path)", kind=BcosTypeError)
+
+
+def refuse_left_padding_shifting_positions(encoder: nn.Module, input_ids: Tensor | None,
+                                           attention_mask: Int[Tensor, "batch pos"]) -> None:
+    """Refuse left padding for an encoder outside the architecture registry (no rule for its positions is known, so
+    it is given no position ids) that reads a learned position table (:func:`~bcos_plugins.attribution.text.
+    learned_position_table`): its positions count from the first column, so a left-padded row would run on other
+    positions than alone, silently. A table with a padding row (RoBERTa's family) is not refused where every padding
+    token holds its id: that forward counts the real tokens itself."""
+    padded_first = attention_mask[:, 0] == 0
+    if not padded_first.any():
+        return
+    table = learned_position_table(encoder)
+    if table is None:
+        return
+    if (table.padding_idx is not None and input_ids is not None
+            and bool((input_ids[attention_mask == 0] == table.padding_idx).all())):
+        return
+    verb = "starts" if int(padded_first.sum()) == 1 else "start"
+    raise argument_error(
+        "attention_mask", f"{bad_rows(padded_first)} {verb} with padding, and the encoder {architecture_name(encoder)} "
+        "(outside the architecture registry, so it is given no position ids) reads learned position embeddings "
+        "counted from the first column: the row's positions, and so its logits, would be shifted by its padding",
+        "Pad on the right (tokenizer.padding_side = 'right'), or pass position_ids= counting each row's real tokens "
+        "(bcos_plugins.attribution.real_token_positions(attention_mask))")
 
 
 def encoder_config_object(encoder_config: PreTrainedConfig | dict | None) -> PreTrainedConfig:
@@ -355,6 +386,8 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
             position_ids = position_ids_as_alone(self.encoder, encoder_spec, attention_mask)
             if position_ids is not None:
                 encoder_kwargs["position_ids"] = position_ids
+        elif attention_mask is not None and "position_ids" not in encoder_kwargs:
+            refuse_left_padding_shifting_positions(self.encoder, input_ids, attention_mask)
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
                               **encoder_kwargs).last_hidden_state
         logits, concepts = self.head(hidden, attention_mask)

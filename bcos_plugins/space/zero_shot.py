@@ -17,12 +17,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .._checks import require_int, rows_named_as
-from ..attribution.text import (
-    forward_keywords,
-    model_call_kwargs,
-    readable_tokenizer_outputs,
-)
-from ..convert.architectures import SPECS, architecture_name
+from ..attribution.text import registry_spec, rows_as_alone_call
 from ..errors import BcosFileError, BcosTypeError, argument_error
 
 __all__ = ["read_sst2_tsv", "read_rt_polarity", "predict_labels", "classification_scores",
@@ -87,7 +82,7 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
     """Arg-max class of each text (the model in eval mode, batches padded per batch; a tokenizer that pads on the
     left is refused for a classifier that reads the first column, BERT's, DistilBERT's, RoBERTa's, naming the texts'
     indices). Models of the architecture registry are called as ``explain`` and ``predict`` call them
-    (``model_call_kwargs``), so a decoder classifier's rows are computed as alone under either padding side
+    (``rows_as_alone_call``), so a decoder classifier's rows are computed as alone under either padding side
     (position ids count real tokens); any other classifier (a Space model) is called with the tokenizer's
     outputs."""
     if not isinstance(model, nn.Module) or not callable(tokenizer):
@@ -103,20 +98,16 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    spec = SPECS.get(architecture_name(model))
-    readable = forward_keywords(model) if spec is not None else None
+    spec = registry_spec(model)
     predictions: list[int] = []
     try:
         for start in tqdm(range(0, len(texts), batch_size), disable=not progress, desc="predict"):
             rows = range(start, min(start + batch_size, len(texts)))
             batch = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
                               max_length=max_length, return_tensors="pt").to(device)
-            if spec is None:  # outside the registry: called as given (no first-column check applies to it)
-                call = dict(batch)
-            else:
-                with rows_named_as(rows):  # refusals name the texts' indices, not the batch's rows
-                    call = model_call_kwargs(model, spec, batch["input_ids"], batch.get("attention_mask"),
-                                             readable_tokenizer_outputs(batch, readable))
+            with rows_named_as(rows):  # refusals name the texts' indices, not the batch's rows
+                call = rows_as_alone_call(model, batch["input_ids"], batch.get("attention_mask"),
+                                          tokenizer_outputs=batch, spec=spec)
             predictions += model(**call).logits.argmax(-1).tolist()
     finally:
         model.train(was_training)

@@ -1,0 +1,184 @@
+"""``rows_as_alone_call``: the one decision of how a text model is called on a padded batch (``explain``,
+``perturbation_curves``, ``next_token_contrast``, ``predict``, ``predict_labels``, ``fine_tune_classifier``'s collator),
+the one predicate of position ids counting real tokens, and the Space model's encoders outside the registry."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import transformers as T
+from conftest import padded_batch, tiny_model
+
+from bcos_plugins.attribution.text import (
+    check_first_column_is_real,
+    gets_real_token_position_ids,
+    position_ids_as_alone,
+    rows_as_alone_call,
+)
+from bcos_plugins.convert.architectures import SPECS
+from bcos_plugins.errors import BcosValueError
+from bcos_plugins.metrics import next_token_contrast
+from bcos_plugins.space import SpaceModelForSequenceClassification
+
+VOCAB = 50
+
+
+def _pad(rows: list[list[int]], side: str, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(map(len, rows))
+    ids = torch.full((len(rows), length), pad_id)
+    mask = torch.zeros(len(rows), length, dtype=torch.long)
+    for i, row in enumerate(rows):
+        cols = slice(length - len(row), length) if side == "left" else slice(0, len(row))
+        ids[i, cols], mask[i, cols] = torch.tensor(row), 1
+    return ids, mask
+
+
+def _contrast_alone(model, rows, target, foil) -> torch.Tensor:
+    """target - foil logit at each row's last token, each row run alone by the model's own forward."""
+    out = []
+    with torch.no_grad():
+        for row, t, f in zip(rows, target, foil, strict=True):
+            logits = model(input_ids=torch.tensor([row])).logits[0, -1]
+            out.append(logits[t] - logits[f])
+    return torch.stack(out)
+
+
+def test_a_roberta_causal_lm_outside_the_registry_is_not_given_positions_counted_from_0():
+    """next_token_contrast gave every model outside the registry position ids counting from 0. RoBERTa's family counts
+    its positions from pad_token_id + 1 (its table has a padding row), so every row, unpadded ones too, ran on other
+    positions than the model's own (logit differences off). Now such a model is called as given: it counts its real
+    tokens itself, so each row (padded with pad_token_id on either side) is computed as alone."""
+    torch.manual_seed(0)
+    config = T.RobertaConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=32, max_position_embeddings=24, is_decoder=True, pad_token_id=1)
+    model = T.RobertaForCausalLM(config).eval()
+    assert type(model).__name__ not in SPECS
+    rows = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    target, foil = torch.tensor([3, 4, 5]), torch.tensor([6, 7, 8])
+    expected = _contrast_alone(model, rows, target, foil)
+    for side in ("left", "right"):
+        ids, mask = _pad(rows, side, pad_id=1)
+        got = next_token_contrast(model, ids, mask, target=target, foil=foil).logit_difference
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert "position_ids" not in rows_as_alone_call(model, *_pad(rows, "left", pad_id=1))
+
+
+def test_a_learned_position_causal_lm_outside_the_registry_gets_ids_counting_real_tokens_as_generate_gives():
+    """A causal LM outside the registry whose forward names position_ids (GPT-Neo: a learned table without a padding
+    row) gets position ids counting real tokens, as generate gives them: a left-padded row is computed as alone. Without
+    them its positions would count from the padded column (checked: the numbers differ)."""
+    torch.manual_seed(0)
+    config = T.GPTNeoConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, max_position_embeddings=24,
+                            attention_types=[[["global"], 2]], intermediate_size=32)
+    model = T.GPTNeoForCausalLM(config).eval()
+    assert type(model).__name__ not in SPECS
+    rows = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    target, foil = torch.tensor([3, 4, 5]), torch.tensor([6, 7, 8])
+    expected = _contrast_alone(model, rows, target, foil)
+    ids, mask = _pad(rows, "left", pad_id=0)
+    got = next_token_contrast(model, ids, mask, target=target, foil=foil).logit_difference
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    call = rows_as_alone_call(model, ids, mask)
+    torch.testing.assert_close(call["position_ids"], torch.tensor([[0, 1, 2, 3], [0, 0, 0, 1], [0, 0, 1, 2]]))
+    with torch.no_grad():  # the shift the ids prevent is real on this model
+        shifted = model(input_ids=ids, attention_mask=mask).logits[1, -1]
+    assert not torch.allclose(shifted[target[1]] - shifted[foil[1]], expected[1], atol=1e-4)
+    given = torch.zeros_like(ids)
+    assert rows_as_alone_call(model, ids, mask, {"position_ids": given})["position_ids"] is given
+
+
+def test_a_classifier_outside_the_registry_is_called_with_every_tokenizer_output_as_given():
+    """Outside the registry nothing is second-guessed: every tokenizer output is passed, no position ids are added
+    (not a causal LM), no refusal applies; a registry model gets only the outputs its forward reads."""
+    ids, mask = padded_batch(side="left")
+    encoding = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids), "extra": 1}
+    outside = T.ElectraForSequenceClassification(T.ElectraConfig(
+        vocab_size=VOCAB, embedding_size=16, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=24))
+    call = rows_as_alone_call(outside, ids, mask, tokenizer_outputs=encoding)
+    assert set(call) == {"input_ids", "attention_mask", "token_type_ids", "extra"}
+    assert call["input_ids"] is ids and call["attention_mask"] is mask
+    llama = tiny_model("LlamaForSequenceClassification")
+    llama.config.pad_token_id = 0
+    assert "token_type_ids" not in rows_as_alone_call(llama, ids, mask, tokenizer_outputs=encoding)
+
+
+@pytest.mark.parametrize("name", ["BertModel", "BertForMaskedLM", "DistilBertModel", "RobertaModel", "GPT2Model",
+                                  "GPT2LMHeadModel", "LlamaForCausalLM"])
+@pytest.mark.parametrize("takes_position_ids", [True, False])
+def test_position_ids_are_given_exactly_where_left_padding_is_not_refused_for_a_learned_table(name,
+                                                                                               takes_position_ids):
+    """One predicate (gets_real_token_position_ids) decides both whether position ids counting real tokens are given
+    and whether check_first_column_is_real refuses left padding for a learned table: a model whose forward takes none
+    is refused, one that takes them is given them, a decoder is given them."""
+    model = tiny_model(name)
+    spec = SPECS[name]
+    if not takes_position_ids:
+        original = model.forward
+
+        def forward(input_ids=None, attention_mask=None, **kwargs):
+            return original(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+        model.forward = forward
+        assert "position_ids" not in inspect.signature(model.forward).parameters
+    ids, mask = padded_batch(side="left")
+    given = position_ids_as_alone(model, spec, mask) is not None
+    assert given == gets_real_token_position_ids(model, spec)
+    refused = spec.position_table is not None and not given
+    if refused:
+        with pytest.raises(BcosValueError, match=r"^attention_mask: rows \[1, 2\] start with padding.*no position_ids"):
+            check_first_column_is_real(model, mask, spec)
+    else:
+        check_first_column_is_real(model, mask, spec)
+    assert given == (spec.kind == "decoder" or takes_position_ids)
+
+
+def _electra_space(**config):
+    torch.manual_seed(0)
+    encoder = T.ElectraModel(T.ElectraConfig(
+        vocab_size=VOCAB, embedding_size=16, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=24, **config)).eval()
+    return SpaceModelForSequenceClassification.from_encoder(encoder, num_labels=2, n_latent=4).eval()
+
+
+def test_the_space_model_refuses_left_padding_for_an_encoder_outside_the_registry_with_a_learned_table():
+    """An encoder outside the registry (ELECTRA) is given no position ids, and its learned table counts from the
+    first column: a left-padded row's logits were those of shifted positions, silently. Refused, naming the argument,
+    the problem and the fix; right padding, and left padding with position_ids counting real tokens (the fix), give
+    each row's logits alone."""
+    from bcos_plugins.attribution import real_token_positions
+
+    model = _electra_space()
+    assert type(model.encoder).__name__ not in SPECS
+    rows = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    with torch.no_grad():
+        alone = torch.cat([model(input_ids=torch.tensor([row])).logits for row in rows])
+        ids, mask = _pad(rows, "left", pad_id=0)
+        with pytest.raises(BcosValueError, match=r"^attention_mask: rows \[1, 2\] start with padding, and the encoder "
+                                                 r"ElectraModel \(outside the architecture registry.*learned position "
+                                                 r"embeddings.*Pad on the right.*or pass position_ids="):
+            model(input_ids=ids, attention_mask=mask)
+        fixed = model(input_ids=ids, attention_mask=mask, position_ids=real_token_positions(mask)).logits
+        right = model(input_ids=_pad(rows, "right", 0)[0], attention_mask=_pad(rows, "right", 0)[1]).logits
+    torch.testing.assert_close(fixed, alone, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(right, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_the_space_model_takes_left_padding_where_the_encoder_counts_real_tokens_itself():
+    """XLM-RoBERTa's table has a padding row and its forward counts the tokens that are not pad_token_id: left padding
+    written with that id is computed as alone (not refused); written with another id it would not be (refused)."""
+    torch.manual_seed(0)
+    encoder = T.XLMRobertaModel(T.XLMRobertaConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=24, pad_token_id=1)).eval()
+    assert type(encoder).__name__ not in SPECS
+    model = SpaceModelForSequenceClassification.from_encoder(encoder, num_labels=2, n_latent=4).eval()
+    rows = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    with torch.no_grad():
+        alone = torch.cat([model(input_ids=torch.tensor([row])).logits for row in rows])
+        ids, mask = _pad(rows, "left", pad_id=1)
+        torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, alone, rtol=1e-5, atol=1e-6)
+        with pytest.raises(BcosValueError, match=r"^attention_mask: rows \[1, 2\] start with padding"):
+            model(input_ids=ids.masked_fill(mask == 0, 0), attention_mask=mask)
