@@ -12,13 +12,9 @@ from bcos_plugins.convert.architectures import SPECS
 from bcos_plugins.metrics import perturbation_curves
 
 DECODER_CLASSIFIERS = sorted(name for name, spec in SPECS.items() if spec.kind == "decoder" and spec.is_classifier)
-# Removal through the attention mask can leave the read (last) token's sliding window with no key at all (tiny configs:
-# a window of 4); eager attention then spreads that query's softmax over every column, padding columns included, so
-# the number depends on the padding with or without this fix (a degenerate case of the metric, reported separately).
-# Those models are checked with mask_token removal, which leaves every key visible.
-SLIDING_WINDOW = {name for name in DECODER_CLASSIFIERS if name.startswith(("Gemma2", "Mistral"))}
-CASES = [(name, masking) for name in DECODER_CLASSIFIERS for masking in ("attention", "mask_token")
-         if not (masking == "attention" and name in SLIDING_WINDOW)]
+# sliding-window models (Gemma2, Mistral) included: the read token is never removed, so it always sees itself
+# (test_trust_pass2 checks windows of 2 against the row's own probabilities)
+CASES = [(name, masking) for name in DECODER_CLASSIFIERS for masking in ("attention", "mask_token")]
 
 
 @pytest.mark.parametrize("pad_id", ["config", "other"])

@@ -17,7 +17,17 @@ from torch import Tensor
 from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
 
-__all__ = ["perturbable_mask", "special_tokens_mask", "token_scores"]
+__all__ = ["perturbable_mask", "share_counts", "special_tokens_mask", "token_scores"]
+
+
+def share_counts(n: Int[Tensor, "..."], fractions: Float[Tensor, "..."] | float) -> Int[Tensor, "..."]:
+    """``max(1, int(n * p))`` token counts for shares ``p`` of ``n`` tokens (broadcast), as the papers' code takes them.
+
+    Computed in float64 with a margin of 1e-9, so that a share written as a decimal gives the count it means
+    (``180 * 0.65`` is 117; float32 gives 116, and Python's float64 ``int(90 * 0.7)`` gives 62).
+    """
+    shares = torch.as_tensor(fractions, dtype=torch.float64, device=n.device)
+    return torch.clamp((n.double() * shares + 1e-9).floor().long(), min=1)
 
 
 def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch pos"]:

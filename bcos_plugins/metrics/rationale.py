@@ -29,6 +29,7 @@ from torch import Tensor
 
 from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
+from .attributions import share_counts
 
 __all__ = ["RationaleAlignment", "rationale_alignment", "top_k_iou", "average_precision"]
 
@@ -74,7 +75,7 @@ def top_k_iou(
         if not 0 < k <= 1:
             raise argument_error("k", f"a float k is a fraction of the valid tokens and must lie in (0, 1], got {k}",
                                  "Pass a fraction in (0, 1], an int or None")
-        k_row = (n_valid.float() * k).long().clamp_min(1)
+        k_row = share_counts(n_valid, k)
     elif isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= scores.shape[1]:
         # Rows with fewer valid tokens than k select all of them (k is capped per row).
         k_row = torch.full_like(n_gold, k)

@@ -1,0 +1,116 @@
+"""Second trust pass: unusual but legal inputs to the public entry points, each checked against a number computed
+another way (a silently wrong number is the worst defect). Tiny random models from the conformance configs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from fractions import Fraction
+
+import pytest
+import torch
+from test_conformance import CONFIGS, _family
+
+from bcos_plugins import bcosify
+from bcos_plugins.convert.architectures import stock_class
+from bcos_plugins.metrics import perturbation_curves, top_k_iou, top_k_masks
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+VOCAB = 60
+
+
+def _padded(lengths: list[int], width: int, side: str, seed: int):
+    """Rows of ``lengths`` real tokens (ids 3.., never the pad id 0) padded with 0 to ``width`` on ``side``."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (len(lengths), width), generator=generator)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        if side == "left":
+            mask[row, width - n:] = 1
+        else:
+            mask[row, :n] = 1
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+# ------------------------------------------------------------------ attention masking under sliding windows
+
+# every layer windowed, a window of 2 (the query and the token before it): removals empty many queries' windows
+SLIDING = {"MistralForSequenceClassification": {"sliding_window": 2},
+           "Gemma2ForSequenceClassification": {"sliding_window": 2, "layer_types": ["sliding_attention"] * 2}}
+
+
+def _windowed(name: str, bcos: bool):
+    config = CONFIGS[_family(name)]()
+    for field, value in SLIDING[name].items():
+        setattr(config, field, value)
+    torch.manual_seed(0)
+    model = stock_class(name)(config).eval()
+    return bcosify(model, b=1.25, verbose=False) if bcos else model
+
+
+@pytest.mark.parametrize("bcos", [False, True], ids=["stock", "bcos"])
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("name", sorted(SLIDING))
+def test_attention_masking_under_a_sliding_window_is_the_row_without_the_removed_tokens(name, side, bcos):
+    """Removing tokens through the attention mask can leave a query's sliding window with no visible key; eager
+    attention then spreads that query's softmax over every column (padding and removed tokens included). Only removed
+    and padding queries can be left so (a kept query sees itself), and no kept token reads them, provided the token
+    the classifier reads is never removed: each curve value is then the model's probability on the row alone with the
+    removed tokens masked, whatever their ids (here: replaced by others), up to float rounding."""
+    model = _windowed(name, bcos)
+    ids, mask = _padded([11, 7, 3], 11, side, seed=2)
+    scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1))
+    special = torch.zeros_like(mask, dtype=torch.bool)
+    fractions = (0.2, 0.5, 0.9)
+    curves = perturbation_curves(model, ids, mask, scores, special_tokens=special, fractions=fractions)
+    generator = torch.Generator().manual_seed(3)
+    for row in range(ids.shape[0]):
+        real = mask[row].bool()
+        row_ids, row_scores = ids[row, real], scores[row, real]
+        n = row_ids.numel()
+        perturbable = torch.ones(1, n, dtype=torch.bool)
+        perturbable[0, -1] = False  # the token the classifier reads stays
+        top, _ = top_k_masks(row_scores[None], perturbable, fractions)
+        target = int(curves.target[row])
+        full = _probability_without(model, row_ids, torch.zeros(n, dtype=torch.bool), target, generator)
+        assert float(curves.full_probability[row]) == pytest.approx(full, abs=1e-6)
+        for f in range(len(fractions)):
+            for curve, dropped in ((curves.comprehensiveness, top[0, f]),
+                                   (curves.sufficiency, perturbable[0] & ~top[0, f])):
+                removed = _probability_without(model, row_ids, dropped, target, generator)
+                assert float(curve[row, f]) == pytest.approx(full - removed, abs=1e-5)
+
+
+def _probability_without(model, row_ids, dropped, target: int, generator) -> float:
+    """The probability of ``target`` on one unpadded row with the ``dropped`` tokens masked and their ids replaced by
+    random others (a removed token's id must not matter)."""
+    n = row_ids.numel()
+    changed = torch.where(dropped, torch.randint(3, VOCAB, (n,), generator=generator), row_ids)
+    with torch.no_grad():
+        logits = model(input_ids=changed[None], attention_mask=(~dropped).long()[None],
+                       position_ids=torch.arange(n)[None]).logits
+    return float(logits.double().softmax(-1)[0, target])
+
+
+# ------------------------------------------------------------------ shares of a row's tokens
+
+
+def test_top_k_iou_takes_the_share_of_the_valid_tokens_it_is_given():
+    """A float k of top_k_iou took ``int(n * k)`` in float32: 180 valid tokens at k=0.65 selected 116 instead of 117
+    (75 of 40,000 (n, k) pairs off by one); it now counts as top_k_masks does (float64 with a margin)."""
+    n = 180
+    scores = torch.arange(n, 0, -1, dtype=torch.float32)[None]  # ranked by position
+    gold = torch.zeros(1, n)
+    gold[0, :117] = 1
+    assert float(top_k_iou(scores, gold, k=0.65)) == 1.0
+    for share in (0.05, 0.15, 0.35, 0.65, 0.7, 0.95):
+        for n in (90, 170, 180, 330, 340, 997):
+            want = max(1, int(Fraction(n) * Fraction(str(share))))  # the exact floor of the decimal share
+            scores = torch.arange(n, 0, -1, dtype=torch.float32)[None]
+            gold = torch.zeros(1, n)
+            gold[0, :want] = 1
+            iou = float(top_k_iou(scores, gold, k=share))
+            assert iou == 1.0, f"n={n}, k={share}: IoU {iou} (selected {round(want * iou)} of the {want} wanted)"
+            _, k = top_k_masks(scores, torch.ones(1, n, dtype=torch.bool), (share,))
+            assert int(k) == want
