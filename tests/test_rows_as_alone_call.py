@@ -182,3 +182,64 @@ def test_the_space_model_takes_left_padding_where_the_encoder_counts_real_tokens
         torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, alone, rtol=1e-5, atol=1e-6)
         with pytest.raises(BcosValueError, match=r"^attention_mask: rows \[1, 2\] start with padding"):
             model(input_ids=ids.masked_fill(mask == 0, 0), attention_mask=mask)
+
+
+class _WordTokenizer:
+    """Enough of a tokenizer for predict and predict_labels: ids = word lengths + 3, padded on the left."""
+
+    def __call__(self, texts, pairs=None, **kwargs):
+        rows = [[min(len(w), 40) + 3 for w in t.split()] for t in texts]
+        length = max(map(len, rows))
+        ids = torch.tensor([[0] * (length - len(r)) + r for r in rows])
+        return T.BatchEncoding({"input_ids": ids, "attention_mask": (ids != 0).long()})
+
+
+def test_every_path_that_calls_a_text_model_on_a_batch_calls_rows_as_alone_call(monkeypatch):
+    """explain, perturbation_curves, next_token_contrast, predict, predict_labels and fine_tune_classifier's collator
+    each decided on their own how to call a model (four copies of "registry: model_call_kwargs, else as given", one
+    adding position ids outside the registry): each now calls rows_as_alone_call, once per batch, and nothing else in
+    the package calls model_call_kwargs."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    import bcos_plugins.attribution.text as text
+    from bcos_plugins import explain
+    from bcos_plugins.fine_tuning import RowsAsAloneCollator
+    from bcos_plugins.metrics import perturbation_curves
+    from bcos_plugins.prediction import predict
+    from bcos_plugins.space import predict_labels
+
+    classifier = tiny_model("GPT2ForSequenceClassification")
+    classifier.config.pad_token_id = 0
+    lm = tiny_model("GPT2LMHeadModel")
+    ids, mask = padded_batch(side="left")
+    texts = ["a bb ccc", "dddd e", "ff gg hhh iiii"]
+    paths = [
+        ("bcos_plugins.explain", lambda: explain(classifier, ids, mask)),
+        ("bcos_plugins.metrics.perturbation",
+         lambda: perturbation_curves(classifier, ids, mask, torch.rand(ids.shape), special_tokens=mask == 0)),
+        ("bcos_plugins.attribution.text", lambda: next_token_contrast(lm, ids, mask, target=1, foil=2)),
+        ("bcos_plugins.prediction", lambda: predict(classifier, _WordTokenizer(), texts)),
+        ("bcos_plugins.space.zero_shot", lambda: predict_labels(classifier, _WordTokenizer(), texts)),
+        ("bcos_plugins.fine_tuning", lambda: RowsAsAloneCollator(
+            lambda features: {"input_ids": ids, "attention_mask": mask, "labels": torch.zeros(3, dtype=torch.long)},
+            classifier)([{}])),
+    ]
+    original = text.rows_as_alone_call
+    for module_name, call in paths:
+        module = importlib.import_module(module_name)
+        assert module.rows_as_alone_call is original, module_name
+        calls = []
+        with monkeypatch.context() as patch:
+            patch.setattr(module, "rows_as_alone_call",
+                          lambda *a, calls=calls, **k: calls.append(1) or original(*a, **k))
+            call()
+        assert len(calls) == 1, (module_name, calls)
+    root = Path(text.__file__).resolve().parents[1]
+    copies = [f"{path.relative_to(root)}:{node.lineno}" for path in sorted(root.rglob("*.py"))
+              if path != Path(text.__file__).resolve()
+              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+              if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
+              == "model_call_kwargs"]
+    assert not copies, "call the model through rows_as_alone_call:\n" + "\n".join(copies)
