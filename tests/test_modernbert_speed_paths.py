@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bcos_plugins import explain
 from bcos_plugins.nn import BcosLayerNorm, explanation_mode
 from bcos_plugins.nn.dynamic import no_parameter_gradients
 from bcos_plugins.nn.functional import reference_path
@@ -55,3 +56,77 @@ def test_explaining_layer_norm_input_gradient_only_path_is_differentiable_again_
             return torch.autograd.grad((x * grad).square().sum(), x)[0]
 
     torch.testing.assert_close(second(False), second(True), rtol=1e-12, atol=1e-13)
+
+
+def _modernbert(attn_implementation: str, layer_types: list[str] | None = None):
+    import transformers as T
+
+    from bcos_plugins import bcosify
+
+    config = T.ModernBertConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                                sep_token_id=2, num_labels=2, local_attention=4, attn_implementation=attn_implementation)
+    if layer_types is not None:
+        config.layer_types = layer_types
+    torch.manual_seed(0)
+    return bcosify(T.ModernBertForSequenceClassification(config).eval(), b=1.25, verbose=False).eval()
+
+
+def _with_stock_attention(model):
+    """A copy of ``model`` whose attention modules run transformers' own forward on every path."""
+    import copy
+
+    from transformers.models.modernbert.modeling_modernbert import ModernBertAttention
+
+    stock = copy.deepcopy(model)
+    for module in stock.modules():
+        if isinstance(module, ModernBertAttention):
+            module.__class__ = ModernBertAttention
+    return stock
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_explaining_modernbert_attention_with_query_and_key_detached_equals_the_stock_forward(attn_implementation):
+    # explaining, the query and key enter the rotary embedding detached (nothing of it recorded); the stock forward
+    # differentiates it and Wqkv sets the query/key gradient to 0 afterwards: the same outputs and gradients, bit for bit
+    from bcos_plugins.convert.modernbert import BcosModernBertAttention
+
+    model = _modernbert(attn_implementation, layer_types=["sliding_attention", "full_attention"])
+    stock = _with_stock_attention(model)
+    assert sum(isinstance(m, BcosModernBertAttention) for m in model.modules()) == 2
+    assert "model.layers.0.attn" in model.bcos_report.patched_modules
+    ids = torch.randint(3, 60, (3, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0  # padding (on the right: the classifier reads the first column)
+    mask[2, 4:] = 0
+    ours, theirs = (explain(m, ids, mask) for m in (model, stock))
+    assert torch.equal(ours.explained, theirs.explained)
+    assert torch.equal(ours.input_contributions, theirs.input_contributions)
+    with torch.no_grad():  # and outside explanation mode the stock forward runs
+        assert torch.equal(model(input_ids=ids, attention_mask=mask).logits,
+                           stock(input_ids=ids, attention_mask=mask).logits)
+    # the rotary embedding is not differentiated: rotate_half's negation and concatenation are not in the graph
+    rotary_nodes = {"NegBackward0", "CatBackward0"}
+    assert not rotary_nodes & _graph_node_names(_attention_output(model, ids, mask))
+    assert rotary_nodes <= _graph_node_names(_attention_output(stock, ids, mask))
+
+
+def _attention_output(model, ids, mask):
+    recorded = []
+    handle = model.model.layers[1].attn.register_forward_hook(lambda module, args, out: recorded.append(out[0]))
+    try:
+        explain(model, ids, mask)
+    finally:
+        handle.remove()
+    return recorded[0]
+
+
+def _graph_node_names(t: torch.Tensor) -> set[str]:
+    seen, names, stack = set(), set(), [t.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            names.add(type(node).__name__)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return names

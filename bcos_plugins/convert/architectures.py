@@ -187,6 +187,11 @@ def _fused_gated_mlp():
     return BcosFusedGatedMLP
 
 
+def _modernbert_attention():
+    from .modernbert import BcosModernBertAttention
+    return BcosModernBertAttention
+
+
 def _gemma_rms_norm():
     from .gemma import BcosGemmaRMSNorm
     return BcosGemmaRMSNorm
@@ -219,6 +224,8 @@ _MLM_BIAS = ("masked-LM decoder applied without its vocabulary bias (a bias is n
              "transform's dense / GELU / LayerNorm are converted")
 _GATED = ("gated MLP: the activated gate branch is the dynamic weight, so the product is not counted "
           "twice (product rule)")
+_MODERNBERT_ATTENTION = ("attention: explaining, its query and key (a constant attention pattern) enter the rotary "
+                         "embedding detached, so autograd does not differentiate it (Wqkv's constant units)")
 
 
 def _llama_like(prefix: str, lens_conversion: str | None) -> dict[str, ArchitectureSpec]:
@@ -309,7 +316,8 @@ SPECS: dict[str, ArchitectureSpec] = {
     # ModernBERT: rotary positions (no table), fused q|k|v, GeGLU with a fused input|gate projection,
     # alternating local/global attention (a mask on the constant pattern), bias-free LayerNorms
     **{name: ArchitectureSpec("encoder", prefix, _MODERNBERT_QK, ("embeddings.norm", "input"), head=head,
-                              module_swaps={"mlp": (_fused_gated_mlp, _GATED)},
+                              module_swaps={"mlp": (_fused_gated_mlp, _GATED),
+                                            "attn": (_modernbert_attention, _MODERNBERT_ATTENTION)},
                               first_column_pooling=("classifier_pooling", "cls") if head == "classifier" else False,
                               dynamic_linear_refusal=f"{_FUSED_QKV.format(path='attn.Wqkv')}, and its GeGLU "
                               "multiplies two input-dependent branches in its forward (act(input) * gate)")
