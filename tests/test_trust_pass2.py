@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from test_conformance import CONFIGS, _family
+from test_conformance import CONFIGS, _family, _stock
 
 from bcos_plugins import bcosify
 from bcos_plugins.convert.architectures import stock_class
@@ -114,3 +114,26 @@ def test_top_k_iou_takes_the_share_of_the_valid_tokens_it_is_given():
             assert iou == 1.0, f"n={n}, k={share}: IoU {iou} (selected {round(want * iou)} of the {want} wanted)"
             _, k = top_k_masks(scores, torch.ones(1, n, dtype=torch.bool), (share,))
             assert int(k) == want
+
+
+@pytest.mark.parametrize("name", ["GPT2ForSequenceClassification", "LlamaForSequenceClassification"])
+def test_attention_masking_keeps_the_token_a_decoder_classifier_reads_before_a_real_pad_id(name):
+    """A decoder classifier reads each row's last token whose id is not config.pad_token_id: a real token with that id
+    at the end (an end-of-sequence token used as padding) is skipped. perturbation_curves kept the last real token by
+    the mask instead, so the token the model reads could be 'removed' through the attention mask (its own embedding
+    stays in the hidden state read). The curves are now those with the read token marked special, whatever its
+    score."""
+    model = _stock(name)
+    pad = model.config.pad_token_id
+    ids = torch.tensor([[5, 6, 7, 8, 9, pad], [5, 6, 7, 8, pad, pad], [9, 8, 7, 6, 5, 4]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    read = torch.zeros_like(mask, dtype=torch.bool)
+    read[0, 4] = read[1, 3] = read[2, 5] = True
+    scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
+    read_first = scores.masked_fill(read, 100.0)
+    none = torch.zeros_like(read)
+    curves = perturbation_curves(model, ids, mask, read_first, special_tokens=none, fractions=(0.2, 0.5))
+    kept_as_special = perturbation_curves(model, ids, mask, scores, special_tokens=read, fractions=(0.2, 0.5))
+    for field in ("full_probability", "comprehensiveness", "sufficiency"):
+        torch.testing.assert_close(getattr(curves, field), getattr(kept_as_special, field),
+                                   msg=lambda m, f=field: f"{f}: {m}")

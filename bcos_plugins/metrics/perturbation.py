@@ -194,17 +194,25 @@ def _probabilities(model: Callable, call: dict, probability: str) -> Tensor:
     return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
 
 
-def _without_read_token(spec, perturbable: Tensor, mask: Tensor) -> Tensor:
+def _without_read_token(model, spec, perturbable: Tensor, mask: Tensor, call_ids: Tensor) -> Tensor:
     """``perturbable`` without the token a decoder classifier reads (its hidden state holds that token's own embedding,
-    which masking its attention does not remove: see the module docstring)."""
+    which masking its attention does not remove: see the module docstring). That is the last token whose id in the
+    model's call (padding written as ``config.pad_token_id``) is not ``config.pad_token_id``, found as transformers
+    finds it: a real token with that id at the end of a row (an end-of-sequence token used as padding) is skipped."""
     rows = torch.arange(mask.shape[0], device=mask.device)
     read = torch.zeros_like(perturbable)
-    read[rows, explained_positions(spec, None, mask).to(mask.device)] = True
+    pad = getattr(model.config, "pad_token_id", None)
+    if pad is None:  # unpadded (model_call_kwargs refuses padding then): the model reads the last column
+        position = explained_positions(spec, None, mask)
+    else:
+        columns = torch.arange(call_ids.shape[1], device=call_ids.device)
+        position = (columns * (call_ids != pad)).argmax(-1)
+    read[rows, position.to(mask.device)] = True
     only_read = read.any(-1) & perturbable.any(-1) & ~(perturbable & ~read).any(-1)
     if only_read.any():
         raise argument_error(
-            "attention_mask", f"{bad_rows(only_read)}: the only perturbable token is the last one, which the "
-            "decoder classifier reads: removing it through the attention mask leaves its own embedding in the hidden state "
+            "attention_mask", f"{bad_rows(only_read)}: the only perturbable token is the last one (whose id is not "
+            "config.pad_token_id), which the decoder classifier reads: removing it through the attention mask leaves its own embedding in the hidden state "
             "the classifier reads, so it is never perturbed", "Drop those rows, or pass masking='mask_token'")
     return perturbable & ~read
 
@@ -282,7 +290,7 @@ def perturbation_curves(
                        "scores, the attributions summed over the embedding)")
     perturbable = perturbable_mask(input_ids, mask, tokenizer=tokenizer, special_tokens=special_tokens)
     if masking == "attention" and spec is not None and spec.kind == "decoder" and spec.is_classifier:
-        perturbable = _without_read_token(spec, perturbable, mask)
+        perturbable = _without_read_token(model, spec, perturbable, mask, call["input_ids"])
     top, k = top_k_masks(scores, perturbable, fractions)
     batch, n_fr, length = top.shape
 
