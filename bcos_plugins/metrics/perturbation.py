@@ -49,7 +49,7 @@ from .._checks import (
 )
 from ..attribution.text import explained_positions, registry_spec, rows_as_alone_call
 from ..errors import BcosTypeError, argument_error
-from .attributions import perturbable_mask, token_scores
+from .attributions import perturbable_mask, share_counts, token_scores
 
 __all__ = ["DEFAULT_FRACTIONS", "PerturbationCurves", "aopc", "perturbation_curves", "top_k_masks"]
 
@@ -161,9 +161,7 @@ def top_k_masks(
     order = torch.sort(ranked_scores, dim=-1, descending=True, stable=True).indices
     rank = torch.empty_like(order)
     rank.scatter_(-1, order, torch.arange(scores.shape[-1], device=scores.device).expand_as(order))
-    fr = torch.as_tensor(fractions, dtype=torch.float64, device=scores.device)
-    # int() truncation as in the paper's code; float64 keeps e.g. int(10 * 0.3) == 3
-    k = torch.clamp((n[:, None].double() * fr[None, :] + 1e-9).floor().long(), min=1)
+    k = share_counts(n[:, None], torch.tensor(fractions, dtype=torch.float64)[None, :])
     masks = (rank[:, None, :] < k[:, :, None]) & perturbable[:, None, :]
     return masks, k
 
