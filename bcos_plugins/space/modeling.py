@@ -47,8 +47,9 @@ from ..attribution.text import (
     check_forward_kwargs,
     learned_position_table,
     position_ids_as_alone,
+    registry_spec,
 )
-from ..convert.architectures import SPECS, architecture_name, position_limit, vocabulary_size
+from ..convert.architectures import architecture_name, position_limit, vocabulary_size
 from ..errors import BcosTypeError, argument_error
 from .losses import inter_space_loss, intra_space_loss
 
@@ -378,16 +379,17 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
         encoder_kwargs = dict(kwargs)
         if token_type_ids is not None:
             encoder_kwargs["token_type_ids"] = token_type_ids
-        encoder_spec = SPECS.get(architecture_name(self.encoder))
-        if encoder_spec is not None and attention_mask is not None and "position_ids" not in encoder_kwargs:
+        if attention_mask is not None and "position_ids" not in encoder_kwargs:
             # a learned position table counts from the first column: a left-padded row would run on other
-            # positions than alone (the encoder is called as explain calls it)
-            check_first_column_is_real(self.encoder, attention_mask, encoder_spec)
-            position_ids = position_ids_as_alone(self.encoder, encoder_spec, attention_mask)
-            if position_ids is not None:
-                encoder_kwargs["position_ids"] = position_ids
-        elif attention_mask is not None and "position_ids" not in encoder_kwargs:
-            refuse_left_padding_shifting_positions(self.encoder, input_ids, attention_mask)
+            # positions than alone (a registry encoder is given the position ids explain gives it)
+            encoder_spec = registry_spec(self.encoder)
+            if encoder_spec is None:
+                refuse_left_padding_shifting_positions(self.encoder, input_ids, attention_mask)
+            else:
+                check_first_column_is_real(self.encoder, attention_mask, encoder_spec)
+                position_ids = position_ids_as_alone(self.encoder, encoder_spec, attention_mask)
+                if position_ids is not None:
+                    encoder_kwargs["position_ids"] = position_ids
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
                               **encoder_kwargs).last_hidden_state
         logits, concepts = self.head(hidden, attention_mask)
