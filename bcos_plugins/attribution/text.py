@@ -249,8 +249,7 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
     """
     if attention_mask is None or attention_mask.ndim != 2 or attention_mask.shape[1] == 0:
         return
-    if spec is None:
-        spec = SPECS.get(architecture_name(model)) if isinstance(model, nn.Module) else None
+    spec = spec if spec is not None else registry_spec(model)
     if spec is None:
         return
     first_column = spec.classifies_from_first_column(getattr(model, "config", None))
