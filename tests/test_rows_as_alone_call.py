@@ -90,9 +90,9 @@ def test_a_learned_position_causal_lm_outside_the_registry_gets_ids_counting_rea
 
 
 def test_a_classifier_outside_the_registry_is_called_with_every_tokenizer_output_as_given():
-    """Outside the registry nothing is second-guessed: every tokenizer output is passed, no position ids are added
-    (not a causal LM), no refusal applies; a registry model gets only the outputs its forward reads."""
-    ids, mask = padded_batch(side="left")
+    """Outside the registry the forward's reading is not second-guessed: every tokenizer output is passed, no position
+    ids are added (not a causal LM); a registry model gets only the outputs its forward reads."""
+    ids, mask = padded_batch(side="right")
     encoding = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids), "extra": 1}
     outside = T.ElectraForSequenceClassification(T.ElectraConfig(
         vocab_size=VOCAB, embedding_size=16, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
@@ -103,6 +103,52 @@ def test_a_classifier_outside_the_registry_is_called_with_every_tokenizer_output
     llama = tiny_model("LlamaForSequenceClassification")
     llama.config.pad_token_id = 0
     assert "token_type_ids" not in rows_as_alone_call(llama, ids, mask, tokenizer_outputs=encoding)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: T.ElectraForSequenceClassification(T.ElectraConfig(
+        vocab_size=VOCAB, embedding_size=16, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=24)),
+    lambda: T.GPTNeoForSequenceClassification(T.GPTNeoConfig(
+        vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, max_position_embeddings=24,
+        attention_types=[[["global"], 2]], intermediate_size=32, pad_token_id=0)),
+], ids=["ElectraForSequenceClassification", "GPTNeoForSequenceClassification"])
+def test_a_classifier_outside_the_registry_with_a_learned_table_is_refused_left_padding(build):
+    """A transformers classifier outside the registry (ELECTRA, GPT-Neo) was called as given by perturbation_curves,
+    predict, predict_labels and fine_tune_classifier: its learned positions counted from the padded column, so a
+    left-padded row's logits were not the row's (checked below), silently. Refused, naming attention_mask, the rows and
+    the fix; right padding, and left padding with position_ids counting real tokens, are computed as alone."""
+    from bcos_plugins.attribution import real_token_positions
+    from bcos_plugins.metrics import perturbation_curves
+    from bcos_plugins.space import predict_labels
+
+    torch.manual_seed(0)
+    model = build().eval()
+    name = type(model).__name__
+    assert name not in SPECS
+    rows = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    left, right = _pad(rows, "left", 0), _pad(rows, "right", 0)
+    with torch.no_grad():
+        alone = torch.cat([model(input_ids=torch.tensor([row])).logits for row in rows])
+        assert not torch.allclose(model(input_ids=left[0], attention_mask=left[1]).logits[1:], alone[1:], atol=1e-4)
+        torch.testing.assert_close(model(**rows_as_alone_call(model, *right)).logits, alone, rtol=1e-5, atol=1e-6)
+        counted = {"position_ids": real_token_positions(left[1])}
+        if name.startswith("GPTNeo"):  # a decoder reads each row's last token: ids counting real tokens suffice
+            torch.testing.assert_close(model(**rows_as_alone_call(model, *left, counted)).logits, alone,
+                                       rtol=1e-5, atol=1e-6)
+    refusal = (rf"^attention_mask: rows \[1, 2\] start with padding, and the model {name} \(outside the architecture "
+               r"registry.*learned position embeddings.*Pad on the right")
+    with pytest.raises(BcosValueError, match=refusal):
+        rows_as_alone_call(model, *left)
+    with pytest.raises(BcosValueError, match=refusal):
+        perturbation_curves(model, *left, torch.rand(left[0].shape), special_tokens=left[1] == 0)
+
+    class LeftPadding:
+        def __call__(self, texts, pairs=None, **kwargs):
+            return T.BatchEncoding(dict(zip(("input_ids", "attention_mask"), left, strict=True)))
+
+    with pytest.raises(BcosValueError, match=refusal):
+        predict_labels(model, LeftPadding(), ["a", "b", "c"])
 
 
 @pytest.mark.parametrize("name", ["BertModel", "BertForMaskedLM", "DistilBertModel", "RobertaModel", "GPT2Model",

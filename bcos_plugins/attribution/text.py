@@ -41,7 +41,8 @@ from .targets import real_token_positions, resolve_positions
 __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explained_positions",
            "model_call_kwargs", "check_forward_kwargs", "forward_keywords", "check_first_column_is_real",
            "readable_tokenizer_outputs", "real_token_position_ids", "position_ids_as_alone",
-           "gets_real_token_position_ids", "registry_spec", "rows_as_alone_call", "learned_position_table"]
+           "gets_real_token_position_ids", "registry_spec", "rows_as_alone_call", "learned_position_table",
+           "refuse_left_padding_shifting_positions"]
 
 
 @dataclass(frozen=True)
@@ -313,10 +314,12 @@ def registry_spec(model) -> ArchitectureSpec | None:
 
 def learned_position_table(model: nn.Module) -> nn.Embedding | None:
     """The learned position table of a model outside the registry, found by its name (the first ``nn.Embedding``
-    whose own name holds "position": BERT's and ELECTRA's ``position_embeddings``, OPT's ``embed_positions``), or
-    ``None`` (rotary, ALiBi or relative positions: no table whose rows a shift by left padding would change)."""
+    whose own name holds "position" or is ``wpe``: BERT's and ELECTRA's ``position_embeddings``, OPT's
+    ``embed_positions``, GPT-Neo's ``wpe``), or ``None`` (rotary, ALiBi or relative positions: no table whose rows a
+    shift by left padding would change)."""
     for name, module in model.named_modules():
-        if isinstance(module, nn.Embedding) and "position" in name.rsplit(".", 1)[-1]:
+        own_name = name.rsplit(".", 1)[-1]
+        if isinstance(module, nn.Embedding) and ("position" in own_name or own_name == "wpe"):
             return module
     return None
 
@@ -336,6 +339,31 @@ def _generate_gives_position_ids(model) -> bool:
     return table is None or table.padding_idx is None
 
 
+def refuse_left_padding_shifting_positions(model: nn.Module, input_ids: Tensor | None,
+                                           attention_mask: Int[Tensor, "batch pos"], *, role: str = "model") -> None:
+    """Refuse left padding for a ``model`` outside the architecture registry (no rule for its positions is known, so
+    it is given no position ids) that reads a learned position table (:func:`learned_position_table`): its positions
+    count from the first column, so a left-padded row would run on other positions than alone, silently. A table with
+    a padding row (RoBERTa's family) is not refused where every padding token holds its id: that forward counts the
+    real tokens itself. ``role`` names the model in the message (the Space model's ``"encoder"``)."""
+    padded_first = attention_mask[:, 0] == 0
+    if not padded_first.any():
+        return
+    table = learned_position_table(model)
+    if table is None:
+        return
+    if (table.padding_idx is not None and input_ids is not None
+            and bool((input_ids[attention_mask == 0] == table.padding_idx).all())):
+        return
+    verb = "starts" if int(padded_first.sum()) == 1 else "start"
+    raise argument_error(
+        "attention_mask", f"{bad_rows(padded_first)} {verb} with padding, and the {role} {architecture_name(model)} "
+        "(outside the architecture registry, so it is given no position ids) reads learned position embeddings "
+        "counted from the first column: the row's positions, and so its numbers, would be shifted by its padding",
+        "Pad on the right (tokenizer.padding_side = 'right'), or pass position_ids= counting each row's real tokens "
+        "(bcos_plugins.attribution.real_token_positions(attention_mask))")
+
+
 def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None,
                        forward_kwargs: dict | None = None, *, tokenizer_outputs=None,
                        spec: ArchitectureSpec | None = None) -> dict:
@@ -353,7 +381,10 @@ def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mas
       tokens (:func:`~bcos_plugins.attribution.real_token_positions`), as ``generate`` gives them, so left padding
       does not shift its positions (a ``position_ids`` passed in ``forward_kwargs`` is kept), unless its position
       table has a padding row (RoBERTa's family counts its own positions from the padding index, see
-      :func:`_generate_gives_position_ids`).
+      :func:`_generate_gives_position_ids`). Any other model whose forward names ``position_ids`` (a transformers
+      model outside the registry: ELECTRA, GPT-Neo classifiers) and reads a learned position table is refused left
+      padding without them (:func:`refuse_left_padding_shifting_positions`); a forward that names none (a wrapper
+      such as the Space model, which gives its encoder the ids) is trusted with it.
 
     Refusals name rows through :func:`~bcos_plugins._checks.bad_rows`: a caller that batches its caller's texts in
     another order or in chunks wraps this call in :func:`~bcos_plugins._checks.rows_named_as`.
@@ -368,6 +399,9 @@ def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mas
     if tokenizer_outputs is not None:
         forward_kwargs = {**readable_tokenizer_outputs(tokenizer_outputs, None), **forward_kwargs}
     call = {"input_ids": input_ids, "attention_mask": attention_mask, **forward_kwargs}
-    if attention_mask is not None and "position_ids" not in call and _generate_gives_position_ids(model):
-        call["position_ids"] = outside_inference(real_token_positions(attention_mask))
+    if attention_mask is not None and "position_ids" not in call:
+        if _generate_gives_position_ids(model):
+            call["position_ids"] = outside_inference(real_token_positions(attention_mask))
+        elif isinstance(model, nn.Module) and _forward_takes_position_ids(model):
+            refuse_left_padding_shifting_positions(model, input_ids, attention_mask)
     return call

@@ -34,7 +34,6 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from .._checks import (
-    bad_rows,
     closest_name_fix,
     require_class_ids,
     require_float,
@@ -45,11 +44,11 @@ from .._checks import (
 from ..attribution.text import (
     check_first_column_is_real,
     check_forward_kwargs,
-    learned_position_table,
     position_ids_as_alone,
+    refuse_left_padding_shifting_positions,
     registry_spec,
 )
-from ..convert.architectures import architecture_name, position_limit, vocabulary_size
+from ..convert.architectures import position_limit, vocabulary_size
 from ..errors import BcosTypeError, argument_error
 from .losses import inter_space_loss, intra_space_loss
 
@@ -153,31 +152,6 @@ def require_base_encoder(encoder) -> None:
                              f"{type(base).__name__}), which returns its head's outputs, not the token states the "
                              "Space head reads", f"Pass its base model, encoder.{encoder.base_model_prefix} "
                              "(encoder.base_model), or load AutoModel.from_pretrained(path)", kind=BcosTypeError)
-
-
-def refuse_left_padding_shifting_positions(encoder: nn.Module, input_ids: Tensor | None,
-                                           attention_mask: Int[Tensor, "batch pos"]) -> None:
-    """Refuse left padding for an encoder outside the architecture registry (no rule for its positions is known, so
-    it is given no position ids) that reads a learned position table (:func:`~bcos_plugins.attribution.text.
-    learned_position_table`): its positions count from the first column, so a left-padded row would run on other
-    positions than alone, silently. A table with a padding row (RoBERTa's family) is not refused where every padding
-    token holds its id: that forward counts the real tokens itself."""
-    padded_first = attention_mask[:, 0] == 0
-    if not padded_first.any():
-        return
-    table = learned_position_table(encoder)
-    if table is None:
-        return
-    if (table.padding_idx is not None and input_ids is not None
-            and bool((input_ids[attention_mask == 0] == table.padding_idx).all())):
-        return
-    verb = "starts" if int(padded_first.sum()) == 1 else "start"
-    raise argument_error(
-        "attention_mask", f"{bad_rows(padded_first)} {verb} with padding, and the encoder {architecture_name(encoder)} "
-        "(outside the architecture registry, so it is given no position ids) reads learned position embeddings "
-        "counted from the first column: the row's positions, and so its logits, would be shifted by its padding",
-        "Pad on the right (tokenizer.padding_side = 'right'), or pass position_ids= counting each row's real tokens "
-        "(bcos_plugins.attribution.real_token_positions(attention_mask))")
 
 
 def encoder_config_object(encoder_config: PreTrainedConfig | dict | None) -> PreTrainedConfig:
@@ -384,7 +358,7 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
             # positions than alone (a registry encoder is given the position ids explain gives it)
             encoder_spec = registry_spec(self.encoder)
             if encoder_spec is None:
-                refuse_left_padding_shifting_positions(self.encoder, input_ids, attention_mask)
+                refuse_left_padding_shifting_positions(self.encoder, input_ids, attention_mask, role="encoder")
             else:
                 check_first_column_is_real(self.encoder, attention_mask, encoder_spec)
                 position_ids = position_ids_as_alone(self.encoder, encoder_spec, attention_mask)
