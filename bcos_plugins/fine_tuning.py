@@ -141,10 +141,10 @@ def fine_tune_classifier(
 
 def _check_padding_side(collator, dataset: EncodedTexts) -> None:
     """Refuse, before any step, what :func:`~bcos_plugins.attribution.text.rows_as_alone_call` refuses on a padded
-    batch of a registry model: a tokenizer that pads on the left for a classifier that reads the first column (every
-    padded row would be trained on a padding token's logits; the error names the text by its index in ``texts``), a
-    decoder classifier without ``config.pad_token_id``. The collator the ``Trainer`` pads with pads the shortest and
-    the longest text together. Outside the registry nothing is checked (no rule is known there)."""
+    batch: a tokenizer that pads on the left for a registry classifier that reads the first column (every padded row
+    would be trained on a padding token's logits; the error names the text by its index in ``texts``) or for a
+    transformers model outside the registry that reads a learned position table, a decoder classifier without
+    ``config.pad_token_id``. The collator the ``Trainer`` pads with pads the shortest and the longest text together."""
     if not isinstance(collator, RowsAsAloneCollator):
         return
     lengths = [len(ids) for ids in dataset.encodings["input_ids"]]

@@ -84,7 +84,8 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
     indices). Models of the architecture registry are called as ``explain`` and ``predict`` call them
     (``rows_as_alone_call``), so a decoder classifier's rows are computed as alone under either padding side
     (position ids count real tokens); any other classifier (a Space model) is called with the tokenizer's
-    outputs."""
+    outputs (a transformers model outside the registry that reads a learned position table is refused left
+    padding)."""
     if not isinstance(model, nn.Module) or not callable(tokenizer):
         raise argument_error("model", f"predict_labels needs a torch classifier and its tokenizer, got "
                              f"{type(model).__name__} and {type(tokenizer).__name__}",
