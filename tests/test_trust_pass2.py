@@ -13,6 +13,7 @@ from test_conformance import CONFIGS, _family, _stock
 
 from bcos_plugins import bcosify
 from bcos_plugins.convert.architectures import stock_class
+from bcos_plugins.errors import BcosValueError
 from bcos_plugins.metrics import perturbation_curves, top_k_iou, top_k_masks
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -137,3 +138,63 @@ def test_attention_masking_keeps_the_token_a_decoder_classifier_reads_before_a_r
     for field in ("full_probability", "comprehensiveness", "sufficiency"):
         torch.testing.assert_close(getattr(curves, field), getattr(kept_as_special, field),
                                    msg=lambda m, f=field: f"{f}: {m}")
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "DistilBertForSequenceClassification",
+                                  "RobertaForSequenceClassification"])
+def test_attention_masking_keeps_the_first_column_a_classifier_reads(name):
+    """A first-column classifier (BERT's [CLS] pooling) reads the first token's hidden state, which holds that token's
+    own embedding whatever the attention mask says: with special_tokens that do not mark it, perturbation_curves
+    'removed' it through the mask (the tiny B-cos BERT's probability moved 0.016, against 0.09 for the row without
+    it). It is kept like a special token now, as a decoder classifier's read token is."""
+    model = bcosify(_stock(name), b=1.25, verbose=False)
+    pad = model.config.pad_token_id
+    ids, mask = _padded([9, 6, 4], 9, "right", seed=4)
+    ids = ids.masked_fill(mask == 0, pad)
+    first = torch.zeros_like(mask, dtype=torch.bool)
+    first[:, 0] = True
+    scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
+    first_ranked_top = scores.masked_fill(first, 100.0)
+    none = torch.zeros_like(first)
+    curves = perturbation_curves(model, ids, mask, first_ranked_top, special_tokens=none, fractions=(0.2, 0.5, 0.9))
+    kept_as_special = perturbation_curves(model, ids, mask, scores, special_tokens=first, fractions=(0.2, 0.5, 0.9))
+    for field in ("k", "full_probability", "comprehensiveness", "sufficiency"):
+        torch.testing.assert_close(getattr(curves, field), getattr(kept_as_special, field),
+                                   msg=lambda m, f=field: f"{f}: {m}")
+
+
+def test_a_removal_that_leaves_a_row_no_visible_token_is_refused():
+    """Attention with every key masked spreads evenly over all of them, so a row left without a visible token still
+    sees every 'removed' one: a model called as a plain function (no token kept by the registry) on a row of one
+    perturbable token, or at fraction 1, got numbers as if nothing had been removed. Refused, naming the fix; a
+    ModernBERT mean-pooling classifier's empty mean (NaN) gets the same refusal instead of 'returned NaN'."""
+    bert = _stock("BertForSequenceClassification")
+    ids, mask = _padded([6, 1, 4], 6, "right", seed=5)
+    with torch.no_grad():  # why: every key masked, the output still depends on the masked tokens' ids
+        masked = torch.zeros(1, 4, dtype=torch.long)
+        assert not torch.allclose(bert(input_ids=ids[2:3, :4], attention_mask=masked).logits,
+                                  bert(input_ids=torch.full((1, 4), 7), attention_mask=masked).logits)
+
+    def as_a_function(input_ids, attention_mask):
+        return bert(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    special = torch.zeros_like(mask, dtype=torch.bool)
+    scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
+    refusal = r"fractions: removing the top-k tokens through the attention mask leaves row \[1\] no visible token.*" \
+              r"masking='mask_token'"
+    with pytest.raises(BcosValueError, match=refusal):
+        perturbation_curves(as_a_function, ids, mask, scores, special_tokens=special)
+    with pytest.raises(BcosValueError, match=r"leaves rows \[0, 1, 2\] no visible token at fractions \[1.0\]"):
+        perturbation_curves(as_a_function, ids[[0, 0, 2]], mask[[0, 0, 2]], scores, special_tokens=special,
+                            fractions=(0.5, 1.0))
+    mean_pooling = _stock("ModernBertForSequenceClassification")
+    assert mean_pooling.config.classifier_pooling == "mean"
+    with pytest.raises(BcosValueError, match=r"leaves rows \[0, 1, 2\] no visible token at fractions \[1.0\]"):
+        perturbation_curves(mean_pooling, ids, mask, scores, special_tokens=special, fractions=(1.0,))
+    # kept special tokens, or replacement by a mask token, leave every row something to attend to
+    first = special.clone()
+    first[:, 0] = True
+    perturbation_curves(as_a_function, ids[[0, 2]], mask[[0, 2]], scores[[0, 2]], special_tokens=first[[0, 2]],
+                        fractions=(1.0,))
+    perturbation_curves(as_a_function, ids, mask, scores, special_tokens=special, masking="mask_token",
+                        mask_token_id=3)

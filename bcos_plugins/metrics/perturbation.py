@@ -9,12 +9,15 @@ tokens (real, non-special), the top ``k = max(1, int(n * p))`` tokens by *signed
 with y the class predicted on the full input (or a given target) and P the softmax probability.
 Special tokens (CLS, SEP, PAD, ...) are never removed and never ranked.
 
-Under removal through the attention mask, a decoder classifier of the architecture registry (GPT-2, Llama, ...
-``ForSequenceClassification``) keeps the token it reads (each row's last real token) the same way: it classifies from
-that token's hidden state, which holds the token's own embedding whatever the mask says, so masking cannot remove it
-(its "removal" left the probability almost unchanged, 0.002 against 0.03-0.06 for the row without it on a tiny
-Llama). The curves of such a model say nothing about that token's score; ``masking="mask_token"`` replaces it like
-any other token.
+Under removal through the attention mask, a classifier of the architecture registry that reads one token's hidden
+state keeps that token the same way: a decoder classifier's (GPT-2, Llama, ... ``ForSequenceClassification``) each
+row's last real token, a first-column classifier's (BERT, DistilBERT, RoBERTa, ModernBERT with
+``classifier_pooling="cls"``) the first one. That hidden state holds the token's own embedding whatever the mask
+says, so masking cannot remove it (its "removal" left the probability almost unchanged, 0.002 against 0.03-0.06 for
+the row without it on a tiny Llama). The curves of such a model say nothing about that token's score;
+``masking="mask_token"`` replaces it like any other token. A removal that would leave a row no visible token at all
+(no special token kept, every perturbable token removed) is refused: attention with every key masked spreads evenly
+over all of them, removed ones included, so nothing would be removed.
 
 Removal is done through the attention mask (a removed token gets attention 0, so no position attends to
 it), as in the B-cos LM paper's code; the remaining tokens keep their positions. ``masking="mask_token"``
@@ -192,27 +195,56 @@ def _probabilities(model: Callable, call: dict, probability: str) -> Tensor:
     return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
 
 
+def _reads_one_token(model, spec) -> bool:
+    """Whether a registry classifier classifies from one token's hidden state (a decoder's last, a first-column
+    classifier's first), which masking that token's attention does not remove."""
+    return spec is not None and spec.is_classifier and (
+        spec.kind == "decoder" or spec.classifies_from_first_column(model.config))
+
+
 def _without_read_token(model, spec, perturbable: Tensor, mask: Tensor, call_ids: Tensor) -> Tensor:
-    """``perturbable`` without the token a decoder classifier reads (its hidden state holds that token's own embedding,
-    which masking its attention does not remove: see the module docstring). That is the last token whose id in the
-    model's call (padding written as ``config.pad_token_id``) is not ``config.pad_token_id``, found as transformers
-    finds it: a real token with that id at the end of a row (an end-of-sequence token used as padding) is skipped."""
+    """``perturbable`` without the token the classifier reads (its hidden state holds that token's own embedding,
+    which masking its attention does not remove: see the module docstring). A first-column classifier reads the first
+    column (left padding is refused before). A decoder classifier reads the last token whose id in the model's call
+    (padding written as ``config.pad_token_id``) is not ``config.pad_token_id``, found as transformers finds it: a real
+    token with that id at the end of a row (an end-of-sequence token used as padding) is skipped."""
     rows = torch.arange(mask.shape[0], device=mask.device)
     read = torch.zeros_like(perturbable)
     pad = getattr(model.config, "pad_token_id", None)
-    if pad is None:  # unpadded (model_call_kwargs refuses padding then): the model reads the last column
+    if spec.kind != "decoder":
+        position = torch.zeros_like(rows)
+        which = "first one, which the classifier reads"
+    elif pad is None:  # unpadded (model_call_kwargs refuses padding then): the model reads the last column
         position = explained_positions(spec, None, mask)
     else:
         columns = torch.arange(call_ids.shape[1], device=call_ids.device)
         position = (columns * (call_ids != pad)).argmax(-1)
+    if spec.kind == "decoder":
+        which = "last one (whose id is not config.pad_token_id), which the decoder classifier reads"
     read[rows, position.to(mask.device)] = True
     only_read = read.any(-1) & perturbable.any(-1) & ~(perturbable & ~read).any(-1)
     if only_read.any():
         raise argument_error(
-            "attention_mask", f"{bad_rows(only_read)}: the only perturbable token is the last one (whose id is not "
-            "config.pad_token_id), which the decoder classifier reads: removing it through the attention mask leaves its own embedding in the hidden state "
-            "the classifier reads, so it is never perturbed", "Drop those rows, or pass masking='mask_token'")
+            "attention_mask", f"{bad_rows(only_read)}: the only perturbable token is the {which}: removing it through "
+            "the attention mask leaves its own embedding in the hidden state the classifier reads, so it is never "
+            "perturbed", "Drop those rows, or pass masking='mask_token'")
     return perturbable & ~read
+
+
+def _refuse_rows_left_without_tokens(perturbed_mask: Tensor, fractions: tuple[float, ...]) -> None:
+    """Refuse removals that leave a row no visible token: attention whose keys are all masked spreads evenly over every
+    column, removed tokens included, so the model would still see them (a row of one perturbable token and no kept
+    special token, or a fraction of 1)."""
+    empty = ~perturbed_mask.bool().any(-1)  # (batch, 2 n_fractions): removed top-k, then kept only top-k
+    if not empty.any():
+        return
+    rows = empty.any(-1)
+    at = sorted({fractions[f % len(fractions)] for f in empty.nonzero()[:, 1].tolist()})
+    raise argument_error(
+        "fractions", f"removing the top-k tokens through the attention mask leaves {bad_rows(rows)} no visible token "
+        f"at fractions {at}: attention with every key masked spreads evenly over all of them, removed ones included, "
+        "so nothing would be removed", "Keep the special tokens (tokenizer= or special_tokens= marking [CLS] / [SEP]), "
+        "use fractions below 1 and drop rows of one token, or pass masking='mask_token'")
 
 
 @torch.no_grad()
@@ -249,8 +281,9 @@ def perturbation_curves(
         attributions: from any method (see :func:`~bcos_plugins.metrics.token_scores`), aligned with
             ``input_ids``.
         tokenizer / special_tokens: where the special tokens are (one is required; they are never perturbed).
-            With ``masking="attention"``, a registry decoder classifier's read token (each row's last real token)
-            is never perturbed either (see the module docstring); a row with no other perturbable token is refused.
+            With ``masking="attention"``, the token a registry classifier reads (a decoder's last real token, a
+            first-column classifier's first) is never perturbed either (see the module docstring); a row with no
+            other perturbable token is refused, and so is a removal that leaves a row no visible token.
         target: the class whose probability is tracked; default the class predicted on the full input.
         fractions: the p values (default 0.1..0.9).
         masking: ``"attention"`` (remove via attention mask, the paper code's choice) or ``"mask_token"``.
@@ -288,7 +321,7 @@ def perturbation_curves(
                        "Attribute the same batch at the token (embedding) level (the shape is that of the token "
                        "scores, the attributions summed over the embedding)")
     perturbable = perturbable_mask(input_ids, mask, tokenizer=tokenizer, special_tokens=special_tokens)
-    if masking == "attention" and spec is not None and spec.kind == "decoder" and spec.is_classifier:
+    if masking == "attention" and _reads_one_token(model, spec):
         perturbable = _without_read_token(model, spec, perturbable, mask, call["input_ids"])
     top, k = top_k_masks(scores, perturbable, fractions)
     batch, n_fr, length = top.shape
@@ -308,6 +341,7 @@ def perturbation_curves(
     msk = mask[:, None, :].expand(batch, 2 * n_fr, length)
     if masking == "attention":
         msk = msk.masked_fill(drop, 0)
+        _refuse_rows_left_without_tokens(msk, fractions)
     else:
         ids = ids.masked_fill(drop, mask_token_id)
     ids, msk = ids.reshape(-1, length), msk.reshape(-1, length)
