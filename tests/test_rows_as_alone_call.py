@@ -289,3 +289,17 @@ def test_every_path_that_calls_a_text_model_on_a_batch_calls_rows_as_alone_call(
               if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
               == "model_call_kwargs"]
     assert not copies, "call the model through rows_as_alone_call:\n" + "\n".join(copies)
+
+
+def test_next_token_contrast_gives_a_compiled_causal_lm_ids_counting_real_tokens():
+    """``torch.compile(model)`` is an OptimizedModule, outside the registry, whose forward takes ``(*args, **kwargs)``:
+    the compiled model's forward is read, so a compiled GPT-2 still gets position ids counting real tokens (as the old
+    copy in next_token_contrast gave every model outside the registry) and a left-padded row is computed as alone."""
+    model = tiny_model("GPT2LMHeadModel")
+    compiled = torch.compile(model, backend="eager")
+    ids, mask = padded_batch(side="left")
+    target, foil = torch.tensor([3, 4, 5]), torch.tensor([6, 7, 8])
+    batched = next_token_contrast(compiled, ids, mask, target=target, foil=foil).logit_difference
+    for row in range(ids.shape[0]):
+        alone = next_token_contrast(model, ids[row : row + 1, mask[row].bool()], target=target[row], foil=foil[row])
+        torch.testing.assert_close(batched[row : row + 1], alone.logit_difference, rtol=1e-5, atol=1e-5)

@@ -182,9 +182,10 @@ def _check_explained_output_kwargs(forward_kwargs: dict) -> None:
 
 def _forward_takes_position_ids(model: nn.Module) -> bool:
     """Whether ``model``'s forward names ``position_ids`` (not :func:`forward_keywords`: transformers' ``**kwargs``
-    annotation lists ``position_ids`` for every model, read or not)."""
+    annotation lists ``position_ids`` for every model, read or not). A ``torch.compile(model)`` wrapper's forward takes
+    ``(*args, **kwargs)``: the compiled model's is read."""
     try:
-        return "position_ids" in inspect.signature(model.forward).parameters
+        return "position_ids" in inspect.signature(getattr(model, "_orig_mod", model).forward).parameters
     except (TypeError, ValueError):
         return False
 
