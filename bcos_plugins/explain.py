@@ -203,15 +203,17 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
     module that is not exact in explanation mode.
 
     The contributions are the gradient of a probe of ones (``1 * gradient``, exactly), so they are finite where
-    ``step``'s gradients are: :func:`~bcos_plugins.attribution.gradient.non_finite_step` checks both. Its
-    condition and the completeness condition reach the host together, in one device-to-host sync; the messages
+    ``step``'s gradients are: :func:`~bcos_plugins.attribution.gradient.non_finite_step` checks both. For a B-cos
+    model it runs only where ``delta`` is not finite: a NaN or infinite gradient entry or explained value makes
+    its row's ``delta`` (the contributions' sum minus the explained value) NaN or infinite, so ``delta``'s
+    finiteness, which reaches the host with the completeness condition in one device-to-host sync, rules out
+    both at once (``delta`` can also overflow from finite terms: then the exact check decides). The messages
     (which may sync) are built only on a failure."""
-    non_finite = non_finite_step(step)
     if not isinstance(getattr(getattr(model, "config", None), "bcos", None), dict):
         # only a B-cos model (bcosify / load_bcos_model record config.bcos) claims exactness: plain input x
         # gradient of a stock model, and dynamic_linear_copy's W(x) x + bias terms, are not complete by design,
         # and completeness_error / delta report how far
-        if non_finite:
+        if non_finite_step(step):
             refuse_non_finite_step(step)
         return
     contributions = result.input_contributions
@@ -222,10 +224,11 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
     token_sums = result.contributions if result.reduce == "sum" else contributions.sum(-1)  # the same sum
     token_scores = token_sums.abs().sum(-1)
     size = torch.stack([result.explained.abs(), scale.to(result.explained.dtype), token_scores]).amax(0)
-    error = result.delta.abs().double() / size.double().clamp_min(torch.finfo(torch.float64).tiny)
+    delta = result.delta
+    error = delta.abs().double() / size.double().clamp_min(torch.finfo(torch.float64).tiny)
     broken = error > tolerance
-    any_non_finite, any_broken = torch.stack([non_finite, broken.any()]).tolist()
-    if any_non_finite:
+    finite_delta, any_broken = torch.stack([torch.isfinite(delta).all(), broken.any()]).tolist()
+    if not finite_delta and non_finite_step(step):
         refuse_non_finite_step(step)
     if any_broken:
         row = int(broken.nonzero()[0])

@@ -130,3 +130,27 @@ def _graph_node_names(t: torch.Tensor) -> set[str]:
             names.add(type(node).__name__)
             stack.extend(next_node for next_node, _ in node.next_functions)
     return names
+
+
+def test_explain_still_refuses_a_non_finite_gradient_of_a_finite_output_found_through_delta():
+    # explain tests the gradients' finiteness exactly only where a row's delta is not finite: a NaN or infinite
+    # gradient entry makes the contributions' sum, and so delta, NaN or infinite; the refusal and its message stay
+    from bcos_plugins.errors import BcosValueError
+
+    model = _modernbert("sdpa")
+    ids = torch.randint(3, 60, (2, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    healthy = explain(model, ids, mask)
+    for bad in (float("nan"), float("inf")):
+        def poison(module, grad_input, grad_output, bad=bad):
+            grad = grad_input[0].clone()
+            grad[1, 3, 5] = bad
+            return (grad, *grad_input[1:])
+
+        handle = model.model.layers[0].mlp_norm.register_full_backward_hook(poison)
+        try:
+            with pytest.raises(BcosValueError, match="^the gradient at the attribution point is NaN or infinite"):
+                explain(model, ids, mask)
+        finally:
+            handle.remove()
+    assert torch.equal(explain(model, ids, mask).input_contributions, healthy.input_contributions)
