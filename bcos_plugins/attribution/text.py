@@ -325,16 +325,17 @@ def learned_position_table(model: nn.Module) -> nn.Embedding | None:
     return None
 
 
-def _generate_gives_position_ids(model) -> bool:
-    """``generate``'s rule for a causal LM outside the registry: a model transformers generates with, not an
-    encoder-decoder, whose forward names ``position_ids`` gets ids counting real tokens from the mask. Except a
-    position table with a padding row (RoBERTa's family, as a causal LM): its forward counts its positions from
-    ``pad_token_id + 1`` over the ids that are not padding, so ids counting from 0 (``generate``'s) would shift every
-    row, unpadded ones too; it is called as given."""
+def _causal_lm_gets_position_ids(model, causal_lm: bool) -> bool:
+    """``generate``'s rule for a causal LM outside the registry: a model transformers generates with (not an
+    encoder-decoder), or any model its caller reads next-token logits of (``causal_lm``), whose forward names
+    ``position_ids`` gets ids counting real tokens from the mask. Except a position table with a padding row (RoBERTa's
+    family, as a causal LM): its forward counts its positions from ``pad_token_id + 1`` over the ids that are not
+    padding, so ids counting from 0 (``generate``'s) would shift every row, unpadded ones too; it is called as given."""
+    if not isinstance(model, nn.Module) or not _forward_takes_position_ids(model):
+        return False
     can_generate = getattr(model, "can_generate", None)
-    if not (isinstance(model, nn.Module) and callable(can_generate) and bool(can_generate())
-            and not getattr(getattr(model, "config", None), "is_encoder_decoder", False)
-            and _forward_takes_position_ids(model)):
+    if not causal_lm and not (callable(can_generate) and bool(can_generate())
+                              and not getattr(getattr(model, "config", None), "is_encoder_decoder", False)):
         return False
     table = learned_position_table(model)
     return table is None or table.padding_idx is None
@@ -367,7 +368,7 @@ def refuse_left_padding_shifting_positions(model: nn.Module, input_ids: Tensor |
 
 def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None,
                        forward_kwargs: dict | None = None, *, tokenizer_outputs=None,
-                       spec: ArchitectureSpec | None = None) -> dict:
+                       spec: ArchitectureSpec | None = None, causal_lm: bool = False) -> dict:
     """Keyword arguments for ``model(...)`` on a (padded) batch, so that every row is computed as it would be alone:
     the one decision of every path that calls a text model on a batch (``explain``, ``perturbation_curves``,
     ``next_token_contrast``, ``predict``, ``predict_labels``, ``fine_tune_classifier``'s collator).
@@ -378,11 +379,12 @@ def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mas
       ``tokenizer_outputs`` (a tokenizer's encoding; its ids and mask are not read from it) only what the forward
       reads is passed (:func:`readable_tokenizer_outputs`).
     - Anything else is called with the batch as given (every tokenizer output and ``forward_kwargs``), except a
-      causal LM transformers generates with whose forward names ``position_ids``: it gets position ids counting real
+      causal LM (one transformers generates with, or any model when the caller reads its next-token logits:
+      ``causal_lm=True``) whose forward names ``position_ids``: it gets position ids counting real
       tokens (:func:`~bcos_plugins.attribution.real_token_positions`), as ``generate`` gives them, so left padding
       does not shift its positions (a ``position_ids`` passed in ``forward_kwargs`` is kept), unless its position
       table has a padding row (RoBERTa's family counts its own positions from the padding index, see
-      :func:`_generate_gives_position_ids`). Any other model whose forward names ``position_ids`` (a transformers
+      :func:`_causal_lm_gets_position_ids`). Any other model whose forward names ``position_ids`` (a transformers
       model outside the registry: ELECTRA, GPT-Neo classifiers) and reads a learned position table is refused left
       padding without them (:func:`refuse_left_padding_shifting_positions`); a forward that names none (a wrapper
       such as the Space model, which gives its encoder the ids) is trusted with it.
@@ -401,7 +403,7 @@ def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mas
         forward_kwargs = {**readable_tokenizer_outputs(tokenizer_outputs, None), **forward_kwargs}
     call = {"input_ids": input_ids, "attention_mask": attention_mask, **forward_kwargs}
     if attention_mask is not None and "position_ids" not in call:
-        if _generate_gives_position_ids(model):
+        if _causal_lm_gets_position_ids(model, causal_lm):
             call["position_ids"] = outside_inference(real_token_positions(attention_mask))
         elif isinstance(model, nn.Module) and _forward_takes_position_ids(model):
             refuse_left_padding_shifting_positions(model, input_ids, attention_mask)

@@ -376,8 +376,9 @@ def next_token_contrast(
     :func:`bcos_plugins.explain`. Works on the batches of :func:`~bcos_plugins.data.encode_ioi` and
     :func:`~bcos_plugins.data.encode_blimp` (padding on either side): a model of the architecture registry is
     called as ``explain`` calls it (``rows_as_alone_call``: position ids count real tokens), so each row's numbers are
-    those of the row alone; a causal LM outside the registry whose forward names ``position_ids`` is given ids
-    counting real tokens, as ``generate`` gives them; any other model is called with the batch as given.
+    those of the row alone; a model outside the registry whose forward names ``position_ids`` is given ids counting
+    real tokens, as ``generate`` gives them (unless its position table counts from the padding index, RoBERTa's family,
+    which counts real tokens itself); any other model is called with the batch as given.
     """
     from .._checks import require_int, require_token_batch
     from ..attribution.targets import last_real_position
@@ -411,7 +412,7 @@ def next_token_contrast(
     try:
         for s in range(0, n, batch_size):
             ids, mask = input_ids[s:s + batch_size].to(device), attention_mask[s:s + batch_size].to(device)
-            logits = model(**rows_as_alone_call(model, ids, mask, spec=spec)).logits
+            logits = model(**rows_as_alone_call(model, ids, mask, spec=spec, causal_lm=True)).logits
             logits = logits[torch.arange(len(ids), device=device), last[s:s + batch_size].to(device)]
             t, f = target[s:s + batch_size].to(device), foil[s:s + batch_size].to(device)
             rows = torch.arange(len(ids), device=device)
