@@ -198,3 +198,22 @@ def test_a_removal_that_leaves_a_row_no_visible_token_is_refused():
                         fractions=(1.0,))
     perturbation_curves(as_a_function, ids, mask, scores, special_tokens=special, masking="mask_token",
                         mask_token_id=3)
+
+
+# ------------------------------------------------------------------ refusals that read the same on either padding side
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_negative_position_past_a_rows_first_token_is_outside_the_row_on_either_padding_side(side):
+    """position=-2 on a row of one real token: right-padded it was 'outside row [1]', left-padded 'position: [7] of row
+    [1] is a padding token ... pass a negative position' (an index the caller never wrote, and a fix already taken)."""
+    from bcos_plugins.attribution import resolve_positions
+
+    _, mask = _padded([9, 1, 5], 9, side, seed=0)
+    with pytest.raises(BcosValueError, match=r"^position: \[-2\] is outside row\(s\) \[1\] .*negative positions count "
+                                             r"back from each row's last real token"):
+        resolve_positions(-2, mask)
+    assert resolve_positions(-1, mask).tolist() == ([8, 0, 4] if side == "right" else [8, 8, 8])
+    # a non-negative index of a padding column still says so
+    with pytest.raises(BcosValueError, match=r"position: \[\d\] of row\(s\) \[1\] is a padding token"):
+        resolve_positions(4, mask)

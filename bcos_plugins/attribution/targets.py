@@ -178,7 +178,10 @@ def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_m
         return attention_mask.to(torch.long).argmax(dim=1)
     pos = parse_ids(position, batch, "position", device=attention_mask.device, allow_direction=False)
     resolved = torch.where(pos < 0, last + 1 + pos, pos)
-    outside = (resolved < 0) | (resolved >= length)
+    # a negative position counting back past a left-padded row's first real token is outside the row, as it is on a
+    # right-padded one (there it lands before column 0): the same refusal on either padding side
+    before_first = (pos < 0) & (resolved < attention_mask.to(torch.long).argmax(dim=1))
+    outside = (resolved < 0) | (resolved >= length) | before_first
     rows = torch.arange(batch, device=attention_mask.device)
     on_padding = (attention_mask[rows, resolved.clamp(0, length - 1)] == 0) & ~outside
     *no_real_token, any_outside, any_on_padding = torch.stack([*conditions, outside.any(), on_padding.any()]).tolist()
