@@ -291,42 +291,36 @@ def test_every_path_that_calls_a_text_model_on_a_batch_calls_rows_as_alone_call(
     assert not copies, "call the model through rows_as_alone_call:\n" + "\n".join(copies)
 
 
-def test_next_token_contrast_gives_a_compiled_causal_lm_ids_counting_real_tokens():
-    """``torch.compile(model)`` is an OptimizedModule, outside the registry, whose forward takes ``(*args, **kwargs)``:
-    the compiled model's forward is read, so a compiled GPT-2 still gets position ids counting real tokens (as the old
-    copy in next_token_contrast gave every model outside the registry) and a left-padded row is computed as alone."""
-    model = tiny_model("GPT2LMHeadModel")
-    compiled = torch.compile(model, backend="eager")
-    ids, mask = padded_batch(side="left")
-    target, foil = torch.tensor([3, 4, 5]), torch.tensor([6, 7, 8])
-    batched = next_token_contrast(compiled, ids, mask, target=target, foil=foil).logit_difference
-    for row in range(ids.shape[0]):
-        alone = next_token_contrast(model, ids[row : row + 1, mask[row].bool()], target=target[row], foil=foil[row])
-        torch.testing.assert_close(batched[row : row + 1], alone.logit_difference, rtol=1e-5, atol=1e-5)
+class _Wrapped(torch.nn.Module):
+    """A causal LM behind a module transformers cannot generate with, whose forward takes position_ids."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        return self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
 
 
-def test_next_token_contrast_gives_any_lm_whose_forward_takes_position_ids_ids_counting_real_tokens():
+@pytest.mark.parametrize("wrap", [lambda lm: torch.compile(lm, backend="eager"), lambda lm: _Wrapped(lm).eval()],
+                         ids=["torch.compile", "wrapper module"])
+def test_next_token_contrast_gives_any_lm_whose_forward_takes_position_ids_ids_counting_real_tokens(wrap):
     """next_token_contrast reads next-token logits, so its model is a causal LM whatever its class: one outside the
-    registry that transformers cannot generate with (a wrapper module) but whose forward takes position_ids is given
-    ids counting real tokens, as the old copy there gave them, and a left-padded row is computed as alone (it is not
-    refused as a model of unknown positions would be)."""
-
-    class Wrapped(torch.nn.Module):
-        def __init__(self, lm):
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, input_ids, attention_mask=None, position_ids=None):
-            return self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-
+    registry whose forward takes position_ids is given ids counting real tokens, as the old copy there gave every model
+    outside the registry, and a left-padded row is computed as alone. That holds for a module transformers cannot
+    generate with (not refused as a model of unknown positions is where the caller reads no next-token logits) and for
+    ``torch.compile(model)``, an OptimizedModule whose forward takes ``(*args, **kwargs)``: the compiled model's
+    forward is read."""
     lm = tiny_model("GPT2LMHeadModel")
-    wrapped = Wrapped(lm).eval()
+    wrapped = wrap(lm)
+    assert type(wrapped).__name__ not in SPECS
     ids, mask = padded_batch(side="left")
     target, foil = torch.tensor([3, 4, 5]), torch.tensor([6, 7, 8])
     batched = next_token_contrast(wrapped, ids, mask, target=target, foil=foil).logit_difference
     for row in range(ids.shape[0]):
         alone = next_token_contrast(lm, ids[row : row + 1, mask[row].bool()], target=target[row], foil=foil[row])
         torch.testing.assert_close(batched[row : row + 1], alone.logit_difference, rtol=1e-5, atol=1e-5)
-    with pytest.raises(BcosValueError, match=r"^attention_mask: rows \[1, 2\] start with padding, and the model "
-                                             r"Wrapped \(outside"):
-        rows_as_alone_call(wrapped, ids, mask)  # a caller that does not read next-token logits
+    if isinstance(wrapped, _Wrapped):
+        with pytest.raises(BcosValueError, match=r"^attention_mask: rows \[1, 2\] start with padding, and the model "
+                                                 r"_Wrapped \(outside"):
+            rows_as_alone_call(wrapped, ids, mask)  # a caller that does not read next-token logits
