@@ -13,7 +13,7 @@ from test_conformance import CONFIGS, _family, _stock
 
 from bcos_plugins import bcosify
 from bcos_plugins.convert.architectures import stock_class
-from bcos_plugins.errors import BcosValueError
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.metrics import perturbation_curves, top_k_iou, top_k_masks
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -217,3 +217,24 @@ def test_a_negative_position_past_a_rows_first_token_is_outside_the_row_on_eithe
     # a non-negative index of a padding column still says so
     with pytest.raises(BcosValueError, match=r"position: \[\d\] of row\(s\) \[1\] is a padding token"):
         resolve_positions(4, mask)
+
+
+# ------------------------------------------------------------------ images
+
+
+def test_images_of_another_dtype_than_the_vit_are_named():
+    """NumPy images arrive as float64: a float32 B-cos ViT raised torch's 'expected scalar type Float but found Double'
+    from inside its tokeniser; explain_image and the forward now name pixel_values and the cast."""
+    from test_vision import images, tiny_vit
+
+    from bcos_plugins import explain_image
+
+    model = tiny_vit().float()
+    with pytest.raises(BcosTypeError, match=r"pixel_values: are torch.float64 but the model's weights are "
+                                            r"torch.float32.*pixel_values.to\(torch.float32\)"):
+        explain_image(model, images(), target=1)
+    with pytest.raises(BcosTypeError, match="pixel_values: are torch.float64"):
+        model(pixel_values=images())
+    cast = explain_image(model, images().float(), target=1)
+    torch.testing.assert_close(cast.contributions.sum((1, 2)) + cast.position_contributions, cast.explained,
+                               rtol=1e-4, atol=1e-5)

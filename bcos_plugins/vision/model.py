@@ -26,7 +26,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import ImageClassifierOutput
 
 from .._checks import require_class_ids
-from ..errors import argument_error
+from ..errors import BcosTypeError, argument_error
 from ..losses import bcos_loss
 from ..nn.conv import BcosConv2d
 from ..nn.linear import BcosLinear
@@ -104,6 +104,11 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
     def encode(self, pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch two_c h w"]:
         """Check the images and return ``[x, 1 - x]`` (the attribution point)."""
         check_pixel_values(pixel_values, self.config.num_channels, self.config.image_size)
+        weights = self.classifier.weight.dtype
+        if pixel_values.dtype != weights and not torch.is_autocast_enabled(pixel_values.device.type):
+            # images from NumPy arrive as float64: torch's own refusal comes from deep inside the tokeniser
+            raise argument_error("pixel_values", f"are {pixel_values.dtype} but the model's weights are {weights}",
+                                 f"Cast them: pixel_values.to({weights})", kind=BcosTypeError)
         return self.encoding(pixel_values)
 
     def forward_encoded(self, encoded: Float[Tensor, "batch two_c h w"],
