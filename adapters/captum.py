@@ -69,11 +69,10 @@ from bcos_plugins.attribution import (
     as_leaf,
     has_dynamic_weights,
     input_x_gradient,
-    model_call_kwargs,
     resolve_positions,
     text_attribution_point,
 )
-from bcos_plugins.attribution.text import check_token_inputs, explained_positions
+from bcos_plugins.attribution.text import check_token_inputs, explained_positions, rows_as_alone_call
 from bcos_plugins.convert.architectures import spec_for
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import recording_forward_autocast
@@ -250,8 +249,8 @@ class EmbeddingForward(nn.Module):
     The point is the core's :func:`~bcos_plugins.attribution.text_attribution_point`: for B-cos models the
     combined embedding (word + position + token type; token embeddings for Llama), where completeness holds;
     for stock BERT-family models the output of the embedding LayerNorm (before it input x gradient is zero).
-    ``forward`` runs the model with the given tensor swapped in at that point, called with the core's
-    :func:`~bcos_plugins.attribution.model_call_kwargs` (decoder positions counted from the mask), so every
+    ``forward`` runs the model with the given tensor swapped in at that point, called as every path calls a text
+    model (:func:`~bcos_plugins.attribution.text.rows_as_alone_call`: positions counted from the mask), so every
     Captum method (B-cos, IxG, IG, Saliency, Occlusion, Shapley sampling, LIME) explains the same function as
     :func:`bcos_plugins.explain`. :meth:`embed` computes that tensor for real ids (inputs and baselines).
 
@@ -296,7 +295,7 @@ class EmbeddingForward(nn.Module):
             captured.append(t.detach().clone())
             raise _StopForward
 
-        kwargs = model_call_kwargs(self.model, self.spec, input_ids, attention_mask, forward_kwargs)
+        kwargs = rows_as_alone_call(self.model, input_ids, attention_mask, forward_kwargs, spec=self.spec)
         handle = self._hook(grab)
         try:
             self.model(**kwargs)
@@ -362,7 +361,7 @@ class EmbeddingForward(nn.Module):
         pos = None if self.spec.is_classifier else explained_positions(
             self.spec, position, mask.long(),
             how_to_pass="additional_forward_args=(attention_mask, position) (position= when calling it) with")
-        kwargs = model_call_kwargs(self.model, self.spec, placeholder, attention_mask, {})
+        kwargs = rows_as_alone_call(self.model, placeholder, attention_mask, spec=self.spec)
         handle = self._hook(lambda t: embeddings.to(t.dtype))
         try:
             out = self.model(**kwargs)
@@ -377,10 +376,12 @@ class EmbeddingForward(nn.Module):
 class _Logits(nn.Module):
     """A transformers model called Captum-style (positional tensors) returning a logits tensor.
 
-    Captum selects targets on tensors; transformers returns a ``ModelOutput``. Called with the core's
-    ``model_call_kwargs``; per-position logits are taken at ``position`` (Captum passes it as the third of
-    ``additional_forward_args``), by the core's :func:`~bcos_plugins.attribution.text.explained_positions`:
-    left out, a causal LM's last real token, and a masked LM has no default.
+    Captum selects targets on tensors; transformers returns a ``ModelOutput``. Called as every path calls a text
+    model on a batch (:func:`~bcos_plugins.attribution.text.rows_as_alone_call`: a model outside the registry
+    too, so a left-padded row is computed as alone or refused); per-position logits are taken at ``position``
+    (Captum passes it as the third of ``additional_forward_args``), by the core's
+    :func:`~bcos_plugins.attribution.text.explained_positions`: left out, a causal LM's last real token, and a
+    masked LM has no default.
     """
 
     def __init__(self, model: nn.Module):
@@ -406,8 +407,7 @@ class _Logits(nn.Module):
                                  "Leave position out of additional_forward_args (it applies to causal and "
                                  "masked LMs)")
         # keywords: the second positional parameter of transformers decoders is the cache, not the mask
-        kwargs = (model_call_kwargs(self.model, self.spec, input_ids, mask, {}) if self.spec is not None
-                  else {"input_ids": input_ids, "attention_mask": mask})
+        kwargs = rows_as_alone_call(self.model, input_ids, mask, spec=self.spec)
         logits = self.model(**kwargs).logits
         if logits.ndim == 3:
             pos = (resolve_positions(position, mask) if self.spec is None else explained_positions(

@@ -244,13 +244,16 @@ def test_every_path_that_calls_a_text_model_on_a_batch_calls_rows_as_alone_call(
     """explain, perturbation_curves, next_token_contrast, predict, predict_labels and fine_tune_classifier's collator
     each decided on their own how to call a model (four copies of "registry: model_call_kwargs, else as given", one
     adding position ids outside the registry): each now calls rows_as_alone_call, once per batch, and nothing else in
-    the package calls model_call_kwargs."""
+    the package or its adapters calls model_call_kwargs (the Captum adapter's LayerBcos called it itself, and a model
+    outside the registry as given: a sixth copy)."""
     import ast
     import importlib
     from pathlib import Path
 
+    from bcos_plugins.adapters.captum import EmbeddingForward, LayerBcos
+
     import bcos_plugins.attribution.text as text
-    from bcos_plugins import explain
+    from bcos_plugins import bcosify, explain
     from bcos_plugins.fine_tuning import RowsAsAloneCollator
     from bcos_plugins.metrics import perturbation_curves
     from bcos_plugins.prediction import predict
@@ -259,6 +262,7 @@ def test_every_path_that_calls_a_text_model_on_a_batch_calls_rows_as_alone_call(
     classifier = tiny_model("GPT2ForSequenceClassification")
     classifier.config.pad_token_id = 0
     lm = tiny_model("GPT2LMHeadModel")
+    bcos_lm = bcosify(tiny_model("GPT2LMHeadModel"), verbose=False)
     ids, mask = padded_batch(side="left")
     texts = ["a bb ccc", "dddd e", "ff gg hhh iiii"]
     paths = [
@@ -271,6 +275,9 @@ def test_every_path_that_calls_a_text_model_on_a_batch_calls_rows_as_alone_call(
         ("bcos_plugins.fine_tuning", lambda: RowsAsAloneCollator(
             lambda features: {"input_ids": ids, "attention_mask": mask, "labels": torch.zeros(3, dtype=torch.long)},
             classifier)([{}])),
+        ("bcos_plugins.adapters.captum", lambda: LayerBcos(bcos_lm).attribute(ids, target=1,
+                                                                             additional_forward_args=(mask,))),
+        ("bcos_plugins.adapters.captum", lambda: EmbeddingForward(bcos_lm).embed(ids, mask)),
     ]
     original = text.rows_as_alone_call
     for module_name, call in paths:
@@ -283,7 +290,12 @@ def test_every_path_that_calls_a_text_model_on_a_batch_calls_rows_as_alone_call(
             call()
         assert len(calls) == 1, (module_name, calls)
     root = Path(text.__file__).resolve().parents[1]
-    copies = [f"{path.relative_to(root)}:{node.lineno}" for path in sorted(root.rglob("*.py"))
+    # adapters/ sits beside the package in the repository and installs as bcos_plugins.adapters
+    adapters = Path(importlib.import_module("bcos_plugins.adapters").__file__).resolve().parent
+    sources = sorted({*root.rglob("*.py"), *adapters.rglob("*.py")})
+    assert adapters / "captum.py" in sources and root / "explain.py" in sources
+    copies = [f"{path.relative_to(root.parent)}:{node.lineno}" if path.is_relative_to(root.parent)
+              else f"{path}:{node.lineno}" for path in sources
               if path != Path(text.__file__).resolve()
               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
               if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
@@ -324,3 +336,35 @@ def test_next_token_contrast_gives_any_lm_whose_forward_takes_position_ids_ids_c
         with pytest.raises(BcosValueError, match=r"^attention_mask: rows \[1, 2\] start with padding, and the model "
                                                  r"_Wrapped \(outside"):
             rows_as_alone_call(wrapped, ids, mask)  # a caller that does not read next-token logits
+
+
+def test_captum_layer_bcos_calls_a_causal_lm_outside_the_registry_as_every_path_does():
+    """The Captum adapter's LayerBcos called a model outside the registry with the batch as given, a sixth decision of
+    how to call a text model: a left-padded row of a causal LM with a learned position table (GPT-Neo, given a B-cos
+    head) ran on positions counted from its padding, so the explained logit was not the row's. It now calls
+    rows_as_alone_call, which gives such a model position ids counting real tokens (as generate does): each row's
+    explained logit (the attributions' sum at the B-cos head's input less their delta) is the row's alone."""
+    from bcos_plugins.adapters.captum import LayerBcos
+
+    from bcos_plugins.nn import BcosLinear
+
+    torch.manual_seed(0)
+    config = T.GPTNeoConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, max_position_embeddings=24,
+                            attention_types=[[["global"], 2]], intermediate_size=32, tie_word_embeddings=False)
+    model = T.GPTNeoForCausalLM(config).eval()
+    model.lm_head = BcosLinear(16, VOCAB, b=2.0)
+    assert type(model).__name__ not in SPECS
+    rows = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    target = torch.tensor([3, 4, 5])
+    with torch.no_grad():
+        alone = torch.stack([model(input_ids=torch.tensor([row])).logits[0, -1, t]
+                             for row, t in zip(rows, target, strict=True)])
+    ids, mask = _pad(rows, "left", pad_id=0)
+    attributions, delta = LayerBcos(model, model.lm_head).attribute(
+        ids, target=target, additional_forward_args=(mask,), attribute_to_layer_input=True,
+        return_convergence_delta=True)
+    explained = attributions.sum(dim=(1, 2)) - delta
+    torch.testing.assert_close(explained, alone, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():  # the shift the position ids prevent is real on this model
+        shifted = model(input_ids=ids, attention_mask=mask).logits[1, -1, target[1]]
+    assert not torch.allclose(shifted, alone[1], atol=1e-3)
