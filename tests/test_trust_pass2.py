@@ -4,6 +4,7 @@ another way (a silently wrong number is the worst defect). Tiny random models fr
 
 from __future__ import annotations
 
+import copy
 import warnings
 from fractions import Fraction
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from test_conformance import CONFIGS, _family, _stock
 
-from bcos_plugins import bcosify
+from bcos_plugins import bcosify, explain
 from bcos_plugins.convert.architectures import stock_class
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.metrics import perturbation_curves, top_k_iou, top_k_masks
@@ -32,6 +33,11 @@ def _padded(lengths: list[int], width: int, side: str, seed: int):
         else:
             mask[row, :n] = 1
     return ids.masked_fill(mask == 0, 0), mask
+
+
+def _bcos_llama():
+    torch.manual_seed(0)
+    return bcosify(stock_class("LlamaForCausalLM")(CONFIGS["Llama"]()).eval(), b=1.25, verbose=False)
 
 
 # ------------------------------------------------------------------ attention masking under sliding windows
@@ -238,3 +244,29 @@ def test_images_of_another_dtype_than_the_vit_are_named():
     cast = explain_image(model, images().float(), target=1)
     torch.testing.assert_close(cast.contributions.sum((1, 2)) + cast.position_contributions, cast.explained,
                                rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ the numbers that report completeness
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_explanations_completeness_is_measured_in_float32(dtype):
+    """Explanation.total (and so delta and completeness_error) and metrics.completeness_error summed a bfloat16
+    explanation in bfloat16: 3 significant digits, so a row whose contributions miss the explained logit by 1e-3 of
+    it reported 0.0 (tiny B-cos Llama), and others were off by the sum's rounding. They now sum in float32 and equal
+    the float64 sum of the same half-precision contributions."""
+    from bcos_plugins.metrics import completeness_error
+
+    model = copy.deepcopy(_bcos_llama()).to(dtype)
+    ids, mask = _padded([30, 17, 5], 30, "left", seed=2)
+    expl = explain(model, ids, mask, target=5, position=-1)
+    assert expl.input_contributions.dtype == dtype
+    exact_total = expl.input_contributions.double().sum((1, 2))
+    exact_error = (exact_total - expl.explained.double()).abs() / expl.explained.double().abs()
+    assert expl.total.dtype == torch.float32
+    torch.testing.assert_close(expl.total.double(), exact_total, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(expl.delta.double(), exact_total - expl.explained.double(), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(expl.completeness_error.double(), exact_error, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(completeness_error(expl, expl.explained).double(), exact_error, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(completeness_error(expl.input_contributions, expl.explained).double(), exact_error,
+                               rtol=1e-5, atol=1e-7)

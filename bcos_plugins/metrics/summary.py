@@ -74,7 +74,9 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"],
     if len({f.shape[0] for f in flat}) > 1:
         raise argument_error("attributions", f"tensors disagree on the batch size: {[f.shape[0] for f in flat]}",
                              "Pass the attributions of one batch")
-    total = sum(f.sum(-1) for f in flat)
+    # in at least float32: a float16 / bfloat16 sum keeps 3 significant digits (see Explanation.total)
+    total = sum(f.sum(-1, dtype=torch.promote_types(f.dtype, torch.float32)) if f.is_floating_point() else f.sum(-1)
+                for f in flat)
     if not total.is_floating_point():
         total = total.double()
     explained = require_tensor("explained", explained, kind="real").to(total.device, total.dtype).detach()
