@@ -26,12 +26,12 @@ PACKAGE = str(Path(bcos_plugins.__file__).resolve().parent)
 SYNCING_METHODS = ("__bool__", "item", "tolist", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy")
 
 # the syncs of one explain call, per model: which checks they are (so that a change that removes one updates this)
-# - token batch (_checks.require_token_batch): ids inside the vocabulary, mask of 0/1, a real token per row: 3
+# - token batch (_checks.require_token_batch): ids inside the vocabulary, mask of 0/1, a real token per row, together: 1
 # - ModernBERT classifies from the first column: a left-padded row is refused (check_first_column_is_real): 1
 # - a causal LM's target ids inside the vocabulary (_checks.require_row_ids): 1
 # - a given position outside the row or on padding (resolve_positions, both in one): 1
 # - the step's finiteness and the completeness, together (explain._require_complete): 1
-EXPECTED_SYNCS = {"classifier": 5, "causal LM": 5, "causal LM, position": 6}
+EXPECTED_SYNCS = {"classifier": 3, "causal LM": 3, "causal LM, position": 4}
 
 
 def _tiny(kind: str):
