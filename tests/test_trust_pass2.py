@@ -270,3 +270,19 @@ def test_a_half_precision_explanations_completeness_is_measured_in_float32(dtype
     torch.testing.assert_close(completeness_error(expl, expl.explained).double(), exact_error, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(completeness_error(expl.input_contributions, expl.explained).double(), exact_error,
                                rtol=1e-5, atol=1e-7)
+
+
+def test_float64_scores_are_ranked_in_float64():
+    """token_scores (every ranking metric's entry) and rationale_alignment cast float64 scores to float32: two tokens
+    1e-9 apart (a float64 explanation's precision) tied, and the tie went to the earlier one, against the scores."""
+    from bcos_plugins.metrics import rationale_alignment, token_scores
+
+    scores = torch.tensor([[1.0, 1.0 + 1e-9, 0.5, -0.2]], dtype=torch.float64)
+    assert token_scores(scores).dtype == torch.float64
+    top, _ = top_k_masks(scores, torch.ones(1, 4, dtype=torch.bool), (0.25,))
+    assert top[0, 0].tolist() == [False, True, False, False]
+    gold = torch.tensor([[0, 1, 0, 0]])
+    assert rationale_alignment(scores, gold, k=1).iou == 1.0
+    assert rationale_alignment(scores, gold).auprc == 1.0
+    summed = token_scores(torch.tensor([[[1.0, 1e-9], [1.0, 0.0]]], dtype=torch.float64))
+    assert summed[0, 0] > summed[0, 1]

@@ -54,7 +54,8 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
     if attributions.is_complex() or attributions.dtype == torch.bool:
         raise argument_error("attributions", f"must be real numbers, got dtype {attributions.dtype}",
                              "Pass float attributions", kind=BcosTypeError)
-    scores = attributions.detach().float()
+    # float64 attributions stay float64 (float32 would tie scores closer than its rounding and reorder the ranking)
+    scores = attributions.detach().to(torch.promote_types(attributions.dtype, torch.float32))
     if scores.ndim < 2:
         raise argument_error("attributions", f"need a batch and a position dimension, got shape "
                              f"{tuple(scores.shape)}", "Add the batch dimension (attributions[None])")

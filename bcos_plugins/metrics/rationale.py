@@ -56,7 +56,7 @@ def _check(scores: Tensor, gold_mask: Tensor, valid_mask: Tensor | None) -> tupl
     if bad.any():
         raise argument_error("scores", f"contain NaN or inf at valid positions in {bad_rows(bad)}",
                              "Fix the attribution method for those rows (or mark the positions invalid)")
-    return scores.detach().float(), gold, valid
+    return scores.detach().to(torch.promote_types(scores.dtype, torch.float32)), gold, valid
 
 
 def top_k_iou(
