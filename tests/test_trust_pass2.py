@@ -286,3 +286,25 @@ def test_float64_scores_are_ranked_in_float64():
     assert rationale_alignment(scores, gold).auprc == 1.0
     summed = token_scores(torch.tensor([[[1.0, 1e-9], [1.0, 0.0]]], dtype=torch.float64))
     assert summed[0, 0] > summed[0, 1]
+
+
+def test_float64_logits_give_float64_probabilities():
+    """probability_gap and perturbation_curves took softmax in float32: a float64 model's logits 1e-9 apart gave a
+    gap of exactly 0 (float64: 2.5e-10) and its curves float32 rounding."""
+    from bcos_plugins.metrics import probability_gap
+
+    logits = torch.tensor([[0.0, 1e-9, -3.0]], dtype=torch.float64)
+    gap = probability_gap(logits, torch.tensor([1]), torch.tensor([0]))
+    expected = logits.softmax(-1)[0, 1] - logits.softmax(-1)[0, 0]
+    assert gap.dtype == torch.float64 and float(gap) == pytest.approx(float(expected), rel=1e-6) and float(gap) > 0
+
+    model = _stock("BertForSequenceClassification").double()
+    ids, mask = _padded([8, 5], 8, "right", seed=1)
+    special = torch.zeros_like(mask, dtype=torch.bool)
+    special[:, 0] = True
+    scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    curves = perturbation_curves(model, ids, mask, scores, special_tokens=special, fractions=(0.5,))
+    assert curves.comprehensiveness.dtype == torch.float64
+    with torch.no_grad():
+        full = model(input_ids=ids[:1], attention_mask=mask[:1]).logits.softmax(-1)[0, curves.target[0]]
+    assert float(curves.full_probability[0]) == pytest.approx(float(full), rel=1e-12)

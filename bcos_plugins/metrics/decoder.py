@@ -172,7 +172,7 @@ def probability_gap(
                              "Check the model's output for those rows")
     target, foil = (require_row_ids(name, ids, logits.shape[0], n_ids=logits.shape[1], what="vocabulary tokens")
                     for name, ids in (("target", target), ("foil", foil)))
-    probs = logits.detach().float().softmax(-1)
+    probs = logits.detach().to(torch.promote_types(logits.dtype, torch.float32)).softmax(-1)  # float64 stays
     rows = torch.arange(logits.shape[0], device=logits.device)
     return probs[rows, target.to(logits.device)] - probs[rows, foil.to(logits.device)]
 

@@ -191,7 +191,7 @@ def _probabilities(model: Callable, call: dict, probability: str) -> Tensor:
                              f"{tuple(getattr(logits, 'shape', ()))}", "Pass a sequence classifier")
     if not torch.isfinite(logits).all():
         raise argument_error("model", "returned NaN or inf logits", "Check the model and its inputs")
-    logits = logits.float()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # a float64 model's stay float64
     return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
 
 
