@@ -733,10 +733,12 @@ def visualization_records(
         scores = explanation.scores()
         target = target if target is not None else explanation.target.tolist()
         delta = explanation.completeness_error.tolist()
+        foil = getattr(explanation, "foil", None)
     else:
         if scores is None or tokens is None:
             raise BcosValueError("pass an Explanation (with its tokenizer) or both scores= and tokens=")
         delta = [0.0] * len(scores)
+        foil = None
     n = len(scores)
     if len(tokens) != n:
         raise BcosValueError(f"{len(tokens)} token rows but {len(scores)} score rows")
@@ -757,13 +759,16 @@ def visualization_records(
             pred_prob = float(probs[pred])
         else:
             pred, pred_prob = None, float("nan")
-        attr_cls = target[i] if target is not None else pred
+        attr_cls = name(target[i] if target is not None else pred)
+        if foil is not None:  # a contrastive explanation's scores sum to target - foil, not to the target's logit
+            against = "a direction" if foil.is_floating_point() else name(foil[i] if foil.ndim else foil)
+            attr_cls = f"{attr_cls} − {against}"
         records.append(VisualizationDataRecord(
             word_attributions=row,
             pred_prob=pred_prob,
             pred_class=name(pred),
             true_class=name(true_labels[i] if true_labels is not None else None),
-            attr_class=name(attr_cls),
+            attr_class=attr_cls,
             attr_score=float(row.sum()),
             raw_input_ids=list(tokens[i]),
             convergence_score=float(delta[i]),

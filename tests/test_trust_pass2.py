@@ -308,3 +308,20 @@ def test_float64_logits_give_float64_probabilities():
     with torch.no_grad():
         full = model(input_ids=ids[:1], attention_mask=mask[:1]).logits.softmax(-1)[0, curves.target[0]]
     assert float(curves.full_probability[0]) == pytest.approx(float(full), rel=1e-12)
+
+
+def test_captum_records_of_a_contrastive_explanation_name_the_foil():
+    """visualization_records labelled a contrastive explanation with its target class alone while attr_score (the
+    sum of the scores) is the target - foil logit difference: the record read as the target's logit."""
+    from bcos_plugins.adapters.captum import visualization_records
+    from test_conformance import _word_tokenizer
+
+    model = bcosify(_stock("BertForSequenceClassification"), b=1.25, verbose=False)
+    ids, mask = _padded([6, 4], 6, "right", seed=1)
+    expl = explain(model, ids, mask, target=torch.tensor([2, 1]), foil=0)
+    records = visualization_records(expl, _word_tokenizer(), label_names=["neg", "pos", "neutral"])
+    assert [r.attr_class for r in records] == ["neutral − neg", "pos − neg"]
+    for record, value in zip(records, expl.explained, strict=True):
+        assert record.attr_score == pytest.approx(float(value), rel=1e-4, abs=1e-6)
+    plain = visualization_records(explain(model, ids, mask, target=1), _word_tokenizer(), label_names=["a", "b", "c"])
+    assert [r.attr_class for r in plain] == ["b", "b"]
