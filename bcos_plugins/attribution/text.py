@@ -31,6 +31,7 @@ from ..convert.architectures import (
     architecture_name,
     position_limit,
     spec_for,
+    uncompiled,
     vocabulary_size,
 )
 from ..errors import BcosTypeError, BcosValueError, argument_error
@@ -110,9 +111,11 @@ def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Ten
 
 def forward_keywords(model: nn.Module) -> set[str] | None:
     """The keyword arguments ``model``'s forward reads: its named parameters, plus the keywords transformers
-    passes down through ``**kwargs`` (``TransformersKwargs``); ``None`` if its signature cannot be read."""
+    passes down through ``**kwargs`` (``TransformersKwargs``); ``None`` if its signature cannot be read. A
+    ``torch.compile(model)`` wrapper's forward takes ``(*args, **kwargs)``: the compiled model's is read
+    (:func:`~bcos_plugins.convert.architectures.uncompiled`)."""
     try:
-        parameters = inspect.signature(model.forward).parameters
+        parameters = inspect.signature(uncompiled(model).forward).parameters
     except (TypeError, ValueError):
         return None
     names = {n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
@@ -152,8 +155,8 @@ def check_forward_kwargs(model: nn.Module, forward_kwargs: dict) -> None:
                                  "Drop it from explanation and evaluation calls; to train with it, call "
                                  "bcos_plugins.guide_attention(model) first", kind=BcosTypeError)
         hint = closest_name_fix(name, known, f"It reads {', '.join(sorted(known))}")
-        raise argument_error(name, f"is not an argument of {type(model).__name__}.forward, which would silently "
-                             "ignore it", hint, kind=BcosTypeError)
+        raise argument_error(name, f"is not an argument of {type(uncompiled(model)).__name__}.forward, which would "
+                             "silently ignore it", hint, kind=BcosTypeError)
 
 
 # Keywords a forward reads that make its output another than the explained one, without an error from transformers:
@@ -183,9 +186,9 @@ def _check_explained_output_kwargs(forward_kwargs: dict) -> None:
 def _forward_takes_position_ids(model: nn.Module) -> bool:
     """Whether ``model``'s forward names ``position_ids`` (not :func:`forward_keywords`: transformers' ``**kwargs``
     annotation lists ``position_ids`` for every model, read or not). A ``torch.compile(model)`` wrapper's forward takes
-    ``(*args, **kwargs)``: the compiled model's is read."""
+    ``(*args, **kwargs)``: the compiled model's is read (:func:`~bcos_plugins.convert.architectures.uncompiled`)."""
     try:
-        return "position_ids" in inspect.signature(getattr(model, "_orig_mod", model).forward).parameters
+        return "position_ids" in inspect.signature(uncompiled(model).forward).parameters
     except (TypeError, ValueError):
         return False
 
@@ -308,7 +311,8 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
 
 
 def registry_spec(model) -> ArchitectureSpec | None:
-    """``model``'s entry in the architecture registry, looked up by its class name (:func:`architecture_name`), or
+    """``model``'s entry in the architecture registry, looked up by its class name (:func:`architecture_name`, which
+    reads through a ``torch.compile(model)`` wrapper: a compiled registry model is called as the model itself), or
     ``None`` for a model outside it or any callable that is not a module (a metric takes any function)."""
     return SPECS.get(architecture_name(model)) if isinstance(model, nn.Module) else None
 

@@ -16,6 +16,7 @@ The core never imports an adapter: a spec names its TransformerLens converter by
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -26,7 +27,7 @@ from ..errors import BcosTypeError
 
 __all__ = ["ArchitectureSpec", "PositionLimit", "PositionTable", "REFUSED_ARCHITECTURES", "SPECS",
            "UnsupportedModuleError", "architecture_name", "check_stock_class", "position_limit", "spec_for",
-           "specs_where", "stock_class", "supported_architectures", "vocabulary_size"]
+           "specs_where", "stock_class", "supported_architectures", "uncompiled", "vocabulary_size"]
 
 
 Head = Literal["base", "classifier", "causal_lm", "masked_lm"]
@@ -348,9 +349,23 @@ class UnsupportedModuleError(BcosTypeError):
     models, so that the registry and ``bcosify`` do not import each other)."""
 
 
+def uncompiled(model):
+    """The module ``torch.compile(model)`` wraps (an ``OptimizedModule``'s ``_orig_mod``), else ``model`` itself:
+    the one reading through the wrapper of everything that inspects a model's class or forward signature (the
+    wrapper's class is torch's and its forward takes ``(*args, **kwargs)``), so a compiled model is looked up, and
+    called, as the model it compiles. The call itself still goes through the wrapper."""
+    # torch._dynamo is imported by torch.compile: a model is no OptimizedModule while it is not (nor imported here)
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
+        return model._orig_mod
+    return model
+
+
 def architecture_name(model: nn.Module) -> str:
-    """The transformers class a (possibly B-cosified) model was built as: ``config.bcos["architecture"]`` for
-    converted models (bcosify may swap the class for a B-cos subclass), else the class name."""
+    """The transformers class a (possibly B-cosified, possibly compiled: :func:`uncompiled`) model was built as:
+    ``config.bcos["architecture"]`` for converted models (bcosify may swap the class for a B-cos subclass), else the
+    class name."""
+    model = uncompiled(model)
     bcos = getattr(getattr(model, "config", None), "bcos", None)
     return bcos["architecture"] if isinstance(bcos, dict) and "architecture" in bcos else type(model).__name__
 
@@ -379,8 +394,10 @@ def spec_for(model: nn.Module) -> ArchitectureSpec:
 
     The model's real class is checked, not its name: a spec describes the forward pass of one transformers
     class, and a subclass (or a copy under the same name) may compute something else, which would be
-    explained incompletely without any error.
+    explained incompletely without any error. A ``torch.compile(model)`` wrapper is read through
+    (:func:`uncompiled`): it runs the model's own forward.
     """
+    model = uncompiled(model)
     bcos = getattr(getattr(model, "config", None), "bcos", None)
     converted = isinstance(bcos, dict) and "architecture" in bcos
     name = architecture_name(model)
