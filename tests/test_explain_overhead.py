@@ -76,3 +76,82 @@ def test_the_one_sync_token_check_decides_the_common_batches_itself():
         assert passed is not None
         assert passed[0] is ids
         assert (passed[1] is None) == (given_mask is None)
+
+
+def test_kept_unit_block_is_the_one_block_of_units_outside_the_constant_ones():
+    from bcos_plugins.nn.functional import kept_unit_block
+
+    assert kept_unit_block(slice(0, 256), 384) == slice(256, 384)  # ModernBERT's Wqkv: the value units
+    assert kept_unit_block(slice(128, None), 384) == slice(0, 128)
+    assert kept_unit_block(slice(1, 3), 5) is None  # two blocks: the general path
+    assert kept_unit_block(slice(None), 5) is None  # nothing kept: the projection records nothing
+    assert kept_unit_block(slice(0, 4, 2), 5) is None
+
+
+def _explaining_step(layer, x, upstream, kept_block_path: bool, monkeypatch):
+    """(output, input gradient, second-order gradient of the input gradient's weighted sum w.r.t. ``upstream``)
+    of an explaining ``layer`` without parameter gradients (as explain runs), through the one-block backward or the
+    general one."""
+    from bcos_plugins.nn import functional
+    from bcos_plugins.nn.dynamic import explanation_mode, no_parameter_gradients
+
+    with monkeypatch.context() as patch:
+        if not kept_block_path:
+            patch.setattr(functional, "kept_unit_block", lambda *args: None)
+        xr = x.clone().requires_grad_()
+        grad_out = upstream.clone().requires_grad_()
+        with explanation_mode(layer), no_parameter_gradients():
+            out = layer(xr)
+            (grad,) = torch.autograd.grad(out, xr, grad_out, create_graph=True)
+        (again,) = torch.autograd.grad(grad, grad_out, torch.ones_like(grad))
+    return out.detach(), grad.detach(), again
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("constant", [slice(0, 256), slice(128, None)])
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_the_kept_unit_block_backward_gives_the_general_paths_values_bit_for_bit(monkeypatch, kind, constant, dtype):
+    # ModernBERT's fused q|k|v projection at explain's shape (4 x 32 tokens, 128 -> 384): the constant units' rows
+    # of the backward's matrix product are left out, which must change no output, gradient or second-order bit
+    from bcos_plugins.nn import BcosConv1D, BcosLinear
+
+    torch.manual_seed(0)
+    layer = BcosLinear(128, 384, b=1.25, constant_outputs=constant)
+    if kind == "conv1d":
+        layer = BcosConv1D(128, 384, b=1.25, constant_outputs=constant)
+    layer = layer.to(dtype)
+    x = (torch.randn(4, 32, 128) * 3).to(dtype)
+    x[0, :4] = 0.0  # padding rows: the norm's epsilon
+    upstream = torch.randn(4, 32, 384).to(dtype)
+    fast = _explaining_step(layer, x, upstream, True, monkeypatch)
+    general = _explaining_step(layer, x, upstream, False, monkeypatch)
+    assert torch.equal(fast[0], general[0]) and torch.equal(fast[1], general[1])
+    # differentiated again, the two backward graphs multiply in another order: the same to float rounding
+    rounding = 16 * torch.finfo(dtype).eps * float(general[2].abs().max())
+    torch.testing.assert_close(fast[2], general[2], rtol=0.0, atol=rounding)
+
+
+def test_explain_on_modernbert_gives_the_same_bits_through_the_kept_unit_block(monkeypatch):
+    import transformers as T
+
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.nn import functional
+
+    config = T.ModernBertConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=4, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                                eos_token_id=2, cls_token_id=1, sep_token_id=2, num_labels=2)
+    torch.manual_seed(0)
+    model = bcosify(T.ModernBertForSequenceClassification(config), b=1.25, verbose=False).eval()
+    ids = torch.randint(3, 100, (3, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[2, 9:] = 0
+    applied = []
+    original = functional._KeptUnitsProduct.apply
+    monkeypatch.setattr(functional._KeptUnitsProduct, "apply", lambda *args: applied.append(1) or original(*args))
+    fast = explain(model, ids, mask)
+    assert len(applied) == config.num_hidden_layers  # every layer's Wqkv took the one-block backward
+    monkeypatch.setattr(functional, "kept_unit_block", lambda *args: None)
+    general = explain(model, ids, mask)
+    assert len(applied) == config.num_hidden_layers
+    assert torch.equal(fast.input_contributions, general.input_contributions)
+    assert torch.equal(fast.explained, general.explained) and torch.equal(fast.delta, general.delta)
