@@ -325,3 +325,22 @@ def test_captum_records_of_a_contrastive_explanation_name_the_foil():
         assert record.attr_score == pytest.approx(float(value), rel=1e-4, abs=1e-6)
     plain = visualization_records(explain(model, ids, mask, target=1), _word_tokenizer(), label_names=["a", "b", "c"])
     assert [r.attr_class for r in plain] == ["b", "b"]
+
+
+def test_perturbation_curves_names_ids_past_the_models_vocabulary():
+    """A mask_token_id or an input id past the model's embedding rows raised IndexError from inside the embedding (a
+    device-side assert on a GPU); both are named now, as explain names input ids."""
+    model = bcosify(_stock("BertForSequenceClassification"), b=1.25, verbose=False)
+    ids, mask = _padded([6, 4], 6, "right", seed=1)
+    special = torch.zeros_like(mask, dtype=torch.bool)
+    special[:, 0] = True
+    scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(BcosValueError, match=r"mask_token_id: must be in \[0, 59\], got 60"):
+        perturbation_curves(model, ids, mask, scores, special_tokens=special, masking="mask_token", mask_token_id=60)
+    past = ids.clone()
+    past[1, 2] = VOCAB
+    with pytest.raises(BcosValueError, match=r"input_ids"):
+        perturbation_curves(model, past, mask, scores, special_tokens=special)
+    curves = perturbation_curves(model, ids, mask, scores, special_tokens=special, masking="mask_token",
+                                 mask_token_id=VOCAB - 1)
+    assert torch.isfinite(curves.comprehensiveness).all()

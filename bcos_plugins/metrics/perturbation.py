@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
-from torch import Tensor
+from torch import Tensor, nn
 
 from .._checks import (
     bad_rows,
@@ -51,6 +51,7 @@ from .._checks import (
     require_token_batch,
 )
 from ..attribution.text import explained_positions, registry_spec, rows_as_alone_call
+from ..convert.architectures import vocabulary_size
 from ..errors import BcosTypeError, argument_error
 from .attributions import perturbable_mask, share_counts, token_scores
 
@@ -307,11 +308,14 @@ def perturbation_curves(
         if mask_token_id is None:
             raise argument_error("mask_token_id", "masking='mask_token' needs mask_token_id= or a tokenizer with a "
                                  "mask token", "Pass one of them")
+    # ids past the model's embedding rows fail deep inside it (IndexError; a device-side assert on a GPU)
+    vocab = vocabulary_size(model) if isinstance(model, nn.Module) else None
     if mask_token_id is not None:
-        mask_token_id = require_int("mask_token_id", mask_token_id, minimum=0)
+        mask_token_id = require_int("mask_token_id", mask_token_id, minimum=0,
+                                    maximum=None if vocab is None else vocab - 1)
     batch_size = require_int("batch_size", batch_size, minimum=1)
     fractions = _check_fractions(fractions)
-    input_ids, attention_mask = require_token_batch(input_ids, attention_mask)
+    input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocab)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     spec = registry_spec(model)
     # refuses left padding before a classifier reads the first column; position ids of the unperturbed rows
