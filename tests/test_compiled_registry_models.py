@@ -109,3 +109,15 @@ def test_explain_and_predict_of_a_compiled_b_cos_classifier_equal_the_models_on_
     texts = ["a bb ccc", "dddd e", "ff gg hhh iiii"]
     torch.testing.assert_close(predict(compiled, _LeftPaddingWordTokenizer(), texts),
                                predict(bcos_classifier, _LeftPaddingWordTokenizer(), texts), rtol=1e-5, atol=1e-6)
+
+
+def test_bcosify_of_a_compiled_model_says_to_bcosify_before_compiling():
+    """bcosify converts the model's own modules; a compiled wrapper's graph would not see them, so the wrapper is
+    refused with the order that works (it was refused as "OptimizedModule is not transformers' X")."""
+    from bcos_plugins.convert.architectures import UnsupportedModuleError
+
+    stock = T.GPT2ForSequenceClassification(tiny_config("gpt2")).eval()
+    compiled = torch.compile(stock, backend=_RecordingBackend())
+    with pytest.raises(UnsupportedModuleError, match=r"torch\.compile wrapper of GPT2ForSequenceClassification.*"
+                                                     r"bcosify first, then compile"):
+        bcosify(compiled)

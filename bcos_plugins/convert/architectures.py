@@ -506,6 +506,12 @@ def check_stock_class(model: nn.Module, name: str, *, exact: bool) -> None:
     """Refuse a model that is not transformers' ``name`` (``exact``: not that very class, no subclass)."""
     cls = stock_class(name)
     if (type(model) is not cls) if exact else not isinstance(model, cls):
+        if uncompiled(model) is not model:
+            raise UnsupportedModuleError(
+                f"model: a torch.compile wrapper of {type(uncompiled(model)).__name__}; bcosify converts the model's "
+                "own modules, which the compiled graph would not see. bcosify first, then compile: "
+                "torch.compile(bcosify(model, ...)) (explain, predict and the metrics read through the wrapper)."
+            )
         inner = getattr(cls, "base_model_prefix", "")
         if inner and _is_bare_transformer_of(model, cls):
             raise UnsupportedModuleError(

@@ -38,6 +38,7 @@ from .architectures import (
     ArchitectureSpec,
     UnsupportedModuleError,
     check_stock_class,
+    uncompiled,
     unsupported_message,
 )
 from .checkpoint_format import BCOS_CONFIG_KEY, FORMAT_VERSION, STOCK_QUERY_KEY_FORMAT_VERSION
@@ -219,7 +220,8 @@ def plan_conversion(model: nn.Module, b: float = 1.5, *,
             "convert a stock model, or reload a saved one with load_bcos_model(path)", kind=BcosValueError)
     # The model's own class decides (a stale config.bcos, e.g. a B-cos checkpoint loaded with plain
     # from_pretrained, must not), and by identity: a subclass or a namesake may compute another forward.
-    name = type(model).__name__
+    # (read through a torch.compile wrapper only for the name: check_stock_class refuses the wrapper saying why)
+    name = type(uncompiled(model)).__name__
     if name not in SPECS:
         raise UnsupportedModuleError(unsupported_message(model, name))
     check_stock_class(model, name, exact=True)
