@@ -344,3 +344,27 @@ def test_perturbation_curves_names_ids_past_the_models_vocabulary():
     curves = perturbation_curves(model, ids, mask, scores, special_tokens=special, masking="mask_token",
                                  mask_token_id=VOCAB - 1)
     assert torch.isfinite(curves.comprehensiveness).all()
+
+
+def test_a_model_with_return_dict_false_is_explained_as_with_true():
+    """A model whose config.return_dict is False returns a tuple: explain, LayerBcos and perturbation_curves read
+    `.logits` of it and crashed (AttributeError; perturbation_curves said "got ()"). Every path builds its call with
+    rows_as_alone_call, which now asks for the output object."""
+    from bcos_plugins.adapters.captum import LayerBcos
+    from conftest import tiny_model
+
+    model = bcosify(tiny_model("BertForSequenceClassification"), b=1.25, verbose=False)
+    ids, mask = _padded([6, 4], 6, "right", seed=1)
+    special = torch.zeros_like(mask, dtype=torch.bool)
+    special[:, 0] = True
+    scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
+    results = {}
+    for return_dict in (True, False):
+        model.config.return_dict = return_dict
+        expl = explain(model, ids, mask, target=1)
+        layer = LayerBcos(model).attribute(ids, target=1, additional_forward_args=(mask,))
+        curves = perturbation_curves(model, ids, mask, scores, special_tokens=special)
+        results[return_dict] = (expl.input_contributions, expl.logits, layer, curves.comprehensiveness,
+                                curves.sufficiency)
+    for tuple_output, dict_output in zip(results[False], results[True], strict=True):
+        torch.testing.assert_close(tuple_output, dict_output, rtol=0, atol=0)

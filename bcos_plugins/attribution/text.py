@@ -123,7 +123,30 @@ def forward_keywords(model: nn.Module) -> set[str] | None:
         from transformers.utils.generic import TransformersKwargs
 
         names |= set(TransformersKwargs.__annotations__)
-    return names
+    return names | _decorator_keywords(uncompiled(model).forward)
+
+
+def _decorator_keywords(forward) -> set[str]:
+    """``{"return_dict"}`` where a decorator of ``forward`` reads it (transformers' ``can_return_tuple`` and
+    ``capture_outputs`` pop it from ``**kwargs``, defaulting to ``config.return_dict``), else empty: the signature
+    shown through ``functools.wraps`` is the wrapped forward's, which does not name it."""
+    function = getattr(forward, "__func__", forward)
+    while (wrapped := getattr(function, "__wrapped__", None)) is not None:
+        if "return_dict" in getattr(getattr(function, "__code__", None), "co_consts", ()):
+            return {"return_dict"}
+        function = wrapped
+    return set()
+
+
+def _with_output_object(model, call: dict) -> dict:
+    """``call`` with ``return_dict=True`` where ``model``'s forward reads it (:func:`forward_keywords`), its
+    ``config.return_dict`` is not already True and the caller did not pass it: with ``config.return_dict = False`` the
+    model returns a tuple, and every caller reads the output's ``.logits``."""
+    if ("return_dict" not in call and isinstance(model, nn.Module)
+            and getattr(getattr(model, "config", None), "return_dict", None) is not True
+            and "return_dict" in (forward_keywords(model) or ())):
+        call["return_dict"] = True
+    return call
 
 
 def readable_tokenizer_outputs(encoding, readable: set[str] | None) -> dict:
@@ -307,7 +330,7 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
         input_ids = outside_inference(torch.where(mask == 0, torch.full_like(input_ids, pad), input_ids))
     kwargs["input_ids"] = input_ids
     kwargs["attention_mask"] = attention_mask
-    return kwargs
+    return _with_output_object(model, kwargs)
 
 
 def registry_spec(model) -> ArchitectureSpec | None:
@@ -411,4 +434,4 @@ def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mas
             call["position_ids"] = outside_inference(real_token_positions(attention_mask))
         elif isinstance(model, nn.Module) and _forward_takes_position_ids(model):
             refuse_left_padding_shifting_positions(model, input_ids, attention_mask)
-    return call
+    return _with_output_object(model, call)

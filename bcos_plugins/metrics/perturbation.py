@@ -349,13 +349,17 @@ def perturbation_curves(
     else:
         ids = ids.masked_fill(drop, mask_token_id)
     ids, msk = ids.reshape(-1, length), msk.reshape(-1, length)
+    per_row = {name: v for name, v in call.items() if name not in ("input_ids", "attention_mask")
+               and isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == batch}
+    constant = {name: v for name, v in call.items()  # e.g. the return_dict=True of rows_as_alone_call
+                if name not in ("input_ids", "attention_mask") and name not in per_row}
     extra = {name: v[:, None].expand(batch, 2 * n_fr, *v.shape[1:]).reshape(-1, *v.shape[1:])
-             for name, v in call.items() if name not in ("input_ids", "attention_mask")}
+             for name, v in per_row.items()}
     target_rows = target_t[:, None].expand(batch, 2 * n_fr).reshape(-1)
     probs = []
     for start in range(0, ids.shape[0], batch_size):
         sl = slice(start, start + batch_size)
-        p = _probabilities(model, {"input_ids": ids[sl], "attention_mask": msk[sl],
+        p = _probabilities(model, {"input_ids": ids[sl], "attention_mask": msk[sl], **constant,
                                    **{n: v[sl] for n, v in extra.items()}}, probability)
         probs.append(p.gather(-1, target_rows[sl, None]).squeeze(-1))
     p_pert = torch.cat(probs).reshape(batch, 2 * n_fr)
