@@ -96,7 +96,7 @@ from inseq.utils.typing import TokenWithId
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from bcos_plugins._checks import refuse_renamed_keywords
+from bcos_plugins._checks import refuse_renamed_keywords, require_int, require_row_ids
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions, text_attribution_point
 from bcos_plugins.convert.architectures import (
     ArchitectureSpec,
@@ -591,22 +591,36 @@ class BcosClassifier:
                 "model_class": type(self.model).__name__,
                 "tokenizer_class": type(self.tokenizer).__name__}
 
-    def _classes(self, target: int | Sequence[int] | None) -> list[int]:
+    def _classes(self, target: int | Sequence[int] | Tensor | None) -> list[int]:
+        """The class ids of ``target``: an int or a 0-d integer tensor (one class), or a sequence or 1-d integer
+        tensor of ids, read by the package's id parser (floats and bools refused, never truncated to a class)."""
         n = len(self.label_names)
         if target is None:
             return list(range(n))
-        classes = [target] if isinstance(target, int) else [int(c) for c in target]
+        if isinstance(target, int | Tensor) and (not isinstance(target, Tensor) or target.ndim == 0):
+            classes = [require_int("target", target)]
+        elif isinstance(target, str) or not (isinstance(target, Tensor) or hasattr(target, "__len__")):
+            raise argument_error("target", f"must be a class id or a list of class ids, got {type(target).__name__}",
+                                 "Pass an int, a list of ints or an integer tensor", kind=BcosTypeError)
+        elif isinstance(target, Tensor) and target.ndim > 1:
+            raise argument_error("target", f"must be a 0-d or 1-d tensor of class ids, got shape {tuple(target.shape)}",
+                                 "Pass the class ids as a flat list or 1-d tensor (each text gets every one)")
+        elif len(target) == 0:
+            classes = []
+        else:
+            classes = require_row_ids("target", target, len(target), broadcast=False).tolist()
         bad = [c for c in classes if not 0 <= c < n]
         if bad or not classes:
             raise argument_error("target", f"must be class ids in [0, {n}); got {classes}",
                                  "Pass class ids of this model, or leave target out for all")
         return classes
 
-    def attribute(self, texts: str | Sequence[str], target: int | Sequence[int] | None = None,
+    def attribute(self, texts: str | Sequence[str], target: int | Sequence[int] | Tensor | None = None,
                   batch_size: int = 8, **renamed) -> FeatureAttributionOutput:
         """Per-class token attributions of ``texts`` as an inseq ``FeatureAttributionOutput``.
 
-        ``target``: the class id or ids to attribute (each text gets every one of them); default every class.
+        ``target``: the class id or ids to attribute (each text gets every one of them): an int, a list of ints or an
+        integer tensor (0-d or 1-d); default every class.
         """
         refuse_renamed_keywords("BcosClassifier.attribute", renamed, {"target_classes": "target"})
         texts = [texts] if isinstance(texts, str) else list(texts)

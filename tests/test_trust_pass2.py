@@ -368,3 +368,28 @@ def test_a_model_with_return_dict_false_is_explained_as_with_true():
                                 curves.sufficiency)
     for tuple_output, dict_output in zip(results[False], results[True], strict=True):
         torch.testing.assert_close(tuple_output, dict_output, rtol=0, atol=0)
+
+
+def test_inseq_classifier_reads_a_tensor_target_as_class_ids():
+    """BcosClassifier.attribute(target=torch.tensor(1)) raised TypeError (iteration over a 0-d tensor); a float or a
+    bool target was truncated to a class (True read as class 1, 1.7 as 1) without a word."""
+    from bcos_plugins.adapters.inseq import load_classifier
+    from test_conformance import _word_tokenizer
+
+    model = bcosify(_stock("BertForSequenceClassification"), b=1.25, verbose=False)
+    classifier = load_classifier(model, _word_tokenizer())
+    text = "w3 w7 w11 w5"
+
+    def scores(target):
+        (sequence,) = classifier.attribute(text, target=target).sequence_attributions
+        return [t.id for t in sequence.target], sequence.source_attributions
+
+    for tensor, plain in ((torch.tensor(1), 1), (torch.tensor([2, 0]), [2, 0])):
+        got, expected = scores(tensor), scores(plain)
+        assert got[0] == expected[0]
+        torch.testing.assert_close(got[1], expected[1], rtol=0, atol=0)
+    for bad in (torch.tensor(1.0), torch.tensor([1.7]), True, [1.7], [True], torch.tensor([[1]])):
+        with pytest.raises((BcosTypeError, BcosValueError), match=r"target"):
+            classifier.attribute(text, target=bad)
+    with pytest.raises(BcosValueError, match=r"target.*\[0, 3\)"):
+        classifier.attribute(text, target=torch.tensor(3))
