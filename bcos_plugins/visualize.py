@@ -97,6 +97,19 @@ def _row_item(values, i: int):
     return values
 
 
+def _contribution_total(explanation, row_scores: torch.Tensor) -> str:
+    """The caption's total of a row's scores. Scores reduced with ``reduce="mean"`` are means over the features, so
+    their sum is the value divided by the feature count (not the value): it is shown scaled back."""
+    total = float(row_scores.sum())
+    if getattr(explanation, "reduce", "sum") != "mean":
+        return f"sum of contributions {total:.4f}"
+    features = getattr(explanation, "input_contributions", None)
+    if not isinstance(features, torch.Tensor):
+        return f"sum of mean-reduced contributions {total:.4f} (the value divided by the feature count)"
+    d = features.shape[-1]
+    return f"sum of contributions (each a mean over {d} features) {total:.4f} × {d} = {total * d:.4f}"
+
+
 def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
                       captions: Sequence[str] | None) -> str:
     tokens, scores = explanation.tokens(tokenizer), explanation.scores()
@@ -109,8 +122,7 @@ def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
         name = _name(_row_item(explanation.target, i), label_names)
         if foil is not None:
             name = f"{name} − {_name(_row_item(foil, i), label_names)}"
-        caption = (f"explained: {name} — value {float(value):.4f}, sum of contributions "
-                   f"{float(row_scores.sum()):.4f}")
+        caption = f"explained: {name} — value {float(value):.4f}, {_contribution_total(explanation, row_scores)}"
         if captions is not None:
             caption = f"{captions[i]} · {caption}"
         rows.append(tokens_to_html(row_tokens, row_scores, caption))
@@ -130,7 +142,8 @@ def explanations_to_html(explanation, tokenizer, label_names: Sequence[str] | No
     """A full HTML page for a :class:`~bcos_plugins.attribution.TokenExplanation` batch, one row per example.
 
     Each row's caption names what was explained (the class, or ``target − foil`` for a contrastive
-    explanation), the explained value and the sum of the contributions (equal for a complete explanation);
+    explanation), the explained value and the sum of the contributions (equal for a complete explanation; for
+    ``reduce="mean"`` scores, means over the features, the sum times the feature count);
     ``captions`` adds a line of your own per row (e.g. the true label).
     """
     return _page(title, _explanation_rows(explanation, tokenizer, label_names, captions))

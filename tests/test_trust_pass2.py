@@ -393,3 +393,32 @@ def test_inseq_classifier_reads_a_tensor_target_as_class_ids():
             classifier.attribute(text, target=bad)
     with pytest.raises(BcosValueError, match=r"target.*\[0, 3\)"):
         classifier.attribute(text, target=torch.tensor(3))
+
+
+def test_visualize_caption_of_mean_reduced_scores_does_not_read_as_the_value():
+    """The caption said "sum of contributions" for reduce="mean" scores too, whose sum is the value / d_model: a
+    complete explanation read as off by a factor of d_model. It now scales the sum back and says so."""
+    import re
+
+    from conftest import tiny_model
+
+    from bcos_plugins.visualize import explanations_to_html
+
+    class Tokenizer:
+        def convert_ids_to_tokens(self, ids):
+            return [f"w{i}" for i in ids]
+
+    model = bcosify(tiny_model("BertForSequenceClassification"), b=1.25, verbose=False)
+    ids, mask = _padded([6, 4], 6, "right", seed=1)
+    for reduce in ("sum", "mean"):
+        expl = explain(model, ids, mask, target=1, reduce=reduce)
+        captions = re.findall(r"<div class=\"meta\">([^<]*)</div>", explanations_to_html(expl, Tokenizer()))
+        assert len(captions) == 2
+        for caption, value, scores in zip(captions, expl.explained, expl.scores(), strict=True):
+            if reduce == "sum":
+                assert caption.endswith(f"sum of contributions {float(scores.sum()):.4f}")
+                continue
+            match = re.search(r"each a mean over 32 features\) (\S+) × 32 = (\S+)$", caption)
+            assert match is not None, caption
+            assert float(match[1]) == pytest.approx(float(scores.sum()), abs=1e-4)
+            assert float(match[2]) == pytest.approx(float(value), abs=1e-3)
