@@ -422,3 +422,18 @@ def test_visualize_caption_of_mean_reduced_scores_does_not_read_as_the_value():
             assert match is not None, caption
             assert float(match[1]) == pytest.approx(float(scores.sum()), abs=1e-4)
             assert float(match[2]) == pytest.approx(float(value), abs=1e-3)
+
+
+def test_return_dict_false_passed_by_the_caller_is_refused_naming_it():
+    """A return_dict=False in the forward arguments replaced the output object by a tuple and crashed with an
+    AttributeError from inside the path; it is refused, naming the argument and the fix."""
+    from conftest import tiny_model
+
+    from bcos_plugins.errors import BcosValueError
+
+    model = bcosify(tiny_model("BertForSequenceClassification"), b=1.25, verbose=False)
+    ids, mask = _padded([6, 4], 6, "right", seed=1)
+    with pytest.raises(BcosValueError, match=r"return_dict.*got False.*leave return_dict out"):
+        explain(model, ids, mask, target=1, return_dict=False)
+    assert torch.equal(explain(model, ids, mask, target=1, return_dict=True).logits,
+                       explain(model, ids, mask, target=1).logits)

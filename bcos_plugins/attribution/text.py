@@ -141,7 +141,12 @@ def _decorator_keywords(forward) -> set[str]:
 def _with_output_object(model, call: dict) -> dict:
     """``call`` with ``return_dict=True`` where ``model``'s forward reads it (:func:`forward_keywords`), its
     ``config.return_dict`` is not already True and the caller did not pass it: with ``config.return_dict = False`` the
-    model returns a tuple, and every caller reads the output's ``.logits``."""
+    model returns a tuple, and every caller reads the output's ``.logits``: a ``return_dict`` other than True passed
+    by the caller is refused."""
+    if "return_dict" in call and call["return_dict"] is not True:
+        raise argument_error("return_dict", f"got {call['return_dict']!r}; the paths of bcos_plugins read the model's "
+                             "output object (its .logits), which return_dict=False replaces by a tuple",
+                             "leave return_dict out (or pass True); to get a tuple, call the model yourself")
     if ("return_dict" not in call and isinstance(model, nn.Module)
             and getattr(getattr(model, "config", None), "return_dict", None) is not True
             and "return_dict" in (forward_keywords(model) or ())):
