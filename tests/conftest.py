@@ -79,6 +79,19 @@ def padded_batch(seed: int = 0, batch: int = 3, length: int = 9, side: str = "ri
     return ids, mask
 
 
+def padded_rows(lengths: list[int], width: int, side: str, seed: int):
+    """Rows of ``lengths`` real tokens (ids 3.., never the pad id 0) padded with 0 to ``width`` on ``side``."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (len(lengths), width), generator=generator)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        if side == "left":
+            mask[row, width - n:] = 1
+        else:
+            mask[row, :n] = 1
+    return ids.masked_fill(mask == 0, 0), mask
+
+
 @pytest.fixture
 def batch():
     return padded_batch()

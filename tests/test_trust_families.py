@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import VOCAB, padded_rows
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_conformance import CONFIGS, _family, _word_tokenizer
@@ -24,7 +25,6 @@ from bcos_plugins.errors import BcosTypeError, BcosValueError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
-VOCAB = 60
 RTOL = 1e-4
 FAMILIES = ("Mistral", "Qwen2", "Qwen3", "Gemma2", "ModernBert")
 NAMES = [n for n in sorted(SPECS) if n.startswith(FAMILIES)]
@@ -70,19 +70,6 @@ def _assert_complete(expl):
     assert (delta <= RTOL * expl.explained.abs().clamp_min(1e-2)).all(), (delta.tolist(), expl.explained.tolist())
 
 
-def _padded(lengths: list[int], width: int, side: str, seed: int):
-    """Rows of ``lengths`` real tokens (ids 3.., never the pad id 0) padded with 0 to ``width`` on ``side``."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (len(lengths), width), generator=generator)
-    mask = torch.zeros_like(ids)
-    for row, n in enumerate(lengths):
-        if side == "left":
-            mask[row, width - n:] = 1
-        else:
-            mask[row, :n] = 1
-    return ids.masked_fill(mask == 0, 0), mask
-
-
 # ------------------------------------------------------------------ keywords that change what the model computes
 
 
@@ -115,7 +102,7 @@ def test_modernbert_cls_pooling_refuses_left_padding_and_is_batch_invariant_righ
     from bcos_plugins.adapters.captum import EmbeddingForward, LayerBcos
 
     model = _bcos("ModernBertForSequenceClassification", classifier_pooling="cls")
-    ids, mask = _padded([8, 5, 1], 8, "left", seed=4)
+    ids, mask = padded_rows([8, 5, 1], 8, "left", seed=4)
     message = (r"^attention_mask: rows \[1, 2\] start with padding, and ModernBertForSequenceClassification with "
                r"config\.classifier_pooling='cls' classifies from the first column.*padding_side = 'right'")
     with pytest.raises(BcosValueError, match=message):
@@ -124,7 +111,7 @@ def test_modernbert_cls_pooling_refuses_left_padding_and_is_batch_invariant_righ
         EmbeddingForward(model).embed(ids, mask)
     with pytest.raises(BcosValueError, match=message):
         LayerBcos(model).attribute(ids, target=1, additional_forward_args=(mask,))
-    ids, mask = _padded([8, 5, 1], 8, "right", seed=4)
+    ids, mask = padded_rows([8, 5, 1], 8, "right", seed=4)
     batched = explain(model, ids, mask, target=1)
     _assert_complete(batched)
     torch.testing.assert_close(batched.explained, _own_outputs(model, ids, mask)[:, 1])
@@ -133,7 +120,7 @@ def test_modernbert_cls_pooling_refuses_left_padding_and_is_batch_invariant_righ
         torch.testing.assert_close(alone.explained, batched.explained[row:row + 1], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(alone.contributions[0], batched.contributions[row, :n], rtol=1e-4, atol=1e-6)
     # mean pooling (the conformance config) reads every real token: left padding is exact there
-    left_ids, left_mask = _padded([8, 5, 1], 8, "left", seed=4)
+    left_ids, left_mask = padded_rows([8, 5, 1], 8, "left", seed=4)
     _assert_complete(explain(_bcos("ModernBertForSequenceClassification"), left_ids, left_mask, target=1))
 
 
@@ -159,7 +146,7 @@ def test_a_rows_explanation_is_complete_its_models_output_and_the_same_alone(nam
     next one round."""
     lengths, width, side, position, seed = batch
     model, spec = _bcos(name), SPECS[name]
-    ids, mask = _padded(lengths, width, side, seed)
+    ids, mask = padded_rows(lengths, width, side, seed)
     rows = torch.arange(len(lengths))
     n_outputs = _own_outputs(model, ids[:1, :1], torch.ones_like(mask[:1, :1])).shape[-1]
     target, foil = edge % n_outputs, (edge + 1) % n_outputs
@@ -193,7 +180,7 @@ def test_a_position_is_the_column_it_names_or_is_refused(name, lengths, side, po
     outside column is refused (computed here from the mask, independently of the package's parser)."""
     width = max(lengths)
     model = _bcos(name)
-    ids, mask = _padded(lengths, width, side, seed=len(lengths))
+    ids, mask = padded_rows(lengths, width, side, seed=len(lengths))
     last = width - 1 - mask.flip(1).argmax(1)
     column = torch.full_like(last, position) if position >= 0 else last + 1 + position
     inside = (column >= 0) & (column < width)
@@ -227,7 +214,7 @@ def test_explicit_position_ids_are_the_ones_explained(name, steps, offset):
     """position_ids given by the caller (gaps between them change the rotary angles' differences, so the output) are
     used as given, not replaced by the real-token count explain uses by default."""
     model = _bcos(name)
-    ids, mask = _padded([6, 4], 6, "right", seed=3)
+    ids, mask = padded_rows([6, 4], 6, "right", seed=3)
     position_ids = (torch.tensor(steps).cumsum(0) + offset - 1).expand(2, 6).clone()
     expl = explain(model, ids, mask, target=2, position=-1, position_ids=position_ids)
     _assert_complete(expl)
@@ -269,7 +256,7 @@ def test_tokens_beyond_the_windows_reach_have_exactly_no_share(name, side):
     padded rows too, and is not narrower than the model's."""
     overrides, reach = WINDOWED[name]
     model = _bcos(name, **overrides)
-    ids, mask = _padded([14, 11], 14, side, seed=5)
+    ids, mask = padded_rows([14, 11], 14, side, seed=5)
     # a real token of both rows (0-13 and 0-10 or 3-13) with real tokens out of reach before it (and after it)
     position = {("decoder", "right"): 9, ("decoder", "left"): 12, ("encoder", "right"): 5,
                 ("encoder", "left"): 8}[SPECS[name].kind, side]
@@ -297,7 +284,7 @@ def test_a_half_precision_model_explains_its_own_output_close_to_float32(name, d
     spec = SPECS[name]
     full = _bcos(name)
     half = copy.deepcopy(full).to(dtype)
-    ids, mask = _padded([10, 6, 1], 10, "left" if spec.kind == "decoder" else "right", seed=5)
+    ids, mask = padded_rows([10, 6, 1], 10, "left" if spec.kind == "decoder" else "right", seed=5)
     asked = {"target": 1} if spec.is_classifier else {"target": 5, "foil": 7}
     expl = explain(half, ids, mask, **asked)
     assert expl.input_contributions.dtype == dtype
@@ -326,7 +313,7 @@ def test_captum_equals_explain_at_per_row_negative_positions_on_a_left_padded_ba
     from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward, LayerBcos
 
     model = _bcos("MistralForCausalLM")
-    ids, mask = _padded([10, 6, 1], 10, "left", seed=6)
+    ids, mask = padded_rows([10, 6, 1], 10, "left", seed=6)
     target, position = torch.tensor([2, 0, 1]), torch.tensor([-2, -6, -1])
     reference = explain(model, ids, mask, target=target, position=position)
     _assert_complete(reference)
@@ -351,7 +338,7 @@ def test_the_bridge_explains_padded_rows_as_explain_does_and_as_alone(name):
     model = _bcos(name)
     bridge = transformer_bridge_from_hf(model)
     for side in ("left", "right"):
-        ids, mask = _padded([10, 6, 1], 10, side, seed=7)
+        ids, mask = padded_rows([10, 6, 1], 10, side, seed=7)
         expl = explain_logits(bridge, ids, target=5, attention_mask=mask)
         assert expl.completeness_error.max() <= RTOL
         reference = explain(model, ids, mask, target=5)
@@ -377,7 +364,7 @@ def test_embedding_forward_refuses_real_tokens_with_the_pad_id_of_a_decoder_clas
 
     model = _bcos(name)
     pad = model.config.pad_token_id
-    ids, mask = _padded([6, 4], 6, "left", seed=12)
+    ids, mask = padded_rows([6, 4], 6, "left", seed=12)
     ids[:, -1] = pad  # a real last token with the pad id
     with pytest.raises(BcosValueError, match=r"^input_ids: rows \[0, 1\] hold config\.pad_token_id .* LayerBcos"):
         EmbeddingForward(model).embed(ids, mask)

@@ -10,6 +10,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from conftest import VOCAB, padded_rows
 from test_conformance import CONFIGS, _family, _stock
 
 from bcos_plugins import bcosify, explain
@@ -19,20 +20,6 @@ from bcos_plugins.metrics import perturbation_curves, top_k_iou, top_k_masks
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
-VOCAB = 60
-
-
-def _padded(lengths: list[int], width: int, side: str, seed: int):
-    """Rows of ``lengths`` real tokens (ids 3.., never the pad id 0) padded with 0 to ``width`` on ``side``."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (len(lengths), width), generator=generator)
-    mask = torch.zeros_like(ids)
-    for row, n in enumerate(lengths):
-        if side == "left":
-            mask[row, width - n:] = 1
-        else:
-            mask[row, :n] = 1
-    return ids.masked_fill(mask == 0, 0), mask
 
 
 def _bcos_llama():
@@ -66,7 +53,7 @@ def test_attention_masking_under_a_sliding_window_is_the_row_without_the_removed
     the classifier reads is never removed: each curve value is then the model's probability on the row alone with the
     removed tokens masked, whatever their ids (here: replaced by others), up to float rounding."""
     model = _windowed(name, bcos)
-    ids, mask = _padded([11, 7, 3], 11, side, seed=2)
+    ids, mask = padded_rows([11, 7, 3], 11, side, seed=2)
     scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1))
     special = torch.zeros_like(mask, dtype=torch.bool)
     fractions = (0.2, 0.5, 0.9)
@@ -155,7 +142,7 @@ def test_attention_masking_keeps_the_first_column_a_classifier_reads(name):
     it). It is kept like a special token now, as a decoder classifier's read token is."""
     model = bcosify(_stock(name), b=1.25, verbose=False)
     pad = model.config.pad_token_id
-    ids, mask = _padded([9, 6, 4], 9, "right", seed=4)
+    ids, mask = padded_rows([9, 6, 4], 9, "right", seed=4)
     ids = ids.masked_fill(mask == 0, pad)
     first = torch.zeros_like(mask, dtype=torch.bool)
     first[:, 0] = True
@@ -175,7 +162,7 @@ def test_a_removal_that_leaves_a_row_no_visible_token_is_refused():
     perturbable token, or at fraction 1, got numbers as if nothing had been removed. Refused, naming the fix; a
     ModernBERT mean-pooling classifier's empty mean (NaN) gets the same refusal instead of 'returned NaN'."""
     bert = _stock("BertForSequenceClassification")
-    ids, mask = _padded([6, 1, 4], 6, "right", seed=5)
+    ids, mask = padded_rows([6, 1, 4], 6, "right", seed=5)
     with torch.no_grad():  # why: every key masked, the output still depends on the masked tokens' ids
         masked = torch.zeros(1, 4, dtype=torch.long)
         assert not torch.allclose(bert(input_ids=ids[2:3, :4], attention_mask=masked).logits,
@@ -215,7 +202,7 @@ def test_a_negative_position_past_a_rows_first_token_is_outside_the_row_on_eithe
     [1] is a padding token ... pass a negative position' (an index the caller never wrote, and a fix already taken)."""
     from bcos_plugins.attribution import resolve_positions
 
-    _, mask = _padded([9, 1, 5], 9, side, seed=0)
+    _, mask = padded_rows([9, 1, 5], 9, side, seed=0)
     with pytest.raises(BcosValueError, match=r"^position: \[-2\] is outside row\(s\) \[1\] .*negative positions count "
                                              r"back from each row's last real token"):
         resolve_positions(-2, mask)
@@ -258,7 +245,7 @@ def test_a_half_precision_explanations_completeness_is_measured_in_float32(dtype
     from bcos_plugins.metrics import completeness_error
 
     model = copy.deepcopy(_bcos_llama()).to(dtype)
-    ids, mask = _padded([30, 17, 5], 30, "left", seed=2)
+    ids, mask = padded_rows([30, 17, 5], 30, "left", seed=2)
     expl = explain(model, ids, mask, target=5, position=-1)
     assert expl.input_contributions.dtype == dtype
     exact_total = expl.input_contributions.double().sum((1, 2))
@@ -299,7 +286,7 @@ def test_float64_logits_give_float64_probabilities():
     assert gap.dtype == torch.float64 and float(gap) == pytest.approx(float(expected), rel=1e-6) and float(gap) > 0
 
     model = _stock("BertForSequenceClassification").double()
-    ids, mask = _padded([8, 5], 8, "right", seed=1)
+    ids, mask = padded_rows([8, 5], 8, "right", seed=1)
     special = torch.zeros_like(mask, dtype=torch.bool)
     special[:, 0] = True
     scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
@@ -317,7 +304,7 @@ def test_captum_records_of_a_contrastive_explanation_name_the_foil():
     from test_conformance import _word_tokenizer
 
     model = bcosify(_stock("BertForSequenceClassification"), b=1.25, verbose=False)
-    ids, mask = _padded([6, 4], 6, "right", seed=1)
+    ids, mask = padded_rows([6, 4], 6, "right", seed=1)
     expl = explain(model, ids, mask, target=torch.tensor([2, 1]), foil=0)
     records = visualization_records(expl, _word_tokenizer(), label_names=["neg", "pos", "neutral"])
     assert [r.attr_class for r in records] == ["neutral − neg", "pos − neg"]
@@ -331,7 +318,7 @@ def test_perturbation_curves_names_ids_past_the_models_vocabulary():
     """A mask_token_id or an input id past the model's embedding rows raised IndexError from inside the embedding (a
     device-side assert on a GPU); both are named now, as explain names input ids."""
     model = bcosify(_stock("BertForSequenceClassification"), b=1.25, verbose=False)
-    ids, mask = _padded([6, 4], 6, "right", seed=1)
+    ids, mask = padded_rows([6, 4], 6, "right", seed=1)
     special = torch.zeros_like(mask, dtype=torch.bool)
     special[:, 0] = True
     scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
@@ -354,7 +341,7 @@ def test_a_model_with_return_dict_false_is_explained_as_with_true():
     from conftest import tiny_model
 
     model = bcosify(tiny_model("BertForSequenceClassification"), b=1.25, verbose=False)
-    ids, mask = _padded([6, 4], 6, "right", seed=1)
+    ids, mask = padded_rows([6, 4], 6, "right", seed=1)
     special = torch.zeros_like(mask, dtype=torch.bool)
     special[:, 0] = True
     scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
@@ -409,7 +396,7 @@ def test_visualize_caption_of_mean_reduced_scores_does_not_read_as_the_value():
             return [f"w{i}" for i in ids]
 
     model = bcosify(tiny_model("BertForSequenceClassification"), b=1.25, verbose=False)
-    ids, mask = _padded([6, 4], 6, "right", seed=1)
+    ids, mask = padded_rows([6, 4], 6, "right", seed=1)
     for reduce in ("sum", "mean"):
         expl = explain(model, ids, mask, target=1, reduce=reduce)
         captions = re.findall(r"<div class=\"meta\">([^<]*)</div>", explanations_to_html(expl, Tokenizer()))
@@ -432,7 +419,7 @@ def test_return_dict_false_passed_by_the_caller_is_refused_naming_it():
     from bcos_plugins.errors import BcosValueError
 
     model = bcosify(tiny_model("BertForSequenceClassification"), b=1.25, verbose=False)
-    ids, mask = _padded([6, 4], 6, "right", seed=1)
+    ids, mask = padded_rows([6, 4], 6, "right", seed=1)
     with pytest.raises(BcosValueError, match=r"return_dict.*got False.*leave return_dict out"):
         explain(model, ids, mask, target=1, return_dict=False)
     assert torch.equal(explain(model, ids, mask, target=1, return_dict=True).logits,
