@@ -357,14 +357,13 @@ def learned_position_table(model: nn.Module) -> nn.Embedding | None:
     return None
 
 
-def _causal_lm_gets_position_ids(model, causal_lm: bool) -> bool:
-    """``generate``'s rule for a causal LM outside the registry: a model transformers generates with (not an
-    encoder-decoder), or any model its caller reads next-token logits of (``causal_lm``), whose forward names
-    ``position_ids`` gets ids counting real tokens from the mask. Except a position table with a padding row (RoBERTa's
-    family, as a causal LM): its forward counts its positions from ``pad_token_id + 1`` over the ids that are not
-    padding, so ids counting from 0 (``generate``'s) would shift every row, unpadded ones too; it is called as given."""
-    if not isinstance(model, nn.Module) or not _forward_takes_position_ids(model):
-        return False
+def _causal_lm_gets_position_ids(model: nn.Module, causal_lm: bool) -> bool:
+    """``generate``'s rule for a causal LM outside the registry whose forward names ``position_ids`` (the caller
+    checks that): a model transformers generates with (not an encoder-decoder), or any model its caller reads
+    next-token logits of (``causal_lm``), gets ids counting real tokens from the mask. Except a position table with a
+    padding row (RoBERTa's family, as a causal LM): its forward counts its positions from ``pad_token_id + 1`` over
+    the ids that are not padding, so ids counting from 0 (``generate``'s) would shift every row, unpadded ones too; it
+    is called as given."""
     can_generate = getattr(model, "can_generate", None)
     if not causal_lm and not (callable(can_generate) and bool(can_generate())
                               and not getattr(getattr(model, "config", None), "is_encoder_decoder", False)):
@@ -434,9 +433,10 @@ def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mas
     if tokenizer_outputs is not None:
         forward_kwargs = {**readable_tokenizer_outputs(tokenizer_outputs, None), **forward_kwargs}
     call = {"input_ids": input_ids, "attention_mask": attention_mask, **forward_kwargs}
-    if attention_mask is not None and "position_ids" not in call:
+    if (attention_mask is not None and "position_ids" not in call and isinstance(model, nn.Module)
+            and _forward_takes_position_ids(model)):
         if _causal_lm_gets_position_ids(model, causal_lm):
             call["position_ids"] = outside_inference(real_token_positions(attention_mask))
-        elif isinstance(model, nn.Module) and _forward_takes_position_ids(model):
+        else:
             refuse_left_padding_shifting_positions(model, input_ids, attention_mask)
     return _with_output_object(model, call)
