@@ -215,13 +215,13 @@ def _without_read_token(model, spec, perturbable: Tensor, mask: Tensor, call_ids
     if spec.kind != "decoder":
         position = torch.zeros_like(rows)
         which = "first one, which the classifier reads"
-    elif pad is None:  # unpadded (model_call_kwargs refuses padding then): the model reads the last column
-        position = explained_positions(spec, None, mask)
     else:
-        columns = torch.arange(call_ids.shape[1], device=call_ids.device)
-        position = (columns * (call_ids != pad)).argmax(-1)
-    if spec.kind == "decoder":
         which = "last one (whose id is not config.pad_token_id), which the decoder classifier reads"
+        if pad is None:  # unpadded (model_call_kwargs refuses padding then): the model reads the last column
+            position = explained_positions(spec, None, mask)
+        else:
+            columns = torch.arange(call_ids.shape[1], device=call_ids.device)
+            position = (columns * (call_ids != pad)).argmax(-1)
     read[rows, position.to(mask.device)] = True
     only_read = read.any(-1) & perturbable.any(-1) & ~(perturbable & ~read).any(-1)
     if only_read.any():
