@@ -27,6 +27,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..errors import BcosValueError
+from ..nn.functional import at_least_float32
 
 __all__ = ["Explanation", "TokenExplanation", "relative_completeness_error"]
 
@@ -39,7 +40,7 @@ def relative_completeness_error(delta: Float[Tensor, " batch"], explained: Float
                                 ) -> Float[Tensor, " batch"]:
     """``|delta| / |explained|`` per row, the package's one definition of completeness error (in at least float32:
     the floor under ``|explained|`` is 0 in float16)."""
-    dtype = torch.promote_types(torch.promote_types(delta.dtype, explained.dtype), torch.float32)
+    dtype = at_least_float32(torch.promote_types(delta.dtype, explained.dtype))
     return delta.to(dtype).abs() / explained.to(dtype).abs().clamp_min(_TINY)
 
 
@@ -72,7 +73,7 @@ class Explanation:
         returned in at least float32: a float16 / bfloat16 sum keeps 3 significant digits, which hid completeness
         gaps of half-precision explanations (0.0 reported for a 1e-3 gap) or made them up."""
         flat = self.input_contributions.reshape(self.input_contributions.shape[0], -1)
-        return flat.sum(-1, dtype=torch.promote_types(flat.dtype, torch.float32))
+        return flat.sum(-1, dtype=at_least_float32(flat.dtype))
 
     @property
     def delta(self) -> Float[Tensor, " batch"]:

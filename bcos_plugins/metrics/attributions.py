@@ -16,6 +16,7 @@ from torch import Tensor
 
 from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
+from ..nn.functional import at_least_float32
 
 __all__ = ["perturbable_mask", "share_counts", "special_tokens_mask", "token_scores"]
 
@@ -55,7 +56,7 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
         raise argument_error("attributions", f"must be real numbers, got dtype {attributions.dtype}",
                              "Pass float attributions", kind=BcosTypeError)
     # float64 attributions stay float64 (float32 would tie scores closer than its rounding and reorder the ranking)
-    scores = attributions.detach().to(torch.promote_types(attributions.dtype, torch.float32))
+    scores = attributions.detach().to(at_least_float32(attributions.dtype))
     if scores.ndim < 2:
         raise argument_error("attributions", f"need a batch and a position dimension, got shape "
                              f"{tuple(scores.shape)}", "Add the batch dimension (attributions[None])")

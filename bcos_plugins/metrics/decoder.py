@@ -32,6 +32,7 @@ from torch import Tensor
 from .._checks import bad_rows, require_int, require_row_ids, require_same_shape, require_tensor
 from ..convert.architectures import position_limit, vocabulary_size
 from ..errors import argument_error
+from ..nn.functional import at_least_float32
 
 __all__ = [
     "MRRResult",
@@ -172,7 +173,7 @@ def probability_gap(
                              "Check the model's output for those rows")
     target, foil = (require_row_ids(name, ids, logits.shape[0], n_ids=logits.shape[1], what="vocabulary tokens")
                     for name, ids in (("target", target), ("foil", foil)))
-    probs = logits.detach().to(torch.promote_types(logits.dtype, torch.float32)).softmax(-1)  # float64 stays
+    probs = logits.detach().to(at_least_float32(logits.dtype)).softmax(-1)
     rows = torch.arange(logits.shape[0], device=logits.device)
     return probs[rows, target.to(logits.device)] - probs[rows, foil.to(logits.device)]
 

@@ -53,6 +53,7 @@ from .._checks import (
 from ..attribution.text import explained_positions, registry_spec, rows_as_alone_call
 from ..convert.architectures import vocabulary_size
 from ..errors import BcosTypeError, argument_error
+from ..nn.functional import at_least_float32
 from .attributions import perturbable_mask, share_counts, token_scores
 
 __all__ = ["DEFAULT_FRACTIONS", "PerturbationCurves", "aopc", "perturbation_curves", "top_k_masks"]
@@ -192,7 +193,7 @@ def _probabilities(model: Callable, call: dict, probability: str) -> Tensor:
                              f"{tuple(getattr(logits, 'shape', ()))}", "Pass a sequence classifier")
     if not torch.isfinite(logits).all():
         raise argument_error("model", "returned NaN or inf logits", "Check the model and its inputs")
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # a float64 model's stay float64
+    logits = logits.to(at_least_float32(logits.dtype))  # a float64 model's stay float64
     return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
 
 

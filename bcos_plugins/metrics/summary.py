@@ -35,6 +35,7 @@ from torch import Tensor
 from .._checks import require_same_shape, require_tensor
 from ..attribution.results import relative_completeness_error
 from ..errors import BcosTypeError, argument_error
+from ..nn.functional import at_least_float32
 from .attributions import token_scores
 
 __all__ = ["Cost", "completeness_error", "explanation_entropy", "measure_cost"]
@@ -75,7 +76,7 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"],
         raise argument_error("attributions", f"tensors disagree on the batch size: {[f.shape[0] for f in flat]}",
                              "Pass the attributions of one batch")
     # in at least float32: a float16 / bfloat16 sum keeps 3 significant digits (see Explanation.total)
-    total = sum(f.sum(-1, dtype=torch.promote_types(f.dtype, torch.float32)) if f.is_floating_point() else f.sum(-1)
+    total = sum(f.sum(-1, dtype=at_least_float32(f.dtype)) if f.is_floating_point() else f.sum(-1)
                 for f in flat)
     if not total.is_floating_point():
         total = total.double()

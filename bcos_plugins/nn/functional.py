@@ -60,7 +60,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ..errors import BcosRuntimeError, BcosTypeError, argument_error
 from .dynamic import parameter_gradients_unused
 
-__all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "cached_unit_norm", "clear_unit_norm_cache",
+__all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "at_least_float32", "unit_norm", "cached_unit_norm", "clear_unit_norm_cache",
            "reuse_unit_weights",
            "input_norm", "bcos_scale", "bcos_product", "inference_linear", "explaining_linear", "explaining_scale", "detach_units", "bcos_linear",
            "max_out", "reference_path", "using_reference_path"]
@@ -68,6 +68,15 @@ __all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "unit_norm", "cached_unit_nor
 NORM_EPS = 1e-6
 COS_FLOOR = 1e-12
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def at_least_float32(dtype: torch.dtype) -> torch.dtype:
+    """``dtype`` widened to float32 if it is narrower (float16, bfloat16, integers), float64 kept: the dtype the package
+    sums, ranks and takes softmaxes in, where half precision keeps 3 significant digits (it hid completeness gaps and
+    tied close scores) and float32 would undo a float64 model's precision."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 # sqrt(NORM_EPS) as the 0-d second argument of torch.hypot, per norm dtype: a CPU scalar tensor enters a kernel
 # on any device as a plain number (no copy), and a 0-d tensor does not promote the norm's dtype. One per dtype
 # (float64's exact, float32's rounded to float32, the value a float64 constant took in float32 kernels) so
@@ -500,7 +509,7 @@ def _above(t: Tensor, threshold: float) -> Tensor:
     becomes the factor ``1 + (B - 1) mask``, and bfloat16 would round B = 1.1 to 1.1016): a float mask
     multiplies in one vectorised pass, where ``torch.where`` and products with a bool mask cost 4-10x that on
     a CPU."""
-    return torch.gt(t, threshold, out=torch.empty_like(t, dtype=torch.promote_types(t.dtype, torch.float32)))
+    return torch.gt(t, threshold, out=torch.empty_like(t, dtype=at_least_float32(t.dtype)))
 
 
 def _scale_from_out(out: Tensor, x_norm: Tensor, b: float) -> tuple[Tensor, Tensor]:
