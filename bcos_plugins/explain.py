@@ -52,6 +52,7 @@ from .attribution.text import (
 )
 from .convert.architectures import spec_for
 from .errors import BcosRuntimeError, BcosValueError
+from .nn.functional import at_least_float32
 
 __all__ = ["explain", "last_real_position"]
 
@@ -82,6 +83,8 @@ def explain(
             Required for masked LMs (no position is the natural one). Classifiers explain the whole sequence
             and refuse it.
         reduce: ``"sum"`` (exact, default) or ``"mean"`` over the embedding dimension for token scores.
+            The token scores (``contributions``) are reduced and returned in at least float32 (float32 for a
+            float16 / bfloat16 model, float64 kept), like ``total``; ``input_contributions`` keep the model's dtype.
         **forward_kwargs: passed to the model (e.g. ``token_type_ids``); a keyword its forward does not read
             is refused, naming the close match (transformers would drop it without a word).
 
@@ -131,8 +134,11 @@ def explain(
     # the step's finiteness is checked with the completeness, in one device-to-host sync
     step = input_x_gradient(compute, model, defer_finite_check=True)
     contrib = step.contributions[0]
+    # summed in at least float32, as Explanation.total is: a half-precision sum over d_model keeps 3 significant
+    # digits, so a token's score was off by 3e-3 of itself (bfloat16) while the total looked right
+    feature_sum = contrib.sum if reduce == "sum" else contrib.mean
     result = TokenExplanation(
-        contributions=contrib.sum(-1) if reduce == "sum" else contrib.mean(-1),
+        contributions=feature_sum(-1, dtype=at_least_float32(contrib.dtype)),
         input_contributions=contrib,
         explained=step.explained,
         target=parsed["resolved"].target,
@@ -219,7 +225,8 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
     # against the explained value, the outputs it is a difference of, or the token scores' own size, whichever
     # is largest: float rounding of a healthy model is relative to those (an explained value can be near 0),
     # while an overflowed or cancelled computation is off by the size of the scores themselves
-    token_sums = result.contributions if result.reduce == "sum" else contributions.sum(-1)  # the same sum
+    token_sums = (result.contributions if result.reduce == "sum"  # the same sum, in the same dtype
+                  else contributions.sum(-1, dtype=result.contributions.dtype))
     token_scores = token_sums.abs().sum(-1)
     size = torch.stack([result.explained.abs(), scale.to(result.explained.dtype), token_scores]).amax(0)
     delta = result.delta
@@ -239,7 +246,7 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
                  f"against {float(result.explained[row]):.3g}, an error of {float(error[row]):.2g} of the size of "
                  f"the value and its scores where {precision} allows {tolerance:.1g})")
         # rounding alone reaches this error only if the contributions are huge next to the scores (cancellation)
-        magnitude = float(contributions[row].abs().sum())
+        magnitude = float(contributions[row].abs().sum(dtype=at_least_float32(contributions.dtype)))
         if torch.finfo(contributions.dtype).eps * magnitude > 0.1 * float(result.delta[row].abs()):
             raise BcosRuntimeError(
                 f"explain: the contributions of {found}: the computation overflowed or cancelled to noise (the "
