@@ -46,3 +46,32 @@ def test_float64_token_scores_stay_float64():
     expl = explain(model, ids, mask, target=5, position=-1)
     assert expl.contributions.dtype == torch.float64
     torch.testing.assert_close(expl.contributions, expl.input_contributions.sum(-1), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ a NaN gradient at padding
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_nan_gradient_at_padding_only_is_refused(side):
+    """explain's completeness check tests the gradients' finiteness only where delta is not finite. The
+    contributions are taken at every position, padding included, and delta sums all of them, so a NaN gradient at a
+    padding position alone (here put there by a hook on the first layer's input gradient) makes that row's delta NaN
+    and is refused, naming the cause: no returned number carries it silently."""
+    from bcos_plugins.errors import BcosValueError
+
+    model = _bcos_llama()
+    ids, mask = padded_rows([9, 5], 9, side, seed=2)
+    padding = (mask == 0)[..., None]
+
+    def nan_at_padding(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if hidden.requires_grad:
+            hidden.register_hook(lambda grad: grad.masked_fill(padding, float("nan")))
+
+    handle = model.model.layers[0].register_forward_pre_hook(nan_at_padding, with_kwargs=True)
+    try:
+        with pytest.raises(BcosValueError, match="gradient at the attribution point is NaN or infinite"):
+            explain(model, ids, mask, target=5, position=-1)
+    finally:
+        handle.remove()
+    explain(model, ids, mask, target=5, position=-1)  # the same call without the hook is fine
