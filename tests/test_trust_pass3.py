@@ -75,3 +75,40 @@ def test_a_nan_gradient_at_padding_only_is_refused(side):
     finally:
         handle.remove()
     explain(model, ids, mask, target=5, position=-1)  # the same call without the hook is fine
+
+
+# ------------------------------------------------------------------ pixel rankings with ties
+
+
+def _patch_maps(batch: int, seed: int) -> torch.Tensor:
+    """Token-level maps (4x4 patches of one value each on an 8x8 image, as attention rollout gives): every pixel
+    ties with 15 others."""
+    patches = torch.randn(batch, 2, 2, generator=torch.Generator().manual_seed(seed))
+    return patches.repeat_interleave(4, 1).repeat_interleave(4, 2)
+
+
+@pytest.mark.parametrize("most_first", [True, False])
+def test_an_images_pixel_ranking_and_curves_are_the_same_alone_and_in_a_batch(most_first):
+    """pixel_ranking broke ties with one generator drawn from image after image, so an image with tied scores was
+    ranked (and its pixel_perturbation curves computed) differently alone than as the third image of a batch. Each
+    image's ties are now broken by the same permutation of the seed, wherever it stands."""
+    from test_metrics_image import linear_model
+
+    from bcos_plugins.metrics import pixel_perturbation, pixel_ranking
+
+    maps = _patch_maps(4, seed=0)
+    batched = pixel_ranking(maps, most_important_first=most_first, seed=3)
+    for row in range(4):
+        alone = pixel_ranking(maps[row:row + 1], most_important_first=most_first, seed=3)
+        assert torch.equal(alone[0], batched[row]), f"image {row}"
+        scores = maps[row].flatten()[batched[row]]
+        assert (scores.diff() <= 0).all() if most_first else (scores.diff() >= 0).all()
+
+    inputs = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    forward = linear_model(torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(2)))
+    together = pixel_perturbation(forward, inputs, maps, 0, fractions=(0.0, 0.1, 0.3), score="logit", seed=3)
+    for row in range(4):
+        alone = pixel_perturbation(forward, inputs[row:row + 1], maps[row:row + 1], 0, fractions=(0.0, 0.1, 0.3),
+                                   score="logit", seed=3)
+        torch.testing.assert_close(alone.most_first[0], together.most_first[row], rtol=0, atol=0)
+        torch.testing.assert_close(alone.least_first[0], together.least_first[row], rtol=0, atol=0)

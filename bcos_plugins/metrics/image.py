@@ -79,11 +79,14 @@ def grid_pointing_game(attributions: Float[Tensor, "batch h w"], cell: Int[Tenso
 
 def pixel_ranking(attributions: Float[Tensor, "batch h w"], most_important_first: bool = True,
                   seed: int = 0) -> Int[Tensor, "batch hw"]:
-    """Flat pixel indices in removal order; ties broken at random (fixed ``seed``)."""
+    """Flat pixel indices in removal order; ties broken at random (fixed ``seed``), the same way for every image,
+    so an image ranks the same alone and anywhere in a batch."""
     maps = _spatial(attributions).detach().flatten(1)
     _require_finite_maps(maps)
     g = torch.Generator().manual_seed(seed)
-    shuffle = torch.stack([torch.randperm(maps.shape[1], generator=g) for _ in range(maps.shape[0])]).to(maps.device)
+    # one permutation for all images: a generator drawn from row after row gave an image with tied scores another
+    # order (and other perturbation curves) depending on the images before it in the batch
+    shuffle = torch.randperm(maps.shape[1], generator=g).to(maps.device).expand(maps.shape[0], -1)
     shuffled = maps.gather(1, shuffle)
     order = torch.argsort(shuffled, dim=1, descending=most_important_first, stable=True)
     return shuffle.gather(1, order)
