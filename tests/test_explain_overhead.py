@@ -149,9 +149,10 @@ def test_explain_on_modernbert_gives_the_same_bits_through_the_kept_unit_block(m
     original = functional._KeptUnitsProduct.apply
     monkeypatch.setattr(functional._KeptUnitsProduct, "apply", lambda *args: applied.append(1) or original(*args))
     fast = explain(model, ids, mask)
-    assert len(applied) == config.num_hidden_layers  # every layer's Wqkv took the one-block backward
+    # every layer's Wqkv (query and key constant) and Wi (its activated half constant) took the one-block backward
+    assert len(applied) == 2 * config.num_hidden_layers
     monkeypatch.setattr(functional, "kept_unit_block", lambda *args: None)
     general = explain(model, ids, mask)
-    assert len(applied) == config.num_hidden_layers
+    assert len(applied) == 2 * config.num_hidden_layers
     assert torch.equal(fast.input_contributions, general.input_contributions)
     assert torch.equal(fast.explained, general.explained) and torch.equal(fast.delta, general.delta)

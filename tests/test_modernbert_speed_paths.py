@@ -154,3 +154,91 @@ def test_explain_still_refuses_a_non_finite_gradient_of_a_finite_output_found_th
         finally:
             handle.remove()
     assert torch.equal(explain(model, ids, mask).input_contributions, healthy.input_contributions)
+
+
+def _wi_layers(model):
+    return [(name, module) for name, module in model.named_modules() if name.endswith("mlp.Wi")]
+
+
+def test_bcosify_declares_wi_activated_half_constant_units_from_the_registry_spec():
+    # the spec's gate_units (one registry field) gives every Wi the constant units of its activated half, and the
+    # report lists them apart from the query/key projections
+    from bcos_plugins.convert.architectures import SPECS
+
+    assert SPECS["ModernBertForSequenceClassification"].gate_units == {"mlp.Wi": "first_half"}
+    model = _modernbert("sdpa")
+    wi = _wi_layers(model)
+    assert len(wi) == 2
+    for _, layer in wi:
+        assert layer.constant_outputs == slice(0, layer.out_features // 2) == slice(0, 64)
+    report = model.bcos_report
+    assert report.constant_gate_outputs == [name for name, _ in wi]
+    assert not set(report.constant_gate_outputs) & set(report.constant_outputs)
+    assert "2 gated-MLP input projections with their activated units constant" in report.summary()
+
+
+def test_a_family_without_gate_units_reports_none():
+    from conftest import tiny_model
+
+    from bcos_plugins import bcosify
+
+    report = bcosify(tiny_model("LlamaForCausalLM"), b=1.25, verbose=False).bcos_report
+    assert report.constant_gate_outputs == []  # a Llama's gate is a projection of its own
+    assert "gated-MLP input projections" not in report.summary()
+
+
+@pytest.mark.parametrize("parameter_gradients", [False, True])
+def test_explaining_with_wi_activated_half_constant_gives_the_same_bits_as_without(monkeypatch, parameter_gradients):
+    # Wi's activated half feeds only act(input), a constant while explaining, so its gradient was 0 already: with the
+    # units declared constant the backward leaves their rows out (one-block node) or zeroes them (the general
+    # path, taken when parameter gradients are), and every output and input gradient is the same bits
+    import copy
+
+    from bcos_plugins.nn import functional
+
+    model = _modernbert("sdpa")
+    before = copy.deepcopy(model)
+    for _, layer in _wi_layers(before):
+        layer.constant_outputs = None  # the conversion before the spec declared gate_units
+    ids = torch.randint(3, 60, (3, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    if not parameter_gradients:
+        applied = []
+        original = functional._KeptUnitsProduct.apply
+        monkeypatch.setattr(functional._KeptUnitsProduct, "apply", lambda *args: applied.append(1) or original(*args))
+        fast, general = explain(model, ids, mask), explain(before, ids, mask)
+        assert len(applied) == 2 * 2 + 2  # both calls: each layer's Wqkv, and Wi in the converted model only
+        for name in ("input_contributions", "explained", "delta"):
+            assert torch.equal(getattr(fast, name), getattr(general, name))
+        assert fast.completeness_error.max() < 1e-4
+        return
+    outcomes = []
+    for m in (model, before):
+        embeds = m.get_input_embeddings()(ids).detach().requires_grad_()
+        with explanation_mode(m):
+            logits = m(inputs_embeds=embeds, attention_mask=mask).logits
+            grads = torch.autograd.grad(logits[:, 1].sum(), [embeds, *m.parameters()], allow_unused=True)
+        outcomes.append((logits.detach(), *grads))
+    for a, b in zip(*outcomes, strict=True):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
+def test_training_ignores_wi_constant_units():
+    # outside explanation mode no unit is constant: the training gradients of a converted model are those without
+    import copy
+
+    model = _modernbert("sdpa").train()
+    before = copy.deepcopy(model)
+    for _, layer in _wi_layers(before):
+        layer.constant_outputs = None
+    ids = torch.randint(3, 60, (2, 7), generator=torch.Generator().manual_seed(3))
+    grads = []
+    for m in (model, before):
+        torch.manual_seed(0)  # the same dropout masks
+        loss = m(input_ids=ids, labels=torch.tensor([0, 1])).loss
+        grads.append(torch.autograd.grad(loss, list(m.parameters()), allow_unused=True))
+    for a, b in zip(*grads, strict=True):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+    assert any(g is not None and g[: g.shape[0] // 2].abs().sum() > 0
+               for (name, _), g in zip(model.named_parameters(), grads[0], strict=True) if name.endswith("Wi.weight"))

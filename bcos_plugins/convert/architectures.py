@@ -94,6 +94,12 @@ class ArchitectureSpec:
         base_prefix: attribute holding the base model in task models ("" for the base model itself).
         query_key: suffixes of projections that only feed attention scores, mapped to the part of their
             output that is query/key (``"all"`` or ``"first_two_thirds"`` for fused q|k|v projections).
+        gate_units: suffixes of fused gated-MLP input projections mapped to the part of their output that only
+            feeds the activated branch (``"first_half"``: ModernBERT's ``Wi``, whose ``act(input) * gate`` holds
+            ``act(input)`` constant while explaining). Those units get the projection's ``constant_outputs``
+            like query/key units: their gradient is 0 anyway, so the explaining backward leaves their rows out
+            instead of multiplying zeros (``bcos_plugins.nn.functional.kept_unit_block``); listed in the conversion
+            report's ``constant_gate_outputs``.
         embedding_point: (module path under the base model, ``"input"`` or ``"output"``): the tensor at
             which contributions are taken, i.e. word + position (+ token type) embeddings summed.
         head: ``"base"`` (hidden states), ``"classifier"`` (``logits`` of shape (batch, classes)),
@@ -131,6 +137,7 @@ class ArchitectureSpec:
     query_key: dict[str, str]
     embedding_point: tuple[str, Literal["input", "output"]]
     head: Head = "base"
+    gate_units: dict[str, str] = field(default_factory=dict)
     remove_activations: tuple[str, ...] = ()
     class_swaps: dict[str, tuple[Callable[[], type[nn.Module]], str]] = field(default_factory=dict)
     keep: dict[str, str] = field(default_factory=dict)
@@ -219,6 +226,7 @@ _GPT2_QK = {"attn.c_attn": "first_two_thirds"}
 _GPT2_NOT_DYNAMIC = _FUSED_QKV.format(path="attn.c_attn (a Conv1D)")
 _LLAMA_QK = {"self_attn.q_proj": "all", "self_attn.k_proj": "all"}
 _MODERNBERT_QK = {"attn.Wqkv": "first_two_thirds"}
+_MODERNBERT_GATE = {"mlp.Wi": "first_half"}  # Wi(x).chunk(2): act(input) * gate
 _TIED = "LM head tied to the input embeddings; kept, as in the B-cos LM paper (it is linear and bias-free)"
 _LM_HEAD = _TIED.replace("tied to the input embeddings", "(tied or not)")
 _MLM_BIAS = ("masked-LM decoder applied without its vocabulary bias (a bias is no token's contribution); the "
@@ -317,6 +325,7 @@ SPECS: dict[str, ArchitectureSpec] = {
     # ModernBERT: rotary positions (no table), fused q|k|v, GeGLU with a fused input|gate projection,
     # alternating local/global attention (a mask on the constant pattern), bias-free LayerNorms
     **{name: ArchitectureSpec("encoder", prefix, _MODERNBERT_QK, ("embeddings.norm", "input"), head=head,
+                              gate_units=_MODERNBERT_GATE,
                               module_swaps={"mlp": (_fused_gated_mlp, _GATED),
                                             "attn": (_modernbert_attention, _MODERNBERT_ATTENTION)},
                               first_column_pooling=("classifier_pooling", "cls") if head == "classifier" else False,

@@ -90,8 +90,13 @@ def _mixed_class(target: type[nn.Module], original: type[nn.Module]) -> type[nn.
 _MIXED: dict[tuple[type, type], type] = {}
 
 
-def _qk_slice(part: str, out_features: int) -> slice:
-    return slice(None) if part == "all" else slice(0, 2 * out_features // 3)
+_CONSTANT_PARTS = {"all": lambda n: slice(None), "first_two_thirds": lambda n: slice(0, 2 * n // 3),
+                   "first_half": lambda n: slice(0, n // 2)}
+
+
+def _constant_slice(part: str, out_features: int) -> slice:
+    """The output units a spec's ``query_key`` / ``gate_units`` part names (``"first_two_thirds"``: 0 to 2n/3)."""
+    return _CONSTANT_PARTS[part](out_features)
 
 
 _STOCK_QK = ("query/key kept as the pretrained affine map (weights and bias; bcos_query_key=False): its output "
@@ -129,9 +134,12 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
             is_conv = isinstance(module, Conv1D)
             out_features = module.weight.shape[1] if is_conv else module.out_features
             qk = next((p for s, p in spec.query_key.items() if name.endswith(s)), None)
-            const = _qk_slice(qk, out_features) if qk else None
+            gate = None if qk else next((p for s, p in spec.gate_units.items() if name.endswith(s)), None)
+            const = _constant_slice(qk or gate, out_features) if qk or gate else None
             if qk:
                 report.constant_outputs.append(name)
+            if gate:
+                report.constant_gate_outputs.append(name)
             if qk and not bcos_query_key:
                 report.kept[name] = _STOCK_QK
                 if qk == "all":

@@ -23,6 +23,8 @@ class ConversionReport:
         removed_activations: head activations removed (tanh / ReLU in poolers and pre-classifiers).
         constant_outputs: query/key projections whose outputs are constants in explanation mode (B-cos or
             stock).
+        constant_gate_outputs: gated-MLP input projections whose activated units (the half that only feeds the
+            dynamic weight ``act(input)``) are constants in explanation mode (the spec's ``gate_units``).
         kept: modules deliberately left as they are (e.g. tied LM heads), with the reason.
         patched_modules: modules whose class was swapped for a B-cos subclass, with the reason.
     """
@@ -36,6 +38,7 @@ class ConversionReport:
     activations: dict[str, str] = field(default_factory=dict)
     removed_activations: list[str] = field(default_factory=list)
     constant_outputs: list[str] = field(default_factory=list)
+    constant_gate_outputs: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
     patched_modules: dict[str, str] = field(default_factory=dict)
 
@@ -50,6 +53,9 @@ class ConversionReport:
             + ("" if self.bcos_query_key else " (kept stock: pretrained weights and biases)"),
             f"  {len(self.dropped_biases)} biases dropped",
         ]
+        if self.constant_gate_outputs:
+            lines.insert(-1, f"  {len(self.constant_gate_outputs)} gated-MLP input projections with their activated "
+                             "units constant in explanation mode")
         for name in self.removed_activations:
             lines.append(f"  removed head activation: {name}")
         for name, why in self.patched_modules.items():
