@@ -73,7 +73,7 @@ from bcos_plugins.attribution import (
     text_attribution_point,
 )
 from bcos_plugins.attribution.text import check_token_inputs, explained_positions, rows_as_alone_call
-from bcos_plugins.convert.architectures import spec_for
+from bcos_plugins.convert.architectures import spec_for, uncompiled
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import recording_forward_autocast
 from bcos_plugins.nn.dynamic import dynamic_weights_used, explanation_mode, is_explaining
@@ -133,6 +133,11 @@ def _note_training_module(module: nn.Module, args) -> None:
     seen = getattr(_training_modules_seen, "names", None)
     if seen is not None and not seen and module.training and _random_in_training(module):
         seen.append(type(module).__name__)
+    compiled = getattr(_training_modules_seen, "compiled_bcos", None)
+    # a torch.compile wrapper is called in Python; its model's B-cos modules run inside the compiled graph, where
+    # dynamic_weights_used() does not count them (the thread-wide explanation mode still holds their weights constant)
+    if compiled is not None and not compiled and uncompiled(module) is not module and has_dynamic_weights(module):
+        compiled.append(type(uncompiled(module)).__name__)
 
 
 @contextmanager
@@ -146,8 +151,11 @@ def _explaining(who: str, model: nn.Module | None) -> Iterator[None]:
         model.eval()
     used_before = dynamic_weights_used()
     outer = getattr(_training_modules_seen, "names", None)  # a call nested in another one (e.g. a metric)
+    outer_compiled = getattr(_training_modules_seen, "compiled_bcos", None)
     training: list[str] = []
+    compiled_bcos: list[str] = []
     _training_modules_seen.names = training
+    _training_modules_seen.compiled_bcos = compiled_bcos
     # global hooks see every thread's modules; only this thread's list is set, so only its calls are noted
     handle = torch.nn.modules.module.register_module_forward_pre_hook(_note_training_module)
     try:
@@ -155,13 +163,15 @@ def _explaining(who: str, model: nn.Module | None) -> Iterator[None]:
     finally:
         handle.remove()
         _training_modules_seen.names = outer
+        _training_modules_seen.compiled_bcos = outer_compiled
         if model is not None:
             model.train(was_training)
     if training:
         raise argument_error("forward_func", f"ran {training[0]} in training mode, where dropout makes the "
                              "explained function random", "Call model.eval() before attributing",
                              kind=BcosRuntimeError)
-    if dynamic_weights_used() == used_before and not (model is not None and is_explaining(model)):
+    if dynamic_weights_used() == used_before and not compiled_bcos and not (model is not None
+                                                                           and is_explaining(model)):
         raise argument_error(
             "forward_func", f"{who} ran it, but it ran through no B-cos (dynamic-weight) module, so input x "
             "gradient of it is not an exact W(x)x explanation",
@@ -419,7 +429,7 @@ class _Logits(nn.Module):
 def _returns_model_output(forward_func: Callable) -> bool:
     from transformers import PreTrainedModel
 
-    return isinstance(forward_func, PreTrainedModel)
+    return isinstance(uncompiled(forward_func), PreTrainedModel)
 
 
 # ------------------------------------------------------------------------------------ the two methods
