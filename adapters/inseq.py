@@ -608,7 +608,8 @@ class BcosClassifier:
         elif len(target) == 0:
             classes = []
         else:
-            classes = require_row_ids("target", target, len(target), broadcast=False).tolist()
+            classes = require_row_ids("target", target, len(target), broadcast=False,
+                                      form="class ids as an int, a list of ints or a 1-d integer tensor").tolist()
         bad = [c for c in classes if not 0 <= c < n]
         if bad or not classes:
             raise argument_error("target", f"must be class ids in [0, {n}); got {classes}",

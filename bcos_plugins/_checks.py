@@ -173,18 +173,24 @@ def require_same_shape(name: str, value: Tensor, other_name: str, other: Tensor,
 
 
 def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, what: str = "outputs",
-                    broadcast: bool = True, direction_hint: bool = False, device=None) -> Tensor:
+                    broadcast: bool = True, direction_hint: bool = False, device=None,
+                    form: str | None = None) -> Tensor:
     """``value`` as ``(batch,)`` int64 ids, one per row, in ``[0, n_ids)`` when ``n_ids`` is given: the one
     per-row id parser (targets, foils, positions, class ids, labels, grid cells).
 
     Takes an int for every row (unless ``broadcast=False``), a sequence of ints or an integer tensor of shape
     ``(batch,)``. Floats are refused, never truncated (torch would read 1.7 as 1 without a word), booleans too
     (a mask is not ids); ``direction_hint`` names ``Direction(vector)`` in the refusal of a float, where the
-    caller takes one. ``what`` names the ``n_ids`` things in the out-of-range message ("3 classes").
+    caller takes one. ``what`` names the ``n_ids`` things in the out-of-range message ("3 classes"). ``form`` names
+    what the caller takes, for ids that are not one per row (inseq's list of classes, each explained for every text):
+    the refusals then ask for it instead of one id per row of a batch of ``batch``.
     """
-    one = "an int or one id per row" if broadcast else "one id per row"
-    fix_type = (f"Pass {'an int for every row, or ' if broadcast else ''}one integer id per row (a list of ints or "
-                f"an integer tensor of shape ({batch},))")
+    if form is not None:
+        one, fix_type = form, f"Pass {form}"
+    else:
+        one = ("an int or one id per row" if broadcast else "one id per row") + f", shape ({batch},)"
+        fix_type = (f"Pass {'an int for every row, or ' if broadcast else ''}one integer id per row (a list of ints "
+                    f"or an integer tensor of shape ({batch},))")
     if direction_hint:
         fix_type += f"; to explain a direction of the output space pass {name}=Direction(vector)"
     if isinstance(value, list | tuple) and any(isinstance(v, bool) for v in value):
@@ -208,7 +214,7 @@ def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, w
     if ids.ndim == 0 and broadcast:
         ids = ids.expand(batch)
     if tuple(ids.shape) != (batch,):
-        raise argument_error(name, f"expected {one}, shape ({batch},); got shape {tuple(ids.shape)}", fix_type)
+        raise argument_error(name, f"expected {one}; got shape {tuple(ids.shape)}", fix_type)
     if n_ids is not None:
         outside = (ids < 0) | (ids >= n_ids)
         if outside.any():

@@ -182,3 +182,31 @@ def test_captum_still_refuses_a_compiled_stock_model():
     embeds = torch.randn(2, 5, 32)
     with pytest.raises(BcosTypeError, match="ran through no B-cos"):
         BcosAttribution(lambda e: compiled(inputs_embeds=e).logits).attribute(embeds, target=1)
+
+
+# ------------------------------------------------------------------ the words of an id refusal
+
+
+def test_inseq_classifier_target_refusals_ask_for_class_ids_not_one_id_per_row():
+    """BcosClassifier.attribute(target=[1.7]) was refused asking for 'one integer id per row (... of shape (1,))': its
+    target is a list of classes, each attributed for every text, with no rows and no fixed length. The refusals now
+    ask for what it takes; the per-row parsers elsewhere keep their words (tests/test_row_ids.py)."""
+    from bcos_plugins.adapters.inseq import load_classifier
+    from test_conformance import _stock, _word_tokenizer
+
+    from bcos_plugins import bcosify
+    from bcos_plugins.errors import BcosError
+
+    classifier = load_classifier(bcosify(_stock("BertForSequenceClassification"), b=1.25, verbose=False),
+                                 _word_tokenizer())
+    fix = "Pass class ids as an int, a list of ints or a 1-d integer tensor."
+    for bad, problem in (([1.7], "got a float (torch.float32); ids must be integers (floats are refused, not "
+                                 "truncated)"),
+                         ([0, True], "got a boolean; ids must be integers"),
+                         (torch.tensor([True, False]), "got a boolean; ids must be integers"),
+                         (["a"], "cannot read ['a'] as ids"),
+                         ([[0, 1]], "expected class ids as an int, a list of ints or a 1-d integer tensor; got shape "
+                                    "(1, 2)")):
+        with pytest.raises(BcosError) as info:
+            classifier.attribute("w3 w7", target=bad)
+        assert str(info.value) == f"target: {problem}. {fix}", str(info.value)
