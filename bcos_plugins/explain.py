@@ -47,6 +47,8 @@ from .attribution.targets import (
 from .attribution.text import (
     check_token_inputs,
     explained_positions,
+    keep_explained_logits,
+    logits_at_positions,
     rows_as_alone_call,
     text_attribution_point,
 )
@@ -98,7 +100,6 @@ def explain(
     spec = spec_for(model)
     point = text_attribution_point(model, spec)
     input_ids, attention_mask = check_token_inputs(model, input_ids, attention_mask)
-    batch = input_ids.shape[0]
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     if spec.is_classifier and position is not None:
         raise BcosValueError("position: a sequence classifier explains one logit per sequence, not a position. "
@@ -110,6 +111,8 @@ def explain(
     pos = None if spec.is_classifier else outside_inference(explained_positions(spec, position, mask,
                                                                                 mask_checked=True))
     call_kwargs = rows_as_alone_call(model, input_ids, attention_mask, forward_kwargs, spec=spec)
+    if pos is not None:  # a causal LM's head runs on the explained columns only
+        call_kwargs = keep_explained_logits(spec, call_kwargs, pos, input_ids.shape[1])
     parsed: dict = {}
     forward_autocast: list[torch.dtype] = []  # the autocast dtype the forward ran under, if any (see below)
 
@@ -126,7 +129,7 @@ def explain(
             values = out.logits
         else:
             hidden = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
-            values = hidden[torch.arange(batch, device=hidden.device), pos]
+            values = logits_at_positions(hidden, pos, input_ids.shape[1])
         parsed["resolved"] = resolve_explained(values, target, foil)
         parsed["scale"] = _output_scale(values.detach(), parsed["resolved"].target, parsed["resolved"].foil)
         return parsed["resolved"].explained, leaves[:1]

@@ -34,7 +34,7 @@ from ..convert.architectures import (
     uncompiled,
     vocabulary_size,
 )
-from ..errors import BcosTypeError, BcosValueError, argument_error
+from ..errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from ..nn.dynamic import has_dynamic_weights
 from .gradient import outside_inference
 from .targets import real_token_positions, resolve_positions
@@ -43,7 +43,7 @@ __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explain
            "model_call_kwargs", "check_forward_kwargs", "forward_keywords", "check_first_column_is_real",
            "readable_tokenizer_outputs", "real_token_position_ids", "position_ids_as_alone",
            "gets_real_token_position_ids", "registry_spec", "rows_as_alone_call", "learned_position_table",
-           "refuse_left_padding_shifting_positions"]
+           "refuse_left_padding_shifting_positions", "keep_explained_logits", "logits_at_positions"]
 
 
 @dataclass(frozen=True)
@@ -336,6 +336,36 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     kwargs["input_ids"] = input_ids
     kwargs["attention_mask"] = attention_mask
     return _with_output_object(model, kwargs)
+
+
+def keep_explained_logits(spec: ArchitectureSpec, call: dict, positions: Int[Tensor, " batch"], length: int) -> dict:
+    """``call`` (:func:`model_call_kwargs`' keywords) with ``logits_to_keep=positions`` for a causal LM explained at
+    ``positions`` (one column per row of a batch of ``length`` columns) when the batch has fewer rows than columns: its
+    LM head then runs on the explained columns only (``batch`` of them for every row, read with
+    :func:`logits_at_positions`), as ``generate`` runs it on the last one. The other columns' logits are never
+    explained (the head is a linear map of each column's hidden state, so a kept column's logits are the same function
+    of the input), and the head's product with the vocabulary is about a third of a small decoder's arithmetic (4 x 32
+    tokens, hidden 128, 1000 tokens; docs/benchmarks.md). ``positions`` stay on the device (no sync). Other heads, and
+    batches of at least as many rows as columns (the kept columns would outnumber the columns), get ``call`` as it
+    is."""
+    if spec.head != "causal_lm" or positions.shape[0] >= length:
+        return call
+    return {**call, "logits_to_keep": positions}
+
+
+def logits_at_positions(outputs: Tensor, positions: Int[Tensor, " batch"], length: int) -> Tensor:
+    """Each row's ``outputs`` (logits or hidden states, ``(batch, columns, n)``) at its column of ``positions`` among
+    the ``length`` input columns, where ``outputs`` holds every column, or (after :func:`keep_explained_logits`, with
+    fewer rows than columns) the columns of ``positions`` in their order, so that row ``i``'s is its ``i``-th. A forward
+    that ignored ``logits_to_keep`` returns every column: read as such."""
+    rows = torch.arange(outputs.shape[0], device=outputs.device)
+    if outputs.shape[1] == length:
+        return outputs[rows, positions]
+    if outputs.shape[1] == outputs.shape[0] < length:
+        return outputs[rows, rows]
+    raise BcosRuntimeError(f"the model returned {outputs.shape[1]} columns of outputs for {length} input columns and "
+                           f"{outputs.shape[0]} explained positions; explain reads the logits of every row's explained "
+                           "position (all columns, or logits_to_keep's one per row).")
 
 
 def registry_spec(model) -> ArchitectureSpec | None:
