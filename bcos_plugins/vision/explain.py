@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..attribution import Direction, Explanation, as_leaf, input_x_gradient, resolve_explained
 from ..errors import BcosTypeError, BcosValueError, argument_error
+from ..nn.functional import at_least_float32
 from .conventional import ConventionalViT
 from .model import BcosViT
 
@@ -34,7 +35,8 @@ class ImageExplanation(Explanation):
     """:class:`~bcos_plugins.attribution.Explanation` of a B-cos ViT (returned by :func:`explain_image`).
 
     Attributes:
-        contributions: per-pixel contributions, summed over the ``2C`` encoded channels ``(batch, H, W)``.
+        contributions: per-pixel contributions, summed over the ``2C`` encoded channels ``(batch, H, W)``, in at
+            least float32 (float32 for a float16 / bfloat16 model), as ``total`` and ``position_contributions``.
         input_contributions: ``W(x~) * x~`` per encoded channel ``(batch, 2C, H, W)``.
         explained: the explained values (a logit, or ``target - foil``).
         weights: the explained row ``W_c(x~)`` of the dynamic linear map ``(batch, 2C, H, W)`` (for the
@@ -83,10 +85,12 @@ def explain_image(model: BcosViT, pixel_values: Float[Tensor, "batch c h w"], *,
 
     step = input_x_gradient(compute, model)
     contributions = step.contributions[0]
-    position_share = (torch.zeros(batch, device=encoded.device) if not position
-                      else step.contributions[1].sum(dim=(1, 2)))
+    # summed in at least float32, as Explanation.total is: a half-precision sum keeps 3 significant digits
+    summed = at_least_float32(contributions.dtype)
+    position_share = (torch.zeros(batch, dtype=summed, device=encoded.device) if not position
+                      else step.contributions[1].sum(dim=(1, 2), dtype=summed))
     return ImageExplanation(
-        contributions=contributions.sum(dim=1),
+        contributions=contributions.sum(dim=1, dtype=summed),
         input_contributions=contributions,
         explained=step.explained,
         target=parsed["resolved"].target,
