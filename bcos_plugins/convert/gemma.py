@@ -14,6 +14,7 @@ from transformers.utils import can_return_tuple
 
 from ..nn.activation import soft_cap_scale
 from ..nn.dynamic import DynamicWeightModule
+from ..nn.functional import at_least_float32
 
 try:  # the helper the stock Gemma 2 forward calls in recent transformers
     from transformers.modeling_utils import slice_logits_to_keep
@@ -36,15 +37,17 @@ class BcosGemmaRMSNorm(DynamicWeightModule):
 
     Gemma stores the gain as an offset from 1 (its weights start at 0), so the package's
     :class:`~bcos_plugins.nn.DetachableRMSNorm` (gain ``weight``) would compute another model: the stock
-    module keeps its parameter and only its forward changes. Computed in float32 and cast back, as the stock
-    forward does.
+    module keeps its parameter and only its forward changes. Half-precision inputs are computed in float32 and
+    cast back, as the stock forward does; float64 ones stay float64 (the stock forward's ``x.float()`` narrows
+    them to float32, a rounding on the path from input to output that explanation mode cannot hold constant, so
+    a float64 model's explanations were complete only to float32's rounding and ``explain`` refused them).
     """
 
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
-        x32 = x.float()
+        wide = x.to(at_least_float32(x.dtype))
         with self.dynamic_scope():
-            inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * self.dynamic_weight(inv_rms) * (1.0 + self.weight.float())).type_as(x)
+            inv_rms = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (wide * self.dynamic_weight(inv_rms) * (1.0 + self.weight.to(wide.dtype))).type_as(x)
 
 
 class BcosSoftCappedLMHead(DynamicWeightModule):
