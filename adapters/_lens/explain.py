@@ -29,6 +29,7 @@ from bcos_plugins.attribution import (
 )
 from bcos_plugins.errors import BcosTypeError
 from bcos_plugins.explain import recording_forward_autocast
+from bcos_plugins.nn.functional import at_least_float32
 
 from .._completeness import warn_if_incomplete
 from .bridge import is_explainable_bridge
@@ -166,9 +167,12 @@ def explain_lens_value(
         step = input_x_gradient(compute, model)
     hook_contributions = dict(zip(names, step.contributions, strict=True))
     total = sum(step.contributions)
+    # each hook's share summed over d_model in at least float32, as explain's token scores: in half precision the
+    # sum (and adding the hooks' tensors first) kept 3 significant digits
+    token_scores = sum(c.sum(-1, dtype=at_least_float32(c.dtype)) for c in step.contributions)
     _, explained_target, explained_foil = parsed["resolved"]
     return (result_class or LensExplanation)(
-        contributions=total.sum(-1), input_contributions=total, explained=step.explained,
+        contributions=token_scores, input_contributions=total, explained=step.explained,
         target=explained_target, foil=explained_foil,
         attribution_point=" + ".join(names) + " (TransformerLens hooks)",
         position=pos, input_ids=tokens, attention_mask=attention_mask, reduce="sum",
