@@ -130,9 +130,9 @@ def explain(
         else:
             hidden = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
             values = logits_at_positions(hidden, pos, input_ids.shape[1])
-        parsed["resolved"] = resolve_explained(values, target, foil)
-        parsed["scale"] = _output_scale(values.detach(), parsed["resolved"].target, parsed["resolved"].foil)
-        return parsed["resolved"].explained, leaves[:1]
+        resolved = parsed["resolved"] = resolve_explained(values, target, foil)
+        parsed["scale"] = _output_scale(values.detach(), resolved.target, resolved.foil, resolved.explained)
+        return resolved.explained, leaves[:1]
 
     # the step's finiteness is checked with the completeness, in one device-to-host sync
     step = input_x_gradient(compute, model, defer_finite_check=True)
@@ -175,15 +175,20 @@ def recording_forward_autocast(module: nn.Module, seen: list[torch.dtype]) -> It
             note.remove()
 
 
-def _output_scale(values: Tensor, target: Tensor | Direction, foil: Tensor | Direction | None) -> Tensor:
+def _output_scale(values: Tensor, target: Tensor | Direction, foil: Tensor | Direction | None,
+                  explained: Tensor) -> Tensor:
     """Per row, ``|output[target]| + |output[foil]|`` (``sum |v_i| |output_i|`` for a Direction): the size of
-    the outputs whose difference is explained, against which a logit difference near 0 is still exact."""
+    the outputs whose difference is explained, against which a logit difference near 0 is still exact. Without a foil
+    an id target's output is the ``explained`` value itself (resolve_explained's pick of ``values``): its size."""
+    if foil is None and not isinstance(target, Direction):
+        return explained.detach().abs()
+
     def size(which):
         if isinstance(which, Direction):
             return select_explained(values.abs(), Direction(which.vector.abs()))
         return select_explained(values, which).abs()  # the picked outputs' sizes: no pass over all outputs
 
-    return size(target) + (0.0 if foil is None else size(foil))
+    return size(target) if foil is None else size(target) + size(foil)
 
 
 def completeness_tolerance(contributions: Tensor,
