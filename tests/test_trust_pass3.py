@@ -275,3 +275,18 @@ def test_a_half_precision_models_attributions_that_miss_the_logit_are_warned_abo
             _, delta = LayerBcos(model, layer=layer).attribute(ids, target=1, additional_forward_args=(mask,),
                                                                return_convergence_delta=True)
         assert delta.abs().max() > 0.1  # what the warning is about
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_image_maps_are_summed_ranked_and_shared_in_float32(dtype):
+    """The image metrics summed a float16 / bfloat16 (batch, C, H, W) map over its channels, and took grid pointing
+    game shares, in the map's dtype: pixels whose channel sums differ tied (and were ordered by the seed instead) and a
+    share was off by 7e-4 (bfloat16). They now work in float32: the ranking and shares are those of the float64 map
+    of the same values."""
+    from bcos_plugins.metrics import grid_pointing_game, pixel_ranking
+
+    maps = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
+    assert torch.equal(pixel_ranking(maps), pixel_ranking(maps.double()))
+    share = grid_pointing_game(maps, 1)
+    assert share.dtype == torch.float32
+    torch.testing.assert_close(share.double(), grid_pointing_game(maps.double(), 1), rtol=1e-6, atol=1e-8)
