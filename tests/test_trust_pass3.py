@@ -290,3 +290,21 @@ def test_half_precision_image_maps_are_summed_ranked_and_shared_in_float32(dtype
     share = grid_pointing_game(maps, 1)
     assert share.dtype == torch.float32
     torch.testing.assert_close(share.double(), grid_pointing_game(maps.double(), 1), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_space_models_token_scores_are_summed_in_float32(dtype):
+    """context_attribution summed a float16 / bfloat16 Space model's concept-unit shares per token in the model's
+    dtype (off by 3e-3 of the largest score in bfloat16); it now sums them in float32, as explain does."""
+    from conftest import padded_batch
+    from test_space import space_model
+
+    from bcos_plugins.space import context_attribution
+
+    model = space_model(n_latent=16).to(dtype)
+    ids, mask = padded_batch()
+    expl = context_attribution(model, ids, mask)
+    assert expl.input_contributions.dtype == dtype and expl.contributions.dtype == torch.float32
+    torch.testing.assert_close(expl.contributions.double(), expl.input_contributions.double().sum(-1), rtol=1e-6,
+                               atol=1e-9)
+    assert (expl.contributions[mask == 0] == 0).all()

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ..attribution import Direction, TokenExplanation, resolve_explained
 from ..errors import BcosTypeError
+from ..nn.functional import at_least_float32
 
 __all__ = ["SpaceExplanation", "context_attribution", "concept_contributions"]
 
@@ -93,7 +94,7 @@ def context_attribution(
         bias = bias - model.head.classifier.bias[foil_t]
     units = units.flatten(2)
     return SpaceExplanation(
-        contributions=units.sum(-1),
+        contributions=units.sum(-1, dtype=at_least_float32(units.dtype)),  # as explain's token scores
         input_contributions=units,
         explained=full - bias,
         target=target_t,
