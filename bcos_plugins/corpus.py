@@ -200,10 +200,11 @@ def explain_dataset(
         ids_rows = [ids[m.bool()].tolist() for ids, m in zip(enc["input_ids"], enc["attention_mask"], strict=True)]
         columns["input_ids"] += ids_rows
         columns["tokens"] += [tokenizer.convert_ids_to_tokens(r) for r in ids_rows]
-        columns["scores"] += [s.float().cpu().tolist() for s in expl.scores()]
-        columns["explained"] += expl.explained.float().cpu().tolist()
-        columns["delta"] += expl.delta.float().cpu().tolist()
-        columns["completeness_error"] += expl.completeness_error.float().cpu().tolist()
+        # Python floats hold every dtype's values exactly (a cast to float32 first rounded a float64 model's scores)
+        columns["scores"] += [s.cpu().tolist() for s in expl.scores()]
+        columns["explained"] += expl.explained.cpu().tolist()
+        columns["delta"] += expl.delta.cpu().tolist()
+        columns["completeness_error"] += expl.completeness_error.cpu().tolist()
         columns["target"] += (expl.target.cpu().tolist() if isinstance(expl.target, torch.Tensor)
                               else [None] * (hi - lo))
         if foils is not None:

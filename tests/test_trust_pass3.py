@@ -308,3 +308,26 @@ def test_a_half_precision_space_models_token_scores_are_summed_in_float32(dtype)
     torch.testing.assert_close(expl.contributions.double(), expl.input_contributions.double().sum(-1), rtol=1e-6,
                                atol=1e-9)
     assert (expl.contributions[mask == 0] == 0).all()
+
+
+# ------------------------------------------------------------------ explain_dataset
+
+
+def test_explain_dataset_keeps_a_float64_models_numbers():
+    """explain_dataset cast each text's scores, explained value and delta to float32 before storing them: a float64
+    model's scores were rounded by 1e-9 (ties where explain tells tokens apart). They are now stored as explain
+    returns them, equal to explain on each text alone."""
+    from test_conformance import _word_tokenizer
+
+    from bcos_plugins.corpus import explain_dataset
+
+    model = copy.deepcopy(_bcos_llama()).double()
+    tokenizer = _word_tokenizer()
+    tokenizer.padding_side = "left"
+    texts = ["w3 w7 w11 w5", "w9 w4", "w20 w21 w22 w23 w24 w25", "w8"]
+    rows = explain_dataset(model, tokenizer, texts, target=5, foil=7, batch_size=3, progress=False)
+    for i, text in enumerate(texts):
+        alone = explain(model, torch.tensor([tokenizer(text)["input_ids"]]), target=5, foil=7)
+        torch.testing.assert_close(torch.tensor(rows[i]["scores"], dtype=torch.float64), alone.contributions[0],
+                                   rtol=1e-12, atol=1e-14)
+        assert rows[i]["explained"] == pytest.approx(float(alone.explained[0]), rel=1e-12, abs=1e-14)
