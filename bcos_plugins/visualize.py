@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .attribution.targets import Direction
 from .errors import BcosTypeError, BcosValueError, argument_error
 
 __all__ = ["explanation_sections_to_html", "explanations_to_html", "tokens_to_html"]
@@ -85,6 +86,8 @@ def _name(value, label_names: Sequence[str] | None) -> str:
         value = int(value)
     if isinstance(value, int) and label_names and 0 <= value < len(label_names):
         return label_names[value]
+    if isinstance(value, Direction):  # its repr prints the whole vector into the caption
+        return "a direction"
     if isinstance(value, torch.Tensor):
         return "a direction" if value.is_floating_point() else str(value.tolist())
     return str(value)

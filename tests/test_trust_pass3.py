@@ -331,3 +331,24 @@ def test_explain_dataset_keeps_a_float64_models_numbers():
         torch.testing.assert_close(torch.tensor(rows[i]["scores"], dtype=torch.float64), alone.contributions[0],
                                    rtol=1e-12, atol=1e-14)
         assert rows[i]["explained"] == pytest.approx(float(alone.explained[0]), rel=1e-12, abs=1e-14)
+
+
+# ------------------------------------------------------------------ visualize
+
+
+def test_visualize_names_a_direction_target_in_words():
+    """explanations_to_html captioned an explanation of Direction(vector) with the Direction's repr: the vector's
+    first hundred entries printed into the page. It now says 'a direction', as for a float tensor."""
+    import re
+
+    from test_conformance import _word_tokenizer
+
+    from bcos_plugins import Direction
+    from bcos_plugins.visualize import explanations_to_html
+
+    vector = torch.zeros(60)
+    vector[5], vector[7] = 1.0, -1.0
+    expl = explain(_bcos_llama(), torch.tensor([[5, 6, 7, 8]]), target=Direction(vector), position=-1)
+    page = explanations_to_html(expl, _word_tokenizer())
+    (caption,) = re.findall(r"explained: [^<]*", page)
+    assert caption.startswith("explained: a direction — value ") and "tensor" not in page
