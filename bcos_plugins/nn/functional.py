@@ -96,6 +96,38 @@ def _unit_norms(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
     return torch.linalg.vector_norm(weight, dim=dim, keepdim=True)
 
 
+def _unrecorded_unit_norm(view: Tensor, dim: int | tuple[int, ...], cast: torch.dtype | None = None) -> Tensor:
+    """:func:`unit_norm` of ``view`` where autograd records nothing (its clamp in place), stored in ``cast`` (the
+    matrix product's dtype under ``torch.autocast``, :func:`_matmul_cast`) if given, else in ``view``'s dtype
+    (:func:`_stored_quotient`)."""
+    return _stored_quotient(view, _unit_norms(view, dim).clamp_min_(NORM_EPS), cast or view.dtype)
+
+
+def _stored_quotient(view: Tensor, clamped_norm: Tensor, dtype: torch.dtype) -> Tensor:
+    """``view / clamped_norm`` in ``dtype``, where autograd records nothing: one division kernel that computes in
+    float32 (float64 for float64) and rounds once on store. The bits of the quotient followed by its cast (autocast's
+    own cast of a float32 weight, a half-precision weight's float32 quotient rounded back) without the copies before
+    and after it, each a kernel launch on a GPU (docs/benchmarks.md#gpu). The result keeps ``view``'s strides (a
+    transposed ``Conv1D`` weight stays transposed), as the quotient did, so the matrix product reading it runs the
+    same kernel. Tensor subclasses (DTensor, quantised weights) take the quotient and the cast as two steps."""
+    if view.dtype == clamped_norm.dtype == dtype:  # (no cast to save: no output allocated by hand)
+        return view / clamped_norm
+    if type(view) not in _PLAIN_TENSORS:
+        unit = _divided_by_norm(view, clamped_norm)
+        return unit if unit.dtype == dtype else unit.to(dtype)
+    return torch.div(view, clamped_norm, out=torch.empty_like(view, dtype=dtype))
+
+
+_PLAIN_TENSORS = (Tensor, nn.Parameter)
+
+
+def _matmul_cast(weight: Tensor) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` casts a float32 ``weight`` to for a matrix product here, ``None`` if none."""
+    if weight.dtype == torch.float32 and torch.is_autocast_enabled(weight.device.type):
+        return torch.get_autocast_dtype(weight.device.type)
+    return None
+
+
 def _divided_by_norm(weight: Tensor, clamped_norm: Tensor, keep_wide: bool = False) -> Tensor:
     """``weight / clamped_norm``; half-precision weights are divided in float32 and rounded back unless
     ``keep_wide`` (the backward of :class:`_BcosLinear` wants the float32 quotient)."""
@@ -146,21 +178,21 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
         view = view[first_unit:]
     if torch.compiler.is_compiling():
         return unit_norm(view, dim)
+    recorded = torch.is_grad_enabled() and weight.requires_grad
     if not _REUSE_UNIT_WEIGHTS:
-        if torch.is_grad_enabled() and weight.requires_grad and parameter_gradients_unused() and not _REFERENCE_PATH:
-            # an explanation: no gradient of the weight is taken, so the normalisation is not recorded (three
-            # autograd nodes and their saved tensors per layer and call), as a reused copy is not
-            with torch.no_grad():
-                return unit_norm(view, dim)
-        return unit_norm(view, dim)
-    if torch.is_grad_enabled() and weight.requires_grad and not parameter_gradients_unused():
+        if _REFERENCE_PATH or (recorded and not parameter_gradients_unused()):
+            return unit_norm(view, dim)
+        # nothing to record: inference, or an explanation, which takes no gradient of the weight (three autograd
+        # nodes and their saved tensors per layer and call saved, as a reused copy saves them); under autocast
+        # divided straight into the matrix product's dtype (one kernel fewer per layer and call)
+        with torch.no_grad():
+            return _unrecorded_unit_norm(view, dim, _matmul_cast(weight) if autocast else None)
+    if recorded and not parameter_gradients_unused():
         _forget_unit_norm(weight)
         return unit_norm(view, dim)
-    if type(weight) not in (Tensor, nn.Parameter) or _REFERENCE_PATH or weight.is_inference() or weight.is_meta:
+    if type(weight) not in _PLAIN_TENSORS or _REFERENCE_PATH or weight.is_inference() or weight.is_meta:
         return unit_norm(view, dim)
-    cast = None
-    if autocast and weight.dtype == torch.float32 and torch.is_autocast_enabled(weight.device.type):
-        cast = torch.get_autocast_dtype(weight.device.type)
+    cast = _matmul_cast(weight) if autocast else None
     form = (dim, transposed, first_unit, cast)
     key = (weight._version, weight.data_ptr(), weight.dtype, weight.device, weight.shape, weight.stride(),
            torch.is_inference_mode_enabled())
@@ -171,9 +203,7 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
     if hit is not None and hit[0] == key:
         return hit[1]
     with torch.no_grad():
-        unit = unit_norm(view, dim)
-        if cast is not None:
-            unit = unit.to(cast)
+        unit = _unrecorded_unit_norm(view, dim, cast)
     forms[form] = (key, unit)
     return unit
 
@@ -249,8 +279,8 @@ def clear_unit_norm_cache(model: nn.Module | None = None) -> None:
         _UNIT_WEIGHTS.pop(parameter, None)
 
 
-# the last input norm computed without autograd recording, per thread: (weak reference to the input, its
-# version counter and dim, the norm)
+# the last input norm computed without autograd recording, per thread: [weak reference to the input, its
+# version counter and dim, the norm, its reciprocal once a layer asked for it (_norm_reciprocal)]
 _LAST_INPUT_NORM = threading.local()
 
 
@@ -285,7 +315,7 @@ def input_norm(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
     # the rounding of norm * norm); its gradient norm / hypot is 0, not NaN, at norm = 0
     norm = torch.hypot(norm, _SQRT_NORM_EPS.get(norm.dtype, _SQRT_NORM_EPS[torch.float64]))
     if reusable:
-        _LAST_INPUT_NORM.entry = (weakref.ref(x), key, norm)
+        _LAST_INPUT_NORM.entry = [weakref.ref(x), key, norm, None]
     return norm
 
 
@@ -321,7 +351,20 @@ def _fused_dtype(lin: Tensor) -> torch.dtype:
 def _abs_cos(lin: Tensor, x_norm: Tensor) -> Tensor:
     """``|lin| * (1 / ||x||)`` in :func:`_fused_dtype`, a fresh tensor (see :func:`_fused_scale`)."""
     abs_lin = lin.float().abs_() if lin.dtype == torch.float16 else lin.abs()
-    return abs_lin.mul_(x_norm.reciprocal())
+    return abs_lin.mul_(_norm_reciprocal(x_norm))
+
+
+def _norm_reciprocal(x_norm: Tensor) -> Tensor:
+    """``1 / ||x||``. Without autograd recording, that of a norm :func:`input_norm` shares between the layers reading
+    one input is taken once and shared too (an attention block's query, key and value projections: one kernel
+    instead of three); the same value either way. Callers must not write into it."""
+    if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        last = getattr(_LAST_INPUT_NORM, "entry", None)
+        if last is not None and last[2] is x_norm:
+            if last[3] is None:
+                last[3] = x_norm.reciprocal()
+            return last[3]
+    return x_norm.reciprocal()
 
 
 def _fused_scale(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
@@ -386,18 +429,16 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     """A B-cos linear layer without MaxOut where autograd records nothing (inference, evaluation), fused path:
     ``x @ unit_norm(w).T`` times ``|cos| ** (B - 1)`` (:func:`_inference_product`), ``b`` a float.
 
-    The kernels of :func:`unit_norm`, ``F.linear``, :func:`input_norm` and :func:`_inference_product`, in the same
-    order on the same tensors (so the same values, bit for bit), written out in one function for float32 and
-    float64 weights outside :func:`reuse_unit_weights`: at a small model's widths (128 tokens x 128 features)
-    the Python of the nested helpers cost 3-4 % of a decoder's forward pass (thread CPU, measured on Qwen2 and
-    ModernBERT at the bench_core family shape). Other dtypes and the weight cache take the helpers."""
-    view = weight.T if units_are_columns else weight
-    if _REUSE_UNIT_WEIGHTS or view.dtype in HALF_DTYPES:
-        lin = torch.nn.functional.linear(x, cached_unit_norm(weight, dim=1, transposed=units_are_columns,
-                                                             autocast=True))
-    else:  # unit_norm, its clamp in place (nothing is recorded)
-        lin = torch.nn.functional.linear(
-            x, view / torch.linalg.vector_norm(view, dim=1, keepdim=True).clamp_min_(NORM_EPS))
+    The kernels of :func:`cached_unit_norm`, ``F.linear``, :func:`input_norm` and :func:`_inference_product`, in the same
+    order on the same tensors (so the same values, bit for bit), written out in one function outside
+    :func:`reuse_unit_weights`: at a small model's widths (128 tokens x 128 features) the Python of the nested
+    helpers cost 3-4 % of a decoder's forward pass (thread CPU, measured on Qwen2 and ModernBERT at the bench_core
+    family shape). The weight cache takes the helper."""
+    if _REUSE_UNIT_WEIGHTS:
+        unit = cached_unit_norm(weight, dim=1, transposed=units_are_columns, autocast=True)
+    else:  # cached_unit_norm's branch without reuse
+        unit = _unrecorded_unit_norm(weight.T if units_are_columns else weight, 1, _matmul_cast(weight))
+    lin = torch.nn.functional.linear(x, unit)
     if b == 1.0:
         return lin
     return _inference_product(lin, input_norm(x), b)
@@ -413,12 +454,11 @@ def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns:
     The kernels of :func:`cached_unit_norm`, :func:`input_norm`, ``F.linear`` and :func:`bcos_product`'s explaining
     branch, in the same order on the same tensors (the same values, bit for bit), in one function with one
     ``no_grad`` block for the two norms, as :func:`inference_linear` does for inference."""
-    view = weight.T if units_are_columns else weight
     with torch.no_grad():
-        if _REUSE_UNIT_WEIGHTS or view.dtype in HALF_DTYPES:
+        if _REUSE_UNIT_WEIGHTS:
             unit = cached_unit_norm(weight, dim=1, transposed=units_are_columns, autocast=True)
-        else:  # unit_norm, its clamp in place
-            unit = view / torch.linalg.vector_norm(view, dim=1, keepdim=True).clamp_min_(NORM_EPS)
+        else:  # cached_unit_norm's branch without reuse
+            unit = _unrecorded_unit_norm(weight.T if units_are_columns else weight, 1, _matmul_cast(weight))
         x_norm = input_norm(x)
     kept = None if constant_units is None else kept_unit_block(constant_units, unit.shape[0])
     if kept is not None and not torch.is_autocast_enabled(x.device.type):
@@ -601,8 +641,10 @@ class _BcosLinear(torch.autograd.Function):
                 units_are_columns: bool) -> Tensor:
         view = weight.T if units_are_columns else weight
         norms = _unit_norms(view, 1)
-        # the same steps as unit_norm and bcos_product: the values equal the unfused forward's bit for bit
-        lin = torch.nn.functional.linear(x, _divided_by_norm(view, norms.clamp_min(NORM_EPS)))
+        # the same steps as unit_norm and bcos_product: the values equal the unfused forward's bit for bit (the
+        # unit-norm weight stored in the matrix product's dtype, as autocast would cast it)
+        lin = torch.nn.functional.linear(
+            x, _stored_quotient(view, norms.clamp_min(NORM_EPS), _matmul_cast(weight) or view.dtype))
         ctx.units_are_columns = units_are_columns
         ctx.x_dtype = x.dtype
         ctx.keeps_lin = x_norm is not None and not _scale_recoverable(lin.dtype, b)
