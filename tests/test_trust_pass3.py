@@ -352,3 +352,24 @@ def test_visualize_names_a_direction_target_in_words():
     page = explanations_to_html(expl, _word_tokenizer())
     (caption,) = re.findall(r"explained: [^<]*", page)
     assert caption.startswith("explained: a direction — value ") and "tensor" not in page
+
+
+# ------------------------------------------------------------------ Captum's image methods
+
+
+def test_the_inherent_image_method_reports_a_position_embedded_vits_pixel_map():
+    """image_attribution_methods' 'B-cos W(x)x' refused every ViT with a position embedding ('its W(x) x explanation
+    is incomplete (relative error 1.01e+00); explain_image's completeness check failed'): the embedding's constant
+    share is by design beside the pixel map (position_contributions), and the check counted it as missing. The map is
+    now explain_image's pixel map whenever the pixels and that share add up to the logit."""
+    from bcos_plugins.adapters.captum_vision import image_attribution_methods
+    from test_vision import images, tiny_vit
+
+    from bcos_plugins import explain_image
+
+    model = tiny_vit(position_embedding=True, num_channels=3)
+    x, target = images(batch=4, channels=3), torch.tensor([0, 1, 2, 1])
+    expected = explain_image(model, x, target=target)
+    assert expected.position_contributions.abs().min() > 0.01  # the share the check used to count as missing
+    got = image_attribution_methods(model)["B-cos W(x)x"].explain(x, target)
+    torch.testing.assert_close(got, expected.contributions, rtol=0, atol=0)
