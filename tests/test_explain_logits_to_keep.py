@@ -62,6 +62,19 @@ def test_only_a_causal_lm_batch_of_fewer_rows_than_columns_keeps_its_explained_l
     assert text.keep_explained_logits(SPECS["LlamaModel"], call, positions, 9) is call
     assert text.keep_explained_logits(SPECS["BertForMaskedLM"], call, positions, 9) is call
     assert text.keep_explained_logits(SPECS["LlamaForSequenceClassification"], call, positions, 9) is call
+    with_labels = {"input_ids": None, "labels": None}  # the loss reads every column's logits
+    assert text.keep_explained_logits(SPECS["LlamaForCausalLM"], with_labels, positions, 9) is with_labels
+
+
+def test_explain_with_labels_still_runs_the_head_on_every_column_for_the_models_loss():
+    model = bcosify(_stock("LlamaForCausalLM"), b=1.25, verbose=False).eval()
+    ids = torch.randint(3, 60, (2, 9), generator=torch.Generator().manual_seed(0))
+    columns = _head_columns(model)
+    with_labels = explain(model, ids, target=4, labels=ids)  # crashed in the loss when only the kept logits came
+    plain = explain(model, ids, target=4)
+    assert columns == [9, 2]
+    for field in ("explained", "input_contributions"):
+        torch.testing.assert_close(getattr(with_labels, field), getattr(plain, field), rtol=1e-6, atol=1e-7)
 
 
 def test_outputs_of_every_column_or_the_kept_ones_are_read_at_the_explained_columns_and_others_refused():

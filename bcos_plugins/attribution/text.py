@@ -345,10 +345,10 @@ def keep_explained_logits(spec: ArchitectureSpec, call: dict, positions: Int[Ten
     :func:`logits_at_positions`), as ``generate`` runs it on the last one. The other columns' logits are never
     explained (the head is a linear map of each column's hidden state, so a kept column's logits are the same function
     of the input), and the head's product with the vocabulary is about a third of a small decoder's arithmetic (4 x 32
-    tokens, hidden 128, 1000 tokens; docs/benchmarks.md). ``positions`` stay on the device (no sync). Other heads, and
-    batches of at least as many rows as columns (the kept columns would outnumber the columns), get ``call`` as it
-    is."""
-    if spec.head != "causal_lm" or positions.shape[0] >= length:
+    tokens, hidden 128, 1000 tokens; docs/benchmarks.md). ``positions`` stay on the device (no sync). Other heads,
+    batches of at least as many rows as columns (the kept columns would outnumber the columns) and a call with
+    ``labels`` (the model's loss reads every column's logits) get ``call`` as it is."""
+    if spec.head != "causal_lm" or positions.shape[0] >= length or "labels" in call:
         return call
     return {**call, "logits_to_keep": positions}
 
