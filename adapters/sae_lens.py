@@ -254,6 +254,10 @@ class BilinearSAEInteractions:
         block_size = require_int("block_size", block_size, minimum=1)
         q = self.interaction_matrix(output_feature)[: self.weights.d_in, : self.weights.d_in]
         decoder, names = self._input_decoder(input_features, q.dtype)
+        ids, counts = names.unique(return_counts=True)
+        if (counts > 1).any():  # each copy would pair with every other: one pair listed up to three times
+            raise BcosValueError(f"input_features: ids {ids[counts > 1].tolist()[:8]} are given more than once, so "
+                                 "their pairs would fill the top list several times. Pass each feature once.")
         projected = decoder @ q  # (n_in, d_in)
         best_values = q.new_empty(0)
         best_pairs = torch.empty(0, 2, dtype=torch.long)

@@ -373,3 +373,28 @@ def test_the_inherent_image_method_reports_a_position_embedded_vits_pixel_map():
     assert expected.position_contributions.abs().min() > 0.01  # the share the check used to count as missing
     got = image_attribution_methods(model)["B-cos W(x)x"].explain(x, target)
     torch.testing.assert_close(got, expected.contributions, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ sae-lens
+
+
+def test_top_interactions_refuses_a_feature_given_twice():
+    """BilinearSAEInteractions.top_interactions(input_features=[3, 3, 9]) paired every copy with every other: the pair
+    (3, 3) filled three of the top four places and (3, 9) two, pushing (9, 9) out, silently. A repeated id is now
+    refused, and the same features given once give the brute-force top pairs."""
+    import itertools
+
+    from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions
+    from test_sae_lens_adapter import D_MODEL, layer_and_inputs, topk_sae
+
+    from bcos_plugins.errors import BcosValueError
+
+    layer, _ = layer_and_inputs(seed=3)
+    analysis = BilinearSAEInteractions(layer, topk_sae(D_MODEL, seed=1), topk_sae(D_MODEL, seed=2))
+    with pytest.raises(BcosValueError, match=r"^input_features: ids \[3\] are given more than once.*Pass each "
+                                             r"feature once"):
+        analysis.top_interactions(5, k=4, input_features=[3, 3, 9])
+    full = analysis.feature_interactions(5)
+    top = analysis.top_interactions(5, k=3, input_features=[3, 9], block_size=1)
+    pairs = sorted(itertools.combinations_with_replacement([3, 9], 2), key=lambda p: -abs(float(full[p])))
+    assert [(t.first, t.second) for t in top] == pairs
