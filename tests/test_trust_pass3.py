@@ -398,3 +398,14 @@ def test_top_interactions_refuses_a_feature_given_twice():
     top = analysis.top_interactions(5, k=3, input_features=[3, 9], block_size=1)
     pairs = sorted(itertools.combinations_with_replacement([3, 9], 2), key=lambda p: -abs(float(full[p])))
     assert [(t.first, t.second) for t in top] == pairs
+
+
+def test_weight_colour_image_names_weights_of_two_channels():
+    """weight_colour_image raised a bare ValueError ('colour images need 1 or 3 input channels; got 2') for the
+    weights of a two-channel image; it now names the argument and the fix, as every public entry point does."""
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.vision.visualize import weight_colour_image
+
+    with pytest.raises(BcosValueError, match=r"^weights: encode 2 input channels \(2C = 4\); a colour image needs 1 "
+                                             r"or 3\. Pass the weights of a grey or RGB image"):
+        weight_colour_image(torch.rand(4, 4, 4), torch.rand(4, 4))

@@ -45,7 +45,8 @@ def weight_colour_image(weights: Float[Tensor, "two_c h w"], contributions: Floa
     if c == 1:
         colour = colour.expand(3, -1, -1)
     elif c != 3:
-        raise ValueError(f"colour images need 1 or 3 input channels; got {c}")
+        raise argument_error("weights", f"encode {c} input channels (2C = {2 * c}); a colour image needs 1 or 3",
+                             "Pass the weights of a grey or RGB image, or show its map with contribution_map")
     strength = w.norm(dim=0)
     strength = torch.where(contributions.detach().double().cpu() > 0, strength, torch.zeros_like(strength))
     top = float(np.percentile(strength.numpy(), alpha_percentile))
