@@ -409,3 +409,32 @@ def test_weight_colour_image_names_weights_of_two_channels():
     with pytest.raises(BcosValueError, match=r"^weights: encode 2 input channels \(2C = 4\); a colour image needs 1 "
                                              r"or 3\. Pass the weights of a grey or RGB image"):
         weight_colour_image(torch.rand(4, 4, 4), torch.rand(4, 4))
+
+
+# ------------------------------------------------------------------ bilinear analysis
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_bilinear_layer_is_eigendecomposed_in_float32(dtype):
+    """eigendecompose and interaction_spectra of a float16 / bfloat16 layer raised torch's NotImplementedError
+    ('linalg_eigh_cpu' not implemented for 'BFloat16') from inside; hosvd already worked. Q is now decomposed in
+    float32: the eigenvalues are the float32 layer's to the half weights' rounding, and the eigenvectors rebuild the
+    half layer's output direction u . P g(x)."""
+    from bcos_plugins.bilinear import BilinearMLP, bilinear_weights, eigendecompose, interaction_spectra
+
+    torch.manual_seed(0)
+    layer = BilinearMLP(8, 16, bias=False)
+    half = copy.deepcopy(layer).to(dtype)
+    u = torch.randn(2, 8)
+    eig = eigendecompose(bilinear_weights(half), u.to(dtype))
+    assert eig.eigenvalues.dtype == eig.eigenvectors.dtype == torch.float32
+    reference = eigendecompose(bilinear_weights(layer), u)
+    allowed = 0.02 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(eig.eigenvalues, reference.eigenvalues, rtol=0,
+                               atol=allowed * float(reference.eigenvalues.abs().max()))
+    torch.testing.assert_close(interaction_spectra(bilinear_weights(half), u.to(dtype)), eig.eigenvalues)
+    x = torch.randn(20, 8).to(dtype)
+    with torch.no_grad():
+        out = half(x).float() @ u.T  # (20, 2)
+    rebuilt = (eig.eigenvalues[None] * torch.einsum("bi,nik->bnk", x.float(), eig.eigenvectors).square()).sum(-1)
+    torch.testing.assert_close(rebuilt, out, rtol=0, atol=allowed * float(out.abs().max()))

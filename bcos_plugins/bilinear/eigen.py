@@ -23,6 +23,7 @@ from torch import Tensor
 
 from .._checks import require_int, require_tensor
 from ..errors import BcosTypeError, argument_error
+from ..nn.functional import at_least_float32
 from .interaction import DEFAULT_CHUNK, interaction_matrix, iter_interaction_matrices
 
 __all__ = [
@@ -46,16 +47,20 @@ class Eigendecomposition(NamedTuple):
 
 
 def eigendecompose(source, u: Float[Tensor, "*n d_out"], chunk_size: int = DEFAULT_CHUNK) -> Eigendecomposition:
-    """Eigendecomposition of ``Q(u)`` for one output direction or a batch (ascending eigenvalues)."""
+    """Eigendecomposition of ``Q(u)`` for one output direction or a batch (ascending eigenvalues), in at least
+    float32 (a float16 / bfloat16 layer's ``Q`` is decomposed, and returned, in float32)."""
     q = interaction_matrix(source, u, chunk_size=chunk_size)
-    eigenvalues, eigenvectors = torch.linalg.eigh(q)
+    # torch has no half-precision eigh (it raised NotImplementedError from inside)
+    eigenvalues, eigenvectors = torch.linalg.eigh(q.to(at_least_float32(q.dtype)))
     return Eigendecomposition(eigenvalues, eigenvectors)
 
 
 def interaction_spectra(source, u: Float[Tensor, "n d_out"], chunk_size: int = DEFAULT_CHUNK
                         ) -> Float[Tensor, "n d_in"]:
-    """Eigenvalues (ascending) of ``Q(u)`` for many directions, holding ``chunk_size`` matrices at a time."""
-    return torch.cat([torch.linalg.eigvalsh(q) for q in iter_interaction_matrices(source, u, chunk_size)])
+    """Eigenvalues (ascending) of ``Q(u)`` for many directions, holding ``chunk_size`` matrices at a time (in at
+    least float32, as :func:`eigendecompose`)."""
+    return torch.cat([torch.linalg.eigvalsh(q.to(at_least_float32(q.dtype)))
+                      for q in iter_interaction_matrices(source, u, chunk_size)])
 
 
 def require_eigendecomposition(eig) -> Eigendecomposition:
