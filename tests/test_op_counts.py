@@ -128,6 +128,30 @@ def test_one_bcos_linear_forward_dispatches_the_pinned_ops(cls, mode, autocast):
     assert ops.count("mm") == 1 and ops.count("div") == 1 and ops.count("reciprocal") == 1, ops
 
 
+# Ops of one training backward pass through a B-cos linear layer (B = 1.5, its input norm's backward included):
+# before 2026-11-28 34 in float32 and 43 under bfloat16 autocast (the output gradient widened to float32 by two
+# copies, the output and the weight gradient's matrix product by one each, and a dispatched promote_types); now the
+# gradient is widened once and the products widen their other bfloat16 operands on load (exact, no copy kernel).
+LINEAR_BACKWARD_OPS = {False: 33, True: 39}
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16_autocast"])
+def test_one_bcos_linear_training_backward_dispatches_the_pinned_ops(autocast):
+    torch.manual_seed(0)
+    layer = BcosLinear(32, 16, b=1.5)
+    x = torch.randn(4, 7, 32, requires_grad=True)
+    with _amp(autocast):
+        out = layer(x)
+    upstream = torch.randn_like(out)
+    with CountOps() as counter:
+        out.backward(upstream)
+    ops = counter.names()
+    assert len(ops) == LINEAR_BACKWARD_OPS[autocast], ops
+    # the copies left: the output and its gradient to float32 (the scale's recovery and its gradient), that
+    # gradient, the unit-norm weight and x to bfloat16 (the two matrix products), the input gradient to x's float32
+    assert ops.count("_to_copy") == (6 if autocast else 0) and "promote_types" not in ops, ops
+
+
 def test_layers_reading_one_input_share_its_norm_and_its_reciprocal():
     # an attention block's query, key and value projections read one tensor: without autograd recording its norm
     # and the norm's reciprocal are computed once for the three (before: the reciprocal three times)

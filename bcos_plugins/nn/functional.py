@@ -74,7 +74,13 @@ def at_least_float32(dtype: torch.dtype) -> torch.dtype:
     """``dtype`` widened to float32 if it is narrower (float16, bfloat16, integers), float64 kept: the dtype the package
     sums, ranks and takes softmaxes in, where half precision keeps 3 significant digits (it hid completeness gaps and
     tied close scores) and float32 would undo a float64 model's precision."""
+    if dtype in _FLOATS_WIDENED:  # (the floating dtypes without a dispatched op: the backward passes ask per layer)
+        return _FLOATS_WIDENED[dtype]
     return torch.promote_types(dtype, torch.float32)
+
+
+_FLOATS_WIDENED = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float32,
+                   torch.float64: torch.float64}
 
 
 # sqrt(NORM_EPS) as the 0-d second argument of torch.hypot, per norm dtype: a CPU scalar tensor enters a kernel
@@ -585,16 +591,28 @@ def _scale_backward(grad_out: Tensor, dyn: Tensor, active: Tensor, x_norm: Tenso
     finite gradients in any dtype.
     """
     dtype = dyn.dtype
+    grad = grad_out.to(dtype)  # (once: both products below take it)
     # out of place: under batched gradients (autograd.grad(..., is_grads_batched=True)) grad_out is vmapped, and
     # an in-place product into the unbatched dyn is refused
-    grad_dyn_lin = grad_out.to(dtype) * dyn
+    grad_dyn_lin = grad * dyn
     grad_norm = None
     if norm_grad:
-        per_unit = grad_dyn_lin * lin.to(dtype) if out is None else grad_out.to(dtype) * out.to(dtype)
+        per_unit = grad_dyn_lin * _widening(lin, dtype) if out is None else grad * _widening(out, dtype)
         wide = torch.float64 if x_norm.dtype == torch.float64 else torch.float32  # (no dispatched op)
         grad_norm = per_unit.mul_(active).sum_to_size(x_norm.shape).to(wide)
         grad_norm = (grad_norm * (1.0 - b) / x_norm.to(wide)).to(x_norm.dtype)
     return grad_dyn_lin.mul_(active.mul_(b - 1.0).add_(1.0)), grad_norm  # times B where active
+
+
+# (narrower, wider) dtype pairs whose widening is exact: a kernel with operands of both computes in the wider one
+_EXACT_WIDENINGS = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32), (torch.bfloat16, torch.float64),
+                    (torch.float16, torch.float64), (torch.float32, torch.float64)}
+
+
+def _widening(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` as an operand of an element-wise op computed in ``dtype``: ``t`` itself where the op's kernel widens it
+    on load (exact: the same values as a copy in ``dtype``, without the copy's kernel), else ``t.to(dtype)``."""
+    return t if t.dtype == dtype or (t.dtype, dtype) in _EXACT_WIDENINGS else t.to(dtype)
 
 
 def _scale_recoverable(dtype: torch.dtype, b: float | Tensor) -> bool:
@@ -696,7 +714,7 @@ class _BcosLinear(torch.autograd.Function):
                 inputs = x.reshape(-1, x.shape[-1]).to(matmul_dtype)
                 # G in the weight's own layout, so that the gradient comes out contiguous like the weight
                 grad_unit = (inputs.T @ rows).T if ctx.units_are_columns else rows.T @ inputs
-                grad_unit = grad_unit.to(wide_unit.dtype)
+                grad_unit = _widening(grad_unit, wide_unit.dtype)
                 radial = (grad_unit * wide_unit).sum(dim=1, keepdim=True)
                 radial = torch.where(norms >= NORM_EPS, radial, 0.0)  # a clamped norm is a constant
                 grad_view = torch.addcmul(grad_unit, wide_unit, radial, value=-1.0).div_(clamped)
