@@ -438,3 +438,24 @@ def test_a_half_precision_bilinear_layer_is_eigendecomposed_in_float32(dtype):
         out = half(x).float() @ u.T  # (20, 2)
     rebuilt = (eig.eigenvalues[None] * torch.einsum("bi,nik->bnk", x.float(), eig.eigenvectors).square()).sum(-1)
     torch.testing.assert_close(rebuilt, out, rtol=0, atol=allowed * float(out.abs().max()))
+
+
+@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_token_component_table_is_summed_in_float32(dtype, batched):
+    """token_component_decomposition summed each table entry over d_model, and the table over tokens, components or
+    both (token_totals, component_totals, delta), in the model's dtype: a bfloat16 row's delta read 0.0 where the
+    table missed the logit by 3e-4, and entries carried 3 significant digits. The entries are now summed in float32
+    (the table is float32) and so are its totals: delta is the float64 sum of the table minus the logit."""
+    from bcos_plugins.adapters.transformer_lens import token_component_decomposition
+    from test_transformer_lens_adapter import LLAMA_LIKE, tiny_bcos, tokens
+
+    model = tiny_bcos(LLAMA_LIKE).to(dtype)
+    decomposition = token_component_decomposition(model, tokens(), target=5, foil=7, batched=batched)
+    table = decomposition.table
+    assert table.dtype == torch.float32 and decomposition.explained.dtype == dtype
+    exact = table.double()
+    torch.testing.assert_close(decomposition.token_totals.double(), exact.sum(2), rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(decomposition.component_totals.double(), exact.sum(1), rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(decomposition.delta.double(), exact.sum((1, 2)) - decomposition.explained.double(),
+                               rtol=1e-5, atol=1e-7)

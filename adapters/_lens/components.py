@@ -35,6 +35,7 @@ from bcos_plugins.attribution import as_leaf, resolve_explained, resolve_positio
 from bcos_plugins.attribution.results import relative_completeness_error
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn.dynamic import explanation_mode
+from bcos_plugins.nn.functional import at_least_float32
 
 from .explain import require_explainable
 from .inputs import check_lens_tokens
@@ -129,7 +130,8 @@ def _top_down_table(shares: list[list[Tensor]], resid_pre: list[Tensor], inputs:
         carried = torch.cat(new if carried is None else [*new, carried])  # block order: lower blocks first
     # resid_pre[0] is the sum of the embedding leaves: the same gradient reaches each of them
     first = sum(inputs)
-    return (first[None] * carried).sum(-1).permute(1, 2, 0)  # (batch, pos, component)
+    # summed over d_model in at least float32, as explain's token scores (half precision keeps 3 digits)
+    return (first[None] * carried).sum(-1, dtype=at_least_float32(first.dtype)).permute(1, 2, 0)  # (batch, pos, comp)
 
 
 def token_component_decomposition(
@@ -214,7 +216,8 @@ def token_component_decomposition(
                 names.append(f"L{layer}MLP")
             shares.append(block)
             labels += names
-        direct = sum((leaf * direction).sum(-1) for leaf in inputs)  # embed + pos_embed: (batch, pos)
+        direct = sum((leaf * direction).sum(-1, dtype=at_least_float32(leaf.dtype))
+                     for leaf in inputs)  # embed + pos_embed: (batch, pos)
         if batched:
             table = _top_down_table(shares, [kept[f"blocks.{layer}.hook_resid_pre"] for layer in range(n_layers)],
                                     inputs)
@@ -226,8 +229,8 @@ def token_component_decomposition(
             for c, share in enumerate(per_component):
                 grads = torch.autograd.grad(share.sum(), inputs, retain_graph=c < len(per_component) - 1,
                                             allow_unused=True)
-                columns.append(sum((leaf * g).sum(-1) for leaf, g in zip(inputs, grads, strict=True)
-                                   if g is not None))
+                columns.append(sum((leaf * g).sum(-1, dtype=at_least_float32(leaf.dtype))
+                                   for leaf, g in zip(inputs, grads, strict=True) if g is not None))
             table = torch.stack(columns, dim=-1)
         table = torch.cat([direct[..., None], table], dim=-1)
         labels = ["direct"] + labels
@@ -242,8 +245,9 @@ def token_component_decomposition(
 
 
 def _tolerance(table: Tensor, reference: Tensor) -> Tensor:
-    # float rounding, relative to the magnitudes summed per row
-    return max(1e-4, 100 * torch.finfo(table.dtype).eps) * (reference.abs() + table.abs().sum((1, 2)))
+    # float rounding of the model's dtype (the explained value's: the table is summed in at least float32),
+    # relative to the magnitudes summed per row
+    return max(1e-4, 100 * torch.finfo(reference.dtype).eps) * (reference.abs() + table.abs().sum((1, 2)))
 
 
 def _sae_error_shares(model, tokens, target, foil, position, attention_mask, table: Tensor) -> dict[str, Tensor]:
