@@ -46,8 +46,8 @@ from .attribution.targets import (
 )
 from .attribution.text import (
     check_token_inputs,
+    explained_outputs_only,
     explained_positions,
-    keep_explained_logits,
     logits_at_positions,
     rows_as_alone_call,
     text_attribution_point,
@@ -111,8 +111,7 @@ def explain(
     pos = None if spec.is_classifier else outside_inference(explained_positions(spec, position, mask,
                                                                                 mask_checked=True))
     call_kwargs = rows_as_alone_call(model, input_ids, attention_mask, forward_kwargs, spec=spec)
-    if pos is not None:  # a causal LM's head runs on the explained columns only
-        call_kwargs = keep_explained_logits(spec, call_kwargs, pos, input_ids.shape[1])
+    call_kwargs = explained_outputs_only(spec, call_kwargs, pos, input_ids.shape[1])
     parsed: dict = {}
     forward_autocast: list[torch.dtype] = []  # the autocast dtype the forward ran under, if any (see below)
 

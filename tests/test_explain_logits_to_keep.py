@@ -1,5 +1,6 @@
-"""``explain`` runs a causal LM's head on the explained columns only (``logits_to_keep``, one per row): the same
-explanation as with every column's logits, for every registry causal LM, every padding side and position."""
+"""``explain``'s forward computes no output that is not explained (``attribution.text.explained_outputs_only``): a
+causal LM's head runs on the explained columns only (``logits_to_keep``, one per row) and a decoder builds no key/value
+cache; the same explanation as before, for every registry decoder, every padding side and position."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ CAUSAL_LMS = sorted(name for name, spec in SPECS.items() if spec.head == "causal
 
 
 def _explain_with_every_column(monkeypatch, *args, **kwargs):
-    """explain as before logits_to_keep: the head runs on every column."""
+    """explain as before explained_outputs_only: the head runs on every column, the cache is built."""
     import sys
 
     with monkeypatch.context() as patch:
-        patch.setattr(sys.modules["bcos_plugins.explain"], "keep_explained_logits", lambda spec, call, *rest: call)
+        patch.setattr(sys.modules["bcos_plugins.explain"], "explained_outputs_only", lambda spec, call, *rest: call)
         return explain(*args, **kwargs)
 
 
@@ -54,16 +55,40 @@ def test_explain_keeps_only_the_explained_columns_logits_with_the_same_explanati
 
 
 def test_only_a_causal_lm_batch_of_fewer_rows_than_columns_keeps_its_explained_logits():
+    only = text.explained_outputs_only
     call = {"input_ids": None}
     positions = torch.tensor([4, 5])
-    kept = text.keep_explained_logits(SPECS["LlamaForCausalLM"], call, positions, 9)
-    assert kept.keys() == {"input_ids", "logits_to_keep"} and kept["logits_to_keep"] is positions
-    assert text.keep_explained_logits(SPECS["LlamaForCausalLM"], call, positions, 2) is call  # 2 rows, 2 columns
-    assert text.keep_explained_logits(SPECS["LlamaModel"], call, positions, 9) is call
-    assert text.keep_explained_logits(SPECS["BertForMaskedLM"], call, positions, 9) is call
-    assert text.keep_explained_logits(SPECS["LlamaForSequenceClassification"], call, positions, 9) is call
+    kept = only(SPECS["LlamaForCausalLM"], call, positions, 9)
+    assert kept.keys() == {"input_ids", "use_cache", "logits_to_keep"} and kept["logits_to_keep"] is positions
+    no_cache = {"input_ids": None, "use_cache": False}
+    assert only(SPECS["LlamaForCausalLM"], call, positions, 2) == no_cache  # 2 rows, 2 columns
+    assert only(SPECS["LlamaModel"], call, positions, 9) == no_cache
+    assert only(SPECS["LlamaForSequenceClassification"], call, None, 9) == no_cache
+    assert only(SPECS["BertForMaskedLM"], call, positions, 9) is call  # an encoder: neither
+    assert only(SPECS["BertForSequenceClassification"], call, None, 9) is call
     with_labels = {"input_ids": None, "labels": None}  # the loss reads every column's logits
-    assert text.keep_explained_logits(SPECS["LlamaForCausalLM"], with_labels, positions, 9) is with_labels
+    assert only(SPECS["LlamaForCausalLM"], with_labels, positions, 9) == {**with_labels, "use_cache": False}
+    own_cache = {"input_ids": None, "use_cache": True}  # the caller's use_cache is kept
+    assert only(SPECS["LlamaForCausalLM"], own_cache, positions, 9) == {**own_cache, "logits_to_keep": positions}
+
+
+DECODERS = sorted(name for name, spec in SPECS.items() if spec.kind == "decoder")
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_explaining_a_decoder_builds_no_cache_and_gives_the_same_bits(monkeypatch, name):
+    model = bcosify(_stock(name), b=1.25, verbose=False).eval()
+    ids, mask = padded_rows([9, 7, 9], 9, "right", seed=2)
+    calls = []
+    model.register_forward_pre_hook(lambda m, args, kwargs: calls.append(kwargs.get("use_cache")), with_kwargs=True)
+    caches = []
+    model.register_forward_hook(lambda m, args, out: caches.append(getattr(out, "past_key_values", None)))
+    target = None if SPECS[name].is_classifier else [4, 9, 11]
+    now = explain(model, ids, mask, target=target)
+    before = _explain_with_every_column(monkeypatch, model, ids, mask, target=target)
+    assert calls == [False, None] and caches[0] is None
+    for field in ("explained", "input_contributions", "delta"):
+        torch.testing.assert_close(getattr(now, field), getattr(before, field), rtol=1e-6, atol=1e-7)
 
 
 def test_explain_with_labels_still_runs_the_head_on_every_column_for_the_models_loss():

@@ -43,7 +43,7 @@ __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explain
            "model_call_kwargs", "check_forward_kwargs", "forward_keywords", "check_first_column_is_real",
            "readable_tokenizer_outputs", "real_token_position_ids", "position_ids_as_alone",
            "gets_real_token_position_ids", "registry_spec", "rows_as_alone_call", "learned_position_table",
-           "refuse_left_padding_shifting_positions", "keep_explained_logits", "logits_at_positions"]
+           "refuse_left_padding_shifting_positions", "explained_outputs_only", "logits_at_positions"]
 
 
 @dataclass(frozen=True)
@@ -338,24 +338,32 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     return _with_output_object(model, kwargs)
 
 
-def keep_explained_logits(spec: ArchitectureSpec, call: dict, positions: Int[Tensor, " batch"], length: int) -> dict:
-    """``call`` (:func:`model_call_kwargs`' keywords) with ``logits_to_keep=positions`` for a causal LM explained at
-    ``positions`` (one column per row of a batch of ``length`` columns) when the batch has fewer rows than columns: its
-    LM head then runs on the explained columns only (``batch`` of them for every row, read with
-    :func:`logits_at_positions`), as ``generate`` runs it on the last one. The other columns' logits are never
-    explained (the head is a linear map of each column's hidden state, so a kept column's logits are the same function
-    of the input), and the head's product with the vocabulary is about a third of a small decoder's arithmetic (4 x 32
-    tokens, hidden 128, 1000 tokens; docs/benchmarks.md). ``positions`` stay on the device (no sync). Other heads,
-    batches of at least as many rows as columns (the kept columns would outnumber the columns) and a call with
-    ``labels`` (the model's loss reads every column's logits) get ``call`` as it is."""
-    if spec.head != "causal_lm" or positions.shape[0] >= length or "labels" in call:
-        return call
-    return {**call, "logits_to_keep": positions}
+def explained_outputs_only(spec: ArchitectureSpec, call: dict, positions: Int[Tensor, " batch"] | None,
+                           length: int) -> dict:
+    """``call`` (:func:`model_call_kwargs`' keywords) for ``explain``'s forward, so that the model computes no output
+    that is not explained (the same explained values; docs/benchmarks.md measured 0.88-0.95 of before at 4 x 32):
+
+    - a decoder builds no key/value cache (``use_cache=False``, unless the caller passed ``use_cache``): nothing reads
+      it, and building it costs 1.5 % of a small decoder's explanation;
+    - a causal LM explained at ``positions`` (one column per row of a batch of ``length`` columns) with fewer rows than
+      columns runs its LM head on the explained columns only (``logits_to_keep=positions``, read with
+      :func:`logits_at_positions`), as ``generate`` runs it on the last one: the other columns' logits are never
+      explained (the head maps each column's hidden state alone), and at 4 x 32 tokens, hidden 128 and 1000 tokens the
+      head's product with the vocabulary was about a third of the arithmetic. Not with ``labels`` (the model's loss
+      reads every column's logits). ``positions`` stay on the device (no sync).
+    """
+    extra: dict = {}
+    if spec.kind == "decoder" and "use_cache" not in call:
+        extra["use_cache"] = False
+    if (spec.head == "causal_lm" and positions is not None and positions.shape[0] < length
+            and "labels" not in call):
+        extra["logits_to_keep"] = positions
+    return {**call, **extra} if extra else call
 
 
 def logits_at_positions(outputs: Tensor, positions: Int[Tensor, " batch"], length: int) -> Tensor:
     """Each row's ``outputs`` (logits or hidden states, ``(batch, columns, n)``) at its column of ``positions`` among
-    the ``length`` input columns, where ``outputs`` holds every column, or (after :func:`keep_explained_logits`, with
+    the ``length`` input columns, where ``outputs`` holds every column, or (after :func:`explained_outputs_only`, with
     fewer rows than columns) the columns of ``positions`` in their order, so that row ``i``'s is its ``i``-th. A forward
     that ignored ``logits_to_keep`` returns every column: read as such."""
     rows = torch.arange(outputs.shape[0], device=outputs.device)
