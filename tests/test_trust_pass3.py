@@ -459,3 +459,23 @@ def test_a_half_precision_token_component_table_is_summed_in_float32(dtype, batc
     torch.testing.assert_close(decomposition.component_totals.double(), exact.sum(1), rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(decomposition.delta.double(), exact.sum((1, 2)) - decomposition.explained.double(),
                                rtol=1e-5, atol=1e-7)
+
+
+def test_captums_llm_gradient_attribution_takes_a_compiled_b_cos_causal_lm():
+    """Captum's own LLM workflow (LLMGradientAttribution around LayerBcos) on torch.compile(model) gives the
+    uncompiled model's token attributions (a guard beside the fix above: this path replaces LayerBcos' forward
+    with its own)."""
+    from bcos_plugins.adapters.captum import LayerBcos
+    from captum.attr import LLMGradientAttribution, TextTokenInput
+    from test_compiled_registry_models import _RecordingBackend
+    from test_conformance import _converted, _word_tokenizer
+
+    model, tokenizer = _converted("LlamaForCausalLM"), _word_tokenizer()
+
+    def token_attributions(m):
+        return LLMGradientAttribution(LayerBcos(m), tokenizer).attribute(
+            TextTokenInput("w5 w7 w9 w11", tokenizer), target="w3 w4").token_attr
+
+    expected = token_attributions(model)
+    torch.testing.assert_close(token_attributions(torch.compile(model, backend=_RecordingBackend())), expected,
+                               rtol=1e-5, atol=1e-7)
