@@ -130,9 +130,12 @@ def test_one_bcos_linear_forward_dispatches_the_pinned_ops(cls, mode, autocast):
 
 # Ops of one training backward pass through a B-cos linear layer (B = 1.5, its input norm's backward included):
 # before 2026-11-28 34 in float32 and 43 under bfloat16 autocast (the output gradient widened to float32 by two
-# copies, the output and the weight gradient's matrix product by one each, and a dispatched promote_types); now the
-# gradient is widened once and the products widen their other bfloat16 operands on load (exact, no copy kernel).
-LINEAR_BACKWARD_OPS = {False: 33, True: 39}
+# copies, the output and the weight gradient's matrix product by one each, a dispatched promote_types, and seven ops
+# of autograd's nodes for the input norm); now the gradient is widened once, the products widen their other bfloat16
+# operands on load (exact, no copy kernel), the layer differentiates its own input norm (one addcmul), multiplies
+# the gradient by B where |cos| is above the floor in one addcmul_ (the factor took three) and masks a clamped
+# weight norm's radial term in place (torch.where took three).
+LINEAR_BACKWARD_OPS = {False: 25, True: 30}
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16_autocast"])
@@ -148,8 +151,10 @@ def test_one_bcos_linear_training_backward_dispatches_the_pinned_ops(autocast):
     ops = counter.names()
     assert len(ops) == LINEAR_BACKWARD_OPS[autocast], ops
     # the copies left: the output and its gradient to float32 (the scale's recovery and its gradient), that
-    # gradient, the unit-norm weight and x to bfloat16 (the two matrix products), the input gradient to x's float32
-    assert ops.count("_to_copy") == (6 if autocast else 0) and "promote_types" not in ops, ops
+    # gradient, the unit-norm weight and x to bfloat16 (the two matrix products)
+    assert ops.count("_to_copy") == (5 if autocast else 0) and "promote_types" not in ops, ops
+    # no autograd node of the input norm (its backward masks zero norms: eq, masked_fill_); one mask, the radial term's
+    assert "eq" not in ops and ops.count("masked_fill_") == 1 and "where" not in ops, ops
 
 
 def test_layers_reading_one_input_share_its_norm_and_its_reciprocal():
@@ -232,7 +237,7 @@ def test_explaining_gelu_backward_is_the_gate_in_place_and_one_product():
 # One MiniLM-config forward (6 layers, hidden 384: 38 B-cos linear layers, 13 LayerNorms, 6 GELUs), ops inside the
 # B-cos modules per mode and precision. Before -> after the 2026-11-28 cuts (docs/benchmarks.md#gpu):
 #   inference float32 413 -> 401, bf16 autocast 476 -> 426; explaining float32 452 -> 440, bf16 515 -> 463;
-#   training float32 475 -> 475, bf16 538 -> 500.
+#   training float32 475 -> 475, bf16 538 -> 500 (and each layer's backward pass 5 ops fewer, see above).
 MINILM_BCOS_OPS = {
     ("inference", False): {"BcosLinear": 382, "BcosLayerNorm": 13, "DetachableActivation": 6},
     ("inference", True): {"BcosLinear": 407, "BcosLayerNorm": 13, "DetachableActivation": 6},
@@ -284,3 +289,28 @@ def test_one_minilm_forward_dispatches_the_pinned_ops_in_bcos_modules(minilm, mo
     got = {name: n for name, n in counter.per_module().items() if name in BCOS_MODULES}
     expected = MINILM_BCOS_OPS[(mode, autocast)]
     assert got == expected, {name: counter.of(name) for name in BCOS_MODULES}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_training_layer_differentiating_its_own_input_norm_equals_autograds_nodes(dtype):
+    # own_norm (as BcosLinear trains): the norm's gradient x * g / ||x|| added in one kernel instead of autograd's
+    # seven; the same gradients to rounding, a zero row (padding) included; and x_norm given with it is refused
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.nn.functional import bcos_linear, input_norm
+
+    torch.manual_seed(0)
+    weight = torch.randn(16, 32, dtype=dtype, requires_grad=True)
+    x = torch.randn(4, 7, 32, dtype=dtype) * 3
+    x[0, 0] = 0.0
+    upstream = torch.randn(4, 7, 16, dtype=dtype)
+    grads = []
+    for own in (True, False):
+        xr = x.clone().requires_grad_()
+        out = bcos_linear(xr, weight, None if own else input_norm(xr), 1.5, own_norm=own)
+        grads.append((out.detach(), *torch.autograd.grad(out, (xr, weight), upstream)))
+    tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-13}
+    for own, autograds in zip(grads[0], grads[1], strict=True):
+        torch.testing.assert_close(own, autograds, **tolerance)
+    assert torch.isfinite(grads[0][1]).all()
+    with pytest.raises(BcosValueError, match="x_norm: must be None with own_norm=True"):
+        bcos_linear(x, weight, input_norm(x), 1.5, own_norm=True)

@@ -57,7 +57,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..errors import BcosRuntimeError, BcosTypeError, argument_error
+from ..errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from .dynamic import parameter_gradients_unused
 
 __all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "at_least_float32", "unit_norm", "cached_unit_norm", "clear_unit_norm_cache",
@@ -306,6 +306,11 @@ def input_norm(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
     """
     reusable = (not torch.compiler.is_compiling() and not torch.is_grad_enabled() and not _REFERENCE_PATH
                 and type(x) is Tensor and not x.is_inference())
+    return _input_norm(x, dim, reusable)
+
+
+def _input_norm(x: Tensor, dim: int | tuple[int, ...], reusable: bool) -> Tensor:
+    """:func:`input_norm`; shared with the layers reading the same input only if ``reusable``."""
     if reusable:
         key = (x._version, dim)
         last = getattr(_LAST_INPUT_NORM, "entry", None)
@@ -601,7 +606,10 @@ def _scale_backward(grad_out: Tensor, dyn: Tensor, active: Tensor, x_norm: Tenso
         wide = torch.float64 if x_norm.dtype == torch.float64 else torch.float32  # (no dispatched op)
         grad_norm = per_unit.mul_(active).sum_to_size(x_norm.shape).to(wide)
         grad_norm = (grad_norm * (1.0 - b) / x_norm.to(wide)).to(x_norm.dtype)
-    return grad_dyn_lin.mul_(active.mul_(b - 1.0).add_(1.0)), grad_norm  # times B where active
+    if isinstance(b, Tensor) or active.dtype != grad_dyn_lin.dtype:
+        return grad_dyn_lin.mul_(active.mul_(b - 1.0).add_(1.0)), grad_norm  # times B where active
+    # times B where active in one kernel, g + (B - 1) g [active], instead of building the factor first (three)
+    return grad_dyn_lin.addcmul_(grad_dyn_lin, active, value=b - 1.0), grad_norm
 
 
 # (narrower, wider) dtype pairs whose widening is exact: a kernel with operands of both computes in the wider one
@@ -656,7 +664,12 @@ class _BcosLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Tensor,
-                units_are_columns: bool) -> Tensor:
+                units_are_columns: bool, own_norm: bool = False) -> Tensor:
+        if own_norm:
+            # not shared with other layers reading x, as input_norm shares it without autograd: training writes
+            # through x.data between calls (torch.autograd.gradcheck perturbs its inputs so) would go unseen
+            x_norm = _input_norm(x, -1, False)
+        ctx.own_norm = own_norm
         view = weight.T if units_are_columns else weight
         norms = _unit_norms(view, 1)
         # the same steps as unit_norm and bcos_product: the values equal the unfused forward's bit for bit (the
@@ -674,7 +687,8 @@ class _BcosLinear(torch.autograd.Function):
         if not isinstance(b, Tensor):
             ctx.b, b = b, None
         kept = None if x_norm is None else lin if ctx.keeps_lin else out
-        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight, norms, kept, x_norm, b)
+        keeps_x = ctx.needs_input_grad[1] or (own_norm and ctx.needs_input_grad[0])
+        ctx.save_for_backward(x if keeps_x else None, weight, norms, kept, x_norm, b)
         return out
 
     @staticmethod
@@ -697,7 +711,7 @@ class _BcosLinear(torch.autograd.Function):
                 dyn, active = (_scale_from_lin(kept, x_norm, b) if ctx.keeps_lin else
                                _scale_from_out(kept, x_norm, b))
                 grad_lin, grad_norm = _scale_backward(
-                    grad_out, dyn, active, x_norm, b, ctx.needs_input_grad[2],
+                    grad_out, dyn, active, x_norm, b, ctx.needs_input_grad[0 if ctx.own_norm else 2],
                     **{"lin" if ctx.keeps_lin else "out": kept})
                 grad_lin = grad_lin.to(matmul_dtype)
             view = weight.T if ctx.units_are_columns else weight
@@ -708,7 +722,12 @@ class _BcosLinear(torch.autograd.Function):
             unit = wide_unit.to(view.dtype)
             grad_x = grad_weight = None
             if ctx.needs_input_grad[0]:
-                grad_x = (grad_lin @ unit.to(matmul_dtype)).to(ctx.x_dtype)
+                grad_x = grad_lin @ unit.to(matmul_dtype)
+                if ctx.own_norm and grad_norm is not None:
+                    # the norm's own gradient, d ||x|| / dx = x / ||x|| (its epsilon included), added in the same
+                    # kernel: autograd's norm nodes took seven (the hypot's and the norm's steps and the sum)
+                    grad_x = torch.addcmul(grad_x, x, grad_norm / x_norm)
+                grad_x = grad_x.to(ctx.x_dtype)
             if ctx.needs_input_grad[1]:
                 rows = grad_lin.reshape(-1, grad_lin.shape[-1])
                 inputs = x.reshape(-1, x.shape[-1]).to(matmul_dtype)
@@ -716,14 +735,14 @@ class _BcosLinear(torch.autograd.Function):
                 grad_unit = (inputs.T @ rows).T if ctx.units_are_columns else rows.T @ inputs
                 grad_unit = _widening(grad_unit, wide_unit.dtype)
                 radial = (grad_unit * wide_unit).sum(dim=1, keepdim=True)
-                radial = torch.where(norms >= NORM_EPS, radial, 0.0)  # a clamped norm is a constant
+                radial = radial.masked_fill_(norms < NORM_EPS, 0.0)  # a clamped norm is a constant
                 grad_view = torch.addcmul(grad_unit, wide_unit, radial, value=-1.0).div_(clamped)
                 grad_weight = (grad_view.T if ctx.units_are_columns else grad_view).to(weight.dtype)
-        return grad_x, grad_weight, grad_norm, None, None
+        return grad_x, grad_weight, None if ctx.own_norm else grad_norm, None, None, None
 
 
 def bcos_linear(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Tensor, *,
-                units_are_columns: bool = False) -> Tensor:
+                units_are_columns: bool = False, own_norm: bool = False) -> Tensor:
     """A B-cos linear layer's output ``dyn * (x @ ŵ.T)`` for training, as one autograd node that keeps neither
     the unit-norm weight nor the pre-scale output for the backward pass (:class:`_BcosLinear`).
 
@@ -734,10 +753,18 @@ def bcos_linear(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Ten
     Training drops the weight's cached unit-norm copies, as :func:`cached_unit_norm` does. Its backward pass is
     not differentiable again: a backward pass with ``create_graph=True`` through it raises a
     :class:`~bcos_plugins.errors.BcosRuntimeError` naming :func:`reference_path`, which gives second derivatives.
+
+    ``own_norm`` (with ``x_norm=None``): the node computes ``||x||`` itself, without recording it, and adds the
+    norm's gradient ``x * g / ||x||`` to the input gradient in one kernel, where autograd's nodes for
+    :func:`input_norm` take seven per layer (the same gradient to rounding). :class:`~bcos_plugins.nn.BcosLinear`
+    trains this way.
     """
+    if own_norm and x_norm is not None:
+        raise argument_error("x_norm", "must be None with own_norm=True (the node computes ||x|| itself)",
+                             "pass x_norm=None, or own_norm=False with x_norm=input_norm(x)", kind=BcosValueError)
     if weight.requires_grad and not torch.compiler.is_compiling():
         _forget_unit_norm(weight)
-    return _BcosLinear.apply(x, weight, x_norm, b, units_are_columns)
+    return _BcosLinear.apply(x, weight, x_norm, b, units_are_columns, own_norm)
 
 
 def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool, *,

@@ -259,8 +259,8 @@ class BcosLinear(AlignmentPressure):
                                          constant_units=self.constant_outputs)
         b = self._forward_pressure()
         if self._trains_fused(x):
-            x_norm = input_norm(x) if isinstance(b, Tensor) or b != 1.0 else None
-            return bcos_linear(x, self.weight, x_norm, b, units_are_columns=self._UNITS_ARE_COLUMNS)
+            return bcos_linear(x, self.weight, None, b, units_are_columns=self._UNITS_ARE_COLUMNS,
+                               own_norm=isinstance(b, Tensor) or b != 1.0)
         scaled = isinstance(b, Tensor) or b != 1.0
         explaining = self.holds_constant() if scaled else self.explaining
         constant = self.constant_outputs if explaining else None
