@@ -60,3 +60,21 @@ def test_the_output_scale_is_the_picked_outputs_size_whichever_route_computes_it
 
     expected = size(target) + (0.0 if foil is None else size(foil))
     assert torch.equal(scale, expected)
+
+
+def test_the_first_column_check_of_a_classifier_runs_no_kernel_on_a_batch_it_passes_and_still_refuses():
+    # a first-column classifier (BERT, ModernBERT "cls") checks the first column on every explain call: read on the host
+    from conftest import padded_batch, tiny_model
+
+    from bcos_plugins.attribution.text import check_first_column_is_real
+    from bcos_plugins.convert.architectures import SPECS
+
+    model = tiny_model("BertForSequenceClassification")
+    spec = SPECS["BertForSequenceClassification"]
+    _, right = padded_batch(side="right")
+    with _CountKernels() as counter:
+        check_first_column_is_real(model, right, spec)
+    assert set(counter.ops) <= {"aten.select.int"}, counter.ops  # was: eq and any on the column
+    for mask in (padded_batch(side="left")[1], padded_batch(side="left")[1].bool()):
+        with pytest.raises(BcosValueError, match=r"^attention_mask: rows? .* with padding, and BertForSequence"):
+            check_first_column_is_real(model, mask, spec)

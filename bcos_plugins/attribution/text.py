@@ -288,9 +288,10 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
     first_column = spec.classifies_from_first_column(getattr(model, "config", None))
     if not first_column and (spec.position_table is None or gets_real_token_position_ids(model, spec)):
         return
-    padded_first = attention_mask[:, 0] == 0
-    if not padded_first.any():
+    # the first column read on the host (the one sync, no kernel: a classifier pays this on every explain call)
+    if not any(value == 0 for value in attention_mask[:, 0].tolist()):
         return
+    padded_first = attention_mask[:, 0] == 0
     verb = "starts" if int(padded_first.sum()) == 1 else "start"
     if first_column:
         setting = (f" with config.{spec.first_column_pooling[0]}={spec.first_column_pooling[1]!r}"
