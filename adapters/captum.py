@@ -274,7 +274,10 @@ class EmbeddingForward(nn.Module):
         if not isinstance(model, nn.Module):
             raise argument_error("model", f"expected a transformers model, got {type(model).__name__}",
                                  "Pass the model object", kind=BcosTypeError)
-        self.model = model
+        # a torch.compile wrapper runs as its own module (the same function): embed and forward swap and read the
+        # point's tensor with module hooks, and a compiled graph traced before a hook existed runs without it
+        # (dynamo does not guard on module hooks by default), so embed captured nothing
+        self.model = uncompiled(model)
         self.spec = spec_for(model)
         self.point = text_attribution_point(model, self.spec)
         self.train(model.training)
@@ -396,7 +399,9 @@ class _Logits(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.model = model
+        # a torch.compile wrapper runs as its own module (the same function): LayerBcos reads its layer with a Captum
+        # hook, which a compiled graph traced before the hook existed would not run (see EmbeddingForward)
+        self.model = uncompiled(model)
         try:
             self.spec = spec_for(model)
         except TypeError:  # a transformers class bcosify does not know: called as it is

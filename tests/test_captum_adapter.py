@@ -369,3 +369,34 @@ def test_the_captum_private_helpers_the_adapter_uses_still_behave():
     assert set(behaving) == {"_is_tuple", "_format_tensor_into_tuples", "_format_additional_forward_args",
                              "_run_forward", "_format_output", "_select_targets"}
     assert behaving == dict.fromkeys(behaving, True), behaving
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_captum_wrappers_run_a_compiled_models_own_module(side):
+    """EmbeddingForward and LayerBcos read and swap the attribution point's tensor with module hooks, and a compiled
+    graph traced before a hook existed runs without it (dynamo does not guard on module hooks by default): ``embed``
+    captured nothing (IndexError, seen in a full test run after other compiled models of the class). So the wrappers
+    run a ``torch.compile`` wrapper's own module, never a compiled graph: the same values as on the model, and the
+    compiled graphs are not called."""
+    name = "GPT2ForSequenceClassification" if side == "left" else "BertForSequenceClassification"
+    model = bcosify(tiny_model(name), verbose=False)
+    graph_calls = []
+
+    def counting_backend(graph_module, example_inputs):
+        def run(*args):
+            graph_calls.append(1)
+            return graph_module.forward(*args)
+        return run
+
+    compiled = torch.compile(model, backend=counting_backend)
+    ids, mask = padded_batch(side=side)
+    target = torch.tensor([0, 2, 1])
+    expected = EmbeddingForward(model).embed(ids, mask)
+    reference = LayerBcos(model).attribute(ids, target=target, additional_forward_args=(mask,))
+    torch.testing.assert_close(EmbeddingForward(compiled).embed(ids, mask), expected, rtol=0, atol=0)
+    torch.testing.assert_close(LayerBcos(compiled).attribute(ids, target=target, additional_forward_args=(mask,)),
+                               reference, rtol=0, atol=0)
+    assert not graph_calls
+    with torch.no_grad():  # the compiled wrapper itself still runs compiled
+        compiled(input_ids=ids, attention_mask=mask)
+    assert graph_calls
