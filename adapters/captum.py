@@ -64,6 +64,7 @@ from torch import Tensor, nn
 
 from bcos_plugins._checks import bad_rows, ids_as_long, refuse_renamed_keywords
 from bcos_plugins.attribution import (
+    Direction,
     Explanation,
     TokenExplanation,
     as_leaf,
@@ -746,7 +747,9 @@ def visualization_records(
                              "input ids into tokens")
         tokens = explanation.tokens(tokenizer)
         scores = explanation.scores()
-        target = target if target is not None else explanation.target.tolist()
+        explained = explanation.target  # ids per row, or one Direction for every row
+        target = target if target is not None else ([explained] * len(tokens) if isinstance(explained, Direction)
+                                                    else explained.tolist())
         delta = explanation.completeness_error.tolist()
         foil = getattr(explanation, "foil", None)
     else:
@@ -761,6 +764,8 @@ def visualization_records(
     def name(i):
         if i is None:
             return "-"
+        if isinstance(i, Direction):
+            return "a direction"
         return label_names[int(i)] if label_names is not None else int(i)
 
     records = []
@@ -776,7 +781,8 @@ def visualization_records(
             pred, pred_prob = None, float("nan")
         attr_cls = name(target[i] if target is not None else pred)
         if foil is not None:  # a contrastive explanation's scores sum to target - foil, not to the target's logit
-            against = "a direction" if foil.is_floating_point() else name(foil[i] if foil.ndim else foil)
+            against = ("a direction" if isinstance(foil, Direction) or foil.is_floating_point()
+                       else name(foil[i] if foil.ndim else foil))
             attr_cls = f"{attr_cls} − {against}"
         records.append(VisualizationDataRecord(
             word_attributions=row,

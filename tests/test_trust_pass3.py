@@ -479,3 +479,25 @@ def test_captums_llm_gradient_attribution_takes_a_compiled_b_cos_causal_lm():
     expected = token_attributions(model)
     torch.testing.assert_close(token_attributions(torch.compile(model, backend=_RecordingBackend())), expected,
                                rtol=1e-5, atol=1e-7)
+
+
+def test_captum_visualization_records_of_a_direction_explanation():
+    """visualization_records of an explanation of Direction(vector) (as target, or as foil) raised AttributeError
+    ('Direction' object has no attribute 'tolist' / 'is_floating_point'); it now labels the record 'a direction'
+    (or 'target − a direction') with the row's scores, whose sum is the explained value."""
+    from bcos_plugins.adapters.captum import visualization_records
+    from test_conformance import _word_tokenizer
+
+    from bcos_plugins import Direction
+
+    model, tokenizer = _bcos_llama(), _word_tokenizer()
+    vector = torch.zeros(60)
+    vector[5], vector[7] = 1.0, -1.0
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 9]])
+    for asked, label in ((dict(target=Direction(vector)), "a direction"),
+                         (dict(target=5, foil=Direction(vector)), "5 − a direction")):
+        expl = explain(model, ids, position=-1, **asked)
+        records = visualization_records(expl, tokenizer)
+        assert [r.attr_class for r in records] == [label, label]
+        for record, value in zip(records, expl.explained.tolist(), strict=True):
+            assert record.attr_score == pytest.approx(value, rel=1e-5, abs=1e-6)
