@@ -136,9 +136,10 @@ def test_captum_attributes_a_compiled_b_cos_model_as_the_model_itself():
     """LayerBcos(torch.compile(model)) crashed ('Tensor' object has no attribute 'get_seq_length': the wrapper was not
     recognised as a transformers model, so the mask was passed as its second positional argument, the cache), and
     BcosAttribution of a function running a compiled B-cos model was refused as running 'through no B-cos
-    (dynamic-weight) module' (modules inside a compiled graph are not counted). Both now attribute through the
-    compiled wrapper (its backend is given a graph traced in explanation mode, after one traced outside it) exactly as
-    on the model itself, on a left-padded batch."""
+    (dynamic-weight) module' (modules inside a compiled graph are not counted). All three forms now give the model's
+    own attributions on a left-padded batch: LayerBcos and EmbeddingForward run the compiled model's own module
+    (tests/test_captum_adapter.py), and a plain function calls the compiled wrapper, whose backend is given a graph
+    traced in explanation mode after one traced outside it."""
     from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward, LayerBcos
     from conftest import padded_batch
 
