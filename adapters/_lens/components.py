@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from bcos_plugins.attribution import as_leaf, resolve_explained, resolve_positions
 from bcos_plugins.attribution.results import relative_completeness_error
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
+from bcos_plugins.explain import completeness_tolerance
 from bcos_plugins.nn.dynamic import explanation_mode
 from bcos_plugins.nn.functional import at_least_float32
 
@@ -245,9 +246,11 @@ def token_component_decomposition(
 
 
 def _tolerance(table: Tensor, reference: Tensor) -> Tensor:
-    # float rounding of the model's dtype (the explained value's: the table is summed in at least float32),
-    # relative to the magnitudes summed per row
-    return max(1e-4, 100 * torch.finfo(reference.dtype).eps) * (reference.abs() + table.abs().sum((1, 2)))
+    # float rounding of the model's dtype (the explained value's: the table is summed in at least float32), or of
+    # an enclosing autocast's, as explain allows it (sqrt(eps)), relative to the magnitudes summed per row: 100 eps
+    # was 0.78 of that scale in bfloat16, so a bfloat16 table missing the whole bias share passed
+    rounding, _ = completeness_tolerance(reference)
+    return max(1e-4, rounding) * (reference.abs() + table.abs().sum((1, 2)))
 
 
 def _sae_error_shares(model, tokens, target, foil, position, attention_mask, table: Tensor) -> dict[str, Tensor]:
