@@ -41,3 +41,44 @@ def test_a_half_precision_token_component_table_missing_half_the_logit_is_refuse
             token_component_decomposition(model, tokens(), target=5, foil=7)
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_a_space_models_shares_missing_a_term_are_refused_and_half_precision_rounding_passes(dtype):
+    """context_attribution checked nothing: a term beside the head's classifier (here a forward hook, as an adapter
+    on head.classifier adds one) entered the logit but no share, and the shares came back as the logit's. It now
+    refuses shares that miss the logit beyond explain's allowance (sqrt(eps) of the dtype). A healthy bfloat16 Space
+    model passes quietly although a row's completeness_error is 0.25: that row's logit (0.007) is the difference of
+    shares 500 times larger, and the gap is bfloat16 rounding of an exact computation, not a lost term: the shares of
+    the model's own concepts in float64 give the float64 logit of those concepts to 1e-12."""
+    from conftest import padded_batch
+    from test_space import space_model
+
+    from bcos_plugins.space import context_attribution
+
+    model = space_model(n_latent=16).to(dtype)
+    ids, mask = padded_batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        healthy = context_attribution(model, ids, mask)
+    if dtype == torch.bfloat16:
+        assert healthy.completeness_error.max() > 0.1  # honest: the bfloat16 logit near 0 is that uncertain
+    concepts = model(input_ids=ids, attention_mask=mask).concepts.double()
+    weights = mask.double() / mask.double().sum(1, keepdim=True)
+    logits = torch.einsum("bpkl,bp->bkl", concepts, weights).flatten(1) @ model.head.classifier.weight.double().T
+    rows = torch.arange(len(ids))
+    exact_shares = model.head.token_contributions(concepts, mask)[rows, :, healthy.target]
+    torch.testing.assert_close(exact_shares.sum((1, 2, 3)), logits[rows, healthy.target], rtol=0, atol=1e-12)
+
+    untracked = float(healthy.explained.abs().max())
+
+    def add_a_term_no_share_carries(module, args, output):
+        return output + untracked
+
+    handle = model.head.classifier.register_forward_hook(add_a_term_no_share_carries)
+    try:
+        with pytest.raises(BcosError, match=r"context_attribution: the token shares of row \d+ sum to .* are not the "
+                                            r"head's linear classifier .*merge an adapter"):
+            context_attribution(model, ids, mask)
+    finally:
+        handle.remove()

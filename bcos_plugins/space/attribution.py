@@ -15,7 +15,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..attribution import Direction, TokenExplanation, resolve_explained
-from ..errors import BcosTypeError
+from ..errors import BcosRuntimeError, BcosTypeError
+from ..explain import completeness_tolerance
 from ..nn.functional import at_least_float32
 
 __all__ = ["SpaceExplanation", "context_attribution", "concept_contributions"]
@@ -93,7 +94,7 @@ def context_attribution(
         units = units - per_class[rows, :, foil_t]
         bias = bias - model.head.classifier.bias[foil_t]
     units = units.flatten(2)
-    return SpaceExplanation(
+    explanation = SpaceExplanation(
         contributions=units.sum(-1, dtype=at_least_float32(units.dtype)),  # as explain's token scores
         input_contributions=units,
         explained=full - bias,
@@ -106,4 +107,34 @@ def context_attribution(
         reduce="sum",
         bias=bias.detach(),
         n_spaces=model.head.n_spaces,
+    )
+    _require_complete(explanation)
+    return explanation
+
+
+def _require_complete(explanation: SpaceExplanation) -> None:
+    """Refuse shares that miss the logit beyond float rounding, as explain refuses a B-cos model's: the shares are
+    exact by construction (the head is linear in the concept activations), so a larger gap means the logits did not
+    come from the classifier over the masked mean of the concepts (a hook or an adapter on ``head.classifier``, a
+    head replaced), and the shares would not be the logit's. The tolerance and the size it is relative to are
+    explain's: sqrt(eps) of the dtype, of the largest of the explained value, the logit and the token scores' sum of
+    absolute values (a half-precision logit near 0 is the difference of shares far larger, so its own rounding is a
+    large part of it, as completeness_error shows, while the shares are exact)."""
+    units = explanation.input_contributions
+    summed = explanation.contributions.dtype  # the token scores, summed in at least float32
+    size = torch.stack([explanation.explained.abs().to(summed), explanation.full_logits.abs().to(summed),
+                        explanation.contributions.abs().sum(1)]).amax(0)
+    gap = explanation.delta.abs().to(summed) / size.clamp_min(torch.finfo(summed).tiny)
+    tolerance, precision = completeness_tolerance(units)
+    within = gap <= tolerance  # false for a NaN gap too
+    if bool(within.all()):
+        return
+    row = int((~within).nonzero()[0])
+    raise BcosRuntimeError(
+        f"context_attribution: the token shares of row {row} sum to {float(explanation.total[row]):.4g} but the "
+        f"logit minus the classifier bias is {float(explanation.explained[row]):.4g}, a gap of {float(gap[row]):.2g} "
+        f"of the logit and its token scores' size where {precision} rounding allows {tolerance:.1g}: the model's logits "
+        "are not the head's linear classifier over the masked mean of its concept activations (a hook or an adapter "
+        "on head.classifier, or a replaced head), so the shares would not be the logit's. Explain the model with "
+        "the head SpaceModelForSequenceClassification builds (merge an adapter into the classifier's weight first)."
     )
