@@ -20,6 +20,7 @@ Explained quantities:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
@@ -160,18 +161,24 @@ def recording_forward_autocast(module: nn.Module, seen: list[torch.dtype]) -> It
     """Append to ``seen`` the autocast dtype that ``module`` and its submodules run under, while inside. An
     autocast entered inside the model's forward counts too: ``Trainer(bf16=True)`` / accelerate leave
     ``model.forward`` wrapped in autocast after training, so the caller sees no autocast around the call."""
-    device = next(module.parameters(), torch.empty(0)).device.type
+    first = next(module.parameters(), None)
+    device = "cpu" if first is None else first.device.type
+    # one global hook that notes this thread's calls of these modules, where a hook per module cost a registration
+    # and a removal per module and call (250 -> 93 us per call on a 2-layer Qwen2, paired); global hooks see every
+    # thread's modules, and another thread's autocast is not this forward's
+    members = {id(m) for m in module.modules()}  # ids: a set of the modules themselves breaks torch.compile's tracing
+    thread = threading.get_ident()
 
     def note_autocast(submodule, args) -> None:
-        if torch.is_autocast_enabled(device):
+        if (id(submodule) in members and torch.is_autocast_enabled(device)
+                and (torch.compiler.is_compiling() or threading.get_ident() == thread)):
             seen.append(torch.get_autocast_dtype(device))
 
-    notes = [m.register_forward_pre_hook(note_autocast) for m in module.modules()]
+    note = torch.nn.modules.module.register_module_forward_pre_hook(note_autocast)
     try:
         yield seen
     finally:
-        for note in notes:
-            note.remove()
+        note.remove()
 
 
 def _output_scale(values: Tensor, target: Tensor | Direction, foil: Tensor | Direction | None,
