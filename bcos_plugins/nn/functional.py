@@ -285,9 +285,24 @@ def clear_unit_norm_cache(model: nn.Module | None = None) -> None:
         _UNIT_WEIGHTS.pop(parameter, None)
 
 
-# the last input norm computed without autograd recording, per thread: [weak reference to the input, its
-# version counter and dim, the norm, its reciprocal once a layer asked for it (_norm_reciprocal)]
-_LAST_INPUT_NORM = threading.local()
+# The last input a layer read without autograd recording, per thread: (weak reference to it, its version counter,
+# {what the layers reading it derived from it: ("norm", dim), ("reciprocal", dim), ("cast", dtype)})
+_LAST_INPUT = threading.local()
+
+
+def _derived_from(x: Tensor) -> dict | None:
+    """The values derived from ``x`` by the layers that read it, shared between them (an attention block's query, key
+    and value projections, a gated MLP's gate and up projections) while ``x`` is the same tensor, unchanged (its
+    version counter, which every in-place write bumps, is the same); ``None`` where nothing is shared: autograd
+    records (a shared value would tie one graph to another), ``torch.compile`` traces, the reference path, tensor
+    subclasses and inference-mode tensors (which have no version counter). A write through ``x.data`` is not seen."""
+    if (torch.compiler.is_compiling() or torch.is_grad_enabled() or _REFERENCE_PATH or type(x) is not Tensor
+            or x.is_inference()):
+        return None
+    entry = getattr(_LAST_INPUT, "entry", None)
+    if entry is None or entry[0]() is not x or entry[1] != x._version:
+        entry = _LAST_INPUT.entry = (weakref.ref(x), x._version, {})
+    return entry[2]
 
 
 def input_norm(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
@@ -301,21 +316,19 @@ def input_norm(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
     Layers that read the same input (an attention block's query, key and value projections, a gated MLP's
     gate and up projections) share its norm: without autograd recording (inference, and explanation mode,
     which computes the factor without it) the fused path returns the previous call's norm when ``x`` is the
-    same tensor, unchanged (its version counter, which every in-place write bumps, is the same). Callers must
-    not write into the returned tensor.
+    same tensor, unchanged (:func:`_derived_from`). Callers must not write into the returned tensor.
     """
-    reusable = (not torch.compiler.is_compiling() and not torch.is_grad_enabled() and not _REFERENCE_PATH
-                and type(x) is Tensor and not x.is_inference())
-    return _input_norm(x, dim, reusable)
+    derived = _derived_from(x)
+    if derived is None:
+        return _input_norm(x, dim)
+    norm = derived.get(("norm", dim))
+    if norm is None:
+        norm = derived[("norm", dim)] = _input_norm(x, dim)
+    return norm
 
 
-def _input_norm(x: Tensor, dim: int | tuple[int, ...], reusable: bool) -> Tensor:
-    """:func:`input_norm`; shared with the layers reading the same input only if ``reusable``."""
-    if reusable:
-        key = (x._version, dim)
-        last = getattr(_LAST_INPUT_NORM, "entry", None)
-        if last is not None and last[0]() is x and last[1] == key:
-            return last[2]
+def _input_norm(x: Tensor, dim: int | tuple[int, ...]) -> Tensor:
+    """:func:`input_norm` computed afresh."""
     if x.dtype in HALF_DTYPES:
         norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True, dtype=torch.float32)
     else:
@@ -324,10 +337,22 @@ def _input_norm(x: Tensor, dim: int | tuple[int, ...], reusable: bool) -> Tensor
         return (norm * norm + NORM_EPS).sqrt()
     # the same value in one kernel instead of three (equal to within one rounding of the dtype; hypot skips
     # the rounding of norm * norm); its gradient norm / hypot is 0, not NaN, at norm = 0
-    norm = torch.hypot(norm, _SQRT_NORM_EPS.get(norm.dtype, _SQRT_NORM_EPS[torch.float64]))
-    if reusable:
-        _LAST_INPUT_NORM.entry = [weakref.ref(x), key, norm, None]
-    return norm
+    return torch.hypot(norm, _SQRT_NORM_EPS.get(norm.dtype, _SQRT_NORM_EPS[torch.float64]))
+
+
+def _shared_cast(x: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """``x`` cast to ``dtype`` as ``torch.autocast`` casts a matrix product's float32 input (``x`` itself for ``None``
+    or another dtype), once for the layers that read it (:func:`_derived_from`): the query, key and value projections
+    of one input under autocast take one copy instead of three."""
+    if dtype is None or x.dtype != torch.float32:
+        return x
+    derived = _derived_from(x)
+    if derived is None:
+        return x  # (autocast casts it in the matrix product)
+    cast = derived.get(("cast", dtype))
+    if cast is None:
+        cast = derived[("cast", dtype)] = x.to(dtype)
+    return cast
 
 
 def bcos_scale(lin: Tensor, x_norm: Tensor, b: float) -> Tensor:
@@ -370,11 +395,14 @@ def _norm_reciprocal(x_norm: Tensor) -> Tensor:
     one input is taken once and shared too (an attention block's query, key and value projections: one kernel
     instead of three); the same value either way. Callers must not write into it."""
     if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        last = getattr(_LAST_INPUT_NORM, "entry", None)
-        if last is not None and last[2] is x_norm:
-            if last[3] is None:
-                last[3] = x_norm.reciprocal()
-            return last[3]
+        entry = getattr(_LAST_INPUT, "entry", None)
+        derived = {} if entry is None else entry[2]
+        for (what, dim), value in list(derived.items()):
+            if what == "norm" and value is x_norm:
+                reciprocal = derived.get(("reciprocal", dim))
+                if reciprocal is None:
+                    reciprocal = derived[("reciprocal", dim)] = x_norm.reciprocal()
+                return reciprocal
     return x_norm.reciprocal()
 
 
@@ -444,12 +472,14 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     order on the same tensors (so the same values, bit for bit), written out in one function outside
     :func:`reuse_unit_weights`: at a small model's widths (128 tokens x 128 features) the Python of the nested
     helpers cost 3-4 % of a decoder's forward pass (thread CPU, measured on Qwen2 and ModernBERT at the bench_core
-    family shape). The weight cache takes the helper."""
+    family shape). The weight cache takes the helper. Under autocast the float32 input is cast once for the layers
+    reading it (:func:`_shared_cast`; autocast's own cast, the same bits)."""
+    cast = _matmul_cast(weight)
     if _REUSE_UNIT_WEIGHTS:
         unit = cached_unit_norm(weight, dim=1, transposed=units_are_columns, autocast=True)
     else:  # cached_unit_norm's branch without reuse
-        unit = _unrecorded_unit_norm(weight.T if units_are_columns else weight, 1, _matmul_cast(weight))
-    lin = torch.nn.functional.linear(x, unit)
+        unit = _unrecorded_unit_norm(weight.T if units_are_columns else weight, 1, cast)
+    lin = torch.nn.functional.linear(_shared_cast(x, cast), unit)
     if b == 1.0:
         return lin
     return _inference_product(lin, input_norm(x), b)
@@ -668,7 +698,7 @@ class _BcosLinear(torch.autograd.Function):
         if own_norm:
             # not shared with other layers reading x, as input_norm shares it without autograd: training writes
             # through x.data between calls (torch.autograd.gradcheck perturbs its inputs so) would go unseen
-            x_norm = _input_norm(x, -1, False)
+            x_norm = _input_norm(x, -1)
         ctx.own_norm = own_norm
         view = weight.T if units_are_columns else weight
         norms = _unit_norms(view, 1)
