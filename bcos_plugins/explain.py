@@ -20,7 +20,6 @@ Explained quantities:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
@@ -163,22 +162,20 @@ def recording_forward_autocast(module: nn.Module, seen: list[torch.dtype]) -> It
     ``model.forward`` wrapped in autocast after training, so the caller sees no autocast around the call."""
     first = next(module.parameters(), None)
     device = "cpu" if first is None else first.device.type
-    # one global hook that notes this thread's calls of these modules, where a hook per module cost a registration
-    # and a removal per module and call (250 -> 93 us per call on a 2-layer Qwen2, paired); global hooks see every
-    # thread's modules, and another thread's autocast is not this forward's
-    members = {id(m) for m in module.modules()}  # ids: a set of the modules themselves breaks torch.compile's tracing
-    thread = threading.get_ident()
+    # a hook per module, not one global hook filtered to these modules: a global hook is traced into a compiled
+    # model's graph with this call's closure, and the next call compiled the graph again (4 graphs instead of 3 in
+    # tests/test_fused_layers.py), where dynamo does not guard on per-module hooks
 
     def note_autocast(submodule, args) -> None:
-        if (id(submodule) in members and torch.is_autocast_enabled(device)
-                and (torch.compiler.is_compiling() or threading.get_ident() == thread)):
+        if torch.is_autocast_enabled(device):
             seen.append(torch.get_autocast_dtype(device))
 
-    note = torch.nn.modules.module.register_module_forward_pre_hook(note_autocast)
+    notes = [m.register_forward_pre_hook(note_autocast) for m in module.modules()]
     try:
         yield seen
     finally:
-        note.remove()
+        for note in notes:
+            note.remove()
 
 
 def _output_scale(values: Tensor, target: Tensor | Direction, foil: Tensor | Direction | None,
