@@ -79,6 +79,7 @@ from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError,
 from bcos_plugins.explain import recording_forward_autocast
 from bcos_plugins.nn.dynamic import (
     _dynamic_modules_and_training,
+    _restore_training,
     dynamic_weights_used,
     explanation_mode,
     is_explaining,
@@ -152,11 +153,11 @@ def _explaining(who: str, model: nn.Module | None) -> Iterator[None]:
     a B-cos computation (it ran through dynamic-weight modules) and a deterministic one (no module in
     training mode: dropout would make the explained function random; the thread-wide explanation mode cannot
     switch it off for a plain function)."""
-    was_training = model.training if model is not None else False
     # eval() and the restoring train() walk the whole model (435 us per call on a 2-layer Qwen2): a model already
-    # wholly in eval mode needs neither (explanation_mode's own test, the same walk)
-    any_training = model is not None and _dynamic_modules_and_training(model)[1]
-    if any_training:
+    # wholly in eval mode needs neither (explanation_mode's own test, the same walk); each module's own flag is
+    # restored (nn.dynamic.evaluating)
+    training_flags = _dynamic_modules_and_training(model)[1] if model is not None else None
+    if training_flags is not None:
         model.eval()
     used_before = dynamic_weights_used()
     outer = getattr(_training_modules_seen, "names", None)  # a call nested in another one (e.g. a metric)
@@ -173,8 +174,8 @@ def _explaining(who: str, model: nn.Module | None) -> Iterator[None]:
         handle.remove()
         _training_modules_seen.names = outer
         _training_modules_seen.compiled_bcos = outer_compiled
-        if any_training:
-            model.train(was_training)
+        if training_flags is not None:
+            _restore_training(model, training_flags)
     if training:
         raise argument_error("forward_func", f"ran {training[0]} in training mode, where dropout makes the "
                              "explained function random", "Call model.eval() before attributing",

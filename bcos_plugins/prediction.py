@@ -15,6 +15,7 @@ from ._checks import (
 )
 from .attribution.text import registry_spec, rows_as_alone_call
 from .encoded_texts import truncation_length
+from .nn.dynamic import evaluating
 
 __all__ = ["accuracy", "predict"]
 
@@ -38,20 +39,20 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
     text_pairs = require_text_pairs(text_pairs, len(texts))
     require_count("batch_size", batch_size)
     max_length = truncation_length(model, max_length, default=64)
-    model.eval()
     device = next(model.parameters()).device
     spec = registry_spec(model)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]) + (len(text_pairs[i]) if text_pairs else 0))
     out = []
-    for start in range(0, len(texts), batch_size):
-        rows = order[start : start + batch_size]
-        pairs = None if text_pairs is None else [text_pairs[i] for i in rows]
-        enc = tokenizer([texts[i] for i in rows], pairs, padding=True, truncation=True, max_length=max_length,
-                        return_tensors="pt").to(device)
-        with rows_named_as(rows):  # refusals name the caller's rows, not the length-sorted batch's
-            call = rows_as_alone_call(model, enc["input_ids"], enc.get("attention_mask"), tokenizer_outputs=enc,
-                                      spec=spec)
-        out.append(model(**call).logits.float().cpu())
+    with evaluating(model):  # each module's training flag is restored afterwards
+        for start in range(0, len(texts), batch_size):
+            rows = order[start : start + batch_size]
+            pairs = None if text_pairs is None else [text_pairs[i] for i in rows]
+            enc = tokenizer([texts[i] for i in rows], pairs, padding=True, truncation=True, max_length=max_length,
+                            return_tensors="pt").to(device)
+            with rows_named_as(rows):  # refusals name the caller's rows, not the length-sorted batch's
+                call = rows_as_alone_call(model, enc["input_ids"], enc.get("attention_mask"), tokenizer_outputs=enc,
+                                          spec=spec)
+            out.append(model(**call).logits.float().cpu())
     logits = torch.cat(out)
     return logits[torch.argsort(torch.tensor(order))]
 

@@ -32,6 +32,7 @@ from torch import Tensor
 from .._checks import bad_rows, require_int, require_row_ids, require_same_shape, require_tensor
 from ..convert.architectures import position_limit, vocabulary_size
 from ..errors import argument_error
+from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
 
 __all__ = [
@@ -310,11 +311,9 @@ def perplexity(
             window = [bos_token_id, *piece] if bos_token_id is not None else piece
             if len(window) >= 2:  # a one-token tail (no BOS) has nothing to predict; its token is lost
                 windows.append(window)
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     total, count = torch.zeros((), dtype=torch.float64), 0
-    try:
+    with evaluating(model):
         _require_causal_lm(model, windows[0], device)
         for start in range(0, len(windows), batch_size):
             chunk = windows[start:start + batch_size]
@@ -330,8 +329,6 @@ def perplexity(
             scored = mask[:, 1:].bool()
             total -= logp[scored].sum().cpu()
             count += int(scored.sum())
-    finally:
-        model.train(was_training)
     nll = float(total / count)
     return PerplexityResult(perplexity=math.exp(nll), nll=nll, n_tokens=count,
                             n_windows=len(windows), n_texts=len(rows))
@@ -406,11 +403,9 @@ def next_token_contrast(
                     for name, ids in (("target", target), ("foil", foil)))
     last = last_real_position(attention_mask)
     spec = registry_spec(model)
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     diffs, gaps = [], []
-    try:
+    with evaluating(model):
         for s in range(0, n, batch_size):
             ids, mask = input_ids[s:s + batch_size].to(device), attention_mask[s:s + batch_size].to(device)
             logits = model(**rows_as_alone_call(model, ids, mask, spec=spec, causal_lm=True)).logits
@@ -419,6 +414,4 @@ def next_token_contrast(
             rows = torch.arange(len(ids), device=device)
             diffs.append((logits[rows, t] - logits[rows, f]).float().cpu())
             gaps.append(probability_gap(logits, t, f).float().cpu())
-    finally:
-        model.train(was_training)
     return NextTokenContrast(torch.cat(diffs), torch.cat(gaps))

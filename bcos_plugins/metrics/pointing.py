@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ from torch import Tensor, nn
 
 from .._checks import require_float, require_int, require_tensor
 from ..errors import argument_error
+from ..nn.dynamic import evaluating
 from .attributions import token_scores
 
 __all__ = ["SeqPGExamples", "make_seqpg_examples", "seqpg_evidence_split", "seqpg_score"]
@@ -169,18 +171,14 @@ def _segment_probabilities(model, candidates, cls_id: int, sep_id: int, batch_si
     """Class probabilities ``(n_segments, classes)`` of ``[CLS] segment [SEP]`` under one classifier."""
     first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     device = first.device if first is not None else torch.device("cpu")
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
     conf = []
-    for start in range(0, len(candidates), batch_size):
-        chunk = candidates[start : start + batch_size]
-        ids = torch.tensor([[cls_id, *seg, sep_id] for _, seg in chunk], device=device)
-        out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
-        logits = out.logits if hasattr(out, "logits") else out
-        conf.append(logits.float().softmax(-1).cpu())
-    if was_training:
-        model.train()
+    with evaluating(model) if isinstance(model, nn.Module) else nullcontext():
+        for start in range(0, len(candidates), batch_size):
+            chunk = candidates[start : start + batch_size]
+            ids = torch.tensor([[cls_id, *seg, sep_id] for _, seg in chunk], device=device)
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            logits = out.logits if hasattr(out, "logits") else out
+            conf.append(logits.float().softmax(-1).cpu())
     return torch.cat(conf)
 
 

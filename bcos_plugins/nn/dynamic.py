@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DynamicWeightModule", "dynamic_weights_used", "explanation_mode", "has_dynamic_weights",
+__all__ = ["DynamicWeightModule", "dynamic_weights_used", "evaluating", "explanation_mode", "has_dynamic_weights",
            "is_explaining", "no_parameter_gradients", "parameter_gradients_unused"]
 
 # Explanation mode without a model handle is per thread: a forward pass runs in the caller's thread, and
@@ -160,12 +160,11 @@ def explanation_mode(model: nn.Module | None = None) -> Iterator[nn.Module | Non
         finally:
             _THREAD_STATE.depth -= 1
         return
-    modules, any_training = _dynamic_modules_and_training(model)
+    modules, training_flags = _dynamic_modules_and_training(model)
     previous = [m._explaining_module for m in modules]
-    was_training = model.training
     # eval() and the restoring train() walk the whole model (transformers' train() more than that); a model
     # already wholly in eval mode (every explain call after the first) needs neither
-    if any_training:
+    if training_flags is not None:
         model.eval()
     for m in modules:
         m.__dict__["_explaining_module"] = True  # as _set_explaining, without a method call per module
@@ -174,24 +173,60 @@ def explanation_mode(model: nn.Module | None = None) -> Iterator[nn.Module | Non
     finally:
         for m, state in zip(modules, previous, strict=True):
             m.__dict__["_explaining_module"] = state
-        if any_training:
-            model.train(was_training)
+        if training_flags is not None:
+            _restore_training(model, training_flags)
 
 
-def _dynamic_modules_and_training(model: nn.Module) -> tuple[list[DynamicWeightModule], bool]:
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode while the block runs (dropout off: an explained or scored function must be
+    deterministic), and afterwards every module in the training mode it had before, also when the block raises.
+
+    ``model.train(was_training)``, which restores the model's own flag only, sets every submodule to it: a module a
+    training loop keeps in eval mode (a frozen encoder, a normalisation layer with fixed statistics) came back in
+    training mode after an explanation or a metric, silently changing what the loop computes. A model wholly in
+    eval mode is not touched (``eval()`` walks the whole model). The one way the package's explanations and
+    metrics switch a model to eval mode (:func:`explanation_mode` does the same).
+    """
+    _, training_flags = _dynamic_modules_and_training(model)
+    if training_flags is None:
+        yield model
+        return
+    model.eval()
+    try:
+        yield model
+    finally:
+        _restore_training(model, training_flags)
+
+
+def _restore_training(model: nn.Module, training_flags: list[tuple[nn.Module, bool]]) -> None:
+    """Every module's training flag as recorded (:func:`_dynamic_modules_and_training`): ``model.train`` with the
+    model's own flag (a model's ``train`` override runs, as it did before), then the modules whose flag differed
+    from the model's set one by one."""
+    model.train(training_flags[0][1])  # the walk records the model first
+    for module, was_training in training_flags:
+        if module.training != was_training:
+            module.training = was_training
+
+
+def _dynamic_modules_and_training(
+        model: nn.Module) -> tuple[list[DynamicWeightModule], list[tuple[nn.Module, bool]] | None]:
     """The dynamic-weight modules of ``model`` (each once, ``model`` included, as ``model.modules()`` yields them)
-    and whether any module of it is in training mode.
+    and, if any module of it is in training mode, every module's training flag (``model``'s first; ``None`` when
+    none is: nothing to switch or restore, see :func:`evaluating`).
 
     Walked afresh at every call, so a submodule replaced or added since the last call is seen (no cache to go
     stale), but over the ``_modules`` dicts directly: ``model.modules()`` runs ``named_modules``, which builds every
     module's dotted name and a generator per level, 2.5x this walk's time (33 vs 13 us on a 2-layer Qwen2).
     """
     dynamic: list[DynamicWeightModule] = []
+    flags: list[tuple[nn.Module, bool]] = []
     any_training = False
     seen = {model}
     stack = [model]
     while stack:
         m = stack.pop()
+        flags.append((m, m.training))
         if m.training:
             any_training = True
         if isinstance(m, DynamicWeightModule):
@@ -200,5 +235,5 @@ def _dynamic_modules_and_training(model: nn.Module) -> tuple[list[DynamicWeightM
             if child is not None and child not in seen:
                 seen.add(child)
                 stack.append(child)
-    return dynamic, any_training
+    return dynamic, (flags if any_training else None)
 

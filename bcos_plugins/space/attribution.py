@@ -17,6 +17,7 @@ from torch import Tensor
 from ..attribution import Direction, TokenExplanation, resolve_explained
 from ..errors import BcosRuntimeError, BcosTypeError
 from ..explain import completeness_tolerance
+from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
 
 __all__ = ["SpaceExplanation", "context_attribution", "concept_contributions"]
@@ -72,12 +73,8 @@ def context_attribution(
             and hasattr(head, "n_spaces")):
         raise BcosTypeError(f"model: context_attribution explains a SpaceModelForSequenceClassification; got "
                         f"{type(model).__name__} (use bcos_plugins.explain for B-cos models)")
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         out = model(input_ids=input_ids, attention_mask=attention_mask, **forward_kwargs)
-    finally:
-        model.train(was_training)
     logits, concepts = out.logits, out.concepts
     batch = logits.shape[0]
     device = logits.device

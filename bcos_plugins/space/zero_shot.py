@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from .._checks import require_int, rows_named_as
 from ..attribution.text import registry_spec, rows_as_alone_call
 from ..errors import BcosFileError, BcosTypeError, argument_error
+from ..nn.dynamic import evaluating
 
 __all__ = ["read_sst2_tsv", "read_rt_polarity", "predict_labels", "classification_scores",
            "zero_shot_evaluation"]
@@ -96,12 +97,10 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
                              kind=BcosTypeError)
     batch_size = require_int("batch_size", batch_size, minimum=1)
     max_length = require_int("max_length", max_length, minimum=1)
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     spec = registry_spec(model)
     predictions: list[int] = []
-    try:
+    with evaluating(model):
         for start in tqdm(range(0, len(texts), batch_size), disable=not progress, desc="predict"):
             rows = range(start, min(start + batch_size, len(texts)))
             batch = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
@@ -110,8 +109,6 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
                 call = rows_as_alone_call(model, batch["input_ids"], batch.get("attention_mask"),
                                           tokenizer_outputs=batch, spec=spec)
             predictions += model(**call).logits.argmax(-1).tolist()
-    finally:
-        model.train(was_training)
     return predictions
 
 
