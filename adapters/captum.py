@@ -77,13 +77,7 @@ from bcos_plugins.attribution.text import check_token_inputs, explained_position
 from bcos_plugins.convert.architectures import spec_for, uncompiled
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import recording_forward_autocast
-from bcos_plugins.nn.dynamic import (
-    _dynamic_modules_and_training,
-    _restore_training,
-    dynamic_weights_used,
-    explanation_mode,
-    is_explaining,
-)
+from bcos_plugins.nn.dynamic import dynamic_weights_used, evaluating, explanation_mode, is_explaining
 
 __all__ = [
     "BcosAttribution",
@@ -153,12 +147,6 @@ def _explaining(who: str, model: nn.Module | None) -> Iterator[None]:
     a B-cos computation (it ran through dynamic-weight modules) and a deterministic one (no module in
     training mode: dropout would make the explained function random; the thread-wide explanation mode cannot
     switch it off for a plain function)."""
-    # eval() and the restoring train() walk the whole model (435 us per call on a 2-layer Qwen2): a model already
-    # wholly in eval mode needs neither (explanation_mode's own test, the same walk); each module's own flag is
-    # restored (nn.dynamic.evaluating)
-    training_flags = _dynamic_modules_and_training(model)[1] if model is not None else None
-    if training_flags is not None:
-        model.eval()
     used_before = dynamic_weights_used()
     outer = getattr(_training_modules_seen, "names", None)  # a call nested in another one (e.g. a metric)
     outer_compiled = getattr(_training_modules_seen, "compiled_bcos", None)
@@ -168,14 +156,15 @@ def _explaining(who: str, model: nn.Module | None) -> Iterator[None]:
     _training_modules_seen.compiled_bcos = compiled_bcos
     # global hooks see every thread's modules; only this thread's list is set, so only its calls are noted
     handle = torch.nn.modules.module.register_module_forward_pre_hook(_note_training_module)
+    # evaluating: a model already wholly in eval mode is not walked by eval() / train() (435 us per call on a 2-layer
+    # Qwen2), and afterwards every module has its own training flag back
     try:
-        yield
+        with evaluating(model) if model is not None else nullcontext():
+            yield
     finally:
         handle.remove()
         _training_modules_seen.names = outer
         _training_modules_seen.compiled_bcos = outer_compiled
-        if training_flags is not None:
-            _restore_training(model, training_flags)
     if training:
         raise argument_error("forward_func", f"ran {training[0]} in training mode, where dropout makes the "
                              "explained function random", "Call model.eval() before attributing",
