@@ -24,9 +24,10 @@ import os
 
 import pytest
 import torch
-from test_conformance import NAMES, RTOL, _batch, _padding_side, _stock
+from test_conformance import NAMES, RTOL, _batch, _last_real, _padding_side, _stock
 
 from bcos_plugins import bcosify, explain
+from bcos_plugins.attribution.text import rows_as_alone_call
 from bcos_plugins.convert.architectures import SPECS
 
 B = 1.25
@@ -62,12 +63,11 @@ def _targets(name: str, reference, ids, mask) -> dict:
     (a masked LM, which has none, is given the first real token)."""
     spec = SPECS[name]
     with torch.no_grad():
-        logits = reference(input_ids=ids, attention_mask=mask, **_position_ids(name, reference, mask))
-    values = logits.logits if hasattr(logits, "logits") else logits.last_hidden_state
+        out = reference(**rows_as_alone_call(reference, ids, mask))
+    values = out.logits if hasattr(out, "logits") else out.last_hidden_state
     rows = torch.arange(ids.shape[0])
     if not spec.is_classifier:
-        at = mask.shape[1] - 1 - mask.flip(1).argmax(1) if spec.kind == "decoder" else mask.argmax(1)
-        values = values[rows, at]
+        values = values[rows, _last_real(mask) if spec.kind == "decoder" else mask.argmax(1)]
     return {"target": values.abs().argmax(-1), **_position(name, mask)}
 
 
@@ -75,12 +75,13 @@ def _position(name: str, mask) -> dict:
     return {"position": mask.argmax(1)} if SPECS[name].head == "masked_lm" else {}
 
 
-def _position_ids(name: str, model, mask) -> dict:
-    from bcos_plugins.attribution.text import real_token_position_ids
-
-    spec = SPECS[name]
-    counted = spec.kind == "decoder" or spec.position_table is not None
-    return {"position_ids": real_token_position_ids(spec, model.config, mask)} if counted else {}
+def _reference_explanation(name: str, seed: int):
+    """(the device model, ids, mask, explain's keyword arguments, the float64 reference's explanation) on a batch of
+    ``seed``."""
+    model, reference = _pair(name)
+    ids, mask = _batch(_side(name), seed=seed)
+    given = _targets(name, reference, ids, mask)
+    return model, ids, mask, given, explain(reference, ids, mask, **given)
 
 
 def _on(device, kwargs: dict) -> dict:
@@ -97,10 +98,7 @@ def _close_to(actual: torch.Tensor, expected: torch.Tensor, share: float, what: 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_explain_on_the_device_equals_the_float64_reference(name):
-    model, reference = _pair(name)
-    ids, mask = _batch(_side(name), seed=11)
-    given = _targets(name, reference, ids, mask)
-    expected = explain(reference, ids, mask, **given)
+    model, ids, mask, given, expected = _reference_explanation(name, seed=11)
     actual = explain(model, ids.to(DEVICE), mask.to(DEVICE), **_on(DEVICE, given))
     assert actual.contributions.device.type == DEVICE.type
     assert (actual.completeness_error.cpu() <= RTOL).all()
@@ -108,7 +106,7 @@ def test_explain_on_the_device_equals_the_float64_reference(name):
     _close_to(actual.contributions, expected.contributions, 1e-4, "token contributions")
 
     foil = {"foil": (given["target"] + 1) % 3}
-    contrast_expected = explain(reference, ids, mask, **given, **foil)
+    contrast_expected = explain(_pair(name)[1], ids, mask, **given, **foil)
     contrast = explain(model, ids.to(DEVICE), mask.to(DEVICE), **_on(DEVICE, {**given, **foil}))
     assert (contrast.completeness_error.cpu() <= RTOL).all()
     _close_to(contrast.contributions, contrast_expected.contributions, 1e-4, "contrastive token contributions")
@@ -116,10 +114,7 @@ def test_explain_on_the_device_equals_the_float64_reference(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_explain_under_bfloat16_autocast_on_the_device_stays_near_the_reference(name):
-    model, reference = _pair(name)
-    ids, mask = _batch(_side(name), seed=12)
-    given = _targets(name, reference, ids, mask)
-    expected = explain(reference, ids, mask, **given)
+    model, ids, mask, given, expected = _reference_explanation(name, seed=12)
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         actual = explain(model, ids.to(DEVICE), mask.to(DEVICE), **_on(DEVICE, given))  # its own check passes
     assert torch.isfinite(actual.contributions).all()
@@ -152,10 +147,8 @@ def test_captum_layer_bcos_on_the_device_equals_explain(name):
 def test_perturbation_curves_on_the_device_equal_the_reference(name):
     from bcos_plugins.metrics import perturbation_curves
 
-    model, reference = _pair(name)
-    ids, mask = _batch(_side(name), seed=14)
-    given = _targets(name, reference, ids, mask)
-    scores = explain(reference, ids, mask, **given)
+    model, ids, mask, given, scores = _reference_explanation(name, seed=14)
+    reference = _pair(name)[1]
     special = torch.zeros_like(mask, dtype=torch.bool)  # the tiny vocabulary has no special token in the batch
     # Gemma 2's stock float64 attention gives NaN to a query whose keys are all masked (see _side): tokens replaced
     masking = {"masking": "mask_token", "mask_token_id": 3} if name.startswith("Gemma2") else {}
@@ -219,8 +212,7 @@ def test_a_training_step_on_the_device_has_the_float64_references_gradients(name
     def gradients(net, device, autocast=False):
         net.zero_grad(set_to_none=True)
         with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=autocast):
-            out = net(input_ids=ids.to(device), attention_mask=mask.to(device),
-                      **_on(device, _position_ids(name, net, mask)))
+            out = net(**rows_as_alone_call(net, ids.to(device), mask.to(device)))
             loss = bcos_loss(out, labels.to(device))
         loss.backward()
         return {n: p.grad.detach().cpu().double() for n, p in net.named_parameters() if p.grad is not None}
