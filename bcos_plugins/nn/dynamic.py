@@ -162,19 +162,14 @@ def explanation_mode(model: nn.Module | None = None) -> Iterator[nn.Module | Non
         return
     modules, training_flags = _dynamic_modules_and_training(model)
     previous = [m._explaining_module for m in modules]
-    # eval() and the restoring train() walk the whole model (transformers' train() more than that); a model
-    # already wholly in eval mode (every explain call after the first) needs neither
-    if training_flags is not None:
-        model.eval()
-    for m in modules:
-        m.__dict__["_explaining_module"] = True  # as _set_explaining, without a method call per module
-    try:
-        yield model
-    finally:
-        for m, state in zip(modules, previous, strict=True):
-            m.__dict__["_explaining_module"] = state
-        if training_flags is not None:
-            _restore_training(model, training_flags)
+    with _in_eval_mode(model, training_flags):
+        for m in modules:
+            m.__dict__["_explaining_module"] = True  # as _set_explaining, without a method call per module
+        try:
+            yield model
+        finally:
+            for m, state in zip(modules, previous, strict=True):
+                m.__dict__["_explaining_module"] = state
 
 
 @contextmanager
@@ -188,25 +183,29 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
     eval mode is not touched (``eval()`` walks the whole model). The one way the package's explanations and
     metrics switch a model to eval mode (:func:`explanation_mode` does the same).
     """
-    _, training_flags = _dynamic_modules_and_training(model)
-    if training_flags is None:
+    with _in_eval_mode(model, _dynamic_modules_and_training(model)[1]):
         yield model
+
+
+@contextmanager
+def _in_eval_mode(model: nn.Module, training_flags: list[tuple[nn.Module, bool]] | None) -> Iterator[None]:
+    """``model`` in eval mode inside, and afterwards every module's training flag as recorded
+    (:func:`_dynamic_modules_and_training`): ``model.train`` with the model's own flag (a model's ``train`` override
+    runs, as it did before), then the modules whose flag differed from the model's set one by one. Nothing is
+    switched when no module was training (``training_flags`` is ``None``): eval() and the restoring train() walk the
+    whole model (transformers' train() more than that), and a model already wholly in eval mode (every explain call
+    after the first) needs neither."""
+    if training_flags is None:
+        yield
         return
     model.eval()
     try:
-        yield model
+        yield
     finally:
-        _restore_training(model, training_flags)
-
-
-def _restore_training(model: nn.Module, training_flags: list[tuple[nn.Module, bool]]) -> None:
-    """Every module's training flag as recorded (:func:`_dynamic_modules_and_training`): ``model.train`` with the
-    model's own flag (a model's ``train`` override runs, as it did before), then the modules whose flag differed
-    from the model's set one by one."""
-    model.train(training_flags[0][1])  # the walk records the model first
-    for module, was_training in training_flags:
-        if module.training != was_training:
-            module.training = was_training
+        model.train(training_flags[0][1])  # the walk records the model first
+        for module, was_training in training_flags:
+            if module.training != was_training:
+                module.training = was_training
 
 
 def _dynamic_modules_and_training(
