@@ -209,6 +209,23 @@ def completeness_tolerance(contributions: Tensor,
     return torch.finfo(least_precise).eps ** 0.5, least_precise
 
 
+def _padded_float64_cause(result: TokenExplanation) -> str:
+    """The likely cause of a NaN output or gradient of a padded float64 batch (built on a failure only), else "".
+
+    transformers' eager attention (Gemma 2's default: its scores are soft-capped) computes the softmax in float32, where
+    the float64 mask value ``finfo(float64).min`` is -inf: a query whose keys are all masked (a padding position of a
+    left-padded row, or one beyond a sliding window on a right-padded row) gets NaN, and the next layer spreads it to
+    every token of the row (a zero attention weight times NaN is NaN). In float32 the same row is finite."""
+    mask = result.attention_mask
+    if result.input_contributions.dtype != torch.float64 or mask is None or not bool((mask == 0).any()):
+        return ""
+    return ("The model runs in float64 and the batch is padded: attention that computes its softmax in float32 "
+            "(transformers' eager attention, Gemma 2's default) turns the float64 mask value into -inf, so a padding "
+            "position whose keys are all masked (left padding, or right padding beyond a sliding window) gets NaN, "
+            "which the next layer spreads to the real tokens. Explain in float32 (model.float()), or explain the "
+            "padded rows one at a time without padding.")
+
+
 def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
                       forward_autocast: Sequence[torch.dtype], step: GradientStep) -> None:
     """Raise instead of returning contributions that are not finite, or (B-cos models, whose contributions
@@ -229,7 +246,7 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
         # gradient of a stock model, and dynamic_linear_copy's W(x) x + bias terms, are not complete by design,
         # and completeness_error / delta report how far
         if non_finite_step(step):
-            refuse_non_finite_step(step)
+            refuse_non_finite_step(step, _padded_float64_cause(result))
         return
     contributions = result.input_contributions
     tolerance, precision = completeness_tolerance(contributions, forward_autocast)
@@ -249,7 +266,7 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
     broken = error > tolerance
     finite_delta, any_broken = torch.stack([torch.isfinite(delta).all(), broken.any()]).tolist()
     if not finite_delta and non_finite_step(step):
-        refuse_non_finite_step(step)
+        refuse_non_finite_step(step, _padded_float64_cause(result))
     if any_broken:
         row = int(broken.nonzero()[0])
         found = (f"{bad_rows(broken)} do not sum to the explained value (row {named_row(row, len(broken))}: "

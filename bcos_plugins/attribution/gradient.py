@@ -153,19 +153,22 @@ def non_finite_step(step: GradientStep) -> Tensor:
     return ~torch.isfinite(zero_products)
 
 
-def refuse_non_finite_step(step: GradientStep) -> None:
-    """Raise for a step whose :func:`non_finite_step` is true, naming the output's rows if it is not finite."""
-    _require_finite_output(step.explained)
-    raise BcosValueError("the gradient at the attribution point is NaN or infinite: the input is outside the range "
-                         "the model computes in (e.g. huge values, or fp16 overflow). Check the inputs, or explain "
-                         "in float32.")
+def refuse_non_finite_step(step: GradientStep, likely_cause: str = "") -> None:
+    """Raise for a step whose :func:`non_finite_step` is true, naming the output's rows if it is not finite.
+    ``likely_cause``: a sentence from a caller that knows more about its inputs (``explain``: a padded float64
+    batch), naming the likelier cause and its fix; it comes first, the generic causes after it."""
+    _require_finite_output(step.explained, likely_cause)
+    raise BcosValueError("the gradient at the attribution point is NaN or infinite: "
+                         + (f"{likely_cause} Otherwise " if likely_cause else "")
+                         + "the input is outside the range the model computes in (e.g. huge values, or fp16 "
+                         "overflow). Check the inputs, or explain in float32.")
 
 
-def _require_finite_output(explained: Tensor) -> None:
+def _require_finite_output(explained: Tensor, likely_cause: str = "") -> None:
     """Refuse explained values that are NaN or infinite (checked before the gradients: the cause comes first)."""
     bad = ~torch.isfinite(explained)
     if bad.any():
         raise BcosValueError(f"model: its output is NaN or infinite for row(s) {named_rows(bad)}, so there is "
-                             "nothing finite to explain (an input or an embedding row of NaN, inf or a huge value "
-                             "overflows inside the model). Check those rows' inputs and the embedding rows of "
-                             "their tokens, and the weights.")
+                             "nothing finite to explain " + (f"({likely_cause} Otherwise " if likely_cause else "(")
+                             + "an input or an embedding row of NaN, inf or a huge value overflows inside the model). "
+                             "Check those rows' inputs and the embedding rows of their tokens, and the weights.")
