@@ -58,3 +58,29 @@ def test_an_unpadded_float64_nan_keeps_the_generic_message():
     with pytest.raises(BcosValueError, match=r"nothing finite to explain \(an input or an embedding row") as caught:
         explain(model, ids, target=1)
     assert "float64" not in str(caught.value)
+
+
+# ------------------------------------------------------------------ ModernBERT in float64 with left padding
+
+
+@pytest.mark.parametrize("name", ["ModernBertModel", "ModernBertForSequenceClassification"])
+def test_a_left_padded_float64_modernbert_row_is_explained_as_alone_to_float64(name):
+    """ModernBERT got no position ids (rotary: only distances matter), so a left-padded row ran at positions shifted by
+    its padding. transformers computes the rotary tables in float32, so in a float64 model the shift changed the row's
+    token scores by about 1e-8 of themselves (float32's rounding) against the row alone: a float64 explanation that
+    depended on the batch's padding at float32 precision. ModernBERT is now given position ids counting real tokens, as
+    every other registry model whose forward takes them, and a left-padded row (windows shorter than the rows too)
+    is the row alone's to float64's rounding."""
+    model = copy.deepcopy(_converted(name)).double()
+    ids, mask = _mixed_padding([12, 3, 7, 1], 12, ["right", "left", "left", "left"], seed=3)
+    target = {} if name == "ModernBertForSequenceClassification" else {"position": -1}
+    batch = explain(model, ids, mask, target=1, **target)
+    for row in range(ids.shape[0]):
+        real = mask[row].bool()
+        alone = explain(model, ids[row, real][None], target=1, **target)
+        torch.testing.assert_close(batch.explained[row], alone.explained[0], rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(batch.contributions[row, real], alone.contributions[0], rtol=1e-11, atol=1e-13)
+        with torch.no_grad():  # and the model's own plain forward of the row alone
+            out = model(input_ids=ids[row, real][None])
+        plain = out.logits[0, 1] if name == "ModernBertForSequenceClassification" else out.last_hidden_state[0, -1, 1]
+        torch.testing.assert_close(batch.explained[row], plain, rtol=1e-12, atol=1e-13)

@@ -226,11 +226,13 @@ def gets_real_token_position_ids(model: nn.Module, spec: ArchitectureSpec) -> bo
     predicate of both that function and the refusal of left padding (:func:`check_first_column_is_real` refuses it
     for a learned position table that is not given them).
 
-    Decoders get them (rotary or not, as ``generate`` does), and encoders with a learned position table (BERT,
-    DistilBERT, RoBERTa) whose forward takes ``position_ids``. Rotary encoders (ModernBERT) need none: rotary
-    attention scores depend on the distance between two tokens only, so a shift by the left padding changes nothing.
+    Decoders get them (rotary or not, as ``generate`` does), and encoders whose forward takes ``position_ids``: those
+    with a learned position table (BERT, DistilBERT, RoBERTa) and rotary ones (ModernBERT). Rotary attention scores
+    depend on the distance between two tokens only in exact arithmetic: transformers computes the rotary tables in
+    float32, so a left-padded row's shifted positions changed a float64 ModernBERT's numbers by float32's rounding
+    (1e-8 of the row alone's) where the ids counting real tokens give the row alone's to float64's.
     """
-    return spec.kind == "decoder" or (spec.position_table is not None and _forward_takes_position_ids(model))
+    return spec.kind == "decoder" or _forward_takes_position_ids(model)
 
 
 def position_ids_as_alone(model: nn.Module, spec: ArchitectureSpec, attention_mask: Int[Tensor, "batch pos"]
