@@ -84,3 +84,29 @@ def test_a_left_padded_float64_modernbert_row_is_explained_as_alone_to_float64(n
             out = model(input_ids=ids[row, real][None])
         plain = out.logits[0, 1] if name == "ModernBertForSequenceClassification" else out.last_hidden_state[0, -1, 1]
         torch.testing.assert_close(batch.explained[row], plain, rtol=1e-12, atol=1e-13)
+
+
+# ------------------------------------------------------------------ hosvd of a half-precision layer
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_hosvd_of_a_half_precision_layer_is_float32_like_eigendecompose(dtype):
+    """eigendecompose returns a half-precision layer's results in float32 (the package's at_least_float32 rule), hosvd
+    returned them in the layer's dtype, its interaction matrices computed in half precision (3 significant digits).
+    Now float32 throughout, and equal to the float64 decomposition of the same (half-precision) weights to float32's
+    rounding, where the half-precision matrices were off by up to 6e-3 of their largest entry (bfloat16; 1e-3 in float16)."""
+    from test_bilinear import random_weights
+
+    from bcos_plugins.bilinear import BilinearWeights, eigendecompose, hosvd
+
+    half = BilinearWeights(*(t.to(dtype) for t in (lambda w: (w.W, w.V, w.P))(random_weights(seed=3, d_out=6))))
+    decomposition = hosvd(half, rank=3)
+    assert {t.dtype for t in decomposition} == {torch.float32}
+    assert eigendecompose(half, decomposition.output_directions[:, 0].to(dtype)).eigenvalues.dtype == torch.float32
+    exact = hosvd(BilinearWeights(half.W.double(), half.V.double(), half.P.double()), rank=3)
+    # singular vectors up to sign: align each term's direction with the float64 one
+    signs = torch.sign((decomposition.output_directions.double() * exact.output_directions).sum(0))
+    torch.testing.assert_close(decomposition.singular_values.double(), exact.singular_values, rtol=1e-5, atol=0)
+    torch.testing.assert_close(decomposition.interaction_matrices.double() * signs[:, None, None],
+                               exact.interaction_matrices, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(decomposition.reconstruct().double(), exact.reconstruct(), rtol=1e-4, atol=1e-4)

@@ -26,6 +26,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .._checks import require_float, require_int
+from ..nn.functional import at_least_float32
 from .interaction import interaction_matrix, require_finite_weights
 from .sources import bilinear_weights
 from .weights import require_bias_free
@@ -48,7 +49,9 @@ class HOSVD(NamedTuple):
 def hosvd(source, rank: int | None = None, rtol: float = 1e-6) -> HOSVD:
     """Top ``rank`` terms of the HOSVD (all non-zero ones if ``None``), singular values descending.
 
-    Terms with ``sigma_i <= rtol * sigma_max`` are dropped: their ``q_i`` are undefined.
+    Terms with ``sigma_i <= rtol * sigma_max`` are dropped: their ``q_i`` are undefined. Returned in at least
+    float32, as :func:`~bcos_plugins.bilinear.eigendecompose` (a float16 / bfloat16 layer's terms are computed and
+    returned in float32: its interaction matrices were computed in half precision, 3 significant digits).
     """
     if rank is not None:
         rank = require_int("rank", rank, minimum=1)
@@ -66,12 +69,13 @@ def hosvd(source, rank: int | None = None, rtol: float = 1e-6) -> HOSVD:
     if rank is not None:
         keep &= torch.arange(sigma.numel(), device=sigma.device) < rank
     sigma, directions = sigma[keep], directions[:, keep]
+    dtype = at_least_float32(weights.W.dtype)
     if sigma.numel() == 0:
         # An all-zero layer: the empty decomposition, whose reconstruction is the zero tensor.
-        dtype = weights.W.dtype
         return HOSVD(sigma.to(dtype), directions.to(dtype),
-                     weights.W.new_zeros(0, weights.d_in, weights.d_in))
-    dtype = weights.W.dtype
+                     weights.W.new_zeros(0, weights.d_in, weights.d_in, dtype=dtype))
     directions = directions.to(dtype)
-    matrices = interaction_matrix(weights, directions.T) / sigma.to(dtype)[:, None, None]
+    # a half-precision layer's matrices from its weights widened (exactly) to float32, not computed in its dtype
+    wide = weights if weights.W.dtype == dtype else tuple(t.to(dtype) for t in (weights.W, weights.V, weights.P))
+    matrices = interaction_matrix(wide, directions.T) / sigma.to(dtype)[:, None, None]
     return HOSVD(sigma.to(dtype), directions, matrices)
