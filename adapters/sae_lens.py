@@ -260,11 +260,12 @@ class BilinearSAEInteractions:
                                  "their pairs would fill the top list several times. Pass each feature once.")
         projected = decoder @ q  # (n_in, d_in)
         best_values = q.new_empty(0)
-        best_pairs = torch.empty(0, 2, dtype=torch.long)
+        # index tensors on the analysis' device: a CPU mask or pair list next to CUDA blocks fails there
+        best_pairs = torch.empty(0, 2, dtype=torch.long, device=q.device)
         for start in range(0, decoder.shape[0], block_size):
             block = projected[start:start + block_size] @ decoder.T  # rows start.., all columns
-            rows = torch.arange(start, start + block.shape[0])[:, None]
-            lower = torch.arange(decoder.shape[0])[None] < rows  # keep each pair once, as i <= j
+            rows = torch.arange(start, start + block.shape[0], device=block.device)[:, None]
+            lower = torch.arange(decoder.shape[0], device=block.device)[None] < rows  # keep each pair once, as i <= j
             key = block.abs().masked_fill(lower, -1.0).flatten()
             take = min(k, int((~lower).sum()))
             top = key.topk(take).indices
@@ -315,7 +316,7 @@ class BilinearSAEInteractions:
         eigen_acts = eigenvector_activations(eig, self._input_coordinates(x))  # (tokens, n, d_in)
         order = top_eigen_indices(eig.eigenvalues, eig.eigenvalues.shape[-1])  # by |lambda|, descending
         sorted_acts = eigen_acts.gather(-1, order.expand(eigen_acts.shape[0], *order.shape)).cumsum(-1)
-        correlations = torch.full((len(ranks), len(features)), float("nan"), dtype=x.dtype)
+        correlations = torch.full((len(ranks), len(features)), float("nan"), dtype=x.dtype, device=x.device)
         for f in range(len(features)):
             rows = active[:, f]
             if rows.sum() < 2:
