@@ -25,9 +25,14 @@ def test_a_half_precision_token_component_table_missing_half_the_logit_is_refuse
     from test_transformer_lens_adapter import LLAMA_LIKE, tiny_bcos, tokens
 
     model = tiny_bcos(LLAMA_LIKE).to(dtype)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # healthy: no refusal, no warning
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")  # healthy: no refusal, no warning ...
         healthy = token_component_decomposition(model, tokens(), target=5, foil=7)
+    # ... but, in bfloat16, the one saying that rows whose entries cancel 8-11x cannot be verified to half their
+    # value (tests/test_trust_pass4.py); none in float16 and float32
+    expected = ["token_component_decomposition: the table of row(s) [0, 1] sums to the explained value only as far as "
+                "torch.bfloat16 rounding can tell"] if dtype == torch.bfloat16 else []
+    assert [str(w.message)[:len(expected[0])] if expected else str(w.message) for w in seen] == expected
     row = int(healthy.explained.abs().argmax())
     untracked = float(healthy.explained[row])  # the table then holds half of this row's logit difference
 

@@ -15,7 +15,7 @@ from conftest import padded_rows
 from test_conformance import _converted
 
 from bcos_plugins import explain
-from bcos_plugins.errors import BcosValueError
+from bcos_plugins.errors import BcosError, BcosValueError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -110,3 +110,45 @@ def test_hosvd_of_a_half_precision_layer_is_float32_like_eigendecompose(dtype):
     torch.testing.assert_close(decomposition.interaction_matrices.double() * signs[:, None, None],
                                exact.interaction_matrices, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(decomposition.reconstruct().double(), exact.reconstruct(), rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ a token x component table bfloat16 cannot verify
+
+
+def test_a_bfloat16_token_component_table_whose_entries_cancel_warns_that_its_check_cannot_verify_it():
+    """token_component_decomposition refuses a table missing terms beyond the dtype's rounding, sqrt(eps) of the row's
+    |explained| + sum |table| (0.09 in bfloat16). A row whose entries cancel 11x is then allowed an error of about its
+    whole value: a term no token carries, half the explained value, added to that row alone came back without a
+    refusal or a warning. It now warns, naming the rows, the allowed error and the fix (float32), where the check
+    cannot rule out half the value missing; float32 refuses the same term, and float16 and float32 tables whose check
+    means something pass without a word."""
+    from bcos_plugins.adapters.transformer_lens import token_component_decomposition
+    from test_transformer_lens_adapter import LLAMA_LIKE, tiny_bcos, tokens
+
+    for dtype in (torch.float16, torch.float32):
+        quiet = tiny_bcos(LLAMA_LIKE).to(dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            token_component_decomposition(quiet, tokens(), target=5, foil=7)
+    model = tiny_bcos(LLAMA_LIKE).to(torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        healthy = token_component_decomposition(model, tokens(), target=5, foil=7)
+    cancelling = healthy.table.abs().sum((1, 2)) / healthy.explained.abs()
+    row = int(cancelling.argmax())
+    assert cancelling[row] > 10  # the row the check cannot verify
+    half = 0.5 * float(healthy.explained[row])
+
+    def add_half_the_value_to_one_row(module, args, logits):
+        extra = torch.zeros_like(logits)
+        extra[row, :, 5] = half
+        return logits + extra
+
+    with pytest.warns(UserWarning, match=rf"token_component_decomposition: the table of row\(s\) \[[0-9, ]*{row}"
+                                         r".*only as far as torch.bfloat16 rounding can tell.*as large as half the "
+                                         r"value would pass unnoticed. Decompose in float32 \(model.float\(\)\)"):
+        model.unembed.register_forward_hook(add_half_the_value_to_one_row)
+        token_component_decomposition(model, tokens(), target=5, foil=7)
+    quiet.unembed.register_forward_hook(add_half_the_value_to_one_row)  # the float32 model of the same weights
+    with pytest.raises(BcosError, match="the model adds terms that no input token carries"):
+        token_component_decomposition(quiet, tokens(), target=5, foil=7)

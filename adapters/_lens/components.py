@@ -25,6 +25,7 @@ Works on explainable ``HookedTransformer`` s (TransformerLens 3.x) and ``Transfo
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -288,7 +289,10 @@ def _nonzero_bias_names(model: nn.Module, limit: int = 4) -> list[str]:
 def _refuse_untracked_terms(model: nn.Module, table: Tensor, explained: Tensor) -> None:
     """Refuse a table that does not sum to the explained value: the model adds terms no input token carries."""
     gap = explained - table.sum((1, 2))
-    off = (gap.abs() > _tolerance(table, explained)).nonzero().flatten()
+    bound = _tolerance(table, explained)
+    off = (gap.abs() > bound).nonzero().flatten()
+    if not off.numel():
+        _warn_unverified_completeness(table, explained, bound)
     if off.numel():
         row = int(off[0])
         biases = _nonzero_bias_names(model)
@@ -298,6 +302,28 @@ def _refuse_untracked_terms(model: nn.Module, table: Tensor, explained: Tensor) 
             f"{'non-zero biases (' + ', '.join(biases) + ')' if biases else 'e.g. non-zero biases'}, so the table "
             "cannot be exact. Decompose a bias-free model: B-cosify it (bcos_plugins.bcosify) or use a bilinear one; "
             "explain_logits works on models with biases (its completeness_error shows their share)")
+
+
+def _warn_unverified_completeness(table: Tensor, explained: Tensor, bound: Tensor) -> None:
+    """Warn where the completeness check passed but verified too little to mean it: the allowance for rounding
+    (:func:`_tolerance`, relative to the magnitudes summed) is more than half the explained value. That happens when
+    the entries cancel in a low precision (in bfloat16 a row whose entries' absolute sum is 11x the value is allowed an
+    error of the value itself), and a term no token carries, as large as half the value, would then pass without a
+    word: the table is likely exact (the model is), but the check cannot say so."""
+    weak = bound > 0.5 * explained.abs()
+    if not bool(weak.any()):
+        return
+    row = int((bound / explained.abs().clamp_min(torch.finfo(torch.float64).tiny) * weak).argmax())
+    _, precision = completeness_tolerance(explained)
+    rows = weak.nonzero().flatten().tolist()
+    magnitude = float(table[row].abs().sum())
+    warnings.warn(
+        f"token_component_decomposition: the table of row(s) {rows} sums to the explained value only as far as "
+        f"{precision} rounding can tell, which is not far: row {row}'s entries cancel (their absolute sum, "
+        f"{magnitude:.3g}, is {magnitude / max(float(explained[row].abs()), 1e-300):.3g}x the value "
+        f"{float(explained[row]):.3g}), so the check allows an error of {float(bound[row]):.3g}, and a term no token "
+        f"carries (a bias) as large as half the value would pass unnoticed. Decompose in float32 (model.float()) to "
+        "verify completeness to 3.5e-4 of that absolute sum.", UserWarning, stacklevel=4)
 
 
 def plot_token_components(decomposition: TokenComponentDecomposition, row: int = 0, *, token_labels=None,
