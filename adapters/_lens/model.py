@@ -28,6 +28,8 @@ subclass (the B-cos swap runs inside ``HookedTransformer.__init__``, before the 
 
 from __future__ import annotations
 
+import types
+
 import torch
 from torch import nn
 from transformer_lens import HookedTransformer
@@ -81,6 +83,36 @@ def _make_dynamic(module: nn.Module, attr: str) -> None:
     setattr(module, attr, DynamicHookPoint())
 
 
+def _forward_through_hook_in(self: nn.Module, x):
+    return type(self).forward(self, self.hook_in(x))
+
+
+def _rebind_hook_in_forwards(model: nn.Module) -> None:
+    """Make sae-lens' ``hook_in`` routing of each MLP survive ``copy.deepcopy`` (in place, idempotent).
+
+    sae-lens' ``HookedSAETransformer`` gives every MLP a ``hook_in`` by setting ``mlp.forward`` to a lambda over
+    ``mlp`` and its bound ``forward`` (sae-lens 6.x ``add_hook_in_to_mlp``). ``copy.deepcopy`` copies no function,
+    so a copy's MLPs ran the original model's: its weights and device (a copy moved to a GPU while the original
+    stayed on the CPU failed there), its gradients (a copy's explanations missed the MLPs' share: completeness error
+    0.35 on a tiny B-cos GPT-2) and its hooks (``blocks.L.mlp.*`` never fired on the copy). The same routing as a
+    method of the module itself, which ``deepcopy`` binds to the copy; a ``forward`` set by anything else is left.
+    """
+    for module in model.modules():
+        forward = module.__dict__.get("forward")
+        if forward is None or isinstance(forward, types.MethodType) \
+                or not isinstance(module.__dict__.get("_modules", {}).get("hook_in"), HookPoint):
+            continue
+        cells = []
+        for cell in getattr(forward, "__closure__", None) or ():
+            try:
+                cells.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        if any(getattr(c, "__self__", None) is module and getattr(c, "__func__", None) is type(module).forward
+               for c in cells):
+            module.forward = types.MethodType(_forward_through_hook_in, module)
+
+
 def make_explainable(model: HookedTransformer) -> HookedTransformer:
     """Route every dynamic weight of ``model`` through a detachable module (in place, idempotent).
 
@@ -113,6 +145,7 @@ def make_explainable(model: HookedTransformer) -> HookedTransformer:
                 module.act_fn = DetachableActivation(kind)
         elif type(module).__name__ in ("MoE", "GptOssMoE", "GatedMLP4Bit"):
             raise BcosValueError(f"{type(module).__name__} MLPs are not supported by make_explainable.")
+    _rebind_hook_in_forwards(model)
     model.setup()
     return model
 
@@ -250,7 +283,12 @@ def _with_mixin(model_class: type[HookedTransformer], mixin: type[HookedTransfor
     if issubclass(model_class, mixin):
         return model_class
     if model_class not in made:
-        made[model_class] = type(f"{prefix}{model_class.__name__}", (model_class, mixin), {"__module__": __name__})
+        def __init__(self, *args, **kwargs) -> None:
+            model_class.__init__(self, *args, **kwargs)
+            _rebind_hook_in_forwards(self)  # what model_class installs after the mixin's __init__ (sae-lens' hook_in)
+
+        made[model_class] = type(f"{prefix}{model_class.__name__}", (model_class, mixin),
+                                 {"__module__": __name__, "__init__": __init__})
     return made[model_class]
 
 
