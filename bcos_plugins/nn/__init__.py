@@ -6,6 +6,7 @@ from .dynamic import DynamicWeightModule, explanation_mode, has_dynamic_weights,
 from .functional import reference_path, reuse_unit_weights
 from .linear import BcosConv1D, BcosLinear, check_b
 from .norm import BcosLayerNorm, DetachableRMSNorm
+from .triton_linear import triton_kernels, using_triton_kernels
 
 __all__ = [
     "BcosConv1D",
@@ -21,4 +22,6 @@ __all__ = [
     "is_explaining",
     "reference_path",
     "reuse_unit_weights",
+    "triton_kernels",
+    "using_triton_kernels",
 ]

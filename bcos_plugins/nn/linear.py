@@ -23,6 +23,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..errors import BcosTypeError, BcosValueError, argument_error
+from . import triton_linear as _triton_linear
 from .dynamic import DynamicWeightModule, parameter_gradients_unused
 from .functional import (
     COS_FLOOR,
@@ -243,6 +244,10 @@ class BcosLinear(AlignmentPressure):
         return torch.nn.functional.linear(x, weight)
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
+        if self.max_out == 1 and _triton_linear.using_triton_kernels():  # (opt-in: bcos_plugins.nn.triton_kernels)
+            out = _triton_linear.triton_forward(self, x)
+            if out is not None:  # None: a call the kernel does not cover, which takes the paths below
+                return out
         if (self.max_out == 1 and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
                 and not using_reference_path()):
             # nothing is recorded (inference, evaluation): no training node, explaining product or unit to detach

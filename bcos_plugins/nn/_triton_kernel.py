@@ -1,0 +1,80 @@
+"""The Triton kernel of :mod:`bcos_plugins.nn.triton_linear` (its docstring has the maths), undecorated.
+
+A module of its own so that ``import bcos_plugins`` does not import triton: :func:`~bcos_plugins.nn.triton_linear._kernel`
+imports it on first use and decorates the function with ``triton.jit``, for the compiler or the interpreter.
+"""
+# (no `from __future__ import annotations`: Triton's interpreter reads the `tl.constexpr` annotations as objects)
+
+try:
+    import triton.language as tl
+except ImportError:  # (importable without triton, as every module of the package; the switch refuses to turn on)
+    tl = None
+
+
+if tl is not None:
+    def bcos_linear_kernel(
+        x_ptr, w_ptr, out_ptr, dyn_ptr, x_norm_ptr, w_norm_ptr,
+        M, N,
+        stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
+        exponent,
+        # K is a compile-time constant: Triton 3.6's interpreter cannot loop to a runtime bound under NumPy >= 2.4
+        # (int() of its one-element arrays; fixed in Triton 3.8), and a layer's d_in is fixed anyway
+        K: tl.constexpr,
+        B_MODE: tl.constexpr, FLOOR: tl.constexpr, STORE_DYN: tl.constexpr, STORE_NORMS: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, DOT_IN_FLOAT32: tl.constexpr,
+        NORM_EPS_: tl.constexpr, COS_FLOOR_: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        units = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        ks = tl.arange(0, BLOCK_K)
+        row_ok = rows < M
+        unit_ok = units < N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        x_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        w_sq = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + ks
+            k_ok = k < K
+            x_tile = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :] * stride_xk,
+                             mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            # w read as (K, N): the product needs no transpose
+            w_tile = tl.load(w_ptr + k[:, None] * stride_wk + units[None, :] * stride_wn,
+                             mask=k_ok[:, None] & unit_ok[None, :], other=0.0)
+            x_wide = x_tile.to(tl.float32)
+            w_wide = w_tile.to(tl.float32)
+            x_sq += tl.sum(x_wide * x_wide, axis=1)
+            w_sq += tl.sum(w_wide * w_wide, axis=0)
+            a = x_tile.to(DOT_DTYPE)
+            b = w_tile.to(DOT_DTYPE)
+            if DOT_IN_FLOAT32:
+                # Triton's interpreter multiplies bfloat16 tiles as their raw 16-bit integers (tests check it still does);
+                # products of bfloat16 values are exact in float32, so this gives the bfloat16 dot's values
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        w_norm = tl.sqrt(w_sq)
+        lin = acc / tl.maximum(w_norm, NORM_EPS_)[None, :]
+        x_norm = tl.sqrt(x_sq + NORM_EPS_)  # hypot(||x||, sqrt(eps)) of the PyTorch path, from the squared norm
+        cos = tl.abs(lin) / x_norm[:, None]
+        if FLOOR:
+            cos = tl.maximum(cos, COS_FLOOR_)
+        if B_MODE == 2:
+            dyn = cos
+        elif B_MODE == 1:
+            dyn = tl.sqrt(cos)
+        elif B_MODE == 3:
+            dyn = tl.sqrt(tl.sqrt(cos))
+        else:  # (0 where cos is 0: exp2(-inf) = 0, every exponent being positive)
+            dyn = tl.exp2(exponent * tl.log2(cos))
+        ok = row_ok[:, None] & unit_ok[None, :]
+        offsets = rows[:, None] * stride_om + units[None, :] * stride_on
+        tl.store(out_ptr + offsets, (lin * dyn).to(out_ptr.dtype.element_ty), mask=ok)
+        if STORE_DYN:
+            tl.store(dyn_ptr + offsets, dyn.to(dyn_ptr.dtype.element_ty), mask=ok)
+        if STORE_NORMS:
+            # each row's norm once (the first column of programs), each unit's once (the first row of programs)
+            tl.store(x_norm_ptr + rows, x_norm, mask=row_ok & (pid_n == 0))
+            tl.store(w_norm_ptr + units, w_norm, mask=unit_ok & (pid_m == 0))

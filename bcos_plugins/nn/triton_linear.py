@@ -1,0 +1,312 @@
+"""One Triton kernel per B-cos linear layer (no MaxOut), opt-in through :func:`triton_kernels`.
+
+The eager forward of a B-cos model on a GPU is bound by kernel launches (docs/benchmarks.md#gpu): per layer the
+PyTorch path launches the weight's norm, its division, the matrix product, ``||x||`` and the element-wise chain of
+``dyn * lin``. The kernel here computes the layer in one launch::
+
+    acc    = x @ w.T                 tiled; in the same K loop the sums of squares of the x tiles (per row) and of
+                                     the w tiles (per unit), accumulated in float32 from the unrounded values
+    lin    = acc / max(||w||, NORM_EPS)
+    x_norm = hypot(||x||, sqrt(NORM_EPS))
+    cos    = |lin| / x_norm          floored at COS_FLOOR when a derivative is taken (explaining, training)
+    dyn    = cos ** (B - 1)          square roots for B = 1.25, 1.5, 2; exp2(log2(.)) otherwise
+    out    = lin * dyn               stored in the output dtype
+
+The weight is normalised after the product (the PyTorch path normalises first), so the values equal that path's to
+the dtype's rounding, not bit for bit. Under ``torch.autocast`` the tiles are cast to the autocast dtype for the
+product (as autocast casts ``F.linear``'s operands) while the norms and the epilogue stay float32.
+
+Autograd, as :class:`~bcos_plugins.nn.BcosLinear` decides on the PyTorch path:
+
+- inference (nothing records): ``out`` alone;
+- explaining (``x`` requires a gradient, no parameter gradient is taken): :class:`_TritonExplainingLinear`, whose
+  backward is ``(grad * dyn) @ ŵ`` with the stored ``dyn``;
+- training: :class:`_TritonBcosLinear`, the training node :class:`~bcos_plugins.nn.functional._BcosLinear` with
+  only its forward replaced: it saves the same tensors in the same fields, so the backward is that node's.
+
+Everything else takes the PyTorch path: MaxOut, B = 1, ``constant_outputs``, float64, tensor subclasses,
+``torch.compile`` tracing (inductor fuses the chain there already), the reference path, a training step whose
+``dyn`` cannot be recovered from the output (float16, B > 2.9: that node keeps ``lin`` instead), inputs that are not
+contiguous, empty inputs, and CPU tensors unless Triton's interpreter is on (``TRITON_INTERPRET=1``, how the tests
+run the kernel without a GPU).
+
+Default off: the kernel has not been measured on a GPU yet (docs/benchmarks.md#gpu), and the PyTorch path is the
+tested reference. Triton is optional (Linux x86-64; the ``dev`` extra installs it for the tests).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from ..errors import BcosRuntimeError, BcosTypeError, argument_error
+from .dynamic import parameter_gradients_unused
+from .functional import (  # (_BcosLinear and _scale_recoverable: tests/test_import_layers.py lists them)
+    COS_FLOOR,
+    NORM_EPS,
+    _BcosLinear,
+    _scale_recoverable,
+    cached_unit_norm,
+    clear_unit_norm_cache,
+    using_reference_path,
+)
+
+__all__ = ["triton_kernels", "using_triton_kernels"]
+
+# The process-wide switch, a plain module global that BcosLinear.forward reads first (one attribute read per call)
+_ENABLED = False
+
+
+def using_triton_kernels() -> bool:
+    """Whether the B-cos linear layers run the Triton kernel where it applies (see :func:`triton_kernels`)."""
+    return _ENABLED
+
+
+def _interpreting() -> bool:
+    """Whether Triton's interpreter is on (``TRITON_INTERPRET=1``): the kernel then runs on CPU tensors too."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@contextmanager
+def triton_kernels(enabled: bool = True) -> Iterator[None]:
+    """Run every B-cos linear layer without MaxOut as one Triton kernel (this module's docstring) while the block
+    runs; process-wide, like :func:`~bcos_plugins.nn.reference_path`.
+
+    Opt-in and unmeasured: it exists to cut the kernel launches of the eager forward on a GPU (docs/benchmarks.md#gpu)
+    and has been tested only under Triton's CPU interpreter so far. Values equal the PyTorch path's to the dtype's
+    rounding (the kernel normalises the weight after the product). Layers and calls the kernel does not cover take
+    the PyTorch path unchanged. Raises a :class:`~bcos_plugins.errors.BcosRuntimeError` when Triton cannot be
+    imported, or when no CUDA device exists and the interpreter (``TRITON_INTERPRET=1``) is off.
+    """
+    if not isinstance(enabled, bool):
+        raise argument_error("enabled", f"must be True or False, got {enabled!r}",
+                             "call triton_kernels() or triton_kernels(False)", kind=BcosTypeError)
+    if enabled:
+        if not _triton_importable():
+            raise argument_error(
+                "enabled", "triton_kernels(True) needs the triton package, which cannot be imported here",
+                "install it (pip install triton; Linux x86-64 with a CUDA GPU) or leave the switch off: the PyTorch "
+                "path computes the same values", kind=BcosRuntimeError)
+        if not torch.cuda.is_available() and not _interpreting():
+            raise argument_error(
+                "enabled", "triton_kernels(True) needs a CUDA device and torch sees none",
+                "run on a machine with a CUDA GPU, leave the switch off (the PyTorch path computes the same values), "
+                "or set TRITON_INTERPRET=1 before the first call to run the kernel in Triton's CPU interpreter "
+                "(slow; for tests)", kind=BcosRuntimeError)
+    # (functional._process_switch writes functional's own globals, so the flag of this module is set here)
+    global _ENABLED
+    previous, _ENABLED = _ENABLED, enabled
+    try:
+        yield
+    finally:
+        _ENABLED = previous
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The kernel
+
+# B as a compile-time mode: the exponents with square roots, and one general kernel whose exponent B - 1 is a runtime
+# argument (a B warm-up changes B at every step; one constexpr per value would compile a kernel per step)
+_B_MODES = {2.0: 2, 1.5: 1, 1.25: 3}
+_GENERAL_B = 0
+
+# Tile sizes (unmeasured; a GPU session tunes them): 64 x 64 output tiles, K in steps of 32
+_BLOCK_M, _BLOCK_N, _BLOCK_K = 64, 64, 32
+
+
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# {interpreted: the decorated kernel}; decorated on first use, so that importing the package does not import triton's
+# compiler, and so that one process can hold both the compiled and the interpreted kernel (the CUDA tests run both)
+_KERNELS: dict = {}
+
+
+def _kernel(interpreted: bool):
+    """The kernel decorated by ``triton.jit``, for Triton's interpreter or its compiler.
+
+    The one place that relies on how Triton selects its interpreter: ``triton.jit`` reads ``TRITON_INTERPRET``
+    (``triton.knobs.runtime.interpret``) when it decorates, not when the kernel runs (triton 3.6;
+    tests/test_triton_linear.py checks it)."""
+    kernel = _KERNELS.get(interpreted)
+    if kernel is None:
+        import triton
+
+        from ._triton_kernel import bcos_linear_kernel
+
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = interpreted
+            kernel = _KERNELS[interpreted] = triton.jit(bcos_linear_kernel)
+    return kernel
+
+
+def _tl_dtype(dtype: torch.dtype):
+    import triton.language as tl
+
+    return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
+
+
+def _launch(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor: bool, store_dyn: bool,
+            store_norms: bool) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """Run the kernel on the rows ``x2`` ``(M, K)`` and the unit weights ``view`` ``(N, K)`` (any strides): ``out``,
+    then ``dyn`` (``out_dtype``), ``x_norm`` ``(M,)`` and ``||w||`` ``(N,)`` (float32), each ``None`` unless asked."""
+    m, k = x2.shape
+    n = view.shape[0]
+    device = x2.device
+    out = torch.empty((m, n), device=device, dtype=out_dtype)
+    dyn = torch.empty((m, n), device=device, dtype=out_dtype) if store_dyn else None
+    x_norm = torch.empty(m, device=device, dtype=torch.float32) if store_norms else None
+    w_norm = torch.empty(n, device=device, dtype=torch.float32) if store_norms else None
+    interpreted = device.type != "cuda" or _interpreting()
+    dot_dtype = out_dtype  # (the autocast dtype, or the inputs' own)
+    # float32: IEEE products unless torch allows TF32 for its own matrix products (default: not), so that the kernel
+    # keeps cuBLAS's precision; tl.dot's default would be TF32
+    precision = "tf32" if dot_dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    mode = _B_MODES.get(b, _GENERAL_B)
+    grid = (-(-m // _BLOCK_M), -(-n // _BLOCK_N))
+    _kernel(interpreted)[grid](
+        x2, view, out, out if dyn is None else dyn, out if x_norm is None else x_norm,
+        out if w_norm is None else w_norm,
+        m, n, x2.stride(0), x2.stride(1), view.stride(0), view.stride(1), out.stride(0), out.stride(1),
+        b - 1.0,
+        K=k, B_MODE=mode, FLOOR=floor, STORE_DYN=store_dyn, STORE_NORMS=store_norms,
+        DOT_DTYPE=_tl_dtype(dot_dtype), PRECISION=precision,
+        DOT_IN_FLOAT32=interpreted and dot_dtype == torch.bfloat16,
+        NORM_EPS_=NORM_EPS, COS_FLOOR_=COS_FLOOR,
+        BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K,
+    )
+    return out, dyn, x_norm, w_norm
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Autograd
+
+class _TritonExplainingLinear(torch.autograd.Function):
+    """Explaining (``dyn`` a constant, no parameter gradient): the kernel's ``out``; backward ``(grad * dyn) @ ŵ``,
+    the gradient of the PyTorch path's recorded ``F.linear(x, ŵ) * dyn``, in the output's dtype (autocast's), then
+    in ``x``'s. Plain tensor code in the backward (differentiable again; batched gradients). Written as
+    ``forward(ctx, ...)`` without ``setup_context`` (see functional's ``_BcosProduct``)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, b: float, units_are_columns: bool) -> Tensor:
+        view = weight.T if units_are_columns else weight
+        x2 = x.reshape(-1, x.shape[-1])
+        out, dyn, _, _ = _launch(x2, view, b, _output_dtype(x, weight), floor=True, store_dyn=True,
+                                 store_norms=False)
+        ctx.units_are_columns = units_are_columns
+        ctx.x_dtype = x.dtype
+        ctx.save_for_backward(weight, dyn)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        weight, dyn = ctx.saved_tensors
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            matmul_dtype = dyn.dtype
+            # ŵ as the PyTorch path's forward had it (the weight cache's copy inside reuse_unit_weights): divided in
+            # float32, rounded once to the matrix product's dtype
+            unit = cached_unit_norm(weight, dim=1, transposed=ctx.units_are_columns, autocast=True)
+            grad_lin = grad_out.to(matmul_dtype) * dyn.view(grad_out.shape)
+            grad_x = (grad_lin @ unit.to(matmul_dtype)).to(ctx.x_dtype)
+        return grad_x, None, None, None
+
+
+class _TritonBcosLinear(_BcosLinear):
+    """:class:`~bcos_plugins.nn.functional._BcosLinear` (the training node, ``own_norm=True``) with its forward
+    replaced by the kernel. Saves what that forward saves, in the same fields: ``x`` (if a gradient needs it), the
+    weight, ``||w||`` per unit ``(N, 1)`` float32, ``out``, ``x_norm`` ``(..., 1)`` float32 and no tensor B; the
+    inherited backward recomputes ``dyn`` from ``out``. Only where that recovery keeps the digits
+    (:func:`~bcos_plugins.nn.functional._scale_recoverable`); elsewhere the caller takes the PyTorch path."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, x_norm: None, b: float, units_are_columns: bool,
+                own_norm: bool = True) -> Tensor:
+        view = weight.T if units_are_columns else weight
+        x2 = x.reshape(-1, x.shape[-1])
+        out, _, row_norms, unit_norms = _launch(x2, view, b, _output_dtype(x, weight), floor=True, store_dyn=False,
+                                                store_norms=True)
+        out = out.view(*x.shape[:-1], out.shape[-1])
+        ctx.own_norm = True
+        ctx.units_are_columns = units_are_columns
+        ctx.x_dtype = x.dtype
+        ctx.keeps_lin = False
+        ctx.b = b
+        keeps_x = ctx.needs_input_grad[1] or ctx.needs_input_grad[0]
+        ctx.save_for_backward(x if keeps_x else None, weight, unit_norms[:, None], out,
+                              row_norms.view(*x.shape[:-1], 1), None)
+        return out
+
+
+def _output_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
+    """The PyTorch path's output dtype: under autocast its dtype (``F.linear`` casts both operands to it), else the
+    weight's (which then equals ``x``'s, :func:`_covered`)."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Dispatch
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def _covered(x: Tensor, weight: Tensor) -> bool:
+    """Whether the kernel can compute this call (the checks that do not depend on the autograd mode)."""
+    if type(x) is not Tensor or type(weight) not in _PLAIN or x.device != weight.device:
+        return False
+    if x.device.type != "cuda" and not (x.device.type == "cpu" and _interpreting()):
+        return False
+    if x.dtype not in _KERNEL_DTYPES or weight.dtype not in _KERNEL_DTYPES:
+        return False
+    if x.dtype != weight.dtype:
+        # (mixed dtypes multiply only under autocast, which casts both; its dtype must be one the kernel has)
+        if not torch.is_autocast_enabled(x.device.type):
+            return False
+    if torch.is_autocast_enabled(x.device.type) and torch.get_autocast_dtype(x.device.type) not in _KERNEL_DTYPES:
+        return False
+    return x.dim() >= 1 and x.numel() > 0 and x.is_contiguous()
+
+
+def triton_forward(layer, x: Tensor) -> Tensor | None:
+    """``layer``'s output through the kernel, or ``None`` where the PyTorch path must run (module docstring).
+
+    Called by :meth:`BcosLinear.forward <bcos_plugins.nn.BcosLinear.forward>` while :func:`triton_kernels` is on,
+    for layers without MaxOut; mirrors that method's choice of inference, explaining and training."""
+    if torch.compiler.is_compiling() or using_reference_path():
+        return None
+    weight = layer.weight
+    if not _covered(x, weight):
+        return None
+    b = layer._pressure()
+    if b == 1.0:
+        return None
+    columns = layer._UNITS_ARE_COLUMNS
+    recording = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    if not recording:
+        layer.holds_constant()  # (counts the dynamic weight while explaining, as the PyTorch path does)
+        view = weight.T if columns else weight
+        out, _, _, _ = _launch(x.reshape(-1, x.shape[-1]), view, b, _output_dtype(x, weight), floor=False,
+                               store_dyn=False, store_norms=False)
+        return out.view(*x.shape[:-1], out.shape[-1])
+    if layer.explaining:
+        if not (x.requires_grad and parameter_gradients_unused() and layer.constant_outputs is None):
+            return None
+        layer.holds_constant()
+        return _TritonExplainingLinear.apply(x, weight, b, columns)
+    if not _scale_recoverable(_output_dtype(x, weight), b):
+        return None  # (the training node keeps lin there; the kernel stores out only)
+    if weight.requires_grad:
+        clear_unit_norm_cache(layer)  # (training: a cached copy would only hold memory, as bcos_linear drops it)
+    return _TritonBcosLinear.apply(x, weight, None, b, columns, True)
+

@@ -1,0 +1,114 @@
+"""The Triton kernel of a B-cos linear layer (bcos_plugins.nn.triton_linear) against the PyTorch path.
+
+The kernel checks are in tests/triton_linear_checks.py and run in a child process: on every machine under Triton's
+interpreter (``TRITON_INTERPRET=1`` from the child's start, CPU tensors), and with ``BCOS_TEST_DEVICE=cuda`` a second
+time compiled, on the GPU. Each check compares the switch on with the switch off on the same layer and input:
+inference, explaining (the gradient with respect to x, no parameter gradient) and training (gradients with respect
+to x and the weight); float32, and float16 / bfloat16 under autocast and as the weights' dtype; B in {1.25, 1.5, 2}
+(square roots) and 1.75 (exp2 / log2); ``BcosLinear`` and GPT-2's ``BcosConv1D`` (units are columns); sizes that are
+not multiples of the tiles (74 rows, 72 units, 70 inputs: two row tiles, two unit tiles, three K steps, each with a
+partial last tile), padding rows (x = 0: output exactly 0, finite gradients) and a unit whose weights are 0; the calls
+the kernel leaves to the PyTorch path; and a tiny B-cos BERT and GPT-2 explained with the switch on and off (complete,
+the same contributions). Values agree to the dtype's rounding, not bit for bit (the kernel normalises the weight after
+the product), so tolerances are relative to the largest value compared.
+
+Interpreter facts found with triton 3.6 (a check fails when one changes):
+- Triton decorates its library functions (``tl.sum``, ``tl.zeros``) for the interpreter or the compiler when
+  ``triton.language`` is first imported: the interpreter works only in a process started with TRITON_INTERPRET=1
+  (hence the child process);
+- ``triton.jit`` picks the interpreter for a kernel when it decorates it (``triton.knobs.runtime.interpret``);
+- the interpreter multiplies bfloat16 tiles in ``tl.dot`` as their raw 16-bit integers (silently wrong values): the
+  kernel widens bfloat16 tiles to float32 for the product under the interpreter only (exact products);
+- with NumPy >= 2.4 it cannot loop to a runtime bound (``int()`` of a one-element array; fixed in Triton 3.8): the
+  kernel's K is a compile-time constant.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError
+from bcos_plugins.nn import triton_kernels, using_triton_kernels
+from bcos_plugins.nn import triton_linear as tlin
+
+TESTS = Path(__file__).resolve().parent
+DEVICE = os.environ.get("BCOS_TEST_DEVICE", "cpu")
+
+
+def _checks(kernel: str) -> None:
+    """Run tests/triton_linear_checks.py in a child process with the kernel ``kernel``; fail with its report."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["BCOS_TRITON_KERNEL"] = kernel
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if kernel == "interpreted":
+        env["TRITON_INTERPRET"] = "1"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
+                          "ignore:divide by zero encountered in log2:RuntimeWarning",
+                          str(TESTS / "triton_linear_checks.py")],
+                         cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=600)
+    report = run.stdout[-6000:] + run.stderr[-3000:]
+    assert run.returncode == 0, report
+    assert " passed" in report and "skipped" not in report and "deselected" not in report, report
+
+
+def test_the_kernel_under_triton_s_interpreter():
+    _checks("interpreted")
+
+
+if DEVICE == "cuda":  # (BCOS_TEST_DEVICE=cuda: benchmarks/gpu_session.sh)
+    def test_the_compiled_kernel_on_the_gpu():
+        _checks("compiled")
+
+
+def test_the_switch_validates_and_restores(monkeypatch):
+    with pytest.raises(BcosTypeError, match=r"enabled: must be True or False, got 1\. call triton_kernels\(\)"):
+        with triton_kernels(1):
+            pass
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BcosRuntimeError, match=r"enabled: .*needs a CUDA device.*TRITON_INTERPRET=1"):
+        with triton_kernels():
+            pass
+    monkeypatch.setitem(sys.modules, "triton", None)  # (import triton raises ImportError)
+    with pytest.raises(BcosRuntimeError, match=r"enabled: .*needs the triton package.*install it"):
+        with triton_kernels():
+            pass
+    assert not using_triton_kernels()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delitem(sys.modules, "triton")
+    with triton_kernels():
+        assert using_triton_kernels()
+        with triton_kernels(False):  # (turning it off needs nothing)
+            assert not using_triton_kernels()
+        assert using_triton_kernels()
+    assert not using_triton_kernels()
+
+
+def test_triton_picks_the_interpreter_when_it_decorates():
+    """The one private detail the module relies on (``_kernel``): in this Triton, ``triton.jit`` chooses between the
+    interpreter and the compiler when it decorates, from ``triton.knobs.runtime.interpret``, and the knobs' scope
+    restores the environment variable. If this fails, ``_kernel`` must select the interpreter another way."""
+    import triton
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    before = os.environ.get("TRITON_INTERPRET")
+    assert isinstance(tlin._kernel(True), InterpretedFunction)
+    assert isinstance(tlin._kernel(False), JITFunction)
+    assert os.environ.get("TRITON_INTERPRET") == before
+    assert isinstance(triton.knobs.runtime.interpret, bool)
+
+
+def test_the_gpu_benchmark_refuses_triton_rows_on_a_cpu(capsys):
+    """``bench_gpu.py --triton`` measures the kernel on a GPU; on a CPU it would time Triton's interpreter."""
+    from benchmarks import bench_gpu
+
+    with pytest.raises(SystemExit):
+        bench_gpu.main(["--device", "cpu", "--quick", "--triton"])
+    assert "--triton: the kernel is measured on a CUDA device only" in capsys.readouterr().err

@@ -1,0 +1,249 @@
+"""The kernel checks of tests/test_triton_linear.py, run there in a child process (not collected by pytest here:
+the file name does not start with ``test_``).
+
+Triton decorates its own library functions (``tl.sum``, ``tl.zeros``) for the interpreter or for the compiler when
+``triton.language`` is first imported, from ``TRITON_INTERPRET``; a kernel that calls them runs in the interpreter only
+in a process that had the variable set before it imported triton. So the interpreter checks run in a child process
+started with ``TRITON_INTERPRET=1`` (``BCOS_TRITON_KERNEL=interpreted``, CPU tensors), and on a GPU the compiled checks
+in another without it (``BCOS_TRITON_KERNEL=compiled``, CUDA tensors).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from bcos_plugins import bcosify, explain
+from bcos_plugins.nn import BcosConv1D, BcosLinear, explanation_mode, reference_path, triton_kernels
+from bcos_plugins.nn import triton_linear as tlin
+from bcos_plugins.nn.dynamic import no_parameter_gradients
+
+KERNEL = os.environ.get("BCOS_TRITON_KERNEL", "interpreted")
+if (KERNEL == "interpreted") != (os.environ.get("TRITON_INTERPRET") == "1"):
+    raise RuntimeError("run through tests/test_triton_linear.py: BCOS_TRITON_KERNEL=interpreted needs "
+                       "TRITON_INTERPRET=1 from the start of the process, compiled needs it unset")
+B_VALUES = (1.25, 1.5, 2.0, 1.75)
+# largest difference allowed, relative to the largest value compared (float32: a few hundred roundings of 6e-8 in
+# the gradient's sums; half precision: a few roundings of the output)
+TOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture
+def device():
+    return torch.device("cpu" if KERNEL == "interpreted" else "cuda")
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The number of kernel launches so far (a list holding one count), to tell the kernel from the PyTorch path."""
+    count = [0]
+    launch = tlin._launch
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(tlin, "_launch", counted)
+    return count
+
+
+def _layer(cls, b: float, device, seed: int = 0):
+    torch.manual_seed(seed)
+    layer = cls(70, 72, b=b) if cls is BcosLinear else BcosConv1D(70, 72, b=b)
+    with torch.no_grad():  # unit 3 with ||w|| = 0 (below the clamp)
+        if cls is BcosLinear:
+            layer.weight[3] = 0.0
+        else:
+            layer.weight[:, 3] = 0.0
+    return layer.to(device)
+
+
+def _input(device, seed: int = 1) -> torch.Tensor:
+    """(2, 37, 70): 74 rows, the last 7 of each sequence padding (zero rows)."""
+    torch.manual_seed(seed)
+    x = torch.randn(2, 37, 70)
+    x[:, 30:] = 0.0
+    return x.to(device)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype = torch.float32, what: str = "") -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, want.dtype, got.shape, want.shape)
+    assert torch.isfinite(got).all(), what
+    scale = want.detach().abs().max().float().item()
+    error = (got.detach().float() - want.detach().float()).abs().max().item()
+    assert error <= TOL[dtype] * scale, f"{what}: largest difference {error:.3g}, largest value {scale:.3g}"
+
+
+def _run(layer, x, mode: str, grad: torch.Tensor | None = None):
+    """(output, gradient wrt x or None, gradient wrt the weight or None) of one call in ``mode``."""
+    layer.weight.grad = None
+    if mode == "inference":
+        with torch.no_grad():
+            return layer(x), None, None
+    x = x.detach().clone().requires_grad_()
+    if mode == "explaining":
+        with explanation_mode(layer), no_parameter_gradients():
+            out = layer(x)
+            (grad_x,) = torch.autograd.grad(out, x, grad)
+        return out, grad_x, None
+    out = layer(x)
+    out.backward(grad)
+    return out, x.grad, layer.weight.grad
+
+
+@pytest.mark.parametrize("cls", [BcosLinear, BcosConv1D])
+@pytest.mark.parametrize("b", B_VALUES)
+@pytest.mark.parametrize("mode", ["inference", "explaining", "training"])
+def test_the_kernel_equals_the_pytorch_path_in_float32(device, launches, cls, b, mode):
+    layer = _layer(cls, b, device)
+    x = _input(device)
+    grad = torch.randn(2, 37, 72, device=device)
+    want = _run(layer, x, mode, grad)
+    with triton_kernels():
+        got = _run(layer, x, mode, grad)
+    assert launches[0] == 1
+    for name, g, w in zip(("out", "grad x", "grad w"), got, want, strict=False):
+        assert (g is None) == (w is None), name
+        if w is not None:
+            _close(g, w, what=f"{mode} {name}")
+    out = got[0]
+    assert (out[:, 30:] == 0).all(), "padding rows must give exactly 0"
+    assert (out[..., 3] == 0).all(), "a unit with zero weights must give exactly 0"
+    if mode == "explaining":
+        assert type(out.grad_fn).__name__ == "_TritonExplainingLinearBackward"
+        # the explanation's contract: x . d out / dx = out (dyn a constant)
+        x = _input(device).requires_grad_()
+        with triton_kernels(), explanation_mode(layer), no_parameter_gradients():
+            out = layer(x)
+            total = out.sum(-1)
+            (grad_x,) = torch.autograd.grad(total.sum(), x)
+        _close((grad_x * x).sum(-1), total, what="completeness")
+    if mode == "training":
+        assert type(out.grad_fn).__name__ == "_TritonBcosLinearBackward"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", ["inference", "explaining", "training"])
+def test_the_kernel_equals_the_pytorch_path_under_autocast(device, launches, dtype, mode):
+    layer = _layer(BcosConv1D if dtype == torch.float16 else BcosLinear, 1.5, device)
+    x = _input(device)
+    grad = torch.randn(2, 37, 72, device=device, dtype=dtype)
+    with torch.autocast(device.type, dtype=dtype):
+        want = _run(layer, x, mode, grad)
+        with triton_kernels():
+            got = _run(layer, x, mode, grad)
+    assert got[0].dtype == dtype
+    # float16 training keeps lin on the PyTorch path (dyn cannot be recovered from a float16 output): no launch
+    assert launches[0] == (0 if (dtype, mode) == (torch.float16, "training") else 1)
+    for name, g, w in zip(("out", "grad x", "grad w"), got, want, strict=False):
+        if w is not None:
+            _close(g, w, dtype, what=f"{mode} {dtype} {name}")
+    assert (got[0][:, 30:] == 0).all()
+
+
+def test_half_precision_weights_without_autocast(device, launches):
+    layer = _layer(BcosLinear, 1.25, device).to(torch.bfloat16)
+    x = _input(device).to(torch.bfloat16)
+    with torch.no_grad():
+        want = layer(x)
+        with triton_kernels():
+            got = layer(x)
+    assert launches[0] == 1
+    _close(got, want, torch.bfloat16, what="bfloat16 weights")
+
+
+def test_calls_the_kernel_does_not_cover_take_the_pytorch_path_unchanged(device, launches):
+    x = _input(device)
+    cases = {
+        "max_out": (BcosLinear(70, 36, b=1.5, max_out=2).to(device), x),
+        "b = 1": (BcosLinear(70, 72, b=1.0).to(device), x),
+        "float64": (BcosLinear(70, 72, b=1.5).to(device).double(), x.double()),
+        "not contiguous": (BcosLinear(37, 72, b=1.5).to(device), x.transpose(1, 2)[:, :70]),
+        "empty": (BcosLinear(70, 72, b=1.5).to(device), x[:, :0]),
+    }
+    for name, (layer, inp) in cases.items():
+        with torch.no_grad():
+            want = layer(inp)
+            with triton_kernels():
+                got = layer(inp)
+        assert torch.equal(got, want), name
+    layer = BcosLinear(70, 72, b=1.5).to(device)
+    with torch.no_grad(), triton_kernels():
+        with reference_path():
+            layer(x)
+        assert launches[0] == 0, "the reference path must not launch the kernel"
+        layer(x)
+    assert launches[0] == 1
+    # explaining with constant outputs (query / key projections), and with a parameter gradient taken
+    layer.constant_outputs = slice(0, 10)
+    xr = x.clone().requires_grad_()
+    with triton_kernels(), explanation_mode(layer), no_parameter_gradients():
+        layer(xr)
+    layer.constant_outputs = None
+    with triton_kernels(), explanation_mode(layer):
+        layer(xr)
+    assert launches[0] == 1
+    # training at B > 2.9 (dyn is not recoverable from out: the training node keeps lin)
+    layer.b = 3.0
+    with triton_kernels():
+        layer(xr)
+    assert launches[0] == 1
+
+
+def test_cpu_tensors_without_the_interpreter_take_the_pytorch_path(monkeypatch, launches):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    layer = _layer(BcosLinear, 1.5, "cpu")
+    x = _input("cpu")
+    with triton_kernels():
+        monkeypatch.delenv("TRITON_INTERPRET")
+        with torch.no_grad():
+            got = layer(x)
+            want = layer(x)
+    assert launches[0] == 0 and torch.equal(got, want)
+
+
+def test_a_converted_model_explains_the_same_with_the_kernel(device, launches):
+    """A tiny B-cos BERT and GPT-2 (``Conv1D``: units are columns) explained with the switch on and off: complete,
+    and the token contributions agree."""
+    from conftest import tiny_model
+
+    ids = torch.tensor([[5, 9, 14, 22, 7, 3], [8, 4, 30, 11, 0, 0]], device=device)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], device=device)
+    for name, kwargs in (("BertForSequenceClassification", {"target": 1}),
+                         ("GPT2LMHeadModel", {"target": 7, "position": -1})):
+        model = bcosify(tiny_model(name), b=1.25, verbose=False).to(device)
+        side = {"padding_side": "left"} if name.startswith("GPT2") else {}
+        rows = (ids, mask) if not side else (ids.flip(1), mask.flip(1))
+        want = explain(model, *rows, **kwargs)
+        before = launches[0]
+        with triton_kernels():
+            got = explain(model, *rows, **kwargs)
+        assert launches[0] > before, name
+        for result in (want, got):
+            assert torch.allclose(result.contributions.sum(-1), result.total, rtol=1e-4, atol=1e-5), name
+        _close(got.total, want.total, what=f"{name} total")
+        _close(got.contributions, want.contributions, what=f"{name} contributions")
+
+
+def test_the_interpreter_still_multiplies_bfloat16_as_integers(device):
+    """Why the kernel widens bfloat16 tiles under the interpreter (``DOT_IN_FLOAT32``): ``tl.dot`` of bfloat16 tiles
+    is wrong there by orders of magnitude (the compiled kernel's is right). When the interpreted check fails, Triton
+    fixed it: drop the widening."""
+    kernel = triton.jit(_bfloat16_dot)
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 16).bfloat16().to(device), torch.randn(16, 16).bfloat16().to(device)
+    c = torch.empty(16, 16, device=device)
+    kernel[(1,)](a, b, c)
+    error = (c - a.float() @ b.float()).abs().max().item()
+    assert error > 1e3 if KERNEL == "interpreted" else error < 1e-3, error
+
+
+def _bfloat16_dot(a_ptr, b_ptr, c_ptr):
+    r = tl.arange(0, 16)
+    a = tl.load(a_ptr + r[:, None] * 16 + r[None, :])
+    b = tl.load(b_ptr + r[:, None] * 16 + r[None, :])
+    tl.store(c_ptr + r[:, None] * 16 + r[None, :], tl.dot(a, b, tl.zeros((16, 16), tl.float32)))
