@@ -29,6 +29,11 @@ Each cell is the median of ``--repeats`` interleaved calls after warm-up. Compil
 ones and are skipped (and say so) once ``--budget-s`` seconds have passed, so that a run ends in time: with the
 default (230 s) a run took 394 s on one H100, the compiled cells past MiniLM skipped (compiling one GPT-2 pair
 takes over 4 minutes there; docs/benchmarks.md#gpu). ``--device cpu --quick`` runs tiny shapes on the CPU (the test suite does).
+
+``--triton`` adds, after each eager row, the same cells with the B-cos model's linear layers run as one Triton kernel
+each (:func:`bcos_plugins.nn.triton_kernels`, mode "eager + triton"; the conventional side unchanged), and with
+``--profile`` the kernel count of that forward too. CUDA only: on a CPU the kernel runs in Triton's interpreter,
+whose timings say nothing about a GPU, so ``--triton`` with ``--device cpu`` is refused.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from captum.attr import LayerGradientXActivation
 from bcos_plugins import bcos_loss, bcosify, explain
 from bcos_plugins.attribution.gradient import capture_point
 from bcos_plugins.convert.architectures import spec_for
+from bcos_plugins.nn import triton_kernels
 
 
 @dataclass(frozen=True)
@@ -317,8 +323,9 @@ def _conversion_line(shape: Shape, pair: Pair) -> str:
             f"{memory}")
 
 
-def _profile(shape: Shape, device: torch.device, b: float) -> None:
-    """The kernels of one no-grad forward of each model of ``shape`` under bfloat16 autocast, most time first."""
+def _profile(shape: Shape, device: torch.device, b: float, triton: bool = False) -> None:
+    """The kernels of one no-grad forward of each model of ``shape`` under bfloat16 autocast, most time first (with
+    ``triton``, the B-cos model's also with :func:`~bcos_plugins.nn.triton_kernels` on)."""
     from torch.profiler import ProfilerActivity, profile
 
     pair = _models(shape, device, b)
@@ -326,8 +333,11 @@ def _profile(shape: Shape, device: torch.device, b: float) -> None:
     ids = torch.randint(5, pair.conventional.config.vocab_size, (shape.batch, shape.tokens), generator=g).to(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    for name, model in (("B-cos", pair.bcos), ("conventional", pair.conventional)):
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+    runs = [("B-cos", pair.bcos, nullcontext), ("conventional", pair.conventional, nullcontext)]
+    if triton:
+        runs.insert(1, ("B-cos + triton", pair.bcos, triton_kernels))
+    for name, model, switch in runs:
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16), switch():
             for _ in range(2):
                 model(input_ids=ids)
             with profile(activities=activities) as prof:
@@ -354,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="print the top kernels of one bf16 forward of each model of the first shape")
     parser.add_argument("--b", type=float, default=1.5, help="alignment pressure of the B-cos models (1.5)")
+    parser.add_argument("--triton", action="store_true",
+                        help="add eager rows with the B-cos linear layers as Triton kernels (CUDA only)")
     args = parser.parse_args(argv)
     try:
         device = torch.device(args.device)
@@ -361,6 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--device: {err}")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible; pass --device cpu (with --quick for a smoke run)")
+    if args.triton and device.type != "cuda":
+        parser.error("--triton: the kernel is measured on a CUDA device only (on a CPU it runs in Triton's "
+                     "interpreter, whose timings say nothing about a GPU); pass --device cuda, or drop --triton")
+    if args.triton and "eager" not in args.modes:
+        parser.error("--triton: adds eager rows (compiled models take inductor's kernels); include --modes eager")
     repeats = args.repeats if args.repeats is not None else (2 if args.quick else 6)
     if repeats < 1:
         parser.error(f"--repeats: must be >= 1, got {repeats}")
@@ -382,27 +399,32 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes:  # eager first: the compiled cells are the ones the budget may cut
         for shape in shapes:
             pair = None
+            # (the Triton rows right after the eager ones, on the same models: side by side in one run)
+            variants = [(mode, nullcontext)] + ([("eager + triton", triton_kernels)]
+                                               if args.triton and mode == "eager" else [])
             for precision in args.precisions:
-                label = f"| {shape.name} ({shape.batch} x {shape.tokens}) | {precision} | {mode} | "
-                if mode == "compiled" and time.perf_counter() - start > args.budget_s:
-                    print(label + " | ".join(["skipped (time budget)"] * len(MEASUREMENTS)) + " |", flush=True)
-                    continue
-                try:
-                    if pair is None:
-                        if mode == "compiled":
-                            torch._dynamo.reset()
-                        pair = _models(shape, device, args.b)
-                        if mode == "eager":
-                            conversions.append(_conversion_line(shape, pair))
-                        else:
-                            for model in (pair.conventional, pair.bcos):
-                                model.compile(backend=args.compile_backend)
-                    row = run_shape(shape, bench, precision, mode, pair)
-                except Exception as err:  # one failing cell (e.g. out of memory) must not cost the whole table
-                    traceback.print_exc(file=sys.stderr)
-                    row = dict.fromkeys(MEASUREMENTS, _error_cell(err))
-                failed += any(cell.startswith("error: ") for cell in row.values())
-                print(label + " | ".join(row[m] for m in MEASUREMENTS) + " |", flush=True)
+                for label_mode, switch in variants:
+                    label = f"| {shape.name} ({shape.batch} x {shape.tokens}) | {precision} | {label_mode} | "
+                    if mode == "compiled" and time.perf_counter() - start > args.budget_s:
+                        print(label + " | ".join(["skipped (time budget)"] * len(MEASUREMENTS)) + " |", flush=True)
+                        continue
+                    try:
+                        if pair is None:
+                            if mode == "compiled":
+                                torch._dynamo.reset()
+                            pair = _models(shape, device, args.b)
+                            if mode == "eager":
+                                conversions.append(_conversion_line(shape, pair))
+                            else:
+                                for model in (pair.conventional, pair.bcos):
+                                    model.compile(backend=args.compile_backend)
+                        with switch():
+                            row = run_shape(shape, bench, precision, mode, pair)
+                    except Exception as err:  # one failing cell (e.g. out of memory) must not cost the whole table
+                        traceback.print_exc(file=sys.stderr)
+                        row = dict.fromkeys(MEASUREMENTS, _error_cell(err))
+                    failed += any(cell.startswith("error: ") for cell in row.values())
+                    print(label + " | ".join(row[m] for m in MEASUREMENTS) + " |", flush=True)
             pair = None
             gc.collect()  # the two models and their optimizers go before the next shape is built
             if device.type == "cuda":
@@ -411,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if args.profile:
         try:
-            _profile(shapes[0], device, args.b)
+            _profile(shapes[0], device, args.b, triton=args.triton)
         except Exception:  # the table above is the result; a profiler failure must not hide it
             traceback.print_exc(file=sys.stderr)
     print(f"# total {time.perf_counter() - start:.0f} s" + (f"; {failed} row(s) failed (tracebacks above)" if failed else ""))
