@@ -49,6 +49,7 @@ from .attribution.text import (
     explained_outputs_only,
     explained_positions,
     logits_at_positions,
+    padded_float64_nan_cause,
     rows_as_alone_call,
     text_attribution_point,
 )
@@ -210,20 +211,10 @@ def completeness_tolerance(contributions: Tensor,
 
 
 def _padded_float64_cause(result: TokenExplanation) -> str:
-    """The likely cause of a NaN output or gradient of a padded float64 batch (built on a failure only), else "".
-
-    transformers' eager attention (Gemma 2's default: its scores are soft-capped) computes the softmax in float32, where
-    the float64 mask value ``finfo(float64).min`` is -inf: a query whose keys are all masked (a padding position of a
-    left-padded row, or one beyond a sliding window on a right-padded row) gets NaN, and the next layer spreads it to
-    every token of the row (a zero attention weight times NaN is NaN). In float32 the same row is finite."""
-    mask = result.attention_mask
-    if result.input_contributions.dtype != torch.float64 or mask is None or not bool((mask == 0).any()):
-        return ""
-    return ("The model runs in float64 and the batch is padded: attention that computes its softmax in float32 "
-            "(transformers' eager attention, Gemma 2's default) turns the float64 mask value into -inf, so a padding "
-            "position whose keys are all masked (left padding, or right padding beyond a sliding window) gets NaN, "
-            "which the next layer spreads to the real tokens. Explain in float32 (model.float()), or explain the "
-            "padded rows one at a time without padding.")
+    """:func:`~bcos_plugins.attribution.text.padded_float64_nan_cause` of the explained batch (on a failure only)."""
+    return padded_float64_nan_cause(result.input_contributions.dtype, result.attention_mask,
+                                    "Explain in float32 (model.float()), or explain the padded rows one at a time "
+                                    "without padding.")
 
 
 def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,

@@ -152,3 +152,61 @@ def test_a_bfloat16_token_component_table_whose_entries_cancel_warns_that_its_ch
     quiet.unembed.register_forward_hook(add_half_the_value_to_one_row)  # the float32 model of the same weights
     with pytest.raises(BcosError, match="the model adds terms that no input token carries"):
         token_component_decomposition(quiet, tokens(), target=5, foil=7)
+
+
+# ------------------------------------------------------------------ decoder metrics: NaN of a padded float64 batch,
+# half-precision logit differences
+
+
+def test_perplexity_of_a_padded_float64_gemma2_is_refused_not_nan():
+    """perplexity pads its windows on the right; in float64 transformers' Gemma 2 gives NaN at a padding position
+    beyond the sliding window, which reaches the real tokens, and perplexity returned nll = nan without a word (each
+    window alone: 4.15). It is refused now, naming the windows, the cause and the fixes, and the fix it names
+    (batch_size=1) gives the windows' perplexity."""
+    from bcos_plugins.metrics import perplexity
+
+    model = copy.deepcopy(_converted("Gemma2ForCausalLM")).double()
+    texts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [5, 6, 7], [8, 9, 10, 11, 12, 13, 14]]
+    with pytest.raises(BcosValueError, match=r"^perplexity: the model's logits are NaN for windows \[1\]\. The model "
+                                             r"runs in float64 and the batch is padded.*Pass batch_size=1"):
+        perplexity(model, texts, max_length=9, batch_size=3)
+    one_by_one = perplexity(model, texts, max_length=9, batch_size=1)
+    alone = [perplexity(model, [text], max_length=9) for text in texts]
+    nll = sum(a.nll * a.n_tokens for a in alone) / sum(a.n_tokens for a in alone)
+    assert one_by_one.nll == pytest.approx(nll, rel=1e-12)
+    float32 = perplexity(_converted("Gemma2ForCausalLM"), texts, max_length=9, batch_size=3)
+    assert float32.nll == pytest.approx(nll, rel=1e-5)
+
+
+def test_next_token_contrast_of_a_padded_float64_gemma2_names_the_cause():
+    """next_token_contrast refused the NaN logits of a padded float64 Gemma 2 with probability_gap's message, which
+    names an argument the caller never passed ("logits: contain NaN ... Check the model's output"). It now names the
+    rows, the float64 + padding cause and the fixes."""
+    from bcos_plugins.metrics import next_token_contrast
+
+    model = copy.deepcopy(_converted("Gemma2ForCausalLM")).double()
+    ids, mask = _mixed_padding([9, 3, 6, 1], 9, ["right", "left", "right", "left"])
+    with pytest.raises(BcosValueError, match=r"^next_token_contrast: the model's logits are NaN for rows \[1, 3\]\. The "
+                                             r"model runs in float64 and the batch is padded.*model.float\(\)"):
+        next_token_contrast(model, ids, mask, target=5, foil=7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_next_token_contrast_subtracts_logits_in_at_least_float32(dtype):
+    """next_token_contrast subtracted a bfloat16 model's two logits in bfloat16 (-0.20898 for -0.20874: 3 significant
+    digits) and cast a float64 model's differences to float32. The difference is now taken in at least float32 and a
+    float64 model's kept in float64, as explain returns its values: it equals the float64 difference of the model's own
+    logits (each row's, as alone)."""
+    from bcos_plugins.attribution.text import rows_as_alone_call
+    from bcos_plugins.metrics import next_token_contrast
+
+    model = copy.deepcopy(_converted("Qwen2ForCausalLM")).to(dtype)
+    ids, mask = _mixed_padding([9, 3, 6, 1], 9, ["right", "left", "right", "left"])
+    result = next_token_contrast(model, ids, mask, target=5, foil=7)
+    assert result.logit_difference.dtype == result.probability_gap.dtype == (
+        torch.float64 if dtype == torch.float64 else torch.float32)
+    with torch.no_grad():
+        logits = model(**rows_as_alone_call(model, ids, mask, causal_lm=True)).logits
+    last = torch.tensor([8, 8, 5, 8])
+    picked = logits[torch.arange(4), last].double()
+    torch.testing.assert_close(result.logit_difference.double(), picked[:, 5] - picked[:, 7], rtol=0, atol=0)

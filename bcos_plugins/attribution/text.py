@@ -43,7 +43,8 @@ __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explain
            "model_call_kwargs", "check_forward_kwargs", "forward_keywords", "check_first_column_is_real",
            "readable_tokenizer_outputs", "real_token_position_ids", "position_ids_as_alone",
            "gets_real_token_position_ids", "registry_spec", "rows_as_alone_call", "learned_position_table",
-           "refuse_left_padding_shifting_positions", "explained_outputs_only", "logits_at_positions"]
+           "refuse_left_padding_shifting_positions", "explained_outputs_only", "logits_at_positions",
+           "padded_float64_nan_cause"]
 
 
 @dataclass(frozen=True)
@@ -377,6 +378,23 @@ def logits_at_positions(outputs: Tensor, positions: Int[Tensor, " batch"], lengt
     raise BcosRuntimeError(f"the model returned {outputs.shape[1]} columns of outputs for {length} input columns and "
                            f"{outputs.shape[0]} explained positions; explain reads the logits of every row's explained "
                            "position (all columns, or logits_to_keep's one per row).")
+
+
+def padded_float64_nan_cause(dtype: torch.dtype, attention_mask: Tensor | None, fix: str) -> str:
+    """The likely cause of a NaN output of a float64 model on a padded batch, as a sentence ending with ``fix`` (what
+    the caller's user should do), or "" where it does not apply (another dtype, or no padding). Built on a failure
+    only (it reads the mask).
+
+    transformers' eager attention (Gemma 2's default: its scores are soft-capped) computes the softmax in float32, where
+    the float64 mask value ``finfo(float64).min`` is -inf: a query whose keys are all masked (a padding position of a
+    left-padded row, or one beyond a sliding window on a right-padded row) gets NaN, and the next layer spreads it to
+    every token of the row (a zero attention weight times NaN is NaN). In float32 the same row is finite."""
+    if dtype != torch.float64 or attention_mask is None or not bool((attention_mask == 0).any()):
+        return ""
+    return ("The model runs in float64 and the batch is padded: attention that computes its softmax in float32 "
+            "(transformers' eager attention, Gemma 2's default) turns the float64 mask value into -inf, so a padding "
+            "position whose keys are all masked (left padding, or right padding beyond a sliding window) gets NaN, "
+            f"which the next layer spreads to the real tokens. {fix}")
 
 
 def registry_spec(model) -> ArchitectureSpec | None:

@@ -324,9 +324,13 @@ def perplexity(
                 ids[j, : len(w)] = torch.tensor(w)
                 mask[j, : len(w)] = 1
             ids, mask = ids.to(device), mask.to(device)
-            logits = model(input_ids=ids, attention_mask=mask).logits.double()
-            logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+            logits = model(input_ids=ids, attention_mask=mask).logits
+            logp = logits.double()[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
             scored = mask[:, 1:].bool()
+            # a NaN logit of a scored token made the perplexity NaN without a word (a padded float64 Gemma 2)
+            _refuse_nan_rows("perplexity", (logp.isnan() & scored).any(1), logits.dtype, mask, start, "windows",
+                             "Pass batch_size=1 (one window per forward pass: no padding), or the model in float32 "
+                             "(model.float())")
             total -= logp[scored].sum().cpu()
             count += int(scored.sum())
     nll = float(total / count)
@@ -410,8 +414,31 @@ def next_token_contrast(
             ids, mask = input_ids[s:s + batch_size].to(device), attention_mask[s:s + batch_size].to(device)
             logits = model(**rows_as_alone_call(model, ids, mask, spec=spec, causal_lm=True)).logits
             logits = logits[torch.arange(len(ids), device=device), last[s:s + batch_size].to(device)]
+            _refuse_nan_rows("next_token_contrast", logits.isnan().any(-1), logits.dtype, mask, s, "rows",
+                             "Pass the model in float32 (model.float()), or the padded rows one at a time without "
+                             "padding")
             t, f = target[s:s + batch_size].to(device), foil[s:s + batch_size].to(device)
             rows = torch.arange(len(ids), device=device)
-            diffs.append((logits[rows, t] - logits[rows, f]).float().cpu())
-            gaps.append(probability_gap(logits, t, f).float().cpu())
+            # subtracted in at least float32 (float64 kept), as explain's values: a bfloat16 difference of two logits
+            # is rounded to 3 significant digits (-0.20898 for -0.20874), and float64 ones were cast to float32
+            wide = at_least_float32(logits.dtype)
+            diffs.append((logits[rows, t].to(wide) - logits[rows, f].to(wide)).cpu())
+            gaps.append(probability_gap(logits, t, f).cpu())
     return NextTokenContrast(torch.cat(diffs), torch.cat(gaps))
+
+
+def _refuse_nan_rows(who: str, nan: Tensor, dtype: torch.dtype, attention_mask: Tensor, first: int, noun: str,
+                     fix: str) -> None:
+    """Refuse a batch whose rows ``nan`` (numbered from ``first``, ``noun`` naming them) have NaN logits, naming the
+    float64 + padding cause where it applies (:func:`~bcos_plugins.attribution.text.padded_float64_nan_cause`): a NaN
+    score would be returned as one."""
+    if not bool(nan.any()):
+        return
+    from ..attribution.text import padded_float64_nan_cause
+    from ..errors import BcosValueError
+
+    rows = [first + int(r) for r in nan.nonzero().flatten()]
+    cause = padded_float64_nan_cause(dtype, attention_mask, f"{fix}.")
+    raise BcosValueError(f"{who}: the model's logits are NaN for {noun} {rows[:8]}{', ...' if len(rows) > 8 else ''}. "
+                         + (cause or "Check their inputs, the embedding rows of their tokens and the weights (an "
+                            "input or weight of NaN, inf or a huge value overflows inside the model)."))
