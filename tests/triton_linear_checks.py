@@ -126,6 +126,20 @@ def test_the_kernel_equals_the_pytorch_path_in_float32(device, launches, cls, b,
         assert type(out.grad_fn).__name__ == "_TritonBcosLinearBackward"
 
 
+def test_explaining_gradients_batched(device, launches):
+    """Batched gradients (``is_grads_batched``, TransformerLens' component decomposition takes them) through the
+    explaining node equal one backward per gradient."""
+    layer = _layer(BcosConv1D, 1.5, device)
+    x = _input(device).requires_grad_()
+    grads = torch.randn(3, 2, 37, 72, device=device)
+    with explanation_mode(layer), no_parameter_gradients():
+        want = torch.stack([torch.autograd.grad(layer(x), x, g)[0] for g in grads])
+        with triton_kernels():
+            (got,) = torch.autograd.grad(layer(x), x, grads, is_grads_batched=True)
+    assert launches[0] == 1
+    _close(got, want, what="batched gradients")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mode", ["inference", "explaining", "training"])
 def test_the_kernel_equals_the_pytorch_path_under_autocast(device, launches, dtype, mode):
