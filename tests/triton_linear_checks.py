@@ -208,6 +208,18 @@ def test_calls_the_kernel_does_not_cover_take_the_pytorch_path_unchanged(device,
     assert launches[0] == 1
 
 
+def test_torch_func_transforms_take_the_pytorch_path(device, launches):
+    """vmap's batched tensors have no storage for the kernel to read."""
+    layer = _layer(BcosLinear, 1.5, device)
+    x = _input(device)
+    with torch.no_grad():
+        want = torch.func.vmap(layer)(x)
+        with triton_kernels():
+            got = torch.func.vmap(layer)(x)
+    assert torch.equal(got, want) and launches[0] == 0
+    # (torch.func.grad through a training layer fails on the PyTorch path too: its autograd nodes have no setup_context)
+
+
 def test_cpu_tensors_without_the_interpreter_take_the_pytorch_path(monkeypatch, launches):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     layer = _layer(BcosLinear, 1.5, "cpu")

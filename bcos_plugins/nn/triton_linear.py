@@ -25,7 +25,7 @@ Autograd, as :class:`~bcos_plugins.nn.BcosLinear` decides on the PyTorch path:
   only its forward replaced: it saves the same tensors in the same fields, so the backward is that node's.
 
 Everything else takes the PyTorch path: MaxOut, B = 1, ``constant_outputs``, float64, tensor subclasses,
-``torch.compile`` tracing (inductor fuses the chain there already), the reference path, a training step whose
+``torch.func`` transforms (``vmap``), ``torch.compile`` tracing (inductor fuses the chain there already), the reference path, a training step whose
 ``dyn`` cannot be recovered from the output (float16, B > 2.9: that node keeps ``lin`` instead), inputs that are not
 contiguous, empty inputs, and CPU tensors unless Triton's interpreter is on (``TRITON_INTERPRET=1``, how the tests
 run the kernel without a GPU).
@@ -265,6 +265,8 @@ def _covered(x: Tensor, weight: Tensor) -> bool:
     """Whether the kernel can compute this call (the checks that do not depend on the autograd mode)."""
     if type(x) is not Tensor or type(weight) not in _PLAIN or x.device != weight.device:
         return False
+    if _functorch_wrapped(x) or _functorch_wrapped(weight):  # (torch.func.vmap / grad: no storage to point at)
+        return False
     if x.device.type != "cuda" and not (x.device.type == "cpu" and _interpreting()):
         return False
     if x.dtype not in _KERNEL_DTYPES or weight.dtype not in _KERNEL_DTYPES:
@@ -276,6 +278,11 @@ def _covered(x: Tensor, weight: Tensor) -> bool:
     if torch.is_autocast_enabled(x.device.type) and torch.get_autocast_dtype(x.device.type) not in _KERNEL_DTYPES:
         return False
     return x.dim() >= 1 and x.numel() > 0 and x.is_contiguous()
+
+
+# torch.func's wrappers (vmap's batched tensors, grad's tracking tensors) are plain Tensors by type; torch has no
+# public test for them
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def triton_forward(layer, x: Tensor) -> Tensor | None:
