@@ -62,7 +62,7 @@ from captum.log import log_usage
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from bcos_plugins._checks import bad_rows, ids_as_long, refuse_renamed_keywords
+from bcos_plugins._checks import bad_rows, refuse_renamed_keywords
 from bcos_plugins.attribution import (
     Direction,
     Explanation,
@@ -413,8 +413,14 @@ class _Logits(nn.Module):
                 "the tensor to explain, with model=", kind=BcosTypeError)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                position: int | Tensor | None = None) -> Tensor:
-        input_ids = ids_as_long(input_ids)  # any integer width, exactly (a uint8 index would read as a mask)
+                position: int | Tensor | None = None, *more: Any) -> Tensor:
+        if more:  # Captum passes additional_forward_args positionally: a third one has no meaning here
+            raise argument_error("additional_forward_args", f"got {2 + len(more)} values; the model is called with "
+                                 "(input_ids, attention_mask, position)", "Pass additional_forward_args=(attention_mask,) "
+                                 "or (attention_mask, position)", kind=BcosTypeError)
+        # the package's token-batch check, as explain's: float ids were truncated (5.7 read as 5) and ids outside the
+        # vocabulary failed inside the embedding (IndexError); any integer width is read exactly
+        input_ids, attention_mask = check_token_inputs(self.model, input_ids, attention_mask)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         if self.spec is not None and self.spec.is_classifier and position is not None:
             raise argument_error("position", "a sequence classifier gives one logit vector per sequence",
@@ -434,6 +440,18 @@ def _returns_model_output(forward_func: Callable) -> bool:
     from transformers import PreTrainedModel
 
     return isinstance(uncompiled(forward_func), PreTrainedModel)
+
+
+def _reads_token_ids_first(forward_func: Callable) -> bool:
+    """Whether ``forward_func`` is a transformers model whose forward takes token ids first (a text model): Captum
+    passes the attributed inputs first, and ids are no input to multiply by a gradient."""
+    if not _returns_model_output(forward_func):
+        return False
+    try:
+        parameters = list(inspect.signature(uncompiled(forward_func).forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return bool(parameters) and parameters[0] == "input_ids"
 
 
 # ------------------------------------------------------------------------------------ the two methods
@@ -492,6 +510,13 @@ class BcosAttribution(GradientAttribution):
                                      f"input x gradient needs float inputs, got {what}",
                                      "For token ids attribute at the embedding: EmbeddingForward(model).embed(ids, "
                                      "mask), or LayerBcos(model)", kind=BcosTypeError)
+        if _reads_token_ids_first(self.forward_func):
+            # float inputs would reach the embedding as token ids (torch's "Expected tensor for argument #1 'indices'")
+            raise argument_error("forward_func", f"{type(uncompiled(self.forward_func)).__name__} takes token ids "
+                                 "first, so the float inputs would be read as ids; input x gradient is taken at the "
+                                 "embedding", "Pass EmbeddingForward(model) as forward_func with inputs "
+                                 "EmbeddingForward(model).embed(ids, mask), or use LayerBcos(model).attribute(ids, ...)",
+                                 kind=BcosTypeError)
         extra = CaptumInternals.forward_args(additional_forward_args)
         batch = inputs_t[0].shape[0]
         name = type(self).__name__

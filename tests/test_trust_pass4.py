@@ -210,3 +210,44 @@ def test_next_token_contrast_subtracts_logits_in_at_least_float32(dtype):
     last = torch.tensor([8, 8, 5, 8])
     picked = logits[torch.arange(4), last].double()
     torch.testing.assert_close(result.logit_difference.double(), picked[:, 5] - picked[:, 7], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ Captum: token ids given to the model
+
+
+@pytest.mark.parametrize("name", ["Qwen3ForCausalLM", "ModernBertForSequenceClassification"])
+def test_layer_bcos_refuses_float_and_out_of_vocabulary_ids_naming_them(name):
+    """LayerBcos(model) calls the model on Captum's inputs as token ids; they passed no check: float ids were truncated
+    (5.7 read as 5, the attributions of other tokens than the user's, without a word), ids outside the vocabulary
+    failed inside the embedding (IndexError: index out of range in self), and a third additional_forward_args value
+    with Python's "takes from 2 to 4 positional arguments". All are refused now, naming the argument and the fix;
+    integer ids of any width give the int64 ids' attributions."""
+    from bcos_plugins.adapters.captum import LayerBcos
+
+    model = _converted(name)
+    ids, mask = _mixed_padding([7, 3, 5], 7, ["right", "right", "right"])
+    reference = LayerBcos(model).attribute(ids, target=1, additional_forward_args=(mask,))
+    with pytest.raises(BcosError, match=r"^input_ids: token ids must be integers, got torch.float32"):
+        LayerBcos(model).attribute(ids.float() + 0.7, target=1, additional_forward_args=(mask,))
+    with pytest.raises(BcosError, match=r"^input_ids: has ids outside the vocabulary \[0, 60\) at rows \[0, 1, 2\]"):
+        LayerBcos(model).attribute(ids + 60, target=1, additional_forward_args=(mask,))
+    with pytest.raises(BcosError, match=r"^additional_forward_args: got 3 values.*\(attention_mask, position\)"):
+        LayerBcos(model).attribute(ids, target=1, additional_forward_args=(mask, None, 3))
+    for width in (torch.int32, torch.uint8):
+        torch.testing.assert_close(LayerBcos(model).attribute(ids.to(width), target=1, additional_forward_args=(mask,)),
+                                   reference, rtol=0, atol=0)
+
+
+def test_bcos_attribution_of_a_text_model_itself_is_refused_naming_the_embedding_paths():
+    """BcosAttribution(model) of a transformers text model passes its float inputs as token ids: torch failed inside
+    the embedding ("Expected tensor for argument #1 'indices' to have one of the following scalar types"). Refused
+    now, naming the two ways that attribute a text model (EmbeddingForward, LayerBcos)."""
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward
+
+    model = _converted("Qwen3ForCausalLM")
+    ids, mask = _mixed_padding([5, 3], 5, ["right", "right"])
+    forward = EmbeddingForward(model)
+    with pytest.raises(BcosError, match=r"^forward_func: Qwen3ForCausalLM takes token ids first.*EmbeddingForward\(model\)"
+                                        r".*LayerBcos\(model\)"):
+        BcosAttribution(model).attribute(forward.embed(ids, mask), target=1, additional_forward_args=(mask,))
+    BcosAttribution(forward).attribute(forward.embed(ids, mask), target=1, additional_forward_args=(mask,))
