@@ -25,10 +25,10 @@ Autograd, as :class:`~bcos_plugins.nn.BcosLinear` decides on the PyTorch path:
   only its forward replaced: it saves the same tensors in the same fields, so the backward is that node's.
 
 Everything else takes the PyTorch path: MaxOut, B = 1, ``constant_outputs``, float64, tensor subclasses,
-``torch.func`` transforms (``vmap``), ``torch.compile`` tracing (inductor fuses the chain there already), the reference path, a training step whose
-``dyn`` cannot be recovered from the output (float16, B > 2.9: that node keeps ``lin`` instead), inputs that are not
-contiguous, empty inputs, and CPU tensors unless Triton's interpreter is on (``TRITON_INTERPRET=1``, how the tests
-run the kernel without a GPU).
+``torch.func`` transforms (``vmap``), ``torch.compile`` tracing (inductor fuses the chain there already), the
+reference path, a training step whose ``dyn`` cannot be recovered from the output (float16, B > 2.9: that node keeps
+``lin`` instead), inputs that are not contiguous, empty inputs, and CPU tensors unless Triton's interpreter is on
+(``TRITON_INTERPRET=1``, how the tests run the kernel without a GPU).
 
 Default off: the kernel has not been measured on a GPU yet (docs/benchmarks.md#gpu), and the PyTorch path is the
 tested reference. Triton is optional (Linux x86-64; the ``dev`` extra installs it for the tests).
@@ -95,8 +95,8 @@ def triton_kernels(enabled: bool = True) -> Iterator[None]:
             raise argument_error(
                 "enabled", "triton_kernels(True) needs a CUDA device and torch sees none",
                 "run on a machine with a CUDA GPU, leave the switch off (the PyTorch path computes the same values), "
-                "or set TRITON_INTERPRET=1 before the first call to run the kernel in Triton's CPU interpreter "
-                "(slow; for tests)", kind=BcosRuntimeError)
+                "or start the process with TRITON_INTERPRET=1 (set before triton is first imported) to run the kernel "
+                "in Triton's CPU interpreter (slow; for tests)", kind=BcosRuntimeError)
     # (functional._process_switch writes functional's own globals, so the flag of this module is set here)
     global _ENABLED
     previous, _ENABLED = _ENABLED, enabled
