@@ -57,7 +57,7 @@ from .functional import (  # (_BcosLinear and _scale_recoverable: tests/test_imp
 
 __all__ = ["triton_kernels", "using_triton_kernels"]
 
-# The process-wide switch, a plain module global that BcosLinear.forward reads first (one attribute read per call)
+# The process-wide switch, a plain module global; BcosLinear.forward asks using_triton_kernels() first (one call)
 _ENABLED = False
 
 
