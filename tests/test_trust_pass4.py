@@ -251,3 +251,16 @@ def test_bcos_attribution_of_a_text_model_itself_is_refused_naming_the_embedding
                                         r".*LayerBcos\(model\)"):
         BcosAttribution(model).attribute(forward.embed(ids, mask), target=1, additional_forward_args=(mask,))
     BcosAttribution(forward).attribute(forward.embed(ids, mask), target=1, additional_forward_args=(mask,))
+
+
+@pytest.mark.parametrize("name", ["Gemma2ForCausalLM", "ModernBertModel"])
+def test_explain_refuses_inputs_embeds_beside_input_ids_naming_the_fix(name):
+    """explain(model, ids, inputs_embeds=e) reached transformers, whose "You must specify exactly one of input_ids or
+    inputs_embeds" points at dropping input_ids, which explain needs (its contributions are taken from their
+    embeddings). Refused before the model runs, naming the argument, the problem and the ways to go."""
+    model = _converted(name)
+    ids, mask = _mixed_padding([5, 3], 5, ["right", "right"])
+    embeds = model.get_input_embeddings()(ids).detach()
+    with pytest.raises(BcosValueError, match=r"^inputs_embeds: would replace the embeddings of input_ids.*\(got a "
+                                             r"Tensor\)\. Pass the token ids as input_ids alone.*EmbeddingForward"):
+        explain(model, ids, mask, target=1, position=-1, inputs_embeds=embeds)
