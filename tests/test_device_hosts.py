@@ -16,7 +16,8 @@ off 1), the model on the device (float32) against the same model built in float6
   error term's reported share is the logit on the device, both equal to the reference's; ``explain_sae_feature``
   (attached SAE, and an unattached one on a bridge) likewise; ``BilinearSAEInteractions`` on a bilinear layer;
 - inseq: ``inseq.load_model(model, "bcos", device=...).attribute`` + ``aggregate`` on every B-cos causal LM: the
-  aggregated scores sum to each generated step's logit and equal the reference's.
+  aggregated scores sum to each generated step's logit and equal the reference's; the package's
+  ``load_classifier(...).attribute`` on every B-cos classifier likewise (scores summing to each class logit).
 
 A tensor an adapter creates on the CPU inside one of these paths fails here on a GPU. Two were found by reading the
 code, not yet by a GPU run: ``BilinearSAEInteractions.top_interactions`` masked CUDA blocks with a CPU mask (an error
@@ -33,9 +34,11 @@ from conftest import VOCAB
 from test_conformance import (
     BRIDGE_NAMES,
     CAUSAL_LM_NAMES,
+    CLASSIFIER_NAMES,
     CONFIGS,
     LENS_NAMES,
     RTOL,
+    _converted,
     _family,
     _stock,
     _with_trained_norm_gains,
@@ -146,7 +149,7 @@ def test_the_requested_device_is_there():
 @pytest.mark.parametrize("name", LENS_NAMES)
 def test_hooked_transformer_caches_on_the_device_decompose_exactly_and_equal_the_reference(name):
     model, reference = _lens_pair("hooked", name)
-    assert next(model.parameters()).device.type == DEVICE.type and model.cfg.device is not None
+    assert next(model.parameters()).device.type == DEVICE.type == torch.device(model.cfg.device).type
     _check_cache(model, reference, _tokens(8), _soft_capped(name))
 
 
@@ -369,11 +372,33 @@ def test_inseq_attribute_and_aggregate_on_the_device_equal_the_reference(name):
         outputs[label] = attribution_model.attribute(prompts, **args).sequence_attributions
     for seq, expected_seq in zip(outputs["device"], outputs["reference"], strict=True):
         assert [t.id for t in seq.target] == [t.id for t in expected_seq.target]
-        aggregated = seq.aggregate().target_attributions
-        expected_aggregated = expected_seq.aggregate().target_attributions
-        logits = seq.step_scores["logit"]
+        aggregated = seq.aggregate().target_attributions.cpu()
+        expected_aggregated = expected_seq.aggregate().target_attributions.cpu()
+        logits = seq.step_scores["logit"].cpu()
         torch.testing.assert_close(torch.nansum(aggregated, 0).double(), logits.double(), rtol=RTOL, atol=1e-5)
-        _close_to(logits, expected_seq.step_scores["logit"].double(), 1e-5, "step logits")
+        _close_to(logits, expected_seq.step_scores["logit"].cpu().double(), 1e-5, "step logits")
         assert torch.equal(aggregated.isnan(), expected_aggregated.isnan())
         _close_to(aggregated.nan_to_num(), expected_aggregated.nan_to_num().double(), FLOAT32_SHARE,
                   "aggregated token scores")
+
+
+@pytest.mark.parametrize("name", CLASSIFIER_NAMES)
+def test_inseq_load_classifier_on_the_device_equals_the_reference(name):
+    """The package's inseq-style classifier (``load_classifier(...).attribute``) on a model on the device: token x
+    class scores summing to each class logit, equal to the float64 CPU reference's."""
+    from bcos_plugins.adapters.inseq import load_classifier
+
+    model = _converted(name)
+    device_model, reference = copy.deepcopy(model).to(DEVICE), copy.deepcopy(model).double()
+    # two lengths (the shorter padded), except Gemma 2 (float64 NaN where a query sees only padding: see above)
+    texts = ["w5 w9 w11 w4 w8"] + ([] if name.startswith("Gemma2") else ["w7 w3"])
+    expected = load_classifier(reference, _word_tokenizer()).attribute(texts).sequence_attributions
+    actual = load_classifier(device_model, _word_tokenizer()).attribute(texts).sequence_attributions
+    for seq, expected_seq in zip(actual, expected, strict=True):
+        assert [t.id for t in seq.source] == [t.id for t in expected_seq.source]
+        logits = seq.step_scores["logit"].cpu()
+        totals = seq.source_attributions.sum(dim=(0, 2)).cpu()
+        assert ((totals - logits).abs() <= RTOL * logits.abs().max()).all()
+        _close_to(logits, expected_seq.step_scores["logit"].cpu(), 1e-5, "class logits")
+        _close_to(seq.source_attributions.sum(-1), expected_seq.source_attributions.sum(-1).cpu(), FLOAT32_SHARE,
+                  "token x class scores")
