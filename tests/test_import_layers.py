@@ -184,13 +184,8 @@ def test_the_private_name_check_sees_each_spelling():
 
 # Private names a module took from another; each entry left when its import went (convert/'s activation tables,
 # gelu_kind and unsupported_message are internal names now), and the test below fails while a listed import no
-# longer exists, so this list only shrinks. The Triton kernel's training node subclasses functional's training node
-# (the same saved tensors, the same backward) while another change to functional.py was in flight (session 17): both
-# entries go when functional.py names them internally.
-KNOWN_UNDERSCORE_IMPORTS: set[tuple[str, str]] = {
-    ("bcos_plugins.nn.triton_linear", "bcos_plugins.nn.functional._BcosLinear"),
-    ("bcos_plugins.nn.triton_linear", "bcos_plugins.nn.functional._scale_recoverable"),
-}
+# longer exists, so this list only shrinks.
+KNOWN_UNDERSCORE_IMPORTS: set[tuple[str, str]] = set()
 
 
 def test_no_module_imports_another_modules_private_names():

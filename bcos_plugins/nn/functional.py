@@ -33,7 +33,7 @@ Two implementations of ``out = dyn * lin`` (docs/api/nn.md#fused-and-reference-k
 Training a linear layer without MaxOut goes one step further: :func:`bcos_linear` runs the normalisation, the
 matrix product and the product above as one autograd node that keeps the raw weight instead of ``ŵ`` and the
 output instead of ``lin`` (the next operation usually keeps the output anyway), and recomputes the rest in the
-backward pass (:class:`_BcosLinear`). Inference and explanations of such a layer run :func:`inference_linear` and
+backward pass (:class:`BcosLinearNode`). Inference and explanations of such a layer run :func:`inference_linear` and
 :func:`explaining_linear`: the kernels of the helpers above in the same order (the same values), written out in one
 function each, because at a small model's widths the helpers' nested Python calls cost a few per cent of a forward.
 
@@ -136,7 +136,7 @@ def _matmul_cast(weight: Tensor) -> torch.dtype | None:
 
 def _divided_by_norm(weight: Tensor, clamped_norm: Tensor, keep_wide: bool = False) -> Tensor:
     """``weight / clamped_norm``; half-precision weights are divided in float32 and rounded back unless
-    ``keep_wide`` (the backward of :class:`_BcosLinear` wants the float32 quotient)."""
+    ``keep_wide`` (the backward of :class:`BcosLinearNode` wants the float32 quotient)."""
     if weight.dtype in HALF_DTYPES:
         unit = weight.float() / clamped_norm
         return unit if keep_wide else unit.to(weight.dtype)
@@ -599,7 +599,7 @@ def _scale_from_out(out: Tensor, x_norm: Tensor, b: float) -> tuple[Tensor, Tens
     ``|out| / ||x|| = |cos| ** B`` where ``|cos| > floor`` and at most ``floor ** B`` elsewhere, so ``dyn =
     max(|out| / ||x||, floor ** B) ** ((B - 1) / B)`` in both cases. As precise as ``out`` itself: its
     rounding error, divided by B, plus that of the power. Only where ``out`` is a normal number of its dtype
-    (:func:`_scale_recoverable`). Half-precision ``out`` is widened to float32 (one rounding of ``dyn`` fewer
+    (:func:`scale_recoverable`). Half-precision ``out`` is widened to float32 (one rounding of ``dyn`` fewer
     than the forward's, which computes it in bfloat16 for bfloat16).
     """
     wide = torch.float32 if out.dtype in HALF_DTYPES else out.dtype
@@ -653,7 +653,7 @@ def _widening(t: Tensor, dtype: torch.dtype) -> Tensor:
     return t if t.dtype == dtype or (t.dtype, dtype) in _EXACT_WIDENINGS else t.to(dtype)
 
 
-def _scale_recoverable(dtype: torch.dtype, b: float | Tensor) -> bool:
+def scale_recoverable(dtype: torch.dtype, b: float | Tensor) -> bool:
     """Whether :func:`_scale_from_out` recovers ``dyn`` to ``dtype``'s precision at this B.
 
     Every unit with ``|cos| > floor`` has ``|out| = |cos| ** B ||x|| > COS_FLOOR ** B * sqrt(NORM_EPS)``
@@ -667,12 +667,12 @@ def _scale_recoverable(dtype: torch.dtype, b: float | Tensor) -> bool:
 
 
 def _without_autocast(device_type: str):
-    """The backward of :class:`_BcosLinear` computes in the dtypes its forward chose, also when the caller runs
+    """The backward of :class:`BcosLinearNode` computes in the dtypes its forward chose, also when the caller runs
     the backward pass inside ``torch.autocast``."""
     return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) else nullcontext()
 
 
-class _BcosLinear(torch.autograd.Function):
+class BcosLinearNode(torch.autograd.Function):
     """A B-cos linear layer without MaxOut, ``ŵ = w / ||w||``, ``lin = x @ ŵ.T``, ``out = dyn * lin``, as one
     autograd node for training (docs/api/nn.md#fused-and-reference-kernels).
 
@@ -681,7 +681,7 @@ class _BcosLinear(torch.autograd.Function):
     usually keeps as its own input anyway (the next linear layer, GELU, attention's query / key / value).
     Not ``ŵ`` (a weight-sized copy per layer, recomputed in the backward: one reduction-free division) and not
     ``lin`` (``dyn`` is recovered from ``out``, :func:`_scale_from_out`). Where that recovery would lose
-    digits (:func:`_scale_recoverable`: float16, float32 / bfloat16 above B = 2.9, B as a tensor under
+    digits (:func:`scale_recoverable`: float16, float32 / bfloat16 above B = 2.9, B as a tensor under
     ``torch.compile``) it keeps ``lin`` instead, as :class:`_BcosProduct` does.
 
     Gradients: those of :func:`_scale_backward` for the product, then ``d / dx = grad_lin @ ŵ`` and, through
@@ -708,7 +708,7 @@ class _BcosLinear(torch.autograd.Function):
             x, _stored_quotient(view, norms.clamp_min(NORM_EPS), _matmul_cast(weight) or view.dtype))
         ctx.units_are_columns = units_are_columns
         ctx.x_dtype = x.dtype
-        ctx.keeps_lin = x_norm is not None and not _scale_recoverable(lin.dtype, b)
+        ctx.keeps_lin = x_norm is not None and not scale_recoverable(lin.dtype, b)
         if x_norm is None:
             out = lin
         else:
@@ -774,7 +774,7 @@ class _BcosLinear(torch.autograd.Function):
 def bcos_linear(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Tensor, *,
                 units_are_columns: bool = False, own_norm: bool = False) -> Tensor:
     """A B-cos linear layer's output ``dyn * (x @ ŵ.T)`` for training, as one autograd node that keeps neither
-    the unit-norm weight nor the pre-scale output for the backward pass (:class:`_BcosLinear`).
+    the unit-norm weight nor the pre-scale output for the backward pass (:class:`BcosLinearNode`).
 
     ``weight`` is the raw weight, ``(units, d_in)`` or, with ``units_are_columns``, ``(d_in, units)``
     (GPT-2's ``Conv1D``); ``x_norm`` is :func:`input_norm` of ``x``, ``None`` for B = 1; ``b`` may be a 0-d
@@ -794,7 +794,7 @@ def bcos_linear(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Ten
                              "pass x_norm=None, or own_norm=False with x_norm=input_norm(x)", kind=BcosValueError)
     if weight.requires_grad and not torch.compiler.is_compiling():
         _forget_unit_norm(weight)
-    return _BcosLinear.apply(x, weight, x_norm, b, units_are_columns, own_norm)
+    return BcosLinearNode.apply(x, weight, x_norm, b, units_are_columns, own_norm)
 
 
 def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: bool, *,

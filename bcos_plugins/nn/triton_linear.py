@@ -21,7 +21,7 @@ Autograd, as :class:`~bcos_plugins.nn.BcosLinear` decides on the PyTorch path:
 - inference (nothing records): ``out`` alone;
 - explaining (``x`` requires a gradient, no parameter gradient is taken): :class:`_TritonExplainingLinear`, whose
   backward is ``(grad * dyn) @ ŵ`` with the stored ``dyn``;
-- training: :class:`_TritonBcosLinear`, the training node :class:`~bcos_plugins.nn.functional._BcosLinear` with
+- training: :class:`_TritonBcosLinear`, the training node :class:`~bcos_plugins.nn.functional.BcosLinearNode` with
   only its forward replaced: it saves the same tensors in the same fields, so the backward is that node's.
 
 Everything else takes the PyTorch path: MaxOut, B = 1, ``constant_outputs``, float64, tensor subclasses,
@@ -45,13 +45,13 @@ from torch import Tensor
 
 from ..errors import BcosRuntimeError, BcosTypeError, argument_error
 from .dynamic import parameter_gradients_unused
-from .functional import (  # (_BcosLinear and _scale_recoverable: tests/test_import_layers.py lists them)
+from .functional import (
     COS_FLOOR,
     NORM_EPS,
-    _BcosLinear,
-    _scale_recoverable,
+    BcosLinearNode,
     cached_unit_norm,
     clear_unit_norm_cache,
+    scale_recoverable,
     using_reference_path,
 )
 
@@ -221,12 +221,12 @@ class _TritonExplainingLinear(torch.autograd.Function):
         return grad_x, None, None, None
 
 
-class _TritonBcosLinear(_BcosLinear):
-    """:class:`~bcos_plugins.nn.functional._BcosLinear` (the training node, ``own_norm=True``) with its forward
+class _TritonBcosLinear(BcosLinearNode):
+    """:class:`~bcos_plugins.nn.functional.BcosLinearNode` (the training node, ``own_norm=True``) with its forward
     replaced by the kernel. Saves what that forward saves, in the same fields: ``x`` (if a gradient needs it), the
     weight, ``||w||`` per unit ``(N, 1)`` float32, ``out``, ``x_norm`` ``(..., 1)`` float32 and no tensor B; the
     inherited backward recomputes ``dyn`` from ``out``. Only where that recovery keeps the digits
-    (:func:`~bcos_plugins.nn.functional._scale_recoverable`); elsewhere the caller takes the PyTorch path."""
+    (:func:`~bcos_plugins.nn.functional.scale_recoverable`); elsewhere the caller takes the PyTorch path."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, x_norm: None, b: float, units_are_columns: bool,
@@ -311,7 +311,7 @@ def triton_forward(layer, x: Tensor) -> Tensor | None:
             return None
         layer.holds_constant()
         return _TritonExplainingLinear.apply(x, weight, b, columns)
-    if not _scale_recoverable(_output_dtype(x, weight), b):
+    if not scale_recoverable(_output_dtype(x, weight), b):
         return None  # (the training node keeps lin there; the kernel stores out only)
     if weight.requires_grad:
         clear_unit_norm_cache(layer)  # (training: a cached copy would only hold memory, as bcos_linear drops it)
