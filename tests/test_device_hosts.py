@@ -21,7 +21,8 @@ off 1), the model on the device (float32) against the same model built in float6
 
 A tensor an adapter creates on the CPU inside one of these paths fails here on a GPU. Two were found by reading the
 code, not yet by a GPU run: ``BilinearSAEInteractions.top_interactions`` masked CUDA blocks with a CPU mask (an error
-there) and ``low_rank_correlation`` returned its correlations on the CPU beside device tensors.
+there) and ``low_rank_correlation`` returned its correlations on the CPU beside device tensors. A third showed on the
+CPU: a deep copy of a ``HookedSAETransformer`` ran the original's MLPs (so a copy moved to a GPU used CPU weights).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _tokens(seed: int) -> torch.Tensor:
     return torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(seed))
 
 
-_PAIRS: dict[tuple[str, str], tuple[torch.nn.Module, torch.nn.Module]] = {}
+_PAIRS: dict[tuple, tuple[torch.nn.Module, torch.nn.Module]] = {}
 
 
 def _lens_pair(kind: str, name: str, model_class=None):
