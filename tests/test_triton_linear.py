@@ -112,3 +112,13 @@ def test_the_gpu_benchmark_refuses_triton_rows_on_a_cpu(capsys):
     with pytest.raises(SystemExit):
         bench_gpu.main(["--device", "cpu", "--quick", "--triton"])
     assert "--triton: the kernel is measured on a CUDA device only" in capsys.readouterr().err
+
+
+def test_calls_whose_offsets_overflow_int32_take_the_pytorch_path():
+    # the kernel's offsets are int32 index x stride products: 2^31 elements or more in the output, the input or the
+    # weight would wrap around (silently wrong memory), so those calls are not covered
+    assert tlin._int32_offsets_suffice(17_000, 128_256, 4096) is False  # a Llama 3 head over 17k tokens: 2.18e9 outputs
+    assert tlin._int32_offsets_suffice(2**20, 4096, 2048) is False  # the input: 2^31 elements
+    assert tlin._int32_offsets_suffice(2, 2**16, 2**15) is False  # the weight: 2^31 elements
+    assert tlin._int32_offsets_suffice(16_000, 32_000, 4096) is True
+    assert tlin._int32_offsets_suffice(2**31 // 4096 - 1, 4096, 4096) is True

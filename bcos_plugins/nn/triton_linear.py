@@ -277,7 +277,15 @@ def _covered(x: Tensor, weight: Tensor) -> bool:
             return False
     if torch.is_autocast_enabled(x.device.type) and torch.get_autocast_dtype(x.device.type) not in _KERNEL_DTYPES:
         return False
-    return x.dim() >= 1 and x.numel() > 0 and x.is_contiguous()
+    return (x.dim() >= 1 and x.numel() > 0 and x.is_contiguous()
+            and _int32_offsets_suffice(x.numel() // x.shape[-1], weight.numel() // x.shape[-1], x.shape[-1]))
+
+
+def _int32_offsets_suffice(rows: int, units: int, inputs: int) -> bool:
+    """Whether every element offset the kernel computes fits in int32: it multiplies int32 row and unit indices by the
+    strides, so an output of 2^31 elements or more (a 128k-word LM head over 17k tokens) would wrap around and read or
+    write the wrong memory; such calls take the PyTorch path."""
+    return max(rows * units, rows * inputs, units * inputs) < 2**31
 
 
 # torch.func's wrappers (vmap's batched tensors, grad's tracking tensors) are plain Tensors by type; torch has no
