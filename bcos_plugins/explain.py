@@ -20,8 +20,9 @@ Explained quantities:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from math import isfinite
 from typing import Literal
 
 import torch
@@ -58,6 +59,8 @@ from .errors import BcosRuntimeError, BcosValueError
 from .nn.functional import at_least_float32
 
 __all__ = ["explain", "last_real_position"]
+
+_FLOAT64_TINY = torch.finfo(torch.float64).tiny
 
 
 def explain(
@@ -122,8 +125,11 @@ def explain(
         weight = model.get_input_embeddings().weight
         probe = torch.ones(*input_ids.shape, weight.shape[-1], dtype=weight.dtype, device=weight.device,
                            requires_grad=True)
-        with recording_forward_autocast(point.module, forward_autocast), \
-                capture_point(point.module, point.where, probe=probe) as leaves:
+        if point.module._modules:  # submodules: a hook on each notes the autocast dtype
+            recording, note = recording_forward_autocast(point.module, forward_autocast), None
+        else:  # a leaf (every registry model's point): the capturing hook notes it too, one hook instead of two
+            recording, note = nullcontext(), autocast_note(point.module, forward_autocast)
+        with recording, capture_point(point.module, point.where, probe=probe, each_call=note) as leaves:
             out = model(**call_kwargs)
         if spec.is_classifier:
             values = out.logits
@@ -161,22 +167,33 @@ def recording_forward_autocast(module: nn.Module, seen: list[torch.dtype]) -> It
     """Append to ``seen`` the autocast dtype that ``module`` and its submodules run under, while inside. An
     autocast entered inside the model's forward counts too: ``Trainer(bf16=True)`` / accelerate leave
     ``model.forward`` wrapped in autocast after training, so the caller sees no autocast around the call."""
-    first = next(module.parameters(), None)
-    device = "cpu" if first is None else first.device.type
     # a hook per module, not one global hook filtered to these modules: a global hook is traced into a compiled
     # model's graph with this call's closure, and the next call compiled the graph again (4 graphs instead of 3 in
     # tests/test_fused_layers.py), where dynamo does not guard on per-module hooks
-
-    def note_autocast(submodule, args) -> None:
-        if torch.is_autocast_enabled(device):
-            seen.append(torch.get_autocast_dtype(device))
-
-    notes = [m.register_forward_pre_hook(note_autocast) for m in module.modules()]
+    note = autocast_note(module, seen)
+    notes = [m.register_forward_pre_hook(lambda submodule, args: note()) for m in module.modules()]
     try:
         yield seen
     finally:
         for note in notes:
             note.remove()
+
+
+def autocast_note(module: nn.Module, seen: list[torch.dtype]) -> Callable[[], None]:
+    """A function that appends to ``seen`` the autocast dtype in force for ``module``'s device type (its first
+    parameter's; the CPU without one) when it is called (nothing outside autocast): what
+    :func:`recording_forward_autocast`'s hooks call."""
+    # a leaf's own parameters are read directly: parameters() walks named_modules to yield them (the first one found
+    # is the same parameter)
+    parameters = module.parameters() if module._modules else module._parameters.values()
+    first = next((p for p in parameters if p is not None), None)
+    device = "cpu" if first is None else first.device.type
+
+    def note() -> None:
+        if torch.is_autocast_enabled(device):
+            seen.append(torch.get_autocast_dtype(device))
+
+    return note
 
 
 def _output_scale(values: Tensor, target: Tensor | Direction, foil: Tensor | Direction | None,
@@ -217,6 +234,19 @@ def _padded_float64_cause(result: TokenExplanation) -> str:
                                     "without padding.")
 
 
+def _complete_on_host(rows: list[list[float]], tolerance: float) -> bool:
+    """Whether every row passes ``|delta| / max(|explained|, scale, token scores, tiny) <= tolerance``, from the
+    rows ``[explained, scale, token_scores, delta]`` as Python floats (float64); False as soon as a value is not
+    finite (NaN and inf take the tensor form's route) or a row is beyond the tolerance."""
+    tiny = _FLOAT64_TINY
+    for explained, scale, token_scores, delta in zip(*rows, strict=True):
+        if not (isfinite(explained) and isfinite(scale) and isfinite(token_scores) and isfinite(delta)):
+            return False
+        if not abs(delta) / max(abs(explained), scale, token_scores, tiny) <= tolerance:
+            return False
+    return True
+
+
 def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
                       forward_autocast: Sequence[torch.dtype], step: GradientStep) -> None:
     """Raise instead of returning contributions that are not finite, or (B-cos models, whose contributions
@@ -247,11 +277,19 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
     token_sums = (result.contributions if result.reduce == "sum"  # the same sum, in the same dtype
                   else contributions.sum(-1, dtype=result.contributions.dtype))
     token_scores = token_sums.abs().sum(-1)
-    size = torch.stack([result.explained.abs(), scale.to(result.explained.dtype), token_scores]).amax(0)
     delta = result.delta
+    scale = scale.to(result.explained.dtype)
+    # the healthy case: the four (batch,) tensors reach the host in one kernel and one sync, and the rule below is
+    # evaluated there in float64, the same IEEE operations as the tensor form after it (abs, max, the floor, a
+    # correctly rounded division, the comparison), on values that widen exactly; that form ran 10 kernels of a few us
+    # each. A row with a non-finite value (whose NaN the tensor form propagates) or one beyond the tolerance goes on
+    # to the tensor form, which decides and words every refusal as before.
+    if _complete_on_host(torch.stack([result.explained, scale, token_scores, delta]).tolist(), tolerance):
+        return
+    size = torch.stack([result.explained.abs(), scale, token_scores]).amax(0)
     error = delta.abs().double() / size.double().clamp_min(torch.finfo(torch.float64).tiny)
-    # the healthy case in one sync and two kernels: `error <= tolerance` is false for a broken row and for a NaN or
-    # infinite delta, so only a failure tells the conditions below apart (and may sync again)
+    # `error <= tolerance` is false for a broken row and for a NaN or infinite delta, so only a failure tells the
+    # conditions below apart (and may sync again)
     if bool((error <= tolerance).all()):
         return
     broken = error > tolerance

@@ -54,7 +54,8 @@ def as_leaf(t: Tensor) -> Tensor:
 
 
 @contextmanager
-def capture_point(module: nn.Module, where: str, *, probe: Tensor | None = None) -> Iterator[list[Tensor]]:
+def capture_point(module: nn.Module, where: str, *, probe: Tensor | None = None,
+                  each_call: Callable[[], object] | None = None) -> Iterator[list[Tensor]]:
     """Replace ``module``'s first input (``where="input"``) or its output (``"output"``) by a fresh leaf on
     every call while the block runs; yields the list the leaves are appended to.
 
@@ -66,12 +67,17 @@ def capture_point(module: nn.Module, where: str, *, probe: Tensor | None = None)
     holds the probe. The gradient w.r.t. the probe is ``x * dy/dx``, the contributions themselves, so
     :func:`input_x_gradient` returns them unchanged (``probe * gradient``). A compiled model
     (``torch.compile``) needs this form: a graph cannot make one of its own tensors a leaf.
+
+    ``each_call`` is called (without arguments) at every call of ``module``, in the same hook: ``explain`` notes the
+    autocast state there instead of registering a second hook on the module.
     """
     if where not in ("input", "output"):
         raise BcosValueError(f"where: must be 'input' or 'output', got {where!r}.")
     captured: list[Tensor] = []
 
     def replace(t: Tensor) -> Tensor:
+        if each_call is not None:
+            each_call()
         if probe is None:
             leaf = as_leaf(t)
             captured.append(leaf)

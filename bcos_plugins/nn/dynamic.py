@@ -122,7 +122,19 @@ class DynamicWeightModule(nn.Module):
 
 def has_dynamic_weights(model: nn.Module) -> bool:
     """Whether ``model`` contains dynamic-weight modules (it was B-cosified, or built B-cos or bilinear)."""
-    return any(isinstance(m, DynamicWeightModule) for m in model.modules())
+    # the _modules dicts walked directly (as _dynamic_modules_and_training does): model.modules() builds every dotted
+    # name on the way to the first dynamic module (6.2 vs 1.3 us on a 2-layer Qwen2; explain asks at every call)
+    seen = {model}
+    stack = [model]
+    while stack:
+        m = stack.pop()
+        if isinstance(m, DynamicWeightModule):
+            return True
+        for child in m._modules.values():
+            if child is not None and child not in seen:
+                seen.add(child)
+                stack.append(child)
+    return False
 
 
 def is_explaining(module: nn.Module) -> bool:
