@@ -264,3 +264,23 @@ def test_explain_refuses_inputs_embeds_beside_input_ids_naming_the_fix(name):
     with pytest.raises(BcosValueError, match=r"^inputs_embeds: would replace the embeddings of input_ids.*\(got a "
                                              r"Tensor\)\. Pass the token ids as input_ids alone.*EmbeddingForward"):
         explain(model, ids, mask, target=1, position=-1, inputs_embeds=embeds)
+
+
+def test_perturbation_curves_of_a_float64_gemma2_name_the_cause_of_its_nan_logits():
+    """perturbation_curves removes tokens through the attention mask; in float64 transformers' Gemma 2 then gives NaN
+    where a query sees only masked keys (a removed first token), also on unpadded rows, and the refusal said "returned
+    NaN or inf logits. Check the model and its inputs", which points at the inputs. It now names the float64 + masking
+    cause and the fixes; the fix it names (float32) gives finite curves."""
+    from bcos_plugins.metrics import perturbation_curves
+
+    model = copy.deepcopy(_converted("Gemma2ForSequenceClassification")).double()
+    ids, mask = _mixed_padding([9, 9, 9], 9, ["right"] * 3)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    scores = explain(model, ids, mask, target=1).contributions
+    with pytest.raises(BcosValueError, match=r"^model: returned NaN or inf logits\. The model runs in float64 and tokens "
+                                             r"are masked out.*Pass the model in float32 \(model\.float\(\)\), or "
+                                             r"masking='mask_token'"):
+        perturbation_curves(model, ids, mask, scores, special_tokens=special, target=1)
+    curves = perturbation_curves(_converted("Gemma2ForSequenceClassification"), ids, mask, scores.float(),
+                                 special_tokens=special, target=1)
+    assert torch.isfinite(curves.comprehensiveness).all() and torch.isfinite(curves.sufficiency).all()

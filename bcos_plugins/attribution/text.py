@@ -387,7 +387,8 @@ def logits_at_positions(outputs: Tensor, positions: Int[Tensor, " batch"], lengt
                            "position (all columns, or logits_to_keep's one per row).")
 
 
-def padded_float64_nan_cause(dtype: torch.dtype, attention_mask: Tensor | None, fix: str) -> str:
+def padded_float64_nan_cause(dtype: torch.dtype, attention_mask: Tensor | None, fix: str, *,
+                             masked: str = "the batch is padded") -> str:
     """The likely cause of a NaN output of a float64 model on a padded batch, as a sentence ending with ``fix`` (what
     the caller's user should do), or "" where it does not apply (another dtype, or no padding). Built on a failure
     only (it reads the mask).
@@ -395,10 +396,11 @@ def padded_float64_nan_cause(dtype: torch.dtype, attention_mask: Tensor | None, 
     transformers' eager attention (Gemma 2's default: its scores are soft-capped) computes the softmax in float32, where
     the float64 mask value ``finfo(float64).min`` is -inf: a query whose keys are all masked (a padding position of a
     left-padded row, or one beyond a sliding window on a right-padded row) gets NaN, and the next layer spreads it to
-    every token of the row (a zero attention weight times NaN is NaN). In float32 the same row is finite."""
+    every token of the row (a zero attention weight times NaN is NaN). In float32 the same row is finite. ``masked``
+    says how the caller's mask holds zeros (``perturbation_curves`` removes tokens through it)."""
     if dtype != torch.float64 or attention_mask is None or not bool((attention_mask == 0).any()):
         return ""
-    return ("The model runs in float64 and the batch is padded: attention that computes its softmax in float32 "
+    return (f"The model runs in float64 and {masked}: attention that computes its softmax in float32 "
             "(transformers' eager attention, Gemma 2's default) turns the float64 mask value into -inf, so a padding "
             "position whose keys are all masked (left padding, or right padding beyond a sliding window) gets NaN, "
             f"which the next layer spreads to the real tokens. {fix}")

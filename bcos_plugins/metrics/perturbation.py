@@ -50,7 +50,12 @@ from .._checks import (
     require_tensor,
     require_token_batch,
 )
-from ..attribution.text import explained_positions, registry_spec, rows_as_alone_call
+from ..attribution.text import (
+    explained_positions,
+    padded_float64_nan_cause,
+    registry_spec,
+    rows_as_alone_call,
+)
 from ..convert.architectures import vocabulary_size
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
@@ -192,7 +197,12 @@ def _probabilities(model: Callable, call: dict, probability: str) -> Tensor:
         raise argument_error("model", f"must return class logits (batch, classes), got "
                              f"{tuple(getattr(logits, 'shape', ()))}", "Pass a sequence classifier")
     if not torch.isfinite(logits).all():
-        raise argument_error("model", "returned NaN or inf logits", "Check the model and its inputs")
+        # a float64 Gemma 2 gives NaN where the perturbation's mask leaves a query only masked keys: name that cause
+        cause = padded_float64_nan_cause(logits.dtype, call.get("attention_mask"), "", masked="tokens are masked out "
+                                         "(padding, or the perturbation's removals through the attention mask)")
+        raise argument_error("model", "returned NaN or inf logits" + (f". {cause.strip().rstrip('.')}" if cause else ""),
+                             "Pass the model in float32 (model.float()), or masking='mask_token' with unpadded rows"
+                             if cause else "Check the model and its inputs")
     logits = logits.to(at_least_float32(logits.dtype))  # a float64 model's stay float64
     return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
 
