@@ -73,7 +73,13 @@ from bcos_plugins.attribution import (
     resolve_positions,
     text_attribution_point,
 )
-from bcos_plugins.attribution.text import check_token_inputs, explained_positions, rows_as_alone_call
+from bcos_plugins.attribution.gradient import non_finite_step, refuse_non_finite_step
+from bcos_plugins.attribution.text import (
+    check_token_inputs,
+    explained_positions,
+    padded_float64_nan_cause,
+    rows_as_alone_call,
+)
 from bcos_plugins.convert.architectures import spec_for, uncompiled
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import recording_forward_autocast
@@ -533,7 +539,9 @@ class BcosAttribution(GradientAttribution):
             return _one_value_per_example(out, batch, name), leaves
 
         with _explaining(name, self.model):
-            step = input_x_gradient(compute)
+            step = input_x_gradient(compute, defer_finite_check=True)
+        if non_finite_step(step):  # refused as input_x_gradient refuses it, naming a padded float64 batch's cause
+            refuse_non_finite_step(step, _padded_float64_cause(step.contributions[0].dtype, extra))
         warn_if_incomplete(step.contributions, step.explained, forward_autocast, who=name,
                            missing_share=_MISSING_FROM_INPUTS)
         formatted = CaptumInternals.output_as(is_tuple, step.contributions)
@@ -668,6 +676,7 @@ class LayerBcos(LayerGradientXActivation):
         per_layer = [a if isinstance(a, tuple) else (a,) for a in per_layer]
         explained = CaptumInternals.select_targets(outputs[-1], target).detach()
         explained = explained.reshape(explained.shape[0], -1).sum(-1) if explained.ndim > 1 else explained
+        _refuse_non_finite_layer_attributions(type(self).__name__, per_layer, explained, additional_forward_args)
         # only an explanation (multiply_by_inputs) of the function given here sums to its output: the layer
         # gradient does not, nor does LLMGradientAttribution's replacement forward_func (a log-probability,
         # which log-softmax makes non-linear in the layer), so those are not checked
@@ -679,6 +688,35 @@ class LayerBcos(LayerGradientXActivation):
             return attributions
         deltas = [_delta(a, explained) for a in per_layer]
         return attributions, (deltas if isinstance(attributions, list) else deltas[0])
+
+
+def _padded_float64_cause(dtype: torch.dtype, forward_args) -> str:
+    """:func:`~bcos_plugins.attribution.text.padded_float64_nan_cause` for a Captum call, whose attention mask is the
+    first additional forward argument where it is a ``(batch, pos)`` tensor (``LayerBcos(model)``'s and
+    ``EmbeddingForward``'s ``(attention_mask, position)``)."""
+    args = CaptumInternals.forward_args(forward_args) or ()
+    mask = args[0] if args and isinstance(args[0], Tensor) and args[0].ndim == 2 else None
+    return padded_float64_nan_cause(dtype, mask, "Attribute in float32 (model.float()), or the padded rows one at a "
+                                                 "time without padding.")
+
+
+def _refuse_non_finite_layer_attributions(who: str, per_layer: list[tuple[Tensor, ...]], explained: Tensor,
+                                          forward_args) -> None:
+    """Refuse NaN or infinite attributions or outputs of ``LayerBcos``, as ``BcosAttribution`` and ``explain`` refuse
+    them: Captum's layer method returned them (a padded float64 Gemma 2's NaN) without a word, the completeness
+    warning's comparison being false for NaN."""
+    tensors = [explained, *(t for layer in per_layer for t in layer)]
+    if bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):
+        return
+    rows = ~torch.isfinite(explained) if explained.ndim else None
+    for t in tensors[1:]:
+        bad = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(1)
+        rows = bad if rows is None or rows.shape != bad.shape else rows | bad
+    cause = _padded_float64_cause(tensors[1].dtype, forward_args)
+    raise BcosValueError(f"{who}: the attributions or the explained output are NaN or infinite for "
+                         f"{bad_rows(rows)}, so there is nothing finite to explain. " + (cause or "An input or an "
+                         "embedding row of NaN, inf or a huge value overflows inside the model: check those rows' "
+                         "inputs, the embedding rows of their tokens and the weights."))
 
 
 def _missing_beside_layer(layer: nn.Module, to_input: bool) -> str:

@@ -13,8 +13,9 @@ from ._checks import (
     require_texts,
     rows_named_as,
 )
-from .attribution.text import registry_spec, rows_as_alone_call
+from .attribution.text import padded_float64_nan_cause, registry_spec, rows_as_alone_call
 from .encoded_texts import truncation_length
+from .errors import BcosValueError
 from .nn.dynamic import evaluating
 
 __all__ = ["accuracy", "predict"]
@@ -52,9 +53,26 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
             with rows_named_as(rows):  # refusals name the caller's rows, not the length-sorted batch's
                 call = rows_as_alone_call(model, enc["input_ids"], enc.get("attention_mask"), tokenizer_outputs=enc,
                                           spec=spec)
-            out.append(model(**call).logits.float().cpu())
+            chunk = model(**call).logits.float().cpu()
+            _refuse_nan_logits(chunk, rows, model, call.get("attention_mask"))
+            out.append(chunk)
     logits = torch.cat(out)
     return logits[torch.argsort(torch.tensor(order))]
+
+
+def _refuse_nan_logits(logits: Tensor, rows: list[int], model: nn.Module, attention_mask: Tensor | None) -> None:
+    """Refuse a batch whose logits are NaN, naming the texts (``rows``: their indices in the caller's list) and the
+    float64 + padding cause where it applies: ``accuracy`` read a NaN row's arg-max as class 0 without a word."""
+    nan = logits.isnan().any(-1)
+    if not bool(nan.any()):
+        return
+    texts = [rows[int(i)] for i in nan.nonzero().flatten()]
+    dtype = next(model.parameters()).dtype
+    cause = padded_float64_nan_cause(dtype, attention_mask, "Predict in float32 (model.float()), or with "
+                                     "batch_size=1 (no padding).")
+    raise BcosValueError(f"predict: the model's logits are NaN for texts {texts[:8]}{', ...' if len(texts) > 8 else ''}"
+                         ". " + (cause or "Check those texts and the model's weights (an input or weight of NaN, inf "
+                                 "or a huge value overflows inside the model)."))
 
 
 def accuracy(model: nn.Module, tokenizer, texts: list[str], labels: list[int], **kwargs) -> float:

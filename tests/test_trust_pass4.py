@@ -284,3 +284,48 @@ def test_perturbation_curves_of_a_float64_gemma2_name_the_cause_of_its_nan_logit
     curves = perturbation_curves(_converted("Gemma2ForSequenceClassification"), ids, mask, scores.float(),
                                  special_tokens=special, target=1)
     assert torch.isfinite(curves.comprehensiveness).all() and torch.isfinite(curves.sufficiency).all()
+
+
+# ------------------------------------------------------------------ NaN of a padded float64 Gemma 2 on the other paths
+
+
+def test_layer_bcos_refuses_nan_attributions_naming_the_float64_padding_cause():
+    """LayerBcos (Captum's layer method underneath) returned a padded float64 Gemma 2's NaN attributions without a
+    word: its completeness warning compares a NaN gap, which is never above the tolerance. It now refuses them, as
+    BcosAttribution and explain do, naming the rows, the cause and the fixes; BcosAttribution through EmbeddingForward
+    names the same cause (it gave the generic "check the inputs and the embedding rows")."""
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward, LayerBcos
+
+    model = copy.deepcopy(_converted("Gemma2ForCausalLM")).double()
+    ids, mask = _mixed_padding([7, 3, 5], 7, ["right", "left", "right"])
+    fixes = r"The model runs in float64 and the batch is padded.*Attribute in float32 \(model\.float\(\)\)"
+    with pytest.raises(BcosValueError, match=r"^LayerBcos: the attributions or the explained output are NaN or infinite "
+                                             r"for row \[1\].*" + fixes):
+        LayerBcos(model).attribute(ids, target=1, additional_forward_args=(mask,))
+    forward = EmbeddingForward(model)
+    with pytest.raises(BcosValueError, match=r"^model: its output is NaN or infinite for row\(s\) \[1\].*" + fixes):
+        BcosAttribution(forward, model=model).attribute(forward.embed(ids, mask), target=1,
+                                                        additional_forward_args=(mask,))
+    attributions = LayerBcos(model).attribute(ids[:1], target=1, additional_forward_args=(mask[:1],))  # unpadded
+    assert torch.isfinite(attributions).all()
+
+
+def test_predict_refuses_nan_logits_naming_the_texts_and_the_cause():
+    """predict returned a padded float64 Gemma 2 classifier's NaN logits, and accuracy read a NaN row's arg-max as
+    class 0 without a word. predict now refuses them, naming the texts (their indices in the caller's list), the
+    float64 + padding cause and the fixes; the fix it names (batch_size=1) gives each text's logits alone."""
+    from test_conformance import _word_tokenizer
+
+    from bcos_plugins.prediction import accuracy, predict
+
+    model = copy.deepcopy(_converted("Gemma2ForSequenceClassification")).double()
+    texts = ["w5 w9 w11 w4 w8 w6 w7 w10 w12", "w7 w3"]
+    with pytest.raises(BcosValueError, match=r"^predict: the model's logits are NaN for texts \[1\]\. The model runs in "
+                                             r"float64 and the batch is padded.*batch_size=1"):
+        predict(model, _word_tokenizer(), texts)
+    with pytest.raises(BcosValueError, match=r"^predict: the model's logits are NaN for texts \[1\]"):
+        accuracy(model, _word_tokenizer(), texts, [0, 0])
+    one_by_one = predict(model, _word_tokenizer(), texts, batch_size=1)
+    assert torch.isfinite(one_by_one).all()
+    float32 = predict(_converted("Gemma2ForSequenceClassification"), _word_tokenizer(), texts)
+    torch.testing.assert_close(one_by_one, float32, rtol=1e-5, atol=1e-6)
