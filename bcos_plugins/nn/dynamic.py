@@ -231,13 +231,10 @@ def _dynamic_modules_and_training(
     module's dotted name and a generator per level, 2.5x this walk's time (33 vs 13 us on a 2-layer Qwen2).
     """
     dynamic: list[DynamicWeightModule] = []
-    flags: list[tuple[nn.Module, bool]] = []
-    any_training = False
+    modules = [model]
     seen = {model}
-    stack = [model]
-    while stack:
-        m = stack.pop()
-        flags.append((m, m.training))
+    any_training = False
+    for m in modules:  # the list grows while it is read: each module once, model first
         if m.training:
             any_training = True
         if isinstance(m, DynamicWeightModule):
@@ -245,6 +242,7 @@ def _dynamic_modules_and_training(
         for child in m._modules.values():
             if child is not None and child not in seen:
                 seen.add(child)
-                stack.append(child)
-    return dynamic, (flags if any_training else None)
+                modules.append(child)
+    # the flags are paired with their modules only where something is switched (after the first call, never)
+    return dynamic, ([(m, m.training) for m in modules] if any_training else None)
 
