@@ -98,6 +98,7 @@ from torch import Tensor, nn
 
 from bcos_plugins._checks import refuse_renamed_keywords, require_int, require_row_ids
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions, text_attribution_point
+from bcos_plugins.attribution.text import rows_as_alone_call
 from bcos_plugins.convert.architectures import (
     ArchitectureSpec,
     spec_for,
@@ -628,9 +629,13 @@ class BcosClassifier:
         if not texts or not all(isinstance(t, str) and t for t in texts):
             raise argument_error("texts", "attribute needs one or more non-empty strings", "Pass a text or a list of texts")
         classes = self._classes(target)
-        sequences = []
+        # 0 failed inside range() ("arg 3 must not be zero"), a negative size with an IndexError on an empty output
+        batch_size = require_int("batch_size", batch_size, minimum=1)
+        sequences, predicted = [], []
         for start in range(0, len(texts), batch_size):
-            sequences += self._attribute_batch(texts[start:start + batch_size], classes)
+            batch_sequences, batch_predicted = self._attribute_batch(texts[start:start + batch_size], classes)
+            sequences += batch_sequences
+            predicted += batch_predicted
         info = {
             "attribution_method": METHOD_NAME,
             "attributed_fn": "logit",
@@ -638,13 +643,17 @@ class BcosClassifier:
             "attr_pos_end": len(classes),
             "step_scores": sorted(sequences[0].step_scores),
             "input_texts": texts,
-            "generated_texts": [self.label_names[int(s.step_scores["logit"].argmax())] for s in sequences],
+            # the model's predicted class over every class: an argmax over the attributed columns named a column, not a
+            # class (target=[2, 0] labelled a class-2 prediction with the name of class 0), and a subset's best class
+            # need not be the prediction
+            "generated_texts": [self.label_names[c] for c in predicted],
             "target_classes": classes,
             **self.info,
         }
         return FeatureAttributionOutput(sequence_attributions=sequences, step_attributions=None, info=info)
 
-    def _attribute_batch(self, texts: list[str], classes: list[int]) -> list[BcosSequenceAttribution]:
+    def _attribute_batch(self, texts: list[str], classes: list[int]) -> tuple[list[BcosSequenceAttribution], list[int]]:
+        """The texts' sequences and the class each text is predicted (over every class, not only ``classes``)."""
         device = next(self.model.parameters()).device
         if len(texts) > 1 and self.tokenizer.pad_token is None:
             raise BcosValueError("tokenizer: it has no pad token to batch texts with; set one (e.g. tokenizer.pad_token = "
@@ -658,7 +667,11 @@ class BcosClassifier:
         contributions = torch.stack([e.input_contributions for e in per_class], dim=2).cpu()
         logits = torch.stack([e.explained for e in per_class], dim=1).cpu()
         deltas = torch.stack([e.delta for e in per_class], dim=1).cpu()
-        all_classes = len(classes) == len(self.label_names)
+        # every class's logit, for the prediction and the probabilities: softmax over the attributed columns was wrong
+        # for a repeated class (target=[1, 1, 0] of 3 classes counted class 1 twice and left class 2 out)
+        with torch.no_grad():
+            every_logit = self.model(**rows_as_alone_call(self.model, ids, mask, extra, spec=self.spec)).logits.cpu()
+        all_classes = set(classes) == set(range(len(self.label_names)))
         sequences = []
         for row in range(len(texts)):
             keep = mask[row].bool().cpu()
@@ -666,7 +679,7 @@ class BcosClassifier:
             tokens = self.tokenizer.convert_ids_to_tokens(row_ids)
             scores = {"logit": logits[row], "deltas": deltas[row]}
             if all_classes:
-                scores["probability"] = logits[row].softmax(-1)
+                scores["probability"] = every_logit[row].double().softmax(-1)[classes].to(logits.dtype)
             sequences.append(BcosSequenceAttribution(
                 source=[TokenWithId(t, i) for t, i in zip(tokens, row_ids, strict=True)],
                 target=[TokenWithId(self.label_names[c], c) for c in classes],
@@ -676,7 +689,7 @@ class BcosClassifier:
                 attr_pos_start=0,
                 attr_pos_end=len(classes),
             ))
-        return sequences
+        return sequences, every_logit.argmax(-1).tolist()
 
 
 def load_classifier(model: nn.Module, tokenizer, label_names: Sequence[str] | None = None,

@@ -234,9 +234,17 @@ class BilinearSAEInteractions:
     def _input_coordinates(self, x: Tensor) -> Tensor:
         return augment_input(x) if self.augmented else x
 
+    def _one_encoder(self, output_feature) -> Float[Tensor, " d_out"]:
+        """The encoder direction of exactly one output feature: the single-feature methods read row 0, so a list of
+        features silently gave the first feature's answer alone."""
+        if torch.as_tensor(output_feature).numel() > 1:
+            raise BcosValueError(f"output_feature: one feature id, got {output_feature!r}. Call once per feature (or use "
+                                 "spectrum(features) / low_rank_approximation(x, features, rank) for several)")
+        return self._encoder(output_feature)[0]
+
     def interaction_matrix(self, output_feature: int) -> Float[Tensor, "d_in d_in"]:
         """``Q(e)`` of the output feature in the layer's input coordinates (augmented if the layer has biases)."""
-        return interaction_matrix(self._analysed, self._encoder(output_feature)[0])
+        return interaction_matrix(self._analysed, self._one_encoder(output_feature))
 
     def feature_interactions(self, output_feature: int, input_features=None) -> Float[Tensor, "n_in n_in"]:
         """``D Q(e) D^T``: the interaction of every pair of input-SAE features (or of ``input_features``)."""

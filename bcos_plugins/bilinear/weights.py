@@ -55,6 +55,13 @@ class BilinearWeights:
             raise argument_error(
                 "P", f"P {tuple(self.P.shape)} must be (d_out, d_hidden) with d_hidden={self.W.shape[0]} (rows of W)",
                 "If you passed TransformerLens-layout matrices (d_in, d_hidden), transpose them")
+        tensors = {n: getattr(self, n) for n in ("W", "V", "P", "w_bias", "v_bias", "hidden_bias", "out_bias")
+                   if getattr(self, n) is not None}
+        kinds = {(t.dtype, t.device) for t in tensors.values()}
+        if len(kinds) > 1:  # torch refused it deep inside a matrix product ("expected m1 and m2 to have the same dtype")
+            found = ", ".join(f"{n}: {t.dtype} on {t.device}" for n, t in tensors.items())
+            raise argument_error("source", f"the bilinear weights mix dtypes or devices ({found})",
+                                 "Cast them to one dtype and device first, e.g. (W.float(), V.float(), P.float())")
         sizes = {"w_bias": self.d_hidden, "v_bias": self.d_hidden, "hidden_bias": self.d_hidden,
                  "out_bias": self.d_out}
         for name, size in sizes.items():

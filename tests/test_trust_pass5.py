@@ -1,0 +1,137 @@
+"""Fifth trust pass: the host adapters (Captum, inseq, sae-lens), the vision tools and the bilinear tools under
+unusual inputs, each checked against a number computed another way (the model's own logits, a float64 copy, a
+brute-force reference) or against a refusal that names the argument, the problem and the fix."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import tiny_model
+from test_captum_adapter import _word_tokenizer
+
+from bcos_plugins import bcosify
+from bcos_plugins.errors import BcosError
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+# ------------------------------------------------------------------ inseq: load_classifier's labels and probabilities
+
+
+@pytest.fixture(scope="module")
+def bcos_bert_classifier():
+    model = tiny_model("BertForSequenceClassification")
+    return bcosify(model, b=1.5, verbose=False)
+
+
+TEXTS = ["w5 w7 w9 w11 w12", "w3", "w8 w9"]
+
+
+def _own_logits(model, tokenizer) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.stack([model(**tokenizer([t], return_tensors="pt")).logits[0] for t in TEXTS])
+
+
+@pytest.mark.parametrize("target", [[2, 0], [2, 1, 0], [1]])
+def test_classifier_generated_texts_name_the_models_prediction_whatever_the_target(bcos_bert_classifier, target):
+    """``info["generated_texts"]`` took the argmax over the *attributed columns* and read it as a class id: with
+    target=[2, 0] a text predicted as class 2 got the name of class 0, and a subset's best column is not the
+    prediction either. It is now the model's own argmax over every class."""
+    from bcos_plugins.adapters.inseq import load_classifier
+
+    tokenizer = _word_tokenizer()
+    names = ["neg", "neutral", "pos"]
+    logits = _own_logits(bcos_bert_classifier, tokenizer)
+    assert len(set(logits.argmax(-1).tolist())) == 3  # the three texts are predicted as three different classes
+    out = load_classifier(bcos_bert_classifier, tokenizer, label_names=names).attribute(TEXTS, target=target)
+    assert out.info["generated_texts"] == [names[c] for c in logits.argmax(-1).tolist()]
+    for seq, row in zip(out.sequence_attributions, logits, strict=True):  # the attributions themselves were right
+        torch.testing.assert_close(seq.source_attributions.sum(dim=(0, 2)), row[target], rtol=1e-5, atol=1e-6)
+
+
+def test_classifier_probabilities_come_from_every_class_logit(bcos_bert_classifier):
+    """With a repeated class among the targets (target=[1, 1, 0] of 3 classes: as many columns as classes) the
+    ``probability`` step score was a softmax over the attributed columns, counting class 1 twice and leaving class 2
+    out. Probabilities now come from all of the model's logits, given when every class is attributed, in the
+    attributed order."""
+    from bcos_plugins.adapters.inseq import load_classifier
+
+    tokenizer = _word_tokenizer()
+    logits = _own_logits(bcos_bert_classifier, tokenizer)
+    classifier = load_classifier(bcos_bert_classifier, tokenizer)
+    repeated = classifier.attribute(TEXTS, target=[1, 1, 0])
+    assert all("probability" not in seq.step_scores for seq in repeated.sequence_attributions)  # class 2 missing
+    reordered = classifier.attribute(TEXTS, target=[2, 1, 0, 2])
+    for seq, row in zip(reordered.sequence_attributions, logits, strict=True):
+        torch.testing.assert_close(seq.step_scores["probability"], row.softmax(-1)[[2, 1, 0, 2]], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 1.5])
+def test_classifier_batch_size_is_validated(bcos_bert_classifier, batch_size):
+    """batch_size=0 failed inside range() ("arg 3 must not be zero"), a negative one with an IndexError."""
+    from bcos_plugins.adapters.inseq import load_classifier
+
+    classifier = load_classifier(bcos_bert_classifier, _word_tokenizer())
+    with pytest.raises(BcosError, match="batch_size"):
+        classifier.attribute(TEXTS, batch_size=batch_size)
+
+
+# ------------------------------------------------------------------ bilinear tools
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_eigendecompose_of_a_half_precision_layer_is_exact_to_float32(dtype):
+    """eigendecompose / interaction_spectra returned float32 eigenvalues of a Q computed in half precision (3
+    significant digits: 0.25% of the largest eigenvalue off on this layer). Q is now computed from the weights widened
+    to float32 (exact), so the eigenvalues match a float64 copy of the same weights to float32 rounding."""
+    from bcos_plugins.bilinear import BilinearMLP, eigendecompose, interaction_spectra
+
+    torch.manual_seed(0)
+    layer = BilinearMLP(7, 13, 5).to(dtype)  # d_hidden a prime, not a multiple of anything
+    reference = BilinearMLP(7, 13, 5).double()
+    reference.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
+    u = torch.randn(3, 5).to(dtype)
+    expected = eigendecompose(reference, u.double()).eigenvalues
+    scale = expected.abs().max().item()
+    for eigenvalues in (eigendecompose(layer, u).eigenvalues, interaction_spectra(layer, u)):
+        assert eigenvalues.dtype == torch.float32
+        assert (eigenvalues.double() - expected).abs().max().item() < 1e-5 * scale
+    x = torch.randn(11, 7, dtype=torch.float64)  # and they still decompose the layer's own quadratic form
+    from bcos_plugins.bilinear import eigenvector_activations
+
+    activations = eigenvector_activations(eigendecompose(layer, u), x.float()).sum(-1).double()
+    torch.testing.assert_close(activations, reference(x) @ u.double().T, rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_bilinear_weights_of_mixed_dtypes_are_refused_naming_them():
+    """(W float64, V float32, P float32) failed inside a matrix product ("expected m1 and m2 to have the same
+    dtype") with no argument named."""
+    from bcos_plugins.bilinear import hosvd, interaction_matrix
+
+    W, V, P = torch.randn(3, 4).double(), torch.randn(3, 4), torch.randn(2, 3)
+    for call in (lambda: interaction_matrix((W, V, P), torch.randn(2)), lambda: hosvd((W, V, P))):
+        with pytest.raises(BcosError, match=r"source: .*mix dtypes.*W: torch.float64.*Cast them"):
+            call()
+
+
+# ------------------------------------------------------------------ sae-lens: one output feature means one
+
+
+@pytest.mark.parametrize("method", ["interaction_matrix", "feature_interactions", "top_interactions"])
+def test_single_feature_methods_refuse_several_features(method):
+    """BilinearSAEInteractions.interaction_matrix / feature_interactions / top_interactions read row 0 of the
+    encoder directions: given [4, 5] they silently answered for feature 4 alone."""
+    from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions
+    from test_sae_lens_adapter import topk_sae
+
+    from bcos_plugins.bilinear import BilinearMLP
+
+    torch.manual_seed(0)
+    analysis = BilinearSAEInteractions(BilinearMLP(7, 13, bias=True), topk_sae(7, 20), topk_sae(7, 20, seed=3))
+    call = getattr(analysis, method)
+    with pytest.raises(BcosError, match=r"output_feature: one feature id, got \[4, 5\]"):
+        call([4, 5])
+    one = call([4])  # one id in a list is still one feature
+    assert type(one) is type(call(4))
