@@ -17,6 +17,7 @@ from .attribution.text import padded_float64_nan_cause, registry_spec, rows_as_a
 from .encoded_texts import truncation_length
 from .errors import BcosValueError
 from .nn.dynamic import evaluating
+from .nn.functional import at_least_float32
 
 __all__ = ["accuracy", "predict"]
 
@@ -25,7 +26,7 @@ __all__ = ["accuracy", "predict"]
 def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[str] | None = None,
             batch_size: int = 64, max_length: int | None = None) -> Tensor:
     """Logits ``(n, classes)`` for a list of texts (with ``text_pairs``: sentence pairs), batched, in eval mode,
-    row ``i`` for text ``i``.
+    row ``i`` for text ``i``, on the CPU, in float32 (float64 for a float64 model).
 
     Texts are batched in order of length (each batch is padded to its longest text, so similar lengths waste
     less work) and the rows are put back in the input order. They are truncated to ``max_length`` tokens: by
@@ -53,7 +54,8 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
             with rows_named_as(rows):  # refusals name the caller's rows, not the length-sorted batch's
                 call = rows_as_alone_call(model, enc["input_ids"], enc.get("attention_mask"), tokenizer_outputs=enc,
                                           spec=spec)
-            chunk = model(**call).logits.float().cpu()
+            logits = model(**call).logits
+            chunk = logits.to(at_least_float32(logits.dtype)).cpu()  # (a float64 model's logits stay float64)
             _refuse_nan_logits(chunk, rows, model, call.get("attention_mask"))
             out.append(chunk)
     logits = torch.cat(out)

@@ -177,6 +177,29 @@ def test_predict_batches_by_length_and_returns_rows_in_input_order():
     assert accuracy(model, tok, texts, [1 - y for y in labels], batch_size=2, max_length=32) == 0.0
 
 
+@pytest.mark.parametrize("dtype, expected", [(torch.float64, torch.float64), (torch.bfloat16, torch.float32),
+                                             (torch.float32, torch.float32)])
+def test_predict_keeps_a_float64_models_logits_in_float64(dtype, expected):
+    """The package's rule (at_least_float32): a float64 model's logits were rounded to float32 (about 1e-7)."""
+    import transformers as T
+    from conftest import tiny_config
+
+    from bcos_plugins.train import predict
+
+    tok = pair_tokenizer()
+    texts = ["w1 " * 9, "w2", "w1 w2 " * 4]
+    torch.manual_seed(0)
+    model = T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval().to(dtype)
+    logits = predict(model, tok, texts, batch_size=2, max_length=32)
+    assert logits.dtype == expected
+    enc = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        direct = model(**enc).logits
+    # float64: 1e-12 fails a float32 rounding (about 1e-9 at these logits); the others to their model's rounding
+    tolerance = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(logits, direct.to(expected), rtol=tolerance, atol=tolerance)
+
+
 @pytest.mark.parametrize("class_name", ["GPT2ForSequenceClassification", "LlamaForSequenceClassification"])
 def test_predict_computes_a_decoder_classifiers_rows_as_alone_under_left_padding(class_name):
     """A left-padding tokenizer shifts a decoder's positions unless they count real tokens (as explain does):
