@@ -101,3 +101,42 @@ def test_the_capturing_hook_notes_the_autocast_dtype_at_every_call():
             embedding(ids)
     assert seen == [torch.bfloat16] and leaves == [probe]  # noted under autocast only; the first call captured
     assert torch.equal(plain, embedding(ids))
+
+
+def test_whether_a_forward_takes_position_ids_follows_the_forward_function():
+    from bcos_plugins.attribution.text import _forward_takes_position_ids
+
+    class WithIds(nn.Module):
+        def forward(self, input_ids, position_ids=None):
+            return input_ids
+
+    class Without(nn.Module):
+        def forward(self, input_ids):
+            return input_ids
+
+    model = WithIds()
+    assert _forward_takes_position_ids(model) and _forward_takes_position_ids(WithIds())  # asked again: remembered
+    assert not _forward_takes_position_ids(Without())
+    model.forward = Without().forward  # a forward replaced on the model: its own answer
+    assert not _forward_takes_position_ids(model)
+    model.forward = lambda input_ids, position_ids=None: input_ids
+    assert _forward_takes_position_ids(model)
+
+    def plain(input_ids):
+        return input_ids
+
+    swapped = WithIds()
+    swapped.forward = plain
+    assert not _forward_takes_position_ids(swapped)
+    plain.__code__ = (lambda input_ids, position_ids=None: input_ids).__code__  # the same function, another code
+    assert _forward_takes_position_ids(swapped)
+
+    class Callable:  # a callable forward without weak references is read every time
+        __slots__ = ()
+
+        def __call__(self, input_ids, position_ids=None):
+            return input_ids
+
+    odd = Without()
+    odd.forward = Callable()
+    assert _forward_takes_position_ids(odd) and _forward_takes_position_ids(odd)
