@@ -73,7 +73,10 @@ if tl is not None:
         offsets = rows[:, None] * stride_om + units[None, :] * stride_on
         tl.store(out_ptr + offsets, (lin * dyn).to(out_ptr.dtype.element_ty), mask=ok)
         if STORE_DYN:
-            tl.store(dyn_ptr + offsets, dyn.to(dyn_ptr.dtype.element_ty), mask=ok)
+            # dyn / max(||w||, eps): the explaining backward's factor on the raw weight, (grad * it) @ w, which needs no
+            # normalised copy of the weight
+            scale = dyn / tl.maximum(w_norm, NORM_EPS_)[None, :]
+            tl.store(dyn_ptr + offsets, scale.to(dyn_ptr.dtype.element_ty), mask=ok)
         if STORE_NORMS:
             # each row's norm once (the first column of programs), each unit's once (the first row of programs)
             tl.store(x_norm_ptr + rows, x_norm, mask=row_ok & (pid_n == 0))

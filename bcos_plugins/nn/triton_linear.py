@@ -20,7 +20,8 @@ Autograd, as :class:`~bcos_plugins.nn.BcosLinear` decides on the PyTorch path:
 
 - inference (nothing records): ``out`` alone;
 - explaining (``x`` requires a gradient, no parameter gradient is taken): :class:`_TritonExplainingLinear`, whose
-  backward is ``(grad * dyn) @ ŵ`` with the stored ``dyn``;
+  backward is ``(grad * dyn) @ ŵ``, computed as ``(grad * s) @ w`` with ``s = dyn / max(||w||, NORM_EPS)`` stored by
+  the kernel (two kernels, three under autocast: no normalised copy of the weight);
 - training: :class:`_TritonBcosLinear`, the training node :class:`~bcos_plugins.nn.functional.BcosLinearNode` with
   only its forward replaced: it saves the same tensors in the same fields, so the backward is that node's.
 
@@ -49,7 +50,6 @@ from .functional import (
     COS_FLOOR,
     NORM_EPS,
     BcosLinearNode,
-    cached_unit_norm,
     clear_unit_norm_cache,
     scale_recoverable,
     using_reference_path,
@@ -158,7 +158,8 @@ def _tl_dtype(dtype: torch.dtype):
 def _launch(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor: bool, store_dyn: bool,
             store_norms: bool) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
     """Run the kernel on the rows ``x2`` ``(M, K)`` and the unit weights ``view`` ``(N, K)`` (any strides): ``out``,
-    then ``dyn`` (``out_dtype``), ``x_norm`` ``(M,)`` and ``||w||`` ``(N,)`` (float32), each ``None`` unless asked."""
+    then ``dyn / max(||w||, NORM_EPS)`` (``out_dtype``), ``x_norm`` ``(M,)`` and ``||w||`` ``(N,)`` (float32), each
+    ``None`` unless asked."""
     m, k = x2.shape
     n = view.shape[0]
     device = x2.device
@@ -192,32 +193,31 @@ def _launch(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor
 
 class _TritonExplainingLinear(torch.autograd.Function):
     """Explaining (``dyn`` a constant, no parameter gradient): the kernel's ``out``; backward ``(grad * dyn) @ ŵ``,
-    the gradient of the PyTorch path's recorded ``F.linear(x, ŵ) * dyn``, in the output's dtype (autocast's), then
-    in ``x``'s. Plain tensor code in the backward (differentiable again; batched gradients). Written as
+    the gradient of the PyTorch path's recorded ``F.linear(x, ŵ) * dyn``, as ``(grad * s) @ w`` with the kernel's
+    ``s = dyn / max(||w||, NORM_EPS)`` (the normalisation moved from the weight onto the units' factor: equal to
+    rounding), in the output's dtype (autocast's), then in ``x``'s. Plain tensor code in the backward (differentiable again; batched gradients). Written as
     ``forward(ctx, ...)`` without ``setup_context`` (see functional's ``_BcosProduct``)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, b: float, units_are_columns: bool) -> Tensor:
         view = weight.T if units_are_columns else weight
         x2 = x.reshape(-1, x.shape[-1])
-        out, dyn, _, _ = _launch(x2, view, b, _output_dtype(x, weight), floor=True, store_dyn=True,
-                                 store_norms=False)
+        out, scale, _, _ = _launch(x2, view, b, _output_dtype(x, weight), floor=True, store_dyn=True,
+                                   store_norms=False)
         ctx.units_are_columns = units_are_columns
         ctx.x_dtype = x.dtype
-        ctx.save_for_backward(weight, dyn)
+        ctx.save_for_backward(weight, scale)
         return out.view(*x.shape[:-1], out.shape[-1])
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        weight, dyn = ctx.saved_tensors
+        weight, scale = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            matmul_dtype = dyn.dtype
-            # ŵ as the PyTorch path's forward had it (the weight cache's copy inside reuse_unit_weights): divided in
-            # float32, rounded once to the matrix product's dtype
-            unit = cached_unit_norm(weight, dim=1, transposed=ctx.units_are_columns, autocast=True)
-            grad_lin = grad_out.to(matmul_dtype) * dyn.view(grad_out.shape)
-            grad_x = (grad_lin @ unit.to(matmul_dtype)).to(ctx.x_dtype)
+            matmul_dtype = scale.dtype
+            grad_lin = grad_out.to(matmul_dtype) * scale.view(grad_out.shape)
+            view = weight.T if ctx.units_are_columns else weight  # (units, d_in)
+            grad_x = (grad_lin @ view.to(matmul_dtype)).to(ctx.x_dtype)
         return grad_x, None, None, None
 
 
