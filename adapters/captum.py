@@ -197,6 +197,15 @@ def _check_target(target: TargetType, output) -> None:
     if target is None or not isinstance(output, Tensor) or output.ndim < 2:
         return
     shape = tuple(output.shape)
+    # Captum's own refusals of these are bare AssertionErrors ("Tensor target dimension torch.Size([3, 1]) is not
+    # valid", "Target list length does not match output!") that name neither the argument nor the fix
+    if isinstance(target, Tensor) and target.numel() != 1 and (target.ndim != 1 or target.numel() != shape[0]):
+        raise argument_error("target", f"a tensor of targets holds one class per example, shape ({shape[0]},) for "
+                             f"these {shape[0]} examples; got shape {tuple(target.shape)}",
+                             "Pass target.reshape(-1) for a (batch, 1) tensor, one id per example, or an int for all")
+    if isinstance(target, list) and len(target) != shape[0]:
+        raise argument_error("target", f"a list of targets holds one per example; got {len(target)} for "
+                             f"{shape[0]} examples", "Pass one target per example, or an int for every example")
     if isinstance(target, Tensor):
         if target.is_floating_point() or target.dtype == torch.bool:
             raise argument_error("target", f"class indices must be integers, got a {target.dtype} tensor",
@@ -229,6 +238,26 @@ _MISSING_FROM_INPUTS = (
     "GPT-2). Attribute at the combined embedding: fwd = EmbeddingForward(model); "
     "BcosAttribution(fwd).attribute(fwd.embed(input_ids, attention_mask), target=..., "
     "additional_forward_args=(attention_mask,)); otherwise pass every input the output depends on")
+
+
+# keywords of other Captum methods that users carry over (IntegratedGradients, DeepLift, ...): refused with the reason,
+# where Python's "unexpected keyword argument" says neither why nor what to do instead
+_OTHER_METHODS_KEYWORDS = {
+    "baselines": ("a B-cos explanation W(x)x needs no baseline: it is complete at the input itself (a bias-free B-cos "
+                  "network maps 0 to 0, so the reference is zero)", "Leave baselines out; for attributions relative to "
+                  "another reference input use captum.attr.IntegratedGradients on the same forward_func"),
+    "internal_batch_size": ("the explanation is one forward and one backward pass of the inputs as given, with no "
+                            "integration steps to batch", "Leave it out; to bound memory pass fewer examples per call"),
+    "n_steps": ("the explanation is exact in one pass, with no integration steps", "Leave it out"),
+    "method": ("the explanation is exact in one pass, with no integration rule", "Leave it out"),
+}
+
+
+def _refuse_other_methods_keywords(who: str, given: dict) -> None:
+    for name in given:
+        if name in _OTHER_METHODS_KEYWORDS:
+            problem, fix = _OTHER_METHODS_KEYWORDS[name]
+            raise argument_error(name, f"{who}.attribute takes no {name}: {problem}", fix, kind=BcosTypeError)
 
 
 def _one_value_per_example(out: Tensor, batch: int, who: str) -> Float[Tensor, " batch"]:
@@ -496,6 +525,7 @@ class BcosAttribution(GradientAttribution):
         target: TargetType = None,
         additional_forward_args: Any = None,
         return_convergence_delta: bool = False,
+        **other_methods_keywords: Any,
     ) -> Tensor | tuple[Tensor, ...] | tuple[Tensor | tuple[Tensor, ...], Tensor]:
         """Attributions ``x * d out[target] / d x`` in explanation mode, shaped like ``inputs``.
 
@@ -507,6 +537,11 @@ class BcosAttribution(GradientAttribution):
                 (the core's ``Explanation.delta``; ~1e-6 of the logit for B-cos models; the same as Captum's
                 IG delta with a zero baseline, since a bias-free B-cos network maps 0 to 0).
         """
+        _refuse_other_methods_keywords(type(self).__name__, other_methods_keywords)
+        if other_methods_keywords:
+            raise argument_error(next(iter(other_methods_keywords)), f"is not an argument of "
+                                 f"{type(self).__name__}.attribute", "Pass inputs, target, additional_forward_args "
+                                 "and return_convergence_delta only", kind=BcosTypeError)
         is_tuple = CaptumInternals.is_tuple(inputs)
         inputs_t = CaptumInternals.as_tuple(inputs)
         for i, x in enumerate(inputs_t):
@@ -632,6 +667,7 @@ class LayerBcos(LayerGradientXActivation):
         (the core's ``Explanation.delta``; one per layer, as a list, for a list of layers). It is ~0 wherever
         the layer cuts every path from the input to the output (e.g. the combined embedding of a B-cos model).
         """
+        _refuse_other_methods_keywords(type(self).__name__, kwargs)
         to_input = self._to_layer_input if attribute_to_layer_input is None else attribute_to_layer_input
         saved_forward = self.forward_func
         inner = self._logits_forward if self._model_forward is not None and saved_forward is self._model_forward \

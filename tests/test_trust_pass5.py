@@ -135,3 +135,64 @@ def test_single_feature_methods_refuse_several_features(method):
         call([4, 5])
     one = call([4])  # one id in a list is still one feature
     assert type(one) is type(call(4))
+
+
+# ------------------------------------------------------------------ Captum: targets and other methods' keywords
+
+
+def _bert_at_embeddings(model):
+    from bcos_plugins.adapters.captum import EmbeddingForward
+    from conftest import padded_batch
+
+    ids, mask = padded_batch()
+    forward = EmbeddingForward(model)
+    return ids, mask, forward, forward.embed(ids, mask)
+
+
+@pytest.mark.parametrize("target", [torch.tensor([[0], [2], [1]]), torch.tensor([0, 2]), [0, 2], [0, 2, 1, 1]])
+def test_captum_targets_of_another_length_are_refused_naming_target(bcos_bert_classifier, target):
+    """A (batch, 1) tensor or a list / tensor with another number of targets than examples reached Captum's bare
+    AssertionError ("Tensor target dimension torch.Size([3, 1]) is not valid", "Target list length does not match
+    output!"), naming neither the argument nor the fix; both B-cos methods now refuse them before Captum."""
+    from bcos_plugins.adapters.captum import BcosAttribution, LayerBcos
+
+    ids, mask, forward, embeddings = _bert_at_embeddings(bcos_bert_classifier)
+    with pytest.raises(BcosError, match=r"target: a (tensor|list) of targets holds one .*per example.*Pass"):
+        BcosAttribution(forward).attribute(embeddings, target=target, additional_forward_args=(mask,))
+    with pytest.raises(BcosError, match=r"target: a (tensor|list) of targets holds one .*per example.*Pass"):
+        LayerBcos(bcos_bert_classifier).attribute(ids, target=target, additional_forward_args=(mask,))
+
+
+def test_captum_targets_of_the_right_forms_still_work(bcos_bert_classifier):
+    """The forms Captum takes (an int, a 0-d tensor, one per example as a list or a 1-d tensor, a one-element tensor
+    for every example) give the same attributions as explain."""
+    from bcos_plugins.adapters.captum import BcosAttribution
+
+    from bcos_plugins import explain
+
+    ids, mask, forward, embeddings = _bert_at_embeddings(bcos_bert_classifier)
+    per_row = explain(bcos_bert_classifier, ids, mask, target=torch.tensor([0, 2, 1])).input_contributions
+    for target in ([0, 2, 1], torch.tensor([0, 2, 1]), [(0,), (2,), (1,)]):
+        attributions = BcosAttribution(forward).attribute(embeddings, target=target, additional_forward_args=(mask,))
+        torch.testing.assert_close(attributions, per_row, rtol=1e-5, atol=1e-7)
+    every = explain(bcos_bert_classifier, ids, mask, target=2).input_contributions
+    for target in (2, torch.tensor(2), torch.tensor([2])):
+        attributions = BcosAttribution(forward).attribute(embeddings, target=target, additional_forward_args=(mask,))
+        torch.testing.assert_close(attributions, every, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("keyword", ["baselines", "internal_batch_size", "n_steps"])
+def test_other_captum_methods_keywords_are_refused_with_the_reason(bcos_bert_classifier, keyword):
+    """``baselines=`` / ``internal_batch_size=`` (IntegratedGradients' keywords) raised Python's "unexpected keyword
+    argument" (BcosAttribution) or Captum's LayerGradientXActivation's (LayerBcos, naming another class); the refusal
+    now says why a B-cos explanation takes none and what to do instead."""
+    from bcos_plugins.adapters.captum import BcosAttribution, LayerBcos
+
+    ids, mask, forward, embeddings = _bert_at_embeddings(bcos_bert_classifier)
+    value = torch.zeros_like(embeddings) if keyword == "baselines" else 2
+    with pytest.raises(TypeError, match=rf"{keyword}: BcosAttribution.attribute takes no {keyword}: .*\. Leave"):
+        BcosAttribution(forward).attribute(embeddings, target=1, additional_forward_args=(mask,), **{keyword: value})
+    with pytest.raises(TypeError, match=rf"{keyword}: LayerBcos.attribute takes no {keyword}: .*\. Leave"):
+        LayerBcos(bcos_bert_classifier).attribute(ids, target=1, additional_forward_args=(mask,), **{keyword: value})
+    with pytest.raises(TypeError, match="not_an_argument: is not an argument of BcosAttribution.attribute"):
+        BcosAttribution(forward).attribute(embeddings, target=1, additional_forward_args=(mask,), not_an_argument=1)
