@@ -196,3 +196,51 @@ def test_other_captum_methods_keywords_are_refused_with_the_reason(bcos_bert_cla
         LayerBcos(bcos_bert_classifier).attribute(ids, target=1, additional_forward_args=(mask,), **{keyword: value})
     with pytest.raises(TypeError, match="not_an_argument: is not an argument of BcosAttribution.attribute"):
         BcosAttribution(forward).attribute(embeddings, target=1, additional_forward_args=(mask,), not_an_argument=1)
+
+
+# ------------------------------------------------------------------ vision
+
+
+@pytest.fixture(scope="module")
+def rgb_bcos_vit():
+    from bcos_plugins.vision import BcosViT, BcosViTConfig
+
+    torch.manual_seed(0)
+    config = BcosViTConfig(image_size=16, patch_size=4, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=32, num_labels=5, num_channels=3, b=1.5)
+    return BcosViT(config).eval()
+
+
+def test_the_inherent_image_map_under_bfloat16_autocast_is_returned_to_its_rounding(rgb_bcos_vit):
+    """image_attribution_methods' "B-cos W(x)x" held the map to 1e-4 of the logit, so under a bfloat16 autocast
+    (complete to 1e-2 there, as explain_image's completeness_error says) it refused the model as broken, blaming
+    "explain_image's completeness check" (there is none). It now allows the autocast dtype's rounding, as explain
+    does, and the map is explain_image's."""
+    from bcos_plugins.adapters.captum_vision import image_attribution_methods
+
+    from bcos_plugins.vision import explain_image
+
+    torch.manual_seed(1)
+    images, target = torch.rand(3, 3, 16, 16), torch.tensor([0, 4, 2])
+    method = image_attribution_methods(rgb_bcos_vit)["B-cos W(x)x"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = explain_image(rgb_bcos_vit, images, target=target)
+        assert reference.completeness_error.abs().max() > 1e-3  # the case: bfloat16 rounding, beyond 1e-4
+        torch.testing.assert_close(method.explain(images, target), reference.contributions)
+    # in float32 the map is still held to 1e-4
+    torch.testing.assert_close(method.explain(images, target), explain_image(rgb_bcos_vit, images, target=target)
+                               .contributions)
+
+
+def test_8_bit_images_are_refused_with_the_scaling_fix(rgb_bcos_vit):
+    """uint8 images (what an image loader returns) were refused without the fix ("expected a float tensor ... with
+    values in [0, 1]", not naming the dtype got); the refusal now names it and how to scale them."""
+    from bcos_plugins.vision import explain_image
+
+    images = (torch.rand(2, 3, 16, 16) * 255).to(torch.uint8)
+    with pytest.raises(TypeError, match=r"pixel_values: .*got torch\.uint8.*pixel_values\.float\(\) / 255"):
+        explain_image(rgb_bcos_vit, images)
+    with pytest.raises(BcosError, match=r"pixel_values: .*uint8.*pixel_values\.float\(\) / 255"):
+        rgb_bcos_vit(pixel_values=images)
+    scaled = explain_image(rgb_bcos_vit, images.float() / 255, target=1)  # the fix it names works
+    assert scaled.completeness_error.abs().max() < 1e-5

@@ -32,7 +32,8 @@ def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int,
     if not isinstance(pixel_values, Tensor) or not pixel_values.is_floating_point():
         raise BcosValueError(f"{what}: must be a float tensor of shape (batch, {num_channels}, {image_size}, "
                          f"{image_size}) with values in [0, 1]; got {type(pixel_values).__name__} "
-                         f"{getattr(pixel_values, 'dtype', '')}")
+                         f"{getattr(pixel_values, 'dtype', '')}. Scale 8-bit images to [0, 1]: "
+                         "pixel_values.float() / 255")
     expected = (num_channels, image_size, image_size)
     if pixel_values.ndim != 4 or tuple(pixel_values.shape[1:]) != expected:
         hint = ""

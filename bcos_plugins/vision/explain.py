@@ -67,7 +67,11 @@ def explain_image(model: BcosViT, pixel_values: Float[Tensor, "batch c h w"], *,
         raise BcosTypeError(f"model: explain_image explains a BcosViT; got {type(model).__name__}. For other "
                             "models use a post-hoc method (e.g. Captum) on the model's forward.")
     if not isinstance(pixel_values, Tensor) or not pixel_values.is_floating_point():
-        raise BcosTypeError("pixel_values: expected a float tensor (batch, C, H, W) with values in [0, 1].")
+        got = pixel_values.dtype if isinstance(pixel_values, Tensor) else type(pixel_values).__name__
+        raise argument_error("pixel_values", f"expected a float tensor (batch, C, H, W) with values in [0, 1], got {got}",
+                             "Scale 8-bit images to [0, 1]: pixel_values.float() / 255" if isinstance(pixel_values, Tensor)
+                             else "Convert the images to a tensor, e.g. torch.as_tensor(images).float() / 255",
+                             kind=BcosTypeError)
     if pixel_values.ndim != 4 or pixel_values.shape[0] == 0:
         raise BcosValueError(f"pixel_values: expected a non-empty (batch, C, H, W) tensor, got shape "
                              f"{tuple(pixel_values.shape)}. Add a batch dimension with images[None].")
