@@ -698,6 +698,15 @@ class LayerBcos(LayerGradientXActivation):
                 raise argument_error("layer", f"{type(idle[0]).__name__} did not run in forward_func's forward "
                                      "(a layer of another model?)", "Pass a layer of the model forward_func runs "
                                      "through") from error
+            if to_input and isinstance(error, AssertionError) and "not a torch.Tensor" in str(error):
+                # Captum takes every positional input of the layer as an attributed input; transformers calls its
+                # blocks with more than the hidden states (BertLayer: (hidden_states, attention_mask, None))
+                raise argument_error(
+                    "attribute_to_layer_input", f"Captum attributes to every positional input of the layer, and "
+                    f"{type(layers[0]).__name__} is called with a None among them (transformers passes masks and "
+                    "optional states positionally), which Captum refuses (\"Given input is not a torch.Tensor\")",
+                    "Attribute at the output of the module before it (attribute_to_layer_input=False), e.g. the "
+                    "previous block or the embeddings, or leave layer out for the model's attribution point") from error
             raise
         finally:
             self.forward_func = saved_forward

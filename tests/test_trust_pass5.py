@@ -244,3 +244,24 @@ def test_8_bit_images_are_refused_with_the_scaling_fix(rgb_bcos_vit):
         rgb_bcos_vit(pixel_values=images)
     scaled = explain_image(rgb_bcos_vit, images.float() / 255, target=1)  # the fix it names works
     assert scaled.completeness_error.abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("family", ["BertForSequenceClassification", "GPT2LMHeadModel"])
+def test_layer_bcos_at_a_block_input_called_with_none_names_the_fix(family):
+    """LayerBcos(model, layer=<a transformers block>, attribute_to_layer_input=True) failed with Captum's bare
+    "AssertionError: Given input is not a torch.Tensor" (BertLayer is called with (hidden_states, mask, None), GPT2Block
+    with a None too); the refusal names the argument and the fix, and the fix it names (the previous module's output)
+    is complete."""
+    from bcos_plugins.adapters.captum import LayerBcos
+    from conftest import padded_batch
+
+    model = bcosify(tiny_model(family), b=1.5, verbose=False)
+    blocks = model.bert.encoder.layer if family.startswith("Bert") else model.transformer.h
+    ids, mask = padded_batch()
+    with pytest.raises(BcosError, match=r"attribute_to_layer_input: .* called with a None .*attribute_to_layer_input="
+                                        r"False"):
+        LayerBcos(model, layer=blocks[1], attribute_to_layer_input=True).attribute(ids, target=1,
+                                                                                   additional_forward_args=(mask,))
+    _, delta = LayerBcos(model, layer=blocks[0], attribute_to_layer_input=False).attribute(
+        ids, target=1, additional_forward_args=(mask,), return_convergence_delta=True)
+    assert delta.abs().max() < 1e-5
