@@ -108,6 +108,7 @@ from bcos_plugins.convert.architectures import (
 from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
+from bcos_plugins.nn.dynamic import evaluating
 from bcos_plugins.persistence import reconvert_stock_load
 
 __all__ = [
@@ -506,6 +507,24 @@ def _explainable_model(model: nn.Module, *, classifier: bool) -> tuple[nn.Module
     return model, spec
 
 
+def _attribute_in_eval_mode(attribution_model: AttributionModel, model: nn.Module) -> None:
+    """``attribution_model.attribute`` with the model in eval mode throughout (idempotent): inseq's ``load_model`` puts
+    it in eval mode once, but a model set back to training mode afterwards generated with dropout and took its step
+    scores with dropout (a GPT-2's ``logit`` step score 0.28 off the attributions' total), while ``LayerBcos`` explained
+    it in eval mode; every module's own flag comes back afterwards."""
+    if getattr(attribution_model.attribute, "_in_eval_mode", False):
+        return
+    unpatched = attribution_model.attribute
+
+    @functools.wraps(unpatched)
+    def attribute(*args, **kwargs):
+        with evaluating(model):
+            return unpatched(*args, **kwargs)
+
+    attribute._in_eval_mode = True
+    attribution_model.attribute = attribute
+
+
 class _BcosMethod:
     """The "bcos" inseq method (registered as :class:`BcosInseqAttribution`); see the module docstring."""
 
@@ -522,6 +541,7 @@ class _BcosMethod:
             # "bcos" becomes this model's default method: make the logit (what B-cos decomposes) its target
             _Inseq071.set_default_attributed_fn(attribution_model, "logit")
         _Inseq071.generate_with_padding_mask(attribution_model)
+        _attribute_in_eval_mode(attribution_model, self.model)
         point = text_attribution_point(self.model, self.spec)
         self.hook(target_layer=point.module, **kwargs)
         # the forward here is inseq's attributed function (a logit, a contrast, a probability) over inseq's own

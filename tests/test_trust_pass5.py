@@ -265,3 +265,30 @@ def test_layer_bcos_at_a_block_input_called_with_none_names_the_fix(family):
     _, delta = LayerBcos(model, layer=blocks[0], attribute_to_layer_input=False).attribute(
         ids, target=1, additional_forward_args=(mask,), return_convergence_delta=True)
     assert delta.abs().max() < 1e-5
+
+
+def test_inseq_bcos_generates_and_scores_in_eval_mode_when_the_model_was_set_to_train():
+    """inseq's load_model puts the model in eval mode once; a model set back to training mode afterwards (a training
+    loop between attributions) generated with dropout and took its step scores with dropout, while LayerBcos explained
+    it in eval mode: a GPT-2's ``logit`` step score missed the attributions' total by 0.28, and the generated tokens
+    differed from the model's own. Everything now runs in eval mode, and the model's training flags come back."""
+    import bcos_plugins.adapters.inseq  # noqa: F401  registers "bcos"
+    import inseq
+    import transformers as T
+    from test_inseq_adapter import TOKENIZER_DIR, _tiny_lm
+
+    tokenizer = T.GPT2Tokenizer.from_pretrained(TOKENIZER_DIR)
+    model = _tiny_lm("gpt2", len(tokenizer))
+    attribution_model = inseq.load_model(model, "bcos", tokenizer=tokenizer)
+    arguments = dict(generation_args={"max_new_tokens": 3, "do_sample": False}, step_scores=["logit"],
+                     show_progress=False)
+    reference = attribution_model.attribute(["The cat sat on the", "Hello"], **arguments)
+    model.train()
+    torch.manual_seed(0)
+    out = attribution_model.attribute(["The cat sat on the", "Hello"], **arguments)
+    assert model.training and model.transformer.h[0].attn.attn_dropout.training  # flags back as they were
+    for seq, ref in zip(out.sequence_attributions, reference.sequence_attributions, strict=True):
+        assert [t.id for t in seq.target] == [t.id for t in ref.target]
+        totals = torch.nansum(seq.target_attributions, dim=(0, 2))
+        torch.testing.assert_close(totals, seq.step_scores["logit"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(seq.step_scores["logit"], ref.step_scores["logit"])
