@@ -689,7 +689,7 @@ class BcosClassifier:
         deltas = torch.stack([e.delta for e in per_class], dim=1).cpu()
         # every class's logit, for the prediction and the probabilities: softmax over the attributed columns was wrong
         # for a repeated class (target=[1, 1, 0] of 3 classes counted class 1 twice and left class 2 out)
-        with torch.no_grad():
+        with torch.no_grad(), evaluating(self.model):  # as explain computes them: no dropout
             every_logit = self.model(**rows_as_alone_call(self.model, ids, mask, extra, spec=self.spec)).logits.cpu()
         all_classes = set(classes) == set(range(len(self.label_names)))
         sequences = []

@@ -47,6 +47,15 @@ def test_classifier_generated_texts_name_the_models_prediction_whatever_the_targ
     assert len(set(logits.argmax(-1).tolist())) == 3  # the three texts are predicted as three different classes
     out = load_classifier(bcos_bert_classifier, tokenizer, label_names=names).attribute(TEXTS, target=target)
     assert out.info["generated_texts"] == [names[c] for c in logits.argmax(-1).tolist()]
+    bcos_bert_classifier.train()  # set back to training after load_classifier: still the model's eval-mode prediction
+    try:
+        again = load_classifier(bcos_bert_classifier, tokenizer, label_names=names)
+        bcos_bert_classifier.train()
+        for _ in range(3):
+            assert again.attribute(TEXTS, target=target).info["generated_texts"] == out.info["generated_texts"]
+        assert bcos_bert_classifier.training
+    finally:
+        bcos_bert_classifier.eval()
     for seq, row in zip(out.sequence_attributions, logits, strict=True):  # the attributions themselves were right
         torch.testing.assert_close(seq.source_attributions.sum(dim=(0, 2)), row[target], rtol=1e-5, atol=1e-6)
 
