@@ -420,6 +420,11 @@ class EmbeddingForward(nn.Module):
         return logits
 
 
+_TOKEN_TYPES_ROUTE = ("; for sentence pairs with token_type_ids attribute at the combined embedding, which holds them: "
+                      "fwd = EmbeddingForward(model); BcosAttribution(fwd).attribute(fwd.embed(ids, mask, "
+                      "token_type_ids=token_type_ids), target=..., additional_forward_args=(mask,))")
+
+
 class _Logits(nn.Module):
     """A transformers model called Captum-style (positional tensors) returning a logits tensor.
 
@@ -452,7 +457,13 @@ class _Logits(nn.Module):
         if more:  # Captum passes additional_forward_args positionally: a third one has no meaning here
             raise argument_error("additional_forward_args", f"got {2 + len(more)} values; the model is called with "
                                  "(input_ids, attention_mask, position)", "Pass additional_forward_args=(attention_mask,) "
-                                 "or (attention_mask, position)", kind=BcosTypeError)
+                                 "or (attention_mask, position)" + _TOKEN_TYPES_ROUTE, kind=BcosTypeError)
+        if isinstance(position, Tensor) and position.ndim == 2 and position.shape == input_ids.shape:
+            # one value per token is no position (one per row): token_type_ids given where the position goes
+            raise argument_error("additional_forward_args", "its second value is read as the explained position, one "
+                                 f"per row, but it has the ids' shape {tuple(position.shape)} (token_type_ids?)",
+                                 "Pass additional_forward_args=(attention_mask,) or (attention_mask, position)"
+                                 + _TOKEN_TYPES_ROUTE, kind=BcosTypeError)
         # the package's token-batch check, as explain's: float ids were truncated (5.7 read as 5) and ids outside the
         # vocabulary failed inside the embedding (IndexError); any integer width is read exactly
         input_ids, attention_mask = check_token_inputs(self.model, input_ids, attention_mask)

@@ -301,3 +301,26 @@ def test_inseq_bcos_generates_and_scores_in_eval_mode_when_the_model_was_set_to_
         totals = torch.nansum(seq.target_attributions, dim=(0, 2))
         torch.testing.assert_close(totals, seq.step_scores["logit"], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(seq.step_scores["logit"], ref.step_scores["logit"])
+
+
+def test_layer_bcos_given_token_type_ids_names_the_route_that_takes_them(bcos_bert_classifier):
+    """LayerBcos(model) calls the model with (input_ids, attention_mask, position); token_type_ids passed as the next
+    argument were refused as a position ("a sequence classifier gives one logit vector per sequence. Leave position
+    out"), which says nothing about token types. The refusal now names them and the route that takes them, and that
+    route explains the model with its token types."""
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward, LayerBcos
+    from conftest import padded_batch
+
+    from bcos_plugins import explain
+
+    ids, mask = padded_batch()
+    token_types = torch.zeros_like(ids)
+    token_types[:, 4:] = 1
+    for forward_args in ((mask, token_types), (mask, None, token_types)):
+        with pytest.raises(TypeError, match=r"additional_forward_args: .*token_type_ids.*EmbeddingForward\(model\)"):
+            LayerBcos(bcos_bert_classifier).attribute(ids, target=1, additional_forward_args=forward_args)
+    forward = EmbeddingForward(bcos_bert_classifier)
+    attributions = BcosAttribution(forward).attribute(forward.embed(ids, mask, token_type_ids=token_types), target=1,
+                                                      additional_forward_args=(mask,))
+    reference = explain(bcos_bert_classifier, ids, mask, target=1, token_type_ids=token_types)
+    torch.testing.assert_close(attributions, reference.input_contributions, rtol=1e-5, atol=1e-7)
