@@ -282,7 +282,9 @@ class BilinearSAEInteractions:
             best_pairs = torch.cat([best_pairs, pairs])
             keep = best_values.abs().topk(min(k, best_values.numel())).indices
             best_values, best_pairs = best_values[keep], best_pairs[keep]
-        return [FeatureInteraction(int(names[i]), int(names[j]), float(v))
+        # ids in order (first <= second, as FeatureInteraction promises): with input_features=[5, 2] the pair was
+        # (5, 2), positions in the given list being in order but not the ids
+        return [FeatureInteraction(*sorted((int(names[i]), int(names[j]))), float(v))
                 for (i, j), v in zip(best_pairs.tolist(), best_values.tolist(), strict=True)]
 
     def spectrum(self, output_features) -> Eigendecomposition:

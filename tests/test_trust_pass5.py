@@ -324,3 +324,25 @@ def test_layer_bcos_given_token_type_ids_names_the_route_that_takes_them(bcos_be
                                                       additional_forward_args=(mask,))
     reference = explain(bcos_bert_classifier, ids, mask, target=1, token_type_ids=token_types)
     torch.testing.assert_close(attributions, reference.input_contributions, rtol=1e-5, atol=1e-7)
+
+
+def test_top_interactions_of_chosen_input_features_list_each_pair_in_id_order():
+    """FeatureInteraction promises first <= second; with input_features=[5, 2, 9] the pair of 5 and 2 came as (5, 2)
+    (ordered by position in the given list). Pairs are now in id order, with the brute-force values of D Q(e) D^T."""
+    from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions
+    from test_sae_lens_adapter import topk_sae
+
+    from bcos_plugins.bilinear import BilinearMLP
+
+    torch.manual_seed(0)
+    layer = BilinearMLP(7, 13, bias=True)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    analysis = BilinearSAEInteractions(layer, topk_sae(7, 20), topk_sae(7, 20, seed=3))
+    chosen = [5, 2, 9]
+    top = analysis.top_interactions(3, k=6, input_features=chosen)
+    table = analysis.feature_interactions(3)
+    expected = sorted(((min(a, b), max(a, b)) for i, a in enumerate(chosen) for b in chosen[i:]),
+                      key=lambda pair: -abs(float(table[pair])))
+    assert [(t.first, t.second) for t in top] == expected
+    assert all(t.first <= t.second and t.value == pytest.approx(float(table[t.first, t.second]), rel=1e-5) for t in top)
