@@ -346,3 +346,19 @@ def test_top_interactions_of_chosen_input_features_list_each_pair_in_id_order():
                       key=lambda pair: -abs(float(table[pair])))
     assert [(t.first, t.second) for t in top] == expected
     assert all(t.first <= t.second and t.value == pytest.approx(float(table[t.first, t.second]), rel=1e-5) for t in top)
+
+
+def test_images_given_already_encoded_are_refused_naming_the_encoding(rgb_bcos_vit):
+    """[x, 1 - x]-encoded images (6 channels) passed as pixel_values of a 3-channel B-cos ViT were refused as "the model
+    was configured with num_channels=3", with no word of the encoding; the refusal now names it and both fixes, and the
+    fix it names (encoded_pixel_values=) gives the images' logits."""
+    from bcos_plugins.vision import explain_image
+
+    images = torch.rand(2, 3, 16, 16)
+    encoded = rgb_bcos_vit.encode(images)
+    for call in (lambda: explain_image(rgb_bcos_vit, encoded), lambda: rgb_bcos_vit(pixel_values=encoded)):
+        with pytest.raises(BcosError, match=r"pixel_values: .*already encoded as \[x, 1 - x\]\? .*encoded_pixel_values="):
+            call()
+    with torch.no_grad():
+        torch.testing.assert_close(rgb_bcos_vit(encoded_pixel_values=encoded).logits,
+                                   rgb_bcos_vit(pixel_values=images).logits)

@@ -41,6 +41,9 @@ def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int,
             hint = " (add the batch dimension: pixel_values[None])"
         elif pixel_values.ndim == 4 and pixel_values.shape[-1] == num_channels:
             hint = " (channels last? use pixel_values.permute(0, 3, 1, 2))"
+        elif pixel_values.ndim == 4 and pixel_values.shape[1] == 2 * num_channels and what == "pixel_values":
+            hint = (f" (2 * num_channels = {2 * num_channels} channels: already encoded as [x, 1 - x]? Pass the images "
+                    "themselves, or the encoding as encoded_pixel_values=)")
         elif pixel_values.ndim == 4 and pixel_values.shape[1] != num_channels and what == "encoded_pixel_values":
             hint = f" (the [x, 1 - x] encoding has 2 * num_channels = {num_channels} channels; see encode_image)"
         elif pixel_values.ndim == 4 and pixel_values.shape[1] != num_channels:
