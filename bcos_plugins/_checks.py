@@ -369,12 +369,19 @@ def require_count(name: str, value, minimum: int = 1) -> int:
 
 
 def require_classifier(model) -> int:
-    """The ``num_labels`` of a transformers sequence classifier, refusing anything else."""
+    """The ``num_labels`` (>= 2) of a transformers sequence classifier, refusing anything else (a one-logit
+    regression head too)."""
     num_labels = getattr(getattr(model, "config", None), "num_labels", None)
     if not isinstance(model, nn.Module) or not isinstance(num_labels, int) or num_labels < 1:
         raise argument_error("model", f"must be a transformers sequence classifier (config.num_labels), got "
                              f"{type(model).__name__}", "pass e.g. AutoModelForSequenceClassification"
                              ".from_pretrained(name, num_labels=2)", kind=BcosTypeError)
+    if num_labels == 1:
+        # one logit is transformers' regression head: its only class id is 0, so every label had to be 0, the
+        # argmax was always 0 (accuracy 1.0 whatever the model) and training fitted that constant
+        raise argument_error("model", "has config.num_labels == 1, a regression head (one logit, trained with MSE "
+                             "on float targets), not a classifier: its only class id is 0, so every prediction "
+                             "is class 0", "build the classifier with num_labels=2 for a binary task")
     return num_labels
 
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch.nn.functional as F
@@ -27,7 +28,8 @@ def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None =
 
     Raises:
         BcosValueError / BcosTypeError: logits not ``(batch, classes)`` or an empty batch (whose mean would be
-            NaN), labels not integer ids of shape ``(batch,)`` in ``[0, classes)``, ``num_items_in_batch`` < 1.
+            NaN), one logit per row (one-hot over one class makes every target 1), labels not integer ids of shape
+            ``(batch,)`` in ``[0, classes)``, ``num_items_in_batch`` < 1 or not finite.
     """
     logits = outputs.logits if hasattr(outputs, "logits") else outputs
     if not isinstance(logits, Tensor) or not logits.is_floating_point():
@@ -37,6 +39,13 @@ def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None =
     if logits.ndim != 2 or logits.shape[1] < 1:
         raise argument_error("outputs", f"bcos_loss expects classifier logits of shape (batch, classes), got "
                              f"{tuple(logits.shape)}", "pass a sequence/image classifier's logits")
+    if logits.shape[1] == 1:
+        # one-hot over one class makes every target 1: a single-logit binary classifier's label 0 would be trained
+        # towards class 1 (and label 1 is out of range), so the loss would be silently inverted
+        raise argument_error("outputs", "has one logit per row: bcos_loss is BCE on one-hot targets over the "
+                             "classes, and one class makes every target 1 (a single-logit binary classifier's "
+                             "label 0 would be trained as 1)", "give the classifier two outputs (num_labels=2) "
+                             "for a binary task")
     if logits.shape[0] == 0:
         raise argument_error("outputs", "the batch is empty (0 rows), whose mean loss is NaN",
                              "skip empty batches (check the data loader / dataset length)")
@@ -49,7 +58,9 @@ def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None =
     if num_items_in_batch is None:
         return F.binary_cross_entropy_with_logits(logits, one_hot)
     n_items = num_items_in_batch.item() if isinstance(num_items_in_batch, Tensor) else num_items_in_batch
-    if isinstance(n_items, bool) or not isinstance(n_items, numbers.Real) or not n_items >= 1:
+    # inf passed ">= 1" and made the loss 0 (no gradient) without a word
+    if isinstance(n_items, bool) or not isinstance(n_items, numbers.Real) or not (
+            n_items >= 1 and math.isfinite(n_items)):
         raise argument_error("num_items_in_batch", f"must be a count >= 1, got {num_items_in_batch!r}",
                              "pass the number of rows over all accumulated batches, or None")
     per_row = F.binary_cross_entropy_with_logits(logits, one_hot, reduction="none").mean(-1)

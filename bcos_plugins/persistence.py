@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import warnings
 from pathlib import Path
 
 from torch import nn
@@ -234,6 +235,18 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
     for layer_name, value in stored.items():
         if layer_name in layers:
             layers[layer_name].b = check_b(value, name=f"{layer_name}.bcos_b in {path}")
+    other = sorted({layer.b for layer in layers.values() if layer.b != settings["b"]})
+    if other:
+        # the stored B wins (the loaded model is the saved one), but config.bcos['b'] is what BWarmupCallback anneals
+        # towards and what a reader takes for the model's B: a B edited there by hand was ignored without a word
+        n_other = sum(layer.b != settings["b"] for layer in layers.values())
+        warnings.warn(
+            f"load: {n_other} of the {len(layers)} B-cos layers in {path} run at the B stored with them "
+            f"({', '.join(f'{b:g}' for b in other[:4])}{', ...' if len(other) > 4 else ''}), not at "
+            f"config.bcos['b'] = {settings['b']:g}: a save made during a B warm-up (config.bcos['b'] is its target) "
+            "or a config.json edited by hand, which does not change the layers. The model is loaded as it was "
+            "saved; to run every layer at another B, set .b on each B-cos layer "
+            "(bcos_plugins.nn.linear.AlignmentPressure) after loading.", UserWarning, stacklevel=3)
     return layers, without_b
 
 
@@ -386,7 +399,9 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     ``from_pretrained`` (sharding, dtype and device options work), converted again, and checked: the only
     weights transformers may report missing are the biases B-cos removes. Every B-cos layer gets the B
     stored with it (format 2: the B it was running with when saved, also mid-way through a B warm-up);
-    format-1 folders, which stored one B in ``config.bcos["b"]``, load at that B. A folder saved from a
+    format-1 folders, which stored one B in ``config.bcos["b"]``, load at that B. Where a stored B differs from
+    ``config.bcos["b"]`` (a save made during a warm-up, or a config.json edited by hand) a ``UserWarning`` names
+    both: the layers run at the stored B, the edit does not change them. A folder saved from a
     :class:`~bcos_plugins.vision.BcosViT` loads as one, with every weight required. Keywords that name a
     configuration attribute (e.g. ``output_attentions=True``) set it, as in ``from_pretrained``; the others
     (``dtype``, ``device_map``, ...) go to ``from_pretrained``. The model is returned in eval mode.

@@ -224,7 +224,7 @@ def classifier_from_masked_lm(masked_lm, num_labels: int = 2, *, pooler_from=Non
             pooler, so without it the pooler starts random like the classifier head.
 
     Every layer keeps the B it had in the masked LM, and the query/key projections their kind (B-cos or
-    stock, ``bcos_query_key``). The classifier is in eval mode; fine-tune it with
+    stock, ``bcos_query_key``), and the classifier has the masked LM's dtype. It is in eval mode; fine-tune it with
     :func:`~bcos_plugins.fine_tuning.fine_tune_classifier` (a larger ``head_learning_rate`` helps the fresh head).
 
     Raises:
@@ -256,6 +256,9 @@ def classifier_from_masked_lm(masked_lm, num_labels: int = 2, *, pooler_from=Non
         classifier.bert.pooler.load_state_dict(pooler.state_dict())
     bcosify(classifier, b=masked_lm.config.bcos["b"],
             bcos_query_key=masked_lm.config.bcos.get("query_key") != "stock", verbose=False)
+    # in the masked LM's dtype before loading: load_state_dict copies into the classifier's own (float32) tensors,
+    # which rounded a float64 encoder's weights and turned a bfloat16 one into a float32 model, without a word
+    classifier.to(dtype=next(masked_lm.parameters()).dtype)
     missing, unexpected = classifier.bert.load_state_dict(masked_lm.bert.state_dict(), strict=False)
     stray = [k for k in missing if not k.startswith("pooler.")]
     if stray or unexpected:  # the two encoders are built from one config: anything else is a bug

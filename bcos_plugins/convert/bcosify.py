@@ -268,7 +268,8 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
 
     The settings are recorded in ``model.config.bcos`` so that ``save_pretrained`` keeps them and
     :func:`~bcos_plugins.load_bcos_model` rebuilds the same model. The model gets its own copy of its config
-    (``model.config`` is a new object), so a config shared with another model is left unchanged.
+    (``model.config`` is a new object), so a config shared with another model is left unchanged. Every module it
+    puts in takes the training flag of the module it replaces, so a model in eval mode stays wholly in eval mode.
 
     Every B-cos layer stores its B in the state dict (buffer ``bcos_b``), so checkpoints hold the B each
     layer runs with (also during :class:`~bcos_plugins.train.BWarmupCallback`).
@@ -292,7 +293,13 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, _build(module, action, b))
+        replacement = _build(module, action, b)
+        if replacement is not module:
+            # a new module starts in training mode: converting a model in eval mode left every B-cos layer, norm
+            # and activation training (model.training False, its layers True), so the replacement takes the
+            # training flag of the module it replaces
+            replacement.train(module.training)
+        setattr(parent, attr, replacement)
 
     for path, (factory, why) in spec.class_swaps.items():
         target = model.get_submodule(path) if path else model

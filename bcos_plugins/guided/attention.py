@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from .._checks import bad_rows, require_int
+from .._checks import bad_rows, require_int, require_tensor
 from ..errors import BcosRuntimeError, BcosTypeError, argument_error
 from .guidance import GuidanceMode, check_guidance, check_rationale_mask, guide_scores
 
@@ -401,6 +401,8 @@ def attention_token_scores(
         if not isinstance(attention_mask, Tensor) or attention_mask.shape != (batch, n_keys):
             raise argument_error("attention_mask", f"must have shape (batch, key) = ({batch}, {n_keys}), got "
                                  f"{tuple(getattr(attention_mask, 'shape', ()))}", "Pass the batch's attention mask")
+        # 0/1 only: a NaN passed the padding check here and made attention_supervision_loss 0 without a word
+        attention_mask = require_tensor("attention_mask", attention_mask, kind="mask")
         on_padding = attention_mask[:, query_position] == 0
         if on_padding.any():
             raise argument_error(

@@ -38,7 +38,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .._checks import require_choice, require_float, require_int
+from .._checks import require_choice, require_float, require_int, require_tensor
 from ..errors import argument_error
 from .attention import attention_token_scores
 from .guidance import check_rationale_mask
@@ -97,7 +97,8 @@ def attention_supervision_loss(
             raise argument_error("valid_mask", f"must have shape (batch, key) = ({batch}, {n_keys}), got "
                                  f"{tuple(getattr(valid_mask, 'shape', ()))}",
                                  "Pass the batch's text-token mask (text_token_mask), padded like input_ids")
-        valid = valid_mask.to(scores.dtype)
+        # 0/1 only: a 2 weighted that token's attention twice in the renormalisation, a NaN zeroed the loss
+        valid = require_tensor("valid_mask", valid_mask, kind="mask").to(scores.dtype)
         gold = gold * valid
         scores = scores * valid / (scores * valid).sum(1, keepdim=True).clamp_min(eps)
     total = gold.sum(1)

@@ -246,6 +246,10 @@ def _token_rows(texts, tokenizer) -> list[list[int]]:
             rows.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
             continue
         ids = torch.as_tensor(text) if not isinstance(text, Tensor) else text
+        if ids.ndim == 1 and ids.numel() == 0:
+            # torch reads an empty list as float32: the message named a dtype the caller never passed
+            raise argument_error("texts", f"texts[{i}] is empty (no token ids): nothing to predict",
+                                 "Drop empty texts")
         if ids.ndim != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
             raise argument_error("texts", f"texts[{i}] must be a string or a 1-d sequence of integer token ids, "
                                  f"got dtype {ids.dtype} shape {tuple(ids.shape)}", "Pass one list of ids per text",

@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from .._checks import require_float, require_int, require_tensor
+from .._checks import bad_rows, require_float, require_int, require_tensor
 from ..errors import argument_error
 from ..nn.dynamic import evaluating
 from .attributions import token_scores
@@ -203,6 +203,12 @@ def seqpg_evidence_split(
         raise argument_error("attributions", f"expected attributions for {2 * n} rows of {length} tokens (each "
                              f"example explained for both segment classes), got {tuple(scores.shape)}",
                              "Explain SeqPGExamples.explanation_batch()")
+    both = segment_masks[:, 0].bool() & segment_masks[:, 1].bool()
+    if both.any():
+        # a token in both segments counted as right and as wrong evidence: the score reached 1 and the special
+        # tokens' share went negative
+        raise argument_error("segment_masks", f"mark tokens as in both segments in {bad_rows(both)}",
+                             "Pass disjoint segments (SeqPGExamples.segment_masks)")
     positive = scores.clamp_min(0).reshape(n, 2, length)
     if attention_mask is not None:
         attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")

@@ -208,6 +208,12 @@ class SpaceHead(nn.Module):
         if hidden_states.shape[-1] != d_model:
             raise argument_error("hidden_states", f"has width {hidden_states.shape[-1]}, the head expects {d_model}",
                                  "Pass the encoder's last hidden state")
+        if hidden_states.dtype != self.projections.dtype:
+            # torch's einsum said only "expected scalar type Float but found Double"
+            raise argument_error("hidden_states", f"are {hidden_states.dtype} but the head's weights are "
+                                 f"{self.projections.dtype}", "Convert the head (or the whole model) to the hidden "
+                                 "states' dtype, e.g. model.double(), or cast the hidden states",
+                                 kind=BcosTypeError)
         return self.concept_activation(torch.einsum("bpd,kdl->bpkl", hidden_states, self.projections))
 
     def forward(
