@@ -200,3 +200,17 @@ def test_classifier_from_masked_lm_keeps_the_masked_lms_dtype_and_weights(dtype)
     for name, p in classifier.bert.named_parameters():
         if name in encoder:
             assert torch.equal(p, encoder[name]), name
+
+
+def test_paired_intervals_refuse_a_single_example():
+    """One seed on one example (and a bootstrap over one unit) returned a zero-width interval [d, d]: one example
+    both variants got right read as "b non-inferior" at any margin."""
+    from bcos_plugins.metrics import paired_accuracy_difference
+    from bcos_plugins.metrics.paired import paired_bootstrap_difference
+
+    with pytest.raises(BcosValueError, match=r"^predictions_a: hold one seed on one example, which has no spread"):
+        paired_accuracy_difference([1], [1], [1])
+    with pytest.raises(BcosValueError, match=r"^values_a: hold one unit"):
+        paired_bootstrap_difference([0.3], [0.5])
+    two = paired_accuracy_difference([1, 0], [1, 1], [1, 1])
+    assert two.ci_low < two.difference == 0.5 < two.ci_high

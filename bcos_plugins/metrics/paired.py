@@ -126,8 +126,13 @@ def paired_accuracy_difference(
         half = float(stats.t.ppf(0.5 + confidence / 2, n_seeds - 1)) * float(per_seed.std()) / math.sqrt(n_seeds)
     else:
         interval_over = "examples"
+        if n_examples == 1:
+            # one paired difference has no spread to estimate: the interval was [d, d], so one example on which
+            # both variants were right read as "b non-inferior" at any margin
+            raise argument_error("predictions_a", "hold one seed on one example, which has no spread to build an "
+                                 "interval from", "Evaluate on more examples (or pass the runs of several seeds)")
         paired = (correct_b - correct_a)[0]
-        spread = float(paired.std()) if n_examples > 1 else 0.0
+        spread = float(paired.std())
         half = float(stats.norm.ppf(0.5 + confidence / 2)) * spread / math.sqrt(n_examples)
     only_a = int(((correct_a == 1) & (correct_b == 0)).sum())
     only_b = int(((correct_b == 1) & (correct_a == 0)).sum())
@@ -191,6 +196,10 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
                              "Pass e.g. 0.95")
     n_resamples = require_int("n_resamples", n_resamples, minimum=1)
     seed = require_int("seed", seed, minimum=0)
+    if a.shape[0] == 1:
+        # every resample of one unit is that unit: the interval was [d, d], a certainty the data cannot give
+        raise argument_error("values_a", "hold one unit, whose every resample is itself (an interval of zero "
+                             "width)", "Pass the scores of at least two units")
     d = b - a
     n = d.shape[0]
     indices = torch.randint(n, (n_resamples, n), generator=torch.Generator().manual_seed(seed))
