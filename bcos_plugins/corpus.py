@@ -189,6 +189,13 @@ def explain_dataset(
         enc = tokenizer(texts[lo:hi], pairs[lo:hi] if pairs is not None else None, padding=True,
                         truncation=True, max_length=max_length, return_tensors="pt").to(device)
         _require_model_tokenizer(model, tokenizer, enc)
+        empty = [lo + i for i, real in enumerate(enc["attention_mask"].sum(1).tolist()) if real == 0]
+        if empty:
+            # explain's refusal named attention_mask, an argument the caller of explain_dataset never passed
+            raise argument_error("data", f"text {empty[0]} ({texts[empty[0]]!r}) tokenises to no token"
+                                 f"{f' (and {len(empty) - 1} more in this batch)' if len(empty) > 1 else ''}: "
+                                 "there is nothing to explain", "Drop empty texts (or give the tokenizer special "
+                                 "tokens to add)")
         extra = readable_tokenizer_outputs(enc, readable)
         # a non-negative position counts from each text's first token: on a left-padded batch that is the text's
         # padding plus the position, not the column itself

@@ -214,3 +214,14 @@ def test_paired_intervals_refuse_a_single_example():
         paired_bootstrap_difference([0.3], [0.5])
     two = paired_accuracy_difference([1, 0], [1, 1], [1, 1])
     assert two.ci_low < two.difference == 0.5 < two.ci_high
+
+
+def test_explain_dataset_names_a_text_that_tokenises_to_nothing():
+    """An empty text was refused by explain as "attention_mask: row(s) [1] have no real token", an argument the
+    caller of explain_dataset never passed."""
+    from bcos_plugins import explain_dataset
+
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)), verbose=False).eval()
+    with pytest.raises(BcosValueError, match=r"^data: text 1 \(''\) tokenises to no token.*Drop empty texts"):
+        explain_dataset(model, word_tokenizer(), ["the cat", "", "a dog"], batch_size=2, progress=False)
