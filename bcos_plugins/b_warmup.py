@@ -23,7 +23,8 @@ class BWarmupCallback:
     recorded in ``model.config.bcos["b"]``, so saved models are ordinary B-cos models. Every layer stores the B
     it runs with in its checkpoint entry ``bcos_b``, so a Trainer checkpoint written during the warm-up (or a
     model saved after an interrupted one) reloads at the B it was running with, not the final one. It is an
-    option to experiment with, not a recommendation (docs/benchmarks.md has what it measured).
+    option to experiment with, not a recommendation (docs/benchmarks.md has what it measured). The layers keep
+    the model's B until training begins (an evaluation or a save before ``train()`` runs at the model's B).
 
     Built lazily as a ``transformers.TrainerCallback`` subclass so that importing this module stays cheap.
     """
@@ -57,7 +58,11 @@ class _BWarmup:
         self.layers = [m for m in model.modules() if isinstance(m, AlignmentPressure)]
         if not self.layers:
             raise argument_error("model", "has no B-cos layers", "call bcosify(model, b=...) first")
-        self._set(self.start)
+        # B is first lowered when training begins, not here: constructing the callback set every layer to start,
+        # so a trainer.evaluate() or a save_pretrained before train() ran at B = start, not the model's B
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.on_step_begin(args, state, control)  # from the global step: a resumed run continues its warm-up
 
     def _set(self, b: float) -> None:
         for layer in self.layers:

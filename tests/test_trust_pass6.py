@@ -225,3 +225,36 @@ def test_explain_dataset_names_a_text_that_tokenises_to_nothing():
     model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)), verbose=False).eval()
     with pytest.raises(BcosValueError, match=r"^data: text 1 \(''\) tokenises to no token.*Drop empty texts"):
         explain_dataset(model, word_tokenizer(), ["the cat", "", "a dog"], batch_size=2, progress=False)
+
+
+def test_b_warmup_lowers_b_only_when_training_begins(tmp_path):
+    """Constructing BWarmupCallback set every layer to B = start at once: an evaluation or a save_pretrained before
+    trainer.train() ran at B = 1 instead of the model's B, silently. The warm-up itself is unchanged."""
+    from conftest import padded_batch
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    from bcos_plugins import BWarmupCallback
+    from bcos_plugins.nn.linear import AlignmentPressure
+
+    torch.manual_seed(0)
+    model = bcosify(tiny_model("BertForSequenceClassification"), b=2.0, verbose=False)
+    ids, mask = padded_batch(batch=4, seed=5)
+    with torch.no_grad():
+        before = model.eval()(input_ids=ids, attention_mask=mask).logits
+    callback = BWarmupCallback(model, start=1.0, fraction=0.5)
+    assert {m.b for m in model.modules() if isinstance(m, AlignmentPressure)} == {2.0}
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, before)
+    seen = []
+
+    class Record(T.TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            seen.append(model.classifier.b)
+
+    data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "labels": [0, 1, 2, 0]})
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4, report_to=[],
+                             save_strategy="no", use_cpu=True, disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=data, compute_loss_func=bcos_loss,
+            callbacks=[callback, Record()]).train()
+    assert seen == [1.0, 1.5, 2.0, 2.0]
