@@ -137,6 +137,11 @@ def train_causal_lm(
     learning rate 5e-4, unused columns kept so the collator sees them). Returns the trained ``Trainer``. Rows are
     truncated to ``max_length`` tokens (``None``: kept whole); a ``max_length``, or without one a row, longer than
     the model's position table is refused before training.
+
+    ``trainer.evaluate()``'s ``eval_loss`` is transformers' mean over evaluation batches of each batch's per-token
+    mean, so with rows of different lengths it depends on ``per_device_eval_batch_size`` (4.1016 with batches of
+    one row, 4.1021 with the three rows in one batch, on a tiny GPT-2); :func:`bcos_plugins.metrics.perplexity`
+    gives the exact per-token value (``nll``).
     """
     from transformers import Trainer, TrainingArguments
 
