@@ -78,7 +78,8 @@ def fine_tune_classifier(
     and grow only as the head's weights align with it, so a short CPU fine-tuning converges much faster
     with a larger head rate (the paper trains 5 epochs on GPUs instead). ``b_warmup=f`` anneals B from 1 to
     the model's B over the first fraction ``f`` of the steps (:class:`BWarmupCallback`). Extra keyword
-    arguments go to ``TrainingArguments``.
+    arguments go to ``TrainingArguments``; ``resume_from_checkpoint`` (a checkpoint folder, or ``True`` for the last
+    one in ``output_dir``) resumes the run from it.
 
     Distillation: with ``teacher`` (a classifier with the same ``num_labels`` that reads the same tokenizer's
     ids, e.g. the conventionally fine-tuned model) the loss is the task loss plus ``distill_weight`` (default
@@ -134,7 +135,9 @@ def fine_tune_classifier(
     )
     if distill is not None:
         loss_func.trainer = trainer
-    trainer.train()
+    # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
+    # scripts"): passed through **training_args it started the run afresh without a word
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     model.eval()
     return trainer
 

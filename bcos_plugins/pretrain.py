@@ -207,7 +207,9 @@ def pretrain_masked_lm(
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability,
                                                       seed=seed),
     )
-    trainer.train()
+    # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
+    # scripts"): passed through **training_args it started the run afresh without a word
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     model.eval()
     return trainer
 

@@ -162,7 +162,9 @@ def train_causal_lm(
     args = TrainingArguments(output_dir=output_dir, **{**defaults, **training_arguments})
     trainer = Trainer(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                       data_collator=collator, callbacks=callbacks)
-    trainer.train()
+    # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
+    # scripts"): passed through **training_args it started the run afresh without a word
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     model.eval()
     return trainer
 

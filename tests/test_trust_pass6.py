@@ -258,3 +258,23 @@ def test_b_warmup_lowers_b_only_when_training_begins(tmp_path):
     Trainer(model=model, args=args, train_dataset=data, compute_loss_func=bcos_loss,
             callbacks=[callback, Record()]).train()
     assert seen == [1.0, 1.5, 2.0, 2.0]
+
+
+def test_fine_tune_classifier_resumes_from_a_checkpoint(tmp_path):
+    """resume_from_checkpoint went to TrainingArguments, which keeps it without acting on it: the run started afresh
+    from the model as given, without a word. It now resumes: the resumed run ends on the uninterrupted run's
+    weights."""
+    tok = word_tokenizer()
+    texts, labels = ["the cat sat", "a dog ran far", "the cat", "dog"] * 2, [0, 1, 0, 1] * 2
+
+    def run(output_dir, init_seed, **kwargs):
+        torch.manual_seed(init_seed)  # a resumed run starts from the checkpoint's weights, not from its own
+        model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)), verbose=False)
+        fine_tune_classifier(model, tok, texts, labels, batch_size=4, max_steps=2, output_dir=output_dir,
+                             learning_rate=1e-2, logging_steps=1, **QUIET, **kwargs)
+        return model
+
+    full = run(tmp_path / "full", 0, save_strategy="steps", save_steps=1)
+    resumed = run(tmp_path / "resumed", 1, resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-1"))
+    for (name, a), b in zip(full.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b), name
