@@ -228,12 +228,26 @@ def distilling_trainer_class():
     return BcosDistillationTrainer
 
 
+# TrainingArguments fields the training helpers fill from their own arguments
+_SET_FROM_ARGUMENTS = {"num_train_epochs": "epochs", "per_device_train_batch_size": "batch_size",
+                       "disable_tqdm": "progress"}
+
+
 def training_arguments(prefix: str, output_dir, n_texts: int, epochs, batch_size, learning_rate, seed,
                         progress: bool, training_args: dict):
-    """``TrainingArguments`` of the package's training helpers; ``training_args`` override the defaults."""
+    """``TrainingArguments`` of the package's training helpers; ``training_args`` override the defaults (not the
+    settings the helpers take as arguments of their own, refused naming that argument)."""
     import tempfile
 
     from transformers import TrainingArguments
+
+    for key, own in _SET_FROM_ARGUMENTS.items():
+        if key in training_args:
+            # TrainingArguments raised Python's bare "got multiple values for keyword argument"
+            value = training_args[key]
+            value = (not value) if key == "disable_tqdm" and isinstance(value, bool) else value
+            raise argument_error(key, f"is set from the training helper's own argument {own}",
+                                 f"Pass {own}={value!r} instead", kind=BcosTypeError)
 
     overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, n_texts // batch_size // 10),
                    "dataloader_pin_memory": torch.cuda.is_available()}

@@ -278,3 +278,15 @@ def test_fine_tune_classifier_resumes_from_a_checkpoint(tmp_path):
     resumed = run(tmp_path / "resumed", 1, resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-1"))
     for (name, a), b in zip(full.named_parameters(), resumed.parameters(), strict=True):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(("key", "value", "own"), [("num_train_epochs", 3, "epochs=3"),
+                                                   ("per_device_train_batch_size", 8, "batch_size=8"),
+                                                   ("disable_tqdm", True, "progress=False")])
+def test_a_training_argument_the_helper_sets_itself_names_its_own_argument(key, value, own):
+    """fine_tune_classifier(..., num_train_epochs=3) failed with Python's bare "TrainingArguments() got multiple
+    values for keyword argument 'num_train_epochs'", naming neither the helper's argument nor the fix."""
+    model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)), verbose=False)
+    with pytest.raises(BcosTypeError, match=rf"^{key}: is set from the training helper's own argument .*"
+                                            rf"Pass {own} instead"):
+        fine_tune_classifier(model, word_tokenizer(), ["a cat", "the dog"], [0, 1], **{key: value})
