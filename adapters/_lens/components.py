@@ -98,7 +98,7 @@ def _layers(model: nn.Module) -> tuple[int, bool]:
     return cfg.n_layers, bool(getattr(cfg, "attn_only", False))
 
 
-def _check_inputs(model: nn.Module, tokens, attention_mask) -> Tensor:
+def _check_inputs(model: nn.Module, tokens, attention_mask) -> tuple[Tensor, Tensor | None]:
     require_explainable(model)
     return check_lens_tokens(model, tokens, attention_mask)
 
@@ -159,7 +159,7 @@ def token_component_decomposition(
         batched: one batched backward sweep for all components (default), or one backward per component
             (the reference loop the benchmark compares against; same numbers).
     """
-    tokens = _check_inputs(model, tokens, attention_mask)
+    tokens, attention_mask = _check_inputs(model, tokens, attention_mask)
     batch, _ = tokens.shape
     n_layers, attn_only = _layers(model)
     mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)

@@ -139,7 +139,7 @@ def explain_lens_value(
     before it are kept). ``result_fields`` go to ``result_class`` (a :class:`LensExplanation` subclass).
     """
     require_explainable(model)
-    tokens = check_lens_tokens(model, tokens, attention_mask)
+    tokens, attention_mask = check_lens_tokens(model, tokens, attention_mask)
     mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)
     pos = resolve_positions(position, mask, default="last")
     names = [n for n in ATTRIBUTION_HOOKS if n in model.hook_dict]

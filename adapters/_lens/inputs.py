@@ -11,14 +11,15 @@ from bcos_plugins.convert.architectures import position_limit, vocabulary_size
 __all__ = ["check_lens_tokens"]
 
 
-def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> Tensor:
+def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> tuple[Tensor, Tensor | None]:
     """The package's token-batch check (:func:`~bcos_plugins._checks.require_token_batch`) against ``model``'s
     (a ``HookedTransformer`` or ``TransformerBridge``) vocabulary (its embedding's rows, the package's one reading,
     :func:`~bcos_plugins.convert.architectures.vocabulary_size`) and, for a position table, ``cfg.n_ctx`` (the
     package's one reading of it, :func:`~bcos_plugins.convert.architectures.position_limit`);
     returns the ids as int64 (ids of any integer width convert exactly, as everywhere in the package:
-    TransformerLens' ``W_E[tokens]`` would read a uint8 tensor as a mask)."""
+    TransformerLens' ``W_E[tokens]`` would read a uint8 tensor as a mask) and the mask as int64 (``None`` stays
+    ``None``): the checked mask, not the caller's, goes on, since a float mask of 0.0 / 1.0 passes the check and
+    then failed as an index (``IndexError: tensors used as indices must be long...``)."""
     limit = position_limit(model)
-    tokens, _ = require_token_batch(tokens, attention_mask, vocab_size=vocabulary_size(model),
-                                    max_length=limit.max_length, limit_name=limit.source, name="tokens")
-    return tokens
+    return require_token_batch(tokens, attention_mask, vocab_size=vocabulary_size(model),
+                               max_length=limit.max_length, limit_name=limit.source, name="tokens")

@@ -47,7 +47,7 @@ from transformer_lens.components.mlps.mlp import MLP
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities.activation_functions import softcap_enabled
 
-from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.nn.activation import DetachableActivation
 
 from .attention import HookedBcosAttention, HookedBcosGroupedQueryAttention
@@ -121,6 +121,12 @@ def make_explainable(model: HookedTransformer) -> HookedTransformer:
     ``BcosValueError`` for options whose maths is not dynamic-weight (e.g. SoLU, soft-capped logits, clipped
     values, mixtures of experts, shortformer positions).
     """
+    if not isinstance(model, HookedTransformer):
+        raise argument_error(
+            "model", f"make_explainable takes a TransformerLens HookedTransformer, got {type(model).__name__}",
+            "For a transformers model use hooked_transformer_from_hf(model) (it returns an explainable "
+            "HookedTransformer) or transformer_bridge_from_hf(model); for a TransformerBridge use "
+            "make_bridge_explainable(bridge)", kind=BcosTypeError)
     check_explainable(model.cfg)
     if softcap_enabled(getattr(model.cfg, "bcos_output_logits_soft_cap", None)) \
             and not isinstance(getattr(model, "unembed", None), BcosSoftCappedUnembed):
@@ -150,13 +156,37 @@ def make_explainable(model: HookedTransformer) -> HookedTransformer:
     return model
 
 
+def _fixed_dynamic_weights(model: nn.Module) -> list[str]:
+    """The modules whose dynamic weight :func:`make_explainable` would route through a detachable module but that
+    do not have one: norms added afterwards (TransformerLens' ``process_weights_(fold_ln=True)`` puts in fresh
+    ``LayerNormPre`` / ``RMSNormPre`` modules), or attention / MLPs swapped in by hand."""
+    act_fn = getattr(getattr(model, "cfg", None), "act_fn", None)
+    missing = []
+    for name, module in model.named_modules():
+        if isinstance(module, _NORMS):
+            dynamic = isinstance(module.hook_scale, DynamicHookPoint)
+        elif isinstance(module, AbstractAttention):
+            dynamic = isinstance(module.hook_pattern, DynamicHookPoint)
+        elif isinstance(module, GatedMLP):
+            dynamic = isinstance(module.hook_pre, DynamicHookPoint)
+        elif isinstance(module, MLP):
+            dynamic = GATE_KINDS.get(act_fn) is None or isinstance(module.act_fn, DetachableActivation)
+        else:
+            continue
+        if not dynamic:
+            missing.append(name)
+    return missing
+
+
 def is_explainable(model: nn.Module) -> bool:
     """Whether :func:`make_explainable` (or, for a ``TransformerBridge``, ``make_bridge_explainable``) has been
-    applied (every attention pattern is detachable)."""
+    applied and still holds: every norm scale, attention pattern and activation gate is detachable. A model whose
+    norms were replaced afterwards (TransformerLens' ``process_weights_(fold_ln=True)``) is not: its norm scales
+    would take part in the gradient and the contributions would miss part of the logit."""
     if getattr(model, "_bcos_explainable_bridge", False):
         return True
     attentions = [m for m in model.modules() if isinstance(m, AbstractAttention)]
-    return bool(attentions) and all(isinstance(m.hook_pattern, DynamicHookPoint) for m in attentions)
+    return bool(attentions) and not _fixed_dynamic_weights(model)
 
 
 def _bias_names(module: nn.Module) -> list[str]:
@@ -255,6 +285,27 @@ class BcosHookedTransformer(ExactCacheHookedTransformer):
         _require_bcos_config(cfg)
         super().__init__(cfg, *args, **kwargs)
         _to_bcos(self)
+
+    def load_and_process_state_dict(self, state_dict, fold_ln: bool = True, center_writing_weights: bool = True,
+                                    center_unembed: bool = True, fold_value_biases: bool = True,
+                                    refactor_factored_attn_matrices: bool = False):
+        # TransformerLens' folding and centring (also behind process_weights_ and from_pretrained, on by default)
+        # rewrite a plain model into an equivalent one; a B-cos projection normalises its weight rows and scales
+        # its output by |cos| ** (B - 1), so folding a norm's gain into W_Q / W_in or centring the rows that write
+        # to the residual stream changed the logits silently (by 0.09 on a tiny B-cos GPT-2)
+        changing = {"fold_ln": fold_ln, "center_writing_weights": center_writing_weights,
+                    "refactor_factored_attn_matrices": refactor_factored_attn_matrices}
+        refused = [name for name, on in changing.items() if on]
+        if refused:
+            raise argument_error(
+                refused[0], f"{', '.join(f'{n}=True' for n in refused)} would change this B-cos model's outputs "
+                "(the folding / centring is exact only for plain models: B-cos projections normalise their weight "
+                "rows and scale their outputs by |cos| ** (B - 1))",
+                f"Pass {', '.join(f'{n}=False' for n in refused)} (process_weights_, from_pretrained, "
+                "load_and_process_state_dict); the final norm is already folded into W_U")
+        return super().load_and_process_state_dict(
+            state_dict, fold_ln=False, center_writing_weights=False, center_unembed=center_unembed,
+            fold_value_biases=fold_value_biases, refactor_factored_attn_matrices=False)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         folded = fold_final_norm_weight_in_state_dict(state_dict)

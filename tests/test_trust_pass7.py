@@ -1,0 +1,99 @@
+"""Seventh trust pass: the TransformerLens adapter, conversion and visualisation under unusual inputs, each case
+checked against a number computed another way (each row alone, the model's own logits, TransformerLens' sums) or
+refused naming the argument and the fix. The cases that were silently wrong or crashed unhelpfully, one test each."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import VOCAB, hooked_transformer_from_hf_or_none, tiny_model
+
+from bcos_plugins import bcosify
+from bcos_plugins.errors import BcosTypeError, BcosValueError
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+lens = pytest.importorskip("bcos_plugins.adapters.transformer_lens")
+
+
+def _tokens(batch: int = 2, length: int = 6) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def _bcos_gpt2_lens():
+    from_hf = hooked_transformer_from_hf_or_none()
+    return from_hf(bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False)) if from_hf else None
+
+
+# ------------------------------------------------------------------ TransformerLens adapter
+
+
+@pytest.mark.parametrize("entry", ["explain_logits", "token_component_decomposition"])
+def test_a_float_attention_mask_is_read_as_the_checked_mask(entry):
+    """A mask of 0.0 / 1.0 floats passed the token check, and then the caller's float mask (not the checked int64
+    one) went on to the position parser: IndexError 'tensors used as indices must be long, int, byte or bool'."""
+    model = _bcos_gpt2_lens()
+    if model is None:
+        return
+    explain_at = getattr(lens, entry)
+    tokens = _tokens()
+    mask = torch.ones(2, 6)
+    mask[1, :2] = 0.0
+    padded = explain_at(model, tokens, target=5, attention_mask=mask)
+    alone = explain_at(model, tokens[1:, 2:], target=5)
+    assert padded.explained[1].item() == pytest.approx(alone.explained[0].item(), rel=1e-5, abs=1e-7)
+    with torch.no_grad():
+        assert padded.explained[0].item() == pytest.approx(model(tokens)[0, -1, 5].item(), rel=1e-5, abs=1e-7)
+
+
+def test_make_explainable_refuses_a_transformers_model_naming_the_converter():
+    """make_explainable(GPT2LMHeadModel) failed with AttributeError: 'GPT2LMHeadModel' object has no attribute 'cfg'."""
+    if hooked_transformer_from_hf_or_none() is None:
+        return
+    with pytest.raises(BcosTypeError, match=r"^model: make_explainable takes a TransformerLens HookedTransformer, got "
+                                            r"GPT2LMHeadModel\. For a transformers model use hooked_transformer_from_hf"):
+        lens.make_explainable(tiny_model("GPT2LMHeadModel"))
+
+
+def test_norms_replaced_by_fold_ln_make_the_model_unexplainable_until_make_explainable():
+    """TransformerLens' process_weights_(fold_ln=True) puts fresh LayerNormPre modules (plain hook_scale) into an
+    explainable model; is_explainable looked at the attention patterns only, so explain_logits ran with the norm
+    scales in the gradient and its contributions missed most of the logit (completeness error 0.6-1.5), silently."""
+    from_hf = hooked_transformer_from_hf_or_none()
+    if from_hf is None:
+        return
+    tokens = _tokens()
+    model = from_hf(tiny_model("GPT2LMHeadModel"))
+    reference = lens.explain_logits(model, tokens, target=5)
+    model.process_weights_(fold_ln=True, center_writing_weights=False, center_unembed=False)
+    assert not lens.is_explainable(model)
+    with pytest.raises(BcosTypeError, match=r"^model: its dynamic weights are not detachable.*make_explainable"):
+        lens.explain_logits(model, tokens, target=5)
+    with pytest.raises(BcosTypeError, match=r"^model: its dynamic weights are not detachable"):
+        lens.token_component_decomposition(model, tokens, target=5)
+    lens.make_explainable(model)
+    again = lens.explain_logits(model, tokens, target=5)
+    assert float(again.completeness_error.max()) < 1e-5
+    torch.testing.assert_close(again.contributions, reference.contributions, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("flag", ["fold_ln", "center_writing_weights"])
+def test_a_bcos_lens_model_refuses_folding_and_centring(flag):
+    """process_weights_ (and from_pretrained, which folds by default) rewrote a B-cos HookedTransformer as if it were
+    plain: folding the norm gains into the B-cos rows or centring the rows writing to the residual stream changed its
+    logits (0.017 and 0.069 on a tiny B-cos GPT-2), silently."""
+    model = _bcos_gpt2_lens()
+    if model is None:
+        return
+    tokens = _tokens()
+    with torch.no_grad():
+        before = model(tokens)
+    flags = {"fold_ln": False, "center_writing_weights": False, "center_unembed": False, flag: True}
+    with pytest.raises(BcosValueError, match=rf"^{flag}: {flag}=True would change this B-cos model's outputs.*"
+                                             rf"Pass {flag}=False"):
+        model.process_weights_(**flags)
+    model.process_weights_(fold_ln=False, center_writing_weights=False, center_unembed=False)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), before, rtol=0, atol=0)
