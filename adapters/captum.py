@@ -877,12 +877,21 @@ def visualization_records(
     n = len(scores)
     if len(tokens) != n:
         raise BcosValueError(f"{len(tokens)} token rows but {len(scores)} score rows")
+    if logits is not None and (not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[0] != n):
+        # a batch of another size failed with IndexError, or read another example's logits
+        raise argument_error("logits", f"must be the class logits of the {n} explained examples, shape ({n}, "
+                             f"n_classes), got {tuple(logits.shape) if isinstance(logits, Tensor) else type(logits)}",
+                             "Pass model(...).logits of the batch you explained")
 
     def name(i):
         if i is None:
             return "-"
         if isinstance(i, Direction):
             return "a direction"
+        if label_names is not None and not 0 <= int(i) < len(label_names):
+            # was IndexError: list index out of range
+            raise argument_error("label_names", f"has {len(label_names)} names, but class {int(i)} is shown",
+                                 "Pass one name per class of the model (model.config.id2label)")
         return label_names[int(i)] if label_names is not None else int(i)
 
     records = []
@@ -890,6 +899,11 @@ def visualization_records(
         row = torch.as_tensor(scores[i], dtype=torch.float32).detach().cpu()
         if row.shape != (len(tokens[i]),):
             raise BcosValueError(f"example {i}: {len(tokens[i])} tokens but scores of shape {tuple(row.shape)}")
+        if not torch.isfinite(row).all():
+            # a NaN score went into the record (attr_score NaN), and Captum's visualize_text failed on it later
+            bad = (~torch.isfinite(row)).nonzero().flatten().tolist()
+            raise argument_error("scores", f"example {i} has NaN or infinite scores at token positions {bad[:10]}",
+                                 "Check the explanation (completeness_error) before building records from it")
         if logits is not None:
             probs = logits[i].detach().float().softmax(-1)
             pred = int(probs.argmax())

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ._checks import rows_named_as
+from ._checks import require_count, rows_named_as
 from .attribution.targets import Direction
 from .attribution.text import forward_keywords, readable_tokenizer_outputs
 from .convert.architectures import position_limit, vocabulary_size
@@ -68,8 +68,16 @@ def _per_row(value, name: str, n: int, data, column: str | None) -> list | None:
         if value.vector.ndim != 1:
             raise BcosValueError(f"{name}: explain_dataset takes one Direction (n_outputs,) for every text.")
         return value
-    if value is None or isinstance(value, int):
-        return None if value is None else [value] * n
+    if value is None:
+        return None
+    if _is_id(value):  # one id for all texts: an int, a NumPy int, a 0-d tensor (list() of those raised TypeError)
+        return [int(value)] * n
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence | torch.Tensor) \
+            or (isinstance(value, torch.Tensor) and value.ndim != 1):
+        # a str was read as a list of characters ("1 values for 5 texts"), a float raised "not iterable"
+        raise argument_error(name, f"got {type(value).__name__} {value!r}, not a class id", f"Pass one int for all "
+                             f"texts, one int per text, a Direction, or {name}_column=<column name>",
+                             kind=BcosTypeError)
     values = list(value)
     if len(values) != n:
         raise BcosValueError(f"{name}: {len(values)} values for {n} texts. Pass one per text, one int for all, "
@@ -161,8 +169,15 @@ def explain_dataset(
         if bad is not None:
             raise argument_error(argument, f"{what} {bad} is {type(strings[bad]).__name__} {strings[bad]!r}, not a "
                                  "str", "Pass strings only (fill or drop the texts without one)", kind=BcosTypeError)
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise BcosValueError(f"batch_size: must be a positive int, got {batch_size!r}.")
+    batch_size = require_count("batch_size", batch_size)  # True was a batch size of 1
+    if position is not None and not (isinstance(position, numbers.Integral) and not isinstance(position, bool)):
+        # a list or tensor went to explain as columns of each padded batch: on a left-padded batch a column is not
+        # the text's token at that index (another token, silently, or a refusal naming padding)
+        raise argument_error("position", f"must be one int for every text, got {type(position).__name__}",
+                             "Pass a token index counted from each text's first token (>= 0) or back from its last "
+                             "(< 0); for a different token per text, call explain on each batch yourself",
+                             kind=BcosTypeError)
+    position = None if position is None else int(position)  # a NumPy int was taken as a column, not from the first token
     n = len(texts)
     targets = _per_row(target, "target", n, data, target_column)
     foils = _per_row(foil, "foil", n, data, foil_column)
@@ -199,7 +214,7 @@ def explain_dataset(
         extra = readable_tokenizer_outputs(enc, readable)
         # a non-negative position counts from each text's first token: on a left-padded batch that is the text's
         # padding plus the position, not the column itself
-        from_first = (position if not isinstance(position, int) or isinstance(position, bool) or position < 0
+        from_first = (position if position is None or position < 0
                       else enc["attention_mask"].argmax(1) + position)
         with rows_named_as(range(lo, hi)):  # a refusal names the texts' rows in data, not the chunk's
             expl = explain(model, enc["input_ids"], enc["attention_mask"], target=value_of(targets, lo, hi),

@@ -97,3 +97,108 @@ def test_a_bcos_lens_model_refuses_folding_and_centring(flag):
     model.process_weights_(fold_ln=False, center_writing_weights=False, center_unembed=False)
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), before, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ explain_dataset
+
+
+def _corpus_setup(padding_side: str = "right"):
+    from test_pretrain import corpus, word_tokenizer
+
+    tokenizer = word_tokenizer()
+    tokenizer.padding_side = padding_side
+    texts, _ = corpus(5)
+    texts[2] = texts[2].split()[0]  # a one-token text among longer ones
+    return bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False), tokenizer, texts
+
+
+@pytest.mark.parametrize("one", [lambda t: __import__("numpy").int64(t), lambda t: torch.tensor(t)],
+                         ids=["numpy_int", "tensor_0d"])
+def test_explain_dataset_takes_one_numpy_or_tensor_id_for_every_text(one):
+    """A NumPy int or a 0-d tensor as the one target for all texts failed with TypeError ('numpy.int64' object is not
+    iterable / iteration over a 0-d tensor); it explains what an int does."""
+    from bcos_plugins import explain_dataset
+
+    model, tokenizer, texts = _corpus_setup()
+    expected = explain_dataset(model, tokenizer, texts, target=5, progress=False)
+    got = explain_dataset(model, tokenizer, texts, target=one(5), progress=False)
+    assert got["target"] == [5] * len(texts)
+    assert got["explained"] == expected["explained"]
+
+
+@pytest.mark.parametrize("target", ["5", 5.0])
+def test_explain_dataset_refuses_a_string_or_float_target_naming_it(target):
+    """A str was read as a list of characters ('target: 1 values for 5 texts'), a float failed with TypeError ('float'
+    object is not iterable)."""
+    from bcos_plugins import explain_dataset
+
+    model, tokenizer, texts = _corpus_setup()
+    with pytest.raises(BcosTypeError, match=rf"^target: got {type(target).__name__} .*, not a class id\. Pass one int"):
+        explain_dataset(model, tokenizer, texts, target=target, progress=False)
+
+
+def test_explain_dataset_refuses_a_boolean_batch_size():
+    """batch_size=True ran with batches of one text."""
+    from bcos_plugins import explain_dataset
+
+    model, tokenizer, texts = _corpus_setup()
+    with pytest.raises(BcosTypeError, match=r"^batch_size: must be an integer, got bool True"):
+        explain_dataset(model, tokenizer, texts, target=5, batch_size=True, progress=False)
+
+
+def test_explain_dataset_refuses_a_position_per_text_and_reads_a_numpy_position_from_the_first_token():
+    """A list of positions went to explain as columns of each padded batch: on a left-padded batch column p is not each
+    text's token p, so that column's logit was explained instead, silently where it held a real token (refused as a
+    padding token otherwise, naming a column the caller never saw). A NumPy int position took the same column path."""
+    from bcos_plugins import explain, explain_dataset
+
+    model, tokenizer, texts = _corpus_setup("left")
+    with pytest.raises(BcosTypeError, match=r"^position: must be one int for every text, got list"):
+        explain_dataset(model, tokenizer, texts, target=5, position=[0] * len(texts), batch_size=len(texts),
+                        progress=False)
+    got = explain_dataset(model, tokenizer, texts, target=5, position=__import__("numpy").int64(0), progress=False)
+    alone = [explain(model, tokenizer([t], return_tensors="pt")["input_ids"], target=5, position=0).explained.item()
+             for t in texts]
+    assert got["explained"] == pytest.approx(alone, rel=1e-5, abs=1e-7)
+
+
+# ------------------------------------------------------------------ Captum visualisation records
+
+
+def _bert_explanation():
+    from test_pretrain import corpus, word_tokenizer
+
+    from bcos_plugins import explain
+
+    tokenizer = word_tokenizer()
+    texts, _ = corpus(3)
+    enc = tokenizer(texts, padding=True, return_tensors="pt")
+    model = bcosify(tiny_model("BertForSequenceClassification"), b=1.5, verbose=False)
+    return explain(model, enc["input_ids"], enc["attention_mask"], target=2), tokenizer
+
+
+def test_visualization_records_refuse_short_label_names_and_logits_of_another_batch():
+    """label_names without the explained class failed with IndexError: list index out of range; logits of another
+    batch size with IndexError (or, larger, gave each example another example's predicted class)."""
+    pytest.importorskip("captum")
+    from bcos_plugins.adapters.captum import visualization_records
+
+    explanation, tokenizer = _bert_explanation()
+    with pytest.raises(BcosValueError, match=r"^label_names: has 2 names, but class 2 is shown\. Pass one name"):
+        visualization_records(explanation, tokenizer, label_names=["neg", "pos"])
+    with pytest.raises(BcosValueError, match=r"^logits: must be the class logits of the 3 explained examples"):
+        visualization_records(explanation, tokenizer, logits=torch.randn(4, 3))
+    records = visualization_records(explanation, tokenizer, label_names=["a", "b", "c"], logits=torch.randn(3, 3))
+    assert [r.attr_class for r in records] == ["c"] * 3
+
+
+def test_visualization_records_refuse_nan_scores():
+    """A NaN score went into the record (attr_score NaN) and failed later inside Captum's visualize_text;
+    tokens_to_html already refused it."""
+    pytest.importorskip("captum")
+    from bcos_plugins.adapters.captum import visualization_records
+
+    explanation, tokenizer = _bert_explanation()
+    explanation.contributions[1, 0] = float("nan")
+    with pytest.raises(BcosValueError, match=r"^scores: example 1 has NaN or infinite scores at token positions \[0\]"):
+        visualization_records(explanation, tokenizer)
