@@ -232,6 +232,30 @@ def _make_norm_explainable(norm_bridge: nn.Module) -> None:
     norm_bridge.set_original_component(replacement.train(original.training))
 
 
+def _make_activation_explainable(mlp_bridge: nn.Module) -> None:
+    """Make the activation of a non-gated MLP the bridge runs natively (GPT-2's ``act``) detachable: its gate
+    ``act(x) / x`` is a dynamic weight, and with it in the gradient a plain GPT-2's contributions missed up to 4 %
+    of the logit (completeness error 0.038 with ``gelu_new``) while the bridge was reported explainable. B-cos
+    models' activations already are; an activation without a detachable form is refused."""
+    from bcos_plugins.convert.bcosify import ACTIVATION_GATES, IDENTITY_ACTIVATIONS, gelu_kind
+    from bcos_plugins.nn.activation import DetachableActivation
+
+    original = getattr(mlp_bridge, "original_component", None)
+    if original is None:
+        return
+    for name, child in original.named_children():
+        kind = type(child).__name__
+        if isinstance(child, DetachableActivation | nn.Dropout | nn.Identity) or kind in IDENTITY_ACTIVATIONS \
+                or any(True for _ in child.parameters()) or any(True for _ in child.children()):
+            continue  # projections (LinearBridge, Conv1D) hold parameters; detachable or linear pieces need nothing
+        if kind not in ACTIVATION_GATES:
+            raise BcosTypeError(
+                f"hf_model: its MLP activation {kind} ({name}) has no detachable form, so no explanation of the "
+                f"bridge would be exact. Supported: {', '.join(sorted(ACTIVATION_GATES))} (config.activation_function "
+                "'gelu', 'gelu_new', 'gelu_pytorch_tanh', 'relu', 'silu')")
+        setattr(original, name, DetachableActivation(gelu_kind(child)).train(child.training))
+
+
 def make_bridge_explainable(bridge: nn.Module) -> nn.Module:
     """Route the bridge's own dynamic weights through detachable hook points (in place, idempotent).
 
@@ -239,6 +263,8 @@ def make_bridge_explainable(bridge: nn.Module) -> nn.Module:
     """
     check_bridge_internals()
     bridge_cls, attention, gated, joint, _linear, norm = _bridge_classes()
+    from transformer_lens.model_bridge.generalized_components import MLPBridge as mlp
+
     if not isinstance(bridge, bridge_cls):
         raise BcosTypeError(f"bridge: expected a TransformerBridge, got {type(bridge).__name__}. Build one with "
                             "transformer_bridge_from_hf(hf_model)")
@@ -251,6 +277,8 @@ def make_bridge_explainable(bridge: nn.Module) -> nn.Module:
             # the whole gate branch act(x W_gate) is the dynamic weight of act(...) * (x W_in): its output hook
             # (before the activation) detaches the branch; the activation of a detached input is constant too
             _swap_to_dynamic(module.gate.hook_out)
+        elif type(module) is mlp:  # a non-gated MLP run natively (GPT-2): its activation's gate
+            _make_activation_explainable(module)
     setattr(bridge, _EXPLAINABLE_FLAG, True)
     return bridge
 
