@@ -245,3 +245,41 @@ def test_a_bridge_over_an_activation_without_a_detachable_form_is_refused():
     with pytest.raises(BcosTypeError, match=r"^hf_model: its MLP activation QuickGELUActivation \(act\) has no "
                                             r"detachable form.*Supported: GELU"):
         lens.transformer_bridge_from_hf(T.GPT2LMHeadModel(config).eval())
+
+
+def test_a_gpt2_converted_with_stock_query_key_goes_through_the_bridge():
+    """bcosify(gpt2, bcos_query_key=False) keeps c_attn's query/key part stock (weights and biases): the bridge refused
+    it ('expected BcosConv1D') while hooked_transformer_from_hf's refusal named the bridge as the way to take it."""
+    hf = bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, bcos_query_key=False, verbose=False)
+    with torch.no_grad():
+        hf.transformer.h[0].attn.c_attn.bias.normal_(generator=torch.Generator().manual_seed(0))  # query/key biases count
+    bridge = lens.transformer_bridge_from_hf(hf)
+    tokens = _tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(bridge(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-6)
+    from bcos_plugins import explain
+
+    got = lens.explain_logits(bridge, tokens, target=5)
+    torch.testing.assert_close(got.contributions, explain(hf, tokens, target=5).contributions, rtol=1e-4, atol=1e-6)
+    assert float(got.completeness_error.max()) < 1e-5
+    assert float(lens.token_component_decomposition(bridge, tokens, target=5).completeness_error.max()) < 1e-5
+
+
+@pytest.mark.parametrize("convert", ["transformer_bridge_from_hf", "hooked_transformer_from_hf"])
+def test_the_converters_refuse_a_tokenizer_name(convert):
+    """tokenizer='gpt2' failed with AttributeError: 'str' object has no attribute 'save_pretrained'."""
+    if convert == "hooked_transformer_from_hf" and hooked_transformer_from_hf_or_none() is None:
+        return
+    with pytest.raises(BcosTypeError, match=r"^tokenizer: expected a transformers tokenizer, got str 'gpt2'\. Pass the "
+                                            r"tokenizer object"):
+        getattr(lens, convert)(tiny_model("GPT2LMHeadModel"), tokenizer="gpt2")
+
+
+def test_hooked_transformer_from_hf_refuses_a_model_class_that_is_not_a_hooked_transformer():
+    """model_class=nn.Module failed with TypeError: Module.__init__() got an unexpected keyword argument
+    'move_to_device'."""
+    from_hf = hooked_transformer_from_hf_or_none()
+    if from_hf is None:
+        return
+    with pytest.raises(BcosTypeError, match=r"^model_class: expected HookedTransformer or a subclass"):
+        from_hf(tiny_model("GPT2LMHeadModel"), model_class=torch.nn.Module)

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from bcos_plugins.convert.architectures import architecture_name, specs_where, vocabulary_size
+from bcos_plugins.convert.query_key import StockQueryKeyConv1D
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn.dynamic import DynamicWeightModule
 from bcos_plugins.nn.linear import BcosConv1D, BcosLinear
@@ -48,6 +49,7 @@ from bcos_plugins.nn.norm import BcosLayerNorm, DetachableRMSNorm
 from .boot_guard import BRIDGE_COPY_MARKER, FINAL_NORM_FOLDED_MARKER
 from .final_norm import fold_final_norm_into_unembedding
 from .hook_point import DynamicHookPoint
+from .inputs import check_tokenizer
 
 __all__ = [
     "SUPPORTED_BRIDGE_ARCHITECTURES",
@@ -175,6 +177,32 @@ def _bcos_qkv_parts(c_attn: BcosConv1D, n_parts: int = 3) -> list[BcosLinear]:
             layer.weight.copy_(c_attn.weight[:, i * size:(i + 1) * size].T)  # Conv1D stores (in, out)
         parts.append(layer.train(c_attn.training))
     return parts
+
+
+def _stock_query_key_parts(c_attn: StockQueryKeyConv1D) -> list[nn.Module]:
+    """The q/k/v of a fused ``c_attn`` converted with ``bcosify(..., bcos_query_key=False)``: q and k the stock
+    affine maps (weights and biases) whose outputs are constants in explanation mode, v a B-cos layer. The bridge
+    refused it ('expected BcosConv1D') while ``hooked_transformer_from_hf`` named the bridge as the way to take it."""
+    from bcos_plugins.convert.bcosify import _mixed_class
+    from bcos_plugins.convert.query_key import ConstantQueryKeyProjection
+
+    size = c_attn.out_features // 3
+    if c_attn.out_features % 3 or c_attn.query_key_features != 2 * size:
+        raise BcosValueError(f"hf_model: c_attn has {c_attn.out_features} outputs of which "
+                             f"{c_attn.query_key_features} stock query/key ones, not two thirds: not a q | k | v split")
+    weight, bias = c_attn.weight, c_attn.bias  # Conv1D layout (in, out)
+    parts = []
+    for i in range(2):
+        layer = nn.Linear(c_attn.in_features, size, device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(weight[:, i * size:(i + 1) * size].T)
+            layer.bias.copy_(bias[i * size:(i + 1) * size])
+        layer.__class__ = _mixed_class(ConstantQueryKeyProjection, nn.Linear)  # as bcosify does for Llama's q/k
+        parts.append(layer.train(c_attn.training))
+    values = BcosLinear(c_attn.in_features, size, b=c_attn.b, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        values.weight.copy_(weight[:, 2 * size:].T)
+    return [*parts, values.train(c_attn.training)]
 
 
 def _fold_final_norm(bridge: nn.Module, wrapped: nn.Module) -> None:
@@ -310,6 +338,7 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
     if not isinstance(hf_model, nn.Module):
         raise BcosTypeError(f"hf_model: expected a transformers model, got {type(hf_model).__name__}")
     arch = _architecture(hf_model)
+    check_tokenizer(tokenizer)
     check_bridge_internals()
     bridge_cls, _attention, _gated, joint, _linear, _norm = _bridge_classes()
     copied = copy.deepcopy(hf_model)
@@ -327,7 +356,10 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
             continue
         c_attn = getattr(module.original_component, "c_attn", None)
         c_attn = getattr(c_attn, "original_component", c_attn)  # the bridge wraps it in a LinearBridge
-        if isinstance(c_attn, DynamicWeightModule):
+        if isinstance(c_attn, StockQueryKeyConv1D):
+            for part, layer in zip((module.q, module.k, module.v), _stock_query_key_parts(c_attn), strict=True):
+                part.set_original_component(layer)
+        elif isinstance(c_attn, DynamicWeightModule):
             if not isinstance(c_attn, BcosConv1D):
                 raise BcosTypeError(f"hf_model: a fused attention projection of type {type(c_attn).__name__} "
                                     "cannot be split into B-cos q/k/v; expected BcosConv1D (GPT-2 via bcosify)")

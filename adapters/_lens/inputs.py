@@ -7,8 +7,9 @@ from torch import Tensor, nn
 
 from bcos_plugins._checks import require_token_batch
 from bcos_plugins.convert.architectures import position_limit, vocabulary_size
+from bcos_plugins.errors import BcosTypeError, argument_error
 
-__all__ = ["check_lens_tokens"]
+__all__ = ["check_lens_tokens", "check_tokenizer"]
 
 
 def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> tuple[Tensor, Tensor | None]:
@@ -23,3 +24,15 @@ def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> tuple[Tensor,
     limit = position_limit(model)
     return require_token_batch(tokens, attention_mask, vocab_size=vocabulary_size(model),
                                max_length=limit.max_length, limit_name=limit.source, name="tokens")
+
+
+def check_tokenizer(tokenizer) -> None:
+    """Refuse a ``tokenizer=`` that is not a transformers tokenizer object (``None`` passes): a hub name or path
+    failed deep inside with ``AttributeError: 'str' object has no attribute 'save_pretrained'``."""
+    from transformers import PreTrainedTokenizerBase
+
+    if tokenizer is not None and not isinstance(tokenizer, PreTrainedTokenizerBase):
+        raise argument_error("tokenizer", f"expected a transformers tokenizer, got {type(tokenizer).__name__} "
+                             f"{tokenizer!r}"[:200], "Pass the tokenizer object, e.g. "
+                             "AutoTokenizer.from_pretrained(name_or_folder) (nothing is fetched from the hub here)",
+                             kind=BcosTypeError)
