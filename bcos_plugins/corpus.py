@@ -9,7 +9,7 @@ saves with ``Dataset.save_to_disk`` / ``to_parquet`` / ``to_pandas``. ``datasets
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from ._checks import require_count, rows_named_as
 from .attribution.targets import Direction
 from .attribution.text import forward_keywords, readable_tokenizer_outputs
 from .convert.architectures import position_limit, vocabulary_size
+from .encoded_texts import require_max_length_fits
 from .errors import BcosTypeError, BcosValueError, argument_error
 from .explain import explain
 
@@ -83,6 +84,28 @@ def _per_row(value, name: str, n: int, data, column: str | None) -> list | None:
         raise BcosValueError(f"{name}: {len(values)} values for {n} texts. Pass one per text, one int for all, "
                              f"or {name}_column=<column name>.")
     return _require_ids(values, name)
+
+
+def _refuse_table_of_splits_or_columns(data, datasets) -> None:
+    """Refuse containers whose iteration yields names, not texts: a ``DatasetDict`` (or any dict) iterates over its
+    split names / keys and a pandas ``DataFrame`` over its column names, so ``explain_dataset`` explained the
+    strings ``"train"`` or ``"text"`` as the corpus, without a word. An ``IterableDataset`` yields dicts."""
+    if isinstance(data, datasets.Dataset):
+        return
+    if isinstance(data, Mapping):
+        keys = list(data)[:5]
+        fix = (f"Pass one split, e.g. data[{keys[0]!r}]" if isinstance(data, datasets.DatasetDict) and keys
+               else "Pass the list of texts (e.g. data['text']), or a datasets.Dataset")
+        raise argument_error("data", f"is a {type(data).__name__} (keys {keys}): iterating it gives its keys, not "
+                             "texts", fix, kind=BcosTypeError)
+    if hasattr(data, "columns") and hasattr(data, "iloc"):  # a pandas DataFrame
+        raise argument_error("data", f"is a {type(data).__name__}: iterating it gives its column names "
+                             f"{list(data.columns)[:5]}, not texts", "Pass a column as a list (data['text'].tolist()),"
+                             " or datasets.Dataset.from_pandas(data)", kind=BcosTypeError)
+    if isinstance(data, datasets.IterableDataset):
+        raise argument_error("data", "is a datasets.IterableDataset (streamed; its rows are dicts and its length is "
+                             "unknown)", "Materialise it first: datasets.Dataset.from_list(list(data)), or pass the "
+                             "texts as a list", kind=BcosTypeError)
 
 
 def _require_model_tokenizer(model: nn.Module, tokenizer, enc) -> None:
@@ -150,6 +173,7 @@ def explain_dataset(
     datasets = _import_datasets()
     if isinstance(data, str):
         raise BcosTypeError("data: got one string; pass a list of texts (or a datasets.Dataset).")
+    _refuse_table_of_splits_or_columns(data, datasets)
     if isinstance(data, datasets.Dataset):
         if text_column not in data.column_names:
             raise BcosValueError(f"text_column: {text_column!r} is not a column of the dataset. Columns: "
@@ -186,6 +210,12 @@ def explain_dataset(
                              "tokenizer.pad_token = tokenizer.eos_token (decoders) before explaining.")
     if max_length is None:
         max_length = position_limit(model).max_length
+    else:
+        # checked here, naming max_length: a negative or float one failed inside the tokenizer (OverflowError,
+        # TypeError), 0 was reported as texts that tokenise to nothing, one beyond the position table as input_ids
+        # too long (an argument the caller never passed)
+        max_length = require_count("max_length", max_length, minimum=1)
+        require_max_length_fits(model, max_length)
     device = next(model.parameters()).device
     columns: dict[str, list] = {"tokens": [], "input_ids": [], "scores": [], "explained": [], "target": [],
                                 "delta": [], "completeness_error": []}

@@ -283,3 +283,34 @@ def test_hooked_transformer_from_hf_refuses_a_model_class_that_is_not_a_hooked_t
         return
     with pytest.raises(BcosTypeError, match=r"^model_class: expected HookedTransformer or a subclass"):
         from_hf(tiny_model("GPT2LMHeadModel"), model_class=torch.nn.Module)
+
+
+@pytest.mark.parametrize("container", ["DatasetDict", "dict", "DataFrame", "IterableDataset"])
+def test_explain_dataset_refuses_containers_that_iterate_over_names(container):
+    """A DatasetDict iterates over its split names, a dict over its keys, a DataFrame over its column names:
+    explain_dataset explained the strings 'train' / 'text' as the corpus and returned one row for them, silently.
+    An IterableDataset's dict rows were refused as 'text 0 is dict'."""
+    import datasets
+
+    from bcos_plugins import explain_dataset
+
+    model, tokenizer, texts = _corpus_setup()
+    table = datasets.Dataset.from_dict({"text": texts})
+    data = {"DatasetDict": lambda: datasets.DatasetDict({"train": table}), "dict": lambda: {"text": texts},
+            "DataFrame": lambda: table.to_pandas(), "IterableDataset": lambda: table.to_iterable_dataset()}[container]()
+    with pytest.raises(BcosTypeError, match=r"^data: is a .*(gives its (keys|column names)|streamed).*\. "
+                                            r"(Pass|Materialise)"):
+        explain_dataset(model, tokenizer, data, target=5, progress=False)
+
+
+@pytest.mark.parametrize(("max_length", "kind", "message"), [
+    (-1, BcosValueError, r"must be >= 1, got -1"), (2.5, BcosTypeError, r"must be an integer, got float 2\.5"),
+    (0, BcosValueError, r"must be >= 1, got 0"), (10_000, BcosValueError, r"is 10000 but GPT2LMHeadModel takes at most")])
+def test_explain_dataset_checks_max_length_naming_it(max_length, kind, message):
+    """-1 and 2.5 failed inside the tokenizer (OverflowError, TypeError), 0 was reported as texts that tokenise to no
+    token, and a length beyond the position table as 'input_ids: has 50 positions' (an argument never passed)."""
+    from bcos_plugins import explain_dataset
+
+    model, tokenizer, texts = _corpus_setup()
+    with pytest.raises(kind, match=rf"^max_length: {message}"):
+        explain_dataset(model, tokenizer, texts, target=5, max_length=max_length, progress=False)
