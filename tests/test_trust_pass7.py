@@ -314,3 +314,27 @@ def test_explain_dataset_checks_max_length_naming_it(max_length, kind, message):
     model, tokenizer, texts = _corpus_setup()
     with pytest.raises(kind, match=rf"^max_length: {message}"):
         explain_dataset(model, tokenizer, texts, target=5, max_length=max_length, progress=False)
+
+
+@pytest.mark.parametrize("arch", ["GPT2LMHeadModel", "LlamaForCausalLM"])
+def test_per_head_and_per_neuron_results_of_a_b1_model_sum_to_the_block_outputs(arch):
+    """At B = 1 the B-cos scale is 1 but the projections still use unit-norm rows; BcosActivationCache handed B = 1 to
+    TransformerLens' own results (cached z / post times the raw W_O / W_out), so stack_head_results missed attn_out by
+    2.0, stack_neuron_results mlp_out by 1.4-2.0, and logit_attrs over the expanded decomposition the logit by
+    0.08-0.16, silently."""
+    from_hf = hooked_transformer_from_hf_or_none()
+    if from_hf is None:
+        return
+    model = from_hf(bcosify(tiny_model(arch), b=1.0, verbose=False))
+    tokens = _tokens()
+    logits, cache = model.run_with_cache(tokens)
+    layers = range(model.cfg.n_layers)
+    heads = cache.stack_head_results(layer=-1, pos_slice=-1, apply_ln=False)
+    torch.testing.assert_close(heads.sum(0), sum(cache[f"blocks.{i}.hook_attn_out"][:, -1] for i in layers),
+                               rtol=1e-5, atol=1e-6)
+    neurons = cache.stack_neuron_results(layer=-1, pos_slice=-1, apply_ln=False)
+    torch.testing.assert_close(neurons.sum(0), sum(cache[f"blocks.{i}.hook_mlp_out"][:, -1] for i in layers),
+                               rtol=1e-5, atol=1e-6)
+    resid = cache.get_full_resid_decomposition(pos_slice=-1, apply_ln=False, expand_neurons=True)
+    attributed = cache.logit_attrs(resid, tokens=torch.tensor([5, 5]), pos_slice=-1)
+    torch.testing.assert_close(attributed.sum(0), logits[:, -1, 5], rtol=1e-5, atol=1e-6)

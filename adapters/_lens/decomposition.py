@@ -136,14 +136,20 @@ def _output_factor(cache: ActivationCache, layer: int, part: str) -> Tensor:
 
 def _needs_own_results(model, part: str) -> bool:
     """Whether TransformerLens' per-head / per-neuron results (cached ``z`` / ``post`` times raw ``W_O`` /
-    ``W_out``) miss a factor of the forward: a B-cos scale or a norm after the projection."""
+    ``W_out``) miss a factor of the forward: a B-cos projection's unit-norm rows (at any B: with B = 1 the scale is 1
+    but the rows are still normalised, and TransformerLens' raw-weight results missed attn_out by 2.0 on a tiny
+    B-cos GPT-2), its scale, or a norm after the projection."""
     post, projection, _ = _POST_NORMS[part]
-    return _is_scaled(model, projection) or any(hasattr(block, post) for block in model.blocks)
+    return _is_bcos(model, projection) or any(hasattr(block, post) for block in model.blocks)
+
+
+def _is_bcos(model, projection: str) -> bool:
+    cfg = model.cfg
+    return bool(getattr(cfg, "bcos_projections", None)) and cfg.is_bcos(projection)
 
 
 def _is_scaled(model, projection: str) -> bool:
-    cfg = model.cfg
-    return bool(getattr(cfg, "bcos_projections", None)) and cfg.is_bcos(projection) and cfg.bcos_b != 1.0
+    return _is_bcos(model, projection) and model.cfg.bcos_b != 1.0
 
 
 def _weight(module: nn.Module, projection: str) -> Tensor:

@@ -20,24 +20,27 @@ __all__ = ["head_shares", "neuron_shares"]
 
 
 def head_shares(z: Float[Tensor, "... head d_head"], weight: Float[Tensor, "head d_head d_model"],
-                scale: Float[Tensor, "... d_model"]) -> Float[Tensor, "... head d_model"]:
+                scale: Float[Tensor, "... d_model"] | None) -> Float[Tensor, "... head d_model"]:
     """Each head's share of the output projection: ``scale ⊙ (z_h @ weight[h])`` (``weight`` unit-norm per output
-    unit, in TransformerLens' ``W_O`` layout)."""
-    return einops.einsum(z, weight, "... h d, h d m -> ... h m") * scale.unsqueeze(-2)
+    unit, in TransformerLens' ``W_O`` layout); ``scale=None``: no scale (B = 1)."""
+    shares = einops.einsum(z, weight, "... h d, h d m -> ... h m")
+    return shares if scale is None else shares * scale.unsqueeze(-2)
 
 
 def neuron_shares(post: Float[Tensor, "... pos d_mlp"], weight: Float[Tensor, "d_mlp d_model"],
-                  scale: Float[Tensor, "... pos d_model"], neuron_slice=None, pos_slice=None,
+                  scale: Float[Tensor, "... pos d_model"] | None, neuron_slice=None, pos_slice=None,
                   project_output_onto: Tensor | None = None) -> Tensor:
     """Each neuron's share of the output projection, ``post_n * weight[n] ⊙ scale`` (``weight`` unit-norm per output
     unit, in TransformerLens' ``W_out`` layout), with the arguments and output shapes of TransformerLens'
     ``ActivationCache.get_neuron_results``: ``(..., pos, neuron, d_model)``; an int ``neuron_slice`` drops the
     neuron axis; ``project_output_onto`` (``(d_model,)`` or ``(d_model, k)``) replaces ``d_model`` by its
-    projection (dropped for a vector)."""
+    projection (dropped for a vector); ``scale=None``: no scale (B = 1)."""
     # imported when needed, not at the top: the boot guard imports this module, and importing the guard must not
     # import TransformerLens, whose import installs that guard (bcos_plugins._host_import_guard)
     from transformer_lens.utilities import Slice
 
+    if scale is None:  # no scale (B = 1): ones, broadcast without copying
+        scale = post.new_ones(()).expand(*post.shape[:-1], weight.shape[-1])
     neuron_slice = neuron_slice if isinstance(neuron_slice, Slice) else Slice(neuron_slice)
     pos_slice = pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
     post, scale = pos_slice.apply(post, dim=-2), pos_slice.apply(scale, dim=-2)
