@@ -877,6 +877,12 @@ def visualization_records(
     n = len(scores)
     if len(tokens) != n:
         raise BcosValueError(f"{len(tokens)} token rows but {len(scores)} score rows")
+    for argument, values in (("target", target), ("true_labels", true_labels)):
+        # a shorter list failed with IndexError; a longer one (labels of the whole dataset for a batch of it) was
+        # read from its start, so every record showed another example's class, silently
+        if values is not None and len(values) != n:
+            raise argument_error(argument, f"has {len(values)} entries for {n} explained examples",
+                                 "Pass one per example, in the order of the explanation's rows")
     if logits is not None and (not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[0] != n):
         # a batch of another size failed with IndexError, or read another example's logits
         raise argument_error("logits", f"must be the class logits of the {n} explained examples, shape ({n}, "

@@ -338,3 +338,18 @@ def test_per_head_and_per_neuron_results_of_a_b1_model_sum_to_the_block_outputs(
     resid = cache.get_full_resid_decomposition(pos_slice=-1, apply_ln=False, expand_neurons=True)
     attributed = cache.logit_attrs(resid, tokens=torch.tensor([5, 5]), pos_slice=-1)
     torch.testing.assert_close(attributed.sum(0), logits[:, -1, 5], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("argument", ["target", "true_labels"])
+def test_visualization_records_refuse_a_target_or_label_list_of_another_length(argument):
+    """One entry too few failed with IndexError; one too many (the labels of the whole dataset for a batch of it) was
+    read from its start, so records showed other examples' classes, silently."""
+    pytest.importorskip("captum")
+    from bcos_plugins.adapters.captum import visualization_records
+
+    scores, tokens = [torch.tensor([0.5, 1.0]), torch.tensor([0.1, 0.2])], [["a", "b"], ["c", "d"]]
+    for values in ([1], [0, 1, 2]):
+        with pytest.raises(BcosValueError, match=rf"^{argument}: has {len(values)} entries for 2 explained examples"):
+            visualization_records(scores=scores, tokens=tokens, **{argument: values})
+    records = visualization_records(scores=scores, tokens=tokens, **{argument: [1, 0]})
+    assert [getattr(r, "attr_class" if argument == "target" else "true_class") for r in records] == [1, 0]
