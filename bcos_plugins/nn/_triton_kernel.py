@@ -78,6 +78,9 @@ if tl is not None:
             scale = dyn / tl.maximum(w_norm, NORM_EPS_)[None, :]
             tl.store(dyn_ptr + offsets, scale.to(dyn_ptr.dtype.element_ty), mask=ok)
         if STORE_NORMS:
-            # each row's norm once (the first column of programs), each unit's once (the first row of programs)
-            tl.store(x_norm_ptr + rows, x_norm, mask=row_ok & (pid_n == 0))
-            tl.store(w_norm_ptr + units, w_norm, mask=unit_ok & (pid_m == 0))
+            # each row's norm once (the first column of programs), each unit's once (the first row of programs); as
+            # branches, not as a mask `row_ok & (pid_n == 0)`, whose scalar operand Triton 3.9's interpreter refuses
+            if pid_n == 0:
+                tl.store(x_norm_ptr + rows, x_norm, mask=row_ok)
+            if pid_m == 0:
+                tl.store(w_norm_ptr + units, w_norm, mask=unit_ok)
