@@ -19,8 +19,7 @@ from tqdm.auto import tqdm
 from ._checks import require_count, rows_named_as
 from .attribution.targets import Direction
 from .attribution.text import forward_keywords, readable_tokenizer_outputs
-from .convert.architectures import position_limit, vocabulary_size
-from .encoded_texts import require_max_length_fits
+from .convert.architectures import position_limit, require_max_length_fits, vocabulary_size
 from .errors import BcosTypeError, BcosValueError, argument_error
 from .explain import explain
 

@@ -7,8 +7,7 @@ import torch
 from torch import nn
 
 from ._checks import require_count
-from .convert.architectures import position_limit
-from .errors import argument_error
+from .convert.architectures import position_limit, require_max_length_fits
 
 __all__ = ["EncodedTexts", "require_max_length_fits", "truncation_length"]
 
@@ -52,10 +51,3 @@ def truncation_length(model: nn.Module, max_length, *, default: int) -> int:
     return max_length
 
 
-def require_max_length_fits(model: nn.Module, max_length: int) -> None:
-    """Refuse a truncation length ``max_length`` longer than ``model``'s position limit (:func:`truncation_length`)."""
-    limit = position_limit(model)
-    if limit.max_length is not None and max_length > limit.max_length:
-        raise argument_error("max_length", f"is {max_length} but {type(model).__name__} takes at most "
-                             f"{limit.max_length} positions ({limit.source}, its position table)",
-                             f"Pass max_length={limit.max_length} or less (longer texts are then truncated to it)")

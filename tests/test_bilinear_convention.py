@@ -15,7 +15,7 @@ from transformer_lens import HookedTransformer
 
 from bcos_plugins import explanation_mode
 from bcos_plugins.bilinear import BilinearMLP
-from bcos_plugins.convert.bcosify import _mixed_class
+from bcos_plugins.convert.bcosify import mixed_class
 from bcos_plugins.convert.decoder_modules import BcosGatedMLP
 
 D_MODEL, D_MLP = 8, 12
@@ -36,7 +36,7 @@ def three_layers():
     config = T.LlamaConfig(hidden_size=D_MODEL, intermediate_size=D_MLP, hidden_act="linear",
                            num_hidden_layers=1, num_attention_heads=2, vocab_size=10)
     hf = T.models.llama.modeling_llama.LlamaMLP(config)
-    hf.__class__ = _mixed_class(BcosGatedMLP, type(hf))
+    hf.__class__ = mixed_class(BcosGatedMLP, type(hf))
     lens = make_explainable(HookedTransformer(bilinear_config(
         d_model=D_MODEL, n_layers=1, n_heads=2, d_mlp=D_MLP, d_vocab=10, n_ctx=8, device="cpu")))
     tl = lens.blocks[0].mlp

@@ -183,7 +183,7 @@ def _stock_query_key_parts(c_attn: StockQueryKeyConv1D) -> list[nn.Module]:
     """The q/k/v of a fused ``c_attn`` converted with ``bcosify(..., bcos_query_key=False)``: q and k the stock
     affine maps (weights and biases) whose outputs are constants in explanation mode, v a B-cos layer. The bridge
     refused it ('expected BcosConv1D') while ``hooked_transformer_from_hf`` named the bridge as the way to take it."""
-    from bcos_plugins.convert.bcosify import _mixed_class
+    from bcos_plugins.convert.bcosify import mixed_class
     from bcos_plugins.convert.query_key import ConstantQueryKeyProjection
 
     size = c_attn.out_features // 3
@@ -197,7 +197,7 @@ def _stock_query_key_parts(c_attn: StockQueryKeyConv1D) -> list[nn.Module]:
         with torch.no_grad():
             layer.weight.copy_(weight[:, i * size:(i + 1) * size].T)
             layer.bias.copy_(bias[i * size:(i + 1) * size])
-        layer.__class__ = _mixed_class(ConstantQueryKeyProjection, nn.Linear)  # as bcosify does for Llama's q/k
+        layer.__class__ = mixed_class(ConstantQueryKeyProjection, nn.Linear)  # as bcosify does for Llama's q/k
         parts.append(layer.train(c_attn.training))
     values = BcosLinear(c_attn.in_features, size, b=c_attn.b, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():

@@ -23,7 +23,7 @@ from typing import Literal
 
 from torch import nn
 
-from ..errors import BcosTypeError
+from ..errors import BcosTypeError, argument_error
 
 __all__ = ["ArchitectureSpec", "PositionLimit", "PositionTable", "REFUSED_ARCHITECTURES", "SPECS",
            "UnsupportedModuleError", "architecture_name", "check_stock_class", "position_limit", "spec_for",
@@ -468,6 +468,16 @@ def position_limit(model: nn.Module) -> PositionLimit:
                               after_padding=getattr(embedding, "padding_idx", None) is not None)
     rows = table.usable_rows(config)
     return PositionLimit(rows, rows, None if rows is None else table.source)
+
+
+def require_max_length_fits(model: nn.Module, max_length: int) -> None:
+    """Refuse a truncation length ``max_length`` longer than ``model``'s position limit (:func:`position_limit`): the
+    one check of :func:`~bcos_plugins.encoded_texts.truncation_length`, ``train_causal_lm`` and ``explain_dataset``."""
+    limit = position_limit(model)
+    if limit.max_length is not None and max_length > limit.max_length:
+        raise argument_error("max_length", f"is {max_length} but {type(model).__name__} takes at most "
+                             f"{limit.max_length} positions ({limit.source}, its position table)",
+                             f"Pass max_length={limit.max_length} or less (longer texts are then truncated to it)")
 
 
 def vocabulary_size(model: nn.Module) -> int | None:

@@ -77,7 +77,7 @@ def _is_rms_norm(module: nn.Module) -> bool:
     return type(module).__name__.endswith("RMSNorm") or isinstance(module, nn.RMSNorm)
 
 
-def _mixed_class(target: type[nn.Module], original: type[nn.Module]) -> type[nn.Module]:
+def mixed_class(target: type[nn.Module], original: type[nn.Module]) -> type[nn.Module]:
     """``target`` if it already subclasses ``original``, else a subclass of both (mixin first)."""
     if issubclass(target, original):
         return target
@@ -289,7 +289,7 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
     for name, action in plan:
         module = model.get_submodule(name)
         if isinstance(action, tuple) and action[0] == "swap":
-            module.__class__ = _mixed_class(action[1], type(module))
+            module.__class__ = mixed_class(action[1], type(module))
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -303,7 +303,7 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
 
     for path, (factory, why) in spec.class_swaps.items():
         target = model.get_submodule(path) if path else model
-        target.__class__ = _mixed_class(factory(), type(target))
+        target.__class__ = mixed_class(factory(), type(target))
         report.patched_modules[path or "<model>"] = why
     # swapped-in classes that read a setting of the model's config (Gemma 2's soft-capped LM head)
     for module in model.modules():
