@@ -20,6 +20,7 @@ from test_conformance import CONFIGS
 from test_pretrain import WORDS, word_tokenizer
 
 from bcos_plugins import bcosify, encoded_texts
+from bcos_plugins.convert import architectures
 from bcos_plugins.convert.architectures import PositionLimit, position_limit
 from bcos_plugins.errors import BcosValueError
 from bcos_plugins.nn.dynamic import has_dynamic_weights
@@ -109,7 +110,14 @@ def test_a_rotary_model_has_no_table_to_run_off(training_runs, tmp_path):
 
 def test_the_check_follows_the_one_position_limit(monkeypatch, training_runs, tmp_path):
     assert encoded_texts.position_limit is position_limit, "the training check reads the limit with its own function"
-    monkeypatch.setattr(encoded_texts, "position_limit", lambda model: PositionLimit(6, 6, "patched.limit"))
+
+    def patched(model):
+        return PositionLimit(6, 6, "patched.limit")
+
+    # read where the default length is decided (encoded_texts) and where a given one is checked (require_max_length_fits,
+    # beside position_limit in convert.architectures)
+    monkeypatch.setattr(encoded_texts, "position_limit", patched)
+    monkeypatch.setattr(architectures, "position_limit", patched)
     model, tok = tiny_model("BertForSequenceClassification"), word_tokenizer()
     with pytest.raises(BcosValueError, match=refusal(7, "BertForSequenceClassification", 6, "patched.limit")):
         fine_tune_classifier(model, tok, [LONG_TEXT, "w1"], [0, 1], max_length=7, output_dir=tmp_path, **QUIET)
