@@ -13,9 +13,8 @@ from ._checks import (
     require_texts,
     rows_named_as,
 )
-from .attribution.text import padded_float64_nan_cause, registry_spec, rows_as_alone_call
+from .attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
 from .encoded_texts import truncation_length
-from .errors import BcosValueError
 from .nn.dynamic import evaluating
 from .nn.functional import at_least_float32
 
@@ -56,25 +55,11 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
                                           spec=spec)
             logits = model(**call).logits
             chunk = logits.to(at_least_float32(logits.dtype)).cpu()  # (a float64 model's logits stay float64)
-            _refuse_nan_logits(chunk, rows, model, call.get("attention_mask"))
+            refuse_nan_logits("predict", chunk.isnan().any(-1), rows, "texts", chunk.dtype, call.get("attention_mask"),
+                              "Predict in float32 (model.float()), or with batch_size=1 (no padding).")
             out.append(chunk)
     logits = torch.cat(out)
     return logits[torch.argsort(torch.tensor(order))]
-
-
-def _refuse_nan_logits(logits: Tensor, rows: list[int], model: nn.Module, attention_mask: Tensor | None) -> None:
-    """Refuse a batch whose logits are NaN, naming the texts (``rows``: their indices in the caller's list) and the
-    float64 + padding cause where it applies: ``accuracy`` read a NaN row's arg-max as class 0 without a word."""
-    nan = logits.isnan().any(-1)
-    if not bool(nan.any()):
-        return
-    texts = [rows[int(i)] for i in nan.nonzero().flatten()]
-    dtype = next(model.parameters()).dtype
-    cause = padded_float64_nan_cause(dtype, attention_mask, "Predict in float32 (model.float()), or with "
-                                     "batch_size=1 (no padding).")
-    raise BcosValueError(f"predict: the model's logits are NaN for texts {texts[:8]}{', ...' if len(texts) > 8 else ''}"
-                         ". " + (cause or "Check those texts and the model's weights (an input or weight of NaN, inf "
-                                 "or a huge value overflows inside the model)."))
 
 
 def accuracy(model: nn.Module, tokenizer, texts: list[str], labels: list[int], **kwargs) -> float:

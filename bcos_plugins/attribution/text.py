@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +46,7 @@ __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explain
            "readable_tokenizer_outputs", "real_token_position_ids", "position_ids_as_alone",
            "gets_real_token_position_ids", "registry_spec", "rows_as_alone_call", "learned_position_table",
            "refuse_left_padding_shifting_positions", "explained_outputs_only", "logits_at_positions",
-           "padded_float64_nan_cause"]
+           "padded_float64_nan_cause", "refuse_nan_logits"]
 
 
 @dataclass(frozen=True)
@@ -428,6 +429,21 @@ def padded_float64_nan_cause(dtype: torch.dtype, attention_mask: Tensor | None, 
             "(transformers' eager attention, Gemma 2's default) turns the float64 mask value into -inf, so a padding "
             "position whose keys are all masked (left padding, or right padding beyond a sliding window) gets NaN, "
             f"which the next layer spreads to the real tokens. {fix}")
+
+
+def refuse_nan_logits(who: str, nan: Tensor, row_names: Sequence[int], noun: str, dtype: torch.dtype,
+                      attention_mask: Tensor | None, fix: str) -> None:
+    """Refuse a batch whose rows ``nan`` (a ``(batch,)`` boolean) have NaN logits, naming them by ``row_names`` (the
+    caller's index of each batch row; ``noun`` says what they are) and the float64 + padding cause where it applies
+    (:func:`padded_float64_nan_cause`, ending with the sentence ``fix``): a NaN score would be returned as one, and an
+    arg-max read as class 0. One sync when every row is finite."""
+    if not bool(nan.any()):
+        return
+    named = [row_names[int(i)] for i in nan.nonzero().flatten()]
+    cause = padded_float64_nan_cause(dtype, attention_mask, fix)
+    raise BcosValueError(f"{who}: the model's logits are NaN for {noun} {named[:8]}{', ...' if len(named) > 8 else ''}"
+                         ". " + (cause or "Check their inputs, the embedding rows of their tokens and the weights (an "
+                                 "input or weight of NaN, inf or a huge value overflows inside the model)."))
 
 
 def registry_spec(model) -> ArchitectureSpec | None:

@@ -286,6 +286,7 @@ def perplexity(
         batch_size: windows per forward pass.
     """
     from .._checks import require_int
+    from ..attribution.text import refuse_nan_logits
     from ..errors import argument_error
 
     batch_size = require_int("batch_size", batch_size, minimum=1)
@@ -332,9 +333,9 @@ def perplexity(
             logp = logits.double()[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
             scored = mask[:, 1:].bool()
             # a NaN logit of a scored token made the perplexity NaN without a word (a padded float64 Gemma 2)
-            _refuse_nan_rows("perplexity", (logp.isnan() & scored).any(1), logits.dtype, mask, start, "windows",
-                             "Pass batch_size=1 (one window per forward pass: no padding), or the model in float32 "
-                             "(model.float())")
+            refuse_nan_logits("perplexity", (logp.isnan() & scored).any(1), range(start, start + len(ids)),
+                              "windows", logits.dtype, mask, "Pass batch_size=1 (one window per forward pass: no "
+                              "padding), or the model in float32 (model.float()).")
             total -= logp[scored].sum().cpu()
             count += int(scored.sum())
     nll = float(total / count)
@@ -388,7 +389,7 @@ def next_token_contrast(
     """
     from .._checks import require_int, require_token_batch
     from ..attribution.targets import last_real_position
-    from ..attribution.text import registry_spec, rows_as_alone_call
+    from ..attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
     from ..errors import BcosTypeError, argument_error
 
     if positional:  # the 0.1 signature took target and foil by position
@@ -418,9 +419,9 @@ def next_token_contrast(
             ids, mask = input_ids[s:s + batch_size].to(device), attention_mask[s:s + batch_size].to(device)
             logits = model(**rows_as_alone_call(model, ids, mask, spec=spec, causal_lm=True)).logits
             logits = logits[torch.arange(len(ids), device=device), last[s:s + batch_size].to(device)]
-            _refuse_nan_rows("next_token_contrast", logits.isnan().any(-1), logits.dtype, mask, s, "rows",
-                             "Pass the model in float32 (model.float()), or the padded rows one at a time without "
-                             "padding")
+            refuse_nan_logits("next_token_contrast", logits.isnan().any(-1), range(s, s + len(ids)), "rows",
+                              logits.dtype, mask, "Pass the model in float32 (model.float()), or the padded rows one "
+                              "at a time without padding.")
             t, f = target[s:s + batch_size].to(device), foil[s:s + batch_size].to(device)
             rows = torch.arange(len(ids), device=device)
             # subtracted in at least float32 (float64 kept), as explain's values: a bfloat16 difference of two logits
@@ -429,20 +430,3 @@ def next_token_contrast(
             diffs.append((logits[rows, t].to(wide) - logits[rows, f].to(wide)).cpu())
             gaps.append(probability_gap(logits, t, f).cpu())
     return NextTokenContrast(torch.cat(diffs), torch.cat(gaps))
-
-
-def _refuse_nan_rows(who: str, nan: Tensor, dtype: torch.dtype, attention_mask: Tensor, first: int, noun: str,
-                     fix: str) -> None:
-    """Refuse a batch whose rows ``nan`` (numbered from ``first``, ``noun`` naming them) have NaN logits, naming the
-    float64 + padding cause where it applies (:func:`~bcos_plugins.attribution.text.padded_float64_nan_cause`): a NaN
-    score would be returned as one."""
-    if not bool(nan.any()):
-        return
-    from ..attribution.text import padded_float64_nan_cause
-    from ..errors import BcosValueError
-
-    rows = [first + int(r) for r in nan.nonzero().flatten()]
-    cause = padded_float64_nan_cause(dtype, attention_mask, f"{fix}.")
-    raise BcosValueError(f"{who}: the model's logits are NaN for {noun} {rows[:8]}{', ...' if len(rows) > 8 else ''}. "
-                         + (cause or "Check their inputs, the embedding rows of their tokens and the weights (an "
-                            "input or weight of NaN, inf or a huge value overflows inside the model)."))
