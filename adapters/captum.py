@@ -73,7 +73,7 @@ from bcos_plugins.attribution import (
     resolve_positions,
     text_attribution_point,
 )
-from bcos_plugins.attribution.gradient import non_finite_step, refuse_non_finite_step
+from bcos_plugins.attribution.gradient import non_finite_step, outside_inference, refuse_non_finite_step
 from bcos_plugins.attribution.text import (
     check_token_inputs,
     explained_positions,
@@ -84,6 +84,7 @@ from bcos_plugins.convert.architectures import spec_for, uncompiled
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import recording_forward_autocast
 from bcos_plugins.nn.dynamic import dynamic_weights_used, evaluating, explanation_mode, is_explaining
+from bcos_plugins.visualize import require_token_explanation
 
 __all__ = [
     "BcosAttribution",
@@ -697,8 +698,14 @@ class LayerBcos(LayerGradientXActivation):
         ran: set[nn.Module] = set()
         handles = [m.register_forward_hook(lambda module, args, out: ran.add(module)) for m in layers]
         forward_autocast: list[torch.dtype] = []
+        # under the caller's torch.inference_mode() the layer's output never required grad (Captum's own
+        # set_grad_enabled(True) does not lift it): RuntimeError 'element 0 of tensors does not require grad' or
+        # 'Inference tensors cannot be saved for backward'; lifted here as explain lifts it, tensors made under it
+        # copied to normal ones
+        inputs = _outside_inference_args(inputs)
+        additional_forward_args = _outside_inference_args(additional_forward_args)
         try:
-            with _explaining(type(self).__name__, self.model), explanation_mode(), \
+            with torch.inference_mode(False), _explaining(type(self).__name__, self.model), explanation_mode(), \
                     (nullcontext() if self.model is None else recording_forward_autocast(self.model, forward_autocast)):
                 attributions = super().attribute(
                     inputs, target=target, additional_forward_args=additional_forward_args,
@@ -744,6 +751,14 @@ class LayerBcos(LayerGradientXActivation):
             return attributions
         deltas = [_delta(a, explained) for a in per_layer]
         return attributions, (deltas if isinstance(attributions, list) else deltas[0])
+
+
+def _outside_inference_args(args: Any) -> Any:
+    """``args`` (a tensor, or a tuple / list of arguments) with every tensor made under ``torch.inference_mode()``
+    replaced by a normal copy (autograd cannot save inference tensors for backward); anything else unchanged."""
+    if isinstance(args, (tuple, list)):
+        return type(args)(outside_inference(a) for a in args)
+    return outside_inference(args)
 
 
 def _padded_float64_cause(dtype: torch.dtype, forward_args) -> str:
@@ -859,6 +874,7 @@ def visualization_records(
     """
     refuse_renamed_keywords("visualization_records", renamed, {"attributed_class": "target"})
     if explanation is not None:
+        require_token_explanation(explanation)
         if tokenizer is None:
             raise BcosValueError("visualization_records(explanation, tokenizer): the tokenizer is needed to turn "
                              "input ids into tokens")
@@ -888,6 +904,12 @@ def visualization_records(
         raise argument_error("logits", f"must be the class logits of the {n} explained examples, shape ({n}, "
                              f"n_classes), got {tuple(logits.shape) if isinstance(logits, Tensor) else type(logits)}",
                              "Pass model(...).logits of the batch you explained")
+    if logits is not None and label_names is not None and len(label_names) != logits.shape[1]:
+        # more names than classes (a 3-class dataset's names for a 2-class model) named every class by the name
+        # of another, silently
+        raise argument_error("label_names", f"has {len(label_names)} names, but logits have {logits.shape[1]} "
+                             "classes", "Pass one name per class of the model, in class-id order "
+                             "(model.config.id2label)")
 
     def name(i):
         if i is None:
@@ -904,7 +926,11 @@ def visualization_records(
     for i in range(n):
         row = torch.as_tensor(scores[i], dtype=torch.float32).detach().cpu()
         if row.shape != (len(tokens[i]),):
-            raise BcosValueError(f"example {i}: {len(tokens[i])} tokens but scores of shape {tuple(row.shape)}")
+            fix = ("Sum attributions over the embedding dimension first (Captum's (pos, dim) attributions: "
+                   "attr.sum(-1))" if row.ndim == 2 and row.shape[0] == len(tokens[i])
+                   else "Pass one score per token, padding removed from both")
+            raise argument_error("scores", f"example {i} has {len(tokens[i])} tokens but scores of shape "
+                                 f"{tuple(row.shape)}", fix)
         if not torch.isfinite(row).all():
             # a NaN score went into the record (attr_score NaN), and Captum's visualize_text failed on it later
             bad = (~torch.isfinite(row)).nonzero().flatten().tolist()
@@ -938,6 +964,15 @@ def records_to_html(records: Sequence[VisualizationDataRecord], title: str = "At
     """A self-contained HTML page (no IPython) with the columns of Captum's ``visualize_text``."""
     from bcos_plugins.visualize import tokens_to_html
 
+    iterable = hasattr(records, "__iter__") and not isinstance(records, str | Tensor)
+    records = list(records) if iterable else records
+    if not iterable or not all(isinstance(r, VisualizationDataRecord) for r in records):
+        # an explanation failed with TypeError: ... is not iterable
+        got = f"a {type(records).__name__}" if not iterable else \
+            f"a sequence holding {sorted({type(r).__name__ for r in records})}"
+        raise argument_error("records", f"must be Captum VisualizationDataRecords, got {got}",
+                             "Build them with visualization_records(explanation, tokenizer), or write an explanation "
+                             "directly with bcos_plugins.visualize.explanations_to_html", kind=BcosTypeError)
     head = ("<tr><th>True label</th><th>Predicted label (prob.)</th><th>Attribution label</th>"
             "<th>Attribution score</th><th>Convergence / completeness error</th><th>Word importance</th></tr>")
     rows = []

@@ -106,6 +106,7 @@ from bcos_plugins.convert.architectures import (
     supported_architectures,
 )
 from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY
+from bcos_plugins.corpus import require_tokenizer_fits
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
 from bcos_plugins.nn.dynamic import evaluating
@@ -293,6 +294,27 @@ class _Inseq071:
         HuggingfaceModel.generate = generate
 
     @staticmethod
+    def refuse_before_loading() -> None:
+        """``inseq.load_model(model, "bcos")`` checks the model before inseq wraps it (idempotent; wraps
+        ``HuggingfaceModel.load``, which ``load_model`` calls): inseq's wrapper reads the tokenizer's BOS token first,
+        so a BERT-family classifier (no BOS token) failed there with "'NoneType' object is not iterable" before
+        the "bcos" method could say that classifiers go through :func:`load_classifier`."""
+        from inseq.models.huggingface_model import HuggingfaceModel
+
+        original = inspect.getattr_static(HuggingfaceModel, "load").__func__
+        if getattr(original, "_checks_bcos_models", False):
+            return
+
+        @functools.wraps(original)
+        def load(model, attribution_method=None, *args, **kwargs):
+            if attribution_method == METHOD_NAME and isinstance(model, nn.Module):
+                _explainable_model(model, classifier=False)
+            return original(model, attribution_method, *args, **kwargs)
+
+        load._checks_bcos_models = True
+        HuggingfaceModel.load = staticmethod(load)
+
+    @staticmethod
     def quirks_present() -> dict[str, bool]:
         """Whether each quirk above is still in the installed inseq."""
         import inseq
@@ -327,6 +349,7 @@ def _padded_prompt_rows(attribution_model: AttributionModel, inputs, skip_specia
 
 
 _Inseq071.warn_on_padded_generation()
+_Inseq071.refuse_before_loading()
 
 
 # ---------------------------------------------------------------------------------------------- registration
@@ -594,6 +617,7 @@ class BcosClassifier:
     def __init__(self, model: nn.Module, tokenizer, label_names: Sequence[str] | None = None,
                  max_length: int | None = None):
         self.model, self.spec = _explainable_model(model, classifier=True)
+        require_tokenizer_fits(model, tokenizer)  # another model's tokenizer explained its tokens, silently
         self.tokenizer = tokenizer
         num_labels = model.config.num_labels
         if label_names is None:

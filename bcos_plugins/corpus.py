@@ -107,6 +107,28 @@ def _refuse_table_of_splits_or_columns(data, datasets) -> None:
                              "texts as a list", kind=BcosTypeError)
 
 
+def _require_tokenizer_object(tokenizer) -> None:
+    """Refuse what is no transformers tokenizer (a hub name failed with AttributeError on ``pad_token``)."""
+    if isinstance(tokenizer, str) or not callable(tokenizer) or not hasattr(tokenizer, "convert_ids_to_tokens"):
+        shown = f"str {tokenizer!r}" if isinstance(tokenizer, str) else type(tokenizer).__name__
+        raise argument_error("tokenizer", f"expected a transformers tokenizer, got {shown}",
+                             "Pass the tokenizer object, e.g. AutoTokenizer.from_pretrained(the model's folder)",
+                             kind=BcosTypeError)
+
+
+def require_tokenizer_fits(model: nn.Module, tokenizer) -> None:
+    """Refuse a tokenizer that is no transformers tokenizer, or one with more tokens than the model has embedding
+    rows: it is another model's (a GPT-2 tokenizer on a BERT), and texts whose ids all happen to fit were explained
+    as the model's own tokens, silently (its tokens were shown beside the scores)."""
+    _require_tokenizer_object(tokenizer)
+    vocab = vocabulary_size(model)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise argument_error("tokenizer", f"{type(tokenizer).__name__}({getattr(tokenizer, 'name_or_path', '') or '?'!r})"
+                             f" has {len(tokenizer)} tokens, but {type(model).__name__} has {vocab} embedding rows: "
+                             "the tokenizer is another model's", "Pass the tokenizer saved with the model "
+                             "(AutoTokenizer.from_pretrained of the model's folder or hub name)")
+
+
 def _require_model_tokenizer(model: nn.Module, tokenizer, enc) -> None:
     """Refuse a tokenizer that is not the model's, from what it returned: token ids beyond the model's embedding,
     or token type ids beyond its segment embedding (a BERT tokenizer's pair ids on RoBERTa). Either would fail
@@ -126,6 +148,7 @@ def _require_model_tokenizer(model: nn.Module, tokenizer, enc) -> None:
         raise BcosValueError(f"tokenizer: {tokenizer_name} gives token type ids up to {int(types.max())} (the "
                              f"segments of text pairs), but {model_name} has type_vocab_size {n_types}: the "
                              f"tokenizer is not the model's. {fix}.")
+    require_tokenizer_fits(model, tokenizer)  # ids that all fit do not make it the model's tokenizer
 
 
 def explain_dataset(
@@ -204,6 +227,7 @@ def explain_dataset(
     n = len(texts)
     targets = _per_row(target, "target", n, data, target_column)
     foils = _per_row(foil, "foil", n, data, foil_column)
+    _require_tokenizer_object(tokenizer)
     if tokenizer.pad_token is None:
         raise BcosValueError("tokenizer: has no pad token, so texts cannot be batched. Set "
                              "tokenizer.pad_token = tokenizer.eos_token (decoders) before explaining.")

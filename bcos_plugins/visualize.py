@@ -54,6 +54,10 @@ def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float]
         BcosTypeError: ``scores`` is not a 1-D tensor or a sequence of numbers.
         BcosValueError: the lengths differ, or a score is NaN or infinite.
     """
+    if hasattr(tokens, "tokens") and hasattr(tokens, "scores"):  # was TypeError: object ... has no len()
+        raise argument_error("tokens", f"got a {type(tokens).__name__}; tokens_to_html draws one row of tokens",
+                             "Pass explanation.tokens(tokenizer)[i] and explanation.scores()[i], or the whole "
+                             "explanation to explanations_to_html(explanation, tokenizer)", kind=BcosTypeError)
     if isinstance(scores, torch.Tensor):
         if scores.ndim != 1:
             raise argument_error("scores", f"must be one score per token (1-D), got shape {tuple(scores.shape)}",
@@ -113,8 +117,29 @@ def _contribution_total(explanation, row_scores: torch.Tensor) -> str:
     return f"sum of contributions (each a mean over {d} features) {total:.4f} × {d} = {total * d:.4f}"
 
 
+def require_token_explanation(explanation, argument: str = "explanation") -> None:
+    """Refuse what is not one token explanation (Captum's attribution tensor, a list of explanations, an image
+    explanation: each failed with an AttributeError or TypeError from inside the page builder)."""
+    if hasattr(explanation, "tokens") and hasattr(explanation, "scores") and hasattr(explanation, "explained"):
+        return
+    kind = type(explanation).__name__
+    if kind == "ImageExplanation":
+        fix = "Draw image explanations with bcos_plugins.vision.visualize.save_explanation_figure"
+    elif isinstance(explanation, torch.Tensor):
+        fix = ("For another method's (or Captum's) attributions pass per-token scores and tokens: tokens_to_html(tokens, "
+               "scores) or visualization_records(scores=..., tokens=...), with (pos, dim) attributions summed over "
+               "the last dimension")
+    elif isinstance(explanation, list | tuple):
+        fix = "Pass one explanation per call (explanation_sections_to_html takes (heading, explanation) pairs)"
+    else:
+        fix = "Pass the TokenExplanation that bcos_plugins.explain or explain_logits returned"
+    raise argument_error(argument, f"expected a token explanation (from explain / explain_logits), got {kind}", fix,
+                         kind=BcosTypeError)
+
+
 def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
                       captions: Sequence[str] | None) -> str:
+    require_token_explanation(explanation)
     tokens, scores = explanation.tokens(tokenizer), explanation.scores()
     if captions is not None and len(captions) != len(tokens):
         raise argument_error("captions", f"has {len(captions)} entries for {len(tokens)} rows",
@@ -160,12 +185,17 @@ def explanation_sections_to_html(sections: Sequence[tuple], tokenizer, label_nam
         sections: ``(heading, explanation)`` or ``(heading, explanation, captions)`` tuples, in page order.
         tokenizer, label_names, title: as for :func:`explanations_to_html`.
     """
+    if hasattr(sections, "tokens") or isinstance(sections, torch.Tensor):  # was TypeError: ... is not iterable
+        raise argument_error("sections", f"got one {type(sections).__name__}, not a list of sections",
+                             "Pass [(heading, explanation), ...], or call explanations_to_html(explanation, tokenizer)",
+                             kind=BcosTypeError)
     body = []
     for k, section in enumerate(sections):
         if not isinstance(section, tuple) or len(section) not in (2, 3):
             raise argument_error(f"sections[{k}]", "must be (heading, explanation) or (heading, explanation, "
                                  "captions)", "Pass a list of such tuples", kind=BcosTypeError)
         heading, explanation, captions = (*section, None)[:3]
+        require_token_explanation(explanation, f"sections[{k}]'s explanation")
         body.append(f"<h2>{_html.escape(str(heading))}</h2>"
                     + _explanation_rows(explanation, tokenizer, label_names, captions))
     return _page(title, "".join(body))
