@@ -33,6 +33,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from bcos_plugins.attribution import as_leaf, resolve_explained, resolve_positions
+from bcos_plugins.attribution.gradient import outside_inference
 from bcos_plugins.attribution.results import relative_completeness_error
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.explain import completeness_tolerance
@@ -160,11 +161,13 @@ def token_component_decomposition(
             (the reference loop the benchmark compares against; same numbers).
     """
     tokens, attention_mask = _check_inputs(model, tokens, attention_mask)
+    # normal copies of what was made under the caller's inference_mode (autograd cannot save inference tensors)
+    tokens, attention_mask = outside_inference(tokens), outside_inference(attention_mask)
     batch, _ = tokens.shape
     n_layers, attn_only = _layers(model)
     mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)
-    pos = resolve_positions(position, mask, default="last")
-    rows = torch.arange(batch, device=tokens.device)
+    pos = outside_inference(resolve_positions(position, mask, default="last"))
+    rows = outside_inference(torch.arange(batch, device=tokens.device))
     embed_names = [n for n in _EMBED_HOOKS if n in model.hook_dict]
     leaves: dict[str, Tensor] = {}
     kept: dict[str, Tensor] = {}

@@ -27,6 +27,7 @@ from bcos_plugins.attribution import (
     resolve_explained,
     resolve_positions,
 )
+from bcos_plugins.attribution.gradient import outside_inference
 from bcos_plugins.errors import BcosTypeError
 from bcos_plugins.explain import recording_forward_autocast
 from bcos_plugins.nn.functional import at_least_float32
@@ -140,8 +141,11 @@ def explain_lens_value(
     """
     require_explainable(model)
     tokens, attention_mask = check_lens_tokens(model, tokens, attention_mask)
+    # normal copies of what was made under the caller's inference_mode: the forward's embedding lookup and the
+    # logit indexing save them for backward, which autograd refuses for inference tensors
+    tokens, attention_mask = outside_inference(tokens), outside_inference(attention_mask)
     mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)
-    pos = resolve_positions(position, mask, default="last")
+    pos = outside_inference(resolve_positions(position, mask, default="last"))
     names = [n for n in ATTRIBUTION_HOOKS if n in model.hook_dict]
     leaves: dict[str, Tensor] = {}
     parsed: dict = {}

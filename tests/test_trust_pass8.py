@@ -1,0 +1,89 @@
+"""Eighth trust pass: the same valid model and input called from unusual contexts (``torch.no_grad()``,
+``torch.inference_mode()``, autocast, a float64 default dtype, deterministic algorithms; models in half precision,
+left in training mode, with gradient checkpointing, compiled; inputs non-contiguous, int32, on the meta device;
+the same input twice, after an exception mid-call), each checked against the same call in a plain context or the
+model's own logits. The cases that crashed unhelpfully, one test each."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import VOCAB, padded_batch, tiny_model
+
+from bcos_plugins import bcosify, explain
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def _bcos(name: str):
+    return bcosify(tiny_model(name), b=1.25, verbose=False)
+
+
+# ------------------------------------------------------------------ torch.inference_mode()
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "LlamaForCausalLM"])
+def test_layer_bcos_under_inference_mode_gives_the_plain_calls_attributions(name):
+    """``explain`` and ``BcosAttribution`` lift the caller's inference_mode; LayerBcos did not: RuntimeError
+    'Inference tensors cannot be saved for backward' (BERT) or 'element 0 of tensors does not require grad'
+    (Llama), also for ids and masks made inside the block."""
+    captum = pytest.importorskip("bcos_plugins.adapters.captum")
+    model = _bcos(name)
+    ids, mask = padded_batch(side="right" if name.startswith("Bert") else "left")
+    target = torch.tensor([0, 1, 2]) if name.startswith("Bert") else torch.tensor([5, 7, 9])
+    plain, plain_delta = captum.LayerBcos(model).attribute(ids, target=target, additional_forward_args=(mask,),
+                                                           return_convergence_delta=True)
+    with torch.inference_mode():
+        inside, delta = captum.LayerBcos(model).attribute(ids.clone(), target=target,
+                                                          additional_forward_args=(mask.clone(),),
+                                                          return_convergence_delta=True)
+    torch.testing.assert_close(inside, plain, rtol=0, atol=0)
+    torch.testing.assert_close(delta, plain_delta, rtol=0, atol=0)
+    # the attributions are the explanation: they sum to the explained logits
+    expl = explain(model, ids, mask, target=target)
+    torch.testing.assert_close(inside.sum(-1), expl.contributions, rtol=1e-4, atol=1e-6)
+
+
+def test_llm_gradient_attribution_with_layer_bcos_runs_under_inference_mode():
+    """Captum's LLM workflow over LayerBcos crashed under inference_mode as LayerBcos did."""
+    pytest.importorskip("bcos_plugins.adapters.captum")
+    from bcos_plugins.adapters.captum import LayerBcos
+    from captum.attr import LLMGradientAttribution, TextTokenInput
+    from test_conformance import _word_tokenizer
+
+    model, tokenizer = _bcos("GPT2LMHeadModel"), _word_tokenizer()
+    prompt = TextTokenInput("w3 w4 w5 w6", tokenizer)
+    plain = LLMGradientAttribution(LayerBcos(model), tokenizer).attribute(prompt, target="w7 w8")
+    with torch.inference_mode():
+        inside = LLMGradientAttribution(LayerBcos(model), tokenizer).attribute(prompt, target="w7 w8")
+    torch.testing.assert_close(inside.token_attr, plain.token_attr, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("entry", ["explain_logits", "token_component_decomposition"])
+def test_lens_explanations_under_inference_mode_are_the_plain_ones(entry):
+    """TransformerLens' explain_logits and token_component_decomposition made their positions (and checked tokens)
+    under the caller's inference_mode and indexed the logits with them inside the recorded graph: RuntimeError
+    'Inference tensors cannot be saved for backward'."""
+    lens = pytest.importorskip("bcos_plugins.adapters.transformer_lens")
+    from conftest import hooked_transformer_from_hf_or_none
+
+    from_hf = hooked_transformer_from_hf_or_none()
+    if from_hf is None:
+        return
+    model = from_hf(_bcos("GPT2LMHeadModel"))
+    explain_at = getattr(lens, entry)
+    tokens = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
+    plain = explain_at(model, tokens, target=5)
+    with torch.inference_mode():
+        inside = explain_at(model, tokens, target=5)
+        made_inside = explain_at(model, tokens.clone(), target=5, attention_mask=torch.ones(2, 6, dtype=torch.long))
+    for got in (inside, made_inside):
+        for field in ("contributions", "table") if entry == "token_component_decomposition" else ("contributions",):
+            if hasattr(plain, field):
+                torch.testing.assert_close(getattr(got, field), getattr(plain, field), rtol=0, atol=0)
+        torch.testing.assert_close(got.explained, plain.explained, rtol=0, atol=0)
+    with torch.no_grad():
+        logits = model(tokens)[:, -1, 5]
+    torch.testing.assert_close(plain.explained, logits, rtol=1e-5, atol=1e-7)
