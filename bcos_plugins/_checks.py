@@ -263,6 +263,10 @@ def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | Non
     if 0 in input_ids.shape:
         raise argument_error(name, f"empty input of shape {tuple(input_ids.shape)}; there is nothing to explain",
                              "Pass at least one sequence of at least one token")
+    for arg, given in ((name, input_ids), ("attention_mask", attention_mask)):
+        if isinstance(given, Tensor) and given.is_meta:  # the value checks below failed with NotImplementedError
+            raise argument_error(arg, "is on the meta device (a shape without values), so there are no tokens to "
+                                 "check or explain", "Pass the real tensor (on the model's device)")
     ids = ids_as_long(input_ids)
     passed = _token_batch_passes(ids, attention_mask, vocab_size, max_length)
     if passed is not None:

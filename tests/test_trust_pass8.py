@@ -13,6 +13,7 @@ import torch
 from conftest import VOCAB, padded_batch, tiny_model
 
 from bcos_plugins import bcosify, explain
+from bcos_plugins.errors import BcosValueError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -87,3 +88,19 @@ def test_lens_explanations_under_inference_mode_are_the_plain_ones(entry):
     with torch.no_grad():
         logits = model(tokens)[:, -1, 5]
     torch.testing.assert_close(plain.explained, logits, rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------ tensors on the meta device
+
+
+@pytest.mark.parametrize("argument", ["input_ids", "attention_mask"])
+def test_token_ids_or_a_mask_on_the_meta_device_are_refused_naming_them(argument):
+    """Ids or a mask on the meta device (a shape without values) failed inside the token check with
+    NotImplementedError 'Cannot copy out of meta tensor; no data!'."""
+    model = _bcos("BertForSequenceClassification")
+    ids, mask = padded_batch()
+    given = {"input_ids": ids, "attention_mask": mask}
+    given[argument] = given[argument].to("meta")
+    with pytest.raises(BcosValueError, match=rf"^{argument}: is on the meta device \(a shape without values\).*"
+                                             r"Pass the real tensor"):
+        explain(model, given["input_ids"], given["attention_mask"])
