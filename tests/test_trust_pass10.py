@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as T
+from conftest import hooked_transformer_from_hf_or_none
 
 from bcos_plugins import bcosify, explain
 from bcos_plugins.data import shipped_data
@@ -172,3 +173,85 @@ def test_visualization_records_refuse_label_names_of_another_class_count(bert):
         captum.visualization_records(expl, tokenizer, logits=logits, label_names=["neutral", "negative", "positive"])
     records = captum.visualization_records(expl, tokenizer, logits=logits, label_names=["negative", "positive"])
     assert [r.pred_class for r in records] == [["negative", "positive"][int(i)] for i in logits.argmax(-1)]
+
+
+# ------------------------------------------------------------------ the support statements of the host pages
+
+
+def test_the_inseq_pages_name_exactly_the_registry_causal_lms():
+    """The inseq pages said "Supported: B-cos GPT2LMHeadModel and LlamaForCausalLM" while the conformance suite runs
+    load_model(m, "bcos") on every causal LM of the registry (Mistral, Qwen2, Qwen3, Gemma 2 too): the page lists
+    what is tested, no more and no less."""
+    import re
+    from pathlib import Path
+
+    from bcos_plugins.convert.architectures import specs_where
+
+    causal_lms = set(specs_where(lambda spec: spec.head == "causal_lm"))
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    for page, marker in (("hosts/inseq.md", "- **Supported**:"), ("in-depth.md", "- Supported:")):
+        text = (docs / page).read_text(encoding="utf-8")
+        item = text.split(marker, 1)[1].split("\n- ", 1)[0]
+        named = set(re.findall(r"`(\w+ForCausalLM|\w+LMHeadModel)`", item))
+        assert named == causal_lms, f"{page}: names {sorted(named)}, the registry's causal LMs are {sorted(causal_lms)}"
+
+
+@pytest.mark.parametrize("name", ["BertForMaskedLM", "GPT2Model"])
+def test_inseq_load_model_refuses_masked_lms_and_base_models(name, gpt2_tokenizer):
+    """The inseq page's refused cells beyond the tested ones: a B-cos masked LM (it failed inside inseq's loader on
+    the missing BOS token, TypeError: 'NoneType' object is not iterable) and a base model, each named."""
+    inseq = pytest.importorskip("inseq")
+    inseq_adapter = pytest.importorskip("bcos_plugins.adapters.inseq")
+    torch.manual_seed(0)
+    if name == "BertForMaskedLM":
+        tokenizer = T.AutoTokenizer.from_pretrained(minilm_path())
+        model = T.BertForMaskedLM(T.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
+                                               num_attention_heads=4, intermediate_size=64))
+        reason = r"a masked LM, which predicts tokens in place and cannot generate"
+    else:
+        tokenizer = gpt2_tokenizer
+        model = T.GPT2Model(T.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=4))
+        reason = r"a base model: it returns hidden states and has no LM head to generate with"
+    model = bcosify(model.eval(), b=1.1, verbose=False)
+    with pytest.raises(inseq_adapter.UnsupportedModelError, match=rf"^{name} is {reason}\. Supported: causal LMs "):
+        inseq.load_model(model, "bcos", tokenizer=tokenizer)
+
+
+
+
+@pytest.mark.parametrize("option, message", [
+    (dict(clip_qkv=1.0), r"^clip_qkv=1\.0 clamps the values, which is not dynamic-weight; set clip_qkv=None\."),
+    (dict(num_experts=2, experts_per_token=1, gated_mlp=True),
+     r"^mixture-of-experts MLPs \(num_experts\) are not supported; use a dense MLP\."),
+])
+def test_the_transformer_lens_limits_clipped_qkv_and_experts_are_refused_plain_and_bcos(option, message):
+    """Two refused cells of the TransformerLens page's limits that no test exercised (clipped QKV, mixtures of
+    experts): refused for a B-cos config and by make_explainable on a plain HookedTransformer."""
+    lens = pytest.importorskip("bcos_plugins.adapters.transformer_lens")
+    if hooked_transformer_from_hf_or_none() is None:  # TransformerLens 4: no HookedTransformer (refusal checked)
+        return
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    fields = dict(d_model=16, n_layers=1, n_heads=2, d_head=8, d_mlp=32, d_vocab=50, n_ctx=16, act_fn="silu",
+                  **option)
+
+    with pytest.raises(BcosValueError, match=message):
+        lens.BcosHookedTransformer(lens.BcosTransformerConfig(**fields))
+    with pytest.raises(BcosValueError, match=message):
+        lens.make_explainable(HookedTransformer(HookedTransformerConfig(**fields)))
+
+
+@pytest.mark.parametrize("rope_type", ["linear", "dynamic"])
+def test_the_transformer_lens_limit_on_rope_types_is_refused(rope_type):
+    """The page's "rope types other than the default (and Llama 3's)" cell, untested until now."""
+    pytest.importorskip("bcos_plugins.adapters.transformer_lens")
+    from_hf = hooked_transformer_from_hf_or_none()
+    if from_hf is None:  # TransformerLens 4: no HookedTransformer (its refusal is checked there)
+        return
+    torch.manual_seed(0)
+    llama = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                             num_key_value_heads=2, intermediate_size=32, max_position_embeddings=64,
+                                             rope_scaling={"rope_type": rope_type, "factor": 2.0})).eval()
+    with pytest.raises(BcosValueError, match=rf"^rope_type='{rope_type}' is not expressed by TransformerLens' Llama "
+                                             r"config \(default and llama3 are\)"):
+        from_hf(bcosify(llama, b=1.1, verbose=False))
