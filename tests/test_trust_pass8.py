@@ -104,3 +104,27 @@ def test_token_ids_or_a_mask_on_the_meta_device_are_refused_naming_them(argument
     with pytest.raises(BcosValueError, match=rf"^{argument}: is on the meta device \(a shape without values\).*"
                                              r"Pass the real tensor"):
         explain(model, given["input_ids"], given["attention_mask"])
+
+
+# ------------------------------------------------------------------ a model left in training mode
+
+
+def test_perturbation_curves_of_a_model_left_in_training_mode_are_its_eval_mode_curves():
+    """perturbation_curves ran the model in the mode it was left in: after training (model.train()) every
+    perturbed row was scored with dropout on, and the curves were random (off by 2x on this model), silently. The
+    decoder metrics and SeqPG switch to eval mode; so does it now, and gives the training flag back."""
+    from bcos_plugins.metrics import perturbation_curves
+
+    model = _bcos("BertForSequenceClassification")
+    ids, mask = padded_batch()
+    target = torch.tensor([0, 1, 2])
+    scores = explain(model, ids, mask, target=target).contributions
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    special[:, 0] = True
+    evaluated = perturbation_curves(model, ids, mask, scores, target=target, special_tokens=special)
+    model.train()
+    trained = perturbation_curves(model, ids, mask, scores, target=target, special_tokens=special)
+    assert model.training
+    torch.testing.assert_close(trained.comprehensiveness, evaluated.comprehensiveness, rtol=0, atol=0)
+    torch.testing.assert_close(trained.sufficiency, evaluated.sufficiency, rtol=0, atol=0)
+    torch.testing.assert_close(trained.full_probability, evaluated.full_probability, rtol=0, atol=0)

@@ -34,6 +34,7 @@ Two summaries of the curve over p, both reported by :class:`PerturbationCurves`:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -58,6 +59,7 @@ from ..attribution.text import (
 )
 from ..convert.architectures import vocabulary_size
 from ..errors import BcosTypeError, argument_error
+from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
 from .attributions import perturbable_mask, share_counts, token_scores
 
@@ -191,7 +193,10 @@ def _check_fractions(fractions, lowest: float = 0.0) -> tuple[float, ...]:
 
 
 def _probabilities(model: Callable, call: dict, probability: str) -> Tensor:
-    out = model(**call)
+    # in eval mode, as the decoder metrics and SeqPG score: a model left in training mode (after a Trainer run)
+    # scored every perturbed row with dropout on, so the curves were random (off by 2x on a tiny BERT), silently
+    with evaluating(model) if isinstance(model, nn.Module) else nullcontext():
+        out = model(**call)
     logits = out.logits if hasattr(out, "logits") else out
     if not isinstance(logits, Tensor) or logits.ndim != 2:
         raise argument_error("model", f"must return class logits (batch, classes), got "
