@@ -554,6 +554,9 @@ class BcosAttribution(GradientAttribution):
             raise argument_error(next(iter(other_methods_keywords)), f"is not an argument of "
                                  f"{type(self).__name__}.attribute", "Pass inputs, target, additional_forward_args "
                                  "and return_convergence_delta only", kind=BcosTypeError)
+        # a target made under the caller's torch.inference_mode(): Captum's gather saves it for backward, which
+        # autograd refuses for inference tensors (RuntimeError)
+        target = outside_inference(target)
         is_tuple = CaptumInternals.is_tuple(inputs)
         inputs_t = CaptumInternals.as_tuple(inputs)
         for i, x in enumerate(inputs_t):
@@ -704,6 +707,7 @@ class LayerBcos(LayerGradientXActivation):
         # copied to normal ones
         inputs = _outside_inference_args(inputs)
         additional_forward_args = _outside_inference_args(additional_forward_args)
+        target = outside_inference(target)  # Captum's gather saves it for backward
         try:
             with torch.inference_mode(False), _explaining(type(self).__name__, self.model), explanation_mode(), \
                     (nullcontext() if self.model is None else recording_forward_autocast(self.model, forward_autocast)):

@@ -106,6 +106,66 @@ def test_token_ids_or_a_mask_on_the_meta_device_are_refused_naming_them(argument
         explain(model, given["input_ids"], given["attention_mask"])
 
 
+# ------------------------------------------------------------------ targets made under torch.inference_mode()
+
+
+def test_targets_foils_and_directions_made_under_inference_mode_are_explained():
+    """A target tensor made under inference_mode (explain_dataset makes one per batch) was gathered inside the
+    recorded graph: RuntimeError 'Inference tensors cannot be saved for backward', from explain and from
+    explain_dataset called under inference_mode."""
+    from bcos_plugins.attribution import Direction
+
+    model = _bcos("GPT2LMHeadModel")
+    ids, mask = padded_batch(side="left")
+    target, foil, vector = torch.tensor([5, 7, 9]), torch.tensor([6, 8, 10]), torch.linspace(-1, 1, VOCAB)
+    plain = explain(model, ids, mask, target=target, foil=foil)
+    plain_direction = explain(model, ids, mask, target=Direction(vector))
+    with torch.inference_mode():
+        inside = explain(model, ids, mask, target=target.clone(), foil=foil.clone())
+        direction = explain(model, ids, mask, target=Direction(vector.clone()))
+        made_inside = target.clone()
+    torch.testing.assert_close(inside.contributions, plain.contributions, rtol=0, atol=0)
+    torch.testing.assert_close(direction.contributions, plain_direction.contributions, rtol=0, atol=0)
+    torch.testing.assert_close(explain(model, ids, mask, target=made_inside, foil=foil).contributions,
+                               plain.contributions, rtol=0, atol=0)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0)).logits[:, -1]
+    torch.testing.assert_close(plain.explained, logits[torch.arange(3), target] - logits[torch.arange(3), foil],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_explain_dataset_runs_under_inference_mode():
+    pytest.importorskip("datasets")
+    from test_conformance import _word_tokenizer
+
+    from bcos_plugins import explain_dataset
+
+    model, tokenizer = _bcos("BertForSequenceClassification"), _word_tokenizer()
+    texts = ["w3 w4 w5 w6 w7", "w8 w9 w10", "w11 w12 w13 w14"]
+    plain = explain_dataset(model, tokenizer, texts, target=1)["scores"]
+    with torch.inference_mode():
+        inside = explain_dataset(model, tokenizer, texts, target=1)["scores"]
+    assert inside == plain
+
+
+@pytest.mark.parametrize("method", ["BcosAttribution", "LayerBcos"])
+def test_captum_targets_made_under_inference_mode_are_attributed(method):
+    """Captum's own gather of the target saved an inference tensor for backward: RuntimeError."""
+    captum = pytest.importorskip("bcos_plugins.adapters.captum")
+    model = _bcos("BertForSequenceClassification")
+    ids, mask = padded_batch()
+    target = torch.tensor([0, 1, 2])
+    if method == "BcosAttribution":
+        forward = captum.EmbeddingForward(model)
+        inputs, attribution = forward.embed(ids, mask), captum.BcosAttribution(forward)
+    else:
+        inputs, attribution = ids, captum.LayerBcos(model)
+    plain = attribution.attribute(inputs, target=target, additional_forward_args=(mask,))
+    with torch.inference_mode():
+        inside = attribution.attribute(inputs, target=target.clone(), additional_forward_args=(mask,))
+    torch.testing.assert_close(inside, plain, rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------ a model left in training mode
 
 

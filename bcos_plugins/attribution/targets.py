@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .._checks import named_rows, require_real_tokens, require_row_ids
 from ..errors import BcosTypeError, BcosValueError
+from .gradient import outside_inference
 
 __all__ = [
     "Direction",
@@ -101,9 +102,11 @@ def select_explained(outputs: Float[Tensor, "batch n"], target: Tensor | Directi
     batch, n = outputs.shape
 
     def pick(which, name):
+        # outside_inference: a target made under the caller's torch.inference_mode() is saved for backward by the
+        # gather / product, which autograd refuses for inference tensors (explain_dataset's per-batch targets)
         if isinstance(which, Direction):
-            return (outputs * which.rows(batch, n, name).to(outputs.device, outputs.dtype)).sum(-1)
-        return outputs.gather(-1, which.to(outputs.device)[:, None]).squeeze(-1)
+            return (outputs * outside_inference(which.rows(batch, n, name).to(outputs.device, outputs.dtype))).sum(-1)
+        return outputs.gather(-1, outside_inference(which.to(outputs.device))[:, None]).squeeze(-1)
 
     explained = pick(target, "target")
     if foil is not None:
