@@ -38,7 +38,9 @@ import tempfile
 
 import torch
 from torch import nn
+from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 
+from bcos_plugins.attribution.text import refuse_stock_loaded_bcos
 from bcos_plugins.convert.architectures import architecture_name, specs_where, vocabulary_size
 from bcos_plugins.convert.query_key import StockQueryKeyConv1D
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
@@ -205,6 +207,17 @@ def _stock_query_key_parts(c_attn: StockQueryKeyConv1D) -> list[nn.Module]:
     return [*parts, values.train(c_attn.training)]
 
 
+def _refuse_inexpressible(hf_model: nn.Module, arch: str) -> None:
+    """Refuse settings the bridge's own computations ignore (its logits would differ from ``hf_model``'s)."""
+    if arch == "GPT2LMHeadModel" and getattr(hf_model.config, "scale_attn_weights", True) is False:
+        # the bridge splits c_attn and recomputes attention itself, its scores always scaled by 1/sqrt(d_head):
+        # measured logits 47 % off a tiny GPT-2's, silently
+        raise BcosValueError(
+            "hf_model: GPT-2 with scale_attn_weights=False: TransformerLens' bridge recomputes GPT-2's attention "
+            "with scores scaled by 1/sqrt(d_head), so its logits would differ. Use hooked_transformer_from_hf(hf_model) "
+            "(TransformerLens 3.x), which takes the setting, or a model with scale_attn_weights=True.")
+
+
 def _fold_final_norm(bridge: nn.Module, wrapped: nn.Module) -> None:
     """Fold the final norm's gain into the LM head of the wrapped copy, so that ``logit_attrs`` is exact; record
     whether it could (a soft-capped or non-linear head cannot: the boot guard refuses ``logit_attrs`` there)."""
@@ -252,12 +265,33 @@ def _make_norm_explainable(norm_bridge: nn.Module) -> None:
             raise BcosValueError(f"{type(original).__name__}: a LayerNorm with a bias the bridge runs natively "
                                  "cannot be made detachable without changing the model; B-cosify it first")
         replacement = BcosLayerNorm.from_layer_norm(original)
+    elif isinstance(original, Gemma2RMSNorm):
+        # gain 1 + weight: DetachableRMSNorm (gain weight) computed another model, a plain Gemma 2's bridge gave
+        # logits of exactly 0 (its gains start at 0), silently; bcosify's Gemma mixin keeps the stock maths
+        from bcos_plugins.convert.bcosify import mixed_class
+        from bcos_plugins.convert.gemma import BcosGemmaRMSNorm
+
+        replacement = copy.deepcopy(original)
+        replacement.__class__ = mixed_class(BcosGemmaRMSNorm, type(original))
     elif hasattr(original, "weight") and (hasattr(original, "variance_epsilon") or hasattr(original, "eps")):
         replacement = DetachableRMSNorm.from_rms_norm(original)
     else:
         raise BcosTypeError(f"{type(original).__name__}: a normalisation the bridge runs natively and "
                             "bcos_plugins cannot make detachable; supported: LayerNorm and RMSNorm")
+    _check_same_norm(original, replacement)
     norm_bridge.set_original_component(replacement.train(original.training))
+
+
+def _check_same_norm(original: nn.Module, replacement: nn.Module) -> None:
+    """Refuse a detachable replacement that computes another function than the norm it replaces (a gain kept in
+    another form, as Gemma's ``1 + weight`` was): the bridge would run another model without an error."""
+    weight = original.weight
+    probe = torch.randn(2, weight.shape[-1], generator=torch.Generator().manual_seed(0)).to(weight)
+    with torch.no_grad():
+        want, got = original(probe), replacement(probe)
+    if not torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max().clamp_min(1))):
+        raise BcosTypeError(f"{type(original).__name__}: a normalisation the bridge runs natively whose detachable "
+                            f"form ({type(replacement).__name__}) computes another function; B-cosify the model first")
 
 
 def _make_activation_explainable(mlp_bridge: nn.Module) -> None:
@@ -337,7 +371,11 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
     """
     if not isinstance(hf_model, nn.Module):
         raise BcosTypeError(f"hf_model: expected a transformers model, got {type(hf_model).__name__}")
+    # a B-cos checkpoint loaded with plain AutoModel runs the stock layers: the bridge wrapped that conventional
+    # model (logits 0.79 off the saved B-cos GPT-2's) and explained it as if nothing were wrong
+    refuse_stock_loaded_bcos(hf_model, "hf_model")
     arch = _architecture(hf_model)
+    _refuse_inexpressible(hf_model, arch)
     check_tokenizer(tokenizer)
     check_bridge_internals()
     bridge_cls, _attention, _gated, joint, _linear, _norm = _bridge_classes()

@@ -1,0 +1,89 @@
+"""Ninth trust pass: legal but unusual transformers configurations (GQA, head_dim, rotary scaling, biases, windows,
+soft-caps, activations, eps extremes, one layer, position limits, pad ids, resized vocabularies, classification
+heads, refused families) through bcosify, explain, load_bcos_model and the TransformerLens and sae-lens paths, each
+checked against a number computed another way (the transformers model's own logits, the stock model's outputs where
+the report says nothing changed). The cases that were silently wrong or crashed unhelpfully, one test each."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import transformers as T
+from conftest import MAX_POS, VOCAB
+
+from bcos_plugins import bcosify
+from bcos_plugins.errors import BcosValueError
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+lens = pytest.importorskip("bcos_plugins.adapters.transformer_lens")
+
+
+def _tokens(batch: int = 2, length: int = 7) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def _gemma2(**extra):
+    config = T.Gemma2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=MAX_POS,
+                            sliding_window=4, query_pre_attn_scalar=8, pad_token_id=0, bos_token_id=2,
+                            eos_token_id=2, **extra)
+    torch.manual_seed(0)
+    return T.Gemma2ForCausalLM(config).eval()
+
+
+def _rel(got, want) -> float:
+    return float((got - want).abs().max() / want.abs().max())
+
+
+@pytest.mark.parametrize("trained_gains", [False, True])
+def test_a_plain_gemma2_bridge_computes_the_models_logits(trained_gains):
+    """make_bridge_explainable replaced a plain Gemma 2's RMSNorms (gain 1 + weight) by DetachableRMSNorm (gain
+    weight): every norm of the bridge multiplied by its weight alone, so at initialisation (weights 0) every logit
+    was exactly 0, and with trained gains the logits were another model's, without an error."""
+    model = _gemma2(final_logit_softcapping=None)
+    if trained_gains:
+        generator = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for module in model.modules():
+                if type(module).__name__.endswith("RMSNorm"):
+                    module.weight.add_(0.3 * torch.randn(module.weight.shape, generator=generator))
+    tokens = _tokens()
+    bridge = lens.transformer_bridge_from_hf(model)
+    with torch.no_grad():
+        want = model(tokens).logits
+        got = bridge(tokens)
+    assert _rel(got, want) <= 1e-5
+    # bias-free, no soft-cap: with the norms' scales, the attention pattern and the GeGLU gate held constant the
+    # bridge is linear in its embeddings, so the plain model's explanation is complete too
+    explanation = lens.explain_logits(bridge, tokens, target=5)
+    torch.testing.assert_close(explanation.explained, want[:, -1, 5], rtol=1e-5, atol=1e-6)
+    assert explanation.completeness_error.max() <= 1e-4
+
+
+def test_a_soft_capped_plain_gemma2_bridge_computes_the_models_logits():
+    model = _gemma2(final_logit_softcapping=0.5, attn_logit_softcapping=0.5)
+    tokens = _tokens()
+    with torch.no_grad():
+        assert _rel(lens.transformer_bridge_from_hf(model)(tokens), model(tokens).logits) <= 1e-5
+
+
+@pytest.mark.parametrize("converted", [False, True])
+def test_the_bridge_refuses_a_gpt2_without_attention_scaling(converted):
+    """GPT2Config(scale_attn_weights=False): the bridge splits c_attn and recomputes attention with scores scaled by
+    1/sqrt(d_head) whatever the setting, so its logits were 47 % off the model's, silently. It is refused naming the
+    setting and hooked_transformer_from_hf, which takes it (same logits)."""
+    config = T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=MAX_POS,
+                          scale_attn_weights=False)
+    torch.manual_seed(0)
+    model = T.GPT2LMHeadModel(config).eval()
+    if converted:
+        model = bcosify(model, b=1.25, verbose=False)
+    with pytest.raises(BcosValueError, match=r"scale_attn_weights=False.*hooked_transformer_from_hf"):
+        lens.transformer_bridge_from_hf(model)
+    if lens.HAS_HOOKED_TRANSFORMER:
+        tokens = _tokens()
+        with torch.no_grad():
+            assert _rel(lens.hooked_transformer_from_hf(model)(tokens), model(tokens).logits) <= 1e-5
