@@ -255,3 +255,57 @@ def test_the_transformer_lens_limit_on_rope_types_is_refused(rope_type):
     with pytest.raises(BcosValueError, match=rf"^rope_type='{rope_type}' is not expressed by TransformerLens' Llama "
                                              r"config \(default and llama3 are\)"):
         from_hf(bcosify(llama, b=1.1, verbose=False))
+
+
+# ------------------------------------------------------------------ a B-cos checkpoint loaded with plain transformers
+
+
+@pytest.fixture(scope="module")
+def plain_loaded(bert, gpt2_tokenizer, tmp_path_factory):
+    """The B-cos BERT and a B-cos GPT-2, saved with save_pretrained and loaded back with plain AutoModel (stock
+    modules, config.bcos kept: what a newcomer gets from transformers' own loader)."""
+    folder = tmp_path_factory.mktemp("saved")
+    model, _, _ = bert
+    model.save_pretrained(folder / "bert")
+    torch.manual_seed(0)
+    gpt2 = bcosify(T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(gpt2_tokenizer), n_embd=32, n_layer=2, n_head=4,
+                                                  n_positions=64)).eval(), b=1.1, verbose=False)
+    gpt2.save_pretrained(folder / "gpt2")
+    return (T.AutoModelForSequenceClassification.from_pretrained(folder / "bert").eval(),
+            T.AutoModelForCausalLM.from_pretrained(folder / "gpt2").eval())
+
+
+STOCK_LOADED = (r"^{argument}: {name} has B-cos settings in its config \(config\.bcos\) but no B-cos modules: it was "
+                r"saved from a B-cos model and loaded with plain transformers, so it runs the stock model\. Load it with "
+                r"bcos_plugins\.load_bcos_model\(path\)")
+
+
+def test_predict_and_the_metrics_refuse_a_b_cos_checkpoint_loaded_as_a_stock_model(bert, plain_loaded):
+    """predict gave the stock model's logits (0.26 off the B-cos model's) and perplexity / perturbation_curves scored
+    the stock model, silently (explain refused it already)."""
+    from bcos_plugins.metrics import perplexity
+    from bcos_plugins.prediction import predict
+
+    bert_model, tokenizer, batch = bert
+    stock_bert, stock_gpt2 = plain_loaded
+    with pytest.raises(BcosTypeError, match=STOCK_LOADED.format(argument="model", name="BertForSequenceClassification")):
+        predict(stock_bert, tokenizer, ["a film"])
+    with pytest.raises(BcosTypeError, match=STOCK_LOADED.format(argument="model", name="GPT2LMHeadModel")):
+        perplexity(stock_gpt2, [[3, 9, 5, 7]])
+    pytest.importorskip("captum")
+    from bcos_plugins.metrics import perturbation_curves
+
+    expl = explain(bert_model, batch["input_ids"], batch["attention_mask"])
+    with pytest.raises(BcosTypeError, match=STOCK_LOADED.format(argument="model", name="BertForSequenceClassification")):
+        perturbation_curves(stock_bert, batch["input_ids"], batch["attention_mask"], expl, tokenizer=tokenizer)
+    torch.testing.assert_close(predict(bert_model, tokenizer, ["a film"]),  # the B-cos model itself still predicts
+                               bert_model(**tokenizer(["a film"], return_tensors="pt")).logits.detach())
+
+
+def test_transformer_bridge_from_hf_refuses_a_b_cos_checkpoint_loaded_as_a_stock_model(plain_loaded, gpt2_tokenizer):
+    """The bridge wrapped the stock GPT-2 (logits 0.79 off the saved B-cos model's) and explain_logits called it
+    complete, silently; hooked_transformer_from_hf reads config.bcos and builds the B-cos model."""
+    lens = pytest.importorskip("bcos_plugins.adapters.transformer_lens")
+    _, stock_gpt2 = plain_loaded
+    with pytest.raises(BcosTypeError, match=STOCK_LOADED.format(argument="hf_model", name="GPT2LMHeadModel")):
+        lens.transformer_bridge_from_hf(stock_gpt2, tokenizer=gpt2_tokenizer)

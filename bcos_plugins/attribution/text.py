@@ -61,13 +61,8 @@ class TextPoint:
 def text_attribution_point(model: nn.Module, spec: ArchitectureSpec | None = None) -> TextPoint:
     """The attribution point of a supported transformers model (module docstring)."""
     spec = spec or spec_for(model)
+    refuse_stock_loaded_bcos(model)
     bcos = has_dynamic_weights(model)
-    if not bcos and isinstance(getattr(getattr(model, "config", None), "bcos", None), dict):
-        raise BcosTypeError(
-            f"model: {type(model).__name__} has B-cos settings in its config (config.bcos) but no B-cos modules: "
-            "it was saved from a B-cos model and loaded with plain transformers, so it runs the stock model. "
-            "Load it with bcos_plugins.load_bcos_model(path)."
-        )
     module, where = spec.embedding_module(model)
     path = spec.embedding_point[0]
     if not bcos and where == "input" and isinstance(module, nn.LayerNorm):
@@ -450,7 +445,22 @@ def registry_spec(model) -> ArchitectureSpec | None:
     """``model``'s entry in the architecture registry, looked up by its class name (:func:`architecture_name`, which
     reads through a ``torch.compile(model)`` wrapper: a compiled registry model is called as the model itself), or
     ``None`` for a model outside it or any callable that is not a module (a metric takes any function)."""
-    return SPECS.get(architecture_name(model)) if isinstance(model, nn.Module) else None
+    if not isinstance(model, nn.Module):
+        return None
+    refuse_stock_loaded_bcos(model)  # predict, the metrics and fine-tuning look their model up here
+    return SPECS.get(architecture_name(model))
+
+
+def refuse_stock_loaded_bcos(model: nn.Module, argument: str = "model") -> None:
+    """Refuse a B-cos checkpoint loaded with plain transformers (``config.bcos`` but stock modules): it runs the
+    stock model, so its logits, predictions, metrics and explanations are a conventional model's (``predict`` gave
+    them, and ``perplexity`` scored them, silently)."""
+    if isinstance(getattr(getattr(model, "config", None), "bcos", None), dict) and not has_dynamic_weights(model):
+        raise BcosTypeError(
+            f"{argument}: {type(model).__name__} has B-cos settings in its config (config.bcos) but no B-cos "
+            "modules: it was saved from a B-cos model and loaded with plain transformers, so it runs the stock model. "
+            "Load it with bcos_plugins.load_bcos_model(path)."
+        )
 
 
 def learned_position_table(model: nn.Module) -> nn.Embedding | None:

@@ -286,9 +286,10 @@ def perplexity(
         batch_size: windows per forward pass.
     """
     from .._checks import require_int
-    from ..attribution.text import refuse_nan_logits
+    from ..attribution.text import refuse_nan_logits, refuse_stock_loaded_bcos
     from ..errors import argument_error
 
+    refuse_stock_loaded_bcos(model)  # a B-cos checkpoint loaded with plain transformers: the stock model's perplexity
     batch_size = require_int("batch_size", batch_size, minimum=1)
     context = position_limit(model).context
     if max_length is None:
