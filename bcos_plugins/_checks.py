@@ -24,7 +24,7 @@ from .errors import BcosTypeError, argument_error
 __all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
            "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
-           "require_token_batch", "ids_as_long"]
+           "require_token_batch", "token_batch_and_padding", "ids_as_long"]
 
 
 # the caller's index of each row of the batch being checked, where a path batches its caller's texts in chunks or in
@@ -240,6 +240,14 @@ def ids_as_long(ids: Tensor) -> Tensor:
 def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | None = None,
                         max_length: int | None = None, limit_name: str | None = None,
                         name: str = "input_ids") -> tuple[Tensor, Tensor | None]:
+    """:func:`token_batch_and_padding` without the padding flag: the checked ids and mask."""
+    return token_batch_and_padding(input_ids, attention_mask, vocab_size=vocab_size, max_length=max_length,
+                                   limit_name=limit_name, name=name)[:2]
+
+
+def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int | None = None,
+                            max_length: int | None = None, limit_name: str | None = None,
+                            name: str = "input_ids") -> tuple[Tensor, Tensor | None, bool | None]:
     """Validate a ``(batch, pos)`` batch of token ids and its 0/1 attention mask before a model sees it: the one
     token-batch check of ``explain``, the Captum and TransformerLens adapters, the Space model and the metrics.
 
@@ -247,7 +255,10 @@ def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | Non
     float ids, another rank, an empty batch or zero-length rows, ids outside the vocabulary, rows longer than the
     model's position table (``max_length``; ``limit_name`` says where the model keeps it, e.g. ``"cfg.n_ctx"``),
     a mask of another shape or with values other than 0/1, and rows without any real token. Returns the ids as
-    int64 (any integer width, exactly) and the mask as int64.
+    int64 (any integer width, exactly), the mask as int64, and whether the batch is padded: ``False`` when the mask is
+    ``None`` or all ones, ``True`` when it holds a 0, ``None`` (not known) for a mask the one-sync route does not decide
+    (a float one). That route reads the mask's minimum anyway, so the answer costs nothing; a caller that takes a
+    shortcut for an unpadded batch takes it on ``False`` only.
     """
     if not isinstance(input_ids, Tensor):
         raise argument_error(name, f"expected a tensor of token ids (batch, pos), got {type(input_ids).__name__}",
@@ -282,7 +293,7 @@ def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | Non
                              f"Truncate the inputs to {max_length} tokens (tokenizer(..., truncation=True, "
                              f"max_length={max_length}), or {name}[:, -{max_length}:])")
     if attention_mask is None:
-        return ids, None
+        return ids, None, False
     if not isinstance(attention_mask, Tensor):
         raise argument_error("attention_mask", f"expected a tensor, got {type(attention_mask).__name__}",
                              "Pass the mask the tokenizer returned with the ids", kind=BcosTypeError)
@@ -296,16 +307,16 @@ def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | Non
                              "Pass a boolean tensor or one of 0s and 1s")
     attention_mask = attention_mask.to(torch.long)
     require_real_tokens(attention_mask)
-    return ids, attention_mask
+    return ids, attention_mask, None  # whether it is padded: not known without another sync on this rare route
 
 
 def _token_batch_passes(ids: Tensor, attention_mask, vocab_size: int | None,
-                        max_length: int | None) -> tuple[Tensor, Tensor | None] | None:
-    """:func:`require_token_batch`'s result when every check after the ids' type and shape passes, decided from the
-    ids' and an integer or boolean mask's extremes in one device-to-host sync (5 small kernels instead of 14 and
-    three syncs: a tenth of ``explain``'s own work at 4 x 32 tokens); ``None`` when a check fails or for a mask it
-    does not decide (a float or complex one). Then the step-by-step checks run and raise in their order with their
-    messages, so this changes no refusal."""
+                        max_length: int | None) -> tuple[Tensor, Tensor | None, bool] | None:
+    """:func:`token_batch_and_padding`'s result when every check after the ids' type and shape passes, decided from
+    the ids' and an integer or boolean mask's extremes in one device-to-host sync (5 small kernels instead of 14 and
+    three syncs: a tenth of ``explain``'s own work at 4 x 32 tokens), the mask's minimum saying whether it is padded;
+    ``None`` when a check fails or for a mask it does not decide (a float or complex one). Then the step-by-step
+    checks run and raise in their order with their messages, so this changes no refusal."""
     if max_length is not None and ids.shape[1] > max_length:
         return None
     mask = None
@@ -322,7 +333,7 @@ def _token_batch_passes(ids: Tensor, attention_mask, vocab_size: int | None,
         # maximum is 1
         extremes += [*torch.aminmax(mask), mask.amax(1).amin()]
     if not extremes:
-        return ids, None
+        return ids, None, False
     values = torch.stack(extremes).tolist()
     if vocab_size is not None:
         low, high, *values = values
@@ -332,7 +343,8 @@ def _token_batch_passes(ids: Tensor, attention_mask, vocab_size: int | None,
         low, high, least_row_maximum = values
         if low < 0 or high > 1 or least_row_maximum < 1:
             return None
-    return ids, mask
+        return ids, mask, low == 0
+    return ids, mask, False
 
 
 def require_real_tokens(attention_mask: Tensor) -> None:

@@ -46,13 +46,13 @@ from .attribution.targets import (
     select_explained,
 )
 from .attribution.text import (
-    check_token_inputs,
     explained_outputs_only,
     explained_positions,
     logits_at_positions,
     padded_float64_nan_cause,
     rows_as_alone_call,
     text_attribution_point,
+    token_inputs_and_padding,
 )
 from .convert.architectures import spec_for
 from .errors import BcosRuntimeError, BcosValueError
@@ -103,7 +103,8 @@ def explain(
         raise BcosValueError(f"reduce: must be 'sum' or 'mean', got {reduce!r}. 'sum' is the exact one.")
     spec = spec_for(model)
     point = text_attribution_point(model, spec)
-    input_ids, attention_mask = check_token_inputs(model, input_ids, attention_mask)
+    # whether a row is padded comes from the check's one sync: an unpadded batch skips work only padding needs
+    input_ids, attention_mask, padded = token_inputs_and_padding(model, input_ids, attention_mask)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     if spec.is_classifier and position is not None:
         raise BcosValueError("position: a sequence classifier explains one logit per sequence, not a position. "
@@ -114,7 +115,7 @@ def explain(
     # made here, so an inference tensor under the caller's inference_mode: the forward's indexing saves it for backward
     pos = None if spec.is_classifier else outside_inference(explained_positions(spec, position, mask,
                                                                                 mask_checked=True))
-    call_kwargs = rows_as_alone_call(model, input_ids, attention_mask, forward_kwargs, spec=spec)
+    call_kwargs = rows_as_alone_call(model, input_ids, attention_mask, forward_kwargs, spec=spec, padded=padded)
     call_kwargs = explained_outputs_only(spec, call_kwargs, pos, input_ids.shape[1])
     parsed: dict = {}
     forward_autocast: list[torch.dtype] = []  # the autocast dtype the forward ran under, if any (see below)

@@ -27,11 +27,12 @@ SYNCING_METHODS = ("__bool__", "item", "tolist", "__int__", "__float__", "__inde
 
 # the syncs of one explain call, per model: which checks they are (so that a change that removes one updates this)
 # - token batch (_checks.require_token_batch): ids inside the vocabulary, mask of 0/1, a real token per row, together: 1
-# - ModernBERT classifies from the first column: a left-padded row is refused (check_first_column_is_real): 1
+# - ModernBERT classifies from the first column: a left-padded row is refused (check_first_column_is_real): 1, none
+#   where the token batch's sync found no padding
 # - a causal LM's target ids inside the vocabulary (_checks.require_row_ids): 1
 # - a given position outside the row or on padding (resolve_positions, both in one): 1
 # - the step's finiteness and the completeness, together (explain._require_complete): 1
-EXPECTED_SYNCS = {"classifier": 3, "causal LM": 3, "causal LM, position": 4}
+EXPECTED_SYNCS = {"classifier": 3, "classifier, unpadded": 2, "causal LM": 3, "causal LM, position": 4}
 
 
 def _tiny(kind: str):
@@ -70,11 +71,12 @@ def _count_package_syncs(monkeypatch, call) -> collections.Counter:
 
 @pytest.mark.parametrize("case", list(EXPECTED_SYNCS))
 def test_one_explain_call_syncs_with_the_host_no_more_than_its_checks_need(monkeypatch, case):
-    model = _tiny("classifier" if case == "classifier" else "causal LM")
+    model = _tiny("classifier" if case.startswith("classifier") else "causal LM")
     ids = torch.randint(3, 100, (3, 10), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
-    mask[1, 7:] = 0  # right padding: allowed for both models
-    kwargs = {} if case == "classifier" else {"target": torch.tensor([5, 6, 7])}
+    if case != "classifier, unpadded":
+        mask[1, 7:] = 0  # right padding: allowed for both models
+    kwargs = {} if case.startswith("classifier") else {"target": torch.tensor([5, 6, 7])}
     if case == "causal LM, position":
         kwargs["position"] = -2
     expected = explain(model, ids, mask, **kwargs)

@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from .._checks import bad_rows, closest_name_fix, require_token_batch
+from .._checks import bad_rows, closest_name_fix, token_batch_and_padding
 from ..convert.architectures import (
     SPECS,
     ArchitectureSpec,
@@ -101,10 +101,19 @@ def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Ten
     vocabulary (:func:`~bcos_plugins.convert.architectures.vocabulary_size`) and position limit
     (:func:`~bcos_plugins.convert.architectures.position_limit`); returns the ids and mask as normal (not
     inference-mode) int64 tensors."""
+    return token_inputs_and_padding(model, input_ids, attention_mask)[:2]
+
+
+def token_inputs_and_padding(model: nn.Module, input_ids,
+                             attention_mask) -> tuple[Tensor, Tensor | None, bool | None]:
+    """:func:`check_token_inputs`' ids and mask, and whether the batch is padded (``False``: no mask or all ones;
+    ``None``: not known, see :func:`~bcos_plugins._checks.token_batch_and_padding`), read in the check's one sync."""
     limit = position_limit(model)
-    input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocabulary_size(model),
-                                                    max_length=limit.max_length, limit_name=limit.source)
-    return outside_inference(input_ids), None if attention_mask is None else outside_inference(attention_mask)
+    input_ids, attention_mask, padded = token_batch_and_padding(
+        input_ids, attention_mask, vocab_size=vocabulary_size(model), max_length=limit.max_length,
+        limit_name=limit.source)
+    return (outside_inference(input_ids), None if attention_mask is None else outside_inference(attention_mask),
+            padded)
 
 
 def forward_keywords(model: nn.Module) -> set[str] | None:
@@ -262,11 +271,19 @@ def gets_real_token_position_ids(model: nn.Module, spec: ArchitectureSpec) -> bo
     return spec.kind == "decoder" or _forward_takes_position_ids(model)
 
 
-def position_ids_as_alone(model: nn.Module, spec: ArchitectureSpec, attention_mask: Int[Tensor, "batch pos"]
-                          ) -> Int[Tensor, "batch pos"] | None:
+def position_ids_as_alone(model: nn.Module, spec: ArchitectureSpec, attention_mask: Int[Tensor, "batch pos"], *,
+                          padded: bool | None = None) -> Int[Tensor, "batch pos"] | None:
     """The position ids :func:`model_call_kwargs` passes (and the Space model gives its encoder) so that every row of
     a padded batch is computed as alone (:func:`real_token_position_ids`), or ``None`` where none are needed
-    (:func:`gets_real_token_position_ids`)."""
+    (:func:`gets_real_token_position_ids`) or where the caller knows the batch is not padded (``padded=False``) and
+    the model's forward counts its own positions from the first column (every registry class but RoBERTa's, whose
+    table counts from the padding index over the ids that are not ``pad_token_id``): its default ids are then
+    :func:`real_token_position_ids`' for every row, as one row broadcast, and a learned table's rows or rotary tables
+    (each position times the frequencies, elementwise) of them have the same bits. 60-90 us less per ``explain`` call
+    at 4 x 32 tokens (docs/benchmarks.md); tests/test_explain_unpadded_shortcuts.py holds the bits."""
+    table = spec.position_table
+    if padded is False and not (table is not None and table.after_padding):
+        return None
     if gets_real_token_position_ids(model, spec):
         return real_token_position_ids(spec, getattr(model, "config", None), attention_mask)
     return None
@@ -336,7 +353,8 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
 
 
 def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[Tensor, "batch pos"],
-                      attention_mask: Int[Tensor, "batch pos"] | None, forward_kwargs: dict) -> dict:
+                      attention_mask: Int[Tensor, "batch pos"] | None, forward_kwargs: dict, *,
+                      padded: bool | None = None) -> dict:
     """Keyword arguments for ``model(...)`` so that every row is computed as it would be alone.
 
     Decoders and encoders with a learned position table (BERT, DistilBERT, RoBERTa): position ids count real
@@ -345,16 +363,21 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     Decoder classifiers (GPT-2 / Llama ``ForSequenceClassification``) pick the last token that is not
     ``config.pad_token_id``; padding written with another id would make them read a padding position, so
     padded positions are rewritten to ``pad_token_id`` (the model never attends to them).
+    ``padded=False``: the caller's check found no padding (:func:`token_inputs_and_padding`), so the refusal of left
+    padding and the decoder classifier's rewrite are skipped without their syncs, and a rotary encoder gets no
+    position ids (:func:`position_ids_as_alone`); ``None``: not known.
     """
     check_forward_kwargs(model, forward_kwargs)
     _check_explained_output_kwargs(forward_kwargs)
     kwargs = dict(forward_kwargs)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-    check_first_column_is_real(model, attention_mask, spec)
-    position_ids = None if "position_ids" in kwargs else position_ids_as_alone(model, spec, mask)
+    if padded is not False:
+        check_first_column_is_real(model, attention_mask, spec)
+    position_ids = None if "position_ids" in kwargs else position_ids_as_alone(model, spec, mask, padded=padded)
     if position_ids is not None:  # made here, so an inference tensor under the caller's inference_mode
         kwargs["position_ids"] = outside_inference(position_ids)
-    if spec.kind == "decoder" and spec.is_classifier and attention_mask is not None and (mask == 0).any():
+    if (spec.kind == "decoder" and spec.is_classifier and attention_mask is not None and padded is not False
+            and (mask == 0).any()):
         pad = getattr(model.config, "pad_token_id", None)
         if pad is None:
             raise BcosValueError(
@@ -517,7 +540,8 @@ def refuse_left_padding_shifting_positions(model: nn.Module, input_ids: Tensor |
 
 def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None,
                        forward_kwargs: dict | None = None, *, tokenizer_outputs=None,
-                       spec: ArchitectureSpec | None = None, causal_lm: bool = False) -> dict:
+                       spec: ArchitectureSpec | None = None, causal_lm: bool = False,
+                       padded: bool | None = None) -> dict:
     """Keyword arguments for ``model(...)`` on a (padded) batch, so that every row is computed as it would be alone:
     the one decision of every path that calls a text model on a batch (``explain``, ``perturbation_curves``,
     ``next_token_contrast``, ``predict``, ``predict_labels``, ``fine_tune_classifier``'s collator).
@@ -539,7 +563,9 @@ def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mas
       such as the Space model, which gives its encoder the ids) is trusted with it.
 
     Refusals name rows through :func:`~bcos_plugins._checks.bad_rows`: a caller that batches its caller's texts in
-    another order or in chunks wraps this call in :func:`~bcos_plugins._checks.rows_named_as`.
+    another order or in chunks wraps this call in :func:`~bcos_plugins._checks.rows_named_as`. ``padded``: whether the
+    batch is padded, where the caller's check read it (:func:`token_inputs_and_padding`); ``False`` skips work a
+    padded batch needs (:func:`model_call_kwargs`).
     """
     spec = spec if spec is not None else registry_spec(model)
     forward_kwargs = dict(forward_kwargs or {})
@@ -547,7 +573,7 @@ def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mas
         if tokenizer_outputs is not None:
             forward_kwargs = {**readable_tokenizer_outputs(tokenizer_outputs, forward_keywords(model)),
                               **forward_kwargs}
-        return model_call_kwargs(model, spec, input_ids, attention_mask, forward_kwargs)
+        return model_call_kwargs(model, spec, input_ids, attention_mask, forward_kwargs, padded=padded)
     if tokenizer_outputs is not None:
         forward_kwargs = {**readable_tokenizer_outputs(tokenizer_outputs, None), **forward_kwargs}
     call = {"input_ids": input_ids, "attention_mask": attention_mask, **forward_kwargs}
