@@ -188,3 +188,20 @@ def test_perturbation_curves_of_a_model_left_in_training_mode_are_its_eval_mode_
     torch.testing.assert_close(trained.comprehensiveness, evaluated.comprehensiveness, rtol=0, atol=0)
     torch.testing.assert_close(trained.sufficiency, evaluated.sufficiency, rtol=0, atol=0)
     torch.testing.assert_close(trained.full_probability, evaluated.full_probability, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ a wrapped model
+
+
+def test_a_data_parallel_wrapper_is_refused_naming_the_wrapped_model():
+    """explain(nn.DataParallel(model)) was refused with 'Pass one of the transformers classes BertForMaskedLM, ...',
+    though the wrapped model is one of them: the fix is to pass model.module."""
+    from bcos_plugins.convert.architectures import UnsupportedModuleError
+
+    model = _bcos("BertForSequenceClassification")
+    ids, mask = padded_batch()
+    with pytest.raises(UnsupportedModuleError, match=r"^model: torch\.nn\.parallel\.data_parallel\.DataParallel is a "
+                                                     r"wrapper around \w*BertForSequenceClassification, .*"
+                                                     r"Pass the wrapped model itself \(model\.module\)"):
+        explain(torch.nn.DataParallel(model), ids, mask)
+    explain(torch.nn.DataParallel(model).module, ids, mask)  # the wrapped model itself is explained

@@ -383,6 +383,10 @@ def unsupported_message(model: nn.Module, name: str, what: str = "bcosify") -> s
     where = f"{type(model).__module__}.{type(model).__qualname__}"
     if name in REFUSED_ARCHITECTURES:
         return f"model: {where} is not supported by {what}: {REFUSED_ARCHITECTURES[name]}"
+    inner = getattr(model, "module", None)  # nn.DataParallel / DistributedDataParallel hold the model they run here
+    if isinstance(inner, nn.Module) and inner is not model:
+        return (f"model: {where} is a wrapper around {type(inner).__name__}, which {what} does not read through. "
+                f"Pass the wrapped model itself (model.module).")
     return (f"model: {where} is not supported by {what}. Pass one of the transformers classes "
             f"{', '.join(supported_architectures())}.")
 
