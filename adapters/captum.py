@@ -77,6 +77,7 @@ from bcos_plugins.attribution.gradient import non_finite_step, outside_inference
 from bcos_plugins.attribution.text import (
     check_token_inputs,
     explained_positions,
+    forward_parameters,
     padded_float64_nan_cause,
     rows_as_alone_call,
 )
@@ -494,11 +495,8 @@ def _reads_token_ids_first(forward_func: Callable) -> bool:
     passes the attributed inputs first, and ids are no input to multiply by a gradient."""
     if not _returns_model_output(forward_func):
         return False
-    try:
-        parameters = list(inspect.signature(uncompiled(forward_func).forward).parameters)
-    except (TypeError, ValueError):
-        return False
-    return bool(parameters) and parameters[0] == "input_ids"
+    parameters = forward_parameters(forward_func)  # read once per forward function
+    return bool(parameters) and next(iter(parameters)) == "input_ids"
 
 
 # ------------------------------------------------------------------------------------ the two methods

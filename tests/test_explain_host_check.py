@@ -140,3 +140,48 @@ def test_whether_a_forward_takes_position_ids_follows_the_forward_function():
     odd = Without()
     odd.forward = Callable()
     assert _forward_takes_position_ids(odd) and _forward_takes_position_ids(odd)
+
+
+def test_every_reading_of_a_forward_signature_is_the_one_remembered_per_forward_function(monkeypatch):
+    # forward_keywords, the position-ids predicate and the Captum adapter's test for a text model read one cached
+    # signature: inspect.signature runs once per forward function, and again where the function's code was swapped
+    # or it is read unbound (its signature then names self)
+    import inspect
+
+    import transformers as T
+    from bcos_plugins.adapters import captum
+
+    from bcos_plugins.attribution import text
+
+    model = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                             num_key_value_heads=1, intermediate_size=32))
+    read = []
+    signature = inspect.signature
+    monkeypatch.setattr(text.inspect, "signature", lambda f, *a, **k: read.append(f) or signature(f, *a, **k))
+    text._FORWARD_PARAMETERS.clear()
+    assert captum._reads_token_ids_first(model) and captum._reads_token_ids_first(model)
+    assert "position_ids" in text.forward_keywords(model) and text._forward_takes_position_ids(model)
+    assert len(read) == 1
+    assert next(iter(text.forward_parameters(model))) == "input_ids"
+
+    def forward(self, input_ids, position_ids=None):
+        return input_ids
+
+    class Plain(nn.Module):
+        pass
+
+    Plain.forward = forward
+    bound, unbound = Plain(), Plain()
+    unbound.forward = forward  # the same function as a plain attribute: self is its first parameter
+    assert list(text.forward_parameters(bound)) == ["input_ids", "position_ids"]
+    assert list(text.forward_parameters(unbound)) == ["self", "input_ids", "position_ids"]
+    assert list(text.forward_parameters(bound)) == ["input_ids", "position_ids"]
+    assert len(read) == 4
+    class Unreadable:
+        __signature__ = "not a signature"  # inspect.signature raises TypeError
+
+        def __call__(self, input_ids):
+            return input_ids
+
+    unbound.forward = Unreadable()
+    assert text.forward_parameters(unbound) is None and text.forward_keywords(unbound) is None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +46,7 @@ __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explain
            "readable_tokenizer_outputs", "real_token_position_ids", "position_ids_as_alone",
            "gets_real_token_position_ids", "registry_spec", "rows_as_alone_call", "learned_position_table",
            "refuse_left_padding_shifting_positions", "explained_outputs_only", "logits_at_positions",
-           "padded_float64_nan_cause", "refuse_nan_logits"]
+           "padded_float64_nan_cause", "refuse_nan_logits", "forward_parameters"]
 
 
 @dataclass(frozen=True)
@@ -121,9 +121,8 @@ def forward_keywords(model: nn.Module) -> set[str] | None:
     passes down through ``**kwargs`` (``TransformersKwargs``); ``None`` if its signature cannot be read. A
     ``torch.compile(model)`` wrapper's forward takes ``(*args, **kwargs)``: the compiled model's is read
     (:func:`~bcos_plugins.convert.architectures.uncompiled`)."""
-    try:
-        parameters = inspect.signature(uncompiled(model).forward).parameters
-    except (TypeError, ValueError):
+    parameters = forward_parameters(model)
+    if parameters is None:
         return None
     names = {n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
@@ -224,37 +223,46 @@ def _check_explained_output_kwargs(forward_kwargs: dict) -> None:
         raise argument_error(name, f"{problem} (got {got})", fix)
 
 
-# function -> (its __code__, whether it names position_ids): see _forward_takes_position_ids
-_NAMES_POSITION_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# function -> (its __code__, whether it was read bound, its signature's parameters or None): see forward_parameters
+_FORWARD_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def forward_parameters(model) -> Mapping[str, inspect.Parameter] | None:
+    """The parameters of ``model``'s forward as ``inspect.signature`` reads them (``self`` not included), or ``None``
+    if it cannot be read: the one reading of a forward's signature (:func:`forward_keywords`,
+    :func:`gets_real_token_position_ids`, the Captum adapter's test for a text model). A ``torch.compile(model)``
+    wrapper's forward takes ``(*args, **kwargs)``: the compiled model's is read
+    (:func:`~bcos_plugins.convert.architectures.uncompiled`).
+
+    Remembered per forward function (a bound method's ``__func__``, the same object at every call), not per model: the
+    signature is a property of that function alone, so a forward replaced on the model or its class is another key, and
+    one whose ``__code__`` was swapped is read again (so is a function read once bound and once as a plain attribute,
+    whose signatures differ by ``self``). ``inspect.signature`` follows transformers' decorators through ``__wrapped__``
+    (30-40 us per call, about a tenth of ``explain``'s own work on ModernBERT at 4 x 32 tokens)."""
+    forward = uncompiled(model).forward
+    function = getattr(forward, "__func__", forward)
+    code, bound = getattr(function, "__code__", None), function is not forward
+    try:
+        known = _FORWARD_PARAMETERS.get(function)
+    except TypeError:  # not weakly referenceable (or not hashable): read every time
+        known = None
+    if known is not None and known[0] is code and known[1] is bound:
+        return known[2]
+    try:
+        parameters = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        parameters = None
+    try:
+        _FORWARD_PARAMETERS[function] = (code, bound, parameters)
+    except TypeError:
+        pass
+    return parameters
 
 
 def _forward_takes_position_ids(model: nn.Module) -> bool:
-    """Whether ``model``'s forward names ``position_ids`` (not :func:`forward_keywords`: transformers' ``**kwargs``
-    annotation lists ``position_ids`` for every model, read or not). A ``torch.compile(model)`` wrapper's forward takes
-    ``(*args, **kwargs)``: the compiled model's is read (:func:`~bcos_plugins.convert.architectures.uncompiled`).
-
-    Remembered per forward function (a bound method's ``__func__``, the same object at every call), not per model: the
-    answer is a property of that function alone, so a forward replaced on the model or its class is another key, and
-    one whose ``__code__`` was swapped is read again. ``inspect.signature`` follows transformers' decorators through
-    ``__wrapped__`` (30-40 us per call, about a tenth of ``explain``'s own work on ModernBERT at 4 x 32 tokens)."""
-    forward = uncompiled(model).forward
-    function = getattr(forward, "__func__", forward)
-    code = getattr(function, "__code__", None)
-    try:
-        known = _NAMES_POSITION_IDS.get(function)
-    except TypeError:  # not weakly referenceable (or not hashable): read every time
-        known = None
-    if known is not None and known[0] is code:
-        return known[1]
-    try:
-        takes = "position_ids" in inspect.signature(forward).parameters
-    except (TypeError, ValueError):
-        takes = False
-    try:
-        _NAMES_POSITION_IDS[function] = (code, takes)
-    except TypeError:
-        pass
-    return takes
+    """Whether ``model``'s forward names ``position_ids`` (:func:`forward_parameters`; not :func:`forward_keywords`:
+    transformers' ``**kwargs`` annotation lists ``position_ids`` for every model, read or not)."""
+    return "position_ids" in (forward_parameters(model) or ())
 
 
 def gets_real_token_position_ids(model: nn.Module, spec: ArchitectureSpec) -> bool:
