@@ -85,7 +85,7 @@ from bcos_plugins.convert.architectures import spec_for, uncompiled
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import recording_forward_autocast
 from bcos_plugins.nn.dynamic import dynamic_weights_used, evaluating, explanation_mode, is_explaining
-from bcos_plugins.visualize import require_token_explanation
+from bcos_plugins.visualize import explanation_tokens, require_token_explanation
 
 __all__ = [
     "BcosAttribution",
@@ -880,7 +880,7 @@ def visualization_records(
         if tokenizer is None:
             raise BcosValueError("visualization_records(explanation, tokenizer): the tokenizer is needed to turn "
                              "input ids into tokens")
-        tokens = explanation.tokens(tokenizer)
+        tokens = explanation_tokens(explanation, tokenizer)
         scores = explanation.scores()
         explained = explanation.target  # ids per row, or one Direction for every row
         target = target if target is not None else ([explained] * len(tokens) if isinstance(explained, Direction)

@@ -137,10 +137,24 @@ def require_token_explanation(explanation, argument: str = "explanation") -> Non
                          kind=BcosTypeError)
 
 
+def explanation_tokens(explanation, tokenizer) -> list[list[str]]:
+    """``explanation.tokens(tokenizer)``, refusing ids the tokenizer does not have (another model's tokenizer:
+    transformers returns ``None`` for them, which the page builders failed on, or showed as "None")."""
+    tokens = explanation.tokens(tokenizer)
+    unknown = [(i, j) for i, row in enumerate(tokens) for j, token in enumerate(row) if token is None]
+    if unknown:
+        i, j = unknown[0]
+        ids = explanation.input_ids[i][explanation._keep(i)]
+        raise argument_error("tokenizer", f"{type(tokenizer).__name__} has no token for id {int(ids[j])} (row {i}, "
+                             f"position {j}; {len(unknown)} such tokens): it is not the tokenizer of the explained "
+                             "model", "Pass the tokenizer the explained ids came from")
+    return tokens
+
+
 def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
                       captions: Sequence[str] | None) -> str:
     require_token_explanation(explanation)
-    tokens, scores = explanation.tokens(tokenizer), explanation.scores()
+    tokens, scores = explanation_tokens(explanation, tokenizer), explanation.scores()
     if captions is not None and len(captions) != len(tokens):
         raise argument_error("captions", f"has {len(captions)} entries for {len(tokens)} rows",
                              "Pass one caption per explained row, or none")

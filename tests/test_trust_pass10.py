@@ -309,3 +309,37 @@ def test_transformer_bridge_from_hf_refuses_a_b_cos_checkpoint_loaded_as_a_stock
     _, stock_gpt2 = plain_loaded
     with pytest.raises(BcosTypeError, match=STOCK_LOADED.format(argument="hf_model", name="GPT2LMHeadModel")):
         lens.transformer_bridge_from_hf(stock_gpt2, tokenizer=gpt2_tokenizer)
+
+
+# ------------------------------------------------------------------ smaller traps
+
+
+def test_a_tokenizer_without_the_explained_ids_is_named_by_the_page_builders(bert, gpt2_tokenizer):
+    """A GPT-2's explanation rendered with BERT's tokenizer: ids past BERT's 30522 tokens became None tokens, on which
+    explanations_to_html failed (AttributeError: 'NoneType' object has no attribute 'replace') and
+    visualization_records built records whose page failed later."""
+    captum = pytest.importorskip("bcos_plugins.adapters.captum")
+    _, bert_tokenizer, _ = bert
+    torch.manual_seed(0)
+    gpt2 = bcosify(T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(gpt2_tokenizer), n_embd=32, n_layer=1, n_head=4,
+                                                  n_positions=64)).eval(), b=1.1, verbose=False)
+    expl = explain(gpt2, torch.tensor([[464, 40000, 45000, 318]]), target=5)
+    for build in (explanations_to_html, captum.visualization_records):
+        with pytest.raises(BcosValueError, match=r"^tokenizer: BertTokenizer(Fast)? has no token for id 40000 \(row 0, "
+                                                 r"position 1; 2 such tokens\): it is not the tokenizer of the "
+                                                 r"explained model\. Pass the tokenizer the explained ids came from"):
+            build(expl, bert_tokenizer)
+    assert "<!doctype html>" in explanations_to_html(expl, gpt2_tokenizer)
+
+
+def test_completeness_error_of_an_explanation_needs_no_second_argument(bert):
+    """metrics.completeness_error(explanation) failed with TypeError: missing 1 required positional argument:
+    'explained' (the explanation holds it); a tensor without it is refused naming explained."""
+    from bcos_plugins.metrics import completeness_error
+
+    model, _, batch = bert
+    expl = explain(model, batch["input_ids"], batch["attention_mask"])
+    torch.testing.assert_close(completeness_error(expl), expl.completeness_error)
+    torch.testing.assert_close(completeness_error(expl, expl.explained), expl.completeness_error)
+    with pytest.raises(BcosTypeError, match=r"^explained: is missing: the attributions are a tensor"):
+        completeness_error(expl.input_contributions)

@@ -54,14 +54,22 @@ def explanation_entropy(attributions, attention_mask: Int[Tensor, "batch pos"] |
     return -(torch.where(p > 0, p * p.clamp_min(1e-30).log(), torch.zeros_like(p))).sum(-1)
 
 
-def completeness_error(attributions, explained: Float[Tensor, " batch"],
+def completeness_error(attributions, explained: Float[Tensor, " batch"] | None = None,
                        relative: bool = True) -> Float[Tensor, " batch"]:
     """``|sum(attributions) - explained|`` per example, divided by ``|explained|`` when ``relative``.
 
-    See the module docstring for an explained value of 0 (finite, documented, never NaN or inf).
+    ``attributions`` may be an explanation of the package (its ``input_contributions``); ``explained`` then
+    defaults to the values it explained. See the module docstring for an explained value of 0 (finite,
+    documented, never NaN or inf).
     """
     if hasattr(attributions, "input_contributions"):  # any result type of the attribution core
+        # completeness_error(explanation) failed with "missing 1 required positional argument: 'explained'"
+        explained = attributions.explained if explained is None else explained
         attributions = attributions.input_contributions
+    elif explained is None:
+        raise argument_error("explained", "is missing: the attributions are a tensor, which does not say what they "
+                             "explain", "Pass the explained value per example (e.g. the target logits), or the "
+                             "explanation itself as attributions", kind=BcosTypeError)
     parts = list(attributions) if isinstance(attributions, (tuple, list)) else [attributions]
     if not parts:
         raise argument_error("attributions", "is an empty tuple", "Pass the attributions of every input")
