@@ -87,3 +87,25 @@ def test_the_bridge_refuses_a_gpt2_without_attention_scaling(converted):
         tokens = _tokens()
         with torch.no_grad():
             assert _rel(lens.hooked_transformer_from_hf(model)(tokens), model(tokens).logits) <= 1e-5
+
+
+def test_resizing_an_untied_bcos_gemma2_keeps_its_soft_capped_head(tmp_path):
+    """resize_token_embeddings after bcosify put a plain nn.Linear LM head into an untied Gemma 2, whose forward
+    leaves the cap to the head: the logits came out uncapped (16 % off), and load_bcos_model rebuilt the capped
+    model from the saved one, so the reloaded logits differed too; nothing said so."""
+    from bcos_plugins import explain, load_bcos_model
+
+    model = bcosify(_gemma2(tie_word_embeddings=False, final_logit_softcapping=0.5), b=1.25, verbose=False)
+    model.resize_token_embeddings(VOCAB + 5)
+    tokens = _tokens()
+    with torch.no_grad():
+        logits = model(tokens).logits
+        hidden = model.model(tokens).last_hidden_state
+        uncapped = hidden @ model.lm_head.weight.T
+    torch.testing.assert_close(logits, 0.5 * torch.tanh(uncapped / 0.5), rtol=1e-5, atol=1e-6)
+    explanation = explain(model, tokens, target=VOCAB + 2)
+    torch.testing.assert_close(explanation.explained, logits[:, -1, VOCAB + 2])
+    assert explanation.completeness_error.max() <= 1e-4
+    model.save_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(load_bcos_model(tmp_path).eval()(tokens).logits, logits)

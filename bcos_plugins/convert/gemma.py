@@ -77,6 +77,15 @@ class BcosUncappedCausalLM(nn.Module):
     """``Gemma2ForCausalLM.forward`` without its inline final-logit soft-cap, which its LM head applies instead
     (:class:`BcosSoftCappedLMHead`)."""
 
+    def set_output_embeddings(self, new_embeddings):
+        # resize_token_embeddings of an untied model puts in a fresh nn.Linear head: without the soft-cap it gave
+        # uncapped logits (16 % off the capped ones, and another model than load_bcos_model rebuilt), silently
+        old = self.get_output_embeddings()
+        if type(new_embeddings) is nn.Linear and isinstance(old, BcosSoftCappedLMHead) and isinstance(old, nn.Linear):
+            new_embeddings.__class__ = type(old)  # bcosify's mixed class of the head it replaces
+            new_embeddings.bcos_configure(self.config)
+        super().set_output_embeddings(new_embeddings)
+
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 labels=None, use_cache=None, logits_to_keep=0, **kwargs) -> CausalLMOutputWithPast:
