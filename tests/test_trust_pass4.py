@@ -277,13 +277,36 @@ def test_perturbation_curves_of_a_float64_gemma2_name_the_cause_of_its_nan_logit
     ids, mask = _mixed_padding([9, 9, 9], 9, ["right"] * 3)
     special = torch.zeros_like(ids, dtype=torch.bool)
     scores = explain(model, ids, mask, target=1).contributions
-    with pytest.raises(BcosValueError, match=r"^model: returned NaN or inf logits\. The model runs in float64 and tokens "
-                                             r"are masked out.*Pass the model in float32 \(model\.float\(\)\), or "
-                                             r"masking='mask_token'"):
+    # the package's one refusal of NaN logits (attribution.text.refuse_nan_logits), naming the examples
+    with pytest.raises(BcosValueError, match=r"^perturbation_curves: the model's logits are NaN or infinite for "
+                                             r"examples \[0, 1, 2\]\. The model runs in float64 and tokens are masked "
+                                             r"out.*Pass the model in float32 \(model\.float\(\)\), or "
+                                             r"masking='mask_token' with unpadded rows\.$"):
         perturbation_curves(model, ids, mask, scores, special_tokens=special, target=1)
     curves = perturbation_curves(_converted("Gemma2ForSequenceClassification"), ids, mask, scores.float(),
                                  special_tokens=special, target=1)
     assert torch.isfinite(curves.comprehensiveness).all() and torch.isfinite(curves.sufficiency).all()
+
+
+def test_perturbation_curves_refuse_an_infinite_logit_naming_the_perturbed_example():
+    """An infinite logit (softmax: NaN) on one example's perturbed copies is refused in the package's words for NaN
+    logits, naming that example (a perturbed batch holds 2 x len(fractions) copies of each), not a row of the batch."""
+    from bcos_plugins.metrics import perturbation_curves
+
+    ids, mask = padded_rows([6, 6, 6], 6, "right", seed=3)
+
+    def classifier(input_ids, attention_mask):
+        logits = torch.stack([input_ids.float().mean(-1), attention_mask.float().sum(-1)], -1)
+        # example 2's copies with a token removed (fewer than 6 visible tokens) overflow
+        broken = (input_ids[:, 0] == ids[2, 0]) & (attention_mask.sum(-1) < 6)
+        return torch.where(broken[:, None], torch.tensor([float("inf"), 0.0]), logits)
+
+    assert len({int(i) for i in ids[:, 0]}) == 3  # the first token tells the examples apart
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(BcosValueError, match=r"^perturbation_curves: the model's logits are NaN or infinite for "
+                                             r"examples \[2\]\. Check their inputs"):
+        perturbation_curves(classifier, ids, mask, scores, special_tokens=special, fractions=(0.5,), batch_size=5)
 
 
 # ------------------------------------------------------------------ NaN of a padded float64 Gemma 2 on the other paths

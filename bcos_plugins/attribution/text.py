@@ -458,17 +458,19 @@ def padded_float64_nan_cause(dtype: torch.dtype, attention_mask: Tensor | None, 
 
 
 def refuse_nan_logits(who: str, nan: Tensor, row_names: Sequence[int], noun: str, dtype: torch.dtype,
-                      attention_mask: Tensor | None, fix: str) -> None:
+                      attention_mask: Tensor | None, fix: str, *, what: str = "NaN",
+                      masked: str = "the batch is padded") -> None:
     """Refuse a batch whose rows ``nan`` (a ``(batch,)`` boolean) have NaN logits, naming them by ``row_names`` (the
-    caller's index of each batch row; ``noun`` says what they are) and the float64 + padding cause where it applies
-    (:func:`padded_float64_nan_cause`, ending with the sentence ``fix``): a NaN score would be returned as one, and an
-    arg-max read as class 0. One sync when every row is finite."""
+    caller's index of each batch row, each named once; ``noun`` says what they are) and the float64 + padding cause
+    where it applies (:func:`padded_float64_nan_cause`, ending with the sentence ``fix``; ``masked`` says how the mask
+    holds zeros): a NaN score would be returned as one, and an arg-max read as class 0. ``what``: what the rows hold
+    (``"NaN or infinite"`` where the caller refuses infinite logits too). One sync when every row is finite."""
     if not bool(nan.any()):
         return
-    named = [row_names[int(i)] for i in nan.nonzero().flatten()]
-    cause = padded_float64_nan_cause(dtype, attention_mask, fix)
-    raise BcosValueError(f"{who}: the model's logits are NaN for {noun} {named[:8]}{', ...' if len(named) > 8 else ''}"
-                         ". " + (cause or "Check their inputs, the embedding rows of their tokens and the weights (an "
+    named = list(dict.fromkeys(row_names[int(i)] for i in nan.nonzero().flatten()))
+    cause = padded_float64_nan_cause(dtype, attention_mask, fix, masked=masked)
+    raise BcosValueError(f"{who}: the model's logits are {what} for {noun} {named[:8]}"
+                         f"{', ...' if len(named) > 8 else ''}. " + (cause or "Check their inputs, the embedding rows of their tokens and the weights (an "
                                  "input or weight of NaN, inf or a huge value overflows inside the model)."))
 
 

@@ -53,7 +53,7 @@ from .._checks import (
 )
 from ..attribution.text import (
     explained_positions,
-    padded_float64_nan_cause,
+    refuse_nan_logits,
     registry_spec,
     rows_as_alone_call,
 )
@@ -192,7 +192,9 @@ def _check_fractions(fractions, lowest: float = 0.0) -> tuple[float, ...]:
     return values
 
 
-def _probabilities(model: Callable, call: dict, probability: str) -> Tensor:
+def _probabilities(model: Callable, call: dict, probability: str, examples: Sequence[int]) -> Tensor:
+    """The class probabilities of ``model(**call)``; ``examples``: the explained example each row of the call is a
+    (perturbed) copy of, named where its logits are NaN or infinite."""
     # in eval mode, as the decoder metrics and SeqPG score: a model left in training mode (after a Trainer run)
     # scored every perturbed row with dropout on, so the curves were random (off by 2x on a tiny BERT), silently
     with evaluating(model) if isinstance(model, nn.Module) else nullcontext():
@@ -201,13 +203,13 @@ def _probabilities(model: Callable, call: dict, probability: str) -> Tensor:
     if not isinstance(logits, Tensor) or logits.ndim != 2:
         raise argument_error("model", f"must return class logits (batch, classes), got "
                              f"{tuple(getattr(logits, 'shape', ()))}", "Pass a sequence classifier")
-    if not torch.isfinite(logits).all():
-        # a float64 Gemma 2 gives NaN where the perturbation's mask leaves a query only masked keys: name that cause
-        cause = padded_float64_nan_cause(logits.dtype, call.get("attention_mask"), "", masked="tokens are masked out "
-                                         "(padding, or the perturbation's removals through the attention mask)")
-        raise argument_error("model", "returned NaN or inf logits" + (f". {cause.strip().rstrip('.')}" if cause else ""),
-                             "Pass the model in float32 (model.float()), or masking='mask_token' with unpadded rows"
-                             if cause else "Check the model and its inputs")
+    # a float64 Gemma 2 gives NaN where the perturbation's mask leaves a query only masked keys: the package's one
+    # refusal of such logits names that cause (an infinite logit makes the softmax NaN too)
+    refuse_nan_logits("perturbation_curves", ~torch.isfinite(logits).all(-1), examples, "examples", logits.dtype,
+                      call.get("attention_mask"), "Pass the model in float32 (model.float()), or masking='mask_token' "
+                      "with unpadded rows.", what="NaN or infinite",
+                      masked="tokens are masked out (padding, or the perturbation's removals through the attention "
+                      "mask)")
     logits = logits.to(at_least_float32(logits.dtype))  # a float64 model's stay float64
     return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
 
@@ -346,7 +348,7 @@ def perturbation_curves(
     top, k = top_k_masks(scores, perturbable, fractions)
     batch, n_fr, length = top.shape
 
-    full = _probabilities(model, call, probability)
+    full = _probabilities(model, call, probability, range(batch))
     if target is None:
         target_t = full.argmax(-1)
     else:
@@ -376,7 +378,8 @@ def perturbation_curves(
     for start in range(0, ids.shape[0], batch_size):
         sl = slice(start, start + batch_size)
         p = _probabilities(model, {"input_ids": ids[sl], "attention_mask": msk[sl], **constant,
-                                   **{n: v[sl] for n, v in extra.items()}}, probability)
+                                   **{n: v[sl] for n, v in extra.items()}}, probability,
+                           [row // (2 * n_fr) for row in range(start, min(start + batch_size, ids.shape[0]))])
         probs.append(p.gather(-1, target_rows[sl, None]).squeeze(-1))
     p_pert = torch.cat(probs).reshape(batch, 2 * n_fr)
     drops = p_full[:, None] - p_pert
