@@ -343,3 +343,21 @@ def test_completeness_error_of_an_explanation_needs_no_second_argument(bert):
     torch.testing.assert_close(completeness_error(expl, expl.explained), expl.completeness_error)
     with pytest.raises(BcosTypeError, match=r"^explained: is missing: the attributions are a tensor"):
         completeness_error(expl.input_contributions)
+
+
+def test_integrated_gradients_at_a_b_cos_berts_attribution_point_sums_to_about_zero_as_the_captum_page_says(bert):
+    """The Captum page's warning, pinned: the combined embedding of a B-cos BERT feeds the embedding LayerNorm
+    (scale-invariant), so IG from the zero baseline there sees a constant function along its path."""
+    captum = pytest.importorskip("bcos_plugins.adapters.captum")
+    from captum.attr import IntegratedGradients
+
+    model, _, batch = bert
+    fwd = captum.EmbeddingForward(model)
+    emb = fwd.embed(batch["input_ids"], batch["attention_mask"])
+    attributions, delta = IntegratedGradients(fwd).attribute(emb, target=1, n_steps=16, return_convergence_delta=True,
+                                                             additional_forward_args=(batch["attention_mask"],))
+    logits = model(**batch).logits[:, 1].detach()
+    assert (attributions.sum(dim=(1, 2)).abs() < 1e-3 * logits.abs()).all()
+    torch.testing.assert_close(delta.abs().float(), logits.abs(), rtol=1e-3, atol=1e-6)
+    b_cos = captum.BcosAttribution(fwd).attribute(emb, target=1, additional_forward_args=(batch["attention_mask"],))
+    torch.testing.assert_close(b_cos.sum(dim=(1, 2)), logits, rtol=1e-4, atol=1e-6)
