@@ -419,7 +419,8 @@ def test_by_default_the_tanh_gate_without_autograd_takes_four_passes_and_keeps_i
                      dtype=torch.float64)
     with _CountOps() as counter:
         fast = tanh_ratio(x)
-    assert counter.ops == ["tanh", "div_", "eq", "masked_fill_"]  # was 10 (the series' where, ones_like, ...)
+    # was 10 (the series' where, ones_like, ...), then tanh, div_, eq, masked_fill_ (the bool mask: slow on a CPU)
+    assert counter.ops == ["tanh", "div", "nan_to_num_", "add_"]
     recorded = tanh_ratio(x.clone().requires_grad_())  # the series form autograd differentiates
     assert fast[0] == 1.0 and fast[-1].isnan() and fast[-2] == 0.0
     # the series' own error below 1e-3 is under x^4 / 7 < 2e-13: the quotient is the more accurate of the two there
@@ -427,6 +428,28 @@ def test_by_default_the_tanh_gate_without_autograd_takes_four_passes_and_keeps_i
     for dtype in (torch.float32, torch.bfloat16):  # within one unit in the last place
         torch.testing.assert_close(tanh_ratio(x[:-1].to(dtype)), recorded[:-1].detach().to(dtype),
                                    rtol=torch.finfo(dtype).eps, atol=0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_by_default_the_tanh_gate_without_autograd_has_the_bits_of_the_masked_quotient(dtype):
+    from bcos_plugins.nn.activation import tanh_ratio
+
+    # the form before (the quotient, then the limit 1 written through the mask x == 0): the same bits everywhere,
+    # NaN where x is NaN, 1 at both zeros, 0 at +-inf, subnormal and huge x included
+    special = torch.tensor([0.0, -0.0, 1e-300, 1e-40, -1e-40, 1e-8, -1e-4, 5e-4, 9.99e-4, 1e-3, -0.5, 3.0, 40.0, -40.0,
+                            1e30, -1e30, float("inf"), float("-inf"), float("nan"), -float("nan")], dtype=torch.float64)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.cat([special, torch.randn(20000, generator=generator, dtype=torch.float64) * 10,
+                   torch.randn(2000, generator=generator, dtype=torch.float64) * 1e-3]).to(dtype)
+    x = torch.cat([x, torch.finfo(dtype).tiny * torch.randn(500, generator=generator).to(dtype)])  # subnormals
+    with torch.no_grad():
+        before = torch.tanh(x).div_(x).masked_fill_(x == 0, 1.0)
+        now = tanh_ratio(x)
+    assert torch.equal(now.isnan(), x.isnan()) and torch.equal(before.isnan(), x.isnan())
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    finite = ~x.isnan()
+    assert torch.equal(now[finite].view(bits), before[finite].view(bits))
+    assert (now[(x == 0)] == 1.0).all() and now.dtype == dtype
 
 
 @pytest.mark.parametrize("name", ["LlamaForCausalLM", "ModernBertForSequenceClassification"])
