@@ -70,7 +70,10 @@ class BcosSoftCappedLMHead(DynamicWeightModule):
         logits = super().forward(x)
         if self.soft_cap is None:
             return logits
-        return logits * self.dynamic_weight(soft_cap_scale(self, logits, self.soft_cap))
+        scale = self.dynamic_weight(soft_cap_scale(self, logits, self.soft_cap))
+        if not torch.is_grad_enabled():  # nothing recorded: the product written into the fresh scale (same bits)
+            return scale.mul_(logits)
+        return logits * scale
 
 
 class BcosUncappedCausalLM(nn.Module):

@@ -101,8 +101,15 @@ def tanh_ratio(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     # (+-1 at +-inf), so the sum changes no other bit (the quotient is never -0). Two float passes instead of the
     # bool mask x == 0 and masked_fill_, which cost 0.35 ms of a 0.83 ms ratio on Gemma 2's 4 x 32 x 1000 logits
     # (one thread, docs/benchmarks.md): the same bits, NaN included, in every floating dtype (tested)
+    return _unrecorded_tanh_ratio(x, overwrite=False)
+
+
+def _unrecorded_tanh_ratio(x: Tensor, overwrite: bool) -> Tensor:
+    """:func:`tanh_ratio` without autograd; ``overwrite``: the quotient is written into ``x`` (a fresh tensor of the
+    caller's that nothing else reads: one allocation of its size fewer), the same bits."""
     tanh = torch.tanh(x)
-    return torch.div(tanh, x).nan_to_num_(nan=1.0).add_(tanh, alpha=0.0)
+    quotient = torch.div(tanh, x, out=x) if overwrite else torch.div(tanh, x)
+    return quotient.nan_to_num_(nan=1.0).add_(tanh, alpha=0.0)
 
 
 def soft_cap_scale(module: DynamicWeightModule, logits: Tensor, cap: float) -> Tensor:
@@ -113,7 +120,12 @@ def soft_cap_scale(module: DynamicWeightModule, logits: Tensor, cap: float) -> T
     transformers helpers that the lowest supported transformers lacks, and the TransformerLens adapter must import
     on every supported version."""
     with module.dynamic_scope():
-        return tanh_ratio(logits / cap)
+        scaled = logits / cap
+        if torch.is_grad_enabled() and scaled.requires_grad:
+            return tanh_ratio(scaled)
+        # nothing recorded: the ratio written into the fresh quotient (at Gemma 2's 1000-token vocabulary an allocation
+        # of the logits' size costs page faults on a CPU)
+        return _unrecorded_tanh_ratio(scaled, overwrite=True)
 
 
 def _gate(kind: str, x: Tensor) -> Tensor:
