@@ -116,8 +116,16 @@ def l1_l2_sparsity(values: Float[Tensor, "... n"], eps: float = 1e-30) -> Float[
         raise argument_error("values", "is a scalar", "Pass (..., n) values")
     if not values.is_floating_point():
         values = values.double()
-    l1 = values.abs().sum(-1)
-    l2 = values.norm(dim=-1)
+    # the ratio does not depend on the scale, so each vector is divided by its largest magnitude first: the squares
+    # in ||v||_2 overflowed (float32 eigenvalues of 2e19, a layer's weights at 1e6: ||v||_2 = inf, sparsity 0) or
+    # underflowed below eps (1e-36: ||v||_2 clamped to eps, sparsity 1e-11 instead of 2.3), silently
+    magnitude = values.abs()
+    if magnitude.shape[-1] == 0:  # no entries: an all-zero vector (amax has no empty reduction)
+        return magnitude.sum(-1)
+    largest = magnitude.amax(-1, keepdim=True)
+    scaled = magnitude / torch.where(largest > 0, largest, torch.ones_like(largest))
+    l1 = scaled.sum(-1)
+    l2 = scaled.norm(dim=-1)
     return torch.where(l2 > 0, (l1 / l2.clamp_min(eps)).square(), torch.zeros_like(l1))
 
 

@@ -75,6 +75,10 @@ def grid_pointing_game(attributions: Float[Tensor, "batch h w"], cell: Int[Tenso
     cell_t = require_row_ids("cell", cell, batch, n_ids=rows * cols, device=maps.device,
                              what=f"cells in the {rows}x{cols} grid, numbered row by row from 0")
     positive = maps.clamp_min(0)
+    # the share does not depend on the scale, so each map is divided by its largest value first: a float32 map of
+    # subnormal values (1e-40) summed below the floor under the total (finfo.tiny) and read 0.10 for 0.75
+    largest = positive.flatten(1).amax(1)[:, None, None]
+    positive = positive / torch.where(largest > 0, largest, torch.ones_like(largest))
     per_cell = positive.reshape(batch, rows, height // rows, cols, width // cols).sum(dim=(2, 4)).flatten(1)
     total = per_cell.sum(dim=1)
     inside = per_cell.gather(1, cell_t[:, None]).squeeze(1)

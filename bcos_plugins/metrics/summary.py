@@ -49,6 +49,10 @@ def explanation_entropy(attributions, attention_mask: Int[Tensor, "batch pos"] |
         attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
         require_same_shape("attention_mask", attention_mask, "attributions (as token scores)", scores)
         scores = scores * attention_mask.to(scores.device, scores.dtype)
+    # the entropy does not depend on the scale, so each row is divided by its largest score first: a row of scores
+    # below the 1e-30 floor (a float64 B-cos ViT at B = 10 explains logits of 1e-57) read as almost no entropy
+    largest = scores.amax(-1, keepdim=True) if scores.shape[-1] else scores.sum(-1, keepdim=True)
+    scores = scores / torch.where(largest > 0, largest, torch.ones_like(largest))
     total = scores.sum(-1, keepdim=True)
     p = scores / total.clamp_min(1e-30)
     return -(torch.where(p > 0, p * p.clamp_min(1e-30).log(), torch.zeros_like(p))).sum(-1)

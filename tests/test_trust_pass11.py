@@ -1,0 +1,67 @@
+"""Trust pass 11: valid calls whose numbers or sizes are extreme (B values, scaled weights, tiny and huge values,
+one-element sizes, degenerate metric inputs), each checked against an independent ground truth."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bcos_plugins.bilinear import effective_rank, eigendecompose, interaction_spectra, l1_l2_sparsity
+
+
+@pytest.mark.parametrize("dtype, scale", [(torch.float32, 1e20), (torch.float32, 1e-36), (torch.float64, 1e-36),
+                                          (torch.float64, 1e-40), (torch.float32, 1e-40)])
+def test_effective_rank_does_not_depend_on_the_scale_of_the_eigenvalues(dtype, scale):
+    """(L1/L2)^2 is scale-free, but the squares in L2 overflowed (float32 eigenvalues of 1e20: L2 = inf, rank 0) or
+    fell below the eps floor (1e-36: rank 1e-11 for 2.33), silently."""
+    eigenvalues = torch.tensor([1.0, -2.0, 0.5, 0.0], dtype=torch.float64)
+    expected = (3.5 ** 2) / 5.25
+    assert effective_rank(eigenvalues.to(dtype)).item() == pytest.approx(expected, rel=1e-6)
+    assert effective_rank((eigenvalues * scale).to(dtype)).item() == pytest.approx(expected, rel=1e-4)
+
+
+def test_the_effective_rank_of_a_layer_with_large_weights_is_its_rank_at_unit_scale():
+    """A float32 bilinear layer whose weights are 1e6 times larger has the same interaction spectra up to the factor
+    1e18 (eigenvalues about 1e19-1e20), so the same effective rank; it read 0."""
+    generator = torch.Generator().manual_seed(0)
+    w, v, p = (torch.randn(*shape, generator=generator) for shape in ((8, 6), (8, 6), (4, 8)))
+    u = torch.eye(4)
+    unit = effective_rank(interaction_spectra((w, v, p), u))
+    large = effective_rank(interaction_spectra((w * 1e6, v * 1e6, p * 1e6), u))
+    assert unit.min() > 1
+    torch.testing.assert_close(large, unit, rtol=1e-4, atol=0)
+    assert effective_rank(eigendecompose((w * 1e6, v * 1e6, p * 1e6), u).eigenvalues).min() > 1
+
+
+def test_l1_l2_sparsity_keeps_its_answers_for_zero_and_empty_vectors():
+    assert l1_l2_sparsity(torch.zeros(2, 3)).tolist() == [0.0, 0.0]
+    assert l1_l2_sparsity(torch.zeros(2, 0)).tolist() == [0.0, 0.0]
+    assert l1_l2_sparsity(torch.tensor([[0, 0], [3, 4]])).tolist() == pytest.approx([0.0, 49 / 25])
+
+
+@pytest.mark.parametrize("dtype, scale", [(torch.float64, 1e-35), (torch.float64, 1e-300), (torch.float32, 1e-40),
+                                          (torch.float32, 1.0)])
+def test_explanation_entropy_does_not_depend_on_the_scale_of_the_scores(dtype, scale):
+    """The scores were divided by their total clamped at 1e-30: rows of tiny scores (a float64 B-cos ViT at B = 10
+    explains logits of 1e-57) read as almost no entropy (1e-4 for 1.28 at 1e-35), silently."""
+    from bcos_plugins.metrics.summary import explanation_entropy
+
+    base = torch.tensor([[0.1, -0.4, 0.2, 0.3]], dtype=torch.float64)
+    p = base.abs() / base.abs().sum()
+    expected = float(-(p * p.log()).sum())
+    got = explanation_entropy((base * scale).to(dtype)[..., None])
+    assert got.item() == pytest.approx(expected, rel=1e-4)
+    assert explanation_entropy(torch.zeros(1, 4, 1)).item() == 0
+
+
+@pytest.mark.parametrize("dtype, scale", [(torch.float32, 1e-40), (torch.float32, 1e-39), (torch.float32, 1.0),
+                                          (torch.float64, 1e-310)])
+def test_grid_pointing_game_does_not_depend_on_the_scale_of_the_map(dtype, scale):
+    """The share inside the cell was divided by the positive total clamped at finfo.tiny: a map of subnormal values
+    (1e-40 in float32) scored 0.10 for a share of 0.75, silently."""
+    from bcos_plugins.metrics.image import grid_pointing_game
+
+    maps = torch.zeros(1, 4, 4, dtype=torch.float64)
+    maps[0, :2, :2], maps[0, 2:, 2:] = 3, 1
+    assert grid_pointing_game((maps * scale).to(dtype), 0).item() == pytest.approx(0.75, rel=1e-4)
+    assert grid_pointing_game(torch.zeros(1, 4, 4), 0).item() == 0
