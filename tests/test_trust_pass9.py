@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import transformers as T
-from conftest import MAX_POS, VOCAB
+from conftest import MAX_POS, VOCAB, tiny_config
 
 from bcos_plugins import bcosify
 from bcos_plugins.errors import BcosValueError
@@ -109,3 +109,33 @@ def test_resizing_an_untied_bcos_gemma2_keeps_its_soft_capped_head(tmp_path):
     model.save_pretrained(tmp_path)
     with torch.no_grad():
         assert torch.equal(load_bcos_model(tmp_path).eval()(tokens).logits, logits)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+def test_a_model_without_blocks_is_converted_and_explained(family):
+    """num_hidden_layers=0 (embeddings, final norm, head) was refused by bcosify as an unknown leaf module: the empty
+    ModuleList of blocks was "neither a linear layer, a norm, nor a supported activation", a reason no fix could
+    meet. The TransformerLens model of it was refused right after make_explainable as "not detachable, call
+    make_explainable", and token_component_decomposition asked for the hook point 'blocks.-1.hook_resid_post'."""
+    from bcos_plugins import explain
+
+    config = tiny_config(family)
+    config.num_hidden_layers = 0
+    name = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "bert": "BertForSequenceClassification"}[family]
+    torch.manual_seed(0)
+    model = bcosify(getattr(T, name)(config).eval(), b=1.25, verbose=False)
+    tokens = _tokens()
+    with torch.no_grad():
+        logits = model(tokens).logits
+    classifier = logits.dim() == 2
+    explanation = explain(model, tokens, target=1 if classifier else 5)
+    torch.testing.assert_close(explanation.explained, logits[:, 1] if classifier else logits[:, -1, 5])
+    assert explanation.completeness_error.max() <= 1e-4
+    if classifier or not lens.HAS_HOOKED_TRANSFORMER:
+        return
+    lens_model = lens.hooked_transformer_from_hf(model)
+    lens_explanation = lens.explain_logits(lens_model, tokens, target=5)
+    torch.testing.assert_close(lens_explanation.explained, logits[:, -1, 5], rtol=1e-5, atol=1e-6)
+    assert lens_explanation.completeness_error.max() <= 1e-4
+    with pytest.raises(BcosValueError, match=r"no blocks \(cfg.n_layers=0\).*explain_logits"):
+        lens.token_component_decomposition(lens_model, tokens, target=5)

@@ -165,6 +165,10 @@ def token_component_decomposition(
     tokens, attention_mask = outside_inference(tokens), outside_inference(attention_mask)
     batch, _ = tokens.shape
     n_layers, attn_only = _layers(model)
+    if n_layers == 0:  # was "lacks the standard hook points ['blocks.-1.hook_resid_post']"
+        raise BcosValueError("model: it has no blocks (cfg.n_layers=0), so no component carries a share of the logit: "
+                             "the embeddings' share is all of it. Explain it with explain_logits(model, tokens, ...) "
+                             "(its token shares are the whole table).")
     mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)
     pos = outside_inference(resolve_positions(position, mask, default="last"))
     rows = outside_inference(torch.arange(batch, device=tokens.device))

@@ -186,7 +186,10 @@ def is_explainable(model: nn.Module) -> bool:
     if getattr(model, "_bcos_explainable_bridge", False):
         return True
     attentions = [m for m in model.modules() if isinstance(m, AbstractAttention)]
-    return bool(attentions) and not _fixed_dynamic_weights(model)
+    # a model without blocks (cfg.n_layers=0: embeddings, final norm, unembedding) has no attention to check; it was
+    # refused as "not detachable, call make_explainable" right after make_explainable
+    no_blocks = getattr(getattr(model, "cfg", None), "n_layers", None) == 0
+    return (bool(attentions) or no_blocks) and not _fixed_dynamic_weights(model)
 
 
 def _bias_names(module: nn.Module) -> list[str]:

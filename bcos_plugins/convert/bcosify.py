@@ -173,6 +173,10 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
             plan.append((name, ("activation", kind)))
         elif type(module).__name__ in IDENTITY_ACTIVATIONS or isinstance(module, PASSTHROUGH_MODULES):
             continue
+        elif isinstance(module, nn.ModuleList | nn.ModuleDict):
+            # containers hold modules but compute nothing: an empty one (num_hidden_layers=0) has no children, and
+            # was refused as an unknown leaf ("neither a linear layer, a norm, ...": no fix would have helped)
+            continue
         elif next(module.children(), None) is None:  # a leaf we know nothing about
             if type(module).__name__.endswith("RotaryEmbedding"):
                 continue  # rotary embeddings only act on query/key, which are constants when explaining
