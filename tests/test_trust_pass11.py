@@ -65,3 +65,17 @@ def test_grid_pointing_game_does_not_depend_on_the_scale_of_the_map(dtype, scale
     maps[0, :2, :2], maps[0, 2:, 2:] = 3, 1
     assert grid_pointing_game((maps * scale).to(dtype), 0).item() == pytest.approx(0.75, rel=1e-4)
     assert grid_pointing_game(torch.zeros(1, 4, 4), 0).item() == 0
+
+
+def test_a_bootstrap_of_one_resample_is_refused_naming_n_resamples():
+    """n_resamples=1 gave the interval [m, m] of that one resample's mean: [-0.53, -0.53] around a difference of
+    -0.23, a zero-width interval that does not even hold the estimate."""
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.metrics.paired import paired_bootstrap_difference
+
+    a = torch.tensor([0.9, 0.1, 0.5, 0.4, 0.7])
+    b = torch.tensor([0.2, 0.3, 0.1, 0.6, 0.2])
+    with pytest.raises(BcosValueError, match=r"n_resamples: is 1, .*zero width.*Pass many resamples"):
+        paired_bootstrap_difference(a, b, n_resamples=1)
+    two = paired_bootstrap_difference(a, b, n_resamples=2)
+    assert two.ci_low <= two.ci_high

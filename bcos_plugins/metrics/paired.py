@@ -195,6 +195,11 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
         raise argument_error("confidence", "must be below 1 (a 100 % interval is the range of the resamples)",
                              "Pass e.g. 0.95")
     n_resamples = require_int("n_resamples", n_resamples, minimum=1)
+    if n_resamples == 1:
+        # both quantiles of one resample mean are that mean: the interval was [m, m] around a resample, not the
+        # difference (n_resamples=1 gave [-0.53, -0.53] for a difference of -0.23), a certainty it cannot give
+        raise argument_error("n_resamples", "is 1, whose one resample mean is both ends of the interval (zero width, "
+                             "and not around the difference)", "Pass many resamples, e.g. the default 2000")
     seed = require_int("seed", seed, minimum=0)
     if a.shape[0] == 1:
         # every resample of one unit is that unit: the interval was [d, d], a certainty the data cannot give
