@@ -361,3 +361,37 @@ def test_integrated_gradients_at_a_b_cos_berts_attribution_point_sums_to_about_z
     torch.testing.assert_close(delta.abs().float(), logits.abs(), rtol=1e-3, atol=1e-6)
     b_cos = captum.BcosAttribution(fwd).attribute(emb, target=1, additional_forward_args=(batch["attention_mask"],))
     torch.testing.assert_close(b_cos.sum(dim=(1, 2)), logits, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------ segment ids
+
+
+@pytest.mark.parametrize("bad, named", [(2, "holds 2, outside the model's 2 segment types"),
+                                        (-1, "holds -1, outside the model's 2 segment types")])
+def test_explain_refuses_segment_ids_outside_the_type_table(bert, bad, named):
+    """token_type_ids=2 on a two-type BERT failed inside the embedding lookup with a bare 'IndexError: index out of
+    range in self', naming neither the argument nor the limit."""
+    model, _, batch = bert
+    types = torch.zeros_like(batch["input_ids"])
+    types[0, 1] = bad
+    with pytest.raises(BcosValueError, match=rf"^token_type_ids: {named} \(config\.type_vocab_size\), 0 to 1\. "):
+        explain(model, batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=types, target=1)
+
+
+def test_explain_refuses_float_segment_ids(bert):
+    model, _, batch = bert
+    with pytest.raises(BcosValueError, match=r"^token_type_ids: is a torch\.float32 tensor; segment ids are integers"):
+        explain(model, batch["input_ids"], attention_mask=batch["attention_mask"],
+                token_type_ids=torch.zeros(batch["input_ids"].shape), target=1)
+
+
+def test_explain_takes_segment_ids_inside_the_table(bert):
+    """A pair's second segment (type 1) is explained, complete, and differs from the all-zero segments."""
+    model, _, batch = bert
+    types = torch.zeros_like(batch["input_ids"])
+    types[:, 2:] = 1
+    paired = explain(model, batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=types, target=1)
+    single = explain(model, batch["input_ids"], attention_mask=batch["attention_mask"], target=1)
+    logits = model(batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=types).logits[:, 1]
+    torch.testing.assert_close(paired.explained, logits.detach())
+    assert not torch.allclose(paired.explained, single.explained)

@@ -39,6 +39,7 @@ from ..convert.architectures import (
 from ..errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from ..nn.dynamic import has_dynamic_weights
 from .gradient import outside_inference
+from .rotary_length import refuse_length_dependent_rotary
 from .targets import real_token_positions, resolve_positions
 
 __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explained_positions",
@@ -191,6 +192,24 @@ def check_forward_kwargs(model: nn.Module, forward_kwargs: dict) -> None:
         hint = closest_name_fix(name, known, f"It reads {', '.join(sorted(known))}")
         raise argument_error(name, f"is not an argument of {type(uncompiled(model)).__name__}.forward, which would "
                              "silently ignore it", hint, kind=BcosTypeError)
+    _check_token_type_ids(model, forward_kwargs.get("token_type_ids"))
+
+
+def _check_token_type_ids(model: nn.Module, token_type_ids) -> None:
+    """Refuse segment ids outside the model's token-type table, naming the table's size: the embedding lookup fails
+    with a bare ``IndexError: index out of range in self`` that names neither the argument nor the limit."""
+    types = getattr(getattr(uncompiled(model), "config", None), "type_vocab_size", None)
+    if not isinstance(token_type_ids, Tensor) or type(types) is not int or token_type_ids.numel() == 0:
+        return
+    if token_type_ids.is_floating_point() or token_type_ids.is_complex():
+        raise argument_error("token_type_ids", f"is a {token_type_ids.dtype} tensor; segment ids are integers",
+                             "Pass integer segment ids (torch.long), e.g. the tokenizer's token_type_ids")
+    low, high = int(token_type_ids.min()), int(token_type_ids.max())  # one sync, only when segment ids are given
+    if low < 0 or high >= types:
+        raise argument_error("token_type_ids", f"holds {low if low < 0 else high}, outside the model's {types} "
+                             f"segment types (config.type_vocab_size), 0 to {types - 1}",
+                             "Pass the segment ids the model's tokenizer gives (0 for the first text, 1 for a "
+                             "pair's second where the model has two types)")
 
 
 # Keywords a forward reads that make its output another than the explained one, without an error from transformers:
@@ -381,6 +400,7 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     if padded is not False:
         check_first_column_is_real(model, attention_mask, spec)
+        refuse_length_dependent_rotary(model, mask)
     position_ids = None if "position_ids" in kwargs else position_ids_as_alone(model, spec, mask, padded=padded)
     if position_ids is not None:  # made here, so an inference tensor under the caller's inference_mode
         kwargs["position_ids"] = outside_inference(position_ids)
