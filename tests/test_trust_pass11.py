@@ -79,3 +79,23 @@ def test_a_bootstrap_of_one_resample_is_refused_naming_n_resamples():
         paired_bootstrap_difference(a, b, n_resamples=1)
     two = paired_bootstrap_difference(a, b, n_resamples=2)
     assert two.ci_low <= two.ci_high
+
+
+@pytest.mark.parametrize("explained", [1e-16, 1e-30, -1e-20])
+def test_completeness_error_of_a_tiny_explained_value_is_relative_to_it(explained):
+    """|explained| was clamped up to 1e-12 for every value below it, not only for 0: the error of a tiny logit (a B = 10
+    model's are 1e-16, a float64 B-cos ViT's at B = 10 1e-57) read up to 1e12 times too small, so a 100 % miss of a
+    logit of 1e-16 scored 1e-4 and looked complete."""
+    from bcos_plugins.attribution import relative_completeness_error
+    from bcos_plugins.metrics.summary import completeness_error
+
+    value = torch.tensor([explained], dtype=torch.float64)
+    assert completeness_error(torch.tensor([[explained, explained]], dtype=torch.float64), value).item() == (
+        pytest.approx(1.0))
+    assert relative_completeness_error(value / 2, value).item() == pytest.approx(0.5)
+    # an explained value of exactly 0 keeps its documented floor: finite, 0 when exact, >= 1 once |delta| >= 1e-12
+    zero = torch.zeros(1)
+    assert completeness_error(torch.tensor([[0.5, -0.5]]), zero).item() == 0
+    assert completeness_error(torch.tensor([[0.5, -0.25]]), zero).item() == pytest.approx(0.25 / 1e-12)
+    # a subnormal explained value gives a finite (if huge) error, never inf
+    assert torch.isfinite(relative_completeness_error(torch.ones(1), torch.tensor([1e-44]))).all()

@@ -31,8 +31,8 @@ from ..nn.functional import at_least_float32
 
 __all__ = ["Explanation", "TokenExplanation", "relative_completeness_error"]
 
-# |explained| below this is treated as this: the relative error of a zero logit is |delta| / 1e-12, which is
-# huge unless delta is exactly 0, rather than a division by zero.
+# an explained value of exactly 0 is treated as this: the relative error of a zero logit is |delta| / 1e-12, which
+# is huge unless delta is exactly 0, rather than a division by zero.
 _TINY = 1e-12
 
 
@@ -41,7 +41,12 @@ def relative_completeness_error(delta: Float[Tensor, " batch"], explained: Float
     """``|delta| / |explained|`` per row, the package's one definition of completeness error (in at least float32:
     the floor under ``|explained|`` is 0 in float16)."""
     dtype = at_least_float32(torch.promote_types(delta.dtype, explained.dtype))
-    return delta.to(dtype).abs() / explained.to(dtype).abs().clamp_min(_TINY)
+    size = explained.to(dtype).abs()
+    # the floor is for an explained value of exactly 0 only: clamping every |explained| below 1e-12 up to it read a
+    # tiny logit's error as up to 1e12 times smaller than it is (1e-4 for a 100 % miss of a logit of 1e-16, a B = 10
+    # model's), so a wrong explanation looked complete; the quotient of a subnormal value stays finite
+    error = delta.to(dtype).abs() / torch.where(size == 0, torch.full_like(size, _TINY), size)
+    return error.clamp_max(torch.finfo(dtype).max)
 
 
 @dataclass
