@@ -139,3 +139,47 @@ def test_a_model_without_blocks_is_converted_and_explained(family):
     assert lens_explanation.completeness_error.max() <= 1e-4
     with pytest.raises(BcosValueError, match=r"no blocks \(cfg.n_layers=0\).*explain_logits"):
         lens.token_component_decomposition(lens_model, tokens, target=5)
+
+
+def _length_scaled_llama(rope_type: str):
+    import copy
+
+    head = 8  # hidden 32 / 4 heads
+    rope = {"rope_type": rope_type, "rope_theta": 10000.0}
+    rope.update({"factor": 2.0} if rope_type == "dynamic" else
+                {"short_factor": [1.0] * (head // 2), "long_factor": [3.0] * (head // 2),
+                 "original_max_position_embeddings": 8})
+    config = T.LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=8, pad_token_id=0,
+                           rope_parameters=rope)
+    torch.manual_seed(0)
+    model = bcosify(T.LlamaForCausalLM(config).eval(), b=1.25, verbose=False)
+    return model, copy.deepcopy(model)  # a fresh copy: transformers' dynamic rotary embedding keeps state across calls
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+def test_a_padded_batch_is_refused_where_the_rotary_frequencies_follow_the_longest_row(rope_type):
+    """"dynamic" rotary scaling recomputes its frequencies from the longest position past max_position_embeddings,
+    "longrope" switches to its long factors past original_max_position_embeddings: in a left-padded batch of rows of
+    14 and 6 tokens the short row got the long row's frequencies, and explain (and the bridge's explain_logits /
+    token_component_decomposition) explained a value 0.6 % (dynamic) / 1.5 % (longrope) off the row's own logit,
+    complete to it and without an error. Rows of equal length are explained as before."""
+    from bcos_plugins import explain
+
+    model, fresh = _length_scaled_llama(rope_type)
+    ids = torch.randint(3, VOCAB, (2, 14), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    mask[1, :8] = 0
+    with torch.no_grad():
+        alone = fresh(ids[1:, 8:]).logits[0, -1]
+    target = int(alone.abs().argmax())
+    refusal = rf"attention_mask: row \[1\] is shorter than the batch's longest row \(14 tokens\).*{rope_type}.*one row"
+    with pytest.raises(BcosValueError, match=refusal):
+        explain(model, ids, mask, target=target)
+    bridge = lens.transformer_bridge_from_hf(model)
+    for entry in (lens.explain_logits, lens.token_component_decomposition):
+        with pytest.raises(BcosValueError, match=refusal):
+            entry(bridge, ids, target=target, attention_mask=mask)
+    explanation = explain(model, ids[1:, 8:], target=target)  # the row alone
+    torch.testing.assert_close(explanation.explained[0], alone[target], rtol=1e-5, atol=1e-6)
+    assert explanation.completeness_error.max() <= 1e-4
