@@ -99,3 +99,50 @@ def test_completeness_error_of_a_tiny_explained_value_is_relative_to_it(explaine
     assert completeness_error(torch.tensor([[0.5, -0.25]]), zero).item() == pytest.approx(0.25 / 1e-12)
     # a subnormal explained value gives a finite (if huge) error, never inf
     assert torch.isfinite(relative_completeness_error(torch.ones(1), torch.tensor([1e-44]))).all()
+
+
+def test_a_space_heads_large_classifier_bias_keeps_the_explained_value_exact():
+    """context_attribution took the explained value as logit - bias: a float32 logit keeps the digits of its bias, so
+    with a classifier bias of 1e6 the tokens' 0.01-0.3 came back as 0.0 or 0.0625 and completeness_error read up to
+    1e10 for shares that were exact, without a refusal or a warning. The bias-free logit is now the head's forward
+    without the bias (its weight over the masked mean of the concepts), and the model's logits are still checked to
+    be that value plus the bias: a term beside the classifier is refused under a large bias too."""
+    import warnings
+
+    from conftest import padded_batch
+    from test_space import space_model
+
+    from bcos_plugins import BcosError
+    from bcos_plugins.space import context_attribution
+
+    model = space_model(n_latent=16)
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        model.head.classifier.bias.fill_(1e6)
+    for foil in (None, 2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            result = context_attribution(model, ids, mask, target=0, foil=foil)
+        out = model(input_ids=ids, attention_mask=mask)
+        weights = mask.double() / mask.double().sum(1, keepdim=True)
+        exact = torch.einsum("bpkl,bp->bkl", out.concepts.double(), weights).flatten(1) @ (
+            model.head.classifier.weight.double().T)
+        exact = exact[:, 0] - (0 if foil is None else exact[:, foil])
+        torch.testing.assert_close(result.explained.double(), exact, rtol=1e-5, atol=1e-7)
+        assert result.completeness_error.max() < 1e-5
+        assert exact.abs().min() > 1e-3  # the values a bias of 1e6 rounded away in float32
+        full = out.logits[:, 0] - (0 if foil is None else out.logits[:, foil])
+        # the model's own logit (difference) is rounded to the digits of the bias: equal to within 2 ulps of 1e6
+        torch.testing.assert_close(result.full_logits, full, rtol=0, atol=0.125)
+
+    def add_a_term_no_share_carries(module, args, output):
+        return output + 50.0  # 8e2 ulps of a logit of 1e6: not rounding
+
+    handle = model.head.classifier.register_forward_hook(add_a_term_no_share_carries)
+    try:
+        with pytest.raises(BcosError, match=r"context_attribution: the token shares of row \d+ sum to .* the model's logit minus the classifier "
+                                            r"bias is .* not the head's linear "
+                                            r"classifier .*merge an adapter"):
+            context_attribution(model, ids, mask, target=0)
+    finally:
+        handle.remove()

@@ -86,15 +86,24 @@ def context_attribution(
     per_class = model.head.token_contributions(concepts, attention_mask)  # (b, p, c, k, l)
     rows = torch.arange(batch, device=device)
     units = per_class[rows, :, target_t]  # (b, p, k, l)
-    bias = model.head.classifier.bias[target_t]
+    classifier_bias = model.head.classifier.bias
+    bias = classifier_bias[target_t]
+    # The explained value is the head's logit before its bias is added, computed as the forward computes it (same
+    # masked mean, same product, same dtype) minus the bias term, not as logit - bias: a logit is rounded to the
+    # digits of its bias, so with a bias of 1e6 in float32, logit - bias kept nothing of the tokens' 0.01-0.3 (0.0 or
+    # 0.0625 came back and completeness_error read 1e10 for exact shares). _require_complete then checks that the
+    # model's logits are this value plus the bias, so a term beside the classifier is still refused.
+    bias_free = _bias_free_logits(model.head, concepts, attention_mask)
+    explained = bias_free[rows, target_t]
     if foil_t is not None:
         units = units - per_class[rows, :, foil_t]
-        bias = bias - model.head.classifier.bias[foil_t]
+        bias = bias - classifier_bias[foil_t]
+        explained = explained - bias_free[rows, foil_t]
     units = units.flatten(2)
     explanation = SpaceExplanation(
         contributions=units.sum(-1, dtype=at_least_float32(units.dtype)),  # as explain's token scores
         input_contributions=units,
-        explained=full - bias,
+        explained=explained,
         target=target_t,
         foil=foil_t,
         attribution_point="concept activations of the Space head (tanh(h P_k) per token, space and latent)",
@@ -106,7 +115,47 @@ def context_attribution(
         n_spaces=model.head.n_spaces,
     )
     _require_complete(explanation)
+    _require_logits_from_head(explanation, full, logits, target_t, foil_t, classifier_bias)
     return explanation
+
+
+def _bias_free_logits(head, concepts: Tensor, attention_mask: Tensor | None) -> Float[Tensor, "batch n_classes"]:
+    """The head's forward without its classifier bias: the classifier's weight over the masked mean of the
+    concepts, in the forward's own dtype (so half-precision rounding of the logit stays visible in
+    ``completeness_error``, as it did with logit - bias)."""
+    from .modeling import masked_mean  # modeling imports this module inside its explain(); keep the two apart
+
+    centroids = masked_mean(concepts, attention_mask).flatten(1)
+    return torch.nn.functional.linear(centroids, head.classifier.weight)
+
+
+def _require_logits_from_head(explanation: SpaceExplanation, full: Tensor, logits: Tensor, target: Tensor,
+                              foil: Tensor | None, classifier_bias: Tensor) -> None:
+    """Refuse logits that are not the bias-free value plus the bias (a hook or an adapter on ``head.classifier``
+    adds a term no share carries), checked in float64. Allowed: explain's tolerance of the bias-free value's size
+    (the largest of it and the token scores' sum of absolute values), plus the rounding of adding the bias (a few
+    eps of the logits and biases involved), which is all a large bias costs the logit and no sign of a lost term."""
+    rows = torch.arange(len(full), device=full.device)
+    tolerance, precision = completeness_tolerance(explanation.input_contributions)
+    eps = torch.finfo(precision).eps
+    gap = (full.double() - explanation.explained.double() - explanation.bias.double()).abs()
+    size = torch.maximum(explanation.explained.double().abs(), explanation.contributions.double().abs().sum(1))
+    rounding = logits[rows, target].double().abs() + classifier_bias[target].double().abs()
+    if foil is not None:
+        rounding = rounding + logits[rows, foil].double().abs() + classifier_bias[foil].double().abs()
+    within = gap <= tolerance * size + 4 * eps * rounding  # false for a NaN gap too
+    if bool(within.all()):
+        return
+    row = int((~within).nonzero()[0])
+    raise BcosRuntimeError(
+        f"context_attribution: the token shares of row {row} sum to {float(explanation.total[row]):.6g}, the head's "
+        f"classifier weight over the masked mean of its concept activations, but the model's logit minus the "
+        f"classifier bias is {float(full[row].double() - explanation.bias[row].double()):.6g}, a gap of "
+        f"{float(gap[row]):.2g} beyond {precision} rounding of the logit and its bias: the model's logits "
+        "are not the head's linear classifier over the masked mean of its concept activations (a hook or an adapter "
+        "on head.classifier, or a replaced head), so the shares would not be the logit's. Explain the model with "
+        "the head SpaceModelForSequenceClassification builds (merge an adapter into the classifier's weight first)."
+    )
 
 
 def _require_complete(explanation: SpaceExplanation) -> None:
