@@ -183,3 +183,24 @@ def test_a_padded_batch_is_refused_where_the_rotary_frequencies_follow_the_longe
     explanation = explain(model, ids[1:, 8:], target=target)  # the row alone
     torch.testing.assert_close(explanation.explained[0], alone[target], rtol=1e-5, atol=1e-6)
     assert explanation.completeness_error.max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["GPT2ForSequenceClassification", "LlamaForSequenceClassification"])
+def test_a_decoder_classifier_without_a_pad_id_names_the_fix_for_a_batch(name):
+    """pad_token_id=None: an unpadded batch of two rows failed inside transformers with "Cannot handle batch sizes > 1
+    if no padding token is defined" (no fix named; the padded batch was already refused naming it); one row is
+    explained as before."""
+    from bcos_plugins import explain
+
+    config = tiny_config("gpt2" if name.startswith("GPT2") else "llama")
+    config.pad_token_id = None
+    torch.manual_seed(0)
+    model = bcosify(getattr(T, name)(config).eval(), b=1.25, verbose=False)
+    tokens = _tokens()
+    with pytest.raises(BcosValueError, match=r"input_ids: a batch of 2 rows.*no config.pad_token_id.*"
+                                             r"model.config.pad_token_id = tokenizer.pad_token_id"):
+        explain(model, tokens, target=1)
+    explanation = explain(model, tokens[:1], target=1)
+    with torch.no_grad():
+        torch.testing.assert_close(explanation.explained, model(tokens[:1]).logits[:, 1])
+    assert explanation.completeness_error.max() <= 1e-4

@@ -414,6 +414,14 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
                 "tokenizer.pad_token_id (or explain one row at a time)."
             )
         input_ids = outside_inference(torch.where(mask == 0, torch.full_like(input_ids, pad), input_ids))
+    if (spec.kind == "decoder" and spec.is_classifier and input_ids.shape[0] > 1
+            and getattr(model.config, "pad_token_id", None) is None):
+        # an unpadded batch: transformers refuses any batch of more than one row there ("Cannot handle batch sizes > 1 if
+        # no padding token is defined"), a message without the fix
+        raise BcosValueError(
+            f"input_ids: a batch of {input_ids.shape[0]} rows, and the decoder classifier has no config.pad_token_id, "
+            "without which transformers cannot find each row's last token (it refuses batches of more than one row). Set "
+            "model.config.pad_token_id = tokenizer.pad_token_id (or explain one row at a time).")
     kwargs["input_ids"] = input_ids
     kwargs["attention_mask"] = attention_mask
     return _with_output_object(model, kwargs)
