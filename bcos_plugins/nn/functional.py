@@ -162,7 +162,7 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
       call runs inside :func:`~bcos_plugins.nn.dynamic.no_parameter_gradients` (explanations). Training
       recomputes the normalisation every time, so that autograd differentiates through it;
     - the weight is the same tensor object (a parameter replaced by a new one misses), with the same
-      storage, version counter (every in-place write through the tensor, ``load_state_dict`` and optimiser
+      storage object (``model.half()`` then ``.float()`` and ``param.data = t`` replace it), version counter (every in-place write through the tensor, ``load_state_dict`` and optimiser
       steps included, bumps it), dtype, device, shape and strides, and the inference-mode state matches.
 
     Writes that bypass the version counter (``weight.data.copy_(...)``, code that refills a parameter's
@@ -202,15 +202,19 @@ def cached_unit_norm(weight: Tensor, dim: int | tuple[int, ...], *, transposed: 
     form = (dim, transposed, first_unit, cast)
     key = (weight._version, weight.data_ptr(), weight.dtype, weight.device, weight.shape, weight.stride(),
            torch.is_inference_mode_enabled())
+    # the storage object too: ``model.half()`` then ``.float()`` (any ``param.data = t``) keeps the parameter's
+    # version counter, and the new storage can land at the freed one's address, so the key above matched and the
+    # copy of the weights before the float16 rounding was served (2e-3 off the logit, silently)
+    storage = weight.untyped_storage()
     forms = _UNIT_WEIGHTS.get(weight)
     if forms is None:
         forms = _UNIT_WEIGHTS[weight] = {}
     hit = forms.get(form)
-    if hit is not None and hit[0] == key:
+    if hit is not None and hit[0] == key and hit[2]() is storage:
         return hit[1]
     with torch.no_grad():
         unit = _unrecorded_unit_norm(view, dim, cast)
-    forms[form] = (key, unit)
+    forms[form] = (key, unit, weakref.ref(storage))
     return unit
 
 
