@@ -6,11 +6,17 @@ weights. The cases that were silently wrong or crashed unhelpfully, one test eac
 
 from __future__ import annotations
 
+import importlib
+import pickle
 import warnings
 
+import pytest
 import torch
+from conftest import VOCAB
+from test_conformance import B, _stock
 
-from bcos_plugins.nn import BcosLinear
+from bcos_plugins import bcosify, explain
+from bcos_plugins.nn import BcosLinear, explanation_mode
 from bcos_plugins.nn.functional import reuse_unit_weights
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -35,3 +41,24 @@ def test_a_reused_unit_weight_is_not_served_after_its_storage_is_replaced_at_the
         fresh = layer(x)
     assert torch.equal(served, fresh)
 
+
+
+@pytest.mark.parametrize("name", ["LlamaForCausalLM", "Gemma2ForCausalLM", "ModernBertForSequenceClassification"])
+def test_a_bcos_model_pickles_and_unpickles_where_its_mixed_classes_were_never_made(name, monkeypatch):
+    """``pickle.dumps`` / ``torch.save(model)`` of a B-cos Llama (its MLP and norms are of classes bcosify makes at run
+    time) raised PicklingError (the class's name is not in bcos_plugins.convert.bcosify); also inside
+    explanation_mode. The copy explains like the original, in a process that has not made those classes yet."""
+    converting = importlib.import_module("bcos_plugins.convert.bcosify")
+
+    model = bcosify(_stock(name), b=B, verbose=False)
+    ids = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
+    with explanation_mode(model):
+        pickled = pickle.dumps(model)
+    monkeypatch.setattr(converting, "_MIXED", {})  # a fresh process: no mixed class made yet
+    copied = pickle.loads(pickled)
+    kwargs = {} if "Sequence" in name else {"target": 5, "position": -1}
+    mine, theirs = explain(model, ids, **kwargs), explain(copied, ids, **kwargs)
+    assert torch.equal(mine.input_contributions, theirs.input_contributions)
+    copied.train()
+    copied(input_ids=ids).logits.float().square().mean().backward()  # trains: not left in explanation mode
+    assert all(p.grad is not None for n, p in copied.named_parameters() if "embed" not in n and "tok_embeddings" not in n)

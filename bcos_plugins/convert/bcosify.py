@@ -83,8 +83,22 @@ def mixed_class(target: type[nn.Module], original: type[nn.Module]) -> type[nn.M
         return target
     key = (target, original)
     if key not in _MIXED:
-        _MIXED[key] = type(f"Bcos{original.__name__}", (target, original), {"__module__": __name__})
+        _MIXED[key] = type(f"Bcos{original.__name__}", (target, original),
+                           {"__module__": __name__, "__reduce_ex__": _reduce_mixed})
     return _MIXED[key]
+
+
+def _reduce_mixed(module: nn.Module, protocol: int):
+    """Pickle a module of a mixed class as its two classes: the mixed class is made at run time, so pickle's lookup
+    of its name in this module failed (``torch.save(model)`` and ``pickle.dumps`` of a B-cos Llama, Qwen2, Gemma 2
+    raised PicklingError); the reader rebuilds it with :func:`mixed_class`."""
+    reduced = object.__reduce_ex__(module, protocol)
+    return (_rebuild_mixed, type(module).__bases__, *reduced[2:])
+
+
+def _rebuild_mixed(target: type[nn.Module], original: type[nn.Module]) -> nn.Module:
+    cls = mixed_class(target, original)
+    return cls.__new__(cls)
 
 
 _MIXED: dict[tuple[type, type], type] = {}
