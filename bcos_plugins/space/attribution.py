@@ -123,10 +123,14 @@ def _bias_free_logits(head, concepts: Tensor, attention_mask: Tensor | None) -> 
     """The head's forward without its classifier bias: the classifier's weight over the masked mean of the
     concepts, in the forward's own dtype (so half-precision rounding of the logit stays visible in
     ``completeness_error``, as it did with logit - bias)."""
-    from .modeling import masked_mean  # modeling imports this module inside its explain(); keep the two apart
-
-    centroids = masked_mean(concepts, attention_mask).flatten(1)
-    return torch.nn.functional.linear(centroids, head.classifier.weight)
+    # modeling.masked_mean's arithmetic, op for op (the forward's centroids); not imported: modeling imports this
+    # module inside its explain(), and the package keeps no two modules importing each other
+    if attention_mask is None:
+        centroids = concepts.mean(dim=1)
+    else:
+        weights = attention_mask.to(concepts.dtype)
+        centroids = torch.einsum("bp...,bp->b...", concepts, weights / weights.sum(dim=1)[:, None])
+    return torch.nn.functional.linear(centroids.flatten(1), head.classifier.weight)
 
 
 def _require_logits_from_head(explanation: SpaceExplanation, full: Tensor, logits: Tensor, target: Tensor,
