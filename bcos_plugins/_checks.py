@@ -19,7 +19,7 @@ from contextvars import ContextVar
 import torch
 from torch import Tensor, nn
 
-from .errors import BcosTypeError, argument_error
+from .errors import BcosTypeError, UnmaskedPaddingWarning, argument_error
 
 __all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
            "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
@@ -247,7 +247,8 @@ def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | Non
 
 def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int | None = None,
                             max_length: int | None = None, limit_name: str | None = None,
-                            name: str = "input_ids") -> tuple[Tensor, Tensor | None, bool | None]:
+                            name: str = "input_ids", pad_token_id: int | None = None,
+                            pad_is_text: bool = False) -> tuple[Tensor, Tensor | None, bool | None]:
     """Validate a ``(batch, pos)`` batch of token ids and its 0/1 attention mask before a model sees it: the one
     token-batch check of ``explain``, the Captum and TransformerLens adapters, the Space model and the metrics.
 
@@ -259,6 +260,14 @@ def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int |
     ``None`` or all ones, ``True`` when it holds a 0, ``None`` (not known) for a mask the one-sync route does not decide
     (a float one). That route reads the mask's minimum anyway, so the answer costs nothing; a caller that takes a
     shortcut for an unpadded batch takes it on ``False`` only.
+
+    A batch without a mask that looks padded is explained as given (exactly what ``model(ids)`` computes, the padding
+    attended to as tokens) but warned about once, naming ``attention_mask``: with ``pad_token_id`` (the model's
+    ``config.pad_token_id``) and no mask, a :class:`~bcos_plugins.errors.UnmaskedPaddingWarning` is issued when the
+    rows of a batch of more than one differ in the length of a run of pad ids at their start or end (left or right
+    padding of rows of different real lengths). ``pad_is_text``: the pad id is also the model's eos or bos id (GPT-2
+    pads with its eos), so one such id at a row's end or start can be text: each run counts one id less. The pattern
+    is read in the check's one sync, and a call with a mask (the usual one) computes nothing for it.
     """
     if not isinstance(input_ids, Tensor):
         raise argument_error(name, f"expected a tensor of token ids (batch, pos), got {type(input_ids).__name__}",
@@ -279,9 +288,14 @@ def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int |
             raise argument_error(arg, "is on the meta device (a shape without values), so there are no tokens to "
                                  "check or explain", "Pass the real tensor (on the model's device)")
     ids = ids_as_long(input_ids)
-    passed = _token_batch_passes(ids, attention_mask, vocab_size, max_length)
+    unmasked_padding = (_unmasked_padding(ids, pad_token_id, pad_is_text)
+                        if attention_mask is None and pad_token_id is not None and ids.shape[0] > 1 else None)
+    passed = _token_batch_passes(ids, attention_mask, vocab_size, max_length, unmasked_padding)
     if passed is not None:
-        return passed
+        *result, looks_padded = passed
+        if looks_padded:
+            _warn_unmasked_padding(name, pad_token_id)
+        return tuple(result)
     if vocab_size is not None:
         outside = (ids < 0) | (ids >= vocab_size)
         if outside.any():
@@ -293,6 +307,8 @@ def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int |
                              f"Truncate the inputs to {max_length} tokens (tokenizer(..., truncation=True, "
                              f"max_length={max_length}), or {name}[:, -{max_length}:])")
     if attention_mask is None:
+        if unmasked_padding is not None and bool(unmasked_padding):
+            _warn_unmasked_padding(name, pad_token_id)
         return ids, None, False
     if not isinstance(attention_mask, Tensor):
         raise argument_error("attention_mask", f"expected a tensor, got {type(attention_mask).__name__}",
@@ -310,13 +326,40 @@ def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int |
     return ids, attention_mask, None  # whether it is padded: not known without another sync on this rare route
 
 
-def _token_batch_passes(ids: Tensor, attention_mask, vocab_size: int | None,
-                        max_length: int | None) -> tuple[Tensor, Tensor | None, bool] | None:
+def _unmasked_padding(ids: Tensor, pad_token_id: int, pad_is_text: bool) -> Tensor:
+    """Whether the rows of ``ids`` differ in the length of a run of ``pad_token_id`` at their start or at their end,
+    as a 0-dim tensor (no sync). ``pad_is_text``: each run counts one id less (a pad id that is also eos / bos)."""
+    is_pad = (ids == pad_token_id).to(torch.int32)
+    runs = torch.stack([is_pad.cumprod(1).sum(1), is_pad.flip(1).cumprod(1).sum(1)])  # (start / end, batch)
+    if pad_is_text:
+        runs = (runs - 1).clamp_min(0)
+    return (runs.amax(1) > runs.amin(1)).any()
+
+
+def _warn_unmasked_padding(name: str, pad_token_id: int) -> None:
+    import sys
+    import warnings
+
+    # shown at the caller's line: the first frame outside the package, whichever path (explain, Captum) called
+    level, frame = 1, sys._getframe(0)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("bcos_plugins"):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(
+        f"attention_mask: not given, but {name} has rows of different lengths padded with config.pad_token_id "
+        f"({pad_token_id}) at their start or end; without a mask the padding is attended to and explained as tokens "
+        "(the explanation is exact for model(ids), an input other than the texts alone). Pass the tokenizer's "
+        "attention_mask with the ids (tokenizer(texts, padding=True, return_tensors='pt')).",
+        UnmaskedPaddingWarning, stacklevel=level)
+
+
+def _token_batch_passes(ids: Tensor, attention_mask, vocab_size: int | None, max_length: int | None,
+                        unmasked_padding: Tensor | None = None) -> tuple[Tensor, Tensor | None, bool, bool] | None:
     """:func:`token_batch_and_padding`'s result when every check after the ids' type and shape passes, decided from
     the ids' and an integer or boolean mask's extremes in one device-to-host sync (5 small kernels instead of 14 and
     three syncs: a tenth of ``explain``'s own work at 4 x 32 tokens), the mask's minimum saying whether it is padded;
     ``None`` when a check fails or for a mask it does not decide (a float or complex one). Then the step-by-step
-    checks run and raise in their order with their messages, so this changes no refusal."""
+    checks run and raise in their order with their messages, so this changes no refusal. ``unmasked_padding``
+    (:func:`_unmasked_padding`'s flag, for a batch without a mask) is read in the same sync and returned last."""
     if max_length is not None and ids.shape[1] > max_length:
         return None
     mask = None
@@ -332,9 +375,12 @@ def _token_batch_passes(ids: Tensor, attention_mask, vocab_size: int | None,
         # a mask of integers holds only 0 and 1 if its extremes lie in [0, 1]; then a row has a real token if its
         # maximum is 1
         extremes += [*torch.aminmax(mask), mask.amax(1).amin()]
+    if unmasked_padding is not None:
+        extremes.append(unmasked_padding.to(torch.long))
     if not extremes:
-        return ids, None, False
+        return ids, None, False, False
     values = torch.stack(extremes).tolist()
+    looks_padded = bool(values.pop()) if unmasked_padding is not None else False
     if vocab_size is not None:
         low, high, *values = values
         if low < 0 or high >= vocab_size:
@@ -343,8 +389,8 @@ def _token_batch_passes(ids: Tensor, attention_mask, vocab_size: int | None,
         low, high, least_row_maximum = values
         if low < 0 or high > 1 or least_row_maximum < 1:
             return None
-        return ids, mask, low == 0
-    return ids, mask, False
+        return ids, mask, low == 0, False
+    return ids, mask, False, looks_padded
 
 
 def require_real_tokens(attention_mask: Tensor) -> None:

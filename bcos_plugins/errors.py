@@ -15,6 +15,7 @@ __all__ = [
     "BcosKeywordError",
     "BcosRuntimeError",
     "BcosFileError",
+    "UnmaskedPaddingWarning",
     "argument_error",
 ]
 
@@ -48,6 +49,14 @@ class BcosRuntimeError(BcosError, RuntimeError):
 
 class BcosFileError(BcosError, FileNotFoundError):
     """A path to load from is missing, empty or truncated; the message names the file."""
+
+
+class UnmaskedPaddingWarning(UserWarning):
+    """Token ids were passed without ``attention_mask`` but their rows look padded: they differ in the length of a
+    run of ``config.pad_token_id`` at their start or end. The ids are explained as given, the padding attended to as
+    tokens (exactly what ``model(ids)`` computes, rarely the input meant); pass the tokenizer's ``attention_mask``.
+    Issued by the one token-batch check of ``explain`` and the Captum adapter
+    (:func:`bcos_plugins._checks.token_batch_and_padding`)."""
 
 
 def argument_error(name: str, problem: str, fix: str, *, kind: type[BcosError] = BcosValueError) -> BcosError:

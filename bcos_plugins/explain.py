@@ -79,7 +79,11 @@ def explain(
     Args:
         model: a B-cosified transformers model (or a stock one of a supported class: plain input x gradient).
         input_ids: token ids ``(batch, pos)``; padding on either side is fine with ``attention_mask``.
-        attention_mask: 1 for real tokens, 0 for padding; every row needs a real token.
+        attention_mask: 1 for real tokens, 0 for padding; every row needs a real token. Left out, the ids are
+            explained as given (padding attended to as tokens, as ``model(ids)`` computes); rows that differ in
+            a run of ``config.pad_token_id`` at their start or end get one
+            ``bcos_plugins.errors.UnmaskedPaddingWarning`` naming the fix (pass the tokenizer's mask), not a
+            refusal: the explanation is exact for the call made.
         target: class / token id / hidden unit, one for all rows or one per row (integers), or
             ``Direction(vector)`` for a direction of the output space. Classifiers default to the predicted
             class; causal LMs, masked LMs and base models need one.

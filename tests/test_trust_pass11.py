@@ -146,3 +146,68 @@ def test_a_space_heads_large_classifier_bias_keeps_the_explained_value_exact():
             context_attribution(model, ids, mask, target=0)
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_padded_batch_without_a_mask_is_explained_as_given_and_warned_about_once(side):
+    """explain(model, ids) on a padded batch without attention_mask explained the padded rows with the padding attended
+    to as tokens (a tiny B-cos GPT-2's padded row: -0.083 instead of -0.099 with the mask): exact for model(ids), which
+    returns the same, but not the texts a newcomer meant, and transformers 5 warns only for some models. Now one
+    UnmaskedPaddingWarning per call names attention_mask and the fix where the rows differ in the length of a run of
+    config.pad_token_id at their start or end (explain, Captum's LayerBcos and EmbeddingForward.embed: the one
+    token-batch check); the numbers are unchanged (a warning, not a refusal). Not warned: a call with a mask, a batch
+    of one row, rows padded alike, a pad id inside a row, and, where the pad id is the eos id (GPT-2), one eos at a
+    row's end."""
+    import warnings
+
+    from bcos_plugins.adapters.captum import EmbeddingForward, LayerBcos
+    from conftest import padded_batch, tiny_model
+
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.errors import UnmaskedPaddingWarning
+
+    # pad id 0, the tiny models' config.pad_token_id; left padding: a decoder (a BERT classifier refuses it)
+    if side == "right":
+        model, kwargs = bcosify(tiny_model("BertForSequenceClassification"), b=1.5, verbose=False), {"target": 1}
+    else:
+        model, kwargs = bcosify(tiny_model("LlamaForCausalLM"), b=1.1, verbose=False), {"target": torch.tensor(7)}
+    ids, mask = padded_batch(side=side)
+
+    def warned(call):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = call()
+        return out, [w for w in seen if issubclass(w.category, UnmaskedPaddingWarning)]
+
+    unmasked, seen = warned(lambda: explain(model, ids, **kwargs))
+    assert len(seen) == 1 and seen[0].filename == __file__  # shown at the caller's line
+    assert str(seen[0].message).startswith("attention_mask: not given, but input_ids has rows of different lengths "
+                                           "padded with config.pad_token_id (0)")
+    assert "Pass the tokenizer's attention_mask with the ids" in str(seen[0].message)
+    with torch.no_grad():  # explained as given: what model(ids) computes
+        logits = model(input_ids=ids).logits
+        torch.testing.assert_close(unmasked.explained, logits[:, 1] if side == "right" else logits[:, -1, 7])
+    masked, seen = warned(lambda: explain(model, ids, mask, **kwargs))
+    assert seen == [] and not torch.allclose(masked.explained[1:], unmasked.explained[1:])
+    target = 1 if side == "right" else torch.tensor([7] * len(ids))
+    for captum_call in (lambda: LayerBcos(model).attribute(ids, target=target),
+                        lambda: EmbeddingForward(model).embed(ids)):
+        assert len(warned(captum_call)[1]) == 1
+    assert warned(lambda: LayerBcos(model).attribute(ids, target=target, additional_forward_args=(mask,)))[1] == []
+    # not padding: one row; rows padded alike (equal lengths); no pad id at the ends
+    assert warned(lambda: explain(model, ids[2:], **kwargs))[1] == []
+    alike = ids[:1].repeat(2, 1)
+    alike[:, -2:] = 0
+    assert warned(lambda: explain(model, alike, **kwargs))[1] == []
+    inner = ids[:1].repeat(2, 1)
+    inner[1, 3:5] = 0  # a pad id inside a row is not a padding pattern
+    assert warned(lambda: explain(model, inner, **kwargs))[1] == []
+
+    # GPT-2 pads with its eos: one eos ending a row is text; two make the rows differ in length
+    gpt2 = bcosify(tiny_model("GPT2LMHeadModel"), b=1.1, verbose=False)
+    gpt2.config.eos_token_id = gpt2.config.bos_token_id = 0
+    text = ids[:1].repeat(2, 1)
+    text[0, -1] = 0
+    assert warned(lambda: explain(gpt2, text, target=torch.tensor([5, 6])))[1] == []
+    text[0, -2:] = 0
+    assert len(warned(lambda: explain(gpt2, text, target=torch.tensor([5, 6])))[1]) == 1

@@ -108,13 +108,31 @@ def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Ten
 def token_inputs_and_padding(model: nn.Module, input_ids,
                              attention_mask) -> tuple[Tensor, Tensor | None, bool | None]:
     """:func:`check_token_inputs`' ids and mask, and whether the batch is padded (``False``: no mask or all ones;
-    ``None``: not known, see :func:`~bcos_plugins._checks.token_batch_and_padding`), read in the check's one sync."""
+    ``None``: not known, see :func:`~bcos_plugins._checks.token_batch_and_padding`), read in the check's one sync.
+
+    Without a mask, a batch whose rows look padded with ``config.pad_token_id`` (rows of different lengths) is
+    explained as given but warned about (:class:`~bcos_plugins.errors.UnmaskedPaddingWarning`): the explanation is
+    exact for ``model(ids)``, the padding attended to as tokens, which is rarely the input meant (transformers 5 no
+    longer warns). A warning, not a refusal: a batch of texts that end or start with the pad id is valid input."""
     limit = position_limit(model)
+    config = getattr(model, "config", None)
+    pad = getattr(config, "pad_token_id", None) if attention_mask is None else None  # read only without a mask
     input_ids, attention_mask, padded = token_batch_and_padding(
         input_ids, attention_mask, vocab_size=vocabulary_size(model), max_length=limit.max_length,
-        limit_name=limit.source)
+        limit_name=limit.source, pad_token_id=pad if isinstance(pad, int) else None,
+        pad_is_text=pad is not None and pad in _special_text_ids(config))
     return (outside_inference(input_ids), None if attention_mask is None else outside_inference(attention_mask),
             padded)
+
+
+def _special_text_ids(config) -> set[int]:
+    """The eos and bos ids of ``config`` (each an id, a list of ids or None): a pad id among them (GPT-2 pads with its
+    eos) can also be a row's own last or first token."""
+    found: set[int] = set()
+    for name in ("eos_token_id", "bos_token_id"):
+        value = getattr(config, name, None)
+        found.update(value if isinstance(value, (list, tuple)) else () if value is None else (value,))
+    return found
 
 
 def forward_keywords(model: nn.Module) -> set[str] | None:
