@@ -62,3 +62,36 @@ def test_a_bcos_model_pickles_and_unpickles_where_its_mixed_classes_were_never_m
     copied.train()
     copied(input_ids=ids).logits.float().square().mean().backward()  # trains: not left in explanation mode
     assert all(p.grad is not None for n, p in copied.named_parameters() if "embed" not in n and "tok_embeddings" not in n)
+
+
+def _bcos_gpt2_lens():
+    from bcos_plugins.adapters import transformer_lens as lens
+    from conftest import hooked_transformer_from_hf_or_none, tiny_model
+
+    model = bcosify(tiny_model("GPT2LMHeadModel"), b=1.25, verbose=False)
+    from_hf = hooked_transformer_from_hf_or_none()
+    return from_hf(model) if from_hf is not None else lens.transformer_bridge_from_hf(model)
+
+
+def test_explain_logits_under_a_patching_hook_says_its_contributions_miss_the_logit():
+    """A HookedTransformer explained while a hook of the caller's patches an activation in (activation patching) or
+    mean-ablates it: the contributions missed the logit by 30-100 % of it (completeness_error 0.4-6.6), with no
+    word. Now a warning names the hook point; a scaling hook keeps the explanation exact and silent."""
+    from bcos_plugins.adapters import transformer_lens as lens
+
+    model = _bcos_gpt2_lens()
+    tokens = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(1))
+    patch = torch.randn(2, 6, model.cfg.d_model, generator=torch.Generator().manual_seed(3))
+    with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", lambda act, hook: patch)]):
+        with pytest.warns(UserWarning, match=r"do not sum to the explained output.*blocks\.1\.hook_resid_pre.*"
+                                             r"not come from the tokens"):
+            expl = lens.explain_logits(model, tokens, target=5, position=-1)
+        with torch.no_grad():
+            own = model(tokens)[:, -1, 5]
+    assert torch.allclose(expl.explained, own, rtol=1e-5, atol=1e-6)
+    assert (expl.completeness_error > 0.5).all()  # the tokens' share is what is reported, not the logit
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with model.hooks(fwd_hooks=[("blocks.0.hook_mlp_out", lambda act, hook: act * 0.5)]):
+            scaled = lens.explain_logits(model, tokens, target=5, position=-1)
+    assert (scaled.completeness_error < 1e-4).all()

@@ -112,12 +112,25 @@ def explain_logits(
         return resolve_explained(logits[torch.arange(logits.shape[0], device=logits.device), pos], target, foil)
 
     forward_autocast: list[torch.dtype] = []
+    hooked = _user_hooked_points(model)
     with recording_forward_autocast(model, forward_autocast):
         result = explain_lens_value(model, tokens, logit_at, position=position, attention_mask=attention_mask)
-    # only the rounding is reported here: a share really missing (SAE error terms) is in sae_error_shares
+    # a share really missing is reported where it is known: SAE error terms in sae_error_shares, the terms of the
+    # caller's own hooks here (an activation patched in or mean-ablated does not come from the tokens: the
+    # contributions missed the logit by 25-660 % of it without a word); otherwise only the rounding
+    missing = (f"the forward hooks on {', '.join(hooked[:3])}{' ...' if len(hooked) > 3 else ''} add terms that "
+               "do not come from the tokens (a patched or mean-ablated activation); the contributions explain "
+               "only the tokens' share. Remove the hooks (model.reset_hooks()), or hook by scaling "
+               "(zero-ablation, a * 0.5), which keeps the explanation exact") if hooked else None
     warn_if_incomplete([result.input_contributions], result.explained, forward_autocast, who="explain_logits",
-                       missing_share=None, per_example="completeness_error")
+                       missing_share=missing, per_example="completeness_error")
     return result
+
+
+def _user_hooked_points(model) -> list[str]:
+    """The hook points that carry forward hooks when an explanation starts (the caller's: ``model.hooks()``,
+    ``add_hook``), whose edits of activations the explanation runs with."""
+    return [name for name, point in model.hook_dict.items() if getattr(point, "_forward_hooks", None)]
 
 
 def explain_lens_value(
