@@ -258,8 +258,11 @@ def reuse_unit_weights(enabled: bool = True) -> Iterator[None]:
 
     Opt-in, because one way of editing weights cannot be seen: a write through ``weight.data`` (``layer.weight
     .data[:, i] = 0``, a common way to ablate a unit) does not bump the weight's version counter, so a reused
-    copy would silently keep the old weight. Inside this block, edit weights under ``torch.no_grad()``
-    (``layer.weight[:, i] = 0``) or call :func:`clear_unit_norm_cache` after a ``.data`` write. Outside it
+    copy would silently keep the old weight. Nor can a write through another tensor that shares the weight's
+    memory: ``torch.nn.utils.vector_to_parameters(vec, ...)`` makes the parameters views of ``vec``, so a later
+    write into ``vec`` (and calling it again with the same ``vec``) is not seen either. Inside this block, edit
+    weights under ``torch.no_grad()`` (``layer.weight[:, i] = 0``) or call :func:`clear_unit_norm_cache` after a
+    ``.data`` write or a write through such a shared tensor. Outside it
     (the default) every forward normalises the weight it reads. Process-wide, like :func:`reference_path`;
     the cached copies are dropped when the block ends.
     """

@@ -86,8 +86,11 @@ class AlignmentPressure(DynamicWeightModule):
     B is a persistent float64 buffer ``bcos_b`` (so ``state_dict`` / ``save_pretrained`` / Trainer
     checkpoints hold the B each layer was running with, also mid-way through :class:`BWarmupCallback`), and a
     Python float ``b`` that the forward pass reads (no device synchronisation per call). Whatever writes the
-    buffer (``load_state_dict``, transformers' loading, an in-place edit) is picked up at the next forward:
-    the buffer's identity and version counter are compared there, which costs two attribute reads. Dtype
+    buffer (``load_state_dict``, transformers' loading, an in-place edit under ``torch.no_grad()``) is picked up at
+    the next forward: the buffer's identity and version counter are compared there, which costs two attribute
+    reads. A write through ``bcos_b.data`` (``layer.bcos_b.data.fill_(2.0)``) bypasses the version counter and is
+    not seen: the layer keeps running at its old B while ``state_dict`` saves the new one. Set ``layer.b`` instead
+    (or write the buffer itself under ``torch.no_grad()``). Dtype
     conversions (``.half()``, ``.to(torch.bfloat16)``) keep the buffer float64, so a saved half-precision
     model reloads at exactly the B it ran with.
     """
