@@ -84,7 +84,13 @@ from bcos_plugins.attribution.text import (
 from bcos_plugins.convert.architectures import spec_for, uncompiled
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import recording_forward_autocast
-from bcos_plugins.nn.dynamic import dynamic_weights_used, evaluating, explanation_mode, is_explaining
+from bcos_plugins.nn.dynamic import (
+    dynamic_weights_used,
+    evaluating,
+    explanation_mode,
+    is_explaining,
+    thread_token,
+)
 from bcos_plugins.visualize import explanation_tokens, require_token_explanation
 
 __all__ = [
@@ -328,9 +334,13 @@ class EmbeddingForward(nn.Module):
         # prepend: a Captum layer hook on the same module (LayerBcos at the default point) must see the
         # swapped-in tensor, not the placeholder's
         module = self.point.module
+        # on the model, which other threads may run meanwhile (training it): only this thread's forward is swapped
+        owner = thread_token()
         if self.point.where == "input":
-            return module.register_forward_pre_hook(lambda m, args: (replace(args[0]), *args[1:]), prepend=True)
-        return module.register_forward_hook(lambda m, args, out: replace(out), prepend=True)
+            return module.register_forward_pre_hook(
+                lambda m, args: (replace(args[0]), *args[1:]) if thread_token() == owner else None, prepend=True)
+        return module.register_forward_hook(lambda m, args, out: replace(out) if thread_token() == owner else None,
+                                            prepend=True)
 
     @torch.no_grad()
     def embed(self, input_ids: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None = None,

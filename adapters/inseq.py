@@ -109,7 +109,7 @@ from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY
 from bcos_plugins.corpus import require_tokenizer_fits
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
-from bcos_plugins.nn.dynamic import evaluating
+from bcos_plugins.nn.dynamic import evaluating, thread_token
 from bcos_plugins.persistence import reconvert_stock_load
 
 __all__ = [
@@ -192,7 +192,11 @@ class _Inseq071:
             yield
             return
 
+        owner = thread_token()  # the hook is on the model: another thread's call of it is left as it is
+
         def fill(module, args, kwargs):
+            if thread_token() != owner:
+                return None
             mask = kwargs.get("attention_mask")
             if kwargs.get("position_ids") is None and kwargs.get("past_key_values") is None \
                     and mask is not None and mask.ndim == 2:

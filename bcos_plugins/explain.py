@@ -56,6 +56,7 @@ from .attribution.text import (
 )
 from .convert.architectures import spec_for
 from .errors import BcosRuntimeError, BcosValueError
+from .nn.dynamic import thread_token
 from .nn.functional import at_least_float32
 
 __all__ = ["explain", "last_real_position"]
@@ -193,9 +194,10 @@ def autocast_note(module: nn.Module, seen: list[torch.dtype]) -> Callable[[], No
     parameters = module.parameters() if module._modules else module._parameters.values()
     first = next((p for p in parameters if p is not None), None)
     device = "cpu" if first is None else first.device.type
+    owner = thread_token()  # the hooks calling it are on the model: another thread's forward is not this call's
 
     def note() -> None:
-        if torch.is_autocast_enabled(device):
+        if thread_token() == owner and torch.is_autocast_enabled(device):
             seen.append(torch.get_autocast_dtype(device))
 
     return note

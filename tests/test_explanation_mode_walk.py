@@ -50,7 +50,7 @@ def _plain(model):
 
 
 def _explaining_flags(model: nn.Module) -> list[bool]:
-    return [m._explaining_module for m in model.modules() if isinstance(m, DynamicWeightModule)]
+    return [m.explaining for m in model.modules() if isinstance(m, DynamicWeightModule)]
 
 
 def test_a_model_whose_modules_change_between_calls_is_explained_exactly_each_time():
@@ -69,7 +69,7 @@ def test_a_model_whose_modules_change_between_calls_is_explained_exactly_each_ti
     model.head = nn.Sequential(BcosLinear(6, 6, b=2.0), BcosLinear(6, 2, b=2.0)).double()  # a new subtree
     with explanation_mode(model):
         assert all(_explaining_flags(model)) and len(_explaining_flags(model)) == 6
-        assert not replaced._explaining_module  # no longer part of the model: left alone
+        assert not replaced.explaining  # no longer part of the model: left alone
     assert not any(_explaining_flags(model))
     explained = _input_gradient(model, x, _model_form)
     assert torch.equal(explained, _input_gradient(model, x, _thread_form))

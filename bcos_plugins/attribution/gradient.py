@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .._checks import named_rows
 from ..errors import BcosRuntimeError, BcosValueError
-from ..nn.dynamic import explanation_mode, no_parameter_gradients
+from ..nn.dynamic import explanation_mode, no_parameter_gradients, thread_token
 
 __all__ = ["GradientStep", "as_leaf", "capture_point", "input_x_gradient", "outside_inference"]
 
@@ -74,8 +74,14 @@ def capture_point(module: nn.Module, where: str, *, probe: Tensor | None = None,
     if where not in ("input", "output"):
         raise BcosValueError(f"where: must be 'input' or 'output', got {where!r}.")
     captured: list[Tensor] = []
+    # the hook is on the model, which other threads may run meanwhile (training it, explaining it): it acts in the
+    # calling thread's forward only (another thread's tensor captured here, probed and all, gave both threads wrong
+    # answers)
+    owner = thread_token()
 
     def replace(t: Tensor) -> Tensor:
+        if thread_token() != owner:
+            return t
         if each_call is not None:
             each_call()
         if probe is None:

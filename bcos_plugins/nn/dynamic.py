@@ -13,6 +13,7 @@ bit-identical in and out of the mode: both paths run the same arithmetic, one of
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -23,13 +24,54 @@ from torch import Tensor, nn
 __all__ = ["DynamicWeightModule", "dynamic_weights_used", "evaluating", "explanation_mode", "has_dynamic_weights",
            "is_explaining", "no_parameter_gradients", "parameter_gradients_unused"]
 
-# Explanation mode without a model handle is per thread: a forward pass runs in the caller's thread, and
-# another thread (a data loader, a second model being trained) must not see its modules switched.
+# Explanation mode is per thread, in both forms: a forward pass runs in the caller's thread, and another thread
+# (a data loader, a training loop on the same model object, a second explanation) must not see its modules switched.
+# Nothing is written on the modules themselves (a flag there was seen by every thread: a training thread's query/key
+# weights got no gradient while another thread explained). A thread's ``explained`` is the frozenset of id(module) of
+# the modules its explanation_mode(model) blocks switched, with _EVERY_MODULE while the thread-wide form runs; its
+# ``depths`` count the blocks per key (nesting). ``explained`` is a new frozenset at each change, never a dict changed
+# in place, and read with getattr from a plain threading.local: torch.compile guards that by value in the calling
+# thread (seen with torch 2.13: it missed in-place changes of a thread-local dict, and attributes of a
+# threading.local subclass altogether, running a graph traced outside explanation mode inside it, silently).
 _THREAD_STATE = threading.local()
+_EVERY_MODULE = 0  # the thread-wide form's key: no object's id() is 0
+_NOTHING: frozenset[int] = frozenset()
+_THREAD_KEYS = itertools.count(1)
 
 
-def _thread_depth() -> int:
-    return getattr(_THREAD_STATE, "depth", 0)
+def _explaining_here(module: nn.Module) -> bool:
+    # read in every dynamic-weight module's forward: one thread-local read, and nothing more while this thread
+    # explains nothing (training, inference)
+    explained = getattr(_THREAD_STATE, "explained", _NOTHING)
+    return bool(explained) and (_EVERY_MODULE in explained or id(module) in explained)
+
+
+def _switch(keys: list[int], step: int) -> None:
+    """Enter (``step`` 1) or leave (-1) this thread's explanation mode for the modules ``keys``."""
+    depths = getattr(_THREAD_STATE, "depths", None)
+    if depths is None:
+        depths = _THREAD_STATE.depths = {}
+    for key in keys:
+        depth = depths.get(key, 0) + step
+        if depth > 0:
+            depths[key] = depth
+        else:
+            depths.pop(key, None)
+    _THREAD_STATE.explained = frozenset(depths) if depths else _NOTHING
+
+
+def thread_token() -> int:
+    """A number that stands for the calling thread (the same at every call in one thread; never another thread's).
+
+    For hooks registered on a model that every thread's forward runs (the attribution point's capture): they act
+    only where ``thread_token() ==`` the token taken when they were registered. Under ``torch.compile`` the comparison
+    is a guard on this thread-local value, not a graph break (``threading.get_ident`` is one, and its numbers are
+    reused by later threads).
+    """
+    token = getattr(_THREAD_STATE, "token", 0)
+    if not token:
+        token = _THREAD_STATE.token = next(_THREAD_KEYS)
+    return token
 
 
 def dynamic_weights_used() -> int:
@@ -76,27 +118,30 @@ def _count_use() -> None:
 class DynamicWeightModule(nn.Module):
     """Mixin for modules computing ``W(x) x`` with an input-dependent ``W`` (B-cos layers, norms, gated
     activations, attention, bilinear branches, TransformerLens hook points): ``explaining`` makes ``W(x)`` a
-    constant for autograd. It is true while the module's model is in :func:`explanation_mode` or while the
-    thread-wide form ``explanation_mode()`` is active."""
-
-    _explaining_module: bool = False
+    constant for autograd. It is true in a thread while that thread runs inside :func:`explanation_mode` of the
+    module's model, or inside the thread-wide form ``explanation_mode()``; other threads running the same module
+    at the same time are not affected."""
 
     @property
     def explaining(self) -> bool:
-        return self._explaining_module or _thread_depth() > 0
+        return _explaining_here(self)
 
     @explaining.setter
     def explaining(self, value: bool) -> None:
         self._set_explaining(value)
 
     def _set_explaining(self, value: bool) -> None:
-        # a plain instance attribute (never a parameter, buffer or submodule), written past nn.Module.__setattr__'s
-        # checks: explanation_mode sets and restores it on every dynamic-weight module at each call
-        self.__dict__["_explaining_module"] = bool(value)
+        # for the calling thread only, as explanation_mode; True holds until set False (prefer explanation_mode,
+        # which restores the previous state on exit)
+        depth = getattr(_THREAD_STATE, "depths", {}).get(id(self), 0)
+        if value and not depth:
+            _switch([id(self)], 1)
+        elif not value and depth:
+            _switch([id(self)], -depth)
 
     def dynamic_weight(self, factor: Tensor) -> Tensor:
         """Return ``factor`` as it must enter the product: detached while explaining."""
-        if self._explaining_module or _thread_depth() > 0:
+        if _explaining_here(self):
             _count_use()
             return factor.detach()
         return factor
@@ -106,7 +151,7 @@ class DynamicWeightModule(nn.Module):
 
         For layers whose fused kernels take the decision as an argument instead of detaching a tensor.
         """
-        if self._explaining_module or _thread_depth() > 0:
+        if _explaining_here(self):
             _count_use()
             return True
         return False
@@ -117,7 +162,7 @@ class DynamicWeightModule(nn.Module):
         The factor is detached then anyway; computing it without recording the autograd graph saves the
         time and memory of saving its intermediate tensors. The arithmetic (and so the value) is the same.
         """
-        return torch.no_grad() if self.explaining else nullcontext()
+        return torch.no_grad() if _explaining_here(self) else nullcontext()
 
 
 def has_dynamic_weights(model: nn.Module) -> bool:
@@ -139,9 +184,14 @@ def explanation_mode(model: nn.Module | None = None) -> Iterator[nn.Module | Non
     thread is in explanation mode, whichever model it belongs to: the form for code that only holds a
     function (Captum's ``forward_func``). That form cannot switch dropout off: call ``model.eval()`` first.
 
-    Nested and re-entrant use is safe: each module's previous state is restored on exit, also when the
-    block raises. The model is put in eval mode for the duration (dropout would otherwise make the
-    explained function random) and its training flag is restored afterwards.
+    The mode holds for the calling thread only: another thread running the same model at the same time (training
+    it, or explaining it in its own ``explanation_mode``) runs it as it would without this block. Nested and
+    re-entrant use is safe: each module's previous state is restored on exit, also when the block raises. The
+    model is put in eval mode for the duration (dropout would otherwise make the explained function random) and
+    its training flags are restored afterwards, when the last block holding it in eval mode ends (also when that
+    block runs in another thread). The training flags are the modules' own, seen by every thread: a thread that
+    trains the model with dropout while another explains it runs without dropout meanwhile, and ``model.train()``
+    called in another thread during the block makes the explained function random.
 
     Examples:
         >>> import torch
@@ -155,22 +205,20 @@ def explanation_mode(model: nn.Module | None = None) -> Iterator[nn.Module | Non
         True
     """
     if model is None:
-        _THREAD_STATE.depth = _thread_depth() + 1
+        _switch([_EVERY_MODULE], 1)
         try:
             yield None
         finally:
-            _THREAD_STATE.depth -= 1
+            _switch([_EVERY_MODULE], -1)
         return
     modules, training_flags = _dynamic_modules_and_training(model)
-    previous = [m._explaining_module for m in modules]
+    keys = [id(m) for m in modules]  # the modules stay alive (``modules``) until the block ends: no id is reused
     with _in_eval_mode(model, training_flags):
-        for m in modules:
-            m.__dict__["_explaining_module"] = True  # as _set_explaining, without a method call per module
+        _switch(keys, 1)
         try:
             yield model
         finally:
-            for m, state in zip(modules, previous, strict=True):
-                m.__dict__["_explaining_module"] = state
+            _switch(keys, -1)
 
 
 @contextmanager
@@ -188,6 +236,14 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
         yield model
 
 
+# the models held in eval mode by explanation_mode / evaluating blocks, in any thread: id(model) -> [how many blocks
+# hold it, the training flags the last of them restores]. A block that finds the model held (the model already in eval
+# mode because another thread's block switched it) joins the hold instead of restoring nothing on its own exit: the
+# first block to end restored the training flags while the other thread still explained, silently with dropout.
+_EVAL_HOLDS: dict[int, list] = {}
+_EVAL_HOLDS_LOCK = threading.RLock()  # re-entrant: a model's train() override may run an explanation itself
+
+
 @contextmanager
 def _in_eval_mode(model: nn.Module, training_flags: list[tuple[nn.Module, bool]] | None) -> Iterator[None]:
     """``model`` in eval mode inside, and afterwards every module's training flag as recorded
@@ -195,18 +251,37 @@ def _in_eval_mode(model: nn.Module, training_flags: list[tuple[nn.Module, bool]]
     runs, as it did before), then the modules whose flag differed from the model's set one by one. Nothing is
     switched when no module was training (``training_flags`` is ``None``): eval() and the restoring train() walk the
     whole model (transformers' train() more than that), and a model already wholly in eval mode (every explain call
-    after the first) needs neither."""
-    if training_flags is None:
+    after the first) needs neither. A model held in eval mode by another block (this thread's or another's,
+    ``_EVAL_HOLDS``) is restored when the last of those blocks ends."""
+    key = id(model)
+    with _EVAL_HOLDS_LOCK:
+        hold = _EVAL_HOLDS.get(key)
+        # (flags read before another thread's block switched the model, under this lock, are stale: read again)
+        if hold is not None and (training_flags is None or not any(m.training for m, _ in training_flags)):
+            hold[0] += 1  # switched by a block still running: restored when the last block ends
+        elif training_flags is None:
+            hold = None
+        else:  # (a module switched back to training under a running block: switched and restored by this block)
+            hold = [1, training_flags]
+            if key not in _EVAL_HOLDS:
+                _EVAL_HOLDS[key] = hold
+            model.eval()
+    if hold is None:
         yield
         return
-    model.eval()
     try:
         yield
     finally:
-        model.train(training_flags[0][1])  # the walk records the model first
-        for module, was_training in training_flags:
-            if module.training != was_training:
-                module.training = was_training
+        with _EVAL_HOLDS_LOCK:
+            hold[0] -= 1
+            if hold[0] == 0:
+                if _EVAL_HOLDS.get(key) is hold:
+                    del _EVAL_HOLDS[key]
+                flags = hold[1]
+                model.train(flags[0][1])  # the walk records the model first
+                for module, was_training in flags:
+                    if module.training != was_training:
+                        module.training = was_training
 
 
 def _each_module(model: nn.Module) -> Iterator[nn.Module]:
