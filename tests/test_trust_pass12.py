@@ -95,3 +95,20 @@ def test_explain_logits_under_a_patching_hook_says_its_contributions_miss_the_lo
         with model.hooks(fwd_hooks=[("blocks.0.hook_mlp_out", lambda act, hook: act * 0.5)]):
             scaled = lens.explain_logits(model, tokens, target=5, position=-1)
     assert (scaled.completeness_error < 1e-4).all()
+
+
+def test_explain_logits_inside_sae_error_capture_does_not_blame_the_captures_hooks():
+    """sae_error_capture hooks the attached SAEs' own points, and the tokens miss the error term's share by design
+    (reported in the capture's shares): the hook warning must not fire there."""
+    from bcos_plugins.adapters._lens.sae_error import sae_error_capture
+    from bcos_plugins.adapters.transformer_lens import explain_logits
+    from test_sae_lens_adapter import _bcos_sae_model
+
+    model = _bcos_sae_model(True)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with sae_error_capture(model) as capture:
+            explanation = explain_logits(model, tokens, target=3)
+    total = explanation.total + capture.shares()["blocks.0.hook_resid_post"]
+    assert ((total - explanation.explained).abs() / explanation.explained.abs()).max() <= 1e-4

@@ -129,7 +129,11 @@ def explain_logits(
 
 def _user_hooked_points(model) -> list[str]:
     """The hook points that carry forward hooks when an explanation starts (the caller's: ``model.hooks()``,
-    ``add_hook``), whose edits of activations the explanation runs with."""
+    ``add_hook``), whose edits of activations the explanation runs with. None while SAEs are attached: the tokens
+    then miss the error terms' and the SAE biases' shares by design (reported in ``sae_error_shares``), so a miss
+    could not be laid at the hooks' door (and ``sae_error_capture`` hooks the SAEs' own points)."""
+    if getattr(model, "acts_to_saes", None):
+        return []
     return [name for name, point in model.hook_dict.items() if getattr(point, "_forward_hooks", None)]
 
 
