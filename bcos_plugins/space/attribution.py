@@ -133,6 +133,13 @@ def _bias_free_logits(head, concepts: Tensor, attention_mask: Tensor | None) -> 
     return torch.nn.functional.linear(centroids.flatten(1), head.classifier.weight)
 
 
+# the cause both completeness refusals name (the shares are exact by construction, so a gap means other logits)
+_NOT_THE_HEADS_LOGITS = (
+    "the model's logits are not the head's linear classifier over the masked mean of its concept activations (a hook "
+    "or an adapter on head.classifier, or a replaced head), so the shares would not be the logit's. Explain the model "
+    "with the head SpaceModelForSequenceClassification builds (merge an adapter into the classifier's weight first).")
+
+
 def _require_logits_from_head(explanation: SpaceExplanation, full: Tensor, logits: Tensor, target: Tensor,
                               foil: Tensor | None, classifier_bias: Tensor) -> None:
     """Refuse logits that are not the bias-free value plus the bias (a hook or an adapter on ``head.classifier``
@@ -155,10 +162,7 @@ def _require_logits_from_head(explanation: SpaceExplanation, full: Tensor, logit
         f"context_attribution: the token shares of row {row} sum to {float(explanation.total[row]):.6g}, the head's "
         f"classifier weight over the masked mean of its concept activations, but the model's logit minus the "
         f"classifier bias is {float(full[row].double() - explanation.bias[row].double()):.6g}, a gap of "
-        f"{float(gap[row]):.2g} beyond {precision} rounding of the logit and its bias: the model's logits "
-        "are not the head's linear classifier over the masked mean of its concept activations (a hook or an adapter "
-        "on head.classifier, or a replaced head), so the shares would not be the logit's. Explain the model with "
-        "the head SpaceModelForSequenceClassification builds (merge an adapter into the classifier's weight first)."
+        f"{float(gap[row]):.2g} beyond {precision} rounding of the logit and its bias: {_NOT_THE_HEADS_LOGITS}"
     )
 
 
@@ -183,8 +187,5 @@ def _require_complete(explanation: SpaceExplanation) -> None:
     raise BcosRuntimeError(
         f"context_attribution: the token shares of row {row} sum to {float(explanation.total[row]):.4g} but the "
         f"logit minus the classifier bias is {float(explanation.explained[row]):.4g}, a gap of {float(gap[row]):.2g} "
-        f"of the logit and its token scores' size where {precision} rounding allows {tolerance:.1g}: the model's logits "
-        "are not the head's linear classifier over the masked mean of its concept activations (a hook or an adapter "
-        "on head.classifier, or a replaced head), so the shares would not be the logit's. Explain the model with "
-        "the head SpaceModelForSequenceClassification builds (merge an adapter into the classifier's weight first)."
+        f"of the logit and its token scores' size where {precision} rounding allows {tolerance:.1g}: {_NOT_THE_HEADS_LOGITS}"
     )
