@@ -264,14 +264,19 @@ def reuse_unit_weights(enabled: bool = True) -> Iterator[None]:
     weights under ``torch.no_grad()`` (``layer.weight[:, i] = 0``) or call :func:`clear_unit_norm_cache` after a
     ``.data`` write or a write through such a shared tensor. Outside it
     (the default) every forward normalises the weight it reads. Process-wide, like :func:`reference_path`;
-    the cached copies are dropped when the block ends.
+    the cached copies are dropped when the block ends, and when a ``reuse_unit_weights(False)`` block inside it
+    ends (weights may have been edited through ``.data`` there).
     """
-    with _process_switch("_REUSE_UNIT_WEIGHTS", enabled, "reuse_unit_weights", on_exit=_after_reuse):
+    with _process_switch("_REUSE_UNIT_WEIGHTS", enabled, "reuse_unit_weights",
+                         on_exit=lambda still_reusing: _after_reuse(still_reusing, enabled)):
         yield
 
 
-def _after_reuse(still_reusing: bool) -> None:
-    if not still_reusing:  # the outermost block ended: its cached copies would go stale unseen outside it
+def _after_reuse(still_reusing: bool, was_enabled: bool) -> None:
+    # the outermost block ended: its cached copies would go stale unseen outside it. A reuse_unit_weights(False)
+    # block inside one ended: weights edited in it through .data (safe there) left the outer block's copies stale,
+    # and they were served after it (an explanation 15-1500 % off the logit, silently)
+    if not still_reusing or not was_enabled:
         _UNIT_WEIGHTS.clear()
 
 
