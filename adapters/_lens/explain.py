@@ -27,7 +27,8 @@ from bcos_plugins.attribution import (
     resolve_explained,
     resolve_positions,
 )
-from bcos_plugins.attribution.gradient import outside_inference
+from bcos_plugins.attribution.gradient import non_finite_step, outside_inference, refuse_non_finite_step
+from bcos_plugins.attribution.text import padded_float64_nan_cause
 from bcos_plugins.errors import BcosTypeError
 from bcos_plugins.explain import recording_forward_autocast
 from bcos_plugins.nn.functional import at_least_float32
@@ -185,7 +186,14 @@ def explain_lens_value(
         return parsed["resolved"][0], [leaves[n] for n in names]
 
     with sae_error_capture(model) as sae_capture:  # records nothing when no SAEs are attached
-        step = input_x_gradient(compute, model)
+        step = input_x_gradient(compute, model, defer_finite_check=True)
+    if non_finite_step(step):
+        # a float64 bridge's attention softmax runs in float32, so a left-padded row's all-masked padding queries
+        # give NaN: the generic cause ("an input or an embedding row of NaN, inf or a huge value") sent users to
+        # check inputs that were fine
+        refuse_non_finite_step(step, padded_float64_nan_cause(
+            step.explained.dtype, attention_mask, "Explain in float32 (model.float()), or explain the padded rows "
+            "one at a time without padding."))
     hook_contributions = dict(zip(names, step.contributions, strict=True))
     total = sum(step.contributions)
     # each hook's share summed over d_model in at least float32, as explain's token scores: in half precision the
