@@ -91,7 +91,7 @@ from bcos_plugins.nn.dynamic import (
     is_explaining,
     thread_token,
 )
-from bcos_plugins.visualize import explanation_tokens, require_token_explanation
+from bcos_plugins.visualize import explained_token_index, explanation_tokens, require_token_explanation
 
 __all__ = [
     "BcosAttribution",
@@ -959,6 +959,9 @@ def visualization_records(
             against = ("a direction" if isinstance(foil, Direction) or foil.is_floating_point()
                        else name(foil[i] if foil.ndim else foil))
             attr_cls = f"{attr_cls} − {against}"
+        at = explained_token_index(explanation, i) if explanation is not None else None
+        if at is not None:  # a causal LM's output at one token, not the whole row's (the record has no other place)
+            attr_cls = f"{attr_cls} at token {at} ({tokens[i][at]})"
         records.append(VisualizationDataRecord(
             word_attributions=row,
             pred_prob=pred_prob,

@@ -42,17 +42,29 @@ def _hover(token: str, score: float) -> str:
     return _html.escape(f"{token}: {score:+.4g}", quote=True)
 
 
-def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float], caption: str = "") -> str:
+def _span(token: str, score: float, scale: float, explained: bool) -> str:
+    if not explained:
+        return (f'<span class="tok" style="background:{_colour(score, scale)}" title="{_hover(token, score)}">'
+                f"{_html.escape(token)}</span>")
+    hover = _html.escape(f"{token}: {score:+.4g} (the explained output is this token's)", quote=True)
+    return (f'<span class="tok" style="background:{_colour(score, scale)};outline:2px solid #000" '
+            f'title="{hover}">{_html.escape(token)}</span>')
+
+
+def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float], caption: str = "",
+                   explained_at: int | None = None) -> str:
     """One row of coloured tokens that wraps like text; each token's score shows on hover.
 
     Args:
         tokens: the tokens of one sequence, as they should be shown.
         scores: one finite score per token (a 1-D tensor or a sequence of numbers).
         caption: a line shown above the tokens.
+        explained_at: the index in ``tokens`` of the token whose output was explained (a causal LM's or base
+            model's ``position``): it is outlined and its hover text says so.
 
     Raises:
         BcosTypeError: ``scores`` is not a 1-D tensor or a sequence of numbers.
-        BcosValueError: the lengths differ, or a score is NaN or infinite.
+        BcosValueError: the lengths differ, a score is NaN or infinite, or ``explained_at`` is not a token's index.
     """
     if hasattr(tokens, "tokens") and hasattr(tokens, "scores"):  # was TypeError: object ... has no len()
         raise argument_error("tokens", f"got a {type(tokens).__name__}; tokens_to_html draws one row of tokens",
@@ -76,11 +88,12 @@ def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float]
     if bad:
         raise argument_error("scores", f"are NaN or infinite at token positions {bad[:10]}",
                              "Check the explanation (completeness_error) before rendering it", kind=BcosValueError)
+    if explained_at is not None and not (isinstance(explained_at, int) and 0 <= explained_at < len(tokens)):
+        raise argument_error("explained_at", f"must be the index of one of the {len(tokens)} tokens, got "
+                             f"{explained_at!r}", "Pass the explained token's index among the shown tokens")
     scale = max((abs(v) for v in values), default=0.0)
-    spans = "<wbr>".join(
-        f'<span class="tok" style="background:{_colour(v, scale)}" title="{_hover(t, v)}">{_html.escape(t)}</span>'
-        for t, v in zip(tokens, values, strict=True)
-    )
+    spans = "<wbr>".join(_span(t, v, scale, k == explained_at) for k, (t, v) in enumerate(zip(tokens, values,
+                                                                                            strict=True)))
     meta = f'<div class="meta">{_html.escape(caption)}</div>' if caption else ""
     return f'<div class="row" style="{_ROW_STYLE}">{meta}{spans}</div>'
 
@@ -151,6 +164,20 @@ def explanation_tokens(explanation, tokenizer) -> list[list[str]]:
     return tokens
 
 
+def explained_token_index(explanation, i: int) -> int | None:
+    """The index among row ``i``'s shown tokens (padding removed) of the token whose output was explained, or
+    ``None`` (a classifier's, or an explanation without a position)."""
+    position = getattr(explanation, "position", None)
+    if position is None:
+        return None
+    column = int(position[i]) if isinstance(position, torch.Tensor) and position.ndim else int(position)
+    mask = getattr(explanation, "attention_mask", None)
+    if mask is None:
+        return column
+    # the padded column counted among the row's real tokens (left padding shifts every column)
+    return int(mask[i][:column].bool().sum())
+
+
 def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
                       captions: Sequence[str] | None) -> str:
     require_token_explanation(explanation)
@@ -164,10 +191,13 @@ def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
         name = _name(_row_item(explanation.target, i), label_names)
         if foil is not None:
             name = f"{name} − {_name(_row_item(foil, i), label_names)}"
+        at = explained_token_index(explanation, i)
+        if at is not None:  # a causal LM's or base model's output at one token: the row's other tokens were not it
+            name = f"{name} at token {at} ({row_tokens[at]})"
         caption = f"explained: {name} — value {float(value):.4f}, {_contribution_total(explanation, row_scores)}"
         if captions is not None:
             caption = f"{captions[i]} · {caption}"
-        rows.append(tokens_to_html(row_tokens, row_scores, caption))
+        rows.append(tokens_to_html(row_tokens, row_scores, caption, explained_at=at))
     return "".join(rows)
 
 
@@ -184,7 +214,8 @@ def explanations_to_html(explanation, tokenizer, label_names: Sequence[str] | No
     """A full HTML page for a :class:`~bcos_plugins.attribution.TokenExplanation` batch, one row per example.
 
     Each row's caption names what was explained (the class, or ``target − foil`` for a contrastive
-    explanation), the explained value and the sum of the contributions (equal for a complete explanation; for
+    explanation; for a causal LM or base model also the token whose output was explained, which is outlined), the
+    explained value and the sum of the contributions (equal for a complete explanation; for
     ``reduce="mean"`` scores, means over the features, the sum times the feature count);
     ``captions`` adds a line of your own per row (e.g. the true label).
     """

@@ -352,7 +352,8 @@ def test_visualize_names_a_direction_target_in_words():
     expl = explain(_bcos_llama(), torch.tensor([[5, 6, 7, 8]]), target=Direction(vector), position=-1)
     page = explanations_to_html(expl, _word_tokenizer())
     (caption,) = re.findall(r"explained: [^<]*", page)
-    assert caption.startswith("explained: a direction — value ") and "tensor" not in page
+    # the explained position (the last token) is named since trust pass 14
+    assert caption.startswith("explained: a direction at token 3 (w8) — value ") and "tensor" not in page
 
 
 # ------------------------------------------------------------------ Captum's image methods
@@ -499,6 +500,7 @@ def test_captum_visualization_records_of_a_direction_explanation():
                          (dict(target=5, foil=Direction(vector)), "5 − a direction")):
         expl = explain(model, ids, position=-1, **asked)
         records = visualization_records(expl, tokenizer)
-        assert [r.attr_class for r in records] == [label, label]
+        # the explained position (each row's last token) is named since trust pass 14
+        assert [r.attr_class for r in records] == [f"{label} at token 3 ({r.raw_input_ids[3]})" for r in records]
         for record, value in zip(records, expl.explained.tolist(), strict=True):
             assert record.attr_score == pytest.approx(value, rel=1e-5, abs=1e-6)

@@ -1,0 +1,101 @@
+"""Trust pass 14: what the user sees. The pages and records built from explanations (``explanations_to_html``,
+``explanation_sections_to_html``, ``tokens_to_html``, Captum's ``visualization_records`` / ``records_to_html``),
+each shown (token, score) pair checked against the explanation's raw tensors and the tokenizer's
+``convert_ids_to_tokens`` (WordPiece, GPT-2 byte-level BPE; HTML-special, right-to-left, zero-width and multi-byte
+text; left and right padding; positions; foils). The cases that were silently wrong or crashed unhelpfully, one test
+each."""
+
+from __future__ import annotations
+
+import warnings
+from html.parser import HTMLParser
+
+import pytest
+import torch
+import transformers as T
+
+from bcos_plugins import bcosify, explain
+from bcos_plugins.data import shipped_data
+from bcos_plugins.visualize import explanations_to_html
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+class _Tokens(HTMLParser):
+    """The page's token spans as (text, hover title, style) and its captions."""
+
+    def __init__(self, page: str):
+        super().__init__()
+        self.spans, self.captions, self._span, self._caption = [], [], None, False
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "span" and attrs.get("class") == "tok":
+            self._span = ["", attrs["title"], attrs["style"]]
+        if tag == "div" and attrs.get("class") == "meta":
+            self._caption = True
+            self.captions.append("")
+
+    def handle_endtag(self, tag):
+        if tag == "span" and self._span is not None:
+            self.spans.append(tuple(self._span))
+            self._span = None
+        if tag == "div":
+            self._caption = False
+
+    def handle_data(self, data):
+        if self._span is not None:
+            self._span[0] += data
+        elif self._caption:
+            self.captions[-1] += data
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    """A tiny B-cos GPT-2 over the shipped GPT-2 tokenizer (pad = eos), left padding."""
+    tokenizer = T.GPT2TokenizerFast.from_pretrained(shipped_data("gpt2_tokenizer"))
+    tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    torch.manual_seed(0)
+    config = T.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    return bcosify(T.GPT2LMHeadModel(config).eval(), b=1.5, verbose=False), tokenizer
+
+
+def test_the_page_of_an_lm_explained_at_an_inner_position_marks_that_token(gpt2):
+    """A causal LM explained at each row's first token (the next-token logit predicted there) was drawn as the
+    whole row with the caption 'explained: 11 — value ...': nothing said which token's output was explained, so
+    the page read as the last token's prediction, silently. The caption names the token and the span is outlined,
+    counted among the shown tokens (left padding removed)."""
+    model, tokenizer = gpt2
+    batch = tokenizer(["<b>a</b> cat sat on the mat", "😀 hi"], padding=True, return_tensors="pt")
+    first = batch["attention_mask"].argmax(1)
+    for offset in (0, 1):
+        expl = explain(model, batch["input_ids"], batch["attention_mask"], target=11, position=first + offset)
+        page = _Tokens(explanations_to_html(expl, tokenizer))
+        spans = iter(page.spans)
+        for i, ids in enumerate(batch["input_ids"]):
+            shown = tokenizer.convert_ids_to_tokens(ids[batch["attention_mask"][i].bool()].tolist())
+            row = [next(spans) for _ in shown]
+            assert [text for text, _, _ in row] == shown
+            outlined = [k for k, (_, _, style) in enumerate(row) if "outline" in style]
+            assert outlined == [offset]
+            assert f"at token {offset} ({shown[offset]})" in page.captions[i]
+            assert "explained output" in row[offset][1]
+
+
+def test_captum_records_of_an_lm_explained_at_an_inner_position_name_that_token(gpt2):
+    """The records' attribution label of the same explanation was the token id alone ('11'), the explained
+    position nowhere in the record."""
+    from bcos_plugins.adapters.captum import visualization_records
+
+    model, tokenizer = gpt2
+    batch = tokenizer(["the cat sat", "a longer row of many tokens"], padding=True, return_tensors="pt")
+    position = batch["attention_mask"].argmax(1) + 1
+    expl = explain(model, batch["input_ids"], batch["attention_mask"], target=11, position=position)
+    for record in visualization_records(expl, tokenizer):
+        assert record.attr_class == f"11 at token 1 ({record.raw_input_ids[1]})"
+    last = explain(model, batch["input_ids"], batch["attention_mask"], target=11)
+    for record in visualization_records(last, tokenizer):
+        n = len(record.raw_input_ids)
+        assert record.attr_class == f"11 at token {n - 1} ({record.raw_input_ids[-1]})"
