@@ -13,6 +13,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .._checks import bad_rows
+from ..convert.architectures import position_limit
 from ..errors import argument_error
 
 __all__ = ["refuse_length_dependent_rotary"]
@@ -35,7 +36,8 @@ def refuse_length_dependent_rotary(model: nn.Module, attention_mask: Tensor) -> 
     for rope in _rope_settings(config):
         rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
         if "dynamic" in rope_type:  # grows with the longest position past config.max_position_embeddings
-            threshold, source = getattr(config, "max_position_embeddings", None), "config.max_position_embeddings"
+            # the registry's one reading of the limit: a rotary family's context is config.max_position_embeddings
+            threshold, source = position_limit(model).context, "config.max_position_embeddings"
         elif rope_type == "longrope":  # long factors past original_max_position_embeddings
             threshold = rope.get("original_max_position_embeddings")
             source = "original_max_position_embeddings"
