@@ -162,7 +162,7 @@ class _Inseq071:
     4. ``inseq.get_version()`` imports ``pkg_resources`` (gone from recent setuptools): nothing here calls it.
     5. ``embed_ids`` calls the model's embedding layer outside the model's forward (e.g. to embed contrastive
        targets inside the attributed function); where that layer is the attribution point (Llama's token
-       embeddings), Captum's layer hook would keep that activation instead of the forward's (Captum keeps the
+       embeddings, Gemma 2's scaled ones), Captum's layer hook would keep that activation instead of the forward's (Captum keeps the
        last one). While "bcos" attributes, ``embed_ids`` looks the ids up without calling the module.
     6. ``generate`` calls the model's ``generate`` with the input ids alone, dropping the padding mask, so a
        left-padded prompt generates from its padding: other tokens in a batch than alone; and with ``batch_size``
@@ -215,13 +215,21 @@ class _Inseq071:
     def embeddings_without_hooks(attribution_model: AttributionModel) -> Iterator[None]:
         """``attribution_model.embed_ids`` without calling the embedding module (quirk 5): same values."""
         layer = attribution_model.get_embedding_layer()
-        if type(layer) is not nn.Embedding or layer.max_norm is not None \
+        # Gemma 2's token embedding (Gemma2TextScaledWordEmbedding) is an nn.Embedding times its buffer embed_scale;
+        # it was left out, so on Gemma 2 "contrast_logits_diff" kept the contrast's embedding activation and failed
+        # ("The differentiated Tensor at index 0 appears to not have been used in the graph")
+        scaled = (isinstance(layer, nn.Embedding) and type(layer).__name__.endswith("ScaledWordEmbedding")
+                  and isinstance(getattr(layer, "embed_scale", None), torch.Tensor))
+        if not (type(layer) is nn.Embedding or scaled) or layer.max_norm is not None \
                 or getattr(attribution_model, "encoder_int_embeds", None) is not None:
             yield
             return
 
         def embed_ids(ids, as_targets: bool = False):
-            return nn.functional.embedding(ids, layer.weight, layer.padding_idx) * attribution_model.embed_scale
+            looked_up = nn.functional.embedding(ids, layer.weight, layer.padding_idx)
+            if scaled:  # as the module's forward computes it
+                looked_up = looked_up * layer.embed_scale.to(layer.weight.dtype)
+            return looked_up * attribution_model.embed_scale
 
         attribution_model.embed_ids = embed_ids
         try:

@@ -14,9 +14,9 @@ import pytest
 import torch
 import transformers as T
 from bcos_plugins.adapters.transformer_lens import explain_logits, transformer_bridge_from_hf
-from conftest import padded_rows, tiny_config
+from conftest import MAX_POS, VOCAB, padded_rows, tiny_config
 
-from bcos_plugins import bcosify
+from bcos_plugins import bcosify, explain
 from bcos_plugins.errors import BcosValueError
 
 
@@ -33,3 +33,36 @@ def test_a_left_padded_float64_bridge_explanation_names_the_padded_float64_cause
     # the same rows in float32 are explained (the fix the message names)
     expl = explain_logits(transformer_bridge_from_hf(model.float()), ids, target=5, attention_mask=mask)
     assert float(expl.completeness_error.max()) < 1e-4
+
+
+def _word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<pad>", "<unk>", "<eos>"] + [f"w{i}" for i in range(3, VOCAB)]
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return T.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>",
+                                     bos_token="<eos>")
+
+
+def test_inseq_contrast_logits_diff_on_gemma2_explains_target_minus_foil():
+    # Gemma 2's token embedding (the attribution point) is a scaled nn.Embedding subclass, which the "bcos" method's
+    # lookup without the module left out: inseq's contrast function embedded the contrast through the module, Captum
+    # kept that activation instead of the forward's, and the call failed ("The differentiated Tensor at index 0
+    # appears to not have been used in the graph")
+    import inseq
+    from bcos_plugins.adapters.inseq import METHOD_NAME
+
+    torch.manual_seed(0)
+    config = T.Gemma2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=MAX_POS, head_dim=8,
+                            sliding_window=4, final_logit_softcapping=5.0, attn_logit_softcapping=5.0,
+                            query_pre_attn_scalar=8, pad_token_id=0, bos_token_id=2, eos_token_id=2)
+    model = bcosify(T.Gemma2ForCausalLM(config).eval(), b=1.25, verbose=False)
+    attribution_model = inseq.load_model(model, METHOD_NAME, tokenizer=_word_tokenizer())
+    out = attribution_model.attribute("w5 w9 w12 w7", "w5 w9 w12 w7 w11", attributed_fn="contrast_logits_diff",
+                                      contrast_targets="w5 w9 w12 w7 w13", show_progress=False)
+    scores = out.sequence_attributions[0].target_attributions[:4, 0].sum(-1)
+    ref = explain(model, torch.tensor([[5, 9, 12, 7]]), target=11, foil=13)
+    scale = max(ref.contributions.abs().max().item(), ref.explained.abs().max().item())
+    assert (scores - ref.contributions[0]).abs().max().item() <= 1e-5 * scale
