@@ -264,6 +264,17 @@ def explain_dataset(
                                  f"{f' (and {len(empty) - 1} more in this batch)' if len(empty) > 1 else ''}: "
                                  "there is nothing to explain", "Drop empty texts (or give the tokenizer special "
                                  "tokens to add)")
+        if position is not None:
+            # explain's refusal named the padded column it was given (1 + the batch's padding: "position: [18] is
+            # outside row(s) [6]" for position=1) or called a short text's missing token "a padding token"
+            lengths = enc["attention_mask"].sum(1).tolist()
+            short = [lo + i for i, n in enumerate(lengths) if (n <= position if position >= 0 else n < -position)]
+            if short:
+                k, more = short[0], (f" nor of {len(short) - 1} more in this batch" if len(short) > 1 else "")
+                raise argument_error("position", f"{position} is not a token of text {k} ({texts[k]!r}, "
+                                     f"{lengths[k - lo]} tokens){more}",
+                                     "Pass a position inside every text (counted from its first token, or back "
+                                     "from its last with -1 being it), or drop the shorter texts")
         extra = readable_tokenizer_outputs(enc, readable)
         # a non-negative position counts from each text's first token: on a left-padded batch that is the text's
         # padding plus the position, not the column itself

@@ -99,3 +99,24 @@ def test_captum_records_of_an_lm_explained_at_an_inner_position_name_that_token(
     for record in visualization_records(last, tokenizer):
         n = len(record.raw_input_ids)
         assert record.attr_class == f"11 at token {n - 1} ({record.raw_input_ids[-1]})"
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("position", [1, -2])
+def test_explain_dataset_names_a_position_beyond_a_short_text_as_given(gpt2, side, position):
+    """A position past a one-token text was refused naming a number never passed ('position: [18] is outside row(s)
+    [1] (length 18 ...)' for position=1 on a left-padded batch: the padded column) or calling the missing token 'a
+    padding token'. The refusal names the position as given, the text and its token count."""
+    pytest.importorskip("datasets")
+    from bcos_plugins import explain_dataset
+    from bcos_plugins.errors import BcosValueError
+
+    model, tokenizer = gpt2
+    tokenizer.padding_side = side
+    try:
+        with pytest.raises(BcosValueError, match=rf"^position: {position} is not a token of text 1 \('a', 1 "
+                                                 r"tokens\)\. Pass a position inside every text"):
+            explain_dataset(model, tokenizer, ["the cat sat on the mat today", "a", "x y z"], target=11,
+                            position=position, progress=False)
+    finally:
+        tokenizer.padding_side = "left"
