@@ -120,3 +120,27 @@ def test_explain_dataset_names_a_position_beyond_a_short_text_as_given(gpt2, sid
                             position=position, progress=False)
     finally:
         tokenizer.padding_side = "left"
+
+
+def test_a_figure_column_of_a_signed_method_uses_one_colour_map_in_every_row(tmp_path, monkeypatch):
+    """save_explanation_figure chose the colour map per map: a B-cos map without a negative pixel was drawn in jet
+    beside the column's other rows in blue-white-red, so its smallest positive contributions showed in the blue
+    that means 'opposes' one row up, silently. A column with a negative value anywhere is blue-white-red in every
+    row (white at 0, the positive pixels red); a column never negative (rollout) stays sequential."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bcos_plugins.vision.visualize import save_explanation_figure
+
+    drawn = []
+    subplots = plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: drawn.append(subplots(*a, **k)) or drawn[-1])
+    images = torch.rand(2, 1, 4, 4)
+    signed = torch.stack([torch.linspace(-1, 1, 16).reshape(4, 4), torch.linspace(0.1, 1, 16).reshape(4, 4)])
+    save_explanation_figure(tmp_path / "fig.png", images, {"W(x)x": signed, "rollout": signed[1:].expand(2, 4, 4)})
+    (_, axes), = drawn
+    assert [axes[i, 1].images[0].get_cmap().name for i in range(2)] == ["bwr", "bwr"]
+    assert axes[1, 1].images[0].norm(0.0) == pytest.approx(0.5)  # zero is white, the middle of bwr
+    assert [axes[i, 2].images[0].get_cmap().name for i in range(2)] == ["jet", "jet"]

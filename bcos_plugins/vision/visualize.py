@@ -70,8 +70,9 @@ def save_explanation_figure(path: str | Path, images: Float[Tensor, "n c h w"],
                             row_titles: Sequence[str] | None = None) -> Path:
     """Save a grid: one row per image; the image, then one column per named attribution map.
 
-    ``columns`` maps a method name to ``(n, H, W)`` maps (signed maps use blue-white-red, clipped per map;
-    maps that are never negative, e.g. rollout, use a sequential colour map). ``colour_rows`` adds the
+    ``columns`` maps a method name to ``(n, H, W)`` maps (a column with a negative value in any of its maps uses
+    blue-white-red in every row, clipped per map; columns that are never negative, e.g. rollout, use a sequential
+    colour map). ``colour_rows`` adds the
     :func:`weight_colour_image` of each row as the last column.
     """
     import matplotlib
@@ -80,6 +81,9 @@ def save_explanation_figure(path: str | Path, images: Float[Tensor, "n c h w"],
     import matplotlib.pyplot as plt
 
     n = images.shape[0]
+    # signed or not per column, not per map: a signed method's map that happens to have no negative pixel was drawn
+    # in jet, whose blue (the smallest positive share there) is "opposes" in the same column's other rows (bwr)
+    signed = {name: any(bool((torch.as_tensor(maps[i]) < 0).any()) for i in range(n)) for name, maps in columns.items()}
     n_cols = 1 + len(columns) + (colour_rows is not None)
     fig, axes = plt.subplots(n, n_cols, figsize=(1.6 * n_cols, 1.6 * n), squeeze=False)
     for i in range(n):
@@ -88,7 +92,7 @@ def save_explanation_figure(path: str | Path, images: Float[Tensor, "n c h w"],
         axes[i, 0].imshow(img, cmap="gray", vmin=0, vmax=1)
         for j, (name, maps) in enumerate(columns.items(), start=1):
             m = torch.as_tensor(maps[i]).detach().cpu()
-            if (m < 0).any():
+            if signed[name]:
                 clipped, v = contribution_map(m)
                 axes[i, j].imshow(clipped, cmap="bwr", vmin=-v, vmax=v)
             else:
