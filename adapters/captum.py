@@ -91,6 +91,7 @@ from bcos_plugins.nn.dynamic import (
     is_explaining,
     thread_token,
 )
+from bcos_plugins.nn.functional import at_least_float32
 from bcos_plugins.visualize import explained_token_index, explanation_tokens, require_token_explanation
 
 __all__ = [
@@ -936,7 +937,10 @@ def visualization_records(
 
     records = []
     for i in range(n):
-        row = torch.as_tensor(scores[i], dtype=torch.float32).detach().cpu()
+        # kept in the scores' precision (at least float32; Python floats as float64): a cast to float32 rounded a
+        # float64 model's token scores and attr_score away from its explanation's (1e-8 of them)
+        row = (scores[i].detach().cpu().to(at_least_float32(scores[i].dtype)) if isinstance(scores[i], Tensor)
+               else torch.as_tensor(scores[i], dtype=torch.float64))
         if row.shape != (len(tokens[i]),):
             fix = ("Sum attributions over the embedding dimension first (Captum's (pos, dim) attributions: "
                    "attr.sum(-1))" if row.ndim == 2 and row.shape[0] == len(tokens[i])

@@ -66,3 +66,22 @@ def test_inseq_contrast_logits_diff_on_gemma2_explains_target_minus_foil():
     ref = explain(model, torch.tensor([[5, 9, 12, 7]]), target=11, foil=13)
     scale = max(ref.contributions.abs().max().item(), ref.explained.abs().max().item())
     assert (scores - ref.contributions[0]).abs().max().item() <= 1e-5 * scale
+
+
+def test_visualization_records_of_a_float64_explanation_keep_its_scores():
+    # the records cast every score row to float32, so a float64 model's token scores and attr_score were 1e-8 of
+    # themselves away from its explanation's (and from explain_dataset's, which keeps them)
+    from bcos_plugins.adapters.captum import visualization_records
+
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(tiny_config("bert")).eval(), b=2.5, verbose=False).double()
+    ids, mask = padded_rows([7, 5, 3], 7, "right", seed=1)
+    expl = explain(model, ids, mask, target=torch.tensor([0, 2, 1]))
+    records = visualization_records(expl, _word_tokenizer())
+    for record, scores in zip(records, expl.scores(), strict=True):
+        assert torch.equal(torch.as_tensor(record.word_attributions), scores)
+        assert record.attr_score == float(scores.sum())
+    # Python floats (explain_dataset's columns) are kept as they are
+    listed = visualization_records(scores=[s.tolist() for s in expl.scores()], tokens=[["t"] * len(s) for s in
+                                                                                        expl.scores()])
+    assert [r.word_attributions.tolist() for r in listed] == [s.tolist() for s in expl.scores()]
