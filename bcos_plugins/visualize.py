@@ -4,13 +4,16 @@ Written by hand rather than with Captum's ``visualize_text`` because that needs 
 this page opens in any browser and is what ``make demo`` writes. Green = supports the explained output,
 red = opposes it; intensity is relative to the largest magnitude in the row. Every token shows its exact
 score on hover (its ``title``), and long sentences wrap at token boundaries instead of running off the page
-(the Captum records page of :mod:`bcos_plugins.adapters.captum` uses the same rows).
+(the Captum records page of :mod:`bcos_plugins.adapters.captum` uses the same rows). Each token is laid out on its
+own, in sequence order (a right-to-left override inside one token does not reorder the others), and a token that
+would draw nothing (empty, whitespace, zero-width characters) shows them as escapes (``␣``, ``\\n``, ``U+200B``).
 """
 
 from __future__ import annotations
 
 import html as _html
 import math
+import unicodedata
 from collections.abc import Sequence
 
 import torch
@@ -37,18 +40,26 @@ def _colour(score: float, scale: float) -> str:
     return f"rgba(0,150,0,{a:.3f})" if score >= 0 else f"rgba(210,0,0,{a:.3f})"
 
 
-def _hover(token: str, score: float) -> str:
-    # %g keeps small scores readable (1.2e-05 rather than +0.0000)
-    return _html.escape(f"{token}: {score:+.4g}", quote=True)
+_SHOWN_AS = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _visible(token: str) -> str:
+    """The token as drawn: one that would draw nothing (empty, or only spaces, line breaks, zero-width or other
+    format characters: its score's colour beside no text, or merged into the spacing) shows its characters as
+    escapes (``␣``, ``\\n``, ``U+200B``)."""
+    if token and any(not (c.isspace() or unicodedata.category(c) in ("Cc", "Cf")) for c in token):
+        return token
+    return "".join(_SHOWN_AS.get(c, f"U+{ord(c):04X}") for c in token) or "∅"
 
 
 def _span(token: str, score: float, scale: float, explained: bool) -> str:
-    if not explained:
-        return (f'<span class="tok" style="background:{_colour(score, scale)}" title="{_hover(token, score)}">'
-                f"{_html.escape(token)}</span>")
-    hover = _html.escape(f"{token}: {score:+.4g} (the explained output is this token's)", quote=True)
-    return (f'<span class="tok" style="background:{_colour(score, scale)};outline:2px solid #000" '
-            f'title="{hover}">{_html.escape(token)}</span>')
+    # unicode-bidi:isolate: a right-to-left override or mark inside one token (SentencePiece tokens keep them)
+    # reordered every later token of the row on screen; each token is laid out on its own, in sequence order
+    shown = _visible(token)
+    outline, note = (";outline:2px solid #000", " (the explained output is this token's)") if explained else ("", "")
+    hover = _html.escape(f"{shown}: {score:+.4g}{note}", quote=True)  # %g: 1.2e-05 rather than +0.0000
+    return (f'<span class="tok" style="background:{_colour(score, scale)};unicode-bidi:isolate{outline}" '
+            f'title="{hover}">{_html.escape(shown)}</span>')
 
 
 def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float], caption: str = "",

@@ -144,3 +144,27 @@ def test_a_figure_column_of_a_signed_method_uses_one_colour_map_in_every_row(tmp
     assert [axes[i, 1].images[0].get_cmap().name for i in range(2)] == ["bwr", "bwr"]
     assert axes[1, 1].images[0].norm(0.0) == pytest.approx(0.5)  # zero is white, the middle of bwr
     assert [axes[i, 2].images[0].get_cmap().name for i in range(2)] == ["jet", "jet"]
+
+
+@pytest.mark.parametrize("token, shown", [("", "∅"), (" ", "␣"), ("\n", "\\n"), ("\t ", "\\t␣"), ("\u200b", "U+200B"),
+                                          ("\u200e\u200f", "U+200EU+200F"), ("\u2060", "U+2060")])
+def test_a_token_that_would_draw_nothing_shows_its_characters(token, shown):
+    """A token of no visible character (decoded tokens of a newline, a space, a zero-width space, a direction mark)
+    was drawn as an empty coloured box, or its colour merged into the spacing between its neighbours: its score
+    stood beside nothing on the page. It shows its characters as escapes; visible tokens are drawn as they are."""
+    from bcos_plugins.visualize import tokens_to_html
+
+    page = _Tokens(tokens_to_html(["a", token, "b\u200bc", "😀"], [0.5, -1.0, 0.25, 0.1]))
+    assert [text for text, _, _ in page.spans] == ["a", shown, "b\u200bc", "😀"]
+    assert page.spans[1][1] == f"{shown}: -1"
+
+
+def test_a_right_to_left_override_inside_a_token_stays_inside_it():
+    """A token holding U+202E (right-to-left override; SentencePiece tokenizers keep it, decoded tokens too) reversed
+    the on-screen order of every later token of the row: the bidi run does not end at a span's end unless the span
+    isolates it. Every token span is isolated, so the row shows the tokens in sequence order."""
+    from bcos_plugins.visualize import tokens_to_html
+
+    page = _Tokens(tokens_to_html(["a", "\u202eb", "c", "שלום"], [1.0, -1.0, 0.5, 0.2]))
+    assert [text for text, _, _ in page.spans] == ["a", "\u202eb", "c", "שלום"]
+    assert all("unicode-bidi:isolate" in style for _, _, style in page.spans)
