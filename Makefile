@@ -30,13 +30,14 @@ TL4 := .venv-tl4
 # plus the conformance suite's bridge test and its bilinear-variant test (explained through the bridge), so every
 # registered bridge family runs under TransformerLens 4 too.
 # It also holds the newest torch (.ci/newest-versions.txt: 2.15, a CUDA build that runs on the CPU), under which
-# the core's tests run as well (attribution core, encoders, decoders, the layers' op counts).
+# the core's tests run as well (attribution core, encoders, decoders, the layers' op counts), with the trust passes
+# whose fixes are in the bridge (7, 9) and the per-thread explanation mode (its torch.compile guards depend on torch).
 NEWEST := .ci/newest-versions.txt
 TL4_TESTS := tests/test_lens_bridge.py tests/test_lens_components.py \
 	tests/test_conformance.py::test_transformer_bridge_from_hf_has_the_same_logits_and_is_explainable \
 	tests/test_conformance.py::test_bilinear_variant_is_explained_exactly_on_every_path \
 	tests/test_attribution_core.py tests/test_encoders.py tests/test_decoders.py tests/test_layer_op_count.py \
-	tests/test_trust_adapters.py
+	tests/test_trust_adapters.py tests/test_trust_pass7.py tests/test_trust_pass9.py tests/test_explanation_threads.py
 $(TL4)/.installed: pyproject.toml Makefile $(NEWEST)
 	test -x $(TL4)/bin/python || $(PYTHON) -m venv $(TL4)
 	PIP_CONSTRAINT=$(NEWEST) $(TL4)/bin/python -m pip --disable-pip-version-check -q install torch
