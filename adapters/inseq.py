@@ -82,6 +82,7 @@ from typing import Any
 import torch
 from bcos_plugins.adapters.captum import LayerBcos
 from inseq.attr.feat import FeatureAttribution
+from inseq.attr.feat.attribution_utils import get_source_target_attributions
 from inseq.attr.feat.gradient_attribution import GradientAttributionRegistry
 from inseq.data import (
     FeatureAttributionOutput,
@@ -478,6 +479,21 @@ class BcosStepAttribution(FeatureAttributionStepOutput):
 
     _sequence_cls: type[FeatureAttributionSequenceOutput] = BcosSequenceAttribution
 
+    def __post_init__(self):
+        # inseq's __post_init__ casts every step to float32, which rounded a float64 model's scores (1e-8 of them)
+        # away from its explanation and its logit while ``deltas``, computed before, read 0: keep float64
+        wide = any(isinstance(t, Tensor) and t.dtype == torch.float64
+                   for t in (self.source_attributions, self.target_attributions))
+        if not wide:
+            super().__post_init__()
+            return
+        to = self.to
+        self.to = lambda device: self if device == torch.float32 else to(device)
+        try:
+            super().__post_init__()
+        finally:
+            del self.to
+
 
 # ------------------------------------------------------------------------------------------ the method
 
@@ -593,10 +609,13 @@ class _BcosMethod:
     def attribute_step(self, attribute_fn_main_args: dict[str, Any],
                        attribution_args: dict[str, Any] | None = None) -> BcosStepAttribution:
         """inseq's gradient step with the completeness delta always on, as a :class:`BcosStepAttribution`."""
-        step = super().attribute_step(attribute_fn_main_args,
-                                      {**(attribution_args or {}), "return_convergence_delta": True})
-        return BcosStepAttribution(source_attributions=step.source_attributions,
-                                   target_attributions=step.target_attributions, step_scores=step.step_scores)
+        # inseq's own attribute_step (GradientAttributionRegistry), building our step directly: inseq's step class
+        # casts to float32 when made, which rounded a float64 model's scores (BcosStepAttribution keeps float64)
+        attributions, deltas = self.method.attribute(**attribute_fn_main_args, **(attribution_args or {}),
+                                                     return_convergence_delta=True)
+        source, target = get_source_target_attributions(attributions, self.attribution_model.is_encoder_decoder)
+        return BcosStepAttribution(source_attributions=source, target_attributions=target,
+                                   step_scores={"deltas": deltas})
 
 
 _previous_method = _reuse_or_refuse(FeatureAttribution, METHOD_NAME)

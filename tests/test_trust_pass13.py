@@ -85,3 +85,27 @@ def test_visualization_records_of_a_float64_explanation_keep_its_scores():
     listed = visualization_records(scores=[s.tolist() for s in expl.scores()], tokens=[["t"] * len(s) for s in
                                                                                         expl.scores()])
     assert [r.word_attributions.tolist() for r in listed] == [s.tolist() for s in expl.scores()]
+
+
+def test_inseq_scores_of_a_float64_model_are_its_float64_explanation():
+    # inseq's step output casts to float32 when made: a float64 model's scores were 1e-8 of themselves away from
+    # explain's and from its logit, while the deltas step score, computed before the cast, read 0
+    import inseq
+    from bcos_plugins.adapters.inseq import METHOD_NAME
+
+    torch.manual_seed(0)
+    model = bcosify(T.GPT2LMHeadModel(tiny_config("gpt2")).eval(), b=2.5, verbose=False).double()
+    attribution_model = inseq.load_model(model, METHOD_NAME, tokenizer=_word_tokenizer())
+    out = attribution_model.attribute("w5 w9 w12 w7", generation_args={"max_new_tokens": 2, "do_sample": False},
+                                      show_progress=False, step_scores=["logit"])
+    seq = out.sequence_attributions[0]
+    ids = [t.id for t in seq.target]
+    assert seq.target_attributions.dtype == torch.float64
+    for step in range(2):
+        ref = explain(model, torch.tensor([ids[:4 + step]]), target=ids[4 + step])
+        scores = seq.target_attributions[:4 + step, step].sum(-1)
+        assert (scores - ref.contributions[0]).abs().max().item() <= 1e-12 * ref.explained.abs().item()
+        assert abs(scores.sum().item() - seq.step_scores["logit"][step].item()) <= 1e-12 * ref.explained.abs().item()
+    # aggregated (signed sum) columns too
+    aggregated = seq.aggregate().target_attributions
+    assert aggregated.dtype == torch.float64
