@@ -1000,7 +1000,7 @@ def records_to_html(records: Sequence[VisualizationDataRecord], title: str = "At
         rows.append(
             f"<tr><td>{_html.escape(str(r.true_class))}</td>"
             f"<td>{_html.escape(str(r.pred_class))} ({r.pred_prob:.2f})</td>"
-            f"<td>{_html.escape(str(r.attr_class))}</td><td>{r.attr_score:.3f}</td>"
+            f"<td>{_html.escape(str(r.attr_class))}</td><td>{r.attr_score:.4g}</td>"
             f"<td>{r.convergence_score:.2e}</td><td>{row_html}</td></tr>"
         )
     # the token column takes the width the others leave (a width hint, never a horizontal scrollbar)

@@ -133,12 +133,12 @@ def _contribution_total(explanation, row_scores: torch.Tensor) -> str:
     their sum is the value divided by the feature count (not the value): it is shown scaled back."""
     total = float(row_scores.sum())
     if getattr(explanation, "reduce", "sum") != "mean":
-        return f"sum of contributions {total:.4f}"
+        return f"sum of contributions {total:.4g}"
     features = getattr(explanation, "input_contributions", None)
     if not isinstance(features, torch.Tensor):
-        return f"sum of mean-reduced contributions {total:.4f} (the value divided by the feature count)"
+        return f"sum of mean-reduced contributions {total:.4g} (the value divided by the feature count)"
     d = features.shape[-1]
-    return f"sum of contributions (each a mean over {d} features) {total:.4f} × {d} = {total * d:.4f}"
+    return f"sum of contributions (each a mean over {d} features) {total:.4g} × {d} = {total * d:.4g}"
 
 
 def require_token_explanation(explanation, argument: str = "explanation") -> None:
@@ -205,7 +205,8 @@ def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
         at = explained_token_index(explanation, i)
         if at is not None:  # a causal LM's or base model's output at one token: the row's other tokens were not it
             name = f"{name} at token {at} ({row_tokens[at]})"
-        caption = f"explained: {name} — value {float(value):.4f}, {_contribution_total(explanation, row_scores)}"
+        # 4 significant digits, not 4 decimals: a B = 10 model's logit of 3e-6 read "value 0.0000" (and its sum)
+        caption = f"explained: {name} — value {float(value):.4g}, {_contribution_total(explanation, row_scores)}"
         if captions is not None:
             caption = f"{captions[i]} · {caption}"
         rows.append(tokens_to_html(row_tokens, row_scores, caption, explained_at=at))

@@ -168,3 +168,24 @@ def test_a_right_to_left_override_inside_a_token_stays_inside_it():
     page = _Tokens(tokens_to_html(["a", "\u202eb", "c", "שלום"], [1.0, -1.0, 0.5, 0.2]))
     assert [text for text, _, _ in page.spans] == ["a", "\u202eb", "c", "שלום"]
     assert all("unicode-bidi:isolate" in style for _, _, style in page.spans)
+
+
+def test_a_tiny_explained_value_is_not_captioned_as_zero():
+    """Captions printed 4 decimals: a logit of 3e-6 (a B = 10 model's logits are that small) read 'value 0.0000, sum
+    of contributions 0.0000' on the page and 0.000 as the records' attribution score, a zero the model never gave.
+    They print 4 significant digits, as the hover text does."""
+    from bcos_plugins.adapters.captum import records_to_html, visualization_records
+
+    from bcos_plugins.attribution import TokenExplanation
+
+    class Tokenizer:
+        def convert_ids_to_tokens(self, ids):
+            return [f"w{i}" for i in ids]
+
+    scores = torch.tensor([[1e-6, 2e-6, -5e-7]], dtype=torch.float64)
+    expl = TokenExplanation(contributions=scores, input_contributions=scores[..., None], explained=scores.sum(1),
+                            target=torch.tensor([1]), input_ids=torch.tensor([[4, 5, 6]]),
+                            attention_mask=torch.ones(1, 3, dtype=torch.long))
+    (caption,) = _Tokens(explanations_to_html(expl, Tokenizer())).captions
+    assert caption == "explained: 1 — value 2.5e-06, sum of contributions 2.5e-06"
+    assert "<td>2.5e-06</td>" in records_to_html(visualization_records(expl, Tokenizer()))
