@@ -81,6 +81,13 @@ def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float]
         raise argument_error("tokens", f"got a {type(tokens).__name__}; tokens_to_html draws one row of tokens",
                              "Pass explanation.tokens(tokenizer)[i] and explanation.scores()[i], or the whole "
                              "explanation to explanations_to_html(explanation, tokenizer)", kind=BcosTypeError)
+    if isinstance(tokens, str):  # each character was drawn as a token, beside the scores of the real tokens
+        raise argument_error("tokens", f"got one string ({tokens[:40]!r}); each character would be drawn as a token",
+                             "Pass the list of tokens, e.g. tokenizer.convert_ids_to_tokens(ids)", kind=BcosTypeError)
+    if isinstance(scores, torch.Tensor) and (scores.dtype == torch.bool or scores.is_complex()):
+        # a boolean mask drew as scores 1 and 0
+        raise argument_error("scores", f"must be real numbers, got a {scores.dtype} tensor",
+                             "Pass the explanation's scores (explanation.scores()[i])", kind=BcosTypeError)
     if isinstance(scores, torch.Tensor):
         if scores.ndim != 1:
             raise argument_error("scores", f"must be one score per token (1-D), got shape {tuple(scores.shape)}",

@@ -189,3 +189,16 @@ def test_a_tiny_explained_value_is_not_captioned_as_zero():
     (caption,) = _Tokens(explanations_to_html(expl, Tokenizer())).captions
     assert caption == "explained: 1 — value 2.5e-06, sum of contributions 2.5e-06"
     assert "<td>2.5e-06</td>" in records_to_html(visualization_records(expl, Tokenizer()))
+
+
+def test_tokens_to_html_refuses_a_string_of_tokens_and_boolean_scores():
+    """A decoded text passed as the tokens was drawn one character per token beside the scores (silently when the
+    lengths matched), and a boolean mask passed as the scores drew as scores 1 and 0."""
+    from bcos_plugins.errors import BcosTypeError
+    from bcos_plugins.visualize import tokens_to_html
+
+    with pytest.raises(BcosTypeError, match=r"^tokens: got one string \('abc'\); each character would be drawn as "
+                                            r"a token\. Pass the list of tokens"):
+        tokens_to_html("abc", [1.0, 2.0, 3.0])
+    with pytest.raises(BcosTypeError, match=r"^scores: must be real numbers, got a torch\.bool tensor\. Pass"):
+        tokens_to_html(["a", "b"], torch.tensor([True, False]))
