@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from html.parser import HTMLParser
 
 import pytest
@@ -60,11 +61,17 @@ def _parse(page: str) -> _Page:
     return parser
 
 
+def _draws_something(token: str) -> bool:
+    return any(not (c.isspace() or unicodedata.category(c) in ("Cc", "Cf")) for c in token)
+
+
 def _assert_wraps_and_hovers(row: dict, tokens: list[str], scores: list[float]):
-    assert [t["text"] for t in row["tokens"]] == tokens
     for token, score, span in zip(tokens, scores, row["tokens"], strict=True):
         shown_token, shown_score = span["title"].rsplit(": ", 1)
-        assert shown_token == token
+        if _draws_something(token):
+            assert span["text"] == shown_token == token
+        else:  # a token of spaces or zero-width characters is drawn as escapes, on the page and on hover (pass 14)
+            assert span["text"] == shown_token and _draws_something(shown_token) and shown_token != token
         assert math.isclose(float(shown_score), score, rel_tol=1e-3, abs_tol=0.0), (span["title"], score)
     # a break opportunity between every two tokens: a sentence of any length wraps at token boundaries
     assert len(row["between"]) == len(tokens) - 1
