@@ -981,7 +981,7 @@ def visualization_records(
 
 def records_to_html(records: Sequence[VisualizationDataRecord], title: str = "Attributions") -> str:
     """A self-contained HTML page (no IPython) with the columns of Captum's ``visualize_text``."""
-    from bcos_plugins.visualize import tokens_to_html
+    from bcos_plugins.visualize import COLOUR_SCALE_NOTE, tokens_to_html
 
     iterable = hasattr(records, "__iter__") and not isinstance(records, str | Tensor)
     records = list(records) if iterable else records
@@ -1010,7 +1010,7 @@ def records_to_html(records: Sequence[VisualizationDataRecord], title: str = "At
              ".row{margin:0;line-height:2em} .tok{padding:.1em .2em;border-radius:.2em}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>"
             f"<style>{style}</style></head><body><h1>{_html.escape(title)}</h1>"
-            "<p>green: supports the attributed class; red: opposes it.</p>"
+            f"<p>green: supports the attributed class; red: opposes it.{COLOUR_SCALE_NOTE}</p>"
             f"<table>{head}{''.join(rows)}</table></body></html>")
 
 

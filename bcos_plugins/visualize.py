@@ -220,12 +220,18 @@ def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
     return "".join(rows)
 
 
+# each row's colours are scaled to its own largest |score|: a row of scores near 0.001 was as deep as a row near 10,
+# and the legend did not say so
+COLOUR_SCALE_NOTE = (" Colour depth is relative to the largest |score| in each row (that token is fully coloured): compare "
+               "rows by their scores, not their colours.")
+
+
 def _page(title: str, body: str) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<style>{_STYLE}</style></head><body><h1>{_html.escape(title)}</h1>"
             "<p class='meta'>green: supports the explained output; red: opposes it. Hover over a token for "
-            f"its score.</p>{body}</body></html>")
+            f"its score.{COLOUR_SCALE_NOTE}</p>{body}</body></html>")
 
 
 def explanations_to_html(explanation, tokenizer, label_names: Sequence[str] | None = None,

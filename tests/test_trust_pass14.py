@@ -202,3 +202,19 @@ def test_tokens_to_html_refuses_a_string_of_tokens_and_boolean_scores():
         tokens_to_html("abc", [1.0, 2.0, 3.0])
     with pytest.raises(BcosTypeError, match=r"^scores: must be real numbers, got a torch\.bool tensor\. Pass"):
         tokens_to_html(["a", "b"], torch.tensor([True, False]))
+
+
+def test_the_pages_say_that_colour_depth_is_per_row(gpt2):
+    """Each row's colours are scaled to its own largest |score|, so a row of scores near 0.001 was drawn as deep as a
+    row near 10; the pages' legends said only 'green: supports ...; red: opposes it', so rows read as comparable."""
+    from bcos_plugins.adapters.captum import records_to_html, visualization_records
+
+    from bcos_plugins.visualize import explanation_sections_to_html
+
+    model, tokenizer = gpt2
+    batch = tokenizer(["the cat sat", "a dog"], padding=True, return_tensors="pt")
+    expl = explain(model, batch["input_ids"], batch["attention_mask"], target=11)
+    note = "Colour depth is relative to the largest |score| in each row"
+    for page in (explanations_to_html(expl, tokenizer), explanation_sections_to_html([("a", expl)], tokenizer),
+                 records_to_html(visualization_records(expl, tokenizer))):
+        assert note in page
