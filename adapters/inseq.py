@@ -77,6 +77,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -493,6 +494,16 @@ class BcosStepAttribution(FeatureAttributionStepOutput):
             super().__post_init__()
         finally:
             del self.to
+
+    def remap_from_filtered(self, target_attention_mask, batch, is_final_step_method: bool = False) -> None:
+        # inseq 0.7.1 reads batch.sources, which a decoder-only batch lacks, whenever a generated row has ended
+        # before the others (its step is filtered out): a batch whose rows stop at different steps failed with
+        # "'DecoderOnlyBatch' object has no attribute 'sources'". A decoder-only step has no source attributions,
+        # so inseq takes the batch size from the target tokens; the prefix stands in for the sources it never reads
+        if not hasattr(batch, "sources"):
+            batch = SimpleNamespace(sources=SimpleNamespace(input_tokens=batch.target_tokens),
+                                    target_tokens=batch.target_tokens)
+        super().remap_from_filtered(target_attention_mask, batch, is_final_step_method)
 
 
 # ------------------------------------------------------------------------------------------ the method

@@ -35,13 +35,13 @@ def test_a_left_padded_float64_bridge_explanation_names_the_padded_float64_cause
     assert float(expl.completeness_error.max()) < 1e-4
 
 
-def _word_tokenizer():
+def _word_tokenizer(eos: str = "<eos>"):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     words = ["<pad>", "<unk>", "<eos>"] + [f"w{i}" for i in range(3, VOCAB)]
     tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return T.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>",
+    return T.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>", eos_token=eos,
                                      bos_token="<eos>")
 
 
@@ -109,3 +109,37 @@ def test_inseq_scores_of_a_float64_model_are_its_float64_explanation():
     # aggregated (signed sum) columns too
     aggregated = seq.aggregate().target_attributions
     assert aggregated.dtype == torch.float64
+
+
+def test_inseq_generation_where_one_row_ends_before_the_others_is_attributed():
+    # inseq 0.7.1 remaps a step whose finished rows were filtered out through batch.sources, which a decoder-only
+    # batch lacks: a batch whose rows stopped at different steps failed ("'DecoderOnlyBatch' object has no
+    # attribute 'sources'"); the rows still generating are explained as explain explains their prefixes
+    import inseq
+    from bcos_plugins.adapters.inseq import METHOD_NAME
+
+    prompts, tokenizer = ["w5 w9 w12 w7", "w3 w30"], _word_tokenizer()
+    for seed in range(20):  # a model whose greedy continuation of row 1 ends at once and of row 0 does not
+        torch.manual_seed(seed)
+        model = bcosify(T.GPT2LMHeadModel(tiny_config("gpt2")).eval(), b=1.25, verbose=False)
+        with torch.no_grad():
+            first = [int(model(torch.tensor([tokenizer(p)["input_ids"]])).logits[0, -1].argmax()) for p in prompts]
+        model.generation_config.eos_token_id = first[1]
+        continued = model.generate(torch.tensor([tokenizer(prompts[0])["input_ids"]]), max_new_tokens=3,
+                                   do_sample=False, pad_token_id=0)[0, 4:].tolist()
+        if first[1] not in continued and first[1] > 2:
+            break
+    else:
+        raise AssertionError("no seed gives rows that end at different steps")
+    model.config.eos_token_id = first[1]
+    # inseq sees a row end where the tokenizer's end-of-sequence token is generated
+    attribution_model = inseq.load_model(model, METHOD_NAME, tokenizer=_word_tokenizer(eos=f"w{first[1]}"))
+    out = attribution_model.attribute(prompts, generation_args={"max_new_tokens": 3, "do_sample": False},
+                                      show_progress=False, step_scores=["logit"])
+    seq = out.sequence_attributions[0]
+    ids = [t.id for t in seq.target]
+    assert ids[4:] == continued
+    for step in range(3):
+        ref = explain(model, torch.tensor([ids[:4 + step]]), target=ids[4 + step])
+        scale = max(ref.contributions.abs().max().item(), ref.explained.abs().max().item())
+        assert (seq.target_attributions[:4 + step, step].sum(-1) - ref.contributions[0]).abs().max() <= 1e-5 * scale
