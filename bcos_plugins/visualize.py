@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html as _html
 import math
+import numbers
 import unicodedata
 from collections.abc import Sequence
 
@@ -106,7 +107,9 @@ def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float]
     if bad:
         raise argument_error("scores", f"are NaN or infinite at token positions {bad[:10]}",
                              "Check the explanation (completeness_error) before rendering it", kind=BcosValueError)
-    if explained_at is not None and not (isinstance(explained_at, int) and 0 <= explained_at < len(tokens)):
+    if isinstance(explained_at, numbers.Integral) and not isinstance(explained_at, bool):
+        explained_at = int(explained_at)  # a NumPy index; True would mark token 1
+    if explained_at is not None and not (type(explained_at) is int and 0 <= explained_at < len(tokens)):
         raise argument_error("explained_at", f"must be the index of one of the {len(tokens)} tokens, got "
                              f"{explained_at!r}", "Pass the explained token's index among the shown tokens")
     scale = max((abs(v) for v in values), default=0.0)

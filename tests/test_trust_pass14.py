@@ -218,3 +218,17 @@ def test_the_pages_say_that_colour_depth_is_per_row(gpt2):
     for page in (explanations_to_html(expl, tokenizer), explanation_sections_to_html([("a", expl)], tokenizer),
                  records_to_html(visualization_records(expl, tokenizer))):
         assert note in page
+
+
+def test_tokens_to_html_marks_a_numpy_index_and_refuses_a_boolean_or_outside_one():
+    """explained_at (new in this pass) takes any integer index of a shown token; True is not token 1."""
+    import numpy as np
+
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.visualize import tokens_to_html
+
+    page = _Tokens(tokens_to_html(["a", "b", "c"], [1.0, 2.0, 3.0], explained_at=np.int64(2)))
+    assert ["outline" in style for _, _, style in page.spans] == [False, False, True]
+    for bad in (True, 3, -1, 1.0):
+        with pytest.raises(BcosValueError, match=r"^explained_at: must be the index of one of the 3 tokens"):
+            tokens_to_html(["a", "b", "c"], [1.0, 2.0, 3.0], explained_at=bad)
