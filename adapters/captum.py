@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 import html as _html
 import inspect
+import numbers
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -894,8 +895,18 @@ def visualization_records(
         tokens = explanation_tokens(explanation, tokenizer)
         scores = explanation.scores()
         explained = explanation.target  # ids per row, or one Direction for every row
-        target = target if target is not None else ([explained] * len(tokens) if isinstance(explained, Direction)
-                                                    else explained.tolist())
+        own = [explained] * len(tokens) if isinstance(explained, Direction) else explained.tolist()
+        if target is not None and not isinstance(explained, Direction) and len(target) == len(own):
+            # the records labelled the explanation's scores (of its own class) as the scores of the class passed
+            off = [i for i, (t, o) in enumerate(zip(target, own, strict=True))
+                   if not (isinstance(t, numbers.Integral | Tensor) and int(t) == o)]
+            if off:
+                i = off[0]
+                raise argument_error("target", f"names class {target[i]!r} for example {i}, but the explanation's "
+                                     f"scores explain class {own[i]} ({len(off)} such examples)",
+                                     "Leave target out with an explanation (its own class is used), or explain the "
+                                     "class you want to show")
+        target = target if target is not None else own
         delta = explanation.completeness_error.tolist()
         foil = getattr(explanation, "foil", None)
     else:

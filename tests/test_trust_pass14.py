@@ -232,3 +232,27 @@ def test_tokens_to_html_marks_a_numpy_index_and_refuses_a_boolean_or_outside_one
     for bad in (True, 3, -1, 1.0):
         with pytest.raises(BcosValueError, match=r"^explained_at: must be the index of one of the 3 tokens"):
             tokens_to_html(["a", "b", "c"], [1.0, 2.0, 3.0], explained_at=bad)
+
+
+def test_captum_records_refuse_a_target_other_than_the_explained_class():
+    """visualization_records(explanation, tokenizer, target=...) labelled the explanation's scores (of the class it
+    explained) with the class passed: the scores of class 0 shown as the attribution of class 1, silently."""
+    from bcos_plugins.adapters.captum import visualization_records
+
+    from bcos_plugins.attribution import TokenExplanation
+    from bcos_plugins.errors import BcosValueError
+
+    class Tokenizer:
+        def convert_ids_to_tokens(self, ids):
+            return [f"w{i}" for i in ids]
+
+    scores = torch.tensor([[0.5, -0.25], [1.0, 2.0]])
+    expl = TokenExplanation(contributions=scores, input_contributions=scores[..., None], explained=scores.sum(1),
+                            target=torch.tensor([0, 1]), input_ids=torch.tensor([[4, 5], [6, 7]]),
+                            attention_mask=torch.ones(2, 2, dtype=torch.long))
+    with pytest.raises(BcosValueError, match=r"^target: names class 1 for example 0, but the explanation's scores "
+                                             r"explain class 0 \(1 such examples\)\. Leave target out"):
+        visualization_records(expl, Tokenizer(), target=[1, 1])
+    names = ["neg", "pos"]
+    same = visualization_records(expl, Tokenizer(), target=torch.tensor([0, 1]), label_names=names)
+    assert [r.attr_class for r in same] == ["neg", "pos"]
