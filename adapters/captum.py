@@ -884,7 +884,8 @@ def visualization_records(
     class and its probability), or from any method's per-example ``scores`` and ``tokens``.
     ``convergence_score`` holds the completeness error for B-cos explanations (0 if unknown).
     Class ids are turned into ``label_names`` when given, as Captum's own examples do. ``target``: the attributed
-    class per example (Captum's ``attr_class``; default the explanation's target, else the predicted class).
+    class per example (Captum's ``attr_class``; default the explanation's target, else the predicted class; with an
+    explanation, only its own class is accepted).
     """
     refuse_renamed_keywords("visualization_records", renamed, {"attributed_class": "target"})
     if explanation is not None:
