@@ -267,7 +267,10 @@ class _Inseq071:
                 expected = ids[start:done[0]].to(rows.device)
                 if "attention_mask" not in call_kwargs and torch.equal(rows, expected):
                     call_kwargs["attention_mask"] = mask[start:done[0]].to(rows.device)
-                return hf_generate(*call_args, **call_kwargs)
+                generated = hf_generate(*call_args, **call_kwargs)
+                sequences = generated.sequences if hasattr(generated, "sequences") else generated  # inseq's dict
+                _warn_on_special_tokens_generated(attribution_model.tokenizer, sequences[:, rows.shape[1]:], start)
+                return generated
 
             hf_model.generate = generate_rows
             try:
@@ -367,6 +370,31 @@ _Inseq071.refuse_before_loading()
 
 
 # ---------------------------------------------------------------------------------------------- registration
+
+
+def _warn_on_special_tokens_generated(tokenizer, generated: Tensor, first_row: int) -> None:
+    """Warn where a row generated a special token (other than its final end-of-sequence token and the padding after
+    it) before its end. inseq 0.7.1 decodes the generation without special tokens and labels the attributed steps
+    with the tokens of that text, so the columns after such a token were labelled with other tokens than the ones
+    attributed (a tiny Qwen2 that generated <pad> then w3: the column labelled w3 held <pad>'s logit), silently."""
+    special = set(getattr(tokenizer, "all_special_ids", None) or [])
+    if not special:
+        return
+    ends = {tokenizer.eos_token_id, tokenizer.pad_token_id} - {None}
+    flagged = {}
+    for row, ids in enumerate(generated.tolist()):
+        while ids and ids[-1] in ends:  # the end of the row and the padding after it are dropped harmlessly
+            ids.pop()
+        inside = sorted({i for i in ids if i in special})
+        if inside:
+            flagged[first_row + row] = tokenizer.convert_ids_to_tokens(inside)
+    if flagged:
+        warnings.warn(f"inseq: the generation of row(s) {sorted(flagged)} contains special token(s) "
+                      f"{sorted({t for ts in flagged.values() for t in ts})} before its end; inseq 0.7.1 decodes "
+                      "the generation without them and labels the attributed steps with that text's tokens, so "
+                      "columns may be labelled with other tokens than the ones attributed. Keep the model from "
+                      "generating them (generation_args={'suppress_tokens': [...]}), or attribute the generated "
+                      "texts you want explained (attribute(prompts, generated_texts)).", UserWarning, stacklevel=2)
 
 
 def _reuse_or_refuse(registry: type[Registry], name: str) -> type | None:

@@ -10,6 +10,8 @@ cause, one test.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import transformers as T
@@ -143,3 +145,34 @@ def test_inseq_generation_where_one_row_ends_before_the_others_is_attributed():
         ref = explain(model, torch.tensor([ids[:4 + step]]), target=ids[4 + step])
         scale = max(ref.contributions.abs().max().item(), ref.explained.abs().max().item())
         assert (seq.target_attributions[:4 + step, step].sum(-1) - ref.contributions[0]).abs().max() <= 1e-5 * scale
+
+
+def test_inseq_warns_when_a_generation_holds_a_special_token_its_labels_drop():
+    # inseq 0.7.1 decodes the generation without special tokens and labels the steps with that text's tokens: a
+    # tiny Qwen2 that generated <pad> then w3 got a column labelled w3 holding <pad>'s logit (0.2126 where w3's is
+    # 0.1781), silently, for "bcos" and inseq's own methods alike
+    import inseq
+    from bcos_plugins.adapters.inseq import METHOD_NAME
+
+    tokenizer = _word_tokenizer()
+    config = T.Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=24, pad_token_id=0,
+                           bos_token_id=2, eos_token_id=2)
+    prompt = torch.tensor([[5, 9, 12, 7]])
+    for seed in range(400):  # a model whose greedy continuation starts with the padding token, then goes on
+        torch.manual_seed(seed)
+        model = bcosify(T.Qwen2ForCausalLM(config).eval(), b=1.25, verbose=False)
+        generated = model.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0)[0, 4:].tolist()
+        if generated[0] == 0 and generated[1] > 2 and 2 not in generated:
+            break
+    else:
+        raise AssertionError("no seed generates the padding token first")
+    attribution_model = inseq.load_model(model, METHOD_NAME, tokenizer=tokenizer)
+    with pytest.warns(UserWarning, match=r"row\(s\) \[0\] contains special token\(s\) \['<pad>'\].*suppress_tokens"):
+        attribution_model.attribute("w5 w9 w12 w7", generation_args={"max_new_tokens": 3, "do_sample": False},
+                                    show_progress=False)
+    # kept from generating it, the generation is attributed without a warning
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="inseq: the generation")
+        attribution_model.attribute("w5 w9 w12 w7", show_progress=False,
+                                    generation_args={"max_new_tokens": 3, "do_sample": False, "suppress_tokens": [0]})
