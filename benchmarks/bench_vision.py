@@ -412,8 +412,12 @@ PAPER_RATIOS = {"pointing": {"same": ("Rollout", 2.47), "other": ("IntGrad", 2.3
 
 
 def best_post_hoc(rows: list[Row], metric: str, keep) -> Row:
-    """The post-hoc row with the highest ``metric`` among those ``keep`` accepts."""
-    return max((r for r in rows if r.post_hoc and keep(r)), key=lambda r: getattr(r, metric))
+    """The post-hoc row with the highest ``metric`` among those ``keep`` accepts; a NaN score (not measured) is
+    never the best unless every score is NaN."""
+    candidates = [r for r in rows if r.post_hoc and keep(r)]
+    # max compares with NaN as False: a NaN first in line stayed the "best", and every ratio against it was n/a
+    scored = [r for r in candidates if not math.isnan(getattr(r, metric))]
+    return max(scored or candidates, key=lambda r: getattr(r, metric))
 
 
 def summary(rows: list[Row]) -> dict[str, dict[str, float]]:

@@ -251,3 +251,17 @@ def test_digit_views_follow_the_scaled_up_fraction():
     assert torch.all(full.pixel_values == 1)
     with pytest.raises(ValueError, match="scaled_up_fraction"):
         DigitImages(digits, torch.arange(6), scaled_up_fraction=1.5)
+
+
+def test_a_not_measured_score_is_never_the_best_post_hoc_method(bench):
+    nan = float("nan")
+    rows = [bench.Row("B-cos ViT", "B-cos W(x)x", "p", False, 0.6, 0.8, 0.1),
+            bench.Row("B-cos ViT", "GradCAM", "p", True, nan, nan, 0.1),  # first in line, as max met it
+            bench.Row("B-cos ViT", "IxG", "p", True, 0.3, 0.2, 0.1),
+            bench.Row("B-cos ViT", "Rollout", "p", True, 0.2, 0.4, 0.1),
+            bench.Row("conventional ViT", "IxG", "p", True, 0.4, -0.1, 0.1)]
+    assert bench.best_method(rows, "pointing", same_model=True) == "IxG"
+    assert bench.best_method(rows, "abc", same_model=True) == "Rollout"
+    assert bench.summary(rows)["pointing"]["best_post_hoc_same_model"] == 0.3
+    nothing_measured = bench.best_post_hoc([rows[0], rows[1]], "pointing", lambda r: True)
+    assert nothing_measured.method == "GradCAM" and math.isnan(nothing_measured.pointing)  # NaN, not made up
