@@ -501,6 +501,21 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
         else:  # inseq's save/load passes the scores as encoded bytes: keep what the object had
             self._aggregator = carried_aggregator if carried_aggregator is not None else SIGNED_SUM
 
+    # inseq 0.7.1's own bounds reduce over every score with max(), which fails on a row without columns (a row that
+    # generated nothing: inseq's show() warns "Found empty attributions" for it, then failed here): such a row has no
+    # bound of its own, so it counts as 0, as inseq starts its bounds
+    @property
+    def minimum(self) -> float:
+        return min([0.0] + [float(torch.nan_to_num(t).min()) for t in (self.source_attributions,
+                                                                      self.target_attributions)
+                            if isinstance(t, Tensor) and t.numel()])
+
+    @property
+    def maximum(self) -> float:
+        return max([0.0] + [float(torch.nan_to_num(t).max()) for t in (self.source_attributions,
+                                                                      self.target_attributions)
+                            if isinstance(t, Tensor) and t.numel()])
+
 
 @dataclass(eq=False, repr=False)
 class BcosStepAttribution(FeatureAttributionStepOutput):
@@ -609,10 +624,45 @@ def _attribute_in_eval_mode(attribution_model: AttributionModel, model: nn.Modul
     @functools.wraps(unpatched)
     def attribute(*args, **kwargs):
         with evaluating(model):
-            return unpatched(*args, **kwargs)
+            out = unpatched(*args, **kwargs)
+        _empty_rows_that_generated_nothing(attribution_model, out, kwargs.get("skip_special_tokens", False))
+        return out
 
     attribute._in_eval_mode = True
     attribution_model.attribute = attribute
+
+
+def _empty_rows_that_generated_nothing(attribution_model: AttributionModel, out: FeatureAttributionOutput,
+                                       skip_special_tokens: bool) -> None:
+    """Give a "bcos" row whose generation adds no token (it generated its end-of-sequence token at once, while other
+    rows of the batch went on) no columns: source and target = its prompt's tokens, zero attributed steps.
+
+    inseq 0.7.1 re-encodes the generated texts left-padded to the batch's longest, so such a row (its text is its
+    prompt) had its prompt taken for a generation: ``source`` empty, ``target`` its prompt tokens, and a column
+    labelled with its last prompt token holding the logit of its first prompt token after padding only (its own
+    "saliency" and "input_x_gradient" do the same, once their crash on such batches is patched), silently."""
+    if not isinstance(out, FeatureAttributionOutput) or out.info.get("attribution_method") != METHOD_NAME:
+        return
+    inputs, generated = out.info.get("input_texts"), out.info.get("generated_texts")
+    if not (isinstance(inputs, list) and isinstance(generated, list)
+            and len(inputs) == len(generated) == len(out.sequence_attributions)):
+        return
+    tokenizer = attribution_model.tokenizer
+    for row, (prompt, text) in enumerate(zip(inputs, generated, strict=True)):
+        if tokenizer(text, add_special_tokens=False)["input_ids"] != tokenizer(prompt, add_special_tokens=False)[
+                "input_ids"]:
+            continue
+        seq = out.sequence_attributions[row]
+        ids = attribution_model.encode([prompt], add_special_tokens=not skip_special_tokens).input_ids[0].tolist()
+        tokens = [TokenWithId(t, i) for t, i in zip(attribution_model.convert_ids_to_tokens(
+            torch.tensor(ids), skip_special_tokens=False), ids, strict=True)]
+        scores = seq.target_attributions
+        if scores is not None:
+            scores = scores.new_full((len(ids), 0, *scores.shape[2:]), float("nan"))
+        out.sequence_attributions[row] = type(seq)(
+            source=tokens, target=deepcopy(tokens), source_attributions=None, target_attributions=scores,
+            step_scores={name: score[:0] for name, score in (seq.step_scores or {}).items()},
+            sequence_scores=seq.sequence_scores, attr_pos_start=len(ids), attr_pos_end=len(ids))
 
 
 class _BcosMethod:

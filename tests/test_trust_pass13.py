@@ -176,3 +176,49 @@ def test_inseq_warns_when_a_generation_holds_a_special_token_its_labels_drop():
         warnings.filterwarnings("error", message="inseq: the generation")
         attribution_model.attribute("w5 w9 w12 w7", show_progress=False,
                                     generation_args={"max_new_tokens": 3, "do_sample": False, "suppress_tokens": [0]})
+
+
+def test_inseq_row_that_generates_its_end_at_once_gets_no_columns_and_its_prompt_as_source():
+    # a batch row whose first generated token is its end-of-sequence token generates nothing; inseq 0.7.1 re-encodes
+    # its text (= its prompt) left-padded to the batch's longest and took the prompt for a generation: source [],
+    # target its prompt tokens, and the column labelled w30 held w3's logit after padding only (its own "saliency"
+    # does the same once its crash on such batches is patched), silently. Now: no columns, the prompt as source
+    import inseq
+    from bcos_plugins.adapters.inseq import METHOD_NAME
+
+    prompts, tokenizer = ["w5 w9 w12 w7", "w3 w30"], _word_tokenizer()
+    for seed in range(20):  # a model whose greedy continuation of row 1 ends at once and of row 0 does not
+        torch.manual_seed(seed)
+        model = bcosify(T.GPT2LMHeadModel(tiny_config("gpt2")).eval(), b=1.25, verbose=False)
+        with torch.no_grad():
+            first = [int(model(torch.tensor([tokenizer(p)["input_ids"]])).logits[0, -1].argmax()) for p in prompts]
+        model.generation_config.eos_token_id = first[1]
+        continued = model.generate(torch.tensor([tokenizer(prompts[0])["input_ids"]]), max_new_tokens=3,
+                                   do_sample=False, pad_token_id=0)[0, 4:].tolist()
+        if first[1] not in continued and first[1] > 2:
+            break
+    else:
+        raise AssertionError("no seed gives a row that ends at once")
+    model.config.eos_token_id = first[1]
+    attribution_model = inseq.load_model(model, METHOD_NAME, tokenizer=_word_tokenizer(eos=f"w{first[1]}"))
+    out = attribution_model.attribute(prompts, generation_args={"max_new_tokens": 3, "do_sample": False},
+                                      show_progress=False, step_scores=["logit", "probability"])
+    ended = out.sequence_attributions[1]
+    assert [(t.token, t.id) for t in ended.source] == [("w3", 3), ("w30", 30)]
+    assert [(t.token, t.id) for t in ended.target] == [("w3", 3), ("w30", 30)]
+    assert (ended.attr_pos_start, ended.attr_pos_end) == (2, 2)
+    assert tuple(ended.target_attributions.shape) == (2, 0, 32)
+    assert {name: tuple(score.shape) for name, score in ended.step_scores.items()} == {
+        "deltas": (0,), "logit": (0,), "probability": (0,)}
+    # the row still generating is explained as explain explains its prefixes
+    seq = out.sequence_attributions[0]
+    ids = [t.id for t in seq.target]
+    assert ids[4:] == continued
+    for step in range(3):
+        ref = explain(model, torch.tensor([ids[:4 + step]]), target=ids[4 + step])
+        scale = max(ref.contributions.abs().max().item(), ref.explained.abs().max().item())
+        assert (seq.target_attributions[:4 + step, step].sum(-1) - ref.contributions[0]).abs().max() <= 1e-5 * scale
+        assert abs(seq.step_scores["logit"][step].item() - ref.explained.item()) <= 1e-5 * scale
+    # inseq's show (which warns "Found empty attributions" for such a row), aggregate and save / load take it
+    assert "w15" in out.show(display=False, return_html=True)
+    assert tuple(out.aggregate().sequence_attributions[1].target_attributions.shape) == (2, 0)
