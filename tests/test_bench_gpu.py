@@ -57,3 +57,35 @@ def test_bad_settings_are_refused_by_name(argv, message, capsys):
         bench_gpu.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_pair_medians_skip_the_warm_up_and_keep_b_cos_first(monkeypatch):
+    """Bench.pair on a fake clock: the two warm-up rounds are not timed, the medians are per side."""
+    clock = [0.0]
+    monkeypatch.setattr(bench_gpu, "time", type("FakeTime", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    costs = {"bcos": iter([50.0, 50.0, 2.0, 6.0, 4.0]), "conv": iter([50.0, 50.0, 1.0, 3.0, 2.0])}
+
+    def side(name):
+        def run():
+            clock[0] += next(costs[name])
+        return run
+
+    bcos, conv = bench_gpu.Bench(torch.device("cpu"), repeats=3).pair(side("bcos"), side("conv"))
+    assert (bcos, conv) == (4.0, 2.0)
+    assert bench_gpu._ratio(bcos, conv) == "2.00x" and bench_gpu._ratio(conv, bcos) == "0.50x"
+    assert bench_gpu._ratio(None, conv) == "n/a" and bench_gpu._ratio(bcos, 0.0) == "n/a"
+
+
+def test_saved_for_backward_counts_each_saved_storage_once_and_not_the_parameters():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 4, bias=False)
+    x = torch.randn(8, 4)
+
+    def forward_and_loss():
+        # Linear saves x (the weight is a parameter: resident), relu its output, mul both of its inputs: the
+        # relu output again (counted once) and x's view
+        h = layer(x).relu()
+        return (h * x.view(8, 4)).sum()
+
+    assert bench_gpu.saved_for_backward_bytes(layer, forward_and_loss) == 2 * 8 * 4 * 4  # x and h, float32
+    assert bench_gpu.Bench(torch.device("cpu"), repeats=1).peak_memory(forward_and_loss) is None  # no CPU peak
