@@ -492,3 +492,34 @@ def test_a_cell_stopped_between_methods_resumes_at_the_next_with_the_uninterrupt
             assert a["methods"][name][key] == b["methods"][name][key], (name, key)
     assert a["predictions"] == b["predictions"]
     assert [r["comp_diff"] for r in straight["rows"]] == [r["comp_diff"] for r in resumed["rows"]]
+
+
+def test_the_best_post_hoc_method_is_the_highest_comp_and_seqpg_and_the_lowest_suff(bench, clean_env, tmp_path):
+    """Two post-hoc methods, each the best on another metric: every Δ is B-cos minus that metric's best."""
+    clean_env.setenv("BENCH_OUT", str(tmp_path))
+    clean_env.setenv("BENCH_FRONTIER_B", "1.5")
+    clean_env.setenv("BENCH_FRONTIER_QK", "stock")
+    clean_env.setenv("BENCH_FRONTIER_START", "task-then-bcos")
+    clean_env.setenv("BENCH_FRONTIER_BOOTSTRAP", "200")
+    cfg = bench.Config.from_env()
+    name = bench.grid(cfg)[0].name
+    cells = []
+    for ds in ("sst2", "ag_news"):
+        conv = _synthetic_cell(bench, bench.CONVENTIONAL, 0, ds, "Occlusion", 3.0)  # Comp, SeqPG +3; Suff -3
+        lime = _synthetic_cell(bench, bench.CONVENTIONAL, 0, ds, "LIME (5)", 1.0)  # Comp, SeqPG +1; Suff -1
+        # LIME worse on Comp and SeqPG, and on Suff (-1 > -3, lower is better) too: make its Suff the best
+        if ds == "sst2":
+            lime["methods"]["LIME (5)"]["suff"] = [v - 10.0 for v in lime["methods"]["LIME (5)"]["suff"]]
+        conv["methods"].update(lime["methods"])
+        cells += [conv, _synthetic_cell(bench, name, 0, ds, "B-cos", 3.0)]  # B-cos equals Occlusion's scores
+    rows, posthoc = bench.aggregate(cells, cfg)
+    assert {r["setting"]: r["comp"] for r in posthoc} == {"post-hoc: LIME (5)": pytest.approx(3.0),
+                                                          "post-hoc: Occlusion": pytest.approx(5.0)}
+    row = rows[0]
+    assert (row["best_posthoc_comp"], row["best_posthoc_suff"], row["best_posthoc_seqpg"]) == (
+        "Occlusion", "LIME (5)", "Occlusion")
+    # B-cos has Occlusion's very scores: a zero difference and a zero-width interval around it
+    assert row["comp_diff"] == 0.0 and row["comp_low"] == 0.0 == row["comp_high"]
+    assert row["seqpg_diff"] == 0.0
+    assert row["suff_diff"] == pytest.approx(10.0 - 2.0)  # B-cos (u - 3) minus LIME's (u - 1 - 10)
+    assert row["suff_low"] == pytest.approx(8.0) == row["suff_high"]
