@@ -336,7 +336,9 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
             "seqpg_x100": split[0].item(),
             "seqpg_wrong_segment_x100": split[1].item(),
             "seqpg_special_tokens_x100": split[2].item(),
-            "completeness_error_median": compl.median().item(),
+            # the median of an even count is the mean of the two middle values; torch.median returns the lower
+            # one (16 sentences: the 8th), not the median the report names
+            "completeness_error_median": torch.quantile(compl.double(), 0.5).item(),
             "completeness_error_mean": compl.mean().item(),
             "entropy": torch.cat(res.entropy).mean().item(),
             "seconds_per_explanation": spe,

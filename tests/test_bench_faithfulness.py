@@ -291,3 +291,41 @@ def test_seqpg_report_shows_where_each_methods_evidence_lands(bench, setup, tmp_
     split = table[table.index("| model | method | right segment"):]
     assert sum(line.startswith("| ") for line in split.splitlines()) == len(methods) + 1
     assert (tmp_path / "results.csv").read_text().splitlines()[0].count("seqpg_wrong_segment_x100") == 1
+
+
+def _curves(values: list[float]):
+    """Constant comprehensiveness curves (one value per sentence), sufficiency the negative; AOPC = 0.8 x value."""
+    from bcos_plugins.metrics import PerturbationCurves
+    from bcos_plugins.metrics.perturbation import DEFAULT_FRACTIONS
+
+    comp = torch.tensor(values, dtype=torch.float64)[:, None].expand(-1, len(DEFAULT_FRACTIONS))
+    n = len(values)
+    return PerturbationCurves(comp, -comp, tuple(DEFAULT_FRACTIONS), torch.ones(n), torch.zeros(n, dtype=torch.long),
+                              torch.ones(n, len(DEFAULT_FRACTIONS), dtype=torch.long))
+
+
+def test_the_reports_numbers_pool_sentences_not_batches_and_divide_by_b_cos(bench, tmp_path):
+    """Hand-made results: 2 s over 4 explanations against B-cos's 0.5 s over 5 is 5.0x B-cos's time; a batch of
+    1 sentence scoring 1 and one of 3 scoring 0 give Comp 0.8 x 1/4 (not the mean of the batches, 0.8 x 1/2)."""
+    cfg = bench.Config(ig_steps=4, shapley_samples=3, lime_samples=10, batch=3, n_eval=4, out=tmp_path)
+    ones = [torch.ones(4)]
+    results = {
+        "IG (4 steps)": bench.MethodResult(seconds=2.0, n=4, peak_mib=30.0, curves=[_curves([1.0]), _curves([0.0] * 3)],
+                                           entropy=[torch.tensor([1.0]), torch.tensor([2.0, 2.0, 2.0])],
+                                           point="p", kind="conventional"),
+        "B-cos": bench.MethodResult(seconds=0.5, n=5, peak_mib=10.0, curves=[_curves([0.5] * 4)], entropy=ones,
+                                    completeness=[torch.tensor([0.0, 1e-6, 3e-6, 1.0])], point="p", kind="bcos"),
+    }
+    rows = {r["method"]: r for r in bench.write_report(
+        results, {"sst2": {"conventional": 0.5, "bcos": 0.75}}, cfg,
+        {"n_eval": 4, "n_seqpg": 0, "device": "CPU", "seqpg_source": None, "memory_method": "sampled_rss"})}
+    ig, b = rows["IG (4 steps)"], rows["B-cos"]
+    assert ig["seconds_per_explanation"] == pytest.approx(0.5) and b["seconds_per_explanation"] == pytest.approx(0.1)
+    assert ig["times_bcos_time"] == pytest.approx(5.0) and b["times_bcos_time"] == pytest.approx(1.0)
+    assert ig["comp_aopc_x100"] == pytest.approx(20.0) and ig["suff_aopc_x100"] == pytest.approx(-20.0)
+    assert b["comp_aopc_x100"] == pytest.approx(40.0)
+    assert ig["entropy"] == pytest.approx(7.0 / 4)  # per sentence: (1 + 2 + 2 + 2) / 4
+    assert b["completeness_error_median"] == pytest.approx(2e-6)  # even count: the two middle values' mean
+    assert b["completeness_error_mean"] == pytest.approx((1.0 + 4e-6) / 4)
+    assert (ig["sst2_accuracy"], b["sst2_accuracy"]) == (0.5, 0.75)
+    assert "B-cos is 5x faster than IG (4 steps)." in (tmp_path / "results.md").read_text(encoding="utf-8")
