@@ -634,35 +634,59 @@ def _attribute_in_eval_mode(attribution_model: AttributionModel, model: nn.Modul
 
 def _empty_rows_that_generated_nothing(attribution_model: AttributionModel, out: FeatureAttributionOutput,
                                        skip_special_tokens: bool) -> None:
-    """Give a "bcos" row whose generation adds no token (it generated its end-of-sequence token at once, while other
-    rows of the batch went on) no columns: source and target = its prompt's tokens, zero attributed steps.
+    """Give each "bcos" row of a batch the columns of the tokens it generated, and only those.
 
-    inseq 0.7.1 re-encodes the generated texts left-padded to the batch's longest, so such a row (its text is its
-    prompt) had its prompt taken for a generation: ``source`` empty, ``target`` its prompt tokens, and a column
-    labelled with its last prompt token holding the logit of its first prompt token after padding only (its own
-    "saliency" and "input_x_gradient" do the same, once their crash on such batches is patched), silently."""
+    inseq 0.7.1 re-encodes the generated texts left-padded to the batch's longest and attributes the same steps for
+    every row, so a row that generated fewer tokens than the longest had its prompt's last tokens taken for a
+    generation: ``source`` empty, columns labelled with prompt tokens (the first one a logit after padding only).
+    A row that generated nothing (its end-of-sequence token at once) also had its columns shifted: the column labelled
+    w30 held w3's logit after padding only (its own "saliency" and "input_x_gradient" do the same, once their crash on
+    such batches is patched), silently. Now a row that generated nothing gets no columns and its prompt as source and
+    target; a row whose steps are all real keeps the columns of its generated tokens; a row whose columns inseq
+    shifted (a padding step among them) and that generated tokens cannot be put right here and warns."""
     if not isinstance(out, FeatureAttributionOutput) or out.info.get("attribution_method") != METHOD_NAME:
         return
     inputs, generated = out.info.get("input_texts"), out.info.get("generated_texts")
     if not (isinstance(inputs, list) and isinstance(generated, list)
             and len(inputs) == len(generated) == len(out.sequence_attributions)):
         return
-    tokenizer = attribution_model.tokenizer
+    tokenizer, shifted = attribution_model.tokenizer, []
     for row, (prompt, text) in enumerate(zip(inputs, generated, strict=True)):
-        if tokenizer(text, add_special_tokens=False)["input_ids"] != tokenizer(prompt, add_special_tokens=False)[
-                "input_ids"]:
-            continue
-        seq = out.sequence_attributions[row]
-        ids = attribution_model.encode([prompt], add_special_tokens=not skip_special_tokens).input_ids[0].tolist()
-        tokens = [TokenWithId(t, i) for t, i in zip(attribution_model.convert_ids_to_tokens(
-            torch.tensor(ids), skip_special_tokens=False), ids, strict=True)]
+        text_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        seq, n_new = out.sequence_attributions[row], len(text_ids) - len(prompt_ids)
         scores = seq.target_attributions
-        if scores is not None:
-            scores = scores.new_full((len(ids), 0, *scores.shape[2:]), float("nan"))
+        if text_ids[:len(prompt_ids)] != prompt_ids or not isinstance(scores, Tensor) or scores.ndim < 2:
+            continue
+        n_columns = scores.shape[1]
+        if n_new == 0:
+            ids = attribution_model.encode([prompt], add_special_tokens=not skip_special_tokens).input_ids[0].tolist()
+            tokens = [TokenWithId(t, i) for t, i in zip(attribution_model.convert_ids_to_tokens(
+                torch.tensor(ids), skip_special_tokens=False), ids, strict=True)]
+            out.sequence_attributions[row] = type(seq)(
+                source=tokens, target=deepcopy(tokens), source_attributions=None,
+                target_attributions=scores.new_full((len(ids), 0, *scores.shape[2:]), float("nan")),
+                step_scores={name: score[:0] for name, score in (seq.step_scores or {}).items()},
+                sequence_scores=seq.sequence_scores, attr_pos_start=len(ids), attr_pos_end=len(ids))
+            continue
+        if n_columns <= n_new:
+            continue
+        deltas = (seq.step_scores or {}).get("deltas")
+        if not isinstance(deltas, Tensor) or len(deltas) != n_columns or bool(deltas.isnan().any()):
+            shifted.append(row)  # a filtered (padding) step among the columns: inseq dropped the last ones
+            continue
+        start = len(seq.target) - n_new
         out.sequence_attributions[row] = type(seq)(
-            source=tokens, target=deepcopy(tokens), source_attributions=None, target_attributions=scores,
-            step_scores={name: score[:0] for name, score in (seq.step_scores or {}).items()},
-            sequence_scores=seq.sequence_scores, attr_pos_start=len(ids), attr_pos_end=len(ids))
+            source=deepcopy(seq.target[:start]), target=seq.target, source_attributions=None,
+            target_attributions=scores[:, n_columns - n_new:],
+            step_scores={name: score[n_columns - n_new:] for name, score in (seq.step_scores or {}).items()},
+            sequence_scores=seq.sequence_scores, attr_pos_start=start, attr_pos_end=len(seq.target))
+    if shifted:
+        warnings.warn(f"inseq: row(s) {shifted} generated fewer tokens than the batch's longest and inseq 0.7.1 "
+                      "attributed padding steps in their place, so their columns are labelled with other tokens than "
+                      "the ones attributed. Attribute them one prompt at a time (or batch prompts that generate as "
+                      "many tokens: generation_args={'min_new_tokens': n, 'max_new_tokens': n}).",
+                      UserWarning, stacklevel=3)
 
 
 class _BcosMethod:

@@ -222,3 +222,72 @@ def test_inseq_row_that_generates_its_end_at_once_gets_no_columns_and_its_prompt
     # inseq's show (which warns "Found empty attributions" for such a row), aggregate and save / load take it
     assert "w15" in out.show(display=False, return_html=True)
     assert tuple(out.aggregate().sequence_attributions[1].target_attributions.shape) == (2, 0)
+
+
+def _gpt2_whose_row_1_generates_one_token_then_ends(prompts):
+    """A tiny B-cos GPT-2 (and its end token) whose greedy continuation of prompts[1] is one token then the end token,
+    while prompts[0] generates 3 tokens without it."""
+    tokenizer = _word_tokenizer()
+    for seed in range(60):
+        torch.manual_seed(seed)
+        model = bcosify(T.GPT2LMHeadModel(tiny_config("gpt2")).eval(), b=1.25, verbose=False)
+        row_1 = torch.tensor([tokenizer(prompts[1])["input_ids"]])
+        ended = model.generate(row_1, max_new_tokens=2, do_sample=False, pad_token_id=0)[0, row_1.shape[1]:].tolist()
+        row_0 = torch.tensor([tokenizer(prompts[0])["input_ids"]])
+        continued = model.generate(row_0, max_new_tokens=3, do_sample=False, pad_token_id=0)[0, 4:].tolist()
+        used = set(row_0[0].tolist() + row_1[0].tolist() + [ended[0]] + continued)
+        if ended[0] > 2 and ended[1] > 2 and ended[1] not in used:
+            model.config.eos_token_id = model.generation_config.eos_token_id = ended[1]
+            return model, ended, continued
+    raise AssertionError("no seed gives a row that generates one token then ends")
+
+
+def test_inseq_row_that_generates_fewer_tokens_gets_only_its_generated_columns():
+    # inseq 0.7.1 attributes the same steps for every row of the batch: a row that generated one token (then its end
+    # token) while another generated three got source [] and columns labelled with its two prompt tokens too (w3's
+    # a logit after padding only). Now: its prompt as source and the one column of the token it generated
+    import inseq
+    from bcos_plugins.adapters.inseq import METHOD_NAME
+
+    prompts = ["w5 w9 w12 w7", "w3 w30"]
+    model, ended, continued = _gpt2_whose_row_1_generates_one_token_then_ends(prompts)
+    attribution_model = inseq.load_model(model, METHOD_NAME, tokenizer=_word_tokenizer(eos=f"w{ended[1]}"))
+    out = attribution_model.attribute(prompts, generation_args={"max_new_tokens": 3, "do_sample": False},
+                                      show_progress=False, step_scores=["logit"])
+    short = out.sequence_attributions[1]
+    assert [t.id for t in short.source] == [3, 30]
+    assert [t.id for t in short.target] == [3, 30, ended[0]]
+    assert (short.attr_pos_start, short.attr_pos_end) == (2, 3)
+    assert tuple(short.target_attributions.shape) == (3, 1, 32)
+    ref = explain(model, torch.tensor([[3, 30]]), target=ended[0])
+    scale = max(ref.contributions.abs().max().item(), ref.explained.abs().max().item())
+    assert (short.target_attributions[:2, 0].sum(-1) - ref.contributions[0]).abs().max() <= 1e-5 * scale
+    assert abs(short.step_scores["logit"].item() - ref.explained.item()) <= 1e-5 * scale
+    seq = out.sequence_attributions[0]
+    ids = [t.id for t in seq.target]
+    assert ids[4:] == continued and tuple(seq.target_attributions.shape) == (7, 3, 32)
+    for step in range(3):
+        ref = explain(model, torch.tensor([ids[:4 + step]]), target=ids[4 + step])
+        scale = max(ref.contributions.abs().max().item(), ref.explained.abs().max().item())
+        assert (seq.target_attributions[:4 + step, step].sum(-1) - ref.contributions[0]).abs().max() <= 1e-5 * scale
+
+
+def test_inseq_row_whose_columns_inseq_shifted_warns():
+    # a one-token prompt that generates one token (then its end token) next to a four-token prompt that generates
+    # three: inseq 0.7.1 attributes a padding step first for it and keeps its first two steps, so the column labelled
+    # with its generated token held its prompt token's logit after padding only; that cannot be put right afterwards
+    import inseq
+    from bcos_plugins.adapters.inseq import METHOD_NAME
+
+    prompts = ["w5 w9 w12 w7", "w3"]
+    model, ended, _ = _gpt2_whose_row_1_generates_one_token_then_ends(prompts)
+    attribution_model = inseq.load_model(model, METHOD_NAME, tokenizer=_word_tokenizer(eos=f"w{ended[1]}"))
+    with pytest.warns(UserWarning, match=r"row\(s\) \[1\] generated fewer tokens.*one prompt at a time"):
+        attribution_model.attribute(prompts, generation_args={"max_new_tokens": 3, "do_sample": False},
+                                    show_progress=False)
+    # one prompt at a time (the way out the warning names), without a warning
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="inseq: row")
+        out = attribution_model.attribute(prompts, generation_args={"max_new_tokens": 3, "do_sample": False},
+                                          show_progress=False, batch_size=1)
+    assert [t.id for t in out.sequence_attributions[1].target] == [3, ended[0]]
