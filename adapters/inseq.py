@@ -625,15 +625,15 @@ def _attribute_in_eval_mode(attribution_model: AttributionModel, model: nn.Modul
     def attribute(*args, **kwargs):
         with evaluating(model):
             out = unpatched(*args, **kwargs)
-        _empty_rows_that_generated_nothing(attribution_model, out, kwargs.get("skip_special_tokens", False))
+        _only_each_rows_generated_columns(attribution_model, out, kwargs.get("skip_special_tokens", False))
         return out
 
     attribute._in_eval_mode = True
     attribution_model.attribute = attribute
 
 
-def _empty_rows_that_generated_nothing(attribution_model: AttributionModel, out: FeatureAttributionOutput,
-                                       skip_special_tokens: bool) -> None:
+def _only_each_rows_generated_columns(attribution_model: AttributionModel, out: FeatureAttributionOutput,
+                                      skip_special_tokens: bool) -> None:
     """Give each "bcos" row of a batch the columns of the tokens it generated, and only those.
 
     inseq 0.7.1 re-encodes the generated texts left-padded to the batch's longest and attributes the same steps for
