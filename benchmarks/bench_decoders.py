@@ -30,7 +30,7 @@ from bcos_plugins import explain
 from bcos_plugins.metrics.decoder import mean_reciprocal_rank, next_token_contrast, perplexity
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
-from benchmarks.common.decoder_baselines import captum_scores
+from benchmarks.common.decoder_baselines import captum_scores, seconds_per_explanation
 from benchmarks.common.ioi_recipe import (
     CONTEXT,
     DecoderData,
@@ -60,21 +60,6 @@ def explanation_scores(model, batch, with_bcos: bool) -> tuple[dict[str, torch.T
     scores.update(captum)
     seconds.update(timings)
     return scores, seconds
-
-
-def seconds_per_explanation(timings: dict[str, list[tuple[float, int]]]) -> dict[str, float]:
-    """Per method, its seconds summed over the batches divided by the explanations they held: ``timings`` maps a
-    method to ``(seconds for the batch, explanations in it)`` per batch.
-
-    Not the mean of each batch's seconds per explanation: the IOI batch holds 200 prompts and each BLiMP batch
-    50, so that mean weighted an IOI explanation a quarter of a BLiMP one (and a batch's fixed cost 4x more)."""
-    out = {}
-    for method, parts in timings.items():
-        n = sum(count for _, count in parts)
-        if n <= 0:
-            raise ValueError(f"timings[{method!r}]: no explanation timed; time at least one batch of one row")
-        out[method] = sum(seconds for seconds, _ in parts) / n
-    return out
 
 
 def evaluate(model, data: DecoderData, is_bcos: bool) -> dict:

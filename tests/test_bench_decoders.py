@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_decoders import seconds_per_explanation
+from benchmarks.common.decoder_baselines import seconds_per_explanation
 
 
 def test_seconds_per_explanation_is_total_time_over_total_explanations():
