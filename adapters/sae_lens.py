@@ -42,6 +42,7 @@ from bcos_plugins.bilinear import (
     top_eigen_indices,
 )
 from bcos_plugins.errors import BcosTypeError, BcosValueError
+from bcos_plugins.nn.functional import at_least_float32
 
 from ._lens.explain import LensExplanation, explain_lens_value
 from ._lens.sae_error import sae_error_capture
@@ -320,21 +321,24 @@ class BilinearSAEInteractions:
         ranks = [require_int("ranks", r, minimum=1) for r in ranks]
         features = _feature_ids(output_features, "output_features", self.output_sae.cfg.d_sae, "output").tolist()
         x = _layer_inputs(mlp_inputs, self.weights.d_in).to(self.weights.W.dtype)
-        actual = self.output_activations(x)[:, features].to(x.dtype)  # (tokens, n)
+        # correlations and token counts in at least float32: a half-precision layer's counts past 256 (bfloat16) or
+        # 2048 (float16) were rounded, and its correlations kept 3 significant digits
+        wide = at_least_float32(x.dtype)
+        actual = self.output_activations(x)[:, features].to(wide)  # (tokens, n)
         active = actual > 0
         eig = eigendecompose(self._analysed, self._encoder(features))
         eigen_acts = eigenvector_activations(eig, self._input_coordinates(x))  # (tokens, n, d_in)
         order = top_eigen_indices(eig.eigenvalues, eig.eigenvalues.shape[-1])  # by |lambda|, descending
         sorted_acts = eigen_acts.gather(-1, order.expand(eigen_acts.shape[0], *order.shape)).cumsum(-1)
-        correlations = torch.full((len(ranks), len(features)), float("nan"), dtype=x.dtype, device=x.device)
+        correlations = torch.full((len(ranks), len(features)), float("nan"), dtype=wide, device=x.device)
         for f in range(len(features)):
             rows = active[:, f]
             if rows.sum() < 2:
                 continue
             for r, rank in enumerate(ranks):
                 approx = sorted_acts[rows, f, min(rank, sorted_acts.shape[-1]) - 1]
-                correlations[r, f] = torch.corrcoef(torch.stack([actual[rows, f], approx]))[0, 1]
-        return LowRankCorrelation(ranks, features, correlations, active.sum(0).to(x.dtype))
+                correlations[r, f] = torch.corrcoef(torch.stack([actual[rows, f], approx.to(wide)]))[0, 1]
+        return LowRankCorrelation(ranks, features, correlations, active.sum(0).to(wide))
 
 
 @dataclass

@@ -317,3 +317,18 @@ def test_explain_logits_reports_the_sae_error_terms_share():
     plain = explain_logits(model, tokens, target=4)
     assert plain.sae_error_shares == {} and (plain.sae_error_share == 0).all()
     assert plain.completeness_error.max() < 1e-4
+
+
+def test_low_rank_correlation_of_a_bfloat16_layer_counts_and_correlates_in_float32():
+    """A bfloat16 layer's active-token counts were bfloat16 (257 -> 256: counts past 256 rounded) and its correlations
+    kept 3 significant digits."""
+    layer, _ = layer_and_inputs(seed=9)
+    x = torch.randn(1500, D_MODEL, generator=torch.Generator().manual_seed(9))
+    analysis = BilinearSAEInteractions(layer.to(torch.bfloat16), topk_sae(D_MODEL, seed=10).to(torch.bfloat16),
+                                       topk_sae(D_MODEL, seed=11, k=8).to(torch.bfloat16))
+    features = list(range(D_SAE))
+    result = analysis.low_rank_correlation(x, features, ranks=[1, 2])
+    counts = (analysis.output_activations(x.to(torch.bfloat16))[:, features] > 0).sum(0)
+    assert counts.max() > 256  # where bfloat16 cannot hold every integer
+    assert result.active_tokens.dtype == torch.float32 and result.correlations.dtype == torch.float32
+    assert result.active_tokens.tolist() == counts.tolist()
