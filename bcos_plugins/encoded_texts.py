@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import require_count
+from ._checks import require_count, require_text_pairs, require_texts
 from .convert.architectures import position_limit, require_max_length_fits
+from .errors import argument_error
 
 __all__ = ["EncodedTexts", "require_max_length_fits", "truncation_length"]
 
@@ -17,7 +18,14 @@ class EncodedTexts(torch.utils.data.Dataset):
 
     def __init__(self, tokenizer, texts: list[str], labels: list[int] | None, max_length: int,
                  text_pairs: list[str] | None = None):
-        self.encodings = tokenizer(list(texts), text_pairs, truncation=True, max_length=max_length)
+        texts = require_texts(texts)
+        text_pairs = require_text_pairs(text_pairs, len(texts))
+        # One label short used to surface as an IndexError at that row inside Trainer, mid-epoch; one label too
+        # many was dropped silently (every label after a missing text then belongs to the wrong text).
+        if labels is not None and len(labels) != len(texts):
+            raise argument_error("labels", f"{len(texts)} texts but {len(labels)} labels",
+                                 "Pass one label per text (labels[i] is the class of texts[i])")
+        self.encodings = tokenizer(texts, text_pairs, truncation=True, max_length=max_length)
         self.labels = labels
         self.teacher_logits: list[list[float]] | None = None
 
