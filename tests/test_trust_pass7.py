@@ -207,7 +207,7 @@ def test_visualization_records_refuse_nan_scores():
 # ------------------------------------------------------------------ TransformerLens bridge on plain GPT-2
 
 
-@pytest.mark.parametrize("activation", ["gelu_new", "silu"])
+@pytest.mark.parametrize("activation", ["gelu_new", "silu", "gelu_fast"])
 def test_a_plain_gpt2_bridge_routes_its_activation_gate_through_a_detachable_module(activation):
     """make_bridge_explainable detached norms, attention patterns and gated MLPs' gate branches, but not the
     activation of a non-gated MLP that the bridge runs natively (GPT-2's act): a plain GPT-2 bridge was reported
@@ -233,6 +233,32 @@ def test_a_plain_gpt2_bridge_routes_its_activation_gate_through_a_detachable_mod
     assert type(hf.transformer.h[0].mlp.act).__name__ != "DetachableActivation"  # the user's model is untouched
 
 
+def test_bcosify_converts_the_fast_tanh_gelu_and_explains_it_exactly():
+    """gelu_fast (transformers' FastGELUActivation: the tanh GELU with sqrt(2/pi) written as 0.7978845608) was refused
+    by bcosify and by the bridge as an activation without a detachable form; it is the tanh GELU to float32 rounding."""
+    import transformers as T
+    from conftest import tiny_config
+
+    from bcos_plugins import explain
+
+    config = tiny_config("gpt2")
+    config.activation_function = "gelu_fast"
+    torch.manual_seed(0)
+    stock = T.GPT2LMHeadModel(config).eval()
+    assert type(stock.transformer.h[0].mlp.act).__name__ == "FastGELUActivation"
+    x = torch.linspace(-8, 8, 1001)
+    from bcos_plugins.nn.activation import DetachableActivation
+    torch.testing.assert_close(DetachableActivation("gelu_tanh")(x), stock.transformer.h[0].mlp.act(x),
+                               rtol=0, atol=5e-7)
+    model = bcosify(stock, b=1.5, verbose=False)
+    assert type(model.transformer.h[0].mlp.act).__name__ == "DetachableActivation"
+    tokens = _tokens()
+    got = explain(model, tokens, target=5)
+    with torch.no_grad():
+        torch.testing.assert_close(got.explained, model(tokens).logits[:, -1, 5])
+    assert float(got.completeness_error.max()) < 1e-5
+
+
 def test_a_bridge_over_an_activation_without_a_detachable_form_is_refused():
     """quick_gelu (x * sigmoid(1.702 x)) has no detachable form in the package: the bridge was built and explained
     with its gate in the gradient (completeness error 0.039), silently."""
@@ -243,7 +269,7 @@ def test_a_bridge_over_an_activation_without_a_detachable_form_is_refused():
     config.activation_function = "quick_gelu"
     torch.manual_seed(0)
     with pytest.raises(BcosTypeError, match=r"^hf_model: its MLP activation QuickGELUActivation \(act\) has no "
-                                            r"detachable form.*Supported: GELU"):
+                                            r"detachable form.*Supported: FastGELUActivation, GELU, "):
         lens.transformer_bridge_from_hf(T.GPT2LMHeadModel(config).eval())
 
 
