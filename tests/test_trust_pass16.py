@@ -6,6 +6,9 @@ tokenisation, truncation, BLiMP / IOI target and foil ids). What it found and fi
 
 - ``EncodedTexts`` with fewer labels than texts failed mid-epoch inside ``Trainer`` (IndexError), with more
   labels it dropped the extra ones silently; now refused up front.
+- ``gold_mask_from_spans`` / ``gold_mask_from_words`` on an encoding truncated before the rationale returned an
+  all-zero row, read by the metrics and the guidance as "no rationale"; now refused, naming the rows. A
+  rationale inside the kept text still gives its tokens under WordPiece ('##') and byte-level BPE ('Ġ').
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from transformers import AutoTokenizer
 from bcos_plugins.data import shipped_data
 from bcos_plugins.encoded_texts import EncodedTexts
 from bcos_plugins.errors import BcosValueError
+from bcos_plugins.guided import find_span, gold_mask_from_spans, gold_mask_from_words
+from bcos_plugins.pretrained import minilm_path
 
 
 @pytest.fixture(scope="module")
@@ -33,3 +38,37 @@ def test_encoded_texts_keeps_each_label_with_its_text(gpt2_tokenizer):
     data = EncodedTexts(gpt2_tokenizer, ["", "naïve ☃ café"], [1, 0], max_length=8)
     assert [data[i]["labels"] for i in range(len(data))] == [1, 0]
     assert data[0]["input_ids"] == []
+
+
+@pytest.fixture(scope="module", params=["wordpiece", "bpe"])
+def fast_tokenizer(request):
+    if request.param == "wordpiece":
+        return AutoTokenizer.from_pretrained(str(minilm_path()))
+    return AutoTokenizer.from_pretrained(str(shipped_data("gpt2_tokenizer")), add_prefix_space=True)
+
+
+def _marked(tokenizer, enc, mask, row=0):
+    return tokenizer.decode([t for t, m in zip(enc["input_ids"][row], mask[row].tolist(), strict=True) if m]).strip()
+
+
+def test_span_rationale_cut_by_truncation_is_refused(fast_tokenizer):
+    text = " ".join(["word"] * 40) + " rationale"
+    enc = fast_tokenizer([text], truncation=True, max_length=12, return_offsets_mapping=True)
+    with pytest.raises(BcosValueError, match=r"spans: rows \[0\] mark only text that truncation cut off"):
+        gold_mask_from_spans(enc, [[find_span(text, "rationale")]])
+    full = fast_tokenizer([text], return_offsets_mapping=True)
+    assert _marked(fast_tokenizer, full, gold_mask_from_spans(full, [[find_span(text, "rationale")]])) == "rationale"
+    # A row without a rationale stays an empty row; a kept rationale is unaffected by the truncation.
+    assert gold_mask_from_spans(enc, [[]]).sum() == 0
+    kept = gold_mask_from_spans(enc, [[find_span(text, "word")]])
+    assert _marked(fast_tokenizer, enc, kept) == "word"
+
+
+def test_word_rationale_cut_by_truncation_is_refused(fast_tokenizer):
+    words = ["plain"] * 40 + ["unbelievably", "hateful"]
+    highlight = [0.0] * 40 + [1.0, 1.0]
+    enc = fast_tokenizer([words], is_split_into_words=True, truncation=True, max_length=12)
+    with pytest.raises(BcosValueError, match=r"word_rationales: rows \[0\] highlight only words that truncation"):
+        gold_mask_from_words(enc, [highlight])
+    full = fast_tokenizer([words], is_split_into_words=True)
+    assert _marked(fast_tokenizer, full, gold_mask_from_words(full, [highlight])) == "unbelievably hateful"

@@ -103,18 +103,33 @@ def gold_mask_from_spans(
         encoding: a fast tokenizer's output with ``return_offsets_mapping=True`` (padded to one length).
         spans: per row, the rationale's ``(start, end)`` character spans in that row's ``segment`` text.
         segment: which text of a pair the spans refer to.
+
+    Raises:
+        BcosValueError: a row's spans all lie in text that truncation cut off (its mask would be empty).
     """
     offsets = _require_offsets(encoding)
     if len(spans) != len(offsets):
         raise ValueError(f"got spans for {len(spans)} rows but the encoding has {len(offsets)}")
     mask = torch.zeros(len(offsets), len(offsets[0]))
+    cut = []
     for i, (row_offsets, row_spans) in enumerate(zip(offsets, spans, strict=True)):
         segments = encoding.sequence_ids(i)
+        text_end = 0
         for j, ((start, end), seg) in enumerate(zip(row_offsets, segments, strict=True)):
             if seg != segment or end <= start:
                 continue
+            text_end = max(text_end, end)
             if any(start < span_end and span_start < end for span_start, span_end in row_spans):
                 mask[i, j] = 1.0
+        # A span past the last encoded character was truncated away: the row's mask would be all zeros, read
+        # by the metrics and the guidance as "no rationale" (the example silently unsupervised).
+        if mask[i].sum() == 0 and any(b > a and a >= text_end for a, b in row_spans):
+            cut.append(i)
+    if cut:
+        raise argument_error("spans", f"rows {cut[:8]} mark only text that truncation cut off (the segment's "
+                             "tokens end before the rationale starts), so their masks would be empty",
+                             "Tokenise with a larger max_length (or truncation='only_second' for a premise "
+                             "rationale), or drop those rows")
     return mask
 
 
@@ -127,6 +142,7 @@ def gold_mask_from_words(
 
     ``word_rationales[i][w]`` is the highlight of word w of row i (0/1, or an annotator average that is
     compared with ``threshold``: >= threshold counts as rationale). Every sub-token of a highlighted word is 1.
+    A row whose highlighted words were all truncated away is refused (its mask would be empty).
     """
     threshold = require_float("threshold", threshold)
     _require_encoding(encoding)
@@ -134,6 +150,7 @@ def gold_mask_from_words(
     if len(word_rationales) != rows:
         raise ValueError(f"got word rationales for {len(word_rationales)} rows but the encoding has {rows}")
     mask = torch.zeros(rows, len(encoding["input_ids"][0]))
+    cut = []
     for i in range(rows):
         words = word_rationales[i]
         for j, (w, seg) in enumerate(zip(encoding.word_ids(i), encoding.sequence_ids(i), strict=True)):
@@ -147,6 +164,16 @@ def gold_mask_from_words(
                 raise argument_error("word_rationales", f"row {i}: word {w} has a NaN rationale",
                                      "Pass 0/1 highlights or annotator averages in [0, 1]")
             mask[i, j] = float(value >= threshold)
+        # Highlighted words after the last encoded one were truncated away: an all-zero row would read as
+        # "no rationale" (see gold_mask_from_spans).
+        encoded = [w for w, seg in zip(encoding.word_ids(i), encoding.sequence_ids(i), strict=True)
+                   if w is not None and seg == 0]
+        last = max(encoded, default=-1)
+        if mask[i].sum() == 0 and any(float(v) >= threshold for v in words[last + 1:]):
+            cut.append(i)
+    if cut:
+        raise argument_error("word_rationales", f"rows {cut[:8]} highlight only words that truncation cut off, "
+                             "so their masks would be empty", "Tokenise with a larger max_length, or drop those rows")
     return mask
 
 
