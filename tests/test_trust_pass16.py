@@ -9,6 +9,9 @@ tokenisation, truncation, BLiMP / IOI target and foil ids). What it found and fi
 - ``gold_mask_from_spans`` / ``gold_mask_from_words`` on an encoding truncated before the rationale returned an
   all-zero row, read by the metrics and the guidance as "no rationale"; now refused, naming the rows. A
   rationale inside the kept text still gives its tokens under WordPiece ('##') and byte-level BPE ('Ġ').
+- ``encode_blimp`` stood for a target or foil of several GPT-2 tokens (" alumnus", " waitresses": 89 of 300
+  animate_subject_passive pairs) by its first piece without saying so; the paper's convention stays the
+  default, the pairs are listed in ``first_piece``, and ``multi_token="drop"`` keeps whole-word ids only.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from bcos_plugins.data import shipped_data
+from bcos_plugins.data import encode_blimp, load_blimp, shipped_data
 from bcos_plugins.encoded_texts import EncodedTexts
 from bcos_plugins.errors import BcosValueError
 from bcos_plugins.guided import find_span, gold_mask_from_spans, gold_mask_from_words
@@ -72,3 +75,26 @@ def test_word_rationale_cut_by_truncation_is_refused(fast_tokenizer):
         gold_mask_from_words(enc, [highlight])
     full = fast_tokenizer([words], is_split_into_words=True)
     assert _marked(fast_tokenizer, full, gold_mask_from_words(full, [highlight])) == "unbelievably hateful"
+
+
+def _ids(tokenizer, word):
+    return tokenizer(" " + word, add_special_tokens=False)["input_ids"]
+
+
+def test_blimp_multi_token_words_are_listed_or_dropped(gpt2_tokenizer):
+    pairs = load_blimp("asp", n=60)
+    batch = encode_blimp(pairs, gpt2_tokenizer)
+    split = [i for i, p in enumerate(batch.pairs)
+             if len(_ids(gpt2_tokenizer, p.target)) > 1 or len(_ids(gpt2_tokenizer, p.foil)) > 1]
+    assert split and batch.first_piece == split
+    for i, p in enumerate(batch.pairs):
+        assert batch.target_ids[i].item() == _ids(gpt2_tokenizer, p.target)[0]
+        assert batch.foil_ids[i].item() == _ids(gpt2_tokenizer, p.foil)[0]
+    whole = encode_blimp(pairs, gpt2_tokenizer, multi_token="drop")
+    assert whole.first_piece == [] and len(whole) == len(batch) - len(split)
+    for i, p in enumerate(whole.pairs):
+        assert [whole.target_ids[i].item()] == _ids(gpt2_tokenizer, p.target)
+        assert [whole.foil_ids[i].item()] == _ids(gpt2_tokenizer, p.foil)
+    assert sum(r == "target or foil is several tokens" for _, r in whole.dropped) == len(split)
+    with pytest.raises(BcosValueError, match="multi_token: must be one of"):
+        encode_blimp(pairs, gpt2_tokenizer, multi_token="last")

@@ -2,7 +2,9 @@
 
 Each BLiMP pair with the one-prefix method is ``prefix + good word`` vs ``prefix + bad word``; the explained
 quantity is ``logit(good) - logit(bad)`` at the prefix's last token (first sub-token of each word with its
-leading space, as the paper's code does; pairs whose two words share that first token are dropped).
+leading space, as the paper's code does; pairs whose two words share that first token are dropped). A word of
+several tokens is then stood for by its first piece: :func:`encode_blimp` lists those pairs in
+``BlimpBatch.first_piece`` and drops them with ``multi_token="drop"``.
 
 The paper (following Ferrando et al., 2023) uses nine paradigms and ground-truth *evidence* words: the words of
 the prefix that make the good continuation right and the bad one wrong. Its evidence files are not public in
@@ -38,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from .._checks import require_choice
 from .contrastive import ContrastiveBatch, left_pad
 from .shipped import SHIPPED_DATA
 
@@ -170,27 +173,34 @@ class BlimpBatch(ContrastiveBatch):
     """Tokenised pairs, left-padded, ready for ``explain(..., target=target_ids, foil=foil_ids)``.
 
     ``evidence`` marks the tokens overlapping an evidence word; ``candidates`` the tokens that are ranked (real
-    prefix tokens, BOS excluded). ``dropped`` lists ``(pair, reason)`` for pairs that could not be used.
+    prefix tokens, BOS excluded). ``dropped`` lists ``(pair, reason)`` for pairs that could not be used;
+    ``first_piece`` the indices (into ``pairs``) of the kept pairs whose target or foil is several tokens, so that
+    its id is the word's first piece only (the paper's convention).
     """
 
     pairs: list[BlimpPair]
     dropped: list[tuple[BlimpPair, str]] = field(default_factory=list)
+    first_piece: list[int] = field(default_factory=list)
 
 
 def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | None = None,
-                 pad_token_id: int | None = None) -> BlimpBatch:
+                 pad_token_id: int | None = None, multi_token: str = "first") -> BlimpBatch:
     """Tokenise pairs with a fast tokenizer (character offsets are used to place the evidence).
 
     Args:
         bos_token_id: prepended to every prefix when given (never a candidate for ranking).
         pad_token_id: id written into padding (default: the tokenizer's pad, else its eos, else 0).
+        multi_token: a target or foil of several tokens (GPT-2: " alumnus", " waitresses"): ``"first"``
+            (default, the paper's convention) keeps the pair with the word's first piece as its id and lists it
+            in ``first_piece``; ``"drop"`` drops it (reason in ``dropped``), so every id is a whole word.
     """
+    multi_token = require_choice("multi_token", multi_token, ("first", "drop"))
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("encode_blimp needs a fast tokenizer (return_offsets_mapping); got "
                          f"{type(tokenizer).__name__}")
     if pad_token_id is None:
         pad_token_id = next((t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0)
-    rows, kept, dropped = [], [], []
+    rows, kept, dropped, first_piece = [], [], [], []
     for pair in pairs:
         enc = tokenizer(pair.prefix, add_special_tokens=False, return_offsets_mapping=True)
         target = tokenizer(" " + pair.target, add_special_tokens=False)["input_ids"]
@@ -198,6 +208,11 @@ def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | N
         if target[0] == foil[0]:
             dropped.append((pair, "target and foil share their first token"))
             continue
+        if len(target) > 1 or len(foil) > 1:
+            if multi_token == "drop":
+                dropped.append((pair, "target or foil is several tokens"))
+                continue
+            first_piece.append(len(kept))
         evidence = [any(a < e_end and e_start < b for e_start, e_end in pair.evidence)
                     for a, b in enc["offset_mapping"]]
         rows.append((list(enc["input_ids"]), evidence, target[0], foil[0]))
@@ -207,4 +222,4 @@ def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | N
     input_ids, attention_mask, evidence, candidates, _ = left_pad(
         [r[0] for r in rows], [r[1] for r in rows], pad_token_id=pad_token_id, bos_token_id=bos_token_id)
     return BlimpBatch(input_ids, attention_mask, torch.tensor([r[2] for r in rows]),
-                      torch.tensor([r[3] for r in rows]), evidence, candidates, kept, dropped)
+                      torch.tensor([r[3] for r in rows]), evidence, candidates, kept, dropped, first_piece)
