@@ -24,7 +24,8 @@ from .errors import BcosTypeError, UnmaskedPaddingWarning, argument_error
 __all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
            "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
-           "require_token_batch", "token_batch_and_padding", "ids_as_long"]
+           "require_token_batch", "token_batch_and_padding", "ids_as_long", "unmasked_padding_keywords",
+           "warn_if_unmasked_padding"]
 
 
 # the caller's index of each row of the batch being checked, where a path batches its caller's texts in chunks or in
@@ -239,10 +240,35 @@ def ids_as_long(ids: Tensor) -> Tensor:
 
 def require_token_batch(input_ids, attention_mask=None, *, vocab_size: int | None = None,
                         max_length: int | None = None, limit_name: str | None = None,
-                        name: str = "input_ids") -> tuple[Tensor, Tensor | None]:
+                        name: str = "input_ids", pad_token_id: int | None = None,
+                        pad_is_text: bool = False) -> tuple[Tensor, Tensor | None]:
     """:func:`token_batch_and_padding` without the padding flag: the checked ids and mask."""
     return token_batch_and_padding(input_ids, attention_mask, vocab_size=vocab_size, max_length=max_length,
-                                   limit_name=limit_name, name=name)[:2]
+                                   limit_name=limit_name, name=name, pad_token_id=pad_token_id,
+                                   pad_is_text=pad_is_text)[:2]
+
+
+def unmasked_padding_keywords(source, attention_mask) -> dict:
+    """The ``pad_token_id`` / ``pad_is_text`` keywords of :func:`token_batch_and_padding`'s unmasked-padding warning,
+    read from ``source`` (a transformers config, a tokenizer, a TransformerLens cfg: anything with ``pad_token_id``
+    and optionally ``eos_token_id`` / ``bos_token_id``); empty with a mask (nothing is read or computed then) or
+    without an integer pad id, so every path that takes ids runs the one detection with the same reading."""
+    if attention_mask is not None:
+        return {}
+    pad = getattr(source, "pad_token_id", None)
+    if not isinstance(pad, int) or isinstance(pad, bool):
+        return {}
+    return {"pad_token_id": pad, "pad_is_text": pad in special_text_ids(source)}
+
+
+def special_text_ids(config) -> set[int]:
+    """The eos and bos ids of ``config`` (each an id, a list of ids or None): a pad id among them (GPT-2 pads with its
+    eos) can also be a row's own last or first token."""
+    found: set[int] = set()
+    for name in ("eos_token_id", "bos_token_id"):
+        value = getattr(config, name, None)
+        found.update(value if isinstance(value, (list, tuple)) else () if value is None else (value,))
+    return found
 
 
 def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int | None = None,
@@ -336,19 +362,35 @@ def _unmasked_padding(ids: Tensor, pad_token_id: int, pad_is_text: bool) -> Tens
     return (runs.amax(1) > runs.amin(1)).any()
 
 
-def _warn_unmasked_padding(name: str, pad_token_id: int) -> None:
+def warn_if_unmasked_padding(ids: Tensor, name: str, *, pad_token_id: int | None = None,
+                             pad_is_text: bool = False) -> None:
+    """:func:`token_batch_and_padding`'s unmasked-padding detection for a path that takes a 2-d tensor of ids and no
+    mask at all (``perplexity``'s ``texts``): the rows are read as given, so padding is scored as tokens; warned
+    about with a fix that drops the padding (there is no mask to pass). Keywords: :func:`unmasked_padding_keywords`.
+    One sync, on a path that reads the ids on the host anyway."""
+    if pad_token_id is not None and ids.ndim == 2 and ids.shape[0] > 1 and ids.shape[1] > 0 and bool(
+            _unmasked_padding(ids_as_long(ids), pad_token_id, pad_is_text)):
+        _warn_unmasked_padding(name, pad_token_id, fix=(
+            f"{name} has rows of different lengths padded with config.pad_token_id ({pad_token_id}) at their start "
+            "or end, read as given: the padding is scored as tokens. Pass one id sequence per text without its "
+            f"padding ([row[m.bool()] for row, m in zip(ids, attention_mask)]) or the texts with tokenizer="))
+
+
+def _warn_unmasked_padding(name: str, pad_token_id: int, fix: str | None = None) -> None:
     import sys
     import warnings
 
     # shown at the caller's line: the first frame outside the package, whichever path (explain, Captum) called
     level, frame = 1, sys._getframe(0)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("bcos_plugins"):
+    # (torch.no_grad's wrapper of a decorated entry point, perplexity's, is skipped too)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(("bcos_plugins",
+                                                                                "torch.utils._contextlib")):
         level, frame = level + 1, frame.f_back
-    warnings.warn(
+    warnings.warn(fix or (
         f"attention_mask: not given, but {name} has rows of different lengths padded with config.pad_token_id "
         f"({pad_token_id}) at their start or end; without a mask the padding is attended to and explained as tokens "
         "(the explanation is exact for model(ids), an input other than the texts alone). Pass the tokenizer's "
-        "attention_mask with the ids (tokenizer(texts, padding=True, return_tensors='pt')).",
+        "attention_mask with the ids (tokenizer(texts, padding=True, return_tensors='pt'))."),
         UnmaskedPaddingWarning, stacklevel=level)
 
 

@@ -55,8 +55,9 @@ class UnmaskedPaddingWarning(UserWarning):
     """Token ids were passed without ``attention_mask`` but their rows look padded: they differ in the length of a
     run of ``config.pad_token_id`` at their start or end. The ids are explained as given, the padding attended to as
     tokens (exactly what ``model(ids)`` computes, rarely the input meant); pass the tokenizer's ``attention_mask``.
-    Issued by the one token-batch check of ``explain`` and the Captum adapter
-    (:func:`bcos_plugins._checks.token_batch_and_padding`)."""
+    Issued by the one token-batch check (:func:`bcos_plugins._checks.token_batch_and_padding`) of every path that
+    takes ids without a mask: ``explain``, the Captum and TransformerLens adapters, the Space model, the metrics
+    ``next_token_contrast``, ``perturbation_curves`` and (a padded tensor as ``texts``) ``perplexity``."""
 
 
 def argument_error(name: str, problem: str, fix: str, *, kind: type[BcosError] = BcosValueError) -> BcosError:

@@ -211,3 +211,74 @@ def test_a_padded_batch_without_a_mask_is_explained_as_given_and_warned_about_on
     assert warned(lambda: explain(gpt2, text, target=torch.tensor([5, 6])))[1] == []
     text[0, -2:] = 0
     assert len(warned(lambda: explain(gpt2, text, target=torch.tensor([5, 6])))[1]) == 1
+
+
+def test_every_other_token_path_warns_about_a_padded_batch_without_its_mask():
+    """0e9a9f6 warned about a padded batch without attention_mask on explain and Captum only: the TransformerLens
+    adapter (explain_logits, token_component_decomposition: the tokenizer's pad id, else cfg.pad_token_id), the Space
+    model's forward and the metrics that take ids (next_token_contrast, perturbation_curves) computed on the padding
+    as tokens, silently. Now each runs the one token-batch check's detection: one UnmaskedPaddingWarning for the
+    padded batch without its mask, none with the mask or for an unpadded batch."""
+    import warnings
+
+    from test_token_batch_check import GPT2, _ids, _paths, lens_model
+
+    from bcos_plugins.errors import UnmaskedPaddingWarning
+
+    ids = _ids()  # ids 3..39, no pad id (0)
+    padded, mask = ids.clone(), torch.ones_like(ids)
+    padded[1, -2:], mask[1, -2:] = 0, 0  # right padding: the second row is 3 tokens long
+    lens = lens_model(*GPT2)
+    had = getattr(lens.cfg, "pad_token_id", None)
+    lens.cfg.pad_token_id = 0  # the test lens has no tokenizer: the cfg's pad id is read
+    try:
+        for name, call in _paths().items():
+            if name in ("explain", "captum EmbeddingForward.embed"):
+                continue  # 0e9a9f6's test
+
+            def warned(ids, mask, call=call):
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    call(ids, mask)
+                return [w for w in seen if issubclass(w.category, UnmaskedPaddingWarning)]
+
+            seen = warned(padded, None)
+            assert len(seen) == 1, name
+            assert str(seen[0].message).startswith("attention_mask: not given, but "), name
+            assert warned(padded, mask) == [], name
+            assert warned(ids, None) == [], name
+    finally:
+        if had is None:
+            del lens.cfg.pad_token_id
+        else:
+            lens.cfg.pad_token_id = had
+
+
+def test_perplexity_warns_about_a_padded_tensor_of_ids_passed_as_texts():
+    """perplexity(model, ids) with a padded (batch, pos) tensor read each row as given and scored its padding as
+    tokens, silently (it takes no mask). Now the one detection warns, with a fix that drops the padding; the rows
+    without their padding, and an unpadded tensor, are not warned about."""
+    import warnings
+
+    from test_token_batch_check import GPT2, _ids, bcos_model
+
+    from bcos_plugins.errors import UnmaskedPaddingWarning
+    from bcos_plugins.metrics import perplexity
+
+    model = bcos_model(*GPT2)  # config.pad_token_id 0
+    ids = _ids()
+    padded, mask = ids.clone(), torch.ones_like(ids)
+    padded[1, -2:], mask[1, -2:] = 0, 0
+
+    def warned(texts):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            result = perplexity(model, texts, max_length=8)
+        return result, [w for w in seen if issubclass(w.category, UnmaskedPaddingWarning)]
+
+    as_given, seen = warned(padded)
+    assert len(seen) == 1 and seen[0].filename == __file__
+    assert str(seen[0].message).startswith("texts has rows of different lengths padded with config.pad_token_id (0)")
+    trimmed, seen = warned([row[m.bool()] for row, m in zip(padded, mask, strict=True)])
+    assert seen == [] and trimmed.n_tokens < as_given.n_tokens  # the padding was scored as tokens
+    assert warned(ids)[1] == []

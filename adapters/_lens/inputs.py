@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from bcos_plugins._checks import require_token_batch
+from bcos_plugins._checks import require_token_batch, unmasked_padding_keywords
 from bcos_plugins.attribution.rotary_length import refuse_length_dependent_rotary
 from bcos_plugins.convert.architectures import position_limit, vocabulary_size
 from bcos_plugins.errors import BcosTypeError, argument_error
@@ -23,8 +23,12 @@ def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> tuple[Tensor,
     ``None``): the checked mask, not the caller's, goes on, since a float mask of 0.0 / 1.0 passes the check and
     then failed as an index (``IndexError: tensors used as indices must be long...``)."""
     limit = position_limit(model)
+    # the pad id: the tokenizer's (model.to_tokens pads with it), else the cfg's; warned about without a mask
+    tokenizer = getattr(model, "tokenizer", None)
+    pad_source = tokenizer if getattr(tokenizer, "pad_token_id", None) is not None else getattr(model, "cfg", None)
     tokens, attention_mask = require_token_batch(tokens, attention_mask, vocab_size=vocabulary_size(model),
-                                                 max_length=limit.max_length, limit_name=limit.source, name="tokens")
+                                                 max_length=limit.max_length, limit_name=limit.source, name="tokens",
+                                                 **unmasked_padding_keywords(pad_source, attention_mask))
     original = getattr(model, "original_model", None)  # a bridge runs its transformers model's rotary embedding
     if attention_mask is not None and isinstance(original, nn.Module):
         refuse_length_dependent_rotary(original, attention_mask)

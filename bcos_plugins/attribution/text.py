@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from .._checks import bad_rows, closest_name_fix, token_batch_and_padding
+from .._checks import bad_rows, closest_name_fix, token_batch_and_padding, unmasked_padding_keywords
 from ..convert.architectures import (
     SPECS,
     ArchitectureSpec,
@@ -115,24 +115,11 @@ def token_inputs_and_padding(model: nn.Module, input_ids,
     exact for ``model(ids)``, the padding attended to as tokens, which is rarely the input meant (transformers 5 no
     longer warns). A warning, not a refusal: a batch of texts that end or start with the pad id is valid input."""
     limit = position_limit(model)
-    config = getattr(model, "config", None)
-    pad = getattr(config, "pad_token_id", None) if attention_mask is None else None  # read only without a mask
     input_ids, attention_mask, padded = token_batch_and_padding(
         input_ids, attention_mask, vocab_size=vocabulary_size(model), max_length=limit.max_length,
-        limit_name=limit.source, pad_token_id=pad if isinstance(pad, int) else None,
-        pad_is_text=pad is not None and pad in _special_text_ids(config))
+        limit_name=limit.source, **unmasked_padding_keywords(getattr(model, "config", None), attention_mask))
     return (outside_inference(input_ids), None if attention_mask is None else outside_inference(attention_mask),
             padded)
-
-
-def _special_text_ids(config) -> set[int]:
-    """The eos and bos ids of ``config`` (each an id, a list of ids or None): a pad id among them (GPT-2 pads with its
-    eos) can also be a row's own last or first token."""
-    found: set[int] = set()
-    for name in ("eos_token_id", "bos_token_id"):
-        value = getattr(config, name, None)
-        found.update(value if isinstance(value, (list, tuple)) else () if value is None else (value,))
-    return found
 
 
 def forward_keywords(model: nn.Module) -> set[str] | None:

@@ -285,7 +285,7 @@ def perplexity(
         max_length: window length including the BOS (>= 2).
         batch_size: windows per forward pass.
     """
-    from .._checks import require_int
+    from .._checks import require_int, unmasked_padding_keywords, warn_if_unmasked_padding
     from ..attribution.text import refuse_nan_logits, refuse_stock_loaded_bcos
     from ..errors import argument_error
 
@@ -303,6 +303,8 @@ def perplexity(
         bos_token_id = require_int("bos_token_id", bos_token_id, minimum=0,
                                    maximum=None if vocab is None else vocab - 1)
     rows = _token_rows(texts, tokenizer)
+    if isinstance(texts, Tensor):  # a padded batch of ids passed as texts: its padding would be scored
+        warn_if_unmasked_padding(texts, "texts", **unmasked_padding_keywords(getattr(model, "config", None), None))
     windows: list[list[int]] = []
     step = max_length - int(bos_token_id is not None)
     for i, row in enumerate(rows):
@@ -388,7 +390,7 @@ def next_token_contrast(
     real tokens, as ``generate`` gives them (unless its position table counts from the padding index, RoBERTa's family,
     which counts real tokens itself); any other model is called with the batch as given.
     """
-    from .._checks import require_int, require_token_batch
+    from .._checks import require_int, require_token_batch, unmasked_padding_keywords
     from ..attribution.targets import last_real_position
     from ..attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
     from ..errors import BcosTypeError, argument_error
@@ -404,8 +406,9 @@ def next_token_contrast(
     batch_size = require_int("batch_size", batch_size, minimum=1)
     vocab = vocabulary_size(model)
     limit = position_limit(model)
-    input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocab,
-                                                    max_length=limit.max_length, limit_name=limit.source)
+    input_ids, attention_mask = require_token_batch(
+        input_ids, attention_mask, vocab_size=vocab, max_length=limit.max_length, limit_name=limit.source,
+        **unmasked_padding_keywords(getattr(model, "config", None), attention_mask))
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     n = input_ids.shape[0]

@@ -50,6 +50,7 @@ from .._checks import (
     require_same_shape,
     require_tensor,
     require_token_batch,
+    unmasked_padding_keywords,
 )
 from ..attribution.text import (
     explained_positions,
@@ -333,7 +334,9 @@ def perturbation_curves(
                                     maximum=None if vocab is None else vocab - 1)
     batch_size = require_int("batch_size", batch_size, minimum=1)
     fractions = _check_fractions(fractions)
-    input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocab)
+    input_ids, attention_mask = require_token_batch(
+        input_ids, attention_mask, vocab_size=vocab,
+        **unmasked_padding_keywords(getattr(model, "config", None), attention_mask))
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     spec = registry_spec(model)
     # refuses left padding before a classifier reads the first column; position ids of the unperturbed rows

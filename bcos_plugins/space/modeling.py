@@ -40,6 +40,7 @@ from .._checks import (
     require_int,
     require_tensor,
     require_token_batch,
+    unmasked_padding_keywords,
 )
 from ..attribution.text import (
     check_first_column_is_real,
@@ -337,8 +338,9 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
                                  "Pass token ids (batch, pos) or embeddings (batch, pos, hidden)")
         if input_ids is not None:
             vocab_size, limit = vocabulary_size(self.encoder), position_limit(self.encoder)
-            input_ids, attention_mask = require_token_batch(input_ids, attention_mask, vocab_size=vocab_size,
-                                                            max_length=limit.max_length, limit_name=limit.source)
+            input_ids, attention_mask = require_token_batch(
+                input_ids, attention_mask, vocab_size=vocab_size, max_length=limit.max_length,
+                limit_name=limit.source, **unmasked_padding_keywords(self.encoder.config, attention_mask))
             batch = input_ids.shape[0]
         else:
             inputs_embeds = require_tensor("inputs_embeds", inputs_embeds, ndim=3, kind="float",
