@@ -282,3 +282,31 @@ def test_perplexity_warns_about_a_padded_tensor_of_ids_passed_as_texts():
     trimmed, seen = warned([row[m.bool()] for row, m in zip(padded, mask, strict=True)])
     assert seen == [] and trimmed.n_tokens < as_given.n_tokens  # the padding was scored as tokens
     assert warned(ids)[1] == []
+
+
+def test_the_transformer_bridge_paths_warn_about_a_padded_batch_without_its_mask():
+    """The same for a TransformerBridge (its tokenizer's pad id): explain_logits and token_component_decomposition
+    warn once for a padded batch without its mask, not with the mask nor for an unpadded batch."""
+    import warnings
+
+    from bcos_plugins.adapters.transformer_lens import explain_logits, token_component_decomposition
+    from test_lens_bridge import built
+
+    from bcos_plugins.errors import UnmaskedPaddingWarning
+
+    bridge = built("bcos_gpt2")[3]
+    pad = bridge.tokenizer.pad_token_id if bridge.tokenizer.pad_token_id is not None else bridge.cfg.pad_token_id
+    ids = torch.randint(3, 30, (2, 7), generator=torch.Generator().manual_seed(0))
+    padded, mask = ids.clone(), torch.ones_like(ids)
+    padded[1, -3:], mask[1, -3:] = pad, 0  # three pad ids: padding even where the pad id is also eos
+    for call in (lambda ids, mask: explain_logits(bridge, ids, target=5, attention_mask=mask),
+                 lambda ids, mask: token_component_decomposition(bridge, ids, attention_mask=mask)):
+        def warned(ids, mask, call=call):
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                call(ids, mask)
+            return [w for w in seen if issubclass(w.category, UnmaskedPaddingWarning)]
+
+        assert len(warned(padded, None)) == 1
+        assert warned(padded, mask) == []
+        assert warned(ids, None) == []
