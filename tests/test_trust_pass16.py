@@ -12,6 +12,8 @@ tokenisation, truncation, BLiMP / IOI target and foil ids). What it found and fi
 - ``encode_blimp`` stood for a target or foil of several GPT-2 tokens (" alumnus", " waitresses": 89 of 300
   animate_subject_passive pairs) by its first piece without saying so; the paper's convention stays the
   default, the pairs are listed in ``first_piece``, and ``multi_token="drop"`` keeps whole-word ids only.
+- ``load_blimp(n=-1)`` kept all pairs but the last (a slice); ``load_sst2(path=...)`` of a file without its
+  header line dropped the first row as the header. Both refused now.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from bcos_plugins.data import encode_blimp, load_blimp, shipped_data
+from bcos_plugins.data import encode_blimp, load_blimp, load_sst2, shipped_data
 from bcos_plugins.encoded_texts import EncodedTexts
 from bcos_plugins.errors import BcosValueError
 from bcos_plugins.guided import find_span, gold_mask_from_spans, gold_mask_from_words
@@ -98,3 +100,19 @@ def test_blimp_multi_token_words_are_listed_or_dropped(gpt2_tokenizer):
     assert sum(r == "target or foil is several tokens" for _, r in whole.dropped) == len(split)
     with pytest.raises(BcosValueError, match="multi_token: must be one of"):
         encode_blimp(pairs, gpt2_tokenizer, multi_token="last")
+
+
+def test_load_blimp_refuses_a_negative_n():
+    with pytest.raises(BcosValueError, match="n: must be a non-negative int"):
+        load_blimp("aga", n=-1)
+    assert len(load_blimp("aga", n=3)) == 3
+
+
+def test_sst2_file_without_header_is_refused_not_short_of_its_first_row(tmp_path):
+    headerless = tmp_path / "rows.tsv"
+    headerless.write_text("a good film\t1\na bad one\t0\n", encoding="utf-8")
+    with pytest.raises(BcosValueError, match="line 1 is a row"):
+        load_sst2(path=headerless)
+    with_header = tmp_path / "with_header.tsv"
+    with_header.write_text("sentence\tlabel\r\na good film\t1\r\na bad one\t0\r\n", encoding="utf-8")
+    assert list(load_sst2(path=with_header)) == [("a good film", 1), ("a bad one", 0)]

@@ -42,7 +42,7 @@ import torch
 
 from .._checks import require_choice
 from .contrastive import ContrastiveBatch, left_pad
-from .shipped import SHIPPED_DATA
+from .shipped import SHIPPED_DATA, check_n
 
 __all__ = ["BLIMP_SUBSETS", "BlimpBatch", "BlimpPair", "encode_blimp", "load_blimp"]
 
@@ -140,6 +140,7 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
     Pairs without the one-prefix method, or where the rule finds no evidence, are dropped.
     """
     short, paradigm = _resolve(subset)
+    n = check_n(n)  # n=-1 kept all pairs but the last, silently (a slice)
     if source == "hub":
         from datasets import load_dataset
 

@@ -56,6 +56,10 @@ def read_tsv(path: Path, header: bool = True) -> list[tuple[str, str, int]]:
                              kind=BcosFileError)
     with path.open(encoding="utf-8") as f:
         lines = f.read().splitlines()
+    if header and lines and "\t" in lines[0] and lines[0].rsplit("\t", 1)[1].strip().lstrip("-").isdigit():
+        # A file without its header line lost its first row, silently, as the header.
+        raise argument_error("path", f"{path}, line 1 is a row ({lines[0][:60]!r}), not the header line",
+                             "Start the file with a header line (text<TAB>label, e.g. sentence<TAB>label)")
     rows = []
     for number, line in enumerate(lines[1 if header else 0 :], start=2 if header else 1):
         if not line.strip():
