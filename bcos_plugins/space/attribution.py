@@ -93,7 +93,7 @@ def context_attribution(
     # digits of its bias, so with a bias of 1e6 in float32, logit - bias kept nothing of the tokens' 0.01-0.3 (0.0 or
     # 0.0625 came back and completeness_error read 1e10 for exact shares). _require_complete then checks that the
     # model's logits are this value plus the bias, so a term beside the classifier is still refused.
-    bias_free = _bias_free_logits(model.head, concepts, attention_mask)
+    bias_free = model.head.bias_free_logits(concepts, attention_mask)
     explained = bias_free[rows, target_t]
     if foil_t is not None:
         units = units - per_class[rows, :, foil_t]
@@ -117,20 +117,6 @@ def context_attribution(
     _require_complete(explanation)
     _require_logits_from_head(explanation, full, logits, target_t, foil_t, classifier_bias)
     return explanation
-
-
-def _bias_free_logits(head, concepts: Tensor, attention_mask: Tensor | None) -> Float[Tensor, "batch n_classes"]:
-    """The head's forward without its classifier bias: the classifier's weight over the masked mean of the
-    concepts, in the forward's own dtype (so half-precision rounding of the logit stays visible in
-    ``completeness_error``, as it did with logit - bias)."""
-    # modeling.masked_mean's arithmetic, op for op (the forward's centroids); not imported: modeling imports this
-    # module inside its explain(), and the package keeps no two modules importing each other
-    if attention_mask is None:
-        centroids = concepts.mean(dim=1)
-    else:
-        weights = attention_mask.to(concepts.dtype)
-        centroids = torch.einsum("bp...,bp->b...", concepts, weights / weights.sum(dim=1)[:, None])
-    return torch.nn.functional.linear(centroids.flatten(1), head.classifier.weight)
 
 
 # the cause both completeness refusals name (the shares are exact by construction, so a gap means other logits)

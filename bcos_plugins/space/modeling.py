@@ -226,6 +226,17 @@ class SpaceHead(nn.Module):
         centroids = masked_mean(concepts, attention_mask)  # (batch, n_spaces, n_latent)
         return self.classifier(centroids.flatten(1)), concepts
 
+    def bias_free_logits(
+        self,
+        concepts: Float[Tensor, "batch pos n_spaces n_latent"],
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, "batch n_classes"]:
+        """The forward's logits without the classifier bias: the classifier's weight over the same masked mean of the
+        concepts, in their dtype. What :meth:`token_contributions` sums to; ``logits - classifier.bias`` would round
+        it to the digits of a large bias."""
+        centroids = masked_mean(concepts, attention_mask)
+        return nn.functional.linear(centroids.flatten(1), self.classifier.weight)
+
     def token_contributions(
         self,
         concepts: Float[Tensor, "batch pos n_spaces n_latent"],
