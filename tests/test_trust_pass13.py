@@ -113,15 +113,11 @@ def test_inseq_scores_of_a_float64_model_are_its_float64_explanation():
     assert aggregated.dtype == torch.float64
 
 
-def test_inseq_generation_where_one_row_ends_before_the_others_is_attributed():
-    # inseq 0.7.1 remaps a step whose finished rows were filtered out through batch.sources, which a decoder-only
-    # batch lacks: a batch whose rows stopped at different steps failed ("'DecoderOnlyBatch' object has no
-    # attribute 'sources'"); the rows still generating are explained as explain explains their prefixes
-    import inseq
-    from bcos_plugins.adapters.inseq import METHOD_NAME
-
-    prompts, tokenizer = ["w5 w9 w12 w7", "w3 w30"], _word_tokenizer()
-    for seed in range(20):  # a model whose greedy continuation of row 1 ends at once and of row 0 does not
+def _gpt2_whose_second_prompt_ends_at_once(prompts: list[str]):
+    """A tiny B-cos GPT-2 whose greedy continuation of ``prompts[1]`` is its end-of-sequence token at once and of
+    ``prompts[0]`` is not: the model, that token's id (set as its eos), and row 0's three-token continuation."""
+    tokenizer = _word_tokenizer()
+    for seed in range(20):
         torch.manual_seed(seed)
         model = bcosify(T.GPT2LMHeadModel(tiny_config("gpt2")).eval(), b=1.25, verbose=False)
         with torch.no_grad():
@@ -130,12 +126,22 @@ def test_inseq_generation_where_one_row_ends_before_the_others_is_attributed():
         continued = model.generate(torch.tensor([tokenizer(prompts[0])["input_ids"]]), max_new_tokens=3,
                                    do_sample=False, pad_token_id=0)[0, 4:].tolist()
         if first[1] not in continued and first[1] > 2:
-            break
-    else:
-        raise AssertionError("no seed gives rows that end at different steps")
-    model.config.eos_token_id = first[1]
+            model.config.eos_token_id = first[1]
+            return model, first[1], continued
+    raise AssertionError("no seed gives a row that ends at once beside one that does not")
+
+
+def test_inseq_generation_where_one_row_ends_before_the_others_is_attributed():
+    # inseq 0.7.1 remaps a step whose finished rows were filtered out through batch.sources, which a decoder-only
+    # batch lacks: a batch whose rows stopped at different steps failed ("'DecoderOnlyBatch' object has no
+    # attribute 'sources'"); the rows still generating are explained as explain explains their prefixes
+    import inseq
+    from bcos_plugins.adapters.inseq import METHOD_NAME
+
+    prompts = ["w5 w9 w12 w7", "w3 w30"]
+    model, end, continued = _gpt2_whose_second_prompt_ends_at_once(prompts)
     # inseq sees a row end where the tokenizer's end-of-sequence token is generated
-    attribution_model = inseq.load_model(model, METHOD_NAME, tokenizer=_word_tokenizer(eos=f"w{first[1]}"))
+    attribution_model = inseq.load_model(model, METHOD_NAME, tokenizer=_word_tokenizer(eos=f"w{end}"))
     out = attribution_model.attribute(prompts, generation_args={"max_new_tokens": 3, "do_sample": False},
                                       show_progress=False, step_scores=["logit"])
     seq = out.sequence_attributions[0]
@@ -186,21 +192,9 @@ def test_inseq_row_that_generates_its_end_at_once_gets_no_columns_and_its_prompt
     import inseq
     from bcos_plugins.adapters.inseq import METHOD_NAME
 
-    prompts, tokenizer = ["w5 w9 w12 w7", "w3 w30"], _word_tokenizer()
-    for seed in range(20):  # a model whose greedy continuation of row 1 ends at once and of row 0 does not
-        torch.manual_seed(seed)
-        model = bcosify(T.GPT2LMHeadModel(tiny_config("gpt2")).eval(), b=1.25, verbose=False)
-        with torch.no_grad():
-            first = [int(model(torch.tensor([tokenizer(p)["input_ids"]])).logits[0, -1].argmax()) for p in prompts]
-        model.generation_config.eos_token_id = first[1]
-        continued = model.generate(torch.tensor([tokenizer(prompts[0])["input_ids"]]), max_new_tokens=3,
-                                   do_sample=False, pad_token_id=0)[0, 4:].tolist()
-        if first[1] not in continued and first[1] > 2:
-            break
-    else:
-        raise AssertionError("no seed gives a row that ends at once")
-    model.config.eos_token_id = first[1]
-    attribution_model = inseq.load_model(model, METHOD_NAME, tokenizer=_word_tokenizer(eos=f"w{first[1]}"))
+    prompts = ["w5 w9 w12 w7", "w3 w30"]
+    model, end, continued = _gpt2_whose_second_prompt_ends_at_once(prompts)
+    attribution_model = inseq.load_model(model, METHOD_NAME, tokenizer=_word_tokenizer(eos=f"w{end}"))
     out = attribution_model.attribute(prompts, generation_args={"max_new_tokens": 3, "do_sample": False},
                                       show_progress=False, step_scores=["logit", "probability"])
     ended = out.sequence_attributions[1]
