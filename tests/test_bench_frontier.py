@@ -412,14 +412,20 @@ def _synthetic_cell(bench, setting: str, seed: int, dataset: str, method: str, s
             "methods": {method: record}}
 
 
-def test_the_report_has_a_row_per_seed_whose_differences_are_that_seeds_alone(bench, clean_env, tmp_path):
+def _one_b_cos_setting(bench, clean_env, tmp_path):
+    """The config of a run over one B-cos setting (B = 1.5, stock query/key, task then B-cos) writing to ``tmp_path``,
+    and that setting's name."""
     clean_env.setenv("BENCH_OUT", str(tmp_path))
     clean_env.setenv("BENCH_FRONTIER_B", "1.5")
     clean_env.setenv("BENCH_FRONTIER_QK", "stock")
     clean_env.setenv("BENCH_FRONTIER_START", "task-then-bcos")
     clean_env.setenv("BENCH_FRONTIER_BOOTSTRAP", "200")
     cfg = bench.Config.from_env()
-    name = bench.grid(cfg)[0].name
+    return cfg, bench.grid(cfg)[0].name
+
+
+def test_the_report_has_a_row_per_seed_whose_differences_are_that_seeds_alone(bench, clean_env, tmp_path):
+    cfg, name = _one_b_cos_setting(bench, clean_env, tmp_path)
     # seed 0: B-cos leads by 2 on every metric; seed 1: by 6 (Suff: lower is better, so -2 and -6)
     cells = [cell for seed, lead in ((0, 2.0), (1, 6.0)) for ds in ("sst2", "ag_news")
              for cell in (_synthetic_cell(bench, bench.CONVENTIONAL, seed, ds, "Occlusion", 0.0),
@@ -496,13 +502,7 @@ def test_a_cell_stopped_between_methods_resumes_at_the_next_with_the_uninterrupt
 
 def test_the_best_post_hoc_method_is_the_highest_comp_and_seqpg_and_the_lowest_suff(bench, clean_env, tmp_path):
     """Two post-hoc methods, each the best on another metric: every Δ is B-cos minus that metric's best."""
-    clean_env.setenv("BENCH_OUT", str(tmp_path))
-    clean_env.setenv("BENCH_FRONTIER_B", "1.5")
-    clean_env.setenv("BENCH_FRONTIER_QK", "stock")
-    clean_env.setenv("BENCH_FRONTIER_START", "task-then-bcos")
-    clean_env.setenv("BENCH_FRONTIER_BOOTSTRAP", "200")
-    cfg = bench.Config.from_env()
-    name = bench.grid(cfg)[0].name
+    cfg, name = _one_b_cos_setting(bench, clean_env, tmp_path)
     cells = []
     for ds in ("sst2", "ag_news"):
         conv = _synthetic_cell(bench, bench.CONVENTIONAL, 0, ds, "Occlusion", 3.0)  # Comp, SeqPG +3; Suff -3
