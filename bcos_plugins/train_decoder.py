@@ -12,6 +12,7 @@ every real end-of-text token from the loss. Here padding is whatever the attenti
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -138,10 +139,12 @@ def train_causal_lm(
     truncated to ``max_length`` tokens (``None``: kept whole); a ``max_length``, or without one a row, longer than
     the model's position table is refused before training.
 
-    ``trainer.evaluate()``'s ``eval_loss`` is transformers' mean over evaluation batches of each batch's per-token
-    mean, so with rows of different lengths it depends on ``per_device_eval_batch_size`` (4.1016 with batches of
-    one row, 4.1021 with the three rows in one batch, on a tiny GPT-2); :func:`bcos_plugins.metrics.perplexity`
-    gives the exact per-token value (``nll``).
+    The returned trainer's ``evaluate()`` (and the evaluations it runs during training) reports ``eval_loss`` as
+    the mean cross-entropy over every labelled token of the evaluation set, the same number whatever
+    ``per_device_eval_batch_size`` is. transformers' own ``eval_loss`` averages each batch's per-token mean
+    weighted by the batch's rows, so rows of different lengths gave a number that depended on the batch size
+    (4.1099 with batches of one row, 4.0816 with all seven rows in one batch, on a tiny GPT-2). With
+    ``label_smoothing_factor`` set, the loss is the Trainer's smoothed one and keeps its per-batch weighting.
     """
     from transformers import Trainer, TrainingArguments
 
@@ -160,13 +163,61 @@ def train_causal_lm(
     defaults = {"learning_rate": 5e-4, "save_strategy": "no", "report_to": [], "remove_unused_columns": False,
                 "use_cpu": not torch.cuda.is_available(), "logging_steps": 10}
     args = TrainingArguments(output_dir=output_dir, **{**defaults, **training_arguments})
-    trainer = Trainer(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                      data_collator=collator, callbacks=callbacks)
+    trainer = _token_weighted_eval_trainer(Trainer)(model=model, args=args, train_dataset=train_dataset,
+                                                   eval_dataset=eval_dataset, data_collator=collator,
+                                                   callbacks=callbacks)
     # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
     # scripts"): passed through **training_args it started the run afresh without a word
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     model.eval()
     return trainer
+
+
+@functools.cache
+def _token_weighted_eval_trainer(trainer_class: type) -> type:
+    """``trainer_class`` whose evaluation loss is the token-weighted mean over the whole evaluation set.
+
+    transformers' ``evaluation_loop`` repeats each batch's mean loss once per row and averages those, so a batch of
+    short rows counts as much as one of long rows. Here ``compute_loss``, while an evaluation runs, also adds up
+    each row's summed token cross-entropy and its number of labelled tokens (gathered per row with
+    ``gather_for_metrics``, which drops the rows a distributed sampler repeats), and ``evaluation_loop`` replaces
+    ``<prefix>_loss`` with their ratio. Built on first use so that importing this module does not import Trainer.
+    """
+
+    class TokenWeightedEvalTrainer(trainer_class):
+        _token_loss: list | None = None  # [summed loss (float64), labelled tokens] while an evaluation runs
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if self._token_loss is None or self.label_smoother is not None:  # training, or a smoothed loss
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            labels = inputs.get("labels")  # before the call: a compute_loss_func pops it
+            loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
+            logits = outputs.get("logits") if isinstance(outputs, Mapping) else None
+            if labels is not None and logits is not None:
+                # the loss transformers' causal LMs compute (ForCausalLMLoss: float32 logits, shifted labels),
+                # kept per row so that nothing depends on how rows were batched
+                shifted = labels[:, 1:]
+                per_token = nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), shifted,
+                                                        ignore_index=IGNORE_INDEX, reduction="none")
+                sums, counts = self.accelerator.gather_for_metrics(
+                    (per_token.double().sum(1), (shifted != IGNORE_INDEX).sum(1)))
+                self._token_loss[0] += float(sums.sum())
+                self._token_loss[1] += int(counts.sum())
+            return (loss, outputs) if return_outputs else loss
+
+        def evaluation_loop(self, *args, **kwargs):
+            self._token_loss = [0.0, 0]
+            try:
+                output = super().evaluation_loop(*args, **kwargs)
+                summed, count = self._token_loss
+            finally:
+                self._token_loss = None
+            prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
+            if count > 0 and f"{prefix}_loss" in output.metrics:
+                output.metrics[f"{prefix}_loss"] = summed / count
+            return output
+
+    return TokenWeightedEvalTrainer
 
 
 def _check_training_rows(name: str, dataset, max_length: int | None, vocab_size: int | None,
