@@ -16,6 +16,7 @@ __all__ = [
     "BcosRuntimeError",
     "BcosFileError",
     "UnmaskedPaddingWarning",
+    "TruncatedRationaleWarning",
     "argument_error",
 ]
 
@@ -58,6 +59,14 @@ class UnmaskedPaddingWarning(UserWarning):
     Issued by the one token-batch check (:func:`bcos_plugins._checks.token_batch_and_padding`) of every path that
     takes ids without a mask: ``explain``, the Captum and TransformerLens adapters, the Space model, the metrics
     ``next_token_contrast``, ``perturbation_curves`` and (a padded tensor as ``texts``) ``perplexity``."""
+
+
+class TruncatedRationaleWarning(UserWarning):
+    """Truncation cut part of a row's human rationale: :func:`bcos_plugins.guided.gold_mask_from_spans` /
+    :func:`~bcos_plugins.guided.gold_mask_from_words` mark the part the encoding kept, so that row's guidance and
+    rationale metrics (IoU, AUPRC) use a smaller rationale than the annotators gave. The message names the rows
+    and how much each lost; tokenise with a larger ``max_length`` to keep it whole, or turn this warning into an
+    error (``warnings.simplefilter("error", TruncatedRationaleWarning)``) to refuse such rows."""
 
 
 def argument_error(name: str, problem: str, fix: str, *, kind: type[BcosError] = BcosValueError) -> BcosError:

@@ -3,9 +3,13 @@
 - ``train_causal_lm``'s ``eval_loss`` was transformers' mean of per-batch means weighted by rows, so it moved with
   ``per_device_eval_batch_size`` when rows differ in length (4.1099 / 4.0816 on a tiny GPT-2); now the mean
   over every labelled token of the evaluation set.
+- A human rationale cut only partly by truncation kept its remaining tokens without a word (one cut away whole
+  was already refused); now a ``TruncatedRationaleWarning`` names the rows and how much each lost.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -35,3 +39,54 @@ def test_train_causal_lm_eval_loss_is_token_weighted_whatever_the_eval_batch_siz
             count += len(ids) - 1
     for loss in losses:
         assert loss == pytest.approx(summed / count, rel=1e-6)
+
+
+@pytest.fixture(scope="module", params=["wordpiece", "byte-level BPE"])
+def fast_tokenizer(request):
+    from transformers import AutoTokenizer
+
+    from bcos_plugins.data import shipped_data
+    from bcos_plugins.pretrained import minilm_path
+
+    if request.param == "wordpiece":
+        return AutoTokenizer.from_pretrained(str(minilm_path()))
+    tokenizer = AutoTokenizer.from_pretrained(str(shipped_data("gpt2_tokenizer")), add_prefix_space=True)
+    tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def test_span_rationale_cut_partly_by_truncation_warns_naming_rows_and_loss(fast_tokenizer):
+    from bcos_plugins.errors import TruncatedRationaleWarning
+    from bcos_plugins.guided import find_span, gold_mask_from_spans
+
+    texts = [" ".join(["word"] * 8) + " a long human rationale here", "a short rationale"]
+    enc = fast_tokenizer(texts, truncation=True, max_length=12, padding=True, return_offsets_mapping=True)
+    phrases = ["a long human rationale here", "short rationale"]
+    spans = [[find_span(t, p)] for t, p in zip(texts, phrases, strict=True)]
+    with pytest.warns(TruncatedRationaleWarning, match=r"spans: truncation cut part of the rationale of 1 row.*"
+                                                       r"row 0: \d+ of 27 characters.*larger max_length"):
+        mask = gold_mask_from_spans(enc, spans)
+    kept = fast_tokenizer.decode([t for t, m in zip(enc["input_ids"][0], mask[0].tolist(), strict=True) if m])
+    assert 0 < mask[0].sum() and "a long human rationale here".startswith(kept.strip())
+    # nothing to say when the whole rationale fits
+    full = fast_tokenizer(texts, padding=True, return_offsets_mapping=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TruncatedRationaleWarning)
+        gold_mask_from_spans(full, spans)
+
+
+def test_word_rationale_cut_partly_by_truncation_warns_naming_rows_and_loss(fast_tokenizer):
+    from bcos_plugins.errors import TruncatedRationaleWarning
+    from bcos_plugins.guided import gold_mask_from_words
+
+    words = [["plain"] * 8 + ["a", "long", "hateful", "rationale"], ["short", "one"]]
+    highlight = [[0.0] * 8 + [1.0] * 4, [1.0, 0.0]]
+    enc = fast_tokenizer(words, is_split_into_words=True, truncation=True, max_length=11, padding=True)
+    with pytest.warns(TruncatedRationaleWarning, match=r"word_rationales: truncation cut part of the rationale of "
+                                                       r"1 row.*row 0: [123] of 4 words"):
+        mask = gold_mask_from_words(enc, highlight)
+    assert mask[0].sum() > 0
+    full = fast_tokenizer(words, is_split_into_words=True, padding=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TruncatedRationaleWarning)
+        gold_mask_from_words(full, highlight)

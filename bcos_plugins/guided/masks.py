@@ -15,6 +15,7 @@ row, as many positions as the gold mask has, uniformly among the real non-specia
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -22,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .._checks import require_float, require_int, require_same_shape, require_tensor
-from ..errors import BcosTypeError, argument_error
+from ..errors import BcosTypeError, TruncatedRationaleWarning, argument_error
 from .guidance import check_rationale_mask
 
 __all__ = [
@@ -106,12 +107,21 @@ def gold_mask_from_spans(
 
     Raises:
         BcosValueError: a row's spans all lie in text that truncation cut off (its mask would be empty).
+
+    Warns:
+        TruncatedRationaleWarning: truncation cut only part of a row's rationale; the row keeps the tokens it
+            still has, and the warning names the rows and how many rationale characters each lost (past the
+            segment's last encoded character). A warning, not a refusal, by decision: the kept part is exactly
+            the rationale of the text the model sees, and long texts are routinely truncated, so refusing would
+            stop whole datasets over rows that are still usable; but the row's guidance and metrics then use a
+            smaller rationale than the annotators gave, which the caller must know. Refuse such rows with
+            ``warnings.simplefilter("error", TruncatedRationaleWarning)``.
     """
     offsets = _require_offsets(encoding)
     if len(spans) != len(offsets):
         raise ValueError(f"got spans for {len(spans)} rows but the encoding has {len(offsets)}")
     mask = torch.zeros(len(offsets), len(offsets[0]))
-    cut = []
+    cut, partly = [], []
     for i, (row_offsets, row_spans) in enumerate(zip(offsets, spans, strict=True)):
         segments = encoding.sequence_ids(i)
         text_end = 0
@@ -125,12 +135,24 @@ def gold_mask_from_spans(
         # by the metrics and the guidance as "no rationale" (the example silently unsupervised).
         if mask[i].sum() == 0 and any(b > a and a >= text_end for a, b in row_spans):
             cut.append(i)
+        elif (lost := sum(b - max(a, text_end) for a, b in row_spans if b > a and b > text_end)) > 0:
+            # Cut only partly: the row keeps a smaller rationale than annotated (see Warns above).
+            partly.append(f"row {i}: {lost} of {sum(max(b - a, 0) for a, b in row_spans)} characters")
     if cut:
         raise argument_error("spans", f"rows {cut[:8]} mark only text that truncation cut off (the segment's "
                              "tokens end before the rationale starts), so their masks would be empty",
                              "Tokenise with a larger max_length (or truncation='only_second' for a premise "
                              "rationale), or drop those rows")
+    if partly:
+        _warn_partly_truncated("spans", partly, "rationale characters past the segment's last encoded token")
     return mask
+
+
+def _warn_partly_truncated(name: str, rows: list[str], what: str) -> None:
+    shown = "; ".join(rows[:8]) + ("; ..." if len(rows) > 8 else "")
+    warnings.warn(f"{name}: truncation cut part of the rationale of {len(rows)} row(s), which keep only the rest "
+                  f"({what}: {shown}); their guidance and rationale metrics use the smaller rationale. Tokenise "
+                  "with a larger max_length to keep it whole", TruncatedRationaleWarning, stacklevel=3)
 
 
 def gold_mask_from_words(
@@ -142,7 +164,9 @@ def gold_mask_from_words(
 
     ``word_rationales[i][w]`` is the highlight of word w of row i (0/1, or an annotator average that is
     compared with ``threshold``: >= threshold counts as rationale). Every sub-token of a highlighted word is 1.
-    A row whose highlighted words were all truncated away is refused (its mask would be empty).
+    A row whose highlighted words were all truncated away is refused (its mask would be empty); a row that lost
+    only some of them keeps the rest with a :class:`~bcos_plugins.errors.TruncatedRationaleWarning` naming the rows
+    and how many highlighted words each lost (a warning by decision: see :func:`gold_mask_from_spans`).
     """
     threshold = require_float("threshold", threshold)
     _require_encoding(encoding)
@@ -150,7 +174,7 @@ def gold_mask_from_words(
     if len(word_rationales) != rows:
         raise ValueError(f"got word rationales for {len(word_rationales)} rows but the encoding has {rows}")
     mask = torch.zeros(rows, len(encoding["input_ids"][0]))
-    cut = []
+    cut, partly = [], []
     for i in range(rows):
         words = word_rationales[i]
         for j, (w, seg) in enumerate(zip(encoding.word_ids(i), encoding.sequence_ids(i), strict=True)):
@@ -169,11 +193,16 @@ def gold_mask_from_words(
         encoded = [w for w, seg in zip(encoding.word_ids(i), encoding.sequence_ids(i), strict=True)
                    if w is not None and seg == 0]
         last = max(encoded, default=-1)
-        if mask[i].sum() == 0 and any(float(v) >= threshold for v in words[last + 1:]):
+        lost = sum(float(v) >= threshold for v in words[last + 1:])
+        if mask[i].sum() == 0 and lost:
             cut.append(i)
+        elif lost:
+            partly.append(f"row {i}: {lost} of {sum(float(v) >= threshold for v in words)} words")
     if cut:
         raise argument_error("word_rationales", f"rows {cut[:8]} highlight only words that truncation cut off, "
                              "so their masks would be empty", "Tokenise with a larger max_length, or drop those rows")
+    if partly:
+        _warn_partly_truncated("word_rationales", partly, "highlighted words after the last encoded one")
     return mask
 
 
