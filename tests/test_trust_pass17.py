@@ -5,6 +5,9 @@
   over every labelled token of the evaluation set.
 - A human rationale cut only partly by truncation kept its remaining tokens without a word (one cut away whole
   was already refused); now a ``TruncatedRationaleWarning`` names the rows and how much each lost.
+- ``.double()`` / ``.half()`` / ``.bfloat16()`` on a ``BcosHookedTransformer`` left TransformerLens' ``cfg.dtype``
+  at float32 (only its own ``.to(dtype)`` updates it), and the weightless final norm casts to ``cfg.dtype``, so
+  every forward failed in the unembedding; ``cfg.dtype`` now follows the parameters.
 """
 
 from __future__ import annotations
@@ -90,3 +93,40 @@ def test_word_rationale_cut_partly_by_truncation_warns_naming_rows_and_loss(fast
     with warnings.catch_warnings():
         warnings.simplefilter("error", TruncatedRationaleWarning)
         gold_mask_from_words(full, highlight)
+
+
+_LENS_SIZE = dict(d_model=16, n_layers=2, n_heads=4, d_head=4, d_mlp=24, d_vocab=40, n_ctx=16, device="cpu")
+_LENS_LAYOUTS = {
+    "gpt2-like": dict(act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard"),
+    "llama-like": dict(act_fn="silu", gated_mlp=True, normalization_type="RMS", positional_embedding_type="rotary",
+                       n_key_value_heads=2),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(_LENS_LAYOUTS))
+@pytest.mark.parametrize(("method", "dtype"), [("double", torch.float64), ("half", torch.float16),
+                                               ("bfloat16", torch.bfloat16)])
+def test_bcos_hooked_transformer_dtype_methods_keep_cfg_dtype_in_step(layout, method, dtype):
+    import copy
+
+    from bcos_plugins.adapters.transformer_lens import (
+        BcosHookedTransformer,
+        BcosTransformerConfig,
+        explain_logits,
+    )
+
+    model = BcosHookedTransformer(BcosTransformerConfig(**_LENS_SIZE, **_LENS_LAYOUTS[layout], seed=0,
+                                                        bcos_b=1.5)).eval()
+    tokens = torch.randint(0, 40, (3, 9), generator=torch.Generator().manual_seed(1))
+    converted = getattr(copy.deepcopy(model), method)()
+    reference = copy.deepcopy(model).to(dtype, print_details=False)  # TransformerLens' own dtype change
+    assert converted.cfg.dtype == reference.cfg.dtype == dtype
+    logits, cache = converted.run_with_cache(tokens)  # failed in the unembedding: float32 residual, W_U in dtype
+    reference_logits, reference_cache = reference.run_with_cache(tokens)
+    assert logits.dtype == dtype and torch.equal(logits, reference_logits)
+    assert cache.keys() == reference_cache.keys()
+    assert all(torch.equal(cache[key], reference_cache[key]) for key in cache.keys())
+    assert converted.float().cfg.dtype == torch.float32
+    if dtype == torch.float64:
+        assert (explain_logits(converted.double(), tokens, target=5).completeness_error < 1e-10).all()
+        assert torch.equal(converted.float()(tokens), model(tokens))  # float32 -> float64 -> float32 is lossless

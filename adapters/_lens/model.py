@@ -260,7 +260,20 @@ class ExactCacheHookedTransformer(HookedTransformer):
     per-head and per-neuron results are the forward's own (B-cos scales, norms after the attention / MLP output).
     The base of :class:`BcosHookedTransformer`; ``hooked_transformer_from_hf`` builds plain models whose blocks
     normalise their outputs again (Gemma 2) as one (:func:`exact_cache_class`), since TransformerLens' own cache
-    leaves those norms out of the per-head / per-neuron results."""
+    leaves those norms out of the per-head / per-neuron results. ``.double()`` / ``.half()`` / ``.float()`` /
+    ``.bfloat16()`` keep ``cfg.dtype`` equal to the weights' dtype, as TransformerLens' own ``.to(dtype)`` does."""
+
+    def _apply(self, fn, recurse: bool = True):
+        # TransformerLens updates cfg.dtype only in its own .to(dtype); nn.Module's .double() / .half() / .float() /
+        # .bfloat16() / .type() go through _apply and left it behind, and the weightless final norm
+        # (LayerNormPre / RMSNormPre) casts its output to cfg.dtype, so a .double() model failed in the unembedding
+        # (float32 residual, float64 W_U) and .half() computed its norms otherwise than .to(torch.float16). Keep
+        # cfg.dtype equal to the parameters' one dtype after every conversion (left as it is when they mix dtypes).
+        out = super()._apply(fn, recurse)
+        dtypes = {p.dtype for p in self.parameters() if p.is_floating_point()}
+        if len(dtypes) == 1 and getattr(self, "cfg", None) is not None:
+            self.cfg.dtype = dtypes.pop()
+        return out
 
     def run_with_cache(self, *model_args, return_cache_object: bool = True, remove_batch_dim: bool = False,
                        **kwargs):
