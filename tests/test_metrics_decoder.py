@@ -206,7 +206,7 @@ def test_blimp_error_paths(tmp_path, gpt2_tokenizer):
         load_blimp("wh_island")
     with pytest.raises(FileNotFoundError, match="source='hub'"):
         load_blimp("aga", path=tmp_path)
-    with pytest.raises(ValueError, match="source must be 'local' or 'hub'"):
+    with pytest.raises(ValueError, match="source: must be 'local' or 'hub', got 'web'"):
         load_blimp("aga", source="web")
     slow = type("SlowTokenizer", (), {"is_fast": False})()
     with pytest.raises(ValueError, match="needs a fast tokenizer"):

@@ -8,6 +8,8 @@
 - ``.double()`` / ``.half()`` / ``.bfloat16()`` on a ``BcosHookedTransformer`` left TransformerLens' ``cfg.dtype``
   at float32 (only its own ``.to(dtype)`` updates it), and the weightless final norm casts to ``cfg.dtype``, so
   every forward failed in the unembedding; ``cfg.dtype`` now follows the parameters.
+- ``load_blimp`` refused an unknown subset, another ``source`` and a missing file with plain built-in errors (a
+  list of subsets with "unhashable type"); now the package's errors, naming the argument and the fix.
 """
 
 from __future__ import annotations
@@ -130,3 +132,18 @@ def test_bcos_hooked_transformer_dtype_methods_keep_cfg_dtype_in_step(layout, me
     if dtype == torch.float64:
         assert (explain_logits(converted.double(), tokens, target=5).completeness_error < 1e-10).all()
         assert torch.equal(converted.float()(tokens), model(tokens))  # float32 -> float64 -> float32 is lossless
+
+
+def test_load_blimp_refuses_a_bad_subset_source_or_path_with_the_package_errors(tmp_path):
+    from bcos_plugins.data import BLIMP_SUBSETS, load_blimp
+    from bcos_plugins.errors import BcosFileError, BcosTypeError, BcosValueError
+
+    with pytest.raises(BcosValueError, match=r"^subset: unknown BLiMP subset 'wh_island'\. Pass a short id or a "
+                                             r"paradigm name.*BLIMP_SUBSETS.*aga: anaphor_gender_agreement.*darn: "):
+        load_blimp("wh_island")
+    with pytest.raises(BcosTypeError, match=r"^subset: must be a str, got list"):
+        load_blimp(list(BLIMP_SUBSETS))  # was a bare "unhashable type: 'list'"
+    with pytest.raises(BcosValueError, match=r"^source: must be 'local' or 'hub', got 'web'"):
+        load_blimp("aga", source="web")
+    with pytest.raises(BcosFileError, match=r"^path: .*anaphor_gender_agreement\.jsonl not found.*source='hub'"):
+        load_blimp("aga", path=tmp_path)

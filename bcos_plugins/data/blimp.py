@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from .._checks import require_choice
+from ..errors import BcosFileError, BcosTypeError, argument_error
 from .contrastive import ContrastiveBatch, left_pad
 from .shipped import SHIPPED_DATA, check_n
 
@@ -118,12 +119,17 @@ def _evidence_spans(subset: str, prefix: str) -> tuple[Span, ...]:
 
 
 def _resolve(subset: str) -> tuple[str, str]:
+    if not isinstance(subset, str):
+        raise argument_error("subset", f"must be a str, got {type(subset).__name__}",
+                             "Pass one short id or paradigm name (BLIMP_SUBSETS lists them); load several subsets "
+                             "one call each", kind=BcosTypeError)
     if subset in BLIMP_SUBSETS:
         return subset, BLIMP_SUBSETS[subset]
     if subset in _PARADIGM_IDS:
         return _PARADIGM_IDS[subset], subset
-    raise ValueError(f"unknown BLiMP subset {subset!r}; supported (id: paradigm): "
-                     f"{', '.join(f'{k}: {v}' for k, v in BLIMP_SUBSETS.items())}")
+    raise argument_error("subset", f"unknown BLiMP subset {subset!r}",
+                         "Pass a short id or a paradigm name of the nine supported (id: paradigm, also in "
+                         f"bcos_plugins.data.BLIMP_SUBSETS): {', '.join(f'{k}: {v}' for k, v in BLIMP_SUBSETS.items())}")
 
 
 def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = None,
@@ -138,6 +144,10 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
         source: ``"local"`` or ``"hub"`` (``datasets.load_dataset("nyu-mll/blimp", paradigm)``, network needed).
 
     Pairs without the one-prefix method, or where the rule finds no evidence, are dropped.
+
+    Raises:
+        BcosValueError: an unknown ``subset`` (the message lists the nine), a negative ``n`` or another ``source``.
+        BcosTypeError: ``subset`` not a str. BcosFileError: no ``<paradigm>.jsonl`` at ``path``.
     """
     short, paradigm = _resolve(subset)
     n = check_n(n)  # n=-1 kept all pairs but the last, silently (a slice)
@@ -150,12 +160,13 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
         if file.is_dir():
             file = file / f"{paradigm}.jsonl"
         if not file.exists():
-            raise FileNotFoundError(f"{file} not found. Pass path=... to a BLiMP jsonl file (or its folder), or "
-                                    "source='hub' to load it with `datasets`.")
+            raise argument_error("path", f"{file} not found", "Pass path=... to a BLiMP jsonl file (or its folder), "
+                                 "or source='hub' to load it with `datasets`", kind=BcosFileError)
         with file.open(encoding="utf-8") as f:
             rows = [json.loads(line) for line in f if line.strip()]
     else:
-        raise ValueError(f"source must be 'local' or 'hub', got {source!r}")
+        raise argument_error("source", f"must be 'local' or 'hub', got {source!r}",
+                             "Use 'local' (the shipped slice, or path=...) or 'hub' (datasets, network needed)")
     pairs = []
     for row in rows[:n] if n is not None else rows:
         if not row.get("one_prefix_method"):
