@@ -10,6 +10,8 @@
   every forward failed in the unembedding; ``cfg.dtype`` now follows the parameters.
 - ``load_blimp`` refused an unknown subset, another ``source`` and a missing file with plain built-in errors (a
   list of subsets with "unhashable type"); now the package's errors, naming the argument and the fix.
+- ``left_pad`` (the BLiMP / IOI batcher) given evidence flags of the wrong length failed inside torch; now refused
+  naming ``evidence`` and the rows.
 """
 
 from __future__ import annotations
@@ -147,3 +149,20 @@ def test_load_blimp_refuses_a_bad_subset_source_or_path_with_the_package_errors(
         load_blimp("aga", source="web")
     with pytest.raises(BcosFileError, match=r"^path: .*anaphor_gender_agreement\.jsonl not found.*source='hub'"):
         load_blimp("aga", path=tmp_path)
+
+
+def test_left_pad_refuses_evidence_flags_not_one_per_token_naming_the_argument():
+    from bcos_plugins.data.contrastive import left_pad
+    from bcos_plugins.errors import BcosValueError
+
+    rows = [[5, 6, 7], [8]]
+    with pytest.raises(BcosValueError, match=r"^evidence: must hold one flag per token of each row \(row 1: 2 flags "
+                                             r"for 1 tokens\)"):
+        left_pad(rows, [[0, 1, 0], [1, 1]], pad_token_id=0)  # was torch's "The expanded size of the tensor (1)"
+    with pytest.raises(BcosValueError, match=r"^evidence: has 1 rows of flags but rows has 2"):
+        left_pad(rows, [[0, 1, 0]], pad_token_id=0)  # was zip()'s "argument 2 is shorter than argument 1"
+    with pytest.raises(BcosValueError, match=r"^rows: is empty"):
+        left_pad([], [], pad_token_id=0)  # was "max() arg is an empty sequence"
+    input_ids, _, evidence, _, _ = left_pad(rows, [[0, 1, 0], [1]], pad_token_id=0, bos_token_id=2)
+    assert input_ids.tolist() == [[2, 5, 6, 7], [0, 0, 2, 8]]
+    assert evidence.tolist() == [[False, False, True, False], [False, False, False, True]]

@@ -11,6 +11,8 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from ..errors import argument_error
+
 __all__ = ["ContrastiveBatch", "left_pad"]
 
 
@@ -38,7 +40,12 @@ def left_pad(rows: Sequence[Sequence[int]], evidence: Sequence[Sequence[bool]], 
     """Token rows in one batch, left-padded so that each ends at the last column (where the model predicts),
     ``bos_token_id`` prepended to each when given: ``(input_ids, attention_mask, evidence, candidates,
     starts)``. ``evidence`` holds one flag per token of each row; ``candidates`` marks the rows' tokens (not
-    the BOS, not the padding); ``starts`` is the column of each row's first token (after the BOS)."""
+    the BOS, not the padding); ``starts`` is the column of each row's first token (after the BOS).
+
+    Raises:
+        BcosValueError: no rows, or ``evidence`` not one flag per token of each row (the rows named).
+    """
+    _check_rows_and_flags(rows, evidence)
     shift = int(bos_token_id is not None)
     length = max(len(row) for row in rows) + shift
     batch = len(rows)
@@ -54,3 +61,19 @@ def left_pad(rows: Sequence[Sequence[int]], evidence: Sequence[Sequence[bool]], 
         evidence_mask[i, start:] = torch.tensor(list(flags), dtype=torch.bool)
         candidates[i, start:] = True
     return input_ids, attention_mask, evidence_mask, candidates, starts
+
+
+def _check_rows_and_flags(rows: Sequence[Sequence[int]], evidence: Sequence[Sequence[bool]]) -> None:
+    """One flag per token of each row, refused by name: a mismatch failed inside torch's slice assignment ("The
+    expanded size of the tensor ... must match") or zip's strict check, naming neither argument nor row."""
+    if len(rows) == 0:
+        raise argument_error("rows", "is empty", "Pass at least one token row")
+    if len(evidence) != len(rows):
+        raise argument_error("evidence", f"has {len(evidence)} rows of flags but rows has {len(rows)}",
+                             "Give one row of evidence flags per token row")
+    wrong = [(i, len(flags), len(row)) for i, (row, flags) in enumerate(zip(rows, evidence, strict=True))
+             if len(flags) != len(row)]
+    if wrong:
+        shown = ", ".join(f"row {i}: {f} flags for {n} tokens" for i, f, n in wrong[:8])
+        raise argument_error("evidence", f"must hold one flag per token of each row ({shown})",
+                             "Build the flags from the same tokenisation as rows")
