@@ -24,7 +24,8 @@ them).
 Per setting (means over seeds): accuracy on SST-2 and AG News with the paired difference to the conventional model
 (``paired_accuracy_difference``: an interval over seeds with two or more, else over examples); Comp and Suff (AOPC
 x100, the paper-compatible unnormalised area) and SeqPG (x100) of the B-cos explanation; for each metric the best
-post-hoc method (highest mean Comp / SeqPG, lowest mean Suff, pooled over the seeds) and the paired bootstrap
+post-hoc method (highest mean Comp / SeqPG, lowest mean Suff, pooled over the seeds; exact ties go to the first by
+name and are named in the report, ``best_posthoc``) and the paired bootstrap
 interval of B-cos minus it over the sentences / examples, the seeds' pairs pooled (``paired_bootstrap_difference``:
 evaluation-sample noise, not training noise); the explanations' entropy on SST-2 and the SeqPG wrong-segment share.
 
@@ -500,11 +501,11 @@ def aggregate(cells: list[dict], cfg: Config) -> tuple[list[dict], list[dict]]:
         row["entropy"] = sum(ent) / len(ent) if ent else float("nan")
         row["seqpg_wrong_segment"] = sum(wrong) / len(wrong) if wrong else float("nan")
         posthoc_rows.append(row)
-    best = {}
+    best, tied = {}, {}
     for metric, (_, _, higher) in METRICS.items():
-        candidates = [(means[(n, metric)], n) for n in names if means[(n, metric)] == means[(n, metric)]]
-        if candidates:
-            best[metric] = (max if higher else min)(candidates)[1]
+        found, others = best_posthoc({n: means[(n, metric)] for n in names}, higher)
+        if found is not None:
+            best[metric], tied[metric] = found, others
     rows = []
     for setting in grid(cfg):
         row = {"setting": setting.name, "b": setting.b, "query_key": setting.query_key, "start": setting.start,
@@ -526,6 +527,7 @@ def aggregate(cells: list[dict], cfg: Config) -> tuple[list[dict], list[dict]]:
             bcos_values = [v for _, b in pairs for v in b["methods"]["B-cos"][metric]]
             row[metric] = sum(bcos_values) / len(bcos_values) if bcos_values else float("nan")
             row[f"best_posthoc_{metric}"] = best.get(metric, "")
+            row[f"best_posthoc_{metric}_tied"] = "; ".join(tied.get(metric, []))
             row.update(_metric_columns(pairs, metric, best.get(metric), cfg))
         ent = [v for s in seeds_done if (setting.name, s, "sst2") in by
                for v in by[(setting.name, s, "sst2")]["methods"]["B-cos"]["entropy"]]
@@ -535,6 +537,23 @@ def aggregate(cells: list[dict], cfg: Config) -> tuple[list[dict], list[dict]]:
         row["seqpg_wrong_segment"] = sum(wrong) / len(wrong) if wrong else float("nan")
         rows.append(row)
     return rows, posthoc_rows
+
+
+def best_posthoc(means: dict[str, float], higher: bool) -> tuple[str | None, list[str]]:
+    """The best post-hoc method on one metric from its pooled means (``higher``: Comp / SeqPG; else Suff, lower is
+    better), and the methods tied with it; ``(None, [])`` when no mean is a number (NaN means are skipped).
+
+    Tie rule: methods whose pooled means equal the best exactly are tied; the first of them by name is the best,
+    whichever direction the metric runs (``max`` over (mean, name) took the last name, ``min`` the first), and the
+    others are returned so that the report names them (``best_posthoc_<metric>_tied`` and the notes under the
+    table). A tie moves no mean but can move the Δ's interval, which is paired with the chosen method's units.
+    """
+    finite = {name: mean for name, mean in means.items() if mean == mean}
+    if not finite:
+        return None, []
+    top = (max if higher else min)(finite.values())
+    tied = sorted(name for name, mean in finite.items() if mean == top)
+    return tied[0], tied[1:]
 
 
 def _accuracy_columns(pairs: list[tuple[dict, dict]], dataset: str) -> dict:
@@ -610,7 +629,9 @@ def write_report(rows: list[dict], posthoc: list[dict], cfg: Config, cells: list
         lines.append(f"| {r['setting']} | | {_num(r['sst2_accuracy'])} | {_num(r['ag_news_accuracy'])} | "
                      f"{_num(r['comp'], 2)} | | {_num(r['suff'], 2)} | | {_num(r['seqpg'])} | | "
                      f"{_num(r['entropy'], 2)} | {_num(r['seqpg_wrong_segment'])} |")
-    best = {m: rows[0].get(f"best_posthoc_{m}", "") for m in METRICS} if rows else {}
+    best = {m: rows[0].get(f"best_posthoc_{m}", "") + (f" (tied with {tied}; the first by name)"
+                                                       if (tied := rows[0].get(f"best_posthoc_{m}_tied")) else "")
+            for m in METRICS} if rows else {}
     units = {ds: sorted({c["n_units"] for c in cells if c["dataset"] == ds}) for ds in ("sst2", "ag_news")}
     notes = (
         f"\nSettings keys {', '.join(f'{d} {cfg.key(d)}' for d in cfg.datasets)}; {len(cells)} cells. Δ: B-cos minus the best post-hoc method on the "

@@ -12,10 +12,13 @@
   list of subsets with "unhashable type"); now the package's errors, naming the argument and the fix.
 - ``left_pad`` (the BLiMP / IOI batcher) given evidence flags of the wrong length failed inside torch; now refused
   naming ``evidence`` and the rows.
+- ``bench_frontier`` gave an exact tie of pooled means to the last name on Comp / SeqPG and the first on Suff,
+  unsaid; now the first by name on every metric, and the report names the tied methods.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -166,3 +169,33 @@ def test_left_pad_refuses_evidence_flags_not_one_per_token_naming_the_argument()
     input_ids, _, evidence, _, _ = left_pad(rows, [[0, 1, 0], [1]], pad_token_id=0, bos_token_id=2)
     assert input_ids.tolist() == [[2, 5, 6, 7], [0, 0, 2, 8]]
     assert evidence.tolist() == [[False, False, True, False], [False, False, False, True]]
+
+
+def test_bench_frontier_breaks_exact_ties_by_the_first_name_whichever_way_the_metric_runs_and_reports_them(
+        monkeypatch, tmp_path):
+    from test_bench_frontier import _synthetic_cell
+
+    from benchmarks import bench_frontier as bench
+
+    assert bench.best_posthoc({"Occlusion": 3.0, "LIME (5)": 3.0, "IG": 1.0}, higher=True) == ("LIME (5)", ["Occlusion"])
+    assert bench.best_posthoc({"Occlusion": 1.0, "LIME (5)": 1.0, "IG": 3.0}, higher=False) == ("LIME (5)", ["Occlusion"])
+    assert bench.best_posthoc({"Occlusion": 3.0, "IG": float("nan")}, higher=True) == ("Occlusion", [])
+    assert bench.best_posthoc({"IG": float("nan")}, higher=False) == (None, [])
+    # through the report: two methods with the very same scores on every metric
+    for name in [n for n in os.environ if n.startswith("BENCH_")]:
+        monkeypatch.delenv(name)
+    for name, value in (("BENCH_OUT", str(tmp_path)), ("BENCH_FRONTIER_B", "1.5"), ("BENCH_FRONTIER_QK", "stock"),
+                        ("BENCH_FRONTIER_START", "task-then-bcos"), ("BENCH_FRONTIER_BOOTSTRAP", "200")):
+        monkeypatch.setenv(name, value)
+    cfg = bench.Config.from_env()
+    setting = bench.grid(cfg)[0].name
+    cells = []
+    for ds in ("sst2", "ag_news"):
+        conv = _synthetic_cell(bench, bench.CONVENTIONAL, 0, ds, "Occlusion", 3.0)
+        conv["methods"].update(_synthetic_cell(bench, bench.CONVENTIONAL, 0, ds, "LIME (5)", 3.0)["methods"])
+        cells += [conv, _synthetic_cell(bench, setting, 0, ds, "B-cos", 3.0)]
+    rows, posthoc = bench.aggregate(cells, cfg)
+    for metric in ("comp", "suff", "seqpg"):  # was Occlusion, LIME (5), Occlusion: max took the last name, min the first
+        assert (rows[0][f"best_posthoc_{metric}"], rows[0][f"best_posthoc_{metric}_tied"]) == ("LIME (5)", "Occlusion")
+    bench.write_report(rows, posthoc, cfg, cells)
+    assert "comp: LIME (5) (tied with Occlusion; the first by name)" in (tmp_path / "results.md").read_text("utf-8")
