@@ -64,7 +64,7 @@ def _layers() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
     layers["layer_norm"] = (norm, (4, 3, 6))
     layers["layer_norm_no_affine"] = (BcosLayerNorm(6, elementwise_affine=False), (4, 3, 6))
     layers["rms_norm"] = (rms, (4, 3, 6))
-    for kind in ("gelu", "gelu_tanh", "silu", "relu"):
+    for kind in ("gelu", "gelu_tanh", "quick_gelu", "silu", "relu"):
         layers[f"act_{kind}"] = (DetachableActivation(kind), (4, 3, 6))
     return layers
 
@@ -370,7 +370,7 @@ def test_an_explaining_activation_under_no_grad_builds_no_autograd_function(monk
 
     x = torch.randn(4, 3, 6)
     monkeypatch.setattr(activation._ConstantGate, "apply", lambda *args: pytest.fail("Function applied"))
-    for kind in ("gelu", "gelu_tanh", "silu", "relu"):
+    for kind in ("gelu", "gelu_tanh", "quick_gelu", "silu", "relu"):
         act = DetachableActivation(kind)
         used = dynamic_weights_used()
         with explanation_mode(act), torch.no_grad():

@@ -88,7 +88,7 @@ def test_bcos_linear_completeness_hypothesis(d_in, d_out, max_out, b, seed):
 
 
 @settings(max_examples=25, deadline=None)
-@given(d=st.integers(2, 16), seed=st.integers(0, 10_000), kind=st.sampled_from(["gelu", "gelu_tanh", "silu", "relu"]))
+@given(d=st.integers(2, 16), seed=st.integers(0, 10_000), kind=st.sampled_from(["gelu", "gelu_tanh", "quick_gelu", "silu", "relu"]))
 def test_norms_and_activations_completeness_hypothesis(d, seed, kind):
     torch.manual_seed(seed)
     ln = BcosLayerNorm(d).double()

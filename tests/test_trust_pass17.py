@@ -14,6 +14,8 @@
   naming ``evidence`` and the rows.
 - ``bench_frontier`` gave an exact tie of pooled means to the last name on Comp / SeqPG and the first on Suff,
   unsaid; now the first by name on every metric, and the report names the tied methods.
+- ``quick_gelu`` (``x * sigmoid(1.702 x)``, transformers' ``QuickGELUActivation``) had no detachable form, so models
+  whose config uses it were refused; it is now a gate kind like SiLU's.
 """
 
 from __future__ import annotations
@@ -199,3 +201,48 @@ def test_bench_frontier_breaks_exact_ties_by_the_first_name_whichever_way_the_me
         assert (rows[0][f"best_posthoc_{metric}"], rows[0][f"best_posthoc_{metric}_tied"]) == ("LIME (5)", "Occlusion")
     bench.write_report(rows, posthoc, cfg, cells)
     assert "comp: LIME (5) (tied with Occlusion; the first by name)" in (tmp_path / "results.md").read_text("utf-8")
+
+
+def test_quick_gelu_is_detachable_matches_transformers_and_its_models_convert_and_explain_completely():
+    import transformers as T
+    from conftest import padded_batch, tiny_config
+    from transformers.activations import QuickGELUActivation
+
+    from bcos_plugins import explain, explanation_mode
+    from bcos_plugins.nn import DetachableActivation
+
+    act = DetachableActivation("quick_gelu")
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        x = torch.linspace(-12, 12, 401, dtype=dtype)
+        assert torch.equal(act(x), QuickGELUActivation()(x))  # the forward is transformers' own, bit for bit
+    x = torch.linspace(-6, 6, 97, dtype=torch.float64, requires_grad=True)
+    with explanation_mode(act):
+        y = act(x)
+        (gradient,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(x * gradient, y, rtol=1e-12, atol=1e-15)  # the gate sigmoid(1.702 x) held constant
+    # models whose config uses quick_gelu were refused by name ("QuickGELUActivation ... not a supported activation")
+    ids, mask = padded_batch(seed=3)
+    for family, name, key in (("bert", "BertForSequenceClassification", "hidden_act"),
+                              ("gpt2", "GPT2LMHeadModel", "activation_function"),
+                              ("llama", "LlamaForCausalLM", "hidden_act")):
+        config = tiny_config(family)
+        setattr(config, key, "quick_gelu")
+        torch.manual_seed(0)
+        model = bcosify(getattr(T, name)(config).eval(), b=1.1, verbose=False).double()
+        explanation = explain(model, ids, mask, target=1 if family == "bert" else 5)
+        assert (explanation.completeness_error < 1e-9).all(), (family, explanation.completeness_error)
+
+
+def test_a_plain_quick_gelu_gpt2_through_the_bridge_is_exact_and_complete():
+    import transformers as T
+    from bcos_plugins.adapters import transformer_lens as lens
+    from conftest import tiny_config
+
+    config = tiny_config("gpt2")
+    config.activation_function = "quick_gelu"
+    torch.manual_seed(0)
+    model = T.GPT2LMHeadModel(config).eval().double()
+    bridge = lens.transformer_bridge_from_hf(model)  # was refused: "its MLP activation QuickGELUActivation ..."
+    tokens = torch.randint(3, 60, (2, 7), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(bridge(tokens), model(tokens).logits, rtol=0, atol=1e-12)
+    assert (lens.explain_logits(bridge, tokens, target=5).completeness_error < 1e-12).all()

@@ -314,7 +314,7 @@ def _make_activation_explainable(mlp_bridge: nn.Module) -> None:
             raise BcosTypeError(
                 f"hf_model: its MLP activation {kind} ({name}) has no detachable form, so no explanation of the "
                 f"bridge would be exact. Supported: {', '.join(sorted(ACTIVATION_GATES))} (config.activation_function "
-                "'gelu', 'gelu_new', 'gelu_fast', 'gelu_pytorch_tanh', 'relu', 'silu')")
+                "'gelu', 'gelu_new', 'gelu_fast', 'gelu_pytorch_tanh', 'quick_gelu', 'relu', 'silu')")
         setattr(original, name, DetachableActivation(gelu_kind(child)).train(child.training))
 
 

@@ -59,6 +59,7 @@ ACTIVATION_GATES = {
     "FastGELUActivation": "gelu_tanh",
     "GELUTanh": "gelu_tanh",
     "PytorchGELUTanh": "gelu_tanh",
+    "QuickGELUActivation": "quick_gelu",  # hidden_act "quick_gelu": x * sigmoid(1.702 x)
     "SiLUActivation": "silu",
     "SiLU": "silu",
     "ReLU": "relu",

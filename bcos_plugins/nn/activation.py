@@ -3,6 +3,7 @@
 - GELU, erf form (BERT family):   ``gate = Phi(x) = 0.5 * (1 + erf(x / sqrt 2))``
 - GELU, tanh form (GPT-2 "gelu_new"): ``gate = 0.5 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
 - SiLU / swish:                   ``gate = sigmoid(x)``
+- quick GELU (CLIP "quick_gelu"): ``gate = sigmoid(1.702 x)``
 - ReLU:                           ``gate = 1[x > 0]``
 - identity ("linear"):            ``gate = 1`` (bilinear MLPs)
 - tanh (:func:`tanh_ratio`):      ``gate = tanh(x) / x`` (a pooler's tanh, Gemma 2's logit soft-cap)
@@ -62,9 +63,24 @@ def _gelu_tanh_gate(x: Tensor) -> Tensor:
     return x.pow(3).mul_(0.044715).add_(x).mul_(_SQRT_2_OVER_PI).tanh_().add_(1.0).mul_(0.5)
 
 
+# transformers' QuickGELUActivation: input * torch.sigmoid(1.702 * input), the same steps
+_QUICK_GELU_SLOPE = 1.702
+
+
+def _quick_gelu_gate(x: Tensor) -> Tensor:
+    if _recording(x):
+        return torch.sigmoid(_QUICK_GELU_SLOPE * x)
+    return torch.mul(x, _QUICK_GELU_SLOPE).sigmoid_()
+
+
+def _quick_gelu(x: Tensor) -> Tensor:
+    return x * torch.sigmoid(_QUICK_GELU_SLOPE * x)
+
+
 GATES = {
     "gelu": _gelu_erf_gate,
     "gelu_tanh": _gelu_tanh_gate,
+    "quick_gelu": _quick_gelu_gate,
     "silu": torch.sigmoid,
     "relu": lambda x: (x > 0).to(x.dtype),
 }
@@ -73,6 +89,7 @@ GATES = {
 ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "quick_gelu": _quick_gelu,  # no one-kernel form in torch: transformers' own two steps, so the same values
     "silu": F.silu,
     "relu": F.relu,
 }
