@@ -485,12 +485,7 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     :func:`reuse_unit_weights`: at a small model's widths (128 tokens x 128 features) the Python of the nested
     helpers cost 3-4 % of a decoder's forward pass (thread CPU, measured on Qwen2 and ModernBERT at the bench_core
     family shape). The weight cache takes the helper. Under autocast the float32 input is cast once for the layers
-    reading it (:func:`_shared_cast`; autocast's own cast, the same bits). A float32 or float64 weight and input
-    without autocast or the cache (the common call) take :func:`_plain_inference_linear`: the same kernels again."""
-    dtype = weight.dtype
-    if (dtype in _PLAIN_FLOATS and x.dtype == dtype and not _REUSE_UNIT_WEIGHTS
-            and not (dtype == torch.float32 and torch.is_autocast_enabled(weight.device.type))):
-        return _plain_inference_linear(x, weight.T if units_are_columns else weight, b)
+    reading it (:func:`_shared_cast`; autocast's own cast, the same bits)."""
     cast = _matmul_cast(weight)
     if _REUSE_UNIT_WEIGHTS:
         unit = cached_unit_norm(weight, dim=1, transposed=units_are_columns, autocast=True)
@@ -500,37 +495,6 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     if b == 1.0:
         return lin
     return _inference_product(lin, input_norm(x), b)
-
-
-_PLAIN_FLOATS = (torch.float32, torch.float64)
-
-
-def _plain_inference_linear(x: Tensor, view: Tensor, b: float) -> Tensor:
-    """:func:`inference_linear` for a float32 or float64 ``x`` and weight ``view`` (units as rows) of that dtype,
-    without autocast or the weight cache. Nothing is cast there, so the helpers' dtype branches are decided and their
-    kernels run inline, in their order: the weight's norm, its clamp and the division (:func:`_unrecorded_unit_norm`),
-    ``F.linear``, ``||x||`` (shared as :func:`input_norm` shares it), ``|lin|``, ``1 / ||x||`` (shared as
-    :func:`_norm_reciprocal` shares it), the product, :func:`_power_`'s roots and the product with ``lin``. The same
-    ops and bits with half the Python calls: in situ, where a forward pass runs each layer's Python once with cold
-    caches, those calls cost 3 % of a ModernBERT forward's thread time at the bench_core family shape (a loop over one
-    layer hides most of it; docs/benchmarks.md)."""
-    lin = torch.nn.functional.linear(x, view / _unit_norms(view, 1).clamp_min_(NORM_EPS))
-    if b == 1.0:
-        return lin
-    derived = _derived_from(x)
-    if derived is None:
-        norm = _input_norm(x, -1)
-        abs_cos = lin.abs().mul_(norm.reciprocal())
-    else:
-        norm = derived.get(("norm", -1))
-        if norm is None:
-            norm = derived[("norm", -1)] = _input_norm(x, -1)
-        abs_cos = lin.abs()
-        reciprocal = derived.get(("reciprocal", -1))
-        if reciprocal is None:
-            reciprocal = derived[("reciprocal", -1)] = norm.reciprocal()
-        abs_cos.mul_(reciprocal)
-    return _power_(abs_cos, b).mul_(lin)
 
 
 def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: bool = False,
