@@ -96,3 +96,22 @@ def test_swish_beta_gate_is_constant_in_explanation_mode():
     with explanation_mode(gate):
         y = gate(x).sum()
         torch.testing.assert_close((x * torch.autograd.grad(y, x)[0]).sum(), y)
+
+
+def test_quick_gelu_model_starts_annealing_at_its_own_activation_bit_for_bit():
+    # quick_gelu is x * sigmoid(1.702 x) (transformers' QuickGELUActivation), a gate kind of nn.activation: the
+    # callback must start at beta = 1.702, where Swish_beta is the same function, so the first step changes nothing.
+    torch.manual_seed(3)
+    model = T.LlamaForCausalLM(T.LlamaConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=32, hidden_act="quick_gelu")).eval()
+    ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        original = model(ids).logits
+    callback = SwishBetaToBilinear(anneal_fraction=1.0)
+    state = T.TrainerState()
+    state.max_steps, state.global_step = 10, 0
+    callback.on_train_begin(None, state, None, model=model)
+    assert callback.beta == 1.702
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, original)

@@ -30,10 +30,10 @@ from ..nn.dynamic import DynamicWeightModule
 
 __all__ = ["SwishBeta", "SwishBetaToBilinear", "finalize_bilinear", "gated_mlps", "set_swish_beta"]
 
-# beta at which Swish_beta equals (SiLU) or approximates (GELU, Hendrycks & Gimpel's sigmoid approximation) the
-# model's original activation.
+# beta at which Swish_beta equals (SiLU; quick GELU, x * sigmoid(1.702 x), the same ops) or approximates (GELU,
+# Hendrycks & Gimpel's sigmoid approximation) the model's original activation.
 START_BETA = {"silu": 1.0, "swish": 1.0, "gelu": 1.702, "gelu_new": 1.702, "gelu_pytorch_tanh": 1.702,
-              "gelu_fast": 1.702}
+              "gelu_fast": 1.702, "quick_gelu": 1.702}
 
 
 class SwishBeta(DynamicWeightModule):
@@ -96,7 +96,7 @@ class SwishBetaToBilinear(TrainerCallback):
 
     ``beta(step) = start_beta * max(0, 1 - step / (anneal_fraction * max_steps))``, set before each step. At the
     end of training the model becomes bilinear (:func:`finalize_bilinear`). ``start_beta=None`` reads it from
-    ``model.config.hidden_act`` (SiLU: 1.0, GELU variants: 1.702).
+    ``model.config.hidden_act`` (SiLU: 1.0, GELU variants and quick GELU: 1.702).
 
     Examples:
         >>> import torch
