@@ -84,3 +84,12 @@ def test_the_inseq_pages_list_exactly_the_registry_causal_lms(page, lead):
     assert match, f"{page}: the list of supported causal LMs is gone"
     named = set(re.findall(r"\b\w+(?:ForCausalLM|LMHeadModel)\b", match.group(1)))
     assert named == set(specs_where(lambda spec: spec.head == "causal_lm"))
+
+
+def test_the_nn_page_lists_every_detachable_activation_kind():
+    from bcos_plugins.nn.activation import GATES
+
+    text = (ROOT / "docs/api/nn.md").read_text()
+    match = re.search(r"^\| `DetachableActivation` \(its kinds, `GATES`: (.+?)\) \|", text, re.M)
+    assert match, "docs/api/nn.md: the DetachableActivation row no longer lists its kinds"
+    assert set(re.findall(r"`(\w+)`", match.group(1))) == set(GATES)
