@@ -115,3 +115,10 @@ def test_quick_gelu_model_starts_annealing_at_its_own_activation_bit_for_bit():
     assert callback.beta == 1.702
     with torch.no_grad():
         assert torch.equal(model(ids).logits, original)
+    # ... and anneals to the bilinear model, which bilinear_weights reads exactly
+    state.global_step = 10
+    callback.on_train_end(None, state, None, model=model)
+    assert model.config.hidden_act == "linear"
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(4))
+    for layer in model.model.layers:
+        torch.testing.assert_close(bilinear_weights(layer.mlp).forward(x), layer.mlp(x))
