@@ -93,3 +93,11 @@ def test_the_nn_page_lists_every_detachable_activation_kind():
     match = re.search(r"^\| `DetachableActivation` \(its kinds, `GATES`: (.+?)\) \|", text, re.M)
     assert match, "docs/api/nn.md: the DetachableActivation row no longer lists its kinds"
     assert set(re.findall(r"`(\w+)`", match.group(1))) == set(GATES)
+
+
+def test_the_readme_names_every_first_column_classifier():
+    text = (ROOT / "README.md").read_text()
+    match = re.search(r"^- Encoder classifiers \((.+?)\) read the first column", text, re.M)
+    assert match, "README.md: the known limit on first-column classifiers no longer lists them"
+    reading = {_family(name) for name, spec in SPECS.items() if spec.first_column_pooling}
+    assert _spelled(match.group(1)) == reading
