@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from ._checks import bad_rows, named_row
 from .attribution.gradient import (
     GradientStep,
+    PointDtypeMismatch,
     capture_point,
     input_x_gradient,
     non_finite_step,
@@ -123,14 +124,15 @@ def explain(
     call_kwargs = rows_as_alone_call(model, input_ids, attention_mask, forward_kwargs, spec=spec, padded=padded)
     call_kwargs = explained_outputs_only(spec, call_kwargs, pos, input_ids.shape[1])
     parsed: dict = {}
+    probe_dtype: dict = {}  # set where the point's dtype is not the input embeddings' (see below)
     forward_autocast: list[torch.dtype] = []  # the autocast dtype the forward ran under, if any (see below)
 
     def compute():
         # the point is multiplied by a probe of ones made here, outside the forward pass: then a compiled
         # model (torch.compile, fullgraph) is explained too; the contributions are the probe's gradient
         weight = model.get_input_embeddings().weight
-        probe = torch.ones(*input_ids.shape, weight.shape[-1], dtype=weight.dtype, device=weight.device,
-                           requires_grad=True)
+        probe = torch.ones(*input_ids.shape, weight.shape[-1], dtype=probe_dtype.get("dtype", weight.dtype),
+                           device=weight.device, requires_grad=True)
         if point.module._modules:  # submodules: a hook on each notes the autocast dtype
             recording, note = recording_forward_autocast(point.module, forward_autocast), None
         else:  # a leaf (every registry model's point): the capturing hook notes it too, one hook instead of two
@@ -147,7 +149,15 @@ def explain(
         return resolved.explained, leaves[:1]
 
     # the step's finiteness is checked with the completeness, in one device-to-host sync
-    step = input_x_gradient(compute, model, defer_finite_check=True)
+    try:
+        step = input_x_gradient(compute, model, defer_finite_check=True)
+    except PointDtypeMismatch as mismatch:
+        # input embeddings of another dtype than a table added to them (BERT's word embeddings in bfloat16, its
+        # position table in float32): the model runs, and its point has the wider dtype; the probe is made again in
+        # that one (the call failed with an internal message, where Captum's EmbeddingForward explained it)
+        probe_dtype["dtype"] = mismatch.point_dtype
+        forward_autocast.clear()
+        step = input_x_gradient(compute, model, defer_finite_check=True)
     contrib = step.contributions[0]
     # summed in at least float32, as Explanation.total is: a half-precision sum over d_model keeps 3 significant
     # digits, so a token's score was off by 3e-3 of itself (bfloat16) while the total looked right

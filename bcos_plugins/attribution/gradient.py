@@ -53,6 +53,20 @@ def as_leaf(t: Tensor) -> Tensor:
     return outside_inference(t.detach()).requires_grad_(True)
 
 
+class PointDtypeMismatch(BcosValueError):
+    """Raised by :func:`capture_point` when the attribution point's dtype is not the probe's (embedding tables of
+    different dtypes); ``point_dtype`` is the point's, with which :func:`~bcos_plugins.explain` makes the probe again.
+    """
+
+    def __init__(self, point_dtype: torch.dtype, probe_dtype: torch.dtype) -> None:
+        super().__init__(
+            f"model: its attribution point (the combined embedding) is {point_dtype} while the probe made for it is "
+            f"{probe_dtype}, the input embeddings' dtype (model.get_input_embeddings()): the embedding tables "
+            f"differ in dtype. Make the probe in {point_dtype}, or cast the embeddings to one dtype "
+            f"(model.to({point_dtype})).")
+        self.point_dtype = point_dtype
+
+
 @contextmanager
 def capture_point(module: nn.Module, where: str, *, probe: Tensor | None = None,
                   each_call: Callable[[], object] | None = None) -> Iterator[list[Tensor]]:
@@ -90,6 +104,10 @@ def capture_point(module: nn.Module, where: str, *, probe: Tensor | None = None,
             return leaf
         if captured:
             return t
+        if t.shape == probe.shape and t.dtype != probe.dtype:
+            # explain makes the probe in the input embeddings' dtype; a table of another dtype added to them (BERT's
+            # position or token-type table) promotes the point to that one: explain retries with this dtype
+            raise PointDtypeMismatch(t.dtype, probe.dtype)
         if t.shape != probe.shape or t.dtype != probe.dtype:
             raise BcosRuntimeError(f"capture_point: the attribution point is {tuple(t.shape)} {t.dtype}, the probe "
                                    f"{tuple(probe.shape)} {probe.dtype}; make the probe like the point.")
