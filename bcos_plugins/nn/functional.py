@@ -485,7 +485,51 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     :func:`reuse_unit_weights`: at a small model's widths (128 tokens x 128 features) the Python of the nested
     helpers cost 3-4 % of a decoder's forward pass (thread CPU, measured on Qwen2 and ModernBERT at the bench_core
     family shape). The weight cache takes the helper. Under autocast the float32 input is cast once for the layers
-    reading it (:func:`_shared_cast`; autocast's own cast, the same bits)."""
+    reading it (:func:`_shared_cast`; autocast's own cast, the same bits).
+
+    A float32 or float64 layer and input without autocast, the weight cache or the reference path (the common call)
+    skip even the helpers' calls: nothing is cast there, so every dtype decision is taken, and the kernels run inline
+    in the helpers' order (the weight's norm, its clamp and the division; ``F.linear``; ``||x||`` and ``1 / ||x||``,
+    shared between the layers reading one input as :func:`input_norm` and :func:`_norm_reciprocal` share them;
+    ``|lin|``, the product, :func:`_power_`'s roots, the product with ``lin``). In a forward pass each layer's Python
+    runs once with cold caches, where those calls cost about 3.5 % of a ModernBERT forward's thread time at the
+    bench_core family shape (a loop over one layer hides most of it; docs/benchmarks.md)."""
+    dtype = weight.dtype
+    # (the device type read without building a torch.device for a CPU weight: a third of the check's time)
+    if (dtype in _PLAIN_FLOATS and x.dtype == dtype and not (_REUSE_UNIT_WEIGHTS or _REFERENCE_PATH)
+            and not (dtype == torch.float32
+                     and torch.is_autocast_enabled("cpu" if weight.is_cpu else weight.device.type))):
+        view = weight.T if units_are_columns else weight
+        lin = torch.nn.functional.linear(x, view / torch.linalg.vector_norm(view, dim=1, keepdim=True)
+                                         .clamp_min_(NORM_EPS))
+        if b == 1.0:
+            return lin
+        # _derived_from's rule: shared only where nothing is recorded or traced, for a plain tensor with a version
+        if (type(x) is Tensor and not torch.is_grad_enabled() and not x.is_inference()
+                and not torch.compiler.is_compiling()):
+            entry = getattr(_LAST_INPUT, "entry", None)
+            if entry is None or entry[0]() is not x or entry[1] != x._version:
+                entry = _LAST_INPUT.entry = (weakref.ref(x), x._version, {})
+            derived = entry[2]
+            norm = derived.get(("norm", -1))
+            if norm is None:
+                norm = derived[("norm", -1)] = torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True),
+                                                           _SQRT_NORM_EPS[dtype])
+            abs_cos = lin.abs()
+            reciprocal = derived.get(("reciprocal", -1))
+            if reciprocal is None:
+                reciprocal = derived[("reciprocal", -1)] = norm.reciprocal()
+            abs_cos.mul_(reciprocal)
+        else:
+            norm = torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True), _SQRT_NORM_EPS[dtype])
+            abs_cos = lin.abs().mul_(norm.reciprocal())
+        if b == 1.25:  # _power_'s branches for float32 / float64
+            abs_cos.rsqrt_().rsqrt_()
+        elif b == 1.5:
+            abs_cos.sqrt_()
+        elif b != 2.0:
+            abs_cos.pow_(b - 1.0)
+        return abs_cos.mul_(lin)
     cast = _matmul_cast(weight)
     if _REUSE_UNIT_WEIGHTS:
         unit = cached_unit_norm(weight, dim=1, transposed=units_are_columns, autocast=True)
@@ -495,6 +539,9 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     if b == 1.0:
         return lin
     return _inference_product(lin, input_norm(x), b)
+
+
+_PLAIN_FLOATS = (torch.float32, torch.float64)
 
 
 def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: bool = False,
