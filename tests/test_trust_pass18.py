@@ -42,3 +42,50 @@ def test_word_embeddings_of_another_dtype_than_the_position_table_are_explained_
     captum = BcosAttribution(forward).attribute(forward.embed(ids, mask), target=result.target,
                                                 additional_forward_args=(mask,))
     torch.testing.assert_close(result.input_contributions, captum, rtol=1e-6, atol=1e-7)
+
+
+def _float64_bert_with_a_logit_offset(share: float):
+    """A float64 B-cos BERT whose classifier adds ``share`` of the largest |logit| to every logit (a bias put back):
+    its explanations miss that much of the logit, beyond float64 rounding by far, within bfloat16's tolerance."""
+    model = bcosify(_stock("BertForSequenceClassification"), b=B, verbose=False).double()
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        offset = share * model(input_ids=ids, attention_mask=mask).logits.abs().max()
+    model.classifier.register_forward_hook(lambda module, args, out: out + offset)
+    return model, ids, mask
+
+
+def test_a_float64_models_completeness_check_is_float64s_under_a_callers_autocast():
+    """Autocast casts no float64 tensor, so a float64 model under ``torch.autocast("cpu", torch.bfloat16)`` computes in
+    float64 (the same contributions bit for bit); but the check took the autocast dtype as the forward's precision,
+    so ``explain`` allowed bfloat16's sqrt(eps) = 0.09 and returned contributions that miss 1-6 % of the logit (a bias
+    put back) without a word, where without the autocast it refuses them. It refuses them now under autocast too."""
+    from bcos_plugins.errors import BcosRuntimeError
+
+    model, ids, mask = _float64_bert_with_a_logit_offset(0.01)
+    with pytest.raises(BcosRuntimeError, match="not exact in explanation mode"):
+        explain(model, ids, mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            pytest.raises(BcosRuntimeError, match="where torch.float64 allows"):
+        explain(model, ids, mask)
+
+
+def test_captum_on_a_float64_model_under_autocast_does_not_claim_a_bfloat16_forward():
+    """Captum's ``LayerBcos`` on a float64 model under bfloat16 autocast warned that the forward ran in bfloat16 and
+    the attributions were complete only to its rounding (false: autocast casts no float64 tensor, they are complete
+    to float64's), and a share really missing (a bias put back, 1-6 % of the logit) was passed off as that rounding
+    instead of the warning that the attributions do not sum to the output."""
+    from bcos_plugins.adapters.captum import LayerBcos
+
+    model = bcosify(_stock("BertForSequenceClassification"), b=B, verbose=False).double()
+    ids, mask = padded_batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float64, complete: no warning, autocast or not
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            attributions, delta = LayerBcos(model).attribute(ids, target=1, additional_forward_args=(mask,),
+                                                             return_convergence_delta=True)
+    assert delta.abs().max() < 1e-12
+    broken, ids, mask = _float64_bert_with_a_logit_offset(0.01)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(UserWarning, match="do not sum") as record:
+        LayerBcos(broken).attribute(ids, target=1, additional_forward_args=(mask,))
+    assert not any("bfloat16" in str(w.message) for w in record)
