@@ -173,7 +173,7 @@ def _explaining(who: str, model: nn.Module | None) -> Iterator[None]:
     # global hooks see every thread's modules; only this thread's list is set, so only its calls are noted
     handle = torch.nn.modules.module.register_module_forward_pre_hook(_note_training_module)
     # evaluating: a model already wholly in eval mode is not walked by eval() / train() (435 us per call on a 2-layer
-    # Qwen2), and afterwards every module has its own training flag back
+    # Qwen2; docs/benchmarks.md, 2026-11-28 05:12 UTC), and afterwards every module has its own training flag back
     try:
         with evaluating(model) if model is not None else nullcontext():
             yield

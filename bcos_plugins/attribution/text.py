@@ -262,7 +262,8 @@ def forward_parameters(model) -> Mapping[str, inspect.Parameter] | None:
     signature is a property of that function alone, so a forward replaced on the model or its class is another key, and
     one whose ``__code__`` was swapped is read again (so is a function read once bound and once as a plain attribute,
     whose signatures differ by ``self``). ``inspect.signature`` follows transformers' decorators through ``__wrapped__``
-    (30-40 us per call, about a tenth of ``explain``'s own work on ModernBERT at 4 x 32 tokens)."""
+    (30-40 us per call, twice per ModernBERT ``explain``: about a tenth of its own work outside the model at 4 x 32
+    tokens; docs/benchmarks.md, 2026-11-28 07:42 UTC)."""
     forward = uncompiled(model).forward
     function = getattr(forward, "__func__", forward)
     code, bound = getattr(function, "__code__", None), function is not forward
@@ -436,10 +437,11 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
 def explained_outputs_only(spec: ArchitectureSpec, call: dict, positions: Int[Tensor, " batch"] | None,
                            length: int) -> dict:
     """``call`` (:func:`model_call_kwargs`' keywords) for ``explain``'s forward, so that the model computes no output
-    that is not explained (the same explained values; docs/benchmarks.md measured 0.88-0.95 of before at 4 x 32):
+    that is not explained (the same explained values; docs/benchmarks.md, 2026-11-28 04:15 UTC, measured 0.88-0.95 of
+    before at 4 x 32 for the head, 0.985 for the cache):
 
     - a decoder builds no key/value cache (``use_cache=False``, unless the caller passed ``use_cache``): nothing reads
-      it, and building it costs 1.5 % of a small decoder's explanation;
+      it, and building it cost 1.5 % of a small decoder's explanation (Qwen2, Gemma 2);
     - a causal LM explained at ``positions`` (one column per row of a batch of ``length`` columns) with fewer rows than
       columns runs its LM head on the explained columns only (``logits_to_keep=positions``, read with
       :func:`logits_at_positions`), as ``generate`` runs it on the last one: the other columns' logits are never
@@ -465,7 +467,8 @@ def logits_at_positions(outputs: Tensor, positions: Int[Tensor, " batch"], lengt
         return outputs[torch.arange(outputs.shape[0], device=outputs.device), positions]
     if outputs.shape[1] == outputs.shape[0] < length:
         # outputs[rows, rows] as the diagonal's copy: the same values and layout without building the row indices or
-        # an index kernel (5 vs 11 us per call at 4 rows x 1000 logits)
+        # an index kernel (this function 44 -> 38 us per explain of a 2-layer Qwen2 with 1000 logits;
+        # docs/benchmarks.md, 2026-11-28 07:42 UTC)
         return outputs.diagonal(dim1=0, dim2=1).T.contiguous()
     raise BcosRuntimeError(f"the model returned {outputs.shape[1]} columns of outputs for {length} input columns and "
                            f"{outputs.shape[0]} explained positions; explain reads the logits of every row's explained "

@@ -37,9 +37,9 @@ class BcosModernBertAttention(DynamicWeightModule):
     key units at gradient 0 (its ``constant_outputs``). They are still views of one output that requires a
     gradient, so autograd would record the rotary embedding of both (about 20 operations per layer) and run its
     backward, whose result the projection then sets to 0: 4-8 % of ``explain``'s time at the bench_core family
-    shape (docs/benchmarks.md). Detaching the two views (no copy) records none of it; the values and the
-    gradient reaching the value units are the same bits. Outside explanation mode, and under a transformers
-    whose stock forward takes other arguments, the stock forward runs.
+    shape (docs/benchmarks.md, 2026-11-28 00:43 UTC). Detaching the two views (no copy) records none of it; the
+    values and the gradient reaching the value units are the same bits. Outside explanation mode, and under a
+    transformers whose stock forward takes other arguments, the stock forward runs.
     """
 
     def forward(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor] | None = None,

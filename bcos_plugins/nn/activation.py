@@ -44,8 +44,8 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 # The gates' steps write into their first fresh tensor where autograd does not record them (an explanation's
 # backward pass, which multiplies the gradient by the gate, and every gate computed under no_grad): the same
 # operations in the same order, so the same values, without a new tensor of the input's size per step (at
-# MiniLM's MLP width, 16 x 64 x 1536, the product of the gradient and the erf gate took 9.7 ms out of place, 7.9 ms
-# with the gate's steps in place; torch's own gelu_backward 4.3 ms).
+# MiniLM's MLP width, 16 x 64 x 1536, the product of the gradient and the erf gate took 6.5-7.2 ms with the steps out
+# of place, 4.9-6.0 ms in place; torch's own gelu_backward 2.0-2.4 ms; docs/benchmarks.md, 2026-11-28 14:04 UTC).
 def _recording(x: Tensor) -> bool:
     return torch.is_grad_enabled() and x.requires_grad
 
@@ -117,7 +117,8 @@ def tanh_ratio(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     # writes 1 at both, and adding 0 * tanh(x) puts NaN back where x is NaN: tanh(x) is finite everywhere else
     # (+-1 at +-inf), so the sum changes no other bit (the quotient is never -0). Two float passes instead of the
     # bool mask x == 0 and masked_fill_, which cost 0.30 ms of a 0.83 ms ratio on Gemma 2's 4 x 32 x 1000 logits
-    # (one thread, docs/benchmarks.md): the same bits, NaN included, in every floating dtype (tested)
+    # (one thread; docs/benchmarks.md, 2026-11-28 10:25 UTC): the same bits, NaN included, in every floating dtype
+    # (tested)
     return _unrecorded_tanh_ratio(x, overwrite=False)
 
 
@@ -155,8 +156,8 @@ class _ConstantGate(torch.autograd.Function):
     """torch's activation ``x * gate(x)`` in the forward; ``grad * gate(x)`` in the backward (gate constant).
 
     Written as ``forward(ctx, ...)`` without ``setup_context``: with one, torch's ``Function.apply`` binds the
-    arguments through ``inspect.signature`` on every call, which costs more than the activation kernel itself
-    at a layer's sizes (docs/benchmarks.md)."""
+    arguments through ``inspect.signature`` on every call: 20-30 us (docs/benchmarks.md, 2026-11-28 14:04 UTC), over
+    half of a 128 x 256 SiLU's 39 us (2026-11-27 22:20 UTC)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, kind: str) -> Tensor:
@@ -187,7 +188,8 @@ class DetachableActivation(DynamicWeightModule):
                 gate = self.gate(x)
             return x * self.dynamic_weight(gate)
         # the gate held constant needs its own node only where autograd records (a gated MLP's gate branch is computed
-        # under no_grad while explaining): Function.apply costs 15 us a call, a third of the SiLU of a 128 x 256 input
+        # under no_grad while explaining): without Function.apply a SiLU of a 128 x 256 input took 39 us a call
+        # instead of 70 (docs/benchmarks.md, 2026-11-27 22:20 UTC)
         if self.holds_constant() and torch.is_grad_enabled():
             return _ConstantGate.apply(x, self.kind)
         return ACTIVATIONS[self.kind](x)

@@ -446,7 +446,8 @@ def _floored_power_(abs_cos: Tensor, b: float | Tensor) -> Tensor:
 def _power_(abs_cos: Tensor, b: float | Tensor) -> Tensor:
     """``|cos| ** (B - 1)``, written into ``abs_cos``; 0 where ``|cos|`` is 0 (every exponent is positive).
 
-    Square roots for the common exponents (a CPU's ``pow`` took 6-14x a square root's time, measured). B = 1.25
+    Square roots for the common exponents (a CPU's ``pow`` took 5-14x a square root's time: docs/benchmarks.md,
+    2026-11-27 18:33 UTC and 2026-11-28 14:04 UTC). B = 1.25
     takes the fourth root as ``rsqrt(rsqrt(.))`` in float32 and float64, where a CPU's ``rsqrt`` took 0.6-0.75 of
     ``sqrt``'s time in float32 and half in float64 (within an ulp or two of ``sqrt(sqrt(.))``; ``rsqrt(rsqrt(0))
     = rsqrt(inf) = 0``), and as two square roots in bfloat16, whose ``rsqrt`` is the slower there.
@@ -483,17 +484,18 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     The kernels of :func:`cached_unit_norm`, ``F.linear``, :func:`input_norm` and :func:`_inference_product`, in the same
     order on the same tensors (so the same values, bit for bit), written out in one function outside
     :func:`reuse_unit_weights`: at a small model's widths (128 tokens x 128 features) the Python of the nested
-    helpers cost 3-4 % of a decoder's forward pass (thread CPU, measured on Qwen2 and ModernBERT at the bench_core
-    family shape). The weight cache takes the helper. Under autocast the float32 input is cast once for the layers
-    reading it (:func:`_shared_cast`; autocast's own cast, the same bits).
+    helpers cost 2-4 % of a decoder's forward pass (thread CPU, measured on Qwen2, Mistral and ModernBERT at the
+    bench_core family shape; docs/benchmarks.md, 2026-11-27 22:20 UTC). The weight cache takes the helper. Under
+    autocast the float32 input is cast once for the layers reading it (:func:`_shared_cast`; autocast's own cast,
+    the same bits).
 
     A float32 or float64 layer and input without autocast, the weight cache or the reference path (the common call)
     skip even the helpers' calls: nothing is cast there, so every dtype decision is taken, and the kernels run inline
     in the helpers' order (the weight's norm, its clamp and the division; ``F.linear``; ``||x||`` and ``1 / ||x||``,
     shared between the layers reading one input as :func:`input_norm` and :func:`_norm_reciprocal` share them;
     ``|lin|``, the product, :func:`_power_`'s roots, the product with ``lin``). In a forward pass each layer's Python
-    runs once with cold caches, where those calls cost about 3.5 % of a ModernBERT forward's thread time at the
-    bench_core family shape (a loop over one layer hides most of it; docs/benchmarks.md)."""
+    runs once with cold caches, where those calls cost 3-3.5 % of a ModernBERT forward's thread time at the
+    bench_core family shape (a loop over one layer hides most of it; docs/benchmarks.md, 2026-11-28 13:16 UTC)."""
     dtype = weight.dtype
     # (the device type read without building a torch.device for a CPU weight: a third of the check's time)
     if (dtype in _PLAIN_FLOATS and x.dtype == dtype and not (_REUSE_UNIT_WEIGHTS or _REFERENCE_PATH)
@@ -613,8 +615,8 @@ class _BcosProduct(torch.autograd.Function):
     Explaining (``dyn`` a constant) needs no Function: :func:`bcos_product` records one plain product.
 
     Written as ``forward(ctx, ...)`` without ``setup_context``: with one, torch's ``Function.apply`` binds the
-    arguments through ``inspect.signature`` on every call (about 200 us, several times the element-wise work
-    at small widths; docs/benchmarks.md).
+    arguments through ``inspect.signature`` on every call (20-30 us, about 4x the element-wise product of a 128 x
+    128 input; docs/benchmarks.md, 2026-11-28 14:04 UTC).
     """
 
     @staticmethod
@@ -647,8 +649,8 @@ def _scale_from_lin(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> tuple[Ten
 def _above(t: Tensor, threshold: float) -> Tensor:
     """``1.0`` where ``t > threshold``, else ``0.0``, in ``t``'s dtype or float32 if that is wider (the mask
     becomes the factor ``1 + (B - 1) mask``, and bfloat16 would round B = 1.1 to 1.1016): a float mask
-    multiplies in one vectorised pass, where ``torch.where`` and products with a bool mask cost 4-10x that on
-    a CPU."""
+    multiplies in one vectorised pass, where ``torch.where`` and products with a bool mask cost 5-6x that on
+    a CPU (docs/benchmarks.md, 2026-11-28 14:04 UTC)."""
     return torch.gt(t, threshold, out=torch.empty_like(t, dtype=at_least_float32(t.dtype)))
 
 
@@ -667,8 +669,9 @@ def _scale_from_out(out: Tensor, x_norm: Tensor, b: float) -> tuple[Tensor, Tens
     floor = COS_FLOOR**b
     active = _above(ratio, floor)
     dyn = ratio.clamp_min_(floor)
-    # (a CPU's pow runs scalar code; exp(log(.) * p), 2x faster there, loses digits the weight gradient's
-    # cancellation through the normalisation shows: fused and reference then differ by 1e-5 in float32)
+    # (pow rather than exp(log(.) * p), which was no faster on a CPU (0.84-1.15 of pow's time; docs/benchmarks.md,
+    # 2026-11-28 14:04 UTC) and loses digits the weight gradient's cancellation through the normalisation shows:
+    # fused and reference then differ by 1e-5 in float32)
     return (dyn.sqrt_() if b == 2.0 else dyn.pow_((b - 1.0) / b)), active
 
 
@@ -915,8 +918,9 @@ class _PartlyConstantProduct(torch.autograd.Function):
 
     The same gradient as detaching the units' slice of the product and concatenating the pieces again
     (:func:`detach_units`), without the copy of the output that the concatenation makes nor the zero-filled,
-    output-sized gradient of each slice (measured on ModernBERT's fused q|k|v projection, 128 tokens, 128 -> 384:
-    forward and backward 1080 us with the concatenation against 820 us for a layer without constant units).
+    output-sized gradient of each slice (ModernBERT's fused q|k|v projection, 128 tokens, 128 -> 384, explaining
+    forward and backward: 1080 us with the concatenation, 916 us with this node; docs/benchmarks.md, 2026-11-27
+    22:20 UTC).
     Differentiable again (``create_graph=True``): the backward is plain tensor code. Written as
     ``forward(ctx, ...)`` without ``setup_context`` (see :class:`_BcosProduct`)."""
 
