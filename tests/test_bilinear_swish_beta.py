@@ -122,3 +122,46 @@ def test_quick_gelu_model_starts_annealing_at_its_own_activation_bit_for_bit():
     x = torch.randn(3, 16, generator=torch.Generator().manual_seed(4))
     for layer in model.model.layers:
         torch.testing.assert_close(bilinear_weights(layer.mlp).forward(x), layer.mlp(x))
+
+
+@pytest.mark.parametrize("alias, canonical", [("gelu_python", "gelu"), ("gelu_python_tanh", "gelu_pytorch_tanh"),
+                                              ("gelu_accurate", "gelu_new")])
+def test_gelu_alias_model_anneals_as_its_canonical_name_does(alias, canonical):
+    # each alias is its canonical name's function written in Python (transformers' GELUActivation(use_gelu_python),
+    # GELUTanh(use_gelu_tanh_python), AccurateGELUActivation): the callback refused the alias ("cannot infer the
+    # starting beta") where it anneals the canonical name from 1.702
+    def model(act):
+        torch.manual_seed(5)
+        return T.LlamaForCausalLM(T.LlamaConfig(
+            vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=2, max_position_embeddings=32, hidden_act=act)).eval()
+
+    ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(5))
+    models = {act: model(act) for act in (alias, canonical)}
+    with torch.no_grad():  # the same function: the same logits to rounding (not the same kernels)
+        torch.testing.assert_close(models[alias](ids).logits, models[canonical](ids).logits)
+    callbacks = {act: SwishBetaToBilinear(anneal_fraction=0.5) for act in models}
+    state = T.TrainerState()
+    state.max_steps = 10
+    for step, hook in ((0, "on_train_begin"), (3, "on_step_begin"), (10, "on_train_end")):
+        state.global_step = step
+        for act, callback in callbacks.items():
+            getattr(callback, hook)(None, state, None, model=models[act])
+        assert callbacks[alias].beta == callbacks[canonical].beta == 1.702 * max(0.0, 1 - step / 5)
+        with torch.no_grad():  # the annealed models are one model, bit for bit, at every step
+            assert torch.equal(models[alias](ids).logits, models[canonical](ids).logits)
+    assert models[alias].config.hidden_act == models[canonical].config.hidden_act == "linear"
+
+
+def test_every_gelu_or_silu_name_bcosify_converts_has_a_start_beta():
+    # hidden_act names whose transformers class bcosify converts as a GELU / SiLU gate (gelu_python and
+    # gelu_python_tanh were missing): each anneals from a known beta. ReLU is Swish_beta only as beta -> inf.
+    from transformers.activations import ACT2CLS
+
+    from bcos_plugins.bilinear.swish_beta import START_BETA
+    from bcos_plugins.convert.bcosify import ACTIVATION_GATES
+
+    names = {name for name, cls in ACT2CLS.items()
+             if ACTIVATION_GATES.get((cls[0] if isinstance(cls, tuple) else cls).__name__) not in (None, "relu")}
+    assert {"gelu", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh", "silu", "swish"} <= names
+    assert names <= set(START_BETA), sorted(names - set(START_BETA))
