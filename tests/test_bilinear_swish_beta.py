@@ -165,3 +165,32 @@ def test_every_gelu_or_silu_name_bcosify_converts_has_a_start_beta():
              if ACTIVATION_GATES.get((cls[0] if isinstance(cls, tuple) else cls).__name__) not in (None, "relu")}
     assert {"gelu", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh", "silu", "swish"} <= names
     assert names <= set(START_BETA), sorted(names - set(START_BETA))
+
+
+def test_gemma2_anneals_from_hidden_activation_and_reloads_bilinear(tmp_path):
+    # Gemma 2's MLP reads config.hidden_activation (its config has no hidden_act): the callback refused to infer the
+    # start, and a model annealed with start_beta= was saved with hidden_act = "linear" beside hidden_activation =
+    # "gelu_pytorch_tanh", so it reloaded with GELU gates on the halved down_proj (logits 0.03 off, silently)
+    torch.manual_seed(6)
+    model = T.Gemma2ForCausalLM(T.Gemma2Config(
+        vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=32)).eval()
+    assert model.config.hidden_activation == "gelu_pytorch_tanh"
+    callback = SwishBetaToBilinear(anneal_fraction=0.5)
+    state = T.TrainerState()
+    state.max_steps, state.global_step = 10, 0
+    callback.on_train_begin(None, state, None, model=model)
+    assert callback.beta == 1.702
+    state.global_step = 10
+    callback.on_train_end(None, state, None, model=model)
+    ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        annealed = model(ids).logits
+    model.save_pretrained(tmp_path / "bilinear")
+    reloaded = T.Gemma2ForCausalLM.from_pretrained(tmp_path / "bilinear").eval()
+    assert reloaded.config.hidden_activation == "linear"
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, annealed)
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(7))
+    for layer in reloaded.model.layers:
+        torch.testing.assert_close(bilinear_weights(layer.mlp).forward(x), layer.mlp(x))

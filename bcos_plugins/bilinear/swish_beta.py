@@ -4,8 +4,9 @@
 ``beta = 0`` gives ``x / 2``, a linear gate. Interpolating ``beta`` to 0 during fine-tuning turns
 ``down(act(gate(x)) * up(x))`` into the bilinear ``down((gate(x) / 2) * up(x))``. At the end the factor
 1/2 is folded into ``down_proj`` (its weight is halved, its bias is not), the activation becomes the identity
-(transformers' ``"linear"``) and ``config.hidden_act`` is set to ``"linear"``, so that the saved model reloads
-as a bilinear model with ``from_pretrained`` and :func:`~bcos_plugins.bilinear.bilinear_weights` reads it.
+(transformers' ``"linear"``) and ``config.hidden_act`` (and Gemma's ``hidden_activation``) is set to ``"linear"``,
+so that the saved model reloads as a bilinear model with ``from_pretrained`` and
+:func:`~bcos_plugins.bilinear.bilinear_weights` reads it.
 
 The paper anneals linearly over the first 30 % of training and keeps ``beta = 0`` for the rest; that is the
 default schedule here (``anneal_fraction=0.3``).
@@ -90,11 +91,24 @@ def finalize_bilinear(model: nn.Module) -> None:
         with torch.no_grad():
             mlp.down_proj.weight.mul_(0.5)
         mlp.act_fn = ACT2FN["linear"]
-    config = getattr(model, "config", None)
+    config = _text_config(model)
     if config is not None:
-        if hasattr(config, "get_text_config"):
-            config = config.get_text_config()
-        config.hidden_act = "linear"
+        for key in _activation_keys(config):
+            setattr(config, key, "linear")
+
+
+def _text_config(model: nn.Module):
+    config = getattr(model, "config", None)
+    return config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+
+
+def _activation_keys(config) -> list[str]:
+    """The config attributes that name the MLP's activation, the one the MLP reads first: Gemma 2 / 3's MLPs read
+    ``hidden_activation`` (their configs have no ``hidden_act``), so a bilinear model saved with only ``hidden_act``
+    set to ``"linear"`` reloaded with GELU gates on its halved ``down_proj``; the others read ``hidden_act``."""
+    if getattr(config, "hidden_activation", None) is not None:
+        return ["hidden_activation", "hidden_act"]
+    return ["hidden_act"]
 
 
 class SwishBetaToBilinear(TrainerCallback):
@@ -102,7 +116,7 @@ class SwishBetaToBilinear(TrainerCallback):
 
     ``beta(step) = start_beta * max(0, 1 - step / (anneal_fraction * max_steps))``, set before each step. At the
     end of training the model becomes bilinear (:func:`finalize_bilinear`). ``start_beta=None`` reads it from
-    ``model.config.hidden_act`` (SiLU: 1.0, GELU variants and quick GELU: 1.702).
+    ``model.config.hidden_act`` or Gemma's ``hidden_activation`` (SiLU: 1.0, GELU variants and quick GELU: 1.702).
 
     Examples:
         >>> import torch
@@ -133,13 +147,12 @@ class SwishBetaToBilinear(TrainerCallback):
     def _start_beta(self, model: nn.Module) -> float:
         if self.start_beta is not None:
             return float(self.start_beta)
-        config = getattr(model, "config", None)
-        if config is not None and hasattr(config, "get_text_config"):
-            config = config.get_text_config()
-        act = getattr(config, "hidden_act", None)
+        config = _text_config(model)
+        key = _activation_keys(config)[0]
+        act = getattr(config, key, None)
         if act not in START_BETA:
             raise ValueError(
-                f"cannot infer the starting beta from hidden_act={act!r}; pass start_beta= (1.0 for SiLU, 1.702 for "
+                f"cannot infer the starting beta from {key}={act!r}; pass start_beta= (1.0 for SiLU, 1.702 for "
                 f"GELU). Known: {sorted(START_BETA)}"
             )
         return START_BETA[act]
