@@ -216,8 +216,9 @@ def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, w
         ids = ids.expand(batch)
     if tuple(ids.shape) != (batch,):
         raise argument_error(name, f"expected {one}; got shape {tuple(ids.shape)}", fix_type)
-    # a passing batch is decided from the ids on the host (one device-to-host sync and no kernel: 4 kernels and
-    # the sync were half of resolve_explained's time in explain); the message's tensors are built on a failure only
+    # a passing batch is decided from the ids on the host (one device-to-host sync and no kernel where the range test
+    # ran 4: resolve_explained 0.27 -> 0.16 ms in explain, docs/benchmarks.md, 2026-11-28 04:15 UTC); the message's
+    # tensors are built on a failure only
     listed = ids.tolist() if n_ids is not None else ()
     if listed and (min(listed) < 0 or max(listed) >= n_ids):
         outside = (ids < 0) | (ids >= n_ids)
@@ -398,7 +399,7 @@ def _token_batch_passes(ids: Tensor, attention_mask, vocab_size: int | None, max
                         unmasked_padding: Tensor | None = None) -> tuple[Tensor, Tensor | None, bool, bool] | None:
     """:func:`token_batch_and_padding`'s result when every check after the ids' type and shape passes, decided from
     the ids' and an integer or boolean mask's extremes in one device-to-host sync (5 small kernels instead of 14 and
-    three syncs: a tenth of ``explain``'s own work at 4 x 32 tokens), the mask's minimum saying whether it is padded;
+    three syncs; docs/benchmarks.md, 2026-11-28 01:20 UTC), the mask's minimum saying whether it is padded;
     ``None`` when a check fails or for a mask it does not decide (a float or complex one). Then the step-by-step
     checks run and raise in their order with their messages, so this changes no refusal. ``unmasked_padding``
     (:func:`_unmasked_padding`'s flag, for a batch without a mask) is read in the same sync and returned last."""

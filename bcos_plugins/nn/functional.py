@@ -497,7 +497,8 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     runs once with cold caches, where those calls cost 3-3.5 % of a ModernBERT forward's thread time at the
     bench_core family shape (a loop over one layer hides most of it; docs/benchmarks.md, 2026-11-28 13:16 UTC)."""
     dtype = weight.dtype
-    # (the device type read without building a torch.device for a CPU weight: a third of the check's time)
+    # (the device type read without building a torch.device for a CPU weight: the check in 0.55 of the time,
+    # docs/benchmarks.md, 2026-11-28 14:11 UTC)
     if (dtype in _PLAIN_FLOATS and x.dtype == dtype and not (_REUSE_UNIT_WEIGHTS or _REFERENCE_PATH)
             and not (dtype == torch.float32
                      and torch.is_autocast_enabled("cpu" if weight.is_cpu else weight.device.type))):
@@ -878,8 +879,8 @@ def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: boo
     and key part of a fused q|k|v projection): their gradient is 0, as if they were detached.
 
     Explaining, the fused path computes ``dyn`` without recording and records one plain product with it, whose
-    backward multiplies by the saved ``dyn`` (no ``autograd.Function``, whose per-call cost in Python is
-    several times the element-wise work at small widths); with ``constant_units`` that product is
+    backward multiplies by the saved ``dyn`` (no ``autograd.Function``, whose call cost about 55 us of Python at
+    hidden 128, docs/benchmarks.md, 2026-11-27 18:33 UTC); with ``constant_units`` that product is
     :class:`_PartlyConstantProduct`. Training runs :class:`_BcosProduct`.
     """
     if _REFERENCE_PATH:

@@ -56,7 +56,8 @@ class _ConstantScaleLayerNorm(torch.autograd.Function):
         recompute = x.dtype in HALF_DTYPES  # the kernel's inv_std is rounded to x's dtype
         weight_grad = weight is not None and ctx.needs_input_grad[1]
         # explaining as explain runs (float32/64 input, no gain gradient, one normalised dim): the backward is
-        # _input_gradient alone, with no decision left for it (its Python is a third of the layer's time here)
+        # _input_gradient alone, with no decision left for it (docs/benchmarks.md, 2026-11-28 00:43 UTC: 0.99 of
+        # explain's time before)
         ctx.input_gradient_only = not (recompute or weight_grad) and len(normalized_shape) == 1
         if ctx.input_gradient_only:
             ctx.save_for_backward(weight, inv_std)
