@@ -179,7 +179,7 @@ def check_forward_kwargs(model: nn.Module, forward_kwargs: dict) -> None:
     """Refuse keyword arguments the model's forward does not read: transformers 5 passes unknown keywords down
     to the attention functions, which drop them, so a typo (``token_type_id=``) would be silently ignored and
     the explanation would be of another input than the user meant."""
-    if not forward_kwargs:  # nothing to check: reading the forward's signature costs more than a layer
+    if not forward_kwargs:  # nothing to check, so no signature to read (forward_parameters)
         return
     known = forward_keywords(model)
     if known is None:
