@@ -44,6 +44,19 @@ def test_word_embeddings_of_another_dtype_than_the_position_table_are_explained_
     torch.testing.assert_close(result.input_contributions, captum, rtol=1e-6, atol=1e-7)
 
 
+def test_a_compiled_model_with_word_embeddings_of_another_dtype_is_explained_as_the_eager_one():
+    """The same model under ``torch.compile(fullgraph=True)``: the point's dtype is noted inside the forward and the
+    probe made again outside it (an exception raised inside the traced forward breaks a full graph)."""
+    model = bcosify(_stock("BertForSequenceClassification"), b=B, verbose=False)
+    model.get_input_embeddings().to(torch.bfloat16)
+    ids, mask = padded_batch()
+    compiled = explain(torch.compile(model, backend="eager", fullgraph=True), ids, mask)
+    eager = explain(model, ids, mask)
+    assert compiled.input_contributions.dtype == torch.float32
+    torch.testing.assert_close(compiled.input_contributions, eager.input_contributions, rtol=1e-5, atol=1e-6)
+    assert compiled.completeness_error.max() < 1e-5
+
+
 def _float64_bert_with_a_logit_offset(share: float):
     """A float64 B-cos BERT whose classifier adds ``share`` of the largest |logit| to every logit (a bias put back):
     its explanations miss that much of the logit, beyond float64 rounding by far, within bfloat16's tolerance."""

@@ -106,8 +106,11 @@ def capture_point(module: nn.Module, where: str, *, probe: Tensor | None = None,
             return t
         if t.shape == probe.shape and t.dtype != probe.dtype:
             # explain makes the probe in the input embeddings' dtype; a table of another dtype added to them (BERT's
-            # position or token-type table) promotes the point to that one: explain retries with this dtype
-            raise PointDtypeMismatch(t.dtype, probe.dtype)
+            # position or token-type table) promotes the point to that one: noted here and raised when the block
+            # ends, outside the forward (an exception raised inside a compiled graph's trace breaks fullgraph=True),
+            # and explain retries with this dtype
+            point_dtype.append(t.dtype)
+            return t
         if t.shape != probe.shape or t.dtype != probe.dtype:
             raise BcosRuntimeError(f"capture_point: the attribution point is {tuple(t.shape)} {t.dtype}, the probe "
                                    f"{tuple(probe.shape)} {probe.dtype}; make the probe like the point.")
@@ -118,10 +121,13 @@ def capture_point(module: nn.Module, where: str, *, probe: Tensor | None = None,
         handle = module.register_forward_pre_hook(lambda m, args: (replace(args[0]), *args[1:]))
     else:
         handle = module.register_forward_hook(lambda m, args, out: replace(out))
+    point_dtype: list[torch.dtype] = []
     try:
         yield captured
     finally:
         handle.remove()
+    if point_dtype and probe is not None:
+        raise PointDtypeMismatch(point_dtype[0], probe.dtype)
 
 
 def input_x_gradient(
