@@ -64,6 +64,25 @@ def hooked_transformer_from_hf_or_none():
     return None
 
 
+def zero_unit_projection(kind: str, b: float, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A BcosLinear (units are weight rows) or BcosConv1D (units are columns), 6 -> 5, with unit 2's weights
+    all zero (its norm is clamped, so the normalisation's gradient is the plain division's there)."""
+    from bcos_plugins.nn import BcosConv1D, BcosLinear
+
+    torch.manual_seed(0)
+    if kind == "linear":
+        layer = BcosLinear(6, 5, b=b)
+        with torch.no_grad():
+            layer.weight[2] = 0.0
+    else:
+        conv = T.pytorch_utils.Conv1D(5, 6)
+        torch.nn.init.normal_(conv.weight)
+        layer = BcosConv1D.from_conv1d(conv, b=b)
+        with torch.no_grad():
+            layer.weight[:, 2] = 0.0
+    return layer.to(dtype)
+
+
 def padded_batch(seed: int = 0, batch: int = 3, length: int = 9, side: str = "right", pad_id: int = 0):
     """Token ids avoiding special ids 0-2, with rows of different lengths (row 0 unpadded)."""
     g = torch.Generator().manual_seed(seed)

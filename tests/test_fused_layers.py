@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 import torch
-from conftest import padded_batch, tiny_model
+from conftest import padded_batch, tiny_model, zero_unit_projection
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.pytorch_utils import Conv1D
@@ -247,23 +247,6 @@ def test_fused_training_gradient_passes_gradcheck(b):
 B_VALUES = [1.0, 1.1, 1.25, 1.5, 2.0, 2.5]
 
 
-def _projection(kind: str, b: float, dtype: torch.dtype = torch.float32) -> BcosLinear:
-    """A BcosLinear (units are weight rows) or BcosConv1D (units are columns), 6 -> 5, with unit 2's weights
-    all zero (its norm is clamped, so the normalisation's gradient is the plain division's there)."""
-    torch.manual_seed(0)
-    if kind == "linear":
-        layer = BcosLinear(6, 5, b=b)
-        with torch.no_grad():
-            layer.weight[2] = 0.0
-    else:
-        conv = Conv1D(5, 6)
-        nn.init.normal_(conv.weight)
-        layer = BcosConv1D.from_conv1d(conv, b=b)
-        with torch.no_grad():
-            layer.weight[:, 2] = 0.0
-    return layer.to(dtype)
-
-
 def _inputs(dtype: torch.dtype, width: int = 6) -> torch.Tensor:
     x = torch.randn(4, 3, width, dtype=dtype, generator=torch.Generator().manual_seed(1)) * 3
     x[0] = 0.0  # padding rows
@@ -279,7 +262,7 @@ def test_fused_linear_layer_equals_reference_at_every_b(kind, b, explaining, dty
     # training runs the whole layer as one node (dyn recovered from the output, the unit-norm weight recomputed
     # in the backward); explaining runs the fused product; both equal the step-by-step maths, outputs and the
     # gradients wrt the input and the raw weight, with zero inputs and a zero weight unit
-    layer = _projection(kind, b, dtype)
+    layer = zero_unit_projection(kind, b, dtype)
     x = _inputs(dtype)
     _assert_same_run(_run(layer, x, explaining, reference=False), _run(layer, x, explaining, reference=True), dtype)
     with explanation_mode(layer) if explaining else contextlib.nullcontext():
@@ -308,7 +291,7 @@ def test_fused_inference_equals_reference_at_every_b(kind, b, dtype):
         zero_out = (slice(0, 1), slice(None))  # the zero image everywhere, the zero filter everywhere
         zero_unit = (slice(None), slice(1, 2))
     else:
-        layer = (_projection("linear" if kind == "linear_max_out" else kind, b, dtype) if kind != "linear_max_out"
+        layer = (zero_unit_projection("linear" if kind == "linear_max_out" else kind, b, dtype) if kind != "linear_max_out"
                  else BcosLinear(6, 5, b=b, max_out=2).to(dtype))
         if kind == "linear_max_out":
             with torch.no_grad():
@@ -346,7 +329,7 @@ def test_inference_forward_runs_the_helpers_kernels_in_one_function(kind, b, dty
     # small decoder's forward), so the same ops in the same order and the same values, bit for bit
     from bcos_plugins.nn.functional import _inference_product, cached_unit_norm
 
-    layer = _projection(kind, b, dtype)
+    layer = zero_unit_projection(kind, b, dtype)
     x = _inputs(dtype)
     with torch.no_grad(), reuse_unit_weights(reuse):
         layer(x)  # (fills the cache inside reuse_unit_weights)
@@ -390,7 +373,7 @@ def test_explaining_forward_runs_the_helpers_kernels_in_one_function(kind, b, dt
     from bcos_plugins.nn.dynamic import no_parameter_gradients
     from bcos_plugins.nn.functional import bcos_product, cached_unit_norm, detach_units
 
-    layer = _projection(kind, b, dtype)
+    layer = zero_unit_projection(kind, b, dtype)
     layer.constant_outputs = constant
     x = _inputs(dtype)
     upstream = torch.linspace(-1.0, 2.0, 4 * 3 * 5, dtype=torch.float64).reshape(4, 3, 5).to(dtype)
@@ -502,7 +485,7 @@ def test_fused_linear_backward_passes_gradcheck(b, units_are_columns):
 def test_fused_linear_saves_input_weight_and_output_only(kind):
     # what the unfused layer kept besides these (the unit-norm weight, a weight-sized copy per layer, and the
     # pre-scale output) is recomputed in the backward pass; the output is what the next layer keeps anyway
-    layer = _projection(kind, 1.5)
+    layer = zero_unit_projection(kind, 1.5)
     x = torch.randn(4, 7, 6, requires_grad=True)
     saved = []
 
@@ -568,7 +551,7 @@ def test_fused_linear_in_half_precision_is_as_accurate_as_the_reference(kind):
     # round to the dtype). No zero weight unit here: its gradient is G / eps with G made of the floored dyn (1e-6,
     # subnormal in float16), which neither path can compute to float16's precision.
     def projection(dtype):
-        layer = _projection(kind, 1.5)
+        layer = zero_unit_projection(kind, 1.5)
         with torch.no_grad():
             layer.weight.add_(0.1)
         return layer.to(dtype)
@@ -611,7 +594,7 @@ def test_half_precision_training_backward_divides_the_weight_once_and_keeps_its_
     # quotient, rounded to the weight's dtype for the input gradient and kept for the normalisation's gradient
     # (it used to divide twice). The gradients are those of the formulas, bit for bit (B = 1: no scale)
     torch.manual_seed(0)
-    layer = _projection(kind, 1.0).to(dtype)
+    layer = zero_unit_projection(kind, 1.0).to(dtype)
     x = torch.randn(4, 3, 6, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
     upstream = torch.linspace(-1.0, 2.0, 4 * 3 * 5).reshape(4, 3, 5).to(dtype)
     out = layer(x)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import zero_unit_projection
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers.pytorch_utils import Conv1D
 
 from bcos_plugins import bcosify
-from bcos_plugins.nn import BcosConv1D, BcosLinear, explanation_mode
+from bcos_plugins.nn import explanation_mode
 from bcos_plugins.nn import functional as bcos_functional
 from bcos_plugins.nn.dynamic import dynamic_weights_used
 from bcos_plugins.nn.functional import reference_path, reuse_unit_weights
@@ -41,18 +41,7 @@ def _general_branch(monkeypatch) -> None:
 
 
 def _layer(kind: str, b: float, dtype: torch.dtype) -> nn.Module:
-    torch.manual_seed(0)
-    if kind == "linear":
-        layer = BcosLinear(6, 5, b=b)
-        with torch.no_grad():
-            layer.weight[2] = 0.0  # a unit whose norm is clamped
-    else:
-        conv = Conv1D(5, 6)
-        nn.init.normal_(conv.weight)
-        layer = BcosConv1D.from_conv1d(conv, b=b)
-        with torch.no_grad():
-            layer.weight[:, 2] = 0.0
-    return layer.to(dtype).eval()
+    return zero_unit_projection(kind, b, dtype).eval()
 
 
 def _inputs(dtype: torch.dtype) -> torch.Tensor:
