@@ -8,11 +8,15 @@
   fused kernels are tested against), in the same interleaved run, so the fused kernels' gain is measured.
 
 The architecture is all-MiniLM-L6-v2's (a 6-layer BERT, hidden 384) built from its config with random
-weights, so the benchmark needs no download. Timings interleave the two models and report medians of two
-clocks per call: wall-clock time, and the CPU time of the benchmark's thread (``time.thread_time``). On a
-shared machine the wall-clock ratios move by up to 0.3 from run to run with the other jobs' load (a
-descheduled thread's wall clock runs on); the thread's CPU time counts only what it ran, so its ratios are the
-steadier ones (with BENCH_THREADS=1 the thread's CPU time is all of the benchmark's work).
+weights, so the benchmark needs no download. Timings run in paired rounds (``benchmarks/common/paired_timing.py``):
+every callable once per round in a fresh, seeded random order, each ratio the median over the rounds of the two
+calls' ratio in that round, printed with its interquartile range, on two clocks: the CPU time of the benchmark's
+thread (``time.thread_time``: only what the thread ran, the steadier on a shared machine; with BENCH_THREADS=1 all
+of the benchmark's work) and wall-clock time. A self-control row (the conventional forward against a second
+copy of itself in the same rounds) shows the run's noise floor. The forwards run in rounds of their own before any
+explanation (``_forwards_then_explanations`` says why). Until 2026-11-28 the callables ran in one fixed order, the
+forwards among the explanations, and the ratio was of separate medians of 7: MiniLM's forward ratio read 1.09 where a
+forward-only process measures 1.14-1.16 (docs/benchmarks.md).
 A second table has a row per family added with the architecture registry (Mistral, Qwen2, Qwen3, Gemma 2
 causal LMs, a ModernBERT classifier) at a small shape (2 layers, hidden 128, batch 4 x 32 tokens): the same
 two ratios, Captum's IxG taken at the conventional model's attribution point. For a causal LM (explained at the
@@ -20,17 +24,16 @@ next token after the prompt) IxG's forward passes ``logits_to_keep=1`` and ``use
 the explained column's logits and no key/value cache, as ``explain`` does, so the ratio is the cost of exactness
 and not work the baseline does that ``explain`` skips (until 2026-11-28 IxG computed every column's logits and the
 cache: Qwen2's ratio was 0.98 against it, 1.06 against this baseline; docs/benchmarks.md).
-Environment: BENCH_BATCH (16), BENCH_LEN (64), BENCH_REPEATS (7), BENCH_THREADS (1: single-threaded
-timings are stable on a shared machine; 0 keeps torch's default).
+Environment: BENCH_BATCH (16), BENCH_LEN (64), BENCH_REPEATS (7: MiniLM's paired rounds), BENCH_FAMILY_ROUNDS (25:
+each family's; its calls take milliseconds), BENCH_SEED (0: the rounds' orders), BENCH_THREADS (1:
+single-threaded timings are stable on a shared machine; 0 keeps torch's default).
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,6 +47,7 @@ from bcos_plugins.nn.functional import reference_path
 from bcos_plugins.pretrained import minilm_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.paired_timing import PairedRounds, paired_rounds
 from benchmarks.common.settings import env_int
 
 FORWARD_GOAL = 1.10
@@ -51,37 +55,23 @@ EXPLAIN_GOAL = 1.05
 GOALS = "issues 30 and 28"
 
 
-@dataclass(frozen=True)
-class Timing:
-    """Median seconds of one callable: ``wall`` (``time.perf_counter``) and ``cpu`` (``time.thread_time``, the
-    benchmark thread's own CPU time)."""
-
-    wall: float
-    cpu: float
+def _ratio_cells(timed: PairedRounds, numerator: str, denominator: str) -> str:
+    """``thread CPU ratio [quartiles] | wall ratio [quartiles]``: two table cells, each the median of the paired
+    per-round ratios and their interquartile range."""
+    return " | ".join(timed.ratio(numerator, denominator, clock).cell() for clock in ("cpu", "wall"))
 
 
-def _timed_call(fn) -> tuple[float, float]:
-    """(wall-clock seconds, this thread's CPU seconds) of one call of ``fn``."""
-    wall, cpu = time.perf_counter(), time.thread_time()
-    fn()
-    return time.perf_counter() - wall, time.thread_time() - cpu
+def _forwards_then_explanations(forwards: dict, explanations: dict, rounds: int, seed: int) -> PairedRounds:
+    """The forward callables' paired rounds, then the explaining ones' (each set paired only within itself).
 
-
-def _interleaved_medians(runs: dict, repeats: int) -> dict[str, Timing]:
-    """Median wall-clock and thread CPU seconds of each named callable, warmed up once, then run in turn so that
-    machine load affects every side alike."""
-    for f in runs.values():
-        f()
-    t = {k: [] for k in runs}
-    for _ in range(repeats):
-        for k, f in runs.items():
-            t[k].append(_timed_call(f))
-    return {k: Timing(statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in t.items()}
-
-
-def _ratios(numerator: Timing, denominator: Timing) -> str:
-    """``wall / cpu`` ratio cell, e.g. ``1.21 / 1.08``."""
-    return f"{numerator.wall / denominator.wall:.2f} / {numerator.cpu / denominator.cpu:.2f}"
+    Forwards first, in their own rounds: an explanation allocates hundreds of MB, after which glibc keeps a heap that
+    serves every later forward without a page fault, while a process that only predicts faults its activations in
+    afresh on every call (MiniLM 16 x 64: about 12,000 minor faults per conventional forward, 20,000 per B-cos one,
+    whose extra temporaries fault too); interleaved with explanations the forward ratio was 0.03-0.04 lower than a
+    forward-only process measures (docs/benchmarks.md, 2026-11-28 14:04-14:18 UTC)."""
+    forward = paired_rounds(forwards, rounds, seed=seed)
+    explaining = paired_rounds(explanations, rounds, seed=seed)
+    return PairedRounds({**forward.seconds, **explaining.seconds}, forward.orders + explaining.orders)
 
 
 def _family_models() -> dict:
@@ -102,9 +92,9 @@ def _family_models() -> dict:
     }
 
 
-def _family_ratios(cls, config, repeats: int, batch: int, length: int) -> tuple[str, str]:
-    """(B-cos forward / conventional forward, B-cos explain / Captum IxG) for one family, each as the cell
-    ``wall ratio / thread CPU ratio``."""
+def _family_rounds(cls, config, rounds: int, batch: int, length: int, seed: int) -> PairedRounds:
+    """One family's paired rounds: B-cos and conventional forward, B-cos explain and Captum IxG, and the
+    conventional forward and IxG a second time (the self-control)."""
     torch.manual_seed(0)
     conventional = cls(config).eval()
     bcos = bcosify(cls(config), b=1.25, verbose=False).eval()
@@ -127,30 +117,36 @@ def _family_ratios(cls, config, repeats: int, batch: int, length: int) -> tuple[
     def fwd(model):
         return torch.no_grad()(lambda: model(input_ids=ids, attention_mask=mask))
 
-    med = _interleaved_medians({
-        "ixg": lambda: ixg.attribute(ids, target=target, additional_forward_args=(mask,),
-                                     attribute_to_layer_input=point.where == "input"),
-        "bcos": lambda: explain(bcos, ids, mask, target=target),
-        "fwd_conv": fwd(conventional),
-        "fwd_bcos": fwd(bcos),
-    }, repeats)
-    return _ratios(med["fwd_bcos"], med["fwd_conv"]), _ratios(med["bcos"], med["ixg"])
+    def run_ixg():
+        ixg.attribute(ids, target=target, additional_forward_args=(mask,),
+                      attribute_to_layer_input=point.where == "input")
+
+    # the *_again callables are the conventional model's calls a second time in the same rounds: the noise floor
+    return _forwards_then_explanations(
+        {"fwd_conv": fwd(conventional), "fwd_conv_again": fwd(conventional), "fwd_bcos": fwd(bcos)},
+        {"ixg": run_ixg, "ixg_again": run_ixg, "bcos": lambda: explain(bcos, ids, mask, target=target)}, rounds, seed)
 
 
-def family_rows(repeats: int, batch: int = 4, length: int = 32) -> list[str]:
-    """Markdown rows: family, B-cos forward / conventional forward, B-cos explain / Captum IxG (wall-clock
-    ratio / thread CPU ratio)."""
+def family_rows(rounds: int, batch: int = 4, length: int = 32, seed: int = 0) -> list[str]:
+    """Markdown rows: family, then B-cos forward / conventional forward, B-cos explain / Captum IxG, conventional
+    forward / itself and IxG / itself, each the median of paired per-round ratios [interquartile range] in thread
+    CPU time, then the first two in wall-clock time."""
     rows = []
     for family, (cls, config) in _family_models().items():
-        forward, explanation = _family_ratios(cls, config, repeats, batch, length)
-        rows.append(f"| {family} | {forward} | {explanation} |")
+        timed = _family_rounds(cls, config, rounds, batch, length, seed)
+        cpu = [timed.ratio(n, d, "cpu").cell() for n, d in (("fwd_bcos", "fwd_conv"), ("bcos", "ixg"),
+                                                            ("fwd_conv_again", "fwd_conv"), ("ixg_again", "ixg"))]
+        wall = [f"{timed.ratio(n, d, 'wall').median:.2f}" for n, d in (("fwd_bcos", "fwd_conv"), ("bcos", "ixg"))]
+        rows.append(f"| {family} | {' | '.join(cpu)} | {' / '.join(wall)} |")
     return rows
 
 
 def main() -> None:
     batch = env_int("BENCH_BATCH", 16, minimum=1)
     length = env_int("BENCH_LEN", 64, minimum=1)
-    repeats = env_int("BENCH_REPEATS", 7, minimum=1)
+    rounds = env_int("BENCH_REPEATS", 7, minimum=1)
+    family_rounds = env_int("BENCH_FAMILY_ROUNDS", 25, minimum=1)
+    seed = env_int("BENCH_SEED", 0, minimum=0)
     threads = env_int("BENCH_THREADS", 1, minimum=0)
     if threads > 0:
         torch.set_num_threads(threads)
@@ -188,31 +184,41 @@ def main() -> None:
                 f()
         return g
 
-    med = _interleaved_medians({"ixg": run_ixg, "bcos": run_bcos, "bcos_ref": on_reference_path(run_bcos),
-                                "fwd_conv": fwd(conventional), "fwd_bcos": fwd(bcos),
-                                "fwd_bcos_ref": on_reference_path(fwd(bcos))}, repeats)
-    print(f"MiniLM-L6 architecture, batch {batch} x {length} tokens, median of {repeats} interleaved runs, "
-          f"{torch.get_num_threads()} thread(s); {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load "
-          f"average {os.getloadavg()[0]:.1f}")
-    print("Each ratio as wall-clock / thread CPU time (the thread's CPU time is the steadier on a shared machine"
-          + ("" if torch.get_num_threads() == 1 else "; with several threads it misses the other threads' work") + ").")
-    print("| measurement | seconds, wall / thread CPU | ratio, wall / thread CPU | goal |")
-    print("|---|---|---|---|")
+    # fwd_conv_again: the conventional forward a second time in the same rounds, the self-control (noise floor)
+    timed = _forwards_then_explanations(
+        {"fwd_conv": fwd(conventional), "fwd_conv_again": fwd(conventional), "fwd_bcos": fwd(bcos),
+         "fwd_bcos_ref": on_reference_path(fwd(bcos))},
+        {"ixg": run_ixg, "bcos": run_bcos, "bcos_ref": on_reference_path(run_bcos)}, rounds, seed)
+    print(f"MiniLM-L6 architecture, batch {batch} x {length} tokens, {rounds} paired rounds (each callable once per "
+          f"round, in a fresh random order, seed {seed}; the forwards' rounds first, then the explanations'), "
+          f"{torch.get_num_threads()} thread(s); {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.1f}")
+    print("Ratio: the median over the rounds of the two calls' ratio in that round [its interquartile range], in the "
+          "thread's CPU time (the steadier on a shared machine"
+          + ("" if torch.get_num_threads() == 1 else "; with several threads it misses the other threads' work")
+          + ") and in wall-clock time. The self-control row is the conventional forward against itself: a ratio "
+          "that far from 1 is noise.")
+    print("| measurement | median seconds, thread CPU / wall | ratio, thread CPU | ratio, wall | goal |")
+    print("|---|---|---|---|---|")
     rows = [("Captum IxG, conventional", "ixg", None, ""), ("B-cos explain, B-cos", "bcos", "ixg", EXPLAIN_GOAL),
             ("B-cos explain, B-cos, reference path", "bcos_ref", "ixg", ""),
-            ("forward, conventional", "fwd_conv", None, ""), ("forward, B-cos", "fwd_bcos", "fwd_conv", FORWARD_GOAL),
+            ("forward, conventional", "fwd_conv", None, ""),
+            ("forward, conventional again (self-control)", "fwd_conv_again", "fwd_conv", ""),
+            ("forward, B-cos", "fwd_bcos", "fwd_conv", FORWARD_GOAL),
             ("forward, B-cos, reference path", "fwd_bcos_ref", "fwd_conv", "")]
     for label, key, base, goal in rows:
-        ratio = _ratios(med[key], med[base]) if base else ""
-        print(f"| {label} | {med[key].wall:.4f} / {med[key].cpu:.4f} | {ratio} | "
+        ratio = _ratio_cells(timed, key, base) if base else " | "
+        print(f"| {label} | {timed.median(key, 'cpu'):.4f} / {timed.median(key, 'wall'):.4f} | {ratio} | "
               f"{f'<= {goal:.2f} ({GOALS})' if goal else ''} |")
     print()
     print("Families added with the architecture registry (2 layers, hidden 128, batch 4 x 32 tokens, random weights,"
-          " B = 1.25)")
-    print(f"Ratios wall-clock / thread CPU; goals <= {FORWARD_GOAL:.2f} forward, <= {EXPLAIN_GOAL:.2f} explain ({GOALS})")
-    print("| family | forward B-cos / conventional | B-cos explain / Captum IxG |")
-    print("|---|---|---|")
-    for row in family_rows(repeats):
+          f" B = 1.25), {family_rounds} paired rounds each (forwards, then explanations)")
+    print(f"Thread-CPU ratios, median of paired rounds [interquartile range]; the wall-clock medians last; goals <= "
+          f"{FORWARD_GOAL:.2f} forward, <= {EXPLAIN_GOAL:.2f} explain ({GOALS}); self-control: the conventional "
+          "model's forward and IxG against themselves")
+    print("| family | forward B-cos / conventional | B-cos explain / Captum IxG | self-control forward | "
+          "self-control IxG | wall: forward / explain |")
+    print("|---|---|---|---|---|---|")
+    for row in family_rows(family_rounds, seed=seed):
         print(row)
 
 

@@ -6,6 +6,8 @@
   evaluated by ``benchmarks/bench_decoders.py`` and dissected by ``examples/ioi_circuit.py``;
 - ``decoder_baselines``: the compact GPT-2 vocabulary and the Captum baselines of contrastive next-token
   explanations (``examples/blimp_mrr.py``, ``benchmarks/bench_decoders.py``);
+- ``paired_timing``: speed ratios in paired rounds (each callable once per round in a fresh seeded order, a ratio
+  the median of the per-round ratios with its quartiles; ``benchmarks/bench_core.py``);
 - ``paired_report``: results files of several seeds paired against a baseline model (``examples/guided_esnli.py
   --report``).
 
