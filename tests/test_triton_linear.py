@@ -19,6 +19,10 @@ Interpreter facts found with triton 3.6 (a check fails when one changes):
 - ``triton.jit`` picks the interpreter for a kernel when it decorates it (``triton.knobs.runtime.interpret``);
 - the interpreter multiplies bfloat16 tiles in ``tl.dot`` as their raw 16-bit integers (silently wrong values): the
   kernel widens bfloat16 tiles to float32 for the product under the interpreter only (exact products);
+- it casts float32 to bfloat16 by truncation (toward 0; compiled kernels and torch round to the nearest): the kernel
+  rounds its bfloat16 values by hand under the interpreter only, and a check pins that the interpreted kernel's
+  bfloat16 values are as close to float64 as the PyTorch path's (they were 2.4x further, a tiny Llama's
+  explanations 3x less complete);
 - with NumPy >= 2.4 it cannot loop to a runtime bound (``int()`` of a one-element array; fixed in Triton 3.8): the
   kernel's K is a compile-time constant.
 """

@@ -21,7 +21,7 @@ if tl is not None:
         # (int() of its one-element arrays; fixed in Triton 3.8), and a layer's d_in is fixed anyway
         K: tl.constexpr,
         B_MODE: tl.constexpr, FLOOR: tl.constexpr, STORE_DYN: tl.constexpr, STORE_NORMS: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, DOT_IN_FLOAT32: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
         NORM_EPS_: tl.constexpr, COS_FLOOR_: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
@@ -47,13 +47,18 @@ if tl is not None:
             w_wide = w_tile.to(tl.float32)
             x_sq += tl.sum(x_wide * x_wide, axis=1)
             w_sq += tl.sum(w_wide * w_wide, axis=0)
-            a = x_tile.to(DOT_DTYPE)
-            b = w_tile.to(DOT_DTYPE)
-            if DOT_IN_FLOAT32:
-                # Triton's interpreter multiplies bfloat16 tiles as their raw 16-bit integers (tests check it still does);
-                # products of bfloat16 values are exact in float32, so this gives the bfloat16 dot's values
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
+            if INTERPRETED_BF16:
+                # Triton's interpreter multiplies bfloat16 tiles as their raw 16-bit integers (tests check it still
+                # does): the tiles are rounded to bfloat16 values and kept in float32, whose products of bfloat16
+                # values are exact, so this gives the bfloat16 dot's values. Rounded by hand: the interpreter's cast
+                # to bfloat16 truncates (below)
+                bits = x_wide.to(tl.uint32, bitcast=True)
+                a = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+                bits = w_wide.to(tl.uint32, bitcast=True)
+                b = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+            else:
+                a = x_tile.to(DOT_DTYPE)
+                b = w_tile.to(DOT_DTYPE)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
         w_norm = tl.sqrt(w_sq)
         lin = acc / tl.maximum(w_norm, NORM_EPS_)[None, :]
@@ -71,11 +76,23 @@ if tl is not None:
             dyn = tl.exp2(exponent * tl.log2(cos))
         ok = row_ok[:, None] & unit_ok[None, :]
         offsets = rows[:, None] * stride_om + units[None, :] * stride_on
-        tl.store(out_ptr + offsets, (lin * dyn).to(out_ptr.dtype.element_ty), mask=ok)
+        out = lin * dyn
+        if INTERPRETED_BF16:
+            # Triton 3.6's interpreter casts float32 to bfloat16 by truncation (toward 0; tests check it still does),
+            # the compiled kernel and torch to the nearest: every output rounded toward 0 made the interpreted kernel's
+            # bfloat16 values 2-3x further from float64 than the PyTorch path's, and explanations of a tiny Llama 3x
+            # less complete. Rounded to the nearest bfloat16 by hand (ties to even; its float32 bits then have 16
+            # trailing zeros, so the truncating cast that stores it is exact)
+            bits = out.to(tl.uint32, bitcast=True)
+            out = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=ok)
         if STORE_DYN:
             # dyn / max(||w||, eps): the explaining backward's factor on the raw weight, (grad * it) @ w, which needs no
             # normalised copy of the weight
             scale = dyn / tl.maximum(w_norm, NORM_EPS_)[None, :]
+            if INTERPRETED_BF16:  # (to the nearest, as the output above)
+                bits = scale.to(tl.uint32, bitcast=True)
+                scale = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
             tl.store(dyn_ptr + offsets, scale.to(dyn_ptr.dtype.element_ty), mask=ok)
         if STORE_NORMS:
             # each row's norm once (the first column of programs), each unit's once (the first row of programs); as

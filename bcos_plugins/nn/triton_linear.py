@@ -181,7 +181,7 @@ def _launch(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor
         b - 1.0,
         K=k, B_MODE=mode, FLOOR=floor, STORE_DYN=store_dyn, STORE_NORMS=store_norms,
         DOT_DTYPE=_tl_dtype(dot_dtype), PRECISION=precision,
-        DOT_IN_FLOAT32=interpreted and dot_dtype == torch.bfloat16,
+        INTERPRETED_BF16=interpreted and dot_dtype == torch.bfloat16,
         NORM_EPS_=NORM_EPS, COS_FLOOR_=COS_FLOOR,
         BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K,
     )
