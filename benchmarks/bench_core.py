@@ -16,7 +16,7 @@ of the benchmark's work) and wall-clock time. A self-control row (the convention
 copy of itself in the same rounds) shows the run's noise floor. The forwards run in rounds of their own before any
 explanation (``_forwards_then_explanations`` says why). Until 2026-11-28 the callables ran in one fixed order, the
 forwards among the explanations, and the ratio was of separate medians of 7: MiniLM's forward ratio read 1.09 where a
-forward-only process measures 1.14-1.16 (docs/benchmarks.md).
+forward-only process measures 1.14-1.16 (docs/benchmarks.md#bench-core-method).
 A second table has a row per family added with the architecture registry (Mistral, Qwen2, Qwen3, Gemma 2
 causal LMs, a ModernBERT classifier) at a small shape (2 layers, hidden 128, batch 4 x 32 tokens): the same
 two ratios, Captum's IxG taken at the conventional model's attribution point. For a causal LM (explained at the
@@ -68,7 +68,7 @@ def _forwards_then_explanations(forwards: dict, explanations: dict, rounds: int,
     serves every later forward without a page fault, while a process that only predicts faults its activations in
     afresh on every call (MiniLM 16 x 64: about 12,000 minor faults per conventional forward, 20,000 per B-cos one,
     whose extra temporaries fault too); interleaved with explanations the forward ratio was 0.03-0.04 lower than a
-    forward-only process measures (docs/benchmarks.md, 2026-11-28 14:04-14:18 UTC)."""
+    forward-only process measures (docs/benchmarks.md#bench-core-method)."""
     forward = paired_rounds(forwards, rounds, seed=seed)
     explaining = paired_rounds(explanations, rounds, seed=seed)
     return PairedRounds({**forward.seconds, **explaining.seconds}, forward.orders + explaining.orders)

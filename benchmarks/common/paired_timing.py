@@ -7,7 +7,7 @@ MB) is biased the same way on every round, and more rounds do not remove it. A f
 a run can be repeated) spreads such effects over both sides; pairing by round cancels the load the two calls of a
 round share, and the quartiles of the paired ratios show the spread. A self-control pair (one callable against a
 second copy of itself) shows the noise floor of a run. What the order cannot fix is the process's state: see
-``benchmarks/bench_core.py`` (forwards timed before any explanation) and docs/benchmarks.md (2026-11-28, 14:04-14:18 UTC).
+``benchmarks/bench_core.py`` (forwards timed before any explanation) and docs/benchmarks.md#bench-core-method.
 
 Two clocks per call: wall-clock (``time.perf_counter``) and the calling thread's CPU time (``time.thread_time``,
 which counts only what the thread ran: steadier on a shared machine, and all of the work when torch runs one
