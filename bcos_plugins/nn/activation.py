@@ -37,8 +37,13 @@ from .functional import HALF_DTYPES, using_reference_path
 __all__ = ["ACTIVATIONS", "DetachableActivation", "GATES"]
 
 
-_SQRT_HALF = math.sqrt(0.5)  # M_SQRT1_2, as torch.special.ndtr multiplies by it
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+# the constants are literals returned by functions, not module-level floats: see nn/functional.py's _norm_eps
+def _sqrt_half() -> float:
+    return math.sqrt(0.5)  # M_SQRT1_2, as torch.special.ndtr multiplies by it
+
+
+def _sqrt_2_over_pi() -> float:
+    return math.sqrt(2.0 / math.pi)
 
 
 # The gates' steps write into their first fresh tensor where autograd does not record them (an explanation's
@@ -54,27 +59,28 @@ def _gelu_erf_gate(x: Tensor) -> Tensor:
     """``Phi(x) = 0.5 (1 + erf(x / sqrt 2))``, the steps of ``torch.special.ndtr``."""
     if _recording(x):
         return torch.special.ndtr(x)
-    return torch.erf(x * _SQRT_HALF).add_(1.0).mul_(0.5)
+    return torch.erf(x * _sqrt_half()).add_(1.0).mul_(0.5)
 
 
 def _gelu_tanh_gate(x: Tensor) -> Tensor:
     if _recording(x):
-        return 0.5 * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x.pow(3))))
-    return x.pow(3).mul_(0.044715).add_(x).mul_(_SQRT_2_OVER_PI).tanh_().add_(1.0).mul_(0.5)
+        return 0.5 * (1.0 + torch.tanh(_sqrt_2_over_pi() * (x + 0.044715 * x.pow(3))))
+    return x.pow(3).mul_(0.044715).add_(x).mul_(_sqrt_2_over_pi()).tanh_().add_(1.0).mul_(0.5)
 
 
 # transformers' QuickGELUActivation: input * torch.sigmoid(1.702 * input), the same steps
-_QUICK_GELU_SLOPE = 1.702
+def _quick_gelu_slope() -> float:
+    return 1.702
 
 
 def _quick_gelu_gate(x: Tensor) -> Tensor:
     if _recording(x):
-        return torch.sigmoid(_QUICK_GELU_SLOPE * x)
-    return torch.mul(x, _QUICK_GELU_SLOPE).sigmoid_()
+        return torch.sigmoid(_quick_gelu_slope() * x)
+    return torch.mul(x, _quick_gelu_slope()).sigmoid_()
 
 
 def _quick_gelu(x: Tensor) -> Tensor:
-    return x * torch.sigmoid(_QUICK_GELU_SLOPE * x)
+    return x * torch.sigmoid(_quick_gelu_slope() * x)
 
 
 GATES = {
@@ -97,7 +103,8 @@ ACTIVATIONS = {
 
 # below this |x| the ratio tanh(x) / x is evaluated as its Taylor series (error < x^4 / 7 < 2e-13): the
 # division itself would be 0 / 0 at x = 0
-_TANH_SERIES_BELOW = 1e-3
+def _tanh_series_below() -> float:
+    return 1e-3
 
 
 def tanh_ratio(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
@@ -110,7 +117,7 @@ def tanh_ratio(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     ``x = 0`` and NaN kept where ``x`` is NaN.
     """
     if torch.is_grad_enabled() and x.requires_grad:
-        small = x.abs() < _TANH_SERIES_BELOW
+        small = x.abs() < _tanh_series_below()
         safe = torch.where(small, torch.ones_like(x), x)
         return torch.where(small, 1.0 - x * x / 3.0, torch.tanh(safe) / safe)
     # The quotient is NaN exactly where x = 0 (0 / 0: the limit 1 goes there) or x is NaN (stays NaN). nan_to_num_

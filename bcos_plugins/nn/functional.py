@@ -65,8 +65,25 @@ __all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "at_least_float32", "unit_nor
            "input_norm", "bcos_scale", "bcos_product", "inference_linear", "explaining_linear", "explaining_scale", "detach_units", "bcos_linear",
            "max_out", "reference_path", "using_reference_path"]
 
-NORM_EPS = 1e-6
-COS_FLOOR = 1e-12
+
+# Constants: each is a literal returned by a function, and the code reads the call, not a module-level float.
+# Under torch.compile(dynamic=True), torch 2.13's dynamo makes every float it reads from a module, a class, a
+# default argument or an object attribute a graph input (a SymFloat), first realised where it is read: read inside
+# an autograd.Function, the input belongs to that Function's subgraph, and the next Function reading the same float
+# fails with "AssertionError: lift_tracked_freevar_to_input should not be called on root SubgraphTracer" (training
+# and explain of every B-cos model; tests/test_compile_dynamic.py). A literal in the code is a constant to dynamo.
+def _norm_eps() -> float:
+    """The floor of a weight norm and the square of the input norm's additive floor."""
+    return 1e-6
+
+
+def _cos_floor() -> float:
+    """The floor of ``|cos|`` where a derivative is taken."""
+    return 1e-12
+
+
+NORM_EPS = _norm_eps()  # the values, for code outside the Functions (the Triton kernel's arguments, conv.py)
+COS_FLOOR = _cos_floor()
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -92,7 +109,7 @@ _SQRT_NORM_EPS = {dtype: torch.tensor(NORM_EPS**0.5, dtype=dtype) for dtype in (
 
 def unit_norm(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
     """``weight`` scaled so that each unit's input weights (the axes ``dim``) have norm 1."""
-    return _divided_by_norm(weight, _unit_norms(weight, dim).clamp_min(NORM_EPS))
+    return _divided_by_norm(weight, _unit_norms(weight, dim).clamp_min(_norm_eps()))
 
 
 def _unit_norms(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
@@ -106,7 +123,7 @@ def _unrecorded_unit_norm(view: Tensor, dim: int | tuple[int, ...], cast: torch.
     """:func:`unit_norm` of ``view`` where autograd records nothing (its clamp in place), stored in ``cast`` (the
     matrix product's dtype under ``torch.autocast``, :func:`_matmul_cast`) if given, else in ``view``'s dtype
     (:func:`_stored_quotient`)."""
-    return _stored_quotient(view, _unit_norms(view, dim).clamp_min_(NORM_EPS), cast or view.dtype)
+    return _stored_quotient(view, _unit_norms(view, dim).clamp_min_(_norm_eps()), cast or view.dtype)
 
 
 def _stored_quotient(view: Tensor, clamped_norm: Tensor, dtype: torch.dtype) -> Tensor:
@@ -346,7 +363,7 @@ def _input_norm(x: Tensor, dim: int | tuple[int, ...]) -> Tensor:
     else:
         norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True)
     if _REFERENCE_PATH:
-        return (norm * norm + NORM_EPS).sqrt()
+        return (norm * norm + _norm_eps()).sqrt()
     # the same value in one kernel instead of three (equal to within one rounding of the dtype; hypot skips
     # the rounding of norm * norm); its gradient norm / hypot is 0, not NaN, at norm = 0
     return torch.hypot(norm, _SQRT_NORM_EPS.get(norm.dtype, _SQRT_NORM_EPS[torch.float64]))
@@ -379,7 +396,7 @@ def bcos_scale(lin: Tensor, x_norm: Tensor, b: float) -> Tensor:
     """
     cos = lin / x_norm
     in_place = not (torch.is_grad_enabled() and cos.requires_grad)
-    abs_cos = cos.abs_().clamp_min_(COS_FLOOR) if in_place else cos.abs().clamp_min(COS_FLOOR)
+    abs_cos = cos.abs_().clamp_min_(_cos_floor()) if in_place else cos.abs().clamp_min(_cos_floor())
     if b == 2.0:
         dyn = abs_cos
     elif b == 1.5:
@@ -440,7 +457,7 @@ def _lin_dtype_scale(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
 
 def _floored_power_(abs_cos: Tensor, b: float | Tensor) -> Tensor:
     """``max(|cos|, floor) ** (B - 1)``, written into ``abs_cos``."""
-    return _power_(abs_cos.clamp_min_(COS_FLOOR), b)
+    return _power_(abs_cos.clamp_min_(_cos_floor()), b)
 
 
 def _power_(abs_cos: Tensor, b: float | Tensor) -> Tensor:
@@ -504,7 +521,7 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
                      and torch.is_autocast_enabled("cpu" if weight.is_cpu else weight.device.type))):
         view = weight.T if units_are_columns else weight
         lin = torch.nn.functional.linear(x, view / torch.linalg.vector_norm(view, dim=1, keepdim=True)
-                                         .clamp_min_(NORM_EPS))
+                                         .clamp_min_(_norm_eps()))
         if b == 1.0:
             return lin
         # _derived_from's rule: shared only where nothing is recorded or traced, for a plain tensor with a version
@@ -643,7 +660,7 @@ class _BcosProduct(torch.autograd.Function):
 def _scale_from_lin(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> tuple[Tensor, Tensor]:
     """The forward's ``dyn`` (bit for bit: the same steps) and where ``|cos| > floor`` (the clamp left it)."""
     abs_cos = _abs_cos(lin, x_norm)
-    active = _above(abs_cos, COS_FLOOR)
+    active = _above(abs_cos, _cos_floor())
     return _floored_power_(abs_cos, b), active
 
 
@@ -667,7 +684,7 @@ def _scale_from_out(out: Tensor, x_norm: Tensor, b: float) -> tuple[Tensor, Tens
     wide = torch.float32 if out.dtype in HALF_DTYPES else out.dtype
     ratio = out.to(wide).abs_() if out.dtype != wide else out.abs()
     ratio = ratio.mul_(x_norm.reciprocal())
-    floor = COS_FLOOR**b
+    floor = _cos_floor()**b
     active = _above(ratio, floor)
     dyn = ratio.clamp_min_(floor)
     # (pow rather than exp(log(.) * p), which was no faster on a CPU (0.84-1.15 of pow's time; docs/benchmarks.md,
@@ -726,7 +743,7 @@ def scale_recoverable(dtype: torch.dtype, b: float | Tensor) -> bool:
     bfloat16: B <= 2.9; float64: every B up to :data:`~bcos_plugins.nn.linear.MAX_B`; float16: never. A
     tensor B (a layer's buffer inside a compiled graph) has no value while the graph is built: not recoverable.
     """
-    return not isinstance(b, Tensor) and COS_FLOOR**b * NORM_EPS**0.5 >= torch.finfo(dtype).tiny
+    return not isinstance(b, Tensor) and _cos_floor()**b * _norm_eps()**0.5 >= torch.finfo(dtype).tiny
 
 
 def _without_autocast(device_type: str):
@@ -768,7 +785,7 @@ class BcosLinearNode(torch.autograd.Function):
         # the same steps as unit_norm and bcos_product: the values equal the unfused forward's bit for bit (the
         # unit-norm weight stored in the matrix product's dtype, as autocast would cast it)
         lin = torch.nn.functional.linear(
-            x, _stored_quotient(view, norms.clamp_min(NORM_EPS), _matmul_cast(weight) or view.dtype))
+            x, _stored_quotient(view, norms.clamp_min(_norm_eps()), _matmul_cast(weight) or view.dtype))
         ctx.units_are_columns = units_are_columns
         ctx.x_dtype = x.dtype
         ctx.keeps_lin = x_norm is not None and not scale_recoverable(lin.dtype, b)
@@ -808,7 +825,7 @@ class BcosLinearNode(torch.autograd.Function):
                     **{"lin" if ctx.keeps_lin else "out": kept})
                 grad_lin = grad_lin.to(matmul_dtype)
             view = weight.T if ctx.units_are_columns else weight
-            clamped = norms.clamp_min(NORM_EPS)
+            clamped = norms.clamp_min(_norm_eps())
             # the forward's ŵ, divided once: half-precision weights are divided in float32 (the normalisation's
             # gradient below wants that quotient) and rounded to the weight's dtype as the forward rounded it
             wide_unit = _divided_by_norm(view, clamped, keep_wide=True)
@@ -828,7 +845,7 @@ class BcosLinearNode(torch.autograd.Function):
                 grad_unit = (inputs.T @ rows).T if ctx.units_are_columns else rows.T @ inputs
                 grad_unit = _widening(grad_unit, wide_unit.dtype)
                 radial = (grad_unit * wide_unit).sum(dim=1, keepdim=True)
-                radial = radial.masked_fill_(norms < NORM_EPS, 0.0)  # a clamped norm is a constant
+                radial = radial.masked_fill_(norms < _norm_eps(), 0.0)  # a clamped norm is a constant
                 grad_view = torch.addcmul(grad_unit, wide_unit, radial, value=-1.0).div_(clamped)
                 grad_weight = (grad_view.T if ctx.units_are_columns else grad_view).to(weight.dtype)
         return grad_x, grad_weight, None if ctx.own_norm else grad_norm, None, None, None

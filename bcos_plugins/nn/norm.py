@@ -149,7 +149,9 @@ class BcosLayerNorm(DynamicWeightModule):
         if self.holds_constant():
             if weight is not None and parameter_gradients_unused():
                 weight = weight.detach()  # explanations take no parameter gradient: none is computed
-            return _ConstantScaleLayerNorm.apply(x, weight, self.normalized_shape, self.eps)
+            # float(): under torch.compile(dynamic=True) this reads eps (a graph input there) here, outside the
+            # Function; first read inside it, a layer norm called twice failed (see functional._norm_eps)
+            return _ConstantScaleLayerNorm.apply(x, weight, self.normalized_shape, float(self.eps))
         return F.layer_norm(x, self.normalized_shape, weight, None, self.eps)
 
     def extra_repr(self) -> str:
