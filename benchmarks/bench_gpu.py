@@ -25,7 +25,11 @@ it prints the B-cos / conventional ratio of
   (:func:`saved_for_backward_bytes`: distinct storages, parameters and buffers excluded), the activation part
   of training memory, on any device (on a CPU, which has no peak-memory statistics, the one memory column).
 
-Each cell is the median of ``--repeats`` interleaved calls after warm-up. Compiled cells run after all eager
+Each time cell is the median [interquartile range] of ``--repeats`` paired per-round B-cos / conventional ratios
+(wall clock, each call between two device synchronisations), every round in a fresh seeded random order after
+two warm-up calls each (benchmarks/common/paired_timing.py; until 2026-11-28, the ratio of the two sides' medians
+over a fixed alternation, which docs/benchmarks.md#bench-core-method found flattering to B-cos), then each side's
+median time. Compiled cells run after all eager
 ones and are skipped (and say so) once ``--budget-s`` seconds have passed, so that a run ends in time: with the
 default (230 s) a run took 394 s on one H100, the compiled cells past MiniLM skipped (compiling one GPT-2 pair
 takes over 4 minutes there; docs/benchmarks.md#gpu). ``--device cpu --quick`` runs tiny shapes on the CPU (the test suite does).
@@ -40,13 +44,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import transformers as T
@@ -56,6 +60,9 @@ from bcos_plugins import bcos_loss, bcosify, explain
 from bcos_plugins.attribution.gradient import capture_point
 from bcos_plugins.convert.architectures import spec_for
 from bcos_plugins.nn import triton_kernels
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.paired_timing import RatioSpread, paired_rounds
 
 
 @dataclass(frozen=True)
@@ -109,20 +116,13 @@ class Bench:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def pair(self, bcos_fn: Callable[[], object], conv_fn: Callable[[], object]) -> tuple[float, float]:
-        """Median seconds of ``bcos_fn`` and ``conv_fn``, interleaved so that load affects both alike."""
-        for fn in (bcos_fn, conv_fn, bcos_fn, conv_fn):  # warm-up (the first compiled call compiles)
-            fn()
-        self.sync()
-        times: dict[int, list[float]] = {0: [], 1: []}
-        for _ in range(self.repeats):
-            for i, fn in enumerate((bcos_fn, conv_fn)):
-                self.sync()
-                t0 = time.perf_counter()
-                fn()
-                self.sync()
-                times[i].append(time.perf_counter() - t0)
-        return statistics.median(times[0]), statistics.median(times[1])
+    def pair(self, bcos_fn: Callable[[], object], conv_fn: Callable[[], object]) -> tuple[RatioSpread, float, float]:
+        """The B-cos / conventional wall-clock ratio (median [IQR] of the per-round ratios) and the median seconds of
+        ``bcos_fn`` and ``conv_fn``: two untimed warm-up calls each (the first compiled call compiles), then
+        ``repeats`` paired rounds in a fresh seeded order (benchmarks/common/paired_timing.py), each call between two
+        device synchronisations (on a GPU a call returns once its kernels are queued)."""
+        timed = paired_rounds({"bcos": bcos_fn, "conv": conv_fn}, self.repeats, warm_up=2, synchronize=self.sync)
+        return timed.ratio("bcos", "conv", "wall"), timed.median("bcos", "wall"), timed.median("conv", "wall")
 
     def peak_memory(self, fn: Callable[[], object]) -> float | None:
         """Peak bytes allocated while ``fn`` runs, above what was allocated before (CUDA only)."""
@@ -246,6 +246,13 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
 
 
+def _time_cell(timed: tuple[RatioSpread, float, float]) -> str:
+    """``1.23x [1.10, 1.31] (4.0 vs 3.2 ms)``: the median [IQR] of the paired B-cos / conventional ratios, then each
+    side's median time (whose quotient may differ from the paired median)."""
+    spread, bcos_s, conv_s = timed
+    return f"{spread.median:.2f}x [{spread.q1:.2f}, {spread.q3:.2f}] ({bcos_s * 1e3:.1f} vs {conv_s * 1e3:.1f} ms)"
+
+
 def run_shape(shape: Shape, bench: Bench, precision: str, mode: str, pair: Pair) -> dict[str, str]:
     """One row of the table; ``pair``'s models are shared by the precisions of a shape and mode (compiled: already
     wrapped by ``Module.compile``), so that each is built and converted once."""
@@ -273,8 +280,7 @@ def run_shape(shape: Shape, bench: Bench, precision: str, mode: str, pair: Pair)
         return run
 
     row: dict[str, str] = {}
-    fb, fc = bench.pair(forward(bcos), forward(conventional))
-    row["forward"] = f"{_ratio(fb, fc)} ({fb * 1e3:.1f} vs {fc * 1e3:.1f} ms)"
+    row["forward"] = _time_cell(bench.pair(forward(bcos), forward(conventional)))
 
     ixg = (_ixg_probe if compiled else _ixg_captum)(conventional, ids, mask, target)
 
@@ -286,15 +292,13 @@ def run_shape(shape: Shape, bench: Bench, precision: str, mode: str, pair: Pair)
         with autocast():
             ixg()
 
-    eb, ec = bench.pair(run_explain, run_ixg)
-    row["explain / IxG"] = f"{_ratio(eb, ec)} ({eb * 1e3:.1f} vs {ec * 1e3:.1f} ms)"
+    row["explain / IxG"] = _time_cell(bench.pair(run_explain, run_ixg))
 
     bcos.train()
     conventional.train()
     step_b, opt_b = _train_step(bcos, ids, mask, labels, True, autocast)
     step_c, opt_c = _train_step(conventional, ids, mask, labels, False, autocast)
-    tb, tc = bench.pair(step_b, step_c)
-    row["train step"] = f"{_ratio(tb, tc)} ({tb * 1e3:.1f} vs {tc * 1e3:.1f} ms)"
+    row["train step"] = _time_cell(bench.pair(step_b, step_c))
     mb, mc = bench.peak_memory(step_b), bench.peak_memory(step_c)
     if mb is not None:
         mb, mc = mb + _resident_bytes(bcos, opt_b), mc + _resident_bytes(conventional, opt_c)
@@ -390,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [s for s in (QUICK_SHAPES if args.quick else FULL_SHAPES) if s.name in args.shapes]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
     print(f"# B-cos / conventional on {name}, torch {torch.__version__}, transformers {T.__version__}, "
-          f"B = {args.b}, median of {repeats} interleaved calls{', quick shapes' if args.quick else ''}")
+          f"B = {args.b}, median [IQR] of {repeats} paired ratios, rounds in seeded random order{', quick shapes' if args.quick else ''}")
     start = time.perf_counter()
     print("| shape (batch x tokens) | precision | mode | " + " | ".join(MEASUREMENTS) + " |")
     print("|---" * (3 + len(MEASUREMENTS)) + "|")

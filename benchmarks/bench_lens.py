@@ -6,9 +6,12 @@ Both models are ``HookedTransformer``s with the same config (GPT-2 layout: Layer
 positions; or the Llama layout: RMSNorm, SiLU gated MLP, rotary, grouped-query attention) and the same
 weights; the B-cos one (:class:`BcosHookedTransformer`, B = 1.5, every projection B-cos) computes the
 B-cos scales on every forward (its unit-norm weights are cached while gradients are off, as in analysis
-workloads). Timings alternate between the two models (``--repeats`` rounds, each timing both) so that
-machine load hits both alike; the ratio of the medians is printed for wall-clock time and for the
-process' CPU time, along with tokens per second and the peak memory of one forward (CUDA only).
+workloads). ``--repeats`` paired rounds, each calling both once in a fresh seeded random order after one
+warm-up call each (benchmarks/common/paired_timing.py; on CUDA each call between two device synchronisations);
+the ratio printed is the median [interquartile range] of the per-round ratios, on the wall clock and on the
+benchmark thread's CPU time (until 2026-11-28: the ratio of the two medians over a fixed alternation, plain
+first, and the process' CPU time; docs/benchmarks.md#bench-core-method says why that changed), along with each
+side's median time, tokens per second and the peak memory of one forward (CUDA only).
 
 On CPU the run uses one thread by default (``--threads``): on a shared machine multi-threaded wall-clock
 timings swing by 2x between runs, single-threaded ones by a few percent.
@@ -16,7 +19,8 @@ timings swing by 2x between runs, single-threaded ones by a few percent.
 2. Token x component decomposition (``--what components``): a 6-layer, 8-head B-cos model over 64 tokens;
    :func:`token_component_decomposition` (one top-down batched backward) timed next to one ``explain_logits``
    call and next to the plain loop of one backward pass per component, each from that component's own scalar
-   (goal: >= 3x faster than the loop), alternating the three in each round; the tables of the two
+   (goal: >= 3x faster than the loop), in paired rounds of the three (and a bare matrix product), each round in a
+   fresh seeded order, ratios the median [IQR] of the per-round ratios (wall clock); the tables of the two
    decompositions are checked equal. The floating-point operations of each call are counted too
    (``torch.utils.flop_counter``): both decompositions do the same arithmetic (each component's gradient
    crosses the blocks below it once), so their time ratio is what batching alone buys on the device.
@@ -31,9 +35,9 @@ timings swing by 2x between runs, single-threaded ones by a few percent.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
 import warnings
+from pathlib import Path
 
 import torch
 from bcos_plugins.adapters.transformer_lens import (
@@ -44,6 +48,9 @@ from bcos_plugins.adapters.transformer_lens import (
 )
 from torch.utils.flop_counter import FlopCounterMode
 from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.paired_timing import paired_rounds
 
 warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
 
@@ -67,15 +74,9 @@ def _models(args):
     return plain, bcos
 
 
-def _time(model, tokens, device) -> tuple[float, float]:
-    """(wall-clock seconds, process CPU seconds) of one forward."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-    wall, cpu = time.perf_counter(), time.process_time()
-    model(tokens)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - wall, time.process_time() - cpu
+def _synchronize(device: str):
+    """What paired_rounds runs around each timed call: a CUDA call returns once its kernels are queued."""
+    return torch.cuda.synchronize if device == "cuda" else None
 
 
 def _peak_mib(model, tokens, device) -> float | None:
@@ -112,37 +113,26 @@ def bench_components(args) -> None:
     rows, d_model, d_mlp = (len(batched.labels) - 1) * tokens.shape[1], cfg.d_model, cfg.d_mlp
     a = torch.randn(rows, d_model, device=args.device)
     b = torch.randn(d_model, d_mlp, device=args.device)
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    product_times = []
-    for _ in range(args.repeats):
-        for name, call in calls.items():
-            times[name].append(_time_call(call, args.device))
-        product_times.append(_time_call(lambda: a @ b, args.device))
-    wall = {name: statistics.median(t) for name, t in times.items()}
+    a @ b  # warm-up, as the three calls' results above
+    product = "matrix product"
+    timed = paired_rounds({**calls, product: lambda: a @ b}, args.repeats, warm_up=0,  # warmed up above
+                          synchronize=_synchronize(args.device))
+    wall = {name: timed.median(name, "wall") for name in calls}
     print(f"\nToken x component decomposition: 6 layers x 8 heads (d_model 256, {len(batched.labels)} components), "
           f"64 tokens, B={args.b}, device={args.device}, threads={torch.get_num_threads()}, {args.repeats} rounds; "
           f"completeness error {float(batched.completeness_error.max()):.1e}")
     for name in calls:
         print(f"  {name:28s}: median {wall[name] * 1e3:8.1f} ms, {flops[name] / 1e9:6.2f} GFLOP "
               f"({flops[name] / wall[name] / 1e9:5.1f} GFLOP/s)")
-    ratio = wall["loop, 1 backward/component"] / wall["decomposition (batched)"]
-    print(f"loop / batched = {ratio:.2f}x (goal >= 3: {'met' if ratio >= 3 else 'NOT met'}); "
-          f"batched / one explain call = {wall['decomposition (batched)'] / wall['explain_logits']:.2f}x")
-    peak = 2 * rows * d_model * d_mlp / statistics.median(product_times)
+    ratio = timed.ratio("loop, 1 backward/component", "decomposition (batched)", "wall")
+    per_explain = timed.ratio("decomposition (batched)", "explain_logits", "wall")
+    print(f"loop / batched = {ratio.cell()}x (median [IQR] of paired ratios; goal >= 3: "
+          f"{'met' if ratio.median >= 3 else 'NOT met'}); batched / one explain call = {per_explain.cell()}x")
+    peak = 2 * rows * d_model * d_mlp / timed.median(product, "wall")
     loop_rate = flops["loop, 1 backward/component"] / wall["loop, 1 backward/component"]
     print(f"device matrix-product rate ({rows}x{d_model} @ {d_model}x{d_mlp}): {peak / 1e9:.1f} GFLOP/s; the loop "
           f"runs at {loop_rate / 1e9:.1f}, so doing its arithmetic at the device's peak would be "
           f"{peak / loop_rate:.2f}x the loop at most")
-
-
-def _time_call(call, device) -> float:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    call()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -174,27 +164,27 @@ def main() -> None:
 def bench_forward(args) -> None:
     plain, bcos = _models(args)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
-    times = {"plain": [], "bcos": []}
     with torch.inference_mode(not args.grad):
-        for model in (plain, bcos):  # warm-up
-            model(tokens)
-        for _ in range(args.repeats):
-            times["plain"].append(_time(plain, tokens, args.device))
-            times["bcos"].append(_time(bcos, tokens, args.device))
+        timed = paired_rounds({"plain": lambda: plain(tokens), "bcos": lambda: bcos(tokens)}, args.repeats,
+                              warm_up=1, synchronize=_synchronize(args.device))
         peaks = {name: _peak_mib(m, tokens, args.device) for name, m in (("plain", plain), ("bcos", bcos))}
     n_tokens = args.batch * args.seq
     print(f"TransformerLens forward, {args.layout} layout, d_model={args.d_model}, layers={args.layers}, "
           f"batch={args.batch}x{args.seq}, device={args.device}, threads={torch.get_num_threads()}, B={args.b}, "
-          f"{args.repeats} alternating rounds, gradients {'on' if args.grad else 'off'}")
-    wall = {name: statistics.median(t[0] for t in times[name]) for name in times}
-    cpu = {name: statistics.median(t[1] for t in times[name]) for name in times}
+          f"{args.repeats} paired rounds in seeded random order, gradients {'on' if args.grad else 'off'}")
     for name in ("plain", "bcos"):
+        wall, cpu = timed.median(name, "wall"), timed.median(name, "cpu")
         peak = f", peak {peaks[name]:.0f} MiB" if peaks[name] is not None else ""
-        print(f"  {name:5s}: median {wall[name] * 1e3:8.2f} ms wall, {cpu[name] * 1e3:8.2f} ms CPU  "
-              f"({n_tokens / wall[name]:8.0f} tokens/s){peak}")
-    ratio = wall["bcos"] / wall["plain"]
-    print(f"ratio B-cos / plain = {ratio:.2f} wall, {cpu['bcos'] / cpu['plain']:.2f} CPU time  "
-          f"(goal <= 1.5 wall: {'met' if ratio <= 1.5 else 'NOT met'})")
+        print(f"  {name:5s}: median {wall * 1e3:8.2f} ms wall, {cpu * 1e3:8.2f} ms thread CPU  "
+              f"({n_tokens / wall:8.0f} tokens/s){peak}")
+    print(f"ratio B-cos / plain, median [IQR] of paired ratios = {_forward_ratio_line(timed)}")
+
+
+def _forward_ratio_line(timed) -> str:
+    """The forward's B-cos / plain ratios (wall, then thread CPU) and the goal, judged on the wall median."""
+    wall, cpu = timed.ratio("bcos", "plain", "wall"), timed.ratio("bcos", "plain", "cpu")
+    return (f"{wall.cell()} wall, {cpu.cell()} thread CPU  "
+            f"(goal <= 1.5 wall: {'met' if wall.median <= 1.5 else 'NOT met'})")
 
 
 if __name__ == "__main__":

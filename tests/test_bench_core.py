@@ -116,3 +116,16 @@ def test_bench_core_times_the_forwards_in_rounds_of_their_own_before_any_explana
     assert timed.ratio("fwd_bcos", "fwd_conv", "cpu").median == pytest.approx(1.15)
     assert timed.ratio("fwd_conv_again", "fwd_conv", "cpu").median == pytest.approx(1.0)
     assert timed.ratio("bcos", "ixg", "wall").median == pytest.approx(1.05)
+
+
+def test_synchronize_runs_before_each_timed_call_starts_its_clocks_and_before_they_stop(monkeypatch):
+    # a GPU call returns once its kernels are queued: without a synchronisation after it, its time would be the
+    # launch's, and the next call's would carry its kernels
+    events = []
+    monkeypatch.setattr(paired_timing, "time", SimpleNamespace(perf_counter=lambda: events.append("wall") or len(events),
+                                                               thread_time=lambda: events.append("cpu") or len(events)))
+    paired_timing.paired_rounds({"a": lambda: events.append("a")}, rounds=2, warm_up=1,
+                                synchronize=lambda: events.append("sync"))
+    assert events == ["a"] + ["sync", "wall", "cpu", "a", "sync", "wall", "cpu"] * 2  # the warm-up unsynchronised
+    with pytest.raises(TypeError, match="synchronize=1: not callable"):
+        paired_timing.paired_rounds({"a": lambda: None}, rounds=1, synchronize=1)

@@ -12,6 +12,10 @@ second copy of itself) shows the noise floor of a run. What the order cannot fix
 Two clocks per call: wall-clock (``time.perf_counter``) and the calling thread's CPU time (``time.thread_time``,
 which counts only what the thread ran: steadier on a shared machine, and all of the work when torch runs one
 thread).
+
+On a GPU a call returns once its kernels are queued: ``synchronize`` (e.g. ``torch.cuda.synchronize``) is then run
+before each call's clocks start and again before they stop, so that each call's time is its own kernels' and none
+of the previous call's. The wall clock is then the one to read: the thread's CPU time leaves out the GPU's work.
 """
 
 from __future__ import annotations
@@ -66,23 +70,32 @@ class PairedRounds:
         return RatioSpread(statistics.median(ratios), q1, q3, len(ratios))
 
 
-def _timed_call(fn: Callable[[], object]) -> tuple[float, float]:
-    """(wall-clock seconds, this thread's CPU seconds) of one call of ``fn``."""
+def _timed_call(fn: Callable[[], object], synchronize: Callable[[], object] | None = None) -> tuple[float, float]:
+    """(wall-clock seconds, this thread's CPU seconds) of one call of ``fn``; with ``synchronize``, run before the
+    clocks start (the queue holds no earlier work) and before they stop (``fn``'s queued work is done)."""
+    if synchronize is not None:
+        synchronize()
     wall, cpu = time.perf_counter(), time.thread_time()
     fn()
+    if synchronize is not None:
+        synchronize()
     return time.perf_counter() - wall, time.thread_time() - cpu
 
 
-def paired_rounds(runs: dict[str, Callable[[], object]], rounds: int, *, seed: int = 0,
-                  warm_up: int = 1) -> PairedRounds:
+def paired_rounds(runs: dict[str, Callable[[], object]], rounds: int, *, seed: int = 0, warm_up: int = 1,
+                  synchronize: Callable[[], object] | None = None) -> PairedRounds:
     """Each callable of ``runs`` called ``warm_up`` times untimed, then ``rounds`` rounds, each calling every one
-    once in a fresh order drawn from ``random.Random(seed)``; every call timed on both clocks."""
+    once in a fresh order drawn from ``random.Random(seed)``; every call timed on both clocks, between two calls of
+    ``synchronize`` when given (a GPU: ``lambda: torch.cuda.synchronize(device)``)."""
     if not runs:
         raise ValueError("runs: empty; pass at least one named callable")
     if rounds < 1:
         raise ValueError(f"rounds={rounds}: must be >= 1; pass the number of paired rounds, e.g. 7")
     if warm_up < 0:
         raise ValueError(f"warm_up={warm_up}: must be >= 0; pass the untimed calls per callable, e.g. 1")
+    if synchronize is not None and not callable(synchronize):
+        raise TypeError(f"synchronize={synchronize!r}: not callable; pass a function of no arguments "
+                        "(e.g. torch.cuda.synchronize) or None")
     rng = random.Random(seed)
     names = list(runs)
     for _ in range(warm_up):
@@ -94,7 +107,7 @@ def paired_rounds(runs: dict[str, Callable[[], object]], rounds: int, *, seed: i
         order = rng.sample(names, len(names))
         orders.append(order)
         for name in order:
-            wall, cpu = _timed_call(runs[name])
+            wall, cpu = _timed_call(runs[name], synchronize)
             seconds[name]["wall"].append(wall)
             seconds[name]["cpu"].append(cpu)
     return PairedRounds(seconds, orders)
