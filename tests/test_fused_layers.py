@@ -905,3 +905,28 @@ def test_batched_gradients_equal_one_backward_per_row(name, explaining):
     (batched,) = torch.autograd.grad(y, x, basis, is_grads_batched=True, retain_graph=True)
     rows = torch.stack([torch.autograd.grad(y, x, one, retain_graph=True)[0] for one in basis])
     torch.testing.assert_close(batched, rows, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_explaining_linear_saves_no_unit_norm_weight(kind, dtype):
+    # explaining without parameter gradients and without reuse_unit_weights(), the unit-norm weight is computed
+    # afresh per call: F.linear(x, unit) saved it for its backward pass (a weight-sized copy per layer alive until
+    # the backward, 34 MB of a MiniLM explanation). The backward recomputes it from the resident raw weight and the
+    # per-unit clamped norms instead: saved are the constant dyn (output-sized) and the norms (float32 for
+    # bfloat16 weights, one per unit); the weight itself is a parameter (not counted). Before: + 64 x 48 weights.
+    from bcos_plugins.nn import BcosConv1D, BcosLinear
+    from bcos_plugins.nn.dynamic import no_parameter_gradients
+
+    torch.manual_seed(0)
+    units, d_in = 64, 48
+    layer = (BcosConv1D.from_conv1d(Conv1D(units, d_in), b=1.5) if kind == "conv1d"
+             else BcosLinear(d_in, units, b=1.5)).to(dtype)
+    x = torch.randn(2, 3, d_in, dtype=dtype, requires_grad=True)
+
+    def forward():
+        with explanation_mode(layer), no_parameter_gradients():
+            return layer(x).sum()
+
+    norm_bytes = units * (8 if dtype == torch.float64 else 4)
+    assert saved_for_backward_bytes(layer, forward) == 2 * 3 * units * x.element_size() + norm_bytes

@@ -574,21 +574,55 @@ def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns:
     The kernels of :func:`cached_unit_norm`, :func:`input_norm`, ``F.linear`` and :func:`bcos_product`'s explaining
     branch, in the same order on the same tensors (the same values, bit for bit), in one function with one
     ``no_grad`` block for the two norms, as :func:`inference_linear` does for inference."""
+    clamped = None
     with torch.no_grad():
         if _REUSE_UNIT_WEIGHTS:
             unit = cached_unit_norm(weight, dim=1, transposed=units_are_columns, autocast=True)
-        else:  # cached_unit_norm's branch without reuse
-            unit = _unrecorded_unit_norm(weight.T if units_are_columns else weight, 1, _matmul_cast(weight))
+        else:  # cached_unit_norm's branch without reuse (_unrecorded_unit_norm's steps, the norms kept)
+            view = weight.T if units_are_columns else weight
+            clamped = _unit_norms(view, 1).clamp_min_(_norm_eps())
+            unit = _stored_quotient(view, clamped, _matmul_cast(weight) or view.dtype)
         x_norm = input_norm(x)
+    autocast = torch.is_autocast_enabled(x.device.type)
     kept = None if constant_units is None else kept_unit_block(constant_units, unit.shape[0])
-    if kept is not None and not torch.is_autocast_enabled(x.device.type):
+    if kept is not None and not autocast:
         return _KeptUnitsProduct.apply(x, unit, x_norm, b, kept)
-    lin = torch.nn.functional.linear(x, unit)
+    if clamped is None or autocast or type(weight) not in _PLAIN_TENSORS:
+        # a cached ŵ is resident anyway; under autocast the matrix product's casts are autocast's own
+        lin = torch.nn.functional.linear(x, unit)
+    else:
+        lin = _RecomputedUnitLinear.apply(x, unit, view.detach(), clamped)
     with torch.no_grad():
         dyn = _lin_dtype_scale(lin, x_norm, b)
     if constant_units is None:
         return lin.mul_(dyn)
     return _PartlyConstantProduct.apply(lin, dyn, constant_units, True)
+
+
+class _RecomputedUnitLinear(torch.autograd.Function):
+    """``F.linear(x, unit)`` of :func:`explaining_linear` (the same kernel, the same values) whose backward pass
+    recomputes the unit-norm weight ``unit = view / clamped`` (the same division, the same bits) instead of
+    keeping it: ``F.linear`` saves its weight operand, which for a per-call ``unit`` is a weight-sized copy per
+    layer alive until the backward pass (34.3 MB of a MiniLM explanation at 16 x 64 tokens, the whole excess of
+    its peak over Captum's on the conventional model; docs/benchmarks.md#bench-core-method). Saved instead: the
+    raw weight (``view``, detached: resident anyway, and its version counter still guards it against in-place
+    writes before the backward pass) and the per-unit clamped norms (one number a unit). The backward is
+    ``grad @ unit`` with ``unit`` recomputed without recording (a constant, as the saved ``unit`` was), so it is
+    differentiable again and runs under batched gradients. Written as ``forward(ctx, ...)`` without
+    ``setup_context`` (see :class:`_BcosProduct`)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, unit: Tensor, view: Tensor, clamped: Tensor) -> Tensor:
+        ctx.save_for_backward(view, clamped)
+        ctx.unit_dtype = unit.dtype
+        return torch.nn.functional.linear(x, unit)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        view, clamped = ctx.saved_tensors
+        with torch.no_grad():
+            unit = _stored_quotient(view, clamped, ctx.unit_dtype)
+        return grad_out @ unit, None, None, None
 
 
 def kept_unit_block(constant: slice, units: int) -> slice | None:
