@@ -24,6 +24,20 @@ def clock(monkeypatch):
     return clock
 
 
+
+@pytest.fixture
+def paired_rounds_calls(monkeypatch):
+    """bench_lens' paired_rounds, still run, with each call's (sorted callable names, rounds, keywords) recorded."""
+    calls = []
+
+    def spy(runs, rounds, **kwargs):
+        calls.append((sorted(runs), rounds, kwargs))
+        return paired_timing.paired_rounds(runs, rounds, **kwargs)
+
+    monkeypatch.setattr(bench_lens, "paired_rounds", spy)
+    return calls
+
+
 def test_the_forward_ratio_is_the_median_of_paired_ratios_not_the_ratio_of_medians(clock):
     # per round B-cos / plain = 2, 1 and 0.5: median 1.00, quartiles 0.75 and 1.50; the ratio of the two medians
     # (3 / 2), what the fixed alternation printed before, would read 1.50
@@ -41,18 +55,11 @@ def test_the_forward_ratio_is_the_median_of_paired_ratios_not_the_ratio_of_media
                                                      "(goal <= 1.5 wall: met)")
 
 
-def test_a_tiny_forward_run_goes_through_paired_rounds_and_prints_the_paired_ratios(monkeypatch, capsys):
-    seen = []
-
-    def spy(runs, rounds, **kwargs):
-        seen.append((sorted(runs), rounds, kwargs))
-        return paired_timing.paired_rounds(runs, rounds, **kwargs)
-
-    monkeypatch.setattr(bench_lens, "paired_rounds", spy)
+def test_a_tiny_forward_run_goes_through_paired_rounds_and_prints_the_paired_ratios(paired_rounds_calls, capsys):
     args = Namespace(layout="gpt2", d_model=32, heads=4, layers=1, vocab=64, batch=1, seq=8, b=1.5, repeats=3,
                      device="cpu", grad=False)
     bench_lens.bench_forward(args)
-    assert seen == [(["bcos", "plain"], 3, {"warm_up": 1, "synchronize": None})]
+    assert paired_rounds_calls == [(["bcos", "plain"], 3, {"warm_up": 1, "synchronize": None})]
     out = capsys.readouterr().out
     assert "3 paired rounds in seeded random order" in out
     cell = r"\d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\]"
@@ -64,17 +71,10 @@ def test_cuda_calls_are_timed_between_device_synchronisations():
     assert bench_lens._synchronize("cpu") is None
 
 
-def test_the_decomposition_timings_go_through_paired_rounds_with_the_matrix_product(monkeypatch, capsys):
-    seen = []
-
-    def spy(runs, rounds, **kwargs):
-        seen.append((sorted(runs), rounds, kwargs))
-        return paired_timing.paired_rounds(runs, rounds, **kwargs)
-
-    monkeypatch.setattr(bench_lens, "paired_rounds", spy)
+def test_the_decomposition_timings_go_through_paired_rounds_with_the_matrix_product(paired_rounds_calls, capsys):
     bench_lens.bench_components(Namespace(vocab=64, device="cpu", b=1.5, repeats=1))
     names = ["decomposition (batched)", "explain_logits", "loop, 1 backward/component", "matrix product"]
-    assert seen == [(names, 1, {"warm_up": 0, "synchronize": None})]  # warmed up by the calls checked beforehand
+    assert paired_rounds_calls == [(names, 1, {"warm_up": 0, "synchronize": None})]  # warmed up by the calls checked beforehand
     cell = r"\d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\]x"
     assert re.search(rf"loop / batched = {cell} \(median \[IQR\] of paired ratios; goal >= 3: (met|NOT met)\); "
                      rf"batched / one explain call = {cell}", capsys.readouterr().out)
