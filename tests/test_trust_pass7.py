@@ -269,7 +269,8 @@ def test_a_bridge_over_an_activation_without_a_detachable_form_is_refused():
     config.activation_function = "mish"
     torch.manual_seed(0)
     with pytest.raises(BcosTypeError, match=r"^hf_model: its MLP activation MishActivation \(act\) has no "
-                                            r"detachable form.*Supported: FastGELUActivation, GELU, "):
+                                            r"detachable form.*Supported: AccurateGELUActivation, "
+                                            r"ClippedGELUActivation, FastGELUActivation, GELU, "):
         lens.transformer_bridge_from_hf(T.GPT2LMHeadModel(config).eval())
 
 

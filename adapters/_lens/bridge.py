@@ -299,7 +299,14 @@ def _make_activation_explainable(mlp_bridge: nn.Module) -> None:
     ``act(x) / x`` is a dynamic weight, and with it in the gradient a plain GPT-2's contributions missed up to 4 %
     of the logit (completeness error 0.038 with ``gelu_new``) while the bridge was reported explainable. B-cos
     models' activations already are; an activation without a detachable form is refused."""
-    from bcos_plugins.convert.bcosify import ACTIVATION_GATES, IDENTITY_ACTIVATIONS, gelu_kind
+    from bcos_plugins.convert.bcosify import (
+        ACTIVATION_GATES,
+        IDENTITY_ACTIVATIONS,
+        PIECEWISE_LINEAR_ACTIVATIONS,
+        SUPPORTED_ACTIVATION_NAMES,
+        activation_refusal,
+        gelu_kind,
+    )
     from bcos_plugins.nn.activation import DetachableActivation
 
     original = getattr(mlp_bridge, "original_component", None)
@@ -308,13 +315,18 @@ def _make_activation_explainable(mlp_bridge: nn.Module) -> None:
     for name, child in original.named_children():
         kind = type(child).__name__
         if isinstance(child, DetachableActivation | nn.Dropout | nn.Identity) or kind in IDENTITY_ACTIVATIONS \
-                or any(True for _ in child.parameters()) or any(True for _ in child.children()):
-            continue  # projections (LinearBridge, Conv1D) hold parameters; detachable or linear pieces need nothing
-        if kind not in ACTIVATION_GATES:
+                or kind in PIECEWISE_LINEAR_ACTIVATIONS:
+            continue  # detachable or linear pieces need nothing; a leaky ReLU's gradient is its gate already
+        refusal = activation_refusal(child)
+        # before the parameter test below: an activation with learned parameters (xIELU) was taken for a
+        # projection and left with its gate in the gradient (completeness error 0.19-0.22, silently)
+        if refusal is None and (any(True for _ in child.parameters()) or any(True for _ in child.children())):
+            continue  # projections (LinearBridge, Conv1D) hold parameters
+        if refusal is not None or kind not in ACTIVATION_GATES:
             raise BcosTypeError(
-                f"hf_model: its MLP activation {kind} ({name}) has no detachable form, so no explanation of the "
-                f"bridge would be exact. Supported: {', '.join(sorted(ACTIVATION_GATES))} (config.activation_function "
-                "'gelu', 'gelu_new', 'gelu_fast', 'gelu_pytorch_tanh', 'quick_gelu', 'relu', 'silu')")
+                f"hf_model: its MLP activation {kind} ({name}) has no detachable form"
+                f"{f' (it {refusal})' if refusal else ''}, so no explanation of the bridge would be exact. "
+                f"Supported: {SUPPORTED_ACTIVATION_NAMES}")
         setattr(original, name, DetachableActivation(gelu_kind(child)).train(child.training))
 
 

@@ -7,7 +7,8 @@ What it does to every module (docs/design.md#what-bcosify-changes):
   explanation mode (this works for every attention implementation: eager, sdpa, flash); with
   ``bcos_query_key=False`` they keep their stock weights and biases instead (outputs constant all the same);
 - ``nn.LayerNorm`` -> :class:`BcosLayerNorm` (bias dropped); RMSNorm -> :class:`DetachableRMSNorm`;
-- GELU (erf / tanh), SiLU, ReLU -> :class:`DetachableActivation`; identity activations stay;
+- GELU (erf / tanh / quick / clipped at 10), SiLU, ReLU -> :class:`DetachableActivation`; identity activations
+  stay; every other activation of transformers' ``ACT2FN`` is refused with its reason (``ACTIVATION_REFUSALS``);
 - tanh / ReLU of prediction heads removed; gated MLPs route the gate branch as the dynamic weight;
 - LM heads kept (tied to the embeddings, linear and bias-free already).
 
@@ -60,6 +61,10 @@ ACTIVATION_GATES = {
     "GELUTanh": "gelu_tanh",
     "PytorchGELUTanh": "gelu_tanh",
     "QuickGELUActivation": "quick_gelu",  # hidden_act "quick_gelu": x * sigmoid(1.702 x)
+    # hidden_act "gelu_accurate": NewGELUActivation's formula term for term, so the tanh GELU as gelu_new is
+    "AccurateGELUActivation": "gelu_tanh",
+    # hidden_act "gelu_10": clip(gelu(x), -10, 10); other clips are refused by gelu_kind
+    "ClippedGELUActivation": "gelu_10",
     "SiLUActivation": "silu",
     "SiLU": "silu",
     "ReLU": "relu",
@@ -69,11 +74,53 @@ IDENTITY_ACTIVATIONS = {"LinearActivation", "Identity"}
 PASSTHROUGH_MODULES = (nn.Embedding, nn.Dropout, nn.Identity)
 
 
+# Why each other activation of transformers' ACT2FN (5.x) has no gate kind: bcosify and the TransformerLens bridge
+# refuse it saying so (they said only "not a supported activation"). act(0) != 0 means no form x * gate(x) at all.
+_NO_GATE = "has the form x * gate(x) (gate = {}) but no gate kind in bcos_plugins.nn.activation yet"
+_NOT_HOMOGENEOUS = "is {} at x = 0, so it is no x * gate(x) and has no dynamic-weight form (its offset would be " \
+                   "attributed to no input)"
+ACTIVATION_REFUSALS = {
+    "Sigmoid": _NOT_HOMOGENEOUS.format("0.5"),
+    "LaplaceActivation": _NOT_HOMOGENEOUS.format("0.5 * (1 + erf(-mu / (sigma * sqrt 2))), not 0"),
+    "SqrtSoftplusActivation": _NOT_HOMOGENEOUS.format("sqrt(log 2)"),
+    "Tanh": _NO_GATE.format("tanh(x) / x"),
+    "MishActivation": _NO_GATE.format("tanh(softplus(x))"),
+    "Mish": _NO_GATE.format("tanh(softplus(x))"),
+    "Hardswish": _NO_GATE.format("relu6(x + 3) / 6"),
+    "ReLU6": _NO_GATE.format("min(relu(x), 6) / x"),
+    # piecewise linear through 0: x * act'(x) = act(x) already (the TransformerBridge leaves them as they are)
+    "LeakyReLU": _NO_GATE.format("1 or the negative slope"),
+    "PReLU": _NO_GATE.format("1 or a learned slope, a parameter"),
+    "ReLUSquaredActivation": _NO_GATE.format("relu(x)"),
+    "XIELUActivation": _NO_GATE.format("xIELU(x) / x, with learned parameters"),
+}
+
+PIECEWISE_LINEAR_ACTIVATIONS = {"LeakyReLU", "PReLU"}
+
+SUPPORTED_ACTIVATION_NAMES = (
+    f"{', '.join(sorted(ACTIVATION_GATES))} (config names 'gelu', 'gelu_python', 'gelu_new', 'gelu_fast', "
+    "'gelu_accurate', 'gelu_pytorch_tanh', 'gelu_python_tanh', 'gelu_10', 'quick_gelu', 'relu', 'silu', 'swish', "
+    "'linear')")
+
+
+def activation_refusal(module: nn.Module) -> str | None:
+    """Why ``module`` (an activation) cannot be made detachable, or ``None`` if it can or is not an activation
+    this table knows."""
+    if type(module).__name__ == "ClippedGELUActivation" and (module.min, module.max) != (-10, 10):
+        return (f"clips GELU to [{module.min}, {module.max}], and only transformers' gelu_10 clip [-10, 10] has a "
+                "gate kind")
+    return ACTIVATION_REFUSALS.get(type(module).__name__)
+
+
 def gelu_kind(module: nn.Module) -> str:
     """The :class:`~bcos_plugins.nn.DetachableActivation` kind of a GELU / SiLU / ReLU module (``bcosify`` and
     ``dynamic_linear_copy`` read activations through this one table)."""
     if isinstance(module, nn.GELU):
         return "gelu_tanh" if module.approximate == "tanh" else "gelu"
+    refusal = activation_refusal(module)
+    if refusal is not None:  # bcosify and the bridge refuse these first, naming the module's path
+        raise UnsupportedModuleError(f"model: its activation {type(module).__name__} {refusal}. Supported: "
+                                     f"{SUPPORTED_ACTIVATION_NAMES}.")
     return ACTIVATION_GATES[type(module).__name__]
 
 
@@ -185,6 +232,11 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
         elif _is_rms_norm(module):
             report.norms.append(name)
             plan.append((name, "rms_norm"))
+        elif activation_refusal(module) is not None:
+            raise UnsupportedModuleError(
+                f"model: bcosify cannot convert the activation '{name}' ({type(module).__name__}): it "
+                f"{activation_refusal(module)}. Supported: {SUPPORTED_ACTIVATION_NAMES}; build the model with one "
+                "of them, or open an issue.")
         elif isinstance(module, nn.GELU) or type(module).__name__ in ACTIVATION_GATES:
             kind = gelu_kind(module)
             report.activations[name] = kind

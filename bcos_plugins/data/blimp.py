@@ -215,6 +215,9 @@ def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | N
     rows, kept, dropped, first_piece = [], [], [], []
     for pair in pairs:
         enc = tokenizer(pair.prefix, add_special_tokens=False, return_offsets_mapping=True)
+        if not enc["input_ids"]:  # left_pad refuses it: a row of padding alone has no prediction to explain
+            dropped.append((pair, "the prefix has no tokens"))
+            continue
         target = tokenizer(" " + pair.target, add_special_tokens=False)["input_ids"]
         foil = tokenizer(" " + pair.foil, add_special_tokens=False)["input_ids"]
         if target[0] == foil[0]:

@@ -43,7 +43,8 @@ def left_pad(rows: Sequence[Sequence[int]], evidence: Sequence[Sequence[bool]], 
     the BOS, not the padding); ``starts`` is the column of each row's first token (after the BOS).
 
     Raises:
-        BcosValueError: no rows, or ``evidence`` not one flag per token of each row (the rows named).
+        BcosValueError: no rows, a row without tokens, or ``evidence`` not one flag per token of each row (the
+            rows named).
     """
     _check_rows_and_flags(rows, evidence)
     shift = int(bos_token_id is not None)
@@ -68,6 +69,12 @@ def _check_rows_and_flags(rows: Sequence[Sequence[int]], evidence: Sequence[Sequ
     expanded size of the tensor ... must match") or zip's strict check, naming neither argument nor row."""
     if len(rows) == 0:
         raise argument_error("rows", "is empty", "Pass at least one token row")
+    # an empty row became a row of padding alone (or the BOS alone) with no candidate: its "prediction" at the last
+    # column was the model's output at a padding token, explained and scored beside the real rows without a word
+    empty = [i for i, row in enumerate(rows) if len(row) == 0]
+    if empty:
+        raise argument_error("rows", f"rows {empty[:8]}{' ...' if len(empty) > 8 else ''} hold no tokens",
+                             "Drop them: the explained prediction follows a row's last token, so a row needs one")
     if len(evidence) != len(rows):
         raise argument_error("evidence", f"has {len(evidence)} rows of flags but rows has {len(rows)}",
                              "Give one row of evidence flags per token row")

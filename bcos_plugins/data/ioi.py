@@ -509,6 +509,9 @@ def encode_ioi(prompts: Sequence[IOIPrompt], *, bos_token_id: int | None = None,
         if not isinstance(p, IOIPrompt):
             raise argument_error("prompts", f"item {i} is a {type(p).__name__}, not an IOIPrompt",
                                  "Make them with make_ioi_prompts or load_ioi", kind=BcosTypeError)
+        if len(p.input_ids) == 0:  # named here: left_pad's refusal names its own argument, rows
+            raise argument_error("prompts", f"item {i} has no input_ids, so no prediction to explain",
+                                 "Make them with make_ioi_prompts or load_ioi")
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
     if bos_token_id is not None:
         bos_token_id = require_int("bos_token_id", bos_token_id, minimum=0)

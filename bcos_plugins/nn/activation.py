@@ -4,6 +4,7 @@
 - GELU, tanh form (GPT-2 "gelu_new"): ``gate = 0.5 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
 - SiLU / swish:                   ``gate = sigmoid(x)``
 - quick GELU (CLIP "quick_gelu"): ``gate = sigmoid(1.702 x)``
+- clipped GELU ("gelu_10"):        ``gate = min(Phi(x), 10 / x)`` (``clip(gelu(x), -10, 10) = x * gate``)
 - ReLU:                           ``gate = 1[x > 0]``
 - identity ("linear"):            ``gate = 1`` (bilinear MLPs)
 - tanh (:func:`tanh_ratio`):      ``gate = tanh(x) / x`` (a pooler's tanh, Gemma 2's logit soft-cap)
@@ -83,8 +84,26 @@ def _quick_gelu(x: Tensor) -> Tensor:
     return x * torch.sigmoid(_quick_gelu_slope() * x)
 
 
+# transformers' ClippedGELUActivation(-10, 10) ("gelu_10"): clip(F.gelu(x), -10, 10). gelu(x) >= -0.17, so the lower
+# clip never binds; the upper one binds exactly where x > 10, since there Phi(x) > 1 - 8e-24 rounds to 1 in every
+# floating dtype (half inputs' gates are float32) and F.gelu(x) = x. The gate is Phi(x) up to 10 and 10 / x beyond:
+# min(Phi(x), 10 / max(x, 10)), with no division by a small x (whose 10 / x would be inf and, through autograd, NaN)
+def _gelu_clip() -> float:
+    return 10.0
+
+
+def _gelu_10_gate(x: Tensor) -> Tensor:
+    clip = _gelu_clip()
+    return torch.minimum(_gelu_erf_gate(x), clip / x.clamp(min=clip))
+
+
+def _gelu_10(x: Tensor) -> Tensor:
+    return torch.clip(F.gelu(x), -_gelu_clip(), _gelu_clip())
+
+
 GATES = {
     "gelu": _gelu_erf_gate,
+    "gelu_10": _gelu_10_gate,
     "gelu_tanh": _gelu_tanh_gate,
     "quick_gelu": _quick_gelu_gate,
     "silu": torch.sigmoid,
@@ -94,6 +113,7 @@ GATES = {
 # torch's one-kernel activation for each gate: ``x * GATES[kind](x)``
 ACTIVATIONS = {
     "gelu": F.gelu,
+    "gelu_10": _gelu_10,  # transformers' own torch.clip(gelu(x), min, max), so the same values
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "quick_gelu": _quick_gelu,  # no one-kernel form in torch: transformers' own two steps, so the same values
     "silu": F.silu,
