@@ -229,3 +229,79 @@ def test_a_plain_gpt2_bridge_over_a_piecewise_linear_or_new_gelu_activation_is_e
     with torch.no_grad():
         torch.testing.assert_close(bridge(tokens), hf(tokens).logits, rtol=0, atol=1e-12)
     assert (lens.explain_logits(bridge, tokens, target=5).completeness_error < 1e-12).all()
+
+
+# ------------------------------------------------------------------ training flags shared between threads
+
+
+def _bert_without_dropout():
+    config = tiny_config("bert")
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    torch.manual_seed(0)
+    return bcosify(T.BertForSequenceClassification(config).eval(), verbose=False)
+
+
+def _explain_while_another_thread_calls_train(model, ids, mask):
+    import threading
+
+    from test_explanation_threads import _in_threads, _pause_in_thread, _wait
+
+    inside, switched = threading.Event(), threading.Event()
+
+    def explaining():
+        handle = _pause_in_thread(model, inside, switched, what="called model.train()")
+        try:
+            return explain(model, ids, mask)
+        finally:
+            handle.remove()
+
+    def trainer():  # transformers' Trainer calls model.train() at every training step
+        _wait(inside, "entered explanation mode")
+        model.train()
+        switched.set()
+
+    return _in_threads(explaining, trainer)[0]
+
+
+def test_an_explanation_during_which_another_thread_switched_the_model_to_training_is_refused():
+    from conftest import tiny_model
+
+    model = bcosify(tiny_model("BertForSequenceClassification"), verbose=False)  # dropout 0.1
+    ids, mask = padded_batch()
+    # was returned: explained logits 0.19 off the same call alone (dropout ran), completeness intact, silently
+    with pytest.raises(BcosValueError, match=r"^model: was switched to training mode while this explanation \(or "
+                                             r"metric\) ran.*Explain a copy of the model.*copy\.deepcopy\(model\)"):
+        _explain_while_another_thread_calls_train(model, ids, mask)
+    assert model.training  # the other thread's switch stands
+
+
+def test_without_dropout_the_switch_changes_nothing_and_the_explanation_is_returned():
+    model = _bert_without_dropout()
+    ids, mask = padded_batch()
+    alone = explain(model, ids, mask)
+    got = _explain_while_another_thread_calls_train(model, ids, mask)
+    assert torch.equal(got.explained, alone.explained)
+    assert torch.equal(got.input_contributions, alone.input_contributions)
+
+
+@pytest.mark.parametrize("form", ["explanation_mode", "evaluating"])
+@pytest.mark.parametrize("was_training", [False, True])
+def test_train_called_inside_a_block_is_refused_at_its_end_and_the_flags_restored(form, was_training):
+    from conftest import tiny_model
+
+    from bcos_plugins.nn.dynamic import evaluating
+
+    model = bcosify(tiny_model("LlamaForSequenceClassification"), verbose=False)
+    model.model.layers[0].self_attn.attention_dropout = 0.1  # Llama's dropout is the attention function's rate
+    model.train(was_training)
+    model.score.eval()  # a piece a training loop keeps in eval mode
+    block = explanation_mode if form == "explanation_mode" else evaluating
+    with pytest.raises(BcosValueError, match=r"^model: was switched to training mode"), block(model):
+        model.train()
+    # a block that switched the model restores its flags all the same; one that switched nothing leaves train()'s
+    assert [m for m in model.modules() if not m.training] == ([model.score] if was_training else [])
+    with block(model):  # a block without the switch ends quietly
+        pass
+    model.model.layers[0].self_attn.attention_dropout = 0.0
+    with block(model):  # no dropout: training mode computes the same function
+        model.train()

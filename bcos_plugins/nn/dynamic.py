@@ -21,6 +21,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 import torch
 from torch import Tensor, nn
 
+from ..errors import argument_error
+
 __all__ = ["DynamicWeightModule", "dynamic_weights_used", "evaluating", "explanation_mode", "has_dynamic_weights",
            "is_explaining", "no_parameter_gradients", "parameter_gradients_unused"]
 
@@ -191,7 +193,8 @@ def explanation_mode(model: nn.Module | None = None) -> Iterator[nn.Module | Non
     its training flags are restored afterwards, when the last block holding it in eval mode ends (also when that
     block runs in another thread). The training flags are the modules' own, seen by every thread: a thread that
     trains the model with dropout while another explains it runs without dropout meanwhile, and ``model.train()``
-    called in another thread during the block makes the explained function random.
+    called in another thread during the block makes the explained function random: a block at whose end the model is
+    in training mode and has dropout raises ``BcosValueError`` (docs/in-depth.md, "Threads").
 
     Examples:
         >>> import torch
@@ -268,9 +271,11 @@ def _in_eval_mode(model: nn.Module, training_flags: list[tuple[nn.Module, bool]]
             model.eval()
     if hold is None:
         yield
+        _refuse_training_switched_on(model)
         return
     try:
         yield
+        _refuse_training_switched_on(model)  # before the restore below, which may switch it on itself
     finally:
         with _EVAL_HOLDS_LOCK:
             hold[0] -= 1
@@ -282,6 +287,33 @@ def _in_eval_mode(model: nn.Module, training_flags: list[tuple[nn.Module, bool]]
                 for module, was_training in flags:
                     if module.training != was_training:
                         module.training = was_training
+
+
+def _refuse_training_switched_on(model: nn.Module) -> None:
+    """Refuse the result of a block during which ``model`` was switched back to training mode (``model.train()``,
+    e.g. by transformers' ``Trainer`` in another thread, at every step) if it has dropout: the block's forward passes
+    may have run with dropout, a random function, and the explanation or score came back without a word (a tiny BERT's
+    explained logits 0.19 off, completeness intact). One attribute read at the block's end; seen only if the flag is
+    still on then (a ``train()`` undone by ``eval()`` within the block, or on a submodule only, goes unseen), and
+    refused also when the switch came after the block's last forward pass, which then ran without dropout."""
+    if model.training and _has_dropout(model):
+        raise argument_error(
+            "model", "was switched to training mode while this explanation (or metric) ran: model.train() in "
+            "another thread (a Trainer calls it at every step) or in the block; with its dropout the explained "
+            "function may have been random", "Explain a copy of the model that no other thread trains "
+            "(copy.deepcopy(model)), or explain between training steps")
+
+
+def _has_dropout(model: nn.Module) -> bool:
+    """Whether training mode changes ``model``'s function: a dropout module with p > 0, or an attention module's
+    ``attention_dropout`` rate > 0 (Llama, Mistral, Qwen, Gemma 2, ModernBERT pass it to the attention function)."""
+    for module in _each_module(model):
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            return True
+        rate = getattr(module, "attention_dropout", None)
+        if isinstance(rate, int | float) and not isinstance(rate, bool) and rate > 0:
+            return True
+    return False
 
 
 def _each_module(model: nn.Module) -> Iterator[nn.Module]:
