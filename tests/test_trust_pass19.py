@@ -305,3 +305,91 @@ def test_train_called_inside_a_block_is_refused_at_its_end_and_the_flags_restore
     model.model.layers[0].self_attn.attention_dropout = 0.0
     with block(model):  # no dropout: training mode computes the same function
         model.train()
+
+
+# ------------------------------------------------------------------ writes through .data
+
+
+def test_a_data_alias_write_moves_neither_the_version_counter_nor_the_pointer_so_only_values_could_show_it():
+    # why neither the unit-norm cache nor the layer's B can see such a write without reading the values: the alias
+    # has a version counter of its own, and an in-place write keeps the storage where it is
+    weight = torch.nn.Parameter(torch.randn(4, 3))
+    version, pointer = weight._version, weight.data_ptr()
+    weight.data[0] = 0.0
+    weight.data.mul_(2.0)
+    assert (weight._version, weight.data_ptr()) == (version, pointer)
+    with torch.no_grad():
+        weight[1] = 0.0  # the same edit through the parameter itself is counted
+    assert weight._version > version
+
+
+@settings(max_examples=25, deadline=None)
+@given(unit=st.integers(0, 4), scale=st.sampled_from([-1.0, 0.0, 0.5]))
+def test_inside_reuse_unit_weights_a_weight_data_write_is_served_stale_until_the_cache_is_cleared(unit, scale):
+    # the documented limit of the opt-in cache (reuse_unit_weights' docstring, docs/api/nn.md), pinned: a change that
+    # makes such writes visible must update those docs
+    from bcos_plugins.nn import BcosLinear
+    from bcos_plugins.nn.functional import clear_unit_norm_cache, reuse_unit_weights
+
+    torch.manual_seed(unit)
+    layer = BcosLinear(6, 5, b=1.5).eval()
+    x = torch.randn(3, 6)
+    with reuse_unit_weights(), torch.no_grad():
+        before = layer(x)
+        layer.weight.data[unit] *= scale
+        assert torch.equal(layer(x), before)  # the cached unit-norm weight: the old weight, silently
+        clear_unit_norm_cache(layer)
+        fresh = layer(x)
+        with torch.no_grad():
+            layer.weight[unit] *= -1.0  # through the parameter: seen without clearing
+        torch.testing.assert_close(layer(x)[:, unit], -fresh[:, unit])
+    expected = before[:, unit] * (1.0 if scale == 0.5 else 0.0 if scale == 0.0 else -1.0)
+    torch.testing.assert_close(fresh[:, unit], expected)  # unit norm: a scaled row computes the same
+
+
+def test_a_bcos_b_data_write_is_not_run_and_is_refused_where_it_would_be_saved():
+    from bcos_plugins.nn import BcosLinear
+
+    torch.manual_seed(0)
+    layer = BcosLinear(6, 5, b=1.5).eval()
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        at_15 = layer(x)
+        layer.bcos_b.data.fill_(2.0)
+        assert torch.equal(layer(x), at_15) and layer.b == 1.5  # documented: the layer keeps running at its old B
+    # was saved: a checkpoint at B = 2 of a model that ran at 1.5, which reloads as another function, silently
+    with pytest.raises(BcosValueError, match=r"^BcosLinear\.bcos_b: holds B = 2\.0, but the layer runs at B = 1\.5.*"
+                                             r"Set layer\.b = 2\.0 to run at the new B"):
+        layer.state_dict()
+    layer.b = 2.0  # the documented way: run and saved alike
+    with torch.no_grad():
+        at_2 = layer(x)
+    assert not torch.equal(at_2, at_15) and float(layer.state_dict()["bcos_b"]) == 2.0
+    with torch.no_grad():
+        layer.bcos_b.fill_(1.25)  # through the buffer itself: seen at the next forward, saved alike
+    assert layer.b == 1.25 and float(layer.state_dict()["bcos_b"]) == 1.25
+    other = BcosLinear(6, 5, b=1.5)
+    other.load_state_dict(layer.state_dict())
+    assert other.b == 1.25 and float(other.state_dict()["bcos_b"]) == 1.25
+
+
+def test_a_model_with_a_bcos_b_data_write_is_refused_by_save_pretrained_and_saves_after_setting_b(tmp_path):
+    from conftest import tiny_model
+
+    from bcos_plugins import load_bcos_model
+
+    model = bcosify(tiny_model("BertForSequenceClassification"), b=1.5, verbose=False)
+    layer = model.bert.encoder.layer[0].intermediate.dense
+    layer.bcos_b.data.fill_(1.25)
+    with pytest.raises(BcosValueError, match=r"^BcosLinear\.bcos_b: holds B = 1\.25, but the layer runs at B = 1\.5"):
+        model.save_pretrained(tmp_path / "refused")
+    layer.b = 1.5  # keep the B it ran with
+    model.save_pretrained(tmp_path / "kept")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = load_bcos_model(tmp_path / "kept")
+    assert loaded.bert.encoder.layer[0].intermediate.dense.b == 1.5
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids, attention_mask=mask).logits,
+                           model(input_ids=ids, attention_mask=mask).logits)

@@ -89,8 +89,9 @@ class AlignmentPressure(DynamicWeightModule):
     buffer (``load_state_dict``, transformers' loading, an in-place edit under ``torch.no_grad()``) is picked up at
     the next forward: the buffer's identity and version counter are compared there, which costs two attribute
     reads. A write through ``bcos_b.data`` (``layer.bcos_b.data.fill_(2.0)``) bypasses the version counter and is
-    not seen: the layer keeps running at its old B while ``state_dict`` saves the new one. Set ``layer.b`` instead
-    (or write the buffer itself under ``torch.no_grad()``). Dtype
+    not seen: the layer keeps running at its old B, and ``state_dict`` (so ``save_pretrained``) refuses to save the
+    new one (docs/api/nn.md, "Writes through ``.data``"). Set ``layer.b`` instead (or write the buffer itself under
+    ``torch.no_grad()``). Dtype
     conversions (``.half()``, ``.to(torch.bfloat16)``) keep the buffer float64, so a saved half-precision
     model reloads at exactly the B it ran with.
     """
@@ -138,6 +139,24 @@ class AlignmentPressure(DynamicWeightModule):
                 self._b = value
             self._b_seen = (buf, buf._version)
         return self._b
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # A write through bcos_b.data bumps no version counter, so the layer kept running at its old B while the
+        # checkpoint took the new value: reloaded, the model ran another function than the one trained and evaluated,
+        # silently. Seen here, where it would be saved, by value: one read of B per layer and save (a device
+        # synchronisation on a GPU, which saving makes anyway); at every forward it would cost that synchronisation
+        # per layer and call, which the cached float exists to avoid (docs/api/nn.md, "Writes through .data").
+        buf = self._buffers.get("bcos_b")
+        seen, version = self._b_seen
+        if buf is not None and buf is seen and buf._version == version and not buf.is_meta:
+            value, running = buf.item(), torch.tensor(self._b, dtype=buf.dtype).item()
+            if value != running and not (math.isnan(value) and math.isnan(running)):
+                raise argument_error(
+                    f"{type(self).__name__}.bcos_b", f"holds B = {value!r}, but the layer runs at B = {self._b!r}: "
+                    "the buffer was written through .data (e.g. bcos_b.data.fill_), which the layer cannot see, so "
+                    "the checkpoint would not hold the B the model ran with", f"Set layer.b = {value!r} to run at "
+                    f"the new B (or layer.b = {self._b!r} to keep the old one), then save")
+        super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def _forward_pressure(self) -> float | Tensor:
         """B as a forward pass reads it: the float of :meth:`_pressure` in eager mode; under ``torch.compile``
