@@ -19,6 +19,10 @@ class BcosGatedMLP(DynamicWeightModule):
     """
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        # not explaining: the stock forward, without the scope and detach calls (docs/benchmarks.md,
+        # 2026-11-28 16:16 UTC: a small model's forward pays their Python per module and call)
+        if not self.explaining:
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
         with self.dynamic_scope():  # explaining, the whole gate branch is a constant: no autograd graph for it
             gate = self.act_fn(self.gate_proj(x))
         return self.down_proj(self.dynamic_weight(gate) * self.up_proj(x))
@@ -34,6 +38,10 @@ class BcosFusedGatedMLP(DynamicWeightModule):
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         activated, gate = self.Wi(x).chunk(2, dim=-1)
+        # not explaining: the stock forward, without the scope and detach calls (docs/benchmarks.md,
+        # 2026-11-28 16:16 UTC: a small model's forward pays their Python per module and call)
+        if not self.explaining:
+            return self.Wo(self.drop(self.act(activated) * gate))
         with self.dynamic_scope():  # explaining, the activated branch is a constant: no autograd graph for it
             activated = self.act(activated)
         return self.Wo(self.drop(self.dynamic_weight(activated) * gate))

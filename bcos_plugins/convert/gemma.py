@@ -45,6 +45,11 @@ class BcosGemmaRMSNorm(DynamicWeightModule):
 
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
         wide = x.to(at_least_float32(x.dtype))
+        # not explaining: the same steps without the scope and detach calls (docs/benchmarks.md, 2026-11-28 16:16
+        # UTC: a small model's forward pays their Python per module and call)
+        if not self.explaining:
+            inv_rms = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (wide * inv_rms * (1.0 + self.weight.to(wide.dtype))).type_as(x)
         with self.dynamic_scope():
             inv_rms = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return (wide * self.dynamic_weight(inv_rms) * (1.0 + self.weight.to(wide.dtype))).type_as(x)

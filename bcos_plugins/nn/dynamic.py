@@ -39,6 +39,11 @@ _THREAD_STATE = threading.local()
 _EVERY_MODULE = 0  # the thread-wide form's key: no object's id() is 0
 _NOTHING: frozenset[int] = frozenset()
 _THREAD_KEYS = itertools.count(1)
+# Set for the importing (main) thread, as the first explanation_mode block's exit leaves it: getattr's default costs
+# an AttributeError raised and caught inside, 0.45-0.5 us per read more, and every dynamic-weight module reads it in
+# every forward, so a process that only predicts (never explains) paid it 25-40 times a forward pass of the
+# bench_core family shape (docs/benchmarks.md, 2026-11-28 16:16 UTC). Other threads read the default until theirs.
+_THREAD_STATE.explained = _NOTHING
 
 
 def _explaining_here(module: nn.Module) -> bool:

@@ -271,13 +271,19 @@ class BcosLinear(AlignmentPressure):
             out = _triton_linear.triton_forward(self, x)
             if out is not None:  # None: a call the kernel does not cover, which takes the paths below
                 return out
-        if (self.max_out == 1 and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-                and not using_reference_path()):
-            # nothing is recorded (inference, evaluation): no training node, explaining product or unit to detach
+        if (not torch.is_grad_enabled() and self.max_out == 1 and not using_reference_path()
+                and not torch.compiler.is_compiling()):
+            # nothing is recorded (inference, evaluation): no training node, explaining product or unit to detach.
+            # The weight is read from _parameters: the attribute lookup misses the instance and its classes before
+            # nn.Module.__getattr__ finds it there (0.8 us a read against 0.05), and a small model's forward is
+            # Python-bound (docs/benchmarks.md, 2026-11-28 16:16 UTC); a weight that is no registered parameter (a
+            # parametrization's property, torch.nn.utils.weight_norm's attribute) is read as an attribute
             b = self._pressure()
             if b != 1.0:
                 self.holds_constant()  # (counts the dynamic weight while explaining, as the recorded paths do)
-            return inference_linear(x, self.weight, b, units_are_columns=self._UNITS_ARE_COLUMNS)
+            weight = self._parameters.get("weight")
+            return inference_linear(x, self.weight if weight is None else weight, b,
+                                    units_are_columns=self._UNITS_ARE_COLUMNS)
         if (self.max_out == 1 and self.explaining and x.requires_grad and parameter_gradients_unused()
                 and not torch.compiler.is_compiling() and not using_reference_path()):
             b = self._pressure()

@@ -183,6 +183,11 @@ class DetachableRMSNorm(DynamicWeightModule):
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
         dtype = x.dtype
         x32 = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
+        # not explaining: the same steps without the scope and detach calls (docs/benchmarks.md, 2026-11-28 16:16
+        # UTC: a small model's forward pays their Python per module and call)
+        if not self.explaining:
+            inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+            return self.weight * (x32 * inv_rms).to(dtype)
         with self.dynamic_scope():
             inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
         return self.weight * (x32 * self.dynamic_weight(inv_rms)).to(dtype)
