@@ -19,13 +19,13 @@ from contextvars import ContextVar
 import torch
 from torch import Tensor, nn
 
-from .errors import BcosTypeError, UnmaskedPaddingWarning, argument_error
+from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarning, argument_error
 
 __all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
            "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_token_batch", "token_batch_and_padding", "ids_as_long", "unmasked_padding_keywords",
-           "warn_if_unmasked_padding"]
+           "warn_if_another_models_tokenizer", "warn_if_unmasked_padding"]
 
 
 # the caller's index of each row of the batch being checked, where a path batches its caller's texts in chunks or in
@@ -565,3 +565,54 @@ def refuse_renamed_keywords(function: str, given: dict, renamed: dict[str, str])
                                  "explanation entry points share)", f"Pass {renamed[key]}= instead",
                                  kind=BcosTypeError)
         raise BcosTypeError(f"{function}() got an unexpected keyword argument {key!r}")
+
+
+def _named_ids(source, names: tuple[str, ...]) -> set[int]:
+    """The non-negative integer ids ``source`` (a config, a tokenizer) holds under ``names`` (lists flattened: Llama
+    3.1's config names three EOS ids)."""
+    found = set()
+    for name in names:
+        value = getattr(source, name, None)
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+                found.add(item)
+    return found
+
+
+def _tokenizer_special_ids(tokenizer) -> set[int]:
+    """Every id the tokenizer treats as special: its named special tokens and its added tokens marked special
+    (Qwen2's ``<|im_end|>``, Llama 3's ``<|eot_id|>``, which ``all_special_ids`` may leave out)."""
+    ids = {i for i in (getattr(tokenizer, "all_special_ids", None) or ()) if isinstance(i, int)}
+    decoder = getattr(tokenizer, "added_tokens_decoder", None)
+    if isinstance(decoder, dict):
+        ids.update(i for i, token in decoder.items() if isinstance(i, int) and getattr(token, "special", False))
+    return ids
+
+
+def warn_if_another_models_tokenizer(model, tokenizer, *, stacklevel: int = 3) -> None:
+    """Warn (:class:`~bcos_plugins.errors.TokenizerMismatchWarning`) when ``tokenizer`` is, on strong evidence,
+    another model's although its ids fit ``model``'s vocabulary: the two were loaded from different names, and none
+    of the special tokens ``model.config`` names (``bos_token_id``, ``eos_token_id``, ``cls_token_id``,
+    ``sep_token_id``) is a special token of the tokenizer (a BERT tokenizer on a GPT-2: GPT-2's EOS 50256 is no token
+    of it, its special tokens are 0 and 100-103). Silent when the names match, when either is unnamed (a model built from a config, a
+    tokenizer trained in memory), or when the config names no special token (BERT's names only its padding), so that
+    a valid pair (a fine-tuned model with its base model's tokenizer) is never warned about; never a refusal."""
+    config = getattr(model, "config", None)
+    model_name = str(getattr(config, "_name_or_path", "") or "")
+    tokenizer_name = str(getattr(tokenizer, "name_or_path", "") or "")
+    if not model_name or not tokenizer_name or model_name.rstrip("/") == tokenizer_name.rstrip("/"):
+        return
+    named = _named_ids(config, ("bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id"))
+    special = _tokenizer_special_ids(tokenizer)
+    if not named or not special or named & special:
+        return
+    import warnings
+
+    warnings.warn(
+        f"tokenizer: {type(tokenizer).__name__}({tokenizer_name!r}) looks like another model's than "
+        f"{type(model).__name__}({model_name!r}): none of the special token ids the model's config names "
+        f"({sorted(named)[:6]}) is a special token of the tokenizer (its own: {sorted(special)[:6]}), so its ids, "
+        "though they fit the vocabulary, would be read as other tokens than the ones shown. Pass the tokenizer saved "
+        "with the model (AutoTokenizer.from_pretrained of the model's folder or hub name); if this pair is right, "
+        "silence it with warnings.filterwarnings('ignore', category=bcos_plugins.errors.TokenizerMismatchWarning).",
+        TokenizerMismatchWarning, stacklevel=stacklevel)

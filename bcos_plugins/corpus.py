@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ._checks import require_count, rows_named_as
+from ._checks import require_count, rows_named_as, warn_if_another_models_tokenizer
 from .attribution.targets import Direction
 from .attribution.text import forward_keywords, readable_tokenizer_outputs
 from .convert.architectures import position_limit, require_max_length_fits, vocabulary_size
@@ -127,6 +127,8 @@ def require_tokenizer_fits(model: nn.Module, tokenizer) -> None:
                              f" has {len(tokenizer)} tokens, but {type(model).__name__} has {vocab} embedding rows: "
                              "the tokenizer is another model's", "Pass the tokenizer saved with the model "
                              "(AutoTokenizer.from_pretrained of the model's folder or hub name)")
+    # one whose ids all fit may be another model's too: warned where the evidence is strong, never refused
+    warn_if_another_models_tokenizer(model, tokenizer, stacklevel=4)
 
 
 def _require_model_tokenizer(model: nn.Module, tokenizer, enc) -> None:

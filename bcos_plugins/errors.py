@@ -17,6 +17,7 @@ __all__ = [
     "BcosFileError",
     "UnmaskedPaddingWarning",
     "TruncatedRationaleWarning",
+    "TokenizerMismatchWarning",
     "argument_error",
 ]
 
@@ -67,6 +68,16 @@ class TruncatedRationaleWarning(UserWarning):
     rationale metrics (IoU, AUPRC) use a smaller rationale than the annotators gave. The message names the rows
     and how much each lost; tokenise with a larger ``max_length`` to keep it whole, or turn this warning into an
     error (``warnings.simplefilter("error", TruncatedRationaleWarning)``) to refuse such rows."""
+
+
+class TokenizerMismatchWarning(UserWarning):
+    """The tokenizer passed with a model looks like another model's although every id it gives fits the model's
+    vocabulary (a BERT tokenizer on a GPT-2): the model and the tokenizer were loaded from different names and none
+    of the special tokens the model's config names (BOS, EOS, CLS, SEP) is a special token of the tokenizer. Its ids
+    are read as the model's own tokens, so predictions and explanations are of other texts than the ones shown.
+    Issued where a model and a tokenizer are passed together (``explain_dataset``, ``predict`` / ``accuracy``,
+    ``predict_labels``, the inseq adapter's ``load_classifier``); never when the names match or
+    either is unnamed (weak evidence), and never a refusal."""
 
 
 def argument_error(name: str, problem: str, fix: str, *, kind: type[BcosError] = BcosValueError) -> BcosError:

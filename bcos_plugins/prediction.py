@@ -12,6 +12,7 @@ from ._checks import (
     require_text_pairs,
     require_texts,
     rows_named_as,
+    warn_if_another_models_tokenizer,
 )
 from .attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
 from .encoded_texts import truncation_length
@@ -39,6 +40,7 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
     texts = require_texts(texts)
     text_pairs = require_text_pairs(text_pairs, len(texts))
     require_count("batch_size", batch_size)
+    warn_if_another_models_tokenizer(model, tokenizer)  # ids that fit, read as other tokens: predictions of other texts
     max_length = truncation_length(model, max_length, default=64)
     device = next(model.parameters()).device
     spec = registry_spec(model)

