@@ -98,7 +98,12 @@ from inseq.utils.typing import TokenWithId
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from bcos_plugins._checks import refuse_renamed_keywords, require_int, require_row_ids
+from bcos_plugins._checks import (
+    refuse_renamed_keywords,
+    require_int,
+    require_row_ids,
+    warn_if_another_models_tokenizer,
+)
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions, text_attribution_point
 from bcos_plugins.attribution.text import rows_as_alone_call
 from bcos_plugins.convert.architectures import (
@@ -697,6 +702,9 @@ class _BcosMethod:
     def __init__(self, attribution_model, **kwargs):
         super().__init__(attribution_model, hook_to_model=False)
         self.model, self.spec = _explainable_model(attribution_model.model, classifier=False)
+        # another model's tokenizer whose ids fit was read as this model's tokens, silently (a warning on strong
+        # evidence only; inseq itself checks nothing)
+        warn_if_another_models_tokenizer(self.model, getattr(attribution_model, "tokenizer", None), stacklevel=4)
         # as inseq's layer methods: ids in, attributions at a layer of the model
         self.attribute_batch_ids = True
         self.forward_batch_embeds = False

@@ -76,8 +76,8 @@ class TokenizerMismatchWarning(UserWarning):
     of the special tokens the model's config names (BOS, EOS, CLS, SEP) is a special token of the tokenizer. Its ids
     are read as the model's own tokens, so predictions and explanations are of other texts than the ones shown.
     Issued where a model and a tokenizer are passed together (``explain_dataset``, ``predict`` / ``accuracy``,
-    ``predict_labels``, the inseq adapter's ``load_classifier``); never when the names match or
-    either is unnamed (weak evidence), and never a refusal."""
+    ``predict_labels``, the inseq adapter's ``load_classifier``, ``inseq.load_model(model, "bcos", tokenizer=...)``);
+    never when the names match or either is unnamed (weak evidence), and never a refusal."""
 
 
 def argument_error(name: str, problem: str, fix: str, *, kind: type[BcosError] = BcosValueError) -> BcosError:

@@ -498,3 +498,21 @@ def test_the_tokenizer_warning_needs_both_names_differing_and_no_shared_special_
         warnings.simplefilter("always")
         warn_if_another_models_tokenizer(_Named(config=config), tokenizer)
     assert [w.category for w in caught] == ([TokenizerMismatchWarning] if expected else [])
+
+
+def test_inseq_load_model_with_another_models_tokenizer_warns():
+    import bcos_plugins.adapters.inseq  # noqa: F401 (registers "bcos")
+    import inseq
+
+    from bcos_plugins.errors import TokenizerMismatchWarning
+
+    bert_tokenizer, gpt2_tokenizer = _tokenizers()
+    config = T.GPT2Config(vocab_size=50257, n_embd=16, n_layer=1, n_head=2, n_positions=64)
+    torch.manual_seed(0)
+    model = bcosify(T.GPT2LMHeadModel(config).eval(), b=1.1, verbose=False)
+    model.config._name_or_path = "openai-community/gpt2"
+    with pytest.warns(TokenizerMismatchWarning, match=r"^tokenizer: BertTokenizer\w*\(.*looks like another model's"):
+        inseq.load_model(model, "bcos", tokenizer=bert_tokenizer)  # was silent
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TokenizerMismatchWarning)
+        inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer)
