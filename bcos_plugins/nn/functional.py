@@ -480,7 +480,7 @@ def _power_(abs_cos: Tensor, b: float | Tensor) -> Tensor:
     return abs_cos.pow_(b - 1.0)
 
 
-def _inference_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, *, overwrite_lin: bool = False) -> Tensor:
+def _inference_product(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
     """``dyn * lin`` where autograd records nothing (inference), with ``dyn = |cos| ** (B - 1)`` unfloored.
 
     The floor on ``|cos|`` exists for derivatives (it keeps the gradient of ``|cos| ** (B - 1)`` finite at 0,
@@ -488,54 +488,10 @@ def _inference_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, *, overwr
     one); without a backward pass it only changes outputs where ``|cos| < COS_FLOOR``, from ``|cos| ** (B -
     1) lin`` to ``COS_FLOOR ** (B - 1) lin``, both below ``COS_FLOOR ** B ||x||`` in size. Leaving it out saves
     one pass over the output per layer and computes the formula as written; zero rows and zero inputs still
-    give 0. A fresh tensor (``lin`` is not written), except with ``overwrite_lin`` (the caller hands over ``lin``, a
-    fresh matrix product's output of ``x_norm``'s leading shape), where a large one is computed in place
-    (:func:`_blocked_product_`).
+    give 0. A fresh tensor (``lin`` is not written).
     """
-    if overwrite_lin and lin.dtype != torch.float16 and _blocks_the_product(lin, b):  # (float16: dyn is float32)
-        return _blocked_product_(lin, _norm_reciprocal(x_norm), b)
     dyn = _power_(_abs_cos(lin, x_norm), b)
     return (dyn if dyn.dtype == lin.dtype else dyn.to(lin.dtype)).mul_(lin)
-
-
-# Outputs of at least this many bytes take the blocked product (_blocks_the_product), in blocks of rows of about
-# _PRODUCT_BLOCK_BYTES each (docs/benchmarks.md, 2026-11-28 16:05 UTC: MiniLM's 1024 x 1536 float32 intermediate
-# output, 6 MB, is the one a bench_core forward blocks; its 1.5 MB outputs keep the fresh tensor)
-_BLOCKED_PRODUCT_BYTES = 4 << 20
-_PRODUCT_BLOCK_BYTES = 1 << 20
-
-
-def _blocks_the_product(lin: Tensor, b: float | Tensor) -> bool:
-    """Whether :func:`_blocked_product_` computes ``lin``'s inference product: a large contiguous CPU output (at least
-    ``_BLOCKED_PRODUCT_BYTES``), eager, and a B whose power is square roots or none. ``pow`` is left out: its vectorised
-    kernel need not round as its scalar one, and a block moves which elements the vector loop's scalar tail takes."""
-    return (lin.is_cpu and isinstance(b, float) and b in (1.5, 1.25, 2.0)
-            and lin.numel() * lin.element_size() >= _BLOCKED_PRODUCT_BYTES and lin.is_contiguous()
-            and not torch.compiler.is_compiling())
-
-
-def _blocked_product_(lin: Tensor, reciprocal: Tensor, b: float) -> Tensor:
-    """``|lin| * (1 / ||x||)``, :func:`_power_`'s roots and the product with ``lin``, for one block of rows at a time
-    into one block-sized scratch tensor, the product written into ``lin`` (returned): the same kernels on the same
-    elements (each correctly rounded, so a block gives the bits of the whole tensor; ``dyn * lin`` and ``lin * dyn``
-    are one product), without the output-sized fresh tensor of :func:`_inference_product`. On a CPU a fresh tensor of
-    megabytes is usually memory the allocator maps afresh, and its first pass pays a page fault per 4 kB (about 600
-    us for 6 MB): in a process that only runs forwards, MiniLM's forward (16 x 64 tokens) took 0.93-0.99 of the
-    time with its six 6 MB products blocked (docs/benchmarks.md, 2026-11-28 16:05 UTC). Where nothing faults, blocked
-    and whole passes took the same time (the passes are not limited by memory here). ``reciprocal`` has ``lin``'s
-    leading shape and a last dimension of 1."""
-    units = lin.shape[-1]
-    rows, factors = lin.view(-1, units), reciprocal.view(-1, 1)
-    total = rows.shape[0]
-    count = -(-lin.numel() * lin.element_size() // _PRODUCT_BLOCK_BYTES)
-    step = -(-total // count)
-    scratch = torch.empty((min(step, total), units), dtype=lin.dtype)
-    for start in range(0, total, step):
-        block = rows[start:start + step]
-        part = scratch[:block.shape[0]]
-        _power_(torch.abs(block, out=part).mul_(factors[start:start + step]), b)
-        block.mul_(part)
-    return lin
 
 
 def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: bool = False) -> Tensor:
@@ -579,18 +535,13 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
             if norm is None:
                 norm = derived[("norm", -1)] = torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True),
                                                            _SQRT_NORM_EPS[dtype])
-            blocked = _blocks_the_product(lin, b)
-            abs_cos = None if blocked else lin.abs()
+            abs_cos = lin.abs()
             reciprocal = derived.get(("reciprocal", -1))
             if reciprocal is None:
                 reciprocal = derived[("reciprocal", -1)] = norm.reciprocal()
-            if blocked:
-                return _blocked_product_(lin, reciprocal, b)
             abs_cos.mul_(reciprocal)
         else:
             norm = torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True), _SQRT_NORM_EPS[dtype])
-            if _blocks_the_product(lin, b):
-                return _blocked_product_(lin, norm.reciprocal(), b)
             abs_cos = lin.abs().mul_(norm.reciprocal())
         if b == 1.25:  # _power_'s branches for float32 / float64
             abs_cos.rsqrt_().rsqrt_()
@@ -607,7 +558,7 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     lin = torch.nn.functional.linear(_shared_cast(x, cast), unit)
     if b == 1.0:
         return lin
-    return _inference_product(lin, input_norm(x), b, overwrite_lin=True)
+    return _inference_product(lin, input_norm(x), b)
 
 
 _PLAIN_FLOATS = (torch.float32, torch.float64)
@@ -621,26 +572,34 @@ def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns:
     one recorded product with the constant ``dyn`` (:func:`bcos_product`, ``constant_units`` as there).
 
     The kernels of :func:`cached_unit_norm`, :func:`input_norm`, ``F.linear`` and :func:`bcos_product`'s explaining
-    branch, in the same order on the same tensors (the same values, bit for bit), in one function with one
-    ``no_grad`` block for the two norms, as :func:`inference_linear` does for inference."""
-    clamped = None
+    branch, in the same order on the same tensors (the same values, bit for bit). A plain weight without
+    :func:`reuse_unit_weights` and without autocast (every explanation's usual case) runs them all as one autograd
+    node (:class:`_ExplainingLinear`, or :class:`_KeptUnitsProduct` for one block of kept units), whose forward runs
+    without recording and whose backward is ``(grad * dyn) @ ŵ``: one ``Function.apply``, no ``no_grad`` blocks and
+    no recorded in-place product, where the matrix product's node, the product's node and two ``no_grad`` blocks
+    cost about 15 us of Python per layer at hidden 128 (docs/benchmarks.md#bench-core-method)."""
+    units = weight.shape[1] if units_are_columns else weight.shape[0]
+    kept = None if constant_units is None else kept_unit_block(constant_units, units)
+    if (not _REUSE_UNIT_WEIGHTS and type(weight) in _PLAIN_TENSORS
+            and not torch.is_autocast_enabled(x.device.type)):
+        view = weight.detach()  # (the raw weight, kept for the backward; its version counter still guards it)
+        if units_are_columns:
+            view = view.T
+        if kept is not None:
+            return _KeptUnitsProduct.apply(x, view, b, kept)
+        return _ExplainingLinear.apply(x, view, b, constant_units)
+    # a cached ŵ (resident anyway), autocast (whose casts the matrix product makes) or a tensor subclass
     with torch.no_grad():
         if _REUSE_UNIT_WEIGHTS:
             unit = cached_unit_norm(weight, dim=1, transposed=units_are_columns, autocast=True)
-        else:  # cached_unit_norm's branch without reuse (_unrecorded_unit_norm's steps, the norms kept)
+        else:  # cached_unit_norm's branch without reuse (_unrecorded_unit_norm's steps)
             view = weight.T if units_are_columns else weight
-            clamped = _unit_norms(view, 1).clamp_min_(_norm_eps())
-            unit = _stored_quotient(view, clamped, _matmul_cast(weight) or view.dtype)
+            unit = _stored_quotient(view, _unit_norms(view, 1).clamp_min_(_norm_eps()),
+                                    _matmul_cast(weight) or view.dtype)
         x_norm = input_norm(x)
-    autocast = torch.is_autocast_enabled(x.device.type)
-    kept = None if constant_units is None else kept_unit_block(constant_units, unit.shape[0])
-    if kept is not None and not autocast:
-        return _KeptUnitsProduct.apply(x, unit, x_norm, b, kept)
-    if clamped is None or autocast or type(weight) not in _PLAIN_TENSORS:
-        # a cached ŵ is resident anyway; under autocast the matrix product's casts are autocast's own
-        lin = torch.nn.functional.linear(x, unit)
-    else:
-        lin = _RecomputedUnitLinear.apply(x, unit, view.detach(), clamped)
+    if kept is not None and not torch.is_autocast_enabled(x.device.type):
+        return _KeptUnitsProduct.apply(x, unit, b, kept, x_norm)
+    lin = torch.nn.functional.linear(x, unit)
     with torch.no_grad():
         dyn = _lin_dtype_scale(lin, x_norm, b)
     if constant_units is None:
@@ -648,30 +607,49 @@ def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns:
     return _PartlyConstantProduct.apply(lin, dyn, constant_units, True)
 
 
-class _RecomputedUnitLinear(torch.autograd.Function):
-    """``F.linear(x, unit)`` of :func:`explaining_linear` (the same kernel, the same values) whose backward pass
-    recomputes the unit-norm weight ``unit = view / clamped`` (the same division, the same bits) instead of
-    keeping it: ``F.linear`` saves its weight operand, which for a per-call ``unit`` is a weight-sized copy per
-    layer alive until the backward pass (34.3 MB of a MiniLM explanation at 16 x 64 tokens, the whole excess of
-    its peak over Captum's on the conventional model; docs/benchmarks.md#bench-core-method). Saved instead: the
-    raw weight (``view``, detached: resident anyway, and its version counter still guards it against in-place
-    writes before the backward pass) and the per-unit clamped norms (one number a unit). The backward is
-    ``grad @ unit`` with ``unit`` recomputed without recording (a constant, as the saved ``unit`` was), so it is
-    differentiable again and runs under batched gradients. Written as ``forward(ctx, ...)`` without
+def _explaining_forward(x: Tensor, view: Tensor, b: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(clamped norms, ``ŵ``, ``lin``, ``dyn``) of :func:`explaining_linear`'s node forward, where autograd records
+    nothing: :func:`_unrecorded_unit_norm`'s steps (the clamped norms kept), :func:`input_norm`, ``F.linear`` and
+    :func:`_lin_dtype_scale`, the kernels of the layer's explaining forward in their order."""
+    clamped = _unit_norms(view, 1).clamp_min_(_norm_eps())
+    unit = _stored_quotient(view, clamped, view.dtype)
+    x_norm = input_norm(x)
+    lin = torch.nn.functional.linear(x, unit)
+    return clamped, unit, lin, _lin_dtype_scale(lin, x_norm, b)
+
+
+class _ExplainingLinear(torch.autograd.Function):
+    """:func:`explaining_linear` for a plain weight (no cached ``ŵ``, no autocast) as one node: the forward is
+    :func:`_explaining_forward`'s kernels and ``lin * dyn`` written into ``lin`` (the values of ``F.linear(x, ŵ)``
+    followed by the recorded ``lin.mul_(dyn)``), the backward ``(grad * dyn) @ ŵ`` with ``constant`` units' gradient
+    set to 0 first (:class:`_PartlyConstantProduct`'s), the same kernels as those two nodes' backward passes, so the
+    same values.
+
+    It keeps the raw weight (``view``, detached: resident anyway, and its version counter still guards it against
+    in-place writes before the backward pass), the per-unit clamped norms (one number a unit) and ``dyn`` (the
+    product's own saved factor), and recomputes ``ŵ = view / clamped`` in the backward pass with the forward's
+    division (the same bits): ``F.linear`` saved its weight operand, a weight-sized copy per layer alive until the
+    backward pass (34.3 MB of a MiniLM explanation at 16 x 64 tokens; docs/benchmarks.md#bench-core-method). The
+    backward is plain tensor code (differentiable again, batched gradients). Written as ``forward(ctx, ...)`` without
     ``setup_context`` (see :class:`_BcosProduct`)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, unit: Tensor, view: Tensor, clamped: Tensor) -> Tensor:
-        ctx.save_for_backward(view, clamped)
-        ctx.unit_dtype = unit.dtype
-        return torch.nn.functional.linear(x, unit)
+    def forward(ctx, x: Tensor, view: Tensor, b: float, constant: slice | None) -> Tensor:
+        clamped, _, lin, dyn = _explaining_forward(x, view, b)
+        ctx.constant = constant
+        ctx.save_for_backward(view, clamped, dyn)
+        return lin.mul_(dyn)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        view, clamped = ctx.saved_tensors
+        view, clamped, dyn = ctx.saved_tensors
+        # out of place: under batched gradients (autograd.grad(..., is_grads_batched=True)) grad_out is vmapped
+        grad_lin = grad_out * dyn
+        if ctx.constant is not None:
+            grad_lin[..., ctx.constant] = 0.0
         with torch.no_grad():
-            unit = _stored_quotient(view, clamped, ctx.unit_dtype)
-        return grad_out @ unit, None, None, None
+            unit = _stored_quotient(view, clamped, view.dtype)
+        return grad_lin @ unit, None, None, None
 
 
 def kept_unit_block(constant: slice, units: int) -> slice | None:
@@ -685,17 +663,21 @@ def kept_unit_block(constant: slice, units: int) -> slice | None:
 
 class _KeptUnitsProduct(torch.autograd.Function):
     """Explaining, a projection whose only non-constant units are one block ``kept``: :func:`explaining_linear`'s
-    ``F.linear`` and product (the same kernels, the same values) as one node whose backward is
-    ``(grad * dyn)[..., kept] @ unit[kept]``. The constant units' gradient is 0, so their rows of the matrix product's
-    backward are left out instead of multiplied as zeros (2/3 of ModernBERT's ``Wqkv``; helper-49 measured 183 -> 71
-    us per call at 4 x 32 tokens); adding those zero rows changes no bit of the sum on this CPU (tested). Written as
-    ``forward(ctx, ...)`` without ``setup_context`` (see :class:`_BcosProduct`); the backward is plain tensor code
-    (differentiable again, batched gradients)."""
+    kernels (the same values) as one node whose backward is ``(grad * dyn)[..., kept] @ ŵ[kept]``. The constant units'
+    gradient is 0, so their rows of the matrix product's backward are left out instead of multiplied as zeros (2/3 of
+    ModernBERT's ``Wqkv``; helper-49 measured 183 -> 71 us per call at 4 x 32 tokens); adding those zero rows changes
+    no bit of the sum on this CPU (tested). ``weight`` is the raw weight (``x_norm`` left out: the forward computes
+    ŵ and ``||x||`` itself, :func:`_explaining_forward`) or, with ``x_norm`` (under :func:`reuse_unit_weights`), the
+    unit-norm weight itself. Written as ``forward(ctx, ...)`` without ``setup_context`` (see :class:`_BcosProduct`);
+    the backward is plain tensor code (differentiable again, batched gradients)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, unit: Tensor, x_norm: Tensor, b: float, kept: slice) -> Tensor:
-        lin = torch.nn.functional.linear(x, unit)
-        dyn = _lin_dtype_scale(lin, x_norm, b)
+    def forward(ctx, x: Tensor, weight: Tensor, b: float, kept: slice, x_norm: Tensor | None = None) -> Tensor:
+        if x_norm is None:
+            _, unit, lin, dyn = _explaining_forward(x, weight, b)
+        else:
+            unit, lin = weight, torch.nn.functional.linear(x, weight)
+            dyn = _lin_dtype_scale(lin, x_norm, b)
         ctx.kept = kept
         ctx.save_for_backward(dyn[..., kept], unit[kept])
         return lin.mul_(dyn)
