@@ -572,34 +572,26 @@ def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns:
     one recorded product with the constant ``dyn`` (:func:`bcos_product`, ``constant_units`` as there).
 
     The kernels of :func:`cached_unit_norm`, :func:`input_norm`, ``F.linear`` and :func:`bcos_product`'s explaining
-    branch, in the same order on the same tensors (the same values, bit for bit). A plain weight without
-    :func:`reuse_unit_weights` and without autocast (every explanation's usual case) runs them all as one autograd
-    node (:class:`_ExplainingLinear`, or :class:`_KeptUnitsProduct` for one block of kept units), whose forward runs
-    without recording and whose backward is ``(grad * dyn) @ ŵ``: one ``Function.apply``, no ``no_grad`` blocks and
-    no recorded in-place product, where the matrix product's node, the product's node and two ``no_grad`` blocks
-    cost about 15 us of Python per layer at hidden 128 (docs/benchmarks.md#bench-core-method)."""
-    units = weight.shape[1] if units_are_columns else weight.shape[0]
-    kept = None if constant_units is None else kept_unit_block(constant_units, units)
-    if (not _REUSE_UNIT_WEIGHTS and type(weight) in _PLAIN_TENSORS
-            and not torch.is_autocast_enabled(x.device.type)):
-        view = weight.detach()  # (the raw weight, kept for the backward; its version counter still guards it)
-        if units_are_columns:
-            view = view.T
-        if kept is not None:
-            return _KeptUnitsProduct.apply(x, view, b, kept)
-        return _ExplainingLinear.apply(x, view, b, constant_units)
-    # a cached ŵ (resident anyway), autocast (whose casts the matrix product makes) or a tensor subclass
+    branch, in the same order on the same tensors (the same values, bit for bit), in one function with one
+    ``no_grad`` block for the two norms, as :func:`inference_linear` does for inference."""
+    clamped = None
     with torch.no_grad():
         if _REUSE_UNIT_WEIGHTS:
             unit = cached_unit_norm(weight, dim=1, transposed=units_are_columns, autocast=True)
-        else:  # cached_unit_norm's branch without reuse (_unrecorded_unit_norm's steps)
+        else:  # cached_unit_norm's branch without reuse (_unrecorded_unit_norm's steps, the norms kept)
             view = weight.T if units_are_columns else weight
-            unit = _stored_quotient(view, _unit_norms(view, 1).clamp_min_(_norm_eps()),
-                                    _matmul_cast(weight) or view.dtype)
+            clamped = _unit_norms(view, 1).clamp_min_(_norm_eps())
+            unit = _stored_quotient(view, clamped, _matmul_cast(weight) or view.dtype)
         x_norm = input_norm(x)
-    if kept is not None and not torch.is_autocast_enabled(x.device.type):
-        return _KeptUnitsProduct.apply(x, unit, b, kept, x_norm)
-    lin = torch.nn.functional.linear(x, unit)
+    autocast = torch.is_autocast_enabled(x.device.type)
+    kept = None if constant_units is None else kept_unit_block(constant_units, unit.shape[0])
+    if kept is not None and not autocast:
+        return _KeptUnitsProduct.apply(x, unit, x_norm, b, kept)
+    if clamped is None or autocast or type(weight) not in _PLAIN_TENSORS:
+        # a cached ŵ is resident anyway; under autocast the matrix product's casts are autocast's own
+        lin = torch.nn.functional.linear(x, unit)
+    else:
+        lin = _RecomputedUnitLinear.apply(x, unit, view.detach(), clamped)
     with torch.no_grad():
         dyn = _lin_dtype_scale(lin, x_norm, b)
     if constant_units is None:
@@ -607,49 +599,30 @@ def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns:
     return _PartlyConstantProduct.apply(lin, dyn, constant_units, True)
 
 
-def _explaining_forward(x: Tensor, view: Tensor, b: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(clamped norms, ``ŵ``, ``lin``, ``dyn``) of :func:`explaining_linear`'s node forward, where autograd records
-    nothing: :func:`_unrecorded_unit_norm`'s steps (the clamped norms kept), :func:`input_norm`, ``F.linear`` and
-    :func:`_lin_dtype_scale`, the kernels of the layer's explaining forward in their order."""
-    clamped = _unit_norms(view, 1).clamp_min_(_norm_eps())
-    unit = _stored_quotient(view, clamped, view.dtype)
-    x_norm = input_norm(x)
-    lin = torch.nn.functional.linear(x, unit)
-    return clamped, unit, lin, _lin_dtype_scale(lin, x_norm, b)
-
-
-class _ExplainingLinear(torch.autograd.Function):
-    """:func:`explaining_linear` for a plain weight (no cached ``ŵ``, no autocast) as one node: the forward is
-    :func:`_explaining_forward`'s kernels and ``lin * dyn`` written into ``lin`` (the values of ``F.linear(x, ŵ)``
-    followed by the recorded ``lin.mul_(dyn)``), the backward ``(grad * dyn) @ ŵ`` with ``constant`` units' gradient
-    set to 0 first (:class:`_PartlyConstantProduct`'s), the same kernels as those two nodes' backward passes, so the
-    same values.
-
-    It keeps the raw weight (``view``, detached: resident anyway, and its version counter still guards it against
-    in-place writes before the backward pass), the per-unit clamped norms (one number a unit) and ``dyn`` (the
-    product's own saved factor), and recomputes ``ŵ = view / clamped`` in the backward pass with the forward's
-    division (the same bits): ``F.linear`` saved its weight operand, a weight-sized copy per layer alive until the
-    backward pass (34.3 MB of a MiniLM explanation at 16 x 64 tokens; docs/benchmarks.md#bench-core-method). The
-    backward is plain tensor code (differentiable again, batched gradients). Written as ``forward(ctx, ...)`` without
+class _RecomputedUnitLinear(torch.autograd.Function):
+    """``F.linear(x, unit)`` of :func:`explaining_linear` (the same kernel, the same values) whose backward pass
+    recomputes the unit-norm weight ``unit = view / clamped`` (the same division, the same bits) instead of
+    keeping it: ``F.linear`` saves its weight operand, which for a per-call ``unit`` is a weight-sized copy per
+    layer alive until the backward pass (34.3 MB of a MiniLM explanation at 16 x 64 tokens, the whole excess of
+    its peak over Captum's on the conventional model; docs/benchmarks.md#bench-core-method). Saved instead: the
+    raw weight (``view``, detached: resident anyway, and its version counter still guards it against in-place
+    writes before the backward pass) and the per-unit clamped norms (one number a unit). The backward is
+    ``grad @ unit`` with ``unit`` recomputed without recording (a constant, as the saved ``unit`` was), so it is
+    differentiable again and runs under batched gradients. Written as ``forward(ctx, ...)`` without
     ``setup_context`` (see :class:`_BcosProduct`)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, view: Tensor, b: float, constant: slice | None) -> Tensor:
-        clamped, _, lin, dyn = _explaining_forward(x, view, b)
-        ctx.constant = constant
-        ctx.save_for_backward(view, clamped, dyn)
-        return lin.mul_(dyn)
+    def forward(ctx, x: Tensor, unit: Tensor, view: Tensor, clamped: Tensor) -> Tensor:
+        ctx.save_for_backward(view, clamped)
+        ctx.unit_dtype = unit.dtype
+        return torch.nn.functional.linear(x, unit)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        view, clamped, dyn = ctx.saved_tensors
-        # out of place: under batched gradients (autograd.grad(..., is_grads_batched=True)) grad_out is vmapped
-        grad_lin = grad_out * dyn
-        if ctx.constant is not None:
-            grad_lin[..., ctx.constant] = 0.0
+        view, clamped = ctx.saved_tensors
         with torch.no_grad():
-            unit = _stored_quotient(view, clamped, view.dtype)
-        return grad_lin @ unit, None, None, None
+            unit = _stored_quotient(view, clamped, ctx.unit_dtype)
+        return grad_out @ unit, None, None, None
 
 
 def kept_unit_block(constant: slice, units: int) -> slice | None:
@@ -663,21 +636,17 @@ def kept_unit_block(constant: slice, units: int) -> slice | None:
 
 class _KeptUnitsProduct(torch.autograd.Function):
     """Explaining, a projection whose only non-constant units are one block ``kept``: :func:`explaining_linear`'s
-    kernels (the same values) as one node whose backward is ``(grad * dyn)[..., kept] @ ŵ[kept]``. The constant units'
-    gradient is 0, so their rows of the matrix product's backward are left out instead of multiplied as zeros (2/3 of
-    ModernBERT's ``Wqkv``; helper-49 measured 183 -> 71 us per call at 4 x 32 tokens); adding those zero rows changes
-    no bit of the sum on this CPU (tested). ``weight`` is the raw weight (``x_norm`` left out: the forward computes
-    ŵ and ``||x||`` itself, :func:`_explaining_forward`) or, with ``x_norm`` (under :func:`reuse_unit_weights`), the
-    unit-norm weight itself. Written as ``forward(ctx, ...)`` without ``setup_context`` (see :class:`_BcosProduct`);
-    the backward is plain tensor code (differentiable again, batched gradients)."""
+    ``F.linear`` and product (the same kernels, the same values) as one node whose backward is
+    ``(grad * dyn)[..., kept] @ unit[kept]``. The constant units' gradient is 0, so their rows of the matrix product's
+    backward are left out instead of multiplied as zeros (2/3 of ModernBERT's ``Wqkv``; helper-49 measured 183 -> 71
+    us per call at 4 x 32 tokens); adding those zero rows changes no bit of the sum on this CPU (tested). Written as
+    ``forward(ctx, ...)`` without ``setup_context`` (see :class:`_BcosProduct`); the backward is plain tensor code
+    (differentiable again, batched gradients)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, b: float, kept: slice, x_norm: Tensor | None = None) -> Tensor:
-        if x_norm is None:
-            _, unit, lin, dyn = _explaining_forward(x, weight, b)
-        else:
-            unit, lin = weight, torch.nn.functional.linear(x, weight)
-            dyn = _lin_dtype_scale(lin, x_norm, b)
+    def forward(ctx, x: Tensor, unit: Tensor, x_norm: Tensor, b: float, kept: slice) -> Tensor:
+        lin = torch.nn.functional.linear(x, unit)
+        dyn = _lin_dtype_scale(lin, x_norm, b)
         ctx.kept = kept
         ctx.save_for_backward(dyn[..., kept], unit[kept])
         return lin.mul_(dyn)
@@ -765,10 +734,13 @@ def _scale_backward(grad_out: Tensor, scale: list[Tensor], x_norm: Tensor, b: fl
     (``None`` otherwise), from the forward's ``dyn`` and ``active`` (a 0/1 mask, :func:`_above`), handed over
     as the list ``scale = [dyn, active]`` (emptied here), and one of ``lin`` or ``out``; writes into ``active``.
 
-    The list hands over the only references: ``dyn`` is freed as soon as its product is taken, before the
-    norm's output-sized product is allocated, and both are freed on return, not held by the caller until the
-    node returns (a MiniLM training step's peak, 16 x 64: 197.7 -> 189.4 MB, docs/benchmarks.md, 2026-11-28
-    15:00 UTC). The same ops in the same order: the same bits.
+    The list hands over the only references, so both are written into and freed here, not held by the caller
+    until the node returns. With ``out`` and an ordinary incoming gradient (:func:`_plain_gradient`) the gradient
+    is written into ``dyn`` and the norm's product into ``active``: two output-sized tensors allocated in all
+    (the two recovered ones), where the out-of-place steps take three (a MiniLM training step's peak, 16 x 64:
+    197.7 -> 189.4 -> 184.2 MB, docs/benchmarks.md, 2026-11-28 15:00 and 16:40 UTC). Otherwise (``lin``, batched
+    gradients, ``torch.compile``) out of place, ``dyn`` freed once its product is taken. The same products either
+    way: the same bits.
 
     ``d out / d lin = B dyn`` where active (the product rule collapses: ``lin d dyn / d lin = (B - 1) dyn``),
     ``dyn`` elsewhere; ``d out / d ||x|| = -(B - 1) dyn lin / ||x|| = -(B - 1) out / ||x||`` where active,
@@ -779,6 +751,23 @@ def _scale_backward(grad_out: Tensor, scale: list[Tensor], x_norm: Tensor, b: fl
     scale.clear()
     dtype = dyn.dtype
     grad = grad_out.to(dtype)  # (once: both products below take it)
+    if (out is not None and active.dtype == dtype and not isinstance(b, Tensor) and not torch.compiler.is_compiling()
+            and _plain_gradient(grad)):
+        # recovered from out: the same products, in place into the two fresh tensors.
+        # dyn's buffer becomes the gradient, active's the norm's product, which is taken last: two output-sized
+        # tensors allocated here, not three (the mask, grad * dyn, grad * out)
+        grad_dyn_lin = dyn.mul_(grad)
+        del dyn
+        grad_dyn_lin.addcmul_(grad_dyn_lin, active, value=b - 1.0)  # times B where active
+        grad_norm = None
+        if norm_grad:
+            # (active * out) * grad: the factor 1 leaves out as it is, so the same values as (grad * out) * active
+            per_unit = active.mul_(_widening(out, dtype)).mul_(grad)
+            del active
+            wide = torch.float64 if x_norm.dtype == torch.float64 else torch.float32  # (no dispatched op)
+            grad_norm = per_unit.sum_to_size(x_norm.shape).to(wide)
+            grad_norm = (grad_norm * (1.0 - b) / x_norm.to(wide)).to(x_norm.dtype)
+        return grad_dyn_lin, grad_norm
     # out of place: under batched gradients (autograd.grad(..., is_grads_batched=True)) grad_out is vmapped, and
     # an in-place product into the unbatched dyn is refused
     grad_dyn_lin = grad * dyn
@@ -793,6 +782,17 @@ def _scale_backward(grad_out: Tensor, scale: list[Tensor], x_norm: Tensor, b: fl
         return grad_dyn_lin.mul_(active.mul_(b - 1.0).add_(1.0)), grad_norm  # times B where active
     # times B where active in one kernel, g + (B - 1) g [active], instead of building the factor first (three)
     return grad_dyn_lin.addcmul_(grad_dyn_lin, active, value=b - 1.0), grad_norm
+
+
+def _plain_gradient(grad: Tensor) -> bool:
+    """Whether an incoming gradient is an ordinary tensor, whose product may be written into an unbatched one: not
+    a batched gradient (``autograd.grad(..., is_grads_batched=True)`` runs the backward under the legacy vmap,
+    ``torch.func.vmap`` under functorch's), another ``torch.func`` wrapper or a tensor subclass."""
+    return type(grad) is Tensor and not _is_functorch_wrapped(grad) and not _is_legacy_batched(grad)
+
+
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
 
 
 # (narrower, wider) dtype pairs whose widening is exact: a kernel with operands of both computes in the wider one
@@ -903,13 +903,8 @@ class BcosLinearNode(torch.autograd.Function):
             wide_unit = _divided_by_norm(view, clamped, keep_wide=True)
             unit = wide_unit.to(view.dtype)
             grad_x = grad_weight = None
-            if ctx.needs_input_grad[0]:
-                grad_x = grad_lin @ unit.to(matmul_dtype)
-                if ctx.own_norm and grad_norm is not None:
-                    # the norm's own gradient, d ||x|| / dx = x / ||x|| (its epsilon included), added in the same
-                    # kernel: autograd's norm nodes took seven (the hypot's and the norm's steps and the sum)
-                    grad_x = torch.addcmul(grad_x, x, grad_norm / x_norm)
-                grad_x = grad_x.to(ctx.x_dtype)
+            # the weight's gradient first: its weight-sized temporaries are then freed before the input's gradient
+            # (input-sized) is allocated, not alive beside it
             if ctx.needs_input_grad[1]:
                 rows = grad_lin.reshape(-1, grad_lin.shape[-1])
                 inputs = x.reshape(-1, x.shape[-1]).to(matmul_dtype)
@@ -918,8 +913,21 @@ class BcosLinearNode(torch.autograd.Function):
                 grad_unit = _widening(grad_unit, wide_unit.dtype)
                 radial = (grad_unit * wide_unit).sum(dim=1, keepdim=True)
                 radial = radial.masked_fill_(norms < _norm_eps(), 0.0)  # a clamped norm is a constant
-                grad_view = torch.addcmul(grad_unit, wide_unit, radial, value=-1.0).div_(clamped)
+                # into G, a fresh tensor, where it has the quotient's dtype (a half-precision G: out of place, in
+                # float32)
+                grad_view = (grad_unit.addcmul_(wide_unit, radial, value=-1.0) if grad_unit.dtype == wide_unit.dtype
+                             else torch.addcmul(grad_unit, wide_unit, radial, value=-1.0)).div_(clamped)
                 grad_weight = (grad_view.T if ctx.units_are_columns else grad_view).to(weight.dtype)
+            if ctx.needs_input_grad[0]:
+                grad_x = grad_lin @ unit.to(matmul_dtype)
+                if ctx.own_norm and grad_norm is not None:
+                    # the norm's own gradient, d ||x|| / dx = x / ||x|| (its epsilon included), added in the same
+                    # kernel: autograd's norm nodes took seven (the hypot's and the norm's steps and the sum); into
+                    # the fresh product where that has x's dtype (one rounding to it either way), else (bfloat16
+                    # under autocast for a float32 x) out of place in the wider dtype, as before
+                    grad_x = (grad_x.addcmul_(x, grad_norm / x_norm) if grad_x.dtype == ctx.x_dtype
+                              else torch.addcmul(grad_x, x, grad_norm / x_norm))
+                grad_x = grad_x.to(ctx.x_dtype)
         return grad_x, grad_weight, None if ctx.own_norm else grad_norm, None, None, None
 
 
