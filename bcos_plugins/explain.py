@@ -120,7 +120,7 @@ def explain(
                              "or Direction(vector)); only classifiers default to the predicted class.")
     # made here, so an inference tensor under the caller's inference_mode: the forward's indexing saves it for backward
     pos = None if spec.is_classifier else outside_inference(explained_positions(spec, position, mask,
-                                                                                mask_checked=True))
+                                                                                mask_checked=True, padded=padded))
     call_kwargs = rows_as_alone_call(model, input_ids, attention_mask, forward_kwargs, spec=spec, padded=padded)
     call_kwargs = explained_outputs_only(spec, call_kwargs, pos, input_ids.shape[1])
     parsed: dict = {}

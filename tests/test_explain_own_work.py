@@ -78,3 +78,22 @@ def test_the_first_column_check_of_a_classifier_runs_no_kernel_on_a_batch_it_pas
     for mask in (padded_batch(side="left")[1], padded_batch(side="left")[1].bool()):
         with pytest.raises(BcosValueError, match=r"^attention_mask: rows? .* with padding, and BertForSequence"):
             check_first_column_is_real(model, mask, spec)
+
+
+@pytest.mark.parametrize("default, column", [("last", 6), ("first", 0)])
+def test_the_default_position_of_an_unpadded_batch_is_made_without_reading_the_mask(default, column):
+    # explain knows from its token check that no row is padded (padded=False): every row's last (first) real token is
+    # then the last (first) column, one kernel instead of the mask's flip, argmax and subtraction; the same ids
+    from bcos_plugins.attribution.targets import resolve_positions
+
+    mask = torch.ones(3, 7, dtype=torch.long)
+    with _CountKernels() as counter:
+        known = resolve_positions(None, mask, default=default, mask_checked=True, padded=False)
+    assert counter.ops == ["aten.full.default"], counter.ops
+    read = resolve_positions(None, mask, default=default, mask_checked=True)
+    assert torch.equal(known, read) and known.dtype == read.dtype == torch.long
+    assert known.tolist() == [column] * 3
+    # a padded batch, or one not known to be unpadded, reads its mask as before
+    padded = mask.clone()
+    padded[1, 4:] = 0
+    assert resolve_positions(None, padded, default="last", mask_checked=True, padded=True).tolist() == [6, 3, 6]

@@ -933,6 +933,37 @@ def test_explaining_linear_saves_no_unit_norm_weight(kind, dtype):
     assert saved_for_backward_bytes(layer, forward) == 2 * 3 * units * x.element_size() + norm_bytes
 
 
+@pytest.mark.parametrize("constant", [None, slice(1, 3), slice(0, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["linear", "conv1d"])
+def test_explaining_linear_records_one_node(kind, dtype, constant):
+    # explaining without parameter gradients (as explain runs), a layer is one autograd node between its input and
+    # its output: the matrix product's node and the recorded product with dyn (two nodes, two no_grad blocks and a
+    # recorded in-place product before; about 15 us of Python a layer at hidden 128) are one Function that runs their
+    # kernels, so the output, the input gradient and its second-order gradient are those of the same kernels recorded
+    # as several nodes (inside reuse_unit_weights(), whose cached unit-norm weight is the same division), bit for bit;
+    # a general constant block too (its units' gradient is 0 in the same node)
+    from bcos_plugins.nn.dynamic import no_parameter_gradients
+
+    layer = zero_unit_projection(kind, 1.25, dtype)
+    layer.constant_outputs = constant
+    upstream = torch.linspace(-1.0, 2.0, 4 * 3 * 5, dtype=torch.float64).reshape(4, 3, 5).to(dtype)
+    results = []
+    for reuse in (False, True):
+        x = _inputs(dtype).requires_grad_()
+        grad_out = upstream.clone().requires_grad_()
+        with explanation_mode(layer), no_parameter_gradients(), reuse_unit_weights(reuse):
+            out = layer(x)
+            (grad,) = torch.autograd.grad(out, x, grad_out, create_graph=True)
+        (again,) = torch.autograd.grad(grad, grad_out, torch.ones_like(grad))
+        nodes = [type(node).__name__ for node, _ in out.grad_fn.next_functions if node is not None]
+        results.append((nodes, out.detach(), grad.detach(), again))
+    assert results[0][0] == ["AccumulateGrad"]  # the input's, straight from the layer's one node
+    assert results[1][0] != ["AccumulateGrad"] or constant == slice(0, 2)  # (several nodes; one-block: one already)
+    for fused, recorded in zip(results[0][1:], results[1][1:], strict=True):
+        assert torch.equal(fused, recorded)
+
+
 class _LiveBytes(TorchDispatchMode):
     """The peak of the bytes of the tensors that the ops run inside it allocate and that are still alive (an op's
     output that shares an input's storage, a view or an unpacked saved tensor, allocates nothing)."""

@@ -157,7 +157,8 @@ def real_token_positions(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor
 
 
 def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_mask: Int[Tensor, "batch pos"],
-                      *, default: str = "last", mask_checked: bool = False) -> Int[Tensor, " batch"]:
+                      *, default: str = "last", mask_checked: bool = False,
+                      padded: bool | None = None) -> Int[Tensor, " batch"]:
     """Explained position per row (see the module docstring for the meaning of negative values).
 
     Args:
@@ -167,8 +168,15 @@ def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_m
             [CLS]).
         mask_checked: ``attention_mask`` already passed :func:`~bcos_plugins._checks.require_token_batch` (every
             row has a real token), so that check is not repeated.
+        padded: ``False`` where the caller's token check found no 0 in the mask
+            (:func:`~bcos_plugins._checks.token_batch_and_padding`): the default position is then the last (or
+            first) column of every row, made without reading the mask (the same ids).
     """
     batch, length = attention_mask.shape
+    if position is None and padded is False:
+        # one kernel instead of the mask's flip, argmax and subtraction (about 8 us against 1.5 alone)
+        return torch.full((batch,), length - 1 if default == "last" else 0, dtype=torch.long,
+                          device=attention_mask.device)
     last = _last_real_column(attention_mask)
     # every refusal's condition reaches the host in one device-to-host sync; the messages (which may sync) are
     # built only on a failure, in the order of the checks: rows without a real token, then outside, then padding

@@ -77,7 +77,8 @@ def text_attribution_point(model: nn.Module, spec: ArchitectureSpec | None = Non
 
 
 def explained_positions(spec: ArchitectureSpec, position, attention_mask: Int[Tensor, "batch pos"], *,
-                        how_to_pass: str = "position=", mask_checked: bool = False) -> Int[Tensor, " batch"]:
+                        how_to_pass: str = "position=", mask_checked: bool = False,
+                        padded: bool | None = None) -> Int[Tensor, " batch"]:
     """The position per row whose output a text model without a classification head explains, the one rule of
     every path (``explain``, Captum's ``EmbeddingForward`` and ``LayerBcos``): ``position`` as
     :func:`~bcos_plugins.attribution.resolve_positions` reads it; left out, each row's last real token for
@@ -86,7 +87,9 @@ def explained_positions(spec: ArchitectureSpec, position, attention_mask: Int[Te
     A masked LM predicts a token at every position and none of them is the natural one (usually the [MASK]
     token's is meant, wherever it is), so it has no default: a guessed position would explain another
     prediction than the user's without a word. ``how_to_pass`` names how the caller's path takes a position;
-    ``mask_checked``: the mask passed :func:`check_token_inputs` (every row has a real token, not checked again).
+    ``mask_checked``: the mask passed :func:`check_token_inputs` (every row has a real token, not checked again);
+    ``padded``: :func:`token_inputs_and_padding`'s flag (``False``: no row is padded, see
+    :func:`~bcos_plugins.attribution.resolve_positions`).
     """
     if position is None and spec.head == "masked_lm":
         raise argument_error(
@@ -94,7 +97,7 @@ def explained_positions(spec: ArchitectureSpec, position, attention_mask: Int[Te
             f"Pass {how_to_pass} the index of the token whose prediction to explain, e.g. the [MASK] token's: "
             "(input_ids == tokenizer.mask_token_id).int().argmax(1)")
     return resolve_positions(position, attention_mask, default="last" if spec.kind == "decoder" else "first",
-                             mask_checked=mask_checked)
+                             mask_checked=mask_checked, padded=padded)
 
 
 def check_token_inputs(model: nn.Module, input_ids, attention_mask) -> tuple[Tensor, Tensor | None]:

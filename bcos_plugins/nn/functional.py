@@ -572,26 +572,34 @@ def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns:
     one recorded product with the constant ``dyn`` (:func:`bcos_product`, ``constant_units`` as there).
 
     The kernels of :func:`cached_unit_norm`, :func:`input_norm`, ``F.linear`` and :func:`bcos_product`'s explaining
-    branch, in the same order on the same tensors (the same values, bit for bit), in one function with one
-    ``no_grad`` block for the two norms, as :func:`inference_linear` does for inference."""
-    clamped = None
+    branch, in the same order on the same tensors (the same values, bit for bit). A plain weight without
+    :func:`reuse_unit_weights` and without autocast (every explanation's usual case) runs them all as one autograd
+    node (:class:`_ExplainingLinear`, or :class:`_KeptUnitsProduct` for one block of kept units), whose forward runs
+    without recording and whose backward is ``(grad * dyn) @ ŵ``: one ``Function.apply``, no ``no_grad`` blocks and
+    no recorded in-place product, where the matrix product's node, the product's node and two ``no_grad`` blocks
+    cost about 15 us of Python per layer at hidden 128 (docs/benchmarks.md#bench-core-method)."""
+    units = weight.shape[1] if units_are_columns else weight.shape[0]
+    kept = None if constant_units is None else kept_unit_block(constant_units, units)
+    if (not _REUSE_UNIT_WEIGHTS and type(weight) in _PLAIN_TENSORS
+            and not torch.is_autocast_enabled(x.device.type)):
+        view = weight.detach()  # (the raw weight, kept for the backward; its version counter still guards it)
+        if units_are_columns:
+            view = view.T
+        if kept is not None:
+            return _KeptUnitsProduct.apply(x, view, b, kept)
+        return _ExplainingLinear.apply(x, view, b, constant_units)
+    # a cached ŵ (resident anyway), autocast (whose casts the matrix product makes) or a tensor subclass
     with torch.no_grad():
         if _REUSE_UNIT_WEIGHTS:
             unit = cached_unit_norm(weight, dim=1, transposed=units_are_columns, autocast=True)
-        else:  # cached_unit_norm's branch without reuse (_unrecorded_unit_norm's steps, the norms kept)
+        else:  # cached_unit_norm's branch without reuse (_unrecorded_unit_norm's steps)
             view = weight.T if units_are_columns else weight
-            clamped = _unit_norms(view, 1).clamp_min_(_norm_eps())
-            unit = _stored_quotient(view, clamped, _matmul_cast(weight) or view.dtype)
+            unit = _stored_quotient(view, _unit_norms(view, 1).clamp_min_(_norm_eps()),
+                                    _matmul_cast(weight) or view.dtype)
         x_norm = input_norm(x)
-    autocast = torch.is_autocast_enabled(x.device.type)
-    kept = None if constant_units is None else kept_unit_block(constant_units, unit.shape[0])
-    if kept is not None and not autocast:
-        return _KeptUnitsProduct.apply(x, unit, x_norm, b, kept)
-    if clamped is None or autocast or type(weight) not in _PLAIN_TENSORS:
-        # a cached ŵ is resident anyway; under autocast the matrix product's casts are autocast's own
-        lin = torch.nn.functional.linear(x, unit)
-    else:
-        lin = _RecomputedUnitLinear.apply(x, unit, view.detach(), clamped)
+    if kept is not None and not torch.is_autocast_enabled(x.device.type):
+        return _KeptUnitsProduct.apply(x, unit, b, kept, x_norm)
+    lin = torch.nn.functional.linear(x, unit)
     with torch.no_grad():
         dyn = _lin_dtype_scale(lin, x_norm, b)
     if constant_units is None:
@@ -599,30 +607,49 @@ def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns:
     return _PartlyConstantProduct.apply(lin, dyn, constant_units, True)
 
 
-class _RecomputedUnitLinear(torch.autograd.Function):
-    """``F.linear(x, unit)`` of :func:`explaining_linear` (the same kernel, the same values) whose backward pass
-    recomputes the unit-norm weight ``unit = view / clamped`` (the same division, the same bits) instead of
-    keeping it: ``F.linear`` saves its weight operand, which for a per-call ``unit`` is a weight-sized copy per
-    layer alive until the backward pass (34.3 MB of a MiniLM explanation at 16 x 64 tokens, the whole excess of
-    its peak over Captum's on the conventional model; docs/benchmarks.md#bench-core-method). Saved instead: the
-    raw weight (``view``, detached: resident anyway, and its version counter still guards it against in-place
-    writes before the backward pass) and the per-unit clamped norms (one number a unit). The backward is
-    ``grad @ unit`` with ``unit`` recomputed without recording (a constant, as the saved ``unit`` was), so it is
-    differentiable again and runs under batched gradients. Written as ``forward(ctx, ...)`` without
+def _explaining_forward(x: Tensor, view: Tensor, b: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(clamped norms, ``ŵ``, ``lin``, ``dyn``) of :func:`explaining_linear`'s node forward, where autograd records
+    nothing: :func:`_unrecorded_unit_norm`'s steps (the clamped norms kept), :func:`input_norm`, ``F.linear`` and
+    :func:`_lin_dtype_scale`, the kernels of the layer's explaining forward in their order."""
+    clamped = _unit_norms(view, 1).clamp_min_(_norm_eps())
+    unit = _stored_quotient(view, clamped, view.dtype)
+    x_norm = input_norm(x)
+    lin = torch.nn.functional.linear(x, unit)
+    return clamped, unit, lin, _lin_dtype_scale(lin, x_norm, b)
+
+
+class _ExplainingLinear(torch.autograd.Function):
+    """:func:`explaining_linear` for a plain weight (no cached ``ŵ``, no autocast) as one node: the forward is
+    :func:`_explaining_forward`'s kernels and ``lin * dyn`` written into ``lin`` (the values of ``F.linear(x, ŵ)``
+    followed by the recorded ``lin.mul_(dyn)``), the backward ``(grad * dyn) @ ŵ`` with ``constant`` units' gradient
+    set to 0 first (:class:`_PartlyConstantProduct`'s), the same kernels as those two nodes' backward passes, so the
+    same values.
+
+    It keeps the raw weight (``view``, detached: resident anyway, and its version counter still guards it against
+    in-place writes before the backward pass), the per-unit clamped norms (one number a unit) and ``dyn`` (the
+    product's own saved factor), and recomputes ``ŵ = view / clamped`` in the backward pass with the forward's
+    division (the same bits): ``F.linear`` saved its weight operand, a weight-sized copy per layer alive until the
+    backward pass (34.3 MB of a MiniLM explanation at 16 x 64 tokens; docs/benchmarks.md#bench-core-method). The
+    backward is plain tensor code (differentiable again, batched gradients). Written as ``forward(ctx, ...)`` without
     ``setup_context`` (see :class:`_BcosProduct`)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, unit: Tensor, view: Tensor, clamped: Tensor) -> Tensor:
-        ctx.save_for_backward(view, clamped)
-        ctx.unit_dtype = unit.dtype
-        return torch.nn.functional.linear(x, unit)
+    def forward(ctx, x: Tensor, view: Tensor, b: float, constant: slice | None) -> Tensor:
+        clamped, _, lin, dyn = _explaining_forward(x, view, b)
+        ctx.constant = constant
+        ctx.save_for_backward(view, clamped, dyn)
+        return lin.mul_(dyn)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        view, clamped = ctx.saved_tensors
+        view, clamped, dyn = ctx.saved_tensors
+        # out of place: under batched gradients (autograd.grad(..., is_grads_batched=True)) grad_out is vmapped
+        grad_lin = grad_out * dyn
+        if ctx.constant is not None:
+            grad_lin[..., ctx.constant] = 0.0
         with torch.no_grad():
-            unit = _stored_quotient(view, clamped, ctx.unit_dtype)
-        return grad_out @ unit, None, None, None
+            unit = _stored_quotient(view, clamped, view.dtype)
+        return grad_lin @ unit, None, None, None
 
 
 def kept_unit_block(constant: slice, units: int) -> slice | None:
@@ -636,17 +663,21 @@ def kept_unit_block(constant: slice, units: int) -> slice | None:
 
 class _KeptUnitsProduct(torch.autograd.Function):
     """Explaining, a projection whose only non-constant units are one block ``kept``: :func:`explaining_linear`'s
-    ``F.linear`` and product (the same kernels, the same values) as one node whose backward is
-    ``(grad * dyn)[..., kept] @ unit[kept]``. The constant units' gradient is 0, so their rows of the matrix product's
-    backward are left out instead of multiplied as zeros (2/3 of ModernBERT's ``Wqkv``; helper-49 measured 183 -> 71
-    us per call at 4 x 32 tokens); adding those zero rows changes no bit of the sum on this CPU (tested). Written as
-    ``forward(ctx, ...)`` without ``setup_context`` (see :class:`_BcosProduct`); the backward is plain tensor code
-    (differentiable again, batched gradients)."""
+    kernels (the same values) as one node whose backward is ``(grad * dyn)[..., kept] @ ŵ[kept]``. The constant units'
+    gradient is 0, so their rows of the matrix product's backward are left out instead of multiplied as zeros (2/3 of
+    ModernBERT's ``Wqkv``; helper-49 measured 183 -> 71 us per call at 4 x 32 tokens); adding those zero rows changes
+    no bit of the sum on this CPU (tested). ``weight`` is the raw weight (``x_norm`` left out: the forward computes
+    ŵ and ``||x||`` itself, :func:`_explaining_forward`) or, with ``x_norm`` (under :func:`reuse_unit_weights`), the
+    unit-norm weight itself. Written as ``forward(ctx, ...)`` without ``setup_context`` (see :class:`_BcosProduct`);
+    the backward is plain tensor code (differentiable again, batched gradients)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, unit: Tensor, x_norm: Tensor, b: float, kept: slice) -> Tensor:
-        lin = torch.nn.functional.linear(x, unit)
-        dyn = _lin_dtype_scale(lin, x_norm, b)
+    def forward(ctx, x: Tensor, weight: Tensor, b: float, kept: slice, x_norm: Tensor | None = None) -> Tensor:
+        if x_norm is None:
+            _, unit, lin, dyn = _explaining_forward(x, weight, b)
+        else:
+            unit, lin = weight, torch.nn.functional.linear(x, weight)
+            dyn = _lin_dtype_scale(lin, x_norm, b)
         ctx.kept = kept
         ctx.save_for_backward(dyn[..., kept], unit[kept])
         return lin.mul_(dyn)
