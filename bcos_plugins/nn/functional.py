@@ -480,7 +480,7 @@ def _power_(abs_cos: Tensor, b: float | Tensor) -> Tensor:
     return abs_cos.pow_(b - 1.0)
 
 
-def _inference_product(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
+def _inference_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, *, overwrite_lin: bool = False) -> Tensor:
     """``dyn * lin`` where autograd records nothing (inference), with ``dyn = |cos| ** (B - 1)`` unfloored.
 
     The floor on ``|cos|`` exists for derivatives (it keeps the gradient of ``|cos| ** (B - 1)`` finite at 0,
@@ -488,10 +488,54 @@ def _inference_product(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor
     one); without a backward pass it only changes outputs where ``|cos| < COS_FLOOR``, from ``|cos| ** (B -
     1) lin`` to ``COS_FLOOR ** (B - 1) lin``, both below ``COS_FLOOR ** B ||x||`` in size. Leaving it out saves
     one pass over the output per layer and computes the formula as written; zero rows and zero inputs still
-    give 0. A fresh tensor (``lin`` is not written).
+    give 0. A fresh tensor (``lin`` is not written), except with ``overwrite_lin`` (the caller hands over ``lin``, a
+    fresh matrix product's output of ``x_norm``'s leading shape), where a large one is computed in place
+    (:func:`_blocked_product_`).
     """
+    if overwrite_lin and lin.dtype != torch.float16 and _blocks_the_product(lin, b):  # (float16: dyn is float32)
+        return _blocked_product_(lin, _norm_reciprocal(x_norm), b)
     dyn = _power_(_abs_cos(lin, x_norm), b)
     return (dyn if dyn.dtype == lin.dtype else dyn.to(lin.dtype)).mul_(lin)
+
+
+# Outputs of at least this many bytes take the blocked product (_blocks_the_product), in blocks of rows of about
+# _PRODUCT_BLOCK_BYTES each (docs/benchmarks.md, 2026-11-28 16:05 UTC: MiniLM's 1024 x 1536 float32 intermediate
+# output, 6 MB, is the one a bench_core forward blocks; its 1.5 MB outputs keep the fresh tensor)
+_BLOCKED_PRODUCT_BYTES = 4 << 20
+_PRODUCT_BLOCK_BYTES = 1 << 20
+
+
+def _blocks_the_product(lin: Tensor, b: float | Tensor) -> bool:
+    """Whether :func:`_blocked_product_` computes ``lin``'s inference product: a large contiguous CPU output (at least
+    ``_BLOCKED_PRODUCT_BYTES``), eager, and a B whose power is square roots or none. ``pow`` is left out: its vectorised
+    kernel need not round as its scalar one, and a block moves which elements the vector loop's scalar tail takes."""
+    return (lin.is_cpu and isinstance(b, float) and b in (1.5, 1.25, 2.0)
+            and lin.numel() * lin.element_size() >= _BLOCKED_PRODUCT_BYTES and lin.is_contiguous()
+            and not torch.compiler.is_compiling())
+
+
+def _blocked_product_(lin: Tensor, reciprocal: Tensor, b: float) -> Tensor:
+    """``|lin| * (1 / ||x||)``, :func:`_power_`'s roots and the product with ``lin``, for one block of rows at a time
+    into one block-sized scratch tensor, the product written into ``lin`` (returned): the same kernels on the same
+    elements (each correctly rounded, so a block gives the bits of the whole tensor; ``dyn * lin`` and ``lin * dyn``
+    are one product), without the output-sized fresh tensor of :func:`_inference_product`. On a CPU a fresh tensor of
+    megabytes is usually memory the allocator maps afresh, and its first pass pays a page fault per 4 kB (about 600
+    us for 6 MB): in a process that only runs forwards, MiniLM's forward (16 x 64 tokens) took 0.93-0.99 of the
+    time with its six 6 MB products blocked (docs/benchmarks.md, 2026-11-28 16:05 UTC). Where nothing faults, blocked
+    and whole passes took the same time (the passes are not limited by memory here). ``reciprocal`` has ``lin``'s
+    leading shape and a last dimension of 1."""
+    units = lin.shape[-1]
+    rows, factors = lin.view(-1, units), reciprocal.view(-1, 1)
+    total = rows.shape[0]
+    count = -(-lin.numel() * lin.element_size() // _PRODUCT_BLOCK_BYTES)
+    step = -(-total // count)
+    scratch = torch.empty((min(step, total), units), dtype=lin.dtype)
+    for start in range(0, total, step):
+        block = rows[start:start + step]
+        part = scratch[:block.shape[0]]
+        _power_(torch.abs(block, out=part).mul_(factors[start:start + step]), b)
+        block.mul_(part)
+    return lin
 
 
 def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: bool = False) -> Tensor:
@@ -535,13 +579,18 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
             if norm is None:
                 norm = derived[("norm", -1)] = torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True),
                                                            _SQRT_NORM_EPS[dtype])
-            abs_cos = lin.abs()
+            blocked = _blocks_the_product(lin, b)
+            abs_cos = None if blocked else lin.abs()
             reciprocal = derived.get(("reciprocal", -1))
             if reciprocal is None:
                 reciprocal = derived[("reciprocal", -1)] = norm.reciprocal()
+            if blocked:
+                return _blocked_product_(lin, reciprocal, b)
             abs_cos.mul_(reciprocal)
         else:
             norm = torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True), _SQRT_NORM_EPS[dtype])
+            if _blocks_the_product(lin, b):
+                return _blocked_product_(lin, norm.reciprocal(), b)
             abs_cos = lin.abs().mul_(norm.reciprocal())
         if b == 1.25:  # _power_'s branches for float32 / float64
             abs_cos.rsqrt_().rsqrt_()
@@ -558,7 +607,7 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     lin = torch.nn.functional.linear(_shared_cast(x, cast), unit)
     if b == 1.0:
         return lin
-    return _inference_product(lin, input_norm(x), b)
+    return _inference_product(lin, input_norm(x), b, overwrite_lin=True)
 
 
 _PLAIN_FLOATS = (torch.float32, torch.float64)
