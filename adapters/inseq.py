@@ -102,7 +102,6 @@ from bcos_plugins._checks import (
     refuse_renamed_keywords,
     require_int,
     require_row_ids,
-    warn_if_another_models_tokenizer,
 )
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions, text_attribution_point
 from bcos_plugins.attribution.text import rows_as_alone_call
@@ -702,9 +701,11 @@ class _BcosMethod:
     def __init__(self, attribution_model, **kwargs):
         super().__init__(attribution_model, hook_to_model=False)
         self.model, self.spec = _explainable_model(attribution_model.model, classifier=False)
-        # another model's tokenizer whose ids fit was read as this model's tokens, silently (a warning on strong
-        # evidence only; inseq itself checks nothing)
-        warn_if_another_models_tokenizer(self.model, getattr(attribution_model, "tokenizer", None), stacklevel=4)
+        # inseq itself checks nothing: a tokenizer with more tokens than the model's embedding rows failed at the
+        # first attribute call, deep in the embedding (IndexError; a device-side assert on a GPU), and is refused
+        # here as load_classifier refuses it; another model's tokenizer whose ids fit was read as this model's
+        # tokens, silently (warned on strong evidence only, by the same check)
+        require_tokenizer_fits(self.model, getattr(attribution_model, "tokenizer", None))
         # as inseq's layer methods: ids in, attributions at a layer of the model
         self.attribute_batch_ids = True
         self.forward_batch_embeds = False

@@ -131,10 +131,13 @@ def require_tokenizer_fits(model: nn.Module, tokenizer) -> None:
     warn_if_another_models_tokenizer(model, tokenizer, stacklevel=4)
 
 
-def _require_model_tokenizer(model: nn.Module, tokenizer, enc) -> None:
-    """Refuse a tokenizer that is not the model's, from what it returned: token ids beyond the model's embedding,
-    or token type ids beyond its segment embedding (a BERT tokenizer's pair ids on RoBERTa). Either would fail
-    deep inside an embedding lookup, or on a GPU with a device-side assert."""
+def require_tokenizer_ids_fit(model: nn.Module, tokenizer, enc) -> None:
+    """Refuse a tokenizer that is not the model's, from what it returned (``enc``: its ``input_ids`` and, if any,
+    ``token_type_ids``, as tensors): token ids beyond the model's embedding, or token type ids beyond its segment
+    embedding (a BERT tokenizer's pair ids on RoBERTa). Either would fail deep inside an embedding lookup, or on a
+    GPU with a device-side assert. The one check of every entry point that tokenises texts itself
+    (``explain_dataset``, ``predict`` / ``accuracy``, ``predict_labels``, ``fine_tune_classifier``); ``tokenizer`` is
+    only named (any callable that returns these passes)."""
     tokenizer_name = f"{type(tokenizer).__name__}({getattr(tokenizer, 'name_or_path', '') or '?'!r})"
     model_name = f"{type(model).__name__}({getattr(getattr(model, 'config', None), '_name_or_path', '') or '?'!r})"
     fix = ("Pass the tokenizer saved with the model (AutoTokenizer.from_pretrained of the model's folder or hub "
@@ -150,6 +153,12 @@ def _require_model_tokenizer(model: nn.Module, tokenizer, enc) -> None:
         raise BcosValueError(f"tokenizer: {tokenizer_name} gives token type ids up to {int(types.max())} (the "
                              f"segments of text pairs), but {model_name} has type_vocab_size {n_types}: the "
                              f"tokenizer is not the model's. {fix}.")
+
+
+def _require_model_tokenizer(model: nn.Module, tokenizer, enc) -> None:
+    """explain_dataset's check of each batch: :func:`require_tokenizer_ids_fit`, then
+    :func:`require_tokenizer_fits` (it shows the tokenizer's tokens, so it needs a transformers tokenizer)."""
+    require_tokenizer_ids_fit(model, tokenizer, enc)
     require_tokenizer_fits(model, tokenizer)  # ids that all fit do not make it the model's tokenizer
 
 

@@ -19,6 +19,7 @@ from ._checks import (
 )
 from .attribution.text import rows_as_alone_call
 from .b_warmup import BWarmupCallback
+from .corpus import require_tokenizer_ids_fit
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, argument_error
 from .losses import DistillationLoss, bcos_loss
@@ -114,6 +115,11 @@ def fine_tune_classifier(
     if head_learning_rate is not None:
         optimizers = (two_rate_adamw(model, learning_rate, head_learning_rate, args.weight_decay), None)
     dataset = EncodedTexts(tokenizer, texts, labels, max_length, text_pairs)
+    # ids past the embedding failed inside Trainer, mid-epoch (IndexError; a device-side assert on a GPU): every
+    # text's ids (and token types) checked before any training, as one flat tensor each
+    require_tokenizer_ids_fit(model, tokenizer, {key: torch.tensor([i for row in dataset.encodings[key] for i in row],
+                                                                   dtype=torch.long)
+                                                 for key in ("input_ids", "token_type_ids") if key in dataset.encodings})
     collator = RowsAsAloneCollator(DataCollatorWithPadding(tokenizer), model)
     _check_padding_side(collator, dataset)
     trainer_class, loss_func = Trainer, (bcos_loss if use_bce else None)

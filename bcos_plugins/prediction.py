@@ -15,6 +15,7 @@ from ._checks import (
     warn_if_another_models_tokenizer,
 )
 from .attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
+from .corpus import require_tokenizer_ids_fit
 from .encoded_texts import truncation_length
 from .nn.dynamic import evaluating
 from .nn.functional import at_least_float32
@@ -52,6 +53,8 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
             pairs = None if text_pairs is None else [text_pairs[i] for i in rows]
             enc = tokenizer([texts[i] for i in rows], pairs, padding=True, truncation=True, max_length=max_length,
                             return_tensors="pt").to(device)
+            # ids past the embedding failed deep in torch (IndexError; a device-side assert on a GPU)
+            require_tokenizer_ids_fit(model, tokenizer, enc)
             with rows_named_as(rows):  # refusals name the caller's rows, not the length-sorted batch's
                 call = rows_as_alone_call(model, enc["input_ids"], enc.get("attention_mask"), tokenizer_outputs=enc,
                                           spec=spec)
