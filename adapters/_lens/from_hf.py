@@ -37,6 +37,16 @@ _BIAS_KEY = ("b", "b_Q", "b_K", "b_V", "b_O", "_b_K", "_b_V", "b_in", "b_out", "
 # the substrings of a config folder's path by which TransformerLens' convert_hf_model_config (3.9) picks an
 # architecture ahead of the config it reads (a Qwen2 config under /home/gemma/ fails there as an unsupported Gemma)
 _SNIFFED_NAMES = ("llama", "gemma")
+# transformers activation names that TransformerLens has under another name, the same function: "gelu_accurate"
+# (AccurateGELUActivation) is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), TransformerLens' gelu_new term for
+# term (bit-identical in float32 and float64 on [-20, 20] and 10^6 normal draws x 4, 2026-11-28), and the B-cos
+# form of both is the tanh GELU's gate (bcosify's AccurateGELUActivation -> "gelu_tanh", as gelu_new's)
+_LENS_ACTIVATION_NAMES = {"gelu_accurate": "gelu_new"}
+
+
+def _lens_activation(name):
+    """The TransformerLens name of the transformers activation ``name`` (unchanged where both say the same)."""
+    return _LENS_ACTIVATION_NAMES.get(name, name)
 
 
 _HEAD_KINDS = {"base": "a base model (hidden states, no LM head)", "classifier": "a sequence classifier",
@@ -72,7 +82,7 @@ def _architecture(hf_model: nn.Module) -> str:
 
 def _refuse_inexpressible(conversion, arch: str, hf_config, bcos: dict | None, hf_model: nn.Module) -> None:
     """Clear errors for transformers options the TransformerLens model would silently get wrong."""
-    act = conversion.activation(hf_config)
+    act = _lens_activation(conversion.activation(hf_config))
     if act not in SUPPORTED_ACTIVATIONS:
         raise BcosValueError(
             f"activation {act!r} of this {arch} has no TransformerLens counterpart; supported: "
@@ -181,6 +191,8 @@ def hooked_transformer_from_hf(
     _refuse_inexpressible(conversion, arch, hf_config, bcos, hf_model)
     param = next(hf_model.parameters())
     cfg_dict = _config_dict(conversion, arch, hf_config)
+    if "act_fn" in cfg_dict:
+        cfg_dict["act_fn"] = _lens_activation(cfg_dict["act_fn"])  # TransformerLens copies the transformers name
     cfg_dict.update(device=str(param.device), dtype=param.dtype, init_weights=False, **vocabulary_sizes(hf_model))
     if bcos is not None:
         cfg = BcosTransformerConfig(**cfg_dict, bcos_b=bcos["b"])
