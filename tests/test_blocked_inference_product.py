@@ -126,3 +126,14 @@ def test_the_product_does_not_write_a_lin_it_was_not_handed(monkeypatch):
         handed = bcos_functional._inference_product(lin, norm, 1.5, overwrite_lin=True)
     assert handed.data_ptr() == lin.data_ptr()
     assert torch.equal(handed, out)
+
+
+def test_vmap_over_a_large_inference_layer_keeps_the_whole_tensor_path():
+    # torch.func.vmap has no batching rule for abs.out (the blocks' kernel): its wrapped tensors take the old path
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 1024, 384, generator=generator)
+    w = torch.randn(1536, 384, generator=generator)
+    with torch.no_grad():
+        alone = torch.stack([inference_linear(row, w, 1.5) for row in x])
+        mapped = torch.func.vmap(lambda row: inference_linear(row, w, 1.5))(x)
+    assert torch.equal(mapped, alone)

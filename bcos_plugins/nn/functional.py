@@ -508,10 +508,13 @@ _PRODUCT_BLOCK_BYTES = 1 << 20
 def _blocks_the_product(lin: Tensor, b: float | Tensor) -> bool:
     """Whether :func:`_blocked_product_` computes ``lin``'s inference product: a large contiguous CPU output (at least
     ``_BLOCKED_PRODUCT_BYTES``), eager, and a B whose power is square roots or none. ``pow`` is left out: its vectorised
-    kernel need not round as its scalar one, and a block moves which elements the vector loop's scalar tail takes."""
+    kernel need not round as its scalar one, and a block moves which elements the vector loop's scalar tail takes. So
+    are tensor subclasses, traced calls and functorch's wrapped tensors (``torch.func.vmap`` has no batching rule for
+    the ``out=`` kernel the blocks write through)."""
     return (lin.is_cpu and isinstance(b, float) and b in (1.5, 1.25, 2.0)
             and lin.numel() * lin.element_size() >= _BLOCKED_PRODUCT_BYTES and lin.is_contiguous()
-            and not torch.compiler.is_compiling())
+            and type(lin) is Tensor and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and not torch._C._functorch.is_functorch_wrapped_tensor(lin))
 
 
 def _blocked_product_(lin: Tensor, reciprocal: Tensor, b: float) -> Tensor:
