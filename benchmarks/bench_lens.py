@@ -19,8 +19,9 @@ timings swing by 2x between runs, single-threaded ones by a few percent.
 2. Token x component decomposition (``--what components``): a 6-layer, 8-head B-cos model over 64 tokens;
    :func:`token_component_decomposition` (one top-down batched backward) timed next to one ``explain_logits``
    call and next to the plain loop of one backward pass per component, each from that component's own scalar
-   (goal: >= 3x faster than the loop), in paired rounds of the three (and a bare matrix product), each round in a
-   fresh seeded order, ratios the median [IQR] of the per-round ratios (wall clock); the tables of the two
+   (goal: >= 3x faster than the loop), in paired rounds of the three (and a bare matrix product, and a second copy
+   of the batched decomposition as the self-control), each round in a fresh seeded order, ratios the median [IQR]
+   of the per-round ratios (wall clock; on CPU also the thread's CPU time); the tables of the two
    decompositions are checked equal. The floating-point operations of each call are counted too
    (``torch.utils.flop_counter``): both decompositions do the same arithmetic (each component's gradient
    crosses the blocks below it once), so their time ratio is what batching alone buys on the device.
@@ -115,8 +116,10 @@ def bench_components(args) -> None:
     b = torch.randn(d_model, d_mlp, device=args.device)
     a @ b  # warm-up, as the three calls' results above
     product = "matrix product"
-    timed = paired_rounds({**calls, product: lambda: a @ b}, args.repeats, warm_up=0,  # warmed up above
-                          synchronize=_synchronize(args.device))
+    # the self-control: the batched decomposition against a second copy of itself, the noise floor of the ratios
+    control = "decomposition (batched), again"
+    timed = paired_rounds({**calls, control: calls["decomposition (batched)"], product: lambda: a @ b}, args.repeats,
+                          warm_up=0, synchronize=_synchronize(args.device))  # warmed up above
     wall = {name: timed.median(name, "wall") for name in calls}
     print(f"\nToken x component decomposition: 6 layers x 8 heads (d_model 256, {len(batched.labels)} components), "
           f"64 tokens, B={args.b}, device={args.device}, threads={torch.get_num_threads()}, {args.repeats} rounds; "
@@ -133,6 +136,19 @@ def bench_components(args) -> None:
     print(f"device matrix-product rate ({rows}x{d_model} @ {d_model}x{d_mlp}): {peak / 1e9:.1f} GFLOP/s; the loop "
           f"runs at {loop_rate / 1e9:.1f}, so doing its arithmetic at the device's peak would be "
           f"{peak / loop_rate:.2f}x the loop at most")
+    if args.device == "cpu":  # the thread's CPU time: steadier than the wall clock on a shared machine (a GPU's
+        # work is not the thread's, so there the wall clock above is the one to read)
+        cpu = {name: timed.median(name, "cpu") for name in (*calls, product)}
+        cpu_peak = 2 * rows * d_model * d_mlp / cpu[product]
+        cpu_loop_rate = flops["loop, 1 backward/component"] / cpu["loop, 1 backward/component"]
+        print(f"thread CPU: loop / batched = "
+              f"{timed.ratio('loop, 1 backward/component', 'decomposition (batched)', 'cpu').cell()}x, batched / "
+              f"one explain call = {timed.ratio('decomposition (batched)', 'explain_logits', 'cpu').cell()}x, "
+              f"self-control (batched / batched again) = "
+              f"{timed.ratio('decomposition (batched)', control, 'cpu').cell()}x; matrix-product rate "
+              f"{cpu_peak / 1e9:.1f} GFLOP/s, the loop {cpu_loop_rate / 1e9:.1f} ({cpu_peak / cpu_loop_rate:.2f}x "
+              f"at most); " + ", ".join(f"{name} {cpu[name] * 1e3:.1f} ms" for name in calls))
+    print(f"self-control (batched / batched again), wall: {timed.ratio('decomposition (batched)', control, 'wall').cell()}x")
 
 
 def main() -> None:
