@@ -520,8 +520,9 @@ def _blocks_the_product(lin: Tensor, b: float | Tensor) -> bool:
 def _blocked_product_(lin: Tensor, reciprocal: Tensor, b: float) -> Tensor:
     """``|lin| * (1 / ||x||)``, :func:`_power_`'s roots and the product with ``lin``, for one block of rows at a time
     into one block-sized scratch tensor, the product written into ``lin`` (returned): the same kernels on the same
-    elements (each correctly rounded, so a block gives the bits of the whole tensor; ``dyn * lin`` and ``lin * dyn``
-    are one product), without the output-sized fresh tensor of :func:`_inference_product`. On a CPU a fresh tensor of
+    elements (each kernel computes an element the same way in its vector loop and its scalar tail, so a block gives
+    the bits of the whole tensor, as tests/test_blocked_inference_product.py checks; CPU float32 ``sqrt`` is not
+    correctly rounded on every build, but it is consistent; ``dyn * lin`` and ``lin * dyn`` are one product), without the output-sized fresh tensor of :func:`_inference_product`. On a CPU a fresh tensor of
     megabytes is usually memory the allocator maps afresh, and its first pass pays a page fault per 4 kB (about 600
     us for 6 MB): in a process that only runs forwards, MiniLM's forward (16 x 64 tokens) took 0.93-0.99 of the
     time with its six 6 MB products blocked (docs/benchmarks.md, 2026-11-28 16:05 UTC). Where nothing faults, blocked
