@@ -284,13 +284,18 @@ class BcosLinear(AlignmentPressure):
             weight = self._parameters.get("weight")
             return inference_linear(x, self.weight if weight is None else weight, b,
                                     units_are_columns=self._UNITS_ARE_COLUMNS)
-        if (self.max_out == 1 and self.explaining and x.requires_grad and parameter_gradients_unused()
+        if (self.max_out == 1 and x.requires_grad and parameter_gradients_unused()
                 and not torch.compiler.is_compiling() and not using_reference_path()):
+            # explaining (every explain call's projections): the cheap flags first, then one explaining test that
+            # also counts the dynamic weight (holds_constant, as the general path does; before, `explaining` and
+            # holds_constant asked it twice), and the weight from _parameters as above: 1.6 us a layer alone in
+            # these reads (docs/benchmarks.md#bench-core-method, 2026-11-28 17:30 UTC)
             b = self._pressure()
-            if b != 1.0 and self.constant_outputs != slice(None):  # (a whole constant output: below)
-                self.holds_constant()  # (counts the dynamic weight, as the general path does)
-                return explaining_linear(x, self.weight, b, units_are_columns=self._UNITS_ARE_COLUMNS,
-                                         constant_units=self.constant_outputs)
+            constant = self.constant_outputs
+            if b != 1.0 and constant != slice(None) and self.holds_constant():  # (a whole constant output: below)
+                weight = self._parameters.get("weight")
+                return explaining_linear(x, self.weight if weight is None else weight, b,
+                                         units_are_columns=self._UNITS_ARE_COLUMNS, constant_units=constant)
         b = self._forward_pressure()
         if self._trains_fused(x):
             return bcos_linear(x, self.weight, None, b, units_are_columns=self._UNITS_ARE_COLUMNS,
