@@ -322,12 +322,13 @@ def _has_dropout(model: nn.Module) -> bool:
 
 
 def _each_module(model: nn.Module) -> Iterator[nn.Module]:
-    """Every module of ``model`` once, ``model`` first, as ``model.modules()`` yields them but walked over the
+    """Every module of ``model`` once, ``model`` first, those ``model.modules()`` yields but walked over the
     ``_modules`` dicts directly: ``model.modules()`` runs ``named_modules``, which builds every module's dotted name
     and a generator per level (:func:`explanation_mode`'s entry and exit took 92 us with it, 39 us with this walk, on
-    a 2-layer Qwen2; docs/benchmarks.md, 2026-11-28 05:12 UTC). The one walk of
-    :func:`has_dynamic_weights` and :func:`_dynamic_modules_and_training`, afresh at every call, so a submodule
-    replaced or added since the last call is seen (no cache to go stale)."""
+    a 2-layer Qwen2; docs/benchmarks.md, 2026-11-28 05:12 UTC), breadth-first. The walk of
+    :func:`has_dynamic_weights` and :func:`_has_dropout` (:func:`_dynamic_modules_and_training` runs the same walk
+    written out), afresh at every call, so a submodule replaced or added since the last call is seen (no cache to go
+    stale: a module added by ``ModuleList.insert``, a ``_modules`` write or ``del`` fires no registration hook)."""
     modules = [model]
     seen = {model}
     for m in modules:  # the list grows while it is read: each module once, model first
@@ -340,12 +341,13 @@ def _each_module(model: nn.Module) -> Iterator[nn.Module]:
 
 def _dynamic_modules_and_training(
         model: nn.Module) -> tuple[list[DynamicWeightModule], list[tuple[nn.Module, bool]] | None]:
-    """The dynamic-weight modules of ``model`` (each once, ``model`` included, as ``model.modules()`` yields them)
-    and, if any module of it is in training mode, every module's training flag (``model``'s first; ``None`` when
-    none is: nothing to switch or restore, see :func:`evaluating`), from one walk (:func:`_each_module`).
+    """The dynamic-weight modules of ``model`` (each once, ``model`` included: those ``model.modules()`` yields,
+    breadth-first) and, if any module of it is in training mode, every module's training flag (``model``'s first;
+    ``None`` when none is: nothing to switch or restore, see :func:`evaluating`), from one walk (:func:`_each_module`'s,
+    in one loop).
     """
     # _each_module's walk written out, sorting and reading the flags as it goes: one loop instead of a generator and
-    # two passes over its list (docs/benchmarks.md#bench-core-method, 2026-11-28 17:30 UTC)
+    # two passes over its list (docs/benchmarks.md#bench-core-method, 2026-11-28 17:04 UTC)
     modules = [model]
     seen = {model}
     dynamic = []

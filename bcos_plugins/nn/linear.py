@@ -289,7 +289,7 @@ class BcosLinear(AlignmentPressure):
             # explaining (every explain call's projections): the cheap flags first, then one explaining test that
             # also counts the dynamic weight (holds_constant, as the general path does; before, `explaining` and
             # holds_constant asked it twice), and the weight from _parameters as above: 1.6 us a layer alone in
-            # these reads (docs/benchmarks.md#bench-core-method, 2026-11-28 17:30 UTC)
+            # these reads (docs/benchmarks.md#bench-core-method, 2026-11-28 17:04 UTC)
             b = self._pressure()
             constant = self.constant_outputs
             if b != 1.0 and constant != slice(None) and self.holds_constant():  # (a whole constant output: below)
