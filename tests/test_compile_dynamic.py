@@ -102,3 +102,42 @@ def test_compiled_dynamic_layers_called_twice_equal_eager():
                 torch.testing.assert_close(grad, eager_grad, rtol=1e-4, atol=1e-5 * eager_grad.abs().max().item())
     finally:
         torch._dynamo.reset()
+
+
+class _CountingBackend:
+    """A torch.compile backend that runs each traced graph as it is and counts the graphs it was given."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, graph_module, example_inputs):
+        self.graphs += 1
+        return graph_module.forward
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "GPT2ForSequenceClassification",
+                                  "LlamaForSequenceClassification"])
+def test_compiled_dynamic_explain_is_not_traced_again_for_another_batch_or_length(name):
+    # explain's probe (ones of the point's shape, the contributions' leaf) was read by the capture hook from its
+    # closure: dynamo gives static shapes to a tensor reached through a torch.nn module's hooks (GPT-2's point is
+    # at its Dropout, Llama's at its Embedding), the probe's shape was compared with the point's, and the graph was
+    # specialised to the first batch and length: each new shape traced (and under inductor compiled, ~40 s here)
+    # explain again, silently, until dynamo's recompile limit. BERT's point, at its BcosLayerNorm, was dynamic.
+    torch._dynamo.reset()
+    model = _one_layer_model(name)
+    batches = [padded_batch(), padded_batch(length=7), padded_batch(batch=2, length=11)]
+    eager = [explain(model, ids, mask) for ids, mask in batches]
+    backend = _CountingBackend()
+    model.compile(dynamic=True, fullgraph=True, backend=backend)
+    try:
+        compiled = [explain(model, *batches[0])]
+        traced = backend.graphs
+        compiled += [explain(model, ids, mask) for ids, mask in batches[1:]]
+    finally:
+        model._compiled_call_impl = None
+        torch._dynamo.reset()
+    assert traced == 1
+    assert backend.graphs == traced, "explain was traced again for another batch size or length"
+    for got, expected in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(got.explained, expected.explained, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got.input_contributions, expected.input_contributions, rtol=1e-4, atol=1e-6)

@@ -13,6 +13,7 @@ of row ``i``'s value.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +27,15 @@ from ..errors import BcosRuntimeError, BcosValueError
 from ..nn.dynamic import explanation_mode, no_parameter_gradients, thread_token
 
 __all__ = ["GradientStep", "as_leaf", "capture_point", "input_x_gradient", "outside_inference"]
+
+# capture_point's hook reads its probe from here (``probes[slot]``), not from its closure: the hook lives in the
+# module's hook dict, and torch.compile's dynamo gives static shapes to every tensor it reaches through a torch.nn
+# module (GPT-2's Dropout, Llama's Embedding hold the point), so under dynamic=True a probe in the closure fixed the
+# compiled explain graph's batch and length, and every new shape compiled it again (torch 2.13). A tensor read from
+# a global is a graph input with dynamic shapes. One tuple per thread (another thread's explanation has its own),
+# replaced whole at each change, never changed in place (see nn/dynamic.py's _THREAD_STATE); ``None`` marks a slot
+# whose block has ended while a block opened before it still runs.
+_PROBES = threading.local()
 
 
 @dataclass
@@ -92,18 +102,23 @@ def capture_point(module: nn.Module, where: str, *, probe: Tensor | None = None,
     # calling thread's forward only (another thread's tensor captured here, probed and all, gave both threads wrong
     # answers)
     owner = thread_token()
+    probing = probe is not None
+    slot = len(getattr(_PROBES, "probes", ()))
+    if probing:
+        _PROBES.probes = (*getattr(_PROBES, "probes", ()), probe)
 
     def replace(t: Tensor) -> Tensor:
         if thread_token() != owner:
             return t
         if each_call is not None:
             each_call()
-        if probe is None:
+        if not probing:
             leaf = as_leaf(t)
             captured.append(leaf)
             return leaf
         if captured:
             return t
+        probe = _PROBES.probes[slot]  # not the closure's: see _PROBES
         if t.shape == probe.shape and t.dtype != probe.dtype:
             # explain makes the probe in the input embeddings' dtype; a table of another dtype added to them (BERT's
             # position or token-type table) promotes the point to that one: noted here and raised when the block
@@ -126,6 +141,12 @@ def capture_point(module: nn.Module, where: str, *, probe: Tensor | None = None,
         yield captured
     finally:
         handle.remove()
+        if probing:
+            probes = list(_PROBES.probes)
+            probes[slot] = None
+            while probes and probes[-1] is None:
+                probes.pop()
+            _PROBES.probes = tuple(probes)
     if point_dtype and probe is not None:
         raise PointDtypeMismatch(point_dtype[0], probe.dtype)
 
