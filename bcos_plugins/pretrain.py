@@ -28,9 +28,10 @@ from ._checks import (
     require_run_settings,
     require_texts,
 )
-from .convert.architectures import SPECS, spec_for, vocabulary_size
+from .convert.architectures import SPECS, spec_for
 from .convert.bcosify import bcosify, plan_conversion
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
+from .corpus import require_tokenizer_fits
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, BcosValueError, argument_error
 from .fine_tuning import fine_tune_classifier, training_arguments
@@ -177,9 +178,9 @@ def pretrain_masked_lm(
     masked positions.
 
     Raises:
-        BcosTypeError / BcosValueError: not a masked-LM model, a tokenizer without a mask token, empty texts,
-            ``b`` different from an already-B-cos model's B, a ``max_length`` past the model's position table, or
-            a setting out of range (named).
+        BcosTypeError / BcosValueError: not a masked-LM model, a tokenizer without a mask token or with more
+            tokens than the model's embedding rows, empty texts, ``b`` different from an already-B-cos model's B,
+            a ``max_length`` past the model's position table, or a setting out of range (named).
     """
     from transformers import DataCollatorForLanguageModeling, Trainer
 
@@ -194,10 +195,7 @@ def pretrain_masked_lm(
     require_number("mlm_probability", mlm_probability, low=0.0, low_open=True, high=1.0)
     model = _load_masked_lm(model, b, bcos_query_key)
     max_length = truncation_length(model, max_length, default=128)
-    vocab_size = vocabulary_size(model)
-    if vocab_size is not None and len(tokenizer) > vocab_size:
-        raise argument_error("tokenizer", f"has {len(tokenizer)} tokens but the model's vocabulary "
-                             f"{vocab_size}", "pass the tokenizer the model was trained with")
+    require_tokenizer_fits(model, tokenizer)  # the one check of a tokenizer larger than the embedding
     args = training_arguments("bcos_mlm_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
                                progress, training_args)
     trainer = Trainer(

@@ -43,6 +43,7 @@ from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from bcos_plugins.attribution.text import refuse_stock_loaded_bcos
 from bcos_plugins.convert.architectures import architecture_name, specs_where, vocabulary_size
 from bcos_plugins.convert.query_key import StockQueryKeyConv1D
+from bcos_plugins.corpus import require_tokenizer_fits
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn.dynamic import DynamicWeightModule
 from bcos_plugins.nn.linear import BcosConv1D, BcosLinear
@@ -389,6 +390,8 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
     arch = _architecture(hf_model)
     _refuse_inexpressible(hf_model, arch)
     check_tokenizer(tokenizer)
+    if tokenizer is not None:  # TransformerLens' own bridge("text") failed in the embedding (IndexError)
+        require_tokenizer_fits(hf_model, tokenizer)
     check_bridge_internals()
     bridge_cls, _attention, _gated, joint, _linear, _norm = _bridge_classes()
     copied = copy.deepcopy(hf_model)

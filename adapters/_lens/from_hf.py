@@ -20,6 +20,7 @@ from transformer_lens.loading_from_pretrained import convert_hf_model_config, fi
 from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
 
 from bcos_plugins.convert.architectures import SPECS, architecture_name, specs_where, stock_class
+from bcos_plugins.corpus import require_tokenizer_fits
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.nn.dynamic import DynamicWeightModule
 
@@ -180,6 +181,8 @@ def hooked_transformer_from_hf(
     """
     arch = _architecture(hf_model)
     check_tokenizer(tokenizer)
+    if tokenizer is not None:  # TransformerLens' own model("text") failed in the embedding (IndexError)
+        require_tokenizer_fits(hf_model, tokenizer)
     if not (isinstance(model_class, type) and issubclass(model_class, HookedTransformer)):
         # was TypeError: Module.__init__() got an unexpected keyword argument 'move_to_device'
         raise argument_error("model_class", f"expected HookedTransformer or a subclass, got {model_class!r}",
