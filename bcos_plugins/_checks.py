@@ -24,6 +24,7 @@ from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarn
 __all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
            "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
+           "require_tokenizer_object",
            "require_token_batch", "token_batch_and_padding", "ids_as_long", "unmasked_padding_keywords",
            "warn_if_another_models_tokenizer", "warn_if_unmasked_padding"]
 
@@ -488,6 +489,21 @@ def require_classifier(model) -> int:
                              "on float targets), not a classifier: its only class id is 0, so every prediction "
                              "is class 0", "build the classifier with num_labels=2 for a binary task")
     return num_labels
+
+
+def require_tokenizer_object(tokenizer, name: str = "tokenizer") -> None:
+    """Refuse what is not a transformers tokenizer object: the one check of every entry point that takes one
+    (``explain_dataset``, the inseq and pre-training paths through ``corpus.require_tokenizer_fits``, the
+    TransformerLens converters, which let ``None`` through before calling it). A hub name failed deep inside
+    (``AttributeError: 'str' object has no attribute 'pad_token'`` / ``'save_pretrained'``), and a callable with
+    ``convert_ids_to_tokens`` passed the corpus' older duck-typed check, then failed on ``pad_token``."""
+    from transformers import PreTrainedTokenizerBase
+
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        raise argument_error(name, f"expected a transformers tokenizer, got {type(tokenizer).__name__} "
+                             f"{tokenizer!r}"[:200], "Pass the tokenizer object, e.g. AutoTokenizer.from_pretrained("
+                             "the model's folder or hub name) (nothing is fetched from the hub here)",
+                             kind=BcosTypeError)
 
 
 def require_texts(texts) -> list[str]:

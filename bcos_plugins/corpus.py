@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ._checks import require_count, rows_named_as, warn_if_another_models_tokenizer
+from ._checks import require_count, require_tokenizer_object, rows_named_as, warn_if_another_models_tokenizer
 from .attribution.targets import Direction
 from .attribution.text import forward_keywords, readable_tokenizer_outputs
 from .convert.architectures import position_limit, require_max_length_fits, vocabulary_size
@@ -107,20 +107,11 @@ def _refuse_table_of_splits_or_columns(data, datasets) -> None:
                              "texts as a list", kind=BcosTypeError)
 
 
-def _require_tokenizer_object(tokenizer) -> None:
-    """Refuse what is no transformers tokenizer (a hub name failed with AttributeError on ``pad_token``)."""
-    if isinstance(tokenizer, str) or not callable(tokenizer) or not hasattr(tokenizer, "convert_ids_to_tokens"):
-        shown = f"str {tokenizer!r}" if isinstance(tokenizer, str) else type(tokenizer).__name__
-        raise argument_error("tokenizer", f"expected a transformers tokenizer, got {shown}",
-                             "Pass the tokenizer object, e.g. AutoTokenizer.from_pretrained(the model's folder)",
-                             kind=BcosTypeError)
-
-
 def require_tokenizer_fits(model: nn.Module, tokenizer) -> None:
     """Refuse a tokenizer that is no transformers tokenizer, or one with more tokens than the model has embedding
     rows: it is another model's (a GPT-2 tokenizer on a BERT), and texts whose ids all happen to fit were explained
     as the model's own tokens, silently (its tokens were shown beside the scores)."""
-    _require_tokenizer_object(tokenizer)
+    require_tokenizer_object(tokenizer)
     vocab = vocabulary_size(model)
     if vocab is not None and len(tokenizer) > vocab:
         raise argument_error("tokenizer", f"{type(tokenizer).__name__}({getattr(tokenizer, 'name_or_path', '') or '?'!r})"
@@ -238,7 +229,7 @@ def explain_dataset(
     n = len(texts)
     targets = _per_row(target, "target", n, data, target_column)
     foils = _per_row(foil, "foil", n, data, foil_column)
-    _require_tokenizer_object(tokenizer)
+    require_tokenizer_object(tokenizer)
     if tokenizer.pad_token is None:
         raise BcosValueError("tokenizer: has no pad token, so texts cannot be batched. Set "
                              "tokenizer.pad_token = tokenizer.eos_token (decoders) before explaining.")

@@ -52,7 +52,6 @@ from bcos_plugins.nn.norm import BcosLayerNorm, DetachableRMSNorm
 from .boot_guard import BRIDGE_COPY_MARKER, FINAL_NORM_FOLDED_MARKER
 from .final_norm import fold_final_norm_into_unembedding
 from .hook_point import DynamicHookPoint
-from .inputs import check_tokenizer
 
 __all__ = [
     "SUPPORTED_BRIDGE_ARCHITECTURES",
@@ -389,9 +388,8 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
     refuse_stock_loaded_bcos(hf_model, "hf_model")
     arch = _architecture(hf_model)
     _refuse_inexpressible(hf_model, arch)
-    check_tokenizer(tokenizer)
     if tokenizer is not None:  # TransformerLens' own bridge("text") failed in the embedding (IndexError)
-        require_tokenizer_fits(hf_model, tokenizer)
+        require_tokenizer_fits(hf_model, tokenizer)  # refuses a hub name too (require_tokenizer_object)
     check_bridge_internals()
     bridge_cls, _attention, _gated, joint, _linear, _norm = _bridge_classes()
     copied = copy.deepcopy(hf_model)

@@ -27,7 +27,6 @@ from bcos_plugins.nn.dynamic import DynamicWeightModule
 from .config import BcosTransformerConfig
 from .conversions import conversion_for, vocabulary_sizes
 from .decomposition import fold_final_norm_weight
-from .inputs import check_tokenizer
 from .model import bcos_model_class, exact_cache_class, make_explainable
 
 __all__ = ["hooked_transformer_from_hf", "SUPPORTED_HF_ARCHITECTURES"]
@@ -180,9 +179,8 @@ def hooked_transformer_from_hf(
         TypeError: other architectures. ValueError: options TransformerLens cannot express (named).
     """
     arch = _architecture(hf_model)
-    check_tokenizer(tokenizer)
     if tokenizer is not None:  # TransformerLens' own model("text") failed in the embedding (IndexError)
-        require_tokenizer_fits(hf_model, tokenizer)
+        require_tokenizer_fits(hf_model, tokenizer)  # refuses a hub name too (require_tokenizer_object)
     if not (isinstance(model_class, type) and issubclass(model_class, HookedTransformer)):
         # was TypeError: Module.__init__() got an unexpected keyword argument 'move_to_device'
         raise argument_error("model_class", f"expected HookedTransformer or a subclass, got {model_class!r}",

@@ -8,9 +8,8 @@ from torch import Tensor, nn
 from bcos_plugins._checks import require_token_batch, unmasked_padding_keywords
 from bcos_plugins.attribution.rotary_length import refuse_length_dependent_rotary
 from bcos_plugins.convert.architectures import position_limit, vocabulary_size
-from bcos_plugins.errors import BcosTypeError, argument_error
 
-__all__ = ["check_lens_tokens", "check_tokenizer"]
+__all__ = ["check_lens_tokens"]
 
 
 def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> tuple[Tensor, Tensor | None]:
@@ -33,15 +32,3 @@ def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> tuple[Tensor,
     if attention_mask is not None and isinstance(original, nn.Module):
         refuse_length_dependent_rotary(original, attention_mask)
     return tokens, attention_mask
-
-
-def check_tokenizer(tokenizer) -> None:
-    """Refuse a ``tokenizer=`` that is not a transformers tokenizer object (``None`` passes): a hub name or path
-    failed deep inside with ``AttributeError: 'str' object has no attribute 'save_pretrained'``."""
-    from transformers import PreTrainedTokenizerBase
-
-    if tokenizer is not None and not isinstance(tokenizer, PreTrainedTokenizerBase):
-        raise argument_error("tokenizer", f"expected a transformers tokenizer, got {type(tokenizer).__name__} "
-                             f"{tokenizer!r}"[:200], "Pass the tokenizer object, e.g. "
-                             "AutoTokenizer.from_pretrained(name_or_folder) (nothing is fetched from the hub here)",
-                             kind=BcosTypeError)
