@@ -146,13 +146,6 @@ def require_tokenizer_ids_fit(model: nn.Module, tokenizer, enc) -> None:
                              f"tokenizer is not the model's. {fix}.")
 
 
-def _require_model_tokenizer(model: nn.Module, tokenizer, enc) -> None:
-    """explain_dataset's check of each batch: :func:`require_tokenizer_ids_fit`, then
-    :func:`require_tokenizer_fits` (it shows the tokenizer's tokens, so it needs a transformers tokenizer)."""
-    require_tokenizer_ids_fit(model, tokenizer, enc)
-    require_tokenizer_fits(model, tokenizer)  # ids that all fit do not make it the model's tokenizer
-
-
 def explain_dataset(
     model: nn.Module,
     tokenizer,
@@ -258,7 +251,11 @@ def explain_dataset(
         hi = min(lo + batch_size, n)
         enc = tokenizer(texts[lo:hi], pairs[lo:hi] if pairs is not None else None, padding=True,
                         truncation=True, max_length=max_length, return_tensors="pt").to(device)
-        _require_model_tokenizer(model, tokenizer, enc)
+        require_tokenizer_ids_fit(model, tokenizer, enc)
+        if lo == 0:
+            # ids that all fit do not make it the model's tokenizer; its size and names are the same for every
+            # batch, so checked once, after the first batch's ids (whose refusal names the ids it saw)
+            require_tokenizer_fits(model, tokenizer)
         empty = [lo + i for i, real in enumerate(enc["attention_mask"].sum(1).tolist()) if real == 0]
         if empty:
             # explain's refusal named attention_mask, an argument the caller of explain_dataset never passed
