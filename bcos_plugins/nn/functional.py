@@ -498,6 +498,11 @@ def _inference_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, *, overwr
     return (dyn if dyn.dtype == lin.dtype else dyn.to(lin.dtype)).mul_(lin)
 
 
+# torch's private functorch predicates, read in one place (_blocks_the_product, _plain_gradient)
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
+
+
 # Outputs of at least this many bytes take the blocked product (_blocks_the_product), in blocks of rows of about
 # _PRODUCT_BLOCK_BYTES each (docs/benchmarks.md, 2026-11-28 16:05 UTC: MiniLM's 1024 x 1536 float32 intermediate
 # output, 6 MB, is the one a bench_core forward blocks; its 1.5 MB outputs keep the fresh tensor)
@@ -514,7 +519,7 @@ def _blocks_the_product(lin: Tensor, b: float | Tensor) -> bool:
     return (lin.is_cpu and isinstance(b, float) and b in (1.5, 1.25, 2.0)
             and lin.numel() * lin.element_size() >= _BLOCKED_PRODUCT_BYTES and lin.is_contiguous()
             and type(lin) is Tensor and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and not torch._C._functorch.is_functorch_wrapped_tensor(lin))
+            and not _is_functorch_wrapped(lin))
 
 
 def _blocked_product_(lin: Tensor, reciprocal: Tensor, b: float) -> Tensor:
@@ -873,10 +878,6 @@ def _plain_gradient(grad: Tensor) -> bool:
     a batched gradient (``autograd.grad(..., is_grads_batched=True)`` runs the backward under the legacy vmap,
     ``torch.func.vmap`` under functorch's), another ``torch.func`` wrapper or a tensor subclass."""
     return type(grad) is Tensor and not _is_functorch_wrapped(grad) and not _is_legacy_batched(grad)
-
-
-_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-_is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
 
 
 # (narrower, wider) dtype pairs whose widening is exact: a kernel with operands of both computes in the wider one
