@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as T
+from torch.utils._python_dispatch import TorchDispatchMode
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -17,6 +18,22 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 REPOSITORY_ROOT = str(Path(__file__).resolve().parents[1])
 if REPOSITORY_ROOT not in sys.path:
     sys.path.insert(0, REPOSITORY_ROOT)
+
+class RecordedOps(TorchDispatchMode):
+    """The names of the aten ops dispatched while active (``ops``, in dispatch order), leaving out those in
+    ``skip`` (views, allocations: ops that launch no kernel, as each test defines them)."""
+
+    def __init__(self, skip: frozenset[str] | set[str] = frozenset()) -> None:
+        super().__init__()
+        self.skip = skip
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in self.skip:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
 
 VOCAB = 60
 MAX_POS = 40

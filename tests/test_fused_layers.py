@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 import torch
-from conftest import padded_batch, tiny_model, zero_unit_projection
+from conftest import RecordedOps, padded_batch, tiny_model, zero_unit_projection
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.pytorch_utils import Conv1D
@@ -32,16 +32,6 @@ from bcos_plugins.nn.linear import AlignmentPressure
 from benchmarks.bench_gpu import saved_for_backward_bytes
 
 FLOATS = [torch.float32, torch.float64]
-
-
-class _RecordOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def _layers() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:
@@ -335,9 +325,9 @@ def test_inference_forward_runs_the_helpers_kernels_in_one_function(kind, b, dty
     with torch.no_grad(), reuse_unit_weights(reuse):
         layer(x)  # (fills the cache inside reuse_unit_weights)
         x_fused, x_helpers = x.clone(), x.clone()  # new tensors: each computes its input norm
-        with _RecordOps() as fused_ops:
+        with RecordedOps() as fused_ops:
             fused = layer(x_fused)
-        with _RecordOps() as helper_ops:
+        with RecordedOps() as helper_ops:
             unit = cached_unit_norm(layer.weight, dim=1, transposed=kind == "conv1d", autocast=True)
             lin = nn.functional.linear(x_helpers, unit)
             expected = lin if b == 1.0 else _inference_product(lin, input_norm(x_helpers), b)
@@ -381,7 +371,7 @@ def test_explaining_forward_runs_the_helpers_kernels_in_one_function(kind, b, dt
     results, recorded = [], []
     for helpers in (False, True):
         xr = x.clone().requires_grad_()
-        with explanation_mode(layer), no_parameter_gradients(), reuse_unit_weights(reuse), _RecordOps() as ops:
+        with explanation_mode(layer), no_parameter_gradients(), reuse_unit_weights(reuse), RecordedOps() as ops:
             if helpers:
                 with torch.no_grad():
                     unit = cached_unit_norm(layer.weight, dim=1, transposed=kind == "conv1d", autocast=True)
@@ -874,7 +864,7 @@ def test_explaining_constant_outputs_record_no_concatenation_and_query_key_layer
     for reference in (False, True):
         with reference_path(reference), explanation_mode(qkv), explanation_mode(query):
             xr = x.clone().requires_grad_()
-            with _RecordOps() as recorded:
+            with RecordedOps() as recorded:
                 out = qkv(xr)
             (grad,) = torch.autograd.grad(out, xr, upstream, create_graph=True)
             (second,) = torch.autograd.grad((grad * grad).sum(), qkv.weight)  # a loss on the explanation

@@ -13,9 +13,9 @@ import sys
 import pytest
 import torch
 import transformers as T
+from conftest import RecordedOps
 from torch import nn
 from torch.nn.utils import parametrize
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from bcos_plugins import bcosify
 from bcos_plugins.convert.decoder_modules import BcosFusedGatedMLP, BcosGatedMLP
@@ -25,18 +25,6 @@ from bcos_plugins.nn.dynamic import dynamic_weights_used
 
 VIEWS = {"t", "permute", "transpose", "view", "_unsafe_view", "expand", "as_strided", "detach", "alias", "split",
          "slice", "unsqueeze", "squeeze"}
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name not in VIEWS:
-            self.ops.append(name)
-        return func(*args, **(kwargs or {}))
 
 
 def _family_module(kind: str, dtype: torch.dtype) -> nn.Module:
@@ -69,7 +57,7 @@ def _family_module(kind: str, dtype: torch.dtype) -> nn.Module:
 
 def _run(module: nn.Module, x: torch.Tensor, explaining: bool, recording: bool):
     x = x.clone().requires_grad_(recording)
-    with torch.set_grad_enabled(recording), _Ops() as ops:
+    with torch.set_grad_enabled(recording), RecordedOps(VIEWS) as ops:
         if explaining:
             with explanation_mode(module):
                 out = module(x)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import zero_unit_projection
+from conftest import RecordedOps, zero_unit_projection
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from bcos_plugins import bcosify
 from bcos_plugins.nn import explanation_mode
@@ -21,18 +20,6 @@ from bcos_plugins.nn.functional import reference_path, reuse_unit_weights
 B_VALUES = [1.0, 1.1, 1.25, 1.5, 2.0, 2.5]
 PLAIN = [torch.float32, torch.float64]
 VIEWS = {"t", "permute", "transpose", "view", "_unsafe_view", "expand", "as_strided", "detach", "alias"}
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name not in VIEWS:
-            self.ops.append(name)
-        return func(*args, **(kwargs or {}))
 
 
 def _general_branch(monkeypatch) -> None:
@@ -53,7 +40,7 @@ def _inputs(dtype: torch.dtype) -> torch.Tensor:
 
 def _forward(layer: nn.Module, x: torch.Tensor, mode: str) -> tuple[torch.Tensor, list[str]]:
     context = torch.inference_mode() if mode == "inference_mode" else torch.no_grad()
-    with context, _Ops() as ops:
+    with context, RecordedOps(VIEWS) as ops:
         out = layer(x.clone())  # (a new tensor: its norm is computed, not found from an earlier call)
     return out, ops.ops
 
@@ -82,7 +69,7 @@ def test_plain_branch_shares_one_input_norm_and_reciprocal_between_layers_as_the
 
     def run() -> tuple[list[torch.Tensor], list[str]]:
         y = x.clone()
-        with torch.no_grad(), _Ops() as ops:
+        with torch.no_grad(), RecordedOps(VIEWS) as ops:
             outs = [layer(y) for layer in layers]
             y.mul_(0.5)
             outs += [layer(y) for layer in layers]

@@ -13,8 +13,7 @@ import weakref
 
 import pytest
 import torch
-from conftest import padded_batch, tiny_model
-from torch.utils._python_dispatch import TorchDispatchMode
+from conftest import RecordedOps, padded_batch, tiny_model
 
 from bcos_plugins import bcosify, explain
 from bcos_plugins.errors import BcosTypeError
@@ -52,20 +51,6 @@ _NO_KERNEL = {"t", "view", "_unsafe_view", "detach", "alias", "unsqueeze", "expa
               "empty", "empty_like"}
 
 
-class _CountOps(TorchDispatchMode):
-    """The aten ops that compute (``ops``), in dispatch order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name not in _NO_KERNEL:
-            self.ops.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 def _forward_ops(layer: torch.nn.Module, mode: str, autocast: bool) -> list[str]:
     """The aten ops of the second of two forward passes (the first fills the weight cache), on a new input
     tensor each (layers reading the same input tensor share its norm: see the last test)."""
@@ -82,7 +67,7 @@ def _forward_ops(layer: torch.nn.Module, mode: str, autocast: bool) -> list[str]
     first, second = x.clone(), x.clone()
     with amp:
         forward(first)
-        with _CountOps() as counter:
+        with RecordedOps(_NO_KERNEL) as counter:
             forward(second)
     return counter.ops
 
@@ -203,7 +188,7 @@ def test_training_forward_normalises_the_weight_every_time():
     x = torch.randn(4, 32)
     with torch.no_grad():
         layer(x)  # fills the cache
-    with _CountOps() as counter:
+    with RecordedOps(_NO_KERNEL) as counter:
         layer(x)
     assert counter.ops.count("linalg_vector_norm") == 2  # weight and input: autograd sees the normalisation
 
@@ -331,13 +316,13 @@ def test_layers_reading_one_input_share_its_norm_without_autograd():
     x = torch.randn(4, 7, 32)
     with torch.no_grad():
         expected = [layer(x.clone()) for layer in (query, key, value)]  # a tensor each: a norm each
-        with _CountOps() as counter:
+        with RecordedOps(_NO_KERNEL) as counter:
             got = [layer(x) for layer in (query, key, value)]
         assert counter.ops.count("linalg_vector_norm") == 1 and counter.ops.count("hypot") == 1
         for actual, wanted in zip(got, expected, strict=True):
             assert torch.equal(actual, wanted)
         x.mul_(-3.0)  # written in place: its norm is computed again
-        with _CountOps() as counter:
+        with RecordedOps(_NO_KERNEL) as counter:
             changed = query(x)
         assert counter.ops.count("linalg_vector_norm") == 1
         assert torch.equal(changed, query(x.clone()))
@@ -370,7 +355,7 @@ def test_by_default_explaining_layer_norm_backward_reuses_the_forward_inverse_st
     x, grad_out = torch.randn(4, 7, 32, requires_grad=True), torch.randn(4, 7, 32)
     with explanation_mode(norm), no_parameter_gradients():
         out = norm(x)
-    with _CountOps() as counter:
+    with RecordedOps(_NO_KERNEL) as counter:
         (grad,) = torch.autograd.grad(out, x, grad_out)
     assert counter.ops == ["mul", "mul", "mean", "sub"]
     with explanation_mode(norm), reference_path():
@@ -419,7 +404,7 @@ def test_by_default_the_tanh_gate_without_autograd_takes_four_passes_and_keeps_i
 
     x = torch.tensor([0.0, 1e-300, 1e-8, -1e-4, 5e-4, 9.99e-4, 1e-3, -0.5, 3.0, 40.0, float("inf"), float("nan")],
                      dtype=torch.float64)
-    with _CountOps() as counter:
+    with RecordedOps(_NO_KERNEL) as counter:
         fast = tanh_ratio(x)
     # was 10 (the series' where, ones_like, ...), then tanh, div_, eq, masked_fill_ (the bool mask: slow on a CPU)
     assert counter.ops == ["tanh", "div", "nan_to_num_", "add_"]
@@ -494,7 +479,7 @@ def test_by_default_explaining_gelu_backward_computes_the_gate_in_place_and_keep
     x, grad_out = torch.randn(4, 7, 32, requires_grad=True), torch.randn(4, 7, 32)
     with explanation_mode(act):
         out = act(x)
-    with _CountOps() as counter:
+    with RecordedOps(_NO_KERNEL) as counter:
         (grad,) = torch.autograd.grad(out, x, grad_out)
     fresh = [op for op in counter.ops if not op.endswith("_")]
     assert len(fresh) == {"gelu": 3, "gelu_tanh": 2}[kind], counter.ops  # x / sqrt 2, erf; x ** 3; the product
