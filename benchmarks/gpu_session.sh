@@ -1,25 +1,58 @@
 #!/usr/bin/env bash
-# One command for a session with a GPU (issue 30): the CUDA tests (the Triton kernel, every family's paths, the host
-# libraries' own calls), then the eager B-cos / conventional table with the Triton kernel's rows beside the PyTorch
-# path's (docs/benchmarks.md#gpu). From the repository root, after `bash benchmarks/device_wheels.sh` here (it fills
-# .whl/ with Captum, TransformerLens, sae-lens, inseq and what they import that the image lacks, about 26 MiB):
-#   carry [".whl"] and run: bash benchmarks/gpu_session.sh
-# Not yet timed: budget about 3-4 minutes for the tests and 4-6 for the table on one H200 (bench_gpu.py's eager rows
-# took about 100 s there; the Triton rows double them, plus the kernel's compilation per layer width).
-# The device image seen had torch 2.11, transformers 5.17 and triton 3.6 and no network. The package is installed
-# without its dependencies and without build isolation (the image's setuptools builds it): bcos_plugins.adapters
-# lives in adapters/ and is importable only installed.
+# One command for a session with a GPU (issue 30): the compiled Triton kernel's checks, then the eager B-cos /
+# conventional table with the Triton kernel's rows beside the PyTorch path's (docs/benchmarks.md#gpu), then every
+# family's CUDA paths and the host libraries' own calls. From the repository root, after
+# `bash benchmarks/device_wheels.sh` here (it fills .whl/ with Captum, TransformerLens, sae-lens, inseq and what they
+# import that the image lacks, about 26 MiB):
+#   carry [".whl"] and run: bash benchmarks/gpu_session.sh          (timeout_s 590)
+# A session's device time is 15 minutes, the machine's start included, so the stages run in the order of what the
+# issue needs most, each under its own `timeout` (at most GPU_STAGE_S seconds each: kernel checks, table, device
+# tests) and all of them within GPU_TOTAL_S seconds of the start (default 570, for a call's timeout_s of 590); each
+# writes its log to $OUT (the device tool's folder that comes back) as it goes, so a stage cut short still returns
+# what it printed. Time left after the three goes to the compiled cells of the first two shapes (stage 4).
+# The image seen had torch 2.11, transformers 5.17 and triton 3.6 and no network.
 set -uo pipefail
+OUT=${OUT:-/tmp/gpu_session}
+mkdir -p "$OUT"
+read -r kernel_s table_s hosts_s <<<"${GPU_STAGE_S:-150 300 150}"
+deadline=$((SECONDS + ${GPU_TOTAL_S:-570}))
+within() { local left=$((deadline - SECONDS)); echo $((left < $1 ? (left > 1 ? left : 1) : $1)); }  # a stage's timeout
+export PYTHONUNBUFFERED=1
+log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/session.log"; }
+log "start; $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >>"$OUT/session.log" 2>&1 \
+    || log "the wheels did not install: the host libraries' tests will fail to import"
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null || exit 1
+# bcos_plugins.adapters lives in adapters/ and is importable only installed. The image's setuptools may be older
+# than pyproject's build requirement (>= 77), so where the editable install fails the package is laid out by hand.
+if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$OUT/session.log" 2>&1; then
+  log "pip install -e . failed (see above); laying bcos_plugins out in /tmp/pkg instead"
+  rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r bcos_plugins /tmp/pkg/ && cp -r adapters /tmp/pkg/bcos_plugins/adapters
+  export PYTHONPATH=/tmp/pkg:$PYTHONPATH
+fi
+python3 -c "import torch, transformers, triton, bcos_plugins, bcos_plugins.adapters; print('torch', torch.__version__, \
+'transformers', transformers.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())" 2>&1 \
+  | tee -a "$OUT/session.log"
 status=0
-# the kernel on the GPU against the PyTorch path (compiled, and interpreted on the CPU), every family's device paths
-BCOS_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/test_triton_linear.py tests/test_device_paths.py \
-  tests/test_device_hosts.py || status=1
-# the speed, also when a test failed (its rows say whether the kernel ran): eager rows with and without the kernel
-# side by side on the same models, and the kernel counts of one bfloat16 forward with --profile
-python3 benchmarks/bench_gpu.py --modes eager --triton --profile || status=1
+log "1/4 the compiled kernel against the PyTorch path (tests/triton_linear_checks.py, BCOS_TRITON_KERNEL=compiled)"
+timeout "$(within "$kernel_s")" env BCOS_TRITON_KERNEL=compiled python3 -m pytest -q -p no:cacheprovider -rf \
+  -W "ignore:divide by zero encountered in log2:RuntimeWarning" tests/triton_linear_checks.py --durations=5 \
+  >"$OUT/kernel_checks.log" 2>&1 || status=1
+tail -n 25 "$OUT/kernel_checks.log"
+log "2/4 the table: eager rows with and without the kernel, the kernel counts of one bf16 forward (--profile)"
+timeout "$(within "$table_s")" python3 benchmarks/bench_gpu.py --modes eager --triton --profile 2>&1 | tee "$OUT/bench_gpu.log" \
+  || status=1
+log "3/4 every family's CUDA paths and the host libraries' own calls"
+timeout "$(within "$hosts_s")" env BCOS_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -rf --durations=5 \
+  tests/test_device_paths.py tests/test_device_hosts.py >"$OUT/device_tests.log" 2>&1 || status=1
+tail -n 25 "$OUT/device_tests.log"
+left=$((deadline - SECONDS))
+if [ "$left" -gt 90 ]; then
+  log "4/4 compiled cells (minilm, bert-base) in the $left s left"
+  timeout "$left" python3 benchmarks/bench_gpu.py --modes compiled --shapes minilm bert-base --budget-s $((left - 60)) \
+    2>&1 | tee "$OUT/bench_gpu_compiled.log"
+fi
+log "end, status $status"
 exit $status
