@@ -106,7 +106,8 @@ class ArchitectureSpec:
             ``"causal_lm"`` (next-token logits from ``lm_head``) or ``"masked_lm"``.
         remove_activations: module paths of head activations replaced by ``nn.Identity``.
         class_swaps: module path ("" = the model) -> (B-cos subclass factory, reason).
-        keep: module paths left unconverted, with the reason.
+        keep: module paths left unconverted, with the reason (``"{tied}"`` in it: whether the model's LM head is
+            tied to its input embeddings, filled in by ``bcosify``'s report).
         module_swaps: module-path suffix -> (B-cos mixin factory, reason): modules whose forward multiplies
             two input-dependent branches (gated MLPs), swapped so that the gate branch is the detachable
             dynamic weight.
@@ -227,8 +228,8 @@ _GPT2_NOT_DYNAMIC = _FUSED_QKV.format(path="attn.c_attn (a Conv1D)")
 _LLAMA_QK = {"self_attn.q_proj": "all", "self_attn.k_proj": "all"}
 _MODERNBERT_QK = {"attn.Wqkv": "first_two_thirds"}
 _MODERNBERT_GATE = {"mlp.Wi": "first_half"}  # Wi(x).chunk(2): act(input) * gate
-_TIED = "LM head tied to the input embeddings; kept, as in the B-cos LM paper (it is linear and bias-free)"
-_LM_HEAD = _TIED.replace("tied to the input embeddings", "(tied or not)")
+# "{tied}": bcosify's report fills in whether the converted model's head is tied to its input embeddings
+_LM_HEAD = "LM head {tied}; kept, as in the B-cos LM paper (it is linear and bias-free)"
 _MLM_BIAS = ("masked-LM decoder applied without its vocabulary bias (a bias is no token's contribution); the "
              "transform's dense / GELU / LayerNorm are converted")
 _GATED = ("gated MLP: the activated gate branch is the dynamic weight, so the product is not counted "
@@ -253,7 +254,7 @@ def _llama_like(prefix: str, lens_conversion: str | None) -> dict[str, Architect
 
 _GEMMA_NORM = ("Gemma RMSNorm x * rsqrt(mean(x^2) + eps) * (1 + weight): the rsqrt factor is the dynamic "
                "weight (the (1 + weight) gain is kept)")
-_SOFT_CAP = ("LM head (weights kept, tied) with the final-logit soft-cap c * tanh(z / c) = z * g, g = tanh(z / c) / "
+_SOFT_CAP = ("LM head (weights kept, {tied}) with the final-logit soft-cap c * tanh(z / c) = z * g, g = tanh(z / c) / "
              "(z / c) the dynamic weight (config.final_logit_softcapping kept)")
 _UNCAPPED = "forward without the inline final-logit soft-cap, which the LM head applies as a dynamic scale"
 
@@ -288,7 +289,7 @@ SPECS: dict[str, ArchitectureSpec] = {
         "encoder", "bert", _BERT_QK, _BERT_POINT, head="classifier", remove_activations=("bert.pooler.activation",),
         position_table=_BERT_TABLE, dynamic_linear_refusal=None, first_column_pooling=True),
     "BertForMaskedLM": ArchitectureSpec(
-        "encoder", "bert", _BERT_QK, _BERT_POINT, head="masked_lm", keep={"cls.predictions.decoder": _TIED},
+        "encoder", "bert", _BERT_QK, _BERT_POINT, head="masked_lm", keep={"cls.predictions.decoder": _LM_HEAD},
         class_swaps={"cls.predictions": (_bert_mlm_head, _MLM_BIAS)}, position_table=_BERT_TABLE,
         masked_lm_classifier="BertForSequenceClassification", dynamic_linear_refusal=None),
     "DistilBertModel": ArchitectureSpec("encoder", "", _DISTIL_QK, _BERT_POINT,
@@ -308,7 +309,7 @@ SPECS: dict[str, ArchitectureSpec] = {
     "GPT2Model": ArchitectureSpec("decoder", "", _GPT2_QK, ("drop", "input"), position_table=_GPT2_TABLE,
                                   dynamic_linear_refusal=_GPT2_NOT_DYNAMIC),
     "GPT2LMHeadModel": ArchitectureSpec("decoder", "transformer", _GPT2_QK, ("drop", "input"), head="causal_lm",
-                                        keep={"lm_head": _TIED}, position_table=_GPT2_TABLE,
+                                        keep={"lm_head": _LM_HEAD}, position_table=_GPT2_TABLE,
                                         lens_conversion="gpt2", bridge=True, dynamic_linear_refusal=_GPT2_NOT_DYNAMIC),
     "GPT2ForSequenceClassification": ArchitectureSpec(
         "decoder", "transformer", _GPT2_QK, ("drop", "input"), head="classifier", position_table=_GPT2_TABLE,

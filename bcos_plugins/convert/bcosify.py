@@ -128,6 +128,32 @@ def _is_rms_norm(module: nn.Module) -> bool:
     return type(module).__name__.endswith("RMSNorm") or isinstance(module, nn.RMSNorm)
 
 
+# the layer classes whose forward bcosify rebuilds from their weights alone
+_KNOWN_LAYER_CLASSES = (nn.Linear, Conv1D, nn.LayerNorm, nn.RMSNorm)
+
+
+def refuse_unknown_subclass(model: nn.Module, name: str, module: nn.Module, what: str = "bcosify") -> None:
+    """Refuse a layer (``nn.Linear``, ``Conv1D``, ``nn.LayerNorm``, an RMSNorm) of another class than the one
+    :func:`bcosify` and ``dynamic_linear_copy`` rebuild from its weights: the new module is built from the weights
+    alone, so what a subclass's forward adds (a scale, an offset, a parametrised or quantised weight) was dropped
+    without a word. An RMSNorm may also be the model's own family's class (``LlamaRMSNorm`` in a Llama: the modelling
+    module of the model's class), whose forward is ``x * rsqrt(mean(x^2) + eps) * weight``; another family's may not
+    be (Gemma's gain is ``1 + weight``)."""
+    cls = type(module)
+    if cls in _KNOWN_LAYER_CLASSES:
+        return
+    if _is_rms_norm(module) and cls.__module__ == type(model).__module__ and cls.__mro__[1] is nn.Module:
+        return
+    base = next((c for c in cls.__mro__[1:] if c in _KNOWN_LAYER_CLASSES), None)
+    kind = f"a subclass of {base.__module__}.{base.__qualname__}" if base is not None else \
+        f"an RMSNorm of another module than {type(model).__name__}'s ({type(model).__module__})"
+    raise UnsupportedModuleError(
+        f"model: {what} cannot convert module '{name}' of class {cls.__module__}.{cls.__qualname__}, {kind}, whose "
+        f"forward may compute more than the layer {what} rebuilds from its weights alone (a scale, an offset, a "
+        "parametrised or quantised weight) and would drop. Put the model's own layer class there "
+        "(torch.nn.utils.parametrize.remove_parametrizations for a parametrised weight), or open an issue.")
+
+
 def mixed_class(target: type[nn.Module], original: type[nn.Module]) -> type[nn.Module]:
     """``target`` if it already subclasses ``original``, else a subclass of both (mixin first)."""
     if issubclass(target, original):
@@ -159,6 +185,20 @@ _CONSTANT_PARTS = {"all": lambda n: slice(None), "first_two_thirds": lambda n: s
                    "first_half": lambda n: slice(0, n // 2)}
 
 
+def _say_tied(model: nn.Module, module: nn.Module, reason: str) -> str:
+    """A registry reason with its ``{tied}`` filled in for this model: whether ``module``'s weight is the input
+    embeddings' (the report said "tied" of every GPT-2 / BERT masked-LM / Gemma 2 head, untied ones too)."""
+    if "{tied}" not in reason:
+        return reason
+    try:
+        embedding = model.get_input_embeddings()
+    except NotImplementedError:
+        embedding = None
+    tied = embedding is not None and getattr(module, "weight", None) is getattr(embedding, "weight", None)
+    return reason.replace("{tied}", "tied to the input embeddings" if tied else
+                          "not tied to the input embeddings (config.tie_word_embeddings=False)")
+
+
 def _constant_slice(part: str, out_features: int) -> slice:
     """The output units a spec's ``query_key`` / ``gate_units`` part names (``"first_two_thirds"``: 0 to 2n/3)."""
     return _CONSTANT_PARTS[part](out_features)
@@ -176,13 +216,15 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
     keep = set(spec.keep)
     removed = set(spec.remove_activations)
     skip_below: list[str] = []
-    for name, module in model.named_modules():
+    # every path of a module held at two places (a projection shared by two layers, query and key tied): the default
+    # walk names it once, so the second place kept the stock module, bias included, without a word in the report
+    for name, module in model.named_modules(remove_duplicate=False):
         if name == "":
             continue
         if any(name == s or name.startswith(s + ".") for s in skip_below):
             continue
         if name in keep:
-            report.kept[name] = spec.keep[name]
+            report.kept[name] = _say_tied(model, module, spec.keep[name])
             skip_below.append(name)
             continue
         if name in removed:
@@ -193,8 +235,10 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
                      if name == suffix or name.endswith("." + suffix)), None)
         if swap is not None:  # the swapped-in forward is the whole conversion of the module itself
             plan.append((name, ("swap", swap[0](), swap[1])))
-            report.patched_modules[name] = swap[1]
+            report.patched_modules[name] = _say_tied(model, module, swap[1])
             continue
+        if isinstance(module, nn.Linear | Conv1D | nn.LayerNorm) or _is_rms_norm(module):
+            refuse_unknown_subclass(model, name, module)
         if isinstance(module, nn.Linear | Conv1D):
             is_conv = isinstance(module, Conv1D)
             out_features = module.weight.shape[1] if is_conv else module.out_features
@@ -256,7 +300,58 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
                 f"activation ({', '.join(sorted(ACTIVATION_GATES))}). Replace it with a dynamic-weight "
                 "equivalent or open an issue."
             )
+    _refuse_lost_hooks(model, plan)
+    _refuse_shared_modules_planned_apart(model, plan)
     return plan, report
+
+
+# the hooks a module holds that run with its forward or backward (torch.nn.Module's own dictionaries)
+_HOOK_KINDS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
+               "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
+
+
+def _refuse_lost_hooks(model: nn.Module, plan: list) -> None:
+    """Refuse hooks on the modules the plan replaces by new ones: the new module does not hold them, so a hook that
+    read or changed a projection's output (a probe, an intervention) stopped running without a word. The modules
+    whose class is swapped (``("swap", ...)``) stay the same objects and keep their hooks."""
+    hooked = []
+    for name, action in plan:
+        if isinstance(action, tuple) and action[0] == "swap":
+            continue
+        module = model.get_submodule(name)
+        kinds = [kind for attr, kind in _HOOK_KINDS.items() if getattr(module, attr, None)]
+        if kinds:
+            hooked.append(f"'{name}' ({type(module).__name__}: {', '.join(kinds)})")
+    if hooked:
+        raise argument_error(
+            "model", f"holds hooks on {len(hooked)} module(s) that bcosify replaces by new B-cos modules, which would "
+            f"not hold them (the hooks would stop running without a word): {', '.join(hooked[:6])}"
+            f"{', ...' if len(hooked) > 6 else ''}",
+            "Remove them (handle.remove()), convert, then register them again on the converted model's modules "
+            "(model.get_submodule(path) after bcosify)", kind=BcosValueError)
+
+
+def _refuse_shared_modules_planned_apart(model: nn.Module, plan: list) -> None:
+    """Refuse one module object held at two paths whose conversions differ (query/key at one, a plain projection at
+    the other): one replacement cannot be both, and two would untie it."""
+    first: dict[int, tuple[str, object]] = {}
+    for name, action in plan:
+        module = model.get_submodule(name)
+        seen = first.setdefault(id(module), (name, action))
+        if seen[0] != name and _action_key(seen[1]) != _action_key(action):
+            raise UnsupportedModuleError(
+                f"model: the module at '{seen[0]}' is also held at '{name}' ({type(module).__name__}), where bcosify "
+                "would convert it another way (e.g. a query/key projection at one place and not at the other). Give "
+                "each place a module of its own (copy.deepcopy) before converting.")
+
+
+def _action_key(action) -> object:
+    """A plan entry's action, comparable between two paths (a module action by its class)."""
+    if isinstance(action, nn.Module):
+        return type(action)
+    if isinstance(action, tuple) and action[0] == "swap":
+        return ("swap", action[1], action[2])
+    return action
 
 
 def _build(module: nn.Module, action, b: float) -> nn.Module:
@@ -276,6 +371,16 @@ def _build(module: nn.Module, action, b: float) -> nn.Module:
     if tag == "activation":
         return DetachableActivation(action[1])
     raise AssertionError(action)
+
+
+def _keep_requires_grad(module: nn.Module, replacement: nn.Module) -> None:
+    """Give each parameter of ``replacement`` the ``requires_grad`` of the parameter of ``module`` it is built from
+    (same name): a new parameter requires a gradient, so a model whose encoder was frozen before converting (to
+    train the head alone) trained its every B-cos layer and norm afterwards, without a word."""
+    for param_name, param in replacement.named_parameters(recurse=False):
+        source = module._parameters.get(param_name)
+        if source is not None:
+            param.requires_grad_(source.requires_grad)
 
 
 def plan_conversion(model: nn.Module, b: float = 1.5, *,
@@ -360,30 +465,34 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
     plan, report = plan_conversion(model, b, bcos_query_key=bcos_query_key)
     b, config, spec = report.b, getattr(model, "config", None), SPECS[type(model).__name__]
 
+    # a module held at several paths is converted once and the one replacement put at each (it stays shared); the
+    # original is kept alive with its replacement, so that its id is not reused while the loop runs
+    converted: dict[int, tuple[nn.Module, nn.Module]] = {}
     for name, action in plan:
-        module = model.get_submodule(name)
-        if isinstance(action, tuple) and action[0] == "swap":
-            module.__class__ = mixed_class(action[1], type(module))
-            continue
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
+        module = parent._modules[attr]
+        if id(module) in converted:
+            setattr(parent, attr, converted[id(module)][1])
+            continue
+        if isinstance(action, tuple) and action[0] == "swap":
+            module.__class__ = mixed_class(action[1], type(module))
+            converted[id(module)] = (module, module)
+            continue
         replacement = _build(module, action, b)
         if replacement is not module:
             # a new module starts in training mode: converting a model in eval mode left every B-cos layer, norm
             # and activation training (model.training False, its layers True), so the replacement takes the
             # training flag of the module it replaces
             replacement.train(module.training)
+            _keep_requires_grad(module, replacement)
+        converted[id(module)] = (module, replacement)
         setattr(parent, attr, replacement)
 
     for path, (factory, why) in spec.class_swaps.items():
         target = model.get_submodule(path) if path else model
         target.__class__ = mixed_class(factory(), type(target))
         report.patched_modules[path or "<model>"] = why
-    # swapped-in classes that read a setting of the model's config (Gemma 2's soft-capped LM head)
-    for module in model.modules():
-        if hasattr(module, "bcos_configure"):
-            module.bcos_configure(config)
-
     # Re-tie weights the conversion must not have broken (LM heads share the embedding matrix).
     if hasattr(model, "tie_weights"):
         model.tie_weights()
@@ -393,6 +502,11 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
     for module in model.modules():
         if getattr(module, "config", None) is config:
             module.config = own
+    # swapped-in classes that read a setting of the model's config (Gemma 2's soft-capped LM head): the model's own
+    # copy, which save_pretrained writes
+    for module in model.modules():
+        if hasattr(module, "bcos_configure"):
+            module.bcos_configure(own)
     own.bcos = {"b": b, "architecture": report.architecture, "format_version": FORMAT_VERSION}
     if not bcos_query_key:
         # format 3: a reader that did not know stock query/key layers would rebuild B-cos ones from these

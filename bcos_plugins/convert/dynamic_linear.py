@@ -32,7 +32,13 @@ from ..nn import BcosLayerNorm, DetachableActivation, has_dynamic_weights
 from ..nn.activation import tanh_ratio
 from ..nn.dynamic import DynamicWeightModule
 from .architectures import SPECS, check_stock_class, spec_for, specs_where
-from .bcosify import ACTIVATION_GATES, IDENTITY_ACTIVATIONS, PASSTHROUGH_MODULES, gelu_kind
+from .bcosify import (
+    ACTIVATION_GATES,
+    IDENTITY_ACTIVATIONS,
+    PASSTHROUGH_MODULES,
+    gelu_kind,
+    refuse_unknown_subclass,
+)
 from .query_key import ConstantQueryKeyProjection
 
 __all__ = ["AffineDetachableLayerNorm", "ConstantQueryKeyLinear", "DetachableTanh", "DYNAMIC_LINEAR_ARCHITECTURES",
@@ -79,15 +85,14 @@ class DetachableTanh(DynamicWeightModule):
         return x * self.dynamic_weight(gate)
 
 
-def _replacement(name: str, module: nn.Module, query_key: tuple[str, ...]):
+def _replacement(model: nn.Module, name: str, module: nn.Module, query_key: tuple[str, ...]):
     """What the copy's ``module`` becomes: a module, a class to mix in, or ``None`` (kept as it is)."""
+    if isinstance(module, nn.Linear | nn.LayerNorm):
+        # a subclass may compute something else: not held constant safely (a LayerNorm's is rebuilt from its weights)
+        refuse_unknown_subclass(model, name, module, what="dynamic_linear_copy")
     if isinstance(module, nn.Linear):
         if not any(name.endswith(suffix) for suffix in query_key):
             return None
-        if type(module) is not nn.Linear:  # a subclass may compute something else: not held constant safely
-            raise argument_error("model", f"query/key projection '{name}' is a {type(module).__qualname__}, not "
-                                 "torch.nn.Linear", "build the model with transformers' own layers",
-                                 kind=BcosTypeError)
         return ConstantQueryKeyLinear
     if isinstance(module, nn.LayerNorm):
         return AffineDetachableLayerNorm.from_layer_norm(module)
@@ -139,7 +144,7 @@ def dynamic_linear_copy(model: nn.Module) -> nn.Module:
     check_stock_class(model, name, exact=True)
     query_key = tuple(suffix for suffix, part in spec_for(model).query_key.items() if part == "all")
     # plan on the user's model (nothing touched if a module is refused), apply on the copy
-    plan = [(path, _replacement(path, module, query_key)) for path, module in model.named_modules() if path]
+    plan = [(path, _replacement(model, path, module, query_key)) for path, module in model.named_modules() if path]
     clone = copy.deepcopy(model)
     for path, action in plan:
         if action is None:

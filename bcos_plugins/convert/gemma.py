@@ -63,19 +63,29 @@ class BcosSoftCappedLMHead(DynamicWeightModule):
 
     The cap lives in the head, not in the model's forward (:class:`BcosUncappedCausalLM`), so that it is held
     constant wherever the head runs, also inside a TransformerLens bridge, which calls the model's forward from
-    outside its own module tree. ``bcosify`` sets the cap from the config through :meth:`bcos_configure`.
+    outside its own module tree. ``bcosify`` hands the head the model's own config through :meth:`bcos_configure`,
+    and the cap is read from it at every call, as the stock forward reads ``config.final_logit_softcapping``: a cap
+    copied once at conversion ignored a later edit of the config (``model.config.final_logit_softcapping = None``),
+    which ``save_pretrained`` wrote and ``load_bcos_model`` then applied, so the reloaded model computed other logits
+    than the saved one, silently.
     """
 
-    soft_cap: float | None = None
+    _bcos_config = None
 
     def bcos_configure(self, config) -> None:
-        self.soft_cap = config.final_logit_softcapping
+        self._bcos_config = config
+
+    @property
+    def soft_cap(self) -> float | None:
+        """The final-logit soft-cap ``c`` the head applies now: the model config's ``final_logit_softcapping``."""
+        return None if self._bcos_config is None else self._bcos_config.final_logit_softcapping
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... vocab"]:
         logits = super().forward(x)
-        if self.soft_cap is None:
+        soft_cap = self.soft_cap
+        if soft_cap is None:
             return logits
-        scale = self.dynamic_weight(soft_cap_scale(self, logits, self.soft_cap))
+        scale = self.dynamic_weight(soft_cap_scale(self, logits, soft_cap))
         if not torch.is_grad_enabled():  # nothing recorded: the product written into the fresh scale (same bits)
             return scale.mul_(logits)
         return logits * scale

@@ -1,0 +1,268 @@
+"""Trust pass 20, conversion and the architecture registry (``bcosify``, its report, ``save_pretrained`` /
+``load_bcos_model`` round trips) on unusual configurations and models.
+
+- Gemma 2's final-logit soft-cap was copied into the B-cos LM head once, at conversion: a later edit of
+  ``model.config.final_logit_softcapping`` (which the stock model follows at its next call) was ignored by the
+  converted model, but ``save_pretrained`` wrote it and ``load_bcos_model`` applied it, so the reloaded model computed
+  other logits than the one saved, silently. The head now reads the cap from the model's own config at each call.
+- Hooks registered on a module ``bcosify`` replaces (a projection, a norm, an activation, a removed pooler tanh) were
+  dropped with it: a probe stopped recording and an intervention stopped applying, without a word. Now refused before
+  the model is touched, naming each module and hook; hooks on the modules whose class is swapped stay and run.
+- A frozen parameter (``requires_grad=False``, e.g. an encoder frozen to train the head alone) came back trainable in
+  every B-cos layer and norm: each new parameter now takes the flag of the one it is built from.
+- A module held at two places (a projection shared by two layers) was converted at its first path only: the second
+  kept the stock module, bias included, so the forward mixed B-cos and stock layers and ``explain`` refused it saying
+  only that some module was not exact; the report did not name it. Now converted once and put at every path (still
+  shared); one held where two different conversions would apply is refused naming both paths.
+- The report said "LM head tied to the input embeddings" of every GPT-2 / BERT masked-LM / Gemma 2 head, untied ones
+  too: it now says which.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from conftest import padded_batch
+from test_conformance import B, _stock
+
+from bcos_plugins import UnsupportedModuleError, bcosify, explain, load_bcos_model
+from bcos_plugins.errors import BcosValueError
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def _logits(model, ids, mask):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits
+
+
+# ------------------------------------------------------------------ Gemma 2's soft-cap follows the model's config
+
+
+@pytest.mark.parametrize("cap", [None, 2.0])
+def test_a_soft_cap_set_on_the_config_after_conversion_is_the_one_run_saved_and_reloaded(tmp_path, cap):
+    ids, mask = padded_batch()
+    stock = _stock("Gemma2ForCausalLM")
+    stock_before_edit = _logits(stock, ids, mask)
+    stock.config.final_logit_softcapping = cap
+    stock_after_edit = _logits(stock, ids, mask)
+    model = bcosify(_stock("Gemma2ForCausalLM"), b=B, verbose=False)
+    assert model.lm_head.soft_cap == 0.5  # the suite's config
+    model.config.final_logit_softcapping = cap
+    logits = _logits(model, ids, mask)
+    with torch.no_grad():
+        raw = torch.nn.functional.linear(model.model(input_ids=ids, attention_mask=mask).last_hidden_state,
+                                         model.lm_head.weight)
+    expected = raw if cap is None else cap * torch.tanh(raw / cap)
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(stock_after_edit, stock_before_edit)  # the stock model follows the edit as well
+    explanation = explain(model, ids, mask, target=5, position=-1)
+    assert explanation.delta.abs().max() < 1e-4 * explanation.explained.abs().max()
+    model.save_pretrained(tmp_path)
+    loaded = load_bcos_model(tmp_path)
+    assert loaded.lm_head.soft_cap == cap
+    torch.testing.assert_close(_logits(loaded, ids, mask), logits, rtol=0, atol=0)
+
+
+def test_a_soft_capped_head_reads_the_converted_models_own_config_not_the_shared_stock_one():
+    """bcosify gives the model its own copy of its config; the head reads that copy, so a stock model built from the
+    same config object and edited later does not change the converted one."""
+    stock = _stock("Gemma2ForCausalLM")
+    shared = stock.config
+    model = bcosify(stock, b=B, verbose=False)
+    shared.final_logit_softcapping = 3.0
+    assert model.config is not shared and model.lm_head.soft_cap == 0.5
+
+
+# ------------------------------------------------------------------ hooks on modules bcosify replaces
+
+
+_REPLACED = [
+    ("BertForSequenceClassification", "bert.encoder.layer.0.attention.output.dense"),  # nn.Linear -> BcosLinear
+    ("BertForSequenceClassification", "bert.pooler.activation"),  # the pooler's tanh, removed
+    ("GPT2LMHeadModel", "transformer.h.1.ln_2"),  # LayerNorm -> BcosLayerNorm
+    ("GPT2LMHeadModel", "transformer.h.0.attn.c_attn"),  # Conv1D, query/key outputs constant
+    ("LlamaForCausalLM", "model.layers.0.mlp.act_fn"),  # SiLU -> DetachableActivation
+    ("LlamaForCausalLM", "model.norm"),  # RMSNorm -> DetachableRMSNorm
+    ("ModernBertForSequenceClassification", "model.layers.1.mlp.Wi"),
+]
+
+
+def _register(module, kind):
+    if kind == "forward":
+        return module.register_forward_hook(lambda m, args, out: out)
+    if kind == "forward_pre":
+        return module.register_forward_pre_hook(lambda m, args: None)
+    return module.register_full_backward_hook(lambda m, grad_in, grad_out: None)
+
+
+@pytest.mark.parametrize("name, path", _REPLACED)
+@pytest.mark.parametrize("kind", ["forward", "forward_pre", "full_backward"])
+def test_a_hook_on_a_module_bcosify_replaces_is_refused_before_anything_is_touched(name, path, kind):
+    model = _stock(name)
+    module = model.get_submodule(path)
+    handle = _register(module, kind)
+    with pytest.raises(BcosValueError, match=rf"model: holds hooks on 1 module.*'{path}' \({type(module).__name__}: "
+                                             r".*hook.*Remove them \(handle\.remove\(\)\)"):
+        bcosify(model, b=B, verbose=False)
+    assert model.get_submodule(path) is module and not hasattr(model.config, "bcos")  # untouched
+    handle.remove()
+    converted = bcosify(model, b=B, verbose=False)
+    assert converted.get_submodule(path) is not module
+
+
+@pytest.mark.parametrize("name, path", [("LlamaForCausalLM", "model.layers.0.mlp"),
+                                        ("LlamaForCausalLM", "model.layers.1.self_attn.q_proj"),
+                                        ("RobertaForSequenceClassification", "classifier"),
+                                        ("Gemma2ForCausalLM", "lm_head")])
+def test_a_hook_on_a_module_whose_class_bcosify_swaps_stays_and_runs(name, path):
+    """Swapped-class modules (gated MLPs, stock query/key projections, heads) are the same objects after conversion:
+    their hooks are kept, so they are not refused."""
+    model = _stock(name)
+    calls = []
+    model.get_submodule(path).register_forward_hook(lambda m, args, out: calls.append(type(m).__name__))
+    bcosify(model, b=B, bcos_query_key=False, verbose=False)
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    assert calls and calls[0].startswith("Bcos")
+
+
+# ------------------------------------------------------------------ frozen parameters stay frozen
+
+
+@pytest.mark.parametrize("name, query_key", [("BertForSequenceClassification", True), ("GPT2LMHeadModel", False),
+                                             ("LlamaForCausalLM", True), ("Gemma2ForSequenceClassification", True),
+                                             ("ModernBertForSequenceClassification", True)])
+def test_parameters_frozen_before_conversion_stay_frozen(name, query_key):
+    model = _stock(name)
+    head = {"BertForSequenceClassification": "classifier.", "GPT2LMHeadModel": "transformer.h.1.",
+            "LlamaForCausalLM": "model.layers.1.", "Gemma2ForSequenceClassification": "score.",
+            "ModernBertForSequenceClassification": "classifier."}[name]
+    for param_name, param in model.named_parameters():
+        param.requires_grad_(param_name.startswith(head))
+    bcosify(model, b=B, bcos_query_key=query_key, verbose=False)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, _ in model.named_parameters() if n.startswith(head)}, sorted(trainable)[:5]
+
+
+# ------------------------------------------------------------------ a module held at two paths
+
+
+def test_a_projection_shared_by_two_layers_is_converted_at_both_and_stays_shared():
+    model = _stock("BertForSequenceClassification")
+    layers = model.bert.encoder.layer
+    layers[1].output.dense = layers[0].output.dense
+    layers[1].output.LayerNorm = layers[0].output.LayerNorm
+    bcosify(model, b=B, verbose=False)
+    assert layers[1].output.dense is layers[0].output.dense
+    assert type(layers[1].output.dense).__name__ == "BcosLinear"
+    assert type(layers[1].output.LayerNorm).__name__ == "BcosLayerNorm"
+    report = model.bcos_report
+    assert {"bert.encoder.layer.0.output.dense", "bert.encoder.layer.1.output.dense"} <= set(report.bcos_layers)
+    assert "bert.encoder.layer.1.output.dense.bias" in report.dropped_biases
+    assert not any(type(m) in (torch.nn.Linear, torch.nn.LayerNorm) for m in model.modules())
+    ids, mask = padded_batch()
+    explanation = explain(model, ids, mask)  # complete (it refused the half-converted model)
+    logits = _logits(model, ids, mask)
+    torch.testing.assert_close(explanation.explained, logits.gather(1, explanation.target[:, None])[:, 0])
+
+
+def test_a_module_shared_by_two_paths_that_convert_differently_is_refused_naming_both():
+    model = _stock("BertForSequenceClassification")
+    attention = model.bert.encoder.layer[0].attention
+    attention.output.dense = attention.self.query  # a query projection (constant outputs) and a plain one
+    with pytest.raises(UnsupportedModuleError, match=r"'bert\.encoder\.layer\.0\.attention\.self\.query' is also "
+                                                     r"held at 'bert\.encoder\.layer\.0\.attention\.output\.dense'"):
+        bcosify(model, b=B, verbose=False)
+    assert type(attention.self.query) is torch.nn.Linear
+
+
+# ------------------------------------------------------------------ the report says whether a head is tied
+
+
+@pytest.mark.parametrize("name, path, where", [("GPT2LMHeadModel", "lm_head", "kept"),
+                                               ("BertForMaskedLM", "cls.predictions.decoder", "kept"),
+                                               ("LlamaForCausalLM", "lm_head", "kept"),
+                                               ("Gemma2ForCausalLM", "lm_head", "patched_modules")])
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_report_says_whether_the_lm_head_is_tied(name, path, where, tied):
+    stock = _stock(name)
+    config = copy.deepcopy(stock.config)
+    config.tie_word_embeddings = tied
+    torch.manual_seed(0)
+    model = bcosify(type(stock)(config).eval(), b=B, verbose=False)
+    assert (model.get_submodule(path).weight is model.get_input_embeddings().weight) is tied
+    text = getattr(model.bcos_report, where)[path]
+    assert ("not tied" in text) is not tied and "tied to the input embeddings" in text and "{tied}" not in text
+
+
+# ------------------------------------------------------------------ subclasses of the layers bcosify rebuilds
+
+
+class _ScaledLinear(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 3.0
+
+
+class _OffsetLayerNorm(torch.nn.LayerNorm):
+    def forward(self, x):
+        return super().forward(x) + 1.0
+
+
+def _swap_in(model, path, cls):
+    old = model.get_submodule(path)
+    parent, _, attr = path.rpartition(".")
+    if cls is _ScaledLinear:
+        new = cls(old.in_features, old.out_features, bias=old.bias is not None)
+    elif cls is _OffsetLayerNorm:
+        new = cls(old.normalized_shape, eps=old.eps)
+    else:  # another family's RMSNorm (Gemma's gain is 1 + weight)
+        new = cls(old.weight.shape[0], eps=old.variance_epsilon)
+    new.load_state_dict(old.state_dict(), strict=False)
+    setattr(model.get_submodule(parent), attr, new)
+    return new
+
+
+def _weight_normed(model, path):
+    module = model.get_submodule(path)
+    torch.nn.utils.parametrizations.weight_norm(module)
+    return module
+
+
+@pytest.mark.parametrize("name, path, make", [
+    ("BertForSequenceClassification", "bert.encoder.layer.0.output.dense", lambda m, p: _swap_in(m, p, _ScaledLinear)),
+    ("GPT2LMHeadModel", "transformer.h.0.ln_1", lambda m, p: _swap_in(m, p, _OffsetLayerNorm)),
+    ("LlamaForCausalLM", "model.layers.0.post_attention_layernorm",
+     lambda m, p: _swap_in(m, p, __import__("transformers").models.gemma2.modeling_gemma2.Gemma2RMSNorm)),
+    ("LlamaForCausalLM", "model.layers.1.mlp.down_proj", _weight_normed),
+])
+def test_a_layer_of_another_class_than_the_one_bcosify_rebuilds_is_refused_naming_it(name, path, make):
+    """A B-cos layer is built from the weights alone: the scale, offset or parametrisation of a subclass (or another
+    family's norm, whose gain is 1 + weight) was dropped, and the report listed the layer as converted."""
+    model = _stock(name)
+    module = make(model, path)
+    with pytest.raises(UnsupportedModuleError, match=rf"model: bcosify cannot convert module '{path}' of class "
+                                                     rf".*{type(module).__qualname__}.*would drop"):
+        bcosify(model, b=B, verbose=False)
+    assert model.get_submodule(path) is module and not hasattr(model.config, "bcos")
+
+
+def test_dynamic_linear_copy_refuses_a_layer_norm_subclass_it_would_rebuild_without_its_forward():
+    from bcos_plugins.convert import dynamic_linear_copy
+
+    model = _stock("BertModel")
+    _swap_in(model, "encoder.layer.1.output.LayerNorm", _OffsetLayerNorm)
+    with pytest.raises(UnsupportedModuleError, match=r"model: dynamic_linear_copy cannot convert module "
+                                                     r"'encoder\.layer\.1\.output\.LayerNorm'.*_OffsetLayerNorm"):
+        dynamic_linear_copy(model)
+
+
+@pytest.mark.parametrize("name", ["LlamaForCausalLM", "Qwen3ForCausalLM", "MistralModel", "Qwen2ForSequenceClassification"])
+def test_each_familys_own_rms_norm_still_converts(name):
+    model = bcosify(_stock(name), b=B, verbose=False)
+    assert model.bcos_report.norms and all(type(model.get_submodule(n)).__name__ == "DetachableRMSNorm"
+                                           for n in model.bcos_report.norms)
