@@ -446,3 +446,17 @@ def test_cache_guard_fails_loudly_when_transformer_lens_moves_what_it_reads(monk
     monkeypatch.setattr(boot_guard, "_cache_target", lambda: renamed)
     with pytest.raises(BcosError, match=r"ActivationCache no longer defines \['compute_head_results'\]"):
         boot_guard.check_boot_guard()
+
+
+def test_a_cpu_models_bridge_stays_on_the_cpu_of_a_machine_with_cuda(monkeypatch):
+    """TransformerLens boots a bridge on its default device (CUDA wherever one is present) unless told otherwise: a
+    CPU model's bridge on a GPU machine went to the GPU and its cache decompositions mixed devices (found on an H200).
+    The machine's CUDA is simulated: before the fix the boot moved the copy to "cuda", which this CPU build refuses."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    hf = bcosify(tiny_model("GPT2LMHeadModel"), b=1.5)
+    bridge = transformer_bridge_from_hf(hf)
+    assert {p.device.type for p in bridge.parameters()} == {"cpu"}
+    assert torch.device(bridge.cfg.device).type == "cpu"
+    _, cache = bridge.run_with_cache(ids())
+    stack = cache.get_full_resid_decomposition(expand_neurons=True)
+    assert stack.device.type == "cpu"

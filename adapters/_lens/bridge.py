@@ -399,7 +399,11 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
         tokenizer = _placeholder_tokenizer(vocabulary_size(hf_model))
     name = model_name or getattr(hf_model.config, "name_or_path", "") or arch
     with tempfile.TemporaryDirectory(prefix="bcos_bridge_tokenizer_") as folder:
-        bridge = bridge_cls.boot_transformers(name, hf_model=copied, tokenizer=_reloadable(tokenizer, folder))
+        # device: where the user's model is. Without it TransformerLens moves the copy to its own default device
+        # (CUDA whenever one is present), so a model kept on the CPU of a GPU machine became a bridge on the GPU
+        # whose cfg.device then mixed devices in the cache's decompositions (found on an H200)
+        bridge = bridge_cls.boot_transformers(name, hf_model=copied, tokenizer=_reloadable(tokenizer, folder),
+                                              device=next(copied.parameters()).device)
     if placeholder:
         _ids_only(bridge.tokenizer)
     for module in bridge.modules():
