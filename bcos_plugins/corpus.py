@@ -146,6 +146,22 @@ def require_tokenizer_ids_fit(model: nn.Module, tokenizer, enc) -> None:
                              f"tokenizer is not the model's. {fix}.")
 
 
+def require_texts_with_tokens(lengths: Sequence[int], rows: Sequence[int], texts: Sequence[str], argument: str,
+                              action: str, scope: str = " in this batch") -> None:
+    """Refuse texts that tokenise to no token: ``lengths[i]`` real tokens of text ``rows[i]`` of the caller's ``texts``.
+    An empty text with a tokenizer that adds no special tokens becomes a row of padding alone, whose outputs are no
+    text's (a decoder classifier's logits of it were returned, counted and trained on; a first-column classifier's
+    refusal asked for right padding). The one check of every path that tokenises texts itself (``explain_dataset``,
+    ``predict`` / ``accuracy``, ``predict_labels``, ``fine_tune_classifier``); the message names the text by its index
+    in ``texts`` (the first of them), ``argument`` the caller's argument that holds them, ``action`` what the caller
+    does with them, ``scope`` where the others were counted."""
+    empty = sorted(rows[i] for i, n in enumerate(lengths) if n == 0)
+    if empty:
+        more = f" (and {len(empty) - 1} more{scope})" if len(empty) > 1 else ""
+        raise argument_error(argument, f"text {empty[0]} ({texts[empty[0]]!r}) tokenises to no token{more}: there is "
+                             f"nothing to {action}", "Drop empty texts (or give the tokenizer special tokens to add)")
+
+
 def explain_dataset(
     model: nn.Module,
     tokenizer,
@@ -256,13 +272,8 @@ def explain_dataset(
             # ids that all fit do not make it the model's tokenizer; its size and names are the same for every
             # batch, so checked once, after the first batch's ids (whose refusal names the ids it saw)
             require_tokenizer_fits(model, tokenizer)
-        empty = [lo + i for i, real in enumerate(enc["attention_mask"].sum(1).tolist()) if real == 0]
-        if empty:
-            # explain's refusal named attention_mask, an argument the caller of explain_dataset never passed
-            raise argument_error("data", f"text {empty[0]} ({texts[empty[0]]!r}) tokenises to no token"
-                                 f"{f' (and {len(empty) - 1} more in this batch)' if len(empty) > 1 else ''}: "
-                                 "there is nothing to explain", "Drop empty texts (or give the tokenizer special "
-                                 "tokens to add)")
+        # explain's refusal named attention_mask, an argument the caller of explain_dataset never passed
+        require_texts_with_tokens(enc["attention_mask"].sum(1).tolist(), range(lo, hi), texts, "data", "explain")
         if position is not None:
             # explain's refusal named the padded column it was given (1 + the batch's padding: "position: [18] is
             # outside row(s) [6]" for position=1) or called a short text's missing token "a padding token"

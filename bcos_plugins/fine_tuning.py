@@ -19,7 +19,7 @@ from ._checks import (
 )
 from .attribution.text import rows_as_alone_call
 from .b_warmup import BWarmupCallback
-from .corpus import require_tokenizer_ids_fit
+from .corpus import require_texts_with_tokens, require_tokenizer_ids_fit
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, argument_error
 from .losses import DistillationLoss, bcos_loss
@@ -115,6 +115,10 @@ def fine_tune_classifier(
     if head_learning_rate is not None:
         optimizers = (two_rate_adamw(model, learning_rate, head_learning_rate, args.weight_decay), None)
     dataset = EncodedTexts(tokenizer, texts, labels, max_length, text_pairs)
+    # a text without tokens would be trained on as a row of padding alone, labelled (before _check_padding_side, whose
+    # refusal of that row named padding)
+    require_texts_with_tokens([len(ids) for ids in dataset.encodings["input_ids"]], range(len(texts)), texts, "texts",
+                              "train on", scope="")
     # ids past the embedding failed inside Trainer, mid-epoch (IndexError; a device-side assert on a GPU): every
     # text's ids (and token types) checked before any training, through their smallest and largest (a running
     # minimum and maximum over the rows: one flat tensor of every id of a corpus took about 8 bytes a token)

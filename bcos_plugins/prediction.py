@@ -15,7 +15,7 @@ from ._checks import (
     warn_if_another_models_tokenizer,
 )
 from .attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
-from .corpus import require_tokenizer_ids_fit
+from .corpus import require_texts_with_tokens, require_tokenizer_ids_fit
 from .encoded_texts import truncation_length
 from .nn.dynamic import evaluating
 from .nn.functional import at_least_float32
@@ -55,6 +55,9 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
                             return_tensors="pt").to(device)
             # ids past the embedding failed deep in torch (IndexError; a device-side assert on a GPU)
             require_tokenizer_ids_fit(model, tokenizer, enc)
+            mask = enc.get("attention_mask")
+            require_texts_with_tokens([enc["input_ids"].shape[1]] * len(rows) if mask is None else mask.sum(1).tolist(),
+                                      rows, texts, "texts", "predict")
             with rows_named_as(rows):  # refusals name the caller's rows, not the length-sorted batch's
                 call = rows_as_alone_call(model, enc["input_ids"], enc.get("attention_mask"), tokenizer_outputs=enc,
                                           spec=spec)

@@ -73,6 +73,22 @@ def adversarial_masks(eig: Eigendecomposition, per_direction: int = 1,
         if reference.shape[0] != d_in:
             raise argument_error("reference", f"has {reference.shape[0]} entries, the eigenvectors {d_in}",
                                  "Pass an input of the layer (e.g. the mean input)")
+    # top_eigen_indices(by="positive") takes the most positive eigenvalues, positive or not: a direction with fewer
+    # than per_direction of them (a singular Q(u), e.g. of a rank-1 layer, or a negative semidefinite one) got masks for
+    # null-space eigenvectors (eigenvalue 1e-8, eigh's rounding of 0) or negative ones, keys that activate nothing. A
+    # zero eigenvalue comes back as rounding of about d_in * eps * max |lambda| (eigh's backward error): not positive.
+    floor = d_in * torch.finfo(eig.eigenvalues.dtype).eps * eig.eigenvalues.abs().amax(-1, keepdim=True)
+    n_positive = (eig.eigenvalues > floor).sum(-1)
+    short = n_positive < per_direction
+    if short.any():
+        rows = short.nonzero().flatten().tolist()
+        counts = ", ".join(str(int(n_positive[r])) for r in rows[:8])
+        raise argument_error(
+            "per_direction", f"is {per_direction}, but direction(s) {rows[:8]} have only {counts} positive "
+            "eigenvalue(s) above rounding (d_in * eps * max |lambda|): a mask keys one eigenvector, and one of a zero "
+            "or negative eigenvalue does not raise the output", f"Pass per_direction <= "
+            f"{int(n_positive.min())}, or leave out directions whose interaction matrix is singular or negative "
+            "semidefinite")
     index = top_eigen_indices(eig.eigenvalues, per_direction, by="positive")  # (n, per)
     vectors = eig.eigenvectors.gather(-1, index[:, None, :].expand(n_dirs, d_in, per_direction)).mT  # (n, per, d_in)
     values = eig.eigenvalues.gather(-1, index)

@@ -216,12 +216,17 @@ def seqpg_evidence_split(
             raise argument_error("attention_mask", f"has shape {tuple(attention_mask.shape)}, expected ({n}, {length})",
                                  "Pass SeqPGExamples.attention_mask")
         positive = positive * attention_mask.to(positive.device)[:, None, :].to(positive.dtype)
+    # the shares do not depend on the scale, so each explanation is divided by its largest positive score first: the
+    # total was floored at 1e-30, so scores below it (a float64 B-cos model at a large B explains logits of 1e-57) gave
+    # shares of 1e-10 instead of the split, and rows that no longer summed to 1
+    largest = positive.amax(-1, keepdim=True)
+    positive = positive / torch.where(largest > 0, largest, torch.ones_like(largest))
     segments = segment_masks.to(positive.device, positive.dtype)
     right = (positive * segments).sum(-1)  # (n, 2): row s explains segment s's class
     wrong = (positive * segments.flip(1)).sum(-1)
     total = positive.sum(-1)
     parts = torch.stack([right, wrong, total - right - wrong], dim=-1)  # (n, 2, 3)
-    shares = torch.where(total[..., None] > 0, parts / total.clamp_min(1e-30)[..., None], torch.zeros_like(parts))
+    shares = torch.where(total[..., None] > 0, parts / total.clamp_min(torch.finfo(total.dtype).tiny)[..., None], torch.zeros_like(parts))
     return shares.mean(1)
 
 

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from .._checks import require_int, rows_named_as, warn_if_another_models_tokenizer
 from ..attribution.text import registry_spec, rows_as_alone_call
-from ..corpus import require_tokenizer_ids_fit
+from ..corpus import require_texts_with_tokens, require_tokenizer_ids_fit
 from ..errors import BcosFileError, BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 
@@ -109,6 +109,9 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
                               max_length=max_length, return_tensors="pt").to(device)
             # ids past the embedding failed deep in torch (IndexError; a device-side assert on a GPU)
             require_tokenizer_ids_fit(model, tokenizer, batch)
+            mask = batch.get("attention_mask")
+            require_texts_with_tokens([batch["input_ids"].shape[1]] * len(rows) if mask is None
+                                      else mask.sum(1).tolist(), rows, texts, "texts", "predict")
             with rows_named_as(rows):  # refusals name the texts' indices, not the batch's rows
                 call = rows_as_alone_call(model, batch["input_ids"], batch.get("attention_mask"),
                                           tokenizer_outputs=batch, spec=spec)

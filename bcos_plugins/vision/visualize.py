@@ -40,14 +40,20 @@ def weight_colour_image(weights: Float[Tensor, "two_c h w"], contributions: Floa
     alpha_percentile = require_float("alpha_percentile", alpha_percentile, minimum=0.0, maximum=100.0)
     w = weights.detach().double().cpu()
     c = w.shape[0] // 2
-    scaled = (w / w.abs().amax(dim=0, keepdim=True).clamp_min(1e-12)).clamp_min(0)
+    # each pixel over its own largest magnitude, whatever it is: floored at 1e-12, weights below it (a float64 B-cos
+    # model at a large B, float32 ones too) were drawn in other colours (black where the hue was full); after it the
+    # floor below is relative to the pixel's largest weight (1), as it always was for weights above 1e-12
+    largest = w.abs().amax(dim=0, keepdim=True)
+    scaled = (w / torch.where(largest > 0, largest, torch.ones_like(largest))).clamp_min(0)
     colour = scaled[:c] / (scaled[:c] + scaled[c:]).clamp_min(1e-12)
     if c == 1:
         colour = colour.expand(3, -1, -1)
     elif c != 3:
         raise argument_error("weights", f"encode {c} input channels (2C = {2 * c}); a colour image needs 1 or 3",
                              "Pass the weights of a grey or RGB image, or show its map with contribution_map")
-    strength = w.norm(dim=0)
+    # the opacity is relative too: the norm's squares underflowed for weights of 1e-200 (a transparent picture)
+    overall = w.abs().max()
+    strength = (w / overall if overall > 0 else w).norm(dim=0)
     strength = torch.where(contributions.detach().double().cpu() > 0, strength, torch.zeros_like(strength))
     top = float(np.percentile(strength.numpy(), alpha_percentile))
     alpha = (strength / top).clamp(0, 1) if top > 0 else torch.zeros_like(strength)

@@ -1,0 +1,192 @@
+"""Trust pass 20, the package core outside conversion and adapters: unusual inputs to ``explain``, the metrics, the
+training and prediction helpers, the bilinear analyses, Space, the vision model and the pictures, each checked
+against an independent computation written here (the row alone, float64, the formula by hand). The cases that were
+silently wrong or crashed unhelpfully, one test each (the tally is in the CHANGELOG and the session's report).
+
+- ``seqpg_evidence_split`` / ``seqpg_score`` divided the positive evidence by its total floored at 1e-30: scores below
+  that (a float64 B-cos model at a large B explains logits of 1e-57) gave shares near 0 instead of the split, rows
+  no longer summing to 1, without a word.
+- ``weight_colour_image`` divided each pixel's weights by their largest magnitude floored at 1e-12: weights below it
+  (the same models, in float32 too) were drawn with other colours (black where the hue was full).
+- ``adversarial_masks`` took the top ``per_direction`` eigenvalues of each direction as its "positive" eigenvectors
+  even where fewer than that were positive: a direction whose interaction matrix is singular (a rank-1 layer) or
+  negative semidefinite got a mask for a null-space eigenvector (eigenvalue 1e-7, rounding) or a negative one, a key
+  that activates nothing, returned as one.
+- ``predict`` / ``accuracy`` / ``predict_labels`` / ``fine_tune_classifier`` took a text that tokenises to no token
+  (an empty text with a tokenizer that adds no special tokens) as a row of padding alone: a decoder classifier's
+  logits of no text were returned, counted and trained on; a first-column classifier's refusal told to pad on the
+  right where the tokenizer already did. Each now refuses it naming the text, as ``explain_dataset`` does.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_model
+from test_pretrain import QUIET, word_tokenizer
+
+from bcos_plugins import bcosify, fine_tune_classifier
+from bcos_plugins.errors import BcosValueError
+from bcos_plugins.train import accuracy, predict
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+# ------------------------------------------------------------------ SeqPG: shares whatever the scale of the scores
+
+
+def _split_by_hand(scores: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+    """(right, wrong, rest) shares of positive evidence per example, averaged over its two classes, in float64."""
+    n, _, length = segments.shape
+    positive = scores.double().clamp_min(0).reshape(n, 2, length)
+    out = torch.zeros(n, 3, dtype=torch.float64)
+    for i in range(n):
+        for s in range(2):
+            total = positive[i, s].sum()
+            if total > 0:
+                right = positive[i, s][segments[i, s]].sum() / total
+                wrong = positive[i, s][segments[i, 1 - s]].sum() / total
+                out[i] += torch.stack([right, wrong, 1 - right - wrong]) / 2
+    return out
+
+
+@pytest.mark.parametrize(("dtype", "scale"), [(torch.float64, 1e-40), (torch.float64, 1e-57), (torch.float32, 1e-33)])
+def test_seqpg_evidence_split_does_not_depend_on_the_scale_of_the_scores(dtype, scale):
+    from bcos_plugins.metrics import seqpg_evidence_split, seqpg_score
+
+    torch.manual_seed(0)
+    scores = torch.randn(4, 7, dtype=torch.float64)
+    segments = torch.zeros(2, 2, 7, dtype=torch.bool)
+    segments[:, 0, 1:3] = True
+    segments[:, 1, 4:6] = True
+    expected = _split_by_hand(scores, segments)
+    split = seqpg_evidence_split((scores * scale).to(dtype), segments)
+    # was about 1e-10 of the shares for float64 scores of 1e-40 (rows summing to 2e-10 instead of 1)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(split.double(), expected, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(split.double().sum(-1), torch.ones(2, dtype=torch.float64), rtol=0, atol=tolerance)
+    torch.testing.assert_close(seqpg_score((scores * scale).to(dtype), segments).double(), expected[:, 0],
+                               rtol=tolerance, atol=tolerance)
+
+
+# ------------------------------------------------------------------ the colour picture of W(x) at any scale
+
+
+@pytest.mark.parametrize(("dtype", "scale"), [(torch.float64, 1e-30), (torch.float64, 1e-200), (torch.float32, 1e-30)])
+def test_weight_colour_image_does_not_depend_on_the_scale_of_the_weights(dtype, scale):
+    from bcos_plugins.vision.visualize import weight_colour_image
+
+    torch.manual_seed(0)
+    weights = torch.randn(6, 4, 4, dtype=torch.float64)
+    contributions = torch.randn(4, 4, dtype=torch.float64)
+    # the picture by hand: per pixel, the weights over their largest magnitude, positive part, w_c / (w_c + w_C+c)
+    scaled = (weights / weights.abs().amax(0, keepdim=True)).clamp_min(0)
+    colour = scaled[:3] / (scaled[:3] + scaled[3:]).clamp_min(1e-12)
+    picture = weight_colour_image((weights * scale).to(dtype), contributions)
+    # was black (colour 0) wherever the weights were below 1e-12, off by up to 1.0
+    np.testing.assert_allclose(picture[..., :3], colour.permute(1, 2, 0).numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(picture, weight_colour_image(weights, contributions), rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ adversarial masks: positive eigenvectors only
+
+
+def _rank_one_layer():
+    torch.manual_seed(0)
+    return torch.randn(1, 5, dtype=torch.float64), torch.randn(1, 5, dtype=torch.float64), torch.randn(3, 1,
+                                                                                                      dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_adversarial_masks_refuse_a_direction_with_fewer_positive_eigenvalues_than_asked(dtype):
+    from bcos_plugins.bilinear import adversarial_masks, eigendecompose
+
+    W, V, P = (t.to(dtype) for t in _rank_one_layer())
+    # a rank-1 layer's Q(u) = p_u sym(w v^T) has one positive and one negative eigenvalue, the rest 0 (rounding)
+    eig = eigendecompose((W, V, P), torch.eye(3, dtype=dtype)[:1])
+    assert int((eig.eigenvalues > 1e-4).sum()) == 1
+    # was a mask for a null-space eigenvector (eigenvalue 1e-8), returned as the second "positive" one
+    with pytest.raises(BcosValueError, match=r"^per_direction: .*direction\(s\) \[0\] .*1 positive eigenvalue"):
+        adversarial_masks(eig, per_direction=2)
+    # a negative semidefinite Q (W = -V): no positive eigenvalue at all, the "positive" one was 1.7e-7
+    negative = eigendecompose((W, -W, torch.ones(1, 1, dtype=dtype)), torch.ones(1, 1, dtype=dtype))
+    assert (negative.eigenvalues < 1e-4).all()
+    with pytest.raises(BcosValueError, match=r"^per_direction: .*direction\(s\) \[0\] .*0 positive eigenvalue"):
+        adversarial_masks(negative, per_direction=1)
+
+
+def test_adversarial_masks_of_a_rank_one_direction_key_its_positive_eigenvector():
+    from bcos_plugins.bilinear import BilinearWeights, adversarial_masks, eigendecompose
+
+    W, V, P = _rank_one_layer()
+    u = torch.eye(3, dtype=torch.float64)[:1]
+    result = adversarial_masks(eigendecompose((W, V, P), u), per_direction=1)
+    # independent: the positive eigenvalue of the 5x5 sym(w v^T) scaled by p_0, from numpy
+    q = P[0, 0] * 0.5 * (W.T @ V + V.T @ W)
+    values, vectors = np.linalg.eigh(q.numpy())
+    assert float(result.eigenvalues[0, 0]) == pytest.approx(values.max(), rel=1e-10)
+    assert abs(float(result.masks[0, 0] @ torch.from_numpy(vectors[:, values.argmax()]))) == pytest.approx(1.0)
+    # the key moves the output along u by lambda ((v.x + 1)^2 - (v.x)^2) for the oriented eigenvector
+    x = torch.randn(5, dtype=torch.float64)
+    layer = BilinearWeights(W, V, P)
+    v = result.eigenvectors[0, 0]
+    moved = (layer.forward(x + result.masks[0, 0]) - layer.forward(x)) @ u[0]
+    sign = float(result.masks[0, 0] @ v)
+    along = float(v @ x)
+    expected = float(result.eigenvalues[0, 0]) * ((along + sign) ** 2 - along**2)
+    assert float(moved) == pytest.approx(expected, rel=1e-9)
+
+
+# ------------------------------------------------------------------ texts that tokenise to no token
+
+
+_EMPTY = r"^texts: text 1 \(''\) tokenises to no token.*Drop empty texts"
+
+
+@pytest.mark.parametrize("name", ["GPT2ForSequenceClassification", "LlamaForSequenceClassification",
+                                  "BertForSequenceClassification"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_predict_and_accuracy_refuse_a_text_that_tokenises_to_no_token_naming_it(name, side):
+    model, tok = bcosify(tiny_model(name), verbose=False), word_tokenizer()
+    tok.padding_side = side
+    texts = ["w1 w2 w3", "", "w4"]
+    # was a row of padding alone: a decoder classifier's logits of no text, counted by accuracy
+    with pytest.raises(BcosValueError, match=_EMPTY):
+        predict(model, tok, texts)
+    with pytest.raises(BcosValueError, match=_EMPTY):
+        accuracy(model, tok, texts, [0, 1, 2])
+    if name.startswith("Bert") and side == "left":
+        return  # a first-column classifier refuses left padding anyway
+    # the texts with tokens are predicted as alone (the independent computation)
+    kept = predict(model, tok, ["w1 w2 w3", "w4"])
+    for i, text in enumerate(["w1 w2 w3", "w4"]):
+        ids = torch.tensor([tok(text)["input_ids"]])
+        with torch.no_grad():
+            torch.testing.assert_close(kept[i], model(input_ids=ids).logits[0], rtol=1e-5, atol=1e-6)
+
+
+def test_predict_names_the_empty_text_by_its_index_in_texts_whatever_the_batch():
+    model, tok = bcosify(tiny_model("GPT2ForSequenceClassification"), verbose=False), word_tokenizer()
+    texts = ["w1 w2 w3 w4 w5", "w1", "w2 w3", "", "w6 w7 w8"]
+    with pytest.raises(BcosValueError, match=r"^texts: text 3 \(''\) tokenises to no token"):
+        predict(model, tok, texts, batch_size=2)
+
+
+def test_predict_labels_refuses_a_text_that_tokenises_to_no_token():
+    from bcos_plugins.space.zero_shot import predict_labels
+
+    model, tok = bcosify(tiny_model("GPT2ForSequenceClassification"), verbose=False), word_tokenizer()
+    with pytest.raises(BcosValueError, match=_EMPTY):
+        predict_labels(model, tok, ["w1 w2", "", "w3"])
+
+
+def test_fine_tune_classifier_refuses_a_text_that_tokenises_to_no_token_before_training():
+    model, tok = bcosify(tiny_model("GPT2ForSequenceClassification"), verbose=False), word_tokenizer()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    # was trained on a row of padding alone, labelled 1
+    with pytest.raises(BcosValueError, match=_EMPTY):
+        fine_tune_classifier(model, tok, ["w1 w2", "", "w3"], [0, 1, 0], **QUIET)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
