@@ -266,3 +266,77 @@ def test_each_familys_own_rms_norm_still_converts(name):
     model = bcosify(_stock(name), b=B, verbose=False)
     assert model.bcos_report.norms and all(type(model.get_submodule(n)).__name__ == "DetachableRMSNorm"
                                            for n in model.bcos_report.norms)
+
+
+def test_a_copy_or_an_unpickled_soft_capped_model_follows_its_own_config():
+    import io
+    import pickle
+
+    model = bcosify(_stock("Gemma2ForCausalLM"), b=B, verbose=False)
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert twin.lm_head.soft_cap == 0.5
+        twin.config.final_logit_softcapping = None
+        assert twin.lm_head.soft_cap is None and model.lm_head.soft_cap == 0.5
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    loaded.config.final_logit_softcapping = 1.0
+    assert loaded.lm_head.soft_cap == 1.0
+
+
+# ------------------------------------------------------------------ unusual configurations: complete, and reloaded bit for bit
+
+
+_UNUSUAL = [
+    ("LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True, head_dim=16, num_key_value_heads=1,
+                              tie_word_embeddings=True)),
+    ("LlamaForSequenceClassification", dict(num_key_value_heads=4, num_labels=5, hidden_act="gelu",
+                                            rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4,
+                                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                             "original_max_position_embeddings": 20})),
+    ("MistralForCausalLM", dict(sliding_window=2, head_dim=16, tie_word_embeddings=True)),
+    ("Qwen2ForCausalLM", dict(layer_types=["sliding_attention", "full_attention"], use_sliding_window=True,
+                              sliding_window=3, rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4,
+                                                                 "original_max_position_embeddings": 20})),
+    ("Qwen3Model", dict(attention_bias=True, head_dim=16, num_key_value_heads=1)),
+    ("Gemma2ForCausalLM", dict(tie_word_embeddings=False, final_logit_softcapping=30.0, query_pre_attn_scalar=3,
+                               hidden_activation="silu", layer_types=["full_attention", "full_attention"])),
+    ("Gemma2ForSequenceClassification", dict(attn_logit_softcapping=None, attention_bias=True, num_labels=2)),
+    ("ModernBertForSequenceClassification", dict(classifier_pooling="cls", global_attn_every_n_layers=1,
+                                                 attention_bias=True, mlp_bias=True, norm_bias=True,
+                                                 classifier_bias=True, hidden_activation="silu", num_labels=6)),
+    ("GPT2LMHeadModel", dict(activation_function="relu", tie_word_embeddings=False, scale_attn_by_inverse_layer_idx=True,
+                             reorder_and_upcast_attn=True)),
+    ("BertForMaskedLM", dict(hidden_act="gelu_new", tie_word_embeddings=False)),
+    ("RobertaForSequenceClassification", dict(hidden_act="silu", num_labels=1)),
+    ("DistilBertForSequenceClassification", dict(activation="relu", sinusoidal_pos_embds=True, num_labels=4)),
+]
+
+
+@pytest.mark.parametrize("name, overrides", _UNUSUAL, ids=[n for n, _ in _UNUSUAL])
+def test_an_unusual_configuration_converts_explains_completely_and_reloads_bit_for_bit(tmp_path, name, overrides):
+    from test_conformance import CONFIGS, _family
+
+    from bcos_plugins.convert.architectures import SPECS, stock_class
+
+    config = CONFIGS[_family(name)]()
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    stock = stock_class(name)(config).eval()
+    with torch.no_grad():
+        for param_name, param in stock.named_parameters():
+            if param_name.endswith("bias"):
+                param.normal_(0, 0.2)
+    model = bcosify(stock, b=B, verbose=False)
+    ids, mask = padded_batch()
+    spec = SPECS[name]
+    kwargs = {} if spec.is_classifier else dict(target=7, position=1 if spec.head == "masked_lm" else -1)
+    explanation = explain(model, ids, mask, **kwargs)
+    assert (explanation.delta.abs() <= 1e-4 * explanation.explained.abs().clamp_min(1e-2)).all()
+    model.save_pretrained(tmp_path)
+    loaded = load_bcos_model(tmp_path)
+    again = explain(loaded, ids, mask, **kwargs)
+    assert torch.equal(again.input_contributions, explanation.input_contributions)
+    assert torch.equal(again.explained, explanation.explained)
