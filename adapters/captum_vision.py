@@ -132,29 +132,35 @@ def image_attribution_methods(model: BcosViT | ConventionalViT, ig_steps: int = 
     def model_point(images):
         return attribution_input(model, images)
 
+    def classes(target, inputs: Tensor) -> Tensor:
+        # one class per image, read as the package reads every per-row id (an int, a list or a (batch,) tensor, as
+        # Captum's methods accept them) by every map that reads target: Captum counted target=-1 from the end (the
+        # last class's map, beside the B-cos map's refusal of -1 in one comparison) and refused the rest with a bare
+        # IndexError / AssertionError from inside torch
+        return require_row_ids("target", target, len(inputs), n_ids=model.config.num_labels, what="classes",
+                               device=inputs.device)
+
     def integrated_gradients(point):
         def explain(images, target):
             inputs, forward = point(images)
-            return attr.IntegratedGradients(forward).attribute(inputs, baselines=0.0, target=target, n_steps=ig_steps,
-                                                               internal_batch_size=internal_batch_size).sum(dim=1)
+            return attr.IntegratedGradients(forward).attribute(
+                inputs, baselines=0.0, target=classes(target, inputs), n_steps=ig_steps,
+                internal_batch_size=internal_batch_size).sum(dim=1)
         return explain
 
     def input_x_gradient(point):
         def explain(images, target):
             inputs, forward = point(images)
-            return attr.InputXGradient(forward).attribute(inputs, target=target).sum(dim=1)
+            return attr.InputXGradient(forward).attribute(inputs, target=classes(target, inputs)).sum(dim=1)
         return explain
 
     def attention_grad_cam(images, target):
         inputs = attribution_input(model, images)[0].detach()
-        # one class per image, read as the package reads every per-row id (an int or a (batch,) tensor, as
-        # Captum's methods accept it)
-        classes = require_row_ids("target", target, len(inputs), n_ids=model.config.num_labels, what="classes",
-                                  device=inputs.device)
+        target = classes(target, inputs)
         with torch.enable_grad():
             out = model(**{"encoded_pixel_values" if bcos else "pixel_values": inputs}, output_attentions=True)
             last = out.attentions[-1]
-            (grad,) = torch.autograd.grad(out.logits.gather(1, classes[:, None]).sum(), last)
+            (grad,) = torch.autograd.grad(out.logits.gather(1, target[:, None]).sum(), last)
         head_weights = grad.mean(dim=(2, 3), keepdim=True)[..., 0]  # (batch, heads, 1)
         cam = (head_weights * last.detach().mean(dim=2)).mean(dim=1).clamp_min(0)  # (batch, N)
         return spread_over_patches(cam, patch)
@@ -162,7 +168,8 @@ def image_attribution_methods(model: BcosViT | ConventionalViT, ig_steps: int = 
     def grad_cam(images, target):
         inputs, forward = attribution_input(model, images)
         with _token_grid_layer(model) as layer:
-            cam = attr.LayerGradCam(forward, layer).attribute(inputs, target=target, relu_attributions=True)
+            cam = attr.LayerGradCam(forward, layer).attribute(inputs, target=classes(target, inputs),
+                                                              relu_attributions=True)
         return attr.LayerAttribution.interpolate(cam, tuple(images.shape[-2:])).squeeze(1)
 
     methods = ({"B-cos W(x)x": ImageAttributionMethod(inherent, "encoded image [x, 1-x] (exact)", post_hoc=False)}

@@ -170,7 +170,9 @@ def effective_weight(cache: ActivationCache, layer: int, projection: str) -> Flo
     multiplied by that unit's cached scale; a plain one returns its weight, broadcast. Shapes (TransformerLens
     layouts with ``batch, pos`` in front): ``W_Q/W_K/W_V`` ``(b, p, head, d_model, d_head)`` (key/value heads
     for grouped-query attention), ``W_O`` ``(b, p, head, d_head, d_model)``, ``W_in/W_gate/W_out``
-    ``(b, p, d_in, d_out)``. ``x @ effective_weight`` reproduces the cached projection at that position.
+    ``(b, p, d_in, d_out)``; ``pos`` alone in front for a cache without its batch dimension
+    (``run_with_cache(..., remove_batch_dim=True)``). ``x @ effective_weight`` reproduces the cached projection at
+    that position.
     """
     if projection not in _PROJECTIONS:
         raise argument_error("projection", f"{projection!r} is not a projection name",
@@ -186,15 +188,17 @@ def effective_weight(cache: ActivationCache, layer: int, projection: str) -> Flo
         raise argument_error("projection", f"block {layer}'s {part} has no {projection}",
                              "W_gate exists only in gated MLPs")
     weight = _weight(module, projection)
-    batch_pos = cache[f"blocks.{layer}.hook_resid_pre"].shape[:2]
+    # (batch, pos), or (pos,) for a cache without its batch dimension (run_with_cache(..., remove_batch_dim=True)),
+    # whose (pos, ...) activations were read as (batch, pos) and failed ("too many indices for tensor of dimension 2")
+    batch_pos = cache[f"blocks.{layer}.hook_resid_pre"].shape[:-1]
     if not _is_scaled(model, projection):
         return weight.expand(*batch_pos, *weight.shape)
     scale = _scale(cache, layer, part, short)
-    if projection == "W_O":  # scale (b, p, d_model) per output unit
-        return weight * scale[:, :, None, None, :]
-    if part == "attn":  # scale (b, p, head, d_head)
-        return weight * scale[:, :, :, None, :]
-    return weight * scale[:, :, None, :]  # (b, p, d_out)
+    if projection == "W_O":  # scale (..., d_model) per output unit
+        return weight * scale[..., None, None, :]
+    if part == "attn":  # scale (..., head, d_head)
+        return weight * scale[..., :, None, :]
+    return weight * scale[..., None, :]  # (..., d_out)
 
 
 # ActivationCache methods BcosActivationCache overrides: if TransformerLens renames one, TransformerLens' own

@@ -47,6 +47,8 @@ from transformer_lens.components.mlps.mlp import MLP
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities.activation_functions import softcap_enabled
 
+from bcos_plugins.convert.architectures import vocabulary_size
+from bcos_plugins.corpus import require_tokenizer_fits
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.nn.activation import DetachableActivation
 
@@ -274,6 +276,16 @@ class ExactCacheHookedTransformer(HookedTransformer):
         if len(dtypes) == 1 and getattr(self, "cfg", None) is not None:
             self.cfg.dtype = dtypes.pop()
         return out
+
+    def set_tokenizer(self, tokenizer, default_padding_side=None):
+        # TransformerLens' own attach (model.set_tokenizer, HookedTransformer(cfg, tokenizer=...), cfg.tokenizer_name,
+        # and sae-lens' HookedSAETransformer through them) took a tokenizer with more tokens than the embedding has
+        # rows, which hooked_transformer_from_hf(tokenizer=) refuses: model("text") then failed in the embedding
+        # (IndexError; a device-side assert on a GPU), or read the ids that happened to fit as this model's tokens.
+        # d_vocab=-1 asks TransformerLens to size the vocabulary from this very tokenizer, so it fits.
+        if (vocabulary_size(self) or 0) > 0:
+            require_tokenizer_fits(self, tokenizer)
+        return super().set_tokenizer(tokenizer, default_padding_side=default_padding_side)
 
     def run_with_cache(self, *model_args, return_cache_object: bool = True, remove_batch_dim: bool = False,
                        **kwargs):

@@ -1,0 +1,168 @@
+"""Trust pass 20, the host-library adapters (adapters/): each test fails on the behaviour before its fix, which
+returned a wrong number without a word or raised from deep inside torch / TransformerLens / Captum.
+
+Written through the host libraries' own calls: TransformerLens' ``set_tokenizer`` / ``HookedTransformer(cfg,
+tokenizer=)`` and sae-lens' ``HookedSAETransformer`` built on them, ``run_with_cache(remove_batch_dim=True)``, and
+Captum's methods as ``image_attribution_methods`` runs them."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import transformers as T
+from conftest import TINY_VIT_SHAPE, VOCAB, hooked_transformer_from_hf_or_none, tiny_model
+
+from bcos_plugins import bcosify
+from bcos_plugins.data import SHIPPED_DATA
+from bcos_plugins.errors import BcosTypeError, BcosValueError
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def ids(seed: int = 0, batch: int = 2, length: int = 6) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------- TransformerLens' own tokenizer attach (note20's leftover)
+
+
+def _gpt2_tokenizer():
+    return T.GPT2TokenizerFast.from_pretrained(SHIPPED_DATA / "gpt2_tokenizer")  # 50257 tokens, the model has 60
+
+
+def _fitting_tokenizer(folder):
+    """A word-level tokenizer of exactly the tiny models' VOCAB tokens, loaded from a folder as TransformerLens
+    reloads it (by its name_or_path, to add a BOS token)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(VOCAB - 3)]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    T.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                              eos_token="</s>").save_pretrained(folder)
+    return T.AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("how", ["set_tokenizer", "constructor"])
+@pytest.mark.parametrize("model_class", ["HookedTransformer", "HookedSAETransformer"])
+def test_transformer_lens_own_tokenizer_attach_refuses_a_tokenizer_larger_than_the_vocabulary(how, model_class,
+                                                                                             tmp_path):
+    """hooked_transformer_from_hf(tokenizer=) refused a tokenizer with more tokens than the model's embedding rows,
+    but TransformerLens' own attach did not: model.set_tokenizer(tok), HookedTransformer(cfg, tokenizer=tok) and
+    sae-lens' HookedSAETransformer, which goes through both, attached it, and model("text") then failed in the
+    embedding (IndexError; a device-side assert on a GPU), or read ids that happened to fit as this model's tokens."""
+    to_lens = hooked_transformer_from_hf_or_none()
+    if to_lens is None:  # TransformerLens 4 has no HookedTransformer: the helper checked the refusal there
+        return
+    from sae_lens import HookedSAETransformer
+    from transformer_lens import HookedTransformer
+
+    cls = HookedTransformer if model_class == "HookedTransformer" else HookedSAETransformer
+    model = to_lens(bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False), model_class=cls)
+    refusal = r"tokenizer: GPT2Tokenizer\w*\(.*\) has 50257 tokens, but Bcos\w+ has 60 embedding rows"
+    with pytest.raises(BcosValueError, match=refusal):
+        if how == "set_tokenizer":
+            model.set_tokenizer(_gpt2_tokenizer())
+        else:
+            type(model)(model.cfg, tokenizer=_gpt2_tokenizer())
+    assert model.tokenizer is None  # nothing was attached
+    # the model's own tokenizer is attached as before, and TransformerLens' text path runs on it
+    fitting = _fitting_tokenizer(tmp_path / "tokenizer")
+    if how == "set_tokenizer":
+        model.set_tokenizer(fitting)
+    else:
+        model = type(model)(model.cfg, tokenizer=fitting)
+    assert model.to_tokens("w5 w7", prepend_bos=False).tolist() == [[8, 10]]
+    assert model("w5 w7").shape == (1, 3, VOCAB)
+
+
+def test_a_config_that_sizes_its_vocabulary_from_the_tokenizer_still_takes_it(tmp_path):
+    """d_vocab=-1: TransformerLens sizes the vocabulary from the tokenizer it attaches, so it fits by construction."""
+    if hooked_transformer_from_hf_or_none() is None:
+        return
+    from bcos_plugins.adapters.transformer_lens import BcosHookedTransformer, BcosTransformerConfig
+
+    cfg = BcosTransformerConfig(d_model=16, n_layers=1, n_heads=2, d_head=8, d_mlp=32, d_vocab=-1, n_ctx=16,
+                                act_fn="gelu", normalization_type="LN", bcos_b=1.5)
+    model = BcosHookedTransformer(cfg, tokenizer=_fitting_tokenizer(tmp_path / "tokenizer"))
+    assert model.cfg.d_vocab == VOCAB and model.W_E.shape[0] == VOCAB
+
+
+# --------------------------------------------------------------- effective_weight on a cache without batch axis
+
+
+@pytest.mark.parametrize("projection", ["W_Q", "W_K", "W_V", "W_O", "W_in", "W_out"])
+def test_effective_weight_reads_a_cache_without_its_batch_dimension(projection):
+    """run_with_cache(..., remove_batch_dim=True) gives a cache of (pos, ...) activations; effective_weight read
+    (batch, pos) from its first two axes and failed with IndexError 'too many indices for tensor of dimension 2'."""
+    to_lens = hooked_transformer_from_hf_or_none()
+    if to_lens is None:
+        return
+    from bcos_plugins.adapters.transformer_lens import effective_weight
+
+    model = to_lens(bcosify(tiny_model("LlamaForCausalLM"), b=1.5, verbose=False).double())
+    tokens = ids(batch=1)
+    _, batched = model.run_with_cache(tokens)
+    _, single = model.run_with_cache(tokens, remove_batch_dim=True)
+    want = effective_weight(batched, 1, projection)[0]
+    got = effective_weight(single, 1, projection)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    if projection == "W_in":  # the MLP's input @ effective weight is the cached projection, position by position
+        x = single["blocks.1.ln2.hook_normalized"] * model.blocks[1].ln2.w
+        torch.testing.assert_close(torch.einsum("pd,pdm->pm", x, got), single["blocks.1.mlp.hook_pre_linear"])
+
+
+# ------------------------------------------------------------- Captum's image methods: one reading of target
+
+
+@pytest.fixture(scope="module")
+def vit_methods():
+    from bcos_plugins.adapters.captum_vision import image_attribution_methods
+
+    from bcos_plugins.vision import BcosViT, BcosViTConfig
+
+    torch.manual_seed(0)
+    return image_attribution_methods(BcosViT(BcosViTConfig(**TINY_VIT_SHAPE, b=2.0, max_out=2)).eval(), ig_steps=2)
+
+
+_CAPTUM_RUN = ["IntGrad (2 steps)", "IxG", "GradCAM (tokens)", "IntGrad (2 steps), pixels", "IxG, pixels"]
+
+
+@pytest.mark.parametrize("name", _CAPTUM_RUN)
+def test_image_methods_refuse_a_negative_target_instead_of_explaining_the_last_class(name, vit_methods):
+    """The Captum-run maps read target=-1 as Captum does, from the end: the last class's map, while the B-cos map
+    and attention GradCAM beside them in one comparison refuse -1 (negative ids are not counted from the end)."""
+    images = torch.rand(3, 1, 16, 16, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(BcosValueError, match=r"target: ids must lie in \[0, 5\), got \[-1, -1, -1\] at rows \[0, 1, 2\]"
+                                             r".*negative ids are not counted from the end"):
+        vit_methods[name].explain(images, -1)
+    for name_beside in ("B-cos W(x)x", "GradCAM (attention)"):  # as the maps beside them refuse it
+        with pytest.raises(BcosValueError, match=r"target: ids must lie in \[0, 5\)"):
+            vit_methods[name_beside].explain(images, -1)
+
+
+@pytest.mark.parametrize("name", _CAPTUM_RUN)
+@pytest.mark.parametrize(("target", "error", "words"), [
+    (5, BcosValueError, r"target: ids must lie in \[0, 5\), got \[5, 5, 5\]"),  # was IndexError inside torch
+    (torch.tensor([0, 1]), BcosValueError, r"target: expected an int or one id per row, shape \(3,\); got shape "
+                                           r"\(2,\)"),  # was Captum's bare AssertionError
+    (2.0, BcosTypeError, r"target: got a float \(2\.0\); ids must be integers"),  # was Captum's AssertionError
+])
+def test_image_methods_refuse_bad_targets_naming_target(name, target, error, words, vit_methods):
+    images = torch.rand(3, 1, 16, 16, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(error, match=words):
+        vit_methods[name].explain(images, target)
+
+
+@pytest.mark.parametrize("name", _CAPTUM_RUN)
+def test_image_methods_give_the_same_maps_for_every_form_of_the_same_targets(name, vit_methods):
+    images = torch.rand(3, 1, 16, 16, generator=torch.Generator().manual_seed(1))
+    per_row = vit_methods[name].explain(images, torch.tensor([4, 0, 2]))
+    torch.testing.assert_close(vit_methods[name].explain(images, [4, 0, 2]), per_row, rtol=0, atol=0)
+    one = vit_methods[name].explain(images, 3)
+    torch.testing.assert_close(vit_methods[name].explain(images, torch.tensor(3)), one, rtol=0, atol=0)
+    torch.testing.assert_close(vit_methods[name].explain(images, [3, 3, 3]), one, rtol=0, atol=0)
+    assert per_row.shape == (3, 16, 16)
