@@ -20,6 +20,7 @@ silently wrong or crashed unhelpfully, one test each (the tally is in the CHANGE
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import numpy as np
@@ -190,3 +191,32 @@ def test_fine_tune_classifier_refuses_a_text_that_tokenises_to_no_token_before_t
     with pytest.raises(BcosValueError, match=_EMPTY):
         fine_tune_classifier(model, tok, ["w1 w2", "", "w3"], [0, 1, 0], **QUIET)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# ------------------------------------------------------------------ pixel perturbation of a half-precision ViT
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("score", ["softmax", "sigmoid", "logit"])
+def test_pixel_perturbation_of_a_half_precision_vit_scores_its_logits_in_float32(tiny_vits, vit_images, dtype, score):
+    """The curves were computed and returned in the model's dtype: a bfloat16 softmax keeps 3 significant digits, so
+    the confidences (off by up to 5e-4) and the area between the curves (0.0649 for 0.0653) were rounded, where the
+    text metrics take probabilities in float32. Now the logits are widened first (exactly): the curves are those of
+    the same logits in float32."""
+    from bcos_plugins.metrics import pixel_perturbation
+
+    model = copy.deepcopy(tiny_vits["bcos"]).to(dtype)
+    images, _ = vit_images
+    encoded = model.encode(images.to(dtype))
+    with torch.no_grad():
+        target = model(encoded_pixel_values=encoded).logits.argmax(-1)
+    attributions = torch.randn(images.shape[0], 16, 16, generator=torch.Generator().manual_seed(0))
+    curves = pixel_perturbation(lambda e: model(encoded_pixel_values=e).logits, encoded, attributions, target,
+                                score=score)
+    # independent: the same forward, its logits widened to float32 before the score
+    wide = pixel_perturbation(lambda e: model(encoded_pixel_values=e).logits.float(), encoded, attributions, target,
+                              score=score)
+    assert curves.most_first.dtype == curves.least_first.dtype == torch.float32
+    torch.testing.assert_close(curves.most_first, wide.most_first, rtol=0, atol=0)
+    torch.testing.assert_close(curves.least_first, wide.least_first, rtol=0, atol=0)
+    torch.testing.assert_close(curves.area_between, wide.area_between, rtol=0, atol=0)
