@@ -220,6 +220,12 @@ def saved_for_backward_bytes(model: torch.nn.Module, forward_and_loss: Callable[
     Counted with ``torch.autograd.graph.saved_tensors_hooks``: a tensor that several operations save (a
     layer's output that the next layer keeps as its input), or a view of one, counts once. The storages are
     held until the count is done, so that no freed address is reused and missed. The graph is freed unused.
+
+    The pack hook keeps a detached alias, not the tensor it is handed: for a node that saves its own output
+    (softmax, B-cos training nodes) that tensor's ``grad_fn`` is the node itself, and a node holding it is a
+    reference cycle inside autograd's C++ graph, which ``gc`` cannot see: the whole graph, and the parameters its
+    leaves point at, stayed allocated for the rest of the process (every row leaked its two graphs, until the
+    llama-1b rows of an H200 run ran out of memory at 138 GiB, docs/benchmarks.md#gpu, 2026-11-28).
     """
     saved: dict[int, torch.UntypedStorage] = {}
 
@@ -227,7 +233,7 @@ def saved_for_backward_bytes(model: torch.nn.Module, forward_and_loss: Callable[
         storage = tensor.untyped_storage()
         if tensor.device.type != "meta" and storage.nbytes() > 0:
             saved.setdefault(storage.data_ptr(), storage)
-        return tensor
+        return tensor.detach()
 
     resident = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
