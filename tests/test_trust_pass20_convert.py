@@ -340,3 +340,14 @@ def test_an_unusual_configuration_converts_explains_completely_and_reloads_bit_f
     again = explain(loaded, ids, mask, **kwargs)
     assert torch.equal(again.input_contributions, explanation.input_contributions)
     assert torch.equal(again.explained, explanation.explained)
+
+
+@pytest.mark.parametrize("allow_hub", ["no", 0, None])
+def test_minilm_path_refuses_an_allow_hub_that_is_not_a_bool(allow_hub):
+    """A string such as "no" is truthy: without the offline package it returned the hub name, allowing the hub."""
+    from bcos_plugins.errors import BcosTypeError
+    from bcos_plugins.pretrained import minilm_path
+
+    with pytest.raises(BcosTypeError, match=r"allow_hub: must be True or False, got"):
+        minilm_path(allow_hub=allow_hub)
+    assert minilm_path() == minilm_path(allow_hub=True)

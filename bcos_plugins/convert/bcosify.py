@@ -448,7 +448,9 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
     The settings are recorded in ``model.config.bcos`` so that ``save_pretrained`` keeps them and
     :func:`~bcos_plugins.load_bcos_model` rebuilds the same model. The model gets its own copy of its config
     (``model.config`` is a new object), so a config shared with another model is left unchanged. Every module it
-    puts in takes the training flag of the module it replaces, so a model in eval mode stays wholly in eval mode.
+    puts in takes the training flag of the module it replaces, so a model in eval mode stays wholly in eval mode, and
+    each of its parameters the ``requires_grad`` of the one it is built from (a frozen encoder stays frozen). A module
+    held at two paths is converted once and stays shared.
 
     Every B-cos layer stores its B in the state dict (buffer ``bcos_b``), so checkpoints hold the B each
     layer runs with (also during :class:`~bcos_plugins.train.BWarmupCallback`).
@@ -457,7 +459,10 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
         BcosValueError / BcosTypeError: ``b`` not a finite number in [1, 10] (see
             :func:`~bcos_plugins.nn.check_b`), or the model is already B-cosified.
         UnsupportedModuleError: unsupported model class (checked by identity with the transformers class,
-            not by name), cross-attention, or an unsupported module (path and class named).
+            not by name), cross-attention, or an unsupported module (path and class named; also a subclass of a
+            layer class it rebuilds from the weights alone, whose own forward would be dropped, and a module held at
+            two paths that would convert differently).
+        BcosValueError: hooks on a module it replaces (named): the new module would not run them.
     """
     if not isinstance(verbose, bool):
         raise argument_error("verbose", f"must be True or False, got {verbose!r}", "pass a bool",
