@@ -17,8 +17,11 @@ checks that the SAEs belong to the layer: widths (``cfg.d_in``) and hook names (
 
 Hook names for a TransformerLens bilinear model (``model.blocks[L].mlp``): the MLP reads
 ``blocks.L.ln2.hook_normalized`` (or ``blocks.L.hook_resid_mid`` / ``blocks.L.hook_mlp_in`` when the model has
-no normalisation) and writes ``blocks.L.hook_mlp_out``. For other layers pass ``input_hook=``/``output_hook=``
-to have the SAEs' hook names checked.
+no normalisation; ``blocks.L.mlp.hook_in``, its exact input, in sae-lens' ``HookedSAETransformer``) and writes
+``blocks.L.hook_mlp_out``. TransformerLens records ``hook_normalized`` before ln2 multiplies by its weight (a
+LayerNorm also adds its bias), so for an SAE there pass ``input_norm=model.blocks[L].ln2``: the analysed layer is
+then ``x -> mlp(x * ln2.w + ln2.b)``, exactly, in the SAE's coordinates. For other layers pass
+``input_hook=``/``output_hook=`` to have the SAEs' hook names checked.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from torch import Tensor
 
 from bcos_plugins._checks import require_int
 from bcos_plugins.bilinear import (
+    BilinearWeights,
     Eigendecomposition,
     augment_input,
     bilinear_weights,
@@ -41,7 +45,7 @@ from bcos_plugins.bilinear import (
     interaction_matrix,
     top_eigen_indices,
 )
-from bcos_plugins.errors import BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.nn.functional import at_least_float32
 
 from ._lens.explain import LensExplanation, explain_lens_value
@@ -77,19 +81,86 @@ class LowRankCorrelation(NamedTuple):
     active_tokens: Float[Tensor, " n_features"]
 
 
+# TransformerLens' LayerNorm and RMSNorm record hook_normalized before they multiply by their weight (a LayerNorm then
+# adds its bias); their weightless forms (LNPre, RMSPre) record their output there
+_WEIGHTED_NORMS = ("LN", "RMS")
+
+
+def _mlp_prefix(layer) -> str | None:
+    """``"blocks.L"`` of a TransformerLens MLP inside a set-up model; ``None`` if unknown."""
+    name = getattr(getattr(layer, "hook_pre", None), "name", None)
+    return name.split(".mlp.")[0] if name and ".mlp." in name else None
+
+
 def expected_hook_names(layer) -> tuple[set[str], set[str]] | None:
-    """Input and output hook names of a TransformerLens MLP inside a set-up model; ``None`` if unknown."""
-    hook_pre = getattr(layer, "hook_pre", None)
-    name = getattr(hook_pre, "name", None)
-    if not name or ".mlp." not in name:
+    """Input and output hook names of a TransformerLens MLP inside a set-up model; ``None`` if unknown.
+
+    The input is ``blocks.L.ln2.hook_normalized`` behind a norm (read before a weighted norm's weight: see
+    :class:`BilinearSAEInteractions`' ``input_norm``), ``blocks.L.hook_resid_mid`` / ``blocks.L.hook_mlp_in``
+    without one, and ``blocks.L.mlp.hook_in`` (the MLP's exact input) where sae-lens' ``HookedSAETransformer``
+    records it."""
+    prefix = _mlp_prefix(layer)
+    if prefix is None:
         return None
-    prefix = name.split(".mlp.")[0]  # "blocks.L"
     cfg = getattr(layer, "cfg", None)
     if getattr(cfg, "normalization_type", None) is None:
         inputs = {f"{prefix}.hook_resid_mid", f"{prefix}.hook_mlp_in"}
     else:
         inputs = {f"{prefix}.ln2.hook_normalized"}
+    hook_in = getattr(layer, "hook_in", None)
+    if getattr(hook_in, "name", None):
+        inputs.add(hook_in.name)
     return inputs, {f"{prefix}.hook_mlp_out"}
+
+
+def _folded_input_norm(weights: BilinearWeights, norm, layer) -> BilinearWeights:
+    """The layer as a function of ``norm``'s ``hook_normalized`` ``x``: ``x -> layer(x * w + b)`` (``b``: a
+    LayerNorm's bias), exactly: ``W (x * w + b) = (W diag(w)) x + W b``, and the same for ``V``."""
+    from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
+
+    if not isinstance(norm, LayerNorm | RMSNorm | LayerNormPre | RMSNormPre):
+        raise argument_error("input_norm", f"expected the TransformerLens LayerNorm / RMSNorm in front of the layer, "
+                             f"got {type(norm).__name__}", "Pass model.blocks[L].ln2 for model.blocks[L].mlp",
+                             kind=BcosTypeError)
+    prefix, norm_hook = _mlp_prefix(layer), getattr(norm.hook_normalized, "name", None)
+    if prefix is not None and norm_hook is not None and norm_hook != f"{prefix}.ln2.hook_normalized":
+        raise argument_error("input_norm", f"it is {norm_hook.rsplit('.', 1)[0]}, not the norm in front of "
+                             f"{prefix}.mlp", f"Pass {prefix.replace('blocks.', 'model.blocks[')}].ln2")
+    if isinstance(norm, LayerNormPre | RMSNormPre):  # weightless: hook_normalized is the layer's input
+        return weights
+    w = norm.w.detach()
+    if tuple(w.shape) != (weights.d_in,):
+        raise argument_error("input_norm", f"its weight has shape {tuple(w.shape)}, but the layer reads vectors of "
+                             f"width {weights.d_in}", "Pass the norm in front of this layer (model.blocks[L].ln2 for "
+                             "model.blocks[L].mlp)")
+    w = w.to(dtype=weights.W.dtype, device=weights.W.device)
+    w_bias, v_bias = weights.w_bias, weights.v_bias
+    if isinstance(norm, LayerNorm):
+        b = norm.b.detach().to(dtype=weights.W.dtype, device=weights.W.device)
+        w_bias = weights.W @ b if w_bias is None else w_bias + weights.W @ b
+        v_bias = weights.V @ b if v_bias is None else v_bias + weights.V @ b
+    return BilinearWeights(W=weights.W * w, V=weights.V * w, P=weights.P, w_bias=w_bias, v_bias=v_bias,
+                           hidden_bias=weights.hidden_bias, out_bias=weights.out_bias)
+
+
+def _refuse_input_before_norm_weight(layer, sae) -> None:
+    """Refuse an input SAE on ``blocks.L.ln2.hook_normalized`` of a weighted norm when no ``input_norm`` is given:
+    the MLP reads ``hook_normalized * ln2.w (+ ln2.b)``, so the SAE's directions are in other coordinates than the
+    layer's input, and every interaction, output activation and correlation was another layer's, silently (a bilinear
+    Llama from hooked_transformer_from_hf, or any trained bilinear_config model, whose ln2 weight is not 1)."""
+    prefix = _mlp_prefix(layer)
+    norm = getattr(getattr(layer, "cfg", None), "normalization_type", None)
+    hook = sae.cfg.metadata.hook_name
+    if prefix is None or norm not in _WEIGHTED_NORMS or hook != f"{prefix}.ln2.hook_normalized":
+        return
+    bias = " and adds its bias" if norm == "LN" else ""
+    raise argument_error(
+        "input_sae", f"it reads {hook!r}, which TransformerLens records before ln2 multiplies by its weight{bias}: "
+        f"the MLP reads hook_normalized * ln2.w{' + ln2.b' if bias else ''}, so the SAE's directions are not in the "
+        "layer's input coordinates and the interactions, activations and correlations would be another layer's",
+        f"Pass input_norm={prefix.replace('blocks.', 'model.blocks[')}].ln2 (its weight{' and bias' if bias else ''} "
+        f"are folded into the analysed layer, exactly), or train the input SAE on {prefix}.mlp.hook_in (sae-lens' "
+        "HookedSAETransformer records the MLP's input there)")
 
 
 def _check_sae(sae, role: str, width: int, hooks: set[str] | None) -> None:
@@ -199,25 +270,38 @@ class BilinearSAEInteractions:
         output_sae: SAE on the layer's output (``cfg.d_in == d_out``).
         input_hook, output_hook: hook names the SAEs must carry; by default taken from a TransformerLens
             MLP, and unchecked for layers that have no hook names.
+        input_norm: the TransformerLens norm in front of ``layer`` (``model.blocks[L].ln2``), needed for an input
+            SAE on ``blocks.L.ln2.hook_normalized`` behind a LayerNorm / RMSNorm: TransformerLens records that hook
+            before the norm's weight (and a LayerNorm's bias), so the analysed layer is ``x -> layer(x * w + b)``
+            (exact; ``weights`` holds it). Such an SAE without it is refused.
 
     Raises:
         TypeError: on a layer that is not bilinear (e.g. the MLP of a B-cos GPT-2 block); the message lists
             the layers that are.
         ValueError: on a width mismatch, a hook-name mismatch (or a missing hook name where one is
-            expected), or SAEs whose inputs are normalised or reshaped.
+            expected), SAEs whose inputs are normalised or reshaped, or an input SAE on ``ln2.hook_normalized``
+            behind a weighted norm without ``input_norm``.
     """
 
     def __init__(self, layer, input_sae, output_sae, *, input_hook: str | None = None,
-                 output_hook: str | None = None) -> None:
+                 output_hook: str | None = None, input_norm=None) -> None:
         weights = _bilinear_layer(layer)
+        expected = expected_hook_names(layer)
+        input_hooks = {input_hook} if input_hook else (expected[0] if expected else None)
+        if input_norm is not None:
+            weights = _folded_input_norm(weights, input_norm, layer)
+            norm_hook = getattr(input_norm.hook_normalized, "name", None)
+            # the folded layer reads the norm's hook_normalized: an SAE on the MLP's own input (hook_in) would be
+            # multiplied by the norm's weight twice
+            input_hooks = {input_hook} if input_hook else ({norm_hook} if norm_hook else None)
         self.augmented = weights.has_bias
         self.weights = weights
         self._analysed = weights.augmented() if self.augmented else weights
-        expected = expected_hook_names(layer)
-        input_hooks = {input_hook} if input_hook else (expected[0] if expected else None)
         output_hooks = {output_hook} if output_hook else (expected[1] if expected else None)
         _check_sae(input_sae, "input", weights.d_in, input_hooks)
         _check_sae(output_sae, "output", weights.d_out, output_hooks)
+        if input_norm is None:
+            _refuse_input_before_norm_weight(layer, input_sae)
         self.input_sae, self.output_sae = input_sae, output_sae
 
     def _encoder(self, features) -> Float[Tensor, "n d_out"]:

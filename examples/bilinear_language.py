@@ -202,7 +202,9 @@ def main() -> None:
               f"{args.sae_tokens:,} tokens in {time.perf_counter() - sae_started:.0f} s")
 
     # the layer and its SAEs; BilinearSAEInteractions checks widths and hook names against the model's MLP
-    analysis = BilinearSAEInteractions(model.blocks[LAYER].mlp, saes[INPUT_HOOK], saes[OUTPUT_HOOK])
+    # TransformerLens records ln2.hook_normalized before ln2's (trained) weight: input_norm folds it into the layer
+    analysis = BilinearSAEInteractions(model.blocks[LAYER].mlp, saes[INPUT_HOOK], saes[OUTPUT_HOOK],
+                                       input_norm=model.blocks[LAYER].ln2)
     with torch.no_grad():
         _, cache = model.run_with_cache(val_tokens, names_filter=[INPUT_HOOK, OUTPUT_HOOK])
         x = cache[INPUT_HOOK].reshape(-1, args.d_model)

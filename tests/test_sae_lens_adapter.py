@@ -148,7 +148,8 @@ def test_transformer_lens_hooks_checked_and_correlation_exact_on_real_activation
     assert expected_hook_names(mlp) == ({"blocks.1.ln2.hook_normalized"}, {"blocks.1.hook_mlp_out"})
     input_sae = topk_sae(D_MODEL, hook_name="blocks.1.ln2.hook_normalized", seed=1)
     output_sae = topk_sae(D_MODEL, hook_name="blocks.1.hook_mlp_out", seed=2, k=8)
-    analysis = BilinearSAEInteractions(mlp, input_sae, output_sae)
+    # ln2.hook_normalized is recorded before ln2's weight: input_norm folds it in (tests/test_trust_pass20_adapters.py)
+    analysis = BilinearSAEInteractions(mlp, input_sae, output_sae, input_norm=model.blocks[1].ln2)
     tokens = torch.randint(0, 30, (4, 16), generator=torch.Generator().manual_seed(0))
     _, cache = model.run_with_cache(tokens, names_filter=["blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out"])
     x = cache["blocks.1.ln2.hook_normalized"]

@@ -148,10 +148,12 @@ def test_bilinear_sae_interactions_on_a_bcos_gpt2_block_says_which_layers_are_bi
     with pytest.raises(BcosError, match=r"layer: \w+ is not a bilinear layer .*bilinear_config.*hidden_act='linear'"):
         BilinearSAEInteractions(lens.blocks[1].mlp, _topk_sae(d_model, "blocks.1.ln2.hook_normalized"),
                                 _topk_sae(d_model, "blocks.1.hook_mlp_out", seed=1))
-    # the README's corrected line: the MLP of a bilinear model (a Llama with hidden_act="linear")
+    # the README's corrected line: the MLP of a bilinear model (a Llama with hidden_act="linear"), whose ln2 weight
+    # TransformerLens applies after ln2.hook_normalized (folded in by input_norm)
     bilinear = hooked_transformer_from_hf(_bilinear_llama())
     analysis = BilinearSAEInteractions(bilinear.blocks[1].mlp, _topk_sae(d_model, "blocks.1.ln2.hook_normalized"),
-                                       _topk_sae(d_model, "blocks.1.hook_mlp_out", seed=1))
+                                       _topk_sae(d_model, "blocks.1.hook_mlp_out", seed=1),
+                                       input_norm=bilinear.blocks[1].ln2)
     top = analysis.top_interactions(3, k=10)
     assert len(top) == 10 and abs(top[0].value) >= abs(top[-1].value)
 

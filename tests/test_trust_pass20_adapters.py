@@ -166,3 +166,130 @@ def test_image_methods_give_the_same_maps_for_every_form_of_the_same_targets(nam
     torch.testing.assert_close(vit_methods[name].explain(images, torch.tensor(3)), one, rtol=0, atol=0)
     torch.testing.assert_close(vit_methods[name].explain(images, [3, 3, 3]), one, rtol=0, atol=0)
     assert per_row.shape == (3, 16, 16)
+
+
+# ------------------------------------------------- sae-lens SAEs on a bilinear MLP behind a norm with a weight
+
+
+def _bilinear_lens_model(normalization_type: str, model_class=None):
+    """A bilinear TransformerLens model whose ln2 has the weight (and LayerNorm bias) a trained model has, not the
+    fresh model's ones and zeros."""
+    from bcos_plugins.adapters.transformer_lens import bilinear_config
+    from transformer_lens import HookedTransformer
+
+    torch.manual_seed(0)
+    cfg = bilinear_config(d_model=8, n_layers=2, n_heads=2, d_mlp=16, d_vocab=VOCAB, n_ctx=16,
+                          normalization_type=normalization_type)
+    model = (model_class or HookedTransformer)(cfg)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.ln2.w.copy_(0.2 + 2 * torch.rand(8, generator=g))
+            if normalization_type == "LN":
+                block.ln2.b.copy_(0.5 * torch.randn(8, generator=g))
+    return model
+
+
+def _topk_sae(hook_name: str, seed: int, k: int = 6):
+    from sae_lens import TopKSAE, TopKSAEConfig
+    from sae_lens.saes.sae import SAEMetadata
+
+    sae = TopKSAE(TopKSAEConfig(d_in=8, d_sae=24, k=k, metadata=SAEMetadata(hook_name=hook_name)))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in (sae.W_enc, sae.W_dec, sae.b_enc, sae.b_dec):
+            param.copy_(torch.randn(param.shape, generator=g))
+    return sae
+
+
+def _assert_the_models_own_layer(analysis, cache, input_hook: str) -> None:
+    """The analysed layer is the model's: from the activations at the input SAE's hook, its output SAE activations
+    are sae-lens' own on the model's hook_mlp_out, and D Q(e) D^T is the brute-force form in the SAE's coordinates."""
+    from bcos_plugins.bilinear import bilinear_tensor
+
+    x = cache[input_hook].reshape(-1, 8)
+    mlp_out = cache["blocks.1.hook_mlp_out"].reshape(-1, 8)
+    torch.testing.assert_close(analysis.output_activations(x), analysis.output_sae.encode(mlp_out),
+                               rtol=1e-4, atol=1e-4)
+    weights = analysis.weights.augmented() if analysis.augmented else analysis.weights
+    e = analysis.output_sae.W_enc[:, 5].detach()
+    q = torch.einsum("o,oij->ij", e, bilinear_tensor(weights))[:8, :8]
+    decoder = analysis.input_sae.W_dec.detach()
+    torch.testing.assert_close(analysis.feature_interactions(5), decoder @ q @ decoder.T, rtol=1e-4, atol=1e-4)
+    # and the quadratic form of the SAE's coordinates reproduces the output feature's pre-activation exactly
+    correlation = analysis.low_rank_correlation(x, [0, 1, 2, 3], ranks=[9 if analysis.augmented else 8])
+    active = correlation.active_tokens >= 2
+    torch.testing.assert_close(correlation.correlations[0][active], torch.ones(int(active.sum())), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("normalization_type", ["RMS", "LN"])
+def test_bilinear_sae_interactions_refuse_ln2_hook_normalized_of_a_weighted_norm_and_fold_it_when_given(
+        normalization_type):
+    """TransformerLens records blocks.L.ln2.hook_normalized before ln2 multiplies by its weight (a LayerNorm also adds
+    its bias), but BilinearSAEInteractions took an SAE there as the MLP's input: on a model whose ln2 weight is not 1
+    (any trained bilinear_config model, a bilinear Llama from hooked_transformer_from_hf), its output activations
+    missed the model's by up to 8 and its interactions were another layer's, silently."""
+    from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions
+
+    model = _bilinear_lens_model(normalization_type)
+    sae_in, sae_out = _topk_sae("blocks.1.ln2.hook_normalized", 1), _topk_sae("blocks.1.hook_mlp_out", 2, k=8)
+    mlp = model.blocks[1].mlp
+    bias = r" and adds its bias" if normalization_type == "LN" else ""
+    with pytest.raises(BcosValueError, match=r"input_sae: it reads 'blocks\.1\.ln2\.hook_normalized', which "
+                                             rf"TransformerLens records before ln2 multiplies by its weight{bias}: .*"
+                                             r"Pass input_norm=model\.blocks\[1\]\.ln2 .*blocks\.1\.mlp\.hook_in"):
+        BilinearSAEInteractions(mlp, sae_in, sae_out)
+    analysis = BilinearSAEInteractions(mlp, sae_in, sae_out, input_norm=model.blocks[1].ln2)
+    assert analysis.augmented == (normalization_type == "LN")  # a LayerNorm's bias enters both branches
+    _, cache = model.run_with_cache(torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(0)))
+    _assert_the_models_own_layer(analysis, cache, "blocks.1.ln2.hook_normalized")
+    # the norm of another block, or something else, is refused naming input_norm
+    with pytest.raises(BcosValueError, match=r"input_norm: it is blocks\.0\.ln2, not the norm in front of blocks\.1"
+                                             r"\.mlp\. Pass model\.blocks\[1\]\.ln2"):
+        BilinearSAEInteractions(mlp, sae_in, sae_out, input_norm=model.blocks[0].ln2)
+    with pytest.raises(BcosTypeError, match=r"input_norm: expected the TransformerLens LayerNorm / RMSNorm"):
+        BilinearSAEInteractions(mlp, sae_in, sae_out, input_norm=model.blocks[1].ln2.w)
+
+
+def test_bilinear_sae_interactions_take_sae_lens_own_mlp_input_hook_as_it_is():
+    """sae-lens' HookedSAETransformer records each MLP's exact input at blocks.L.mlp.hook_in: an SAE there needs no
+    norm folded (it was refused: the only input name was ln2.hook_normalized), and one folded in would count ln2's
+    weight twice, so input_norm with it is refused."""
+    from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions, expected_hook_names
+    from sae_lens import HookedSAETransformer
+
+    model = _bilinear_lens_model("RMS", HookedSAETransformer)
+    mlp = model.blocks[1].mlp
+    assert expected_hook_names(mlp) == ({"blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in"},
+                                        {"blocks.1.hook_mlp_out"})
+    sae_in, sae_out = _topk_sae("blocks.1.mlp.hook_in", 1), _topk_sae("blocks.1.hook_mlp_out", 2, k=8)
+    analysis = BilinearSAEInteractions(mlp, sae_in, sae_out)
+    _, cache = model.run_with_cache(torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(0)))
+    _assert_the_models_own_layer(analysis, cache, "blocks.1.mlp.hook_in")
+    with pytest.raises(BcosValueError, match=r"the input SAE was trained on 'blocks\.1\.mlp\.hook_in' but the bilinear "
+                                             r"layer's input is \['blocks\.1\.ln2\.hook_normalized'\]"):
+        BilinearSAEInteractions(mlp, sae_in, sae_out, input_norm=model.blocks[1].ln2)
+
+
+def test_bilinear_sae_interactions_on_a_bilinear_llama_from_hf_fold_its_rms_norm_weight():
+    """The README's route (hooked_transformer_from_hf of a Llama with hidden_act='linear'): its ln2 keeps the
+    transformers RMSNorm weight, so an SAE on ln2.hook_normalized needs input_norm."""
+    to_lens = hooked_transformer_from_hf_or_none()
+    if to_lens is None:
+        return
+    from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions
+
+    torch.manual_seed(0)
+    hf = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=VOCAB, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                                          num_key_value_heads=2, intermediate_size=16, max_position_embeddings=16,
+                                          hidden_act="linear")).eval()
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.post_attention_layernorm.weight.copy_(0.2 + 2 * torch.rand(8))
+    model = to_lens(hf)
+    sae_in, sae_out = _topk_sae("blocks.1.ln2.hook_normalized", 1), _topk_sae("blocks.1.hook_mlp_out", 2, k=8)
+    with pytest.raises(BcosValueError, match=r"Pass input_norm=model\.blocks\[1\]\.ln2"):
+        BilinearSAEInteractions(model.blocks[1].mlp, sae_in, sae_out)
+    analysis = BilinearSAEInteractions(model.blocks[1].mlp, sae_in, sae_out, input_norm=model.blocks[1].ln2)
+    _, cache = model.run_with_cache(torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(0)))
+    _assert_the_models_own_layer(analysis, cache, "blocks.1.ln2.hook_normalized")
