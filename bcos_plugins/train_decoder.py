@@ -105,10 +105,12 @@ def _feature_tokens(feature, i: int, max_length: int | None) -> tuple[Tensor, Te
         raise argument_error("features", f"feature {i}: input_ids must be one sequence of integer ids, got "
                              f"dtype {raw.dtype} shape {tuple(raw.shape)}", "Pass a list or 1-d tensor of ints",
                              kind=BcosTypeError)
+    # the 0/1 check reads the mask as given: cast to integers first, 0.5 read as padding and 1.7 as a real token
+    invalid_mask = bool(((raw_mask != 0) & (raw_mask != 1)).any())
     row, mask = raw.to(torch.long).flatten(), raw_mask.to(torch.long).flatten()
     require_same_shape(f"features[{i}]['attention_mask']", mask, f"features[{i}]['input_ids']", row,
                        "Give both the same length")
-    if ((mask != 0) & (mask != 1)).any() or (row < 0).any():
+    if invalid_mask or (row < 0).any():
         raise argument_error("features", f"feature {i}: attention_mask must be 0/1 and ids >= 0",
                              "Pass the tokenizer's output")
     if max_length is not None:

@@ -220,3 +220,19 @@ def test_pixel_perturbation_of_a_half_precision_vit_scores_its_logits_in_float32
     torch.testing.assert_close(curves.most_first, wide.most_first, rtol=0, atol=0)
     torch.testing.assert_close(curves.least_first, wide.least_first, rtol=0, atol=0)
     torch.testing.assert_close(curves.area_between, wide.area_between, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ the causal-LM collator's mask
+
+
+@pytest.mark.parametrize("mask", [[0.5, 1.0, 1.0], [1.0, 1.0, 1.7], [1.0, -0.2, 1.0]])
+def test_causal_lm_collator_refuses_a_mask_that_is_not_0_1_instead_of_truncating_it(mask):
+    """The mask was cast to integers before its 0/1 check, so 0.5 read as padding (0) and 1.7 as a real token (1):
+    the labels of another row than given (token 6 dropped from the loss for [0.5, 1, 1]), without a word."""
+    from bcos_plugins import CausalLMCollator
+
+    with pytest.raises(BcosValueError, match=r"^features: feature 0: attention_mask must be 0/1"):
+        CausalLMCollator(0)([{"input_ids": [5, 6, 7], "attention_mask": mask}])
+    # a float mask of 0s and 1s is the integer one: the same batch
+    ones = CausalLMCollator(0)([{"input_ids": [5, 6, 7], "attention_mask": [0.0, 1.0, 1.0]}])
+    assert ones["labels"].tolist() == [[-100, -100, 7]] and ones["attention_mask"].tolist() == [[0, 1, 1]]
