@@ -236,3 +236,28 @@ def test_causal_lm_collator_refuses_a_mask_that_is_not_0_1_instead_of_truncating
     # a float mask of 0s and 1s is the integer one: the same batch
     ones = CausalLMCollator(0)([{"input_ids": [5, 6, 7], "attention_mask": [0.0, 1.0, 1.0]}])
     assert ones["labels"].tolist() == [[-100, -100, 7]] and ones["attention_mask"].tolist() == [[0, 1, 1]]
+
+
+# ------------------------------------------------------------------ attention rollout of small attention rows
+
+
+@pytest.mark.parametrize(("dtype", "scale", "tolerance"), [(torch.float32, 1e-40, 1e-4), (torch.float64, 1e-310, 1e-9)])
+def test_attention_rollout_renormalises_rows_of_any_size(dtype, scale, tolerance):
+    """B-cos attention with a multiplicative prior is not row-stochastic, and rollout renormalises its rows; the row
+    sum was floored at the dtype's smallest normal number, so rows summing below it (float32 rows of 1e-40) were not
+    renormalised and the residual identity took over: a map off by 0.15 (of about 0.25), without a word."""
+    from bcos_plugins.vision.rollout import attention_rollout
+
+    torch.manual_seed(0)
+    attentions = [torch.softmax(torch.randn(2, 2, 4, 4, dtype=torch.float64), -1) for _ in range(2)]
+    # independent: the recursion by hand on the row-normalised mean over heads, in float64
+    rollout = torch.eye(4, dtype=torch.float64).expand(2, 4, 4)
+    for a in attentions:
+        mean = a.mean(1)
+        rollout = (0.5 * mean / mean.sum(-1, keepdim=True) + 0.5 * torch.eye(4, dtype=torch.float64)) @ rollout
+    expected = rollout.mean(1).reshape(2, 2, 2).repeat_interleave(2, 1).repeat_interleave(2, 2)
+    small = attention_rollout([(a * scale).to(dtype) for a in attentions], patch_size=2)
+    torch.testing.assert_close(small.double(), expected, rtol=tolerance, atol=tolerance)
+    # rows of zeros stay what they were: the identity's share alone
+    zero = attention_rollout([torch.zeros(1, 2, 4, 4, dtype=dtype)], patch_size=2)
+    torch.testing.assert_close(zero, torch.full((1, 4, 4), 0.125, dtype=dtype))

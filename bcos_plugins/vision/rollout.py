@@ -46,7 +46,10 @@ def attention_rollout(attentions: tuple[Tensor, ...] | list[Tensor], patch_size:
     rollout = eye.expand(batch, n, n)
     for pattern in attentions:
         averaged = pattern.mean(dim=1)
-        averaged = averaged / averaged.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(averaged.dtype).tiny)
+        # divided by the row sum whatever its size (a row of zeros stays zero): floored at the smallest normal number,
+        # rows summing below it (float32 rows of 1e-40) were not renormalised and the identity took over the map
+        row_sum = averaged.sum(dim=-1, keepdim=True)
+        averaged = averaged / torch.where(row_sum > 0, row_sum, torch.ones_like(row_sum))
         mixed = (1 - residual_weight) * averaged + residual_weight * eye
         rollout = mixed @ rollout
     return spread_over_patches(rollout.mean(dim=1), patch_size)
