@@ -150,14 +150,17 @@ def weight_files(path: str, local: bool) -> list[str]:
     return files
 
 
-def stored_pressures(files: list[str]) -> dict[str, float]:
-    """``{layer name: B}`` from the ``bcos_b`` entries of the checkpoint (format 2 and later)."""
+def stored_pressures(files: list[str], keys: set[str] | None = None) -> dict[str, float]:
+    """``{layer name: B}`` from the ``bcos_b`` entries of the checkpoint (format 2 and later); every key of the
+    checkpoint is added to ``keys`` when it is given (the same reading of the files)."""
     from safetensors import safe_open
 
     out = {}
     for file in files:
         with safe_open(file, framework="pt") as f:
             for key in f.keys():
+                if keys is not None:
+                    keys.add(key)
                 if key.endswith(".bcos_b"):
                     out[key[: -len(".bcos_b")]] = f.get_tensor(key).item()
     return out
@@ -215,13 +218,15 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
 
     Raises:
         BcosValueError: a format-1 record (one B in ``config.bcos["b"]``) next to weights that store a B per
-            layer, i.e. an edited ``format_version`` whose load would ignore the stored B.
+            layer, i.e. an edited ``format_version`` whose load would ignore the stored B; weights holding a bias
+            the recorded conversion drops (a stock model's, or a save whose record was edited).
     """
     if settings is None:
         settings = checked_settings(path, model.config)
     if files is None:
         files = weight_files(*checked_folder(path))
-    stored = stored_pressures(files)
+    saved_keys: set[str] = set()
+    stored = stored_pressures(files, saved_keys)
     if settings["format_version"] < 2 and stored:
         # format 1 never wrote bcos_b entries: these weights come from a later save whose config.json was edited
         raise BcosValueError(
@@ -230,6 +235,18 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
             "entries, written from format 2 on), which format 1 would ignore. config.json was edited: restore "
             "it from the original save (the file is not rewritten).")
     bcosify(model, b=settings["b"], bcos_query_key=settings.get("query_key") != "stock", verbose=False)
+    # a save of a B-cos model holds none of the biases its conversion drops (they were gone when it was saved): the
+    # stock class loads them without a word and bcosify then drops them, so weights of another model (a stock save
+    # given a config.bcos record; a bcos_query_key=False GPT-2, whose c_attn keeps its bias, with the record's
+    # format_version and query_key edited) loaded as a different model, silently (logits 0.12 off)
+    held = sorted(set(model.bcos_report.dropped_biases) & saved_keys)
+    if held:
+        raise BcosValueError(
+            f"path: {path} holds {len(held)} bias(es) that the B-cos {settings['architecture']} its config.bcos "
+            f"describes has no place for ({', '.join(held[:4])}{', ...' if len(held) > 4 else ''}): a save of that "
+            "model holds none, so these weights come from another model (a stock one, or one converted with other "
+            "settings: config.json was edited). Restore config.json from the original save, or load the stock "
+            "model with transformers and call bcosify.")
     layers = {n: m for n, m in model.named_modules() if isinstance(m, AlignmentPressure)}
     without_b = sorted(set(layers) - set(stored)) if settings["format_version"] >= 2 else []
     for layer_name, value in stored.items():

@@ -351,3 +351,42 @@ def test_minilm_path_refuses_an_allow_hub_that_is_not_a_bool(allow_hub):
     with pytest.raises(BcosTypeError, match=r"allow_hub: must be True or False, got"):
         minilm_path(allow_hub=allow_hub)
     assert minilm_path() == minilm_path(allow_hub=True)
+
+
+# ------------------------------------------------------------------ weights of another model under a B-cos record
+
+
+def _edit_record(folder, **changes):
+    import json
+
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    record = config.setdefault("bcos", {})
+    for key, value in changes.items():
+        if value is None:
+            record.pop(key, None)
+        else:
+            record[key] = value
+    path.write_text(json.dumps(config))
+
+
+def test_a_stock_query_key_gpt2_save_whose_record_was_edited_is_refused_not_loaded_as_another_model(tmp_path):
+    """A bcos_query_key=False GPT-2 keeps c_attn's bias (its query/key part is used): with format_version 3 -> 2 and
+    query_key removed, the stock class loaded that bias and bcosify dropped it, so the B-cos query/key model loaded
+    (logits 0.12 off the saved model's) without a word."""
+    model = bcosify(_stock("GPT2LMHeadModel"), b=B, bcos_query_key=False, verbose=False)
+    model.save_pretrained(tmp_path)
+    _edit_record(tmp_path, format_version=2, query_key=None)
+    with pytest.raises(BcosValueError, match=r"holds 2 bias\(es\) that the B-cos GPT2LMHeadModel its config\.bcos "
+                                             r"describes has no place for \(transformer\.h\.0\.attn\.c_attn\.bias"):
+        load_bcos_model(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "Qwen2ForCausalLM", "GPT2Model"])
+def test_a_stock_save_given_a_bcos_record_is_refused_naming_the_biases(tmp_path, name):
+    """A format-1 record (no per-layer B to miss) on a stock model's weights loaded them as a B-cos model with every
+    bias dropped, silently; a B-cos save never holds a bias its conversion drops."""
+    _stock(name).save_pretrained(tmp_path)
+    _edit_record(tmp_path, b=1.5, architecture=name, format_version=1)
+    with pytest.raises(BcosValueError, match=rf"holds \d+ bias\(es\) that the B-cos {name} .*from another model"):
+        load_bcos_model(tmp_path)
