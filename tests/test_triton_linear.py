@@ -30,6 +30,7 @@ Interpreter facts found with triton 3.6 (a check fails when one changes):
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -126,3 +127,44 @@ def test_calls_whose_offsets_overflow_int32_take_the_pytorch_path():
     assert tlin._int32_offsets_suffice(2, 2**16, 2**15) is False  # the weight: 2^31 elements
     assert tlin._int32_offsets_suffice(16_000, 32_000, 4096) is True
     assert tlin._int32_offsets_suffice(2**31 // 4096 - 1, 4096, 4096) is True
+
+
+def test_the_gpu_probe_runs_on_tiny_shapes_under_the_interpreter():
+    """benchmarks/triton_probe.py (one short GPU call: llama-1b training memory with the kernel, the kernel's time per
+    tile configuration) with ``--device cpu --quick`` in a child process under Triton's interpreter: both parts run,
+    every configuration's values match the PyTorch B-cos layer's (a wrong tile configuration is marked, not timed as
+    if right), and the memory rows are the kernel's (it launched)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(TESTS.parent / "benchmarks" / "triton_probe.py"), "--device", "cpu",
+                          "--quick"], cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=600)
+    report = run.stdout[-6000:] + run.stderr[-3000:]
+    assert run.returncode == 0, report
+    out = run.stdout
+    assert "| train step 3 |" in out and "| model and optimizer freed |" in out, report
+    assert "WRONG VALUES" not in out and "error:" not in out and "not measured" not in out, report
+    launches = re.search(r"# (\d+) kernel launches \((\d+) per forward\)", out)
+    assert launches and int(launches.group(2)) > 0, report
+    rows = [line for line in out.splitlines() if line.startswith("| ") and (" bf16 |" in line or " fp32 |" in line)]
+    assert len(rows) == 20, report  # minilm and bert-base 3 layer shapes each, gpt2 4; bfloat16 and float32
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        kernel = cells[3:6]  # c1, c2, c3 (the tf32x3 configuration on float32 layers only)
+        assert all(cell.replace(",", "").isdigit() for cell in kernel[: 3 if row.endswith("fp32 |") else 2]), row
+        if " bf16 |" in row:
+            assert kernel[2] == "-", row
+
+
+def test_the_gpu_probe_refuses_a_cpu_without_the_interpreter_and_bad_configurations(monkeypatch, capsys):
+    from benchmarks import triton_probe
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit):
+        triton_probe.main(["--device", "cpu", "--quick"])
+    assert "--device cpu: the kernel runs on CPU tensors only in Triton's interpreter" in capsys.readouterr().err
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for text, message in (("64x64", "is not BMxBNxBK/wWARPS/sSTAGES"), ("64x48x32/w4/s3", "block_n must be a power"),
+                          ("64x64x8/w4/s3", "block_k must be a power of two >= 16"),
+                          ("64x64x32/w4/s0", "num_stages must lie in")):
+        with pytest.raises(SystemExit):
+            triton_probe.main(["--device", "cpu", "--quick", "--configs", text])
+        assert message in capsys.readouterr().err, text

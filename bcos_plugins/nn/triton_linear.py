@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -114,8 +115,23 @@ def triton_kernels(enabled: bool = True) -> Iterator[None]:
 _B_MODES = {2.0: 2, 1.5: 1, 1.25: 3}
 _GENERAL_B = 0
 
-# Tile sizes (unmeasured; a GPU session tunes them): 64 x 64 output tiles, K in steps of 32
-_BLOCK_M, _BLOCK_N, _BLOCK_K = 64, 64, 32
+
+
+class KernelTiles(NamedTuple):
+    """A launch configuration of the kernel: the output tile (``block_m`` rows x ``block_n`` units), the step along
+    K, and Triton's ``num_warps`` / ``num_stages`` (powers of two, blocks at least 16: ``tl.dot``'s smallest)."""
+
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 32
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+# The configuration every layer launches with (unmeasured; benchmarks/triton_probe.py times others on a GPU):
+# 64 x 64 output tiles, K in steps of 32, and Triton's own defaults on NVIDIA, 4 warps and 3 stages (passing them
+# compiles the same kernel as leaving them out)
+_TILES = KernelTiles()
 
 
 def _triton_importable() -> bool:
@@ -156,10 +172,14 @@ def _tl_dtype(dtype: torch.dtype):
 
 
 def _launch(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor: bool, store_dyn: bool,
-            store_norms: bool) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+            store_norms: bool, tiles: KernelTiles = _TILES,
+            precision: str | None = None) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
     """Run the kernel on the rows ``x2`` ``(M, K)`` and the unit weights ``view`` ``(N, K)`` (any strides): ``out``,
     then ``dyn / max(||w||, NORM_EPS)`` (``out_dtype``), ``x_norm`` ``(M,)`` and ``||w||`` ``(N,)`` (float32), each
-    ``None`` unless asked."""
+    ``None`` unless asked.
+
+    ``tiles`` and ``precision`` (``tl.dot``'s ``input_precision``; default: IEEE float32 products unless torch allows
+    TF32) exist for benchmarks/triton_probe.py, which times other configurations; the layers use the defaults."""
     m, k = x2.shape
     n = view.shape[0]
     device = x2.device
@@ -171,9 +191,10 @@ def _launch(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor
     dot_dtype = out_dtype  # (the autocast dtype, or the inputs' own)
     # float32: IEEE products unless torch allows TF32 for its own matrix products (default: not), so that the kernel
     # keeps cuBLAS's precision; tl.dot's default would be TF32
-    precision = "tf32" if dot_dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    if precision is None:
+        precision = "tf32" if dot_dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
     mode = _B_MODES.get(b, _GENERAL_B)
-    grid = (-(-m // _BLOCK_M), -(-n // _BLOCK_N))
+    grid = (-(-m // tiles.block_m), -(-n // tiles.block_n))
     _kernel(interpreted)[grid](
         x2, view, out, out if dyn is None else dyn, out if x_norm is None else x_norm,
         out if w_norm is None else w_norm,
@@ -183,7 +204,8 @@ def _launch(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor
         DOT_DTYPE=_tl_dtype(dot_dtype), PRECISION=precision,
         INTERPRETED_BF16=interpreted and dot_dtype == torch.bfloat16,
         NORM_EPS_=NORM_EPS, COS_FLOOR_=COS_FLOOR,
-        BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return out, dyn, x_norm, w_norm
 
