@@ -390,3 +390,22 @@ def test_a_stock_save_given_a_bcos_record_is_refused_naming_the_biases(tmp_path,
     _edit_record(tmp_path, b=1.5, architecture=name, format_version=1)
     with pytest.raises(BcosValueError, match=rf"holds \d+ bias\(es\) that the B-cos {name} .*from another model"):
         load_bcos_model(tmp_path)
+
+
+def test_dynamic_linear_copy_refuses_a_hook_its_copy_would_lose_and_keeps_the_others():
+    """The copy is a deepcopy, hooks included, but a LayerNorm or activation it rebuilds is a new module without them:
+    the copy computed another function than the hooked model, which its docstring says it equals."""
+    from bcos_plugins.convert import dynamic_linear_copy
+
+    model = _stock("BertModel")
+    handle = model.encoder.layer[0].output.LayerNorm.register_forward_hook(lambda m, args, out: out * 2)
+    with pytest.raises(BcosValueError, match=r"model: holds hooks on 1 module\(s\) that dynamic_linear_copy replaces "
+                                             r".*'encoder\.layer\.0\.output\.LayerNorm' \(LayerNorm: forward hook\)"):
+        dynamic_linear_copy(model)
+    handle.remove()
+    model.encoder.layer[0].attention.self.value.register_forward_hook(lambda m, args, out: out * 2)
+    copy_ = dynamic_linear_copy(model)  # a kept module: its hook is copied with it and still runs
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(copy_(input_ids=ids, attention_mask=mask).last_hidden_state,
+                                   model(input_ids=ids, attention_mask=mask).last_hidden_state, rtol=1e-5, atol=1e-5)

@@ -300,7 +300,8 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
                 f"activation ({', '.join(sorted(ACTIVATION_GATES))}). Replace it with a dynamic-weight "
                 "equivalent or open an issue."
             )
-    _refuse_lost_hooks(model, plan)
+    refuse_hooks_on_replaced(model, [name for name, action in plan
+                                     if not (isinstance(action, tuple) and action[0] == "swap")])
     _refuse_shared_modules_planned_apart(model, plan)
     return plan, report
 
@@ -310,25 +311,23 @@ _HOOK_KINDS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forw
                "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
 
 
-def _refuse_lost_hooks(model: nn.Module, plan: list) -> None:
-    """Refuse hooks on the modules the plan replaces by new ones: the new module does not hold them, so a hook that
-    read or changed a projection's output (a probe, an intervention) stopped running without a word. The modules
-    whose class is swapped (``("swap", ...)``) stay the same objects and keep their hooks."""
+def refuse_hooks_on_replaced(model: nn.Module, paths: list[str], what: str = "bcosify") -> None:
+    """Refuse hooks on the modules at ``paths``, which ``what`` replaces by new ones: the new module does not hold
+    them, so a hook that read or changed a projection's output (a probe, an intervention) stopped running without a
+    word. (``bcosify``: the modules whose class is swapped stay the same objects and keep their hooks.)"""
     hooked = []
-    for name, action in plan:
-        if isinstance(action, tuple) and action[0] == "swap":
-            continue
+    for name in paths:
         module = model.get_submodule(name)
         kinds = [kind for attr, kind in _HOOK_KINDS.items() if getattr(module, attr, None)]
         if kinds:
             hooked.append(f"'{name}' ({type(module).__name__}: {', '.join(kinds)})")
     if hooked:
         raise argument_error(
-            "model", f"holds hooks on {len(hooked)} module(s) that bcosify replaces by new B-cos modules, which would "
-            f"not hold them (the hooks would stop running without a word): {', '.join(hooked[:6])}"
+            "model", f"holds hooks on {len(hooked)} module(s) that {what} replaces by new modules, which would not "
+            f"hold them (the hooks would stop running without a word): {', '.join(hooked[:6])}"
             f"{', ...' if len(hooked) > 6 else ''}",
-            "Remove them (handle.remove()), convert, then register them again on the converted model's modules "
-            "(model.get_submodule(path) after bcosify)", kind=BcosValueError)
+            f"Remove them (handle.remove()), call {what}, then register them again on the new model's modules "
+            f"(model.get_submodule(path) after {what})", kind=BcosValueError)
 
 
 def _refuse_shared_modules_planned_apart(model: nn.Module, plan: list) -> None:

@@ -37,6 +37,7 @@ from .bcosify import (
     IDENTITY_ACTIVATIONS,
     PASSTHROUGH_MODULES,
     gelu_kind,
+    refuse_hooks_on_replaced,
     refuse_unknown_subclass,
 )
 from .query_key import ConstantQueryKeyProjection
@@ -145,6 +146,10 @@ def dynamic_linear_copy(model: nn.Module) -> nn.Module:
     query_key = tuple(suffix for suffix, part in spec_for(model).query_key.items() if part == "all")
     # plan on the user's model (nothing touched if a module is refused), apply on the copy
     plan = [(path, _replacement(model, path, module, query_key)) for path, module in model.named_modules() if path]
+    # the copy's hooks are the model's (deepcopy): those on a module the copy gets anew would be lost, and the copy
+    # would compute another function than the hooked model's
+    refuse_hooks_on_replaced(model, [path for path, action in plan if isinstance(action, nn.Module)],
+                             what="dynamic_linear_copy")
     clone = copy.deepcopy(model)
     for path, action in plan:
         if action is None:
