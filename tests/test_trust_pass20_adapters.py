@@ -90,6 +90,24 @@ def test_a_config_that_sizes_its_vocabulary_from_the_tokenizer_still_takes_it(tm
     assert model.cfg.d_vocab == VOCAB and model.W_E.shape[0] == VOCAB
 
 
+@pytest.mark.parametrize("bcos", [True, False])
+def test_a_bridge_refuses_a_tokenizer_reassigned_larger_than_the_vocabulary(bcos, tmp_path):
+    """transformer_bridge_from_hf(tokenizer=) refuses a tokenizer larger than the model's embedding, but TransformerLens'
+    reassignment (bridge.tokenizer = tok) took it, resizing cfg.d_vocab to 50257 for a 60-row embedding, and
+    bridge("text") then failed in the embedding (IndexError; a device-side assert on a GPU)."""
+    from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
+
+    hf = tiny_model("GPT2LMHeadModel")
+    bridge = transformer_bridge_from_hf(bcosify(hf, b=1.5, verbose=False) if bcos else hf)
+    with pytest.raises(BcosValueError, match=r"tokenizer: GPT2Tokenizer\w*\(.*\) has 50257 tokens, but "
+                                             r"TransformerBridge has 60 embedding rows"):
+        bridge.tokenizer = _gpt2_tokenizer()
+    assert bridge.cfg.d_vocab == VOCAB  # untouched
+    bridge.tokenizer = _fitting_tokenizer(tmp_path / "tokenizer")  # the model's own is taken, and reads text
+    assert bridge.to_tokens("w5 w7", prepend_bos=False).tolist() == [[8, 10]]
+    torch.testing.assert_close(bridge("w5 w7"), bridge(torch.tensor([[bridge.tokenizer.bos_token_id, 8, 10]])))
+
+
 # --------------------------------------------------------------- effective_weight on a cache without batch axis
 
 

@@ -322,6 +322,25 @@ def _guarded_unembedding_reader(name: str, method):
     return guarded
 
 
+def _guarded_tokenizer_setter(setter):
+    @functools.wraps(setter)
+    def guarded(self, value):
+        # TransformerLens' reassignment (bridge.tokenizer = tok) resizes cfg.d_vocab to the tokenizer and took one with
+        # more tokens than the model's embedding rows, which transformer_bridge_from_hf(tokenizer=) refuses: bridge(
+        # "text") then failed in the embedding (IndexError; a device-side assert on a GPU). Checked on the bridges
+        # transformer_bridge_from_hf builds (flagged by make_bridge_explainable, as is_explainable reads it); the
+        # first assignment, while a bridge boots, is TransformerLens' own
+        if value is not None and getattr(self, "_tokenizer", None) is not None \
+                and getattr(self, "_bcos_explainable_bridge", False):
+            from bcos_plugins.corpus import require_tokenizer_fits
+
+            require_tokenizer_fits(self, value)
+        setter(self, value)
+
+    setattr(guarded, _GUARDED, True)
+    return guarded
+
+
 def is_guarded(function) -> bool:
     """Whether ``function`` is one of the guard's wrappers."""
     return getattr(function, _GUARDED, False)
@@ -333,6 +352,9 @@ def install_boot_guard() -> None:
     bridge_cls, source = _targets()
     if not is_guarded(bridge_cls.__init__):
         bridge_cls.__init__ = _guarded_init(bridge_cls.__init__)
+    tokenizer = inspect.getattr_static(bridge_cls, "tokenizer", None)
+    if isinstance(tokenizer, property) and tokenizer.fset is not None and not is_guarded(tokenizer.fset):
+        bridge_cls.tokenizer = tokenizer.setter(_guarded_tokenizer_setter(tokenizer.fset))
     cache_cls = _cache_target()
     for name in CACHE_WEIGHT_READERS:
         if not is_guarded(vars(cache_cls)[name]):
