@@ -261,3 +261,26 @@ def test_attention_rollout_renormalises_rows_of_any_size(dtype, scale, tolerance
     # rows of zeros stay what they were: the identity's share alone
     zero = attention_rollout([torch.zeros(1, 2, 4, 4, dtype=dtype)], patch_size=2)
     torch.testing.assert_close(zero, torch.full((1, 4, 4), 0.125, dtype=dtype))
+
+
+# ------------------------------------------------------------------ truncation_curve's directions
+
+
+def test_truncation_curve_names_directions_of_the_wrong_shape_and_is_the_layers_accuracy_at_full_rank():
+    """``directions`` of one vector or of another width were refused naming ``eig`` or ``u``, arguments of inner
+    functions the caller never passed (and asking for ``eigendecompose(layer, u)``)."""
+    from bcos_plugins.bilinear import BilinearWeights, truncation_curve
+
+    torch.manual_seed(0)
+    W, V, P = torch.randn(4, 5), torch.randn(4, 5), torch.randn(3, 4)
+    x, labels = torch.randn(40, 5), torch.randint(0, 3, (40,))
+    with pytest.raises(BcosValueError, match=r"^directions: .*\(n, d_out\) = \(n, 3\).*got shape \(3,\)"):
+        truncation_curve((W, V, P), x, torch.zeros(40, dtype=torch.long), [1], directions=torch.ones(3))
+    with pytest.raises(BcosValueError, match=r"^directions: .*width 4.*d_out=3"):
+        truncation_curve((W, V, P), x, labels, [1], directions=torch.eye(4))
+    # independent: at k = d_in the truncated classifier is the layer itself, argmax of directions @ out(x)
+    directions = torch.randn(3, 3)
+    curve = truncation_curve((W, V, P), x, labels, [5], directions=directions)
+    own = (BilinearWeights(W, V, P).forward(x) @ directions.T).argmax(-1)
+    assert curve.full_accuracy == pytest.approx(float((own == labels).float().mean()))
+    assert curve.accuracy == [pytest.approx(curve.full_accuracy)]

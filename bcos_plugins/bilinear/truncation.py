@@ -64,10 +64,18 @@ def truncation_curve(source, x: Float[Tensor, "batch d_in"], labels: Int[Tensor,
     weights = bilinear_weights(source)
     if directions is None:
         directions = torch.eye(weights.d_out, dtype=weights.P.dtype, device=weights.P.device)
+    # checked here, naming directions: one vector or another width were refused naming eig or u, arguments of the inner
+    # functions the caller never passed
+    directions = require_tensor("directions", directions, ndim=2, kind="real",
+                                shape_hint=f"(n, d_out) = (n, {weights.d_out}), one output direction per class")
+    if directions.shape[1] != weights.d_out or directions.shape[0] == 0:
+        raise argument_error("directions", f"has {directions.shape[0]} directions of width {directions.shape[1]}, the "
+                             f"layer's outputs have d_out={weights.d_out}", "Pass at least one direction in the layer's "
+                             "output space (the default is its output basis, the logits)")
     x = require_tensor("x", x, ndim=2, kind="real", shape_hint="(batch, d_in)")
     if x.shape[0] == 0:
         raise argument_error("x", "is an empty batch, whose accuracy is undefined", "Pass at least one input")
-    n_directions = 1 if directions.ndim == 1 else directions.shape[0]
+    n_directions = directions.shape[0]
     # Out-of-range or float labels would silently count as errors (or be truncated).
     labels = require_class_ids("labels", labels, x.shape[0], n_directions, "directions (classes)")
     if isinstance(ks, int | str) or not hasattr(ks, "__iter__"):
