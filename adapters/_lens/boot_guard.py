@@ -32,6 +32,11 @@ those methods are defined on ``transformer_lens.ActivationCache`` and are the on
 methods' source, so a release that adds another reader fails loudly); a cached batched ``hook_result`` is used as
 it is; the bridge's output projections are ``blocks[i].attn.o`` / ``blocks[i].mlp.out`` (``original_component``;
 a bridge without them is refused, not approximated).
+
+On the bridges :func:`~.bridge.transformer_bridge_from_hf` builds, TransformerLens' tokenizer reassignment
+(``bridge.tokenizer = tok``, the ``TransformerBridge.tokenizer`` property's setter) refuses a tokenizer with more
+tokens than the model's embedding rows, as ``transformer_bridge_from_hf(tokenizer=)`` does (TransformerLens resized
+``cfg.d_vocab`` to it, and text then failed in the embedding); where a release has no such setter nothing is patched.
 """
 
 from __future__ import annotations
