@@ -19,8 +19,10 @@ time to spare; the kernel part stops between configurations once the budget is s
    (``BcosLinear`` / ``BcosConv1D`` without the kernel: norms, division, product, scale). Every configuration's
    output is checked against the PyTorch B-cos layer's (largest difference relative to the largest value: 3e-2
    bfloat16, 1e-4 float32); a cell that fails is marked ``!`` and listed. A configuration is
-   ``BMxBNxBK/wWARPS/sSTAGES`` (output tile, K step, ``num_warps``, ``num_stages``; powers of two, stages 1-8), optionally ``/tf32x3`` (float32
-   layers only: ``tl.dot``'s three-pass TF32 products on tensor cores instead of IEEE products on the CUDA cores).
+   ``BMxBNxBK/wWARPS/sSTAGES`` (output tile, K step, ``num_warps``, ``num_stages``; powers of two, stages 1-8),
+   optionally ``/late`` (the sums of squares for the norms reduced once after the K loop instead of at every step:
+   ``KernelTiles.late_norms``) and ``/tf32x3`` (float32 layers only: ``tl.dot``'s three-pass TF32 products on tensor
+   cores instead of IEEE products on the CUDA cores).
    Each configuration's kernels are compiled in parallel threads first (``triton.AsyncCompileMode``; the compile
    time is printed), so that compiling is not timed and costs one wait per configuration.
 
@@ -59,12 +61,12 @@ from benchmarks.bench_gpu import FULL_SHAPES, QUICK_SHAPES, Shape, saved_for_bac
 START = time.perf_counter()
 # the default configurations in the order they are measured (the budget may cut the last): the kernel's own first
 # (the baseline), then larger tiles, more warps and stages; /tf32x3 on float32 layers only
-DEFAULT_CONFIGS = ("64x64x32/w4/s3", "128x128x32/w4/s3", "64x64x32/w4/s3/tf32x3", "128x128x64/w8/s3",
-                   "128x64x32/w4/s4", "64x128x32/w4/s4", "128x128x32/w8/s3", "128x128x32/w8/s3/tf32x3",
-                   "128x128x64/w4/s4", "64x64x64/w4/s4")
-QUICK_CONFIGS = ("64x64x32/w4/s3", "32x32x16/w4/s3", "64x64x32/w4/s3/tf32x3")
+DEFAULT_CONFIGS = ("64x64x32/w4/s3", "64x64x32/w4/s3/late", "128x128x32/w4/s3", "128x128x32/w4/s3/late",
+                   "64x64x32/w4/s3/tf32x3", "128x128x64/w8/s3/late", "128x64x32/w4/s4", "64x128x32/w4/s4",
+                   "128x128x32/w8/s3", "128x128x32/w8/s3/late/tf32x3", "128x128x64/w4/s4", "64x64x64/w4/s4")
+QUICK_CONFIGS = ("64x64x32/w4/s3", "32x32x16/w4/s3/late", "64x64x32/w4/s3/tf32x3")
 TOL = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
-_CONFIG = re.compile(r"(\d+)x(\d+)x(\d+)/w(\d+)/s(\d+)(?:/(tf32x3))?")
+_CONFIG = re.compile(r"(\d+)x(\d+)x(\d+)/w(\d+)/s(\d+)(/late)?(?:/(tf32x3))?")
 
 
 @dataclass(frozen=True)
@@ -75,13 +77,15 @@ class Config:
 
 
 def parse_config(text: str) -> Config:
-    """``BMxBNxBK/wW/sS[/tf32x3]`` as a :class:`Config`; ``ValueError`` naming what is wrong."""
+    """``BMxBNxBK/wW/sS[/late][/tf32x3]`` as a :class:`Config`; ``ValueError`` naming what is wrong."""
     match = _CONFIG.fullmatch(text)
     if match is None:
-        raise ValueError(f"{text!r} is not BMxBNxBK/wWARPS/sSTAGES[/tf32x3], e.g. 128x128x32/w4/s3")
-    *numbers, precision = match.groups()
-    tiles = tlin.KernelTiles(*map(int, numbers))
+        raise ValueError(f"{text!r} is not BMxBNxBK/wWARPS/sSTAGES[/late][/tf32x3], e.g. 128x128x32/w4/s3")
+    *numbers, late, precision = match.groups()
+    tiles = tlin.KernelTiles(*map(int, numbers), late_norms=late is not None)
     for name, value in tiles._asdict().items():
+        if name == "late_norms":
+            continue
         if name == "num_stages":
             if not 1 <= value <= 8:
                 raise ValueError(f"{text!r}: num_stages must lie in [1, 8], got {value}")
@@ -402,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", nargs="+", choices=["memory", "kernel"], default=["memory", "kernel"])
     parser.add_argument("--steps", type=int, default=3, help="training steps before the saved-bytes count (3)")
     parser.add_argument("--configs", nargs="+", default=None,
-                        help="BMxBNxBK/wWARPS/sSTAGES[/tf32x3] each (default: 10, the kernel's own first)")
+                        help="BMxBNxBK/wWARPS/sSTAGES[/late][/tf32x3] each (default: 12, the kernel's own first)")
     parser.add_argument("--budget-s", type=float, default=135.0,
                         help="no configuration starts after this many seconds from the start (135)")
     parser.add_argument("--compile-threads", type=int, default=16,

@@ -24,6 +24,7 @@ if tl is not None:
         DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
         NORM_EPS_: tl.constexpr, COS_FLOOR_: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        LATE_NORMS: tl.constexpr = False,
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -35,6 +36,11 @@ if tl is not None:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         x_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         w_sq = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        if LATE_NORMS:
+            # (benchmarks/triton_probe.py's "/late" configurations) the squares summed element-wise in tiles and
+            # reduced once after the loop, instead of a cross-thread reduction of each tile inside it
+            x_sq_tile = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+            w_sq_tile = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + ks
             k_ok = k < K
@@ -45,8 +51,12 @@ if tl is not None:
                              mask=k_ok[:, None] & unit_ok[None, :], other=0.0)
             x_wide = x_tile.to(tl.float32)
             w_wide = w_tile.to(tl.float32)
-            x_sq += tl.sum(x_wide * x_wide, axis=1)
-            w_sq += tl.sum(w_wide * w_wide, axis=0)
+            if LATE_NORMS:
+                x_sq_tile += x_wide * x_wide
+                w_sq_tile += w_wide * w_wide
+            else:
+                x_sq += tl.sum(x_wide * x_wide, axis=1)
+                w_sq += tl.sum(w_wide * w_wide, axis=0)
             if INTERPRETED_BF16:
                 # Triton's interpreter multiplies bfloat16 tiles as their raw 16-bit integers (tests check it still
                 # does): the tiles are rounded to bfloat16 values and kept in float32, whose products of bfloat16
@@ -60,6 +70,9 @@ if tl is not None:
                 a = x_tile.to(DOT_DTYPE)
                 b = w_tile.to(DOT_DTYPE)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if LATE_NORMS:
+            x_sq = tl.sum(x_sq_tile, axis=1)
+            w_sq = tl.sum(w_sq_tile, axis=0)
         w_norm = tl.sqrt(w_sq)
         lin = acc / tl.maximum(w_norm, NORM_EPS_)[None, :]
         x_norm = tl.sqrt(x_sq + NORM_EPS_)  # hypot(||x||, sqrt(eps)) of the PyTorch path, from the squared norm
