@@ -17,6 +17,7 @@ import re
 import warnings
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from ._checks import closest_name_fix
@@ -409,6 +410,9 @@ def _load_vit(path: str, kwargs: dict) -> nn.Module:
     return model.eval()
 
 
+# under a caller's torch.inference_mode() the loaded parameters would be inference tensors, which bcosify refuses (no
+# B-cos model made of them can be explained or trained): the model is loaded with ordinary tensors whatever the mode
+@torch.inference_mode(False)
 def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     """Reload a B-cos model written by ``model.save_pretrained(path)`` (safetensors only).
 

@@ -409,3 +409,36 @@ def test_dynamic_linear_copy_refuses_a_hook_its_copy_would_lose_and_keeps_the_ot
     with torch.no_grad():
         torch.testing.assert_close(copy_(input_ids=ids, attention_mask=mask).last_hidden_state,
                                    model(input_ids=ids, attention_mask=mask).last_hidden_state, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ torch.inference_mode()
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "LlamaForCausalLM", "Gemma2ForCausalLM"])
+def test_bcosify_and_load_bcos_model_under_inference_mode_give_a_model_that_explains(tmp_path, name):
+    """Under the caller's inference_mode the new layers' B buffers were inference tensors: bcosify failed with torch's
+    "Inference tensors do not track version counter", and so did load_bcos_model (which converts)."""
+    ids, mask = padded_batch()
+    kwargs = {} if name.startswith("Bert") else dict(target=5, position=-1)
+    reference = bcosify(_stock(name), b=B, verbose=False)
+    stock = _stock(name)  # built outside; converted inside
+    with torch.inference_mode():
+        model = bcosify(stock, b=B, verbose=False)
+    assert not any(t.is_inference() for t in [*model.parameters(), *model.buffers()])
+    explanation = explain(model, ids, mask, **kwargs)
+    assert torch.equal(explanation.input_contributions, explain(reference, ids, mask, **kwargs).input_contributions)
+    reference.save_pretrained(tmp_path)
+    with torch.inference_mode():
+        loaded = load_bcos_model(tmp_path)
+    assert torch.equal(explain(loaded, ids, mask, **kwargs).input_contributions, explanation.input_contributions)
+
+
+def test_a_model_built_under_inference_mode_is_refused_naming_the_cause():
+    """Its parameters are inference tensors, which autograd cannot record: the B-cos Llama converted, then every
+    explanation failed inside torch ("Inference tensors cannot be saved for backward")."""
+    with torch.inference_mode():
+        stock = _stock("LlamaForCausalLM")
+    with pytest.raises(BcosValueError, match=r"model: holds parameters made under torch\.inference_mode\(\) "
+                                             r"\(inference tensors, e\.g\. 'model\.embed_tokens\.weight'\).*Build or "
+                                             r"load the model outside torch\.inference_mode\(\)"):
+        bcosify(stock, b=B, verbose=False)

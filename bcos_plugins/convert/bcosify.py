@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 
+import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
@@ -400,6 +401,15 @@ def plan_conversion(model: nn.Module, b: float = 1.5, *,
                              "pass True (B-cos query/key layers) or False (keep the pretrained query/key maps)",
                              kind=BcosTypeError)
     config = getattr(model, "config", None)
+    made_in_inference = next((n for n, p in model.named_parameters() if p.is_inference()), None)
+    if made_in_inference is not None:
+        # autograd cannot record an inference tensor: the converted model's explanations failed inside torch where a
+        # kept module (an LM head, an embedding) was used ("Inference tensors cannot be saved for backward")
+        raise argument_error(
+            "model", f"holds parameters made under torch.inference_mode() (inference tensors, e.g. "
+            f"'{made_in_inference}'), which autograd cannot record, so its B-cos model could not be explained or "
+            "trained", "Build or load the model outside torch.inference_mode() (torch.no_grad() is fine), then "
+            "call bcosify (which may itself run under inference_mode)")
     if has_dynamic_weights(model):
         raise argument_error(
             "model", f"{type(model).__name__} is already B-cosified (config.bcos={getattr(config, 'bcos', None)})",
@@ -429,6 +439,10 @@ def plan_conversion(model: nn.Module, b: float = 1.5, *,
     return _plan(model, spec, b, bcos_query_key)
 
 
+# under a caller's torch.inference_mode() the new layers' parameters and B buffers would be inference tensors (which
+# keep no version counter: the B-cos layer's init failed with torch's "Inference tensors do not track version
+# counter", and autograd could not have recorded them): the conversion makes ordinary tensors whatever the caller's mode
+@torch.inference_mode(False)
 def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, verbose: bool = True) -> nn.Module:
     """Convert a stock transformers model into a B-cos model, in place, and return it.
 
