@@ -18,9 +18,11 @@ checks that the SAEs belong to the layer: widths (``cfg.d_in``) and hook names (
 Hook names for a TransformerLens bilinear model (``model.blocks[L].mlp``): the MLP reads
 ``blocks.L.ln2.hook_normalized`` (or ``blocks.L.hook_resid_mid`` / ``blocks.L.hook_mlp_in`` when the model has
 no normalisation; ``blocks.L.mlp.hook_in``, its exact input, in sae-lens' ``HookedSAETransformer``) and writes
-``blocks.L.hook_mlp_out``. TransformerLens records ``hook_normalized`` before ln2 multiplies by its weight (a
-LayerNorm also adds its bias), so for an SAE there pass ``input_norm=model.blocks[L].ln2``: the analysed layer is
-then ``x -> mlp(x * ln2.w + ln2.b)``, exactly, in the SAE's coordinates. For other layers pass
+``blocks.L.hook_mlp_out`` (except where the block normalises the MLP's output again,
+``use_normalization_before_and_after``: ``hook_mlp_out`` is then after ``ln2_post``, and an output SAE there is
+refused). TransformerLens records ``hook_normalized`` before ln2 multiplies by its weight (a LayerNorm also adds its
+bias), so for an SAE there pass ``input_norm=model.blocks[L].ln2``: the analysed layer is then
+``x -> mlp(x * ln2.w + ln2.b)``, exactly, in the SAE's coordinates. For other layers pass
 ``input_hook=``/``output_hook=`` to have the SAEs' hook names checked.
 """
 
@@ -163,6 +165,24 @@ def _refuse_input_before_norm_weight(layer, sae) -> None:
         "HookedSAETransformer records the MLP's input there)")
 
 
+def _refuse_output_after_post_norm(layer, sae) -> None:
+    """Refuse an output SAE on ``blocks.L.hook_mlp_out`` of a model that normalises each MLP output again
+    (``use_normalization_before_and_after``, Gemma 2's layout): TransformerLens records that hook after ``ln2_post``,
+    a per-token scale no weight can fold, so it is not the bilinear layer's output and the output SAE's activations
+    computed from the weights were another layer's (off by up to 5.5 on a tiny model), silently."""
+    prefix = _mlp_prefix(layer)
+    hook = sae.cfg.metadata.hook_name
+    if prefix is None or hook != f"{prefix}.hook_mlp_out" \
+            or not getattr(getattr(layer, "cfg", None), "use_normalization_before_and_after", False):
+        return
+    raise argument_error(
+        "output_sae", f"it reads {hook!r}, which this model records after {prefix}.ln2_post normalises the MLP's output "
+        "again (use_normalization_before_and_after): a per-token scale, so it is not the bilinear layer's output and "
+        "the output feature activations, interactions and correlations would be another layer's",
+        "Train the output SAE on the MLP's own output (TransformerLens records none in this layout: add a hook of "
+        "your own and pass output_hook= with its name), or analyse a model without use_normalization_before_and_after")
+
+
 def _check_sae(sae, role: str, width: int, hooks: set[str] | None) -> None:
     if not isinstance(sae, SAE):
         raise BcosTypeError(
@@ -279,8 +299,9 @@ class BilinearSAEInteractions:
         TypeError: on a layer that is not bilinear (e.g. the MLP of a B-cos GPT-2 block); the message lists
             the layers that are.
         ValueError: on a width mismatch, a hook-name mismatch (or a missing hook name where one is
-            expected), SAEs whose inputs are normalised or reshaped, or an input SAE on ``ln2.hook_normalized``
-            behind a weighted norm without ``input_norm``.
+            expected), SAEs whose inputs are normalised or reshaped, an input SAE on ``ln2.hook_normalized``
+            behind a weighted norm without ``input_norm``, or an output SAE on ``hook_mlp_out`` of a model that
+            normalises the MLP's output again (``use_normalization_before_and_after``).
     """
 
     def __init__(self, layer, input_sae, output_sae, *, input_hook: str | None = None,
@@ -302,6 +323,7 @@ class BilinearSAEInteractions:
         _check_sae(output_sae, "output", weights.d_out, output_hooks)
         if input_norm is None:
             _refuse_input_before_norm_weight(layer, input_sae)
+        _refuse_output_after_post_norm(layer, output_sae)
         self.input_sae, self.output_sae = input_sae, output_sae
 
     def _encoder(self, features) -> Float[Tensor, "n d_out"]:

@@ -311,3 +311,32 @@ def test_bilinear_sae_interactions_on_a_bilinear_llama_from_hf_fold_its_rms_norm
     analysis = BilinearSAEInteractions(model.blocks[1].mlp, sae_in, sae_out, input_norm=model.blocks[1].ln2)
     _, cache = model.run_with_cache(torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(0)))
     _assert_the_models_own_layer(analysis, cache, "blocks.1.ln2.hook_normalized")
+
+
+def test_bilinear_sae_interactions_refuse_an_output_sae_after_the_mlps_post_norm():
+    """With use_normalization_before_and_after (Gemma 2's layout) TransformerLens records hook_mlp_out after ln2_post
+    normalises the MLP's output again, a per-token scale: an output SAE there is not on the layer's output, and the
+    output activations computed from the weights missed sae-lens' own on the model's hook_mlp_out by up to 5.5."""
+    from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions
+    from bcos_plugins.adapters.transformer_lens import bilinear_config
+    from transformer_lens import HookedTransformer
+
+    torch.manual_seed(0)
+    model = HookedTransformer(bilinear_config(d_model=8, n_layers=2, n_heads=2, d_mlp=16, d_vocab=VOCAB, n_ctx=16,
+                                              normalization_type="RMSPre", use_normalization_before_and_after=True))
+    sae_in, sae_out = _topk_sae("blocks.1.ln2.hook_normalized", 1), _topk_sae("blocks.1.hook_mlp_out", 2, k=8)
+    words = (r"output_sae: it reads 'blocks\.1\.hook_mlp_out', which this model records after blocks\.1\.ln2_post "
+             r"normalises the MLP's output again \(use_normalization_before_and_after\).* pass output_hook=")
+    with pytest.raises(BcosValueError, match=words):
+        BilinearSAEInteractions(model.blocks[1].mlp, sae_in, sae_out)
+    with pytest.raises(BcosValueError, match=words):  # naming the hook does not make it the layer's output
+        BilinearSAEInteractions(model.blocks[1].mlp, sae_in, sae_out, output_hook="blocks.1.hook_mlp_out")
+    # an SAE on the MLP's own output, recorded by a hook of the user's, is taken and is the layer's
+    own_out = _topk_sae("blocks.1.mlp.my_out", 2, k=8)
+    analysis = BilinearSAEInteractions(model.blocks[1].mlp, sae_in, own_out, output_hook="blocks.1.mlp.my_out")
+    outputs = []
+    handle = model.blocks[1].mlp.register_forward_hook(lambda module, args, out: outputs.append(out))
+    _, cache = model.run_with_cache(torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(0)))
+    handle.remove()
+    torch.testing.assert_close(analysis.output_activations(cache["blocks.1.ln2.hook_normalized"].reshape(-1, 8)),
+                               own_out.encode(outputs[0].reshape(-1, 8)), rtol=1e-4, atol=1e-4)
