@@ -425,14 +425,16 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     both: the layers run at the stored B, the edit does not change them. A folder saved from a
     :class:`~bcos_plugins.vision.BcosViT` loads as one, with every weight required. Keywords that name a
     configuration attribute (e.g. ``output_attentions=True``) set it, as in ``from_pretrained``; the others
-    (``dtype``, ``device_map``, ...) go to ``from_pretrained``. The model is returned in eval mode.
+    (``dtype``, ``device_map``, ...) go to ``from_pretrained``. The model is returned in eval mode, made of ordinary
+    tensors also when called under ``torch.inference_mode()``.
 
     Raises:
         BcosFileError: no such folder (or hub id), no config.json, no or an empty / truncated safetensors
             file (named).
         BcosValueError: not a B-cos model, an unknown or edited ``config.bcos`` (format version, architecture,
             query/key), weights that do not fit the configuration (wrong shapes, a changed ``num_labels``:
-            transformers' load report is quoted) or are missing.
+            transformers' load report is quoted) or are missing, or weights holding a bias the recorded conversion
+            drops (a stock model's, or a save whose ``config.bcos`` was edited: no B-cos save holds one).
         BcosKeywordError: a keyword it does not accept, each refused by name: one that would change the saved head
             (``num_labels``, ``id2label``, ``label2id``) or replace the saved configuration (``config``, ``bcos``),
             one of the ``from_pretrained`` arguments it sets itself (``pretrained_model_name_or_path``,
