@@ -284,3 +284,41 @@ def test_truncation_curve_names_directions_of_the_wrong_shape_and_is_the_layers_
     own = (BilinearWeights(W, V, P).forward(x) @ directions.T).argmax(-1)
     assert curve.full_accuracy == pytest.approx(float((own == labels).float().mean()))
     assert curve.accuracy == [pytest.approx(curve.full_accuracy)]
+
+
+# ------------------------------------------------------------------ segment and position ids given to explain
+
+
+def test_explain_refuses_segment_and_position_ids_of_the_wrong_form_naming_them():
+    """``token_type_ids`` / ``position_ids`` that do not fit the batch failed inside the model with torch's messages
+    ("The size of tensor a (9) must match the size of tensor b (8)", "embedding(): argument 'indices' must be Tensor,
+    not list", "index 100 is out of bounds for dimension 1 with size 40": a device-side assert on a GPU), naming
+    neither the argument nor the fix."""
+    from bcos_plugins import explain
+    from bcos_plugins.errors import BcosTypeError
+    from conftest import padded_batch
+
+    model = bcosify(tiny_model("BertForSequenceClassification"), verbose=False)
+    ids, mask = padded_batch()
+    types = torch.zeros_like(ids)
+    with pytest.raises(BcosValueError, match=r"^token_type_ids: has shape \(3, 8\) for input_ids of shape \(3, 9\)"):
+        explain(model, ids, mask, token_type_ids=types[:, :-1])
+    with pytest.raises(BcosTypeError, match=r"^token_type_ids: is a list.*Pass a tensor"):
+        explain(model, ids, mask, token_type_ids=types.tolist())
+    with pytest.raises(BcosValueError, match=r"^position_ids: has shape \(9,\) for input_ids of shape \(3, 9\)"):
+        explain(model, ids, mask, position_ids=torch.arange(9))
+    with pytest.raises(BcosValueError, match=r"^position_ids: holds 108, outside the model's 40 positions "
+                                             r"\(config.max_position_embeddings\)"):
+        explain(model, ids, mask, position_ids=torch.arange(9)[None] + 100)
+    with pytest.raises(BcosValueError, match=r"^position_ids: holds -1, outside"):
+        explain(model, ids, mask, position_ids=torch.arange(9)[None] - 1)
+    with pytest.raises(BcosTypeError, match=r"^position_ids: is a torch.float32 tensor"):
+        explain(model, ids, mask, position_ids=torch.arange(9.0)[None])
+    # the forms that fit are the model's own call: one row for every row, or one per row
+    plain = explain(model, ids, mask)
+    for types_given, positions in ((types[:1], torch.arange(9)[None]), (types, torch.arange(9).expand(3, 9))):
+        given = explain(model, ids, mask, token_type_ids=types_given, position_ids=positions)
+        with torch.no_grad():
+            own = model(input_ids=ids, attention_mask=mask, token_type_ids=types_given, position_ids=positions).logits
+        torch.testing.assert_close(given.explained, own.gather(1, given.target[:, None])[:, 0])
+        torch.testing.assert_close(given.explained, plain.explained)  # right padding: the same positions

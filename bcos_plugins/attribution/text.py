@@ -389,6 +389,43 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
                          "Pad on the right (tokenizer.padding_side = 'right')")
 
 
+def _check_per_token_ids(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[Tensor, "batch pos"],
+                         forward_kwargs: dict) -> None:
+    """Refuse ``token_type_ids`` / ``position_ids`` given by the caller that do not fit the batch: not a tensor, not
+    integers (position ids; segment ids are checked by :func:`check_forward_kwargs`), not one entry per token
+    (``(batch, pos)``, or one row for every row: ``(1, pos)`` or ``(pos,)`` for segment ids, which transformers
+    broadcasts), or position ids outside a learned position table (its ``config`` rows). Each failed inside the model
+    with torch's words, naming neither the argument nor the fix (a size mismatch, "embedding(): argument 'indices' must
+    be Tensor, not list", an index out of bounds: a device-side assert on a GPU)."""
+    batch, length = input_ids.shape
+    for name, what in (("token_type_ids", "segment id"), ("position_ids", "position")):
+        value = forward_kwargs.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, Tensor):
+            raise argument_error(name, f"is a {type(value).__name__}, not a tensor", f"Pass a tensor of one {what} per "
+                                 f"token, e.g. torch.tensor({name})", kind=BcosTypeError)
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise argument_error(name, f"is a {value.dtype} tensor; {what}s are integers",
+                                 f"Pass integer {what}s (torch.long)", kind=BcosTypeError)
+        # position ids index one row per batch row (a 1-d tensor failed inside the model's gather); segment ids of
+        # (pos,) broadcast like (1, pos)
+        one_d = value.ndim == 1 and name == "token_type_ids"
+        if not (one_d or value.ndim == 2) or value.shape[-1] != length or (value.ndim == 2
+                                                                           and value.shape[0] not in (1, batch)):
+            raise argument_error(name, f"has shape {tuple(value.shape)} for input_ids of shape {(batch, length)}",
+                                 f"Pass one {what} per token: ({batch}, {length}), or (1, {length}) for every row")
+    positions, table = forward_kwargs.get("position_ids"), spec.position_table
+    rows = getattr(getattr(model, "config", None), table.size_key, None) if table is not None else None
+    if positions is not None and type(rows) is int and positions.numel():
+        low, high = int(positions.min()), int(positions.max())  # one sync, only when position ids are given
+        if low < 0 or high >= rows:
+            raise argument_error("position_ids", f"holds {low if low < 0 else high}, outside the model's {rows} "
+                                 f"positions (config.{table.size_key}), 0 to {rows - 1}",
+                                 "Leave position_ids out (explain counts each row's real tokens from 0), or pass "
+                                 "positions inside the table")
+
+
 def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[Tensor, "batch pos"],
                       attention_mask: Int[Tensor, "batch pos"] | None, forward_kwargs: dict, *,
                       padded: bool | None = None) -> dict:
@@ -406,6 +443,7 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     """
     check_forward_kwargs(model, forward_kwargs)
     _check_explained_output_kwargs(forward_kwargs)
+    _check_per_token_ids(model, spec, input_ids, forward_kwargs)
     kwargs = dict(forward_kwargs)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     if padded is not False:
