@@ -26,11 +26,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import padded_batch, tiny_model
 from test_pretrain import QUIET, word_tokenizer
 
-from bcos_plugins import bcosify, fine_tune_classifier
-from bcos_plugins.errors import BcosValueError
+from bcos_plugins import bcosify, explain, fine_tune_classifier
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.train import accuracy, predict
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -294,10 +294,6 @@ def test_explain_refuses_segment_and_position_ids_of_the_wrong_form_naming_them(
     ("The size of tensor a (9) must match the size of tensor b (8)", "embedding(): argument 'indices' must be Tensor,
     not list", "index 100 is out of bounds for dimension 1 with size 40": a device-side assert on a GPU), naming
     neither the argument nor the fix."""
-    from bcos_plugins import explain
-    from bcos_plugins.errors import BcosTypeError
-    from conftest import padded_batch
-
     model = bcosify(tiny_model("BertForSequenceClassification"), verbose=False)
     ids, mask = padded_batch()
     types = torch.zeros_like(ids)
