@@ -168,3 +168,15 @@ def test_the_gpu_probe_refuses_a_cpu_without_the_interpreter_and_bad_configurati
         with pytest.raises(SystemExit):
             triton_probe.main(["--device", "cpu", "--quick", "--configs", text])
         assert message in capsys.readouterr().err, text
+
+
+def test_the_gpu_probe_stops_starting_configurations_at_its_budget(monkeypatch, capsys):
+    """The probe must end within one short GPU call: past ``--budget-s`` no configuration starts, and it says so
+    (here at once: no kernel launches, so no interpreter is needed)."""
+    from benchmarks import triton_probe
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # (the CPU check; nothing is launched)
+    assert triton_probe.main(["--device", "cpu", "--quick", "--parts", "kernel", "--budget-s", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "configurations 1-3 not measured" in out
+    assert "| minilm q/k/v/out (32 x 32 -> 32) bf16 |" in out and "fp32, geometric mean" in out
