@@ -324,6 +324,10 @@ def _compile(cases: list[Case], config: Config, b: float, threads: int) -> str:
             for case in cases:
                 _kernel_call(case, config, b)()
     except Exception as err:  # (the launches below then compile one by one, and fail per cell if they must)
+        # a mode left active would send every later launch to the closed pool
+        from triton.runtime import _async_compile
+
+        _async_compile.active_mode.set(None)
         return f"parallel compile failed ({type(err).__name__}: {str(err)[:80]}), compiled at first launch"
     return f"compiled in {time.perf_counter() - start:.1f} s"
 

@@ -180,3 +180,38 @@ def test_the_gpu_probe_stops_starting_configurations_at_its_budget(monkeypatch, 
     out = capsys.readouterr().out
     assert "configurations 1-3 not measured" in out
     assert "| minilm q/k/v/out (32 x 32 -> 32) bf16 |" in out and "fp32, geometric mean" in out
+
+
+def test_the_gpu_probe_s_parallel_compile_only_compiles_and_restores_the_kernel(monkeypatch):
+    """The probe compiles a configuration's kernels in threads by standing in for the decorated kernel
+    (``kernel[grid](...)`` becomes ``kernel.warmup``, which launches nothing); afterwards the layers' kernel is back,
+    and Triton's async compile mode is off again (left on, every later launch would go to the closed pool). Under
+    the interpreter ``warmup`` does nothing, so this checks the plumbing; the compiling itself runs on a GPU."""
+    from triton.runtime import _async_compile
+
+    from benchmarks import triton_probe
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    config = triton_probe.parse_config("32x32x16/w4/s3/late")
+    problem = triton_probe.Problem("tiny", "layer", 8, 32, 16, columns=False)
+    case = triton_probe.make_case(problem, torch.float32, torch.device("cpu"), 1.5)
+    kernel = tlin._kernel
+    decorated = kernel(True)
+    warmup, seen = decorated.warmup, []
+
+    def recorded(*args, grid, **kwargs):
+        seen.append((grid, kwargs["BLOCK_M"], kwargs["LATE_NORMS"], kwargs["num_stages"]))
+        return warmup(*args, grid=grid, **kwargs)
+
+    monkeypatch.setattr(decorated, "warmup", recorded)
+    assert triton_probe._compile([case], config, 1.5, threads=2).startswith("compiled in")
+    assert seen == [((1, 1), 32, True, 3)]
+    assert tlin._kernel is kernel and _async_compile.active_mode.get() is None
+
+    def fails(self, *exc):
+        raise RuntimeError("a compile thread failed")
+
+    monkeypatch.setattr(_async_compile.AsyncCompileMode, "__exit__", fails)
+    note = triton_probe._compile([case], config, 1.5, threads=2)
+    assert note.startswith("parallel compile failed (RuntimeError: a compile thread failed)"), note
+    assert tlin._kernel is kernel and _async_compile.active_mode.get() is None
