@@ -31,7 +31,7 @@ from ._checks import (
 from .convert.architectures import SPECS, spec_for
 from .convert.bcosify import bcosify, plan_conversion
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
-from .corpus import require_tokenizer_fits
+from .corpus import require_texts_with_tokens, require_tokenizer_fits
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, BcosValueError, argument_error
 from .fine_tuning import fine_tune_classifier, training_arguments
@@ -198,10 +198,14 @@ def pretrain_masked_lm(
     require_tokenizer_fits(model, tokenizer)  # the one check of a tokenizer larger than the embedding
     args = training_arguments("bcos_mlm_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
                                progress, training_args)
+    dataset = EncodedTexts(tokenizer, texts, None, max_length)
+    # a batch of texts without tokens (rows of padding alone) failed mid-training inside the attention
+    require_texts_with_tokens([len(ids) for ids in dataset.encodings["input_ids"]], range(len(texts)), texts, "texts",
+                              "pre-train on", scope="")
     trainer = Trainer(
         model=model,
         args=args,
-        train_dataset=EncodedTexts(tokenizer, texts, None, max_length),
+        train_dataset=dataset,
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability,
                                                       seed=seed),
     )

@@ -318,3 +318,14 @@ def test_explain_refuses_segment_and_position_ids_of_the_wrong_form_naming_them(
             own = model(input_ids=ids, attention_mask=mask, token_type_ids=types_given, position_ids=positions).logits
         torch.testing.assert_close(given.explained, own.gather(1, given.target[:, None])[:, 0])
         torch.testing.assert_close(given.explained, plain.explained)  # right padding: the same positions
+
+
+def test_pretrain_masked_lm_refuses_a_text_that_tokenises_to_no_token_before_training():
+    """A batch of such texts (rows of padding alone) failed mid-training inside the attention ("cannot reshape tensor
+    of 0 elements into shape [2, 0, -1, 8]"), after however many steps had run; now refused before any step, as
+    fine_tune_classifier refuses it."""
+    from bcos_plugins.pretrain import pretrain_masked_lm
+
+    with pytest.raises(BcosValueError, match=r"^texts: text 0 \(''\) tokenises to no token \(and 1 more\): there is "
+                                             r"nothing to pre-train on"):
+        pretrain_masked_lm(tiny_model("BertForMaskedLM"), word_tokenizer(), ["", "w1 w2", ""], **QUIET)
