@@ -329,3 +329,37 @@ def test_pretrain_masked_lm_refuses_a_text_that_tokenises_to_no_token_before_tra
     with pytest.raises(BcosValueError, match=r"^texts: text 0 \(''\) tokenises to no token \(and 1 more\): there is "
                                              r"nothing to pre-train on"):
         pretrain_masked_lm(tiny_model("BertForMaskedLM"), word_tokenizer(), ["", "w1 w2", ""], **QUIET)
+
+
+# ------------------------------------------------------------------ zero-shot evaluation's labels and scores
+
+
+class _FirstTokenClassifier(torch.nn.Module):
+    """Class ``input_ids[:, 0] % 3`` with certainty: predictions known in advance (outside the registry)."""
+
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, attention_mask=None):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(input_ids[:, 0] % 3, 3).float())
+
+
+def test_zero_shot_evaluation_scores_unmapped_predictions_as_errors_over_the_datasets_classes():
+    """Unmapped predictions were written as -1 and scored as a class of their own: an unlabelled split's labels (-1,
+    as GLUE's test sets have) then matched every unmapped prediction (accuracy 1.0 for a model whose classes map to
+    nothing), and with real labels the phantom class -1 entered the macro averages (precision 0.5 for 0.75)."""
+    from bcos_plugins.space.zero_shot import zero_shot_evaluation
+
+    tok = word_tokenizer()  # w0, w1, w2 are ids 5, 6, 7: classes 2, 0, 1
+    with pytest.raises(BcosValueError, match=r"^labels: must be >= 0, got -1"):
+        zero_shot_evaluation(_FirstTokenClassifier(), tok, ["w1", "w2"], [-1, -1], label_map={})
+    scores = zero_shot_evaluation(_FirstTokenClassifier(), tok, ["w1", "w2", "w0", "w1"], [0, 1, 1, 1],
+                                  label_map={0: 0, 1: 1})
+    # by hand: predictions [0, 1, unmapped, 0]; class 0: P = 1/2, R = 1/1; class 1: P = 1/1, R = 1/3
+    assert scores["accuracy"] == pytest.approx(0.5)
+    assert scores["precision_macro"] == pytest.approx((0.5 + 1.0) / 2)
+    assert scores["recall_macro"] == pytest.approx((1.0 + 1 / 3) / 2)
+    assert scores["f1_macro"] == pytest.approx((2 * 0.5 / 1.5 + 2 * (1 / 3) / (4 / 3)) / 2)

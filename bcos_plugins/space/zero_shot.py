@@ -119,8 +119,10 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
     return predictions
 
 
-def classification_scores(labels: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
-    """Accuracy and macro precision / recall / F1 (scikit-learn's definitions; classes seen in either list)."""
+def classification_scores(labels: Sequence[int], predictions: Sequence[int], *,
+                          classes: Sequence[int] | None = None) -> dict[str, float]:
+    """Accuracy and macro precision / recall / F1 (scikit-learn's definitions; the macro averages are over
+    ``classes``, by default the classes seen in either list)."""
     try:
         from sklearn.metrics import accuracy_score, precision_recall_fscore_support
     except ImportError:
@@ -137,7 +139,8 @@ def classification_scores(labels: Sequence[int], predictions: Sequence[int]) -> 
                              "Pass one prediction per label")
     if not labels:
         raise argument_error("labels", "is empty, so the scores are undefined", "Pass at least one example")
-    precision, recall, f1, _ = precision_recall_fscore_support(labels, predictions, average="macro", zero_division=0)
+    precision, recall, f1, _ = precision_recall_fscore_support(
+        labels, predictions, labels=None if classes is None else list(classes), average="macro", zero_division=0)
     return {"accuracy": float(accuracy_score(labels, predictions)), "f1_macro": float(f1),
             "precision_macro": float(precision), "recall_macro": float(recall), "n": len(labels)}
 
@@ -155,7 +158,9 @@ def zero_shot_evaluation(
     """Evaluate a trained classifier on another dataset without any training on it.
 
     ``label_map`` maps the model's class ids to the target dataset's label ids when they differ (e.g. a
-    3-class model evaluated on a binary set); unmapped predictions count as errors.
+    3-class model evaluated on a binary set); unmapped predictions count as errors, and the macro averages are over
+    the dataset's labels and the mapped predictions' classes. ``labels`` are class ids >= 0 (an unlabelled split's
+    -1, GLUE's test sets', is refused).
     """
     for name, values in (("texts", texts), ("labels", labels)):
         if isinstance(values, str | bytes) or not hasattr(values, "__len__"):
@@ -168,7 +173,12 @@ def zero_shot_evaluation(
         raise argument_error("labels", f"{len(texts)} texts but {len(labels)} labels", "Pass one label per text")
     if len(texts) == 0:
         raise argument_error("texts", "nothing to evaluate: texts is empty", "Pass at least one text")
+    # class ids >= 0: an unmapped prediction is written as -1 below, which an unlabelled split's -1 matched (accuracy
+    # 1.0 for a model none of whose classes map)
+    labels = [require_int("labels", y, minimum=0) for y in labels]
     predictions = predict_labels(model, tokenizer, texts, batch_size, max_length, progress)
     if label_map is not None:
         predictions = [label_map.get(p, -1) for p in predictions]
-    return classification_scores(list(labels), predictions)
+    # the -1 of unmapped predictions is no class: in the macro averages it was one (precision 0, pulling them down)
+    classes = sorted(set(labels) | {p for p in predictions if p != -1})
+    return classification_scores(labels, predictions, classes=classes)
