@@ -9,9 +9,10 @@ it, so that a run ends within about 140 s; the kernel part says which configurat
    float32, AdamW) trained for ``--steps`` steps with the kernel on, then bench_gpu's ``saved_for_backward_bytes``
    count (whose pack hook leaked each counted graph until 2026-11-28, the cause of the H200 run's out-of-memory
    llama-1b rows) and one more step, then the model freed: ``torch.cuda.memory_allocated`` and
-   ``max_memory_allocated`` after each, and the allocation after ``gc.collect()``. Without a leak the allocation
-   after each step is the same (parameters, gradients freed, AdamW state) and falls back to the start's once the
-   model is freed.
+   ``max_memory_allocated`` after each, and the allocation after ``gc.collect()``; then one step with the kernel off
+   (the PyTorch path) for comparison. Without a leak the allocation after each step is the same (parameters,
+   gradients freed, AdamW state) and falls back to the start's once the model is freed, and the steps' peaks with
+   and without the kernel agree (its training node saves what the PyTorch path's saves).
 2. kernel: for every linear layer shape of minilm, bert-base and gpt2 (M = batch x tokens rows = 8192, the layers'
    K inputs and N units; GPT-2's ``Conv1D`` weights are ``(K, N)``, read transposed), in bfloat16 autocast
    (bfloat16 activations, float32 weights, as in the model) and float32 (IEEE: TF32 off, as bench_gpu sets it), the
@@ -207,6 +208,11 @@ def memory_part(shape: Shape, device: torch.device, steps: int, b: float) -> Non
             if step == steps:
                 saved = saved_for_backward_bytes(model, functools.partial(loss, model))
                 row(f"saved_for_backward_bytes ({saved / 2**20:,.1f} MiB counted)")
+    # the PyTorch path's step for comparison: the kernel's training node saves the same tensors, so the same peak
+    loss(model).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    row(f"train step {steps + 2}, kernel off")
     del model, optimizer
     row("model and optimizer freed")
     print(f"# {launches.count} kernel launches ({launches.count // (steps + 2)} per forward); part 1 done at "
