@@ -18,7 +18,8 @@ it, so that a run ends within about 140 s; the kernel part says which configurat
    (bfloat16 activations, float32 weights, as in the model) and float32 (IEEE: TF32 off, as bench_gpu sets it), the
    median time (``triton.testing.do_bench``) of the kernel's inference launch per configuration, next to
    ``F.linear`` (the matrix product alone; bfloat16: with the weight cast beforehand) and the PyTorch B-cos layer
-   (``BcosLinear`` / ``BcosConv1D`` without the kernel: norms, division, product, scale). Every configuration's
+   (``BcosLinear`` / ``BcosConv1D`` without the kernel: norms, division, product, scale; ``||x||`` computed in every
+   call, where a model's query, key and value projections share it). Every configuration's
    output is checked against the PyTorch B-cos layer's (largest difference relative to the largest value: 3e-2
    bfloat16, 1e-4 float32); a cell that fails is marked ``!`` and listed. A configuration is
    ``BMxBNxBK/wWARPS/sSTAGES`` (output tile, K step, ``num_warps``, ``num_stages``; powers of two, stages 1-8),
@@ -278,8 +279,10 @@ def make_case(problem: Problem, dtype: torch.dtype, device: torch.device, b: flo
         want = layer(x)
 
     def bcos():
+        # a fresh view each call: the layers share ||x|| of the last input they read (functional._derived_from, by
+        # tensor identity), which would leave the norm out of every call after the first
         with torch.no_grad(), _autocast(device, dtype):
-            layer(x)
+            layer(x.view(x.shape))
 
     w = view.to(dtype)  # (the conventional product alone: the weight cast once, outside the timing)
 
