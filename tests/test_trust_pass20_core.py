@@ -363,3 +363,15 @@ def test_zero_shot_evaluation_scores_unmapped_predictions_as_errors_over_the_dat
     assert scores["precision_macro"] == pytest.approx((0.5 + 1.0) / 2)
     assert scores["recall_macro"] == pytest.approx((1.0 + 1 / 3) / 2)
     assert scores["f1_macro"] == pytest.approx((2 * 0.5 / 1.5 + 2 * (1 / 3) / (4 / 3)) / 2)
+
+
+def test_paired_accuracy_difference_refuses_negative_class_ids():
+    """An unlabelled split's labels (-1) matched no prediction: both variants scored 0.0, the difference 0 with an
+    interval of zero width (no discordant pair), so ``non_inferior`` answered True at any margin, without a word."""
+    pytest.importorskip("scipy")
+    from bcos_plugins.metrics import paired_accuracy_difference
+
+    with pytest.raises(BcosValueError, match=r"^labels: holds -1 at examples \[0, 1, 2\], not a class id"):
+        paired_accuracy_difference([0, 1, 1], [1, 1, 0], [-1, -1, -1])
+    with pytest.raises(BcosValueError, match=r"^predictions_b: holds -1 at seeds \[1\], not a class id"):
+        paired_accuracy_difference([[0, 1, 1], [0, 1, 1]], [[0, 1, 1], [0, -1, 1]], [0, 1, 1])

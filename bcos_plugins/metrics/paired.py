@@ -113,6 +113,15 @@ def paired_accuracy_difference(
     if labels.shape[0] != a.shape[1]:
         raise argument_error("labels", f"has {labels.shape[0]} entries but the predictions cover {a.shape[1]} "
                              "examples", "Pass one label per evaluated example, in the predictions' order")
+    # class ids are >= 0: an unlabelled split's -1 matched no prediction, so both variants scored 0 with an interval of
+    # zero width (no discordant pair) and non_inferior answered True at any margin
+    for name, ids, where in (("predictions_a", a, "seeds"), ("predictions_b", b, "seeds"), ("labels", labels, "examples")):
+        negative = ids < 0
+        if negative.any():
+            at = negative.reshape(negative.shape[0], -1).any(1).nonzero().flatten().tolist()
+            raise argument_error(name, f"holds {int(ids[negative][0])} at {where} {at[:8]}, not a class id",
+                                 "Pass class ids >= 0 (an unlabelled split cannot be scored: evaluate on labelled "
+                                 "examples)")
     confidence = require_float("confidence", confidence, minimum=0.0, maximum=1.0, open_minimum=True)
     if confidence == 1.0:
         raise argument_error("confidence", "must be below 1 (a 100 % interval is unbounded)", "Pass e.g. 0.95")
