@@ -45,9 +45,10 @@ def _fitting_tokenizer(folder):
     return T.AutoTokenizer.from_pretrained(folder)
 
 
+@pytest.mark.parametrize("bcos", [True, False])
 @pytest.mark.parametrize("how", ["set_tokenizer", "constructor"])
 @pytest.mark.parametrize("model_class", ["HookedTransformer", "HookedSAETransformer"])
-def test_transformer_lens_own_tokenizer_attach_refuses_a_tokenizer_larger_than_the_vocabulary(how, model_class,
+def test_transformer_lens_own_tokenizer_attach_refuses_a_tokenizer_larger_than_the_vocabulary(how, model_class, bcos,
                                                                                              tmp_path):
     """hooked_transformer_from_hf(tokenizer=) refused a tokenizer with more tokens than the model's embedding rows,
     but TransformerLens' own attach did not: model.set_tokenizer(tok), HookedTransformer(cfg, tokenizer=tok) and
@@ -60,8 +61,10 @@ def test_transformer_lens_own_tokenizer_attach_refuses_a_tokenizer_larger_than_t
     from transformer_lens import HookedTransformer
 
     cls = HookedTransformer if model_class == "HookedTransformer" else HookedSAETransformer
-    model = to_lens(bcosify(tiny_model("GPT2LMHeadModel"), b=1.5, verbose=False), model_class=cls)
-    refusal = r"tokenizer: GPT2Tokenizer\w*\(.*\) has 50257 tokens, but Bcos\w+ has 60 embedding rows"
+    hf = tiny_model("GPT2LMHeadModel")
+    model = to_lens(bcosify(hf, b=1.5, verbose=False) if bcos else hf, model_class=cls)
+    assert isinstance(model, cls)
+    refusal = r"tokenizer: GPT2Tokenizer\w*\(.*\) has 50257 tokens, but \w+ has 60 embedding rows"
     with pytest.raises(BcosValueError, match=refusal):
         if how == "set_tokenizer":
             model.set_tokenizer(_gpt2_tokenizer())
@@ -76,6 +79,25 @@ def test_transformer_lens_own_tokenizer_attach_refuses_a_tokenizer_larger_than_t
         model = type(model)(model.cfg, tokenizer=fitting)
     assert model.to_tokens("w5 w7", prepend_bos=False).tolist() == [[8, 10]]
     assert model("w5 w7").shape == (1, 3, VOCAB)
+
+
+@pytest.mark.parametrize("family", ["GPT2LMHeadModel", "LlamaForCausalLM"])
+def test_a_plain_hooked_transformer_from_hf_follows_its_dtype_methods(family):
+    """note20's leftover: a plain model from hooked_transformer_from_hf failed after .double() / .half() /
+    .bfloat16() ("mat1 and mat2 must have the same dtype, but got Float and Double"): its weightless final norm casts
+    to cfg.dtype, which only TransformerLens' own .to(dtype) updated. It now computes the transformers model's logits
+    in each dtype, as the B-cos models did."""
+    to_lens = hooked_transformer_from_hf_or_none()
+    if to_lens is None:
+        return
+    hf = tiny_model(family)
+    model = to_lens(hf)
+    tokens = ids()
+    for method, atol in (("double", 1e-7), ("half", 2e-3), ("bfloat16", 1e-2), ("float", 1e-5)):
+        getattr(model, method)()
+        getattr(hf, method)()
+        assert model.cfg.dtype == next(model.parameters()).dtype == next(hf.parameters()).dtype
+        torch.testing.assert_close(model(tokens), hf(tokens).logits, rtol=0, atol=atol)
 
 
 def test_a_config_that_sizes_its_vocabulary_from_the_tokenizer_still_takes_it(tmp_path):

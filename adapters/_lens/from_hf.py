@@ -171,9 +171,11 @@ def hooked_transformer_from_hf(
 
     Returns:
         a ``model_class`` instance (its B-cos version for B-cos models, see ``bcos_model_class``; for plain models
-        whose blocks normalise their outputs again, Gemma 2, a subclass whose ``run_with_cache`` gives exact
-        per-head / per-neuron results, see ``exact_cache_class``) on the device and dtype of ``hf_model``, made
-        explainable (:func:`make_explainable`), in the same train/eval mode.
+        the subclass of ``exact_cache_class``, whose ``run_with_cache`` gives exact per-head / per-neuron results where
+        blocks normalise their outputs again, Gemma 2, and whose ``.double()`` / ``.half()`` keep ``cfg.dtype`` in
+        step) on the device and dtype of ``hf_model``, made explainable (:func:`make_explainable`), in the same
+        train/eval mode. TransformerLens' own tokenizer attach on it (``model.set_tokenizer``) refuses a tokenizer
+        with more tokens than the model's embedding rows, as ``tokenizer=`` does.
 
     Raises:
         TypeError: other architectures. ValueError: options TransformerLens cannot express (named).
@@ -200,9 +202,13 @@ def hooked_transformer_from_hf(
         model = bcos_model_class(model_class)(cfg, move_to_device=True)
     else:
         cfg = HookedTransformerConfig(**cfg_dict)
-        if cfg.use_normalization_before_and_after:  # Gemma 2: per-head / per-neuron results through its post-norms
-            model_class = exact_cache_class(model_class)
-        model = model_class(cfg, move_to_device=True)
+        # ExactCache's subclass for every plain model too: its run_with_cache gives exact per-head / per-neuron results
+        # where blocks normalise their outputs again (Gemma 2) and is TransformerLens' own elsewhere; its .double() /
+        # .half() / .bfloat16() keep cfg.dtype in step (the weightless final norm casts to cfg.dtype, so a plain
+        # model's .double() failed in the unembedding: "mat1 and mat2 must have the same dtype"); and TransformerLens'
+        # own tokenizer attach (set_tokenizer, sae-lens' HookedSAETransformer) refuses a tokenizer larger than the
+        # vocabulary, as tokenizer= here does
+        model = exact_cache_class(model_class)(cfg, move_to_device=True)
     # TransformerLens' converters leave out buffers (masks, rotary tables) and some zero biases (GPT-2's
     # b_U); its fill_missing_keys takes those from the freshly built model and fails on missing weights.
     state = _state_dict(conversion, hf_model, cfg, bcos is not None)
