@@ -235,6 +235,8 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
             f"config.bcos['b'] = {settings['b']}), but its weights store a B per layer ({len(stored)} bcos_b "
             "entries, written from format 2 on), which format 1 would ignore. config.json was edited: restore "
             "it from the original save (the file is not rewritten).")
+    # the record is read (settings) and written again by bcosify, which refuses a stock model that still holds one
+    delattr(model.config, BCOS_CONFIG_KEY)
     bcosify(model, b=settings["b"], bcos_query_key=settings.get("query_key") != "stock", verbose=False)
     # a save of a B-cos model holds none of the biases its conversion drops (they were gone when it was saved): the
     # stock class loads them without a word and bcosify then drops them, so weights of another model (a stock save

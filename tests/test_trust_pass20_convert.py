@@ -29,7 +29,7 @@ from conftest import padded_batch
 from test_conformance import B, _stock
 
 from bcos_plugins import UnsupportedModuleError, bcosify, explain, load_bcos_model
-from bcos_plugins.errors import BcosValueError
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -442,3 +442,26 @@ def test_a_model_built_under_inference_mode_is_refused_naming_the_cause():
                                              r"\(inference tensors, e\.g\. 'model\.embed_tokens\.weight'\).*Build or "
                                              r"load the model outside torch\.inference_mode\(\)"):
         bcosify(stock, b=B, verbose=False)
+
+
+# ------------------------------------------------------------------ a B-cos checkpoint loaded with plain transformers
+
+
+@pytest.mark.parametrize("query_key", [True, False])
+def test_bcosify_refuses_a_bcos_checkpoint_loaded_as_the_stock_class(tmp_path, query_key):
+    """Stock modules with the record kept: bcosify converted it again at the b given (1.5 by default), another model
+    than the one saved (logits 0.11 off at B = 1.25; stock query/key layers made B-cos), where predict, the metrics
+    and explain refuse it naming load_bcos_model. Deleting the record converts it as a new stock model."""
+    import transformers as T
+
+    saved = bcosify(_stock("BertForSequenceClassification"), b=1.25, bcos_query_key=query_key, verbose=False)
+    saved.save_pretrained(tmp_path)
+    plain = T.BertForSequenceClassification.from_pretrained(tmp_path).eval()
+    with pytest.raises(BcosTypeError, match=r"model: is a stock BertForSequenceClassification whose config holds B-cos "
+                                            r"settings .*'b': 1\.25.*Load it with bcos_plugins\.load_bcos_model\(path\)"):
+        bcosify(plain, verbose=False)
+    assert not any(type(m).__name__.startswith("Bcos") for m in plain.modules())
+    ids, mask = padded_batch()
+    torch.testing.assert_close(_logits(load_bcos_model(tmp_path), ids, mask), _logits(saved, ids, mask), rtol=0, atol=0)
+    del plain.config.bcos
+    assert bcosify(plain, b=1.5, verbose=False).config.bcos["b"] == 1.5

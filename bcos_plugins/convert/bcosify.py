@@ -421,6 +421,16 @@ def plan_conversion(model: nn.Module, b: float = 1.5, *,
     if name not in SPECS:
         raise UnsupportedModuleError(unsupported_message(model, name))
     check_stock_class(model, name, exact=True)
+    record = getattr(config, BCOS_CONFIG_KEY, None)
+    if isinstance(record, dict):
+        # a B-cos checkpoint loaded with plain transformers (stock modules, its record kept): converted again at the b
+        # given (1.5 by default), it silently became another model than the one saved (each layer's stored B, the
+        # query/key choice; a tiny BERT's logits 0.11 off), where predict, the metrics and explain refuse it
+        raise argument_error(
+            "model", f"is a stock {name} whose config holds B-cos settings (config.bcos = {record}): a B-cos checkpoint "
+            "loaded with plain transformers, which converting again would not rebuild as it was saved (the B each "
+            "layer stored, the query/key choice)", "Load it with bcos_plugins.load_bcos_model(path); to convert it as "
+            "a new stock model, delete the record first (del model.config.bcos)", kind=BcosTypeError)
     spec = SPECS[name]
     if getattr(config, "add_cross_attention", False):
         # Cross-attention keys/values come from another model's states (encoder_hidden_states), which
@@ -475,7 +485,10 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
             not by name), cross-attention, or an unsupported module (path and class named; also a subclass of a
             layer class it rebuilds from the weights alone, whose own forward would be dropped, and a module held at
             two paths that would convert differently).
-        BcosValueError: hooks on a module it replaces (named): the new module would not run them.
+        BcosValueError: hooks on a module it replaces (named): the new module would not run them; parameters made
+            under ``torch.inference_mode()``.
+        BcosTypeError: a B-cos checkpoint loaded with plain transformers (``config.bcos`` on stock modules): load it
+            with :func:`~bcos_plugins.load_bcos_model`, which rebuilds it as saved.
     """
     if not isinstance(verbose, bool):
         raise argument_error("verbose", f"must be True or False, got {verbose!r}", "pass a bool",
