@@ -375,3 +375,22 @@ def test_paired_accuracy_difference_refuses_negative_class_ids():
         paired_accuracy_difference([0, 1, 1], [1, 1, 0], [-1, -1, -1])
     with pytest.raises(BcosValueError, match=r"^predictions_b: holds -1 at seeds \[1\], not a class id"):
         paired_accuracy_difference([[0, 1, 1], [0, 1, 1]], [[0, 1, 1], [0, -1, 1]], [0, 1, 1])
+
+
+# ------------------------------------------------------------------ token scores: reduce="l2" on token-level scores
+
+
+def test_token_scores_l2_is_the_magnitude_whatever_the_number_of_feature_dimensions():
+    """``reduce="l2"`` (the unsigned norm over the features, for methods whose sign is meaningless) returned
+    ``(batch, pos)`` scores signed, where the same scores with a feature axis of one came back as magnitudes: the
+    metrics ranked a token of -3 last instead of first, without a word."""
+    from bcos_plugins.metrics import token_scores, top_k_masks
+
+    scores = torch.tensor([[1.0, -3.0, 2.0, 0.5]])
+    expected = scores.abs()
+    torch.testing.assert_close(token_scores(scores, reduce="l2"), expected)
+    torch.testing.assert_close(token_scores(scores[..., None], reduce="l2"), expected)
+    torch.testing.assert_close(token_scores(scores[..., None, None].expand(1, 4, 2, 2), reduce="l2"), 2 * expected)
+    # the metrics rank by it: the top token is the one of magnitude 3
+    masks, _ = top_k_masks(token_scores(scores, reduce="l2"), torch.ones(1, 4, dtype=torch.bool), [0.25])
+    assert masks[0, 0].tolist() == [False, True, False, False]

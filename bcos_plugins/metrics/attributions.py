@@ -77,6 +77,10 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
             scores = flat.mean(-1)
         else:
             scores = flat.norm(dim=-1)
+    elif reduce == "l2":
+        # the norm over no feature axis is the magnitude: (batch, pos) scores came back signed, where the same scores
+        # with a feature axis of one were magnitudes (a token of -3 ranked last instead of first)
+        scores = scores.abs()
     return scores
 
 
