@@ -394,3 +394,23 @@ def test_token_scores_l2_is_the_magnitude_whatever_the_number_of_feature_dimensi
     # the metrics rank by it: the top token is the one of magnitude 3
     masks, _ = top_k_masks(token_scores(scores, reduce="l2"), torch.ones(1, 4, dtype=torch.bool), [0.25])
     assert masks[0, 0].tolist() == [False, True, False, False]
+
+
+# ------------------------------------------------------------------ measure_cost's device
+
+
+def test_measure_cost_refuses_a_device_it_cannot_measure_naming_it():
+    """``device="cuda"`` without CUDA failed inside torch ("Torch not compiled with CUDA enabled", an
+    AssertionError), an unknown type with torch's list of device types, and ``"meta"`` (or any other type) was
+    measured as the CPU process and reported under that device's name."""
+    from bcos_plugins.metrics import measure_cost
+
+    with pytest.raises(BcosValueError, match=r"^device: .*'meta'.*measures the CPU or a CUDA device"):
+        measure_cost(lambda: 1, device="meta")
+    with pytest.raises(BcosValueError, match=r"^device: .*'tpu'"):
+        measure_cost(lambda: 1, device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(BcosValueError, match=r"^device: is cuda but CUDA is not available"):
+            measure_cost(lambda: 1, device="cuda")
+    result, cost = measure_cost(lambda: 3, device="cpu")
+    assert result == 3 and cost.device == "cpu" and cost.seconds >= 0

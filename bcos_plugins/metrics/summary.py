@@ -193,8 +193,18 @@ def measure_cost(fn: Callable[..., Any], *args, device: str | torch.device | Non
     if not callable(fn):
         raise argument_error("fn", f"must be callable, got {type(fn).__name__}", "Pass the function to measure",
                              kind=BcosTypeError)
-    dev = torch.device(device) if device is not None else torch.device(
-        "cuda" if torch.cuda.is_available() else "cpu")
+    # checked here, naming device: CUDA without CUDA failed inside torch (an AssertionError), an unknown type with
+    # torch's list of types, and any other type (meta) was measured as the CPU process under that device's name
+    try:
+        dev = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+    except (RuntimeError, TypeError):
+        raise argument_error("device", f"is {device!r}, not a device", "Pass 'cpu', 'cuda' or 'cuda:<index>'") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise argument_error("device", f"is {str(dev)!r}; measure_cost measures the CPU or a CUDA device",
+                             "Pass 'cpu' or 'cuda', where the measured call runs")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise argument_error("device", "is cuda but CUDA is not available on this machine", "Pass 'cpu' (or leave it out)")
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         base = torch.cuda.memory_allocated(dev)
