@@ -2,8 +2,9 @@
 returned a wrong number without a word or raised from deep inside torch / TransformerLens / Captum.
 
 Written through the host libraries' own calls: TransformerLens' ``set_tokenizer`` / ``HookedTransformer(cfg,
-tokenizer=)`` and sae-lens' ``HookedSAETransformer`` built on them, ``run_with_cache(remove_batch_dim=True)``, and
-Captum's methods as ``image_attribution_methods`` runs them."""
+tokenizer=)`` and sae-lens' ``HookedSAETransformer`` built on them, the bridge's ``tokenizer`` reassignment,
+``run_with_cache(remove_batch_dim=True)``, ``.double()`` / ``.half()``, sae-lens SAEs on the hooks TransformerLens
+records around a bilinear MLP, and Captum's methods as ``image_attribution_methods`` runs them."""
 
 from __future__ import annotations
 
