@@ -414,3 +414,34 @@ def test_measure_cost_refuses_a_device_it_cannot_measure_naming_it():
             measure_cost(lambda: 1, device="cuda")
     result, cost = measure_cost(lambda: 3, device="cpu")
     assert result == 3 and cost.device == "cpu" and cost.seconds >= 0
+
+
+# ------------------------------------------------------------------ the explanation figure's inputs
+
+
+def test_save_explanation_figure_refuses_what_it_would_draw_wrongly_naming_it(tmp_path):
+    """The figure checked nothing: four channels were drawn as RGBA (the fourth as transparency), NaN maps as blank
+    panels, images in [0, 255] saturated white, each saved without a word; two channels, a missing map and a 3-d
+    batch failed inside matplotlib or torch ("Invalid shape (8, 8, 2) for image data", an IndexError)."""
+    from bcos_plugins.vision.visualize import save_explanation_figure
+
+    torch.manual_seed(0)
+    images, maps = torch.rand(2, 1, 8, 8), {"W(x)x": torch.randn(2, 8, 8)}
+    for channels in (2, 4):
+        with pytest.raises(BcosValueError, match=rf"^images: has {channels} channels; the figure draws grey \(1\) or "
+                                                 r"RGB \(3\) images"):
+            save_explanation_figure(tmp_path / "f.png", torch.rand(2, channels, 8, 8), maps)
+    with pytest.raises(BcosValueError, match=r"^images: has values in \[0\.\d+, 1\.99\d*\], drawn on \[0, 1\]"):
+        save_explanation_figure(tmp_path / "f.png", images * 2, maps)
+    with pytest.raises(BcosValueError, match=r"^images: must have 4 dimensions"):
+        save_explanation_figure(tmp_path / "f.png", images[:, 0], maps)
+    with pytest.raises(BcosValueError, match=r"^columns\['W\(x\)x'\]: contains NaN or inf"):
+        save_explanation_figure(tmp_path / "f.png", images, {"W(x)x": torch.full((2, 8, 8), float("nan"))})
+    with pytest.raises(BcosValueError, match=r"^columns\['W\(x\)x'\]: has 1 maps for 2 images"):
+        save_explanation_figure(tmp_path / "f.png", images, {"W(x)x": torch.randn(1, 8, 8)})
+    with pytest.raises(BcosValueError, match=r"^row_titles: has 1 titles for 2 images"):
+        save_explanation_figure(tmp_path / "f.png", images, maps, row_titles=["one"])
+    assert not (tmp_path / "f.png").exists()
+    path = save_explanation_figure(tmp_path / "f.png", images, {**maps, "list": list(torch.rand(2, 8, 8))},
+                                   row_titles=["a", "b"])
+    assert path.read_bytes()[:4] == b"\x89PNG"

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .._checks import require_float, require_same_shape, require_tensor
-from ..errors import argument_error
+from ..errors import BcosTypeError, argument_error
 
 __all__ = ["contribution_map", "save_explanation_figure", "weight_colour_image"]
 
@@ -70,6 +70,37 @@ def contribution_map(contributions: Float[Tensor, "h w"], percentile: float = 99
     return np.clip(values, -v, v), v
 
 
+def _check_figure_inputs(images, columns, colour_rows, row_titles) -> None:
+    """Refuse what :func:`save_explanation_figure` would draw wrongly, naming it: it checked nothing, so four channels
+    were drawn as RGBA (the fourth as transparency), NaN maps as blank panels and images in [0, 255] saturated, each
+    saved without a word, and two channels or a missing map failed inside matplotlib or torch."""
+    images = require_tensor("images", images, ndim=4, kind="float", shape_hint="(n, C, H, W)")
+    n, channels = images.shape[:2]
+    if n == 0:
+        raise argument_error("images", "is an empty batch", "Pass at least one image")
+    if channels not in (1, 3):
+        raise argument_error("images", f"has {channels} channels; the figure draws grey (1) or RGB (3) images",
+                             "Pass one channel (images[:, :1]) or three")
+    low, high = float(images.min()), float(images.max())
+    if low < -1e-4 or high > 1 + 1e-4:  # the tolerance of the models' own input check (vision.encoding)
+        raise argument_error("images", f"has values in [{low:.4g}, {high:.4g}], drawn on [0, 1]",
+                             "Pass the images in [0, 1] (as the model takes them), e.g. images / 255")
+    if not isinstance(columns, Mapping):
+        raise argument_error("columns", f"must map a method name to its maps, got {type(columns).__name__}",
+                             "Pass e.g. {'W(x)x': explanation.contributions}", kind=BcosTypeError)
+    for name, maps in columns.items():
+        where = f"columns[{name!r}]"
+        if not hasattr(maps, "__len__") or len(maps) != n:
+            raise argument_error(where, f"has {len(maps) if hasattr(maps, '__len__') else 'no'} maps for {n} images",
+                                 "Pass one (H, W) map per image")
+        for i in range(n):
+            require_tensor(where, maps[i], ndim=2, kind="real", shape_hint="(H, W) per image")
+    for name, rows in (("colour_rows", colour_rows), ("row_titles", row_titles)):
+        if rows is not None and len(rows) != n:
+            what = "titles" if name == "row_titles" else "colour images"
+            raise argument_error(name, f"has {len(rows)} {what} for {n} images", "Pass one per image, or none")
+
+
 def save_explanation_figure(path: str | Path, images: Float[Tensor, "n c h w"],
                             columns: dict[str, Sequence[Tensor] | Tensor],
                             colour_rows: Sequence[np.ndarray] | None = None,
@@ -81,6 +112,7 @@ def save_explanation_figure(path: str | Path, images: Float[Tensor, "n c h w"],
     colour map). ``colour_rows`` adds the
     :func:`weight_colour_image` of each row as the last column.
     """
+    _check_figure_inputs(images, columns, colour_rows, row_titles)
     import matplotlib
 
     matplotlib.use("Agg")
