@@ -86,15 +86,17 @@ def _quick_gelu(x: Tensor) -> Tensor:
 
 # transformers' ClippedGELUActivation(-10, 10) ("gelu_10"): clip(F.gelu(x), -10, 10). gelu(x) >= -0.17, so the lower
 # clip never binds; the upper one binds exactly where x > 10, since there Phi(x) > 1 - 8e-24 rounds to 1 in every
-# floating dtype (half inputs' gates are float32) and F.gelu(x) = x. The gate is Phi(x) up to 10 and 10 / x beyond:
-# min(Phi(x), 10 / max(x, 10)), with no division by a small x (whose 10 / x would be inf and, through autograd, NaN)
+# floating dtype (half inputs' gates are float32) and F.gelu(x) = x. The gate is
+# Phi(x) up to 10 and 10 / max(x, 10) beyond, with no division by a small x (whose 10 / x would be inf and, through
+# autograd, NaN). A `where`, not torch.minimum: at x = 10 both are 1, and minimum's gradient splits such a tie between
+# its operands, so the reference path's training gradient there was 0.5 where torch.clip's (the stock model's) is 1
 def _gelu_clip() -> float:
     return 10.0
 
 
 def _gelu_10_gate(x: Tensor) -> Tensor:
     clip = _gelu_clip()
-    return torch.minimum(_gelu_erf_gate(x), clip / x.clamp(min=clip))
+    return torch.where(x > clip, clip / x.clamp(min=clip), _gelu_erf_gate(x))
 
 
 def _gelu_10(x: Tensor) -> Tensor:
