@@ -465,3 +465,32 @@ def test_bcosify_refuses_a_bcos_checkpoint_loaded_as_the_stock_class(tmp_path, q
     torch.testing.assert_close(_logits(load_bcos_model(tmp_path), ids, mask), _logits(saved, ids, mask), rtol=0, atol=0)
     del plain.config.bcos
     assert bcosify(plain, b=1.5, verbose=False).config.bcos["b"] == 1.5
+
+
+@pytest.mark.parametrize("name", ["GPT2LMHeadModel", "Gemma2ForCausalLM", "BertForMaskedLM"])
+def test_an_lm_head_untied_by_hand_under_a_tied_config_is_refused_and_keeps_its_weights_once_the_config_says_so(
+        tmp_path, name):
+    """bcosify re-tied every head (transformers' tie_weights under a config that says tied): a head given weights of
+    its own after building (a separately trained head) was overwritten with the embeddings, silently (and every reload
+    of a save would tie it again). Refused before anything is touched; with the config saying untied, the head keeps
+    its weights through conversion (and, where nothing else shares a weight with it, through a reload)."""
+    stock = _stock(name)
+    head = stock.get_output_embeddings()
+    assert head.weight is stock.get_input_embeddings().weight and stock.config.tie_word_embeddings
+    head.weight = torch.nn.Parameter(head.weight.detach() * 2)
+    own = head.weight.detach().clone()
+    with pytest.raises(BcosValueError, match=r"model: its LM head holds weights of its own, but "
+                                             r"config\.tie_word_embeddings is True.*Set model\.config\."
+                                             r"tie_word_embeddings = False"):
+        bcosify(stock, b=B, verbose=False)
+    assert torch.equal(stock.get_output_embeddings().weight, own) and not hasattr(stock.config, "bcos")
+    stock.config.tie_word_embeddings = False
+    model = bcosify(stock, b=B, verbose=False)
+    assert torch.equal(model.get_output_embeddings().weight, own)
+    assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
+    if name != "BertForMaskedLM":  # its decoder's (unused) bias is still shared with cls.predictions.bias
+        ids, mask = padded_batch()
+        model.save_pretrained(tmp_path)
+        loaded = load_bcos_model(tmp_path)
+        assert torch.equal(loaded.get_output_embeddings().weight, own)
+        torch.testing.assert_close(_logits(loaded, ids, mask), _logits(model, ids, mask), rtol=0, atol=0)

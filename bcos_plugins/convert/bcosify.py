@@ -196,8 +196,18 @@ def _say_tied(model: nn.Module, module: nn.Module, reason: str) -> str:
     except NotImplementedError:
         embedding = None
     tied = embedding is not None and getattr(module, "weight", None) is getattr(embedding, "weight", None)
-    return reason.replace("{tied}", "tied to the input embeddings" if tied else
-                          "not tied to the input embeddings (config.tie_word_embeddings=False)")
+    return reason.replace("{tied}", "tied to the input embeddings" if tied else "not tied to the input embeddings")
+
+
+def _head_tied(model: nn.Module) -> bool | None:
+    """Whether the model's output embedding (its LM head) holds the input embeddings' weight; ``None`` without a head."""
+    try:
+        head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    except NotImplementedError:
+        return None
+    if head is None or embedding is None:
+        return None
+    return getattr(head, "weight", None) is getattr(embedding, "weight", None)
 
 
 def _constant_slice(part: str, out_features: int) -> slice:
@@ -442,6 +452,14 @@ def plan_conversion(model: nn.Module, b: float = 1.5, *,
             "keys and values come from another model's states that explanations cannot attribute to. Build "
             "the model with add_cross_attention=False (encoder-only or decoder-only)."
         )
+    if _head_tied(model) is False and getattr(config, "tie_word_embeddings", False):
+        # transformers' tie_weights (bcosify re-ties after converting) and every reload of a save would replace the
+        # head's own weights (a separately trained head) by the embeddings: another model, without a word
+        raise argument_error(
+            "model", "its LM head holds weights of its own, but config.tie_word_embeddings is True, so tying "
+            "(bcosify's, and transformers' on every reload of a save) would replace them by the input embeddings",
+            "Set model.config.tie_word_embeddings = False to keep the head's weights, or tie it back with "
+            "model.tie_weights(), then convert")
     num_labels = getattr(config, "num_labels", None)
     if spec.is_classifier and not (isinstance(num_labels, int) and num_labels >= 1):
         raise argument_error("model", f"config.num_labels is {num_labels!r}, so the classifier has no output",
@@ -524,7 +542,8 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
         target = model.get_submodule(path) if path else model
         target.__class__ = mixed_class(factory(), type(target))
         report.patched_modules[path or "<model>"] = why
-    # Re-tie weights the conversion must not have broken (LM heads share the embedding matrix).
+    # Re-tie weights the conversion must not have broken (LM heads share the embedding matrix); a head untied by hand
+    # under a config that says tied is refused by plan_conversion (tie_weights overwrote it with the embeddings).
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     # The model gets its own copy of its config: a config object shared with another model (two models built
