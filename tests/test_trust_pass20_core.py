@@ -445,3 +445,26 @@ def test_save_explanation_figure_refuses_what_it_would_draw_wrongly_naming_it(tm
     path = save_explanation_figure(tmp_path / "f.png", images, {**maps, "list": list(torch.rand(2, 8, 8))},
                                    row_titles=["a", "b"])
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+# ------------------------------------------------------------------ digit canvases and grids
+
+
+def test_digit_canvases_refuse_digits_that_are_not_grey_images_in_0_1_and_keep_their_dtype():
+    """Three-channel digits failed inside the canvas copy ("The expanded size of the tensor (1) must match the
+    existing size (3)"); digits of 0-16 (sklearn's raw scale) were clipped to 1 in the scaled-up views and kept whole in
+    the others, one dataset of two scales; float64 digits came back float32."""
+    from bcos_plugins.vision.data import DigitImages, make_grids, place_digits
+
+    torch.manual_seed(0)
+    labels = torch.arange(4)
+    with pytest.raises(BcosValueError, match=r"^digits: have 3 channels; digits are grey images \(n, 1, s, s\)"):
+        DigitImages(torch.rand(4, 3, 8, 8), labels)
+    with pytest.raises(BcosValueError, match=r"^digits: have 3 channels"):
+        make_grids(torch.rand(4, 3, 8, 8), labels, torch.rand(4), 1)
+    with pytest.raises(BcosValueError, match=r"^digits: have values in \[0.*, 15.*\]; digits are images in \[0, 1\]"):
+        DigitImages(torch.rand(4, 1, 8, 8) * 16, labels)
+    digits = torch.rand(2, 1, 8, 8, dtype=torch.float64)
+    canvas = place_digits(digits, 12, torch.tensor([False, False]), torch.tensor([[0, 0], [4, 2]]))
+    assert canvas.dtype == torch.float64
+    assert torch.equal(canvas[1, :, 4:12, 2:10], digits[1]) and torch.isclose(canvas[1].sum(), digits[1].sum())

@@ -51,6 +51,15 @@ def _digit_side(digits: Tensor) -> int:
     if digits.shape[-1] != digits.shape[-2] or digits.shape[-1] == 0:
         raise argument_error("digits", f"must be square images (n, 1, s, s), got shape {tuple(digits.shape)}",
                              "Pass load_digits_split()'s images (8x8) or a square resize of them")
+    # a canvas has one channel: three failed inside the copy (a torch size mismatch)
+    if digits.shape[1] != 1:
+        raise argument_error("digits", f"have {digits.shape[1]} channels; digits are grey images (n, 1, s, s)",
+                             "Pass one channel, e.g. digits.mean(1, keepdim=True)")
+    # values outside [0, 1] were clipped in the scaled-up views only (bilinear resize, then clamp): one dataset of two
+    # scales; the models refuse them anyway
+    if digits.numel() and (float(digits.min()) < 0 or float(digits.max()) > 1):
+        raise argument_error("digits", f"have values in [{float(digits.min()):.4g}, {float(digits.max()):.4g}]; digits "
+                             "are images in [0, 1]", "Scale them, e.g. sklearn's digits.images / 16 (load_digits_split)")
     return digits.shape[-1]
 
 
@@ -69,7 +78,7 @@ def place_digits(digits: Float[Tensor, "n 1 s s"], size: int, scale_up: Tensor,
     if ((offsets < 0) | (offsets > size - side)).any():
         raise argument_error("offsets", f"must lie in [0, {size - side}] so that the digit fits the canvas",
                              f"Draw offsets with torch.randint(0, size - {side} + 1, ...)")
-    canvas = torch.zeros(len(digits), 1, size, size)
+    canvas = torch.zeros(len(digits), 1, size, size, dtype=digits.dtype, device=digits.device)
     big = F.interpolate(digits, size=(size, size), mode="bilinear", align_corners=False).clamp(0, 1)
     for i in range(len(digits)):
         if bool(scale_up[i]):
