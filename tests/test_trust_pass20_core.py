@@ -468,3 +468,17 @@ def test_digit_canvases_refuse_digits_that_are_not_grey_images_in_0_1_and_keep_t
     canvas = place_digits(digits, 12, torch.tensor([False, False]), torch.tensor([[0, 0], [4, 2]]))
     assert canvas.dtype == torch.float64
     assert torch.equal(canvas[1, :, 4:12, 2:10], digits[1]) and torch.isclose(canvas[1].sum(), digits[1].sum())
+
+
+def test_top_k_iou_takes_a_numpy_or_tensor_k_as_the_number_it_holds():
+    """``k=np.int64(2)`` (a count read from a NumPy array) or a 0-d tensor was refused as "not an int in [1, 4]"."""
+    from bcos_plugins.metrics import rationale_alignment, top_k_iou
+
+    scores, gold = torch.tensor([[0.5, 0.1, 0.9, 0.3]]), torch.tensor([[1, 0, 0, 1]])
+    for k, plain in ((np.int64(2), 2), (torch.tensor(2), 2), (torch.tensor(0.5), 0.5), (np.float32(0.75), 0.75)):
+        torch.testing.assert_close(top_k_iou(scores, gold, k=k), top_k_iou(scores, gold, k=plain))
+        assert rationale_alignment(scores, gold, k=k).iou == rationale_alignment(scores, gold, k=plain).iou
+    # by hand: the top 2 are positions 2 and 0, gold is {0, 3}: 1 / 3
+    assert float(top_k_iou(scores, gold, k=np.int64(2))) == pytest.approx(1 / 3)
+    with pytest.raises(BcosValueError, match=r"^k: "):
+        top_k_iou(scores, gold, k=np.bool_(True))

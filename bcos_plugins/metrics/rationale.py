@@ -21,8 +21,10 @@ output and left out of the mean (``RationaleAlignment.n_rows`` says how many row
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -70,6 +72,13 @@ def top_k_iou(
     scores, gold, valid = _check(scores, gold_mask, valid_mask)
     n_valid = valid.sum(1)
     n_gold = gold.sum(1)
+    # the number a NumPy scalar or a 0-d tensor holds (np.int64(2) was refused as "not an int"); booleans stay refused
+    if isinstance(k, Tensor) and k.ndim == 0 and k.dtype != torch.bool:
+        k = k.item()
+    if isinstance(k, numbers.Integral) and not isinstance(k, bool | np.bool_):
+        k = int(k)
+    elif isinstance(k, numbers.Real) and not isinstance(k, bool | np.bool_):
+        k = float(k)
     if k is None:
         k_row = n_gold
     elif isinstance(k, float):
