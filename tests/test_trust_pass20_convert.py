@@ -494,3 +494,17 @@ def test_an_lm_head_untied_by_hand_under_a_tied_config_is_refused_and_keeps_its_
         loaded = load_bcos_model(tmp_path)
         assert torch.equal(loaded.get_output_embeddings().weight, own)
         torch.testing.assert_close(_logits(loaded, ids, mask), _logits(model, ids, mask), rtol=0, atol=0)
+
+
+def test_an_rms_norm_of_the_same_form_from_another_transformers_family_still_converts():
+    """A transformers version may give a family another family's RMSNorm of the same form (x * rsqrt(...) * weight):
+    it converts; a Gemma RMSNorm (gain 1 + weight) in a Llama does not (above)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    model = _stock("MistralForCausalLM")
+    old = model.model.layers[0].input_layernorm
+    new = LlamaRMSNorm(old.weight.shape[0], eps=old.variance_epsilon)
+    new.load_state_dict(old.state_dict())
+    model.model.layers[0].input_layernorm = new
+    bcosify(model, b=B, verbose=False)
+    assert type(model.model.layers[0].input_layernorm).__name__ == "DetachableRMSNorm"

@@ -131,6 +131,9 @@ def _is_rms_norm(module: nn.Module) -> bool:
 
 # the layer classes whose forward bcosify rebuilds from their weights alone
 _KNOWN_LAYER_CLASSES = (nn.Linear, Conv1D, nn.LayerNorm, nn.RMSNorm)
+# transformers' RMSNorms of the form x * rsqrt(mean(x^2) + eps) * weight, wherever a family's modelling module takes
+# them from (a transformers version may import another family's instead of defining its own); Gemma's is swapped
+_WEIGHT_GAIN_RMS_NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
 
 
 def refuse_unknown_subclass(model: nn.Module, name: str, module: nn.Module, what: str = "bcosify") -> None:
@@ -138,12 +141,14 @@ def refuse_unknown_subclass(model: nn.Module, name: str, module: nn.Module, what
     :func:`bcosify` and ``dynamic_linear_copy`` rebuild from its weights: the new module is built from the weights
     alone, so what a subclass's forward adds (a scale, an offset, a parametrised or quantised weight) was dropped
     without a word. An RMSNorm may also be the model's own family's class (``LlamaRMSNorm`` in a Llama: the modelling
-    module of the model's class), whose forward is ``x * rsqrt(mean(x^2) + eps) * weight``; another family's may not
-    be (Gemma's gain is ``1 + weight``)."""
+    module of the model's class) or one of transformers' of the form ``x * rsqrt(mean(x^2) + eps) * weight``; another
+    family's may not be (Gemma's gain is ``1 + weight``)."""
     cls = type(module)
     if cls in _KNOWN_LAYER_CLASSES:
         return
-    if _is_rms_norm(module) and cls.__module__ == type(model).__module__ and cls.__mro__[1] is nn.Module:
+    if _is_rms_norm(module) and cls.__mro__[1] is nn.Module and (
+            cls.__module__ == type(model).__module__
+            or (cls.__module__.startswith("transformers.models.") and cls.__qualname__ in _WEIGHT_GAIN_RMS_NORMS)):
         return
     base = next((c for c in cls.__mro__[1:] if c in _KNOWN_LAYER_CLASSES), None)
     kind = f"a subclass of {base.__module__}.{base.__qualname__}" if base is not None else \
