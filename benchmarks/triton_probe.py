@@ -25,7 +25,9 @@ it, so that a run ends within about 140 s; the kernel part says which configurat
    ``BMxBNxBK/wWARPS/sSTAGES`` (output tile, K step, ``num_warps``, ``num_stages``; powers of two, stages 1-8),
    optionally ``/late`` (the sums of squares for the norms reduced once after the K loop instead of at every step:
    ``KernelTiles.late_norms``) and ``/tf32x3`` (float32 layers only: ``tl.dot``'s three-pass TF32 products on tensor
-   cores instead of IEEE products on the CUDA cores).
+   cores instead of IEEE products on the CUDA cores) or ``/bf16w`` (bfloat16 layers only: the weight cast to bfloat16
+   beforehand, untimed as for ``F.linear``, so that no tile is converted inside the loop and ``||w||`` is that of the
+   rounded weight: what a per-layer cached bfloat16 copy of the weight would give).
    Each configuration's kernels are compiled in parallel threads first (``triton.AsyncCompileMode``; the compile
    time is printed), so that compiling is not timed and costs one wait per configuration.
 
@@ -66,11 +68,12 @@ START = time.perf_counter()  # (after the imports of torch, transformers and the
 # the default configurations in the order they are measured (the budget may cut the last): the kernel's own first
 # (the baseline), then larger tiles, more warps and stages; /tf32x3 on float32 layers only
 DEFAULT_CONFIGS = ("64x64x32/w4/s3", "64x64x32/w4/s3/late", "128x128x32/w4/s3", "128x128x32/w4/s3/late",
-                   "64x64x32/w4/s3/tf32x3", "128x128x64/w8/s3/late", "128x64x32/w4/s4", "64x128x32/w4/s4",
-                   "128x128x32/w8/s3", "128x128x32/w8/s3/late/tf32x3", "128x128x64/w4/s4", "64x64x64/w4/s4")
-QUICK_CONFIGS = ("64x64x32/w4/s3", "32x32x16/w4/s3/late", "64x64x32/w4/s3/tf32x3")
+                   "64x64x32/w4/s3/tf32x3", "128x128x32/w4/s3/late/bf16w", "128x128x64/w8/s3/late",
+                   "128x64x32/w4/s4/late", "64x128x32/w4/s4", "128x128x32/w8/s3/late/tf32x3",
+                   "128x128x64/w8/s3/late/bf16w", "128x128x32/w8/s3")
+QUICK_CONFIGS = ("64x64x32/w4/s3", "32x32x16/w4/s3/late", "64x64x32/w4/s3/tf32x3", "64x64x32/w4/s3/bf16w")
 TOL = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
-_CONFIG = re.compile(r"(\d+)x(\d+)x(\d+)/w(\d+)/s(\d+)(/late)?(?:/(tf32x3))?")
+_CONFIG = re.compile(r"(\d+)x(\d+)x(\d+)/w(\d+)/s(\d+)(/late)?(?:/(tf32x3|bf16w))?")
 
 
 @dataclass(frozen=True)
@@ -78,14 +81,20 @@ class Config:
     text: str
     tiles: tlin.KernelTiles
     precision: str | None  # tl.dot's input_precision for float32 layers; None: the kernel's own choice (IEEE here)
+    bf16_weights: bool = False  # bfloat16 layers only: the weight cast to bfloat16 beforehand (untimed, as F.linear's)
+
+    def applies(self, dtype: torch.dtype) -> bool:
+        """Whether the configuration is measured on layers of ``dtype`` (``/tf32x3``: float32; ``/bf16w``: bf16)."""
+        return (self.precision is None or dtype == torch.float32) and (not self.bf16_weights
+                                                                       or dtype == torch.bfloat16)
 
 
 def parse_config(text: str) -> Config:
-    """``BMxBNxBK/wW/sS[/late][/tf32x3]`` as a :class:`Config`; ``ValueError`` naming what is wrong."""
+    """``BMxBNxBK/wW/sS[/late][/tf32x3 or /bf16w]`` as a :class:`Config`; ``ValueError`` naming what is wrong."""
     match = _CONFIG.fullmatch(text)
     if match is None:
-        raise ValueError(f"{text!r} is not BMxBNxBK/wWARPS/sSTAGES[/late][/tf32x3], e.g. 128x128x32/w4/s3")
-    *numbers, late, precision = match.groups()
+        raise ValueError(f"{text!r} is not BMxBNxBK/wWARPS/sSTAGES[/late][/tf32x3 or /bf16w], e.g. 128x128x32/w4/s3")
+    *numbers, late, option = match.groups()
     tiles = tlin.KernelTiles(*map(int, numbers), late_norms=late is not None)
     for name, value in tiles._asdict().items():
         if name == "late_norms":
@@ -97,7 +106,7 @@ def parse_config(text: str) -> Config:
         low = 16 if name.startswith("block") else 1  # (tl.dot's smallest tile side is 16)
         if value < low or value & (value - 1):
             raise ValueError(f"{text!r}: {name} must be a power of two >= {low}, got {value}")
-    return Config(text, tiles, precision)
+    return Config(text, tiles, "tf32x3" if option == "tf32x3" else None, option == "bf16w")
 
 
 @dataclass(frozen=True)
@@ -252,6 +261,7 @@ class Case:
     dtype: torch.dtype
     x: torch.Tensor
     view: torch.Tensor  # (units, inputs), any strides
+    low_view: torch.Tensor  # the same in the case's dtype (F.linear's operand, and /bf16w's)
     want: torch.Tensor
     mm_ms: float
     bcos_ms: float
@@ -290,14 +300,15 @@ def make_case(problem: Problem, dtype: torch.dtype, device: torch.device, b: flo
         with torch.no_grad():
             torch.nn.functional.linear(x, w)
 
-    return Case(problem, dtype, x, view, want, _time_ms(mm, device), _time_ms(bcos, device), {})
+    return Case(problem, dtype, x, view, w, want, _time_ms(mm, device), _time_ms(bcos, device), {})
 
 
 def _kernel_call(case: Case, config: Config, b: float) -> Callable[[], torch.Tensor]:
     precision = config.precision if case.dtype == torch.float32 else None
+    view = case.low_view if config.bf16_weights else case.view
 
     def run() -> torch.Tensor:
-        return tlin._launch(case.x, case.view, b, case.dtype, floor=False, store_dyn=False, store_norms=False,
+        return tlin._launch(case.x, view, b, case.dtype, floor=False, store_dyn=False, store_norms=False,
                             tiles=config.tiles, precision=precision)[0]
     return run
 
@@ -354,7 +365,7 @@ def kernel_part(cases: list[Case], configs: list[Config], device: torch.device, 
             print(f"# budget: {elapsed:.0f} s of {budget_s:.0f} s spent, a configuration took up to {longest:.0f} s: "
                   f"configurations {index + 1}-{len(configs)} not measured", flush=True)
             break
-        mine = [case for case in cases if config.precision is None or case.dtype == torch.float32]
+        mine = [case for case in cases if config.applies(case.dtype)]
         note = "interpreted"
         if device.type == "cuda":
             note = "compiled at first launch"
@@ -424,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", nargs="+", choices=["memory", "kernel"], default=["memory", "kernel"])
     parser.add_argument("--steps", type=int, default=3, help="training steps before the saved-bytes count (3)")
     parser.add_argument("--configs", nargs="+", default=None,
-                        help="BMxBNxBK/wWARPS/sSTAGES[/late][/tf32x3] each (default: 12, the kernel's own first)")
+                        help="BMxBNxBK/wWARPS/sSTAGES[/late][/tf32x3 or /bf16w] each (default: 12, the kernel's own "
+                             "first)")
     parser.add_argument("--budget-s", type=float, default=125.0,
                         help="seconds after the imports by which the kernel part ends: a configuration does not "
                              "start when the longest so far would end past it (125)")

@@ -149,10 +149,11 @@ def test_the_gpu_probe_runs_on_tiny_shapes_under_the_interpreter():
     assert len(rows) == 20, report  # minilm and bert-base 3 layer shapes each, gpt2 4; bfloat16 and float32
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
-        kernel = cells[3:6]  # c1, c2, c3 (the tf32x3 configuration on float32 layers only)
-        assert all(cell.replace(",", "").isdigit() for cell in kernel[: 3 if row.endswith("fp32 |") else 2]), row
-        if " bf16 |" in row:
-            assert kernel[2] == "-", row
+        # c1, c2, c3 (/tf32x3: float32 layers only), c4 (/bf16w: bfloat16 layers only)
+        kernel = cells[3:7]
+        measured = kernel[:3] if " fp32 |" in row else kernel[:2] + kernel[3:]
+        assert all(cell.replace(",", "").isdigit() for cell in measured), row
+        assert (kernel[3] if " fp32 |" in row else kernel[2]) == "-", row
 
 
 def test_the_gpu_probe_refuses_a_cpu_without_the_interpreter_and_bad_configurations(monkeypatch, capsys):
@@ -179,7 +180,7 @@ def test_the_gpu_probe_stops_starting_configurations_at_its_budget(monkeypatch, 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # (the CPU check; nothing is launched)
     assert triton_probe.main(["--device", "cpu", "--quick", "--parts", "kernel", "--budget-s", "0"]) == 0
     out = capsys.readouterr().out
-    assert "configurations 1-3 not measured" in out
+    assert "configurations 1-4 not measured" in out
     assert "| minilm q/k/v/out (32 x 32 -> 32) bf16 |" in out and "fp32, geometric mean" in out
 
 
