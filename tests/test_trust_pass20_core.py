@@ -482,3 +482,38 @@ def test_top_k_iou_takes_a_numpy_or_tensor_k_as_the_number_it_holds():
     assert float(top_k_iou(scores, gold, k=np.int64(2))) == pytest.approx(1 / 3)
     with pytest.raises(BcosValueError, match=r"^k: "):
         top_k_iou(scores, gold, k=np.bool_(True))
+
+
+# ------------------------------------------------------------------ refusals that named no argument
+
+
+def test_seqpg_rationale_rollout_and_grid_refusals_name_their_argument():
+    """These refusals were bare ValueErrors whose message named no argument (``"no text has 50 tokens; lower
+    segment_length"``, ``"got spans for 1 rows but the encoding has 2"``): each now starts with the argument, as
+    every other refusal of the package does, and is a BcosValueError (still a ValueError)."""
+    from bcos_plugins.guided import gold_mask_from_spans, gold_mask_from_words, random_rationale_mask
+    from bcos_plugins.metrics import make_seqpg_examples
+    from bcos_plugins.vision.data import make_grids
+    from bcos_plugins.vision.rollout import attention_rollout
+
+    model, tok = tiny_model("BertForSequenceClassification"), word_tokenizer()
+    with pytest.raises(BcosValueError, match=r"^segment_length: no text has 50 tokens"):
+        make_seqpg_examples(model, tok, ["w1 w2", "w3"], [0, 1])
+    with pytest.raises(BcosValueError, match=r"^model: is an empty list"):
+        make_seqpg_examples([], tok, ["w1 w2", "w3"], [0, 1], segment_length=1)
+    encoding = tok(["w1 w2", "w3"], padding=True, return_offsets_mapping=True)
+    with pytest.raises(BcosValueError, match=r"^spans: got spans for 1 rows but the encoding has 2"):
+        gold_mask_from_spans(encoding, [[(0, 2)]])
+    with pytest.raises(BcosValueError, match=r"^encoding: has no offset_mapping"):
+        gold_mask_from_spans(tok(["w1 w2"]), [[(0, 2)]])
+    words = tok([["w1", "w2"], ["w3"]], is_split_into_words=True, padding=True)
+    with pytest.raises(BcosValueError, match=r"^word_rationales: got word rationales for 1 rows"):
+        gold_mask_from_words(words, [[1, 0]])
+    with pytest.raises(BcosValueError, match=r"^word_rationales: row 0: token 1 comes from word 1"):
+        gold_mask_from_words(words, [[1], [0]])
+    with pytest.raises(BcosValueError, match=r"^eligible: a row's gold mask has more positions than eligible"):
+        random_rationale_mask(torch.tensor([[1.0, 1.0]]), torch.tensor([[True, False]]))
+    with pytest.raises(BcosValueError, match=r"^attentions: 3 tokens do not form a square grid"):
+        attention_rollout([torch.softmax(torch.randn(1, 1, 3, 3), -1)], 2)
+    with pytest.raises(BcosValueError, match=r"^n_grids: only 1 grids could be made"):
+        make_grids(torch.rand(4, 1, 4, 4), torch.arange(4), torch.rand(4), 2)

@@ -57,8 +57,8 @@ def _require_encoding(encoding) -> None:
 def _require_offsets(encoding) -> list:
     _require_encoding(encoding)
     if "offset_mapping" not in encoding:
-        raise ValueError("the encoding has no offset_mapping: tokenize with return_offsets_mapping=True "
-                         "(needs a fast tokenizer)")
+        raise argument_error("encoding", "has no offset_mapping", "Tokenize with return_offsets_mapping=True (needs a "
+                             "fast tokenizer)")
     offsets = encoding["offset_mapping"]
     return offsets.tolist() if isinstance(offsets, Tensor) else offsets
 
@@ -119,7 +119,8 @@ def gold_mask_from_spans(
     """
     offsets = _require_offsets(encoding)
     if len(spans) != len(offsets):
-        raise ValueError(f"got spans for {len(spans)} rows but the encoding has {len(offsets)}")
+        raise argument_error("spans", f"got spans for {len(spans)} rows but the encoding has {len(offsets)}",
+                             "Pass one list of (start, end) spans per encoded row")
     mask = torch.zeros(len(offsets), len(offsets[0]))
     cut, partly = [], []
     for i, (row_offsets, row_spans) in enumerate(zip(offsets, spans, strict=True)):
@@ -172,7 +173,8 @@ def gold_mask_from_words(
     _require_encoding(encoding)
     rows = len(encoding["input_ids"])
     if len(word_rationales) != rows:
-        raise ValueError(f"got word rationales for {len(word_rationales)} rows but the encoding has {rows}")
+        raise argument_error("word_rationales", f"got word rationales for {len(word_rationales)} rows but the "
+                             f"encoding has {rows}", "Pass one list of word rationales per encoded row")
     mask = torch.zeros(rows, len(encoding["input_ids"][0]))
     cut, partly = [], []
     for i in range(rows):
@@ -181,8 +183,9 @@ def gold_mask_from_words(
             if w is None or seg != 0:
                 continue
             if w >= len(words):
-                raise ValueError(f"row {i}: token {j} comes from word {w} but only {len(words)} word rationales "
-                                 "were given; tokenize the same word list the rationales belong to")
+                raise argument_error("word_rationales", f"row {i}: token {j} comes from word {w} but only "
+                                     f"{len(words)} word rationales were given", "Tokenize the same word list the "
+                                     "rationales belong to")
             value = float(words[w])
             if value != value:
                 raise argument_error("word_rationales", f"row {i}: word {w} has a NaN rationale",
@@ -222,8 +225,8 @@ def random_rationale_mask(
     eligible = eligible.bool()
     counts = (gold_mask > 0).sum(1)
     if (counts > eligible.sum(1)).any():
-        raise ValueError("a row's gold mask has more positions than eligible tokens; build `eligible` from the "
-                         "same encoding as the gold mask")
+        raise argument_error("eligible", "a row's gold mask has more positions than eligible tokens",
+                             "Build eligible from the same encoding as the gold mask")
     keys = torch.rand(gold_mask.shape, generator=generator).to(gold_mask.device)
     keys = keys.masked_fill(~eligible, -1.0)
     rank = keys.argsort(dim=1, descending=True).argsort(dim=1)

@@ -99,19 +99,22 @@ def make_seqpg_examples(
     pieces = tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]
     candidates = [(i, ids[:segment_length]) for i, ids in enumerate(pieces) if len(ids) >= segment_length]
     if not candidates:
-        raise ValueError(f"no text has {segment_length} tokens; lower segment_length")
+        raise argument_error("segment_length", f"no text has {segment_length} tokens (special tokens not counted)",
+                             "Pass a smaller segment_length, or texts with that many tokens")
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     if not models:
-        raise ValueError("make_seqpg_examples needs at least one model")
+        raise argument_error("model", "is an empty list; make_seqpg_examples needs at least one model",
+                             "Pass one classifier, or the classifiers of the comparison")
     per_model = [_segment_probabilities(m, candidates, cls_id, sep_id, batch_size) for m in models]
     widths = sorted({p.shape[-1] for p in per_model})
     if len(widths) > 1:
-        raise ValueError(f"the models disagree on the number of classes ({widths}); SeqPG examples are built "
-                         "for models of one task")
+        raise argument_error("model", f"the models disagree on the number of classes ({widths}); SeqPG examples are "
+                             "built for models of one task", "Pass classifiers of one task")
     probs = torch.stack(per_model)
     n_classes = widths[0]
     if any(not 0 <= int(y) < n_classes for y in labels):
-        raise ValueError(f"labels must be class indices in [0, {n_classes}); the models have {n_classes} classes")
+        raise argument_error("labels", f"labels must be class indices in [0, {n_classes}); the models have "
+                             f"{n_classes} classes", "Pass the dataset's class ids of the models' task")
     label_of = torch.tensor([int(labels[i]) for i, _ in candidates])
     correct = (probs.argmax(-1) == label_of).all(0)
     confidence = probs.gather(-1, label_of[None, :, None].expand(len(models), -1, 1))[..., 0].min(0).values
@@ -123,9 +126,10 @@ def make_seqpg_examples(
         queue.sort(key=lambda r: -r[0])
     classes = sorted(by_class)
     if len(classes) < 2:
-        raise ValueError(f"fewer than two classes have confidently, correctly classified segments of length "
-                         f"{segment_length} (found {classes}){' by every model' if len(models) > 1 else ''}; lower min_confidence or "
-                         "segment_length, or train the models further")
+        raise argument_error("min_confidence", f"fewer than two classes have confidently, correctly classified "
+                             f"segments of length {segment_length} (found {classes})"
+                             f"{' by every model' if len(models) > 1 else ''}", "Lower min_confidence or "
+                             "segment_length, or train the models further")
     pairs = [(a, b) for ai, a in enumerate(classes) for b in classes[ai + 1 :]]
     rng = random.Random(seed)
     used = {c: 0 for c in classes}
@@ -155,7 +159,8 @@ def make_seqpg_examples(
         if not progressed:
             break
     if not rows:
-        raise ValueError("could not pair segments of two different classes")
+        raise argument_error("texts", "could not pair segments of two different classes",
+                             "Pass texts of at least two classes")
     ids = torch.tensor(rows)
     return SeqPGExamples(
         input_ids=ids,

@@ -145,7 +145,8 @@ def make_grids(digits: Float[Tensor, "n 1 s s"], labels: Int[Tensor, " n"], conf
         if len(available) < 4:
             if not strict and grids:
                 break
-            raise ValueError(f"only {len(grids)} grids could be made: fewer than four classes have unused images")
+            raise argument_error("n_grids", f"only {len(grids)} grids could be made: fewer than four classes have "
+                                 "unused images", "Pass a smaller n_grids or more digits, or strict=False")
         classes = rng.choice(available, size=4, replace=False)
         grid = torch.zeros(1, 2 * side, 2 * side)
         for cell, c in enumerate(classes):

@@ -41,7 +41,8 @@ def attention_rollout(attentions: tuple[Tensor, ...] | list[Tensor], patch_size:
     batch, _, n, _ = attentions[0].shape
     grid = int(round(n**0.5))
     if grid * grid != n:
-        raise ValueError(f"{n} tokens do not form a square grid; attention_rollout expects patch tokens only")
+        raise argument_error("attentions", f"{n} tokens do not form a square grid",
+                             "Pass the attention over patch tokens only (attention_rollout reads a mean-pooled ViT)")
     eye = torch.eye(n, dtype=attentions[0].dtype, device=attentions[0].device)
     rollout = eye.expand(batch, n, n)
     for pattern in attentions:
