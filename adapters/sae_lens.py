@@ -468,9 +468,14 @@ class SAEErrorShare:
 
     @property
     def error_fraction(self) -> Float[Tensor, " batch"]:
-        """``error_share / explained``: 0 when the SAEs reconstruct exactly what the model needs."""
+        """``error_share / explained`` per row: 0 when the SAEs reconstruct exactly what the model needs.
+
+        NaN in a row whose explained value is exactly 0: a share of nothing has no fraction (read ``error_share``
+        there, the absolute part). A floor of 1e-12 in its place turned a rounding-sized error share of 1e-7 into a
+        fraction of 1e5, and a zero share into 0, "the SAEs reconstruct everything", for a logit that is 0 whatever
+        they do; inf would read as an infinitely bad reconstruction. Other rows are unaffected."""
         explained = self.explanation.explained
-        return self.error_share / torch.where(explained == 0, torch.full_like(explained, 1e-12), explained)
+        return torch.where(explained == 0, torch.full_like(explained, float("nan")), self.error_share / explained)
 
     @property
     def other_share(self) -> Float[Tensor, " batch"]:
