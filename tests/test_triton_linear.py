@@ -12,6 +12,9 @@ the kernel leaves to the PyTorch path; and a tiny B-cos BERT and GPT-2 explained
 the same contributions). Values agree to the dtype's rounding, not bit for bit (the kernel normalises the weight after
 the product), so tolerances are relative to the largest value compared.
 
+Without a GPU the compiled kernel is still compiled here: ``triton.compile`` for an sm_90 target (H100 / H200) from
+recorded launches (Triton's wheel carries ptxas), so a kernel change that breaks only the compiler fails on a CPU.
+
 Interpreter facts found with triton 3.6 (a check fails when one changes):
 - Triton decorates its library functions (``tl.sum``, ``tl.zeros``) for the interpreter or the compiler when
   ``triton.language`` is first imported: the interpreter works only in a process started with TRITON_INTERPRET=1
@@ -217,3 +220,76 @@ def test_the_gpu_probe_s_parallel_compile_only_compiles_and_restores_the_kernel(
     note = triton_probe._compile([case], config, 1.5, threads=2)
     assert note.startswith("parallel compile failed (RuntimeError: a compile thread failed)"), note
     assert tlin._kernel is kernel and _async_compile.active_mode.get() is None
+
+
+def _record_launch(monkeypatch) -> list:
+    """``_launch``'s kernel calls, recorded instead of run: ``(args, kwargs)`` each."""
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((args, kwargs))
+
+    monkeypatch.setattr(tlin, "_kernel", lambda interpreted: Recorder())
+    return calls
+
+
+def _compile_for_sm90(kernel, args, kwargs):
+    """The kernel compiled for an H100 / H200 (sm_90) from one recorded launch, as Triton's JIT would specialise it on
+    a GPU (tensors 16-byte aligned, integers equal to 1 constant, multiples of 16 marked so); no GPU needed: Triton's
+    wheel carries ptxas."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = kernel.arg_names
+    pointer = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+    signature, constants, attrs = {}, {}, {}
+    for name, value in zip(names, args, strict=False):
+        if isinstance(value, torch.Tensor):
+            signature[name] = pointer[value.dtype]
+            attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+        elif isinstance(value, int) and value == 1:
+            signature[name], constants[name] = "constexpr", 1
+        elif isinstance(value, int):
+            signature[name] = "i32"
+            if value % 16 == 0:
+                attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32"
+    options = {key: kwargs.pop(key) for key in ("num_warps", "num_stages")}
+    kwargs["INTERPRETED_BF16"] = False  # (what a CUDA launch passes)
+    for name, value in kwargs.items():
+        signature[name], constants[name] = "constexpr", value
+    return triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=options)
+
+
+def test_the_kernel_compiles_for_an_h100_without_a_gpu(monkeypatch):
+    """The compiled kernel is otherwise checked only in GPU sessions: here each autograd mode's launch (inference,
+    explaining, training; B = 1.5 and the general exponent), GPT-2's transposed weight, and the probe's configurations
+    (larger tiles, late norms, three-pass TF32, bfloat16 weights) compile for sm_90 on the CPU, within its 227 KiB of
+    shared memory; bfloat16 products run on the tensor cores (wgmma), IEEE float32 ones do not (why float32 layers
+    are slow, docs/benchmarks.md#gpu)."""
+    kernel = tlin._kernel(False)  # (Triton's JIT function, before the launches are recorded)
+    calls = _record_launch(monkeypatch)
+    torch.manual_seed(0)
+    x32 = torch.randn(96, 64)
+    w32 = torch.randn(48, 64)
+    launches = [  # (x, weight view, B, output dtype, floor, store_dyn, store_norms, tiles, precision)
+        (x32.bfloat16(), w32, 1.5, torch.bfloat16, False, False, False, tlin._TILES, None),  # inference, autocast
+        (x32, w32, 1.75, torch.float32, True, True, False, tlin._TILES, None),  # explaining
+        (x32, w32.T.contiguous().T, 1.5, torch.float32, True, False, True, tlin._TILES, None),  # training, Conv1D
+        (x32.bfloat16(), w32.bfloat16(), 1.5, torch.bfloat16, False, False, False,
+         tlin.KernelTiles(128, 128, 64, 8, 3, late_norms=True), None),
+        (x32, w32, 1.5, torch.float32, False, False, False, tlin.KernelTiles(128, 128, 32, 8, 3), "tf32x3"),
+    ]
+    for x, view, b, dtype, floor, store_dyn, store_norms, tiles, precision in launches:
+        tlin._launch(x, view, b, dtype, floor=floor, store_dyn=store_dyn, store_norms=store_norms, tiles=tiles,
+                     precision=precision)
+    assert len(calls) == len(launches)
+    for (args, kwargs), launch in zip(calls, launches, strict=True):
+        compiled = _compile_for_sm90(kernel, args, dict(kwargs))
+        assert compiled.metadata.shared <= 227 * 1024, launch[-2:]
+        tensor_cores = "wgmma.mma_async" in compiled.asm["ptx"]
+        assert tensor_cores == (launch[3] == torch.bfloat16 or launch[-1] == "tf32x3"), launch[-2:]
