@@ -294,6 +294,19 @@ _SET_BY_LOAD = {
         "Leave output_loading_info out: a model it returns has every saved weight loaded"),
 }
 
+# bcosify's own keywords, which a load takes from the save (config.bcos and each layer's stored B): they were refused as
+# unknown ("neither an attribute of the saved configuration nor a from_pretrained option"), without the way to get
+# what was asked
+_CONVERSION_SETTINGS = {
+    "b": ("the B-cos layers run at the B stored with each of them (config.bcos['b'] for a format-1 save), which "
+          "load_bcos_model reads from the folder",
+          "Leave b out, and set .b on each B-cos layer (bcos_plugins.nn.linear.AlignmentPressure) after loading to run "
+          "at another B (bcos_plugins.train.BWarmupCallback anneals it while training)"),
+    "bcos_query_key": ("the query/key choice is part of the saved model (config.bcos['query_key']), whose weights were "
+                       "trained with it", "Leave bcos_query_key out: the model loads as it was saved; for the other "
+                       "choice, convert the stock model with bcosify(model, bcos_query_key=...)"),
+}
+
 
 def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
     """Set the configuration attributes among ``kwargs`` on ``config`` (as ``from_pretrained`` does when it
@@ -310,7 +323,7 @@ def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
                                  "records how the model was converted)", f"leave {key} out; change attributes of "
                                  "model.config after loading, or pass them as keywords (e.g. output_attentions=True)",
                                  kind=BcosKeywordError)
-    for key, (problem, fix) in _SET_BY_LOAD.items():
+    for key, (problem, fix) in {**_SET_BY_LOAD, **_CONVERSION_SETTINGS}.items():
         if key in kwargs:
             raise argument_error(key, problem, fix, kind=BcosKeywordError)
     labels = next((k for k in _LABEL_SETTINGS if k in kwargs), None)
@@ -336,7 +349,8 @@ def _unknown_keyword_error(key: str, config, model_class) -> BcosKeywordError:
     named = {p.name for p in inspect.signature(model_class.from_pretrained).parameters.values()
              if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     # never suggest a keyword that load_bcos_model refuses
-    known = (set(config.to_dict()) | named | _FROM_PRETRAINED_OPTIONS) - set(_SET_BY_LOAD) - {"config", BCOS_CONFIG_KEY}
+    known = ((set(config.to_dict()) | named | _FROM_PRETRAINED_OPTIONS) - set(_SET_BY_LOAD) - set(_CONVERSION_SETTINGS)
+             - {"config", BCOS_CONFIG_KEY})
     fix = closest_name_fix(key, known, "Pass attributes of the saved configuration (e.g. output_attentions=True) or "
                            "from_pretrained options (e.g. dtype=torch.bfloat16, device_map='auto')")
     return argument_error(key, f"is neither an attribute of the saved {type(config).__name__} nor an option of "

@@ -512,3 +512,15 @@ def test_an_rms_norm_of_the_same_form_from_another_transformers_family_still_con
     model.model.layers[0].input_layernorm = new
     bcosify(model, b=B, verbose=False)
     assert type(model.model.layers[0].input_layernorm).__name__ == "DetachableRMSNorm"
+
+
+@pytest.mark.parametrize("key, value, says", [("b", 2.0, r"set \.b on each B-cos layer"),
+                                              ("bcos_query_key", False, r"bcosify\(model, bcos_query_key=\.\.\.\)")])
+def test_load_bcos_model_refuses_bcosifys_own_keywords_saying_where_the_setting_comes_from(tmp_path, key, value, says):
+    """b= and bcos_query_key= were refused as unknown keywords ("neither an attribute of the saved configuration nor a
+    from_pretrained option"), without the way to run the loaded model at another B."""
+    from bcos_plugins.errors import BcosKeywordError
+
+    bcosify(_stock("BertModel"), b=1.25, verbose=False).save_pretrained(tmp_path)
+    with pytest.raises(BcosKeywordError, match=rf"^{key}: .*(stored with each|part of the saved model).*{says}"):
+        load_bcos_model(tmp_path, **{key: value})
