@@ -42,3 +42,34 @@ def test_error_fraction_through_sae_error_share_with_one_row_explaining_a_zero_l
     assert torch.isnan(fraction[1])  # it read 0.0, as if the SAEs reconstructed what the model needs
     torch.testing.assert_close(fraction[[0, 2]], result.error_share[[0, 2]] / explained[[0, 2]], rtol=0, atol=0)
     assert bool(torch.isfinite(fraction[[0, 2]]).all())
+
+
+# ------------------------------------------------------------------------------- 3. inseq step_scores=["deltas"]
+
+
+def test_inseq_step_scores_deltas_on_a_bcos_model_returns_the_stored_completeness_deltas():
+    """inseq looked "deltas" up in its step-function registry and failed ("Step score deltas not found ... register a
+    custom step score"), although "bcos" stores them at every step."""
+    import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
+    import inseq
+    import pytest
+    import transformers as T
+    from test_inseq_adapter import TOKENIZER_DIR, _tiny_lm
+
+    tokenizer = T.GPT2Tokenizer.from_pretrained(TOKENIZER_DIR)
+    attribution_model = inseq.load_model(_tiny_lm("gpt2", len(tokenizer)), "bcos", tokenizer=tokenizer)
+    kwargs = {"generation_args": {"max_new_tokens": 2, "do_sample": False}, "show_progress": False}
+    plain = attribution_model.attribute("The cat sat", **kwargs).sequence_attributions[0]
+    asked = attribution_model.attribute("The cat sat", step_scores=["logit", "deltas"], **kwargs)
+    seq = asked.sequence_attributions[0]
+    assert set(seq.step_scores) == {"logit", "deltas"}
+    torch.testing.assert_close(seq.step_scores["deltas"], plain.step_scores["deltas"], rtol=0, atol=0)
+    # they are the completeness gap: the column sums minus the attributed logits
+    total = seq.target_attributions.nan_to_num().sum((0, 2))
+    torch.testing.assert_close(total - seq.step_scores["logit"], seq.step_scores["deltas"].to(total.dtype),
+                               rtol=0, atol=1e-5)
+    alone = attribution_model.attribute("The cat sat", step_scores=["deltas"], **kwargs).sequence_attributions[0]
+    torch.testing.assert_close(alone.step_scores["deltas"], plain.step_scores["deltas"], rtol=0, atol=0)
+    # another method on the same model keeps inseq's own answer: it stores no deltas to return
+    with pytest.raises(AttributeError, match="Step score deltas not found"):
+        attribution_model.attribute("The cat sat", method="saliency", step_scores=["deltas"], **kwargs)
