@@ -517,3 +517,26 @@ def test_seqpg_rationale_rollout_and_grid_refusals_name_their_argument():
         attention_rollout([torch.softmax(torch.randn(1, 1, 3, 3), -1)], 2)
     with pytest.raises(BcosValueError, match=r"^n_grids: only 1 grids could be made"):
         make_grids(torch.rand(4, 1, 4, 4), torch.arange(4), torch.rand(4), 2)
+
+
+class _NaNRowClassifier(_FirstTokenClassifier):
+    """Logits of NaN for texts starting with w0 (id 5), finite otherwise."""
+
+    def forward(self, input_ids, attention_mask=None):
+        out = super().forward(input_ids, attention_mask)
+        out.logits[input_ids[:, 0] == 5] = float("nan")
+        return out
+
+
+def test_predict_labels_refuses_nan_logits_naming_the_texts():
+    """``predict`` refuses NaN logits (a padded float64 Gemma 2 gives them), ``predict_labels`` took their arg-max as
+    a class (0: torch's arg-max of a NaN row) and ``zero_shot_evaluation`` scored it, without a word."""
+    from bcos_plugins.space.zero_shot import predict_labels, zero_shot_evaluation
+
+    tok = word_tokenizer()
+    texts = ["w1 w2", "w0 w1", "w2", "w0"]
+    with pytest.raises(BcosValueError, match=r"^predict_labels: the model's logits are NaN for texts \[1, 3\]"):
+        predict_labels(_NaNRowClassifier(), tok, texts, batch_size=4)
+    with pytest.raises(BcosValueError, match=r"^predict_labels: the model's logits are NaN for texts \[1\]"):
+        zero_shot_evaluation(_NaNRowClassifier(), tok, texts[:2], [0, 1])
+    assert predict_labels(_NaNRowClassifier(), tok, ["w1 w2", "w2"]) == [0, 1]

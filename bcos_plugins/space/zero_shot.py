@@ -17,7 +17,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .._checks import require_int, rows_named_as, warn_if_another_models_tokenizer
-from ..attribution.text import registry_spec, rows_as_alone_call
+from ..attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
 from ..corpus import require_texts_with_tokens, require_tokenizer_ids_fit
 from ..errors import BcosFileError, BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
@@ -115,7 +115,13 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
             with rows_named_as(rows):  # refusals name the texts' indices, not the batch's rows
                 call = rows_as_alone_call(model, batch["input_ids"], batch.get("attention_mask"),
                                           tokenizer_outputs=batch, spec=spec)
-            predictions += model(**call).logits.argmax(-1).tolist()
+            logits = model(**call).logits
+            # a NaN row's arg-max is read as class 0 (torch), and zero_shot_evaluation scored it: refused as predict
+            # refuses it, naming the texts and the padded float64 cause where it applies
+            refuse_nan_logits("predict_labels", logits.isnan().any(-1), rows, "texts", logits.dtype,
+                              call.get("attention_mask"), "Predict in float32 (model.float()), or with batch_size=1 "
+                              "(no padding).")
+            predictions += logits.argmax(-1).tolist()
     return predictions
 
 
