@@ -24,7 +24,7 @@ if tl is not None:
         DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
         NORM_EPS_: tl.constexpr, COS_FLOOR_: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        LATE_NORMS: tl.constexpr = False,
+        LATE_NORMS: tl.constexpr = False, NORMS_FIRST: tl.constexpr = False,
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -41,6 +41,23 @@ if tl is not None:
             # reduced once after the loop, instead of a cross-thread reduction of each tile inside it
             x_sq_tile = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
             w_sq_tile = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+        if NORMS_FIRST:
+            # (benchmarks/triton_probe.py's "/first" configurations) the sums of squares in a K loop of their own,
+            # before the product's, which then reads its tiles for the dot alone (no copy of each tile out of shared
+            # memory for the squares); the tiles are read twice, the second time mostly from L2
+            x_sq_first = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+            w_sq_first = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                k = k0 + ks
+                k_ok = k < K
+                x_first = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :] * stride_xk,
+                                  mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+                w_first = tl.load(w_ptr + k[:, None] * stride_wk + units[None, :] * stride_wn,
+                                  mask=k_ok[:, None] & unit_ok[None, :], other=0.0).to(tl.float32)
+                x_sq_first += x_first * x_first
+                w_sq_first += w_first * w_first
+            x_sq = tl.sum(x_sq_first, axis=1)
+            w_sq = tl.sum(w_sq_first, axis=0)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + ks
             k_ok = k < K
@@ -51,7 +68,9 @@ if tl is not None:
                              mask=k_ok[:, None] & unit_ok[None, :], other=0.0)
             x_wide = x_tile.to(tl.float32)
             w_wide = w_tile.to(tl.float32)
-            if LATE_NORMS:
+            if NORMS_FIRST:
+                pass
+            elif LATE_NORMS:
                 x_sq_tile += x_wide * x_wide
                 w_sq_tile += w_wide * w_wide
             else:
@@ -70,7 +89,7 @@ if tl is not None:
                 a = x_tile.to(DOT_DTYPE)
                 b = w_tile.to(DOT_DTYPE)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        if LATE_NORMS:
+        if LATE_NORMS and not NORMS_FIRST:
             x_sq = tl.sum(x_sq_tile, axis=1)
             w_sq = tl.sum(w_sq_tile, axis=0)
         w_norm = tl.sqrt(w_sq)

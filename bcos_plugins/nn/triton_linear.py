@@ -121,7 +121,8 @@ class KernelTiles(NamedTuple):
     """A launch configuration of the kernel: the output tile (``block_m`` rows x ``block_n`` units), the step along
     K, and Triton's ``num_warps`` / ``num_stages`` (powers of two, blocks at least 16: ``tl.dot``'s smallest);
     ``late_norms``: the sums of squares kept element-wise in tiles and reduced once after the K loop (not each
-    step), the same norms to float32 rounding (another summation order)."""
+    step); ``norms_first``: the sums of squares in a K loop of their own before the product's (the tiles read twice);
+    both give the same norms to float32 rounding (another summation order)."""
 
     block_m: int = 64
     block_n: int = 64
@@ -129,6 +130,7 @@ class KernelTiles(NamedTuple):
     num_warps: int = 4
     num_stages: int = 3
     late_norms: bool = False
+    norms_first: bool = False
 
 
 # The configuration every layer launches with (unmeasured; benchmarks/triton_probe.py times others on a GPU):
@@ -208,6 +210,7 @@ def _launch(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor
         INTERPRETED_BF16=interpreted and dot_dtype == torch.bfloat16,
         NORM_EPS_=NORM_EPS, COS_FLOOR_=COS_FLOOR,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, LATE_NORMS=tiles.late_norms,
+        NORMS_FIRST=tiles.norms_first,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return out, dyn, x_norm, w_norm
