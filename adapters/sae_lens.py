@@ -38,7 +38,6 @@ from torch import Tensor
 
 from bcos_plugins._checks import require_int
 from bcos_plugins.bilinear import (
-    BilinearWeights,
     Eigendecomposition,
     augment_input,
     bilinear_weights,
@@ -47,6 +46,7 @@ from bcos_plugins.bilinear import (
     interaction_matrix,
     top_eigen_indices,
 )
+from bcos_plugins.bilinear.sources import fold_input_norm, lens_mlp_prefix
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.nn.functional import at_least_float32
 
@@ -88,12 +88,6 @@ class LowRankCorrelation(NamedTuple):
 _WEIGHTED_NORMS = ("LN", "RMS")
 
 
-def _mlp_prefix(layer) -> str | None:
-    """``"blocks.L"`` of a TransformerLens MLP inside a set-up model; ``None`` if unknown."""
-    name = getattr(getattr(layer, "hook_pre", None), "name", None)
-    return name.split(".mlp.")[0] if name and ".mlp." in name else None
-
-
 def expected_hook_names(layer) -> tuple[set[str], set[str]] | None:
     """Input and output hook names of a TransformerLens MLP inside a set-up model; ``None`` if unknown.
 
@@ -101,7 +95,7 @@ def expected_hook_names(layer) -> tuple[set[str], set[str]] | None:
     :class:`BilinearSAEInteractions`' ``input_norm``), ``blocks.L.hook_resid_mid`` / ``blocks.L.hook_mlp_in``
     without one, and ``blocks.L.mlp.hook_in`` (the MLP's exact input) where sae-lens' ``HookedSAETransformer``
     records it."""
-    prefix = _mlp_prefix(layer)
+    prefix = lens_mlp_prefix(layer)
     if prefix is None:
         return None
     cfg = getattr(layer, "cfg", None)
@@ -115,42 +109,12 @@ def expected_hook_names(layer) -> tuple[set[str], set[str]] | None:
     return inputs, {f"{prefix}.hook_mlp_out"}
 
 
-def _folded_input_norm(weights: BilinearWeights, norm, layer) -> BilinearWeights:
-    """The layer as a function of ``norm``'s ``hook_normalized`` ``x``: ``x -> layer(x * w + b)`` (``b``: a
-    LayerNorm's bias), exactly: ``W (x * w + b) = (W diag(w)) x + W b``, and the same for ``V``."""
-    from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
-
-    if not isinstance(norm, LayerNorm | RMSNorm | LayerNormPre | RMSNormPre):
-        raise argument_error("input_norm", f"expected the TransformerLens LayerNorm / RMSNorm in front of the layer, "
-                             f"got {type(norm).__name__}", "Pass model.blocks[L].ln2 for model.blocks[L].mlp",
-                             kind=BcosTypeError)
-    prefix, norm_hook = _mlp_prefix(layer), getattr(norm.hook_normalized, "name", None)
-    if prefix is not None and norm_hook is not None and norm_hook != f"{prefix}.ln2.hook_normalized":
-        raise argument_error("input_norm", f"it is {norm_hook.rsplit('.', 1)[0]}, not the norm in front of "
-                             f"{prefix}.mlp", f"Pass {prefix.replace('blocks.', 'model.blocks[')}].ln2")
-    if isinstance(norm, LayerNormPre | RMSNormPre):  # weightless: hook_normalized is the layer's input
-        return weights
-    w = norm.w.detach()
-    if tuple(w.shape) != (weights.d_in,):
-        raise argument_error("input_norm", f"its weight has shape {tuple(w.shape)}, but the layer reads vectors of "
-                             f"width {weights.d_in}", "Pass the norm in front of this layer (model.blocks[L].ln2 for "
-                             "model.blocks[L].mlp)")
-    w = w.to(dtype=weights.W.dtype, device=weights.W.device)
-    w_bias, v_bias = weights.w_bias, weights.v_bias
-    if isinstance(norm, LayerNorm):
-        b = norm.b.detach().to(dtype=weights.W.dtype, device=weights.W.device)
-        w_bias = weights.W @ b if w_bias is None else w_bias + weights.W @ b
-        v_bias = weights.V @ b if v_bias is None else v_bias + weights.V @ b
-    return BilinearWeights(W=weights.W * w, V=weights.V * w, P=weights.P, w_bias=w_bias, v_bias=v_bias,
-                           hidden_bias=weights.hidden_bias, out_bias=weights.out_bias)
-
-
 def _refuse_input_before_norm_weight(layer, sae) -> None:
     """Refuse an input SAE on ``blocks.L.ln2.hook_normalized`` of a weighted norm when no ``input_norm`` is given:
     the MLP reads ``hook_normalized * ln2.w (+ ln2.b)``, so the SAE's directions are in other coordinates than the
     layer's input, and every interaction, output activation and correlation was another layer's, silently (a bilinear
     Llama from hooked_transformer_from_hf, or any trained bilinear_config model, whose ln2 weight is not 1)."""
-    prefix = _mlp_prefix(layer)
+    prefix = lens_mlp_prefix(layer)
     norm = getattr(getattr(layer, "cfg", None), "normalization_type", None)
     hook = sae.cfg.metadata.hook_name
     if prefix is None or norm not in _WEIGHTED_NORMS or hook != f"{prefix}.ln2.hook_normalized":
@@ -170,7 +134,7 @@ def _refuse_output_after_post_norm(layer, sae) -> None:
     (``use_normalization_before_and_after``, Gemma 2's layout): TransformerLens records that hook after ``ln2_post``,
     a per-token scale no weight can fold, so it is not the bilinear layer's output and the output SAE's activations
     computed from the weights were another layer's (off by up to 5.5 on a tiny model), silently."""
-    prefix = _mlp_prefix(layer)
+    prefix = lens_mlp_prefix(layer)
     hook = sae.cfg.metadata.hook_name
     if prefix is None or hook != f"{prefix}.hook_mlp_out" \
             or not getattr(getattr(layer, "cfg", None), "use_normalization_before_and_after", False):
@@ -271,7 +235,8 @@ def _layer_inputs(mlp_inputs, d_in: int, name: str = "mlp_inputs") -> Tensor:
     if not isinstance(mlp_inputs, Tensor) or not mlp_inputs.is_floating_point():
         what = mlp_inputs.dtype if isinstance(mlp_inputs, Tensor) else type(mlp_inputs).__name__
         raise BcosTypeError(f"{name}: expected a float tensor (..., {d_in}) of the layer's input activations, got "
-                            f"{what}. Pass e.g. cache['blocks.L.ln2.hook_normalized']")
+                            f"{what}. Pass the activations at the input SAE's hook, e.g. "
+                            "cache[input_sae.cfg.metadata.hook_name]")
     if mlp_inputs.ndim == 0 or mlp_inputs.shape[-1] != d_in or mlp_inputs.numel() == 0:
         raise BcosValueError(f"{name}: shape {tuple(mlp_inputs.shape)}, but the bilinear layer reads vectors of width "
                              f"{d_in} (last dimension). Pass the activations at the layer's input (the input SAE's "
@@ -310,7 +275,7 @@ class BilinearSAEInteractions:
         expected = expected_hook_names(layer)
         input_hooks = {input_hook} if input_hook else (expected[0] if expected else None)
         if input_norm is not None:
-            weights = _folded_input_norm(weights, input_norm, layer)
+            weights = fold_input_norm(weights, input_norm, layer)
             norm_hook = getattr(input_norm.hook_normalized, "name", None)
             # the folded layer reads the norm's hook_normalized: an SAE on the MLP's own input (hook_in) would be
             # multiplied by the norm's weight twice

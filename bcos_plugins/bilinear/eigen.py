@@ -81,7 +81,11 @@ def require_eigendecomposition(eig) -> Eigendecomposition:
 
 def eigenvector_activations(eig: Eigendecomposition, x: Float[Tensor, "batch d_in"]
                             ) -> Float[Tensor, "batch *n d_in"]:
-    """``lambda_i (v_i . x)^2`` for every eigenvector; summed over the last axis it equals ``u . out(x)``."""
+    """``lambda_i (v_i . x)^2`` for every eigenvector; summed over the last axis it equals ``u . out(x)``.
+
+    ``x`` is the decomposed layer's input. A TransformerLens model's ``blocks.L.ln2.hook_normalized`` is not
+    ``model.blocks[L].mlp``'s (it is recorded before ln2's weight and bias): decompose
+    ``bilinear_weights(mlp, input_norm=model.blocks[L].ln2)`` for activations read there."""
     eig = require_eigendecomposition(eig)
     d_in = eig.eigenvectors.shape[-1]
     x = require_tensor("x", x, ndim=2, kind="real", shape_hint=f"(batch, d_in) = (batch, {d_in})")

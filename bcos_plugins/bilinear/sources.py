@@ -16,6 +16,11 @@ Where the weights come from:
   their outputs carry an input-dependent scale, so they are not bilinear in their weights.
 - plain tensors: a tuple ``(W, V, P)`` in the ``(d_hidden, d_in)``, ``(d_hidden, d_in)``,
   ``(d_out, d_hidden)`` layout above.
+
+The input the weights describe is the layer's own input. In a TransformerLens model that is ``ln2``'s output,
+which no hook records: ``blocks.L.ln2.hook_normalized`` is recorded before ``ln2`` multiplies by its weight (a
+LayerNorm then adds its bias). ``bilinear_weights(mlp, input_norm=model.blocks[L].ln2)`` (:func:`fold_input_norm`)
+is the layer as a function of that hook's activations, exactly.
 """
 
 from __future__ import annotations
@@ -91,15 +96,33 @@ def _from_hf_gated(mlp: nn.Module) -> BilinearWeights:
     return BilinearWeights.from_linears(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
 
-def bilinear_weights(source) -> BilinearWeights:
+def bilinear_weights(source, *, input_norm=None) -> BilinearWeights:
     """Read ``(W, V, P)`` (and biases) from ``source``; see the module docstring for what is accepted.
 
     Tensors are detached views of the parameters (no copy): analyses never build autograd graphs.
+
+    Args:
+        source: the layer (see the module docstring).
+        input_norm: the TransformerLens norm in front of ``source`` (``model.blocks[L].ln2`` for
+            ``model.blocks[L].mlp``), to analyse the layer on activations read at ``blocks.L.ln2.hook_normalized``:
+            TransformerLens records that hook before the norm multiplies by its weight (a LayerNorm also adds its
+            bias), so inputs taken there are not the layer's. The result is ``x -> source(x * w + b)``, exactly
+            (:func:`fold_input_norm`); pass it as the ``source`` of any analysis. Without it, inputs must be the
+            layer's own (e.g. ``cache["blocks.L.mlp.hook_in"]`` of sae-lens' ``HookedSAETransformer``).
     """
+    if input_norm is not None:
+        return fold_input_norm(bilinear_weights(source), input_norm, source)
     if isinstance(source, BilinearWeights):
         return source
     if isinstance(source, BilinearMLP):
         return source.weights()
+    if _is_bridge_component(source):
+        raise argument_error(
+            "source", f"this is a TransformerBridge component ({type(source).__name__}), whose weights are the "
+            "transformers module's it wraps (read here as a HookedTransformer MLP, its missing biases failed with an "
+            "AttributeError)", "Pass the wrapped module, bridge.blocks[L].mlp.original_component; its exact input is "
+            "recorded at blocks.L.mlp.hook_in (blocks.L.ln2.hook_normalized is before ln2's weight)",
+            kind=BcosTypeError)
     if isinstance(source, nn.Module) and all(hasattr(source, n) for n in ("W_gate", "W_in", "W_out")):
         return _from_transformer_lens(source)
     if isinstance(source, nn.Module) and all(hasattr(source, n) for n in ("gate_proj", "up_proj", "down_proj")):
@@ -114,9 +137,70 @@ def bilinear_weights(source) -> BilinearWeights:
         "(d_hidden, d_in), (d_out, d_hidden)", kind=BcosTypeError)
 
 
+def _is_bridge_component(source) -> bool:
+    """A TransformerBridge component (TransformerLens 3.x / 4.x ``model_bridge``), by its class's module: the core
+    imports no host library."""
+    return isinstance(source, nn.Module) and any(
+        cls.__module__.startswith("transformer_lens.model_bridge") for cls in type(source).__mro__)
+
+
 def _described(source) -> str:
     """What ``source`` is, in the words of the refusal: a sequence says what it holds, since a tuple of the wrong
     length or with a non-tensor entry is the usual near miss."""
     if isinstance(source, tuple | list):
         return f"a {type(source).__name__} of {len(source)} ({', '.join(type(t).__name__ for t in source)})"
     return type(source).__name__
+
+
+def lens_mlp_prefix(layer) -> str | None:
+    """``"blocks.L"`` of a TransformerLens MLP inside a set-up model (read from its ``hook_pre``'s name); ``None``
+    if unknown (a layer outside a model, or not a TransformerLens MLP)."""
+    name = getattr(getattr(layer, "hook_pre", None), "name", None)
+    return name.split(".mlp.")[0] if isinstance(name, str) and ".mlp." in name else None
+
+
+# TransformerLens' norms by class name (bcos_plugins' core imports no host library): LayerNorm and RMSNorm record
+# hook_normalized before they multiply by their weight (a LayerNorm then adds its bias); their weightless forms
+# (LayerNormPre, RMSNormPre) record their output there
+_LENS_NORMS = {"LayerNorm": ("w", "b"), "RMSNorm": ("w",), "LayerNormPre": (), "RMSNormPre": ()}
+
+
+def _lens_norm_parameters(norm) -> tuple[str, ...] | None:
+    """The parameters a TransformerLens norm applies after ``hook_normalized``; ``None`` if ``norm`` is not one."""
+    for cls in type(norm).__mro__:
+        if cls.__module__.startswith("transformer_lens.") and cls.__name__ in _LENS_NORMS:
+            return _LENS_NORMS[cls.__name__]
+    return None
+
+
+def fold_input_norm(weights: BilinearWeights, norm, layer=None) -> BilinearWeights:
+    """The layer as a function of ``norm``'s ``hook_normalized`` ``x``: ``x -> layer(x * w + b)`` (``b``: a
+    LayerNorm's bias), exactly: ``W (x * w + b) = (W diag(w)) x + W b``, and the same for ``V``.
+
+    ``norm`` must be a TransformerLens LayerNorm / RMSNorm (or their weightless forms, which change nothing); when
+    ``layer`` is a TransformerLens MLP inside a model, it must be that block's ``ln2``.
+    """
+    parameters = _lens_norm_parameters(norm)
+    if parameters is None:
+        raise argument_error("input_norm", f"expected the TransformerLens LayerNorm / RMSNorm in front of the layer, "
+                             f"got {type(norm).__name__}", "Pass model.blocks[L].ln2 for model.blocks[L].mlp",
+                             kind=BcosTypeError)
+    prefix, norm_hook = lens_mlp_prefix(layer), getattr(getattr(norm, "hook_normalized", None), "name", None)
+    if prefix is not None and norm_hook is not None and norm_hook != f"{prefix}.ln2.hook_normalized":
+        raise argument_error("input_norm", f"it is {norm_hook.rsplit('.', 1)[0]}, not the norm in front of "
+                             f"{prefix}.mlp", f"Pass {prefix.replace('blocks.', 'model.blocks[')}].ln2")
+    if not parameters:  # weightless: hook_normalized is the layer's input
+        return weights
+    w = norm.w.detach()
+    if tuple(w.shape) != (weights.d_in,):
+        raise argument_error("input_norm", f"its weight has shape {tuple(w.shape)}, but the layer reads vectors of "
+                             f"width {weights.d_in}", "Pass the norm in front of this layer (model.blocks[L].ln2 for "
+                             "model.blocks[L].mlp)")
+    w = w.to(dtype=weights.W.dtype, device=weights.W.device)
+    w_bias, v_bias = weights.w_bias, weights.v_bias
+    if "b" in parameters:
+        b = norm.b.detach().to(dtype=weights.W.dtype, device=weights.W.device)
+        w_bias = weights.W @ b if w_bias is None else w_bias + weights.W @ b
+        v_bias = weights.V @ b if v_bias is None else v_bias + weights.V @ b
+    return BilinearWeights(W=weights.W * w, V=weights.V * w, P=weights.P, w_bias=w_bias, v_bias=v_bias,
+                           hidden_bias=weights.hidden_bias, out_bias=weights.out_bias)

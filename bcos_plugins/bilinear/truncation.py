@@ -59,7 +59,10 @@ def truncation_curve(source, x: Float[Tensor, "batch d_in"], labels: Int[Tensor,
                      directions: Float[Tensor, "n d_out"] | None = None, by: Order = "magnitude") -> TruncationCurve:
     """Classification accuracy when every output keeps only its top ``k`` eigenvectors, for each ``k`` in ``ks``.
 
-    ``directions`` default to the output basis (the logits). The prediction is the argmax over directions.
+    ``directions`` default to the output basis (the logits). The prediction is the argmax over directions. ``x``
+    is the layer's input: for activations read at a TransformerLens model's ``blocks.L.ln2.hook_normalized``
+    (recorded before ln2's weight and bias) pass ``bilinear_weights(mlp, input_norm=model.blocks[L].ln2)`` as
+    ``source``.
     """
     weights = bilinear_weights(source)
     if directions is None:
