@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -271,6 +271,7 @@ class Case:
     mm_ms: float
     bcos_ms: float
     kernel_ms: dict[str, str]
+    errors: dict[str, float] = field(default_factory=dict)  # largest difference / largest value, per configuration
 
     @property
     def label(self) -> str:
@@ -388,6 +389,7 @@ def kernel_part(cases: list[Case], configs: list[Config], device: torch.device, 
                 wrong = not (error <= TOL[case.dtype] * scale)  # (NaN: wrong)
                 cell = f"{_time_ms(run, device) * 1e3:,.0f}"
                 case.kernel_ms[config.text] = cell + ("!" if wrong else "")
+                case.errors[config.text] = error / scale if scale else error
                 if wrong:
                     print(f"# WRONG VALUES: c{index + 1} {config.text} on {case.label}: largest difference "
                           f"{error:.3g}, largest value {scale:.3g}", flush=True)
@@ -427,6 +429,15 @@ def print_table(cases: list[Case], configs: list[Config]) -> None:
             if ratios and len(ratios) == sum(case.dtype == dtype for case in cases):
                 means.append(f"c{index + 1} {math.exp(statistics.fmean(map(math.log, ratios))):.2f}x")
         print(f"# {name}, geometric mean of kernel / F.linear over every layer: " + (", ".join(means) or "n/a"))
+    # how close each configuration comes to the PyTorch B-cos layer (IEEE or TF32 products, summation orders)
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        worst = []
+        for index, config in enumerate(configs):
+            errors = [case.errors[config.text] for case in cases if case.dtype == dtype and config.text in case.errors]
+            if errors:
+                worst.append(f"c{index + 1} {max(errors):.1e}")
+        print(f"# {name}, largest difference from the PyTorch B-cos layer / its largest value: "
+              + (", ".join(worst) or "n/a"))
     print("# configurations: " + ", ".join(f"c{i + 1} = {c.text}" for i, c in enumerate(configs)))
 
 

@@ -146,6 +146,8 @@ def test_the_gpu_probe_runs_on_tiny_shapes_under_the_interpreter():
     assert "| train step 3 |" in out and "| train step 5, kernel off |" in out, report
     assert "| model and optimizer freed |" in out, report
     assert "WRONG VALUES" not in out and "error:" not in out and "not measured" not in out, report
+    errors = re.search(r"# fp32, largest difference from the PyTorch B-cos layer / its largest value: (.*)", out)
+    assert errors and all(float(cell.split()[1]) <= 1e-4 for cell in errors.group(1).split(", ")), report
     launches = re.search(r"# (\d+) kernel launches \((\d+) per forward\)", out)
     assert launches and int(launches.group(2)) > 0, report
     rows = [line for line in out.splitlines() if line.startswith("| ") and (" bf16 |" in line or " fp32 |" in line)]
