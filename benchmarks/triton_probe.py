@@ -25,7 +25,8 @@ it, so that a run ends within about 140 s; the kernel part says which configurat
    ``BMxBNxBK/wWARPS/sSTAGES`` (output tile, K step, ``num_warps``, ``num_stages``; powers of two, stages 1-8),
    optionally ``/late`` (the sums of squares for the norms reduced once after the K loop instead of at every step:
    ``KernelTiles.late_norms``) or ``/first`` (the sums of squares in a K loop of their own before the product's,
-   which then reads its tiles for the dot alone: ``KernelTiles.norms_first``), and ``/tf32x3`` (float32 layers only: ``tl.dot``'s three-pass TF32 products on tensor
+   which then reads its tiles for the dot alone: ``KernelTiles.norms_first``), then ``/nfast`` (the programs
+   ordered units first, so that those running together share their rows of x: ``KernelTiles.units_fastest``), and ``/tf32x3`` (float32 layers only: ``tl.dot``'s three-pass TF32 products on tensor
    cores instead of IEEE products on the CUDA cores) or ``/bf16w`` (bfloat16 layers only: the weight cast to bfloat16
    beforehand, untimed as for ``F.linear``, so that no tile is converted inside the loop and ``||w||`` is that of the
    rounded weight: what a per-layer cached bfloat16 copy of the weight would give).
@@ -70,15 +71,16 @@ START = time.perf_counter()  # (after the imports of torch, transformers and the
 # (the baseline), then the first H200 run's best (docs/benchmarks.md#gpu: 128x128x32/w4/s3/late for bfloat16,
 # 128x128x32/w8/s3/late/tf32x3 for float32) and variations of them; /tf32x3 on float32 layers only, /bf16w on bfloat16
 # ones
-DEFAULT_CONFIGS = ("64x64x32/w4/s3", "128x128x32/w4/s3/late", "128x128x32/w4/s3/late/bf16w",
-                   "128x128x32/w4/s3/first", "128x128x32/w4/s3/first/bf16w", "128x128x64/w8/s3/first/bf16w",
-                   "128x256x32/w8/s3/late/bf16w", "128x128x32/w8/s3/late/tf32x3", "128x128x32/w4/s3/late/tf32x3",
-                   "64x64x32/w4/s3/late", "128x128x32/w4/s4/late", "64x128x32/w4/s3/late/bf16w",
-                   "128x128x64/w4/s3/first/bf16w")
-QUICK_CONFIGS = ("64x64x32/w4/s3", "32x32x16/w4/s3/late", "64x64x32/w4/s3/tf32x3", "64x64x32/w4/s3/bf16w",
+DEFAULT_CONFIGS = ("64x64x32/w4/s3", "128x128x32/w4/s3/late", "128x128x32/w4/s3/late/nfast",
+                   "128x128x32/w4/s3/late/bf16w", "128x128x32/w4/s3/late/nfast/bf16w", "128x128x32/w4/s3/first",
+                   "128x128x32/w4/s3/first/nfast/bf16w", "128x128x64/w8/s3/first/nfast/bf16w",
+                   "128x128x32/w8/s3/late/tf32x3", "128x128x32/w8/s3/late/nfast/tf32x3", "64x64x32/w4/s3/late",
+                   "128x256x32/w8/s3/late/nfast/bf16w", "128x128x32/w4/s4/late/nfast",
+                   "128x128x32/w4/s3/late/tf32x3")
+QUICK_CONFIGS = ("64x64x32/w4/s3", "32x32x16/w4/s3/late/nfast", "64x64x32/w4/s3/tf32x3", "64x64x32/w4/s3/bf16w",
                  "32x32x16/w4/s3/first")
 TOL = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
-_CONFIG = re.compile(r"(\d+)x(\d+)x(\d+)/w(\d+)/s(\d+)(?:/(late|first))?(?:/(tf32x3|bf16w))?")
+_CONFIG = re.compile(r"(\d+)x(\d+)x(\d+)/w(\d+)/s(\d+)(?:/(late|first))?(/nfast)?(?:/(tf32x3|bf16w))?")
 
 
 @dataclass(frozen=True)
@@ -95,12 +97,13 @@ class Config:
 
 
 def parse_config(text: str) -> Config:
-    """``BMxBNxBK/wW/sS[/late or /first][/tf32x3 or /bf16w]`` as a :class:`Config`; ``ValueError`` naming what is wrong."""
+    """``BMxBNxBK/wW/sS[/late or /first][/nfast][/tf32x3 or /bf16w]`` as a :class:`Config`; ``ValueError`` naming what is wrong."""
     match = _CONFIG.fullmatch(text)
     if match is None:
-        raise ValueError(f"{text!r} is not BMxBNxBK/wWARPS/sSTAGES[/late or /first][/tf32x3 or /bf16w], e.g. 128x128x32/w4/s3")
-    *numbers, norms, option = match.groups()
-    tiles = tlin.KernelTiles(*map(int, numbers), late_norms=norms == "late", norms_first=norms == "first")
+        raise ValueError(f"{text!r} is not BMxBNxBK/wWARPS/sSTAGES[/late or /first][/nfast][/tf32x3 or /bf16w], e.g. 128x128x32/w4/s3")
+    *numbers, norms, units_fastest, option = match.groups()
+    tiles = tlin.KernelTiles(*map(int, numbers), late_norms=norms == "late", norms_first=norms == "first",
+                             units_fastest=units_fastest is not None)
     for name, value in tiles._asdict().items():
         if isinstance(value, bool):
             continue
@@ -451,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", nargs="+", choices=["memory", "kernel"], default=["memory", "kernel"])
     parser.add_argument("--steps", type=int, default=3, help="training steps before the saved-bytes count (3)")
     parser.add_argument("--configs", nargs="+", default=None,
-                        help="BMxBNxBK/wWARPS/sSTAGES[/late or /first][/tf32x3 or /bf16w] each (default: 13, the "
+                        help="BMxBNxBK/wWARPS/sSTAGES[/late or /first][/nfast][/tf32x3 or /bf16w] each (default: 14, the "
                              "kernel's own first)")
     parser.add_argument("--budget-s", type=float, default=125.0,
                         help="seconds after the imports by which the kernel part ends: a configuration does not "

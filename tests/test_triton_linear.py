@@ -270,7 +270,7 @@ def _compile_for_sm90(kernel, args, kwargs):
 def test_the_kernel_compiles_for_an_h100_without_a_gpu(monkeypatch):
     """The compiled kernel is otherwise checked only in GPU sessions: here each autograd mode's launch (inference,
     explaining, training; B = 1.5 and the general exponent), GPT-2's transposed weight, and the probe's configurations
-    (larger tiles, late or first norms, three-pass TF32, bfloat16 weights) compile for sm_90 on the CPU, within its 227 KiB of
+    (larger tiles, late or first norms, units-first order, three-pass TF32, bfloat16 weights) compile for sm_90 on the CPU, within its 227 KiB of
     shared memory; bfloat16 products run on the tensor cores (wgmma), IEEE float32 ones do not (why float32 layers
     are slow, docs/benchmarks.md#gpu)."""
     kernel = tlin._kernel(False)  # (Triton's JIT function, before the launches are recorded)
@@ -286,7 +286,7 @@ def test_the_kernel_compiles_for_an_h100_without_a_gpu(monkeypatch):
          tlin.KernelTiles(128, 128, 64, 8, 3, late_norms=True), None),
         (x32, w32, 1.5, torch.float32, False, False, False, tlin.KernelTiles(128, 128, 32, 8, 3), "tf32x3"),
         (x32.bfloat16(), w32.T.contiguous().T.bfloat16(), 1.25, torch.bfloat16, True, False, True,
-         tlin.KernelTiles(128, 128, 64, 8, 3, norms_first=True), None),
+         tlin.KernelTiles(128, 128, 64, 8, 3, norms_first=True, units_fastest=True), None),
     ]
     for x, view, b, dtype, floor, store_dyn, store_norms, tiles, precision in launches:
         tlin._launch(x, view, b, dtype, floor=floor, store_dyn=store_dyn, store_norms=store_norms, tiles=tiles,

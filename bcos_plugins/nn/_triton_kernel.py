@@ -24,10 +24,17 @@ if tl is not None:
         DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
         NORM_EPS_: tl.constexpr, COS_FLOOR_: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        LATE_NORMS: tl.constexpr = False, NORMS_FIRST: tl.constexpr = False,
+        LATE_NORMS: tl.constexpr = False, NORMS_FIRST: tl.constexpr = False, UNITS_FASTEST: tl.constexpr = False,
     ):
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
+        if UNITS_FASTEST:
+            # (benchmarks/triton_probe.py's "/nfast" configurations; the launch swaps the grid's axes) programs that
+            # run together share a block of rows and sweep the units, so x is read from memory about once and the
+            # weight, the smaller operand at these shapes, is what L2 serves again
+            pid_m = tl.program_id(1)
+            pid_n = tl.program_id(0)
+        else:
+            pid_m = tl.program_id(0)
+            pid_n = tl.program_id(1)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         units = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         ks = tl.arange(0, BLOCK_K)

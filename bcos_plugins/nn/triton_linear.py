@@ -122,7 +122,8 @@ class KernelTiles(NamedTuple):
     K, and Triton's ``num_warps`` / ``num_stages`` (powers of two, blocks at least 16: ``tl.dot``'s smallest);
     ``late_norms``: the sums of squares kept element-wise in tiles and reduced once after the K loop (not each
     step); ``norms_first``: the sums of squares in a K loop of their own before the product's (the tiles read twice);
-    both give the same norms to float32 rounding (another summation order)."""
+    both give the same norms to float32 rounding (another summation order). ``units_fastest``: the grid's programs
+    in the order units first (programs that run together share their rows), not rows first."""
 
     block_m: int = 64
     block_n: int = 64
@@ -131,6 +132,7 @@ class KernelTiles(NamedTuple):
     num_stages: int = 3
     late_norms: bool = False
     norms_first: bool = False
+    units_fastest: bool = False
 
 
 # The configuration every layer launches with (unmeasured; benchmarks/triton_probe.py times others on a GPU):
@@ -200,6 +202,8 @@ def _launch(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor
         precision = "tf32" if dot_dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
     mode = _B_MODES.get(b, _GENERAL_B)
     grid = (-(-m // tiles.block_m), -(-n // tiles.block_n))
+    if tiles.units_fastest:
+        grid = grid[::-1]
     _kernel(interpreted)[grid](
         x2, view, out, out if dyn is None else dyn, out if x_norm is None else x_norm,
         out if w_norm is None else w_norm,
@@ -210,7 +214,7 @@ def _launch(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor
         INTERPRETED_BF16=interpreted and dot_dtype == torch.bfloat16,
         NORM_EPS_=NORM_EPS, COS_FLOOR_=COS_FLOOR,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, LATE_NORMS=tiles.late_norms,
-        NORMS_FIRST=tiles.norms_first,
+        NORMS_FIRST=tiles.norms_first, UNITS_FASTEST=tiles.units_fastest,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return out, dyn, x_norm, w_norm
