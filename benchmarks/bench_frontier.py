@@ -83,6 +83,7 @@ from transformers.utils import logging as hf_logging
 from bcos_plugins import bcosify
 from bcos_plugins.data import load_sst2
 from bcos_plugins.data.ag_news import load_ag_news
+from bcos_plugins.errors import BcosValueError
 from bcos_plugins.metrics import PerturbationCurves, paired_accuracy_difference
 from bcos_plugins.metrics.paired import paired_bootstrap_difference
 from bcos_plugins.pretrain import BCOS_STAGE_SCHEDULE, TASK_THEN_BCOS_PRESET_STAGES
@@ -559,8 +560,17 @@ def best_posthoc(means: dict[str, float], higher: bool) -> tuple[str | None, lis
 def _accuracy_columns(pairs: list[tuple[dict, dict]], dataset: str) -> dict:
     """B-cos accuracy and its paired difference from the conventional model over ``pairs`` ((conventional cell,
     B-cos cell) of the same seed): an interval over seeds (t) with two or more, else over examples."""
-    paired = paired_accuracy_difference([a["predictions"] for a, _ in pairs], [b["predictions"] for _, b in pairs],
-                                        pairs[0][0]["labels"])
+    labels = pairs[0][0]["labels"]
+    try:
+        paired = paired_accuracy_difference([a["predictions"] for a, _ in pairs], [b["predictions"] for _, b in pairs],
+                                            labels)
+    except BcosValueError:
+        # two or more seeds with the same difference leave no spread over seeds for an interval: the accuracy is
+        # reported, the difference and its interval are not ("–")
+        accuracy = [sum(p == y for p, y in zip(b["predictions"], labels, strict=True)) / len(labels) for _, b in pairs]
+        nan = float("nan")
+        return {f"{dataset}_accuracy": 100 * sum(accuracy) / len(pairs), f"{dataset}_accuracy_diff": nan,
+                f"{dataset}_accuracy_low": nan, f"{dataset}_accuracy_high": nan}
     return {f"{dataset}_accuracy": 100 * sum(paired.accuracy_b) / len(pairs),
             f"{dataset}_accuracy_diff": 100 * paired.difference,
             f"{dataset}_accuracy_low": 100 * paired.ci_low, f"{dataset}_accuracy_high": 100 * paired.ci_high}

@@ -17,14 +17,18 @@ def test_by_hand_two_seeds():
     labels = [0, 1, 1, 1]
     a = [[0, 1, 1, 0], [1, 1, 0, 0]]  # correct: 3/4, 1/4
     b = [[0, 1, 1, 1], [1, 1, 1, 0]]  # correct: 4/4, 2/4
+    with pytest.raises(BcosValueError, match="no spread over seeds"):  # identical seed differences (+0.25, +0.25)
+        paired_accuracy_difference(a, b, labels)
+    b[1] = [1, 1, 1, 1]  # correct: 4/4, 3/4
     r = paired_accuracy_difference(a, b, labels)
-    assert r.accuracy_a == (0.75, 0.25) and r.accuracy_b == (1.0, 0.5)
-    assert r.per_seed == (0.25, 0.25) and r.difference == 0.25
-    assert (r.ci_low, r.ci_high) == (0.25, 0.25)  # identical seed differences: no spread over seeds
+    assert r.accuracy_a == (0.75, 0.25) and r.accuracy_b == (1.0, 0.75)
+    assert r.per_seed == (0.25, 0.5) and r.difference == 0.375
+    half = stats.t.ppf(0.975, 1) * math.sqrt(2 * 0.125 ** 2) / math.sqrt(2)  # sd of (0.25, 0.5) over 2 seeds
+    assert (r.ci_low, r.ci_high) == pytest.approx((0.375 - half, 0.375 + half))
     assert r.interval_over == "seeds" and (r.n_seeds, r.n_examples) == (2, 4)
-    assert (r.only_a_correct, r.only_b_correct) == (0, 2)
-    assert r.mcnemar_p == pytest.approx(2 * 0.5 ** 2)  # exact: both discordant pairs favour b
-    assert r.non_inferior(0.0) and r.as_dict()["difference"] == 0.25
+    assert (r.only_a_correct, r.only_b_correct) == (0, 3)
+    assert r.mcnemar_p == pytest.approx(2 * 0.5 ** 3)  # exact: all three discordant pairs favour b
+    assert not r.non_inferior(0.0) and r.as_dict()["difference"] == 0.375
 
 
 def test_interval_over_seeds_is_scipys_one_sample_t_interval():
@@ -46,16 +50,25 @@ def test_interval_over_seeds_is_scipys_one_sample_t_interval():
     assert r.mcnemar_p == pytest.approx(by_hand)
 
 
-def test_one_seed_uses_a_wald_interval_over_the_examples():
+def test_one_seed_uses_newcombes_interval_over_the_examples():
     labels = [1] * 10
     a = [1] * 8 + [0] * 2
     b = [1] * 9 + [0]
     r = paired_accuracy_difference(a, b, labels)
-    paired = torch.tensor([0.0] * 8 + [1.0, 0.0])  # b right where a was wrong once
-    half = 1.959963984540054 * float(paired.std()) / math.sqrt(10)
+    # by hand (Newcombe 1998, method 10): 8 both right, 1 only b, 0 only a, 1 neither; A = 8 * 1 - 1 * 0 > n/2, so
+    # psi = (8 - 5) / sqrt(9 * 1 * 8 * 2) = 1/4
+    z = 1.959963984540054
+
+    def wilson(k, n=10):
+        p = k / n
+        c, s = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        return (c - s) / (1 + z * z / n), (c + s) / (1 + z * z / n)
+
+    (lb, ub), (la, ua) = wilson(9), wilson(8)
     assert r.interval_over == "examples" and r.n_seeds == 1
     assert r.difference == pytest.approx(0.1)
-    assert r.ci_low == pytest.approx(0.1 - half) and r.ci_high == pytest.approx(0.1 + half)
+    assert r.ci_low == pytest.approx(0.1 - math.sqrt((0.9 - lb) ** 2 + (ua - 0.8) ** 2 - (0.9 - lb) * (ua - 0.8) / 2))
+    assert r.ci_high == pytest.approx(0.1 + math.sqrt((0.8 - la) ** 2 + (ub - 0.9) ** 2 - (0.8 - la) * (ub - 0.9) / 2))
     assert r.mcnemar_p == 1.0  # one discordant pair: no evidence either way
 
 
@@ -78,14 +91,25 @@ def test_swapping_the_variants_negates_the_difference(seeds, examples, data):
     labels = data.draw(st.lists(classes, min_size=examples, max_size=examples))
     rows = st.lists(st.lists(classes, min_size=examples, max_size=examples), min_size=seeds, max_size=seeds)
     a, b = data.draw(rows), data.draw(rows)
+    correct = [[sum(x == y for x, y in zip(row, labels, strict=True)) for row in rows_] for rows_ in (a, b)]
+    per_seed = {right_b - right_a for right_a, right_b in zip(*correct, strict=True)}
+    if seeds >= 2 and len(per_seed) == 1:  # identical differences over seeds: no spread, refused both ways round
+        for x, y in ((a, b), (b, a)):
+            with pytest.raises(BcosValueError, match="no spread over seeds"):
+                paired_accuracy_difference(x, y, labels)
+        return
     ab, ba = paired_accuracy_difference(a, b, labels), paired_accuracy_difference(b, a, labels)
     assert ab.difference == pytest.approx(-ba.difference, abs=1e-12)
     assert ab.ci_low == pytest.approx(-ba.ci_high, abs=1e-12) and ab.ci_high == pytest.approx(-ba.ci_low, abs=1e-12)
     assert (ab.only_a_correct, ab.only_b_correct) == (ba.only_b_correct, ba.only_a_correct)
     assert ab.mcnemar_p == pytest.approx(ba.mcnemar_p) and 0.0 <= ab.mcnemar_p <= 1.0
     assert ab.ci_low <= ab.difference <= ab.ci_high
-    same = paired_accuracy_difference(a, a, labels)
-    assert same.difference == 0.0 and same.mcnemar_p == 1.0 and (same.ci_low, same.ci_high) == (0.0, 0.0)
+    if seeds == 1:  # no discordant pair: an interval around 0 of nonzero width (the Wald interval was [0, 0])
+        same = paired_accuracy_difference(a, a, labels)
+        assert same.difference == 0.0 and same.mcnemar_p == 1.0 and same.ci_low < 0.0 < same.ci_high
+    else:  # identical differences over seeds: refused (the t-interval was [0, 0])
+        with pytest.raises(BcosValueError, match="no spread over seeds"):
+            paired_accuracy_difference(a, a, labels)
 
 
 def test_errors_name_the_argument_and_the_fix():

@@ -7,8 +7,10 @@ what the two runs of a seed share:
 
 - per seed ``s``: the accuracy difference ``d_s = acc_s(b) - acc_s(a)`` on the same examples;
 - ``difference``: the mean of ``d_s`` over seeds, with a ``confidence`` t-interval over seeds (training noise
-  on this evaluation set); with a single seed, a Wald interval over the examples' paired differences
-  ``d_i = [b_i correct] - [a_i correct]`` instead (evaluation-sample noise only; ``interval_over`` says which);
+  on this evaluation set); seeds whose differences are all equal have no spread to estimate that noise from
+  (the t-interval had zero width) and are refused. With a single seed, Newcombe's hybrid score interval for a
+  difference of paired proportions over the examples instead (evaluation-sample noise only; ``interval_over``
+  says which; see :func:`paired_accuracy_difference` for its formula);
 - McNemar's exact test on the discordant pairs pooled over seeds (``only_a_correct``, ``only_b_correct``): a
   two-sided binomial test of ``only_b_correct`` out of the discordant pairs at 1/2. Pooling treats the
   seeds' examples as independent, so it says whether the variants' errors differ on this evaluation set, not
@@ -80,6 +82,30 @@ def _as_seed_rows(name: str, value) -> Tensor:
     return rows[None] if rows.ndim == 1 else rows
 
 
+def _wilson_interval(successes: int, n: int, z: float) -> tuple[float, float]:
+    """Wilson's score interval of a proportion ``successes / n`` (never of zero width for ``n >= 1``)."""
+    p = successes / n
+    centre, spread = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - spread) / (1 + z * z / n), (centre + spread) / (1 + z * z / n)
+
+
+def _newcombe_paired_interval(n11: int, n12: int, n21: int, n22: int, z: float) -> tuple[float, float]:
+    """Newcombe's hybrid score interval of ``(n11 + n12) / n - (n11 + n21) / n`` for paired outcomes (the formula is
+    in :func:`paired_accuracy_difference`'s docstring)."""
+    n = n11 + n12 + n21 + n22
+    p1, p2 = (n11 + n12) / n, (n11 + n21) / n
+    l1, u1 = _wilson_interval(n11 + n12, n, z)
+    l2, u2 = _wilson_interval(n11 + n21, n, z)
+    margins = (n11 + n12) * (n21 + n22) * (n11 + n21) * (n12 + n22)
+    a = n11 * n22 - n12 * n21
+    # Newcombe's continuity-corrected correlation: a small positive association counts as none
+    psi = 0.0 if margins == 0 or 0 <= a <= n / 2 else (a - n / 2 if a > 0 else a) / math.sqrt(margins)
+    d = p1 - p2
+    low = d - math.sqrt(max((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * psi * (p1 - l1) * (u2 - p2), 0.0))
+    high = d + math.sqrt(max((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * psi * (p2 - l2) * (u1 - p1), 0.0))
+    return low, high
+
+
 def paired_accuracy_difference(
     predictions_a,
     predictions_b,
@@ -97,6 +123,27 @@ def paired_accuracy_difference(
 
     Returns:
         :class:`PairedAccuracyDifference` of ``b - a``.
+
+    The interval over the examples (one seed; Newcombe 1998, Stat. Med. 17:2635, method 10, the "square-and-add"
+    interval of Fagerland, Lydersen & Laake 2014): with ``n11`` examples both variants got right, ``n12`` only
+    ``b``, ``n21`` only ``a``, ``n22`` neither (``n`` in all), ``p_b = (n11 + n12) / n``, ``p_a = (n11 + n21) / n``
+    and ``D = p_b - p_a``; ``[l_b, u_b]`` and ``[l_a, u_a]`` are the Wilson score intervals of ``p_b`` and
+    ``p_a`` (``z`` the normal quantile at ``(1 + confidence) / 2``:
+    ``(p + z²/2n ± z·sqrt(p(1 - p)/n + z²/4n²)) / (1 + z²/n)``); ``ψ`` estimates their correlation:
+    ``A = n11·n22 - n12·n21``, ``ψ = (A - n/2) / sqrt(e)`` if ``A > n/2``, ``0`` if ``0 <= A <= n/2``,
+    ``A / sqrt(e)`` if ``A < 0``, with ``e`` the product of the four margins (``ψ = 0`` when one is zero). Then
+
+    ``low  = D - sqrt((p_b - l_b)² + (u_a - p_a)² - 2ψ(p_b - l_b)(u_a - p_a))``,
+    ``high = D + sqrt((p_a - l_a)² + (u_b - p_b)² - 2ψ(p_a - l_a)(u_b - p_b))``.
+
+    Until 2026-11-28 it was a Wald interval ``D ± z·sd(d_i)/sqrt(n)``, which has zero width when no example is
+    discordant (``b`` and ``a`` right and wrong on the same examples): ``non_inferior`` then answered True at any
+    margin. The Wilson intervals never have zero width, so neither does this one.
+
+    Raises:
+        BcosValueError: seeds (two or more) whose differences are all equal: the t-interval over seeds would have
+            zero width, a certainty about training noise that a few identical values cannot give (pass more
+            seeds, or one seed's predictions for an interval over the examples).
     """
     try:
         from scipy import stats
@@ -130,9 +177,19 @@ def paired_accuracy_difference(
     per_seed = accuracy_b - accuracy_a
     n_seeds, n_examples = a.shape
     difference = float(per_seed.mean())
+    only_a = int(((correct_a == 1) & (correct_b == 0)).sum())
+    only_b = int(((correct_b == 1) & (correct_a == 0)).sum())
     if n_seeds >= 2:
         interval_over = "seeds"
+        if bool((per_seed == per_seed[0]).all()):
+            # all seeds gave the same difference: the t-interval was [d, d], and non_inferior answered at any margin
+            raise argument_error(
+                "predictions_b", f"differ from predictions_a by {float(per_seed[0]):+.6g} on each of the {n_seeds} "
+                "seeds, which leaves no spread over seeds to estimate training noise from (the t-interval over "
+                "seeds would have zero width)", "Pass the runs of more seeds, or one seed's predictions for an "
+                "interval over the examples")
         half = float(stats.t.ppf(0.5 + confidence / 2, n_seeds - 1)) * float(per_seed.std()) / math.sqrt(n_seeds)
+        low, high = difference - half, difference + half
     else:
         interval_over = "examples"
         if n_examples == 1:
@@ -140,15 +197,13 @@ def paired_accuracy_difference(
             # both variants were right read as "b non-inferior" at any margin
             raise argument_error("predictions_a", "hold one seed on one example, which has no spread to build an "
                                  "interval from", "Evaluate on more examples (or pass the runs of several seeds)")
-        paired = (correct_b - correct_a)[0]
-        spread = float(paired.std())
-        half = float(stats.norm.ppf(0.5 + confidence / 2)) * spread / math.sqrt(n_examples)
-    only_a = int(((correct_a == 1) & (correct_b == 0)).sum())
-    only_b = int(((correct_b == 1) & (correct_a == 0)).sum())
+        both = int(((correct_a == 1) & (correct_b == 1)).sum())
+        low, high = _newcombe_paired_interval(both, only_b, only_a, n_examples - both - only_a - only_b,
+                                              float(stats.norm.ppf(0.5 + confidence / 2)))
     discordant = only_a + only_b
     mcnemar_p = float(stats.binomtest(only_b, discordant, 0.5).pvalue) if discordant else 1.0
     return PairedAccuracyDifference(
-        difference=difference, ci_low=difference - half, ci_high=difference + half, confidence=confidence,
+        difference=difference, ci_low=low, ci_high=high, confidence=confidence,
         interval_over=interval_over, per_seed=tuple(per_seed.tolist()), accuracy_a=tuple(accuracy_a.tolist()),
         accuracy_b=tuple(accuracy_b.tolist()), only_a_correct=only_a, only_b_correct=only_b,
         mcnemar_p=mcnemar_p, n_seeds=n_seeds, n_examples=n_examples)

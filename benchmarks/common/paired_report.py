@@ -11,6 +11,7 @@ import json
 import re
 from pathlib import Path
 
+from bcos_plugins.errors import BcosValueError
 from bcos_plugins.metrics import paired_accuracy_difference
 
 __all__ = ["paired_report"]
@@ -76,8 +77,15 @@ def paired_report(files: list[Path], baseline: str, margin: float, confidence: f
             report[key] = {"seeds": [], "excluded_seeds": excluded}
             print(f"{key:44s} {0:5d}  no seed left to pair: every one did not learn")
             continue
-        paired = paired_accuracy_difference([reference[s]["predictions"] for s in seeds],
-                                            [model[s]["predictions"] for s in seeds], labels, confidence)
+        try:
+            paired = paired_accuracy_difference([reference[s]["predictions"] for s in seeds],
+                                                [model[s]["predictions"] for s in seeds], labels, confidence)
+        except BcosValueError as error:
+            # the seeds' differences are all equal: no spread over seeds, so no interval and no non-inferiority
+            report[key] = {"seeds": seeds, "no_interval": str(error), "excluded_seeds": excluded,
+                           "unchecked_seeds": unchecked}
+            print(f"{key:44s} {len(seeds):5d}  no interval: {error}")
+            continue
         ious = [model[s]["iou_x_chance"] for s in seeds]
         report[key] = {**paired.as_dict(), "seeds": seeds, "non_inferior": paired.non_inferior(margin),
                        "iou_x_chance": ious, "excluded_seeds": excluded, "unchecked_seeds": unchecked}
