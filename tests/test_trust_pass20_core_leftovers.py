@@ -118,3 +118,41 @@ def test_the_reports_say_no_interval_for_seeds_with_identical_differences(tmp_pa
     assert columns["sst2_accuracy"] == 100.0
     assert all(math.isnan(columns[f"sst2_accuracy_{end}"]) for end in ("diff", "low", "high"))
     assert bench_frontier._interval(columns, "sst2_accuracy") == "–"
+
+
+# ---------------------------------------------------------------- 2. BcosViT.forward's keywords
+
+
+def _tiny_vit():
+    from bcos_plugins.vision import BcosViT, BcosViTConfig
+
+    torch.manual_seed(0)
+    return BcosViT(BcosViTConfig(image_size=8, num_channels=3, patch_size=4, hidden_size=8, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=16, num_labels=3, conv_channels=[4])).eval()
+
+
+def test_bcos_vit_forward_refuses_unknown_keywords_naming_the_accepted_ones():
+    """A misspelt keyword (output_attention=True) was dropped silently: no attentions, no error."""
+    from bcos_plugins.errors import BcosTypeError
+
+    model, images = _tiny_vit(), torch.rand(2, 3, 8, 8)
+    with pytest.raises(BcosTypeError, match=r"^output_attention: is not a keyword of BcosViT\.forward \(got "
+                       r"\['output_attention'\]\).*output_attentions"):
+        model(pixel_values=images, output_attention=True)
+    with pytest.raises(BcosTypeError, match=r"got \['attention_mask', 'num_items_in_batch'\]"):
+        model(images, attention_mask=torch.ones(2), num_items_in_batch=4)
+    # what the package, Captum and transformers pass keeps working
+    out = model(pixel_values=images, labels=torch.tensor([0, 2]), output_attentions=True, return_dict=True)
+    assert out.loss is not None and len(out.attentions) == 1
+    encoded = model.encode(images)
+    assert torch.equal(model(encoded_pixel_values=encoded).logits, model(images).logits)
+
+
+def test_the_trainer_divides_a_bcos_vit_loss_by_the_accumulation_steps(tmp_path):
+    """forward's **kwargs read to transformers' Trainer as "the model normalises over num_items_in_batch": it passed
+    that count (ignored) and skipped dividing the per-batch mean loss by the accumulation steps."""
+    from transformers import Trainer, TrainingArguments
+
+    trainer = Trainer(model=_tiny_vit(), args=TrainingArguments(output_dir=str(tmp_path), report_to=[],
+                                                                gradient_accumulation_steps=2, use_cpu=True))
+    assert trainer.model_accepts_loss_kwargs is False

@@ -66,6 +66,10 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
     config_class = BcosViTConfig
     base_model_prefix = "bcos_vit"
     main_input_name = "pixel_values"
+    # the loss is a per-batch mean that never reads num_items_in_batch: transformers' Trainer read forward's **kwargs
+    # as "normalises over the accumulated batch", passed num_items_in_batch (ignored) and skipped its division by the
+    # gradient accumulation steps, so the loss and its gradients were that many times too large
+    accepts_loss_kwargs = False
 
     def __init__(self, config: BcosViTConfig) -> None:
         super().__init__(config)
@@ -131,7 +135,15 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
     def forward(self, pixel_values: Tensor | None = None, labels: Tensor | None = None,
                 output_attentions: bool = False, encoded_pixel_values: Tensor | None = None,
                 return_dict: bool = True, **kwargs) -> ImageClassifierOutput:
-        """Classify images; with ``labels`` the loss is B-cos BCE (:func:`~bcos_plugins.bcos_loss`)."""
+        """Classify images; with ``labels`` the loss is B-cos BCE (:func:`~bcos_plugins.bcos_loss`).
+
+        Other keywords are refused naming the accepted ones (a misspelt ``output_attention=True`` was ignored).
+        """
+        if kwargs:
+            raise argument_error(
+                sorted(kwargs)[0], f"is not a keyword of BcosViT.forward (got {sorted(kwargs)})",
+                "Pass only pixel_values or encoded_pixel_values, labels, output_attentions and return_dict",
+                kind=BcosTypeError)
         if (pixel_values is None) == (encoded_pixel_values is None):
             raise argument_error("pixel_values", "pass exactly one of pixel_values (images in [0, 1]) and "
                                  "encoded_pixel_values (the [x, 1 - x] encoding)", "Drop the other one")
