@@ -156,3 +156,37 @@ def test_the_trainer_divides_a_bcos_vit_loss_by_the_accumulation_steps(tmp_path)
     trainer = Trainer(model=_tiny_vit(), args=TrainingArguments(output_dir=str(tmp_path), report_to=[],
                                                                 gradient_accumulation_steps=2, use_cpu=True))
     assert trainer.model_accepts_loss_kwargs is False
+
+
+# ---------------------------------------------------------------- 3. SwishBetaToBilinear on a finalised model
+
+
+def test_swish_beta_refuses_a_model_that_is_already_bilinear(tmp_path):
+    """A second SwishBetaToBilinear(start_beta=1.0) on a finalised model put Swish_beta gates back on the down_proj
+    that already held the gate's 1/2 (another model), and finalising again halved it a second time."""
+    import transformers as T
+    from datasets import Dataset
+
+    from bcos_plugins.bilinear.swish_beta import SwishBetaToBilinear, set_swish_beta
+
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+    ids = torch.randint(0, 40, (8, 12), generator=torch.Generator().manual_seed(0))
+    data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
+
+    def train(callback):
+        args = T.TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=2, per_device_train_batch_size=4,
+                                   learning_rate=1e-3, report_to=[], save_strategy="no", use_cpu=True)
+        T.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+
+    train(SwishBetaToBilinear(anneal_fraction=0.5))
+    assert model.config.hidden_act == "linear"
+    down = model.model.layers[0].mlp.down_proj.weight.detach().clone()
+    with pytest.raises(BcosValueError, match=r"^model: is already bilinear: the gates of its gated MLPs \[0, 1\] "
+                       r"are the identity.*without SwishBetaToBilinear"):
+        train(SwishBetaToBilinear(anneal_fraction=0.5, start_beta=1.0))
+    with pytest.raises(BcosValueError, match="already bilinear"):
+        set_swish_beta(model, 0.0)
+    assert torch.equal(model.model.layers[0].mlp.down_proj.weight, down)
+    assert isinstance(model.model.layers[0].mlp.act_fn, T.activations.LinearActivation)

@@ -23,7 +23,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 from transformers import TrainerCallback
-from transformers.activations import ACT2FN
+from transformers.activations import ACT2FN, LinearActivation
 
 from .._checks import require_float
 from ..errors import argument_error
@@ -65,7 +65,11 @@ def gated_mlps(model: nn.Module) -> list[nn.Module]:
 
 
 def set_swish_beta(model: nn.Module, beta: float) -> None:
-    """Install (first call) or update the :class:`SwishBeta` gate of every gated MLP."""
+    """Install (first call) or update the :class:`SwishBeta` gate of every gated MLP.
+
+    A model whose gates are already the identity (bilinear, e.g. finalised by :func:`finalize_bilinear`) is
+    refused: its ``down_proj`` already holds the gate's factor 1/2.
+    """
     beta = require_float("beta", beta, minimum=0.0)
     mlps = gated_mlps(model)
     if not mlps:
@@ -73,6 +77,15 @@ def set_swish_beta(model: nn.Module, beta: float) -> None:
             f"{type(model).__name__} has no gated MLP (modules with gate_proj, up_proj, down_proj and act_fn, as in "
             "Llama/Mistral/Qwen); swish-beta annealing only applies to SwiGLU-style models."
         )
+    already = [i for i, mlp in enumerate(mlps) if isinstance(mlp.act_fn, LinearActivation)]
+    if already:
+        # a finalised model's gate is the identity and its down_proj already holds the gate's 1/2: a Swish_beta gate
+        # put back on it (a second SwishBetaToBilinear(start_beta=...)) computed another model, and finalising again
+        # halved down_proj a second time
+        raise argument_error(
+            "model", f"is already bilinear: the gates of its gated MLPs {already[:8]} are the identity "
+            "(finalize_bilinear replaced them and folded their factor 1/2 into down_proj), so a Swish_beta gate on "
+            "them would compute another model", "Fine-tune it as it is, without SwishBetaToBilinear or set_swish_beta")
     for mlp in mlps:
         if isinstance(mlp.act_fn, SwishBeta):
             mlp.act_fn.beta = float(beta)
