@@ -190,3 +190,23 @@ def test_swish_beta_refuses_a_model_that_is_already_bilinear(tmp_path):
         set_swish_beta(model, 0.0)
     assert torch.equal(model.model.layers[0].mlp.down_proj.weight, down)
     assert isinstance(model.model.layers[0].mlp.act_fn, T.activations.LinearActivation)
+
+
+# ---------------------------------------------------------------- 4. hosvd of tiny or huge weights
+
+
+@pytest.mark.parametrize("scale", [1e-60, 1e-100, 1e60])
+def test_hosvd_of_tiny_or_huge_float64_weights_is_the_scaled_decomposition(scale):
+    """The Gram matrix is the sixth power of the weights' scale: float64 weights of 1e-60 gave an empty decomposition
+    (every sigma underflowed to 0) and 1e60 NaN; the decomposition scales as sigma * scale^3, same directions."""
+    from bcos_plugins.bilinear import bilinear_tensor, hosvd
+
+    g = torch.Generator().manual_seed(0)
+    W, V, P = (torch.randn(shape, generator=g, dtype=torch.float64) for shape in [(6, 4), (6, 4), (3, 6)])
+    reference = hosvd((W, V, P))
+    got = hosvd((W * scale, V * scale, P * scale))
+    assert got.singular_values.numel() == 3
+    torch.testing.assert_close(got.singular_values / scale ** 3, reference.singular_values, rtol=1e-12, atol=0)
+    torch.testing.assert_close(got.output_directions.abs(), reference.output_directions.abs(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(got.interaction_matrices.abs(), reference.interaction_matrices.abs(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(got.reconstruct() / scale ** 3, bilinear_tensor((W, V, P)), rtol=0, atol=1e-12)

@@ -14,11 +14,14 @@ norm) the interaction matrices they read, to be eigendecomposed in turn. ``T = P
 Its eigenvectors are the ``u_i``, its eigenvalues ``sigma_i^2``, and ``q_i = Q(u_i) / sigma_i``
 (``Q`` from :func:`~bcos_plugins.bilinear.interaction_matrix`). Cost ``O(d_hidden^2 d_in + d_out^2 d_hidden
 + r d_hidden d_in^2)`` instead of the SVD of a ``d_out x d_in^2`` matrix. The Gram matrix is formed in
-float64 because it squares the singular values.
+float64 because it squares the singular values, from ``W``, ``V`` and ``P`` each divided by a power of two (exact)
+that brings its largest entry into [1/2, 1); the singular values are multiplied back at the end, so weights far
+from 1 (float64 below about 1e-52 or above 1e51) neither underflow to an empty decomposition nor overflow.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -59,7 +62,12 @@ def hosvd(source, rank: int | None = None, rtol: float = 1e-6) -> HOSVD:
     weights = bilinear_weights(source)
     require_bias_free(weights, "hosvd")
     require_finite_weights(weights)
-    W, V, P = (t.to(torch.float64) for t in (weights.W, weights.V, weights.P))
+    # each factor scaled to a largest entry in [1/2, 1) by a power of two (exact) and the singular values unscaled
+    # at the end: the Gram matrix is the sixth power of the weights' scale, which underflowed float64 for weights
+    # below about 1e-52 (the empty decomposition of a non-zero layer) and overflowed above about 1e51
+    factors = [t.to(torch.float64) for t in (weights.W, weights.V, weights.P)]
+    scales = [_power_of_two_scale(t) for t in factors]
+    W, V, P = (t / scale for t, scale in zip(factors, scales, strict=True))
     gram_hidden = 0.5 * ((W @ W.T) * (V @ V.T) + (W @ V.T) * (V @ W.T))
     gram_out = P @ gram_hidden @ P.T
     squared, directions = torch.linalg.eigh(gram_out)
@@ -70,12 +78,21 @@ def hosvd(source, rank: int | None = None, rtol: float = 1e-6) -> HOSVD:
         keep &= torch.arange(sigma.numel(), device=sigma.device) < rank
     sigma, directions = sigma[keep], directions[:, keep]
     dtype = at_least_float32(weights.W.dtype)
+    unscaled = sigma * (scales[0] * scales[1] * scales[2])
     if sigma.numel() == 0:
         # An all-zero layer: the empty decomposition, whose reconstruction is the zero tensor.
-        return HOSVD(sigma.to(dtype), directions.to(dtype),
+        return HOSVD(unscaled.to(dtype), directions.to(dtype),
                      weights.W.new_zeros(0, weights.d_in, weights.d_in, dtype=dtype))
     directions = directions.to(dtype)
-    # a half-precision layer's matrices from its weights widened (exactly) to float32, not computed in its dtype
-    wide = weights if weights.W.dtype == dtype else tuple(t.to(dtype) for t in (weights.W, weights.V, weights.P))
-    matrices = interaction_matrix(wide, directions.T) / sigma.to(dtype)[:, None, None]
-    return HOSVD(sigma.to(dtype), directions, matrices)
+    # the matrices (unit norm, whatever the scale) from the scaled weights, so that a tiny float32 layer's products
+    # do not underflow either; a half-precision layer's scaled weights widened (exactly) to float32
+    matrices = interaction_matrix(tuple(t.to(dtype) for t in (W, V, P)), directions.T) / sigma.to(dtype)[:, None, None]
+    return HOSVD(unscaled.to(dtype), directions, matrices)
+
+
+def _power_of_two_scale(t: Tensor) -> float:
+    """The power of two just above ``t``'s largest magnitude (1 for an all-zero ``t``): dividing by it is exact."""
+    largest = float(t.abs().max()) if t.numel() else 0.0
+    if largest == 0.0:
+        return 1.0
+    return math.ldexp(1.0, math.frexp(largest)[1])
