@@ -210,3 +210,27 @@ def test_hosvd_of_tiny_or_huge_float64_weights_is_the_scaled_decomposition(scale
     torch.testing.assert_close(got.output_directions.abs(), reference.output_directions.abs(), rtol=0, atol=1e-12)
     torch.testing.assert_close(got.interaction_matrices.abs(), reference.interaction_matrices.abs(), rtol=0, atol=1e-12)
     torch.testing.assert_close(got.reconstruct() / scale ** 3, bilinear_tensor((W, V, P)), rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- 5. expected_random_reciprocal_rank of many tokens
+
+
+def _exact_expected_rr(n: int, k: int):
+    from fractions import Fraction
+
+    return sum(Fraction(math.comb(n - r, k - 1), r) for r in range(1, n - k + 2)) / math.comb(n, k)
+
+
+def test_expected_random_reciprocal_rank_of_many_candidates_is_exact():
+    """The binomial coefficients overflowed a float: 2,000 candidates with 1,000 evidence tokens raised
+    OverflowError ("integer division result too large for a float")."""
+    from bcos_plugins.metrics import expected_random_reciprocal_rank
+
+    for n, k in ((2000, 1000), (2000, 3), (1500, 1500), (1100, 1)):
+        assert expected_random_reciprocal_rank(n, k) == pytest.approx(float(_exact_expected_rr(n, k)), rel=1e-12)
+    n = 200_000  # one evidence token: the harmonic number over n
+    assert expected_random_reciprocal_rank(n, 1) == pytest.approx(math.fsum(1 / r for r in range(1, n + 1)) / n,
+                                                                  rel=1e-12)
+    for n in range(1, 13):  # every small case, exactly
+        for k in range(1, n + 1):
+            assert expected_random_reciprocal_rank(n, k) == pytest.approx(float(_exact_expected_rr(n, k)), rel=1e-14)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from math import comb
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -99,14 +98,25 @@ def reciprocal_rank(
 
 
 def expected_random_reciprocal_rank(n_candidates: int, n_evidence: int) -> float:
-    """Expected ``1 / rank`` of the best of ``n_evidence`` evidence tokens among ``n_candidates`` ranked at random."""
+    """Expected ``1 / rank`` of the best of ``n_evidence`` evidence tokens among ``n_candidates`` ranked at random.
+
+    ``sum_r t_r / r`` over the best rank ``r = 1 .. n - k + 1``, with ``t_r = C(n - r, k - 1) / C(n, k)`` the chance
+    that it is ``r``, by the recurrence ``t_1 = k / n``, ``t_(r+1) = t_r (n - r - k + 1) / (n - r)``: every number
+    stays in [0, 1] (the binomial coefficients themselves overflowed a float from about n = 1,030 on, e.g. 2,000
+    candidates with 1,000 evidence tokens raised OverflowError).
+    """
     n = require_int("n_candidates", n_candidates, minimum=1)
     k = require_int("n_evidence", n_evidence)
     if not 1 <= k <= n:
         raise argument_error("n_evidence", f"need 1 <= n_evidence <= n_candidates, got n_evidence={k}, "
                              f"n_candidates={n}", "Count the evidence tokens among the candidates")
-    total = comb(n, k)
-    return sum(comb(n - r, k - 1) / r for r in range(1, n - k + 2)) / total
+    chance, expected = k / n, 0.0
+    for r in range(1, n - k + 2):
+        expected += chance / r
+        chance *= (n - r - k + 1) / (n - r) if r < n else 0.0
+        if chance == 0.0:  # every later rank is less likely still (and ranks past n - k + 1 impossible)
+            break
+    return expected
 
 
 def random_reciprocal_rank(
