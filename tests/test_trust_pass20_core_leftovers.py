@@ -150,12 +150,22 @@ def test_bcos_vit_forward_refuses_unknown_keywords_naming_the_accepted_ones():
 
 def test_the_trainer_divides_a_bcos_vit_loss_by_the_accumulation_steps(tmp_path):
     """forward's **kwargs read to transformers' Trainer as "the model normalises over num_items_in_batch": it passed
-    that count (ignored) and skipped dividing the per-batch mean loss by the accumulation steps."""
+    that count (ignored) and skipped dividing the per-batch mean loss by the accumulation steps (with 2 steps the
+    loss was 1.385 for a mean micro-batch loss of 0.693, and its gradients twice too large)."""
     from transformers import Trainer, TrainingArguments
 
-    trainer = Trainer(model=_tiny_vit(), args=TrainingArguments(output_dir=str(tmp_path), report_to=[],
-                                                                gradient_accumulation_steps=2, use_cpu=True))
+    model = _tiny_vit()
+    images = torch.stack([torch.full((3, 8, 8), i / 4) for i in range(4)])
+    labels = torch.tensor([0, 1, 2, 0])
+    rows = [{"pixel_values": image, "labels": int(label)} for image, label in zip(images, labels, strict=True)]
+    with torch.no_grad():
+        expected = (model(images[:2], labels=labels[:2]).loss + model(images[2:], labels=labels[2:]).loss) / 2
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], gradient_accumulation_steps=2,
+                             per_device_train_batch_size=2, max_steps=1, learning_rate=0.0, use_cpu=True,
+                             save_strategy="no")
+    trainer = Trainer(model=model, args=args, train_dataset=rows)
     assert trainer.model_accepts_loss_kwargs is False
+    assert trainer.train().training_loss == pytest.approx(float(expected), rel=1e-5)
 
 
 # ---------------------------------------------------------------- 3. SwishBetaToBilinear on a finalised model
