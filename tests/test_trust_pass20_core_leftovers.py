@@ -168,6 +168,33 @@ def test_the_trainer_divides_a_bcos_vit_loss_by_the_accumulation_steps(tmp_path)
     assert trainer.train().training_loss == pytest.approx(float(expected), rel=1e-5)
 
 
+def test_the_conventional_vit_refuses_unknown_keywords_and_its_trainer_loss_is_the_mean(tmp_path):
+    """ConventionalViT.forward had the same **kwargs: a misspelt keyword ignored, and with 2 accumulation steps the
+    Trainer's loss twice the mean micro-batch cross-entropy."""
+    from transformers import Trainer, TrainingArguments
+
+    from bcos_plugins.errors import BcosTypeError
+    from bcos_plugins.vision import BcosViTConfig
+    from bcos_plugins.vision.conventional import ConventionalViT
+
+    torch.manual_seed(0)
+    model = ConventionalViT(BcosViTConfig(image_size=8, num_channels=3, patch_size=4, hidden_size=8,
+                                          num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+                                          num_labels=3, conv_channels=[4])).eval()
+    images, labels = torch.stack([torch.full((3, 8, 8), i / 4) for i in range(4)]), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(BcosTypeError, match=r"^output_attention: is not a keyword of ConventionalViT\.forward"):
+        model(images, output_attention=True)
+    assert len(model(pixel_values=images, output_attentions=True, return_dict=True).attentions) == 1
+    with torch.no_grad():
+        expected = (model(images[:2], labels=labels[:2]).loss + model(images[2:], labels=labels[2:]).loss) / 2
+    rows = [{"pixel_values": image, "labels": int(label)} for image, label in zip(images, labels, strict=True)]
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], gradient_accumulation_steps=2,
+                             per_device_train_batch_size=2, max_steps=1, learning_rate=0.0, use_cpu=True,
+                             save_strategy="no")
+    assert Trainer(model=model, args=args, train_dataset=rows).train().training_loss == pytest.approx(
+        float(expected), rel=1e-5)
+
+
 # ---------------------------------------------------------------- 3. SwishBetaToBilinear on a finalised model
 
 

@@ -25,7 +25,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import ImageClassifierOutput
 
 from .._checks import require_class_ids
-from ..errors import argument_error
+from ..errors import BcosTypeError, argument_error
 from .config import BcosViTConfig
 from .encoding import check_pixel_values
 from .loading import WholeCheckpointLoading
@@ -69,6 +69,8 @@ class ConventionalViT(WholeCheckpointLoading, PreTrainedModel):
     config_class = BcosViTConfig
     base_model_prefix = "vit"
     main_input_name = "pixel_values"
+    # a per-batch mean loss: see BcosViT.accepts_loss_kwargs (the Trainer skipped its division by the accumulation steps)
+    accepts_loss_kwargs = False
 
     def __init__(self, config: BcosViTConfig) -> None:
         super().__init__(config)
@@ -98,7 +100,14 @@ class ConventionalViT(WholeCheckpointLoading, PreTrainedModel):
 
     def forward(self, pixel_values: Tensor | None = None, labels: Tensor | None = None,
                 output_attentions: bool = False, return_dict: bool = True, **kwargs) -> ImageClassifierOutput:
-        """Classify images in [0, 1]; with ``labels`` the loss is softmax cross-entropy."""
+        """Classify images in [0, 1]; with ``labels`` the loss is softmax cross-entropy.
+
+        Other keywords are refused naming the accepted ones (a misspelt ``output_attention=True`` was ignored).
+        """
+        if kwargs:
+            raise argument_error(
+                sorted(kwargs)[0], f"is not a keyword of ConventionalViT.forward (got {sorted(kwargs)})",
+                "Pass only pixel_values, labels, output_attentions and return_dict", kind=BcosTypeError)
         if pixel_values is None:
             raise argument_error("pixel_values", "is required", "Pass images in [0, 1] of shape (batch, C, H, W)")
         check_pixel_values(pixel_values, self.config.num_channels, self.config.image_size)
