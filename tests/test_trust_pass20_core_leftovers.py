@@ -232,21 +232,23 @@ def test_swish_beta_refuses_a_model_that_is_already_bilinear(tmp_path):
 # ---------------------------------------------------------------- 4. hosvd of tiny or huge weights
 
 
-@pytest.mark.parametrize("scale", [1e-60, 1e-100, 1e60])
-def test_hosvd_of_tiny_or_huge_float64_weights_is_the_scaled_decomposition(scale):
+@pytest.mark.parametrize("scales", [(1e-60,) * 3, (1e-100,) * 3, (1e60,) * 3, (2.0 ** -600, 2.0 ** -600, 2.0 ** 600)])
+def test_hosvd_of_tiny_or_huge_float64_weights_is_the_scaled_decomposition(scales):
     """The Gram matrix is the sixth power of the weights' scale: float64 weights of 1e-60 gave an empty decomposition
-    (every sigma underflowed to 0) and 1e60 NaN; the decomposition scales as sigma * scale^3, same directions."""
+    (every sigma underflowed to 0) and 1e60 NaN; the decomposition scales as sigma * a * b * c, same directions
+    (the last case: a product of the scales that underflows, of a layer whose own scale is 2^-600)."""
     from bcos_plugins.bilinear import bilinear_tensor, hosvd
 
     g = torch.Generator().manual_seed(0)
     W, V, P = (torch.randn(shape, generator=g, dtype=torch.float64) for shape in [(6, 4), (6, 4), (3, 6)])
     reference = hosvd((W, V, P))
-    got = hosvd((W * scale, V * scale, P * scale))
+    got = hosvd((W * scales[0], V * scales[1], P * scales[2]))
+    scale = scales[0] * scales[1] * scales[2] if len(set(scales)) == 1 else 2.0 ** -600
     assert got.singular_values.numel() == 3
-    torch.testing.assert_close(got.singular_values / scale ** 3, reference.singular_values, rtol=1e-12, atol=0)
+    torch.testing.assert_close(got.singular_values / scale, reference.singular_values, rtol=1e-12, atol=0)
     torch.testing.assert_close(got.output_directions.abs(), reference.output_directions.abs(), rtol=0, atol=1e-12)
     torch.testing.assert_close(got.interaction_matrices.abs(), reference.interaction_matrices.abs(), rtol=0, atol=1e-12)
-    torch.testing.assert_close(got.reconstruct() / scale ** 3, bilinear_tensor((W, V, P)), rtol=0, atol=1e-12)
+    torch.testing.assert_close(got.reconstruct() / scale, bilinear_tensor((W, V, P)), rtol=0, atol=1e-12)
 
 
 # ---------------------------------------------------------------- 5. expected_random_reciprocal_rank of many tokens

@@ -78,7 +78,10 @@ def hosvd(source, rank: int | None = None, rtol: float = 1e-6) -> HOSVD:
         keep &= torch.arange(sigma.numel(), device=sigma.device) < rank
     sigma, directions = sigma[keep], directions[:, keep]
     dtype = at_least_float32(weights.W.dtype)
-    unscaled = sigma * (scales[0] * scales[1] * scales[2])
+    # by the exponents' sum: the product of the three scales could underflow or overflow where sigma itself does not
+    exponent = sum(math.frexp(scale)[1] - 1 for scale in scales)
+    unscaled = torch.tensor([math.ldexp(value, exponent) for value in sigma.tolist()], dtype=torch.float64,
+                            device=sigma.device)
     if sigma.numel() == 0:
         # An all-zero layer: the empty decomposition, whose reconstruction is the zero tensor.
         return HOSVD(unscaled.to(dtype), directions.to(dtype),
