@@ -273,3 +273,31 @@ def test_expected_random_reciprocal_rank_of_many_candidates_is_exact():
     for n in range(1, 13):  # every small case, exactly
         for k in range(1, n + 1):
             assert expected_random_reciprocal_rank(n, k) == pytest.approx(float(_exact_expected_rr(n, k)), rel=1e-14)
+
+
+def test_the_trainer_divides_a_space_model_loss_by_the_accumulation_steps(tmp_path):
+    """SpaceModelForSequenceClassification.forward takes **kwargs (passed on to the encoder), which transformers'
+    Trainer read as "the model normalises its loss over num_items_in_batch": it skipped dividing the per-batch mean
+    loss by the accumulation steps (helper-113's reproduction: with 2 steps 1.842 for a mean micro-batch loss of
+    0.941, and gradients twice too large)."""
+    import transformers as T
+    from conftest import tiny_config
+    from transformers import Trainer, TrainingArguments
+
+    from bcos_plugins.space import SpaceModelForSequenceClassification
+
+    torch.manual_seed(0)
+    config = tiny_config("bert")
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0  # the Trainer trains: no dropout noise
+    model = SpaceModelForSequenceClassification.from_encoder(T.BertModel(config), num_labels=3, n_latent=4).eval()
+    ids = torch.randint(5, 50, (4, 6), generator=torch.Generator().manual_seed(1))
+    labels = torch.tensor([0, 1, 2, 0])
+    with torch.no_grad():
+        expected = (model(ids[:2], labels=labels[:2]).loss + model(ids[2:], labels=labels[2:]).loss) / 2
+    rows = [{"input_ids": row, "labels": int(label)} for row, label in zip(ids, labels, strict=True)]
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], gradient_accumulation_steps=2,
+                             per_device_train_batch_size=2, max_steps=1, learning_rate=0.0, use_cpu=True,
+                             save_strategy="no")
+    trainer = Trainer(model=model, args=args, train_dataset=rows)
+    assert trainer.model_accepts_loss_kwargs is False
+    assert trainer.train().training_loss == pytest.approx(float(expected), rel=1e-5)

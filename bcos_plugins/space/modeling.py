@@ -291,6 +291,9 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
     base_model_prefix = "encoder"
     main_input_name = "input_ids"
     supports_gradient_checkpointing = False
+    # the loss is a per-batch mean that never reads num_items_in_batch: forward's **kwargs (the encoder's own keywords)
+    # made transformers' Trainer skip its division by the gradient accumulation steps (as BcosViT's did)
+    accepts_loss_kwargs = False
     _supports_attention_backend = True
     _supports_sdpa = True
 
