@@ -238,24 +238,24 @@ def memory_part(shape: Shape, device: torch.device, steps: int, b: float) -> Non
 
 
 class _count_launches:  # noqa: N801 (a context manager used like a function)
-    """Counts ``triton_linear._launch`` calls while active: the memory rows are the kernel's, not the PyTorch
+    """Counts ``triton_linear.launch_bcos_kernel`` calls while active: the memory rows are the kernel's, not the PyTorch
     path's."""
 
     def __init__(self) -> None:
         self.count = 0
 
     def __enter__(self):
-        self._launch = tlin._launch
+        self.launch_bcos_kernel = tlin.launch_bcos_kernel
 
         def counted(*args, **kwargs):
             self.count += 1
-            return self._launch(*args, **kwargs)
+            return self.launch_bcos_kernel(*args, **kwargs)
 
-        tlin._launch = counted
+        tlin.launch_bcos_kernel = counted
         return self
 
     def __exit__(self, *exc) -> None:
-        tlin._launch = self._launch
+        tlin.launch_bcos_kernel = self.launch_bcos_kernel
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -317,8 +317,8 @@ def _kernel_call(case: Case, config: Config, b: float) -> Callable[[], torch.Ten
     view = case.low_view if config.bf16_weights else case.view
 
     def run() -> torch.Tensor:
-        return tlin._launch(case.x, view, b, case.dtype, floor=False, store_dyn=False, store_norms=False,
-                            tiles=config.tiles, precision=precision)[0]
+        return tlin.launch_bcos_kernel(case.x, view, b, case.dtype, floor=False, store_dyn=False,
+                                       store_norms=False, tiles=config.tiles, precision=precision)[0]
     return run
 
 
@@ -335,12 +335,12 @@ class _WarmUp:
 
 @contextmanager
 def _warm_ups():
-    real = tlin._kernel
-    tlin._kernel = lambda interpreted: _WarmUp(real(interpreted))
+    real = tlin.decorated_kernel
+    tlin.decorated_kernel = lambda interpreted: _WarmUp(real(interpreted))
     try:
         yield
     finally:
-        tlin._kernel = real
+        tlin.decorated_kernel = real
 
 
 def _compile(cases: list[Case], config: Config, b: float, threads: int) -> str:
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     print(f"# triton_probe on {name}, torch {torch.__version__}, triton {triton.__version__}, B = {args.b}, "
-          f"kernel default {tlin._TILES}")
+          f"kernel default {tlin.DEFAULT_TILES}")
     if "memory" in args.parts:
         memory_part(next(s for s in shapes if s.name == "llama-1b"), device, args.steps, args.b)
     if "kernel" in args.parts:

@@ -99,16 +99,16 @@ def test_the_switch_validates_and_restores(monkeypatch):
 
 
 def test_triton_picks_the_interpreter_when_it_decorates():
-    """The one private detail the module relies on (``_kernel``): in this Triton, ``triton.jit`` chooses between the
+    """The one private detail the module relies on (``decorated_kernel``): in this Triton, ``triton.jit`` chooses between the
     interpreter and the compiler when it decorates, from ``triton.knobs.runtime.interpret``, and the knobs' scope
-    restores the environment variable. If this fails, ``_kernel`` must select the interpreter another way."""
+    restores the environment variable. If this fails, ``decorated_kernel`` must select the interpreter another way."""
     import triton
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     before = os.environ.get("TRITON_INTERPRET")
-    assert isinstance(tlin._kernel(True), InterpretedFunction)
-    assert isinstance(tlin._kernel(False), JITFunction)
+    assert isinstance(tlin.decorated_kernel(True), InterpretedFunction)
+    assert isinstance(tlin.decorated_kernel(False), JITFunction)
     assert os.environ.get("TRITON_INTERPRET") == before
     assert isinstance(triton.knobs.runtime.interpret, bool)
 
@@ -202,7 +202,7 @@ def test_the_gpu_probe_s_parallel_compile_only_compiles_and_restores_the_kernel(
     config = triton_probe.parse_config("32x32x16/w4/s3/late")
     problem = triton_probe.Problem("tiny", "layer", 8, 32, 16, columns=False)
     case = triton_probe.make_case(problem, torch.float32, torch.device("cpu"), 1.5)
-    kernel = tlin._kernel
+    kernel = tlin.decorated_kernel
     decorated = kernel(True)
     warmup, seen = decorated.warmup, []
 
@@ -213,7 +213,7 @@ def test_the_gpu_probe_s_parallel_compile_only_compiles_and_restores_the_kernel(
     monkeypatch.setattr(decorated, "warmup", recorded)
     assert triton_probe._compile([case], config, 1.5, threads=2).startswith("compiled in")
     assert seen == [((1, 1), 32, True, 3)]
-    assert tlin._kernel is kernel and _async_compile.active_mode.get() is None
+    assert tlin.decorated_kernel is kernel and _async_compile.active_mode.get() is None
 
     def fails(self, *exc):
         raise RuntimeError("a compile thread failed")
@@ -221,18 +221,18 @@ def test_the_gpu_probe_s_parallel_compile_only_compiles_and_restores_the_kernel(
     monkeypatch.setattr(_async_compile.AsyncCompileMode, "__exit__", fails)
     note = triton_probe._compile([case], config, 1.5, threads=2)
     assert note.startswith("parallel compile failed (RuntimeError: a compile thread failed)"), note
-    assert tlin._kernel is kernel and _async_compile.active_mode.get() is None
+    assert tlin.decorated_kernel is kernel and _async_compile.active_mode.get() is None
 
 
 def _record_launch(monkeypatch) -> list:
-    """``_launch``'s kernel calls, recorded instead of run: ``(args, kwargs)`` each."""
+    """``launch_bcos_kernel``'s kernel calls, recorded instead of run: ``(args, kwargs)`` each."""
     calls = []
 
     class Recorder:
         def __getitem__(self, grid):
             return lambda *args, **kwargs: calls.append((args, kwargs))
 
-    monkeypatch.setattr(tlin, "_kernel", lambda interpreted: Recorder())
+    monkeypatch.setattr(tlin, "decorated_kernel", lambda interpreted: Recorder())
     return calls
 
 
@@ -273,15 +273,15 @@ def test_the_kernel_compiles_for_an_h100_without_a_gpu(monkeypatch):
     (larger tiles, late or first norms, units-first order, three-pass TF32, bfloat16 weights) compile for sm_90 on the CPU, within its 227 KiB of
     shared memory; bfloat16 products run on the tensor cores (wgmma), IEEE float32 ones do not (why float32 layers
     are slow, docs/benchmarks.md#gpu)."""
-    kernel = tlin._kernel(False)  # (Triton's JIT function, before the launches are recorded)
+    kernel = tlin.decorated_kernel(False)  # (Triton's JIT function, before the launches are recorded)
     calls = _record_launch(monkeypatch)
     torch.manual_seed(0)
     x32 = torch.randn(96, 64)
     w32 = torch.randn(48, 64)
     launches = [  # (x, weight view, B, output dtype, floor, store_dyn, store_norms, tiles, precision)
-        (x32.bfloat16(), w32, 1.5, torch.bfloat16, False, False, False, tlin._TILES, None),  # inference, autocast
-        (x32, w32, 1.75, torch.float32, True, True, False, tlin._TILES, None),  # explaining
-        (x32, w32.T.contiguous().T, 1.5, torch.float32, True, False, True, tlin._TILES, None),  # training, Conv1D
+        (x32.bfloat16(), w32, 1.5, torch.bfloat16, False, False, False, tlin.DEFAULT_TILES, None),  # inference, autocast
+        (x32, w32, 1.75, torch.float32, True, True, False, tlin.DEFAULT_TILES, None),  # explaining
+        (x32, w32.T.contiguous().T, 1.5, torch.float32, True, False, True, tlin.DEFAULT_TILES, None),  # training, Conv1D
         (x32.bfloat16(), w32.bfloat16(), 1.5, torch.bfloat16, False, False, False,
          tlin.KernelTiles(128, 128, 64, 8, 3, late_norms=True), None),
         (x32, w32, 1.5, torch.float32, False, False, False, tlin.KernelTiles(128, 128, 32, 8, 3), "tf32x3"),
@@ -289,8 +289,8 @@ def test_the_kernel_compiles_for_an_h100_without_a_gpu(monkeypatch):
          tlin.KernelTiles(128, 128, 64, 8, 3, norms_first=True, units_fastest=True), None),
     ]
     for x, view, b, dtype, floor, store_dyn, store_norms, tiles, precision in launches:
-        tlin._launch(x, view, b, dtype, floor=floor, store_dyn=store_dyn, store_norms=store_norms, tiles=tiles,
-                     precision=precision)
+        tlin.launch_bcos_kernel(x, view, b, dtype, floor=floor, store_dyn=store_dyn, store_norms=store_norms,
+                                tiles=tiles, precision=precision)
     assert len(calls) == len(launches)
     for (args, kwargs), launch in zip(calls, launches, strict=True):
         compiled = _compile_for_sm90(kernel, args, dict(kwargs))

@@ -41,13 +41,13 @@ def device():
 def launches(monkeypatch):
     """The number of kernel launches so far (a list holding one count), to tell the kernel from the PyTorch path."""
     count = [0]
-    launch = tlin._launch
+    launch = tlin.launch_bcos_kernel
 
     def counted(*args, **kwargs):
         count[0] += 1
         return launch(*args, **kwargs)
 
-    monkeypatch.setattr(tlin, "_launch", counted)
+    monkeypatch.setattr(tlin, "launch_bcos_kernel", counted)
     return count
 
 
@@ -323,14 +323,14 @@ def test_training_steps_with_the_kernel_keep_nothing_alive(device, monkeypatch):
     from bcos_plugins import bcos_loss
 
     made = []
-    launch = tlin._launch
+    launch = tlin.launch_bcos_kernel
 
     def recorded(*args, **kwargs):
         result = launch(*args, **kwargs)
         made.extend(weakref.ref(t) for t in result if t is not None)
         return result
 
-    monkeypatch.setattr(tlin, "_launch", recorded)
+    monkeypatch.setattr(tlin, "launch_bcos_kernel", recorded)
     ids, mask = _llama_rows(device)
     labels = torch.arange(16, device=device) % 3
     gc.disable()

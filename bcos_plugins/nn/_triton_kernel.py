@@ -1,6 +1,6 @@
 """The Triton kernel of :mod:`bcos_plugins.nn.triton_linear` (its docstring has the maths), undecorated.
 
-A module of its own so that ``import bcos_plugins`` does not import triton: :func:`~bcos_plugins.nn.triton_linear._kernel`
+A module of its own so that ``import bcos_plugins`` does not import triton: :func:`~bcos_plugins.nn.triton_linear.decorated_kernel`
 imports it on first use and decorates the function with ``triton.jit``, for the compiler or the interpreter.
 """
 # (no `from __future__ import annotations`: Triton's interpreter reads the `tl.constexpr` annotations as objects)

@@ -138,7 +138,7 @@ class KernelTiles(NamedTuple):
 # The configuration every layer launches with (unmeasured; benchmarks/triton_probe.py times others on a GPU):
 # 64 x 64 output tiles, K in steps of 32, and Triton's own defaults on NVIDIA, 4 warps and 3 stages (passing them
 # compiles the same kernel as leaving them out)
-_TILES = KernelTiles()
+DEFAULT_TILES = KernelTiles()
 
 
 def _triton_importable() -> bool:
@@ -154,7 +154,7 @@ def _triton_importable() -> bool:
 _KERNELS: dict = {}
 
 
-def _kernel(interpreted: bool):
+def decorated_kernel(interpreted: bool):
     """The kernel decorated by ``triton.jit``, for Triton's interpreter or its compiler.
 
     The one place that relies on how Triton selects its interpreter: ``triton.jit`` reads ``TRITON_INTERPRET``
@@ -178,9 +178,9 @@ def _tl_dtype(dtype: torch.dtype):
     return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
 
 
-def _launch(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor: bool, store_dyn: bool,
-            store_norms: bool, tiles: KernelTiles = _TILES,
-            precision: str | None = None) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+def launch_bcos_kernel(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor: bool, store_dyn: bool,
+                       store_norms: bool, tiles: KernelTiles = DEFAULT_TILES,
+                       precision: str | None = None) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
     """Run the kernel on the rows ``x2`` ``(M, K)`` and the unit weights ``view`` ``(N, K)`` (any strides): ``out``,
     then ``dyn / max(||w||, NORM_EPS)`` (``out_dtype``), ``x_norm`` ``(M,)`` and ``||w||`` ``(N,)`` (float32), each
     ``None`` unless asked.
@@ -204,7 +204,7 @@ def _launch(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor
     grid = (-(-m // tiles.block_m), -(-n // tiles.block_n))
     if tiles.units_fastest:
         grid = grid[::-1]
-    _kernel(interpreted)[grid](
+    decorated_kernel(interpreted)[grid](
         x2, view, out, out if dyn is None else dyn, out if x_norm is None else x_norm,
         out if w_norm is None else w_norm,
         m, n, x2.stride(0), x2.stride(1), view.stride(0), view.stride(1), out.stride(0), out.stride(1),
@@ -234,8 +234,8 @@ class _TritonExplainingLinear(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, b: float, units_are_columns: bool) -> Tensor:
         view = weight.T if units_are_columns else weight
         x2 = x.reshape(-1, x.shape[-1])
-        out, scale, _, _ = _launch(x2, view, b, _output_dtype(x, weight), floor=True, store_dyn=True,
-                                   store_norms=False)
+        out, scale, _, _ = launch_bcos_kernel(x2, view, b, _output_dtype(x, weight), floor=True, store_dyn=True,
+                                              store_norms=False)
         ctx.units_are_columns = units_are_columns
         ctx.x_dtype = x.dtype
         ctx.save_for_backward(weight, scale)
@@ -265,8 +265,8 @@ class _TritonBcosLinear(BcosLinearNode):
                 own_norm: bool = True) -> Tensor:
         view = weight.T if units_are_columns else weight
         x2 = x.reshape(-1, x.shape[-1])
-        out, _, row_norms, unit_norms = _launch(x2, view, b, _output_dtype(x, weight), floor=True, store_dyn=False,
-                                                store_norms=True)
+        out, _, row_norms, unit_norms = launch_bcos_kernel(x2, view, b, _output_dtype(x, weight), floor=True,
+                                                           store_dyn=False, store_norms=True)
         out = out.view(*x.shape[:-1], out.shape[-1])
         ctx.own_norm = True
         ctx.units_are_columns = units_are_columns
@@ -343,8 +343,8 @@ def triton_forward(layer, x: Tensor) -> Tensor | None:
     if not recording:
         layer.holds_constant()  # (counts the dynamic weight while explaining, as the PyTorch path does)
         view = weight.T if columns else weight
-        out, _, _, _ = _launch(x.reshape(-1, x.shape[-1]), view, b, _output_dtype(x, weight), floor=False,
-                               store_dyn=False, store_norms=False)
+        out, _, _, _ = launch_bcos_kernel(x.reshape(-1, x.shape[-1]), view, b, _output_dtype(x, weight),
+                                          floor=False, store_dyn=False, store_norms=False)
         return out.view(*x.shape[:-1], out.shape[-1])
     if layer.explaining:
         if not (x.requires_grad and parameter_gradients_unused() and layer.constant_outputs is None):
