@@ -148,18 +148,14 @@ def test_bcos_vit_forward_refuses_unknown_keywords_naming_the_accepted_ones():
     assert torch.equal(model(encoded_pixel_values=encoded).logits, model(images).logits)
 
 
-def test_the_trainer_divides_a_bcos_vit_loss_by_the_accumulation_steps(tmp_path):
-    """forward's **kwargs read to transformers' Trainer as "the model normalises over num_items_in_batch": it passed
-    that count (ignored) and skipped dividing the per-batch mean loss by the accumulation steps (with 2 steps the
-    loss was 1.385 for a mean micro-batch loss of 0.693, and its gradients twice too large)."""
+def _assert_trainer_loss_is_the_mean_of_two_micro_batches(tmp_path, model, input_name, inputs, labels):
+    """transformers' Trainer, 2 accumulation steps of 2 rows, learning rate 0: the model must not claim to normalise
+    its own loss (accepts_loss_kwargs), and the step's training loss must be the mean of the two micro-batch losses."""
     from transformers import Trainer, TrainingArguments
 
-    model = _tiny_vit()
-    images = torch.stack([torch.full((3, 8, 8), i / 4) for i in range(4)])
-    labels = torch.tensor([0, 1, 2, 0])
-    rows = [{"pixel_values": image, "labels": int(label)} for image, label in zip(images, labels, strict=True)]
     with torch.no_grad():
-        expected = (model(images[:2], labels=labels[:2]).loss + model(images[2:], labels=labels[2:]).loss) / 2
+        expected = (model(inputs[:2], labels=labels[:2]).loss + model(inputs[2:], labels=labels[2:]).loss) / 2
+    rows = [{input_name: row, "labels": int(label)} for row, label in zip(inputs, labels, strict=True)]
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[], gradient_accumulation_steps=2,
                              per_device_train_batch_size=2, max_steps=1, learning_rate=0.0, use_cpu=True,
                              save_strategy="no")
@@ -168,11 +164,18 @@ def test_the_trainer_divides_a_bcos_vit_loss_by_the_accumulation_steps(tmp_path)
     assert trainer.train().training_loss == pytest.approx(float(expected), rel=1e-5)
 
 
+def test_the_trainer_divides_a_bcos_vit_loss_by_the_accumulation_steps(tmp_path):
+    """forward's **kwargs read to transformers' Trainer as "the model normalises over num_items_in_batch": it passed
+    that count (ignored) and skipped dividing the per-batch mean loss by the accumulation steps (with 2 steps the
+    loss was 1.385 for a mean micro-batch loss of 0.693, and its gradients twice too large)."""
+    images = torch.stack([torch.full((3, 8, 8), i / 4) for i in range(4)])
+    _assert_trainer_loss_is_the_mean_of_two_micro_batches(tmp_path, _tiny_vit(), "pixel_values", images,
+                                                          torch.tensor([0, 1, 2, 0]))
+
+
 def test_the_conventional_vit_refuses_unknown_keywords_and_its_trainer_loss_is_the_mean(tmp_path):
     """ConventionalViT.forward had the same **kwargs: a misspelt keyword ignored, and with 2 accumulation steps the
     Trainer's loss twice the mean micro-batch cross-entropy."""
-    from transformers import Trainer, TrainingArguments
-
     from bcos_plugins.errors import BcosTypeError
     from bcos_plugins.vision import BcosViTConfig
     from bcos_plugins.vision.conventional import ConventionalViT
@@ -185,14 +188,7 @@ def test_the_conventional_vit_refuses_unknown_keywords_and_its_trainer_loss_is_t
     with pytest.raises(BcosTypeError, match=r"^output_attention: is not a keyword of ConventionalViT\.forward"):
         model(images, output_attention=True)
     assert len(model(pixel_values=images, output_attentions=True, return_dict=True).attentions) == 1
-    with torch.no_grad():
-        expected = (model(images[:2], labels=labels[:2]).loss + model(images[2:], labels=labels[2:]).loss) / 2
-    rows = [{"pixel_values": image, "labels": int(label)} for image, label in zip(images, labels, strict=True)]
-    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], gradient_accumulation_steps=2,
-                             per_device_train_batch_size=2, max_steps=1, learning_rate=0.0, use_cpu=True,
-                             save_strategy="no")
-    assert Trainer(model=model, args=args, train_dataset=rows).train().training_loss == pytest.approx(
-        float(expected), rel=1e-5)
+    _assert_trainer_loss_is_the_mean_of_two_micro_batches(tmp_path, model, "pixel_values", images, labels)
 
 
 # ---------------------------------------------------------------- 3. SwishBetaToBilinear on a finalised model
@@ -282,7 +278,6 @@ def test_the_trainer_divides_a_space_model_loss_by_the_accumulation_steps(tmp_pa
     0.941, and gradients twice too large)."""
     import transformers as T
     from conftest import tiny_config
-    from transformers import Trainer, TrainingArguments
 
     from bcos_plugins.space import SpaceModelForSequenceClassification
 
@@ -291,13 +286,5 @@ def test_the_trainer_divides_a_space_model_loss_by_the_accumulation_steps(tmp_pa
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0  # the Trainer trains: no dropout noise
     model = SpaceModelForSequenceClassification.from_encoder(T.BertModel(config), num_labels=3, n_latent=4).eval()
     ids = torch.randint(5, 50, (4, 6), generator=torch.Generator().manual_seed(1))
-    labels = torch.tensor([0, 1, 2, 0])
-    with torch.no_grad():
-        expected = (model(ids[:2], labels=labels[:2]).loss + model(ids[2:], labels=labels[2:]).loss) / 2
-    rows = [{"input_ids": row, "labels": int(label)} for row, label in zip(ids, labels, strict=True)]
-    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], gradient_accumulation_steps=2,
-                             per_device_train_batch_size=2, max_steps=1, learning_rate=0.0, use_cpu=True,
-                             save_strategy="no")
-    trainer = Trainer(model=model, args=args, train_dataset=rows)
-    assert trainer.model_accepts_loss_kwargs is False
-    assert trainer.train().training_loss == pytest.approx(float(expected), rel=1e-5)
+    _assert_trainer_loss_is_the_mean_of_two_micro_batches(tmp_path, model, "input_ids", ids,
+                                                          torch.tensor([0, 1, 2, 0]))
