@@ -17,6 +17,8 @@ more convolution, of ``sum_c x_c^2`` with a ``k x k`` kernel of ones and the sam
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
@@ -74,7 +76,12 @@ class BcosConv2d(AlignmentPressure):
         if x.dtype in HALF_DTYPES:
             x = x.float()
         ones = x.new_ones(1, 1, *self.kernel_size)
-        squares = F.conv2d(x.pow(2).sum(dim=1, keepdim=True), ones, stride=self.stride, padding=self.padding)
+        # outside autocast: it cast this convolution of squares to float16 / bfloat16, where a float32 input's patch
+        # norm overflowed (float16 past 256: every output of the layer was 0), underflowed (float16 below 1e-4) or lost
+        # digits (bfloat16), silently
+        with (torch.autocast(x.device.type, enabled=False) if torch.is_autocast_enabled(x.device.type)
+              else nullcontext()):
+            squares = F.conv2d(x.pow(2).sum(dim=1, keepdim=True), ones, stride=self.stride, padding=self.padding)
         return (squares + NORM_EPS).sqrt()
 
     def forward(self, x: Float[Tensor, "batch c_in h w"]) -> Float[Tensor, "batch c_out h_out w_out"]:
