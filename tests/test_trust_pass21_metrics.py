@@ -10,6 +10,9 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
+
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -31,3 +34,82 @@ def test_aopc_of_a_half_precision_curve_is_integrated_in_float32(dtype, normalis
     # the fractions and the sum were in the curve's dtype: 0.1 is 0.10009765625 in bfloat16, the width 0.7983
     assert got.dtype == torch.float32
     assert got.double().item() == pytest.approx(exact.item(), rel=1e-6)
+
+
+# ------------------------------------------------------------------ pixel perturbation: training mode, argument types
+
+
+def _dropout_classifier() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(16, 5))
+
+
+def _pixel_curves_by_hand(model: nn.Module, images: torch.Tensor, maps: torch.Tensor, target: int,
+                          fractions: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax curves of ``target`` removing pixels most / least important first, the eval-mode model, in float64
+    (the maps have no ties, so the order is the sort of the scores)."""
+    model = nn.Sequential(*(m for m in model if not isinstance(m, nn.Dropout))).double()
+    curves = []
+    for descending in (True, False):
+        rows = []
+        for image, m in zip(images.double(), maps, strict=True):
+            order = m.flatten().argsort(descending=descending)
+            points = []
+            for f in fractions:
+                kept = torch.ones(16, dtype=torch.float64)
+                kept[order[: int(round(f * 16))]] = 0
+                with torch.no_grad():
+                    points.append(model((image.flatten() * kept)[None]).softmax(-1)[0, target])
+            rows.append(torch.stack(points))
+        curves.append(torch.stack(rows))
+    return curves[0], curves[1]
+
+
+def test_pixel_perturbation_of_a_model_left_in_training_mode_are_its_eval_mode_curves():
+    from bcos_plugins.metrics import IMAGE_FRACTIONS, pixel_perturbation
+
+    model = _dropout_classifier().train()
+    torch.manual_seed(1)
+    images, maps = torch.rand(2, 1, 4, 4), torch.randn(2, 4, 4)
+    got = pixel_perturbation(model, images, maps, 3)
+    most, least = _pixel_curves_by_hand(model, images, maps, 3, IMAGE_FRACTIONS)
+    # with dropout on, each perturbed image was scored by another random half of the features
+    torch.testing.assert_close(got.most_first.double(), most, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.least_first.double(), least, rtol=1e-5, atol=1e-6)
+    assert model.training and model[1].training  # the training flags are put back
+
+
+@pytest.mark.parametrize("fractions", [(0.0, 0.25), (0.125, 0.25)])
+def test_pixel_perturbation_refuses_a_forward_that_scores_the_same_images_differently(fractions):
+    from bcos_plugins.metrics import pixel_perturbation
+
+    model = _dropout_classifier().train()
+    torch.manual_seed(1)
+    images, maps = torch.rand(2, 1, 4, 4), torch.randn(2, 4, 4)
+    # a function around the model (as the docstring's lambda e: model(encoded_pixel_values=e)) hides it from eval mode
+    with pytest.raises(BcosValueError, match=r"forward: scored the same images differently.*model\.eval\(\)"):
+        pixel_perturbation(lambda x: model(x), images, maps, 3, fractions=fractions)
+    model.eval()
+    got = pixel_perturbation(lambda x: model(x), images, maps, 3, fractions=fractions)
+    most, _ = _pixel_curves_by_hand(model, images, maps, 3, fractions)
+    torch.testing.assert_close(got.most_first.double(), most, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("keywords", "name"), [({"seed": 1.5}, "seed"), ({"seed": True}, "seed"),
+                                                 ({"fractions": 0.25}, "fractions")])
+def test_pixel_perturbation_names_a_seed_or_fractions_of_the_wrong_type(keywords, name):
+    from bcos_plugins.metrics import pixel_perturbation
+
+    model = _dropout_classifier().eval()
+    with pytest.raises(BcosTypeError, match=rf"^{name}: "):
+        pixel_perturbation(model, torch.rand(1, 1, 4, 4), torch.randn(1, 4, 4), 0, **keywords)
+
+
+@pytest.mark.parametrize(("keywords", "name"), [({"seed": 0.5}, "seed"), ({"most_important_first": "no"},
+                                                                           "most_important_first"),
+                                                 ({"most_important_first": None}, "most_important_first")])
+def test_pixel_ranking_names_a_seed_or_order_of_the_wrong_type(keywords, name):
+    from bcos_plugins.metrics import pixel_ranking
+
+    with pytest.raises(BcosTypeError, match=rf"^{name}: "):
+        pixel_ranking(torch.randn(1, 4, 4), **keywords)

@@ -27,15 +27,17 @@ not by pixel position.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from jaxtyping import Float, Int
-from torch import Tensor
+from torch import Tensor, nn
 
 from .._checks import bad_rows, require_float, require_int, require_row_ids, require_tensor
 from ..errors import BcosTypeError, argument_error
+from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
 from .perturbation import aopc
 
@@ -89,6 +91,13 @@ def pixel_ranking(attributions: Float[Tensor, "batch h w"], most_important_first
                   seed: int = 0) -> Int[Tensor, "batch hw"]:
     """Flat pixel indices in removal order; ties broken at random (fixed ``seed``), the same way for every image,
     so an image ranks the same alone and anywhere in a batch."""
+    # checked here, naming them: a float or bool seed failed inside torch's manual_seed (RuntimeError), a
+    # most_important_first of another type inside argsort (TypeError)
+    seed = require_int("seed", seed)
+    if not isinstance(most_important_first, bool):
+        raise argument_error("most_important_first", f"must be True or False, got {type(most_important_first).__name__}"
+                             f" {most_important_first!r}", "Pass True (most important pixels first) or False",
+                             kind=BcosTypeError)
     maps = _spatial(attributions).detach().flatten(1)
     _require_finite_maps(maps)
     g = torch.Generator().manual_seed(seed)
@@ -176,7 +185,9 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
     """Confidence curves when removing pixels most / least important first.
 
     Args:
-        forward: maps a batch of ``inputs`` to logits (or an output with ``.logits``); called without grad.
+        forward: maps a batch of ``inputs`` to logits (or an output with ``.logits``); called without grad. A module
+            runs in eval mode (its training flags are put back); a function that scores the same images differently
+            (one around a model in training mode: dropout) is refused.
         inputs: the model's input, in the space where pixels are removed. For a B-cos ViT pass the encoded
             ``[x, 1 - x]`` images and ``lambda e: model(encoded_pixel_values=e)``: removal then zeroes the whole
             pixel encoding, as in the paper.
@@ -202,15 +213,22 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
         raise argument_error("score", f"score must be 'softmax', 'sigmoid' or 'logit', got {score!r}",
                              "Pick one of those")
     removed_value = require_float("removed_value", removed_value)
+    if isinstance(fractions, str) or not hasattr(fractions, "__iter__") or (isinstance(fractions, Tensor)
+                                                                             and fractions.ndim != 1):
+        # one float failed with "'float' object is not iterable"
+        raise argument_error("fractions", f"must be a sequence of floats, got {type(fractions).__name__} "
+                             f"{fractions!r}", "Pass e.g. IMAGE_FRACTIONS", kind=BcosTypeError)
     fractions = tuple(require_float("fractions", f) for f in fractions)
     if len(fractions) < 2 or any(b <= a for a, b in zip(fractions, fractions[1:], strict=False)) \
             or fractions[0] < 0 or fractions[-1] > 1:
         raise argument_error("fractions", f"fractions must be at least two increasing values in [0, 1], got "
                              f"{list(fractions)}", "Pass e.g. IMAGE_FRACTIONS")
     target_t = require_row_ids("target", target, batch, device=inputs.device)  # range: once the logits are known
+    seed = require_int("seed", seed)
     n_pixels = height * width
     curves = {}
-    with torch.no_grad():
+    # in eval mode, as the text metrics: a model left in training mode scored every perturbed image with dropout on
+    with torch.no_grad(), evaluating(forward) if isinstance(forward, nn.Module) else nullcontext():
         for most_first in (True, False):
             ranking = pixel_ranking(maps, most_important_first=most_first, seed=seed)
             rank_of_pixel = torch.empty_like(ranking).scatter_(1, ranking, torch.arange(n_pixels, device=ranking.device)
@@ -222,4 +240,23 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
                 perturbed = torch.where(removed, torch.full_like(inputs, removed_value), inputs)
                 points.append(_scores(forward, perturbed, target_t, score))
             curves[most_first] = torch.stack(points, dim=1)
+        _require_deterministic(forward, inputs, target_t, score, curves, fractions, n_pixels)
     return PixelPerturbation(fractions=fractions, most_first=curves[True], least_first=curves[False])
+
+
+def _require_deterministic(forward: Callable, inputs: Tensor, target: Tensor, score: str, curves: dict[bool, Tensor],
+                           fractions: tuple[float, ...], n_pixels: int) -> None:
+    """Refuse a ``forward`` that scores the same images differently: a function around a model in training mode
+    (``lambda e: model(encoded_pixel_values=e)``, which eval mode cannot reach) scores every perturbed image with
+    dropout on, so the curves are noise. Where no pixel or every pixel is removed, both curves scored the same images;
+    without such a fraction the unperturbed images are scored twice more."""
+    same = [j for j, f in enumerate(fractions) if int(round(f * n_pixels)) in (0, n_pixels)]
+    if same:
+        first, second = curves[True][:, same], curves[False][:, same]
+    else:
+        first, second = (_scores(forward, inputs, target, score) for _ in range(2))
+    if not torch.allclose(first, second, rtol=1e-4, atol=1e-6):
+        raise argument_error("forward", f"scored the same images differently (by up to "
+                             f"{float((first - second).abs().max()):.3g}): it is not deterministic, e.g. a model in "
+                             "training mode (dropout), so the curves would be noise", "Put the model in eval mode "
+                             "(model.eval()) before pixel_perturbation")
