@@ -8,7 +8,9 @@ What it does to every module (docs/design.md#what-bcosify-changes):
   ``bcos_query_key=False`` they keep their stock weights and biases instead (outputs constant all the same);
 - ``nn.LayerNorm`` -> :class:`BcosLayerNorm` (bias dropped); RMSNorm -> :class:`DetachableRMSNorm`;
 - GELU (erf / tanh / quick / clipped at 10), SiLU, ReLU -> :class:`DetachableActivation`; identity activations
-  stay; every other activation of transformers' ``ACT2FN`` is refused with its reason (``ACTIVATION_REFUSALS``);
+  stay; every other activation of transformers' ``ACT2FN`` is refused with its reason (``ACTIVATION_REFUSALS``),
+  except in a gated MLP's gate branch, which takes the parameter-free ones as they are (``GATE_BRANCH_ACTIVATIONS``:
+  tanh, sigmoid, mish, hardswish, laplace, leaky ReLU, relu2, relu6, sqrt-softplus, a clipped GELU);
 - tanh / ReLU of prediction heads removed; gated MLPs route the gate branch as the dynamic weight;
 - LM heads kept (tied to the embeddings, linear and bias-free already).
 
@@ -97,6 +99,19 @@ ACTIVATION_REFUSALS = {
 }
 
 PIECEWISE_LINEAR_ACTIVATIONS = {"LeakyReLU", "PReLU"}
+
+# The activations of ACTIVATION_REFUSALS that a gated MLP may hold as its activated gate branch, kept as the stock
+# module. There the whole branch act(gate(x)) is the dynamic weight (BcosGatedMLP, BcosFusedGatedMLP hold it constant
+# while explaining), so the MLP's output down(act(gate(x)) * up(x)) is linear in x through up whatever act computes of
+# gate(x): no x * gate(x) form is needed, and an offset at 0 (sigmoid's 0.5) is part of the constant scale, not a term
+# attributed to no input. Each is parameter-free and elementwise. PReLU and xIELU hold learned parameters, which a host
+# copy need not carry (TransformerLens' 'xielu' is the fixed-parameter form), so they stay refused there too.
+GATE_BRANCH_ACTIVATIONS = frozenset({
+    "Sigmoid", "Tanh", "MishActivation", "Mish", "LaplaceActivation", "SqrtSoftplusActivation", "Hardswish", "ReLU6",
+    "LeakyReLU", "ReLUSquaredActivation", "ClippedGELUActivation"})
+_GATE_BRANCH_WHY = ("the activated gate branch of a gated MLP, whose whole output act(gate(x)) is the dynamic weight "
+                    "(a constant scale of up(x) while explaining), so the explanation is exact for this activation; "
+                    "kept as it is")
 
 SUPPORTED_ACTIVATION_NAMES = (
     f"{', '.join(sorted(ACTIVATION_GATES))} (config names 'gelu', 'gelu_python', 'gelu_new', 'gelu_fast', "
@@ -232,6 +247,7 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
     keep = set(spec.keep)
     removed = set(spec.remove_activations)
     skip_below: list[str] = []
+    gate_branches: set[str] = set()  # the paths of gated MLPs' activations (their output is the dynamic weight)
     # every path of a module held at two places (a projection shared by two layers, query and key tied): the default
     # walk names it once, so the second place kept the stock module, bias included, without a word in the report
     for name, module in model.named_modules(remove_duplicate=False):
@@ -250,8 +266,11 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
         swap = next(((factory, why) for suffix, (factory, why) in spec.module_swaps.items()
                      if name == suffix or name.endswith("." + suffix)), None)
         if swap is not None:  # the swapped-in forward is the whole conversion of the module itself
-            plan.append((name, ("swap", swap[0](), swap[1])))
+            swapped = swap[0]()
+            plan.append((name, ("swap", swapped, swap[1])))
             report.patched_modules[name] = _say_tied(model, module, swap[1])
+            if getattr(swapped, "activated_branch", None):  # a gated MLP: its activation's output is held constant
+                gate_branches.add(f"{name}.{swapped.activated_branch}")
             continue
         if isinstance(module, nn.Linear | Conv1D | nn.LayerNorm) or _is_rms_norm(module):
             refuse_unknown_subclass(model, name, module)
@@ -292,11 +311,20 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
         elif _is_rms_norm(module):
             report.norms.append(name)
             plan.append((name, "rms_norm"))
+        elif name in gate_branches and type(module).__name__ in GATE_BRANCH_ACTIVATIONS \
+                and activation_refusal(module) is not None:  # those with a gate kind stay detachable (below)
+            report.gate_branch_activations[name] = f"{type(module).__name__}: {_GATE_BRANCH_WHY}"
         elif activation_refusal(module) is not None:
+            where = (f"; as a gated MLP's gate branch bcosify takes any parameter-free activation "
+                     f"({', '.join(sorted(GATE_BRANCH_ACTIVATIONS))}), not one with learned parameters (a host copy "
+                     "need not carry them: TransformerLens' 'xielu' is the fixed-parameter form)"
+                     if name in gate_branches else
+                     "; a gated MLP's gate branch (Llama-shaped decoders, ModernBERT) may hold it"
+                     if type(module).__name__ in GATE_BRANCH_ACTIVATIONS else "")
             raise UnsupportedModuleError(
                 f"model: bcosify cannot convert module '{name}' ({type(module).__name__}): the activation "
-                f"{activation_refusal(module)}. Supported: {SUPPORTED_ACTIVATION_NAMES}; build the model with one "
-                "of them, or open an issue.")
+                f"{activation_refusal(module)}{where}. Supported: {SUPPORTED_ACTIVATION_NAMES}; build the model with "
+                "one of them, or open an issue.")
         elif isinstance(module, nn.GELU) or type(module).__name__ in ACTIVATION_GATES:
             kind = gelu_kind(module)
             report.activations[name] = kind

@@ -16,7 +16,14 @@ class BcosGatedMLP(DynamicWeightModule):
     ``x · d/dx [a(x) * u(x)]`` would otherwise count the product twice (product rule) and the
     explanation would sum to twice the MLP output's share. With ``act = identity`` this is a bilinear MLP;
     the convention (gate constant, on every path) is stated in :mod:`bcos_plugins.bilinear.module`.
+
+    Since the whole activated branch is the constant, ``act`` needs no ``x * gate(x)`` form of its own: any
+    parameter-free elementwise activation is exact here, tanh and sigmoid included (``bcosify`` keeps those as they are,
+    see ``bcos_plugins.convert.bcosify.GATE_BRANCH_ACTIVATIONS``).
     """
+
+    # the child whose output is the dynamic weight (bcosify's plan reads it to accept any activation there)
+    activated_branch = "act_fn"
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         # not explaining: the stock forward, without the scope and detach calls (docs/benchmarks.md,
@@ -35,6 +42,8 @@ class BcosFusedGatedMLP(DynamicWeightModule):
     Mixed into the class of an existing ``ModernBertMLP`` instance: attribute names and state-dict keys stay
     transformers'.
     """
+
+    activated_branch = "act"
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         activated, gate = self.Wi(x).chunk(2, dim=-1)

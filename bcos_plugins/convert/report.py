@@ -25,6 +25,9 @@ class ConversionReport:
             stock).
         constant_gate_outputs: gated-MLP input projections whose activated units (the half that only feeds the
             dynamic weight ``act(input)``) are constants in explanation mode (the spec's ``gate_units``).
+        gate_branch_activations: gated-MLP activations with no ``x * gate(x)`` form (tanh, sigmoid, mish, ...) kept
+            as they are, with the reason: their output is the MLP's dynamic weight, held constant while explaining,
+            so the explanation is exact (``bcos_plugins.convert.bcosify.GATE_BRANCH_ACTIVATIONS``).
         kept: modules deliberately left as they are (e.g. tied LM heads), with the reason.
         patched_modules: modules whose class was swapped for a B-cos subclass, with the reason.
     """
@@ -39,6 +42,7 @@ class ConversionReport:
     removed_activations: list[str] = field(default_factory=list)
     constant_outputs: list[str] = field(default_factory=list)
     constant_gate_outputs: list[str] = field(default_factory=list)
+    gate_branch_activations: dict[str, str] = field(default_factory=dict)
     kept: dict[str, str] = field(default_factory=dict)
     patched_modules: dict[str, str] = field(default_factory=dict)
 
@@ -56,6 +60,10 @@ class ConversionReport:
         if self.constant_gate_outputs:
             lines.insert(-1, f"  {len(self.constant_gate_outputs)} gated-MLP input projections with their activated "
                              "units constant in explanation mode")
+        if self.gate_branch_activations:
+            kinds = sorted({why.partition(":")[0] for why in self.gate_branch_activations.values()})
+            lines.insert(-1, f"  {len(self.gate_branch_activations)} gated-MLP activations kept as they are "
+                             f"({', '.join(kinds)}): each is its MLP's gate branch, held constant in explanation mode")
         for name in self.removed_activations:
             lines.append(f"  removed head activation: {name}")
         for name, why in self.patched_modules.items():

@@ -1,0 +1,179 @@
+"""Closing note 21's leftovers (session 22, helper-115), each pinned here.
+
+- Gated MLPs: ``act(gate(x)) * up(x)`` with the whole activated branch held constant is linear in ``x`` through ``up``
+  for any elementwise activation, so bcosify takes tanh, sigmoid, mish and the other parameter-free activations that
+  have no ``x * gate(x)`` form there (it refused them); outside a gated MLP they stay refused with their reason.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import transformers as T
+from conftest import VOCAB
+from test_conformance import CONFIGS, _family
+
+from bcos_plugins import bcosify, explain
+from bcos_plugins.convert.architectures import SPECS, UnsupportedModuleError, stock_class
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+# ------------------------------------------------------------------ 1. gated-MLP activations without a gate kind
+
+# transformers' config names of the activations a gated MLP now takes as they are (their classes are in
+# GATE_BRANCH_ACTIVATIONS; no gate kind, so refused outside a gated MLP)
+GATE_BRANCH_NAMES = ["hardswish", "laplace", "leaky_relu", "mish", "relu2", "relu6", "sigmoid", "sqrtsoftplus", "tanh"]
+# one class per gated family: the causal LMs, and ModernBERT's classifier (its fused Wi)
+GATED = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM",
+         "ModernBertForSequenceClassification"]
+
+
+def _activation_key(name: str) -> str:
+    return "hidden_activation" if name.startswith(("Gemma2", "ModernBert")) else "hidden_act"
+
+
+def _stock_with(name: str, activation: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    config = CONFIGS[_family(name)]()
+    setattr(config, _activation_key(name), activation)
+    torch.manual_seed(0)
+    stock = stock_class(name)(config).eval()
+    with torch.no_grad():  # non-zero biases (where a family has them), so that a lost one shows
+        for param_name, param in stock.named_parameters():
+            if param_name.endswith("bias"):
+                param.normal_(0, 0.2)
+    return stock.to(dtype)
+
+
+def _assert_complete(contributions: torch.Tensor, explained: torch.Tensor, rtol: float) -> None:
+    total = contributions.sum(dim=tuple(range(1, contributions.dim())))
+    assert torch.isfinite(contributions).all()
+    gap = (total - explained).abs()
+    assert (gap <= rtol * explained.abs().clamp_min(1e-2)).all(), (gap.tolist(), explained.tolist())
+
+
+def test_the_gate_branch_classes_are_exactly_those_config_names_build():
+    from transformers.activations import ACT2CLS
+
+    from bcos_plugins.convert.bcosify import GATE_BRANCH_ACTIVATIONS
+
+    classes = {(c[0] if isinstance(c, tuple) else c).__name__ for n, c in ACT2CLS.items() if n in GATE_BRANCH_NAMES}
+    # ClippedGELU with another clip than gelu_10's, and torch's own Mish, are only put there by hand
+    assert classes | {"ClippedGELUActivation", "Mish"} == GATE_BRANCH_ACTIVATIONS
+
+
+@pytest.mark.parametrize("activation", GATE_BRANCH_NAMES)
+@pytest.mark.parametrize("name", GATED)
+def test_gated_mlps_take_activations_without_a_gate_kind_and_explain_exactly(name, activation):
+    """Refused before ("has no gate kind" / "is 0.5 at x = 0"). The model's values are the stock model's activation's,
+    the report names each kept activation and why, and explain and Captum's LayerBcos are complete, to float32 rounding
+    (1e-4 relative) and in float64 to 1e-10."""
+    from bcos_plugins.adapters.captum import LayerBcos
+
+    model = bcosify(_stock_with(name, activation), b=1.25, verbose=False)
+    report = model.bcos_report
+    paths = sorted(report.gate_branch_activations)
+    branch = "act" if name.startswith("ModernBert") else "act_fn"
+    assert paths and all(p.endswith(f"mlp.{branch}") for p in paths)
+    assert len(paths) == model.config.num_hidden_layers
+    kind = type(model.get_submodule(paths[0])).__name__
+    assert all(why.startswith(f"{kind}: the activated gate branch of a gated MLP") for why in
+               report.gate_branch_activations.values())
+    assert f"{len(paths)} gated-MLP activations kept as they are ({kind})" in report.summary()
+    assert not any(p in report.activations for p in paths)
+    ids = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(3))
+    target = 1 if SPECS[name].is_classifier else 5
+    for dtype, rtol in ((torch.float32, 1e-4), (torch.float64, 1e-10)):
+        model = model.to(dtype)
+        expl = explain(model, ids, target=target)
+        _assert_complete(expl.input_contributions, expl.explained, rtol)
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        own = logits[:, target] if SPECS[name].is_classifier else logits[:, -1, target]
+        torch.testing.assert_close(expl.explained, own)
+        attributions, delta = LayerBcos(model).attribute(ids, target=target, return_convergence_delta=True)
+        _assert_complete(attributions, expl.explained, rtol)
+        assert (delta.abs() <= rtol * expl.explained.abs().clamp_min(1e-2)).all()
+        torch.testing.assert_close(attributions, expl.input_contributions, rtol=rtol * 10, atol=rtol * 1e-2)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "sigmoid"])
+def test_the_bridge_explains_a_tanh_or_sigmoid_gated_llama_exactly(activation):
+    """TransformerLens' bridge holds the gate projection's output constant: the activation after it is then constant
+    too, whatever it is. (``hooked_transformer_from_hf`` refuses these: TransformerLens has no tanh / sigmoid.)"""
+    from bcos_plugins.adapters.transformer_lens import explain_logits, transformer_bridge_from_hf
+
+    model = bcosify(_stock_with("LlamaForCausalLM", activation), b=1.25, verbose=False)
+    ids = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(4))
+    expl = explain_logits(transformer_bridge_from_hf(model), ids, target=5)
+    assert expl.completeness_error.max() <= 1e-4
+    torch.testing.assert_close(expl.explained, explain(model, ids, target=5).explained, rtol=1e-5, atol=1e-6)
+
+
+def test_hooked_transformer_from_hf_explains_a_relu2_gated_llama_and_refuses_tanh_naming_why():
+    """relu2 is the one newly accepted activation TransformerLens has: its gated MLP's hook_pre (the gate projection's
+    output) is held constant, so the activation after it is too."""
+    from bcos_plugins.adapters.transformer_lens import explain_logits, hooked_transformer_from_hf
+
+    from bcos_plugins.errors import BcosValueError
+
+    model = bcosify(_stock_with("LlamaForCausalLM", "relu2"), b=1.25, verbose=False)
+    ids = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(6))
+    expl = explain_logits(hooked_transformer_from_hf(model), ids, target=5)
+    assert expl.completeness_error.max() <= 1e-4
+    torch.testing.assert_close(expl.explained, explain(model, ids, target=5).explained, rtol=1e-5, atol=1e-6)
+    tanh = bcosify(_stock_with("LlamaForCausalLM", "tanh"), b=1.25, verbose=False)
+    with pytest.raises(BcosValueError, match=r"^activation 'tanh' of this LlamaForCausalLM has no TransformerLens"):
+        hooked_transformer_from_hf(tanh)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "sigmoid", "mish"])
+def test_a_gated_activation_model_saves_and_reloads_as_the_same_model(tmp_path, activation):
+    from bcos_plugins import load_bcos_model
+
+    model = bcosify(_stock_with("Qwen2ForCausalLM", activation), b=1.25, verbose=False)
+    model.save_pretrained(tmp_path)
+    reloaded = load_bcos_model(tmp_path)
+    ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=ids).logits, model(input_ids=ids).logits)
+    assert reloaded.bcos_report.gate_branch_activations == model.bcos_report.gate_branch_activations
+
+
+@pytest.mark.parametrize("activation", ["prelu", "xielu"])
+def test_a_gated_mlp_still_refuses_an_activation_with_learned_parameters(activation):
+    with pytest.raises(UnsupportedModuleError, match=r"^model: bcosify cannot convert module 'model\.layers\.0\.mlp\."
+                                                     r"act_fn' .*as a gated MLP's gate branch bcosify takes any "
+                                                     r"parameter-free activation \(.*Sigmoid.*Tanh\), not one with "
+                                                     r"learned parameters"):
+        bcosify(_stock_with("LlamaForCausalLM", activation), verbose=False)
+
+
+def test_outside_a_gated_mlp_tanh_and_sigmoid_stay_refused_naming_where_they_would_be_taken():
+    from conftest import tiny_config
+
+    for activation, reason in (("tanh", r"gate = tanh\(x\) / x"), ("sigmoid", r"is 0\.5 at x = 0")):
+        config = tiny_config("gpt2")
+        config.activation_function = activation
+        torch.manual_seed(0)
+        with pytest.raises(UnsupportedModuleError, match=rf"'transformer\.h\.0\.mlp\.act' .*{reason}.*; a gated MLP's "
+                                                         r"gate branch \(Llama-shaped decoders, ModernBERT\) may hold "
+                                                         r"it\. Supported"):
+            bcosify(T.GPT2LMHeadModel(config).eval(), verbose=False)
+
+
+def test_a_hand_placed_clipped_gelu_in_a_gate_branch_is_kept_and_gelu_10_stays_detachable():
+    from transformers.activations import ClippedGELUActivation
+
+    from bcos_plugins.nn import DetachableActivation
+
+    stock = _stock_with("LlamaForCausalLM", "silu")
+    stock.model.layers[0].mlp.act_fn = ClippedGELUActivation(-1.0, 3.0)
+    stock.model.layers[1].mlp.act_fn = ClippedGELUActivation(-10, 10)
+    model = bcosify(stock, verbose=False)
+    assert list(model.bcos_report.gate_branch_activations) == ["model.layers.0.mlp.act_fn"]
+    assert model.bcos_report.activations == {"model.layers.1.mlp.act_fn": "gelu_10"}
+    assert isinstance(model.model.layers[1].mlp.act_fn, DetachableActivation)
+    expl = explain(model.double(), torch.tensor([[4, 9, 13, 7]]), target=2)
+    _assert_complete(expl.input_contributions, expl.explained, 1e-10)
