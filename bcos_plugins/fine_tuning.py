@@ -3,6 +3,7 @@ rate, and distillation from a teacher's logits."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ from .b_warmup import BWarmupCallback
 from .corpus import require_texts_with_tokens, require_tokenizer_ids_fit
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, argument_error
-from .losses import DistillationLoss, bcos_loss
+from .losses import DistillationLoss, bcos_loss, cross_entropy_loss
 from .nn.dynamic import has_dynamic_weights
 from .prediction import predict
 
@@ -62,8 +63,11 @@ def fine_tune_classifier(
     starts from a task-trained stock model, not a stock model or a B-cos model with a fresh head; docs/recipes.md
     and docs/benchmarks.md give what each recipe and preset measured.
 
-    ``loss="auto"`` uses :func:`bcos_loss` (BCE on one-hot targets) for B-cos models and the model's own
-    cross-entropy otherwise; ``"bce"`` / ``"ce"`` force one. Padding is dynamic (``DataCollatorWithPadding``), on the
+    ``loss="auto"`` uses :func:`bcos_loss` (BCE on one-hot targets) for B-cos models and the cross-entropy
+    otherwise (:func:`~bcos_plugins.losses.cross_entropy_loss`: the loss the model computes itself, but exact under
+    ``gradient_accumulation_steps``, which transformers' classifiers are not, and with ``label_smoothing_factor``);
+    ``"bce"`` / ``"ce"`` force one. ``label_smoothing_factor`` with ``bcos_loss`` is refused (the ``Trainer`` would
+    ignore it). Padding is dynamic (``DataCollatorWithPadding``), on the
     tokenizer's side; a tokenizer that pads on the left is refused before training for a classifier that reads the
     first column (BERT, DistilBERT, RoBERTa, ModernBERT with ``classifier_pooling="cls"``). Models of the
     architecture registry are trained on the batches ``explain`` would compute (``rows_as_alone_call``), so each row
@@ -111,6 +115,7 @@ def fine_tune_classifier(
     use_bce = loss == "bce" or (loss == "auto" and has_dynamic_weights(model))
     args = training_arguments("bcos_finetune_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
                                progress, training_args)
+    require_no_label_smoothing_with_bce(use_bce, args.label_smoothing_factor)
     optimizers = (None, None)
     if head_learning_rate is not None:
         optimizers = (two_rate_adamw(model, learning_rate, head_learning_rate, args.weight_decay), None)
@@ -126,14 +131,20 @@ def fine_tune_classifier(
                                                  for key in ("input_ids", "token_type_ids") if key in dataset.encodings})
     collator = RowsAsAloneCollator(DataCollatorWithPadding(tokenizer), model)
     _check_padding_side(collator, dataset)
-    trainer_class, loss_func = Trainer, (bcos_loss if use_bce else None)
+    # the cross-entropy through a loss of our own, not the model's: transformers' classifiers take **kwargs, so the
+    # Trainer left the division by the accumulation steps to them and they ignore num_items_in_batch (with
+    # gradient_accumulation_steps=2 the loss and gradients were twice too large); cross_entropy_loss also applies
+    # the label smoothing the Trainer would have (its label smoother is not called with a compute_loss_func)
+    smoothing = args.label_smoothing_factor
+    trainer_class, loss_func = Trainer, (bcos_loss if use_bce else
+                                         functools.partial(cross_entropy_loss, label_smoothing=smoothing))
     if distill is not None:
         dataset.teacher_logits = predict(teacher, tokenizer, texts, text_pairs=text_pairs, batch_size=batch_size,
                                          max_length=max_length).tolist()
         # the Trainer would drop "teacher_logits" (not an argument of the model's forward) before the loss
         args.remove_unused_columns = False
         trainer_class = distilling_trainer_class()
-        loss_func = DistillationLoss(use_bce, *distill)
+        loss_func = DistillationLoss(use_bce, *distill, label_smoothing=smoothing)
     trainer = trainer_class(
         model=model,
         args=args,
@@ -150,6 +161,18 @@ def fine_tune_classifier(
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     model.eval()
     return trainer
+
+
+def require_no_label_smoothing_with_bce(use_bce: bool, label_smoothing_factor) -> None:
+    """Refuse ``label_smoothing_factor`` for a run trained with :func:`bcos_loss`: the ``Trainer`` calls no label
+    smoother when a ``compute_loss_func`` is set, so the factor was ignored without a word, and BCE on one-hot
+    targets has no smoothing defined here."""
+    if use_bce and label_smoothing_factor:
+        raise argument_error("label_smoothing_factor", f"is {label_smoothing_factor!r}, but the B-cos model trains "
+                             "with bcos_loss (BCE on one-hot targets), which has no label smoothing, and transformers' "
+                             "Trainer ignores label_smoothing_factor when a compute_loss_func is set (the run would "
+                             "train without it)", "leave label_smoothing_factor out, or pass loss='ce' to train with "
+                             "the smoothed cross-entropy")
 
 
 def _id_bounds(rows) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 - :func:`bcos_loss`: binary cross-entropy on one-hot targets, from logits (numerically stable, unlike
   sigmoid-then-BCE), with transformers ``Trainer``'s ``compute_loss_func`` signature.
+- :func:`cross_entropy_loss`: the cross-entropy of a sequence classifier or a masked LM, with the same signature,
+  exact under gradient accumulation (transformers' own classifier and masked-LM losses are not).
 - :class:`DistillationLoss`: the task loss plus a distillation term towards a teacher's logits.
 """
 
@@ -10,13 +12,16 @@ from __future__ import annotations
 import math
 import numbers
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import require_class_ids
+from ._checks import require_class_ids, require_number
 from .errors import BcosTypeError, argument_error
 
-__all__ = ["bcos_loss"]
+__all__ = ["bcos_loss", "cross_entropy_loss"]
+
+IGNORE_INDEX = -100  # transformers' (and torch's) label of a position without loss
 
 
 def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None = None) -> Tensor:
@@ -67,6 +72,51 @@ def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None =
     return per_row.sum() / num_items_in_batch
 
 
+def cross_entropy_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None = None, *,
+                       label_smoothing: float = 0.0) -> Tensor:
+    """Cross-entropy from logits over every labelled row or token, as a ``Trainer`` ``compute_loss_func``.
+
+    ``outputs`` is a model output with ``.logits`` (or the logits): ``(batch, classes)`` with class ids
+    ``(batch,)``, or ``(batch, tokens, vocabulary)`` with token ids ``(batch, tokens)`` (a masked LM), where
+    ``-100`` marks a position without loss. Without ``num_items_in_batch`` the loss is the mean over the labelled
+    positions; with it (gradient accumulation) their sum divided by it, so the accumulated loss is the mean over
+    every labelled position of the accumulated batches. ``label_smoothing`` is torch's (and the ``Trainer``'s
+    ``label_smoothing_factor``: the same number). Half-precision logits are read in float32. No labelled
+    position gives a loss of 0 (no gradient), not the NaN of an empty mean.
+
+    Why not the model's own loss: transformers' sequence classifiers and masked LMs take ``**kwargs`` in their
+    forward, so the ``Trainer`` hands them ``num_items_in_batch`` and leaves the division by the accumulation steps
+    to them, and they ignore it: with ``gradient_accumulation_steps=k`` the loss and the gradients were k times
+    too large (transformers 5.24).
+
+    Raises:
+        BcosValueError / BcosTypeError: logits not floating point, labels not integer ids of the logits' shape
+            without their last dimension, ``label_smoothing`` outside [0, 1].
+    """
+    logits = outputs.logits if hasattr(outputs, "logits") else outputs
+    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.ndim < 2:
+        raise argument_error("outputs", f"must be float logits (batch, ..., classes) or a model output with .logits, "
+                             f"got {type(logits).__name__}", "pass the model's output (or its logits)",
+                             kind=BcosTypeError)
+    if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.dtype == torch.bool:
+        raise argument_error("labels", f"must be a tensor of integer ids, got {type(labels).__name__}"
+                             f"{'' if not isinstance(labels, Tensor) else ' of ' + str(labels.dtype)}",
+                             "pass torch.tensor(ids, dtype=torch.long)", kind=BcosTypeError)
+    if tuple(labels.shape) != tuple(logits.shape[:-1]):
+        raise argument_error("labels", f"has shape {tuple(labels.shape)}, but logits of shape "
+                             f"{tuple(logits.shape)} need {tuple(logits.shape[:-1])}",
+                             "pass one id per row (a classifier) or per token (a language model)")
+    smoothing = require_number("label_smoothing", label_smoothing, low=0.0, high=1.0)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device),
+                             ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=smoothing)
+    count = num_items_in_batch if num_items_in_batch is not None else (labels != IGNORE_INDEX).sum()
+    if isinstance(count, Tensor):
+        return summed / count.to(summed.device).clamp_min(1)
+    return summed / max(count, 1)
+
+
 class DistillationLoss:
     """Task loss + weight x distillation term, as a ``compute_loss_func`` (same scaling as :func:`bcos_loss`).
 
@@ -76,8 +126,10 @@ class DistillationLoss:
     (``trainer.teacher_batch``) because ``compute_loss_func`` only receives the outputs and the labels.
     """
 
-    def __init__(self, use_bce: bool, weight: float, kind: str, temperature: float) -> None:
+    def __init__(self, use_bce: bool, weight: float, kind: str, temperature: float,
+                 label_smoothing: float = 0.0) -> None:
         self.use_bce, self.weight, self.kind, self.temperature = use_bce, weight, kind, temperature
+        self.label_smoothing = label_smoothing  # of the cross-entropy task loss (the Trainer's label_smoothing_factor)
         self.trainer = None
 
     def __call__(self, outputs, labels: Tensor, num_items_in_batch=None) -> Tensor:
@@ -86,8 +138,7 @@ class DistillationLoss:
         if self.use_bce:
             task = bcos_loss(logits, labels, num_items_in_batch)
         else:
-            per_row = F.cross_entropy(logits, labels, reduction="none")
-            task = per_row.mean() if num_items_in_batch is None else per_row.sum() / num_items_in_batch
+            task = cross_entropy_loss(logits, labels, num_items_in_batch, label_smoothing=self.label_smoothing)
         if self.kind == "kl":
             t = self.temperature
             per_row = t * t * F.kl_div(F.log_softmax(logits / t, -1), F.log_softmax(teacher / t, -1),

@@ -15,6 +15,7 @@ All three run unchanged under ``torchrun`` / ``accelerate launch`` (the ``Traine
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from pathlib import Path
 
@@ -34,7 +35,8 @@ from .convert.checkpoint_format import BCOS_CONFIG_KEY
 from .corpus import require_texts_with_tokens, require_tokenizer_fits
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, BcosValueError, argument_error
-from .fine_tuning import fine_tune_classifier, training_arguments
+from .fine_tuning import fine_tune_classifier, require_no_label_smoothing_with_bce, training_arguments
+from .losses import cross_entropy_loss
 from .nn.dynamic import has_dynamic_weights
 from .nn.linear import check_b
 from .persistence import load_bcos_model
@@ -174,8 +176,9 @@ def pretrain_masked_lm(
         **training_args: passed to ``TrainingArguments`` (e.g. ``warmup_ratio``, ``use_cpu``).
 
     Save the result with ``trainer.save_model(folder)`` (only the main process writes under ``torchrun``)
-    and continue with :func:`classifier_from_masked_lm`. The loss is the model's own cross-entropy over the
-    masked positions.
+    and continue with :func:`classifier_from_masked_lm`. The loss is the cross-entropy over the masked positions
+    (:func:`~bcos_plugins.losses.cross_entropy_loss`: the model's own, but the mean over every masked token of the
+    accumulated batches under ``gradient_accumulation_steps``, which the model's own is not).
 
     Raises:
         BcosTypeError / BcosValueError: not a masked-LM model, a tokenizer without a mask token or with more
@@ -208,6 +211,10 @@ def pretrain_masked_lm(
         train_dataset=dataset,
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability,
                                                       seed=seed),
+        # the masked-LM cross-entropy through a loss of our own: transformers' masked LMs take **kwargs, so the
+        # Trainer left the division by the accumulation steps to them and they ignore num_items_in_batch (with
+        # gradient_accumulation_steps=2 the loss and gradients were twice too large)
+        compute_loss_func=functools.partial(cross_entropy_loss, label_smoothing=args.label_smoothing_factor),
     )
     # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
     # scripts"): passed through **training_args it started the run afresh without a word
@@ -363,6 +370,8 @@ def fine_tune_task_then_bcos(
     if fine_tune_kwargs.get("loss", "auto") == "ce":
         raise argument_error("loss", "is 'ce', but the B-cos stage trains with bcos_loss",
                              "leave loss out (or 'auto' / 'bce')")
+    # refused by the B-cos stage: checked before the first stage trains
+    require_no_label_smoothing_with_bce(True, fine_tune_kwargs.get("label_smoothing_factor"))
     # the B-cos stage's own settings stay out of the conventional stage; the rest (batch size, max length,
     # TrainingArguments such as use_cpu) apply to both
     own = {"head_learning_rate", "b_warmup", "teacher", "distill_weight", "distill_loss", "distill_temperature",

@@ -1,0 +1,126 @@
+"""Trust pass 21, training and persistence: unusual inputs to the training helpers, their losses, the transformers
+Trainer integration and save/load, each pinned where it was silently wrong or crashed unhelpfully."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers as T
+from conftest import tiny_config
+from test_pretrain import QUIET, corpus, runs_of_words, word_tokenizer
+
+from bcos_plugins import bcosify
+from bcos_plugins.errors import BcosTypeError, BcosValueError
+from bcos_plugins.losses import DistillationLoss, cross_entropy_loss
+from bcos_plugins.pretrain import fine_tune_task_then_bcos, pretrain_masked_lm
+from bcos_plugins.train import fine_tune_classifier, predict
+
+
+def _classifier(bcos: bool, seed: int = 0) -> torch.nn.Module:
+    """A tiny two-class BERT without dropout (the Trainer trains in train mode: its loss is then the eval one)."""
+    torch.manual_seed(seed)
+    config = tiny_config("bert", num_labels=2)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    model = T.BertForSequenceClassification(config).eval()
+    return bcosify(model, b=1.25, verbose=False) if bcos else model
+
+
+def _first_step_loss(model, texts, labels, **kwargs) -> float:
+    """The Trainer's training loss of one step over all of ``texts`` (2 micro-batches of 2 rows, accumulated)."""
+    trainer = fine_tune_classifier(model, word_tokenizer(), texts, labels, batch_size=2, max_length=16,
+                                   learning_rate=1e-3, max_steps=1, gradient_accumulation_steps=2, **QUIET, **kwargs)
+    return trainer.state.log_history[-1]["train_loss"]
+
+
+@pytest.mark.parametrize(("bcos", "loss"), [(False, "auto"), (True, "ce")])
+def test_fine_tune_classifier_cross_entropy_is_the_mean_under_gradient_accumulation(bcos, loss):
+    """transformers' classifiers take **kwargs, so the Trainer handed them num_items_in_batch and did not divide
+    their loss by the accumulation steps, and they ignore it: with 2 steps the training loss (and the gradients)
+    was twice the mean cross-entropy (1.37 for 0.685 on a tiny BERT)."""
+    texts, labels = corpus(4, seed=2)
+    with torch.no_grad():
+        logits = predict(_classifier(bcos), word_tokenizer(), texts, max_length=16)
+    expected = F.cross_entropy(logits.double(), torch.tensor(labels)).item()
+    assert _first_step_loss(_classifier(bcos), texts, labels, loss=loss) == pytest.approx(expected, rel=1e-5)
+    # with label smoothing too (the Trainer's label smoother is torch's label_smoothing)
+    smoothed = F.cross_entropy(logits.double(), torch.tensor(labels), label_smoothing=0.3).item()
+    assert _first_step_loss(_classifier(bcos), texts, labels, loss=loss,
+                            label_smoothing_factor=0.3) == pytest.approx(smoothed, rel=1e-5)
+
+
+def test_pretrain_masked_lm_loss_is_not_multiplied_by_the_accumulation_steps():
+    """BertForMaskedLM ignores num_items_in_batch as the classifiers do: with 2 accumulation steps the pre-training
+    loss was twice the masked-token cross-entropy (8.15 against 4.07). The masks are drawn per micro-batch, so the
+    two runs see different masks: their losses agree to a few per cent, not exactly."""
+    def loss(**kwargs) -> float:
+        torch.manual_seed(0)
+        model = T.BertForMaskedLM(tiny_config("bert"))
+        trainer = pretrain_masked_lm(model, word_tokenizer(), runs_of_words(8), epochs=1, learning_rate=1e-3,
+                                     max_length=12, **QUIET, **kwargs)
+        return trainer.state.log_history[-1]["train_loss"]
+
+    plain, accumulated = loss(batch_size=8), loss(batch_size=4, gradient_accumulation_steps=2)
+    assert accumulated / plain == pytest.approx(1.0, abs=0.05)
+
+
+def test_label_smoothing_with_bcos_loss_is_refused_instead_of_ignored():
+    """The Trainer calls no label smoother when a compute_loss_func is set: label_smoothing_factor=0.3 trained a
+    B-cos model with bcos_loss exactly as without it (the same loss, 0.6489), without a word."""
+    texts, labels = corpus(4)
+    with pytest.raises(BcosValueError, match=r"^label_smoothing_factor: is 0\.3, but the B-cos model trains with "
+                                             r"bcos_loss .* leave label_smoothing_factor out, or pass loss='ce'"):
+        fine_tune_classifier(_classifier(True), word_tokenizer(), texts, labels, max_length=16,
+                             label_smoothing_factor=0.3, **QUIET)
+    # task then B-cos: refused before its conventional stage trains the model in place
+    model = _classifier(False)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(BcosValueError, match=r"^label_smoothing_factor: is 0\.1, but the B-cos model trains"):
+        fine_tune_task_then_bcos(model, word_tokenizer(), texts, labels, max_length=16, label_smoothing_factor=0.1,
+                                 **QUIET)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_distillation_with_the_cross_entropy_applies_label_smoothing():
+    """DistillationLoss is a compute_loss_func, so the Trainer's label smoother was never called: the smoothed run's
+    loss was the unsmoothed one."""
+    texts, labels = corpus(4, seed=2)
+    teacher = _classifier(False, seed=3)
+    tok = word_tokenizer()
+    with torch.no_grad():
+        student_logits = predict(_classifier(False), tok, texts, max_length=16).double()
+        teacher_logits = predict(teacher, tok, texts, max_length=16).double()
+    term = (student_logits - teacher_logits).pow(2).mean(-1).mean()
+    expected = F.cross_entropy(student_logits, torch.tensor(labels), label_smoothing=0.3) + 0.5 * term
+    got = _first_step_loss(_classifier(False), texts, labels, loss="ce", teacher=teacher, distill_weight=0.5,
+                           distill_loss="mse", label_smoothing_factor=0.3)
+    assert got == pytest.approx(expected.item(), rel=1e-5)
+    # and the loss class itself, directly
+    loss = DistillationLoss(False, 0.5, "mse", 1.0, label_smoothing=0.3)
+    loss.trainer = type("Trainer", (), {"teacher_batch": teacher_logits})()
+    torch.testing.assert_close(loss(student_logits, torch.tensor(labels)), expected)
+
+
+def test_cross_entropy_loss_is_its_formula_and_refuses_what_it_cannot_read():
+    torch.manual_seed(0)
+    logits, labels = torch.randn(3, 5, 7, dtype=torch.float64), torch.randint(0, 7, (3, 5))
+    labels[0, :2] = -100
+    kept = labels != -100
+    hand = -logits.log_softmax(-1).gather(-1, labels.clamp_min(0)[..., None])[..., 0][kept]
+    torch.testing.assert_close(cross_entropy_loss(logits, labels), hand.mean())
+    # gradient accumulation: the sum over the labelled positions divided by the count over every micro-batch
+    torch.testing.assert_close(cross_entropy_loss(logits, labels, num_items_in_batch=torch.tensor(26)),
+                               hand.sum() / 26)
+    # nothing labelled: a loss of 0 with a zero gradient, not the NaN of an empty mean
+    leaf = logits.clone().requires_grad_()
+    empty = cross_entropy_loss(leaf, torch.full_like(labels, -100))
+    empty.backward()
+    assert empty.item() == 0.0 and torch.equal(leaf.grad, torch.zeros_like(leaf))
+    # half-precision logits are read in float32
+    low = logits.to(torch.bfloat16)
+    torch.testing.assert_close(cross_entropy_loss(low, labels), cross_entropy_loss(low.double(), labels).float())
+    with pytest.raises(BcosValueError, match=r"^labels: has shape \(3,\), but logits of shape \(3, 5, 7\) need "
+                                             r"\(3, 5\)"):
+        cross_entropy_loss(logits, labels[:, 0])
+    with pytest.raises(BcosTypeError, match=r"^labels: must be a tensor of integer ids, got Tensor of torch\.float"):
+        cross_entropy_loss(logits, labels.float())
