@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import require_int, require_tensor
+from .._checks import require_choice, require_int, require_tensor
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
 from .interaction import DEFAULT_CHUNK, interaction_matrix, iter_interaction_matrices
@@ -106,9 +106,9 @@ def top_eigen_indices(eigenvalues: Float[Tensor, "*n d_in"], k: int, by: Order =
     if not 0 <= k <= eigenvalues.shape[-1]:
         raise argument_error("k", f"k={k} must lie in [0, {eigenvalues.shape[-1]}] (the number of eigenvalues)",
                              "Pass a smaller k")
+    # require_choice: a list (by=["positive"]) failed on "unhashable type" in the dictionary look-up
+    by = require_choice("by", by, ("magnitude", "positive", "negative"))
     keys = {"magnitude": eigenvalues.abs(), "positive": eigenvalues, "negative": -eigenvalues}
-    if by not in keys:
-        raise argument_error("by", f"by={by!r} must be one of {sorted(keys)}", "Pick one of those")
     return keys[by].topk(k, dim=-1).indices
 
 

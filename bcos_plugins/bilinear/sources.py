@@ -36,8 +36,14 @@ from .weights import BilinearWeights
 __all__ = ["bilinear_weights"]
 
 
+# the probe of _is_identity: a clamp outside [-3, 3] (nn.Hardtanh(-3, 3)) equalled the identity on linspace(-3, 3) and
+# was read as bilinear (outputs off by 84 at inputs of 10), so the probe reaches far past any activation's scale
+_IDENTITY_PROBE = torch.cat([torch.linspace(-3.0, 3.0, 13), torch.tensor([-1e30, -1e6, -100.0, 1e-20, 100.0, 1e6,
+                                                                           1e30])])
+
+
 def _is_identity(act_fn) -> bool:
-    probe = torch.linspace(-3.0, 3.0, 13)
+    probe = _IDENTITY_PROBE.clone()
     try:
         return torch.equal(act_fn(probe), probe)
     except Exception:  # an activation that cannot even run on a probe is not the identity

@@ -94,13 +94,24 @@ def set_swish_beta(model: nn.Module, beta: float) -> None:
 
 
 def finalize_bilinear(model: nn.Module) -> None:
-    """Replace the ``beta = 0`` gates by the identity, fold their factor 1/2 into ``down_proj``; outputs unchanged."""
-    for mlp in gated_mlps(model):
+    """Replace the ``beta = 0`` gates by the identity, fold their factor 1/2 into ``down_proj``; outputs unchanged.
+
+    Every gated MLP is checked before any is changed: a refusal leaves the model as it was."""
+    mlps = gated_mlps(model)
+    if not mlps:
+        # the config below was still set to "linear": a BERT saved after it reloaded with identity activations
+        raise argument_error("model", f"{type(model).__name__} has no gated MLP (modules with gate_proj, up_proj, "
+                             "down_proj and act_fn), so there is nothing to finalise",
+                             "Pass the model SwishBetaToBilinear / set_swish_beta annealed (Llama, Mistral, Qwen, "
+                             "Gemma layout)")
+    for mlp in mlps:
+        # all checked first: a later MLP's refusal left the earlier ones' down_proj halved and gates replaced
         if not isinstance(mlp.act_fn, SwishBeta) or mlp.act_fn.beta != 0.0:
             raise ValueError(
                 f"cannot finalise {type(mlp).__name__}: its gate is {mlp.act_fn!r}, not a SwishBeta annealed to beta=0. "
                 "Train with SwishBetaToBilinear until the annealing is over (anneal_fraction < 1)."
             )
+    for mlp in mlps:
         with torch.no_grad():
             mlp.down_proj.weight.mul_(0.5)
         mlp.act_fn = ACT2FN["linear"]

@@ -55,6 +55,12 @@ class BilinearWeights:
             raise argument_error(
                 "P", f"P {tuple(self.P.shape)} must be (d_out, d_hidden) with d_hidden={self.W.shape[0]} (rows of W)",
                 "If you passed TransformerLens-layout matrices (d_in, d_hidden), transpose them")
+        if 0 in (*self.W.shape, self.P.shape[0]):
+            # hosvd failed on an IndexError (d_out = 0) and the other analyses described a layer that computes nothing
+            raise argument_error(
+                "source", f"the bilinear weights have an empty dimension (d_hidden={self.W.shape[0]}, "
+                f"d_in={self.W.shape[1]}, d_out={self.P.shape[0]})", "Pass the weights of a layer with at least one "
+                "input, hidden unit and output")
         tensors = {n: getattr(self, n) for n in ("W", "V", "P", "w_bias", "v_bias", "hidden_bias", "out_bias")
                    if getattr(self, n) is not None}
         kinds = {(t.dtype, t.device) for t in tensors.values()}

@@ -1,0 +1,85 @@
+"""Trust pass 21, methods (helper-116): bilinear analyses, the Space head and rationale-guided attention.
+
+Each test pins one fix: before it, the case gave a silently wrong answer or an unhelpful crash.
+"""
+
+import pytest
+import torch
+import transformers as T
+from torch import nn
+
+from bcos_plugins.bilinear import bilinear_tensor, bilinear_weights, hosvd, top_eigen_indices
+from bcos_plugins.bilinear.swish_beta import SwishBeta, finalize_bilinear, set_swish_beta
+from bcos_plugins.errors import BcosTypeError, BcosValueError
+
+
+class _GatedMLP(nn.Module):
+    """A transformers-layout gated MLP, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
+
+    def __init__(self, act_fn: nn.Module) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.gate_proj, self.up_proj = nn.Linear(4, 6, bias=False), nn.Linear(4, 6, bias=False)
+        self.down_proj, self.act_fn = nn.Linear(6, 4, bias=False), act_fn
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_bilinear_weights_refuse_a_clamp_that_is_the_identity_only_near_zero():
+    # Hardtanh(-3, 3) equalled the identity on the old probe, linspace(-3, 3): read as bilinear, its weights' output
+    # was 84 off the layer's at inputs of size 10
+    with pytest.raises(BcosValueError, match="^source: this gated MLP .* is not bilinear"):
+        bilinear_weights(_GatedMLP(nn.Hardtanh(-3.0, 3.0)))
+    identity = _GatedMLP(nn.Identity())
+    x = 10 * torch.randn(5, 4)
+    torch.testing.assert_close(bilinear_weights(identity).forward(x), identity(x))
+
+
+@pytest.mark.parametrize("shapes", [((3, 2), (3, 2), (0, 3)), ((0, 2), (0, 2), (2, 0)), ((3, 0), (3, 0), (2, 3))])
+def test_bilinear_weights_with_an_empty_dimension_are_refused_naming_the_sizes(shapes):
+    # hosvd of a layer with no output failed on an IndexError (sigma[0] of nothing)
+    W, V, P = (torch.randn(s) for s in shapes)
+    with pytest.raises(BcosValueError, match=r"^source: the bilinear weights have an empty dimension \(d_hidden="):
+        hosvd((W, V, P))
+
+
+def test_bilinear_tensor_and_top_eigen_indices_refuse_arguments_of_the_wrong_type_by_name():
+    torch.manual_seed(0)
+    weights = (torch.randn(3, 2), torch.randn(3, 2), torch.randn(2, 3))
+    raw = bilinear_tensor(weights, symmetric=False)
+    assert not torch.allclose(raw, raw.mT)
+    # symmetric="no" is a truthy string: the symmetric tensor came back
+    with pytest.raises(BcosTypeError, match="^symmetric: must be True or False, got 'no'"):
+        bilinear_tensor(weights, symmetric="no")
+    # by=["positive"] failed on "unhashable type: 'list'"
+    with pytest.raises(BcosValueError, match=r"^by: must be one of \('magnitude', 'positive', 'negative'\)"):
+        top_eigen_indices(torch.randn(4), 2, by=["positive"])
+
+
+def _tiny_llama(layers: int = 2):
+    torch.manual_seed(0)
+    return T.LlamaForCausalLM(T.LlamaConfig(vocab_size=50, hidden_size=8, intermediate_size=16,
+                                            num_hidden_layers=layers, num_attention_heads=2))
+
+
+def test_finalize_bilinear_refuses_a_model_without_gated_mlps_and_leaves_its_config():
+    # it set a BERT's config.hidden_act to "linear" without a word: saved and reloaded, the model had no activation
+    bert = T.BertModel(T.BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=16))
+    with pytest.raises(BcosValueError, match="^model: BertModel has no gated MLP"):
+        finalize_bilinear(bert)
+    assert bert.config.hidden_act == "gelu"
+
+
+def test_finalize_bilinear_changes_nothing_when_a_later_mlp_is_not_annealed():
+    # the first MLP's down_proj was halved and its gate replaced before the second one was refused
+    llama = _tiny_llama()
+    set_swish_beta(llama, 0.0)
+    llama.model.layers[1].mlp.act_fn.beta = 0.5
+    before = {k: v.clone() for k, v in llama.state_dict().items()}
+    with pytest.raises(ValueError, match="not a SwishBeta annealed to beta=0"):
+        finalize_bilinear(llama)
+    assert all(torch.equal(before[k], v) for k, v in llama.state_dict().items())
+    assert all(isinstance(layer.mlp.act_fn, SwishBeta) for layer in llama.model.layers)
+    assert llama.config.hidden_act == "silu"
