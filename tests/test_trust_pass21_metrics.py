@@ -113,3 +113,25 @@ def test_pixel_ranking_names_a_seed_or_order_of_the_wrong_type(keywords, name):
 
     with pytest.raises(BcosTypeError, match=rf"^{name}: "):
         pixel_ranking(torch.randn(1, 4, 4), **keywords)
+
+
+# ------------------------------------------------------------------ next_token_contrast: a model without next-token logits
+
+
+@pytest.mark.parametrize("class_name", ["GPT2ForSequenceClassification", "GPT2Model", "LlamaForSequenceClassification"])
+def test_next_token_contrast_names_a_model_without_next_token_logits(class_name):
+    from conftest import padded_rows, tiny_model
+
+    from bcos_plugins.metrics import next_token_contrast
+
+    if class_name == "GPT2Model":
+        import transformers as T
+        from conftest import tiny_config
+
+        torch.manual_seed(0)
+        model = T.GPT2Model(tiny_config("gpt2")).eval()
+    else:
+        model = tiny_model(class_name)
+    ids, mask = padded_rows([5, 3, 7], 7, "left", 0)
+    with pytest.raises(BcosTypeError, match=rf"^model: {class_name} returns .* not next-token logits.*causal LM"):
+        next_token_contrast(model, ids, mask, target=1, foil=2)

@@ -431,7 +431,15 @@ def next_token_contrast(
     with evaluating(model):
         for s in range(0, n, batch_size):
             ids, mask = input_ids[s:s + batch_size].to(device), attention_mask[s:s + batch_size].to(device)
-            logits = model(**rows_as_alone_call(model, ids, mask, spec=spec, causal_lm=True)).logits
+            out = model(**rows_as_alone_call(model, ids, mask, spec=spec, causal_lm=True))
+            logits = getattr(out, "logits", None)
+            if not isinstance(logits, Tensor) or logits.ndim != 3 or logits.shape[:2] != ids.shape:
+                # a classifier's (batch, classes) logits failed with an IndexError, a base model's output with an
+                # AttributeError
+                shape = tuple(logits.shape) if isinstance(logits, Tensor) else f"no logits ({type(out).__name__})"
+                raise argument_error("model", f"{type(model).__name__} returns {shape} for input_ids of shape "
+                                     f"{tuple(ids.shape)}, not next-token logits (batch, pos, vocab)", "Pass a causal "
+                                     "LM (e.g. GPT2LMHeadModel, LlamaForCausalLM)", kind=BcosTypeError)
             logits = logits[torch.arange(len(ids), device=device), last[s:s + batch_size].to(device)]
             refuse_nan_logits("next_token_contrast", logits.isnan().any(-1), range(s, s + len(ids)), "rows",
                               logits.dtype, mask, "Pass the model in float32 (model.float()), or the padded rows one "
