@@ -34,9 +34,10 @@ class CausalLMCollator:
     """Pad tokenised examples into a causal-LM batch whose padding positions carry no loss.
 
     Each feature is a mapping with ``input_ids`` (list or 1-d tensor) and optionally ``attention_mask``
-    (1 = real token; tokens with 0 inside a feature are treated as padding too). The batch has
+    (1 = real token; tokens with 0 inside a feature are treated as padding too) and ``labels`` (one per token,
+    ``-100`` where there is no loss, e.g. on a prompt; default: the ``input_ids``). The batch has
     ``input_ids``, ``attention_mask``, ``position_ids`` (counting real tokens only, as ``generate`` does, so
-    left padding does not shift positions) and ``labels`` = ``input_ids`` with ``-100`` on padding and on a
+    left padding does not shift positions) and ``labels`` = the labels with ``-100`` on padding and on a
     row's first real token (the model predicts ``labels[t]`` at ``t - 1``, which is padding there).
 
     Args:
@@ -63,29 +64,32 @@ class CausalLMCollator:
         if len(features) == 0:
             raise argument_error("features", "CausalLMCollator got an empty list of features",
                                  "Pass at least one tokenised example")
-        ids, masks = [], []
+        ids, masks, targets = [], [], []
         for i, feature in enumerate(features):
             row, mask = _feature_tokens(feature, i, self.max_length)
             ids.append(row)
             masks.append(mask)
+            targets.append(_feature_labels(feature, i, row, self.max_length))
         pad = torch.nn.utils.rnn.pad_sequence
         input_ids = pad(ids, batch_first=True, padding_value=self.pad_token_id, padding_side=self.padding_side)
         attention_mask = pad(masks, batch_first=True, padding_value=0, padding_side=self.padding_side)
+        labels = pad(targets, batch_first=True, padding_value=IGNORE_INDEX, padding_side=self.padding_side)
         # The model predicts labels[t] from position t - 1. A label is real only if both its own token and the
         # token predicting it are real: with left padding the first real token would otherwise be "predicted"
         # from a padding position.
         predicted_from_real = torch.nn.functional.pad(attention_mask[:, :-1], (1, 0), value=0)
-        has_loss = (attention_mask == 1) & (predicted_from_real == 1)
+        has_loss = (attention_mask == 1) & (predicted_from_real == 1) & (labels != IGNORE_INDEX)
         if not has_loss.any():
             # The mean cross-entropy over no labelled position is NaN (0/0): refuse instead of training on it.
-            raise argument_error("features", "no example of this batch has two real tokens, so there is no next "
-                                 "token to predict and the loss would be NaN",
-                                 "Drop examples shorter than 2 tokens (or join them into longer ones)")
+            raise argument_error("features", "no example of this batch has a labelled token after a real one "
+                                 "(two real tokens, and labels not all -100), so there is no next token to predict "
+                                 "and the loss would be NaN",
+                                 "Drop examples shorter than 2 tokens or without a labelled token (or join them)")
         return {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": real_token_positions(attention_mask),
-            "labels": input_ids.masked_fill(~has_loss, IGNORE_INDEX),
+            "labels": labels.masked_fill(~has_loss, IGNORE_INDEX),
         }
 
 
@@ -121,6 +125,35 @@ def _feature_tokens(feature, i: int, max_length: int | None) -> tuple[Tensor, Te
 
 
 
+def _feature_labels(feature, i: int, row: Tensor, max_length: int | None) -> Tensor:
+    """The labels of one feature as a 1-d long tensor (truncated like its ids): its own ``labels`` (ids, or -100
+    where there is no loss), else a copy of its ids. Its own were dropped: a prompt masked with -100 was trained
+    on as if it were the answer, without a word."""
+    if "labels" not in feature:
+        return row.clone()
+    try:
+        raw = torch.as_tensor(feature["labels"])
+    except (TypeError, ValueError, RuntimeError):
+        raise argument_error("features", f"feature {i}: labels are not a sequence of ints",
+                             "Pass a list or 1-d tensor of token ids, with -100 where there is no loss",
+                             kind=BcosTypeError) from None
+    if raw.is_floating_point() or raw.dtype == torch.bool or raw.ndim > 1 and raw.shape[0] != 1:
+        raise argument_error("features", f"feature {i}: labels must be one sequence of integer ids, got dtype "
+                             f"{raw.dtype} shape {tuple(raw.shape)}", "Pass a list or 1-d tensor of ints, with -100 "
+                             "where there is no loss", kind=BcosTypeError)
+    labels = raw.to(torch.long).flatten()
+    # compared before truncation: cut to max_length, labels of another length would have looked aligned
+    require_same_shape(f"features[{i}]['labels']", labels, f"features[{i}]['input_ids']",
+                       torch.as_tensor(feature["input_ids"]).flatten(), "Give one label per token (-100 where there "
+                       "is no loss)")
+    if max_length is not None:
+        labels = labels[:max_length]
+    if ((labels < 0) & (labels != IGNORE_INDEX)).any():
+        raise argument_error("features", f"feature {i}: labels must be token ids >= 0 or -100 (no loss), got "
+                             f"{int(labels[(labels < 0) & (labels != IGNORE_INDEX)][0])}",
+                             "Mark positions without loss with -100")
+    return labels
+
 
 def train_causal_lm(
     model: nn.Module,
@@ -135,7 +168,8 @@ def train_causal_lm(
 ):
     """Fine-tune a (B-cosified) causal LM with plain cross-entropy through ``transformers.Trainer``.
 
-    ``train_dataset`` yields features with ``input_ids`` (a ``datasets.Dataset`` or a list of dicts).
+    ``train_dataset`` yields features with ``input_ids`` (a ``datasets.Dataset`` or a list of dicts), and
+    optionally ``labels`` (``-100`` where there is no loss, e.g. a prompt; :class:`CausalLMCollator`).
     ``training_arguments`` go to ``TrainingArguments`` (defaults: no checkpoints, no reporting, the paper's
     learning rate 5e-4, unused columns kept so the collator sees them). Returns the trained ``Trainer``. Rows are
     truncated to ``max_length`` tokens (``None``: kept whole); a ``max_length``, or without one a row, longer than
@@ -242,6 +276,10 @@ def _check_training_rows(name: str, dataset, max_length: int | None, vocab_size:
         if vocab_size is not None and row.numel() and int(row.max()) >= vocab_size:
             raise argument_error(name, f"feature {i} has token id {int(row.max())} outside the vocabulary "
                                  f"[0, {vocab_size})", "Tokenise with the model's own tokenizer")
+        labels = _feature_labels(dataset[i], i, row, max_length)
+        if vocab_size is not None and labels.numel() and int(labels.max()) >= vocab_size:
+            raise argument_error(name, f"feature {i} has label {int(labels.max())} outside the vocabulary "
+                                 f"[0, {vocab_size})", "Label with the model's own tokenizer's ids (-100: no loss)")
         if limit.max_length is not None and row.numel() > limit.max_length:
             raise argument_error(name, f"feature {i} has {row.numel()} tokens but the model takes at most "
                                  f"{limit.max_length} positions ({limit.source}, its position table)",

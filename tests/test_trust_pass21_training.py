@@ -124,3 +124,40 @@ def test_cross_entropy_loss_is_its_formula_and_refuses_what_it_cannot_read():
         cross_entropy_loss(logits, labels[:, 0])
     with pytest.raises(BcosTypeError, match=r"^labels: must be a tensor of integer ids, got Tensor of torch\.float"):
         cross_entropy_loss(logits, labels.float())
+
+
+def test_causal_lm_training_keeps_a_features_own_labels_instead_of_training_on_the_prompt(tmp_path):
+    """CausalLMCollator labelled every real token with its own id and dropped a feature's labels: a prompt masked
+    with -100 (instruction tuning) was trained on, and evaluated, as if it were the answer, without a word."""
+    from bcos_plugins.train_decoder import CausalLMCollator, train_causal_lm
+
+    collator = CausalLMCollator(pad_token_id=0, padding_side="left")
+    batch = collator([{"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]}, {"input_ids": [9, 10, 11]}])
+    assert batch["labels"].tolist() == [[-100, -100, 7, 8], [-100, -100, 10, 11]]
+    torch.manual_seed(0)
+    model = bcosify(T.GPT2LMHeadModel(tiny_config("gpt2")), b=1.1, verbose=False)
+    rows = [{"input_ids": [5 + i, 6 + i, 7 + i, 8 + i, 9 + i], "labels": [-100, -100, -100, 8 + i, 9 + i]}
+            for i in range(4)]
+    trainer = train_causal_lm(model, rows, str(tmp_path), pad_token_id=0, eval_dataset=rows, max_steps=1,
+                              per_device_train_batch_size=4, disable_tqdm=True)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([r["input_ids"] for r in rows])).logits.double()
+    # the next-token losses of the answer tokens alone (positions 3 and 4, predicted at 2 and 3)
+    expected = F.cross_entropy(logits[:, 2:4].reshape(-1, logits.shape[-1]),
+                               torch.tensor([r["input_ids"][3:] for r in rows]).reshape(-1))
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_causal_lm_labels_are_refused_by_name_when_they_cannot_be_read():
+    from bcos_plugins.train_decoder import CausalLMCollator
+
+    collator = CausalLMCollator(pad_token_id=0, max_length=3)
+    with pytest.raises(BcosValueError, match=r"^features\[0\]\['labels'\]: has shape \(5,\) but "
+                                             r"features\[0\]\['input_ids'\] has \(4,\)"):
+        collator([{"input_ids": [5, 6, 7, 8], "labels": [5, 6, 7, 8, 9]}])
+    with pytest.raises(BcosTypeError, match=r"^features: feature 0: labels must be one sequence of integer ids"):
+        collator([{"input_ids": [5, 6, 7], "labels": [5.0, 6.0, 7.0]}])
+    with pytest.raises(BcosValueError, match=r"^features: feature 0: labels must be token ids >= 0 or -100"):
+        collator([{"input_ids": [5, 6, 7], "labels": [5, -1, 7]}])
+    with pytest.raises(BcosValueError, match=r"^features: no example of this batch has a labelled token"):
+        collator([{"input_ids": [5, 6, 7], "labels": [-100, -100, -100]}])
