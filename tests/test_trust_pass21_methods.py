@@ -83,3 +83,56 @@ def test_finalize_bilinear_changes_nothing_when_a_later_mlp_is_not_annealed():
     assert all(torch.equal(before[k], v) for k, v in llama.state_dict().items())
     assert all(isinstance(layer.mlp.act_fn, SwishBeta) for layer in llama.model.layers)
     assert llama.config.hidden_act == "silu"
+
+
+def _space_model(num_labels: int = 2):
+    from conftest import tiny_config
+
+    from bcos_plugins.space import SpaceModelForSequenceClassification
+
+    torch.manual_seed(0)
+    encoder = T.AutoModel.from_config(tiny_config("bert")).eval()
+    return SpaceModelForSequenceClassification.from_encoder(encoder, num_labels=num_labels, n_latent=4).eval()
+
+
+class _LengthTokenizer:
+    """Enough of a tokenizer for predict_labels: ids = word lengths + 3 (a tiny vocabulary)."""
+
+    def __call__(self, texts, padding, truncation, max_length, return_tensors):
+        rows = [[min(len(w), 50) + 3 for w in t.split()][:max_length] for t in texts]
+        length = max(map(len, rows))
+        ids = torch.tensor([r + [0] * (length - len(r)) for r in rows])
+        return T.BatchEncoding({"input_ids": ids, "attention_mask": (ids != 0).long()})
+
+
+def test_zero_shot_evaluation_refuses_a_label_map_whose_keys_or_values_are_not_class_ids():
+    from bcos_plugins.space import predict_labels, zero_shot_evaluation
+
+    model, tokenizer = _space_model(), _LengthTokenizer()
+    texts = ["a bb ccc", "dddd e", "ff gg hhh iiii", "j", "kk ll mm nn oo"]
+    predicted = predict_labels(model, tokenizer, texts)
+    assert zero_shot_evaluation(model, tokenizer, texts, predicted, label_map={0: 0, 1: 1})["accuracy"] == 1.0
+    # a map read from JSON has string keys: no prediction matched, and accuracy 0.0 came back without a word
+    with pytest.raises(BcosTypeError, match=r"^label_map: maps '0' to 0, but its keys .* must be int class ids"):
+        zero_shot_evaluation(model, tokenizer, texts, predicted, label_map={"0": 0, "1": 1})
+    # tensor keys are hashed by identity: the same silent 0.0
+    with pytest.raises(BcosTypeError, match=r"^label_map: maps tensor\(0\) to 0"):
+        zero_shot_evaluation(model, tokenizer, texts, predicted, label_map={torch.tensor(0): 0, torch.tensor(1): 1})
+    # string values failed inside sorted(): "'<' not supported between instances of 'str' and 'int'"
+    with pytest.raises(BcosTypeError, match="^label_map: maps 0 to 'neg'"):
+        zero_shot_evaluation(model, tokenizer, texts, predicted, label_map={0: "neg", 1: "pos"})
+
+
+def test_context_attribution_of_nan_head_weights_names_the_nan_not_a_hook():
+    from bcos_plugins.errors import BcosRuntimeError
+    from bcos_plugins.space import context_attribution
+
+    model = _space_model(num_labels=3)
+    ids = torch.randint(3, 60, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model.head.classifier.weight[0, 0] = float("nan")
+    # it blamed "a hook or an adapter on head.classifier, or a replaced head"
+    with pytest.raises(BcosRuntimeError, match=r"^context_attribution: the logits or token shares of rows \[0, 1\] "
+                                               r"are NaN or inf") as refused:
+        context_attribution(model, ids, target=0)
+    assert "hook" not in str(refused.value)

@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .._checks import bad_rows
 from ..attribution import Direction, TokenExplanation, resolve_explained
 from ..errors import BcosRuntimeError, BcosTypeError
 from ..explain import completeness_tolerance
@@ -161,6 +162,13 @@ def _require_complete(explanation: SpaceExplanation) -> None:
     absolute values (a half-precision logit near 0 is the difference of shares far larger, so its own rounding is a
     large part of it, as completeness_error shows, while the shares are exact)."""
     units = explanation.input_contributions
+    # NaN / inf first: a NaN gap was refused below as a hook or an adapter on the classifier, the wrong cause
+    finite = torch.isfinite(explanation.full_logits) & torch.isfinite(units.flatten(1)).all(1)
+    if not bool(finite.all()):
+        raise BcosRuntimeError(
+            f"context_attribution: the logits or token shares of {bad_rows(~finite)} are NaN or inf, so no share "
+            "can be given. Check the model's parameters (model.head, model.encoder: a diverged training run?) and the "
+            "inputs (inputs_embeds) for NaN or inf")
     summed = explanation.contributions.dtype  # the token scores, summed in at least float32
     size = torch.stack([explanation.explained.abs().to(summed), explanation.full_logits.abs().to(summed),
                         explanation.contributions.abs().sum(1)]).amax(0)

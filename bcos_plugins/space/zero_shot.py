@@ -9,6 +9,7 @@ way. Accuracy and macro F1 are reported, as in the paper (macro F1 matters on im
 from __future__ import annotations
 
 import csv
+import numbers
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -151,6 +152,12 @@ def classification_scores(labels: Sequence[int], predictions: Sequence[int], *,
             "precision_macro": float(precision), "recall_macro": float(recall), "n": len(labels)}
 
 
+def _is_class_id(value) -> bool:
+    """A class id as ``label_map`` holds it: an int >= 0 (a NumPy integer too), not a bool, string, float or tensor
+    (a tensor key is hashed by identity, so no prediction matched it)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+
+
 def zero_shot_evaluation(
     model,
     tokenizer,
@@ -175,6 +182,17 @@ def zero_shot_evaluation(
     if label_map is not None and not isinstance(label_map, Mapping):
         raise argument_error("label_map", f"must be a mapping from model class to dataset label, got "
                              f"{type(label_map).__name__}", "Pass e.g. {0: 0, 1: 1}", kind=BcosTypeError)
+    if label_map is not None:
+        # class ids on both sides: a map read from JSON ({"0": 0, "1": 1}) or keyed by tensors matched no prediction,
+        # so every one counted as an error (accuracy 0.0 without a word), and string labels failed inside sorted()
+        label_map = dict(label_map.items())
+        bad = next(((k, v) for k, v in label_map.items() if not (_is_class_id(k) and _is_class_id(v))), None)
+        if bad is not None:
+            raise argument_error("label_map", f"maps {bad[0]!r} to {bad[1]!r}, but its keys (the model's classes) and "
+                                 "values (the dataset's labels) must be int class ids >= 0",
+                                 "Convert them, e.g. {int(k): int(v) for k, v in label_map.items()} for a map read "
+                                 "from JSON", kind=BcosTypeError)
+        label_map = {int(k): int(v) for k, v in label_map.items()}
     if len(texts) != len(labels):
         raise argument_error("labels", f"{len(texts)} texts but {len(labels)} labels", "Pass one label per text")
     if len(texts) == 0:
