@@ -17,6 +17,7 @@ from test_conformance import CONFIGS, _family
 
 from bcos_plugins import bcosify, explain
 from bcos_plugins.convert.architectures import SPECS, UnsupportedModuleError, stock_class
+from bcos_plugins.errors import BcosTypeError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -177,3 +178,32 @@ def test_a_hand_placed_clipped_gelu_in_a_gate_branch_is_kept_and_gelu_10_stays_d
     assert isinstance(model.model.layers[1].mlp.act_fn, DetachableActivation)
     expl = explain(model.double(), torch.tensor([[4, 9, 13, 7]]), target=2)
     _assert_complete(expl.input_contributions, expl.explained, 1e-10)
+
+
+# ------------------------------------------------------------------ 2. return_dict=False on the vision models
+
+
+@pytest.mark.parametrize("kind", ["bcos", "conventional"])
+def test_vision_models_return_transformers_tuple_for_return_dict_false(tiny_vits, vit_images, kind):
+    """return_dict=False was ignored: the ModelOutput came back, and unpacking it as transformers' tuple,
+    ``loss, logits = model(...)``, gave the strings "loss" and "logits"."""
+    model = tiny_vits[kind]
+    images, labels = vit_images
+    with torch.no_grad():
+        full = model(pixel_values=images, labels=labels, output_attentions=True)
+        loss, logits, attentions = model(pixel_values=images, labels=labels, output_attentions=True,
+                                         return_dict=False)
+        plain = model(pixel_values=images, return_dict=False)
+    assert isinstance(loss, torch.Tensor) and torch.equal(loss, full.loss) and torch.equal(logits, full.logits)
+    assert isinstance(attentions, tuple) and all(torch.equal(a, b) for a, b in zip(attentions, full.attentions,
+                                                                                    strict=True))
+    assert type(plain) is tuple and len(plain) == 1 and torch.equal(plain[0], full.logits)
+    with torch.no_grad():
+        assert type(model(pixel_values=images, return_dict=True)).__name__ == "ImageClassifierOutput"
+        model.config.return_dict = False
+        try:  # None follows the config, as transformers models do
+            assert type(model(pixel_values=images, return_dict=None)) is tuple
+        finally:
+            model.config.return_dict = True
+    with pytest.raises(BcosTypeError, match=r"^return_dict: must be True, False or None, got 'no'"):
+        model(pixel_values=images, return_dict="no")

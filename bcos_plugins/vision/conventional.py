@@ -29,6 +29,7 @@ from ..errors import BcosTypeError, argument_error
 from .config import BcosViTConfig
 from .encoding import check_pixel_values
 from .loading import WholeCheckpointLoading
+from .model import vit_output_as_requested
 
 __all__ = ["ConventionalViT"]
 
@@ -99,8 +100,11 @@ class ConventionalViT(WholeCheckpointLoading, PreTrainedModel):
             init.trunc_normal_(module.position_embedding, std=self.config.initializer_range)
 
     def forward(self, pixel_values: Tensor | None = None, labels: Tensor | None = None,
-                output_attentions: bool = False, return_dict: bool = True, **kwargs) -> ImageClassifierOutput:
+                output_attentions: bool = False, return_dict: bool | None = True,
+                **kwargs) -> ImageClassifierOutput | tuple[Tensor, ...]:
         """Classify images in [0, 1]; with ``labels`` the loss is softmax cross-entropy.
+
+        ``return_dict=False`` returns the tuple transformers models return, as :meth:`BcosViT.forward` does.
 
         Other keywords are refused naming the accepted ones (a misspelt ``output_attention=True`` was ignored).
         """
@@ -120,4 +124,6 @@ class ConventionalViT(WholeCheckpointLoading, PreTrainedModel):
             patterns.append(pattern)
         logits = self.classifier(self.norm(tokens.mean(dim=1)))
         loss = F.cross_entropy(logits, labels) if labels is not None else None
-        return ImageClassifierOutput(loss=loss, logits=logits, attentions=tuple(patterns) if output_attentions else None)
+        output = ImageClassifierOutput(loss=loss, logits=logits,
+                                       attentions=tuple(patterns) if output_attentions else None)
+        return vit_output_as_requested(output, return_dict, self.config, "ConventionalViT")

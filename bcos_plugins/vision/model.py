@@ -37,7 +37,24 @@ from .loading import WholeCheckpointLoading
 from .mlp import BcosViTMLP
 from .tokenizer import BcosConvTokenizer, BcosPatchEmbedding
 
-__all__ = ["BcosViT", "BcosViTBlock"]
+__all__ = ["BcosViT", "BcosViTBlock", "vit_output_as_requested"]
+
+
+def vit_output_as_requested(output: ImageClassifierOutput, return_dict: bool | None, config,
+                            who: str) -> ImageClassifierOutput | tuple[Tensor, ...]:
+    """``output`` as transformers models give it: the ``ModelOutput`` for ``return_dict=True``, its tuple of the
+    fields that are set (``(loss, logits, attentions)`` without the unset ones) for ``False``, and
+    ``config.return_dict``'s choice for ``None``. ``BcosViT`` and ``ConventionalViT`` ignored ``False``: indexing gave
+    the same values (a ``ModelOutput`` indexes its tuple), but unpacking, ``loss, logits = model(x, labels=y,
+    return_dict=False)`` as with any transformers model, iterates a ``ModelOutput``'s keys and gave the strings
+    ``"loss"`` and ``"logits"``."""
+    if return_dict is None:
+        return_dict = getattr(config, "return_dict", True)
+    if not isinstance(return_dict, bool):
+        raise argument_error("return_dict", f"must be True, False or None, got {return_dict!r}",
+                             f"Pass return_dict=False for a tuple, as {who}.forward's transformers counterparts take",
+                             kind=BcosTypeError)
+    return output if return_dict else output.to_tuple()
 
 
 class BcosViTBlock(nn.Module):
@@ -134,8 +151,11 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
 
     def forward(self, pixel_values: Tensor | None = None, labels: Tensor | None = None,
                 output_attentions: bool = False, encoded_pixel_values: Tensor | None = None,
-                return_dict: bool = True, **kwargs) -> ImageClassifierOutput:
+                return_dict: bool | None = True, **kwargs) -> ImageClassifierOutput | tuple[Tensor, ...]:
         """Classify images; with ``labels`` the loss is B-cos BCE (:func:`~bcos_plugins.bcos_loss`).
+
+        ``return_dict=False`` returns the tuple transformers models return (the set fields of the output, in order:
+        ``(loss, logits, attentions)``); ``None`` follows ``config.return_dict``.
 
         Other keywords are refused naming the accepted ones (a misspelt ``output_attention=True`` was ignored).
         """
@@ -157,5 +177,5 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
             labels = require_class_ids("labels", labels, encoded.shape[0], self.config.num_labels)
         logits, patterns = self.forward_encoded(encoded)
         loss = bcos_loss(logits, labels) if labels is not None else None
-        return ImageClassifierOutput(loss=loss, logits=logits,
-                                     attentions=patterns if output_attentions else None)
+        output = ImageClassifierOutput(loss=loss, logits=logits, attentions=patterns if output_attentions else None)
+        return vit_output_as_requested(output, return_dict, self.config, "BcosViT")
