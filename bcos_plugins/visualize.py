@@ -85,6 +85,11 @@ def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float]
     if isinstance(tokens, str):  # each character was drawn as a token, beside the scores of the real tokens
         raise argument_error("tokens", f"got one string ({tokens[:40]!r}); each character would be drawn as a token",
                              "Pass the list of tokens, e.g. tokenizer.convert_ids_to_tokens(ids)", kind=BcosTypeError)
+    if not hasattr(tokens, "__len__") or not all(isinstance(t, str) for t in tokens):
+        # token ids (or a None of an unknown id) failed inside the page builder: "'int' object is not iterable"
+        bad = next((t for t in tokens if not isinstance(t, str)), tokens) if hasattr(tokens, "__iter__") else tokens
+        raise argument_error("tokens", f"must be a list of strings, got {type(bad).__name__} {bad!r}",
+                             "Pass the tokens as text, e.g. tokenizer.convert_ids_to_tokens(ids)", kind=BcosTypeError)
     if isinstance(scores, torch.Tensor) and (scores.dtype == torch.bool or scores.is_complex()):
         # a boolean mask drew as scores 1 and 0
         raise argument_error("scores", f"must be real numbers, got a {scores.dtype} tensor",

@@ -135,3 +135,33 @@ def test_next_token_contrast_names_a_model_without_next_token_logits(class_name)
     ids, mask = padded_rows([5, 3, 7], 7, "left", 0)
     with pytest.raises(BcosTypeError, match=rf"^model: {class_name} returns .* not next-token logits.*causal LM"):
         next_token_contrast(model, ids, mask, target=1, foil=2)
+
+
+# ------------------------------------------------------------------ SeqPG examples and HTML rows: texts and tokens by type
+
+
+def _keyword_model_and_tokenizer():
+    from test_metrics_faithfulness import KeywordModel, _word_tokenizer
+
+    tok, vocab = _word_tokenizer([f"{c}{i}" for c in "abc" for i in range(10)] + ["x"])
+    return KeywordModel(vocab), tok
+
+
+@pytest.mark.parametrize("texts", ["a1 a2", ["a1 a2 a3 x x", None, "c1 c2 c3 c4 c5", "b7 b8 b9 x x", "a4"]])
+def test_make_seqpg_examples_names_texts_that_are_not_a_list_of_strings(texts):
+    from bcos_plugins.metrics import make_seqpg_examples
+
+    model, tok = _keyword_model_and_tokenizer()
+    # one string was five texts of one character each (refused as "fewer than two classes ... Lower min_confidence");
+    # a None failed inside the tokenizer ("TextEncodeInput must be Union[...]")
+    with pytest.raises(BcosTypeError, match=r"^texts: "):
+        make_seqpg_examples(model, tok, texts, [0, 1, 2, 1, 0], segment_length=1)
+
+
+@pytest.mark.parametrize("tokens", [[3, 7], ["a", None], torch.tensor([3, 7])])
+def test_tokens_to_html_names_tokens_that_are_not_strings(tokens):
+    from bcos_plugins.visualize import tokens_to_html
+
+    # token ids were drawn into the page builder and failed there: "'int' object is not iterable"
+    with pytest.raises(BcosTypeError, match=r"^tokens: must be a list of strings.*convert_ids_to_tokens"):
+        tokens_to_html(tokens, [1.0, -2.0])

@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from .._checks import bad_rows, require_float, require_int, require_tensor
+from .._checks import bad_rows, require_float, require_int, require_tensor, require_texts
 from ..errors import argument_error
 from ..nn.dynamic import evaluating
 from .attributions import token_scores
@@ -91,6 +91,9 @@ def make_seqpg_examples(
     if getattr(tokenizer, "cls_token_id", None) is None or getattr(tokenizer, "sep_token_id", None) is None:
         raise argument_error("tokenizer", "make_seqpg_examples joins segments as [CLS] a [SEP] b [SEP]; the "
                              "tokenizer needs cls_token and sep_token", "Use a BERT-style tokenizer")
+    # one string was split into its characters (each a text, refused later as "fewer than two classes"), and a text that
+    # is not a string failed inside the tokenizer
+    texts = require_texts(texts)
     if len(texts) != len(labels):
         raise argument_error("labels", f"{len(texts)} texts but {len(labels)} labels", "Pass one label per text")
     # int(0.7) would silently make a float label class 0.
