@@ -136,3 +136,57 @@ def test_context_attribution_of_nan_head_weights_names_the_nan_not_a_hook():
                                                r"are NaN or inf") as refused:
         context_attribution(model, ids, target=0)
     assert "hook" not in str(refused.value)
+
+
+@pytest.fixture(scope="module")
+def minilm_tokenizer():
+    from bcos_plugins.pretrained import minilm_path
+
+    return T.AutoTokenizer.from_pretrained(minilm_path())
+
+
+PREMISES = ["A man plays a guitar on stage.", "Two dogs run."]
+HYPOTHESES = ["A person makes music.", "Animals move."]
+
+
+def test_gold_mask_from_spans_refuses_reversed_or_malformed_spans_naming_the_row(minilm_tokenizer):
+    from bcos_plugins.guided import gold_mask_from_spans
+
+    encoding = minilm_tokenizer(PREMISES, HYPOTHESES, padding=True, return_offsets_mapping=True)
+    good = gold_mask_from_spans(encoding, [[(6, 20)], [(4, 8)]])
+    assert good.sum(1).tolist() == [3.0, 1.0]
+    # a reversed span overlapped no token: row 0's mask came back empty ("no rationale") without a word
+    with pytest.raises(BcosValueError, match=r"^spans: row 0 holds the span \(20, 6\), which is reversed"):
+        gold_mask_from_spans(encoding, [[(20, 6)], [(4, 8)]])
+    # one pair per row instead of a list of pairs failed on "cannot unpack non-iterable int object"
+    with pytest.raises(BcosTypeError, match=r"^spans: row 0 holds 6, not a \(start, end\) pair"):
+        gold_mask_from_spans(encoding, [(6, 20), (4, 8)])
+
+
+def test_gold_mask_from_spans_names_a_segment_the_encoding_does_not_have(minilm_tokenizer):
+    from bcos_plugins.guided import gold_mask_from_spans
+
+    single = minilm_tokenizer(PREMISES, padding=True, return_offsets_mapping=True)
+    # both were refused as rationales "cut off by truncation" of an encoding that truncated nothing
+    with pytest.raises(BcosValueError, match=r"^segment: is 1, but row 0 of the encoding has no text of segment 1"):
+        gold_mask_from_spans(single, [[(6, 20)], [(4, 8)]], segment=1)
+    with pytest.raises(BcosValueError, match=r"^segment: must be in \[0, 1\], got 2"):
+        gold_mask_from_spans(single, [[(6, 20)], [(4, 8)]], segment=2)
+
+
+def test_gold_mask_from_words_refuses_a_threshold_or_highlight_outside_0_1(minilm_tokenizer):
+    from bcos_plugins.guided import gold_mask_from_words, hatexplain_word_rationale
+
+    words = [["I", "hate", "this", "thing"], ["ok", "fine"]]
+    encoding = minilm_tokenizer(words, is_split_into_words=True, padding=True)
+    highlights = [[0, 1, 0, 0.6], [0, 0]]
+    assert gold_mask_from_words(encoding, highlights).sum(1).tolist() == [2.0, 0.0]
+    # threshold 0 made every word a rationale (the 0s too): an all-text mask without a word
+    with pytest.raises(BcosValueError, match=r"^threshold: must be > 0.0 and <= 1.0, got 0.0"):
+        gold_mask_from_words(encoding, highlights, threshold=0)
+    # inf passed the NaN check and counted as a highlight
+    with pytest.raises(BcosValueError, match=r"^word_rationales: row 0: word 1 has the rationale inf, outside \[0, 1\]"):
+        gold_mask_from_words(encoding, [[0, float("inf"), 0, 0], [0, 0]])
+    # a record without post_tokens failed on KeyError: 'post_tokens'
+    with pytest.raises(BcosValueError, match="^record: post p7 has no post_tokens list"):
+        hatexplain_word_rationale({"post_id": "p7", "rationales": [[0, 1]]})

@@ -14,6 +14,7 @@ row, as many positions as the gold mask has, uniformly among the real non-specia
 
 from __future__ import annotations
 
+import numbers
 import re
 import warnings
 from collections.abc import Sequence
@@ -118,13 +119,23 @@ def gold_mask_from_spans(
             ``warnings.simplefilter("error", TruncatedRationaleWarning)``.
     """
     offsets = _require_offsets(encoding)
+    # 0 or 1 only: segment=2 or "0" matched no token and was refused as a rationale "cut off by truncation"
+    segment = require_int("segment", segment, minimum=0, maximum=1)
+    if isinstance(spans, str) or not hasattr(spans, "__len__"):
+        raise argument_error("spans", f"must be a list with one list of (start, end) spans per row, got "
+                             f"{type(spans).__name__}", "Pass e.g. [[(6, 20)], [(4, 8), (12, 15)]]", kind=BcosTypeError)
     if len(spans) != len(offsets):
         raise argument_error("spans", f"got spans for {len(spans)} rows but the encoding has {len(offsets)}",
                              "Pass one list of (start, end) spans per encoded row")
+    spans = [_require_row_spans(i, row_spans) for i, row_spans in enumerate(spans)]
     mask = torch.zeros(len(offsets), len(offsets[0]))
     cut, partly = [], []
     for i, (row_offsets, row_spans) in enumerate(zip(offsets, spans, strict=True)):
         segments = encoding.sequence_ids(i)
+        if row_spans and segment not in segments:
+            raise argument_error("segment", f"is {segment}, but row {i} of the encoding has no text of segment "
+                                 f"{segment} (a single text is segment 0; the second text of a pair is 1)",
+                                 "Pass the segment the spans were measured in")
         text_end = 0
         for j, ((start, end), seg) in enumerate(zip(row_offsets, segments, strict=True)):
             if seg != segment or end <= start:
@@ -149,6 +160,28 @@ def gold_mask_from_spans(
     return mask
 
 
+def _require_row_spans(row: int, row_spans) -> list[Span]:
+    """One row's spans as ``(start, end)`` int pairs with ``0 <= start <= end``: a reversed span overlapped no token, so
+    the row's mask came back empty (no rationale) without a word, and a bare pair instead of a list of pairs failed
+    on "cannot unpack non-iterable int object"."""
+    fix = "Pass each row's rationale as a list of (start, end) character spans with 0 <= start <= end, e.g. [(6, 20)]"
+    if isinstance(row_spans, str) or not hasattr(row_spans, "__iter__"):
+        raise argument_error("spans", f"row {row} is {type(row_spans).__name__} {row_spans!r}, not a list of spans",
+                             fix, kind=BcosTypeError)
+    checked = []
+    for span in row_spans:
+        pair = tuple(span) if isinstance(span, Sequence) and not isinstance(span, str) else None
+        if pair is None or len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                                                     for v in pair):
+            raise argument_error("spans", f"row {row} holds {span!r}, not a (start, end) pair of character offsets",
+                                 fix, kind=BcosTypeError)
+        if not 0 <= pair[0] <= pair[1]:
+            problem = "is reversed" if pair[0] > pair[1] else "starts before the text"
+            raise argument_error("spans", f"row {row} holds the span {pair}, which {problem}", fix)
+        checked.append((int(pair[0]), int(pair[1])))
+    return checked
+
+
 def _warn_partly_truncated(name: str, rows: list[str], what: str) -> None:
     shown = "; ".join(rows[:8]) + ("; ..." if len(rows) > 8 else "")
     warnings.warn(f"{name}: truncation cut part of the rationale of {len(rows)} row(s), which keep only the rest "
@@ -169,7 +202,9 @@ def gold_mask_from_words(
     only some of them keeps the rest with a :class:`~bcos_plugins.errors.TruncatedRationaleWarning` naming the rows
     and how many highlighted words each lost (a warning by decision: see :func:`gold_mask_from_spans`).
     """
-    threshold = require_float("threshold", threshold)
+    # in (0, 1], the range of the highlights: at 0 every word (the 0s too) was a rationale, above 1 none was, and either
+    # mask came back without a word
+    threshold = require_float("threshold", threshold, minimum=0.0, maximum=1.0, open_minimum=True)
     _require_encoding(encoding)
     rows = len(encoding["input_ids"])
     if len(word_rationales) != rows:
@@ -187,8 +222,8 @@ def gold_mask_from_words(
                                      f"{len(words)} word rationales were given", "Tokenize the same word list the "
                                      "rationales belong to")
             value = float(words[w])
-            if value != value:
-                raise argument_error("word_rationales", f"row {i}: word {w} has a NaN rationale",
+            if not 0.0 <= value <= 1.0:  # NaN fails it too; inf counted as a highlight, -inf as none
+                raise argument_error("word_rationales", f"row {i}: word {w} has the rationale {value}, outside [0, 1]",
                                      "Pass 0/1 highlights or annotator averages in [0, 1]")
             mask[i, j] = float(value >= threshold)
         # Highlighted words after the last encoded one were truncated away: an all-zero row would read as
@@ -243,6 +278,9 @@ def hatexplain_word_rationale(record: dict) -> list[float] | None:
     rationales = record.get("rationales") or []
     if not rationales:
         return None
+    if not isinstance(record.get("post_tokens"), list):  # a KeyError or a TypeError from len() before
+        raise argument_error("record", f"post {record.get('post_id')} has no post_tokens list (got "
+                             f"{type(record.get('post_tokens')).__name__})", "Pass an unmodified HateXplain record")
     n_words = len(record["post_tokens"])
     if any(len(r) != n_words for r in rationales):
         raise argument_error("record", f"post {record.get('post_id')}: a rationale's length differs from "
