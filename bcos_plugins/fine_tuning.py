@@ -82,7 +82,9 @@ def fine_tune_classifier(
     parameter outside the encoder, plus the pooler). B-cos logits are bounded by the norm of their input
     and grow only as the head's weights align with it, so a short CPU fine-tuning converges much faster
     with a larger head rate (the paper trains 5 epochs on GPUs instead). ``b_warmup=f`` anneals B from 1 to
-    the model's B over the first fraction ``f`` of the steps (:class:`BWarmupCallback`). Extra keyword
+    the model's B over the first fraction ``f`` of the steps (:class:`BWarmupCallback`). With ``head_learning_rate``
+    the optimiser is the one the ``Trainer`` builds from the ``TrainingArguments`` (``optim``, ``adam_epsilon``,
+    weight decay on all but biases and norms), with two rates. Extra keyword
     arguments go to ``TrainingArguments``; ``resume_from_checkpoint`` (a checkpoint folder, or ``True`` for the last
     one in ``output_dir``) resumes the run from it.
 
@@ -118,7 +120,7 @@ def fine_tune_classifier(
     require_no_label_smoothing_with_bce(use_bce, args.label_smoothing_factor)
     optimizers = (None, None)
     if head_learning_rate is not None:
-        optimizers = (two_rate_adamw(model, learning_rate, head_learning_rate, args.weight_decay), None)
+        optimizers = (two_rate_trainer_optimizer(model, args, head_learning_rate), None)
     dataset = EncodedTexts(tokenizer, texts, labels, max_length, text_pairs)
     # a text without tokens would be trained on as a row of padding alone, labelled (before _check_padding_side, whose
     # refusal of that row named padding)
@@ -308,27 +310,27 @@ def training_arguments(prefix: str, output_dir, n_texts: int, epochs, batch_size
     )
 
 
-def two_rate_adamw(model: nn.Module, learning_rate: float, head_learning_rate: float,
-                   weight_decay: float = 0.0) -> torch.optim.AdamW:
-    """AdamW with one rate for the pretrained encoder and another for the head (and the pooler).
+def two_rate_trainer_optimizer(model: nn.Module, args, head_learning_rate: float) -> torch.optim.Optimizer:
+    """The optimiser the ``Trainer`` would build from ``args`` (its ``optim``, betas, epsilon, ``optim_args``; weight
+    decay on every parameter but biases and norms), with ``head_learning_rate`` for the head of
+    :func:`two_rate_adamw`'s split. ``fine_tune_classifier(head_learning_rate=...)`` used two_rate_adamw itself, so
+    ``optim``, ``adam_epsilon`` and ``adam_beta1/2`` were ignored and the norms' weights and the biases were decayed,
+    which the run without ``head_learning_rate`` does not do, without a word."""
+    from transformers import Trainer
 
-    The head is every trainable parameter outside the encoder (``model.base_model_prefix``) plus the pooler;
-    frozen parameters (``requires_grad=False``) are left out. This is the optimiser behind
-    ``fine_tune_classifier(..., head_learning_rate=...)``; pass it to a custom ``Trainer`` as
-    ``optimizers=(two_rate_adamw(model, 2e-4, 1e-3, args.weight_decay), None)``. B-cos logits are bounded by
-    the norm of their input and grow only as the fresh head aligns with it, so B-cos fine-tuning on a small
-    budget converges faster with a larger head rate.
+    body, head = _encoder_and_head(model)
+    # the Trainer's own rule (get_decay_parameter_names does not read its instance)
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    names = {id(p): n for n, p in model.named_parameters()}
+    optimizer_class, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    groups = [{"params": [p for p in ps if (names[id(p)] in decay) == decayed], "lr": lr,
+               "weight_decay": args.weight_decay if decayed else 0.0}
+              for ps, lr in ((body, args.learning_rate), (head, head_learning_rate)) for decayed in (True, False)]
+    return optimizer_class([g for g in groups if g["params"]], **kwargs)
 
-    Raises:
-        BcosTypeError / BcosValueError: ``model`` not a module with encoder parameters under its
-            ``base_model_prefix``, or with nothing trainable; a rate not finite and > 0; ``weight_decay`` < 0.
-    """
-    if not isinstance(model, nn.Module):
-        raise argument_error("model", f"must be a torch module, got {type(model).__name__}",
-                             "pass a transformers classifier", kind=BcosTypeError)
-    learning_rate = require_number("learning_rate", learning_rate, low=0.0, low_open=True)
-    head_learning_rate = require_number("head_learning_rate", head_learning_rate, low=0.0, low_open=True)
-    weight_decay = require_number("weight_decay", weight_decay, low=0.0)
+
+def _encoder_and_head(model: nn.Module) -> tuple[list, list]:
+    """The trainable parameters of the encoder and of the head (every one outside the encoder, plus the pooler)."""
     prefix = getattr(model, "base_model_prefix", "")
     named = list(model.named_parameters())
     if not prefix or not any(name.startswith(prefix + ".") for name, _ in named):
@@ -343,6 +345,32 @@ def two_rate_adamw(model: nn.Module, learning_rate: float, head_learning_rate: f
     if not body and not head:
         raise argument_error("model", "has no trainable parameters (all have requires_grad=False)",
                              "unfreeze the parameters to train")
+    return body, head
+
+
+def two_rate_adamw(model: nn.Module, learning_rate: float, head_learning_rate: float,
+                   weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """AdamW with one rate for the pretrained encoder and another for the head (and the pooler).
+
+    The head is every trainable parameter outside the encoder (``model.base_model_prefix``) plus the pooler;
+    frozen parameters (``requires_grad=False``) are left out. ``weight_decay`` applies to every parameter (the
+    ``Trainer``'s own optimiser exempts biases and norms, and ``fine_tune_classifier(..., head_learning_rate=...)``
+    builds that one, with this split and the ``TrainingArguments``' ``optim``); pass it to a custom ``Trainer`` as
+    ``optimizers=(two_rate_adamw(model, 2e-4, 1e-3, args.weight_decay), None)``. B-cos logits are bounded by
+    the norm of their input and grow only as the fresh head aligns with it, so B-cos fine-tuning on a small
+    budget converges faster with a larger head rate.
+
+    Raises:
+        BcosTypeError / BcosValueError: ``model`` not a module with encoder parameters under its
+            ``base_model_prefix``, or with nothing trainable; a rate not finite and > 0; ``weight_decay`` < 0.
+    """
+    if not isinstance(model, nn.Module):
+        raise argument_error("model", f"must be a torch module, got {type(model).__name__}",
+                             "pass a transformers classifier", kind=BcosTypeError)
+    learning_rate = require_number("learning_rate", learning_rate, low=0.0, low_open=True)
+    head_learning_rate = require_number("head_learning_rate", head_learning_rate, low=0.0, low_open=True)
+    weight_decay = require_number("weight_decay", weight_decay, low=0.0)
+    body, head = _encoder_and_head(model)
     # a frozen encoder (or head) leaves its group out rather than giving AdamW an empty one
     groups = [{"params": ps, "lr": lr} for ps, lr in ((body, learning_rate), (head, head_learning_rate)) if ps]
     return torch.optim.AdamW(groups, lr=learning_rate, weight_decay=weight_decay)

@@ -161,3 +161,21 @@ def test_causal_lm_labels_are_refused_by_name_when_they_cannot_be_read():
         collator([{"input_ids": [5, 6, 7], "labels": [5, -1, 7]}])
     with pytest.raises(BcosValueError, match=r"^features: no example of this batch has a labelled token"):
         collator([{"input_ids": [5, 6, 7], "labels": [-100, -100, -100]}])
+
+
+@pytest.mark.parametrize("settings", [{"weight_decay": 0.5, "adam_epsilon": 1e-3}, {"optim": "sgd"}])
+def test_a_head_learning_rate_equal_to_the_learning_rate_trains_as_without_one(settings):
+    """With head_learning_rate the helper built two_rate_adamw itself: the TrainingArguments' optim, adam_epsilon and
+    betas were ignored and the norms' weights and the biases were decayed, which the Trainer's own optimiser (the run
+    without head_learning_rate) does not do. The same rate twice must train the same model."""
+    texts, labels = corpus(8)
+
+    def trained(**kwargs):
+        model = _classifier(True)
+        fine_tune_classifier(model, word_tokenizer(), texts, labels, batch_size=4, max_length=16, learning_rate=1e-2,
+                             max_steps=3, **QUIET, **settings, **kwargs)
+        return model
+
+    plain, two_rates = trained(), trained(head_learning_rate=1e-2)
+    for (name, a), b in zip(plain.named_parameters(), two_rates.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
