@@ -24,7 +24,8 @@ MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and Gemma2ForCausalLM, co
 - Completeness: the contributions of all prefix tokens (the prompt and the tokens generated so far) sum to the
   attributed value. ``sum(contributions) - attributed value`` (the core's ``delta``) is stored per step as
   inseq's convergence-delta step score ``step_scores["deltas"]`` (~1e-6 of the logit for B-cos models), always:
-  ``attribute(..., step_scores=["deltas"])`` returns the same (inseq has no step function of that name).
+  ``attribute(..., step_scores=["deltas"])`` returns the same (inseq has no step function of that name), and
+  the output's ``info["step_scores"]`` then lists "deltas" as asked, as it lists every other requested score.
 - Attributed function: ``"logit"`` by default (B-cos decomposes logits exactly, not probabilities):
   ``load_model(..., "bcos")`` sets the model's default attributed function to ``"logit"``. Any inseq step
   function works as ``attributed_fn``: ``"contrast_logits_diff"`` (with ``contrast_targets=``) is exact as well
@@ -628,9 +629,13 @@ def _attribute_in_eval_mode(attribution_model: AttributionModel, model: nn.Modul
 
     @functools.wraps(unpatched)
     def attribute(*args, **kwargs):
-        args, kwargs = _without_requested_deltas(attribution_model, unpatched, args, kwargs)
+        args, kwargs, asked = _without_requested_deltas(attribution_model, unpatched, args, kwargs)
         with evaluating(model):
             out = unpatched(*args, **kwargs)
+        if asked is not None:
+            # inseq records the step scores it was asked for in info["step_scores"] (merge_attributions compares it):
+            # the call's own list, "deltas" included, not the list inseq was handed without it
+            out.info["step_scores"] = asked
         _only_each_rows_generated_columns(attribution_model, out, kwargs.get("skip_special_tokens", False))
         return out
 
@@ -639,23 +644,27 @@ def _attribute_in_eval_mode(attribution_model: AttributionModel, model: nn.Modul
 
 
 def _without_requested_deltas(attribution_model: AttributionModel, attribute, args: tuple, kwargs: dict
-                              ) -> tuple[tuple, dict]:
+                              ) -> tuple[tuple, dict, list | tuple | None]:
     """The call's arguments with ``"deltas"`` left out of ``step_scores`` when "bcos" attributes: the method stores
     the completeness deltas as that step score at every step anyway (:meth:`_BcosMethod.attribute_step`), but inseq
     looks each requested name up in its step-function registry first, where "deltas" is none, and failed with its
     own "Step score deltas not found ... register a custom step score". A registered "deltas" would not do: inseq
     computes a registered score from the forward pass alone and writes it over the step's deltas, and every other
-    method would find it too. Calls with another method keep their step scores (and inseq's answer)."""
+    method would find it too. Calls with another method keep their step scores (and inseq's answer).
+
+    The third value is the call's own ``step_scores`` where "deltas" was left out (``None`` otherwise): the caller
+    puts it back in the output's ``info["step_scores"]``, which listed only what inseq was handed (``[]`` for
+    ``step_scores=["deltas"]``) while ``step_scores["deltas"]`` was there."""
     try:
         bound = inspect.signature(attribute).bind_partial(*args, **kwargs)
     except TypeError:  # a call that does not fit inseq's signature gets inseq's own error
-        return args, kwargs
+        return args, kwargs, None
     scores = bound.arguments.get("step_scores")
     method = bound.arguments.get("method") or getattr(attribution_model.attribution_method, "method_name", None)
     if method != METHOD_NAME or not isinstance(scores, list | tuple) or "deltas" not in scores:
-        return args, kwargs
+        return args, kwargs, None
     bound.arguments["step_scores"] = [score for score in scores if score != "deltas"]
-    return bound.args, bound.kwargs
+    return bound.args, bound.kwargs, list(scores)
 
 
 def _only_each_rows_generated_columns(attribution_model: AttributionModel, out: FeatureAttributionOutput,

@@ -207,3 +207,28 @@ def test_vision_models_return_transformers_tuple_for_return_dict_false(tiny_vits
             model.config.return_dict = True
     with pytest.raises(BcosTypeError, match=r"^return_dict: must be True, False or None, got 'no'"):
         model(pixel_values=images, return_dict="no")
+
+
+# ------------------------------------------------------------------ 3. inseq info["step_scores"] with "deltas"
+
+
+def test_inseq_info_lists_deltas_when_asked_as_every_other_step_score():
+    """inseq records the step scores it was asked for in ``info["step_scores"]`` (merge_attributions matches outputs
+    on it); "bcos" hands inseq the list without "deltas" (no step function has that name), so the record read [] for
+    ``step_scores=["deltas"]`` and ["logit"] for ["logit", "deltas"], while ``step_scores["deltas"]`` was there."""
+    import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
+    import inseq
+    from test_inseq_adapter import TOKENIZER_DIR, _tiny_lm
+
+    tokenizer = T.GPT2Tokenizer.from_pretrained(TOKENIZER_DIR)
+    attribution_model = inseq.load_model(_tiny_lm("gpt2", len(tokenizer)), "bcos", tokenizer=tokenizer)
+    kwargs = {"generation_args": {"max_new_tokens": 2, "do_sample": False}, "show_progress": False}
+    both = attribution_model.attribute("The cat sat", step_scores=["logit", "deltas"], **kwargs)
+    assert both.info["step_scores"] == ["logit", "deltas"]
+    assert set(both.sequence_attributions[0].step_scores) == {"logit", "deltas"}
+    alone = attribution_model.attribute("The cat sat", step_scores=("deltas",), **kwargs)
+    assert alone.info["step_scores"] == ["deltas"]
+    assert attribution_model.attribute("The cat sat", **kwargs).info["step_scores"] == []  # inseq's own record
+    merged = inseq.merge_attributions([both, attribution_model.attribute("A dog ran", step_scores=["logit", "deltas"],
+                                                                         **kwargs)])
+    assert merged.info["step_scores"] == ["logit", "deltas"] and len(merged.sequence_attributions) == 2
