@@ -165,3 +165,42 @@ def test_tokens_to_html_names_tokens_that_are_not_strings(tokens):
     # token ids were drawn into the page builder and failed there: "'int' object is not iterable"
     with pytest.raises(BcosTypeError, match=r"^tokens: must be a list of strings.*convert_ids_to_tokens"):
         tokens_to_html(tokens, [1.0, -2.0])
+
+
+# ------------------------------------------------------------------ perturbation: an unknown word is a token of the text
+
+
+def test_perturbation_curves_remove_an_unknown_word_like_any_other_word():
+    import transformers as T
+    from test_pretrain import word_tokenizer
+
+    from bcos_plugins.metrics import perturbation_curves, special_tokens_mask
+
+    tok = word_tokenizer()
+    torch.manual_seed(0)
+    model = T.BertForSequenceClassification(T.BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=40, num_labels=3)).eval()
+    words = tok("w1 zzz w2 w3", add_special_tokens=False)["input_ids"]
+    assert words[1] == tok.unk_token_id
+    ids = torch.tensor([[tok.cls_token_id, *words, tok.sep_token_id, tok.pad_token_id]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])
+    assert special_tokens_mask(tok, ids).tolist() == [[True, False, False, False, False, True, True]]
+    scores = torch.tensor([[0.0, 0.1, 0.9, 0.2, 0.3, 0.0, 0.0]])  # the unknown word ranks first
+    got = perturbation_curves(model, ids, mask, scores, tokenizer=tok, fractions=(0.25, 0.5))
+    assert got.k.tolist() == [[1, 2]]  # shares of the four words
+
+    def probability(removed: list[int]) -> torch.Tensor:
+        keep = mask.clone()
+        keep[0, removed] = 0
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=keep).logits.double().softmax(-1)[0]
+
+    full = probability([])
+    target = int(full.argmax())
+    # by hand: comprehensiveness removes the top-k words, sufficiency the other words
+    comprehensiveness = [full[target] - probability(r)[target] for r in ([2], [2, 4])]
+    sufficiency = [full[target] - probability(r)[target] for r in ([1, 3, 4], [1, 3])]
+    torch.testing.assert_close(got.comprehensiveness.double(), torch.stack(comprehensiveness)[None], rtol=0,
+                               atol=1e-6)
+    torch.testing.assert_close(got.sufficiency.double(), torch.stack(sufficiency)[None], rtol=0, atol=1e-6)

@@ -85,14 +85,24 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
 
 
 def special_tokens_mask(tokenizer, input_ids: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
-    """True at the tokenizer's special tokens (CLS, SEP, PAD, BOS, EOS, MASK, ...) of each row."""
+    """True at the tokenizer's special tokens (CLS, SEP, PAD, BOS, EOS, MASK, ...) of each row.
+
+    The unknown token is not one of them (unless its id is also one of those, GPT-2's ``<|endoftext|>``): it stands
+    for a word of the text, which the tokenizer could not spell."""
     input_ids = require_tensor("input_ids", input_ids, ndim=2, kind="int", shape_hint="(batch, pos)")
     if not hasattr(tokenizer, "get_special_tokens_mask"):
         raise argument_error("tokenizer", f"must be a transformers tokenizer, got {type(tokenizer).__name__}",
                              "Pass the model's tokenizer", kind=BcosTypeError)
     rows = [tokenizer.get_special_tokens_mask(row, already_has_special_tokens=True)
             for row in input_ids.tolist()]
-    return torch.tensor(rows, dtype=torch.bool, device=input_ids.device)
+    special = torch.tensor(rows, dtype=torch.bool, device=input_ids.device)
+    # transformers marks every id of all_special_ids, [UNK] included: a text's unknown words were never removed or
+    # ranked by the perturbation metrics, and did not count among the tokens whose shares they remove
+    unk = getattr(tokenizer, "unk_token_id", None)
+    added = {getattr(tokenizer, f"{name}_token_id", None) for name in ("pad", "cls", "sep", "bos", "eos", "mask")}
+    if isinstance(unk, int) and unk not in added:
+        special &= input_ids != unk
+    return special
 
 
 def perturbable_mask(
