@@ -62,6 +62,7 @@ from bcos_plugins.convert.architectures import spec_for
 from bcos_plugins.nn import triton_kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.device_option import parse_device_option
 from benchmarks.common.paired_timing import RatioSpread, paired_rounds
 
 
@@ -377,12 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--triton", action="store_true",
                         help="add eager rows with the B-cos linear layers as Triton kernels (CUDA only)")
     args = parser.parse_args(argv)
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as err:
-        parser.error(f"--device: {err}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is visible; pass --device cpu (with --quick for a smoke run)")
+    device = parse_device_option(parser, args.device, "pass --device cpu (with --quick for a smoke run)")
     if args.triton and device.type != "cuda":
         parser.error("--triton: the kernel is measured on a CUDA device only (on a CPU it runs in Triton's "
                      "interpreter, whose timings say nothing about a GPU); pass --device cuda, or drop --triton")

@@ -64,6 +64,7 @@ from bcos_plugins.nn import triton_linear as tlin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
 from benchmarks.bench_gpu import FULL_SHAPES, QUICK_SHAPES, Shape, saved_for_backward_bytes
+from benchmarks.common.device_option import parse_device_option
 
 START = time.perf_counter()  # (after the imports of torch, transformers and the package: about 10 s before it)
 
@@ -464,17 +465,10 @@ def main(argv: list[str] | None = None) -> int:
                              "compiles at its first (untimed) launch, without triton.AsyncCompileMode")
     parser.add_argument("--b", type=float, default=1.5, help="alignment pressure (1.5)")
     args = parser.parse_args(argv)
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as err:
-        parser.error(f"--device: {err}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is visible; pass --device cpu --quick with TRITON_INTERPRET=1")
+    device = parse_device_option(parser, args.device, "pass --device cpu --quick with TRITON_INTERPRET=1")
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--device cpu: the kernel runs on CPU tensors only in Triton's interpreter; start the process "
                      "with TRITON_INTERPRET=1 (set before triton is imported)")
-    if device.type not in ("cpu", "cuda"):
-        parser.error(f"--device: cuda or cpu, got {args.device!r}")
     if args.steps < 1 or args.compile_threads < 1:
         parser.error("--steps and --compile-threads: must be >= 1")
     try:

@@ -122,6 +122,24 @@ def test_the_gpu_benchmark_refuses_triton_rows_on_a_cpu(capsys):
     assert "--triton: the kernel is measured on a CUDA device only" in capsys.readouterr().err
 
 
+def test_the_gpu_scripts_read_device_alike(monkeypatch, capsys):
+    """bench_gpu.py and triton_probe.py read ``--device`` through one helper (benchmarks.common.device_option): the
+    same refusals with the same messages, each script's own hint for its CPU mode (bench_gpu accepted ``mps`` and
+    then ran on a device it has no timing or memory code for)."""
+    from benchmarks import bench_gpu, triton_probe
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for main, hint in ((bench_gpu.main, "pass --device cpu (with --quick for a smoke run)"),
+                       (triton_probe.main, "pass --device cpu --quick with TRITON_INTERPRET=1")):
+        for device, message in (("mps", "--device: cuda or cpu, got 'mps'"), ("nonsense", "--device: "),
+                                ("cuda", f"--device cuda: no CUDA device is visible; {hint}")):
+            with pytest.raises(SystemExit) as stop:
+                main(["--device", device, "--quick"])
+            assert stop.value.code == 2
+            assert message in capsys.readouterr().err, (main.__module__, device)
+
+
 def test_calls_whose_offsets_overflow_int32_take_the_pytorch_path():
     # the kernel's offsets are int32 index x stride products: 2^31 elements or more in the output, the input or the
     # weight would wrap around (silently wrong memory), so those calls are not covered

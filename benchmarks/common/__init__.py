@@ -10,6 +10,8 @@
   the median of the per-round ratios with its quartiles; ``benchmarks/bench_core.py``);
 - ``paired_report``: results files of several seeds paired against a baseline model (``examples/guided_esnli.py
   --report``).
+- ``device_option``: the GPU scripts' ``--device`` option read and checked (``benchmarks/bench_gpu.py``,
+  ``benchmarks/triton_probe.py``).
 
 A script run as ``python examples/<name>.py`` has its own folder, not the repository root, on ``sys.path``;
 each script that imports this package puts the root there first (one line at its imports).
