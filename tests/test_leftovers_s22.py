@@ -232,3 +232,29 @@ def test_inseq_info_lists_deltas_when_asked_as_every_other_step_score():
     merged = inseq.merge_attributions([both, attribution_model.attribute("A dog ran", step_scores=["logit", "deltas"],
                                                                          **kwargs)])
     assert merged.info["step_scores"] == ["logit", "deltas"] and len(merged.sequence_attributions) == 2
+
+
+# ------------------------------------------------------------------ 4. one range check for per-token ids
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32, torch.uint8])
+def test_segment_and_position_ids_are_range_checked_alike_in_every_integer_dtype(dtype):
+    """token_type_ids and position_ids are checked by one helper (they were two copies of the check): the same
+    message shape for both, in every integer dtype, and bool segment ids get the dtype refusal, not a crash."""
+    from conftest import padded_batch, tiny_model
+
+    from bcos_plugins.errors import BcosValueError
+
+    model = bcosify(tiny_model("BertForSequenceClassification"), verbose=False)
+    ids, mask = padded_batch()
+    types = torch.zeros_like(ids, dtype=dtype)
+    types[1, 2] = 2
+    with pytest.raises(BcosValueError, match=r"^token_type_ids: holds 2, outside the model's 2 segment types "
+                                             r"\(config\.type_vocab_size\), 0 to 1\. Pass the segment ids"):
+        explain(model, ids, mask, token_type_ids=types)
+    positions = (torch.arange(9)[None] + 35).to(dtype)
+    with pytest.raises(BcosValueError, match=r"^position_ids: holds 43, outside the model's 40 positions "
+                                             r"\(config\.max_position_embeddings\), 0 to 39\. Leave position_ids out"):
+        explain(model, ids, mask, position_ids=positions)
+    with pytest.raises(BcosTypeError, match=r"^token_type_ids: is a torch\.bool tensor; segment ids are integers"):
+        explain(model, ids, mask, token_type_ids=torch.zeros_like(ids, dtype=torch.bool))

@@ -212,12 +212,20 @@ def _check_token_type_ids(model: nn.Module, token_type_ids) -> None:
     if token_type_ids.is_floating_point() or token_type_ids.is_complex():
         raise argument_error("token_type_ids", f"is a {token_type_ids.dtype} tensor; segment ids are integers",
                              "Pass integer segment ids (torch.long), e.g. the tokenizer's token_type_ids")
-    low, high = int(token_type_ids.min()), int(token_type_ids.max())  # one sync, only when segment ids are given
-    if low < 0 or high >= types:
-        raise argument_error("token_type_ids", f"holds {low if low < 0 else high}, outside the model's {types} "
-                             f"segment types (config.type_vocab_size), 0 to {types - 1}",
-                             "Pass the segment ids the model's tokenizer gives (0 for the first text, 1 for a "
-                             "pair's second where the model has two types)")
+    _refuse_ids_outside_table("token_type_ids", token_type_ids, types, "segment types (config.type_vocab_size)",
+                              "Pass the segment ids the model's tokenizer gives (0 for the first text, 1 for a "
+                              "pair's second where the model has two types)")
+
+
+def _refuse_ids_outside_table(name: str, ids: Tensor, rows: int, table: str, fix: str) -> None:
+    """Refuse per-token ids (segment ids, position ids; integer, not empty) outside an embedding table of ``rows``
+    rows, ``table`` naming it with its config field: the lookup fails with a bare ``IndexError: index out of range in
+    self`` (a device-side assert on a GPU) that names neither the argument nor the limit. Both ends are read back in one
+    transfer, only when such ids are given."""
+    low, high = torch.stack(torch.aminmax(ids)).long().tolist()
+    if low < 0 or high >= rows:
+        raise argument_error(name, f"holds {low if low < 0 else high}, outside the model's {rows} {table}, 0 to "
+                             f"{rows - 1}", fix)
 
 
 # Keywords a forward reads that make its output another than the explained one, without an error from transformers:
@@ -418,12 +426,9 @@ def _check_per_token_ids(model: nn.Module, spec: ArchitectureSpec, input_ids: In
     positions, table = forward_kwargs.get("position_ids"), spec.position_table
     rows = getattr(getattr(model, "config", None), table.size_key, None) if table is not None else None
     if positions is not None and type(rows) is int and positions.numel():
-        low, high = int(positions.min()), int(positions.max())  # one sync, only when position ids are given
-        if low < 0 or high >= rows:
-            raise argument_error("position_ids", f"holds {low if low < 0 else high}, outside the model's {rows} "
-                                 f"positions (config.{table.size_key}), 0 to {rows - 1}",
-                                 "Leave position_ids out (explain counts each row's real tokens from 0), or pass "
-                                 "positions inside the table")
+        _refuse_ids_outside_table("position_ids", positions, rows, f"positions (config.{table.size_key})",
+                                  "Leave position_ids out (explain counts each row's real tokens from 0), or pass "
+                                  "positions inside the table")
 
 
 def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[Tensor, "batch pos"],
