@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import require_count, require_text_pairs, require_texts
+from ._checks import require_count, require_row_ids, require_text_pairs, require_texts
 from .convert.architectures import position_limit, require_max_length_fits
 from .errors import argument_error
 
@@ -25,6 +25,13 @@ class EncodedTexts(torch.utils.data.Dataset):
         if labels is not None and len(labels) != len(texts):
             raise argument_error("labels", f"{len(texts)} texts but {len(labels)} labels",
                                  "Pass one label per text (labels[i] is the class of texts[i])")
+        if labels is not None:
+            # read by the package's one id parser: a float label was truncated by int() in __getitem__ (0.7 trained
+            # as class 0), silently
+            labels = require_row_ids("labels", labels, len(texts), what="classes", broadcast=False).tolist()
+        if max_length is not None:
+            # 0 gave rows of no token (trained on as empty texts), a negative or float one failed inside the tokenizer
+            max_length = require_count("max_length", max_length)
         self.encodings = tokenizer(texts, text_pairs, truncation=True, max_length=max_length)
         self.labels = labels
         self.teacher_logits: list[list[float]] | None = None

@@ -204,3 +204,40 @@ def test_perturbation_curves_remove_an_unknown_word_like_any_other_word():
     torch.testing.assert_close(got.comprehensiveness.double(), torch.stack(comprehensiveness)[None], rtol=0,
                                atol=1e-6)
     torch.testing.assert_close(got.sufficiency.double(), torch.stack(sufficiency)[None], rtol=0, atol=1e-6)
+
+
+# ------------------------------------------------------------------ EncodedTexts: labels and max_length
+
+
+@pytest.mark.parametrize("labels", [[0.7, 1, 2], [0, 1.0, 2], torch.tensor([0.0, 1.0, 2.0]), [0, True, 2]])
+def test_encoded_texts_refuses_labels_that_are_not_integers(labels):
+    from test_pretrain import word_tokenizer
+
+    from bcos_plugins.encoded_texts import EncodedTexts
+
+    # int(0.7) made the first text a text of class 0, silently
+    with pytest.raises(BcosTypeError, match=r"^labels: "):
+        EncodedTexts(word_tokenizer(), ["w1 w2", "w3", "w4 w5"], labels, 8)
+
+
+def test_encoded_texts_keeps_integer_labels_of_any_container():
+    import numpy as np
+    from test_pretrain import word_tokenizer
+
+    from bcos_plugins.encoded_texts import EncodedTexts
+
+    for labels in ([0, 2, 1], np.array([0, 2, 1]), torch.tensor([0, 2, 1]), (np.int64(0), 2, 1)):
+        dataset = EncodedTexts(word_tokenizer(), ["w1 w2", "w3", "w4 w5"], labels, 8)
+        assert [dataset[i]["labels"] for i in range(3)] == [0, 2, 1]
+
+
+@pytest.mark.parametrize(("max_length", "kind"), [(0, BcosValueError), (-1, BcosValueError), (1.5, BcosTypeError),
+                                                  (True, BcosTypeError)])
+def test_encoded_texts_names_a_max_length_that_is_not_a_length(max_length, kind):
+    from test_pretrain import word_tokenizer
+
+    from bcos_plugins.encoded_texts import EncodedTexts
+
+    # 0 encoded every text as no token at all; -1 and 1.5 failed inside the tokenizer (OverflowError, TypeError)
+    with pytest.raises(kind, match=r"^max_length: "):
+        EncodedTexts(word_tokenizer(), ["w1 w2", "w3"], [0, 1], max_length)
