@@ -61,7 +61,15 @@ class _BWarmup:
         # B is first lowered when training begins, not here: constructing the callback set every layer to start,
         # so a trainer.evaluate() or a save_pretrained before train() ran at B = start, not the model's B
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        # built for one model and handed to the Trainer of another, it annealed the B of the model it was built for
+        # while the trained one ran at its full B throughout, without a word
+        trained = {id(m) for m in model.modules()} if isinstance(model, nn.Module) else None
+        if trained is not None and not all(id(layer) in trained for layer in self.layers):
+            raise argument_error("model", "BWarmupCallback was built for another model than the one the Trainer "
+                                 "trains: it would anneal B in that model's layers while the trained one runs at its "
+                                 "full B", "build the callback with the model passed to the Trainer: "
+                                 "BWarmupCallback(model) and Trainer(model=model, ...)")
         self.on_step_begin(args, state, control)  # from the global step: a resumed run continues its warm-up
 
     def _set(self, b: float) -> None:

@@ -239,7 +239,7 @@ def classifier_from_masked_lm(masked_lm, num_labels: int = 2, *, pooler_from=Non
     :func:`~bcos_plugins.fine_tuning.fine_tune_classifier` (a larger ``head_learning_rate`` helps the fresh head).
 
     Raises:
-        BcosTypeError / BcosValueError: not a B-cos masked LM, ``num_labels`` < 1, a ``pooler_from`` without a
+        BcosTypeError / BcosValueError: not a B-cos masked LM, ``num_labels`` < 2, a ``pooler_from`` without a
             pooler of the same size.
     """
     import transformers
@@ -252,6 +252,11 @@ def classifier_from_masked_lm(masked_lm, num_labels: int = 2, *, pooler_from=Non
                              "folder saved from it", kind=BcosTypeError)
     arch = _masked_lm_name(masked_lm, "masked_lm")
     num_labels = require_count("num_labels", num_labels)
+    if num_labels == 1:
+        # one logit is transformers' regression head (MSE on float targets): the classifier it built was refused
+        # only later, by fine_tune_classifier, predict and explain (require_classifier)
+        raise argument_error("num_labels", "is 1, which makes transformers' regression head (one logit, trained with "
+                             "MSE on float targets), not a classifier", "pass num_labels=2 for a binary task")
     config = copy.deepcopy(masked_lm.config)
     delattr(config, BCOS_CONFIG_KEY)
     config.num_labels = num_labels

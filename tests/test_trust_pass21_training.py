@@ -179,3 +179,41 @@ def test_a_head_learning_rate_equal_to_the_learning_rate_trains_as_without_one(s
     plain, two_rates = trained(), trained(head_learning_rate=1e-2)
     for (name, a), b in zip(plain.named_parameters(), two_rates.parameters(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_classifier_from_masked_lm_refuses_one_label_instead_of_building_a_regression_head():
+    """num_labels=1 built transformers' one-logit regression head, which fine_tune_classifier, predict and explain
+    refuse (every prediction is class 0): refused here, where it is chosen."""
+    from bcos_plugins.pretrain import classifier_from_masked_lm
+
+    masked_lm = bcosify(T.BertForMaskedLM(tiny_config("bert")), b=1.25, verbose=False)
+    with pytest.raises(BcosValueError, match=r"^num_labels: is 1, which makes transformers' regression head .* "
+                                             r"pass num_labels=2 for a binary task"):
+        classifier_from_masked_lm(masked_lm, num_labels=1)
+    assert classifier_from_masked_lm(masked_lm, num_labels=2).config.num_labels == 2
+
+
+def test_a_b_warmup_built_for_another_model_is_refused_when_training_begins(tmp_path):
+    """BWarmupCallback(model_a) in Trainer(model=model_b) annealed model_a's B while model_b trained at its full B
+    (2.0 at every step), without a word."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    from bcos_plugins import bcos_loss
+    from bcos_plugins.train import BWarmupCallback
+
+    built_for, trained = _classifier(True, seed=0), _classifier(True, seed=1)
+    texts = [[2, 5 + i, 6 + i, 3] for i in range(4)]
+    data = Dataset.from_dict({"input_ids": texts, "labels": [0, 1, 0, 1]})
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=2, report_to=[],
+                             save_strategy="no", use_cpu=True, disable_tqdm=True)
+    trainer = Trainer(model=trained, args=args, train_dataset=data, compute_loss_func=bcos_loss,
+                      callbacks=[BWarmupCallback(built_for, fraction=0.5)])
+    with pytest.raises(BcosValueError, match=r"^model: BWarmupCallback was built for another model than the one the "
+                                             r"Trainer trains"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    # built for the trained model, the same run warms up
+    trainer = Trainer(model=trained, args=args, train_dataset=data, compute_loss_func=bcos_loss,
+                      callbacks=[BWarmupCallback(trained, fraction=0.5)])
+    assert trainer.train().global_step == 2
