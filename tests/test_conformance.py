@@ -68,9 +68,15 @@ def _family(name: str) -> str:
     return max(matches, key=len)
 
 
-def _stock(name: str, seed: int = 0):
+def _stock(name: str, seed: int = 0, **config_overrides):
+    """The stock model ``name`` with random weights from its family's tiny config (each of ``config_overrides`` set on
+    it) and random non-zero biases, in eval mode: the one builder of such models (test_trust_families,
+    test_trust_pass20_convert and test_leftovers_s22 use it with their overrides)."""
+    config = CONFIGS[_family(name)]()
+    for field, value in config_overrides.items():
+        setattr(config, field, value)
     torch.manual_seed(seed)
-    model = stock_class(name)(CONFIGS[_family(name)]()).eval()
+    model = stock_class(name)(config).eval()
     with torch.no_grad():  # transformers initialises biases at 0: non-zero ones make a lost bias visible
         for param_name, param in model.named_parameters():
             if param_name.endswith("bias"):

@@ -13,10 +13,10 @@ import pytest
 import torch
 import transformers as T
 from conftest import VOCAB
-from test_conformance import CONFIGS, _family
+from test_conformance import _stock
 
 from bcos_plugins import bcosify, explain
-from bcos_plugins.convert.architectures import SPECS, UnsupportedModuleError, stock_class
+from bcos_plugins.convert.architectures import SPECS, UnsupportedModuleError
 from bcos_plugins.errors import BcosTypeError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -35,16 +35,8 @@ def _activation_key(name: str) -> str:
     return "hidden_activation" if name.startswith(("Gemma2", "ModernBert")) else "hidden_act"
 
 
-def _stock_with(name: str, activation: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    config = CONFIGS[_family(name)]()
-    setattr(config, _activation_key(name), activation)
-    torch.manual_seed(0)
-    stock = stock_class(name)(config).eval()
-    with torch.no_grad():  # non-zero biases (where a family has them), so that a lost one shows
-        for param_name, param in stock.named_parameters():
-            if param_name.endswith("bias"):
-                param.normal_(0, 0.2)
-    return stock.to(dtype)
+def _stock_with(name: str, activation: str) -> torch.nn.Module:
+    return _stock(name, **{_activation_key(name): activation})  # random non-zero biases where a family has them
 
 
 def _assert_complete(contributions: torch.Tensor, explained: torch.Tensor, rtol: float) -> None:

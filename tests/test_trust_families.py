@@ -16,11 +16,11 @@ import torch
 from conftest import VOCAB, padded_rows
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from test_conformance import CONFIGS, _family, _word_tokenizer
+from test_conformance import _stock, _word_tokenizer
 
 from bcos_plugins import bcosify, explain, explain_dataset
 from bcos_plugins.attribution import real_token_positions
-from bcos_plugins.convert.architectures import SPECS, stock_class
+from bcos_plugins.convert.architectures import SPECS
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -40,16 +40,7 @@ def _bcos(name: str, **config_overrides) -> torch.nn.Module:
     non-zero biases in the stock model so that a bias lost or kept shows."""
     key = (name, repr(sorted(config_overrides.items())))
     if key not in _MODELS:
-        config = CONFIGS[_family(name)]()
-        for field, value in config_overrides.items():
-            setattr(config, field, value)
-        torch.manual_seed(0)
-        stock = stock_class(name)(config).eval()
-        with torch.no_grad():
-            for param_name, param in stock.named_parameters():
-                if param_name.endswith("bias"):
-                    param.normal_(0, 0.2)
-        _MODELS[key] = bcosify(stock, b=1.25, verbose=False)
+        _MODELS[key] = bcosify(_stock(name, **config_overrides), b=1.25, verbose=False)
     return _MODELS[key]
 
 

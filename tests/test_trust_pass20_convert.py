@@ -316,20 +316,11 @@ _UNUSUAL = [
 
 @pytest.mark.parametrize("name, overrides", _UNUSUAL, ids=[n for n, _ in _UNUSUAL])
 def test_an_unusual_configuration_converts_explains_completely_and_reloads_as_saved(tmp_path, name, overrides):
-    from test_conformance import CONFIGS, _family
+    from test_conformance import _stock
 
-    from bcos_plugins.convert.architectures import SPECS, stock_class
+    from bcos_plugins.convert.architectures import SPECS
 
-    config = CONFIGS[_family(name)]()
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    torch.manual_seed(0)
-    stock = stock_class(name)(config).eval()
-    with torch.no_grad():
-        for param_name, param in stock.named_parameters():
-            if param_name.endswith("bias"):
-                param.normal_(0, 0.2)
-    model = bcosify(stock, b=B, verbose=False)
+    model = bcosify(_stock(name, **overrides), b=B, verbose=False)
     ids, mask = padded_batch()
     spec = SPECS[name]
     kwargs = {} if spec.is_classifier else dict(target=7, position=1 if spec.head == "masked_lm" else -1)
