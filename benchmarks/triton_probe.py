@@ -29,7 +29,8 @@ it, so that a run ends within about 140 s; the kernel part says which configurat
    ordered units first, so that those running together share their rows of x: ``KernelTiles.units_fastest``), and ``/tf32x3`` (float32 layers only: ``tl.dot``'s three-pass TF32 products on tensor
    cores instead of IEEE products on the CUDA cores) or ``/bf16w`` (bfloat16 layers only: the weight cast to bfloat16
    beforehand, untimed as for ``F.linear``, so that no tile is converted inside the loop and ``||w||`` is that of the
-   rounded weight: what a per-layer cached bfloat16 copy of the weight would give).
+   rounded weight: what a per-layer cached bfloat16 copy of the weight would give); ``default`` is the kernel's own
+   tiles for each layer's dtype (``triton_linear.default_tiles``: what the layers launch with), measured first.
    Each configuration's kernels are compiled in parallel threads first (``triton.AsyncCompileMode``; the compile
    time is printed), so that compiling is not timed and costs one wait per configuration.
 
@@ -68,17 +69,18 @@ from benchmarks.common.device_option import parse_device_option
 
 START = time.perf_counter()  # (after the imports of torch, transformers and the package: about 10 s before it)
 
-# the default configurations in the order they are measured (the budget may cut the last): the kernel's own first
-# (the baseline), then the first H200 run's best (docs/benchmarks.md#gpu: 128x128x32/w4/s3/late for bfloat16,
-# 128x128x32/w8/s3/late/tf32x3 for float32) and variations of them; /tf32x3 on float32 layers only, /bf16w on bfloat16
-# ones
-DEFAULT_CONFIGS = ("64x64x32/w4/s3", "128x128x32/w4/s3/late", "128x128x32/w4/s3/late/nfast",
+# the default configurations in the order they are measured (the budget may cut the last): the kernel's own per-dtype
+# tiles first ("default": triton_linear.default_tiles, since 2026-11-28 the first H200 run's best IEEE choices,
+# 128x128x32/w4/s3/late for bfloat16 and 128x128x32/w8/s3 for float32), then its earlier default (the first run's
+# baseline), then variations of the first run's best (docs/benchmarks.md#gpu; 128x128x32/w8/s3/late/tf32x3 for
+# float32); /tf32x3 on float32 layers only, /bf16w on bfloat16 ones
+DEFAULT_CONFIGS = ("default", "64x64x32/w4/s3", "128x128x32/w4/s3/late/nfast",
                    "128x128x32/w4/s3/late/bf16w", "128x128x32/w4/s3/late/nfast/bf16w", "128x128x32/w4/s3/first",
                    "128x128x32/w4/s3/first/nfast/bf16w", "128x128x64/w8/s3/first/nfast/bf16w",
                    "128x128x32/w8/s3/late/tf32x3", "128x128x32/w8/s3/late/nfast/tf32x3", "64x64x32/w4/s3/late",
                    "128x256x32/w8/s3/late/nfast/bf16w", "128x128x32/w4/s4/late/nfast",
                    "128x128x32/w4/s3/late/tf32x3")
-QUICK_CONFIGS = ("64x64x32/w4/s3", "32x32x16/w4/s3/late/nfast", "64x64x32/w4/s3/tf32x3", "64x64x32/w4/s3/bf16w",
+QUICK_CONFIGS = ("default", "64x64x32/w4/s3", "32x32x16/w4/s3/late/nfast", "64x64x32/w4/s3/tf32x3", "64x64x32/w4/s3/bf16w",
                  "32x32x16/w4/s3/first")
 TOL = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
 _CONFIG = re.compile(r"(\d+)x(\d+)x(\d+)/w(\d+)/s(\d+)(?:/(late|first))?(/nfast)?(?:/(tf32x3|bf16w))?")
@@ -87,7 +89,7 @@ _CONFIG = re.compile(r"(\d+)x(\d+)x(\d+)/w(\d+)/s(\d+)(?:/(late|first))?(/nfast)
 @dataclass(frozen=True)
 class Config:
     text: str
-    tiles: tlin.KernelTiles
+    tiles: tlin.KernelTiles | None  # None ("default"): the kernel's own tiles for the layer's dtype
     precision: str | None  # tl.dot's input_precision for float32 layers; None: the kernel's own choice (IEEE here)
     bf16_weights: bool = False  # bfloat16 layers only: the weight cast to bfloat16 beforehand (untimed, as F.linear's)
 
@@ -98,10 +100,14 @@ class Config:
 
 
 def parse_config(text: str) -> Config:
-    """``BMxBNxBK/wW/sS[/late or /first][/nfast][/tf32x3 or /bf16w]`` as a :class:`Config`; ``ValueError`` naming what is wrong."""
+    """``BMxBNxBK/wW/sS[/late or /first][/nfast][/tf32x3 or /bf16w]``, or ``default`` (the kernel's own tiles for
+    each layer's dtype, ``triton_linear.default_tiles``), as a :class:`Config`; ``ValueError`` naming what is wrong."""
+    if text == "default":
+        return Config(text, None, None)
     match = _CONFIG.fullmatch(text)
     if match is None:
-        raise ValueError(f"{text!r} is not BMxBNxBK/wWARPS/sSTAGES[/late or /first][/nfast][/tf32x3 or /bf16w], e.g. 128x128x32/w4/s3")
+        raise ValueError(f"{text!r} is not BMxBNxBK/wWARPS/sSTAGES[/late or /first][/nfast][/tf32x3 or /bf16w], e.g. "
+                         "128x128x32/w4/s3, nor default (the kernel's own tiles per dtype)")
     *numbers, norms, units_fastest, option = match.groups()
     tiles = tlin.KernelTiles(*map(int, numbers), late_norms=norms == "late", norms_first=norms == "first",
                              units_fastest=units_fastest is not None)
@@ -116,6 +122,12 @@ def parse_config(text: str) -> Config:
         if value < low or value & (value - 1):
             raise ValueError(f"{text!r}: {name} must be a power of two >= {low}, got {value}")
     return Config(text, tiles, "tf32x3" if option == "tf32x3" else None, option == "bf16w")
+
+
+def config_text(tiles: tlin.KernelTiles) -> str:
+    """``tiles`` written as a configuration (:func:`parse_config`'s syntax, IEEE products)."""
+    return (f"{tiles.block_m}x{tiles.block_n}x{tiles.block_k}/w{tiles.num_warps}/s{tiles.num_stages}"
+            + "/late" * tiles.late_norms + "/first" * tiles.norms_first + "/nfast" * tiles.units_fastest)
 
 
 @dataclass(frozen=True)
@@ -455,8 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", nargs="+", choices=["memory", "kernel"], default=["memory", "kernel"])
     parser.add_argument("--steps", type=int, default=3, help="training steps before the saved-bytes count (3)")
     parser.add_argument("--configs", nargs="+", default=None,
-                        help="BMxBNxBK/wWARPS/sSTAGES[/late or /first][/nfast][/tf32x3 or /bf16w] each (default: 14, the "
-                             "kernel's own first)")
+                        help="BMxBNxBK/wWARPS/sSTAGES[/late or /first][/nfast][/tf32x3 or /bf16w] or default (the "
+                             "kernel's own tiles per dtype) each (default: 14, default first)")
     parser.add_argument("--budget-s", type=float, default=125.0,
                         help="seconds after the imports by which the kernel part ends: a configuration does not "
                              "start when the longest so far would end past it (125)")
@@ -482,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     print(f"# triton_probe on {name}, torch {torch.__version__}, triton {triton.__version__}, B = {args.b}, "
-          f"kernel default {tlin.DEFAULT_TILES}")
+          "kernel default (c1 'default'): " + ", ".join(f"{str(dtype).removeprefix('torch.')} {config_text(tiles)}"
+                                                      for dtype, tiles in tlin.DEFAULT_TILES.items()))
     if "memory" in args.parts:
         memory_part(next(s for s in shapes if s.name == "llama-1b"), device, args.steps, args.b)
     if "kernel" in args.parts:

@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bcos_plugins.errors import BcosRuntimeError, BcosTypeError
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
 from bcos_plugins.nn import triton_kernels, using_triton_kernels
 from bcos_plugins.nn import triton_linear as tlin
 
@@ -170,11 +170,14 @@ def test_the_gpu_probe_runs_on_tiny_shapes_under_the_interpreter():
     assert launches and int(launches.group(2)) > 0, report
     rows = [line for line in out.splitlines() if line.startswith("| ") and (" bf16 |" in line or " fp32 |" in line)]
     assert len(rows) == 20, report  # minilm and bert-base 3 layer shapes each, gpt2 4; bfloat16 and float32
+    assert "c1 = default" in out and ("kernel default (c1 'default'): bfloat16 128x128x32/w4/s3/late, float16 "
+                                      "128x128x32/w4/s3/late, float32 128x128x32/w8/s3\n") in out, report
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
-        # c1, c2 (/late), c3 (/tf32x3: float32 layers only), c4 (/bf16w: bfloat16 layers only), c5 (/first)
-        kernel = cells[3:8]
-        skipped = 3 if " fp32 |" in row else 2
+        # c1 (default: the kernel's own tiles per dtype), c2, c3 (/late), c4 (/tf32x3: float32 layers only),
+        # c5 (/bf16w: bfloat16 layers only), c6 (/first)
+        kernel = cells[3:9]
+        skipped = 4 if " fp32 |" in row else 3
         assert kernel[skipped] == "-", row
         assert all(cell.replace(",", "").isdigit() for cell in kernel[:skipped] + kernel[skipped + 1:]), row
 
@@ -203,7 +206,7 @@ def test_the_gpu_probe_stops_starting_configurations_at_its_budget(monkeypatch, 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # (the CPU check; nothing is launched)
     assert triton_probe.main(["--device", "cpu", "--quick", "--parts", "kernel", "--budget-s", "0"]) == 0
     out = capsys.readouterr().out
-    assert "configurations 1-5 not measured" in out
+    assert "configurations 1-6 not measured" in out
     assert "| minilm q/k/v/out (32 x 32 -> 32) bf16 |" in out and "fp32, geometric mean" in out
 
 
@@ -218,6 +221,8 @@ def test_the_gpu_probe_s_parallel_compile_only_compiles_and_restores_the_kernel(
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     config = triton_probe.parse_config("32x32x16/w4/s3/late")
+    for text in ("32x32x16/w4/s3/late", "128x64x32/w8/s4/first/nfast"):  # (the probe's header writes tiles so)
+        assert triton_probe.config_text(triton_probe.parse_config(text).tiles) == text
     problem = triton_probe.Problem("tiny", "layer", 8, 32, 16, columns=False)
     case = triton_probe.make_case(problem, torch.float32, torch.device("cpu"), 1.5)
     kernel = tlin.decorated_kernel
@@ -296,10 +301,12 @@ def test_the_kernel_compiles_for_an_h100_without_a_gpu(monkeypatch):
     torch.manual_seed(0)
     x32 = torch.randn(96, 64)
     w32 = torch.randn(48, 64)
-    launches = [  # (x, weight view, B, output dtype, floor, store_dyn, store_norms, tiles, precision)
-        (x32.bfloat16(), w32, 1.5, torch.bfloat16, False, False, False, tlin.DEFAULT_TILES, None),  # inference, autocast
-        (x32, w32, 1.75, torch.float32, True, True, False, tlin.DEFAULT_TILES, None),  # explaining
-        (x32, w32.T.contiguous().T, 1.5, torch.float32, True, False, True, tlin.DEFAULT_TILES, None),  # training, Conv1D
+    launches = [  # (x, weight view, B, output dtype, floor, store_dyn, store_norms, tiles (None: the dtype's), precision)
+        (x32.bfloat16(), w32, 1.5, torch.bfloat16, False, False, False, None, None),  # inference, autocast
+        (x32, w32, 1.75, torch.float32, True, True, False, None, None),  # explaining
+        (x32, w32.T.contiguous().T, 1.5, torch.float32, True, False, True, None, None),  # training, Conv1D
+        (x32.half(), w32.half(), 1.5, torch.float16, True, True, False, None, None),  # explaining, float16 weights
+        (x32.bfloat16(), w32, 1.5, torch.bfloat16, False, False, False, tlin.KernelTiles(64, 64, 32, 4, 3), None),
         (x32.bfloat16(), w32.bfloat16(), 1.5, torch.bfloat16, False, False, False,
          tlin.KernelTiles(128, 128, 64, 8, 3, late_norms=True), None),
         (x32, w32, 1.5, torch.float32, False, False, False, tlin.KernelTiles(128, 128, 32, 8, 3), "tf32x3"),
@@ -314,4 +321,44 @@ def test_the_kernel_compiles_for_an_h100_without_a_gpu(monkeypatch):
         compiled = _compile_for_sm90(kernel, args, dict(kwargs))
         assert compiled.metadata.shared <= 227 * 1024, launch[-2:]
         tensor_cores = "wgmma.mma_async" in compiled.asm["ptx"]
-        assert tensor_cores == (launch[3] == torch.bfloat16 or launch[-1] == "tf32x3"), launch[-2:]
+        assert tensor_cores == (launch[3] != torch.float32 or launch[-1] == "tf32x3"), launch[-2:]
+
+
+def test_launches_take_the_default_tiles_of_the_dtype_they_multiply_in(monkeypatch):
+    """The kernel's tiles per dtype (docs/benchmarks.md#gpu, H200): 128 x 128 x 32 with 4 warps and the norms reduced
+    after the K loop for bfloat16 and float16 products, 8 warps for float32 ones; the dtype is the one the tiles are
+    multiplied in (under autocast its dtype, not the weights'), through a layer as through a direct launch."""
+    from bcos_plugins.nn import BcosLinear
+
+    sixteen = tlin.KernelTiles(128, 128, 32, num_warps=4, num_stages=3, late_norms=True)
+    wide = tlin.KernelTiles(128, 128, 32, num_warps=8, num_stages=3)
+    assert dict(tlin.DEFAULT_TILES) == {torch.bfloat16: sixteen, torch.float16: sixteen, torch.float32: wide}
+    for dtype, tiles in tlin.DEFAULT_TILES.items():
+        assert tlin.default_tiles(dtype) is tiles
+    with pytest.raises(TypeError):
+        tlin.DEFAULT_TILES[torch.float32] = sixteen  # (read-only: a change would reach every layer silently)
+    for bad in (torch.float64, "bfloat16", None):
+        with pytest.raises(BcosValueError, match=r"dtype: the kernel multiplies bfloat16, float16 or float32 tiles, "
+                                                 r"got .*pass one of torch\.bfloat16"):
+            tlin.default_tiles(bad)
+    with pytest.raises(TypeError):
+        tlin.KernelTiles()  # (no numbers of its own: the defaults depend on the dtype)
+
+    calls = _record_launch(monkeypatch)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # (the layers launch on CPU tensors; the kernel is recorded, not run)
+    torch.manual_seed(0)
+    layer = BcosLinear(64, 48, b=1.5)
+    x = torch.randn(96, 64)
+    with torch.no_grad(), triton_kernels():
+        layer(x)  # float32
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            layer(x)  # float32 weights, bfloat16 products
+        layer.to(torch.float16)(x.half())
+    tlin.launch_bcos_kernel(x, layer.weight.float(), 1.5, torch.float32, floor=False, store_dyn=False,
+                            store_norms=False)
+    seen = [(kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["BLOCK_K"], kwargs["num_warps"], kwargs["num_stages"],
+             kwargs["LATE_NORMS"], kwargs["DOT_DTYPE"]) for _, kwargs in calls]
+    import triton.language as tl
+
+    assert seen == [(128, 128, 32, 8, 3, False, tl.float32), (128, 128, 32, 4, 3, True, tl.bfloat16),
+                    (128, 128, 32, 4, 3, True, tl.float16), (128, 128, 32, 8, 3, False, tl.float32)]

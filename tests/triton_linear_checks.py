@@ -10,6 +10,7 @@ in another without it (``BCOS_TRITON_KERNEL=compiled``, CUDA tensors).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -37,18 +38,38 @@ def device():
     return torch.device("cpu" if KERNEL == "interpreted" else "cuda")
 
 
-@pytest.fixture
-def launches(monkeypatch):
-    """The number of kernel launches so far (a list holding one count), to tell the kernel from the PyTorch path."""
+# The tiles the checks below run at unless they say otherwise: their sizes (74 rows, 72 units, 70 inputs) leave a
+# partial last tile in each direction at 64 x 64 x 32 (the kernel's default until 2026-11-28), and at the per-dtype
+# defaults (128 x 128 x 32) they would fit in one tile; the checks at the defaults have their own sizes
+# (test_the_kernel_at_its_default_tiles_equals_the_pytorch_path)
+TILES_64 = tlin.KernelTiles(64, 64, 32, num_warps=4, num_stages=3)
+
+
+def _count_launches(monkeypatch, tiles: tlin.KernelTiles | None) -> list[int]:
+    """Count the kernel's launches (a list holding one count, to tell the kernel from the PyTorch path); the layers
+    launch with ``tiles``, or with the dtype's defaults (``None``: what the layers pass, checked)."""
     count = [0]
     launch = tlin.launch_bcos_kernel
 
     def counted(*args, **kwargs):
         count[0] += 1
-        return launch(*args, **kwargs)
+        assert kwargs.get("tiles") is None, "the layers launch with the dtype's default tiles"
+        return launch(*args, **{**kwargs, "tiles": tiles})
 
     monkeypatch.setattr(tlin, "launch_bcos_kernel", counted)
     return count
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The kernel's launches so far, at 64 x 64 x 32 tiles (TILES_64)."""
+    return _count_launches(monkeypatch, TILES_64)
+
+
+@pytest.fixture
+def default_launches(monkeypatch):
+    """The kernel's launches so far, at the dtype's default tiles (``triton_linear.default_tiles``)."""
+    return _count_launches(monkeypatch, None)
 
 
 def _layer(cls, b: float, device, seed: int = 0):
@@ -124,6 +145,57 @@ def test_the_kernel_equals_the_pytorch_path_in_float32(device, launches, cls, b,
         _close((grad_x * x).sum(-1), total, what="completeness")
     if mode == "training":
         assert type(out.grad_fn).__name__ == "_TritonBcosLinearBackward"
+
+
+# The per-dtype default tiles (128 x 128 x 32; 16-bit: norms reduced after the K loop, float32: IEEE products) with
+# a partial last tile in each direction: 146 rows (128 + 18, the last 13 of each sequence padding), 136 units (128 + 8,
+# unit 3 zero), 70 inputs (K steps of 32, 32, 6). One layer class and B per dtype, so that both classes (units as
+# rows and as columns), the square-root modes and exp2 / log2 run without a full grid (interpreter time). float16 at
+# B = 1.5 as above: at B = 1.25 its explaining gradient and the PyTorch path's, each as close to float64 as the other
+# (relative distance 1.0e-3 both, six seeds), differ by up to 5e-3 of the largest value, beyond its tolerance, at
+# 64 x 64 x 32 tiles as at these (2026-11-28)
+AT_DEFAULTS = {  # name: (layer class, B, autocast dtype or None, the layer's dtype)
+    "float32": (BcosConv1D, 1.75, None, torch.float32),
+    "bfloat16 autocast": (BcosLinear, 1.25, torch.bfloat16, torch.float32),
+    "float16 autocast": (BcosConv1D, 1.5, torch.float16, torch.float32),
+    "bfloat16 weights": (BcosLinear, 2.0, None, torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("case", list(AT_DEFAULTS))
+@pytest.mark.parametrize("mode", ["inference", "explaining", "training"])
+def test_the_kernel_at_its_default_tiles_equals_the_pytorch_path(device, default_launches, case, mode):
+    cls, b, autocast, dtype = AT_DEFAULTS[case]
+    out_dtype = autocast or dtype
+    tiles = tlin.default_tiles(out_dtype)
+    for size, block in ((146, tiles.block_m), (136, tiles.block_n), (70, tiles.block_k)):
+        assert size > block and size % block, f"{size} must leave a partial last tile of {block} (the defaults changed)"
+    torch.manual_seed(0)
+    layer = BcosLinear(70, 136, b=b) if cls is BcosLinear else BcosConv1D(70, 136, b=b)
+    with torch.no_grad():
+        (layer.weight[3] if cls is BcosLinear else layer.weight[:, 3]).zero_()
+    layer = layer.to(device, dtype)
+    torch.manual_seed(1)
+    x = torch.randn(2, 73, 70)
+    x[:, 60:] = 0.0
+    x = x.to(device, dtype)
+    grad = torch.randn(2, 73, 136, device=device, dtype=out_dtype)
+    context = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
+    with context:
+        want = _run(layer, x, mode, grad)
+        with triton_kernels():
+            got = _run(layer, x, mode, grad)
+    # float16 training keeps lin on the PyTorch path (dyn cannot be recovered from a float16 output): no launch
+    assert default_launches[0] == (0 if (out_dtype, mode) == (torch.float16, "training") else 1)
+    assert got[0].dtype == out_dtype
+    for name, g, w in zip(("out", "grad x", "grad w"), got, want, strict=False):
+        assert (g is None) == (w is None), name
+        if w is not None:
+            _close(g, w, out_dtype, what=f"{case} {mode} {name}")
+    assert (got[0][:, 60:] == 0).all(), "padding rows must give exactly 0"
+    assert (got[0][..., 3] == 0).all(), "a unit with zero weights must give exactly 0"
+    if mode == "explaining":
+        assert type(got[0].grad_fn).__name__ == "_TritonExplainingLinearBackward"
 
 
 def test_explaining_gradients_batched(device, launches):
@@ -287,10 +359,13 @@ def test_cpu_tensors_without_the_interpreter_take_the_pytorch_path(monkeypatch, 
     assert launches[0] == 0 and torch.equal(got, want)
 
 
-def test_a_converted_model_explains_the_same_with_the_kernel(device, launches):
+@pytest.mark.parametrize("tiles", ["64x64x32", "defaults"])
+def test_a_converted_model_explains_the_same_with_the_kernel(device, monkeypatch, tiles):
     """A tiny B-cos BERT and GPT-2 (``Conv1D``: units are columns) explained with the switch on and off: complete,
-    and the token contributions agree."""
+    and the token contributions agree; at 64 x 64 x 32 tiles and at the dtype's default tiles."""
     from conftest import tiny_model
+
+    launches = _count_launches(monkeypatch, TILES_64 if tiles == "64x64x32" else None)
 
     ids = torch.tensor([[5, 9, 14, 22, 7, 3], [8, 4, 30, 11, 0, 0]], device=device)
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], device=device)

@@ -44,8 +44,9 @@ if tl is not None:
         x_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         w_sq = tl.zeros((BLOCK_N,), dtype=tl.float32)
         if LATE_NORMS:
-            # (benchmarks/triton_probe.py's "/late" configurations) the squares summed element-wise in tiles and
-            # reduced once after the loop, instead of a cross-thread reduction of each tile inside it
+            # (the bfloat16 / float16 default tiles, and benchmarks/triton_probe.py's "/late" configurations) the
+            # squares summed element-wise in tiles and reduced once after the loop, instead of a cross-thread
+            # reduction of each tile inside it (1.26-1.45x faster per launch in bfloat16 on an H200)
             x_sq_tile = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
             w_sq_tile = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
         if NORMS_FIRST:

@@ -31,9 +31,13 @@ reference path, a training step whose ``dyn`` cannot be recovered from the outpu
 ``lin`` instead), inputs that are not contiguous, empty inputs, and CPU tensors unless Triton's interpreter is on
 (``TRITON_INTERPRET=1``, how the tests run the kernel without a GPU).
 
-Default off: on an H200 (2026-11-28) it passes every check compiled, but with its default tiles it beats the PyTorch
-path only where launches dominate (a bfloat16 MiniLM forward) and is slower elsewhere; larger tiles measured faster
-per launch are not yet the default (docs/benchmarks.md#gpu). The PyTorch path is the tested reference. Triton is optional (Linux x86-64; the ``dev`` extra installs it for the tests).
+Tiles per dtype (:func:`default_tiles`, :data:`DEFAULT_TILES`): 128 x 128 output tiles and K steps of 32 for every
+dtype, 4 warps and the norms reduced after the K loop for bfloat16 / float16 products, 8 warps for float32 (IEEE)
+ones; on an H200 these took 2.62x and 1.95x ``F.linear``'s time per launch where the earlier default, 64 x 64 x 32
+for all, took 4.74x and 2.35x (docs/benchmarks.md#gpu). Default off: on that H200 (2026-11-28) it passes every check
+compiled, but the whole models were timed only with the earlier tiles, with which it beat the PyTorch path only where
+launches dominate (a bfloat16 MiniLM forward). The PyTorch path is the tested reference. Triton is optional (Linux
+x86-64; the ``dev`` extra installs it for the tests).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -79,8 +84,9 @@ def triton_kernels(enabled: bool = True) -> Iterator[None]:
     runs; process-wide, like :func:`~bcos_plugins.nn.reference_path`.
 
     Opt-in: it exists to cut the kernel launches of the eager forward on a GPU (docs/benchmarks.md#gpu: on an H200 a
-    bfloat16 MiniLM forward 1.92x -> 1.22x the conventional model, other shapes slower with the default tiles). Values equal the PyTorch path's to the dtype's
-    rounding (the kernel normalises the weight after the product). Layers and calls the kernel does not cover take
+    bfloat16 MiniLM forward 1.92x -> 1.22x the conventional model, other shapes slower, with the earlier 64 x 64 x 32
+    tiles; whole models are not yet timed with the per-dtype tiles of :func:`default_tiles`). Values equal the PyTorch
+    path's to the dtype's rounding (the kernel normalises the weight after the product). Layers and calls the kernel does not cover take
     the PyTorch path unchanged. Raises a :class:`~bcos_plugins.errors.BcosRuntimeError` when Triton cannot be
     imported, or when no CUDA device exists and the interpreter (``TRITON_INTERPRET=1``) is off.
     """
@@ -124,23 +130,50 @@ class KernelTiles(NamedTuple):
     ``late_norms``: the sums of squares kept element-wise in tiles and reduced once after the K loop (not each
     step); ``norms_first``: the sums of squares in a K loop of their own before the product's (the tiles read twice);
     both give the same norms to float32 rounding (another summation order). ``units_fastest``: the grid's programs
-    in the order units first (programs that run together share their rows), not rows first."""
+    in the order units first (programs that run together share their rows), not rows first.
 
-    block_m: int = 64
-    block_n: int = 64
-    block_k: int = 32
-    num_warps: int = 4
-    num_stages: int = 3
+    The five numbers have no defaults (``KernelTiles()`` is refused by Python): the kernel's own choice depends on the
+    dtype, :func:`default_tiles`."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
     late_norms: bool = False
     norms_first: bool = False
     units_fastest: bool = False
 
 
-# The configuration every layer launches with (benchmarks/triton_probe.py on an H200: 4.7x F.linear's time in bfloat16
-# where 128 x 128 x 32 with late norms takes 2.6x; kept until whole models are re-timed with those tiles):
-# 64 x 64 output tiles, K in steps of 32, and Triton's own defaults on NVIDIA, 4 warps and 3 stages (passing them
-# compiles the same kernel as leaving them out)
-DEFAULT_TILES = KernelTiles()
+# The configuration every layer launches with, by the dtype its tiles are multiplied in (benchmarks/triton_probe.py
+# on an H200, 2026-11-28, kernel / F.linear time as a geometric mean over the 10 linear layer shapes of MiniLM,
+# bert-base and GPT-2 at 8,192 rows; docs/benchmarks.md#gpu):
+# - bfloat16: 128 x 128 x 32, 4 warps, 3 stages, norms reduced after the K loop: 2.62x (64 x 64 x 32, the default
+#   until then: 4.74x); float16 takes the same (the same 16-bit tensor-core products; not measured on its own);
+# - float32, IEEE products (no tensor cores on sm_90): 128 x 128 x 32, 8 warps, 3 stages: 1.95x (64 x 64 x 32: 2.35x).
+#   Three-pass TF32 measured 1.15x but is not the default: float32 means IEEE unless torch allows TF32.
+# float64 has none: the kernel does not take it (those calls take the PyTorch path).
+DEFAULT_TILES = MappingProxyType({
+    torch.bfloat16: KernelTiles(128, 128, 32, num_warps=4, num_stages=3, late_norms=True),
+    torch.float16: KernelTiles(128, 128, 32, num_warps=4, num_stages=3, late_norms=True),
+    torch.float32: KernelTiles(128, 128, 32, num_warps=8, num_stages=3),
+})
+
+
+def default_tiles(dtype: torch.dtype) -> KernelTiles:
+    """The tiles the kernel launches with when its tiles are multiplied in ``dtype`` (the autocast dtype, or the
+    layer's own): ``DEFAULT_TILES[dtype]``, a read-only table of bfloat16, float16 and float32.
+
+    Per dtype since 2026-11-28 (docs/benchmarks.md#gpu): 128 x 128 x 32 for all; 4 warps and the norms reduced after
+    the K loop for bfloat16 / float16, 8 warps for float32. ``DEFAULT_TILES`` was one :class:`KernelTiles`
+    (64 x 64 x 32, 4 warps, 3 stages) before; pass that explicitly to launch with it. Raises a
+    :class:`~bcos_plugins.errors.BcosValueError` for a dtype the kernel does not take (float64: the PyTorch path)."""
+    tiles = DEFAULT_TILES.get(dtype) if isinstance(dtype, torch.dtype) else None
+    if tiles is None:
+        raise argument_error("dtype", f"the kernel multiplies bfloat16, float16 or float32 tiles, got {dtype!r}",
+                             "pass one of torch.bfloat16, torch.float16, torch.float32 (float64 layers take the "
+                             "PyTorch path)")
+    return tiles
 
 
 def _triton_importable() -> bool:
@@ -181,14 +214,16 @@ def _tl_dtype(dtype: torch.dtype):
 
 
 def launch_bcos_kernel(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtype, *, floor: bool, store_dyn: bool,
-                       store_norms: bool, tiles: KernelTiles = DEFAULT_TILES,
+                       store_norms: bool, tiles: KernelTiles | None = None,
                        precision: str | None = None) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
     """Run the kernel on the rows ``x2`` ``(M, K)`` and the unit weights ``view`` ``(N, K)`` (any strides): ``out``,
     then ``dyn / max(||w||, NORM_EPS)`` (``out_dtype``), ``x_norm`` ``(M,)`` and ``||w||`` ``(N,)`` (float32), each
     ``None`` unless asked.
 
-    ``tiles`` and ``precision`` (``tl.dot``'s ``input_precision``; default: IEEE float32 products unless torch allows
-    TF32) exist for benchmarks/triton_probe.py, which times other configurations; the layers use the defaults."""
+    ``tiles`` (default: :func:`default_tiles` of ``out_dtype``, the dtype the tiles are multiplied in) and
+    ``precision`` (``tl.dot``'s ``input_precision``; default: IEEE float32 products unless torch allows TF32) exist
+    for benchmarks/triton_probe.py, which times other configurations, and for the tests; the layers use the
+    defaults."""
     m, k = x2.shape
     n = view.shape[0]
     device = x2.device
@@ -202,6 +237,8 @@ def launch_bcos_kernel(x2: Tensor, view: Tensor, b: float, out_dtype: torch.dtyp
     # keeps cuBLAS's precision; tl.dot's default would be TF32
     if precision is None:
         precision = "tf32" if dot_dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    if tiles is None:
+        tiles = default_tiles(dot_dtype)
     mode = _B_MODES.get(b, _GENERAL_B)
     grid = (-(-m // tiles.block_m), -(-n // tiles.block_n))
     if tiles.units_fastest:
