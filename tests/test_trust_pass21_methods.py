@@ -190,3 +190,34 @@ def test_gold_mask_from_words_refuses_a_threshold_or_highlight_outside_0_1(minil
     # a record without post_tokens failed on KeyError: 'post_tokens'
     with pytest.raises(BcosValueError, match="^record: post p7 has no post_tokens list"):
         hatexplain_word_rationale({"post_id": "p7", "rationales": [[0, 1]]})
+
+
+def test_eigendecompose_of_a_layer_whose_interaction_matrix_overflows_is_refused_naming_the_scale():
+    from bcos_plugins.bilinear import eigendecompose, interaction_spectra
+
+    torch.manual_seed(0)
+    W, V, P = torch.randn(7, 5), torch.randn(7, 5), torch.randn(3, 7)
+    u = torch.tensor([1.0, 0.0, 0.0])
+    # Q(u) of float32 weights at 1e15 is past float32's range: torch.linalg.eigh failed to converge on the infs
+    with pytest.raises(BcosValueError, match=r"^source: the interaction matrices overflow torch.float32 \(the weights "
+                                             r"reach \d.\d+e\+15.*Analyse the layer in float64"):
+        eigendecompose((W * 1e15, V * 1e15, P * 1e15), u)
+    with pytest.raises(BcosValueError, match="^source: the interaction matrices overflow torch.float64"):
+        interaction_spectra(tuple(t.double() * 1e120 for t in (W, V, P)), u[None].double())
+    # in float64 the same layer decomposes, its eigenvalues the float32 layer's scaled by 1e45
+    big = eigendecompose(tuple(t.double() * 1e15 for t in (W, V, P)), u.double()).eigenvalues
+    torch.testing.assert_close(big / 1e45, eigendecompose((W.double(), V.double(), P.double()), u.double()).eigenvalues)
+
+
+def test_bilinear_weights_forward_and_augment_input_name_inputs_of_the_wrong_width_or_type():
+    from bcos_plugins.bilinear import BilinearWeights, augment_input
+
+    torch.manual_seed(0)
+    weights = BilinearWeights(torch.randn(7, 5), torch.randn(7, 5), torch.randn(3, 7), w_bias=torch.randn(7))
+    x = torch.randn(2, 5)
+    torch.testing.assert_close(weights.augmented().forward(augment_input(x)), weights.forward(x))
+    # torch said only "mat1 and mat2 shapes cannot be multiplied (2x4 and 5x7)"
+    with pytest.raises(BcosValueError, match=r"^x: has shape \(2, 4\), the layer reads vectors of width d_in=5"):
+        weights.forward(torch.randn(2, 4))
+    # a list failed on "'list' object has no attribute 'new_ones'"
+    torch.testing.assert_close(augment_input([[1.0, 2.0]]), torch.tensor([[1.0, 2.0, 1.0]]))

@@ -68,7 +68,18 @@ def iter_interaction_matrices(source, u: Float[Tensor, "n d_out"], chunk_size: i
         coeff = hidden_coefficients[start:start + chunk_size]
         # (chunk, d_in, d_hidden) @ (d_hidden, d_in): one GEMM of W^T diag(c) V per direction.
         q = (W_t[None] * coeff[:, None, :]) @ weights.V
-        yield 0.5 * (q + q.mT)
+        q = 0.5 * (q + q.mT)
+        if not bool(torch.isfinite(q).all()):
+            # finite weights and directions (checked above), so an overflow: Q grows as the cube of the weights' scale,
+            # and torch.linalg.eigh failed on it with "the algorithm failed to converge"
+            largest = max(float(t.abs().max()) for t in (weights.W, weights.V, weights.P))
+            divide = "divide W, V, P or u by powers of two first (exact; the eigenvalues scale by the same factors)"
+            fix = ("D" + divide[1:] if q.dtype == torch.float64 else
+                   f"Analyse the layer in float64 (bilinear_weights(layer).to(torch.float64)), or {divide}")
+            raise argument_error(
+                "source", f"the interaction matrices overflow {q.dtype} (the weights reach {largest:.3g}, the "
+                f"directions {float(u.abs().max()):.3g}; Q(u) grows as their product)", fix)
+        yield q
 
 
 def interaction_matrix(source, u: Float[Tensor, "*n d_out"], chunk_size: int = DEFAULT_CHUNK

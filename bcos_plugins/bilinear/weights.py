@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from .._checks import require_same_shape
+from .._checks import require_same_shape, require_tensor
 from ..errors import argument_error
 
 __all__ = ["BilinearWeights", "augment_input", "require_bias_free"]
@@ -107,6 +107,10 @@ class BilinearWeights:
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         """The layer's output, evaluated from the weights."""
+        x = require_tensor("x", x, kind="real", finite=False, shape_hint=f"(..., d_in) = (..., {self.d_in})")
+        if x.ndim == 0 or x.shape[-1] != self.d_in:  # torch said only "mat1 and mat2 shapes cannot be multiplied"
+            raise argument_error("x", f"has shape {tuple(x.shape)}, the layer reads vectors of width d_in={self.d_in}",
+                                 "Pass (..., d_in) inputs (augment_input(x) for an augmented layer)")
         left = x @ self.W.T
         right = x @ self.V.T
         if self.w_bias is not None:
@@ -150,6 +154,9 @@ class BilinearWeights:
 
 def augment_input(x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_in_plus_1"]:
     """``[x, 1]``: the input of :meth:`BilinearWeights.augmented` layers."""
+    x = require_tensor("x", x, kind="real", finite=False, shape_hint="(..., d_in)")  # a list failed on .new_ones
+    if x.ndim == 0:
+        raise argument_error("x", "is a scalar", "Pass (..., d_in) inputs")
     return torch.cat([x, x.new_ones(*x.shape[:-1], 1)], dim=-1)
 
 
