@@ -221,3 +221,15 @@ def test_bilinear_weights_forward_and_augment_input_name_inputs_of_the_wrong_wid
         weights.forward(torch.randn(2, 4))
     # a list failed on "'list' object has no attribute 'new_ones'"
     torch.testing.assert_close(augment_input([[1.0, 2.0]]), torch.tensor([[1.0, 2.0, 1.0]]))
+
+
+def test_attention_supervision_loss_refuses_an_eps_floor_at_or_above_1():
+    from bcos_plugins.guided import attention_supervision_loss
+
+    torch.manual_seed(0)
+    attention = torch.softmax(torch.randn(2, 2, 5, 5), -1)
+    gold = torch.tensor([[0.0, 1, 1, 0, 0], [0, 0, 1, 0, 0]])
+    assert attention_supervision_loss([attention], gold, eps=0.5) > 0
+    # eps=10 floored every probability (all <= 1) to 10: the loss was 0.0 for any attention, so nothing was supervised
+    with pytest.raises(BcosValueError, match=r"^eps: must be below 1 \(it floors the probabilities before their log\)"):
+        attention_supervision_loss([attention], gold, eps=10.0)

@@ -77,11 +77,15 @@ def attention_supervision_loss(
         objective: ``"kl"`` (the divergence from the normalised mask) or ``"rank"`` (rationale tokens above the
             others by ``margin`` in log attention, then no pull).
         margin: of ``"rank"``, in log attention (1.0: each rationale token at least e = 2.7 times any other).
+        eps: the floor of the probabilities before their log, in (0, 1).
     """
     weight = require_float("weight", weight, minimum=0.0)
     objective = require_choice("objective", objective, SUPERVISION_OBJECTIVES)
     margin = require_float("margin", margin, minimum=0.0)
     eps = require_float("eps", eps, minimum=0.0, open_minimum=True)
+    if eps >= 1.0:  # every probability floored to eps: the loss was 0 for any attention, without a word
+        raise argument_error("eps", f"must be below 1 (it floors the probabilities before their log), got {eps}",
+                             "Pass a small floor such as the default 1e-8")
     # in float32: in float16 / bfloat16 the eps floor (1e-8) rounds to 0, and log(0) made the loss NaN
     scores = attention_token_scores(attentions, layers=layers, query_position=query_position, heads=heads,
                                     attention_mask=attention_mask).float()
