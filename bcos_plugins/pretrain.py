@@ -377,6 +377,17 @@ def fine_tune_task_then_bcos(
                              "leave loss out (or 'auto' / 'bce')")
     # refused by the B-cos stage: checked before the first stage trains
     require_no_label_smoothing_with_bce(True, fine_tune_kwargs.get("label_smoothing_factor"))
+    resume = fine_tune_kwargs.get("resume_from_checkpoint")
+    if resume is not None and resume is not False:
+        # it went to both stages: the conventional stage trains in a temporary folder (True found no checkpoint
+        # there) and loaded a B-cos stage checkpoint into the stock model (a crash in the optimiser's state)
+        raise argument_error("resume_from_checkpoint", f"is {resume!r}, but fine_tune_task_then_bcos runs two stages "
+                             "and a checkpoint holds one of them (the B-cos stage's, in output_dir)",
+                             f"resume the B-cos stage itself: bcosify(model, b={b}, bcos_query_key={bcos_query_key}) "
+                             "on the stock classifier, then fine_tune_classifier(model, ..., "
+                             f"learning_rate={learning_rate}, epochs={epochs}, **BCOS_STAGE_SCHEDULE, "
+                             "resume_from_checkpoint=...) with the stage's other settings (and its teacher=, if "
+                             "it distilled)")
     # the B-cos stage's own settings stay out of the conventional stage; the rest (batch size, max length,
     # TrainingArguments such as use_cpu) apply to both
     own = {"head_learning_rate", "b_warmup", "teacher", "distill_weight", "distill_loss", "distill_temperature",

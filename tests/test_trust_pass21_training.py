@@ -235,3 +235,20 @@ def test_the_losses_of_bfloat16_logits_are_the_losses_of_those_logits(kind):
         loss.trainer = type("Trainer", (), {"teacher_batch": teacher.float()})()
         got, exact = loss(logits, labels), loss(logits.double(), labels)
     assert got.item() == pytest.approx(exact.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("resume", [True, "some/checkpoint-2"])
+def test_task_then_bcos_refuses_resume_from_checkpoint_before_its_first_stage(resume):
+    """resume_from_checkpoint went to both stages: the conventional one trains in a temporary folder (True failed
+    with transformers' "No valid checkpoint found in output directory (/tmp/bcos_finetune_...)") and loaded a B-cos
+    stage checkpoint into the stock model (the B-cos weights without their biases, then "loaded state dict contains a
+    parameter group that doesn't match the size of optimizer's group")."""
+    texts, labels = corpus(4)
+    model = _classifier(False)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(BcosValueError, match=r"^resume_from_checkpoint: is .*, but fine_tune_task_then_bcos runs two "
+                                             r"stages .* resume the B-cos stage itself: bcosify\(model, b=1\.1, "
+                                             r"bcos_query_key=False\)"):
+        fine_tune_task_then_bcos(model, word_tokenizer(), texts, labels, max_length=16, resume_from_checkpoint=resume,
+                                 **QUIET)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
