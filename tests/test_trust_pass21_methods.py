@@ -233,3 +233,30 @@ def test_attention_supervision_loss_refuses_an_eps_floor_at_or_above_1():
     # eps=10 floored every probability (all <= 1) to 10: the loss was 0.0 for any attention, so nothing was supervised
     with pytest.raises(BcosValueError, match=r"^eps: must be below 1 \(it floors the probabilities before their log\)"):
         attention_supervision_loss([attention], gold, eps=10.0)
+
+
+def test_read_sst2_tsv_reads_a_byte_order_mark_and_names_a_malformed_line(tmp_path):
+    from bcos_plugins.space import read_sst2_tsv
+
+    marked = tmp_path / "marked.tsv"
+    marked.write_text("\ufeffsentence\tlabel\ngood film\t1\n", encoding="utf-8")
+    # the mark made the header "\ufeffsentence", refused as a file without a sentence column
+    assert read_sst2_tsv(marked) == (["good film"], [1])
+    short = tmp_path / "short.tsv"
+    short.write_text("sentence\tlabel\ngood film\t1\nbad\n", encoding="utf-8")
+    # "int() argument must be a string, a bytes-like object or a real number, not 'NoneType'"
+    with pytest.raises(BcosValueError, match=r"^path: .*short.tsv line 3: expected a sentence and an integer label"):
+        read_sst2_tsv(short)
+    worded = tmp_path / "worded.tsv"
+    worded.write_text("sentence\tlabel\ngood film\tpositive\n", encoding="utf-8")
+    with pytest.raises(BcosValueError, match=r"^path: .*worded.tsv line 2: .*label='positive'"):
+        read_sst2_tsv(worded)
+
+
+def test_read_rt_polarity_reads_cornells_latin_1_files(tmp_path):
+    from bcos_plugins.space import read_rt_polarity
+
+    # rt-polaritydata v1.0 is Latin-1: the UTF-8 read failed with a UnicodeDecodeError
+    (tmp_path / "rt-polarity.neg").write_bytes("a caf\xe9 of a film\n".encode("latin-1"))
+    (tmp_path / "rt-polarity.pos").write_text("na\u00efve and good\n", encoding="utf-8")
+    assert read_rt_polarity(tmp_path) == (["a caf\u00e9 of a film", "na\u00efve and good"], [0, 1])

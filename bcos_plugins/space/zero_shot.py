@@ -45,13 +45,25 @@ def read_sst2_tsv(path: str | Path, limit: int | None = None) -> tuple[list[str]
             return [], []
     path = _existing_file("path", path)
     texts, labels = [], []
-    with open(path, encoding="utf-8", newline="") as f:
+    # utf-8-sig: a byte-order mark (a file saved by a spreadsheet) made the header "\ufeffsentence", refused
+    with open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         if reader.fieldnames is None or not {"sentence", "label"} <= set(reader.fieldnames):
             raise ValueError(f"{path}: expected a header with 'sentence' and 'label' columns; got {reader.fieldnames}")
         for row in reader:
-            texts.append(row["sentence"].strip())
-            labels.append(int(row["label"]))
+            # a row without a label failed on "int() argument must be ... not 'NoneType'", a label such as
+            # "positive" on "invalid literal for int()", neither naming the file's line
+            sentence, label = row["sentence"], row["label"]
+            try:
+                label_id = int(label) if sentence is not None else None
+            except (TypeError, ValueError):
+                label_id = None
+            if label_id is None:
+                raise argument_error("path", f"{path} line {reader.line_num}: expected a sentence and an integer "
+                                     f"label separated by a tab, got sentence={sentence!r}, label={label!r}",
+                                     "Fix that line (GLUE's SST-2 labels are 0 and 1)")
+            texts.append(sentence.strip())
+            labels.append(label_id)
             if limit is not None and len(texts) >= limit:
                 break
     return texts, labels
@@ -72,11 +84,21 @@ def read_rt_polarity(folder: str | Path, limit_per_class: int | None = None) -> 
         if not path.is_file():
             raise BcosFileError(f"folder: {path} not found. Pass the folder holding rt-polarity.neg and "
                                 "rt-polarity.pos.")
-        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = [line.strip() for line in _read_text(path).splitlines() if line.strip()]
         lines = lines[:limit_per_class] if limit_per_class is not None else lines
         texts += lines
         labels += [label] * len(lines)
     return texts, labels
+
+
+def _read_text(path: Path) -> str:
+    """UTF-8, else Latin-1: Cornell's rt-polaritydata v1.0 files are Latin-1 (``caf\xe9``), on which a UTF-8 read
+    failed with a UnicodeDecodeError; every byte string is valid Latin-1, and the shipped slice is UTF-8."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
 
 
 @torch.no_grad()
