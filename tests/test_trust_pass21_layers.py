@@ -69,3 +69,86 @@ def test_attention_rollout_refuses_empty_and_negative_attention_naming_the_probl
         attention_rollout([torch.rand(0, 2, 4, 4)], 1)
     with pytest.raises(BcosValueError, match="negative values"):
         attention_rollout([torch.softmax(torch.randn(1, 1, 4, 4), -1), -torch.ones(1, 1, 4, 4) / 4], 1)
+
+
+# ---------------------------------------------------------------- 3. the vision models' inputs and the digit data
+
+
+def test_encode_image_refuses_an_unbatched_image_it_encoded_along_its_rows():
+    """encode_image of a (C, H, W) image concatenated [x, 1 - x] along H, silently: (1, 4, 4) became (1, 8, 4)."""
+    import pytest
+
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.vision import encode_image
+
+    with pytest.raises(BcosValueError, match=r"pixel_values\[None\]"):
+        encode_image(torch.rand(1, 4, 4))
+    with pytest.raises(BcosValueError, match="batch, C, H, W"):
+        encode_image(torch.rand(2, 4))
+    assert encode_image(torch.rand(2, 3, 4, 4)).shape == (2, 6, 4, 4)
+
+
+def test_vit_inputs_of_another_dtype_than_the_model_are_named(tiny_vits):
+    """A float64 encoded_pixel_values into a float32 BcosViT, and float64 images into a ConventionalViT (or float32
+    images into a bfloat16 one), failed deep inside torch ("expected scalar type Double but found Float")."""
+    import pytest
+
+    from bcos_plugins.errors import BcosTypeError
+
+    images = torch.rand(2, 1, 16, 16)
+    bcos, conventional = tiny_vits["bcos"], tiny_vits["conventional"]
+    with pytest.raises(BcosTypeError, match=r"encoded_pixel_values: are torch.float64 .* encoded_pixel_values.to"):
+        bcos(encoded_pixel_values=bcos.encode(images).double())
+    with pytest.raises(BcosTypeError, match=r"pixel_values: are torch.float64 but the model's weights are torch.float32"):
+        conventional(pixel_values=images.double())
+    with pytest.raises(BcosTypeError, match="torch.bfloat16"):
+        copy.deepcopy(conventional).bfloat16()(pixel_values=images)
+    # under autocast the dtypes may differ, as for BcosViT
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert conventional(pixel_values=images).logits.shape == (2, 5)
+
+
+def test_make_grids_refuses_confidences_it_could_not_rank_by():
+    """(n, 1) confidences ranked nothing (each class's digits were taken in their given order) and NaN ones ranked
+    arbitrarily, both silently; list labels failed inside the grouping; float64 digits became float32 grids."""
+    import pytest
+
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.vision.data import make_grids
+
+    torch.manual_seed(0)
+    digits, labels = torch.rand(8, 1, 4, 4), torch.arange(8) % 4
+    confidence = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.9, 0.8, 0.7, 0.6])
+    with pytest.raises(BcosValueError, match=r"confidence: must have 1 dimension"):
+        make_grids(digits, labels, confidence[:, None], 1)
+    with pytest.raises(BcosValueError, match="confidence: contains NaN"):
+        make_grids(digits, labels, torch.full((8,), float("nan")), 1)
+    grids, cells = make_grids(digits.double(), labels.tolist(), confidence, 1)
+    assert grids.dtype == torch.float64
+    # the most confident digit of each class (the second four) fills its cell
+    for cell, c in enumerate(cells[0].tolist()):
+        r, col = divmod(cell, 2)
+        assert torch.equal(grids[0, :, r * 4:(r + 1) * 4, col * 4:(col + 1) * 4], digits[4 + c].double())
+
+
+def test_digit_datasets_refuse_labels_and_flags_of_the_wrong_kind():
+    """DigitImages served float labels as floats and failed inside repeat on lists and (n, 1) labels; place_digits read
+    a float scale_up of 0.4 as True (the digit scaled up, silently); load_digits_split let scikit-learn refuse a float
+    seed and a fraction that leaves a class out, naming its own arguments."""
+    import pytest
+
+    from bcos_plugins.errors import BcosTypeError, BcosValueError
+    from bcos_plugins.vision.data import DigitImages, load_digits_split, place_digits
+
+    digits = torch.rand(3, 1, 8, 8)
+    with pytest.raises(BcosTypeError, match="labels: must be an integer tensor"):
+        DigitImages(digits, torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(BcosValueError, match="labels: must have 1 dimension"):
+        DigitImages(digits, torch.tensor([[1], [2], [3]]))
+    assert DigitImages(digits, [1, 2, 3], views=1)[2]["labels"].item() == 3
+    with pytest.raises(BcosTypeError, match="scale_up: must be a boolean tensor"):
+        place_digits(digits[:2], 16, torch.tensor([0.4, 0.6]), torch.zeros(2, 2, dtype=torch.long))
+    with pytest.raises(BcosTypeError, match="seed"):
+        load_digits_split(0.25, seed=1.5)
+    with pytest.raises(BcosValueError, match="test_fraction: 0.999 leaves"):
+        load_digits_split(0.999)

@@ -114,7 +114,8 @@ class ConventionalViT(WholeCheckpointLoading, PreTrainedModel):
                 "Pass only pixel_values, labels, output_attentions and return_dict", kind=BcosTypeError)
         if pixel_values is None:
             raise argument_error("pixel_values", "is required", "Pass images in [0, 1] of shape (batch, C, H, W)")
-        check_pixel_values(pixel_values, self.config.num_channels, self.config.image_size)
+        check_pixel_values(pixel_values, self.config.num_channels, self.config.image_size,
+                           dtype=self.classifier.weight.dtype)
         if labels is not None:
             labels = require_class_ids("labels", labels, pixel_values.shape[0], self.config.num_labels)
         tokens = self.tokenizer(pixel_values).flatten(2).transpose(1, 2) + self.position_embedding

@@ -17,6 +17,8 @@ at their own size on a canvas and fill one cell of a ``2s x 2s`` grid.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -35,10 +37,18 @@ def load_digits_split(test_fraction: float = 0.25, seed: int = 0) -> tuple[Tenso
     test_fraction = require_float("test_fraction", test_fraction, minimum=0.0, open_minimum=True)
     if test_fraction >= 1:
         raise argument_error("test_fraction", f"must lie in (0, 1), got {test_fraction}", "Pass e.g. 0.25")
+    seed = require_int("seed", seed, minimum=0)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     digits = load_digits()
+    # a stratified split needs every class on both sides: scikit-learn's refusal named its own train_size / test_size
+    n, classes = len(digits.target), len(set(digits.target.tolist()))
+    n_test = math.ceil(test_fraction * n)
+    if n_test < classes or n - n_test < classes:
+        raise argument_error("test_fraction", f"{test_fraction} leaves {n_test} test and {n - n_test} training digits; "
+                             f"a stratified split needs at least one of each of the {classes} classes on both sides",
+                             f"Pass a fraction in [{classes / n:.3f}, {1 - classes / n:.3f}], e.g. 0.25")
     images = torch.tensor(digits.images / 16.0, dtype=torch.float32)[:, None]
     labels = torch.tensor(digits.target, dtype=torch.long)
     train_idx, test_idx = train_test_split(np.arange(len(labels)), test_size=test_fraction, random_state=seed,
@@ -72,6 +82,8 @@ def place_digits(digits: Float[Tensor, "n 1 s s"], size: int, scale_up: Tensor,
         raise argument_error("size", f"canvas size {size} is smaller than the {side}x{side} digits",
                              f"Use size >= {side}")
     offsets = require_tensor("offsets", offsets, ndim=2, kind="int", shape_hint="(n, 2)")
+    # flags, not probabilities: a float 0.4 read as True scaled the digit up
+    scale_up = require_tensor("scale_up", scale_up, ndim=1, kind="bool", shape_hint="(n,)")
     if offsets.shape != (len(digits), 2) or len(scale_up) != len(digits):
         raise argument_error("offsets", f"need one (row, col) offset and one scale_up flag per digit ({len(digits)})",
                              "Pass them for every digit")
@@ -99,6 +111,9 @@ class DigitImages(Dataset):
                  views: int = 2, scaled_up_only: bool = False, seed: int = 0,
                  scaled_up_fraction: float = 0.5) -> None:
         n = len(digits)
+        # one integer class per digit: a list failed inside repeat, (n, 1) labels too, and float labels were served
+        # as floats (the ViTs' losses refuse them only at the first training step)
+        labels = require_tensor("labels", labels, ndim=1, kind="int", shape_hint="(n,)")
         if len(labels) != n:
             raise argument_error("labels", f"has {len(labels)} entries for {n} digits", "Pass one label per digit")
         views = require_int("views", views, minimum=1)
@@ -131,6 +146,10 @@ def make_grids(digits: Float[Tensor, "n 1 s s"], labels: Int[Tensor, " n"], conf
     If fewer than four classes still have unused images before ``n_grids`` grids are made, raises
     (``strict=True``) or returns the grids made so far (``strict=False``).
     """
+    # one class and one finite confidence per digit: (n, 1) confidences ranked nothing (each class's digits were taken
+    # in their order, silently), NaN ones ranked arbitrarily, and list labels failed inside the grouping
+    labels = require_tensor("labels", labels, ndim=1, kind="int", shape_hint="(n,)")
+    confidence = require_tensor("confidence", confidence, ndim=1, kind="real", shape_hint="(n,)")
     if not (len(digits) == len(labels) == len(confidence)):
         raise argument_error("labels", f"digits, labels and confidence must have the same length, got "
                              f"{len(digits)}, {len(labels)}, {len(confidence)}", "Pass one of each per digit")
@@ -148,7 +167,8 @@ def make_grids(digits: Float[Tensor, "n 1 s s"], labels: Int[Tensor, " n"], conf
             raise argument_error("n_grids", f"only {len(grids)} grids could be made: fewer than four classes have "
                                  "unused images", "Pass a smaller n_grids or more digits, or strict=False")
         classes = rng.choice(available, size=4, replace=False)
-        grid = torch.zeros(1, 2 * side, 2 * side)
+        # the digits' dtype and device (float64 digits were rounded to float32 grids)
+        grid = torch.zeros(1, 2 * side, 2 * side, dtype=digits.dtype, device=digits.device)
         for cell, c in enumerate(classes):
             i = queues[int(c)].pop(0)
             r, col = divmod(cell, 2)

@@ -18,7 +18,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from .._checks import bad_rows, require_tensor
-from ..errors import BcosValueError, argument_error
+from ..errors import BcosTypeError, BcosValueError, argument_error
 
 __all__ = ["InputEncoding", "check_pixel_values", "encode_image"]
 
@@ -26,9 +26,12 @@ __all__ = ["InputEncoding", "check_pixel_values", "encode_image"]
 _RANGE_TOLERANCE = 1e-4
 
 
-def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int, what: str = "pixel_values") -> None:
+def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int, what: str = "pixel_values",
+                       dtype: torch.dtype | None = None) -> None:
     """Raise a :class:`~bcos_plugins.errors.BcosValueError` naming the problem and the fix if ``pixel_values``
-    does not fit the model: not a float tensor, wrong shape, an empty batch, or NaN / inf values."""
+    does not fit the model: not a float tensor, wrong shape, an empty batch, or NaN / inf values; with ``dtype`` (the
+    model's weights'), a :class:`~bcos_plugins.errors.BcosTypeError` for another dtype outside ``torch.autocast``
+    (images from NumPy arrive as float64, and torch's own refusal came from deep inside the tokeniser)."""
     if not isinstance(pixel_values, Tensor) or not pixel_values.is_floating_point():
         raise BcosValueError(f"{what}: must be a float tensor of shape (batch, {num_channels}, {image_size}, "
                          f"{image_size}) with values in [0, 1]; got {type(pixel_values).__name__} "
@@ -60,14 +63,20 @@ def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int,
     if not finite.all():
         raise argument_error(what, f"contains NaN or inf in {bad_rows(~finite)}",
                              "Pass finite values (check the image loading / resizing)")
+    if (dtype is not None and pixel_values.dtype != dtype
+            and not torch.is_autocast_enabled(pixel_values.device.type)):
+        raise argument_error(what, f"are {pixel_values.dtype} but the model's weights are {dtype}",
+                             f"Cast them: {what}.to({dtype})", kind=BcosTypeError)
 
 
 def encode_image(pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch two_c h w"]:
     """``[x, 1 - x]`` along the channel axis; values must lie in [0, 1]."""
     pixel_values = require_tensor("pixel_values", pixel_values, kind="float", shape_hint="(batch, C, H, W)")
-    if pixel_values.ndim < 2 or pixel_values.numel() == 0:
+    # (batch, C, H, W) only: an unbatched (C, H, W) image was encoded along its rows (H became 2H), silently
+    if pixel_values.ndim != 4 or pixel_values.numel() == 0:
         raise argument_error("pixel_values", f"must be a non-empty (batch, C, H, W) tensor, got shape "
-                             f"{tuple(pixel_values.shape)}", "Pass at least one image")
+                             f"{tuple(pixel_values.shape)}", "Add the batch dimension to one image (pixel_values[None]), "
+                             "and pass at least one image")
     lo, hi = pixel_values.min().item(), pixel_values.max().item()
     if lo < -_RANGE_TOLERANCE or hi > 1 + _RANGE_TOLERANCE:
         raise BcosValueError(f"pixel_values: B-cos image inputs must lie in [0, 1] (they are encoded as [x, 1 - x]); "

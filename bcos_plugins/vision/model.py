@@ -124,12 +124,8 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
 
     def encode(self, pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch two_c h w"]:
         """Check the images and return ``[x, 1 - x]`` (the attribution point)."""
-        check_pixel_values(pixel_values, self.config.num_channels, self.config.image_size)
-        weights = self.classifier.weight.dtype
-        if pixel_values.dtype != weights and not torch.is_autocast_enabled(pixel_values.device.type):
-            # images from NumPy arrive as float64: torch's own refusal comes from deep inside the tokeniser
-            raise argument_error("pixel_values", f"are {pixel_values.dtype} but the model's weights are {weights}",
-                                 f"Cast them: pixel_values.to({weights})", kind=BcosTypeError)
+        check_pixel_values(pixel_values, self.config.num_channels, self.config.image_size,
+                           dtype=self.classifier.weight.dtype)
         return self.encoding(pixel_values)
 
     def forward_encoded(self, encoded: Float[Tensor, "batch two_c h w"],
@@ -172,7 +168,7 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
         else:
             encoded = encoded_pixel_values
             check_pixel_values(encoded, 2 * self.config.num_channels, self.config.image_size,
-                               what="encoded_pixel_values")
+                               what="encoded_pixel_values", dtype=self.classifier.weight.dtype)
         if labels is not None:
             labels = require_class_ids("labels", labels, encoded.shape[0], self.config.num_labels)
         logits, patterns = self.forward_encoded(encoded)
