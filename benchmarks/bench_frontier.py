@@ -583,7 +583,15 @@ def _metric_columns(pairs: list[tuple[dict, dict]], metric: str, best: str | Non
     bcos_values = [v for _, b in pairs for v in b["methods"]["B-cos"][metric]]
     if bcos_values and best:
         reference = [v for a, _ in pairs for v in a["methods"][best][metric]]
-        interval = paired_bootstrap_difference(reference, bcos_values, n_resamples=cfg.bootstrap)
+        try:
+            interval = paired_bootstrap_difference(reference, bcos_values, n_resamples=cfg.bootstrap)
+        except BcosValueError:
+            # the same difference on every unit (a saturated metric): the difference without an interval, which
+            # would have zero width ("–", as _accuracy_columns reports seeds without spread)
+            if len(set(b - a for a, b in zip(reference, bcos_values, strict=True))) != 1:
+                raise
+            columns.update({f"{metric}_diff": bcos_values[0] - reference[0], f"{metric}_units": len(bcos_values)})
+            return columns
         columns.update({f"{metric}_diff": interval.difference, f"{metric}_low": interval.ci_low,
                         f"{metric}_high": interval.ci_high, f"{metric}_units": interval.n_units})
     return columns
@@ -615,6 +623,8 @@ def _num(value, digits: int = 1) -> str:
 def _interval(row: dict, key: str) -> str:
     if row.get(f"{key}_diff") != row.get(f"{key}_diff"):
         return "–"
+    if row.get(f"{key}_low") != row.get(f"{key}_low"):  # the same difference on every unit: no interval to give
+        return f"{row[f'{key}_diff']:+.1f} [no interval]"
     return f"{row[f'{key}_diff']:+.1f} [{row[f'{key}_low']:+.1f}, {row[f'{key}_high']:+.1f}]"
 
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -250,3 +251,39 @@ def test_segment_and_position_ids_are_range_checked_alike_in_every_integer_dtype
         explain(model, ids, mask, position_ids=positions)
     with pytest.raises(BcosTypeError, match=r"^token_type_ids: is a torch\.bool tensor; segment ids are integers"):
         explain(model, ids, mask, token_type_ids=torch.zeros_like(ids, dtype=torch.bool))
+
+
+# ------------------------------------------------------------------ 6. bootstrap of identical differences
+
+
+def test_bootstrap_refuses_the_same_difference_on_every_unit_and_keeps_any_spread():
+    """Every unit's difference equal gave the interval [d, d]: "no uncertainty", and excludes_zero() True for any
+    d != 0, from units that say nothing about how much units not drawn differ (refused as one unit is)."""
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.metrics.paired import paired_bootstrap_difference
+
+    a = torch.linspace(0, 1, 40, dtype=torch.float64)
+    for shift in (0.0, 0.25, -3.0):
+        with pytest.raises(BcosValueError, match=rf"^values_b: minus values_a is {shift:g} on every one of the 40 "
+                                                 r"units.*zero width"):
+            paired_bootstrap_difference(a, a + shift)
+    spread = a + 0.25
+    spread[7] += 1e-9  # any spread gets its interval
+    r = paired_bootstrap_difference(a, spread)
+    assert r.ci_low < r.difference < r.ci_high and r.ci_high - r.ci_low < 1e-9
+
+
+def test_bench_frontier_reports_a_saturated_metric_without_an_interval():
+    from types import SimpleNamespace
+
+    from benchmarks import bench_frontier
+
+    cell = lambda values: {"methods": {"LIME": {"comp": values}, "B-cos": {"comp": values}}}  # noqa: E731
+    same = [(cell([0.0, 0.5]), cell([0.0, 0.5])), (cell([1.0, 1.0]), cell([1.0, 1.0]))]
+    columns = bench_frontier._metric_columns(same, "comp", "LIME", SimpleNamespace(bootstrap=200))
+    assert columns["comp_diff"] == 0.0 and columns["comp_units"] == 4
+    assert math.isnan(columns["comp_low"]) and math.isnan(columns["comp_high"])
+    spread = [(cell([0.0, 0.5]), {"methods": {"B-cos": {"comp": [0.25, 0.5]}}}), (cell([1.0]), cell([1.0]))]
+    columns = bench_frontier._metric_columns(spread, "comp", "LIME", SimpleNamespace(bootstrap=200))
+    assert columns["comp_diff"] == pytest.approx(0.25 / 3)
+    assert columns["comp_low"] <= columns["comp_diff"] <= columns["comp_high"]

@@ -152,12 +152,14 @@ def test_bootstrap_by_hand():
     assert set(means) <= {0.0, 0.5, 1.0}
 
 
-def test_bootstrap_of_identical_differences_collapses_and_swapping_negates():
+def test_bootstrap_refuses_identical_differences_and_swapping_negates():
     from bcos_plugins.metrics.paired import paired_bootstrap_difference
 
-    same = paired_bootstrap_difference([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])
-    assert (same.difference, same.ci_low, same.ci_high) == pytest.approx((0.5, 0.5, 0.5))
-    assert same.excludes_zero()
+    # identical differences gave [0.5, 0.5] with excludes_zero() True, asserted here as intended until session 22: a
+    # certainty the units cannot give (tests/test_leftovers_s22.py), now refused as one unit is
+    with pytest.raises(BcosValueError, match=r"^values_b: minus values_a is 0\.5 on every one of the 3 units.*zero "
+                                             r"width.*Report the difference without an interval"):
+        paired_bootstrap_difference([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])
     g = torch.Generator().manual_seed(1)
     a, b = torch.rand(50, generator=g), torch.rand(50, generator=g)
     ab, ba = paired_bootstrap_difference(a, b, seed=7), paired_bootstrap_difference(b, a, seed=7)

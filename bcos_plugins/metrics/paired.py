@@ -248,9 +248,22 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
     ``torch.randint(n_units, (n_resamples, n_units), generator=torch.Generator().manual_seed(seed))``; the
     resample means ``d[indices].mean(1)``; the interval is ``torch.quantile`` (linear interpolation) of those
     means at ``(1 - confidence) / 2`` and ``(1 + confidence) / 2``.
+
+    Refused where the interval would claim a certainty the data cannot give: one unit, one resample, and differences
+    that are the same on every unit (to within four units of rounding of the inputs' precision times the largest
+    score). There every resample mean is that difference, so the percentile interval (as a
+    t-interval) is ``[d, d]``, which a reader takes for "no uncertainty" and ``excludes_zero()`` for a sure effect;
+    but units not drawn may differ (with 10 units from a population where 1 in 10 differs by -1 and the rest by +0.5,
+    all ten agree in a third of the draws, and ``[0.5, 0.5]`` then excludes the true mean 0.35). Report such a
+    difference without an interval, or score more units; for 0/1 scores, :func:`paired_accuracy_difference` gives a
+    score interval of non-zero width.
     """
-    a = require_tensor("values_a", values_a, ndim=1, kind="real", shape_hint="(unit,)").double()
-    b = require_tensor("values_b", values_b, ndim=1, kind="real", shape_hint="(unit,)").double()
+    a = require_tensor("values_a", values_a, ndim=1, kind="real", shape_hint="(unit,)")
+    b = require_tensor("values_b", values_b, ndim=1, kind="real", shape_hint="(unit,)")
+    # the inputs' own precision: a spread of the differences within their rounding is no spread
+    eps = max(torch.finfo(t.dtype).eps if t.is_floating_point() else 0.0 for t in (a, b)) or torch.finfo(
+        torch.float64).eps
+    a, b = a.double(), b.double()
     require_same_shape("values_b", b, "values_a", a)
     if a.shape[0] == 0:
         raise argument_error("values_a", "is empty", "Pass the scores of at least one unit")
@@ -271,6 +284,16 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
                              "width)", "Pass the scores of at least two units")
     d = b - a
     n = d.shape[0]
+    # every resample mean is then d[0]: the interval was [d, d] (excludes_zero() True for any d != 0), the same false
+    # certainty as one unit's. "The same" up to the rounding of the inputs and of the subtraction (a constant shift of
+    # float64 scores differs by 1e-16 between units, and its interval was 1e-17 wide)
+    scale = float(torch.maximum(a.abs(), b.abs()).max())
+    if float(d.max() - d.min()) <= 4 * eps * scale:
+        raise argument_error("values_b", f"minus values_a is {float(d.mean()):.6g} on every one of the {n} units (to "
+                             "the inputs' rounding), so every resample mean is that number and the interval would "
+                             "have zero width (a certainty the data cannot give: units not drawn may differ)",
+                             "Report the difference without an interval, or score more units; for 0/1 scores use "
+                             "paired_accuracy_difference, whose score interval has non-zero width")
     indices = torch.randint(n, (n_resamples, n), generator=torch.Generator().manual_seed(seed))
     means = d[indices].mean(1)
     low, high = torch.quantile(means, torch.tensor([(1 - confidence) / 2, (1 + confidence) / 2], dtype=torch.float64))
