@@ -241,3 +241,23 @@ def test_encoded_texts_names_a_max_length_that_is_not_a_length(max_length, kind)
     # 0 encoded every text as no token at all; -1 and 1.5 failed inside the tokenizer (OverflowError, TypeError)
     with pytest.raises(kind, match=r"^max_length: "):
         EncodedTexts(word_tokenizer(), ["w1 w2", "w3"], [0, 1], max_length)
+
+
+# ------------------------------------------------------------------ load_blimp: a jsonl file of another shape
+
+
+@pytest.mark.parametrize(("content", "match"), [
+    ('{"one_prefix_method": true, "pairID": "7"}\n', r"pair '7' has one_prefix_method but no string \["),
+    ('{"one_prefix_method": true, "one_prefix_prefix": "This", "one_prefix_word_good": 3, '
+     '"one_prefix_word_bad": "x"}\n', r"no string \['one_prefix_word_good'\]"),
+    ('\n{oops\n', r"line 2 is not JSON"),
+    ('[1, 2]\n', r"line 1 is a JSON list, not an object"),
+])
+def test_load_blimp_names_a_line_or_pair_of_a_file_it_cannot_read(tmp_path, content, match):
+    from bcos_plugins.data import load_blimp
+
+    file = tmp_path / "pairs.jsonl"
+    file.write_text(content, encoding="utf-8")
+    # a bare KeyError ('one_prefix_prefix'), JSONDecodeError or AttributeError named neither the file nor the line
+    with pytest.raises(BcosValueError, match=rf"^path: .*{match}"):
+        load_blimp("dna", path=file)

@@ -132,6 +132,29 @@ def _resolve(subset: str) -> tuple[str, str]:
                          f"bcos_plugins.data.BLIMP_SUBSETS): {', '.join(f'{k}: {v}' for k, v in BLIMP_SUBSETS.items())}")
 
 
+_ONE_PREFIX_KEYS = ("one_prefix_prefix", "one_prefix_word_good", "one_prefix_word_bad")
+
+
+def _read_jsonl(file: Path) -> list[dict]:
+    """The rows of a BLiMP ``.jsonl`` file, refusing a line that is not a JSON object by its number (a bare
+    ``JSONDecodeError`` named neither the file nor the line)."""
+    rows = []
+    with file.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise argument_error("path", f"{file}, line {number} is not JSON ({err.msg})",
+                                     "Pass BLiMP's own jsonl files (one JSON object per line)") from None
+            if not isinstance(row, dict):
+                raise argument_error("path", f"{file}, line {number} is a JSON {type(row).__name__}, not an object",
+                                     "Pass BLiMP's own jsonl files (one JSON object per line)")
+            rows.append(row)
+    return rows
+
+
 def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = None,
                source: str = "local") -> list[BlimpPair]:
     """Minimal pairs of one of the nine paradigms, with their evidence spans (see the module docstring).
@@ -146,7 +169,9 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
     Pairs without the one-prefix method, or where the rule finds no evidence, are dropped.
 
     Raises:
-        BcosValueError: an unknown ``subset`` (the message lists the nine), a negative ``n`` or another ``source``.
+        BcosValueError: an unknown ``subset`` (the message lists the nine), a negative ``n`` or another ``source``;
+            a line of the file that is not a JSON object, or a one-prefix pair without its prefix and two words (the
+            line or pair named).
         BcosTypeError: ``subset`` not a str. BcosFileError: no ``<paradigm>.jsonl`` at ``path``.
     """
     short, paradigm = _resolve(subset)
@@ -162,8 +187,7 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
         if not file.exists():
             raise argument_error("path", f"{file} not found", "Pass path=... to a BLiMP jsonl file (or its folder), "
                                  "or source='hub' to load it with `datasets`", kind=BcosFileError)
-        with file.open(encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+        rows = _read_jsonl(file)
     else:
         raise argument_error("source", f"must be 'local' or 'hub', got {source!r}",
                              "Use 'local' (the shipped slice, or path=...) or 'hub' (datasets, network needed)")
@@ -171,6 +195,12 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
     for row in rows[:n] if n is not None else rows:
         if not row.get("one_prefix_method"):
             continue
+        missing = [key for key in _ONE_PREFIX_KEYS if not isinstance(row.get(key), str)]
+        if missing:
+            # failed with a bare KeyError naming the key alone
+            raise argument_error("path", f"pair {row.get('pairID', '?')!r} has one_prefix_method but no string "
+                                 f"{missing}", "Pass BLiMP's own jsonl files (each one-prefix pair has "
+                                 f"{list(_ONE_PREFIX_KEYS)})")
         prefix = row["one_prefix_prefix"]
         evidence = _evidence_spans(short, prefix)
         if not evidence:
