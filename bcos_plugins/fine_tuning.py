@@ -118,6 +118,14 @@ def fine_tune_classifier(
     args = training_arguments("bcos_finetune_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
                                progress, training_args)
     require_no_label_smoothing_with_bce(use_bce, args.label_smoothing_factor)
+    problem_type = getattr(model.config, "problem_type", None)
+    if not use_bce and problem_type not in (None, "single_label_classification"):
+        # the model's own loss reads it (BCE on multi-hot float targets, MSE), and the class ids here are neither:
+        # it failed at the first step; cross_entropy_loss would train it as a single-label classifier instead
+        raise argument_error("model", f"has config.problem_type {problem_type!r}, but fine_tune_classifier trains one "
+                             "class id per text with the cross-entropy (single_label_classification)",
+                             "set model.config.problem_type = 'single_label_classification' (or None), or train "
+                             "multi-label / regression heads with transformers' Trainer directly")
     optimizers = (None, None)
     if head_learning_rate is not None:
         optimizers = (two_rate_trainer_optimizer(model, args, head_learning_rate), None)

@@ -252,3 +252,16 @@ def test_task_then_bcos_refuses_resume_from_checkpoint_before_its_first_stage(re
         fine_tune_task_then_bcos(model, word_tokenizer(), texts, labels, max_length=16, resume_from_checkpoint=resume,
                                  **QUIET)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("problem_type", ["multi_label_classification", "regression"])
+def test_fine_tune_classifier_refuses_a_problem_type_its_class_ids_cannot_train(problem_type):
+    """The model's own loss reads config.problem_type (BCE on multi-hot targets, MSE), which one class id per text
+    cannot feed: it failed at the first step inside the model; the cross-entropy must not train it silently as a
+    single-label classifier either."""
+    texts, labels = corpus(4)
+    model = _classifier(False)
+    model.config.problem_type = problem_type
+    with pytest.raises(BcosValueError, match=rf"^model: has config\.problem_type '{problem_type}', but "
+                                             r"fine_tune_classifier trains one class id per text"):
+        fine_tune_classifier(model, word_tokenizer(), texts, labels, max_length=16, **QUIET)
