@@ -260,3 +260,15 @@ def test_read_rt_polarity_reads_cornells_latin_1_files(tmp_path):
     (tmp_path / "rt-polarity.neg").write_bytes("a caf\xe9 of a film\n".encode("latin-1"))
     (tmp_path / "rt-polarity.pos").write_text("na\u00efve and good\n", encoding="utf-8")
     assert read_rt_polarity(tmp_path) == (["a caf\u00e9 of a film", "na\u00efve and good"], [0, 1])
+
+
+def test_a_plateau_gate_fed_a_second_run_is_refused_instead_of_starting_it_at_the_first_runs_start():
+    from bcos_plugins.guided import PlateauGate
+
+    gate = PlateauGate(0.6)
+    losses = [0.7, 0.69, 0.5, 0.4, 0.3, 0.3]
+    assert [gate.factor(step, 6, 0.0, loss) for step, loss in enumerate(losses)][-1] == 1.0
+    assert gate.update(5, 0.3) == gate.start  # micro-batches of one step share it
+    # a second run on the same gate started supervising at step 4, the first run's start, while still on its plateau
+    with pytest.raises(BcosValueError, match=r"^step: is 0, after step 5: this PlateauGate already tracked a run"):
+        gate.factor(0, 6, 0.0, 0.7)

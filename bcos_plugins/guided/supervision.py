@@ -178,11 +178,20 @@ class PlateauGate:
             raise argument_error("smoothing", "must be below 1 (the running mean would never move)", "Pass e.g. 0.8")
         self.running: float | None = None
         self.start: int | None = None
+        self.last_step: int | None = None
 
     def update(self, step: int, task_loss: float) -> int | None:
-        """Feed one step's task loss; returns ``start`` (``None`` while the plateau lasts)."""
+        """Feed one step's task loss; returns ``start`` (``None`` while the plateau lasts). Steps never go back: a
+        gate tracks one run (the micro-batches of one step may share it)."""
         step = require_int("step", step, minimum=0)
         task_loss = require_float("task_loss", task_loss)
+        if self.last_step is not None and step < self.last_step:
+            # a gate reused for a second run kept the first run's running loss and start: the new run's supervision
+            # was switched on from that start, plateau or not
+            raise argument_error("step", f"is {step}, after step {self.last_step}: this PlateauGate already "
+                                 f"tracked a run (running loss {self.running:.4g}, start {self.start})",
+                                 "Make a new PlateauGate (or PlateauRestart.watch) for each training run")
+        self.last_step = step
         self.running = task_loss if self.running is None else (
             self.smoothing * self.running + (1 - self.smoothing) * task_loss)
         if self.start is None and self.running < self.threshold:
