@@ -272,3 +272,16 @@ def test_a_plateau_gate_fed_a_second_run_is_refused_instead_of_starting_it_at_th
     # a second run on the same gate started supervising at step 4, the first run's start, while still on its plateau
     with pytest.raises(BcosValueError, match=r"^step: is 0, after step 5: this PlateauGate already tracked a run"):
         gate.factor(0, 6, 0.0, 0.7)
+
+
+def test_concept_contributions_of_a_model_without_a_space_head_is_refused_by_name():
+    from bcos_plugins.space import concept_contributions
+
+    model = _space_model()
+    ids = torch.randint(3, 60, (2, 6), generator=torch.Generator().manual_seed(0))
+    concepts = model(ids).concepts
+    shares = concept_contributions(model, concepts, None)
+    torch.testing.assert_close(shares.sum((1, 3, 4)) + model.head.classifier.bias, model(ids).logits)
+    # "'BertModel' object has no attribute 'head'"
+    with pytest.raises(BcosTypeError, match="^model: concept_contributions explains a SpaceModelForSequence"):
+        concept_contributions(model.encoder, concepts, None)

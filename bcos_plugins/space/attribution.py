@@ -52,7 +52,18 @@ def concept_contributions(
     model, concepts: Float[Tensor, "batch pos n_spaces n_latent"], attention_mask: Tensor | None
 ) -> Float[Tensor, "batch pos n_classes n_spaces n_latent"]:
     """Per-token, per-class, per-concept-unit shares of the logits from given concept activations."""
+    require_space_model(model, "concept_contributions")  # another model failed on "has no attribute 'head'"
     return model.head.token_contributions(concepts, attention_mask)
+
+
+def require_space_model(model, function: str) -> None:
+    """What the Space attributions read of the model, not an isinstance check: modeling.py's explain() calls this
+    module, so importing modeling here would make the two import each other."""
+    head = getattr(model, "head", None)
+    if not (callable(getattr(head, "token_contributions", None)) and hasattr(head, "classifier")
+            and hasattr(head, "n_spaces")):
+        raise BcosTypeError(f"model: {function} explains a SpaceModelForSequenceClassification; got "
+                            f"{type(model).__name__} (use bcos_plugins.explain for B-cos models)")
 
 
 @torch.no_grad()
@@ -67,13 +78,7 @@ def context_attribution(
 ) -> SpaceExplanation:
     """Explain a batch: each token's exact share of the ``target`` logit (default: the predicted class),
     or of ``target - foil``. ``forward_kwargs`` go to the model (``token_type_ids``, ``inputs_embeds``)."""
-    # what this function reads of the model, not an isinstance check: modeling.py's explain() calls this
-    # module, so importing modeling here would make the two import each other
-    head = getattr(model, "head", None)
-    if not (callable(getattr(head, "token_contributions", None)) and hasattr(head, "classifier")
-            and hasattr(head, "n_spaces")):
-        raise BcosTypeError(f"model: context_attribution explains a SpaceModelForSequenceClassification; got "
-                        f"{type(model).__name__} (use bcos_plugins.explain for B-cos models)")
+    require_space_model(model, "context_attribution")
     with evaluating(model):
         out = model(input_ids=input_ids, attention_mask=attention_mask, **forward_kwargs)
     logits, concepts = out.logits, out.concepts
