@@ -72,6 +72,10 @@ def _per_row(value, name: str, n: int, data, column: str | None) -> list | None:
         return None
     if _is_id(value):  # one id for all texts: an int, a NumPy int, a 0-d tensor (list() of those raised TypeError)
         return [int(value)] * n
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 1:
+        # a NumPy array of one id per text was refused as "not a class id" (it is no Sequence); float arrays stay
+        # refused below, by their values
+        value = value.tolist()
     if isinstance(value, str | bytes) or not isinstance(value, Sequence | torch.Tensor) \
             or (isinstance(value, torch.Tensor) and value.ndim != 1):
         # a str was read as a list of characters ("1 values for 5 texts"), a float raised "not iterable"

@@ -261,3 +261,31 @@ def test_load_blimp_names_a_line_or_pair_of_a_file_it_cannot_read(tmp_path, cont
     # a bare KeyError ('one_prefix_prefix'), JSONDecodeError or AttributeError named neither the file nor the line
     with pytest.raises(BcosValueError, match=rf"^path: .*{match}"):
         load_blimp("dna", path=file)
+
+
+# ------------------------------------------------------------------ explain_dataset: a NumPy array of ids
+
+
+def test_explain_dataset_takes_a_numpy_array_of_one_target_per_text():
+    import numpy as np
+    import transformers as T
+    from test_pretrain import word_tokenizer
+
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.corpus import explain_dataset
+
+    tok = word_tokenizer()
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(T.BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=40, num_labels=3)).eval())
+    texts = ["w1 w2 w3", "w4", "w5 w6 w7"]
+    # refused as "got ndarray array([2, 0, 1]), not a class id", though it is one int per text
+    data = explain_dataset(model, tok, texts, target=np.array([2, 0, 1]), batch_size=2, progress=False)
+    assert data["target"] == [2, 0, 1]
+    for i, text in enumerate(texts):
+        enc = tok([text], return_tensors="pt")
+        alone = explain(model, enc["input_ids"], enc["attention_mask"], target=[2, 0, 1][i])
+        assert data["scores"][i] == pytest.approx(alone.scores()[0].tolist(), abs=1e-6)
+    with pytest.raises(BcosTypeError, match=r"^target: the value for text 0 is float"):
+        explain_dataset(model, tok, texts, target=np.array([2.0, 0.0, 1.0]), progress=False)
