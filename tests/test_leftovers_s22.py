@@ -287,3 +287,17 @@ def test_bench_frontier_reports_a_saturated_metric_without_an_interval():
     columns = bench_frontier._metric_columns(spread, "comp", "LIME", SimpleNamespace(bootstrap=200))
     assert columns["comp_diff"] == pytest.approx(0.25 / 3)
     assert columns["comp_low"] <= columns["comp_diff"] <= columns["comp_high"]
+
+
+def test_bootstrap_reads_lists_of_python_floats_in_float64():
+    """torch.as_tensor made a list of Python floats float32, so differences of 1e-9 were rounded to 0 before the
+    float64 arithmetic: the difference read 0.0 with the interval [0, 0] (bench_frontier passes lists)."""
+    from bcos_plugins.metrics.paired import paired_bootstrap_difference
+
+    a = [1.0, 2.0, 3.0, 4.0]
+    b = [1.0 + 1e-9, 2.0 + 2e-9, 3.0 + 4e-9, 4.0 + 1e-9]
+    r = paired_bootstrap_difference(a, b)
+    assert r.difference == pytest.approx(2e-9, rel=1e-6)
+    assert r.ci_low < r.difference < r.ci_high
+    assert paired_bootstrap_difference(tuple(a), tuple(b)) == r == paired_bootstrap_difference(
+        torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64))
