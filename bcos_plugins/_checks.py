@@ -632,3 +632,25 @@ def warn_if_another_models_tokenizer(model, tokenizer, *, stacklevel: int = 3) -
         "with the model (AutoTokenizer.from_pretrained of the model's folder or hub name); if this pair is right, "
         "silence it with warnings.filterwarnings('ignore', category=bcos_plugins.errors.TokenizerMismatchWarning).",
         TokenizerMismatchWarning, stacklevel=stacklevel)
+
+
+def require_training_argument_names(training_args, helper: str, own=()) -> None:
+    """Refuse a keyword of a training helper that is neither one of its own arguments (``own``) nor a field of
+    transformers' ``TrainingArguments``, where the helper sends the others: a misspelt ``learning_rat=`` or a
+    ``Trainer`` argument (``callbacks=``, ``eval_dataset=``) failed with Python's bare "TrainingArguments.__init__()
+    got an unexpected keyword argument", naming neither the helper nor the closest valid name."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    from .errors import BcosKeywordError
+
+    fields = {field.name for field in dataclasses.fields(TrainingArguments) if field.init}
+    for key in training_args:
+        if key not in fields:
+            raise argument_error(key, f"is neither an argument of {helper} nor a field of transformers' "
+                                 f"TrainingArguments, where {helper} sends the keywords it does not take itself",
+                                 closest_name_fix(key, fields | set(own), "Check the spelling against "
+                                                  "transformers.TrainingArguments; for Trainer arguments (callbacks, "
+                                                  "evaluation data) build a transformers Trainer yourself"),
+                                 kind=BcosKeywordError)

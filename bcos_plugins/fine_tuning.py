@@ -16,6 +16,7 @@ from ._checks import (
     require_run_settings,
     require_text_pairs,
     require_texts,
+    require_training_argument_names,
     rows_named_as,
 )
 from .attribution.text import rows_as_alone_call
@@ -116,7 +117,7 @@ def fine_tune_classifier(
     distill = _check_distillation(model, teacher, distill_weight, distill_loss, distill_temperature)
     use_bce = loss == "bce" or (loss == "auto" and has_dynamic_weights(model))
     args = training_arguments("bcos_finetune_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
-                               progress, training_args)
+                               progress, training_args, helper=fine_tune_classifier)
     require_no_label_smoothing_with_bce(use_bce, args.label_smoothing_factor)
     problem_type = getattr(model.config, "problem_type", None)
     if not use_bce and problem_type not in (None, "single_label_classification"):
@@ -290,12 +291,18 @@ _SET_FROM_ARGUMENTS = {"num_train_epochs": "epochs", "per_device_train_batch_siz
 
 
 def training_arguments(prefix: str, output_dir, n_texts: int, epochs, batch_size, learning_rate, seed,
-                        progress: bool, training_args: dict):
+                        progress: bool, training_args: dict, helper=None):
     """``TrainingArguments`` of the package's training helpers; ``training_args`` override the defaults (not the
-    settings the helpers take as arguments of their own, refused naming that argument)."""
+    settings the helpers take as arguments of their own, refused naming that argument). ``helper`` (the calling
+    function) names the helper and its own arguments when a keyword is neither theirs nor a ``TrainingArguments``
+    field."""
+    import inspect
     import tempfile
 
     from transformers import TrainingArguments
+
+    if helper is not None:
+        require_training_argument_names(training_args, helper.__name__, inspect.signature(helper).parameters)
 
     for key, own in _SET_FROM_ARGUMENTS.items():
         if key in training_args:

@@ -200,7 +200,7 @@ def pretrain_masked_lm(
     max_length = truncation_length(model, max_length, default=128)
     require_tokenizer_fits(model, tokenizer)  # the one check of a tokenizer larger than the embedding
     args = training_arguments("bcos_mlm_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
-                               progress, training_args)
+                               progress, training_args, helper=pretrain_masked_lm)
     dataset = EncodedTexts(tokenizer, texts, None, max_length)
     # a batch of texts without tokens (rows of padding alone) failed mid-training inside the attention
     require_texts_with_tokens([len(ids) for ids in dataset.encodings["input_ids"]], range(len(texts)), texts, "texts",

@@ -13,13 +13,14 @@ every real end-of-text token from the loss. Here padding is whatever the attenti
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from ._checks import require_int, require_same_shape
+from ._checks import require_int, require_same_shape, require_training_argument_names
 from .attribution.targets import real_token_positions
 from .convert.architectures import PositionLimit, position_limit, vocabulary_size
 from .encoded_texts import require_max_length_fits
@@ -196,6 +197,7 @@ def train_causal_lm(
     _check_training_rows("train_dataset", train_dataset, max_length, vocab_size, limit)
     if eval_dataset is not None:
         _check_training_rows("eval_dataset", eval_dataset, max_length, vocab_size, limit)
+    require_training_argument_names(training_arguments, "train_causal_lm", inspect.signature(train_causal_lm).parameters)
     defaults = {"learning_rate": 5e-4, "save_strategy": "no", "report_to": [], "remove_unused_columns": False,
                 "use_cpu": not torch.cuda.is_available(), "logging_steps": 10}
     args = TrainingArguments(output_dir=output_dir, **{**defaults, **training_arguments})

@@ -265,3 +265,25 @@ def test_fine_tune_classifier_refuses_a_problem_type_its_class_ids_cannot_train(
     with pytest.raises(BcosValueError, match=rf"^model: has config\.problem_type '{problem_type}', but "
                                              r"fine_tune_classifier trains one class id per text"):
         fine_tune_classifier(model, word_tokenizer(), texts, labels, max_length=16, **QUIET)
+
+
+def test_a_keyword_no_training_helper_takes_is_refused_naming_the_closest_valid_one(tmp_path):
+    """A misspelt keyword (or a Trainer argument such as callbacks=) failed with Python's bare
+    "TrainingArguments.__init__() got an unexpected keyword argument 'learning_rat'", naming neither the helper nor
+    the fix."""
+    from bcos_plugins.errors import BcosKeywordError
+    from bcos_plugins.train_decoder import train_causal_lm
+
+    texts, labels = corpus(4)
+    with pytest.raises(BcosKeywordError, match=r"^learning_rat: is neither an argument of fine_tune_classifier nor a "
+                                               r"field of transformers' TrainingArguments.*Pass learning_rate= if"):
+        fine_tune_classifier(_classifier(True), word_tokenizer(), texts, labels, max_length=16, learning_rat=1e-3,
+                             **QUIET)
+    with pytest.raises(BcosKeywordError, match=r"^callbacks: is neither an argument of pretrain_masked_lm .* build a "
+                                               r"transformers Trainer yourself"):
+        pretrain_masked_lm(T.BertForMaskedLM(tiny_config("bert")), word_tokenizer(), runs_of_words(4), max_length=12,
+                           callbacks=[], **QUIET)
+    model = bcosify(T.GPT2LMHeadModel(tiny_config("gpt2")), b=1.1, verbose=False)
+    with pytest.raises(BcosKeywordError, match=r"^max_step: is neither an argument of train_causal_lm .*Pass "
+                                               r"max_steps= if"):
+        train_causal_lm(model, [{"input_ids": [5, 6, 7]}], str(tmp_path), pad_token_id=0, max_step=1)
