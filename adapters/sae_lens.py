@@ -50,6 +50,7 @@ from bcos_plugins.bilinear.sources import fold_input_norm, lens_mlp_prefix
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.nn.functional import at_least_float32
 
+from ._lens.bridge import linear_normalized, native_norm_input_hook
 from ._lens.explain import LensExplanation, explain_lens_value
 from ._lens.sae_error import sae_error_capture
 
@@ -594,8 +595,18 @@ def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None,
         zero_input = torch.zeros(1, sae.cfg.d_in, dtype=sae.dtype, device=sae.W_enc.device)
         bias = _pre_activations(sae, zero_input)[0, feature].detach()
     found: dict[str, Tensor] = {}
+    # a bridge's natively run norm computes hook_normalized beside its output with a scale that is not held
+    # constant in explanation mode: read there, the feature's contributions missed all of it (completeness error
+    # 1.0) without a word; its input is captured to give the same value, linear in the tokens
+    native_norm = native_norm_input_hook(model, hook_name) if hook_is_free else None
+
+    def keep_norm_input(activation: Tensor, hook) -> Tensor:
+        found["norm_input"] = activation
+        return activation
 
     def read(activation: Tensor, hook) -> Tensor:
+        if native_norm is not None:
+            activation = linear_normalized(found.pop("norm_input"), activation, centred=native_norm[1])
         if hook_is_free:
             if activation.shape[-1] != sae.cfg.d_in:
                 raise BcosValueError(f"sae: it reads vectors of width d_in={sae.cfg.d_in}, but {hook_name!r} has width "
@@ -606,7 +617,8 @@ def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None,
 
     def feature_at(run, pos: Tensor):
         try:
-            run([(hook_name if hook_is_free else f"{hook_name}.hook_sae_acts_pre", read)])
+            run(([] if native_norm is None else [(native_norm[0], keep_norm_input)])
+                + [(hook_name if hook_is_free else f"{hook_name}.hook_sae_acts_pre", read)])
         except _FeatureReached:
             pass
         pre = found["pre"]

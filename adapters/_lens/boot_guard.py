@@ -58,7 +58,7 @@ from .shares import head_shares, neuron_shares
 
 __all__ = ["BRIDGE_COPY_MARKER", "CACHE_UNEMBEDDING_READERS", "CACHE_WEIGHT_READERS", "FINAL_NORM_FOLDED_MARKER",
            "check_boot_guard", "install_boot_guard", "is_guarded", "refuse_bcos_model",
-           "refuse_raw_weight_decomposition", "refuse_unfolded_logit_attrs"]
+           "refuse_post_norm_decomposition", "refuse_raw_weight_decomposition", "refuse_unfolded_logit_attrs"]
 
 # set on the copy transformer_bridge_from_hf boots: the one B-cos model TransformerLens may wrap (it is made exact)
 BRIDGE_COPY_MARKER = "_bcos_plugins_bridge_copy"
@@ -133,21 +133,59 @@ def _hooked_transformer_route(bridge, method: str) -> str:
             f"run_with_cache makes {method} exact")
 
 
+def _is_adapter_bridge(model) -> bool:
+    """Whether ``model`` is a bridge that ``transformer_bridge_from_hf`` built (made explainable there): its cache
+    decompositions are the adapter's promise, plain models' included."""
+    return bool(getattr(model, "_bcos_explainable_bridge", False))
+
+
 def refuse_unfolded_logit_attrs(model, method: str) -> None:
-    """Raise when ``model`` is a ``TransformerBridge`` over a B-cos model whose logits are not ``W_U`` applied to the
-    gain-free normalised residual, so ``ActivationCache.<method>``'s terms would not sum to the logit."""
-    if not _is_bcos_bridge(model) or getattr(model, FINAL_NORM_FOLDED_MARKER, False):
-        return
+    """Raise when ``model`` is a ``TransformerBridge`` over a B-cos model (or one ``transformer_bridge_from_hf`` built
+    over any model) whose logits are not ``W_U`` applied to the gain-free normalised residual, so
+    ``ActivationCache.<method>``'s terms would not sum to the logit."""
     cap = getattr(getattr(getattr(model, "original_model", None), "config", None), "final_logit_softcapping", None)
+    # a plain soft-capped Gemma 2's head is a plain linear layer, so its gain was folded, but the cap still bends
+    # each logit: logit_attrs' terms summed to the uncapped z (0.065 off a tiny model's logits), without a word
+    if not (_is_bcos_bridge(model) or (_is_adapter_bridge(model) and cap is not None)) \
+            or (getattr(model, FINAL_NORM_FOLDED_MARKER, False) and cap is None):
+        return
     reason = (f"whose LM head soft-caps the logits ({cap} * tanh(z / {cap})), so a logit is not a sum of one term "
               "per residual component" if cap is not None else
               "whose final norm gain is not folded into W_U (its LM head is not a plain linear layer, or the bridge "
               "was not built by transformer_bridge_from_hf), which logit_attrs assumes")
+    kind = "B-cos model" if _is_bcos_bridge(model) else "model"
     raise BcosTypeError(
-        f"ActivationCache.{method}: this cache comes from a TransformerBridge over a B-cos model {reason}; its terms "
+        f"ActivationCache.{method}: this cache comes from a TransformerBridge over a {kind} {reason}; its terms "
         "would not add up to the logit (wrong numbers). For an exact split use bcos_plugins.adapters."
         "transformer_lens.token_component_decomposition(bridge, tokens, target=...) (input token x component "
         "shares that sum to the logit) or explain_logits(bridge, tokens, target=...)")
+
+
+# the norms a block applies to its attention / MLP output before hook_attn_out / hook_mlp_out (Gemma 2)
+_POST_NORM_OF = {"compute_head_results": "ln1_post", "stack_head_results": "ln1_post",
+                 "get_neuron_results": "ln2_post", "stack_neuron_results": "ln2_post"}
+
+
+def refuse_post_norm_decomposition(model, method: str) -> None:
+    """Raise when ``model`` is a bridge built by ``transformer_bridge_from_hf`` over a plain (not B-cos) model whose
+    blocks normalise their attention / MLP output again (Gemma 2's ``ln1_post`` / ``ln2_post``): TransformerLens'
+    per-head and per-neuron results (``hook_z`` @ ``W_O``, ``hook_post`` @ ``W_out``) are taken before that norm, so
+    they do not sum to ``hook_attn_out`` / ``hook_mlp_out`` (B-cos bridges are refused or made exact by the guard)."""
+    post = _POST_NORM_OF.get(method)
+    if post is None or not _is_adapter_bridge(model) or _is_bcos_bridge(model):
+        return
+    blocks = [i for i, block in enumerate(getattr(model, "blocks", [])) if hasattr(block, post)]
+    if not blocks:
+        return
+    what = "attention" if post == "ln1_post" else "MLP"
+    raise BcosTypeError(
+        f"ActivationCache.{method}: this cache comes from a TransformerBridge over a model that normalises each "
+        f"{what} output again (blocks.{blocks[0]}.{post}); TransformerLens computes per-"
+        f"{'head' if what == 'attention' else 'neuron'} results from the raw output projection, before that norm, so "
+        f"they would not sum to hook_{'attn' if what == 'attention' else 'mlp'}_out (wrong numbers). For an exact "
+        "split use bcos_plugins.adapters.transformer_lens.token_component_decomposition(bridge, tokens, target=...) "
+        "(input token x component shares that sum to the logit) or explain_logits(bridge, tokens, target=...)"
+        + _hooked_transformer_route(model, method))
 
 
 def _cache_exact_head_results(cache, method: str) -> None:
@@ -307,6 +345,7 @@ def _guarded_cache_method(name: str, method):
               and not _folds_norm_into_projection(method, self, args, kwargs)):
             return method(self, *args, **kwargs)  # it stacks get_neuron_results, exact above
         else:
+            refuse_post_norm_decomposition(getattr(self, "model", None), name)
             refuse_raw_weight_decomposition(getattr(self, "model", None), name, (
                 " (with apply_ln=True and project_output_onto=, or mlp_input=True, TransformerLens takes a path "
                 "that reads W_out; stack without project_output_onto and project the stack yourself)")

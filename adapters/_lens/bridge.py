@@ -57,7 +57,9 @@ __all__ = [
     "SUPPORTED_BRIDGE_ARCHITECTURES",
     "check_bridge_internals",
     "is_explainable_bridge",
+    "linear_normalized",
     "make_bridge_explainable",
+    "native_norm_input_hook",
     "transformer_bridge_from_hf",
 ]
 
@@ -355,6 +357,42 @@ def make_bridge_explainable(bridge: nn.Module) -> nn.Module:
             _make_activation_explainable(module)
     setattr(bridge, _EXPLAINABLE_FLAG, True)
     return bridge
+
+
+def native_norm_input_hook(model: nn.Module, hook_name: str) -> tuple[str, bool] | None:
+    """For ``hook_name`` the ``hook_normalized`` of a normalisation that ``model`` (a bridge) runs natively: the name
+    of that norm's input hook and whether it centres its input (LayerNorm); ``None`` for every other hook.
+
+    On the native path the wrapped (detachable) norm computes the block's output, and TransformerLens computes the
+    ``hook_normalized`` value beside it, as ``x * rsqrt(mean(x^2) + eps)``, a scale that never passes through
+    ``hook_scale``: in explanation mode the forward stays linear, but a value read at that hook is not (each token's
+    input x gradient of a scale-free function of a position is zero, so an SAE feature read there was explained as
+    almost nothing, its contributions missing all of it). :func:`linear_normalized` gives the exact value."""
+    if not is_explainable_bridge(model) or not hook_name.endswith("hook_normalized"):
+        return None
+    point = getattr(model, "hook_dict", {}).get(hook_name)
+    norm_cls = _bridge_classes()[-1]
+    for module in model.modules():
+        if isinstance(module, norm_cls) and getattr(module, "hook_normalized", None) is point \
+                and _runs_original_norm(module):
+            return module.hook_in.name, not module.uses_rms_norm
+    return None
+
+
+def linear_normalized(x: torch.Tensor, normalized: torch.Tensor, centred: bool) -> torch.Tensor:
+    """``normalized`` (a native norm's ``hook_normalized``, see :func:`native_norm_input_hook`) as the norm's input
+    ``x`` (centred for a LayerNorm) times each position's scale held constant: the same values, linear in ``x``."""
+    x = x.to(normalized.dtype)  # TransformerLens upcasts half precision to float32 for the hook's value
+    if centred:
+        x = x - x.mean(-1, keepdim=True)
+    x_norm = x.detach().norm(dim=-1, keepdim=True)
+    ratio = normalized.detach().norm(dim=-1, keepdim=True) / x_norm.clamp_min(torch.finfo(x.dtype).tiny)
+    out = x * ratio
+    tolerance = 1e-4 * float(normalized.detach().abs().max().clamp_min(1e-30))
+    if (out.detach() - normalized.detach()).abs().max() > tolerance:
+        raise BcosRuntimeError("TransformerLens' native normalisation no longer computes hook_normalized as its input "
+                               "times one scale per position; bcos_plugins.adapters' bridge support needs updating")
+    return out
 
 
 def is_explainable_bridge(model: nn.Module) -> bool:

@@ -1,0 +1,120 @@
+"""Trust pass 21, the host-library adapters (adapters/) on the newer families as their users call them: each test
+fails on the behaviour before its fix, which returned a wrong number without a word or raised an unhelpful error.
+
+Written through the host libraries' own calls: sae-lens SAEs read at a TransformerBridge's hooks (explain_sae_feature
+against sae-lens' own ``hook_sae_acts_pre`` on the bridge's cache), TransformerLens' ``ActivationCache``
+decompositions (``stack_head_results``, ``stack_neuron_results``, ``get_full_resid_decomposition``, ``logit_attrs``)
+against the cached ``hook_attn_out`` / ``hook_mlp_out`` / residual and logits they split."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import padded_batch
+from test_conformance import B, _stock
+
+from bcos_plugins import bcosify
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def _bridge(name: str, bcos: bool, **config_overrides):
+    from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
+
+    model = _stock(name, **config_overrides)
+    return transformer_bridge_from_hf(bcosify(model, b=B, verbose=False) if bcos else model)
+
+
+def _sae(d_in: int, hook_name: str, seed: int = 0):
+    from sae_lens import StandardSAE, StandardSAEConfig
+    from sae_lens.saes.sae import SAEMetadata
+
+    sae = StandardSAE(StandardSAEConfig(d_in=d_in, d_sae=3 * d_in, metadata=SAEMetadata(hook_name=hook_name)))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # non-zero biases, so that a lost bias term shows
+        for param in (sae.W_enc, sae.W_dec, sae.b_enc, sae.b_dec):
+            param.copy_(torch.randn(param.shape, generator=generator))
+    return sae
+
+
+# ------------------------------------------------------- explain_sae_feature at a bridge norm's hook_normalized
+
+
+@pytest.mark.parametrize(("name", "bcos"), [("Qwen3ForCausalLM", True), ("Gemma2ForCausalLM", False)])
+@pytest.mark.parametrize("hook", ["blocks.0.ln2.hook_normalized", "blocks.1.ln1.hook_normalized",
+                                  "ln_final.hook_normalized"])
+def test_explain_sae_feature_at_a_bridge_norms_hook_normalized_is_complete(name, bcos, hook):
+    """The bridge runs RMSNorms natively and computes hook_normalized beside them with a scale that explanation mode
+    did not hold constant: the contributions summed to about 0 (completeness error 1.0), without a warning."""
+    from bcos_plugins.adapters.sae_lens import explain_sae_feature
+
+    bridge = _bridge(name, bcos)
+    sae = _sae(32, hook)
+    ids, mask = padded_batch(side="left")
+    explanation = explain_sae_feature(bridge, ids, sae, 3, attention_mask=mask)
+    _, cache = bridge.run_with_cache(ids, attention_mask=mask)
+    _, sae_cache = sae.run_with_cache(cache[hook])
+    want = sae_cache["hook_sae_acts_pre"][torch.arange(3), explanation.position, 3]
+    torch.testing.assert_close(explanation.pre_activation, want, rtol=1e-5, atol=1e-5)
+    scale = torch.stack([explanation.pre_activation, explanation.bias_terms, explanation.explained]).abs().amax(0)
+    assert ((explanation.total + explanation.bias_terms - explanation.pre_activation).abs() / scale).max() < 1e-5
+    assert explanation.completeness_error.max() < 1e-4
+
+
+# ------------------------------------------------------- TransformerLens' cache decompositions on a plain Gemma 2 bridge
+
+
+def _cache(bridge):
+    tokens = torch.randint(3, 60, (2, 7), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        logits, cache = bridge.run_with_cache(tokens)
+    return logits, cache
+
+
+@pytest.mark.parametrize("method", ["stack_head_results", "stack_neuron_results", "get_full_resid_decomposition"])
+def test_a_plain_gemma2_bridges_per_head_and_per_neuron_results_are_refused_naming_the_exact_split(method):
+    """Gemma 2 normalises each attention / MLP output again; TransformerLens' per-head (per-neuron) results are taken
+    before that norm: on a plain Gemma 2 bridge they missed hook_attn_out (hook_mlp_out) by 4.3 (2.8), silently."""
+    from bcos_plugins.errors import BcosTypeError
+
+    _, cache = _cache(_bridge("Gemma2ForCausalLM", False, final_logit_softcapping=None))
+    call = {"stack_head_results": lambda: cache.stack_head_results(layer=-1),
+            "stack_neuron_results": lambda: cache.stack_neuron_results(layer=-1),
+            "get_full_resid_decomposition": lambda: cache.get_full_resid_decomposition(expand_neurons=True)}[method]
+    with pytest.raises(BcosTypeError, match=r"normalises each (attention|MLP) output again \(blocks\.0\.ln[12]_post\)"
+                                            r".*token_component_decomposition.*hooked_transformer_from_hf"):
+        call()
+
+
+def test_a_plain_soft_capped_gemma2_bridges_logit_attrs_is_refused_and_an_uncapped_ones_sums_to_the_logit():
+    """A plain Gemma 2's head is a plain linear layer, so its final norm's gain was folded, but the soft-cap still
+    bends each logit: logit_attrs' terms summed to the uncapped z (0.065 off), silently."""
+    from bcos_plugins.errors import BcosTypeError
+
+    _, cache = _cache(_bridge("Gemma2ForCausalLM", False, final_logit_softcapping=0.5))
+    resid = cache.decompose_resid(layer=-1, pos_slice=-1)
+    with pytest.raises(BcosTypeError, match=r"logit_attrs: .* model whose LM head soft-caps the logits \(0\.5 \* "
+                                            r"tanh.*token_component_decomposition"):
+        cache.logit_attrs(resid, tokens=torch.tensor([5, 6]), pos_slice=-1)
+    logits, cache = _cache(_bridge("Gemma2ForCausalLM", False, final_logit_softcapping=None))
+    resid = cache.decompose_resid(layer=-1, pos_slice=-1)
+    target = torch.tensor([5, 6])
+    attrs = cache.logit_attrs(resid, tokens=target, pos_slice=-1).sum(0)
+    torch.testing.assert_close(attrs, logits[torch.arange(2), -1, target], rtol=1e-4, atol=1e-5)
+
+
+def test_a_plain_qwen3_bridges_per_head_and_per_neuron_results_still_sum_to_the_layer_outputs():
+    """The refusal is for blocks that normalise their outputs again: a plain Qwen3 bridge keeps TransformerLens'
+    results, which sum to each layer's attention and MLP output."""
+    bridge = _bridge("Qwen3ForCausalLM", False)
+    _, cache = _cache(bridge)
+    heads = cache.stack_head_results(layer=-1)  # (layers * heads, batch, pos, d_model)
+    neurons = cache.stack_neuron_results(layer=-1)  # (layers * d_mlp, batch, pos, d_model)
+    n_heads, d_mlp = bridge.cfg.n_heads, bridge.cfg.d_mlp
+    for layer in range(bridge.cfg.n_layers):
+        torch.testing.assert_close(heads[layer * n_heads:(layer + 1) * n_heads].sum(0),
+                                   cache[f"blocks.{layer}.hook_attn_out"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(neurons[layer * d_mlp:(layer + 1) * d_mlp].sum(0),
+                                   cache[f"blocks.{layer}.hook_mlp_out"], rtol=1e-4, atol=1e-5)
