@@ -285,3 +285,12 @@ def test_concept_contributions_of_a_model_without_a_space_head_is_refused_by_nam
     # "'BertModel' object has no attribute 'head'"
     with pytest.raises(BcosTypeError, match="^model: concept_contributions explains a SpaceModelForSequence"):
         concept_contributions(model.encoder, concepts, None)
+
+
+def test_classification_scores_refuses_nested_labels_instead_of_scoring_them_as_one_multi_label_row():
+    from bcos_plugins.space import classification_scores
+
+    assert classification_scores(torch.tensor([0, 1, 1]), [0, 1, 0])["n"] == 3
+    # [[0, 1, 1]] was one multi-label row for scikit-learn: n = 1 and a macro F1 over its columns, without a word
+    with pytest.raises(BcosTypeError, match=r"^labels: must hold one int class id per example, got list \[0, 1, 1\]"):
+        classification_scores([[0, 1, 1]], [[0, 1, 0]])

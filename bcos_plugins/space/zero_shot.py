@@ -162,7 +162,7 @@ def classification_scores(labels: Sequence[int], predictions: Sequence[int], *,
         if isinstance(values, str | bytes) or not hasattr(values, "__len__"):
             raise argument_error(name, f"must be a sequence of class ids, got {type(values).__name__}",
                                  "Pass a list of ints", kind=BcosTypeError)
-    labels, predictions = list(labels), list(predictions)
+    labels, predictions = _class_ids("labels", labels), _class_ids("predictions", predictions)
     if len(labels) != len(predictions):
         raise argument_error("predictions", f"has {len(predictions)} entries for {len(labels)} labels",
                              "Pass one prediction per label")
@@ -172,6 +172,17 @@ def classification_scores(labels: Sequence[int], predictions: Sequence[int], *,
         labels, predictions, labels=None if classes is None else list(classes), average="macro", zero_division=0)
     return {"accuracy": float(accuracy_score(labels, predictions)), "f1_macro": float(f1),
             "precision_macro": float(precision), "recall_macro": float(recall), "n": len(labels)}
+
+
+def _class_ids(name: str, values) -> list[int]:
+    """``values`` as a list of int class ids (``-1``, an unmapped prediction, included): a nested list (``[[0, 1]]``)
+    was scored by scikit-learn as one multi-label row (n = 1, a macro F1 over columns), without a word."""
+    values = values.tolist() if hasattr(values, "tolist") else list(values)  # tensors and arrays: Python ints
+    bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Integral)), None)
+    if bad is not None:
+        raise argument_error(name, f"must hold one int class id per example, got {type(bad).__name__} {bad!r}",
+                             "Pass a flat list of ints, e.g. [0, 1, 1]", kind=BcosTypeError)
+    return [int(v) for v in values]
 
 
 def _is_class_id(value) -> bool:
