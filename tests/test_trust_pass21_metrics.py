@@ -289,3 +289,64 @@ def test_explain_dataset_takes_a_numpy_array_of_one_target_per_text():
         assert data["scores"][i] == pytest.approx(alone.scores()[0].tolist(), abs=1e-6)
     with pytest.raises(BcosTypeError, match=r"^target: the value for text 0 is float"):
         explain_dataset(model, tok, texts, target=np.array([2.0, 0.0, 1.0]), progress=False)
+
+
+# ------------------------------------------------------------------ perturbation_curves of an explanation of another class
+
+
+def _bert_explanation_of_a_class_not_predicted():
+    from conftest import padded_rows, tiny_model
+
+    from bcos_plugins import bcosify, explain
+
+    model = bcosify(tiny_model("BertForSequenceClassification"))
+    ids, mask = padded_rows([6, 4], 6, "right", 0)
+    ids[:, 0] = 2
+    special = (ids == 2) | (mask == 0)
+    with torch.no_grad():
+        predicted = model(input_ids=ids, attention_mask=mask).logits.argmax(-1)
+    other = (predicted + 1) % 3
+    return model, ids, mask, special, explain(model, ids, mask, target=other), other
+
+
+def test_perturbation_curves_of_an_explanation_track_the_class_it_explains():
+    from bcos_plugins.metrics import perturbation_curves
+
+    model, ids, mask, special, explanation, other = _bert_explanation_of_a_class_not_predicted()
+    fractions = (0.25, 0.5)
+    got = perturbation_curves(model, ids, mask, explanation, special_tokens=special, fractions=fractions)
+    # the curves of the predicted class were computed from the attributions of another class, silently
+    assert got.target.tolist() == other.tolist()
+    scores = explanation.input_contributions.sum(-1)
+    for row in range(2):
+        keep = mask[row].bool()
+        row_ids, row_scores, words = ids[row][keep][None], scores[row][keep], (~special[row][keep]).nonzero().flatten()
+        ranked = sorted(words.tolist(), key=lambda j: (-float(row_scores[j]), j))
+
+        def probability(removed, row_ids=row_ids, row=row):
+            visible = torch.ones_like(row_ids)
+            visible[0, removed] = 0
+            with torch.no_grad():
+                return model(input_ids=row_ids, attention_mask=visible).logits.double().softmax(-1)[0, other[row]]
+
+        for f, p in enumerate(fractions):
+            k = max(1, int(len(ranked) * p))
+            assert got.comprehensiveness[row, f].item() == pytest.approx(
+                (probability([]) - probability(ranked[:k])).item(), abs=1e-6)
+            assert got.sufficiency[row, f].item() == pytest.approx(
+                (probability([]) - probability(ranked[k:])).item(), abs=1e-6)
+
+
+def test_perturbation_curves_refuse_a_target_or_input_ids_the_explanation_does_not_explain():
+    from bcos_plugins.metrics import perturbation_curves
+
+    model, ids, mask, special, explanation, other = _bert_explanation_of_a_class_not_predicted()
+    with pytest.raises(BcosValueError, match=r"^target: is .* but the explanation explains"):
+        perturbation_curves(model, ids, mask, explanation, special_tokens=special, target=(other + 1) % 3)
+    shuffled = ids.clone()
+    shuffled[0, 1], shuffled[0, 2] = ids[0, 2], ids[0, 1]
+    with pytest.raises(BcosValueError, match=r"^attributions: explain other input_ids than those passed \(row \[0\]"):
+        perturbation_curves(model, shuffled, mask, explanation, special_tokens=special)
+    # the explanation's own target, passed again, is taken
+    assert perturbation_curves(model, ids, mask, explanation, special_tokens=special,
+                               target=other).target.tolist() == other.tolist()

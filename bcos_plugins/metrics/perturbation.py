@@ -194,6 +194,24 @@ def _check_fractions(fractions, lowest: float = 0.0) -> tuple[float, ...]:
     return values
 
 
+def _explained_classes(attributions: Any, input_ids: Tensor, mask: Tensor) -> Tensor | None:
+    """The class ids an explanation of the package explains (its ``target``, one per row), or None for attributions
+    that do not say (a tensor, a Captum tuple, a direction target). An explanation of other ``input_ids`` (of the same
+    shape; padding not compared) is refused: its scores would be ranked over these tokens."""
+    explained_ids = getattr(attributions, "input_ids", None)
+    if isinstance(explained_ids, Tensor) and explained_ids.shape == input_ids.shape:
+        differ = (explained_ids.to(input_ids.device, input_ids.dtype) != input_ids) & mask.bool()
+    else:
+        differ = None
+    if differ is not None and differ.any():
+        raise argument_error("attributions", f"explain other input_ids than those passed ({bad_rows(differ)} differ)",
+                             "Pass the input_ids (and attention_mask) the explanation was made of")
+    target = getattr(attributions, "target", None) if hasattr(attributions, "input_contributions") else None
+    if not isinstance(target, Tensor) or target.is_floating_point() or target.dtype == torch.bool or target.ndim != 1:
+        return None
+    return target.detach().long()
+
+
 def _probabilities(model: Callable, call: dict, probability: str, examples: Sequence[int]) -> Tensor:
     """The class probabilities of ``model(**call)``; ``examples``: the explained example each row of the call is a
     (perturbed) copy of, named where its logits are NaN or infinite."""
@@ -305,7 +323,9 @@ def perturbation_curves(
             With ``masking="attention"``, the token a registry classifier reads (a decoder's last real token, a
             first-column classifier's first) is never perturbed either (see the module docstring); a row with no
             other perturbable token is refused, and so is a removal that leaves a row no visible token.
-        target: the class whose probability is tracked; default the class predicted on the full input.
+        target: the class whose probability is tracked; default the class ``attributions`` explains when it is an
+            explanation of the package (its ``target``; another ``target`` is refused), else the class predicted on
+            the full input. An explanation of other ``input_ids`` is refused.
         fractions: the p values (default 0.1..0.9).
         masking: ``"attention"`` (remove via attention mask, the paper code's choice) or ``"mask_token"``.
         mask_token_id: for ``masking="mask_token"``; default ``tokenizer.mask_token_id``.
@@ -353,10 +373,21 @@ def perturbation_curves(
     batch, n_fr, length = top.shape
 
     full = _probabilities(model, call, probability, range(batch))
-    if target is None:
+    explained = _explained_classes(attributions, input_ids, mask)
+    if target is None and explained is not None:
+        # an explanation of another class than the predicted one was scored on the predicted class, silently
+        target_t = require_row_ids("target", explained, batch, n_ids=full.shape[-1], what="classes (the "
+                                   "explanation's target)").to(input_ids.device)
+    elif target is None:
         target_t = full.argmax(-1)
     else:
         target_t = require_row_ids("target", target, batch, n_ids=full.shape[-1], what="classes").to(input_ids.device)
+        if explained is not None and not torch.equal(target_t.cpu(), explained.cpu()):
+            differ = target_t.cpu() != explained.cpu()
+            raise argument_error("target", f"is {target_t.cpu()[differ].tolist()[:8]} at {bad_rows(differ)}, but the "
+                                 f"explanation explains {explained.cpu()[differ].tolist()[:8]} there: the curves "
+                                 "would score attributions of one class on another's probability",
+                                 "Leave target out (the explanation's class is used), or explain the class you score")
     p_full = full.gather(-1, target_t[:, None]).squeeze(-1)
 
     # rows: [removed top-k for each p] then [kept only top-k for each p], per example
