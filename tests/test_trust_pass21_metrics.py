@@ -350,3 +350,23 @@ def test_perturbation_curves_refuse_a_target_or_input_ids_the_explanation_does_n
     # the explanation's own target, passed again, is taken
     assert perturbation_curves(model, ids, mask, explanation, special_tokens=special,
                                target=other).target.tolist() == other.tolist()
+
+
+def test_pixel_perturbation_refuses_a_target_the_image_explanation_does_not_explain(tiny_vits, vit_images):
+    from bcos_plugins.metrics import pixel_perturbation
+    from bcos_plugins.vision import explain_image
+
+    model = tiny_vits["bcos"]
+    images, targets = vit_images
+    explanation = explain_image(model, images, target=targets)
+    encoded = model.encode(images).detach()
+
+    def forward(e):
+        return model(encoded_pixel_values=e).logits
+
+    # the maps of one class were scored on another class's confidence, silently
+    with pytest.raises(BcosValueError, match=r"^target: is \[.*\] at rows \[0, 1, 2\], but the explanation explains"):
+        pixel_perturbation(forward, encoded, explanation, (targets + 1) % 5)
+    by_maps = pixel_perturbation(forward, encoded, explanation.contributions, targets)
+    by_explanation = pixel_perturbation(forward, encoded, explanation, targets)
+    assert torch.equal(by_maps.most_first, by_explanation.most_first)

@@ -191,7 +191,8 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
         inputs: the model's input, in the space where pixels are removed. For a B-cos ViT pass the encoded
             ``[x, 1 - x]`` images and ``lambda e: model(encoded_pixel_values=e)``: removal then zeroes the whole
             pixel encoding, as in the paper.
-        attributions: per-pixel maps ``(batch, H, W)`` (or per channel, summed).
+        attributions: per-pixel maps ``(batch, H, W)`` (or per channel, summed), or an image explanation (its
+            ``contributions``; a ``target`` other than the class it explains is refused).
         target: class whose confidence is tracked (int or ``(batch,)``).
         fractions: increasing removal fractions in [0, 1] (default 9 points in [0, 0.25]).
         removed_value: value written to every channel of a removed pixel.
@@ -224,6 +225,15 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
         raise argument_error("fractions", f"fractions must be at least two increasing values in [0, 1], got "
                              f"{list(fractions)}", "Pass e.g. IMAGE_FRACTIONS")
     target_t = require_row_ids("target", target, batch, device=inputs.device)  # range: once the logits are known
+    explained = getattr(attributions, "target", None) if not isinstance(attributions, Tensor) else None
+    if isinstance(explained, Tensor) and explained.ndim == 1 and not explained.is_floating_point() \
+            and explained.dtype != torch.bool and explained.shape == target_t.shape \
+            and not torch.equal(explained.cpu().long(), target_t.cpu()):
+        # the maps of one class were scored on another class's confidence, silently
+        differ = explained.cpu().long() != target_t.cpu()
+        raise argument_error("target", f"is {target_t.cpu()[differ].tolist()[:8]} at {bad_rows(differ)}, but the "
+                             f"explanation explains {explained.cpu()[differ].tolist()[:8]} there",
+                             "Pass target=explanation.target, or explain the class you score")
     seed = require_int("seed", seed)
     n_pixels = height * width
     curves = {}
