@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from ._checks import (
     require_classifier,
+    require_finite_parameters,
     require_labels,
     require_number,
     require_run_settings,
@@ -99,6 +100,7 @@ def fine_tune_classifier(
     from transformers import DataCollatorWithPadding, Trainer
 
     num_labels = require_classifier(model)
+    require_finite_parameters(model)
     texts = require_texts(texts)
     text_pairs = require_text_pairs(text_pairs, len(texts))
     labels = require_labels(labels, num_labels, n=len(texts))
@@ -312,8 +314,10 @@ def training_arguments(prefix: str, output_dir, n_texts: int, epochs, batch_size
             raise argument_error(key, f"is set from the training helper's own argument {own}",
                                  f"Pass {own}={value!r} instead", kind=BcosTypeError)
 
+    # logging_nan_inf_filter off: transformers' default logs a NaN or infinite step loss as the window's average of
+    # the finite ones (0.0 when none is finite), so a run whose loss was NaN at every step reported a loss of 0.0
     overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, n_texts // batch_size // 10),
-                   "dataloader_pin_memory": torch.cuda.is_available()}
+                   "dataloader_pin_memory": torch.cuda.is_available(), "logging_nan_inf_filter": False}
     return TrainingArguments(
         output_dir=str(output_dir or tempfile.mkdtemp(prefix=prefix)),
         num_train_epochs=epochs,

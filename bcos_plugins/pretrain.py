@@ -25,6 +25,7 @@ from ._checks import (
     require_choice,
     require_classifier,
     require_count,
+    require_finite_parameters,
     require_number,
     require_run_settings,
     require_texts,
@@ -197,6 +198,7 @@ def pretrain_masked_lm(
     require_run_settings(epochs, batch_size, max_length, learning_rate, seed)
     require_number("mlm_probability", mlm_probability, low=0.0, low_open=True, high=1.0)
     model = _load_masked_lm(model, b, bcos_query_key)
+    require_finite_parameters(model)
     max_length = truncation_length(model, max_length, default=128)
     require_tokenizer_fits(model, tokenizer)  # the one check of a tokenizer larger than the embedding
     args = training_arguments("bcos_mlm_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,

@@ -20,7 +20,12 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ._checks import require_int, require_same_shape, require_training_argument_names
+from ._checks import (
+    require_finite_parameters,
+    require_int,
+    require_same_shape,
+    require_training_argument_names,
+)
 from .attribution.targets import real_token_positions
 from .convert.architectures import PositionLimit, position_limit, vocabulary_size
 from .encoded_texts import require_max_length_fits
@@ -188,6 +193,7 @@ def train_causal_lm(
     if getattr(getattr(model, "config", None), "bcos", None) is None:
         raise argument_error("model", f"{type(model).__name__} is not B-cosified (no config.bcos)",
                              "Call bcosify(model, b=1.1) first, or use transformers' Trainer directly for a stock model")
+    require_finite_parameters(model)
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
     collator = CausalLMCollator(pad_token_id, max_length=max_length)
     max_length = collator.max_length  # checked there
@@ -198,8 +204,10 @@ def train_causal_lm(
     if eval_dataset is not None:
         _check_training_rows("eval_dataset", eval_dataset, max_length, vocab_size, limit)
     require_training_argument_names(training_arguments, "train_causal_lm", inspect.signature(train_causal_lm).parameters)
+    # logging_nan_inf_filter off: transformers' default logs a NaN step loss as the average of the finite ones (0.0
+    # when none is), so a run whose loss was NaN at every step reported 0.0 (as in fine_tuning.training_arguments)
     defaults = {"learning_rate": 5e-4, "save_strategy": "no", "report_to": [], "remove_unused_columns": False,
-                "use_cpu": not torch.cuda.is_available(), "logging_steps": 10}
+                "use_cpu": not torch.cuda.is_available(), "logging_steps": 10, "logging_nan_inf_filter": False}
     args = TrainingArguments(output_dir=output_dir, **{**defaults, **training_arguments})
     trainer = _token_weighted_eval_trainer(Trainer)(model=model, args=args, train_dataset=train_dataset,
                                                    eval_dataset=eval_dataset, data_collator=collator,

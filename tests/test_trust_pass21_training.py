@@ -3,6 +3,8 @@ Trainer integration and save/load, each pinned where it was silently wrong or cr
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -287,3 +289,38 @@ def test_a_keyword_no_training_helper_takes_is_refused_naming_the_closest_valid_
     with pytest.raises(BcosKeywordError, match=r"^max_step: is neither an argument of train_causal_lm .*Pass "
                                                r"max_steps= if"):
         train_causal_lm(model, [{"input_ids": [5, 6, 7]}], str(tmp_path), pad_token_id=0, max_step=1)
+
+
+def test_a_diverging_run_logs_its_loss_as_nan_not_as_zero():
+    """transformers' logging_nan_inf_filter logs a NaN step loss as the average of the window's finite ones: a run
+    that diverged at its second step logged losses [0.39, 0.0, 0.0, 0.0], a perfect fit, for a model whose every
+    weight was NaN."""
+    texts, labels = corpus(8)
+    model = _classifier(True)
+    trainer = fine_tune_classifier(model, word_tokenizer(), texts, labels, max_length=16, batch_size=4, logging_steps=1,
+                                   learning_rate=1e38, max_steps=4, max_grad_norm=0, **QUIET)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert not all(torch.isfinite(p).all() for p in model.parameters())
+    assert math.isnan(losses[-1]) and math.isnan(trainer.state.log_history[-1]["train_loss"])
+
+
+def test_the_training_helpers_refuse_a_model_with_a_nan_weight_before_training(tmp_path):
+    """A NaN weight made every loss NaN, which the Trainer logged as 0.0, and every weight NaN after the first step,
+    without a word."""
+    from bcos_plugins.train_decoder import train_causal_lm
+
+    texts, labels = corpus(4)
+    classifier = _classifier(True)
+    masked_lm = T.BertForMaskedLM(tiny_config("bert"))
+    causal_lm = bcosify(T.GPT2LMHeadModel(tiny_config("gpt2")), b=1.1, verbose=False)
+    with torch.no_grad():
+        classifier.bert.encoder.layer[0].output.dense.weight[0, 0] = float("nan")
+        masked_lm.bert.embeddings.word_embeddings.weight[7, 0] = float("inf")
+        causal_lm.transformer.h[1].mlp.c_fc.weight[0, 0] = float("nan")
+    match = r"^model: has NaN or infinite values in 1 parameter\(s\) \({}\)"
+    with pytest.raises(BcosValueError, match=match.format(r"bert\.encoder\.layer\.0\.output\.dense\.weight")):
+        fine_tune_classifier(classifier, word_tokenizer(), texts, labels, max_length=16, **QUIET)
+    with pytest.raises(BcosValueError, match=match.format(r"bert\.embeddings\.word_embeddings\.weight")):
+        pretrain_masked_lm(masked_lm, word_tokenizer(), runs_of_words(4), max_length=12, **QUIET)
+    with pytest.raises(BcosValueError, match=match.format(r"transformer\.h\.1\.mlp\.c_fc\.weight")):
+        train_causal_lm(causal_lm, [{"input_ids": [5, 6, 7]}], str(tmp_path), pad_token_id=0, max_steps=1)
