@@ -294,3 +294,19 @@ def test_classification_scores_refuses_nested_labels_instead_of_scoring_them_as_
     # [[0, 1, 1]] was one multi-label row for scikit-learn: n = 1 and a macro F1 over its columns, without a word
     with pytest.raises(BcosTypeError, match=r"^labels: must hold one int class id per example, got list \[0, 1, 1\]"):
         classification_scores([[0, 1, 1]], [[0, 1, 0]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_hosvd_with_rtol_0_leaves_out_singular_values_that_are_rounding_of_zero(dtype):
+    torch.manual_seed(0)
+    # rank 2 (two hidden units) with six outputs: the other four singular values are 0
+    W, V, P = (torch.randn(2, 4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64),
+               torch.randn(6, 2, dtype=torch.float64))
+    reference = hosvd((W, V, P))
+    assert reference.singular_values.numel() == 2
+    # rtol=0 kept two or three more "terms" of 1e-7 (rounding of the Gram matrix's zero eigenvalues), their q_i of
+    # norm 2.6e-08 or 10.8 instead of 1
+    terms = hosvd(tuple(t.to(dtype) for t in (W, V, P)), rtol=0.0)
+    torch.testing.assert_close(terms.singular_values.double(), reference.singular_values)
+    torch.testing.assert_close(terms.interaction_matrices.flatten(1).norm(dim=1),
+                               torch.ones(2, dtype=dtype))

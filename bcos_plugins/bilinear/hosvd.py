@@ -52,7 +52,10 @@ class HOSVD(NamedTuple):
 def hosvd(source, rank: int | None = None, rtol: float = 1e-6) -> HOSVD:
     """Top ``rank`` terms of the HOSVD (all non-zero ones if ``None``), singular values descending.
 
-    Terms with ``sigma_i <= rtol * sigma_max`` are dropped: their ``q_i`` are undefined. Returned in at least
+    Terms with ``sigma_i <= rtol * sigma_max`` are dropped: their ``q_i`` are undefined. So are, whatever ``rtol``,
+    terms within the rounding of the float64 Gram matrix, ``sigma_i^2 <= d_out * eps * sigma_max^2`` (``sigma_i``
+    below about ``1.5e-8 * sqrt(d_out)`` of ``sigma_max``): such a ``sigma_i`` is rounding of a zero, not a term of
+    the layer (``rtol=0`` kept them, with ``q_i`` of norm 1e-8 or 10 instead of 1). Returned in at least
     float32, as :func:`~bcos_plugins.bilinear.eigendecompose` (a float16 / bfloat16 layer's terms are computed and
     returned in float32: its interaction matrices were computed in half precision, 3 significant digits).
     """
@@ -73,7 +76,9 @@ def hosvd(source, rank: int | None = None, rtol: float = 1e-6) -> HOSVD:
     squared, directions = torch.linalg.eigh(gram_out)
     squared, directions = squared.flip(0), directions.flip(1)
     sigma = squared.clamp_min(0).sqrt()
-    keep = sigma > rtol * sigma[0].clamp_min(torch.finfo(torch.float64).tiny)
+    # eigh's backward error on the Gram matrix, the rule adversarial_masks applies to an eigendecomposition
+    resolvable = math.sqrt(gram_out.shape[0] * torch.finfo(torch.float64).eps)
+    keep = sigma > max(rtol, resolvable) * sigma[0].clamp_min(torch.finfo(torch.float64).tiny)
     if rank is not None:
         keep &= torch.arange(sigma.numel(), device=sigma.device) < rank
     sigma, directions = sigma[keep], directions[:, keep]
