@@ -594,6 +594,13 @@ def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None,
     with torch.no_grad():
         zero_input = torch.zeros(1, sae.cfg.d_in, dtype=sae.dtype, device=sae.W_enc.device)
         bias = _pre_activations(sae, zero_input)[0, feature].detach()
+    # a NaN / inf in the feature's encoder weights or biases was reported as the model's ("its output is NaN or
+    # infinite ... check those rows' inputs and the embedding rows of their tokens")
+    if not (torch.isfinite(bias) and torch.isfinite(_encoder_directions(sae)[:, feature]).all()):
+        raise argument_error("sae", f"feature {feature}'s encoder weights (W_enc[:, {feature}]) or bias terms "
+                             f"(b_enc[{feature}], b_dec) hold NaN or infinite values, so its pre-activation is not "
+                             "finite", "Check how the SAE was trained or loaded (a diverged run), or explain another "
+                             "feature")
     found: dict[str, Tensor] = {}
     # a bridge's natively run norm computes hook_normalized beside its output with a scale that is not held
     # constant in explanation mode: read there, the feature's contributions missed all of it (completeness error

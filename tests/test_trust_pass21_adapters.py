@@ -118,3 +118,52 @@ def test_a_plain_qwen3_bridges_per_head_and_per_neuron_results_still_sum_to_the_
                                    cache[f"blocks.{layer}.hook_attn_out"], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(neurons[layer * d_mlp:(layer + 1) * d_mlp].sum(0),
                                    cache[f"blocks.{layer}.hook_mlp_out"], rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------- sae-lens: SAEs spliced at the hooks the decomposition reads
+
+
+def _hooked_sae_model(name: str):
+    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
+    from sae_lens import HookedSAETransformer
+
+    return hooked_transformer_from_hf(bcosify(_stock(name), b=B, verbose=False), model_class=HookedSAETransformer)
+
+
+@pytest.mark.parametrize("hook", ["blocks.0.hook_mlp_out", "blocks.1.hook_attn_out", "blocks.0.attn.hook_z"])
+def test_token_component_decomposition_names_an_sae_spliced_at_a_hook_it_reads(hook):
+    """sae-lens' add_sae replaces the hook point by the SAE, so its name leaves hook_dict: the decomposition said the
+    model "lacks the standard hook points", as if it were no TransformerLens model, and named no fix."""
+    from bcos_plugins.adapters.transformer_lens import token_component_decomposition
+
+    from bcos_plugins.errors import BcosValueError
+
+    model = _hooked_sae_model("Qwen2ForCausalLM")
+    model.add_sae(_sae(32, hook), use_error_term=True)
+    ids, mask = padded_batch(side="left")
+    with pytest.raises(BcosValueError, match=rf"SAEs are spliced in at \['{hook}'\].*Splice SAEs inside a component.*"
+                                             r"sae_error_share"):
+        token_component_decomposition(model, ids, attention_mask=mask, target=[5, 6, 7])
+
+
+@pytest.mark.parametrize("where", ["b_enc", "W_enc"])
+def test_explain_sae_feature_names_a_non_finite_encoder_of_the_explained_feature(where):
+    """A NaN bias or an inf encoder weight of the explained feature was reported as the model's NaN output, sending
+    the user to check the tokens' inputs and embedding rows; another feature's NaN bias does not matter."""
+    from bcos_plugins.adapters.sae_lens import explain_sae_feature
+
+    from bcos_plugins.errors import BcosValueError
+
+    model = _hooked_sae_model("Qwen3ForCausalLM")
+    ids, mask = padded_batch(side="left")
+    sae = _sae(32, "blocks.0.hook_resid_post")
+    with torch.no_grad():
+        if where == "b_enc":
+            sae.b_enc[3] = float("nan")
+        else:
+            sae.W_enc[5, 3] = float("inf")
+    with pytest.raises(BcosValueError, match=r"sae: feature 3's encoder weights .* NaN or infinite"):
+        explain_sae_feature(model, ids, sae, 3, attention_mask=mask)
+    if where == "b_enc":  # (an inf weight reaches every feature's gradient through the encoder's matrix product)
+        explanation = explain_sae_feature(model, ids, sae, 4, attention_mask=mask)
+        assert explanation.completeness_error.max() < 1e-4

@@ -194,6 +194,17 @@ def token_component_decomposition(
         if not attn_only:
             watched.append(f"blocks.{layer}.hook_mlp_out")
     missing = [n for n in embed_names + watched if n not in model.hook_dict] or (not embed_names and ["hook_embed"])
+    # sae-lens' add_sae replaces the hook point it splices at by the SAE: that name leaves hook_dict (its value is
+    # now the SAE's reconstruction plus its error term), which read "lacks the standard hook points", as if the model
+    # were not a TransformerLens model
+    spliced = sorted(set(missing or ()) & set(getattr(model, "acts_to_saes", None) or {}))
+    if spliced:
+        raise BcosValueError(
+            f"model: SAEs are spliced in at {spliced}, hooks the decomposition reads (component outputs, the "
+            "residual stream or hook_z), and sae-lens replaces those hook points by the SAEs. Splice SAEs inside a "
+            "component (e.g. blocks.L.ln2.hook_normalized, blocks.L.ln1.hook_normalized) for this decomposition, "
+            "or use explain_logits / bcos_plugins.adapters.sae_lens.sae_error_share for token contributions with "
+            "the error terms' share")
     if missing:
         raise BcosTypeError(f"model: it lacks the standard hook points {missing}; the decomposition needs them")
     hooks = [(n, make_leaf(n)) for n in embed_names] + [(n, keep(n)) for n in watched]
