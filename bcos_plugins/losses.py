@@ -99,7 +99,8 @@ def cross_entropy_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor
 
     Raises:
         BcosValueError / BcosTypeError: logits not floating point, labels not integer ids of the logits' shape
-            without their last dimension, ``label_smoothing`` outside [0, 1].
+            without their last dimension or outside ``[0, classes)`` (other than -100), ``num_items_in_batch`` not
+            finite or below this batch's labelled positions, ``label_smoothing`` outside [0, 1].
     """
     logits = outputs.logits if hasattr(outputs, "logits") else outputs
     if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.ndim < 2:
@@ -115,13 +116,29 @@ def cross_entropy_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor
                              f"{tuple(logits.shape)} need {tuple(logits.shape[:-1])}",
                              "pass one id per row (a classifier) or per token (a language model)")
     smoothing = require_number("label_smoothing", label_smoothing, low=0.0, high=1.0)
+    labelled = labels != IGNORE_INDEX
+    n_classes, n_labelled = logits.shape[-1], int(labelled.sum())  # one synchronisation for both checks
+    if n_labelled and not (0 <= int(labels[labelled].min()) and int(labels[labelled].max()) < n_classes):
+        # torch's IndexError ("Target 3 is out of bounds"; a device-side assert on a GPU) named neither the argument
+        # nor the fix
+        raise argument_error("labels", f"must be ids in [0, {n_classes}) or {IGNORE_INDEX} (no loss), got "
+                             f"{int(labels[labelled].min())} to {int(labels[labelled].max())}",
+                             "pass the class (or token) ids the model's logits index")
+    if num_items_in_batch is None:
+        count = n_labelled
+    else:
+        count = num_items_in_batch.item() if isinstance(num_items_in_batch, Tensor) else num_items_in_batch
+        # the count is over every accumulated batch, this one among them: less than its own labelled positions
+        # (a negative or zero count among them) would scale the loss up without a word
+        if isinstance(count, bool) or not isinstance(count, numbers.Real) or not (
+                math.isfinite(count) and count >= n_labelled):
+            raise argument_error("num_items_in_batch", f"must be a count of the labelled positions over every "
+                                 f"accumulated batch, at least this batch's {n_labelled}, got {num_items_in_batch!r}",
+                                 "pass the Trainer's count (labels other than -100), or None")
     logits = _at_least_float32(logits)
-    summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device),
+    summed = F.cross_entropy(logits.reshape(-1, n_classes), labels.reshape(-1).to(logits.device),
                              ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=smoothing)
-    count = num_items_in_batch if num_items_in_batch is not None else (labels != IGNORE_INDEX).sum()
-    if isinstance(count, Tensor):
-        return summed / count.to(summed.device).clamp_min(1)
-    return summed / max(count, 1)
+    return summed / max(count, 1)  # no labelled position: a sum of 0 over 1, not 0/0
 
 
 class DistillationLoss:

@@ -324,3 +324,18 @@ def test_the_training_helpers_refuse_a_model_with_a_nan_weight_before_training(t
         pretrain_masked_lm(masked_lm, word_tokenizer(), runs_of_words(4), max_length=12, **QUIET)
     with pytest.raises(BcosValueError, match=match.format(r"transformer\.h\.1\.mlp\.c_fc\.weight")):
         train_causal_lm(causal_lm, [{"input_ids": [5, 6, 7]}], str(tmp_path), pad_token_id=0, max_steps=1)
+
+
+def test_cross_entropy_loss_refuses_ids_outside_the_logits_and_a_count_below_its_own_labels():
+    """Ids outside the classes failed with torch's bare IndexError ("Target 3 is out of bounds"; a device-side assert
+    on a GPU), and a count below the batch's own labelled positions (0, -1) scaled the loss up without a word."""
+    logits, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(BcosValueError, match=r"^labels: must be ids in \[0, 3\) or -100 \(no loss\), got 0 to 3"):
+        cross_entropy_loss(logits, torch.tensor([0, 1, 3, 0]))
+    with pytest.raises(BcosValueError, match=r"^labels: must be ids in \[0, 3\) or -100 \(no loss\), got -5 to 1"):
+        cross_entropy_loss(logits, torch.tensor([0, 1, -5, 0]))
+    for count in (0, -1, 2.0, float("inf"), True):
+        with pytest.raises(BcosValueError, match=r"^num_items_in_batch: must be a count of the labelled positions over "
+                                                 r"every accumulated batch, at least this batch's 4"):
+            cross_entropy_loss(logits, labels, count)
+    torch.testing.assert_close(cross_entropy_loss(logits, labels, 8), F.cross_entropy(logits, labels) / 2)
