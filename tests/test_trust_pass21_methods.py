@@ -310,3 +310,19 @@ def test_hosvd_with_rtol_0_leaves_out_singular_values_that_are_rounding_of_zero(
     torch.testing.assert_close(terms.singular_values.double(), reference.singular_values)
     torch.testing.assert_close(terms.interaction_matrices.flatten(1).norm(dim=1),
                                torch.ones(2, dtype=dtype))
+
+
+def test_a_space_explanations_logits_are_the_models_logits_with_the_classifier_bias():
+    from bcos_plugins.space import context_attribution
+
+    model = _space_model(num_labels=3)
+    with torch.no_grad():
+        model.head.classifier.bias.copy_(torch.tensor([2.0, -3.0, 0.5]))
+    ids = torch.randint(3, 60, (2, 6), generator=torch.Generator().manual_seed(0))
+    logits = model(ids).logits
+    explanation = context_attribution(model, ids, target=1)
+    # .logits, the inherited alias of .explained, read the logit minus the bias: -3.0 off here
+    torch.testing.assert_close(explanation.logits, logits[:, 1])
+    torch.testing.assert_close(explanation.explained - 3.0, logits[:, 1])
+    contrast = context_attribution(model, ids, target=1, foil=0)
+    torch.testing.assert_close(contrast.logits, logits[:, 1] - logits[:, 0])

@@ -43,6 +43,13 @@ class SpaceExplanation(TokenExplanation):
         return self.explained + self.bias
 
     @property
+    def logits(self) -> Float[Tensor, " batch"]:
+        """The model's logit (of ``target`` minus ``foil``'s), :attr:`full_logits`: the name every explanation shares
+        reads the explained value there, which here is the logit minus the classifier bias (off by the bias, without
+        a word)."""
+        return self.full_logits
+
+    @property
     def space_contributions(self) -> Float[Tensor, "batch pos n_spaces n_latent"]:
         b, p, _ = self.input_contributions.shape
         return self.input_contributions.view(b, p, self.n_spaces, -1)
