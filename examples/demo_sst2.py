@@ -9,7 +9,8 @@ Runs offline on a 2-core CPU in about 2 minutes (`make demo`; measured in docs/g
 5. explain test sentences three ways, in the terminal and in outputs/demo_sst2.html: the predicted class,
    the other class, and the contrast positive − negative (one explanation whose sign says which class each
    token favours);
-6. save the model to outputs/bcos-minilm-sst2, reload it and check the explanations are identical.
+6. save the model to outputs/bcos-minilm-sst2, reload it and check the explanations are identical (the demo
+   stops with exit status 1 if they are not).
 
 Environment variables: DEMO_TRAIN (training rows, default 2000), DEMO_TEST (held-out rows, default 400),
 DEMO_EPOCHS (default 2), DEMO_MAX_LENGTH (tokens per training sentence, default 48: 99% of SST-2 sentences
@@ -70,6 +71,17 @@ def free_cores() -> int:
     except (AttributeError, OSError):  # no load average (Windows): torch's default
         return torch.get_num_threads()
     return max(1, min(torch.get_num_threads(), round(cores - load)))
+
+
+def require_identical_after_reload(before: torch.Tensor, after: torch.Tensor, folder: Path) -> None:
+    """Stop the demo (exit status 1) unless the reloaded model's explanations are the saved model's, bit for bit.
+
+    The demo printed "(reloaded explanations identical: False)" and exited 0, so `make demo` passed whatever the
+    save and reload did to the model."""
+    if not torch.equal(before, after):
+        gap = (before.double() - after.double()).abs().max().item() if before.shape == after.shape else float("nan")
+        raise SystemExit(f"demo: the model reloaded from {folder} explains differently from the one saved (largest "
+                         f"difference {gap:.3g}): save_pretrained / load_bcos_model did not round-trip it")
 
 
 class DemoSettings(NamedTuple):
@@ -165,8 +177,8 @@ def main() -> None:
     tokenizer.save_pretrained(OUT / "bcos-minilm-sst2")
     reloaded = load_bcos_model(OUT / "bcos-minilm-sst2")
     again = explain(reloaded, enc["input_ids"], enc["attention_mask"], target=1, foil=0, **inputs)
-    same = torch.equal(again.input_contributions, contrast.input_contributions)
-    console.print(f"wrote {html} and {OUT / 'bcos-minilm-sst2'} (reloaded explanations identical: {same})")
+    require_identical_after_reload(contrast.input_contributions, again.input_contributions, OUT / "bcos-minilm-sst2")
+    console.print(f"wrote {html} and {OUT / 'bcos-minilm-sst2'} (reloaded explanations identical)")
     console.print(f"demo took {time.perf_counter() - started:.0f} s ({threads} torch thread(s))")
 
 

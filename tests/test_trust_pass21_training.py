@@ -339,3 +339,15 @@ def test_cross_entropy_loss_refuses_ids_outside_the_logits_and_a_count_below_its
                                                  r"every accumulated batch, at least this batch's 4"):
             cross_entropy_loss(logits, labels, count)
     torch.testing.assert_close(cross_entropy_loss(logits, labels, 8), F.cross_entropy(logits, labels) / 2)
+
+
+def test_the_demo_stops_when_the_reloaded_model_explains_differently(tmp_path):
+    """`make demo` printed "(reloaded explanations identical: False)" and exited 0: its save/reload check could not
+    fail the job."""
+    from examples.demo_sst2 import require_identical_after_reload
+
+    saved = torch.tensor([[0.5, -1.0, 2.0]])
+    require_identical_after_reload(saved, saved.clone(), tmp_path)
+    with pytest.raises(SystemExit, match=r"^demo: the model reloaded from .* explains differently from the one saved "
+                                         r"\(largest difference 0\.001\)"):
+        require_identical_after_reload(saved, saved + torch.tensor([[0.0, 0.0, 1e-3]]), tmp_path)
