@@ -370,3 +370,16 @@ def test_pixel_perturbation_refuses_a_target_the_image_explanation_does_not_expl
     by_maps = pixel_perturbation(forward, encoded, explanation.contributions, targets)
     by_explanation = pixel_perturbation(forward, encoded, explanation, targets)
     assert torch.equal(by_maps.most_first, by_explanation.most_first)
+
+
+@pytest.mark.parametrize("fractions", [torch.tensor(0.5), {0.1: 1.0, 0.5: 2.0}, {0.1, 0.5}])
+def test_aopc_and_top_k_masks_refuse_fractions_that_are_not_an_ordered_sequence(fractions):
+    from bcos_plugins.metrics import aopc, top_k_masks
+
+    # a 0-d tensor failed with "iteration over a 0-d tensor"; a dict's keys were taken as the fractions
+    with pytest.raises(BcosTypeError, match=r"^fractions: must be a sequence of floats"):
+        aopc(torch.zeros(1, 2), fractions)
+    with pytest.raises(BcosTypeError, match=r"^fractions: must be a sequence of floats"):
+        top_k_masks(torch.randn(1, 4), torch.ones(1, 4, dtype=torch.bool), fractions)
+    # an ordered sequence of the same values is taken, whatever its container
+    assert aopc(torch.tensor([[0.0, 1.0]]), torch.tensor([0.1, 0.5])).item() == pytest.approx(0.2)

@@ -33,7 +33,8 @@ Two summaries of the curve over p, both reported by :class:`PerturbationCurves`:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -182,9 +183,12 @@ def top_k_masks(
 
 def _check_fractions(fractions, lowest: float = 0.0) -> tuple[float, ...]:
     """Fractions as floats; for perturbation each must lie in (0, 1] (``lowest=0``, open)."""
-    if isinstance(fractions, str) or not hasattr(fractions, "__iter__"):
-        raise argument_error("fractions", f"must be a sequence of floats, got {fractions!r}",
-                             "Pass e.g. DEFAULT_FRACTIONS", kind=BcosTypeError)
+    # a 0-d tensor or array failed with "iteration over a 0-d tensor"; a set or dict has no order (a dict's keys
+    # were read as the fractions)
+    if isinstance(fractions, str | bytes | Mapping | AbstractSet) or not hasattr(fractions, "__iter__") \
+            or getattr(fractions, "ndim", 1) != 1:
+        raise argument_error("fractions", f"must be a sequence of floats, got {type(fractions).__name__} "
+                             f"{fractions!r}", "Pass e.g. DEFAULT_FRACTIONS", kind=BcosTypeError)
     values = tuple(require_float("fractions", f) for f in fractions)
     if not values:
         raise argument_error("fractions", "is empty", "Pass e.g. DEFAULT_FRACTIONS")
