@@ -326,3 +326,13 @@ def test_a_space_explanations_logits_are_the_models_logits_with_the_classifier_b
     torch.testing.assert_close(explanation.explained - 3.0, logits[:, 1])
     contrast = context_attribution(model, ids, target=1, foil=0)
     torch.testing.assert_close(contrast.logits, logits[:, 1] - logits[:, 0])
+
+
+def test_find_span_takes_a_whole_word_in_another_case_before_a_substring():
+    from bcos_plugins.guided import find_span
+
+    text = "A woman talks to a Man outside."
+    # the exact substring came second, before the whole word in another case: "man" was the "man" of "woman"
+    assert find_span(text, "man") == (19, 22)
+    assert find_span("scatter", "cat") == (1, 4)  # a substring is still the last resort
+    assert find_span("sCATter", "cat") == (1, 4)

@@ -76,7 +76,8 @@ def text_token_mask(encoding) -> Tensor:
 
 def find_span(text: str, phrase: str, start: int = 0) -> Span | None:
     """Character span of ``phrase`` in ``text``: an exact match on word boundaries first, then a
-    case-insensitive one (the paper lowercases to improve alignment); ``None`` if absent."""
+    case-insensitive one (the paper lowercases to improve alignment), then, as a last resort, a substring (exact, then
+    in any case); ``None`` if absent."""
     for name, value in (("text", text), ("phrase", phrase)):
         if not isinstance(value, str):
             raise argument_error(name, f"must be a str, got {type(value).__name__}", "Pass text",
@@ -85,10 +86,12 @@ def find_span(text: str, phrase: str, start: int = 0) -> Span | None:
     phrase = phrase.strip()
     if not phrase:
         return None
-    for flags in (0, re.IGNORECASE):
-        match = re.compile(r"(?<!\w)" + re.escape(phrase) + r"(?!\w)", flags).search(text, start)
-        if match is None:
-            match = re.compile(re.escape(phrase), flags).search(text, start)
+    # whole words in either case before any substring: the exact substring was tried second, so "man" in "A woman
+    # talks to a Man" was the "man" of "woman"
+    whole_word = r"(?<!\w)" + re.escape(phrase) + r"(?!\w)"
+    for pattern, flags in ((whole_word, 0), (whole_word, re.IGNORECASE), (re.escape(phrase), 0),
+                           (re.escape(phrase), re.IGNORECASE)):
+        match = re.compile(pattern, flags).search(text, start)
         if match is not None:
             return match.start(), match.end()
     return None
