@@ -383,3 +383,20 @@ def test_aopc_and_top_k_masks_refuse_fractions_that_are_not_an_ordered_sequence(
         top_k_masks(torch.randn(1, 4), torch.ones(1, 4, dtype=torch.bool), fractions)
     # an ordered sequence of the same values is taken, whatever its container
     assert aopc(torch.tensor([[0.0, 1.0]]), torch.tensor([0.1, 0.5])).item() == pytest.approx(0.2)
+
+
+def test_make_seqpg_examples_refuses_a_b_cos_checkpoint_loaded_as_a_stock_model():
+    import transformers as T
+
+    from bcos_plugins.metrics import make_seqpg_examples
+
+    keyword_model, tok = _keyword_model_and_tokenizer()
+    torch.manual_seed(0)
+    stock = T.BertForSequenceClassification(T.BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=40, num_labels=3)).eval()
+    stock.config.bcos = {"b": 2.0}  # what plain transformers keeps of a saved B-cos model: its settings, stock modules
+    texts = ["a1 a2 a3 x x", "b1 b2 b3 b4 x", "c1 c2 c3 c4 c5", "b7 b8 b9 x x"]
+    # the segments were chosen by the stock model's confidence, silently (predict, perplexity, explain refuse it)
+    with pytest.raises(BcosTypeError, match=r"^model: BertForSequenceClassification has B-cos settings"):
+        make_seqpg_examples([keyword_model, stock], tok, texts, [0, 1, 2, 1], segment_length=4, min_confidence=0.0)

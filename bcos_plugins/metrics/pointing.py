@@ -27,6 +27,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from .._checks import bad_rows, require_float, require_int, require_tensor, require_texts
+from ..attribution.text import refuse_stock_loaded_bcos
 from ..errors import argument_error
 from ..nn.dynamic import evaluating
 from .attributions import token_scores
@@ -108,6 +109,9 @@ def make_seqpg_examples(
     if not models:
         raise argument_error("model", "is an empty list; make_seqpg_examples needs at least one model",
                              "Pass one classifier, or the classifiers of the comparison")
+    for m in models:  # a B-cos checkpoint loaded with plain transformers: segments the stock model is sure of
+        if isinstance(m, nn.Module):
+            refuse_stock_loaded_bcos(m)
     per_model = [_segment_probabilities(m, candidates, cls_id, sep_id, batch_size) for m in models]
     widths = sorted({p.shape[-1] for p in per_model})
     if len(widths) > 1:
