@@ -152,3 +152,52 @@ def test_digit_datasets_refuse_labels_and_flags_of_the_wrong_kind():
         load_digits_split(0.25, seed=1.5)
     with pytest.raises(BcosValueError, match="test_fraction: 0.999 leaves"):
         load_digits_split(0.999)
+
+
+# ---------------------------------------------------------------- 4. constant_outputs and detach_units
+
+
+def test_a_stepped_slice_of_constant_outputs_holds_only_its_own_units_constant():
+    """detach_units read slice(0, n, 2) as 0:n and detached every unit: B = 1 layers, the reference path and compiled
+    explanations held all units constant where the fused explaining product held every other one, silently."""
+    from bcos_plugins.nn import BcosLinear, reference_path
+    from bcos_plugins.nn.functional import detach_units
+
+    t = torch.randn(3, 6, requires_grad=True)
+    (grad,) = torch.autograd.grad(detach_units(t, slice(0, 6, 2)).sum(), t)
+    assert grad[0].tolist() == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    (grad,) = torch.autograd.grad(detach_units(t, slice(None, None, -3)).sum(), t)  # units 5 and 2
+    assert grad[0].tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 5, dtype=torch.float64)
+    weights = torch.randn(4, 6, dtype=torch.float64)
+    kept = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 1.0], dtype=torch.float64)
+    for b in (1.0, 2.0):
+        layer = BcosLinear(5, 6, b=b, constant_outputs=slice(0, 6, 2)).double()
+        with torch.no_grad():
+            lin = x @ layer.unit_weight().T
+            dyn = (lin / (x.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()).abs() ** (b - 1)  # (the norm carries 1e-6)
+        # the explaining gradient: the constant dyn times the unit weights of the kept units only
+        expected = (weights * dyn * kept) @ layer.unit_weight().detach()
+        for reference in (False, True):
+            with reference_path(reference), explanation_mode(layer):
+                given = x.clone().requires_grad_()
+                (grad,) = torch.autograd.grad((layer(given) * weights).sum(), given)
+            torch.testing.assert_close(grad, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_constant_outputs_that_are_no_slice_are_refused_naming_the_argument():
+    """A list, an int or a float bound was accepted and failed at the first explaining forward pass with an
+    AttributeError or TypeError from inside the layer."""
+    import pytest
+
+    from bcos_plugins.errors import BcosTypeError, BcosValueError
+    from bcos_plugins.nn import BcosConv1D, BcosLinear
+
+    for value in ([0, 1], 3, "q", slice(0, 2.5)):
+        with pytest.raises(BcosTypeError, match="constant_outputs"):
+            BcosLinear(4, 5, constant_outputs=value)
+    with pytest.raises(BcosValueError, match="constant_outputs.*step cannot be zero"):
+        BcosConv1D(4, 5, constant_outputs=slice(None, None, 0))
+    assert BcosLinear(4, 5, constant_outputs=slice(-3, None)).constant_outputs == slice(-3, None)

@@ -1130,7 +1130,13 @@ def detach_units(t: Tensor, part: slice) -> Tensor:
     if part == slice(None):
         return t.detach()
     n = t.shape[-1]
-    start, stop, _ = part.indices(n)
+    start, stop, step = part.indices(n)
+    if step != 1:
+        # every step-th unit only: the three pieces below took start:stop whole (slice(0, n, 2) detached every unit,
+        # where the fused explaining product zeroed the gradient of every other one), silently
+        constant = torch.zeros(n, dtype=torch.bool, device=t.device)
+        constant[torch.arange(start, stop, step, device=t.device)] = True  # (a tensor's slice takes no negative step)
+        return torch.where(constant, t.detach(), t)
     return torch.cat([t[..., :start], t[..., start:stop].detach(), t[..., stop:]], dim=-1)
 
 

@@ -80,6 +80,23 @@ def check_features(name: str, value) -> int:
     return int(value)
 
 
+def check_constant_outputs(value) -> slice | None:
+    """``constant_outputs`` of :class:`BcosLinear`: ``None`` or a slice of integers (or ``None``) with a non-zero step.
+    A list, an int or a float bound failed at the first explaining forward pass, inside the layer."""
+    if value is None:
+        return None
+    fix = "Pass a slice of the output units, e.g. slice(0, 2 * hidden) for a fused q|k|v projection, or None"
+    if not isinstance(value, slice):
+        raise argument_error("constant_outputs", f"must be a slice or None, got {type(value).__name__} {value!r}",
+                             fix, kind=BcosTypeError)
+    try:
+        value.indices(1)
+    except (TypeError, ValueError) as error:
+        raise argument_error("constant_outputs", f"{value!r} is no slice of units ({error})", fix,
+                             kind=BcosTypeError if isinstance(error, TypeError) else BcosValueError) from None
+    return value
+
+
 class AlignmentPressure(DynamicWeightModule):
     """Base of the B-cos layers: the alignment pressure B, stored in every checkpoint.
 
@@ -220,7 +237,7 @@ class BcosLinear(AlignmentPressure):
         self.out_features = check_features("out_features", out_features)
         self.max_out = check_features("max_out", max_out)
         self._init_b(b, device)
-        self.constant_outputs = constant_outputs
+        self.constant_outputs = check_constant_outputs(constant_outputs)
         self.weight = nn.Parameter(
             torch.empty(self._weight_shape(), device=device, dtype=dtype)
         )
