@@ -232,6 +232,23 @@ def _fold_final_norm(bridge: nn.Module, wrapped: nn.Module) -> None:
     setattr(bridge, FINAL_NORM_FOLDED_MARKER, folded)
 
 
+def _move_soft_cap_into_head(copied: nn.Module) -> None:
+    """A plain model whose forward soft-caps its logits inline (Gemma 2's ``final_logit_softcapping``): the copy gets
+    bcosify's uncapped forward and soft-capped LM head (the same values), so that the cap is a dynamic weight held
+    constant in explanation mode. Inline, its tanh was in the gradient: explain_logits' contributions missed up to
+    0.8 % of a tiny model's logit, without a word, and token_component_decomposition blamed non-zero biases."""
+    from bcos_plugins.convert.bcosify import mixed_class
+    from bcos_plugins.convert.gemma import BcosSoftCappedLMHead, BcosUncappedCausalLM
+
+    head = copied.get_output_embeddings() if hasattr(copied, "get_output_embeddings") else None
+    if getattr(getattr(copied, "config", None), "final_logit_softcapping", None) is None \
+            or isinstance(copied, BcosUncappedCausalLM) or type(head) is not nn.Linear:
+        return  # no cap, or a B-cos model's (already in its head)
+    copied.__class__ = mixed_class(BcosUncappedCausalLM, type(copied))
+    head.__class__ = mixed_class(BcosSoftCappedLMHead, type(head))
+    head.bcos_configure(copied.config)
+
+
 def _swap_to_dynamic(point: nn.Module) -> None:
     from transformer_lens.hook_points import HookPoint
 
@@ -432,6 +449,7 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
     bridge_cls, _attention, _gated, joint, _linear, _norm = _bridge_classes()
     copied = copy.deepcopy(hf_model)
     setattr(copied, BRIDGE_COPY_MARKER, True)  # the boot guard lets this copy through: it is made exact below
+    _move_soft_cap_into_head(copied)
     placeholder = tokenizer is None
     if placeholder:
         tokenizer = _placeholder_tokenizer(vocabulary_size(hf_model))
