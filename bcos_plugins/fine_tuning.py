@@ -235,12 +235,28 @@ def _check_distillation(model, teacher, weight, kind, temperature) -> tuple[floa
     if teacher.config.num_labels != model.config.num_labels:
         raise argument_error("teacher", f"has {teacher.config.num_labels} labels, the model "
                              f"{model.config.num_labels}", "distil from a teacher trained on the same classes")
+    names = [_class_names(m) for m in (teacher, model)]
+    if None not in names and names[0] != names[1]:
+        # the distillation term pairs the teacher's logit i with the model's logit i: with the classes in another
+        # order the student was trained towards the teacher's other class, without a word
+        raise argument_error("teacher", f"names its classes {names[0]} (config.id2label), the model {names[1]}: "
+                             "distillation pairs the teacher's logit i with the model's logit i",
+                             "distil from a teacher with the model's classes in the model's order (or set both "
+                             "configs' id2label to the same names)")
     weight = 1.0 if weight is None else require_number("distill_weight", weight, low=0.0)
     if not isinstance(kind, str) or kind not in ("kl", "mse"):
         raise argument_error("distill_loss", f"must be 'kl' or 'mse', got {kind!r}",
                              "use 'kl' (softened class probabilities) or 'mse' (logits)")
     temperature = require_number("distill_temperature", temperature, low=0.0, low_open=True)
     return weight, kind, temperature
+
+
+def _class_names(model: nn.Module) -> list[str] | None:
+    """The class names of ``config.id2label`` in id order; ``None`` for transformers' defaults (LABEL_0, ...), which
+    name no class."""
+    id2label = getattr(model.config, "id2label", None) or {}
+    names = [str(id2label.get(i, id2label.get(str(i), ""))) for i in range(model.config.num_labels)]
+    return None if names == [f"LABEL_{i}" for i in range(len(names))] else names
 
 
 class RowsAsAloneCollator:

@@ -351,3 +351,18 @@ def test_the_demo_stops_when_the_reloaded_model_explains_differently(tmp_path):
     with pytest.raises(SystemExit, match=r"^demo: the model reloaded from .* explains differently from the one saved "
                                          r"\(largest difference 0\.001\)"):
         require_identical_after_reload(saved, saved + torch.tensor([[0.0, 0.0, 1e-3]]), tmp_path)
+
+
+def test_distillation_refuses_a_teacher_whose_classes_are_in_another_order():
+    """The distillation term pairs the teacher's logit i with the model's logit i: a teacher with id2label
+    {0: 'pos', 1: 'neg'} for a model with {0: 'neg', 1: 'pos'} trained the student towards the other class."""
+    texts, labels = corpus(4)
+    model, teacher = _classifier(True), _classifier(False, seed=2)
+    model.config.id2label, teacher.config.id2label = {0: "neg", 1: "pos"}, {0: "pos", 1: "neg"}
+    with pytest.raises(BcosValueError, match=r"^teacher: names its classes \['pos', 'neg'\] \(config\.id2label\), the "
+                                             r"model \['neg', 'pos'\]"):
+        fine_tune_classifier(model, word_tokenizer(), texts, labels, max_length=16, teacher=teacher, **QUIET)
+    # transformers' default names (LABEL_0, ...) name no class: a teacher with them is taken as it is
+    teacher.config.id2label = {0: "LABEL_0", 1: "LABEL_1"}
+    assert fine_tune_classifier(model, word_tokenizer(), texts, labels, max_length=16, teacher=teacher, max_steps=1,
+                                **QUIET).state.global_step == 1
