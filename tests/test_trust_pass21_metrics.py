@@ -400,3 +400,21 @@ def test_make_seqpg_examples_refuses_a_b_cos_checkpoint_loaded_as_a_stock_model(
     # the segments were chosen by the stock model's confidence, silently (predict, perplexity, explain refuse it)
     with pytest.raises(BcosTypeError, match=r"^model: BertForSequenceClassification has B-cos settings"):
         make_seqpg_examples([keyword_model, stock], tok, texts, [0, 1, 2, 1], segment_length=4, min_confidence=0.0)
+
+
+@pytest.mark.parametrize("segment_length", [11, 5])
+def test_make_seqpg_examples_refuses_examples_longer_than_the_models_position_table(segment_length):
+    import transformers as T
+
+    from bcos_plugins.metrics import make_seqpg_examples
+
+    _, tok = _keyword_model_and_tokenizer()
+    torch.manual_seed(0)
+    model = T.BertForSequenceClassification(T.BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=12, num_labels=3)).eval()
+    texts = [" ".join([word] * 12) for word in ("a1", "b1", "c1")]
+    # 11: the segments alone (13 tokens) failed inside the embedding with a RuntimeError; 5: examples of 13 tokens
+    # were built for a model of 12 positions, refused only when explained, naming input_ids
+    with pytest.raises(BcosValueError, match=r"^segment_length: .* at most 12 positions .*segment_length <= 4"):
+        make_seqpg_examples(model, tok, texts, [0, 1, 2], segment_length=segment_length, min_confidence=0.0)

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .._checks import bad_rows, require_float, require_int, require_tensor, require_texts
 from ..attribution.text import refuse_stock_loaded_bcos
+from ..convert.architectures import position_limit
 from ..errors import argument_error
 from ..nn.dynamic import evaluating
 from .attributions import token_scores
@@ -112,6 +113,14 @@ def make_seqpg_examples(
     for m in models:  # a B-cos checkpoint loaded with plain transformers: segments the stock model is sure of
         if isinstance(m, nn.Module):
             refuse_stock_loaded_bcos(m)
+            # an example is 2 segments and 3 special tokens: past the position table the segments failed inside the
+            # embedding (RuntimeError: "The expanded size of the tensor (13) must match ..."), or examples were built
+            # that no explanation of the model can take
+            limit = position_limit(m)
+            if limit.max_length is not None and 2 * segment_length + 3 > limit.max_length:
+                raise argument_error("segment_length", f"{segment_length} makes examples of {2 * segment_length + 3} "
+                                     f"tokens, but {type(m).__name__} takes at most {limit.max_length} positions "
+                                     f"({limit.source})", f"Pass segment_length <= {(limit.max_length - 3) // 2}")
     per_model = [_segment_probabilities(m, candidates, cls_id, sep_id, batch_size) for m in models]
     widths = sorted({p.shape[-1] for p in per_model})
     if len(widths) > 1:
