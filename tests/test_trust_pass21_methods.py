@@ -336,3 +336,21 @@ def test_find_span_takes_a_whole_word_in_another_case_before_a_substring():
     assert find_span(text, "man") == (19, 22)
     assert find_span("scatter", "cat") == (1, 4)  # a substring is still the last resort
     assert find_span("sCATter", "cat") == (1, 4)
+
+
+def test_a_space_model_reads_its_encoders_output_object_and_names_return_dict_false():
+    from conftest import tiny_config
+
+    from bcos_plugins.space import SpaceModelForSequenceClassification, context_attribution
+
+    torch.manual_seed(0)
+    config = tiny_config("bert")
+    config.return_dict = False  # an encoder saved with return_dict=False returns tuples
+    model = SpaceModelForSequenceClassification.from_encoder(T.AutoModel.from_config(config).eval(), num_labels=2,
+                                                             n_latent=4).eval()
+    ids = torch.randint(3, 60, (2, 6), generator=torch.Generator().manual_seed(0))
+    # both failed on "'tuple' object has no attribute 'last_hidden_state'"
+    logits = model(ids).logits
+    torch.testing.assert_close(context_attribution(model, ids, target=1).logits, logits[:, 1])
+    with pytest.raises(BcosValueError, match="^return_dict: got False; the Space model returns a SpaceModelOutput"):
+        model(ids, return_dict=False)

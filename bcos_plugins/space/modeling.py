@@ -45,6 +45,7 @@ from .._checks import (
 from ..attribution.text import (
     check_first_column_is_real,
     check_forward_kwargs,
+    forward_keywords,
     position_ids_as_alone,
     refuse_left_padding_shifting_positions,
     registry_spec,
@@ -372,7 +373,14 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
             labels = require_class_ids("labels", labels, batch, self.config.num_labels)
         # the encoder takes **kwargs and drops what it does not know: a typo would be silently ignored
         check_forward_kwargs(self.encoder, kwargs)
+        if kwargs.get("return_dict", True) is not True:
+            # it reached the encoder, whose tuple then failed on "'tuple' object has no attribute 'last_hidden_state'"
+            raise argument_error("return_dict", f"got {kwargs['return_dict']!r}; the Space model returns a "
+                                 "SpaceModelOutput", "Leave return_dict out; for a tuple call .to_tuple() on the output")
         encoder_kwargs = dict(kwargs)
+        if "return_dict" in (forward_keywords(self.encoder) or ()):
+            # the output object is read below: an encoder config's return_dict=False made it a tuple
+            encoder_kwargs["return_dict"] = True
         if token_type_ids is not None:
             encoder_kwargs["token_type_ids"] = token_type_ids
         if attention_mask is not None and "position_ids" not in encoder_kwargs:
