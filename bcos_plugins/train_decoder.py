@@ -200,6 +200,12 @@ def train_causal_lm(
     if max_length is not None:
         require_max_length_fits(model, max_length)
     vocab_size, limit = vocabulary_size(model), position_limit(model)
+    if vocab_size is not None and pad_token_id >= vocab_size:
+        # padding is masked out of the loss but still embedded: the first padded batch failed inside the embedding,
+        # mid-training (IndexError: index out of range in self; a device-side assert on a GPU)
+        raise argument_error("pad_token_id", f"is {pad_token_id}, outside the model's vocabulary [0, {vocab_size}): "
+                             "padding is masked out of the loss but still goes through the embedding",
+                             "pass an id the model has, e.g. tokenizer.eos_token_id (any id: padding carries no loss)")
     _check_training_rows("train_dataset", train_dataset, max_length, vocab_size, limit)
     if eval_dataset is not None:
         _check_training_rows("eval_dataset", eval_dataset, max_length, vocab_size, limit)

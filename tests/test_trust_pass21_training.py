@@ -366,3 +366,14 @@ def test_distillation_refuses_a_teacher_whose_classes_are_in_another_order():
     teacher.config.id2label = {0: "LABEL_0", 1: "LABEL_1"}
     assert fine_tune_classifier(model, word_tokenizer(), texts, labels, max_length=16, teacher=teacher, max_steps=1,
                                 **QUIET).state.global_step == 1
+
+
+def test_train_causal_lm_refuses_a_padding_id_outside_the_vocabulary_before_training(tmp_path):
+    """Padding is masked out of the loss but still embedded: pad_token_id=100 for a 60-token vocabulary failed inside
+    the embedding at the first padded batch (IndexError: index out of range in self)."""
+    from bcos_plugins.train_decoder import train_causal_lm
+
+    model = bcosify(T.GPT2LMHeadModel(tiny_config("gpt2")), b=1.1, verbose=False)
+    rows = [{"input_ids": [5, 6, 7]}, {"input_ids": [5, 6, 7, 8, 9]}]
+    with pytest.raises(BcosValueError, match=r"^pad_token_id: is 100, outside the model's vocabulary \[0, 60\)"):
+        train_causal_lm(model, rows, str(tmp_path), pad_token_id=100, max_steps=1, per_device_train_batch_size=2)
