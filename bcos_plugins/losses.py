@@ -30,7 +30,9 @@ def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None =
     Usable directly as ``Trainer(..., compute_loss_func=bcos_loss)``. ``outputs`` is a model output with
     ``.logits`` (or the logits tensor); ``labels`` are class ids ``(batch,)``. The loss is the mean over
     rows and classes; with ``num_items_in_batch`` (gradient accumulation) rows are summed and divided by it.
-    Half-precision logits are read in float32.
+    Half-precision logits are read in float32. There is no label smoothing: a ``Trainer`` with a
+    ``compute_loss_func`` never calls its label smoother, so ``label_smoothing_factor`` does nothing here
+    (:func:`~bcos_plugins.fine_tuning.fine_tune_classifier` refuses it with this loss).
 
     Raises:
         BcosValueError / BcosTypeError: logits not ``(batch, classes)`` or an empty batch (whose mean would be
