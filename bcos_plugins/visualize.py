@@ -179,6 +179,13 @@ def require_token_explanation(explanation, argument: str = "explanation") -> Non
 def explanation_tokens(explanation, tokenizer) -> list[list[str]]:
     """``explanation.tokens(tokenizer)``, refusing ids the tokenizer does not have (another model's tokenizer:
     transformers returns ``None`` for them, which the page builders failed on, or showed as "None")."""
+    if not callable(getattr(tokenizer, "convert_ids_to_tokens", None)):
+        # token strings or a hub name in the tokenizer's place failed with "'list' object has no attribute
+        # 'convert_ids_to_tokens'" (visualization_records, explanations_to_html)
+        raise argument_error("tokenizer", f"expected the tokenizer of the explained model (an object with "
+                             f"convert_ids_to_tokens), got {type(tokenizer).__name__}",
+                             "Pass the tokenizer object (the explanation holds the ids); to show your own tokens "
+                             "use visualization_records(scores=..., tokens=...)", kind=BcosTypeError)
     tokens = explanation.tokens(tokenizer)
     unknown = [(i, j) for i, row in enumerate(tokens) for j, token in enumerate(row) if token is None]
     if unknown:

@@ -190,3 +190,22 @@ def test_a_plain_soft_capped_gemma2_bridge_explains_its_capped_logits_completely
         size = explanation.explained.abs() + (explanation.contributions.abs().sum(1) if hasattr(explanation, "total")
                                               else explanation.table.abs().sum((1, 2)))
         assert ((total - explanation.explained).abs() <= 1e-5 * size).all()
+
+
+# ------------------------------------------------------- Captum's visualization records
+
+
+@pytest.mark.parametrize("tokenizer", [[["t1", "t2"]], "gpt2"])
+def test_visualization_records_name_tokens_or_a_name_given_as_the_tokenizer(tokenizer):
+    """Token strings (or a hub name) in the tokenizer's place failed with "'list' object has no attribute
+    'convert_ids_to_tokens'"."""
+    from bcos_plugins.adapters.captum import visualization_records
+
+    from bcos_plugins import explain
+    from bcos_plugins.errors import BcosTypeError
+
+    model = bcosify(_stock("Qwen2ForSequenceClassification"), b=B, verbose=False)
+    ids, mask = padded_batch(side="left")
+    with pytest.raises(BcosTypeError, match=r"tokenizer: expected the tokenizer of the explained model.*"
+                                            r"scores=\.\.\., tokens=\.\.\."):
+        visualization_records(explain(model, ids, attention_mask=mask), tokenizer)
