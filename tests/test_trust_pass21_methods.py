@@ -354,3 +354,14 @@ def test_a_space_model_reads_its_encoders_output_object_and_names_return_dict_fa
     torch.testing.assert_close(context_attribution(model, ids, target=1).logits, logits[:, 1])
     with pytest.raises(BcosValueError, match="^return_dict: got False; the Space model returns a SpaceModelOutput"):
         model(ids, return_dict=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_pseudo_inverse_masks_of_half_precision_vectors_are_the_float32_keys(dtype):
+    from bcos_plugins.bilinear import pseudo_inverse_masks
+
+    vectors = torch.randn(2, 5, generator=torch.Generator().manual_seed(0)).to(dtype)
+    # torch's matrix_rank failed: "This function doesn't handle types other than float and double"
+    masks = pseudo_inverse_masks(vectors)
+    assert masks.dtype == torch.float32
+    torch.testing.assert_close(masks @ vectors.float().T, torch.eye(2))

@@ -22,14 +22,19 @@ from torch import Tensor
 
 from .._checks import require_int, require_tensor
 from ..errors import argument_error
+from ..nn.functional import at_least_float32
 from .eigen import Eigendecomposition, require_eigendecomposition, top_eigen_indices
 
 __all__ = ["AdversarialMasks", "adversarial_masks", "pseudo_inverse_masks"]
 
 
 def pseudo_inverse_masks(vectors: Float[Tensor, "n d_in"]) -> Float[Tensor, "n d_in"]:
-    """Rows ``m_i`` with ``m_i . vectors[j] = delta_ij`` (needs ``n <= d_in`` and independent vectors)."""
+    """Rows ``m_i`` with ``m_i . vectors[j] = delta_ij`` (needs ``n <= d_in`` and independent vectors); in at least
+    float32, as :func:`~bcos_plugins.bilinear.eigendecompose`."""
     vectors = require_tensor("vectors", vectors, ndim=2, kind="float", shape_hint="(n, d_in)")
+    # torch's rank and pseudo-inverse take float and double only: float16 / bfloat16 failed with "This function
+    # doesn't handle types other than float and double" (widening them is exact)
+    vectors = vectors.to(at_least_float32(vectors.dtype))
     n, d_in = vectors.shape
     if n == 0:
         raise argument_error("vectors", "holds no vector", "Pass at least one eigenvector")
@@ -69,7 +74,8 @@ def adversarial_masks(eig: Eigendecomposition, per_direction: int = 1,
     n_dirs, d_in = eig.eigenvalues.shape
     per_direction = require_int("per_direction", per_direction, minimum=1, maximum=d_in)
     if reference is not None:
-        reference = require_tensor("reference", reference, ndim=1, kind="real", shape_hint=f"({d_in},)")
+        reference = require_tensor("reference", reference, ndim=1, kind="real", shape_hint=f"({d_in},)",
+                                   list_dtype=eig.eigenvectors.dtype)
         if reference.shape[0] != d_in:
             raise argument_error("reference", f"has {reference.shape[0]} entries, the eigenvectors {d_in}",
                                  "Pass an input of the layer (e.g. the mean input)")
