@@ -418,3 +418,27 @@ def test_make_seqpg_examples_refuses_examples_longer_than_the_models_position_ta
     # were built for a model of 12 positions, refused only when explained, naming input_ids
     with pytest.raises(BcosValueError, match=r"^segment_length: .* at most 12 positions .*segment_length <= 4"):
         make_seqpg_examples(model, tok, texts, [0, 1, 2], segment_length=segment_length, min_confidence=0.0)
+
+
+def test_perturbation_curves_refuse_a_function_that_scores_the_same_rows_differently():
+    from conftest import padded_rows, tiny_model
+
+    from bcos_plugins.metrics import perturbation_curves
+
+    model = tiny_model("BertForSequenceClassification").train()  # dropout 0.1
+    ids, mask = padded_rows([6, 4], 6, "right", 0)
+    ids[:, 0] = 2
+    special = (mask == 0) | (ids == 2)  # [CLS] kept: the module's curves then remove the same tokens as a function's
+    scores = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
+
+    def function(**kw):
+        return model(**kw)
+
+    # eval mode cannot reach a model inside a function: each perturbed row was scored with dropout on, silently
+    with pytest.raises(BcosValueError, match=r"^model: scored the same rows differently.*model\.eval\(\)"):
+        perturbation_curves(function, ids, mask, scores, special_tokens=special)
+    model.eval()
+    by_function = perturbation_curves(function, ids, mask, scores, special_tokens=special)
+    by_module = perturbation_curves(model, ids, mask, scores, special_tokens=special)
+    torch.testing.assert_close(by_function.comprehensiveness, by_module.comprehensiveness)
+    torch.testing.assert_close(by_function.sufficiency, by_module.sufficiency)

@@ -312,7 +312,8 @@ def perturbation_curves(
 
     Args:
         model: a transformers classifier, or any ``f(input_ids=, attention_mask=, **kw)`` returning class
-            logits (a tensor or an object with ``.logits``).
+            logits (a tensor or an object with ``.logits``). A module runs in eval mode; a function that scores the
+            same rows differently (one around a model in training mode: dropout) is refused.
         input_ids, attention_mask: the explained batch (padding on either side, except for a classifier that
             reads the first column, BERT's, DistilBERT's, RoBERTa's, ModernBERT's with ``classifier_pooling="cls"``:
             left padding is refused there, its probabilities would be a padding token's). Models of the
@@ -377,6 +378,15 @@ def perturbation_curves(
     batch, n_fr, length = top.shape
 
     full = _probabilities(model, call, probability, range(batch))
+    if not isinstance(model, nn.Module):
+        # eval mode cannot reach a model inside a function: in training mode (dropout) every perturbed row was scored
+        # by another random network, so the curves were noise; the unperturbed rows are scored a second time
+        again = _probabilities(model, call, probability, range(batch))
+        if not torch.allclose(full, again, rtol=1e-4, atol=1e-6):
+            raise argument_error("model", f"scored the same rows differently (probabilities up to "
+                                 f"{float((full - again).abs().max()):.3g} apart): it is not deterministic, e.g. a "
+                                 "model in training mode (dropout), so the curves would be noise",
+                                 "Put the model in eval mode (model.eval()), or pass the model itself")
     explained = _explained_classes(attributions, input_ids, mask)
     if target is None and explained is not None:
         # an explanation of another class than the predicted one was scored on the predicted class, silently
