@@ -151,9 +151,14 @@ def weight_files(path: str, local: bool) -> list[str]:
     return files
 
 
-def stored_pressures(files: list[str], keys: set[str] | None = None) -> dict[str, float]:
+def stored_pressures(files: list[str], keys: set[str] | None = None,
+                     recorded_b: float | None = None) -> dict[str, float]:
     """``{layer name: B}`` from the ``bcos_b`` entries of the checkpoint (format 2 and later); every key of the
-    checkpoint is added to ``keys`` when it is given (the same reading of the files)."""
+    checkpoint is added to ``keys`` when it is given (the same reading of the files).
+
+    A B stored in float32 (a save on MPS, which has no float64) that is ``recorded_b`` (``config.bcos['b']``) rounded
+    to float32 is read as ``recorded_b``: the layer ran with that B, and its float32 rounding (1.100000023841858 for
+    1.1) loaded every layer at another B, with a warning that they differed from ``config.bcos['b']`` "= 1.1"."""
     from safetensors import safe_open
 
     out = {}
@@ -163,7 +168,12 @@ def stored_pressures(files: list[str], keys: set[str] | None = None) -> dict[str
                 if keys is not None:
                     keys.add(key)
                 if key.endswith(".bcos_b"):
-                    out[key[: -len(".bcos_b")]] = f.get_tensor(key).item()
+                    tensor = f.get_tensor(key)
+                    value = tensor.item()
+                    if (recorded_b is not None and tensor.dtype != torch.float64 and tensor.is_floating_point()
+                            and torch.tensor(recorded_b, dtype=tensor.dtype).item() == value):
+                        value = recorded_b
+                    out[key[: -len(".bcos_b")]] = value
     return out
 
 
@@ -227,7 +237,7 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
     if files is None:
         files = weight_files(*checked_folder(path))
     saved_keys: set[str] = set()
-    stored = stored_pressures(files, saved_keys)
+    stored = stored_pressures(files, saved_keys, recorded_b=settings["b"])
     if settings["format_version"] < 2 and stored:
         # format 1 never wrote bcos_b entries: these weights come from a later save whose config.json was edited
         raise BcosValueError(

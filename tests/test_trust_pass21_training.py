@@ -377,3 +377,27 @@ def test_train_causal_lm_refuses_a_padding_id_outside_the_vocabulary_before_trai
     rows = [{"input_ids": [5, 6, 7]}, {"input_ids": [5, 6, 7, 8, 9]}]
     with pytest.raises(BcosValueError, match=r"^pad_token_id: is 100, outside the model's vocabulary \[0, 60\)"):
         train_causal_lm(model, rows, str(tmp_path), pad_token_id=100, max_steps=1, per_device_train_batch_size=2)
+
+
+def test_a_b_stored_in_float32_loads_at_the_recorded_b_without_a_warning(tmp_path):
+    """On MPS (no float64) every bcos_b buffer is float32: a model run at B = 1.1 saved 1.100000023841858, which
+    loaded every layer at that B with a warning that the layers ran "at the B stored with them (1.1), not at
+    config.bcos['b'] = 1.1". The float32 rounding of the recorded B is the recorded B."""
+    import warnings
+
+    from safetensors.torch import load_file, save_file
+
+    from bcos_plugins import load_bcos_model
+    from bcos_plugins.nn.linear import AlignmentPressure
+
+    model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval(), b=1.1, verbose=False)
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({k: v.float() if k.endswith(".bcos_b") else v for k, v in weights.items()},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})  # as a save on MPS writes them
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = load_bcos_model(tmp_path)
+    assert {layer.b for layer in loaded.modules() if isinstance(layer, AlignmentPressure)} == {1.1}
+    ids = torch.tensor([[2, 7, 9, 11, 3]])
+    assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
