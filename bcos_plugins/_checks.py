@@ -131,19 +131,48 @@ _KINDS = {
 }
 
 
+def _holds_python_float(value) -> bool:
+    """Whether ``value`` is a Python float or a (nested) list or tuple holding one (NumPy's float64 scalars count:
+    they are Python floats too); NumPy arrays and tensors are not looked into, they carry their own dtype."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            return True
+        if isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
 def require_tensor(name: str, value, *, ndim: int | Sequence[int] | None = None, kind: str = "real",
-                   finite: bool = True, shape_hint: str = "") -> Tensor:
+                   finite: bool = True, shape_hint: str = "", list_dtype: torch.dtype | None = None) -> Tensor:
     """``value`` as a tensor of the right rank and dtype kind, finite unless ``finite=False``.
 
     ``kind``: ``"float"``, ``"int"`` (integer ids), ``"bool"``, ``"real"`` (any non-complex) or ``"mask"``
-    (any non-complex, values must be 0 or 1). Lists and NumPy arrays are converted.
+    (any non-complex, values must be 0 or 1). Lists, tuples, Python numbers and NumPy arrays are converted.
+
+    The precision of converted values (one rule for every entry point): tensors and NumPy arrays keep their dtype,
+    lists of ints stay int64 and lists of bools bool. Python floats (a list or tuple holding at least one) are read
+    at Python's precision, float64, as NumPy reads them: that is the reading of a statistic, score or metric input,
+    where torch's default (float32) tied scores 1e-9 apart around 1.0 (ranks, areas, sums and bootstrap differences
+    silently wrong) and turned values above 3.4e38 into inf (refused as the caller's NaN or inf). An input that feeds
+    a model (pixel values, embeddings, hidden states, a layer's input) or is computed in another tensor's dtype
+    passes ``list_dtype``: the model's (that tensor's) dtype, or ``torch.get_default_dtype()`` where no model is
+    known. Its Python floats are then read at that dtype, rounded as the model computes anyway, and a value finite in
+    Python but beyond the dtype's range is refused naming the dtype, never turned into inf.
     """
     if not isinstance(value, Tensor):
         try:
-            value = torch.as_tensor(value)
+            converted = torch.as_tensor(value)
+            python_floats = converted.is_floating_point() and _holds_python_float(value)
+            if python_floats and converted.dtype != torch.float64:
+                converted = torch.as_tensor(value, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError):
             raise argument_error(name, f"must be a tensor{shape_hint and ' of shape ' + shape_hint}, got "
                                  f"{type(value).__name__}", "Pass a torch.Tensor", kind=BcosTypeError) from None
+        if python_floats and list_dtype is not None and list_dtype != converted.dtype:
+            converted = _read_at(name, converted, list_dtype)
+        value = converted
     if not _KINDS[kind](value):
         wanted = {"float": "a floating-point", "int": "an integer", "bool": "a boolean", "real": "a real",
                   "mask": "a real"}[kind]
@@ -164,6 +193,20 @@ def require_tensor(name: str, value, *, ndim: int | Sequence[int] | None = None,
         raise argument_error(name, f"must be a 0/1 mask, got values {sorted(set(value.unique().tolist()))[:6]}",
                              "Pass a boolean tensor or one of 0s and 1s")
     return value
+
+
+def _read_at(name: str, values: Tensor, dtype: torch.dtype) -> Tensor:
+    """Python floats (read as float64) in ``dtype``, refusing those beyond its range: a cast makes them inf."""
+    narrowed = values.to(dtype)
+    overflow = torch.isfinite(values) & ~torch.isfinite(narrowed)
+    if overflow.any():
+        where = bad_rows(overflow) if values.ndim else "its value"
+        largest = float(values.abs()[overflow].max())
+        raise argument_error(name, f"holds {largest:.3g} in {where}, beyond the range of {dtype} (|x| <= "
+                             f"{torch.finfo(dtype).max:.3g}), the dtype of the model or tensor it feeds, where it "
+                             "would be inf", "Pass values within that range, or compute in a wider dtype (e.g. "
+                             "model.double() and float64 inputs)")
+    return narrowed
 
 
 def require_same_shape(name: str, value: Tensor, other_name: str, other: Tensor, fix: str | None = None) -> None:

@@ -88,7 +88,8 @@ def eigenvector_activations(eig: Eigendecomposition, x: Float[Tensor, "batch d_i
     ``bilinear_weights(mlp, input_norm=model.blocks[L].ln2)`` for activations read there."""
     eig = require_eigendecomposition(eig)
     d_in = eig.eigenvectors.shape[-1]
-    x = require_tensor("x", x, ndim=2, kind="real", shape_hint=f"(batch, d_in) = (batch, {d_in})")
+    x = require_tensor("x", x, ndim=2, kind="real", shape_hint=f"(batch, d_in) = (batch, {d_in})",
+                       list_dtype=eig.eigenvectors.dtype)
     if x.shape[1] != d_in:
         raise argument_error("x", f"has width {x.shape[1]}, the eigenvectors live in d_in={d_in}",
                              "Pass inputs of the decomposed layer (augment_input(x) for an augmented layer)")

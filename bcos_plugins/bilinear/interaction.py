@@ -39,7 +39,8 @@ def require_finite_weights(weights: BilinearWeights) -> None:
 
 
 def _directions(weights: BilinearWeights, u: Tensor) -> Tensor:
-    u = require_tensor("u", u, ndim=(1, 2), kind="real", shape_hint=f"(d_out,) or (n, d_out) = (n, {weights.d_out})")
+    u = require_tensor("u", u, ndim=(1, 2), kind="real", shape_hint=f"(d_out,) or (n, d_out) = (n, {weights.d_out})",
+                       list_dtype=weights.P.dtype)
     if u.shape[-1] != weights.d_out:
         raise argument_error(
             "u", f"output direction(s) u must have shape (d_out,) or (n, d_out) with d_out={weights.d_out}, got "

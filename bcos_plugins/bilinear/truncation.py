@@ -70,12 +70,13 @@ def truncation_curve(source, x: Float[Tensor, "batch d_in"], labels: Int[Tensor,
     # checked here, naming directions: one vector or another width were refused naming eig or u, arguments of the inner
     # functions the caller never passed
     directions = require_tensor("directions", directions, ndim=2, kind="real",
-                                shape_hint=f"(n, d_out) = (n, {weights.d_out}), one output direction per class")
+                                shape_hint=f"(n, d_out) = (n, {weights.d_out}), one output direction per class",
+                                list_dtype=weights.P.dtype)
     if directions.shape[1] != weights.d_out or directions.shape[0] == 0:
         raise argument_error("directions", f"has {directions.shape[0]} directions of width {directions.shape[1]}, the "
                              f"layer's outputs have d_out={weights.d_out}", "Pass at least one direction in the layer's "
                              "output space (the default is its output basis, the logits)")
-    x = require_tensor("x", x, ndim=2, kind="real", shape_hint="(batch, d_in)")
+    x = require_tensor("x", x, ndim=2, kind="real", shape_hint="(batch, d_in)", list_dtype=weights.P.dtype)
     if x.shape[0] == 0:
         raise argument_error("x", "is an empty batch, whose accuracy is undefined", "Pass at least one input")
     n_directions = directions.shape[0]

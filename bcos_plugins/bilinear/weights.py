@@ -107,7 +107,8 @@ class BilinearWeights:
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         """The layer's output, evaluated from the weights."""
-        x = require_tensor("x", x, kind="real", finite=False, shape_hint=f"(..., d_in) = (..., {self.d_in})")
+        x = require_tensor("x", x, kind="real", finite=False, shape_hint=f"(..., d_in) = (..., {self.d_in})",
+                           list_dtype=self.W.dtype)
         if x.ndim == 0 or x.shape[-1] != self.d_in:  # torch said only "mat1 and mat2 shapes cannot be multiplied"
             raise argument_error("x", f"has shape {tuple(x.shape)}, the layer reads vectors of width d_in={self.d_in}",
                                  "Pass (..., d_in) inputs (augment_input(x) for an augmented layer)")
@@ -154,7 +155,8 @@ class BilinearWeights:
 
 def augment_input(x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_in_plus_1"]:
     """``[x, 1]``: the input of :meth:`BilinearWeights.augmented` layers."""
-    x = require_tensor("x", x, kind="real", finite=False, shape_hint="(..., d_in)")  # a list failed on .new_ones
+    # a list failed on .new_ones; its output feeds a layer, none known here
+    x = require_tensor("x", x, kind="real", finite=False, shape_hint="(..., d_in)", list_dtype=torch.get_default_dtype())
     if x.ndim == 0:
         raise argument_error("x", "is a scalar", "Pass (..., d_in) inputs")
     return torch.cat([x, x.new_ones(*x.shape[:-1], 1)], dim=-1)

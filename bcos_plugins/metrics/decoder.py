@@ -81,6 +81,9 @@ def reciprocal_rank(
         candidates: tokens that take part in the ranking (True), e.g. the real prefix tokens without padding
             and BOS; default: all positions.
     """
+    # the checked tensors are used below: lists passed the checks, then failed on .detach() / .bool()
+    scores = require_tensor("scores", scores, ndim=2, kind="real", shape_hint="(batch, pos)")
+    evidence = require_tensor("evidence", evidence, ndim=2, kind="mask")
     candidates = _check_masks(scores, evidence, candidates)
     bad = ~torch.isfinite(scores.detach().double()) & candidates
     if bad.any():

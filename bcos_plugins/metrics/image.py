@@ -201,7 +201,8 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
     if not callable(forward):
         raise argument_error("forward", f"must be callable, got {type(forward).__name__}",
                              "Pass e.g. lambda e: model(encoded_pixel_values=e)", kind=BcosTypeError)
-    inputs = require_tensor("inputs", inputs, ndim=4, kind="float", shape_hint="(batch, C, H, W)")
+    inputs = require_tensor("inputs", inputs, ndim=4, kind="float", shape_hint="(batch, C, H, W)",
+                            list_dtype=torch.get_default_dtype())  # fed to forward's model
     if 0 in inputs.shape:
         raise argument_error("inputs", f"are empty (shape {tuple(inputs.shape)})", "Pass at least one image")
     maps = _spatial(attributions)

@@ -228,19 +228,6 @@ class PairedBootstrapDifference:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
-def _listed_as_float64(values):
-    """A list or tuple of Python numbers as a float64 tensor (anything else as given): ``torch.as_tensor`` makes Python
-    floats float32, so scores 1e-9 apart (``bench_frontier`` passes lists) had their differences rounded to 0 before
-    the float64 arithmetic the docstring promises. What cannot be converted goes on to ``require_tensor``, which names
-    it."""
-    if isinstance(values, list | tuple):
-        try:
-            return torch.as_tensor(values, dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError):
-            return values
-    return values
-
-
 def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95, n_resamples: int = 2000,
                                 seed: int = 0) -> PairedBootstrapDifference:
     """The mean of the paired differences ``b_i - a_i`` with a percentile bootstrap interval over the units.
@@ -272,8 +259,10 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
     difference without an interval, or score more units; for 0/1 scores, :func:`paired_accuracy_difference` gives a
     score interval of non-zero width.
     """
-    a = require_tensor("values_a", _listed_as_float64(values_a), ndim=1, kind="real", shape_hint="(unit,)")
-    b = require_tensor("values_b", _listed_as_float64(values_b), ndim=1, kind="real", shape_hint="(unit,)")
+    # lists of Python floats are read in float64 (require_tensor's rule; torch's float32 rounded differences of 1e-9
+    # to 0, and the mean read 0.0 with [0, 0])
+    a = require_tensor("values_a", values_a, ndim=1, kind="real", shape_hint="(unit,)")
+    b = require_tensor("values_b", values_b, ndim=1, kind="real", shape_hint="(unit,)")
     # the inputs' own precision: a spread of the differences within their rounding is no spread
     eps = max(torch.finfo(t.dtype).eps if t.is_floating_point() else 0.0 for t in (a, b)) or torch.finfo(
         torch.float64).eps

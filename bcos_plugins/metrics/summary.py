@@ -92,7 +92,9 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"] | None =
                 for f in flat)
     if not total.is_floating_point():
         total = total.double()
-    explained = require_tensor("explained", explained, kind="real").to(total.device, total.dtype).detach()
+    # compared in the attributions' dtype: a list value beyond it is refused naming it, not cast to inf
+    explained = require_tensor("explained", explained, kind="real", list_dtype=total.dtype)
+    explained = explained.to(total.device, total.dtype).detach()
     require_same_shape("explained", explained, "attributions (summed per example)", total,
                        "Pass one explained value per example")
     if relative:

@@ -206,7 +206,7 @@ class SpaceHead(nn.Module):
         """``z_{k,j} = tanh(h_j @ P_k)`` for every token and concept space."""
         d_model = self.projections.shape[1]
         hidden_states = require_tensor("hidden_states", hidden_states, ndim=3, kind="float",
-                                       shape_hint=f"(batch, pos, {d_model})")
+                                       shape_hint=f"(batch, pos, {d_model})", list_dtype=self.projections.dtype)
         if hidden_states.shape[-1] != d_model:
             raise argument_error("hidden_states", f"has width {hidden_states.shape[-1]}, the head expects {d_model}",
                                  "Pass the encoder's last hidden state")
@@ -246,7 +246,7 @@ class SpaceHead(nn.Module):
         """Exact shares ``m_j / n * w_{c,k,l} z_{k,j,l}``; summed over (pos, n_spaces, n_latent) they give
         ``logits - classifier.bias``. Padding positions get exactly 0."""
         concepts = require_tensor("concepts", concepts, ndim=4, kind="float",
-                                  shape_hint="(batch, pos, n_spaces, n_latent)")
+                                  shape_hint="(batch, pos, n_spaces, n_latent)", list_dtype=self.classifier.weight.dtype)
         if concepts.shape[2:] != (self.n_spaces, self.n_latent):
             raise argument_error("concepts", f"has spaces x latent {tuple(concepts.shape[2:])}, the head "
                                  f"({self.n_spaces}, {self.n_latent})", "Pass this head's concepts(hidden_states)")
@@ -359,7 +359,7 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
             batch = input_ids.shape[0]
         else:
             inputs_embeds = require_tensor("inputs_embeds", inputs_embeds, ndim=3, kind="float",
-                                           shape_hint="(batch, pos, hidden)")
+                                           shape_hint="(batch, pos, hidden)", list_dtype=self.encoder.dtype)
             batch = inputs_embeds.shape[0]
             if batch == 0 or inputs_embeds.shape[1] == 0:
                 raise argument_error("inputs_embeds", f"is empty (shape {tuple(inputs_embeds.shape)})",

@@ -71,7 +71,8 @@ def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int,
 
 def encode_image(pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch two_c h w"]:
     """``[x, 1 - x]`` along the channel axis; values must lie in [0, 1]."""
-    pixel_values = require_tensor("pixel_values", pixel_values, kind="float", shape_hint="(batch, C, H, W)")
+    pixel_values = require_tensor("pixel_values", pixel_values, kind="float", shape_hint="(batch, C, H, W)",
+                                  list_dtype=torch.get_default_dtype())  # feeds a model, none known here
     # (batch, C, H, W) only: an unbatched (C, H, W) image was encoded along its rows (H became 2H), silently
     if pixel_values.ndim != 4 or pixel_values.numel() == 0:
         raise argument_error("pixel_values", f"must be a non-empty (batch, C, H, W) tensor, got shape "
