@@ -442,3 +442,50 @@ def test_perturbation_curves_refuse_a_function_that_scores_the_same_rows_differe
     by_module = perturbation_curves(model, ids, mask, scores, special_tokens=special)
     torch.testing.assert_close(by_function.comprehensiveness, by_module.comprehensiveness)
     torch.testing.assert_close(by_function.sufficiency, by_module.sufficiency)
+
+
+# ------------------------------------------------------------------ perplexity / SeqPG: another model's tokenizer
+
+
+def _named_word_tokenizer():
+    from test_pretrain import word_tokenizer
+
+    tok = word_tokenizer()
+    tok.name_or_path = "word-level-tokenizer"  # as loaded from a folder of that name; its special ids are 0-4
+    return tok
+
+
+def test_perplexity_warns_about_another_models_tokenizer_whose_ids_fit():
+    import transformers as T
+
+    from bcos_plugins.errors import TokenizerMismatchWarning
+    from bcos_plugins.metrics import perplexity
+
+    tok = _named_word_tokenizer()
+    torch.manual_seed(0)
+    model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=4, n_positions=40,
+                                           bos_token_id=50, eos_token_id=50)).eval()
+    model.config._name_or_path = "a-gpt2-model"  # its end-of-text token 50 is no special token of the tokenizer
+    # the texts' ids fit the vocabulary, so they were scored as the model's own tokens (other texts), without a word
+    with pytest.warns(TokenizerMismatchWarning, match=r"^tokenizer: .* looks like another model's"):
+        perplexity(model, ["w1 w2 w3 w4"], tok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TokenizerMismatchWarning)
+        perplexity(model, [tok("w1 w2 w3 w4", add_special_tokens=False)["input_ids"]])  # ids: nothing to compare
+
+
+def test_make_seqpg_examples_warns_about_another_models_tokenizer_whose_ids_fit():
+    import transformers as T
+
+    from bcos_plugins.errors import TokenizerMismatchWarning
+    from bcos_plugins.metrics import make_seqpg_examples
+
+    tok = _named_word_tokenizer()
+    torch.manual_seed(0)
+    model = T.GPT2ForSequenceClassification(T.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=4,
+                                                         n_positions=40, num_labels=2, pad_token_id=0,
+                                                         bos_token_id=50, eos_token_id=50)).eval()
+    model.config._name_or_path = "a-gpt2-classifier"
+    with pytest.warns(TokenizerMismatchWarning, match=r"^tokenizer: .* looks like another model's"), \
+            pytest.raises(BcosValueError, match="min_confidence"):
+        make_seqpg_examples(model, tok, ["w1 w2 w3", "w4 w5 w6"], [0, 1], segment_length=2, min_confidence=1.0)

@@ -298,7 +298,12 @@ def perplexity(
         max_length: window length including the BOS (>= 2).
         batch_size: windows per forward pass.
     """
-    from .._checks import require_int, unmasked_padding_keywords, warn_if_unmasked_padding
+    from .._checks import (
+        require_int,
+        unmasked_padding_keywords,
+        warn_if_another_models_tokenizer,
+        warn_if_unmasked_padding,
+    )
     from ..attribution.text import refuse_nan_logits, refuse_stock_loaded_bcos
     from ..errors import argument_error
 
@@ -316,6 +321,8 @@ def perplexity(
         bos_token_id = require_int("bos_token_id", bos_token_id, minimum=0,
                                    maximum=None if vocab is None else vocab - 1)
     rows = _token_rows(texts, tokenizer)
+    if tokenizer is not None:  # ids that fit the vocabulary, read as other tokens: the perplexity of other texts
+        warn_if_another_models_tokenizer(model, tokenizer)
     if isinstance(texts, Tensor):  # a padded batch of ids passed as texts: its padding would be scored
         warn_if_unmasked_padding(texts, "texts", **unmasked_padding_keywords(getattr(model, "config", None), None))
     windows: list[list[int]] = []

@@ -26,7 +26,14 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from .._checks import bad_rows, require_float, require_int, require_tensor, require_texts
+from .._checks import (
+    bad_rows,
+    require_float,
+    require_int,
+    require_tensor,
+    require_texts,
+    warn_if_another_models_tokenizer,
+)
 from ..attribution.text import refuse_stock_loaded_bcos
 from ..convert.architectures import position_limit
 from ..errors import argument_error
@@ -113,6 +120,7 @@ def make_seqpg_examples(
     for m in models:  # a B-cos checkpoint loaded with plain transformers: segments the stock model is sure of
         if isinstance(m, nn.Module):
             refuse_stock_loaded_bcos(m)
+            warn_if_another_models_tokenizer(m, tokenizer)  # ids that fit, read as other tokens: other segments
             # an example is 2 segments and 3 special tokens: past the position table the segments failed inside the
             # embedding (RuntimeError: "The expanded size of the tensor (13) must match ..."), or examples were built
             # that no explanation of the model can take
