@@ -30,8 +30,9 @@ def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int,
                        dtype: torch.dtype | None = None) -> None:
     """Raise a :class:`~bcos_plugins.errors.BcosValueError` naming the problem and the fix if ``pixel_values``
     does not fit the model: not a float tensor, wrong shape, an empty batch, or NaN / inf values; with ``dtype`` (the
-    model's weights'), a :class:`~bcos_plugins.errors.BcosTypeError` for another dtype outside ``torch.autocast``
-    (images from NumPy arrive as float64, and torch's own refusal came from deep inside the tokeniser)."""
+    model's weights'), a :class:`~bcos_plugins.errors.BcosTypeError` for another dtype (under ``torch.autocast`` for one
+    other than float32 and the autocast dtype): images from NumPy arrive as float64, and torch's own refusal came from
+    deep inside the tokeniser."""
     if not isinstance(pixel_values, Tensor) or not pixel_values.is_floating_point():
         raise BcosValueError(f"{what}: must be a float tensor of shape (batch, {num_channels}, {image_size}, "
                          f"{image_size}) with values in [0, 1]; got {type(pixel_values).__name__} "
@@ -63,10 +64,15 @@ def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int,
     if not finite.all():
         raise argument_error(what, f"contains NaN or inf in {bad_rows(~finite)}",
                              "Pass finite values (check the image loading / resizing)")
-    if (dtype is not None and pixel_values.dtype != dtype
-            and not torch.is_autocast_enabled(pixel_values.device.type)):
-        raise argument_error(what, f"are {pixel_values.dtype} but the model's weights are {dtype}",
-                             f"Cast them: {what}.to({dtype})", kind=BcosTypeError)
+    if dtype is not None and pixel_values.dtype != dtype:
+        device = pixel_values.device.type
+        # under autocast also float32 and the autocast dtype, which it casts or computes in; float64 it never casts
+        # (images from NumPy), and the other half-precision dtype failed inside its cast ("Unexpected floating
+        # ScalarType in at::autocast::prioritize")
+        if not (torch.is_autocast_enabled(device)
+                and pixel_values.dtype in (torch.float32, torch.get_autocast_dtype(device))):
+            raise argument_error(what, f"are {pixel_values.dtype} but the model's weights are {dtype}",
+                                 f"Cast them: {what}.to({dtype})", kind=BcosTypeError)
 
 
 def encode_image(pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch two_c h w"]:
