@@ -52,6 +52,7 @@ from bcos_plugins.nn.functional import at_least_float32
 
 from ._lens.bridge import linear_normalized, native_norm_input_hook
 from ._lens.explain import LensExplanation, explain_lens_value
+from ._lens.hook_point import DynamicHookPoint
 from ._lens.sae_error import sae_error_capture
 
 __all__ = [
@@ -544,6 +545,15 @@ def _check_feature_sae(model, sae, feature) -> tuple[str, int]:
         near = sorted(n for n in model.hook_dict if n.split(".")[-1] == hook_name.split(".")[-1])[:4]
         raise BcosValueError(f"sae: its hook {hook_name!r} is not a hook of the model (model.hook_dict). Hooks of that "
                              f"kind: {near or 'none'}. Set sae.cfg.metadata.hook_name to one of the model's hooks.")
+    if isinstance(model.hook_dict.get(hook_name), DynamicHookPoint):
+        # explanation mode holds the value at such a hook constant (it is a dynamic weight): the feature read there
+        # got no token contributions at all (completeness error 1.0), silently, on a HookedTransformer
+        raise argument_error(
+            "sae", f"its hook {hook_name!r} carries a dynamic weight of the model (a norm's scale, an attention "
+            "pattern, a gated MLP's gate branch or a B-cos scale), which explanations hold constant, so no token "
+            "contributes to a value read there", "Explain an SAE on an activation the tokens reach linearly: the "
+            "residual stream, hook_attn_out / hook_mlp_out, ln*.hook_normalized, mlp.hook_pre_linear or "
+            "mlp.hook_post")
     if attached is not None and attached is not sae and hook_name not in model.hook_dict:
         raise BcosValueError(f"sae: another SAE is attached at {hook_name!r}, so the model's activation there is not "
                              "this SAE's input. Attach this SAE (model.add_sae(sae)) or remove the other "

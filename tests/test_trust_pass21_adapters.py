@@ -209,3 +209,20 @@ def test_visualization_records_name_tokens_or_a_name_given_as_the_tokenizer(toke
     with pytest.raises(BcosTypeError, match=r"tokenizer: expected the tokenizer of the explained model.*"
                                             r"scores=\.\.\., tokens=\.\.\."):
         visualization_records(explain(model, ids, attention_mask=mask), tokenizer)
+
+
+@pytest.mark.parametrize(("how", "hook", "width"), [("hooked", "blocks.0.mlp.hook_pre", 64),
+                                                    ("hooked", "blocks.0.attn.hook_bcos_scale_o", 32),
+                                                    ("bridge", "blocks.0.mlp.gate.hook_out", 64)])
+def test_explain_sae_feature_refuses_an_sae_at_a_dynamic_weight_hook(how, hook, width):
+    """Explanation mode holds the value at a dynamic-weight hook constant: on a HookedTransformer the feature read
+    there was explained as nothing at all (completeness error 1.0), silently; on a bridge it failed with "no
+    gradient path", naming neither the hook nor the fix."""
+    from bcos_plugins.adapters.sae_lens import explain_sae_feature
+
+    from bcos_plugins.errors import BcosValueError
+
+    model = _hooked_sae_model("Qwen3ForCausalLM") if how == "hooked" else _bridge("Qwen3ForCausalLM", True)
+    ids, mask = padded_batch(side="right")
+    with pytest.raises(BcosValueError, match=rf"sae: its hook '{hook}' carries a dynamic weight.*mlp\.hook_post"):
+        explain_sae_feature(model, ids, _sae(width, hook), 3, attention_mask=mask)
