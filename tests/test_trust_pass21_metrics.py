@@ -489,3 +489,46 @@ def test_make_seqpg_examples_warns_about_another_models_tokenizer_whose_ids_fit(
     with pytest.warns(TokenizerMismatchWarning, match=r"^tokenizer: .* looks like another model's"), \
             pytest.raises(BcosValueError, match="min_confidence"):
         make_seqpg_examples(model, tok, ["w1 w2 w3", "w4 w5 w6"], [0, 1], segment_length=2, min_confidence=1.0)
+
+
+# ------------------------------------------------------------------ explanations_to_html: label names
+
+
+def _tiny_explanation():
+    import transformers as T
+    from test_pretrain import word_tokenizer
+
+    from bcos_plugins import bcosify, explain
+
+    tok = word_tokenizer()
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(T.BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=40, num_labels=3)).eval())
+    enc = tok(["w1 w2", "w3"], return_tensors="pt", padding=True)
+    return explain(model, enc["input_ids"], enc["attention_mask"], target=torch.tensor([2, 0])), tok
+
+
+@pytest.mark.parametrize("label_names", ["abc", [0, 1, 2]])
+def test_explanations_to_html_refuses_label_names_that_are_not_a_list_of_strings(label_names):
+    from bcos_plugins.visualize import explanation_sections_to_html, explanations_to_html
+
+    explanation, tok = _tiny_explanation()
+    # one string named class 2 by its third character ('c'), silently
+    with pytest.raises(BcosTypeError, match=r"^label_names: must be"):
+        explanations_to_html(explanation, tok, label_names=label_names)
+    with pytest.raises(BcosTypeError, match=r"^label_names: must be"):
+        explanation_sections_to_html([("a", explanation)], tok, label_names=label_names)
+
+
+def test_explanations_to_html_takes_label_names_as_a_numpy_array():
+    import re
+
+    import numpy as np
+
+    from bcos_plugins.visualize import explanations_to_html
+
+    explanation, tok = _tiny_explanation()
+    # failed with "The truth value of an array with more than one element is ambiguous"
+    page = explanations_to_html(explanation, tok, label_names=np.array(["neg", "mid", "pos"]))
+    assert re.findall(r"explained: (\w+) —", page) == ["pos", "neg"]
