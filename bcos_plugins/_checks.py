@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarning, argument_error
 
 __all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
-           "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
+           "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_tokenizer_object",
            "require_token_batch", "token_batch_and_padding", "ids_as_long", "unmasked_padding_keywords",
@@ -171,7 +171,7 @@ def require_tensor(name: str, value, *, ndim: int | Sequence[int] | None = None,
             raise argument_error(name, f"must be a tensor{shape_hint and ' of shape ' + shape_hint}, got "
                                  f"{type(value).__name__}", "Pass a torch.Tensor", kind=BcosTypeError) from None
         if python_floats and list_dtype is not None and list_dtype != converted.dtype:
-            converted = _read_at(name, converted, list_dtype)
+            converted = narrowed_to_dtype(name, converted, list_dtype)
         value = converted
     if not _KINDS[kind](value):
         wanted = {"float": "a floating-point", "int": "an integer", "bool": "a boolean", "real": "a real",
@@ -195,8 +195,10 @@ def require_tensor(name: str, value, *, ndim: int | Sequence[int] | None = None,
     return value
 
 
-def _read_at(name: str, values: Tensor, dtype: torch.dtype) -> Tensor:
-    """Python floats (read as float64) in ``dtype``, refusing those beyond its range: a cast makes them inf."""
+def narrowed_to_dtype(name: str, values: Tensor, dtype: torch.dtype) -> Tensor:
+    """``values`` cast to ``dtype``, refusing finite values beyond its range (the cast makes them inf, and a NaN or
+    inf then comes out of the formula): the one checked cast of a wider input, list or tensor, to the dtype of the
+    model or tensor it is computed with (:func:`require_tensor`'s ``list_dtype``)."""
     narrowed = values.to(dtype)
     overflow = torch.isfinite(values) & ~torch.isfinite(narrowed)
     if overflow.any():

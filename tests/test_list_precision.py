@@ -148,6 +148,10 @@ def test_summary_completeness_error_names_an_explained_value_beyond_the_attribut
 
     with pytest.raises(BcosValueError, match=r"explained.*beyond the range of torch\.float32"):
         completeness_error(torch.ones(1, 2), [HUGE])
+    # the same value as a float64 tensor was cast to inf, and the error read NaN (the docstring: never NaN or inf)
+    with pytest.raises(BcosValueError, match=r"explained.*beyond the range of torch\.float32"):
+        completeness_error(torch.ones(1, 2), torch.tensor([HUGE], dtype=torch.float64))
+    assert float(completeness_error(torch.ones(1, 2), torch.tensor([2.0], dtype=torch.float64))[0]) == 0.0
 
 
 # ---------------------------------------------------------------- inputs that feed a model: the model's dtype

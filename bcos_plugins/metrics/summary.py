@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import require_same_shape, require_tensor
+from .._checks import narrowed_to_dtype, require_same_shape, require_tensor
 from ..attribution.results import relative_completeness_error
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
@@ -92,9 +92,10 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"] | None =
                 for f in flat)
     if not total.is_floating_point():
         total = total.double()
-    # compared in the attributions' dtype: a list value beyond it is refused naming it, not cast to inf
+    # compared in the attributions' dtype: a value beyond it (a list's or a float64 tensor's) is refused naming it; the
+    # cast made it inf and the error read NaN
     explained = require_tensor("explained", explained, kind="real", list_dtype=total.dtype)
-    explained = explained.to(total.device, total.dtype).detach()
+    explained = narrowed_to_dtype("explained", explained.detach().to(total.device), total.dtype)
     require_same_shape("explained", explained, "attributions (summed per example)", total,
                        "Pass one explained value per example")
     if relative:
