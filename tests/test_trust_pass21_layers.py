@@ -219,3 +219,22 @@ def test_vit_images_that_autocast_would_not_cast_are_named_under_autocast(tiny_v
                     model(pixel_values=images.to(dtype))
             for dtype in (torch.float32, torch.bfloat16):  # what autocast casts or computes in
                 assert model(pixel_values=images.to(dtype)).logits.dtype == torch.bfloat16
+
+
+def test_bcos_vit_attention_names_tokens_of_the_wrong_shape():
+    """BcosViTAttention given more tokens than its prior was built for, a wrong width or unbatched tokens failed inside
+    torch ("The size of tensor a (5) must match the size of tensor b (4) at non-singleton dimension 3")."""
+    import pytest
+
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.vision import BcosViTAttention
+
+    for prior in ("additive", "multiplicative", "none"):
+        attention = BcosViTAttention(8, 2, 4, b=2.0, max_out=2, prior=prior)
+        if prior != "none":
+            with pytest.raises(BcosValueError, match="x: has 5 tokens, but the attention prior was built for 4"):
+                attention(torch.randn(1, 5, 8))
+        for shape in ((1, 4, 6), (4, 8)):
+            with pytest.raises(BcosValueError, match=r"x: must be tokens of shape \(batch, tokens, 8\)"):
+                attention(torch.randn(*shape))
+        assert attention(torch.randn(2, 4, 8))[0].shape == (2, 4, 8)

@@ -89,6 +89,15 @@ class BcosViTAttention(DynamicWeightModule):
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> tuple[Float[Tensor, "batch pos d_model"],
                                                                      Float[Tensor, "batch head pos pos"]]:
+        # shape errors named here: torch's came from the prior's broadcast or a matrix product three steps in
+        width = self.num_heads * self.head_size
+        if x.ndim != 3 or x.shape[-1] != width:
+            raise argument_error("x", f"must be tokens of shape (batch, tokens, {width}), got {tuple(x.shape)}",
+                                 "Pass the tokeniser's output (add the batch dimension to one image's tokens: x[None])")
+        if self.prior is not None and x.shape[1] != self.prior.shape[-1]:
+            raise argument_error("x", f"has {x.shape[1]} tokens, but the attention prior was built for "
+                                 f"{self.prior.shape[-1]}", "Pass images of the size the model was configured with "
+                                 "(num_tokens = (image_size / patch_size) ** 2)")
         pattern = self.hook_pattern(self.attention_matrix(x))
         values = self.hook_values(self._heads(self.value(x)))
         mixed = (self.dynamic_weight(pattern) @ values).transpose(1, 2).flatten(2)
