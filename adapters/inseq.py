@@ -102,6 +102,7 @@ from torch import Tensor, nn
 
 from bcos_plugins._checks import (
     refuse_renamed_keywords,
+    require_count,
     require_int,
     require_row_ids,
 )
@@ -807,11 +808,15 @@ class BcosClassifier:
         if label_names is None:
             id2label = getattr(model.config, "id2label", None) or {}
             label_names = [str(id2label.get(i, f"LABEL_{i}")) for i in range(num_labels)]
+        if isinstance(label_names, str):  # was split into its characters, one per class ("abc": a, b, c)
+            raise argument_error("label_names", f"is one string, {label_names!r}", "Pass one name per class, in "
+                                 "class-id order, e.g. ['negative', 'positive']", kind=BcosTypeError)
         if len(label_names) != num_labels:
             raise argument_error("label_names", f"{len(label_names)} names for a model with {num_labels} classes",
                                  "Pass one name per class, in class-id order")
         self.label_names = list(label_names)
-        self.max_length = max_length
+        # 1.5 failed inside the tokenizer (TypeError), 0 as an "empty input" naming input_ids
+        self.max_length = None if max_length is None else require_count("max_length", max_length)
         self.model.eval()
 
     @property

@@ -226,3 +226,24 @@ def test_explain_sae_feature_refuses_an_sae_at_a_dynamic_weight_hook(how, hook, 
     ids, mask = padded_batch(side="right")
     with pytest.raises(BcosValueError, match=rf"sae: its hook '{hook}' carries a dynamic weight.*mlp\.hook_post"):
         explain_sae_feature(model, ids, _sae(width, hook), 3, attention_mask=mask)
+
+
+# ------------------------------------------------------- inseq: load_classifier's arguments
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"max_length": 1.5}, "BcosTypeError", r"max_length: must be an integer, got float 1\.5"),
+    ({"max_length": 0}, "BcosValueError", r"max_length: must be >= 1, got 0"),
+    ({"label_names": "abc"}, "BcosTypeError", r"label_names: is one string, 'abc'.*one name per class"),
+])
+def test_load_classifier_names_a_max_length_or_label_names_of_the_wrong_kind(kwargs, error, words):
+    """max_length=1.5 failed inside the tokenizer (TypeError), 0 as an "empty input" of input_ids; one string of
+    label names was split into its characters, one per class, silently."""
+    from bcos_plugins.adapters.inseq import load_classifier
+    from test_conformance import _word_tokenizer
+
+    from bcos_plugins import errors
+
+    model = bcosify(_stock("Qwen3ForSequenceClassification"), b=B, verbose=False)
+    with pytest.raises(getattr(errors, error), match=words):
+        load_classifier(model, _word_tokenizer(), **kwargs).attribute("w5 w6")
