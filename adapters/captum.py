@@ -929,6 +929,9 @@ def visualization_records(
         raise argument_error("logits", f"must be the class logits of the {n} explained examples, shape ({n}, "
                              f"n_classes), got {tuple(logits.shape) if isinstance(logits, Tensor) else type(logits)}",
                              "Pass model(...).logits of the batch you explained")
+    if isinstance(label_names, str):  # was indexed by class id: "abc" named the classes a, b and c
+        raise argument_error("label_names", f"is one string, {label_names!r}", "Pass one name per class, in "
+                             "class-id order, e.g. ['negative', 'positive']", kind=BcosTypeError)
     if logits is not None and label_names is not None and len(label_names) != logits.shape[1]:
         # more names than classes (a 3-class dataset's names for a 2-class model) named every class by the name
         # of another, silently

@@ -247,3 +247,24 @@ def test_load_classifier_names_a_max_length_or_label_names_of_the_wrong_kind(kwa
     model = bcosify(_stock("Qwen3ForSequenceClassification"), b=B, verbose=False)
     with pytest.raises(getattr(errors, error), match=words):
         load_classifier(model, _word_tokenizer(), **kwargs).attribute("w5 w6")
+
+
+def test_visualization_records_refuse_one_string_of_label_names():
+    """The names were indexed by class id, so one string named the classes by its characters ("abc": a, b, c)."""
+    from bcos_plugins.adapters.captum import visualization_records
+
+    from bcos_plugins import explain
+    from bcos_plugins.errors import BcosTypeError
+
+    model = bcosify(_stock("Qwen2ForSequenceClassification"), b=B, verbose=False)
+    ids, mask = padded_batch(side="left")
+    explanation = explain(model, ids, attention_mask=mask)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits
+    with pytest.raises(BcosTypeError, match=r"label_names: is one string, 'abc'"):
+        visualization_records(explanation, _Tokens(), logits=logits, label_names="abc")
+
+
+class _Tokens:
+    def convert_ids_to_tokens(self, ids):
+        return [f"w{i}" for i in ids]
