@@ -713,7 +713,7 @@ def _helper_cases():
         "canvas too small": (lambda: DigitImages(digits, torch.arange(8), size=4), "size"),
         "labels for other digits (were repeated)": (lambda: DigitImages(digits[:2], torch.arange(3)), "labels"),
         "no views (was an empty dataset)": (lambda: DigitImages(digits, torch.arange(8), views=0), "views"),
-        "offset off the canvas": (lambda: place_digits(digits[:1], 16, torch.tensor([0]), torch.tensor([[20, 0]])),
+        "offset off the canvas": (lambda: place_digits(digits[:1], 16, torch.tensor([False]), torch.tensor([[20, 0]])),
                                   "offsets"),
         "no grids": (lambda: make_grids(digits, torch.arange(8), torch.rand(8), 0), "n_grids"),
         "test fraction 1.5": (lambda: load_digits_split(1.5), "test_fraction"),
@@ -882,3 +882,21 @@ def test_bcos_loss_is_finite_or_names_the_argument(batch, classes, extra_dim, la
         return
     assert torch.isfinite(loss) and loss >= 0
     assert batch > 0 and len(labels) == batch and not as_float and classes > 0
+
+
+def test_digit_helpers_take_nested_lists_of_images_as_the_tensor():
+    """place_digits, DigitImages and make_grids checked a list of digit images and then went on with the raw list
+    (``'list' object has no attribute 'repeat'``); the list is read in torch's default dtype, as the images feed a
+    model."""
+    from bcos_plugins.vision.data import DigitImages, make_grids, place_digits
+
+    digits = torch.rand(4, 1, 8, 8)
+    as_list = digits.tolist()
+    flags, offsets = torch.tensor([False, True, False, True]), torch.tensor([[0, 0], [1, 1], [2, 3], [8, 8]])
+    placed = place_digits(as_list, 16, flags, offsets)
+    assert placed.dtype == torch.get_default_dtype()
+    assert torch.equal(placed, place_digits(digits, 16, flags, offsets))
+    assert torch.equal(DigitImages(as_list, [0, 1, 2, 3], views=1).pixel_values,
+                       DigitImages(digits, [0, 1, 2, 3], views=1).pixel_values)
+    labels, confidence = torch.tensor([0, 1, 2, 3]), torch.rand(4)
+    assert torch.equal(make_grids(as_list, labels, confidence, 1)[0], make_grids(digits, labels, confidence, 1)[0])

@@ -56,8 +56,11 @@ def load_digits_split(test_fraction: float = 0.25, seed: int = 0) -> tuple[Tenso
     return images[train_idx], labels[train_idx], images[test_idx], labels[test_idx]
 
 
-def _digit_side(digits: Tensor) -> int:
-    digits = require_tensor("digits", digits, ndim=4, kind="float", shape_hint="(n, 1, s, s)")
+def _checked_digits(digits: Tensor) -> Tensor:
+    """``digits`` as the checked tensor the callers go on with (a list failed on ``.repeat`` after passing the check);
+    a list is read in torch's default dtype, as the images feed a model."""
+    digits = require_tensor("digits", digits, ndim=4, kind="float", shape_hint="(n, 1, s, s)",
+                            list_dtype=torch.get_default_dtype())
     if digits.shape[-1] != digits.shape[-2] or digits.shape[-1] == 0:
         raise argument_error("digits", f"must be square images (n, 1, s, s), got shape {tuple(digits.shape)}",
                              "Pass load_digits_split()'s images (8x8) or a square resize of them")
@@ -70,14 +73,15 @@ def _digit_side(digits: Tensor) -> int:
     if digits.numel() and (float(digits.min()) < 0 or float(digits.max()) > 1):
         raise argument_error("digits", f"have values in [{float(digits.min()):.4g}, {float(digits.max()):.4g}]; digits "
                              "are images in [0, 1]", "Scale them, e.g. sklearn's digits.images / 16 (load_digits_split)")
-    return digits.shape[-1]
+    return digits
 
 
 def place_digits(digits: Float[Tensor, "n 1 s s"], size: int, scale_up: Tensor,
                  offsets: Int[Tensor, "n 2"]) -> Float[Tensor, "n 1 size size"]:
     """Canvases ``size x size``: digit ``i`` fills it (bilinear) where ``scale_up[i]``, else sits at ``offsets[i]``."""
     size = require_int("size", size)
-    side = _digit_side(digits)
+    digits = _checked_digits(digits)
+    side = digits.shape[-1]
     if size < side:
         raise argument_error("size", f"canvas size {size} is smaller than the {side}x{side} digits",
                              f"Use size >= {side}")
@@ -118,7 +122,8 @@ class DigitImages(Dataset):
             raise argument_error("labels", f"has {len(labels)} entries for {n} digits", "Pass one label per digit")
         views = require_int("views", views, minimum=1)
         scaled_up_fraction = require_float("scaled_up_fraction", scaled_up_fraction, minimum=0.0, maximum=1.0)
-        side = _digit_side(digits)
+        digits = _checked_digits(digits)
+        side = digits.shape[-1]
         size = require_int("size", size, minimum=side)
         g = torch.Generator().manual_seed(seed)
         if scaled_up_only:
@@ -154,7 +159,8 @@ def make_grids(digits: Float[Tensor, "n 1 s s"], labels: Int[Tensor, " n"], conf
         raise argument_error("labels", f"digits, labels and confidence must have the same length, got "
                              f"{len(digits)}, {len(labels)}, {len(confidence)}", "Pass one of each per digit")
     n_grids = require_int("n_grids", n_grids, minimum=1)
-    side = _digit_side(digits)
+    digits = _checked_digits(digits)
+    side = digits.shape[-1]
     rng = np.random.default_rng(seed)
     queues = {int(c): [int(i) for i in (labels == c).nonzero().flatten()[confidence[labels == c].argsort(descending=True)]]
               for c in labels.unique()}
