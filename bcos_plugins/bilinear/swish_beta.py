@@ -17,6 +17,7 @@ with the same callback rather than evaluating them as they are.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -142,6 +143,12 @@ class SwishBetaToBilinear(TrainerCallback):
     end of training the model becomes bilinear (:func:`finalize_bilinear`). ``start_beta=None`` reads it from
     ``model.config.hidden_act`` or Gemma's ``hidden_activation`` (SiLU: 1.0, GELU variants and quick GELU: 1.702).
 
+    ``anneal_fraction`` lies in (0, 1): the annealing must end while training goes on, so that the model trains at
+    ``beta = 0`` (the bilinear model it becomes) before it is finalised. At 1 every step trained at ``beta > 0`` and
+    the finalised model was one no step had trained. A fraction that leaves no step at ``beta = 0`` for the run's
+    ``max_steps`` (``anneal_fraction * max_steps > max_steps - 1``, e.g. 0.95 of 10 steps) is refused when training
+    begins, naming the largest fraction that fits; nothing is clamped, so the schedule is the one asked for.
+
     Examples:
         >>> import torch
         >>> from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
@@ -161,9 +168,11 @@ class SwishBetaToBilinear(TrainerCallback):
 
     def __init__(self, anneal_fraction: float = 0.3, start_beta: float | None = None) -> None:
         anneal_fraction = require_float("anneal_fraction", anneal_fraction)
-        if not 0.0 < anneal_fraction <= 1.0:
-            raise argument_error("anneal_fraction", f"anneal_fraction={anneal_fraction} must lie in (0, 1]",
-                                 "It is the share of steps spent annealing (the paper: 0.3)")
+        if not 0.0 < anneal_fraction < 1.0:
+            # at 1 no step trains at beta = 0: the finalised bilinear model is one no step trained (class docstring)
+            raise argument_error("anneal_fraction", f"anneal_fraction={anneal_fraction} must lie in (0, 1), the "
+                                 "share of the training steps spent annealing before the model trains at beta=0",
+                                 "Pass e.g. 0.3 (the paper's)")
         self.anneal_fraction = anneal_fraction
         self.start_beta = None if start_beta is None else require_float("start_beta", start_beta, minimum=0.0)
         self.beta: float | None = None
@@ -185,10 +194,26 @@ class SwishBetaToBilinear(TrainerCallback):
         anneal_steps = max(1.0, self.anneal_fraction * max_steps)
         return self.start_beta_value * max(0.0, 1.0 - step / anneal_steps)
 
+    def require_bilinear_phase(self, max_steps: int) -> None:
+        """Refuse a schedule whose last training step (``max_steps - 1``) still runs at ``beta > 0`` (class
+        docstring): the model would be finalised at ``beta = 0`` without a step of training there."""
+        anneal_steps = max(1.0, self.anneal_fraction * max_steps)
+        if anneal_steps <= max_steps - 1:
+            return
+        if max_steps < 2:
+            fix = "Train for at least 2 steps (max_steps), one annealing and one at beta=0"
+        else:
+            largest = math.floor((max_steps - 1) / max_steps * 1e4) / 1e4  # rounded down: the bound itself fits
+            fix = f"Pass anneal_fraction <= {largest:g} for {max_steps} steps (the paper: 0.3), or train longer"
+        raise argument_error("anneal_fraction", f"anneal_fraction={self.anneal_fraction} anneals over {anneal_steps:g} "
+                             f"of the {max_steps} training steps, so no step trains at beta=0 before the model is "
+                             "made bilinear at the end", fix)
+
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is None:
             raise ValueError("SwishBetaToBilinear needs the Trainer to pass the model to its callbacks")
         self.start_beta_value = self._start_beta(model)
+        self.require_bilinear_phase(state.max_steps)
         self.beta = self.beta_at(state.global_step, state.max_steps)
         set_swish_beta(model, self.beta)
 

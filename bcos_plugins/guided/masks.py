@@ -234,6 +234,7 @@ def gold_mask_from_words(
         encoded = [w for w, seg in zip(encoding.word_ids(i), encoding.sequence_ids(i), strict=True)
                    if w is not None and seg == 0]
         last = max(encoded, default=-1)
+        _refuse_highlights_past_the_words(i, words, threshold, _segment_word_count(encoding, i, last))
         lost = sum(float(v) >= threshold for v in words[last + 1:])
         if mask[i].sum() == 0 and lost:
             cut.append(i)
@@ -245,6 +246,39 @@ def gold_mask_from_words(
     if partly:
         _warn_partly_truncated("word_rationales", partly, "highlighted words after the last encoded one")
     return mask
+
+
+def _segment_word_count(encoding, row: int, last: int) -> int | None:
+    """The number of words of ``row``'s first segment the tokenizer saw, truncated ones included: the encoded words
+    and those of the overflow a fast tokenizer keeps of what truncation cut (``encoding.encodings[row].overflowing``,
+    filled whether or not ``return_overflowing_tokens`` was asked; with it, the rows of the same text, which
+    ``overflow_to_sample_mapping`` names); ``None`` where the encoding keeps no overflow. Words that give no token at
+    the end of the list are not counted (nothing of them reaches the encoding)."""
+    encodings = getattr(encoding, "encodings", None)
+    if not encodings or row >= len(encodings):
+        return None
+    parts = [encodings[row]]
+    if "overflow_to_sample_mapping" in encoding:
+        sample = [int(s) for s in encoding["overflow_to_sample_mapping"]]
+        parts = [encodings[r] for r in range(len(encodings)) if sample[r] == sample[row]]
+    words = [last]
+    for part in parts + [o for e in parts for o in (getattr(e, "overflowing", None) or ())]:
+        words += [w for w, seg in zip(part.word_ids, part.sequence_ids, strict=True) if w is not None and seg == 0]
+    return max(words) + 1
+
+
+def _refuse_highlights_past_the_words(row: int, words, threshold: float, count: int | None) -> None:
+    """Highlighted entries past the text's last word are no truncation loss (nothing was cut there): the
+    rationale list is longer than the word list it was tokenised from, and was reported as truncated."""
+    if count is None:
+        return
+    extra = [w for w in range(count, len(words)) if float(words[w]) >= threshold]
+    if extra:
+        raise argument_error("word_rationales", f"row {row}: {len(words)} word rationales for a text of {count} "
+                             f"words (truncated or not), and words {extra[:8]} past its end are highlighted: the "
+                             "rationale list is longer than the word list that was tokenised (or its last words "
+                             "give no token)", "Tokenise the same word list the rationales belong to, one rationale "
+                             "per word, and drop words that give no token from both")
 
 
 def random_rationale_mask(

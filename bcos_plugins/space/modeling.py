@@ -168,7 +168,10 @@ def encoder_config_object(encoder_config: PreTrainedConfig | dict | None) -> Pre
 def masked_mean(
     values: Float[Tensor, "batch pos ..."], attention_mask: Int[Tensor, "batch pos"] | None
 ) -> Float[Tensor, "batch ..."]:
-    """Mean over real positions only (``attention_mask`` 1); all positions when the mask is ``None``."""
+    """Mean over real positions only (``attention_mask`` 1); all positions when the mask is ``None``.
+
+    Padding never enters, whatever it holds: its values are replaced by 0 (``torch.where``) before the sum, since a
+    weight of 0 times a NaN or inf at a padding position is NaN, which made the whole row NaN."""
     values = require_tensor("values", values, kind="float", finite=False)
     if values.ndim < 2 or 0 in values.shape[:2]:
         raise argument_error("values", f"must have a non-empty batch and position axis, got shape "
@@ -177,6 +180,8 @@ def masked_mean(
         return values.mean(dim=1)
     _, attention_mask = require_token_batch(torch.ones(values.shape[:2], dtype=torch.long), attention_mask,
                                             name="values")
+    real = attention_mask.bool().view(*attention_mask.shape, *(1,) * (values.ndim - 2))
+    values = torch.where(real, values, torch.zeros((), dtype=values.dtype, device=values.device))
     weights = attention_mask.to(values.dtype)
     weights = weights / weights.sum(dim=1)[:, None]
     return torch.einsum("bp...,bp->b...", values, weights)
@@ -264,13 +269,18 @@ class SpaceHead(nn.Module):
 @dataclass
 class SpaceModelOutput(ModelOutput):
     """``loss`` (when ``labels`` are given), ``logits``, the concept activations ``z`` and the encoder's
-    ``last_hidden_state``; ``loss_terms`` holds the unweighted cross-entropy, inter- and intra-space terms."""
+    ``last_hidden_state``; ``loss_terms`` holds the unweighted cross-entropy, inter- and intra-space terms;
+    ``hidden_states`` and ``attentions`` are the encoder's, as transformers models return them, when asked for
+    (``output_hidden_states=True`` / ``output_attentions=True``, in the call or the model's config), else ``None``.
+    They come last, so that ``to_tuple()`` keeps the other fields' places."""
 
     loss: Tensor | None = None
     logits: Tensor | None = None
     concepts: Tensor | None = None
     last_hidden_state: Tensor | None = None
     loss_terms: dict | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
 
 
 class SpaceModelForSequenceClassification(PreTrainedModel):
@@ -394,14 +404,52 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
                 position_ids = position_ids_as_alone(self.encoder, encoder_spec, attention_mask)
                 if position_ids is not None:
                     encoder_kwargs["position_ids"] = position_ids
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                              **encoder_kwargs).last_hidden_state
+        requested = self.requested_encoder_outputs(encoder_kwargs)
+        encoded = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                               **encoder_kwargs)
+        hidden = encoded.last_hidden_state
+        extras = self.encoder_extras(encoded, requested)
         logits, concepts = self.head(hidden, attention_mask)
         loss = terms = None
         if labels is not None:
             loss, terms = self.space_loss(logits, concepts, labels, attention_mask)
         return SpaceModelOutput(loss=loss, logits=logits, concepts=concepts, last_hidden_state=hidden,
-                                loss_terms=terms)
+                                loss_terms=terms, **extras)
+
+    # the output fields an encoder returns on request, each with the keyword that asks for it
+    ENCODER_EXTRAS = {"hidden_states": "output_hidden_states", "attentions": "output_attentions"}
+
+    def requested_encoder_outputs(self, encoder_kwargs: dict) -> list[str]:
+        """The encoder outputs asked for (``ENCODER_EXTRAS``), by keyword or else by this model's or the encoder's
+        config; a request made by this model's config is passed on to the encoder, whose own config does not
+        see it (``SpaceModelConfig(output_hidden_states=True)`` left the encoder's at False: nothing came back)."""
+        requested = []
+        for field, keyword in self.ENCODER_EXTRAS.items():
+            asked = encoder_kwargs.get(keyword)
+            if asked is None:
+                asked = bool(getattr(self.config, keyword, False) or getattr(self.encoder.config, keyword, False))
+                if asked:
+                    encoder_kwargs[keyword] = True
+            if asked:
+                requested.append(field)
+        return requested
+
+    def encoder_extras(self, encoded, requested: list[str]) -> dict:
+        """The requested encoder outputs, for :class:`SpaceModelOutput` (they were dropped: the output had no field
+        for them). One the encoder did not return is refused by name: sdpa attention, say, returns no attention
+        weights (transformers gives an empty tuple with a log line)."""
+        extras = {}
+        for field in requested:
+            value = getattr(encoded, field, None)
+            if not value:
+                keyword = self.ENCODER_EXTRAS[field]
+                implementation = getattr(self.encoder.config, "_attn_implementation", None)
+                fix = (f"Load the encoder with attn_implementation='eager' (it uses {implementation!r}, which returns "
+                       "no attention weights)" if field == "attentions" else "Use an encoder that returns them")
+                raise argument_error(keyword, f"asks for the encoder's {field}, but {type(self.encoder).__name__} "
+                                     "returned none", fix)
+            extras[field] = value
+        return extras
 
     def space_loss(
         self,
