@@ -249,11 +249,21 @@ def test_gold_mask_from_words_still_reports_real_truncation(minilm_tokenizer):
     with pytest.warns(TruncatedRationaleWarning, match="1 of 2 words"):
         mask = gold_mask_from_words(encoding, [[0, 1, 0, 1], [0, 1]])
     assert mask.sum(1).tolist() == [1.0, 1.0]
-    # words cut off in this row but kept in a sibling row (return_overflowing_tokens) are no "longer list" either
+
+
+def test_gold_mask_from_words_counts_no_word_a_sibling_row_holds_as_truncated(minilm_tokenizer):
+    # with return_overflowing_tokens a text's words are spread over rows: a row whose window holds no rationale was
+    # refused as highlighting "only words that truncation cut off" (its sibling row held them), and a row that held
+    # part of it was warned about as truncated
+    from bcos_plugins.guided import gold_mask_from_words
+
     pieces = minilm_tokenizer(WORDS, is_split_into_words=True, padding=True, truncation=True, max_length=4,
                               return_overflowing_tokens=True)
-    samples = [int(s) for s in pieces["overflow_to_sample_mapping"]]
-    assert samples == [0, 0, 1]  # "I hate" | "this thing" | "ok fine"
-    with pytest.warns(TruncatedRationaleWarning):  # row 0 lost "thing" (row 1 holds it)
-        mask = gold_mask_from_words(pieces, [[0, 1, 0, 1], [0, 1, 0, 1], [0, 1]])
-    assert mask.sum(1).tolist() == [1.0, 1.0, 1.0]
+    assert [int(s) for s in pieces["overflow_to_sample_mapping"]] == [0, 0, 1]  # "I hate" | "this thing" | "ok fine"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TruncatedRationaleWarning)
+        assert gold_mask_from_words(pieces, [[0, 0, 0, 1], [0, 0, 0, 1], [0, 1]]).sum(1).tolist() == [0.0, 1.0, 1.0]
+        assert gold_mask_from_words(pieces, [[0, 1, 0, 1], [0, 1, 0, 1], [0, 1]]).sum(1).tolist() == [1.0, 1.0, 1.0]
+    # a list longer than the text's words is still named, counting the words of every row of the text
+    with pytest.raises(BcosValueError, match=r"^word_rationales: row 0: 5 word rationales for a text of 4 words"):
+        gold_mask_from_words(pieces, [[0, 0, 0, 0, 1], [0, 0, 0, 1, 0], [0, 1]])

@@ -203,7 +203,10 @@ def gold_mask_from_words(
     compared with ``threshold``: >= threshold counts as rationale). Every sub-token of a highlighted word is 1.
     A row whose highlighted words were all truncated away is refused (its mask would be empty); a row that lost
     only some of them keeps the rest with a :class:`~bcos_plugins.errors.TruncatedRationaleWarning` naming the rows
-    and how many highlighted words each lost (a warning by decision: see :func:`gold_mask_from_spans`).
+    and how many highlighted words each lost (a warning by decision: see :func:`gold_mask_from_spans`). With
+    ``return_overflowing_tokens`` the rows of one text share its words: a word another of its rows holds is not lost.
+    Highlighted entries past the text's last word (truncated or not) are refused as a rationale list longer than
+    the word list that was tokenised, not reported as truncation.
     """
     # in (0, 1], the range of the highlights: at 0 every word (the 0s too) was a rationale, above 1 none was, and either
     # mask came back without a word
@@ -234,8 +237,9 @@ def gold_mask_from_words(
         encoded = [w for w, seg in zip(encoding.word_ids(i), encoding.sequence_ids(i), strict=True)
                    if w is not None and seg == 0]
         last = max(encoded, default=-1)
-        _refuse_highlights_past_the_words(i, words, threshold, _segment_word_count(encoding, i, last))
-        lost = sum(float(v) >= threshold for v in words[last + 1:])
+        reach, count = _segment_word_reach(encoding, i, last)
+        _refuse_highlights_past_the_words(i, words, threshold, count)
+        lost = sum(float(v) >= threshold for v in words[reach + 1:])
         if mask[i].sum() == 0 and lost:
             cut.append(i)
         elif lost:
@@ -248,23 +252,29 @@ def gold_mask_from_words(
     return mask
 
 
-def _segment_word_count(encoding, row: int, last: int) -> int | None:
-    """The number of words of ``row``'s first segment the tokenizer saw, truncated ones included: the encoded words
-    and those of the overflow a fast tokenizer keeps of what truncation cut (``encoding.encodings[row].overflowing``,
-    filled whether or not ``return_overflowing_tokens`` was asked; with it, the rows of the same text, which
-    ``overflow_to_sample_mapping`` names); ``None`` where the encoding keeps no overflow. Words that give no token at
-    the end of the list are not counted (nothing of them reaches the encoding)."""
+def _segment_word_reach(encoding, row: int, last: int) -> tuple[int, int | None]:
+    """``(reach, count)`` for ``row``'s first segment, whose last encoded word is ``last``. ``reach``: the last word
+    encoded in this row or, with ``return_overflowing_tokens``, in any row of the same text
+    (``overflow_to_sample_mapping``): a word another row holds is no truncation loss (a row whose window holds no
+    rationale was refused as "truncation cut off" its sibling's words). ``count``: the number of words the tokenizer
+    saw, truncated ones included (those rows, and the overflow a fast tokenizer keeps of what truncation cut,
+    ``encoding.encodings[row].overflowing``, filled whether or not ``return_overflowing_tokens`` was asked); ``None``
+    where the encoding keeps no overflow. Words that give no token at the end of the list are not counted (nothing
+    of them reaches the encoding)."""
     encodings = getattr(encoding, "encodings", None)
     if not encodings or row >= len(encodings):
-        return None
+        return last, None
     parts = [encodings[row]]
     if "overflow_to_sample_mapping" in encoding:
         sample = [int(s) for s in encoding["overflow_to_sample_mapping"]]
         parts = [encodings[r] for r in range(len(encodings)) if sample[r] == sample[row]]
-    words = [last]
-    for part in parts + [o for e in parts for o in (getattr(e, "overflowing", None) or ())]:
-        words += [w for w, seg in zip(part.word_ids, part.sequence_ids, strict=True) if w is not None and seg == 0]
-    return max(words) + 1
+
+    def first_segment_words(part) -> list[int]:
+        return [w for w, seg in zip(part.word_ids, part.sequence_ids, strict=True) if w is not None and seg == 0]
+
+    reach = max([last] + [w for part in parts for w in first_segment_words(part)])
+    overflow = [w for e in parts for o in (getattr(e, "overflowing", None) or ()) for w in first_segment_words(o)]
+    return reach, max([reach] + overflow) + 1
 
 
 def _refuse_highlights_past_the_words(row: int, words, threshold: float, count: int | None) -> None:
