@@ -238,3 +238,26 @@ def test_bcos_vit_attention_names_tokens_of_the_wrong_shape():
             with pytest.raises(BcosValueError, match=r"x: must be tokens of shape \(batch, tokens, 8\)"):
                 attention(torch.randn(*shape))
         assert attention(torch.randn(2, 4, 8))[0].shape == (2, 4, 8)
+
+
+def test_b_cos_layers_built_under_inference_mode_run_there_as_torchs_layers_do():
+    """Building any B-cos layer under torch.inference_mode() (a BcosViT, a BcosConv2d) failed at once with torch's
+    "Inference tensors do not track version counter" (its B buffer), where torch's own layers are built there and run
+    inference."""
+    from bcos_plugins.nn import BcosLinear
+    from bcos_plugins.vision import BcosViT, BcosViTConfig
+
+    config = BcosViTConfig(image_size=8, num_channels=1, patch_size=4, hidden_size=8, num_hidden_layers=1,
+                           num_attention_heads=2, intermediate_size=16, conv_channels=[4], num_labels=3)
+    images = torch.rand(2, 1, 8, 8)
+    torch.manual_seed(0)
+    normal = BcosViT(config).eval()
+    with torch.inference_mode():
+        torch.manual_seed(0)
+        built_there = BcosViT(config).eval()
+        assert torch.equal(built_there(pixel_values=images).logits, normal(pixel_values=images).logits)
+        layer = BcosLinear(4, 3, b=1.5)
+        assert layer(torch.randn(2, 4)).shape == (2, 3)
+    assert layer.b == 1.5 and not layer.bcos_b.is_inference()
+    layer.b = 2.0
+    assert layer.bcos_b.item() == 2.0

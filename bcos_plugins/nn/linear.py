@@ -115,7 +115,11 @@ class AlignmentPressure(DynamicWeightModule):
 
     def _init_b(self, b, device) -> None:
         self._b = self._b_init = check_b(b)
-        self.register_buffer("bcos_b", torch.tensor(self._b, dtype=torch.float64, device=device))
+        # a normal tensor also under the caller's torch.inference_mode(): an inference tensor has no version counter,
+        # so building any B-cos layer (a BcosViT, a from_pretrained) there failed with torch's "Inference tensors do
+        # not track version counter"; the weights are inference tensors there, as nn.Linear's are
+        with torch.inference_mode(False):
+            self.register_buffer("bcos_b", torch.tensor(self._b, dtype=torch.float64, device=device))
         self._b_seen = (self.bcos_b, self.bcos_b._version)
 
     @property
