@@ -504,7 +504,9 @@ def require_number(name: str, value, *, low: float, low_open: bool = False, high
     value = float(value)
     above = value > low if low_open else value >= low
     if not (math.isfinite(value) and above and (high is None or value <= high)):
-        span = f"({low:g}, {high:g}]" if high is not None else f"{'>' if low_open else '>='} {low:g}"
+        # the range this call enforces: label_smoothing=0 is allowed ([0, 1]), and the message said "(0, 1]"
+        span = (f"{'(' if low_open else '['}{low:g}, {high:g}]" if high is not None
+                else f"{'>' if low_open else '>='} {low:g}")
         raise argument_error(name, f"must be finite and {span}, got {value!r}", "pass a value in that range")
     return value
 

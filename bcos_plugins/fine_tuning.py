@@ -3,7 +3,10 @@ rate, and distillation from a teacher's logits."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -88,7 +91,9 @@ def fine_tune_classifier(
     the optimiser is the one the ``Trainer`` builds from the ``TrainingArguments`` (``optim``, ``adam_epsilon``,
     weight decay on all but biases and norms), with two rates. Extra keyword
     arguments go to ``TrainingArguments``; ``resume_from_checkpoint`` (a checkpoint folder, or ``True`` for the last
-    one in ``output_dir``) resumes the run from it.
+    one in ``output_dir``) resumes the run from it. Without ``output_dir`` the ``Trainer`` works in a temporary
+    folder, removed when the call returns (also on error) unless the run saved checkpoints there (``save_strategy``;
+    ``trainer.args.output_dir`` names it).
 
     Distillation: with ``teacher`` (a classifier with the same ``num_labels`` that reads the same tokenizer's
     ids, e.g. the conventionally fine-tuned model) the loss is the task loss plus ``distill_weight`` (default
@@ -118,62 +123,67 @@ def fine_tune_classifier(
                              "use 'auto' (BCE for B-cos models, the model's cross-entropy otherwise)")
     distill = _check_distillation(model, teacher, distill_weight, distill_loss, distill_temperature)
     use_bce = loss == "bce" or (loss == "auto" and has_dynamic_weights(model))
-    args = training_arguments("bcos_finetune_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
-                               progress, training_args, helper=fine_tune_classifier)
-    require_no_label_smoothing_with_bce(use_bce, args.label_smoothing_factor)
-    problem_type = getattr(model.config, "problem_type", None)
-    if not use_bce and problem_type not in (None, "single_label_classification"):
-        # the model's own loss reads it (BCE on multi-hot float targets, MSE), and the class ids here are neither:
-        # it failed at the first step; cross_entropy_loss would train it as a single-label classifier instead
-        raise argument_error("model", f"has config.problem_type {problem_type!r}, but fine_tune_classifier trains one "
-                             "class id per text with the cross-entropy (single_label_classification)",
-                             "set model.config.problem_type = 'single_label_classification' (or None), or train "
-                             "multi-label / regression heads with transformers' Trainer directly")
-    optimizers = (None, None)
-    if head_learning_rate is not None:
-        optimizers = (two_rate_trainer_optimizer(model, args, head_learning_rate), None)
-    dataset = EncodedTexts(tokenizer, texts, labels, max_length, text_pairs)
-    # a text without tokens would be trained on as a row of padding alone, labelled (before _check_padding_side, whose
-    # refusal of that row named padding)
-    require_texts_with_tokens([len(ids) for ids in dataset.encodings["input_ids"]], range(len(texts)), texts, "texts",
-                              "train on", scope="")
-    # ids past the embedding failed inside Trainer, mid-epoch (IndexError; a device-side assert on a GPU): every
-    # text's ids (and token types) checked before any training, through their smallest and largest (a running
-    # minimum and maximum over the rows: one flat tensor of every id of a corpus took about 8 bytes a token)
-    require_tokenizer_ids_fit(model, tokenizer, {key: _id_bounds(dataset.encodings[key])
-                                                 for key in ("input_ids", "token_type_ids") if key in dataset.encodings})
-    collator = RowsAsAloneCollator(DataCollatorWithPadding(tokenizer), model)
-    _check_padding_side(collator, dataset)
-    # the cross-entropy through a loss of our own, not the model's: transformers' classifiers take **kwargs, so the
-    # Trainer left the division by the accumulation steps to them and they ignore num_items_in_batch (with
-    # gradient_accumulation_steps=2 the loss and gradients were twice too large); cross_entropy_loss also applies
-    # the label smoothing the Trainer would have (its label smoother is not called with a compute_loss_func)
-    smoothing = args.label_smoothing_factor
-    trainer_class, loss_func = Trainer, (bcos_loss if use_bce else
-                                         functools.partial(cross_entropy_loss, label_smoothing=smoothing))
-    if distill is not None:
-        dataset.teacher_logits = predict(teacher, tokenizer, texts, text_pairs=text_pairs, batch_size=batch_size,
-                                         max_length=max_length).tolist()
-        # the Trainer would drop "teacher_logits" (not an argument of the model's forward) before the loss
-        args.remove_unused_columns = False
-        trainer_class = distilling_trainer_class()
-        loss_func = DistillationLoss(use_bce, *distill, label_smoothing=smoothing)
-    trainer = trainer_class(
-        model=model,
-        args=args,
-        train_dataset=dataset,
-        data_collator=TeacherCollator(collator) if distill else collator,
-        compute_loss_func=loss_func,
-        optimizers=optimizers,
-        callbacks=[BWarmupCallback(model, fraction=b_warmup)] if b_warmup else None,
-    )
-    if distill is not None:
-        loss_func.trainer = trainer
-    # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
-    # scripts"): passed through **training_args it started the run afresh without a word
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    model.eval()
-    return trainer
+    # output_dir=None trained in a temporary folder that was never removed (one per call, holding what the Trainer
+    # wrote there): removed when the call ends, also on error, unless the run saved checkpoints into it
+    with run_output_dir(output_dir, "bcos_finetune_") as output_dir:
+        args = training_arguments(output_dir, len(texts), epochs, batch_size, learning_rate, seed, progress,
+                                  training_args, helper=fine_tune_classifier)
+        require_no_label_smoothing_with_bce(use_bce, args.label_smoothing_factor)
+        problem_type = getattr(model.config, "problem_type", None)
+        if not use_bce and problem_type not in (None, "single_label_classification"):
+            # the model's own loss reads it (BCE on multi-hot float targets, MSE), and the class ids here are
+            # neither: it failed at the first step; cross_entropy_loss would train it as a single-label classifier
+            raise argument_error("model", f"has config.problem_type {problem_type!r}, but fine_tune_classifier trains "
+                                 "one class id per text with the cross-entropy (single_label_classification)",
+                                 "set model.config.problem_type = 'single_label_classification' (or None), or train "
+                                 "multi-label / regression heads with transformers' Trainer directly")
+        optimizers = (None, None)
+        if head_learning_rate is not None:
+            optimizers = (two_rate_trainer_optimizer(model, args, head_learning_rate), None)
+        dataset = EncodedTexts(tokenizer, texts, labels, max_length, text_pairs)
+        # a text without tokens would be trained on as a row of padding alone, labelled (before _check_padding_side,
+        # whose refusal of that row named padding)
+        require_texts_with_tokens([len(ids) for ids in dataset.encodings["input_ids"]], range(len(texts)), texts,
+                                  "texts", "train on", scope="")
+        # ids past the embedding failed inside Trainer, mid-epoch (IndexError; a device-side assert on a GPU): every
+        # text's ids (and token types) checked before any training, through their smallest and largest (a running
+        # minimum and maximum over the rows: one flat tensor of every id of a corpus took about 8 bytes a token)
+        require_tokenizer_ids_fit(model, tokenizer, {key: _id_bounds(dataset.encodings[key])
+                                                     for key in ("input_ids", "token_type_ids")
+                                                     if key in dataset.encodings})
+        collator = RowsAsAloneCollator(DataCollatorWithPadding(tokenizer), model)
+        _check_padding_side(collator, dataset)
+        # the cross-entropy through a loss of our own, not the model's: transformers' classifiers take **kwargs, so
+        # the Trainer left the division by the accumulation steps to them and they ignore num_items_in_batch (with
+        # gradient_accumulation_steps=2 the loss and gradients were twice too large); cross_entropy_loss also
+        # applies the label smoothing the Trainer would have (its label smoother is not called with a
+        # compute_loss_func)
+        smoothing = args.label_smoothing_factor
+        trainer_class, loss_func = Trainer, (bcos_loss if use_bce else
+                                             functools.partial(cross_entropy_loss, label_smoothing=smoothing))
+        if distill is not None:
+            dataset.teacher_logits = predict(teacher, tokenizer, texts, text_pairs=text_pairs, batch_size=batch_size,
+                                             max_length=max_length).tolist()
+            # the Trainer would drop "teacher_logits" (not an argument of the model's forward) before the loss
+            args.remove_unused_columns = False
+            trainer_class = distilling_trainer_class()
+            loss_func = DistillationLoss(use_bce, *distill, label_smoothing=smoothing)
+        trainer = trainer_class(
+            model=model,
+            args=args,
+            train_dataset=dataset,
+            data_collator=TeacherCollator(collator) if distill else collator,
+            compute_loss_func=loss_func,
+            optimizers=optimizers,
+            callbacks=[BWarmupCallback(model, fraction=b_warmup)] if b_warmup else None,
+        )
+        if distill is not None:
+            loss_func.trainer = trainer
+        # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
+        # scripts"): passed through **training_args it started the run afresh without a word
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+        model.eval()
+        return trainer
 
 
 def require_no_label_smoothing_with_bce(use_bce: bool, label_smoothing_factor) -> None:
@@ -308,14 +318,30 @@ _SET_FROM_ARGUMENTS = {"num_train_epochs": "epochs", "per_device_train_batch_siz
                        "disable_tqdm": "progress"}
 
 
-def training_arguments(prefix: str, output_dir, n_texts: int, epochs, batch_size, learning_rate, seed,
+@contextlib.contextmanager
+def run_output_dir(output_dir, prefix: str):
+    """The ``output_dir`` of a training helper's ``Trainer``: the caller's folder, or with ``None`` a temporary one
+    (named with ``prefix``) removed when the block ends, also on error, unless the run saved checkpoints there
+    (``save_strategy`` asked for them without a folder: ``trainer.args.output_dir`` names it). The helpers made one
+    per call and never removed it."""
+    if output_dir is not None:
+        yield output_dir
+        return
+    folder = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield folder
+    finally:
+        if not any(Path(folder).glob("checkpoint-*")):  # transformers' PREFIX_CHECKPOINT_DIR
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def training_arguments(output_dir, n_texts: int, epochs, batch_size, learning_rate, seed,
                         progress: bool, training_args: dict, helper=None):
     """``TrainingArguments`` of the package's training helpers; ``training_args`` override the defaults (not the
     settings the helpers take as arguments of their own, refused naming that argument). ``helper`` (the calling
     function) names the helper and its own arguments when a keyword is neither theirs nor a ``TrainingArguments``
     field."""
     import inspect
-    import tempfile
 
     from transformers import TrainingArguments
 
@@ -335,7 +361,7 @@ def training_arguments(prefix: str, output_dir, n_texts: int, epochs, batch_size
     overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, n_texts // batch_size // 10),
                    "dataloader_pin_memory": torch.cuda.is_available(), "logging_nan_inf_filter": False}
     return TrainingArguments(
-        output_dir=str(output_dir or tempfile.mkdtemp(prefix=prefix)),
+        output_dir=str(output_dir),
         num_train_epochs=epochs,
         per_device_train_batch_size=batch_size,
         learning_rate=learning_rate,

@@ -30,7 +30,7 @@ from .convert.checkpoint_format import (
     STOCK_QUERY_KEY_FORMAT_VERSION,
 )
 from .errors import BcosError, BcosFileError, BcosKeywordError, BcosTypeError, BcosValueError, argument_error
-from .nn.linear import AlignmentPressure, check_b
+from .nn.linear import AlignmentPressure, check_b, recorded_pressure
 
 __all__ = ["BCOS_CONFIG_KEY", "FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "STOCK_QUERY_KEY_FORMAT_VERSION",
            "load_bcos_model", "reconvert_stock_load"]
@@ -157,8 +157,9 @@ def stored_pressures(files: list[str], keys: set[str] | None = None,
     checkpoint is added to ``keys`` when it is given (the same reading of the files).
 
     A B stored in float32 (a save on MPS, which has no float64) that is ``recorded_b`` (``config.bcos['b']``) rounded
-    to float32 is read as ``recorded_b``: the layer ran with that B, and its float32 rounding (1.100000023841858 for
-    1.1) loaded every layer at another B, with a warning that they differed from ``config.bcos['b']`` "= 1.1"."""
+    to float32 is read as ``recorded_b`` (:func:`~bcos_plugins.nn.linear.recorded_pressure`, the rule of the layers'
+    own loading too): the layer ran with that B, and its float32 rounding (1.100000023841858 for 1.1) loaded every
+    layer at another B, with a warning that they differed from ``config.bcos['b']`` "= 1.1"."""
     from safetensors import safe_open
 
     out = {}
@@ -168,12 +169,8 @@ def stored_pressures(files: list[str], keys: set[str] | None = None,
                 if keys is not None:
                     keys.add(key)
                 if key.endswith(".bcos_b"):
-                    tensor = f.get_tensor(key)
-                    value = tensor.item()
-                    if (recorded_b is not None and tensor.dtype != torch.float64 and tensor.is_floating_point()
-                            and torch.tensor(recorded_b, dtype=tensor.dtype).item() == value):
-                        value = recorded_b
-                    out[key[: -len(".bcos_b")]] = value
+                    recorded = () if recorded_b is None else (recorded_b,)
+                    out[key[: -len(".bcos_b")]] = recorded_pressure(f.get_tensor(key), *recorded)
     return out
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import tempfile
 from pathlib import Path
 
 from torch import nn
@@ -36,7 +37,12 @@ from .convert.checkpoint_format import BCOS_CONFIG_KEY
 from .corpus import require_texts_with_tokens, require_tokenizer_fits
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, BcosValueError, argument_error
-from .fine_tuning import fine_tune_classifier, require_no_label_smoothing_with_bce, training_arguments
+from .fine_tuning import (
+    fine_tune_classifier,
+    require_no_label_smoothing_with_bce,
+    run_output_dir,
+    training_arguments,
+)
 from .losses import cross_entropy_loss
 from .nn.dynamic import has_dynamic_weights
 from .nn.linear import check_b
@@ -176,7 +182,9 @@ def pretrain_masked_lm(
             the mask token, 10 % a random token, 10 % stay).
         **training_args: passed to ``TrainingArguments`` (e.g. ``warmup_ratio``, ``use_cpu``).
 
-    Save the result with ``trainer.save_model(folder)`` (only the main process writes under ``torchrun``)
+    Without ``output_dir`` the ``Trainer`` works in a temporary folder, removed when the call returns (also on error)
+    unless the run saved checkpoints there (``save_strategy``). Save the result with ``trainer.save_model(folder)``
+    (only the main process writes under ``torchrun``)
     and continue with :func:`classifier_from_masked_lm`. The loss is the cross-entropy over the masked positions
     (:func:`~bcos_plugins.losses.cross_entropy_loss`: the model's own, but the mean over every masked token of the
     accumulated batches under ``gradient_accumulation_steps``, which the model's own is not).
@@ -201,28 +209,30 @@ def pretrain_masked_lm(
     require_finite_parameters(model)
     max_length = truncation_length(model, max_length, default=128)
     require_tokenizer_fits(model, tokenizer)  # the one check of a tokenizer larger than the embedding
-    args = training_arguments("bcos_mlm_", output_dir, len(texts), epochs, batch_size, learning_rate, seed,
-                               progress, training_args, helper=pretrain_masked_lm)
-    dataset = EncodedTexts(tokenizer, texts, None, max_length)
-    # a batch of texts without tokens (rows of padding alone) failed mid-training inside the attention
-    require_texts_with_tokens([len(ids) for ids in dataset.encodings["input_ids"]], range(len(texts)), texts, "texts",
-                              "pre-train on", scope="")
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=dataset,
-        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability,
-                                                      seed=seed),
-        # the masked-LM cross-entropy through a loss of our own: transformers' masked LMs take **kwargs, so the
-        # Trainer left the division by the accumulation steps to them and they ignore num_items_in_batch (with
-        # gradient_accumulation_steps=2 the loss and gradients were twice too large)
-        compute_loss_func=functools.partial(cross_entropy_loss, label_smoothing=args.label_smoothing_factor),
-    )
-    # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
-    # scripts"): passed through **training_args it started the run afresh without a word
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    model.eval()
-    return trainer
+    # output_dir=None: a temporary folder, removed when the call ends unless the run saved checkpoints there
+    with run_output_dir(output_dir, "bcos_mlm_") as output_dir:
+        args = training_arguments(output_dir, len(texts), epochs, batch_size, learning_rate, seed, progress,
+                                  training_args, helper=pretrain_masked_lm)
+        dataset = EncodedTexts(tokenizer, texts, None, max_length)
+        # a batch of texts without tokens (rows of padding alone) failed mid-training inside the attention
+        require_texts_with_tokens([len(ids) for ids in dataset.encodings["input_ids"]], range(len(texts)), texts,
+                                  "texts", "pre-train on", scope="")
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=dataset,
+            data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability,
+                                                          seed=seed),
+            # the masked-LM cross-entropy through a loss of our own: transformers' masked LMs take **kwargs, so the
+            # Trainer left the division by the accumulation steps to them and they ignore num_items_in_batch (with
+            # gradient_accumulation_steps=2 the loss and gradients were twice too large)
+            compute_loss_func=functools.partial(cross_entropy_loss, label_smoothing=args.label_smoothing_factor),
+        )
+        # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
+        # scripts"): passed through **training_args it started the run afresh without a word
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+        model.eval()
+        return trainer
 
 
 def classifier_from_masked_lm(masked_lm, num_labels: int = 2, *, pooler_from=None) -> nn.Module:
@@ -395,8 +405,11 @@ def fine_tune_task_then_bcos(
     own = {"head_learning_rate", "b_warmup", "teacher", "distill_weight", "distill_loss", "distill_temperature",
            "loss", "output_dir"}
     shared = {k: v for k, v in fine_tune_kwargs.items() if k not in own}
-    fine_tune_classifier(model, tokenizer, texts, labels, epochs=task_epochs, learning_rate=task_learning_rate,
-                         batch_size=batch_size, loss="ce", **shared)
+    # the conventional stage trains in a temporary folder, removed when it ends (also on error), checkpoints and
+    # all: they cannot be resumed (resume_from_checkpoint is refused above); it was left behind, once per call
+    with tempfile.TemporaryDirectory(prefix="bcos_task_stage_", ignore_cleanup_errors=True) as task_stage_dir:
+        fine_tune_classifier(model, tokenizer, texts, labels, epochs=task_epochs, learning_rate=task_learning_rate,
+                             batch_size=batch_size, loss="ce", output_dir=task_stage_dir, **shared)
     if distill_from_task_stage:
         # fine_tune_classifier reads the teacher's logits once, before training; the copy is the model as the
         # first stage left it (one more copy of the model in memory during the second stage)

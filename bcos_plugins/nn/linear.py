@@ -40,7 +40,7 @@ from .functional import (
     using_reference_path,
 )
 
-__all__ = ["AlignmentPressure", "BcosLinear", "BcosConv1D", "MAX_B", "check_b"]
+__all__ = ["AlignmentPressure", "BcosLinear", "BcosConv1D", "MAX_B", "check_b", "recorded_pressure"]
 
 _NORM_EPS = NORM_EPS  # kept: other layers import these names
 _COS_FLOOR = COS_FLOOR
@@ -68,6 +68,26 @@ def check_b(b, name: str = "b") -> float:
     value = float(b)
     if not math.isfinite(value) or not 1.0 <= value <= MAX_B:
         raise argument_error(name, f"must be a finite number in [1, {MAX_B:g}], got {value!r}", fix)
+    return value
+
+
+def recorded_pressure(stored: Tensor, *recorded: float) -> float:
+    """The B a stored ``bcos_b`` holds: the first of ``recorded`` whose rounding to float32 (or to ``stored``'s own
+    narrower dtype) ``stored`` is, else ``stored``'s value.
+
+    MPS has no float64, so a B-cos model saved there stores every B in float32: B = 1.1 is stored as
+    1.100000023841858, and a load read that as the layer's B, which then ran another function than the one trained
+    (and a later save stored the rounding as its B). A float64 tensor holding that rounding is the same float32 save,
+    widened by transformers' loading (which casts every tensor to the dtype of the one it replaces). The one rule of
+    :func:`~bcos_plugins.persistence.load_bcos_model` (``recorded`` is ``config.bcos['b']``) and of
+    :class:`AlignmentPressure`'s loading (the layer's B and the B it was built with)."""
+    value = stored.item()
+    if not stored.is_floating_point() or value in recorded:
+        return value
+    narrow = {torch.float32} | ({stored.dtype} if stored.dtype != torch.float64 else set())
+    for b in recorded:
+        if any(torch.tensor(b, dtype=dtype).item() == value for dtype in narrow):
+            return b
     return value
 
 
@@ -110,7 +130,8 @@ class AlignmentPressure(DynamicWeightModule):
     new one (docs/api/nn.md, "Writes through ``.data``"). Set ``layer.b`` instead (or write the buffer itself under
     ``torch.no_grad()``). Dtype
     conversions (``.half()``, ``.to(torch.bfloat16)``) keep the buffer float64, so a saved half-precision
-    model reloads at exactly the B it ran with.
+    model reloads at exactly the B it ran with. A B saved in float32 (on MPS) that is the float32 rounding of the
+    layer's B loads as that B (:func:`recorded_pressure`), through ``load_state_dict`` and transformers' loading.
     """
 
     def _init_b(self, b, device) -> None:
@@ -160,6 +181,55 @@ class AlignmentPressure(DynamicWeightModule):
                 self._b = value
             self._b_seen = (buf, buf._version)
         return self._b
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # torch's loading (a Trainer resuming from a checkpoint): the stored tensor is at hand, with its dtype
+        recorded = self._b, self._b_init
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        stored = state_dict.get(prefix + "bcos_b")
+        if isinstance(stored, Tensor):
+            self._adopt_stored_b(stored, recorded)
+
+    def __setattr__(self, name, value):
+        # transformers' from_pretrained sets each loaded tensor as the module's attribute (cast to the float64 of
+        # the buffer it replaces, so a float32 save arrives widened)
+        if name != "bcos_b" or "_b_seen" not in self.__dict__:
+            return super().__setattr__(name, value)
+        recorded = self._b, self._b_init
+        super().__setattr__(name, value)
+        if isinstance(value, Tensor):
+            self._adopt_stored_b(value, recorded)
+
+    def _adopt_stored_b(self, stored: Tensor, recorded: tuple[float, ...]) -> None:
+        """Run at the B a loaded ``bcos_b`` records (:func:`recorded_pressure`): a float32 save (MPS) of B = 1.1
+        loaded the layer at 1.100000023841858. Also a float64 B loaded into an MPS layer's float32 buffer runs at
+        that B (the buffer holds its rounding, as ``layer.b = 1.1`` leaves it there). A value the buffer does not
+        hold (a failed load) or outside [1, MAX_B] is left to :meth:`_pressure`, which reads it and names it."""
+        buf = self._buffers.get("bcos_b")
+        if buf is None or buf.is_meta or stored.is_meta or stored.numel() != 1 or buf.numel() != 1:
+            return
+        value = recorded_pressure(stored, *recorded)
+        if not (math.isfinite(value) and 1.0 <= value <= MAX_B):
+            return
+        held = buf.item()
+        if torch.tensor(stored.item(), dtype=buf.dtype).item() != held:  # the load did not write it
+            return
+        exact = torch.tensor(value, dtype=buf.dtype, device=buf.device)
+        if held != value and exact.item() == value:
+            # a float64 buffer holding the rounding: it holds the B itself, so a later save stores that B
+            if buf is stored:
+                # the loaded tensor itself (load_state_dict(assign=True), transformers): the caller's state dict is
+                # not written to; transformers' mark that the tensor was loaded (not to be initialised) is kept
+                if hasattr(stored, "_is_hf_initialized"):
+                    exact._is_hf_initialized = stored._is_hf_initialized
+                self._buffers["bcos_b"] = buf = exact
+            else:
+                with torch.no_grad():
+                    buf.fill_(value)
+        self._b = value
+        self._b_seen = (buf, buf._version)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         # A write through bcos_b.data bumps no version counter, so the layer kept running at its old B while the
