@@ -17,6 +17,7 @@ from ._checks import (
 from .attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
 from .corpus import require_texts_with_tokens, require_tokenizer_ids_fit
 from .encoded_texts import truncation_length
+from .errors import argument_error
 from .nn.dynamic import evaluating
 from .nn.functional import at_least_float32
 
@@ -36,12 +37,21 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
     ``classifier_pooling="cls"``): a padded row's logits would be a padding token's (the error names the padded
     texts by their index in ``texts``). Models of the architecture
     registry are called as ``explain`` calls them (``rows_as_alone_call``), so a decoder classifier's rows are
-    computed as alone under either padding side (position ids count real tokens).
+    computed as alone under either padding side (position ids count real tokens). A batch of one text is encoded
+    without padding, so a tokenizer without a pad token (GPT-2's) serves one text or ``batch_size=1``; for a batch
+    of several texts it is refused naming the fix (``tokenizer.pad_token = tokenizer.eos_token``).
     """
     texts = require_texts(texts)
     text_pairs = require_text_pairs(text_pairs, len(texts))
     require_count("batch_size", batch_size)
     warn_if_another_models_tokenizer(model, tokenizer)  # ids that fit, read as other tokens: predictions of other texts
+    # a batch of one text needs no padding (it is encoded without): only several texts in a batch need a pad token,
+    # and transformers' own refusal came even for one text and named neither the argument nor batch_size=1
+    pads = len(texts) > 1 and batch_size > 1
+    if pads and hasattr(tokenizer, "pad_token") and tokenizer.pad_token is None:
+        raise argument_error("tokenizer", f"has no pad token (as GPT-2's), so a batch of {min(len(texts), batch_size)} "
+                             "texts cannot be padded to one length", "Set tokenizer.pad_token = tokenizer.eos_token "
+                             "(the padded positions are masked), or pass one text at a time (batch_size=1)")
     max_length = truncation_length(model, max_length, default=64)
     device = next(model.parameters()).device
     spec = registry_spec(model)
@@ -51,7 +61,7 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
         for start in range(0, len(texts), batch_size):
             rows = order[start : start + batch_size]
             pairs = None if text_pairs is None else [text_pairs[i] for i in rows]
-            enc = tokenizer([texts[i] for i in rows], pairs, padding=True, truncation=True, max_length=max_length,
+            enc = tokenizer([texts[i] for i in rows], pairs, padding=len(rows) > 1, truncation=True, max_length=max_length,
                             return_tensors="pt").to(device)
             # ids past the embedding failed deep in torch (IndexError; a device-side assert on a GPU)
             require_tokenizer_ids_fit(model, tokenizer, enc)

@@ -6,6 +6,7 @@ so that no loader imports the package that re-exports it.
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 from ..errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
@@ -73,14 +74,18 @@ def read_tsv(path: Path, header: bool = True) -> list[tuple[str, str, int]]:
 
 
 def check_n(n) -> int | None:
-    """``n`` rows to keep (``None``: all), refusing a negative number, a float or a bool."""
+    """``n`` rows to keep (``None``: all) as a Python int, refusing a negative number, a float or a bool (NumPy's
+    integer scalars taken: ``np.int64(3)``, a count read from an array, was refused as "not an int")."""
     if n is None:
         return None
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+    # numbers.Integral holds NumPy's integer scalars and not its bool_ (nor floats); Python's bool is refused by name
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise argument_error("n", f"must be a non-negative int or None, got {n!r}",
-                             "Pass the number of rows to keep (None keeps all)",
-                             kind=BcosTypeError if not isinstance(n, int) or isinstance(n, bool) else BcosValueError)
-    return n
+                             "Pass the number of rows to keep (None keeps all)", kind=BcosTypeError)
+    if n < 0:
+        raise argument_error("n", f"must be a non-negative int or None, got {int(n)}",
+                             "Pass the number of rows to keep (None keeps all)", kind=BcosValueError)
+    return int(n)
 
 
 def shipped_split(dataset: str, split: str, splits: tuple[str, ...]) -> Path:

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from .._checks import bad_rows, require_int, require_row_ids, require_same_shape, require_tensor
 from ..convert.architectures import position_limit, vocabulary_size
-from ..errors import argument_error
+from ..errors import BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
 
@@ -83,6 +83,10 @@ def reciprocal_rank(
     """
     # the checked tensors are used below: lists passed the checks, then failed on .detach() / .bool()
     scores = require_tensor("scores", scores, ndim=2, kind="real", shape_hint="(batch, pos)")
+    if scores.dtype == torch.bool:
+        # flags, not scores: their ties ranked evidence by position, silently (the rationale metrics' refusal)
+        raise argument_error("scores", "must be numbers, got a boolean tensor", "Pass float token scores",
+                             kind=BcosTypeError)
     evidence = require_tensor("evidence", evidence, ndim=2, kind="mask")
     candidates = _check_masks(scores, evidence, candidates)
     bad = ~torch.isfinite(scores.detach().double()) & candidates

@@ -76,11 +76,13 @@ def aopc(curve: Float[Tensor, "... n_fractions"], fractions: Sequence[float] = D
     curve = require_tensor("curve", curve, kind="real", shape_hint="(..., n_fractions)")
     if curve.ndim == 0:
         raise argument_error("curve", "is a scalar", "Pass the curve values over the fractions (last axis)")
-    # integrated in at least float32 (float64 kept), as the curves are computed: in bfloat16 the fractions themselves
-    # round (0.1 is 0.10009765625, the width 0.8 is 0.7983) and the area of a bfloat16 curve was off by 3e-3
-    curve = curve.to(at_least_float32(curve.dtype)) if curve.is_floating_point() else curve.double()
+    # returned in at least float32 (float64 kept), as the curves are computed, but integrated in float64: in bfloat16
+    # the fractions themselves round (0.1 is 0.10009765625, the width 0.8 is 0.7983) and the area of a bfloat16 curve
+    # was off by 3e-3; in float32 the trapezoid's pairwise sums of values near 3e38 overflowed, the area read inf
+    out_dtype = at_least_float32(curve.dtype) if curve.is_floating_point() else torch.float64
+    curve = curve.double()
     fractions = _check_fractions(fractions, lowest=float("-inf"))
-    x = torch.as_tensor(fractions, dtype=curve.dtype, device=curve.device)
+    x = torch.as_tensor(fractions, dtype=torch.float64, device=curve.device)
     if curve.shape[-1] != x.shape[0]:
         raise argument_error("curve", f"has {curve.shape[-1]} points but there are {x.shape[0]} fractions",
                              "Pass one value per fraction")
@@ -88,7 +90,13 @@ def aopc(curve: Float[Tensor, "... n_fractions"], fractions: Sequence[float] = D
         raise argument_error("fractions", f"fractions must be at least two increasing values, got {list(fractions)}",
                              "Pass e.g. DEFAULT_FRACTIONS")
     area = torch.trapezoid(curve, x, dim=-1)
-    return area / (x[-1] - x[0]) if normalise else area
+    if normalise:
+        area = area / (x[-1] - x[0])
+    narrowed = area.to(out_dtype)
+    if (torch.isfinite(area) & ~torch.isfinite(narrowed)).any():  # the finite area cast to inf, silently
+        raise argument_error("curve", f"has an area of {float(area.abs().max()):.4g}, beyond the range of {out_dtype} "
+                             "(the curve's dtype)", "Pass the curve in float64 (curve.double())")
+    return narrowed
 
 
 @dataclass

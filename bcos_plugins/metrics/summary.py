@@ -6,7 +6,10 @@
   package's one definition (:func:`bcos_plugins.attribution.results.relative_completeness_error`). An explained
   value of exactly 0 has no relative error: its ``|explained|`` is floored at ``1e-12``, so the result is 0
   for an exactly complete explanation and at least 1 once ``|delta| >= 1e-12`` (never NaN or inf); pass
-  ``relative=False`` for the absolute error ``|delta|`` there.
+  ``relative=False`` for the absolute error ``|delta|`` there. The sum and the difference are computed in the wider
+  of the two dtypes (float64 when either is): the error is that of the numbers as given, so float32 attributions of
+  a float64 logit report the real gap even below their own rounding (about ``6e-8`` relative), where it measures
+  that rounding rather than a missing share; the attributions' dtype bounds how complete they can be.
 - :func:`measure_cost`: wall-clock seconds and peak memory of one call. On CUDA the peak is
   ``torch.cuda.max_memory_allocated`` above the level before the call. On CPU it is the peak resident set
   size of the process above the level before the call (PyTorch's CPU allocator is invisible to
@@ -32,7 +35,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import narrowed_to_dtype, require_same_shape, require_tensor
+from .._checks import require_same_shape, require_tensor
 from ..attribution.results import relative_completeness_error
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
@@ -87,15 +90,16 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"] | None =
     if len({f.shape[0] for f in flat}) > 1:
         raise argument_error("attributions", f"tensors disagree on the batch size: {[f.shape[0] for f in flat]}",
                              "Pass the attributions of one batch")
-    # in at least float32: a float16 / bfloat16 sum keeps 3 significant digits (see Explanation.total)
-    total = sum(f.sum(-1, dtype=at_least_float32(f.dtype)) if f.is_floating_point() else f.sum(-1)
-                for f in flat)
-    if not total.is_floating_point():
-        total = total.double()
-    # compared in the attributions' dtype: a value beyond it (a list's or a float64 tensor's) is refused naming it; the
-    # cast made it inf and the error read NaN
-    explained = require_tensor("explained", explained, kind="real", list_dtype=total.dtype)
-    explained = narrowed_to_dtype("explained", explained.detach().to(total.device), total.dtype)
+    explained = require_tensor("explained", explained, kind="real").detach()  # Python floats read in float64
+    # summed and compared in the wider dtype of the two, at least float32 (a float16 / bfloat16 sum keeps 3
+    # significant digits, see Explanation.total), float64 for integers: a float64 explained value was cast to the
+    # float32 attributions' dtype, so any gap below its float32 rounding (1e-9 of a logit) read 0, exact, and one
+    # beyond float32's range was refused; float32 parts are then summed in float64 too (their float32 sum rounds)
+    dtype = torch.float32
+    for t in (*flat, explained):
+        dtype = torch.promote_types(dtype, at_least_float32(t.dtype) if t.is_floating_point() else torch.float64)
+    total = sum(f.sum(-1, dtype=dtype) if f.is_floating_point() else f.sum(-1).to(dtype) for f in flat)
+    explained = explained.to(total.device, dtype)
     require_same_shape("explained", explained, "attributions (summed per example)", total,
                        "Pass one explained value per example")
     if relative:
