@@ -7,6 +7,7 @@ from transformers import PreTrainedConfig
 from .._checks import require_float, require_int
 from ..errors import BcosTypeError, argument_error
 from .attention import PRIOR_KINDS
+from .tokenizer import require_whole_patches
 
 __all__ = ["TOKENIZER_KINDS", "BcosViTConfig"]
 
@@ -59,9 +60,8 @@ class BcosViTConfig(PreTrainedConfig):
         for name in ("image_size", "num_channels", "patch_size", "hidden_size", "num_hidden_layers",
                      "num_attention_heads", "intermediate_size", "max_out"):
             setattr(self, name, require_int(name, getattr(self, name), minimum=1))
-        if self.image_size % self.patch_size != 0:
-            raise argument_error("patch_size", f"image_size={self.image_size} must be a multiple of "
-                                 f"patch_size={self.patch_size}", "Pick a patch size that divides the image size")
+        require_whole_patches("patch_size", self.image_size, self.image_size, self.patch_size,
+                              "Pick a patch size that divides the image size")
         if self.hidden_size % self.num_attention_heads != 0:
             raise argument_error("num_attention_heads", f"hidden_size={self.hidden_size} must be divisible by "
                                  f"num_attention_heads={self.num_attention_heads}", "Pick a divisor of hidden_size")

@@ -24,6 +24,25 @@ from ..nn.linear import BcosLinear
 __all__ = ["BcosConvTokenizer", "BcosPatchEmbedding"]
 
 
+def require_whole_patches(name: str, height: int, width: int, patch_size: int, fix: str) -> None:
+    """Refuse an image whose sides are not multiples of ``patch_size``: the one check of :class:`BcosViTConfig`'s
+    ``image_size`` and of the tokenisers' inputs. ``F.unfold`` and a stride-``p`` convolution silently leave out the
+    last ``height % p`` rows and ``width % p`` columns, so their pixels got no contribution and the explanation
+    was not of the image passed (there is no padding convention here)."""
+    if height % patch_size or width % patch_size:
+        size = f"image_size={height}" if height == width else f"image size {height}x{width} (height x width)"
+        raise argument_error(name, f"{size} must be a multiple of patch_size={patch_size} (the patches would leave "
+                             f"out the last {height % patch_size} rows and {width % patch_size} columns)", fix)
+
+
+def _require_tiled_input(layer: str, encoded: Tensor, patch_size: int) -> None:
+    height, width = encoded.shape[-2:]
+    require_whole_patches("encoded", height, width, patch_size,
+                          f"{layer} has no padding convention: crop or pad the image to a multiple of "
+                          f"patch_size={patch_size} (e.g. {-(-height // patch_size) * patch_size}x"
+                          f"{-(-width // patch_size) * patch_size} by padding), or resize it")
+
+
 class BcosPatchEmbedding(nn.Module):
     """B-cos linear embedding of non-overlapping patches: ``(batch, 2C, H, W) -> (batch, n_patches, d)``."""
 
@@ -33,6 +52,7 @@ class BcosPatchEmbedding(nn.Module):
         self.projection = BcosLinear(in_channels * patch_size * patch_size, hidden_size, b=b, max_out=max_out)
 
     def forward(self, encoded: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch n_patches d_model"]:
+        _require_tiled_input("BcosPatchEmbedding", encoded, self.patch_size)
         patches = F.unfold(encoded, kernel_size=self.patch_size, stride=self.patch_size)
         return self.projection(patches.transpose(1, 2))
 
@@ -53,9 +73,11 @@ class BcosConvTokenizer(nn.Module):
         for width in channels:
             layers.append(BcosConv2d(previous, width, kernel_size, padding=kernel_size // 2, b=b, max_out=max_out))
             previous = width
+        self.patch_size = patch_size
         self.convs = nn.Sequential(*layers)
         self.patchify = BcosConv2d(previous, hidden_size, patch_size, stride=patch_size, b=b, max_out=max_out)
 
     def forward(self, encoded: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch n_patches d_model"]:
+        _require_tiled_input("BcosConvTokenizer", encoded, self.patch_size)
         features = self.patchify(self.convs(encoded))
         return features.flatten(2).transpose(1, 2)
