@@ -390,7 +390,11 @@ def test_space_model_refuses_a_misspelt_forward_argument():
     with pytest.raises(BcosTypeError, match="^token_type_id: is not an argument of BertModel.forward.*"
                                             "Pass token_type_ids= if"):
         model(input_ids=ids, attention_mask=mask, token_type_id=torch.zeros_like(ids))
-    assert model(input_ids=ids, attention_mask=mask, output_attentions=True).logits.shape == (3, 2)
+    out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    assert out.logits.shape == (3, 2) and len(out.hidden_states) == model.encoder.config.num_hidden_layers + 1
+    # an sdpa encoder returns no attention weights: asking for them is refused by name (2336ff1), not an empty tuple
+    with pytest.raises(BcosValueError, match="^output_attentions: .* attn_implementation='eager'"):
+        model(input_ids=ids, attention_mask=mask, output_attentions=True)
 
 
 def test_space_model_from_encoder_refuses_a_misspelt_setting_naming_the_close_match():
