@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarning, argument_error
 
-__all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_float",
+__all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_float",
            "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_tokenizer_object",
@@ -715,3 +715,14 @@ def require_finite_parameters(model: nn.Module, name: str = "model") -> None:
         raise argument_error(name, f"has NaN or infinite values in {len(which)} parameter(s) ({', '.join(which[:4])}"
                              f"{', ...' if len(which) > 4 else ''}): its loss would be NaN from the first step and every "
                              "weight NaN after it", "Reload the weights (or find the step that wrote them)")
+
+
+def require_deterministic(name: str, first: Tensor, again: Tensor, what: str, fix: str) -> None:
+    """Refuse ``name`` (a function the metric calls) when it scored the same ``what`` twice differently: eval mode
+    cannot reach a model inside a function, so one around a model in training mode scores every input with dropout on
+    and the numbers built on its scores (perturbation curves, the segments SeqPG examples pick) are noise. The one
+    comparison of the metrics that score a function (``first`` and ``again``: its scores of the same inputs)."""
+    if not torch.allclose(first, again, rtol=1e-4, atol=1e-6):
+        raise argument_error(name, f"scored the same {what} differently (by up to "
+                             f"{float((first - again).abs().max()):.3g}): it is not deterministic, e.g. a model in "
+                             "training mode (dropout), so what is built on its scores would be noise", fix)

@@ -35,7 +35,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from .._checks import bad_rows, require_float, require_int, require_row_ids, require_tensor
+from .._checks import (
+    bad_rows,
+    require_deterministic,
+    require_float,
+    require_int,
+    require_row_ids,
+    require_tensor,
+)
 from ..errors import BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
@@ -251,12 +258,12 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
                 perturbed = torch.where(removed, torch.full_like(inputs, removed_value), inputs)
                 points.append(_scores(forward, perturbed, target_t, score))
             curves[most_first] = torch.stack(points, dim=1)
-        _require_deterministic(forward, inputs, target_t, score, curves, fractions, n_pixels)
+        _require_same_image_scores(forward, inputs, target_t, score, curves, fractions, n_pixels)
     return PixelPerturbation(fractions=fractions, most_first=curves[True], least_first=curves[False])
 
 
-def _require_deterministic(forward: Callable, inputs: Tensor, target: Tensor, score: str, curves: dict[bool, Tensor],
-                           fractions: tuple[float, ...], n_pixels: int) -> None:
+def _require_same_image_scores(forward: Callable, inputs: Tensor, target: Tensor, score: str, curves: dict[bool, Tensor],
+                               fractions: tuple[float, ...], n_pixels: int) -> None:
     """Refuse a ``forward`` that scores the same images differently: a function around a model in training mode
     (``lambda e: model(encoded_pixel_values=e)``, which eval mode cannot reach) scores every perturbed image with
     dropout on, so the curves are noise. Where no pixel or every pixel is removed, both curves scored the same images;
@@ -266,8 +273,5 @@ def _require_deterministic(forward: Callable, inputs: Tensor, target: Tensor, sc
         first, second = curves[True][:, same], curves[False][:, same]
     else:
         first, second = (_scores(forward, inputs, target, score) for _ in range(2))
-    if not torch.allclose(first, second, rtol=1e-4, atol=1e-6):
-        raise argument_error("forward", f"scored the same images differently (by up to "
-                             f"{float((first - second).abs().max()):.3g}): it is not deterministic, e.g. a model in "
-                             "training mode (dropout), so the curves would be noise", "Put the model in eval mode "
-                             "(model.eval()) before pixel_perturbation")
+    require_deterministic("forward", first, second, "images",
+                          "Put the model in eval mode (model.eval()) before pixel_perturbation")

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from .._checks import (
     bad_rows,
+    require_deterministic,
     require_float,
     require_int,
     require_row_ids,
@@ -341,7 +342,8 @@ def perturbation_curves(
             the full input. An explanation of other ``input_ids`` is refused.
         fractions: the p values (default 0.1..0.9).
         masking: ``"attention"`` (remove via attention mask, the paper code's choice) or ``"mask_token"``.
-        mask_token_id: for ``masking="mask_token"``; default ``tokenizer.mask_token_id``.
+        mask_token_id: for ``masking="mask_token"``; default ``tokenizer.mask_token_id``. A registry decoder
+            classifier's ``config.pad_token_id`` is refused (the classifier reads the last token whose id is not it).
         probability: ``"softmax"`` (default, as in ERASER and the paper) or ``"sigmoid"``.
         batch_size: perturbed inputs per forward pass.
         reduce: how embedding-level attributions become token scores (``"sum"``, the paper's choice).
@@ -373,6 +375,17 @@ def perturbation_curves(
         **unmasked_padding_keywords(getattr(model, "config", None), attention_mask))
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     spec = registry_spec(model)
+    pad_id = getattr(getattr(model, "config", None), "pad_token_id", None)
+    if masking == "mask_token" and spec is not None and spec.is_classifier and spec.kind == "decoder" \
+            and pad_id is not None and mask_token_id == pad_id:
+        # a decoder classifier reads the last token whose id is not config.pad_token_id: a removed last token written
+        # as that id moved the read position to an earlier token, so the perturbed row was scored at another position
+        # than the unperturbed one, silently
+        raise argument_error("mask_token_id", f"is {mask_token_id}, {type(model).__name__}'s config.pad_token_id: the "
+                             "decoder classifier reads the last token whose id is not the pad id, so a removed last "
+                             "token written as it moves the position the perturbed row is scored at",
+                             "Pass another token id as mask_token_id (e.g. tokenizer.unk_token_id), or "
+                             "masking='attention'")
     # refuses left padding before a classifier reads the first column; position ids of the unperturbed rows
     call = rows_as_alone_call(model, input_ids, mask, forward_kwargs, spec=spec)
     scores = token_scores(attributions, reduce=reduce).to(input_ids.device)
@@ -389,12 +402,8 @@ def perturbation_curves(
     if not isinstance(model, nn.Module):
         # eval mode cannot reach a model inside a function: in training mode (dropout) every perturbed row was scored
         # by another random network, so the curves were noise; the unperturbed rows are scored a second time
-        again = _probabilities(model, call, probability, range(batch))
-        if not torch.allclose(full, again, rtol=1e-4, atol=1e-6):
-            raise argument_error("model", f"scored the same rows differently (probabilities up to "
-                                 f"{float((full - again).abs().max()):.3g} apart): it is not deterministic, e.g. a "
-                                 "model in training mode (dropout), so the curves would be noise",
-                                 "Put the model in eval mode (model.eval()), or pass the model itself")
+        require_deterministic("model", full, _probabilities(model, call, probability, range(batch)), "rows",
+                              "Put the model in eval mode (model.eval()), or pass the model itself")
     explained = _explained_classes(attributions, input_ids, mask)
     if target is None and explained is not None:
         # an explanation of another class than the predicted one was scored on the predicted class, silently

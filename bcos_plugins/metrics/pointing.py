@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .._checks import (
     bad_rows,
+    require_deterministic,
     require_float,
     require_int,
     require_tensor,
@@ -89,7 +90,8 @@ def make_seqpg_examples(
     """Build SeqPG examples from a labelled dataset and a classifier, or several (see module docstring).
 
     ``model``: one sequence classifier, or a list of them that must all be confident and correct on every
-    segment used (they must share ``tokenizer``).
+    segment used (they must share ``tokenizer``). A module is scored in eval mode; a function that scores the same
+    segments differently (one around a model in training mode: dropout) is refused.
     Class pairs cycle through all pairs of distinct classes that still have segments, so every pair is
     represented; the order inside an example is random (``seed``).
     """
@@ -130,6 +132,14 @@ def make_seqpg_examples(
                                      f"tokens, but {type(m).__name__} takes at most {limit.max_length} positions "
                                      f"({limit.source})", f"Pass segment_length <= {(limit.max_length - 3) // 2}")
     per_model = [_segment_probabilities(m, candidates, cls_id, sep_id, batch_size) for m in models]
+    for m, probs in zip(models, per_model, strict=True):
+        if not isinstance(m, nn.Module):
+            # eval mode cannot reach a model inside a function: in training mode (dropout) the segments were picked
+            # by noisy confidences; the first batch of segments is scored a second time (the same rows, so a
+            # deterministic function gives the same probabilities)
+            require_deterministic("model", probs[:batch_size], _segment_probabilities(
+                m, candidates[:batch_size], cls_id, sep_id, batch_size), "segments",
+                "Put the model in eval mode (model.eval()), or pass the model itself")
     widths = sorted({p.shape[-1] for p in per_model})
     if len(widths) > 1:
         raise argument_error("model", f"the models disagree on the number of classes ({widths}); SeqPG examples are "
