@@ -63,7 +63,7 @@ from captum.log import log_usage
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from bcos_plugins._checks import bad_rows, refuse_renamed_keywords
+from bcos_plugins._checks import bad_rows, refuse_renamed_keywords, require_bool
 from bcos_plugins.attribution import (
     Direction,
     Explanation,
@@ -560,6 +560,7 @@ class BcosAttribution(GradientAttribution):
                 IG delta with a zero baseline, since a bias-free B-cos network maps 0 to 0).
         """
         _refuse_other_methods_keywords(type(self).__name__, other_methods_keywords)
+        return_convergence_delta = require_bool("return_convergence_delta", return_convergence_delta)
         if other_methods_keywords:
             raise argument_error(next(iter(other_methods_keywords)), f"is not an argument of "
                                  f"{type(self).__name__}.attribute", "Pass inputs, target, additional_forward_args "
@@ -693,6 +694,7 @@ class LayerBcos(LayerGradientXActivation):
         the layer cuts every path from the input to the output (e.g. the combined embedding of a B-cos model).
         """
         _refuse_other_methods_keywords(type(self).__name__, kwargs)
+        return_convergence_delta = require_bool("return_convergence_delta", return_convergence_delta)
         to_input = self._to_layer_input if attribute_to_layer_input is None else attribute_to_layer_input
         saved_forward = self.forward_func
         inner = self._logits_forward if self._model_forward is not None and saved_forward is self._model_forward \

@@ -94,6 +94,16 @@ def require_int(name: str, value, *, minimum: int | None = None, maximum: int | 
     return value
 
 
+def require_bool(name: str, value) -> bool:
+    """``value`` if it is ``True`` or ``False``; anything else (``"no"``, ``0``, ``None``) is refused, since a truthy
+    string such as ``"no"`` read as True and ran what it asked not to, silently."""
+    if not isinstance(value, bool):
+        raise argument_error(name, f"must be True or False, got {type(value).__name__} {value!r}",
+                             f"Pass {name}=True or {name}=False (a string such as 'no' reads as True)",
+                             kind=BcosTypeError)
+    return value
+
+
 def require_float(name: str, value, *, minimum: float | None = None, maximum: float | None = None,
                   open_minimum: bool = False) -> float:
     """``value`` as a finite Python float (ints accepted), refusing NaN, inf, bools and out-of-range values."""

@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from bcos_plugins._checks import require_bool
 from bcos_plugins.attribution import as_leaf, resolve_explained, resolve_positions
 from bcos_plugins.attribution.gradient import outside_inference
 from bcos_plugins.attribution.results import relative_completeness_error
@@ -160,6 +161,7 @@ def token_component_decomposition(
         batched: one batched backward sweep for all components (default), or one backward per component
             (the reference loop the benchmark compares against; same numbers).
     """
+    batched = require_bool("batched", batched)  # "no" read as True
     tokens, attention_mask = _check_inputs(model, tokens, attention_mask)
     # normal copies of what was made under the caller's inference_mode (autograd cannot save inference tensors)
     tokens, attention_mask = outside_inference(tokens), outside_inference(attention_mask)
