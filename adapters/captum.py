@@ -93,7 +93,12 @@ from bcos_plugins.nn.dynamic import (
     thread_token,
 )
 from bcos_plugins.nn.functional import at_least_float32
-from bcos_plugins.visualize import explained_token_index, explanation_tokens, require_token_explanation
+from bcos_plugins.visualize import (
+    explained_token_index,
+    explanation_tokens,
+    require_label_names,
+    require_token_explanation,
+)
 
 __all__ = [
     "BcosAttribution",
@@ -931,9 +936,7 @@ def visualization_records(
         raise argument_error("logits", f"must be the class logits of the {n} explained examples, shape ({n}, "
                              f"n_classes), got {tuple(logits.shape) if isinstance(logits, Tensor) else type(logits)}",
                              "Pass model(...).logits of the batch you explained")
-    if isinstance(label_names, str):  # was indexed by class id: "abc" named the classes a, b and c
-        raise argument_error("label_names", f"is one string, {label_names!r}", "Pass one name per class, in "
-                             "class-id order, e.g. ['negative', 'positive']", kind=BcosTypeError)
+    label_names = require_label_names(label_names)  # one string was indexed by class id: "abc" named a, b and c
     if logits is not None and label_names is not None and len(label_names) != logits.shape[1]:
         # more names than classes (a 3-class dataset's names for a 2-class model) named every class by the name
         # of another, silently

@@ -120,6 +120,7 @@ from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
 from bcos_plugins.nn.dynamic import evaluating, thread_token
 from bcos_plugins.persistence import reconvert_stock_load
+from bcos_plugins.visualize import require_label_names
 
 __all__ = [
     "METHOD_NAME",
@@ -808,9 +809,7 @@ class BcosClassifier:
         if label_names is None:
             id2label = getattr(model.config, "id2label", None) or {}
             label_names = [str(id2label.get(i, f"LABEL_{i}")) for i in range(num_labels)]
-        if isinstance(label_names, str):  # was split into its characters, one per class ("abc": a, b, c)
-            raise argument_error("label_names", f"is one string, {label_names!r}", "Pass one name per class, in "
-                                 "class-id order, e.g. ['negative', 'positive']", kind=BcosTypeError)
+        label_names = require_label_names(label_names)  # one string was split into characters, one per class
         if len(label_names) != num_labels:
             raise argument_error("label_names", f"{len(label_names)} names for a model with {num_labels} classes",
                                  "Pass one name per class, in class-id order")

@@ -211,27 +211,32 @@ def explained_token_index(explanation, i: int) -> int | None:
     return int(mask[i][:column].bool().sum())
 
 
-def _label_names(label_names) -> list[str] | None:
-    """The class names as a list of strings, or None: a NumPy array failed inside the captions ("The truth value of an
-    array ... is ambiguous"), and one string named class ``c`` by its ``c``-th character."""
+def require_label_names(label_names) -> list[str] | None:
+    """The class names as a list of strings, or None; the one check of ``label_names`` for the HTML pages, Captum's
+    ``visualization_records`` and inseq's ``load_classifier``: a NumPy array failed inside the captions ("The truth
+    value of an array ... is ambiguous"), and one string named class ``c`` by its ``c``-th character ("abc" named
+    the classes a, b and c)."""
+    fix = "Pass one name per class, in class-id order, e.g. ['negative', 'positive']"
     if label_names is None:
         return None
-    if isinstance(label_names, str | bytes) or not hasattr(label_names, "__len__"):
+    if isinstance(label_names, str | bytes):
+        raise argument_error("label_names", f"must be a list of class names; it is one string, {label_names!r}, "
+                             "whose characters would name the classes", fix, kind=BcosTypeError)
+    if not hasattr(label_names, "__len__"):
         raise argument_error("label_names", f"must be a list of class names, got {type(label_names).__name__} "
-                             f"{label_names!r}", "Pass one string per class, e.g. ['negative', 'positive']",
-                             kind=BcosTypeError)
+                             f"{label_names!r}", fix, kind=BcosTypeError)
     names = list(label_names)
     bad = next((n for n in names if not isinstance(n, str)), None)
     if bad is not None:
-        raise argument_error("label_names", f"must be strings, got {type(bad).__name__} {bad!r}",
-                             "Pass one string per class, e.g. ['negative', 'positive']", kind=BcosTypeError)
+        raise argument_error("label_names", f"must be strings, got {type(bad).__name__} {bad!r}", fix,
+                             kind=BcosTypeError)
     return names
 
 
 def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
                       captions: Sequence[str] | None) -> str:
     require_token_explanation(explanation)
-    label_names = _label_names(label_names)
+    label_names = require_label_names(label_names)
     tokens, scores = explanation_tokens(explanation, tokenizer), explanation.scores()
     if captions is not None and len(captions) != len(tokens):
         raise argument_error("captions", f"has {len(captions)} entries for {len(tokens)} rows",

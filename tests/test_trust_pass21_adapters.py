@@ -234,7 +234,8 @@ def test_explain_sae_feature_refuses_an_sae_at_a_dynamic_weight_hook(how, hook, 
 @pytest.mark.parametrize(("kwargs", "error", "words"), [
     ({"max_length": 1.5}, "BcosTypeError", r"max_length: must be an integer, got float 1\.5"),
     ({"max_length": 0}, "BcosValueError", r"max_length: must be >= 1, got 0"),
-    ({"label_names": "abc"}, "BcosTypeError", r"label_names: is one string, 'abc'.*one name per class"),
+    ({"label_names": "abc"}, "BcosTypeError", r"label_names: must be a list of class names; it is one string, "
+                                               r"'abc'.*one name per class"),
 ])
 def test_load_classifier_names_a_max_length_or_label_names_of_the_wrong_kind(kwargs, error, words):
     """max_length=1.5 failed inside the tokenizer (TypeError), 0 as an "empty input" of input_ids; one string of
@@ -261,7 +262,8 @@ def test_visualization_records_refuse_one_string_of_label_names():
     explanation = explain(model, ids, attention_mask=mask)
     with torch.no_grad():
         logits = model(ids, attention_mask=mask).logits
-    with pytest.raises(BcosTypeError, match=r"label_names: is one string, 'abc'"):
+    with pytest.raises(BcosTypeError, match=r"label_names: must be a list of class names; it is one string, 'abc'.*"
+                                            r"one name per class"):
         visualization_records(explanation, _Tokens(), logits=logits, label_names="abc")
 
 
