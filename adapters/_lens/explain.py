@@ -29,7 +29,7 @@ from bcos_plugins.attribution import (
 )
 from bcos_plugins.attribution.gradient import non_finite_step, outside_inference, refuse_non_finite_step
 from bcos_plugins.attribution.text import padded_float64_nan_cause
-from bcos_plugins.errors import BcosTypeError
+from bcos_plugins.errors import BcosTypeError, argument_error
 from bcos_plugins.explain import recording_forward_autocast
 from bcos_plugins.nn.functional import at_least_float32
 
@@ -52,9 +52,11 @@ def require_explainable(model) -> None:
     ``make_explainable``; otherwise its dynamic weights are not constants and no explanation is exact."""
     explainable = is_explainable_bridge(model)
     if not explainable and HAS_HOOKED_TRANSFORMER:  # 4.x has only bridges; this check needs 3.x's components
-        from .model import is_explainable
+        from .model import dynamic_hooks_replaced, is_explainable
 
         explainable = is_explainable(model)
+        if not explainable:
+            _refuse_replaced_dynamic_hooks(model, dynamic_hooks_replaced(model))
     if not explainable:
         raise BcosTypeError(
             "model: its dynamic weights are not detachable, so the explanation would not be exact. Call "
@@ -62,6 +64,28 @@ def require_explainable(model) -> None:
             "model from hooked_transformer_from_hf / BcosHookedTransformer, or a bridge from "
             "transformer_bridge_from_hf."
         )
+
+
+def _refuse_replaced_dynamic_hooks(model, replaced: list[tuple[str, str]]) -> None:
+    """Name the hook points that carried a dynamic weight after make_explainable and were replaced since: after
+    sae-lens' ``reset_saes`` the model was refused as if make_explainable had never been called, naming no hook."""
+    if not replaced:
+        return
+    names = ", ".join(f"{name} (now a {now})" for name, now in replaced[:4]) + (" ..." if len(replaced) > 4 else "")
+    sae_model = hasattr(model, "acts_to_saes")
+    if sae_model and all(now == "HookPoint" for _, now in replaced):
+        cause = ("an SAE reset (sae-lens' reset_saes) put a plain HookPoint where the SAE was, so the dynamic "
+                 "weight there takes part in the gradient")
+        fix = "Call bcos_plugins.adapters.transformer_lens.make_explainable(model) again: it restores them"
+    else:
+        cause = ("they were replaced since (an SAE attached there with sae-lens' add_sae, or a hook point set by "
+                 "hand), so the dynamic weight there takes part in the gradient")
+        fix = ("Remove what is there (model.reset_saes() for an SAE), then call "
+               "bcos_plugins.adapters.transformer_lens.make_explainable(model) again: it restores them")
+    raise argument_error(
+        "model", f"the hook points {names} carried dynamic weights of the model after make_explainable, but {cause}; "
+        "the explanation would not be exact", fix, kind=BcosTypeError)
+
 
 ATTRIBUTION_HOOKS = ("hook_embed", "hook_pos_embed")
 

@@ -60,7 +60,7 @@ from .mlp import HookedBcosGatedMLP, HookedBcosMLP
 from .unembed import BcosSoftCappedUnembed
 
 __all__ = ["BcosHookedTransformer", "ExactCacheHookedTransformer", "bcos_model_class", "exact_cache_class",
-           "is_explainable", "make_explainable", "remove_biases"]
+           "dynamic_hooks_replaced", "is_explainable", "make_explainable", "remove_biases"]
 
 _NORMS = (LayerNorm, LayerNormPre, RMSNorm, RMSNormPre)
 
@@ -153,9 +153,46 @@ def make_explainable(model: HookedTransformer) -> HookedTransformer:
                 module.act_fn = DetachableActivation(kind)
         elif type(module).__name__ in ("MoE", "GptOssMoE", "GatedMLP4Bit"):
             raise BcosValueError(f"{type(module).__name__} MLPs are not supported by make_explainable.")
+    _restore_marked_dynamic_hooks(model)
     _rebind_hook_in_forwards(model)
+    _mark_dynamic_hooks(model)
     model.setup()
     return model
+
+
+# per module, the names of its hook points that carry a dynamic weight once the model is explainable: a hook point
+# replaced afterwards (sae-lens' reset_saes puts a plain HookPoint where an SAE was) is named by what it was
+_DYNAMIC_HOOKS = "_bcos_dynamic_hooks"
+
+
+def _mark_dynamic_hooks(model: nn.Module) -> None:
+    for module in model.modules():
+        names = {name for name, child in module.named_children() if isinstance(child, DynamicHookPoint)}
+        if names:
+            module.__dict__[_DYNAMIC_HOOKS] = frozenset(names | module.__dict__.get(_DYNAMIC_HOOKS, frozenset()))
+
+
+def _restore_marked_dynamic_hooks(model: nn.Module) -> None:
+    """Put a ``DynamicHookPoint`` back where a marked one was replaced by a plain, hookless ``HookPoint`` (the B-cos
+    ``hook_bcos_scale_*``, which the loop of :func:`make_explainable` does not cover, after sae-lens' reset_saes)."""
+    for module in model.modules():
+        for name in module.__dict__.get(_DYNAMIC_HOOKS, ()):
+            now = module._modules.get(name)
+            if type(now) is HookPoint and not _has_hooks(now):
+                setattr(module, name, DynamicHookPoint())
+
+
+def dynamic_hooks_replaced(model: nn.Module) -> list[tuple[str, str]]:
+    """(hook name, type of what is there now) of each hook point that carried a dynamic weight after
+    :func:`make_explainable` and was replaced since: an SAE attached there (sae-lens ``add_sae``) or the plain
+    ``HookPoint`` sae-lens' ``reset_saes`` leaves in its place."""
+    replaced = []
+    for prefix, module in model.named_modules():
+        for name in sorted(module.__dict__.get(_DYNAMIC_HOOKS, ())):
+            now = module._modules.get(name)
+            if not isinstance(now, DynamicHookPoint):
+                replaced.append((f"{prefix}.{name}" if prefix else name, type(now).__name__))
+    return replaced
 
 
 def _fixed_dynamic_weights(model: nn.Module) -> list[str]:
@@ -191,7 +228,8 @@ def is_explainable(model: nn.Module) -> bool:
     # a model without blocks (cfg.n_layers=0: embeddings, final norm, unembedding) has no attention to check; it was
     # refused as "not detachable, call make_explainable" right after make_explainable
     no_blocks = getattr(getattr(model, "cfg", None), "n_layers", None) == 0
-    return (bool(attentions) or no_blocks) and not _fixed_dynamic_weights(model)
+    return (bool(attentions) or no_blocks) and not _fixed_dynamic_weights(model) \
+        and not dynamic_hooks_replaced(model)
 
 
 def _bias_names(module: nn.Module) -> list[str]:
