@@ -14,6 +14,7 @@ from torch import nn
 from bcos_plugins import bcosify
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLinear
+from bcos_plugins.nn.functional import bcos_linear, inference_linear, max_out
 from bcos_plugins.vision import BcosConvTokenizer, BcosPatchEmbedding, BcosViTConfig
 
 # ---------------------------------------------------------------- 1. the tokenisers refuse images they do not tile
@@ -78,3 +79,50 @@ def test_token_component_decomposition_batched_must_be_a_bool(flag):
     with pytest.raises(BcosTypeError, match=rf"batched: must be True or False, got {type(flag).__name__} "
                        rf"{re.escape(repr(flag))}\. Pass batched=True or batched=False"):
         token_component_decomposition(model, tokens, batched=flag)
+
+
+# ---------------------------------------------------------------- 3. the low-level functions check b and m
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w, b: inference_linear(x, w, b),
+    lambda x, w, b: bcos_linear(x, w, None, b, own_norm=True),
+], ids=["inference_linear", "bcos_linear"])
+@pytest.mark.parametrize(("b", "kind", "problem"), [
+    (0.5, BcosValueError, "must be a finite number in [1, 10], got 0.5"),
+    (float("nan"), BcosValueError, "must be a finite number in [1, 10], got nan"),
+    (float("inf"), BcosValueError, "must be a finite number in [1, 10], got inf"),
+    (11.0, BcosValueError, "must be a finite number in [1, 10], got 11.0"),
+    ("2", BcosTypeError, "must be a real number, got str '2'"),
+    (True, BcosTypeError, "must be a real number, got bool True"),
+])
+def test_the_low_level_linear_functions_refuse_a_b_the_layers_refuse(call, b, kind, problem):
+    """The layers check B (check_b) but the functions they call did not: B = 0.5 gave |cos|^-0.5 (an output growing
+    as the input and weight disagree), NaN gave NaN outputs, without a word."""
+    x, w = torch.randn(2, 4), torch.randn(3, 4)
+    with pytest.raises(kind, match=rf"^b: {re.escape(problem)}\. b must be >= 1"):
+        call(x, w, b)
+    with pytest.raises(kind, match=rf"^b: {re.escape(problem)}\."):
+        BcosLinear(4, 3, b=b)  # the layers' own message, from the same validator
+    # a B the layers accept is served as before: a Python float, an int, and bcos_linear's 0-d tensor
+    layer = BcosLinear(4, 3, b=2.0).eval()
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        expected = layer(x)
+    for good in (2.0, 2):
+        torch.testing.assert_close(call(x, w, good), expected)
+    torch.testing.assert_close(bcos_linear(x, w, None, torch.tensor(2.0), own_norm=True), expected)
+
+
+@pytest.mark.parametrize(("m", "kind"), [(0, BcosValueError), (-2, BcosValueError), (2.0, BcosTypeError),
+                                         (True, BcosValueError)])
+def test_max_out_refuses_a_group_size_the_layers_refuse(m, kind):
+    """max_out(lin, True) returned lin (True == 1: no MaxOut, for a flag), silently; 0, -2 and 2.0 failed inside
+    torch's unflatten, naming its sizes instead of m."""
+    lin = torch.randn(2, 4)
+    with pytest.raises(kind, match=rf"^m: must be a positive integer, got {re.escape(repr(m))}\."):
+        max_out(lin, m)
+    with pytest.raises(kind, match=rf"^max_out: must be a positive integer, got {re.escape(repr(m))}\."):
+        BcosLinear(4, 2, max_out=m)  # the layers' own message, from the same validator
+    torch.testing.assert_close(max_out(lin, 2), lin.unflatten(-1, (2, 2)).amax(-1))
+    assert max_out(lin, 1) is lin

@@ -48,6 +48,8 @@ digits).
 
 from __future__ import annotations
 
+import math
+import numbers
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -566,6 +568,9 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     ``|lin|``, the product, :func:`_power_`'s roots, the product with ``lin``). In a forward pass each layer's Python
     runs once with cold caches, where those calls cost 3-3.5 % of a ModernBERT forward's thread time at the
     bench_core family shape (a loop over one layer hides most of it; docs/benchmarks.md, 2026-11-28 13:16 UTC)."""
+    # check_b's range on a Python float, no tensor read (10.0 is MAX_B, a literal as _norm_eps' is); NaN fails it
+    if type(b) is not float or not 1.0 <= b <= 10.0:
+        _require_pressure(b)
     dtype = weight.dtype
     # (the device type read without building a torch.device for a CPU weight: the check in 0.55 of the time,
     # docs/benchmarks.md, 2026-11-28 14:11 UTC)
@@ -1034,6 +1039,9 @@ def bcos_linear(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Ten
     :func:`input_norm` take seven per layer (the same gradient to rounding). :class:`~bcos_plugins.nn.BcosLinear`
     trains this way.
     """
+    # check_b's range on a Python float, no tensor read (10.0 is MAX_B, a literal as _norm_eps' is); NaN fails it
+    if type(b) is not float or not 1.0 <= b <= 10.0:
+        _require_pressure(b)
     if own_norm and x_norm is not None:
         raise argument_error("x_norm", "must be None with own_norm=True (the node computes ||x|| itself)",
                              "pass x_norm=None, or own_norm=False with x_norm=input_norm(x)", kind=BcosValueError)
@@ -1160,4 +1168,54 @@ def reference_path(enabled: bool = True) -> Iterator[None]:
 
 def max_out(lin: Tensor, m: int) -> Tensor:
     """Maximum over groups of ``m`` consecutive units of the last axis (identity for ``m == 1``)."""
+    if type(m) is not int or m < 1:  # check_features on a Python int; anything else on the slow path
+        _require_group_size(m)
     return lin if m == 1 else lin.unflatten(-1, (-1, m)).amax(dim=-1)
+
+
+def _require_pressure(b) -> None:
+    """:func:`check_b` for the low-level functions, called when ``b`` is not a float in [1, 10]: a 0-d tensor (a
+    layer's ``bcos_b``) and anything under ``torch.compile`` (whose dynamo makes a float it reads a SymFloat) are left
+    to the layer, which checked its B when it was built: reading a tensor here would cost a device sync per call."""
+    if not (isinstance(b, Tensor) or torch.compiler.is_compiling()):
+        check_b(b)
+
+
+def _require_group_size(m) -> None:
+    """:func:`check_features` for :func:`max_out`'s ``m`` (left to the layer under ``torch.compile``, as there)."""
+    if not torch.compiler.is_compiling():
+        check_features("m", m)
+
+
+MAX_B = 10.0
+"""Largest accepted alignment pressure. A B-cos layer scales its output by ``|cos|^(B - 1)``; the papers use
+B <= 2.5, and above 10 even a well-aligned input (``|cos| = 0.5``) is scaled by less than 0.002 per layer, so a
+few layers drive every output to 0 (an all-zero model whose explanation is trivially "complete")."""
+
+
+def check_b(b, name: str = "b") -> float:
+    """Validate the alignment pressure B: a finite real number in [1, :data:`MAX_B`]; returns it as a float.
+
+    ``name`` is the argument named in the error (``"b"``, ``"start"``, ``"config.bcos['b']"``, ...).
+    """
+    fix = (f"{name} must be >= 1 (b=1 is a plain bias-free linear layer) and at most {MAX_B:g} (above it every "
+           "B-cos output is scaled by |cos|^(b-1), which drives the model to all zeros); use 1.25-1.5 for "
+           "classifiers and 1.1 for decoders")
+    if isinstance(b, Tensor) and b.numel() == 1 and not b.is_complex():
+        b = b.item()
+    if isinstance(b, bool) or not isinstance(b, numbers.Real):
+        raise argument_error(name, f"must be a real number, got {type(b).__name__} {b!r}", fix,
+                             kind=BcosTypeError)
+    value = float(b)
+    if not math.isfinite(value) or not 1.0 <= value <= MAX_B:
+        raise argument_error(name, f"must be a finite number in [1, {MAX_B:g}], got {value!r}", fix)
+    return value
+
+
+def check_features(name: str, value) -> int:
+    """A layer size or MaxOut count: a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise argument_error(name, f"must be a positive integer, got {value!r}",
+                             "pass the number of features/units (max_out=1 disables MaxOut)",
+                             kind=BcosTypeError if not isinstance(value, numbers.Integral) else BcosValueError)
+    return int(value)

@@ -16,7 +16,6 @@ inference, which has no gradient, leaves it out).
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from jaxtyping import Float
@@ -27,10 +26,13 @@ from . import triton_linear as _triton_linear
 from .dynamic import DynamicWeightModule, parameter_gradients_unused
 from .functional import (
     COS_FLOOR,
+    MAX_B,
     NORM_EPS,
     bcos_linear,
     bcos_product,
     cached_unit_norm,
+    check_b,
+    check_features,
     detach_units,
     explaining_linear,
     explaining_scale,
@@ -44,31 +46,6 @@ __all__ = ["AlignmentPressure", "BcosLinear", "BcosConv1D", "MAX_B", "check_b", 
 
 _NORM_EPS = NORM_EPS  # kept: other layers import these names
 _COS_FLOOR = COS_FLOOR
-
-
-MAX_B = 10.0
-"""Largest accepted alignment pressure. A B-cos layer scales its output by ``|cos|^(B - 1)``; the papers use
-B <= 2.5, and above 10 even a well-aligned input (``|cos| = 0.5``) is scaled by less than 0.002 per layer, so a
-few layers drive every output to 0 (an all-zero model whose explanation is trivially "complete")."""
-
-
-def check_b(b, name: str = "b") -> float:
-    """Validate the alignment pressure B: a finite real number in [1, :data:`MAX_B`]; returns it as a float.
-
-    ``name`` is the argument named in the error (``"b"``, ``"start"``, ``"config.bcos['b']"``, ...).
-    """
-    fix = (f"{name} must be >= 1 (b=1 is a plain bias-free linear layer) and at most {MAX_B:g} (above it every "
-           "B-cos output is scaled by |cos|^(b-1), which drives the model to all zeros); use 1.25-1.5 for "
-           "classifiers and 1.1 for decoders")
-    if isinstance(b, Tensor) and b.numel() == 1 and not b.is_complex():
-        b = b.item()
-    if isinstance(b, bool) or not isinstance(b, numbers.Real):
-        raise argument_error(name, f"must be a real number, got {type(b).__name__} {b!r}", fix,
-                             kind=BcosTypeError)
-    value = float(b)
-    if not math.isfinite(value) or not 1.0 <= value <= MAX_B:
-        raise argument_error(name, f"must be a finite number in [1, {MAX_B:g}], got {value!r}", fix)
-    return value
 
 
 def recorded_pressure(stored: Tensor, *recorded: float) -> float:
@@ -89,15 +66,6 @@ def recorded_pressure(stored: Tensor, *recorded: float) -> float:
         if any(torch.tensor(b, dtype=dtype).item() == value for dtype in narrow):
             return b
     return value
-
-
-def check_features(name: str, value) -> int:
-    """A layer size or MaxOut count: a positive integer."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise argument_error(name, f"must be a positive integer, got {value!r}",
-                             "pass the number of features/units (max_out=1 disables MaxOut)",
-                             kind=BcosTypeError if not isinstance(value, numbers.Integral) else BcosValueError)
-    return int(value)
 
 
 def check_constant_outputs(value) -> slice | None:
