@@ -14,6 +14,16 @@ from torch import nn
 
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 
+
+def _word_bert_classifier(tok, *, layers: int = 2, positions: int = 40) -> nn.Module:
+    """A stock 3-class BERT classifier over ``tok``'s words, random weights from seed 0, in eval mode."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    return T.BertForSequenceClassification(T.BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=positions, num_labels=3)).eval()
+
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
@@ -171,16 +181,12 @@ def test_tokens_to_html_names_tokens_that_are_not_strings(tokens):
 
 
 def test_perturbation_curves_remove_an_unknown_word_like_any_other_word():
-    import transformers as T
     from test_pretrain import word_tokenizer
 
     from bcos_plugins.metrics import perturbation_curves, special_tokens_mask
 
     tok = word_tokenizer()
-    torch.manual_seed(0)
-    model = T.BertForSequenceClassification(T.BertConfig(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=40, num_labels=3)).eval()
+    model = _word_bert_classifier(tok)
     words = tok("w1 zzz w2 w3", add_special_tokens=False)["input_ids"]
     assert words[1] == tok.unk_token_id
     ids = torch.tensor([[tok.cls_token_id, *words, tok.sep_token_id, tok.pad_token_id]])
@@ -268,17 +274,13 @@ def test_load_blimp_names_a_line_or_pair_of_a_file_it_cannot_read(tmp_path, cont
 
 def test_explain_dataset_takes_a_numpy_array_of_one_target_per_text():
     import numpy as np
-    import transformers as T
     from test_pretrain import word_tokenizer
 
     from bcos_plugins import bcosify, explain
     from bcos_plugins.corpus import explain_dataset
 
     tok = word_tokenizer()
-    torch.manual_seed(0)
-    model = bcosify(T.BertForSequenceClassification(T.BertConfig(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=40, num_labels=3)).eval())
+    model = bcosify(_word_bert_classifier(tok))
     texts = ["w1 w2 w3", "w4", "w5 w6 w7"]
     # refused as "got ndarray array([2, 0, 1]), not a class id", though it is one int per text
     data = explain_dataset(model, tok, texts, target=np.array([2, 0, 1]), batch_size=2, progress=False)
@@ -386,15 +388,11 @@ def test_aopc_and_top_k_masks_refuse_fractions_that_are_not_an_ordered_sequence(
 
 
 def test_make_seqpg_examples_refuses_a_b_cos_checkpoint_loaded_as_a_stock_model():
-    import transformers as T
 
     from bcos_plugins.metrics import make_seqpg_examples
 
     keyword_model, tok = _keyword_model_and_tokenizer()
-    torch.manual_seed(0)
-    stock = T.BertForSequenceClassification(T.BertConfig(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=40, num_labels=3)).eval()
+    stock = _word_bert_classifier(tok, layers=1)
     stock.config.bcos = {"b": 2.0}  # what plain transformers keeps of a saved B-cos model: its settings, stock modules
     texts = ["a1 a2 a3 x x", "b1 b2 b3 b4 x", "c1 c2 c3 c4 c5", "b7 b8 b9 x x"]
     # the segments were chosen by the stock model's confidence, silently (predict, perplexity, explain refuse it)
@@ -404,15 +402,11 @@ def test_make_seqpg_examples_refuses_a_b_cos_checkpoint_loaded_as_a_stock_model(
 
 @pytest.mark.parametrize("segment_length", [11, 5])
 def test_make_seqpg_examples_refuses_examples_longer_than_the_models_position_table(segment_length):
-    import transformers as T
 
     from bcos_plugins.metrics import make_seqpg_examples
 
     _, tok = _keyword_model_and_tokenizer()
-    torch.manual_seed(0)
-    model = T.BertForSequenceClassification(T.BertConfig(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=12, num_labels=3)).eval()
+    model = _word_bert_classifier(tok, layers=1, positions=12)
     texts = [" ".join([word] * 12) for word in ("a1", "b1", "c1")]
     # 11: the segments alone (13 tokens) failed inside the embedding with a RuntimeError; 5: examples of 13 tokens
     # were built for a model of 12 positions, refused only when explained, naming input_ids
@@ -495,16 +489,12 @@ def test_make_seqpg_examples_warns_about_another_models_tokenizer_whose_ids_fit(
 
 
 def _tiny_explanation():
-    import transformers as T
     from test_pretrain import word_tokenizer
 
     from bcos_plugins import bcosify, explain
 
     tok = word_tokenizer()
-    torch.manual_seed(0)
-    model = bcosify(T.BertForSequenceClassification(T.BertConfig(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=40, num_labels=3)).eval())
+    model = bcosify(_word_bert_classifier(tok, layers=1))
     enc = tok(["w1 w2", "w3"], return_tensors="pt", padding=True)
     return explain(model, enc["input_ids"], enc["attention_mask"], target=torch.tensor([2, 0])), tok
 
