@@ -670,7 +670,8 @@ class LayerBcos(LayerGradientXActivation):
                     "layer", f"{type(foreign[0]).__name__} is not a module of {type(self.model).__name__} (a layer of "
                     "another model never runs in this forward)", "Pass a layer of the model you attribute, e.g. "
                     "model.bert.encoder.layer[0], or leave layer out for the attribution point")
-        self._to_layer_input = default_side if attribute_to_layer_input is None else attribute_to_layer_input
+        self._to_layer_input = default_side if attribute_to_layer_input is None else require_bool(
+            "attribute_to_layer_input", attribute_to_layer_input)
         super().__init__(forward_func, layer, device_ids=device_ids, multiply_by_inputs=multiply_by_inputs)
         self._explained_forward = forward_func
         # LLMGradientAttribution needs forward_func to be the model itself (it calls generate and replaces
@@ -700,7 +701,8 @@ class LayerBcos(LayerGradientXActivation):
         """
         _refuse_other_methods_keywords(type(self).__name__, kwargs)
         return_convergence_delta = require_bool("return_convergence_delta", return_convergence_delta)
-        to_input = self._to_layer_input if attribute_to_layer_input is None else attribute_to_layer_input
+        to_input = self._to_layer_input if attribute_to_layer_input is None else require_bool(
+            "attribute_to_layer_input", attribute_to_layer_input)
         saved_forward = self.forward_func
         inner = self._logits_forward if self._model_forward is not None and saved_forward is self._model_forward \
             else saved_forward

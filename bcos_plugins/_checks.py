@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarning, argument_error
 
-__all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_float",
+__all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_float",
            "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_tokenizer_object",

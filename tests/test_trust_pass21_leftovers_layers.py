@@ -71,6 +71,21 @@ def test_captums_return_convergence_delta_must_be_a_bool(make, flag):
     assert isinstance(method.attribute(x, target=0, return_convergence_delta=False), torch.Tensor)
 
 
+@pytest.mark.parametrize("flag", ["no", 0, 1])
+def test_layer_bcos_attribute_to_layer_input_must_be_a_bool(flag):
+    """attribute_to_layer_input="no" (to LayerBcos or its attribute) was read as True: the attributions were to the
+    layer's input when its output was asked for, silently."""
+    model = _bcos_classifier()
+    x = torch.rand(2, 4)
+    pattern = rf"attribute_to_layer_input: must be True or False, got {type(flag).__name__} {re.escape(repr(flag))}"
+    with pytest.raises(BcosTypeError, match=pattern):
+        LayerBcos(model, model[1], attribute_to_layer_input=flag)
+    with pytest.raises(BcosTypeError, match=pattern):
+        LayerBcos(model, model[1]).attribute(x, target=0, attribute_to_layer_input=flag)
+    to_output = LayerBcos(model, model[1]).attribute(x, target=0, attribute_to_layer_input=False)
+    assert to_output.shape == (2, 3)
+
+
 @pytest.mark.parametrize("flag", ["no", 0, None])
 def test_token_component_decomposition_batched_must_be_a_bool(flag):
     """batched="no" was read as True (the batched sweep ran when the caller asked for the reference loop)."""
