@@ -249,6 +249,24 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
     # stock class loads them without a word and bcosify then drops them, so weights of another model (a stock save
     # given a config.bcos record; a bcos_query_key=False GPT-2, whose c_attn keeps its bias, with the record's
     # format_version and query_key edited) loaded as a different model, silently (logits 0.12 off)
+    saved_branches = settings.get("gate_branch_activations", {})
+    rebuilt_branches = getattr(model.config, BCOS_CONFIG_KEY).get("gate_branch_activations", {})
+    if not isinstance(saved_branches, dict):
+        saved_branches = {"(record)": repr(saved_branches)}  # not written by bcosify: reported as differing below
+    if saved_branches != rebuilt_branches:
+        # a gated MLP's activation set by hand before bcosify (no config name, or not the config's): save_pretrained
+        # writes only the config's name, so the reload held another activation, silently (logits off)
+        differing = sorted(p for p in set(saved_branches) | set(rebuilt_branches)
+                           if saved_branches.get(p) != rebuilt_branches.get(p))
+        shown = "; ".join(f"'{p}' saved as {saved_branches.get(p) or 'one with a gate kind'}, rebuilt as "
+                          f"{rebuilt_branches.get(p) or 'one with a gate kind'}" for p in differing[:3])
+        raise BcosValueError(
+            f"config.bcos['gate_branch_activations']: {path} was saved with gated-MLP activations that its config "
+            f"does not rebuild ({len(differing)} differ: {shown}{'; ...' if len(differing) > 3 else ''}): an "
+            "activation set by hand on the model before bcosify, which save_pretrained does not write (only the "
+            "config's activation name), or a config.json edited. Loading it would give another model. Build the "
+            "model with the activation in its config (hidden_act / hidden_activation) before bcosify and save "
+            "again, or restore config.json from the original save.")
     held = sorted(set(model.bcos_report.dropped_biases) & saved_keys)
     if held:
         raise BcosValueError(

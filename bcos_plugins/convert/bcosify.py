@@ -113,6 +113,16 @@ _GATE_BRANCH_WHY = ("the activated gate branch of a gated MLP, whose whole outpu
                     "(a constant scale of up(x) while explaining), so the explanation is exact for this activation; "
                     "kept as it is")
 
+
+
+def describe_gate_branch(module: nn.Module) -> str:
+    """A gate-branch activation as its class and settings (``LeakyReLU(inplace=False, negative_slope=0.3)``): what
+    ``config.bcos['gate_branch_activations']`` records, so a load can tell whether the config rebuilt the same one."""
+    settings = {k: v for k, v in vars(module).items()
+                if not k.startswith("_") and k != "training" and isinstance(v, bool | int | float | str)}
+    return f"{type(module).__name__}({', '.join(f'{k}={v!r}' for k, v in sorted(settings.items()))})"
+
+
 SUPPORTED_ACTIVATION_NAMES = (
     f"{', '.join(sorted(ACTIVATION_GATES))} (config names 'gelu', 'gelu_python', 'gelu_new', 'gelu_fast', "
     "'gelu_accurate', 'gelu_pytorch_tanh', 'gelu_python_tanh', 'gelu_10', 'quick_gelu', 'relu', 'silu', 'swish', "
@@ -591,6 +601,12 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
         if hasattr(module, "bcos_configure"):
             module.bcos_configure(own)
     own.bcos = {"b": b, "architecture": report.architecture, "format_version": FORMAT_VERSION}
+    if report.gate_branch_activations:
+        # save_pretrained writes only the config's activation name: one set by hand (a tanh in a silu Llama, a leaky
+        # ReLU's slope, a clipped GELU's bounds) was rebuilt from the config on load, another model, silently (logits
+        # off); the load compares the rebuilt gate branches with this record (persistence.reconvert_stock_load)
+        own.bcos["gate_branch_activations"] = {
+            path: describe_gate_branch(model.get_submodule(path)) for path in report.gate_branch_activations}
     if not bcos_query_key:
         # format 3: a reader that did not know stock query/key layers would rebuild B-cos ones from these
         # weights (a different model); it refuses format 3 instead
