@@ -154,8 +154,25 @@ def _reloadable(tokenizer, folder: str):
     # tokenizer lacks: save it and load it back from `folder`, which must exist while the bridge boots.
     from transformers import AutoTokenizer
 
+    # The sides go along as keywords: save_pretrained writes only the ones given at construction, so a tokenizer
+    # set to pad on the left afterwards (tokenizer.padding_side = "left", the usual setting for decoders) came
+    # back padding on the right, and bridge.to_tokens(texts) put a pad token at position -1 of each shorter row
+    # (the HF tokenizer's batch put its last real token there), silently. Keywords reach init_kwargs, which
+    # TransformerLens passes on when it reloads the tokenizer with a BOS token.
     tokenizer.save_pretrained(folder)
-    return AutoTokenizer.from_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder, padding_side=tokenizer.padding_side,
+                                         truncation_side=tokenizer.truncation_side)
+
+
+def _require_same_sides(bridge_tokenizer, tokenizer) -> None:
+    """The one check that the booted bridge tokenizes on the sides of the user's tokenizer (TransformerLens' boot
+    sets a cfg's ``default_padding_side`` over it, and reloads the tokenizer): a change there fails loudly."""
+    for side in ("padding_side", "truncation_side"):
+        got, want = getattr(bridge_tokenizer, side, None), getattr(tokenizer, side, None)
+        if got != want:
+            raise BcosRuntimeError(f"tokenizer: the bridge's tokenizer has {side}={got!r} where the given one has "
+                                   f"{want!r} (TransformerLens' boot changed it); bcos_plugins.adapters' bridge "
+                                   "support needs updating. Meanwhile pass padding_side= to bridge.to_tokens")
 
 
 def _bcos_qkv_parts(c_attn: BcosConv1D, n_parts: int = 3) -> list[BcosLinear]:
@@ -462,6 +479,8 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
                                               device=next(copied.parameters()).device)
     if placeholder:
         _ids_only(bridge.tokenizer)
+    else:
+        _require_same_sides(bridge.tokenizer, tokenizer)
     for module in bridge.modules():
         if not isinstance(module, joint):
             continue
