@@ -14,7 +14,17 @@ from torch import nn
 from bcos_plugins import bcosify
 from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLinear
-from bcos_plugins.nn.functional import bcos_linear, inference_linear, max_out
+from bcos_plugins.nn.functional import (
+    bcos_linear,
+    bcos_product,
+    bcos_scale,
+    explaining_linear,
+    explaining_scale,
+    inference_linear,
+    input_norm,
+    max_out,
+    unit_norm,
+)
 from bcos_plugins.vision import BcosConvTokenizer, BcosPatchEmbedding, BcosViTConfig
 
 # ---------------------------------------------------------------- 1. the tokenisers refuse images they do not tile
@@ -99,10 +109,23 @@ def test_token_component_decomposition_batched_must_be_a_bool(flag):
 # ---------------------------------------------------------------- 3. the low-level functions check b and m
 
 
-@pytest.mark.parametrize("call", [
-    lambda x, w, b: inference_linear(x, w, b),
-    lambda x, w, b: bcos_linear(x, w, None, b, own_norm=True),
-], ids=["inference_linear", "bcos_linear"])
+def _lin(x, w):
+    """``x @ ŵ.T``, the product the layer scales (for the functions that take ``lin``)."""
+    return torch.nn.functional.linear(x, unit_norm(w, 1))
+
+
+_LINEAR_FUNCTIONS = {
+    "inference_linear": lambda x, w, b: inference_linear(x, w, b),
+    "bcos_linear": lambda x, w, b: bcos_linear(x, w, None, b, own_norm=True),
+    "explaining_linear": lambda x, w, b: explaining_linear(x, w, b),
+    "bcos_product": lambda x, w, b: bcos_product(_lin(x, w), input_norm(x), b, False),
+    "bcos_product_explaining": lambda x, w, b: bcos_product(_lin(x, w), input_norm(x), b, True),
+    "bcos_scale": lambda x, w, b: _lin(x, w) * bcos_scale(_lin(x, w), input_norm(x), b),
+    "explaining_scale": lambda x, w, b: _lin(x, w) * explaining_scale(_lin(x, w), input_norm(x), b),
+}
+
+
+@pytest.mark.parametrize("call", list(_LINEAR_FUNCTIONS.values()), ids=list(_LINEAR_FUNCTIONS))
 @pytest.mark.parametrize(("b", "kind", "problem"), [
     (0.5, BcosValueError, "must be a finite number in [1, 10], got 0.5"),
     (float("nan"), BcosValueError, "must be a finite number in [1, 10], got nan"),
@@ -113,7 +136,8 @@ def test_token_component_decomposition_batched_must_be_a_bool(flag):
 ])
 def test_the_low_level_linear_functions_refuse_a_b_the_layers_refuse(call, b, kind, problem):
     """The layers check B (check_b) but the functions they call did not: B = 0.5 gave |cos|^-0.5 (an output growing
-    as the input and weight disagree), NaN gave NaN outputs, without a word."""
+    as the input and weight disagree), NaN gave NaN outputs, without a word (explaining_linear, bcos_product,
+    bcos_scale and explaining_scale still did after inference_linear and bcos_linear checked it)."""
     x, w = torch.randn(2, 4), torch.randn(3, 4)
     with pytest.raises(kind, match=rf"^b: {re.escape(problem)}\. b must be >= 1"):
         call(x, w, b)
@@ -127,6 +151,8 @@ def test_the_low_level_linear_functions_refuse_a_b_the_layers_refuse(call, b, ki
     for good in (2.0, 2):
         torch.testing.assert_close(call(x, w, good), expected)
     torch.testing.assert_close(bcos_linear(x, w, None, torch.tensor(2.0), own_norm=True), expected)
+    for explaining in (False, True):  # bcos_product's 0-d tensor (a compiled layer's bcos_b), unread
+        torch.testing.assert_close(bcos_product(_lin(x, w), input_norm(x), torch.tensor(2.0), explaining), expected)
 
 
 @pytest.mark.parametrize(("m", "kind"), [(0, BcosValueError), (-2, BcosValueError), (2.0, BcosTypeError),

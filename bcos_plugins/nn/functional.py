@@ -396,6 +396,7 @@ def bcos_scale(lin: Tensor, x_norm: Tensor, b: float) -> Tensor:
     ``x_norm`` (half-precision inputs) the cosine and the factor are float32, and the factor is returned in
     ``lin``'s dtype (it lies in [0, 1], so the cast cannot overflow).
     """
+    _require_pressure(b)
     cos = lin / x_norm
     in_place = not (torch.is_grad_enabled() and cos.requires_grad)
     abs_cos = cos.abs_().clamp_min_(_cos_floor()) if in_place else cos.abs().clamp_min(_cos_floor())
@@ -568,9 +569,7 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
     ``|lin|``, the product, :func:`_power_`'s roots, the product with ``lin``). In a forward pass each layer's Python
     runs once with cold caches, where those calls cost 3-3.5 % of a ModernBERT forward's thread time at the
     bench_core family shape (a loop over one layer hides most of it; docs/benchmarks.md, 2026-11-28 13:16 UTC)."""
-    # check_b's range on a Python float, no tensor read (10.0 is MAX_B, a literal as _norm_eps' is); NaN fails it
-    if type(b) is not float or not 1.0 <= b <= 10.0:
-        _require_pressure(b)
+    _require_pressure(b)
     dtype = weight.dtype
     # (the device type read without building a torch.device for a CPU weight: the check in 0.55 of the time,
     # docs/benchmarks.md, 2026-11-28 14:11 UTC)
@@ -641,6 +640,7 @@ def explaining_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns:
     without recording and whose backward is ``(grad * dyn) @ ŵ``: one ``Function.apply``, no ``no_grad`` blocks and
     no recorded in-place product, where the matrix product's node, the product's node and two ``no_grad`` blocks
     cost about 15 us of Python per layer at hidden 128 (docs/benchmarks.md#bench-core-method)."""
+    _require_pressure(b)
     units = weight.shape[1] if units_are_columns else weight.shape[0]
     kept = None if constant_units is None else kept_unit_block(constant_units, units)
     if (not _REUSE_UNIT_WEIGHTS and type(weight) in _PLAIN_TENSORS
@@ -1039,9 +1039,7 @@ def bcos_linear(x: Tensor, weight: Tensor, x_norm: Tensor | None, b: float | Ten
     :func:`input_norm` take seven per layer (the same gradient to rounding). :class:`~bcos_plugins.nn.BcosLinear`
     trains this way.
     """
-    # check_b's range on a Python float, no tensor read (10.0 is MAX_B, a literal as _norm_eps' is); NaN fails it
-    if type(b) is not float or not 1.0 <= b <= 10.0:
-        _require_pressure(b)
+    _require_pressure(b)
     if own_norm and x_norm is not None:
         raise argument_error("x_norm", "must be None with own_norm=True (the node computes ||x|| itself)",
                              "pass x_norm=None, or own_norm=False with x_norm=input_norm(x)", kind=BcosValueError)
@@ -1073,6 +1071,7 @@ def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: boo
     hidden 128, docs/benchmarks.md, 2026-11-27 18:33 UTC); with ``constant_units`` that product is
     :class:`_PartlyConstantProduct`. Training runs :class:`_BcosProduct`.
     """
+    _require_pressure(b)
     if _REFERENCE_PATH:
         if explaining:
             with torch.no_grad():
@@ -1099,6 +1098,7 @@ def explaining_scale(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> Tensor:
 
     For :func:`bcos_product` and for a layer whose whole output is a constant while explaining (a query or key
     projection), which runs its product without recording at all and gets the same values."""
+    _require_pressure(b)
     with torch.no_grad():
         return _lin_dtype_scale(lin, x_norm, b)
 
@@ -1174,10 +1174,13 @@ def max_out(lin: Tensor, m: int) -> Tensor:
 
 
 def _require_pressure(b) -> None:
-    """:func:`check_b` for the low-level functions, called when ``b`` is not a float in [1, 10]: a 0-d tensor (a
-    layer's ``bcos_b``) and anything under ``torch.compile`` (whose dynamo makes a float it reads a SymFloat) are left
-    to the layer, which checked its B when it was built: reading a tensor here would cost a device sync per call."""
-    if not (isinstance(b, Tensor) or torch.compiler.is_compiling()):
+    """:func:`check_b` for the public functions that take ``b``, at the cost of a type check and two comparisons for
+    a Python float in [1, 10] (10.0 is MAX_B, a literal as _norm_eps' is; NaN fails the range). Anything else takes
+    the validator, except a 0-d tensor (a layer's ``bcos_b``) and anything under ``torch.compile`` (whose dynamo makes
+    a float it reads a SymFloat), which are left to the layer that checked its B when it was built: reading a tensor
+    here would cost a device sync per call."""
+    if (type(b) is not float or not 1.0 <= b <= 10.0) and not (isinstance(b, Tensor)
+                                                             or torch.compiler.is_compiling()):
         check_b(b)
 
 
