@@ -51,6 +51,8 @@ def require_explainable(model) -> None:
     decomposition): a bridge made explainable, or (TransformerLens 3.x) a ``HookedTransformer`` after
     ``make_explainable``; otherwise its dynamic weights are not constants and no explanation is exact."""
     explainable = is_explainable_bridge(model)
+    if explainable and hasattr(model, "add_sae"):
+        _refuse_sae_bridge()
     if not explainable and HAS_HOOKED_TRANSFORMER:  # 4.x has only bridges; this check needs 3.x's components
         from .model import dynamic_hooks_replaced, is_explainable
 
@@ -64,6 +66,20 @@ def require_explainable(model) -> None:
             "model from hooked_transformer_from_hf / BcosHookedTransformer, or a bridge from "
             "transformer_bridge_from_hf."
         )
+
+
+def _refuse_sae_bridge() -> None:
+    """Refuse sae-lens' ``SAETransformerBridge`` (a bridge with ``add_sae``): its ``hook_dict`` lacks TransformerLens'
+    hook aliases, so ``hook_embed`` was not found and every explanation failed with "no attribution point was
+    reached"; and were it found, an SAE added or reset (``reset_saes`` leaves a plain HookPoint) at a hook point
+    carrying one of the bridge's dynamic weights would put that weight in the gradient, which nothing here checks."""
+    raise argument_error(
+        "model", "a bridge turned into sae-lens' SAETransformerBridge cannot be explained: its hook_dict lacks "
+        "TransformerLens' hook aliases (hook_embed), so the embeddings cannot be captured, and an SAE added or reset "
+        "there (add_sae, reset_saes) at a hook point that carries a dynamic weight of the bridge is not checked",
+        "Explain the TransformerBridge from transformer_bridge_from_hf with no SAE spliced in: "
+        "bcos_plugins.adapters.sae_lens.explain_sae_feature(bridge, tokens, sae, feature) reads the SAE at its "
+        "hook; or splice SAEs into a HookedSAETransformer from hooked_transformer_from_hf", kind=BcosTypeError)
 
 
 def _refuse_replaced_dynamic_hooks(model, replaced: list[tuple[str, str]]) -> None:
