@@ -83,3 +83,21 @@ def test_config_built_gate_branch_activations_reload_bit_identical_with_their_re
             {k: v for k, v in vars(stock_module).items() if not k.startswith("_")}
     with torch.no_grad():
         assert torch.equal(reloaded(input_ids=IDS).logits, model(input_ids=IDS).logits)
+
+
+@pytest.mark.parametrize(("config_act", "placed"), [("silu", torch.nn.Tanh), ("relu2", torch.nn.SiLU)])
+def test_hooked_transformer_from_hf_refuses_a_hand_set_mlp_activation_the_bridge_runs_it(config_act, placed):
+    """TransformerLens' model runs the config's activation: a tanh set by hand in a SiLU Llama's layer 0 (which bcosify
+    keeps as a gate branch) was replaced by SiLU, logits 0.08 off, silently. The bridge runs the model's own modules."""
+    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf, transformer_bridge_from_hf
+
+    stock = _stock_with("LlamaForCausalLM", config_act)
+    _set_act(stock, "model.layers.0.mlp.act_fn", placed())
+    model = bcosify(stock, b=1.25, verbose=False)
+    with pytest.raises(BcosValueError, match=rf"^hf_model: its MLP activation 'model\.layers\.0\.mlp\.act_fn' \(\w+\) "
+                                             rf"computes another function than the config's '{config_act}'.*Use "
+                                             r"transformer_bridge_from_hf\(hf_model\)"):
+        hooked_transformer_from_hf(model)
+    with torch.no_grad():
+        logits = transformer_bridge_from_hf(model)(IDS)
+        torch.testing.assert_close(logits, model(input_ids=IDS).logits, rtol=1e-5, atol=1e-6)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import torch
 from torch import nn
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.loading_from_pretrained import convert_hf_model_config, fill_missing_keys
@@ -80,6 +81,27 @@ def _architecture(hf_model: nn.Module) -> str:
     return name
 
 
+def _refuse_hand_set_activation(hf_model: nn.Module, act: str) -> None:
+    """The TransformerLens model runs the config's activation in every MLP: one set by hand on the transformers model
+    (a tanh in a SiLU Llama's layer 0, which bcosify keeps as a gate branch) was replaced by it, logits 0.08 off,
+    silently. Each MLP activation is compared with TransformerLens' ``act`` on a grid of inputs."""
+    lens_fn = SUPPORTED_ACTIVATIONS[act]
+    probe = torch.linspace(-8.0, 8.0, 321)
+    want = lens_fn(probe)
+    for name, module in hf_model.named_modules():
+        if name.rpartition(".")[2] not in ("act", "act_fn") or any(True for _ in module.parameters()):
+            continue
+        with torch.no_grad():
+            got = module(probe)
+        # the tolerance of float32 rounding (TransformerLens' gelu_new and a detachable tanh GELU are 2.4e-7 apart)
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max().clamp_min(1))):
+            raise BcosValueError(
+                f"hf_model: its MLP activation '{name}' ({type(module).__name__}) computes another function than the "
+                f"config's {act!r}, which the TransformerLens model would run in its place (an activation set by "
+                "hand on the model), so its logits would differ. Use transformer_bridge_from_hf(hf_model), which runs "
+                "the model's own modules, or build the model with the activation in its config.")
+
+
 def _refuse_inexpressible(conversion, arch: str, hf_config, bcos: dict | None, hf_model: nn.Module) -> None:
     """Clear errors for transformers options the TransformerLens model would silently get wrong."""
     act = _lens_activation(conversion.activation(hf_config))
@@ -88,6 +110,7 @@ def _refuse_inexpressible(conversion, arch: str, hf_config, bcos: dict | None, h
             f"activation {act!r} of this {arch} has no TransformerLens counterpart; supported: "
             f"{', '.join(sorted(SUPPORTED_ACTIVATIONS))}."
         )
+    _refuse_hand_set_activation(hf_model, act)
     conversion.refuse_inexpressible(hf_config, bcos)
     if bcos is not None and bcos.get("query_key") == "stock":
         raise BcosValueError(
