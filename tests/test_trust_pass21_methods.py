@@ -6,6 +6,7 @@ Each test pins one fix: before it, the case gave a silently wrong answer or an u
 import pytest
 import torch
 import transformers as T
+from test_space import _WordTokenizer
 from torch import nn
 
 from bcos_plugins.bilinear import bilinear_tensor, bilinear_weights, hosvd, top_eigen_indices
@@ -95,20 +96,10 @@ def _space_model(num_labels: int = 2):
     return SpaceModelForSequenceClassification.from_encoder(encoder, num_labels=num_labels, n_latent=4).eval()
 
 
-class _LengthTokenizer:
-    """Enough of a tokenizer for predict_labels: ids = word lengths + 3 (a tiny vocabulary)."""
-
-    def __call__(self, texts, padding, truncation, max_length, return_tensors):
-        rows = [[min(len(w), 50) + 3 for w in t.split()][:max_length] for t in texts]
-        length = max(map(len, rows))
-        ids = torch.tensor([r + [0] * (length - len(r)) for r in rows])
-        return T.BatchEncoding({"input_ids": ids, "attention_mask": (ids != 0).long()})
-
-
 def test_zero_shot_evaluation_refuses_a_label_map_whose_keys_or_values_are_not_class_ids():
     from bcos_plugins.space import predict_labels, zero_shot_evaluation
 
-    model, tokenizer = _space_model(), _LengthTokenizer()
+    model, tokenizer = _space_model(), _WordTokenizer()
     texts = ["a bb ccc", "dddd e", "ff gg hhh iiii", "j", "kk ll mm nn oo"]
     predicted = predict_labels(model, tokenizer, texts)
     assert zero_shot_evaluation(model, tokenizer, texts, predicted, label_map={0: 0, 1: 1})["accuracy"] == 1.0
