@@ -1175,11 +1175,11 @@ def max_out(lin: Tensor, m: int) -> Tensor:
 
 def _require_pressure(b) -> None:
     """:func:`check_b` for the public functions that take ``b``, at the cost of a type check and two comparisons for
-    a Python float in [1, 10] (10.0 is MAX_B, a literal as _norm_eps' is; NaN fails the range). Anything else takes
+    a Python float in [1, MAX_B] (NaN fails the range). Anything else takes
     the validator, except a 0-d tensor (a layer's ``bcos_b``) and anything under ``torch.compile`` (whose dynamo makes
     a float it reads a SymFloat), which are left to the layer that checked its B when it was built: reading a tensor
     here would cost a device sync per call."""
-    if (type(b) is not float or not 1.0 <= b <= 10.0) and not (isinstance(b, Tensor)
+    if (type(b) is not float or not 1.0 <= b <= MAX_B) and not (isinstance(b, Tensor)
                                                              or torch.compiler.is_compiling()):
         check_b(b)
 
