@@ -119,8 +119,11 @@ def cross_entropy_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor
                              "pass one id per row (a classifier) or per token (a language model)")
     smoothing = require_number("label_smoothing", label_smoothing, low=0.0, high=1.0)
     labelled = labels != IGNORE_INDEX
-    n_classes, n_labelled = logits.shape[-1], int(labelled.sum())  # one synchronisation for both checks
-    if n_labelled and not (0 <= int(labels[labelled].min()) and int(labels[labelled].max()) < n_classes):
+    n_classes = logits.shape[-1]
+    outside = labelled & ((labels < 0) | (labels >= n_classes))
+    # one synchronisation for both counts on every training step (the range is read only to name it in the error)
+    n_labelled, n_outside = torch.stack([labelled.sum(), outside.sum()]).tolist()
+    if n_outside:
         # torch's IndexError ("Target 3 is out of bounds"; a device-side assert on a GPU) named neither the argument
         # nor the fix
         raise argument_error("labels", f"must be ids in [0, {n_classes}) or {IGNORE_INDEX} (no loss), got "
