@@ -286,13 +286,14 @@ def _check_training_rows(name: str, dataset, max_length: int | None, vocab_size:
         raise argument_error(name, "is empty", "Pass at least one tokenised example with 2 or more tokens")
     short = []
     for i in range(len(dataset)):
-        row, mask = _feature_tokens(dataset[i], i, max_length)
+        feature = dataset[i]  # (a datasets.Dataset decodes the row on every index)
+        row, mask = _feature_tokens(feature, i, max_length)
         if int(mask.sum()) < 2:
             short.append(i)
         if vocab_size is not None and row.numel() and int(row.max()) >= vocab_size:
             raise argument_error(name, f"feature {i} has token id {int(row.max())} outside the vocabulary "
                                  f"[0, {vocab_size})", "Tokenise with the model's own tokenizer")
-        labels = _feature_labels(dataset[i], i, row, max_length)
+        labels = _feature_labels(feature, i, row, max_length)
         if vocab_size is not None and labels.numel() and int(labels.max()) >= vocab_size:
             raise argument_error(name, f"feature {i} has label {int(labels.max())} outside the vocabulary "
                                  f"[0, {vocab_size})", "Label with the model's own tokenizer's ids (-100: no loss)")
