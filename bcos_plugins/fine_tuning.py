@@ -336,39 +336,39 @@ def run_output_dir(output_dir, prefix: str):
 
 
 def training_arguments(output_dir, n_texts: int, epochs, batch_size, learning_rate, seed,
-                        progress: bool, training_args: dict, helper=None):
-    """``TrainingArguments`` of the package's training helpers; ``training_args`` override the defaults (not the
-    settings the helpers take as arguments of their own, refused naming that argument). ``helper`` (the calling
+                        progress: bool, training_args: dict, helper):
+    """``TrainingArguments`` of the classifier and masked-LM helpers; ``training_args`` override the defaults (not
+    the settings the helpers take as arguments of their own, refused naming that argument). ``helper`` (the calling
     function) names the helper and its own arguments when a keyword is neither theirs nor a ``TrainingArguments``
     field."""
+    overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, n_texts // batch_size // 10),
+                   "dataloader_pin_memory": torch.cuda.is_available()}
+    return checked_training_arguments(helper, training_args, overridable, output_dir=str(output_dir),
+                                      num_train_epochs=epochs, per_device_train_batch_size=batch_size,
+                                      learning_rate=learning_rate, seed=seed, disable_tqdm=not progress)
+
+
+def checked_training_arguments(helper, training_args: dict, defaults: dict, **settings):
+    """``TrainingArguments`` of a training helper (``helper``, the calling function, whose ``**training_args`` go
+    there): ``settings`` (set from the helper's own arguments), ``defaults`` overridden by ``training_args``. The
+    keywords are checked first: a name neither the helper's nor a ``TrainingArguments`` field is refused naming the
+    helper and the closest valid name, and one a setting comes from names the helper's argument to pass instead.
+    ``logging_nan_inf_filter`` defaults to off: transformers' default logs a NaN or infinite step loss as the
+    window's average of the finite ones (0.0 when none is finite), so a run whose loss was NaN at every step reported
+    a loss of 0.0. One function for every helper (train_causal_lm repeated the check and the default)."""
     import inspect
 
     from transformers import TrainingArguments
 
-    if helper is not None:
-        require_training_argument_names(training_args, helper.__name__, inspect.signature(helper).parameters)
-
+    require_training_argument_names(training_args, helper.__name__, inspect.signature(helper).parameters)
     for key, own in _SET_FROM_ARGUMENTS.items():
-        if key in training_args:
+        if key in settings and key in training_args:
             # TrainingArguments raised Python's bare "got multiple values for keyword argument"
             value = training_args[key]
             value = (not value) if key == "disable_tqdm" and isinstance(value, bool) else value
             raise argument_error(key, f"is set from the training helper's own argument {own}",
                                  f"Pass {own}={value!r} instead", kind=BcosTypeError)
-
-    # logging_nan_inf_filter off: transformers' default logs a NaN or infinite step loss as the window's average of
-    # the finite ones (0.0 when none is finite), so a run whose loss was NaN at every step reported a loss of 0.0
-    overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, n_texts // batch_size // 10),
-                   "dataloader_pin_memory": torch.cuda.is_available(), "logging_nan_inf_filter": False}
-    return TrainingArguments(
-        output_dir=str(output_dir),
-        num_train_epochs=epochs,
-        per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate,
-        seed=seed,
-        disable_tqdm=not progress,
-        **{**overridable, **training_args},
-    )
+    return TrainingArguments(**settings, **{"logging_nan_inf_filter": False, **defaults, **training_args})
 
 
 def two_rate_trainer_optimizer(model: nn.Module, args, head_learning_rate: float) -> torch.optim.Optimizer:

@@ -13,7 +13,6 @@ every real end-of-text token from the loss. Here padding is whatever the attenti
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -24,12 +23,12 @@ from ._checks import (
     require_finite_parameters,
     require_int,
     require_same_shape,
-    require_training_argument_names,
 )
 from .attribution.targets import real_token_positions
 from .convert.architectures import PositionLimit, position_limit, vocabulary_size
 from .encoded_texts import require_max_length_fits
 from .errors import BcosTypeError, argument_error
+from .fine_tuning import checked_training_arguments
 
 __all__ = ["CausalLMCollator", "IGNORE_INDEX", "real_token_positions", "train_causal_lm"]
 
@@ -188,7 +187,7 @@ def train_causal_lm(
     (4.1099 with batches of one row, 4.0816 with all seven rows in one batch, on a tiny GPT-2). With
     ``label_smoothing_factor`` set, the loss is the Trainer's smoothed one and keeps its per-batch weighting.
     """
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     if getattr(getattr(model, "config", None), "bcos", None) is None:
         raise argument_error("model", f"{type(model).__name__} is not B-cosified (no config.bcos)",
@@ -209,12 +208,10 @@ def train_causal_lm(
     _check_training_rows("train_dataset", train_dataset, max_length, vocab_size, limit)
     if eval_dataset is not None:
         _check_training_rows("eval_dataset", eval_dataset, max_length, vocab_size, limit)
-    require_training_argument_names(training_arguments, "train_causal_lm", inspect.signature(train_causal_lm).parameters)
-    # logging_nan_inf_filter off: transformers' default logs a NaN step loss as the average of the finite ones (0.0
-    # when none is), so a run whose loss was NaN at every step reported 0.0 (as in fine_tuning.training_arguments)
     defaults = {"learning_rate": 5e-4, "save_strategy": "no", "report_to": [], "remove_unused_columns": False,
-                "use_cpu": not torch.cuda.is_available(), "logging_steps": 10, "logging_nan_inf_filter": False}
-    args = TrainingArguments(output_dir=output_dir, **{**defaults, **training_arguments})
+                "use_cpu": not torch.cuda.is_available(), "logging_steps": 10}
+    # the keyword check and the logging_nan_inf_filter default: the one builder of every training helper
+    args = checked_training_arguments(train_causal_lm, training_arguments, defaults, output_dir=output_dir)
     trainer = _token_weighted_eval_trainer(Trainer)(model=model, args=args, train_dataset=train_dataset,
                                                    eval_dataset=eval_dataset, data_collator=collator,
                                                    callbacks=callbacks)
