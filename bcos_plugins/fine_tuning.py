@@ -319,19 +319,22 @@ _SET_FROM_ARGUMENTS = {"num_train_epochs": "epochs", "per_device_train_batch_siz
 
 
 @contextlib.contextmanager
-def run_output_dir(output_dir, prefix: str):
-    """The ``output_dir`` of a training helper's ``Trainer``: the caller's folder, or with ``None`` a temporary one
-    (named with ``prefix``) removed when the block ends, also on error, unless the run saved checkpoints there
-    (``save_strategy`` asked for them without a folder: ``trainer.args.output_dir`` names it). The helpers made one
-    per call and never removed it."""
+def run_output_dir(output_dir, prefix: str, *, keep_checkpoints: bool = True):
+    """The ``output_dir`` of a training helper's ``Trainer``: the caller's folder (never removed), or with ``None`` a
+    temporary one (named with ``prefix``) removed when the block ends, also on error, unless the run saved
+    checkpoints there and ``keep_checkpoints`` (``save_strategy`` asked for them without a folder:
+    ``trainer.args.output_dir`` names it). ``keep_checkpoints=False`` removes it checkpoints and all (a stage whose
+    checkpoints cannot be resumed). The helpers made one per call and never removed it."""
     if output_dir is not None:
         yield output_dir
         return
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
     folder = tempfile.mkdtemp(prefix=prefix)
     try:
         yield folder
     finally:
-        if not any(Path(folder).glob("checkpoint-*")):  # transformers' PREFIX_CHECKPOINT_DIR
+        if not (keep_checkpoints and any(Path(folder).glob(f"{PREFIX_CHECKPOINT_DIR}-*"))):
             shutil.rmtree(folder, ignore_errors=True)
 
 

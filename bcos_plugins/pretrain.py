@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import tempfile
 from pathlib import Path
 
 from torch import nn
@@ -407,7 +406,7 @@ def fine_tune_task_then_bcos(
     shared = {k: v for k, v in fine_tune_kwargs.items() if k not in own}
     # the conventional stage trains in a temporary folder, removed when it ends (also on error), checkpoints and
     # all: they cannot be resumed (resume_from_checkpoint is refused above); it was left behind, once per call
-    with tempfile.TemporaryDirectory(prefix="bcos_task_stage_", ignore_cleanup_errors=True) as task_stage_dir:
+    with run_output_dir(None, "bcos_task_stage_", keep_checkpoints=False) as task_stage_dir:
         fine_tune_classifier(model, tokenizer, texts, labels, epochs=task_epochs, learning_rate=task_learning_rate,
                              batch_size=batch_size, loss="ce", output_dir=task_stage_dir, **shared)
     if distill_from_task_stage:
