@@ -101,6 +101,7 @@ from jaxtyping import Int
 from torch import Tensor, nn
 
 from bcos_plugins._checks import (
+    refuse_container_of_names,
     refuse_renamed_keywords,
     require_count,
     require_int,
@@ -857,6 +858,8 @@ class BcosClassifier:
         integer tensor (0-d or 1-d); default every class.
         """
         refuse_renamed_keywords("BcosClassifier.attribute", renamed, {"target_classes": "target"})
+        if not isinstance(texts, str):
+            refuse_container_of_names("texts", texts)  # a BatchEncoding's keys were attributed as the texts
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts or not all(isinstance(t, str) and t for t in texts):
             raise argument_error("texts", "attribute needs one or more non-empty strings", "Pass a text or a list of texts")

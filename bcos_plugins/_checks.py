@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -24,7 +24,7 @@ from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarn
 __all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_float",
            "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
-           "require_tokenizer_object",
+           "require_tokenizer_object", "refuse_container_of_names",
            "require_token_batch", "token_batch_and_padding", "ids_as_long", "unmasked_padding_keywords",
            "warn_if_another_models_tokenizer", "warn_if_unmasked_padding"]
 
@@ -352,6 +352,12 @@ def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int |
     pads with its eos), so one such id at a row's end or start can be text: each run counts one id less. The pattern
     is read in the check's one sync, and a call with a mask (the usual one) computes nothing for it.
     """
+    if isinstance(input_ids, Mapping) and "input_ids" in input_ids:
+        # the tokenizer's whole output (a BatchEncoding is a dict): the usual fix below, to tokenise, was done already
+        raise argument_error(name, f"expected a tensor of token ids (batch, pos), got the tokenizer's output (a "
+                             f"{type(input_ids).__name__} with keys {list(input_ids)})", "Pass its ids and mask: "
+                             f"{name}=enc['input_ids'], attention_mask=enc['attention_mask'] (explain(model, **enc) "
+                             "unpacks them)", kind=BcosTypeError)
     if not isinstance(input_ids, Tensor):
         raise argument_error(name, f"expected a tensor of token ids (batch, pos), got {type(input_ids).__name__}",
                              "Tokenise with tokenizer(texts, return_tensors='pt') (TransformerLens: "
@@ -420,14 +426,15 @@ def _unmasked_padding(ids: Tensor, pad_token_id: int, pad_is_text: bool) -> Tens
 
 
 def warn_if_unmasked_padding(ids: Tensor, name: str, *, pad_token_id: int | None = None,
-                             pad_is_text: bool = False) -> None:
+                             pad_is_text: bool = False, fix: str | None = None) -> None:
     """:func:`token_batch_and_padding`'s unmasked-padding detection for a path that takes a 2-d tensor of ids and no
     mask at all (``perplexity``'s ``texts``): the rows are read as given, so padding is scored as tokens; warned
     about with a fix that drops the padding (there is no mask to pass). Keywords: :func:`unmasked_padding_keywords`.
+    ``fix``: the whole message instead (a path that could have taken a mask: a TransformerLens bridge's forward).
     One sync, on a path that reads the ids on the host anyway."""
     if pad_token_id is not None and ids.ndim == 2 and ids.shape[0] > 1 and ids.shape[1] > 0 and bool(
             _unmasked_padding(ids_as_long(ids), pad_token_id, pad_is_text)):
-        _warn_unmasked_padding(name, pad_token_id, fix=(
+        _warn_unmasked_padding(name, pad_token_id, fix=fix or (
             f"{name} has rows of different lengths padded with config.pad_token_id ({pad_token_id}) at their start "
             "or end, read as given: the padding is scored as tokens. Pass one id sequence per text without its "
             f"padding ([row[m.bool()] for row, m in zip(ids, attention_mask)]) or the texts with tokenizer="))
@@ -439,9 +446,10 @@ def _warn_unmasked_padding(name: str, pad_token_id: int, fix: str | None = None)
 
     # shown at the caller's line: the first frame outside the package, whichever path (explain, Captum) called
     level, frame = 1, sys._getframe(0)
-    # (torch.no_grad's wrapper of a decorated entry point, perplexity's, is skipped too)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(("bcos_plugins",
-                                                                                "torch.utils._contextlib")):
+    # (torch.no_grad's wrapper of a decorated entry point, perplexity's, is skipped too, and so are torch's module
+    # call and TransformerLens' run_with_cache / run_with_hooks around a bridge's forward, which warns)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith((
+            "bcos_plugins", "torch.utils._contextlib", "torch.nn.modules", "transformer_lens.")):
         level, frame = level + 1, frame.f_back
     warnings.warn(fix or (
         f"attention_mask: not given, but {name} has rows of different lengths padded with config.pad_token_id "
@@ -563,19 +571,40 @@ def require_tokenizer_object(tokenizer, name: str = "tokenizer") -> None:
                              kind=BcosTypeError)
 
 
-def require_texts(texts) -> list[str]:
-    """A non-empty list of strings (a single string is refused: it would be split into characters)."""
+def require_texts(texts, name: str = "texts") -> list[str]:
+    """A non-empty list of strings (a single string is refused: it would be split into characters, and so is a
+    container that iterates over names: see :func:`refuse_container_of_names`)."""
     if isinstance(texts, str) or not hasattr(texts, "__len__"):
-        raise argument_error("texts", f"must be a list of strings, got {type(texts).__name__}",
+        raise argument_error(name, f"must be a list of strings, got {type(texts).__name__}",
                              "pass e.g. ['a text', 'another']", kind=BcosTypeError)
+    refuse_container_of_names(name, texts)
     texts = list(texts)
     if not texts:
-        raise argument_error("texts", "is empty", "pass at least one text")
+        raise argument_error(name, "is empty", "pass at least one text")
     bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
     if bad is not None:
-        raise argument_error("texts", f"texts[{bad}] is {type(texts[bad]).__name__} {texts[bad]!r}, not a string",
+        raise argument_error(name, f"{name}[{bad}] is {type(texts[bad]).__name__} {texts[bad]!r}, not a string",
                              "pass strings only", kind=BcosTypeError)
     return texts
+
+
+def refuse_container_of_names(name: str, texts) -> None:
+    """Refuse a container whose iteration yields names, not texts: a dict (a tokenizer's ``BatchEncoding``, a
+    ``DatasetDict``, a column table) iterates over its keys and a pandas ``DataFrame`` over its column names, so the
+    strings ``"input_ids"`` or ``"text"`` were read as the texts, without a word (predict gave three rows of logits
+    for two texts given as their BatchEncoding)."""
+    if isinstance(texts, Mapping):
+        keys = list(texts)[:5]
+        fix = ("Pass the texts themselves (the list given to the tokenizer), not its output"
+               if "input_ids" in texts else "Pass the list of texts (e.g. data['text'])")
+        what = "the tokenizer's output, a " if "input_ids" in texts else ""
+        raise argument_error(name, f"is {what}{'an' if type(texts).__name__[0] in 'AEIOU' else 'a'} "
+                             f"{type(texts).__name__} (keys {keys}): iterating it gives its keys, not texts", fix,
+                             kind=BcosTypeError)
+    if hasattr(texts, "columns") and hasattr(texts, "iloc"):  # a pandas DataFrame, without importing pandas
+        raise argument_error(name, f"is a {type(texts).__name__}: iterating it gives its column names "
+                             f"{list(texts.columns)[:5]}, not texts", "Pass a column as a list "
+                             "(data['text'].tolist())", kind=BcosTypeError)
 
 
 def require_text_pairs(text_pairs, n: int) -> list[str] | None:

@@ -117,12 +117,29 @@ def token_inputs_and_padding(model: nn.Module, input_ids,
     explained as given but warned about (:class:`~bcos_plugins.errors.UnmaskedPaddingWarning`): the explanation is
     exact for ``model(ids)``, the padding attended to as tokens, which is rarely the input meant (transformers 5 no
     longer warns). A warning, not a refusal: a batch of texts that end or start with the pad id is valid input."""
+    _refuse_inputs_on_another_device(model, input_ids, attention_mask)
     limit = position_limit(model)
     input_ids, attention_mask, padded = token_batch_and_padding(
         input_ids, attention_mask, vocab_size=vocabulary_size(model), max_length=limit.max_length,
         limit_name=limit.source, **unmasked_padding_keywords(getattr(model, "config", None), attention_mask))
     return (outside_inference(input_ids), None if attention_mask is None else outside_inference(attention_mask),
             padded)
+
+
+def _refuse_inputs_on_another_device(model: nn.Module, input_ids, attention_mask) -> None:
+    """Refuse ids or a mask on another device than ``model``'s input embeddings (a model moved to a GPU, its
+    tokenizer's tensors left on the CPU), naming the move: the call failed deep inside the embedding lookup with
+    torch's "Expected all tensors to be on the same device" (or an autocast error), naming neither argument. A meta
+    tensor is left to the token check, which refuses it in its own words."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(embeddings, "weight", None)
+    if not isinstance(weight, Tensor):
+        return
+    for name, given in (("input_ids", input_ids), ("attention_mask", attention_mask)):
+        if isinstance(given, Tensor) and not given.is_meta and given.device != weight.device:
+            raise argument_error(name, f"is on {given.device}, but the model's input embeddings are on "
+                                 f"{weight.device}", f"Move the inputs to the model's device: {name}.to(model.device) "
+                                 "(enc = tokenizer(...).to(model.device) moves every tensor at once)")
 
 
 def forward_keywords(model: nn.Module) -> set[str] | None:

@@ -1,0 +1,118 @@
+"""Trust pass 22, what a newcomer trips on: the most common mistakes of a first session (the tokenizer's output passed
+where ids or texts are expected, a model on another device than its inputs), called the way the README and the host
+pages write the calls. Each test fails on the behaviour before its fix, which returned a wrong number without a word
+or raised an error that named neither the argument nor the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as T
+
+from bcos_plugins import bcosify, explain
+from bcos_plugins.errors import BcosTypeError, BcosValueError
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from bcos_plugins.pretrained import minilm_path
+
+    return T.AutoTokenizer.from_pretrained(minilm_path())
+
+
+def _tiny_bcos_bert(vocab_size: int):
+    torch.manual_seed(0)
+    config = T.BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=64, num_labels=2)
+    return bcosify(T.BertForSequenceClassification(config), b=1.5, verbose=False).eval()
+
+
+@pytest.fixture(scope="module")
+def bert(tokenizer):
+    return _tiny_bcos_bert(tokenizer.vocab_size)
+
+
+TEXTS = ["a gorgeous, witty film", "dull"]
+
+
+# ------------------------------------------------ the tokenizer's output where the texts are expected
+
+
+def _batch_encoding(tokenizer):
+    return tokenizer(TEXTS, return_tensors="pt", padding=True)
+
+
+def test_predict_refuses_the_tokenizers_output_instead_of_predicting_its_key_names(bert, tokenizer):
+    """A BatchEncoding iterates over its keys: predict returned the logits of the texts "input_ids",
+    "token_type_ids" and "attention_mask", three rows for two texts, without a word."""
+    from bcos_plugins.prediction import predict
+
+    with pytest.raises(BcosTypeError, match=r"texts: .*BatchEncoding.*keys.*input_ids.*Pass the texts"):
+        predict(bert, tokenizer, _batch_encoding(tokenizer))
+
+
+@pytest.mark.parametrize("given", ["dict", "data_frame"])
+def test_the_texts_check_refuses_containers_that_iterate_over_names(given):
+    """A dict iterates over its keys, a pandas DataFrame over its column names: both were read as the texts (the one
+    texts check of predict, accuracy, fine_tune_classifier, make_seqpg_examples and the pretraining helpers)."""
+    from bcos_plugins._checks import require_texts
+
+    if given == "dict":
+        data = {"text": ["a film", "another"], "label": [1, 0]}
+    else:
+        import pandas
+        data = pandas.DataFrame({"text": ["a film", "another"], "label": [1, 0]})
+    with pytest.raises(BcosTypeError, match=r"texts: is a (dict|DataFrame).*'text', 'label'.*not texts.*Pass"):
+        require_texts(data)
+    assert require_texts(("a film", "another")) == ["a film", "another"]  # a tuple of strings is still read
+
+
+def test_inseq_classifier_attribute_refuses_the_tokenizers_output_instead_of_attributing_its_key_names(
+        bert, tokenizer):
+    """``load_classifier(...).attribute(enc)``: the three key names were attributed as texts, three sequences for two
+    texts, each column summing to a logit of the text "input_ids"."""
+    from bcos_plugins.adapters.inseq import load_classifier
+
+    classifier = load_classifier(bert, tokenizer, label_names=["negative", "positive"])
+    with pytest.raises(BcosTypeError, match=r"texts: .*BatchEncoding.*input_ids.*Pass the texts"):
+        classifier.attribute(_batch_encoding(tokenizer))
+    assert len(classifier.attribute(TEXTS).sequence_attributions) == 2  # the texts themselves still attribute
+
+
+# ------------------------------------------------ the tokenizer's output where the ids are expected
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_explain_given_the_tokenizers_output_names_the_unpacking(bert, tokenizer, as_dict):
+    """``explain(model, enc)``: the message told a user who had tokenised to tokenise (``tokenizer(texts,
+    return_tensors='pt')``, which they had just done); it names the unpacking now."""
+    enc = _batch_encoding(tokenizer)
+    with pytest.raises(BcosTypeError, match=r"input_ids: .*(BatchEncoding|dict).*explain\(model, \*\*enc\)"):
+        explain(bert, dict(enc) if as_dict else enc)
+    # the named fix runs as written
+    unpacked = explain(bert, **enc)
+    assert float(unpacked.completeness_error.max()) < 1e-4
+
+
+# ------------------------------------------------ a model on another device than its inputs
+
+
+def test_explain_refuses_ids_on_another_device_than_the_model_naming_the_move(bert, tokenizer):
+    """The model's parameters on one device, the ids on another: the call failed deep inside (torch's "Expected all
+    tensors to be on the same device", or on a model without weights "unknown device type for autocast"), naming
+    neither the argument nor the fix. The meta device stands in for an accelerator on a CPU-only machine: the check
+    compares devices, whatever they are."""
+    enc = _batch_encoding(tokenizer)
+    elsewhere = _tiny_bcos_bert(tokenizer.vocab_size).to("meta")
+    with pytest.raises(BcosValueError, match=r"input_ids: is on cpu, but the model's input embeddings are on "
+                                             r"meta.*input_ids\.to\(model\.device\)"):
+        explain(elsewhere, enc["input_ids"], enc["attention_mask"])
+
+
+def test_captum_embedding_forward_refuses_ids_on_another_device_than_the_model(bert, tokenizer):
+    from bcos_plugins.adapters.captum import EmbeddingForward
+
+    enc = _batch_encoding(tokenizer)
+    elsewhere = _tiny_bcos_bert(tokenizer.vocab_size).to("meta")
+    with pytest.raises(BcosValueError, match=r"input_ids: is on cpu, but the model's input embeddings are on meta"):
+        EmbeddingForward(elsewhere).embed(enc["input_ids"], enc["attention_mask"])
