@@ -85,7 +85,7 @@ from bcos_plugins.data import load_sst2
 from bcos_plugins.data.ag_news import load_ag_news
 from bcos_plugins.errors import BcosValueError
 from bcos_plugins.metrics import PerturbationCurves, paired_accuracy_difference
-from bcos_plugins.metrics.paired import paired_bootstrap_difference
+from bcos_plugins.metrics.paired import constant_difference, paired_bootstrap_difference
 from bcos_plugins.pretrain import BCOS_STAGE_SCHEDULE, TASK_THEN_BCOS_PRESET_STAGES
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import fine_tune_classifier
@@ -583,15 +583,14 @@ def _metric_columns(pairs: list[tuple[dict, dict]], metric: str, best: str | Non
     bcos_values = [v for _, b in pairs for v in b["methods"]["B-cos"][metric]]
     if bcos_values and best:
         reference = [v for a, _ in pairs for v in a["methods"][best][metric]]
-        try:
-            interval = paired_bootstrap_difference(reference, bcos_values, n_resamples=cfg.bootstrap)
-        except BcosValueError:
-            # the same difference on every unit (a saturated metric): the difference without an interval, which
-            # would have zero width ("–", as _accuracy_columns reports seeds without spread)
-            if len(set(b - a for a, b in zip(reference, bcos_values, strict=True))) != 1:
-                raise
-            columns.update({f"{metric}_diff": bcos_values[0] - reference[0], f"{metric}_units": len(bcos_values)})
+        constant = constant_difference(reference, bcos_values)
+        if constant is not None:
+            # the same difference on every unit (a saturated metric), to the library's rounding tolerance, which
+            # paired_bootstrap_difference refuses: the difference without an interval, which would have zero width
+            # ("–", as _accuracy_columns reports seeds without spread)
+            columns.update({f"{metric}_diff": constant, f"{metric}_units": len(bcos_values)})
             return columns
+        interval = paired_bootstrap_difference(reference, bcos_values, n_resamples=cfg.bootstrap)
         columns.update({f"{metric}_diff": interval.difference, f"{metric}_low": interval.ci_low,
                         f"{metric}_high": interval.ci_high, f"{metric}_units": interval.n_units})
     return columns

@@ -37,8 +37,8 @@ from torch import Tensor
 from .._checks import require_float, require_int, require_same_shape, require_tensor
 from ..errors import argument_error
 
-__all__ = ["PairedAccuracyDifference", "PairedBootstrapDifference", "paired_accuracy_difference",
-           "paired_bootstrap_difference"]
+__all__ = ["PairedAccuracyDifference", "PairedBootstrapDifference", "constant_difference",
+           "paired_accuracy_difference", "paired_bootstrap_difference"]
 
 
 @dataclass(frozen=True)
@@ -228,6 +228,44 @@ class PairedBootstrapDifference:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
+def _paired_units(values_a, values_b) -> tuple[Tensor, Tensor, float]:
+    """``values_a`` and ``values_b`` checked as paired ``(unit,)`` scores, in float64, with the machine epsilon of the
+    inputs' own precision (float64's for integer scores)."""
+    # lists of Python floats are read in float64 (require_tensor's rule; torch's float32 rounded differences of 1e-9
+    # to 0, and the mean read 0.0 with [0, 0])
+    a = require_tensor("values_a", values_a, ndim=1, kind="real", shape_hint="(unit,)")
+    b = require_tensor("values_b", values_b, ndim=1, kind="real", shape_hint="(unit,)")
+    # the inputs' own precision: a spread of the differences within their rounding is no spread
+    eps = max(torch.finfo(t.dtype).eps if t.is_floating_point() else 0.0 for t in (a, b)) or torch.finfo(
+        torch.float64).eps
+    a, b = a.double(), b.double()
+    require_same_shape("values_b", b, "values_a", a)
+    if a.shape[0] == 0:
+        raise argument_error("values_a", "is empty", "Pass the scores of at least one unit")
+    return a, b, eps
+
+
+def _differences_agree(a: Tensor, b: Tensor, d: Tensor, eps: float) -> bool:
+    """Whether the differences ``d = b - a`` are the same on every unit up to the rounding of the inputs and of the
+    subtraction: four units of the inputs' precision ``eps`` times the largest score (a constant shift of float64
+    scores differs by 1e-16 between units)."""
+    scale = float(torch.maximum(a.abs(), b.abs()).max())
+    return float(d.max() - d.min()) <= 4 * eps * scale
+
+
+def constant_difference(values_a, values_b) -> float | None:
+    """The mean of ``b_i - a_i`` if the difference is the same on every unit (to within four units of rounding of the
+    inputs' precision times the largest score), else ``None``.
+
+    The test :func:`paired_bootstrap_difference` refuses with: where this returns a number, report it without an
+    interval (every resample mean would be that number). One unit counts as constant. The arguments are checked as
+    there (``(unit,)`` real scores, paired, finite; lists of Python numbers read as float64).
+    """
+    a, b, eps = _paired_units(values_a, values_b)
+    d = b - a
+    return float(d.mean()) if _differences_agree(a, b, d, eps) else None
+
+
 def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95, n_resamples: int = 2000,
                                 seed: int = 0) -> PairedBootstrapDifference:
     """The mean of the paired differences ``b_i - a_i`` with a percentile bootstrap interval over the units.
@@ -256,20 +294,10 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
     t-interval) is ``[d, d]``, which a reader takes for "no uncertainty" and ``excludes_zero()`` for a sure effect;
     but units not drawn may differ (with 10 units from a population where 1 in 10 differs by -1 and the rest by +0.5,
     all ten agree in a third of the draws, and ``[0.5, 0.5]`` then excludes the true mean 0.35). Report such a
-    difference without an interval, or score more units; for 0/1 scores, :func:`paired_accuracy_difference` gives a
-    score interval of non-zero width.
+    difference without an interval (:func:`constant_difference` gives it where this refuses), or score more units; for
+    0/1 scores, :func:`paired_accuracy_difference` gives a score interval of non-zero width.
     """
-    # lists of Python floats are read in float64 (require_tensor's rule; torch's float32 rounded differences of 1e-9
-    # to 0, and the mean read 0.0 with [0, 0])
-    a = require_tensor("values_a", values_a, ndim=1, kind="real", shape_hint="(unit,)")
-    b = require_tensor("values_b", values_b, ndim=1, kind="real", shape_hint="(unit,)")
-    # the inputs' own precision: a spread of the differences within their rounding is no spread
-    eps = max(torch.finfo(t.dtype).eps if t.is_floating_point() else 0.0 for t in (a, b)) or torch.finfo(
-        torch.float64).eps
-    a, b = a.double(), b.double()
-    require_same_shape("values_b", b, "values_a", a)
-    if a.shape[0] == 0:
-        raise argument_error("values_a", "is empty", "Pass the scores of at least one unit")
+    a, b, eps = _paired_units(values_a, values_b)
     confidence = require_float("confidence", confidence, minimum=0.0, maximum=1.0, open_minimum=True)
     if confidence == 1.0:
         raise argument_error("confidence", "must be below 1 (a 100 % interval is the range of the resamples)",
@@ -288,10 +316,8 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
     d = b - a
     n = d.shape[0]
     # every resample mean is then d[0]: the interval was [d, d] (excludes_zero() True for any d != 0), the same false
-    # certainty as one unit's. "The same" up to the rounding of the inputs and of the subtraction (a constant shift of
-    # float64 scores differs by 1e-16 between units, and its interval was 1e-17 wide)
-    scale = float(torch.maximum(a.abs(), b.abs()).max())
-    if float(d.max() - d.min()) <= 4 * eps * scale:
+    # certainty as one unit's
+    if _differences_agree(a, b, d, eps):
         raise argument_error("values_b", f"minus values_a is {float(d.mean()):.6g} on every one of the {n} units (to "
                              "the inputs' rounding), so every resample mean is that number and the interval would "
                              "have zero width (a certainty the data cannot give: units not drawn may differ)",

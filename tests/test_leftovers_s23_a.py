@@ -1,0 +1,56 @@
+"""Closing note 22's "Left" list, part A (session 23, helper-140), each pinned here."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bcos_plugins.errors import BcosValueError
+
+# ------------------------------------------------------------------ 1. constant_difference
+
+
+def _rounding_constant_pair() -> tuple[list[float], list[float]]:
+    """Scores whose difference is 0.7 on every unit up to float64 rounding, not to the letter."""
+    reference = [0.1 * i for i in range(20)]
+    shifted = [v + 0.7 for v in reference]
+    assert len({b - a for a, b in zip(reference, shifted, strict=True)}) > 1  # not the same to the letter
+    return reference, shifted
+
+
+def test_constant_difference_is_the_test_paired_bootstrap_difference_refuses_with():
+    from bcos_plugins.metrics.paired import constant_difference, paired_bootstrap_difference
+
+    reference, shifted = _rounding_constant_pair()
+    assert constant_difference(reference, shifted) == pytest.approx(0.7, abs=1e-15)
+    with pytest.raises(BcosValueError, match=r"^values_b: minus values_a is 0\.7 on every one of the 20 units"):
+        paired_bootstrap_difference(reference, shifted)
+    spread = list(shifted)
+    spread[3] += 1e-9  # any spread beyond rounding: no constant, and the bootstrap gives its interval
+    assert constant_difference(reference, spread) is None
+    r = paired_bootstrap_difference(reference, spread)
+    assert r.ci_low < r.difference < r.ci_high
+    assert constant_difference([2.0], [3.5]) == 1.5  # one unit is constant (the bootstrap refuses it too)
+    assert constant_difference(torch.tensor([1, 2, 3]), torch.tensor([3, 4, 5])) == 2.0  # integer scores
+    with pytest.raises(BcosValueError, match=r"^values_a: is empty"):
+        constant_difference([], [])
+    with pytest.raises(BcosValueError, match=r"^values_b: "):
+        constant_difference([1.0, 2.0], [1.0, 2.0, 3.0])
+
+
+def test_bench_frontier_reports_a_difference_constant_up_to_rounding_without_an_interval():
+    """bench_frontier caught the bootstrap's refusal and re-derived "constant" exactly (a set of the differences): a
+    difference the same only up to rounding, which the library refuses, was re-raised and stopped the table."""
+    from benchmarks import bench_frontier
+
+    reference, shifted = _rounding_constant_pair()
+    cell = lambda method, values: {"methods": {method: {"comp": values}}}  # noqa: E731
+    pairs = [(cell("LIME", reference[:10]), cell("B-cos", shifted[:10])),
+             (cell("LIME", reference[10:]), cell("B-cos", shifted[10:]))]
+    columns = bench_frontier._metric_columns(pairs, "comp", "LIME", SimpleNamespace(bootstrap=200))
+    assert columns["comp_diff"] == pytest.approx(0.7, abs=1e-15) and columns["comp_units"] == 20
+    assert math.isnan(columns["comp_low"]) and math.isnan(columns["comp_high"])
+    assert bench_frontier._interval(columns, "comp") == "+0.7 [no interval]"
