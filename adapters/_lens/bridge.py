@@ -34,12 +34,15 @@ where it cannot be (Gemma 2's soft-capped head) ``logit_attrs`` is refused by th
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import tempfile
 
 import torch
 from torch import nn
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 
+from bcos_plugins._checks import warn_if_unmasked_padding
 from bcos_plugins.attribution.text import refuse_stock_loaded_bcos
 from bcos_plugins.convert.architectures import architecture_name, specs_where, vocabulary_size
 from bcos_plugins.convert.query_key import StockQueryKeyConv1D
@@ -52,6 +55,7 @@ from bcos_plugins.nn.norm import BcosLayerNorm, DetachableRMSNorm
 from .boot_guard import BRIDGE_COPY_MARKER, FINAL_NORM_FOLDED_MARKER
 from .final_norm import fold_final_norm_into_unembedding
 from .hook_point import DynamicHookPoint
+from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords
 
 __all__ = [
     "SUPPORTED_BRIDGE_ARCHITECTURES",
@@ -173,6 +177,51 @@ def _require_same_sides(bridge_tokenizer, tokenizer) -> None:
             raise BcosRuntimeError(f"tokenizer: the bridge's tokenizer has {side}={got!r} where the given one has "
                                    f"{want!r} (TransformerLens' boot changed it); bcos_plugins.adapters' bridge "
                                    "support needs updating. Meanwhile pass padding_side= to bridge.to_tokens")
+
+
+def _warn_about_unmasked_padding(bridge: nn.Module, tokens) -> None:
+    """Warn when ``tokens`` (a bridge forward's input, given without a mask) is a batch whose rows are padded to
+    different lengths: TransformerLens derives a mask only for a list of texts, so the padding is attended to as
+    tokens, and with right padding position -1 of a shorter row is a pad token (its logits and cache entries there
+    are not the row's last token's). The package's one detection (:func:`~bcos_plugins._checks.token_batch_and_padding`'s)."""
+    if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.shape[0] < 2 \
+            or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool or tokens.is_meta:
+        return  # one row, embeddings or not ids: nothing to read (TransformerLens refuses what it cannot take)
+    padding = lens_padding_keywords(bridge, None)
+    if not padding:
+        return
+    pad = padding["pad_token_id"]
+    warn_if_unmasked_padding(tokens, "tokens", **padding, fix=(
+        f"attention_mask: not given, but the tokens have rows of different lengths padded with the pad id ({pad}) at "
+        "their start or end. TransformerLens' bridge derives a mask only for a list of texts, so this batch's padding "
+        "is attended to as tokens (left padding changes every real token's logits and activations), and with right "
+        "padding position -1 of a shorter row is a pad token, not the row's last one (logits[:, -1], a cache's "
+        "pos_slice=-1). Pass attention_mask=transformer_lens.utils.get_attention_mask(bridge.tokenizer, tokens, "
+        "prepend_bos=bridge.cfg.default_prepend_bos) to run_with_cache / run_with_hooks / the bridge, and read "
+        "each row at its last real token (position -1 with left padding), or pass the texts themselves"))
+
+
+@functools.cache
+def _padding_checked_class(base: type) -> type:
+    """``base`` (TransformerLens' ``TransformerBridge``) whose ``forward`` first warns about a padded token batch
+    given without a mask (:func:`_warn_about_unmasked_padding`): the one place every call goes through (``bridge(
+    tokens)``, ``run_with_cache`` and ``run_with_hooks`` call ``forward``). The name stays ``base``'s."""
+    names = list(inspect.signature(base.forward).parameters)[1:]  # after self
+    mask_at = names.index("attention_mask") if "attention_mask" in names else None
+    input_name = names[0] if names else "input"
+    base_forward = base.forward
+
+    def forward(self, *args, **kwargs):
+        mask = kwargs.get("attention_mask", kwargs.get("one_zero_attention_mask"))
+        if mask is None and mask_at is not None and len(args) > mask_at:
+            mask = args[mask_at]
+        if mask is None:
+            _warn_about_unmasked_padding(self, args[0] if args else kwargs.get(input_name))
+        return base_forward(self, *args, **kwargs)
+
+    forward.__doc__ = base_forward.__doc__
+    return type(base.__name__, (base,), {"forward": forward, FORWARD_WARNS_ABOUT_PADDING: True,
+                                         "__module__": __name__})
 
 
 def _bcos_qkv_parts(c_attn: BcosConv1D, n_parts: int = 3) -> list[BcosLinear]:
@@ -477,6 +526,9 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
         # whose cfg.device then mixed devices in the cache's decompositions (found on an H200)
         bridge = bridge_cls.boot_transformers(name, hf_model=copied, tokenizer=_reloadable(tokenizer, folder),
                                               device=next(copied.parameters()).device)
+    # before anything runs it: its forward warns about a padded token batch without a mask (run_with_cache(tokens)
+    # of such a batch was silently wrong at the shorter rows, where only the adapter's own entry points warned)
+    bridge.__class__ = _padding_checked_class(type(bridge))
     if placeholder:
         _ids_only(bridge.tokenizer)
     else:

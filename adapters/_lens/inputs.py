@@ -9,7 +9,20 @@ from bcos_plugins._checks import require_token_batch, unmasked_padding_keywords
 from bcos_plugins.attribution.rotary_length import refuse_length_dependent_rotary
 from bcos_plugins.convert.architectures import position_limit, vocabulary_size
 
-__all__ = ["check_lens_tokens"]
+__all__ = ["FORWARD_WARNS_ABOUT_PADDING", "check_lens_tokens", "lens_padding_keywords"]
+
+# a class attribute of models whose own forward warns about a padded token batch given without a mask (the bridges
+# transformer_bridge_from_hf builds): check_lens_tokens leaves the warning to it, so one call warns once
+FORWARD_WARNS_ABOUT_PADDING = "_bcos_forward_warns_about_unmasked_padding"
+
+
+def lens_padding_keywords(model: nn.Module, attention_mask) -> dict:
+    """The unmasked-padding keywords (:func:`~bcos_plugins._checks.unmasked_padding_keywords`) of ``model`` (a
+    ``HookedTransformer`` or ``TransformerBridge``): the pad id of its tokenizer (``model.to_tokens`` pads with it),
+    else of its ``cfg``; empty with a mask."""
+    tokenizer = getattr(model, "tokenizer", None)
+    pad_source = tokenizer if getattr(tokenizer, "pad_token_id", None) is not None else getattr(model, "cfg", None)
+    return unmasked_padding_keywords(pad_source, attention_mask)
 
 
 def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> tuple[Tensor, Tensor | None]:
@@ -22,12 +35,12 @@ def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> tuple[Tensor,
     ``None``): the checked mask, not the caller's, goes on, since a float mask of 0.0 / 1.0 passes the check and
     then failed as an index (``IndexError: tensors used as indices must be long...``)."""
     limit = position_limit(model)
-    # the pad id: the tokenizer's (model.to_tokens pads with it), else the cfg's; warned about without a mask
-    tokenizer = getattr(model, "tokenizer", None)
-    pad_source = tokenizer if getattr(tokenizer, "pad_token_id", None) is not None else getattr(model, "cfg", None)
+    # padding without a mask is warned about here, or by the model's own forward where it warns (once per call)
+    padding = {} if getattr(type(model), FORWARD_WARNS_ABOUT_PADDING, False) else lens_padding_keywords(
+        model, attention_mask)
     tokens, attention_mask = require_token_batch(tokens, attention_mask, vocab_size=vocabulary_size(model),
                                                  max_length=limit.max_length, limit_name=limit.source, name="tokens",
-                                                 **unmasked_padding_keywords(pad_source, attention_mask))
+                                                 **padding)
     original = getattr(model, "original_model", None)  # a bridge runs its transformers model's rotary embedding
     if attention_mask is not None and isinstance(original, nn.Module):
         refuse_length_dependent_rotary(original, attention_mask)

@@ -1,0 +1,78 @@
+"""Trust pass 22, TransformerLens and sae-lens (helper-138): unusual inputs through the hosts' own calls on the models
+``transformer_bridge_from_hf`` and ``hooked_transformer_from_hf`` build, each checked against an independent
+computation (the HF model on each text alone, the float64 reference, completeness)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from test_conformance import B, _stock
+from transformer_lens import utils as lens_utils
+
+from bcos_plugins import bcosify
+from bcos_plugins.errors import UnmaskedPaddingWarning
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+_BUILT: dict = {}
+
+
+def _bridge(name: str):
+    """(B-cos HF model, its bridge without a tokenizer: the placeholder's pad id is the cfg's)."""
+    from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
+
+    if name not in _BUILT:
+        hf = bcosify(_stock(name), b=B, verbose=False).eval()
+        _BUILT[name] = hf, transformer_bridge_from_hf(hf)
+    return _BUILT[name]
+
+
+def _padded(side: str, pad: int) -> torch.Tensor:
+    rows = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    width = max(map(len, rows))
+    fill = [[pad] * (width - len(r)) for r in rows]
+    return torch.tensor([f + r if side == "left" else r + f for r, f in zip(rows, fill, strict=True)])
+
+
+@pytest.mark.parametrize("name", ["GPT2LMHeadModel", "LlamaForCausalLM"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_the_bridges_own_forward_warns_about_a_padded_token_batch_without_its_mask(name, side):
+    """run_with_cache(tokens) / run_with_hooks / bridge(tokens) of a padded batch without a mask: TransformerLens derives
+    no mask for a token tensor, so the shorter row's values differ from the row alone (left: at every real token; right:
+    position -1 is a pad token), which passed without a word (only explain_logits and token_component_decomposition
+    warned). The bridge's forward, the one place all of them go through, now warns, naming attention_mask and
+    get_attention_mask; with the mask, or one row, nothing is said."""
+    hf, bridge = _bridge(name)
+    pad = bridge.tokenizer.pad_token_id
+    tokens = _padded(side, pad)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnmaskedPaddingWarning)
+        alone = hf(tokens[1:, (2 if side == "left" else 0):(None if side == "left" else 3)]).logits[0, -1]
+        unmasked = bridge(tokens)[1, -1]
+    assert (unmasked - alone).abs().max() > 1e-3  # what the warning is about: the shorter row's last position differs
+    for call in (lambda: bridge.run_with_cache(tokens), lambda: bridge(tokens),
+                 lambda: bridge.run_with_hooks(tokens, fwd_hooks=[])):
+        with pytest.warns(UnmaskedPaddingWarning, match=r"attention_mask.*get_attention_mask") as record:
+            call()
+        assert [w.filename for w in record if w.category is UnmaskedPaddingWarning] == [__file__]  # the caller's line
+    mask = lens_utils.get_attention_mask(bridge.tokenizer, tokens, prepend_bos=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnmaskedPaddingWarning)
+        bridge.run_with_cache(tokens, attention_mask=mask)
+        bridge.run_with_cache(tokens[:1])
+
+
+def test_explain_logits_on_a_bridge_warns_once_about_a_padded_batch_without_its_mask():
+    """The adapter's entry points leave the warning to the bridge's forward (the same detection), so one call warns
+    once, not once in the token check and again in the forward."""
+    from bcos_plugins.adapters.transformer_lens import explain_logits, token_component_decomposition
+
+    _, bridge = _bridge("LlamaForCausalLM")
+    tokens = _padded("left", bridge.tokenizer.pad_token_id)
+    for call in (explain_logits, token_component_decomposition):
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            call(bridge, tokens, target=3, position=-1)
+        assert [w.category for w in record if w.category is UnmaskedPaddingWarning] == [UnmaskedPaddingWarning]
