@@ -311,7 +311,9 @@ class EmbeddingForward(nn.Module):
     ``forward`` runs the model with the given tensor swapped in at that point, called as every path calls a text
     model (:func:`~bcos_plugins.attribution.text.rows_as_alone_call`: positions counted from the mask), so every
     Captum method (B-cos, IxG, IG, Saliency, Occlusion, Shapley sampling, LIME) explains the same function as
-    :func:`bcos_plugins.explain`. :meth:`embed` computes that tensor for real ids (inputs and baselines).
+    :func:`bcos_plugins.explain`, and in eval mode as every path runs a model (a model left in training mode after
+    fine-tuning gets every module's training flag back afterwards). :meth:`embed` computes that tensor for real ids
+    (inputs and baselines).
 
     Output: classifier logits ``(batch, classes)``; causal LMs: next-token logits ``(batch, vocab)`` at
     ``position`` (default: each row's last real token; negative values count from it, as everywhere); masked
@@ -429,8 +431,12 @@ class EmbeddingForward(nn.Module):
             how_to_pass="additional_forward_args=(attention_mask, position) (position= when calling it) with")
         kwargs = rows_as_alone_call(self.model, placeholder, attention_mask, spec=self.spec)
         handle = self._hook(lambda t: embeddings.to(t.dtype))
+        # in eval mode, as every path runs a model: Captum's own methods (InputXGradient, IntegratedGradients, ...)
+        # call this wrapper directly, and a model left in training mode after fine-tuning ran with dropout on (random
+        # attributions, silently); BcosAttribution and LayerBcos already explained it in eval mode
         try:
-            out = self.model(**kwargs)
+            with evaluating(self.model):
+                out = self.model(**kwargs)
         finally:
             handle.remove()
         logits = out.logits

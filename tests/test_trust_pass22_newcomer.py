@@ -116,3 +116,33 @@ def test_captum_embedding_forward_refuses_ids_on_another_device_than_the_model(b
     elsewhere = _tiny_bcos_bert(tokenizer.vocab_size).to("meta")
     with pytest.raises(BcosValueError, match=r"input_ids: is on cpu, but the model's input embeddings are on meta"):
         EmbeddingForward(elsewhere).embed(enc["input_ids"], enc["attention_mask"])
+
+
+# ------------------------------------------------ forgetting .eval(): Captum's own methods through EmbeddingForward
+
+
+@pytest.mark.parametrize("method", ["InputXGradient", "IntegratedGradients", "Saliency"])
+def test_captums_own_methods_through_embedding_forward_of_a_model_left_in_training_mode_are_its_eval_mode_ones(
+        tokenizer, method):
+    """The Captum page's way to run every Captum method at the attribution point: ``EmbeddingForward(model)``.
+    ``BcosAttribution`` and ``LayerBcos`` explain a model left in training mode (after fine-tuning) in eval mode, but
+    Captum's own methods through the same wrapper ran it with dropout on: random attributions (0.09 off on a tiny
+    BERT's input x gradient), without a word. The model's training flags are back afterwards."""
+    import captum.attr
+    from bcos_plugins.adapters.captum import EmbeddingForward
+
+    model = _tiny_bcos_bert(tokenizer.vocab_size)  # dropout 0.1, the config default
+    enc = _batch_encoding(tokenizer)
+    forward = EmbeddingForward(model)
+    embeddings = forward.embed(enc["input_ids"], enc["attention_mask"])
+
+    def attribute():
+        return getattr(captum.attr, method)(forward).attribute(
+            embeddings.clone().requires_grad_(), target=1, additional_forward_args=(enc["attention_mask"],))
+
+    model.eval()
+    expected = attribute()
+    model.train()
+    model.bert.encoder.layer[0].eval()  # a module a training loop keeps in eval mode stays so
+    torch.testing.assert_close(attribute(), expected, rtol=0, atol=0)
+    assert model.training and model.classifier.training and not model.bert.encoder.layer[0].training
