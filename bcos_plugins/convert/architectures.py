@@ -393,6 +393,9 @@ def unsupported_message(model: nn.Module, name: str, what: str = "bcosify") -> s
 
 
 def supported_architectures() -> list[str]:
+    """The transformers class names ``bcosify`` converts (and ``explain``, the adapters and ``load_bcos_model``
+    take), sorted: e.g. ``"BertForSequenceClassification"``, ``"LlamaForCausalLM"``. Any other class is refused
+    with an :class:`~bcos_plugins.convert.UnsupportedModuleError` that lists them."""
     return sorted(SPECS)
 
 

@@ -39,6 +39,8 @@ GUIDANCE_MODES: tuple[str, ...] = ("multiply", "add", "replace", "log1p")
 
 
 def check_guidance(mode: str, strength: float) -> tuple[str, float]:
+    """The checked guidance ``(mode, strength)``: ``mode`` one of :data:`GUIDANCE_MODES` and ``strength`` (the paper's
+    lambda) a finite float >= 0; anything else is refused naming the argument."""
     if mode not in GUIDANCE_MODES:
         raise argument_error("mode", f"guidance mode must be one of {GUIDANCE_MODES} (paper Eq. 3, Eq. 4, Eq. 5, "
                              f"renormalised product), got {mode!r}", "Pick one of those")
