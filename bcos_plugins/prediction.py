@@ -85,4 +85,6 @@ def accuracy(model: nn.Module, tokenizer, texts: list[str], labels: list[int], *
     included)."""
     labels = require_labels(labels, require_classifier(model), n=len(require_texts(texts)))
     pred = predict(model, tokenizer, texts, **kwargs).argmax(-1)
-    return (pred == torch.as_tensor(labels)).float().mean().item()
+    # the count over n as a Python float (float64): a float32 mean gave 0.6666666865 for 4 of 6 and 0.85000002 for 17 of
+    # 20, numbers no count of texts gives
+    return int((pred == torch.as_tensor(labels)).sum()) / len(labels)

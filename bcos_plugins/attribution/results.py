@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..errors import BcosValueError
+from ..errors import BcosValueError, argument_error
 from ..nn.functional import at_least_float32
 
 __all__ = ["Explanation", "TokenExplanation", "relative_completeness_error"]
@@ -122,7 +122,30 @@ class TokenExplanation(Explanation):
         """Per-token scores of each row with padding removed."""
         return [row[self._keep(i)] for i, row in enumerate(self.contributions)]
 
-    def to(self, device: str | torch.device) -> TokenExplanation:
-        """A copy with every tensor moved to ``device``."""
-        moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
-        return type(self)(**moved)
+    def to(self, device: str | torch.device | torch.dtype | None = None,
+           dtype: torch.dtype | None = None) -> TokenExplanation:
+        """A copy with every tensor moved to ``device`` and the floating-point ones (the contributions and the
+        explained values) cast to ``dtype`` (a dtype alone may come first, as in ``Tensor.to``); a
+        :class:`~bcos_plugins.attribution.Direction` target's or foil's vector too. The token ids, mask, positions and
+        integer targets keep their integer dtype, as ``nn.Module.to`` casts only parameters (``to(torch.float64)`` made
+        them float64, and ``tokens()`` then looked up float ids)."""
+        from .targets import Direction  # targets imports nothing of this module; imported here to keep it so
+
+        if isinstance(device, torch.dtype):
+            if dtype is not None:
+                raise argument_error("device", f"is the dtype {device} and dtype= is {dtype} too",
+                                     "Pass a device and a dtype: to(device, dtype), or to(dtype) alone")
+            device, dtype = None, device
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise argument_error("dtype", f"is {dtype!r}; it casts the contributions and explained values, which are "
+                                 "floating-point numbers (the ids and positions keep theirs)",
+                                 "Pass a floating-point dtype (torch.float32, torch.float64, torch.bfloat16)")
+
+        def moved(value):
+            if isinstance(value, Direction):
+                return Direction(moved(value.vector))
+            if not isinstance(value, Tensor):
+                return value
+            return value.to(device=device, dtype=dtype if value.is_floating_point() else None)
+
+        return type(self)(**{k: moved(v) for k, v in self.__dict__.items()})

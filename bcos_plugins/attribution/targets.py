@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import named_rows, require_real_tokens, require_row_ids
+from .._checks import named_rows, narrowed_to_dtype, require_real_tokens, require_row_ids, require_tensor
 from ..errors import BcosTypeError, BcosValueError
 from .gradient import outside_inference
 
@@ -60,7 +60,11 @@ class Direction:
     vector: Tensor
 
     def __post_init__(self):
-        v = torch.as_tensor(self.vector)
+        # the package's one reading of lists (require_tensor): Python floats at Python's precision, float64, as the
+        # other entry points read them; torch.as_tensor read them as float32, so a float64 model explained
+        # outputs @ float32(vector), 7e-7 of the value off outputs @ vector on a tiny Llama, silently
+        v = self.vector if isinstance(self.vector, Tensor) else require_tensor("Direction(vector)", self.vector,
+                                                                               kind="real", finite=False)
         if not v.is_floating_point():
             raise BcosTypeError(f"Direction(vector): vector must be a float tensor, got {v.dtype}. Class or "
                                 "token ids are passed as target= directly, without Direction.")
@@ -105,7 +109,13 @@ def select_explained(outputs: Float[Tensor, "batch n"], target: Tensor | Directi
         # outside_inference: a target made under the caller's torch.inference_mode() is saved for backward by the
         # gather / product, which autograd refuses for inference tensors (explain_dataset's per-batch targets)
         if isinstance(which, Direction):
-            return (outputs * outside_inference(which.rows(batch, n, name).to(outputs.device, outputs.dtype))).sum(-1)
+            vector = which.rows(batch, n, name)
+            if torch.finfo(vector.dtype).max > torch.finfo(outputs.dtype).max:
+                # a float64 vector on a float32 model (or a float32 one on a float16 model): an entry beyond the
+                # outputs' range became inf, and the NaN or inf explained value was blamed on the model's inputs
+                # (the vector as given is checked, so the message names its entries, not the batch rows)
+                narrowed_to_dtype(name, which.vector, outputs.dtype)
+            return (outputs * outside_inference(vector.to(outputs.device, outputs.dtype))).sum(-1)
         return outputs.gather(-1, outside_inference(which.to(outputs.device))[:, None]).squeeze(-1)
 
     explained = pick(target, "target")

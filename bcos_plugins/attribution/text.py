@@ -448,6 +448,45 @@ def _check_per_token_ids(model: nn.Module, spec: ArchitectureSpec, input_ids: In
                                   "positions inside the table")
 
 
+def _attention_window(config) -> int | None:
+    """The sliding (local) attention window of a registry model, ``config.sliding_window``, where a layer attends
+    within it (``config.layer_types`` lists ``"sliding_attention"``: Gemma 2, ModernBERT's local layers, Qwen2 with
+    ``use_sliding_window``; Mistral's config has no layer types and slides in every layer), else ``None``."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if type(window) is not int or (layer_types is not None and "sliding_attention" not in layer_types):
+        return None
+    return window
+
+
+def _refuse_padding_between_tokens_in_a_window(model: nn.Module, attention_mask: Tensor | None) -> None:
+    """Refuse a row with padding between its real tokens (a 0 of the mask inside the row) where the model attends
+    within a sliding window (:func:`_attention_window`) shorter than the row: the window counts columns, the padding
+    ones included, while the position ids count real tokens (:func:`real_token_position_ids`), so such a row was
+    computed as neither the row alone nor the row with its padding as tokens (0.46 against 0.53 alone on a tiny
+    Mistral, complete and silent). Padding at a row's start or end does not move the distances between its real
+    tokens; a model without a window computes a row with inner padding as the row alone. One sync, for a padded batch
+    of such a model only."""
+    window = _attention_window(getattr(model, "config", None))
+    if window is None or attention_mask is None or attention_mask.shape[1] <= window:
+        return
+    first = attention_mask.to(torch.long).argmax(1)
+    span = attention_mask.shape[1] - attention_mask.flip(1).to(torch.long).argmax(1) - first
+    # a row whose real tokens span more columns than it has real tokens has padding between them; within the window's
+    # width every pair of its tokens is inside the window either way
+    inner = (attention_mask.sum(1) < span) & (span > window)
+    if not bool(inner.any()):
+        return
+    one = int(inner.sum()) == 1
+    raise argument_error(
+        "attention_mask", f"{bad_rows(inner)} {'has' if one else 'have'} padding between real tokens, and "
+        f"{architecture_name(model)} attends within a sliding window of config.sliding_window={window} columns: the "
+        "window counts the padding columns while the positions count real tokens, so "
+        f"{'the row' if one else 'those rows'} would be computed as neither alone nor with the padding as tokens",
+        "Pass each row's real tokens next to each other (padding at the start or end only), e.g. "
+        "ids[row][mask[row].bool()] padded again")
+
+
 def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[Tensor, "batch pos"],
                       attention_mask: Int[Tensor, "batch pos"] | None, forward_kwargs: dict, *,
                       padded: bool | None = None) -> dict:
@@ -471,6 +510,7 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     if padded is not False:
         check_first_column_is_real(model, attention_mask, spec)
         refuse_length_dependent_rotary(model, mask)
+        _refuse_padding_between_tokens_in_a_window(model, attention_mask)
     position_ids = None if "position_ids" in kwargs else position_ids_as_alone(model, spec, mask, padded=padded)
     if position_ids is not None:  # made here, so an inference tensor under the caller's inference_mode
         kwargs["position_ids"] = outside_inference(position_ids)

@@ -1,0 +1,182 @@
+"""Trust pass 22, the explanation core (``explain``, the attribution package, ``predict`` / ``accuracy``): unusual
+inputs on every registry family, each checked against an independent computation (the row alone, the model's own
+forward, float64). The cases that were silently wrong or crashed unhelpfully, one test each (the tally is in the
+CHANGELOG and the session's report).
+
+- A row with padding between its real tokens (a 0 of the mask inside the row) on a model with a sliding attention
+  window (Mistral, Gemma 2, ModernBERT's local layers): the window counts columns, the padding ones included, while
+  the position ids count real tokens, so the row was computed as neither alone nor with the padding as tokens
+  (complete, and 0.46 against 0.53 alone). Refused now, naming the rows; models without a window still explain such a
+  row as the row alone.
+- ``Direction([...])`` read a list of Python floats as float32 (``torch.as_tensor``), where every other entry point
+  reads them at float64 since pass 21: a float64 model explained ``outputs @ float32(vector)``, 7e-7 of the value off.
+- A ``Direction`` vector with entries beyond the model's dtype (a float64 vector of 1e300 on a float32 model, 1e5 on a
+  float16 one) became inf inside ``explain``, and the refusal blamed the model's inputs and embedding rows.
+- ``TokenExplanation.to(torch.float64)`` cast the token ids, mask, positions and targets to float64 (``tokens()``
+  then looked up float ids); a dtype now casts the floating-point tensors only, as ``nn.Module.to`` does.
+- ``accuracy`` returned a float32 mean: 0.6666666865 for 4 of 6 texts, a number no count gives.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import warnings
+
+import pytest
+import torch
+from conftest import VOCAB, padded_rows
+from test_conformance import _stock, _word_tokenizer
+
+from bcos_plugins import Direction, bcosify, explain
+from bcos_plugins.attribution.text import real_token_position_ids
+from bcos_plugins.convert.architectures import SPECS
+from bcos_plugins.errors import BcosValueError
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+_MODELS: dict[str, torch.nn.Module] = {}
+
+
+def _bcos(name: str) -> torch.nn.Module:
+    """The B-cos model of ``name`` from its family's conformance config (built once; tests copy it to change it)."""
+    if name not in _MODELS:
+        _MODELS[name] = bcosify(_stock(name), b=1.25, verbose=False)
+    return _MODELS[name]
+
+
+def _alone(model, row_ids: torch.Tensor) -> torch.Tensor:
+    """The model's own outputs for one row without padding: class logits ``(classes,)``, else per position
+    ``(pos, n)``."""
+    with torch.no_grad():
+        out = model(input_ids=row_ids[None])
+    return (out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state)[0]
+
+
+# ------------------------------------------------------------------ padding between real tokens and a sliding window
+
+WINDOWED = ["MistralForCausalLM", "MistralModel", "Gemma2ForSequenceClassification", "Gemma2ForCausalLM",
+            "ModernBertForSequenceClassification"]
+
+
+def _inner_padding_batch():
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 3:5] = 0  # row 1: 3 real tokens, 2 padding, 4 real tokens
+    return ids, mask
+
+
+@pytest.mark.parametrize("name", WINDOWED)
+def test_padding_between_real_tokens_is_refused_where_a_sliding_window_counts_it(name):
+    """The window is counted in columns, the positions in real tokens: row 1 was explained (complete) as neither the
+    row alone nor the row with its padding as tokens (MistralForSequenceClassification 0.46 against 0.53 alone)."""
+    model = _bcos(name)
+    ids, mask = _inner_padding_batch()
+    position = {} if SPECS[name].is_classifier else {"position": -1}
+    with pytest.raises(BcosValueError, match=r"^attention_mask: row \[1\] has padding between real tokens, and "
+                                             rf"{name} attends within a sliding window of config\.sliding_window="
+                                             r"\d+ columns.*Pass each row's real tokens next to each other"):
+        explain(model, ids, mask, target=1, **position)
+
+
+@pytest.mark.parametrize("name", ["LlamaForCausalLM", "Qwen3ForSequenceClassification", "BertModel"])
+def test_padding_between_real_tokens_of_a_model_without_a_window_is_the_row_alone(name):
+    model = _bcos(name)
+    ids, mask = _inner_padding_batch()
+    spec = SPECS[name]
+    explanation = explain(model, ids, mask, target=1, **({} if spec.is_classifier else {"position": -1}))
+    row = ids[1][mask[1].bool()]
+    alone = _alone(model, row)
+    expected = alone[1] if spec.is_classifier else alone[-1, 1]
+    torch.testing.assert_close(explanation.explained[1], expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(explanation.total, explanation.explained, rtol=1e-4, atol=1e-6)
+
+
+def test_padding_between_real_tokens_within_the_windows_width_is_explained_as_the_row_alone():
+    """Real tokens spanning no more columns than the window are all inside it either way: not refused."""
+    model = _bcos("MistralForCausalLM")  # sliding_window=4
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 1] = 0
+    mask[1, 4:] = 0  # row 1: token, padding, two tokens (4 columns)
+    explanation = explain(model, ids, mask, target=1, position=torch.tensor([8, 3]))
+    torch.testing.assert_close(explanation.explained[1], _alone(model, ids[1][mask[1].bool()])[2, 1],
+                               rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ Direction: the package's reading of lists, dtypes
+
+
+def test_a_direction_given_as_a_list_of_floats_is_read_at_float64_and_explained_so_by_a_float64_model():
+    model = copy.deepcopy(_bcos("LlamaForCausalLM")).double()
+    ids, mask = padded_rows([6, 4], 6, "right", seed=11)
+    values = (torch.randn(VOCAB, generator=torch.Generator().manual_seed(0), dtype=torch.float64) / 3).tolist()
+    direction = Direction(values)
+    assert direction.vector.dtype == torch.float64
+    explanation = explain(model, ids, mask, target=direction)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask,
+                       position_ids=real_token_position_ids(SPECS["LlamaForCausalLM"], model.config, mask)).logits
+    expected = logits[torch.arange(2), mask.sum(1) - 1] @ torch.tensor(values, dtype=torch.float64)
+    # was 7e-7 of the value off (the vector rounded to float32)
+    torch.testing.assert_close(explanation.explained, expected, rtol=1e-12, atol=0)
+    with pytest.raises(BcosValueError, match=r"^Direction\(vector\): vector must have shape"):
+        Direction([[[0.5]]])
+
+
+@pytest.mark.parametrize(("dtype", "vector_dtype", "huge"), [(torch.float32, torch.float64, 1e300),
+                                                              (torch.float16, torch.float32, 1e5)])
+@pytest.mark.parametrize("role", ["target", "foil"])
+def test_a_direction_beyond_the_models_dtype_is_refused_naming_it_not_the_models_inputs(dtype, vector_dtype, huge,
+                                                                                         role):
+    model = copy.deepcopy(_bcos("LlamaForCausalLM")).to(dtype)
+    ids, mask = padded_rows([6, 4], 6, "right", seed=11)
+    vector = torch.zeros(VOCAB, dtype=vector_dtype)
+    vector[5] = huge
+    given = {"target": Direction(vector)} if role == "target" else {"target": 1, "foil": Direction(vector)}
+    with pytest.raises(BcosValueError, match=rf"^{role}: holds {re.escape(f'{huge:.3g}')} in row \[5\], beyond the range of {dtype}"):
+        explain(model, ids, mask, **given)
+    vector[5] = 2.0  # a wider vector within range is explained
+    given = {"target": Direction(vector)} if role == "target" else {"target": 1, "foil": Direction(vector)}
+    explanation = explain(model, ids, mask, **given)
+    assert torch.isfinite(explanation.explained).all()
+
+
+# ------------------------------------------------------------------ the result object
+
+
+def test_explanation_to_a_dtype_casts_the_numbers_and_keeps_the_ids_integers():
+    model = _bcos("LlamaForCausalLM")
+    ids, mask = padded_rows([6, 3, 5], 6, "left", seed=5)
+    tokenizer = _word_tokenizer()
+    explanation = explain(model, ids, mask, target=Direction(torch.randn(VOCAB)))
+    for cast in (explanation.to(torch.float64), explanation.to("cpu", torch.float64),
+                 explanation.to(dtype=torch.float64)):
+        assert cast.contributions.dtype == cast.input_contributions.dtype == cast.explained.dtype == torch.float64
+        assert cast.target.vector.dtype == torch.float64
+        # were float64 (tokens() then looked up float ids)
+        assert cast.input_ids.dtype == cast.attention_mask.dtype == cast.position.dtype == torch.long
+        torch.testing.assert_close(cast.explained, explanation.explained.double(), rtol=0, atol=0)
+        assert cast.tokens(tokenizer) == explanation.tokens(tokenizer)
+    ids_explanation = explain(model, ids, mask, target=2)
+    assert ids_explanation.to(torch.bfloat16).target.dtype == torch.long
+    moved = ids_explanation.to("cpu")
+    assert moved.explained.dtype == torch.float32 and torch.equal(moved.input_ids, ids)
+    with pytest.raises(BcosValueError, match=r"^dtype: is torch\.int64; .*Pass a floating-point dtype"):
+        explanation.to(torch.int64)
+    with pytest.raises(BcosValueError, match=r"^device: is the dtype torch\.float64 and dtype= is"):
+        explanation.to(torch.float64, torch.float32)
+
+
+# ------------------------------------------------------------------ predict / accuracy
+
+
+def test_accuracy_is_the_count_of_correct_texts_over_their_number():
+    from bcos_plugins.train import accuracy, predict
+
+    model = _bcos("LlamaForSequenceClassification")
+    tokenizer = _word_tokenizer()
+    texts = [" ".join(f"w{3 + (i * 7 + j) % 50}" for j in range(n)) for i, n in enumerate([12, 1, 7, 3, 15, 2])]
+    predicted = predict(model, tokenizer, texts).argmax(-1).tolist()
+    labels = [p if i < 4 else (p + 1) % 3 for i, p in enumerate(predicted)]  # 4 of 6 right
+    assert accuracy(model, tokenizer, texts, labels) == 4 / 6  # was 0.6666666865348816
