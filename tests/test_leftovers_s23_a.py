@@ -54,3 +54,18 @@ def test_bench_frontier_reports_a_difference_constant_up_to_rounding_without_an_
     assert columns["comp_diff"] == pytest.approx(0.7, abs=1e-15) and columns["comp_units"] == 20
     assert math.isnan(columns["comp_low"]) and math.isnan(columns["comp_high"])
     assert bench_frontier._interval(columns, "comp") == "+0.7 [no interval]"
+
+
+def test_paired_accuracy_difference_refuses_seeds_whose_differences_are_equal_but_rounded_apart():
+    """Found by test_metrics_paired's property test: 1 - 18/19 and 18/19 - 17/19 are one example each, but differ in
+    float64, so the exact comparison of the accuracies' differences let the t-interval over seeds through with a
+    width of 1e-16 (a certainty about training noise that two equal differences cannot give)."""
+    from bcos_plugins.metrics.paired import paired_accuracy_difference
+
+    labels = [0] * 18 + [1]
+    a = [[0] * 19, [0] * 17 + [1, 0]]  # 18 and 17 of 19 right
+    b = [[0] * 18 + [1], [0] * 19]  # 19 and 18 of 19 right: one example more on each seed
+    for x, y in ((a, b), (b, a)):
+        with pytest.raises(BcosValueError, match=r"^predictions_b: differ from predictions_a by [+-]0\.0526316 on "
+                                                 r"each of the 2 seeds, which leaves no spread over seeds"):
+            paired_accuracy_difference(x, y, labels)
