@@ -94,12 +94,14 @@ def require_int(name: str, value, *, minimum: int | None = None, maximum: int | 
     return value
 
 
-def require_bool(name: str, value) -> bool:
-    """``value`` if it is ``True`` or ``False``; anything else (``"no"``, ``0``, ``None``) is refused, since a truthy
-    string such as ``"no"`` read as True and ran what it asked not to, silently."""
-    if not isinstance(value, bool):
-        raise argument_error(name, f"must be True or False, got {type(value).__name__} {value!r}",
-                             f"Pass {name}=True or {name}=False (a string such as 'no' reads as True)",
+def require_bool(name: str, value, *, fix: str | None = None, or_none: bool = False) -> bool | None:
+    """``value`` if it is ``True`` or ``False`` (or ``None`` with ``or_none``); anything else (``"no"``, ``0``,
+    NumPy's ``bool_``, a tensor) is refused, since a truthy string such as ``"no"`` read as True and ran what it
+    asked not to, silently. ``fix`` replaces the generic fix text where the caller can say what each value does."""
+    if not isinstance(value, bool) and not (or_none and value is None):
+        allowed = "True, False or None" if or_none else "True or False"
+        raise argument_error(name, f"must be {allowed}, got {type(value).__name__} {value!r}",
+                             fix or f"Pass {name}=True or {name}=False (a string such as 'no' reads as True)",
                              kind=BcosTypeError)
     return value
 

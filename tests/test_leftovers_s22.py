@@ -198,7 +198,9 @@ def test_vision_models_return_transformers_tuple_for_return_dict_false(tiny_vits
             assert type(model(pixel_values=images, return_dict=None)) is tuple
         finally:
             model.config.return_dict = True
-    with pytest.raises(BcosTypeError, match=r"^return_dict: must be True, False or None, got 'no'"):
+    with pytest.raises(BcosTypeError, match=r"^return_dict: must be True, False or None, got str 'no'\. Pass "
+                                            r"return_dict=False for a tuple, True for the ModelOutput or None for "
+                                            r"config\.return_dict's choice"):
         model(pixel_values=images, return_dict="no")
 
 

@@ -69,3 +69,42 @@ def test_paired_accuracy_difference_refuses_seeds_whose_differences_are_equal_bu
         with pytest.raises(BcosValueError, match=r"^predictions_b: differ from predictions_a by [+-]0\.0526316 on "
                                                  r"each of the 2 seeds, which leaves no spread over seeds"):
             paired_accuracy_difference(x, y, labels)
+
+
+# ------------------------------------------------------------------ 2. require_bool's twins folded into it
+
+
+def test_the_folded_boolean_checks_name_the_argument_the_problem_and_the_fix():
+    """pixel_ranking's most_important_first and bcosify's verbose had hand-written checks no test reached; they are
+    require_bool now, as are the other twins (tests asserting their texts: test_trust_pass21_methods, test_query_key,
+    test_fused_layers, test_layer_op_count, test_triton_linear, test_leftovers_s22, test_trust_pass20_convert).
+    NumPy's bool_ stays refused, as every twin refused it (isinstance(value, bool)): one rule for every flag."""
+    import numpy as np
+    from conftest import tiny_model
+
+    from bcos_plugins import bcosify
+    from bcos_plugins.errors import BcosTypeError
+    from bcos_plugins.metrics.image import pixel_ranking
+
+    maps = torch.rand(1, 2, 2)
+    for flag in ("no", 1, None, np.bool_(True)):
+        with pytest.raises(BcosTypeError, match=rf"^most_important_first: must be True or False, got "
+                                                rf"{type(flag).__name__} .*\. Pass True \(most important pixels first\) "
+                                                r"or False \(least important first\)\.$"):
+            pixel_ranking(maps, most_important_first=flag)
+    assert pixel_ranking(maps, most_important_first=False).tolist() == pixel_ranking(-maps).tolist()
+    with pytest.raises(BcosTypeError, match=r"^verbose: must be True or False, got str 'no'\. Pass verbose=True \(the "
+                                            r"default\) to log the conversion summary, or False\.$"):
+        bcosify(tiny_model("BertModel"), verbose="no")
+
+
+def test_require_bool_or_none_takes_none_and_names_it_in_the_problem():
+    from bcos_plugins._checks import require_bool
+    from bcos_plugins.errors import BcosTypeError
+
+    assert require_bool("flag", None, or_none=True) is None and require_bool("flag", False, or_none=True) is False
+    with pytest.raises(BcosTypeError, match=r"^flag: must be True or False, got NoneType None\. Pass flag=True or "
+                                            r"flag=False"):
+        require_bool("flag", None)
+    with pytest.raises(BcosTypeError, match=r"^flag: must be True, False or None, got int 0\. Say which\.$"):
+        require_bool("flag", 0, or_none=True, fix="Say which")

@@ -168,7 +168,8 @@ def test_query_key_setting_tampered_in_config_is_refused(tmp_path):
 
 
 def test_bcos_query_key_must_be_a_bool():
-    with pytest.raises(BcosTypeError, match=r"^bcos_query_key: must be True or False, got 'no'"):
+    with pytest.raises(BcosTypeError, match=r"^bcos_query_key: must be True or False, got str 'no'\. Pass True \(B-cos "
+                                            r"query/key layers\) or False \(keep the pretrained query/key maps\)\.$"):
         bcosify(tiny_model("BertModel"), bcos_query_key="no", verbose=False)
 
 

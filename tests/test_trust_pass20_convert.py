@@ -340,7 +340,8 @@ def test_minilm_path_refuses_an_allow_hub_that_is_not_a_bool(allow_hub):
     from bcos_plugins.errors import BcosTypeError
     from bcos_plugins.pretrained import minilm_path
 
-    with pytest.raises(BcosTypeError, match=r"allow_hub: must be True or False, got"):
+    with pytest.raises(BcosTypeError, match=r"^allow_hub: must be True or False, got .*\. Pass allow_hub=True to fall "
+                                            r"back to the hub name"):
         minilm_path(allow_hub=allow_hub)
     assert minilm_path() == minilm_path(allow_hub=True)
 

@@ -51,7 +51,8 @@ def test_bilinear_tensor_and_top_eigen_indices_refuse_arguments_of_the_wrong_typ
     raw = bilinear_tensor(weights, symmetric=False)
     assert not torch.allclose(raw, raw.mT)
     # symmetric="no" is a truthy string: the symmetric tensor came back
-    with pytest.raises(BcosTypeError, match="^symmetric: must be True or False, got 'no'"):
+    with pytest.raises(BcosTypeError, match=r"^symmetric: must be True or False, got str 'no'\. Pass symmetric=True for the "
+                                            r"symmetrised tensor, symmetric=False for the tensor as the weights give it\.$"):
         bilinear_tensor(weights, symmetric="no")
     # by=["positive"] failed on "unhashable type: 'list'"
     with pytest.raises(BcosValueError, match=r"^by: must be one of \('magnitude', 'positive', 'negative'\)"):

@@ -18,8 +18,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .._checks import require_int, require_tensor
-from ..errors import BcosTypeError, argument_error
+from .._checks import require_bool, require_int, require_tensor
+from ..errors import argument_error
 from .sources import bilinear_weights
 from .weights import BilinearWeights, require_bias_free
 
@@ -99,9 +99,9 @@ def interaction_matrix(source, u: Float[Tensor, "*n d_out"], chunk_size: int = D
 
 def bilinear_tensor(source, symmetric: bool = True) -> Float[Tensor, "d_out d_in d_in"]:
     """The full ``(d_out, d_in, d_in)`` bilinear tensor, ``B[o] = Q(e_o)``. Materialises it: only on request."""
-    if not isinstance(symmetric, bool):  # a string such as "no" is truthy: it returned the symmetric tensor
-        raise argument_error("symmetric", f"must be True or False, got {symmetric!r}",
-                             "Pass symmetric=False for the tensor as the weights give it", kind=BcosTypeError)
+    # a string such as "no" is truthy: it returned the symmetric tensor
+    require_bool("symmetric", symmetric, fix="Pass symmetric=True for the symmetrised tensor, symmetric=False for the "
+                 "tensor as the weights give it")
     weights = bilinear_weights(source)
     require_bias_free(weights, "bilinear_tensor")
     tensor = torch.einsum("oh,hi,hj->oij", weights.P, weights.W, weights.V)

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from .._checks import require_bool
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn import (
     BcosConv1D,
@@ -449,10 +450,8 @@ def plan_conversion(model: nn.Module, b: float = 1.5, *,
         raise argument_error("model", f"must be a transformers model (torch.nn.Module), got "
                              f"{type(model).__name__}", "pass e.g. AutoModelForSequenceClassification"
                              ".from_pretrained(...)", kind=BcosTypeError)
-    if not isinstance(bcos_query_key, bool):
-        raise argument_error("bcos_query_key", f"must be True or False, got {bcos_query_key!r}",
-                             "pass True (B-cos query/key layers) or False (keep the pretrained query/key maps)",
-                             kind=BcosTypeError)
+    require_bool("bcos_query_key", bcos_query_key,
+                 fix="Pass True (B-cos query/key layers) or False (keep the pretrained query/key maps)")
     config = getattr(model, "config", None)
     made_in_inference = next((n for n, p in model.named_parameters() if p.is_inference()), None)
     if made_in_inference is not None:
@@ -551,9 +550,7 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
         BcosTypeError: a B-cos checkpoint loaded with plain transformers (``config.bcos`` on stock modules): load it
             with :func:`~bcos_plugins.load_bcos_model`, which rebuilds it as saved.
     """
-    if not isinstance(verbose, bool):
-        raise argument_error("verbose", f"must be True or False, got {verbose!r}", "pass a bool",
-                             kind=BcosTypeError)
+    require_bool("verbose", verbose, fix="Pass verbose=True (the default) to log the conversion summary, or False")
     plan, report = plan_conversion(model, b, bcos_query_key=bcos_query_key)
     b, config, spec = report.b, getattr(model, "config", None), SPECS[type(model).__name__]
 

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from .._checks import (
     bad_rows,
+    require_bool,
     require_deterministic,
     require_float,
     require_int,
@@ -101,10 +102,8 @@ def pixel_ranking(attributions: Float[Tensor, "batch h w"], most_important_first
     # checked here, naming them: a float or bool seed failed inside torch's manual_seed (RuntimeError), a
     # most_important_first of another type inside argsort (TypeError)
     seed = require_int("seed", seed)
-    if not isinstance(most_important_first, bool):
-        raise argument_error("most_important_first", f"must be True or False, got {type(most_important_first).__name__}"
-                             f" {most_important_first!r}", "Pass True (most important pixels first) or False",
-                             kind=BcosTypeError)
+    require_bool("most_important_first", most_important_first,
+                 fix="Pass True (most important pixels first) or False (least important first)")
     maps = _spatial(attributions).detach().flatten(1)
     _require_finite_maps(maps)
     g = torch.Generator().manual_seed(seed)

@@ -59,6 +59,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .._checks import require_bool
 from ..errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from .dynamic import parameter_gradients_unused
 
@@ -255,9 +256,7 @@ def _process_switch(flag: str, enabled: bool, function: str,
                     on_exit: Callable[[bool], None] | None = None) -> Iterator[None]:
     """Set the module global ``flag`` to ``enabled`` while the block runs and restore it after (then
     ``on_exit(restored value)``); ``function`` names the public context manager in the error message."""
-    if not isinstance(enabled, bool):
-        raise argument_error("enabled", f"must be True or False, got {enabled!r}",
-                             f"call {function}() or {function}(False)", kind=BcosTypeError)
+    require_bool("enabled", enabled, fix=f"Call {function}() or {function}(False)")
     module = globals()
     previous = module[flag]
     module[flag] = enabled

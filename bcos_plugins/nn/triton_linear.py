@@ -51,7 +51,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..errors import BcosRuntimeError, BcosTypeError, argument_error
+from .._checks import require_bool
+from ..errors import BcosRuntimeError, argument_error
 from .dynamic import parameter_gradients_unused
 from .functional import (
     COS_FLOOR,
@@ -90,9 +91,7 @@ def triton_kernels(enabled: bool = True) -> Iterator[None]:
     the PyTorch path unchanged. Raises a :class:`~bcos_plugins.errors.BcosRuntimeError` when Triton cannot be
     imported, or when no CUDA device exists and the interpreter (``TRITON_INTERPRET=1``) is off.
     """
-    if not isinstance(enabled, bool):
-        raise argument_error("enabled", f"must be True or False, got {enabled!r}",
-                             "call triton_kernels() or triton_kernels(False)", kind=BcosTypeError)
+    require_bool("enabled", enabled, fix="Call triton_kernels() or triton_kernels(False)")
     if enabled:
         if not _triton_importable():
             raise argument_error(

@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import ImageClassifierOutput
 
-from .._checks import require_class_ids
+from .._checks import require_bool, require_class_ids
 from ..errors import BcosTypeError, argument_error
 from ..losses import bcos_loss
 from ..nn.conv import BcosConv2d
@@ -48,12 +48,10 @@ def vit_output_as_requested(output: ImageClassifierOutput, return_dict: bool | N
     the same values (a ``ModelOutput`` indexes its tuple), but unpacking, ``loss, logits = model(x, labels=y,
     return_dict=False)`` as with any transformers model, iterates a ``ModelOutput``'s keys and gave the strings
     ``"loss"`` and ``"logits"``."""
-    if return_dict is None:
-        return_dict = getattr(config, "return_dict", True)
-    if not isinstance(return_dict, bool):
-        raise argument_error("return_dict", f"must be True, False or None, got {return_dict!r}",
-                             f"Pass return_dict=False for a tuple, as {who}.forward's transformers counterparts take",
-                             kind=BcosTypeError)
+    if require_bool("return_dict", return_dict, or_none=True, fix=f"Pass return_dict=False for a tuple, True for the "
+                    f"ModelOutput or None for config.return_dict's choice, as {who}.forward's transformers "
+                    "counterparts take") is None:
+        return_dict = getattr(config, "return_dict", True)  # (a transformers config's, a bool)
     return output if return_dict else output.to_tuple()
 
 
