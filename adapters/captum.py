@@ -63,7 +63,7 @@ from captum.log import log_usage
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from bcos_plugins._checks import bad_rows, refuse_renamed_keywords, require_bool
+from bcos_plugins._checks import bad_rows, refuse_renamed_keywords, require_bool, require_label_names
 from bcos_plugins.attribution import (
     Direction,
     Explanation,
@@ -96,7 +96,6 @@ from bcos_plugins.nn.functional import at_least_float32
 from bcos_plugins.visualize import (
     explained_token_index,
     explanation_tokens,
-    require_label_names,
     require_token_explanation,
 )
 

@@ -105,6 +105,7 @@ from bcos_plugins._checks import (
     refuse_renamed_keywords,
     require_count,
     require_int,
+    require_label_names,
     require_row_ids,
 )
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions, text_attribution_point
@@ -121,7 +122,6 @@ from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
 from bcos_plugins.nn.dynamic import evaluating, thread_token
 from bcos_plugins.persistence import reconvert_stock_load
-from bcos_plugins.visualize import require_label_names
 
 __all__ = [
     "METHOD_NAME",

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarning, argument_error
 
 __all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_float",
-           "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_labels", "require_number", "require_real_tokens",
+           "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_label_names", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_tokenizer_object", "refuse_container_of_names",
            "require_token_batch", "token_batch_and_padding", "ids_as_long", "unmasked_padding_keywords",
@@ -258,6 +258,13 @@ def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, w
     if isinstance(value, float):
         raise argument_error(name, f"got a float ({value}); ids must be integers (floats are refused, not "
                              "truncated)", fix_type, kind=BcosTypeError)
+    names = [value] if isinstance(value, str) else list(value) if isinstance(value, list | tuple) else []
+    if names and all(isinstance(v, str) for v in names):
+        # a class name (or a token) where its id is meant, the most common first mistake: say how to get the id
+        raise argument_error(name, f"got {'a name' if isinstance(value, str) else 'names'} ({value!r}), not "
+                             f"{'an id' if isinstance(value, str) else 'ids'}", f"Map a class name to its id with "
+                             f"model.config.label2id[{names[0]!r}], a token with tokenizer.convert_tokens_to_ids"
+                             f"(token). {fix_type}", kind=BcosTypeError)
     try:
         ids = torch.as_tensor(value, device=device)
     except (TypeError, ValueError, RuntimeError):
@@ -607,6 +614,28 @@ def refuse_container_of_names(name: str, texts) -> None:
         raise argument_error(name, f"is a {type(texts).__name__}: iterating it gives its column names "
                              f"{list(texts.columns)[:5]}, not texts", "Pass a column as a list "
                              "(data['text'].tolist())", kind=BcosTypeError)
+
+
+def require_label_names(label_names) -> list[str] | None:
+    """The class names as a list of strings, or None; the one check of ``label_names`` for visualize's HTML pages,
+    Captum's ``visualization_records`` and inseq's ``load_classifier``: a NumPy array failed inside the captions ("The
+    truth value of an array ... is ambiguous"), and one string named class ``c`` by its ``c``-th character ("abc"
+    named the classes a, b and c)."""
+    fix = "Pass one name per class, in class-id order, e.g. ['negative', 'positive']"
+    if label_names is None:
+        return None
+    if isinstance(label_names, str | bytes):
+        raise argument_error("label_names", f"must be a list of class names; it is one string, {label_names!r}, "
+                             "whose characters would name the classes", fix, kind=BcosTypeError)
+    if not hasattr(label_names, "__len__"):
+        raise argument_error("label_names", f"must be a list of class names, got {type(label_names).__name__} "
+                             f"{label_names!r}", fix, kind=BcosTypeError)
+    names = list(label_names)
+    bad = next((n for n in names if not isinstance(n, str)), None)
+    if bad is not None:
+        raise argument_error("label_names", f"must be strings, got {type(bad).__name__} {bad!r}", fix,
+                             kind=BcosTypeError)
+    return names
 
 
 def require_text_pairs(text_pairs, n: int) -> list[str] | None:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ._checks import require_label_names
 from .attribution.targets import Direction
 from .errors import BcosTypeError, BcosValueError, argument_error
 
@@ -209,28 +210,6 @@ def explained_token_index(explanation, i: int) -> int | None:
         return column
     # the padded column counted among the row's real tokens (left padding shifts every column)
     return int(mask[i][:column].bool().sum())
-
-
-def require_label_names(label_names) -> list[str] | None:
-    """The class names as a list of strings, or None; the one check of ``label_names`` for the HTML pages, Captum's
-    ``visualization_records`` and inseq's ``load_classifier``: a NumPy array failed inside the captions ("The truth
-    value of an array ... is ambiguous"), and one string named class ``c`` by its ``c``-th character ("abc" named
-    the classes a, b and c)."""
-    fix = "Pass one name per class, in class-id order, e.g. ['negative', 'positive']"
-    if label_names is None:
-        return None
-    if isinstance(label_names, str | bytes):
-        raise argument_error("label_names", f"must be a list of class names; it is one string, {label_names!r}, "
-                             "whose characters would name the classes", fix, kind=BcosTypeError)
-    if not hasattr(label_names, "__len__"):
-        raise argument_error("label_names", f"must be a list of class names, got {type(label_names).__name__} "
-                             f"{label_names!r}", fix, kind=BcosTypeError)
-    names = list(label_names)
-    bad = next((n for n in names if not isinstance(n, str)), None)
-    if bad is not None:
-        raise argument_error("label_names", f"must be strings, got {type(bad).__name__} {bad!r}", fix,
-                             kind=BcosTypeError)
-    return names
 
 
 def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
