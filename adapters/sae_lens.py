@@ -611,6 +611,18 @@ def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None,
                              f"(b_enc[{feature}], b_dec) hold NaN or infinite values, so its pre-activation is not "
                              "finite", "Check how the SAE was trained or loaded (a diverged run), or explain another "
                              "feature")
+    # another feature's NaN / inf encoder column breaks this one's gradient too: the backward of sae_in @ W_enc gives
+    # it a zero weight, and 0 * NaN is NaN; refused as a NaN gradient "outside the range the model computes in"
+    # (check the inputs), which sent users to inputs that were fine
+    broken = ~torch.isfinite(sae.W_enc.detach()).all(0)
+    if bool(broken.any()):
+        bad = broken.nonzero().flatten().tolist()
+        raise argument_error("sae", f"W_enc holds NaN or infinite values in the encoder column(s) of feature(s) "
+                             f"{bad[:8]}{' ...' if len(bad) > 8 else ''}, so no feature can be explained: feature "
+                             f"{feature}'s gradient passes through sae_in @ W_enc, which gives those columns a zero "
+                             "weight, and zero times NaN or inf is NaN", "Check how the SAE was trained or loaded (a "
+                             "diverged run); zeroing those columns (with torch.no_grad(): sae.W_enc[:, bad] = 0) "
+                             "leaves every other feature's pre-activation unchanged")
     found: dict[str, Tensor] = {}
     # a bridge's natively run norm computes hook_normalized beside its output with a scale that is not held
     # constant in explanation mode: read there, the feature's contributions missed all of it (completeness error

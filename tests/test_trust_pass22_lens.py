@@ -129,3 +129,31 @@ def test_a_plain_float64_llama_bridge_differs_from_the_hf_model_by_its_float32_r
 
         monkeypatch.setattr(llama.LlamaRMSNorm, "forward", float64_norm)
         assert torch.equal(logits, eager(tokens).logits)
+
+
+@pytest.mark.parametrize("attached", [False, True])
+def test_explain_sae_feature_names_another_features_non_finite_encoder_column(attached):
+    """A NaN in another feature's encoder column (a dead or diverged feature) made every feature's explanation fail
+    with "the gradient at the attribution point is NaN ... Check the inputs" (the backward of sae_in @ W_enc multiplies
+    that column by zero): now refused naming the SAE, the broken features and the fix, which then explains the
+    feature exactly (its pre-activation is unchanged by the other column)."""
+    from bcos_plugins.adapters.sae_lens import explain_sae_feature
+    from test_sae_feature import _lens_model, _sae, _sae_lens_pre_activations
+
+    from bcos_plugins import BcosError
+
+    model = _lens_model("LlamaForCausalLM")
+    sae = _sae(model.cfg.d_model)
+    if attached:
+        model.add_sae(sae)
+    tokens = torch.randint(3, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        sae.W_enc[0, 5] = float("nan")
+    with pytest.raises(BcosError, match=r"^sae: W_enc holds NaN or infinite values in the encoder column\(s\) of "
+                                        r"feature\(s\) \[5\].*sae\.W_enc\[:, bad\] = 0"):
+        explain_sae_feature(model, tokens, sae, 3)
+    with torch.no_grad():
+        sae.W_enc[:, 5] = 0
+    explanation = explain_sae_feature(model, tokens, sae, 3)
+    want = _sae_lens_pre_activations(model, sae, tokens)[:, -1, 3]
+    torch.testing.assert_close(explanation.total + explanation.bias_terms, want, rtol=1e-4, atol=1e-4)
