@@ -180,3 +180,39 @@ def test_accuracy_is_the_count_of_correct_texts_over_their_number():
     predicted = predict(model, tokenizer, texts).argmax(-1).tolist()
     labels = [p if i < 4 else (p + 1) % 3 for i, p in enumerate(predicted)]  # 4 of 6 right
     assert accuracy(model, tokenizer, texts, labels) == 4 / 6  # was 0.6666666865348816
+
+
+# ------------------------------------------------------------------ a dynamic rotary embedding grown by an earlier call
+
+
+def _dynamic_rope_llama(name: str) -> torch.nn.Module:
+    import transformers as T
+
+    from bcos_plugins.convert.architectures import stock_class
+
+    config = T.LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=8, num_labels=3,
+                           pad_token_id=0, bos_token_id=2, eos_token_id=2,
+                           rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    torch.manual_seed(0)
+    return bcosify(stock_class(name)(config).eval(), b=1.25, verbose=False)
+
+
+@pytest.mark.parametrize("name", ["LlamaForCausalLM", "LlamaForSequenceClassification"])
+def test_a_row_is_explained_with_its_own_lengths_rotary_frequencies_whatever_was_explained_before(name):
+    """transformers keeps a "dynamic" rotary embedding's frequencies grown to the longest call until a call shorter
+    than max_position_embeddings comes: a 15-token row explained after a 20-token one got the 20-token frequencies
+    (0.09351 against 0.09338 on the fresh model), silently."""
+    model = _dynamic_rope_llama(name)
+    fresh = copy.deepcopy(model)
+    row = torch.randint(3, VOCAB, (1, 15), generator=torch.Generator().manual_seed(2))
+    longer = torch.randint(3, VOCAB, (1, 20), generator=torch.Generator().manual_seed(3))
+    expected = explain(fresh, row, target=1).explained
+    with torch.no_grad():
+        torch.testing.assert_close(expected, (fresh(row).logits[:, -1] if name.endswith("CausalLM")
+                                              else fresh(row).logits)[:, 1], rtol=1e-5, atol=1e-6)
+    explain(model, longer, target=1)
+    torch.testing.assert_close(explain(model, row, target=1).explained, expected, rtol=0, atol=0)
+    with torch.no_grad():
+        model(longer)  # the model's own call grows them too
+    torch.testing.assert_close(explain(model, row, target=1).explained, expected, rtol=0, atol=0)

@@ -10,13 +10,14 @@ models), while the text paths promise each row as alone (:func:`~bcos_plugins.at
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from .._checks import bad_rows
 from ..convert.architectures import position_limit
 from ..errors import argument_error
 
-__all__ = ["refuse_length_dependent_rotary"]
+__all__ = ["forget_grown_rotary_frequencies", "refuse_length_dependent_rotary"]
 
 
 def _rope_settings(config) -> list[dict]:
@@ -59,3 +60,38 @@ def refuse_length_dependent_rotary(model: nn.Module, attention_mask: Tensor) -> 
                 f"rotary embedding (rope_type={rope_type!r}) takes its frequencies from the longest position past "
                 f"{source}={threshold}: {pronoun} would be computed with other frequencies than alone",
                 "Explain rows of equal length together, or one row at a time")
+
+
+def forget_grown_rotary_frequencies(model: nn.Module) -> None:
+    """Put back the original frequencies of a ``"dynamic"`` rotary embedding that an earlier, longer call grew, so that
+    the next call computes its own length's frequencies, as the freshly loaded model does.
+
+    transformers grows the frequencies to the longest position seen and keeps them (the cache of generation) until a
+    call shorter than ``config.max_position_embeddings`` comes: a row between that and an earlier longer call's length
+    was computed with the longer call's frequencies, so explaining (or predicting) it gave another number after a
+    longer row than before it (0.09351 against 0.09338 on a tiny Llama with ``factor=2``), silently. This is
+    transformers' own reset (``dynamic_rope_update``), done before every call instead of after a short one only.
+    Nothing is read for a model without dynamic rotary scaling (its settings are looked at in the config first)."""
+    if not any("dynamic" in str(rope.get("rope_type") or rope.get("type") or "")
+               for rope in _rope_settings(getattr(model, "config", None))):
+        return
+    for module in model.modules():
+        original = getattr(module, "original_max_seq_len", None)
+        rope_type = getattr(module, "rope_type", None)
+        if original is None or rope_type is None:
+            continue
+        # one set of frequencies, or one per layer type (ModernBERT), each named with its type's prefix
+        prefixes = ([""] if isinstance(rope_type, str) and "dynamic" in rope_type else
+                    [f"{kind}_" for kind, name in rope_type.items() if "dynamic" in str(name)]
+                    if isinstance(rope_type, dict) else [])
+        for prefix in prefixes:
+            cached_name = f"{prefix}max_seq_len_cached"
+            cached = getattr(module, cached_name, getattr(module, "max_seq_len_cached", None))
+            initial = getattr(module, f"{prefix}original_inv_freq", None)
+            current = getattr(module, f"{prefix}inv_freq", None)
+            if cached is None or not isinstance(initial, Tensor) or not isinstance(current, Tensor):
+                continue
+            if bool(torch.as_tensor(cached) > original):
+                # a copy: the buffer must not alias the original frequencies, which transformers keeps for its reset
+                module.register_buffer(f"{prefix}inv_freq", initial.to(current.device).clone(), persistent=False)
+                setattr(module, cached_name, original)

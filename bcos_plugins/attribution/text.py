@@ -39,7 +39,7 @@ from ..convert.architectures import (
 from ..errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from ..nn.dynamic import has_dynamic_weights
 from .gradient import outside_inference
-from .rotary_length import refuse_length_dependent_rotary
+from .rotary_length import forget_grown_rotary_frequencies, refuse_length_dependent_rotary
 from .targets import real_token_positions, resolve_positions
 
 __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explained_positions",
@@ -511,6 +511,7 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
         check_first_column_is_real(model, attention_mask, spec)
         refuse_length_dependent_rotary(model, mask)
         _refuse_padding_between_tokens_in_a_window(model, attention_mask)
+    forget_grown_rotary_frequencies(model)
     position_ids = None if "position_ids" in kwargs else position_ids_as_alone(model, spec, mask, padded=padded)
     if position_ids is not None:  # made here, so an inference tensor under the caller's inference_mode
         kwargs["position_ids"] = outside_inference(position_ids)
