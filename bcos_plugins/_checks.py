@@ -76,21 +76,24 @@ def closest_name_fix(name: str, known, otherwise: str) -> str:
     return f"Pass {close[0]}= if that is what you meant" if close else otherwise
 
 
-def require_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``value`` as a Python int, refusing bools, floats (``2.0`` included) and values out of range."""
+def require_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None,
+                fix: str | None = None) -> int:
+    """``value`` as a Python int, refusing bools, floats (``2.0`` included) and values out of range (NumPy's integer
+    scalars and 0-d integer tensors taken). ``fix`` replaces the generic fix texts where the caller can say what the
+    number is."""
     if isinstance(value, Tensor) and value.ndim == 0 and not value.is_floating_point() \
             and value.dtype != torch.bool:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise argument_error(name, f"must be an int, got {type(value).__name__} {value!r}",
-                             "Pass a whole number (not a float or a bool)", kind=BcosTypeError)
+                             fix or "Pass a whole number (not a float or a bool)", kind=BcosTypeError)
     value = int(value)
     if minimum is not None and value < minimum:
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise argument_error(name, f"must be {bound}, got {value}", f"Pass an int {bound}")
+        raise argument_error(name, f"must be {bound}, got {value}", fix or f"Pass an int {bound}")
     if maximum is not None and value > maximum:
         bound = f"<= {maximum}" if minimum is None else f"in [{minimum}, {maximum}]"
-        raise argument_error(name, f"must be {bound}, got {value}", f"Pass an int {bound}")
+        raise argument_error(name, f"must be {bound}, got {value}", fix or f"Pass an int {bound}")
     return value
 
 

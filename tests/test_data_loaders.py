@@ -13,9 +13,11 @@ def test_text_classification_loaders_refuse_bad_arguments_and_bad_lines(tmp_path
     assert load_sst2("train", n=0) == [] and len(load_sst2("train", n=5)) == 5
     with pytest.raises(BcosValueError, match=r"split: the shipped sst2 slice has \['train', 'test'\], got 'validation'"):
         load_sst2("validation")
-    with pytest.raises(BcosValueError, match=r"n: must be a non-negative int"):
+    with pytest.raises(BcosValueError, match=r"^n: must be >= 0, got -1\. Pass the number of rows to keep, an int >= 0 "
+                                             r"\(None keeps all\)\.$"):
         load_sst2(n=-1)  # rows[:-1] would silently drop the last row
-    with pytest.raises(BcosTypeError, match=r"n: must be a non-negative int"):
+    with pytest.raises(BcosTypeError, match=r"^n: must be an int, got float 2\.5\. Pass the number of rows to keep, an "
+                                            r"int >= 0 \(None keeps all\)\.$"):
         load_ag_news(n=2.5)
     with pytest.raises(BcosFileError, match="path: .*missing.tsv not found"):
         load_sst2(path=tmp_path / "missing.tsv")

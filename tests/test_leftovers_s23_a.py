@@ -108,3 +108,23 @@ def test_require_bool_or_none_takes_none_and_names_it_in_the_problem():
         require_bool("flag", None)
     with pytest.raises(BcosTypeError, match=r"^flag: must be True, False or None, got int 0\. Say which\.$"):
         require_bool("flag", 0, or_none=True, fix="Say which")
+
+
+# ------------------------------------------------------------------ 4. check_n is require_int(minimum=0)
+
+
+def test_check_n_is_require_int_and_takes_a_zero_d_integer_tensor_as_require_int_does():
+    """check_n re-implemented require_int(minimum=0); through it, a 0-d integer tensor (a count computed with torch) is
+    taken as every other int argument takes it (check_n refused it as "not an int"); a float tensor stays refused."""
+    from bcos_plugins.data import check_n, load_sst2
+    from bcos_plugins.errors import BcosTypeError
+
+    got = check_n(torch.tensor(3))
+    assert got == 3 and type(got) is int
+    assert check_n(None) is None and check_n(0) == 0
+    assert len(load_sst2("train", n=torch.tensor(2)).texts) == 2
+    with pytest.raises(BcosTypeError, match=r"^n: must be an int, got Tensor .*\. Pass the number of rows to keep, an "
+                                            r"int >= 0 \(None keeps all\)\.$"):
+        check_n(torch.tensor(3.0))
+    with pytest.raises(BcosValueError, match=r"^n: must be >= 0, got -2\. Pass the number of rows to keep"):
+        check_n(torch.tensor(-2))

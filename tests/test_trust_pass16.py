@@ -103,7 +103,8 @@ def test_blimp_multi_token_words_are_listed_or_dropped(gpt2_tokenizer):
 
 
 def test_load_blimp_refuses_a_negative_n():
-    with pytest.raises(BcosValueError, match="n: must be a non-negative int"):
+    with pytest.raises(BcosValueError, match=r"^n: must be >= 0, got -1\. Pass the number of rows to keep, an int >= 0 "
+                                             r"\(None keeps all\)\.$"):
         load_blimp("aga", n=-1)
     assert len(load_blimp("aga", n=3)) == 3
 

@@ -106,14 +106,16 @@ def test_check_n_accepts_numpy_integer_scalars(n):
 def test_check_n_still_refuses_numpy_and_python_bools_and_floats(n):
     from bcos_plugins.data import check_n
 
-    with pytest.raises(BcosTypeError, match=r"^n: must be a non-negative int or None"):
+    with pytest.raises(BcosTypeError, match=rf"^n: must be an int, got {type(n).__name__} .*\. Pass the number of "
+                                            r"rows to keep, an int >= 0 \(None keeps all\)\.$"):
         check_n(n)
 
 
 def test_check_n_refuses_a_negative_numpy_integer_as_a_value_error():
     from bcos_plugins.data import check_n
 
-    with pytest.raises(BcosValueError, match=r"^n: must be a non-negative int or None, got -1"):
+    with pytest.raises(BcosValueError, match=r"^n: must be >= 0, got -1\. Pass the number of rows to keep, an int >= 0 "
+                                             r"\(None keeps all\)\.$"):
         check_n(np.int64(-1))
 
 

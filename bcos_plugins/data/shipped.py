@@ -6,10 +6,10 @@ so that no loader imports the package that re-exports it.
 
 from __future__ import annotations
 
-import numbers
 from pathlib import Path
 
-from ..errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
+from .._checks import require_int
+from ..errors import BcosFileError, argument_error
 
 __all__ = ["SHIPPED_DATA", "TextClassificationData", "check_n", "read_tsv", "shipped_data", "shipped_split"]
 
@@ -78,14 +78,7 @@ def check_n(n) -> int | None:
     integer scalars taken: ``np.int64(3)``, a count read from an array, was refused as "not an int")."""
     if n is None:
         return None
-    # numbers.Integral holds NumPy's integer scalars and not its bool_ (nor floats); Python's bool is refused by name
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise argument_error("n", f"must be a non-negative int or None, got {n!r}",
-                             "Pass the number of rows to keep (None keeps all)", kind=BcosTypeError)
-    if n < 0:
-        raise argument_error("n", f"must be a non-negative int or None, got {int(n)}",
-                             "Pass the number of rows to keep (None keeps all)", kind=BcosValueError)
-    return int(n)
+    return require_int("n", n, minimum=0, fix="Pass the number of rows to keep, an int >= 0 (None keeps all)")
 
 
 def shipped_split(dataset: str, split: str, splits: tuple[str, ...]) -> Path:
