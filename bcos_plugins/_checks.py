@@ -234,6 +234,11 @@ def require_same_shape(name: str, value: Tensor, other_name: str, other: Tensor,
                              fix or f"Pass one entry per entry of {other_name}")
 
 
+# the arguments whose ids are classes or tokens: a string there is a class name or a token, whose id a refusal names how
+# to get (a position or a grid cell given as a string is refused without that hint)
+_CLASS_OR_TOKEN_IDS = frozenset({"target", "foil", "labels", "label"})
+
+
 def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, what: str = "outputs",
                     broadcast: bool = True, direction_hint: bool = False, device=None,
                     form: str | None = None) -> Tensor:
@@ -261,6 +266,13 @@ def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, w
     if isinstance(value, float):
         raise argument_error(name, f"got a float ({value}); ids must be integers (floats are refused, not "
                              "truncated)", fix_type, kind=BcosTypeError)
+    names = [value] if isinstance(value, str) else list(value) if isinstance(value, list | tuple) else []
+    if name in _CLASS_OR_TOKEN_IDS and names and all(isinstance(v, str) for v in names):
+        # a class name (or a token) where its id is meant, the most common first mistake: say how to get the id
+        raise argument_error(name, f"got {'a name' if isinstance(value, str) else 'names'} ({value!r}), not "
+                             f"{'an id' if isinstance(value, str) else 'ids'}", f"Map a class name to its id with "
+                             f"model.config.label2id[{names[0]!r}], a token with tokenizer.convert_tokens_to_ids"
+                             f"(token). {fix_type}", kind=BcosTypeError)
     try:
         ids = torch.as_tensor(value, device=device)
     except (TypeError, ValueError, RuntimeError):

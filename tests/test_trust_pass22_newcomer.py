@@ -178,3 +178,26 @@ def test_every_public_function_and_class_has_its_own_docstring():
     assert len(public) > 200  # the walk reached the subpackages (bcos_plugins.attribution, .metrics, .nn, ...)
     undocumented = sorted(name for name, value in public.items() if not (value.__doc__ or "").strip())
     assert not undocumented, f"add a docstring to: {undocumented}"
+
+
+# ------------------------------------------------ a label name (or a token) where an id is expected
+
+
+def test_a_label_name_as_target_or_label_names_the_mapping_to_its_id(bert, tokenizer):
+    """``explain(..., target="positive")``, ``accuracy(..., labels=["positive", ...])``: refused with "cannot read
+    'positive' as ids. Pass an int ...", which named neither what was passed (a class name) nor how to get its id."""
+    from bcos_plugins.prediction import accuracy
+
+    enc = _batch_encoding(tokenizer)
+    with pytest.raises(BcosTypeError, match=r"target: got a name \('positive'\), not an id.*"
+                                            r"model\.config\.label2id\['positive'\].*convert_tokens_to_ids"):
+        explain(bert, **enc, target="positive")
+    with pytest.raises(BcosTypeError, match=r"labels: got names \(\['positive', 'negative'\]\), not ids.*"
+                                            r"model\.config\.label2id\['positive'\]"):
+        accuracy(bert, tokenizer, TEXTS, ["positive", "negative"])
+    # a position given as a string is no class name: no label2id hint there
+    from bcos_plugins._checks import require_row_ids
+
+    with pytest.raises(BcosTypeError, match=r"^position: cannot read 'last' as ids\.") as refused:
+        require_row_ids("position", "last", 2)
+    assert "label2id" not in str(refused.value)

@@ -205,7 +205,8 @@ def test_inseq_classifier_target_refusals_ask_for_class_ids_not_one_id_per_row()
                                  "truncated)"),
                          ([0, True], "got a boolean; ids must be integers"),
                          (torch.tensor([True, False]), "got a boolean; ids must be integers"),
-                         (["a"], "cannot read ['a'] as ids"),
+                         (["a"], "got names (['a']), not ids. Map a class name to its id with "
+                                 "model.config.label2id['a'], a token with tokenizer.convert_tokens_to_ids(token)"),
                          ([[0, 1]], "expected class ids as an int, a list of ints or a 1-d integer tensor; got shape "
                                     "(1, 2)")):
         with pytest.raises(BcosError) as info:
