@@ -99,7 +99,10 @@ class AlignmentPressure(DynamicWeightModule):
     ``torch.no_grad()``). Dtype
     conversions (``.half()``, ``.to(torch.bfloat16)``) keep the buffer float64, so a saved half-precision
     model reloads at exactly the B it ran with. A B saved in float32 (on MPS) that is the float32 rounding of the
-    layer's B loads as that B (:func:`recorded_pressure`), through ``load_state_dict`` and transformers' loading.
+    layer's B loads as that B (:func:`recorded_pressure`), through ``load_state_dict`` (``assign=True`` too) and
+    transformers' loading, and the buffer then holds that B in float64, which a compiled graph reads. One reading
+    serves every change of the buffer (an in-place write too, so a write of the float32 rounding of the layer's B
+    reads as that B); a float64 B loaded into an MPS layer's float32 buffer runs at what the buffer holds.
     """
 
     def _init_b(self, b, device) -> None:
@@ -138,66 +141,59 @@ class AlignmentPressure(DynamicWeightModule):
         buf = self._buffers["bcos_b"]
         seen, version = self._b_seen
         if buf is not seen or buf._version != version:
-            if not buf.is_meta:
-                value = buf.item()
-                if not (math.isfinite(value) and 1.0 <= value <= MAX_B):
-                    raise argument_error(
-                        f"{type(self).__name__}.bcos_b", f"the stored alignment pressure is {value!r}, outside "
-                        f"[1, {MAX_B:g}]", "the checkpoint's B is damaged, or it predates per-layer B and the "
-                        "model's _init_weights does not fill bcos_b (see AlignmentPressure.initial_b): reload "
-                        "with load_bcos_model, or set layer.b explicitly")
-                self._b = value
-            self._b_seen = (buf, buf._version)
+            self._adopt_stored_b(strict=True)
         return self._b
+
+    def _adopt_stored_b(self, strict: bool) -> None:
+        """The one reading of a changed ``bcos_b`` (``load_state_dict``, transformers' loading, an in-place write):
+        the layer runs at the B the buffer records (:func:`recorded_pressure`: a float32 save (MPS) of B = 1.1 holds
+        1.100000023841858, and is B = 1.1), and the buffer is made to hold that B itself, in the dtype of the
+        layer's device (float64; float32 on MPS), so a compiled graph, which reads the buffer, and a later save see
+        it. A B outside [1, MAX_B] is refused naming the buffer (``strict``); the loads leave it to the next read
+        (transformers fills a buffer missing from a checkpoint after loading). Called by :meth:`_pressure` and, right
+        after a load, by the loading overrides below: a compiled graph cannot run this reading itself."""
+        buf = self._buffers.get("bcos_b")
+        seen, version = self._b_seen
+        if not isinstance(buf, Tensor) or buf is seen and buf._version == version:
+            return
+        if not buf.is_meta:
+            if buf.numel() != 1 and not strict:
+                return  # not a B (a load of another shape fails and names it); a read refuses it
+            value = recorded_pressure(buf, self._b, self._b_init)
+            if not (math.isfinite(value) and 1.0 <= value <= MAX_B):
+                if not strict:
+                    return
+                raise argument_error(
+                    f"{type(self).__name__}.bcos_b", f"the stored alignment pressure is {value!r}, outside "
+                    f"[1, {MAX_B:g}]", "the checkpoint's B is damaged, or it predates per-layer B and the "
+                    "model's _init_weights does not fill bcos_b (see AlignmentPressure.initial_b): reload "
+                    "with load_bcos_model, or set layer.b explicitly")
+            dtype = torch.float32 if buf.device.type == "mps" else torch.float64
+            with torch.inference_mode(False):  # a tensor with a version counter (see _init_b)
+                exact = torch.tensor(value, dtype=dtype, device=buf.device)
+            if buf.dtype != dtype or exact.item() != buf.item():
+                # a new tensor, never a write into this one: after load_state_dict(assign=True) it is the caller's
+                # (whose float32 B a compiled graph read as 1.100000023841858); transformers' mark that the tensor
+                # was loaded (not to be initialised) is kept
+                if hasattr(buf, "_is_hf_initialized"):
+                    exact._is_hf_initialized = buf._is_hf_initialized
+                self._buffers["bcos_b"] = buf = exact
+            self._b = value
+        self._b_seen = (buf, buf._version)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        # torch's loading (a Trainer resuming from a checkpoint): the stored tensor is at hand, with its dtype
-        recorded = self._b, self._b_init
+        # torch's loading (a Trainer resuming from a checkpoint): read at once, for a compiled graph
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
-        stored = state_dict.get(prefix + "bcos_b")
-        if isinstance(stored, Tensor):
-            self._adopt_stored_b(stored, recorded)
+        self._adopt_stored_b(strict=False)
 
     def __setattr__(self, name, value):
-        # transformers' from_pretrained sets each loaded tensor as the module's attribute (cast to the float64 of
-        # the buffer it replaces, so a float32 save arrives widened)
-        if name != "bcos_b" or "_b_seen" not in self.__dict__:
-            return super().__setattr__(name, value)
-        recorded = self._b, self._b_init
+        # transformers' from_pretrained sets each loaded tensor as the module's attribute: read at once, for a
+        # compiled graph
         super().__setattr__(name, value)
-        if isinstance(value, Tensor):
-            self._adopt_stored_b(value, recorded)
-
-    def _adopt_stored_b(self, stored: Tensor, recorded: tuple[float, ...]) -> None:
-        """Run at the B a loaded ``bcos_b`` records (:func:`recorded_pressure`): a float32 save (MPS) of B = 1.1
-        loaded the layer at 1.100000023841858. Also a float64 B loaded into an MPS layer's float32 buffer runs at
-        that B (the buffer holds its rounding, as ``layer.b = 1.1`` leaves it there). A value the buffer does not
-        hold (a failed load) or outside [1, MAX_B] is left to :meth:`_pressure`, which reads it and names it."""
-        buf = self._buffers.get("bcos_b")
-        if buf is None or buf.is_meta or stored.is_meta or stored.numel() != 1 or buf.numel() != 1:
-            return
-        value = recorded_pressure(stored, *recorded)
-        if not (math.isfinite(value) and 1.0 <= value <= MAX_B):
-            return
-        held = buf.item()
-        if torch.tensor(stored.item(), dtype=buf.dtype).item() != held:  # the load did not write it
-            return
-        exact = torch.tensor(value, dtype=buf.dtype, device=buf.device)
-        if held != value and exact.item() == value:
-            # a float64 buffer holding the rounding: it holds the B itself, so a later save stores that B
-            if buf is stored:
-                # the loaded tensor itself (load_state_dict(assign=True), transformers): the caller's state dict is
-                # not written to; transformers' mark that the tensor was loaded (not to be initialised) is kept
-                if hasattr(stored, "_is_hf_initialized"):
-                    exact._is_hf_initialized = stored._is_hf_initialized
-                self._buffers["bcos_b"] = buf = exact
-            else:
-                with torch.no_grad():
-                    buf.fill_(value)
-        self._b = value
-        self._b_seen = (buf, buf._version)
+        if name == "bcos_b" and "_b_seen" in self.__dict__:
+            self._adopt_stored_b(strict=False)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         # A write through bcos_b.data bumps no version counter, so the layer kept running at its old B while the
