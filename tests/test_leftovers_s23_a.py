@@ -128,3 +128,67 @@ def test_check_n_is_require_int_and_takes_a_zero_d_integer_tensor_as_require_int
         check_n(torch.tensor(3.0))
     with pytest.raises(BcosValueError, match=r"^n: must be >= 0, got -2\. Pass the number of rows to keep"):
         check_n(torch.tensor(-2))
+
+
+# ------------------------------------------------------------------ 5. the image metrics' copies of perturbation's checks
+
+
+@pytest.mark.parametrize("fractions", [{0.0: 1.0, 0.5: 2.0}, {0.0, 0.5}, torch.tensor(0.5), "0.0 0.5"])
+def test_pixel_perturbation_refuses_fractions_that_are_not_an_ordered_sequence(fractions):
+    """pixel_perturbation had a weaker copy of perturbation's fraction check: a dict's keys (or a set's values, in no
+    promised order) were taken as the fractions. It calls check_fractions now."""
+    from bcos_plugins.errors import BcosTypeError
+    from bcos_plugins.metrics.image import pixel_perturbation
+
+    def forward(x):
+        return torch.stack([x.sum(dim=(1, 2, 3)), torch.zeros(x.shape[0])], dim=1)
+
+    x = torch.ones(2, 1, 2, 2)
+    with pytest.raises(BcosTypeError, match=r"^fractions: must be a sequence of floats, got .*\. Pass e\.g\. "
+                                            r"IMAGE_FRACTIONS\.$"):
+        pixel_perturbation(forward, x, torch.rand(2, 2, 2), target=0, fractions=fractions)
+    with pytest.raises(BcosValueError, match=r"^fractions: is empty\. Pass e\.g\. IMAGE_FRACTIONS\.$"):
+        pixel_perturbation(forward, x, torch.rand(2, 2, 2), target=0, fractions=[])
+    # an ordered sequence of the same values is taken, whatever its container
+    maps = torch.rand(2, 2, 2)
+    by_tuple = pixel_perturbation(forward, x, maps, target=0, fractions=(0.0, 0.5))
+    by_tensor = pixel_perturbation(forward, x, maps, target=0, fractions=torch.tensor([0.0, 0.5]))
+    assert torch.equal(by_tuple.most_first, by_tensor.most_first) and by_tuple.fractions == (0.0, 0.5)
+
+
+def test_pixel_perturbation_ranks_as_pixel_ranking_and_refuses_a_target_unlike_the_explanations():
+    """pixel_perturbation checks its maps and seed once and ranks with pixel_ranking's body (it re-checked both on
+    each of its two pixel_ranking calls); the curves are pixel_ranking's order, ties broken by the same seed. The
+    target check is perturbation_curves' (one function)."""
+    from types import SimpleNamespace
+
+    from bcos_plugins.errors import BcosTypeError
+    from bcos_plugins.metrics.image import pixel_perturbation, pixel_ranking
+
+    weights = torch.arange(16.0).reshape(1, 1, 4, 4)
+
+    def forward(x):
+        return torch.stack([(x * weights).sum(dim=(1, 2, 3)), torch.zeros(x.shape[0])], dim=1)
+
+    x = torch.ones(1, 1, 4, 4)
+    maps = torch.tensor([[[1.0, 1.0, 0.0, 0.0], [2.0, 2.0, 2.0, 0.0], [1.0, 0.0, 0.0, 3.0], [0.0, 1.0, 1.0, 1.0]]])
+    fractions = tuple(i / 16 for i in range(17))
+    for seed in (0, 3):
+        got = pixel_perturbation(forward, x, maps, target=0, fractions=fractions, score="logit", seed=seed)
+        for most_first, curve in ((True, got.most_first), (False, got.least_first)):
+            order = pixel_ranking(maps, most_important_first=most_first, seed=seed)[0]
+            removed = weights.flatten()[order].cumsum(0)
+            expected = torch.cat([torch.zeros(1), removed]).neg() + weights.sum()
+            torch.testing.assert_close(curve[0], expected)
+    with pytest.raises(BcosTypeError, match=r"^seed: must be an int, got float 0\.5"):
+        pixel_perturbation(forward, x, maps, target=0, seed=0.5)
+    explanation = SimpleNamespace(contributions=maps, target=torch.tensor([1]))
+    with pytest.raises(BcosValueError, match=r"^target: is \[0\] at row \[0\], but the explanation explains \[1\] "
+                                             r"there: the curves would score attributions of one class on another's "
+                                             r"confidence\. Pass target=explanation\.target, or explain the class you "
+                                             r"score\.$"):
+        pixel_perturbation(forward, x, explanation, target=0)
+    # the explanation's own class is taken, and scored as the maps alone are
+    by_explanation = pixel_perturbation(forward, x, explanation, target=1, fractions=fractions, score="logit")
+    by_maps = pixel_perturbation(forward, x, maps, target=1, fractions=fractions, score="logit")
+    assert torch.equal(by_explanation.most_first, by_maps.most_first)

@@ -47,7 +47,7 @@ from .._checks import (
 from ..errors import BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
-from .perturbation import aopc
+from .perturbation import aopc, check_fractions, refuse_target_unlike_explained
 
 __all__ = ["IMAGE_FRACTIONS", "PixelPerturbation", "grid_pointing_game", "pixel_perturbation", "pixel_ranking"]
 
@@ -104,8 +104,15 @@ def pixel_ranking(attributions: Float[Tensor, "batch h w"], most_important_first
     seed = require_int("seed", seed)
     require_bool("most_important_first", most_important_first,
                  fix="Pass True (most important pixels first) or False (least important first)")
-    maps = _spatial(attributions).detach().flatten(1)
+    maps = _spatial(attributions)
     _require_finite_maps(maps)
+    return _ranking(maps, most_important_first, seed)
+
+
+def _ranking(maps: Tensor, most_important_first: bool, seed: int) -> Tensor:
+    """:func:`pixel_ranking` of checked ``(batch, H, W)`` maps (``pixel_perturbation`` checks its maps and seed once
+    for both orders)."""
+    maps = maps.detach().flatten(1)
     g = torch.Generator().manual_seed(seed)
     # one permutation for all images: a generator drawn from row after row gave an image with tied scores another
     # order (and other perturbation curves) depending on the images before it in the batch
@@ -221,33 +228,27 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
         raise argument_error("score", f"score must be 'softmax', 'sigmoid' or 'logit', got {score!r}",
                              "Pick one of those")
     removed_value = require_float("removed_value", removed_value)
-    if isinstance(fractions, str) or not hasattr(fractions, "__iter__") or (isinstance(fractions, Tensor)
-                                                                             and fractions.ndim != 1):
-        # one float failed with "'float' object is not iterable"
-        raise argument_error("fractions", f"must be a sequence of floats, got {type(fractions).__name__} "
-                             f"{fractions!r}", "Pass e.g. IMAGE_FRACTIONS", kind=BcosTypeError)
-    fractions = tuple(require_float("fractions", f) for f in fractions)
+    # one float failed with "'float' object is not iterable"; a dict's keys or a set's (unordered) values were taken
+    fractions = check_fractions(fractions, lowest=float("-inf"), example="IMAGE_FRACTIONS")
     if len(fractions) < 2 or any(b <= a for a, b in zip(fractions, fractions[1:], strict=False)) \
             or fractions[0] < 0 or fractions[-1] > 1:
         raise argument_error("fractions", f"fractions must be at least two increasing values in [0, 1], got "
                              f"{list(fractions)}", "Pass e.g. IMAGE_FRACTIONS")
     target_t = require_row_ids("target", target, batch, device=inputs.device)  # range: once the logits are known
     explained = getattr(attributions, "target", None) if not isinstance(attributions, Tensor) else None
-    if isinstance(explained, Tensor) and explained.ndim == 1 and not explained.is_floating_point() \
-            and explained.dtype != torch.bool and explained.shape == target_t.shape \
-            and not torch.equal(explained.cpu().long(), target_t.cpu()):
-        # the maps of one class were scored on another class's confidence, silently
-        differ = explained.cpu().long() != target_t.cpu()
-        raise argument_error("target", f"is {target_t.cpu()[differ].tolist()[:8]} at {bad_rows(differ)}, but the "
-                             f"explanation explains {explained.cpu()[differ].tolist()[:8]} there",
-                             "Pass target=explanation.target, or explain the class you score")
+    if not (isinstance(explained, Tensor) and explained.ndim == 1 and not explained.is_floating_point()
+            and explained.dtype != torch.bool and explained.shape == target_t.shape):
+        explained = None  # the attributions do not say which class they explain
+    # the maps of one class were scored on another class's confidence, silently
+    refuse_target_unlike_explained(target_t, explained, "confidence", "Pass target=explanation.target, or explain the "
+                                   "class you score")
     seed = require_int("seed", seed)
     n_pixels = height * width
     curves = {}
     # in eval mode, as the text metrics: a model left in training mode scored every perturbed image with dropout on
     with torch.no_grad(), evaluating(forward) if isinstance(forward, nn.Module) else nullcontext():
         for most_first in (True, False):
-            ranking = pixel_ranking(maps, most_important_first=most_first, seed=seed)
+            ranking = _ranking(maps, most_first, seed)
             rank_of_pixel = torch.empty_like(ranking).scatter_(1, ranking, torch.arange(n_pixels, device=ranking.device)
                                                                .expand(batch, -1).contiguous())
             points = []

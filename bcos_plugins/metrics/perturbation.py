@@ -82,7 +82,7 @@ def aopc(curve: Float[Tensor, "... n_fractions"], fractions: Sequence[float] = D
     # was off by 3e-3; in float32 the trapezoid's pairwise sums of values near 3e38 overflowed, the area read inf
     out_dtype = at_least_float32(curve.dtype) if curve.is_floating_point() else torch.float64
     curve = curve.double()
-    fractions = _check_fractions(fractions, lowest=float("-inf"))
+    fractions = check_fractions(fractions, lowest=float("-inf"))
     x = torch.as_tensor(fractions, dtype=torch.float64, device=curve.device)
     if curve.shape[-1] != x.shape[0]:
         raise argument_error("curve", f"has {curve.shape[-1]} points but there are {x.shape[0]} fractions",
@@ -171,7 +171,7 @@ def top_k_masks(
     Ties are broken by position (earlier first), so results are deterministic.
     """
     scores = token_scores(scores)
-    fractions = _check_fractions(fractions)
+    fractions = check_fractions(fractions)
     perturbable = require_tensor("perturbable", perturbable, ndim=2, kind="mask").to(scores.device).bool()
     require_same_shape("perturbable", perturbable, "scores", scores, "Pass one flag per token score")
     n = perturbable.sum(-1)
@@ -190,21 +190,37 @@ def top_k_masks(
     return masks, k
 
 
-def _check_fractions(fractions, lowest: float = 0.0) -> tuple[float, ...]:
-    """Fractions as floats; for perturbation each must lie in (0, 1] (``lowest=0``, open)."""
+def check_fractions(fractions, lowest: float = 0.0, example: str = "DEFAULT_FRACTIONS") -> tuple[float, ...]:
+    """Fractions as floats; for perturbation each must lie in (0, 1] (``lowest=0``, open); ``example`` names the
+    default to suggest (the image metrics' is ``IMAGE_FRACTIONS``)."""
     # a 0-d tensor or array failed with "iteration over a 0-d tensor"; a set or dict has no order (a dict's keys
     # were read as the fractions)
     if isinstance(fractions, str | bytes | Mapping | AbstractSet) or not hasattr(fractions, "__iter__") \
             or getattr(fractions, "ndim", 1) != 1:
         raise argument_error("fractions", f"must be a sequence of floats, got {type(fractions).__name__} "
-                             f"{fractions!r}", "Pass e.g. DEFAULT_FRACTIONS", kind=BcosTypeError)
+                             f"{fractions!r}", f"Pass e.g. {example}", kind=BcosTypeError)
     values = tuple(require_float("fractions", f) for f in fractions)
     if not values:
-        raise argument_error("fractions", "is empty", "Pass e.g. DEFAULT_FRACTIONS")
+        raise argument_error("fractions", "is empty", f"Pass e.g. {example}")
     if lowest == 0.0 and not all(0.0 < f <= 1.0 for f in values):
         raise argument_error("fractions", f"fractions must lie in (0, 1], got {values}",
                              "Pass shares of the perturbable tokens, e.g. DEFAULT_FRACTIONS")
     return values
+
+
+def refuse_target_unlike_explained(target: Tensor, explained: Tensor | None, score: str, fix: str) -> None:
+    """Refuse class ids ``target`` (one per row) where they differ from ``explained``, the classes an explanation of
+    the package explains (``None``: the attributions do not say, nothing to compare): the curves would score the
+    attributions of one class on another's ``score`` (probability, confidence), silently."""
+    if explained is None:
+        return
+    target, explained = target.cpu(), explained.cpu().long()
+    if torch.equal(target, explained):
+        return
+    differ = target != explained
+    raise argument_error("target", f"is {target[differ].tolist()[:8]} at {bad_rows(differ)}, but the explanation "
+                         f"explains {explained[differ].tolist()[:8]} there: the curves would score attributions of one "
+                         f"class on another's {score}", fix)
 
 
 def _explained_classes(attributions: Any, input_ids: Tensor, mask: Tensor) -> Tensor | None:
@@ -369,7 +385,7 @@ def perturbation_curves(
         mask_token_id = require_int("mask_token_id", mask_token_id, minimum=0,
                                     maximum=None if vocab is None else vocab - 1)
     batch_size = require_int("batch_size", batch_size, minimum=1)
-    fractions = _check_fractions(fractions)
+    fractions = check_fractions(fractions)
     input_ids, attention_mask = require_token_batch(
         input_ids, attention_mask, vocab_size=vocab,
         **unmasked_padding_keywords(getattr(model, "config", None), attention_mask))
@@ -413,12 +429,8 @@ def perturbation_curves(
         target_t = full.argmax(-1)
     else:
         target_t = require_row_ids("target", target, batch, n_ids=full.shape[-1], what="classes").to(input_ids.device)
-        if explained is not None and not torch.equal(target_t.cpu(), explained.cpu()):
-            differ = target_t.cpu() != explained.cpu()
-            raise argument_error("target", f"is {target_t.cpu()[differ].tolist()[:8]} at {bad_rows(differ)}, but the "
-                                 f"explanation explains {explained.cpu()[differ].tolist()[:8]} there: the curves "
-                                 "would score attributions of one class on another's probability",
-                                 "Leave target out (the explanation's class is used), or explain the class you score")
+        refuse_target_unlike_explained(target_t, explained, "probability", "Leave target out (the explanation's "
+                                       "class is used), or explain the class you score")
     p_full = full.gather(-1, target_t[:, None]).squeeze(-1)
 
     # rows: [removed top-k for each p] then [kept only top-k for each p], per example
