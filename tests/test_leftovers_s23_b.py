@@ -89,3 +89,59 @@ def test_a_b_written_in_place_under_no_grad_is_read_at_the_next_forward_and_save
     with pytest.raises(BcosValueError, match=r"bcos_b: the stored alignment pressure is 0\.5, outside \[1, "):
         model(input_ids=torch.tensor([[2, 7, 3]]))
 
+
+# ------------------------------------------------------------------ 4. the overflow mapping, built once per encoding
+
+
+def _segment_word_reach_per_row(encoding, row: int, last: int) -> tuple[int, int | None]:
+    """guided/masks._segment_word_reach as it was (session 22), read per row: the reference."""
+    encodings = getattr(encoding, "encodings", None)
+    if not encodings or row >= len(encodings):
+        return last, None
+    parts = [encodings[row]]
+    if "overflow_to_sample_mapping" in encoding:
+        sample = [int(s) for s in encoding["overflow_to_sample_mapping"]]
+        parts = [encodings[r] for r in range(len(encodings)) if sample[r] == sample[row]]
+
+    def first_segment_words(part) -> list[int]:
+        return [w for w, seg in zip(part.word_ids, part.sequence_ids, strict=True) if w is not None and seg == 0]
+
+    reach = max([last] + [w for part in parts for w in first_segment_words(part)])
+    overflow = [w for e in parts for o in (getattr(e, "overflowing", None) or ()) for w in first_segment_words(o)]
+    return reach, max([reach] + overflow) + 1
+
+
+@pytest.fixture(scope="module")
+def minilm_tokenizer():
+    from bcos_plugins.pretrained import minilm_path
+
+    return T.AutoTokenizer.from_pretrained(minilm_path())
+
+
+@pytest.mark.parametrize("overflowing", [True, False])
+def test_segment_word_reach_built_once_equals_the_per_row_reading(minilm_tokenizer, overflowing):
+    """Each row read every row of its text (rows squared with return_overflowing_tokens); built once per encoding,
+    it gives the per-row reading's (reach, count) on every row, for texts spread over several rows with a stride,
+    a pair encoding (only the first segment counts) and a text that fits one row."""
+    from bcos_plugins.guided.masks import _segment_word_reach
+
+    words = [("one two three four five six seven eight nine ten eleven twelve").split(), ["ok", "fine"],
+             ("a b c d e f g").split()]
+    pairs = [["p", "q"], ["r"], ["s", "t", "u"]]
+    for second in (None, pairs):
+        encoding = minilm_tokenizer(words, second, is_split_into_words=True, padding=True, max_length=9,
+                                    truncation="only_first" if second else True, stride=1 if second else 2,
+                                    return_overflowing_tokens=overflowing)
+        rows = len(encoding["input_ids"])
+        if overflowing:
+            assert rows > len(words)  # several rows per text
+        reach = _segment_word_reach(encoding)
+        for row in range(rows + 1):  # and a row past the encoding's
+            encoded = ([w for w, seg in zip(encoding.word_ids(row), encoding.sequence_ids(row), strict=True)
+                        if w is not None and seg == 0] if row < rows else [])
+            last = max(encoded, default=-1)
+            assert reach(row, last) == _segment_word_reach_per_row(encoding, row, last), row
+    # an encoding without fast-tokenizer encodings: no count
+    assert _segment_word_reach({"input_ids": [[1, 2]]})(0, 3) == (3, None)
+    assert _segment_word_reach({"input_ids": [[1, 2]], "overflow_to_sample_mapping": [0]})(0, 3) == (3, None)
+

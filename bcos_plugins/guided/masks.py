@@ -17,7 +17,7 @@ from __future__ import annotations
 import numbers
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from jaxtyping import Float
@@ -218,6 +218,7 @@ def gold_mask_from_words(
                              f"encoding has {rows}", "Pass one list of word rationales per encoded row")
     mask = torch.zeros(rows, len(encoding["input_ids"][0]))
     cut, partly = [], []
+    segment_word_reach = _segment_word_reach(encoding)  # built once: it reads every row
     for i in range(rows):
         words = word_rationales[i]
         for j, (w, seg) in enumerate(zip(encoding.word_ids(i), encoding.sequence_ids(i), strict=True)):
@@ -237,7 +238,7 @@ def gold_mask_from_words(
         encoded = [w for w, seg in zip(encoding.word_ids(i), encoding.sequence_ids(i), strict=True)
                    if w is not None and seg == 0]
         last = max(encoded, default=-1)
-        reach, count = _segment_word_reach(encoding, i, last)
+        reach, count = segment_word_reach(i, last)
         _refuse_highlights_past_the_words(i, words, threshold, count)
         lost = sum(float(v) >= threshold for v in words[reach + 1:])
         if mask[i].sum() == 0 and lost:
@@ -252,29 +253,36 @@ def gold_mask_from_words(
     return mask
 
 
-def _segment_word_reach(encoding, row: int, last: int) -> tuple[int, int | None]:
-    """``(reach, count)`` for ``row``'s first segment, whose last encoded word is ``last``. ``reach``: the last word
-    encoded in this row or, with ``return_overflowing_tokens``, in any row of the same text
+def _segment_word_reach(encoding) -> Callable[[int, int], tuple[int, int | None]]:
+    """``reach(row, last) -> (reach, count)`` for a row's first segment, whose last encoded word is ``last``.
+    ``reach``: the last word encoded in this row or, with ``return_overflowing_tokens``, in any row of the same text
     (``overflow_to_sample_mapping``): a word another row holds is no truncation loss (a row whose window holds no
     rationale was refused as "truncation cut off" its sibling's words). ``count``: the number of words the tokenizer
     saw, truncated ones included (those rows, and the overflow a fast tokenizer keeps of what truncation cut,
     ``encoding.encodings[row].overflowing``, filled whether or not ``return_overflowing_tokens`` was asked); ``None``
     where the encoding keeps no overflow. Words that give no token at the end of the list are not counted (nothing
-    of them reaches the encoding)."""
-    encodings = getattr(encoding, "encodings", None)
-    if not encodings or row >= len(encodings):
-        return last, None
-    parts = [encodings[row]]
-    if "overflow_to_sample_mapping" in encoding:
-        sample = [int(s) for s in encoding["overflow_to_sample_mapping"]]
-        parts = [encodings[r] for r in range(len(encodings)) if sample[r] == sample[row]]
+    of them reaches the encoding). Each text's largest words are gathered once, in one pass over the rows: read per
+    row, every row read all of its text's rows (rows squared with ``return_overflowing_tokens``)."""
+    encodings = getattr(encoding, "encodings", None) or []
+    sample = ([int(s) for s in encoding["overflow_to_sample_mapping"]]
+              if encodings and "overflow_to_sample_mapping" in encoding else list(range(len(encodings))))
 
     def first_segment_words(part) -> list[int]:
         return [w for w, seg in zip(part.word_ids, part.sequence_ids, strict=True) if w is not None and seg == 0]
 
-    reach = max([last] + [w for part in parts for w in first_segment_words(part)])
-    overflow = [w for e in parts for o in (getattr(e, "overflowing", None) or ()) for w in first_segment_words(o)]
-    return reach, max([reach] + overflow) + 1
+    encoded, overflowing = {}, {}  # per text: its largest word encoded in a row, and in a row's overflow
+    for part, text in zip(encodings, sample, strict=True):
+        encoded[text] = max([encoded.get(text, -1)] + first_segment_words(part))
+        overflowing[text] = max([overflowing.get(text, -1)] + [w for o in (getattr(part, "overflowing", None) or ())
+                                                               for w in first_segment_words(o)])
+
+    def reach(row: int, last: int) -> tuple[int, int | None]:
+        if row >= len(encodings):
+            return last, None
+        farthest = max(last, encoded[sample[row]])
+        return farthest, max(farthest, overflowing[sample[row]]) + 1
+
+    return reach
 
 
 def _refuse_highlights_past_the_words(row: int, words, threshold: float, count: int | None) -> None:
