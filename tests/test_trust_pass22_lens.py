@@ -157,3 +157,29 @@ def test_explain_sae_feature_names_another_features_non_finite_encoder_column(at
     explanation = explain_sae_feature(model, tokens, sae, 3)
     want = _sae_lens_pre_activations(model, sae, tokens)[:, -1, 3]
     torch.testing.assert_close(explanation.total + explanation.bias_terms, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bcos", [False, True])
+def test_run_with_cache_without_the_batch_dimension_on_a_qk_norm_model(bcos):
+    """``run_with_cache(tokens, remove_batch_dim=True)`` of a Qwen3 from ``hooked_transformer_from_hf`` failed with an
+    IndexError inside TransformerLens (its QK-norm hooks are cached as (batch * pos * heads, ...) rows, which lose a
+    dimension to the batch removal); now every entry is the batched cache's row 0 (the QK-norm rows as they are), and
+    the exact per-head results still sum to attn_out."""
+    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
+
+    hf = _stock("Qwen3ForCausalLM")
+    model = hooked_transformer_from_hf(bcosify(hf, b=B, verbose=False).eval() if bcos else hf)
+    tokens = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        _, batched = model.run_with_cache(tokens)
+        _, cache = model.run_with_cache(tokens, remove_batch_dim=True)
+        _, last = model.run_with_cache(tokens, remove_batch_dim=True, pos_slice=-1)
+    assert set(cache.keys()) == set(batched.keys())
+    for name in batched.keys():
+        flattened = ".q_norm." in name or ".k_norm." in name
+        assert torch.equal(cache[name], batched[name] if flattened else batched[name][0]), name
+    assert torch.equal(last["blocks.1.hook_resid_post"], batched["blocks.1.hook_resid_post"][0, -1:])
+    heads = cache.stack_head_results(layer=-1)
+    attn_out = sum(cache[f"blocks.{layer}.hook_attn_out"] for layer in range(model.cfg.n_layers))
+    b_o = sum(model.blocks[layer].attn.b_O for layer in range(model.cfg.n_layers))
+    torch.testing.assert_close(heads.sum(0) + b_o, attn_out, rtol=1e-5, atol=1e-5)

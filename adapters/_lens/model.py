@@ -295,6 +295,12 @@ def _to_bcos(model: HookedTransformer) -> None:
     make_explainable(model)
 
 
+def _rows_without_batch(hook_name: str) -> bool:
+    """Whether TransformerLens caches ``hook_name`` as rows with no batch dimension: the hooks of QK-norm's RMSNorms
+    (``attn.q_norm`` / ``attn.k_norm``), which normalise the queries and keys flattened to (batch * pos * heads)."""
+    return ".attn.q_norm." in hook_name or ".attn.k_norm." in hook_name
+
+
 class ExactCacheHookedTransformer(HookedTransformer):
     """A ``HookedTransformer`` whose ``run_with_cache`` returns a :class:`~.decomposition.BcosActivationCache`, whose
     per-head and per-neuron results are the forward's own (B-cos scales, norms after the attention / MLP output).
@@ -327,8 +333,18 @@ class ExactCacheHookedTransformer(HookedTransformer):
 
     def run_with_cache(self, *model_args, return_cache_object: bool = True, remove_batch_dim: bool = False,
                        **kwargs):
-        out, cache_dict = super().run_with_cache(
-            *model_args, return_cache_object=False, remove_batch_dim=remove_batch_dim, **kwargs)
+        if remove_batch_dim and getattr(self.cfg, "use_qk_norm", False):
+            # TransformerLens caches QK-norm's hooks (Qwen3's q_norm / k_norm) as (batch * pos * heads, ...) rows, and
+            # its remove_batch_dim took row 0 of them and then sliced positions on a dimension they no longer had:
+            # run_with_cache(tokens, remove_batch_dim=True) failed with an IndexError inside TransformerLens. The
+            # batch dimension is removed here instead, from every entry that has one (the same values TransformerLens
+            # gives the others: positions are sliced before, and row 0 taken after)
+            out, cache_dict = super().run_with_cache(
+                *model_args, return_cache_object=False, remove_batch_dim=False, **kwargs)
+            cache_dict = {name: value if _rows_without_batch(name) else value[0] for name, value in cache_dict.items()}
+        else:
+            out, cache_dict = super().run_with_cache(
+                *model_args, return_cache_object=False, remove_batch_dim=remove_batch_dim, **kwargs)
         if not return_cache_object:
             return out, cache_dict
         return out, BcosActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
