@@ -212,37 +212,54 @@ class PlateauWatchedTrainer(Trainer):
     attempt at the check step's first micro-batch, before that step's update. Each micro-batch's loss must be the
     mean over its rows (the stock classifier's cross-entropy): a ``compute_loss_func`` divides by the step's
     ``num_items_in_batch`` (``bcos_loss`` does) and gives a share of the step's loss, so it is refused with a
-    restart rule under accumulation."""
+    restart rule under accumulation (and with a subclass's other step-loss reader, ``AttentionSupervisedTrainer``'s
+    gate)."""
 
     def __init__(self, *args, restart_rule: PlateauRestart | None = None, restart: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self.restart_rule, self.restart = restart_rule, restart
         self.plateau_watch = None  # built at the first step, when the Trainer knows its number of steps
         self.step_task_losses: list[tuple[float, int]] = []  # (task loss, rows) of this step's micro-batches
+        self.reads_step_losses = False
         if restart_rule is not None:
-            if self.compute_loss_func is not None and self.args.gradient_accumulation_steps > 1:
-                raise ValueError("restart_rule: with gradient accumulation the watch needs each micro-batch's mean "
-                                 "task loss, and compute_loss_func gives a share of the step's (num_items_in_batch). "
-                                 "Train without accumulation, or without the restart rule")
+            self.read_step_task_losses("restart_rule", "the watch")
+
+    def read_step_task_losses(self, name: str, reader: str) -> None:
+        """Collect each micro-batch's task loss and hand the step's mean to :meth:`step_task_loss` when each
+        optimiser step ends (once, whoever asks first). ``name`` / ``reader``: the setting that asks and what reads
+        the mean, for the refusal of a ``compute_loss_func`` under accumulation."""
+        if self.compute_loss_func is not None and self.args.gradient_accumulation_steps > 1:
+            raise ValueError(f"{name}: with gradient accumulation {reader} needs each micro-batch's mean task loss, "
+                             "and compute_loss_func gives a share of the step's (num_items_in_batch). Train without "
+                             f"accumulation, or without the {name.replace('_', ' ')}")
+        if not self.reads_step_losses:
+            self.reads_step_losses = True
             self.add_callback(FeedPlateauWatch(self))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         rows = len(inputs["labels"])  # read first: the Trainer pops the labels when a compute_loss_func is set
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
-        if self.restart_rule is not None and model.training:
+        if self.reads_step_losses and model.training:
             self.step_task_losses.append((loss.item(), rows))
         return (loss, outputs) if return_outputs else loss
 
     def feed_plateau_watch(self, control) -> None:
-        """Feed the watch the row-weighted mean task loss of the optimiser step that just ended (step
-        ``global_step - 1``, 0-based); asks the Trainer to stop when the watch says so."""
+        """Hand the row-weighted mean task loss of the optimiser step that just ended (step ``global_step - 1``,
+        0-based) to :meth:`step_task_loss`."""
         losses, self.step_task_losses = self.step_task_losses, []
-        if not losses:
+        if losses:
+            # one micro-batch: its loss as it is ((loss * rows) / rows can differ from it in the last bit)
+            mean = (losses[0][0] if len(losses) == 1 else
+                    sum(loss * rows for loss, rows in losses) / sum(rows for _, rows in losses))
+            self.step_task_loss(self.state.global_step - 1, mean, control)
+
+    def step_task_loss(self, step: int, mean: float, control) -> None:
+        """Feed the watch one optimiser step's task loss; asks the Trainer to stop when the watch says so."""
+        if self.restart_rule is None:
             return
         if self.plateau_watch is None:
             self.plateau_watch = self.restart_rule.watch(self.restart, self.state.max_steps)
-        mean = sum(loss * rows for loss, rows in losses) / sum(rows for _, rows in losses)
-        if self.plateau_watch.update(self.state.global_step - 1, mean):
+        if self.plateau_watch.update(step, mean):
             control.should_training_stop = True  # the Trainer stops now, after this step's update
 
 
@@ -260,10 +277,14 @@ class FeedPlateauWatch(TrainerCallback):
 class AttentionSupervisedTrainer(PlateauWatchedTrainer):
     """Trainer whose loss adds ``attention_supervision_loss`` on the last layers (training batches only); the
     task and supervision terms are logged separately (``task_loss``, ``supervision_loss``, the latter before
-    the weight) so that a training curve shows which one moves. Its ``PlateauGate`` is fed each micro-batch's task
-    loss, since the supervision's factor is needed before the step's other micro-batches run (the gate lets the
-    micro-batches of one step share it): under gradient accumulation (not used here) its running mean moves once
-    per micro-batch, the watch's once per step, so the gate may open at another step than the watch's ``left_at``."""
+    the weight) so that a training curve shows which one moves. Its ``PlateauGate`` is fed once per optimiser step,
+    as the watch is: the row-weighted mean task loss of the step's micro-batches, when the step ends. Every
+    micro-batch of step ``s`` takes the factor of the gate as steps ``0 .. s - 1`` left it (the factor is needed
+    before the step's other micro-batches run, and one step shares one factor), so the gate opens at the watch's
+    ``left_at``. Fed per micro-batch (before), its running mean moved once per micro-batch under gradient
+    accumulation and the gate could open steps earlier than the watch. Without accumulation the factors are the
+    same as before with ``supervision_warmup`` > 0 (the ramp is 0 at its start step); with 0 the full weight comes
+    one step later, at the step after the one whose loss opened the gate."""
 
     def __init__(self, *args, supervision_weight: float, supervised_layers: list[int], keys: str,
                  supervised_heads: int, supervision_warmup: float = 0.0, objective: str = "kl",
@@ -278,6 +299,8 @@ class AttentionSupervisedTrainer(PlateauWatchedTrainer):
         self.supervision_weight = supervision_weight
         self.supervised_layers = supervised_layers
         self.parts: dict[str, list[float]] = {"task_loss": [], "supervision_loss": []}
+        if self.gate is not None:
+            self.read_step_task_losses("gate", "the gate")
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         gold, valid = inputs.pop("supervision_gold"), inputs.pop("supervision_valid")
@@ -292,10 +315,15 @@ class AttentionSupervisedTrainer(PlateauWatchedTrainer):
         self.parts["task_loss"].append(loss.item())
         self.parts["supervision_loss"].append(divergence.item())
         step, total = self.state.global_step, self.state.max_steps
-        factor = (self.gate.factor(step, total, self.supervision_warmup, loss.item()) if self.gate is not None
-                  else supervision_warmup_factor(step, total, self.supervision_warmup))
+        start = 0 if self.gate is None else self.gate.start  # the gate as the steps before this one left it
+        factor = 0.0 if start is None else supervision_warmup_factor(step, total, self.supervision_warmup, start=start)
         loss = loss + factor * self.supervision_weight * divergence
         return (loss, outputs) if return_outputs else loss
+
+    def step_task_loss(self, step: int, mean: float, control) -> None:
+        if self.gate is not None:
+            self.gate.update(step, mean)
+        super().step_task_loss(step, mean, control)
 
     def compared_keys(self, valid: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor | None:
         """The keys the supervised attention is renormalised over: the text tokens, the premise's only (the

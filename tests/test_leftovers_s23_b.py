@@ -145,3 +145,97 @@ def test_segment_word_reach_built_once_equals_the_per_row_reading(minilm_tokeniz
     assert _segment_word_reach({"input_ids": [[1, 2]]})(0, 3) == (3, None)
     assert _segment_word_reach({"input_ids": [[1, 2]], "overflow_to_sample_mapping": [0]})(0, 3) == (3, None)
 
+
+# ------------------------------------------------------------------ 5. guided_esnli's gate, fed once per optimiser step
+
+
+def _supervised_rows(n: int = 8) -> list[dict]:
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(n):
+        words = torch.randint(5, 50, (3,), generator=generator).tolist()
+        rows.append({"input_ids": [2, words[0], words[1], 3, words[2], 3], "token_type_ids": [0, 0, 0, 0, 1, 1],
+                     "gold": torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 0.0]),
+                     "valid": torch.tensor([False, True, True, False, True, False]), "label": i % 2})
+    return rows
+
+
+def _supervised_trainer(tmp_path, guided_esnli, accumulation: int, **kwargs):
+    torch.manual_seed(0)
+    config = T.BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=16, num_labels=2)
+    model = T.BertForSequenceClassification._from_config(config, attn_implementation="eager")
+    args = T.TrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=2,
+                               gradient_accumulation_steps=accumulation, learning_rate=1e-3, report_to=[],
+                               save_strategy="no", use_cpu=True, logging_steps=100, disable_tqdm=True,
+                               remove_unused_columns=False)
+    return guided_esnli.AttentionSupervisedTrainer(
+        model=model, args=args, train_dataset=_supervised_rows(),
+        data_collator=lambda items: guided_esnli.collate(items, 0, supervise="gold")[0], supervision_weight=0.5,
+        supervised_layers=[-1], keys="text", supervised_heads=0, supervision_warmup=0.0, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def guided_esnli():
+    from examples import guided_esnli
+
+    return guided_esnli
+
+
+def test_guided_esnli_feeds_the_supervision_gate_once_per_optimiser_step_under_accumulation(guided_esnli, tmp_path,
+                                                                                           monkeypatch):
+    """The gate was fed each micro-batch's task loss (its running mean moved twice per step under accumulation 2, so
+    it could open steps before the watch); it is fed the step's row-weighted mean when the step ends, as the watch
+    is, and every micro-batch of a step takes the factor of the gate as the steps before it left it."""
+    from bcos_plugins.guided import PlateauGate
+
+    class RecordingGate(PlateauGate):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.fed = []
+
+        def update(self, step, task_loss):
+            self.fed.append((step, task_loss))
+            return super().update(step, task_loss)
+
+    factors = []  # (step, start) of each micro-batch whose supervision the gate let through
+
+    def recording_factor(step, total, warmup, start=0):
+        factors.append((step, start))
+        return 1.0
+
+    monkeypatch.setattr(guided_esnli, "supervision_warmup_factor", recording_factor)
+    trainer = _supervised_trainer(tmp_path, guided_esnli, accumulation=2, gate=0.5)
+    # a threshold every loss is below: the gate opens with the first step's loss, at the end of step 0
+    trainer.gate = RecordingGate(100.0)
+    task_losses = []
+    compute_loss = guided_esnli.PlateauWatchedTrainer.compute_loss
+
+    def spy(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, outputs = compute_loss(self, model, inputs, True, num_items_in_batch)
+        if model.training:
+            task_losses.append((self.state.global_step, loss.item()))
+        return (loss, outputs) if return_outputs else loss
+
+    monkeypatch.setattr(guided_esnli.PlateauWatchedTrainer, "compute_loss", spy)
+    trainer.train()
+    assert trainer.state.global_step == 3
+    assert [step for step, _ in trainer.gate.fed] == [0, 1, 2]
+    for step, fed in trainer.gate.fed:  # the mean of the step's two micro-batches (equal rows)
+        micro = [loss for s, loss in task_losses if s == step]
+        assert len(micro) == 2 and fed == pytest.approx(sum(micro) / 2, rel=1e-12)
+    assert trainer.gate.start == 0
+    # step 0 ran unsupervised (the gate was closed when it began); steps 1 and 2 both micro-batches, from start 0
+    assert factors == [(1, 0), (1, 0), (2, 0), (2, 0)]
+
+
+def test_guided_esnli_refuses_a_loss_function_with_the_gate_under_accumulation(guided_esnli, tmp_path):
+    """bcos_loss gives each micro-batch a share of the step's loss, which the gate would read as a task loss k times
+    smaller (a plateau left at once); as with the restart rule, refused."""
+    from bcos_plugins.train import bcos_loss
+
+    with pytest.raises(ValueError, match="^gate: with gradient accumulation the gate needs each micro-batch's mean"):
+        _supervised_trainer(tmp_path, guided_esnli, accumulation=2, gate=0.9, compute_loss_func=bcos_loss)
+    # without accumulation each micro-batch is a step: taken
+    assert _supervised_trainer(tmp_path, guided_esnli, accumulation=1, gate=0.9,
+                               compute_loss_func=bcos_loss).reads_step_losses
