@@ -159,6 +159,32 @@ def _holds_python_float(value) -> bool:
     return False
 
 
+def _only_python_floats(value) -> bool:
+    """Whether ``value`` is a Python float or a (nested) list or tuple of nothing but Python floats (``type(x) is
+    float``: NumPy's float64 scalars, a subclass, and complex or other entries are left to the general reading, in
+    which a complex entry makes the tensor complex, refused, where a float64 reading dropped its imaginary part).
+    The first entry is looked at first, so that a list of ints costs no walk."""
+    first = value
+    while isinstance(first, list | tuple) and first:
+        first = first[0]
+    if type(first) is not float:
+        return False
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is float:
+            continue
+        if not isinstance(item, list | tuple) or not item:
+            return False
+        kinds = set(map(type, item))
+        if kinds == {float}:
+            continue
+        if not kinds <= {list, tuple}:
+            return False
+        stack.extend(item)
+    return True
+
+
 def require_tensor(name: str, value, *, ndim: int | Sequence[int] | None = None, kind: str = "real",
                    finite: bool = True, shape_hint: str = "", list_dtype: torch.dtype | None = None) -> Tensor:
     """``value`` as a tensor of the right rank and dtype kind, finite unless ``finite=False``.
@@ -178,10 +204,15 @@ def require_tensor(name: str, value, *, ndim: int | Sequence[int] | None = None,
     """
     if not isinstance(value, Tensor):
         try:
-            converted = torch.as_tensor(value)
-            python_floats = converted.is_floating_point() and _holds_python_float(value)
-            if python_floats and converted.dtype != torch.float64:
-                converted = torch.as_tensor(value, dtype=torch.float64)
+            if _only_python_floats(value):
+                # read once, at float64 (reading at torch's float32 first, then again at float64, took 2.5-3x the
+                # time of one reading for lists of 100-1000 floats; docs/benchmarks.md, 2026-11-29)
+                converted, python_floats = torch.as_tensor(value, dtype=torch.float64), True
+            else:
+                converted = torch.as_tensor(value)
+                python_floats = converted.is_floating_point() and _holds_python_float(value)
+                if python_floats and converted.dtype != torch.float64:
+                    converted = torch.as_tensor(value, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError):
             raise argument_error(name, f"must be a tensor{shape_hint and ' of shape ' + shape_hint}, got "
                                  f"{type(value).__name__}", "Pass a torch.Tensor", kind=BcosTypeError) from None

@@ -192,3 +192,37 @@ def test_pixel_perturbation_ranks_as_pixel_ranking_and_refuses_a_target_unlike_t
     by_explanation = pixel_perturbation(forward, x, explanation, target=1, fractions=fractions, score="logit")
     by_maps = pixel_perturbation(forward, x, maps, target=1, fractions=fractions, score="logit")
     assert torch.equal(by_explanation.most_first, by_maps.most_first)
+
+
+# ------------------------------------------------------------------ 6. require_tensor reads a list of floats once
+
+
+def test_require_tensor_reads_a_list_of_python_floats_once_at_float64_and_the_same_values(monkeypatch):
+    """A list of Python floats was converted twice, at torch's float32 and then again at float64: once now, with the
+    same tensor; a complex entry is still read as complex and refused (a float64 reading would drop its imaginary
+    part), and lists that are not all Python floats take the general reading as before."""
+    import numpy as np
+
+    from bcos_plugins._checks import require_tensor
+    from bcos_plugins.errors import BcosTypeError
+
+    calls = []
+    as_tensor = torch.as_tensor
+    monkeypatch.setattr(torch, "as_tensor", lambda *a, **k: calls.append(k.get("dtype")) or as_tensor(*a, **k))
+    cases = [[0.1, 0.2, 1e-9], (0.1, 1 / 3), [[0.1, 0.2], [0.3, 0.4]], ([0.5], (0.25,)), 0.1]
+    for value in cases:
+        calls.clear()
+        got = require_tensor("x", value)
+        assert calls == [torch.float64], value
+        assert got.dtype == torch.float64 and torch.equal(got, as_tensor(value, dtype=torch.float64))
+    # not all Python floats: as before (an int list stays int64, a mixed one is float64, np.float64 scalars kept)
+    for value, dtype in (([1, 2], torch.int64), ([0, 0.5], torch.float64), ([True, 0.5], torch.float64),
+                         ([np.float64(0.1), 0.2], torch.float64), ([], torch.float32)):
+        got = require_tensor("x", value)
+        assert got.dtype == dtype and torch.equal(got, as_tensor(value, dtype=dtype)), value
+    with pytest.raises(BcosTypeError, match=r"^x: must be a real tensor, got dtype torch\.complex128"):
+        require_tensor("x", [1.0, np.complex128(1 + 1j)])
+    with pytest.raises(BcosTypeError, match=r"^x: must be a real tensor, got dtype torch\.complex64"):
+        require_tensor("x", [1.0, 2j])
+    with pytest.raises(BcosTypeError, match=r"^x: must be a tensor"):
+        require_tensor("x", [1.0, None])
