@@ -201,3 +201,60 @@ def test_a_label_name_as_target_or_label_names_the_mapping_to_its_id(bert, token
     with pytest.raises(BcosTypeError, match=r"^position: cannot read 'last' as ids\.") as refused:
         require_row_ids("position", "last", 2)
     assert "label2id" not in str(refused.value)
+
+
+# ------------------------------------------------ the per-class support matrix is the tests' own
+
+
+def _per_class_table() -> dict[str, dict[str, str]]:
+    """docs/getting-started.md's "What works per model class" table: head row -> column -> cell."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    section = text.split("{#per-class}", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("|") and not line.startswith("|---")]
+    header, *body = rows
+    return {row[0]: dict(zip(header[1:], row[1:], strict=True)) for row in body}
+
+
+def test_the_per_class_support_matrix_states_what_the_conformance_tests_run():
+    """Each "yes" cell of the per-class table is a test parametrised over every class of its row, and each "no" a
+    class no such test runs: a class added to the registry, or a path that stops covering a head, shows here."""
+    import test_conformance as conformance
+    import test_masked_lm_position
+    from test_doc_registry_lists import _family, _spelled
+
+    from bcos_plugins.convert.architectures import SPECS
+
+    heads = {"causal LMs": "causal_lm", "sequence classifiers": "classifier", "masked LM": "masked_lm",
+             "base models": "base"}
+    # the classes each column's tests run on (by the parametrisation of tests/test_conformance.py; the masked LM's
+    # Captum path is tests/test_masked_lm_position.py's LayerBcos test)
+    tested = {
+        "`explain`": set(conformance.NAMES),
+        "Captum": set(conformance.CAPTUM_NAMES) | {"BertForMaskedLM"},  # the LayerBcos test below
+        "inseq": set(conformance.CAUSAL_LM_NAMES) | set(conformance.CLASSIFIER_NAMES),
+        "TransformerLens `HookedTransformer`": set(conformance.LENS_NAMES),
+        "`TransformerBridge`": set(conformance.BRIDGE_NAMES),
+        "sae-lens": set(conformance.LENS_NAMES),
+    }
+    assert callable(test_masked_lm_position.test_explain_and_captum_layer_bcos_explain_the_same_masked_lm_position)
+    table = _per_class_table()
+    assert len(table) == len(heads)
+    covered = set()
+    for row, cells in table.items():
+        head = heads[next(h for h in heads if row.startswith(h))]
+        classes = {name for name, spec in SPECS.items() if spec.head == head}
+        covered |= classes
+        # the families the row names are those of its head's classes
+        assert _spelled(row.split("(")[0]) == {_family(name) for name in classes}, row
+        for column, cell in cells.items():
+            claims = not cell.startswith(("no", "refused"))
+            if claims:
+                assert classes <= tested[column], f"{row} / {column}: untested {sorted(classes - tested[column])}"
+            else:
+                assert not classes & tested[column], f"{row} / {column} says no, but tests run it"
+        assert cells["Captum"].startswith("refused") == (head == "base")
+    assert covered == set(SPECS)  # every class of the registry is in a row
+    assert set(conformance.BASE_NAMES) == {n for n, s in SPECS.items() if s.head == "base"}  # the refusal's test
