@@ -226,3 +226,45 @@ def test_require_tensor_reads_a_list_of_python_floats_once_at_float64_and_the_sa
         require_tensor("x", [1.0, 2j])
     with pytest.raises(BcosTypeError, match=r"^x: must be a tensor"):
         require_tensor("x", [1.0, None])
+
+
+# ------------------------------------------------------------------ 7. bcos_product checks b once per call
+
+
+def _bcos_product_paths():
+    """(name, call) for each path of bcos_product: a call of it on fresh tensors with pressure ``b``."""
+    from bcos_plugins.nn.functional import bcos_product, input_norm, reference_path
+
+    def call(explaining: bool, grad: bool, reference: bool = False, constant=None):
+        def run(b):
+            x = torch.randn(2, 4, requires_grad=grad)
+            lin = x @ torch.randn(4, 6)
+            with reference_path(reference):
+                return bcos_product(lin, input_norm(x), b, explaining, constant_units=constant)
+        return run
+
+    return {"inference": call(True, False), "explaining": call(True, True),
+            "explaining_constant_units": call(True, True, constant=slice(0, 2)), "training": call(False, True),
+            "reference_explaining": call(True, True, reference=True), "reference": call(False, True, reference=True)}
+
+
+@pytest.mark.parametrize("path", list(_bcos_product_paths()))
+def test_bcos_product_checks_b_once_on_every_path_and_still_refuses_a_bad_b(path, monkeypatch):
+    """bcos_product checked b, then called bcos_scale / explaining_scale, which checked it again: once now, on each
+    path (the functions that compute dyn check it where they do; the other paths in bcos_product)."""
+    import bcos_plugins.nn.functional as F
+    from bcos_plugins.errors import BcosTypeError
+
+    run = _bcos_product_paths()[path]
+    torch.manual_seed(0)
+    expected = run(1.5)
+    checks = []
+    check = F._require_pressure
+    monkeypatch.setattr(F, "_require_pressure", lambda b: checks.append(b) or check(b))
+    torch.manual_seed(0)
+    got = run(1.5)
+    assert checks == [1.5]
+    assert torch.equal(got, expected)
+    for bad, kind in ((0.5, BcosValueError), (float("nan"), BcosValueError), ("2", BcosTypeError)):
+        with pytest.raises(kind, match=r"^b: must be a "):
+            run(bad)

@@ -1070,7 +1070,7 @@ def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: boo
     hidden 128, docs/benchmarks.md, 2026-11-27 18:33 UTC); with ``constant_units`` that product is
     :class:`_PartlyConstantProduct`. Training runs :class:`_BcosProduct`.
     """
-    _require_pressure(b)
+    # b is checked once on each path: by bcos_scale and explaining_scale where they compute dyn, here on the others
     if _REFERENCE_PATH:
         if explaining:
             with torch.no_grad():
@@ -1080,6 +1080,7 @@ def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: boo
         return bcos_scale(lin, x_norm, b) * lin
     if not (torch.is_grad_enabled() and (lin.requires_grad or x_norm.requires_grad)):
         # nothing to record (and no unit to detach): the product without Function.apply's per-call cost
+        _require_pressure(b)
         return _inference_product(lin, x_norm, b)
     if explaining:
         dyn = explaining_scale(lin, x_norm, b)
@@ -1088,6 +1089,7 @@ def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: boo
         if torch.compiler.is_compiling():  # (inductor fuses the slices and the concatenation)
             return detach_units(lin * dyn, constant_units)
         return _PartlyConstantProduct.apply(lin, dyn, constant_units, overwrite_lin)
+    _require_pressure(b)
     return _BcosProduct.apply(lin, x_norm, b)
 
 
