@@ -183,3 +183,54 @@ def test_run_with_cache_without_the_batch_dimension_on_a_qk_norm_model(bcos):
     attn_out = sum(cache[f"blocks.{layer}.hook_attn_out"] for layer in range(model.cfg.n_layers))
     b_o = sum(model.blocks[layer].attn.b_O for layer in range(model.cfg.n_layers))
     torch.testing.assert_close(heads.sum(0) + b_o, attn_out, rtol=1e-5, atol=1e-5)
+
+
+def _spliced_cache(hook: str, use_error_term: bool):
+    import copy
+
+    from test_sae_feature import _lens_model, _sae
+
+    if "model" not in _BUILT:
+        _BUILT["model"] = _lens_model("LlamaForCausalLM")
+    model = copy.deepcopy(_BUILT["model"])
+    sae = _sae(model.cfg.d_model, hook)
+    with torch.no_grad():
+        sae.W_dec.div_(model.cfg.d_model)  # a reconstruction of the stream's size
+    model.add_sae(sae, use_error_term=use_error_term)
+    tokens = torch.randint(3, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens)
+    return logits[:, -1, 3], cache
+
+
+def _summed_logit_attrs(cache, stack) -> torch.Tensor:
+    return cache.logit_attrs(stack, tokens=torch.tensor([3, 3]), pos_slice=-1).sum(0)
+
+
+@pytest.mark.parametrize("hook", ["blocks.1.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.0.hook_mlp_out"])
+def test_a_spliced_saes_cache_decomposes_the_stream_it_ran_or_refuses(hook):
+    """HookedSAETransformer (B-cos) with an SAE spliced in, through TransformerLens' own cache calls. Without its error
+    term an SAE on the residual stream replaces it by a reconstruction that no component carries: decompose_resid and
+    get_full_resid_decomposition summed to a number 0.31 off a 0.31 logit, silently; now refused, naming cache and
+    use_error_term. An SAE on hook_attn_out / hook_mlp_out replaced the hook, so decompose_resid and accumulated_resid
+    failed with a KeyError on it; the SAE's output (what the stream carried on with) stands for it now, so the stack's
+    logit_attrs sum to the logit (per-head / per-neuron results, taken before that SAE, refuse it without its error
+    term). With the error term every decomposition sums to the logit."""
+    from bcos_plugins import BcosError
+
+    want, cache = _spliced_cache(hook, use_error_term=False)
+    accumulated = cache.logit_attrs(cache.accumulated_resid(pos_slice=-1), tokens=torch.tensor([3, 3]), pos_slice=-1)
+    torch.testing.assert_close(accumulated[-1], want, rtol=1e-5, atol=1e-6)
+    refusal = rf"^cache: {{}}: it comes from a model with SAEs spliced in without their error terms at \['{hook}'\]" \
+              r".*use_error_term=True"
+    with pytest.raises(BcosError, match=refusal.format("get_full_resid_decomposition")):
+        cache.get_full_resid_decomposition(pos_slice=-1)
+    if hook.endswith("hook_resid_pre"):
+        with pytest.raises(BcosError, match=refusal.format("decompose_resid")):
+            cache.decompose_resid(pos_slice=-1)
+    else:
+        torch.testing.assert_close(_summed_logit_attrs(cache, cache.decompose_resid(pos_slice=-1)), want,
+                                   rtol=1e-5, atol=1e-6)
+    want, cache = _spliced_cache(hook, use_error_term=True)
+    for stack in (cache.decompose_resid(pos_slice=-1), cache.get_full_resid_decomposition(pos_slice=-1)):
+        torch.testing.assert_close(_summed_logit_attrs(cache, stack), want, rtol=1e-5, atol=1e-6)

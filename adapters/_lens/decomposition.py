@@ -204,8 +204,10 @@ def effective_weight(cache: ActivationCache, layer: int, projection: str) -> Flo
 # ActivationCache methods BcosActivationCache overrides: if TransformerLens renames one, TransformerLens' own
 # version (which reads raw W_O / W_out) would run instead of ours, silently; check_cache_internals refuses that.
 _OVERRIDDEN = ("compute_head_results", "get_neuron_results", "_stack_neuron_results_apply_ln_projected",
-               "logit_attrs")
+               "logit_attrs", "decompose_resid", "get_full_resid_decomposition")
 _READ = ("cache_dict", "model")
+# the residual stream's own hooks: an SAE spliced there without its error term replaces the stream itself
+_STREAM_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
 
 
 def check_cache_internals() -> None:
@@ -234,6 +236,43 @@ class BcosActivationCache(ActivationCache):
         if missing:
             raise BcosRuntimeError(f"TransformerLens' ActivationCache no longer stores {missing}; "
                                    "bcos_plugins' TransformerLens adapter needs updating")
+        # sae-lens' HookedSAETransformer: an SAE spliced in replaces the hook point, so its hook's value is cached
+        # only as the SAE's "<hook>.hook_sae_output" (the value the model carried on with): decompose_resid /
+        # accumulated_resid failed with a KeyError on it. That value stands for the hook. An SAE that ran without
+        # its error term (no "<hook>.hook_sae_error" cached) put a reconstruction there, which no component carries
+        suffix = ".hook_sae_output"
+        spliced = {name[:-len(suffix)] for name in self.cache_dict if name.endswith(suffix)}
+        transcoder_inputs = set(getattr(model, "_transcoder_output_hooks", None) or {})  # not replaced: read only
+        spliced |= set(getattr(model, "acts_to_saes", None) or {}) - transcoder_inputs
+        for hook_name in spliced:
+            if hook_name not in self.cache_dict and f"{hook_name}{suffix}" in self.cache_dict:
+                self.cache_dict[hook_name] = self.cache_dict[f"{hook_name}{suffix}"]
+        self._saes_without_error_term = sorted(name for name in spliced
+                                               if f"{name}.hook_sae_error" not in self.cache_dict)
+
+    def _refuse_spliced_saes(self, method: str, kinds: tuple[str, ...]) -> None:
+        """Refuse ``method`` when an SAE without its error term replaced a hook of ``kinds`` (hook name endings): the
+        residual stream then holds the SAE's reconstruction, which none of the components carries, so they would not
+        sum to it (the stack's logit_attrs missed up to all of the logit, without a word)."""
+        spliced = [name for name in self._saes_without_error_term if name.endswith(kinds)]
+        if spliced:
+            raise argument_error(
+                "cache", f"{method}: it comes from a model with SAEs spliced in without their error terms at "
+                f"{spliced} (no hook_sae_error cached there); the residual stream there is the SAE's reconstruction, which none of the components "
+                "(embeddings, attention and MLP outputs) carries, so they would not sum to it (wrong numbers)",
+                "Splice them with their error terms (model.add_sae(sae, use_error_term=True): the same logits "
+                "as without the SAE, decomposed exactly), or split the logit with bcos_plugins.adapters."
+                "transformer_lens.token_component_decomposition(model, tokens, target=...), which reports each "
+                "SAE's error share", kind=BcosTypeError)
+
+    def decompose_resid(self, *args, **kwargs):
+        self._refuse_spliced_saes("decompose_resid", _STREAM_HOOKS)
+        return super().decompose_resid(*args, **kwargs)
+
+    def get_full_resid_decomposition(self, *args, **kwargs):
+        # per-head and per-neuron results sum to attn_out / mlp_out before an SAE spliced there
+        self._refuse_spliced_saes("get_full_resid_decomposition", _STREAM_HOOKS + ("hook_attn_out", "hook_mlp_out"))
+        return super().get_full_resid_decomposition(*args, **kwargs)
 
     def compute_head_results(self) -> None:
         if not _needs_own_results(self.model, "attn"):
