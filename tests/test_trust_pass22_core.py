@@ -31,7 +31,7 @@ from test_conformance import _stock, _word_tokenizer
 from bcos_plugins import Direction, bcosify, explain
 from bcos_plugins.attribution.text import real_token_position_ids
 from bcos_plugins.convert.architectures import SPECS
-from bcos_plugins.errors import BcosValueError
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -216,3 +216,60 @@ def test_a_row_is_explained_with_its_own_lengths_rotary_frequencies_whatever_was
     with torch.no_grad():
         model(longer)  # the model's own call grows them too
     torch.testing.assert_close(explain(model, row, target=1).explained, expected, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ the attribution package's public helpers
+
+
+def test_last_real_position_and_resolve_positions_refuse_a_mask_that_is_not_0_1_or_not_2d_naming_it():
+    from bcos_plugins.attribution import last_real_position, resolve_positions
+
+    counts = torch.tensor([[2, 1, 0]])  # a 2 was read as the last real token wherever it stood: position 0, silently
+    for call in (lambda: last_real_position(counts), lambda: resolve_positions(-1, counts),
+                 lambda: resolve_positions(None, counts)):
+        with pytest.raises(BcosValueError, match=r"^attention_mask: must be a 0/1 mask, got values \[0, 1, 2\]"):
+            call()
+    with pytest.raises(BcosValueError, match=r"^attention_mask: must be a \(batch, pos\) tensor of 0s and 1s, got "
+                                             r"shape \(3,\).*mask\[None\]"):
+        last_real_position(torch.tensor([1, 1, 0]))  # failed with torch's "Dimension out of range"
+    with pytest.raises(BcosTypeError, match=r"^attention_mask: must be a \(batch, pos\) tensor.*got a list"):
+        resolve_positions(-1, [[1, 1, 0]])
+    with pytest.raises(BcosValueError, match=r"^default: must be 'last' or 'first', got 'Last'"):
+        resolve_positions(None, torch.tensor([[0, 1, 1]]), default="Last")  # was read as "first", silently
+    mask = torch.tensor([[0, 1, 1], [1, 1, 0]])
+    for form in (mask, mask.bool(), mask.float()):
+        assert last_real_position(form).tolist() == [2, 1]
+        assert resolve_positions(None, form).tolist() == [2, 1]
+        assert resolve_positions(None, form, default="first").tolist() == [1, 0]
+        assert resolve_positions(-2, form).tolist() == [1, 0]
+
+
+def test_select_explained_and_relative_completeness_error_take_their_documented_forms_or_name_the_argument():
+    from bcos_plugins.attribution import relative_completeness_error, resolve_explained, select_explained
+
+    outputs = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+    # an int or a list failed with "'int' object has no attribute 'to'"
+    assert select_explained(outputs, 1).tolist() == outputs[:, 1].tolist()
+    assert select_explained(outputs, [1, 3], foil=0).tolist() == (outputs[[0, 1], [1, 3]] - outputs[:, 0]).tolist()
+    with pytest.raises(BcosValueError, match=r"^target: ids must lie in \[0, 4\)"):
+        select_explained(outputs, [1, 9])
+    with pytest.raises(BcosValueError, match=r"^outputs: must be a \(batch, n_outputs\) tensor, got shape \(4,\)"):
+        select_explained(outputs[0], torch.tensor([1]))
+    with pytest.raises(BcosValueError, match=r"^values: must be a \(batch, n_outputs\) tensor, got shape \(2, 1, 4\)"):
+        resolve_explained(outputs[:, None], 1)
+    # a (1,) delta against 3 explained values was broadcast: one row's delta read as every row's
+    with pytest.raises(BcosValueError, match=r"^explained: has shape \(3,\) but delta has \(1,\)"):
+        relative_completeness_error(torch.tensor([0.1]), torch.ones(3))
+    error = relative_completeness_error([1e-9], [1.0 + 1e-9])  # lists: Python floats at float64, as everywhere
+    assert error.dtype == torch.float64 and error.item() == pytest.approx(1e-9 / (1 + 1e-9), rel=1e-12)
+
+
+def test_model_call_kwargs_names_a_missing_spec_and_takes_no_forward_keywords_as_none():
+    from bcos_plugins.attribution import model_call_kwargs
+
+    model = _bcos("LlamaForCausalLM")
+    ids = torch.randint(3, VOCAB, (1, 4), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(BcosTypeError, match=r"^spec: must be the model's ArchitectureSpec, got NoneType.*spec_for"):
+        model_call_kwargs(model, None, ids, None, {})  # failed with "'NoneType' object has no attribute ..."
+    call = model_call_kwargs(model, SPECS["LlamaForCausalLM"], ids, None, None)
+    assert torch.equal(call["input_ids"], ids) and call["position_ids"].tolist() == [[0, 1, 2, 3]]

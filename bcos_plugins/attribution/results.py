@@ -26,6 +26,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .._checks import require_tensor
 from ..errors import BcosValueError, argument_error
 from ..nn.functional import at_least_float32
 
@@ -39,7 +40,13 @@ _TINY = 1e-12
 def relative_completeness_error(delta: Float[Tensor, " batch"], explained: Float[Tensor, " batch"]
                                 ) -> Float[Tensor, " batch"]:
     """``|delta| / |explained|`` per row, the package's one definition of completeness error (in at least float32:
-    the floor under ``|explained|`` is 0 in float16)."""
+    the floor under ``|explained|`` is 0 in float16). Lists are read as the package reads them (Python floats at
+    float64); the two must have one shape."""
+    delta = require_tensor("delta", delta, kind="real", finite=False)
+    explained = require_tensor("explained", explained, kind="real", finite=False)
+    if delta.shape != explained.shape:  # broadcasting made one row's delta every row's (a (1,) delta against 3 rows)
+        raise argument_error("explained", f"has shape {tuple(explained.shape)} but delta has {tuple(delta.shape)}",
+                             "Pass one delta per explained value (the same shape)")
     dtype = at_least_float32(torch.promote_types(delta.dtype, explained.dtype))
     size = explained.to(dtype).abs()
     # the floor is for an explained value of exactly 0 only: clamping every |explained| below 1e-12 up to it read a

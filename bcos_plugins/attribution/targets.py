@@ -21,7 +21,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .._checks import named_rows, narrowed_to_dtype, require_real_tokens, require_row_ids, require_tensor
-from ..errors import BcosTypeError, BcosValueError
+from ..errors import BcosTypeError, BcosValueError, argument_error
 from .gradient import outside_inference
 
 __all__ = [
@@ -102,12 +102,15 @@ def parse_ids(value: IdsLike | Direction, batch: int, name: str, *, n_outputs: i
 
 def select_explained(outputs: Float[Tensor, "batch n"], target: Tensor | Direction,
                      foil: Tensor | Direction | None = None) -> Float[Tensor, " batch"]:
-    """The explained value per row: ``outputs[target] (- outputs[foil])``, or a projection on a Direction."""
-    batch, n = outputs.shape
+    """The explained value per row: ``outputs[target] (- outputs[foil])``, or a projection on a Direction. ``target``
+    and ``foil`` as :func:`resolve_explained` returns them (an int or a list is parsed here, against ``outputs``)."""
+    batch, n = _require_outputs(outputs)
 
     def pick(which, name):
         # outside_inference: a target made under the caller's torch.inference_mode() is saved for backward by the
         # gather / product, which autograd refuses for inference tensors (explain_dataset's per-batch targets)
+        if not isinstance(which, Tensor | Direction):  # failed with "'int' object has no attribute 'to'"
+            which = parse_ids(which, batch, name, n_outputs=n, device=outputs.device)
         if isinstance(which, Direction):
             vector = which.rows(batch, n, name)
             if torch.finfo(vector.dtype).max > torch.finfo(outputs.dtype).max:
@@ -122,6 +125,16 @@ def select_explained(outputs: Float[Tensor, "batch n"], target: Tensor | Directi
     if foil is not None:
         explained = explained - pick(foil, "foil")
     return explained
+
+
+def _require_outputs(outputs, name: str = "outputs") -> tuple[int, int]:
+    """``(batch, n_outputs)`` of the outputs a value is picked from, refused by name unless a 2-d tensor (a 1-d or
+    3-d one failed with "not enough (too many) values to unpack")."""
+    if not isinstance(outputs, Tensor) or outputs.ndim != 2:
+        got = f"shape {tuple(outputs.shape)}" if isinstance(outputs, Tensor) else f"a {type(outputs).__name__}"
+        raise argument_error(name, f"must be a (batch, n_outputs) tensor, got {got}",
+                             "Pass one row of outputs per example (e.g. the logits at the explained position)")
+    return outputs.shape
 
 
 class ResolvedExplained(NamedTuple):
@@ -142,7 +155,7 @@ def resolve_explained(values: Float[Tensor, "batch n"], target: IdsLike | Direct
     are parsed by :func:`parse_ids` against ``n_outputs`` and the explained value is
     :func:`select_explained`'s ``values[target] (- values[foil])``, still attached to the autograd graph.
     """
-    batch, n = values.shape
+    batch, n = _require_outputs(values, "values")
     parsed_target = (values.argmax(-1) if target is None
                      else parse_ids(target, batch, "target", n_outputs=n, device=values.device))
     parsed_foil = None if foil is None else parse_ids(foil, batch, "foil", n_outputs=n, device=values.device)
@@ -151,8 +164,36 @@ def resolve_explained(values: Float[Tensor, "batch n"], target: IdsLike | Direct
 
 def last_real_position(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, " batch"]:
     """Index of the last real (non-padding) token of each row, for left and right padding alike."""
-    require_real_tokens(attention_mask)
+    attention_mask = _require_mask_form(attention_mask)
+    _refuse_mask(attention_mask, *torch.stack(_mask_conditions(attention_mask)).tolist())
     return _last_real_column(attention_mask)
+
+
+def _require_mask_form(attention_mask) -> Tensor:
+    """``attention_mask`` given to a public helper, refused by name unless it is a real ``(batch, pos)`` tensor (a 1-d
+    mask failed with torch's "Dimension out of range", a list with "'list' object has no attribute 'sum'"); no sync."""
+    if not isinstance(attention_mask, Tensor) or attention_mask.ndim != 2 or attention_mask.is_complex():
+        got = (f"shape {tuple(attention_mask.shape)} {attention_mask.dtype}" if isinstance(attention_mask, Tensor)
+               else f"a {type(attention_mask).__name__}")
+        raise argument_error("attention_mask", f"must be a (batch, pos) tensor of 0s and 1s, got {got}",
+                             "Pass the tokenizer's mask (add a batch dimension with mask[None] for one row)",
+                             kind=BcosTypeError if not isinstance(attention_mask, Tensor) else BcosValueError)
+    return attention_mask
+
+
+def _mask_conditions(attention_mask: Tensor) -> list[Tensor]:
+    """Whether a row has no real token, and whether an entry is neither 0 nor 1, as 0-dim tensors left on the device
+    (read by the caller's one sync, then passed to :func:`_refuse_mask`)."""
+    return [(attention_mask.sum(1) == 0).any(), ((attention_mask != 0) & (attention_mask != 1)).any()]
+
+
+def _refuse_mask(attention_mask: Tensor, no_real_token: bool, not_binary: bool) -> None:
+    """Refuse a mask :func:`_mask_conditions` found wrong, with the package's messages: an entry such as 2 was read as
+    the row's last real token wherever it stood (``[[2, 1, 0]]`` gave position 0), silently."""
+    if not_binary:
+        require_tensor("attention_mask", attention_mask, kind="mask", finite=False)
+    if no_real_token:
+        require_real_tokens(attention_mask)
 
 
 def _last_real_column(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, " batch"]:
@@ -182,6 +223,11 @@ def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_m
             (:func:`~bcos_plugins._checks.token_batch_and_padding`): the default position is then the last (or
             first) column of every row, made without reading the mask (the same ids).
     """
+    if default not in ("last", "first"):  # another word was read as "first", silently
+        raise argument_error("default", f"must be 'last' or 'first', got {default!r}",
+                             "Pass 'last' (decoders: the next-token prediction) or 'first' (encoders: [CLS])")
+    if not mask_checked:
+        attention_mask = _require_mask_form(attention_mask)
     batch, length = attention_mask.shape
     if position is None and padded is False:
         # one kernel instead of the mask's flip, argmax and subtraction (about 8 us against 1.5 alone)
@@ -190,10 +236,10 @@ def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_m
     last = _last_real_column(attention_mask)
     # every refusal's condition reaches the host in one device-to-host sync; the messages (which may sync) are
     # built only on a failure, in the order of the checks: rows without a real token, then outside, then padding
-    conditions = [] if mask_checked else [(attention_mask.sum(1) == 0).any()]
+    conditions = [] if mask_checked else _mask_conditions(attention_mask)
     if position is None:
-        if conditions and conditions[0]:
-            require_real_tokens(attention_mask)
+        if conditions:
+            _refuse_mask(attention_mask, *torch.stack(conditions).tolist())
         if default == "last":
             return last
         return attention_mask.to(torch.long).argmax(dim=1)
@@ -205,9 +251,9 @@ def resolve_positions(position: int | Sequence[int] | Tensor | None, attention_m
     outside = (resolved < 0) | (resolved >= length) | before_first
     rows = torch.arange(batch, device=attention_mask.device)
     on_padding = (attention_mask[rows, resolved.clamp(0, length - 1)] == 0) & ~outside
-    *no_real_token, any_outside, any_on_padding = torch.stack([*conditions, outside.any(), on_padding.any()]).tolist()
-    if any(no_real_token):
-        require_real_tokens(attention_mask)
+    *mask_flags, any_outside, any_on_padding = torch.stack([*conditions, outside.any(), on_padding.any()]).tolist()
+    if mask_flags:
+        _refuse_mask(attention_mask, *mask_flags)
     if any_outside:
         raise BcosValueError(
             f"position: {pos[outside].tolist()} is outside row(s) {named_rows(outside)} (length {length}; negative "

@@ -502,6 +502,11 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
     padding and the decoder classifier's rewrite are skipped without their syncs, and a rotary encoder gets no
     position ids (:func:`position_ids_as_alone`); ``None``: not known.
     """
+    if not isinstance(spec, ArchitectureSpec):  # failed with "'NoneType' object has no attribute 'position_table'"
+        raise argument_error("spec", f"must be the model's ArchitectureSpec, got {type(spec).__name__}",
+                             "Pass spec_for(model) (bcos_plugins.convert.architectures), or call rows_as_alone_call("
+                             "model, input_ids, attention_mask), which looks it up", kind=BcosTypeError)
+    forward_kwargs = {} if forward_kwargs is None else forward_kwargs
     check_forward_kwargs(model, forward_kwargs)
     _check_explained_output_kwargs(forward_kwargs)
     _check_per_token_ids(model, spec, input_ids, forward_kwargs)
