@@ -189,15 +189,6 @@ def test_guided_esnli_feeds_the_supervision_gate_once_per_optimiser_step_under_a
     is, and every micro-batch of a step takes the factor of the gate as the steps before it left it."""
     from bcos_plugins.guided import PlateauGate
 
-    class RecordingGate(PlateauGate):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.fed = []
-
-        def update(self, step, task_loss):
-            self.fed.append((step, task_loss))
-            return super().update(step, task_loss)
-
     factors = []  # (step, start) of each micro-batch whose supervision the gate let through
 
     def recording_factor(step, total, warmup, start=0):
@@ -207,7 +198,9 @@ def test_guided_esnli_feeds_the_supervision_gate_once_per_optimiser_step_under_a
     monkeypatch.setattr(guided_esnli, "supervision_warmup_factor", recording_factor)
     trainer = _supervised_trainer(tmp_path, guided_esnli, accumulation=2, gate=0.5)
     # a threshold every loss is below: the gate opens with the first step's loss, at the end of step 0
-    trainer.gate = RecordingGate(100.0)
+    trainer.gate = gate = PlateauGate(100.0)
+    fed, update = [], gate.update
+    gate.update = lambda step, task_loss: fed.append((step, task_loss)) or update(step, task_loss)
     task_losses = []
     compute_loss = guided_esnli.PlateauWatchedTrainer.compute_loss
 
@@ -220,10 +213,10 @@ def test_guided_esnli_feeds_the_supervision_gate_once_per_optimiser_step_under_a
     monkeypatch.setattr(guided_esnli.PlateauWatchedTrainer, "compute_loss", spy)
     trainer.train()
     assert trainer.state.global_step == 3
-    assert [step for step, _ in trainer.gate.fed] == [0, 1, 2]
-    for step, fed in trainer.gate.fed:  # the mean of the step's two micro-batches (equal rows)
+    assert [step for step, _ in fed] == [0, 1, 2]
+    for step, mean in fed:  # the mean of the step's two micro-batches (equal rows)
         micro = [loss for s, loss in task_losses if s == step]
-        assert len(micro) == 2 and fed == pytest.approx(sum(micro) / 2, rel=1e-12)
+        assert len(micro) == 2 and mean == pytest.approx(sum(micro) / 2, rel=1e-12)
     assert trainer.gate.start == 0
     # step 0 ran unsupervised (the gate was closed when it began); steps 1 and 2 both micro-batches, from start 0
     assert factors == [(1, 0), (1, 0), (2, 0), (2, 0)]
@@ -239,3 +232,28 @@ def test_guided_esnli_refuses_a_loss_function_with_the_gate_under_accumulation(g
     # without accumulation each micro-batch is a step: taken
     assert _supervised_trainer(tmp_path, guided_esnli, accumulation=1, gate=0.9,
                                compute_loss_func=bcos_loss).reads_step_losses
+
+
+# ------------------------------------------------------------------ 6. the bridge flag and the cache-method table
+
+
+def test_the_explainable_bridge_flag_is_spelt_once_and_read_by_one_function():
+    """boot_guard spelt the flag make_bridge_explainable sets by hand twice (and _lens/model.py once) beside
+    bridge._EXPLAINABLE_FLAG, and read it with a second copy of is_explainable_bridge: a renamed flag would have
+    left the guard reading a flag no bridge carries, without a word."""
+    from pathlib import Path
+
+    from bcos_plugins.adapters import transformer_lens
+    from bcos_plugins.adapters._lens import boot_guard, bridge, explain
+
+    root = Path(boot_guard.__file__).parents[1]
+    spelt = [path.name for path in root.rglob("*.py")
+             if f'"{boot_guard.EXPLAINABLE_BRIDGE_MARKER}"' in path.read_text(encoding="utf-8")]
+    assert spelt == ["boot_guard.py"]
+    assert bridge.is_explainable_bridge is boot_guard.is_explainable_bridge is explain.is_explainable_bridge \
+        is transformer_lens.is_explainable_bridge
+    # the cache methods' table: the head-result methods and the weight readers are its keys
+    assert boot_guard.CACHE_WEIGHT_READERS == ("compute_head_results", "stack_head_results", "get_neuron_results",
+                                               "stack_neuron_results")
+    assert boot_guard._HEAD_RESULT_METHODS == ("compute_head_results", "stack_head_results")
+

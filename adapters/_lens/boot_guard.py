@@ -56,20 +56,28 @@ from bcos_plugins.nn.linear import AlignmentPressure, BcosLinear
 
 from .shares import head_shares, neuron_shares
 
-__all__ = ["BRIDGE_COPY_MARKER", "CACHE_UNEMBEDDING_READERS", "CACHE_WEIGHT_READERS", "FINAL_NORM_FOLDED_MARKER",
-           "check_boot_guard", "install_boot_guard", "is_guarded", "refuse_bcos_model",
+__all__ = ["BRIDGE_COPY_MARKER", "CACHE_UNEMBEDDING_READERS", "CACHE_WEIGHT_READERS", "EXPLAINABLE_BRIDGE_MARKER",
+           "FINAL_NORM_FOLDED_MARKER", "check_boot_guard", "install_boot_guard", "is_explainable_bridge", "is_guarded",
+           "refuse_bcos_model",
            "refuse_post_norm_decomposition", "refuse_raw_weight_decomposition", "refuse_unfolded_logit_attrs"]
 
 # set on the copy transformer_bridge_from_hf boots: the one B-cos model TransformerLens may wrap (it is made exact)
 BRIDGE_COPY_MARKER = "_bcos_plugins_bridge_copy"
 # set on bridges whose final norm gain transformer_bridge_from_hf folded into the LM head (logit_attrs is exact there)
 FINAL_NORM_FOLDED_MARKER = "_bcos_plugins_final_norm_folded"
+# set by bridge.make_bridge_explainable on the bridges transformer_bridge_from_hf builds (is_explainable_bridge reads
+# it); here, not in bridge.py, which imports this module
+EXPLAINABLE_BRIDGE_MARKER = "_bcos_explainable_bridge"
 _GUARDED = "__bcos_plugins_guard__"
 
 # ActivationCache methods that multiply cached activations by the model's raw W_O / W_out (directly or through
-# _PRIVATE_WEIGHT_READERS); guarded on bridges over B-cos models
-# (get_full_resid_decomposition reaches W_O / W_out only through these, so it is exact or refused with them)
-CACHE_WEIGHT_READERS = ("compute_head_results", "stack_head_results", "get_neuron_results", "stack_neuron_results")
+# _PRIVATE_WEIGHT_READERS), each with the norm a block applies to that attention / MLP output before hook_attn_out /
+# hook_mlp_out (Gemma 2's ln1_post / ln2_post), which their per-head / per-neuron results are taken before; guarded
+# on bridges over B-cos models (get_full_resid_decomposition reaches W_O / W_out only through these, so it is exact or
+# refused with them)
+_POST_NORM_OF = {"compute_head_results": "ln1_post", "stack_head_results": "ln1_post",
+                 "get_neuron_results": "ln2_post", "stack_neuron_results": "ln2_post"}
+CACHE_WEIGHT_READERS = tuple(_POST_NORM_OF)
 # private helpers that read them too and are reached only through CACHE_WEIGHT_READERS (4.x has both)
 _PRIVATE_WEIGHT_READERS = ("_ensure_head_results", "_stack_neuron_results_apply_ln_projected")
 _READS_OUTPUT_WEIGHTS = re.compile(r"\.W_(O|out)\b")
@@ -77,7 +85,7 @@ _READS_OUTPUT_WEIGHTS = re.compile(r"\.W_(O|out)\b")
 # refused on B-cos bridges where transformer_bridge_from_hf could not fold it (a soft-capped head is not linear)
 CACHE_UNEMBEDDING_READERS = ("logit_attrs",)
 # the ones that use cached per-head results (hook_result) when present: made exact on B-cos bridges
-_HEAD_RESULT_METHODS = ("compute_head_results", "stack_head_results")
+_HEAD_RESULT_METHODS = tuple(method for method, post in _POST_NORM_OF.items() if post == "ln1_post")
 
 
 def refuse_bcos_model(model, entry: str) -> None:
@@ -133,10 +141,10 @@ def _hooked_transformer_route(bridge, method: str) -> str:
             f"run_with_cache makes {method} exact")
 
 
-def _is_adapter_bridge(model) -> bool:
-    """Whether ``model`` is a bridge that ``transformer_bridge_from_hf`` built (made explainable there): its cache
-    decompositions are the adapter's promise, plain models' included."""
-    return bool(getattr(model, "_bcos_explainable_bridge", False))
+def is_explainable_bridge(model: nn.Module) -> bool:
+    """Whether :func:`~bcos_plugins.adapters._lens.bridge.make_bridge_explainable` has been applied to ``model`` (as
+    ``transformer_bridge_from_hf`` does): its cache decompositions are the adapter's promise, plain models' included."""
+    return bool(getattr(model, EXPLAINABLE_BRIDGE_MARKER, False))
 
 
 def refuse_unfolded_logit_attrs(model, method: str) -> None:
@@ -146,7 +154,7 @@ def refuse_unfolded_logit_attrs(model, method: str) -> None:
     cap = getattr(getattr(getattr(model, "original_model", None), "config", None), "final_logit_softcapping", None)
     # a plain soft-capped Gemma 2's head is a plain linear layer, so its gain was folded, but the cap still bends
     # each logit: logit_attrs' terms summed to the uncapped z (0.065 off a tiny model's logits), without a word
-    if not (_is_bcos_bridge(model) or (_is_adapter_bridge(model) and cap is not None)) \
+    if not (_is_bcos_bridge(model) or (is_explainable_bridge(model) and cap is not None)) \
             or (getattr(model, FINAL_NORM_FOLDED_MARKER, False) and cap is None):
         return
     reason = (f"whose LM head soft-caps the logits ({cap} * tanh(z / {cap})), so a logit is not a sum of one term "
@@ -161,18 +169,13 @@ def refuse_unfolded_logit_attrs(model, method: str) -> None:
         "shares that sum to the logit) or explain_logits(bridge, tokens, target=...)")
 
 
-# the norms a block applies to its attention / MLP output before hook_attn_out / hook_mlp_out (Gemma 2)
-_POST_NORM_OF = {"compute_head_results": "ln1_post", "stack_head_results": "ln1_post",
-                 "get_neuron_results": "ln2_post", "stack_neuron_results": "ln2_post"}
-
-
 def refuse_post_norm_decomposition(model, method: str) -> None:
     """Raise when ``model`` is a bridge built by ``transformer_bridge_from_hf`` over a plain (not B-cos) model whose
     blocks normalise their attention / MLP output again (Gemma 2's ``ln1_post`` / ``ln2_post``): TransformerLens'
     per-head and per-neuron results (``hook_z`` @ ``W_O``, ``hook_post`` @ ``W_out``) are taken before that norm, so
     they do not sum to ``hook_attn_out`` / ``hook_mlp_out`` (B-cos bridges are refused or made exact by the guard)."""
     post = _POST_NORM_OF.get(method)
-    if post is None or not _is_adapter_bridge(model) or _is_bcos_bridge(model):
+    if post is None or not is_explainable_bridge(model) or _is_bcos_bridge(model):
         return
     blocks = [i for i, block in enumerate(getattr(model, "blocks", [])) if hasattr(block, post)]
     if not blocks:
@@ -375,7 +378,7 @@ def _guarded_tokenizer_setter(setter):
         # transformer_bridge_from_hf builds (flagged by make_bridge_explainable, as is_explainable reads it); the
         # first assignment, while a bridge boots, is TransformerLens' own
         if value is not None and getattr(self, "_tokenizer", None) is not None \
-                and getattr(self, "_bcos_explainable_bridge", False):
+                and is_explainable_bridge(self):
             from bcos_plugins.corpus import require_tokenizer_fits
 
             require_tokenizer_fits(self, value)

@@ -52,7 +52,12 @@ from bcos_plugins.nn.dynamic import DynamicWeightModule
 from bcos_plugins.nn.linear import BcosConv1D, BcosLinear
 from bcos_plugins.nn.norm import BcosLayerNorm, DetachableRMSNorm
 
-from .boot_guard import BRIDGE_COPY_MARKER, FINAL_NORM_FOLDED_MARKER
+from .boot_guard import (
+    BRIDGE_COPY_MARKER,
+    EXPLAINABLE_BRIDGE_MARKER,
+    FINAL_NORM_FOLDED_MARKER,
+    is_explainable_bridge,
+)
 from .final_norm import fold_final_norm_into_unembedding
 from .hook_point import DynamicHookPoint
 from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords
@@ -69,7 +74,6 @@ __all__ = [
 
 # the registry's classes the bridge accepts (ArchitectureSpec.bridge)
 SUPPORTED_BRIDGE_ARCHITECTURES = specs_where(lambda spec: spec.bridge)
-_EXPLAINABLE_FLAG = "_bcos_explainable_bridge"
 
 
 def _bridge_classes():
@@ -438,7 +442,7 @@ def make_bridge_explainable(bridge: nn.Module) -> nn.Module:
             _swap_to_dynamic(module.gate.hook_out)
         elif type(module) is mlp:  # a non-gated MLP run natively (GPT-2): its activation's gate
             _make_activation_explainable(module)
-    setattr(bridge, _EXPLAINABLE_FLAG, True)
+    setattr(bridge, EXPLAINABLE_BRIDGE_MARKER, True)
     return bridge
 
 
@@ -476,11 +480,6 @@ def linear_normalized(x: torch.Tensor, normalized: torch.Tensor, centred: bool) 
         raise BcosRuntimeError("TransformerLens' native normalisation no longer computes hook_normalized as its input "
                                "times one scale per position; bcos_plugins.adapters' bridge support needs updating")
     return out
-
-
-def is_explainable_bridge(model: nn.Module) -> bool:
-    """Whether :func:`make_bridge_explainable` has been applied to ``model``."""
-    return bool(getattr(model, _EXPLAINABLE_FLAG, False))
 
 
 def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_name: str | None = None):

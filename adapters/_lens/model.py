@@ -53,6 +53,7 @@ from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError,
 from bcos_plugins.nn.activation import DetachableActivation
 
 from .attention import HookedBcosAttention, HookedBcosGroupedQueryAttention
+from .boot_guard import is_explainable_bridge
 from .config import GATE_KINDS, BcosTransformerConfig, check_explainable
 from .decomposition import BcosActivationCache, fold_final_norm_weight, fold_final_norm_weight_in_state_dict
 from .hook_point import DynamicHookPoint
@@ -222,7 +223,7 @@ def is_explainable(model: nn.Module) -> bool:
     applied and still holds: every norm scale, attention pattern and activation gate is detachable. A model whose
     norms were replaced afterwards (TransformerLens' ``process_weights_(fold_ln=True)``) is not: its norm scales
     would take part in the gradient and the contributions would miss part of the logit."""
-    if getattr(model, "_bcos_explainable_bridge", False):
+    if is_explainable_bridge(model):
         return True
     attentions = [m for m in model.modules() if isinstance(m, AbstractAttention)]
     # a model without blocks (cfg.n_layers=0: embeddings, final norm, unembedding) has no attention to check; it was
