@@ -257,3 +257,42 @@ def test_the_explainable_bridge_flag_is_spelt_once_and_read_by_one_function():
                                                "stack_neuron_results")
     assert boot_guard._HEAD_RESULT_METHODS == ("compute_head_results", "stack_head_results")
 
+
+# ------------------------------------------------------------------ 7. the bridge's soft-cap classes, from the spec
+
+
+def test_the_bridge_moves_a_soft_cap_into_the_head_with_the_classes_of_the_spec(monkeypatch):
+    """_move_soft_cap_into_head imported Gemma's uncapped LM class and soft-capped head itself: another soft-capped
+    family would have needed an edit there. It reads them from the architecture's spec; the copy's logits are the
+    plain model's."""
+    import dataclasses
+
+    from bcos_plugins.adapters._lens.bridge import _move_soft_cap_into_head
+
+    from bcos_plugins.convert.architectures import SPECS
+    from bcos_plugins.convert.gemma import BcosSoftCappedLMHead, BcosUncappedCausalLM
+
+    class SpecHead(BcosSoftCappedLMHead):
+        pass
+
+    class SpecLM(BcosUncappedCausalLM):
+        pass
+
+    spec = SPECS["Gemma2ForCausalLM"]
+    monkeypatch.setitem(SPECS, "Gemma2ForCausalLM", dataclasses.replace(
+        spec, class_swaps={"": (lambda: SpecLM, "uncapped")},
+        module_swaps={**spec.module_swaps, "lm_head": (lambda: SpecHead, "capped")}))
+    config = T.Gemma2Config(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64,
+                            sliding_window=4, query_pre_attn_scalar=8, pad_token_id=0, final_logit_softcapping=0.5)
+    torch.manual_seed(0)
+    model = T.Gemma2ForCausalLM(config).eval()
+    ids = torch.tensor([[2, 7, 9, 11, 3]])
+    with torch.no_grad():
+        capped = model(input_ids=ids).logits
+    _move_soft_cap_into_head(model)
+    assert isinstance(model, SpecLM) and isinstance(model.lm_head, SpecHead)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, capped, rtol=1e-6, atol=1e-7)
+    _move_soft_cap_into_head(model)  # once only
+    assert type(model).__mro__.count(SpecLM) == 1

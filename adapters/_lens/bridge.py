@@ -306,16 +306,25 @@ def _move_soft_cap_into_head(copied: nn.Module) -> None:
     """A plain model whose forward soft-caps its logits inline (Gemma 2's ``final_logit_softcapping``): the copy gets
     bcosify's uncapped forward and soft-capped LM head (the same values), so that the cap is a dynamic weight held
     constant in explanation mode. Inline, its tanh was in the gradient: explain_logits' contributions missed up to
-    0.8 % of a tiny model's logit, without a word, and token_component_decomposition blamed non-zero biases."""
+    0.8 % of a tiny model's logit, without a word, and token_component_decomposition blamed non-zero biases. Both
+    classes are the architecture spec's (its class swap of the model itself and its module swap of the LM head), so
+    another soft-capped family needs its spec alone."""
+    from bcos_plugins.convert.architectures import SPECS
     from bcos_plugins.convert.bcosify import mixed_class
-    from bcos_plugins.convert.gemma import BcosSoftCappedLMHead, BcosUncappedCausalLM
 
+    spec = SPECS.get(architecture_name(copied))
     head = copied.get_output_embeddings() if hasattr(copied, "get_output_embeddings") else None
-    if getattr(getattr(copied, "config", None), "final_logit_softcapping", None) is None \
-            or isinstance(copied, BcosUncappedCausalLM) or type(head) is not nn.Linear:
-        return  # no cap, or a B-cos model's (already in its head)
-    copied.__class__ = mixed_class(BcosUncappedCausalLM, type(copied))
-    head.__class__ = mixed_class(BcosSoftCappedLMHead, type(head))
+    if spec is None or "" not in spec.class_swaps or type(head) is not nn.Linear \
+            or getattr(getattr(copied, "config", None), "final_logit_softcapping", None) is None:
+        return  # no cap, or no class of the spec that takes it out of the forward
+    path = next(name for name, module in copied.named_modules() if module is head)
+    capped_head = next((factory for suffix, (factory, _) in spec.module_swaps.items()
+                        if path == suffix or path.endswith("." + suffix)), None)
+    uncapped = spec.class_swaps[""][0]()
+    if capped_head is None or isinstance(copied, uncapped):
+        return  # no head of the spec to take the cap, or a B-cos model's (already in its head)
+    copied.__class__ = mixed_class(uncapped, type(copied))
+    head.__class__ = mixed_class(capped_head(), type(head))
     head.bcos_configure(copied.config)
 
 
