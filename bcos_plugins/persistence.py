@@ -214,6 +214,28 @@ def checked_settings(path: str, config) -> dict:
     return settings
 
 
+def _refuse_rebuilt_otherwise(path: str, key: str, saved, rebuilt: dict, what: str, absent: str) -> None:
+    """Refuse a load whose conversion rebuilt ``config.bcos[key]`` (``{module path: activation}``, written by bcosify)
+    otherwise than the save recorded it: an activation set by hand on the model before bcosify, which save_pretrained
+    does not write (only the config's activation name), a keyword of the load that changes it, or an edited config.json.
+    ``absent`` names what a path missing from one side held."""
+    if not isinstance(saved, dict):
+        saved = {"(record)": repr(saved)}  # not written by bcosify: reported as differing below
+    if saved == rebuilt:
+        return
+    differing = sorted(p for p in set(saved) | set(rebuilt) if saved.get(p) != rebuilt.get(p))
+    shown = "; ".join(f"'{p}' saved as {saved.get(p) or absent}, rebuilt as {rebuilt.get(p) or absent}"
+                      for p in differing[:3])
+    raise BcosValueError(
+        f"config.bcos['{key}']: {path} was saved with {what} that its config does not rebuild ({len(differing)} "
+        f"differ: {shown}{'; ...' if len(differing) > 3 else ''}): an activation set by hand on the model before "
+        "bcosify, which save_pretrained does not write (only the config's activation name), a keyword of "
+        "load_bcos_model that changes the activation, or a config.json edited. Loading it would give another model. "
+        "Build the model with the activation in its config (hidden_act / hidden_activation / activation_function) "
+        "before bcosify and save again, leave the activation keyword out, or restore config.json from the original "
+        "save.")
+
+
 def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = None,
                          files: list[str] | None = None) -> tuple[dict[str, nn.Module], list[str]]:
     """Convert, in place, a model transformers loaded as its *stock* class from a B-cos save at ``path``.
@@ -249,24 +271,15 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
     # stock class loads them without a word and bcosify then drops them, so weights of another model (a stock save
     # given a config.bcos record; a bcos_query_key=False GPT-2, whose c_attn keeps its bias, with the record's
     # format_version and query_key edited) loaded as a different model, silently (logits 0.12 off)
-    saved_branches = settings.get("gate_branch_activations", {})
-    rebuilt_branches = getattr(model.config, BCOS_CONFIG_KEY).get("gate_branch_activations", {})
-    if not isinstance(saved_branches, dict):
-        saved_branches = {"(record)": repr(saved_branches)}  # not written by bcosify: reported as differing below
-    if saved_branches != rebuilt_branches:
-        # a gated MLP's activation set by hand before bcosify (no config name, or not the config's): save_pretrained
-        # writes only the config's name, so the reload held another activation, silently (logits off)
-        differing = sorted(p for p in set(saved_branches) | set(rebuilt_branches)
-                           if saved_branches.get(p) != rebuilt_branches.get(p))
-        shown = "; ".join(f"'{p}' saved as {saved_branches.get(p) or 'one with a gate kind'}, rebuilt as "
-                          f"{rebuilt_branches.get(p) or 'one with a gate kind'}" for p in differing[:3])
-        raise BcosValueError(
-            f"config.bcos['gate_branch_activations']: {path} was saved with gated-MLP activations that its config "
-            f"does not rebuild ({len(differing)} differ: {shown}{'; ...' if len(differing) > 3 else ''}): an "
-            "activation set by hand on the model before bcosify, which save_pretrained does not write (only the "
-            "config's activation name), or a config.json edited. Loading it would give another model. Build the "
-            "model with the activation in its config (hidden_act / hidden_activation) before bcosify and save "
-            "again, or restore config.json from the original save.")
+    rebuilt = getattr(model.config, BCOS_CONFIG_KEY)
+    # a gated MLP's activation set by hand before bcosify (no config name, or not the config's): save_pretrained
+    # writes only the config's name, so the reload held another activation, silently (logits off)
+    _refuse_rebuilt_otherwise(path, "gate_branch_activations", settings.get("gate_branch_activations", {}),
+                              rebuilt.get("gate_branch_activations", {}), "gated-MLP activations",
+                              "one with a gate kind")
+    if "activations" in settings:  # recorded after 0.2.0: an older save cannot be checked (nothing to compare)
+        _refuse_rebuilt_otherwise(path, "activations", settings["activations"], rebuilt.get("activations", {}),
+                                  "activations (gate kinds)", "no detachable activation")
     held = sorted(set(model.bcos_report.dropped_biases) & saved_keys)
     if held:
         raise BcosValueError(
@@ -451,6 +464,47 @@ def _load_vit(path: str, kwargs: dict) -> nn.Module:
     return model.eval()
 
 
+def _output_embedding_key(model: nn.Module) -> str | None:
+    """The state-dict key of ``model``'s LM head weight (``lm_head.weight``, ``cls.predictions.decoder.weight``), or
+    ``None`` for a model without one."""
+    try:
+        head = model.get_output_embeddings()
+    except NotImplementedError:
+        return None
+    if head is None:
+        return None
+    return next((f"{name}.weight" for name, module in model.named_modules() if module is head and name), None)
+
+
+def _check_head_tying(model: nn.Module, info: dict, path: str, tie_asked: bool) -> None:
+    """Refuse, with the cause and the fix, the two loads where the LM head's tying and the weights disagree.
+
+    - The save holds no head weight while its config says ``tie_word_embeddings=False``: the head was tied to the
+      input embeddings by hand (``lm_head.weight = embed_tokens.weight``) under an untied config, and save_pretrained
+      wrote the shared tensor once, under the embeddings' name. transformers initialises such a head at random; the
+      load refused it telling to "restore the folder from the original save", which was that save.
+    - ``tie_word_embeddings=True`` given to a save whose head has weights of its own: the refusal came from bcosify
+      and named the model's config as the fix, not the keyword.
+    """
+    key = _output_embedding_key(model)
+    if key is None:
+        return
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    if key in info["missing_keys"] and not tied and not getattr(model.config, "tie_word_embeddings", True):
+        raise BcosValueError(
+            f"path: {path} holds no weights for the LM head ('{key}') while its config.json says "
+            "tie_word_embeddings=False: save_pretrained writes a tensor held at two places only once, so the head was "
+            "the input embeddings' own weight when it was saved (tied by hand, e.g. lm_head.weight = "
+            "embed_tokens.weight, under an untied config). Load it with load_bcos_model(path, "
+            "tie_word_embeddings=True), which ties the head to the embeddings as it was saved; set "
+            "model.config.tie_word_embeddings = True before saving such a model.")
+    if tie_asked and not tied and getattr(model.config, "tie_word_embeddings", False) and key not in info["missing_keys"]:
+        raise argument_error(
+            "tie_word_embeddings", f"is True, but {path} was saved with an LM head of its own ('{key}' holds "
+            "weights other than the input embeddings'), which tying would replace by the embeddings: another model",
+            "leave tie_word_embeddings out: the model loads with its saved head", kind=BcosKeywordError)
+
+
 # under a caller's torch.inference_mode() the loaded parameters would be inference tensors, which bcosify refuses (no
 # B-cos model made of them can be explained or trained): the model is loaded with ordinary tensors whatever the mode
 @torch.inference_mode(False)
@@ -497,6 +551,7 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
         raise BcosFileError(f"path: cannot read a model configuration from {where} ({err}). Pass the folder "
                             "written by model.save_pretrained(folder) (or a hub model id).") from None
     settings = checked_settings(path, config)
+    asked = set(from_pretrained_kwargs)
     from_pretrained_kwargs = _apply_config_overrides(path, config, from_pretrained_kwargs)
     files = weight_files(path, local)
     name = settings["architecture"]
@@ -504,6 +559,7 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
         lambda: stock_class(name).from_pretrained(path, config=config, use_safetensors=True,
                                                   output_loading_info=True, **from_pretrained_kwargs),
         path, from_pretrained_kwargs, config, stock_class(name))
+    _check_head_tying(model, info, path, "tie_word_embeddings" in asked)
     layers, without_b = reconvert_stock_load(model, path, settings, files)
     dropped = set(model.bcos_report.dropped_biases)
     unexpected_missing = [k for k in info["missing_keys"] if k not in dropped]

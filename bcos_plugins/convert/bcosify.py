@@ -186,6 +186,55 @@ def refuse_unknown_subclass(model: nn.Module, name: str, module: nn.Module, what
         "(torch.nn.utils.parametrize.remove_parametrizations for a parametrised weight), or open an issue.")
 
 
+def refuse_foreign_swap_target(model: nn.Module, name: str, module: nn.Module, swapped: type[nn.Module]) -> None:
+    """Refuse a module whose class ``bcosify`` would swap for the B-cos class ``swapped`` (a spec's ``module_swaps`` and
+    ``class_swaps``) when it is not a class of the model's own modeling module (``LlamaMLP`` in a Llama,
+    ``Gemma2RMSNorm`` in a Gemma 2, ``RobertaClassificationHead``), the class whose forward ``swapped`` restates: a
+    subclass's own forward (an MLP that scales its output) was replaced without a word (logits 0.2 off), and another
+    family's module computed another function (torch's ``nn.RMSNorm`` in a Gemma 2 got Gemma's ``1 + weight`` gain,
+    2.8 off) or failed at the first forward after conversion (Llama's RMSNorm: no attribute 'eps'). A B-cos class
+    that runs the module's own forward and changes only its output (``runs_own_forward``: Gemma 2's soft-capped LM
+    head) takes any class."""
+    cls = type(module)
+    if getattr(swapped, "runs_own_forward", False) or cls.__module__ == type(model).__module__:
+        return
+    raise UnsupportedModuleError(
+        f"model: bcosify cannot convert module '{name}' of class {cls.__module__}.{cls.__qualname__}: it swaps in a "
+        f"B-cos forward ({swapped.__name__}) written for the {type(model).__name__} family's own class there (of "
+        f"{type(model).__module__}), which would replace this class's own forward (a subclass's, or another family's "
+        "module's) and compute another function without a word. Put the model's own module class there, or open an "
+        "issue.")
+
+
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)  # no forward, or one that only chains its children
+
+
+def refuse_unread_container(model: nn.Module, name: str, module: nn.Module, spec: ArchitectureSpec,
+                            what: str = "bcosify") -> None:
+    """Refuse a module holding other modules whose forward ``what`` (bcosify, ``dynamic_linear_copy``) has not read (a
+    class from outside the model's own modeling module, and no torch container), and a query/key or gated-MLP input
+    projection that is not a linear layer. bcosify converted the modules inside such a wrapper (an adapter's low-rank
+    layers, a module put in by hand) and kept its forward: at a query/key path its inner projection was not held
+    constant (the report listed no constant output for it), and ``explain`` refused the model as "not exact", naming no
+    module; ``dynamic_linear_copy``'s explanation took the attention pattern's gradient into the tokens' shares."""
+    is_projection = any(name.endswith(s) for s in (*spec.query_key, *spec.gate_units))
+    if is_projection and not isinstance(module, nn.Linear | Conv1D):
+        raise UnsupportedModuleError(
+            f"model: {what} cannot convert module '{name}' of class {type(module).__module__}."
+            f"{type(module).__qualname__}: at this path {type(model).__name__} holds a linear projection whose outputs "
+            f"(queries and keys, or a gated MLP's activated units) {what} holds constant in explanation mode, which it "
+            "can do for a linear layer only. Merge the wrapper into one linear layer (peft: model.merge_and_unload()) "
+            "or put the model's own nn.Linear there.")
+    if next(module.children(), None) is None or isinstance(module, _CONTAINERS) \
+            or type(module).__module__ == type(model).__module__:
+        return
+    raise UnsupportedModuleError(
+        f"model: {what} cannot convert module '{name}' of class {type(module).__module__}.{type(module).__qualname__}: "
+        f"it holds other modules, and its forward, which {what} has not read, would stay as it is around their "
+        "conversions (an adapter wrapper such as peft's LoRA layers, a module put in by hand). Merge or remove the "
+        "wrapper (peft: model.merge_and_unload()), or put the model's own module class there.")
+
+
 def mixed_class(target: type[nn.Module], original: type[nn.Module]) -> type[nn.Module]:
     """``target`` if it already subclasses ``original``, else a subclass of both (mixin first)."""
     if issubclass(target, original):
@@ -254,6 +303,9 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
           bcos_query_key: bool) -> tuple[list, ConversionReport]:
     """Decide every replacement (and fail on unsupported modules) before touching the model."""
     report = ConversionReport(architecture=type(model).__name__, b=b, bcos_query_key=bcos_query_key)
+    for path, (factory, _) in spec.class_swaps.items():
+        if path:  # the model's own class ("") is checked by identity before this
+            refuse_foreign_swap_target(model, path, model.get_submodule(path), factory())
     plan: list[tuple[str, object]] = []
     keep = set(spec.keep)
     removed = set(spec.remove_activations)
@@ -278,6 +330,7 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
                      if name == suffix or name.endswith("." + suffix)), None)
         if swap is not None:  # the swapped-in forward is the whole conversion of the module itself
             swapped = swap[0]()
+            refuse_foreign_swap_target(model, name, module, swapped)
             plan.append((name, ("swap", swapped, swap[1])))
             report.patched_modules[name] = _say_tied(model, module, swap[1])
             if getattr(swapped, "activated_branch", None):  # a gated MLP: its activation's output is held constant
@@ -285,6 +338,7 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
             continue
         if isinstance(module, nn.Linear | Conv1D | nn.LayerNorm) or _is_rms_norm(module):
             refuse_unknown_subclass(model, name, module)
+        refuse_unread_container(model, name, module, spec)
         if isinstance(module, nn.Linear | Conv1D):
             is_conv = isinstance(module, Conv1D)
             out_features = module.weight.shape[1] if is_conv else module.out_features
@@ -320,6 +374,13 @@ def _plan(model: nn.Module, spec: ArchitectureSpec, b: float,
             report.norms.append(name)
             plan.append((name, "layer_norm"))
         elif _is_rms_norm(module):
+            if getattr(module, "weight", None) is None:
+                # torch.nn.RMSNorm(elementwise_affine=False): the rebuild read its weight's shape and failed with
+                # "'NoneType' object has no attribute 'shape'", naming neither the module nor a fix
+                raise UnsupportedModuleError(
+                    f"model: bcosify cannot convert module '{name}' ({type(module).__name__}): an RMSNorm without a "
+                    "gain (weight None, elementwise_affine=False), which the detachable RMSNorm always has. Give it "
+                    "a gain of ones (elementwise_affine=True), which computes the same, then convert.")
             report.norms.append(name)
             plan.append((name, "rms_norm"))
         elif name in gate_branches and type(module).__name__ in GATE_BRANCH_ACTIVATIONS \
@@ -529,7 +590,8 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
             ``model.bcos_report``).
 
     The settings are recorded in ``model.config.bcos`` so that ``save_pretrained`` keeps them and
-    :func:`~bcos_plugins.load_bcos_model` rebuilds the same model. The model gets its own copy of its config
+    :func:`~bcos_plugins.load_bcos_model` rebuilds the same model (the record also lists each activation's gate kind by
+    path, so that a load refuses a config that rebuilds another one, e.g. an activation set by hand). The model gets its own copy of its config
     (``model.config`` is a new object), so a config shared with another model is left unchanged. Every module it
     puts in takes the training flag of the module it replaces, so a model in eval mode stays wholly in eval mode, and
     each of its parameters the ``requires_grad`` of the one it is built from (a frozen encoder stays frozen). A module
@@ -604,6 +666,11 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
         # off); the load compares the rebuilt gate branches with this record (persistence.reconvert_stock_load)
         own.bcos["gate_branch_activations"] = {
             path: describe_gate_branch(model.get_submodule(path)) for path in report.gate_branch_activations}
+    if report.activations:
+        # the same for activations with a gate kind: one set by hand (a ReLU in a SiLU Llama, a tanh-form GELU in a
+        # BERT, a ReLU as ModernBERT's head activation) was rebuilt as the config's on load, another model, silently
+        # (logits 0.002-0.33 off); the load compares the rebuilt kinds with this record, as for the gate branches
+        own.bcos["activations"] = dict(report.activations)
     if not bcos_query_key:
         # format 3: a reader that did not know stock query/key layers would rebuild B-cos ones from these
         # weights (a different model); it refuses format 3 instead

@@ -39,6 +39,7 @@ from .bcosify import (
     gelu_kind,
     refuse_hooks_on_replaced,
     refuse_unknown_subclass,
+    refuse_unread_container,
 )
 from .query_key import ConstantQueryKeyProjection
 
@@ -143,7 +144,11 @@ def dynamic_linear_copy(model: nn.Module) -> nn.Module:
             "model", f"{type(model).__module__}.{type(model).__qualname__} is not supported by dynamic_linear_copy: "
             f"{reason}", f"pass one of {', '.join(DYNAMIC_LINEAR_ARCHITECTURES)}", kind=BcosTypeError)
     check_stock_class(model, name, exact=True)
-    query_key = tuple(suffix for suffix, part in spec_for(model).query_key.items() if part == "all")
+    spec = spec_for(model)
+    query_key = tuple(suffix for suffix, part in spec.query_key.items() if part == "all")
+    for path, module in model.named_modules():
+        if path:  # a wrapper's forward (an adapter's, one put in by hand) is not read: refused before the copy is made
+            refuse_unread_container(model, path, module, spec, what="dynamic_linear_copy")
     # plan on the user's model (nothing touched if a module is refused), apply on the copy
     plan = [(path, _replacement(model, path, module, query_key)) for path, module in model.named_modules() if path]
     # the copy's hooks are the model's (deepcopy): those on a module the copy gets anew would be lost, and the copy

@@ -71,6 +71,8 @@ class BcosSoftCappedLMHead(DynamicWeightModule):
     """
 
     _bcos_config = None
+    # its forward runs the head's own (super().forward) and caps what it returns, so bcosify takes any class there
+    runs_own_forward = True
 
     def bcos_configure(self, config) -> None:
         self._bcos_config = config

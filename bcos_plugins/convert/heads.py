@@ -12,6 +12,7 @@ from transformers.loss.loss_utils import ForSequenceClassificationLoss
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.models.distilbert.modeling_distilbert import DistilBertForSequenceClassification
 from transformers.models.roberta.modeling_roberta import RobertaClassificationHead
+from transformers.utils import can_return_tuple
 
 
 class BcosRobertaClassificationHead(RobertaClassificationHead):
@@ -26,9 +27,12 @@ class BcosRobertaClassificationHead(RobertaClassificationHead):
 class BcosDistilBertForSequenceClassification(DistilBertForSequenceClassification):
     """``DistilBertForSequenceClassification`` without the ReLU after ``pre_classifier``."""
 
+    # ``return_dict=False`` (the call's or the config's) gives transformers' tuple, as the stock forward does: the
+    # output object came back instead, whose unpacking (``loss, logits = model(..., return_dict=False)``) gave its
+    # key names, the strings "loss" and "logits"
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
                 position_ids=None, **kwargs) -> SequenceClassifierOutput:
-        kwargs.pop("return_dict", None)
         out = self.distilbert(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
                               position_ids=position_ids, return_dict=True, **kwargs)
         pooled = self.dropout(self.pre_classifier(out[0][:, 0]))

@@ -175,6 +175,10 @@ class DetachableRMSNorm(DynamicWeightModule):
     @classmethod
     def from_rms_norm(cls, norm: nn.Module) -> DetachableRMSNorm:
         eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+        if eps is None:
+            # torch.nn.RMSNorm(eps=None) adds the machine epsilon of its input's dtype (the model's, its weight's):
+            # refused as "eps: must be a finite number > 0, got None", naming no argument the caller passed
+            eps = torch.finfo(norm.weight.dtype).eps
         new = cls(norm.weight.shape[0], eps=eps, device=norm.weight.device, dtype=norm.weight.dtype)
         with torch.no_grad():
             new.weight.copy_(norm.weight)
