@@ -308,6 +308,8 @@ def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, w
         ids = torch.as_tensor(value, device=device)
     except (TypeError, ValueError, RuntimeError):
         raise argument_error(name, f"cannot read {value!r} as ids", fix_type, kind=BcosTypeError) from None
+    if ids.numel() == 0 and batch:  # [] is read as a float32 tensor, and was refused as "a float (torch.float32)"
+        raise argument_error(name, f"is empty (shape {tuple(ids.shape)}), with no id for any row", fix_type)
     if ids.is_floating_point():
         raise argument_error(name, f"got a float ({ids.dtype}); ids must be integers (floats are refused, not "
                              "truncated)", fix_type, kind=BcosTypeError)

@@ -273,3 +273,14 @@ def test_model_call_kwargs_names_a_missing_spec_and_takes_no_forward_keywords_as
         model_call_kwargs(model, None, ids, None, {})  # failed with "'NoneType' object has no attribute ..."
     call = model_call_kwargs(model, SPECS["LlamaForCausalLM"], ids, None, None)
     assert torch.equal(call["input_ids"], ids) and call["position_ids"].tolist() == [[0, 1, 2, 3]]
+
+
+@pytest.mark.parametrize("empty", [[], (), torch.tensor([], dtype=torch.long), torch.tensor([])])
+def test_an_empty_target_or_position_is_refused_as_empty_not_as_a_float(empty):
+    model = _bcos("LlamaForCausalLM")
+    ids, mask = padded_rows([6, 4], 6, "right", seed=11)
+    for given in ({"target": empty}, {"target": 1, "foil": empty}, {"target": 1, "position": empty}):
+        name = next(k for k, v in given.items() if v is empty)
+        # [] was refused as "got a float (torch.float32)"; an empty integer tensor as "expected ... got shape (0,)"
+        with pytest.raises(BcosValueError, match=rf"^{name}: is empty \(shape \(0,\)\), with no id for any row\. Pass"):
+            explain(model, ids, mask, **given)
