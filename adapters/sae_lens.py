@@ -595,7 +595,8 @@ def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None,
         attention_mask: 1 for real tokens, passed to the model.
 
     Other SAEs attached before the hook with ``use_error_term=True`` carry a share through their error terms:
-    it is reported in ``sae_error_shares``, as for :func:`explain_logits`.
+    it is reported in ``sae_error_shares``, as for :func:`explain_logits`. On a plain model with non-zero biases
+    the contributions leave the biases' share out, without a warning (``completeness_error`` shows it).
     """
     hook_name, feature = _check_feature_sae(model, sae, feature)
     # the model's own hook when it is there (unattached SAE, or a transcoder's input hook); otherwise the attached

@@ -234,3 +234,22 @@ def test_a_spliced_saes_cache_decomposes_the_stream_it_ran_or_refuses(hook):
     want, cache = _spliced_cache(hook, use_error_term=True)
     for stack in (cache.decompose_resid(pos_slice=-1), cache.get_full_resid_decomposition(pos_slice=-1)):
         torch.testing.assert_close(_summed_logit_attrs(cache, stack), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["GPT2LMHeadModel", "LlamaForCausalLM"])
+def test_the_lens_builders_refuse_a_model_on_the_meta_device_and_a_bridge(name):
+    """A model on the meta device failed deep inside (transformer_bridge_from_hf: "NotImplementedError: aten::equal",
+    hooked_transformer_from_hf: "Tensor.item() cannot be called on meta tensors"); a bridge passed as the model booted a
+    bridge over the bridge (GPT-2: refused as an MLP activation "HookPoint (hook_in)" without a detachable form). Both
+    are refused naming hf_model and the fix."""
+    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf, transformer_bridge_from_hf
+
+    from bcos_plugins import BcosError
+
+    meta = bcosify(_stock(name), b=B, verbose=False).eval().to("meta")
+    for build in (transformer_bridge_from_hf, hooked_transformer_from_hf):
+        with pytest.raises(BcosError, match=r"^hf_model: its parameters are on the meta device.*Load the weights"):
+            build(meta)
+    _, bridge = _bridge(name)
+    with pytest.raises(BcosError, match=r"^hf_model: is a TransformerBridge already.*Use the bridge as it is"):
+        transformer_bridge_from_hf(bridge)

@@ -47,7 +47,7 @@ from bcos_plugins.attribution.text import refuse_stock_loaded_bcos
 from bcos_plugins.convert.architectures import architecture_name, specs_where, vocabulary_size
 from bcos_plugins.convert.query_key import StockQueryKeyConv1D
 from bcos_plugins.corpus import require_tokenizer_fits
-from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.nn.dynamic import DynamicWeightModule
 from bcos_plugins.nn.linear import BcosConv1D, BcosLinear
 from bcos_plugins.nn.norm import BcosLayerNorm, DetachableRMSNorm
@@ -60,7 +60,7 @@ from .boot_guard import (
 )
 from .final_norm import fold_final_norm_into_unembedding
 from .hook_point import DynamicHookPoint
-from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords
+from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords, refuse_meta_model
 
 __all__ = [
     "SUPPORTED_BRIDGE_ARCHITECTURES",
@@ -515,7 +515,14 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
     # a B-cos checkpoint loaded with plain AutoModel runs the stock layers: the bridge wrapped that conventional
     # model (logits 0.79 off the saved B-cos GPT-2's) and explained it as if nothing were wrong
     refuse_stock_loaded_bcos(hf_model, "hf_model")
+    if isinstance(hf_model, _bridge_classes()[0]):
+        # it was taken for the model it wraps and booted a bridge over the bridge: over a GPT-2 that failed, blaming
+        # the MLP activation ("HookPoint (hook_in) has no detachable form"), over a Llama it doubled every hook
+        raise argument_error("hf_model", "is a TransformerBridge already, not a transformers model",
+                             "Use the bridge as it is, or pass the transformers model it was built from",
+                             kind=BcosTypeError)
     arch = _architecture(hf_model)
+    refuse_meta_model(hf_model)
     _refuse_inexpressible(hf_model, arch)
     if tokenizer is not None:  # TransformerLens' own bridge("text") failed in the embedding (IndexError)
         require_tokenizer_fits(hf_model, tokenizer)  # refuses a hub name too (require_tokenizer_object)

@@ -138,6 +138,10 @@ def explain_logits(
     ids per row or ``Direction(vector)``; negative positions count from each row's last real token
     (``attention_mask``); padding and out-of-range positions raise.
 
+    The contributions sum to the explained logit on B-cos, bilinear and bias-free plain models. On a plain model
+    with non-zero biases they leave the biases' share out, without a warning (the "W(x)x of a conventional model"
+    baseline): ``completeness_error`` shows that share (``token_component_decomposition`` refuses such a model).
+
     Args:
         model: a ``HookedTransformer`` made explainable (``BcosHookedTransformer``, a model from
             ``hooked_transformer_from_hf``, or any model after ``make_explainable``).

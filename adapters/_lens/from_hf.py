@@ -28,6 +28,7 @@ from bcos_plugins.nn.dynamic import DynamicWeightModule
 from .config import BcosTransformerConfig
 from .conversions import conversion_for, vocabulary_sizes
 from .decomposition import fold_final_norm_weight
+from .inputs import refuse_meta_model
 from .model import bcos_model_class, exact_cache_class, make_explainable
 
 __all__ = ["hooked_transformer_from_hf", "SUPPORTED_HF_ARCHITECTURES"]
@@ -204,6 +205,7 @@ def hooked_transformer_from_hf(
         TypeError: other architectures. ValueError: options TransformerLens cannot express (named).
     """
     arch = _architecture(hf_model)
+    refuse_meta_model(hf_model)
     if tokenizer is not None:  # TransformerLens' own model("text") failed in the embedding (IndexError)
         require_tokenizer_fits(hf_model, tokenizer)  # refuses a hub name too (require_tokenizer_object)
     if not (isinstance(model_class, type) and issubclass(model_class, HookedTransformer)):
