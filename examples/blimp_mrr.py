@@ -47,7 +47,7 @@ from bcos_plugins.train_decoder import real_token_positions, train_causal_lm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
 from benchmarks.common.decoder_baselines import CompactVocabulary, captum_scores, seconds_per_explanation
-from benchmarks.common.settings import env_float, env_int
+from benchmarks.common.settings import env_float, env_int, no_command_line_arguments
 
 OUT = Path("outputs") / "blimp_mrr"
 
@@ -97,6 +97,7 @@ def training_sentences(tokenizer, n_eval: int = BlimpSettings.n_eval) -> list[to
 
 
 def main() -> None:
+    no_command_line_arguments(__doc__)  # --help prints the settings; other arguments are refused
     cfg = blimp_settings()  # a bad BLIMP_* value stops here, before any work
     hf_logging.set_verbosity_error()
     torch.set_num_threads(cfg.threads)

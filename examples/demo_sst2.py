@@ -41,7 +41,7 @@ from bcos_plugins.train import accuracy, fine_tune_classifier
 from bcos_plugins.visualize import explanation_sections_to_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
-from benchmarks.common.settings import env_float, env_int
+from benchmarks.common.settings import env_float, env_int, no_command_line_arguments
 
 OUT = Path("outputs")
 console = Console()
@@ -105,6 +105,7 @@ def demo_settings() -> DemoSettings:
 
 
 def main() -> None:
+    no_command_line_arguments(__doc__)  # --help prints the settings; other arguments are refused
     n_train, n_test, epochs, max_length, n_explain, threads = demo_settings()
     started = time.perf_counter()
     torch.set_num_threads(threads)

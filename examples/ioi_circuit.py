@@ -49,7 +49,7 @@ from bcos_plugins.visualize import explanations_to_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
 from benchmarks.common import ioi_recipe
-from benchmarks.common.settings import env_int
+from benchmarks.common.settings import env_int, no_command_line_arguments
 
 OUT = Path("outputs") / "ioi_circuit"
 TEMPLATE = IOI_HELDOUT_TEMPLATES[0]  # the paper's Table 7 frame: "Friends {A} and {B} found a ..."
@@ -195,6 +195,7 @@ def token_contributions_html(hf_model, data: CircuitPrompts, readable, path: Pat
 
 
 def main() -> None:
+    no_command_line_arguments(__doc__)  # --help prints the settings; other arguments are refused
     from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
     from transformers.utils import logging as hf_logging
 

@@ -53,7 +53,7 @@ from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids
 from bcos_plugins.vision.visualize import save_explanation_figure, weight_colour_image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
-from benchmarks.common.settings import env_flag, env_int
+from benchmarks.common.settings import env_flag, env_int, no_command_line_arguments
 
 OUT = Path("outputs/vit_digits")
 
@@ -188,6 +188,7 @@ def plot_curves(results: dict, path: Path) -> None:
 
 
 def main() -> None:
+    no_command_line_arguments(__doc__)  # --help prints the settings; other arguments are refused
     cfg = vit_digits_settings()  # a bad VIT_* value stops here, before any work
     hf_logging.set_verbosity_error()
     torch.set_num_threads(cfg.threads)

@@ -131,6 +131,7 @@ def test_a_variable_set_after_the_import_reaches_the_run(clean_environment, monk
 
     monkeypatch.setattr(module.hf_logging, "set_verbosity_error", lambda: None)  # leaves transformers' logging
     monkeypatch.setattr(module.torch, "set_num_threads", set_num_threads)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py"])  # run as the Makefile runs it: pytest's own arguments are not its
     with pytest.raises(_Started):
         module.main()
     assert used == [3]

@@ -258,3 +258,50 @@ def test_the_per_class_support_matrix_states_what_the_conformance_tests_run():
         assert cells["Captum"].startswith("refused") == (head == "base")
     assert covered == set(SPECS)  # every class of the registry is in a row
     assert set(conformance.BASE_NAMES) == {n for n, s in SPECS.items() if s.head == "base"}  # the refusal's test
+
+
+# ------------------------------------------------ `python examples/x.py --help`
+
+
+class _RunStarted(Exception):
+    """Raised in place of an example's first step: the run would have started."""
+
+
+def _example_started_by(name: str, monkeypatch):
+    """The example module with its first step (reading its settings) replaced by a _RunStarted."""
+    import importlib
+    import types
+
+    module = importlib.import_module(f"examples.{name}")
+
+    def started(*args, **kwargs):
+        raise _RunStarted
+
+    first_step = {"demo_sst2": "demo_settings", "blimp_mrr": "blimp_settings", "vit_digits": "vit_digits_settings"}
+    if name == "ioi_circuit":
+        monkeypatch.setattr(module, "ioi_recipe", types.SimpleNamespace(Settings=types.SimpleNamespace(
+            from_env=started)))
+    else:
+        monkeypatch.setattr(module, first_step[name], started)
+    return module
+
+
+@pytest.mark.parametrize("name", ["demo_sst2", "blimp_mrr", "vit_digits", "ioi_circuit"])
+def test_an_example_configured_by_the_environment_answers_help_and_refuses_other_arguments(
+        name, monkeypatch, capsys):
+    """``python examples/demo_sst2.py --help`` started the whole run (minutes of training, outputs/ overwritten): the
+    four examples configured by environment variables read no command line, so ``--help`` and ``--epochs 1`` were
+    ignored. ``--help`` prints the docstring, which lists the variables; any other argument is refused naming them."""
+    module = _example_started_by(name, monkeypatch)
+    monkeypatch.setattr("sys.argv", [f"{name}.py", "--help"])
+    with pytest.raises(SystemExit) as stopped:
+        module.main()
+    assert stopped.value.code == 0
+    assert capsys.readouterr().out.strip() == module.__doc__.strip()
+    monkeypatch.setattr("sys.argv", [f"{name}.py", "--epochs", "1"])
+    with pytest.raises(SystemExit, match=rf"^{name}\.py: unknown arguments \['--epochs', '1'\]: it takes its settings "
+                                         r"from environment variables only\. .*--help lists them"):
+        module.main()
+    monkeypatch.setattr("sys.argv", [f"{name}.py"])  # as the Makefile runs it: the run starts
+    with pytest.raises(_RunStarted):
+        module.main()

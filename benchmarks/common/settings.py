@@ -16,7 +16,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["env_choice", "env_choices", "env_flag", "env_float", "env_int", "env_numbers", "env_path"]
+__all__ = ["env_choice", "env_choices", "env_flag", "env_float", "env_int", "env_numbers", "env_path",
+           "no_command_line_arguments"]
 
 
 def _bad(name: str, raw: str, problem: str, fix: str, default) -> SystemExit:
@@ -147,3 +148,21 @@ def settings_from_argv(argv: Sequence[str], script: str, flag: str, env_name: st
     applied = {k: v for k, v in preset.items() if k not in os.environ} if chosen else {}
     with mock.patch.dict(os.environ, applied):
         return read()
+
+
+def no_command_line_arguments(doc: str, argv: Sequence[str] | None = None) -> None:
+    """For a script configured by environment variables alone: ``-h`` / ``--help`` prints ``doc`` (the script's
+    docstring, which lists its variables) and exits with status 0; any other argument stops the script before any
+    work, naming the variables. Both were ignored: ``python examples/demo_sst2.py --help`` started the whole
+    minutes-long run and overwrote its outputs, and ``--epochs 1`` ran with the defaults, silently."""
+    import sys
+
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if not arguments:
+        return
+    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "the script"
+    if "-h" in arguments or "--help" in arguments:
+        print(doc.strip())
+        raise SystemExit(0)
+    raise SystemExit(f"{script}: unknown arguments {arguments}: it takes its settings from environment variables "
+                     f"only. Set them before the command (NAME=value python {script}); {script} --help lists them.")
