@@ -48,7 +48,7 @@ from bcos_plugins.pretrained import minilm_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
 from benchmarks.common.paired_timing import PairedRounds, paired_rounds
-from benchmarks.common.settings import env_int
+from benchmarks.common.settings import env_int, no_command_line_arguments
 
 FORWARD_GOAL = 1.10
 EXPLAIN_GOAL = 1.05
@@ -142,6 +142,7 @@ def family_rows(rounds: int, batch: int = 4, length: int = 32, seed: int = 0) ->
 
 
 def main() -> None:
+    no_command_line_arguments(__doc__)  # --help prints the settings; other arguments are refused
     batch = env_int("BENCH_BATCH", 16, minimum=1)
     length = env_int("BENCH_LEN", 64, minimum=1)
     rounds = env_int("BENCH_REPEATS", 7, minimum=1)

@@ -38,6 +38,7 @@ from benchmarks.common.ioi_recipe import (
     make_data,
     trained_models,
 )
+from benchmarks.common.settings import no_command_line_arguments
 
 NAMES = {"Saliency": "Grad Norm", "InputXGradient": "IxG", "Occlusion": "Occlusion", "B-cos": "B-cos"}
 # B-cos LM paper, Table 6 (GPT-2 small, IOI MRR)
@@ -142,6 +143,7 @@ def report(results: dict, info: dict, cfg: Settings) -> str:
 
 
 def main() -> None:
+    no_command_line_arguments(__doc__)  # --help prints the settings; other arguments are refused
     hf_logging.set_verbosity_error()
     cfg = Settings.from_env()
     torch.set_num_threads(cfg.threads)

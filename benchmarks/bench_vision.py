@@ -91,7 +91,14 @@ from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT, attribu
 from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
-from benchmarks.common.settings import env_choice, env_flag, env_float, env_int, env_path
+from benchmarks.common.settings import (
+    env_choice,
+    env_flag,
+    env_float,
+    env_int,
+    env_path,
+    no_command_line_arguments,
+)
 
 DATASETS = ("digits16", "digits32")
 # What the perturbation curves track. "confidence" (the paper's "model confidence"): the sigmoid of the logit
@@ -512,6 +519,7 @@ def write_outputs(rows: list[Row], info: dict, cfg: Config) -> str:
 
 
 def main() -> None:
+    no_command_line_arguments(__doc__)  # --help prints the settings; other arguments are refused
     cfg = Config.from_env()
     hf_logging.set_verbosity_error()
     # Captum notes that it set requires_grad on the inputs itself: expected here

@@ -268,31 +268,40 @@ class _RunStarted(Exception):
 
 
 def _example_started_by(name: str, monkeypatch):
-    """The example module with its first step (reading its settings) replaced by a _RunStarted."""
+    """The example (or benchmark) module with its first step (reading its settings) replaced by a _RunStarted."""
     import importlib
     import types
 
-    module = importlib.import_module(f"examples.{name}")
+    module = importlib.import_module(name)
 
     def started(*args, **kwargs):
         raise _RunStarted
 
-    first_step = {"demo_sst2": "demo_settings", "blimp_mrr": "blimp_settings", "vit_digits": "vit_digits_settings"}
-    if name == "ioi_circuit":
+    first_step = {"examples.demo_sst2": "demo_settings", "examples.blimp_mrr": "blimp_settings",
+                  "examples.vit_digits": "vit_digits_settings", "benchmarks.bench_core": "env_int"}
+    if name == "examples.ioi_circuit":
         monkeypatch.setattr(module, "ioi_recipe", types.SimpleNamespace(Settings=types.SimpleNamespace(
             from_env=started)))
+    elif name == "benchmarks.bench_decoders":
+        monkeypatch.setattr(module, "Settings", types.SimpleNamespace(from_env=started))
+    elif name == "benchmarks.bench_vision":
+        monkeypatch.setattr(module, "Config", types.SimpleNamespace(from_env=started))
     else:
         monkeypatch.setattr(module, first_step[name], started)
     return module
 
 
-@pytest.mark.parametrize("name", ["demo_sst2", "blimp_mrr", "vit_digits", "ioi_circuit"])
+@pytest.mark.parametrize("name", ["examples.demo_sst2", "examples.blimp_mrr", "examples.vit_digits",
+                                  "examples.ioi_circuit", "benchmarks.bench_core", "benchmarks.bench_decoders",
+                                  "benchmarks.bench_vision"])
 def test_an_example_configured_by_the_environment_answers_help_and_refuses_other_arguments(
         name, monkeypatch, capsys):
     """``python examples/demo_sst2.py --help`` started the whole run (minutes of training, outputs/ overwritten): the
-    four examples configured by environment variables read no command line, so ``--help`` and ``--epochs 1`` were
-    ignored. ``--help`` prints the docstring, which lists the variables; any other argument is refused naming them."""
+    four examples and three benchmarks configured by environment variables alone read no command line, so
+    ``--help`` and ``--epochs 1`` were ignored. ``--help`` prints the docstring, which lists the variables; any other
+    argument is refused naming them."""
     module = _example_started_by(name, monkeypatch)
+    name = name.split(".")[1]
     monkeypatch.setattr("sys.argv", [f"{name}.py", "--help"])
     with pytest.raises(SystemExit) as stopped:
         module.main()
