@@ -404,10 +404,11 @@ def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int |
     """
     if isinstance(input_ids, Mapping) and "input_ids" in input_ids:
         # the tokenizer's whole output (a BatchEncoding is a dict): the usual fix below, to tokenise, was done already
+        unpacking = " (explain(model, **enc) unpacks them)" if name == "input_ids" else ""
         raise argument_error(name, f"expected a tensor of token ids (batch, pos), got the tokenizer's output (a "
                              f"{type(input_ids).__name__} with keys {list(input_ids)})", "Pass its ids and mask: "
-                             f"{name}=enc['input_ids'], attention_mask=enc['attention_mask'] (explain(model, **enc) "
-                             "unpacks them)", kind=BcosTypeError)
+                             f"{name}=enc['input_ids'], attention_mask=enc['attention_mask']{unpacking}",
+                             kind=BcosTypeError)
     if not isinstance(input_ids, Tensor):
         raise argument_error(name, f"expected a tensor of token ids (batch, pos), got {type(input_ids).__name__}",
                              "Tokenise with tokenizer(texts, return_tensors='pt') (TransformerLens: "

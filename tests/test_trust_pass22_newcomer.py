@@ -314,3 +314,13 @@ def test_an_example_configured_by_the_environment_answers_help_and_refuses_other
     monkeypatch.setattr("sys.argv", [f"{name}.py"])  # as the Makefile runs it: the run starts
     with pytest.raises(_RunStarted):
         module.main()
+
+
+def test_the_tokenizers_output_as_tokens_names_the_keyword_the_path_takes(tokenizer):
+    """TransformerLens paths take ``tokens=``: the refusal names that keyword, not ``explain``'s unpacking."""
+    from bcos_plugins._checks import require_token_batch
+
+    enc = _batch_encoding(tokenizer)
+    with pytest.raises(BcosTypeError, match=r"^tokens: .*BatchEncoding.*Pass its ids and mask: tokens=enc\['input_ids'\], "
+                                            r"attention_mask=enc\['attention_mask'\]\.$"):
+        require_token_batch(enc, name="tokens")
