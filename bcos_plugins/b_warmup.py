@@ -19,12 +19,17 @@ class BWarmupCallback:
     its output by ``|cos|^(B-1)`` (about 0.3 for B = 1.5 and typical cosines), so the sub-layers' share of the
     residual stream collapses and short fine-tunings cannot recover. With B = 1 the converted model is close
     to the pretrained one (only biases removed); raising B linearly over the first ``fraction`` of the
-    training steps lets the weights align as the pressure grows. At the end every layer has the target B
+    training steps lets the weights align as the pressure grows (with ``fraction=1`` B reaches the model's B on the
+    last step, so that the last step, and an evaluation after it, run at the B of the model returned). At the end
+    every layer has the target B
     recorded in ``model.config.bcos["b"]``, so saved models are ordinary B-cos models. Every layer stores the B
     it runs with in its checkpoint entry ``bcos_b``, so a Trainer checkpoint written during the warm-up (or a
     model saved after an interrupted one) reloads at the B it was running with, not the final one. It is an
     option to experiment with, not a recommendation (docs/benchmarks.md has what it measured). The layers keep
     the model's B until training begins (an evaluation or a save before ``train()`` runs at the model's B).
+    ``load_best_model_at_end`` (and so ``EarlyStoppingCallback``) is refused unless no evaluation runs before the
+    warm-up ends (``eval_strategy="steps"`` with ``eval_delay`` past it): the best checkpoint could be one evaluated
+    at a smaller B, and the model's B set on it at the end would change the logits its metric was measured on.
 
     Built lazily as a ``transformers.TrainerCallback`` subclass so that importing this module stays cheap.
     """
@@ -70,15 +75,33 @@ class _BWarmup:
                                  "trains: it would anneal B in that model's layers while the trained one runs at its "
                                  "full B", "build the callback with the model passed to the Trainer: "
                                  "BWarmupCallback(model) and Trainer(model=model, ...)")
+        last = self._last_warm_step(state)
+        if getattr(args, "load_best_model_at_end", False) and self.start < self.target and not (
+                getattr(args.eval_strategy, "value", args.eval_strategy) == "steps" and (args.eval_delay or 0) > last):
+            # the Trainer loads the best checkpoint before on_train_end, which set the model's B on it: one saved
+            # during the warm-up ran (and was evaluated, and chosen) at a smaller B, so the model returned was not the
+            # one whose metric made it the best (nor the last one trained), without a word
+            raise argument_error("load_best_model_at_end", f"is True with a B warm-up to step {last + 1}: a checkpoint "
+                                 "evaluated during the warm-up runs at a smaller B than the model's, and setting the "
+                                 "model's B on it when training ends would change the logits its metric was "
+                                 "measured on", f"evaluate only after the warm-up (eval_strategy='steps', "
+                                 f"eval_delay={last + 1}), or leave load_best_model_at_end out")
         self.on_step_begin(args, state, control)  # from the global step: a resumed run continues its warm-up
 
     def _set(self, b: float) -> None:
         for layer in self.layers:
             layer.b = b
 
+    def _last_warm_step(self, state) -> int:
+        """The global step at whose beginning B reaches the target: ``fraction`` of the steps, and at the latest the
+        last step. With ``fraction=1`` the ramp ended one step after training did, so the last step (and the evaluation
+        after it) ran below the model's B, and on_train_end changed the logits of the model it returned after they
+        were last evaluated."""
+        return min(max(1, int(state.max_steps * self.fraction)), max(0, state.max_steps - 1))
+
     def on_step_begin(self, args, state, control, **kwargs):
-        warm_steps = max(1, int(state.max_steps * self.fraction))
-        t = min(1.0, state.global_step / warm_steps)
+        last = self._last_warm_step(state)
+        t = 1.0 if last == 0 else min(1.0, state.global_step / last)
         self._set(self.start + t * (self.target - self.start))
 
     def on_train_end(self, args, state, control, **kwargs):

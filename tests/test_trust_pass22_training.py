@@ -1,0 +1,78 @@
+"""Trust pass 22, training (a second look): evaluation during training, resumed and best-checkpoint runs under a B
+warm-up, the training helpers' TrainingArguments and the recipes' flags, each pinned where it was silently wrong or
+crashed unhelpfully."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as T
+from conftest import tiny_config
+
+from bcos_plugins import bcosify
+from bcos_plugins.errors import BcosValueError
+from bcos_plugins.nn.linear import AlignmentPressure
+from bcos_plugins.train import BWarmupCallback
+from bcos_plugins.train_decoder import train_causal_lm
+
+QUIET_LM = {"disable_tqdm": True, "logging_steps": 100}
+
+
+def _causal_lm(seed: int = 0) -> torch.nn.Module:
+    """A tiny B-cos GPT-2 (B = 1.5) without dropout."""
+    torch.manual_seed(seed)
+    config = tiny_config("gpt2")
+    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+    return bcosify(T.GPT2LMHeadModel(config), b=1.5, verbose=False)
+
+
+def _rows(n: int = 7) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    return [{"input_ids": torch.randint(5, 40, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()}
+            for _ in range(n)]
+
+
+class _RecordB(T.TrainerCallback):
+    """The B of every B-cos layer during each optimiser step (read when the step ends)."""
+
+    def __init__(self, model):
+        self.model, self.b = model, {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.b[state.global_step] = {m.b for m in self.model.modules() if isinstance(m, AlignmentPressure)}
+
+
+def test_a_warmup_over_every_step_trains_and_evaluates_the_last_step_at_the_models_b(tmp_path):
+    """With fraction=1 the ramp reached the model's B one step after training ended: the last step ran at 1.4167 (of
+    1.5), the evaluation after it reported an eval_loss of that model, and on_train_end then set B = 1.5, so the model
+    returned (and saved) evaluated 3.8689 where the last logged evaluation said 3.86674, without a word."""
+    model, rows = _causal_lm(), _rows()
+    recorder = _RecordB(model)
+    trainer = train_causal_lm(model, rows, str(tmp_path), pad_token_id=0, eval_dataset=rows, max_steps=6,
+                              learning_rate=5e-3, per_device_train_batch_size=2, eval_strategy="steps", eval_steps=1,
+                              callbacks=[BWarmupCallback(model, fraction=1.0), recorder], **QUIET_LM)
+    assert recorder.b[1] == {1.0}
+    assert recorder.b[6] == {1.5}  # the last step trains at the model's B
+    assert all(next(iter(recorder.b[s])) < next(iter(recorder.b[s + 1])) for s in range(1, 6))  # still a ramp
+    last_logged = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h][-1]
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(last_logged, rel=1e-6, abs=0)
+
+
+def test_load_best_model_at_end_is_refused_while_checkpoints_of_the_warmup_can_be_chosen(tmp_path):
+    """The Trainer loads the best checkpoint before on_train_end, which set the model's B on it: a checkpoint chosen
+    from the warm-up (evaluated at a smaller B) came back at B = 1.5, with logits its best_metric was not measured
+    on, without a word. Refused before the first step; with eval_delay past the warm-up the run is the one asked."""
+    model, rows = _causal_lm(), _rows()
+    settings = {"max_steps": 6, "per_device_train_batch_size": 2, "eval_strategy": "steps", "eval_steps": 1,
+                "save_strategy": "steps", "save_steps": 1, "load_best_model_at_end": True,
+                "metric_for_best_model": "eval_loss", "save_only_model": True, **QUIET_LM}
+    with pytest.raises(BcosValueError, match=r"^load_best_model_at_end: is True with a B warm-up to step 4: .* "
+                                             r"evaluate only after the warm-up \(eval_strategy='steps', "
+                                             r"eval_delay=4\), or leave load_best_model_at_end out\.$"):
+        train_causal_lm(model, rows, str(tmp_path / "a"), pad_token_id=0, eval_dataset=rows,
+                        callbacks=[BWarmupCallback(model, fraction=0.5)], **settings)
+    assert {m.b for m in model.modules() if isinstance(m, AlignmentPressure)} == {1.5}
+    trainer = train_causal_lm(model, rows, str(tmp_path / "b"), pad_token_id=0, eval_dataset=rows, eval_delay=4,
+                              callbacks=[BWarmupCallback(model, fraction=0.5)], **settings)
+    assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [4, 5, 6]
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(trainer.state.best_metric, rel=1e-6, abs=0)
