@@ -15,6 +15,14 @@ CHANGELOG and the session's report).
 - ``TokenExplanation.to(torch.float64)`` cast the token ids, mask, positions and targets to float64 (``tokens()``
   then looked up float ids); a dtype now casts the floating-point tensors only, as ``nn.Module.to`` does.
 - ``accuracy`` returned a float32 mean: 0.6666666865 for 4 of 6 texts, a number no count gives.
+- A ``"dynamic"`` rotary embedding keeps the frequencies an earlier, longer call grew (transformers' generation cache):
+  a row explained after a longer row got the longer row's frequencies (0.09351 against 0.09338 fresh). Every call
+  through ``model_call_kwargs`` puts the original frequencies back first.
+- The attribution package's public helpers: ``last_real_position`` / ``resolve_positions`` read a mask entry of 2 as
+  the last real token wherever it stood and a ``default`` other than "last" as "first"; ``relative_completeness_error``
+  broadcast a ``(1,)`` delta to every row; ``select_explained`` failed on an int target, a 1-d mask with "Dimension out
+  of range", ``model_call_kwargs`` without a spec with "'NoneType' object has no attribute"; an empty target was
+  refused as "a float".
 """
 
 from __future__ import annotations
@@ -284,3 +292,22 @@ def test_an_empty_target_or_position_is_refused_as_empty_not_as_a_float(empty):
         # [] was refused as "got a float (torch.float32)"; an empty integer tensor as "expected ... got shape (0,)"
         with pytest.raises(BcosValueError, match=rf"^{name}: is empty \(shape \(0,\)\), with no id for any row\. Pass"):
             explain(model, ids, mask, **given)
+
+
+def test_predict_refuses_rows_a_dynamic_rotary_embedding_would_compute_with_another_length_naming_batch_size():
+    """The refusal told predict's caller to "Explain rows of equal length together"; predict's fix is batch_size=1,
+    which computes each text with its own length's frequencies (as the fresh model alone)."""
+    from bcos_plugins.train import predict
+
+    model = _dynamic_rope_llama("LlamaForSequenceClassification")
+    fresh = copy.deepcopy(model)
+    tokenizer = _word_tokenizer()
+    texts = [" ".join(f"w{3 + j}" for j in range(n)) for n in (15, 12, 20)]
+    with pytest.raises(BcosValueError, match=r"^attention_mask: rows \[0, 1\] are shorter than the batch's longest row "
+                                             r"\(20 tokens\).*\(predict: batch_size=1\)\.$"):
+        predict(model, tokenizer, texts, max_length=32)
+    logits = predict(model, tokenizer, texts, max_length=32, batch_size=1)
+    for row, text in enumerate(texts):
+        with torch.no_grad():
+            alone = copy.deepcopy(fresh)(**tokenizer(text, return_tensors="pt")).logits[0]
+        torch.testing.assert_close(logits[row], alone, rtol=1e-5, atol=1e-6)

@@ -59,7 +59,7 @@ def refuse_length_dependent_rotary(model: nn.Module, attention_mask: Tensor) -> 
                 f"{bad_rows(shorter)} {verb} shorter than the batch's longest row ({longest} tokens), and the model's "
                 f"rotary embedding (rope_type={rope_type!r}) takes its frequencies from the longest position past "
                 f"{source}={threshold}: {pronoun} would be computed with other frequencies than alone",
-                "Explain rows of equal length together, or one row at a time")
+                "Explain (or predict) rows of equal length together, or one row at a time (predict: batch_size=1)")
 
 
 def forget_grown_rotary_frequencies(model: nn.Module) -> None:
