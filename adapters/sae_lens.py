@@ -239,10 +239,13 @@ def _layer_inputs(mlp_inputs, d_in: int, name: str = "mlp_inputs") -> Tensor:
         raise BcosTypeError(f"{name}: expected a float tensor (..., {d_in}) of the layer's input activations, got "
                             f"{what}. Pass the activations at the input SAE's hook, e.g. "
                             "cache[input_sae.cfg.metadata.hook_name]")
-    if mlp_inputs.ndim == 0 or mlp_inputs.shape[-1] != d_in or mlp_inputs.numel() == 0:
+    if mlp_inputs.ndim == 0 or mlp_inputs.shape[-1] != d_in:
         raise BcosValueError(f"{name}: shape {tuple(mlp_inputs.shape)}, but the bilinear layer reads vectors of width "
                              f"{d_in} (last dimension). Pass the activations at the layer's input (the input SAE's "
                              "hook), shaped (..., d_in)")
+    if mlp_inputs.numel() == 0:  # was refused as a width mismatch, naming the very width it had
+        raise argument_error(name, f"shape {tuple(mlp_inputs.shape)} holds no tokens", "Pass at least one token's "
+                             "activations (e.g. cache[input_sae.cfg.metadata.hook_name])")
     return mlp_inputs.reshape(-1, d_in)
 
 
@@ -370,7 +373,9 @@ class BilinearSAEInteractions:
 
     def output_activations(self, mlp_inputs: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae_out"]:
         """The output SAE's feature activations on the layer's output, computed from the weights."""
-        mlp_inputs = _layer_inputs(mlp_inputs, self.weights.d_in).reshape(mlp_inputs.shape)
+        # in the layer's dtype, as the other methods read inputs: float64 activations of a float32 layer failed in
+        # its matmul ("expected m1 and m2 to have the same dtype")
+        mlp_inputs = _layer_inputs(mlp_inputs, self.weights.d_in).reshape(mlp_inputs.shape).to(self.weights.W.dtype)
         with torch.no_grad():
             return self.output_sae.encode(self.weights.forward(mlp_inputs).to(self.output_sae.dtype))
 
@@ -379,6 +384,10 @@ class BilinearSAEInteractions:
         """``sum over the top-rank |lambda_i| of lambda_i (v_i . x)^2`` for each output feature (paper §5.2)."""
         rank = require_int("rank", rank, minimum=1)
         eig = eigendecompose(self._analysed, self._encoder(output_features))
+        # named here: top_eigen_indices refused it as "k: k=100 must lie in [0, 8]", an argument the caller never saw
+        rank = require_int("rank", rank, maximum=eig.eigenvalues.shape[-1],
+                           fix=f"Pass a rank in [1, {eig.eigenvalues.shape[-1]}] (the layer's input coordinates: all "
+                               "of them give the exact quadratic form)")
         x = self._input_coordinates(_layer_inputs(mlp_inputs, self.weights.d_in).to(self.weights.W.dtype))
         activations = eigenvector_activations(eig, x)
         keep = top_eigen_indices(eig.eigenvalues, rank)

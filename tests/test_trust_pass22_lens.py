@@ -253,3 +253,25 @@ def test_the_lens_builders_refuse_a_model_on_the_meta_device_and_a_bridge(name):
     _, bridge = _bridge(name)
     with pytest.raises(BcosError, match=r"^hf_model: is a TransformerBridge already.*Use the bridge as it is"):
         transformer_bridge_from_hf(bridge)
+
+
+def test_bilinear_sae_interactions_name_their_own_arguments_and_take_float64_activations():
+    """BilinearSAEInteractions: float64 activations of a float32 layer failed in output_activations' matmul ("expected
+    m1 and m2 to have the same dtype"; the other methods cast them); a rank above the number of eigenvalues was refused
+    as "k: k=100 must lie in [0, 8]" (an argument the caller never passed); an empty batch as a width mismatch naming
+    the very width it had. Now: the layer's dtype, and refusals naming rank / mlp_inputs with the real problem."""
+    from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions
+    from test_sae_lens_adapter import D_MODEL, layer_and_inputs, topk_sae
+
+    from bcos_plugins import BcosError
+
+    layer, x = layer_and_inputs(seed=3)
+    analysis = BilinearSAEInteractions(layer, topk_sae(D_MODEL, seed=5), topk_sae(D_MODEL, seed=4))
+    torch.testing.assert_close(analysis.output_activations(x.double()), analysis.output_activations(x))
+    with pytest.raises(BcosError, match=r"^rank: must be <= 8, got 100\. Pass a rank in \[1, 8\]"):
+        analysis.low_rank_approximation(x, [2], rank=100)
+    empty = torch.zeros(0, D_MODEL)
+    for call in (lambda: analysis.low_rank_approximation(empty, [2], rank=2),
+                 lambda: analysis.low_rank_correlation(empty, [2]), lambda: analysis.output_activations(empty)):
+        with pytest.raises(BcosError, match=r"^mlp_inputs: shape \(0, 8\) holds no tokens"):
+            call()
