@@ -50,7 +50,7 @@ import html as _html
 import inspect
 import numbers
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -237,6 +237,10 @@ def _check_target(target: TargetType, output) -> None:
     else:
         checks = [(target, shape[-1])]
     for index, size in checks:
+        if isinstance(index, str):  # a class name where its id is meant: say how to get the id
+            raise argument_error("target", f"got a name ({index!r}), not a class index", f"Map a class name to its id "
+                                 f"with model.config.label2id[{index!r}] (a token: tokenizer.convert_tokens_to_ids)",
+                                 kind=BcosTypeError)
         if isinstance(index, bool) or not isinstance(index, int):
             raise argument_error("target", f"class indices must be ints, got {index!r}",
                                  "Pass an int, one int per example, or a tuple of ints", kind=BcosTypeError)
@@ -705,6 +709,11 @@ class LayerBcos(LayerGradientXActivation):
         the layer cuts every path from the input to the output (e.g. the combined embedding of a B-cos model).
         """
         _refuse_other_methods_keywords(type(self).__name__, kwargs)
+        if isinstance(inputs, Mapping):  # Captum's refusal was a bare AssertionError naming neither ids nor mask
+            raise argument_error("inputs", f"got the tokenizer's output (a {type(inputs).__name__} with keys "
+                                 f"{list(inputs)[:5]})", "Pass its ids as inputs and its mask in additional_forward_args: "
+                                 "attribute(enc['input_ids'], target=..., additional_forward_args=(enc['attention_mask'],))",
+                                 kind=BcosTypeError)
         return_convergence_delta = require_bool("return_convergence_delta", return_convergence_delta)
         to_input = self._to_layer_input if attribute_to_layer_input is None else require_bool(
             "attribute_to_layer_input", attribute_to_layer_input)

@@ -324,3 +324,27 @@ def test_the_tokenizers_output_as_tokens_names_the_keyword_the_path_takes(tokeni
     with pytest.raises(BcosTypeError, match=r"^tokens: .*BatchEncoding.*Pass its ids and mask: tokens=enc\['input_ids'\], "
                                             r"attention_mask=enc\['attention_mask'\]\.$"):
         require_token_batch(enc, name="tokens")
+
+
+def test_captum_layer_bcos_given_the_tokenizers_output_names_the_ids_and_the_mask(bert, tokenizer):
+    """``LayerBcos(model).attribute(enc, target=1)``: Captum's bare AssertionError ("`inputs` must be a
+    torch.Tensor or a tuple[torch.Tensor] but found: BatchEncoding") named neither the ids nor where the mask goes."""
+    from bcos_plugins.adapters.captum import LayerBcos
+
+    enc = _batch_encoding(tokenizer)
+    with pytest.raises(BcosTypeError, match=r"^inputs: got the tokenizer's output \(a BatchEncoding.*\)\. Pass its ids as "
+                                            r"inputs and its mask in additional_forward_args: .*attribute\(enc\['input_ids'\], "
+                                            r"target=\.\.\., additional_forward_args=\(enc\['attention_mask'\],\)\)"):
+        LayerBcos(bert).attribute(enc, target=1)
+    attributions = LayerBcos(bert).attribute(enc["input_ids"], target=1, additional_forward_args=(enc["attention_mask"],))
+    want = explain(bert, **enc, target=1).explained
+    torch.testing.assert_close(attributions.sum(dim=(1, 2)), want, rtol=1e-5, atol=1e-6)
+
+
+def test_captum_target_given_a_label_name_names_the_mapping(bert, tokenizer):
+    from bcos_plugins.adapters.captum import LayerBcos
+
+    enc = _batch_encoding(tokenizer)
+    with pytest.raises(BcosTypeError, match=r"^target: got a name \('LABEL_1'\), not a class index\. Map a class name to "
+                                            r"its id with model\.config\.label2id\['LABEL_1'\]"):
+        LayerBcos(bert).attribute(enc["input_ids"], target="LABEL_1", additional_forward_args=(enc["attention_mask"],))
