@@ -25,11 +25,13 @@ is the layer as a function of that hook's activations, exactly.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
 from ..errors import BcosTypeError, argument_error
-from ..nn.dynamic import DynamicWeightModule
+from ..nn.dynamic import DynamicWeightModule, evaluating
 from .module import BilinearMLP
 from .weights import BilinearWeights
 
@@ -121,7 +123,7 @@ def bilinear_weights(source, *, input_norm=None) -> BilinearWeights:
     if isinstance(source, BilinearWeights):
         return source
     if isinstance(source, BilinearMLP):
-        return source.weights()
+        return _computing_the_module(source, source.weights())
     if _is_bridge_component(source):
         raise argument_error(
             "source", f"this is a TransformerBridge component ({type(source).__name__}), whose weights are the "
@@ -130,9 +132,9 @@ def bilinear_weights(source, *, input_norm=None) -> BilinearWeights:
             "recorded at blocks.L.mlp.hook_in (blocks.L.ln2.hook_normalized is before ln2's weight)",
             kind=BcosTypeError)
     if isinstance(source, nn.Module) and all(hasattr(source, n) for n in ("W_gate", "W_in", "W_out")):
-        return _from_transformer_lens(source)
+        return _computing_the_module(source, _from_transformer_lens(source))
     if isinstance(source, nn.Module) and all(hasattr(source, n) for n in ("gate_proj", "up_proj", "down_proj")):
-        return _from_hf_gated(source)
+        return _computing_the_module(source, _from_hf_gated(source))
     if isinstance(source, tuple | list) and len(source) == 3 and all(isinstance(t, Tensor) for t in source):
         W, V, P = (t.detach() for t in source)
         return BilinearWeights(W, V, P)
@@ -141,6 +143,62 @@ def bilinear_weights(source, *, input_norm=None) -> BilinearWeights:
         "GatedMLP (model.blocks[i].mlp of a bilinear HookedTransformer), a transformers gated MLP with the identity "
         "activation, a BilinearWeights, or a tuple of three tensors (W, V, P) shaped (d_hidden, d_in), "
         "(d_hidden, d_in), (d_out, d_hidden)", kind=BcosTypeError)
+
+
+# the probe's share of the layer's size that the read weights may miss: far above float32 rounding (TF32 matmuls on
+# a GPU included, about 1e-3 of it), far below what a wrapper, a hook or another forward changes (the whole output)
+_PROBE_TOLERANCE = 1e-2
+
+
+def _computing_the_module(module: nn.Module, weights: BilinearWeights) -> BilinearWeights:
+    """``weights`` if they compute what ``module`` computes, checked on a fixed random probe; else a refusal.
+
+    The weights are read from the projections' ``.weight`` / ``.bias``, which says nothing of what runs around them:
+    an adapter wrapper that forwards ``.weight`` to its base layer (peft's LoRA layers: the low-rank update left
+    out), a forward hook on a projection or on the layer, a subclass with its own forward. Each analysis then
+    described another function than the layer's, off by the whole update, without a word."""
+    if weights.W.device.type == "meta":  # no numbers to compare; every analysis of meta weights fails anyway
+        return weights
+    generator = torch.Generator().manual_seed(0)
+    probe = torch.randn(1, 4, weights.d_in, generator=generator, dtype=torch.float64)
+    probe = probe.to(dtype=weights.W.dtype, device=weights.W.device)
+    try:
+        with torch.no_grad(), evaluating(module):
+            computed = module(probe)
+    except Exception as error:
+        raise argument_error(
+            "source", f"its forward failed on a probe input of shape {tuple(probe.shape)} ({type(error).__name__}: "
+            f"{error}), so the weights read from {type(module).__name__} could not be checked against what it "
+            "computes", "Pass the layer's weights as BilinearWeights(W, V, P, ...) or a (W, V, P) tuple") from error
+    expected = weights.forward(probe).double()
+    if not isinstance(computed, Tensor) or computed.shape != expected.shape:
+        raise argument_error(
+            "source", f"its forward returned {getattr(computed, 'shape', type(computed).__name__)} on a probe "
+            f"of shape {tuple(probe.shape)}, where a bilinear layer of these weights returns {tuple(expected.shape)}",
+            "Pass the layer's weights as BilinearWeights(W, V, P, ...) or a (W, V, P) tuple")
+    wide = weights.to(torch.float64)
+    x = probe.double()
+    left, right = (x @ wide.W.T).abs(), (x @ wide.V.T).abs()
+    if wide.w_bias is not None:
+        left = left + wide.w_bias.abs()
+    if wide.v_bias is not None:
+        right = right + wide.v_bias.abs()
+    hidden = left * right + (0 if wide.hidden_bias is None else wide.hidden_bias.abs())
+    size = hidden @ wide.P.abs().T + (0 if wide.out_bias is None else wide.out_bias.abs())
+    tolerance = max(_PROBE_TOLERANCE, math.sqrt(torch.finfo(weights.W.dtype).eps))
+    gap = (computed.double() - expected).abs()
+    finite = torch.isfinite(expected) & torch.isfinite(computed)
+    off = torch.where(finite, gap > tolerance * size, torch.isfinite(expected) != torch.isfinite(computed))
+    if bool(off.any()):
+        worst = float(torch.where(finite, gap / size.clamp_min(torch.finfo(torch.float64).tiny), 0).max())
+        raise argument_error(
+            "source", f"the weights read from {type(module).__name__} (its projections' .weight and .bias) do not "
+            f"compute its output: on a probe input they are off by up to {worst:.3g} of the layer's size, so an "
+            "analysis of them would describe another function. Something runs around the projections: an adapter "
+            "wrapper (peft's LoRA layers forward .weight to the base layer), a forward hook, or a forward of its own",
+            "Merge the adapter into the weights (peft: model.merge_and_unload()), remove the hooks, or pass the "
+            "weights the layer computes with as BilinearWeights(W, V, P, ...)")
+    return weights
 
 
 def _is_bridge_component(source) -> bool:

@@ -1,0 +1,80 @@
+"""Trust pass 22, methods (helper-143): bilinear analyses, the Space head and rationale-guided attention, a second look.
+
+Each test pins one fix: before it, the case gave a silently wrong answer or an unhelpful crash.
+"""
+
+import pytest
+import torch
+import transformers as T
+from torch import nn
+
+from bcos_plugins.bilinear import bilinear_weights, eigendecompose, eigenvector_activations
+from bcos_plugins.errors import BcosValueError
+
+_TINY_DECODER = dict(vocab_size=50, hidden_size=16, intermediate_size=24, num_hidden_layers=1, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=64)
+
+
+def _bilinear_qwen2_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return T.Qwen2ForCausalLM(T.Qwen2Config(hidden_act="linear", **_TINY_DECODER)).eval().model.layers[0].mlp
+
+
+class _LoraLinear(nn.Module):
+    """An adapter wrapper as peft's LoRA layers are: ``.weight`` / ``.bias`` are the base layer's, the forward adds a
+    low-rank update."""
+
+    def __init__(self, base: nn.Linear, rank: int = 2) -> None:
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = nn.Linear(base.in_features, rank, bias=False)
+        self.lora_B = nn.Linear(rank, base.out_features, bias=False)
+        nn.init.normal_(self.lora_B.weight)
+
+    @property
+    def weight(self):
+        return self.base_layer.weight
+
+    @property
+    def bias(self):
+        return self.base_layer.bias
+
+    def forward(self, x):
+        return self.base_layer(x) + self.lora_B(self.lora_A(x))
+
+
+@pytest.mark.parametrize("wrap", ["lora", "hook"])
+def test_bilinear_weights_refuse_projections_whose_forward_is_not_their_weight(wrap):
+    # the weights were read from .weight / .bias alone: an unmerged LoRA update or a hook on a projection was left out,
+    # and every analysis described another function (the read weights' output off by the whole layer's)
+    mlp = _bilinear_qwen2_mlp()
+    if wrap == "lora":
+        mlp.up_proj = _LoraLinear(mlp.up_proj)
+    else:
+        mlp.gate_proj.register_forward_hook(lambda module, inputs, output: 2 * output)
+    with pytest.raises(BcosValueError, match="^source: the weights read from Qwen2MLP .* do not compute its output"):
+        bilinear_weights(mlp)
+    with pytest.raises(BcosValueError, match="do not compute its output"):
+        eigendecompose(mlp, torch.ones(16))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma2", "llama_bias"])
+def test_bilinear_analyses_of_the_registry_families_gated_mlps_are_their_outputs(family):
+    # what the check above must keep: a registry family's bilinear gated MLP (GQA attention beside it, Llama's
+    # mlp_bias) is read as it computes, and the eigenvector activations sum to its outputs along u (float64 reference)
+    torch.manual_seed(0)
+    config = {"qwen2": lambda: T.Qwen2Config(hidden_act="linear", **_TINY_DECODER),
+              "mistral": lambda: T.MistralConfig(hidden_act="linear", **_TINY_DECODER),
+              "gemma2": lambda: T.Gemma2Config(hidden_activation="linear", hidden_act="linear", head_dim=4,
+                                               **_TINY_DECODER),
+              "llama_bias": lambda: T.LlamaConfig(hidden_act="linear", mlp_bias=True, **_TINY_DECODER)}[family]()
+    mlp = T.AutoModelForCausalLM.from_config(config).eval().model.layers[0].mlp
+    with torch.no_grad():
+        for parameter in mlp.parameters():
+            parameter.normal_()
+    weights = bilinear_weights(mlp).to(torch.float64)
+    layer, x, u = weights.augmented(), torch.randn(5, 16, dtype=torch.float64), torch.randn(3, 16, dtype=torch.float64)
+    with torch.no_grad():
+        expected = mlp.double()(x) @ u.T
+    activations = eigenvector_activations(eigendecompose(layer, u), torch.cat([x, torch.ones(5, 1).double()], 1))
+    torch.testing.assert_close(activations.sum(-1), expected, rtol=1e-9, atol=1e-9)
