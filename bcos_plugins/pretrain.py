@@ -22,6 +22,7 @@ from pathlib import Path
 from torch import nn
 
 from ._checks import (
+    require_bool,
     require_choice,
     require_classifier,
     require_count,
@@ -127,14 +128,6 @@ def _load_masked_lm(source, b: float | None, bcos_query_key: bool | None) -> nn.
     return source
 
 
-def _check_query_key(value, allow_none: bool = False) -> None:
-    """Checked before any training: bcosify would refuse it only after the first stage."""
-    if not (isinstance(value, bool) or (allow_none and value is None)):
-        raise argument_error("bcos_query_key", f"must be True or False, got {value!r}",
-                             "pass True (B-cos query/key layers) or False (keep the pretrained query/key maps)",
-                             kind=BcosTypeError)
-
-
 def _task_then_bcos_b(b: float | None, preset: str | None) -> float:
     """The B of ``fine_tune_task_then_bcos``: ``b`` itself, else the preset's (checked before any training)."""
     if preset is not None:
@@ -197,7 +190,10 @@ def pretrain_masked_lm(
 
     if b is not None:
         check_b(b)
-    _check_query_key(bcos_query_key, allow_none=True)
+    # checked before any training (bcosify would refuse it only after loading the model)
+    require_bool("bcos_query_key", bcos_query_key, or_none=True,
+                 fix="Pass True (B-cos query/key layers), False (keep the pretrained query/key maps) or None (True "
+                 "for a stock model, a B-cos model's own setting)")
     if not callable(tokenizer) or getattr(tokenizer, "mask_token", None) is None:
         raise argument_error("tokenizer", f"must be a transformers tokenizer with a mask token, got "
                              f"{type(tokenizer).__name__}", "pass AutoTokenizer.from_pretrained(...) of the model")
@@ -364,20 +360,18 @@ def fine_tune_task_then_bcos(
     b = _task_then_bcos_b(b, preset)  # validates preset: a known name, and not with b
     stage = TASK_THEN_BCOS_PRESET_STAGES[_DEFAULT_TASK_THEN_BCOS_PRESET if preset is None else preset]
     epochs = stage["epochs"] if epochs is None else epochs
+    require_bool("distill_from_task_stage", distill_from_task_stage, or_none=True,
+                 fix="Pass True to distil the B-cos stage from the task-stage model, False not to, or leave it out "
+                 "(the preset's choice)")
     if distill_from_task_stage is None:  # a teacher of the caller's own replaces the preset's distillation
         distill_from_task_stage = stage["distill_from_task_stage"] and "teacher" not in fine_tune_kwargs
-    elif not isinstance(distill_from_task_stage, bool):
-        raise argument_error("distill_from_task_stage", f"must be True, False or None, got "
-                             f"{distill_from_task_stage!r}", "pass True to distil the B-cos stage from the "
-                             "task-stage model, False not to, or leave it out (the preset's choice)",
-                             kind=BcosTypeError)
     elif distill_from_task_stage and "teacher" in fine_tune_kwargs:
         raise argument_error("distill_from_task_stage", "is True and teacher= is given, but the B-cos stage "
                              "distils from one teacher", "pass distill_from_task_stage=False to distil from "
                              "your teacher, or leave teacher= out to distil from the task-stage model")
-    _check_query_key(bcos_query_key)
-    # the conversion between the stages, both stages' own settings: checked before the first stage trains
-    # the user's model in place (an unconvertible model would otherwise fail only after it)
+    # the conversion between the stages (bcos_query_key among its settings: plan_conversion's require_bool), both
+    # stages' own settings: checked before the first stage trains the user's model in place (an unconvertible model
+    # would otherwise fail only after it)
     plan_conversion(model, b, bcos_query_key=bcos_query_key)
     require_number("task_epochs", task_epochs, low=0.0, low_open=True)
     require_number("task_learning_rate", task_learning_rate, low=0.0, low_open=True)

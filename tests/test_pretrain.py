@@ -254,7 +254,7 @@ def test_task_then_bcos_teacher_of_ones_own_replaces_the_presets_distillation(mo
                                             r"False to distil from your teacher"):
         fine_tune_task_then_bcos(tiny_model("BertForSequenceClassification"), tok, texts, labels,
                                  distill_from_task_stage=True, teacher=mine, **QUIET)
-    with pytest.raises(BcosTypeError, match=r"^distill_from_task_stage: must be True, False or None, got 'yes'"):
+    with pytest.raises(BcosTypeError, match=r"^distill_from_task_stage: must be True, False or None, got str 'yes'"):
         fine_tune_task_then_bcos(tiny_model("BertForSequenceClassification"), tok, texts, labels,
                                  distill_from_task_stage="yes", **QUIET)
     assert len(calls) == 2  # both refusals came before any stage ran

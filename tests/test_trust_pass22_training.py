@@ -8,10 +8,12 @@ import pytest
 import torch
 import transformers as T
 from conftest import tiny_config
+from test_pretrain import QUIET, corpus, word_tokenizer
 
 from bcos_plugins import bcosify
-from bcos_plugins.errors import BcosValueError
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.nn.linear import AlignmentPressure
+from bcos_plugins.pretrain import fine_tune_task_then_bcos, pretrain_masked_lm
 from bcos_plugins.train import BWarmupCallback
 from bcos_plugins.train_decoder import train_causal_lm
 
@@ -76,3 +78,22 @@ def test_load_best_model_at_end_is_refused_while_checkpoints_of_the_warmup_can_b
                               callbacks=[BWarmupCallback(model, fraction=0.5)], **settings)
     assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [4, 5, 6]
     assert trainer.evaluate()["eval_loss"] == pytest.approx(trainer.state.best_metric, rel=1e-6, abs=0)
+
+
+def test_the_recipes_flags_are_checked_by_the_packages_one_bool_check():
+    """pretrain_masked_lm's bcos_query_key takes None too, but its hand-written check said "must be True or False";
+    fine_tune_task_then_bcos's distill_from_task_stage named no type. Both are _checks.require_bool's refusal now."""
+    texts, labels = corpus(8)
+    with pytest.raises(BcosTypeError, match=r"^bcos_query_key: must be True, False or None, got str 'no'\. Pass True "
+                                            r"\(B-cos query/key layers\), False \(keep the pretrained query/key maps\) "
+                                            r"or None \(True for a stock model, a B-cos model's own setting\)\.$"):
+        pretrain_masked_lm(T.BertForMaskedLM(tiny_config("bert")), word_tokenizer(), texts, bcos_query_key="no",
+                           **QUIET)
+    stock = T.BertForSequenceClassification(tiny_config("bert", num_labels=2))
+    with pytest.raises(BcosTypeError, match=r"^distill_from_task_stage: must be True, False or None, got str 'yes'\. "
+                                            r"Pass True to distil the B-cos stage from the task-stage model, False "
+                                            r"not to, or leave it out \(the preset's choice\)\.$"):
+        fine_tune_task_then_bcos(stock, word_tokenizer(), texts, labels, distill_from_task_stage="yes", **QUIET)
+    with pytest.raises(BcosTypeError, match=r"^bcos_query_key: must be True or False, got NoneType None\. Pass True "
+                                            r"\(B-cos query/key layers\) or False"):
+        fine_tune_task_then_bcos(stock, word_tokenizer(), texts, labels, bcos_query_key=None, **QUIET)
