@@ -28,6 +28,7 @@ bias), so for an SAE there pass ``input_norm=model.blocks[L].ln2``: the analysed
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -367,7 +368,10 @@ class BilinearSAEInteractions:
     def spectrum(self, output_features) -> Eigendecomposition:
         """Eigendecomposition (ascending) of ``Q(e)`` for one output feature or a list of them."""
         eig = eigendecompose(self._analysed, self._encoder(output_features))
-        if isinstance(output_features, int):
+        # one feature however it is given: a NumPy integer or a 0-d tensor (an argmax) got the batched form, so
+        # eig.eigenvalues[-1] was every eigenvalue of the feature instead of its largest one
+        if isinstance(output_features, numbers.Integral) or (isinstance(output_features, Tensor)
+                                                             and output_features.ndim == 0):
             return Eigendecomposition(eig.eigenvalues[0], eig.eigenvectors[0])
         return eig
 

@@ -275,3 +275,22 @@ def test_bilinear_sae_interactions_name_their_own_arguments_and_take_float64_act
                  lambda: analysis.low_rank_correlation(empty, [2]), lambda: analysis.output_activations(empty)):
         with pytest.raises(BcosError, match=r"^mlp_inputs: shape \(0, 8\) holds no tokens"):
             call()
+
+
+def test_bilinear_sae_interactions_spectrum_of_one_feature_given_as_a_numpy_or_tensor_integer():
+    """spectrum(feature) returns one feature's eigendecomposition for an int, but for a NumPy integer or a 0-d tensor
+    (an argmax) it returned the batched form, (1, d_in): eig.eigenvalues[-1], the largest eigenvalue, was then the whole
+    row, silently. Every integer scalar is one feature now."""
+    import numpy as np
+    from bcos_plugins.adapters.sae_lens import BilinearSAEInteractions
+    from test_sae_lens_adapter import D_MODEL, layer_and_inputs, topk_sae
+
+    layer, _ = layer_and_inputs(seed=3)
+    analysis = BilinearSAEInteractions(layer, topk_sae(D_MODEL, seed=5), topk_sae(D_MODEL, seed=4))
+    want = analysis.spectrum(2)
+    assert want.eigenvalues.shape == (D_MODEL,)
+    for feature in (np.int64(2), torch.tensor(2), torch.tensor(2, dtype=torch.int32)):
+        got = analysis.spectrum(feature)
+        assert got.eigenvalues.shape == (D_MODEL,)
+        torch.testing.assert_close(got.eigenvalues, want.eigenvalues)
+    assert analysis.spectrum([2]).eigenvalues.shape == (1, D_MODEL)  # a list stays a batch
