@@ -75,7 +75,7 @@ import inspect
 import logging
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import dataclass
@@ -632,6 +632,7 @@ def _attribute_in_eval_mode(attribution_model: AttributionModel, model: nn.Modul
 
     @functools.wraps(unpatched)
     def attribute(*args, **kwargs):
+        _refuse_token_inputs(args[0] if args else kwargs.get("input_texts"))
         args, kwargs, asked = _without_requested_deltas(attribution_model, unpatched, args, kwargs)
         with evaluating(model):
             out = unpatched(*args, **kwargs)
@@ -644,6 +645,18 @@ def _attribute_in_eval_mode(attribution_model: AttributionModel, model: nn.Modul
 
     attribute._in_eval_mode = True
     attribution_model.attribute = attribute
+
+
+def _refuse_token_inputs(input_texts) -> None:
+    """inseq's ``attribute`` takes the prompts as texts: the tokenizer's output failed inside inseq with "IndexError:
+    list index out of range" and a tensor of ids with "Boolean value of Tensor with more than one value is
+    ambiguous", naming neither the argument nor the fix."""
+    if isinstance(input_texts, Mapping | Tensor):
+        what = (f"the tokenizer's output (a {type(input_texts).__name__})" if isinstance(input_texts, Mapping)
+                else "a tensor of token ids")
+        raise argument_error("input_texts", f"got {what}; inseq's attribute takes the prompts as texts and tokenises "
+                             "them itself", "Pass the strings, e.g. attribute(['Once upon a time'], ...) (from ids: "
+                             "tokenizer.batch_decode(ids, skip_special_tokens=True))", kind=BcosTypeError)
 
 
 def _without_requested_deltas(attribution_model: AttributionModel, attribute, args: tuple, kwargs: dict

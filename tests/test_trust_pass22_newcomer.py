@@ -348,3 +348,21 @@ def test_captum_target_given_a_label_name_names_the_mapping(bert, tokenizer):
     with pytest.raises(BcosTypeError, match=r"^target: got a name \('LABEL_1'\), not a class index\. Map a class name to "
                                             r"its id with model\.config\.label2id\['LABEL_1'\]"):
         LayerBcos(bert).attribute(enc["input_ids"], target="LABEL_1", additional_forward_args=(enc["attention_mask"],))
+
+
+@pytest.mark.parametrize("given", ["batch_encoding", "ids"])
+def test_inseq_bcos_attribute_given_token_ids_asks_for_the_texts(given):
+    """``inseq.load_model(model, "bcos").attribute(tokenizer(...))`` failed inside inseq with "IndexError: list index
+    out of range" (ids: "Boolean value of Tensor with more than one value is ambiguous")."""
+    import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
+    import inseq
+    from test_conformance import _stock, _word_tokenizer
+
+    tokenizer = _word_tokenizer()
+    model = inseq.load_model(bcosify(_stock("GPT2LMHeadModel"), b=1.1, verbose=False), "bcos", tokenizer=tokenizer)
+    enc = tokenizer(["w3 w7 w5"], return_tensors="pt")
+    with pytest.raises(BcosTypeError, match=r"^input_texts: got (the tokenizer's output|a tensor of token ids).*"
+                                            r"batch_decode"):
+        model.attribute(enc if given == "batch_encoding" else enc["input_ids"], generation_args={"max_new_tokens": 1})
+    out = model.attribute(["w3 w7 w5"], generation_args={"max_new_tokens": 1})  # the texts themselves still run
+    assert len(out.sequence_attributions) == 1
