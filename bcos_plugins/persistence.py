@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -214,16 +215,22 @@ def checked_settings(path: str, config) -> dict:
     return settings
 
 
-def _refuse_rebuilt_otherwise(path: str, key: str, saved, rebuilt: dict, what: str, absent: str) -> None:
+def _refuse_rebuilt_otherwise(path: str, key: str, saved, rebuilt: dict, what: str, absent: str,
+                              loaded: Callable[[str], bool]) -> None:
     """Refuse a load whose conversion rebuilt ``config.bcos[key]`` (``{module path: activation}``, written by bcosify)
     otherwise than the save recorded it: an activation set by hand on the model before bcosify, which save_pretrained
     does not write (only the config's activation name), a keyword of the load that changes it, or an edited config.json.
-    ``absent`` names what a path missing from one side held."""
+    ``absent`` names what a path missing from one side held. Only paths whose module ``loaded`` says the load rebuilt
+    from saved weights count: one of a layer that a keyword added or removed (``num_hidden_layers``) is a mismatch of
+    the weights, which the load's weight check names (it was reported here as an activation rebuilt otherwise)."""
     if not isinstance(saved, dict):
         saved = {"(record)": repr(saved)}  # not written by bcosify: reported as differing below
     if saved == rebuilt:
         return
-    differing = sorted(p for p in set(saved) | set(rebuilt) if saved.get(p) != rebuilt.get(p))
+    differing = sorted(p for p in set(saved) | set(rebuilt)
+                       if saved.get(p) != rebuilt.get(p) and (p == "(record)" or loaded(p)))
+    if not differing:
+        return
     shown = "; ".join(f"'{p}' saved as {saved.get(p) or absent}, rebuilt as {rebuilt.get(p) or absent}"
                       for p in differing[:3])
     raise BcosValueError(
@@ -272,14 +279,24 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
     # given a config.bcos record; a bcos_query_key=False GPT-2, whose c_attn keeps its bias, with the record's
     # format_version and query_key edited) loaded as a different model, silently (logits 0.12 off)
     rebuilt = getattr(model.config, BCOS_CONFIG_KEY)
+
+    def loaded(activation_path: str) -> bool:
+        """Whether the module holding ``activation_path`` is in the model and was loaded from saved weights."""
+        parent = activation_path.rpartition(".")[0]
+        try:
+            model.get_submodule(parent)
+        except AttributeError:
+            return False
+        return any(key.startswith(parent + ".") for key in saved_keys)
+
     # a gated MLP's activation set by hand before bcosify (no config name, or not the config's): save_pretrained
     # writes only the config's name, so the reload held another activation, silently (logits off)
     _refuse_rebuilt_otherwise(path, "gate_branch_activations", settings.get("gate_branch_activations", {}),
                               rebuilt.get("gate_branch_activations", {}), "gated-MLP activations",
-                              "one with a gate kind")
+                              "one with a gate kind", loaded)
     if "activations" in settings:  # recorded after 0.2.0: an older save cannot be checked (nothing to compare)
         _refuse_rebuilt_otherwise(path, "activations", settings["activations"], rebuilt.get("activations", {}),
-                                  "activations (gate kinds)", "no detachable activation")
+                                  "activations (gate kinds)", "no detachable activation", loaded)
     held = sorted(set(model.bcos_report.dropped_biases) & saved_keys)
     if held:
         raise BcosValueError(

@@ -63,6 +63,9 @@ _HAND_SET = [
     ("GPT2LMHeadModel", "transformer.h.1.mlp.act", lambda: ACT2FN["quick_gelu"], "quick_gelu", "gelu_tanh"),
     ("ModernBertForSequenceClassification", "head.act", lambda: nn.ReLU(), "relu", "gelu"),
     ("DistilBertModel", "transformer.layer.0.ffn.activation", lambda: nn.SiLU(), "silu", "gelu"),
+    # an identity put in by hand: nothing to record at that path, the config rebuilds a GELU there
+    ("RobertaModel", "encoder.layer.1.intermediate.intermediate_act_fn", lambda: nn.Identity(),
+     "no detachable activation", "gelu"),
 ]
 
 
@@ -72,7 +75,7 @@ def test_an_activation_set_by_hand_is_refused_on_load_not_rebuilt_as_the_configs
     stock = _stock(name)
     _put(stock, path, make())
     model = bcosify(stock, b=B, verbose=False)
-    assert model.bcos_report.activations[path] == hand
+    assert model.bcos_report.activations.get(path, "no detachable activation") == hand
     model.save_pretrained(tmp_path)
     with pytest.raises(BcosValueError, match=rf"^config\.bcos\['activations'\]: .* was saved with activations \(gate "
                                              rf"kinds\) that its config does not rebuild \(1 differ: '{path}' saved as "
@@ -108,6 +111,17 @@ def test_an_activation_keyword_of_the_load_is_refused_as_another_model(tmp_path)
     with pytest.raises(BcosValueError, match=r"^config\.bcos\['activations'\]: .*saved as gelu, rebuilt as relu.*a "
                                              r"keyword of load_bcos_model that changes the activation"):
         load_bcos_model(tmp_path, hidden_act="relu")
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_a_layer_count_keyword_is_refused_by_the_weight_check_not_as_an_activation_rebuilt_otherwise(tmp_path, layers):
+    """The activations of layers the keyword removed or added are no activation rebuilt otherwise: the weights name it."""
+    model = bcosify(_stock("BertForSequenceClassification"), b=B, verbose=False)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(BcosValueError, match=r"^path: .* does not match a B-cos BertForSequenceClassification: "
+                                             + (r"missing \[\], unexpected \['bert\.encoder\.layer\.1\." if layers == 1
+                                                else r"missing \['bert\.encoder\.layer\.2\.")):
+        load_bcos_model(tmp_path, num_hidden_layers=layers)
 
 
 # ------------------------------------------------------------------ modules of another class where bcosify swaps
