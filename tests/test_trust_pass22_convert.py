@@ -40,7 +40,7 @@ from bcos_plugins.errors import BcosKeywordError, BcosValueError
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
-def _logits(model, ids, mask):
+def _model_output(model, ids, mask):
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask)
     return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
@@ -91,7 +91,7 @@ def test_config_built_activations_are_recorded_and_reload_bit_identical(tmp_path
     loaded = load_bcos_model(tmp_path)
     assert loaded.config.bcos == model.config.bcos
     ids, mask = padded_batch()
-    assert torch.equal(_logits(loaded, ids, mask), _logits(model, ids, mask))
+    assert torch.equal(_model_output(loaded, ids, mask), _model_output(model, ids, mask))
 
 
 def test_a_save_without_the_activation_record_still_loads(tmp_path):
@@ -102,7 +102,7 @@ def test_a_save_without_the_activation_record_still_loads(tmp_path):
     del config["bcos"]["activations"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     ids, mask = padded_batch()
-    assert torch.equal(_logits(load_bcos_model(tmp_path), ids, mask), _logits(model, ids, mask))
+    assert torch.equal(_model_output(load_bcos_model(tmp_path), ids, mask), _model_output(model, ids, mask))
 
 
 def test_an_activation_keyword_of_the_load_is_refused_as_another_model(tmp_path):
@@ -183,7 +183,7 @@ def test_a_soft_capped_head_of_a_linear_subclass_still_converts_and_runs_its_own
         hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
         raw = 0.5 * torch.nn.functional.linear(hidden, model.lm_head.weight)
     cap = model.config.final_logit_softcapping
-    torch.testing.assert_close(_logits(model, ids, mask), cap * torch.tanh(raw / cap), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(_model_output(model, ids, mask), cap * torch.tanh(raw / cap), rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------ B-cos DistilBERT classifier: return_dict=False
@@ -223,7 +223,7 @@ def test_a_head_tied_by_hand_under_an_untied_config_is_refused_naming_the_keywor
         load_bcos_model(tmp_path)
     loaded = load_bcos_model(tmp_path, tie_word_embeddings=True)
     ids, mask = padded_batch()
-    assert torch.equal(_logits(loaded, ids, mask), _logits(model, ids, mask))
+    assert torch.equal(_model_output(loaded, ids, mask), _model_output(model, ids, mask))
 
 
 def test_tie_word_embeddings_given_to_a_save_with_its_own_head_is_refused_by_name(tmp_path):
