@@ -78,3 +78,32 @@ def test_bilinear_analyses_of_the_registry_families_gated_mlps_are_their_outputs
         expected = mlp.double()(x) @ u.T
     activations = eigenvector_activations(eigendecompose(layer, u), torch.cat([x, torch.ones(5, 1).double()], 1))
     torch.testing.assert_close(activations.sum(-1), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_replace_guidance_hook_keeps_a_bridges_masked_keys_masked():
+    # a TransformerBridge's hook_attn_scores carries transformers' additive mask (the dtype's lowest value, not -inf),
+    # which isfinite read as open: "replace" sent query 0 all its attention to the future key on the rationale
+    from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
+    from conftest import VOCAB
+
+    from bcos_plugins.guided import guidance_hooks
+
+    torch.manual_seed(0)
+    hf = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=32)).eval()
+    bridge = transformer_bridge_from_hf(hf)
+    tokens = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    gold = torch.zeros(1, 6)
+    gold[0, [2, 5]] = 1.0
+    patterns = {}
+
+    def record(pattern, hook):
+        patterns["last"] = pattern.detach().clone()
+
+    name, hook = guidance_hooks(2, gold, "replace", 1.0, last_layers=1)[0]
+    bridge.run_with_hooks(tokens, fwd_hooks=[(name, hook), ("blocks.1.attn.hook_pattern", record)])
+    pattern = patterns["last"][0]  # (head, query, key)
+    # Eq. 5 by hand: each query's attention is M / sum M over the keys it may see; a query that sees no rationale key
+    # keeps its own attention, which stays causal
+    assert torch.equal(pattern.triu(1), torch.zeros_like(pattern))
+    torch.testing.assert_close(pattern[:, 2:5, 2], torch.ones(4, 3))
+    torch.testing.assert_close(pattern[:, 5, [2, 5]], torch.full((4, 2), 0.5))

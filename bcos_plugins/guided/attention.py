@@ -42,7 +42,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 
 from .._checks import bad_rows, require_int, require_tensor
 from ..errors import BcosRuntimeError, BcosTypeError, argument_error
-from .guidance import GuidanceMode, check_guidance, check_rationale_mask, guide_scores
+from .guidance import GuidanceMode, check_guidance, check_rationale_mask, guide_scores, unmasked
 
 __all__ = [
     "GUIDED_IMPLEMENTATIONS",
@@ -100,7 +100,7 @@ def _padding_as_additive(attention_mask: Tensor | None, scores: Tensor, is_causa
         allowed = attention_mask[..., :n_keys]
     else:
         additive = attention_mask[..., :n_keys]
-        return additive, additive > torch.finfo(additive.dtype).min / 2
+        return additive, unmasked(additive)
     additive = torch.zeros(allowed.shape, dtype=scores.dtype, device=scores.device)
     return additive.masked_fill(~allowed, torch.finfo(scores.dtype).min), allowed
 

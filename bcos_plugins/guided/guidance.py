@@ -78,6 +78,14 @@ def check_rationale_mask(rationale_mask, batch: int | None = None, n_keys: int |
     return rationale_mask
 
 
+def unmasked(scores: Tensor) -> Tensor:
+    """Where ``scores`` (or an additive mask) leave a key open: above half the dtype's lowest value. A masked key is
+    ``-inf`` (TransformerLens' ``HookedTransformer``) or the dtype's lowest finite value (transformers' additive masks,
+    which a ``TransformerBridge``'s ``hook_attn_scores`` carries): ``isfinite`` read the second as open, and
+    ``"replace"`` sent a query's attention to a future or padding key on the rationale."""
+    return scores > torch.finfo(scores.dtype).min / 2
+
+
 def _as_key_mask(rationale_mask: Tensor, scores: Tensor) -> Float[Tensor, "batch 1 1 key"]:
     batch, _, _, n_keys = scores.shape
     rationale_mask = check_rationale_mask(rationale_mask, batch, n_keys)

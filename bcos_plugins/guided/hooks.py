@@ -1,10 +1,12 @@
 """Self-Guided Attention as TransformerLens hooks on ``blocks.{l}.attn.hook_attn_scores``.
 
 ``hook_attn_scores`` of a ``HookedTransformer`` (or ``HookedEncoder``) carries the scaled scores
-``Q K^T / sqrt(d_head)`` after the causal/padding mask has been applied (masked entries are ``-inf``), just
-before the softmax. The hook returns :func:`~bcos_plugins.guided.guidance.guide_scores` of them, the same
-function the transformers path uses; masked entries stay ``-inf`` in every mode (``-inf * (1 + lam M)``
-and ``-inf + c`` are ``-inf``; ``"replace"`` renormalises over the finite entries only).
+``Q K^T / sqrt(d_head)`` after the causal/padding mask has been applied (masked entries are ``-inf``; on a
+``TransformerBridge`` the dtype's lowest value, transformers' additive mask), just before the softmax. The hook
+returns :func:`~bcos_plugins.guided.guidance.guide_scores` of them, the same function the transformers path uses;
+masked entries stay masked in every mode (``-inf * (1 + lam M)`` and ``-inf + c`` are ``-inf``, the lowest value
+times ``1 + lam M`` overflows to ``-inf`` or stays the lowest; ``"replace"`` renormalises over the open entries only,
+:func:`~bcos_plugins.guided.guidance.unmasked`).
 
 This module does not import TransformerLens: a hook is a plain ``(tensor, hook) -> tensor`` callable.
 
@@ -26,13 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from .._checks import require_int
 from ..errors import argument_error
-from .guidance import GuidanceMode, check_guidance, check_rationale_mask, guide_scores
+from .guidance import GuidanceMode, check_guidance, check_rationale_mask, guide_scores, unmasked
 
 __all__ = ["attn_scores_guidance_hook", "guidance_hooks"]
 
@@ -47,7 +48,7 @@ def attn_scores_guidance_hook(
     rationale_mask = check_rationale_mask(rationale_mask)
 
     def guide_attn_scores(scores: Float[Tensor, "batch head query key"], hook=None) -> Tensor:
-        return guide_scores(scores, rationale_mask, mode, strength, allowed=torch.isfinite(scores))
+        return guide_scores(scores, rationale_mask, mode, strength, allowed=unmasked(scores))
 
     return guide_attn_scores
 
