@@ -83,9 +83,8 @@ from transformers.utils import logging as hf_logging
 from bcos_plugins import bcosify
 from bcos_plugins.data import load_sst2
 from bcos_plugins.data.ag_news import load_ag_news
-from bcos_plugins.errors import BcosValueError
 from bcos_plugins.metrics import PerturbationCurves, paired_accuracy_difference
-from bcos_plugins.metrics.paired import constant_difference, paired_bootstrap_difference
+from bcos_plugins.metrics.paired import NoSpreadError, constant_difference, paired_bootstrap_difference
 from bcos_plugins.pretrain import BCOS_STAGE_SCHEDULE, TASK_THEN_BCOS_PRESET_STAGES
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import fine_tune_classifier
@@ -564,9 +563,10 @@ def _accuracy_columns(pairs: list[tuple[dict, dict]], dataset: str) -> dict:
     try:
         paired = paired_accuracy_difference([a["predictions"] for a, _ in pairs], [b["predictions"] for _, b in pairs],
                                             labels)
-    except BcosValueError:
+    except NoSpreadError:
         # two or more seeds with the same difference leave no spread over seeds for an interval: the accuracy is
-        # reported, the difference and its interval are not ("–")
+        # reported, the difference and its interval are not ("–"). Only that refusal: any BcosValueError showed an
+        # input error (a label of -1, predictions of another length) as "–" and the run went on
         accuracy = [sum(p == y for p, y in zip(b["predictions"], labels, strict=True)) / len(labels) for _, b in pairs]
         nan = float("nan")
         return {f"{dataset}_accuracy": 100 * sum(accuracy) / len(pairs), f"{dataset}_accuracy_diff": nan,

@@ -97,3 +97,39 @@ def test_the_recipes_flags_are_checked_by_the_packages_one_bool_check():
     with pytest.raises(BcosTypeError, match=r"^bcos_query_key: must be True or False, got NoneType None\. Pass True "
                                             r"\(B-cos query/key layers\) or False"):
         fine_tune_task_then_bcos(stock, word_tokenizer(), texts, labels, bcos_query_key=None, **QUIET)
+
+
+def test_the_frontier_and_paired_reports_stop_on_an_input_error_and_show_only_no_spread_as_no_interval(tmp_path):
+    """bench_frontier._accuracy_columns and paired_report caught every BcosValueError of paired_accuracy_difference
+    as its "no spread over seeds" refusal: a label of -1 (an unlabelled split) showed as "–" / "no interval" and the
+    run went on. Only NoSpreadError is caught now; the refusal of the input stops the run."""
+    import json
+
+    from bcos_plugins.metrics.paired import NoSpreadError, paired_accuracy_difference
+    from benchmarks import bench_frontier
+    from benchmarks.common.paired_report import paired_report
+
+    base = {0: [0, 1, 0, 0], 1: [0, 0, 1, 0]}
+    other = {0: [0, 1, 1, 0], 1: [0, 1, 1, 0]}  # +0.25 on both seeds: no spread
+    with pytest.raises(NoSpreadError, match=r"^predictions_b: differ from predictions_a by \+0\.25 on each of the 2"):
+        paired_accuracy_difference([base[0], base[1]], [other[0], other[1]], [0, 1, 1, 0])
+    with pytest.raises(NoSpreadError, match=r"^predictions_a: hold one seed on one example"):
+        paired_accuracy_difference([1], [1], [1])
+    for labels in ([0, 1, 1, 0], [0, 1, -1, 0]):
+        pairs = [({"predictions": base[s], "labels": labels}, {"predictions": other[s]}) for s in (0, 1)]
+        files = []
+        for seed in (0, 1):
+            path = tmp_path / f"default_seed{seed}.json"
+            path.write_text(json.dumps({"chance": {"iou": 0.1}, "settings": {"seed": seed}, "labels": labels, **{
+                name: {"accuracy": 0.0, "predictions": predictions[seed], "attention": {"iou": 0.2}}
+                for name, predictions in (("stock-vanilla", base), ("stock-supervised", other))}}))
+            files.append(path)
+        if labels[2] == 1:  # no spread over seeds: the accuracy without an interval, as before
+            assert bench_frontier._interval(bench_frontier._accuracy_columns(pairs, "sst2"), "sst2_accuracy") == "–"
+            assert "no spread" in paired_report(files, "stock-vanilla", 0.01)["default/stock-supervised"]["no_interval"]
+            continue
+        with pytest.raises(BcosValueError, match=r"^labels: holds -1 at examples \[2\], not a class id") as refused:
+            bench_frontier._accuracy_columns(pairs, "sst2")
+        assert not isinstance(refused.value, NoSpreadError)
+        with pytest.raises(BcosValueError, match=r"^labels: holds -1 at examples \[2\], not a class id"):
+            paired_report(files, "stock-vanilla", 0.01)

@@ -35,10 +35,17 @@ import torch
 from torch import Tensor
 
 from .._checks import require_float, require_int, require_same_shape, require_tensor
-from ..errors import argument_error
+from ..errors import BcosValueError, argument_error
 
-__all__ = ["PairedAccuracyDifference", "PairedBootstrapDifference", "constant_difference",
+__all__ = ["NoSpreadError", "PairedAccuracyDifference", "PairedBootstrapDifference", "constant_difference",
            "paired_accuracy_difference", "paired_bootstrap_difference"]
+
+
+class NoSpreadError(BcosValueError):
+    """:func:`paired_accuracy_difference`'s refusal of paired differences with no spread to build an interval from
+    (two or more seeds with the same difference, or one seed on one example), apart from its refusals of invalid
+    input: a report catches it to show a difference without an interval, and lets every other error stop the run
+    (catching ``BcosValueError`` showed an input error, such as a label of -1, as "no interval")."""
 
 
 @dataclass(frozen=True)
@@ -141,9 +148,11 @@ def paired_accuracy_difference(
     margin. The Wilson intervals never have zero width, so neither does this one.
 
     Raises:
-        BcosValueError: seeds (two or more) whose differences are all equal: the t-interval over seeds would have
+        NoSpreadError: seeds (two or more) whose differences are all equal: the t-interval over seeds would have
             zero width, a certainty about training noise that a few identical values cannot give (pass more
-            seeds, or one seed's predictions for an interval over the examples).
+            seeds, or one seed's predictions for an interval over the examples); one seed on one example.
+        BcosValueError / BcosTypeError: predictions or labels that are not class ids of matching shapes, a
+            ``confidence`` outside (0, 1).
     """
     try:
         from scipy import stats
@@ -190,7 +199,7 @@ def paired_accuracy_difference(
                 "predictions_b", f"differ from predictions_a by {float(per_seed[0]):+.6g} on each of the {n_seeds} "
                 "seeds, which leaves no spread over seeds to estimate training noise from (the t-interval over "
                 "seeds would have zero width)", "Pass the runs of more seeds, or one seed's predictions for an "
-                "interval over the examples")
+                "interval over the examples", kind=NoSpreadError)
         half = float(stats.t.ppf(0.5 + confidence / 2, n_seeds - 1)) * float(per_seed.std()) / math.sqrt(n_seeds)
         low, high = difference - half, difference + half
     else:
@@ -199,7 +208,8 @@ def paired_accuracy_difference(
             # one paired difference has no spread to estimate: the interval was [d, d], so one example on which
             # both variants were right read as "b non-inferior" at any margin
             raise argument_error("predictions_a", "hold one seed on one example, which has no spread to build an "
-                                 "interval from", "Evaluate on more examples (or pass the runs of several seeds)")
+                                 "interval from", "Evaluate on more examples (or pass the runs of several seeds)",
+                                 kind=NoSpreadError)
         both = int(((correct_a == 1) & (correct_b == 1)).sum())
         low, high = _newcombe_paired_interval(both, only_b, only_a, n_examples - both - only_a - only_b,
                                               float(stats.norm.ppf(0.5 + confidence / 2)))

@@ -11,8 +11,8 @@ import json
 import re
 from pathlib import Path
 
-from bcos_plugins.errors import BcosValueError
 from bcos_plugins.metrics import paired_accuracy_difference
+from bcos_plugins.metrics.paired import NoSpreadError
 
 __all__ = ["paired_report"]
 
@@ -80,8 +80,9 @@ def paired_report(files: list[Path], baseline: str, margin: float, confidence: f
         try:
             paired = paired_accuracy_difference([reference[s]["predictions"] for s in seeds],
                                                 [model[s]["predictions"] for s in seeds], labels, confidence)
-        except BcosValueError as error:
-            # the seeds' differences are all equal: no spread over seeds, so no interval and no non-inferiority
+        except NoSpreadError as error:
+            # the seeds' differences are all equal: no spread over seeds, so no interval and no non-inferiority (only
+            # that refusal: an input error, such as a label of -1, showed as "no interval" and the report went on)
             report[key] = {"seeds": seeds, "no_interval": str(error), "excluded_seeds": excluded,
                            "unchecked_seeds": unchecked}
             print(f"{key:44s} {len(seeds):5d}  no interval: {error}")
