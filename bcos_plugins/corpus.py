@@ -48,9 +48,13 @@ def _require_ids(values: list, name: str) -> list:
     texts: explain sees one chunk at a time, and a missing value (None) would fail inside torch.tensor)."""
     bad = next((i for i, v in enumerate(values) if not _is_id(v)), None)
     if bad is not None:
+        fix = "Pass one int per text (fill or drop the texts without one)"
+        if isinstance(values[bad], str):  # class names where their ids are meant: say how to map them
+            fix = (f"Map class names to their ids first with model.config.label2id (model.config.label2id"
+                   f"[{values[bad]!r}]; a list: [model.config.label2id[name] for name in names], a datasets column: "
+                   "data.map over it)")
         raise argument_error(name, f"the value for text {bad} is {type(values[bad]).__name__} {values[bad]!r}, not "
-                             "an integer id", "Pass one int per text (fill or drop the texts without one)",
-                             kind=BcosTypeError)
+                             "an integer id", fix, kind=BcosTypeError)
     return values
 
 

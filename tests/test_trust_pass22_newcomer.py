@@ -366,3 +366,17 @@ def test_inseq_bcos_attribute_given_token_ids_asks_for_the_texts(given):
         model.attribute(enc if given == "batch_encoding" else enc["input_ids"], generation_args={"max_new_tokens": 1})
     out = model.attribute(["w3 w7 w5"], generation_args={"max_new_tokens": 1})  # the texts themselves still run
     assert len(out.sequence_attributions) == 1
+
+
+def test_explain_dataset_given_class_names_names_the_mapping_to_their_ids(bert, tokenizer):
+    """A datasets column of class names (``target_column="label"`` holding "positive") was refused with "Pass one int
+    per text (fill or drop the texts without one)", a fix for missing values, not for names."""
+    import datasets
+
+    from bcos_plugins import explain_dataset
+
+    data = datasets.Dataset.from_dict({"text": TEXTS, "label": ["positive", "negative"]})
+    for kwargs in ({"target_column": "label"}, {"target": ["positive", "negative"]}):
+        with pytest.raises(BcosTypeError, match=r"the value for text 0 is str 'positive', not an integer id\. Map class "
+                                                r"names to their ids first with model\.config\.label2id"):
+            explain_dataset(bert, tokenizer, data, **kwargs)
