@@ -107,3 +107,28 @@ def test_replace_guidance_hook_keeps_a_bridges_masked_keys_masked():
     assert torch.equal(pattern.triu(1), torch.zeros_like(pattern))
     torch.testing.assert_close(pattern[:, 2:5, 2], torch.ones(4, 3))
     torch.testing.assert_close(pattern[:, 5, [2, 5]], torch.full((4, 2), 0.5))
+
+
+@pytest.mark.parametrize("objective", ["kl", "rank"])
+def test_attention_supervision_loss_of_float64_attentions_is_the_float64_hand_value(objective):
+    # the scores were cast with .float(): a float64 model's loss came back in float32, 7 digits of the hand value
+    from bcos_plugins.guided import attention_supervision_loss
+
+    generator = torch.Generator().manual_seed(0)
+    attentions = [torch.softmax(torch.randn(2, 3, 5, 5, generator=generator, dtype=torch.float64), -1)]
+    attention_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    gold = torch.tensor([[0.0, 1.0, 0.0, 0.5, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    scores = attentions[0][:, :, 0, :].mean(1)  # [CLS]'s attention, mean over heads
+    if objective == "kl":
+        target = gold / gold.sum(1, keepdim=True)
+        per_row = [sum(t * (torch.log(t) - torch.log(s)) for t, s in zip(target[i], scores[i], strict=True) if t > 0)
+                   for i in range(2)]
+    else:  # relu(1 - (log a_g - log a_o)) over (rationale, other real token) pairs weighted gold_g * (1 - gold_o)
+        per_row = []
+        for i in range(2):
+            pairs = [(gold[i, g] * (1 - gold[i, o]), torch.relu(1 - torch.log(scores[i, g] / scores[i, o])))
+                     for g in range(5) for o in range(5) if attention_mask[i, o]]
+            per_row.append(sum(w * h for w, h in pairs) / sum(w for w, _ in pairs))
+    loss = attention_supervision_loss(attentions, gold, attention_mask, objective=objective)
+    assert loss.dtype == torch.float64
+    torch.testing.assert_close(loss, sum(per_row) / 2, rtol=1e-12, atol=0.0)

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from .._checks import require_choice, require_float, require_int, require_tensor
 from ..errors import argument_error
+from ..nn.functional import at_least_float32
 from .attention import attention_token_scores
 from .guidance import check_rationale_mask
 
@@ -86,9 +87,11 @@ def attention_supervision_loss(
     if eps >= 1.0:  # every probability floored to eps: the loss was 0 for any attention, without a word
         raise argument_error("eps", f"must be below 1 (it floors the probabilities before their log), got {eps}",
                              "Pass a small floor such as the default 1e-8")
-    # in float32: in float16 / bfloat16 the eps floor (1e-8) rounds to 0, and log(0) made the loss NaN
+    # in at least float32: in float16 / bfloat16 the eps floor (1e-8) rounds to 0, and log(0) made the loss NaN; float64
+    # attentions stay float64 (.float() rounded a float64 model's loss to 7 digits)
     scores = attention_token_scores(attentions, layers=layers, query_position=query_position, heads=heads,
-                                    attention_mask=attention_mask).float()
+                                    attention_mask=attention_mask)
+    scores = scores.to(at_least_float32(scores.dtype))
     batch, n_keys = scores.shape
     gold = check_rationale_mask(rationale_mask, batch, n_keys).to(scores.dtype)
     if attention_mask is not None:
