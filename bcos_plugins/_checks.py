@@ -303,7 +303,8 @@ def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, w
         raise argument_error(name, f"got {'a name' if isinstance(value, str) else 'names'} ({value!r}), not "
                              f"{'an id' if isinstance(value, str) else 'ids'}", f"Map a class name to its id with "
                              f"model.config.label2id[{names[0]!r}], a token with tokenizer.convert_tokens_to_ids"
-                             f"(token). {fix_type}", kind=BcosTypeError)
+                             f"(token) (a text's: tokenizer(text, add_special_tokens=False).input_ids). {fix_type}",
+                             kind=BcosTypeError)
     try:
         ids = torch.as_tensor(value, device=device)
     except (TypeError, ValueError, RuntimeError):

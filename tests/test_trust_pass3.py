@@ -206,7 +206,8 @@ def test_inseq_classifier_target_refusals_ask_for_class_ids_not_one_id_per_row()
                          ([0, True], "got a boolean; ids must be integers"),
                          (torch.tensor([True, False]), "got a boolean; ids must be integers"),
                          (["a"], "got names (['a']), not ids. Map a class name to its id with "
-                                 "model.config.label2id['a'], a token with tokenizer.convert_tokens_to_ids(token)"),
+                                 "model.config.label2id['a'], a token with tokenizer.convert_tokens_to_ids(token) (a "
+                                 "text's: tokenizer(text, add_special_tokens=False).input_ids)"),
                          ([[0, 1]], "expected class ids as an int, a list of ints or a 1-d integer tensor; got shape "
                                     "(1, 2)")):
         with pytest.raises(BcosError) as info:
