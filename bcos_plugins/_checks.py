@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarning, argument_error
 
-__all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_float",
+__all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_trainable", "require_float",
            "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_label_names", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_tokenizer_object", "refuse_container_of_names",
@@ -828,6 +828,15 @@ def require_finite_parameters(model: nn.Module, name: str = "model") -> None:
         raise argument_error(name, f"has NaN or infinite values in {len(which)} parameter(s) ({', '.join(which[:4])}"
                              f"{', ...' if len(which) > 4 else ''}): its loss would be NaN from the first step and every "
                              "weight NaN after it", "Reload the weights (or find the step that wrote them)")
+
+
+def require_trainable(model: nn.Module, name: str = "model") -> None:
+    """Refuse, before training, a model without a parameter that requires a gradient: the training helpers failed at
+    the first backward pass with torch's "element 0 of tensors does not require grad and does not have a grad_fn",
+    which named neither the model nor the fix. The one check of the training helpers and :func:`two_rate_adamw`."""
+    if not any(p.requires_grad for p in model.parameters()):
+        raise argument_error(name, "has no trainable parameters (all have requires_grad=False)",
+                             "unfreeze the parameters to train (p.requires_grad_(True))")
 
 
 def require_deterministic(name: str, first: Tensor, again: Tensor, what: str, fix: str) -> None:

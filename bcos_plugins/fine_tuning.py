@@ -20,6 +20,7 @@ from ._checks import (
     require_run_settings,
     require_text_pairs,
     require_texts,
+    require_trainable,
     require_training_argument_names,
     rows_named_as,
 )
@@ -106,6 +107,7 @@ def fine_tune_classifier(
 
     num_labels = require_classifier(model)
     require_finite_parameters(model)
+    require_trainable(model)
     texts = require_texts(texts)
     text_pairs = require_text_pairs(text_pairs, len(texts))
     labels = require_labels(labels, num_labels, n=len(texts))
@@ -346,9 +348,23 @@ def training_arguments(output_dir, n_texts: int, epochs, batch_size, learning_ra
     field."""
     overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, n_texts // batch_size // 10),
                    "dataloader_pin_memory": torch.cuda.is_available()}
-    return checked_training_arguments(helper, training_args, overridable, output_dir=str(output_dir),
+    args = checked_training_arguments(helper, training_args, overridable, output_dir=str(output_dir),
                                       num_train_epochs=epochs, per_device_train_batch_size=batch_size,
                                       learning_rate=learning_rate, seed=seed, disable_tqdm=not progress)
+    # the helpers take no evaluation data: the Trainer refused an evaluation schedule telling to "pass an
+    # eval_dataset", which they do not take (eval_on_start failed with "evaluation requires an eval_dataset")
+    for key, asked in (("eval_strategy", args.eval_strategy != "no"), ("eval_on_start", args.eval_on_start)):
+        if asked:
+            raise argument_error(key, f"is {training_args[key]!r}, but {helper.__name__} takes no evaluation data",
+                                 f"leave {key} out and evaluate the model it returns (for a classifier "
+                                 "bcos_plugins.train.accuracy), or build a transformers Trainer with an eval_dataset")
+    if args.dataloader_drop_last and n_texts < batch_size * args.world_size:
+        # no full batch: the Trainer failed with "args.max_steps must be set to a positive value if dataloader does
+        # not have a length, was -1"
+        raise argument_error("dataloader_drop_last", f"is True with {n_texts} text(s) and batches of {batch_size} "
+                             f"on each of {args.world_size} process(es): every text would be dropped",
+                             "pass a batch_size of at most the number of texts, or leave dataloader_drop_last out")
+    return args
 
 
 def checked_training_arguments(helper, training_args: dict, defaults: dict, **settings):
@@ -406,9 +422,7 @@ def _encoder_and_head(model: nn.Module) -> tuple[list, list]:
         if p.requires_grad:
             in_body = name.startswith(prefix + ".") and ".pooler." not in name
             (body if in_body else head).append(p)
-    if not body and not head:
-        raise argument_error("model", "has no trainable parameters (all have requires_grad=False)",
-                             "unfreeze the parameters to train")
+    require_trainable(model)
     return body, head
 
 

@@ -30,6 +30,7 @@ from ._checks import (
     require_number,
     require_run_settings,
     require_texts,
+    require_trainable,
 )
 from .convert.architectures import SPECS, spec_for
 from .convert.bcosify import bcosify, plan_conversion
@@ -202,6 +203,7 @@ def pretrain_masked_lm(
     require_number("mlm_probability", mlm_probability, low=0.0, low_open=True, high=1.0)
     model = _load_masked_lm(model, b, bcos_query_key)
     require_finite_parameters(model)
+    require_trainable(model)
     max_length = truncation_length(model, max_length, default=128)
     require_tokenizer_fits(model, tokenizer)  # the one check of a tokenizer larger than the embedding
     # output_dir=None: a temporary folder, removed when the call ends unless the run saved checkpoints there

@@ -23,6 +23,7 @@ from ._checks import (
     require_finite_parameters,
     require_int,
     require_same_shape,
+    require_trainable,
 )
 from .attribution.targets import real_token_positions
 from .convert.architectures import PositionLimit, position_limit, vocabulary_size
@@ -193,6 +194,7 @@ def train_causal_lm(
         raise argument_error("model", f"{type(model).__name__} is not B-cosified (no config.bcos)",
                              "Call bcosify(model, b=1.1) first, or use transformers' Trainer directly for a stock model")
     require_finite_parameters(model)
+    require_trainable(model)
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
     collator = CausalLMCollator(pad_token_id, max_length=max_length)
     max_length = collator.max_length  # checked there

@@ -133,3 +133,63 @@ def test_the_frontier_and_paired_reports_stop_on_an_input_error_and_show_only_no
         assert not isinstance(refused.value, NoSpreadError)
         with pytest.raises(BcosValueError, match=r"^labels: holds -1 at examples \[2\], not a class id"):
             paired_report(files, "stock-vanilla", 0.01)
+
+
+def _bcos_classifier(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = tiny_config("bert", num_labels=2)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    return bcosify(T.BertForSequenceClassification(config).eval(), b=1.5, verbose=False)
+
+
+@pytest.mark.parametrize("setting", [{"eval_strategy": "steps", "eval_steps": 1}, {"eval_strategy": "epoch"},
+                                     {"eval_on_start": True}])
+def test_an_evaluation_schedule_is_refused_by_the_helpers_that_take_no_evaluation_data(setting):
+    """fine_tune_classifier and pretrain_masked_lm take no evaluation data: the Trainer refused eval_strategy telling to
+    "pass an eval_dataset" (which they do not take), and eval_on_start failed with "evaluation requires an
+    eval_dataset"."""
+    from bcos_plugins.train import fine_tune_classifier
+
+    key = next(iter(setting)) if "eval_on_start" in setting else "eval_strategy"
+    texts, labels = corpus(8)
+    pattern = (rf"^{key}: is {setting[key]!r}, but {{}} takes no evaluation data\. leave {key} out and evaluate the "
+               r"model it returns \(for a classifier bcos_plugins\.train\.accuracy\), or build a transformers Trainer "
+               r"with an eval_dataset\.$")
+    with pytest.raises(BcosValueError, match=pattern.format("fine_tune_classifier")):
+        fine_tune_classifier(_bcos_classifier(), word_tokenizer(), texts, labels, max_steps=1, **setting, **QUIET)
+    with pytest.raises(BcosValueError, match=pattern.format("pretrain_masked_lm")):
+        pretrain_masked_lm(T.BertForMaskedLM(tiny_config("bert")), word_tokenizer(), texts, max_steps=1, **setting,
+                           **QUIET)
+
+
+def test_dataloader_drop_last_with_fewer_texts_than_a_batch_is_refused_by_name():
+    """Every row dropped: the Trainer failed with "args.max_steps must be set to a positive value if dataloader does not
+    have a length, was -1"."""
+    from bcos_plugins.train import fine_tune_classifier
+
+    texts, labels = corpus(3)
+    with pytest.raises(BcosValueError, match=r"^dataloader_drop_last: is True with 3 text\(s\) and batches of 4 on "
+                                             r"each of 1 process\(es\): every text would be dropped"):
+        fine_tune_classifier(_bcos_classifier(), word_tokenizer(), texts, labels, batch_size=4,
+                             dataloader_drop_last=True, **QUIET)
+    trainer = fine_tune_classifier(_bcos_classifier(), word_tokenizer(), texts, labels, batch_size=2,
+                                   dataloader_drop_last=True, **QUIET)
+    assert trainer.state.global_step == 1  # the one full batch
+
+
+def test_the_training_helpers_refuse_a_model_without_a_trainable_parameter_before_training(tmp_path):
+    """All parameters frozen: the first backward pass failed with torch's "element 0 of tensors does not require grad
+    and does not have a grad_fn", naming neither the model nor the fix."""
+    from bcos_plugins.train import fine_tune_classifier
+
+    pattern = r"^model: has no trainable parameters \(all have requires_grad=False\)\. unfreeze the parameters to train"
+    texts, labels = corpus(4)
+    classifier, masked_lm, causal_lm = _bcos_classifier(), T.BertForMaskedLM(tiny_config("bert")), _causal_lm()
+    for model in (classifier, masked_lm, causal_lm):
+        model.requires_grad_(False)
+    with pytest.raises(BcosValueError, match=pattern):
+        fine_tune_classifier(classifier, word_tokenizer(), texts, labels, **QUIET)
+    with pytest.raises(BcosValueError, match=pattern):
+        pretrain_masked_lm(masked_lm, word_tokenizer(), texts, **QUIET)
+    with pytest.raises(BcosValueError, match=pattern):
+        train_causal_lm(causal_lm, _rows(), str(tmp_path), pad_token_id=0, **QUIET_LM)
