@@ -132,3 +132,20 @@ def test_attention_supervision_loss_of_float64_attentions_is_the_float64_hand_va
     loss = attention_supervision_loss(attentions, gold, attention_mask, objective=objective)
     assert loss.dtype == torch.float64
     torch.testing.assert_close(loss, sum(per_row) / 2, rtol=1e-12, atol=0.0)
+
+
+@pytest.mark.parametrize("texts", [(t for t in ["a b", "c"]), ["a b", None], ["a b", ["c", "d"]], {"a b", "c"}])
+def test_predict_labels_names_texts_that_are_no_list_of_strings(texts):
+    # a generator failed on len(), a None or a word list inside on "'NoneType' object has no attribute 'split'" in the
+    # tokenizer, and a set on "'set' object is not subscriptable" (its order could not be matched to labels anyway)
+    from test_space import _WordTokenizer, space_model
+
+    from bcos_plugins.errors import BcosTypeError
+    from bcos_plugins.space import predict_labels, zero_shot_evaluation
+
+    model = space_model(num_labels=2)
+    with pytest.raises(BcosTypeError, match="^texts: "):
+        predict_labels(model, _WordTokenizer(), texts)
+    assert predict_labels(model, _WordTokenizer(), []) == []
+    with pytest.raises(BcosTypeError, match="^labels: is a set, which has no order"):
+        zero_shot_evaluation(model, _WordTokenizer(), ["a b", "c"], {0, 1})

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import csv
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .._checks import require_int, rows_named_as, warn_if_another_models_tokenizer
+from .._checks import require_int, require_texts, rows_named_as, warn_if_another_models_tokenizer
 from ..attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
 from ..corpus import require_texts_with_tokens, require_tokenizer_ids_fit
 from ..errors import BcosFileError, BcosTypeError, argument_error
@@ -119,6 +120,10 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
         # A string is a sequence too: each character would be classified as a text of its own.
         raise argument_error("texts", "is a single string", "Pass a list of texts (e.g. [text])",
                              kind=BcosTypeError)
+    _refuse_unordered("texts", texts)
+    # the package's texts check (a BatchEncoding or DataFrame iterates over its names): a generator failed on len(), a
+    # None or a word list inside on "'NoneType' object has no attribute 'split'" in the tokenizer; no text, no prediction
+    texts = [] if isinstance(texts, Sized) and len(texts) == 0 else require_texts(texts)
     batch_size = require_int("batch_size", batch_size, minimum=1)
     max_length = require_int("max_length", max_length, minimum=1)
     warn_if_another_models_tokenizer(model, tokenizer)
@@ -146,6 +151,15 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
                               "(no padding).")
             predictions += logits.argmax(-1).tolist()
     return predictions
+
+
+def _refuse_unordered(name: str, values) -> None:
+    """A set has no order: the predictions (or labels) read from it could not be matched to the other list, and
+    zero_shot_evaluation scored them against each other in the set's arbitrary order."""
+    if isinstance(values, AbstractSet):
+        raise argument_error(name, f"is a {type(values).__name__}, which has no order, so its entries could not be "
+                             "matched to the other list's", "Pass a list in the order of the texts",
+                             kind=BcosTypeError)
 
 
 def classification_scores(labels: Sequence[int], predictions: Sequence[int], *,
@@ -212,6 +226,7 @@ def zero_shot_evaluation(
         if isinstance(values, str | bytes) or not hasattr(values, "__len__"):
             raise argument_error(name, f"must be a sequence, got {type(values).__name__}",
                                  "Pass a list (e.g. [text] for one text)", kind=BcosTypeError)
+        _refuse_unordered(name, values)
     if label_map is not None and not isinstance(label_map, Mapping):
         raise argument_error("label_map", f"must be a mapping from model class to dataset label, got "
                              f"{type(label_map).__name__}", "Pass e.g. {0: 0, 1: 1}", kind=BcosTypeError)
