@@ -283,7 +283,7 @@ def _check_training_rows(name: str, dataset, max_length: int | None, vocab_size:
         return
     if len(dataset) == 0:
         raise argument_error(name, "is empty", "Pass at least one tokenised example with 2 or more tokens")
-    short = []
+    short, unlabelled = [], []
     for i in range(len(dataset)):
         feature = dataset[i]  # (a datasets.Dataset decodes the row on every index)
         row, mask = _feature_tokens(feature, i, max_length)
@@ -293,6 +293,13 @@ def _check_training_rows(name: str, dataset, max_length: int | None, vocab_size:
             raise argument_error(name, f"feature {i} has token id {int(row.max())} outside the vocabulary "
                                  f"[0, {vocab_size})", "Tokenise with the model's own tokenizer")
         labels = _feature_labels(feature, i, row, max_length)
+        # the collator's rule for a labelled position (its own token and the one predicting it real): a row without
+        # one (a prompt whose answer max_length cut off, labels all -100) was silently unused among others, and alone
+        # in a batch failed mid-training (or mid-evaluation) with the collator's NaN-loss refusal, naming no row
+        predicted_from_real = torch.nn.functional.pad(mask[:-1], (1, 0), value=0)
+        if int(mask.sum()) >= 2 and not bool(((mask == 1) & (predicted_from_real == 1)
+                                              & (labels != IGNORE_INDEX)).any()):
+            unlabelled.append(i)
         if vocab_size is not None and labels.numel() and int(labels.max()) >= vocab_size:
             raise argument_error(name, f"feature {i} has label {int(labels.max())} outside the vocabulary "
                                  f"[0, {vocab_size})", "Label with the model's own tokenizer's ids (-100: no loss)")
@@ -305,3 +312,10 @@ def _check_training_rows(name: str, dataset, max_length: int | None, vocab_size:
         shown = ", ".join(str(i) for i in short[:8]) + (", ..." if len(short) > 8 else "")
         raise argument_error(name, f"{len(short)} example(s) have fewer than 2 real tokens, so there is no next "
                              f"token to predict (features [{shown}])", "Drop them or join short examples")
+    if unlabelled:
+        shown = ", ".join(str(i) for i in unlabelled[:8]) + (", ..." if len(unlabelled) > 8 else "")
+        cut = "" if max_length is None else f" once cut to max_length={max_length}"
+        raise argument_error(name, f"{len(unlabelled)} example(s) have no labelled token after a real one{cut} "
+                             f"(labels all -100 there), so they have no loss to train or evaluate on (features "
+                             f"[{shown}])", "Drop them, or label their answer tokens (and keep the answer within "
+                             "max_length)")

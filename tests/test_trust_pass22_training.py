@@ -193,3 +193,26 @@ def test_the_training_helpers_refuse_a_model_without_a_trainable_parameter_befor
         pretrain_masked_lm(masked_lm, word_tokenizer(), texts, **QUIET)
     with pytest.raises(BcosValueError, match=pattern):
         train_causal_lm(causal_lm, _rows(), str(tmp_path), pad_token_id=0, **QUIET_LM)
+
+
+def test_train_causal_lm_refuses_rows_without_a_labelled_token_before_training(tmp_path):
+    """A prompt whose answer max_length cut off (labels all -100) was silently unused among other rows, and alone in a
+    batch failed mid-training (or mid-evaluation) with the collator's NaN-loss refusal, naming no row."""
+    rows = _rows(4)
+    prompted = [{"input_ids": r["input_ids"], "labels": [-100] * (len(r["input_ids"]) - 1) + r["input_ids"][-1:]}
+                for r in rows]
+    unlabelled = [*prompted[:3], {"input_ids": rows[3]["input_ids"], "labels": [-100] * len(rows[3]["input_ids"])}]
+    with pytest.raises(BcosValueError, match=r"^train_dataset: 1 example\(s\) have no labelled token after a real one "
+                                             r"\(labels all -100 there\), so they have no loss to train or evaluate "
+                                             r"on \(features \[3\]\)\. Drop them, or label their answer tokens"):
+        train_causal_lm(_causal_lm(), unlabelled, str(tmp_path), pad_token_id=0, per_device_train_batch_size=4,
+                        **QUIET_LM)
+    cut = [{"input_ids": list(range(5, 15)), "labels": [-100] * 6 + list(range(11, 15))}] * 2
+    with pytest.raises(BcosValueError, match=r"^train_dataset: 2 example\(s\) have no labelled token after a real one "
+                                             r"once cut to max_length=6 .* \(features \[0, 1\]\)"):
+        train_causal_lm(_causal_lm(), cut, str(tmp_path), pad_token_id=0, max_length=6, **QUIET_LM)
+    with pytest.raises(BcosValueError, match=r"^eval_dataset: 1 example\(s\) have no labelled token after a real one"):
+        train_causal_lm(_causal_lm(), prompted, str(tmp_path), pad_token_id=0, eval_dataset=unlabelled, **QUIET_LM)
+    # a row whose one labelled token is its last trains (the rule is the collator's: one labelled next token suffices)
+    assert train_causal_lm(_causal_lm(), prompted, str(tmp_path), pad_token_id=0, per_device_train_batch_size=4,
+                           **QUIET_LM).state.global_step == 3
