@@ -217,9 +217,10 @@ def checked_settings(path: str, config) -> dict:
 
 def _refuse_rebuilt_otherwise(path: str, key: str, saved, rebuilt: dict, what: str, absent: str,
                               loaded: Callable[[str], bool]) -> None:
-    """Refuse a load whose conversion rebuilt ``config.bcos[key]`` (``{module path: activation}``, written by bcosify)
-    otherwise than the save recorded it: an activation set by hand on the model before bcosify, which save_pretrained
-    does not write (only the config's activation name), a keyword of the load that changes it, or an edited config.json.
+    """Refuse a load whose conversion rebuilt ``config.bcos[key]`` (``{module path: activation or norm epsilon}``,
+    written by bcosify) otherwise than the save recorded it: an activation or epsilon set by hand on the model before
+    bcosify, which save_pretrained does not write (only the config's), a keyword of the load that changes it, or an
+    edited config.json.
     ``absent`` names what a path missing from one side held. Only paths whose module ``loaded`` says the load rebuilt
     from saved weights count: one of a layer that a keyword added or removed (``num_hidden_layers``) is a mismatch of
     the weights, which the load's weight check names (it was reported here as an activation rebuilt otherwise)."""
@@ -233,14 +234,16 @@ def _refuse_rebuilt_otherwise(path: str, key: str, saved, rebuilt: dict, what: s
         return
     shown = "; ".join(f"'{p}' saved as {saved.get(p) or absent}, rebuilt as {rebuilt.get(p) or absent}"
                       for p in differing[:3])
+    setting = "epsilon" if key == "norm_eps" else "activation"
     raise BcosValueError(
         f"config.bcos['{key}']: {path} was saved with {what} that its config does not rebuild ({len(differing)} "
-        f"differ: {shown}{'; ...' if len(differing) > 3 else ''}): an activation set by hand on the model before "
-        "bcosify, which save_pretrained does not write (only the config's activation name), a keyword of "
-        "load_bcos_model that changes the activation, or a config.json edited. Loading it would give another model. "
-        "Build the model with the activation in its config (hidden_act / hidden_activation / activation_function) "
-        "before bcosify and save again, leave the activation keyword out, or restore config.json from the original "
-        "save.")
+        f"differ: {shown}{'; ...' if len(differing) > 3 else ''}): {'an' if setting == 'activation' else 'a norm'} "
+        f"{setting} set by hand on the model before bcosify, which save_pretrained does not write (only the config's "
+        f"{setting}), a keyword of load_bcos_model that changes it, or a config.json edited. Loading it would give "
+        f"another model. Build the model with the {setting} in its config ("
+        + ("hidden_act / hidden_activation / activation_function" if setting == "activation" else
+           "layer_norm_eps / rms_norm_eps / norm_eps") + f") before bcosify and save again, leave the {setting} keyword "
+        "out, or restore config.json from the original save.")
 
 
 def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = None,
@@ -280,14 +283,14 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
     # format_version and query_key edited) loaded as a different model, silently (logits 0.12 off)
     rebuilt = getattr(model.config, BCOS_CONFIG_KEY)
 
-    def loaded(activation_path: str) -> bool:
-        """Whether the module holding ``activation_path`` is in the model and was loaded from saved weights."""
-        parent = activation_path.rpartition(".")[0]
+    def loaded(module_path: str) -> bool:
+        """Whether the module at ``module_path`` is in the model and its parent's weights were loaded from the save."""
         try:
-            model.get_submodule(parent)
+            model.get_submodule(module_path)
         except AttributeError:
             return False
-        return any(key.startswith(parent + ".") for key in saved_keys)
+        parent = module_path.rpartition(".")[0]
+        return not parent or any(key.startswith(parent + ".") for key in saved_keys)
 
     # a gated MLP's activation set by hand before bcosify (no config name, or not the config's): save_pretrained
     # writes only the config's name, so the reload held another activation, silently (logits off)
@@ -297,6 +300,9 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
     if "activations" in settings:  # recorded after 0.2.0: an older save cannot be checked (nothing to compare)
         _refuse_rebuilt_otherwise(path, "activations", settings["activations"], rebuilt.get("activations", {}),
                                   "activations (gate kinds)", "no detachable activation", loaded)
+    if "norm_eps" in settings:  # recorded after 0.2.0, as the activations
+        _refuse_rebuilt_otherwise(path, "norm_eps", settings["norm_eps"], rebuilt.get("norm_eps", {}),
+                                  "norm epsilons", "no norm", loaded)
     held = sorted(set(model.bcos_report.dropped_biases) & saved_keys)
     if held:
         raise BcosValueError(

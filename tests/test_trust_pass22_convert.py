@@ -5,7 +5,8 @@ classes it swaps in, ``save_pretrained`` / ``load_bcos_model`` round trips).
   quick GELU in a GPT-2, a ReLU as ModernBERT's head activation) was rebuilt as the config's on load, since
   ``save_pretrained`` writes only the config's activation name: another model, logits 0.002-0.33 off, silently.
   ``bcosify`` records every detachable activation's kind in ``config.bcos["activations"]`` and the load refuses a
-  rebuild that differs (the mechanism of trust pass 21's gate-branch record, one helper for both).
+  rebuild that differs (the mechanism of trust pass 21's gate-branch record, one helper for both). The same for a
+  norm's epsilon set by hand (``config.bcos["norm_eps"]``: 0.02 off on BERT).
 - A module whose class ``bcosify`` swaps for a B-cos class restating the stock forward (a gated MLP, Gemma 2's
   norms, ModernBERT's attention, RoBERTa's classification head, BERT's masked-LM head) was swapped whatever its class:
   a subclass's own forward was dropped (an MLP scaling its output: 0.2 off), torch's ``nn.RMSNorm`` in a Gemma 2 got
@@ -87,6 +88,7 @@ def test_an_activation_set_by_hand_is_refused_on_load_not_rebuilt_as_the_configs
 def test_config_built_activations_are_recorded_and_reload_bit_identical(tmp_path, name):
     model = bcosify(_stock(name), b=B, verbose=False)
     assert model.config.bcos["activations"] == model.bcos_report.activations and model.bcos_report.activations
+    assert model.config.bcos["norm_eps"] and set(model.bcos_report.norms) <= set(model.config.bcos["norm_eps"])
     model.save_pretrained(tmp_path)
     loaded = load_bcos_model(tmp_path)
     assert loaded.config.bcos == model.config.bcos
@@ -94,12 +96,12 @@ def test_config_built_activations_are_recorded_and_reload_bit_identical(tmp_path
     assert torch.equal(_model_output(loaded, ids, mask), _model_output(model, ids, mask))
 
 
-def test_a_save_without_the_activation_record_still_loads(tmp_path):
-    """Saves made before the record cannot be checked: they load as before (the config's activations)."""
+def test_a_save_without_the_activation_and_epsilon_records_still_loads(tmp_path):
+    """Saves made before the records cannot be checked: they load as before (the config's settings)."""
     model = bcosify(_stock("BertForSequenceClassification"), b=B, verbose=False)
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    del config["bcos"]["activations"]
+    del config["bcos"]["activations"], config["bcos"]["norm_eps"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     ids, mask = padded_batch()
     assert torch.equal(_model_output(load_bcos_model(tmp_path), ids, mask), _model_output(model, ids, mask))
@@ -109,8 +111,38 @@ def test_an_activation_keyword_of_the_load_is_refused_as_another_model(tmp_path)
     model = bcosify(_stock("BertForSequenceClassification"), b=B, verbose=False)
     model.save_pretrained(tmp_path)
     with pytest.raises(BcosValueError, match=r"^config\.bcos\['activations'\]: .*saved as gelu, rebuilt as relu.*a "
-                                             r"keyword of load_bcos_model that changes the activation"):
+                                             r"keyword of load_bcos_model that changes it"):
         load_bcos_model(tmp_path, hidden_act="relu")
+
+
+_HAND_EPS = [
+    ("BertForSequenceClassification", "bert.encoder.layer.0.output.LayerNorm", "eps", "1e-12"),
+    ("LlamaForCausalLM", "model.layers.1.post_attention_layernorm", "variance_epsilon", "1e-06"),
+    ("Gemma2ForCausalLM", "model.norm", "eps", "1e-06"),
+    ("GPT2Model", "ln_f", "eps", "1e-05"),  # a norm of the model itself (no parent module)
+]
+
+
+@pytest.mark.parametrize("name, path, attribute, config", _HAND_EPS, ids=[c[0] for c in _HAND_EPS])
+def test_a_norm_epsilon_set_by_hand_is_refused_on_load_not_rebuilt_as_the_configs(tmp_path, name, path, attribute,
+                                                                                   config):
+    """bcosify builds each norm with the module's own epsilon; the reload took the config's (0.02 off on BERT)."""
+    stock = _stock(name)
+    setattr(stock.get_submodule(path), attribute, 0.5)
+    model = bcosify(stock, b=B, verbose=False)
+    assert model.config.bcos["norm_eps"][path] == 0.5
+    model.save_pretrained(tmp_path)
+    with pytest.raises(BcosValueError, match=rf"^config\.bcos\['norm_eps'\]: .* was saved with norm epsilons that its "
+                                             rf"config does not rebuild \(1 differ: '{path}' saved as 0\.5, rebuilt as "
+                                             rf"{config}\): a norm epsilon set by hand.*layer_norm_eps / rms_norm_eps"):
+        load_bcos_model(tmp_path)
+
+
+def test_an_epsilon_keyword_of_the_load_is_refused_as_another_model(tmp_path):
+    model = bcosify(_stock("BertForSequenceClassification"), b=B, verbose=False)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(BcosValueError, match=r"^config\.bcos\['norm_eps'\]: .*saved as 1e-12, rebuilt as 0\.5"):
+        load_bcos_model(tmp_path, layer_norm_eps=0.5)
 
 
 @pytest.mark.parametrize("layers", [1, 3])

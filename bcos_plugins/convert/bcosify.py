@@ -151,6 +151,12 @@ def gelu_kind(module: nn.Module) -> str:
     return ACTIVATION_GATES[type(module).__name__]
 
 
+def norm_epsilon(module: nn.Module) -> float:
+    """The epsilon a (B-cos, detachable or Gemma) norm adds to its variance: what ``config.bcos['norm_eps']`` records."""
+    eps = getattr(module, "variance_epsilon", None)
+    return float(module.eps if eps is None else eps)
+
+
 def _is_rms_norm(module: nn.Module) -> bool:
     return type(module).__name__.endswith("RMSNorm") or isinstance(module, nn.RMSNorm)
 
@@ -590,8 +596,9 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
             ``model.bcos_report``).
 
     The settings are recorded in ``model.config.bcos`` so that ``save_pretrained`` keeps them and
-    :func:`~bcos_plugins.load_bcos_model` rebuilds the same model (the record also lists each activation's gate kind by
-    path, so that a load refuses a config that rebuilds another one, e.g. an activation set by hand). The model gets its own copy of its config
+    :func:`~bcos_plugins.load_bcos_model` rebuilds the same model (the record also lists each activation's gate kind and
+    each norm's epsilon by path, so that a load refuses a config that rebuilds another one, e.g. one set by hand). The
+    model gets its own copy of its config
     (``model.config`` is a new object), so a config shared with another model is left unchanged. Every module it
     puts in takes the training flag of the module it replaces, so a model in eval mode stays wholly in eval mode, and
     each of its parameters the ``requires_grad`` of the one it is built from (a frozen encoder stays frozen). A module
@@ -671,6 +678,12 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
         # BERT, a ReLU as ModernBERT's head activation) was rebuilt as the config's on load, another model, silently
         # (logits 0.002-0.33 off); the load compares the rebuilt kinds with this record, as for the gate branches
         own.bcos["activations"] = dict(report.activations)
+    norm_eps = {name: norm_epsilon(module) for name, module in model.named_modules(remove_duplicate=False)
+                if isinstance(module, BcosLayerNorm) or _is_rms_norm(module)}
+    if norm_eps:
+        # and for each norm's epsilon: one set by hand (module.eps = 0.5 in a BERT whose config says 1e-12) was
+        # rebuilt from the config's layer_norm_eps / rms_norm_eps on load, logits 0.02 off, silently
+        own.bcos["norm_eps"] = norm_eps
     if not bcos_query_key:
         # format 3: a reader that did not know stock query/key layers would rebuild B-cos ones from these
         # weights (a different model); it refuses format 3 instead
