@@ -149,3 +149,29 @@ def test_predict_labels_names_texts_that_are_no_list_of_strings(texts):
     assert predict_labels(model, _WordTokenizer(), []) == []
     with pytest.raises(BcosTypeError, match="^labels: is a set, which has no order"):
         zero_shot_evaluation(model, _WordTokenizer(), ["a b", "c"], {0, 1})
+
+
+def test_a_guided_model_switched_to_another_attention_implementation_refuses_the_mask():
+    # set_attn_implementation("sdpa") after guide_attention put the stock attention function back, which drops the
+    # keyword: the guided layers kept their setting and training with rationale_mask ran unguided, without a word
+    from bcos_plugins.errors import BcosRuntimeError
+    from bcos_plugins.guided import guide_attention
+
+    torch.manual_seed(0)
+    config = T.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, attn_implementation="eager", num_labels=3, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0)
+    model = T.BertForSequenceClassification(config).train()
+    ids, mask = torch.randint(5, 60, (2, 7), generator=torch.Generator().manual_seed(0)), torch.ones(2, 7).long()
+    gold = torch.zeros(2, 7)
+    gold[:, 2] = 1.0
+    guide_attention(model, mode="add", strength=5.0, last_layers=1)
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(BcosRuntimeError, match="^rationale_mask: the guided layers now use the attention implementation "
+                       "'sdpa'"):
+        model(ids, attention_mask=mask, rationale_mask=gold)
+    guide_attention(model, mode="add", strength=5.0, last_layers=1)  # the fix the message names
+    with torch.no_grad():
+        guided = model(ids, attention_mask=mask, rationale_mask=gold).logits
+        plain = model(ids, attention_mask=mask).logits
+    assert (guided - plain).abs().max() > 1e-5

@@ -200,11 +200,28 @@ def _rationale_mask_guard(model: nn.Module, args: tuple, kwargs: dict) -> None:
             "rationale_mask: was passed to a model with no guided layer, so it would be silently ignored. Call "
             "guide_attention(model, ...) first, or drop the rationale_mask column (an unguided baseline trains "
             "without it).")
+    _require_guided_implementation(model)
     ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], Tensor) else None)
     if isinstance(ids, Tensor) and ids.ndim == 2:
         check_rationale_mask(mask, *ids.shape)
     else:
         check_rationale_mask(mask)
+
+
+def _require_guided_implementation(model: nn.Module) -> None:
+    """The guided layers must still dispatch to a guided attention function: ``model.set_attn_implementation("sdpa")``
+    (or ``"eager"``) after :func:`guide_attention` put the stock function back, which drops the mask, and the model
+    trained unguided with its guidance attribute still set, without a word."""
+    stale = sorted({implementation for _, m in model.named_modules()
+                    if getattr(m, GUIDANCE_ATTRIBUTE, None) is not None
+                    and (implementation := getattr(getattr(m, "config", None), "_attn_implementation", None))
+                    not in _BASE_OF})
+    if stale:
+        raise BcosRuntimeError(
+            f"rationale_mask: the guided layers now use the attention implementation {stale[0]!r} (set after "
+            "guide_attention, e.g. by model.set_attn_implementation), whose attention function drops the mask, so "
+            "this step would train unguided. Call guide_attention(model, ...) again after changing the attention "
+            "implementation.")
 
 
 def _check_class_labels(model: nn.Module, labels) -> None:
