@@ -127,7 +127,7 @@ def fine_tune_classifier(
     use_bce = loss == "bce" or (loss == "auto" and has_dynamic_weights(model))
     # output_dir=None trained in a temporary folder that was never removed (one per call, holding what the Trainer
     # wrote there): removed when the call ends, also on error, unless the run saved checkpoints into it
-    with run_output_dir(output_dir, "bcos_finetune_") as output_dir:
+    with run_output_dir(output_dir, "bcos_finetune_", resume=training_args.get("resume_from_checkpoint")) as output_dir:
         args = training_arguments(output_dir, len(texts), epochs, batch_size, learning_rate, seed, progress,
                                   training_args, helper=fine_tune_classifier)
         require_no_label_smoothing_with_bce(use_bce, args.label_smoothing_factor)
@@ -321,12 +321,20 @@ _SET_FROM_ARGUMENTS = {"num_train_epochs": "epochs", "per_device_train_batch_siz
 
 
 @contextlib.contextmanager
-def run_output_dir(output_dir, prefix: str, *, keep_checkpoints: bool = True):
+def run_output_dir(output_dir, prefix: str, *, keep_checkpoints: bool = True, resume=None):
     """The ``output_dir`` of a training helper's ``Trainer``: the caller's folder (never removed), or with ``None`` a
     temporary one (named with ``prefix``) removed when the block ends, also on error, unless the run saved
     checkpoints there and ``keep_checkpoints`` (``save_strategy`` asked for them without a folder:
     ``trainer.args.output_dir`` names it). ``keep_checkpoints=False`` removes it checkpoints and all (a stage whose
-    checkpoints cannot be resumed). The helpers made one per call and never removed it."""
+    checkpoints cannot be resumed). The helpers made one per call and never removed it. ``resume`` (the run's
+    ``resume_from_checkpoint``) ``True`` without ``output_dir`` is refused: the last checkpoint of a new, empty folder
+    does not exist (transformers' "No valid checkpoint found in output directory (/tmp/...)" named a folder the caller
+    never chose)."""
+    if output_dir is None and resume is True:
+        raise argument_error("resume_from_checkpoint", "is True, which resumes from the last checkpoint in output_dir, "
+                             "but no output_dir was given (the run would work in a new, empty temporary folder)",
+                             "pass the run's output_dir as well, or the checkpoint folder itself "
+                             "(resume_from_checkpoint='<output_dir>/checkpoint-<step>')")
     if output_dir is not None:
         yield output_dir
         return

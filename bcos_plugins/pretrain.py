@@ -207,7 +207,7 @@ def pretrain_masked_lm(
     max_length = truncation_length(model, max_length, default=128)
     require_tokenizer_fits(model, tokenizer)  # the one check of a tokenizer larger than the embedding
     # output_dir=None: a temporary folder, removed when the call ends unless the run saved checkpoints there
-    with run_output_dir(output_dir, "bcos_mlm_") as output_dir:
+    with run_output_dir(output_dir, "bcos_mlm_", resume=training_args.get("resume_from_checkpoint")) as output_dir:
         args = training_arguments(output_dir, len(texts), epochs, batch_size, learning_rate, seed, progress,
                                   training_args, helper=pretrain_masked_lm)
         dataset = EncodedTexts(tokenizer, texts, None, max_length)

@@ -208,8 +208,12 @@ def train_causal_lm(
                              "padding is masked out of the loss but still goes through the embedding",
                              "pass an id the model has, e.g. tokenizer.eos_token_id (any id: padding carries no loss)")
     _check_training_rows("train_dataset", train_dataset, max_length, vocab_size, limit)
-    if eval_dataset is not None:
-        _check_training_rows("eval_dataset", eval_dataset, max_length, vocab_size, limit)
+    # a dict of evaluation sets (the Trainer evaluates each, its metrics prefixed with the key) was indexed as one
+    # dataset: KeyError: 0
+    for name, rows in (eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]):
+        if rows is not None:
+            _check_training_rows("eval_dataset" if name is None else f"eval_dataset[{name!r}]", rows, max_length,
+                                 vocab_size, limit)
     defaults = {"learning_rate": 5e-4, "save_strategy": "no", "report_to": [], "remove_unused_columns": False,
                 "use_cpu": not torch.cuda.is_available(), "logging_steps": 10}
     # the keyword check and the logging_nan_inf_filter default: the one builder of every training helper

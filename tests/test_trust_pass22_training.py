@@ -216,3 +216,40 @@ def test_train_causal_lm_refuses_rows_without_a_labelled_token_before_training(t
     # a row whose one labelled token is its last trains (the rule is the collator's: one labelled next token suffices)
     assert train_causal_lm(_causal_lm(), prompted, str(tmp_path), pad_token_id=0, per_device_train_batch_size=4,
                            **QUIET_LM).state.global_step == 3
+
+
+def test_train_causal_lm_checks_and_evaluates_a_dict_of_evaluation_sets(tmp_path):
+    """The Trainer takes a dict of evaluation sets (metrics prefixed with each key); train_causal_lm's row check
+    indexed it as one dataset and failed with KeyError: 0. Each set's eval loss is the token-weighted one."""
+    rows = _rows()
+    with pytest.raises(BcosValueError, match=r"^eval_dataset\['short'\]: 1 example\(s\) have fewer than 2 real tokens"):
+        train_causal_lm(_causal_lm(), rows, str(tmp_path), pad_token_id=0,
+                        eval_dataset={"all": rows, "short": [{"input_ids": [7]}]}, **QUIET_LM)
+    model = _causal_lm()
+    trainer = train_causal_lm(model, rows, str(tmp_path), pad_token_id=0, eval_dataset={"all": rows, "few": rows[:3]},
+                              max_steps=1, learning_rate=0.0, per_device_eval_batch_size=2, **QUIET_LM)
+    metrics = trainer.evaluate()
+    with torch.no_grad():
+        for key, part in (("all", rows), ("few", rows[:3])):
+            summed = count = 0
+            for row in part:
+                ids = torch.tensor([row["input_ids"]])
+                summed += float(torch.nn.functional.cross_entropy(model(ids).logits[0, :-1].double(), ids[0, 1:],
+                                                                  reduction="sum"))
+                count += ids.shape[1] - 1
+            assert metrics[f"eval_{key}_loss"] == pytest.approx(summed / count, rel=1e-6, abs=0)
+
+
+def test_resume_from_checkpoint_true_without_an_output_dir_is_refused_by_name():
+    """Without output_dir the helpers train in a new temporary folder, whose last checkpoint cannot exist: transformers
+    said "No valid checkpoint found in output directory (/tmp/bcos_finetune_...)", a folder the caller never chose."""
+    from bcos_plugins.train import fine_tune_classifier
+
+    texts, labels = corpus(4)
+    pattern = (r"^resume_from_checkpoint: is True, which resumes from the last checkpoint in output_dir, but no "
+               r"output_dir was given")
+    with pytest.raises(BcosValueError, match=pattern):
+        fine_tune_classifier(_bcos_classifier(), word_tokenizer(), texts, labels, resume_from_checkpoint=True, **QUIET)
+    with pytest.raises(BcosValueError, match=pattern):
+        pretrain_masked_lm(T.BertForMaskedLM(tiny_config("bert")), word_tokenizer(), texts,
+                           resume_from_checkpoint=True, **QUIET)
