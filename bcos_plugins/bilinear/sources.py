@@ -195,7 +195,8 @@ def _computing_the_module(module: nn.Module, weights: BilinearWeights) -> Biline
             "source", f"the weights read from {type(module).__name__} (its projections' .weight and .bias) do not "
             f"compute its output: on a probe input they are off by up to {worst:.3g} of the layer's size, so an "
             "analysis of them would describe another function. Something runs around the projections: an adapter "
-            "wrapper (peft's LoRA layers forward .weight to the base layer), a forward hook, or a forward of its own",
+            "wrapper (peft's LoRA layers forward .weight to the base layer), a forward hook (or an SAE spliced into one of "
+            "its hook points), or a forward of its own",
             "Merge the adapter into the weights (peft: model.merge_and_unload()), remove the hooks, or pass the "
             "weights the layer computes with as BilinearWeights(W, V, P, ...)")
     return weights
