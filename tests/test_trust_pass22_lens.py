@@ -294,3 +294,34 @@ def test_bilinear_sae_interactions_spectrum_of_one_feature_given_as_a_numpy_or_t
         assert got.eigenvalues.shape == (D_MODEL,)
         torch.testing.assert_close(got.eigenvalues, want.eigenvalues)
     assert analysis.spectrum([2]).eigenvalues.shape == (1, D_MODEL)  # a list stays a batch
+
+
+@pytest.mark.parametrize("name", ["GPT2LMHeadModel", "LlamaForCausalLM"])
+def test_a_hooked_transformer_with_a_left_padding_tokenizer_is_explained_without_a_false_padding_warning(name):
+    """A HookedTransformer whose tokenizer pads on the left derives the batch's mask in its own forward, so
+    explain_logits(model, model.to_tokens(texts)) without a mask equals each text alone, but the adapter warned that
+    the padding was attended to as tokens (it was not), and read positions as if there were no padding. The mask the
+    forward derives goes on explicitly now: no warning, the same values, and a padding position is refused."""
+    from bcos_plugins.adapters.transformer_lens import (
+        explain_logits,
+        hooked_transformer_from_hf,
+        token_component_decomposition,
+    )
+    from test_trust_pass21_bridge_padding import TEXTS, _tokenizer
+
+    from bcos_plugins import BcosError
+
+    hf = bcosify(_stock(name), b=B, verbose=False).eval()
+    model = hooked_transformer_from_hf(hf, tokenizer=_tokenizer("left"))
+    tokens = model.to_tokens(TEXTS)
+    assert bool((tokens[1] == model.tokenizer.pad_token_id).any())  # the short row is padded on the left
+    with torch.no_grad():
+        alone = torch.stack([hf(model.to_tokens(text)).logits[0, -1, 5] for text in TEXTS])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnmaskedPaddingWarning)
+        explained = explain_logits(model, tokens, target=5)
+        shares = token_component_decomposition(model, tokens, target=5)
+    torch.testing.assert_close(explained.explained, alone, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(shares.explained, alone, rtol=1e-5, atol=1e-6)
+    with pytest.raises(BcosError, match="position: .*padding"):
+        explain_logits(model, tokens, target=5, position=0)

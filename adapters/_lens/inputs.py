@@ -3,9 +3,10 @@ component decomposition): one place, so that each refuses the same inputs with t
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
-from bcos_plugins._checks import require_token_batch, unmasked_padding_keywords
+from bcos_plugins._checks import ids_as_long, require_token_batch, unmasked_padding_keywords
 from bcos_plugins.attribution.rotary_length import refuse_length_dependent_rotary
 from bcos_plugins.convert.architectures import position_limit, vocabulary_size
 from bcos_plugins.errors import argument_error
@@ -38,6 +39,30 @@ def lens_padding_keywords(model: nn.Module, attention_mask) -> dict:
     return unmasked_padding_keywords(pad_source, attention_mask)
 
 
+def _derived_left_padding_mask(model: nn.Module, tokens) -> Tensor | None:
+    """The mask a ``HookedTransformer``'s forward derives itself for a token batch given without one when its tokenizer
+    pads on the left (TransformerLens' ``utils.get_attention_mask(tokenizer, tokens, cfg.default_prepend_bos)``), where
+    it masks a token; else ``None`` (a bridge derives none, nor does a right-padding tokenizer). Passed on explicitly,
+    the forward is the same, positions are read through it (a padding position is refused), and no warning says the
+    padding is attended to: it is not (the explanation equalled each text alone, and was warned about)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if getattr(tokenizer, "padding_side", None) != "left" or getattr(tokenizer, "pad_token_id", None) is None \
+            or not isinstance(tokens, Tensor) or tokens.ndim != 2 or 0 in tokens.shape or tokens.is_meta \
+            or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        return None  # not ids: require_token_batch refuses them with its message
+    from .compat import HAS_HOOKED_TRANSFORMER
+
+    if not HAS_HOOKED_TRANSFORMER:
+        return None
+    from transformer_lens import HookedTransformer
+    from transformer_lens import utils as lens_utils
+
+    if not isinstance(model, HookedTransformer):
+        return None
+    mask = lens_utils.get_attention_mask(tokenizer, ids_as_long(tokens), model.cfg.default_prepend_bos)
+    return mask if bool((mask == 0).any()) else None
+
+
 def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> tuple[Tensor, Tensor | None]:
     """The package's token-batch check (:func:`~bcos_plugins._checks.require_token_batch`) against ``model``'s
     (a ``HookedTransformer`` or ``TransformerBridge``) vocabulary (its embedding's rows, the package's one reading,
@@ -48,6 +73,8 @@ def check_lens_tokens(model: nn.Module, tokens, attention_mask) -> tuple[Tensor,
     ``None``): the checked mask, not the caller's, goes on, since a float mask of 0.0 / 1.0 passes the check and
     then failed as an index (``IndexError: tensors used as indices must be long...``)."""
     limit = position_limit(model)
+    if attention_mask is None:
+        attention_mask = _derived_left_padding_mask(model, tokens)
     # padding without a mask is warned about here, or by the model's own forward where it warns (once per call)
     padding = {} if getattr(type(model), FORWARD_WARNS_ABOUT_PADDING, False) else lens_padding_keywords(
         model, attention_mask)
