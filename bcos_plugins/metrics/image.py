@@ -47,7 +47,12 @@ from .._checks import (
 from ..errors import BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
-from .perturbation import aopc, check_fractions, refuse_target_unlike_explained
+from .perturbation import (
+    aopc,
+    check_fractions,
+    refuse_explanation_of_another_model,
+    refuse_target_unlike_explained,
+)
 
 __all__ = ["IMAGE_FRACTIONS", "PixelPerturbation", "grid_pointing_game", "pixel_perturbation", "pixel_ranking"]
 
@@ -243,6 +248,7 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
     refuse_target_unlike_explained(target_t, explained, "confidence", "Pass target=explanation.target, or explain the "
                                    "class you score")
     seed = require_int("seed", seed)
+    _refuse_explanation_of_other_images(attributions, inputs)
     n_pixels = height * width
     curves = {}
     # in eval mode, as the text metrics: a model left in training mode scored every perturbed image with dropout on
@@ -259,7 +265,34 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
                 points.append(_scores(forward, perturbed, target_t, score))
             curves[most_first] = torch.stack(points, dim=1)
         _require_same_image_scores(forward, inputs, target_t, score, curves, fractions, n_pixels)
+        if explained is not None:
+            # the maps of another model (other weights) were ranked and scored on this one's confidences, silently
+            logits = forward(inputs)
+            logits = logits.logits if hasattr(logits, "logits") else logits
+            refuse_explanation_of_another_model(attributions, logits.detach().to(at_least_float32(logits.dtype)),
+                                                explained.to(logits.device), "attributions", "Pass the forward of "
+                                                "the model the explanation was made with (or explain this model)")
     return PixelPerturbation(fractions=fractions, most_first=curves[True], least_first=curves[False])
+
+
+def _refuse_explanation_of_other_images(explanation, inputs: Tensor) -> None:
+    """Refuse an image explanation of the package (its ``encoded`` images ``[x, 1 - x]``) made of other images than
+    ``inputs``, given encoded (as ``attribution_input`` gives them) or as the pixels ``x`` themselves: the maps of
+    one batch were ranked over another's pixels and its curves reported, silently."""
+    encoded = getattr(explanation, "encoded", None) if not isinstance(explanation, Tensor) else None
+    if not isinstance(encoded, Tensor) or encoded.ndim != 4 or encoded.shape[0] != inputs.shape[0] \
+            or encoded.shape[2:] != inputs.shape[2:]:
+        return
+    if inputs.shape[1] == encoded.shape[1]:
+        explained_images = encoded
+    elif 2 * inputs.shape[1] == encoded.shape[1]:
+        explained_images = encoded[:, :inputs.shape[1]]
+    else:
+        return  # another input space (e.g. a conventional model's): nothing to compare
+    other = ~torch.isclose(explained_images.to(inputs.device, inputs.dtype), inputs, rtol=1e-5, atol=1e-6)
+    if other.any():
+        raise argument_error("inputs", f"are not the images the explanation was made of ({bad_rows(other)} differ)",
+                             "Pass the explained images (attribution_input(model, images) of the same images)")
 
 
 def _require_same_image_scores(forward: Callable, inputs: Tensor, target: Tensor, score: str, curves: dict[bool, Tensor],

@@ -223,6 +223,36 @@ def refuse_target_unlike_explained(target: Tensor, explained: Tensor | None, sco
                          f"class on another's {score}", fix)
 
 
+def refuse_explanation_of_another_model(explanation: Any, logits: Tensor, target: Tensor, argument: str,
+                                        fix: str) -> None:
+    """Refuse an explanation of the package whose explained values (``explanation.explained``, one per row) are not
+    those of ``logits``, the scored model's outputs ``(batch, classes)`` on the explained inputs, at its class ids
+    ``target`` (minus its foil's): it explains another model (other weights, another checkpoint of the architecture),
+    so its ranking was scored on this model's confidences, silently. Explanations that do not say what they explain
+    (tensors, Captum tuples, a ``Direction`` target or foil) are not compared. The tolerance, 1e-3 of the logit (at
+    least 1e-3) or 8 units of the wider of the two dtypes' rounding, lets an explanation of the same model in another
+    dtype or batch pass; another model's logits differ by far more."""
+    explained = getattr(explanation, "explained", None)
+    if not isinstance(explained, Tensor) or not explained.is_floating_point() or explained.shape != target.shape:
+        return
+    value = logits.gather(-1, target[:, None].to(logits.device)).squeeze(-1)
+    foil = getattr(explanation, "foil", None)
+    if foil is not None:
+        if not isinstance(foil, Tensor) or foil.is_floating_point() or foil.dtype == torch.bool \
+                or foil.shape != target.shape:
+            return
+        value = value - logits.gather(-1, foil[:, None].to(logits.device).long()).squeeze(-1)
+    explained = explained.detach().to(value.device, torch.float64)
+    value = value.double()
+    rounding = 8 * max(torch.finfo(explanation.explained.dtype).eps, torch.finfo(logits.dtype).eps)
+    tolerance = torch.clamp(value.abs(), min=1.0) * max(1e-3, rounding)
+    differ = (explained - value).abs() > tolerance
+    if differ.any():
+        raise argument_error(argument, f"explains the values {explained[differ].tolist()[:4]} at "
+                             f"{bad_rows(differ)}, but the model scored here gives {value[differ].tolist()[:4]} for the "
+                             "same inputs and classes: the explanation was made for another model", fix)
+
+
 def _explained_classes(attributions: Any, input_ids: Tensor, mask: Tensor) -> Tensor | None:
     """The class ids an explanation of the package explains (its ``target``, one per row), or None for attributions
     that do not say (a tensor, a Captum tuple, a direction target). An explanation of other ``input_ids`` (of the same
@@ -235,6 +265,15 @@ def _explained_classes(attributions: Any, input_ids: Tensor, mask: Tensor) -> Te
     if differ is not None and differ.any():
         raise argument_error("attributions", f"explain other input_ids than those passed ({bad_rows(differ)} differ)",
                              "Pass the input_ids (and attention_mask) the explanation was made of")
+    explained_mask = getattr(attributions, "attention_mask", None) if differ is not None else None
+    if isinstance(explained_mask, Tensor) and explained_mask.shape == mask.shape:
+        # an explanation of the padded rows scored with another mask (all ones): its padding was ranked and removed as
+        # tokens, and the curves were those of other inputs than the explained ones, silently
+        other = explained_mask.to(mask.device).bool() != mask.bool()
+        if other.any():
+            raise argument_error("attention_mask", f"differs from the mask the explanation was made with in "
+                                 f"{bad_rows(other)}", "Pass the attention_mask the explanation was made with "
+                                 "(explanation.attention_mask)")
     target = getattr(attributions, "target", None) if hasattr(attributions, "input_contributions") else None
     if not isinstance(target, Tensor) or target.is_floating_point() or target.dtype == torch.bool or target.ndim != 1:
         return None
@@ -244,6 +283,12 @@ def _explained_classes(attributions: Any, input_ids: Tensor, mask: Tensor) -> Te
 def _probabilities(model: Callable, call: dict, probability: str, examples: Sequence[int]) -> Tensor:
     """The class probabilities of ``model(**call)``; ``examples``: the explained example each row of the call is a
     (perturbed) copy of, named where its logits are NaN or infinite."""
+    logits = _class_logits(model, call, examples)
+    return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
+
+
+def _class_logits(model: Callable, call: dict, examples: Sequence[int]) -> Tensor:
+    """The class logits of ``model(**call)`` in at least float32 (see :func:`_probabilities`)."""
     # in eval mode, as the decoder metrics and SeqPG score: a model left in training mode (after a Trainer run)
     # scored every perturbed row with dropout on, so the curves were random (off by 2x on a tiny BERT), silently
     with evaluating(model) if isinstance(model, nn.Module) else nullcontext():
@@ -259,8 +304,7 @@ def _probabilities(model: Callable, call: dict, probability: str, examples: Sequ
                       "with unpadded rows.", what="NaN or infinite",
                       masked="tokens are masked out (padding, or the perturbation's removals through the attention "
                       "mask)")
-    logits = logits.to(at_least_float32(logits.dtype))  # a float64 model's stay float64
-    return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
+    return logits.to(at_least_float32(logits.dtype))  # a float64 model's stay float64
 
 
 def _reads_one_token(model, spec) -> bool:
@@ -414,7 +458,8 @@ def perturbation_curves(
     top, k = top_k_masks(scores, perturbable, fractions)
     batch, n_fr, length = top.shape
 
-    full = _probabilities(model, call, probability, range(batch))
+    full_logits = _class_logits(model, call, range(batch))
+    full = full_logits.softmax(-1) if probability == "softmax" else full_logits.sigmoid()
     if not isinstance(model, nn.Module):
         # eval mode cannot reach a model inside a function: in training mode (dropout) every perturbed row was scored
         # by another random network, so the curves were noise; the unperturbed rows are scored a second time
@@ -431,6 +476,10 @@ def perturbation_curves(
         target_t = require_row_ids("target", target, batch, n_ids=full.shape[-1], what="classes").to(input_ids.device)
         refuse_target_unlike_explained(target_t, explained, "probability", "Leave target out (the explanation's "
                                        "class is used), or explain the class you score")
+    if explained is not None:
+        refuse_explanation_of_another_model(attributions, full_logits, explained.to(full_logits.device),
+                                            "attributions", "Score the model the explanation was made with (or "
+                                            "explain this model)")
     p_full = full.gather(-1, target_t[:, None]).squeeze(-1)
 
     # rows: [removed top-k for each p] then [kept only top-k for each p], per example
