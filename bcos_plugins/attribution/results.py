@@ -27,7 +27,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .._checks import require_tensor
-from ..errors import BcosValueError, argument_error
+from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn.functional import at_least_float32
 
 __all__ = ["Explanation", "TokenExplanation", "relative_completeness_error"]
@@ -56,6 +56,18 @@ def relative_completeness_error(delta: Float[Tensor, " batch"], explained: Float
     return error.clamp_max(torch.finfo(dtype).max)
 
 
+def _short(value) -> str:
+    """A target or foil that is not a tensor, as repr shows it: a Direction by its vector's shape."""
+    vector = getattr(value, "vector", None)
+    if isinstance(vector, Tensor):
+        return f"{type(value).__name__}(vector of shape {tuple(vector.shape)})"
+    return repr(value)
+
+
+# how many targets / foils / positions repr shows (the rest as "...")
+_REPR_SHOWN = 8
+
+
 @dataclass
 class Explanation:
     """Base of every explanation result (see the module docstring for the fields' meaning)."""
@@ -66,6 +78,55 @@ class Explanation:
     target: object
     foil: object | None = None
     attribution_point: str = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # @dataclass writes a field-by-field __repr__ on every subclass it decorates unless the class defines its own
+        # (it leaves a __repr__ in the class's __dict__ alone, and this runs before the decorator): the generated one
+        # printed whole (batch, pos, d_model) tensors for print(explanation), so every result type gets the short one
+        if "__repr__" not in cls.__dict__:
+            cls.__repr__ = Explanation.__repr__
+
+    def __repr__(self) -> str:
+        """One line: the class, the batch size, the positions (or the shape of a row), the target(s) and foil(s) and
+        the largest completeness error; the numbers reach the host in one device-to-host sync."""
+        name = type(self).__name__
+        contributions = self.contributions
+        if not isinstance(contributions, Tensor) or contributions.ndim == 0:
+            return f"{name}(contributions={type(contributions).__name__}, target={self.target!r})"
+        shown = [("error", None), ("target", self.target), ("foil", self.foil), *self._repr_tensors()]
+        tensors = [(key, value) for key, value in shown if isinstance(value, Tensor)]
+        try:
+            error = self.completeness_error.detach().reshape(-1)
+            errors = int(error.numel())
+            # float64 holds every id exactly (MPS has no float64: ids up to 2 ** 24 are exact in float32 too)
+            dtype = torch.float32 if error.device.type == "mps" else torch.float64
+            parts = [error.amax()[None] if errors else error.to(dtype)]
+            parts += [value.detach().reshape(-1)[:_REPR_SHOWN].to(error.device, dtype) for _, value in tensors]
+            host = torch.cat([part.to(dtype) for part in parts]).tolist()  # the one sync
+        except Exception:  # a result built by hand with odd fields: repr must not raise
+            return f"{name}(batch={contributions.shape[0]}, target={self.target!r})"
+        values: dict = {}
+        start = 1 if errors else 0
+        for key, value in tensors:
+            count = min(value.numel(), _REPR_SHOWN)
+            numbers = [int(v) if not value.is_floating_point() else v for v in host[start:start + count]]
+            start += count
+            shown_value = numbers[0] if value.ndim == 0 else numbers + (["..."] if value.numel() > count else [])
+            values[key] = str(shown_value).replace("'...'", "...")
+        fields = [f"batch={contributions.shape[0]}", self._repr_units()]
+        for key, value in shown[1:]:
+            if key == "foil" and value is None:
+                continue
+            fields.append(f"{key}={values.get(key, _short(value))}")
+        fields.append(f"completeness_error max={host[0]:.2g}" if errors else "completeness_error=none (no rows)")
+        return f"{name}({', '.join(field for field in fields if field)})"
+
+    def _repr_units(self) -> str:
+        return f"shape={tuple(self.contributions.shape[1:])}"
+
+    def _repr_tensors(self) -> list[tuple[str, object]]:
+        return []
 
     @property
     def embedding_contributions(self):
@@ -112,18 +173,43 @@ class TokenExplanation(Explanation):
     attention_mask: Int[Tensor, "batch pos"] | None = None
     reduce: str = "sum"
 
+    def _repr_units(self) -> str:
+        return f"positions={self.contributions.shape[1]}" if self.contributions.ndim > 1 else ""
+
+    def _repr_tensors(self) -> list[tuple[str, object]]:
+        return [("position", self.position)] if self.position is not None else []
+
     def _keep(self, i: int):
         if self.attention_mask is None:
             return slice(None)
         return self.attention_mask[i].bool()
 
     def tokens(self, tokenizer) -> list[list[str]]:
-        """Tokens of each row (padding removed), aligned with :meth:`scores`."""
+        """Tokens of each row (padding removed), aligned with :meth:`scores`.
+
+        ``tokenizer`` must be the explained model's: an id outside its vocabulary (``len(tokenizer)``) proves it is
+        another model's and is refused, but the explanation does not record its model, so another tokenizer whose
+        vocabulary holds every id reads them as other tokens without a word (visualize's pages check the same).
+        """
+        if not callable(getattr(tokenizer, "convert_ids_to_tokens", None)):
+            # None (or token strings, a hub name) failed with "'NoneType' object has no attribute
+            # 'convert_ids_to_tokens'", naming neither the argument nor the fix
+            raise argument_error("tokenizer", f"expected the explained model's tokenizer (an object with "
+                                 f"convert_ids_to_tokens), got {type(tokenizer).__name__}",
+                                 "Pass the tokenizer object the ids came from, e.g. "
+                                 "AutoTokenizer.from_pretrained(the model's folder or hub name)", kind=BcosTypeError)
         if self.input_ids is None:
             raise BcosValueError("tokenizer: this explanation holds no input_ids (it was made from embeddings), so "
                                  "there are no tokens to look up. Use the tokens of the inputs you explained.")
-        return [tokenizer.convert_ids_to_tokens(ids[self._keep(i)].tolist())
-                for i, ids in enumerate(self.input_ids)]
+        rows = [ids[self._keep(i)].tolist() for i, ids in enumerate(self.input_ids)]
+        size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+        largest = max((max(row) for row in rows if row), default=None)
+        if size is not None and largest is not None and largest >= size:
+            # transformers returns None (or raises) for such an id, a token the page builders showed as "None"
+            raise argument_error("tokenizer", f"{type(tokenizer).__name__} has {size} tokens but the explained ids "
+                                 f"reach {largest}, so it is not the explained model's tokenizer",
+                                 "Pass the tokenizer the explained ids came from")
+        return [tokenizer.convert_ids_to_tokens(row) for row in rows]
 
     def scores(self) -> list[Tensor]:
         """Per-token scores of each row with padding removed."""

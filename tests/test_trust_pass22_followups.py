@@ -1,0 +1,104 @@
+"""Trust pass 22 follow-ups (helper-145): small defects of the first reports. Each test fails on the behaviour before
+its fix: a result printed as whole tensors, an error that named neither the argument nor the fix, a docstring help()
+could not reach from the function."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as T
+
+from bcos_plugins import bcosify, explain
+from bcos_plugins.errors import BcosTypeError, BcosValueError
+
+
+def _tiny_bcos_bert(vocab_size: int = 100):
+    torch.manual_seed(0)
+    config = T.BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=64, num_labels=2, pad_token_id=0)
+    return bcosify(T.BertForSequenceClassification(config), b=1.5, verbose=False).eval()
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return _tiny_bcos_bert()
+
+
+IDS = torch.tensor([[5, 6, 7, 0], [5, 6, 8, 9]])
+MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+
+
+# ------------------------------------------------ repr of the result types
+
+
+def test_repr_of_an_explanation_is_one_short_line_naming_what_was_explained(bert):
+    """print(explanation) dumped the whole (batch, pos, d_model) tensors (dataclass repr): thousands of lines for a
+    real model, and the completeness error nowhere."""
+    explanation = explain(bert, IDS, MASK, target=torch.tensor([1, 0]))
+    text = repr(explanation)
+    assert "\n" not in text and len(text) < 200
+    assert text.startswith("TokenExplanation(batch=2, positions=4, target=[1, 0], ")
+    error = float(explanation.completeness_error.max())
+    assert f"completeness_error max={error:.2g}" in text
+    assert "tensor(" not in text and str(explanation) == text
+
+
+def test_repr_names_the_foil_the_positions_and_a_direction_and_shortens_long_targets():
+    from bcos_plugins import Direction, TokenExplanation
+
+    scores = torch.ones(10, 3)
+    made = TokenExplanation(contributions=scores, input_contributions=scores[..., None], explained=scores.sum(1),
+                            target=torch.arange(10), foil=Direction(torch.ones(7)), position=torch.full((10,), 2))
+    text = repr(made)
+    assert "target=[0, 1, 2, 3, 4, 5, 6, 7, ...]" in text
+    assert "foil=Direction(vector of shape (7,))" in text
+    assert "position=[2, 2, 2, 2, 2, 2, 2, 2, ...]" in text
+    assert "completeness_error max=0" in text
+
+
+def test_every_result_type_gets_the_short_repr():
+    """The subclasses are dataclasses too: each decorator wrote its own field-by-field repr over the base's."""
+    from adapters._lens.explain import LensExplanation
+    from bcos_plugins.space.attribution import SpaceExplanation
+    from bcos_plugins.vision.explain import ImageExplanation
+
+    scores = torch.ones(2, 3)
+    for cls in (SpaceExplanation, LensExplanation):
+        made = cls(contributions=scores, input_contributions=scores[..., None], explained=scores.sum(1), target=1)
+        assert repr(made).startswith(f"{cls.__name__}(batch=2, positions=3, target=1, completeness_error")
+    pixels = torch.ones(2, 4, 4)
+    image = ImageExplanation(contributions=pixels, input_contributions=pixels[:, None], explained=pixels.sum((1, 2)),
+                             target=torch.tensor([3, 4]))
+    assert repr(image) == "ImageExplanation(batch=2, shape=(4, 4), target=[3, 4], completeness_error max=0)"
+
+
+# ------------------------------------------------ tokens(tokenizer)
+
+
+class _Tokenizer:
+    """A duck-typed tokenizer of ``size`` tokens."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self):
+        return self.size
+
+    def convert_ids_to_tokens(self, ids):
+        return [f"w{i}" if i < self.size else None for i in ids]
+
+
+def test_tokens_of_none_names_the_argument_and_the_fix(bert):
+    """tokens(None) raised "AttributeError: 'NoneType' object has no attribute 'convert_ids_to_tokens'"."""
+    explanation = explain(bert, IDS, MASK)
+    with pytest.raises(BcosTypeError, match=r"tokenizer: expected the explained model's tokenizer .*got NoneType"
+                                            r".*Pass the tokenizer object"):
+        explanation.tokens(None)
+
+
+def test_tokens_refuses_a_tokenizer_too_small_for_the_ids(bert):
+    """An id outside the tokenizer's vocabulary proves it is another model's: transformers gave None for it."""
+    explanation = explain(bert, IDS, MASK)
+    assert explanation.tokens(_Tokenizer(10))[0] == ["w5", "w6", "w7"]
+    with pytest.raises(BcosValueError, match=r"tokenizer: _Tokenizer has 9 tokens but the explained ids reach 9"):
+        explanation.tokens(_Tokenizer(9))
