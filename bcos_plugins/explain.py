@@ -76,7 +76,22 @@ def explain(
     reduce: Literal["sum", "mean"] = "sum",
     **forward_kwargs,
 ) -> TokenExplanation:
-    """Explain a batch with exact contributions at the model's attribution point (module docstring).
+    """Explain a batch of token ids: the contribution of each token to one output value per row, exact for B-cos models.
+
+    The contributions are ``W(x) x`` at the model's attribution point (the input embeddings): summed over the
+    tokens and embedding dimensions they equal the explained value, up to float rounding (completeness). On a stock
+    model of a supported class the same call is plain input x gradient, and ``completeness_error`` says how far from
+    complete it is. What is explained, per kind of model:
+
+    - classifiers: the logit of ``target`` (default: the predicted class), or ``target - foil``;
+    - causal LMs: the next-token logit of ``target`` predicted at ``position`` (default: each row's last real
+      token), or ``target - foil`` (contrastive);
+    - masked LMs: the logit of ``target`` predicted at ``position``, which is required (usually the [MASK] token's);
+    - base models: hidden unit ``target`` (or a ``Direction`` of the hidden state) at ``position`` (default: the
+      first real token for encoders, the last real token for decoders).
+
+    In depth (how exactness works, choosing B, decoders): docs/in-depth.md; every host library's call:
+    docs/getting-started.md and docs/hosts/.
 
     Args:
         model: a B-cosified transformers model (or a stock one of a supported class: plain input x gradient).
@@ -100,10 +115,27 @@ def explain(
         **forward_kwargs: passed to the model (e.g. ``token_type_ids``); a keyword its forward does not read
             is refused, naming the close match (transformers would drop it without a word).
 
+    Returns:
+        A :class:`~bcos_plugins.attribution.TokenExplanation`: ``contributions`` per token ``(batch, pos)``
+        (``scores()`` and ``tokens(tokenizer)`` give them per row without padding), ``input_contributions`` per token
+        and embedding dimension ``(batch, pos, d_model)``, ``explained`` (the value explained per row), ``target`` /
+        ``foil`` / ``position`` as resolved, and ``completeness_error`` (``|sum - explained| / |explained|``).
+
     Raises:
         BcosRuntimeError: the contributions are not finite, or (B-cos models) do not sum to the explained value
             beyond float rounding of the dtype (an overflowed or cancelled computation, or a module that is not
             exact in explanation mode); the message names the cause and the fix.
+
+    Examples:
+        >>> from bcos_plugins import explain  # given a B-cos classifier, its tokenizer and a tokenised batch
+        >>> explanation = explain(bcos_model, input_ids, attention_mask)  # each row's predicted class
+        >>> explanation
+        TokenExplanation(batch=2, positions=..., target=[...], completeness_error max=...)
+        >>> tokens, scores = explanation.tokens(tokenizer)[0], explanation.scores()[0]  # row 0, padding removed
+        >>> len(tokens) == len(scores)
+        True
+        >>> bool(explanation.completeness_error.max() < 1e-4)  # the token shares sum to the logit
+        True
     """
     if reduce not in ("sum", "mean"):
         raise BcosValueError(f"reduce: must be 'sum' or 'mean', got {reduce!r}. 'sum' is the exact one.")

@@ -32,6 +32,8 @@ MIN_EXAMPLES = 61  # every example runs; lower it only when an example is remove
 GIVEN: dict[str, tuple[tuple[str, ...], str]] = {
     "bcos_plugins.attribution.targets.Direction": (
         ("bcos_gpt2",), "a B-cos LM (GPT-2) and its tokenizer"),
+    "bcos_plugins.explain.explain": (
+        ("bcos_bert",), "a B-cos classifier (BERT), its tokenizer and a tokenised batch, as in the README"),
     "bcos_plugins.adapters.inseq": (
         ("bcos_gpt2",), "a B-cos LM (GPT-2) and its tokenizer"),
     "bcos_plugins.adapters.inseq.load_classifier": (

@@ -102,3 +102,21 @@ def test_tokens_refuses_a_tokenizer_too_small_for_the_ids(bert):
     assert explanation.tokens(_Tokenizer(10))[0] == ["w5", "w6", "w7"]
     with pytest.raises(BcosValueError, match=r"tokenizer: _Tokenizer has 9 tokens but the explained ids reach 9"):
         explanation.tokens(_Tokenizer(9))
+
+
+# ------------------------------------------------ help(bcos_plugins.explain)
+
+
+def test_help_of_explain_carries_what_a_user_needs():
+    """``help(bcos_plugins.explain)`` said "(module docstring)", which help() of the function cannot reach (the
+    package's name ``explain`` is the function): what is explained per kind of model, what is returned and an
+    example were nowhere in it."""
+    import inspect
+
+    import bcos_plugins
+
+    doc = inspect.getdoc(bcos_plugins.explain)
+    assert "module docstring" not in doc
+    for needed in ("classifiers:", "causal LMs:", "masked LMs:", "base models:", "Args:", "Returns:",
+                   "TokenExplanation", "completeness_error", "Examples:", ">>> explanation = explain(", "docs/in-depth.md"):
+        assert needed in doc, needed
