@@ -175,3 +175,18 @@ def test_a_guided_model_switched_to_another_attention_implementation_refuses_the
         guided = model(ids, attention_mask=mask, rationale_mask=gold).logits
         plain = model(ids, attention_mask=mask).logits
     assert (guided - plain).abs().max() > 1e-5
+
+
+def test_intra_space_weight_from_paper_takes_numpy_integer_counts():
+    # its own int check refused np.int64(2), a count read from an array, as "is np.int64(2), not a positive int"
+    import numpy as np
+
+    from bcos_plugins.errors import BcosTypeError
+    from bcos_plugins.space import intra_space_weight_from_paper
+
+    assert intra_space_weight_from_paper(0.001, np.int64(2), np.int32(8)) == pytest.approx(0.016)
+    assert type(intra_space_weight_from_paper(0.001, np.int64(2), 8)) is float
+    with pytest.raises(BcosTypeError, match="^n_spaces: must be an int, got float 2.0"):
+        intra_space_weight_from_paper(0.001, 2.0, 8)
+    with pytest.raises(BcosValueError, match="^n_latent: must be >= 1, got 0"):
+        intra_space_weight_from_paper(0.001, 2, 0)

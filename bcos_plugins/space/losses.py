@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import require_class_ids, require_float, require_tensor, require_token_batch
+from .._checks import require_class_ids, require_float, require_int, require_tensor, require_token_batch
 from ..errors import argument_error
 
 __all__ = ["inter_space_loss", "intra_space_loss", "intra_space_weight_from_paper"]
@@ -99,8 +99,9 @@ def intra_space_weight_from_paper(paper_weight: float, n_spaces: int, n_latent: 
     2 spaces of 8 latents is 0.016). Only the sum-vs-mean scale is converted; the ``eps`` bound stays.
     """
     paper_weight = require_float("paper_weight", paper_weight, minimum=0.0)
-    for name, value in (("n_spaces", n_spaces), ("n_latent", n_latent)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise argument_error(name, f"is {value!r}, not a positive int",
-                                 "Pass the head's number of concept spaces / latent units (config.n_latent)")
+    # the package's int check: a NumPy integer (a count read from an array) was refused as "is np.int64(2), not a
+    # positive int"
+    fix = "Pass the head's number of concept spaces / latent units (config.num_labels / config.n_latent)"
+    n_spaces = require_int("n_spaces", n_spaces, minimum=1, fix=fix)
+    n_latent = require_int("n_latent", n_latent, minimum=1, fix=fix)
     return paper_weight * n_spaces * n_latent
