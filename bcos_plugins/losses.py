@@ -37,7 +37,7 @@ def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None =
     Raises:
         BcosValueError / BcosTypeError: logits not ``(batch, classes)`` or an empty batch (whose mean would be
             NaN), one logit per row (one-hot over one class makes every target 1), labels not integer ids of shape
-            ``(batch,)`` in ``[0, classes)``, ``num_items_in_batch`` < 1 or not finite.
+            ``(batch,)`` in ``[0, classes)``, ``num_items_in_batch`` below the batch's rows or not finite.
     """
     logits = outputs.logits if hasattr(outputs, "logits") else outputs
     if not isinstance(logits, Tensor) or not logits.is_floating_point():
@@ -72,6 +72,12 @@ def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None =
             n_items >= 1 and math.isfinite(n_items)):
         raise argument_error("num_items_in_batch", f"must be a count >= 1, got {num_items_in_batch!r}",
                              "pass the number of rows over all accumulated batches, or None")
+    if n_items < logits.shape[0]:
+        # the count is over every accumulated batch, this one among them: 2 for a batch of 4 rows scaled the loss
+        # (and the gradients) up twofold without a word (cross_entropy_loss refuses the same)
+        raise argument_error("num_items_in_batch", f"is {num_items_in_batch!r}, below this batch's "
+                             f"{logits.shape[0]} rows: it counts the rows of every accumulated batch, this one among "
+                             "them", "pass the number of rows over all accumulated batches, or None")
     per_row = F.binary_cross_entropy_with_logits(logits, one_hot, reduction="none").mean(-1)
     return per_row.sum() / num_items_in_batch
 

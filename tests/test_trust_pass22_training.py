@@ -253,3 +253,20 @@ def test_resume_from_checkpoint_true_without_an_output_dir_is_refused_by_name():
     with pytest.raises(BcosValueError, match=pattern):
         pretrain_masked_lm(T.BertForMaskedLM(tiny_config("bert")), word_tokenizer(), texts,
                            resume_from_checkpoint=True, **QUIET)
+
+
+def test_bcos_loss_refuses_a_count_below_its_own_rows_as_the_cross_entropy_does():
+    """num_items_in_batch counts the rows of every accumulated batch, this one among them: 2 for a batch of 4 rows
+    passed bcos_loss's ">= 1" and doubled the loss (and the gradients) without a word; cross_entropy_loss refused it."""
+    from bcos_plugins.losses import bcos_loss
+
+    torch.manual_seed(0)
+    logits, labels = torch.randn(4, 3, dtype=torch.float64), torch.tensor([0, 2, 1, 2])
+    with pytest.raises(BcosValueError, match=r"^num_items_in_batch: is 2, below this batch's 4 rows: it counts the "
+                                             r"rows of every accumulated batch, this one among them\. pass the number "
+                                             r"of rows over all accumulated batches, or None\.$"):
+        bcos_loss(logits, labels, 2)
+    expected = torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.eye(3, dtype=torch.float64)[labels],
+                                                                    reduction="none").mean(-1).sum()
+    torch.testing.assert_close(bcos_loss(logits, labels, 4), expected / 4, rtol=1e-15, atol=0)
+    torch.testing.assert_close(bcos_loss(logits, labels, torch.tensor(8)), expected / 8, rtol=1e-15, atol=0)
