@@ -9,6 +9,7 @@ saves with ``Dataset.save_to_disk`` / ``to_parquet`` / ``to_pandas``. ``datasets
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -209,7 +210,9 @@ def explain_dataset(
     Returns:
         A ``datasets.Dataset`` with the input columns plus ``tokens`` (list of str, padding removed),
         ``input_ids``, ``scores`` (one float per token), ``explained`` (the explained value), ``target``,
-        ``foil`` (when given), ``delta`` and ``completeness_error``. Save it with ``.save_to_disk(path)``.
+        ``foil`` (when given), ``delta``, ``completeness_error`` and ``truncated`` (True where the text had more tokens
+        than ``max_length``: its explanation is of the first ``max_length`` tokens the tokenizer kept, and a
+        ``UserWarning`` names those texts). Save it with ``.save_to_disk(path)``.
     """
     datasets = _import_datasets()
     if isinstance(data, str):
@@ -260,7 +263,7 @@ def explain_dataset(
         require_max_length_fits(model, max_length)
     device = next(model.parameters()).device
     columns: dict[str, list] = {"tokens": [], "input_ids": [], "scores": [], "explained": [], "target": [],
-                                "delta": [], "completeness_error": []}
+                                "delta": [], "completeness_error": [], "truncated": []}
     if foils is not None:
         columns["foil"] = []
 
@@ -276,6 +279,11 @@ def explain_dataset(
         enc = tokenizer(texts[lo:hi], pairs[lo:hi] if pairs is not None else None, padding=True,
                         truncation=True, max_length=max_length, return_tensors="pt").to(device)
         require_tokenizer_ids_fit(model, tokenizer, enc)
+        # a text longer than max_length was explained as its first tokens and nothing said so (a decoder's position -1
+        # was then the last kept token, not the text's): the row says it, and a warning names those texts
+        whole = tokenizer(texts[lo:hi], pairs[lo:hi] if pairs is not None else None, truncation=False, verbose=False)
+        columns["truncated"] += [len(ids) > int(kept_n) for ids, kept_n in
+                                 zip(whole["input_ids"], enc["attention_mask"].sum(1).tolist(), strict=True)]
         if lo == 0:
             # ids that all fit do not make it the model's tokenizer; its size and names are the same for every
             # batch, so checked once, after the first batch's ids (whose refusal names the ids it saw)
@@ -316,6 +324,13 @@ def explain_dataset(
                                 else [None] * (hi - lo))
         bar.update(hi - lo)
     bar.close()
+    truncated = [i for i, cut in enumerate(columns["truncated"]) if cut]
+    if truncated:
+        warnings.warn(f"explain_dataset: {len(truncated)} text(s) {truncated[:8]} have more than max_length="
+                      f"{max_length if max_length is not None else tokenizer.model_max_length} "
+                      "tokens: each is explained as the first tokens the tokenizer kept (the rest is left out; the "
+                      "column 'truncated' marks them). Pass a larger max_length (up to the model's limit), or split "
+                      "the texts", UserWarning, stacklevel=2)
     if kept is not None:
         clashes = [c for c in columns if c in kept.column_names]
         if clashes:

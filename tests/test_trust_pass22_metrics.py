@@ -215,3 +215,31 @@ def test_pixel_perturbation_refuses_an_explanation_made_for_another_model():
     with pytest.raises(BcosValueError, match=r"attributions: explains the values .* at rows \[0, 1\], but the model "
                                              r"scored here gives .*made for another model"):
         pixel_perturbation(lambda e: other(encoded_pixel_values=e).logits, encoded, explanation, torch.tensor([1, 2]))
+
+
+# ------------------------------------------------------------------ explain_dataset: a text longer than max_length
+
+
+def test_explain_dataset_marks_and_names_the_texts_it_truncated():
+    import transformers as T
+    from test_pretrain import word_tokenizer
+
+    from bcos_plugins import bcosify
+    from bcos_plugins.corpus import explain_dataset
+
+    tok = word_tokenizer()
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(T.BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=40, num_labels=3)), verbose=False).eval()
+    texts = ["w1 w2 w3 w4 w5 w6 w7 w8", "w4", "w5 w6 w7 w8"]
+    # the first text was explained as its first 4 words and nothing in the result or on screen said so
+    with pytest.warns(UserWarning, match=r"explain_dataset: 1 text\(s\) \[0\] have more than max_length=4 tokens: "
+                                         r"each is explained as the first tokens the tokenizer kept"):
+        data = explain_dataset(model, tok, texts, max_length=4, batch_size=2, progress=False)
+    assert data["truncated"] == [True, False, False]
+    assert data["tokens"][0] == ["w1", "w2", "w3", "w4"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing cut, nothing said
+        whole = explain_dataset(model, tok, texts, max_length=8, progress=False)
+    assert whole["truncated"] == [False, False, False]
