@@ -190,3 +190,20 @@ def test_intra_space_weight_from_paper_takes_numpy_integer_counts():
         intra_space_weight_from_paper(0.001, 2.0, 8)
     with pytest.raises(BcosValueError, match="^n_latent: must be >= 1, got 0"):
         intra_space_weight_from_paper(0.001, 2, 0)
+
+
+def test_finalize_bilinear_halves_a_down_proj_shared_by_two_mlps_once():
+    # the factor 1/2 was folded once per MLP: a down_proj shared by two layers was quartered, and the "outputs
+    # unchanged" finalisation changed the model's logits
+    from bcos_plugins.bilinear.swish_beta import finalize_bilinear, set_swish_beta
+
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                                             num_attention_heads=4)).eval()
+    model.model.layers[1].mlp.down_proj = model.model.layers[0].mlp.down_proj
+    ids = torch.randint(0, 50, (1, 5), generator=torch.Generator().manual_seed(0))
+    set_swish_beta(model, 0.0)
+    with torch.no_grad():
+        annealed = model(ids).logits
+        finalize_bilinear(model)
+        torch.testing.assert_close(model(ids).logits, annealed)

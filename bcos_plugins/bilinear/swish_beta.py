@@ -112,9 +112,15 @@ def finalize_bilinear(model: nn.Module) -> None:
                 f"cannot finalise {type(mlp).__name__}: its gate is {mlp.act_fn!r}, not a SwishBeta annealed to beta=0. "
                 "Train with SwishBetaToBilinear until the annealing is over (anneal_fraction < 1)."
             )
+    # each weight halved once: a down_proj shared by several MLPs (one module, or one tied parameter) was halved once
+    # per MLP, a quarter for two, and the finalised model's outputs changed
+    halved: set[int] = set()
     for mlp in mlps:
-        with torch.no_grad():
-            mlp.down_proj.weight.mul_(0.5)
+        weight = mlp.down_proj.weight
+        if id(weight) not in halved:
+            halved.add(id(weight))
+            with torch.no_grad():
+                weight.mul_(0.5)
         mlp.act_fn = ACT2FN["linear"]
     config = _text_config(model)
     if config is not None:
