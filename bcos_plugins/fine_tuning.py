@@ -294,6 +294,14 @@ class TeacherCollator:
         self.pad = pad
 
     def __call__(self, features: list[dict]) -> dict:
+        missing = [i for i, f in enumerate(features) if "teacher_logits" not in f]
+        if missing:
+            # the distilling trainer's evaluate(eval_dataset=...) / predict(...) failed with KeyError: 'teacher_logits'
+            raise argument_error("eval_dataset / test_dataset", f"has rows without 'teacher_logits' (rows "
+                                 f"{missing[:8]} of the batch): the distilling trainer's loss needs the teacher's logits of every row, and "
+                                 "fine_tune_classifier computed them for its training texts only",
+                                 "evaluate the trained model with bcos_plugins.train.accuracy / predict, or give each "
+                                 "row 'teacher_logits' (the teacher's predict(...) of its text, as a list)")
         teacher = torch.tensor([f["teacher_logits"] for f in features])
         batch = self.pad([{k: v for k, v in f.items() if k != "teacher_logits"} for f in features])
         batch["teacher_logits"] = teacher

@@ -4,6 +4,8 @@ crashed unhelpfully."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import transformers as T
@@ -270,3 +272,23 @@ def test_bcos_loss_refuses_a_count_below_its_own_rows_as_the_cross_entropy_does(
                                                                     reduction="none").mean(-1).sum()
     torch.testing.assert_close(bcos_loss(logits, labels, 4), expected / 4, rtol=1e-15, atol=0)
     torch.testing.assert_close(bcos_loss(logits, labels, torch.tensor(8)), expected / 8, rtol=1e-15, atol=0)
+
+
+def test_evaluating_a_distilling_trainer_on_rows_without_teacher_logits_is_refused_by_name():
+    """fine_tune_classifier(teacher=...) returns a trainer whose collator and loss read each row's teacher logits:
+    trainer.evaluate(eval_dataset=...) failed with KeyError: 'teacher_logits'. Refused naming the fix; with the
+    teacher's logits given, the evaluation runs."""
+    from bcos_plugins.encoded_texts import EncodedTexts
+    from bcos_plugins.train import fine_tune_classifier, predict
+
+    texts, labels = corpus(6)
+    teacher = T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval()
+    trainer = fine_tune_classifier(_bcos_classifier(), word_tokenizer(), texts, labels, batch_size=3, max_steps=1,
+                                   max_length=16, teacher=teacher, **QUIET)
+    rows = EncodedTexts(word_tokenizer(), texts[:4], labels[:4], 16)
+    with pytest.raises(BcosValueError, match=r"^eval_dataset / test_dataset: has rows without 'teacher_logits' \(rows "
+                                             r"\[0, 1, 2, 3\] of the batch\): .* evaluate the trained model with "
+                                             r"bcos_plugins\.train\.accuracy / predict, or give each row"):
+        trainer.evaluate(eval_dataset=rows)
+    rows.teacher_logits = predict(teacher, word_tokenizer(), texts[:4], max_length=16).tolist()
+    assert math.isfinite(trainer.evaluate(eval_dataset=rows)["eval_loss"])
