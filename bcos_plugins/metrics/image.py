@@ -210,7 +210,8 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
             ``[x, 1 - x]`` images and ``lambda e: model(encoded_pixel_values=e)``: removal then zeroes the whole
             pixel encoding, as in the paper.
         attributions: per-pixel maps ``(batch, H, W)`` (or per channel, summed), or an image explanation (its
-            ``contributions``; a ``target`` other than the class it explains is refused).
+            ``contributions``; a ``target`` other than the class it explains is refused, and so is an explanation
+            of other images than ``inputs`` or of another model than ``forward``'s).
         target: class whose confidence is tracked (int or ``(batch,)``).
         fractions: increasing removal fractions in [0, 1] (default 9 points in [0, 0.25]).
         removed_value: value written to every channel of a removed pixel.

@@ -399,7 +399,8 @@ def perturbation_curves(
             other perturbable token is refused, and so is a removal that leaves a row no visible token.
         target: the class whose probability is tracked; default the class ``attributions`` explains when it is an
             explanation of the package (its ``target``; another ``target`` is refused), else the class predicted on
-            the full input. An explanation of other ``input_ids`` is refused.
+            the full input. An explanation of other ``input_ids``, made with another ``attention_mask`` or for
+            another model (its ``explained`` logits are not this model's, beyond 1e-3 of the logit) is refused.
         fractions: the p values (default 0.1..0.9).
         masking: ``"attention"`` (remove via attention mask, the paper code's choice) or ``"mask_token"``.
         mask_token_id: for ``masking="mask_token"``; default ``tokenizer.mask_token_id``. A registry decoder

@@ -309,7 +309,8 @@ def seqpg_score(
     Args:
         attributions: token-level attributions for ``2 n`` rows, ordered as
             :meth:`SeqPGExamples.explanation_batch` (row ``2i + s`` explains example i for segment s's
-            class), from any method (see :func:`~bcos_plugins.metrics.token_scores`).
+            class), from any method (see :func:`~bcos_plugins.metrics.token_scores`). An explanation of the package
+            that explains one class for both rows of an example, or other ids in its two rows, is refused.
         segment_masks: ``(n, 2, pos)`` from :class:`SeqPGExamples`.
         attention_mask: padding is ignored (``(n, pos)``; optional).
 
