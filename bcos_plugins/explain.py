@@ -50,6 +50,7 @@ from .attribution.text import (
     explained_outputs_only,
     explained_positions,
     logits_at_positions,
+    non_finite_embedding_cause,
     padded_float64_nan_cause,
     rows_as_alone_call,
     text_attribution_point,
@@ -281,11 +282,15 @@ def completeness_tolerance(contributions: Tensor,
     return torch.finfo(least_precise).eps ** 0.5, least_precise
 
 
-def _padded_float64_cause(result: TokenExplanation) -> str:
-    """:func:`~bcos_plugins.attribution.text.padded_float64_nan_cause` of the explained batch (on a failure only)."""
-    return padded_float64_nan_cause(result.input_contributions.dtype, result.attention_mask,
-                                    "Explain in float32 (model.float()), or explain the padded rows one at a time "
-                                    "without padding.")
+def _likely_nan_cause(model: nn.Module, result: TokenExplanation) -> str:
+    """The likely causes of a NaN in the explained batch (on a failure only): an input embedding row of its tokens
+    that is not finite (the padding's above all: :func:`~bcos_plugins.attribution.text.non_finite_embedding_cause`),
+    and :func:`~bcos_plugins.attribution.text.padded_float64_nan_cause`."""
+    return " ".join(part for part in (
+        non_finite_embedding_cause(model, result.input_ids, result.attention_mask),
+        padded_float64_nan_cause(result.input_contributions.dtype, result.attention_mask,
+                                 "Explain in float32 (model.float()), or explain the padded rows one at a time "
+                                 "without padding.")) if part)
 
 
 def _complete_on_host(rows: list[list[float]], tolerance: float) -> bool:
@@ -321,7 +326,7 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
         # gradient of a stock model, and dynamic_linear_copy's W(x) x + bias terms, are not complete by design,
         # and completeness_error / delta report how far
         if non_finite_step(step):
-            refuse_non_finite_step(step, _padded_float64_cause(result))
+            refuse_non_finite_step(step, _likely_nan_cause(model, result))
         return
     contributions = result.input_contributions
     tolerance, precision = completeness_tolerance(contributions, forward_autocast)
@@ -349,7 +354,7 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
     broken = error > tolerance
     finite_delta, any_broken = torch.stack([torch.isfinite(delta).all(), broken.any()]).tolist()
     if not finite_delta and non_finite_step(step):
-        refuse_non_finite_step(step, _padded_float64_cause(result))
+        refuse_non_finite_step(step, _likely_nan_cause(model, result))
     if any_broken:
         row = int(broken.nonzero()[0])
         found = (f"{bad_rows(broken)} do not sum to the explained value (row {named_row(row, len(broken))}: "

@@ -47,7 +47,7 @@ __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explain
            "readable_tokenizer_outputs", "real_token_position_ids", "position_ids_as_alone",
            "gets_real_token_position_ids", "registry_spec", "rows_as_alone_call", "learned_position_table",
            "refuse_left_padding_shifting_positions", "explained_outputs_only", "logits_at_positions",
-           "padded_float64_nan_cause", "refuse_nan_logits", "forward_parameters"]
+           "padded_float64_nan_cause", "non_finite_embedding_cause", "refuse_nan_logits", "forward_parameters"]
 
 
 @dataclass(frozen=True)
@@ -603,18 +603,51 @@ def padded_float64_nan_cause(dtype: torch.dtype, attention_mask: Tensor | None, 
             f"which the next layer spreads to the real tokens. {fix}")
 
 
+def non_finite_embedding_cause(model, input_ids, attention_mask: Tensor | None) -> str:
+    """The sentence naming the padding token of ``input_ids`` (an id at masked positions only, or
+    ``config.pad_token_id``) when its input embedding row is NaN or infinite, or "" (built on a failure only: it reads
+    the ids and the rows). Its positions are masked, but a masked key's attention weight 0 times its NaN value is NaN,
+    so every padded row's output was NaN and the refusal pointed at the rows' tokens without saying that the one broken
+    row is the padding's embedding (a real token's broken row keeps that message, which fits it)."""
+    embeddings = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    weight = getattr(embeddings, "weight", None)
+    if not isinstance(weight, Tensor) or not isinstance(input_ids, Tensor) or input_ids.is_floating_point():
+        return ""
+    with torch.no_grad():
+        ids = input_ids.to(weight.device).unique()
+        ids = ids[(ids >= 0) & (ids < weight.shape[0])]
+        bad = set(ids[~torch.isfinite(weight[ids]).all(-1)].tolist())
+        if not bad:
+            return ""
+        real = input_ids if attention_mask is None else input_ids[attention_mask.to(input_ids.device) != 0]
+        real_ids = set(real.unique().tolist())
+    pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None)
+    # the padding: an id at masked positions only, or the config's padding id (unmasked padding is attended to)
+    padding = sorted(i for i in bad if i not in real_ids or i == pad_token_id)
+    if not padding:  # a real token's row: the generic message, which points at the rows' tokens, says it
+        return ""
+    row = "model.get_input_embeddings().weight"
+    return (f"The padding token's input embedding ({row}[{padding[0]}]"
+            f"{', ids ' + str(padding[:8]) if len(padding) > 1 else ''}) is NaN or infinite: padding positions are "
+            "masked, but a masked key's attention weight 0 times NaN is NaN, so every padded row becomes NaN. Set that "
+            f"row to finite values ({row}.data[{padding[0]}] = 0) or pad with another id.")
+
+
 def refuse_nan_logits(who: str, nan: Tensor, row_names: Sequence[int], noun: str, dtype: torch.dtype,
                       attention_mask: Tensor | None, fix: str, *, what: str = "NaN",
-                      masked: str = "the batch is padded") -> None:
+                      masked: str = "the batch is padded", model=None, input_ids: Tensor | None = None) -> None:
     """Refuse a batch whose rows ``nan`` (a ``(batch,)`` boolean) have NaN logits, naming them by ``row_names`` (the
     caller's index of each batch row, each named once; ``noun`` says what they are) and the float64 + padding cause
     where it applies (:func:`padded_float64_nan_cause`, ending with the sentence ``fix``; ``masked`` says how the mask
     holds zeros): a NaN score would be returned as one, and an arg-max read as class 0. ``what``: what the rows hold
-    (``"NaN or infinite"`` where the caller refuses infinite logits too). One sync when every row is finite."""
+    (``"NaN or infinite"`` where the caller refuses infinite logits too). ``model`` and ``input_ids``: name an input
+    embedding row of the batch's tokens that is NaN or infinite (:func:`non_finite_embedding_cause`), the padding's
+    above all. One sync when every row is finite."""
     if not bool(nan.any()):
         return
     named = list(dict.fromkeys(row_names[int(i)] for i in nan.nonzero().flatten()))
-    cause = padded_float64_nan_cause(dtype, attention_mask, fix, masked=masked)
+    cause = " ".join(part for part in (non_finite_embedding_cause(model, input_ids, attention_mask),
+                                        padded_float64_nan_cause(dtype, attention_mask, fix, masked=masked)) if part)
     raise BcosValueError(f"{who}: the model's logits are {what} for {noun} {named[:8]}"
                          f"{', ...' if len(named) > 8 else ''}. " + (cause or "Check their inputs, the embedding rows of their tokens and the weights (an "
                                  "input or weight of NaN, inf or a huge value overflows inside the model)."))
