@@ -243,3 +243,30 @@ def test_explain_dataset_marks_and_names_the_texts_it_truncated():
         warnings.simplefilter("error")  # nothing cut, nothing said
         whole = explain_dataset(model, tok, texts, max_length=8, progress=False)
     assert whole["truncated"] == [False, False, False]
+
+
+# ------------------------------------------------------------------ rationale metrics: ties, by hand and against sklearn
+
+
+def test_rationale_metrics_with_tied_scores_are_the_hand_and_sklearn_values():
+    from sklearn.metrics import average_precision_score
+
+    from bcos_plugins.metrics import average_precision, top_k_iou
+
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randint(-2, 3, (64, 8), generator=generator).double()  # five values over eight tokens: many ties
+    gold = torch.randint(0, 2, (64, 8), generator=generator)
+    valid = torch.randint(0, 2, (64, 8), generator=generator)
+    iou, ap = top_k_iou(scores, gold, valid), average_precision(scores, gold, valid)
+    for r in range(64):
+        kept = [i for i in range(8) if valid[r, i]]
+        rationale = {i for i in kept if gold[r, i]}
+        if not rationale:
+            assert math.isnan(iou[r]) and math.isnan(ap[r])
+            continue
+        # the documented tie order: the earlier token first
+        top = set(sorted(kept, key=lambda i: (-float(scores[r, i]), i))[:len(rationale)])
+        assert float(iou[r]) == pytest.approx(len(top & rationale) / len(top | rationale), abs=1e-7)
+        # tied scores form one threshold, as scikit-learn's average precision takes them
+        reference = average_precision_score([int(i in rationale) for i in kept], scores[r, kept].numpy())
+        assert float(ap[r]) == pytest.approx(reference, abs=1e-6)

@@ -8,7 +8,8 @@ positions that count (``valid_mask``: real tokens, usually without special token
 - **Top-k IoU** (Self-Guided Attention paper, Eq. 10): per row, ``|top-k ∩ gold| / |top-k ∪ gold|`` where
   top-k are the k highest-scoring valid tokens. ``k=None`` (default) takes k = the number of gold tokens of
   the row, so a perfect ranking scores 1; an int fixes k; a float in (0, 1] takes that fraction of the
-  row's valid tokens (at least 1). Ties at the k-th score are broken by position (``torch.topk`` order).
+  row's valid tokens (at least 1). Ties at the k-th score are broken by position, the earlier token first (a
+  stable sort; ``torch.topk`` promises no order among ties).
 - **AUPRC** (average precision): per row, ``AP = sum_t (R_t - R_{t-1}) P_t`` over the distinct score
   thresholds t in decreasing order, which is the definition of scikit-learn's ``average_precision_score``
   (tied scores form one threshold). Written here in torch so that a whole padded batch is scored at once
