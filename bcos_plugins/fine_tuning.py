@@ -244,6 +244,8 @@ def _check_distillation(model, teacher, weight, kind, temperature) -> tuple[floa
                              kind=BcosTypeError)
     if teacher is model:
         raise argument_error("teacher", "is the model being trained", "pass a separate, fine-tuned model")
+    # a NaN weight made predict refuse "the model's logits", which read as the model being trained
+    require_finite_parameters(teacher, "teacher")
     if teacher.config.num_labels != model.config.num_labels:
         raise argument_error("teacher", f"has {teacher.config.num_labels} labels, the model "
                              f"{model.config.num_labels}", "distil from a teacher trained on the same classes")

@@ -292,3 +292,18 @@ def test_evaluating_a_distilling_trainer_on_rows_without_teacher_logits_is_refus
         trainer.evaluate(eval_dataset=rows)
     rows.teacher_logits = predict(teacher, word_tokenizer(), texts[:4], max_length=16).tolist()
     assert math.isfinite(trainer.evaluate(eval_dataset=rows)["eval_loss"])
+
+
+def test_a_teacher_with_a_nan_weight_is_refused_naming_the_teacher():
+    """The teacher's NaN weight surfaced as predict's "the model's logits are NaN", which read as the model being
+    trained; refused before training, naming the teacher and its parameter."""
+    from bcos_plugins.train import fine_tune_classifier
+
+    texts, labels = corpus(4)
+    teacher = T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval()
+    with torch.no_grad():
+        teacher.classifier.weight[0, 0] = float("nan")
+    with pytest.raises(BcosValueError, match=r"^teacher: has NaN or infinite values in 1 parameter\(s\) "
+                                             r"\(classifier\.weight\)"):
+        fine_tune_classifier(_bcos_classifier(), word_tokenizer(), texts, labels, max_length=16, teacher=teacher,
+                             **QUIET)
