@@ -43,19 +43,43 @@ class _LoraLinear(nn.Module):
         return self.base_layer(x) + self.lora_B(self.lora_A(x))
 
 
-@pytest.mark.parametrize("wrap", ["lora", "hook"])
+class _ScaledLinear(nn.Linear):
+    """A linear layer with a forward of its own (a quantised or scaled linear layer's pattern)."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+@pytest.mark.parametrize("wrap", ["lora", "forward"])
 def test_bilinear_weights_refuse_projections_whose_forward_is_not_their_weight(wrap):
-    # the weights were read from .weight / .bias alone: an unmerged LoRA update or a hook on a projection was left out,
-    # and every analysis described another function (the read weights' output off by the whole layer's)
+    # the weights were read from .weight / .bias alone: an unmerged LoRA update or a projection's own forward was left
+    # out, and every analysis described another function (the read weights' output off by the whole layer's)
     mlp = _bilinear_qwen2_mlp()
     if wrap == "lora":
         mlp.up_proj = _LoraLinear(mlp.up_proj)
     else:
-        mlp.gate_proj.register_forward_hook(lambda module, inputs, output: 2 * output)
+        scaled = _ScaledLinear(16, 24, bias=False)
+        scaled.load_state_dict(mlp.gate_proj.state_dict())
+        mlp.gate_proj = scaled
     with pytest.raises(BcosValueError, match="^source: the weights read from Qwen2MLP .* do not compute its output"):
         bilinear_weights(mlp)
     with pytest.raises(BcosValueError, match="do not compute its output"):
         eigendecompose(mlp, torch.ones(16))
+
+
+def test_bilinear_weights_probe_is_not_seen_by_the_layers_hooks():
+    # the check runs the layer on a probe with its hooks held back: a hook recording activations records nothing, and
+    # the weights describe the layer without its hooks (as they did before the check), whatever a hook does
+    mlp = _bilinear_qwen2_mlp()
+    recorded = []
+    mlp.register_forward_hook(lambda module, inputs, output: recorded.append(output))
+    mlp.gate_proj.register_forward_hook(lambda module, inputs, output: 2 * output)
+    mlp.up_proj.register_forward_pre_hook(lambda module, inputs: recorded.append(inputs))
+    weights = bilinear_weights(mlp)
+    assert recorded == []
+    assert torch.equal(weights.W, mlp.gate_proj.weight.detach())
+    mlp(torch.ones(1, 16))  # the hooks are back in place
+    assert len(recorded) == 2
 
 
 @pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma2", "llama_bias"])

@@ -26,6 +26,9 @@ is the layer as a function of that hook's activations, exactly.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -156,15 +159,17 @@ def _computing_the_module(module: nn.Module, weights: BilinearWeights) -> Biline
 
     The weights are read from the projections' ``.weight`` / ``.bias``, which says nothing of what runs around them:
     an adapter wrapper that forwards ``.weight`` to its base layer (peft's LoRA layers: the low-rank update left
-    out), a forward hook on a projection or on the layer, a subclass with its own forward. Each analysis then
-    described another function than the layer's, off by the whole update, without a word."""
+    out), a subclass or a wrapper with a forward of its own. Each analysis then described another function than the
+    layer's, off by the whole update, without a word. The probe runs with the layer's forward hooks held back (its
+    TransformerLens hook points' too): a hook that records activations must not record the probe, and the weights
+    describe the layer without its hooks, as every analysis of them does."""
     if weights.W.device.type == "meta":  # no numbers to compare; every analysis of meta weights fails anyway
         return weights
     generator = torch.Generator().manual_seed(0)
     probe = torch.randn(1, 4, weights.d_in, generator=generator, dtype=torch.float64)
     probe = probe.to(dtype=weights.W.dtype, device=weights.W.device)
     try:
-        with torch.no_grad(), evaluating(module):
+        with torch.no_grad(), evaluating(module), _forward_hooks_held_back(module):
             computed = module(probe)
     except Exception as error:
         raise argument_error(
@@ -204,11 +209,24 @@ def _computing_the_module(module: nn.Module, weights: BilinearWeights) -> Biline
             "source", f"the weights read from {type(module).__name__} (its projections' .weight and .bias) do not "
             f"compute its output: on a probe input they are off by up to {worst:.3g} of the layer's size, so an "
             "analysis of them would describe another function. Something runs around the projections: an adapter "
-            "wrapper (peft's LoRA layers forward .weight to the base layer), a forward hook (or an SAE spliced into one of "
+            "wrapper (peft's LoRA layers forward .weight to the base layer), a module spliced in (an SAE in one of "
             "its hook points), or a forward of its own",
-            "Merge the adapter into the weights (peft: model.merge_and_unload()), remove the hooks, or pass the "
-            "weights the layer computes with as BilinearWeights(W, V, P, ...)")
+            "Merge the adapter into the weights (peft: model.merge_and_unload()), take the spliced module out, or "
+            "pass the weights the layer computes with as BilinearWeights(W, V, P, ...)")
     return weights
+
+
+@contextmanager
+def _forward_hooks_held_back(module: nn.Module) -> Iterator[None]:
+    """``module`` and its submodules without their forward (pre-)hooks inside, restored afterwards."""
+    held = [(m, m._forward_pre_hooks, m._forward_hooks) for m in module.modules()]
+    try:
+        for m, _, _ in held:
+            m._forward_pre_hooks, m._forward_hooks = OrderedDict(), OrderedDict()
+        yield
+    finally:
+        for m, pre_hooks, hooks in held:
+            m._forward_pre_hooks, m._forward_hooks = pre_hooks, hooks
 
 
 def _is_bridge_component(source) -> bool:
