@@ -270,3 +270,23 @@ def test_rationale_metrics_with_tied_scores_are_the_hand_and_sklearn_values():
         # tied scores form one threshold, as scikit-learn's average precision takes them
         reference = average_precision_score([int(i in rationale) for i in kept], scores[r, kept].numpy())
         assert float(ap[r]) == pytest.approx(reference, abs=1e-6)
+
+
+# ------------------------------------------------------------------ an image explanation's scores are its pixels'
+
+
+def test_explanation_entropy_of_an_image_explanation_is_that_of_its_pixels():
+    from bcos_plugins.metrics import explanation_entropy, token_scores
+    from bcos_plugins.vision import explain_image
+
+    model = _vit().double()
+    torch.manual_seed(4)
+    explanation = explain_image(model, torch.rand(2, 1, 16, 16, dtype=torch.float64), target=0)
+    pixels = explanation.contributions.flatten(1)  # (batch, H * W), row by row
+    torch.testing.assert_close(token_scores(explanation), pixels, rtol=1e-12, atol=1e-15)
+    share = pixels.abs() / pixels.abs().sum(1, keepdim=True)
+    by_hand = -(share * share.log()).nansum(1)
+    # the encoded channels were read as the tokens: the entropy of two channel sums, 0.66 for the pixels' 5.17
+    torch.testing.assert_close(explanation_entropy(explanation), by_hand, rtol=1e-12, atol=0)
+    channels = explanation.input_contributions.flatten(2).norm(dim=1)  # l2 over the encoded channels, per pixel
+    torch.testing.assert_close(token_scores(explanation, reduce="l2"), channels, rtol=1e-12, atol=1e-15)
