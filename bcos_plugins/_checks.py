@@ -640,22 +640,27 @@ def require_texts(texts, name: str = "texts") -> list[str]:
     return texts
 
 
-def refuse_container_of_names(name: str, texts) -> None:
+def refuse_container_of_names(name: str, texts, *, items: str = "texts", fix: str | None = None) -> None:
     """Refuse a container whose iteration yields names, not texts: a dict (a tokenizer's ``BatchEncoding``, a
     ``DatasetDict``, a column table) iterates over its keys and a pandas ``DataFrame`` over its column names, so the
     strings ``"input_ids"`` or ``"text"`` were read as the texts, without a word (predict gave three rows of logits
-    for two texts given as their BatchEncoding)."""
+    for two texts given as their BatchEncoding). ``items`` and ``fix``: a caller that takes other items than texts
+    (``train_causal_lm``'s tokenised examples) names them and says how to pass the tokenizer's output or a table."""
     if isinstance(texts, Mapping):
         keys = list(texts)[:5]
-        fix = ("Pass the texts themselves (the list given to the tokenizer), not its output"
-               if "input_ids" in texts else "Pass the list of texts (e.g. data['text'])")
-        what = "the tokenizer's output, a " if "input_ids" in texts else ""
+        if "input_ids" in texts:
+            what = "the tokenizer's output, "
+            fixed = fix or "Pass the texts themselves (the list given to the tokenizer), not its output"
+        else:
+            what = ""
+            fixed = ("Pass the list of texts (e.g. data['text'])" if items == "texts" else
+                     f"Pass one of its entries (e.g. {name}[{keys[0]!r}])" if keys else fix or f"Pass the {items}")
         raise argument_error(name, f"is {what}{'an' if type(texts).__name__[0] in 'AEIOU' else 'a'} "
-                             f"{type(texts).__name__} (keys {keys}): iterating it gives its keys, not texts", fix,
+                             f"{type(texts).__name__} (keys {keys}): iterating it gives its keys, not {items}", fixed,
                              kind=BcosTypeError)
     if hasattr(texts, "columns") and hasattr(texts, "iloc"):  # a pandas DataFrame, without importing pandas
         raise argument_error(name, f"is a {type(texts).__name__}: iterating it gives its column names "
-                             f"{list(texts.columns)[:5]}, not texts", "Pass a column as a list "
+                             f"{list(texts.columns)[:5]}, not {items}", fix or "Pass a column as a list "
                              "(data['text'].tolist())", kind=BcosTypeError)
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import (
+    refuse_container_of_names,
     require_finite_parameters,
     require_int,
     require_same_shape,
@@ -161,6 +162,12 @@ def _feature_labels(feature, i: int, row: Tensor, max_length: int | None) -> Ten
     return labels
 
 
+# how the tokenizer's output (or a table) becomes one feature per example, for train_causal_lm's refusal
+_EXAMPLES_FIX = ("Pass one feature per example: datasets.Dataset.from_dict(dict(enc)) of the tokenizer's output enc, "
+                 "or a list of {'input_ids': ..., 'attention_mask': ...} dicts, one per text "
+                 "(a pandas table: datasets.Dataset.from_pandas(frame))")
+
+
 def train_causal_lm(
     model: nn.Module,
     train_dataset,
@@ -207,6 +214,11 @@ def train_causal_lm(
         raise argument_error("pad_token_id", f"is {pad_token_id}, outside the model's vocabulary [0, {vocab_size}): "
                              "padding is masked out of the loss but still goes through the embedding",
                              "pass an id the model has, e.g. tokenizer.eos_token_id (any id: padding carries no loss)")
+    # the tokenizer's whole output (a BatchEncoding: one list per key, not one feature per example) was indexed as
+    # the examples and refused as "feature 0 has no 'input_ids' ... Tokenise first", though it was tokenised
+    refuse_container_of_names("train_dataset", train_dataset, items="examples", fix=_EXAMPLES_FIX)
+    if isinstance(eval_dataset, Mapping) and "input_ids" in eval_dataset:  # (a dict of evaluation sets is valid)
+        refuse_container_of_names("eval_dataset", eval_dataset, items="examples", fix=_EXAMPLES_FIX)
     _check_training_rows("train_dataset", train_dataset, max_length, vocab_size, limit)
     # a dict of evaluation sets (the Trainer evaluates each, its metrics prefixed with the key) was indexed as one
     # dataset: KeyError: 0

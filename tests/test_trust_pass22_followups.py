@@ -156,3 +156,44 @@ def test_predict_names_the_padding_tokens_nan_embedding():
     with pytest.raises(BcosValueError, match=rf"predict: .*texts \[1\].*The padding token's input embedding "
                                              rf"\(model\.get_input_embeddings\(\)\.weight\[{tokenizer.pad_token_id}\]"):
         predict(model, tokenizer, ["a gorgeous, witty film", "dull"], batch_size=2)
+
+
+# ------------------------------------------------ train_causal_lm(model, tokenizer(texts))
+
+
+@pytest.fixture(scope="module")
+def gpt2_and_tokenizer():
+    from bcos_plugins.data import shipped_data
+
+    tokenizer = T.GPT2TokenizerFast.from_pretrained(shipped_data("gpt2_tokenizer"))
+    torch.manual_seed(0)
+    config = T.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=4, n_positions=64)
+    return bcosify(T.GPT2LMHeadModel(config), b=1.5, verbose=False), tokenizer
+
+
+@pytest.mark.parametrize("where", ["train_dataset", "eval_dataset"])
+def test_train_causal_lm_names_the_tokenizers_output_and_the_fix(gpt2_and_tokenizer, tmp_path, where):
+    """``train_causal_lm(model, tokenizer(texts))`` said "feature 0 has no 'input_ids' (keys: Encoding). Tokenise
+    first": the examples were tokenised, but given as the tokenizer's one output (a list per key)."""
+    from bcos_plugins import train_causal_lm
+
+    model, tokenizer = gpt2_and_tokenizer
+    texts = ["a gorgeous, witty film", "dull and long"]
+    examples = [{"input_ids": tokenizer(text)["input_ids"]} for text in texts]
+    data = {"train_dataset": examples, "eval_dataset": None, where: tokenizer(texts)}
+    with pytest.raises(BcosTypeError, match=rf"{where}: is the tokenizer's output, a BatchEncoding \(keys "
+                                            r"\['input_ids', 'attention_mask'\]\): iterating it gives its keys, not "
+                                            r"examples.*Dataset\.from_dict\(dict\(enc\)\)"):
+        train_causal_lm(model, data["train_dataset"], str(tmp_path), pad_token_id=tokenizer.eos_token_id,
+                        eval_dataset=data["eval_dataset"], max_steps=1)
+
+
+def test_train_causal_lm_names_a_dataset_dict_by_its_splits(gpt2_and_tokenizer, tmp_path):
+    from bcos_plugins import train_causal_lm
+
+    model, tokenizer = gpt2_and_tokenizer
+    splits = {"train": [{"input_ids": [1, 2, 3]}], "test": [{"input_ids": [4, 5, 6]}]}
+    with pytest.raises(BcosTypeError, match=r"train_dataset: is a dict \(keys \['train', 'test'\]\): iterating it "
+                                            r"gives its keys, not examples. Pass one of its entries \(e\.g\. "
+                                            r"train_dataset\['train'\]\)"):
+        train_causal_lm(model, splits, str(tmp_path), pad_token_id=tokenizer.eos_token_id, max_steps=1)
