@@ -38,6 +38,7 @@ from sae_lens import SAE
 from torch import Tensor
 
 from bcos_plugins._checks import require_int
+from bcos_plugins.attribution import Direction
 from bcos_plugins.bilinear import (
     Eigendecomposition,
     augment_input,
@@ -465,7 +466,9 @@ class SAEErrorShare:
         return self.explanation.explained - self.explanation.total - self.error_share
 
 
-def sae_error_share(model, tokens: Tensor, **explain_kwargs) -> SAEErrorShare:
+def sae_error_share(model, tokens: Tensor, *, target: int | Tensor | Direction | None = None,
+                    foil: int | Tensor | Direction | None = None, position: int | Tensor | None = None,
+                    attention_mask: Tensor | None = None) -> SAEErrorShare:
     """Explain a logit of a ``HookedSAETransformer`` with SAEs attached, and say how much their error terms carry.
 
     With ``add_sae(sae, use_error_term=True)`` the spliced model computes the original activations
@@ -479,7 +482,9 @@ def sae_error_share(model, tokens: Tensor, **explain_kwargs) -> SAEErrorShare:
     Args:
         model: an explainable ``HookedSAETransformer`` (e.g. ``hooked_transformer_from_hf(...,
             model_class=HookedSAETransformer)``) with SAEs attached (``model.add_sae``).
-        tokens, explain_kwargs: as for ``explain_logits`` (``target``, ``foil``, ``position``, ``attention_mask``).
+        tokens, target, foil, position, attention_mask: as for ``explain_logits``. Spelt out rather than passed on
+            as ``**kwargs``, so a misspelt keyword is refused naming ``sae_error_share`` (Python's TypeError named
+            ``explain_logits``, which the caller never called).
     """
     from .transformer_lens import explain_logits  # local: this module is importable without the lens adapter
 
@@ -489,7 +494,8 @@ def sae_error_share(model, tokens: Tensor, **explain_kwargs) -> SAEErrorShare:
             "model: no SAEs are attached (model.acts_to_saes is empty or missing). Attach them with "
             "HookedSAETransformer.add_sae(sae, use_error_term=True), or use explain_logits for a model without SAEs.")
     with sae_error_capture(model) as capture:
-        explanation = explain_logits(model, tokens, **explain_kwargs)
+        explanation = explain_logits(model, tokens, target=target, foil=foil, position=position,
+                                     attention_mask=attention_mask)
     shares = capture.shares()
     return SAEErrorShare(explanation=explanation, error_shares=shares)
 

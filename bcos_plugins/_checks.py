@@ -821,9 +821,14 @@ def require_training_argument_names(training_args, helper: str, own=()) -> None:
                                  kind=BcosKeywordError)
 
 
-def require_finite_parameters(model: nn.Module, name: str = "model") -> None:
-    """Refuse, before training, a model with a NaN or infinite parameter: its loss is NaN from the first step and every
-    weight NaN after it (one device synchronisation for the whole model)."""
+def require_finite_parameters(model: nn.Module, name: str = "model", *,
+                              consequence: str = "its loss would be NaN from the first step and every weight NaN "
+                                                 "after it",
+                              fix: str = "Reload the weights (or find the step that wrote them)") -> None:
+    """Refuse a model with a NaN or infinite parameter, naming the parameters (one device synchronisation for the
+    whole model). The default words are the training helpers' (checked before training: the loss is NaN from the
+    first step and every weight NaN after it); ``consequence`` and ``fix`` are another caller's (the TransformerLens
+    adapter's, once an explanation came out NaN)."""
     named = [(n, p) for n, p in model.named_parameters() if p.is_floating_point() and not p.is_meta]
     if not named:
         return
@@ -831,8 +836,7 @@ def require_finite_parameters(model: nn.Module, name: str = "model") -> None:
     if bool(bad.any()):
         which = [n for (n, _), b in zip(named, bad.tolist(), strict=True) if b]
         raise argument_error(name, f"has NaN or infinite values in {len(which)} parameter(s) ({', '.join(which[:4])}"
-                             f"{', ...' if len(which) > 4 else ''}): its loss would be NaN from the first step and every "
-                             "weight NaN after it", "Reload the weights (or find the step that wrote them)")
+                             f"{', ...' if len(which) > 4 else ''}): {consequence}", fix)
 
 
 def require_trainable(model: nn.Module, name: str = "model") -> None:

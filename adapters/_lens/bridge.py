@@ -43,6 +43,7 @@ from torch import nn
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 
 from bcos_plugins._checks import warn_if_unmasked_padding
+from bcos_plugins.attribution.rotary_length import forget_grown_rotary_frequencies
 from bcos_plugins.attribution.text import refuse_stock_loaded_bcos
 from bcos_plugins.convert.architectures import architecture_name, specs_where, vocabulary_size
 from bcos_plugins.convert.query_key import StockQueryKeyConv1D
@@ -209,7 +210,11 @@ def _warn_about_unmasked_padding(bridge: nn.Module, tokens) -> None:
 def _padding_checked_class(base: type) -> type:
     """``base`` (TransformerLens' ``TransformerBridge``) whose ``forward`` first warns about a padded token batch
     given without a mask (:func:`_warn_about_unmasked_padding`): the one place every call goes through (``bridge(
-    tokens)``, ``run_with_cache`` and ``run_with_hooks`` call ``forward``). The name stays ``base``'s."""
+    tokens)``, ``run_with_cache`` and ``run_with_hooks`` call ``forward``), and puts back a ``"dynamic"`` rotary
+    embedding's frequencies that an earlier, longer call grew (:func:`~bcos_plugins.attribution.rotary_length.
+    forget_grown_rotary_frequencies`, the transformers path's reset: the bridge runs its transformers model's rotary
+    embedding, which kept them, so a row gave another number after a longer row than fresh). The name stays
+    ``base``'s."""
     names = list(inspect.signature(base.forward).parameters)[1:]  # after self
     mask_at = names.index("attention_mask") if "attention_mask" in names else None
     input_name = names[0] if names else "input"
@@ -221,6 +226,7 @@ def _padding_checked_class(base: type) -> type:
             mask = args[mask_at]
         if mask is None:
             _warn_about_unmasked_padding(self, args[0] if args else kwargs.get(input_name))
+        forget_grown_rotary_frequencies(getattr(self, "original_model", None))  # nothing read without dynamic rope
         return base_forward(self, *args, **kwargs)
 
     forward.__doc__ = base_forward.__doc__

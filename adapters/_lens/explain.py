@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from bcos_plugins._checks import require_finite_parameters
 from bcos_plugins.attribution import (
     Direction,
     TokenExplanation,
@@ -172,6 +173,15 @@ def explain_logits(
     return result
 
 
+def require_finite_weights(model) -> None:
+    """Refuse ``model`` naming its NaN or infinite parameters (an attached SAE's too: it is a submodule), for a lens
+    path whose values came out non-finite: the refusal of the values alone listed "the weights" among the causes
+    without saying which. Called only then, so a finite explanation pays no device synchronisation for it."""
+    require_finite_parameters(model, "model", consequence="the values explained (or their gradients) are NaN or "
+                              "infinite, and there is nothing finite to explain", fix="Reload the weights (a broken "
+                              "checkpoint, or a training step that diverged, wrote them), or fix those parameters")
+
+
 def _user_hooked_points(model) -> list[str]:
     """The hook points that carry forward hooks when an explanation starts (the caller's: ``model.hooks()``,
     ``add_hook``), whose edits of activations the explanation runs with. None while SAEs are attached: the tokens
@@ -232,6 +242,7 @@ def explain_lens_value(
     with sae_error_capture(model) as sae_capture:  # records nothing when no SAEs are attached
         step = input_x_gradient(compute, model, defer_finite_check=True)
     if non_finite_step(step):
+        require_finite_weights(model)  # a NaN / inf weight named (the generic refusal said only "and the weights")
         # a float64 bridge's attention softmax runs in float32, so a left-padded row's all-masked padding queries
         # give NaN: the generic cause ("an input or an embedding row of NaN, inf or a huge value") sent users to
         # check inputs that were fine

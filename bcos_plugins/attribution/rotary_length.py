@@ -91,6 +91,11 @@ def forget_grown_rotary_frequencies(model: nn.Module) -> None:
             current = getattr(module, f"{prefix}inv_freq", None)
             if cached is None or not isinstance(initial, Tensor) or not isinstance(current, Tensor):
                 continue
+            if f"{prefix}inv_freq" not in module._buffers:
+                # a wrapper that reads the frequencies from the module it wraps (a TransformerLens bridge's rotary
+                # component, whose register_buffer failed: "attribute 'inv_freq' already exists"); that module is
+                # among model.modules() too, and is put back itself
+                continue
             if bool(torch.as_tensor(cached) > original):
                 # a copy: the buffer must not alias the original frequencies, which transformers keeps for its reset
                 module.register_buffer(f"{prefix}inv_freq", initial.to(current.device).clone(), persistent=False)
