@@ -726,6 +726,10 @@ class LayerBcos(LayerGradientXActivation):
             # the explained value comes from the same forward pass as the gradient
             out = inner(*args, **kw)
             _check_target(target, out)
+            if target is None and isinstance(out, Tensor) and out.ndim >= 2 and out[0].numel() > 1:
+                # Captum's refusal is a bare AssertionError ("Target not provided when necessary"); BcosAttribution's
+                # names the argument and the fix
+                _one_value_per_example(out, out.shape[0], type(self).__name__)
             outputs.append(out)
             return out
 

@@ -70,9 +70,11 @@ and fails when inseq changes.
 
 from __future__ import annotations
 
+import base64
 import functools
 import inspect
 import logging
+import numbers
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -82,6 +84,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+import safetensors.torch
 import torch
 from bcos_plugins.adapters.captum import LayerBcos
 from inseq.attr.feat import FeatureAttribution
@@ -493,6 +496,12 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
     """
 
     def __post_init__(self):
+        if isinstance(self.step_scores, dict):
+            # a bfloat16 / float16 model's step scores (inseq's logit, probability) stay in its dtype, which inseq's
+            # show() cannot draw ("Got unsupported ScalarType BFloat16"): widened to float32, exactly
+            self.step_scores = {name: score.float() if isinstance(score, Tensor) and score.is_floating_point()
+                                and torch.finfo(score.dtype).bits < 32 else score
+                                for name, score in self.step_scores.items()}
         carried_aggregator = self._aggregator
         carried_fns, carried_names = _Inseq071.isolated_post_init(self)
         if self.sequence_scores is None:  # inseq's aggregators iterate over it
@@ -509,6 +518,25 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
             self._aggregator = SIGNED_SUM if scores.ndim > 2 else []
         else:  # inseq's save/load passes the scores as encoded bytes: keep what the object had
             self._aggregator = carried_aggregator if carried_aggregator is not None else SIGNED_SUM
+
+    def _recover_from_safetensors(self):
+        """inseq's ``FeatureAttributionOutput.load`` decodes each saved score as float32, which rounded a float64 model's
+        saved contributions, step scores and deltas (1e-8 of them) away from the ones saved: each comes back in float64
+        where it was saved so, and in float32 otherwise (as inseq reads it)."""
+
+        def recover(encoded):
+            if not isinstance(encoded, str | bytes):  # already a tensor
+                return encoded
+            scores = safetensors.torch.load(base64.b64decode(encoded))["attribution"]
+            return scores.to(torch.float64 if scores.dtype == torch.float64 else torch.float32)
+
+        self.source_attributions = recover(self.source_attributions)
+        self.target_attributions = recover(self.target_attributions)
+        for field in ("step_scores", "sequence_scores"):
+            scores = getattr(self, field)
+            if scores is not None:
+                setattr(self, field, {name: recover(score) for name, score in scores.items()})
+        return self
 
     # inseq 0.7.1's own bounds reduce over every score with max(), which fails on a row without columns (a row that
     # generated nothing: inseq's show() warns "Found empty attributions" for it, then failed here): such a row has no
@@ -844,7 +872,9 @@ class BcosClassifier:
         n = len(self.label_names)
         if target is None:
             return list(range(n))
-        if isinstance(target, int | Tensor) and (not isinstance(target, Tensor) or target.ndim == 0):
+        # a NumPy integer scalar (an id read from an array) is one class, as require_int reads it: it was refused as
+        # "got int64 ... pass an int"
+        if isinstance(target, numbers.Integral | Tensor) and (not isinstance(target, Tensor) or target.ndim == 0):
             classes = [require_int("target", target)]
         elif isinstance(target, str) or not (isinstance(target, Tensor) or hasattr(target, "__len__")):
             raise argument_error("target", f"must be a class id or a list of class ids, got {type(target).__name__}",
