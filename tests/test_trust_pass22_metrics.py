@@ -290,3 +290,20 @@ def test_explanation_entropy_of_an_image_explanation_is_that_of_its_pixels():
     torch.testing.assert_close(explanation_entropy(explanation), by_hand, rtol=1e-12, atol=0)
     channels = explanation.input_contributions.flatten(2).norm(dim=1)  # l2 over the encoded channels, per pixel
     torch.testing.assert_close(token_scores(explanation, reduce="l2"), channels, rtol=1e-12, atol=1e-15)
+
+
+def test_perturbation_curves_of_a_direction_explanation_need_the_class_to_track():
+    from bcos_plugins import explain
+    from bcos_plugins.attribution import Direction
+    from bcos_plugins.metrics import perturbation_curves
+
+    model = _bcos_bert()
+    ids, mask = padded_rows([7, 5, 9], 9, "right", seed=1)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    explanation = explain(model, ids, mask, target=Direction(torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64)))
+    # a direction's explanation was scored on each row's predicted class, silently
+    with pytest.raises(BcosValueError, match=r"target: is missing and the explanation explains a Direction, not a "
+                                             r"class.*Pass target="):
+        perturbation_curves(model, ids, mask, explanation, special_tokens=special)
+    curves = perturbation_curves(model, ids, mask, explanation, special_tokens=special, target=0)
+    assert curves.target.tolist() == [0, 0, 0]

@@ -54,8 +54,10 @@ from .._checks import (
     require_token_batch,
     unmasked_padding_keywords,
 )
+from ..attribution.targets import Direction
 from ..attribution.text import (
     explained_positions,
+    refuse_inputs_on_another_device,
     refuse_nan_logits,
     registry_spec,
     rows_as_alone_call,
@@ -419,6 +421,9 @@ def perturbation_curves(
     if not callable(model):
         raise argument_error("model", f"must be callable, got {type(model).__name__}", "Pass the classifier",
                              kind=BcosTypeError)
+    # the ids and mask on another device than the model (a model moved to a GPU, the tokenizer's tensors left on
+    # the CPU) failed inside the first forward with torch's "Expected all tensors to be on the same device"
+    refuse_inputs_on_another_device(model, input_ids, attention_mask)
     if masking == "mask_token" and mask_token_id is None:
         mask_token_id = getattr(tokenizer, "mask_token_id", None)
         if mask_token_id is None:
@@ -472,6 +477,12 @@ def perturbation_curves(
         target_t = require_row_ids("target", explained, batch, n_ids=full.shape[-1], what="classes (the "
                                    "explanation's target)").to(input_ids.device)
     elif target is None:
+        if hasattr(attributions, "input_contributions") and isinstance(getattr(attributions, "target", None),
+                                                                       Direction):
+            # an explanation of a direction of the output space was scored on the predicted class, silently
+            raise argument_error("target", "is missing and the explanation explains a Direction, not a class, so "
+                                 "there is no class whose probability to track", "Pass target= the class ids to track "
+                                 "(one per row), or explain a class")
         target_t = full.argmax(-1)
     else:
         target_t = require_row_ids("target", target, batch, n_ids=full.shape[-1], what="classes").to(input_ids.device)
