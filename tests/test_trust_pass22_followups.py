@@ -197,3 +197,24 @@ def test_train_causal_lm_names_a_dataset_dict_by_its_splits(gpt2_and_tokenizer, 
                                             r"gives its keys, not examples. Pass one of its entries \(e\.g\. "
                                             r"train_dataset\['train'\]\)"):
         train_causal_lm(model, splits, str(tmp_path), pad_token_id=tokenizer.eos_token_id, max_steps=1)
+
+
+# ------------------------------------------------ perturbation_curves: ids on another device than the model
+
+
+def test_perturbation_curves_refuses_ids_on_another_device_than_the_model(bert):
+    """The model on an accelerator, the explained ids left on the CPU: the first forward failed inside the model
+    (torch's "Expected all tensors to be on the same device"; on the meta device, which stands in for an accelerator
+    here, "Tensor.item() cannot be called on meta tensors"), naming neither the argument nor the move. The check is
+    explain's own (attribution.text.refuse_inputs_on_another_device)."""
+    import copy
+
+    from bcos_plugins.metrics import perturbation_curves
+
+    explanation = explain(bert, IDS, MASK)
+    special = torch.zeros_like(IDS, dtype=torch.bool)
+    perturbation_curves(bert, IDS, MASK, explanation, special_tokens=special)  # the same call, one device: runs
+    elsewhere = copy.deepcopy(bert).to("meta")
+    with pytest.raises(BcosValueError, match=r"input_ids: is on cpu, but the model's input embeddings are on meta.*"
+                                             r"input_ids\.to\(model\.device\)"):
+        perturbation_curves(elsewhere, IDS, MASK, explanation, special_tokens=special)

@@ -47,7 +47,7 @@ __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explain
            "readable_tokenizer_outputs", "real_token_position_ids", "position_ids_as_alone",
            "gets_real_token_position_ids", "registry_spec", "rows_as_alone_call", "learned_position_table",
            "refuse_left_padding_shifting_positions", "explained_outputs_only", "logits_at_positions",
-           "padded_float64_nan_cause", "non_finite_embedding_cause", "refuse_nan_logits", "forward_parameters"]
+           "padded_float64_nan_cause", "non_finite_embedding_cause", "refuse_inputs_on_another_device", "refuse_nan_logits", "forward_parameters"]
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def token_inputs_and_padding(model: nn.Module, input_ids,
     explained as given but warned about (:class:`~bcos_plugins.errors.UnmaskedPaddingWarning`): the explanation is
     exact for ``model(ids)``, the padding attended to as tokens, which is rarely the input meant (transformers 5 no
     longer warns). A warning, not a refusal: a batch of texts that end or start with the pad id is valid input."""
-    _refuse_inputs_on_another_device(model, input_ids, attention_mask)
+    refuse_inputs_on_another_device(model, input_ids, attention_mask)
     limit = position_limit(model)
     input_ids, attention_mask, padded = token_batch_and_padding(
         input_ids, attention_mask, vocab_size=vocabulary_size(model), max_length=limit.max_length,
@@ -126,12 +126,16 @@ def token_inputs_and_padding(model: nn.Module, input_ids,
             padded)
 
 
-def _refuse_inputs_on_another_device(model: nn.Module, input_ids, attention_mask) -> None:
+def refuse_inputs_on_another_device(model: nn.Module, input_ids, attention_mask) -> None:
     """Refuse ids or a mask on another device than ``model``'s input embeddings (a model moved to a GPU, its
     tokenizer's tensors left on the CPU), naming the move: the call failed deep inside the embedding lookup with
     torch's "Expected all tensors to be on the same device" (or an autocast error), naming neither argument. A meta
-    tensor is left to the token check, which refuses it in its own words."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    tensor is left to the token check, which refuses it in its own words. The one device check of the ids: explain's
+    token check and perturbation_curves' (which takes any callable: one without input embeddings is not checked)."""
+    try:
+        embeddings = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    except NotImplementedError:  # a transformers model that does not say where its input embeddings are
+        embeddings = None
     weight = getattr(embeddings, "weight", None)
     if not isinstance(weight, Tensor):
         return
