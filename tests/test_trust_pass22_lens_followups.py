@@ -127,3 +127,17 @@ def test_sae_error_share_names_itself_and_a_misspelt_keyword():
     result = sae_error_share(model, tokens, target=4, position=-2)  # the spelt-out keywords reach explain_logits
     assert result.explanation.target.tolist() == [4, 4]
     assert result.explanation.position.tolist() == [4, 4]
+
+
+def test_hooked_transformer_from_hf_refuses_a_dynamic_rotary_model_naming_the_bridge():
+    """TransformerLens' own rotary has no dynamic scaling, so hooked_transformer_from_hf refuses such a model (it
+    would be another model past max_position_embeddings); the refusal now names the path that takes it, the bridge,
+    which computes the HF model's logits (the test above)."""
+    from conftest import hooked_transformer_from_hf_or_none
+
+    from_hf = hooked_transformer_from_hf_or_none()
+    if from_hf is None:  # TransformerLens 4: no HookedTransformer (its refusal is checked there)
+        return
+    with pytest.raises(BcosValueError, match=r"^rope_type='dynamic' is not expressed by TransformerLens' Llama config "
+                                             r"\(default and llama3 are\).*transformer_bridge_from_hf\(hf_model\)"):
+        from_hf(_dynamic_rope_llama())

@@ -31,7 +31,8 @@ def check_rope(hf_config, family: str, rope_types: tuple[str, ...]) -> None:
     if rope_type not in rope_types:
         raise BcosValueError(
             f"rope_type={rope_type!r} is not expressed by TransformerLens' {family} config "
-            f"({' and '.join(rope_types)} are); convert a model with standard rotary embeddings."
+            f"({' and '.join(rope_types)} are); convert a model with standard rotary embeddings, or use "
+            "transformer_bridge_from_hf(hf_model), whose bridge runs the model's own rotary embedding."
         )
 
 
