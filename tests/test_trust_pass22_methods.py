@@ -231,3 +231,29 @@ def test_finalize_bilinear_halves_a_down_proj_shared_by_two_mlps_once():
         annealed = model(ids).logits
         finalize_bilinear(model)
         torch.testing.assert_close(model(ids).logits, annealed)
+
+
+def test_truncated_outputs_warn_where_the_top_k_splits_an_eigenspace():
+    # Q(u) = I for W = V = I and for W = V = R (R orthogonal): one layer function, but eigh's basis of the eigenspace
+    # differs, and the top-1 truncated output was 9 for one and another number for the other, without a word
+    import warnings
+
+    from bcos_plugins.bilinear import truncated_outputs
+
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    rotation = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))[0]
+    for W in (torch.eye(4), rotation):
+        eig = eigendecompose((W, W, torch.ones(1, 4)), torch.ones(1, 1))
+        with pytest.warns(UserWarning, match=r"with k=1 \(by='magnitude'\) the top k of direction\(s\) \[0\] is not "
+                          "unique"):
+            truncated_outputs(eig, x, 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.testing.assert_close(truncated_outputs(eig, x, 4), torch.tensor([[30.0]]))  # the whole eigenspace
+    generator = torch.Generator().manual_seed(1)
+    W, V, P = (torch.randn(*shape, generator=generator) for shape in ((2, 5), (2, 5), (3, 2)))
+    eig = eigendecompose((W, V, P), torch.eye(3))  # rank 4 of 5: one zero eigenvalue per direction, no tie that counts
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for k in range(1, 6):
+            truncated_outputs(eig, torch.randn(2, 5, generator=generator), k)

@@ -97,6 +97,13 @@ def eigenvector_activations(eig: Eigendecomposition, x: Float[Tensor, "batch d_i
     return eig.eigenvalues * projections.square()
 
 
+def eigh_rounding(eigenvalues: Float[Tensor, "*n d_in"]) -> Float[Tensor, "*n 1"]:
+    """How far ``torch.linalg.eigh`` may move an eigenvalue by rounding (its backward error), per decomposition:
+    ``d_in * eps * max |lambda|``. A zero eigenvalue comes back as about this much, and two equal eigenvalues as two
+    values this close."""
+    return eigenvalues.shape[-1] * torch.finfo(eigenvalues.dtype).eps * eigenvalues.abs().amax(-1, keepdim=True)
+
+
 def top_eigen_indices(eigenvalues: Float[Tensor, "*n d_in"], k: int, by: Order = "magnitude"
                       ) -> Int[Tensor, "*n k"]:
     """Indices of the ``k`` leading eigenvalues: largest ``|lambda|``, most positive, or most negative."""

@@ -23,7 +23,7 @@ from torch import Tensor
 from .._checks import require_int, require_tensor
 from ..errors import argument_error
 from ..nn.functional import at_least_float32
-from .eigen import Eigendecomposition, require_eigendecomposition, top_eigen_indices
+from .eigen import Eigendecomposition, eigh_rounding, require_eigendecomposition, top_eigen_indices
 
 __all__ = ["AdversarialMasks", "adversarial_masks", "pseudo_inverse_masks"]
 
@@ -83,8 +83,7 @@ def adversarial_masks(eig: Eigendecomposition, per_direction: int = 1,
     # than per_direction of them (a singular Q(u), e.g. of a rank-1 layer, or a negative semidefinite one) got masks for
     # null-space eigenvectors (eigenvalue 1e-8, eigh's rounding of 0) or negative ones, keys that activate nothing. A
     # zero eigenvalue comes back as rounding of about d_in * eps * max |lambda| (eigh's backward error): not positive.
-    floor = d_in * torch.finfo(eig.eigenvalues.dtype).eps * eig.eigenvalues.abs().amax(-1, keepdim=True)
-    n_positive = (eig.eigenvalues > floor).sum(-1)
+    n_positive = (eig.eigenvalues > eigh_rounding(eig.eigenvalues)).sum(-1)
     short = n_positive < per_direction
     if short.any():
         rows = short.nonzero().flatten().tolist()

@@ -10,6 +10,7 @@ symmetric matrices); ``by="positive"`` keeps the most positive ones instead.
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -23,6 +24,7 @@ from .eigen import (
     Order,
     eigendecompose,
     eigenvector_activations,
+    eigh_rounding,
     require_eigendecomposition,
     top_eigen_indices,
 )
@@ -44,7 +46,30 @@ def truncated_outputs(eig: Eigendecomposition, x: Float[Tensor, "batch d_in"], k
                              "Use eigendecompose(layer, u) with u of shape (n, d_out)")
     activations = eigenvector_activations(eig, x)  # (batch, n, d_in)
     keep = top_eigen_indices(eig.eigenvalues, k, by)  # (n, k)
+    _warn_if_top_k_is_not_unique(eig.eigenvalues, k, by)
     return activations.gather(-1, keep.expand(activations.shape[0], *keep.shape)).sum(-1)
+
+
+def _warn_if_top_k_is_not_unique(eigenvalues: Tensor, k: int, by: Order) -> None:
+    """Warn where the k-th kept and the first left-out eigenvalue are equal within eigh's rounding and not zero: the
+    top k is then no set of eigenvectors but a choice inside their shared eigenspace, which eigh makes arbitrarily, so
+    two weights of one layer function (W and V rotated alike) gave different truncated outputs (9 and 5.76 for
+    Q = I, x = (1, 2, 3, 4), k = 1)."""
+    if not 0 < k < eigenvalues.shape[-1]:
+        return
+    keys = {"magnitude": eigenvalues.abs(), "positive": eigenvalues, "negative": -eigenvalues}[by]
+    ordered, order = keys.sort(dim=-1, descending=True)
+    rounding = eigh_rounding(eigenvalues)[..., 0]
+    kept_last = eigenvalues.gather(-1, order[..., k - 1:k])[..., 0]
+    tied = (ordered[..., k - 1] - ordered[..., k] <= 2 * rounding) & (kept_last.abs() > rounding)
+    if bool(tied.any()):
+        rows = tied.reshape(-1).nonzero().flatten().tolist()
+        warnings.warn(
+            f"truncated_outputs: with k={k} (by={by!r}) the top k of direction(s) {rows[:8]} is not unique: their "
+            f"k-th and (k+1)-th eigenvalues are equal within rounding ({float(kept_last.reshape(-1)[rows[0]]):.4g}), "
+            "so which eigenvectors of their shared eigenspace are kept, and the truncated outputs, depend on "
+            "torch.linalg.eigh's arbitrary basis of it. Pick a k at a gap of the spectrum, or keep the whole "
+            "eigenspace", UserWarning, stacklevel=3)
 
 
 class TruncationCurve(NamedTuple):
