@@ -307,3 +307,19 @@ def test_perturbation_curves_of_a_direction_explanation_need_the_class_to_track(
         perturbation_curves(model, ids, mask, explanation, special_tokens=special)
     curves = perturbation_curves(model, ids, mask, explanation, special_tokens=special, target=0)
     assert curves.target.tolist() == [0, 0, 0]
+
+
+def test_perturbation_curves_refuse_an_explanation_made_with_other_forward_keywords():
+    from bcos_plugins import explain
+    from bcos_plugins.metrics import perturbation_curves
+
+    model = _bcos_bert()
+    ids, mask = padded_rows([7, 5, 9], 9, "right", seed=1)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    segments = torch.ones_like(ids)
+    explanation = explain(model, ids, mask, token_type_ids=segments)
+    # explained with token_type_ids of 1, scored without them (as segment 0): other logits, scored silently
+    with pytest.raises(BcosValueError, match=r"made for another model \(or with other inputs to it, e\.g\. "
+                                             r"token_type_ids\).*passing the keywords it was explained with"):
+        perturbation_curves(model, ids, mask, explanation, special_tokens=special)
+    perturbation_curves(model, ids, mask, explanation, special_tokens=special, token_type_ids=segments)

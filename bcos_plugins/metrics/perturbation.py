@@ -252,7 +252,8 @@ def refuse_explanation_of_another_model(explanation: Any, logits: Tensor, target
     if differ.any():
         raise argument_error(argument, f"explains the values {explained[differ].tolist()[:4]} at "
                              f"{bad_rows(differ)}, but the model scored here gives {value[differ].tolist()[:4]} for the "
-                             "same inputs and classes: the explanation was made for another model", fix)
+                             "same inputs and classes: the explanation was made for another model (or with other "
+                             "inputs to it, e.g. token_type_ids)", fix)
 
 
 def _explained_classes(attributions: Any, input_ids: Tensor, mask: Tensor) -> Tensor | None:
@@ -490,8 +491,8 @@ def perturbation_curves(
                                        "class is used), or explain the class you score")
     if explained is not None:
         refuse_explanation_of_another_model(attributions, full_logits, explained.to(full_logits.device),
-                                            "attributions", "Score the model the explanation was made with (or "
-                                            "explain this model)")
+                                            "attributions", "Score the model the explanation was made with, "
+                                            "passing the keywords it was explained with (or explain this model)")
     p_full = full.gather(-1, target_t[:, None]).squeeze(-1)
 
     # rows: [removed top-k for each p] then [kept only top-k for each p], per example
