@@ -41,7 +41,7 @@ from bcos_plugins.explain import completeness_tolerance
 from bcos_plugins.nn.dynamic import explanation_mode
 from bcos_plugins.nn.functional import at_least_float32
 
-from .explain import require_explainable, require_finite_weights
+from .explain import require_explainable, require_finite_lens_weights
 from .inputs import check_lens_tokens
 from .sae_error import SAEErrorShares
 
@@ -260,7 +260,7 @@ def token_component_decomposition(
     # 0 x a value is NaN only for a NaN / inf one (no overflow of large finite sums): one sync. A NaN weight gave a
     # table of NaN without a word, where explain_logits refused
     if not bool(torch.isfinite((table * 0).sum() + (explained * 0).sum())):
-        require_finite_weights(model)
+        require_finite_lens_weights(model)
         raise BcosValueError(
             "model: the decomposition is NaN or infinite (its weights are finite): an input or an embedding row of "
             "NaN, inf or a huge value overflows inside the model. Check the tokens' embedding rows, or decompose in "

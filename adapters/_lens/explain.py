@@ -173,7 +173,7 @@ def explain_logits(
     return result
 
 
-def require_finite_weights(model) -> None:
+def require_finite_lens_weights(model) -> None:
     """Refuse ``model`` naming its NaN or infinite parameters (an attached SAE's too: it is a submodule), for a lens
     path whose values came out non-finite: the refusal of the values alone listed "the weights" among the causes
     without saying which. Called only then, so a finite explanation pays no device synchronisation for it."""
@@ -242,7 +242,7 @@ def explain_lens_value(
     with sae_error_capture(model) as sae_capture:  # records nothing when no SAEs are attached
         step = input_x_gradient(compute, model, defer_finite_check=True)
     if non_finite_step(step):
-        require_finite_weights(model)  # a NaN / inf weight named (the generic refusal said only "and the weights")
+        require_finite_lens_weights(model)  # a NaN / inf weight named (the generic refusal said only "and the weights")
         # a float64 bridge's attention softmax runs in float32, so a left-padded row's all-masked padding queries
         # give NaN: the generic cause ("an input or an embedding row of NaN, inf or a huge value") sent users to
         # check inputs that were fine
