@@ -304,8 +304,9 @@ def random_rationale_mask(
     eligible: Tensor,
     generator: torch.Generator | None = None,
 ) -> Float[Tensor, "batch pos"]:
-    """Random control with the gold mask's sparsity: per row, ``gold.sum()`` positions drawn uniformly
-    among ``eligible`` positions (real, non-special tokens), without replacement."""
+    """Random control with the gold mask's sparsity: per row, as many positions as the gold mask has non-zero
+    entries, drawn uniformly among ``eligible`` positions (real, non-special tokens), without replacement, each 1
+    (a soft gold mask's control is binary: ``(gold > 0).sum()`` positions, not ``gold.sum()``)."""
     gold_mask = check_rationale_mask(gold_mask, name="gold_mask") if isinstance(gold_mask, Tensor) else gold_mask
     if not isinstance(gold_mask, Tensor):
         raise argument_error("gold_mask", f"must be a (batch, pos) tensor, got {type(gold_mask).__name__}",
