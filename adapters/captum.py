@@ -405,6 +405,11 @@ class EmbeddingForward(nn.Module):
                                  f"{tuple(embeddings.shape)}",
                                  "Compute it with EmbeddingForward.embed(input_ids, attention_mask); add a batch "
                                  "dimension with [None] for one sequence")
+        if embeddings.shape[0] == 0 or embeddings.shape[1] == 0:
+            # the placeholder ids' check named input_ids, which the caller never passed
+            raise argument_error("embeddings", f"empty input of shape {tuple(embeddings.shape)}; there is nothing to "
+                                 "explain", "Pass at least one sequence of at least one position, computed with "
+                                 "EmbeddingForward.embed(input_ids, attention_mask)")
         if not torch.isfinite(embeddings).all():
             raise argument_error("embeddings", "has NaN or infinite entries", "Pass finite embeddings (check the "
                                  "baseline or the noise added to them)")

@@ -675,6 +675,36 @@ def _attribute_in_eval_mode(attribution_model: AttributionModel, model: nn.Modul
     attribution_model.attribute = attribute
 
 
+def _bcos_also_when_asked_per_call() -> None:
+    """``attribute(..., method="bcos")`` on a model loaded with another method runs as a model loaded with "bcos" runs,
+    from its first such call (idempotent; wraps ``AttributionModel.attribute``, which every inseq model calls). inseq
+    builds the method inside that call, after the call began, so :func:`_attribute_in_eval_mode` came too late for
+    it: a model set back to training mode generated and was scored with dropout (attributions 0.12 off the eval-mode
+    ones on a tiny GPT-2, silently), and ``step_scores=["deltas"]`` failed with inseq's "Step score deltas not found"."""
+    original = AttributionModel.attribute
+    if getattr(original, "_bcos_per_call", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def attribute(self, *args, **kwargs):
+        try:
+            method = signature.bind(self, *args, **kwargs).arguments.get("method")
+        except TypeError:  # inseq's own error for a call that does not fit its signature
+            method = None
+        if method == METHOD_NAME and not getattr(self.attribute, "_in_eval_mode", False) \
+                and isinstance(getattr(self, "model", None), nn.Module):
+            _attribute_in_eval_mode(self, self.model)
+            return self.attribute(*args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    attribute._bcos_per_call = True
+    AttributionModel.attribute = attribute
+
+
+_bcos_also_when_asked_per_call()
+
+
 def _refuse_token_inputs(input_texts) -> None:
     """inseq's ``attribute`` takes the prompts as texts: the tokenizer's output failed inside inseq with "IndexError:
     list index out of range" and a tensor of ids with "Boolean value of Tensor with more than one value is

@@ -119,3 +119,53 @@ def test_inseq_show_draws_a_bfloat16_models_output(gpt2_tokenizer, tmp_path):
     out.save(path)
     loaded = inseq.FeatureAttributionOutput.load(path)[0]
     assert torch.equal(loaded.step_scores["logit"], out[0].step_scores["logit"])
+
+
+# ------------------------------------------------ Captum: EmbeddingForward given no rows or no positions
+
+
+@pytest.mark.parametrize("empty", ["rows", "positions"])
+def test_embedding_forward_refuses_empty_embeddings_naming_them(empty):
+    """``BcosAttribution(EmbeddingForward(model)).attribute(emb[:0], ...)`` (or a sequence of no positions): refused as
+    "input_ids: empty input", naming an argument the caller never passed (the forward's placeholder ids)."""
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward
+
+    model = bcosify(tiny_model("BertForSequenceClassification"), b=1.5, verbose=False).eval()
+    ids, mask = padded_batch()
+    forward = EmbeddingForward(model)
+    embeddings = forward.embed(ids, mask)
+    rows = slice(0, 0) if empty == "rows" else slice(None)
+    columns = slice(0, 0) if empty == "positions" else slice(None)
+    with pytest.raises(BcosValueError, match=r"^embeddings: empty input of shape .*EmbeddingForward.embed"):
+        BcosAttribution(forward).attribute(embeddings[rows, columns], target=1,
+                                           additional_forward_args=(mask[rows, columns],))
+    with pytest.raises(BcosValueError, match=r"^embeddings: empty input"):
+        forward(embeddings[rows, columns])
+
+
+# ------------------------------------------------ inseq: "bcos" asked per call on a model loaded with another method
+
+
+def test_inseq_bcos_asked_per_call_runs_in_eval_mode_and_takes_deltas_from_the_first_call(gpt2_tokenizer):
+    """``inseq.load_model(m, "saliency")`` then ``attribute(..., method="bcos")``: inseq builds the method inside the
+    call, so the first such call ran without the "bcos" model's call wrapper: a model set back to training mode
+    generated and was scored with dropout (attributions 0.12 off the eval-mode ones, silently), and
+    ``step_scores=["deltas"]`` failed with "Step score deltas not found"."""
+    import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
+    import inseq
+    from test_inseq_adapter import _tiny_lm
+
+    prompts, generation = ["The cat sat on the"], {"max_new_tokens": 3, "do_sample": False}
+    reference = inseq.load_model(_tiny_lm("gpt2", len(gpt2_tokenizer)), "bcos", tokenizer=gpt2_tokenizer).attribute(
+        prompts, generation_args=generation, step_scores=["logit"], show_progress=False)[0]
+    model = _tiny_lm("gpt2", len(gpt2_tokenizer))
+    attribution_model = inseq.load_model(model, "saliency", tokenizer=gpt2_tokenizer)
+    model.train()
+    out = attribution_model.attribute(prompts, generation_args=generation, method="bcos", attributed_fn="logit",
+                                      step_scores=["logit", "deltas"], show_progress=False)[0]
+    assert model.training  # its flag comes back
+    assert [t.id for t in out.target] == [t.id for t in reference.target]
+    torch.testing.assert_close(out.target_attributions.nan_to_num(), reference.target_attributions.nan_to_num(),
+                               rtol=0, atol=1e-7)
+    torch.testing.assert_close(out.step_scores["logit"], reference.step_scores["logit"], rtol=0, atol=1e-7)
+    assert out.step_scores["deltas"].abs().max() < 1e-5
