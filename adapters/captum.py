@@ -694,7 +694,7 @@ class LayerBcos(LayerGradientXActivation):
         self._logits_forward = _Logits(forward_func) if self._model_forward is not None else None
 
     def has_convergence_delta(self) -> bool:
-        return True
+        return self.multiplies_by_inputs  # the layer gradient (multiply_by_inputs=False) sums to nothing
 
     @log_usage(part_of_slo=True)
     def attribute(
@@ -720,6 +720,12 @@ class LayerBcos(LayerGradientXActivation):
                                  "attribute(enc['input_ids'], target=..., additional_forward_args=(enc['attention_mask'],))",
                                  kind=BcosTypeError)
         return_convergence_delta = require_bool("return_convergence_delta", return_convergence_delta)
+        if return_convergence_delta and not self.multiplies_by_inputs:
+            # the layer gradient sums to nothing: sum(gradient) - output was returned as if it were a completeness gap
+            raise argument_error("return_convergence_delta", "LayerBcos(multiply_by_inputs=False) returns the layer "
+                                 "gradient, which is no explanation that sums to the output, so it has no convergence "
+                                 "delta", "Leave return_convergence_delta out, or build LayerBcos with "
+                                 "multiply_by_inputs=True (the default) for the W(x)x explanation and its delta")
         to_input = self._to_layer_input if attribute_to_layer_input is None else require_bool(
             "attribute_to_layer_input", attribute_to_layer_input)
         saved_forward = self.forward_func

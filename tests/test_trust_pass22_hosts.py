@@ -169,3 +169,24 @@ def test_inseq_bcos_asked_per_call_runs_in_eval_mode_and_takes_deltas_from_the_f
                                rtol=0, atol=1e-7)
     torch.testing.assert_close(out.step_scores["logit"], reference.step_scores["logit"], rtol=0, atol=1e-7)
     assert out.step_scores["deltas"].abs().max() < 1e-5
+
+
+# ------------------------------------------------ Captum: the layer gradient has no convergence delta
+
+
+def test_layer_bcos_layer_gradient_refuses_a_convergence_delta():
+    """``LayerBcos(model, multiply_by_inputs=False).attribute(..., return_convergence_delta=True)`` returned
+    ``sum(gradient) - logit`` (-0.22 on a tiny BERT) as if it were the explanation's completeness gap, silently."""
+    from bcos_plugins.adapters.captum import LayerBcos
+
+    model = bcosify(tiny_model("BertForSequenceClassification"), b=1.5, verbose=False).eval()
+    ids, mask = padded_batch()
+    gradient = LayerBcos(model, multiply_by_inputs=False)
+    assert not gradient.has_convergence_delta()  # what Captum's NoiseTunnel asks before returning deltas
+    with pytest.raises(BcosValueError, match=r"return_convergence_delta: .*layer gradient.*no convergence delta.*"
+                                             r"multiply_by_inputs=True"):
+        gradient.attribute(ids, target=1, additional_forward_args=(mask,), return_convergence_delta=True)
+    assert gradient.attribute(ids, target=1, additional_forward_args=(mask,)).shape[:2] == ids.shape
+    # the explanation keeps its delta
+    _, delta = LayerBcos(model).attribute(ids, target=1, additional_forward_args=(mask,), return_convergence_delta=True)
+    assert delta.abs().max() < 1e-5
