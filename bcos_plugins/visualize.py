@@ -178,8 +178,8 @@ def require_token_explanation(explanation, argument: str = "explanation") -> Non
 
 
 def explanation_tokens(explanation, tokenizer) -> list[list[str]]:
-    """``explanation.tokens(tokenizer)``, refusing ids the tokenizer does not have (another model's tokenizer:
-    transformers returns ``None`` for them, which the page builders failed on, or showed as "None")."""
+    """``explanation.tokens(tokenizer)`` (which refuses ids the tokenizer does not have: another model's tokenizer),
+    with a fix text for the page builders' callers when no tokenizer object was passed."""
     if not callable(getattr(tokenizer, "convert_ids_to_tokens", None)):
         # token strings or a hub name in the tokenizer's place failed with "'list' object has no attribute
         # 'convert_ids_to_tokens'" (visualization_records, explanations_to_html)
@@ -187,15 +187,7 @@ def explanation_tokens(explanation, tokenizer) -> list[list[str]]:
                              f"convert_ids_to_tokens), got {type(tokenizer).__name__}",
                              "Pass the tokenizer object (the explanation holds the ids); to show your own tokens "
                              "use visualization_records(scores=..., tokens=...)", kind=BcosTypeError)
-    tokens = explanation.tokens(tokenizer)
-    unknown = [(i, j) for i, row in enumerate(tokens) for j, token in enumerate(row) if token is None]
-    if unknown:
-        i, j = unknown[0]
-        ids = explanation.input_ids[i][explanation._keep(i)]
-        raise argument_error("tokenizer", f"{type(tokenizer).__name__} has no token for id {int(ids[j])} (row {i}, "
-                             f"position {j}; {len(unknown)} such tokens): it is not the tokenizer of the explained "
-                             "model", "Pass the tokenizer the explained ids came from")
-    return tokens
+    return explanation.tokens(tokenizer)
 
 
 def explained_token_index(explanation, i: int) -> int | None:

@@ -100,7 +100,9 @@ def test_tokens_refuses_a_tokenizer_too_small_for_the_ids(bert):
     """An id outside the tokenizer's vocabulary proves it is another model's: transformers gave None for it."""
     explanation = explain(bert, IDS, MASK)
     assert explanation.tokens(_Tokenizer(10))[0] == ["w5", "w6", "w7"]
-    with pytest.raises(BcosValueError, match=r"tokenizer: _Tokenizer has 9 tokens but the explained ids reach 9"):
+    with pytest.raises(BcosValueError, match=r"^tokenizer: _Tokenizer has no token for id 9 \(row 1, position 3; 1 "
+                                             r"such tokens\): it is not the tokenizer of the explained model\. Pass "
+                                             r"the tokenizer the explained ids"):
         explanation.tokens(_Tokenizer(9))
 
 

@@ -189,7 +189,7 @@ class TokenExplanation(Explanation):
 
         ``tokenizer`` must be the explained model's: an id outside its vocabulary (``len(tokenizer)``) proves it is
         another model's and is refused, but the explanation does not record its model, so another tokenizer whose
-        vocabulary holds every id reads them as other tokens without a word (visualize's pages check the same).
+        vocabulary holds every id reads them as other tokens without a word (visualize's pages read the tokens through this method).
         """
         if not callable(getattr(tokenizer, "convert_ids_to_tokens", None)):
             # None (or token strings, a hub name) failed with "'NoneType' object has no attribute
@@ -203,13 +203,20 @@ class TokenExplanation(Explanation):
                                  "there are no tokens to look up. Use the tokens of the inputs you explained.")
         rows = [ids[self._keep(i)].tolist() for i, ids in enumerate(self.input_ids)]
         size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
-        largest = max((max(row) for row in rows if row), default=None)
-        if size is not None and largest is not None and largest >= size:
-            # transformers returns None (or raises) for such an id, a token the page builders showed as "None"
-            raise argument_error("tokenizer", f"{type(tokenizer).__name__} has {size} tokens but the explained ids "
-                                 f"reach {largest}, so it is not the explained model's tokenizer",
-                                 "Pass the tokenizer the explained ids came from")
-        return [tokenizer.convert_ids_to_tokens(row) for row in rows]
+        # an id past the vocabulary (some tokenizers raise on it) or one the tokenizer maps to None (transformers'
+        # answer for an unknown id, which the page builders showed as "None") proves another model's tokenizer
+        unknown = [(i, j) for i, row in enumerate(rows) for j, token_id in enumerate(row)
+                   if size is not None and token_id >= size]
+        tokens = None
+        if not unknown:
+            tokens = [tokenizer.convert_ids_to_tokens(row) for row in rows]
+            unknown = [(i, j) for i, row in enumerate(tokens) for j, token in enumerate(row) if token is None]
+        if unknown:
+            i, j = unknown[0]
+            raise argument_error("tokenizer", f"{type(tokenizer).__name__} has no token for id {rows[i][j]} (row {i}, "
+                                 f"position {j}; {len(unknown)} such tokens): it is not the tokenizer of the explained "
+                                 "model", "Pass the tokenizer the explained ids came from")
+        return tokens
 
     def scores(self) -> list[Tensor]:
         """Per-token scores of each row with padding removed."""
