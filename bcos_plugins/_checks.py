@@ -297,8 +297,10 @@ def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, w
     if isinstance(value, float):
         raise argument_error(name, f"got a float ({value}); ids must be integers (floats are refused, not "
                              "truncated)", fix_type, kind=BcosTypeError)
-    names = [value] if isinstance(value, str) else list(value) if isinstance(value, list | tuple) else []
-    if name in _CLASS_OR_TOKEN_IDS and names and all(isinstance(v, str) for v in names):
+    # the names are read only for the arguments that take class or token ids (a copy of every other id list was waste)
+    names = ([] if name not in _CLASS_OR_TOKEN_IDS else [value] if isinstance(value, str)
+             else list(value) if isinstance(value, list | tuple) else [])
+    if names and all(isinstance(v, str) for v in names):
         # a class name (or a token) where its id is meant, the most common first mistake: say how to get the id
         raise argument_error(name, f"got {'a name' if isinstance(value, str) else 'names'} ({value!r}), not "
                              f"{'an id' if isinstance(value, str) else 'ids'}", f"Map a class name to its id with "
