@@ -437,7 +437,7 @@ def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int |
     if passed is not None:
         *result, looks_padded = passed
         if looks_padded:
-            _warn_unmasked_padding(name, pad_token_id)
+            _emit_unmasked_padding_warning(name, pad_token_id)
         return tuple(result)
     if vocab_size is not None:
         outside = (ids < 0) | (ids >= vocab_size)
@@ -451,7 +451,7 @@ def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int |
                              f"max_length={max_length}), or {name}[:, -{max_length}:])")
     if attention_mask is None:
         if unmasked_padding is not None and bool(unmasked_padding):
-            _warn_unmasked_padding(name, pad_token_id)
+            _emit_unmasked_padding_warning(name, pad_token_id)
         return ids, None, False
     if not isinstance(attention_mask, Tensor):
         raise argument_error("attention_mask", f"expected a tensor, got {type(attention_mask).__name__}",
@@ -488,13 +488,14 @@ def warn_if_unmasked_padding(ids: Tensor, name: str, *, pad_token_id: int | None
     One sync, on a path that reads the ids on the host anyway."""
     if pad_token_id is not None and ids.ndim == 2 and ids.shape[0] > 1 and ids.shape[1] > 0 and bool(
             _unmasked_padding(ids_as_long(ids), pad_token_id, pad_is_text)):
-        _warn_unmasked_padding(name, pad_token_id, fix=fix or (
+        _emit_unmasked_padding_warning(name, pad_token_id, fix=fix or (
             f"{name} has rows of different lengths padded with config.pad_token_id ({pad_token_id}) at their start "
             "or end, read as given: the padding is scored as tokens. Pass one id sequence per text without its "
             f"padding ([row[m.bool()] for row, m in zip(ids, attention_mask)]) or the texts with tokenizer="))
 
 
-def _warn_unmasked_padding(name: str, pad_token_id: int, fix: str | None = None) -> None:
+def _emit_unmasked_padding_warning(name: str, pad_token_id: int, fix: str | None = None) -> None:
+    """Emit the unmasked-padding warning at the caller's line; detects nothing (its callers found the padding)."""
     import sys
     import warnings
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from bcos_plugins._checks import require_row_ids
@@ -31,3 +33,15 @@ def test_require_row_ids_copies_the_ids_only_for_arguments_that_take_class_or_to
         require_row_ids("target", ["positive", "negative"], 2)
     with pytest.raises(TypeError, match="cannot read"):
         require_row_ids("positions", ["positive", "negative"], 2)
+
+
+@pytest.mark.parametrize(("module", "old", "new"), [
+    ("bcos_plugins._checks", "_warn_unmasked_padding", "_emit_unmasked_padding_warning"),
+    ("bcos_plugins.adapters._lens.bridge", "_warn_about_unmasked_padding", "_check_bridge_input_for_unmasked_padding"),
+])
+def test_the_two_unmasked_padding_helpers_have_names_that_say_how_they_differ(module, old, new):
+    # one emits the warning (its callers detected the padding), the other checks a bridge forward's input: the old
+    # names (_warn_unmasked_padding, _warn_about_unmasked_padding) said the same thing twice
+    mod = importlib.import_module(module)
+    assert callable(getattr(mod, new))
+    assert not hasattr(mod, old)

@@ -184,7 +184,7 @@ def _require_same_sides(bridge_tokenizer, tokenizer) -> None:
                                    "support needs updating. Meanwhile pass padding_side= to bridge.to_tokens")
 
 
-def _warn_about_unmasked_padding(bridge: nn.Module, tokens) -> None:
+def _check_bridge_input_for_unmasked_padding(bridge: nn.Module, tokens) -> None:
     """Warn when ``tokens`` (a bridge forward's input, given without a mask) is a batch whose rows are padded to
     different lengths: TransformerLens derives a mask only for a list of texts, so the padding is attended to as
     tokens, and with right padding position -1 of a shorter row is a pad token (its logits and cache entries there
@@ -209,7 +209,7 @@ def _warn_about_unmasked_padding(bridge: nn.Module, tokens) -> None:
 @functools.cache
 def _padding_checked_class(base: type) -> type:
     """``base`` (TransformerLens' ``TransformerBridge``) whose ``forward`` first warns about a padded token batch
-    given without a mask (:func:`_warn_about_unmasked_padding`): the one place every call goes through (``bridge(
+    given without a mask (:func:`_check_bridge_input_for_unmasked_padding`): the one place every call goes through (``bridge(
     tokens)``, ``run_with_cache`` and ``run_with_hooks`` call ``forward``), and puts back a ``"dynamic"`` rotary
     embedding's frequencies that an earlier, longer call grew (:func:`~bcos_plugins.attribution.rotary_length.
     forget_grown_rotary_frequencies`, the transformers path's reset: the bridge runs its transformers model's rotary
@@ -225,7 +225,7 @@ def _padding_checked_class(base: type) -> type:
         if mask is None and mask_at is not None and len(args) > mask_at:
             mask = args[mask_at]
         if mask is None:
-            _warn_about_unmasked_padding(self, args[0] if args else kwargs.get(input_name))
+            _check_bridge_input_for_unmasked_padding(self, args[0] if args else kwargs.get(input_name))
         forget_grown_rotary_frequencies(getattr(self, "original_model", None))  # nothing read without dynamic rope
         return base_forward(self, *args, **kwargs)
 
