@@ -133,6 +133,23 @@ def batch():
     return padded_batch()
 
 
+def write_seed_reports(folder: Path, labels: list[int], predictions: dict[str, dict[int, list[int]]]) -> list[Path]:
+    """One guided-training JSON report per seed (``default_seed{seed}.json`` in ``folder``, the form
+    ``benchmarks.common.paired_report`` reads): ``predictions[model][seed]`` are the model's predictions of
+    ``labels`` on that seed; accuracy and attention IoU are placeholders (the reports read the predictions)."""
+    import json
+
+    seeds = sorted({seed for by_seed in predictions.values() for seed in by_seed})
+    files = []
+    for seed in seeds:
+        path = folder / f"default_seed{seed}.json"
+        path.write_text(json.dumps({"chance": {"iou": 0.1}, "settings": {"seed": seed}, "labels": labels, **{
+            name: {"accuracy": 0.0, "predictions": by_seed[seed], "attention": {"iou": 0.2}}
+            for name, by_seed in predictions.items()}}))
+        files.append(path)
+    return files
+
+
 # the two ViT kinds of bcos_plugins.vision, tiny and random (tests/test_vision_posthoc.py, tests/test_bench_vision.py)
 TINY_VIT_SHAPE = dict(image_size=16, num_channels=1, patch_size=4, hidden_size=16, num_hidden_layers=2,
                       num_attention_heads=2, intermediate_size=32, tokenizer="conv", conv_channels=[4], num_labels=5)

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from conftest import write_seed_reports
 
 from bcos_plugins.errors import BcosValueError
 
@@ -95,21 +96,13 @@ def test_seeds_with_identical_differences_are_refused():
 def test_the_reports_say_no_interval_for_seeds_with_identical_differences(tmp_path, capsys):
     """The two reports that call paired_accuracy_difference keep working when it refuses: the table says there is
     no interval (and bench_frontier's Δ column shows "–") instead of stopping the report."""
-    import json
-
     from benchmarks import bench_frontier
     from benchmarks.common.paired_report import paired_report
 
     labels = [0, 1, 1, 0]
     base = {0: [0, 1, 0, 0], 1: [0, 0, 1, 0]}  # 3/4 on both seeds
     other = {0: [0, 1, 1, 0], 1: [0, 1, 1, 0]}  # 4/4 on both seeds: +0.25 twice
-    files = []
-    for seed in (0, 1):
-        path = tmp_path / f"default_seed{seed}.json"
-        path.write_text(json.dumps({"chance": {"iou": 0.1}, "settings": {"seed": seed}, "labels": labels, **{
-            name: {"accuracy": 0.0, "predictions": predictions[seed], "attention": {"iou": 0.2}}
-            for name, predictions in (("stock-vanilla", base), ("stock-supervised", other))}}))
-        files.append(path)
+    files = write_seed_reports(tmp_path, labels, {"stock-vanilla": base, "stock-supervised": other})
     report = paired_report(files, "stock-vanilla", 0.01)["default/stock-supervised"]
     assert report["seeds"] == [0, 1] and "no spread over seeds" in report["no_interval"]
     assert "non_inferior" not in report and "no interval" in capsys.readouterr().out

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import transformers as T
-from conftest import tiny_config
+from conftest import tiny_config, write_seed_reports
 from test_pretrain import QUIET, corpus, word_tokenizer
 
 from bcos_plugins import bcosify
@@ -105,8 +105,6 @@ def test_the_frontier_and_paired_reports_stop_on_an_input_error_and_show_only_no
     """bench_frontier._accuracy_columns and paired_report caught every BcosValueError of paired_accuracy_difference
     as its "no spread over seeds" refusal: a label of -1 (an unlabelled split) showed as "–" / "no interval" and the
     run went on. Only NoSpreadError is caught now; the refusal of the input stops the run."""
-    import json
-
     from bcos_plugins.metrics.paired import NoSpreadError, paired_accuracy_difference
     from benchmarks import bench_frontier
     from benchmarks.common.paired_report import paired_report
@@ -119,13 +117,7 @@ def test_the_frontier_and_paired_reports_stop_on_an_input_error_and_show_only_no
         paired_accuracy_difference([1], [1], [1])
     for labels in ([0, 1, 1, 0], [0, 1, -1, 0]):
         pairs = [({"predictions": base[s], "labels": labels}, {"predictions": other[s]}) for s in (0, 1)]
-        files = []
-        for seed in (0, 1):
-            path = tmp_path / f"default_seed{seed}.json"
-            path.write_text(json.dumps({"chance": {"iou": 0.1}, "settings": {"seed": seed}, "labels": labels, **{
-                name: {"accuracy": 0.0, "predictions": predictions[seed], "attention": {"iou": 0.2}}
-                for name, predictions in (("stock-vanilla", base), ("stock-supervised", other))}}))
-            files.append(path)
+        files = write_seed_reports(tmp_path, labels, {"stock-vanilla": base, "stock-supervised": other})
         if labels[2] == 1:  # no spread over seeds: the accuracy without an interval, as before
             assert bench_frontier._interval(bench_frontier._accuracy_columns(pairs, "sst2"), "sst2_accuracy") == "–"
             assert "no spread" in paired_report(files, "stock-vanilla", 0.01)["default/stock-supervised"]["no_interval"]
