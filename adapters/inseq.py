@@ -692,9 +692,12 @@ def _bcos_also_when_asked_per_call() -> None:
             method = signature.bind(self, *args, **kwargs).arguments.get("method")
         except TypeError:  # inseq's own error for a call that does not fit its signature
             method = None
+        model = getattr(self, "model", None)
+        # a model "bcos" will refuse (no B-cos modules, no saved B-cos settings) keeps inseq's own call for its methods
         if method == METHOD_NAME and not getattr(self.attribute, "_in_eval_mode", False) \
-                and isinstance(getattr(self, "model", None), nn.Module):
-            _attribute_in_eval_mode(self, self.model)
+                and isinstance(model, nn.Module) and (has_dynamic_weights(model) or isinstance(
+                    getattr(getattr(model, "config", None), BCOS_CONFIG_KEY, None), dict)):
+            _attribute_in_eval_mode(self, model)
             return self.attribute(*args, **kwargs)
         return original(self, *args, **kwargs)
 

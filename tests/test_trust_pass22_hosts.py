@@ -169,6 +169,14 @@ def test_inseq_bcos_asked_per_call_runs_in_eval_mode_and_takes_deltas_from_the_f
                                rtol=0, atol=1e-7)
     torch.testing.assert_close(out.step_scores["logit"], reference.step_scores["logit"], rtol=0, atol=1e-7)
     assert out.step_scores["deltas"].abs().max() < 1e-5
+    # a stock model, which "bcos" refuses, keeps inseq's own call for its own methods
+    torch.manual_seed(0)
+    stock = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(gpt2_tokenizer), n_embd=32, n_layer=2, n_head=4,
+                                           n_positions=64)).eval()
+    stock_model = inseq.load_model(stock, "saliency", tokenizer=gpt2_tokenizer)
+    with pytest.raises(BcosTypeError, match=r"no B-cos \(dynamic-weight\) modules"):
+        stock_model.attribute(prompts, generation_args=generation, method="bcos", show_progress=False)
+    assert not getattr(stock_model.attribute, "_in_eval_mode", False)
 
 
 # ------------------------------------------------ Captum: the layer gradient has no convergence delta
