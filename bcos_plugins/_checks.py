@@ -12,7 +12,8 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MappingView, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -633,6 +634,7 @@ def require_texts(texts, name: str = "texts") -> list[str]:
         raise argument_error(name, f"must be a list of strings, got {type(texts).__name__}",
                              "pass e.g. ['a text', 'another']", kind=BcosTypeError)
     refuse_container_of_names(name, texts)
+    refuse_unordered(name, texts, "Pass a list of the texts, in the order the rows should come back")
     texts = list(texts)
     if not texts:
         raise argument_error(name, "is empty", "pass at least one text")
@@ -641,6 +643,16 @@ def require_texts(texts, name: str = "texts") -> list[str]:
         raise argument_error(name, f"{name}[{bad}] is {type(texts[bad]).__name__} {texts[bad]!r}, not a string",
                              "pass strings only", kind=BcosTypeError)
     return texts
+
+
+def refuse_unordered(name: str, values, fix: str) -> None:
+    """Refuse a set (``set``, ``frozenset``, any ``collections.abc.Set``): it has no order, so the rows computed from
+    it came back in an order the caller could not match to its own list (``predict({"a", "b"})`` returned two rows
+    of logits, in the set's hash order). A dict's ``keys()`` / ``items()`` views are ``Set`` types too, but keep the
+    dict's insertion order, so they pass (as ``list(d)`` would)."""
+    if isinstance(values, AbstractSet) and not isinstance(values, MappingView):
+        raise argument_error(name, f"is a {type(values).__name__}, which has no order: its entries would be matched to "
+                             "the results (or to another list) in an arbitrary order", fix, kind=BcosTypeError)
 
 
 def refuse_container_of_names(name: str, texts, *, items: str = "texts", fix: str | None = None) -> None:

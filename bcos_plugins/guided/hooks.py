@@ -18,7 +18,7 @@ Examples:
     >>> model = HookedTransformer(config)
     >>> tokens = torch.randint(60, (2, 8))
     >>> gold_mask = torch.tensor([[0, 1, 1, 0, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1, 0, 0]]).float()   # rationale
-    >>> hooks = guidance_hooks(model.cfg.n_layers, gold_mask, mode="multiply", strength=1.0, last_layers=4)
+    >>> hooks = guidance_hooks(model, gold_mask, mode="multiply", strength=1.0, last_layers=4)
     >>> logits = model.run_with_hooks(tokens, fwd_hooks=hooks)          # training step only
     >>> bool((logits - model(tokens)).abs().max() > 0)                  # guidance changed the output
     True
@@ -29,10 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from jaxtyping import Float
-from torch import Tensor
+from torch import Tensor, nn
 
 from .._checks import require_int
-from ..errors import argument_error
+from ..errors import BcosTypeError, argument_error
 from .guidance import GuidanceMode, check_guidance, check_rationale_mask, guide_scores, unmasked
 
 __all__ = ["attn_scores_guidance_hook", "guidance_hooks"]
@@ -54,13 +54,25 @@ def attn_scores_guidance_hook(
 
 
 def guidance_hooks(
-    n_layers: int,
+    n_layers,
     rationale_mask: Float[Tensor, "batch key"],
     mode: GuidanceMode = "multiply",
     strength: float = 1.0,
     last_layers: int = 4,
 ) -> list[tuple[str, Callable]]:
-    """``fwd_hooks`` for ``run_with_hooks`` / ``hooks(...)``: guidance in the last ``last_layers`` blocks."""
+    """``fwd_hooks`` for ``run_with_hooks`` / ``hooks(...)``: guidance in the last ``last_layers`` blocks.
+
+    ``n_layers``: the model the hooks go on (a ``HookedTransformer``, ``HookedEncoder`` or ``TransformerBridge``: its
+    ``cfg.n_layers`` is read), or its number of blocks. Pass the model where it is at hand: a count smaller than the
+    model's silently guided blocks that are not its last ones (2 on a 3-block model guided blocks 0 and 1)."""
+    if isinstance(n_layers, nn.Module):
+        count = getattr(getattr(n_layers, "cfg", None), "n_layers", None)
+        if count is None:
+            raise argument_error("n_layers", f"is a {type(n_layers).__name__} without cfg.n_layers: guidance_hooks "
+                                 "makes TransformerLens hooks", "Pass a HookedTransformer / HookedEncoder / "
+                                 "TransformerBridge (or its cfg.n_layers); for a transformers model use "
+                                 "bcos_plugins.guided.guide_attention", kind=BcosTypeError)
+        n_layers = count
     n_layers = require_int("n_layers", n_layers, minimum=1)
     if isinstance(last_layers, bool) or not isinstance(last_layers, int) or not 1 <= last_layers <= n_layers:
         raise argument_error("last_layers", f"last_layers must be an int in [1, n_layers={n_layers}], got "

@@ -234,10 +234,21 @@ def _require_causal_lm(model, window: list[int], device) -> None:
                              f"next-token logits (1, {len(window)}, vocab): a classifier or base model has no "
                              "next-token distribution", "Pass a causal LM (e.g. GPT2LMHeadModel, LlamaForCausalLM)",
                              kind=BcosTypeError)
-    changed = ids.clone()
-    changed[0, -1] = 0 if window[-1] != 0 else 1
-    shifted = model(input_ids=changed, attention_mask=torch.ones_like(ids)).logits
-    before, after = logits[0, :-1].double(), shifted[0, :-1].double()
+    before = logits[0, :-1].double()
+    if not bool(torch.isfinite(before).all()):
+        # nothing to compare (allclose failed with "atol must be greater than or equal to zero, but got -nan"): the
+        # scored windows' NaN logits are refused where they are scored, naming their cause (refuse_nan_logits)
+        return
+    # a probe token whose input embedding is NaN made every earlier position NaN through the masked key (weight 0
+    # times NaN), which read as "a model without a causal mask": the first probe that leaves the outputs finite
+    for probe in (0, 1, 2):
+        if probe == window[-1]:
+            continue
+        changed = ids.clone()
+        changed[0, -1] = probe
+        after = model(input_ids=changed, attention_mask=torch.ones_like(ids)).logits[0, :-1].double()
+        if bool(torch.isfinite(after).all()):
+            break
     if not torch.allclose(before, after, rtol=1e-4, atol=1e-4 * (1.0 + float(before.abs().max()))):
         kind = "a masked LM" if name.endswith("ForMaskedLM") else "a model without a causal mask"
         raise argument_error("model", f"{name} is {kind}: its prediction at a position changes when a later token "
@@ -362,7 +373,7 @@ def perplexity(
             # a NaN logit of a scored token made the perplexity NaN without a word (a padded float64 Gemma 2)
             refuse_nan_logits("perplexity", (logp.isnan() & scored).any(1), range(start, start + len(ids)),
                               "windows", logits.dtype, mask, "Pass batch_size=1 (one window per forward pass: no "
-                              "padding), or the model in float32 (model.float()).")
+                              "padding), or the model in float32 (model.float()).", model=model, input_ids=ids)
             total -= logp[scored].sum().cpu()
             count += int(scored.sum())
     nll = float(total / count)
@@ -445,7 +456,8 @@ def next_token_contrast(
     with evaluating(model):
         for s in range(0, n, batch_size):
             ids, mask = input_ids[s:s + batch_size].to(device), attention_mask[s:s + batch_size].to(device)
-            out = model(**rows_as_alone_call(model, ids, mask, spec=spec, causal_lm=True))
+            call = rows_as_alone_call(model, ids, mask, spec=spec, causal_lm=True)
+            out = model(**call)
             logits = getattr(out, "logits", None)
             if not isinstance(logits, Tensor) or logits.ndim != 3 or logits.shape[:2] != ids.shape:
                 # a classifier's (batch, classes) logits failed with an IndexError, a base model's output with an
@@ -457,7 +469,7 @@ def next_token_contrast(
             logits = logits[torch.arange(len(ids), device=device), last[s:s + batch_size].to(device)]
             refuse_nan_logits("next_token_contrast", logits.isnan().any(-1), range(s, s + len(ids)), "rows",
                               logits.dtype, mask, "Pass the model in float32 (model.float()), or the padded rows one "
-                              "at a time without padding.")
+                              "at a time without padding.", model=model, input_ids=call.get("input_ids", ids))
             t, f = target[s:s + batch_size].to(device), foil[s:s + batch_size].to(device)
             rows = torch.arange(len(ids), device=device)
             # subtracted in at least float32 (float64 kept), as explain's values: a bfloat16 difference of two logits

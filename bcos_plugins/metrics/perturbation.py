@@ -306,7 +306,7 @@ def _class_logits(model: Callable, call: dict, examples: Sequence[int]) -> Tenso
                       call.get("attention_mask"), "Pass the model in float32 (model.float()), or masking='mask_token' "
                       "with unpadded rows.", what="NaN or infinite",
                       masked="tokens are masked out (padding, or the perturbation's removals through the attention "
-                      "mask)")
+                      "mask)", model=model if isinstance(model, nn.Module) else None, input_ids=call.get("input_ids"))
     return logits.to(at_least_float32(logits.dtype))  # a float64 model's stay float64
 
 

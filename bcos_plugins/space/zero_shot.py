@@ -11,14 +11,19 @@ from __future__ import annotations
 import csv
 import numbers
 from collections.abc import Mapping, Sequence, Sized
-from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .._checks import require_int, require_texts, rows_named_as, warn_if_another_models_tokenizer
+from .._checks import (
+    refuse_unordered,
+    require_int,
+    require_texts,
+    rows_named_as,
+    warn_if_another_models_tokenizer,
+)
 from ..attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
 from ..corpus import require_texts_with_tokens, require_tokenizer_ids_fit
 from ..errors import BcosFileError, BcosTypeError, argument_error
@@ -148,18 +153,16 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
             # refuses it, naming the texts and the padded float64 cause where it applies
             refuse_nan_logits("predict_labels", logits.isnan().any(-1), rows, "texts", logits.dtype,
                               call.get("attention_mask"), "Predict in float32 (model.float()), or with batch_size=1 "
-                              "(no padding).")
+                              "(no padding).", model=model, input_ids=call.get("input_ids", batch["input_ids"]))
             predictions += logits.argmax(-1).tolist()
     return predictions
 
 
 def _refuse_unordered(name: str, values) -> None:
     """A set has no order: the predictions (or labels) read from it could not be matched to the other list, and
-    zero_shot_evaluation scored them against each other in the set's arbitrary order."""
-    if isinstance(values, AbstractSet):
-        raise argument_error(name, f"is a {type(values).__name__}, which has no order, so its entries could not be "
-                             "matched to the other list's", "Pass a list in the order of the texts",
-                             kind=BcosTypeError)
+    zero_shot_evaluation scored them against each other in the set's arbitrary order (the package's one rule,
+    :func:`~bcos_plugins._checks.refuse_unordered`)."""
+    refuse_unordered(name, values, "Pass a list in the order of the texts")
 
 
 def classification_scores(labels: Sequence[int], predictions: Sequence[int], *,
