@@ -79,6 +79,7 @@ from bcos_plugins.attribution.text import (
     check_token_inputs,
     explained_positions,
     forward_parameters,
+    non_finite_embedding_cause,
     padded_float64_nan_cause,
     rows_as_alone_call,
 )
@@ -791,7 +792,8 @@ class LayerBcos(LayerGradientXActivation):
         per_layer = [a if isinstance(a, tuple) else (a,) for a in per_layer]
         explained = CaptumInternals.select_targets(outputs[-1], target).detach()
         explained = explained.reshape(explained.shape[0], -1).sum(-1) if explained.ndim > 1 else explained
-        _refuse_non_finite_layer_attributions(type(self).__name__, per_layer, explained, additional_forward_args)
+        _refuse_non_finite_layer_attributions(type(self).__name__, per_layer, explained, additional_forward_args,
+                                              self.model, inputs)
         # only an explanation (multiply_by_inputs) of the function given here sums to its output: the layer
         # gradient does not, nor does LLMGradientAttribution's replacement forward_func (a log-probability,
         # which log-softmax makes non-linear in the layer), so those are not checked
@@ -813,18 +815,23 @@ def _outside_inference_args(args: Any) -> Any:
     return outside_inference(args)
 
 
-def _padded_float64_cause(dtype: torch.dtype, forward_args) -> str:
-    """:func:`~bcos_plugins.attribution.text.padded_float64_nan_cause` for a Captum call, whose attention mask is the
-    first additional forward argument where it is a ``(batch, pos)`` tensor (``LayerBcos(model)``'s and
-    ``EmbeddingForward``'s ``(attention_mask, position)``)."""
+def _padded_float64_cause(dtype: torch.dtype, forward_args, model: nn.Module | None = None, inputs=None) -> str:
+    """The cause of a Captum call's NaN as explain names it: a padding token's NaN / inf input embedding
+    (:func:`~bcos_plugins.attribution.text.non_finite_embedding_cause`, where ``inputs`` are token ids of ``model``:
+    ``LayerBcos(model)``'s; ``BcosAttribution`` gets embeddings, so no ids) and
+    :func:`~bcos_plugins.attribution.text.padded_float64_nan_cause`. The attention mask is the first additional
+    forward argument where it is a ``(batch, pos)`` tensor (``LayerBcos(model)``'s and ``EmbeddingForward``'s
+    ``(attention_mask, position)``)."""
     args = CaptumInternals.forward_args(forward_args) or ()
     mask = args[0] if args and isinstance(args[0], Tensor) and args[0].ndim == 2 else None
-    return padded_float64_nan_cause(dtype, mask, "Attribute in float32 (model.float()), or the padded rows one at a "
-                                                 "time without padding.")
+    ids = inputs[0] if isinstance(inputs, tuple) and len(inputs) == 1 else inputs
+    embedding = non_finite_embedding_cause(model, ids, mask) if model is not None and isinstance(ids, Tensor) else ""
+    return " ".join(part for part in (embedding, padded_float64_nan_cause(
+        dtype, mask, "Attribute in float32 (model.float()), or the padded rows one at a time without padding.")) if part)
 
 
 def _refuse_non_finite_layer_attributions(who: str, per_layer: list[tuple[Tensor, ...]], explained: Tensor,
-                                          forward_args) -> None:
+                                          forward_args, model: nn.Module | None = None, inputs=None) -> None:
     """Refuse NaN or infinite attributions or outputs of ``LayerBcos``, as ``BcosAttribution`` and ``explain`` refuse
     them: Captum's layer method returned them (a padded float64 Gemma 2's NaN) without a word, the completeness
     warning's comparison being false for NaN."""
@@ -835,7 +842,7 @@ def _refuse_non_finite_layer_attributions(who: str, per_layer: list[tuple[Tensor
     for t in tensors[1:]:
         bad = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(1)
         rows = bad if rows is None or rows.shape != bad.shape else rows | bad
-    cause = _padded_float64_cause(tensors[1].dtype, forward_args)
+    cause = _padded_float64_cause(tensors[1].dtype, forward_args, model, inputs)
     raise BcosValueError(f"{who}: the attributions or the explained output are NaN or infinite for "
                          f"{bad_rows(rows)}, so there is nothing finite to explain. " + (cause or "An input or an "
                          "embedding row of NaN, inf or a huge value overflows inside the model: check those rows' "
