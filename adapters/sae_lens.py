@@ -592,6 +592,59 @@ def _pre_activations(sae, activation: Tensor) -> Tensor:
     return grabbed[0]
 
 
+def _zero_input_pre_activation(sae, feature: int) -> Tensor:
+    """``feature``'s pre-activation of a zero activation (its bias terms), 0-dim: bit-identical to
+    ``_pre_activations(sae, zeros)[0, feature]`` without the encode of a whole row. An affine architecture's
+    ``hook_sae_acts_pre`` is ``process_sae_in(x) @ W_enc + b_enc`` (:data:`AFFINE_ENCODER_ARCHITECTURES`); sae-lens'
+    own ``process_sae_in`` makes the zero row's input (``-b_dec`` when ``apply_b_dec_to_input``, zero for a
+    transcoder, whose ``b_dec`` is its output's), and one column of the product is the encode's (the same
+    ``(1, d_in) @ (d_in, n)`` product; tests/test_review_s23_small_mends.py compares them bit for bit). The encode
+    read all of ``W_enc`` (24576 columns on GPT-2 small's SAE) for one entry. A hook on ``hook_sae_acts_pre`` (which
+    may change the value) keeps the encode."""
+    zero_input = torch.zeros(1, sae.cfg.d_in, dtype=sae.dtype, device=sae.W_enc.device)
+    hook = sae.hook_sae_acts_pre
+    if hook._forward_hooks or hook._forward_pre_hooks:
+        return _pre_activations(sae, zero_input)[0, feature]
+    sae_in = sae.process_sae_in(zero_input)
+    return (sae_in @ sae.W_enc[:, feature:feature + 1])[0, 0] + sae.b_enc[feature]
+
+
+def _checked_feature_bias(sae, feature: int) -> Tensor:
+    """``feature``'s bias terms (:func:`_zero_input_pre_activation`), refused when they or its encoder column are
+    not finite, or when another feature's encoder column is not (see below). One sync for the three checks, where
+    there were three; each check runs again, for its own message, only when one failed."""
+    with torch.no_grad():
+        bias = _zero_input_pre_activation(sae, feature).detach()
+    column = sae.W_enc.detach()[:, feature]
+    if getattr(sae.cfg, "rescale_acts_by_decoder_norm", False):  # _encoder_directions' column, not all d_sae of them
+        column = column * sae.W_dec.detach()[feature].norm()
+    weights = sae.W_enc.detach()
+    if bool(torch.isfinite(bias) & torch.isfinite(column).all() & torch.isfinite(weights.sum())):
+        return bias
+    # a NaN / inf in the feature's encoder weights or biases was reported as the model's ("its output is NaN or
+    # infinite ... check those rows' inputs and the embedding rows of their tokens")
+    if not (torch.isfinite(bias) and torch.isfinite(column).all()):
+        raise argument_error("sae", f"feature {feature}'s encoder weights (W_enc[:, {feature}]) or bias terms "
+                             f"(b_enc[{feature}], b_dec) hold NaN or infinite values, so its pre-activation is not "
+                             "finite", "Check how the SAE was trained or loaded (a diverged run), or explain another "
+                             "feature")
+    # another feature's NaN / inf encoder column breaks this one's gradient too: the backward of sae_in @ W_enc gives
+    # it a zero weight, and 0 * NaN is NaN; refused as a NaN gradient "outside the range the model computes in"
+    # (check the inputs), which sent users to inputs that were fine. A NaN or inf entry makes the sum NaN or inf, so
+    # the columns are read only when it is not finite (an overflowing sum of finite weights reads them and passes):
+    # 5 ms instead of 49 ms a call on a 768 x 24576 W_enc (thread CPU, one thread; docs/benchmarks.md#sae-encoder-check)
+    broken = ~torch.isfinite(weights).all(0)
+    if bool(broken.any()):
+        bad = broken.nonzero().flatten().tolist()
+        raise argument_error("sae", f"W_enc holds NaN or infinite values in the encoder column(s) of feature(s) "
+                             f"{bad[:8]}{' ...' if len(bad) > 8 else ''}, so no feature can be explained: feature "
+                             f"{feature}'s gradient passes through sae_in @ W_enc, which gives those columns a zero "
+                             "weight, and zero times NaN or inf is NaN", "Check how the SAE was trained or loaded (a "
+                             "diverged run); zeroing those columns (with torch.no_grad(): sae.W_enc[:, bad] = 0) "
+                             "leaves every other feature's pre-activation unchanged")
+    return bias
+
+
 def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None, *,
                         attention_mask: Tensor | None = None) -> SAEFeatureExplanation:
     """Explain an SAE feature's pre-activation token by token, exactly.
@@ -621,31 +674,7 @@ def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None,
     # the model's own hook when it is there (unattached SAE, or a transcoder's input hook); otherwise the attached
     # SAE's pre-activation hook, where sae-lens computes the very value explained
     hook_is_free = hook_name in model.hook_dict
-    with torch.no_grad():
-        zero_input = torch.zeros(1, sae.cfg.d_in, dtype=sae.dtype, device=sae.W_enc.device)
-        bias = _pre_activations(sae, zero_input)[0, feature].detach()
-    # a NaN / inf in the feature's encoder weights or biases was reported as the model's ("its output is NaN or
-    # infinite ... check those rows' inputs and the embedding rows of their tokens")
-    if not (torch.isfinite(bias) and torch.isfinite(_encoder_directions(sae)[:, feature]).all()):
-        raise argument_error("sae", f"feature {feature}'s encoder weights (W_enc[:, {feature}]) or bias terms "
-                             f"(b_enc[{feature}], b_dec) hold NaN or infinite values, so its pre-activation is not "
-                             "finite", "Check how the SAE was trained or loaded (a diverged run), or explain another "
-                             "feature")
-    # another feature's NaN / inf encoder column breaks this one's gradient too: the backward of sae_in @ W_enc gives
-    # it a zero weight, and 0 * NaN is NaN; refused as a NaN gradient "outside the range the model computes in"
-    # (check the inputs), which sent users to inputs that were fine. A NaN or inf entry makes the sum NaN or inf, so
-    # the columns are read only when it is not finite (an overflowing sum of finite weights reads them and passes):
-    # 5 ms instead of 49 ms a call on a 768 x 24576 W_enc (thread CPU, one thread; docs/benchmarks.md#sae-encoder-check)
-    weights = sae.W_enc.detach()
-    broken = None if bool(torch.isfinite(weights.sum())) else ~torch.isfinite(weights).all(0)
-    if broken is not None and bool(broken.any()):
-        bad = broken.nonzero().flatten().tolist()
-        raise argument_error("sae", f"W_enc holds NaN or infinite values in the encoder column(s) of feature(s) "
-                             f"{bad[:8]}{' ...' if len(bad) > 8 else ''}, so no feature can be explained: feature "
-                             f"{feature}'s gradient passes through sae_in @ W_enc, which gives those columns a zero "
-                             "weight, and zero times NaN or inf is NaN", "Check how the SAE was trained or loaded (a "
-                             "diverged run); zeroing those columns (with torch.no_grad(): sae.W_enc[:, bad] = 0) "
-                             "leaves every other feature's pre-activation unchanged")
+    bias = _checked_feature_bias(sae, feature)
     found: dict[str, Tensor] = {}
     # a bridge's natively run norm computes hook_normalized beside its output with a scale that is not held
     # constant in explanation mode: read there, the feature's contributions missed all of it (completeness error
