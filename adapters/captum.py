@@ -63,7 +63,13 @@ from captum.log import log_usage
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from bcos_plugins._checks import bad_rows, refuse_renamed_keywords, require_bool, require_label_names
+from bcos_plugins._checks import (
+    bad_rows,
+    refuse_renamed_keywords,
+    require_bool,
+    require_label_names,
+    token_batch_and_padding,
+)
 from bcos_plugins.attribution import (
     Direction,
     Explanation,
@@ -715,11 +721,12 @@ class LayerBcos(LayerGradientXActivation):
         the layer cuts every path from the input to the output (e.g. the combined embedding of a B-cos model).
         """
         _refuse_other_methods_keywords(type(self).__name__, kwargs)
-        if isinstance(inputs, Mapping):  # Captum's refusal was a bare AssertionError naming neither ids nor mask
-            raise argument_error("inputs", f"got the tokenizer's output (a {type(inputs).__name__} with keys "
-                                 f"{list(inputs)[:5]})", "Pass its ids as inputs and its mask in additional_forward_args: "
-                                 "attribute(enc['input_ids'], target=..., additional_forward_args=(enc['attention_mask'],))",
-                                 kind=BcosTypeError)
+        if isinstance(inputs, Mapping):  # a dict without input_ids: "expected a tensor of token ids", as explain
+            # Captum's refusal was a bare AssertionError naming neither ids nor mask; the one check of the tokenizer's
+            # output, with the fix of this call (the mask goes in additional_forward_args)
+            token_batch_and_padding(inputs, name="inputs", tokenizer_output_fix="Pass its ids as inputs and its mask "
+                                    "in additional_forward_args: attribute(enc['input_ids'], target=..., "
+                                    "additional_forward_args=(enc['attention_mask'],))")
         return_convergence_delta = require_bool("return_convergence_delta", return_convergence_delta)
         if return_convergence_delta and not self.multiplies_by_inputs:
             # the layer gradient sums to nothing: sum(gradient) - output was returned as if it were a completeness gap

@@ -385,7 +385,8 @@ def special_text_ids(config) -> set[int]:
 def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int | None = None,
                             max_length: int | None = None, limit_name: str | None = None,
                             name: str = "input_ids", pad_token_id: int | None = None,
-                            pad_is_text: bool = False) -> tuple[Tensor, Tensor | None, bool | None]:
+                            pad_is_text: bool = False, tokenizer_output_fix: str | None = None,
+                            ) -> tuple[Tensor, Tensor | None, bool | None]:
     """Validate a ``(batch, pos)`` batch of token ids and its 0/1 attention mask before a model sees it: the one
     token-batch check of ``explain``, the Captum and TransformerLens adapters, the Space model and the metrics.
 
@@ -405,14 +406,18 @@ def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int |
     padding of rows of different real lengths). ``pad_is_text``: the pad id is also the model's eos or bos id (GPT-2
     pads with its eos), so one such id at a row's end or start can be text: each run counts one id less. The pattern
     is read in the check's one sync, and a call with a mask (the usual one) computes nothing for it.
+
+    ``tokenizer_output_fix``: the fix named when ``input_ids`` is the tokenizer's whole output (default: pass its ids
+    and mask as the keywords ``name`` and ``attention_mask``), for a caller whose mask goes elsewhere (Captum's
+    ``LayerBcos``: in ``additional_forward_args``).
     """
     if isinstance(input_ids, Mapping) and "input_ids" in input_ids:
         # the tokenizer's whole output (a BatchEncoding is a dict): the usual fix below, to tokenise, was done already
         unpacking = " (explain(model, **enc) unpacks them)" if name == "input_ids" else ""
-        raise argument_error(name, f"expected a tensor of token ids (batch, pos), got the tokenizer's output (a "
-                             f"{type(input_ids).__name__} with keys {list(input_ids)})", "Pass its ids and mask: "
-                             f"{name}=enc['input_ids'], attention_mask=enc['attention_mask']{unpacking}",
-                             kind=BcosTypeError)
+        raise argument_error(name, f"got the tokenizer's output (a {type(input_ids).__name__} with keys "
+                             f"{list(input_ids)}), not a tensor of token ids (batch, pos)", tokenizer_output_fix or (
+                                 f"Pass its ids and mask: {name}=enc['input_ids'], "
+                                 f"attention_mask=enc['attention_mask']{unpacking}"), kind=BcosTypeError)
     if not isinstance(input_ids, Tensor):
         raise argument_error(name, f"expected a tensor of token ids (batch, pos), got {type(input_ids).__name__}",
                              "Tokenise with tokenizer(texts, return_tensors='pt') (TransformerLens: "

@@ -11,7 +11,7 @@ import torch
 from conftest import padded_batch, tiny_model
 
 from bcos_plugins import bcosify
-from bcos_plugins.errors import BcosValueError
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 
 
 def _bcos(class_name: str = "BertForSequenceClassification"):
@@ -43,3 +43,36 @@ def test_layer_bcos_names_the_padding_tokens_nan_embedding():
     with pytest.raises(BcosValueError, match=r"^LayerBcos: .*check those rows' inputs") as caught:
         LayerBcos(_with_nan_row(_bcos(), int(ids[0, 0]))).attribute(ids, target=1, additional_forward_args=(mask,))
     assert "padding" not in str(caught.value)
+
+
+# ------------------------------------------------ the tokenizer's output as LayerBcos's inputs
+
+
+def test_layer_bcos_refuses_the_tokenizers_output_through_the_token_batch_check():
+    """LayerBcos had its own copy of token_batch_and_padding's refusal of the tokenizer's output; the one check now
+    takes the caller's fix, and LayerBcos's message keeps its argument (inputs) and fix (where the mask goes)."""
+    from bcos_plugins.adapters.captum import LayerBcos
+    from transformers import BatchEncoding
+
+    from bcos_plugins._checks import token_batch_and_padding
+
+    ids, mask = padded_batch()
+    enc = BatchEncoding({"input_ids": ids, "attention_mask": mask})
+    fix = "Pass enc['input_ids'] here"
+    with pytest.raises(BcosTypeError, match=r"^inputs: got the tokenizer's output \(a BatchEncoding with keys "
+                                            r"\['input_ids', 'attention_mask'\]\), not a tensor of token ids \(batch, "
+                                            r"pos\)\. Pass enc\['input_ids'\] here\.?$"):
+        token_batch_and_padding(enc, name="inputs", tokenizer_output_fix=fix)
+    with pytest.raises(BcosTypeError) as shared:
+        token_batch_and_padding(enc, name="inputs", tokenizer_output_fix="FIX")
+    with pytest.raises(BcosTypeError) as captum:
+        LayerBcos(_bcos()).attribute(enc, target=1)
+    # the same problem, built by the one check; the fix is LayerBcos's
+    problem = str(shared.value).split("FIX")[0]
+    assert str(captum.value).startswith(problem), (str(captum.value), problem)
+    assert "additional_forward_args=(enc['attention_mask'],)" in str(captum.value)
+    # explain's fix is unchanged (the keywords it takes)
+    with pytest.raises(BcosTypeError, match=r"^input_ids: got the tokenizer's output .*Pass its ids and mask: "
+                                            r"input_ids=enc\['input_ids'\], attention_mask=enc\['attention_mask'\] "
+                                            r"\(explain\(model, \*\*enc\) unpacks them\)"):
+        token_batch_and_padding(enc)
