@@ -265,6 +265,28 @@ _MISSING_FROM_INPUTS = (
     "additional_forward_args=(attention_mask,)); otherwise pass every input the output depends on")
 
 
+def _rounded_embeddings_cause(rounded: Sequence[tuple[torch.dtype, torch.dtype]]) -> str:
+    given, used = (str(dtype).removeprefix("torch.") for dtype in rounded[0])
+    return (f"the inputs are {given} and EmbeddingForward rounded them to {used}, the dtype the model computes in at "
+            f"its attribution point, so the attributions of the {given} values miss the output by that rounding (no "
+            "position is missing). Pass embeddings in the model's dtype (fwd.embed(ids, mask) returns them; cast a "
+            "baseline or noise with .to(embeddings.dtype)), or run the model in float32 (model.float())")
+
+
+# the (given, used) dtypes of embeddings EmbeddingForward rounded in this thread's forward, where a caller records them
+_EMBEDDING_ROUNDING = threading.local()
+
+
+@contextmanager
+def _recording_embedding_rounding(into: list[tuple[torch.dtype, torch.dtype]]) -> Iterator[None]:
+    saved = getattr(_EMBEDDING_ROUNDING, "into", None)
+    _EMBEDDING_ROUNDING.into = into
+    try:
+        yield
+    finally:
+        _EMBEDDING_ROUNDING.into = saved
+
+
 # keywords of other Captum methods that users carry over (IntegratedGradients, DeepLift, ...): refused with the reason,
 # where Python's "unexpected keyword argument" says neither why nor what to do instead
 _OTHER_METHODS_KEYWORDS = {
@@ -445,7 +467,7 @@ class EmbeddingForward(nn.Module):
             self.spec, position, mask.long(),
             how_to_pass="additional_forward_args=(attention_mask, position) (position= when calling it) with")
         kwargs = rows_as_alone_call(self.model, placeholder, attention_mask, spec=self.spec)
-        handle = self._hook(lambda t: embeddings.to(t.dtype))
+        handle = self._hook(lambda t: _swapped_in(embeddings, t.dtype))
         # in eval mode, as every path runs a model: Captum's own methods (InputXGradient, IntegratedGradients, ...)
         # call this wrapper directly, and a model left in training mode after fine-tuning ran with dropout on (random
         # attributions, silently); BcosAttribution and LayerBcos already explained it in eval mode
@@ -458,6 +480,16 @@ class EmbeddingForward(nn.Module):
         if pos is not None:
             logits = logits[torch.arange(batch, device=logits.device), pos]
         return logits
+
+
+def _swapped_in(embeddings: Tensor, dtype: torch.dtype) -> Tensor:
+    """``embeddings`` in the dtype the model computes in at its attribution point; a rounding to a coarser dtype
+    (float32 embeddings of a bfloat16 model) is recorded for the caller's completeness warning, whose gap it is."""
+    into = getattr(_EMBEDDING_ROUNDING, "into", None)
+    if (into is not None and embeddings.dtype != dtype and dtype.is_floating_point
+            and torch.finfo(dtype).eps > torch.finfo(embeddings.dtype).eps):
+        into.append((embeddings.dtype, dtype))
+    return embeddings.to(dtype)
 
 
 _TOKEN_TYPES_ROUTE = ("; for sentence pairs with token_type_ids attribute at the combined embedding, which holds them: "
@@ -615,11 +647,12 @@ class BcosAttribution(GradientAttribution):
         name = type(self).__name__
 
         forward_autocast: list[torch.dtype] = []
+        rounded: list[tuple[torch.dtype, torch.dtype]] = []
 
         def compute():
             leaves = tuple(as_leaf(x) for x in inputs_t)
             with (nullcontext() if self.model is None
-                  else recording_forward_autocast(self.model, forward_autocast)):
+                  else recording_forward_autocast(self.model, forward_autocast)), _recording_embedding_rounding(rounded):
                 out = CaptumInternals.run_forward(self.forward_func, leaves, None, extra)
             _check_target(target, out)
             out = CaptumInternals.select_targets(out, target)
@@ -629,8 +662,9 @@ class BcosAttribution(GradientAttribution):
             step = input_x_gradient(compute, defer_finite_check=True)
         if non_finite_step(step):  # refused as input_x_gradient refuses it, naming a padded float64 batch's cause
             refuse_non_finite_step(step, _padded_float64_cause(step.contributions[0].dtype, extra))
+        # a gap from embeddings EmbeddingForward rounded to the model's dtype is named as that, not as missing positions
         warn_if_incomplete(step.contributions, step.explained, forward_autocast, who=name,
-                           missing_share=_MISSING_FROM_INPUTS)
+                           missing_share=_rounded_embeddings_cause(rounded) if rounded else _MISSING_FROM_INPUTS)
         formatted = CaptumInternals.output_as(is_tuple, step.contributions)
         if not return_convergence_delta:
             return formatted

@@ -5,6 +5,7 @@ Each test fails on the behaviour before its fix."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -76,3 +77,33 @@ def test_layer_bcos_refuses_the_tokenizers_output_through_the_token_batch_check(
                                             r"input_ids=enc\['input_ids'\], attention_mask=enc\['attention_mask'\] "
                                             r"\(explain\(model, \*\*enc\) unpacks them\)"):
         token_batch_and_padding(enc)
+
+
+# ------------------------------------------------ float32 embeddings of a bfloat16 model
+
+
+def test_float32_embeddings_of_a_bfloat16_model_warn_with_the_rounding_not_missing_positions():
+    """EmbeddingForward rounds float32 embeddings to the bfloat16 the model computes in, so x * gradient of the
+    float32 values misses the logit by that rounding (0.4 %): the completeness warning said positions were missing
+    (the inputs_embeds text, whose fix, EmbeddingForward, was the call being made)."""
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward
+
+    model = _bcos().to(torch.bfloat16)
+    ids, mask = padded_batch()
+    fwd = EmbeddingForward(model)
+    embeddings = fwd.embed(ids, mask)
+    assert embeddings.dtype == torch.bfloat16
+    with pytest.warns(UserWarning, match=r"^BcosAttribution: the attributions do not sum to the explained output .*: "
+                                         r"the inputs are float32 and EmbeddingForward rounded them to bfloat16, .*no "
+                                         r"position is missing.*Pass embeddings in the model's dtype") as caught:
+        BcosAttribution(fwd).attribute(embeddings.float(), target=1, additional_forward_args=(mask,))
+    assert not any("inputs_embeds" in str(w.message) for w in caught)
+    # the model's own dtype: no gap to name (the bfloat16 rounding of the forward is the explanation's own)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        BcosAttribution(fwd).attribute(embeddings, target=1, additional_forward_args=(mask,))
+    # a function that is no EmbeddingForward keeps the missing-positions text: model(inputs_embeds=) adds positions
+    float_model = _bcos()
+    with pytest.warns(UserWarning, match=r"does not come from `inputs`.*inputs_embeds="):
+        BcosAttribution(lambda e, m: float_model(inputs_embeds=e, attention_mask=m).logits, model=float_model).attribute(
+            float_model.get_input_embeddings()(ids), target=1, additional_forward_args=(mask,))
