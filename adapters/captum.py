@@ -403,7 +403,16 @@ class EmbeddingForward(nn.Module):
             pass
         finally:
             handle.remove()
-        return captured[0]
+        embeddings = captured[0]
+        if not bool(torch.isfinite(embeddings).all()):
+            # a padding token's NaN embedding row: the refusal of these embeddings (_checked) sees no ids and blamed
+            # a baseline or noise the caller never added; here the ids are at hand to name the row (as explain does)
+            cause = non_finite_embedding_cause(self.model, input_ids, attention_mask)
+            if cause:
+                rows = ~torch.isfinite(embeddings).reshape(embeddings.shape[0], -1).all(-1)
+                raise argument_error("input_ids", f"{bad_rows(rows)} embed to NaN or infinite entries, so there is "
+                                     "nothing finite to explain", cause)
+        return embeddings
 
     def _check_no_real_pad_ids(self, input_ids: Tensor, attention_mask: Tensor | None) -> None:
         """A decoder classifier classifies from each row's last token whose id is not ``config.pad_token_id``: a real
