@@ -75,7 +75,7 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
             chunk = logits.to(at_least_float32(logits.dtype)).cpu()  # (a float64 model's logits stay float64)
             refuse_nan_logits("predict", chunk.isnan().any(-1), rows, "texts", chunk.dtype, call.get("attention_mask"),
                               "Predict in float32 (model.float()), or with batch_size=1 (no padding).", model=model,
-                              input_ids=enc["input_ids"])
+                              input_ids=call.get("input_ids", enc["input_ids"]))  # the ids fed (padding rewritten)
             out.append(chunk)
     logits = torch.cat(out)
     return logits[torch.argsort(torch.tensor(order))]

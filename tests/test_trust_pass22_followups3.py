@@ -43,3 +43,27 @@ def test_embedding_forward_embed_names_the_padding_tokens_nan_embedding():
     # finite rows: embed() returns the attribution-point tensor as before
     assert torch.isfinite(EmbeddingForward(_bcos()).embed(ids, mask)).all()
 
+
+# ------------------------------------------------ predict names the padding id the model was actually fed
+
+
+def test_predict_names_the_rewritten_padding_ids_nan_embedding():
+    """A decoder classifier's padding is rewritten as config.pad_token_id before the model call (model_call_kwargs);
+    predict looked for a NaN embedding row among the tokenizer's ids (here padded with 0, a finite row), so the NaN
+    row of the id the model was fed (config.pad_token_id = 5) went unnamed."""
+    import transformers as T
+
+    from bcos_plugins.prediction import predict
+    from bcos_plugins.pretrained import minilm_path
+
+    tokenizer = T.AutoTokenizer.from_pretrained(minilm_path())
+    assert tokenizer.pad_token_id == 0 and tokenizer.padding_side == "right"
+    torch.manual_seed(0)
+    config = T.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64, n_ctx=64,
+                          num_labels=2, pad_token_id=5, bos_token_id=101, eos_token_id=102)
+    model = _with_nan_row(bcosify(T.GPT2ForSequenceClassification(config).eval(), b=1.5, verbose=False).eval(), 5)
+    texts = ["a gorgeous, witty and moving film", "dull"]
+    assert 5 not in tokenizer(texts)["input_ids"][0] + tokenizer(texts)["input_ids"][1]
+    with pytest.raises(BcosValueError, match=r"^predict: .*texts \[1\].*The padding token's input embedding "
+                                             r"\(model\.get_input_embeddings\(\)\.weight\[5\]\) is NaN or infinite"):
+        predict(model, tokenizer, texts, batch_size=2)
