@@ -309,7 +309,8 @@ def perplexity(
 
     Args:
         texts: strings (with ``tokenizer``) or token-id sequences in the model's own vocabulary.
-        bos_token_id: prepended to every window (e.g. GPT-2's ``<|endoftext|>``), so its first token is scored.
+        bos_token_id: prepended to every window (e.g. GPT-2's ``<|endoftext|>``), so its first token is scored;
+            texts that already start with it (ids from a tokenizer that adds it) are refused.
         max_length: window length including the BOS (>= 2).
         batch_size: windows per forward pass.
     """
@@ -346,6 +347,13 @@ def perplexity(
         if vocab is not None and any(t < 0 or t >= vocab for t in row):
             raise argument_error("texts", f"texts[{i}] has token ids outside the model's vocabulary [0, {vocab})",
                                  "Tokenise with the model's own tokenizer (or map ids to its vocabulary)")
+        if bos_token_id is not None and row and row[0] == bos_token_id:
+            # ids from a tokenizer that adds the BOS itself (Llama's tok(text)["input_ids"]) got a second one: the text's
+            # BOS was scored as a predicted token, p(BOS | BOS), one token more and a different perplexity, silently
+            raise argument_error("texts", f"texts[{i}] already starts with bos_token_id ({bos_token_id}): perplexity "
+                                 "prepends it to every window, so the text's own BOS would be scored as a predicted "
+                                 "token (p(BOS | BOS))", "Drop the leading BOS from the ids (tokenize with "
+                                 "add_special_tokens=False), or leave bos_token_id out")
         if len(row) + int(bos_token_id is not None) < 2:
             raise argument_error("texts", f"texts[{i}] has {len(row)} token(s): nothing to predict",
                                  "Drop empty texts, or pass bos_token_id so a single token is scored")

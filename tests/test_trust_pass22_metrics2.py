@@ -1,0 +1,48 @@
+"""Trust pass 22, evaluation (second wave, helper-152): unusual inputs to the metrics, each answer checked against an
+independent computation; every test here failed before its fix."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bcos_plugins.errors import BcosValueError
+from bcos_plugins.metrics.decoder import perplexity
+
+
+def _tiny_gpt2(vocab: int = 11, n_positions: int = 8):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=vocab, n_embd=8, n_layer=1, n_head=2, n_positions=n_positions,
+                        n_ctx=n_positions, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config).eval().double()
+
+
+def _hand_perplexity(model, windows: list[list[int]]) -> tuple[float, int]:
+    """exp of the mean -log p(x_t | x_<t) over the windows' tokens after the first, in Python floats."""
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for window in windows:
+            logits = model(input_ids=torch.tensor([window])).logits[0].double().tolist()
+            for t in range(1, len(window)):
+                row = logits[t - 1]
+                total -= row[window[t]] - math.log(sum(math.exp(v) for v in row))
+                n += 1
+    return math.exp(total / n), n
+
+
+def test_perplexity_refuses_ids_that_already_start_with_the_bos_it_prepends():
+    # before: [0, 1, 2, 3] with bos_token_id=0 was scored as [0, 0, 1, 2, 3]: p(BOS | BOS) counted as a text token
+    # (4 tokens, perplexity 10.83 where the text's is that of [0, 1, 2, 3]'s 3 tokens), without a word
+    model = _tiny_gpt2()
+    expected, n = _hand_perplexity(model, [[0, 1, 2, 3]])
+    result = perplexity(model, [[1, 2, 3]], bos_token_id=0)
+    assert (result.n_tokens, n) == (3, 3) and result.perplexity == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(BcosValueError, match=r"^texts: texts\[1\] already starts with bos_token_id \(0\): perplexity "
+                                             r"prepends it to every window.*p\(BOS \| BOS\).*Drop the leading BOS"):
+        perplexity(model, [[1, 2, 3], [0, 1, 2, 3]], bos_token_id=0)
+    # without bos_token_id the text's own BOS starts its first window, as given
+    assert perplexity(model, [[0, 1, 2, 3]]).perplexity == pytest.approx(expected, rel=1e-12)
