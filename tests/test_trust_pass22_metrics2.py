@@ -46,3 +46,25 @@ def test_perplexity_refuses_ids_that_already_start_with_the_bos_it_prepends():
         perplexity(model, [[1, 2, 3], [0, 1, 2, 3]], bos_token_id=0)
     # without bos_token_id the text's own BOS starts its first window, as given
     assert perplexity(model, [[0, 1, 2, 3]]).perplexity == pytest.approx(expected, rel=1e-12)
+
+
+def test_reciprocal_rank_takes_nan_scores_outside_the_candidates_and_names_those_inside():
+    # before: a NaN (or inf) at a padding token, which the ranking never reads, was refused as "scores: contains NaN
+    # or inf in row [0]. Pass finite values", although reciprocal_rank's own check covers the candidate tokens only
+    from bcos_plugins.metrics.decoder import mean_reciprocal_rank, reciprocal_rank
+
+    nan, inf = float("nan"), float("inf")
+    evidence = torch.tensor([[0, 0, 1, 0], [0, 1, 0, 0]])
+    candidates = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 0]])
+    finite = torch.tensor([[0.0, 0.5, 0.2, 0.9], [0.3, 0.1, 0.7, 0.0]])
+    padded = finite.clone()
+    padded[0, 0], padded[1, 3] = nan, inf
+    # hand ranks among the candidates: row 0 ranks 0.9, 0.5, 0.2 (evidence third); row 1 ranks 0.7, 0.3, 0.1 (third)
+    expected = torch.tensor([1 / 3, 1 / 3], dtype=torch.float64)
+    assert torch.equal(reciprocal_rank(finite, evidence, candidates), expected)
+    assert torch.equal(reciprocal_rank(padded, evidence, candidates), expected)
+    assert mean_reciprocal_rank(padded, evidence, candidates).mrr == pytest.approx(1 / 3, rel=1e-15)
+    inside = padded.clone()
+    inside[1, 0] = nan
+    with pytest.raises(BcosValueError, match=r"^scores: contain NaN or inf at candidate tokens in row \[1\]"):
+        reciprocal_rank(inside, evidence, candidates)

@@ -49,7 +49,9 @@ __all__ = [
 
 
 def _check_masks(scores: Tensor, evidence: Tensor, candidates: Tensor | None) -> Tensor:
-    scores = require_tensor("scores", scores, ndim=2, kind="real", shape_hint="(batch, pos)")
+    # finite=False: only the candidate tokens' scores must be finite (reciprocal_rank's check), as in the rationale
+    # metrics, whose positions outside valid_mask never enter
+    scores = require_tensor("scores", scores, ndim=2, kind="real", finite=False, shape_hint="(batch, pos)")
     if 0 in scores.shape:
         raise argument_error("scores", f"are empty (shape {tuple(scores.shape)})",
                              "Pass the scores of at least one token of one example")
@@ -81,8 +83,10 @@ def reciprocal_rank(
         candidates: tokens that take part in the ranking (True), e.g. the real prefix tokens without padding
             and BOS; default: all positions.
     """
-    # the checked tensors are used below: lists passed the checks, then failed on .detach() / .bool()
-    scores = require_tensor("scores", scores, ndim=2, kind="real", shape_hint="(batch, pos)")
+    # the checked tensors are used below: lists passed the checks, then failed on .detach() / .bool(). A NaN at a
+    # padding token (not a candidate) was refused as "NaN or inf in row [0]. Pass finite values", where the check below
+    # (candidate tokens only) meant to take it
+    scores = require_tensor("scores", scores, ndim=2, kind="real", finite=False, shape_hint="(batch, pos)")
     if scores.dtype == torch.bool:
         # flags, not scores: their ties ranked evidence by position, silently (the rationale metrics' refusal)
         raise argument_error("scores", "must be numbers, got a boolean tensor", "Pass float token scores",
