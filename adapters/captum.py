@@ -65,6 +65,7 @@ from torch import Tensor, nn
 
 from bcos_plugins._checks import (
     bad_rows,
+    refuse_other_methods_keywords,
     refuse_renamed_keywords,
     require_bool,
     require_label_names,
@@ -285,26 +286,6 @@ def _recording_embedding_rounding(into: list[tuple[torch.dtype, torch.dtype]]) -
         yield
     finally:
         _EMBEDDING_ROUNDING.into = saved
-
-
-# keywords of other Captum methods that users carry over (IntegratedGradients, DeepLift, ...): refused with the reason,
-# where Python's "unexpected keyword argument" says neither why nor what to do instead
-_OTHER_METHODS_KEYWORDS = {
-    "baselines": ("a B-cos explanation W(x)x needs no baseline: it is complete at the input itself (a bias-free B-cos "
-                  "network maps 0 to 0, so the reference is zero)", "Leave baselines out; for attributions relative to "
-                  "another reference input use captum.attr.IntegratedGradients on the same forward_func"),
-    "internal_batch_size": ("the explanation is one forward and one backward pass of the inputs as given, with no "
-                            "integration steps to batch", "Leave it out; to bound memory pass fewer examples per call"),
-    "n_steps": ("the explanation is exact in one pass, with no integration steps", "Leave it out"),
-    "method": ("the explanation is exact in one pass, with no integration rule", "Leave it out"),
-}
-
-
-def _refuse_other_methods_keywords(who: str, given: dict) -> None:
-    for name in given:
-        if name in _OTHER_METHODS_KEYWORDS:
-            problem, fix = _OTHER_METHODS_KEYWORDS[name]
-            raise argument_error(name, f"{who}.attribute takes no {name}: {problem}", fix, kind=BcosTypeError)
 
 
 def _one_value_per_example(out: Tensor, batch: int, who: str) -> Float[Tensor, " batch"]:
@@ -626,7 +607,7 @@ class BcosAttribution(GradientAttribution):
                 (the core's ``Explanation.delta``; ~1e-6 of the logit for B-cos models; the same as Captum's
                 IG delta with a zero baseline, since a bias-free B-cos network maps 0 to 0).
         """
-        _refuse_other_methods_keywords(type(self).__name__, other_methods_keywords)
+        refuse_other_methods_keywords(f"{type(self).__name__}.attribute", other_methods_keywords)
         return_convergence_delta = require_bool("return_convergence_delta", return_convergence_delta)
         if other_methods_keywords:
             raise argument_error(next(iter(other_methods_keywords)), f"is not an argument of "
@@ -763,7 +744,7 @@ class LayerBcos(LayerGradientXActivation):
         (the core's ``Explanation.delta``; one per layer, as a list, for a list of layers). It is ~0 wherever
         the layer cuts every path from the input to the output (e.g. the combined embedding of a B-cos model).
         """
-        _refuse_other_methods_keywords(type(self).__name__, kwargs)
+        refuse_other_methods_keywords(f"{type(self).__name__}.attribute", kwargs)
         if isinstance(inputs, Mapping):  # a dict without input_ids: "expected a tensor of token ids", as explain
             # Captum's refusal was a bare AssertionError naming neither ids nor mask; the one check of the tokenizer's
             # output, with the fix of this call (the mask goes in additional_forward_args)

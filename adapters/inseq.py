@@ -105,6 +105,7 @@ from torch import Tensor, nn
 
 from bcos_plugins._checks import (
     refuse_container_of_names,
+    refuse_other_methods_keywords,
     refuse_renamed_keywords,
     require_count,
     require_int,
@@ -801,6 +802,11 @@ def _only_each_rows_generated_columns(attribution_model: AttributionModel, out: 
                       UserWarning, stacklevel=3)
 
 
+def _refuse_other_methods_keywords_for_inseq(given) -> None:
+    refuse_other_methods_keywords('the inseq method "bcos"', given,
+                                  integrated_gradients='inseq\'s method="integrated_gradients"')
+
+
 class _BcosMethod:
     """The "bcos" inseq method (registered as :class:`BcosInseqAttribution`); see the module docstring."""
 
@@ -831,7 +837,15 @@ class _BcosMethod:
         self.method = LayerBcos(self.attribution_model, self.target_layer, model=self.model,
                                 attribute_to_layer_input=point.where == "input", completeness_check=False)
 
+    def get_attribution_args(self, **kwargs) -> tuple[dict[str, Any], dict[str, Any]]:
+        # inseq logged "Unused arguments during attribution" for another method's keywords (n_steps=, baselines=,
+        # internal_batch_size=) and attributed without them; LayerBcos, called directly, refuses them with the reason
+        _refuse_other_methods_keywords_for_inseq(kwargs)
+        return super().get_attribution_args(**kwargs)
+
     def attribute(self, *args, **kwargs) -> FeatureAttributionOutput:
+        # the same keywords given as attribution_args={...} reach LayerBcos itself, after the generation: refused first
+        _refuse_other_methods_keywords_for_inseq(kwargs.get("attribution_args") or {})
         with _Inseq071.positions_from_mask(self.model, self.spec), \
                 _Inseq071.embeddings_without_hooks(self.attribution_model):
             return super().attribute(*args, **kwargs)

@@ -768,6 +768,33 @@ def refuse_renamed_keywords(function: str, given: dict, renamed: dict[str, str])
         raise BcosTypeError(f"{function}() got an unexpected keyword argument {key!r}")
 
 
+# keywords of other attribution methods that users carry over (Captum's and inseq's IntegratedGradients, DeepLift, ...):
+# refused with the reason, where Python's "unexpected keyword argument" (Captum) or a logged "Unused arguments" (inseq,
+# which then ran without them) says neither why nor what to do instead; one table for every B-cos method
+_OTHER_METHODS_KEYWORDS = {
+    "baselines": ("a B-cos explanation W(x)x needs no baseline: it is complete at the input itself (a bias-free B-cos "
+                  "network maps 0 to 0, so the reference is zero)", "Leave baselines out; for attributions relative to "
+                  "another reference input use {integrated_gradients}"),
+    "internal_batch_size": ("the explanation is one forward and one backward pass of the inputs as given, with no "
+                            "integration steps to batch", "Leave it out; to bound memory pass fewer examples per call"),
+    "n_steps": ("the explanation is exact in one pass, with no integration steps", "Leave it out"),
+    "method": ("the explanation is exact in one pass, with no integration rule", "Leave it out"),
+}
+
+
+def refuse_other_methods_keywords(call: str, given, *,
+                                  integrated_gradients: str = "captum.attr.IntegratedGradients on the same "
+                                                              "forward_func") -> None:
+    """Refuse, by name and with the fix, the keywords of ``given`` (names) that other attribution methods take
+    (``baselines``, ``internal_batch_size``, ``n_steps``, ``method``) and an exact B-cos explanation has no use for;
+    ``call`` names the call in the message, ``integrated_gradients`` the method to use for a baseline instead."""
+    for name in given:
+        if name in _OTHER_METHODS_KEYWORDS:
+            problem, fix = _OTHER_METHODS_KEYWORDS[name]
+            raise argument_error(name, f"{call} takes no {name}: {problem}",
+                                 fix.format(integrated_gradients=integrated_gradients), kind=BcosTypeError)
+
+
 def _named_ids(source, names: tuple[str, ...]) -> set[int]:
     """The non-negative integer ids ``source`` (a config, a tokenizer) holds under ``names`` (lists flattened: Llama
     3.1's config names three EOS ids)."""

@@ -67,3 +67,34 @@ def test_predict_names_the_rewritten_padding_ids_nan_embedding():
     with pytest.raises(BcosValueError, match=r"^predict: .*texts \[1\].*The padding token's input embedding "
                                              r"\(model\.get_input_embeddings\(\)\.weight\[5\]\) is NaN or infinite"):
         predict(model, tokenizer, texts, batch_size=2)
+
+
+# ------------------------------------------------ inseq's "bcos" refuses other methods' keywords
+
+
+@pytest.mark.parametrize("given", [{"n_steps": 10}, {"baselines": None}, {"internal_batch_size": 2},
+                                   {"attribution_args": {"n_steps": 10}}])
+def test_inseq_bcos_refuses_other_methods_keywords_as_layer_bcos_does(given):
+    """inseq logged "Unused arguments during attribution" for n_steps=, baselines= and internal_batch_size= and
+    attributed without them, where LayerBcos called directly refuses them: refused by name with the reason and the
+    fix, from the one table LayerBcos uses (_checks.refuse_other_methods_keywords)."""
+    import inseq
+    import transformers as T
+
+    import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
+    from bcos_plugins.adapters.captum import LayerBcos
+    from bcos_plugins.data import SHIPPED_DATA
+    from bcos_plugins.errors import BcosTypeError
+
+    tokenizer = T.GPT2Tokenizer.from_pretrained(SHIPPED_DATA / "gpt2_tokenizer")
+    torch.manual_seed(0)
+    config = T.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64, n_ctx=64)
+    model = bcosify(T.GPT2LMHeadModel(config).eval(), b=1.1, verbose=False)
+    name = next(iter(given.get("attribution_args", given)))
+    with pytest.raises(BcosTypeError, match=rf'^{name}: the inseq method "bcos" takes no {name}: .*\. Leave '):
+        inseq.load_model(model, "bcos", tokenizer=tokenizer).attribute("The cat", "The cat sat", show_progress=False,
+                                                                       **given)
+    # LayerBcos's own refusal is unchanged
+    ids = torch.tensor([tokenizer("The cat")["input_ids"]])
+    with pytest.raises(BcosTypeError, match=rf"^{name}: LayerBcos\.attribute takes no {name}: "):
+        LayerBcos(model).attribute(ids, target=1, **{name: given.get("attribution_args", given)[name]})
