@@ -68,3 +68,36 @@ def test_reciprocal_rank_takes_nan_scores_outside_the_candidates_and_names_those
     inside[1, 0] = nan
     with pytest.raises(BcosValueError, match=r"^scores: contain NaN or inf at candidate tokens in row \[1\]"):
         reciprocal_rank(inside, evidence, candidates)
+
+
+@pytest.mark.parametrize("seed", [2**64, 2**70])
+def test_a_seed_beyond_torchs_generator_is_refused_naming_seed(seed):
+    # before: ValueError "Overflow when unpacking long long" from inside torch.Generator().manual_seed, naming nothing
+    from bcos_plugins.metrics.image import pixel_ranking
+    from bcos_plugins.metrics.paired import paired_bootstrap_difference
+
+    a, b = [0.1, 0.5, 0.2, 0.9], [0.3, 0.4, 0.6, 1.0]
+    with pytest.raises(BcosValueError, match=r"^seed: .*18446744073709551615"):
+        paired_bootstrap_difference(a, b, seed=seed)
+    maps = torch.zeros(1, 2, 2)
+    with pytest.raises(BcosValueError, match=r"^seed: .*18446744073709551615"):
+        pixel_ranking(maps, seed=seed)
+    with pytest.raises(BcosValueError, match=r"^seed: .*-9223372036854775808"):
+        pixel_ranking(maps, seed=-seed)
+
+
+def test_the_largest_seeds_torch_takes_give_the_documented_hand_computation():
+    from bcos_plugins.metrics.image import pixel_ranking
+    from bcos_plugins.metrics.paired import paired_bootstrap_difference
+
+    a, b = [0.1, 0.5, 0.2, 0.9], [0.3, 0.4, 0.6, 1.0]
+    seed = 2**64 - 1
+    result = paired_bootstrap_difference(a, b, n_resamples=500, seed=seed)
+    d = torch.tensor(b, dtype=torch.float64) - torch.tensor(a, dtype=torch.float64)
+    means = d[torch.randint(4, (500, 4), generator=torch.Generator().manual_seed(seed))].mean(1)
+    low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    assert (result.ci_low, result.ci_high) == (low, high)
+    # all pixels tied: the ranking is the seed's permutation, for the largest and the smallest seed torch takes
+    for seed in (2**64 - 1, -2**63):
+        expected = torch.randperm(4, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(pixel_ranking(torch.zeros(1, 2, 2), seed=seed)[0], expected), seed

@@ -106,12 +106,18 @@ def pixel_ranking(attributions: Float[Tensor, "batch h w"], most_important_first
     so an image ranks the same alone and anywhere in a batch."""
     # checked here, naming them: a float or bool seed failed inside torch's manual_seed (RuntimeError), a
     # most_important_first of another type inside argsort (TypeError)
-    seed = require_int("seed", seed)
+    seed = _require_generator_seed(seed)
     require_bool("most_important_first", most_important_first,
                  fix="Pass True (most important pixels first) or False (least important first)")
     maps = _spatial(attributions)
     _require_finite_maps(maps)
     return _ranking(maps, most_important_first, seed)
+
+
+def _require_generator_seed(seed) -> int:
+    """``seed`` as an int in the range ``torch.Generator().manual_seed`` takes: beyond it manual_seed failed with
+    "Overflow when unpacking long long", a ValueError that named no argument."""
+    return require_int("seed", seed, minimum=-2**63, maximum=2**64 - 1)
 
 
 def _ranking(maps: Tensor, most_important_first: bool, seed: int) -> Tensor:
@@ -248,7 +254,7 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
     # the maps of one class were scored on another class's confidence, silently
     refuse_target_unlike_explained(target_t, explained, "confidence", "Pass target=explanation.target, or explain the "
                                    "class you score")
-    seed = require_int("seed", seed)
+    seed = _require_generator_seed(seed)
     _refuse_explanation_of_other_images(attributions, inputs)
     n_pixels = height * width
     curves = {}

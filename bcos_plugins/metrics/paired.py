@@ -321,7 +321,9 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
         # difference (n_resamples=1 gave [-0.53, -0.53] for a difference of -0.23), a certainty it cannot give
         raise argument_error("n_resamples", "is 1, whose one resample mean is both ends of the interval (zero width, "
                              "and not around the difference)", "Pass many resamples, e.g. the default 2000")
-    seed = require_int("seed", seed, minimum=0)
+    # torch's generator takes seeds below 2**64: a larger one failed inside manual_seed ("Overflow when unpacking long
+    # long", a ValueError that named no argument)
+    seed = require_int("seed", seed, minimum=0, maximum=2**64 - 1)
     if a.shape[0] == 1:
         # every resample of one unit is that unit: the interval was [d, d], a certainty the data cannot give
         raise argument_error("values_a", "hold one unit, whose every resample is itself (an interval of zero "
