@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 from ._checks import require_number
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
-from .errors import argument_error
+from .errors import BcosTypeError, argument_error
 from .nn.linear import AlignmentPressure, check_b
 
 __all__ = ["BWarmupCallback"]
@@ -28,7 +30,8 @@ class BWarmupCallback:
     option to experiment with, not a recommendation (docs/benchmarks.md has what it measured). The layers keep
     the model's B until training begins (an evaluation or a save before ``train()`` runs at the model's B).
     ``load_best_model_at_end`` (and so ``EarlyStoppingCallback``) is refused unless no evaluation runs before the
-    warm-up ends (``eval_strategy="steps"`` with ``eval_delay`` past it): the best checkpoint could be one evaluated
+    warm-up ends (``eval_delay`` past it: in steps with ``eval_strategy="steps"``, in epochs with ``"epoch"``, where
+    the epochs provably cover the warm-up's steps): the best checkpoint could be one evaluated
     at a smaller B, and the model's B set on it at the end would change the logits its metric was measured on.
 
     Built lazily as a ``transformers.TrainerCallback`` subclass so that importing this module stays cheap.
@@ -45,6 +48,9 @@ class BWarmupCallback:
 
 class _BWarmup:
     def __init__(self, model: nn.Module, start: float = 1.0, fraction: float = 0.5) -> None:
+        if not isinstance(model, nn.Module):  # None said "has no config.bcos", naming neither the argument's type nor it
+            raise argument_error("model", f"expected the B-cos model (a torch.nn.Module), got {type(model).__name__}",
+                                 "pass the model bcosify returned: BWarmupCallback(model)", kind=BcosTypeError)
         config = getattr(model, "config", None)
         settings = getattr(config, BCOS_CONFIG_KEY, None)
         if isinstance(settings, dict):
@@ -76,8 +82,10 @@ class _BWarmup:
                                  "full B", "build the callback with the model passed to the Trainer: "
                                  "BWarmupCallback(model) and Trainer(model=model, ...)")
         last = self._last_warm_step(state)
+        strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
         if getattr(args, "load_best_model_at_end", False) and self.start < self.target and not (
-                getattr(args.eval_strategy, "value", args.eval_strategy) == "steps" and (args.eval_delay or 0) > last):
+                strategy == "steps" and (args.eval_delay or 0) > last
+                or strategy == "epoch" and _epoch_evaluations_wait_past(state, args.eval_delay or 0, last)):
             # the Trainer loads the best checkpoint before on_train_end, which set the model's B on it: one saved
             # during the warm-up ran (and was evaluated, and chosen) at a smaller B, so the model returned was not the
             # one whose metric made it the best (nor the last one trained), without a word
@@ -85,7 +93,8 @@ class _BWarmup:
                                  "evaluated during the warm-up runs at a smaller B than the model's, and setting the "
                                  "model's B on it when training ends would change the logits its metric was "
                                  "measured on", f"evaluate only after the warm-up (eval_strategy='steps', "
-                                 f"eval_delay={last + 1}), or leave load_best_model_at_end out")
+                                 f"eval_delay={last + 1}{_epoch_delay_fix(state, last) if strategy == 'epoch' else ''}), or "
+                                 "leave load_best_model_at_end out")
         self.on_step_begin(args, state, control)  # from the global step: a resumed run continues its warm-up
 
     def _set(self, b: float) -> None:
@@ -106,3 +115,27 @@ class _BWarmup:
 
     def on_train_end(self, args, state, control, **kwargs):
         self._set(self.target)
+
+
+def _epoch_evaluations_wait_past(state, delay: float, last: int) -> bool:
+    """Whether every evaluation of ``eval_strategy="epoch"`` provably runs after global step ``last``. The Trainer
+    evaluates at an epoch's end once ``state.epoch >= eval_delay`` (``eval_delay`` counts epochs there), so first at
+    the end of epoch ``max(1, ceil(eval_delay))``, or at ``max_steps`` (past ``last``) where training stops inside an
+    epoch. An epoch has the same number of optimiser steps each time, at least ``max_steps / num_train_epochs`` (the
+    Trainer's ``num_train_epochs`` rounds ``max_steps / steps_per_epoch`` up), so that epoch ends at a global step of
+    at least ``max(1, ceil(eval_delay)) * max_steps / num_train_epochs``: accepted when that is past ``last``, in
+    integers (an eval_delay in epochs that covers the warm-up was refused as if it were steps)."""
+    epochs, steps = getattr(state, "num_train_epochs", 0) or 0, getattr(state, "max_steps", 0) or 0
+    if epochs <= 0 or steps <= 0:
+        return False
+    return max(1, math.ceil(delay)) * steps >= (last + 1) * epochs
+
+
+def _epoch_delay_fix(state, last: int) -> str:
+    """``"; or eval_strategy='epoch', eval_delay=<epochs>"``: the smallest whole number of epochs that
+    :func:`_epoch_evaluations_wait_past` accepts, where it is within the run's epochs ("" otherwise)."""
+    epochs, steps = getattr(state, "num_train_epochs", 0) or 0, getattr(state, "max_steps", 0) or 0
+    if epochs <= 0 or steps <= 0:
+        return ""
+    need = max(1, -(-(last + 1) * epochs // steps))
+    return f"; or eval_strategy='epoch', eval_delay={need}" if need <= epochs else ""

@@ -98,3 +98,53 @@ def test_inseq_bcos_refuses_other_methods_keywords_as_layer_bcos_does(given):
     ids = torch.tensor([tokenizer("The cat")["input_ids"]])
     with pytest.raises(BcosTypeError, match=rf"^{name}: LayerBcos\.attribute takes no {name}: "):
         LayerBcos(model).attribute(ids, target=1, **{name: given.get("attribution_args", given)[name]})
+
+
+# ------------------------------------------------ BWarmupCallback: its model argument, eval_delay in epochs
+
+
+def test_bwarmup_callback_names_a_model_that_is_not_a_module():
+    """BWarmupCallback(None) said "model: has no config.bcos", as if a model had been passed."""
+    from bcos_plugins.errors import BcosTypeError
+    from bcos_plugins.train import BWarmupCallback
+
+    for given, name in ((None, "NoneType"), ("gpt2", "str")):
+        with pytest.raises(BcosTypeError, match=rf"^model: expected the B-cos model \(a torch\.nn\.Module\), got "
+                                                rf"{name}\. pass the model bcosify returned: BWarmupCallback\(model\)"):
+            BWarmupCallback(given)
+
+
+def test_bwarmup_accepts_load_best_model_at_end_when_eval_delay_in_epochs_covers_the_warmup(tmp_path):
+    """eval_strategy="epoch" counts eval_delay in epochs: a delay whose first evaluation comes after the warm-up was
+    refused as if no delay could cover it. 7 rows in batches of 2 are 4 steps an epoch, 3 epochs 12 steps, the warm-up
+    (fraction 0.5) ends at the beginning of step 7: eval_delay=2 (first evaluation after step 8) is accepted, and the
+    best checkpoint's metric is the returned model's; eval_delay=1 (after step 4) is still refused, naming the epochs
+    that would do."""
+    import transformers as T
+    from conftest import tiny_config
+
+    from bcos_plugins.nn.linear import AlignmentPressure
+    from bcos_plugins.train import BWarmupCallback
+    from bcos_plugins.train_decoder import train_causal_lm
+
+    torch.manual_seed(0)
+    config = tiny_config("gpt2")
+    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+    model = bcosify(T.GPT2LMHeadModel(config), b=1.5, verbose=False)
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(5, 40, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()}
+            for _ in range(7)]
+    settings = {"num_train_epochs": 3, "per_device_train_batch_size": 2, "eval_strategy": "epoch",
+                "save_strategy": "epoch", "load_best_model_at_end": True, "metric_for_best_model": "eval_loss",
+                "save_only_model": True, "disable_tqdm": True, "logging_steps": 100}
+    with pytest.raises(BcosValueError, match=r"^load_best_model_at_end: is True with a B warm-up to step 7: .* "
+                                             r"\(eval_strategy='steps', eval_delay=7; or eval_strategy='epoch', "
+                                             r"eval_delay=2\), or leave load_best_model_at_end out\.$"):
+        train_causal_lm(model, rows, str(tmp_path / "a"), pad_token_id=0, eval_dataset=rows, eval_delay=1,
+                        callbacks=[BWarmupCallback(model, fraction=0.5)], **settings)
+    assert {m.b for m in model.modules() if isinstance(m, AlignmentPressure)} == {1.5}
+    trainer = train_causal_lm(model, rows, str(tmp_path / "b"), pad_token_id=0, eval_dataset=rows, eval_delay=2,
+                              callbacks=[BWarmupCallback(model, fraction=0.5)], **settings)
+    assert trainer.state.max_steps == 12
+    assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [8, 12]
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(trainer.state.best_metric, rel=1e-6, abs=0)
