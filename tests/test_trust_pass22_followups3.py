@@ -78,11 +78,11 @@ def test_inseq_bcos_refuses_other_methods_keywords_as_layer_bcos_does(given):
     """inseq logged "Unused arguments during attribution" for n_steps=, baselines= and internal_batch_size= and
     attributed without them, where LayerBcos called directly refuses them: refused by name with the reason and the
     fix, from the one table LayerBcos uses (_checks.refuse_other_methods_keywords)."""
+    import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
     import inseq
     import transformers as T
-
-    import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
     from bcos_plugins.adapters.captum import LayerBcos
+
     from bcos_plugins.data import SHIPPED_DATA
     from bcos_plugins.errors import BcosTypeError
 
