@@ -211,8 +211,10 @@ def explain_dataset(
         A ``datasets.Dataset`` with the input columns plus ``tokens`` (list of str, padding removed),
         ``input_ids``, ``scores`` (one float per token), ``explained`` (the explained value), ``target``,
         ``foil`` (when given), ``delta``, ``completeness_error`` and ``truncated`` (True where the text had more tokens
-        than ``max_length``: its explanation is of the first ``max_length`` tokens the tokenizer kept, and a
-        ``UserWarning`` names those texts). Save it with ``.save_to_disk(path)``.
+        than ``max_length``: its explanation is of the ``max_length`` tokens the tokenizer kept, its first ones, or its
+        last ones with ``truncation_side="left"``, and a ``UserWarning`` names those texts). An input column named
+        like one of these is kept as ``original_<name>`` (prefixed again while that name is taken). Save it with
+        ``.save_to_disk(path)``.
     """
     datasets = _import_datasets()
     if isinstance(data, str):
@@ -261,6 +263,14 @@ def explain_dataset(
         # too long (an argument the caller never passed)
         max_length = require_count("max_length", max_length, minimum=1)
         require_max_length_fits(model, max_length)
+    # a max_length below the special tokens the tokenizer adds is ignored by it (it logs and returns the whole text,
+    # which was explained untruncated and marked not truncated), one equal to them leaves nothing of the text
+    specials = (tokenizer.num_special_tokens_to_add(pair=pairs is not None)
+                if hasattr(tokenizer, "num_special_tokens_to_add") else 0)
+    if max_length is not None and max_length <= specials:  # (None: the tokenizer's own model_max_length)
+        raise argument_error("max_length", f"{max_length} leaves no token of the text: the tokenizer adds {specials} "
+                             f"special tokens to each {'pair' if pairs is not None else 'text'} (and ignores a "
+                             "max_length below them)", f"Pass max_length={specials + 1} or more")
     device = next(model.parameters()).device
     columns: dict[str, list] = {"tokens": [], "input_ids": [], "scores": [], "explained": [], "target": [],
                                 "delta": [], "completeness_error": [], "truncated": []}
@@ -326,15 +336,29 @@ def explain_dataset(
     bar.close()
     truncated = [i for i, cut in enumerate(columns["truncated"]) if cut]
     if truncated:
+        # which tokens were kept is the tokenizer's truncation_side (a left-truncating one keeps the last ones)
+        side = getattr(tokenizer, "truncation_side", "right")
+        end = "last" if side == "left" else "first"
+        limit = max_length if max_length is not None else tokenizer.model_max_length
+        kept_tokens = (f"the {end} tokens the tokenizer kept (its {end} {limit}" if pairs is None
+                       else f"the tokens the tokenizer kept of the pair ({limit}, cut from the longer segment's "
+                       f"{'start' if side == 'left' else 'end'}")
         warnings.warn(f"explain_dataset: {len(truncated)} text(s) {truncated[:8]} have more than max_length="
-                      f"{max_length if max_length is not None else tokenizer.model_max_length} "
-                      "tokens: each is explained as the first tokens the tokenizer kept (the rest is left out; the "
-                      "column 'truncated' marks them). Pass a larger max_length (up to the model's limit), or split "
-                      "the texts", UserWarning, stacklevel=2)
+                      f"{limit} tokens: each is explained as {kept_tokens}, as the tokenizer's truncation_side="
+                      f"{side!r} cuts; the rest is left out; the column 'truncated' marks them). Pass a larger "
+                      "max_length (up to the model's limit), or split the texts", UserWarning, stacklevel=2)
     if kept is not None:
         clashes = [c for c in columns if c in kept.column_names]
         if clashes:
-            kept = kept.rename_columns({c: f"original_{c}" for c in clashes})
+            # prefixed until the name is free: a dataset that also held 'original_scores' failed inside datasets
+            taken, renamed = set(kept.column_names) | set(columns), {}
+            for c in clashes:
+                name = f"original_{c}"
+                while name in taken:
+                    name = f"original_{name}"
+                taken.add(name)
+                renamed[c] = name
+            kept = kept.rename_columns(renamed)
         for name, values in columns.items():
             kept = kept.add_column(name, values)
         return kept

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from .._checks import require_choice
+from .._checks import require_choice, require_int
 from ..errors import BcosFileError, BcosTypeError, argument_error
 from .contrastive import ContrastiveBatch, left_pad
 from .shipped import SHIPPED_DATA, check_n
@@ -237,11 +237,26 @@ def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | N
             in ``first_piece``; ``"drop"`` drops it (reason in ``dropped``), so every id is a whole word.
     """
     multi_token = require_choice("multi_token", multi_token, ("first", "drop"))
+    # checked as encode_ioi checks its prompts and ids: one BlimpPair was iterated ('not iterable'), a str bos id failed
+    # inside torch.tensor, pad_token_id=-1 was written into the batch (an embedding lookup fails on it) and 1.5 as 1
+    if isinstance(pairs, BlimpPair) or not isinstance(pairs, Sequence) or isinstance(pairs, str):
+        raise argument_error("pairs", f"must be a list of BlimpPair, got {type(pairs).__name__}",
+                             "Pass load_blimp(...)'s list (one pair: [pair])", kind=BcosTypeError)
+    if len(pairs) == 0:
+        raise argument_error("pairs", "is empty", "Pass at least one BlimpPair (load_blimp(subset, n=...))")
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, BlimpPair):
+            raise argument_error("pairs", f"item {i} is a {type(pair).__name__}, not a BlimpPair",
+                                 "Pass load_blimp(...)'s pairs", kind=BcosTypeError)
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError("encode_blimp needs a fast tokenizer (return_offsets_mapping); got "
-                         f"{type(tokenizer).__name__}")
+        raise argument_error("tokenizer", f"encode_blimp needs a fast tokenizer (return_offsets_mapping); got "
+                             f"{type(tokenizer).__name__}", "Load it with AutoTokenizer.from_pretrained(..., "
+                             "use_fast=True)")
+    if bos_token_id is not None:
+        bos_token_id = require_int("bos_token_id", bos_token_id, minimum=0)
     if pad_token_id is None:
         pad_token_id = next((t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0)
+    pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
     rows, kept, dropped, first_piece = [], [], [], []
     for pair in pairs:
         enc = tokenizer(pair.prefix, add_special_tokens=False, return_offsets_mapping=True)

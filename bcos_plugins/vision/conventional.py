@@ -117,6 +117,11 @@ class ConventionalViT(WholeCheckpointLoading, PreTrainedModel):
         check_pixel_values(pixel_values, self.config.num_channels, self.config.image_size,
                            dtype=self.classifier.weight.dtype)
         if labels is not None:
+            if self.config.num_labels == 1:
+                # softmax over one class is 1 whatever the logit: the loss was 0 with no gradient, training nothing
+                raise argument_error("labels", "given to a ConventionalViT with num_labels=1: softmax cross-entropy "
+                                     "over one class is always 0 (no gradient), so nothing would be trained",
+                                     "Build the model with num_labels=2 (or more) for a classification task")
             labels = require_class_ids("labels", labels, pixel_values.shape[0], self.config.num_labels)
         tokens = self.tokenizer(pixel_values).flatten(2).transpose(1, 2) + self.position_embedding
         patterns = []

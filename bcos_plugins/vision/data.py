@@ -125,6 +125,7 @@ class DigitImages(Dataset):
         digits = _checked_digits(digits)
         side = digits.shape[-1]
         size = require_int("size", size, minimum=side)
+        seed = require_int("seed", seed, minimum=0)  # (as load_digits_split: torch failed on a float, took -1)
         g = torch.Generator().manual_seed(seed)
         if scaled_up_only:
             views = 1
@@ -161,7 +162,7 @@ def make_grids(digits: Float[Tensor, "n 1 s s"], labels: Int[Tensor, " n"], conf
     n_grids = require_int("n_grids", n_grids, minimum=1)
     digits = _checked_digits(digits)
     side = digits.shape[-1]
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(require_int("seed", seed, minimum=0))  # NumPy's refusal named no argument
     queues = {int(c): [int(i) for i in (labels == c).nonzero().flatten()[confidence[labels == c].argsort(descending=True)]]
               for c in labels.unique()}
     grids, cell_labels = [], []

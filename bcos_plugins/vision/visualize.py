@@ -94,7 +94,11 @@ def _check_figure_inputs(images, columns, colour_rows, row_titles) -> None:
             raise argument_error(where, f"has {len(maps) if hasattr(maps, '__len__') else 'no'} maps for {n} images",
                                  "Pass one (H, W) map per image")
         for i in range(n):
-            require_tensor(where, maps[i], ndim=2, kind="real", shape_hint="(H, W) per image")
+            m = require_tensor(where, maps[i], ndim=2, kind="real", shape_hint="(H, W) per image")
+            # imshow stretches a map over its panel: one of another size (a rollout spread with another patch_size)
+            # was drawn over the image as if its pixels were the image's, silently
+            require_same_shape(f"{where}[{i}]", m, f"image {i}'s (H, W)", images[i, 0],
+                               "Pass maps of the images' size (for attention_rollout, the model's patch_size)")
     for name, rows in (("colour_rows", colour_rows), ("row_titles", row_titles)):
         if rows is not None and len(rows) != n:
             what = "titles" if name == "row_titles" else "colour images"
