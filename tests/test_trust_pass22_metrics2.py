@@ -101,3 +101,26 @@ def test_the_largest_seeds_torch_takes_give_the_documented_hand_computation():
     for seed in (2**64 - 1, -2**63):
         expected = torch.randperm(4, generator=torch.Generator().manual_seed(seed))
         assert torch.equal(pixel_ranking(torch.zeros(1, 2, 2), seed=seed)[0], expected), seed
+
+
+def test_paired_scores_of_integers_float64_cannot_hold_are_refused_not_rounded():
+    # before: [2**60, 2**60 + 1, 5] against [2**60 + 3, 2**60 + 1, 7] were read in float64, where 2**60 + 3 is 2**60: the
+    # differences [3, 0, 2] became [0, 0, 2], a mean of 0.667 for 1.667, silently
+    from bcos_plugins.metrics.paired import constant_difference, paired_bootstrap_difference
+
+    big_a, big_b = [2**60, 2**60 + 1, 5], [2**60 + 3, 2**60 + 1, 7]
+    for call in (paired_bootstrap_difference, constant_difference):
+        with pytest.raises(BcosValueError, match=r"^values_a: holds integers beyond 2\*\*53 \(1152921504606846976\).*"
+                                                 r"Subtract a common offset"):
+            call(big_a, big_b)
+    # the same scores less the offset 2**60 (as the fix says) are the hand mean, 5 / 3
+    small_a, small_b = [0, 1, 5 - 2**60], [3, 1, 7 - 2**60]
+    assert paired_bootstrap_difference([0, 1, 5], [3, 1, 7]).difference == 5 / 3
+    with pytest.raises(BcosValueError, match=r"^values_a: holds integers beyond 2\*\*53"):
+        paired_bootstrap_difference(small_a, small_b)
+    # at 2**53 every integer is exact and taken; and integers are compared exactly: float64's epsilon times the scale
+    # 2**53 (a spread of 8) read the differences [0, 3, 0] as one constant, refused as "minus values_a is 1 on every
+    # one of the 3 units"
+    assert paired_bootstrap_difference([2**53, 0, 1], [2**53, 3, 1]).difference == 1.0
+    assert constant_difference([2**53, 0, 1], [2**53, 3, 1]) is None
+    assert constant_difference([2**53 - 2, 0, 1], [2**53, 2, 3]) == 2.0

@@ -243,14 +243,23 @@ class PairedBootstrapDifference:
 
 def _paired_units(values_a, values_b) -> tuple[Tensor, Tensor, float]:
     """``values_a`` and ``values_b`` checked as paired ``(unit,)`` scores, in float64, with the machine epsilon of the
-    inputs' own precision (float64's for integer scores)."""
+    inputs' own precision (0 for integer scores, which float64 holds exactly up to 2**53; larger ones are refused)."""
     # lists of Python floats are read in float64 (require_tensor's rule; torch's float32 rounded differences of 1e-9
     # to 0, and the mean read 0.0 with [0, 0])
     a = require_tensor("values_a", values_a, ndim=1, kind="real", shape_hint="(unit,)")
     b = require_tensor("values_b", values_b, ndim=1, kind="real", shape_hint="(unit,)")
     # the inputs' own precision: a spread of the differences within their rounding is no spread
-    eps = max(torch.finfo(t.dtype).eps if t.is_floating_point() else 0.0 for t in (a, b)) or torch.finfo(
-        torch.float64).eps
+    # integers are exact: float64's epsilon times a score of 2**53 read differences [0, 3, 0] as one constant (spread
+    # within 8), refused with "minus values_a is 1 on every one of the 3 units"
+    eps = max(torch.finfo(t.dtype).eps if t.is_floating_point() else 0.0 for t in (a, b))
+    # integers are read in float64 below, exact only up to 2**53: beyond it [2**60, 5] and [2**60 + 3, 7] differed by
+    # [0, 2] (mean 1, not 2.5), silently
+    for name, t in (("values_a", a), ("values_b", b)):
+        if not t.is_floating_point() and t.dtype != torch.bool and bool((t.abs() > 2**53).any()):
+            raise argument_error(name, f"holds integers beyond 2**53 ({int(t[t.abs() > 2**53][0])}), which float64, "
+                                 "where the differences are taken, cannot hold exactly: the differences would be "
+                                 "rounded", "Subtract a common offset from both sides first (the differences do not "
+                                 "change), or pass float scores")
     a, b = a.double(), b.double()
     require_same_shape("values_b", b, "values_a", a)
     if a.shape[0] == 0:
@@ -288,7 +297,8 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
     share (an easy sentence is easy for both). The interval covers evaluation-sample noise only.
 
     Args:
-        values_a: ``(unit,)`` numbers for ``a``; NaN is refused (drop the unit from both sides instead).
+        values_a: ``(unit,)`` numbers for ``a``; NaN is refused (drop the unit from both sides instead), and so are
+            integers beyond 2**53, which the float64 differences cannot hold (integer scores are compared exactly).
         values_b: ``(unit,)`` floats for ``b``, unit ``i`` paired with ``values_a[i]``.
         confidence: of the two-sided interval, in (0, 1).
         n_resamples: bootstrap resamples (units drawn with replacement, ``n_units`` per resample).
