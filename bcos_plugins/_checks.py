@@ -726,6 +726,22 @@ def require_text_pairs(text_pairs, n: int) -> list[str] | None:
     return text_pairs
 
 
+def require_max_length_beyond_special_tokens(tokenizer, max_length: int | None, pairs: bool) -> None:
+    """Refuse a ``max_length`` that the special tokens ``tokenizer`` adds to each text (or pair) fill: a transformers
+    tokenizer ignores one below them (it logs and returns the whole text, so the text was explained / trained on
+    untruncated and marked not truncated), and one equal to them leaves the special tokens alone (a row of nothing of
+    the text). The one check of the paths that truncate texts themselves (``explain_dataset``, ``EncodedTexts``)."""
+    if max_length is None or not hasattr(tokenizer, "num_special_tokens_to_add"):
+        return
+    specials = tokenizer.num_special_tokens_to_add(pair=pairs)
+    needed = specials + (2 if pairs else 1)  # one token of each text of a pair
+    if max_length < needed:
+        what = "pair" if pairs else "text"
+        raise argument_error("max_length", f"{max_length} leaves no token of {'a text of ' if pairs else ''}the "
+                             f"{what}: the tokenizer adds {specials} special tokens to each {what} (and ignores a "
+                             "max_length below them)", f"Pass max_length={needed} or more")
+
+
 def require_labels(labels, num_labels: int, *, n: int | None = None) -> list[int]:
     """Class ids as a list of ints (a list or a tensor, one per text when ``n`` is given), read by the package's
     one per-row id parser (:func:`require_row_ids`): floats are refused, not truncated (``int(0.7) == 0`` would

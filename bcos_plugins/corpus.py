@@ -17,7 +17,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ._checks import require_count, require_tokenizer_object, rows_named_as, warn_if_another_models_tokenizer
+from ._checks import (
+    require_count,
+    require_max_length_beyond_special_tokens,
+    require_tokenizer_object,
+    rows_named_as,
+    warn_if_another_models_tokenizer,
+)
 from .attribution.targets import Direction
 from .attribution.text import forward_keywords, readable_tokenizer_outputs
 from .convert.architectures import position_limit, require_max_length_fits, vocabulary_size
@@ -263,14 +269,7 @@ def explain_dataset(
         # too long (an argument the caller never passed)
         max_length = require_count("max_length", max_length, minimum=1)
         require_max_length_fits(model, max_length)
-    # a max_length below the special tokens the tokenizer adds is ignored by it (it logs and returns the whole text,
-    # which was explained untruncated and marked not truncated), one equal to them leaves nothing of the text
-    specials = (tokenizer.num_special_tokens_to_add(pair=pairs is not None)
-                if hasattr(tokenizer, "num_special_tokens_to_add") else 0)
-    if max_length is not None and max_length <= specials:  # (None: the tokenizer's own model_max_length)
-        raise argument_error("max_length", f"{max_length} leaves no token of the text: the tokenizer adds {specials} "
-                             f"special tokens to each {'pair' if pairs is not None else 'text'} (and ignores a "
-                             "max_length below them)", f"Pass max_length={specials + 1} or more")
+    require_max_length_beyond_special_tokens(tokenizer, max_length, pairs is not None)
     device = next(model.parameters()).device
     columns: dict[str, list] = {"tokens": [], "input_ids": [], "scores": [], "explained": [], "target": [],
                                 "delta": [], "completeness_error": [], "truncated": []}

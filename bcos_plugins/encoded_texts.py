@@ -6,7 +6,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import require_count, require_row_ids, require_text_pairs, require_texts
+from ._checks import (
+    require_count,
+    require_max_length_beyond_special_tokens,
+    require_row_ids,
+    require_text_pairs,
+    require_texts,
+)
 from .convert.architectures import position_limit, require_max_length_fits
 from .errors import argument_error
 
@@ -32,6 +38,7 @@ class EncodedTexts(torch.utils.data.Dataset):
         if max_length is not None:
             # 0 gave rows of no token (trained on as empty texts), a negative or float one failed inside the tokenizer
             max_length = require_count("max_length", max_length)
+            require_max_length_beyond_special_tokens(tokenizer, max_length, text_pairs is not None)
         self.encodings = tokenizer(texts, text_pairs, truncation=True, max_length=max_length)
         self.labels = labels
         self.teacher_logits: list[list[float]] | None = None

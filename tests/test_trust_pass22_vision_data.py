@@ -159,3 +159,58 @@ def test_explanation_figure_refuses_a_map_of_another_size_than_its_image(tmp_pat
     with pytest.raises(BcosValueError, match=r"columns\['rollout'\]\[0\]: has shape \(6, 6\) .*\(8, 8\).*patch_size"):
         save_explanation_figure(tmp_path / "f.png", images, {"rollout": wrong})
     assert save_explanation_figure(tmp_path / "g.png", images, {"rollout": attention_rollout(attentions, 4)}).exists()
+
+
+def test_encoded_texts_refuse_a_max_length_the_special_tokens_fill(bert):
+    """EncodedTexts (the training helpers' dataset) with max_length=1 kept the whole text (the tokenizer ignores a
+    max_length below its special tokens), with 2 a row of [CLS] [SEP] trained on as the text, with 3 for pairs rows
+    of special tokens alone; explain_dataset's check (_checks.require_max_length_beyond_special_tokens)."""
+    from bcos_plugins.encoded_texts import EncodedTexts
+
+    _, tokenizer = bert
+    for max_length in (1, 2):
+        with pytest.raises(BcosValueError, match=r"^max_length: .*2 special tokens.*max_length=3"):
+            EncodedTexts(tokenizer, ["a gorgeous witty film", "dull"], [0, 1], max_length)
+    with pytest.raises(BcosValueError, match=r"^max_length: .*3 special tokens to each pair.*max_length=5"):
+        EncodedTexts(tokenizer, ["a gorgeous witty film", "dull"], [0, 1], 4, text_pairs=["b c", "e"])
+    rows = EncodedTexts(tokenizer, ["a gorgeous witty film", "dull"], [0, 1], 3).encodings["input_ids"]
+    assert [tokenizer.convert_ids_to_tokens(r) for r in rows] == [["[CLS]", "a", "[SEP]"], ["[CLS]", "dull", "[SEP]"]]
+
+
+def test_load_ag_news_names_a_header_line_its_files_do_not_have(tmp_path):
+    """load_ag_news reads files without a header; one with 'text<TAB>label' was refused as 'unknown AG News label
+    'label'' with labels as the fix, where the cause was the header line."""
+    from bcos_plugins.data import load_ag_news
+
+    path = tmp_path / "ag.tsv"
+    path.write_text("text\tlabel\nStocks rose\tBusiness\n", encoding="utf-8")
+    with pytest.raises(BcosValueError, match=r"line 1: unknown AG News label 'label' \(a header line\? .*drop it\)"):
+        load_ag_news(path=path)
+    path.write_text("Stocks rose\tBusiness\nThe team won\t1\n", encoding="utf-8")
+    data = load_ag_news(path=path)
+    assert data.texts == ["Stocks rose", "The team won"] and data.labels == [2, 1]
+
+
+def test_load_ioi_names_a_missing_field_a_bad_line_and_a_folder(tmp_path):
+    """load_ioi failed with KeyError('ioi_sentences') on rows without the column, AttributeError on a null sentence,
+    json's decode error on a line that is no JSON and IsADirectoryError on a folder; each named nothing."""
+    import json
+
+    from bcos_plugins.data import load_ioi
+
+    tokenizer = T.GPT2TokenizerFast.from_pretrained(shipped_data("gpt2_tokenizer"))
+    good = "Then, Tom and Anna had fun. Anna gave a ring to Tom"
+    path = tmp_path / "ioi.jsonl"
+    path.write_text(json.dumps({"sentence": good}) + "\n", encoding="utf-8")
+    with pytest.raises(BcosValueError, match=r"^column: .*line 1 has no field 'ioi_sentences' \(it holds \['sentence'\]"):
+        load_ioi(path, tokenizer=tokenizer)
+    assert load_ioi(path, column="sentence", tokenizer=tokenizer)[0].io == "Tom"
+    path.write_text(json.dumps({"ioi_sentences": None}) + "\n" + json.dumps({"ioi_sentences": good}) + "\n",
+                    encoding="utf-8")
+    prompts = load_ioi(path, tokenizer=tokenizer)  # the null row is skipped, as any unusable row
+    assert [(p.io, p.s) for p in prompts] == [("Tom", "Anna")]
+    path.write_text("{not json\n", encoding="utf-8")
+    with pytest.raises(BcosValueError, match=r"^path: .*line 1 is not JSON"):
+        load_ioi(path, tokenizer=tokenizer)
+    with pytest.raises(FileNotFoundError, match=r"^path: .*is not a file"):
+        load_ioi(tmp_path, tokenizer=tokenizer)

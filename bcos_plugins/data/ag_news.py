@@ -55,7 +55,9 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
             elif label.isdigit() and int(label) < len(AG_NEWS_LABELS):
                 y = int(label)
             else:
-                raise argument_error("path", f"{file}, line {number}: unknown AG News label {label!r}",
+                # a first line like 'text<TAB>label' is a header, which these files do not have: say so
+                header = " (a header line? AG News files have none: drop it)" if number == 1 else ""
+                raise argument_error("path", f"{file}, line {number}: unknown AG News label {label!r}{header}",
                                      f"Labels are one of {AG_NEWS_LABELS} or an id 0-3")
             rows.append((text, y))
     else:

@@ -422,6 +422,21 @@ def _parse_sentence(sentence: str) -> tuple[str, str, str, list, list] | None:
     return prompt, io, s, io_mentions, counts[s]
 
 
+def _jsonl_sentence(line: str, number: int, path, column: str):
+    """The ``column`` field of one jsonl line, refused naming the line where it is no JSON object holding it (a
+    KeyError or json's decode error named neither the file, the line nor the ``column`` argument)."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise argument_error("path", f"{path}, line {number} is not JSON ({err.msg})",
+                             "Pass one JSON object per line (.jsonl), or a .txt file of sentences") from None
+    if not isinstance(row, dict) or column not in row:
+        fields = sorted(row) if isinstance(row, dict) else type(row).__name__
+        raise argument_error("column", f"{path}, line {number} has no field {column!r} (it holds {fields})",
+                             "Pass column=<the field holding the sentences>")
+    return row[column]
+
+
 def load_ioi(
     path: str | Path | None = None,
     *,
@@ -452,18 +467,22 @@ def load_ioi(
 
         sentences = (row[column] for row in load_dataset(hub_name, split="train", streaming=True))
     else:
-        if path is None or not Path(path).exists():
+        # a folder passed .exists() and failed in read_text (IsADirectoryError)
+        if path is None or not Path(path).is_file():
             raise argument_error("path", f"{path!r} is not a file",
                                  "Pass a .jsonl / .txt file of IOI sentences, or source='hub' to use `datasets`",
                                  kind=BcosFileError)
         lines = Path(path).read_text(encoding="utf-8").splitlines()
         if str(path).endswith(".jsonl"):
-            sentences = (json.loads(line)[column] for line in lines if line.strip())
+            sentences = (_jsonl_sentence(line, number, path, column) for number, line in enumerate(lines, start=1)
+                         if line.strip())
         else:
             sentences = (line for line in lines if line.strip())
     prompts = []
     for sentence in sentences:
-        parsed = _parse_sentence(sentence)
+        # a null sentence failed inside the parser ('NoneType' has no attribute 'strip'): like any row that is no
+        # complete IOI sentence, it is skipped
+        parsed = _parse_sentence(sentence) if isinstance(sentence, str) else None
         if parsed is None:
             continue
         text, io, s, io_spans, s_spans = parsed
