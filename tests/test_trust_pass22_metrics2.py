@@ -124,3 +124,19 @@ def test_paired_scores_of_integers_float64_cannot_hold_are_refused_not_rounded()
     assert paired_bootstrap_difference([2**53, 0, 1], [2**53, 3, 1]).difference == 1.0
     assert constant_difference([2**53, 0, 1], [2**53, 3, 1]) is None
     assert constant_difference([2**53 - 2, 0, 1], [2**53, 2, 3]) == 2.0
+
+
+def test_integer_scores_above_float32s_exact_range_rank_and_sum_as_the_integers():
+    # before: integer scores were read in float32, which ties 2**24 + 1 with 2**24: the gold token ranked second by
+    # position (top-1 IoU 0 for 1, AP 0.5 for 1), and token_scores summed 2**24 + 1 to 2**24, silently
+    from bcos_plugins.metrics import average_precision, rationale_alignment, token_scores, top_k_iou
+
+    scores = torch.tensor([[2**24, 2**24 + 1, 3]])
+    gold = torch.tensor([[0, 1, 0]])
+    assert top_k_iou(scores, gold).tolist() == [1.0]
+    assert average_precision(scores, gold).tolist() == [1.0]
+    assert rationale_alignment(scores, gold).as_dict() == {"iou": 1.0, "auprc": 1.0, "n_rows": 1}
+    summed = token_scores(torch.tensor([[[2**24, 1], [1, 2**24]], [[2**24, 2], [3, 2**24]]]))
+    assert summed.dtype == torch.float64 and summed.tolist() == [[2**24 + 1] * 2, [2**24 + 2, 2**24 + 3]]
+    # float scores keep their dtype (at least float32)
+    assert token_scores(torch.ones(1, 2, dtype=torch.bfloat16)).dtype == torch.float32

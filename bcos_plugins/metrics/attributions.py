@@ -31,6 +31,13 @@ def share_counts(n: Int[Tensor, "..."], fractions: Float[Tensor, "..."] | float)
     return torch.clamp((n.double() * shares + 1e-9).floor().long(), min=1)
 
 
+def ranking_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the metrics rank and sum scores of ``dtype`` in: float64 for integer scores (float32 holds integers
+    exactly only up to 2**24: 2**24 + 1 tied with 2**24 and ranked below it by position, silently), else at least
+    float32 (float64 kept)."""
+    return at_least_float32(dtype) if dtype.is_floating_point else torch.float64
+
+
 def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch pos"]:
     """Per-token scores ``(batch, pos)`` from any method's attributions (see module docstring).
 
@@ -63,8 +70,9 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
     if attributions.is_complex() or attributions.dtype == torch.bool:
         raise argument_error("attributions", f"must be real numbers, got dtype {attributions.dtype}",
                              "Pass float attributions", kind=BcosTypeError)
-    # float64 attributions stay float64 (float32 would tie scores closer than its rounding and reorder the ranking)
-    scores = attributions.detach().to(at_least_float32(attributions.dtype))
+    # float64 attributions stay float64 (float32 would tie scores closer than its rounding and reorder the ranking),
+    # integer ones are read in float64
+    scores = attributions.detach().to(ranking_dtype(attributions.dtype))
     if scores.ndim < 2:
         raise argument_error("attributions", f"need a batch and a position dimension, got shape "
                              f"{tuple(scores.shape)}", "Add the batch dimension (attributions[None])")

@@ -32,8 +32,7 @@ from torch import Tensor
 
 from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
-from ..nn.functional import at_least_float32
-from .attributions import share_counts
+from .attributions import ranking_dtype, share_counts
 
 __all__ = ["RationaleAlignment", "rationale_alignment", "top_k_iou", "average_precision"]
 
@@ -60,7 +59,7 @@ def _check(scores: Tensor, gold_mask: Tensor, valid_mask: Tensor | None) -> tupl
     if bad.any():
         raise argument_error("scores", f"contain NaN or inf at valid positions in {bad_rows(bad)}",
                              "Fix the attribution method for those rows (or mark the positions invalid)")
-    return scores.detach().to(at_least_float32(scores.dtype)), gold, valid
+    return scores.detach().to(ranking_dtype(scores.dtype)), gold, valid
 
 
 def top_k_iou(
