@@ -140,3 +140,17 @@ def test_integer_scores_above_float32s_exact_range_rank_and_sum_as_the_integers(
     assert summed.dtype == torch.float64 and summed.tolist() == [[2**24 + 1] * 2, [2**24 + 2, 2**24 + 3]]
     # float scores keep their dtype (at least float32)
     assert token_scores(torch.ones(1, 2, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+def test_explanation_entropy_refuses_a_row_of_padding_only_and_keeps_the_hand_entropy_of_the_others():
+    # before: a row whose attention_mask is all zeros read entropy 0 (as if one token carried the whole explanation)
+    from bcos_plugins.metrics import explanation_entropy
+
+    scores = torch.tensor([[1.0, -3.0, 2.0, 5.0], [4.0, 1.0, 1.0, 2.0]], dtype=torch.float64)
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0]])
+    p0 = [3 / 10, 2 / 10, 5 / 10]
+    p1 = [4 / 5, 1 / 5]
+    expected = [-sum(p * math.log(p) for p in row) for row in (p0, p1)]
+    assert explanation_entropy(scores, mask).tolist() == pytest.approx(expected, rel=1e-14)
+    with pytest.raises(BcosValueError, match=r"^attention_mask: row\(s\) \[1\] have no real token"):
+        explanation_entropy(scores, torch.tensor([[0, 1, 1, 1], [0, 0, 0, 0]]))

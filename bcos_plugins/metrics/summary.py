@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import require_same_shape, require_tensor
+from .._checks import require_real_tokens, require_same_shape, require_tensor
 from ..attribution.results import relative_completeness_error
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
@@ -51,6 +51,8 @@ def explanation_entropy(attributions, attention_mask: Int[Tensor, "batch pos"] |
     if attention_mask is not None:
         attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
         require_same_shape("attention_mask", attention_mask, "attributions (as token scores)", scores)
+        # a row of padding only read entropy 0, "all of the explanation on one token", of a row with no token
+        require_real_tokens(attention_mask)
         scores = scores * attention_mask.to(scores.device, scores.dtype)
     # the entropy does not depend on the scale, so each row is divided by its largest score first: a row of scores
     # below the 1e-30 floor (a float64 B-cos ViT at B = 10 explains logits of 1e-57) read as almost no entropy
