@@ -214,3 +214,19 @@ def test_load_ioi_names_a_missing_field_a_bad_line_and_a_folder(tmp_path):
         load_ioi(path, tokenizer=tokenizer)
     with pytest.raises(FileNotFoundError, match=r"^path: .*is not a file"):
         load_ioi(tmp_path, tokenizer=tokenizer)
+
+
+def test_vit_from_pretrained_refuses_a_b_its_checkpoint_overrides(tmp_path):
+    """BcosViT.from_pretrained(folder, b=2.0) of a model saved at b=1.5 set config.b to 2.0 while every layer ran at
+    the B stored in the checkpoint (1.5): the config said one B and the explanations came from another, silently."""
+    from bcos_plugins.vision import BcosViT
+
+    torch.manual_seed(0)
+    model = BcosViT(BcosViTConfig(image_size=8, patch_size=4, hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=32, num_labels=3, b=1.5)).eval()
+    model.save_pretrained(tmp_path)
+    with pytest.raises(BcosValueError, match=r"^b: from_pretrained\(\.\.\., b=2\.0\) does not change .*\[1\.5\]"):
+        BcosViT.from_pretrained(tmp_path, b=2.0)
+    images = torch.rand(2, 1, 8, 8)
+    same = BcosViT.from_pretrained(tmp_path, b=1.5).eval()  # the stored B: loads as saved
+    assert same.config.b == 1.5 and torch.equal(same(images).logits, model(images).logits)

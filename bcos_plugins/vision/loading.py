@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import BcosValueError
+from ..errors import BcosValueError, argument_error
 
 __all__ = ["WholeCheckpointLoading"]
 
@@ -31,4 +31,19 @@ class WholeCheckpointLoading:
                 f"{sorted(missing)}, unexpected {sorted(info['unexpected_keys'])}, mismatched "
                 f"{info.get('mismatched_keys')} (the missing weights would be random). Restore the folder from the "
                 "original save_pretrained.")
+        _refuse_an_overridden_b(model, kwargs.get("b"))
         return (model, info) if output_loading_info else model
+
+
+def _refuse_an_overridden_b(model, requested) -> None:
+    """``from_pretrained(folder, b=2.0)`` set ``config.b`` to 2.0 while every layer ran at the B its checkpoint
+    stores (a loaded ``bcos_b`` is left alone): the model said one B and explained with another, silently."""
+    if requested is None:
+        return
+    stored = sorted({float(m.b) for m in model.modules() if hasattr(m, "bcos_b")})
+    if stored and stored != [float(requested)]:
+        raise argument_error("b", f"from_pretrained(..., b={requested}) does not change a saved model's B: the "
+                             f"checkpoint stores each layer's B ({stored}) and those run, while config.b would say "
+                             f"{requested}", "Leave b out to load the model as saved; to change B, set it on each "
+                             "B-cos layer after loading (for m in model.modules(): if hasattr(m, 'bcos_b'): m.b = "
+                             f"{requested}) and set model.config.b = {requested}")
