@@ -154,3 +154,24 @@ def test_explanation_entropy_refuses_a_row_of_padding_only_and_keeps_the_hand_en
     assert explanation_entropy(scores, mask).tolist() == pytest.approx(expected, rel=1e-14)
     with pytest.raises(BcosValueError, match=r"^attention_mask: row\(s\) \[1\] have no real token"):
         explanation_entropy(scores, torch.tensor([[0, 1, 1, 1], [0, 0, 0, 0]]))
+
+
+def test_seqpg_refuses_an_example_of_padding_only_and_keeps_the_hand_shares_of_the_others():
+    # before: an example whose attention_mask is all zeros scored 0 (a pointing game lost) and split (0, 0, 0)
+    from bcos_plugins.metrics import seqpg_evidence_split, seqpg_score
+
+    segments = torch.zeros(2, 2, 5, dtype=torch.bool)
+    segments[:, 0, 1:2] = True
+    segments[:, 1, 3:4] = True
+    scores = torch.tensor([[0.5, 2.0, 0.5, 1.0, -1.0], [0.0, 1.0, 0.0, 3.0, 0.0],
+                           [1.0, 1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 2.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    # example 0 (rows 0, 1; its last token padding): segment 0's class puts 2 of its 4 positive on segment 0, 1 on
+    # segment 1, 1 elsewhere; segment 1's class 3 of 4 on segment 1, 1 on segment 0. Example 1 (rows 2, 3): 1 of 5 on
+    # segment 0, 1 on segment 1, 3 elsewhere; then 2 of 2 on segment 1
+    expected = [(2 / 4 + 3 / 4) / 2, (1 / 4 + 1 / 4) / 2, (1 / 4 + 0) / 2, (1 / 5 + 1) / 2, (1 / 5 + 0) / 2, (3 / 5) / 2]
+    assert seqpg_evidence_split(scores, segments, mask).flatten().tolist() == pytest.approx(expected, rel=1e-14)
+    empty = torch.tensor([[1, 1, 1, 1, 0], [0, 0, 0, 0, 0]])
+    for call in (seqpg_score, seqpg_evidence_split):
+        with pytest.raises(BcosValueError, match=r"^attention_mask: row\(s\) \[1\] have no real token"):
+            call(scores, segments, empty)

@@ -31,6 +31,7 @@ from .._checks import (
     require_deterministic,
     require_float,
     require_int,
+    require_real_tokens,
     require_tensor,
     require_texts,
     warn_if_another_models_tokenizer,
@@ -283,6 +284,8 @@ def seqpg_evidence_split(
         if attention_mask.shape != (n, length):
             raise argument_error("attention_mask", f"has shape {tuple(attention_mask.shape)}, expected ({n}, {length})",
                                  "Pass SeqPGExamples.attention_mask")
+        # an example of padding only scored 0, a pointing game lost, for an example with no token
+        require_real_tokens(attention_mask)
         positive = positive * attention_mask.to(positive.device)[:, None, :].to(positive.dtype)
     # the shares do not depend on the scale, so each explanation is divided by its largest positive score first: the
     # total was floored at 1e-30, so scores below it (a float64 B-cos model at a large B explains logits of 1e-57) gave
