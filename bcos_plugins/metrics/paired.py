@@ -294,7 +294,9 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
 
     Use it for a per-unit score of two methods on the same units (e.g. the comprehensiveness of two explanation
     methods on the same sentences): resampling the pairs, not each method's values apart, keeps what the two
-    share (an easy sentence is easy for both). The interval covers evaluation-sample noise only.
+    share (an easy sentence is easy for both). The interval covers evaluation-sample noise only, and with few units a
+    percentile interval is narrower than its nominal level: on 20 units of normal differences a 95 % interval held the
+    true mean in 92 % of 400 simulated samples (2026-11-29, helper-152); score more units where the level matters.
 
     Args:
         values_a: ``(unit,)`` numbers for ``a``; NaN is refused (drop the unit from both sides instead), and so are
