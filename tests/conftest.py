@@ -67,6 +67,23 @@ def tiny_model(class_name: str, seed: int = 0):
     return getattr(T, class_name)(tiny_config(family)).eval()
 
 
+def tiny_bcos_model(class_name: str = "BertForSequenceClassification", b: float = 1.5):
+    """:func:`tiny_model` of ``class_name`` made B-cos, in eval mode."""
+    from bcos_plugins import bcosify
+
+    return bcosify(tiny_model(class_name), b=b, verbose=False).eval()
+
+
+def with_nan_embedding_row(model: torch.nn.Module, token: int) -> torch.nn.Module:
+    """A copy of ``model`` whose input embedding row ``token`` is NaN (a broken padding or real token)."""
+    import copy
+
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.get_input_embeddings().weight[token] = float("nan")
+    return broken
+
+
 def hooked_transformer_from_hf_or_none():
     """The adapter's ``hooked_transformer_from_hf`` under TransformerLens 3.x; under TransformerLens 4, which has no
     HookedTransformer, ``None`` once the adapter is seen to refuse it naming ``transformer_bridge_from_hf``: a test

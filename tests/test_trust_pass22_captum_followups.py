@@ -4,27 +4,13 @@ Each test fails on the behaviour before its fix."""
 
 from __future__ import annotations
 
-import copy
 import warnings
 
 import pytest
 import torch
-from conftest import padded_batch, tiny_model
+from conftest import padded_batch, tiny_bcos_model, with_nan_embedding_row
 
-from bcos_plugins import bcosify
 from bcos_plugins.errors import BcosTypeError, BcosValueError
-
-
-def _bcos(class_name: str = "BertForSequenceClassification"):
-    return bcosify(tiny_model(class_name), b=1.5, verbose=False).eval()
-
-
-def _with_nan_row(model, token: int):
-    broken = copy.deepcopy(model)
-    with torch.no_grad():
-        broken.get_input_embeddings().weight[token] = float("nan")
-    return broken
-
 
 # ------------------------------------------------ a padding token whose embedding is NaN
 
@@ -39,10 +25,10 @@ def test_layer_bcos_names_the_padding_tokens_nan_embedding():
     with pytest.raises(BcosValueError, match=r"^LayerBcos: .*NaN or infinite for rows \[1, 2\].*The padding "
                                              r"token's input embedding \(model\.get_input_embeddings\(\)\.weight\[0\]\) "
                                              r"is NaN or infinite.*weight\.data\[0\] = 0"):
-        LayerBcos(_with_nan_row(_bcos(), 0)).attribute(ids, target=1, additional_forward_args=(mask,))
+        LayerBcos(with_nan_embedding_row(tiny_bcos_model(), 0)).attribute(ids, target=1, additional_forward_args=(mask,))
     # a real token's broken row keeps the message that points at the rows' tokens, not the padding
     with pytest.raises(BcosValueError, match=r"^LayerBcos: .*check those rows' inputs") as caught:
-        LayerBcos(_with_nan_row(_bcos(), int(ids[0, 0]))).attribute(ids, target=1, additional_forward_args=(mask,))
+        LayerBcos(with_nan_embedding_row(tiny_bcos_model(), int(ids[0, 0]))).attribute(ids, target=1, additional_forward_args=(mask,))
     assert "padding" not in str(caught.value)
 
 
@@ -67,7 +53,7 @@ def test_layer_bcos_refuses_the_tokenizers_output_through_the_token_batch_check(
     with pytest.raises(BcosTypeError) as shared:
         token_batch_and_padding(enc, name="inputs", tokenizer_output_fix="FIX")
     with pytest.raises(BcosTypeError) as captum:
-        LayerBcos(_bcos()).attribute(enc, target=1)
+        LayerBcos(tiny_bcos_model()).attribute(enc, target=1)
     # the same problem, built by the one check; the fix is LayerBcos's
     problem = str(shared.value).split("FIX")[0]
     assert str(captum.value).startswith(problem), (str(captum.value), problem)
@@ -88,7 +74,7 @@ def test_float32_embeddings_of_a_bfloat16_model_warn_with_the_rounding_not_missi
     (the inputs_embeds text, whose fix, EmbeddingForward, was the call being made)."""
     from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward
 
-    model = _bcos().to(torch.bfloat16)
+    model = tiny_bcos_model().to(torch.bfloat16)
     ids, mask = padded_batch()
     fwd = EmbeddingForward(model)
     embeddings = fwd.embed(ids, mask)
@@ -103,7 +89,7 @@ def test_float32_embeddings_of_a_bfloat16_model_warn_with_the_rounding_not_missi
         warnings.simplefilter("error")
         BcosAttribution(fwd).attribute(embeddings, target=1, additional_forward_args=(mask,))
     # a function that is no EmbeddingForward keeps the missing-positions text: model(inputs_embeds=) adds positions
-    float_model = _bcos()
+    float_model = tiny_bcos_model()
     with pytest.warns(UserWarning, match=r"does not come from `inputs`.*inputs_embeds="):
         BcosAttribution(lambda e, m: float_model(inputs_embeds=e, attention_mask=m).logits, model=float_model).attribute(
             float_model.get_input_embeddings()(ids), target=1, additional_forward_args=(mask,))

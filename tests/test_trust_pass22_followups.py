@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as T
+from conftest import with_nan_embedding_row
 
 from bcos_plugins import bcosify, explain
 from bcos_plugins.errors import BcosTypeError, BcosValueError
@@ -127,25 +128,16 @@ def test_help_of_explain_carries_what_a_user_needs():
 # ------------------------------------------------ a padding token whose embedding is NaN
 
 
-def _with_nan_row(model, token: int):
-    import copy
-
-    broken = copy.deepcopy(model)
-    with torch.no_grad():
-        broken.get_input_embeddings().weight[token] = float("nan")
-    return broken
-
-
 def test_explain_names_the_padding_tokens_nan_embedding(bert):
     """A NaN padding embedding makes every padded row NaN (a masked key's weight 0 times NaN): the refusal said
     "check those rows' inputs and the embedding rows of their tokens", where the one broken row is the padding's."""
     with pytest.raises(BcosValueError, match=r"row\(s\) \[0\].*The padding token's input embedding "
                                              r"\(model\.get_input_embeddings\(\)\.weight\[0\]\) is NaN or infinite.*"
                                              r"weight\.data\[0\] = 0"):
-        explain(_with_nan_row(bert, 0), IDS, MASK)
+        explain(with_nan_embedding_row(bert, 0), IDS, MASK)
     # a real token's broken row keeps the message that points at the rows' tokens, not the padding
     with pytest.raises(BcosValueError, match=r"nothing finite to explain \(an input or an embedding row") as caught:
-        explain(_with_nan_row(bert, 7), IDS, MASK)
+        explain(with_nan_embedding_row(bert, 7), IDS, MASK)
     assert "padding" not in str(caught.value)
 
 
@@ -154,7 +146,7 @@ def test_predict_names_the_padding_tokens_nan_embedding():
     from bcos_plugins.pretrained import minilm_path
 
     tokenizer = T.AutoTokenizer.from_pretrained(minilm_path())
-    model = _with_nan_row(_tiny_bcos_bert(len(tokenizer)), tokenizer.pad_token_id)
+    model = with_nan_embedding_row(_tiny_bcos_bert(len(tokenizer)), tokenizer.pad_token_id)
     with pytest.raises(BcosValueError, match=rf"predict: .*texts \[1\].*The padding token's input embedding "
                                              rf"\(model\.get_input_embeddings\(\)\.weight\[{tokenizer.pad_token_id}\]"):
         predict(model, tokenizer, ["a gorgeous, witty film", "dull"], batch_size=2)

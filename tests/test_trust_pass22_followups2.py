@@ -4,11 +4,10 @@ blocks, NaN refusals that did not name a padding token's NaN embedding."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import transformers as T
+from conftest import with_nan_embedding_row
 
 from bcos_plugins import bcosify
 from bcos_plugins.errors import BcosTypeError, BcosValueError
@@ -89,13 +88,6 @@ def _tiny_bcos_gpt2(vocab_size: int = 50, **config):
     return bcosify(T.GPT2LMHeadModel(config), b=1.5, verbose=False).eval()
 
 
-def _with_nan_row(model, token: int):
-    broken = copy.deepcopy(model)
-    with torch.no_grad():
-        broken.get_input_embeddings().weight[token] = float("nan")
-    return broken
-
-
 def _names_padding_row(token: int) -> str:
     return rf"The padding token's input embedding \(model\.get_input_embeddings\(\)\.weight\[{token}\]\)"
 
@@ -103,7 +95,7 @@ def _names_padding_row(token: int) -> str:
 def test_perturbation_curves_names_the_padding_tokens_nan_embedding():
     from bcos_plugins.metrics import perturbation_curves
 
-    model = _with_nan_row(_tiny_bcos_bert(), 0)
+    model = with_nan_embedding_row(_tiny_bcos_bert(), 0)
     ids, mask = torch.tensor([[5, 6, 7, 0], [5, 6, 8, 9]]), torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     with pytest.raises(BcosValueError, match=r"perturbation_curves: .*examples \[0\].*" + _names_padding_row(0)):
         perturbation_curves(model, ids, mask, torch.rand(2, 4), special_tokens=mask == 0, target=0, fractions=[0.5])
@@ -114,12 +106,12 @@ def test_perplexity_names_the_padding_tokens_nan_embedding():
     window's last token) as "a model without a causal mask", and the padded windows' refusal did not name it."""
     from bcos_plugins.metrics.decoder import perplexity
 
-    model = _with_nan_row(_tiny_bcos_gpt2(), 0)
+    model = with_nan_embedding_row(_tiny_bcos_gpt2(), 0)
     with pytest.raises(BcosValueError, match=r"perplexity: .*windows \[0\].*" + _names_padding_row(0)):
         perplexity(model, [[5, 6, 7], [5, 6, 8, 9]], batch_size=2)
     # a first window whose own logits are NaN failed in the probe with "atol must be greater than or equal to zero,
     # but got -nan": refused where the windows are scored (id 0 is the config's padding id here)
-    model = _with_nan_row(_tiny_bcos_gpt2(pad_token_id=0), 0)
+    model = with_nan_embedding_row(_tiny_bcos_gpt2(pad_token_id=0), 0)
     with pytest.raises(BcosValueError, match=r"perplexity: .*windows \[0\].*" + _names_padding_row(0)):
         perplexity(model, [[5, 6, 0], [5, 6, 8, 9]], batch_size=2)
     # the probe still tells a model without a causal mask
@@ -133,7 +125,7 @@ def test_perplexity_names_the_padding_tokens_nan_embedding():
 def test_next_token_contrast_names_the_padding_tokens_nan_embedding():
     from bcos_plugins.metrics.decoder import next_token_contrast
 
-    model = _with_nan_row(_tiny_bcos_gpt2(), 0)
+    model = with_nan_embedding_row(_tiny_bcos_gpt2(), 0)
     ids, mask = torch.tensor([[5, 6, 7, 0], [5, 6, 8, 9]]), torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     with pytest.raises(BcosValueError, match=r"next_token_contrast: .*rows \[0\].*" + _names_padding_row(0)):
         next_token_contrast(model, ids, mask, target=torch.tensor([1, 1]), foil=torch.tensor([2, 2]))
@@ -144,7 +136,7 @@ def test_predict_labels_names_the_padding_tokens_nan_embedding():
     from bcos_plugins.space.zero_shot import predict_labels
 
     tokenizer = T.AutoTokenizer.from_pretrained(minilm_path())
-    model = _with_nan_row(_tiny_bcos_bert(len(tokenizer)), tokenizer.pad_token_id)
+    model = with_nan_embedding_row(_tiny_bcos_bert(len(tokenizer)), tokenizer.pad_token_id)
     with pytest.raises(BcosValueError, match=r"predict_labels: .*texts \[1\].*"
                                              + _names_padding_row(tokenizer.pad_token_id)):
         predict_labels(model, tokenizer, ["a gorgeous, witty film", "dull"], batch_size=2)

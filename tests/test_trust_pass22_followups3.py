@@ -3,26 +3,12 @@ behaviour before its fix."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from conftest import padded_batch, tiny_model
+from conftest import padded_batch, tiny_bcos_model, with_nan_embedding_row
 
 from bcos_plugins import bcosify
 from bcos_plugins.errors import BcosValueError
-
-
-def _bcos(class_name: str = "BertForSequenceClassification"):
-    return bcosify(tiny_model(class_name), b=1.5, verbose=False).eval()
-
-
-def _with_nan_row(model, token: int):
-    broken = copy.deepcopy(model)
-    with torch.no_grad():
-        broken.get_input_embeddings().weight[token] = float("nan")
-    return broken
-
 
 # ------------------------------------------------ EmbeddingForward.embed of a padding token whose embedding is NaN
 
@@ -34,14 +20,14 @@ def test_embedding_forward_embed_names_the_padding_tokens_nan_embedding():
     from bcos_plugins.adapters.captum import EmbeddingForward
 
     ids, mask = padded_batch()  # rows 1 and 2 padded with id 0
-    fwd = EmbeddingForward(_with_nan_row(_bcos(), 0))
+    fwd = EmbeddingForward(with_nan_embedding_row(tiny_bcos_model(), 0))
     with pytest.raises(BcosValueError, match=r"^input_ids: rows \[1, 2\] embed to NaN or infinite entries.*The "
                                              r"padding token's input embedding \(model\.get_input_embeddings\(\)"
                                              r"\.weight\[0\]\) is NaN or infinite.*weight\.data\[0\] = 0") as caught:
         fwd.embed(ids, mask)
     assert "baseline" not in str(caught.value)
     # finite rows: embed() returns the attribution-point tensor as before
-    assert torch.isfinite(EmbeddingForward(_bcos()).embed(ids, mask)).all()
+    assert torch.isfinite(EmbeddingForward(tiny_bcos_model()).embed(ids, mask)).all()
 
 
 # ------------------------------------------------ predict names the padding id the model was actually fed
@@ -61,7 +47,7 @@ def test_predict_names_the_rewritten_padding_ids_nan_embedding():
     torch.manual_seed(0)
     config = T.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64, n_ctx=64,
                           num_labels=2, pad_token_id=5, bos_token_id=101, eos_token_id=102)
-    model = _with_nan_row(bcosify(T.GPT2ForSequenceClassification(config).eval(), b=1.5, verbose=False).eval(), 5)
+    model = with_nan_embedding_row(bcosify(T.GPT2ForSequenceClassification(config).eval(), b=1.5, verbose=False).eval(), 5)
     texts = ["a gorgeous, witty and moving film", "dull"]
     assert 5 not in tokenizer(texts)["input_ids"][0] + tokenizer(texts)["input_ids"][1]
     with pytest.raises(BcosValueError, match=r"^predict: .*texts \[1\].*The padding token's input embedding "
