@@ -17,15 +17,17 @@ copy of itself in the same rounds) shows the run's noise floor. The forwards run
 explanation (``_forwards_then_explanations`` says why). Until 2026-11-28 the callables ran in one fixed order, the
 forwards among the explanations, and the ratio was of separate medians of 7: MiniLM's forward ratio read 1.09 where a
 forward-only process measures 1.14-1.16 (docs/benchmarks.md#bench-core-method).
-A second table has a row per family added with the architecture registry (Mistral, Qwen2, Qwen3, Gemma 2
-causal LMs, a ModernBERT classifier) at a small shape (2 layers, hidden 128, batch 4 x 32 tokens): the same
+Two more tables have a row per family added with the architecture registry (Mistral, Qwen2, Qwen3, Gemma 2
+causal LMs, a ModernBERT classifier), 2 layers each: at a small shape (hidden 128, batch 4 x 32 tokens), where a
+forward takes milliseconds and each B-cos layer's extra kernel launches show, and at MiniLM's width and batch (hidden
+384, MLP 1536, 16 x 64 tokens), the shape the MiniLM table and the goals are judged at. The same
 two ratios, Captum's IxG taken at the conventional model's attribution point. For a causal LM (explained at the
 next token after the prompt) IxG's forward passes ``logits_to_keep=1`` and ``use_cache=False``: it computes only
 the explained column's logits and no key/value cache, as ``explain`` does, so the ratio is the cost of exactness
 and not work the baseline does that ``explain`` skips (until 2026-11-28 IxG computed every column's logits and the
 cache: Qwen2's ratio was 0.98 against it, 1.06 against this baseline; docs/benchmarks.md).
 Environment: BENCH_BATCH (16), BENCH_LEN (64), BENCH_REPEATS (7: MiniLM's paired rounds), BENCH_FAMILY_ROUNDS (25:
-each family's; its calls take milliseconds), BENCH_SEED (0: the rounds' orders), BENCH_THREADS (1:
+each family's at the small shape; its calls take milliseconds), BENCH_FAMILY_WIDE_ROUNDS (9: at MiniLM's shape), BENCH_SEED (0: the rounds' orders), BENCH_THREADS (1:
 single-threaded timings are stable on a shared machine; 0 keeps torch's default).
 """
 
@@ -74,18 +76,30 @@ def _forwards_then_explanations(forwards: dict, explanations: dict, rounds: int,
     return PairedRounds({**forward.seconds, **explaining.seconds}, forward.orders + explaining.orders)
 
 
-def _family_models() -> dict:
-    """(stock class, tiny config) per family the registry added, at one small shape."""
+# The two shapes of the family table: the registry's small shape, where a forward is a few milliseconds and every
+# extra kernel launch shows, and MiniLM's own width and batch (the MiniLM table above), where the matrix products
+# dominate as they do in every real model (2026-11-29 decision, docs/benchmarks.md#family-shapes)
+FAMILY_SHAPES = {
+    "small": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  batch=4, length=32),
+    "MiniLM": dict(hidden_size=384, intermediate_size=1536, num_attention_heads=12, num_key_value_heads=4, head_dim=32,
+                   batch=16, length=64),
+}
+
+
+def _family_models(shape: str = "small") -> dict:
+    """(stock class, tiny config) per family the registry added, 2 layers at one of ``FAMILY_SHAPES``' widths."""
     import transformers as T
 
-    common = dict(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=4, max_position_embeddings=256, pad_token_id=0)
-    rotary = dict(common, num_key_value_heads=2, bos_token_id=1, eos_token_id=2)
+    width = {k: v for k, v in FAMILY_SHAPES[shape].items() if k not in ("batch", "length")}
+    heads = {"num_key_value_heads": width.pop("num_key_value_heads"), "head_dim": width.pop("head_dim")}
+    common = dict(vocab_size=1000, num_hidden_layers=2, max_position_embeddings=256, pad_token_id=0, **width)
+    rotary = dict(common, num_key_value_heads=heads["num_key_value_heads"], bos_token_id=1, eos_token_id=2)
     return {
         "Mistral": (T.MistralForCausalLM, T.MistralConfig(**rotary)),
         "Qwen2": (T.Qwen2ForCausalLM, T.Qwen2Config(**rotary)),
-        "Qwen3": (T.Qwen3ForCausalLM, T.Qwen3Config(**rotary, head_dim=32)),
-        "Gemma 2": (T.Gemma2ForCausalLM, T.Gemma2Config(**rotary, head_dim=32)),
+        "Qwen3": (T.Qwen3ForCausalLM, T.Qwen3Config(**rotary, head_dim=heads["head_dim"])),
+        "Gemma 2": (T.Gemma2ForCausalLM, T.Gemma2Config(**rotary, head_dim=heads["head_dim"])),
         "ModernBERT": (T.ModernBertForSequenceClassification,
                        T.ModernBertConfig(**common, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
                                           num_labels=2)),
@@ -127,12 +141,13 @@ def _family_rounds(cls, config, rounds: int, batch: int, length: int, seed: int)
         {"ixg": run_ixg, "ixg_again": run_ixg, "bcos": lambda: explain(bcos, ids, mask, target=target)}, rounds, seed)
 
 
-def family_rows(rounds: int, batch: int = 4, length: int = 32, seed: int = 0) -> list[str]:
-    """Markdown rows: family, then B-cos forward / conventional forward, B-cos explain / Captum IxG, conventional
-    forward / itself and IxG / itself, each the median of paired per-round ratios [interquartile range] in thread
-    CPU time, then the first two in wall-clock time."""
+def family_rows(rounds: int, shape: str = "small", seed: int = 0) -> list[str]:
+    """Markdown rows at one of ``FAMILY_SHAPES``: family, then B-cos forward / conventional forward, B-cos explain /
+    Captum IxG, conventional forward / itself and IxG / itself, each the median of paired per-round ratios
+    [interquartile range] in thread CPU time, then the first two in wall-clock time."""
+    batch, length = FAMILY_SHAPES[shape]["batch"], FAMILY_SHAPES[shape]["length"]
     rows = []
-    for family, (cls, config) in _family_models().items():
+    for family, (cls, config) in _family_models(shape).items():
         timed = _family_rounds(cls, config, rounds, batch, length, seed)
         cpu = [timed.ratio(n, d, "cpu").cell() for n, d in (("fwd_bcos", "fwd_conv"), ("bcos", "ixg"),
                                                             ("fwd_conv_again", "fwd_conv"), ("ixg_again", "ixg"))]
@@ -147,6 +162,7 @@ def main() -> None:
     length = env_int("BENCH_LEN", 64, minimum=1)
     rounds = env_int("BENCH_REPEATS", 7, minimum=1)
     family_rounds = env_int("BENCH_FAMILY_ROUNDS", 25, minimum=1)
+    family_wide_rounds = env_int("BENCH_FAMILY_WIDE_ROUNDS", 9, minimum=1)
     seed = env_int("BENCH_SEED", 0, minimum=0)
     threads = env_int("BENCH_THREADS", 1, minimum=0)
     if threads > 0:
@@ -210,18 +226,20 @@ def main() -> None:
         ratio = _ratio_cells(timed, key, base) if base else " | "
         print(f"| {label} | {timed.median(key, 'cpu'):.4f} / {timed.median(key, 'wall'):.4f} | {ratio} | "
               f"{f'<= {goal:.2f} ({GOALS})' if goal else ''} |")
-    print()
-    print("Families added with the architecture registry (2 layers, hidden 128, batch 4 x 32 tokens, random weights,"
-          f" B = 1.25), {family_rounds} paired rounds each (forwards, then explanations)")
-    print(f"Thread-CPU ratios, median of paired rounds [interquartile range]; the wall-clock medians last; goals <= "
-          f"{FORWARD_GOAL:.2f} forward, <= {EXPLAIN_GOAL:.2f} explain ({GOALS}); self-control: the conventional "
-          "model's forward and IxG against themselves")
-    print("| family | forward B-cos / conventional | B-cos explain / Captum IxG | self-control forward | "
-          "self-control IxG | wall: forward / explain |")
-    print("|---|---|---|---|---|---|")
-    for row in family_rows(family_rounds, seed=seed):
-        print(row)
-
+    for shape, rounds_here in (("small", family_rounds), ("MiniLM", family_wide_rounds)):
+        size = FAMILY_SHAPES[shape]
+        print()
+        print(f"Families added with the architecture registry at the {shape} shape (2 layers, hidden "
+              f"{size['hidden_size']}, MLP {size['intermediate_size']}, batch {size['batch']} x {size['length']} "
+              f"tokens, random weights, B = 1.25), {rounds_here} paired rounds each (forwards, then explanations)")
+        print(f"Thread-CPU ratios, median of paired rounds [interquartile range]; the wall-clock medians last; goals <= "
+              f"{FORWARD_GOAL:.2f} forward, <= {EXPLAIN_GOAL:.2f} explain ({GOALS}); self-control: the conventional "
+              "model's forward and IxG against themselves")
+        print("| family | forward B-cos / conventional | B-cos explain / Captum IxG | self-control forward | "
+              "self-control IxG | wall: forward / explain |")
+        print("|---|---|---|---|---|---|")
+        for row in family_rows(rounds_here, shape, seed=seed):
+            print(row)
 
 if __name__ == "__main__":
     main()
