@@ -68,8 +68,16 @@ class PairedAccuracyDifference:
 
     def non_inferior(self, margin: float) -> bool:
         """Whether ``b`` is no worse than ``a`` by more than ``margin`` (accuracy units): the interval's lower
-        end lies above ``-margin``."""
+        end lies above ``-margin``. A margin of 1 or more (100 points) is refused: accuracies differ by at most 1, so it
+        allows any difference (a margin written in points, 2 for two points, read as 200 points)."""
         margin = require_float("margin", margin, minimum=0.0)
+        if margin >= 1.0:
+            # accuracies are fractions (PairedAccuracyDifference's units): non_inferior(2), meant as two points,
+            # answered True for a variant 20 points worse, silently
+            raise argument_error("margin", f"is {margin:g} accuracy units ({100 * margin:g} points), but accuracies "
+                                 "differ by at most 1: the margin allows any difference",
+                                 f"Pass the margin in accuracy units (0.01 = one point, e.g. {margin / 100:g} for "
+                                 f"{margin:g} points)")
         return self.ci_low > -margin
 
     def as_dict(self) -> dict:

@@ -227,7 +227,8 @@ def refuse_target_unlike_explained(target: Tensor, explained: Tensor | None, sco
 
 def refuse_explanation_of_another_model(explanation: Any, logits: Tensor, target: Tensor, argument: str,
                                         fix: str) -> None:
-    """Refuse an explanation of the package whose explained values (``explanation.explained``, one per row) are not
+    """Refuse an explanation of the package whose model outputs (``explanation.logits``, one per row: the explained
+    values, plus what belongs to no token, a Space model's classifier bias) are not
     those of ``logits``, the scored model's outputs ``(batch, classes)`` on the explained inputs, at its class ids
     ``target`` (minus its foil's): it explains another model (other weights, another checkpoint of the architecture),
     so its ranking was scored on this model's confidences, silently. Explanations that do not say what they explain
@@ -237,6 +238,11 @@ def refuse_explanation_of_another_model(explanation: Any, logits: Tensor, target
     explained = getattr(explanation, "explained", None)
     if not isinstance(explained, Tensor) or not explained.is_floating_point() or explained.shape != target.shape:
         return
+    # a Space explanation's explained value leaves the classifier bias out (it belongs to no token): compared with the
+    # logit, its own model's explanation was refused as "made for another model"; its logits add the bias back
+    model_value = getattr(explanation, "logits", explained)
+    if isinstance(model_value, Tensor) and model_value.shape == explained.shape:
+        explained = model_value
     value = logits.gather(-1, target[:, None].to(logits.device)).squeeze(-1)
     foil = getattr(explanation, "foil", None)
     if foil is not None:
