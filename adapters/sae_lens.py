@@ -668,7 +668,10 @@ def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None,
 
     Other SAEs attached before the hook with ``use_error_term=True`` carry a share through their error terms:
     it is reported in ``sae_error_shares``, as for :func:`explain_logits`. On a plain model with non-zero biases
-    the contributions leave the biases' share out, without a warning (``completeness_error`` shows it).
+    the contributions leave the biases' share out, without a warning (``completeness_error`` shows it). Forward hooks
+    of the caller's that patch an activation (``model.hooks(...)``, ``add_hook``: an activation added or mean-ablated)
+    add a share no token carries: a ``UserWarning`` names the hooks when the contributions miss the explained value
+    by more than rounding, as :func:`~bcos_plugins.adapters.transformer_lens.explain_logits` does.
     """
     hook_name, feature = _check_feature_sae(model, sae, feature)
     # the model's own hook when it is there (unattached SAE, or a transcoder's input hook); otherwise the attached
@@ -712,7 +715,8 @@ def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None,
         return at_position - bias, targets, None
 
     explanation = explain_lens_value(model, tokens, feature_at, position=position, attention_mask=attention_mask,
-                                     result_class=SAEFeatureExplanation, feature=feature, hook_name=hook_name)
+                                     result_class=SAEFeatureExplanation, who="explain_sae_feature", feature=feature,
+                                     hook_name=hook_name)
     explanation.pre_activation = found["pre_activation"]
     explanation.bias_terms = bias.expand_as(found["pre_activation"]).clone()
     return explanation

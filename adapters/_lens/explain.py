@@ -157,20 +157,8 @@ def explain_logits(
         logits = run([])
         return resolve_explained(logits[torch.arange(logits.shape[0], device=logits.device), pos], target, foil)
 
-    forward_autocast: list[torch.dtype] = []
-    hooked = _user_hooked_points(model)
-    with recording_forward_autocast(model, forward_autocast):
-        result = explain_lens_value(model, tokens, logit_at, position=position, attention_mask=attention_mask)
-    # a share really missing is reported where it is known: SAE error terms in sae_error_shares, the terms of the
-    # caller's own hooks here (an activation patched in or mean-ablated does not come from the tokens: the
-    # contributions missed the logit by 25-660 % of it without a word); otherwise only the rounding
-    missing = (f"the forward hooks on {', '.join(hooked[:3])}{' ...' if len(hooked) > 3 else ''} add terms that "
-               "do not come from the tokens (a patched or mean-ablated activation); the contributions explain "
-               "only the tokens' share. Remove the hooks (model.reset_hooks()), or hook by scaling "
-               "(zero-ablation, a * 0.5), which keeps the explanation exact") if hooked else None
-    warn_if_incomplete([result.input_contributions], result.explained, forward_autocast, who="explain_logits",
-                       missing_share=missing, per_example="completeness_error")
-    return result
+    return explain_lens_value(model, tokens, logit_at, position=position, attention_mask=attention_mask,
+                              who="explain_logits")
 
 
 def require_finite_lens_weights(model) -> None:
@@ -189,7 +177,9 @@ def _user_hooked_points(model) -> list[str]:
     could not be laid at the hooks' door (and ``sae_error_capture`` hooks the SAEs' own points)."""
     if getattr(model, "acts_to_saes", None):
         return []
-    return [name for name, point in model.hook_dict.items() if getattr(point, "_forward_hooks", None)]
+    # getattr: a model that is no TransformerLens model at all is refused by require_explainable, after this
+    return [name for name, point in (getattr(model, "hook_dict", None) or {}).items()
+            if getattr(point, "_forward_hooks", None)]
 
 
 def explain_lens_value(
@@ -200,6 +190,7 @@ def explain_lens_value(
     position: int | Tensor | None = None,
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     result_class: type[LensExplanation] | None = None,
+    who: str = "explain_logits",
     **result_fields,
 ) -> LensExplanation:
     """The adapter's one explanation loop, for any value the model computes from its tokens: a logit
@@ -210,7 +201,45 @@ def explain_lens_value(
     and returns ``(explained (batch,), target, foil)``, the explained value attached to the autograd graph.
     A hook may end the forward pass early by raising; ``explained_at`` then catches it (the leaves captured
     before it are kept). ``result_fields`` go to ``result_class`` (a :class:`LensExplanation` subclass).
+
+    ``who`` (the public caller's name) heads the completeness warning: the caller's own forward hooks that patch
+    an activation add a share no token carries, named there (see :func:`_warn_if_hooks_incomplete`).
     """
+    forward_autocast: list[torch.dtype] = []
+    hooked = _user_hooked_points(model)
+    with recording_forward_autocast(model, forward_autocast):
+        result = _explain_lens_value(model, tokens, explained_at, position=position, attention_mask=attention_mask,
+                                     result_class=result_class, **result_fields)
+    _warn_if_hooks_incomplete(result, hooked, forward_autocast, who)
+    return result
+
+
+def _warn_if_hooks_incomplete(result: LensExplanation, hooked: list[str], forward_autocast: list[torch.dtype],
+                              who: str) -> None:
+    """A share really missing is reported where it is known: SAE error terms in sae_error_shares, the terms of the
+    caller's own hooks here (an activation patched in or mean-ablated does not come from the tokens: explain_logits'
+    contributions missed the logit by 25-660 % of it, explain_sae_feature's a feature's pre-activation by 95 %,
+    without a word); otherwise only the rounding."""
+    missing = (f"the forward hooks on {', '.join(hooked[:3])}{' ...' if len(hooked) > 3 else ''} add terms that "
+               "do not come from the tokens (a patched or mean-ablated activation); the contributions explain "
+               "only the tokens' share. Remove the hooks (model.reset_hooks()), or hook by scaling "
+               "(zero-ablation, a * 0.5), which keeps the explanation exact") if hooked else None
+    # stacklevel 4: the warning points at the line that called explain_logits / explain_sae_feature (their caller,
+    # through this function and explain_lens_value)
+    warn_if_incomplete([result.input_contributions], result.explained, forward_autocast, who=who,
+                       missing_share=missing, per_example="completeness_error", stacklevel=4)
+
+
+def _explain_lens_value(
+    model,
+    tokens: Int[Tensor, "batch pos"],
+    explained_at: Callable[[Callable[[list], Tensor], Tensor], tuple[Tensor, object, object]],
+    *,
+    position: int | Tensor | None = None,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    result_class: type[LensExplanation] | None = None,
+    **result_fields,
+) -> LensExplanation:
     require_explainable(model)
     tokens, attention_mask = check_lens_tokens(model, tokens, attention_mask)
     # normal copies of what was made under the caller's inference_mode: the forward's embedding lookup and the
