@@ -494,13 +494,20 @@ def _build(module: nn.Module, action, b: float) -> nn.Module:
     raise AssertionError(action)
 
 
-def _keep_requires_grad(module: nn.Module, replacement: nn.Module) -> None:
-    """Give each parameter of ``replacement`` the ``requires_grad`` of the parameter of ``module`` it is built from
-    (same name): a new parameter requires a gradient, so a model whose encoder was frozen before converting (to
-    train the head alone) trained its every B-cos layer and norm afterwards, without a word."""
-    for param_name, param in replacement.named_parameters(recurse=False):
+def _keep_source_parameters(module: nn.Module, replacement: nn.Module) -> None:
+    """Put into ``replacement`` the very parameters of ``module`` it is built from (same name, shape, dtype and device),
+    whose values it copied: a parameter held by two modules (a projection's weight tied by hand to another layer's,
+    ``layer1.dense.weight = layer0.dense.weight``) became two copies, trained apart afterwards without a word, and
+    one shared with a module bcosify keeps (an embedding) as well. It keeps each parameter's ``requires_grad`` too (a
+    new parameter requires a gradient: a model whose encoder was frozen before converting trained its every B-cos
+    layer and norm afterwards); a parameter of another form keeps at least that."""
+    for param_name, param in list(replacement.named_parameters(recurse=False)):
         source = module._parameters.get(param_name)
-        if source is not None:
+        if source is None:
+            continue
+        if (source.shape, source.dtype, source.device) == (param.shape, param.dtype, param.device):
+            replacement._parameters[param_name] = source
+        else:
             param.requires_grad_(source.requires_grad)
 
 
@@ -643,7 +650,7 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
             # and activation training (model.training False, its layers True), so the replacement takes the
             # training flag of the module it replaces
             replacement.train(module.training)
-            _keep_requires_grad(module, replacement)
+            _keep_source_parameters(module, replacement)
         converted[id(module)] = (module, replacement)
         setattr(parent, attr, replacement)
 
