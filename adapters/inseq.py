@@ -480,10 +480,24 @@ else:  # registered by an earlier import of this file
     PresentSumAggregationFunction = _previous_span_sum
 
 
+# step scores that a merged span of generated tokens sums, as it sums their columns' contributions: the attributed
+# logits (or logit differences) and the completeness gap, sum(contributions) - attributed value
+_SUMMED_STEP_SCORES = ("logit", "contrast_logits_diff", "deltas")
+
 _DIM_NAMES = {
     "source_attributions": {0: "Input Tokens", 1: "Generated Tokens", 2: "Embedding Dimension"},
     "target_attributions": {0: "Input Tokens", 1: "Generated Tokens", 2: "Embedding Dimension"},
 }
+
+
+def _names_the_sum(aggregator, aggregate_fn) -> bool:
+    """Whether an ``aggregate`` call names the sum over d_model: the aggregation function ``"sum"`` as the aggregator,
+    or inseq's scores aggregator (``"scores"``) with no function (a B-cos output's is the sum) or ``"sum"``; also as
+    one step of a pipeline (a list of aggregators, with a list of functions or none)."""
+    aggregators = list(aggregator) if isinstance(aggregator, list | tuple) else [aggregator]
+    functions = list(aggregate_fn) if isinstance(aggregate_fn, list | tuple) else [aggregate_fn] * len(aggregators)
+    return any(name == "sum" or ((name == "scores" or name is SequenceAttributionAggregator) and fn in (None, "sum"))
+               for name, fn in zip(aggregators, functions, strict=False))
 
 
 @dataclass(eq=False, repr=False)
@@ -493,7 +507,9 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
     Attributions are ``(tokens, generated tokens or classes, d_model)`` contributions; the default aggregation
     (``aggregate()``, ``show()``) is the signed, unnormalised sum over ``d_model``, and merging spans or subwords
     sums as well, so aggregated scores stay exact. Once aggregated to token level, the default aggregation is
-    none. Step score ``deltas``: ``sum of contributions - attributed value`` per column.
+    none. Step score ``deltas``: ``sum of contributions - attributed value`` per column; a merged span of generated
+    tokens sums its columns and its ``logit`` and ``deltas`` alike, and naming the sum (``aggregate("sum")``) gives
+    the unnormalised sum.
     """
 
     def __post_init__(self):
@@ -510,9 +526,12 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
         fns = self._dict_aggregate_fn
         for field in ("source_attributions", "target_attributions"):
             fns[field] = {"scores": "sum", "spans": PRESENT_SUM}
-        fns["step_scores"]["spans"]["deltas"] = "absmax"
         if carried_fns:
             fns.update(deepcopy(carried_fns))
+        # a merged span of generated tokens sums their columns, which then explain the sum of their attributed values:
+        # with inseq's default (absmax) the merged column's logit was the larger one and its deltas the larger gap, so
+        # "complete" was claimed for a column 0.45 off its logit (a saved output carries the old default: replaced too)
+        fns["step_scores"]["spans"].update(dict.fromkeys(_SUMMED_STEP_SCORES, "sum"))
         self._attribution_dim_names = deepcopy(carried_names) if carried_names else deepcopy(_DIM_NAMES)
         scores = self.source_attributions if self.source_attributions is not None else self.target_attributions
         if isinstance(scores, Tensor):
@@ -538,6 +557,16 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
             if scores is not None:
                 setattr(self, field, {name: recover(score) for name, score in scores.items()})
         return self
+
+    def aggregate(self, aggregator=None, aggregate_fn=None, *args, **kwargs):
+        """inseq's ``aggregate``, where an aggregator the caller names as the sum (``"sum"``, or inseq's ``"scores"``
+        aggregator with its B-cos function, the sum) sums without inseq's normalisation unless ``normalize`` or
+        ``rescale`` is given: each column was divided by its L1 norm, so the token scores of ``aggregate("sum")``,
+        ``show(aggregator="sum")`` and ``get_scores_dicts(aggregator="sum")`` no longer added up to the logit, silently
+        (0.48 off on a tiny GPT-2), while ``aggregate()`` gave the exact signed sum."""
+        if "normalize" not in kwargs and "rescale" not in kwargs and _names_the_sum(aggregator, aggregate_fn):
+            kwargs["normalize"] = False
+        return super().aggregate(aggregator, aggregate_fn, *args, **kwargs)
 
     # inseq 0.7.1's own bounds reduce over every score with max(), which fails on a row without columns (a row that
     # generated nothing: inseq's show() warns "Found empty attributions" for it, then failed here): such a row has no
