@@ -20,7 +20,7 @@ stock model it says how far plain input x gradient is from the explained value.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from jaxtyping import Float, Int
@@ -86,6 +86,22 @@ class Explanation:
         # printed whole (batch, pos, d_model) tensors for print(explanation), so every result type gets the short one
         if "__repr__" not in cls.__dict__:
             cls.__repr__ = Explanation.__repr__
+        # the same for __eq__: the generated one compared the tensors with ==, so two results of one call raised
+        # "Boolean value of Tensor with more than one value is ambiguous"
+        if "__eq__" not in cls.__dict__:
+            cls.__eq__ = Explanation.__eq__
+
+    def __eq__(self, other) -> bool:
+        """Value equality: the same result type, every field the same (tensors of one shape, dtype and device with
+        equal elements: :func:`~bcos_plugins.attribution.targets.same_values`); results hold tensors, so they are not
+        hashable."""
+        from .targets import same_values  # imported here, as in to(): targets imports nothing of this module
+
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(same_values(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+
+    __hash__ = None  # equal results must hash equal, and tensors' values cannot be hashed
 
     def __repr__(self) -> str:
         """One line: the class, the batch size, the positions (or the shape of a row), the target(s) and foil(s) and

@@ -32,6 +32,7 @@ __all__ = [
     "real_token_positions",
     "resolve_explained",
     "resolve_positions",
+    "same_values",
     "select_explained",
 ]
 
@@ -59,6 +60,17 @@ class Direction:
 
     vector: Tensor
 
+    def __eq__(self, other) -> bool:
+        # the generated __eq__ compared the vectors with ==, a tensor, and raised "Boolean value of Tensor with more
+        # than one value is ambiguous" for two Directions of one vector (and so for two results holding them)
+        if type(other) is not type(self):
+            return NotImplemented
+        return same_values(self.vector, other.vector)
+
+    def __hash__(self) -> int:
+        # equal Directions hash equal (the generated hash was the vector's id): the shape and dtype, not the values
+        return hash((type(self), tuple(self.vector.shape), self.vector.dtype))
+
     def __post_init__(self):
         # the package's one reading of lists (require_tensor): Python floats at Python's precision, float64, as the
         # other entry points read them; torch.as_tensor read them as float32, so a float64 model explained
@@ -84,6 +96,20 @@ class Direction:
             raise BcosValueError(f"{name}: Direction has {v.shape[0]} rows for a batch of {batch}. Pass one "
                                  "direction (n_outputs,) or one per row (batch, n_outputs).")
         return v.expand(batch, -1) if v.ndim == 1 else v
+
+
+def same_values(a, b) -> bool:
+    """Whether two fields of a result (or two Directions' vectors) hold the same thing, the one equality of the result
+    types and :class:`Direction`: tensors of one shape, dtype and device with equal elements (``torch.equal``; a meta
+    tensor equals only itself, having no values), Directions of the same vector, anything else by ``==``."""
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
+            return False
+        if a is b:
+            return True
+        return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and not a.is_meta
+                and bool(torch.equal(a, b)))
+    return bool(a == b)
 
 
 def parse_ids(value: IdsLike | Direction, batch: int, name: str, *, n_outputs: int | None = None,

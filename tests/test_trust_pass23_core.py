@@ -1,0 +1,67 @@
+"""Trust pass 23, the explanation core (``explain``, ``explain_dataset``, the attribution package, ``predict``): unusual
+inputs aimed where pass 22 did not look (every batching path, caller-given position / segment ids, the result objects'
+whole surface, real tokenizers slow and fast, state between calls), each checked against an independent computation
+(the text alone, the model's own forward). The cases that were silently wrong or crashed unhelpfully, one test each
+(the tally is in the CHANGELOG and the session's report).
+
+- ``explanation == other`` (two results of one call) and ``Direction(v) == Direction(v.clone())`` raised "Boolean value
+  of Tensor with more than one value is ambiguous": the dataclasses' generated ``__eq__`` compared tensors with ``==``.
+  Results and Directions now compare by value (one shape, dtype and device, equal elements), and equal Directions hash
+  equal.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from test_conformance import _stock
+
+from bcos_plugins import Direction, bcosify, explain
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+_MODELS: dict[str, torch.nn.Module] = {}
+
+
+def _bcos(name: str) -> torch.nn.Module:
+    """The B-cos model of ``name`` from its family's conformance config (built once; tests must not modify it)."""
+    if name not in _MODELS:
+        _MODELS[name] = bcosify(_stock(name), b=1.25, verbose=False)
+    return _MODELS[name]
+
+
+# ------------------------------------------------------------------ equality of results and Directions
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "LlamaForCausalLM"])
+def test_two_results_of_one_call_are_equal_and_results_of_other_calls_or_dtypes_are_not(name):
+    """The generated __eq__ raised "Boolean value of Tensor with more than one value is ambiguous" for two results of the
+    same call (and for any two results whose tensors were not the same objects)."""
+    model = _bcos(name)
+    ids, mask = torch.tensor([[5, 7, 9, 11], [3, 4, 8, 0]]), torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    target = None if "Classification" in name else 4
+    first, again = explain(model, ids, mask, target=target), explain(model, ids, mask, target=target)
+    assert first is not again and first.contributions is not again.contributions
+    assert first == again and not (first != again)
+    assert first == first.to("cpu") and first.to(torch.float64) == again.to(torch.float64)
+    assert first != first.to(torch.float64)  # the same numbers in another dtype are another result
+    assert first != explain(model, ids, mask, target=1 if target is None else 5)  # another target
+    assert first != explain(model, ids, mask, target=target, reduce="mean")
+    assert first != first.contributions and (first == None) is False  # noqa: E711 (== is what is tested)
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(first)
+
+
+def test_directions_of_one_vector_are_equal_and_hash_equal():
+    """Direction's generated __eq__ raised the same "ambiguous" error, and its generated hash was the vector's id, so two
+    Directions of one vector (and two results explaining them) could not be compared."""
+    vector = torch.randn(60, generator=torch.Generator().manual_seed(0))
+    one, other = Direction(vector), Direction(vector.clone())
+    assert one == other and hash(one) == hash(other) and len({one, other}) == 1
+    assert one != Direction(vector.double()) and one != Direction(vector + 1) and one != Direction(vector[None])
+    model = _bcos("LlamaForCausalLM")
+    ids = torch.tensor([[5, 7, 9], [3, 4, 8]])
+    assert explain(model, ids, target=one) == explain(model, ids, target=other)
+    assert explain(model, ids, target=one) != explain(model, ids, target=Direction(vector + 1))
