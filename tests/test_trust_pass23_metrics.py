@@ -75,3 +75,34 @@ def test_perturbation_curves_score_a_space_explanation_of_the_same_model_as_its_
     other = context_attribution(_space_model(1, bias=0.7), ids, mask, target=explanation.target)
     with pytest.raises(BcosValueError, match="made for another model"):
         perturbation_curves(model, ids, mask, other, special_tokens=special, fractions=(0.2, 0.5))
+
+
+# ------------------------------------------------------------------ paired accuracy: predictions collected row by row
+
+
+def test_paired_accuracy_difference_takes_a_list_of_0d_tensors_as_one_seed():
+    from bcos_plugins.metrics import paired_accuracy_difference
+
+    # one seed's predictions collected as [logits.argmax() for ...] failed with "len() of a 0-d tensor"
+    a = [torch.tensor(1), torch.tensor(0), torch.tensor(1), torch.tensor(0)]
+    b = [torch.tensor(1), torch.tensor(1), torch.tensor(1), torch.tensor(0)]
+    r = paired_accuracy_difference(a, b, [1, 1, 1, 0])
+    assert (r.n_seeds, r.n_examples) == (1, 4)
+    assert r.accuracy_a == (0.75,) and r.accuracy_b == (1.0,)  # by hand: 3 of 4 and 4 of 4 right
+    assert r.difference == pytest.approx(0.25) and (r.only_a_correct, r.only_b_correct) == (0, 1)
+    same = paired_accuracy_difference([1, 0, 1, 0], [1, 1, 1, 0], [1, 1, 1, 0])
+    assert (r.ci_low, r.ci_high) == (same.ci_low, same.ci_high)
+
+
+def test_paired_accuracy_difference_names_per_seed_arrays_of_different_lengths():
+    import numpy as np
+
+    from bcos_plugins.metrics import paired_accuracy_difference
+
+    ragged = [np.array([1, 0, 1]), np.array([1, 1])]
+    # was "must be a tensor of shape (seed, example), got list. Pass a torch.Tensor", for a list the docstring takes
+    with pytest.raises(BcosValueError, match=r"predictions_a: seeds have different numbers of examples \[2, 3\]"):
+        paired_accuracy_difference(ragged, ragged, [1, 1, 1])
+    even = paired_accuracy_difference([np.array([1, 0, 1]), np.array([0, 1, 1])],
+                                      [np.array([1, 1, 1]), np.array([0, 1, 1])], [1, 1, 1])
+    assert even.n_seeds == 2 and even.per_seed == pytest.approx((1 / 3, 0.0))

@@ -86,8 +86,12 @@ class PairedAccuracyDifference:
 
 def _as_seed_rows(name: str, value) -> Tensor:
     """``(seed, example)`` class ids from a tensor, one flat list (one seed) or a list of per-seed rows."""
+    # a row is a list or a 1-d tensor or array: a list of 0-d tensors (one seed's [logits.argmax() for ...]) failed
+    # with "len() of a 0-d tensor", and per-seed NumPy arrays of different lengths were named "must be a tensor, got
+    # list" instead of by their lengths
     if not isinstance(value, Tensor) and isinstance(value, Sequence) and value \
-            and isinstance(value[0], Sequence | Tensor):
+            and (isinstance(value[0], Sequence) and not isinstance(value[0], str | bytes)
+                 or getattr(value[0], "ndim", 0) >= 1):
         lengths = sorted({len(row) for row in value})
         if len(lengths) > 1:
             raise argument_error(name, f"seeds have different numbers of examples {lengths}",
