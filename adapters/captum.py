@@ -50,6 +50,7 @@ import html as _html
 import inspect
 import numbers
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -266,12 +267,16 @@ _MISSING_FROM_INPUTS = (
     "additional_forward_args=(attention_mask,)); otherwise pass every input the output depends on")
 
 
-def _rounded_embeddings_cause(rounded: Sequence[tuple[torch.dtype, torch.dtype]]) -> str:
+def _rounded_embeddings_cause(rounded: Sequence[tuple[torch.dtype, torch.dtype]], *, gap: bool = True) -> str:
+    """Why the explained values are not the ones given: EmbeddingForward rounded them to the model's dtype. ``gap``:
+    in a completeness warning (BcosAttribution's), where the rounding is the attributions' gap; otherwise the text of
+    EmbeddingForward's own warning (LayerBcos and Captum's own methods, which record no rounding)."""
     given, used = (str(dtype).removeprefix("torch.") for dtype in rounded[0])
+    so = (f"so the attributions of the {given} values miss the output by that rounding (no position is missing)" if gap
+          else f"so the output and its attributions are those of the rounded values, not of the {given} ones given")
     return (f"the inputs are {given} and EmbeddingForward rounded them to {used}, the dtype the model computes in at "
-            f"its attribution point, so the attributions of the {given} values miss the output by that rounding (no "
-            "position is missing). Pass embeddings in the model's dtype (fwd.embed(ids, mask) returns them; cast a "
-            "baseline or noise with .to(embeddings.dtype)), or run the model in float32 (model.float())")
+            f"its attribution point, {so}. Pass embeddings in the model's dtype (fwd.embed(ids, mask) returns them; "
+            "cast a baseline or noise with .to(embeddings.dtype)), or run the model in float32 (model.float())")
 
 
 # the (given, used) dtypes of embeddings EmbeddingForward rounded in this thread's forward, where a caller records them
@@ -474,11 +479,17 @@ class EmbeddingForward(nn.Module):
 
 def _swapped_in(embeddings: Tensor, dtype: torch.dtype) -> Tensor:
     """``embeddings`` in the dtype the model computes in at its attribution point; a rounding to a coarser dtype
-    (float32 embeddings of a bfloat16 model) is recorded for the caller's completeness warning, whose gap it is."""
+    (float32 embeddings of a bfloat16 model) is recorded for the caller's completeness warning, whose gap it is, or,
+    where no caller records it (LayerBcos, Captum's own methods, a direct call), warned about here with the same
+    cause: those explained the rounded values without a word."""
     into = getattr(_EMBEDDING_ROUNDING, "into", None)
-    if (into is not None and embeddings.dtype != dtype and dtype.is_floating_point
+    if (embeddings.dtype != dtype and dtype.is_floating_point
             and torch.finfo(dtype).eps > torch.finfo(embeddings.dtype).eps):
-        into.append((embeddings.dtype, dtype))
+        if into is not None:
+            into.append((embeddings.dtype, dtype))
+        else:
+            warnings.warn("EmbeddingForward: " + _rounded_embeddings_cause([(embeddings.dtype, dtype)], gap=False),
+                          stacklevel=2)
     return embeddings.to(dtype)
 
 
