@@ -106,3 +106,48 @@ def test_paired_accuracy_difference_names_per_seed_arrays_of_different_lengths()
     even = paired_accuracy_difference([np.array([1, 0, 1]), np.array([0, 1, 1])],
                                       [np.array([1, 1, 1]), np.array([0, 1, 1])], [1, 1, 1])
     assert even.n_seeds == 2 and even.per_seed == pytest.approx((1 / 3, 0.0))
+
+
+# ------------------------------------------------------------------ one-logit classifiers: the softmax of one logit is 1
+
+
+def test_perturbation_curves_refuse_the_softmax_of_a_one_logit_classifier_and_score_its_sigmoid():
+    from bcos_plugins.metrics import perturbation_curves
+
+    torch.manual_seed(0)
+    model = T.BertForSequenceClassification(tiny_config("bert", num_labels=1)).eval().double()
+    ids, mask = padded_rows([7, 5], 8, "right", seed=0)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    special[:, 0] = True
+    scores = torch.tensor([[0.0, 5, 4, 3, 2, 1, 0.5, 0.25]] * 2, dtype=torch.float64)
+    # every curve was 0 (P = 1 with and without the tokens), every method's AOPC 0, without a word
+    with pytest.raises(BcosValueError, match="probability: is 'softmax', but BertForSequenceClassification returns one "
+                                             "logit per row.*Pass probability='sigmoid'"):
+        perturbation_curves(model, ids, mask, scores, special_tokens=special, fractions=(0.5,))
+    curves = perturbation_curves(model, ids, mask, scores, special_tokens=special, fractions=(0.5,),
+                                 probability="sigmoid")
+    # by hand, row 0 alone: 6 perturbable tokens, the top 3 (positions 1, 2, 3) removed through the attention mask
+    row = ids[:1, :7]
+    with torch.no_grad():
+        full = model(input_ids=row, attention_mask=torch.ones_like(row)).logits.sigmoid()[0, 0]
+        removed = model(input_ids=row, attention_mask=torch.tensor([[1, 0, 0, 0, 1, 1, 1]])).logits.sigmoid()[0, 0]
+    assert float(curves.comprehensiveness[0, 0]) == pytest.approx(float(full - removed), abs=1e-12)
+    assert float(curves.comprehensiveness[0, 0]) != 0.0
+
+
+def test_pixel_perturbation_refuses_the_softmax_of_a_one_logit_model_and_scores_its_logit():
+    from bcos_plugins.metrics import pixel_perturbation
+
+    def forward(x):  # one logit per image: three times its first pixel
+        return 3.0 * x.flatten(1)[:, :1]
+
+    images = torch.rand(2, 1, 4, 4, generator=torch.Generator().manual_seed(0)) + 0.5
+    maps = torch.zeros(2, 4, 4)
+    maps[:, 0, 0] = 1.0  # the first pixel ranks first
+    # both curves were flat at 1 and the area between them 0 for any map, silently
+    with pytest.raises(BcosValueError, match="score: is 'softmax', but forward returns one logit per image"):
+        pixel_perturbation(forward, images, maps, 0, fractions=(0.0, 0.5, 1.0))
+    result = pixel_perturbation(forward, images, maps, 0, fractions=(0.0, 0.5), score="logit")
+    first = 3.0 * images[:, 0, 0, 0]
+    torch.testing.assert_close(result.most_first, torch.stack([first, torch.zeros(2)], 1))  # removed to 0 at once
+    torch.testing.assert_close(result.least_first, torch.stack([first, first], 1))  # kept until the last half

@@ -193,6 +193,12 @@ def _scores(forward: Callable, inputs: Tensor, target: Tensor, score: str) -> Te
     # scored in at least float32 (exact widening), as the text metrics' probabilities: a half-precision softmax keeps 3
     # significant digits, so a bfloat16 ViT's curves were off by up to 5e-4 and its area between them rounded
     logits = logits.to(at_least_float32(logits.dtype))
+    if score == "softmax" and logits.shape[1] == 1:
+        # the softmax of one logit is 1 whatever the image: both curves of a one-logit model were flat at 1 and every
+        # map's area between them 0, silently
+        raise argument_error("score", "is 'softmax', but forward returns one logit per image, whose softmax is 1 "
+                             "whatever the image (both curves would be flat)",
+                             "Pass score='sigmoid' (a binary classifier with one logit) or score='logit'")
     if score == "softmax":
         values = torch.softmax(logits, dim=-1)
     elif score == "sigmoid":

@@ -472,6 +472,12 @@ def perturbation_curves(
     batch, n_fr, length = top.shape
 
     full_logits = _class_logits(model, call, range(batch))
+    if probability == "softmax" and full_logits.shape[-1] == 1:
+        # the softmax of one logit is 1 whatever the input: every curve of a one-logit classifier (num_labels=1, a
+        # binary one trained with a sigmoid) was 0, every method's AOPC 0, silently
+        raise argument_error("probability", f"is 'softmax', but {type(model).__name__} returns one logit per row, "
+                             "whose softmax is 1 whatever the input (every curve would be 0)",
+                             "Pass probability='sigmoid' for a binary classifier with one logit")
     full = full_logits.softmax(-1) if probability == "softmax" else full_logits.sigmoid()
     if not isinstance(model, nn.Module):
         # eval mode cannot reach a model inside a function: in training mode (dropout) every perturbed row was scored
