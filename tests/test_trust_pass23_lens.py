@@ -76,3 +76,90 @@ def test_explain_sae_feature_warns_when_the_callers_hook_patches_an_activation(h
         own = _own_pre_activation(model, sae, 3)
     torch.testing.assert_close(halved.pre_activation, own, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(halved.total + halved.bias_terms, halved.pre_activation, rtol=1e-5, atol=1e-5)
+
+
+def _d_model_shift(model) -> torch.Tensor:
+    return torch.linspace(-1, 1, model.cfg.d_model)
+
+
+# (hook, what it does, the cache call that read past it, what the components are checked against independently)
+_CHANGING_HOOKS = [
+    ("blocks.1.hook_resid_pre", lambda x, hook: x * 0.5,
+     lambda cache: cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=3, pos_slice=-1), "stream"),
+    ("blocks.0.hook_resid_mid", lambda x, hook: x + torch.linspace(-1, 1, x.shape[-1]),
+     lambda cache: cache.get_full_resid_decomposition(expand_neurons=False), "stream"),
+    ("blocks.0.hook_attn_out", lambda x, hook: x * 0, lambda cache: cache.stack_head_results(layer=-1), "heads"),
+    ("blocks.0.hook_mlp_out", lambda x, hook: x + torch.linspace(-1, 1, x.shape[-1]),
+     lambda cache: cache.stack_neuron_results(layer=-1), "neurons"),
+    ("ln_final.hook_normalized", lambda x, hook: x + torch.linspace(-1, 1, x.shape[-1]),
+     lambda cache: cache.logit_attrs(cache.accumulated_resid(pos_slice=-1), tokens=3, pos_slice=-1), "final"),
+]
+
+
+def _components_miss(cache, clean, model, check: str) -> float:
+    """How far the cached value a decomposition splits is from what its components sum to, by hand from the caches
+    (``clean``: the same forward without the hook): the stream against embeddings + attention + MLP outputs, a block's
+    output against the one its heads / neurons computed (the clean run's: the hook sits after them), the final norm's
+    output against the centred stream over its cached scale."""
+    last = model.cfg.n_layers - 1
+    if check == "stream":
+        total = cache["hook_embed"] + cache["hook_pos_embed"]
+        for layer in range(model.cfg.n_layers):
+            total = total + cache[f"blocks.{layer}.hook_attn_out"] + cache[f"blocks.{layer}.hook_mlp_out"]
+        return float((total - cache[f"blocks.{last}.hook_resid_post"]).abs().max())
+    if check in ("heads", "neurons"):
+        name = "blocks.0.hook_attn_out" if check == "heads" else "blocks.0.hook_mlp_out"
+        return float((cache[name] - clean[name]).abs().max())
+    resid = cache[f"blocks.{last}.hook_resid_post"]
+    centred = resid - resid.mean(-1, keepdim=True)
+    return float((centred / cache["ln_final.hook_scale"] - cache["ln_final.hook_normalized"]).abs().max())
+
+
+@pytest.mark.parametrize(("hook", "change", "call", "check"), _CHANGING_HOOKS, ids=[h[0] for h in _CHANGING_HOOKS])
+def test_a_cache_run_under_a_hook_that_changed_what_it_decomposes_is_refused(hook, change, call, check):
+    """run_with_cache under the caller's hook that patches or ablates the residual stream, an attention / MLP output or
+    the final norm's output: TransformerLens' decompositions split the cache into components computed before the hook
+    (embeddings, attention and MLP outputs; per-head / per-neuron results from z / post; the stack over the cached
+    norm scale), which no longer sum to the patched value. decompose_resid + logit_attrs missed a logit by 0.014,
+    stack_head_results kept a zero-ablated attn_out's heads (0.67 off), logit_attrs under a patched ln_final output
+    missed 0.087, all without a word. The cache now refuses, naming the hook."""
+    from bcos_plugins.errors import BcosValueError
+
+    _, model = _hooked()
+    _, clean = model.run_with_cache(TOKENS)
+    with model.hooks(fwd_hooks=[(hook, change)]):
+        _, cache = model.run_with_cache(TOKENS)
+    assert _components_miss(cache, clean, model, check) > 1e-2  # what the refusal is about
+    with pytest.raises(BcosValueError, match=rf"cache: .*hook at {hook} that changed the value there.*reset_hooks"):
+        call(cache)
+
+
+def test_a_cache_run_under_hooks_that_keep_the_sums_decomposes_as_without_them():
+    """Hooks that only read (at every hook point), or change what the components are computed from (a head's z
+    zero-ablated, a scale, the embeddings), keep the decompositions exact: nothing is refused, the read-only run's
+    decompositions are bit-identical to the unhooked ones, and a zero-ablated head's results sum to hook_attn_out."""
+    _, model = _hooked()
+    calls = [lambda c: c.decompose_resid(apply_ln=True), lambda c: c.get_full_resid_decomposition(apply_ln=True),
+             lambda c: c.get_full_resid_decomposition(layer=1, mlp_input=True), lambda c: c.stack_head_results(),
+             lambda c: c.stack_neuron_results(layer=-1, apply_ln=True),
+             lambda c: c.logit_attrs(c.decompose_resid(pos_slice=-1), tokens=3, pos_slice=-1)]
+    _, clean = model.run_with_cache(TOKENS)
+    with model.hooks(fwd_hooks=[(name, lambda x, hook: x) for name in model.hook_dict]):
+        _, read_only = model.run_with_cache(TOKENS)
+    assert read_only.hooked_at_run  # the hooks were there
+    for call in calls:
+        assert torch.equal(call(read_only), call(clean))
+
+    def ablate_head_0(z, hook):
+        z[:, :, 0] = 0
+        return z
+
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", ablate_head_0), ("hook_embed", lambda x, hook: x * 0.5),
+                                ("blocks.1.attn.hook_bcos_scale_o", lambda x, hook: x * 3)]):
+        logits, cache = model.run_with_cache(TOKENS)
+    heads = cache.stack_head_results(layer=-1)
+    attn_out = cache["blocks.0.hook_attn_out"] + cache["blocks.1.hook_attn_out"]
+    torch.testing.assert_close(heads.sum(0), attn_out, rtol=1e-5, atol=1e-6)
+    assert heads[0].abs().max() == 0  # L0H0, ablated
+    attrs = cache.logit_attrs(cache.get_full_resid_decomposition(pos_slice=-1), tokens=3, pos_slice=-1)
+    torch.testing.assert_close(attrs.sum(0), logits[:, -1, 3], rtol=1e-5, atol=1e-5)

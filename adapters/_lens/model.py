@@ -334,6 +334,9 @@ class ExactCacheHookedTransformer(HookedTransformer):
 
     def run_with_cache(self, *model_args, return_cache_object: bool = True, remove_batch_dim: bool = False,
                        **kwargs):
+        # the caller's forward hooks (model.hooks(...), add_hook), which TransformerLens runs before its caching hooks:
+        # the cache records what they left, and its decompositions refuse where that is out of step with the sums
+        hooked = tuple(name for name, point in self.hook_dict.items() if point._forward_hooks)
         if remove_batch_dim and getattr(self.cfg, "use_qk_norm", False):
             # TransformerLens caches QK-norm's hooks (Qwen3's q_norm / k_norm) as (batch * pos * heads, ...) rows, and
             # its remove_batch_dim took row 0 of them and then sliced positions on a dimension they no longer had:
@@ -348,7 +351,9 @@ class ExactCacheHookedTransformer(HookedTransformer):
                 *model_args, return_cache_object=False, remove_batch_dim=remove_batch_dim, **kwargs)
         if not return_cache_object:
             return out, cache_dict
-        return out, BcosActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
+        cache = BcosActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
+        cache.hooked_at_run = hooked
+        return out, cache
 
 
 class BcosHookedTransformer(ExactCacheHookedTransformer):
