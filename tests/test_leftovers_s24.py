@@ -34,3 +34,24 @@ def test_layer_bcos_and_captums_own_methods_warn_when_embedding_forward_rounds_f
     with pytest.warns(UserWarning, match=rounded):
         fwd(embeddings.float(), mask)
 
+
+# ------------------------------------------------ 1b. integers read in float32
+
+
+def test_at_least_float32_reads_integers_in_float64_so_visualization_records_keep_large_integer_scores():
+    """at_least_float32 turned integers into float32, which rounds every integer above 2**24: integer scores given to
+    visualization_records came back 2**24 + 1 -> 2**24 (the rationale metrics had the same rounding, fixed there alone).
+    Integers (and flags) are now read in float64, exact to 2**53; floating dtypes are unchanged."""
+    from bcos_plugins.adapters.captum import visualization_records
+
+    from bcos_plugins.nn.functional import at_least_float32
+
+    for dtype in (torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool):
+        assert at_least_float32(dtype) == torch.float64, dtype
+    for dtype, wide in ((torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float32, torch.float32),
+                        (torch.float64, torch.float64)):
+        assert at_least_float32(dtype) == wide
+    big = 2**24 + 1
+    (record,) = visualization_records(scores=[torch.tensor([big, 3])], tokens=[["a", "b"]])
+    assert record.word_attributions.tolist() == [big, 3]
+    assert record.attr_score == big + 3

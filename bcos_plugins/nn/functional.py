@@ -91,11 +91,15 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def at_least_float32(dtype: torch.dtype) -> torch.dtype:
-    """``dtype`` widened to float32 if it is narrower (float16, bfloat16, integers), float64 kept: the dtype the package
-    sums, ranks and takes softmaxes in, where half precision keeps 3 significant digits (it hid completeness gaps and
-    tied close scores) and float32 would undo a float64 model's precision."""
+    """``dtype`` widened to float32 if it is a narrower float (float16, bfloat16), float64 kept, integers and booleans
+    read in float64: the dtype the package sums, ranks and takes softmaxes in, where half precision keeps 3
+    significant digits (it hid completeness gaps and tied close scores) and float32 would undo a float64 model's
+    precision. Integers (scores, counts, ids) go to float64, exact to 2**53: float32 rounded every integer above 2**24
+    (2**24 + 1 read as 2**24), silently."""
     if dtype in _FLOATS_WIDENED:  # (the floating dtypes without a dispatched op: the backward passes ask per layer)
         return _FLOATS_WIDENED[dtype]
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return torch.float64
     return torch.promote_types(dtype, torch.float32)
 
 
