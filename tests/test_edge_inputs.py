@@ -189,11 +189,21 @@ def test_rationale_alignment_any_input(scores, k, data):
     event("answered")
     valid_b = torch.ones_like(gold, dtype=torch.bool) if valid is None else valid.bool()
     has_gold = (gold.bool() & valid_b).any(1)
-    for per_row in (result.iou_per_row, result.auprc_per_row):
-        assert torch.equal(per_row.isnan(), ~has_gold)  # NaN exactly where a row has no rationale (documented)
-        ok = per_row[has_gold]
+    # rows whose valid scores are all equal have no ranking: top_k_iou leaves them out unless k takes every valid token
+    wide = scores.double()
+    tied = wide.masked_fill(~valid_b, math.inf).amin(1) == wide.masked_fill(~valid_b, -math.inf).amax(1)
+    n_gold, n_valid = (gold.bool() & valid_b).sum(1), valid_b.sum(1)
+    iou_nan = result.iou_per_row.isnan()
+    assert torch.equal(result.auprc_per_row.isnan(), ~has_gold)  # NaN exactly where a row has no rationale (documented)
+    assert torch.equal(iou_nan & ~tied, ~has_gold & ~tied)  # the same for the IoU of rows with a ranking
+    assert iou_nan[~has_gold].all()
+    if k is None:  # k = the row's gold tokens: a tied row is left out where they are not all its valid tokens
+        assert torch.equal(iou_nan, ~has_gold | (tied & (n_gold < n_valid)))
+    for per_row, counted in ((result.iou_per_row, ~iou_nan), (result.auprc_per_row, has_gold)):
+        ok = per_row[counted]
         assert ((ok >= 0) & (ok <= 1 + 1e-6)).all()
     assert result.n_rows == int(has_gold.sum())
+    assert result.n_iou_rows == int((~iou_nan).sum())
     # a ranking that puts the rationale first is perfect
     if has_gold.all() and k is None:
         perfect = M.rationale_alignment(gold.double() + 0.01 * torch.rand(gold.shape, dtype=torch.float64),

@@ -55,3 +55,28 @@ def test_at_least_float32_reads_integers_in_float64_so_visualization_records_kee
     (record,) = visualization_records(scores=[torch.tensor([big, 3])], tokens=[["a", "b"]])
     assert record.word_attributions.tolist() == [big, 3]
     assert record.attr_score == big + 3
+
+
+# ------------------------------------------------ 1c. top_k_iou on rows whose scores are all tied
+
+
+def test_top_k_iou_leaves_out_rows_whose_valid_scores_are_all_tied_as_mrr_does():
+    """A row whose valid scores are all equal (all zero: a method that found nothing) has no ranking, and top_k_iou
+    scored it by the tie rule (the earliest tokens first): a perfect 1.0 where the gold tokens come first. MRR leaves
+    such rows out; top_k_iou now gives them NaN, left out of rationale_alignment's mean like rows without gold."""
+    from bcos_plugins.metrics import rationale_alignment, top_k_iou
+
+    gold = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 1], [1, 0, 0, 0]])
+    scores = torch.tensor([[0.0, 0.0, 0.0, 0.0],  # all zero: gold first, the tie rule gave 1.0
+                           [0.9, 0.8, 0.1, 0.0],  # a real ranking: 1.0
+                           [2.0, 2.0, 2.0, 2.0],  # all equal, not zero: the tie rule gave 0.0
+                           [5.0, 5.0, 5.0, 5.0]])  # with k = 4 every valid token is taken: no tie to break (0.25)
+    iou = top_k_iou(scores[:3], gold[:3])
+    assert torch.isnan(iou[0]) and iou[1] == 1.0 and torch.isnan(iou[2])
+    assert top_k_iou(scores[3:], gold[3:], k=4).tolist() == [0.25]
+    # ties only among invalid positions do not count: the valid ones rank
+    valid = torch.tensor([[1, 1, 1, 0]])
+    assert top_k_iou(torch.tensor([[0.3, 0.1, 0.0, 0.0]]), torch.tensor([[1, 0, 0, 0]]), valid).tolist() == [1.0]
+    summary = rationale_alignment(scores[:3], gold[:3])
+    assert summary.iou == 1.0  # the one row with a ranking; the AUPRC keeps all three rows
+    assert summary.n_rows == 3 and summary.n_iou_rows == 1

@@ -17,7 +17,11 @@ positions that count (``valid_mask``: real tokens, usually without special token
   against scikit-learn on random rows with ties.
 
 Rows without any gold token (or any valid token) have no defined IoU or AP: they are NaN in the per-row
-output and left out of the mean (``RationaleAlignment.n_rows`` says how many rows counted).
+output and left out of the mean (``RationaleAlignment.n_rows`` says how many rows counted). A row whose valid
+scores are all equal (all zero: a method that found nothing) has no ranking, so its top-k would be the tie rule's
+pick: its IoU is NaN too and left out of the IoU mean (``n_iou_rows``), as MRR
+(:func:`~bcos_plugins.metrics.mean_reciprocal_rank`) leaves out such rows; it counts where ``k`` takes every
+valid token, which no ranking changes. Its AP is defined (one threshold: the share of gold tokens) and kept.
 """
 
 from __future__ import annotations
@@ -68,7 +72,9 @@ def top_k_iou(
     valid_mask: Tensor | None = None,
     k: int | float | None = None,
 ) -> Float[Tensor, " batch"]:
-    """Per-row top-k IoU of ``scores`` against ``gold_mask`` over ``valid_mask`` positions (see module doc)."""
+    """Per-row top-k IoU of ``scores`` against ``gold_mask`` over ``valid_mask`` positions (see module doc). NaN for
+    rows without a gold or valid token, and for rows whose valid scores are all equal while ``k`` leaves some out
+    (no ranking to pick the top k by: the tie rule scored the earliest tokens, 1.0 where the gold ones come first)."""
     scores, gold, valid = _check(scores, gold_mask, valid_mask)
     n_valid = valid.sum(1)
     n_gold = gold.sum(1)
@@ -102,7 +108,10 @@ def top_k_iou(
     inter = (selected & gold).sum(1).float()
     union = (selected | gold).sum(1).float()
     iou = inter / union.clamp_min(1)
-    return torch.where((n_gold > 0) & (n_valid > 0), iou, torch.full_like(iou, float("nan")))
+    # all valid scores equal (MRR skips such rows): the top k would be the tie rule's pick, unless k takes them all
+    tied = scores.masked_fill(~valid, float("inf")).amin(1) == scores.masked_fill(~valid, float("-inf")).amax(1)
+    ranked_rows = (n_gold > 0) & (n_valid > 0) & ~(tied & (k_row < n_valid))
+    return torch.where(ranked_rows, iou, torch.full_like(iou, float("nan")))
 
 
 def average_precision(
@@ -124,13 +133,15 @@ def average_precision(
 
 @dataclass
 class RationaleAlignment:
-    """Batch summary: means over rows with a rationale, and the per-row values."""
+    """Batch summary: means over rows with a rationale, and the per-row values. ``n_rows`` counts the rows of the
+    AUPRC mean, ``n_iou_rows`` those of the IoU mean (fewer where rows' scores are all tied, see module doc)."""
 
     iou: float
     auprc: float
     n_rows: int
     iou_per_row: Tensor
     auprc_per_row: Tensor
+    n_iou_rows: int
 
     def as_dict(self) -> dict[str, float]:
         return {"iou": self.iou, "auprc": self.auprc, "n_rows": self.n_rows}
@@ -151,10 +162,13 @@ def rationale_alignment(
     ap = average_precision(scores, gold_mask, valid_mask)
     counted = ~torch.isnan(ap)
     n = int(counted.sum())
+    ranked = ~torch.isnan(iou)  # a subset of the counted rows: top_k_iou also leaves out rows of tied scores
+    n_iou = int(ranked.sum())
     return RationaleAlignment(
-        iou=float(iou[counted].mean()) if n else float("nan"),
+        iou=float(iou[ranked].mean()) if n_iou else float("nan"),
         auprc=float(ap[counted].mean()) if n else float("nan"),
         n_rows=n,
         iou_per_row=iou,
         auprc_per_row=ap,
+        n_iou_rows=n_iou,
     )
