@@ -80,3 +80,42 @@ def test_top_k_iou_leaves_out_rows_whose_valid_scores_are_all_tied_as_mrr_does()
     summary = rationale_alignment(scores[:3], gold[:3])
     assert summary.iou == 1.0  # the one row with a ranking; the AUPRC keeps all three rows
     assert summary.n_rows == 3 and summary.n_iou_rows == 1
+
+
+# ------------------------------------------------ 1d. BcosViT.from_pretrained(folder, config=cfg) with another B
+
+
+def _vit_config(**kw):
+    from bcos_plugins.vision import BcosViTConfig
+
+    return BcosViTConfig(image_size=8, patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, num_labels=3, **kw)
+
+
+def test_vit_from_pretrained_refuses_a_config_whose_b_disagrees_with_the_stored_layers_but_loads_mid_warm_up(tmp_path):
+    """from_pretrained(folder, config=cfg) with cfg.b = 2.0 of a model saved at B = 1.5 gave config.b = 2.0 while
+    every layer ran at the stored 1.5 (only b= was refused): refused naming config, both B values and the fix. A save
+    made mid-way through a B warm-up (layers at 1.2, config.b the target 1.5) still loads, with its own config."""
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.vision import BcosViT, BcosViTConfig
+
+    torch.manual_seed(0)
+    model = BcosViT(_vit_config(b=1.5)).eval()
+    images = torch.rand(2, 1, 8, 8)
+    saved = tmp_path / "saved"
+    model.save_pretrained(saved)
+    with pytest.raises(BcosValueError, match=r"^config: .*b=2\.0.*stores each layer's B \(\[1\.5\]\).*config\.b = 1\.5"):
+        BcosViT.from_pretrained(saved, config=_vit_config(b=2.0))
+    same = BcosViT.from_pretrained(saved, config=_vit_config(b=1.5)).eval()  # the stored B: loads as saved
+    assert same.config.b == 1.5 and torch.equal(same(images).logits, model(images).logits)
+    # mid-warm-up: the layers at 1.2, config.b at the target 1.5
+    for m in model.modules():
+        if hasattr(m, "bcos_b"):
+            m.b = 1.2
+    warm = tmp_path / "warm"
+    model.save_pretrained(warm)
+    for loaded in (BcosViT.from_pretrained(warm), BcosViT.from_pretrained(warm, config=BcosViTConfig.from_pretrained(warm)),
+                   BcosViT.from_pretrained(warm, config=_vit_config(b=1.2))):
+        assert torch.equal(loaded.eval()(images).logits, model(images).logits)
+    with pytest.raises(BcosValueError, match=r"^config: .*b=2\.0.*\[1\.2\]"):
+        BcosViT.from_pretrained(warm, config=_vit_config(b=2.0))

@@ -32,6 +32,8 @@ class WholeCheckpointLoading:
                 f"{info.get('mismatched_keys')} (the missing weights would be random). Restore the folder from the "
                 "original save_pretrained.")
         _refuse_an_overridden_b(model, kwargs.get("b"))
+        if kwargs.get("config") is not None and "b" not in kwargs:
+            _refuse_another_configs_b(cls, model, pretrained_model_name_or_path, kwargs)
         return (model, info) if output_loading_info else model
 
 
@@ -47,3 +49,26 @@ def _refuse_an_overridden_b(model, requested) -> None:
                              f"{requested}", "Leave b out to load the model as saved; to change B, set it on each "
                              "B-cos layer after loading (for m in model.modules(): if hasattr(m, 'bcos_b'): m.b = "
                              f"{requested}) and set model.config.b = {requested}")
+
+
+# the keywords of from_pretrained that say where the saved config.json is (besides the path)
+_CONFIG_LOCATION = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
+
+
+def _refuse_another_configs_b(cls, model, path, kwargs) -> None:
+    """``from_pretrained(folder, config=cfg)`` with a ``cfg.b`` other than the B every layer stores gave a config that
+    said one B while the layers ran at another (only ``b=`` was refused), silently. A config whose B is the folder's
+    own saved ``config.b`` loads: a checkpoint saved mid-way through a B warm-up stores each layer's current B while
+    its config keeps the target (``BWarmupCallback``), and must reload as saved."""
+    stored = sorted({float(m.b) for m in model.modules() if hasattr(m, "bcos_b")})
+    given = float(model.config.b)
+    if not stored or stored == [given]:
+        return
+    saved, _ = cls.config_class.get_config_dict(path, **{k: kwargs[k] for k in _CONFIG_LOCATION if k in kwargs})
+    if saved.get("b") is not None and float(saved["b"]) == given:
+        return  # the folder's own config (mid-way through a B warm-up)
+    raise argument_error("config", f"says b={given}, but the checkpoint stores each layer's B ({stored}) and those run, "
+                         "so the loaded config.b would describe another B than the explanations come from",
+                         f"Pass a config with b = {stored[0]} (config.b = {stored[0]}), or leave config out to load the "
+                         "folder's own; to change B, set it on each B-cos layer after loading (for m in "
+                         f"model.modules(): if hasattr(m, 'bcos_b'): m.b = {given}) and set model.config.b = {given}")
