@@ -28,7 +28,7 @@ from .attribution.text import rows_as_alone_call
 from .b_warmup import BWarmupCallback
 from .corpus import require_texts_with_tokens, require_tokenizer_ids_fit
 from .encoded_texts import EncodedTexts, truncation_length
-from .errors import BcosTypeError, argument_error
+from .errors import BcosError, BcosTypeError, argument_error
 from .losses import DistillationLoss, bcos_loss, cross_entropy_loss
 from .nn.dynamic import has_dynamic_weights
 from .prediction import predict
@@ -72,8 +72,10 @@ def fine_tune_classifier(
     ``loss="auto"`` uses :func:`bcos_loss` (BCE on one-hot targets) for B-cos models and the cross-entropy
     otherwise (:func:`~bcos_plugins.losses.cross_entropy_loss`: the loss the model computes itself, but exact under
     ``gradient_accumulation_steps``, which transformers' classifiers are not, and with ``label_smoothing_factor``);
-    ``"bce"`` / ``"ce"`` force one. ``label_smoothing_factor`` with ``bcos_loss`` is refused (the ``Trainer`` would
-    ignore it). Padding is dynamic (``DataCollatorWithPadding``), on the
+    ``"bce"`` / ``"ce"`` force one. A Space Model (:mod:`bcos_plugins.space`) trains under ``"auto"`` with its own
+    loss (the cross-entropy plus the inter- and intra-space terms its config weighs; a teacher or
+    ``label_smoothing_factor``, which would replace it by the cross-entropy, are refused there). ``label_smoothing_factor``
+    with ``bcos_loss`` is refused (the ``Trainer`` would ignore it). Padding is dynamic (``DataCollatorWithPadding``), on the
     tokenizer's side; a tokenizer that pads on the left is refused before training for a classifier that reads the
     first column (BERT, DistilBERT, RoBERTa, ModernBERT with ``classifier_pooling="cls"``). Models of the
     architecture registry are trained on the batches ``explain`` would compute (``rows_as_alone_call``), so each row
@@ -94,7 +96,9 @@ def fine_tune_classifier(
     arguments go to ``TrainingArguments``; ``resume_from_checkpoint`` (a checkpoint folder, or ``True`` for the last
     one in ``output_dir``) resumes the run from it. Without ``output_dir`` the ``Trainer`` works in a temporary
     folder, removed when the call returns (also on error) unless the run saved checkpoints there (``save_strategy``;
-    ``trainer.args.output_dir`` names it).
+    ``trainer.args.output_dir`` names it). With ``bf16=True`` / ``fp16=True`` (mixed precision) the model returned
+    computes in its weights' dtype again, as it saves and reloads (accelerate leaves the forward wrapped in autocast
+    when training ends); so do the trainer's ``evaluate`` / ``predict`` after the call.
 
     Distillation: with ``teacher`` (a classifier with the same ``num_labels`` that reads the same tokenizer's
     ids, e.g. the conventionally fine-tuned model) the loss is the task loss plus ``distill_weight`` (default
@@ -124,13 +128,24 @@ def fine_tune_classifier(
         raise argument_error("loss", f"must be 'auto', 'bce' or 'ce', got {loss!r}",
                              "use 'auto' (BCE for B-cos models, the model's cross-entropy otherwise)")
     distill = _check_distillation(model, teacher, distill_weight, distill_loss, distill_temperature)
-    use_bce = loss == "bce" or (loss == "auto" and has_dynamic_weights(model))
+    own_loss = loss == "auto" and getattr(type(model), "trains_with_its_own_loss", False) is True
+    if own_loss and distill is not None:
+        # DistillationLoss adds its term to the cross-entropy, in place of the model's own loss
+        raise _own_loss_error("teacher", "is given", "the distillation loss adds its term to the cross-entropy",
+                              "leave teacher out, or pass loss='ce' to distil with the cross-entropy alone")
+    use_bce = not own_loss and (loss == "bce" or (loss == "auto" and has_dynamic_weights(model)))
     # output_dir=None trained in a temporary folder that was never removed (one per call, holding what the Trainer
     # wrote there): removed when the call ends, also on error, unless the run saved checkpoints into it
     with run_output_dir(output_dir, "bcos_finetune_", resume=training_args.get("resume_from_checkpoint")) as output_dir:
         args = training_arguments(output_dir, len(texts), epochs, batch_size, learning_rate, seed, progress,
                                   training_args, helper=fine_tune_classifier)
         require_no_label_smoothing_with_bce(use_bce, args.label_smoothing_factor)
+        if own_loss and args.label_smoothing_factor:
+            # the Trainer's label smoother replaces the loss a model computes by the smoothed cross-entropy
+            raise _own_loss_error("label_smoothing_factor", f"is {args.label_smoothing_factor!r}",
+                                  "transformers' label smoother replaces it by the smoothed cross-entropy",
+                                  "leave label_smoothing_factor out, or pass loss='ce' to train with the smoothed "
+                                  "cross-entropy alone")
         problem_type = getattr(model.config, "problem_type", None)
         if not use_bce and problem_type not in (None, "single_label_classification"):
             # the model's own loss reads it (BCE on multi-hot float targets, MSE), and the class ids here are
@@ -161,7 +176,7 @@ def fine_tune_classifier(
         # applies the label smoothing the Trainer would have (its label smoother is not called with a
         # compute_loss_func)
         smoothing = args.label_smoothing_factor
-        trainer_class, loss_func = Trainer, (bcos_loss if use_bce else
+        trainer_class, loss_func = Trainer, (None if own_loss else bcos_loss if use_bce else
                                              functools.partial(cross_entropy_loss, label_smoothing=smoothing))
         if distill is not None:
             dataset.teacher_logits = predict(teacher, tokenizer, texts, text_pairs=text_pairs, batch_size=batch_size,
@@ -183,9 +198,40 @@ def fine_tune_classifier(
             loss_func.trainer = trainer
         # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
         # scripts"): passed through **training_args it started the run afresh without a word
-        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+        train_handing_back_own_forward(trainer, model, args.resume_from_checkpoint)
         model.eval()
         return trainer
+
+
+def train_handing_back_own_forward(trainer, model: nn.Module, resume_from_checkpoint) -> None:
+    """``trainer.train(resume_from_checkpoint=...)``, then (also on error) ``model`` with its own forward again.
+
+    With ``bf16=True`` / ``fp16=True`` (mixed precision, on the CPU too) accelerate wraps the model's forward in
+    autocast and leaves it there when training ends: the model a training helper returned kept computing in
+    bfloat16 (logits 0.004 off its float32 weights' on a tiny BERT), so predict, accuracy and explain of it ran in
+    bfloat16 and the same model saved and reloaded gave other logits, without a word. Its weights are float32 (mixed
+    precision trains them so): the model handed back computes in their dtype, as it saves and reloads."""
+    try:
+        trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+    finally:
+        # accelerate keeps the forward it wrapped as _original_forward. Not its unwrap_model(keep_fp32_wrapper=False):
+        # that follows __wrapped__ past transformers' own decorators of the forward (can_return_tuple, ...) and left
+        # the undecorated function
+        original = vars(model).pop("_original_forward", None)
+        if original is not None:
+            if getattr(original, "__func__", None) is type(model).forward and getattr(original, "__self__", None) \
+                    is model:
+                del model.forward  # the class's own, as the model was given
+            else:
+                model.forward = original
+
+
+def _own_loss_error(name: str, value: str, replaced_by: str, fix: str) -> BcosError:
+    """The refusal of a setting that would replace a Space Model's own training loss (``trains_with_its_own_loss``),
+    under ``loss="auto"``, by the cross-entropy."""
+    return argument_error(name, f"{value}, but loss='auto' trains a Space Model with the Space Model's own loss (the "
+                          f"cross-entropy plus the inter- and intra-space terms its config weighs), and {replaced_by} "
+                          "instead, which would drop those terms", fix)
 
 
 def require_no_label_smoothing_with_bce(use_bce: bool, label_smoothing_factor) -> None:

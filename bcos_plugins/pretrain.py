@@ -42,6 +42,7 @@ from .fine_tuning import (
     fine_tune_classifier,
     require_no_label_smoothing_with_bce,
     run_output_dir,
+    train_handing_back_own_forward,
     training_arguments,
 )
 from .losses import cross_entropy_loss
@@ -180,7 +181,8 @@ def pretrain_masked_lm(
     (only the main process writes under ``torchrun``)
     and continue with :func:`classifier_from_masked_lm`. The loss is the cross-entropy over the masked positions
     (:func:`~bcos_plugins.losses.cross_entropy_loss`: the model's own, but the mean over every masked token of the
-    accumulated batches under ``gradient_accumulation_steps``, which the model's own is not).
+    accumulated batches under ``gradient_accumulation_steps``, which the model's own is not). With ``bf16=True``
+    the model returned computes in its weights' dtype again, as it saves and reloads.
 
     Raises:
         BcosTypeError / BcosValueError: not a masked-LM model, a tokenizer without a mask token or with more
@@ -227,7 +229,7 @@ def pretrain_masked_lm(
         )
         # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
         # scripts"): passed through **training_args it started the run afresh without a word
-        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+        train_handing_back_own_forward(trainer, model, args.resume_from_checkpoint)
         model.eval()
         return trainer
 

@@ -30,7 +30,7 @@ from .attribution.targets import real_token_positions
 from .convert.architectures import PositionLimit, position_limit, vocabulary_size
 from .encoded_texts import require_max_length_fits
 from .errors import BcosTypeError, argument_error
-from .fine_tuning import checked_training_arguments
+from .fine_tuning import checked_training_arguments, train_handing_back_own_forward
 
 __all__ = ["CausalLMCollator", "IGNORE_INDEX", "real_token_positions", "train_causal_lm"]
 
@@ -186,7 +186,8 @@ def train_causal_lm(
     ``training_arguments`` go to ``TrainingArguments`` (defaults: no checkpoints, no reporting, the paper's
     learning rate 5e-4, unused columns kept so the collator sees them). Returns the trained ``Trainer``. Rows are
     truncated to ``max_length`` tokens (``None``: kept whole); a ``max_length``, or without one a row, longer than
-    the model's position table is refused before training.
+    the model's position table is refused before training. With ``bf16=True`` the model returned (and the trainer's
+    ``evaluate`` after the call) computes in its weights' dtype again, as it saves and reloads.
 
     The returned trainer's ``evaluate()`` (and the evaluations it runs during training) reports ``eval_loss`` as
     the mean cross-entropy over every labelled token of the evaluation set, the same number whatever
@@ -235,7 +236,7 @@ def train_causal_lm(
                                                    callbacks=callbacks)
     # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
     # scripts"): passed through **training_args it started the run afresh without a word
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    train_handing_back_own_forward(trainer, model, args.resume_from_checkpoint)
     model.eval()
     return trainer
 

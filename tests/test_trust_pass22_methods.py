@@ -150,8 +150,9 @@ def test_attention_supervision_loss_of_float64_attentions_is_the_float64_hand_va
     else:  # relu(1 - (log a_g - log a_o)) over (rationale, other real token) pairs weighted gold_g * (1 - gold_o)
         per_row = []
         for i in range(2):
+            # o != g: the soft token 3 (0.5) is no pair with itself (trust pass 23)
             pairs = [(gold[i, g] * (1 - gold[i, o]), torch.relu(1 - torch.log(scores[i, g] / scores[i, o])))
-                     for g in range(5) for o in range(5) if attention_mask[i, o]]
+                     for g in range(5) for o in range(5) if attention_mask[i, o] and o != g]
             per_row.append(sum(w * h for w, h in pairs) / sum(w for w, _ in pairs))
     loss = attention_supervision_loss(attentions, gold, attention_mask, objective=objective)
     assert loss.dtype == torch.float64

@@ -21,7 +21,7 @@ a factor ``exp(margin)``, a hinge on the differences of log attention,
     ``mean over (g, o) pairs of relu(margin - (log a_g - log a_o))``,
 
 with ``g`` a rationale token and ``o`` another compared token (pairs weighted by ``gold_g * (1 - gold_o)``
-for soft masks). Once the rationale leads by the margin the term is zero, so the attention's remaining
+for soft masks; a token is never paired with itself). Once the rationale leads by the margin the term is zero, so the attention's remaining
 mass (on the hypothesis of an NLI pair, say) is left to the task, where the KL target keeps pulling all of
 it onto the rationale. It is invariant to the renormalisation over ``valid_mask`` (a shift of every log
 attention of a row), which then only chooses the compared tokens. The top-k IoU and AUPRC of the rationale
@@ -118,6 +118,9 @@ def attention_supervision_loss(
             compared = compared * attention_mask.to(gold.dtype)
         log_attention = torch.log(scores.clamp_min(eps))
         pairs = gold[:, :, None] * ((1 - gold) * compared)[:, None, :]  # (batch, rationale token, other token)
+        # o = g is no pair: a soft token (0 < gold < 1) was ranked against itself, a difference of 0 whose hinge is the
+        # margin for ever (0.1667 for a token leading every other by far), and the movable pairs weighed less
+        pairs = pairs * (1 - torch.eye(n_keys, dtype=pairs.dtype, device=pairs.device))
         hinge = torch.relu(margin - (log_attention[:, :, None] - log_attention[:, None, :]))
         weights = pairs.sum((1, 2))
         ranked = weights > 0  # no pair: no rationale token, or every compared token is rationale

@@ -305,6 +305,9 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
     # the loss is a per-batch mean that never reads num_items_in_batch: forward's **kwargs (the encoder's own keywords)
     # made transformers' Trainer skip its division by the gradient accumulation steps (as BcosViT's did)
     accepts_loss_kwargs = False
+    # fine_tune_classifier's loss="auto" trains it with the loss its forward computes (the cross-entropy plus the
+    # inter- and intra-space terms its config weighs): the cross-entropy alone dropped those terms without a word
+    trains_with_its_own_loss = True
     _supports_attention_backend = True
     _supports_sdpa = True
 
