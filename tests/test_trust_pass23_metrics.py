@@ -151,3 +151,32 @@ def test_pixel_perturbation_refuses_the_softmax_of_a_one_logit_model_and_scores_
     first = 3.0 * images[:, 0, 0, 0]
     torch.testing.assert_close(result.most_first, torch.stack([first, torch.zeros(2)], 1))  # removed to 0 at once
     torch.testing.assert_close(result.least_first, torch.stack([first, first], 1))  # kept until the last half
+
+
+# ------------------------------------------------------------------ perplexity of a padded batch given as lists
+
+
+@pytest.mark.parametrize("form", ["list of lists", "list of tensors"])
+def test_perplexity_warns_about_a_padded_batch_of_ids_given_as_lists_as_it_does_for_a_tensor(form):
+    from conftest import tiny_model
+
+    from bcos_plugins.errors import UnmaskedPaddingWarning
+    from bcos_plugins.metrics import perplexity
+
+    model = tiny_model("LlamaForCausalLM").double()
+    assert model.config.pad_token_id == 0
+    padded = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0]])  # tokenizer(texts, padding=True)'s ids
+    texts = padded.tolist() if form == "list of lists" else list(padded)
+    with pytest.warns(UnmaskedPaddingWarning, match="texts has rows of different lengths padded with "
+                                                    r"config.pad_token_id \(0\)"):
+        as_tensor = perplexity(model, padded, max_length=6)
+    # the same ids as lists: the three padding ids were scored as tokens (10 for 7) without the tensor's warning
+    with pytest.warns(UnmaskedPaddingWarning, match="texts has rows of different lengths padded"):
+        as_lists = perplexity(model, texts, max_length=6)
+    assert (as_lists.perplexity, as_lists.n_tokens) == (as_tensor.perplexity, as_tensor.n_tokens) \
+        and as_lists.n_tokens == 10
+    unpadded = perplexity(model, [[5, 6, 7, 8, 9, 10], [11, 12, 13]], max_length=6)
+    assert unpadded.n_tokens == 7 and unpadded.perplexity != pytest.approx(as_lists.perplexity)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnmaskedPaddingWarning)  # rows of one length without padding: no warning
+        perplexity(model, [[5, 6, 7], [8, 9, 10]], max_length=6)

@@ -343,8 +343,14 @@ def perplexity(
     rows = _token_rows(texts, tokenizer)
     if tokenizer is not None:  # ids that fit the vocabulary, read as other tokens: the perplexity of other texts
         warn_if_another_models_tokenizer(model, tokenizer)
-    if isinstance(texts, Tensor):  # a padded batch of ids passed as texts: its padding would be scored
-        warn_if_unmasked_padding(texts, "texts", **unmasked_padding_keywords(getattr(model, "config", None), None))
+    # a padded batch of ids passed as texts: its padding would be scored. Given as lists of one length (tokenizer(texts,
+    # padding=True)["input_ids"], or list(ids)) it was scored without the tensor's warning (a perplexity of 62.3 for
+    # 63.5, three padding ids counted as tokens)
+    same_length_ids = len(rows) > 1 and len({len(row) for row in rows}) == 1 \
+        and not any(isinstance(text, str) for text in texts)
+    if isinstance(texts, Tensor) or same_length_ids:
+        warn_if_unmasked_padding(texts if isinstance(texts, Tensor) else torch.tensor(rows), "texts",
+                                 **unmasked_padding_keywords(getattr(model, "config", None), None))
     windows: list[list[int]] = []
     step = max_length - int(bos_token_id is not None)
     for i, row in enumerate(rows):
