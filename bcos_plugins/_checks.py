@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarning, argument_error
 
-__all__ = ["bad_rows", "closest_name_fix", "named_row", "named_rows", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_trainable", "require_float",
+__all__ = ["bad_rows", "closest_name", "closest_name_fix", "named_row", "named_rows", "refuse_keywords_meant_as_own", "refuse_meta_model", "stand_in_for_a_model", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_trainable", "require_float",
            "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_label_names", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_tokenizer_object", "refuse_container_of_names",
@@ -70,11 +70,50 @@ def bad_rows(bad: Tensor, limit: int = 8) -> str:
     return f"row{'s' if len(rows) != 1 else ''} [{shown}]"
 
 
+def closest_name(name: str, known, cutoff: float = 0.6) -> str | None:
+    """The name of ``known`` closest to ``name`` (difflib, at least ``cutoff`` alike), or ``None``: the one lookup of
+    every "did you mean" hint (:func:`closest_name_fix`)."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
 def closest_name_fix(name: str, known, otherwise: str) -> str:
     """The fix of a refused unknown name (a misspelt keyword): ``"Pass <closest>= if that is what you meant"`` for the
-    name of ``known`` closest to ``name`` (difflib), else ``otherwise``."""
-    close = difflib.get_close_matches(name, sorted(known), n=1)
-    return f"Pass {close[0]}= if that is what you meant" if close else otherwise
+    name of ``known`` closest to ``name`` (:func:`closest_name`), else ``otherwise``."""
+    close = closest_name(name, known)
+    return f"Pass {close}= if that is what you meant" if close else otherwise
+
+
+# what a newcomer writes for an explaining function's own keywords (explain, context_attribution): it goes to their
+# **forward_kwargs, where labels= (a keyword every transformers head reads, for its loss) was taken without a word and
+# the predicted class explained instead of the labels given, and label= was refused with "Pass labels= if that is
+# what you meant", which led there
+_MEANT_AS = {**dict.fromkeys(("labels", "label", "targets", "class_idx", "class_id", "class_index", "target_class",
+                              "target_id", "target_ids"), "target"),
+             **dict.fromkeys(("mask", "masks"), "attention_mask"), "foils": "foil", "positions": "position"}
+
+
+def refuse_keywords_meant_as_own(forward_kwargs: Mapping, readable, target, *, call: str,
+                                 own: tuple[str, ...] = ("target", "foil", "position", "reduce")) -> None:
+    """Refuse a forward keyword of an explaining function (``call``, its signature for the message; ``own``, its own
+    keywords but ``attention_mask``, which the forward's check suggests) that is a common way of writing one of its own:
+    ``labels=`` / ``targets=`` / ``class_idx=`` for ``target=``, ``mask=`` for ``attention_mask=``, a name close to
+    ``own`` that the forward does not read (``readable``: its keywords, ``None`` if unknown). The forward's check
+    (``attribution.text.check_forward_kwargs``) knows only the forward's names, and ``labels`` is one of them: next to a
+    ``target`` it is passed on (the model computes a loss nothing reads), without one it is refused."""
+    for name in forward_kwargs:
+        if name == "labels" and target is not None:
+            continue
+        meant = _MEANT_AS.get(name)
+        if meant is not None and meant not in (*own, "attention_mask"):
+            meant = None
+        if meant is None and name not in (readable or ()):
+            meant = closest_name(name, own, cutoff=0.8)
+        if meant is None:
+            continue
+        read = ("the model's loss target, not the explained class: without target= the predicted class would be "
+                "explained" if name == "labels" else "not a keyword of this call nor of the model's forward")
+        raise argument_error(name, f"is {read}", f"Pass {meant}= ({call})", kind=BcosTypeError)
 
 
 def require_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None,
@@ -617,6 +656,42 @@ def require_classifier(model) -> int:
     return num_labels
 
 
+def stand_in_for_a_model(value) -> str | None:
+    """What a common stand-in passed where a model goes is, and the fix (``"is a tokenizer ... Pass ..."``), or
+    ``None``: a tokenizer (the model and tokenizer arguments swapped), a tensor (the ids passed first), a transformers
+    pipeline (its model is ``pipe.model``), a PEFT model (its adapter layers are not B-cos layers). The one reading of
+    them, for the refusal of an unsupported model
+    (:func:`~bcos_plugins.convert.architectures.unsupported_message`), which listed some thirty class names instead."""
+    kind = type(value).__name__
+    if hasattr(value, "convert_ids_to_tokens") and not isinstance(value, nn.Module):
+        return (f"is a tokenizer ({kind}), not a model: the arguments may be swapped. Pass the model first and the "
+                "tokenizer where a tokenizer is asked for, e.g. explain(model, input_ids, attention_mask), "
+                "explain_dataset(model, tokenizer, texts)")
+    if isinstance(value, Tensor):
+        return (f"is a tensor (shape {tuple(value.shape)}), not a model: the arguments may be out of order. Pass the "
+                "model first, e.g. explain(model, input_ids, attention_mask)")
+    if isinstance(getattr(value, "model", None), nn.Module) and hasattr(value, "tokenizer") \
+            and not isinstance(value, nn.Module):
+        return f"is a transformers pipeline ({kind}), not a model. Pass its model: pipe.model (and pipe.tokenizer)"
+    if isinstance(value, nn.Module) and callable(getattr(value, "merge_and_unload", None)):
+        return (f"is a PEFT model ({kind}): its adapter layers are not B-cos layers, so its explanations would not "
+                "be exact. Merge the adapters into the weights first: model = model.merge_and_unload()")
+    return None
+
+
+def refuse_meta_model(model: nn.Module, name: str = "model") -> None:
+    """Refuse a model whose parameters are on the meta device (shapes without values): the one check of it, before
+    TransformerLens models are built (``transformer_bridge_from_hf`` failed in a norm check with ``NotImplementedError:
+    aten::equal``, ``hooked_transformer_from_hf`` in the weight conversion) and before the paths that tokenise texts
+    run the model (``explain_dataset`` and ``predict`` failed on ``Tensor.item() cannot be called on meta tensors``),
+    neither naming the cause."""
+    meta = next((n for n, p in model.named_parameters() if p.is_meta), None) if isinstance(model, nn.Module) else None
+    if meta is not None:
+        raise argument_error(name, f"its parameters are on the meta device (shapes without values, e.g. {meta}), "
+                             "so there are no weights to run", "Load the weights first (from_pretrained without "
+                             "device='meta', or model.to_empty(device='cpu') and then load_state_dict)")
+
+
 def require_tokenizer_object(tokenizer, name: str = "tokenizer") -> None:
     """Refuse what is not a transformers tokenizer object: the one check of every entry point that takes one
     (``explain_dataset``, the inseq and pre-training paths through ``corpus.require_tokenizer_fits``, the
@@ -625,6 +700,10 @@ def require_tokenizer_object(tokenizer, name: str = "tokenizer") -> None:
     ``convert_ids_to_tokens`` passed the corpus' older duck-typed check, then failed on ``pad_token``."""
     from transformers import PreTrainedTokenizerBase
 
+    if isinstance(tokenizer, nn.Module):  # its repr (the whole module tree) filled the message, cut at 200 characters
+        raise argument_error(name, f"expected a transformers tokenizer, got a model ({type(tokenizer).__name__}): the "
+                             "arguments may be swapped", "Pass the model first and its tokenizer second, e.g. "
+                             "explain_dataset(model, tokenizer, texts)", kind=BcosTypeError)
     if not isinstance(tokenizer, PreTrainedTokenizerBase):
         raise argument_error(name, f"expected a transformers tokenizer, got {type(tokenizer).__name__} "
                              f"{tokenizer!r}"[:200], "Pass the tokenizer object, e.g. AutoTokenizer.from_pretrained("

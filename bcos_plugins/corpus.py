@@ -18,6 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ._checks import (
+    refuse_meta_model,
     require_count,
     require_max_length_beyond_special_tokens,
     require_tokenizer_object,
@@ -150,6 +151,8 @@ def require_tokenizer_ids_fit(model: nn.Module, tokenizer, enc) -> None:
            "name)")
     vocab = vocabulary_size(model)
     ids = enc["input_ids"]
+    if getattr(ids, "is_meta", False):  # moved to the model's device: a model without weights, which cannot run
+        refuse_meta_model(model)
     if vocab is not None and ((ids < 0) | (ids >= vocab)).any():
         raise BcosValueError(f"tokenizer: {tokenizer_name} gives token ids up to {int(ids.max())}, but "
                              f"{model_name} has {vocab} embedding rows: the tokenizer is not the model's. {fix}.")

@@ -29,7 +29,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from ._checks import bad_rows, named_row
+from ._checks import bad_rows, named_row, refuse_keywords_meant_as_own
 from .attribution.gradient import (
     GradientStep,
     PointDtypeMismatch,
@@ -49,6 +49,7 @@ from .attribution.targets import (
 from .attribution.text import (
     explained_outputs_only,
     explained_positions,
+    forward_keywords,
     logits_at_positions,
     non_finite_embedding_cause,
     padded_float64_nan_cause,
@@ -141,6 +142,9 @@ def explain(
     if reduce not in ("sum", "mean"):
         raise BcosValueError(f"reduce: must be 'sum' or 'mean', got {reduce!r}. 'sum' is the exact one.")
     spec = spec_for(model)
+    if forward_kwargs:
+        refuse_keywords_meant_as_own(forward_kwargs, forward_keywords(model), target,
+                                     call="explain(model, input_ids, attention_mask, target=..., foil=..., position=...)")
     point = text_attribution_point(model, spec)
     # whether a row is padded comes from the check's one sync: an unpadded batch skips work only padding needs
     input_ids, attention_mask, padded = token_inputs_and_padding(model, input_ids, attention_mask)

@@ -7,9 +7,9 @@ import torch
 from torch import Tensor, nn
 
 from bcos_plugins._checks import ids_as_long, require_token_batch, unmasked_padding_keywords
+from bcos_plugins._checks import refuse_meta_model as _refuse_meta_model
 from bcos_plugins.attribution.rotary_length import refuse_length_dependent_rotary
 from bcos_plugins.convert.architectures import position_limit, vocabulary_size
-from bcos_plugins.errors import argument_error
 
 __all__ = ["FORWARD_WARNS_ABOUT_PADDING", "check_lens_tokens", "lens_padding_keywords", "refuse_meta_model"]
 
@@ -19,15 +19,9 @@ FORWARD_WARNS_ABOUT_PADDING = "_bcos_forward_warns_about_unmasked_padding"
 
 
 def refuse_meta_model(hf_model: nn.Module) -> None:
-    """Refuse a model whose parameters are on the meta device (shapes without values), before a TransformerLens model
-    is built from it: ``transformer_bridge_from_hf`` failed in a norm check (``NotImplementedError: aten::equal``) and
-    ``hooked_transformer_from_hf`` in TransformerLens' weight conversion (``Tensor.item() cannot be called on meta
-    tensors``), neither naming the cause."""
-    meta = next((name for name, p in hf_model.named_parameters() if p.is_meta), None)
-    if meta is not None:
-        raise argument_error("hf_model", f"its parameters are on the meta device (shapes without values, e.g. {meta}), "
-                             "so there are no weights to convert", "Load the weights first (from_pretrained without "
-                             "device='meta', or model.to_empty(device='cpu') and then load_state_dict)")
+    """Refuse a model whose parameters are on the meta device before a TransformerLens model is built from it: the
+    package's one check (:func:`bcos_plugins._checks.refuse_meta_model`), naming the argument ``hf_model``."""
+    _refuse_meta_model(hf_model, "hf_model")
 
 
 def lens_padding_keywords(model: nn.Module, attention_mask) -> dict:

@@ -141,9 +141,13 @@ def refuse_inputs_on_another_device(model: nn.Module, input_ids, attention_mask)
         return
     for name, given in (("input_ids", input_ids), ("attention_mask", attention_mask)):
         if isinstance(given, Tensor) and not given.is_meta and given.device != weight.device:
+            # a model on the meta device has no weights: moving the inputs there would not help
+            unloaded = (" (shapes without values: the model's weights were never loaded; load them first, "
+                        "e.g. model.to_empty(device='cpu') and then load_state_dict)") if weight.is_meta else ""
             raise argument_error(name, f"is on {given.device}, but the model's input embeddings are on "
-                                 f"{weight.device}", f"Move the inputs to the model's device: {name}.to(model.device) "
-                                 "(enc = tokenizer(...).to(model.device) moves every tensor at once)")
+                                 f"{weight.device}{unloaded}", f"Move the inputs to the model's device: "
+                                 f"{name}.to(model.device) (enc = tokenizer(...).to(model.device) moves every tensor "
+                                 "at once)")
 
 
 def forward_keywords(model: nn.Module) -> set[str] | None:

@@ -23,6 +23,7 @@ from typing import Literal
 
 from torch import nn
 
+from .._checks import stand_in_for_a_model
 from ..errors import BcosTypeError, argument_error
 
 __all__ = ["ArchitectureSpec", "PositionLimit", "PositionTable", "REFUSED_ARCHITECTURES", "SPECS",
@@ -381,6 +382,9 @@ def architecture_name(model: nn.Module) -> str:
 
 
 def unsupported_message(model: nn.Module, name: str, what: str = "bcosify") -> str:
+    stand_in = stand_in_for_a_model(model)  # a tokenizer, the ids, a pipeline, a PEFT model: named, with the fix
+    if stand_in is not None:
+        return f"model: {stand_in}."
     where = f"{type(model).__module__}.{type(model).__qualname__}"
     if name in REFUSED_ARCHITECTURES:
         return f"model: {where} is not supported by {what}: {REFUSED_ARCHITECTURES[name]}"

@@ -14,8 +14,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import bad_rows
+from .._checks import bad_rows, refuse_keywords_meant_as_own
 from ..attribution import Direction, TokenExplanation, resolve_explained
+from ..attribution.text import forward_keywords
 from ..errors import BcosRuntimeError, BcosTypeError
 from ..explain import completeness_tolerance
 from ..nn.dynamic import evaluating
@@ -83,9 +84,21 @@ def context_attribution(
     foil: int | Tensor | None = None,
     **forward_kwargs,
 ) -> SpaceExplanation:
-    """Explain a batch: each token's exact share of the ``target`` logit (default: the predicted class),
-    or of ``target - foil``. ``forward_kwargs`` go to the model (``token_type_ids``, ``inputs_embeds``)."""
+    """Explain a batch: each token's exact share of the ``target`` logit (default: the predicted class), or of
+    ``target - foil``, less the classifier's bias (no token's share). ``forward_kwargs`` go to the model
+    (``token_type_ids``, ``inputs_embeds``).
+
+    Returns:
+        A :class:`SpaceExplanation`: ``contributions`` per token ``(batch, pos)`` (0 on padding), per concept unit in
+        ``input_contributions`` ``(batch, pos, n_spaces * n_latent)`` (``space_contributions`` views them as
+        ``(batch, pos, n_spaces, n_latent)``), ``explained`` ``(batch,)`` the logit without the bias (what the
+        contributions sum to), ``bias`` ``(batch,)`` and ``logits`` = ``explained + bias`` the model's logit,
+        ``target`` / ``foil`` as resolved and ``completeness_error`` ``(batch,)``.
+    """
     require_space_model(model, "context_attribution")
+    if forward_kwargs:
+        refuse_keywords_meant_as_own(forward_kwargs, forward_keywords(model), target, own=("target", "foil"),
+                                     call="context_attribution(model, input_ids, attention_mask, target=..., foil=...)")
     with evaluating(model):
         out = model(input_ids=input_ids, attention_mask=attention_mask, **forward_kwargs)
     logits, concepts = out.logits, out.concepts
