@@ -59,7 +59,7 @@ from typing import Any
 import torch
 from bcos_plugins.adapters._captum_private import CaptumInternals, TargetType, VisualizationDataRecord
 from bcos_plugins.adapters._completeness import warn_if_incomplete
-from captum.attr import GradientAttribution, LayerGradientXActivation, NoiseTunnel
+from captum.attr import GradientAttribution, LayerGradientXActivation, LLMGradientAttribution, NoiseTunnel
 from captum.log import log_usage
 from jaxtyping import Float, Int
 from torch import Tensor, nn
@@ -769,6 +769,13 @@ class LayerBcos(LayerGradientXActivation):
                                  "gradient, which is no explanation that sums to the output, so it has no convergence "
                                  "delta", "Leave return_convergence_delta out, or build LayerBcos with "
                                  "multiply_by_inputs=True (the default) for the W(x)x explanation and its delta")
+        if isinstance(self.layer, list) and isinstance(getattr(self.forward_func, "attr", None), LLMGradientAttribution):
+            # Captum's LLM workflow replaced forward_func with its own (GradientForwardFunc, holding the workflow as
+            # .attr) and calls .detach() on what this returns: a list of layers' attributions failed there
+            # ("'list' object has no attribute 'detach'")
+            raise argument_error("layer", f"LLMGradientAttribution takes one attribution tensor per target token, and "
+                                 f"this LayerBcos attributes at {len(self.layer)} layers (one tensor per layer)",
+                                 "Build one LLMGradientAttribution(LayerBcos(model, layer=layer), tokenizer) per layer")
         to_input = self._to_layer_input if attribute_to_layer_input is None else require_bool(
             "attribute_to_layer_input", attribute_to_layer_input)
         saved_forward = self.forward_func
@@ -790,7 +797,14 @@ class LayerBcos(LayerGradientXActivation):
         self.forward_func = recording
         layers = self.layer if isinstance(self.layer, list) else [self.layer]
         ran: set[nn.Module] = set()
-        handles = [m.register_forward_hook(lambda module, args, out: ran.add(module)) for m in layers]
+        holds_none: list[nn.Module] = []  # layers whose output is a tuple with a non-tensor (attention weights None)
+
+        def note(module, args, out):
+            ran.add(module)
+            if isinstance(out, tuple) and not all(isinstance(o, Tensor) for o in out) and module not in holds_none:
+                holds_none.append(module)
+
+        handles = [m.register_forward_hook(note) for m in layers]
         forward_autocast: list[torch.dtype] = []
         # under the caller's torch.inference_mode() the layer's output never required grad (Captum's own
         # set_grad_enabled(True) does not lift it): RuntimeError 'element 0 of tensors does not require grad' or
@@ -820,6 +834,16 @@ class LayerBcos(LayerGradientXActivation):
                     "optional states positionally), which Captum refuses (\"Given input is not a torch.Tensor\")",
                     "Attribute at the output of the module before it (attribute_to_layer_input=False), e.g. the "
                     "previous block or the embeddings, or leave layer out for the model's attribution point") from error
+            if not to_input and holds_none and isinstance(error, AssertionError) and "not a torch.Tensor" in str(error):
+                # transformers' attention modules return (output, attention weights), the weights None unless asked for
+                raise argument_error(
+                    "layer", f"{type(holds_none[0]).__name__} returns a tuple holding None (an attention module's "
+                    "(output, attention weights), the weights None unless output_attentions=True), and Captum "
+                    "attributes to every tensor of a layer's output, refusing the None (\"Given input is not a "
+                    "torch.Tensor\")", "Attribute at the block around it (e.g. model.transformer.h[0], "
+                    "model.model.layers[0], model.bert.encoder.layer[0]) or at a submodule that returns one tensor (its "
+                    "output projection); leave layer out for the model's attribution point, where the attributions "
+                    "are complete") from error
             raise
         finally:
             self.forward_func = saved_forward
@@ -939,10 +963,18 @@ def install_noise_tunnel_checks() -> None:
 
     @functools.wraps(original)
     def attribute(self, *args, **kwargs):
-        if isinstance(getattr(self, "attribution_method", None), BcosAttribution | LayerBcos):
+        method = getattr(self, "attribution_method", None)
+        if isinstance(method, BcosAttribution | LayerBcos):
             bound = signature.bind(self, *args, **kwargs)
             bound.apply_defaults()
             _check_noise_tunnel_arguments(bound.arguments)
+        if isinstance(method, LayerBcos) and isinstance(method.layer, list):
+            # Captum's own assertion on the per-layer list ("`inputs` must be a torch.Tensor or a tuple[torch.Tensor]
+            # but found: <class 'list'>") named neither the layers nor the fix
+            raise argument_error("layer", f"NoiseTunnel averages one attribution per input over its noisy samples, "
+                                 f"and this LayerBcos attributes at {len(method.layer)} layers (a list, one per layer), "
+                                 "which Captum's NoiseTunnel cannot average", "Smooth one layer at a time: one "
+                                 "NoiseTunnel(LayerBcos(forward_func, layer=layer, model=model)) per layer")
         return original(self, *args, **kwargs)
 
     setattr(attribute, _CHECKED, True)

@@ -89,3 +89,90 @@ def test_inseq_aggregate_sum_of_a_bcos_output_is_the_signed_sum_that_adds_up_to_
     # inseq's normalisation, asked for by name, is still inseq's: every column's |scores| sum to 1
     normalised = out.aggregate("sum", normalize=True).sequence_attributions[0].target_attributions
     torch.testing.assert_close(torch.nansum(normalised.abs(), 0), torch.ones(3), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------ Captum: LayerBcos at layers Captum cannot take, named
+
+
+@pytest.mark.parametrize(("class_name", "attention"), [
+    ("GPT2LMHeadModel", lambda m: m.transformer.h[0].attn),
+    ("BertForSequenceClassification", lambda m: m.bert.encoder.layer[0].attention),
+    ("LlamaForCausalLM", lambda m: m.model.layers[0].self_attn),
+])
+def test_layer_bcos_at_an_attention_module_names_its_tuple_output_and_the_fix(class_name, attention):
+    """``LayerBcos(model, layer=<an attention module>)``: transformers' attention modules return (output, attention
+    weights), the weights None unless asked for, and Captum failed on the None with a bare "AssertionError: Given input
+    is not a torch.Tensor", naming neither the layer nor what to pass instead."""
+    from bcos_plugins.adapters.captum import LayerBcos
+    from conftest import padded_batch, tiny_bcos_model
+
+    from bcos_plugins.errors import BcosValueError
+
+    model = tiny_bcos_model(class_name)
+    ids, mask = padded_batch()
+    layer = attention(model)
+    with pytest.raises(BcosValueError, match=rf"layer: {type(layer).__name__} returns a tuple holding None.*"
+                                             r"Given input is not a torch.Tensor.*Attribute at the block"):
+        LayerBcos(model, layer=layer).attribute(ids, target=1, additional_forward_args=(mask,))
+    # in a list of layers too, naming the one whose output Captum refuses
+    block = model.transformer.h[0] if class_name.startswith("GPT2") else (
+        model.bert.encoder.layer[0] if class_name.startswith("Bert") else model.model.layers[0])
+    with pytest.raises(BcosValueError, match=rf"layer: {type(layer).__name__} returns a tuple holding None"):
+        LayerBcos(model, layer=[block, layer]).attribute(ids, target=1, additional_forward_args=(mask,))
+    # the block around it is attributed as before
+    assert LayerBcos(model, layer=block).attribute(ids, target=1, additional_forward_args=(mask,)).shape[:2] \
+        == ids.shape
+
+
+def test_noise_tunnel_over_layer_bcos_at_several_layers_names_layer():
+    """``NoiseTunnel(LayerBcos(..., layer=[a, b]))`` failed inside Captum with "AssertionError: `inputs` must be a
+    torch.Tensor or a tuple[torch.Tensor] but found: <class 'list'>": NoiseTunnel averages one attribution per input
+    and cannot take the per-layer list."""
+    from bcos_plugins.adapters.captum import EmbeddingForward, LayerBcos
+    from captum.attr import NoiseTunnel
+    from conftest import padded_batch, tiny_bcos_model
+
+    from bcos_plugins.errors import BcosValueError
+
+    model = tiny_bcos_model("GPT2LMHeadModel")
+    ids, mask = padded_batch(side="left")
+    fwd = EmbeddingForward(model)
+    embeddings = fwd.embed(ids, mask)
+    layers = [model.transformer.h[0], model.transformer.h[1]]
+    with pytest.raises(BcosValueError, match=r"layer: NoiseTunnel averages one attribution.*2 layers.*one "
+                                             r"NoiseTunnel\(LayerBcos\(.*layer=layer"):
+        NoiseTunnel(LayerBcos(fwd, layer=layers, model=model)).attribute(
+            embeddings, nt_samples=2, stdevs=0.01, target=5, additional_forward_args=(mask,))
+    # one layer per NoiseTunnel, as the fix says, runs (no noise: each sample is the plain call)
+    smoothed = NoiseTunnel(LayerBcos(fwd, layer=layers[1], model=model)).attribute(
+        embeddings, nt_samples=2, stdevs=0.0, target=5, additional_forward_args=(mask,))
+    plain = LayerBcos(fwd, layer=layers[1], model=model).attribute(embeddings, target=5,
+                                                                   additional_forward_args=(mask,))
+    torch.testing.assert_close(smoothed, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_llm_gradient_attribution_over_layer_bcos_at_several_layers_names_layer():
+    """``LLMGradientAttribution(LayerBcos(model, layer=[a, b]), tokenizer).attribute(...)`` failed inside Captum with
+    "AttributeError: 'list' object has no attribute 'detach'": Captum's LLM workflow takes one attribution per target
+    token, and LayerBcos at a list of layers returns one per layer."""
+    from bcos_plugins.adapters.captum import LayerBcos
+    from captum.attr import LLMGradientAttribution, TextTokenInput
+    from conftest import tiny_bcos_model
+    from test_captum_adapter import _word_tokenizer
+
+    from bcos_plugins.errors import BcosValueError
+
+    model = tiny_bcos_model("GPT2LMHeadModel", b=1.1)
+    tokenizer = _word_tokenizer()
+    layers = [model.transformer.h[0], model.transformer.h[1]]
+    with pytest.raises(BcosValueError, match=r"layer: LLMGradientAttribution takes one attribution.*2 layers.*one "
+                                             r"LLMGradientAttribution\(LayerBcos\(model, layer=layer\)"):
+        LLMGradientAttribution(LayerBcos(model, layer=layers), tokenizer).attribute(
+            TextTokenInput("w5 w7 w9 w11", tokenizer), target="w3 w4")
+    # one layer runs, and LayerBcos at a list of layers called directly still returns one attribution per layer
+    one = LLMGradientAttribution(LayerBcos(model, layer=layers[1]), tokenizer).attribute(
+        TextTokenInput("w5 w7 w9 w11", tokenizer), target="w3 w4")
+    assert one.token_attr.shape == (2, 4)
+    ids = torch.tensor([[5, 7, 9, 11]])
+    per_layer = LayerBcos(model, layer=layers).attribute(ids, target=3, additional_forward_args=(torch.ones_like(ids),))
+    assert isinstance(per_layer, list) and len(per_layer) == 2
