@@ -163,3 +163,36 @@ def test_a_cache_run_under_hooks_that_keep_the_sums_decomposes_as_without_them()
     assert heads[0].abs().max() == 0  # L0H0, ablated
     attrs = cache.logit_attrs(cache.get_full_resid_decomposition(pos_slice=-1), tokens=3, pos_slice=-1)
     torch.testing.assert_close(attrs.sum(0), logits[:, -1, 3], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["hooked", "bridge"])
+def test_token_component_decomposition_under_a_patching_hook_names_the_hook_not_biases(kind):
+    """token_component_decomposition under the caller's hook that adds a vector to the residual stream refused (right:
+    the table misses the patched share), but blamed "e.g. non-zero biases" of a bias-free B-cos model and told the user
+    to B-cosify it. It now names the hook and the fix."""
+    from bcos_plugins.adapters.transformer_lens import (
+        token_component_decomposition,
+        transformer_bridge_from_hf,
+    )
+
+    from bcos_plugins.errors import BcosValueError
+
+    hf, model = _hooked()
+    if kind == "bridge":
+        model = transformer_bridge_from_hf(hf)
+    shift = _d_model_shift(model)
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_mid", lambda x, hook: x + shift)]):
+        # (a bridge lists the hook point under its aliases too: blocks.0.ln2.hook_in)
+        with pytest.raises(BcosValueError, match=r"forward hooks on .*blocks\.0\.hook_resid_mid .*reset_hooks") \
+                as error:
+            token_component_decomposition(model, TOKENS, target=3)
+    assert "biases" not in str(error.value) and "bcosify" not in str(error.value)
+
+    def ablate_head_0(z, hook):
+        z[:, :, 0] = 0
+        return z
+
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", ablate_head_0)]):
+        table = token_component_decomposition(model, TOKENS, target=3)
+    torch.testing.assert_close(table.table.sum((1, 2)), table.explained, rtol=1e-4, atol=1e-5)
+    assert table.table[..., table.labels.index("L0H0")].abs().max() == 0

@@ -41,7 +41,7 @@ from bcos_plugins.explain import completeness_tolerance
 from bcos_plugins.nn.dynamic import explanation_mode
 from bcos_plugins.nn.functional import at_least_float32
 
-from .explain import require_explainable, require_finite_lens_weights
+from .explain import require_explainable, require_finite_lens_weights, user_hooked_points
 from .inputs import check_lens_tokens
 from .sae_error import SAEErrorShares
 
@@ -174,6 +174,7 @@ def token_component_decomposition(
     mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)
     pos = outside_inference(resolve_positions(position, mask, default="last"))
     rows = outside_inference(torch.arange(batch, device=tokens.device))
+    hooked = user_hooked_points(model)  # the caller's, before the decomposition adds its own
     embed_names = [n for n in _EMBED_HOOKS if n in model.hook_dict]
     leaves: dict[str, Tensor] = {}
     kept: dict[str, Tensor] = {}
@@ -269,7 +270,7 @@ def token_component_decomposition(
         sae_error_shares = _sae_error_shares(model, tokens, target, foil, pos, attention_mask, table)
     else:
         sae_error_shares = {}
-        _refuse_untracked_terms(model, table, explained)
+        _refuse_untracked_terms(model, table, explained, hooked)
     return TokenComponentDecomposition(table=table, labels=labels, explained=explained, target=target, foil=foil,
                                        position=pos, sae_error_shares=sae_error_shares)
 
@@ -314,8 +315,10 @@ def _nonzero_bias_names(model: nn.Module, limit: int = 4) -> list[str]:
     return names[:limit] + (["..."] if len(names) > limit else [])
 
 
-def _refuse_untracked_terms(model: nn.Module, table: Tensor, explained: Tensor) -> None:
-    """Refuse a table that does not sum to the explained value: the model adds terms no input token carries."""
+def _refuse_untracked_terms(model: nn.Module, table: Tensor, explained: Tensor, hooked: list[str]) -> None:
+    """Refuse a table that does not sum to the explained value: the model adds terms no input token carries (its
+    biases, or the caller's ``hooked`` points patching an activation: named, where the refusal blamed "e.g. non-zero
+    biases" of a bias-free B-cos model and sent users to B-cosify it)."""
     gap = explained - table.sum((1, 2))
     bound = _tolerance(table, explained)
     off = (gap.abs() > bound).nonzero().flatten()
@@ -324,6 +327,14 @@ def _refuse_untracked_terms(model: nn.Module, table: Tensor, explained: Tensor) 
     if off.numel():
         row = int(off[0])
         biases = _nonzero_bias_names(model)
+        if hooked and not biases:
+            raise BcosValueError(
+                f"model: the token x component table sums to {float(table[row].sum()):.4g} but the explained value is "
+                f"{float(explained[row]):.4g} (row {row}): the forward hooks on {', '.join(hooked[:3])}"
+                f"{' ...' if len(hooked) > 3 else ''} add terms that no input token carries (a patched activation or a "
+                "mean-ablated one, or the residual stream scaled: the table splits the logit over the components' "
+                "outputs, which no longer sum to the stream), so the table cannot be exact. Remove the hooks "
+                "(model.reset_hooks()); zero-ablating a head's z or an MLP's post keeps the table exact")
         raise BcosValueError(
             f"model: the token x component table sums to {float(table[row].sum()):.4g} but the explained value is "
             f"{float(explained[row]):.4g} (row {row}): the model adds terms that no input token carries, "

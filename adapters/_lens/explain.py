@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
 
 
-__all__ = ["LensExplanation", "explain_lens_value", "explain_logits", "require_explainable", "ATTRIBUTION_HOOKS"]
+__all__ = ["LensExplanation", "explain_lens_value", "explain_logits", "require_explainable", "user_hooked_points",
+           "ATTRIBUTION_HOOKS"]
 
 
 def require_explainable(model) -> None:
@@ -170,7 +171,7 @@ def require_finite_lens_weights(model) -> None:
                               "checkpoint, or a training step that diverged, wrote them), or fix those parameters")
 
 
-def _user_hooked_points(model) -> list[str]:
+def user_hooked_points(model) -> list[str]:
     """The hook points that carry forward hooks when an explanation starts (the caller's: ``model.hooks()``,
     ``add_hook``), whose edits of activations the explanation runs with. None while SAEs are attached: the tokens
     then miss the error terms' and the SAE biases' shares by design (reported in ``sae_error_shares``), so a miss
@@ -206,7 +207,7 @@ def explain_lens_value(
     an activation add a share no token carries, named there (see :func:`_warn_if_hooks_incomplete`).
     """
     forward_autocast: list[torch.dtype] = []
-    hooked = _user_hooked_points(model)
+    hooked = user_hooked_points(model)
     with recording_forward_autocast(model, forward_autocast):
         result = _explain_lens_value(model, tokens, explained_at, position=position, attention_mask=attention_mask,
                                      result_class=result_class, **result_fields)
