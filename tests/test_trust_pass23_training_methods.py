@@ -110,3 +110,44 @@ def test_the_rank_objective_does_not_rank_a_soft_rationale_token_against_itself(
     # [1, 0.5, 0]: pairs (0, 1) weight 0.5 and (0, 2) weight 1 hold by log 98; (1, 2) weight 0.5 has the hinge 1
     loss = attention_supervision_loss(attentions, torch.tensor([[1.0, 0.5, 0.0]]), objective="rank", margin=1.0)
     assert float(loss) == pytest.approx(0.5 / 2.0, rel=1e-6)
+
+
+def _bcos_llama() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return bcosify(T.LlamaForCausalLM(tiny_config("llama")), b=1.5, verbose=False).eval()
+
+
+def test_finalize_bilinear_refuses_a_bcos_model_whose_down_proj_cannot_take_the_gates_half():
+    """finalize_bilinear folds the beta = 0 gate's factor 1/2 into down_proj by halving its weight: a B-cos down_proj
+    normalises its weight rows, so the output did not halve and the finalised B-cos Llama's logits moved by 0.13 (of
+    0.35), without a word. Refused naming the model, which is left as it was."""
+    from bcos_plugins.bilinear.swish_beta import finalize_bilinear, set_swish_beta
+
+    model = _bcos_llama()
+    set_swish_beta(model, 0.0)  # annealing a B-cos model's gates stays possible
+    ids = torch.randint(5, 50, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids).logits
+    with pytest.raises(BcosValueError, match=r"^model: its gated MLP 0 \(BcosLlamaMLP\) has B-cos projections "
+                                             r"\(gate_proj, up_proj, down_proj\).*before bcosify"):
+        finalize_bilinear(model)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+    assert model.config.hidden_act == "silu"
+
+
+def test_swish_beta_to_bilinear_refuses_a_bcos_model_before_the_first_step(tmp_path):
+    """SwishBetaToBilinear finalises the model when training ends: on a B-cos model that fold changed the model (the
+    test above); refused when training begins, before any step trains it."""
+    from bcos_plugins.bilinear import SwishBetaToBilinear
+
+    model = _bcos_llama()
+    weights = [p.detach().clone() for p in model.parameters()]
+    ids = torch.randint(0, 60, (8, 12), generator=torch.Generator().manual_seed(0))
+    args = T.TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4, report_to=[],
+                               save_strategy="no", use_cpu=True, disable_tqdm=True)
+    trainer = T.Trainer(model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids],
+                        callbacks=[SwishBetaToBilinear(0.5)])
+    with pytest.raises(BcosValueError, match=r"^model: its gated MLP 0 \(BcosLlamaMLP\) has B-cos projections"):
+        trainer.train()
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))

@@ -65,6 +65,22 @@ def gated_mlps(model: nn.Module) -> list[nn.Module]:
             if all(hasattr(m, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))]
 
 
+def _refuse_bcos_gated_mlps(mlps: list[nn.Module]) -> None:
+    """Refuse making B-cos gated MLPs (projections that are dynamic-weight modules, as :func:`~bcos_plugins.bcosify`
+    makes them) bilinear: a B-cos projection normalises its weight rows, so halving ``down_proj``'s weight does not
+    halve its output and :func:`finalize_bilinear` changed the model (logits 0.13 off on a tiny B-cos Llama, without a
+    word); nor is such a layer bilinear (:func:`~bcos_plugins.bilinear.bilinear_weights` refuses it). Annealing their
+    Swish_beta gates (:func:`set_swish_beta`) stays possible: only the fold and the finalisation are refused."""
+    for i, mlp in enumerate(mlps):
+        used = [n for n in ("gate_proj", "up_proj", "down_proj") if isinstance(getattr(mlp, n), DynamicWeightModule)]
+        if used:
+            raise argument_error(
+                "model", f"its gated MLP {i} ({type(mlp).__name__}) has B-cos projections ({', '.join(used)}), which "
+                "normalise their weights: the gate's factor 1/2 cannot be folded into down_proj (the outputs would "
+                "change), and the layer would not be bilinear", "Anneal the stock model with SwishBetaToBilinear "
+                "(finalised at the end of training) before bcosify, or train the B-cos model without Swish_beta gates")
+
+
 def set_swish_beta(model: nn.Module, beta: float) -> None:
     """Install (first call) or update the :class:`SwishBeta` gate of every gated MLP.
 
@@ -105,6 +121,7 @@ def finalize_bilinear(model: nn.Module) -> None:
                              "down_proj and act_fn), so there is nothing to finalise",
                              "Pass the model SwishBetaToBilinear / set_swish_beta annealed (Llama, Mistral, Qwen, "
                              "Gemma layout)")
+    _refuse_bcos_gated_mlps(mlps)
     for mlp in mlps:
         # all checked first: a later MLP's refusal left the earlier ones' down_proj halved and gates replaced
         if not isinstance(mlp.act_fn, SwishBeta) or mlp.act_fn.beta != 0.0:
@@ -220,6 +237,8 @@ class SwishBetaToBilinear(TrainerCallback):
             raise ValueError("SwishBetaToBilinear needs the Trainer to pass the model to its callbacks")
         self.start_beta_value = self._start_beta(model)
         self.require_bilinear_phase(state.max_steps)
+        # it finalises the model when training ends: a B-cos model is refused before the first step, not after the last
+        _refuse_bcos_gated_mlps(gated_mlps(model))
         self.beta = self.beta_at(state.global_step, state.max_steps)
         set_swish_beta(model, self.beta)
 
