@@ -238,7 +238,8 @@ def _refuse_rebuilt_otherwise(path: str, key: str, saved, rebuilt: dict, what: s
     raise BcosValueError(
         f"config.bcos['{key}']: {path} was saved with {what} that its config does not rebuild ({len(differing)} "
         f"differ: {shown}{'; ...' if len(differing) > 3 else ''}): {'an' if setting == 'activation' else 'a norm'} "
-        f"{setting} set by hand on the model before bcosify, which save_pretrained does not write (only the config's "
+        f"{setting} set by hand on the model before bcosify (or Swish_beta gates still annealing after it: finish with "
+        f"bcos_plugins.bilinear.finalize_bilinear), which save_pretrained does not write (only the config's "
         f"{setting}), a keyword of load_bcos_model that changes it, or a config.json edited. Loading it would give "
         f"another model. Build the model with the {setting} in its config ("
         + ("hidden_act / hidden_activation / activation_function" if setting == "activation" else
@@ -308,9 +309,11 @@ def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = No
         raise BcosValueError(
             f"path: {path} holds {len(held)} bias(es) that the B-cos {settings['architecture']} its config.bcos "
             f"describes has no place for ({', '.join(held[:4])}{', ...' if len(held) > 4 else ''}): a save of that "
-            "model holds none, so these weights come from another model (a stock one, or one converted with other "
-            "settings: config.json was edited). Restore config.json from the original save, or load the stock "
-            "model with transformers and call bcosify.")
+            "model holds none, so these weights come from another model (a stock one, one converted with other "
+            "settings: config.json was edited, or one given a module with a bias after bcosify, e.g. a new nn.Linear "
+            "head). Restore config.json from the original save, or load the stock model with transformers and call "
+            "bcosify; for a new head, put a B-cos layer there (bcos_plugins.nn.BcosLinear.from_linear(layer, "
+            "b=model.config.bcos['b'])) and save again.")
     layers = {n: m for n, m in model.named_modules() if isinstance(m, AlignmentPressure)}
     without_b = sorted(set(layers) - set(stored)) if settings["format_version"] >= 2 else []
     for layer_name, value in stored.items():
@@ -587,6 +590,15 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     dropped = set(model.bcos_report.dropped_biases)
     unexpected_missing = [k for k in info["missing_keys"] if k not in dropped]
     unexpected = [k for k in info["unexpected_keys"] if not (k.endswith(".bcos_b") and k[:-7] in layers)]
+    if without_b and not (unexpected_missing or unexpected or info.get("mismatched_keys")):
+        # the weights fit, but no B was saved with these layers: the saved model held no B-cos layer there (a head
+        # replaced by a plain nn.Linear after bcosify), and the load said to restore a folder that was the save
+        raise BcosValueError(
+            f"path: {path} does not match a B-cos {name}: B-cos layers without a stored B {without_b}, while a save "
+            "stores one with each B-cos layer: the saved model held another module there (e.g. a head replaced by a "
+            "plain nn.Linear after bcosify), which the load would rebuild as a B-cos layer, another model, or the "
+            "weight files were edited. Put a B-cos layer there before saving (bcos_plugins.nn.BcosLinear.from_linear("
+            "layer, b=model.config.bcos['b'])) and save again, or restore the folder from the original save_pretrained.")
     if unexpected_missing or unexpected or info.get("mismatched_keys") or without_b:
         raise BcosValueError(
             f"path: {path} does not match a B-cos {name}: missing {sorted(unexpected_missing)}, unexpected "

@@ -7,12 +7,19 @@ it and saved, ``load_bcos_model`` of unusual folders and keywords, whole-model c
 
 from __future__ import annotations
 
+import copy
+import pickle
 import warnings
 
+import pytest
 import torch
 from test_conformance import _stock
+from torch import nn
 
-from bcos_plugins import bcosify
+from bcos_plugins import bcosify, load_bcos_model
+from bcos_plugins.bilinear.swish_beta import finalize_bilinear, set_swish_beta
+from bcos_plugins.errors import BcosValueError
+from bcos_plugins.nn import BcosLinear
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -69,3 +76,95 @@ def test_the_converted_layers_hold_the_parameters_they_are_built_from_frozen_or_
     bcosify(model, verbose=False)
     assert model.model.layers[0].mlp.down_proj.weight is down and not down.requires_grad
     assert model.model.norm.weight is norm and norm.requires_grad
+
+
+# ------------------------------------------------------------------ modules changed after bcosify, then saved
+
+
+def test_an_activation_swapped_in_after_bcosify_is_refused_where_it_would_be_saved(tmp_path):
+    model = bcosify(_stock("BertForSequenceClassification"), verbose=False)
+    act_path = "bert.encoder.layer.0.intermediate.intermediate_act_fn"
+    kept = model.get_submodule(act_path)
+    model.bert.encoder.layer[0].intermediate.intermediate_act_fn = nn.ReLU()
+    # saved, it reloaded with the recorded GELU: logits 0.014 off, silently
+    with pytest.raises(BcosValueError, match=rf"^model: holds 1 module\(s\) that differ from what config\.bcos records "
+                                             rf"of them at bcosify \('{act_path}' recorded as gelu, now ReLU\(inplace="
+                                             r"False\)\).*Put the recorded modules back before saving"):
+        model.save_pretrained(tmp_path / "swapped")
+    with pytest.raises(BcosValueError, match="differ from what config.bcos records"):
+        model.state_dict()
+    model.bert.encoder.layer[0].intermediate.intermediate_act_fn = kept
+    model.save_pretrained(tmp_path / "restored")
+    ids = torch.randint(3, 50, (2, 7))
+    assert torch.equal(_logits(load_bcos_model(tmp_path / "restored"), ids), _logits(model, ids))
+
+
+@pytest.mark.parametrize("edit", ["eps", "kind"])
+def test_an_epsilon_or_gate_kind_set_after_bcosify_is_refused_where_it_would_be_saved(tmp_path, edit):
+    model = bcosify(_stock("LlamaForCausalLM"), verbose=False)
+    if edit == "eps":
+        model.model.layers[1].post_attention_layernorm.variance_epsilon = 0.5
+        shown = r"'model\.layers\.1\.post_attention_layernorm' recorded as 1e-06, now 0\.5"
+    else:
+        model.model.layers[0].mlp.act_fn.kind = "relu"
+        shown = r"'model\.layers\.0\.mlp\.act_fn' recorded as silu, now relu"
+    with pytest.raises(BcosValueError, match=rf"^model: holds 1 module\(s\) that differ .*\({shown}\)"):
+        model.save_pretrained(tmp_path)
+
+
+def test_a_module_replaced_by_one_computing_the_recorded_function_still_saves_and_reloads(tmp_path):
+    # a stock bias-free LayerNorm of the recorded epsilon where a B-cos one was: the load rebuilds the same function
+    model = bcosify(_stock("BertForSequenceClassification"), verbose=False)
+    norm = model.bert.encoder.layer[0].output.LayerNorm
+    stock = nn.LayerNorm(32, eps=norm.eps, bias=False)
+    with torch.no_grad():
+        stock.weight.copy_(norm.weight)
+    model.bert.encoder.layer[0].output.LayerNorm = stock
+    model.save_pretrained(tmp_path)
+    ids = torch.randint(3, 50, (2, 7))
+    assert torch.equal(_logits(load_bcos_model(tmp_path), ids), _logits(model, ids))
+
+
+def test_copies_of_a_converted_model_keep_the_check_and_save_as_it_is():
+    model = bcosify(_stock("GPT2LMHeadModel"), verbose=False)
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert copied.state_dict().keys() == model.state_dict().keys()
+        copied.transformer.h[0].mlp.act = nn.ReLU()
+        with pytest.raises(BcosValueError, match=r"'transformer\.h\.0\.mlp\.act' recorded as gelu_tanh, now ReLU"):
+            copied.state_dict()
+
+
+def test_a_bcos_model_saved_while_annealing_swish_beta_is_refused_on_load_and_reloads_once_finalised(tmp_path):
+    model = bcosify(_stock("LlamaForCausalLM"), verbose=False)
+    ids = torch.randint(3, 50, (2, 7))
+    set_swish_beta(model, 0.5)
+    model.save_pretrained(tmp_path / "annealing")  # a Trainer checkpoint: resumed with load_state_dict, as it is
+    # reloaded with load_bcos_model it had the config's SiLU gates: logits 0.058 off, silently
+    with pytest.raises(BcosValueError, match=r"^config\.bcos\['activations'\]: .* 'model\.layers\.0\.mlp\.act_fn' "
+                                             r"saved as SwishBeta\(beta=0\.5\), rebuilt as silu.*finalize_bilinear"):
+        load_bcos_model(tmp_path / "annealing")
+    set_swish_beta(model, 0.0)
+    finalize_bilinear(model)
+    model.save_pretrained(tmp_path / "bilinear")  # refused on load before as activations "set by hand"
+    assert torch.equal(_logits(load_bcos_model(tmp_path / "bilinear"), ids), _logits(model, ids))
+
+
+# ------------------------------------------------------------------ a head replaced after bcosify: the load says so
+
+
+def test_a_head_replaced_by_a_plain_linear_after_bcosify_is_refused_naming_the_cause_and_a_bcos_head_reloads(tmp_path):
+    model = bcosify(_stock("BertForSequenceClassification"), verbose=False)
+    model.classifier = nn.Linear(32, 3, bias=False)
+    model.save_pretrained(tmp_path / "plain")
+    with pytest.raises(BcosValueError, match=r"B-cos layers without a stored B \['classifier'\].*the saved model held "
+                                             r"another module there \(e\.g\. a head replaced by a plain nn\.Linear"):
+        load_bcos_model(tmp_path / "plain")
+    model.classifier = nn.Linear(32, 3)
+    model.save_pretrained(tmp_path / "biased")
+    with pytest.raises(BcosValueError, match=r"classifier\.bias.*a module with a bias after bcosify, e\.g\. a new "
+                                             r"nn\.Linear head"):
+        load_bcos_model(tmp_path / "biased")
+    model.classifier = BcosLinear.from_linear(nn.Linear(32, 3, bias=False), b=model.config.bcos["b"])
+    model.save_pretrained(tmp_path / "bcos")
+    ids = torch.randint(3, 50, (2, 7))
+    assert torch.equal(_logits(load_bcos_model(tmp_path / "bcos"), ids), _logits(model, ids))

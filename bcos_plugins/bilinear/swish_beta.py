@@ -27,6 +27,7 @@ from transformers import TrainerCallback
 from transformers.activations import ACT2FN, LinearActivation
 
 from .._checks import require_float
+from ..convert.bcosify import record_module_edits
 from ..errors import argument_error
 from ..nn.dynamic import DynamicWeightModule
 
@@ -108,6 +109,9 @@ def set_swish_beta(model: nn.Module, beta: float) -> None:
             mlp.act_fn.beta = float(beta)
         else:
             mlp.act_fn = SwishBeta(beta)
+    # a B-cos model's config.bcos records each activation, which a load rebuilds from the config: a save made while
+    # annealing reloaded with the config's SiLU gates, another model, silently; recorded, the load refuses it
+    record_module_edits(model, _act_fn_paths(model, mlps))
 
 
 def finalize_bilinear(model: nn.Module) -> None:
@@ -143,6 +147,14 @@ def finalize_bilinear(model: nn.Module) -> None:
     if config is not None:
         for key in _activation_keys(config):
             setattr(config, key, "linear")
+    # the identity gates rebuild from the config now: a B-cos model's record drops its entries for them (its load
+    # refused the finalised model as one whose activations were set by hand)
+    record_module_edits(model, _act_fn_paths(model, mlps))
+
+
+def _act_fn_paths(model: nn.Module, mlps: list[nn.Module]) -> list[str]:
+    ids = {id(mlp) for mlp in mlps}
+    return [f"{name}.act_fn" for name, module in model.named_modules(remove_duplicate=False) if id(module) in ids]
 
 
 def _text_config(model: nn.Module):

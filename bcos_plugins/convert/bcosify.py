@@ -608,8 +608,10 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
     model gets its own copy of its config
     (``model.config`` is a new object), so a config shared with another model is left unchanged. Every module it
     puts in takes the training flag of the module it replaces, so a model in eval mode stays wholly in eval mode, and
-    each of its parameters the ``requires_grad`` of the one it is built from (a frozen encoder stays frozen). A module
-    held at two paths is converted once and stays shared.
+    each of its parameters is the parameter it is built from (a frozen encoder stays frozen, a weight two modules
+    share stays one parameter). A module held at two paths is converted once and stays shared. The converted model's
+    ``state_dict`` (so ``save_pretrained``) refuses, naming them, modules changed afterwards that the record would
+    rebuild otherwise (an activation swapped in, a norm's epsilon set; :func:`refuse_stale_record`).
 
     Every B-cos layer stores its B in the state dict (buffer ``bcos_b``), so checkpoints hold the B each
     layer runs with (also during :class:`~bcos_plugins.train.BWarmupCallback`).
@@ -696,7 +698,86 @@ def bcosify(model: nn.Module, b: float = 1.5, *, bcos_query_key: bool = True, ve
         # weights (a different model); it refuses format 3 instead
         own.bcos.update(format_version=STOCK_QUERY_KEY_FORMAT_VERSION, query_key="stock")
     model.bcos_report = report
+    # save_pretrained writes the record and the config, not the modules: one changed after this (an activation swapped,
+    # an epsilon set) reloaded as the recorded one, another model, silently; checked where it would be saved
+    model.register_state_dict_pre_hook(_refuse_stale_record_on_save)
     if verbose:
         logger.info(report.summary())
     return model
+
+
+# config.bcos's entries that describe a module each, by path (bcosify writes them; the load compares the rebuilt model's)
+_PER_MODULE_RECORDS = ("activations", "gate_branch_activations", "norm_eps")
+_UNREAD = object()  # a module the record's reading cannot judge (a wrapper put in by a host library)
+
+
+def recorded_description(key: str, module: nn.Module):
+    """What ``config.bcos[key]`` (one of ``"activations"``, ``"gate_branch_activations"``, ``"norm_eps"``) says of
+    ``module`` read as :func:`bcosify` reads it: a detachable activation's gate kind, another activation's class and
+    settings (:func:`describe_gate_branch`), a norm's epsilon; ``None`` for an identity activation (no entry)."""
+    if key == "norm_eps":
+        return norm_epsilon(module) if hasattr(module, "variance_epsilon") or hasattr(module, "eps") else _UNREAD
+    if type(module).__name__ in IDENTITY_ACTIVATIONS:
+        return None
+    if next(module.children(), None) is not None:
+        return _UNREAD
+    if key == "activations" and isinstance(module, DetachableActivation):
+        return module.kind
+    return describe_gate_branch(module)
+
+
+def record_module_edits(model: nn.Module, paths) -> None:
+    """Rewrite the entries of ``model.config.bcos`` for the modules at ``paths`` as they are now (an entry of an
+    identity activation is removed): for code of this package that changes a converted model's activations on
+    purpose (``bcos_plugins.bilinear.set_swish_beta``), so that a save records them and a load rebuilds them or
+    refuses. A model without a record is left alone."""
+    record = getattr(getattr(model, "config", None), BCOS_CONFIG_KEY, None)
+    if not isinstance(record, dict):
+        return
+    for path in paths:
+        module = model.get_submodule(path)
+        for key in _PER_MODULE_RECORDS:
+            entries = record.get(key)
+            if isinstance(entries, dict) and path in entries:
+                now = recorded_description(key, module)
+                if now is None:
+                    del entries[path]
+                elif now is not _UNREAD:
+                    entries[path] = now
+
+
+def refuse_stale_record(model: nn.Module) -> None:
+    """Refuse a converted model whose modules differ from what ``config.bcos`` records of them (an activation or a
+    norm epsilon changed after :func:`bcosify`): ``save_pretrained`` writes the record and the config, and
+    :func:`~bcos_plugins.load_bcos_model` rebuilds each module from them, so such a save reloaded as another model
+    without a word (an activation swapped in after converting: logits 0.014 off; an epsilon set: 0.004)."""
+    record = getattr(getattr(model, "config", None), BCOS_CONFIG_KEY, None)
+    if not isinstance(record, dict):
+        return
+    differing = []
+    for key in _PER_MODULE_RECORDS:
+        entries = record.get(key)
+        if not isinstance(entries, dict):
+            continue
+        for path, saved in entries.items():
+            try:
+                module = model.get_submodule(path)
+            except AttributeError:
+                continue  # a module removed: the weights no longer fit, which the load names
+            now = recorded_description(key, module)
+            if now is not _UNREAD and now != saved:
+                differing.append(f"'{path}' recorded as {saved}, now {now or 'the identity'}")
+    if differing:
+        raise argument_error(
+            "model", f"holds {len(differing)} module(s) that differ from what config.bcos records of them at bcosify "
+            f"({'; '.join(differing[:3])}{'; ...' if len(differing) > 3 else ''}): changed after converting (an "
+            "activation swapped in, an epsilon set by hand), which a state dict does not hold and save_pretrained "
+            "does not write, so load_bcos_model would rebuild the recorded ones: another model",
+            "Put the recorded modules back before saving (torch.save(model, file) keeps a model as it is); for another "
+            "activation or epsilon, build the stock model with it in its config (hidden_act, layer_norm_eps, ...) and "
+            "convert that", kind=BcosValueError)
+
+
+def _refuse_stale_record_on_save(module: nn.Module, prefix: str, keep_vars: bool) -> None:
+    refuse_stale_record(module)
 
