@@ -180,3 +180,33 @@ def test_perplexity_warns_about_a_padded_batch_of_ids_given_as_lists_as_it_does_
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnmaskedPaddingWarning)  # rows of one length without padding: no warning
         perplexity(model, [[5, 6, 7], [8, 9, 10]], max_length=6)
+
+
+# ------------------------------------------------------------------ token scores as lists and arrays
+
+
+def test_token_scores_read_nested_lists_and_arrays_as_the_rationale_metrics_do():
+    import math
+
+    import numpy as np
+
+    from bcos_plugins.metrics import explanation_entropy, reciprocal_rank, token_scores
+
+    def entropy(row):
+        total = sum(abs(v) for v in row)
+        return -sum(abs(v) / total * math.log(abs(v) / total) for v in row if v)
+
+    rows = [[1.0, 2.0], [3.0, -4.0]]
+    # two rows as a list were refused as "a tuple of 2" input tensors, one row as "got list", an array as "got ndarray";
+    # reciprocal_rank and the rationale metrics read the same lists
+    for given in (rows, np.array(rows)):
+        got = explanation_entropy(given)
+        assert got.dtype == torch.float64
+        assert got.tolist() == pytest.approx([entropy(rows[0]), entropy(rows[1])], abs=1e-15)
+    assert explanation_entropy([[1.0, 2.0, 3.0]]).tolist() == pytest.approx([entropy([1.0, 2.0, 3.0])], abs=1e-15)
+    # Python floats in float64, as require_tensor reads them (scores 1e-9 apart stay apart)
+    assert token_scores([[1.0, 1.0 + 1e-9]]).dtype == torch.float64
+    assert reciprocal_rank(rows, [[0, 1]] * 2).tolist() == [1.0, 0.5]
+    # per-row scores of different lengths (Explanation.scores()) are named as such, not as "a tuple"
+    with pytest.raises(BcosValueError, match="got a list of 2 tensors .*not its scores"):
+        explanation_entropy([torch.tensor([1.0, 2.0]), torch.tensor([3.0])])

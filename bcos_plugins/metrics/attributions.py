@@ -59,10 +59,18 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
             # (batch, pos, ...) the 2C channels were the "tokens", so explanation_entropy of an image explanation was
             # the entropy of two channel sums (0.66 for the 5.17 of its pixels), silently
             attributions = attributions.flatten(2).transpose(1, 2)
+    if not isinstance(attributions, Tensor) and (hasattr(attributions, "__array__") or isinstance(
+            attributions, (tuple, list)) and not any(isinstance(part, Tensor) for part in attributions)):
+        # scores as nested lists or a NumPy array, read as the rationale and decoder metrics read them (Python floats
+        # in float64): a list of two rows was refused as "a tuple of 2" input tensors, one row as "got list"
+        attributions = require_tensor("attributions", attributions, kind="real", finite=False,
+                                      shape_hint="(batch, pos, ...)")
     if isinstance(attributions, (tuple, list)):
         if len(attributions) != 1:
-            raise argument_error("attributions", f"expected the attributions of one input tensor, got a tuple of "
-                                 f"{len(attributions)}", "Pass the tensor attributed at the token embeddings")
+            raise argument_error("attributions", f"expected the attributions of one input tensor, got a "
+                                 f"{type(attributions).__name__} of {len(attributions)} tensors (per-row scores, or "
+                                 "several inputs' attributions)", "Pass the (batch, pos) or (batch, pos, d) tensor "
+                                 "attributed at the token embeddings, or the explanation itself (not its scores())")
         attributions = attributions[0]
     if not isinstance(attributions, Tensor):
         raise argument_error("attributions", f"must be a tensor, a one-tensor tuple or an Explanation, got "
