@@ -966,12 +966,15 @@ def require_training_argument_names(training_args, helper: str, own=()) -> None:
 def require_finite_parameters(model: nn.Module, name: str = "model", *,
                               consequence: str = "its loss would be NaN from the first step and every weight NaN "
                                                  "after it",
-                              fix: str = "Reload the weights (or find the step that wrote them)") -> None:
+                              fix: str = "Reload the weights (or find the step that wrote them)",
+                              parameters: Sequence[tuple[str, Tensor]] | None = None) -> None:
     """Refuse a model with a NaN or infinite parameter, naming the parameters (one device synchronisation for the
     whole model). The default words are the training helpers' (checked before training: the loss is NaN from the
     first step and every weight NaN after it); ``consequence`` and ``fix`` are another caller's (the TransformerLens
-    adapter's, once an explanation came out NaN)."""
-    named = [(n, p) for n, p in model.named_parameters() if p.is_floating_point() and not p.is_meta]
+    adapter's, once an explanation came out NaN). ``parameters``: the named parameters to check, where a caller checks
+    only some (the B-cos HookedTransformer's query / key weights); default all of ``model``'s."""
+    named = [(n, p) for n, p in (model.named_parameters() if parameters is None else parameters)
+             if p.is_floating_point() and not p.is_meta]
     if not named:
         return
     bad = torch.stack([~torch.isfinite(p.detach()).all() for _, p in named])

@@ -119,3 +119,38 @@ def test_vit_from_pretrained_refuses_a_config_whose_b_disagrees_with_the_stored_
         assert torch.equal(loaded.eval()(images).logits, model(images).logits)
     with pytest.raises(BcosValueError, match=r"^config: .*b=2\.0.*\[1\.2\]"):
         BcosViT.from_pretrained(warm, config=_vit_config(b=2.0))
+
+
+# ------------------------------------------------ 1e. NaN query / key weights of a B-cos HookedTransformer
+
+
+@pytest.mark.parametrize("weight", ["W_Q", "W_K"])
+def test_bcos_hooked_transformer_refuses_a_nan_query_or_key_weight_once_per_weight_version(weight):
+    """TransformerLens' attention sets a NaN attention row to zero, so a NaN in W_Q / W_K gave finite logits and a
+    finite explanation, 0.45 off, without a word (the weight check ran only once a result was non-finite). The B-cos
+    HookedTransformer's forward now checks those weights, once per weight version (no sync while they are unchanged)."""
+    from bcos_plugins.adapters.transformer_lens import (
+        BcosHookedTransformer,
+        BcosTransformerConfig,
+        explain_logits,
+    )
+
+    from bcos_plugins.errors import BcosValueError
+
+    cfg = BcosTransformerConfig(d_model=16, n_layers=2, n_heads=4, d_head=4, d_mlp=24, d_vocab=40, n_ctx=16,
+                                device="cpu", act_fn="gelu_new", normalization_type="LN",
+                                positional_embedding_type="standard", seed=0, bcos_b=1.5)
+    model = BcosHookedTransformer(cfg).eval()
+    tokens = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(1))
+    before = model(tokens)
+    assert torch.isfinite(before).all()
+    with torch.no_grad():
+        getattr(model.blocks[1].attn, weight)[0, 0, 0] = float("nan")  # an in-place write: a new weight version
+    with pytest.raises(BcosValueError, match=rf"^model: .*NaN or infinite .*blocks\.1\.attn\.{weight}.*attention sets a NaN "
+                                             r"row of attention scores to zero.*finite and wrong"):
+        model(tokens)
+    with pytest.raises(BcosValueError, match=rf"blocks\.1\.attn\.{weight}"):
+        explain_logits(model, tokens, target=3)
+    with torch.no_grad():
+        getattr(model.blocks[1].attn, weight)[0, 0, 0] = 0.1  # mended: a new version, checked again, accepted
+    assert torch.isfinite(model(tokens)).all()

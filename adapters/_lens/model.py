@@ -47,6 +47,7 @@ from transformer_lens.components.mlps.mlp import MLP
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities.activation_functions import softcap_enabled
 
+from bcos_plugins._checks import require_finite_parameters
 from bcos_plugins.convert.architectures import vocabulary_size
 from bcos_plugins.corpus import require_tokenizer_fits
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
@@ -374,6 +375,10 @@ class BcosHookedTransformer(ExactCacheHookedTransformer):
         super().__init__(cfg, *args, **kwargs)
         _to_bcos(self)
 
+    def forward(self, *args, **kwargs):
+        _require_finite_query_key_weights(self)
+        return super().forward(*args, **kwargs)
+
     def load_and_process_state_dict(self, state_dict, fold_ln: bool = True, center_writing_weights: bool = True,
                                     center_unembed: bool = True, fold_value_biases: bool = True,
                                     refactor_factored_attn_matrices: bool = False):
@@ -402,6 +407,47 @@ class BcosHookedTransformer(ExactCacheHookedTransformer):
                 "state_dict['ln_final.b'] is not zero, but a B-cos model has no biases (its unembedding has no "
                 "b_U to fold it into). Load a checkpoint of a B-cos model, or zero the final norm's bias")
         return super().load_state_dict(folded, strict=strict, assign=assign)
+
+def _query_key_weights(model: nn.Module):
+    """``(name, parameter)`` of every attention's query / key weights and query / key norm: a NaN there makes a
+    row of attention scores NaN, which TransformerLens' attention (and ours, restated from it) sets to zero."""
+    for i, block in enumerate(getattr(model, "blocks", ())):
+        attn = getattr(block, "attn", None)
+        if not isinstance(attn, nn.Module):
+            continue
+        for name in ("W_Q", "W_K", "_W_K"):
+            weight = attn._parameters.get(name)
+            if weight is not None:
+                yield f"blocks.{i}.attn.{name}", weight
+        for norm in ("q_norm", "k_norm"):
+            module = getattr(attn, norm, None)
+            if isinstance(module, nn.Module):
+                yield from ((f"blocks.{i}.attn.{norm}.{name}", p) for name, p in module.named_parameters())
+
+
+def _weight_version(weight: torch.Tensor) -> tuple:
+    # an inference tensor keeps no version counter: its storage stands for it
+    return (weight.data_ptr(),) if weight.is_inference() else (weight._version, weight.data_ptr())
+
+
+def _require_finite_query_key_weights(model: nn.Module) -> None:
+    """Refuse a NaN or infinite query / key weight before a forward: TransformerLens' attention sets a NaN attention
+    row to zero, so such a weight gave finite logits and a finite explanation, 0.45 off on a tiny model, without a
+    word (the lens paths check the weights only once a value comes out non-finite). Checked once per weight version
+    (an in-place write, ``load_state_dict`` and an optimiser step make a new one; a replaced parameter is another
+    tensor): one device synchronisation then, none while the weights are unchanged (docs/benchmarks.md has its cost).
+    Writes that bypass the version counter (``weight.data.copy_``) are not seen, as by the unit-weight cache."""
+    if torch.compiler.is_compiling():
+        return
+    seen = model.__dict__.setdefault("_finite_query_key_versions", {})
+    stale = [(name, w) for name, w in _query_key_weights(model) if seen.get(name) != _weight_version(w)]
+    if not stale:
+        return
+    require_finite_parameters(model, "model", parameters=stale, consequence=(
+        "TransformerLens' attention sets a NaN row of attention scores to zero, so the logits and their explanations "
+        "would come out finite and wrong"), fix="Reload the weights (or find the write that broke them)")
+    seen.update((name, _weight_version(w)) for name, w in stale)
+
 
 _CLASSES: dict[type, type] = {HookedTransformer: BcosHookedTransformer}
 _EXACT_CACHE_CLASSES: dict[type, type] = {HookedTransformer: ExactCacheHookedTransformer}
