@@ -391,13 +391,14 @@ class EmbeddingForward(nn.Module):
             handle.remove()
         embeddings = captured[0]
         if not bool(torch.isfinite(embeddings).all()):
-            # a padding token's NaN embedding row: the refusal of these embeddings (_checked) sees no ids and blamed
-            # a baseline or noise the caller never added; here the ids are at hand to name the row (as explain does)
-            cause = non_finite_embedding_cause(self.model, input_ids, attention_mask)
-            if cause:
-                rows = ~torch.isfinite(embeddings).reshape(embeddings.shape[0], -1).all(-1)
-                raise argument_error("input_ids", f"{bad_rows(rows)} embed to NaN or infinite entries, so there is "
-                                     "nothing finite to explain", cause)
+            # a NaN embedding row, the padding's or a real token's: the refusal of these embeddings (_checked) sees no
+            # ids and blamed a baseline or noise the caller never added; here the ids are at hand to name the row (as
+            # explain does)
+            cause = (non_finite_embedding_cause(self.model, input_ids, attention_mask)
+                     or _real_token_embedding_cause(self.model, input_ids, attention_mask))
+            rows = ~torch.isfinite(embeddings).reshape(embeddings.shape[0], -1).all(-1)
+            raise argument_error("input_ids", f"{bad_rows(rows)} embed to NaN or infinite entries, so there is "
+                                 "nothing finite to explain", cause)
         return embeddings
 
     def _check_no_real_pad_ids(self, input_ids: Tensor, attention_mask: Tensor | None) -> None:
@@ -435,8 +436,13 @@ class EmbeddingForward(nn.Module):
                                  "explain", "Pass at least one sequence of at least one position, computed with "
                                  "EmbeddingForward.embed(input_ids, attention_mask)")
         if not torch.isfinite(embeddings).all():
-            raise argument_error("embeddings", "has NaN or infinite entries", "Pass finite embeddings (check the "
-                                 "baseline or the noise added to them)")
+            bad = ~torch.isfinite(embeddings).all(-1)
+            row = int(bad.any(-1).nonzero()[0])
+            raise argument_error("embeddings", f"has NaN or infinite entries at {int(bad.sum())} position(s), first in "
+                                 f"row {row} at positions {bad[row].nonzero().flatten().tolist()[:8]}", "Pass finite "
+                                 "embeddings: an input embedding row of those tokens may be NaN "
+                                 "(EmbeddingForward.embed(input_ids, attention_mask) names it), or a baseline or noise "
+                                 "added to them")
         if attention_mask is None:
             return None
         if not isinstance(attention_mask, Tensor) or attention_mask.shape != embeddings.shape[:2]:
@@ -475,6 +481,23 @@ class EmbeddingForward(nn.Module):
         if pos is not None:
             logits = logits[torch.arange(batch, device=logits.device), pos]
         return logits
+
+
+def _real_token_embedding_cause(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None) -> str:
+    """The sentence naming a real token whose input embedding row is NaN or infinite (the padding's is named by
+    ``non_finite_embedding_cause``), or the embedding's other weights where every token's row is finite."""
+    weight = model.get_input_embeddings().weight
+    real = input_ids if attention_mask is None else input_ids[attention_mask.to(input_ids.device) != 0]
+    ids = real.to(weight.device).unique()
+    ids = ids[(ids >= 0) & (ids < weight.shape[0])]
+    bad = ids[~torch.isfinite(weight[ids].detach()).all(-1)].tolist()
+    row = "model.get_input_embeddings().weight"
+    if bad:
+        return (f"The input embedding row of token {bad[0]} ({row}[{bad[0]}]"
+                f"{', ids ' + str(bad[:8]) if len(bad) > 1 else ''}) is NaN or infinite. Reload the embedding weights, "
+                f"or set that row to finite values ({row}.data[{bad[0]}] = ...)")
+    return ("Every token's input embedding row is finite, so the embedding's other weights (position or token-type "
+            "embeddings, the embedding norm) are NaN or infinite, or a huge value overflows. Reload the weights")
 
 
 def _swapped_in(embeddings: Tensor, dtype: torch.dtype) -> Tensor:

@@ -154,3 +154,31 @@ def test_bcos_hooked_transformer_refuses_a_nan_query_or_key_weight_once_per_weig
     with torch.no_grad():
         getattr(model.blocks[1].attn, weight)[0, 0, 0] = 0.1  # mended: a new version, checked again, accepted
     assert torch.isfinite(model(tokens)).all()
+
+
+# ------------------------------------------------ 2a. a real token's NaN embedding row through EmbeddingForward
+
+
+def test_embedding_forward_names_a_real_tokens_nan_embedding_row_not_a_baseline_or_noise():
+    """A real token whose input embedding row is NaN: EmbeddingForward.embed returned NaN embeddings, and the refusal
+    in its forward (_checked) said "check the baseline or the noise added to them", which the caller never added.
+    embed now refuses naming the token and its row (as it did for the padding's row), and _checked names the
+    positions and the embedding row among the causes."""
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward
+    from conftest import with_nan_embedding_row
+
+    from bcos_plugins.errors import BcosValueError
+
+    ids, mask = padded_batch()
+    token = int(ids[0, 0])
+    fwd = EmbeddingForward(with_nan_embedding_row(tiny_bcos_model(), token))
+    with pytest.raises(BcosValueError, match=rf"^input_ids: rows \[0, 1\] embed to NaN .*The input embedding row of "
+                                             rf"token {token} \(model\.get_input_embeddings\(\)\.weight\[{token}\]\) is "
+                                             r"NaN or infinite"):
+        fwd.embed(ids, mask)
+    embeddings = EmbeddingForward(tiny_bcos_model()).embed(ids, mask)
+    embeddings[0, 0] = float("nan")
+    with pytest.raises(BcosValueError, match=r"^embeddings: has NaN or infinite entries at 1 position\(s\), first in row "
+                                             r"0 at positions \[0\].*an input embedding row of those tokens") as caught:
+        BcosAttribution(fwd).attribute(embeddings, target=1, additional_forward_args=(mask,))
+    assert "EmbeddingForward.embed(input_ids, attention_mask) names it" in str(caught.value)
