@@ -8,7 +8,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # one target per script in examples/: `make space-sst2` runs examples/space_sst2.py
 EXAMPLES := blimp-mrr bilinear-digits bilinear-language inseq-quickstart vit-digits space-sst2 guided-esnli ioi-circuit
 
-.PHONY: setup test test-tl4 test-min docs wheel-smoke demo bench bench-gpu bench-faithfulness bench-faithfulness-full bench-decoders bench-recipes bench-vision guided-esnli-seeds lint clean $(EXAMPLES)
+.PHONY: help setup test test-tl4 test-min docs wheel-smoke demo bench bench-gpu bench-faithfulness bench-faithfulness-full bench-frontier bench-decoders bench-recipes bench-vision guided-esnli-seeds lint clean $(EXAMPLES)
 
 # The versions of the support matrix's "tested" column (pip constraints; the README names them, a test checks)
 TESTED := .ci/tested-versions.txt
@@ -150,6 +150,29 @@ guided-esnli-seeds: $(STAMP)
 	    > $(GUIDED_OUT)/log_$(GUIDED_CANDIDATE_TAG)_seed{}.txt 2>&1,true)'
 	$(BIN)/python examples/guided_esnli.py --report $(GUIDED_OUT)/$(GUIDED_BASE_TAG)_seed*.json \
 	  $(if $(GUIDED_CANDIDATE),$(GUIDED_OUT)/$(GUIDED_CANDIDATE_TAG)_seed*.json) --confidence $(GUIDED_CONFIDENCE)
+
+# every target in one line each (tests/test_trust_pass23_newcomer.py keeps it equal to the rules of this file); a bare
+# `make` still builds .venv (setup)
+help:
+	@echo "make setup          build .venv: torch 2.13 CPU, the package editable with every extra, inseq the recipe way"
+	@echo "make demo           B-cosify MiniLM, fine-tune it on SST-2 and explain it (offline, minutes on a CPU)"
+	@echo "make test           the whole suite, the strict docs build, the wheel test, test-tl4 and test-min (what CI runs)"
+	@echo "make test-tl4       the bridge and core tests under TransformerLens 4 and the newest torch (.venv-tl4)"
+	@echo "make test-min       a smoke subset on the lowest declared versions (.venv-min)"
+	@echo "make docs           the documentation site, strict, into build/site"
+	@echo "make wheel-smoke    build the wheel, install it fresh, run one explanation per host library"
+	@echo "make lint           ruff over the package, adapters, tests, examples, benchmarks, .ci and docs"
+	@echo "make clean          remove .venv, .venv-tl4, .venv-min, build and the egg-info"
+	@echo "make bench          speed ratios: core, TransformerLens, bilinear (docs/benchmarks.md)"
+	@echo "make bench-gpu      B-cos / conventional speed and memory on a GPU (BENCH_GPU_ARGS=\"--device cpu --quick\")"
+	@echo "make bench-faithfulness       faithfulness against Captum's methods on fine-tuned B-cos models (minutes)"
+	@echo "make bench-faithfulness-full  the same, every training row, 3 epochs"
+	@echo "make bench-frontier           accuracy vs faithfulness per B (resumable, CPU-hours)"
+	@echo "make bench-recipes            B-cos fine-tuning recipes against conventional fine-tuning"
+	@echo "make bench-vision             B-cos ViT against post-hoc methods"
+	@echo "make bench-decoders           small GPT-2s trained until they solve IOI"
+	@echo "make guided-esnli-seeds       Self-Guided Attention on ten seeds, then the paired table (hours)"
+	@echo "examples (one per script in examples/, CPU minutes each): $(EXAMPLES)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check bcos_plugins adapters tests examples benchmarks .ci docs

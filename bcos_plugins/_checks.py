@@ -111,8 +111,9 @@ def refuse_keywords_meant_as_own(forward_kwargs: Mapping, readable, target, *, c
             meant = closest_name(name, own, cutoff=0.8)
         if meant is None:
             continue
-        read = ("the model's loss target, not the explained class: without target= the predicted class would be "
-                "explained" if name == "labels" else "not a keyword of this call nor of the model's forward")
+        read = ("the model's loss target, which no explanation reads: without target= a classifier's predicted "
+                "class would be explained" if name == "labels" else "not a keyword of this call nor of the model's "
+                "forward")
         raise argument_error(name, f"is {read}", f"Pass {meant}= ({call})", kind=BcosTypeError)
 
 

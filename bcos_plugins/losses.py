@@ -34,6 +34,9 @@ def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None =
     ``compute_loss_func`` never calls its label smoother, so ``label_smoothing_factor`` does nothing here
     (:func:`~bcos_plugins.fine_tuning.fine_tune_classifier` refuses it with this loss).
 
+    Returns:
+        The loss, a 0-d tensor in at least float32 (on the logits' device, with their graph).
+
     Raises:
         BcosValueError / BcosTypeError: logits not ``(batch, classes)`` or an empty batch (whose mean would be
             NaN), one logit per row (one-hot over one class makes every target 1), labels not integer ids of shape

@@ -47,15 +47,28 @@ OUT = Path("outputs")
 console = Console()
 
 
-def colour_tokens(tokens: list[str], scores: torch.Tensor) -> Text:
-    """Tokens coloured by sign (green supports the explained output, red opposes it), intensity by magnitude."""
+def colour_tokens(tokens: list[str], scores: torch.Tensor, *, colour: bool = True) -> Text:
+    """Tokens coloured by sign (green supports the explained output, red opposes it), intensity by magnitude.
+    ``colour=False`` (a console without colours: output piped to a file, ``NO_COLOR``) writes each token's signed
+    share after it instead, ``film(+0.412)``: rich drops the styles there, and the tokens came out bare, without a
+    sign or a size."""
     scale = scores.abs().max().clamp_min(1e-12)
     text = Text()
     for tok, s in zip(tokens, scores.tolist(), strict=True):
+        if not colour:
+            text.append(f"{tok}({s:+.3f}) ")
+            continue
         level = int(80 + 175 * min(1.0, abs(s) / scale.item()))
-        colour = f"rgb(0,{level},0)" if s >= 0 else f"rgb({level},0,0)"
-        text.append(tok + " ", style=f"bold {colour}")
+        shade = f"rgb(0,{level},0)" if s >= 0 else f"rgb({level},0,0)"
+        text.append(tok + " ", style=f"bold {shade}")
     return text
+
+
+def token_legend(colour: bool) -> str:
+    """What the token lines of step 5 show, printed above them."""
+    how = ("green supports the explained value, red opposes it, brighter is a larger share" if colour else
+           "each token's signed share follows it in brackets: + supports the explained value, - opposes it")
+    return f"Each token's share of the explained value (they sum to it, up to the completeness error above): {how}."
 
 
 def free_cores() -> int:
@@ -154,6 +167,8 @@ def main() -> None:
     contrast = explain(model, enc["input_ids"], enc["attention_mask"], target=1, foil=0, **inputs)
     worst = max(e.completeness_error.max().item() for e in (predicted, other, contrast))
     console.print(f"completeness error (max over {3 * len(sentences)} explanations, relative): {worst:.2e}")
+    coloured = console.color_system is not None
+    console.print(token_legend(coloured))
     names = test.label_names
     true_labels = [f"true label: {names[test.labels[i]]}" for i in chosen]
     for row, label in enumerate(true_labels):
@@ -163,7 +178,7 @@ def main() -> None:
             scores = expl.scores()[row]
             console.print(f"  {what:9s} [bold]{target}[/bold] = {float(expl.explained[row]):+.3f} "
                           f"(sum of contributions {float(scores.sum()):+.3f})")
-            console.print(Text("    ") + colour_tokens(expl.tokens(tokenizer)[row], scores))
+            console.print(Text("    ") + colour_tokens(expl.tokens(tokenizer)[row], scores, colour=coloured))
 
     html = OUT / "demo_sst2.html"
     html.write_text(explanation_sections_to_html(

@@ -49,8 +49,9 @@ def test_explain_given_labels_without_a_target_names_target_instead_of_explainin
     ids, mask = encoded
     predicted = bert(input_ids=ids, attention_mask=mask).logits.argmax(-1)
     labels = 1 - predicted  # the other class in every row, so explaining the predicted one cannot pass for it
-    with pytest.raises(BcosTypeError, match=r"^labels: is the model's loss target, not the explained class: without "
-                                            r"target= the predicted class would be explained\. Pass target="):
+    with pytest.raises(BcosTypeError, match=r"^labels: is the model's loss target, which no explanation reads: "
+                                            r"without target= a classifier's predicted class would be explained\. "
+                                            r"Pass target="):
         explain(bert, ids, mask, labels=labels)
     given = explain(bert, ids, mask, target=labels, labels=labels)
     assert torch.equal(given.target, labels)
@@ -177,3 +178,70 @@ def test_explain_of_a_model_on_the_meta_device_says_its_weights_were_never_loade
                                              r"them first"):
         explain(meta, ids, mask)
 
+
+# ------------------------------------------------ what make demo's terminal output shows
+
+
+def test_the_demos_token_lines_carry_their_signed_shares_where_the_console_has_no_colours():
+    """``make demo | tee demo.log`` (or NO_COLOR): rich drops the colours, and the token lines of step 5 came out as
+    the bare tokens, without a sign or a size, under no legend; now each token carries its signed share, and a legend
+    says what the lines show in either case."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from examples.demo_sst2 import colour_tokens, token_legend
+
+    plain = Console(file=StringIO(), no_color=True, width=200)
+    plain.print(colour_tokens(["a", "film"], torch.tensor([-0.125, 0.5]), colour=False))
+    assert plain.file.getvalue().strip() == "a(-0.125) film(+0.500)"
+    assert "signed share follows it" in token_legend(False) and "green supports" in token_legend(True)
+    coloured = Console(file=StringIO(), color_system="truecolor", force_terminal=True, width=200)
+    coloured.print(colour_tokens(["a", "film"], torch.tensor([-0.125, 0.5])))
+    assert "\x1b[" in coloured.file.getvalue() and "(" not in coloured.file.getvalue()  # colours, no numbers
+
+
+# ------------------------------------------------ help() of the curated public names says what comes back
+
+
+@pytest.mark.parametrize("name", ["context_attribution", "explain_image", "rationale_alignment", "bcos_loss"])
+def test_help_of_the_public_functions_says_what_they_return(name):
+    """``help(context_attribution)`` said neither what it returns nor that the classifier bias is left out of the
+    tokens' shares; ``explain_image``, ``rationale_alignment`` and ``bcos_loss`` named no return value either."""
+    import inspect
+
+    import bcos_plugins
+
+    doc = inspect.getdoc(getattr(bcos_plugins, name))
+    assert "\nReturns:\n" in doc
+    returns = doc.split("\nReturns:\n", 1)[1]
+    expected = {"context_attribution": ["SpaceExplanation", "(batch, pos)", "bias"],
+                "explain_image": ["ImageExplanation", "(batch, H, W)", "(batch, 2C, H, W)"],
+                "rationale_alignment": ["RationaleAlignment", "iou_per_row", "(batch,)"],
+                "bcos_loss": ["0-d tensor", "float32"]}[name]
+    assert all(word in returns for word in expected), returns
+
+
+# ------------------------------------------------ make help
+
+
+def test_make_help_names_every_target_of_the_makefile():
+    """``make help`` answered "No rule to make target 'help'" (and a bare ``make`` builds .venv for minutes): it lists
+    every rule of the Makefile, the examples' targets included, and names no target the Makefile lacks."""
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.fail("make is not installed: the Makefile is the documented entry point (make setup, make test)")
+    root = Path(__file__).resolve().parents[1]
+    makefile = (root / "Makefile").read_text(encoding="utf-8")
+    rules = set(re.findall(r"^([a-z][\w-]*):(?!=)", makefile, flags=re.M)) - {"help"}
+    examples = re.search(r"^EXAMPLES := (.+)$", makefile, flags=re.M).group(1).split()
+    shown = subprocess.run(["make", "-s", "help"], cwd=root, capture_output=True, text=True, check=True).stdout
+    named = set(re.findall(r"^make ([\w-]+) ", shown, flags=re.M))
+    assert rules == named, f"missing from make help: {sorted(rules - named)}; not a rule: {sorted(named - rules)}"
+    assert len(rules) >= 18 and all(name in shown.splitlines()[-1].split() for name in examples)
+    phony = re.search(r"^\.PHONY: (.+)$", makefile, flags=re.M).group(1).split()
+    assert rules | {"help"} <= set(phony), f"targets not declared .PHONY: {sorted(rules - set(phony))}"

@@ -157,6 +157,19 @@ def rationale_alignment(
 
     ``scores`` may be signed (B-cos contributions): higher means "more evidence for the explained class".
     Pass ``scores.abs()`` to rank by magnitude instead.
+
+    Args:
+        scores: one score per token ``(batch, pos)``, e.g. ``explain(...).contributions``.
+        gold_mask: the human rationale ``(batch, pos)``, 1 (or True) on rationale tokens.
+        valid_mask: tokens that may be ranked ``(batch, pos)`` (e.g. the attention mask without special tokens);
+            ``None``: every token.
+        k: how many top tokens the IoU takes: ``None`` (each row's number of gold tokens), an int, or a fraction of
+            the row's valid tokens in (0, 1].
+
+    Returns:
+        A :class:`RationaleAlignment`: ``iou`` and ``auprc`` (floats: means over the rows with a rationale, NaN where
+        none has one), ``n_rows`` / ``n_iou_rows`` (the rows in each mean), ``iou_per_row`` and ``auprc_per_row``
+        ``(batch,)`` (NaN for rows left out).
     """
     iou = top_k_iou(scores, gold_mask, valid_mask, k)
     ap = average_precision(scores, gold_mask, valid_mask)

@@ -62,6 +62,12 @@ def explain_image(model: BcosViT, pixel_values: Float[Tensor, "batch c h w"], *,
         target: class per image (int or one per image), or ``Direction(vector)`` over the classes; defaults
             to the predicted class.
         foil: optional contrast (same forms); the explained value becomes ``target - foil``.
+
+    Returns:
+        An :class:`ImageExplanation`: ``contributions`` per pixel ``(batch, H, W)``, ``input_contributions`` and
+        ``weights`` per encoded channel ``(batch, 2C, H, W)``, ``explained`` ``(batch,)``, ``target`` / ``foil`` as
+        resolved, ``position_contributions`` (the position embedding's share, left out of the pixels' sum) and
+        ``completeness_error`` ``(batch,)``.
     """
     if not isinstance(model, BcosViT):
         raise BcosTypeError(f"model: explain_image explains a BcosViT; got {type(model).__name__}. For other "
