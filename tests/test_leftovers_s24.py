@@ -182,3 +182,28 @@ def test_embedding_forward_names_a_real_tokens_nan_embedding_row_not_a_baseline_
                                              r"0 at positions \[0\].*an input embedding row of those tokens") as caught:
         BcosAttribution(fwd).attribute(embeddings, target=1, additional_forward_args=(mask,))
     assert "EmbeddingForward.embed(input_ids, attention_mask) names it" in str(caught.value)
+
+
+# ------------------------------------------------ 2d. explanation_entropy and NaN at masked padding
+
+
+def test_explanation_entropy_ignores_nan_at_masked_positions_and_refuses_it_at_real_ones():
+    """A NaN at a masked padding position (a padding token's NaN embedding through Captum's methods) was refused as if
+    it were a real token's, though the entropy ignores masked positions: it is now ignored with them; a NaN at a real
+    position is still refused."""
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.metrics import explanation_entropy
+
+    g = torch.Generator().manual_seed(0)
+    attributions = torch.randn(2, 4, 3, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    expected = explanation_entropy(attributions, mask)
+    broken = attributions.clone()
+    broken[1, 3] = float("nan")
+    assert torch.equal(explanation_entropy(broken, mask), expected)
+    assert torch.equal(explanation_entropy((broken,), mask), expected)  # Captum's one-tensor tuple
+    broken[0, 2, 1] = float("nan")  # a real position
+    with pytest.raises(BcosValueError, match=r"^attributions: contain NaN or inf in row \[0\]"):
+        explanation_entropy(broken, mask)
+    with pytest.raises(BcosValueError, match=r"^attributions: contain NaN or inf"):
+        explanation_entropy(broken)

@@ -46,10 +46,13 @@ __all__ = ["Cost", "completeness_error", "explanation_entropy", "measure_cost"]
 
 def explanation_entropy(attributions, attention_mask: Int[Tensor, "batch pos"] | None = None,
                         reduce: str = "sum") -> Float[Tensor, " batch"]:
-    """Entropy (nats) of the normalised absolute token scores of each row (padding excluded)."""
-    scores = token_scores(attributions, reduce=reduce).abs()
+    """Entropy (nats) of the normalised absolute token scores of each row (padding excluded: a NaN or infinite value at a
+    masked position is ignored with the rest of it, one at a real position is refused)."""
     if attention_mask is not None:
         attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
+        attributions = _masked_positions_zeroed(attributions, attention_mask)
+    scores = token_scores(attributions, reduce=reduce).abs()
+    if attention_mask is not None:
         require_same_shape("attention_mask", attention_mask, "attributions (as token scores)", scores)
         # a row of padding only read entropy 0, "all of the explanation on one token", of a row with no token
         require_real_tokens(attention_mask)
@@ -61,6 +64,19 @@ def explanation_entropy(attributions, attention_mask: Int[Tensor, "batch pos"] |
     total = scores.sum(-1, keepdim=True)
     p = scores / total.clamp_min(1e-30)
     return -(torch.where(p > 0, p * p.clamp_min(1e-30).log(), torch.zeros_like(p))).sum(-1)
+
+
+def _masked_positions_zeroed(attributions, attention_mask: Tensor):
+    """``attributions`` (a tensor ``(batch, pos, ...)`` or a tuple holding one) with the masked positions zeroed, which
+    the entropy ignores anyway: a NaN there (a padding token's NaN embedding through Captum's methods) was refused as
+    if it were a real token's. Anything else is returned as it is (token_scores checks it)."""
+    one = isinstance(attributions, (tuple, list)) and len(attributions) == 1 and isinstance(attributions[0], Tensor)
+    values = attributions[0] if one else attributions
+    if not isinstance(values, Tensor) or values.ndim < 2 or tuple(values.shape[:2]) != tuple(attention_mask.shape):
+        return attributions
+    masked = (attention_mask == 0).to(values.device).reshape(*attention_mask.shape, *[1] * (values.ndim - 2))
+    values = values.detach().masked_fill(masked, 0)
+    return (values,) if one else values
 
 
 def completeness_error(attributions, explained: Float[Tensor, " batch"] | None = None,
