@@ -74,7 +74,9 @@ def fine_tune_classifier(
     ``gradient_accumulation_steps``, which transformers' classifiers are not, and with ``label_smoothing_factor``);
     ``"bce"`` / ``"ce"`` force one. A Space Model (:mod:`bcos_plugins.space`) trains under ``"auto"`` with its own
     loss (the cross-entropy plus the inter- and intra-space terms its config weighs; a teacher or
-    ``label_smoothing_factor``, which would replace it by the cross-entropy, are refused there). ``label_smoothing_factor``
+    ``label_smoothing_factor``, which would replace it by the cross-entropy, are refused there); under
+    ``gradient_accumulation_steps`` that loss is the mean of the accumulated batches' means, not of their rows (a
+    smaller last batch weighs as much as a full one). ``label_smoothing_factor``
     with ``bcos_loss`` is refused (the ``Trainer`` would ignore it). Padding is dynamic (``DataCollatorWithPadding``), on the
     tokenizer's side; a tokenizer that pads on the left is refused before training for a classifier that reads the
     first column (BERT, DistilBERT, RoBERTa, ModernBERT with ``classifier_pooling="cls"``). Models of the

@@ -151,3 +151,28 @@ def test_swish_beta_to_bilinear_refuses_a_bcos_model_before_the_first_step(tmp_p
     with pytest.raises(BcosValueError, match=r"^model: its gated MLP 0 \(BcosLlamaMLP\) has B-cos projections"):
         trainer.train()
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
+
+
+def test_a_space_model_over_a_bcos_encoder_reloads_as_saved(tmp_path):
+    """A Space head over a B-cos encoder, saved with save_pretrained, came back from from_pretrained with a stock
+    encoder, whose forward refused it naming load_bcos_model, which refused the Space folder ("not saved from a model
+    converted with bcosify"): the model could not be reloaded at all. It now reloads as saved, each layer at its
+    stored B (a save made during a B warm-up too), bit for bit, also through AutoModelForSequenceClassification."""
+    from bcos_plugins.nn.linear import AlignmentPressure
+    from bcos_plugins.space import register_auto_classes
+
+    tok = word_tokenizer()
+    batch = dict(tok(corpus(4)[0], padding=True, return_tensors="pt"))
+    torch.manual_seed(0)
+    encoder = bcosify(T.BertModel(tiny_config("bert")), b=1.5, bcos_query_key=False, verbose=False)
+    model = SpaceModelForSequenceClassification.from_encoder(encoder, num_labels=3, n_latent=2).eval()
+    for layer in [m for m in model.modules() if isinstance(m, AlignmentPressure)][:3]:
+        layer.b = 1.2  # mid-way through a warm-up
+    model.save_pretrained(tmp_path)
+    register_auto_classes()
+    for loaded in (SpaceModelForSequenceClassification.from_pretrained(tmp_path),
+                   T.AutoModelForSequenceClassification.from_pretrained(tmp_path)):
+        assert torch.equal(_logits(loaded, batch), _logits(model, batch))
+        assert [m.b for m in loaded.modules() if isinstance(m, AlignmentPressure)] == \
+            [m.b for m in model.modules() if isinstance(m, AlignmentPressure)]
+        assert not any(p.requires_grad for p in loaded.encoder.parameters())  # train_encoder=False, as saved

@@ -23,6 +23,7 @@ Hook points for attribution libraries: ``head.concept_activation`` (an ``nn.Tanh
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -345,9 +346,26 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         model = super().from_pretrained(*args, **kwargs)
+        if isinstance(getattr(model.encoder.config, "bcos", None), dict):
+            model._reconvert_bcos_encoder(args[0] if args else kwargs.get("pretrained_model_name_or_path"))
         # Loading materialises fresh parameters, so the frozen/trainable setting is applied again.
         model._apply_train_encoder()
         return model
+
+    def _reconvert_bcos_encoder(self, path) -> None:
+        """A B-cos encoder (``bcosify``) loads as its stock class: converted again as it was saved, then every saved
+        tensor loaded into it, strictly (each layer's stored B too). Without it the reloaded model's forward refused
+        its stock encoder and named ``load_bcos_model``, which refused the Space folder: it could not be reloaded."""
+        from safetensors.torch import load_file
+
+        from ..persistence import checked_folder, reconvert_stock_load, weight_files
+
+        files = weight_files(*checked_folder(path))
+        reconvert_stock_load(self.encoder, os.fspath(path), files=files)
+        # the encoder's weights sit under "encoder." in the Space save, where reconvert_stock_load reads no B: the
+        # strict load sets each layer's stored B and refuses any tensor the conversion does not rebuild
+        saved = {key: value for file in files for key, value in load_file(file).items()}
+        self.load_state_dict(saved, strict=True)
 
     def get_input_embeddings(self):
         return self.encoder.get_input_embeddings()
