@@ -288,8 +288,10 @@ def explain_dataset(
     readable = forward_keywords(model)
     for lo in range(0, n, batch_size):
         hi = min(lo + batch_size, n)
+        # the mask asked for: a tokenizer whose model_input_names leave it out failed with KeyError: 'attention_mask'
         enc = tokenizer(texts[lo:hi], pairs[lo:hi] if pairs is not None else None, padding=True,
-                        truncation=True, max_length=max_length, return_tensors="pt").to(device)
+                        truncation=True, max_length=max_length, return_attention_mask=True,
+                        return_tensors="pt").to(device)
         require_tokenizer_ids_fit(model, tokenizer, enc)
         # a text longer than max_length was explained as its first tokens and nothing said so (a decoder's position -1
         # was then the last kept token, not the text's): the row says it, and a warning names those texts

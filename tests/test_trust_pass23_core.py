@@ -8,6 +8,9 @@ whole surface, real tokenizers slow and fast, state between calls), each checked
   of Tensor with more than one value is ambiguous": the dataclasses' generated ``__eq__`` compared tensors with ``==``.
   Results and Directions now compare by value (one shape, dtype and device, equal elements), and equal Directions hash
   equal.
+- A tokenizer whose ``model_input_names`` leave out the attention mask (``["input_ids"]``) pads without one: ``predict``
+  returned a padded BERT row's logits with its padding attended to as tokens (-0.129 against -0.150 alone), silently,
+  and ``explain_dataset`` failed with ``KeyError: 'attention_mask'``. Both ask the tokenizer for the mask.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import warnings
 
 import pytest
 import torch
-from test_conformance import _stock
+from test_conformance import _stock, _word_tokenizer
 
-from bcos_plugins import Direction, bcosify, explain
+from bcos_plugins import Direction, bcosify, explain, explain_dataset
+from bcos_plugins.prediction import accuracy, predict
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -65,3 +69,41 @@ def test_directions_of_one_vector_are_equal_and_hash_equal():
     ids = torch.tensor([[5, 7, 9], [3, 4, 8]])
     assert explain(model, ids, target=one) == explain(model, ids, target=other)
     assert explain(model, ids, target=one) != explain(model, ids, target=Direction(vector + 1))
+
+
+# ------------------------------------------------------------------ tokenizers that return no attention mask
+
+
+def _maskless_tokenizer():
+    tokenizer = _word_tokenizer()
+    tokenizer.model_input_names = ["input_ids"]  # tokenizer(...) then returns no attention_mask, padded or not
+    assert "attention_mask" not in tokenizer(["w5 w6", "w7"], padding=True)
+    return tokenizer
+
+
+_TEXTS = ["w5 w7 w9", "w3", "w10 w11 w12 w13"]
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "LlamaForSequenceClassification"])
+def test_predict_with_a_tokenizer_that_returns_no_mask_gives_each_texts_logits_alone(name):
+    """The batch was padded without a mask, so a padded BERT row's logits were of its padding attended to as tokens
+    (-0.129 against -0.150 alone), silently; accuracy counted those predictions."""
+    model, tokenizer = _bcos(name), _maskless_tokenizer()
+    with torch.no_grad():
+        alone = torch.stack([model(input_ids=torch.tensor([tokenizer(t)["input_ids"]])).logits[0] for t in _TEXTS])
+    torch.testing.assert_close(predict(model, tokenizer, _TEXTS), alone, rtol=1e-5, atol=1e-6)
+    labels = alone.argmax(-1).tolist()
+    assert accuracy(model, tokenizer, _TEXTS, labels) == 1.0
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "LlamaForCausalLM"])
+def test_explain_dataset_with_a_tokenizer_that_returns_no_mask_explains_each_text_alone(name):
+    """explain_dataset read enc["attention_mask"] and failed with KeyError: 'attention_mask'."""
+    model, tokenizer = _bcos(name), _maskless_tokenizer()
+    target = None if "Classification" in name else 4
+    rows = explain_dataset(model, tokenizer, _TEXTS, target=target, batch_size=2, progress=False)
+    for i, text in enumerate(_TEXTS):
+        alone = explain(model, torch.tensor([tokenizer(text)["input_ids"]]), target=target)
+        assert rows[i]["tokens"] == text.split()
+        torch.testing.assert_close(torch.tensor(rows[i]["scores"]), alone.contributions[0], rtol=1e-5, atol=1e-6)
+        assert rows[i]["explained"] == pytest.approx(float(alone.explained[0]), rel=1e-5, abs=1e-6)
