@@ -196,3 +196,41 @@ def test_token_component_decomposition_under_a_patching_hook_names_the_hook_not_
         table = token_component_decomposition(model, TOKENS, target=3)
     torch.testing.assert_close(table.table.sum((1, 2)), table.explained, rtol=1e-4, atol=1e-5)
     assert table.table[..., table.labels.index("L0H0")].abs().max() == 0
+
+
+@pytest.mark.parametrize("name", ["GPT2LMHeadModel", "LlamaForCausalLM"])
+@pytest.mark.parametrize("options", [{}, {"fold_ln": False, "center_writing_weights": False, "center_unembed": False,
+                                          "fold_value_biases": False}], ids=["defaults", "every-option-off"])
+def test_the_bridges_compatibility_mode_refuses_to_process_a_bcos_models_weights(name, options):
+    """bridge.enable_compatibility_mode() (TransformerLens' HookedTransformer-style weight processing, on by default)
+    rewrote a B-cos bridge into another model: logits 0.04 (GPT-2) / 0.16 (Llama) off the transformers model's, 0.15
+    on Llama with every option off (the processed-weights forward; GPT-2 stays exact then), and explain_logits then
+    explained that model,
+    exactly and without a word. It is refused now, before anything changes (the bridge still computes the model's
+    logits); no_processing=True (the legacy hook names, the weights as they are) stays exact."""
+    from bcos_plugins.adapters.transformer_lens import explain_logits, transformer_bridge_from_hf
+
+    from bcos_plugins.errors import BcosValueError
+
+    hf = bcosify(_stock(name), b=B, verbose=False).eval()
+    with torch.no_grad():
+        reference = hf(TOKENS).logits
+    processed = transformer_bridge_from_hf(hf)
+    processed.__class__ = type(processed).__mro__[1]  # TransformerLens' own TransformerBridge
+    processed.enable_compatibility_mode(disable_warnings=True, **options)
+    with torch.no_grad():
+        moved = float((processed(TOKENS) - reference).abs().max())
+    # what the refusal is about (GPT-2 with every option off happens to stay exact: refused all the same, as the one
+    # rule for B-cos bridges, with no_processing=True as the way to the same bridge)
+    assert moved > 1e-2 if (options == {} or name == "LlamaForCausalLM") else moved < 1e-5
+    bridge = transformer_bridge_from_hf(hf)
+    with pytest.raises(BcosValueError, match=r"enable_compatibility_mode: .*B-cos .*no_processing=True"):
+        bridge.enable_compatibility_mode(disable_warnings=True, **options)
+    with pytest.raises(BcosValueError, match=r"bridge\.process_weights: "):
+        bridge.process_weights(**options)
+    with torch.no_grad():
+        torch.testing.assert_close(bridge(TOKENS), reference, rtol=1e-5, atol=1e-5)
+    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    explained = explain_logits(bridge, TOKENS, target=3)
+    torch.testing.assert_close(explained.explained, reference[:, -1, 3], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(explained.total, explained.explained, rtol=1e-5, atol=1e-5)

@@ -230,8 +230,43 @@ def _padding_checked_class(base: type) -> type:
         return base_forward(self, *args, **kwargs)
 
     forward.__doc__ = base_forward.__doc__
-    return type(base.__name__, (base,), {"forward": forward, FORWARD_WARNS_ABOUT_PADDING: True,
-                                         "__module__": __name__})
+    methods = {"forward": forward, FORWARD_WARNS_ABOUT_PADDING: True, "__module__": __name__}
+    for name in ("process_weights", "enable_compatibility_mode"):  # TransformerLens 3.x and 4.x bridges have both
+        if callable(getattr(base, name, None)):
+            methods[name] = _refusing_bcos_weight_processing(getattr(base, name))
+    return type(base.__name__, (base,), methods)
+
+
+def _is_bcos_bridge(bridge: nn.Module) -> bool:
+    return getattr(getattr(getattr(bridge, "original_model", None), "config", None), "bcos", None) is not None
+
+
+def _refusing_bcos_weight_processing(method):
+    """``method`` (the bridge's ``process_weights`` / ``enable_compatibility_mode``) refusing to process a B-cos
+    model's weights. TransformerLens' processing (fold_ln, centring, value-bias folding, and the processed-weights
+    forward it switches the bridge to) rewrites a plain model into an equivalent one, but not a B-cos one, whose
+    projections normalise their weight rows and scale by |cos| ** (B - 1): ``bridge.enable_compatibility_mode()``
+    moved a tiny B-cos GPT-2's logits by 0.04 and a Llama's by 0.16 (0.15 with every option off), and the bridge
+    still explained the changed model, exactly and without a word. ``enable_compatibility_mode(no_processing=True)``
+    (the legacy hook names, the weights as they are) stays allowed."""
+    signature = inspect.signature(method)
+
+    def refusing(self, *args, **kwargs):
+        if _is_bcos_bridge(self):
+            processes = method.__name__ == "process_weights" \
+                or not signature.bind(self, *args, **kwargs).arguments.get("no_processing", False)
+            if processes:
+                raise BcosValueError(
+                    f"bridge.{method.__name__}: TransformerLens' weight processing (fold_ln, centring, the processed-"
+                    "weights forward) is exact only for plain models; on this B-cos model it changes the logits (0.04-"
+                    "0.16 on tiny B-cos GPT-2 / Llama bridges) and the explanations would explain that other model. "
+                    "Use bridge.enable_compatibility_mode(no_processing=True) for the legacy hook names with the "
+                    "weights unchanged; the final norm is already folded into the LM head, so logit_attrs sums to "
+                    "the logit")
+        return method(self, *args, **kwargs)
+
+    refusing.__name__, refusing.__doc__ = method.__name__, method.__doc__
+    return refusing
 
 
 def _bcos_qkv_parts(c_attn: BcosConv1D, n_parts: int = 3) -> list[BcosLinear]:
