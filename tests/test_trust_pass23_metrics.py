@@ -210,3 +210,23 @@ def test_token_scores_read_nested_lists_and_arrays_as_the_rationale_metrics_do()
     # per-row scores of different lengths (Explanation.scores()) are named as such, not as "a tuple"
     with pytest.raises(BcosValueError, match="got a list of 2 tensors .*not its scores"):
         explanation_entropy([torch.tensor([1.0, 2.0]), torch.tensor([3.0])])
+
+
+# ------------------------------------------------------------------ switches given as text
+
+
+def test_aopc_and_completeness_error_refuse_a_switch_given_as_text():
+    from bcos_plugins.errors import BcosTypeError
+    from bcos_plugins.metrics import aopc, completeness_error
+
+    curve = torch.ones(1, 9)
+    assert aopc(curve).item() == pytest.approx(0.8) and aopc(curve, normalise=True).item() == pytest.approx(1.0)
+    # "no" (a setting read from a file or the command line) normalised the area: 1.0 for the paper's 0.8
+    with pytest.raises(BcosTypeError, match=r"normalise: must be True or False, got str 'no'\. Pass normalise=True"):
+        aopc(curve, normalise="no")
+    scores, logit = torch.tensor([[1.0, 2.0]]), torch.tensor([4.0])
+    assert completeness_error(scores, logit, relative=False).item() == 1.0  # |3 - 4|
+    assert completeness_error(scores, logit).item() == 0.25  # |3 - 4| / 4
+    # "no" gave the relative error, 0.25 for the absolute gap of 1
+    with pytest.raises(BcosTypeError, match=r"relative: must be True or False, got str 'no'\. Pass relative=True"):
+        completeness_error(scores, logit, relative="no")

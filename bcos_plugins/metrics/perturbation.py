@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from .._checks import (
     bad_rows,
+    require_bool,
     require_deterministic,
     require_float,
     require_int,
@@ -84,6 +85,9 @@ def aopc(curve: Float[Tensor, "... n_fractions"], fractions: Sequence[float] = D
     # was off by 3e-3; in float32 the trapezoid's pairwise sums of values near 3e38 overflowed, the area read inf
     out_dtype = at_least_float32(curve.dtype) if curve.is_floating_point() else torch.float64
     curve = curve.double()
+    # normalise="no" (a setting read from text) normalised the area, silently: 1.0 for the paper's 0.8
+    normalise = require_bool("normalise", normalise, fix="Pass normalise=True (the area divided by the width of the "
+                             "fractions) or normalise=False (the paper-compatible area)")
     fractions = check_fractions(fractions, lowest=float("-inf"))
     x = torch.as_tensor(fractions, dtype=torch.float64, device=curve.device)
     if curve.shape[-1] != x.shape[0]:

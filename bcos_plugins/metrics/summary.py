@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import require_real_tokens, require_same_shape, require_tensor
+from .._checks import require_bool, require_real_tokens, require_same_shape, require_tensor
 from ..attribution.results import relative_completeness_error
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
@@ -87,6 +87,9 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"] | None =
     defaults to the values it explained. See the module docstring for an explained value of 0 (finite,
     documented, never NaN or inf).
     """
+    # relative="no" (a setting read from text) gave the relative error, silently: 0.25 for an absolute gap of 1
+    relative = require_bool("relative", relative, fix="Pass relative=True (|delta| / |explained|) or relative=False "
+                            "(the absolute error |delta|)")
     if hasattr(attributions, "input_contributions"):  # any result type of the attribution core
         # completeness_error(explanation) failed with "missing 1 required positional argument: 'explained'"
         explained = attributions.explained if explained is None else explained
