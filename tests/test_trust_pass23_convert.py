@@ -13,13 +13,15 @@ import warnings
 
 import pytest
 import torch
+import transformers as T
 from test_conformance import _stock
 from torch import nn
 
 from bcos_plugins import bcosify, load_bcos_model
-from bcos_plugins.bilinear.swish_beta import finalize_bilinear, set_swish_beta
+from bcos_plugins.bilinear.swish_beta import set_swish_beta
+from bcos_plugins.convert.bcosify import record_module_edits
 from bcos_plugins.errors import BcosValueError
-from bcos_plugins.nn import BcosLinear
+from bcos_plugins.nn import BcosLinear, DetachableActivation
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -134,19 +136,23 @@ def test_copies_of_a_converted_model_keep_the_check_and_save_as_it_is():
             copied.state_dict()
 
 
-def test_a_bcos_model_saved_while_annealing_swish_beta_is_refused_on_load_and_reloads_once_finalised(tmp_path):
+def test_a_bcos_model_saved_while_annealing_swish_beta_is_refused_on_load(tmp_path):
     model = bcosify(_stock("LlamaForCausalLM"), verbose=False)
     ids = torch.randint(3, 50, (2, 7))
+    reference = _logits(model, ids)
     set_swish_beta(model, 0.5)
     model.save_pretrained(tmp_path / "annealing")  # a Trainer checkpoint: resumed with load_state_dict, as it is
     # reloaded with load_bcos_model it had the config's SiLU gates: logits 0.058 off, silently
     with pytest.raises(BcosValueError, match=r"^config\.bcos\['activations'\]: .* 'model\.layers\.0\.mlp\.act_fn' "
-                                             r"saved as SwishBeta\(beta=0\.5\), rebuilt as silu.*finalize_bilinear"):
+                                             r"saved as SwishBeta\(beta=0\.5\), rebuilt as silu.*Swish_beta gates still "
+                                             r"annealing after it"):
         load_bcos_model(tmp_path / "annealing")
-    set_swish_beta(model, 0.0)
-    finalize_bilinear(model)
-    model.save_pretrained(tmp_path / "bilinear")  # refused on load before as activations "set by hand"
-    assert torch.equal(_logits(load_bcos_model(tmp_path / "bilinear"), ids), _logits(model, ids))
+    # the record follows the gates: back to the converted SiLU ones, the model saves and reloads as it is
+    for layer in model.model.layers:
+        layer.mlp.act_fn = DetachableActivation("silu")
+    record_module_edits(model, [f"model.layers.{i}.mlp.act_fn" for i in range(2)])
+    model.save_pretrained(tmp_path / "silu")
+    assert torch.equal(_logits(load_bcos_model(tmp_path / "silu"), ids), reference)
 
 
 # ------------------------------------------------------------------ a head replaced after bcosify: the load says so
@@ -168,3 +174,24 @@ def test_a_head_replaced_by_a_plain_linear_after_bcosify_is_refused_naming_the_c
     model.save_pretrained(tmp_path / "bcos")
     ids = torch.randint(3, 50, (2, 7))
     assert torch.equal(_logits(load_bcos_model(tmp_path / "bcos"), ids), _logits(model, ids))
+
+
+# ------------------------------------------------------------------ a model offloaded by accelerate
+
+
+def test_a_model_offloaded_to_disk_is_refused_by_bcosify_and_load_bcos_model_naming_device_map(tmp_path):
+    stock = _stock("BertForSequenceClassification")
+    stock.save_pretrained(tmp_path / "stock")
+    offloaded = T.BertForSequenceClassification.from_pretrained(tmp_path / "stock", device_map={"": "disk"},
+                                                               offload_folder=str(tmp_path / "offload"))
+    refusal = (r"^model: has \d+ module\(s\) offloaded by accelerate \(device_map with disk or CPU offload: "
+               r"'bert\.embeddings\.LayerNorm'.*device_map=\{'': 'cpu'\}, no offload_folder\), then call bcosify")
+    # converted, it failed at its first forward with "Tensor on device meta is not on the expected device cpu!"
+    with pytest.raises(BcosValueError, match=refusal):
+        bcosify(offloaded, verbose=False)
+    model = bcosify(_stock("BertForSequenceClassification"), verbose=False)
+    model.save_pretrained(tmp_path / "bcos")
+    with pytest.raises(BcosValueError, match=refusal):
+        load_bcos_model(tmp_path / "bcos", device_map={"": "disk"}, offload_folder=str(tmp_path / "offload2"))
+    ids = torch.randint(3, 50, (2, 7))
+    assert torch.equal(_logits(load_bcos_model(tmp_path / "bcos", device_map={"": "cpu"}), ids), _logits(model, ids))

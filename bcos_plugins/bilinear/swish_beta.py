@@ -147,9 +147,6 @@ def finalize_bilinear(model: nn.Module) -> None:
     if config is not None:
         for key in _activation_keys(config):
             setattr(config, key, "linear")
-    # the identity gates rebuild from the config now: a B-cos model's record drops its entries for them (its load
-    # refused the finalised model as one whose activations were set by hand)
-    record_module_edits(model, _act_fn_paths(model, mlps))
 
 
 def _act_fn_paths(model: nn.Module, mlps: list[nn.Module]) -> list[str]:

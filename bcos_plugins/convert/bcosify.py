@@ -438,6 +438,18 @@ def refuse_hooks_on_replaced(model: nn.Module, paths: list[str], what: str = "bc
     them, so a hook that read or changed a projection's output (a probe, an intervention) stopped running without a
     word. (``bcosify``: the modules whose class is swapped stay the same objects and keep their hooks.)"""
     hooked = []
+    offloaded = [name for name in paths if _offloaded_by_accelerate(model.get_submodule(name))]
+    if offloaded:
+        # the new module is built from the meta placeholders and holds no hook to load the weights: the converted
+        # model (load_bcos_model(..., device_map={"": "disk"}) too) failed at its first forward with "Tensor on device
+        # meta is not on the expected device cpu!"
+        raise argument_error(
+            "model", f"has {len(offloaded)} module(s) offloaded by accelerate (device_map with disk or CPU offload: "
+            f"{', '.join(repr(n) for n in offloaded[:4])}{', ...' if len(offloaded) > 4 else ''}), whose weights stay on "
+            f"the meta device until accelerate's hook loads them at each forward; {what} replaces them by new modules, "
+            "which would hold neither the weights nor the hook", "Load the model onto devices with room for all of its "
+            f"weights, without offloading (e.g. device_map={{'': 'cpu'}}, no offload_folder), then call {what}",
+            kind=BcosValueError)
     for name in paths:
         module = model.get_submodule(name)
         kinds = [kind for attr, kind in _HOOK_KINDS.items() if getattr(module, attr, None)]
@@ -450,6 +462,13 @@ def refuse_hooks_on_replaced(model: nn.Module, paths: list[str], what: str = "bc
             f"{', ...' if len(hooked) > 6 else ''}",
             f"Remove them (handle.remove()), call {what}, then register them again on the new model's modules "
             f"(model.get_submodule(path) after {what})", kind=BcosValueError)
+
+
+def _offloaded_by_accelerate(module: nn.Module) -> bool:
+    """Whether accelerate's hook (``_hf_hook``, put on by ``device_map`` dispatching) holds ``module``'s weights
+    elsewhere: offloaded to disk or CPU, its parameters are placeholders on the meta device."""
+    return getattr(module, "_hf_hook", None) is not None and any(
+        p.is_meta for p in module.parameters(recurse=False))
 
 
 def _refuse_shared_modules_planned_apart(model: nn.Module, plan: list) -> None:
