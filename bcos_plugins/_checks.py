@@ -467,8 +467,13 @@ def token_batch_and_padding(input_ids, attention_mask=None, *, vocab_size: int |
                              "ids (TransformerLens: model.to_tokens(text); to explain embeddings use the Captum "
                              "adapter's EmbeddingForward)", kind=BcosTypeError)
     if input_ids.ndim != 2:
+        # a third dimension is most often a stack of one-row encodings (texts tokenised one at a time), whose fix is
+        # not the batch dimension the 1-d case needs
         raise argument_error(name, f"expected shape (batch, pos), got {tuple(input_ids.shape)}",
-                             f"Add a batch dimension with {name}[None] for one sequence")
+                             f"Add a batch dimension with {name}[None] for one sequence" if input_ids.ndim < 2 else
+                             f"Tokenise the texts in one call, tokenizer(texts, padding=True, return_tensors='pt'), "
+                             f"which gives (batch, pos); a stack of one-row encodings (batch, 1, pos) is "
+                             f"{name}.squeeze(1)")
     if 0 in input_ids.shape:
         raise argument_error(name, f"empty input of shape {tuple(input_ids.shape)}; there is nothing to explain",
                              "Pass at least one sequence of at least one token")

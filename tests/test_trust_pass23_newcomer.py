@@ -150,6 +150,18 @@ def test_a_model_where_the_tokenizer_goes_is_named_without_printing_the_model(be
                                  "and its tokenizer second, e.g. explain_dataset(model, tokenizer, texts).")
 
 
+def test_ids_with_a_third_dimension_are_refused_with_the_fix_for_that_shape(bert, tokenizer):
+    """Texts tokenised one at a time and stacked give (batch, 1, pos): the refusal told the user to "Add a batch
+    dimension with input_ids[None]", which makes it worse. The 1-d case keeps that fix."""
+    stacked = torch.stack([tokenizer(text, return_tensors="pt")["input_ids"] for text in ("a film", "a play")])
+    with pytest.raises(BcosValueError, match=r"^input_ids: expected shape \(batch, pos\), got \(2, 1, 4\)\. Tokenise "
+                                             r"the texts in one call.*input_ids\.squeeze\(1\)"):
+        explain(bert, stacked)
+    assert explain(bert, stacked.squeeze(1)).completeness_error.max() < 1e-4  # the fix it names works
+    with pytest.raises(BcosValueError, match=r"got \(4,\)\. Add a batch dimension with input_ids\[None\]"):
+        explain(bert, stacked[0, 0])
+
+
 # ------------------------------------------------ a model on the meta device
 
 
