@@ -164,6 +164,17 @@ def require_tokenizer_ids_fit(model: nn.Module, tokenizer, enc) -> None:
                              f"tokenizer is not the model's. {fix}.")
 
 
+def mask_keywords(tokenizer) -> dict:
+    """The keywords with which a path that pads texts itself calls ``tokenizer`` (``predict`` / ``accuracy``,
+    ``predict_labels``; ``explain_dataset`` passes them directly, taking transformers tokenizers only): the attention
+    mask asked for from a transformers tokenizer, where one whose ``model_input_names`` leave it out padded without one
+    and a padded BERT row's logits were of its padding attended to as tokens, silently. Any other callable (a path that
+    takes any callable returning ids) is called as before: it may take no such keyword."""
+    from transformers import PreTrainedTokenizerBase
+
+    return {"return_attention_mask": True} if isinstance(tokenizer, PreTrainedTokenizerBase) else {}
+
+
 def require_texts_with_tokens(lengths: Sequence[int], rows: Sequence[int], texts: Sequence[str], argument: str,
                               action: str, scope: str = " in this batch") -> None:
     """Refuse texts that tokenise to no token: ``lengths[i]`` real tokens of text ``rows[i]`` of the caller's ``texts``.

@@ -15,7 +15,7 @@ from ._checks import (
     warn_if_another_models_tokenizer,
 )
 from .attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
-from .corpus import require_texts_with_tokens, require_tokenizer_ids_fit
+from .corpus import mask_keywords, require_texts_with_tokens, require_tokenizer_ids_fit
 from .encoded_texts import truncation_length
 from .errors import argument_error
 from .nn.dynamic import evaluating
@@ -61,10 +61,9 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
         for start in range(0, len(texts), batch_size):
             rows = order[start : start + batch_size]
             pairs = None if text_pairs is None else [text_pairs[i] for i in rows]
-            # the mask asked for: a tokenizer whose model_input_names leave it out padded without one, and the padded
-            # rows' logits were of their padding attended to as tokens (BERT), silently
+            # the mask asked for (mask_keywords): a padded BERT row's logits were of its padding attended to, silently
             enc = tokenizer([texts[i] for i in rows], pairs, padding=len(rows) > 1, truncation=True, max_length=max_length,
-                            return_attention_mask=True, return_tensors="pt").to(device)
+                            return_tensors="pt", **mask_keywords(tokenizer)).to(device)
             # ids past the embedding failed deep in torch (IndexError; a device-side assert on a GPU)
             require_tokenizer_ids_fit(model, tokenizer, enc)
             mask = enc.get("attention_mask")

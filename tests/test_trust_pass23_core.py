@@ -10,7 +10,8 @@ whole surface, real tokenizers slow and fast, state between calls), each checked
   equal.
 - A tokenizer whose ``model_input_names`` leave out the attention mask (``["input_ids"]``) pads without one: ``predict``
   returned a padded BERT row's logits with its padding attended to as tokens (-0.129 against -0.150 alone), silently,
-  and ``explain_dataset`` failed with ``KeyError: 'attention_mask'``. Both ask the tokenizer for the mask.
+  and ``explain_dataset`` failed with ``KeyError: 'attention_mask'``. Both ask the tokenizer for the mask, and so does
+  ``predict_labels`` (zero-shot evaluation's ``predict``), which had the same silent defect.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import VOCAB
 from test_conformance import _stock, _word_tokenizer
 
 from bcos_plugins import Direction, bcosify, explain, explain_dataset
@@ -94,6 +96,21 @@ def test_predict_with_a_tokenizer_that_returns_no_mask_gives_each_texts_logits_a
     torch.testing.assert_close(predict(model, tokenizer, _TEXTS), alone, rtol=1e-5, atol=1e-6)
     labels = alone.argmax(-1).tolist()
     assert accuracy(model, tokenizer, _TEXTS, labels) == 1.0
+
+
+def test_predict_labels_with_a_tokenizer_that_returns_no_mask_gives_each_texts_class_alone():
+    """predict_labels (zero-shot evaluation's predict) padded without a mask too: a padded BERT row's class was of its
+    padding attended to as tokens, silently (texts chosen so that the padding flips the arg-max)."""
+    from bcos_plugins.space.zero_shot import predict_labels
+
+    model, tokenizer = _bcos("BertForSequenceClassification"), _maskless_tokenizer()
+    texts = ["w5 w7 w9 w11 w13 w15 w17 w19", *[f"w{i}" for i in range(3, VOCAB)]]
+    with torch.no_grad():
+        alone = [int(model(input_ids=torch.tensor([tokenizer(t)["input_ids"]])).logits[0].argmax()) for t in texts]
+        padded = torch.tensor([tokenizer(t)["input_ids"] + [0] * 7 for t in texts[1:]])
+        unmasked = model(input_ids=padded).logits.argmax(-1).tolist()
+    assert unmasked != alone[1:]  # the padding attended to changes some rows' class: the case is a real one
+    assert predict_labels(model, tokenizer, texts, batch_size=len(texts)) == alone
 
 
 @pytest.mark.parametrize("name", ["BertForSequenceClassification", "LlamaForCausalLM"])

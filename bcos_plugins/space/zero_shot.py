@@ -25,7 +25,7 @@ from .._checks import (
     warn_if_another_models_tokenizer,
 )
 from ..attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
-from ..corpus import require_texts_with_tokens, require_tokenizer_ids_fit
+from ..corpus import mask_keywords, require_texts_with_tokens, require_tokenizer_ids_fit
 from ..errors import BcosFileError, BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 
@@ -138,8 +138,10 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
     with evaluating(model):
         for start in tqdm(range(0, len(texts), batch_size), disable=not progress, desc="predict"):
             rows = range(start, min(start + batch_size, len(texts)))
+            # the mask asked for, as predict asks (mask_keywords): a padded BERT row's class was of its padding
+            # attended to as tokens, silently
             batch = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
-                              max_length=max_length, return_tensors="pt").to(device)
+                              max_length=max_length, return_tensors="pt", **mask_keywords(tokenizer)).to(device)
             # ids past the embedding failed deep in torch (IndexError; a device-side assert on a GPU)
             require_tokenizer_ids_fit(model, tokenizer, batch)
             mask = batch.get("attention_mask")
