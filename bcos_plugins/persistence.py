@@ -531,6 +531,22 @@ def _check_head_tying(model: nn.Module, info: dict, path: str, tie_asked: bool) 
             "leave tie_word_embeddings out: the model loads with its saved head", kind=BcosKeywordError)
 
 
+def _subfolder_path(path, subfolder) -> str:
+    """The folder ``subfolder`` of the local folder ``path``, which the whole load reads: given to from_pretrained,
+    ``subfolder`` took the weights from there and the record, each layer's stored B and the checks from ``path`` (a
+    Trainer run's checkpoint-500 loaded with the final model's B, logits 0.39 off, silently)."""
+    if not isinstance(subfolder, str | os.PathLike):
+        raise argument_error("subfolder", f"must be a folder name (str), got {type(subfolder).__name__}",
+                             "pass the name of the folder inside path, e.g. subfolder='checkpoint-500'",
+                             kind=BcosTypeError)
+    if isinstance(path, str | os.PathLike) and Path(os.path.expanduser(os.fspath(path))).is_dir():
+        return os.path.join(os.fspath(path), os.fspath(subfolder))
+    raise argument_error("subfolder", f"is given with {os.fspath(path) if isinstance(path, str | os.PathLike) else path!r}, "
+                         "which is no local folder: load_bcos_model reads a hub repository's top folder only",
+                         "download the repository (huggingface_hub.snapshot_download) and pass its folder joined with "
+                         "the subfolder as path", kind=BcosKeywordError)
+
+
 # under a caller's torch.inference_mode() the loaded parameters would be inference tensors, which bcosify refuses (no
 # B-cos model made of them can be explained or trained): the model is loaded with ordinary tensors whatever the mode
 @torch.inference_mode(False)
@@ -546,8 +562,9 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     both: the layers run at the stored B, the edit does not change them. A folder saved from a
     :class:`~bcos_plugins.vision.BcosViT` loads as one, with every weight required. Keywords that name a
     configuration attribute (e.g. ``output_attentions=True``) set it, as in ``from_pretrained``; the others
-    (``dtype``, ``device_map``, ...) go to ``from_pretrained``. The model is returned in eval mode, made of ordinary
-    tensors also when called under ``torch.inference_mode()``.
+    (``dtype``, ``device_map``, ...) go to ``from_pretrained``; ``subfolder`` names a folder inside a local
+    ``path``, which the whole load then reads (a Trainer run's ``checkpoint-500``). The model is returned in eval
+    mode, made of ordinary tensors also when called under ``torch.inference_mode()``.
 
     Raises:
         BcosFileError: no such folder (or hub id), no config.json, no or an empty / truncated safetensors
@@ -567,6 +584,8 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     """
     from transformers import AutoConfig
 
+    if "subfolder" in from_pretrained_kwargs:
+        path = _subfolder_path(path, from_pretrained_kwargs.pop("subfolder"))
     path, local = checked_folder(path)
     if _saved_model_type(path, local) == _VIT_MODEL_TYPE:
         return _load_vit(path, from_pretrained_kwargs)

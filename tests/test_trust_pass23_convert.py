@@ -20,8 +20,9 @@ from torch import nn
 from bcos_plugins import bcosify, load_bcos_model
 from bcos_plugins.bilinear.swish_beta import set_swish_beta
 from bcos_plugins.convert.bcosify import record_module_edits
-from bcos_plugins.errors import BcosValueError
+from bcos_plugins.errors import BcosKeywordError, BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLinear, DetachableActivation
+from bcos_plugins.nn.linear import AlignmentPressure
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -195,3 +196,24 @@ def test_a_model_offloaded_to_disk_is_refused_by_bcosify_and_load_bcos_model_nam
         load_bcos_model(tmp_path / "bcos", device_map={"": "disk"}, offload_folder=str(tmp_path / "offload2"))
     ids = torch.randint(3, 50, (2, 7))
     assert torch.equal(_logits(load_bcos_model(tmp_path / "bcos", device_map={"": "cpu"}), ids), _logits(model, ids))
+
+
+# ------------------------------------------------------------------ load_bcos_model(path, subfolder=...)
+
+
+def test_a_subfolder_is_loaded_with_its_own_record_and_stored_b_not_the_parent_folders(tmp_path):
+    checkpoint = bcosify(_stock("BertForSequenceClassification", seed=1), b=1.5, verbose=False)
+    for module in checkpoint.modules():
+        if isinstance(module, AlignmentPressure):
+            module.b = 1.2  # mid-way through a B warm-up
+    checkpoint.save_pretrained(tmp_path / "checkpoint-500")
+    bcosify(_stock("BertForSequenceClassification", seed=2), b=1.5, verbose=False).save_pretrained(tmp_path)
+    ids = torch.randint(3, 50, (2, 7))
+    # the weights came from the subfolder, each layer's B from the parent's save: logits 0.39 off, silently
+    loaded = load_bcos_model(tmp_path, subfolder="checkpoint-500")
+    assert {m.b for m in loaded.modules() if isinstance(m, AlignmentPressure)} == {1.2}
+    assert torch.equal(_logits(loaded, ids), _logits(checkpoint, ids))
+    with pytest.raises(BcosKeywordError, match=r"^subfolder: is given with 'user/model', which is no local folder"):
+        load_bcos_model("user/model", subfolder="checkpoint-500")
+    with pytest.raises(BcosTypeError, match=r"^subfolder: must be a folder name \(str\), got int"):
+        load_bcos_model(tmp_path, subfolder=500)
