@@ -383,8 +383,10 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
            f"started from the pretrained MiniLM, lr {cfg.bcos_lr:g}, head lr {cfg.bcos_head_lr:g}.\n")
         + "Comp / Suff: AOPC x100, paper-compatible unnormalised area (sklearn auc over p = 0.1..0.9, max 80); "
         "tokens removed through the attention mask, [CLS]/[SEP] never removed; the normalised area is in "
-        "results.csv. Completeness error (input x gradient rows): median over the SST-2 sentences of |sum of "
-        "the token scores - explained logit| / |logit| (mean in results.csv); for W(x)x of the conventional "
+        "results.csv. Entropy: explanation_entropy over each sentence's tokens without [CLS]/[SEP] (they are left "
+        "out, as from the curves), mean over the SST-2 sentences. Completeness error (input x gradient rows): "
+        "median over the SST-2 sentences of |sum of the token scores - explained logit| / |logit| (mean in "
+        "results.csv); for W(x)x of the conventional "
         "model it is the biases' share of the logit, which no token receives. Time: wall clock on "
         f"{info['device']} ({threads_text()}), SST-2 sentences in batches of {cfg.batch} of similar length ("
         + ", ".join(f"{m} {perturbations_per_eval(cfg, m)}" for m in CPU_PERTURBATIONS_PER_EVAL)

@@ -661,8 +661,8 @@ def write_report(rows: list[dict], posthoc: list[dict], cfg: Config, cells: list
         f"Comp/Suff: AOPC x100 (unnormalised area, p = 0.1..0.9) on {units['sst2']} SST-2 dev sentences of at least "
         f"{cfg.min_words} words; SeqPG x100 on {units['ag_news']} AG News examples of 2 x {cfg.segment} tokens "
         f"(segments the conventional model classifies with probability >= {cfg.min_confidence:g}). Entropy: of the "
-        "SST-2 explanations (bcos_plugins.metrics.explanation_entropy). Wrong segment: the share (x100) of the "
-        "positive SeqPG evidence on the other class's segment.\n")
+        "SST-2 explanations (bcos_plugins.metrics.explanation_entropy over each sentence's tokens without "
+        "[CLS]/[SEP]). Wrong segment: the share (x100) of the positive SeqPG evidence on the other class's segment.\n")
     if len({seed for r in rows for seed in r["seeds"].split()}) > 1:  # with one seed the table repeats the above
         per_seed = seed_rows(rows, cells, cfg)
         notes += ("\nPer seed (the same Δ, each seed's cells alone, against the pooled best post-hoc method):\n\n"
