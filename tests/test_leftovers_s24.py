@@ -207,3 +207,30 @@ def test_explanation_entropy_ignores_nan_at_masked_positions_and_refuses_it_at_r
         explanation_entropy(broken, mask)
     with pytest.raises(BcosValueError, match=r"^attributions: contain NaN or inf"):
         explanation_entropy(broken)
+
+
+# ------------------------------------------------ 2e. load_sst2's empty sentences, left_pad's negative pad id
+
+
+def test_load_sst2_drops_empty_sentences_with_a_count_and_left_pad_refuses_a_negative_pad_id(tmp_path):
+    """load_sst2 kept rows whose sentence is empty (a row of special tokens alone, classified and explained beside the
+    real ones); they are dropped with a warning that counts them, and n counts the rows kept. left_pad wrote a
+    negative pad_token_id into the batch; it is refused by name."""
+    from bcos_plugins.data import load_sst2
+    from bcos_plugins.data.contrastive import left_pad
+    from bcos_plugins.errors import BcosValueError
+
+    path = tmp_path / "sst2.tsv"
+    path.write_text("sentence\tlabel\na fine film\t1\n\t0\n   \t1\ndull\t0\n", encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"^load_sst2: dropped 2 of 4 rows whose sentence is empty"):
+        data = load_sst2(path=path)
+    assert list(data) == [("a fine film", 1), ("dull", 0)]
+    with pytest.warns(UserWarning, match=r"dropped 2 of 4"):
+        assert load_sst2(path=path, n=2).texts == ["a fine film", "dull"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(load_sst2("test")) == 600  # the shipped slice has no empty sentence
+    with pytest.raises(BcosValueError, match=r"^pad_token_id: must be >= 0, got -1"):
+        left_pad([[5, 6], [7]], [[True, False], [False]], pad_token_id=-1)
+    ids = left_pad([[5, 6], [7]], [[True, False], [False]], pad_token_id=0)[0]
+    assert ids.tolist() == [[5, 6], [0, 7]]

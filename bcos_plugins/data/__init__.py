@@ -8,6 +8,7 @@ network. :data:`SHIPPED_DATA` is that folder; :func:`shipped_data` returns a fil
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 __all__ = [
@@ -62,6 +63,8 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
         BcosFileError: ``path`` does not exist.
         BcosValueError: an unknown ``split`` or ``source``, a negative ``n``, or a line of the file without a
             tab or with a label other than 0 / 1 (the message names the line).
+
+    Rows whose sentence is empty are dropped, with a ``UserWarning`` that counts them.
     """
     names = ["negative", "positive"]
     n = check_n(n)
@@ -81,4 +84,9 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
     else:
         raise argument_error("source", f"must be 'local' or 'hub', got {source!r}",
                              "Use 'local' for the shipped slice or your path=..., 'hub' for `datasets`")
-    return TextClassificationData(rows[:n] if n is not None else rows, names)
+    # an empty sentence was kept: a row of special tokens alone, classified and explained beside the real ones
+    kept = [row for row in rows if row[0].strip()]
+    if len(kept) < len(rows):
+        warnings.warn(f"load_sst2: dropped {len(rows) - len(kept)} of {len(rows)} rows whose sentence is empty (nothing "
+                      "to classify or explain); n counts the rows kept", stacklevel=2)
+    return TextClassificationData(kept[:n] if n is not None else kept, names)

@@ -11,6 +11,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from .._checks import require_int
 from ..errors import argument_error
 
 __all__ = ["ContrastiveBatch", "left_pad"]
@@ -43,10 +44,14 @@ def left_pad(rows: Sequence[Sequence[int]], evidence: Sequence[Sequence[bool]], 
     the BOS, not the padding); ``starts`` is the column of each row's first token (after the BOS).
 
     Raises:
-        BcosValueError: no rows, a row without tokens, or ``evidence`` not one flag per token of each row (the
-            rows named).
+        BcosValueError: no rows, a row without tokens, ``evidence`` not one flag per token of each row (the
+            rows named), or a negative ``pad_token_id``.
     """
     _check_rows_and_flags(rows, evidence)
+    # a negative id was written into the batch as padding: the embedding refuses it, or a negative index reads
+    # another token's row from the end of the table
+    pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0,
+                               fix="Pass the tokenizer's pad id, an int >= 0 (tokenizer.pad_token_id)")
     shift = int(bos_token_id is not None)
     length = max(len(row) for row in rows) + shift
     batch = len(rows)
