@@ -986,8 +986,11 @@ def require_finite_parameters(model: nn.Module, name: str = "model", *,
     bad = torch.stack([~torch.isfinite(p.detach()).all() for _, p in named])
     if bool(bad.any()):
         which = [n for (n, _), b in zip(named, bad.tolist(), strict=True) if b]
-        raise argument_error(name, f"has NaN or infinite values in {len(which)} parameter(s) ({', '.join(which[:4])}"
-                             f"{', ...' if len(which) > 4 else ''}): {consequence}", fix)
+        # the first three, then how many more: a bridge's paths run to 100 characters each
+        # (model.layers.0._original_component.self_attn._original_component.q_proj._original_component.weight)
+        more = f" and {len(which) - 3} more" if len(which) > 3 else ""
+        raise argument_error(name, f"has NaN or infinite values in {len(which)} parameter(s) ({', '.join(which[:3])}"
+                             f"{more}): {consequence}", fix)
 
 
 def require_trainable(model: nn.Module, name: str = "model") -> None:

@@ -234,3 +234,28 @@ def test_load_sst2_drops_empty_sentences_with_a_count_and_left_pad_refuses_a_neg
         left_pad([[5, 6], [7]], [[True, False], [False]], pad_token_id=-1)
     ids = left_pad([[5, 6], [7]], [[True, False], [False]], pad_token_id=0)[0]
     assert ids.tolist() == [[5, 6], [0, 7]]
+
+
+# ------------------------------------------------ 2f. refusals naming many long parameter paths
+
+
+def test_a_bridges_non_finite_weights_are_named_three_then_counted():
+    """A bridge's parameter paths run to 100 characters (model.layers.0._original_component.self_attn.
+    _original_component.q_proj._original_component.weight): the refusal listed four of them and "...", without saying
+    how many more. It names the first three and counts the rest."""
+    from bcos_plugins.adapters.transformer_lens import explain_logits, transformer_bridge_from_hf
+    from test_conformance import B, _stock
+
+    from bcos_plugins import bcosify
+    from bcos_plugins.errors import BcosValueError
+
+    bridge = transformer_bridge_from_hf(bcosify(_stock("LlamaForCausalLM"), b=B, verbose=False).eval())
+    names = [n for n, _ in bridge.named_parameters()][:6]
+    with torch.no_grad():
+        for name in names:
+            bridge.get_parameter(name).view(-1)[3] = float("nan")
+    tokens = torch.randint(3, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(BcosValueError, match=r"^model: has NaN or infinite values in 6 parameter\(s\) \(") as caught:
+        explain_logits(bridge, tokens, target=3)
+    listed = str(caught.value).split("parameter(s) (", 1)[1].split("): ", 1)[0]
+    assert listed == ", ".join(names[:3]) + " and 3 more"
