@@ -31,6 +31,7 @@ from .convert.architectures import PositionLimit, position_limit, vocabulary_siz
 from .encoded_texts import require_max_length_fits
 from .errors import BcosTypeError, argument_error
 from .fine_tuning import checked_training_arguments, train_handing_back_own_forward
+from .losses import cross_entropy_loss
 
 __all__ = ["CausalLMCollator", "IGNORE_INDEX", "real_token_positions", "train_causal_lm"]
 
@@ -194,7 +195,9 @@ def train_causal_lm(
     ``per_device_eval_batch_size`` is. transformers' own ``eval_loss`` averages each batch's per-token mean
     weighted by the batch's rows, so rows of different lengths gave a number that depended on the batch size
     (4.1099 with batches of one row, 4.0816 with all seven rows in one batch, on a tiny GPT-2). With
-    ``label_smoothing_factor`` set, the loss is the Trainer's smoothed one and keeps its per-batch weighting.
+    ``label_smoothing_factor`` set, the loss is the smoothed cross-entropy of the shifted labels
+    (:func:`shifted_cross_entropy_loss`, exact under ``gradient_accumulation_steps``), and ``eval_loss`` keeps the
+    ``Trainer``'s per-batch weighting.
     """
     from transformers import Trainer
 
@@ -231,14 +234,28 @@ def train_causal_lm(
                 "use_cpu": not torch.cuda.is_available(), "logging_steps": 10}
     # the keyword check and the logging_nan_inf_filter default: the one builder of every training helper
     args = checked_training_arguments(train_causal_lm, training_arguments, defaults, output_dir=output_dir)
+    # with label smoothing the Trainer's label smoother replaces the model's loss, and shifts the labels only for a
+    # class named in transformers' causal-LM mapping: a B-cos Gemma 2 (BcosGemma2ForCausalLM) was trained on its
+    # unshifted labels, each token predicted from itself, without a word. The shift is ours
+    smoothing = args.label_smoothing_factor
+    loss_func = functools.partial(shifted_cross_entropy_loss, label_smoothing=smoothing) if smoothing else None
     trainer = _token_weighted_eval_trainer(Trainer)(model=model, args=args, train_dataset=train_dataset,
                                                    eval_dataset=eval_dataset, data_collator=collator,
-                                                   callbacks=callbacks)
+                                                   callbacks=callbacks, compute_loss_func=loss_func)
     # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
     # scripts"): passed through **training_args it started the run afresh without a word
     train_handing_back_own_forward(trainer, model, args.resume_from_checkpoint)
     model.eval()
     return trainer
+
+
+def shifted_cross_entropy_loss(outputs, labels: Tensor, num_items_in_batch=None, *, label_smoothing: float = 0.0
+                               ) -> Tensor:
+    """The causal-LM cross-entropy as a ``compute_loss_func``: the logits at ``t - 1`` predict ``labels[t]``
+    (:func:`~bcos_plugins.losses.cross_entropy_loss` of the shifted pair, with its ``label_smoothing`` and its
+    ``num_items_in_batch``, which the ``Trainer`` counts over ``labels[..., 1:]`` for a causal LM)."""
+    logits = outputs.logits if hasattr(outputs, "logits") else outputs
+    return cross_entropy_loss(logits[:, :-1], labels[:, 1:], num_items_in_batch, label_smoothing=label_smoothing)
 
 
 @functools.cache

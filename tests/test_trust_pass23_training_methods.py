@@ -176,3 +176,34 @@ def test_a_space_model_over_a_bcos_encoder_reloads_as_saved(tmp_path):
         assert [m.b for m in loaded.modules() if isinstance(m, AlignmentPressure)] == \
             [m.b for m in model.modules() if isinstance(m, AlignmentPressure)]
         assert not any(p.requires_grad for p in loaded.encoder.parameters())  # train_encoder=False, as saved
+
+
+def test_train_causal_lm_smooths_the_shifted_labels_of_a_bcos_gemma2(tmp_path):
+    """With label_smoothing_factor the Trainer's label smoother replaced the model's loss and shifted the labels only
+    for a class named in transformers' causal-LM mapping: bcosify makes a Gemma 2 a BcosGemma2ForCausalLM, which was
+    trained on its unshifted labels (each token predicted from itself: the logged 4.07347 is that loss, where the
+    smoothed next-token loss is 4.07572), without a word. The loss is now the shifted one for every class."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from bcos_plugins.train_decoder import CausalLMCollator
+
+    torch.manual_seed(0)
+    config = T.Gemma2Config(vocab_size=60, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=1, head_dim=8, intermediate_size=32, max_position_embeddings=40,
+                            pad_token_id=0, attention_dropout=0.0)
+    model = bcosify(T.Gemma2ForCausalLM(config), b=1.1, verbose=False)
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(5, 40, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()}
+            for _ in range(4)]
+    batch = CausalLMCollator(0)(rows)
+    with torch.no_grad():
+        logits = copy.deepcopy(model).eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                             position_ids=batch["position_ids"]).logits.float()
+    expected = F.cross_entropy(logits[:, :-1].reshape(-1, 60), batch["labels"][:, 1:].reshape(-1), ignore_index=-100,
+                               label_smoothing=0.1)
+    trainer = train_causal_lm(model, rows, str(tmp_path), pad_token_id=0, max_steps=1, per_device_train_batch_size=4,
+                              learning_rate=1e-9, label_smoothing_factor=0.1, logging_steps=1, disable_tqdm=True)
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert logged == [pytest.approx(float(expected), rel=1e-6, abs=0)]
