@@ -319,6 +319,38 @@ def _placeholder_ids(model: nn.Module, mask: Tensor) -> Tensor:
     return torch.full_like(mask, 1 if pad == 0 else 0)
 
 
+# the attention mask EmbeddingForward.embed was given, held on the embeddings it returns where the mask pads a row
+_EMBEDDED_MASK = "_bcos_plugins_embedded_mask"
+
+
+def _remember_mask(embeddings: Tensor, attention_mask: Tensor | None) -> Tensor:
+    if attention_mask is not None and not bool(attention_mask.bool().all()):
+        setattr(embeddings, _EMBEDDED_MASK, attention_mask.detach())
+    return embeddings
+
+
+def _refuse_another_mask(embeddings: Tensor, attention_mask) -> None:
+    """Refuse embeddings of a padded batch (:meth:`EmbeddingForward.embed`'s, as returned) run without the mask they
+    were embedded with, or with another one: every padding position was attended (or other positions masked), another
+    function than the model's on those rows, silently (a left-padded row's logit 0.14 where the model's is 0.0015).
+    Tensors made from them (noise, a path, a slice) hold no mask and are not checked."""
+    embedded = getattr(embeddings, _EMBEDDED_MASK, None)
+    if embedded is None:
+        return
+    if attention_mask is None:
+        raise argument_error("additional_forward_args", f"the embeddings were embedded with an attention mask that "
+                             f"pads {bad_rows(~embedded.bool().all(-1))}, but no attention mask is passed with them, "
+                             "so the padding positions would be attended: another function than the model's on those "
+                             "rows", "Pass additional_forward_args=(attention_mask,), the mask given to "
+                             "fwd.embed(input_ids, attention_mask) (calling fwd directly: fwd(embeddings, "
+                             "attention_mask))")
+    if isinstance(attention_mask, Tensor) and (attention_mask.shape != embedded.shape or not torch.equal(
+            attention_mask.to(embedded.device).bool(), embedded.bool())):
+        raise argument_error("attention_mask", "is another mask than the one the embeddings were embedded with (their "
+                             "positions were counted from that one, and its padding is not real tokens)",
+                             "Pass the mask given to fwd.embed(input_ids, attention_mask)")
+
+
 class EmbeddingForward(nn.Module):
     """A transformers text model as a function of the tensor at its attribution point:
     ``f(embeddings, attention_mask=None, position=None)``.
@@ -378,7 +410,7 @@ class EmbeddingForward(nn.Module):
         captured: list[Tensor] = []
 
         def grab(t: Tensor) -> Tensor:
-            captured.append(t.detach().clone())
+            captured.append(_remember_mask(t.detach().clone(), attention_mask))
             raise _StopForward
 
         kwargs = rows_as_alone_call(self.model, input_ids, attention_mask, forward_kwargs, spec=self.spec)
@@ -461,6 +493,7 @@ class EmbeddingForward(nn.Module):
         # validates the mask (0/1, no empty row) and the length against the position table
         placeholder, attention_mask = check_token_inputs(self.model, _placeholder_ids(self.model, mask.long()),
                                                          attention_mask)
+        _refuse_another_mask(embeddings, attention_mask)
         if self.spec.is_classifier and position is not None:
             raise argument_error("position", "a sequence classifier gives one logit vector per sequence",
                                  "Leave position out (it applies to causal LMs)")
@@ -674,7 +707,8 @@ class BcosAttribution(GradientAttribution):
         rounded: list[tuple[torch.dtype, torch.dtype]] = []
 
         def compute():
-            leaves = tuple(as_leaf(x) for x in inputs_t)
+            # new tensors: they carry the mask EmbeddingForward.embed gave the inputs, which its forward checks
+            leaves = tuple(_remember_mask(as_leaf(x), getattr(x, _EMBEDDED_MASK, None)) for x in inputs_t)
             with (nullcontext() if self.model is None
                   else recording_forward_autocast(self.model, forward_autocast)), _recording_embedding_rounding(rounded):
                 out = CaptumInternals.run_forward(self.forward_func, leaves, None, extra)

@@ -176,3 +176,43 @@ def test_llm_gradient_attribution_over_layer_bcos_at_several_layers_names_layer(
     ids = torch.tensor([[5, 7, 9, 11]])
     per_layer = LayerBcos(model, layer=layers).attribute(ids, target=3, additional_forward_args=(torch.ones_like(ids),))
     assert isinstance(per_layer, list) and len(per_layer) == 2
+
+
+# ------------------------------------------------ Captum: embeddings of a padded batch attributed without their mask
+
+
+def test_embeddings_of_a_padded_batch_attributed_without_their_mask_are_refused_naming_the_mask():
+    """``BcosAttribution(fwd).attribute(fwd.embed(ids, mask), target=t)`` with the mask left out of
+    ``additional_forward_args``: the embeddings (positions counted from the mask) ran with every padding position
+    attended, another function than the model's on those rows (a left-padded row's logit 0.14 where the model's is
+    0.0015), silently. The embeddings remember the mask they were embedded with; leaving it out, or passing another,
+    is refused naming additional_forward_args. A batch without padding needs no mask, and the mask given explains the
+    model's own logits."""
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward, LayerBcos
+    from conftest import padded_batch, tiny_bcos_model
+
+    from bcos_plugins import explain
+    from bcos_plugins.errors import BcosValueError
+
+    model = tiny_bcos_model("GPT2LMHeadModel")
+    ids, mask = padded_batch(side="left")
+    fwd = EmbeddingForward(model)
+    embeddings = fwd.embed(ids, mask)
+    reference = explain(model, ids, mask, target=5).contributions.sum(-1)
+    with pytest.raises(BcosValueError, match=r"additional_forward_args: the embeddings were embedded with an attention "
+                                             r"mask that pads rows \[1, 2\].*Pass additional_forward_args="
+                                             r"\(attention_mask,\)"):
+        BcosAttribution(fwd).attribute(embeddings, target=5)
+    with pytest.raises(BcosValueError, match=r"attention_mask: .*another mask than the one the embeddings"):
+        BcosAttribution(fwd).attribute(embeddings, target=5, additional_forward_args=(torch.ones_like(mask),))
+    with pytest.raises(BcosValueError, match=r"additional_forward_args: the embeddings were embedded"):
+        fwd(embeddings)  # Captum's own methods call the wrapper with the embeddings as given
+    with pytest.raises(BcosValueError, match=r"additional_forward_args: the embeddings were embedded"):
+        LayerBcos(fwd, layer=model.transformer.h[0], model=model).attribute(embeddings, target=5)
+    attributions = BcosAttribution(fwd).attribute(embeddings, target=5, additional_forward_args=(mask,))
+    torch.testing.assert_close(attributions.sum((1, 2)), reference, rtol=1e-5, atol=1e-6)
+    # without padding no mask is needed (every position is real either way)
+    full = torch.ones_like(mask[:1])
+    alone = fwd.embed(ids[:1], full)
+    torch.testing.assert_close(BcosAttribution(fwd).attribute(alone, target=5).sum(),
+                               explain(model, ids[:1], full, target=5).contributions.sum(), rtol=1e-5, atol=1e-6)
