@@ -131,6 +131,13 @@ def weight_files(path: str, local: bool) -> list[str]:
     if single is not None:
         files = [single]
     elif index is None:
+        shards = sorted(p.name for p in Path(path).glob("model-*-of-*.safetensors")) if local else []
+        if shards:
+            # told only that there was no model.safetensors, and to save the model again
+            raise BcosFileError(
+                f"path: {path} holds {len(shards)} safetensors shard(s) ({', '.join(shards[:3])}"
+                f"{', ...' if len(shards) > 3 else ''}) but no {SHARDED_INDEX}, which says which weight each shard "
+                "holds. Copy the index written by save_pretrained next to the shards too (the whole folder).")
         other = [n for n in ("pytorch_model.bin", "model.pt") if find(n)]
         hint = (f" It holds {other[0]}: load it with transformers and save it again with "
                 "save_pretrained(folder) (safetensors)") if other else ""

@@ -20,7 +20,7 @@ from torch import nn
 from bcos_plugins import bcosify, load_bcos_model
 from bcos_plugins.bilinear.swish_beta import set_swish_beta
 from bcos_plugins.convert.bcosify import record_module_edits
-from bcos_plugins.errors import BcosKeywordError, BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosFileError, BcosKeywordError, BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLinear, DetachableActivation
 from bcos_plugins.nn.linear import AlignmentPressure
 
@@ -217,3 +217,12 @@ def test_a_subfolder_is_loaded_with_its_own_record_and_stored_b_not_the_parent_f
         load_bcos_model("user/model", subfolder="checkpoint-500")
     with pytest.raises(BcosTypeError, match=r"^subfolder: must be a folder name \(str\), got int"):
         load_bcos_model(tmp_path, subfolder=500)
+
+
+def test_shards_without_their_index_are_named_not_reported_as_no_weights(tmp_path):
+    bcosify(_stock("BertForSequenceClassification"), verbose=False).save_pretrained(tmp_path, max_shard_size="20KB")
+    (tmp_path / "model.safetensors.index.json").unlink()
+    # it said "has no model.safetensors ... Save the model with model.save_pretrained(folder)"
+    with pytest.raises(BcosFileError, match=r"^path: .* holds \d+ safetensors shard\(s\) \(model-00001-of-\d+\."
+                                            r"safetensors, .*but no model\.safetensors\.index\.json"):
+        load_bcos_model(tmp_path)
