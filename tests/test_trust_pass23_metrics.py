@@ -230,3 +230,25 @@ def test_aopc_and_completeness_error_refuse_a_switch_given_as_text():
     # "no" gave the relative error, 0.25 for the absolute gap of 1
     with pytest.raises(BcosTypeError, match=r"relative: must be True or False, got str 'no'\. Pass relative=True"):
         completeness_error(scores, logit, relative="no")
+
+
+def test_metrics_name_captums_attributions_and_delta_pair():
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward
+    from conftest import tiny_bcos_model
+
+    from bcos_plugins import explain
+    from bcos_plugins.metrics import explanation_entropy
+
+    model = tiny_bcos_model().double()
+    ids, mask = padded_rows([7, 5], 8, "right", seed=0)
+    forward = EmbeddingForward(model)
+    explanation = explain(model, ids, mask)
+    pair = BcosAttribution(forward).attribute(forward.embed(ids, mask), target=explanation.target,
+                                              additional_forward_args=(mask,), return_convergence_delta=True)
+    assert isinstance(pair, tuple) and len(pair) == 2 and pair[1].shape == (2,)
+    # was "expected the attributions of one input tensor, got a tuple of 2", as if two inputs had been attributed
+    with pytest.raises(BcosValueError, match=r"attributions: are a pair of attributions and one value per row, as "
+                                             r"Captum's attribute\(\.\.\., return_convergence_delta=True\) returns"):
+        explanation_entropy(pair, mask)
+    torch.testing.assert_close(explanation_entropy(pair[0], mask), explanation_entropy(explanation, mask),
+                               rtol=0, atol=1e-12)

@@ -66,6 +66,13 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
         attributions = require_tensor("attributions", attributions, kind="real", finite=False,
                                       shape_hint="(batch, pos, ...)")
     if isinstance(attributions, (tuple, list)):
+        first, last = (attributions[0], attributions[-1]) if attributions else (None, None)
+        if len(attributions) == 2 and isinstance(first, Tensor) and isinstance(last, Tensor) and first.ndim >= 2 \
+                and last.ndim == 1 and last.shape[0] == first.shape[0]:
+            # Captum's attribute(..., return_convergence_delta=True) returns (attributions, delta)
+            raise argument_error("attributions", "are a pair of attributions and one value per row, as Captum's "
+                                 "attribute(..., return_convergence_delta=True) returns them", "Pass its first "
+                                 "element, the attributions")
         if len(attributions) != 1:
             raise argument_error("attributions", f"expected the attributions of one input tensor, got a "
                                  f"{type(attributions).__name__} of {len(attributions)} tensors (per-row scores, or "
