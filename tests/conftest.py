@@ -150,6 +150,22 @@ def batch():
     return padded_batch()
 
 
+@pytest.fixture(scope="module")
+def minilm_bcos_bert():
+    """A tiny B-cos BERT sentiment classifier over the bert-base-uncased vocabulary (the shipped MiniLM tokenizer's),
+    its tokenizer, and a padded batch of two texts (tests/test_trust_pass10.py, tests/test_trust_pass22_vision_data.py)."""
+    from bcos_plugins import bcosify
+    from bcos_plugins.pretrained import minilm_path
+
+    tokenizer = T.AutoTokenizer.from_pretrained(minilm_path())
+    torch.manual_seed(0)
+    config = T.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=128, num_labels=2)
+    model = bcosify(T.BertForSequenceClassification(config).eval(), b=1.5, verbose=False)
+    batch = tokenizer(["a gorgeous, witty film", "dull"], padding=True, return_tensors="pt")
+    return model, tokenizer, batch
+
+
 def write_seed_reports(folder: Path, labels: list[int], predictions: dict[str, dict[int, list[int]]]) -> list[Path]:
     """One guided-training JSON report per seed (``default_seed{seed}.json`` in ``folder``, the form
     ``benchmarks.common.paired_report`` reads): ``predictions[model][seed]`` are the model's predictions of

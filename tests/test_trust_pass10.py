@@ -18,18 +18,6 @@ from bcos_plugins.visualize import explanation_sections_to_html, explanations_to
 
 
 @pytest.fixture(scope="module")
-def bert():
-    """A tiny B-cos BERT sentiment classifier over the bert-base-uncased vocabulary, its tokenizer, a padded batch."""
-    tokenizer = T.AutoTokenizer.from_pretrained(minilm_path())
-    torch.manual_seed(0)
-    config = T.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          intermediate_size=64, max_position_embeddings=128, num_labels=2)
-    model = bcosify(T.BertForSequenceClassification(config).eval(), b=1.5, verbose=False)
-    batch = tokenizer(["a gorgeous, witty film", "dull"], padding=True, return_tensors="pt")
-    return model, tokenizer, batch
-
-
-@pytest.fixture(scope="module")
 def gpt2_tokenizer():
     tokenizer = T.GPT2TokenizerFast.from_pretrained(shipped_data("gpt2_tokenizer"))
     tokenizer.pad_token = tokenizer.eos_token
@@ -39,35 +27,35 @@ def gpt2_tokenizer():
 # ------------------------------------------------------------------ another model's tokenizer
 
 
-def test_explain_dataset_refuses_another_models_tokenizer_whose_ids_happen_to_fit(bert, gpt2_tokenizer):
+def test_explain_dataset_refuses_another_models_tokenizer_whose_ids_happen_to_fit(minilm_bcos_bert, gpt2_tokenizer):
     """GPT-2's tokenizer (50257 tokens) on a BERT (30522 rows): short English texts get ids below 30522, so the
     texts were explained as BERT's tokens of those ids ('¨ Ġhelp ...' beside the scores), silently."""
     pytest.importorskip("datasets")
     from bcos_plugins import explain_dataset
 
-    model, _, _ = bert
+    model, _, _ = minilm_bcos_bert
     with pytest.raises(BcosValueError, match=r"^tokenizer: GPT2Tokenizer\(.*\) has 50257 tokens, but "
                                              r"BertForSequenceClassification has 30522 embedding rows: the tokenizer "
                                              r"is another model's\. Pass the tokenizer saved with the model"):
         explain_dataset(model, gpt2_tokenizer, ["a film", "dull"])
 
 
-def test_explain_dataset_refuses_a_tokenizer_name(bert):
+def test_explain_dataset_refuses_a_tokenizer_name(minilm_bcos_bert):
     """A hub name as the tokenizer failed with AttributeError: 'str' object has no attribute 'pad_token'."""
     pytest.importorskip("datasets")
     from bcos_plugins import explain_dataset
 
-    model, _, _ = bert
+    model, _, _ = minilm_bcos_bert
     with pytest.raises(BcosTypeError, match=r"^tokenizer: expected a transformers tokenizer, got str "
                                             r"'bert-base-uncased'\. Pass the tokenizer object"):
         explain_dataset(model, "bert-base-uncased", ["a film"])
 
 
-def test_load_classifier_refuses_another_models_tokenizer(bert, gpt2_tokenizer):
+def test_load_classifier_refuses_another_models_tokenizer(minilm_bcos_bert, gpt2_tokenizer):
     """load_classifier(bert, gpt2_tokenizer).attribute(['a fine film']) ran and showed GPT-2 tokens' ids read as
     BERT's, silently."""
     inseq_adapter = pytest.importorskip("bcos_plugins.adapters.inseq")
-    model, tokenizer, _ = bert
+    model, tokenizer, _ = minilm_bcos_bert
     with pytest.raises(BcosValueError, match=r"^tokenizer: .* has 50257 tokens, but BertForSequenceClassification "
                                              r"has 30522 embedding rows"):
         inseq_adapter.load_classifier(model, gpt2_tokenizer)
@@ -78,12 +66,12 @@ def test_load_classifier_refuses_another_models_tokenizer(bert, gpt2_tokenizer):
 # ------------------------------------------------------------------ inseq's own loader
 
 
-def test_inseq_load_model_refuses_a_bert_classifier_naming_load_classifier(bert):
+def test_inseq_load_model_refuses_a_bert_classifier_naming_load_classifier(minilm_bcos_bert):
     """inseq.load_model(bcos_bert, "bcos") failed inside inseq with TypeError: 'NoneType' object is not iterable
     (inseq reads the tokenizer's BOS token before the "bcos" method sees the model)."""
     inseq = pytest.importorskip("inseq")
     inseq_adapter = pytest.importorskip("bcos_plugins.adapters.inseq")
-    model, tokenizer, _ = bert
+    model, tokenizer, _ = minilm_bcos_bert
     with pytest.raises(inseq_adapter.UnsupportedModelError,
                        match=r"^BertForSequenceClassification is a sequence classifier; inseq attributes generation "
                              r"models only\. Use bcos_plugins\.adapters\.inseq\.load_classifier"):
@@ -107,11 +95,11 @@ def _captum_attributions(model, batch):
                                                  additional_forward_args=(batch["attention_mask"],))
 
 
-def test_page_builders_refuse_what_is_not_one_token_explanation(bert):
+def test_page_builders_refuse_what_is_not_one_token_explanation(minilm_bcos_bert):
     """A Captum tensor or a list of explanations failed with AttributeError: ... has no attribute 'tokens'; one
     explanation as the sections with TypeError: 'TokenExplanation' object is not iterable; an explanation as
     tokens_to_html's tokens with TypeError: object of type 'TokenExplanation' has no len()."""
-    model, tokenizer, batch = bert
+    model, tokenizer, batch = minilm_bcos_bert
     expl = explain(model, batch["input_ids"], batch["attention_mask"])
     attributions = _captum_attributions(model, batch)
     with pytest.raises(BcosTypeError, match=r"^explanation: expected a token explanation \(from explain / "
@@ -128,11 +116,11 @@ def test_page_builders_refuse_what_is_not_one_token_explanation(bert):
     assert "<!doctype html>" in explanations_to_html(expl, tokenizer)  # the right kind still renders
 
 
-def test_captum_records_refuse_the_wrong_kinds(bert):
+def test_captum_records_refuse_the_wrong_kinds(minilm_bcos_bert):
     """visualization_records(captum_tensor, tok) failed with AttributeError; records_to_html(explanation) with
     TypeError: 'TokenExplanation' object is not iterable; (pos, dim) scores were refused without the fix."""
     captum = pytest.importorskip("bcos_plugins.adapters.captum")
-    model, tokenizer, batch = bert
+    model, tokenizer, batch = minilm_bcos_bert
     expl = explain(model, batch["input_ids"], batch["attention_mask"])
     attributions = _captum_attributions(model, batch)
     with pytest.raises(BcosTypeError, match=r"^explanation: expected a token explanation .* got Tensor"):
@@ -161,11 +149,11 @@ def test_image_explanations_are_refused_by_the_token_pages_naming_the_figure(tin
             build(expl, None)
 
 
-def test_visualization_records_refuse_label_names_of_another_class_count(bert):
+def test_visualization_records_refuse_label_names_of_another_class_count(minilm_bcos_bert):
     """Three names (a 3-class dataset's) for a 2-class model's logits named class 1 'neg' (the name of class 1 in
     the list, not the model's), silently."""
     captum = pytest.importorskip("bcos_plugins.adapters.captum")
-    model, tokenizer, batch = bert
+    model, tokenizer, batch = minilm_bcos_bert
     expl = explain(model, batch["input_ids"], batch["attention_mask"])
     logits = model(**batch).logits
     with pytest.raises(BcosValueError, match=r"^label_names: has 3 names, but logits have 2 classes\. Pass one "
@@ -261,11 +249,11 @@ def test_the_transformer_lens_limit_on_rope_types_is_refused(rope_type):
 
 
 @pytest.fixture(scope="module")
-def plain_loaded(bert, gpt2_tokenizer, tmp_path_factory):
+def plain_loaded(minilm_bcos_bert, gpt2_tokenizer, tmp_path_factory):
     """The B-cos BERT and a B-cos GPT-2, saved with save_pretrained and loaded back with plain AutoModel (stock
     modules, config.bcos kept: what a newcomer gets from transformers' own loader)."""
     folder = tmp_path_factory.mktemp("saved")
-    model, _, _ = bert
+    model, _, _ = minilm_bcos_bert
     model.save_pretrained(folder / "bert")
     torch.manual_seed(0)
     gpt2 = bcosify(T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(gpt2_tokenizer), n_embd=32, n_layer=2, n_head=4,
@@ -280,13 +268,13 @@ STOCK_LOADED = (r"^{argument}: {name} has B-cos settings in its config \(config\
                 r"bcos_plugins\.load_bcos_model\(path\)")
 
 
-def test_predict_and_the_metrics_refuse_a_b_cos_checkpoint_loaded_as_a_stock_model(bert, plain_loaded):
+def test_predict_and_the_metrics_refuse_a_b_cos_checkpoint_loaded_as_a_stock_model(minilm_bcos_bert, plain_loaded):
     """predict gave the stock model's logits (0.26 off the B-cos model's) and perplexity / perturbation_curves scored
     the stock model, silently (explain refused it already)."""
     from bcos_plugins.metrics import perplexity
     from bcos_plugins.prediction import predict
 
-    bert_model, tokenizer, batch = bert
+    bert_model, tokenizer, batch = minilm_bcos_bert
     stock_bert, stock_gpt2 = plain_loaded
     with pytest.raises(BcosTypeError, match=STOCK_LOADED.format(argument="model", name="BertForSequenceClassification")):
         predict(stock_bert, tokenizer, ["a film"])
@@ -314,12 +302,12 @@ def test_transformer_bridge_from_hf_refuses_a_b_cos_checkpoint_loaded_as_a_stock
 # ------------------------------------------------------------------ smaller traps
 
 
-def test_a_tokenizer_without_the_explained_ids_is_named_by_the_page_builders(bert, gpt2_tokenizer):
+def test_a_tokenizer_without_the_explained_ids_is_named_by_the_page_builders(minilm_bcos_bert, gpt2_tokenizer):
     """A GPT-2's explanation rendered with BERT's tokenizer: ids past BERT's 30522 tokens became None tokens, on which
     explanations_to_html failed (AttributeError: 'NoneType' object has no attribute 'replace') and
     visualization_records built records whose page failed later."""
     captum = pytest.importorskip("bcos_plugins.adapters.captum")
-    _, bert_tokenizer, _ = bert
+    _, bert_tokenizer, _ = minilm_bcos_bert
     torch.manual_seed(0)
     gpt2 = bcosify(T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(gpt2_tokenizer), n_embd=32, n_layer=1, n_head=4,
                                                   n_positions=64)).eval(), b=1.1, verbose=False)
@@ -332,12 +320,12 @@ def test_a_tokenizer_without_the_explained_ids_is_named_by_the_page_builders(ber
     assert "<!doctype html>" in explanations_to_html(expl, gpt2_tokenizer)
 
 
-def test_completeness_error_of_an_explanation_needs_no_second_argument(bert):
+def test_completeness_error_of_an_explanation_needs_no_second_argument(minilm_bcos_bert):
     """metrics.completeness_error(explanation) failed with TypeError: missing 1 required positional argument:
     'explained' (the explanation holds it); a tensor without it is refused naming explained."""
     from bcos_plugins.metrics import completeness_error
 
-    model, _, batch = bert
+    model, _, batch = minilm_bcos_bert
     expl = explain(model, batch["input_ids"], batch["attention_mask"])
     torch.testing.assert_close(completeness_error(expl), expl.completeness_error)
     torch.testing.assert_close(completeness_error(expl, expl.explained), expl.completeness_error)
@@ -345,13 +333,13 @@ def test_completeness_error_of_an_explanation_needs_no_second_argument(bert):
         completeness_error(expl.input_contributions)
 
 
-def test_integrated_gradients_at_a_b_cos_berts_attribution_point_sums_to_about_zero_as_the_captum_page_says(bert):
+def test_integrated_gradients_at_a_b_cos_berts_attribution_point_sums_to_about_zero_as_the_captum_page_says(minilm_bcos_bert):
     """The Captum page's warning, pinned: the combined embedding of a B-cos BERT feeds the embedding LayerNorm
     (scale-invariant), so IG from the zero baseline there sees a constant function along its path."""
     captum = pytest.importorskip("bcos_plugins.adapters.captum")
     from captum.attr import IntegratedGradients
 
-    model, _, batch = bert
+    model, _, batch = minilm_bcos_bert
     fwd = captum.EmbeddingForward(model)
     emb = fwd.embed(batch["input_ids"], batch["attention_mask"])
     attributions, delta = IntegratedGradients(fwd).attribute(emb, target=1, n_steps=16, return_convergence_delta=True,
@@ -368,26 +356,26 @@ def test_integrated_gradients_at_a_b_cos_berts_attribution_point_sums_to_about_z
 
 @pytest.mark.parametrize("bad, named", [(2, "holds 2, outside the model's 2 segment types"),
                                         (-1, "holds -1, outside the model's 2 segment types")])
-def test_explain_refuses_segment_ids_outside_the_type_table(bert, bad, named):
+def test_explain_refuses_segment_ids_outside_the_type_table(minilm_bcos_bert, bad, named):
     """token_type_ids=2 on a two-type BERT failed inside the embedding lookup with a bare 'IndexError: index out of
     range in self', naming neither the argument nor the limit."""
-    model, _, batch = bert
+    model, _, batch = minilm_bcos_bert
     types = torch.zeros_like(batch["input_ids"])
     types[0, 1] = bad
     with pytest.raises(BcosValueError, match=rf"^token_type_ids: {named} \(config\.type_vocab_size\), 0 to 1\. "):
         explain(model, batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=types, target=1)
 
 
-def test_explain_refuses_float_segment_ids(bert):
-    model, _, batch = bert
+def test_explain_refuses_float_segment_ids(minilm_bcos_bert):
+    model, _, batch = minilm_bcos_bert
     with pytest.raises(BcosValueError, match=r"^token_type_ids: is a torch\.float32 tensor; segment ids are integers"):
         explain(model, batch["input_ids"], attention_mask=batch["attention_mask"],
                 token_type_ids=torch.zeros(batch["input_ids"].shape), target=1)
 
 
-def test_explain_takes_segment_ids_inside_the_table(bert):
+def test_explain_takes_segment_ids_inside_the_table(minilm_bcos_bert):
     """A pair's second segment (type 1) is explained, complete, and differs from the all-zero segments."""
-    model, _, batch = bert
+    model, _, batch = minilm_bcos_bert
     types = torch.zeros_like(batch["input_ids"])
     types[:, 2:] = 1
     paired = explain(model, batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=types, target=1)

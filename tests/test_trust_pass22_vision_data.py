@@ -14,18 +14,8 @@ import transformers as T
 from bcos_plugins import bcosify, explain
 from bcos_plugins.data import encode_blimp, load_blimp, shipped_data
 from bcos_plugins.errors import BcosTypeError, BcosValueError
-from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.vision import BcosViTConfig, ConventionalViT
 from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids
-
-
-@pytest.fixture(scope="module")
-def bert():
-    tokenizer = T.AutoTokenizer.from_pretrained(minilm_path())
-    torch.manual_seed(0)
-    config = T.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          intermediate_size=64, max_position_embeddings=128, num_labels=2)
-    return bcosify(T.BertForSequenceClassification(config).eval(), b=1.5, verbose=False), tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -91,14 +81,14 @@ def test_encode_blimp_validates_its_arguments_by_name():
 # ------------------------------------------------------------------ explain_dataset
 
 
-def test_explain_dataset_refuses_a_max_length_the_special_tokens_fill(bert):
+def test_explain_dataset_refuses_a_max_length_the_special_tokens_fill(minilm_bcos_bert):
     """max_length=1 on a BERT tokenizer (which adds [CLS] and [SEP]) was ignored by the tokenizer (it logs and
     returns the whole text): every text was explained untruncated and marked not truncated, and a text longer than
     the model's positions failed inside the model. max_length=2 left [CLS] [SEP] alone: nothing of the text."""
     pytest.importorskip("datasets")
     from bcos_plugins import explain_dataset
 
-    model, tokenizer = bert
+    model, tokenizer, _ = minilm_bcos_bert
     for max_length in (1, 2):
         with pytest.raises(BcosValueError, match=r"^max_length: .*special tokens.*max_length=3"):
             explain_dataset(model, tokenizer, ["a gorgeous, witty film", "dull"], max_length=max_length,
@@ -108,13 +98,13 @@ def test_explain_dataset_refuses_a_max_length_the_special_tokens_fill(bert):
     assert [len(t) for t in out["tokens"]] == [3, 3] and out["truncated"] == [True, False]
 
 
-def test_explain_dataset_keeps_a_column_named_like_the_renamed_one(bert):
+def test_explain_dataset_keeps_a_column_named_like_the_renamed_one(minilm_bcos_bert):
     """A dataset with both 'scores' and 'original_scores' failed inside datasets ('duplicated columns'): the clash
     renamed 'scores' to a name the dataset already had."""
     datasets = pytest.importorskip("datasets")
     from bcos_plugins import explain_dataset
 
-    model, tokenizer = bert
+    model, tokenizer, _ = minilm_bcos_bert
     data = datasets.Dataset.from_dict({"text": ["good", "dull"], "scores": [1, 2], "original_scores": [3, 4]})
     out = explain_dataset(model, tokenizer, data, progress=False)
     assert out["original_scores"] == [3, 4] and out["original_original_scores"] == [1, 2]
@@ -161,13 +151,13 @@ def test_explanation_figure_refuses_a_map_of_another_size_than_its_image(tmp_pat
     assert save_explanation_figure(tmp_path / "g.png", images, {"rollout": attention_rollout(attentions, 4)}).exists()
 
 
-def test_encoded_texts_refuse_a_max_length_the_special_tokens_fill(bert):
+def test_encoded_texts_refuse_a_max_length_the_special_tokens_fill(minilm_bcos_bert):
     """EncodedTexts (the training helpers' dataset) with max_length=1 kept the whole text (the tokenizer ignores a
     max_length below its special tokens), with 2 a row of [CLS] [SEP] trained on as the text, with 3 for pairs rows
     of special tokens alone; explain_dataset's check (_checks.require_max_length_beyond_special_tokens)."""
     from bcos_plugins.encoded_texts import EncodedTexts
 
-    _, tokenizer = bert
+    _, tokenizer, _ = minilm_bcos_bert
     for max_length in (1, 2):
         with pytest.raises(BcosValueError, match=r"^max_length: .*2 special tokens.*max_length=3"):
             EncodedTexts(tokenizer, ["a gorgeous witty film", "dull"], [0, 1], max_length)
