@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarning, argument_error
 
-__all__ = ["bad_rows", "closest_name", "closest_name_fix", "named_row", "named_rows", "refuse_keywords_meant_as_own", "refuse_meta_model", "stand_in_for_a_model", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_trainable", "require_float",
+__all__ = ["bad_rows", "closest_name", "closest_name_fix", "named_row", "named_rows", "refuse_keywords_meant_as_own", "refuse_a_model_as_the_tokenizer", "refuse_meta_model", "require_model_object", "stand_in_for_a_model", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_trainable", "require_float",
            "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_label_names", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_tokenizer_object", "refuse_container_of_names",
@@ -649,6 +649,7 @@ def require_classifier(model) -> int:
     """The ``num_labels`` (>= 2) of a transformers sequence classifier, refusing anything else (a one-logit
     regression head too)."""
     num_labels = getattr(getattr(model, "config", None), "num_labels", None)
+    require_model_object(model, only_stand_ins=True)
     if not isinstance(model, nn.Module) or not isinstance(num_labels, int) or num_labels < 1:
         raise argument_error("model", f"must be a transformers sequence classifier (config.num_labels), got "
                              f"{type(model).__name__}", "pass e.g. AutoModelForSequenceClassification"
@@ -685,6 +686,29 @@ def stand_in_for_a_model(value) -> str | None:
     return None
 
 
+def require_model_object(model, name: str = "model", *, only_stand_ins: bool = False) -> None:
+    """Refuse what is not a model (an ``nn.Module``), naming a common stand-in with its fix
+    (:func:`stand_in_for_a_model`: a tokenizer, the ids, a pipeline); ``only_stand_ins``: leave anything else to the
+    caller's own words. ``predict(tokenizer, model, texts)`` failed with "BertTokenizer has no attribute parameters"."""
+    stand_in = stand_in_for_a_model(model) if not isinstance(model, nn.Module) else None
+    if stand_in is not None:
+        raise BcosTypeError(f"{name}: {stand_in}.")
+    if not only_stand_ins and not isinstance(model, nn.Module):
+        raise argument_error(name, f"must be a transformers model (torch.nn.Module), got {type(model).__name__}",
+                             "Pass e.g. AutoModelForSequenceClassification.from_pretrained(...)", kind=BcosTypeError)
+
+
+def refuse_a_model_as_the_tokenizer(tokenizer, name: str = "tokenizer",
+                                    call: str = "explain_dataset(model, tokenizer, texts)") -> None:
+    """Refuse a model passed where the tokenizer goes (the two arguments swapped, or the model twice), naming the order
+    of ``call``: the model was called on the texts and failed with "'list' object has no attribute 'size'", and
+    :func:`require_tokenizer_object` printed its module tree, cut at 200 characters."""
+    if isinstance(tokenizer, nn.Module):
+        raise argument_error(name, f"expected a transformers tokenizer, got a model ({type(tokenizer).__name__}): the "
+                             "arguments may be swapped", f"Pass the model first and its tokenizer second, e.g. {call}",
+                             kind=BcosTypeError)
+
+
 def refuse_meta_model(model: nn.Module, name: str = "model") -> None:
     """Refuse a model whose parameters are on the meta device (shapes without values): the one check of it, before
     TransformerLens models are built (``transformer_bridge_from_hf`` failed in a norm check with ``NotImplementedError:
@@ -706,10 +730,7 @@ def require_tokenizer_object(tokenizer, name: str = "tokenizer") -> None:
     ``convert_ids_to_tokens`` passed the corpus' older duck-typed check, then failed on ``pad_token``."""
     from transformers import PreTrainedTokenizerBase
 
-    if isinstance(tokenizer, nn.Module):  # its repr (the whole module tree) filled the message, cut at 200 characters
-        raise argument_error(name, f"expected a transformers tokenizer, got a model ({type(tokenizer).__name__}): the "
-                             "arguments may be swapped", "Pass the model first and its tokenizer second, e.g. "
-                             "explain_dataset(model, tokenizer, texts)", kind=BcosTypeError)
+    refuse_a_model_as_the_tokenizer(tokenizer, name)
     if not isinstance(tokenizer, PreTrainedTokenizerBase):
         raise argument_error(name, f"expected a transformers tokenizer, got {type(tokenizer).__name__} "
                              f"{tokenizer!r}"[:200], "Pass the tokenizer object, e.g. AutoTokenizer.from_pretrained("

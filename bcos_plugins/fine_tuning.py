@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import (
+    refuse_a_model_as_the_tokenizer,
     require_classifier,
     require_finite_parameters,
     require_labels,
@@ -117,6 +118,7 @@ def fine_tune_classifier(
     texts = require_texts(texts)
     text_pairs = require_text_pairs(text_pairs, len(texts))
     labels = require_labels(labels, num_labels, n=len(texts))
+    refuse_a_model_as_the_tokenizer(tokenizer, call="fine_tune_classifier(model, tokenizer, texts, labels)")
     if not callable(tokenizer):
         raise argument_error("tokenizer", f"must be a transformers tokenizer, got {type(tokenizer).__name__}",
                              "pass AutoTokenizer.from_pretrained(...) of the model", kind=BcosTypeError)

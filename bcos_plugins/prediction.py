@@ -6,9 +6,11 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import (
+    refuse_a_model_as_the_tokenizer,
     require_classifier,
     require_count,
     require_labels,
+    require_model_object,
     require_text_pairs,
     require_texts,
     rows_named_as,
@@ -41,6 +43,8 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
     without padding, so a tokenizer without a pad token (GPT-2's) serves one text or ``batch_size=1``; for a batch
     of several texts it is refused naming the fix (``tokenizer.pad_token = tokenizer.eos_token``).
     """
+    require_model_object(model)
+    refuse_a_model_as_the_tokenizer(tokenizer, call="predict(model, tokenizer, texts)")
     texts = require_texts(texts)
     text_pairs = require_text_pairs(text_pairs, len(texts))
     require_count("batch_size", batch_size)

@@ -150,6 +150,28 @@ def test_a_model_where_the_tokenizer_goes_is_named_without_printing_the_model(be
                                  "and its tokenizer second, e.g. explain_dataset(model, tokenizer, texts).")
 
 
+def test_predict_accuracy_and_fine_tuning_name_a_swapped_model_and_tokenizer(bert, tokenizer):
+    """``predict(tokenizer, model, texts)`` failed with "AttributeError: BertTokenizer has no attribute parameters", and
+    ``predict(model, model, texts)`` / ``fine_tune_classifier(model, model, ...)`` called the model on the texts
+    ("'list' object has no attribute 'size'"); accuracy and fine-tuning named the tokenizer "not a sequence
+    classifier". One check each way (_checks.require_model_object, _checks.refuse_a_model_as_the_tokenizer)."""
+    from bcos_plugins import fine_tune_classifier
+    from bcos_plugins.prediction import accuracy, predict
+
+    texts, labels = ["a film", "dull"], [1, 0]
+    swapped = r"^model: is a tokenizer \(BertTokenizer\), not a model: the arguments may be swapped"
+    for call in (lambda: predict(tokenizer, bert, texts), lambda: accuracy(tokenizer, bert, texts, labels),
+                 lambda: fine_tune_classifier(tokenizer, bert, texts, labels, progress=False)):
+        with pytest.raises(BcosTypeError, match=swapped):
+            call()
+    twice = r"^tokenizer: expected a transformers tokenizer, got a model \(BertForSequenceClassification\).*e\.g\. "
+    with pytest.raises(BcosTypeError, match=twice + r"predict\(model, tokenizer, texts\)"):
+        predict(bert, bert, texts)
+    with pytest.raises(BcosTypeError, match=twice + r"fine_tune_classifier\(model, tokenizer, texts, labels\)"):
+        fine_tune_classifier(bert, bert, texts, labels, progress=False)
+    assert predict(bert, tokenizer, texts).shape == (2, 2)  # the order it names works
+
+
 def test_ids_with_a_third_dimension_are_refused_with_the_fix_for_that_shape(bert, tokenizer):
     """Texts tokenised one at a time and stacked give (batch, 1, pos): the refusal told the user to "Add a batch
     dimension with input_ids[None]", which makes it worse. The 1-d case keeps that fix."""
