@@ -252,3 +252,38 @@ def test_metrics_name_captums_attributions_and_delta_pair():
         explanation_entropy(pair, mask)
     torch.testing.assert_close(explanation_entropy(pair[0], mask), explanation_entropy(explanation, mask),
                                rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------ MRR of an explanation of a padded batch
+
+
+def test_reciprocal_rank_of_an_explanation_ranks_its_real_tokens_as_each_row_alone():
+    from conftest import tiny_model
+
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.metrics import expected_random_reciprocal_rank, mean_reciprocal_rank, reciprocal_rank
+
+    model = bcosify(tiny_model("LlamaForCausalLM"), b=1.5, verbose=False).eval().double()
+    ids, mask = padded_rows([7, 4], 8, "left", seed=0)
+    target, foil = torch.tensor([3, 4]), torch.tensor([5, 6])
+    explanation = explain(model, ids, mask, target=target, foil=foil)
+    evidence = torch.zeros_like(ids, dtype=torch.bool)
+    evidence[0, 2], evidence[1, 5] = True, True
+    alone = []
+    for row in range(2):
+        keep = mask[row].bool()
+        one = explain(model, ids[row:row + 1, keep], mask[row:row + 1, keep], target=target[row:row + 1],
+                      foil=foil[row:row + 1])
+        # by hand: 1 / (1 + the real tokens scored above the evidence token)
+        scores, at = one.contributions[0], int(evidence[row, keep].nonzero())
+        alone.append(1.0 / (1 + int((scores > scores[at]).sum())))
+    assert alone[0] == 1 / 7  # the evidence ranks last among row 0's seven tokens
+    # the explanation was refused ("must be a tensor"); its contributions without candidates rank row 0's padding
+    # (score 0) above the evidence: 1/8 for 1/7
+    assert reciprocal_rank(explanation.contributions, evidence).tolist()[0] == 1 / 8
+    assert reciprocal_rank(explanation, evidence).tolist() == pytest.approx(alone, abs=0)
+    result = mean_reciprocal_rank(explanation, evidence)
+    assert result.mrr == pytest.approx(sum(alone) / 2)
+    # the random baseline over the same candidates, the real tokens: 7 and 4 of them, one evidence token each
+    assert result.random == pytest.approx((expected_random_reciprocal_rank(7, 1) + expected_random_reciprocal_rank(4, 1))
+                                          / 2)
