@@ -234,3 +234,59 @@ def test_the_bridges_compatibility_mode_refuses_to_process_a_bcos_models_weights
     explained = explain_logits(bridge, TOKENS, target=3)
     torch.testing.assert_close(explained.explained, reference[:, -1, 3], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(explained.total, explained.explained, rtol=1e-5, atol=1e-5)
+
+
+# on a bridge hook_resid_mid is an alias of ln2.hook_in: a hook there feeds the MLP without changing the stream
+_BRIDGE_CHANGING_HOOKS = [h for h in _CHANGING_HOOKS if h[3] != "neurons" and h[0] != "blocks.0.hook_resid_mid"]
+
+
+@pytest.mark.parametrize(("hook", "change", "call", "check"), _BRIDGE_CHANGING_HOOKS,
+                         ids=[h[0] for h in _BRIDGE_CHANGING_HOOKS])
+def test_a_bridge_cache_run_under_a_hook_that_changed_what_it_decomposes_is_refused(hook, change, call, check):
+    """The same on a TransformerBridge from transformer_bridge_from_hf (TransformerLens' own ActivationCache):
+    decompose_resid + logit_attrs under a halved resid_pre missed the logit by 0.041 on a tiny B-cos Llama bridge,
+    silently. The bridge's run_with_cache records the hooked points and its cache refuses, naming the hook (a patched
+    hook_attn_out was refused already, as "a norm follows it": the hook is named now too); a read-only hook at every
+    hook point leaves every decomposition bit-identical."""
+    from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
+
+    from bcos_plugins import BcosError
+
+    hf = bcosify(_stock("LlamaForCausalLM"), b=B, verbose=False).eval()
+    bridge = transformer_bridge_from_hf(hf)
+    _, clean = bridge.run_with_cache(TOKENS)
+    with bridge.hooks(fwd_hooks=[(hook, change)]):
+        _, cache = bridge.run_with_cache(TOKENS)
+    if check == "stream":  # rotary: no hook_pos_embed
+        total = cache["hook_embed"] + sum(cache[f"blocks.{layer}.hook_attn_out"] + cache[f"blocks.{layer}.hook_mlp_out"]
+                                          for layer in range(bridge.cfg.n_layers))
+        miss = float((total - cache[f"blocks.{bridge.cfg.n_layers - 1}.hook_resid_post"]).abs().max())
+    elif check == "heads":
+        miss = float((cache[hook] - clean[hook]).abs().max())
+    else:  # RMSNorm: the stream over its cached scale
+        resid = cache[f"blocks.{bridge.cfg.n_layers - 1}.hook_resid_post"]
+        miss = float((resid / cache["ln_final.hook_scale"] - cache["ln_final.hook_normalized"]).abs().max())
+    assert miss > 1e-2  # what the refusal is about
+    with pytest.raises(BcosError, match=rf"hook at {hook} that changed the value there|forward hook changed "
+                       rf"{hook.rpartition('.')[2]}"):
+        call(cache)
+    reads = [n for n in bridge.hook_dict if not any(k in n for k in ("attn_in", "_input", "mlp_in", "hook_result"))]
+    with bridge.hooks(fwd_hooks=[(name, lambda x, hook: x) for name in reads]):  # (those need set_use_* first)
+        _, read_only = bridge.run_with_cache(TOKENS)
+    assert torch.equal(call(read_only), call(clean))
+
+
+def test_a_bridge_cache_under_a_hook_at_its_resid_mid_alias_decomposes_the_unchanged_stream():
+    """On a bridge blocks.L.hook_resid_mid is ln2's input hook: a hook there changes what the MLP reads, not the
+    residual stream (the decoder layer adds the attention output to its own copy), so the components still sum to the
+    stream and the decompositions stay exact: not refused, and logit_attrs sums to the patched run's logit."""
+    from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
+
+    hf = bcosify(_stock("LlamaForCausalLM"), b=B, verbose=False).eval()
+    bridge = transformer_bridge_from_hf(hf)
+    with bridge.hooks(fwd_hooks=[("blocks.0.hook_resid_mid", lambda x, hook: x + _d_model_shift(bridge))]):
+        logits, cache = bridge.run_with_cache(TOKENS)
+    assert (cache["blocks.0.hook_resid_mid"] - cache["blocks.0.hook_resid_pre"] - cache["blocks.0.hook_attn_out"]
+            ).abs().max() > 0.5  # the hook did change what it hooked
+    attrs = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=3, pos_slice=-1)
+    torch.testing.assert_close(attrs.sum(0), logits[:, -1, 3], rtol=1e-5, atol=1e-5)

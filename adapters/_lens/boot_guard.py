@@ -220,8 +220,9 @@ def _cache_exact_head_results(cache, method: str) -> None:
         if attn_out is None or (shares.sum(-2) - attn_out).abs().max() > tolerance:
             refuse_raw_weight_decomposition(model, method, (
                 " whose cache lacks hook_attn_out (cache it to get exact per-head results)" if attn_out is None
-                else f" whose layer {layer} attention output is not its output projection's (a norm follows it), "
-                     "so per-head shares of the projection do not sum to attn_out"))
+                else f" whose layer {layer} attention output is not its output projection's (a norm follows it, or "
+                     "a forward hook changed hook_attn_out), so per-head shares of the projection do not sum to "
+                     "attn_out"))
         cache.cache_dict[f"blocks.{layer}.attn.hook_result"] = shares
 
 
@@ -243,7 +244,8 @@ def _exact_neuron_results(cache, layer: int, neuron_slice=None, pos_slice=None, 
                            > max(1e-4, 16 * torch.finfo(post.dtype).eps) * mlp_out.abs().max()):
         refuse_raw_weight_decomposition(model, method, (
             " whose cache lacks hook_mlp_out (cache it to get exact per-neuron results)" if mlp_out is None
-            else f" whose layer {layer} MLP output is not its output projection's (a norm follows it)"))
+            else f" whose layer {layer} MLP output is not its output projection's (a norm follows it, or a "
+                 "forward hook changed hook_mlp_out)"))
     # W_out layout (d_mlp, d_model) of the unit-norm (d_model, d_mlp) weight: neuron n writes column n
     return neuron_shares(post, projection.unit_weight().T, scale, neuron_slice, pos_slice, project_output_onto)
 

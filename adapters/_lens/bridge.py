@@ -60,6 +60,7 @@ from .boot_guard import (
     is_explainable_bridge,
 )
 from .final_norm import fold_final_norm_into_unembedding
+from .hook_checks import hook_checked_cache_class, hooked_points
 from .hook_point import DynamicHookPoint
 from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords, refuse_meta_model
 
@@ -230,7 +231,22 @@ def _padding_checked_class(base: type) -> type:
         return base_forward(self, *args, **kwargs)
 
     forward.__doc__ = base_forward.__doc__
-    methods = {"forward": forward, FORWARD_WARNS_ABOUT_PADDING: True, "__module__": __name__}
+    base_run_with_cache = base.run_with_cache
+
+    def run_with_cache(self, *args, **kwargs):
+        # the caller's hooks, which the cache records the edits of: its decompositions refuse where they broke the
+        # sums (hook_checks; decompose_resid + logit_attrs under a patched resid_pre were 0.041 off, silently)
+        hooked = hooked_points(self)
+        out = base_run_with_cache(self, *args, **kwargs)
+        cache = out[1] if isinstance(out, tuple) and len(out) == 2 else None
+        if hooked and hasattr(cache, "cache_dict") and hasattr(cache, "decompose_resid"):
+            cache.__class__ = hook_checked_cache_class(type(cache))
+            cache.hooked_at_run = hooked
+        return out
+
+    run_with_cache.__doc__ = base_run_with_cache.__doc__
+    methods = {"forward": forward, "run_with_cache": run_with_cache, FORWARD_WARNS_ABOUT_PADDING: True,
+               "__module__": __name__}
     for name in ("process_weights", "enable_compatibility_mode"):  # TransformerLens 3.x and 4.x bridges have both
         if callable(getattr(base, name, None)):
             methods[name] = _refusing_bcos_weight_processing(getattr(base, name))

@@ -20,10 +20,10 @@ TransformerLens' ``ActivationCache`` helpers read *parameters*, not activations,
   residual stream, a block's ``hook_attn_out`` / ``hook_mlp_out`` or ``ln_final.hook_normalized``: the components
   (computed before the hook) no longer sum to the value there, so the decompositions that read past it
   (``decompose_resid``, ``get_full_resid_decomposition``, ``stack_head_results``, ``stack_neuron_results``,
-  ``apply_ln_to_stack`` and so ``logit_attrs``) are refused, naming the hook. ``run_with_cache`` records the hooked
-  points (``hooked_at_run``) and each refusal rebuilds the hooked value from the cached ones before it, so hooks that
-  only read, or that change what the components are computed from (``hook_z``, ``hook_post``, a scale, the
-  embeddings), pass: the sums still hold.
+  ``apply_ln_to_stack`` and so ``logit_attrs``) are refused, naming the hook (:mod:`.hook_checks`, shared with the
+  bridges' caches). ``run_with_cache`` records the hooked points (``hooked_at_run``) and each refusal first checks the
+  sum against the cached value, so hooks that only read, or that change what the components are computed from
+  (``hook_z``, ``hook_post``, a scale, the embeddings), pass: the sums still hold.
 - ``logit_attrs`` of a soft-capped model (``bcos_output_logits_soft_cap``, Gemma 2) would sum to the uncapped
   logit: it is refused, naming ``token_component_decomposition``, whose shares sum to the capped logit.
 
@@ -39,8 +39,6 @@ forward used at each (batch, position) of a cache, e.g. an exact OV circuit of h
 
 from __future__ import annotations
 
-import inspect
-
 import einops
 import torch
 from jaxtyping import Float
@@ -53,6 +51,7 @@ from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError,
 from bcos_plugins.nn.functional import unit_norm
 
 from .final_norm import fold_final_norm_weight_in_state_dict
+from .hook_checks import HookCheckedCache
 from .shares import head_shares, neuron_shares
 
 __all__ = [
@@ -221,87 +220,6 @@ _READ = ("cache_dict", "model")
 _STREAM_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
 
 
-def _block_hook(name: str) -> tuple[int, str] | None:
-    """(layer, hook suffix) of a hook name ``blocks.{layer}.{suffix}``; None for the others."""
-    head, _, rest = name.partition(".")
-    layer, _, suffix = rest.partition(".")
-    return (int(layer), suffix) if head == "blocks" and layer.isdigit() else None
-
-
-def _target_layer(model, layer) -> int:
-    """TransformerLens' reading of a decomposition's ``layer``: None and -1 are the unembedding's input."""
-    return model.cfg.n_layers if layer is None or layer == -1 else int(layer) % (model.cfg.n_layers + 1)
-
-
-def _cached(cache: ActivationCache, names: list[str], hooked: str, method: str) -> list[Tensor]:
-    missing = [n for n in names if n not in cache.cache_dict]
-    if missing:
-        raise argument_error(
-            "cache", f"{method}: the forward that filled it ran with a hook at {hooked}, which may have changed the "
-            f"value there, and {missing[0]} (needed to check that the components still sum to it) was left out of "
-            "the cache (names_filter)", "Run run_with_cache without a names_filter, or without that hook",
-            kind=BcosValueError)
-    return [cache.cache_dict[n] for n in names]
-
-
-def _rebuilt_stream(cache: ActivationCache, name: str, method: str) -> Tensor | None:
-    """The value the forward handed to the residual-stream hook ``name`` (or the final norm's ``hook_normalized``),
-    rebuilt from the cached values before it by TransformerLens' own operations; None for any other hook."""
-    cfg = cache.model.cfg
-    if name == "ln_final.hook_normalized":
-        x, scale = _cached(cache, [f"blocks.{cfg.n_layers - 1}.hook_resid_post", "ln_final.hook_scale"], name, method)
-        x = x.float() if x.dtype not in (torch.float32, torch.float64) else x
-        if isinstance(cache.model.ln_final, LayerNormPre):
-            x = x - x.mean(-1, keepdim=True)
-        return x / scale
-    block = _block_hook(name)
-    if block is None:
-        return None
-    layer, suffix = block
-    if suffix == "hook_resid_pre":
-        if layer > 0:
-            return _cached(cache, [f"blocks.{layer - 1}.hook_resid_post"], name, method)[0]
-        embeds = ["hook_embed"] + (["hook_pos_embed"] if cfg.positional_embedding_type == "standard" else [])
-        return sum(_cached(cache, embeds, name, method))
-    if suffix == "hook_resid_mid":
-        pre, attn = _cached(cache, [f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_attn_out"], name, method)
-        return pre + attn
-    if suffix == "hook_resid_post":
-        if cfg.attn_only:
-            parts = ["hook_resid_pre", "hook_attn_out"]
-        elif cfg.parallel_attn_mlp:
-            parts = ["hook_resid_pre", "hook_attn_out", "hook_mlp_out"]
-        else:
-            parts = ["hook_resid_mid", "hook_mlp_out"]
-        first, *rest = _cached(cache, [f"blocks.{layer}.{p}" for p in parts], name, method)
-        for part in rest:
-            first = first + part
-        return first
-    return None
-
-
-def _differs(value: Tensor, rebuilt: Tensor, scale: Tensor | None = None) -> bool:
-    """Whether ``value`` is not ``rebuilt`` up to the rounding of summing the few terms it is made of (a hook that only
-    reads leaves the stream's sums bit-identical; a patch or an ablation moves them by far more)."""
-    value, rebuilt = value.to(rebuilt.device), rebuilt.to(value.dtype)
-    size = (rebuilt.abs() if scale is None else scale).max().clamp_min(1.0)
-    return bool((value - rebuilt).abs().max() > 64 * torch.finfo(value.dtype).eps * size)
-
-
-def _bind(method, cache, args, kwargs) -> dict:
-    """The arguments of a call to TransformerLens' ``method`` by name (positional ones too), defaults left out."""
-    return dict(inspect.signature(method).bind(cache, *args, **kwargs).arguments)
-
-
-def _refuse_changed(method: str, name: str, what: str) -> None:
-    raise argument_error(
-        "cache", f"{method}: the forward that filled it ran with a hook at {name} that changed the value there (a "
-        f"patch or an ablation), so {what} (wrong numbers)", "Decompose a cache run without that hook (model."
-        "reset_hooks(), or run_with_cache outside the model.hooks(...) block); hooks at hook_z, mlp.hook_post, "
-        "hook_pattern, the embeddings or a scale keep the decompositions exact, and at hook_attn_out / hook_mlp_out "
-        "they keep decompose_resid exact", kind=BcosValueError)
-
-
 def check_cache_internals() -> None:
     """Check that TransformerLens' ``ActivationCache`` still routes head and neuron results through the methods
     :class:`BcosActivationCache` overrides; raise naming the ones that changed."""
@@ -313,7 +231,7 @@ def check_cache_internals() -> None:
             "updating for this TransformerLens version")
 
 
-class BcosActivationCache(ActivationCache):
+class BcosActivationCache(HookCheckedCache, ActivationCache):
     """An ``ActivationCache`` whose per-head and per-neuron results are the forward's own (see module docstring).
 
     ``BcosHookedTransformer.run_with_cache`` returns one; wrap a cache dict yourself with
@@ -341,62 +259,7 @@ class BcosActivationCache(ActivationCache):
                 self.cache_dict[hook_name] = self.cache_dict[f"{hook_name}{suffix}"]
         self._saes_without_error_term = sorted(name for name in spliced
                                                if f"{name}.hook_sae_error" not in self.cache_dict)
-        # the hook points that carried the caller's forward hooks while the forward filled this cache
-        # (ExactCacheHookedTransformer.run_with_cache sets it): a hook that patched the residual stream, an attention
-        # or MLP output, or the final norm's output left the components TransformerLens sums out of step with it
-        self.hooked_at_run: tuple[str, ...] = ()
-
-    def _hooked(self, suffixes: tuple[str, ...], layer: int, mlp_input: bool) -> list[tuple[str, int, str]]:
-        """(name, layer, suffix) of each hook of ``suffixes`` that ran with the caller's hooks and lies before the
-        input of block ``layer`` (of its MLP with ``mlp_input``), where a decomposition up to there reads it."""
-        found = []
-        for name in self.hooked_at_run:
-            block = _block_hook(name)
-            if block is None or block[1] not in suffixes:
-                continue
-            at, suffix = block
-            if at < layer or (at == layer and (suffix == "hook_resid_pre" or (mlp_input and suffix in (
-                    "hook_resid_mid", "hook_attn_out")))):
-                found.append((name, at, suffix))
-        return found
-
-    def _check_stream(self, method: str, layer, mlp_input: bool) -> None:
-        """Refuse ``method`` when a hook changed the residual stream before ``layer``: the components (embeddings,
-        attention and MLP outputs) sum to the stream as the forward built it, not to the patched one (decompose_resid
-        and logit_attrs missed the patch by up to 0.014 of a logit on a tiny B-cos GPT-2, without a word)."""
-        for name, _, _ in self._hooked(_STREAM_HOOKS, _target_layer(self.model, layer), mlp_input):
-            if _differs(self.cache_dict[name], _rebuilt_stream(self, name, method)):
-                _refuse_changed(method, name, "the embeddings, attention and MLP outputs do not sum to the residual "
-                                "stream there")
-
-    def _check_outputs(self, method: str, layer, mlp_input: bool, part: str) -> None:
-        """Refuse ``method`` when a hook changed ``hook_attn_out`` / ``hook_mlp_out`` of a block it stacks per head /
-        per neuron: those shares are computed from ``z`` / ``post`` and sum to the output the block computed, not to
-        the patched one (a zero-ablated attn_out kept its heads' shares in stack_head_results, 0.67 off)."""
-        suffix = "hook_attn_out" if part == "attn" else "hook_mlp_out"
-        for name, at, _ in self._hooked((suffix,), _target_layer(self.model, layer), mlp_input):
-            if part == "attn":
-                if f"blocks.{at}.attn.hook_result" not in self.cache_dict:
-                    self.compute_head_results()
-                shares = self.cache_dict[f"blocks.{at}.attn.hook_result"]
-                bias = self.model.blocks[at].attn.b_O
-            else:
-                shares = self.get_neuron_results(at)
-                bias = self.model.blocks[at].mlp.b_out
-            rebuilt = shares.sum(-2) + bias.to(shares)
-            if _differs(self.cache_dict[name], rebuilt, shares.abs().sum(-2)):
-                _refuse_changed(method, name, f"the per-{'head' if part == 'attn' else 'neuron'} results (from "
-                                f"{'hook_z' if part == 'attn' else 'mlp.hook_post'}) do not sum to it")
-
-    def _check_final_norm(self, method: str, layer) -> None:
-        """Refuse ``method`` when a hook changed the final norm's output: the stack scaled by the cached
-        ``ln_final.hook_scale`` sums to the norm's own output, not the patched one (logit_attrs missed a logit by
-        0.087 on a tiny B-cos GPT-2, without a word)."""
-        name = "ln_final.hook_normalized"
-        if name in self.hooked_at_run and _target_layer(self.model, layer) == self.model.cfg.n_layers \
-                and _differs(self.cache_dict[name], _rebuilt_stream(self, name, method)):
-            _refuse_changed(method, name, "the residual components scaled by the final norm's cached scale do not sum "
-                            "to the normalised stream the unembedding read")
+        self.hooked_at_run: tuple[str, ...] = ()  # set by ExactCacheHookedTransformer.run_with_cache (HookCheckedCache)
 
     def _refuse_spliced_saes(self, method: str, kinds: tuple[str, ...]) -> None:
         """Refuse ``method`` when an SAE without its error term replaced a hook of ``kinds`` (hook name endings): the
@@ -415,38 +278,12 @@ class BcosActivationCache(ActivationCache):
 
     def decompose_resid(self, *args, **kwargs):
         self._refuse_spliced_saes("decompose_resid", _STREAM_HOOKS)
-        if self.hooked_at_run:
-            bound = _bind(ActivationCache.decompose_resid, self, args, kwargs)
-            self._check_stream("decompose_resid", bound.get("layer"), bound.get("mlp_input", False))
         return super().decompose_resid(*args, **kwargs)
 
     def get_full_resid_decomposition(self, *args, **kwargs):
         # per-head and per-neuron results sum to attn_out / mlp_out before an SAE spliced there
         self._refuse_spliced_saes("get_full_resid_decomposition", _STREAM_HOOKS + ("hook_attn_out", "hook_mlp_out"))
-        if self.hooked_at_run:  # the heads and neurons are checked by stack_head_results / stack_neuron_results
-            bound = _bind(ActivationCache.get_full_resid_decomposition, self, args, kwargs)
-            self._check_stream("get_full_resid_decomposition", bound.get("layer"), bound.get("mlp_input", False))
         return super().get_full_resid_decomposition(*args, **kwargs)
-
-    def stack_head_results(self, *args, **kwargs):
-        if self.hooked_at_run:
-            layer = _bind(ActivationCache.stack_head_results, self, args, kwargs).get("layer", -1)
-            self._check_outputs("stack_head_results", layer, False, "attn")
-        return super().stack_head_results(*args, **kwargs)
-
-    def stack_neuron_results(self, *args, **kwargs):
-        if self.hooked_at_run:
-            layer = _bind(ActivationCache.stack_neuron_results, self, args, kwargs).get("layer")
-            self._check_outputs("stack_neuron_results", layer, False, "mlp")
-        return super().stack_neuron_results(*args, **kwargs)
-
-    def apply_ln_to_stack(self, *args, **kwargs):
-        # logit_attrs, decompose_resid(apply_ln=True) and the stacks' apply_ln all come through here
-        if self.hooked_at_run:
-            bound = _bind(ActivationCache.apply_ln_to_stack, self, args, kwargs)
-            if not bound.get("mlp_input", False):
-                self._check_final_norm("apply_ln_to_stack", bound.get("layer"))
-        return super().apply_ln_to_stack(*args, **kwargs)
 
     def compute_head_results(self) -> None:
         if not _needs_own_results(self.model, "attn"):

@@ -57,6 +57,7 @@ from .attention import HookedBcosAttention, HookedBcosGroupedQueryAttention
 from .boot_guard import is_explainable_bridge
 from .config import GATE_KINDS, BcosTransformerConfig, check_explainable
 from .decomposition import BcosActivationCache, fold_final_norm_weight, fold_final_norm_weight_in_state_dict
+from .hook_checks import hooked_points
 from .hook_point import DynamicHookPoint
 from .mlp import HookedBcosGatedMLP, HookedBcosMLP
 from .unembed import BcosSoftCappedUnembed
@@ -337,7 +338,7 @@ class ExactCacheHookedTransformer(HookedTransformer):
                        **kwargs):
         # the caller's forward hooks (model.hooks(...), add_hook), which TransformerLens runs before its caching hooks:
         # the cache records what they left, and its decompositions refuse where that is out of step with the sums
-        hooked = tuple(name for name, point in self.hook_dict.items() if point._forward_hooks)
+        hooked = hooked_points(self)
         if remove_batch_dim and getattr(self.cfg, "use_qk_norm", False):
             # TransformerLens caches QK-norm's hooks (Qwen3's q_norm / k_norm) as (batch * pos * heads, ...) rows, and
             # its remove_batch_dim took row 0 of them and then sliced positions on a dimension they no longer had:

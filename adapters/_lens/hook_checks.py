@@ -1,0 +1,218 @@
+"""Caches filled under the caller's forward hooks: TransformerLens' decompositions refuse where a hook broke their sums.
+
+TransformerLens runs the caller's forward hooks (``model.hooks(...)``, ``add_hook``) before the hooks that fill a
+``run_with_cache`` cache, so the cache holds what they left. A hook that patched or ablated the residual stream, a
+block's ``hook_attn_out`` / ``hook_mlp_out`` or ``ln_final.hook_normalized`` left the components TransformerLens sums
+(embeddings, attention and MLP outputs, per-head / per-neuron results from ``z`` / ``post``, the stack over the cached
+final-norm scale) out of step with the value there: ``decompose_resid`` + ``logit_attrs`` missed a logit by 0.014 on a
+tiny B-cos GPT-2 (0.041 on its bridge), ``stack_head_results`` kept a zero-ablated ``attn_out``'s heads (0.67 off),
+without a word. :class:`HookCheckedCache` (a mixin of TransformerLens' ``ActivationCache``) refuses those
+decompositions, naming the hook: ``hooked_at_run`` holds the hooked points (set by ``run_with_cache`` of
+``ExactCacheHookedTransformer`` and of the bridges from ``transformer_bridge_from_hf``), and each refusal first rebuilds
+the hooked value from the cached values before it, so hooks that only read, or that change what the components are
+computed from (``hook_z``, ``hook_post``, a scale, the embeddings), pass. TransformerLens 3.x and 4.x alike: only
+hook names and the ``ActivationCache`` methods are used.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import Tensor
+
+from bcos_plugins.errors import BcosValueError, argument_error
+
+__all__ = ["HookCheckedCache", "hook_checked_cache_class", "hooked_points"]
+
+_STREAM_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
+
+
+def hooked_points(model) -> tuple[str, ...]:
+    """The names of ``model``'s hook points that carry forward hooks now (the caller's, before a run adds its own)."""
+    return tuple(name for name, point in model.hook_dict.items() if getattr(point, "_forward_hooks", None))
+
+
+def _block_hook(name: str) -> tuple[int, str] | None:
+    """(layer, hook suffix) of a hook name ``blocks.{layer}.{suffix}``; None for the others."""
+    head, _, rest = name.partition(".")
+    layer, _, suffix = rest.partition(".")
+    return (int(layer), suffix) if head == "blocks" and layer.isdigit() else None
+
+
+def _target_layer(model, layer) -> int:
+    """TransformerLens' reading of a decomposition's ``layer``: None and -1 are the unembedding's input."""
+    return model.cfg.n_layers if layer is None or layer == -1 else int(layer) % (model.cfg.n_layers + 1)
+
+
+def _cached(cache, names: list[str], hooked: str, method: str) -> list[Tensor]:
+    missing = [n for n in names if n not in cache.cache_dict]
+    if missing:
+        raise argument_error(
+            "cache", f"{method}: the forward that filled it ran with a hook at {hooked}, which may have changed the "
+            f"value there, and {missing[0]} (needed to check that the components still sum to it) was left out of "
+            "the cache (names_filter)", "Run run_with_cache without a names_filter, or without that hook",
+            kind=BcosValueError)
+    return [cache.cache_dict[n] for n in names]
+
+
+def _rebuilt_final_normalized(cache, method: str) -> Tensor:
+    """The value the forward handed to ``ln_final.hook_normalized``, rebuilt from the cached stream and scale by
+    TransformerLens' own operations (LayerNorm centres, RMSNorm does not; the final norm is weightless here)."""
+    cfg = cache.model.cfg
+    name = "ln_final.hook_normalized"
+    x, scale = _cached(cache, [f"blocks.{cfg.n_layers - 1}.hook_resid_post", "ln_final.hook_scale"], name, method)
+    x = x.float() if x.dtype not in (torch.float32, torch.float64) else x
+    if cfg.normalization_type in ("LN", "LNPre"):
+        x = x - x.mean(-1, keepdim=True)
+    return x / scale
+
+
+def _differs(value: Tensor, rebuilt: Tensor, scale: Tensor | None = None) -> bool:
+    """Whether ``value`` is not ``rebuilt`` up to the rounding of summing the few terms it is made of (a hook that only
+    reads leaves the stream's sums bit-identical; a patch or an ablation moves them by far more)."""
+    value, rebuilt = value.to(rebuilt.device), rebuilt.to(value.dtype)
+    size = (rebuilt.abs() if scale is None else scale).max().clamp_min(1.0)
+    return bool((value - rebuilt).abs().max() > 64 * torch.finfo(value.dtype).eps * size)
+
+
+def _bind(method, args, kwargs) -> dict:
+    """The arguments of a call to the bound method ``method`` by name (positional ones too), defaults left out."""
+    return dict(inspect.signature(method).bind(*args, **kwargs).arguments)
+
+
+def _refuse_changed(method: str, name: str, what: str) -> None:
+    raise argument_error(
+        "cache", f"{method}: the forward that filled it ran with a hook at {name} that changed the value there (a "
+        f"patch or an ablation), so {what} (wrong numbers)", "Decompose a cache run without that hook (model."
+        "reset_hooks(), or run_with_cache outside the model.hooks(...) block); hooks at hook_z, mlp.hook_post, "
+        "hook_pattern, the embeddings or a scale keep the decompositions exact, and at hook_attn_out / hook_mlp_out "
+        "they keep decompose_resid exact", kind=BcosValueError)
+
+
+class HookCheckedCache:
+    """Mixin of TransformerLens' ``ActivationCache``: its decompositions refuse where the caller's hooks broke the
+    sums they rely on (see the module docstring). Without ``hooked_at_run`` it checks nothing and costs nothing."""
+
+    hooked_at_run: tuple[str, ...] = ()
+
+    def _hooked(self, suffixes: tuple[str, ...], layer: int, mlp_input: bool) -> list[tuple[str, int, str]]:
+        """(name, layer, suffix) of each hook of ``suffixes`` that ran with the caller's hooks and lies before the
+        input of block ``layer`` (of its MLP with ``mlp_input``), where a decomposition up to there reads it."""
+        found = []
+        for name in self.hooked_at_run:
+            block = _block_hook(name)
+            if block is None or block[1] not in suffixes:
+                continue
+            at, suffix = block
+            if at < layer or (at == layer and (suffix == "hook_resid_pre" or (mlp_input and suffix in (
+                    "hook_resid_mid", "hook_attn_out")))):
+                found.append((name, at, suffix))
+        return found
+
+    def _check_stream(self, method: str, layer, mlp_input: bool) -> None:
+        """Refuse ``method`` when the residual stream it decomposes (the input of block ``layer``, of its MLP with
+        ``mlp_input``, or the final one) is not the sum of the embeddings, attention and MLP outputs before it: a hook
+        changed the stream, and the components sum to the stream as the forward built it, not to the patched one
+        (decompose_resid + logit_attrs missed a logit by 0.014 on a tiny B-cos GPT-2, without a word). The sum is
+        TransformerLens' own, in its order, so an unchanged stream matches it to the bit. On a bridge a hook at
+        ``hook_resid_mid`` (an alias of ``ln2.hook_in``) feeds the MLP without changing the stream: no refusal."""
+        cfg = self.model.cfg
+        target = _target_layer(self.model, layer)
+        if target == cfg.n_layers:
+            point, mlp_input = f"blocks.{cfg.n_layers - 1}.hook_resid_post", False
+        else:
+            point = f"blocks.{target}.{'hook_resid_mid' if mlp_input else 'hook_resid_pre'}"
+        names = ["hook_embed"] + (["hook_pos_embed"] if getattr(cfg, "positional_embedding_type", None) == "standard"
+                                  else [])
+        for at in range(target):
+            names.append(f"blocks.{at}.hook_attn_out")
+            if not cfg.attn_only:
+                names.append(f"blocks.{at}.hook_mlp_out")
+        if mlp_input:
+            names.append(f"blocks.{target}.hook_attn_out")
+        at_stream = [name for name, _, _ in self._hooked(_STREAM_HOOKS, target, mlp_input)]
+        if point not in self.cache_dict and not at_stream:
+            return  # left out by a names_filter, and no hook on the stream before it to have changed it
+        hooked = at_stream or list(self.hooked_at_run)
+        value, *parts = _cached(self, [point, *names], ", ".join(hooked[:4]), method)
+        total = parts[0]
+        for part in parts[1:]:
+            total = total + part
+        if _differs(value, total):
+            _refuse_changed(method, ", ".join(hooked[:4]) + (" ..." if len(hooked) > 4 else ""),
+                            f"the embeddings, attention and MLP outputs do not sum to the residual stream at {point}")
+
+    def _check_outputs(self, method: str, layer, mlp_input: bool, part: str) -> None:
+        """Refuse ``method`` when a hook changed ``hook_attn_out`` / ``hook_mlp_out`` of a block it stacks per head /
+        per neuron: those shares are computed from ``z`` / ``post`` and sum to the output the block computed, not to
+        the patched one (a zero-ablated attn_out kept its heads' shares in stack_head_results, 0.67 off)."""
+        suffix = "hook_attn_out" if part == "attn" else "hook_mlp_out"
+        for name, at, _ in self._hooked((suffix,), _target_layer(self.model, layer), mlp_input):
+            if part == "attn":
+                if f"blocks.{at}.attn.hook_result" not in self.cache_dict:
+                    self.compute_head_results()
+                shares = self.cache_dict[f"blocks.{at}.attn.hook_result"]
+                bias = getattr(self.model.blocks[at].attn, "b_O", None)
+            else:
+                shares = self.get_neuron_results(at)
+                bias = getattr(self.model.blocks[at].mlp, "b_out", None)
+            rebuilt = shares.sum(-2) if bias is None else shares.sum(-2) + bias.to(shares)
+            if _differs(self.cache_dict[name], rebuilt, shares.abs().sum(-2)):
+                _refuse_changed(method, name, f"the per-{'head' if part == 'attn' else 'neuron'} results (from "
+                                f"{'hook_z' if part == 'attn' else 'mlp.hook_post'}) do not sum to it")
+
+    def _check_final_norm(self, method: str, layer) -> None:
+        """Refuse ``method`` when a hook changed the final norm's output: the stack scaled by the cached
+        ``ln_final.hook_scale`` sums to the norm's own output, not the patched one (logit_attrs missed a logit by
+        0.087 on a tiny B-cos GPT-2, without a word)."""
+        name = "ln_final.hook_normalized"
+        if name in self.hooked_at_run and _target_layer(self.model, layer) == self.model.cfg.n_layers \
+                and _differs(self.cache_dict[name], _rebuilt_final_normalized(self, method)):
+            _refuse_changed(method, name, "the residual components scaled by the final norm's cached scale do not sum "
+                            "to the normalised stream the unembedding read")
+
+    def decompose_resid(self, *args, **kwargs):
+        if self.hooked_at_run:
+            bound = _bind(super().decompose_resid, args, kwargs)
+            self._check_stream("decompose_resid", bound.get("layer"), bound.get("mlp_input", False))
+        return super().decompose_resid(*args, **kwargs)
+
+    def get_full_resid_decomposition(self, *args, **kwargs):
+        if self.hooked_at_run:  # the heads and neurons are checked by stack_head_results / stack_neuron_results
+            bound = _bind(super().get_full_resid_decomposition, args, kwargs)
+            self._check_stream("get_full_resid_decomposition", bound.get("layer"), bound.get("mlp_input", False))
+        return super().get_full_resid_decomposition(*args, **kwargs)
+
+    def stack_head_results(self, *args, **kwargs):
+        if self.hooked_at_run:
+            layer = _bind(super().stack_head_results, args, kwargs).get("layer", -1)
+            self._check_outputs("stack_head_results", layer, False, "attn")
+        return super().stack_head_results(*args, **kwargs)
+
+    def stack_neuron_results(self, *args, **kwargs):
+        if self.hooked_at_run:
+            layer = _bind(super().stack_neuron_results, args, kwargs).get("layer")
+            self._check_outputs("stack_neuron_results", layer, False, "mlp")
+        return super().stack_neuron_results(*args, **kwargs)
+
+    def apply_ln_to_stack(self, *args, **kwargs):
+        # logit_attrs, decompose_resid(apply_ln=True) and the stacks' apply_ln all come through here
+        if self.hooked_at_run:
+            bound = _bind(super().apply_ln_to_stack, args, kwargs)
+            if not bound.get("mlp_input", False):
+                self._check_final_norm("apply_ln_to_stack", bound.get("layer"))
+        return super().apply_ln_to_stack(*args, **kwargs)
+
+
+_CHECKED_CLASSES: dict[type, type] = {}
+
+
+def hook_checked_cache_class(cache_class: type) -> type:
+    """``cache_class`` (an ``ActivationCache`` class) with :class:`HookCheckedCache` in front; itself if it has it."""
+    if issubclass(cache_class, HookCheckedCache):
+        return cache_class
+    if cache_class not in _CHECKED_CLASSES:
+        _CHECKED_CLASSES[cache_class] = type(cache_class.__name__, (HookCheckedCache, cache_class),
+                                             {"__module__": __name__})
+    return _CHECKED_CLASSES[cache_class]
