@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarning, argument_error
 
 __all__ = ["bad_rows", "closest_name", "closest_name_fix", "named_row", "named_rows", "refuse_keywords_meant_as_own", "refuse_a_model_as_the_tokenizer", "refuse_meta_model", "require_model_object", "stand_in_for_a_model", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_trainable", "require_float",
-           "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_label_names", "require_labels", "require_number", "require_real_tokens",
+           "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_seed", "require_label_names", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_tokenizer_object", "refuse_container_of_names",
            "require_token_batch", "token_batch_and_padding", "ids_as_long", "unmasked_padding_keywords",
@@ -136,6 +136,15 @@ def require_int(name: str, value, *, minimum: int | None = None, maximum: int | 
         bound = f"<= {maximum}" if minimum is None else f"in [{minimum}, {maximum}]"
         raise argument_error(name, f"must be {bound}, got {value}", fix or f"Pass an int {bound}")
     return value
+
+
+def require_seed(name: str, value, *, minimum: int | None = 0, maximum: int | None = 2**64 - 1) -> int:
+    """``value`` as a Python int seed within ``[minimum, maximum]`` (``None``: unbounded on that side), refused by
+    name as :func:`require_int` refuses (bools, floats, out of range). The one check of the package's seeds: each
+    caller passes the bounds its generator takes (``[-2**63, 2**64 - 1]`` for ``torch.Generator().manual_seed``, where a
+    seed beyond them failed with "Overflow when unpacking long long"; ``maximum=None`` for NumPy's ``default_rng``;
+    both ``None`` for Python's ``random``), so one caller's bounds never loosen or tighten another's."""
+    return require_int(name, value, minimum=minimum, maximum=maximum)
 
 
 def require_bool(name: str, value, *, fix: str | None = None, or_none: bool = False) -> bool | None:

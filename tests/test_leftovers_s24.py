@@ -259,3 +259,54 @@ def test_a_bridges_non_finite_weights_are_named_three_then_counted():
         explain_logits(bridge, tokens, target=3)
     listed = str(caught.value).split("parameter(s) (", 1)[1].split("): ", 1)[0]
     assert listed == ", ".join(names[:3]) + " and 3 more"
+
+
+# ------------------------------------------------ 4. one check of seeds
+
+
+def test_every_seed_of_the_package_is_checked_by_require_seed_with_its_own_generators_bounds():
+    """Nine places checked seeds, each with require_int and its own bounds (torch's generator: [-2**63, 2**64 - 1];
+    the paired bootstrap: [0, 2**64 - 1]; NumPy: >= 0; Python's random: any int). One check, _checks.require_seed,
+    now serves them all, each passing its bounds, so none was loosened or tightened: pinned at each bound. (The
+    training helpers' require_run_settings keeps its own check: it takes any integer, as transformers' set_seed.)"""
+    import ast
+    from pathlib import Path
+
+    from bcos_plugins.data import corrupt_ioi, ioi_name_pool, make_ioi_prompts
+    from bcos_plugins.errors import BcosTypeError, BcosValueError
+    from bcos_plugins.guided.supervision import PlateauRestart
+    from bcos_plugins.metrics.image import pixel_ranking
+    from bcos_plugins.metrics.paired import paired_bootstrap_difference
+
+    root = Path(__file__).resolve().parents[1]
+    inline = []
+    for folder in ("bcos_plugins", "adapters"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                        and node.args[0].value == "seed" and getattr(node.func, "id", "").startswith("require_")
+                        and node.func.id != "require_seed"):
+                    inline.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert inline == [], inline
+
+    maps = torch.zeros(1, 2, 2)
+    for seed in (-2**63, 2**64 - 1):
+        pixel_ranking(maps, seed=seed)
+    for seed in (-2**63 - 1, 2**64):
+        with pytest.raises(BcosValueError, match=r"^seed: must be in \[-9223372036854775808, 18446744073709551615\]"):
+            pixel_ranking(maps, seed=seed)
+    a, b = [0.1, 0.5, 0.2, 0.9], [0.3, 0.4, 0.4, 0.6]
+    paired_bootstrap_difference(a, b, n_resamples=10, seed=2**64 - 1)
+    for seed in (-1, 2**64):
+        with pytest.raises(BcosValueError, match=r"^seed: must be in \[0, 18446744073709551615\]"):
+            paired_bootstrap_difference(a, b, n_resamples=10, seed=seed)
+    gate = PlateauRestart(0.5)
+    assert isinstance(gate.attempt_seed(2**70, 0), int)  # NumPy / hash seeds: no upper bound
+    with pytest.raises(BcosValueError, match=r"^seed: must be >= 0, got -1"):
+        gate.attempt_seed(-1, 0)
+    assert ioi_name_pool(4, seed=-5) == ioi_name_pool(4, seed=-5)  # Python's random: any int
+    prompts = make_ioi_prompts(2, seed=-5)
+    corrupt_ioi(prompts, seed=-(2**70))
+    for call in (lambda: make_ioi_prompts(2, seed=1.5), lambda: ioi_name_pool(4, seed=True)):
+        with pytest.raises(BcosTypeError, match=r"^seed: must be an int"):
+            call()

@@ -51,7 +51,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from .._checks import require_choice, require_int
+from .._checks import require_choice, require_int, require_seed
 from ..errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
 from .contrastive import ContrastiveBatch, left_pad
 from .shipped import SHIPPED_DATA
@@ -291,7 +291,7 @@ def make_ioi_prompts(
         templates / names: override the split's lists (templates use ``{A} {B} {S} {OBJECT} {PLACE}``).
     """
     n = require_int("n", n, minimum=1)
-    seed = require_int("seed", seed)
+    seed = require_seed("seed", seed, minimum=None, maximum=None)  # Python's random takes any int
     split = require_choice("split", split, ("train", "heldout"))
     tokenizer = _check_tokenizer(tokenizer)
     templates = tuple(templates) if templates is not None else (
@@ -336,7 +336,7 @@ def ioi_name_pool(n: int = 2000, *, seed: int = 0, tokenizer=None) -> tuple[str,
         tokenizer: a fast tokenizer; default: the GPT-2 tokenizer shipped with the package.
     """
     n = require_int("n", n, minimum=2)
-    seed = require_int("seed", seed)
+    seed = require_seed("seed", seed, minimum=None, maximum=None)  # Python's random takes any int
     tokenizer = _check_tokenizer(tokenizer)
     template_words = set(re.findall(r"[A-Z][a-z]+", " ".join(IOI_TRAIN_TEMPLATES + IOI_HELDOUT_TEMPLATES)))
     excluded = template_words | set(IOI_HELDOUT_NAMES)
@@ -368,7 +368,7 @@ def corrupt_ioi(prompts: Sequence[IOIPrompt], *, seed: int = 0, tokenizer=None,
     Args:
         names: the pool to draw from (default: the list the clean prompt's IO comes from).
     """
-    seed = require_int("seed", seed)
+    seed = require_seed("seed", seed, minimum=None, maximum=None)  # Python's random takes any int
     tokenizer = _check_tokenizer(tokenizer)
     rng = random.Random(f"ioi-corrupt-{seed}")
     out = []

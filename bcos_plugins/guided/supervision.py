@@ -38,7 +38,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .._checks import require_choice, require_float, require_int, require_tensor
+from .._checks import require_choice, require_float, require_int, require_seed, require_tensor
 from ..errors import argument_error
 from ..nn.functional import at_least_float32
 from .attention import attention_token_scores
@@ -289,7 +289,7 @@ class PlateauRestart:
     def attempt_seed(self, seed: int, restart: int) -> int:
         """The seed of attempt ``restart`` (0: ``seed`` itself; then a hash of both, below 2**32, so that no
         attempt repeats another seed's first attempt the way ``seed + restart`` would)."""
-        seed = require_int("seed", seed, minimum=0)
+        seed = require_seed("seed", seed, minimum=0, maximum=None)
         restart = require_int("restart", restart, minimum=0, maximum=self.max_restarts)
         if restart == 0:
             return seed

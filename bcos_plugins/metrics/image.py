@@ -42,6 +42,7 @@ from .._checks import (
     require_float,
     require_int,
     require_row_ids,
+    require_seed,
     require_tensor,
 )
 from ..errors import BcosTypeError, argument_error
@@ -117,7 +118,7 @@ def pixel_ranking(attributions: Float[Tensor, "batch h w"], most_important_first
 def _require_generator_seed(seed) -> int:
     """``seed`` as an int in the range ``torch.Generator().manual_seed`` takes: beyond it manual_seed failed with
     "Overflow when unpacking long long", a ValueError that named no argument."""
-    return require_int("seed", seed, minimum=-2**63, maximum=2**64 - 1)
+    return require_seed("seed", seed, minimum=-2**63, maximum=2**64 - 1)
 
 
 def _ranking(maps: Tensor, most_important_first: bool, seed: int) -> Tensor:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._checks import require_float, require_int, require_same_shape, require_tensor
+from .._checks import require_float, require_int, require_same_shape, require_seed, require_tensor
 from ..errors import BcosValueError, argument_error
 
 __all__ = ["NoSpreadError", "PairedAccuracyDifference", "PairedBootstrapDifference", "constant_difference",
@@ -347,7 +347,7 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
                              "and not around the difference)", "Pass many resamples, e.g. the default 2000")
     # torch's generator takes seeds below 2**64: a larger one failed inside manual_seed ("Overflow when unpacking long
     # long", a ValueError that named no argument)
-    seed = require_int("seed", seed, minimum=0, maximum=2**64 - 1)
+    seed = require_seed("seed", seed, minimum=0, maximum=2**64 - 1)
     if a.shape[0] == 1:
         # every resample of one unit is that unit: the interval was [d, d], a certainty the data cannot give
         raise argument_error("values_a", "hold one unit, whose every resample is itself (an interval of zero "

@@ -26,7 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .._checks import require_float, require_int, require_tensor
+from .._checks import require_float, require_int, require_seed, require_tensor
 from ..errors import argument_error
 
 __all__ = ["DigitImages", "load_digits_split", "make_grids", "place_digits"]
@@ -37,7 +37,7 @@ def load_digits_split(test_fraction: float = 0.25, seed: int = 0) -> tuple[Tenso
     test_fraction = require_float("test_fraction", test_fraction, minimum=0.0, open_minimum=True)
     if test_fraction >= 1:
         raise argument_error("test_fraction", f"must lie in (0, 1), got {test_fraction}", "Pass e.g. 0.25")
-    seed = require_int("seed", seed, minimum=0)
+    seed = require_seed("seed", seed, minimum=0, maximum=None)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -125,7 +125,7 @@ class DigitImages(Dataset):
         digits = _checked_digits(digits)
         side = digits.shape[-1]
         size = require_int("size", size, minimum=side)
-        seed = require_int("seed", seed, minimum=0)  # (as load_digits_split: torch failed on a float, took -1)
+        seed = require_seed("seed", seed, minimum=0, maximum=None)  # (as load_digits_split: torch failed on a float, took -1)
         g = torch.Generator().manual_seed(seed)
         if scaled_up_only:
             views = 1
@@ -162,7 +162,7 @@ def make_grids(digits: Float[Tensor, "n 1 s s"], labels: Int[Tensor, " n"], conf
     n_grids = require_int("n_grids", n_grids, minimum=1)
     digits = _checked_digits(digits)
     side = digits.shape[-1]
-    rng = np.random.default_rng(require_int("seed", seed, minimum=0))  # NumPy's refusal named no argument
+    rng = np.random.default_rng(require_seed("seed", seed, minimum=0, maximum=None))  # NumPy's refusal named no argument
     queues = {int(c): [int(i) for i in (labels == c).nonzero().flatten()[confidence[labels == c].argsort(descending=True)]]
               for c in labels.unique()}
     grids, cell_labels = [], []
