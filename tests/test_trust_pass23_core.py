@@ -12,6 +12,10 @@ whole surface, real tokenizers slow and fast, state between calls), each checked
   returned a padded BERT row's logits with its padding attended to as tokens (-0.129 against -0.150 alone), silently,
   and ``explain_dataset`` failed with ``KeyError: 'attention_mask'``. Both ask the tokenizer for the mask, and so does
   ``predict_labels`` (zero-shot evaluation's ``predict``), which had the same silent defect.
+- RoBERTa (a position table counted from the padding index): a token of id ``pad_token_id`` that the mask calls real (a
+  ``"<pad>"`` in the text, or unmasked padding) was counted by the position ids ``explain`` passes, while the model's
+  own forward gives it the padding row and does not count it: the explained logit was 0.722 against ``model(ids,
+  mask)``'s 0.624, complete and silent (and ``predict`` / ``explain_dataset`` went the same way).
 """
 
 from __future__ import annotations
@@ -124,3 +128,29 @@ def test_explain_dataset_with_a_tokenizer_that_returns_no_mask_explains_each_tex
         assert rows[i]["tokens"] == text.split()
         torch.testing.assert_close(torch.tensor(rows[i]["scores"]), alone.contributions[0], rtol=1e-5, atol=1e-6)
         assert rows[i]["explained"] == pytest.approx(float(alone.explained[0]), rel=1e-5, abs=1e-6)
+
+
+# ------------------------------------------------------------------ RoBERTa: a real token of the padding id
+
+
+@pytest.mark.parametrize("name", ["RobertaForSequenceClassification", "RobertaModel"])
+@pytest.mark.parametrize("row", [[0, 5, 1, 7, 2], [0, 5, 7, 2, 1]], ids=["pad-id-inside", "unmasked-padding"])
+def test_roberta_explains_a_real_token_of_the_padding_id_where_the_model_places_it(name, row):
+    """The position ids explain passes counted a token of id pad_token_id (1) that the mask calls real, so it and every
+    later token sat one table row further than in the model's own forward (0.722 against model(ids, mask)'s 0.624)."""
+    model = _bcos(name)
+    assert model.config.pad_token_id == 1
+    ids = torch.tensor([row])
+    target = None if "Classification" in name else 4
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    own = out.logits[0] if target is None else out.last_hidden_state[0, 0]  # a base encoder: its first token
+    # alone (with and without the mask), and in a batch whose other row is padded (on the right: the classifier reads
+    # the first column)
+    batch = torch.cat([ids, torch.tensor([[0, 9, 2, 1, 1]])])
+    batch_mask = torch.tensor([[1] * 5, [1, 1, 1, 0, 0]])
+    for explanation in (explain(model, ids, torch.ones_like(ids), target=target), explain(model, ids, target=target),
+                        explain(model, batch, batch_mask, target=target)):
+        chosen = int(explanation.target[0])
+        assert float(explanation.explained[0]) == pytest.approx(float(own[chosen]), rel=1e-5, abs=1e-6)
+        assert float(explanation.completeness_error[0]) < 1e-5

@@ -341,7 +341,8 @@ def gets_real_token_position_ids(model: nn.Module, spec: ArchitectureSpec) -> bo
 
 
 def position_ids_as_alone(model: nn.Module, spec: ArchitectureSpec, attention_mask: Int[Tensor, "batch pos"], *,
-                          padded: bool | None = None) -> Int[Tensor, "batch pos"] | None:
+                          padded: bool | None = None,
+                          input_ids: Int[Tensor, "batch pos"] | None = None) -> Int[Tensor, "batch pos"] | None:
     """The position ids :func:`model_call_kwargs` passes (and the Space model gives its encoder) so that every row of
     a padded batch is computed as alone (:func:`real_token_position_ids`), or ``None`` where none are needed
     (:func:`gets_real_token_position_ids`) or where the caller knows the batch is not padded (``padded=False``) and
@@ -350,28 +351,35 @@ def position_ids_as_alone(model: nn.Module, spec: ArchitectureSpec, attention_ma
     :func:`real_token_position_ids`' for every row, as one row broadcast, and a learned table's rows or rotary tables
     (each position times the frequencies, elementwise) of them have the same bits. At 4 x 32 tokens the call-building
     step takes 3-5 us instead of 10-16 and whole ``explain`` calls 0.990-1.001 of before, within what the runs resolve
-    (docs/benchmarks.md); tests/test_explain_unpadded_shortcuts.py holds the bits."""
+    (docs/benchmarks.md); tests/test_explain_unpadded_shortcuts.py holds the bits. ``input_ids``: the batch's ids, which
+    a table counted from the padding index reads (:func:`real_token_position_ids`)."""
     table = spec.position_table
     if padded is False and not (table is not None and table.after_padding):
         return None
     if gets_real_token_position_ids(model, spec):
-        return real_token_position_ids(spec, getattr(model, "config", None), attention_mask)
+        return real_token_position_ids(spec, getattr(model, "config", None), attention_mask, input_ids=input_ids)
     return None
 
 
-def real_token_position_ids(spec: ArchitectureSpec, config, attention_mask: Int[Tensor, "batch pos"]
-                            ) -> Int[Tensor, "batch pos"]:
+def real_token_position_ids(spec: ArchitectureSpec, config, attention_mask: Int[Tensor, "batch pos"], *,
+                            input_ids: Int[Tensor, "batch pos"] | None = None) -> Int[Tensor, "batch pos"]:
     """Position ids under which every row of a padded batch is computed as it would be alone: real tokens count
     from the row's first real token (:func:`~bcos_plugins.attribution.real_token_positions`), from
     ``config.pad_token_id + 1`` where the position table counts from the padding index (RoBERTa, whose own ids
     count the tokens that are not ``pad_token_id``, so padding written with another id shifted them); padding
-    gets the table's padding row (the model never attends to it)."""
-    positions = real_token_positions(attention_mask)
+    gets the table's padding row (the model never attends to it).
+
+    There, given ``input_ids``, a token of id ``pad_token_id`` that the mask calls real (a ``"<pad>"`` in the text, or
+    unmasked padding) is not counted either and gets the padding row, as the model's own forward places it: it was
+    counted, so it and every later token sat one row further down the table than in ``model(ids, mask)`` (a RoBERTa
+    logit 0.722 against the model's 0.624, complete and silent)."""
     table = spec.position_table
     if table is None or not table.after_padding:
-        return positions
+        return real_token_positions(attention_mask)
     pad = getattr(config, "pad_token_id", None) or 0
-    return torch.where(attention_mask.bool(), positions + pad + 1, torch.full_like(positions, pad))
+    counted = attention_mask.bool() if input_ids is None else attention_mask.bool() & (input_ids != pad)
+    positions = real_token_positions(counted.to(attention_mask.dtype))
+    return torch.where(counted, positions + pad + 1, torch.full_like(positions, pad))
 
 
 def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "batch pos"] | None,
@@ -525,7 +533,8 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
         refuse_length_dependent_rotary(model, mask)
         _refuse_padding_between_tokens_in_a_window(model, attention_mask)
     forget_grown_rotary_frequencies(model)
-    position_ids = None if "position_ids" in kwargs else position_ids_as_alone(model, spec, mask, padded=padded)
+    position_ids = (None if "position_ids" in kwargs
+                    else position_ids_as_alone(model, spec, mask, padded=padded, input_ids=input_ids))
     if position_ids is not None:  # made here, so an inference tensor under the caller's inference_mode
         kwargs["position_ids"] = outside_inference(position_ids)
     if (spec.kind == "decoder" and spec.is_classifier and attention_mask is not None and padded is not False
