@@ -287,3 +287,29 @@ def test_reciprocal_rank_of_an_explanation_ranks_its_real_tokens_as_each_row_alo
     # the random baseline over the same candidates, the real tokens: 7 and 4 of them, one evidence token each
     assert result.random == pytest.approx((expected_random_reciprocal_rank(7, 1) + expected_random_reciprocal_rank(4, 1))
                                           / 2)
+
+
+def test_rationale_metrics_of_an_explanation_leave_its_padding_out_as_each_row_alone():
+    from conftest import tiny_bcos_model
+
+    from bcos_plugins import explain
+    from bcos_plugins.metrics import average_precision, rationale_alignment
+
+    model = tiny_bcos_model().double()
+    ids, mask = padded_rows([7, 4], 8, "right", seed=0)
+    explanation = explain(model, ids, mask)
+    gold = torch.zeros_like(ids)
+    hand = []
+    for row in range(2):
+        real = explanation.contributions[row, : int(mask[row].sum())]
+        lowest = int(real.argmin())
+        assert real[lowest] < 0  # a token of negative score, below the padding's 0
+        gold[row, lowest] = 1
+        hand.append(1.0 / (1 + int((real > real[lowest]).sum())))  # AP of one gold token: precision at its threshold
+    # the explanation was refused ("must be a tensor"); its contributions without valid_mask rank the padding (score 0)
+    # above the gold token
+    assert average_precision(explanation.contributions, gold).tolist()[1] == 1 / 8
+    result = rationale_alignment(explanation, gold)
+    assert result.auprc_per_row.tolist() == pytest.approx(hand, abs=1e-7) and hand[1] == 1 / 4
+    assert result.auprc_per_row.tolist() == pytest.approx(
+        rationale_alignment(explanation.contributions, gold, mask).auprc_per_row.tolist(), abs=0)

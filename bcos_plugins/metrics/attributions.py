@@ -18,7 +18,7 @@ from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
 
-__all__ = ["perturbable_mask", "share_counts", "special_tokens_mask", "token_scores"]
+__all__ = ["perturbable_mask", "scores_and_positions", "share_counts", "special_tokens_mask", "token_scores"]
 
 
 def share_counts(n: Int[Tensor, "..."], fractions: Float[Tensor, "..."] | float) -> Int[Tensor, "..."]:
@@ -113,6 +113,20 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
         # with a feature axis of one were magnitudes (a token of -3 ranked last instead of first)
         scores = scores.abs()
     return scores
+
+
+def scores_and_positions(scores: Any, positions: Tensor | None) -> tuple[Any, Tensor | None]:
+    """For the metrics that take ``(batch, pos)`` scores and a mask of the positions they rank (``candidates``,
+    ``valid_mask``): an explanation of the package read as :func:`token_scores` reads it, with its ``attention_mask``
+    as the default ``positions``, so that padding is never ranked. Given the contributions of a padded batch without
+    the mask, a row's padding (score 0) outranked its tokens of negative score, and the row scored otherwise in the
+    batch than alone (an MRR of 1/8 for 1/7). Anything else is returned as given."""
+    if not hasattr(scores, "input_contributions"):
+        return scores, positions
+    mask = getattr(scores, "attention_mask", None)
+    if positions is None and isinstance(mask, Tensor):
+        positions = mask.bool()
+    return token_scores(scores), positions
 
 
 def _is_image_explanation(explanation: Any) -> bool:

@@ -33,7 +33,7 @@ from ..convert.architectures import position_limit, vocabulary_size
 from ..errors import BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
-from .attributions import token_scores
+from .attributions import scores_and_positions
 
 __all__ = [
     "MRRResult",
@@ -71,19 +71,6 @@ def _check_masks(scores: Tensor, evidence: Tensor, candidates: Tensor | None) ->
     return candidates
 
 
-def _explanation_scores(scores, candidates):
-    """An explanation of the package read as the other metrics read it (its per-token contributions, signed sum over
-    the features) with its ``attention_mask`` as the default ``candidates``: padding is no candidate. Given the
-    contributions of a padded batch without candidates, a row's padding (score 0) outranked its evidence of negative
-    score, and a row scored otherwise in the batch than alone (1/8 for 1/7). Anything else is returned as given."""
-    if not hasattr(scores, "input_contributions"):
-        return scores, candidates
-    mask = getattr(scores, "attention_mask", None)
-    if candidates is None and isinstance(mask, Tensor):
-        candidates = mask.bool()
-    return token_scores(scores), candidates
-
-
 def reciprocal_rank(
     scores: Float[Tensor, "batch pos"],
     evidence: Bool[Tensor, "batch pos"],
@@ -100,7 +87,7 @@ def reciprocal_rank(
             and BOS; default: all positions (an explanation's real tokens). Padding left among the candidates takes
             part in the ranking: a padded batch's rows rank otherwise than alone.
     """
-    scores, candidates = _explanation_scores(scores, candidates)
+    scores, candidates = scores_and_positions(scores, candidates)
     # the checked tensors are used below: lists passed the checks, then failed on .detach() / .bool(). A NaN at a
     # padding token (not a candidate) was refused as "NaN or inf in row [0]. Pass finite values", where the check below
     # (candidate tokens only) meant to take it
@@ -182,7 +169,7 @@ def mean_reciprocal_rank(
     candidates: Bool[Tensor, "batch pos"] | None = None,
 ) -> MRRResult:
     """MRR of a batch of explanations with its random baseline (see :func:`reciprocal_rank`)."""
-    scores, candidates = _explanation_scores(scores, candidates)  # the baseline ranks the same candidates
+    scores, candidates = scores_and_positions(scores, candidates)  # the baseline ranks the same candidates
     rr = reciprocal_rank(scores, evidence, candidates)
     rand = random_reciprocal_rank(evidence, candidates)
     valid = ~rr.isnan()

@@ -1,7 +1,8 @@
 """Rationale alignment: how well token scores agree with human rationale masks (docs/design.md#metrics).
 
 Both metrics take any per-token scores (attention, B-cos contributions, Captum attributions, Space Model
-context attribution) of shape ``(batch, pos)``, a gold mask of the same shape (1 on rationale tokens) and the
+context attribution) of shape ``(batch, pos)`` (or an explanation of the package: its contributions, its
+``attention_mask`` the default ``valid_mask``), a gold mask of the same shape (1 on rationale tokens) and the
 positions that count (``valid_mask``: real tokens, usually without special tokens). Positions outside
 ``valid_mask`` (padding, [CLS], [SEP]) never enter a metric, whatever their score.
 
@@ -36,12 +37,14 @@ from torch import Tensor
 
 from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
-from .attributions import ranking_dtype, share_counts
+from .attributions import ranking_dtype, scores_and_positions, share_counts
 
 __all__ = ["RationaleAlignment", "rationale_alignment", "top_k_iou", "average_precision"]
 
 
 def _check(scores: Tensor, gold_mask: Tensor, valid_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    # an explanation of the package: its contributions, its padding no valid position (it was refused)
+    scores, valid_mask = scores_and_positions(scores, valid_mask)
     scores = require_tensor("scores", scores, ndim=2, finite=False, shape_hint="(batch, pos)")
     if scores.dtype == torch.bool:
         raise argument_error("scores", "must be numbers, got a boolean tensor", "Pass float token scores",
