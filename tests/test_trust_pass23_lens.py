@@ -290,3 +290,27 @@ def test_a_bridge_cache_under_a_hook_at_its_resid_mid_alias_decomposes_the_uncha
             ).abs().max() > 0.5  # the hook did change what it hooked
     attrs = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=3, pos_slice=-1)
     torch.testing.assert_close(attrs.sum(0), logits[:, -1, 3], rtol=1e-5, atol=1e-5)
+
+
+def test_an_saes_biases_carry_the_share_the_lens_explanations_docstring_now_names():
+    """LensExplanation said ``total + sum(sae_error_shares.values()) == explained`` with SAEs spliced in; with an SAE's
+    biases (every trained SAE has b_enc / b_dec) that misses their share, 0.29 of a logit here. The docstring now says
+    so and points at sae_error_share(...).other_share, which closes the sum; with the biases zeroed the two agree."""
+    from bcos_plugins.adapters.sae_lens import sae_error_share
+
+    _, model = _hooked()
+    sae = _sae(model.cfg.d_model, "blocks.0.hook_resid_post")
+    model.add_sae(sae, use_error_term=True)
+    try:
+        shares = sae_error_share(model, TOKENS, target=3)
+        explanation = shares.explanation
+        assert (explanation.total + explanation.sae_error_share - explanation.explained).abs().item() > 0.1
+        torch.testing.assert_close(explanation.total + shares.error_share + shares.other_share, explanation.explained)
+        with torch.no_grad():
+            sae.b_enc.zero_()
+            sae.b_dec.zero_()
+        unbiased = sae_error_share(model, TOKENS, target=3)
+        torch.testing.assert_close(unbiased.explanation.total + unbiased.explanation.sae_error_share,
+                                   unbiased.explanation.explained, rtol=1e-5, atol=1e-6)
+    finally:
+        model.reset_saes()

@@ -117,8 +117,11 @@ class LensExplanation(SAEErrorShares, TokenExplanation):
 
     With SAEs spliced in (sae-lens ``add_sae(sae, use_error_term=True)``) the error terms are computed
     without gradient, so the token contributions miss their share: ``sae_error_shares`` holds it per SAE
-    hook, and ``total + sum(sae_error_shares.values()) == explained``. ``completeness_error`` still
-    measures the tokens alone, so it shows the error terms' share instead of hiding it.
+    hook, and ``total + sum(sae_error_shares.values()) == explained`` for SAEs without biases. An SAE's biases
+    (``b_enc``, ``b_dec``: every trained SAE has them) carry a share no token carries either, the rest of
+    ``explained`` (0.29 of a logit on a tiny B-cos GPT-2 with a random-bias SAE on the residual stream):
+    ``bcos_plugins.adapters.sae_lens.sae_error_share(...).other_share`` reports it. ``completeness_error`` still
+    measures the tokens alone, so it shows those shares instead of hiding them.
     """
 
     hook_contributions: dict[str, Float[Tensor, "batch pos d_model"]] | None = None
