@@ -51,7 +51,7 @@ def ids(seed: int = 1, batch: int = 2, length: int = 7) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def explain_through_hooks(bridge, tokens, target: int):
+def explain_through_hooks(bridge, tokens, target: int, attention_mask=None):
     """Input x gradient at the bridge's embedding hooks in explanation mode: (contributions, explained)."""
     leaves = {}
 
@@ -61,7 +61,8 @@ def explain_through_hooks(bridge, tokens, target: int):
 
     names = [n for n in ("hook_embed", "hook_pos_embed") if n in bridge.hook_dict]
     with explanation_mode(bridge), torch.enable_grad():
-        explained = bridge.run_with_hooks(tokens, fwd_hooks=[(n, capture) for n in names])[:, -1, target]
+        explained = bridge.run_with_hooks(tokens, attention_mask=attention_mask,
+                                          fwd_hooks=[(n, capture) for n in names])[:, -1, target]
         grads = torch.autograd.grad(explained.sum(), list(leaves.values()))
     contributions = sum(leaf * g for leaf, g in zip(leaves.values(), grads, strict=True))
     return contributions.detach(), explained.detach()
@@ -91,11 +92,14 @@ def test_users_model_untouched_and_logits_equal(name):
 def test_explanation_through_the_bridge_hooks_is_complete(name):
     _, _, _, bridge = built(name)
     tokens = ids(seed=3)
-    contributions, explained = explain_through_hooks(bridge, tokens, target=5)
+    # these random ids end in the pad id (0) in one row only: the mask says every position is a real token (without
+    # it the bridge warns of unmasked padding, UnmaskedPaddingWarning)
+    mask = torch.ones_like(tokens)
+    contributions, explained = explain_through_hooks(bridge, tokens, target=5, attention_mask=mask)
     total = contributions.sum((1, 2))
     assert ((total - explained).abs() / explained.abs()).max() <= 1e-4
-    with torch.no_grad():
-        assert torch.equal(bridge(tokens)[:, -1, 5], explained)  # explanation mode leaves the forward alone
+    with torch.no_grad():  # explanation mode leaves the forward alone
+        assert torch.equal(bridge(tokens, attention_mask=mask)[:, -1, 5], explained)
 
 
 def test_bcos_gpt2_split_parts_are_bcos_layers_with_the_same_maths():
@@ -169,8 +173,9 @@ def test_explain_logits_works_on_the_bridge(name):
 
     _, _, _, bridge = built(name)
     tokens = ids(seed=3)
-    expl = explain_logits(bridge, tokens, target=5)
-    contributions, explained = explain_through_hooks(bridge, tokens, target=5)
+    mask = torch.ones_like(tokens)  # every position real (the random ids end in the pad id 0 in one row only)
+    expl = explain_logits(bridge, tokens, target=5, attention_mask=mask)
+    contributions, explained = explain_through_hooks(bridge, tokens, target=5, attention_mask=mask)
     torch.testing.assert_close(expl.explained, explained)
     assert expl.completeness_error.max() < 1e-4
     torch.testing.assert_close(expl.input_contributions, contributions, rtol=1e-5, atol=1e-6)
