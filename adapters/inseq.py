@@ -737,6 +737,47 @@ def _bcos_also_when_asked_per_call() -> None:
 
 _bcos_also_when_asked_per_call()
 
+# keywords inseq's attribute reads from its **kwargs itself after the split (skip_special_tokens), or splits off whole
+_INSEQ_OWN_KWARGS = frozenset({"skip_special_tokens", "attribution_args", "attributed_fn_args", "step_scores_args"})
+
+
+def _bcos_refuses_unknown_keywords() -> None:
+    """``attribute(..., method="bcos", tagret=1)`` (a keyword no part of the call reads: not inseq's, not LayerBcos's,
+    not the attributed function's, not a step score's) is refused with a ``TypeError`` naming it (idempotent; wraps the
+    ``extract_args`` inseq's ``AttributionModel.attribute`` splits its keywords with). inseq only logged "Unused
+    arguments during attribution" and attributed without it: ``contrast_targets=`` with the default attributed
+    function explained the plain logit, silently. Other methods keep inseq's log line."""
+    import inseq.models.attribution_model as host
+
+    original = host.extract_args
+    if getattr(original, "_bcos_refuses_unknown", False):
+        return
+
+    @functools.wraps(original)
+    def extract_args(attribution_method, attributed_fn, step_scores, default_args, **kwargs):
+        split = original(attribution_method, attributed_fn, step_scores, default_args, **kwargs)
+        # (the marker, not the class: a reloaded module registers no second "bcos" and keeps the first class)
+        if getattr(attribution_method, "_registered_by_bcos_plugins", False):
+            used = set().union(*(part.keys() for part in split))
+            # (None is how a caller leaves an optional keyword out)
+            unknown = [k for k, v in kwargs.items() if k not in used and k not in _INSEQ_OWN_KWARGS and v is not None]
+            if unknown:
+                fn = getattr(attributed_fn, "__name__", type(attributed_fn).__name__)
+                raise argument_error(
+                    unknown[0], f"{'is' if len(unknown) == 1 else f'and {unknown[1:]} are'} read by no part of this "
+                    f"attribute call (inseq's method \"bcos\", the attributed function {fn}, the step scores "
+                    f"{list(step_scores or [])}): inseq would only log {'it' if len(unknown) == 1 else 'them'} and "
+                    f"attribute without {'it' if len(unknown) == 1 else 'them'}",
+                    "Check the spelling; contrast_targets= needs attributed_fn='contrast_prob_diff' (or another "
+                    "contrastive function); keywords of other methods belong to those methods", kind=BcosTypeError)
+        return split
+
+    extract_args._bcos_refuses_unknown = True
+    host.extract_args = extract_args
+
+
+_bcos_refuses_unknown_keywords()
+
 
 def _refuse_token_inputs(input_texts) -> None:
     """inseq's ``attribute`` takes the prompts as texts: the tokenizer's output failed inside inseq with "IndexError:

@@ -261,6 +261,34 @@ def test_a_bridges_non_finite_weights_are_named_three_then_counted():
     assert listed == ", ".join(names[:3]) + " and 3 more"
 
 
+# ------------------------------------------------ 2c. inseq: unknown keywords given with "bcos"
+
+
+def test_inseq_bcos_refuses_keywords_no_part_of_the_call_reads():
+    """attribute(..., method "bcos", bogus=3) or contrast_targets= with the default attributed function (the plain
+    logit) only got inseq's log line "Unused arguments during attribution" and attributed without them: a contrastive
+    explanation asked for came back as the plain logit's, silently. Refused with a TypeError naming the keyword;
+    skip_special_tokens (which inseq reads itself) and keywords read by the attributed function still pass."""
+    import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
+    import inseq
+    import transformers as T
+    from test_inseq_adapter import TOKENIZER_DIR, _tiny_lm
+
+    tokenizer = T.GPT2Tokenizer.from_pretrained(TOKENIZER_DIR)
+    attribution_model = inseq.load_model(_tiny_lm("gpt2", len(tokenizer)), "bcos", tokenizer=tokenizer)
+    call = dict(generation_args={"max_new_tokens": 1, "do_sample": False}, show_progress=False)
+    with pytest.raises(TypeError, match=r"^bogus: is read by no part of this attribute call .*only log it"):
+        attribution_model.attribute(["The cat"], bogus=3, **call)
+    with pytest.raises(TypeError, match=r"^contrast_targets: .*attributed function logit_fn.*attributed_fn="
+                                        r"'contrast_prob_diff'"):
+        attribution_model.attribute(["The cat"], contrast_targets=["The cat sat"], **call)
+    out = attribution_model.attribute(["The cat"], skip_special_tokens=True, **call)
+    assert len(out.sequence_attributions) == 1
+    contrast = attribution_model.attribute(["The cat"], "The cat sat", attributed_fn="contrast_prob_diff",
+                                           contrast_targets="The cat ran", show_progress=False)
+    assert len(contrast.sequence_attributions) == 1
+
+
 # ------------------------------------------------ 4. one check of seeds
 
 
