@@ -17,9 +17,10 @@ import transformers as T
 from test_conformance import _stock
 from torch import nn
 
-from bcos_plugins import bcosify, load_bcos_model
+from bcos_plugins import bcosify, explain, load_bcos_model
 from bcos_plugins.bilinear.swish_beta import set_swish_beta
 from bcos_plugins.convert.bcosify import record_module_edits
+from bcos_plugins.convert.dynamic_linear import AffineDetachableLayerNorm, dynamic_linear_copy
 from bcos_plugins.errors import BcosFileError, BcosKeywordError, BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLinear, DetachableActivation
 from bcos_plugins.nn.linear import AlignmentPressure
@@ -226,3 +227,22 @@ def test_shards_without_their_index_are_named_not_reported_as_no_weights(tmp_pat
     with pytest.raises(BcosFileError, match=r"^path: .* holds \d+ safetensors shard\(s\) \(model-00001-of-\d+\."
                                             r"safetensors, .*but no model\.safetensors\.index\.json"):
         load_bcos_model(tmp_path)
+
+
+# ------------------------------------------------------------------ dynamic_linear_copy of a module held at two paths
+
+
+def test_dynamic_linear_copy_holds_a_module_shared_by_two_layers_constant_at_both():
+    shared = _stock("BertForSequenceClassification")
+    layers = shared.bert.encoder.layer
+    layers[1].output.LayerNorm = layers[0].output.LayerNorm
+    apart = _stock("BertForSequenceClassification")  # the same weights, each layer its own LayerNorm
+    apart.bert.encoder.layer[1].output.LayerNorm = copy.deepcopy(apart.bert.encoder.layer[0].output.LayerNorm)
+    copied = dynamic_linear_copy(shared)
+    ids = torch.randint(3, 50, (2, 6))
+    # the second place kept the stock LayerNorm, whose 1/std was not held constant: delta -0.344 for -0.352
+    got, want = explain(copied, ids), explain(dynamic_linear_copy(apart), ids)
+    torch.testing.assert_close(got.delta, want.delta, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.contributions, want.contributions, rtol=1e-5, atol=1e-6)
+    norms = [layer.output.LayerNorm for layer in copied.bert.encoder.layer]
+    assert norms[0] is norms[1] and isinstance(norms[1], AffineDetachableLayerNorm)

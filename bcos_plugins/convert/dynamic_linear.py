@@ -149,8 +149,16 @@ def dynamic_linear_copy(model: nn.Module) -> nn.Module:
     for path, module in model.named_modules():
         if path:  # a wrapper's forward (an adapter's, one put in by hand) is not read: refused before the copy is made
             refuse_unread_container(model, path, module, spec, what="dynamic_linear_copy")
-    # plan on the user's model (nothing touched if a module is refused), apply on the copy
-    plan = [(path, _replacement(model, path, module, query_key)) for path, module in model.named_modules() if path]
+    # plan on the user's model (nothing touched if a module is refused), apply on the copy; every path of a module held
+    # at two (a LayerNorm shared by two layers): the default walk names it once, and the second place kept the stock
+    # module, a non-linearity not held constant, in the copy's explanation without a word (as bcosify's plan does)
+    planned: dict[int, object] = {}
+    plan = []
+    for path, module in model.named_modules(remove_duplicate=False):
+        if path:
+            if id(module) not in planned:
+                planned[id(module)] = _replacement(model, path, module, query_key)
+            plan.append((path, planned[id(module)]))
     # the copy's hooks are the model's (deepcopy): those on a module the copy gets anew would be lost, and the copy
     # would compute another function than the hooked model's
     refuse_hooks_on_replaced(model, [path for path, action in plan if isinstance(action, nn.Module)],
