@@ -699,6 +699,8 @@ class BcosAttribution(GradientAttribution):
                                  "embedding", "Pass EmbeddingForward(model) as forward_func with inputs "
                                  "EmbeddingForward(model).embed(ids, mask), or use LayerBcos(model).attribute(ids, ...)",
                                  kind=BcosTypeError)
+        if isinstance(self.forward_func, EmbeddingForward):
+            _refuse_unpacked_forward_args(additional_forward_args)
         extra = CaptumInternals.forward_args(additional_forward_args)
         batch = inputs_t[0].shape[0]
         name = type(self).__name__
@@ -838,6 +840,8 @@ class LayerBcos(LayerGradientXActivation):
         saved_forward = self.forward_func
         inner = self._logits_forward if self._model_forward is not None and saved_forward is self._model_forward \
             else saved_forward
+        if inner is self._logits_forward or isinstance(inner, EmbeddingForward):
+            _refuse_unpacked_forward_args(additional_forward_args)
         outputs: list[Tensor] = []
 
         def recording(*args, **kw):
@@ -928,6 +932,18 @@ class LayerBcos(LayerGradientXActivation):
             return attributions
         deltas = [_delta(a, explained) for a in per_layer]
         return attributions, (deltas if isinstance(attributions, list) else deltas[0])
+
+
+def _refuse_unpacked_forward_args(additional_forward_args: Any) -> None:
+    """Captum unpacks a tuple of additional forward arguments and passes anything else whole as the first one: a list
+    or dict reached a text model's forward (``EmbeddingForward``, the model itself) as its attention mask, refused
+    there with a fix that asked for the mask the caller had passed."""
+    if isinstance(additional_forward_args, list | Mapping):
+        form = "list" if isinstance(additional_forward_args, list) else "dict"
+        raise argument_error("additional_forward_args", f"got a {form}; Captum unpacks a tuple of additional forward "
+                             f"arguments and passes anything else whole as the first one, so the {form} would be "
+                             "read as the attention mask", "Pass a tuple: additional_forward_args=(attention_mask,) or "
+                             "(attention_mask, position)", kind=BcosTypeError)
 
 
 def _outside_inference_args(args: Any) -> Any:

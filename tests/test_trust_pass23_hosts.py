@@ -216,3 +216,32 @@ def test_embeddings_of_a_padded_batch_attributed_without_their_mask_are_refused_
     alone = fwd.embed(ids[:1], full)
     torch.testing.assert_close(BcosAttribution(fwd).attribute(alone, target=5).sum(),
                                explain(model, ids[:1], full, target=5).contributions.sum(), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------ Captum: additional_forward_args as a list or a dict
+
+
+@pytest.mark.parametrize("form", ["list", "dict"])
+def test_additional_forward_args_as_a_list_or_dict_names_captums_tuple_convention(form):
+    """Captum unpacks a tuple of additional forward arguments and passes anything else whole as the first one:
+    ``additional_forward_args=[mask]`` (or ``{"attention_mask": mask}``) reached the model as its attention mask and was
+    refused with "attention_mask: expected shape (3, 9) ..., got <class 'list'>. Pass the mask the tokenizer
+    returned" (BcosAttribution) or "expected a tensor, got list" (LayerBcos): a fix telling the caller to pass what
+    they had passed. Now named as additional_forward_args with Captum's convention; the tuple runs as before."""
+    from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward, LayerBcos
+    from conftest import padded_batch, tiny_bcos_model
+
+    from bcos_plugins.errors import BcosTypeError
+
+    model = tiny_bcos_model("BertForSequenceClassification")
+    ids, mask = padded_batch()
+    fwd = EmbeddingForward(model)
+    embeddings = fwd.embed(ids, mask)
+    given = [mask] if form == "list" else {"attention_mask": mask}
+    expected = rf"additional_forward_args: got a {form}.*Captum unpacks a tuple.*additional_forward_args=\(attention_mask,\)"
+    with pytest.raises(BcosTypeError, match=expected):
+        BcosAttribution(fwd).attribute(embeddings, target=1, additional_forward_args=given)
+    with pytest.raises(BcosTypeError, match=expected):
+        LayerBcos(model).attribute(ids, target=1, additional_forward_args=given)
+    torch.testing.assert_close(BcosAttribution(fwd).attribute(embeddings, target=1, additional_forward_args=(mask,)),
+                               BcosAttribution(fwd).attribute(embeddings, target=1, additional_forward_args=mask))
