@@ -33,6 +33,8 @@ class BWarmupCallback:
     warm-up ends (``eval_delay`` past it: in steps with ``eval_strategy="steps"``, in epochs with ``"epoch"``, where
     the epochs provably cover the warm-up's steps): the best checkpoint could be one evaluated
     at a smaller B, and the model's B set on it at the end would change the logits its metric was measured on.
+    ``eval_on_start`` does not change that: its evaluation runs at global step 0, so at B = ``start`` (the B training
+    begins with), and the Trainer chooses the best model among saved checkpoints only, never from it.
 
     Built lazily as a ``transformers.TrainerCallback`` subclass so that importing this module stays cheap.
     """

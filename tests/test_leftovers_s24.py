@@ -338,3 +338,44 @@ def test_every_seed_of_the_package_is_checked_by_require_seed_with_its_own_gener
     for call in (lambda: make_ioi_prompts(2, seed=1.5), lambda: ioi_name_pool(4, seed=True)):
         with pytest.raises(BcosTypeError, match=r"^seed: must be an int"):
             call()
+
+
+# ------------------------------------------------ 2b. BWarmupCallback's best-checkpoint check and eval_on_start
+
+
+def test_bwarmup_best_checkpoint_check_with_eval_on_start(tmp_path):
+    """note 23 asked whether the best-checkpoint check should count eval_on_start's evaluation (at step 0, during the
+    warm-up, at B = start). It chooses no checkpoint: the Trainer picks the best among saved checkpoints only. Pinned:
+    with eval_on_start and an eval_delay past the warm-up the run is accepted, the step-0 evaluation ran at B = start,
+    and the best metric is the returned model's own (not the step-0 one)."""
+    import transformers as T
+    from conftest import tiny_config
+
+    from bcos_plugins import bcosify
+    from bcos_plugins.nn.linear import AlignmentPressure
+    from bcos_plugins.train import BWarmupCallback
+    from bcos_plugins.train_decoder import train_causal_lm
+
+    torch.manual_seed(0)
+    config = tiny_config("gpt2")
+    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+    model = bcosify(T.GPT2LMHeadModel(config), b=1.5, verbose=False)
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(5, 40, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()}
+            for _ in range(7)]
+    seen_b: list[float] = []
+
+    class RecordB(T.TrainerCallback):
+        def on_evaluate(self, args, state, control, **kwargs):
+            seen_b.append(next(m.b for m in model.modules() if isinstance(m, AlignmentPressure)))
+
+    trainer = train_causal_lm(model, rows, str(tmp_path), pad_token_id=0, eval_dataset=rows, eval_delay=2,
+                              callbacks=[BWarmupCallback(model, start=1.0, fraction=0.5), RecordB()],
+                              num_train_epochs=3, per_device_train_batch_size=2, eval_strategy="epoch",
+                              save_strategy="epoch", load_best_model_at_end=True, metric_for_best_model="eval_loss",
+                              save_only_model=True, disable_tqdm=True, logging_steps=100, eval_on_start=True)
+    assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [0, 8, 12]
+    assert seen_b == [1.0, 1.5, 1.5]
+    step0 = next(h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h)
+    assert trainer.state.best_metric != step0
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(trainer.state.best_metric, rel=1e-6, abs=0)
