@@ -523,6 +523,14 @@ def _check_head_tying(model: nn.Module, info: dict, path: str, tie_asked: bool) 
     if key is None:
         return
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    if key in info["missing_keys"] and not tied and not getattr(model.config, "tie_word_embeddings", True) and tie_asked:
+        # the keyword untied a head saved tied: the refusal below blamed the folder's config.json, which says True
+        raise argument_error(
+            "tie_word_embeddings", f"is False, but {path} holds no weights for the LM head ('{key}'): it was saved tied "
+            "to the input embeddings (save_pretrained writes a tensor held at two places once), so an untied head "
+            "would start from random weights", "leave tie_word_embeddings out: the model loads with its head tied, as "
+            "saved (to train the head apart afterwards, give it a copy of the weights and set "
+            "model.config.tie_word_embeddings = False)", kind=BcosKeywordError)
     if key in info["missing_keys"] and not tied and not getattr(model.config, "tie_word_embeddings", True):
         raise BcosValueError(
             f"path: {path} holds no weights for the LM head ('{key}') while its config.json says "

@@ -246,3 +246,15 @@ def test_dynamic_linear_copy_holds_a_module_shared_by_two_layers_constant_at_bot
     torch.testing.assert_close(got.contributions, want.contributions, rtol=1e-5, atol=1e-6)
     norms = [layer.output.LayerNorm for layer in copied.bert.encoder.layer]
     assert norms[0] is norms[1] and isinstance(norms[1], AffineDetachableLayerNorm)
+
+
+@pytest.mark.parametrize("name", ["GPT2LMHeadModel", "BertForMaskedLM"])
+def test_tie_word_embeddings_false_given_to_a_tied_save_is_refused_by_name_not_blamed_on_the_folder(tmp_path, name):
+    model = bcosify(_stock(name), verbose=False)
+    model.save_pretrained(tmp_path)
+    # it said the folder's config.json says tie_word_embeddings=False (it says True) and the head was tied by hand
+    with pytest.raises(BcosKeywordError, match=r"^tie_word_embeddings: is False, but .* holds no weights for the LM "
+                                               r"head .*leave tie_word_embeddings out"):
+        load_bcos_model(tmp_path, tie_word_embeddings=False)
+    ids = torch.randint(3, 50, (2, 7))
+    assert torch.equal(_logits(load_bcos_model(tmp_path), ids), _logits(model, ids))
