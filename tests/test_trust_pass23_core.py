@@ -15,7 +15,8 @@ whole surface, real tokenizers slow and fast, state between calls), each checked
 - RoBERTa (a position table counted from the padding index): a token of id ``pad_token_id`` that the mask calls real (a
   ``"<pad>"`` in the text, or unmasked padding) was counted by the position ids ``explain`` passes, while the model's
   own forward gives it the padding row and does not count it: the explained logit was 0.722 against ``model(ids,
-  mask)``'s 0.624, complete and silent (and ``predict`` / ``explain_dataset`` went the same way).
+  mask)``'s 0.624, complete and silent (and ``predict`` / ``explain_dataset`` went the same way, and a Space Model over
+  a RoBERTa encoder, which gives its encoder the same ids: -0.131 against its encoder's own -0.235).
 """
 
 from __future__ import annotations
@@ -154,3 +155,24 @@ def test_roberta_explains_a_real_token_of_the_padding_id_where_the_model_places_
         chosen = int(explanation.target[0])
         assert float(explanation.explained[0]) == pytest.approx(float(own[chosen]), rel=1e-5, abs=1e-6)
         assert float(explanation.completeness_error[0]) < 1e-5
+
+
+def test_a_space_model_over_roberta_places_a_real_token_of_the_padding_id_as_its_encoder_does():
+    """The Space Model gives a registry encoder the position ids explain gives it: a RoBERTa encoder's real token of the
+    padding id was counted there too (logit -0.131 against the head over the encoder's own forward, -0.235)."""
+    import transformers as T
+    from conftest import tiny_config
+
+    from bcos_plugins import SpaceModelForSequenceClassification
+
+    torch.manual_seed(0)
+    model = SpaceModelForSequenceClassification.from_encoder(T.RobertaModel(tiny_config("roberta")).eval(),
+                                                             num_labels=2, n_latent=4).eval()
+    ids = torch.tensor([[0, 5, 1, 7, 2], [0, 9, 2, 1, 1]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask).logits
+        for row in range(2):
+            real = ids[row:row + 1, : int(mask[row].sum())]  # each row alone, as the encoder's own forward places it
+            own = model.head(model.encoder(input_ids=real).last_hidden_state, torch.ones_like(real))[0]
+            torch.testing.assert_close(got[row:row + 1], own, rtol=1e-5, atol=1e-6)

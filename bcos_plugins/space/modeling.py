@@ -422,7 +422,8 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
                 refuse_left_padding_shifting_positions(self.encoder, input_ids, attention_mask, role="encoder")
             else:
                 check_first_column_is_real(self.encoder, attention_mask, encoder_spec)
-                position_ids = position_ids_as_alone(self.encoder, encoder_spec, attention_mask)
+                # the ids too: RoBERTa's table gives a real token of the padding id the padding row, as its forward does
+                position_ids = position_ids_as_alone(self.encoder, encoder_spec, attention_mask, input_ids=input_ids)
                 if position_ids is not None:
                     encoder_kwargs["position_ids"] = position_ids
         requested = self.requested_encoder_outputs(encoder_kwargs)
