@@ -204,6 +204,8 @@ def test_token_scores_read_nested_lists_and_arrays_as_the_rationale_metrics_do()
         assert got.dtype == torch.float64
         assert got.tolist() == pytest.approx([entropy(rows[0]), entropy(rows[1])], abs=1e-15)
     assert explanation_entropy([[1.0, 2.0, 3.0]]).tolist() == pytest.approx([entropy([1.0, 2.0, 3.0])], abs=1e-15)
+    # a one-input tuple holding the array, as Captum's holds a tensor: the array's rows, not one (1, batch, pos) row
+    assert token_scores((np.array(rows),)).tolist() == rows
     # Python floats in float64, as require_tensor reads them (scores 1e-9 apart stay apart)
     assert token_scores([[1.0, 1.0 + 1e-9]]).dtype == torch.float64
     assert reciprocal_rank(rows, [[0, 1]] * 2).tolist() == [1.0, 0.5]

@@ -59,6 +59,11 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
             # (batch, pos, ...) the 2C channels were the "tokens", so explanation_entropy of an image explanation was
             # the entropy of two channel sums (0.66 for the 5.17 of its pixels), silently
             attributions = attributions.flatten(2).transpose(1, 2)
+    if isinstance(attributions, (tuple, list)) and len(attributions) == 1 \
+            and hasattr(attributions[0], "__array__") and not isinstance(attributions[0], Tensor):
+        # a one-input tuple holding an array, as Captum's tuple holds a tensor: read as a (1, batch, pos) tensor, it
+        # summed each row's scores into one token
+        attributions = attributions[0]
     if not isinstance(attributions, Tensor) and (hasattr(attributions, "__array__") or isinstance(
             attributions, (tuple, list)) and not any(isinstance(part, Tensor) for part in attributions)):
         # scores as nested lists or a NumPy array, read as the rationale and decoder metrics read them (Python floats
