@@ -740,6 +740,11 @@ def require_tokenizer_object(tokenizer, name: str = "tokenizer") -> None:
     from transformers import PreTrainedTokenizerBase
 
     refuse_a_model_as_the_tokenizer(tokenizer, name)
+    if isinstance(tokenizer, list | tuple) and tokenizer and all(isinstance(t, str) for t in tokenizer):
+        raise argument_error(name, f"expected a transformers tokenizer, got a {type(tokenizer).__name__} of "
+                             f"{len(tokenizer)} text(s): the arguments may be swapped", "Pass the model, its "
+                             "tokenizer, then the texts, e.g. explain_dataset(model, tokenizer, texts)",
+                             kind=BcosTypeError)
     if not isinstance(tokenizer, PreTrainedTokenizerBase):
         raise argument_error(name, f"expected a transformers tokenizer, got {type(tokenizer).__name__} "
                              f"{tokenizer!r}"[:200], "Pass the tokenizer object, e.g. AutoTokenizer.from_pretrained("

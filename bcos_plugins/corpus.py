@@ -237,6 +237,9 @@ def explain_dataset(
         ``.save_to_disk(path)``.
     """
     datasets = _import_datasets()
+    # first: with the arguments swapped (the texts second, the tokenizer third) the data's reading failed on
+    # "'BertTokenizer' object is not iterable"
+    require_tokenizer_object(tokenizer)
     if isinstance(data, str):
         raise BcosTypeError("data: got one string; pass a list of texts (or a datasets.Dataset).")
     _refuse_table_of_splits_or_columns(data, datasets)
@@ -271,7 +274,6 @@ def explain_dataset(
     n = len(texts)
     targets = _per_row(target, "target", n, data, target_column)
     foils = _per_row(foil, "foil", n, data, foil_column)
-    require_tokenizer_object(tokenizer)
     if tokenizer.pad_token is None:
         raise BcosValueError("tokenizer: has no pad token, so texts cannot be batched. Set "
                              "tokenizer.pad_token = tokenizer.eos_token (decoders) before explaining.")

@@ -172,6 +172,28 @@ def test_predict_accuracy_and_fine_tuning_name_a_swapped_model_and_tokenizer(ber
     assert predict(bert, tokenizer, texts).shape == (2, 2)  # the order it names works
 
 
+def test_explain_dataset_with_the_texts_and_the_tokenizer_swapped_names_the_order(bert, tokenizer):
+    """``explain_dataset(model, texts, tokenizer)`` failed reading the data: "'BertTokenizer' object is not iterable"."""
+    from bcos_plugins import explain_dataset
+
+    with pytest.raises(BcosTypeError, match=r"^tokenizer: expected a transformers tokenizer, got a list of 2 text\(s\): "
+                                            r"the arguments may be swapped\. Pass the model, its tokenizer, then the "
+                                            r"texts"):
+        explain_dataset(bert, ["a film", "dull"], tokenizer, progress=False)
+
+
+def test_bcosify_with_b_first_names_the_swap_without_printing_the_model():
+    """``bcosify(1.5, model)``: check_b refused b as "must be a real number, got BertForSequenceClassification" followed
+    by the model's whole module tree (hundreds of lines)."""
+    from bcos_plugins import BcosTypeError as PackageTypeError
+
+    stock = T.BertForSequenceClassification(_config(64))
+    with pytest.raises(PackageTypeError) as caught:
+        bcosify(1.5, stock)
+    assert str(caught.value) == ("b: is a model (BertForSequenceClassification) and model is float 1.5: the arguments "
+                                 "are swapped. Pass the model first: bcosify(model, b=1.5).")
+
+
 def test_ids_with_a_third_dimension_are_refused_with_the_fix_for_that_shape(bert, tokenizer):
     """Texts tokenised one at a time and stacked give (batch, 1, pos): the refusal told the user to "Add a batch
     dimension with input_ids[None]", which makes it worse. The 1-d case keeps that fix."""

@@ -538,6 +538,11 @@ def plan_conversion(model: nn.Module, b: float = 1.5, *,
     it would raise. :func:`bcosify` runs it first; a caller that converts only after other work (a recipe that
     trains before it converts) runs it up front, so that an unconvertible model fails before that work.
     """
+    if isinstance(b, nn.Module) and not isinstance(model, nn.Module):
+        # bcosify(1.5, model): check_b's refusal printed the whole module tree as the value of b
+        raise argument_error("b", f"is a model ({type(b).__name__}) and model is {type(model).__name__} {model!r}: "
+                             "the arguments are swapped", "Pass the model first: bcosify(model, b=1.5)",
+                             kind=BcosTypeError)
     b = check_b(b)
     if not isinstance(model, nn.Module):
         raise argument_error("model", f"must be a transformers model (torch.nn.Module), got "
