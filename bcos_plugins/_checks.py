@@ -675,8 +675,8 @@ def require_classifier(model) -> int:
 def stand_in_for_a_model(value) -> str | None:
     """What a common stand-in passed where a model goes is, and the fix (``"is a tokenizer ... Pass ..."``), or
     ``None``: a tokenizer (the model and tokenizer arguments swapped), a tensor (the ids passed first), a transformers
-    pipeline (its model is ``pipe.model``), a PEFT model (its adapter layers are not B-cos layers). The one reading of
-    them, for the refusal of an unsupported model
+    pipeline (its model is ``pipe.model``), a Trainer (``fine_tune_classifier`` returns one), a PEFT model (its adapter
+    layers are not B-cos layers). The one reading of them, for the refusal of an unsupported model
     (:func:`~bcos_plugins.convert.architectures.unsupported_message`), which listed some thirty class names instead."""
     kind = type(value).__name__
     if hasattr(value, "convert_ids_to_tokens") and not isinstance(value, nn.Module):
@@ -686,9 +686,14 @@ def stand_in_for_a_model(value) -> str | None:
     if isinstance(value, Tensor):
         return (f"is a tensor (shape {tuple(value.shape)}), not a model: the arguments may be out of order. Pass the "
                 "model first, e.g. explain(model, input_ids, attention_mask)")
-    if isinstance(getattr(value, "model", None), nn.Module) and hasattr(value, "tokenizer") \
-            and not isinstance(value, nn.Module):
-        return f"is a transformers pipeline ({kind}), not a model. Pass its model: pipe.model (and pipe.tokenizer)"
+    if isinstance(getattr(value, "model", None), nn.Module) and not isinstance(value, nn.Module):
+        if callable(getattr(value, "train", None)) and hasattr(value, "args"):
+            # fine_tune_classifier / train_causal_lm return the Trainer: its model, trained in place, is the one passed
+            return (f"is a transformers Trainer ({kind}), not a model (fine_tune_classifier and train_causal_lm return "
+                    "the Trainer and train the model in place). Pass the model: trainer.model (or the model you "
+                    "passed to it)")
+        return (f"is a transformers pipeline ({kind}), not a model. Pass its model: pipe.model (and "
+                "pipe.tokenizer)")
     if isinstance(value, nn.Module) and callable(getattr(value, "merge_and_unload", None)):
         return (f"is a PEFT model ({kind}): its adapter layers are not B-cos layers, so its explanations would not "
                 "be exact. Merge the adapters into the weights first: model = model.merge_and_unload()")

@@ -124,6 +124,24 @@ def test_a_tokenizer_the_ids_or_a_pipeline_where_the_model_goes_are_named_with_t
     assert explain(pipe.model, ids, mask).completeness_error.max() < 1e-4  # the fix it names works
 
 
+def test_the_trainer_fine_tune_classifier_returns_is_named_where_the_model_goes(bert, tokenizer, encoded):
+    """``model = fine_tune_classifier(...)`` keeps the Trainer it returns (it trains the model in place): explaining it
+    was refused as "transformers.trainer.Trainer is not supported by bcosify" and thirty class names."""
+    import copy
+
+    from bcos_plugins import fine_tune_classifier
+    from bcos_plugins.convert import UnsupportedModuleError
+
+    model = copy.deepcopy(bert)
+    trainer = fine_tune_classifier(model, tokenizer, ["a film", "dull"], [1, 0], epochs=0.5, progress=False)
+    ids, mask = encoded
+    with pytest.raises(UnsupportedModuleError, match=r"^model: is a transformers Trainer \(Trainer\), not a model "
+                                                     r"\(fine_tune_classifier and train_causal_lm return the Trainer.*"
+                                                     r"Pass the model: trainer\.model"):
+        explain(trainer, ids, mask)
+    assert explain(trainer.model, ids, mask).completeness_error.max() < 1e-4  # the fix it names works
+
+
 def test_a_peft_model_is_refused_naming_the_merge():
     """A PEFT wrapper (``PeftModel``: ``merge_and_unload``) was refused as an unsupported class among thirty names;
     its LoRA layers are no B-cos layers, so the fix is to merge them (a stand-in class: peft is not a dependency)."""
