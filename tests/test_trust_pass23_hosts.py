@@ -245,3 +245,35 @@ def test_additional_forward_args_as_a_list_or_dict_names_captums_tuple_conventio
         LayerBcos(model).attribute(ids, target=1, additional_forward_args=given)
     torch.testing.assert_close(BcosAttribution(fwd).attribute(embeddings, target=1, additional_forward_args=(mask,)),
                                BcosAttribution(fwd).attribute(embeddings, target=1, additional_forward_args=mask))
+
+
+# ------------------------------------------------ Captum: LayerBcos asked for the token ids going into a layer
+
+
+@pytest.mark.parametrize(("class_name", "embedding"), [
+    ("LlamaForCausalLM", None),  # the attribution point is the token embedding's output
+    ("GPT2LMHeadModel", lambda m: m.transformer.wte),
+])
+def test_layer_bcos_at_the_input_of_an_embedding_names_the_token_ids(class_name, embedding):
+    """``LayerBcos(model).attribute(ids, ..., attribute_to_layer_input=True)`` where the layer's input is token ids (a
+    Llama's default point is its token embedding's output; GPT-2's ``wte`` named by hand) failed inside autograd with
+    "RuntimeError: One of the differentiated Tensors does not require grad", naming neither the argument nor that ids
+    have no gradient. The output side is attributed as before."""
+    from bcos_plugins.adapters.captum import LayerBcos
+    from conftest import padded_batch, tiny_bcos_model
+
+    from bcos_plugins import explain
+    from bcos_plugins.errors import BcosValueError
+
+    model = tiny_bcos_model(class_name)
+    ids, mask = padded_batch(side="left")
+    layer = embedding(model) if embedding else None
+    with pytest.raises(BcosValueError, match=r"attribute_to_layer_input: the input of .*Embedding.* is token ids "
+                                             r"\(torch.int64\), which have no gradient.*attribute_to_layer_input=False"):
+        LayerBcos(model, layer=layer).attribute(ids, target=1, additional_forward_args=(mask,),
+                                                attribute_to_layer_input=True)
+    attributions = LayerBcos(model, layer=layer).attribute(ids, target=1, additional_forward_args=(mask,),
+                                                           attribute_to_layer_input=False)
+    if embedding is None:  # the attribution point: complete
+        torch.testing.assert_close(attributions.sum(-1), explain(model, ids, mask, target=1).contributions,
+                                   rtol=1e-5, atol=1e-6)
