@@ -64,6 +64,22 @@ def _span(token: str, score: float, scale: float, explained: bool) -> str:
             f'title="{hover}">{_html.escape(shown)}</span>')
 
 
+def _is_real_score(value) -> bool:
+    """A real number that is no boolean: a Python or NumPy int or float, or a one-element real tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and value.dtype != torch.bool and not value.is_complex()
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _require_text(name: str, value) -> str:
+    """A caption or title as text: another type failed inside html.escape (``'int' object has no attribute
+    'replace'``)."""
+    if not isinstance(value, str):
+        raise argument_error(name, f"must be a str, got {type(value).__name__} {value!r}", f"Pass the text, e.g. "
+                             f"str({name})", kind=BcosTypeError)
+    return value
+
+
 def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float], caption: str = "",
                    explained_at: int | None = None) -> str:
     """One row of coloured tokens that wraps like text; each token's score shows on hover.
@@ -91,6 +107,10 @@ def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float]
         bad = next((t for t in tokens if not isinstance(t, str)), tokens) if hasattr(tokens, "__iter__") else tokens
         raise argument_error("tokens", f"must be a list of strings, got {type(bad).__name__} {bad!r}",
                              "Pass the tokens as text, e.g. tokenizer.convert_ids_to_tokens(ids)", kind=BcosTypeError)
+    if type(scores).__module__ == "numpy" and getattr(getattr(scores, "dtype", None), "kind", "") in "biuf":
+        # read as the tensor it holds, so that its dtype and shape meet the tensor's checks: a boolean array drew as
+        # scores 1 and 0 (the tensor was refused), a 2-D one was refused as "must be numbers"
+        scores = torch.as_tensor(scores)
     if isinstance(scores, torch.Tensor) and (scores.dtype == torch.bool or scores.is_complex()):
         # a boolean mask drew as scores 1 and 0
         raise argument_error("scores", f"must be real numbers, got a {scores.dtype} tensor",
@@ -101,11 +121,15 @@ def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float]
                                  "Pass one row of an explanation, e.g. explanation.scores()[i]", kind=BcosTypeError)
         values = scores.detach().double().cpu().tolist()
     else:
-        try:
-            values = [float(s) for s in scores]
-        except (TypeError, ValueError):
-            raise argument_error("scores", "must be numbers", "Pass one float per token",
-                                 kind=BcosTypeError) from None
+        # real numbers only: float() also read True / False as 1 and 0 (a mask drew as scores, as a boolean tensor was
+        # refused for) and the strings "1" / "0.5" as numbers
+        items = list(scores) if hasattr(scores, "__iter__") and not isinstance(scores, str | bytes) else None
+        bad = (scores if items is None
+               else next((s for s in items if not _is_real_score(s)), None))
+        if items is None or bad is not None:
+            raise argument_error("scores", f"must be one real number per token, got {type(bad).__name__} {bad!r}",
+                                 "Pass one float per token (e.g. explanation.scores()[i])", kind=BcosTypeError)
+        values = [float(s) for s in items]
     if len(values) != len(tokens):
         raise argument_error("scores", f"has {len(values)} values for {len(tokens)} tokens",
                              "Pass exactly one score per token (padding removed from both)", kind=BcosValueError)
@@ -118,6 +142,7 @@ def tokens_to_html(tokens: Sequence[str], scores: torch.Tensor | Sequence[float]
     if explained_at is not None and not (type(explained_at) is int and 0 <= explained_at < len(tokens)):
         raise argument_error("explained_at", f"must be the index of one of the {len(tokens)} tokens, got "
                              f"{explained_at!r}", "Pass the explained token's index among the shown tokens")
+    caption = _require_text("caption", caption)
     scale = max((abs(v) for v in values), default=0.0)
     spans = "<wbr>".join(_span(t, v, scale, k == explained_at) for k, (t, v) in enumerate(zip(tokens, values,
                                                                                             strict=True)))
@@ -236,6 +261,7 @@ COLOUR_SCALE_NOTE = (" Colour depth is relative to the largest |score| in each r
 
 
 def _page(title: str, body: str) -> str:
+    title = _require_text("title", title)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<style>{_STYLE}</style></head><body><h1>{_html.escape(title)}</h1>"

@@ -1,0 +1,47 @@
+"""Trust pass 23, vision, data and the corpus (helper-163): unusual inputs to the token and image renderings, the
+rationale dataset readers and the image metrics. Each case that was silently wrong or crashed unhelpfully, one test
+each: refused naming the argument, the problem and the fix (or, where the answer can be right, checked against an
+independent computation)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bcos_plugins.errors import BcosTypeError
+
+# ------------------------------------------------------------------ token pages (bcos_plugins/visualize.py)
+
+
+@pytest.mark.parametrize("scores", [[True, False], np.array([True, False]), ["1", "0.5"]],
+                         ids=["bool list", "bool array", "strings"])
+def test_tokens_to_html_refuses_boolean_and_text_scores_given_as_a_list_or_array(scores):
+    """A boolean tensor was refused as scores, but the same mask as a list or a NumPy array drew as scores 1 and 0
+    (float() reads True as 1), and strings were read as numbers: a page of a mask, not of an explanation, silently."""
+    from bcos_plugins.visualize import tokens_to_html
+
+    with pytest.raises(BcosTypeError, match=r"^scores: must be (one )?real numbers?.*Pass"):
+        tokens_to_html(["a", "b"], scores)
+
+
+def test_tokens_to_html_reads_a_numpy_row_as_its_tensor():
+    """A float array is drawn as the same tensor's row; a 2-D array is refused naming its shape (it was "must be
+    numbers")."""
+    from bcos_plugins.visualize import tokens_to_html
+
+    row = np.array([0.25, -1.0, 1e-5])
+    assert tokens_to_html(["a", "b", "c"], row) == tokens_to_html(["a", "b", "c"], torch.tensor(row))
+    assert tokens_to_html(["a", "b", "c"], row) == tokens_to_html(["a", "b", "c"], row.tolist())
+    with pytest.raises(BcosTypeError, match=r"^scores: must be one score per token \(1-D\), got shape \(1, 3\)"):
+        tokens_to_html(["a", "b", "c"], row[None])
+
+
+def test_token_pages_name_a_caption_or_title_that_is_not_text():
+    """A caption or title of another type failed inside html.escape: "'int' object has no attribute 'replace'"."""
+    from bcos_plugins.visualize import _page, tokens_to_html
+
+    with pytest.raises(BcosTypeError, match=r"^caption: must be a str, got int 5\. Pass the text"):
+        tokens_to_html(["a"], [1.0], caption=5)
+    with pytest.raises(BcosTypeError, match=r"^title: must be a str, got int 7\. Pass the text"):
+        _page(7, "")
