@@ -365,6 +365,18 @@ _SET_BY_LOAD = {
         "Leave output_loading_info out: a model it returns has every saved weight loaded"),
 }
 
+# from_pretrained's arguments for weights from elsewhere than the folder, which a B-cos load cannot take: a GGUF file
+# failed deep inside transformers ("expected str, bytes or os.PathLike object, not NoneType")
+_OTHER_WEIGHT_SOURCES = {
+    "gguf_file": ("load_bcos_model reads the safetensors weights save_pretrained wrote into the folder, with the B each "
+                  "layer stored; a GGUF file holds a (quantised) stock model's weights and no B",
+                  "Leave gguf_file out; to B-cosify a GGUF model, load it with transformers' from_pretrained(..., "
+                  "gguf_file=...) and call bcosify"),
+    "state_dict": ("load_bcos_model reads the weights, and the B each B-cos layer stored, from the folder",
+                   "Leave state_dict out; to put a state dict into a loaded B-cos model, call "
+                   "model.load_state_dict(state_dict) after loading"),
+}
+
 # bcosify's own keywords, which a load takes from the save (config.bcos and each layer's stored B): they were refused as
 # unknown ("neither an attribute of the saved configuration nor a from_pretrained option"), without the way to get
 # what was asked
@@ -394,7 +406,7 @@ def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
                                  "records how the model was converted)", f"leave {key} out; change attributes of "
                                  "model.config after loading, or pass them as keywords (e.g. output_attentions=True)",
                                  kind=BcosKeywordError)
-    for key, (problem, fix) in {**_SET_BY_LOAD, **_CONVERSION_SETTINGS}.items():
+    for key, (problem, fix) in {**_SET_BY_LOAD, **_CONVERSION_SETTINGS, **_OTHER_WEIGHT_SOURCES}.items():
         if key in kwargs:
             raise argument_error(key, problem, fix, kind=BcosKeywordError)
     labels = next((k for k in _LABEL_SETTINGS if k in kwargs), None)
@@ -421,7 +433,7 @@ def _unknown_keyword_error(key: str, config, model_class) -> BcosKeywordError:
              if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     # never suggest a keyword that load_bcos_model refuses
     known = ((set(config.to_dict()) | named | _FROM_PRETRAINED_OPTIONS) - set(_SET_BY_LOAD) - set(_CONVERSION_SETTINGS)
-             - {"config", BCOS_CONFIG_KEY})
+             - set(_OTHER_WEIGHT_SOURCES) - {"config", BCOS_CONFIG_KEY})
     fix = closest_name_fix(key, known, "Pass attributes of the saved configuration (e.g. output_attentions=True) or "
                            "from_pretrained options (e.g. dtype=torch.bfloat16, device_map='auto')")
     return argument_error(key, f"is neither an attribute of the saved {type(config).__name__} nor an option of "
@@ -591,9 +603,9 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
         BcosKeywordError: a keyword it does not accept, each refused by name: one that would change the saved head
             (``num_labels``, ``id2label``, ``label2id``) or replace the saved configuration (``config``, ``bcos``),
             one of the ``from_pretrained`` arguments it sets itself (``pretrained_model_name_or_path``,
-            ``use_safetensors``, ``output_loading_info``: the message says what it does about each), or one that
-            is neither a configuration attribute nor a ``from_pretrained`` option (a typo: the message names the
-            closest valid one). One class for every keyword refusal: a ``TypeError``, as Python's refusal of an
+            ``use_safetensors``, ``output_loading_info``: the message says what it does about each) or that takes
+            weights from elsewhere (``gguf_file``, ``state_dict``), or one that is neither a configuration attribute
+            nor a ``from_pretrained`` option (a typo: the message names the closest valid one). One class for every keyword refusal: a ``TypeError``, as Python's refusal of an
             unexpected keyword is, and also a ``ValueError`` (:class:`~bcos_plugins.errors.BcosValueError`),
             which 0.2.0 raised for the head and configuration keywords.
     """

@@ -258,3 +258,12 @@ def test_tie_word_embeddings_false_given_to_a_tied_save_is_refused_by_name_not_b
         load_bcos_model(tmp_path, tie_word_embeddings=False)
     ids = torch.randint(3, 50, (2, 7))
     assert torch.equal(_logits(load_bcos_model(tmp_path), ids), _logits(model, ids))
+
+
+@pytest.mark.parametrize(("key", "value", "named"), [("gguf_file", "model.gguf", r"a GGUF file holds"),
+                                                      ("state_dict", {}, r"reads the weights, and the B each")])
+def test_from_pretrained_keywords_for_weights_from_elsewhere_are_refused_by_name(tmp_path, key, value, named):
+    bcosify(_stock("BertForSequenceClassification"), verbose=False).save_pretrained(tmp_path)
+    # gguf_file failed inside transformers with "expected str, bytes or os.PathLike object, not NoneType"
+    with pytest.raises(BcosKeywordError, match=rf"^{key}: load_bcos_model .*{named}"):
+        load_bcos_model(tmp_path, **{key: value})
