@@ -45,3 +45,31 @@ def test_token_pages_name_a_caption_or_title_that_is_not_text():
         tokens_to_html(["a"], [1.0], caption=5)
     with pytest.raises(BcosTypeError, match=r"^title: must be a str, got int 7\. Pass the text"):
         _page(7, "")
+
+
+# ------------------------------------------------------------------ image figures (bcos_plugins/vision/visualize.py)
+
+
+@pytest.mark.parametrize("shape", [(4, 4, 4), (8, 8), (8, 8, 2), (16, 8, 4)])
+def test_explanation_figure_refuses_a_colour_row_of_another_size_than_its_image(tmp_path, shape):
+    """The maps were checked against their image's size, the colour rows were not: imshow stretched a 4x4 W(x) row
+    (another image's) over the 8x8 image's panel and saved the figure without a word."""
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.vision.visualize import save_explanation_figure
+
+    images, maps = torch.rand(2, 3, 8, 8), torch.randn(2, 8, 8)
+    rows = [np.zeros((8, 8, 4)), np.zeros(shape)]
+    with pytest.raises(BcosValueError, match=r"^colour_rows\[1\]: has shape .*; image 1 needs an \(H, W, 4\) colour "
+                                             r"image of its size \(8, 8\)\. Pass weight_colour_image"):
+        save_explanation_figure(tmp_path / "f.png", images, {"W(x)x": maps}, colour_rows=rows)
+    assert not (tmp_path / "f.png").exists()
+    save_explanation_figure(tmp_path / "ok.png", images, {"W(x)x": maps}, colour_rows=[np.zeros((8, 8, 4))] * 2)
+
+
+def test_explanation_figure_refuses_one_string_of_row_titles(tmp_path):
+    """row_titles="ab" for two images titled the rows "a" and "b" (its length matched), silently."""
+    from bcos_plugins.vision.visualize import save_explanation_figure
+
+    with pytest.raises(BcosTypeError, match=r"^row_titles: got one string \('ab'\); each character would title a row"):
+        save_explanation_figure(tmp_path / "f.png", torch.rand(2, 1, 8, 8), {"m": torch.randn(2, 8, 8)},
+                                row_titles="ab")

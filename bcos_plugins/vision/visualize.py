@@ -99,10 +99,22 @@ def _check_figure_inputs(images, columns, colour_rows, row_titles) -> None:
             # was drawn over the image as if its pixels were the image's, silently
             require_same_shape(f"{where}[{i}]", m, f"image {i}'s (H, W)", images[i, 0],
                                "Pass maps of the images' size (for attention_rollout, the model's patch_size)")
+    if isinstance(row_titles, str):  # one title per character: "ab" titled two rows "a" and "b"
+        raise argument_error("row_titles", f"got one string ({row_titles[:40]!r}); each character would title a row",
+                             "Pass a list of titles, one per image", kind=BcosTypeError)
     for name, rows in (("colour_rows", colour_rows), ("row_titles", row_titles)):
         if rows is not None and len(rows) != n:
             what = "titles" if name == "row_titles" else "colour images"
             raise argument_error(name, f"has {len(rows)} {what} for {n} images", "Pass one per image, or none")
+    for i in range(n if colour_rows is not None else 0):
+        # imshow stretches a colour image over its panel, as a map: one of another image (another size) was drawn
+        # beside this one as its W(x) row, silently
+        shape = tuple(np.shape(colour_rows[i]))
+        if len(shape) != 3 or shape[2] not in (3, 4) or shape[:2] != tuple(images.shape[2:]):
+            raise argument_error(f"colour_rows[{i}]", f"has shape {shape}; image {i} needs an (H, W, 4) colour image "
+                                 f"of its size {tuple(images.shape[2:])}",
+                                 "Pass weight_colour_image(explanation.weights[i], explanation.contributions[i]) of "
+                                 "the same images")
 
 
 def save_explanation_figure(path: str | Path, images: Float[Tensor, "n c h w"],
