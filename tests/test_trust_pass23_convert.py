@@ -1,8 +1,23 @@
 """Trust pass 23, conversion and persistence after edits (a model edited before ``bcosify``, a B-cos model edited after
 it and saved, ``load_bcos_model`` of unusual folders and keywords, whole-model copies and state-dict round trips).
 
-- A parameter held by two modules (a projection's weight tied by hand to another layer's) became two copies under
-  ``bcosify``, which then trained apart, silently; the B-cos layer now holds the very parameter it is built from.
+Silently wrong before:
+
+- A parameter held by two modules (a projection's weight tied by hand to another layer's, or to the word embeddings)
+  became two copies under ``bcosify``, which then trained apart; the B-cos layer now holds the very parameter it is
+  built from.
+- A module changed after ``bcosify`` (an activation swapped in, a norm epsilon or a gate kind set) was saved as the
+  record ``config.bcos`` wrote at converting, and reloaded as that one (0.014 / 0.004 / 0.08 off); ``state_dict``
+  (so ``save_pretrained``) refuses it now. ``set_swish_beta`` records its gates (a save mid-annealing reloaded with
+  SiLU gates, 0.058 off; now refused on load).
+- ``load_bcos_model(path, subfolder=...)`` took the weights from the subfolder and each layer's B from ``path``
+  (0.39 off).
+- ``dynamic_linear_copy`` left the second path of a shared module stock (its explanation 0.0077 off).
+
+Unhelpful before: a disk-offloaded model (converted, it failed at its first forward on meta tensors), a head
+replaced by a plain ``nn.Linear`` after ``bcosify`` ("restore the folder"), shards without their index ("no
+model.safetensors"), ``tie_word_embeddings=False`` for a tied save (blamed the folder), ``gguf_file`` (a TypeError
+inside transformers).
 """
 
 from __future__ import annotations
