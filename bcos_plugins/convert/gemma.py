@@ -15,6 +15,7 @@ from transformers.utils import can_return_tuple
 from ..nn.activation import soft_cap_scale
 from ..nn.dynamic import DynamicWeightModule
 from ..nn.functional import at_least_float32
+from .heads import StockNamedModel
 
 try:  # the helper the stock Gemma 2 forward calls in recent transformers
     from transformers.modeling_utils import slice_logits_to_keep
@@ -93,7 +94,7 @@ class BcosSoftCappedLMHead(DynamicWeightModule):
         return logits * scale
 
 
-class BcosUncappedCausalLM(nn.Module):
+class BcosUncappedCausalLM(StockNamedModel, nn.Module):
     """``Gemma2ForCausalLM.forward`` without its inline final-logit soft-cap, which its LM head applies instead
     (:class:`BcosSoftCappedLMHead`)."""
 

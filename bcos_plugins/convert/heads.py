@@ -24,7 +24,24 @@ class BcosRobertaClassificationHead(RobertaClassificationHead):
         return self.out_proj(x)
 
 
-class BcosDistilBertForSequenceClassification(DistilBertForSequenceClassification):
+class StockNamedModel:
+    """Mixin of a B-cos class that replaces a transformers model's own class (bcosify's swap of the model itself):
+    ``_get_name()`` is the stock class's name, the first transformers class of the MRO.
+
+    transformers keys behaviour on that name: ``Trainer.compute_loss`` shifts the labels for label smoothing only
+    when ``model._get_name()`` is in its causal-LM mapping, so a user's own ``Trainer(label_smoothing_factor=...)``
+    trained a ``BcosGemma2ForCausalLM`` on its unshifted labels (each token predicted from itself), silently. The
+    class itself keeps its B-cos name: ``repr``, pickling and ``save_pretrained``'s ``architectures`` read it."""
+
+    def _get_name(self) -> str:
+        return next(c.__name__ for c in type(self).__mro__ if c.__module__.startswith("transformers."))
+
+    def __repr__(self) -> str:
+        # nn.Module's repr starts with _get_name(): the printed model names its B-cos class, as before
+        return type(self).__name__ + super().__repr__()[len(self._get_name()):]
+
+
+class BcosDistilBertForSequenceClassification(StockNamedModel, DistilBertForSequenceClassification):
     """``DistilBertForSequenceClassification`` without the ReLU after ``pre_classifier``."""
 
     # ``return_dict=False`` (the call's or the config's) gives transformers' tuple, as the stock forward does: the
