@@ -314,3 +314,39 @@ def test_an_saes_biases_carry_the_share_the_lens_explanations_docstring_now_name
                                    unbiased.explanation.explained, rtol=1e-5, atol=1e-6)
     finally:
         model.reset_saes()
+
+
+def _greedy(hf, ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """The transformers model's own greedy continuation, one full forward per token (no cache)."""
+    with torch.no_grad():
+        for _ in range(steps):
+            ids = torch.cat([ids, hf(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    return ids
+
+
+@pytest.mark.parametrize(("name", "bcos"), [("GPT2LMHeadModel", True), ("LlamaForCausalLM", True),
+                                            ("LlamaForCausalLM", False)])
+def test_a_bridge_generates_the_models_own_tokens_without_the_kv_cache_path(name, bcos):
+    """bridge.generate (TransformerLens' default use_past_kv_cache=True) left the transformers model's own greedy
+    tokens from the second new token on, on a tiny B-cos GPT-2 bridge (a token outside the model's top 3) and on B-cos
+    and plain Llama-family bridges, without a word. The bridges from transformer_bridge_from_hf generate without the
+    cache by default now (the model's tokens, generate and generate_stream) and refuse use_past_kv_cache=True."""
+    from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
+
+    from bcos_plugins.errors import BcosValueError
+
+    hf = _stock(name)
+    hf = (bcosify(hf, b=B, verbose=False) if bcos else hf).eval()
+    ids = torch.tensor([[1, 9, 10]])
+    reference = _greedy(hf, ids, 4)
+    cached = transformer_bridge_from_hf(hf)
+    cached.__class__ = type(cached).__mro__[1]  # TransformerLens' own TransformerBridge
+    own = cached.generate(ids, max_new_tokens=4, do_sample=False, verbose=False, stop_at_eos=False)
+    assert own.tolist() != reference.tolist()  # what the change is about
+    bridge = transformer_bridge_from_hf(hf)
+    generated = bridge.generate(ids, max_new_tokens=4, do_sample=False, verbose=False, stop_at_eos=False)
+    assert generated.tolist() == reference.tolist()
+    streamed = list(bridge.generate_stream(ids, max_new_tokens=4, do_sample=False, verbose=False, stop_at_eos=False))
+    assert streamed[-1].tolist() == reference.tolist()
+    with pytest.raises(BcosValueError, match=r"use_past_kv_cache: bridge\.generate .*key-value cache"):
+        bridge.generate(ids, max_new_tokens=4, do_sample=False, verbose=False, use_past_kv_cache=True)

@@ -250,7 +250,39 @@ def _padding_checked_class(base: type) -> type:
     for name in ("process_weights", "enable_compatibility_mode"):  # TransformerLens 3.x and 4.x bridges have both
         if callable(getattr(base, name, None)):
             methods[name] = _refusing_bcos_weight_processing(getattr(base, name))
+    for name in ("generate", "generate_stream"):
+        method = getattr(base, name, None)
+        if callable(method) and "use_past_kv_cache" in inspect.signature(method).parameters:
+            methods[name] = _without_kv_cache(method)
     return type(base.__name__, (base,), methods)
+
+
+def _without_kv_cache(method):
+    """``method`` (the bridge's ``generate`` / ``generate_stream``) run without TransformerLens' key-value cache,
+    refusing ``use_past_kv_cache=True``. The bridge's cached path generated other tokens than its model computes: on
+    tiny B-cos GPT-2, Llama, Mistral, Qwen2, Qwen3 and Gemma 2 bridges and their plain Llama-family counterparts
+    (TransformerLens 3.9; a plain GPT-2 matched) greedy decoding left the transformers model's own greedy tokens from
+    the second new token on (GPT-2: a token outside the model's top 3), without a word; without the cache each step
+    is a full forward of the bridge, which is the model's. The default is therefore no cache (slower, the model's
+    tokens)."""
+    signature = inspect.signature(method)
+
+    def generate(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs).arguments
+        if bound.get("use_past_kv_cache", False):
+            raise argument_error(
+                "use_past_kv_cache", f"bridge.{method.__name__} with TransformerLens' key-value cache generates other "
+                "tokens than the model computes on bridges from transformer_bridge_from_hf (greedy decoding left the "
+                "transformers model's own tokens from the second new token on, on tiny B-cos GPT-2 / Llama / Mistral / "
+                "Qwen / Gemma 2 bridges and plain Llama-family ones, TransformerLens 3.9)",
+                "Leave it out (these bridges generate without the cache by default: each step a full forward, the "
+                "model's tokens), or generate with the transformers model itself (hf_model.generate)")
+        if "use_past_kv_cache" not in bound:
+            kwargs["use_past_kv_cache"] = False
+        return method(self, *args, **kwargs)
+
+    generate.__name__, generate.__doc__ = method.__name__, method.__doc__
+    return generate
 
 
 def _is_bcos_bridge(bridge: nn.Module) -> bool:
