@@ -8,7 +8,6 @@ network. :data:`SHIPPED_DATA` is that folder; :func:`shipped_data` returns a fil
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 __all__ = [
@@ -45,7 +44,16 @@ from .ioi import (
     load_ioi,
     make_ioi_prompts,
 )
-from .shipped import SHIPPED_DATA, TextClassificationData, check_n, read_tsv, shipped_data, shipped_split
+from .shipped import (
+    SHIPPED_DATA,
+    TextClassificationData,
+    check_n,
+    data_file,
+    drop_empty_texts,
+    read_tsv,
+    shipped_data,
+    shipped_split,
+)
 
 
 def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | None = None,
@@ -74,7 +82,7 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
         ds = load_dataset("glue", "sst2", split=split)
         rows = [(r["sentence"], int(r["label"])) for r in ds]
     elif source == "local":
-        file = Path(path) if path is not None else shipped_split("sst2", split, ("train", "test"))
+        file = data_file(path) if path is not None else shipped_split("sst2", split, ("train", "test"))
         rows = []
         for text, label, number in read_tsv(file):
             if label not in ("0", "1"):
@@ -84,9 +92,5 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
     else:
         raise argument_error("source", f"must be 'local' or 'hub', got {source!r}",
                              "Use 'local' for the shipped slice or your path=..., 'hub' for `datasets`")
-    # an empty sentence was kept: a row of special tokens alone, classified and explained beside the real ones
-    kept = [row for row in rows if row[0].strip()]
-    if len(kept) < len(rows):
-        warnings.warn(f"load_sst2: dropped {len(rows) - len(kept)} of {len(rows)} rows whose sentence is empty (nothing "
-                      "to classify or explain); n counts the rows kept", stacklevel=2)
+    kept = drop_empty_texts(rows, "load_sst2", "sentence")
     return TextClassificationData(kept[:n] if n is not None else kept, names)

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from ..errors import argument_error
-from .shipped import TextClassificationData, check_n, read_tsv, shipped_split
+from .shipped import TextClassificationData, check_n, data_file, drop_empty_texts, read_tsv, shipped_split
 
 __all__ = ["AG_NEWS_LABELS", "load_ag_news"]
 
@@ -39,6 +39,9 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
         path: a ``text<TAB>label`` file without header (label a class name or id) instead of the slice.
         source: ``"local"`` (default, no network) or ``"hub"`` (``datasets.load_dataset("ag_news")``).
         clean: undo the source's escapes (`` #39;`` -> ``'``, ``\\`` -> space).
+
+    Rows whose text is empty (after cleaning) are dropped, with a ``UserWarning`` that counts them, as
+    :func:`~bcos_plugins.data.load_sst2` drops empty sentences.
     """
     n = check_n(n)
     if source == "hub":
@@ -47,7 +50,7 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
         ds = load_dataset("ag_news", split=split)
         rows = [(r["text"], int(r["label"])) for r in ds]
     elif source == "local":
-        file = Path(path) if path is not None else shipped_split("ag_news", split, ("train", "test"))
+        file = data_file(path) if path is not None else shipped_split("ag_news", split, ("train", "test"))
         rows = []
         for text, label, number in read_tsv(file, header=False):
             if label in AG_NEWS_LABELS:
@@ -65,4 +68,6 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
                              "Use 'local' for the shipped slice or your path=..., 'hub' for `datasets`")
     if clean:
         rows = [(_clean(t), y) for t, y in rows]
+    # after cleaning (a text of the source's line-break escapes alone cleans to ""), as load_sst2 drops them
+    rows = drop_empty_texts(rows, "load_ag_news")
     return TextClassificationData(rows[:n] if n is not None else rows, list(AG_NEWS_LABELS))

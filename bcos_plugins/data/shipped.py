@@ -6,12 +6,15 @@ so that no loader imports the package that re-exports it.
 
 from __future__ import annotations
 
+import os
+import warnings
 from pathlib import Path
 
 from .._checks import require_int
-from ..errors import BcosFileError, argument_error
+from ..errors import BcosFileError, BcosTypeError, argument_error
 
-__all__ = ["SHIPPED_DATA", "TextClassificationData", "check_n", "read_tsv", "shipped_data", "shipped_split"]
+__all__ = ["SHIPPED_DATA", "TextClassificationData", "check_n", "data_file", "drop_empty_texts", "read_tsv", "shipped_data",
+           "shipped_split"]
 
 #: The datasets and tokenizer files shipped as package data (one folder per dataset, each with SOURCE.md).
 SHIPPED_DATA = Path(__file__).resolve().parent / "files"
@@ -55,8 +58,15 @@ def read_tsv(path: Path, header: bool = True) -> list[tuple[str, str, int]]:
         raise argument_error("path", f"{path} not found",
                              "Pass path=... to a tab-separated file, or source='hub' to load with `datasets`",
                              kind=BcosFileError)
-    with path.open(encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    # utf-8-sig: a byte order mark (Windows editors write one) stayed at the start of the first text of a file without
+    # a header line (AG News), "\ufeffWall St. ...", tokenised as its own token, silently
+    try:
+        with path.open(encoding="utf-8-sig") as f:
+            lines = f.read().splitlines()
+    except UnicodeDecodeError as err:  # (was the bare UnicodeDecodeError, naming neither the file nor the fix)
+        raise argument_error("path", f"{path} is not UTF-8 text (byte {err.start}: {err.reason})",
+                             "Save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8), one text<TAB>label per line"
+                             ) from None
     if header and lines and "\t" in lines[0] and lines[0].rsplit("\t", 1)[1].strip().lstrip("-").isdigit():
         # A file without its header line lost its first row, silently, as the header.
         raise argument_error("path", f"{path}, line 1 is a row ({lines[0][:60]!r}), not the header line",
@@ -71,6 +81,26 @@ def read_tsv(path: Path, header: bool = True) -> list[tuple[str, str, int]]:
         text, label = line.rsplit("\t", 1)
         rows.append((text, label.strip(), number))
     return rows
+
+
+def data_file(path) -> Path:
+    """``path`` (a str or ``os.PathLike``) as a ``Path``: an int or bytes failed inside ``pathlib`` with "expected str,
+    bytes or os.PathLike object", naming no argument."""
+    if not isinstance(path, str | os.PathLike):
+        raise argument_error("path", f"must be a file path (str or pathlib.Path), got {type(path).__name__} {path!r}",
+                             "Pass path='my_data.tsv' (or pathlib.Path), or leave it out for the shipped slice",
+                             kind=BcosTypeError)
+    return Path(path)
+
+
+def drop_empty_texts(rows: list[tuple[str, int]], loader: str, what: str = "text") -> list[tuple[str, int]]:
+    """``rows`` without those whose text is empty or whitespace, with a ``UserWarning`` that counts them: an empty
+    text was kept as a row of special tokens alone, classified and explained beside the real ones."""
+    kept = [row for row in rows if row[0].strip()]
+    if len(kept) < len(rows):
+        warnings.warn(f"{loader}: dropped {len(rows) - len(kept)} of {len(rows)} rows whose {what} is empty (nothing "
+                      "to classify or explain); n counts the rows kept", stacklevel=3)
+    return kept
 
 
 def check_n(n) -> int | None:
