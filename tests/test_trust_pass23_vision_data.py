@@ -122,3 +122,16 @@ def test_text_loaders_name_a_file_that_is_not_utf8_or_a_path_of_the_wrong_type(t
     for path in (5, b"train.tsv"):
         with pytest.raises(BcosTypeError, match=r"^path: must be a file path \(str or pathlib\.Path\), got "):
             load(path=path)
+
+
+def test_load_blimp_and_load_ioi_name_a_path_of_the_wrong_type():
+    """path=5 failed inside pathlib with "expected str, bytes or os.PathLike object, not int" (no argument named),
+    as in load_sst2 / load_ag_news: the one check, data.shipped.data_file."""
+    from bcos_plugins.data import load_blimp, load_ioi, shipped_data
+    from transformers import GPT2TokenizerFast
+
+    with pytest.raises(BcosTypeError, match=r"^path: must be a file path \(str or pathlib\.Path\), got int 5"):
+        load_blimp("anaphor_gender_agreement", path=5)
+    tokenizer = GPT2TokenizerFast.from_pretrained(shipped_data("gpt2_tokenizer"))
+    with pytest.raises(BcosTypeError, match=r"^path: must be a file path \(str or pathlib\.Path\), got int 5"):
+        load_ioi(path=5, tokenizer=tokenizer)

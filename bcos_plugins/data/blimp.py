@@ -43,7 +43,7 @@ import torch
 from .._checks import require_choice, require_int
 from ..errors import BcosFileError, BcosTypeError, argument_error
 from .contrastive import ContrastiveBatch, left_pad
-from .shipped import SHIPPED_DATA, check_n
+from .shipped import SHIPPED_DATA, check_n, data_file
 
 __all__ = ["BLIMP_SUBSETS", "BlimpBatch", "BlimpPair", "encode_blimp", "load_blimp"]
 
@@ -181,7 +181,7 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
 
         rows = list(load_dataset("nyu-mll/blimp", paradigm, split="train"))
     elif source == "local":
-        file = Path(path) if path is not None else SHIPPED_DATA / "blimp"
+        file = data_file(path) if path is not None else SHIPPED_DATA / "blimp"
         if file.is_dir():
             file = file / f"{paradigm}.jsonl"
         if not file.exists():

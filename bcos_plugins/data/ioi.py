@@ -54,7 +54,7 @@ from torch import Tensor
 from .._checks import require_choice, require_int, require_seed
 from ..errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
 from .contrastive import ContrastiveBatch, left_pad
-from .shipped import SHIPPED_DATA
+from .shipped import SHIPPED_DATA, data_file
 
 __all__ = [
     "IOI_HELDOUT_NAMES",
@@ -468,7 +468,7 @@ def load_ioi(
         sentences = (row[column] for row in load_dataset(hub_name, split="train", streaming=True))
     else:
         # a folder passed .exists() and failed in read_text (IsADirectoryError)
-        if path is None or not Path(path).is_file():
+        if path is None or not data_file(path).is_file():
             raise argument_error("path", f"{path!r} is not a file",
                                  "Pass a .jsonl / .txt file of IOI sentences, or source='hub' to use `datasets`",
                                  kind=BcosFileError)
