@@ -350,3 +350,31 @@ def test_a_bridge_generates_the_models_own_tokens_without_the_kv_cache_path(name
     assert streamed[-1].tolist() == reference.tolist()
     with pytest.raises(BcosValueError, match=r"use_past_kv_cache: bridge\.generate .*key-value cache"):
         bridge.generate(ids, max_new_tokens=4, do_sample=False, verbose=False, use_past_kv_cache=True)
+
+
+@pytest.mark.parametrize(("hook", "call"), [
+    ("blocks.0.hook_attn_out", lambda cache: cache.stack_head_results(layer=-1)),
+    ("blocks.0.hook_mlp_out", lambda cache: cache.stack_neuron_results(layer=-1))], ids=["heads", "neurons"])
+def test_per_head_and_neuron_stacks_refuse_an_sae_spliced_at_the_output_without_its_error_term(hook, call):
+    """An SAE spliced at hook_attn_out / hook_mlp_out without its error term puts its reconstruction in the residual
+    stream; stack_head_results / stack_neuron_results (TransformerLens: "residual stream contributions") kept the
+    heads' / neurons' shares of the block's own output, which miss the SAE's error, without a word
+    (get_full_resid_decomposition refused already). They refuse now; with the error term they sum to the output."""
+    from bcos_plugins.errors import BcosError
+
+    _, model = _hooked()
+    _, clean = model.run_with_cache(TOKENS)
+    sae = _sae(model.cfg.d_model, hook)
+    try:
+        model.add_sae(sae, use_error_term=False)
+        _, cache = model.run_with_cache(TOKENS)
+        assert (cache[hook] - clean[hook]).abs().max() > 1e-2  # the stream holds the reconstruction, not the output
+        with pytest.raises(BcosError, match=r"cache: stack_(head|neuron)_results: .*without their error terms"):
+            call(cache)
+        model.reset_saes()
+        model.add_sae(sae, use_error_term=True)
+        _, cache = model.run_with_cache(TOKENS)
+        torch.testing.assert_close(call(cache).sum(0), cache[hook] + (cache["blocks.1.hook_attn_out"] if "attn" in hook
+                                   else cache["blocks.1.hook_mlp_out"]), rtol=1e-5, atol=1e-5)
+    finally:
+        model.reset_saes()

@@ -285,6 +285,17 @@ class BcosActivationCache(HookCheckedCache, ActivationCache):
         self._refuse_spliced_saes("get_full_resid_decomposition", _STREAM_HOOKS + ("hook_attn_out", "hook_mlp_out"))
         return super().get_full_resid_decomposition(*args, **kwargs)
 
+    def stack_head_results(self, *args, **kwargs):
+        # each head's result is its share of the attention's own output, which an SAE spliced at hook_attn_out without
+        # its error term replaced by its reconstruction in the stream: the stacked "residual stream contributions" then
+        # missed the SAE's error (0.3 of attn_out on a tiny B-cos GPT-2), without a word
+        self._refuse_spliced_saes("stack_head_results", ("hook_attn_out",))
+        return super().stack_head_results(*args, **kwargs)
+
+    def stack_neuron_results(self, *args, **kwargs):
+        self._refuse_spliced_saes("stack_neuron_results", ("hook_mlp_out",))  # as stack_head_results
+        return super().stack_neuron_results(*args, **kwargs)
+
     def compute_head_results(self) -> None:
         if not _needs_own_results(self.model, "attn"):
             return super().compute_head_results()
