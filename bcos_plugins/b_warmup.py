@@ -36,6 +36,12 @@ class BWarmupCallback:
     ``eval_on_start`` does not change that: its evaluation runs at global step 0, so at B = ``start`` (the B training
     begins with), and the Trainer chooses the best model among saved checkpoints only, never from it.
 
+    A model that holds a converted part takes the part's B (a Space Model over a B-cos encoder: the encoder's
+    ``config.bcos['b']``; every B-cos layer it holds is annealed). ``label_smoothing_factor`` is refused when training
+    begins for a model whose own loss is not the cross-entropy (``BcosViT``'s B-cos BCE, a Space Model's loss):
+    transformers' ``Trainer`` then takes the labels away from the model and trains its own smoothed cross-entropy of
+    the logits instead (with a ``compute_loss_func`` it ignores the factor), and the model never sees the setting.
+
     Built lazily as a ``transformers.TrainerCallback`` subclass so that importing this module stays cheap.
     """
 
@@ -60,8 +66,9 @@ class _BWarmup:
         elif getattr(config, "model_type", None) == "bcos_vit":
             target, where = config.b, "config.b"
         else:
-            raise argument_error("model", "has no config.bcos: BWarmupCallback needs a model converted with "
-                                 "bcosify (or a BcosViT)", "call bcosify(model, b=...) first")
+            # a model holding a B-cos part (a Space Model over a B-cos encoder keeps config.bcos on its encoder): that
+            # part's B. It was refused as a model "never converted with bcosify"
+            target, where = _inner_bcos_b(model)
         self.fraction = require_number("fraction", fraction, low=0.0, low_open=True, high=1.0)
         self.start = check_b(start, name="start")
         self.target = check_b(target, name=where)
@@ -74,6 +81,10 @@ class _BWarmup:
         # B is first lowered when training begins, not here: constructing the callback set every layer to start,
         # so a trainer.evaluate() or a save_pretrained before train() ran at B = start, not the model's B
 
+    # fine_tune_classifier sets it False on the callback it builds: its compute_loss_func applies the smoothing itself
+    # and it refuses label_smoothing_factor where that would drop a model's own loss
+    refuse_smoothing_of_own_loss = True
+
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # built for one model and handed to the Trainer of another, it annealed the B of the model it was built for
         # while the trained one ran at its full B throughout, without a word
@@ -83,6 +94,16 @@ class _BWarmup:
                                  "trains: it would anneal B in that model's layers while the trained one runs at its "
                                  "full B", "build the callback with the model passed to the Trainer: "
                                  "BWarmupCallback(model) and Trainer(model=model, ...)")
+        own_loss = own_loss_not_cross_entropy(model) if isinstance(model, nn.Module) else None
+        if self.refuse_smoothing_of_own_loss and own_loss and getattr(args, "label_smoothing_factor", 0):
+            # the model never sees the setting: the Trainer pops the labels and trains its smoothed cross-entropy of
+            # the logits instead of the model's loss (a tiny BcosViT's BCE of 0.667 trained as 1.558), silently
+            raise argument_error("label_smoothing_factor", f"is {args.label_smoothing_factor!r}, but "
+                                 f"{type(model).__name__} trains with its own loss, {own_loss}, and transformers' "
+                                 "Trainer with label_smoothing_factor takes the labels away from the model and "
+                                 "trains its smoothed cross-entropy of the logits instead (or, given a "
+                                 "compute_loss_func, ignores the factor)", "leave label_smoothing_factor out (0) to "
+                                 "train the model's own loss")
         last = self._last_warm_step(state)
         strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
         if getattr(args, "load_best_model_at_end", False) and self.start < self.target and not (
@@ -117,6 +138,41 @@ class _BWarmup:
 
     def on_train_end(self, args, state, control, **kwargs):
         self._set(self.target)
+
+
+def own_loss_not_cross_entropy(model: nn.Module) -> str | None:
+    """What a model of the package computes as its training loss where that is not the cross-entropy transformers'
+    label smoother replaces it with (``BcosViT``'s B-cos BCE, a Space Model's loss), else ``None``."""
+    if getattr(getattr(model, "config", None), "model_type", None) == "bcos_vit":
+        return "the B-cos BCE on one-hot targets (bcos_loss)"
+    if getattr(type(model), "trains_with_its_own_loss", False) is True:
+        return "the cross-entropy plus the inter- and intra-space terms its config weighs"
+    return None
+
+
+def _inner_bcos_b(model: nn.Module) -> tuple[float, str]:
+    """The B of the one B-cos part a model holds (a module whose ``config.bcos`` bcosify wrote: a Space Model's
+    encoder) and where it is read, or a refusal that says what the model holds and what to do."""
+    found: dict[int, tuple[str, dict]] = {}
+    for path, module in model.named_modules():
+        settings = getattr(getattr(module, "config", None), BCOS_CONFIG_KEY, None)
+        if path and isinstance(settings, dict) and id(module.config) not in found:
+            found[id(module.config)] = (path, settings)
+    has_layers = any(isinstance(m, AlignmentPressure) for m in model.modules())
+    if not found:
+        layers = " (it holds B-cos layers, but no record of the B they were converted with)" if has_layers else ""
+        raise argument_error("model", f"{type(model).__name__} has no config.bcos, nor does any module it holds"
+                             f"{layers}: BWarmupCallback needs a model converted with bcosify, a BcosViT, or a model "
+                             "holding one (a Space Model over a B-cos encoder), and reads the target B from the "
+                             "config bcosify writes", "call bcosify(model, b=...) on the model (or on the encoder "
+                             "before SpaceModelForSequenceClassification.from_encoder(encoder, ...))")
+    targets = {settings.get("b") for _, settings in found.values()}
+    if len(targets) > 1:
+        parts = ", ".join(f"{path} (B {settings.get('b')})" for path, settings in found.values())
+        raise argument_error("model", f"holds B-cos parts converted with different B: {parts}; BWarmupCallback "
+                             "anneals every B-cos layer to one target B", "convert the parts with the same B")
+    path, settings = next(iter(found.values()))
+    return settings.get("b"), f"{path}.config.bcos['b']"
 
 
 def _epoch_evaluations_wait_past(state, delay: float, last: int) -> bool:

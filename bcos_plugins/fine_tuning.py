@@ -196,7 +196,7 @@ def fine_tune_classifier(
             data_collator=TeacherCollator(collator) if distill else collator,
             compute_loss_func=loss_func,
             optimizers=optimizers,
-            callbacks=[BWarmupCallback(model, fraction=b_warmup)] if b_warmup else None,
+            callbacks=[_warmup(model, b_warmup)] if b_warmup else None,
         )
         if distill is not None:
             loss_func.trainer = trainer
@@ -228,6 +228,15 @@ def train_handing_back_own_forward(trainer, model: nn.Module, resume_from_checkp
                 del model.forward  # the class's own, as the model was given
             else:
                 model.forward = original
+
+
+def _warmup(model: nn.Module, fraction: float):
+    """The B warm-up of a helper's run: its compute_loss_func applies ``label_smoothing_factor`` (or it was refused
+    above where it would drop a model's own loss), so the callback's refusal of the Trainer's label smoother, which
+    replaces a model's own loss, does not apply."""
+    callback = BWarmupCallback(model, fraction=fraction)
+    callback.refuse_smoothing_of_own_loss = False
+    return callback
 
 
 def _own_loss_error(name: str, value: str, replaced_by: str, fix: str) -> BcosError:

@@ -13,9 +13,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers as T
+from conftest import TINY_VIT_SHAPE, tiny_config
+from test_pretrain import QUIET, corpus, word_tokenizer
 
-from bcos_plugins import bcosify, load_bcos_model
+from bcos_plugins import BWarmupCallback, bcosify, load_bcos_model
 from bcos_plugins.convert.architectures import SPECS
+from bcos_plugins.errors import BcosValueError
+from bcos_plugins.nn.linear import AlignmentPressure
+from bcos_plugins.space import SpaceModelForSequenceClassification
+from bcos_plugins.train import fine_tune_classifier
 from bcos_plugins.train_decoder import CausalLMCollator
 
 
@@ -87,3 +93,120 @@ def test_every_registry_model_gives_its_stock_name_to_name_keyed_checks_and_keep
     ids = torch.tensor([[5, 7, 9, 11]])
     with torch.no_grad():
         assert torch.equal(reloaded.eval()(ids).logits, model.eval()(ids).logits)
+
+
+def _space_over_bcos_encoder(**config_kwargs) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = tiny_config("bert")
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    encoder = bcosify(T.BertModel(config), b=1.5, bcos_query_key=False, verbose=False)
+    return SpaceModelForSequenceClassification.from_encoder(encoder, num_labels=2, n_latent=3, **config_kwargs)
+
+
+def _text_rows(n: int = 4):
+    tok = word_tokenizer()
+    texts, labels = corpus(n)
+    rows = [{**{k: v for k, v in tok(t).items() if k != "token_type_ids"}, "labels": y}
+            for t, y in zip(texts, labels, strict=True)]
+    return tok, texts, labels, rows
+
+
+def _vit_rows(n: int = 4):
+    g = torch.Generator().manual_seed(0)
+    return [{"pixel_values": torch.rand(1, 16, 16, generator=g), "labels": i % 5} for i in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["bcos_vit", "space_over_bcos_encoder"])
+def test_b_warmup_refuses_label_smoothing_that_would_replace_the_models_own_loss(kind, tmp_path):
+    """transformers' Trainer with label_smoothing_factor (and no compute_loss_func) pops the labels and trains its
+    smoothed cross-entropy of the logits in place of the model's own loss; the model never sees the setting: a tiny
+    BcosViT's B-cos BCE of 0.667 trained as 1.558, a Space Model's inter- and intra-space terms dropped, silently.
+    The B warm-up callback, which such a run adds, now refuses it before the first step, naming the setting."""
+    from transformers import DataCollatorWithPadding
+
+    if kind == "bcos_vit":
+        from bcos_plugins.vision import BcosViT, BcosViTConfig
+
+        torch.manual_seed(0)
+        model = BcosViT(BcosViTConfig(**TINY_VIT_SHAPE, b=2.0, max_out=2, logit_scale=10.0))
+        rows, collator, own = _vit_rows(), None, "B-cos BCE"
+    else:
+        model = _space_over_bcos_encoder(inter_space_weight=1.0)
+        tok, _, _, rows = _text_rows()
+        collator, own = DataCollatorWithPadding(tok), "inter- and intra-space terms"
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = _raw_trainer(model, rows, tmp_path, collator, callbacks=[BWarmupCallback(model)],
+                           label_smoothing_factor=0.1)
+    with pytest.raises(BcosValueError, match=rf"^label_smoothing_factor: is 0.1, but .*{own}.*leave "
+                                             "label_smoothing_factor out"):
+        trainer.train()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_b_warmup_takes_label_smoothing_where_the_models_own_loss_is_the_cross_entropy(tmp_path):
+    """A B-cos classifier of the registry computes transformers' cross-entropy: the smoothed one is what the setting
+    asks for, so the callback lets it train; and fine_tune_classifier's own warm-up with loss='ce' on a Space Model
+    over a B-cos encoder (the smoothed cross-entropy asked for, through the helper's compute_loss_func) trains, its
+    logged loss the smoothed cross-entropy of the model's logits."""
+    from transformers import DataCollatorWithPadding
+
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)), b=1.5, verbose=False)
+    tok, texts, labels, rows = _text_rows()
+    trainer = _raw_trainer(model, rows, tmp_path, DataCollatorWithPadding(tok), callbacks=[BWarmupCallback(model)],
+                           label_smoothing_factor=0.1)
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+    space = _space_over_bcos_encoder(inter_space_weight=1.0)
+    batch = dict(tok(texts, padding=True, return_tensors="pt"))
+    batch.pop("token_type_ids", None)
+    with torch.no_grad():
+        logits = space.train()(**batch).logits
+    expected = F.cross_entropy(logits, torch.tensor(labels), label_smoothing=0.1)
+    trainer = fine_tune_classifier(space, tok, texts, labels, batch_size=4, max_steps=1, logging_steps=1,
+                                   learning_rate=1e-9, loss="ce", label_smoothing_factor=0.1, b_warmup=0.5, **QUIET)
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert logged == [pytest.approx(float(expected), rel=1e-5)]
+
+
+def test_b_warmup_anneals_a_space_model_over_a_bcos_encoder_and_it_reloads_as_trained(tmp_path):
+    """A Space Model over a B-cos encoder keeps config.bcos on its encoder: BWarmupCallback refused it saying it had
+    no config.bcos and needed a model "converted with bcosify". It now anneals every B-cos layer of the encoder from
+    start to the encoder's B (read at encoder.config.bcos['b']), step by step, ends at that B, and the trained model
+    saves and reloads bit for bit."""
+    from transformers import DataCollatorWithPadding, TrainerCallback
+
+    model = _space_over_bcos_encoder()
+    layers = [m for m in model.modules() if isinstance(m, AlignmentPressure)]
+    seen = []
+
+    class Record(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            seen.append(sorted({layer.b for layer in layers}))
+
+    tok, texts, _, rows = _text_rows()
+    trainer = _raw_trainer(model, rows, tmp_path, DataCollatorWithPadding(tok),
+                           callbacks=[BWarmupCallback(model, fraction=0.5), Record()])
+    trainer.args.max_steps = 4
+    trainer.train()
+    assert layers and seen == [[1.0], [1.25], [1.5], [1.5]]
+    assert {layer.b for layer in layers} == {1.5}
+    model.save_pretrained(tmp_path / "saved")
+    batch = dict(tok(texts, padding=True, return_tensors="pt"))
+    batch.pop("token_type_ids", None)
+    loaded = SpaceModelForSequenceClassification.from_pretrained(tmp_path / "saved")
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(**batch).logits, model.eval()(**batch).logits)
+
+
+def test_b_warmup_of_a_model_holding_no_bcos_part_says_so_and_what_to_convert():
+    """A Space Model over a stock encoder was refused as a model "never converted with bcosify": the message now says
+    that neither it nor any module it holds has config.bcos, and to bcosify the encoder before wrapping it."""
+    torch.manual_seed(0)
+    model = SpaceModelForSequenceClassification.from_encoder(T.BertModel(tiny_config("bert")), num_labels=2,
+                                                             n_latent=3)
+    with pytest.raises(BcosValueError, match=r"^model: SpaceModelForSequenceClassification has no config.bcos, nor "
+                                             r"does any module it holds.*bcosify\(model, b=...\) on the model \(or on the "
+                                             r"encoder before SpaceModelForSequenceClassification.from_encoder"):
+        BWarmupCallback(model)

@@ -297,6 +297,12 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
         torch.Size([4, 2])
         >>> model.save_pretrained("space-model")
         >>> reloaded = SpaceModelForSequenceClassification.from_pretrained("space-model")
+
+    With ``label_smoothing_factor`` (and no ``compute_loss_func``) transformers' ``Trainer`` never passes the labels to
+    :meth:`forward`: it trains its own smoothed cross-entropy of the logits in place of this model's loss, dropping the
+    inter- and intra-space terms without a word. Leave the factor out (``fine_tune_classifier`` and
+    :class:`~bcos_plugins.BWarmupCallback` refuse it; ``fine_tune_classifier(..., loss="ce")`` smooths the
+    cross-entropy alone, asked for).
     """
 
     config_class = SpaceModelConfig

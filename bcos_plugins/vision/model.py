@@ -148,6 +148,11 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
                 return_dict: bool | None = True, **kwargs) -> ImageClassifierOutput | tuple[Tensor, ...]:
         """Classify images; with ``labels`` the loss is B-cos BCE (:func:`~bcos_plugins.bcos_loss`).
 
+        With ``label_smoothing_factor`` (and no ``compute_loss_func``) transformers' ``Trainer`` never passes the labels
+        here: it trains its own smoothed cross-entropy of the logits in place of this loss, without a word (with
+        ``compute_loss_func=bcos_loss`` it ignores the factor). Leave the factor out; :class:`~bcos_plugins.BWarmupCallback`
+        refuses it.
+
         ``return_dict=False`` returns the tuple transformers models return (the set fields of the output, in order:
         ``(loss, logits, attentions)``); ``None`` follows ``config.return_dict``.
 
