@@ -127,11 +127,32 @@ def test_text_loaders_name_a_file_that_is_not_utf8_or_a_path_of_the_wrong_type(t
 def test_load_blimp_and_load_ioi_name_a_path_of_the_wrong_type():
     """path=5 failed inside pathlib with "expected str, bytes or os.PathLike object, not int" (no argument named),
     as in load_sst2 / load_ag_news: the one check, data.shipped.data_file."""
-    from bcos_plugins.data import load_blimp, load_ioi, shipped_data
     from transformers import GPT2TokenizerFast
+
+    from bcos_plugins.data import load_blimp, load_ioi, shipped_data
 
     with pytest.raises(BcosTypeError, match=r"^path: must be a file path \(str or pathlib\.Path\), got int 5"):
         load_blimp("anaphor_gender_agreement", path=5)
     tokenizer = GPT2TokenizerFast.from_pretrained(shipped_data("gpt2_tokenizer"))
     with pytest.raises(BcosTypeError, match=r"^path: must be a file path \(str or pathlib\.Path\), got int 5"):
         load_ioi(path=5, tokenizer=tokenizer)
+
+
+# ------------------------------------------------------------------ rationale datasets (bcos_plugins/guided/masks.py)
+
+
+@pytest.mark.parametrize("entry, shown", [(2, "int 2"), (float("nan"), "float nan"), ("1", "str '1'"), (0.5, "float 0.5")])
+def test_hatexplain_word_rationale_refuses_highlights_that_are_not_0_or_1(entry, shown):
+    """Each annotator's highlight is 0 or 1: a 2 averaged with another annotator's 0 gave 1.0, a full highlight that
+    passed every later check (silently), and a "1" failed inside sum with "unsupported operand type(s)"."""
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.guided import hatexplain_word_rationale
+
+    record = {"post_id": "p1", "post_tokens": ["a", "b", "c"], "rationales": [[0, 1, 0], [entry, 0, 0]]}
+    with pytest.raises(BcosValueError, match=rf"^record: post p1: annotator 1's rationale holds {shown} at word 0; "
+                                             r"HateXplain highlights are 0 or 1\. Pass an unmodified HateXplain record"):
+        hatexplain_word_rationale(record)
+    record["rationales"][1][0] = 1
+    assert hatexplain_word_rationale(record) == [0.5, 0.5, 0.0]
+    record["rationales"] = [[True, False, True]]
+    assert hatexplain_word_rationale(record) == [1.0, 0.0, 1.0]

@@ -341,6 +341,14 @@ def hatexplain_word_rationale(record: dict) -> list[float] | None:
     if any(len(r) != n_words for r in rationales):
         raise argument_error("record", f"post {record.get('post_id')}: a rationale's length differs from "
                              "post_tokens", "Pass an unmodified HateXplain record")
+    # each annotator's highlight is 0 or 1: a 2 averaged with another annotator's 0 read as a full highlight (1.0), NaN
+    # as no rationale only further on, and a "1" failed inside sum ("unsupported operand type(s) for +: 'int' and 'str'")
+    bad = next(((k, w, v) for k, r in enumerate(rationales) for w, v in enumerate(r)
+                if not (isinstance(v, numbers.Real) and v in (0, 1))), None)
+    if bad is not None:
+        raise argument_error("record", f"post {record.get('post_id')}: annotator {bad[0]}'s rationale holds "
+                             f"{type(bad[2]).__name__} {bad[2]!r} at word {bad[1]}; HateXplain highlights are 0 or 1",
+                             "Pass an unmodified HateXplain record (rationales: one 0/1 list per annotator)")
     return [sum(r[w] for r in rationales) / len(rationales) for w in range(n_words)]
 
 
