@@ -37,6 +37,7 @@ from bcos_plugins.nn.functional import at_least_float32
 from .._completeness import warn_if_incomplete
 from .bridge import is_explainable_bridge
 from .compat import HAS_HOOKED_TRANSFORMER
+from .hook_checks import hooked_points
 from .inputs import check_lens_tokens
 from .sae_error import SAEErrorShares, sae_error_capture
 
@@ -179,11 +180,11 @@ def user_hooked_points(model) -> list[str]:
     ``add_hook``), whose edits of activations the explanation runs with. None while SAEs are attached: the tokens
     then miss the error terms' and the SAE biases' shares by design (reported in ``sae_error_shares``), so a miss
     could not be laid at the hooks' door (and ``sae_error_capture`` hooks the SAEs' own points)."""
-    if getattr(model, "acts_to_saes", None):
+    # the hooked points are read by the one reader run_with_cache's hook checks use (hook_checks.hooked_points);
+    # no hook_dict: a model that is no TransformerLens model at all is refused by require_explainable, after this
+    if getattr(model, "acts_to_saes", None) or getattr(model, "hook_dict", None) is None:
         return []
-    # getattr: a model that is no TransformerLens model at all is refused by require_explainable, after this
-    return [name for name, point in (getattr(model, "hook_dict", None) or {}).items()
-            if getattr(point, "_forward_hooks", None)]
+    return list(hooked_points(model))
 
 
 def explain_lens_value(
