@@ -70,6 +70,7 @@ from bcos_plugins._checks import (
     refuse_renamed_keywords,
     require_bool,
     require_label_names,
+    require_model_object,
     token_batch_and_padding,
 )
 from bcos_plugins.attribution import (
@@ -372,6 +373,7 @@ class EmbeddingForward(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
+        require_model_object(model, only_stand_ins=True)  # a tokenizer (the arguments swapped), ids, a pipeline: named
         if not isinstance(model, nn.Module):
             raise argument_error("model", f"expected a transformers model, got {type(model).__name__}",
                                  "Pass the model object", kind=BcosTypeError)

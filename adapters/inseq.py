@@ -96,7 +96,12 @@ from inseq.data import (
     FeatureAttributionStepOutput,
 )
 from inseq.data.aggregation_functions import AggregationFunction, SumAggregationFunction
-from inseq.data.aggregator import Aggregator, SequenceAttributionAggregator
+from inseq.data.aggregator import (
+    Aggregator,
+    AggregatorPipeline,
+    SequenceAttributionAggregator,
+    SliceAggregator,
+)
 from inseq.models import AttributionModel
 from inseq.utils import Registry
 from inseq.utils.typing import TokenWithId
@@ -104,12 +109,14 @@ from jaxtyping import Int
 from torch import Tensor, nn
 
 from bcos_plugins._checks import (
+    refuse_a_model_as_the_tokenizer,
     refuse_container_of_names,
     refuse_other_methods_keywords,
     refuse_renamed_keywords,
     require_count,
     require_int,
     require_label_names,
+    require_model_object,
     require_row_ids,
 )
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions, text_attribution_point
@@ -121,11 +128,11 @@ from bcos_plugins.convert.architectures import (
     supported_architectures,
 )
 from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY
-from bcos_plugins.corpus import require_tokenizer_fits
+from bcos_plugins.corpus import mask_keywords, require_tokenizer_fits
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
 from bcos_plugins.nn.dynamic import evaluating, thread_token
-from bcos_plugins.persistence import reconvert_stock_load
+from bcos_plugins.persistence import reconvert_stock_load, subfolder_path
 
 __all__ = [
     "METHOD_NAME",
@@ -335,10 +342,14 @@ class _Inseq071:
         if getattr(original, "_checks_bcos_models", False):
             return
 
+        signature = inspect.signature(original)
+
         @functools.wraps(original)
         def load(model, attribution_method=None, *args, **kwargs):
             if attribution_method == METHOD_NAME and isinstance(model, nn.Module):
                 _explainable_model(model, classifier=False)
+            if attribution_method == METHOD_NAME and isinstance(model, str | os.PathLike):
+                model, args, kwargs = _folder_with_subfolder(signature, model, attribution_method, args, kwargs)
             return original(model, attribution_method, *args, **kwargs)
 
         load._checks_bcos_models = True
@@ -365,6 +376,25 @@ class _Inseq071:
             "generate drops the padding mask": "inputs=inputs.input_ids," in (generate := inspect.getsource(
                 HuggingfaceModel.generate)) and "attention_mask" not in generate,
         }
+
+
+def _folder_with_subfolder(signature: inspect.Signature, model, attribution_method, args: tuple, kwargs: dict
+                           ) -> tuple[str, tuple, dict]:
+    """``inseq.load_model(folder, "bcos", model_kwargs={"subfolder": ...})`` loads the model from ``folder/subfolder``
+    itself (the tokenizer still from ``folder``, as inseq reads it): given to from_pretrained, ``subfolder`` took the
+    weights from there while the model's name (``config._name_or_path``), from which the B-cos layers are converted
+    again as saved, stayed ``folder``: a Trainer run's checkpoint-500 ran at the final save's B per layer (a tiny
+    GPT-2's logits 0.033 off), silently. The subfolder is read as :func:`bcos_plugins.load_bcos_model` reads it."""
+    bound = signature.bind(model, attribution_method, *args, **kwargs)
+    model_kwargs = bound.arguments.get("model_kwargs") or {}
+    if not isinstance(model_kwargs, dict) or "subfolder" not in model_kwargs:
+        return model, args, kwargs
+    model_kwargs = dict(model_kwargs)  # inseq's default is one dict shared by every call: never changed in place
+    folder = subfolder_path(model, model_kwargs.pop("subfolder"), reader='inseq.load_model(..., "bcos")')
+    bound.arguments["model_kwargs"] = model_kwargs
+    if bound.arguments.get("tokenizer") is None:
+        bound.arguments["tokenizer"] = os.fspath(model)
+    return folder, bound.args[2:], bound.kwargs
 
 
 def _padded_prompt_rows(attribution_model: AttributionModel, inputs, skip_special_tokens) -> list[int]:
@@ -500,6 +530,39 @@ def _names_the_sum(aggregator, aggregate_fn) -> bool:
                for name, fn in zip(aggregators, functions, strict=False))
 
 
+def _aggregation_steps(aggregator, aggregate_fn) -> list[tuple[Any, Any]]:
+    """The ``(aggregator, function)`` steps of an ``aggregate`` call, in every form inseq takes: one name or class,
+    a list of them (with a list of functions or none), a list of ``(aggregator, function)`` pairs, a pipeline."""
+    if isinstance(aggregator, AggregatorPipeline):
+        return list(zip(aggregator.aggregators, aggregator.aggregate_fn, strict=False))
+    if isinstance(aggregator, list | tuple):
+        if aggregator and all(isinstance(step, tuple) for step in aggregator):
+            return [(step[0], step[1] if len(step) > 1 else None) for step in aggregator]
+        functions = list(aggregate_fn) if isinstance(aggregate_fn, list | tuple) else [aggregate_fn] * len(aggregator)
+        return list(zip(aggregator, functions, strict=False))
+    return [(aggregator, aggregate_fn)]
+
+
+def _is_step(name, named: str, cls: type) -> bool:
+    return name == named or (isinstance(name, type) and issubclass(name, cls))
+
+
+def _reduces_d_model(name) -> bool:
+    """Whether an aggregation step reduces the embedding dimension: inseq's scores aggregator (also named by one of
+    its functions, ``"sum"``, ``"absmax"``, ...) or this package's ``"signed_sum"``."""
+    if isinstance(name, str):
+        return name in ("scores", SIGNED_SUM) or name in AggregationFunction.available_classes()
+    return isinstance(name, type) and issubclass(name, SequenceAttributionAggregator)
+
+
+def _column_totals(seq: FeatureAttributionSequenceOutput) -> Tensor | None:
+    """Each attributed column's contributions summed over the tokens (and d_model where not aggregated), in float64;
+    rows not generated yet (NaN) count for nothing."""
+    parts = [torch.nansum(t.double(), dim=tuple(d for d in range(t.ndim) if d != 1))
+             for t in (seq.source_attributions, seq.target_attributions) if isinstance(t, Tensor) and t.ndim >= 2]
+    return sum(parts) if parts else None
+
+
 @dataclass(eq=False, repr=False)
 class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
     """One attributed sequence of the "bcos" method.
@@ -564,9 +627,60 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
         ``rescale`` is given: each column was divided by its L1 norm, so the token scores of ``aggregate("sum")``,
         ``show(aggregator="sum")`` and ``get_scores_dicts(aggregator="sum")`` no longer added up to the logit, silently
         (0.48 off on a tiny GPT-2), while ``aggregate()`` gave the exact signed sum."""
+        steps = _aggregation_steps(self._aggregator if aggregator is None else aggregator, aggregate_fn)
+        scores = self.source_attributions if self.source_attributions is not None else self.target_attributions
+        if isinstance(scores, Tensor) and scores.ndim == 2 and any(_reduces_d_model(name) for name, _ in steps):
+            # already at token level: inseq's scores aggregator failed on it with a bare IndexError ("tuple index out
+            # of range"). Summing over d_model again is the sum already taken, so asking for it alone is a no-op
+            # (as aggregate() is); any other reduction (or a pipeline around it) cannot be read off token scores
+            if len(steps) == 1 and _names_the_sum(aggregator, aggregate_fn) and not kwargs.get("normalize") \
+                    and not kwargs.get("rescale"):
+                return self
+            raise argument_error("aggregator", f"asks to reduce the embedding dimension of an output already "
+                                 f"aggregated to token level (scores of shape {tuple(scores.shape)}, tokens x "
+                                 f"generated tokens or classes): B-cos outputs sum over it when aggregated",
+                                 "Aggregate the output as attributed (before its first aggregate()), or leave the "
+                                 "scores step out of the aggregators for this one")
         if "normalize" not in kwargs and "rescale" not in kwargs and _names_the_sum(aggregator, aggregate_fn):
             kwargs["normalize"] = False
-        return super().aggregate(aggregator, aggregate_fn, *args, **kwargs)
+        slicing = any(_is_step(name, "slices", SliceAggregator) for name, _ in steps)
+        before = _column_totals(self) if slicing else None
+        aggregated = super().aggregate(aggregator, aggregate_fn, *args, **kwargs)
+        if slicing:
+            aggregated._restate_deltas_after_slicing(before)
+        return aggregated
+
+    def _restate_deltas_after_slicing(self, before: Tensor | None) -> None:
+        """A slice keeps some tokens' contributions and leaves the others out, so the columns no longer sum to the
+        attributed values; the step score ``deltas`` (sum of contributions - attributed value) said what it said of the
+        whole prefix, a completeness claim the sliced columns do not meet (0.32 off on a tiny GPT-2, silently). It is
+        restated for the tokens kept: the slice's sum minus the same attributed value, the left-out share included."""
+        deltas = (self.step_scores or {}).get("deltas")
+        if not isinstance(deltas, Tensor):
+            return
+        after = _column_totals(self)
+        if before is not None and after is not None and after.shape == before.shape == deltas.shape:
+            self.step_scores["deltas"] = (deltas.double() + (after - before)).to(deltas.dtype)
+            return
+        del self.step_scores["deltas"]  # columns merged in the same call: nothing to line them up with
+        warnings.warn("inseq: the 'slices' aggregation left some tokens' contributions out and merged columns in the "
+                      "same call, so the step score 'deltas' (sum of contributions - attributed value) could not be "
+                      "restated and was dropped rather than left stale; slice in a call of its own to keep it",
+                      UserWarning, stacklevel=3)
+
+    def weight_attributions(self, step_fn_id: str):
+        """inseq's ``weight_attributions``, dropping the step score ``deltas``: each column is multiplied by its step
+        score ``step_fn_id``, so it sums to that multiple of the attributed value, and ``deltas`` (sum of
+        contributions - attributed value), computed before, no longer said what the columns sum to (a column weighted
+        by its probability summed to 1e-5 while ``deltas`` still claimed 1e-7 of the logit), silently."""
+        weighted = super().weight_attributions(step_fn_id)
+        if isinstance(weighted.step_scores, dict) and "deltas" in weighted.step_scores:
+            del weighted.step_scores["deltas"]
+            warnings.warn(f"inseq: weight_attributions({step_fn_id!r}) multiplied each column by its step score "
+                          f"{step_fn_id!r}, so the columns no longer sum to the attributed values; the step score "
+                          "'deltas' (sum of contributions - attributed value) was dropped rather than left stale. "
+                          "Check completeness before weighting", UserWarning, stacklevel=3)
+        return weighted
 
     # inseq 0.7.1's own bounds reduce over every score with max(), which fails on a row without columns (a row that
     # generated nothing: inseq's show() warns "Found empty attributions" for it, then failed here): such a row has no
@@ -626,6 +740,9 @@ def _supported_text() -> str:
 
 def _explainable_model(model: nn.Module, *, classifier: bool) -> tuple[nn.Module, ArchitectureSpec]:
     """The B-cos model and its spec, or an :class:`UnsupportedModelError` saying what is supported."""
+    # a tokenizer where the model goes (load_classifier(tokenizer, model)) was read as an unknown architecture, its
+    # class listed beside some thirty supported ones, the swap unsaid: the package's one reading of such stand-ins
+    require_model_object(model, only_stand_ins=True)
     name = type(model).__name__
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         raise UnsupportedModelError(
@@ -962,6 +1079,7 @@ class BcosClassifier:
     def __init__(self, model: nn.Module, tokenizer, label_names: Sequence[str] | None = None,
                  max_length: int | None = None):
         self.model, self.spec = _explainable_model(model, classifier=True)
+        refuse_a_model_as_the_tokenizer(tokenizer, call="load_classifier(model, tokenizer)")
         require_tokenizer_fits(model, tokenizer)  # another model's tokenizer explained its tokens, silently
         self.tokenizer = tokenizer
         num_labels = model.config.num_labels
@@ -1053,8 +1171,10 @@ class BcosClassifier:
         if len(texts) > 1 and self.tokenizer.pad_token is None:
             raise BcosValueError("tokenizer: it has no pad token to batch texts with; set one (e.g. tokenizer.pad_token = "
                              "tokenizer.eos_token and model.config.pad_token_id to its id) or pass batch_size=1")
+        # the mask asked for (mask_keywords, as predict asks): a tokenizer whose model_input_names leave it out failed
+        # here with KeyError: 'attention_mask'
         enc = self.tokenizer(texts, padding=len(texts) > 1, truncation=self.max_length is not None,
-                             max_length=self.max_length, return_tensors="pt").to(device)
+                             max_length=self.max_length, return_tensors="pt", **mask_keywords(self.tokenizer)).to(device)
         ids: Int[Tensor, "batch pos"] = enc["input_ids"]
         mask: Int[Tensor, "batch pos"] = enc["attention_mask"]
         extra = {k: enc[k] for k in ("token_type_ids",) if k in enc}

@@ -42,7 +42,11 @@ import torch
 from torch import nn
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 
-from bcos_plugins._checks import warn_if_unmasked_padding
+from bcos_plugins._checks import (
+    refuse_a_model_as_the_tokenizer,
+    require_model_object,
+    warn_if_unmasked_padding,
+)
 from bcos_plugins.attribution.rotary_length import forget_grown_rotary_frequencies
 from bcos_plugins.attribution.text import refuse_stock_loaded_bcos
 from bcos_plugins.convert.architectures import architecture_name, specs_where, vocabulary_size
@@ -62,7 +66,7 @@ from .boot_guard import (
 from .final_norm import fold_final_norm_into_unembedding
 from .hook_checks import hook_checked_cache_class, hooked_points
 from .hook_point import DynamicHookPoint
-from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords, refuse_meta_model
+from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords
 
 __all__ = [
     "SUPPORTED_BRIDGE_ARCHITECTURES",
@@ -599,6 +603,8 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
         mode. It holds its own copy of the weights (about the model's size in memory), with the final norm's gain
         folded into the LM head (so ``cache.logit_attrs`` sums to the logit; a tied head becomes untied there).
     """
+    # a tokenizer where the model goes (the arguments swapped), ids, a pipeline: named with the fix, as everywhere
+    require_model_object(hf_model, "hf_model", only_stand_ins=True)
     if not isinstance(hf_model, nn.Module):
         raise BcosTypeError(f"hf_model: expected a transformers model, got {type(hf_model).__name__}")
     # a B-cos checkpoint loaded with plain AutoModel runs the stock layers: the bridge wrapped that conventional
@@ -611,9 +617,10 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
                              "Use the bridge as it is, or pass the transformers model it was built from",
                              kind=BcosTypeError)
     arch = _architecture(hf_model)
-    refuse_meta_model(hf_model)
+    refuse_meta_model(hf_model, "hf_model")
     _refuse_inexpressible(hf_model, arch)
     if tokenizer is not None:  # TransformerLens' own bridge("text") failed in the embedding (IndexError)
+        refuse_a_model_as_the_tokenizer(tokenizer, call="transformer_bridge_from_hf(model, tokenizer=tokenizer)")
         require_tokenizer_fits(hf_model, tokenizer)  # refuses a hub name too (require_tokenizer_object)
     check_bridge_internals()
     bridge_cls, _attention, _gated, joint, _linear, _norm = _bridge_classes()
