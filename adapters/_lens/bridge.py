@@ -66,7 +66,7 @@ from .boot_guard import (
 from .final_norm import fold_final_norm_into_unembedding
 from .hook_checks import hook_checked_cache_class, hooked_points
 from .hook_point import DynamicHookPoint
-from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords
+from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords, refuse_meta_model
 
 __all__ = [
     "SUPPORTED_BRIDGE_ARCHITECTURES",
@@ -617,7 +617,7 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
                              "Use the bridge as it is, or pass the transformers model it was built from",
                              kind=BcosTypeError)
     arch = _architecture(hf_model)
-    refuse_meta_model(hf_model, "hf_model")
+    refuse_meta_model(hf_model)
     _refuse_inexpressible(hf_model, arch)
     if tokenizer is not None:  # TransformerLens' own bridge("text") failed in the embedding (IndexError)
         refuse_a_model_as_the_tokenizer(tokenizer, call="transformer_bridge_from_hf(model, tokenizer=tokenizer)")
