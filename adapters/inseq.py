@@ -132,7 +132,7 @@ from bcos_plugins.corpus import require_tokenizer_fits
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
 from bcos_plugins.nn.dynamic import evaluating, thread_token
-from bcos_plugins.persistence import reconvert_stock_load
+from bcos_plugins.persistence import reconvert_stock_load, subfolder_path
 
 __all__ = [
     "METHOD_NAME",
@@ -342,10 +342,14 @@ class _Inseq071:
         if getattr(original, "_checks_bcos_models", False):
             return
 
+        signature = inspect.signature(original)
+
         @functools.wraps(original)
         def load(model, attribution_method=None, *args, **kwargs):
             if attribution_method == METHOD_NAME and isinstance(model, nn.Module):
                 _explainable_model(model, classifier=False)
+            if attribution_method == METHOD_NAME and isinstance(model, str | os.PathLike):
+                model, args, kwargs = _folder_with_subfolder(signature, model, attribution_method, args, kwargs)
             return original(model, attribution_method, *args, **kwargs)
 
         load._checks_bcos_models = True
@@ -372,6 +376,25 @@ class _Inseq071:
             "generate drops the padding mask": "inputs=inputs.input_ids," in (generate := inspect.getsource(
                 HuggingfaceModel.generate)) and "attention_mask" not in generate,
         }
+
+
+def _folder_with_subfolder(signature: inspect.Signature, model, attribution_method, args: tuple, kwargs: dict
+                           ) -> tuple[str, tuple, dict]:
+    """``inseq.load_model(folder, "bcos", model_kwargs={"subfolder": ...})`` loads the model from ``folder/subfolder``
+    itself (the tokenizer still from ``folder``, as inseq reads it): given to from_pretrained, ``subfolder`` took the
+    weights from there while the model's name (``config._name_or_path``), from which the B-cos layers are converted
+    again as saved, stayed ``folder``: a Trainer run's checkpoint-500 ran at the final save's B per layer (a tiny
+    GPT-2's logits 0.033 off), silently. The subfolder is read as :func:`bcos_plugins.load_bcos_model` reads it."""
+    bound = signature.bind(model, attribution_method, *args, **kwargs)
+    model_kwargs = bound.arguments.get("model_kwargs") or {}
+    if not isinstance(model_kwargs, dict) or "subfolder" not in model_kwargs:
+        return model, args, kwargs
+    model_kwargs = dict(model_kwargs)  # inseq's default is one dict shared by every call: never changed in place
+    folder = subfolder_path(model, model_kwargs.pop("subfolder"), reader='inseq.load_model(..., "bcos")')
+    bound.arguments["model_kwargs"] = model_kwargs
+    if bound.arguments.get("tokenizer") is None:
+        bound.arguments["tokenizer"] = os.fspath(model)
+    return folder, bound.args[2:], bound.kwargs
 
 
 def _padded_prompt_rows(attribution_model: AttributionModel, inputs, skip_special_tokens) -> list[int]:

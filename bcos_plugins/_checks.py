@@ -153,7 +153,11 @@ def require_bool(name: str, value, *, fix: str | None = None, or_none: bool = Fa
     asked not to, silently. ``fix`` replaces the generic fix text where the caller can say what each value does."""
     if not isinstance(value, bool) and not (or_none and value is None):
         allowed = "True, False or None" if or_none else "True or False"
-        raise argument_error(name, f"must be {allowed}, got {type(value).__name__} {value!r}",
+        # NumPy's bool type is named "bool": "got bool np.True_" read as a bool refused for not being one. Refused
+        # all the same (one rule for every flag: the Python bools only), named as NumPy's, with the conversion
+        got = (f"numpy.bool {value!r} (pass bool({name}))" if type(value).__module__ == "numpy"
+               and type(value).__name__ in ("bool", "bool_") else f"{type(value).__name__} {value!r}")
+        raise argument_error(name, f"must be {allowed}, got {got}",
                              fix or f"Pass {name}=True or {name}=False (a string such as 'no' reads as True)",
                              kind=BcosTypeError)
     return value

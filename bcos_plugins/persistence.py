@@ -21,13 +21,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ._checks import closest_name_fix
+from ._checks import closest_name, closest_name_fix
 from .convert.architectures import SPECS, stock_class
 from .convert.bcosify import bcosify
 from .convert.checkpoint_format import (
     BCOS_CONFIG_KEY,
     FORMAT_VERSION,
     READABLE_FORMAT_VERSIONS,
+    RECORD_ENTRY_TYPES,
+    RECORD_KEYS,
     STOCK_QUERY_KEY_FORMAT_VERSION,
 )
 from .errors import BcosError, BcosFileError, BcosKeywordError, BcosTypeError, BcosValueError, argument_error
@@ -189,6 +191,16 @@ def checked_settings(path: str, config) -> dict:
         raise BcosValueError(f"path: {path} has no B-cos settings in config.json (config.bcos); it was not "
                              "saved from a model converted with bcosify. Load it with transformers and call "
                              "bcosify instead.")
+    unknown = sorted(map(str, set(settings) - set(RECORD_KEYS)))
+    if unknown:
+        # a misspelt key (norm_epss) was read as a record not written: its check did not run, silently
+        close = next(filter(None, (closest_name(key, RECORD_KEYS) for key in unknown)), None)
+        raise BcosValueError(
+            f"config.bcos: {path}/config.json holds the key(s) {', '.join(map(repr, unknown))}, which no version of "
+            f"bcos-plugins writes (it writes {', '.join(map(repr, RECORD_KEYS))}), so the record would not be read as "
+            f"written. config.json was edited{f' (did you mean {close!r}?)' if close else ''}: restore it from the "
+            "original save (the file is not rewritten), or upgrade bcos-plugins if a newer one saved the model.")
+    _refuse_mistyped_entries(path, settings)
     version = settings.get("format_version")
     if isinstance(version, bool) or version not in READABLE_FORMAT_VERSIONS:
         raise BcosValueError(
@@ -220,6 +232,29 @@ def checked_settings(path: str, config) -> dict:
             f"{getattr(config, 'model_type', None)!r} ({name} reads {config_class.__name__}). config.json was "
             "edited: restore it from the original save (the file is not rewritten).")
     return settings
+
+
+def _refuse_mistyped_entries(path: str, settings: dict) -> None:
+    """Refuse a per-module record (``config.bcos['norm_eps']`` ...) that is not ``{module path: value}`` with values
+    of the type bcosify writes: an edited ``"1e-12"`` was compared with the rebuilt 1e-12 and refused as "saved as
+    1e-12, rebuilt as 1e-12", a message that names no difference."""
+    for key, types in RECORD_ENTRY_TYPES.items():
+        if key not in settings:
+            continue
+        entries = settings[key]
+        wanted = " or ".join(t.__name__ for t in types)
+        example = "a JSON number, 1e-12, not the text \"1e-12\"" if key == "norm_eps" else "a JSON string"
+        if not isinstance(entries, dict):
+            raise BcosValueError(
+                f"config.bcos['{key}']: {path}/config.json holds a {type(entries).__name__} ({entries!r}), where "
+                f"bcosify writes {{module path: {wanted}}}. config.json was edited: restore it from the original save "
+                "(the file is not rewritten).")
+        for module_path, value in entries.items():
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise BcosValueError(
+                    f"config.bcos['{key}']['{module_path}']: {path}/config.json holds {type(value).__name__} "
+                    f"{value!r}, where bcosify writes a {wanted}. config.json was edited: write it as {example}, or "
+                    "restore config.json from the original save (the file is not rewritten).")
 
 
 def _refuse_rebuilt_otherwise(path: str, key: str, saved, rebuilt: dict, what: str, absent: str,
@@ -558,10 +593,11 @@ def _check_head_tying(model: nn.Module, info: dict, path: str, tie_asked: bool) 
             "leave tie_word_embeddings out: the model loads with its saved head", kind=BcosKeywordError)
 
 
-def _subfolder_path(path, subfolder) -> str:
+def subfolder_path(path, subfolder, *, reader: str = "load_bcos_model") -> str:
     """The folder ``subfolder`` of the local folder ``path``, which the whole load reads: given to from_pretrained,
     ``subfolder`` took the weights from there and the record, each layer's stored B and the checks from ``path`` (a
-    Trainer run's checkpoint-500 loaded with the final model's B, logits 0.39 off, silently)."""
+    Trainer run's checkpoint-500 loaded with the final model's B, logits 0.39 off, silently). The one reading of
+    ``subfolder`` for every B-cos load (:func:`load_bcos_model`, the inseq adapter's); ``reader`` names the caller."""
     if not isinstance(subfolder, str | os.PathLike):
         raise argument_error("subfolder", f"must be a folder name (str), got {type(subfolder).__name__}",
                              "pass the name of the folder inside path, e.g. subfolder='checkpoint-500'",
@@ -569,7 +605,7 @@ def _subfolder_path(path, subfolder) -> str:
     if isinstance(path, str | os.PathLike) and Path(os.path.expanduser(os.fspath(path))).is_dir():
         return os.path.join(os.fspath(path), os.fspath(subfolder))
     raise argument_error("subfolder", f"is given with {os.fspath(path) if isinstance(path, str | os.PathLike) else path!r}, "
-                         "which is no local folder: load_bcos_model reads a hub repository's top folder only",
+                         f"which is no local folder: {reader} reads a hub repository's top folder only",
                          "download the repository (huggingface_hub.snapshot_download) and pass its folder joined with "
                          "the subfolder as path", kind=BcosKeywordError)
 
@@ -612,7 +648,7 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     from transformers import AutoConfig
 
     if "subfolder" in from_pretrained_kwargs:
-        path = _subfolder_path(path, from_pretrained_kwargs.pop("subfolder"))
+        path = subfolder_path(path, from_pretrained_kwargs.pop("subfolder"))
     path, local = checked_folder(path)
     if _saved_model_type(path, local) == _VIT_MODEL_TYPE:
         return _load_vit(path, from_pretrained_kwargs)

@@ -89,7 +89,8 @@ def test_the_folded_boolean_checks_name_the_argument_the_problem_and_the_fix():
     maps = torch.rand(1, 2, 2)
     for flag in ("no", 1, None, np.bool_(True)):
         with pytest.raises(BcosTypeError, match=rf"^most_important_first: must be True or False, got "
-                                                rf"{type(flag).__name__} .*\. Pass True \(most important pixels first\) "
+                                                rf"{'numpy.bool' if isinstance(flag, np.bool_) else type(flag).__name__}"
+                                                r" .*\. Pass True \(most important pixels first\) "
                                                 r"or False \(least important first\)\.$"):
             pixel_ranking(maps, most_important_first=flag)
     assert pixel_ranking(maps, most_important_first=False).tolist() == pixel_ranking(-maps).tolist()
