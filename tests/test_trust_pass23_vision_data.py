@@ -156,3 +156,49 @@ def test_hatexplain_word_rationale_refuses_highlights_that_are_not_0_or_1(entry,
     assert hatexplain_word_rationale(record) == [0.5, 0.5, 0.0]
     record["rationales"] = [[True, False, True]]
     assert hatexplain_word_rationale(record) == [1.0, 0.0, 1.0]
+
+
+# ------------------------------------------------------------------ loading a ViT (bcos_plugins/vision/loading.py)
+
+
+def _saved_vit(tmp_path):
+    from bcos_plugins.vision import BcosViT, BcosViTConfig
+
+    torch.manual_seed(0)
+    model = BcosViT(BcosViTConfig(image_size=8, patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, num_labels=4, conv_channels=[4])).eval()
+    model.save_pretrained(tmp_path)
+    return model
+
+
+@pytest.mark.parametrize("key, value", [("logit_scale", 5.0), ("layer_norm_eps", 0.5)])
+def test_a_vit_load_refuses_a_keyword_that_makes_another_model_of_the_saved_weights(tmp_path, key, value):
+    """from_pretrained(folder, logit_scale=5.0) (or load_bcos_model's) loaded the saved weights into another model:
+    every logit 5x the saved model's, or every norm another (logits 0.27 apart on these images), silently, since the
+    weights fit. The saved value itself, and no keyword, load the model as saved."""
+    from bcos_plugins import load_bcos_model
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.vision import BcosViT
+
+    model = _saved_vit(tmp_path)
+    images = torch.rand(2, 1, 8, 8)
+    with pytest.raises(BcosValueError, match=rf"^{key}: from_pretrained\(\.\.\., {key}={value}\) loads the saved weights "
+                                             rf"into another model: they were saved with {key}=.*Leave {key} out"):
+        BcosViT.from_pretrained(tmp_path, **{key: value})
+    with pytest.raises(BcosValueError, match=rf"^config\.{key}: .* says {key}={value}, which loads the saved weights "
+                                             "into another model"):
+        load_bcos_model(tmp_path, **{key: value})
+    for loaded in (BcosViT.from_pretrained(tmp_path, **{key: getattr(model.config, key)}), load_bcos_model(tmp_path)):
+        assert torch.equal(loaded.eval()(pixel_values=images).logits, model(pixel_values=images).logits)
+
+
+def test_a_vit_load_names_the_shape_keyword_whose_weights_do_not_fit(tmp_path):
+    """BcosViT.from_pretrained(folder, max_out=1) failed with transformers' "You set `ignore_mismatched_sizes` to
+    `False`, thus raising an error", which named neither the keyword nor the fix."""
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.vision import BcosViT
+
+    _saved_vit(tmp_path)
+    with pytest.raises(BcosValueError, match=r"^path: .* holds weights of other shapes than the BcosViT these keywords "
+                                             r"build: \['max_out'\] .*Leave the shape keywords out"):
+        BcosViT.from_pretrained(tmp_path, max_out=1)

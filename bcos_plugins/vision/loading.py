@@ -22,8 +22,23 @@ class WholeCheckpointLoading:
         Raises:
             BcosValueError: naming the missing, unexpected and mismatched weights.
         """
-        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True,
-                                              **kwargs)
+        _refuse_keywords_of_another_model(cls, pretrained_model_name_or_path, kwargs)
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True,
+                                                  **kwargs)
+        except RuntimeError as err:
+            # a shape keyword (max_out=1, image_size=16, num_labels=3) failed with transformers' "You set
+            # `ignore_mismatched_sizes` to `False`", which named neither the keyword nor the fix
+            # (with config= the caller builds the model: load_bcos_model quotes transformers' report itself)
+            if "ignore_mismatched_sizes" not in str(err) or kwargs.get("config") is not None:
+                raise
+            given = sorted(k for k in kwargs if hasattr(cls.config_class(), k))
+            raise BcosValueError(
+                f"path: {pretrained_model_name_or_path} holds weights of other shapes than the {cls.__name__} "
+                f"{'these keywords build: ' + str(given) if given else 'its config builds'} (transformers' load report "
+                "above lists them). " + ("Leave the shape keywords out to load the model as saved" if given else
+                                         "Load the folder with the class that saved it (its config.json's "
+                                         "architectures)")) from None
         missing = [k for k in info["missing_keys"] if not k.endswith("bcos_b")]
         if missing or info["unexpected_keys"] or info.get("mismatched_keys"):
             raise BcosValueError(
@@ -35,6 +50,34 @@ class WholeCheckpointLoading:
         if kwargs.get("config") is not None and "b" not in kwargs:
             _refuse_another_configs_b(cls, model, pretrained_model_name_or_path, kwargs)
         return (model, info) if output_loading_info else model
+
+
+# config fields that change what the saved weights compute, without changing any weight's shape (b has its own check)
+_COMPUTATION_FIELDS = ("layer_norm_eps", "logit_scale")
+
+
+def _refuse_keywords_of_another_model(cls, path, kwargs) -> None:
+    """``from_pretrained(folder, logit_scale=5.0)`` or ``layer_norm_eps=0.5`` (or a ``config=`` that says so, as
+    ``load_bcos_model(folder, logit_scale=5.0)`` passes it) loaded the saved weights into another model (every logit 5x
+    the saved one's, every norm another), silently: the weights fit, so nothing was reported (as ``load_bcos_model``
+    refuses a text model's ``layer_norm_eps=``)."""
+    config = kwargs.get("config")
+    given = {k: kwargs[k] for k in _COMPUTATION_FIELDS if k in kwargs}
+    if config is not None:
+        given.update({k: getattr(config, k) for k in _COMPUTATION_FIELDS if k not in given and hasattr(config, k)})
+    if not given:
+        return
+    saved, _ = cls.config_class.get_config_dict(path, **{k: kwargs[k] for k in _CONFIG_LOCATION if k in kwargs})
+    defaults = cls.config_class()
+    for key, value in given.items():
+        before = saved.get(key, getattr(defaults, key))  # (a config saved as a diff leaves defaults out)
+        if value != before:
+            name, said = (key, f"from_pretrained(..., {key}={value!r})") if key in kwargs else \
+                (f"config.{key}", f"the config passed (or a keyword of load_bcos_model) says {key}={value!r}, which")
+            raise argument_error(name, f"{said} loads the saved weights into another model: they were saved with "
+                                 f"{key}={before!r}, and the logits would be another model's", f"Leave {key} out to "
+                                 f"load the model as saved; to change it, set model.config.{key} after loading, "
+                                 "knowing the model changes with it")
 
 
 def _refuse_an_overridden_b(model, requested) -> None:
