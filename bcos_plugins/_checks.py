@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarning, argument_error
 
-__all__ = ["bad_rows", "closest_name", "closest_name_fix", "named_row", "named_rows", "refuse_keywords_meant_as_own", "refuse_a_model_as_the_tokenizer", "refuse_meta_model", "require_model_object", "stand_in_for_a_model", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_trainable", "require_float",
+__all__ = ["bad_rows", "caller_stacklevel", "closest_name", "closest_name_fix", "named_row", "named_rows", "refuse_keywords_meant_as_own", "refuse_a_model_as_the_tokenizer", "refuse_meta_model", "require_model_object", "stand_in_for_a_model", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_trainable", "require_float",
            "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_seed", "require_label_names", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_tokenizer_object", "refuse_container_of_names",
@@ -558,18 +558,25 @@ def warn_if_unmasked_padding(ids: Tensor, name: str, *, pad_token_id: int | None
             f"padding ([row[m.bool()] for row, m in zip(ids, attention_mask)]) or the texts with tokenizer="))
 
 
-def _emit_unmasked_padding_warning(name: str, pad_token_id: int, fix: str | None = None) -> None:
-    """Emit the unmasked-padding warning at the caller's line; detects nothing (its callers found the padding)."""
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that shows a warning of the function calling this one at the user's line: the first frame
+    outside the package, whichever path (explain, Captum, a TransformerLens forward) called."""
     import sys
-    import warnings
 
-    # shown at the caller's line: the first frame outside the package, whichever path (explain, Captum) called
-    level, frame = 1, sys._getframe(0)
+    level, frame = 1, sys._getframe(1)
     # (torch.no_grad's wrapper of a decorated entry point, perplexity's, is skipped too, and so are torch's module
     # call and TransformerLens' run_with_cache / run_with_hooks around a bridge's forward, which warns)
     while frame is not None and frame.f_globals.get("__name__", "").startswith((
             "bcos_plugins", "torch.utils._contextlib", "torch.nn.modules", "transformer_lens.")):
         level, frame = level + 1, frame.f_back
+    return level
+
+
+def _emit_unmasked_padding_warning(name: str, pad_token_id: int, fix: str | None = None) -> None:
+    """Emit the unmasked-padding warning at the caller's line; detects nothing (its callers found the padding)."""
+    import warnings
+
+    level = caller_stacklevel()
     warnings.warn(fix or (
         f"attention_mask: not given, but {name} has rows of different lengths padded with config.pad_token_id "
         f"({pad_token_id}) at their start or end; without a mask the padding is attended to and explained as tokens "

@@ -151,3 +151,28 @@ def test_closed_signatures_keep_pythons_own_refusal_of_a_misspelt_keyword():
         assert wrong not in inspect.signature(function).parameters
         with pytest.raises(TypeError, match=rf"got an unexpected keyword argument '{wrong}'"):
             function(None, None, None, **{wrong: 1}) if function is explain_dataset else function(None, **{wrong: 1})
+
+
+# ------------------------------------------------------------------ 5. foil = target
+
+
+def test_explain_warns_naming_the_rows_whose_foil_is_their_target():
+    """``explain(..., foil=target)`` explains target - foil = 0: every contribution 0, exact but almost always a slip,
+    returned without a word. Now a warning names the rows (and the ids); rows with another foil are explained as
+    before, and a foil that is never the target warns nothing."""
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=3)).eval(), b=1.1, verbose=False)
+    ids, mask = padded_rows([7, 5, 6], 8, "right", seed=0)
+    with pytest.warns(UserWarning, match=r"^foil: equals target in rows \[0, 2\] \(output ids 0, 1\), so the "
+                                         r"explained value target - foil is 0 there") as caught:
+        e = explain(model, ids, mask, target=[1, 2, 0], foil=[1, 0, 0])
+    assert [w.filename for w in caught if "foil: equals" in str(w.message)] == [__file__]  # the caller's line
+    assert e.contributions[[0, 2]].abs().max() == 0 and e.contributions[1].abs().max() > 0
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    predicted = int(logits[0].argmax())
+    with pytest.warns(UserWarning, match=r"^foil: equals the predicted output \(target was left out\) in row"):
+        explain(model, ids[:1], mask[:1], foil=predicted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        explain(model, ids, mask, target=[1, 2, 0], foil=[0, 0, 1])

@@ -20,7 +20,15 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import named_rows, narrowed_to_dtype, require_real_tokens, require_row_ids, require_tensor
+from .._checks import (
+    bad_rows,
+    caller_stacklevel,
+    named_rows,
+    narrowed_to_dtype,
+    require_real_tokens,
+    require_row_ids,
+    require_tensor,
+)
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from .gradient import outside_inference
 
@@ -185,7 +193,36 @@ def resolve_explained(values: Float[Tensor, "batch n"], target: IdsLike | Direct
     parsed_target = (values.argmax(-1) if target is None
                      else parse_ids(target, batch, "target", n_outputs=n, device=values.device))
     parsed_foil = None if foil is None else parse_ids(foil, batch, "foil", n_outputs=n, device=values.device)
+    if isinstance(parsed_target, Tensor) and isinstance(parsed_foil, Tensor):
+        if values.device.type == "cpu":
+            _warn_on_foil_equal_to_target(parsed_target, parsed_foil, predicted=target is None)
+        elif _on_host(target) and _on_host(foil):  # read where they were given: no wait for the device's stream
+            _warn_on_foil_equal_to_target(parse_ids(target, batch, "target"), parse_ids(foil, batch, "foil"),
+                                          predicted=False)
     return ResolvedExplained(select_explained(values, parsed_target, parsed_foil), parsed_target, parsed_foil)
+
+
+def _on_host(value) -> bool:
+    """Whether ids were given on the host (an int, a list, a CPU tensor): comparing them costs no device sync, which
+    a device tensor's (or the predicted class's) comparison would add to every contrastive call on a GPU."""
+    return value is not None and not (isinstance(value, Tensor) and value.device.type != "cpu")
+
+
+def _warn_on_foil_equal_to_target(target: Tensor, foil: Tensor, *, predicted: bool) -> None:
+    """Warn naming the rows whose foil is their target: ``target - foil`` is 0 there, and so is every contribution
+    (exact, but almost always a slip: ``foil=target`` returned all zeros without a word). On a GPU only ids given on
+    the host are compared (:func:`_on_host`)."""
+    same = target.to(foil.device) == foil
+    if not bool(same.any()):
+        return
+    import warnings
+
+    ids = sorted(set(target[same.to(target.device)].tolist()))
+    what = "the predicted output (target was left out)" if predicted else "target"
+    warnings.warn(f"foil: equals {what} in {bad_rows(same)} (output id{'s' if len(ids) > 1 else ''} "
+                  f"{', '.join(map(str, ids[:8]))}{', ...' if len(ids) > 8 else ''}), so the explained value target - "
+                  "foil is 0 there and so is every contribution. Pass another output as the foil (the one to contrast "
+                  "with), or leave foil out to explain the target's own value", UserWarning, stacklevel=caller_stacklevel())
 
 
 def last_real_position(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, " batch"]:
