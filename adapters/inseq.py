@@ -128,7 +128,7 @@ from bcos_plugins.convert.architectures import (
     supported_architectures,
 )
 from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY
-from bcos_plugins.corpus import require_tokenizer_fits
+from bcos_plugins.corpus import mask_keywords, require_tokenizer_fits
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
 from bcos_plugins.nn.dynamic import evaluating, thread_token
@@ -1171,8 +1171,10 @@ class BcosClassifier:
         if len(texts) > 1 and self.tokenizer.pad_token is None:
             raise BcosValueError("tokenizer: it has no pad token to batch texts with; set one (e.g. tokenizer.pad_token = "
                              "tokenizer.eos_token and model.config.pad_token_id to its id) or pass batch_size=1")
+        # the mask asked for (mask_keywords, as predict asks): a tokenizer whose model_input_names leave it out failed
+        # here with KeyError: 'attention_mask'
         enc = self.tokenizer(texts, padding=len(texts) > 1, truncation=self.max_length is not None,
-                             max_length=self.max_length, return_tensors="pt").to(device)
+                             max_length=self.max_length, return_tensors="pt", **mask_keywords(self.tokenizer)).to(device)
         ids: Int[Tensor, "batch pos"] = enc["input_ids"]
         mask: Int[Tensor, "batch pos"] = enc["attention_mask"]
         extra = {k: enc[k] for k in ("token_type_ids",) if k in enc}

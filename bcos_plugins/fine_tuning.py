@@ -27,7 +27,7 @@ from ._checks import (
 )
 from .attribution.text import rows_as_alone_call
 from .b_warmup import BWarmupCallback
-from .corpus import require_texts_with_tokens, require_tokenizer_ids_fit
+from .corpus import mask_keywords, require_texts_with_tokens, require_tokenizer_ids_fit
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosError, BcosTypeError, argument_error
 from .losses import DistillationLoss, bcos_loss, cross_entropy_loss
@@ -78,7 +78,7 @@ def fine_tune_classifier(
     ``label_smoothing_factor``, which would replace it by the cross-entropy, are refused there); under
     ``gradient_accumulation_steps`` that loss is the mean of the accumulated batches' means, not of their rows (a
     smaller last batch weighs as much as a full one). ``label_smoothing_factor``
-    with ``bcos_loss`` is refused (the ``Trainer`` would ignore it). Padding is dynamic (``DataCollatorWithPadding``), on the
+    with ``bcos_loss`` is refused (the ``Trainer`` would ignore it). Padding is dynamic (:class:`PaddingWithMask`), on the
     tokenizer's side; a tokenizer that pads on the left is refused before training for a classifier that reads the
     first column (BERT, DistilBERT, RoBERTa, ModernBERT with ``classifier_pooling="cls"``). Models of the
     architecture registry are trained on the batches ``explain`` would compute (``rows_as_alone_call``), so each row
@@ -110,7 +110,7 @@ def fine_tune_classifier(
     are computed once, in eval mode, before training.
     """
 
-    from transformers import DataCollatorWithPadding, Trainer
+    from transformers import Trainer
 
     num_labels = require_classifier(model)
     require_finite_parameters(model)
@@ -172,7 +172,7 @@ def fine_tune_classifier(
         require_tokenizer_ids_fit(model, tokenizer, {key: _id_bounds(dataset.encodings[key])
                                                      for key in ("input_ids", "token_type_ids")
                                                      if key in dataset.encodings})
-        collator = RowsAsAloneCollator(DataCollatorWithPadding(tokenizer), model)
+        collator = RowsAsAloneCollator(PaddingWithMask(tokenizer), model)
         _check_padding_side(collator, dataset)
         # the cross-entropy through a loss of our own, not the model's: transformers' classifiers take **kwargs, so
         # the Trainer left the division by the accumulation steps to them and they ignore num_items_in_batch (with
@@ -332,8 +332,24 @@ def _class_names(model: nn.Module) -> list[str] | None:
     return None if names == [f"LABEL_{i}" for i in range(len(names))] else names
 
 
+class PaddingWithMask:
+    """Pads a batch of :class:`~bcos_plugins.encoded_texts.EncodedTexts` rows as ``DataCollatorWithPadding(tokenizer)``
+    does, asking a transformers tokenizer for the attention mask (:func:`~bcos_plugins.corpus.mask_keywords`, as
+    ``predict`` asks): a tokenizer whose ``model_input_names`` leave it out padded the batch without one, so every
+    padded row was trained on with its padding attended to as tokens, silently."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.keywords = tokenizer, mask_keywords(tokenizer)
+
+    def __call__(self, features: list[dict]) -> dict:
+        from transformers.data.data_collator import pad_without_fast_tokenizer_warning
+
+        return pad_without_fast_tokenizer_warning(self.tokenizer, features, padding=True, return_tensors="pt",
+                                                  **self.keywords)
+
+
 class RowsAsAloneCollator:
-    """Pads like ``pad`` (``DataCollatorWithPadding``), then turns the batch into the keyword arguments ``explain``
+    """Pads like ``pad`` (:class:`PaddingWithMask`), then turns the batch into the keyword arguments ``explain``
     calls the model with (:func:`~bcos_plugins.attribution.text.rows_as_alone_call`): without them a decoder
     classifier would be trained on a left-padded row's shifted positions (logits 0.15 off the row's own on a tiny
     GPT-2) and, where the tokenizer's padding id is not ``config.pad_token_id``, on a padding token's logits."""

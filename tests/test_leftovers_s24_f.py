@@ -1,0 +1,74 @@
+"""Leftovers of trust pass 23 over the explanation core (session 24, helper-170), each pinned by a test that fails
+before its fix:
+
+- A tokenizer whose ``model_input_names`` leave out the attention mask (``["input_ids"]``; here the shipped
+  all-MiniLM-L6-v2 BERT tokenizer): the inseq adapter's ``BcosClassifier.attribute`` read ``enc["attention_mask"]``
+  and failed with ``KeyError: 'attention_mask'``; ``fine_tune_classifier`` padded its batches without a mask, so every
+  padded row was trained on with its padding attended to as tokens, silently. Both ask for the mask through
+  ``corpus.mask_keywords``, as ``predict`` does.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+from bcos_plugins import bcosify
+from bcos_plugins.pretrained import minilm_path
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+_TEXTS = ["a gripping, well acted film", "dull", "the plot wanders but the cast holds it together", "fine"]
+
+
+def _minilm_tokenizer(*, with_mask: bool):
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    if not with_mask:
+        tokenizer.model_input_names = ["input_ids"]  # tokenizer(...) then returns no attention_mask, padded or not
+        assert "attention_mask" not in tokenizer(_TEXTS[:2], padding=True)
+    return tokenizer
+
+
+def _bcos_bert(vocab: int, seed: int = 0):
+    """A tiny B-cos BERT classifier over the MiniLM tokenizer's vocabulary (random weights, no dropout)."""
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=2, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    return bcosify(BertForSequenceClassification(config).eval())
+
+
+# ------------------------------------------------------------------ 1. tokenizers that return no attention mask
+
+
+def test_inseq_classifier_with_a_tokenizer_that_returns_no_mask_attributes_each_text_as_alone():
+    """BcosClassifier._attribute_batch read enc["attention_mask"]: KeyError: 'attention_mask'."""
+    from bcos_plugins.adapters.inseq import load_classifier
+
+    maskless, masked = _minilm_tokenizer(with_mask=False), _minilm_tokenizer(with_mask=True)
+    model = _bcos_bert(len(masked))
+    out = load_classifier(model, maskless).attribute(_TEXTS, batch_size=4)
+    for i, text in enumerate(_TEXTS):
+        alone = load_classifier(model, masked).attribute(text).sequence_attributions[0]
+        row = out.sequence_attributions[i]
+        assert [t.token for t in row.source] == [t.token for t in alone.source]
+        torch.testing.assert_close(row.source_attributions, alone.source_attributions, rtol=1e-5, atol=1e-6)
+
+
+def test_fine_tune_classifier_with_a_tokenizer_that_returns_no_mask_trains_as_with_the_mask(tmp_path):
+    """The padding collator padded without a mask: each padded row was trained on with its padding attended to as
+    tokens, silently (the weights after one epoch differed from the run with the mask)."""
+    from bcos_plugins.fine_tuning import fine_tune_classifier
+
+    maskless, masked = _minilm_tokenizer(with_mask=False), _minilm_tokenizer(with_mask=True)
+    trained = []
+    for tokenizer in (masked, maskless):
+        model = _bcos_bert(len(masked))
+        fine_tune_classifier(model, tokenizer, _TEXTS, [1, 0, 1, 0], epochs=1, batch_size=4, learning_rate=1e-2,
+                             progress=False, output_dir=str(tmp_path / str(len(trained))), save_strategy="no",
+                             report_to=[])
+        trained.append(model.state_dict())
+    for name, value in trained[0].items():
+        torch.testing.assert_close(trained[1][name], value, rtol=1e-5, atol=1e-6, msg=name)
