@@ -202,3 +202,25 @@ def test_a_vit_load_names_the_shape_keyword_whose_weights_do_not_fit(tmp_path):
     with pytest.raises(BcosValueError, match=r"^path: .* holds weights of other shapes than the BcosViT these keywords "
                                              r"build: \['max_out'\] .*Leave the shape keywords out"):
         BcosViT.from_pretrained(tmp_path, max_out=1)
+
+
+# ------------------------------------------------------------------ flags of the data helpers
+
+
+def test_the_data_helpers_refuse_flags_that_are_not_true_or_false():
+    """A truthy string read as True: DigitImages(scaled_up_only="no") scaled every view up (another dataset, silently),
+    load_ag_news(clean="no") cleaned, and make_grids(strict="False") refused a shortage with the fix "or
+    strict=False"; clean=None did not clean. Refused as every other flag of the package (require_bool)."""
+    from bcos_plugins.data import load_ag_news
+    from bcos_plugins.vision.data import DigitImages, load_digits_split, make_grids
+
+    images, labels, test_images, test_labels = load_digits_split()
+    with pytest.raises(BcosTypeError, match=r"^scaled_up_only: must be True or False, got str 'no'"):
+        DigitImages(images[:4], labels[:4], scaled_up_only="no")
+    with pytest.raises(BcosTypeError, match=r"^strict: must be True or False, got str 'False'"):
+        make_grids(test_images[:40], test_labels[:40], torch.rand(40), 100, strict="False")
+    for clean in ("no", None):
+        with pytest.raises(BcosTypeError, match=r"^clean: must be True or False, got "):
+            load_ag_news("test", n=1, clean=clean)
+    grids, cells = make_grids(test_images[:40], test_labels[:40], torch.rand(40), 100, strict=False)
+    assert 0 < len(grids) < 100 and cells.shape == (len(grids), 4)

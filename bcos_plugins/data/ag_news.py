@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .._checks import require_bool
 from ..errors import argument_error
 from .shipped import TextClassificationData, check_n, data_file, drop_empty_texts, read_tsv, shipped_split
 
@@ -44,6 +45,7 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
     :func:`~bcos_plugins.data.load_sst2` drops empty sentences.
     """
     n = check_n(n)
+    clean = require_bool("clean", clean)  # "no" cleaned (truthy), None did not
     if source == "hub":
         from datasets import load_dataset
 

@@ -26,7 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .._checks import require_float, require_int, require_seed, require_tensor
+from .._checks import require_bool, require_float, require_int, require_seed, require_tensor
 from ..errors import argument_error
 
 __all__ = ["DigitImages", "load_digits_split", "make_grids", "place_digits"]
@@ -126,6 +126,8 @@ class DigitImages(Dataset):
         side = digits.shape[-1]
         size = require_int("size", size, minimum=side)
         seed = require_seed("seed", seed, minimum=0, maximum=None)  # (as load_digits_split: torch failed on a float, took -1)
+        # a truthy string ("no") scaled every view up, silently
+        scaled_up_only = require_bool("scaled_up_only", scaled_up_only)
         g = torch.Generator().manual_seed(seed)
         if scaled_up_only:
             views = 1
@@ -160,6 +162,8 @@ def make_grids(digits: Float[Tensor, "n 1 s s"], labels: Int[Tensor, " n"], conf
         raise argument_error("labels", f"digits, labels and confidence must have the same length, got "
                              f"{len(digits)}, {len(labels)}, {len(confidence)}", "Pass one of each per digit")
     n_grids = require_int("n_grids", n_grids, minimum=1)
+    # strict="False" read as True: refused on a shortage with a fix that said to pass strict=False
+    strict = require_bool("strict", strict)
     digits = _checked_digits(digits)
     side = digits.shape[-1]
     rng = np.random.default_rng(require_seed("seed", seed, minimum=0, maximum=None))  # NumPy's refusal named no argument
