@@ -26,7 +26,8 @@ def test_reciprocal_rank_hand_computed():
     scores = torch.tensor([
         [0.1, 0.5, -0.2, 0.3],   # order 1, 3, 0, 2: evidence 3 at rank 2
         [0.1, 0.5, -0.2, 0.3],   # evidence 0 (rank 3) and 2 (rank 4): the best counts
-        [1.0, 1.0, 1.0, 1.0],    # ties keep prefix order: evidence 1 at rank 2
+        [1.0, 1.0, 1.0, 0.5],    # ties keep prefix order: evidence 1 at rank 2 (a row of all-equal scores has no
+                                 # rank: tests/test_leftovers_s24_c.py)
         [-3.0, -1.0, -2.0, 0.5],  # signed scores: negatives rank low, evidence 0 at rank 4
     ])
     evidence = _mask([0, 0, 0, 1], [1, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0])

@@ -24,7 +24,9 @@ def test_by_hand_two_seeds():
     assert r.accuracy_a == (0.75, 0.25) and r.accuracy_b == (1.0, 0.75)
     assert r.per_seed == (0.25, 0.5) and r.difference == 0.375
     half = stats.t.ppf(0.975, 1) * math.sqrt(2 * 0.125 ** 2) / math.sqrt(2)  # sd of (0.25, 0.5) over 2 seeds
-    assert (r.ci_low, r.ci_high) == pytest.approx((0.375 - half, 0.375 + half))
+    # clipped to [-1, 1], the range of a difference of accuracies (0.375 -+ 1.59 reaches past both ends)
+    assert (r.ci_low, r.ci_high) == pytest.approx((max(0.375 - half, -1.0), min(0.375 + half, 1.0)))
+    assert (r.ci_low, r.ci_high) == (-1.0, 1.0)
     assert r.interval_over == "seeds" and (r.n_seeds, r.n_examples) == (2, 4)
     assert (r.only_a_correct, r.only_b_correct) == (0, 3)
     assert r.mcnemar_p == pytest.approx(2 * 0.5 ** 3)  # exact: all three discordant pairs favour b

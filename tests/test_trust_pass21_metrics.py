@@ -6,6 +6,7 @@ one test each (the tally is in the CHANGELOG and the session's report).
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -67,7 +68,8 @@ def _pixel_curves_by_hand(model: nn.Module, images: torch.Tensor, maps: torch.Te
             points = []
             for f in fractions:
                 kept = torch.ones(16, dtype=torch.float64)
-                kept[order[: int(round(f * 16))]] = 0
+                # the text metrics' count rule (max(1, floor(r n)) for r > 0; Python's round until 2026-11-29)
+                kept[order[: 0 if f == 0 else max(1, math.floor(f * 16 + 1e-9))]] = 0
                 with torch.no_grad():
                     points.append(model((image.flatten() * kept)[None]).softmax(-1)[0, target])
             rows.append(torch.stack(points))

@@ -84,6 +84,17 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
                                  "several inputs' attributions)", "Pass the (batch, pos) or (batch, pos, d) tensor "
                                  "attributed at the token embeddings, or the explanation itself (not its scores())")
         attributions = attributions[0]
+    if hasattr(attributions, "sequence_attributions") or hasattr(attributions, "source_attributions") \
+            and hasattr(attributions, "target_attributions"):
+        # an inseq output (FeatureAttributionOutput) or one of its sequences: refused with the generic "Pass the
+        # attribution tensor", which did not say where in it the tensor is or which axes it has
+        raise argument_error("attributions", f"are inseq's {type(attributions).__name__}, whose attributions are "
+                             "(tokens, generated tokens or classes, d_model) per sequence, not (batch, pos)",
+                             "Take one sequence and one column with a batch axis: seq = out.sequence_attributions[i] "
+                             "(an output) and seq.aggregate().source_attributions[:, j][None] (a classifier's class "
+                             "j; aggregate() sums d_model for 'bcos') or seq.aggregate().target_attributions[:, j][None] "
+                             "(a decoder-only model's step j; keep its prefix rows, the later ones are NaN)",
+                             kind=BcosTypeError)
     if not isinstance(attributions, Tensor):
         raise argument_error("attributions", f"must be a tensor, a one-tensor tuple or an Explanation, got "
                              f"{type(attributions).__name__}", "Pass the attribution tensor", kind=BcosTypeError)
@@ -120,18 +131,19 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
     return scores
 
 
-def scores_and_positions(scores: Any, positions: Tensor | None) -> tuple[Any, Tensor | None]:
+def scores_and_positions(scores: Any, positions: Tensor | None, reduce: str = "sum") -> tuple[Any, Tensor | None]:
     """For the metrics that take ``(batch, pos)`` scores and a mask of the positions they rank (``candidates``,
     ``valid_mask``): an explanation of the package read as :func:`token_scores` reads it, with its ``attention_mask``
     as the default ``positions``, so that padding is never ranked. Given the contributions of a padded batch without
     the mask, a row's padding (score 0) outranked its tokens of negative score, and the row scored otherwise in the
-    batch than alone (an MRR of 1/8 for 1/7). Anything else is returned as given."""
+    batch than alone (an MRR of 1/8 for 1/7). Anything else is returned as given. ``reduce`` as in
+    :func:`token_scores` (for the metrics that take it: explanation_entropy, seqpg_score)."""
     if not hasattr(scores, "input_contributions"):
         return scores, positions
     mask = getattr(scores, "attention_mask", None)
     if positions is None and isinstance(mask, Tensor):
         positions = mask.bool()
-    return token_scores(scores), positions
+    return token_scores(scores, reduce=reduce), positions
 
 
 def _is_image_explanation(explanation: Any) -> bool:

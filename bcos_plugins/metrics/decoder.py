@@ -2,8 +2,11 @@
 
 - **Reciprocal rank** of one explanation: rank the candidate tokens of the prefix by score (descending) and
   take ``1 / rank`` of the best-ranked evidence token. MRR is its mean over examples. Ties keep the prefix
-  order (a stable sort, as the paper's evaluation code sorts). Rows whose scores are all zero, or that have no
-  evidence token, have no rank (NaN) and are left out of the mean, as the paper's code leaves them out.
+  order (a stable sort, as the paper's evaluation code sorts). Rows that have no evidence token, or whose candidates'
+  scores are all equal (a single candidate too), have no rank (NaN) and are left out of the mean: the paper's code leaves out rows of zeros,
+  and a row of equal non-zero scores has no more ranking (its rank was the tie rule's: 1 where the evidence comes
+  first), the rule :func:`~bcos_plugins.metrics.top_k_iou` follows (its NaN rows) and ``rationale_alignment``'s
+  ``n_iou_rows`` counts by. Until 2026-11-29 only rows of zeros were left out here.
 - **Random baseline**: the expected reciprocal rank when the ``n`` candidates are ranked uniformly at random and
   ``k`` of them are evidence. The best evidence rank is ``r`` with probability ``C(n - r, k - 1) / C(n, k)``
   (the other ``k - 1`` evidence tokens all rank below ``r``), so
@@ -109,8 +112,11 @@ def reciprocal_rank(
     has_evidence = evidence_in_order.any(1)
     best_rank = evidence_in_order.to(torch.long).argmax(1) + 1
     rr = 1.0 / best_rank.to(torch.float64)
-    all_zero = (scores.detach().masked_fill(~candidates, 0) == 0).all(1)
-    return rr.masked_fill(~has_evidence | all_zero, float("nan"))
+    # all candidates' scores equal (all zero: the paper's rule; or a constant): no ranking, the rank was the tie rule's
+    # pick by position (1.0 where the evidence came first), where top_k_iou leaves such rows out
+    values = scores.detach().to(torch.float64)
+    tied = values.masked_fill(~candidates, float("inf")).amin(1) == values.masked_fill(~candidates, float("-inf")).amax(1)
+    return rr.masked_fill(~has_evidence | tied, float("nan"))
 
 
 def expected_random_reciprocal_rank(n_candidates: int, n_evidence: int) -> float:
@@ -152,7 +158,8 @@ def random_reciprocal_rank(
 class MRRResult:
     """Mean reciprocal rank of a set of explanations and its random baseline on the same rows.
 
-    ``n`` counts the rows that had a rank (evidence present, scores not all zero); ``n_skipped`` the others.
+    ``n`` counts the rows that had a rank (evidence present, candidates' scores not all equal); ``n_skipped`` the
+    others.
     ``random`` is averaged over the rows with evidence, as the paper's code does.
     """
 
@@ -174,8 +181,9 @@ def mean_reciprocal_rank(
     rand = random_reciprocal_rank(evidence, candidates)
     valid = ~rr.isnan()
     if not valid.any():
-        raise argument_error("scores", "no row has both an evidence token and a non-zero score, so MRR is undefined",
-                             "Check the evidence masks and that the explanations are not all zero")
+        raise argument_error("scores", "no row has both an evidence token and candidates of different scores (a "
+                             "ranking), so MRR is undefined", "Check the evidence masks and that the explanations are "
+                             "not all zero (or all equal)")
     return MRRResult(mrr=float(rr[valid].mean()), random=float(rand[~rand.isnan()].mean()), n=int(valid.sum()),
                      n_skipped=int((~valid).sum()), reciprocal_ranks=rr)
 

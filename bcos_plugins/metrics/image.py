@@ -19,7 +19,10 @@ reported per image; higher is better. The paper (§C.4.2) instead averages the c
 divides them by the mean unperturbed confidence, so that each starts at 1:
 :meth:`PixelPerturbation.mean_area_between_normalised` gives that number for a batch (the mean of the
 per-image ABC divided by the mean unperturbed score). Within one model it only rescales every method by the
-same factor; it matters when two models are compared. ``k = round(r * H * W)`` pixels are removed at fraction ``r``. Ties
+same factor; it matters when two models are compared. ``k = max(1, floor(r * H * W))`` pixels are removed at fraction
+``r > 0`` (none at ``r = 0``), the rule the text metrics take k from a fraction by (``metrics.attributions.share_counts``:
+float64 with a margin of 1e-9, so a fraction written as a decimal gives the count it means; until 2026-11-29 Python's
+``round``, which rounds halves to even: 2.5 pixels gave 2, 3.5 gave 4, 0.5 gave none). Ties
 in the ranking (e.g. token-level maps such as attention rollout) are broken at random with a fixed seed,
 not by pixel position.
 """
@@ -48,6 +51,7 @@ from .._checks import (
 from ..errors import BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
+from .attributions import share_counts
 from .perturbation import (
     aopc,
     check_fractions,
@@ -273,7 +277,7 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
                                                                .expand(batch, -1).contiguous())
             points = []
             for fraction in fractions:
-                k = int(round(fraction * n_pixels))
+                k = _pixel_count(fraction, n_pixels)
                 removed = (rank_of_pixel < k).reshape(batch, 1, height, width)
                 perturbed = torch.where(removed, torch.full_like(inputs, removed_value), inputs)
                 points.append(_scores(forward, perturbed, target_t, score))
@@ -287,6 +291,12 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
                                                 explained.to(logits.device), "attributions", "Pass the forward of "
                                                 "the model the explanation was made with (or explain this model)")
     return PixelPerturbation(fractions=fractions, most_first=curves[True], least_first=curves[False])
+
+
+def _pixel_count(fraction: float, n_pixels: int) -> int:
+    """The pixels removed at ``fraction``: the text metrics' rule (:func:`share_counts`, at least one) for a fraction
+    above 0, none at 0 (the unperturbed image every curve starts from)."""
+    return 0 if fraction == 0 else int(share_counts(torch.tensor(n_pixels), fraction))
 
 
 def _refuse_explanation_of_other_images(explanation, inputs: Tensor) -> None:
@@ -315,7 +325,7 @@ def _require_same_image_scores(forward: Callable, inputs: Tensor, target: Tensor
     (``lambda e: model(encoded_pixel_values=e)``, which eval mode cannot reach) scores every perturbed image with
     dropout on, so the curves are noise. Where no pixel or every pixel is removed, both curves scored the same images;
     without such a fraction the unperturbed images are scored twice more."""
-    same = [j for j, f in enumerate(fractions) if int(round(f * n_pixels)) in (0, n_pixels)]
+    same = [j for j, f in enumerate(fractions) if _pixel_count(f, n_pixels) in (0, n_pixels)]
     if same:
         first, second = curves[True][:, same], curves[False][:, same]
     else:

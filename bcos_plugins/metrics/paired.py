@@ -42,10 +42,12 @@ __all__ = ["NoSpreadError", "PairedAccuracyDifference", "PairedBootstrapDifferen
 
 
 class NoSpreadError(BcosValueError):
-    """:func:`paired_accuracy_difference`'s refusal of paired differences with no spread to build an interval from
-    (two or more seeds with the same difference, or one seed on one example), apart from its refusals of invalid
-    input: a report catches it to show a difference without an interval, and lets every other error stop the run
-    (catching ``BcosValueError`` showed an input error, such as a label of -1, as "no interval")."""
+    """The refusal of paired differences with no spread to build an interval from, by :func:`paired_accuracy_difference`
+    (two or more seeds with the same difference, or one seed on one example) and :func:`paired_bootstrap_difference`
+    (the same difference on every unit, or one unit), apart from their refusals of invalid input: a report catches it
+    to show a difference without an interval, and lets every other error stop the run (catching ``BcosValueError``
+    showed an input error, such as a label of -1, as "no interval"). One condition, one error type: the bootstrap
+    raised a plain ``BcosValueError`` for it until 2026-11-29."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,10 @@ def paired_accuracy_difference(
     discordant (``b`` and ``a`` right and wrong on the same examples): ``non_inferior`` then answered True at any
     margin. The Wilson intervals never have zero width, so neither does this one.
 
+    The t-interval over seeds is clipped to ``[-1, 1]``, the range of a difference of accuracies (with two seeds its
+    t quantile, 12.7 at 95 %, reached past it, e.g. ``[-0.97, +1.57]``); a clipped end says the seeds bound the
+    difference no tighter than its range. The example interval lies within it already.
+
     Raises:
         NoSpreadError: seeds (two or more) whose differences are all equal: the t-interval over seeds would have
             zero width, a certainty about training noise that a few identical values cannot give (pass more
@@ -213,7 +219,9 @@ def paired_accuracy_difference(
                 "seeds would have zero width)", "Pass the runs of more seeds, or one seed's predictions for an "
                 "interval over the examples", kind=NoSpreadError)
         half = float(stats.t.ppf(0.5 + confidence / 2, n_seeds - 1)) * float(per_seed.std()) / math.sqrt(n_seeds)
-        low, high = difference - half, difference + half
+        # a difference of accuracies lies in [-1, 1]: over two seeds the t quantile (12.7 at 95 %) reached past it
+        # ([-0.97, +1.57]), an end no difference can have; clipping keeps every possible value the interval held
+        low, high = max(difference - half, -1.0), min(difference + half, 1.0)
     else:
         interval_over = "examples"
         if n_examples == 1:
@@ -332,7 +340,9 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
     but units not drawn may differ (with 10 units from a population where 1 in 10 differs by -1 and the rest by +0.5,
     all ten agree in a third of the draws, and ``[0.5, 0.5]`` then excludes the true mean 0.35). Report such a
     difference without an interval (:func:`constant_difference` gives it where this refuses), or score more units; for
-    0/1 scores, :func:`paired_accuracy_difference` gives a score interval of non-zero width.
+    0/1 scores, :func:`paired_accuracy_difference` gives a score interval of non-zero width. These two refusals raise
+    :class:`NoSpreadError` (as :func:`paired_accuracy_difference` does for the same condition); invalid input raises
+    ``BcosValueError`` / ``BcosTypeError``.
     """
     a, b, eps = _paired_units(values_a, values_b)
     confidence = require_float("confidence", confidence, minimum=0.0, maximum=1.0, open_minimum=True)
@@ -351,7 +361,7 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
     if a.shape[0] == 1:
         # every resample of one unit is that unit: the interval was [d, d], a certainty the data cannot give
         raise argument_error("values_a", "hold one unit, whose every resample is itself (an interval of zero "
-                             "width)", "Pass the scores of at least two units")
+                             "width)", "Pass the scores of at least two units", kind=NoSpreadError)
     d = b - a
     n = d.shape[0]
     # every resample mean is then d[0]: the interval was [d, d] (excludes_zero() True for any d != 0), the same false
@@ -361,7 +371,7 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
                              "the inputs' rounding), so every resample mean is that number and the interval would "
                              "have zero width (a certainty the data cannot give: units not drawn may differ)",
                              "Report the difference without an interval, or score more units; for 0/1 scores use "
-                             "paired_accuracy_difference, whose score interval has non-zero width")
+                             "paired_accuracy_difference, whose score interval has non-zero width", kind=NoSpreadError)
     indices = torch.randint(n, (n_resamples, n), generator=torch.Generator().manual_seed(seed))
     means = d[indices].mean(1)
     low, high = torch.quantile(means, torch.tensor([(1 - confidence) / 2, (1 + confidence) / 2], dtype=torch.float64))

@@ -6,7 +6,8 @@ tokens (real, non-special), the top ``k = max(1, int(n * p))`` tokens by *signed
 - removed:     ``comp_p = P(y | x) - P(y | x without top-k)``   (higher = more faithful),
 - kept alone:  ``suff_p = P(y | x) - P(y | top-k and special tokens only)``   (lower = more faithful),
 
-with y the class predicted on the full input (or a given target) and P the softmax probability.
+with y the class predicted on the full input (or a given target) and P the softmax probability (the sigmoid for a
+multi-label classifier, ``config.problem_type == "multi_label_classification"``).
 Special tokens (CLS, SEP, PAD, ...) are never removed and never ranked.
 
 Under removal through the attention mask, a classifier of the architecture registry that reads one token's hidden
@@ -385,7 +386,7 @@ def perturbation_curves(
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     masking: Literal["attention", "mask_token"] = "attention",
     mask_token_id: int | None = None,
-    probability: Literal["softmax", "sigmoid"] = "softmax",
+    probability: Literal["softmax", "sigmoid"] | None = None,
     batch_size: int = 64,
     reduce: str = "sum",
     **forward_kwargs,
@@ -418,7 +419,10 @@ def perturbation_curves(
         masking: ``"attention"`` (remove via attention mask, the paper code's choice) or ``"mask_token"``.
         mask_token_id: for ``masking="mask_token"``; default ``tokenizer.mask_token_id``. A registry decoder
             classifier's ``config.pad_token_id`` is refused (the classifier reads the last token whose id is not it).
-        probability: ``"softmax"`` (default, as in ERASER and the paper) or ``"sigmoid"``.
+        probability: ``"softmax"`` (as in ERASER and the paper) or ``"sigmoid"``; default (``None``) what the
+            model's ``config.problem_type`` implies: ``"sigmoid"`` for ``"multi_label_classification"`` (whose classes'
+            probabilities are sigmoids: the softmax tracked a share among the classes, which removing evidence of
+            another class raised, silently), else ``"softmax"``.
         batch_size: perturbed inputs per forward pass.
         reduce: how embedding-level attributions become token scores (``"sum"``, the paper's choice).
         **forward_kwargs: extra per-example tensors for the model (e.g. ``token_type_ids``).
@@ -426,6 +430,9 @@ def perturbation_curves(
     if masking not in ("attention", "mask_token"):
         raise argument_error("masking", f"masking must be 'attention' or 'mask_token', got {masking!r}",
                              "Pick one of those")
+    if probability is None:
+        multi_label = getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification"
+        probability = "sigmoid" if multi_label else "softmax"
     if probability not in ("softmax", "sigmoid"):
         raise argument_error("probability", f"probability must be 'softmax' or 'sigmoid', got {probability!r}",
                              "Pick one of those")

@@ -18,6 +18,7 @@ attribution away from both segments). An explanation with no positive attributio
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .._checks import (
     require_float,
     require_int,
     require_real_tokens,
+    require_seed,
     require_tensor,
     require_texts,
     warn_if_another_models_tokenizer,
@@ -40,7 +42,7 @@ from ..attribution.text import refuse_stock_loaded_bcos
 from ..convert.architectures import position_limit
 from ..errors import argument_error
 from ..nn.dynamic import evaluating
-from .attributions import token_scores
+from .attributions import scores_and_positions, token_scores
 
 __all__ = ["SeqPGExamples", "make_seqpg_examples", "seqpg_evidence_split", "seqpg_score"]
 
@@ -94,8 +96,13 @@ def make_seqpg_examples(
     segment used (they must share ``tokenizer``). A module is scored in eval mode; a function that scores the same
     segments differently (one around a model in training mode: dropout) is refused.
     Class pairs cycle through all pairs of distinct classes that still have segments, so every pair is
-    represented; the order inside an example is random (``seed``).
+    represented; the order inside an example is random (``seed``, an int: Python's ``random.Random(seed)``).
+    When the confident segments run out before ``n_examples`` examples, the examples that could be made are returned
+    with a ``UserWarning`` naming how many and why (each segment is used once; each example needs two classes that
+    still have segments): a smaller set than asked for was returned without a word.
     """
+    # random.Random takes any hashable: a float seed (0.5) or a string ran with it, a seed no int call reproduces
+    seed = require_seed("seed", seed, minimum=None, maximum=None)
     segment_length = require_int("segment_length", segment_length, minimum=1)
     n_examples = require_int("n_examples", n_examples, minimum=1)
     batch_size = require_int("batch_size", batch_size, minimum=1)
@@ -196,6 +203,13 @@ def make_seqpg_examples(
     if not rows:
         raise argument_error("texts", "could not pair segments of two different classes",
                              "Pass texts of at least two classes")
+    if len(rows) < n_examples:
+        left = {c: len(by_class[c]) - used[c] for c in classes}
+        warnings.warn(f"make_seqpg_examples made {len(rows)} of the n_examples={n_examples} examples: the segments ran "
+                      f"out (confident, correct segments of {segment_length} tokens per class: "
+                      f"{ {c: len(by_class[c]) for c in classes} }; unused: {left}; each example takes one of each of "
+                      "two classes). Pass more texts, or a lower min_confidence or segment_length", UserWarning,
+                      stacklevel=2)
     ids = torch.tensor(rows)
     return SeqPGExamples(
         input_ids=ids,
@@ -264,7 +278,11 @@ def seqpg_evidence_split(
     evidence a method puts on the wrong segment, the usual reason a method loses the pointing game. Rows sum to
     1 (0 for an explanation with no positive attribution). Arguments as for :func:`seqpg_score`.
     """
-    scores = token_scores(attributions, reduce=reduce)
+    # an explanation of the package brings its attention_mask, the default here as in the other metrics
+    # (scores_and_positions): its padding was counted as special tokens in the denominator
+    given_mask = attention_mask
+    scores, attention_mask = scores_and_positions(attributions, attention_mask, reduce)
+    scores = token_scores(scores, reduce=reduce)
     segment_masks = require_tensor("segment_masks", segment_masks, ndim=3, kind="mask", shape_hint="(n, 2, pos)")
     n, two, length = segment_masks.shape
     if two != 2 or scores.shape != (2 * n, length):
@@ -272,6 +290,15 @@ def seqpg_evidence_split(
                              f"example explained for both segment classes), got {tuple(scores.shape)}",
                              "Explain SeqPGExamples.explanation_batch()")
     _refuse_explanation_not_of_both_segments(attributions, n)
+    if given_mask is None and attention_mask is not None and tuple(attention_mask.shape) == (2 * n, length):
+        # the explanation's mask has a row per explained row (2n); the examples' mask one per example
+        pairs = attention_mask.reshape(n, 2, length)
+        other = (pairs[:, 0] != pairs[:, 1]).any(-1)
+        if other.any():
+            raise argument_error("attributions", f"rows 2i and 2i + 1 explain different attention masks at examples "
+                                 f"{other.nonzero().flatten().tolist()[:8]}", "Explain "
+                                 "SeqPGExamples.explanation_batch() (its input_ids, attention_mask and targets)")
+        attention_mask = pairs[:, 0]
     both = segment_masks[:, 0].bool() & segment_masks[:, 1].bool()
     if both.any():
         # a token in both segments counted as right and as wrong evidence: the score reached 1 and the special
@@ -315,7 +342,8 @@ def seqpg_score(
             class), from any method (see :func:`~bcos_plugins.metrics.token_scores`). An explanation of the package
             that explains one class for both rows of an example, or other ids in its two rows, is refused.
         segment_masks: ``(n, 2, pos)`` from :class:`SeqPGExamples`.
-        attention_mask: padding is ignored (``(n, pos)``; optional).
+        attention_mask: padding is ignored (``(n, pos)``; optional; default an explanation's own
+            ``attention_mask``, as the other metrics take it).
 
     :func:`seqpg_evidence_split` also reports the share on the wrong segment.
     """

@@ -39,7 +39,7 @@ from .._checks import require_bool, require_real_tokens, require_same_shape, req
 from ..attribution.results import relative_completeness_error
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
-from .attributions import token_scores
+from .attributions import scores_and_positions, token_scores
 
 __all__ = ["Cost", "completeness_error", "explanation_entropy", "measure_cost"]
 
@@ -47,7 +47,21 @@ __all__ = ["Cost", "completeness_error", "explanation_entropy", "measure_cost"]
 def explanation_entropy(attributions, attention_mask: Int[Tensor, "batch pos"] | None = None,
                         reduce: str = "sum") -> Float[Tensor, " batch"]:
     """Entropy (nats) of the normalised absolute token scores of each row (padding excluded: a NaN or infinite value at a
-    masked position is ignored with the rest of it, one at a real position is refused)."""
+    masked position is ignored with the rest of it, one at a real position is refused).
+
+    ``attributions`` are read as every metric reads them (:func:`~bcos_plugins.metrics.token_scores`); an explanation of
+    the package brings its ``attention_mask``, the default here as in the other metrics. A 2-D float tensor (or
+    Captum's tuple holding one) without ``attention_mask`` is refused: it reads as ``(batch, pos)`` token scores or as
+    one example's ``(pos, d_model)`` attributions (Captum's ``attr[0]``), and unlike the other metrics nothing here
+    checks its shape against the input, so the second was read as ``pos`` rows of ``d_model`` "tokens", silently. Pass
+    ``attention_mask`` (``(batch, pos)``; ``torch.ones_like(scores)`` for token scores without padding) or
+    ``attributions[None]``. Lists and NumPy arrays of scores (written per token) keep the ``(batch, pos)`` reading.
+    """
+    # an explanation of the package: its contributions, its attention_mask the default (scores_and_positions, as the
+    # rationale and MRR metrics): its padding counted in the entropy of a padded batch
+    if attention_mask is None and not hasattr(attributions, "input_contributions"):  # an explanation says its shape
+        _refuse_ambiguous_matrix(attributions)
+    attributions, attention_mask = scores_and_positions(attributions, attention_mask, reduce)
     if attention_mask is not None:
         attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
         attributions = _masked_positions_zeroed(attributions, attention_mask)
@@ -64,6 +78,21 @@ def explanation_entropy(attributions, attention_mask: Int[Tensor, "batch pos"] |
     total = scores.sum(-1, keepdim=True)
     p = scores / total.clamp_min(1e-30)
     return -(torch.where(p > 0, p * p.clamp_min(1e-30).log(), torch.zeros_like(p))).sum(-1)
+
+
+def _refuse_ambiguous_matrix(attributions) -> None:
+    """Refuse a 2-D float tensor (or a one-tensor tuple holding one) given without a mask (see
+    :func:`explanation_entropy`)."""
+    one = isinstance(attributions, (tuple, list)) and len(attributions) == 1 and isinstance(attributions[0], Tensor)
+    values = attributions[0] if one else attributions
+    if isinstance(values, Tensor) and values.ndim == 2 and values.is_floating_point():
+        rows, cols = values.shape
+        raise argument_error("attributions", f"are a 2-D tensor of shape ({rows}, {cols}) without attention_mask, "
+                             f"which reads two ways: {rows} rows of {cols} token scores (batch, pos), or one example's "
+                             f"attributions of {rows} tokens over {cols} embedding dimensions (pos, d_model), whose "
+                             f"entropy would be taken over the {cols} dimensions as tokens",
+                             "Pass attention_mask= (batch, pos) for token scores (torch.ones_like(scores) without "
+                             "padding), or attributions[None] for one example's (pos, d_model) attributions")
 
 
 def _masked_positions_zeroed(attributions, attention_mask: Tensor):
