@@ -57,7 +57,8 @@ from bcos_plugins.nn.linear import AlignmentPressure, BcosLinear
 from .shares import head_shares, neuron_shares
 
 __all__ = ["BRIDGE_COPY_MARKER", "CACHE_UNEMBEDDING_READERS", "CACHE_WEIGHT_READERS", "EXPLAINABLE_BRIDGE_MARKER",
-           "FINAL_NORM_FOLDED_MARKER", "check_boot_guard", "install_boot_guard", "is_explainable_bridge", "is_guarded",
+           "FINAL_NORM_FOLDED_MARKER", "check_boot_guard", "install_boot_guard", "is_bcos_bridge", "is_explainable_bridge",
+           "is_guarded",
            "refuse_bcos_model",
            "refuse_post_norm_decomposition", "refuse_raw_weight_decomposition", "refuse_unfolded_logit_attrs"]
 
@@ -109,7 +110,12 @@ def refuse_bcos_model(model, entry: str) -> None:
         + (" (load the checkpoint with bcos_plugins.load_bcos_model first)" if "config.bcos" in what else ""))
 
 
-def _is_bcos_bridge(model) -> bool:
+def is_bcos_bridge(model) -> bool:
+    """Whether ``model`` is a ``TransformerBridge`` whose forward runs B-cos layers (any :class:`AlignmentPressure`
+    module): the one test of the guard's refusals and of the bridge's weight-processing refusal. The layers, not
+    ``original_model.config.bcos``: a B-cos model whose config has no ``bcos`` record still normalises its weight
+    rows (``enable_compatibility_mode()`` was allowed on it and changed its logits, silently), and a stock-loaded
+    checkpoint whose config has one runs plain layers, which TransformerLens' processing rewrites exactly."""
     bridge_cls, _source = _targets()
     return isinstance(model, bridge_cls) and any(isinstance(m, AlignmentPressure) for m in model.modules())
 
@@ -117,7 +123,7 @@ def _is_bcos_bridge(model) -> bool:
 def refuse_raw_weight_decomposition(model, method: str, reason: str = "") -> None:
     """Raise when ``model`` is a ``TransformerBridge`` over a B-cos model, whose raw ``W_O`` / ``W_out`` are not
     the weights its forward applied, so ``ActivationCache.<method>`` would return wrong numbers."""
-    if not _is_bcos_bridge(model):
+    if not is_bcos_bridge(model):
         return
     raise BcosTypeError(
         f"ActivationCache.{method}: this cache comes from a TransformerBridge over a B-cos model{reason}. "
@@ -154,14 +160,14 @@ def refuse_unfolded_logit_attrs(model, method: str) -> None:
     cap = getattr(getattr(getattr(model, "original_model", None), "config", None), "final_logit_softcapping", None)
     # a plain soft-capped Gemma 2's head is a plain linear layer, so its gain was folded, but the cap still bends
     # each logit: logit_attrs' terms summed to the uncapped z (0.065 off a tiny model's logits), without a word
-    if not (_is_bcos_bridge(model) or (is_explainable_bridge(model) and cap is not None)) \
+    if not (is_bcos_bridge(model) or (is_explainable_bridge(model) and cap is not None)) \
             or (getattr(model, FINAL_NORM_FOLDED_MARKER, False) and cap is None):
         return
     reason = (f"whose LM head soft-caps the logits ({cap} * tanh(z / {cap})), so a logit is not a sum of one term "
               "per residual component" if cap is not None else
               "whose final norm gain is not folded into W_U (its LM head is not a plain linear layer, or the bridge "
               "was not built by transformer_bridge_from_hf), which logit_attrs assumes")
-    kind = "B-cos model" if _is_bcos_bridge(model) else "model"
+    kind = "B-cos model" if is_bcos_bridge(model) else "model"
     raise BcosTypeError(
         f"ActivationCache.{method}: this cache comes from a TransformerBridge over a {kind} {reason}; its terms "
         "would not add up to the logit (wrong numbers). For an exact split use bcos_plugins.adapters."
@@ -175,7 +181,7 @@ def refuse_post_norm_decomposition(model, method: str) -> None:
     per-head and per-neuron results (``hook_z`` @ ``W_O``, ``hook_post`` @ ``W_out``) are taken before that norm, so
     they do not sum to ``hook_attn_out`` / ``hook_mlp_out`` (B-cos bridges are refused or made exact by the guard)."""
     post = _POST_NORM_OF.get(method)
-    if post is None or not is_explainable_bridge(model) or _is_bcos_bridge(model):
+    if post is None or not is_explainable_bridge(model) or is_bcos_bridge(model):
         return
     blocks = [i for i, block in enumerate(getattr(model, "blocks", [])) if hasattr(block, post)]
     if not blocks:
@@ -340,13 +346,13 @@ def _folds_norm_into_projection(method, cache, args, kwargs) -> bool:
 def _guarded_cache_method(name: str, method):
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
-        if name in _HEAD_RESULT_METHODS and _is_bcos_bridge(getattr(self, "model", None)):
+        if name in _HEAD_RESULT_METHODS and is_bcos_bridge(getattr(self, "model", None)):
             _cache_exact_head_results(self, name)
             if name == "compute_head_results":  # done; TransformerLens' own would only warn they are cached
                 return None
-        elif name == "get_neuron_results" and _is_bcos_bridge(getattr(self, "model", None)):
+        elif name == "get_neuron_results" and is_bcos_bridge(getattr(self, "model", None)):
             return _exact_neuron_results(self, *args, **kwargs)
-        elif (name == "stack_neuron_results" and _is_bcos_bridge(getattr(self, "model", None))
+        elif (name == "stack_neuron_results" and is_bcos_bridge(getattr(self, "model", None))
               and not _folds_norm_into_projection(method, self, args, kwargs)):
             return method(self, *args, **kwargs)  # it stacks get_neuron_results, exact above
         else:

@@ -44,6 +44,7 @@ from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 
 from bcos_plugins._checks import (
     refuse_a_model_as_the_tokenizer,
+    refuse_meta_model,
     require_model_object,
     warn_if_unmasked_padding,
 )
@@ -61,12 +62,13 @@ from .boot_guard import (
     BRIDGE_COPY_MARKER,
     EXPLAINABLE_BRIDGE_MARKER,
     FINAL_NORM_FOLDED_MARKER,
+    is_bcos_bridge,
     is_explainable_bridge,
 )
 from .final_norm import fold_final_norm_into_unembedding
 from .hook_checks import hook_checked_cache_class, hooked_points
 from .hook_point import DynamicHookPoint
-from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords, refuse_meta_model
+from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords
 
 __all__ = [
     "SUPPORTED_BRIDGE_ARCHITECTURES",
@@ -289,10 +291,6 @@ def _without_kv_cache(method):
     return generate
 
 
-def _is_bcos_bridge(bridge: nn.Module) -> bool:
-    return getattr(getattr(getattr(bridge, "original_model", None), "config", None), "bcos", None) is not None
-
-
 def _refusing_bcos_weight_processing(method):
     """``method`` (the bridge's ``process_weights`` / ``enable_compatibility_mode``) refusing to process a B-cos
     model's weights. TransformerLens' processing (fold_ln, centring, value-bias folding, and the processed-weights
@@ -304,7 +302,7 @@ def _refusing_bcos_weight_processing(method):
     signature = inspect.signature(method)
 
     def refusing(self, *args, **kwargs):
-        if _is_bcos_bridge(self):
+        if is_bcos_bridge(self):
             processes = method.__name__ == "process_weights" \
                 or not signature.bind(self, *args, **kwargs).arguments.get("no_processing", False)
             if processes:
@@ -617,7 +615,7 @@ def transformer_bridge_from_hf(hf_model: nn.Module, *, tokenizer=None, model_nam
                              "Use the bridge as it is, or pass the transformers model it was built from",
                              kind=BcosTypeError)
     arch = _architecture(hf_model)
-    refuse_meta_model(hf_model)
+    refuse_meta_model(hf_model, "hf_model")
     _refuse_inexpressible(hf_model, arch)
     if tokenizer is not None:  # TransformerLens' own bridge("text") failed in the embedding (IndexError)
         refuse_a_model_as_the_tokenizer(tokenizer, call="transformer_bridge_from_hf(model, tokenizer=tokenizer)")

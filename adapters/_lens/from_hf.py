@@ -20,7 +20,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.loading_from_pretrained import convert_hf_model_config, fill_missing_keys
 from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
 
-from bcos_plugins._checks import refuse_a_model_as_the_tokenizer, require_model_object
+from bcos_plugins._checks import refuse_a_model_as_the_tokenizer, refuse_meta_model, require_model_object
 from bcos_plugins.convert.architectures import SPECS, architecture_name, specs_where, stock_class
 from bcos_plugins.corpus import require_tokenizer_fits
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
@@ -29,7 +29,6 @@ from bcos_plugins.nn.dynamic import DynamicWeightModule
 from .config import BcosTransformerConfig
 from .conversions import conversion_for, vocabulary_sizes
 from .decomposition import fold_final_norm_weight
-from .inputs import refuse_meta_model
 from .model import bcos_model_class, exact_cache_class, make_explainable
 
 __all__ = ["hooked_transformer_from_hf", "SUPPORTED_HF_ARCHITECTURES"]
@@ -208,7 +207,7 @@ def hooked_transformer_from_hf(
     # a tokenizer where the model goes (the arguments swapped), ids, a pipeline: named with the fix, as everywhere
     require_model_object(hf_model, "hf_model", only_stand_ins=True)
     arch = _architecture(hf_model)
-    refuse_meta_model(hf_model)
+    refuse_meta_model(hf_model, "hf_model")
     if tokenizer is not None:  # TransformerLens' own model("text") failed in the embedding (IndexError)
         refuse_a_model_as_the_tokenizer(tokenizer, call="hooked_transformer_from_hf(model, tokenizer=tokenizer)")
         require_tokenizer_fits(hf_model, tokenizer)  # refuses a hub name too (require_tokenizer_object)

@@ -7,21 +7,14 @@ import torch
 from torch import Tensor, nn
 
 from bcos_plugins._checks import ids_as_long, require_token_batch, unmasked_padding_keywords
-from bcos_plugins._checks import refuse_meta_model as _refuse_meta_model
 from bcos_plugins.attribution.rotary_length import refuse_length_dependent_rotary
 from bcos_plugins.convert.architectures import position_limit, vocabulary_size
 
-__all__ = ["FORWARD_WARNS_ABOUT_PADDING", "check_lens_tokens", "lens_padding_keywords", "refuse_meta_model"]
+__all__ = ["FORWARD_WARNS_ABOUT_PADDING", "check_lens_tokens", "lens_padding_keywords"]
 
 # a class attribute of models whose own forward warns about a padded token batch given without a mask (the bridges
 # transformer_bridge_from_hf builds): check_lens_tokens leaves the warning to it, so one call warns once
 FORWARD_WARNS_ABOUT_PADDING = "_bcos_forward_warns_about_unmasked_padding"
-
-
-def refuse_meta_model(hf_model: nn.Module) -> None:
-    """Refuse a model whose parameters are on the meta device before a TransformerLens model is built from it: the
-    package's one check (:func:`bcos_plugins._checks.refuse_meta_model`), naming the argument ``hf_model``."""
-    _refuse_meta_model(hf_model, "hf_model")
 
 
 def lens_padding_keywords(model: nn.Module, attention_mask) -> dict:
