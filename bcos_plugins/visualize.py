@@ -234,6 +234,9 @@ def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
     require_token_explanation(explanation)
     label_names = require_label_names(label_names)
     tokens, scores = explanation_tokens(explanation, tokenizer), explanation.scores()
+    if isinstance(captions, str):  # one caption per character: "ab" captioned two rows "a" and "b"
+        raise argument_error("captions", f"got one string ({captions[:40]!r}); each character would caption a row",
+                             "Pass a list of captions, one per explained row", kind=BcosTypeError)
     if captions is not None and len(captions) != len(tokens):
         raise argument_error("captions", f"has {len(captions)} entries for {len(tokens)} rows",
                              "Pass one caption per explained row, or none")

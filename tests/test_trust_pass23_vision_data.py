@@ -224,3 +224,32 @@ def test_the_data_helpers_refuse_flags_that_are_not_true_or_false():
             load_ag_news("test", n=1, clean=clean)
     grids, cells = make_grids(test_images[:40], test_labels[:40], torch.rand(40), 100, strict=False)
     assert 0 < len(grids) < 100 and cells.shape == (len(grids), 4)
+
+
+def test_token_pages_refuse_one_string_of_captions(minilm_bcos_bert):
+    """captions="ab" for two rows captioned them "a" and "b" (its length matched), silently, as row_titles did."""
+    from bcos_plugins import explain
+    from bcos_plugins.visualize import explanation_sections_to_html, explanations_to_html
+
+    model, tokenizer, batch = minilm_bcos_bert
+    explanation = explain(model, batch["input_ids"], batch["attention_mask"])
+    with pytest.raises(BcosTypeError, match=r"^captions: got one string \('ab'\); each character would caption a row"):
+        explanations_to_html(explanation, tokenizer, captions="ab")
+    with pytest.raises(BcosTypeError, match=r"^captions: got one string"):
+        explanation_sections_to_html([("h", explanation, "ab")], tokenizer)
+    assert "first · explained" in explanations_to_html(explanation, tokenizer, captions=["first", "second"])
+
+
+def test_explanation_figure_names_an_image_explanation_given_as_a_column():
+    """An ImageExplanation given as a column was refused as "has no maps for 2 images"; the fix names its maps."""
+    from bcos_plugins.vision import BcosViT, BcosViTConfig, explain_image
+    from bcos_plugins.vision.visualize import save_explanation_figure
+
+    torch.manual_seed(0)
+    model = BcosViT(BcosViTConfig(image_size=8, patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, num_labels=4, conv_channels=[4])).eval()
+    images = torch.rand(2, 1, 8, 8)
+    explanation = explain_image(model, images)
+    with pytest.raises(BcosTypeError, match=r"^columns\['W\(x\)x'\]: is an explanation \(ImageExplanation\), not its maps\. Pass its "
+                                            r"per-pixel maps: \{'W\(x\)x': explanation\.contributions\}"):
+        save_explanation_figure("unused.png", images, {"W(x)x": explanation})

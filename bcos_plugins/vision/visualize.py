@@ -90,6 +90,9 @@ def _check_figure_inputs(images, columns, colour_rows, row_titles) -> None:
                              "Pass e.g. {'W(x)x': explanation.contributions}", kind=BcosTypeError)
     for name, maps in columns.items():
         where = f"columns[{name!r}]"
+        if hasattr(maps, "contributions") and not isinstance(maps, Tensor):  # an ImageExplanation: "has no maps"
+            raise argument_error(where, f"is an explanation ({type(maps).__name__}), not its maps",
+                                 f"Pass its per-pixel maps: {{{name!r}: explanation.contributions}}", kind=BcosTypeError)
         if not hasattr(maps, "__len__") or len(maps) != n:
             raise argument_error(where, f"has {len(maps) if hasattr(maps, '__len__') else 'no'} maps for {n} images",
                                  "Pass one (H, W) map per image")
