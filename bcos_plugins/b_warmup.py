@@ -9,6 +9,7 @@ from torch import nn
 from ._checks import require_number
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
 from .errors import BcosTypeError, argument_error
+from .losses import own_training_loss
 from .nn.linear import AlignmentPressure, check_b
 
 __all__ = ["BWarmupCallback"]
@@ -94,7 +95,7 @@ class _BWarmup:
                                  "trains: it would anneal B in that model's layers while the trained one runs at its "
                                  "full B", "build the callback with the model passed to the Trainer: "
                                  "BWarmupCallback(model) and Trainer(model=model, ...)")
-        own_loss = own_loss_not_cross_entropy(model) if isinstance(model, nn.Module) else None
+        own_loss = own_training_loss(model) if isinstance(model, nn.Module) else None
         if self.refuse_smoothing_of_own_loss and own_loss and getattr(args, "label_smoothing_factor", 0):
             # the model never sees the setting: the Trainer pops the labels and trains its smoothed cross-entropy of
             # the logits instead of the model's loss (a tiny BcosViT's BCE of 0.667 trained as 1.558), silently
@@ -138,16 +139,6 @@ class _BWarmup:
 
     def on_train_end(self, args, state, control, **kwargs):
         self._set(self.target)
-
-
-def own_loss_not_cross_entropy(model: nn.Module) -> str | None:
-    """What a model of the package computes as its training loss where that is not the cross-entropy transformers'
-    label smoother replaces it with (``BcosViT``'s B-cos BCE, a Space Model's loss), else ``None``."""
-    if getattr(getattr(model, "config", None), "model_type", None) == "bcos_vit":
-        return "the B-cos BCE on one-hot targets (bcos_loss)"
-    if getattr(type(model), "trains_with_its_own_loss", False) is True:
-        return "the cross-entropy plus the inter- and intra-space terms its config weighs"
-    return None
 
 
 def _inner_bcos_b(model: nn.Module) -> tuple[float, str]:

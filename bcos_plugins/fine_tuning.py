@@ -30,7 +30,7 @@ from .b_warmup import BWarmupCallback
 from .corpus import mask_keywords, require_texts_with_tokens, require_tokenizer_ids_fit
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosError, BcosTypeError, argument_error
-from .losses import DistillationLoss, bcos_loss, cross_entropy_loss
+from .losses import DistillationLoss, bcos_loss, cross_entropy_loss, own_training_loss
 from .nn.dynamic import has_dynamic_weights
 from .prediction import predict
 
@@ -132,7 +132,7 @@ def fine_tune_classifier(
         raise argument_error("loss", f"must be 'auto', 'bce' or 'ce', got {loss!r}",
                              "use 'auto' (BCE for B-cos models, the model's cross-entropy otherwise)")
     distill = _check_distillation(model, teacher, distill_weight, distill_loss, distill_temperature)
-    own_loss = loss == "auto" and getattr(type(model), "trains_with_its_own_loss", False) is True
+    own_loss = loss == "auto" and own_training_loss(model) is not None
     if own_loss and distill is not None:
         # DistillationLoss adds its term to the cross-entropy, in place of the model's own loss
         raise _own_loss_error("teacher", "is given", "the distillation loss adds its term to the cross-entropy",

@@ -24,6 +24,19 @@ __all__ = ["bcos_loss", "cross_entropy_loss"]
 IGNORE_INDEX = -100  # transformers' (and torch's) label of a position without loss
 
 
+def own_training_loss(model: torch.nn.Module) -> str | None:
+    """What a model of the package computes as its training loss where that is not the cross-entropy transformers'
+    label smoother (and ``fine_tune_classifier``'s ``loss='auto'``) would put in its place (``BcosViT``'s B-cos BCE,
+    a Space Model's loss: a class with ``trains_with_its_own_loss = True``), else ``None``. The one reading of "the
+    model has its own loss": ``BWarmupCallback`` refuses label smoothing over it and ``fine_tune_classifier`` trains
+    it as it is."""
+    if getattr(getattr(model, "config", None), "model_type", None) == "bcos_vit":
+        return "the B-cos BCE on one-hot targets (bcos_loss)"
+    if getattr(type(model), "trains_with_its_own_loss", False) is True:
+        return "the cross-entropy plus the inter- and intra-space terms its config weighs"
+    return None
+
+
 def bcos_loss(outputs, labels: Tensor, num_items_in_batch: int | Tensor | None = None) -> Tensor:
     """Binary cross-entropy from logits on one-hot targets (B-cos training objective).
 
