@@ -253,3 +253,20 @@ def test_explanation_figure_names_an_image_explanation_given_as_a_column():
     with pytest.raises(BcosTypeError, match=r"^columns\['W\(x\)x'\]: is an explanation \(ImageExplanation\), not its maps\. Pass its "
                                             r"per-pixel maps: \{'W\(x\)x': explanation\.contributions\}"):
         save_explanation_figure("unused.png", images, {"W(x)x": explanation})
+
+
+def test_contribution_map_takes_one_real_map_and_clips_it_at_its_own_percentile():
+    """contribution_map((n, H, W)) clipped every map of the batch at one v (a map of small values drew near white beside
+    one of large values; the paper clips each map at its own), and a boolean mask drew as contributions 0 and 1."""
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.vision.visualize import contribution_map
+
+    maps = torch.stack([torch.randn(8, 8) * 1e-3, torch.randn(8, 8) * 10])
+    with pytest.raises(BcosValueError, match=r"^contributions: must have 2 dimensions \(H, W\), got shape \(2, 8, 8\)"):
+        contribution_map(maps)
+    with pytest.raises(BcosTypeError, match=r"^contributions: is a boolean tensor, not contributions\. Pass"):
+        contribution_map(maps[0] > 0)
+    for m in maps:  # each at its own 99.9th percentile of |values|, symmetric around 0
+        clipped, v = contribution_map(m)
+        assert v == pytest.approx(float(np.percentile(m.abs().double().numpy(), 99.9)))
+        assert clipped.min() >= -v and clipped.max() <= v

@@ -62,7 +62,12 @@ def weight_colour_image(weights: Float[Tensor, "two_c h w"], contributions: Floa
 
 def contribution_map(contributions: Float[Tensor, "h w"], percentile: float = 99.9) -> tuple[np.ndarray, float]:
     """``(clipped map, v)`` with the map clipped to ``[-v, v]``, ``v`` the percentile of ``|contributions|``."""
-    contributions = require_tensor("contributions", contributions, kind="real", shape_hint="(H, W)")
+    # one map: a batch (n, H, W) was clipped at one v for all its maps (the paper clips each map at its own), and a
+    # boolean mask was drawn as contributions 0 and 1, silently
+    contributions = require_tensor("contributions", contributions, ndim=2, kind="real", shape_hint="(H, W)")
+    if contributions.dtype == torch.bool:
+        raise argument_error("contributions", "is a boolean tensor, not contributions",
+                             "Pass an explanation's map, e.g. explanation.contributions[i]", kind=BcosTypeError)
     percentile = require_float("percentile", percentile, minimum=0.0, maximum=100.0)
     values = contributions.detach().double().cpu().numpy()
     v = float(np.percentile(np.abs(values), percentile))
