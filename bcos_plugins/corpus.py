@@ -175,6 +175,54 @@ def mask_keywords(tokenizer) -> dict:
     return {"return_attention_mask": True} if isinstance(tokenizer, PreTrainedTokenizerBase) else {}
 
 
+def truncated_token_counts(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, kept: Sequence[int],
+                           max_length: int | None) -> list[int | None]:
+    """For each of ``texts`` (with ``pairs``) that ``tokenizer`` cut to ``max_length`` tokens (``kept[i]`` of its tokens
+    kept), its whole token count; ``None`` for a text kept whole. Only a text whose kept tokens reach the limit can
+    have been cut (truncation keeps exactly ``max_length``), so only those are tokenised again, whole. The one
+    detection of every path that truncates texts itself (``explain_dataset``, ``predict`` / ``accuracy``), which
+    warn of the cut texts through :func:`warn_of_truncated_texts`."""
+    from transformers import PreTrainedTokenizerBase
+
+    limit = max_length if max_length is not None else getattr(tokenizer, "model_max_length", None)
+    at_limit = [i for i, n in enumerate(kept) if not isinstance(limit, int) or n >= limit]
+    counts: list[int | None] = [None] * len(kept)
+    if at_limit:
+        quiet = {"verbose": False} if isinstance(tokenizer, PreTrainedTokenizerBase) else {}  # no "too long" warning
+        whole = tokenizer([texts[i] for i in at_limit], None if pairs is None else [pairs[i] for i in at_limit],
+                          truncation=False, **quiet)["input_ids"]
+        for i, ids in zip(at_limit, whole, strict=True):
+            if len(ids) > int(kept[i]):
+                counts[i] = len(ids)
+    return counts
+
+
+def warn_of_truncated_texts(call: str, counts: Sequence[int | None], max_length: int | None, model: nn.Module,
+                            tokenizer, paired: bool, *, outcome: str, marked: str = "", stacklevel: int = 3) -> None:
+    """Warn that texts were cut to ``max_length`` tokens (``counts``: :func:`truncated_token_counts` of the caller's
+    texts, in the caller's order), naming how many, which (their index, the first 8), which tokens were kept and the
+    ``max_length`` that keeps every token (the longest text's count, or the model's position limit below it). The
+    one warning of every path that truncates texts itself: ``explain_dataset`` (``outcome="explained as"``; its
+    column 'truncated', ``marked``, marks them) and ``predict`` / ``accuracy`` (``"classified from"``), which cut
+    texts to 64 tokens by default, silently."""
+    truncated = [i for i, n in enumerate(counts) if n is not None]
+    if not truncated:
+        return
+    # which tokens were kept is the tokenizer's truncation_side (a left-truncating one keeps the last ones)
+    side = getattr(tokenizer, "truncation_side", "right")
+    end = "last" if side == "left" else "first"
+    limit = max_length if max_length is not None else tokenizer.model_max_length
+    kept_tokens = (f"the {end} tokens the tokenizer kept (its {end} {limit}" if not paired
+                   else f"the tokens the tokenizer kept of the pair ({limit}, cut from the longer segment's "
+                   f"{'start' if side == 'left' else 'end'}")
+    longest, model_limit = max(counts[i] for i in truncated), position_limit(model).max_length
+    fix = (f"Pass max_length={longest} (the longest text's tokens)" if model_limit is None or longest <= model_limit
+           else f"Pass max_length={model_limit} (the model's limit; the longest text has {longest} tokens)")
+    warnings.warn(f"{call}: {len(truncated)} text(s) {truncated[:8]} have more than max_length={limit} tokens: each "
+                  f"is {outcome} {kept_tokens}, as the tokenizer's truncation_side={side!r} cuts; the rest is left "
+                  f"out{marked}). {fix}, or split the texts", UserWarning, stacklevel=stacklevel)
+
+
 def require_texts_with_tokens(lengths: Sequence[int], rows: Sequence[int], texts: Sequence[str], argument: str,
                               action: str, scope: str = " in this batch") -> None:
     """Refuse texts that tokenise to no token: ``lengths[i]`` real tokens of text ``rows[i]`` of the caller's ``texts``.
@@ -298,6 +346,7 @@ def explain_dataset(
         return torch.tensor(items[lo:hi], device=device)
 
     bar = tqdm(total=n, desc="explaining", unit="text", disable=not progress)
+    cut_counts: list[int | None] = []
     readable = forward_keywords(model)
     for lo in range(0, n, batch_size):
         hi = min(lo + batch_size, n)
@@ -308,9 +357,8 @@ def explain_dataset(
         require_tokenizer_ids_fit(model, tokenizer, enc)
         # a text longer than max_length was explained as its first tokens and nothing said so (a decoder's position -1
         # was then the last kept token, not the text's): the row says it, and a warning names those texts
-        whole = tokenizer(texts[lo:hi], pairs[lo:hi] if pairs is not None else None, truncation=False, verbose=False)
-        columns["truncated"] += [len(ids) > int(kept_n) for ids, kept_n in
-                                 zip(whole["input_ids"], enc["attention_mask"].sum(1).tolist(), strict=True)]
+        cut_counts += truncated_token_counts(tokenizer, texts[lo:hi], pairs[lo:hi] if pairs is not None else None,
+                                             enc["attention_mask"].sum(1).tolist(), max_length)
         if lo == 0:
             # ids that all fit do not make it the model's tokenizer; its size and names are the same for every
             # batch, so checked once, after the first batch's ids (whose refusal names the ids it saw)
@@ -351,19 +399,9 @@ def explain_dataset(
                                 else [None] * (hi - lo))
         bar.update(hi - lo)
     bar.close()
-    truncated = [i for i, cut in enumerate(columns["truncated"]) if cut]
-    if truncated:
-        # which tokens were kept is the tokenizer's truncation_side (a left-truncating one keeps the last ones)
-        side = getattr(tokenizer, "truncation_side", "right")
-        end = "last" if side == "left" else "first"
-        limit = max_length if max_length is not None else tokenizer.model_max_length
-        kept_tokens = (f"the {end} tokens the tokenizer kept (its {end} {limit}" if pairs is None
-                       else f"the tokens the tokenizer kept of the pair ({limit}, cut from the longer segment's "
-                       f"{'start' if side == 'left' else 'end'}")
-        warnings.warn(f"explain_dataset: {len(truncated)} text(s) {truncated[:8]} have more than max_length="
-                      f"{limit} tokens: each is explained as {kept_tokens}, as the tokenizer's truncation_side="
-                      f"{side!r} cuts; the rest is left out; the column 'truncated' marks them). Pass a larger "
-                      "max_length (up to the model's limit), or split the texts", UserWarning, stacklevel=2)
+    columns["truncated"] = [n is not None for n in cut_counts]
+    warn_of_truncated_texts("explain_dataset", cut_counts, max_length, model, tokenizer, pairs is not None,
+                            outcome="explained as", marked="; the column 'truncated' marks them")
     if kept is not None:
         clashes = [c for c in columns if c in kept.column_names]
         if clashes:

@@ -17,7 +17,13 @@ from ._checks import (
     warn_if_another_models_tokenizer,
 )
 from .attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
-from .corpus import mask_keywords, require_texts_with_tokens, require_tokenizer_ids_fit
+from .corpus import (
+    mask_keywords,
+    require_texts_with_tokens,
+    require_tokenizer_ids_fit,
+    truncated_token_counts,
+    warn_of_truncated_texts,
+)
 from .encoded_texts import truncation_length
 from .errors import argument_error
 from .nn.dynamic import evaluating
@@ -34,7 +40,8 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
 
     Texts are batched in order of length (each batch is padded to its longest text, so similar lengths waste
     less work) and the rows are put back in the input order. They are truncated to ``max_length`` tokens: by
-    default 64, capped at the model's position limit; a longer one is refused. A tokenizer that pads on the left
+    default 64, capped at the model's position limit; a longer one is refused. A ``UserWarning`` names the texts
+    that were cut and the ``max_length`` that keeps every token, as :func:`~bcos_plugins.explain_dataset` warns. A tokenizer that pads on the left
     is refused for a classifier that reads the first column (BERT, DistilBERT, RoBERTa, ModernBERT with
     ``classifier_pooling="cls"``): a padded row's logits would be a padding token's (the error names the padded
     texts by their index in ``texts``). Models of the architecture
@@ -60,7 +67,7 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
     device = next(model.parameters()).device
     spec = registry_spec(model)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]) + (len(text_pairs[i]) if text_pairs else 0))
-    out = []
+    out, cut_counts = [], [None] * len(texts)
     with evaluating(model):  # each module's training flag is restored afterwards
         for start in range(0, len(texts), batch_size):
             rows = order[start : start + batch_size]
@@ -71,8 +78,13 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
             # ids past the embedding failed deep in torch (IndexError; a device-side assert on a GPU)
             require_tokenizer_ids_fit(model, tokenizer, enc)
             mask = enc.get("attention_mask")
-            require_texts_with_tokens([enc["input_ids"].shape[1]] * len(rows) if mask is None else mask.sum(1).tolist(),
-                                      rows, texts, "texts", "predict")
+            kept = [enc["input_ids"].shape[1]] * len(rows) if mask is None else mask.sum(1).tolist()
+            require_texts_with_tokens(kept, rows, texts, "texts", "predict")
+            # texts longer than max_length (64 by default) were classified from their first tokens without a word:
+            # warned of as explain_dataset warns (one detection, one warning)
+            for row, count in zip(rows, truncated_token_counts(tokenizer, [texts[i] for i in rows], pairs, kept,
+                                                               max_length), strict=True):
+                cut_counts[row] = count
             with rows_named_as(rows):  # refusals name the caller's rows, not the length-sorted batch's
                 call = rows_as_alone_call(model, enc["input_ids"], enc.get("attention_mask"), tokenizer_outputs=enc,
                                           spec=spec)
@@ -82,6 +94,8 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
                               "Predict in float32 (model.float()), or with batch_size=1 (no padding).", model=model,
                               input_ids=call.get("input_ids", enc["input_ids"]))  # the ids fed (padding rewritten)
             out.append(chunk)
+    warn_of_truncated_texts("predict", cut_counts, max_length, model, tokenizer, text_pairs is not None,
+                            outcome="classified from", stacklevel=4)  # past torch.no_grad's wrapper, to the caller
     logits = torch.cat(out)
     return logits[torch.argsort(torch.tensor(order))]
 

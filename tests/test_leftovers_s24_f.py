@@ -6,12 +6,16 @@ before its fix:
   and failed with ``KeyError: 'attention_mask'``; ``fine_tune_classifier`` padded its batches without a mask, so every
   padded row was trained on with its padding attended to as tokens, silently. Both ask for the mask through
   ``corpus.mask_keywords``, as ``predict`` does.
+- ``predict`` / ``accuracy`` cut texts to 64 tokens by default (or to ``max_length``) without a word, where
+  ``explain_dataset`` warns: both now warn through one helper (``corpus.warn_of_truncated_texts``), naming how many
+  texts were cut, which, and the ``max_length`` that keeps every token.
 """
 
 from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
@@ -72,3 +76,40 @@ def test_fine_tune_classifier_with_a_tokenizer_that_returns_no_mask_trains_as_wi
         trained.append(model.state_dict())
     for name, value in trained[0].items():
         torch.testing.assert_close(trained[1][name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# ------------------------------------------------------------------ 2. predict / accuracy warn of the texts they cut
+
+
+def test_predict_and_accuracy_warn_of_texts_cut_to_the_default_64_tokens():
+    """A text of 80 words was classified from its first 64 tokens, silently."""
+    from bcos_plugins.prediction import accuracy, predict
+
+    tokenizer = _minilm_tokenizer(with_mask=True)
+    model = _bcos_bert(len(tokenizer))
+    texts = ["short", " ".join(["word"] * 80), "also short", " ".join(["film"] * 70)]
+    counts = [len(tokenizer(t)["input_ids"]) for t in texts]
+    assert counts[1] == 82 and counts[3] == 72
+    expected = (r"predict: 2 text\(s\) \[1, 3\] have more than max_length=64 tokens: each is classified from the "
+                r"first tokens the tokenizer kept \(its first 64, .*\)\. Pass max_length=82 \(the longest text's "
+                r"tokens\)")
+    with pytest.warns(UserWarning, match=expected):
+        logits = predict(model, tokenizer, texts, batch_size=3)
+    with pytest.warns(UserWarning, match=expected):
+        accuracy(model, tokenizer, texts, logits.argmax(-1).tolist(), batch_size=3)
+    # the texts kept whole (max_length=82) are predicted without a warning, and as they were alone
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        whole = predict(model, tokenizer, texts, batch_size=3, max_length=82)
+        alone = torch.cat([predict(model, tokenizer, [t], max_length=82) for t in texts])
+    torch.testing.assert_close(whole, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_predict_names_the_models_limit_when_the_longest_text_is_beyond_it():
+    from bcos_plugins.prediction import predict
+
+    tokenizer = _minilm_tokenizer(with_mask=True)
+    model = _bcos_bert(len(tokenizer))  # 128 positions
+    with pytest.warns(UserWarning, match=r"predict: 1 text\(s\) \[0\] have more than max_length=8 tokens: .*Pass "
+                      r"max_length=128 \(the model's limit; the longest text has 202 tokens\), or split the texts"):
+        predict(model, tokenizer, [" ".join(["word"] * 200), "a b"], max_length=8)
