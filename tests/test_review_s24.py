@@ -32,3 +32,18 @@ def test_a_bcos_bridge_is_told_by_its_layers_not_by_config_bcos():
     tokens = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         torch.testing.assert_close(bridge(tokens), hf(tokens).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_rationale_alignment_as_dict_counts_each_mean_with_its_own_rows():
+    """The IoU mean leaves out rows of tied scores (``n_iou_rows``) while the AUPRC mean keeps them (``n_rows``);
+    ``as_dict()`` reported ``iou`` with ``n_rows`` alone, so a summary read the IoU as a mean over rows it left out."""
+    from bcos_plugins.metrics import rationale_alignment
+
+    scores = torch.tensor([[0.9, 0.1, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0]])  # the second row found nothing: tied
+    gold = torch.tensor([[1, 0, 0, 0], [0, 1, 0, 0]], dtype=torch.bool)
+    valid = torch.ones(2, 4, dtype=torch.bool)
+    result = rationale_alignment(scores, gold, valid)
+    summary = result.as_dict()
+    assert (summary["n_rows"], summary["n_iou_rows"]) == (2, 1)
+    assert summary["iou"] == result.iou == 1.0
+    assert summary["auprc"] == pytest.approx((1.0 + 0.25) / 2)

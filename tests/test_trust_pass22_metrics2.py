@@ -135,7 +135,7 @@ def test_integer_scores_above_float32s_exact_range_rank_and_sum_as_the_integers(
     gold = torch.tensor([[0, 1, 0]])
     assert top_k_iou(scores, gold).tolist() == [1.0]
     assert average_precision(scores, gold).tolist() == [1.0]
-    assert rationale_alignment(scores, gold).as_dict() == {"iou": 1.0, "auprc": 1.0, "n_rows": 1}
+    assert rationale_alignment(scores, gold).as_dict() == {"iou": 1.0, "auprc": 1.0, "n_rows": 1, "n_iou_rows": 1}
     summed = token_scores(torch.tensor([[[2**24, 1], [1, 2**24]], [[2**24, 2], [3, 2**24]]]))
     assert summed.dtype == torch.float64 and summed.tolist() == [[2**24 + 1] * 2, [2**24 + 2, 2**24 + 3]]
     # float scores keep their dtype (at least float32)
