@@ -270,3 +270,29 @@ def test_contribution_map_takes_one_real_map_and_clips_it_at_its_own_percentile(
         clipped, v = contribution_map(m)
         assert v == pytest.approx(float(np.percentile(m.abs().double().numpy(), 99.9)))
         assert clipped.min() >= -v and clipped.max() <= v
+
+
+# ------------------------------------------------------------------ image inputs (bcos_plugins/vision/encoding.py)
+
+
+@pytest.mark.parametrize("given, configured, fix", [
+    (4, 3, r"RGBA\? drop the alpha channel: pixel_values\[:, :3\]"),
+    (3, 1, r"RGB\? convert to grey, e\.g\. pixel_values\.mean\(dim=1, keepdim=True\)"),
+    (1, 3, r"grey\? repeat it: pixel_values\.expand\(-1, 3, -1, -1\)")])
+def test_vit_inputs_of_rgba_rgb_or_grey_for_another_channel_count_are_named_with_their_conversion(given, configured, fix):
+    """An RGBA image for an RGB model (or RGB for grey, grey for RGB) was refused naming only the configured channel
+    count; the refusal now says which conversion reads it right. The conversion itself runs."""
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.vision import BcosViT, BcosViTConfig
+
+    torch.manual_seed(0)
+    model = BcosViT(BcosViTConfig(image_size=8, patch_size=4, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, num_labels=4, conv_channels=[4], num_channels=configured)).eval()
+    images = torch.rand(2, given, 8, 8)
+    with pytest.raises(BcosValueError, match=rf"^pixel_values: must have shape \(batch, {configured}, 8, 8\); got "
+                                             rf"\(2, {given}, 8, 8\) \(the model was configured with "
+                                             rf"num_channels={configured}; {fix}\)"):
+        model(pixel_values=images)
+    converted = {4: lambda: images[:, :3], 3: lambda: images.mean(dim=1, keepdim=True),
+                 1: lambda: images.expand(-1, 3, -1, -1)}[given]()
+    assert model(pixel_values=converted).logits.shape == (2, 4)

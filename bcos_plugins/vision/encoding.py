@@ -51,7 +51,12 @@ def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int,
         elif pixel_values.ndim == 4 and pixel_values.shape[1] != num_channels and what == "encoded_pixel_values":
             hint = f" (the [x, 1 - x] encoding has 2 * num_channels = {num_channels} channels; see encode_image)"
         elif pixel_values.ndim == 4 and pixel_values.shape[1] != num_channels:
-            hint = f" (the model was configured with num_channels={num_channels})"
+            # the usual mismatches named with their conversion (the hint named only the configured channels)
+            convert = {(4, 3): "RGBA? drop the alpha channel: pixel_values[:, :3]",
+                       (3, 1): "RGB? convert to grey, e.g. pixel_values.mean(dim=1, keepdim=True)",
+                       (1, 3): "grey? repeat it: pixel_values.expand(-1, 3, -1, -1)"}.get(
+                           (pixel_values.shape[1], num_channels))
+            hint = f" (the model was configured with num_channels={num_channels}{'; ' + convert if convert else ''})"
         elif pixel_values.ndim == 4:
             hint = (f" (the model was configured with image_size={image_size}; resize the images, e.g. "
                     f"torch.nn.functional.interpolate)")
