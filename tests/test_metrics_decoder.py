@@ -52,7 +52,7 @@ def test_undefined_rows_are_nan_and_skipped():
     result = mean_reciprocal_rank(scores, evidence)
     assert (result.n, result.n_skipped) == (1, 2)
     assert result.mrr == pytest.approx(1 / 3)
-    # random baseline over rows with evidence (rows 0 and 2, n=3, k=1 each): (1 + 1/2 + 1/3) / 3
+    # random baseline over the rows with a rank, as the MRR (row 2, n=3, k=1): (1 + 1/2 + 1/3) / 3
     assert result.random == pytest.approx(11 / 18)
 
 

@@ -3,10 +3,15 @@
 - **Reciprocal rank** of one explanation: rank the candidate tokens of the prefix by score (descending) and
   take ``1 / rank`` of the best-ranked evidence token. MRR is its mean over examples. Ties keep the prefix
   order (a stable sort, as the paper's evaluation code sorts). Rows that have no evidence token, or whose candidates'
-  scores are all equal (a single candidate too), have no rank (NaN) and are left out of the mean: the paper's code leaves out rows of zeros,
-  and a row of equal non-zero scores has no more ranking (its rank was the tie rule's: 1 where the evidence comes
-  first), the rule :func:`~bcos_plugins.metrics.top_k_iou` follows (its NaN rows) and ``rationale_alignment``'s
-  ``n_iou_rows`` counts by. Until 2026-11-29 only rows of zeros were left out here.
+  scores are all equal (a single candidate too), have no rank (NaN) and are left out of the mean and of the random
+  baseline's mean (one selection of rows, ``MRRResult.n``): the paper's code leaves out rows of zeros, and a row of
+  equal non-zero scores has no more ranking (its rank was the tie rule's: 1 where the evidence comes first). Until
+  2026-11-29 only rows of zeros were left out here. The rule, one with :func:`~bcos_plugins.metrics.top_k_iou`: a
+  row whose scores are all equal is NaN where the metric's definition needs the scores to order the row's tokens. A
+  rank always needs an order, so every tied row is left out here, also a row of one candidate (rank 1 for every
+  method and for chance: no information) and a tied row whose candidates are all evidence; a top k needs one only to
+  pick k of the valid tokens, so top_k_iou counts a tied row where k takes them all. Neither metric leaves out a row
+  its scores do order, even where every order gives the same value (all candidates evidence; k taking every token).
 - **Random baseline**: the expected reciprocal rank when the ``n`` candidates are ranked uniformly at random and
   ``k`` of them are evidence. The best evidence rank is ``r`` with probability ``C(n - r, k - 1) / C(n, k)``
   (the other ``k - 1`` evidence tokens all rank below ``r``), so
@@ -159,8 +164,9 @@ class MRRResult:
     """Mean reciprocal rank of a set of explanations and its random baseline on the same rows.
 
     ``n`` counts the rows that had a rank (evidence present, candidates' scores not all equal); ``n_skipped`` the
-    others.
-    ``random`` is averaged over the rows with evidence, as the paper's code does.
+    others. ``random`` is averaged over the same ``n`` rows (one selection for both means), so ``mrr - random`` compares
+    a method with chance on the rows it was scored on. Until 2026-11-29 ``random`` was averaged over every row with
+    evidence, as the paper's code does, tied rows included: a method's MRR and its baseline covered different rows.
     """
 
     mrr: float
@@ -175,7 +181,13 @@ def mean_reciprocal_rank(
     evidence: Bool[Tensor, "batch pos"],
     candidates: Bool[Tensor, "batch pos"] | None = None,
 ) -> MRRResult:
-    """MRR of a batch of explanations with its random baseline (see :func:`reciprocal_rank`)."""
+    """MRR of a batch of explanations with its random baseline on the same rows (see :func:`reciprocal_rank`).
+
+    One selection of rows serves both means: the rows with a rank (an evidence token, and candidates whose scores are
+    not all equal); ``MRRResult.n`` counts them and ``n_skipped`` the others. A tied row (a single candidate too) is
+    left out of the baseline's mean as of the MRR's: the baseline of another set of rows (e.g. short prefixes whose
+    chance rank is high) made the comparison of a method with chance biased, silently.
+    """
     scores, candidates = scores_and_positions(scores, candidates)  # the baseline ranks the same candidates
     rr = reciprocal_rank(scores, evidence, candidates)
     rand = random_reciprocal_rank(evidence, candidates)
@@ -184,7 +196,8 @@ def mean_reciprocal_rank(
         raise argument_error("scores", "no row has both an evidence token and candidates of different scores (a "
                              "ranking), so MRR is undefined", "Check the evidence masks and that the explanations are "
                              "not all zero (or all equal)")
-    return MRRResult(mrr=float(rr[valid].mean()), random=float(rand[~rand.isnan()].mean()), n=int(valid.sum()),
+    # the rows with a rank have evidence, so their baseline is a number: both means over the rows `valid` selects
+    return MRRResult(mrr=float(rr[valid].mean()), random=float(rand[valid].mean()), n=int(valid.sum()),
                      n_skipped=int((~valid).sum()), reciprocal_ranks=rr)
 
 

@@ -78,9 +78,12 @@ def top_k_iou(
     """Per-row top-k IoU of ``scores`` against ``gold_mask`` over ``valid_mask`` positions (see module doc). NaN for
     rows without a gold or valid token, and for rows whose valid scores are all equal while ``k`` leaves some out
     (no ranking to pick the top k by: the tie rule scored the earliest tokens, 1.0 where the gold ones come first).
-    One rule with :func:`~bcos_plugins.metrics.reciprocal_rank`, which leaves out rows whose candidates' scores are all
-    equal (zero or not): a metric that needs a ranking reports NaN for a row without one; here a ``k`` that takes
-    every valid token needs none, so that row counts."""
+    One rule with :func:`~bcos_plugins.metrics.reciprocal_rank`: a row whose scores are all equal is NaN where the
+    metric's definition needs the scores to order the row's tokens. A top k needs an order only to pick k of the
+    valid tokens, so a tied row counts where ``k`` takes them all (its IoU is ``|gold| / |valid|`` whatever the
+    scores, a row of one valid token too); a rank always needs one, so MRR leaves out every tied row, a row of one
+    candidate too (rank 1 for every method). Neither metric leaves out a row its scores do order, even where every
+    order gives the same value."""
     scores, gold, valid = _check(scores, gold_mask, valid_mask)
     n_valid = valid.sum(1)
     n_gold = gold.sum(1)
