@@ -26,7 +26,7 @@ from ._checks import (
     warn_if_another_models_tokenizer,
 )
 from .attribution.targets import Direction
-from .attribution.text import forward_keywords, readable_tokenizer_outputs
+from .attribution.text import forward_keywords, padding_named_as_tokenizers, readable_tokenizer_outputs
 from .convert.architectures import position_limit, require_max_length_fits, vocabulary_size
 from .errors import BcosTypeError, BcosValueError, argument_error
 from .explain import explain
@@ -381,7 +381,9 @@ def explain_dataset(
         # padding plus the position, not the column itself
         from_first = (position if position is None or position < 0
                       else enc["attention_mask"].argmax(1) + position)
-        with rows_named_as(range(lo, hi)):  # a refusal names the texts' rows in data, not the chunk's
+        # a refusal names the texts' rows in data, not the chunk's, and of left padding the tokenizer's padding side
+        # (it named attention_mask, an argument the caller never passed)
+        with rows_named_as(range(lo, hi)), padding_named_as_tokenizers(tokenizer):
             expl = explain(model, enc["input_ids"], enc["attention_mask"], target=value_of(targets, lo, hi),
                            foil=value_of(foils, lo, hi), position=from_first, reduce=reduce, **extra)
         ids_rows = [ids[m.bool()].tolist() for ids, m in zip(enc["input_ids"], enc["attention_mask"], strict=True)]

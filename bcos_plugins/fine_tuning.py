@@ -25,7 +25,7 @@ from ._checks import (
     require_training_argument_names,
     rows_named_as,
 )
-from .attribution.text import rows_as_alone_call
+from .attribution.text import padding_named_as_tokenizers, rows_as_alone_call
 from .b_warmup import BWarmupCallback
 from .corpus import mask_keywords, require_texts_with_tokens, require_tokenizer_ids_fit
 from .encoded_texts import EncodedTexts, truncation_length
@@ -285,7 +285,8 @@ def _check_padding_side(collator, dataset: EncodedTexts) -> None:
     longest = max(range(len(lengths)), key=lengths.__getitem__)
     if lengths[shortest] == lengths[longest]:
         return  # no batch is ever padded
-    with rows_named_as((shortest, longest)):
+    # the refusal names the caller's tokenizer's padding side (it named attention_mask, never passed)
+    with rows_named_as((shortest, longest)), padding_named_as_tokenizers(collator.pad.tokenizer):
         collator([{name: values[i] for name, values in dataset.encodings.items()} for i in (shortest, longest)])
 
 

@@ -16,7 +16,12 @@ from ._checks import (
     rows_named_as,
     warn_if_another_models_tokenizer,
 )
-from .attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
+from .attribution.text import (
+    padding_named_as_tokenizers,
+    refuse_nan_logits,
+    registry_spec,
+    rows_as_alone_call,
+)
 from .corpus import (
     mask_keywords,
     require_texts_with_tokens,
@@ -85,7 +90,9 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
             for row, count in zip(rows, truncated_token_counts(tokenizer, [texts[i] for i in rows], pairs, kept,
                                                                max_length), strict=True):
                 cut_counts[row] = count
-            with rows_named_as(rows):  # refusals name the caller's rows, not the length-sorted batch's
+            # refusals name the caller's rows, not the length-sorted batch's, and of left padding the tokenizer's
+            # padding side (they named attention_mask, an argument the caller never passed)
+            with rows_named_as(rows), padding_named_as_tokenizers(tokenizer):
                 call = rows_as_alone_call(model, enc["input_ids"], enc.get("attention_mask"), tokenizer_outputs=enc,
                                           spec=spec)
             logits = model(**call).logits

@@ -9,6 +9,9 @@ before its fix:
 - ``predict`` / ``accuracy`` cut texts to 64 tokens by default (or to ``max_length``) without a word, where
   ``explain_dataset`` warns: both now warn through one helper (``corpus.warn_of_truncated_texts``), naming how many
   texts were cut, which, and the ``max_length`` that keeps every token.
+- A tokenizer that pads on the left, for a classifier that reads the first column: ``explain_dataset`` (and
+  ``predict``, ``fine_tune_classifier``) refused it naming ``attention_mask``, an argument the caller never passed.
+  The refusal names the tokenizer's padding side (``attribution.text.padding_named_as_tokenizers``) and keeps the fix.
 """
 
 from __future__ import annotations
@@ -113,3 +116,55 @@ def test_predict_names_the_models_limit_when_the_longest_text_is_beyond_it():
     with pytest.warns(UserWarning, match=r"predict: 1 text\(s\) \[0\] have more than max_length=8 tokens: .*Pass "
                       r"max_length=128 \(the model's limit; the longest text has 202 tokens\), or split the texts"):
         predict(model, tokenizer, [" ".join(["word"] * 200), "a b"], max_length=8)
+
+
+# ------------------------------------------------------------------ 3. left padding refused naming the tokenizer
+
+
+def _left_padding_tokenizer():
+    tokenizer = _minilm_tokenizer(with_mask=True)
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+_NAMES_THE_TOKENIZER = (r"^tokenizer: pads on the left \(tokenizer\.padding_side='left'\), so row \[1\] starts with "
+                        r"padding, and BertForSequenceClassification classifies from the first column's hidden state.*"
+                        r"Pad on the right \(tokenizer\.padding_side = 'right'\)")
+
+
+def test_explain_dataset_refuses_left_padding_naming_the_tokenizers_padding_side():
+    """The refusal began "attention_mask: row [1] starts with padding", an argument explain_dataset takes no such."""
+    from bcos_plugins import explain_dataset
+    from bcos_plugins.errors import BcosValueError
+
+    tokenizer = _left_padding_tokenizer()
+    model = _bcos_bert(len(tokenizer))
+    with pytest.raises(BcosValueError, match=_NAMES_THE_TOKENIZER) as refused:
+        explain_dataset(model, tokenizer, _TEXTS[:2], batch_size=2, progress=False)
+    assert "attention_mask" not in str(refused.value)
+
+
+def test_predict_and_fine_tune_classifier_refuse_left_padding_naming_the_tokenizers_padding_side(tmp_path):
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.fine_tuning import fine_tune_classifier
+    from bcos_plugins.prediction import predict
+
+    tokenizer = _left_padding_tokenizer()
+    model = _bcos_bert(len(tokenizer))
+    with pytest.raises(BcosValueError, match=_NAMES_THE_TOKENIZER):
+        predict(model, tokenizer, _TEXTS[:2])
+    with pytest.raises(BcosValueError, match=_NAMES_THE_TOKENIZER):
+        fine_tune_classifier(model, tokenizer, _TEXTS[:2], [1, 0], epochs=1, progress=False,
+                             output_dir=str(tmp_path), report_to=[])
+
+
+def test_explain_keeps_naming_attention_mask_for_the_mask_its_caller_passed():
+    """Outside a path that pads texts itself the caller passed the mask: the refusal names it as before."""
+    from bcos_plugins import explain
+    from bcos_plugins.errors import BcosValueError
+
+    tokenizer = _left_padding_tokenizer()
+    model = _bcos_bert(len(tokenizer))
+    enc = tokenizer(_TEXTS[:2], padding=True, return_tensors="pt")
+    with pytest.raises(BcosValueError, match=r"^attention_mask: row \[1\] starts with padding"):
+        explain(model, enc["input_ids"], enc["attention_mask"])

@@ -15,6 +15,8 @@ from bcos_plugins.errors import BcosValueError
 ENCODER_NAMES = sorted(name for name, spec in SPECS.items() if spec.kind == "encoder")
 FIRST_COLUMN_REFUSAL = r"^attention_mask: rows \[1, 2\] start with padding.*first column's hidden state"
 PAD_ON_THE_RIGHT = r"Pad on the right \(tokenizer\.padding_side = 'right'\)"
+# a path that pads its caller's texts itself names the tokenizer's padding side, not attention_mask (never passed)
+TOKENIZER_PADS_LEFT = r"^tokenizer: pads on the left \(tokenizer\.padding_side='left'\), so "
 
 
 def _target_of(name: str):
@@ -115,14 +117,14 @@ def test_predict_and_accuracy_name_the_refused_rows_by_their_index_in_texts():
     texts = ["w1 w2 w1 w2 w1", "w2 w1", "w1 w2 w1 w2 w1 w2 w1 w2", "w1", "w2 w2 w1"]  # sorted: 3, 1, 4, 0, 2
     torch.manual_seed(0)
     model = T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval()
-    refusal = (r"^attention_mask: rows \[0, 1, 3, 4\] start with padding, and BertForSequenceClassification "
+    refusal = (TOKENIZER_PADS_LEFT + r"rows \[0, 1, 3, 4\] start with padding, and BertForSequenceClassification "
                r"classifies from the first column.*" + PAD_ON_THE_RIGHT)
     with pytest.raises(BcosValueError, match=refusal):
         predict(model, tokenizer, texts, max_length=32)
     with pytest.raises(BcosValueError, match=refusal):
         accuracy(model, tokenizer, texts, [0, 1, 0, 1, 0], max_length=32)
     # two per batch: the first batch (texts 3 and 1) pads text 3 only
-    with pytest.raises(BcosValueError, match=r"^attention_mask: row \[3\] starts with padding"):
+    with pytest.raises(BcosValueError, match=TOKENIZER_PADS_LEFT + r"row \[3\] starts with padding"):
         predict(model, tokenizer, texts, batch_size=2, max_length=32)
 
 
@@ -138,7 +140,8 @@ def test_explain_dataset_names_the_refused_rows_by_their_index_in_data():
     torch.manual_seed(0)
     model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)).eval(), verbose=False)
     # the first chunk (texts 0 and 1) has no padding; in the second, text 3 (row 1 of the chunk) is padded
-    with pytest.raises(BcosValueError, match=r"^attention_mask: row \[3\] starts with padding.*" + PAD_ON_THE_RIGHT):
+    with pytest.raises(BcosValueError, match=TOKENIZER_PADS_LEFT + r"row \[3\] starts with padding.*"
+                       + PAD_ON_THE_RIGHT):
         explain_dataset(model, tokenizer, texts, batch_size=2, progress=False)
 
 
@@ -403,7 +406,8 @@ def test_fine_tune_classifier_refuses_before_any_step_what_model_call_kwargs_ref
     tokenizer = _left_padding_pair_tokenizer()
     torch.manual_seed(0)
     bert = T.BertForSequenceClassification(tiny_config("bert", num_labels=2))
-    with pytest.raises(BcosValueError, match=r"^attention_mask: row \[2\] starts with padding.*" + PAD_ON_THE_RIGHT):
+    with pytest.raises(BcosValueError, match=TOKENIZER_PADS_LEFT + r"row \[2\] starts with padding.*"
+                       + PAD_ON_THE_RIGHT):
         fine_tune_classifier(bert, tokenizer, texts, labels, max_length=32, progress=False, use_cpu=True)
     gpt2 = tiny_model("GPT2ForSequenceClassification")
     gpt2.config.pad_token_id = None

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +49,8 @@ __all__ = ["TextPoint", "text_attribution_point", "check_token_inputs", "explain
            "readable_tokenizer_outputs", "real_token_position_ids", "position_ids_as_alone",
            "gets_real_token_position_ids", "registry_spec", "rows_as_alone_call", "learned_position_table",
            "refuse_left_padding_shifting_positions", "explained_outputs_only", "logits_at_positions",
-           "padded_float64_nan_cause", "non_finite_embedding_cause", "refuse_inputs_on_another_device", "refuse_nan_logits", "forward_parameters"]
+           "padded_float64_nan_cause", "non_finite_embedding_cause", "refuse_inputs_on_another_device", "refuse_nan_logits", "forward_parameters",
+           "padding_named_as_tokenizers"]
 
 
 @dataclass(frozen=True)
@@ -382,6 +385,37 @@ def real_token_position_ids(spec: ArchitectureSpec, config, attention_mask: Int[
     return torch.where(counted, positions + pad + 1, torch.full_like(positions, pad))
 
 
+# the padding side of the tokenizer a path padded its caller's texts with (padding_named_as_tokenizers), else None
+_CALLERS_PADDING_SIDE: ContextVar[str | None] = ContextVar("_CALLERS_PADDING_SIDE", default=None)
+
+
+@contextmanager
+def padding_named_as_tokenizers(tokenizer) -> Iterator[None]:
+    """Inside it, a refusal of left padding (:func:`check_first_column_is_real`,
+    :func:`refuse_left_padding_shifting_positions`) names ``tokenizer``'s padding side, not ``attention_mask``: the
+    one way a path that pads its caller's texts itself (``explain_dataset``, ``predict`` / ``accuracy``,
+    ``fine_tune_classifier``) names what its caller passed; its refusal named ``attention_mask``, an argument the
+    caller never passed."""
+    token = _CALLERS_PADDING_SIDE.set(str(getattr(tokenizer, "padding_side", "")))
+    try:
+        yield
+    finally:
+        _CALLERS_PADDING_SIDE.reset(token)
+
+
+def _left_padding_error(rows: Tensor, problem: str, fix: str) -> BcosValueError:
+    """The refusal of rows that start with padding (``rows``: a boolean per row), naming ``attention_mask`` or, inside
+    :func:`padding_named_as_tokenizers`, the tokenizer's padding side."""
+    verb = "starts" if int(rows.sum()) == 1 else "start"
+    side = _CALLERS_PADDING_SIDE.get()
+    if side is None:
+        return argument_error("attention_mask", f"{bad_rows(rows)} {verb} with padding, and {problem}", fix)
+    # a callable without padding_side (or one that says otherwise) is named by what its rows show
+    says = " (tokenizer.padding_side='left')" if side == "left" else ""
+    return argument_error("tokenizer", f"pads on the left{says}, so {bad_rows(rows)} {verb} with padding, and "
+                          f"{problem}", fix)
+
+
 def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "batch pos"] | None,
                                spec: ArchitectureSpec | None = None) -> None:
     """Refuse left padding where it would change a row's numbers, the one check of left padding:
@@ -416,7 +450,6 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
     if not any(value == 0 for value in attention_mask[:, 0].tolist()):
         return
     padded_first = attention_mask[:, 0] == 0
-    verb = "starts" if int(padded_first.sum()) == 1 else "start"
     if first_column:
         setting = (f" with config.{spec.first_column_pooling[0]}={spec.first_column_pooling[1]!r}"
                    if isinstance(spec.first_column_pooling, tuple) else "")
@@ -426,8 +459,7 @@ def check_first_column_is_real(model: nn.Module, attention_mask: Int[Tensor, "ba
         problem = (f"{architecture_name(model)} reads its position embeddings from a table counted from the first "
                    "column and its forward takes no position_ids to count real tokens instead, so the row's "
                    "positions (and every number of it) would be shifted by its padding")
-    raise argument_error("attention_mask", f"{bad_rows(padded_first)} {verb} with padding, and {problem}",
-                         "Pad on the right (tokenizer.padding_side = 'right')")
+    raise _left_padding_error(padded_first, problem, "Pad on the right (tokenizer.padding_side = 'right')")
 
 
 def _check_per_token_ids(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[Tensor, "batch pos"],
@@ -735,11 +767,9 @@ def refuse_left_padding_shifting_positions(model: nn.Module, input_ids: Tensor |
     if (table.padding_idx is not None and input_ids is not None
             and bool((input_ids[attention_mask == 0] == table.padding_idx).all())):
         return
-    verb = "starts" if int(padded_first.sum()) == 1 else "start"
-    raise argument_error(
-        "attention_mask", f"{bad_rows(padded_first)} {verb} with padding, and the {role} {architecture_name(model)} "
-        "(outside the architecture registry, so it is given no position ids) reads learned position embeddings "
-        "counted from the first column: the row's positions, and so its numbers, would be shifted by its padding",
+    raise _left_padding_error(
+        padded_first, f"the {role} {architecture_name(model)} (outside the architecture registry, so it is given no "
+        "position ids) reads learned position embeddings counted from the first column: the row's positions, and so its numbers, would be shifted by its padding",
         "Pad on the right (tokenizer.padding_side = 'right'), or pass position_ids= counting each row's real tokens "
         "(bcos_plugins.attribution.real_token_positions(attention_mask))")
 
