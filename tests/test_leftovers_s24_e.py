@@ -151,3 +151,55 @@ def test_require_bool_names_a_numpy_bool_as_such():
     with pytest.raises(BcosTypeError, match=r"^flag: must be True or False, got str 'no'\. Pass"):
         require_bool("flag", "no")
     assert require_bool("flag", False) is False
+
+
+# ------------------------------------------------------------------ bcosify builds each layer holding its parameter
+
+
+def test_bcosify_copies_no_weight_each_layer_is_built_holding_its_parameter():
+    """bcosify copied every converted weight into a new tensor and then put the original parameter back in its
+    place (33f29df): the copies were allocated, filled and freed for nothing (0.29-0.37 of the conversion's time
+    without them; docs/benchmarks.md, 2026-11-29 05:30 UTC)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.copy_.default:
+                self.shapes.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    for name in ("BertForSequenceClassification", "LlamaForCausalLM", "GPT2LMHeadModel"):
+        model = _stock(name)
+        sources = {n: p for n, p in model.named_parameters()}
+        weight_shapes = {tuple(p.shape) for p in sources.values() if p.ndim == 2}
+        with Copies() as copies:
+            bcosify(model, b=1.5, verbose=False)
+        assert not [s for s in copies.shapes if s in weight_shapes], (name, copies.shapes)
+        for param_name, param in model.named_parameters():
+            assert param is sources[param_name], (name, param_name)  # the very parameters, as 33f29df made them
+
+
+def test_from_linear_and_the_norms_hold_the_parameter_when_asked_and_copy_otherwise():
+    from bcos_plugins.nn import BcosLayerNorm, BcosLinear
+    from bcos_plugins.nn.norm import DetachableRMSNorm
+
+    linear = torch.nn.Linear(6, 4, dtype=torch.float64)
+    held, copied = BcosLinear.from_linear(linear, b=1.25, hold=True), BcosLinear.from_linear(linear, b=1.25)
+    assert held.weight is linear.weight and copied.weight is not linear.weight
+    assert torch.equal(held.weight, copied.weight) and held.bcos_b.item() == 1.25 == held.b
+    assert held.bcos_b.device == linear.weight.device and held.bcos_b.dtype == torch.float64
+    x = torch.randn(3, 6, dtype=torch.float64)
+    assert torch.equal(held(x), copied(x))
+    with pytest.raises(BcosValueError, match=r"^hold: needs a weight parameter of the layer's shape \(8, 6\) "
+                                             r"\(max_out 1\), got a Parameter of shape \(4, 6\)\. Pass hold=False"):
+        BcosLinear.from_linear(linear, b=1.25, max_out=2, hold=True)
+    norm = torch.nn.LayerNorm(6)
+    assert BcosLayerNorm.from_layer_norm(norm, hold=True).weight is norm.weight
+    assert BcosLayerNorm.from_layer_norm(norm).weight is not norm.weight
+    rms = T.models.llama.modeling_llama.LlamaRMSNorm(6)
+    assert DetachableRMSNorm.from_rms_norm(rms, hold=True).weight is rms.weight
+    assert DetachableRMSNorm.from_rms_norm(rms).weight is not rms.weight

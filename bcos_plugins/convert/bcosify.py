@@ -497,15 +497,18 @@ def _action_key(action) -> object:
 def _build(module: nn.Module, action, b: float) -> nn.Module:
     if isinstance(action, nn.Module):
         return action
+    # each layer holds the very parameter it is built from (_keep_source_parameters): built holding it, not from a
+    # copy put aside at once (docs/benchmarks.md, 2026-11-29 05:30 UTC)
     if action == "layer_norm":
-        return BcosLayerNorm.from_layer_norm(module)
+        return BcosLayerNorm.from_layer_norm(module, hold=True)
     if action == "rms_norm":
-        return DetachableRMSNorm.from_rms_norm(module)
+        return DetachableRMSNorm.from_rms_norm(module, hold=True)
     tag = action[0]
+    hold = isinstance(getattr(module, "weight", None), nn.Parameter)
     if tag == "bcos_linear":
-        return BcosLinear.from_linear(module, b=b, constant_outputs=action[1])
+        return BcosLinear.from_linear(module, b=b, constant_outputs=action[1], hold=hold)
     if tag == "bcos_conv1d":
-        return BcosConv1D.from_conv1d(module, b=b, constant_outputs=action[1])
+        return BcosConv1D.from_conv1d(module, b=b, constant_outputs=action[1], hold=hold)
     if tag == "stock_qk_conv1d":
         return StockQueryKeyConv1D(module, b=b, query_key_features=action[1])
     if tag == "activation":

@@ -285,12 +285,17 @@ class BcosLinear(AlignmentPressure):
         return (self.out_features * self.max_out, self.in_features)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, b: float, max_out: int = 1, **kwargs) -> BcosLinear:
+    def from_linear(cls, linear: nn.Linear, b: float, max_out: int = 1, *, hold: bool = False,
+                    **kwargs) -> BcosLinear:
         """Build from a pretrained ``nn.Linear``: weights copied (used row-normalised), bias dropped.
 
         With ``max_out > 1`` each output's M units start as copies of the pretrained row, so the layer
-        starts from the pretrained B-cos output exactly.
+        starts from the pretrained B-cos output exactly. ``hold=True`` (``max_out`` 1): the layer holds
+        ``linear.weight`` itself, the very parameter, not a copy (as :func:`~bcos_plugins.bcosify` converts).
         """
+        if hold:
+            return cls._holding(linear.weight, linear.in_features, linear.out_features, b=b, max_out=max_out,
+                                **kwargs)
         layer = cls._uninitialised(linear.weight, linear.in_features, linear.out_features, b=b, max_out=max_out,
                                    **kwargs)
         with torch.no_grad():
@@ -307,6 +312,20 @@ class BcosLinear(AlignmentPressure):
         """
         layer = cls(*args, device="meta", dtype=like.dtype, **kwargs)
         return layer.to_empty(device=like.device)
+
+    @classmethod
+    def _holding(cls, weight: nn.Parameter, *args, **kwargs) -> BcosLinear:
+        """A layer whose weight is the parameter ``weight`` itself: built on the meta device, so nothing is allocated,
+        initialised or copied (bcosify used to copy each weight and then put the original back in its place:
+        docs/benchmarks.md, 2026-11-29 05:30 UTC), with its B on ``weight``'s device."""
+        layer = cls(*args, device="meta", dtype=weight.dtype, **kwargs)
+        if layer.weight.shape != weight.shape or not isinstance(weight, nn.Parameter):
+            raise argument_error("hold", f"needs a weight parameter of the layer's shape {tuple(layer.weight.shape)} "
+                                 f"(max_out 1), got a {type(weight).__name__} of shape {tuple(weight.shape)}",
+                                 "Pass hold=False to build the layer from a copy", kind=BcosValueError)
+        layer.weight = weight
+        layer._init_b(layer._b, weight.device)
+        return layer
 
     _UNITS_ARE_COLUMNS = False  # BcosConv1D stores the weight (in, out)
 
@@ -401,8 +420,11 @@ class BcosConv1D(BcosLinear):
         return (self.in_features, self.out_features * self.max_out)
 
     @classmethod
-    def from_conv1d(cls, conv, b: float, max_out: int = 1, **kwargs) -> BcosConv1D:
+    def from_conv1d(cls, conv, b: float, max_out: int = 1, *, hold: bool = False, **kwargs) -> BcosConv1D:
+        """Build from transformers' ``Conv1D``, as :meth:`BcosLinear.from_linear` from an ``nn.Linear``."""
         in_features, out_features = conv.weight.shape
+        if hold:
+            return cls._holding(conv.weight, in_features, out_features, b=b, max_out=max_out, **kwargs)
         layer = cls._uninitialised(conv.weight, in_features, out_features, b=b, max_out=max_out, **kwargs)
         with torch.no_grad():
             layer.weight.copy_(conv.weight.repeat_interleave(max_out, dim=1) if max_out > 1 else conv.weight)

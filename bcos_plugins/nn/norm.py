@@ -118,12 +118,17 @@ class BcosLayerNorm(DynamicWeightModule):
             self.register_parameter("weight", None)
 
     @classmethod
-    def from_layer_norm(cls, ln: nn.LayerNorm) -> BcosLayerNorm:
-        """Copy ``gamma`` from a stock ``nn.LayerNorm``; its bias (if any) is dropped."""
+    def from_layer_norm(cls, ln: nn.LayerNorm, *, hold: bool = False) -> BcosLayerNorm:
+        """Copy ``gamma`` from a stock ``nn.LayerNorm``; its bias (if any) is dropped. ``hold=True``: the norm holds
+        ``ln.weight`` itself, the very parameter (as :func:`~bcos_plugins.bcosify` converts), built without one."""
         affine = ln.weight is not None
+        hold = hold and isinstance(ln.weight, nn.Parameter)
         new = cls(ln.normalized_shape, eps=ln.eps, elementwise_affine=affine,
-                  device=ln.weight.device if affine else None, dtype=ln.weight.dtype if affine else None)
-        if affine:
+                  device=("meta" if hold else ln.weight.device) if affine else None,
+                  dtype=ln.weight.dtype if affine else None)
+        if hold:
+            new.weight = ln.weight
+        elif affine:
             with torch.no_grad():
                 new.weight.copy_(ln.weight)
         return new
@@ -173,13 +178,20 @@ class DetachableRMSNorm(DynamicWeightModule):
         self.variance_epsilon = _check_eps(eps)
 
     @classmethod
-    def from_rms_norm(cls, norm: nn.Module) -> DetachableRMSNorm:
+    def from_rms_norm(cls, norm: nn.Module, *, hold: bool = False) -> DetachableRMSNorm:
+        """Copy the gain of a stock RMS norm; ``hold=True``: hold ``norm.weight`` itself, the very parameter (as
+        :func:`~bcos_plugins.bcosify` converts), built without a copy."""
         eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
         if eps is None:
             # torch.nn.RMSNorm(eps=None) adds the machine epsilon of its input's dtype (the model's, its weight's):
             # refused as "eps: must be a finite number > 0, got None", naming no argument the caller passed
             eps = torch.finfo(norm.weight.dtype).eps
-        new = cls(norm.weight.shape[0], eps=eps, device=norm.weight.device, dtype=norm.weight.dtype)
+        hold = hold and isinstance(norm.weight, nn.Parameter)
+        new = cls(norm.weight.shape[0], eps=eps, device="meta" if hold else norm.weight.device,
+                  dtype=norm.weight.dtype)
+        if hold:
+            new.weight = norm.weight
+            return new
         with torch.no_grad():
             new.weight.copy_(norm.weight)
         return new
