@@ -296,3 +296,27 @@ def test_vit_inputs_of_rgba_rgb_or_grey_for_another_channel_count_are_named_with
     converted = {4: lambda: images[:, :3], 3: lambda: images.mean(dim=1, keepdim=True),
                  1: lambda: images.expand(-1, 3, -1, -1)}[given]()
     assert model(pixel_values=converted).logits.shape == (2, 4)
+
+
+def test_gold_mask_from_spans_names_spans_past_an_uncut_text_as_misaligned_not_truncated():
+    """Spans that start past the text's end of a row nothing was cut from (offsets measured in another text) were
+    refused as "truncation cut off" with the fix "Tokenise with a larger max_length", which changes nothing. A row that
+    truncation did cut is still refused as before."""
+    from transformers import AutoTokenizer
+
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.guided import gold_mask_from_spans
+    from bcos_plugins.pretrained import minilm_path
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    whole = tokenizer(["Hello world x", "a b"], return_offsets_mapping=True, padding=True, truncation=True,
+                      max_length=16)
+    with pytest.raises(BcosValueError, match=r"^spans: row 1: \[\(50, 60\)\] for 3 characters: the spans start past "
+                                             r"the segment's last encoded character and nothing was truncated.*"
+                                             r"Measure the spans in the text that was tokenised"):
+        gold_mask_from_spans(whole, [[(6, 11)], [(50, 60)]])
+    cut = tokenizer(["Hello world x", "a b c d e f g h"], return_offsets_mapping=True, padding=True, truncation=True,
+                    max_length=5)
+    with pytest.raises(BcosValueError, match=r"^spans: rows \[1\] mark only text that truncation cut off"):
+        gold_mask_from_spans(cut, [[(6, 11)], [(12, 13)]])
+    assert gold_mask_from_spans(whole, [[(6, 11)], [(0, 1)]]).tolist() == [[0, 0, 1, 0, 0], [0, 1, 0, 0, 0]]

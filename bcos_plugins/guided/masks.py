@@ -132,7 +132,12 @@ def gold_mask_from_spans(
                              "Pass one list of (start, end) spans per encoded row")
     spans = [_require_row_spans(i, row_spans) for i, row_spans in enumerate(spans)]
     mask = torch.zeros(len(offsets), len(offsets[0]))
-    cut, partly = [], []
+    cut, partly, misaligned = [], [], []
+    # whether truncation cut a row is known from a fast tokenizer's overflow (not for the windows of
+    # return_overflowing_tokens, whose text goes on in other rows): unknown counts as cut, as before
+    parts = getattr(encoding, "encodings", None) or []
+    uncut = ([not part.overflowing for part in parts] if len(parts) == len(offsets)
+             and "overflow_to_sample_mapping" not in encoding else [False] * len(offsets))
     for i, (row_offsets, row_spans) in enumerate(zip(offsets, spans, strict=True)):
         segments = encoding.sequence_ids(i)
         if row_spans and segment not in segments:
@@ -149,10 +154,18 @@ def gold_mask_from_spans(
         # A span past the last encoded character was truncated away: the row's mask would be all zeros, read
         # by the metrics and the guidance as "no rationale" (the example silently unsupervised).
         if mask[i].sum() == 0 and any(b > a and a >= text_end for a, b in row_spans):
-            cut.append(i)
+            (misaligned if uncut[i] else cut).append(f"row {i}: {row_spans[:3]} for {text_end} characters" if uncut[i]
+                                                     else i)
         elif (lost := sum(b - max(a, text_end) for a, b in row_spans if b > a and b > text_end)) > 0:
             # Cut only partly: the row keeps a smaller rationale than annotated (see Warns above).
             partly.append(f"row {i}: {lost} of {sum(max(b - a, 0) for a, b in row_spans)} characters")
+    if misaligned:
+        # nothing was cut there: the refusal below blamed truncation and asked for a larger max_length
+        raise argument_error("spans", f"{'; '.join(misaligned[:4])}: the spans start past the segment's last encoded "
+                             "character and nothing was truncated, so they do not line up with the encoded text "
+                             "(offsets measured in another text, or in the other segment)", "Measure the spans in the "
+                             "text that was tokenised (e.g. find_span(text, phrase)), and pass the segment they "
+                             "belong to")
     if cut:
         raise argument_error("spans", f"rows {cut[:8]} mark only text that truncation cut off (the segment's "
                              "tokens end before the rationale starts), so their masks would be empty",
