@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 import torch
 from torch import Tensor, nn
 
-from ..errors import argument_error
+from ..errors import BcosTypeError, argument_error
 
 __all__ = ["DynamicWeightModule", "dynamic_weights_used", "evaluating", "explanation_mode", "has_dynamic_weights",
            "is_explaining", "no_parameter_gradients", "parameter_gradients_unused"]
@@ -172,14 +172,24 @@ class DynamicWeightModule(nn.Module):
         return torch.no_grad() if _explaining_here(self) else nullcontext()
 
 
+def _require_module(value, call: str, name: str = "model") -> None:
+    """Refuse a ``model`` of :func:`explanation_mode`, :func:`is_explaining` or :func:`has_dynamic_weights` that is
+    no ``nn.Module``: "'str' object has no attribute 'training'" (or '_modules', 'modules') was all a call got."""
+    if not isinstance(value, nn.Module):
+        raise argument_error(name, f"must be a torch.nn.Module, got {type(value).__name__}",
+                             f"Pass the model (or layer) itself: {call}", kind=BcosTypeError)
+
+
 def has_dynamic_weights(model: nn.Module) -> bool:
     """Whether ``model`` contains dynamic-weight modules (it was B-cosified, or built B-cos or bilinear)."""
+    _require_module(model, "has_dynamic_weights(model)")
     # the walk stops at the first dynamic module (explain asks at every call)
     return any(isinstance(m, DynamicWeightModule) for m in _each_module(model))
 
 
 def is_explaining(module: nn.Module) -> bool:
     """True if any dynamic-weight submodule of ``module`` is in explanation mode."""
+    _require_module(module, "is_explaining(model)", "module")
     return any(m.explaining for m in module.modules() if isinstance(m, DynamicWeightModule))
 
 
@@ -219,6 +229,7 @@ def explanation_mode(model: nn.Module | None = None) -> Iterator[nn.Module | Non
         finally:
             _switch([_EVERY_MODULE], -1)
         return
+    _require_module(model, "explanation_mode(model), or explanation_mode() for every module this thread runs")
     modules, training_flags = _dynamic_modules_and_training(model)
     keys = [id(m) for m in modules]  # the modules stay alive (``modules``) until the block ends: no id is reused
     with _in_eval_mode(model, training_flags):

@@ -507,6 +507,9 @@ def _inference_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, *, overwr
 # torch's private functorch predicates, read in one place (_blocks_the_product, _plain_gradient)
 _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
+# whether a torch.func transform (grad, jacrev, vmap, ...) runs: one C call (25 ns; two is_functorch_wrapped_tensor
+# calls cost 400 ns), read by the training nodes' callers (bcos_product, BcosLinear._trains_fused)
+functorch_transforms_active = torch._C._are_functorch_transforms_active
 
 
 # Outputs of at least this many bytes take the blocked product (_blocks_the_product), in blocks of rows of about
@@ -781,11 +784,25 @@ class _BcosProduct(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
+        # (a BcosConv2d, a MaxOut layer: a second derivative failed inside torch, in the second backward pass, with
+        # "modified by an inplace operation", the gradient written into in place below)
+        _refuse_second_derivative("product's", "writes the gradient into its own buffers in place")
         lin, x_norm, *b_tensor = ctx.saved_tensors
         b = b_tensor[0] if b_tensor else ctx.b
         grad_lin, grad_norm = _scale_backward(grad_out, [*_scale_from_lin(lin, x_norm, b)], x_norm, b,
                                               ctx.needs_input_grad[1], lin=lin)
         return grad_lin.to(lin.dtype), grad_norm, None
+
+
+def _refuse_second_derivative(what: str, why: str) -> None:
+    """Refuse a backward pass that the engine records (``create_graph=True``) through a training B-cos node whose
+    backward is not differentiable again (:class:`BcosLinearNode`, :class:`_BcosProduct`), naming the one path that
+    is: the reference path's step-by-step maths."""
+    if torch.is_grad_enabled():  # the engine records the backward pass: create_graph=True
+        raise argument_error(
+            "create_graph", f"a training B-cos {what} backward pass cannot be differentiated again (it {why})",
+            "take second derivatives inside bcos_plugins.nn.reference_path(), whose step-by-step maths autograd "
+            "differentiates twice", kind=BcosRuntimeError)
 
 
 def _scale_from_lin(lin: Tensor, x_norm: Tensor, b: float | Tensor) -> tuple[Tensor, Tensor]:
@@ -969,13 +986,8 @@ class BcosLinearNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        if torch.is_grad_enabled():  # the engine records the backward pass: create_graph=True
-            raise argument_error(
-                "create_graph", "a training B-cos linear layer's backward pass cannot be differentiated again (it "
-                "recomputes the unit-norm weight and the scale without recording them, so a second derivative "
-                "would silently miss their terms)", "take second derivatives inside "
-                "bcos_plugins.nn.reference_path(), whose step-by-step maths autograd differentiates twice",
-                kind=BcosRuntimeError)
+        _refuse_second_derivative("linear layer's", "recomputes the unit-norm weight and the scale without "
+                                  "recording them, so a second derivative would silently miss their terms")
         x, weight, norms, kept, x_norm, b_tensor = ctx.saved_tensors
         b = ctx.b if b_tensor is None else b_tensor
         matmul_dtype = grad_out.dtype  # lin's
@@ -1093,6 +1105,11 @@ def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: boo
         if torch.compiler.is_compiling():  # (inductor fuses the slices and the concatenation)
             return detach_units(lin * dyn, constant_units)
         return _PartlyConstantProduct.apply(lin, dyn, constant_units, overwrite_lin)
+    if functorch_transforms_active():
+        # torch.func's transforms (grad, jacrev, vmap of a training call) take no autograd.Function without
+        # setup_context (which _BcosProduct leaves out for its per-call cost): torch's "must override the
+        # setup_context staticmethod" was all a call got. The step-by-step maths, the reference path's
+        return bcos_scale(lin, x_norm, b) * lin
     _require_pressure(b)
     return _BcosProduct.apply(lin, x_norm, b)
 

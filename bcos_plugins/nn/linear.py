@@ -36,6 +36,7 @@ from .functional import (
     detach_units,
     explaining_linear,
     explaining_scale,
+    functorch_transforms_active,
     inference_linear,
     input_norm,
     max_out,
@@ -401,7 +402,9 @@ class BcosLinear(AlignmentPressure):
         explanation mode), no MaxOut (its maximum needs the pre-scale outputs of every unit of a group: the
         unfused steps keep them) and not the reference path."""
         return (self.max_out == 1 and torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-                and not self.explaining and not using_reference_path())
+                and not self.explaining and not using_reference_path()
+                # torch.func's transforms take no autograd.Function without setup_context (bcos_product's note)
+                and not functorch_transforms_active())
 
     def extra_repr(self) -> str:
         extra = f", max_out={self.max_out}" if self.max_out > 1 else ""
