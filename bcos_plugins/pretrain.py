@@ -35,7 +35,7 @@ from ._checks import (
 from .convert.architectures import SPECS, spec_for
 from .convert.bcosify import bcosify, plan_conversion
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
-from .corpus import require_texts_with_tokens, require_tokenizer_fits
+from .corpus import mask_keywords, require_texts_with_tokens, require_tokenizer_fits
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, BcosValueError, argument_error
 from .fine_tuning import (
@@ -220,8 +220,8 @@ def pretrain_masked_lm(
             model=model,
             args=args,
             train_dataset=dataset,
-            data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=mlm_probability,
-                                                          seed=seed),
+            data_collator=MaskedLMPadding(tokenizer, DataCollatorForLanguageModeling(
+                tokenizer, mlm=True, mlm_probability=mlm_probability, seed=seed)),
             # the masked-LM cross-entropy through a loss of our own: transformers' masked LMs take **kwargs, so the
             # Trainer left the division by the accumulation steps to them and they ignore num_items_in_batch (with
             # gradient_accumulation_steps=2 the loss and gradients were twice too large)
@@ -232,6 +232,27 @@ def pretrain_masked_lm(
         train_handing_back_own_forward(trainer, model, args.resume_from_checkpoint)
         model.eval()
         return trainer
+
+
+class MaskedLMPadding:
+    """Pads a batch with the attention mask before ``collate`` (``DataCollatorForLanguageModeling``, which pads without
+    asking for it) masks its tokens: with a tokenizer whose ``model_input_names`` leave the mask out
+    (:func:`~bcos_plugins.corpus.mask_keywords`) every padded row was pre-trained on with its padding attended to as
+    tokens, silently. Any other tokenizer's batch goes to ``collate`` as before."""
+
+    def __init__(self, tokenizer, collate) -> None:
+        self.tokenizer, self.collate = tokenizer, collate
+        self.keywords = ({} if "attention_mask" in getattr(tokenizer, "model_input_names", ["attention_mask"])
+                         else mask_keywords(tokenizer))
+
+    def __call__(self, features: list[dict]) -> dict:
+        if self.keywords:
+            from transformers.data.data_collator import pad_without_fast_tokenizer_warning
+
+            # padded to one length with the mask here, so collate pads nothing and keeps the mask
+            padded = pad_without_fast_tokenizer_warning(self.tokenizer, features, padding=True, **self.keywords)
+            features = [{key: values[i] for key, values in padded.items()} for i in range(len(features))]
+        return self.collate(features)
 
 
 def classifier_from_masked_lm(masked_lm, num_labels: int = 2, *, pooler_from=None) -> nn.Module:

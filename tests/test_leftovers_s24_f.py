@@ -5,7 +5,8 @@ before its fix:
   all-MiniLM-L6-v2 BERT tokenizer): the inseq adapter's ``BcosClassifier.attribute`` read ``enc["attention_mask"]``
   and failed with ``KeyError: 'attention_mask'``; ``fine_tune_classifier`` padded its batches without a mask, so every
   padded row was trained on with its padding attended to as tokens, silently. Both ask for the mask through
-  ``corpus.mask_keywords``, as ``predict`` does.
+  ``corpus.mask_keywords``, as ``predict`` does. ``pretrain_masked_lm`` (``DataCollatorForLanguageModeling``) padded
+  without a mask too, silently; it pads with the mask first (``pretrain.MaskedLMPadding``).
 - ``predict`` / ``accuracy`` cut texts to 64 tokens by default (or to ``max_length``) without a word, where
   ``explain_dataset`` warns: both now warn through one helper (``corpus.warn_of_truncated_texts``), naming how many
   texts were cut, which, and the ``max_length`` that keeps every token.
@@ -76,6 +77,29 @@ def test_fine_tune_classifier_with_a_tokenizer_that_returns_no_mask_trains_as_wi
         fine_tune_classifier(model, tokenizer, _TEXTS, [1, 0, 1, 0], epochs=1, batch_size=4, learning_rate=1e-2,
                              progress=False, output_dir=str(tmp_path / str(len(trained))), save_strategy="no",
                              report_to=[])
+        trained.append(model.state_dict())
+    for name, value in trained[0].items():
+        torch.testing.assert_close(trained[1][name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_pretrain_masked_lm_with_a_tokenizer_that_returns_no_mask_trains_as_with_the_mask(tmp_path):
+    """DataCollatorForLanguageModeling padded without a mask: each padded row was pre-trained on with its padding
+    attended to as tokens, silently."""
+    from transformers import BertForMaskedLM
+
+    from bcos_plugins.pretrain import pretrain_masked_lm
+
+    maskless, masked = _minilm_tokenizer(with_mask=False), _minilm_tokenizer(with_mask=True)
+    trained = []
+    for tokenizer in (masked, maskless):
+        torch.manual_seed(0)
+        config = BertConfig(vocab_size=len(masked), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0)
+        model = bcosify(BertForMaskedLM(config), verbose=False)
+        model = pretrain_masked_lm(model, tokenizer, _TEXTS * 2, epochs=1, batch_size=8, learning_rate=1e-2,
+                                   mlm_probability=0.5, progress=False, output_dir=str(tmp_path / str(len(trained))),
+                                   save_strategy="no", report_to=[]).model
         trained.append(model.state_dict())
     for name, value in trained[0].items():
         torch.testing.assert_close(trained[1][name], value, rtol=1e-5, atol=1e-6, msg=name)
