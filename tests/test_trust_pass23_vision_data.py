@@ -320,3 +320,24 @@ def test_gold_mask_from_spans_names_spans_past_an_uncut_text_as_misaligned_not_t
     with pytest.raises(BcosValueError, match=r"^spans: rows \[1\] mark only text that truncation cut off"):
         gold_mask_from_spans(cut, [[(6, 11)], [(12, 13)]])
     assert gold_mask_from_spans(whole, [[(6, 11)], [(0, 1)]]).tolist() == [[0, 0, 1, 0, 0], [0, 1, 0, 0, 0]]
+
+
+# ------------------------------------------------------------------ image metrics (bcos_plugins/metrics/image.py)
+
+
+def test_image_metrics_refuse_a_boolean_mask_as_attribution_maps():
+    """A boolean mask was read as maps of 1 and 0: the pointing game shared it out and the ranking broke its ties at
+    random, silently (the text metrics refuse boolean scores); its float() is still taken as scores."""
+    from bcos_plugins.metrics.image import grid_pointing_game, pixel_perturbation, pixel_ranking
+
+    torch.manual_seed(0)
+    mask = torch.rand(2, 8, 8) > 0.5
+    with pytest.raises(BcosTypeError, match=r"^attributions: are a boolean tensor, not attribution maps\. Pass"):
+        grid_pointing_game(mask, 0)
+    with pytest.raises(BcosTypeError, match=r"^attributions: are a boolean tensor"):
+        pixel_ranking(mask)
+    with pytest.raises(BcosTypeError, match=r"^attributions: are a boolean tensor"):
+        pixel_perturbation(lambda x: x.flatten(1)[:, :3], torch.rand(2, 1, 8, 8), mask, 0)
+    shares = grid_pointing_game(mask.float(), 0)
+    expected = mask[:, :4, :4].flatten(1).sum(1) / mask.flatten(1).sum(1)
+    assert torch.allclose(shares, expected.float())

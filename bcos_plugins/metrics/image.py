@@ -71,6 +71,12 @@ def _spatial(attributions: Tensor, name: str = "attributions") -> Tensor:
                                   shape_hint="(batch, H, W) or (batch, C, H, W)")
     if 0 in attributions.shape:
         raise argument_error(name, f"are empty (shape {tuple(attributions.shape)})", "Pass at least one map")
+    if attributions.dtype == torch.bool:
+        # a mask ranked and shared as maps of 1 and 0 (its ties broken at random), silently; the text metrics refuse
+        # boolean scores too
+        raise argument_error(name, "are a boolean tensor, not attribution maps", "Pass the explanation's maps "
+                             "(explanation.contributions), or a mask's float() if it is meant as scores",
+                             kind=BcosTypeError)
     if not attributions.is_floating_point():
         attributions = attributions.double()
     # ranked, summed over channels and shared out in at least float32: in half precision a channel sum keeps 3
