@@ -337,8 +337,9 @@ def test_classifier_reading_the_first_column_refuses_a_left_padding_tokenizer(na
         alone = adapter.load_classifier(model, tokenizer).attribute(text).sequence_attributions[0]
         torch.testing.assert_close(seq.source_attributions, alone.source_attributions, rtol=1e-5, atol=1e-6)
     tokenizer.padding_side = "left"
-    with pytest.raises(BcosValueError, match=rf"^attention_mask: row \[1\] starts with padding, and {name} classifies "
-                                             r"from the first column.*Pad on the right \(tokenizer\.padding_side"):
+    with pytest.raises(BcosValueError, match=rf"^tokenizer: pads on the left \(tokenizer\.padding_side='left'\), so "
+                       rf"row \[1\] starts with padding, and {name} classifies "
+                       r"from the first column.*Pad on the right \(tokenizer\.padding_side"):
         adapter.load_classifier(model, tokenizer).attribute(texts)
 
 

@@ -11,7 +11,8 @@ before its fix:
   ``explain_dataset`` warns: both now warn through one helper (``corpus.warn_of_truncated_texts``), naming how many
   texts were cut, which, and the ``max_length`` that keeps every token.
 - A tokenizer that pads on the left, for a classifier that reads the first column: ``explain_dataset`` (and
-  ``predict``, ``fine_tune_classifier``) refused it naming ``attention_mask``, an argument the caller never passed.
+  ``predict``, ``fine_tune_classifier``, ``space.predict_labels``, the inseq ``BcosClassifier``) refused it naming
+  ``attention_mask``, an argument the caller never passed.
   The refusal names the tokenizer's padding side (``attribution.text.padding_named_as_tokenizers``) and keeps the fix.
 """
 
@@ -192,3 +193,18 @@ def test_explain_keeps_naming_attention_mask_for_the_mask_its_caller_passed():
     enc = tokenizer(_TEXTS[:2], padding=True, return_tensors="pt")
     with pytest.raises(BcosValueError, match=r"^attention_mask: row \[1\] starts with padding"):
         explain(model, enc["input_ids"], enc["attention_mask"])
+
+
+def test_predict_labels_and_the_inseq_classifier_refuse_left_padding_naming_the_tokenizers_padding_side():
+    """Both pad their caller's texts themselves; their refusals named attention_mask, never passed."""
+    from bcos_plugins.adapters.inseq import load_classifier
+
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.space import predict_labels
+
+    tokenizer = _left_padding_tokenizer()
+    model = _bcos_bert(len(tokenizer))
+    with pytest.raises(BcosValueError, match=_NAMES_THE_TOKENIZER):
+        predict_labels(model, tokenizer, _TEXTS[:2], batch_size=2)
+    with pytest.raises(BcosValueError, match=_NAMES_THE_TOKENIZER):
+        load_classifier(model, tokenizer).attribute(_TEXTS[:2])

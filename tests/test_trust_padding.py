@@ -180,7 +180,8 @@ def test_space_predict_labels_names_the_refused_rows_by_their_index_in_texts():
 
     tokenizer = _left_padding_pair_tokenizer()
     texts = ["w1 w2", "w2 w1", "w1 w2 w1", "w1"]
-    with pytest.raises(BcosValueError, match=r"^attention_mask: row \[3\] starts with padding.*" + PAD_ON_THE_RIGHT):
+    with pytest.raises(BcosValueError, match=TOKENIZER_PADS_LEFT + r"row \[3\] starts with padding.*"
+                       + PAD_ON_THE_RIGHT):
         predict_labels(tiny_model("BertForSequenceClassification"), tokenizer, texts, batch_size=2)
 
 

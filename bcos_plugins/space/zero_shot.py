@@ -24,7 +24,12 @@ from .._checks import (
     rows_named_as,
     warn_if_another_models_tokenizer,
 )
-from ..attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
+from ..attribution.text import (
+    padding_named_as_tokenizers,
+    refuse_nan_logits,
+    registry_spec,
+    rows_as_alone_call,
+)
 from ..corpus import mask_keywords, require_texts_with_tokens, require_tokenizer_ids_fit
 from ..errors import BcosFileError, BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
@@ -147,7 +152,9 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
             mask = batch.get("attention_mask")
             require_texts_with_tokens([batch["input_ids"].shape[1]] * len(rows) if mask is None
                                       else mask.sum(1).tolist(), rows, texts, "texts", "predict")
-            with rows_named_as(rows):  # refusals name the texts' indices, not the batch's rows
+            # refusals name the texts' indices, not the batch's rows, and of left padding the tokenizer (they named
+            # attention_mask, an argument the caller never passed)
+            with rows_named_as(rows), padding_named_as_tokenizers(tokenizer):
                 call = rows_as_alone_call(model, batch["input_ids"], batch.get("attention_mask"),
                                           tokenizer_outputs=batch, spec=spec)
             logits = model(**call).logits
