@@ -555,6 +555,22 @@ def _reduces_d_model(name) -> bool:
     return isinstance(name, type) and issubclass(name, SequenceAttributionAggregator)
 
 
+def _sums_d_model(name, fn) -> bool:
+    """Whether a step that reduces the embedding dimension takes the plain sum: ``"sum"`` itself, or the scores
+    aggregator / ``"signed_sum"`` with no function (a B-cos output's is the sum) or the sum."""
+    if isinstance(name, str) and name not in ("scores", SIGNED_SUM):
+        return name == "sum"
+    return fn is None or fn == "sum" or isinstance(fn, SumAggregationFunction) or (
+        isinstance(fn, type) and issubclass(fn, SumAggregationFunction))
+
+
+def _step_label(name, fn) -> str:
+    """An aggregation step as the caller named it, for a message."""
+    def label(x):
+        return repr(x) if isinstance(x, str) else getattr(x, "__name__", type(x).__name__)
+    return label(name) if fn is None else f"{label(name)} ({label(fn)})"
+
+
 def _column_totals(seq: FeatureAttributionSequenceOutput) -> Tensor | None:
     """Each attributed column's contributions summed over the tokens (and d_model where not aggregated), in float64;
     rows not generated yet (NaN) count for nothing."""
@@ -648,7 +664,25 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
         aggregated = super().aggregate(aggregator, aggregate_fn, *args, **kwargs)
         if slicing:
             aggregated._restate_deltas_after_slicing(before)
+        reduced = [(name, fn) for name, fn in steps if _reduces_d_model(name)]
+        other = next(((name, fn) for name, fn in reduced if not _sums_d_model(name, fn)), None)
+        if other is not None or (reduced and (kwargs.get("normalize") or kwargs.get("rescale"))):
+            # the token scores are then a norm, a maximum or a share of the column, not the signed contributions
+            # whose sum deltas compares with the attributed value: a completeness claim they do not make
+            how = (f"with {_step_label(*other)} instead of the signed sum" if other is not None
+                   else "as a normalised or rescaled sum")
+            aggregated._drop_stale_deltas(f"aggregate() reduced the embedding dimension {how}, so the token scores "
+                                          "no longer sum to the attributed values",
+                                          "Check completeness on aggregate() (the signed, unnormalised sum)")
         return aggregated
+
+    def _drop_stale_deltas(self, what: str, fix: str) -> None:
+        """Drops the step score ``deltas`` (sum of contributions - attributed value), with one warning, where a
+        transform left columns that no longer explain the attributed values: the one rule for every such transform."""
+        if isinstance(self.step_scores, dict) and "deltas" in self.step_scores:
+            del self.step_scores["deltas"]
+            warnings.warn(f"inseq: {what}; the step score 'deltas' (sum of contributions - attributed value) was "
+                          f"dropped rather than left stale. {fix}", UserWarning, stacklevel=4)
 
     def _restate_deltas_after_slicing(self, before: Tensor | None) -> None:
         """A slice keeps some tokens' contributions and leaves the others out, so the columns no longer sum to the
@@ -662,11 +696,10 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
         if before is not None and after is not None and after.shape == before.shape == deltas.shape:
             self.step_scores["deltas"] = (deltas.double() + (after - before)).to(deltas.dtype)
             return
-        del self.step_scores["deltas"]  # columns merged in the same call: nothing to line them up with
-        warnings.warn("inseq: the 'slices' aggregation left some tokens' contributions out and merged columns in the "
-                      "same call, so the step score 'deltas' (sum of contributions - attributed value) could not be "
-                      "restated and was dropped rather than left stale; slice in a call of its own to keep it",
-                      UserWarning, stacklevel=3)
+        # columns merged in the same call: nothing to line them up with
+        self._drop_stale_deltas("the 'slices' aggregation left some tokens' contributions out and merged columns in "
+                                "the same call, so 'deltas' could not be restated for the tokens kept",
+                                "Slice in a call of its own to keep it")
 
     def weight_attributions(self, step_fn_id: str):
         """inseq's ``weight_attributions``, dropping the step score ``deltas``: each column is multiplied by its step
@@ -674,12 +707,9 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
         contributions - attributed value), computed before, no longer said what the columns sum to (a column weighted
         by its probability summed to 1e-5 while ``deltas`` still claimed 1e-7 of the logit), silently."""
         weighted = super().weight_attributions(step_fn_id)
-        if isinstance(weighted.step_scores, dict) and "deltas" in weighted.step_scores:
-            del weighted.step_scores["deltas"]
-            warnings.warn(f"inseq: weight_attributions({step_fn_id!r}) multiplied each column by its step score "
-                          f"{step_fn_id!r}, so the columns no longer sum to the attributed values; the step score "
-                          "'deltas' (sum of contributions - attributed value) was dropped rather than left stale. "
-                          "Check completeness before weighting", UserWarning, stacklevel=3)
+        weighted._drop_stale_deltas(f"weight_attributions({step_fn_id!r}) multiplied each column by its step score "
+                                    f"{step_fn_id!r}, so the columns no longer sum to the attributed values",
+                                    "Check completeness before weighting")
         return weighted
 
     # inseq 0.7.1's own bounds reduce over every score with max(), which fails on a row without columns (a row that

@@ -1,0 +1,66 @@
+"""Note 23 leftovers, session 24 (helper-173): inseq deltas after a reduction other than the sum, TransformerLens
+weight-processing keywords, the near-zero-logit refusal's fix, held norms' plain-tensor weights. Each test fails
+before its fix."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
+import inseq
+import pytest
+import torch
+import transformers as T
+from test_inseq_adapter import TOKENIZER_DIR, _tiny_lm
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+@pytest.fixture(scope="module")
+def attributed():
+    """One "bcos" attribution of a prompt of 5 tokens and 3 generated ones, with its logit step score."""
+    tokenizer = T.GPT2Tokenizer.from_pretrained(TOKENIZER_DIR)
+    attribution_model = inseq.load_model(_tiny_lm("gpt2", len(tokenizer)), "bcos", tokenizer=tokenizer)
+    return attribution_model.attribute("The cat sat on the", generation_args={"max_new_tokens": 3, "do_sample": False},
+                                       step_scores=["logit"], show_progress=False)
+
+
+# ------------------------------------------------------------------ 1. inseq: deltas after a reduction not the sum
+
+
+@pytest.mark.parametrize(("aggregator", "kwargs", "how"), [
+    ("vnorm", {}, r"with 'vnorm' instead of the signed sum"),
+    ("absmax", {}, r"with 'absmax' instead of the signed sum"),
+    ("scores", {"aggregate_fn": "vnorm"}, r"with 'scores' \('vnorm'\) instead of the signed sum"),
+    (None, {"normalize": True}, r"as a normalised or rescaled sum"),
+    ("sum", {"normalize": True}, r"as a normalised or rescaled sum"),
+    (["spans", "vnorm"], {"target_spans": (1, 3)}, r"with 'vnorm' instead of the signed sum"),
+])
+def test_inseq_reductions_other_than_the_sum_drop_the_deltas_they_would_leave_stale(attributed, aggregator, kwargs,
+                                                                                    how):
+    """``aggregate("vnorm")``, ``"absmax"`` or ``normalize=True`` turn each column into norms, maxima or shares (a
+    column summing to 1, or to 3.1 of norms, for a 0.45 logit) and kept ``deltas`` (sum of contributions - logit,
+    1e-7), a completeness claim about the signed sum they no longer are, silently. Dropped now, with the one
+    warning that weight_attributions gives; the output aggregated from keeps its own."""
+    before = copy.deepcopy(attributed.sequence_attributions[0].step_scores["deltas"])
+    with pytest.warns(UserWarning, match=rf"^inseq: aggregate\(\) reduced the embedding dimension {how}, so the "
+                                         r"token scores no longer sum to the attributed values; the step score "
+                                         r"'deltas' .* was dropped rather than left stale\. Check completeness on "
+                                         r"aggregate\(\)"):
+        seq = attributed.aggregate(aggregator, **kwargs).sequence_attributions[0]
+    assert "deltas" not in seq.step_scores and "logit" in seq.step_scores
+    torch.testing.assert_close(attributed.sequence_attributions[0].step_scores["deltas"], before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("aggregator", "kwargs"), [(None, {}), ("sum", {}), ("scores", {}),
+                                                    ("scores", {"aggregate_fn": "sum"}), ("signed_sum", {}),
+                                                    (["spans", "sum"], {"target_spans": (1, 3)})])
+def test_inseq_the_signed_sum_keeps_its_deltas_unwarned(attributed, aggregator, kwargs):
+    """The signed, unnormalised sum keeps ``deltas``, which still hold: sum(scores) - logit = deltas."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        seq = attributed.aggregate(aggregator, **kwargs).sequence_attributions[0]
+    totals = torch.nansum(seq.target_attributions.double(), dim=0)
+    torch.testing.assert_close(totals - seq.step_scores["deltas"].double(), seq.step_scores["logit"].double(),
+                               rtol=1e-5, atol=1e-5)
