@@ -91,6 +91,7 @@ from bcos_plugins.attribution.text import (
     non_finite_embedding_cause,
     padded_float64_nan_cause,
     rows_as_alone_call,
+    token_inputs_and_padding,
 )
 from bcos_plugins.convert.architectures import spec_for, uncompiled
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
@@ -324,10 +325,29 @@ def _placeholder_ids(model: nn.Module, mask: Tensor) -> Tensor:
 _EMBEDDED_MASK = "_bcos_plugins_embedded_mask"
 
 
-def _remember_mask(embeddings: Tensor, attention_mask: Tensor | None) -> Tensor:
-    if attention_mask is not None and not bool(attention_mask.bool().all()):
+def _remember_mask(embeddings: Tensor, attention_mask: Tensor | None, padded: bool | None) -> Tensor:
+    """``embeddings`` holding ``attention_mask`` where it pads a row; ``padded`` is the token check's reading of that
+    (``None``: not known, read here, one device sync)."""
+    if attention_mask is not None and (not bool(attention_mask.bool().all()) if padded is None else padded):
         setattr(embeddings, _EMBEDDED_MASK, attention_mask.detach())
     return embeddings
+
+
+def _carry_mask(source: Tensor, leaf: Tensor) -> Tensor:
+    """``leaf`` (a new tensor made from ``source``) holding the mask ``source`` holds: set only where it pads a row
+    (:func:`_remember_mask`), so it is carried as it is, without reading it again (a device sync per call)."""
+    embedded = getattr(source, _EMBEDDED_MASK, None)
+    if embedded is not None:
+        setattr(leaf, _EMBEDDED_MASK, embedded)
+    return leaf
+
+
+def _same_values(mask: Tensor, embedded: Tensor) -> bool:
+    """Whether ``mask`` is the remembered mask itself or a view of its very memory (same storage, offset, shape,
+    strides and dtype: the same values without comparing them, which costs a device sync per forward)."""
+    return mask is embedded or (not mask.is_meta and mask.device == embedded.device and mask.dtype == embedded.dtype
+                                and mask.shape == embedded.shape and mask.stride() == embedded.stride()
+                                and mask.data_ptr() == embedded.data_ptr())
 
 
 def _refuse_another_mask(embeddings: Tensor, attention_mask) -> None:
@@ -345,8 +365,9 @@ def _refuse_another_mask(embeddings: Tensor, attention_mask) -> None:
                              "rows", "Pass additional_forward_args=(attention_mask,), the mask given to "
                              "fwd.embed(input_ids, attention_mask) (calling fwd directly: fwd(embeddings, "
                              "attention_mask))")
-    if isinstance(attention_mask, Tensor) and (attention_mask.shape != embedded.shape or not torch.equal(
-            attention_mask.to(embedded.device).bool(), embedded.bool())):
+    if isinstance(attention_mask, Tensor) and not _same_values(attention_mask, embedded) and (
+            attention_mask.shape != embedded.shape
+            or not torch.equal(attention_mask.to(embedded.device).bool(), embedded.bool())):
         raise argument_error("attention_mask", "is another mask than the one the embeddings were embedded with (their "
                              "positions were counted from that one, and its padding is not real tokens)",
                              "Pass the mask given to fwd.embed(input_ids, attention_mask)")
@@ -407,12 +428,12 @@ class EmbeddingForward(nn.Module):
     def embed(self, input_ids: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None = None,
               **forward_kwargs) -> Float[Tensor, "batch pos d_model"]:
         """The attribution-point tensor of ``input_ids`` (the forward pass stops right after computing it)."""
-        input_ids, attention_mask = check_token_inputs(self.model, input_ids, attention_mask)
+        input_ids, attention_mask, padded = token_inputs_and_padding(self.model, input_ids, attention_mask)
         self._check_no_real_pad_ids(input_ids, attention_mask)
         captured: list[Tensor] = []
 
         def grab(t: Tensor) -> Tensor:
-            captured.append(_remember_mask(t.detach().clone(), attention_mask))
+            captured.append(_remember_mask(t.detach().clone(), attention_mask, padded))
             raise _StopForward
 
         kwargs = rows_as_alone_call(self.model, input_ids, attention_mask, forward_kwargs, spec=self.spec)
@@ -712,7 +733,7 @@ class BcosAttribution(GradientAttribution):
 
         def compute():
             # new tensors: they carry the mask EmbeddingForward.embed gave the inputs, which its forward checks
-            leaves = tuple(_remember_mask(as_leaf(x), getattr(x, _EMBEDDED_MASK, None)) for x in inputs_t)
+            leaves = tuple(_carry_mask(x, as_leaf(x)) for x in inputs_t)
             with (nullcontext() if self.model is None
                   else recording_forward_autocast(self.model, forward_autocast)), _recording_embedding_rounding(rounded):
                 out = CaptumInternals.run_forward(self.forward_func, leaves, None, extra)
