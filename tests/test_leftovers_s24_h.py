@@ -64,3 +64,25 @@ def test_inseq_the_signed_sum_keeps_its_deltas_unwarned(attributed, aggregator, 
     totals = torch.nansum(seq.target_attributions.double(), dim=0)
     torch.testing.assert_close(totals - seq.step_scores["deltas"].double(), seq.step_scores["logit"].double(),
                                rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ 2. TransformerLens: weight-processing keywords
+
+
+@pytest.mark.parametrize("keyword", ["fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
+                                     "refactor_factored_attn_matrices"])
+def test_hooked_transformer_from_hf_keeps_a_closed_signature_without_weight_processing_keywords(keyword):
+    """Decision: ``hooked_transformer_from_hf`` takes no ``**kwargs``, so HookedTransformer.from_pretrained's weight
+    processing keywords get Python's own "unexpected keyword argument" naming them, before anything is built (and a
+    type checker flags them). Weight processing assumes fixed weights, a B-cos model's are input-dependent, and the
+    cache's own decompositions are exact without it (docs/hosts/transformer-lens.md). Pinned: the signature stays
+    closed, none of these is a parameter."""
+    import inspect
+
+    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
+
+    parameters = inspect.signature(hooked_transformer_from_hf).parameters
+    assert inspect.Parameter.VAR_KEYWORD not in {p.kind for p in parameters.values()}
+    assert keyword not in parameters
+    with pytest.raises(TypeError, match=rf"got an unexpected keyword argument '{keyword}'"):
+        hooked_transformer_from_hf(None, **{keyword: False})
