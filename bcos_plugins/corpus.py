@@ -216,11 +216,15 @@ def warn_of_truncated_texts(call: str, counts: Sequence[int | None], max_length:
                    else f"the tokens the tokenizer kept of the pair ({limit}, cut from the longer segment's "
                    f"{'start' if side == 'left' else 'end'}")
     longest, model_limit = max(counts[i] for i in truncated), position_limit(model).max_length
-    fix = (f"Pass max_length={longest} (the longest text's tokens)" if model_limit is None or longest <= model_limit
-           else f"Pass max_length={model_limit} (the model's limit; the longest text has {longest} tokens)")
+    if model_limit is None or longest <= model_limit:
+        fix = f"Pass max_length={longest} (the longest text's tokens), or split the texts"
+    elif limit < model_limit:
+        fix = f"Pass max_length={model_limit} (the model's limit; the longest text has {longest} tokens), or split the texts"
+    else:  # cut at the model's limit already: no max_length keeps more
+        fix = f"The model reads at most {model_limit} tokens (the longest text has {longest}): split the texts"
     warnings.warn(f"{call}: {len(truncated)} text(s) {truncated[:8]} have more than max_length={limit} tokens: each "
                   f"is {outcome} {kept_tokens}, as the tokenizer's truncation_side={side!r} cuts; the rest is left "
-                  f"out{marked}). {fix}, or split the texts", UserWarning, stacklevel=stacklevel)
+                  f"out{marked}). {fix}", UserWarning, stacklevel=stacklevel)
 
 
 def require_texts_with_tokens(lengths: Sequence[int], rows: Sequence[int], texts: Sequence[str], argument: str,

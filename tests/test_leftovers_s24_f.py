@@ -141,6 +141,10 @@ def test_predict_names_the_models_limit_when_the_longest_text_is_beyond_it():
     with pytest.warns(UserWarning, match=r"predict: 1 text\(s\) \[0\] have more than max_length=8 tokens: .*Pass "
                       r"max_length=128 \(the model's limit; the longest text has 202 tokens\), or split the texts"):
         predict(model, tokenizer, [" ".join(["word"] * 200), "a b"], max_length=8)
+    # cut at the model's limit already: no max_length keeps more (it named the max_length the call had used)
+    with pytest.warns(UserWarning, match=r"have more than max_length=128 tokens: .*\. The model reads at most 128 "
+                      r"tokens \(the longest text has 202\): split the texts$"):
+        predict(model, tokenizer, [" ".join(["word"] * 200), "a b"], max_length=128)
 
 
 # ------------------------------------------------------------------ 3. left padding refused naming the tokenizer
