@@ -261,8 +261,8 @@ def _refuse_rebuilt_otherwise(path: str, key: str, saved, rebuilt: dict, what: s
                               loaded: Callable[[str], bool]) -> None:
     """Refuse a load whose conversion rebuilt ``config.bcos[key]`` (``{module path: activation or norm epsilon}``,
     written by bcosify) otherwise than the save recorded it: an activation or epsilon set by hand on the model before
-    bcosify, which save_pretrained does not write (only the config's), a keyword of the load that changes it, or an
-    edited config.json.
+    bcosify, which save_pretrained does not write (only the config's), or an edited config.json (a keyword of the load
+    that changes it is refused before, by _apply_config_overrides).
     ``absent`` names what a path missing from one side held. Only paths whose module ``loaded`` says the load rebuilt
     from saved weights count: one of a layer that a keyword added or removed (``num_hidden_layers``) is a mismatch of
     the weights, which the load's weight check names (it was reported here as an activation rebuilt otherwise)."""
@@ -282,11 +282,11 @@ def _refuse_rebuilt_otherwise(path: str, key: str, saved, rebuilt: dict, what: s
         f"differ: {shown}{'; ...' if len(differing) > 3 else ''}): {'an' if setting == 'activation' else 'a norm'} "
         f"{setting} set by hand on the model before bcosify (or Swish_beta gates still annealing after it: finish with "
         f"bcos_plugins.bilinear.finalize_bilinear), which save_pretrained does not write (only the config's "
-        f"{setting}), a keyword of load_bcos_model that changes it, or a config.json edited. Loading it would give "
+        f"{setting}), or a config.json edited. Loading it would give "
         f"another model. Build the model with the {setting} in its config ("
         + ("hidden_act / hidden_activation / activation_function" if setting == "activation" else
-           "layer_norm_eps / rms_norm_eps / norm_eps") + f") before bcosify and save again, leave the {setting} keyword "
-        "out, or restore config.json from the original save.")
+           "layer_norm_eps / rms_norm_eps / norm_eps") + ") before bcosify and save again, or restore config.json "
+        "from the original save.")
 
 
 def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = None,
@@ -383,6 +383,12 @@ _FROM_PRETRAINED_OPTIONS = _LOADING_OPTIONS | {"device_map", "max_memory", "offl
                                                "subfolder", "variant", "key_mapping"}
 # what sets the classifier head's shape, which the saved weights fix
 _LABEL_SETTINGS = ("num_labels", "id2label", "label2id")
+# the configuration attributes a load may set to another value than the saved one: what the forward returns or
+# caches, not what it computes (the documented run-time flags of transformers' PretrainedConfig), and the head's tying,
+# which _check_head_tying holds to the saved weights. Any other attribute (num_attention_heads, rope_theta, hidden_act,
+# layer_norm_eps, pad_token_id, ...) builds another model that the saved weights fit without a shape error, silently
+_RUN_TIME_SETTINGS = frozenset({"output_attentions", "output_hidden_states", "use_cache", "return_dict",
+                                "tie_word_embeddings"})
 # from_pretrained's arguments that load_bcos_model sets itself, each with what it does about it and the fix: a second
 # value was Python's bare "got multiple values for keyword argument" TypeError
 _SET_BY_LOAD = {
@@ -455,10 +461,27 @@ def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
     rest = {}
     for key, value in kwargs.items():
         if key in saved and key not in _LOADING_OPTIONS:
+            if key not in _RUN_TIME_SETTINGS and not _same_setting(value, saved[key]):
+                raise argument_error(
+                    key, f"is {value!r}, but {path} was saved with {key}={saved[key]!r}: the saved weights would load "
+                    "into another model (its maths, not its shapes, differ), silently; load_bcos_model sets only the "
+                    f"run-time attributes {sorted(_RUN_TIME_SETTINGS)} and from_pretrained's loading options "
+                    f"({', '.join(sorted(_LOADING_OPTIONS))})", f"leave {key} out: the model loads as it was saved. "
+                    f"For a B-cos model with another {key}, build the stock model with it in its config and convert it "
+                    "again with bcosify (then fine-tune); for a stock model, load it with transformers' "
+                    "from_pretrained", kind=BcosKeywordError)
             setattr(config, key, value)
         else:
             rest[key] = value
     return rest
+
+
+def _same_setting(value, saved) -> bool:
+    """Whether a keyword's ``value`` is the saved configuration's ``saved`` (so setting it changes nothing)."""
+    try:
+        return bool(value == saved) and type(value) is type(saved)
+    except Exception:  # noqa: BLE001 - a value that cannot be compared (an array) is not the saved one
+        return False
 
 
 def _unknown_keyword_error(key: str, config, model_class) -> BcosKeywordError:
@@ -467,8 +490,9 @@ def _unknown_keyword_error(key: str, config, model_class) -> BcosKeywordError:
     named = {p.name for p in inspect.signature(model_class.from_pretrained).parameters.values()
              if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     # never suggest a keyword that load_bcos_model refuses
-    known = ((set(config.to_dict()) | named | _FROM_PRETRAINED_OPTIONS) - set(_SET_BY_LOAD) - set(_CONVERSION_SETTINGS)
-             - set(_OTHER_WEIGHT_SOURCES) - {"config", BCOS_CONFIG_KEY})
+    # (of the configuration's attributes, only the run-time ones: _apply_config_overrides refuses the others)
+    known = (((set(config.to_dict()) & _RUN_TIME_SETTINGS) | named | _FROM_PRETRAINED_OPTIONS) - set(_SET_BY_LOAD)
+             - set(_CONVERSION_SETTINGS) - set(_OTHER_WEIGHT_SOURCES) - {"config", BCOS_CONFIG_KEY})
     fix = closest_name_fix(key, known, "Pass attributes of the saved configuration (e.g. output_attentions=True) or "
                            "from_pretrained options (e.g. dtype=torch.bfloat16, device_map='auto')")
     return argument_error(key, f"is neither an attribute of the saved {type(config).__name__} nor an option of "
@@ -623,9 +647,14 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     format-1 folders, which stored one B in ``config.bcos["b"]``, load at that B. Where a stored B differs from
     ``config.bcos["b"]`` (a save made during a warm-up, or a config.json edited by hand) a ``UserWarning`` names
     both: the layers run at the stored B, the edit does not change them. A folder saved from a
-    :class:`~bcos_plugins.vision.BcosViT` loads as one, with every weight required. Keywords that name a
-    configuration attribute (e.g. ``output_attentions=True``) set it, as in ``from_pretrained``; the others
-    (``dtype``, ``device_map``, ...) go to ``from_pretrained``; ``subfolder`` names a folder inside a local
+    :class:`~bcos_plugins.vision.BcosViT` loads as one, with every weight required. A keyword that names an
+    attribute of the saved configuration sets it only where it changes what the forward returns, not what it computes:
+    ``output_attentions``, ``output_hidden_states``, ``use_cache``, ``return_dict`` and ``tie_word_embeddings`` (held
+    to the saved head's weights); any other (``num_attention_heads=8``, ``rope_theta``, ``hidden_act``,
+    ``layer_norm_eps``, ``pad_token_id``, ...) is refused unless it repeats the saved value, because the saved weights
+    would load without a shape error into a model whose maths differ (to get one, convert the stock model built with
+    that setting again with bcosify). The others (``dtype``, ``attn_implementation``, ``device_map``, ...) go to
+    ``from_pretrained``; ``subfolder`` names a folder inside a local
     ``path``, which the whole load then reads (a Trainer run's ``checkpoint-500``). The model is returned in eval
     mode, made of ordinary tensors also when called under ``torch.inference_mode()``.
 
@@ -637,7 +666,8 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
             transformers' load report is quoted) or are missing, or weights holding a bias the recorded conversion
             drops (a stock model's, or a save whose ``config.bcos`` was edited: no B-cos save holds one).
         BcosKeywordError: a keyword it does not accept, each refused by name: one that would change the saved head
-            (``num_labels``, ``id2label``, ``label2id``) or replace the saved configuration (``config``, ``bcos``),
+            (``num_labels``, ``id2label``, ``label2id``), replace the saved configuration (``config``, ``bcos``) or
+            set an attribute of it to another value than the saved one, other than the run-time ones above,
             one of the ``from_pretrained`` arguments it sets itself (``pretrained_model_name_or_path``,
             ``use_safetensors``, ``output_loading_info``: the message says what it does about each) or that takes
             weights from elsewhere (``gguf_file``, ``state_dict``), or one that is neither a configuration attribute

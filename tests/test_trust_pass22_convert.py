@@ -108,11 +108,19 @@ def test_a_save_without_the_activation_and_epsilon_records_still_loads(tmp_path)
 
 
 def test_an_activation_keyword_of_the_load_is_refused_as_another_model(tmp_path):
+    """Refused by name before the load (helper-172: every config keyword that changes the maths), and still a
+    BcosValueError, which the rebuilt-activation check raised here before."""
     model = bcosify(_stock("BertForSequenceClassification"), b=B, verbose=False)
     model.save_pretrained(tmp_path)
-    with pytest.raises(BcosValueError, match=r"^config\.bcos\['activations'\]: .*saved as gelu, rebuilt as relu.*a "
-                                             r"keyword of load_bcos_model that changes it"):
+    with pytest.raises(BcosValueError, match=r"^hidden_act: is 'relu', but .* was saved with hidden_act='gelu': the "
+                                             r"saved weights would load into another model"):
         load_bcos_model(tmp_path, hidden_act="relu")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["hidden_act"] = "relu"  # the same change made in config.json: the rebuilt-activation check names it
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BcosValueError, match=r"^config\.bcos\['activations'\]: .*saved as gelu, rebuilt as relu.*"
+                                             r"or a config\.json edited"):
+        load_bcos_model(tmp_path)
 
 
 _HAND_EPS = [
@@ -141,8 +149,13 @@ def test_a_norm_epsilon_set_by_hand_is_refused_on_load_not_rebuilt_as_the_config
 def test_an_epsilon_keyword_of_the_load_is_refused_as_another_model(tmp_path):
     model = bcosify(_stock("BertForSequenceClassification"), b=B, verbose=False)
     model.save_pretrained(tmp_path)
-    with pytest.raises(BcosValueError, match=r"^config\.bcos\['norm_eps'\]: .*saved as 1e-12, rebuilt as 0\.5"):
+    with pytest.raises(BcosValueError, match=r"^layer_norm_eps: is 0\.5, but .* was saved with layer_norm_eps=1e-12"):
         load_bcos_model(tmp_path, layer_norm_eps=0.5)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["layer_norm_eps"] = 0.5  # the same change made in config.json: the rebuilt-epsilon check names it
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BcosValueError, match=r"^config\.bcos\['norm_eps'\]: .*saved as 1e-12, rebuilt as 0\.5"):
+        load_bcos_model(tmp_path)
 
 
 @pytest.mark.parametrize("layers", [1, 3])
@@ -150,10 +163,17 @@ def test_a_layer_count_keyword_is_refused_by_the_weight_check_not_as_an_activati
     """The activations of layers the keyword removed or added are no activation rebuilt otherwise: the weights name it."""
     model = bcosify(_stock("BertForSequenceClassification"), b=B, verbose=False)
     model.save_pretrained(tmp_path)
+    # the keyword itself is refused by name (helper-172); the layer count edited in config.json reaches the checks
+    with pytest.raises(BcosKeywordError, match=rf"^num_hidden_layers: is {layers}, but .* was saved with "
+                                               r"num_hidden_layers=2"):
+        load_bcos_model(tmp_path, num_hidden_layers=layers)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(BcosValueError, match=r"^path: .* does not match a B-cos BertForSequenceClassification: "
                                              + (r"missing \[\], unexpected \['bert\.encoder\.layer\.1\." if layers == 1
                                                 else r"missing \['bert\.encoder\.layer\.2\.")):
-        load_bcos_model(tmp_path, num_hidden_layers=layers)
+        load_bcos_model(tmp_path)
 
 
 # ------------------------------------------------------------------ modules of another class where bcosify swaps
