@@ -47,3 +47,21 @@ def test_rationale_alignment_as_dict_counts_each_mean_with_its_own_rows():
     assert (summary["n_rows"], summary["n_iou_rows"]) == (2, 1)
     assert summary["iou"] == result.iou == 1.0
     assert summary["auprc"] == pytest.approx((1.0 + 0.25) / 2)
+
+
+def test_a_bridges_generate_keeps_transformer_lens_signature_and_name():
+    """``_without_kv_cache`` copied only ``__name__`` and ``__doc__``: ``inspect.signature(bridge.generate)`` read
+    ``(*args, **kwargs)``, hiding ``max_new_tokens`` / ``use_past_kv_cache`` from help and IDEs. ``functools.wraps``
+    now: TransformerLens' signature, its qualified name, and ``__wrapped__``."""
+    import inspect
+
+    from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
+
+    bridge = transformer_bridge_from_hf(_stock("GPT2LMHeadModel").eval())
+    for name in ("generate", "generate_stream"):
+        own = getattr(type(bridge).__mro__[1], name)
+        method = getattr(type(bridge), name)
+        assert method.__wrapped__ is own
+        assert (method.__name__, method.__qualname__, method.__doc__) == (own.__name__, own.__qualname__, own.__doc__)
+        parameters = inspect.signature(getattr(bridge, name)).parameters
+        assert "max_new_tokens" in parameters and "use_past_kv_cache" in parameters

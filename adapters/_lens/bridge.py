@@ -270,9 +270,15 @@ def _without_kv_cache(method):
     (TransformerLens 3.9; a plain GPT-2 matched) greedy decoding left the transformers model's own greedy tokens from
     the second new token on (GPT-2: a token outside the model's top 3), without a word; without the cache each step
     is a full forward of the bridge, which is the model's. The default is therefore no cache (slower, the model's
-    tokens)."""
+    tokens). Checked again 2026-11-29 on six prompts of 8 new tokens per tiny model: the cached path left the model's
+    greedy tokens on every B-cos family (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2: 5-6 of 6 prompts) and on
+    plain Llama, Mistral, Qwen2, Qwen3 and Gemma 2 (6 of 6); only plain GPT-2 matched (0 of 6). The refusal stays for
+    every bridge (one rule; a plain GPT-2's exact match is TransformerLens' implementation, not something this
+    adapter checks): its cost on a tiny plain GPT-2 is in docs/benchmarks.md (#bench-bridge-generate-kv-cache); for
+    speed, generate with the transformers model itself (``hf_model.generate``, its own cache)."""
     signature = inspect.signature(method)
 
+    @functools.wraps(method)
     def generate(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs).arguments
         if bound.get("use_past_kv_cache", False):
@@ -287,7 +293,6 @@ def _without_kv_cache(method):
             kwargs["use_past_kv_cache"] = False
         return method(self, *args, **kwargs)
 
-    generate.__name__, generate.__doc__ = method.__name__, method.__doc__
     return generate
 
 
