@@ -317,7 +317,9 @@ def test_a_tokenizer_that_pads_on_the_left_is_refused_for_a_first_column_classif
     alone = torch.cat([predict(model, tok, [t], max_length=32) for t in texts])
     torch.testing.assert_close(predict(model, tok, texts, batch_size=4, max_length=32), alone, atol=1e-5, rtol=1e-4)
     tok.padding_side = "left"
-    refusal = (r"^attention_mask: rows? \[.*\] starts? with padding, and BertForSequenceClassification classifies "
+    # predict / accuracy / fine_tune_classifier pad the texts themselves: the refusal names the tokenizer's padding side
+    refusal = (r"^tokenizer: pads on the left \(tokenizer\.padding_side='left'\), so rows? \[.*\] starts? with padding, "
+               r"and BertForSequenceClassification classifies "
                r"from the first column.*Pad on the right \(tokenizer\.padding_side = 'right'\)")
     before = [p.detach().clone() for p in model.parameters()]
     for call in (lambda: predict(model, tok, texts, batch_size=4, max_length=32),
