@@ -389,6 +389,14 @@ _LABEL_SETTINGS = ("num_labels", "id2label", "label2id")
 # layer_norm_eps, pad_token_id, ...) builds another model that the saved weights fit without a shape error, silently
 _RUN_TIME_SETTINGS = frozenset({"output_attentions", "output_hidden_states", "use_cache", "return_dict",
                                 "tie_word_embeddings"})
+
+
+def _changes_training_only(key: str) -> bool:
+    """Whether a configuration attribute changes only training, never an evaluation's outputs: the dropout rates
+    (``hidden_dropout_prob``, ``attention_dropout``, GPT-2's ``resid_pdrop``, ...), inactive in eval mode, and
+    ``problem_type``, which picks the loss. A user fine-tuning a loaded model sets them as with ``from_pretrained``
+    (the lead's decision, 2026-11-29: the maths of an explanation stay the saved model's)."""
+    return key == "problem_type" or "dropout" in key or key.endswith("_pdrop")
 # from_pretrained's arguments that load_bcos_model sets itself, each with what it does about it and the fix: a second
 # value was Python's bare "got multiple values for keyword argument" TypeError
 _SET_BY_LOAD = {
@@ -461,11 +469,12 @@ def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
     rest = {}
     for key, value in kwargs.items():
         if key in saved and key not in _LOADING_OPTIONS:
-            if key not in _RUN_TIME_SETTINGS and not _same_setting(value, saved[key]):
+            if key not in _RUN_TIME_SETTINGS and not _changes_training_only(key) and not _same_setting(value, saved[key]):
                 raise argument_error(
                     key, f"is {value!r}, but {path} was saved with {key}={saved[key]!r}: the saved weights would load "
                     "into another model (its maths, not its shapes, differ), silently; load_bcos_model sets only the "
-                    f"run-time attributes {sorted(_RUN_TIME_SETTINGS)} and from_pretrained's loading options "
+                    f"run-time attributes {sorted(_RUN_TIME_SETTINGS)}, the training-only ones (dropout rates, problem_type) "
+                    "and from_pretrained's loading options "
                     f"({', '.join(sorted(_LOADING_OPTIONS))})", f"leave {key} out: the model loads as it was saved. "
                     f"For a B-cos model with another {key}, build the stock model with it in its config and convert it "
                     "again with bcosify (then fine-tune); for a stock model, load it with transformers' "
