@@ -22,6 +22,8 @@ test each (the tally is in the CHANGELOG and the session's report).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
@@ -29,12 +31,15 @@ from bcos_plugins.errors import BcosRuntimeError, BcosTypeError
 from bcos_plugins.nn import (
     BcosConv1D,
     BcosConv2d,
+    BcosLayerNorm,
     BcosLinear,
+    DetachableActivation,
     explanation_mode,
     has_dynamic_weights,
     is_explaining,
     reference_path,
 )
+from bcos_plugins.nn.dynamic import no_parameter_gradients
 
 
 def _conv():
@@ -95,3 +100,53 @@ def test_the_mode_functions_name_a_model_that_is_no_module(call, name):
     with explanation_mode():
         assert is_explaining(layer)
     assert not is_explaining(layer)
+
+
+@pytest.mark.parametrize("parameter_gradients", [True, False], ids=["own_mode", "as_explain_runs"])
+@pytest.mark.parametrize("kind", ["linear", "query_key", "stepped_query_key", "layer_norm", "gelu", "conv"])
+def test_torch_func_explanations_match_autograd_in_explanation_mode(kind, parameter_gradients):
+    torch.manual_seed(0)
+    x = torch.randn(3, 8)
+    layer = {"linear": BcosLinear(8, 6, b=1.5), "query_key": BcosLinear(8, 6, b=1.5, constant_outputs=slice(0, 4)),
+             "stepped_query_key": BcosLinear(8, 6, b=1.5, constant_outputs=slice(0, 4, 2)),
+             "layer_norm": BcosLayerNorm(8), "gelu": DetachableActivation("gelu"), "conv": BcosConv2d(2, 3, 2, b=1.5)}[kind]
+    if kind == "conv":
+        x = torch.randn(3, 2, 2, 2)  # one output unit per image and channel
+    with torch.no_grad():
+        if kind == "layer_norm":
+            layer.weight.uniform_(0.5, 1.5)
+
+    def last(row):
+        return layer(row[None] if kind == "conv" else row).flatten()[-1]
+
+    with explanation_mode(layer), (nullcontext() if parameter_gradients else no_parameter_gradients()):
+        per_row = torch.func.vmap(torch.func.grad(last))(x)
+        jacobian = torch.func.jacrev(lambda row: layer(row[None] if kind == "conv" else row).flatten())(x[0])
+    rows = x.clone().requires_grad_()
+    with explanation_mode(layer):
+        out = layer(rows).flatten(1)
+        (expected,) = torch.autograd.grad(out[:, -1].sum(), rows)
+        (expected_jacobian,) = [torch.autograd.functional.jacobian(lambda row: layer(row[None] if kind == "conv" else
+                                                                                   row).flatten(), x[0])]
+    torch.testing.assert_close(per_row, expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close((per_row * x).flatten(1).sum(-1), out[:, -1].detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(jacobian, expected_jacobian, rtol=1e-6, atol=1e-7)
+    if kind.endswith("query_key"):  # the constant units have no gradient, as detached
+        constant = layer.constant_outputs
+        assert not jacobian[constant].any() and jacobian[4:].any()
+
+
+def test_an_explained_layer_norm_takes_an_unbatched_input_with_its_weight_gradient():
+    torch.manual_seed(0)
+    layer = BcosLayerNorm(8)
+    with torch.no_grad():
+        layer.weight.uniform_(0.5, 1.5)
+    x = torch.randn(8, requires_grad=True)
+    grads = []
+    for reference in (False, True):
+        with reference_path(reference), explanation_mode(layer):
+            out = layer(x)
+            grads.append(torch.autograd.grad(out[3], [x, layer.weight]))
+    for fused, step_by_step in zip(*grads, strict=True):
+        torch.testing.assert_close(fused, step_by_step, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close((grads[0][0] * x).sum(), out[3].detach(), rtol=1e-5, atol=1e-6)

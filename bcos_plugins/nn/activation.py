@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ..errors import BcosValueError, argument_error
 from .dynamic import DynamicWeightModule
-from .functional import HALF_DTYPES, using_reference_path
+from .functional import HALF_DTYPES, functorch_transforms_active, using_reference_path
 
 __all__ = ["ACTIVATIONS", "DetachableActivation", "GATES"]
 
@@ -212,7 +212,9 @@ class DetachableActivation(DynamicWeightModule):
         self.kind = kind
 
     def forward(self, x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
-        if using_reference_path():
+        # (explaining under a torch.func transform too: it takes no autograd.Function without setup_context, which
+        # _ConstantGate leaves out; torch's error before)
+        if using_reference_path() or (functorch_transforms_active() and self.explaining):
             with self.dynamic_scope():
                 gate = self.gate(x)
             return x * self.dynamic_weight(gate)

@@ -1102,7 +1102,8 @@ def bcos_product(lin: Tensor, x_norm: Tensor, b: float | Tensor, explaining: boo
         dyn = explaining_scale(lin, x_norm, b)
         if constant_units is None:
             return lin.mul_(dyn) if overwrite_lin else lin * dyn
-        if torch.compiler.is_compiling():  # (inductor fuses the slices and the concatenation)
+        if torch.compiler.is_compiling() or functorch_transforms_active():
+            # (inductor fuses the slices and the concatenation; torch.func takes no Function without setup_context)
             return detach_units(lin * dyn, constant_units)
         return _PartlyConstantProduct.apply(lin, dyn, constant_units, overwrite_lin)
     if functorch_transforms_active():

@@ -360,7 +360,8 @@ class BcosLinear(AlignmentPressure):
             return inference_linear(x, self.weight if weight is None else weight, b,
                                     units_are_columns=self._UNITS_ARE_COLUMNS)
         if (self.max_out == 1 and x.requires_grad and parameter_gradients_unused()
-                and not torch.compiler.is_compiling() and not using_reference_path()):
+                and not torch.compiler.is_compiling() and not using_reference_path()
+                and not functorch_transforms_active()):  # (explaining_linear's node: bcos_product's note)
             # explaining (every explain call's projections): the cheap flags first, then one explaining test that
             # also counts the dynamic weight (holds_constant, as the general path does; before, `explaining` and
             # holds_constant asked it twice), and the weight from _parameters as above: 1.6 us a layer alone in

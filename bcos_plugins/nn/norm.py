@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from .dynamic import DynamicWeightModule, parameter_gradients_unused
-from .functional import HALF_DTYPES, using_reference_path
+from .functional import HALF_DTYPES, functorch_transforms_active, using_reference_path
 
 __all__ = ["BcosLayerNorm", "DetachableRMSNorm"]
 
@@ -84,7 +84,9 @@ class _ConstantScaleLayerNorm(torch.autograd.Function):
             xc = x.to(compute)
             normalised = (xc - xc.mean(dim=dims, keepdim=True)) * inv_std
             batch_dims = tuple(range(grad.ndim - len(dims)))
-            grad_weight = (grad * normalised).sum(dim=batch_dims).to(weight.dtype)
+            per_row = grad * normalised
+            # (an unbatched input has no batch dim, and sum(dim=()) sums every dim: a 0-d gradient torch refused)
+            grad_weight = (per_row.sum(dim=batch_dims) if batch_dims else per_row).to(weight.dtype)
         grad_x = _input_gradient(grad, weight.to(compute) if weight is not None else None, inv_std, dims) \
             if ctx.needs_input_grad[0] else None
         return (grad_x.to(grad_out.dtype) if grad_x is not None else None), grad_weight, None, None
@@ -134,7 +136,9 @@ class BcosLayerNorm(DynamicWeightModule):
         return new
 
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
-        if not using_reference_path():
+        # explaining under a torch.func transform (jacrev, vmap(grad)): the step-by-step form below, as torch.func
+        # takes no autograd.Function without setup_context (_ConstantScaleLayerNorm's; torch's error before)
+        if not using_reference_path() and not (functorch_transforms_active() and self.explaining):
             if x.dtype == torch.float16:
                 # torch's float16 kernel keeps rsqrt(var + eps) in float16 for the backward pass, where BERT's
                 # eps = 1e-12 makes it 1e6 on a constant row (padding): infinite, then NaN gradients
