@@ -368,12 +368,20 @@ def _require_complete(model: nn.Module, result: TokenExplanation, scale: Tensor,
         # rounding alone reaches this error only if the contributions are huge next to the scores (cancellation)
         magnitude = float(contributions[row].abs().sum(dtype=at_least_float32(contributions.dtype)))
         if torch.finfo(contributions.dtype).eps * magnitude > 0.1 * float(result.delta[row].abs()):
+            # a healthy value near 0 lands here too (a float32 logit of -1.9e-5 whose contributions add up to 0.24:
+            # rounding alone is 0.27 % of it); the refusal stays (a looser tolerance would let 100 % errors through
+            # on such values), but it names the fix that tells the two apart: float64, the inputs unchanged
+            rounding = torch.finfo(contributions.dtype).eps * magnitude
+            value = abs(float(result.explained[row]))
             raise BcosRuntimeError(
-                f"explain: the contributions of {found}: the computation overflowed or cancelled to noise (the "
-                f"contributions add up to {magnitude:.3g} in absolute value), so the scores would be meaningless. "
-                "Check the inputs and the embedding rows of their tokens for huge values "
-                "(model.get_input_embeddings().weight[input_ids].abs().max()), or explain in float64 "
-                "(model.double())."
+                f"explain: the contributions of {found}: the computation overflowed or cancelled to noise, or the "
+                f"value is so close to 0 that {str(contributions.dtype).removeprefix('torch.')} rounding of the "
+                f"contributions alone (they add up to {magnitude:.3g} in absolute value: {rounding:.2g}, "
+                f"{rounding / max(value, torch.finfo(torch.float64).tiny):.2g} of the value) is beyond the "
+                "tolerance; either way the scores would not be exact. Explain in float64 (model.double(), the inputs "
+                "unchanged): its rounding is 1e-16 of the contributions, so it tells the two apart; if it fails there "
+                "too, check the inputs and the embedding rows of their tokens for huge values "
+                "(model.get_input_embeddings().weight[input_ids].abs().max())."
             )
         raise BcosRuntimeError(
             f"explain: the contributions of {found}, though float rounding does not explain it: a module of the "

@@ -86,3 +86,41 @@ def test_hooked_transformer_from_hf_keeps_a_closed_signature_without_weight_proc
     assert keyword not in parameters
     with pytest.raises(TypeError, match=rf"got an unexpected keyword argument '{keyword}'"):
         hooked_transformer_from_hf(None, **{keyword: False})
+
+
+# ------------------------------------------------------------------ 3. the near-zero-logit refusal names its fix
+
+
+def test_a_near_zero_float32_logit_is_refused_naming_float64_as_the_fix():
+    """A one-token float32 Qwen3 text whose logit is -1.9e-5 (its contributions adding up to 0.42 in absolute value,
+    so float32 rounding alone is 0.26 % of the value) is refused as cancelled to noise. Decision: the refusal stays (a
+    scale-aware tolerance would let 100 % errors through on near-zero values), but the message named float64 only as
+    an alternative to hunting huge embedding rows; it now says rounding of a value this close to 0 may be the cause
+    and names the fix that tells the two apart: float64, the inputs unchanged, where the same text is exact."""
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.errors import BcosRuntimeError
+
+    torch.manual_seed(0)
+    config = T.Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, head_dim=8,
+                           tie_word_embeddings=False)
+    model = bcosify(T.Qwen3ForCausalLM(config).eval(), b=1.1, verbose=False)
+    ids, target = torch.tensor([[5]]), 7
+    seen = {}
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: seen.setdefault("h", args[0].detach()))
+    with torch.no_grad():
+        model(ids)
+        hook.remove()
+        h = seen["h"][0, -1].double()  # the head's input: its row for the target sets the logit to -1.9e-5
+        row = model.lm_head.weight[target].double()
+        model.lm_head.weight[target] = (row - ((row @ h) + 1.9e-5) / (h @ h) * h).float()
+        assert abs(float(model(ids).logits[0, -1, target]) + 1.9e-5) < 1e-7
+    with pytest.raises(BcosRuntimeError, match=r"^explain: the contributions of row \[0\] do not sum to the explained "
+                                               r"value .*overflowed or cancelled to noise, or the value is so close "
+                                               r"to 0 that float32 rounding of the contributions alone \(they add up "
+                                               r"to 0\.\d+ in absolute value: .* of the value\) is beyond the "
+                                               r"tolerance.*Explain in float64 \(model\.double\(\), the inputs "
+                                               r"unchanged\)"):
+        explain(model, ids, target=target)
+    exact = explain(model.double(), ids, target=target)  # the fix it names: the same text, exact
+    assert abs(float(exact.explained[0]) + 1.9e-5) < 1e-7 and float(exact.completeness_error.max()) < 1e-9
