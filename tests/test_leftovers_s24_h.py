@@ -124,3 +124,54 @@ def test_a_near_zero_float32_logit_is_refused_naming_float64_as_the_fix():
         explain(model, ids, target=target)
     exact = explain(model.double(), ids, target=target)  # the fix it names: the same text, exact
     assert abs(float(exact.explained[0]) + 1.9e-5) < 1e-7 and float(exact.completeness_error.max()) < 1e-9
+
+
+# ------------------------------------------------------------------ 4. held norms: one rule for a plain-tensor weight
+
+
+def _with_a_plain_tensor_weight(module: torch.nn.Module) -> torch.nn.Module:
+    weight = module.weight.detach().clone()
+    del module.weight
+    module.weight = weight  # an attribute, no parameter
+    return module
+
+
+def test_the_norms_refuse_to_hold_a_weight_that_is_no_parameter_as_from_linear_does():
+    """``from_layer_norm`` / ``from_rms_norm(..., hold=True)`` silently copied a weight that is a plain tensor (the
+    built norm's weight was not the one asked to be held), where ``from_linear(..., hold=True)`` refuses it: one rule
+    for all, the refusal. ``hold=False`` copies it as before, and bcosify, which holds only parameters, converts a
+    model with such a norm (its weight copied) with the logits unchanged."""
+    from bcos_plugins import bcosify
+    from bcos_plugins.errors import BcosValueError
+    from bcos_plugins.nn import BcosLayerNorm, BcosLinear
+    from bcos_plugins.nn.norm import DetachableRMSNorm
+
+    refusal = r"^hold: needs a weight parameter to hold, got a Tensor of shape \(6,\)\. Pass hold=False"
+    norm = _with_a_plain_tensor_weight(torch.nn.LayerNorm(6))
+    with pytest.raises(BcosValueError, match=refusal):
+        BcosLayerNorm.from_layer_norm(norm, hold=True)
+    copied = BcosLayerNorm.from_layer_norm(norm)
+    assert isinstance(copied.weight, torch.nn.Parameter) and torch.equal(copied.weight, norm.weight)
+    rms = _with_a_plain_tensor_weight(T.models.llama.modeling_llama.LlamaRMSNorm(6))
+    with pytest.raises(BcosValueError, match=refusal):
+        DetachableRMSNorm.from_rms_norm(rms, hold=True)
+    assert torch.equal(DetachableRMSNorm.from_rms_norm(rms).weight, rms.weight)
+    linear = _with_a_plain_tensor_weight(torch.nn.Linear(6, 4))
+    with pytest.raises(BcosValueError, match=r"^hold: needs a weight parameter .* got a Tensor of shape \(4, 6\)"):
+        BcosLinear.from_linear(linear, b=1.25, hold=True)
+    assert BcosLayerNorm.from_layer_norm(torch.nn.LayerNorm(6, elementwise_affine=False), hold=True).weight is None
+
+    torch.manual_seed(0)
+    config = T.LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)
+    model = T.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.norm.weight.uniform_(0.5, 1.5)
+    twin = copy.deepcopy(model)  # its norm keeps the parameter
+    _with_a_plain_tensor_weight(model.model.norm)
+    converted, held = bcosify(model, b=1.25, verbose=False), bcosify(twin, b=1.25, verbose=False)
+    assert isinstance(converted.model.norm, DetachableRMSNorm)
+    assert torch.equal(converted.model.norm.weight, held.model.norm.weight)
+    ids = torch.tensor([[3, 9, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(converted(ids).logits, held(ids).logits, rtol=0, atol=0)

@@ -499,12 +499,13 @@ def _build(module: nn.Module, action, b: float) -> nn.Module:
         return action
     # each layer holds the very parameter it is built from (_keep_source_parameters): built holding it, not from a
     # copy put aside at once (docs/benchmarks.md, 2026-11-29 05:30 UTC)
-    if action == "layer_norm":
-        return BcosLayerNorm.from_layer_norm(module, hold=True)
-    if action == "rms_norm":
-        return DetachableRMSNorm.from_rms_norm(module, hold=True)
-    tag = action[0]
+    # a weight that is a plain tensor (no parameter) is copied: the from_* constructors refuse to hold one
     hold = isinstance(getattr(module, "weight", None), nn.Parameter)
+    if action == "layer_norm":
+        return BcosLayerNorm.from_layer_norm(module, hold=hold)
+    if action == "rms_norm":
+        return DetachableRMSNorm.from_rms_norm(module, hold=hold)
+    tag = action[0]
     if tag == "bcos_linear":
         return BcosLinear.from_linear(module, b=b, constant_outputs=action[1], hold=hold)
     if tag == "bcos_conv1d":

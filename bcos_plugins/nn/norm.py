@@ -124,7 +124,9 @@ class BcosLayerNorm(DynamicWeightModule):
         """Copy ``gamma`` from a stock ``nn.LayerNorm``; its bias (if any) is dropped. ``hold=True``: the norm holds
         ``ln.weight`` itself, the very parameter (as :func:`~bcos_plugins.bcosify` converts), built without one."""
         affine = ln.weight is not None
-        hold = hold and isinstance(ln.weight, nn.Parameter)
+        if hold and affine:
+            _require_a_parameter_to_hold(ln.weight)
+        hold = hold and affine  # a norm without a weight holds nothing and copies nothing
         new = cls(ln.normalized_shape, eps=ln.eps, elementwise_affine=affine,
                   device=("meta" if hold else ln.weight.device) if affine else None,
                   dtype=ln.weight.dtype if affine else None)
@@ -167,6 +169,16 @@ class BcosLayerNorm(DynamicWeightModule):
         return f"{self.normalized_shape}, eps={self.eps}, bias=False"
 
 
+def _require_a_parameter_to_hold(weight: Tensor) -> None:
+    """``hold=True`` with a weight that is a plain tensor, not a parameter: refused, as ``BcosLinear.from_linear``
+    refuses it (one rule for every ``from_*(..., hold=True)``); the norms fell back to a copy, silently, so the built
+    norm's weight was not the tensor the caller asked it to hold."""
+    if not isinstance(weight, nn.Parameter):
+        raise argument_error("hold", f"needs a weight parameter to hold, got a {type(weight).__name__} of shape "
+                             f"{tuple(weight.shape)}", "Pass hold=False to build the norm from a copy",
+                             kind=BcosValueError)
+
+
 class DetachableRMSNorm(DynamicWeightModule):
     """RMSNorm ``x * rsqrt(mean(x^2) + eps) * gamma`` whose rsqrt factor is the dynamic weight.
 
@@ -190,7 +202,8 @@ class DetachableRMSNorm(DynamicWeightModule):
             # torch.nn.RMSNorm(eps=None) adds the machine epsilon of its input's dtype (the model's, its weight's):
             # refused as "eps: must be a finite number > 0, got None", naming no argument the caller passed
             eps = torch.finfo(norm.weight.dtype).eps
-        hold = hold and isinstance(norm.weight, nn.Parameter)
+        if hold:
+            _require_a_parameter_to_hold(norm.weight)
         new = cls(norm.weight.shape[0], eps=eps, device="meta" if hold else norm.weight.device,
                   dtype=norm.weight.dtype)
         if hold:
