@@ -175,6 +175,17 @@ def mask_keywords(tokenizer) -> dict:
     return {"return_attention_mask": True} if isinstance(tokenizer, PreTrainedTokenizerBase) else {}
 
 
+def pad_rows(tokenizer, features: list[dict], **keywords):
+    """``tokenizer.pad(features, padding=True, **keywords)`` without transformers' advice to call a fast tokenizer
+    instead (``DataCollatorWithPadding`` pads the same way): the one padding of the collators that ask for the mask
+    (``fine_tuning.PaddingWithMask``, ``pretrain.MaskedLMPadding``). It reads transformers'
+    ``data.data_collator.pad_without_fast_tokenizer_warning``, not a documented API, here alone;
+    tests/test_lead_s24.py fails if transformers drops or changes it."""
+    from transformers.data.data_collator import pad_without_fast_tokenizer_warning
+
+    return pad_without_fast_tokenizer_warning(tokenizer, features, padding=True, **keywords)
+
+
 def truncated_token_counts(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, kept: Sequence[int],
                            max_length: int | None) -> list[int | None]:
     """For each of ``texts`` (with ``pairs``) that ``tokenizer`` cut to ``max_length`` tokens (``kept[i]`` of its tokens

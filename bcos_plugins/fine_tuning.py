@@ -27,7 +27,7 @@ from ._checks import (
 )
 from .attribution.text import padding_named_as_tokenizers, rows_as_alone_call
 from .b_warmup import BWarmupCallback
-from .corpus import mask_keywords, require_texts_with_tokens, require_tokenizer_ids_fit
+from .corpus import mask_keywords, pad_rows, require_texts_with_tokens, require_tokenizer_ids_fit
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosError, BcosTypeError, argument_error
 from .losses import DistillationLoss, bcos_loss, cross_entropy_loss, own_training_loss
@@ -343,10 +343,7 @@ class PaddingWithMask:
         self.tokenizer, self.keywords = tokenizer, mask_keywords(tokenizer)
 
     def __call__(self, features: list[dict]) -> dict:
-        from transformers.data.data_collator import pad_without_fast_tokenizer_warning
-
-        return pad_without_fast_tokenizer_warning(self.tokenizer, features, padding=True, return_tensors="pt",
-                                                  **self.keywords)
+        return pad_rows(self.tokenizer, features, return_tensors="pt", **self.keywords)
 
 
 class RowsAsAloneCollator:

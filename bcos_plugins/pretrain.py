@@ -35,7 +35,7 @@ from ._checks import (
 from .convert.architectures import SPECS, spec_for
 from .convert.bcosify import bcosify, plan_conversion
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
-from .corpus import mask_keywords, require_texts_with_tokens, require_tokenizer_fits
+from .corpus import mask_keywords, pad_rows, require_texts_with_tokens, require_tokenizer_fits
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, BcosValueError, argument_error
 from .fine_tuning import (
@@ -247,10 +247,8 @@ class MaskedLMPadding:
 
     def __call__(self, features: list[dict]) -> dict:
         if self.keywords:
-            from transformers.data.data_collator import pad_without_fast_tokenizer_warning
-
             # padded to one length with the mask here, so collate pads nothing and keeps the mask
-            padded = pad_without_fast_tokenizer_warning(self.tokenizer, features, padding=True, **self.keywords)
+            padded = pad_rows(self.tokenizer, features, **self.keywords)
             features = [{key: values[i] for key, values in padded.items()} for i in range(len(features))]
         return self.collate(features)
 

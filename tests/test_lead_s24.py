@@ -34,3 +34,25 @@ def test_a_setting_that_changes_the_maths_beside_a_dropout_rate_is_still_refused
     with pytest.raises(BcosKeywordError, match=r"^num_attention_heads: .*training-only ones \(dropout rates, "
                                                r"problem_type\)"):
         load_bcos_model(tmp_path, hidden_dropout_prob=0.0, num_attention_heads=1)
+
+
+def test_pad_rows_reads_transformers_padding_without_the_fast_tokenizer_advice(caplog):
+    """corpus.pad_rows is the one reader of transformers' undocumented pad_without_fast_tokenizer_warning: this fails
+    when transformers drops it, renames it or stops silencing the advice while restoring its state."""
+    import logging
+
+    from transformers import AutoTokenizer
+
+    from bcos_plugins.corpus import pad_rows
+    from bcos_plugins.pretrained import minilm_path
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    tokenizer.model_input_names = ["input_ids"]  # a tokenizer that leaves the mask out unless asked
+    features = [{"input_ids": [101, 7592, 102]}, {"input_ids": [101, 102]}]
+    with caplog.at_level(logging.WARNING):
+        padded = pad_rows(tokenizer, features, return_tensors="pt", return_attention_mask=True)
+    assert padded["input_ids"].tolist() == [[101, 7592, 102], [101, 102, tokenizer.pad_token_id]]
+    assert padded["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert not [r for r in caplog.records if "fast tokenizer" in r.getMessage()]
+    # the advice's state is put back: not marked as given, so a later tokenizer.pad call of the user's still advises
+    assert tokenizer.deprecation_warnings.get("Asking-to-pad-a-fast-tokenizer", False) is False
