@@ -247,8 +247,11 @@ class BcosLinear(AlignmentPressure):
     """B-cos linear layer with weight of shape ``(out_features * max_out, in_features)``.
 
     Half precision (``.half()`` / ``.bfloat16()``): ``||x||`` and ``cos`` are computed in float32 (see
-    :mod:`bcos_plugins.nn.functional`), so inputs of any norm a half-precision tensor can hold work, and zero
-    inputs keep finite gradients. Completeness then holds to the dtype's rounding (docs/benchmarks.md#readme-results
+    :mod:`bcos_plugins.nn.functional`), so every float16 input's norm is held, and zero inputs keep finite
+    gradients. A float32 or bfloat16 input row whose sum of squares passes float32's range (an element beyond about
+    1.8e19) has ``||x|| = inf`` and its output is 0: a documented limit (docs/api/nn.md), left unchecked because every
+    check costs a device read or a second pass over ``x`` per layer on the forward's hot path, and a transformer's
+    normalised activations stay many orders of magnitude below it. Completeness then holds to the dtype's rounding (docs/benchmarks.md#readme-results
     has the errors measured); as in float32, logits near 0 have larger relative errors (cancellation).
 
     Args:
