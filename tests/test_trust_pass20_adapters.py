@@ -77,7 +77,11 @@ def test_transformer_lens_own_tokenizer_attach_refuses_a_tokenizer_larger_than_t
     if how == "set_tokenizer":
         model.set_tokenizer(fitting)
     else:
+        # a model built from the config alone holds uninitialised memory (the converted config skips TransformerLens'
+        # initialisation; NaN as often as not, which the B-cos HookedTransformer's forward now refuses): TransformerLens'
+        # own init_weights gives it finite weights before it runs
         model = type(model)(model.cfg, tokenizer=fitting)
+        model.init_weights()
     assert model.to_tokens("w5 w7", prepend_bos=False).tolist() == [[8, 10]]
     assert model("w5 w7").shape == (1, 3, VOCAB)
 
