@@ -26,21 +26,16 @@ import warnings
 import pytest
 import torch
 from conftest import VOCAB
-from test_conformance import _stock, _word_tokenizer
+from test_conformance import _word_tokenizer
 
-from bcos_plugins import Direction, bcosify, explain, explain_dataset
+# one cache of the families' B-cos models, shared with pass 22 (tests copy one to change it)
+from test_trust_pass22_core import _bcos
+
+from bcos_plugins import Direction, explain, explain_dataset
 from bcos_plugins.prediction import accuracy, predict
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
-_MODELS: dict[str, torch.nn.Module] = {}
-
-
-def _bcos(name: str) -> torch.nn.Module:
-    """The B-cos model of ``name`` from its family's conformance config (built once; tests must not modify it)."""
-    if name not in _MODELS:
-        _MODELS[name] = bcosify(_stock(name), b=1.25, verbose=False)
-    return _MODELS[name]
 
 
 # ------------------------------------------------------------------ equality of results and Directions
