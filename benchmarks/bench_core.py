@@ -91,15 +91,16 @@ def _family_models(shape: str = "small") -> dict:
     """(stock class, tiny config) per family the registry added, 2 layers at one of ``FAMILY_SHAPES``' widths."""
     import transformers as T
 
-    width = {k: v for k, v in FAMILY_SHAPES[shape].items() if k not in ("batch", "length")}
-    heads = {"num_key_value_heads": width.pop("num_key_value_heads"), "head_dim": width.pop("head_dim")}
-    common = dict(vocab_size=1000, num_hidden_layers=2, max_position_embeddings=256, pad_token_id=0, **width)
-    rotary = dict(common, num_key_value_heads=heads["num_key_value_heads"], bos_token_id=1, eos_token_id=2)
+    size = FAMILY_SHAPES[shape]
+    common = dict(vocab_size=1000, hidden_size=size["hidden_size"], intermediate_size=size["intermediate_size"],
+                  num_attention_heads=size["num_attention_heads"], num_hidden_layers=2, max_position_embeddings=256,
+                  pad_token_id=0)
+    rotary = dict(common, num_key_value_heads=size["num_key_value_heads"], bos_token_id=1, eos_token_id=2)
     return {
         "Mistral": (T.MistralForCausalLM, T.MistralConfig(**rotary)),
         "Qwen2": (T.Qwen2ForCausalLM, T.Qwen2Config(**rotary)),
-        "Qwen3": (T.Qwen3ForCausalLM, T.Qwen3Config(**rotary, head_dim=heads["head_dim"])),
-        "Gemma 2": (T.Gemma2ForCausalLM, T.Gemma2Config(**rotary, head_dim=heads["head_dim"])),
+        "Qwen3": (T.Qwen3ForCausalLM, T.Qwen3Config(**rotary, head_dim=size["head_dim"])),
+        "Gemma 2": (T.Gemma2ForCausalLM, T.Gemma2Config(**rotary, head_dim=size["head_dim"])),
         "ModernBERT": (T.ModernBertForSequenceClassification,
                        T.ModernBertConfig(**common, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
                                           num_labels=2)),
