@@ -11,7 +11,8 @@ top fraction ``r`` removed (all channels of the pixel set to ``removed_value``, 
 pixel encoding") for ``r`` in ``fractions`` (default 9 points in [0, 0.25]); the model's confidence in the
 target class is measured after each step, once removing the most important pixels first and once the
 least important first. A faithful explanation gives a fast drop for the first and a flat curve for the
-second. Summary: the *area between the curves* (ABC)::
+second. The curves of a contrastive explanation (``explain_image(..., foil=)``) track the target's confidence minus
+the foil's, the contrast it explains. Summary: the *area between the curves* (ABC)::
 
     ABC = trapezoid(least_first - most_first, r) / (r_max - r_min)        (normalised: the mean gap)
 
@@ -55,6 +56,7 @@ from .attributions import share_counts
 from .perturbation import (
     aopc,
     check_fractions,
+    explained_foil,
     refuse_explanation_of_another_model,
     refuse_target_unlike_explained,
 )
@@ -190,7 +192,8 @@ def _require_finite_maps(maps: Tensor) -> None:
                              "Fix the attribution method for those images")
 
 
-def _scores(forward: Callable, inputs: Tensor, target: Tensor, score: str) -> Tensor:
+def _scores(forward: Callable, inputs: Tensor, target: Tensor, score: str, foil: Tensor | None = None) -> Tensor:
+    """The target's ``score`` per image, minus the foil's where ``foil`` (a contrastive explanation's) is given."""
     out = forward(inputs)
     logits = out.logits if hasattr(out, "logits") else out
     if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[0] != inputs.shape[0]:
@@ -216,7 +219,12 @@ def _scores(forward: Callable, inputs: Tensor, target: Tensor, score: str) -> Te
         values = torch.sigmoid(logits)
     else:
         values = logits
-    return values.gather(1, target[:, None]).squeeze(1)
+    tracked = values.gather(1, target[:, None]).squeeze(1)
+    if foil is None:
+        return tracked
+    foil = require_row_ids("foil", foil, inputs.shape[0], n_ids=logits.shape[1], what="classes (the explanation's "
+                           "foil)")
+    return tracked - values.gather(1, foil.to(values.device)[:, None]).squeeze(1)
 
 
 def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor, "batch c h w"],
@@ -234,7 +242,9 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
             pixel encoding, as in the paper.
         attributions: per-pixel maps ``(batch, H, W)`` (or per channel, summed), or an image explanation (its
             ``contributions``; a ``target`` other than the class it explains is refused, and so is an explanation
-            of other images than ``inputs`` or of another model than ``forward``'s).
+            of other images than ``inputs`` or of another model than ``forward``'s). The curves of a contrastive
+            explanation (``explain_image(..., foil=)``, evidence for ``target - foil``) track the contrast it explains,
+            the target's ``score`` minus the foil's.
         target: class whose confidence is tracked (int or ``(batch,)``).
         fractions: increasing removal fractions in [0, 1] (default 9 points in [0, 0.25]).
         removed_value: value written to every channel of a removed pixel.
@@ -273,6 +283,10 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
                                    "class you score")
     seed = _require_generator_seed(seed)
     _refuse_explanation_of_other_images(attributions, inputs)
+    # a contrastive explanation ranks evidence for target - foil: its curves track the target's score minus the foil's
+    # (its ranking was scored on the target's alone, silently); the foil's range is checked with the logits
+    foil = explained_foil(attributions, batch, None, "confidence")
+    foil = foil.to(inputs.device) if foil is not None else None
     n_pixels = height * width
     curves = {}
     # in eval mode, as the text metrics: a model left in training mode scored every perturbed image with dropout on
@@ -286,9 +300,9 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
                 k = _pixel_count(fraction, n_pixels)
                 removed = (rank_of_pixel < k).reshape(batch, 1, height, width)
                 perturbed = torch.where(removed, torch.full_like(inputs, removed_value), inputs)
-                points.append(_scores(forward, perturbed, target_t, score))
+                points.append(_scores(forward, perturbed, target_t, score, foil))
             curves[most_first] = torch.stack(points, dim=1)
-        _require_same_image_scores(forward, inputs, target_t, score, curves, fractions, n_pixels)
+        _require_same_image_scores(forward, inputs, target_t, score, curves, fractions, n_pixels, foil)
         if explained is not None:
             # the maps of another model (other weights) were ranked and scored on this one's confidences, silently
             logits = forward(inputs)
@@ -326,7 +340,7 @@ def _refuse_explanation_of_other_images(explanation, inputs: Tensor) -> None:
 
 
 def _require_same_image_scores(forward: Callable, inputs: Tensor, target: Tensor, score: str, curves: dict[bool, Tensor],
-                               fractions: tuple[float, ...], n_pixels: int) -> None:
+                               fractions: tuple[float, ...], n_pixels: int, foil: Tensor | None = None) -> None:
     """Refuse a ``forward`` that scores the same images differently: a function around a model in training mode
     (``lambda e: model(encoded_pixel_values=e)``, which eval mode cannot reach) scores every perturbed image with
     dropout on, so the curves are noise. Where no pixel or every pixel is removed, both curves scored the same images;
@@ -335,6 +349,6 @@ def _require_same_image_scores(forward: Callable, inputs: Tensor, target: Tensor
     if same:
         first, second = curves[True][:, same], curves[False][:, same]
     else:
-        first, second = (_scores(forward, inputs, target, score) for _ in range(2))
+        first, second = (_scores(forward, inputs, target, score, foil) for _ in range(2))
     require_deterministic("forward", first, second, "images",
                           "Put the model in eval mode (model.eval()) before pixel_perturbation")

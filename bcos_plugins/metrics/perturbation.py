@@ -7,7 +7,10 @@ tokens (real, non-special), the top ``k = max(1, int(n * p))`` tokens by *signed
 - kept alone:  ``suff_p = P(y | x) - P(y | top-k and special tokens only)``   (lower = more faithful),
 
 with y the class predicted on the full input (or a given target) and P the softmax probability (the sigmoid for a
-multi-label classifier, ``config.problem_type == "multi_label_classification"``).
+multi-label classifier, ``config.problem_type == "multi_label_classification"``). The curves of a contrastive
+explanation of the package (``explain(..., foil=)``, which ranks evidence for ``target - foil``) track the contrast it
+explains, ``P(y | .) - P(foil | .)`` (:func:`~bcos_plugins.metrics.probability_gap`'s quantity) in place of
+``P(y | .)``.
 Special tokens (CLS, SEP, PAD, ...) are never removed and never ranked.
 
 Under removal through the attention mask, a classifier of the architecture registry that reads one token's hidden
@@ -115,9 +118,12 @@ class PerturbationCurves:
         comprehensiveness: ``(batch, n_fractions)`` probability drops with the top-k tokens removed.
         sufficiency: ``(batch, n_fractions)`` probability drops with only the top-k tokens kept.
         fractions: the p values.
-        full_probability: ``P(y | x)`` on the unperturbed input, ``(batch,)``.
+        full_probability: ``P(y | x)`` on the unperturbed input, ``(batch,)`` (``P(y | x) - P(foil | x)`` for a
+            contrastive explanation).
         target: the class y per example.
         k: ``(batch, n_fractions)`` number of tokens perturbed.
+        foil: the foil class per example of a contrastive explanation (its curves track ``P(y) - P(foil)``), else
+            ``None``.
     """
 
     comprehensiveness: Float[Tensor, "batch n_fractions"]
@@ -126,6 +132,7 @@ class PerturbationCurves:
     full_probability: Float[Tensor, " batch"]
     target: Int[Tensor, " batch"]
     k: Int[Tensor, "batch n_fractions"]
+    foil: Int[Tensor, " batch"] | None = None
 
     @property
     def comprehensiveness_aopc(self) -> Float[Tensor, " batch"]:
@@ -163,9 +170,15 @@ class PerturbationCurves:
             raise argument_error("parts", "nothing to concatenate", "Pass at least one PerturbationCurves")
         if any(p.fractions != parts[0].fractions for p in parts):
             raise argument_error("parts", "all parts must use the same fractions", "Compute them with one setting")
+        contrastive = {p.foil is not None for p in parts}
+        if len(contrastive) > 1:
+            # the curves of P(target) and of P(target) - P(foil) are different quantities: one mean of both is neither
+            raise argument_error("parts", "mix curves of contrastive explanations (tracking P(target) - P(foil)) with "
+                                 "curves of P(target)", "Concatenate the curves of one kind of explanation")
         return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in
                      ("comprehensiveness", "sufficiency")), parts[0].fractions,
-                   *(torch.cat([getattr(p, f) for p in parts]) for f in ("full_probability", "target", "k")))
+                   *(torch.cat([getattr(p, f) for p in parts]) for f in ("full_probability", "target", "k")),
+                   foil=torch.cat([p.foil for p in parts]) if contrastive == {True} else None)
 
 
 def top_k_masks(
@@ -230,6 +243,25 @@ def refuse_target_unlike_explained(target: Tensor, explained: Tensor | None, sco
                          f"class on another's {score}", fix)
 
 
+def explained_foil(explanation: Any, n_rows: int, n_classes: int | None, score: str) -> Tensor | None:
+    """The foil class ids (one per row) of a contrastive explanation of the package (``explain(..., foil=)``), whose
+    curves track the contrast it explains, the target's ``score`` minus the foil's; ``None`` for anything else
+    (tensors and Captum tuples do not say what they explain). Until 2026-11-29 such an explanation's ranking of
+    evidence for ``target - foil`` was scored on the target's ``score`` alone: a feature that only counted against
+    the foil ranked first without moving it, silently. A foil that is a ``Direction`` has no class ``score`` to track
+    and is refused."""
+    if not hasattr(explanation, "input_contributions"):
+        return None
+    foil = getattr(explanation, "foil", None)
+    if foil is None:
+        return None
+    if isinstance(foil, Direction):
+        raise argument_error("attributions", f"explain target - a Direction of the output space (the foil), which has "
+                             f"no class {score} to track, so the curves of the contrast cannot be taken",
+                             "Explain with a class id as foil, or without foil")
+    return require_row_ids("foil", foil, n_rows, n_ids=n_classes, what="classes (the explanation's foil)")
+
+
 def refuse_explanation_of_another_model(explanation: Any, logits: Tensor, target: Tensor, argument: str,
                                         fix: str) -> None:
     """Refuse an explanation of the package whose model outputs (``explanation.logits``, one per row: the explained
@@ -292,6 +324,12 @@ def _explained_classes(attributions: Any, input_ids: Tensor, mask: Tensor) -> Te
     if not isinstance(target, Tensor) or target.is_floating_point() or target.dtype == torch.bool or target.ndim != 1:
         return None
     return target.detach().long()
+
+
+def _tracked(probabilities: Tensor, target: Tensor, foil: Tensor | None) -> Tensor:
+    """Per row, the target's probability, minus the foil's for a contrastive explanation."""
+    value = probabilities.gather(-1, target[:, None]).squeeze(-1)
+    return value if foil is None else value - probabilities.gather(-1, foil[:, None]).squeeze(-1)
 
 
 def _probabilities(model: Callable, call: dict, probability: str, examples: Sequence[int]) -> Tensor:
@@ -414,7 +452,8 @@ def perturbation_curves(
         target: the class whose probability is tracked; default the class ``attributions`` explains when it is an
             explanation of the package (its ``target``; another ``target`` is refused), else the class predicted on
             the full input. An explanation of other ``input_ids``, made with another ``attention_mask`` or for
-            another model (its ``explained`` logits are not this model's, beyond 1e-3 of the logit) is refused.
+            another model (its ``explained`` logits are not this model's, beyond 1e-3 of the logit) is refused. A
+            contrastive explanation (made with ``foil=``) is scored on ``P(target) - P(foil)`` (module docstring).
         fractions: the p values (default 0.1..0.9).
         masking: ``"attention"`` (remove via attention mask, the paper code's choice) or ``"mask_token"``.
         mask_token_id: for ``masking="mask_token"``; default ``tokenizer.mask_token_id``. A registry decoder
@@ -516,7 +555,10 @@ def perturbation_curves(
         refuse_explanation_of_another_model(attributions, full_logits, explained.to(full_logits.device),
                                             "attributions", "Score the model the explanation was made with, "
                                             "passing the keywords it was explained with (or explain this model)")
-    p_full = full.gather(-1, target_t[:, None]).squeeze(-1)
+    # a contrastive explanation ranks evidence for target - foil: its curves track P(target) - P(foil)
+    foil_t = explained_foil(attributions, batch, full.shape[-1], "probability")
+    foil_t = foil_t.to(input_ids.device) if foil_t is not None else None
+    p_full = _tracked(full, target_t, foil_t)
 
     # rows: [removed top-k for each p] then [kept only top-k for each p], per example
     removed = top
@@ -537,13 +579,14 @@ def perturbation_curves(
     extra = {name: v[:, None].expand(batch, 2 * n_fr, *v.shape[1:]).reshape(-1, *v.shape[1:])
              for name, v in per_row.items()}
     target_rows = target_t[:, None].expand(batch, 2 * n_fr).reshape(-1)
+    foil_rows = foil_t[:, None].expand(batch, 2 * n_fr).reshape(-1) if foil_t is not None else None
     probs = []
     for start in range(0, ids.shape[0], batch_size):
         sl = slice(start, start + batch_size)
         p = _probabilities(model, {"input_ids": ids[sl], "attention_mask": msk[sl], **constant,
                                    **{n: v[sl] for n, v in extra.items()}}, probability,
                            [row // (2 * n_fr) for row in range(start, min(start + batch_size, ids.shape[0]))])
-        probs.append(p.gather(-1, target_rows[sl, None]).squeeze(-1))
+        probs.append(_tracked(p, target_rows[sl], foil_rows[sl] if foil_rows is not None else None))
     p_pert = torch.cat(probs).reshape(batch, 2 * n_fr)
     drops = p_full[:, None] - p_pert
     return PerturbationCurves(
@@ -553,4 +596,5 @@ def perturbation_curves(
         full_probability=p_full.cpu(),
         target=target_t.cpu(),
         k=k.cpu(),
+        foil=foil_t.cpu() if foil_t is not None else None,
     )

@@ -1,0 +1,108 @@
+"""Trust pass 24, evaluation (helper-179): the metrics given contrastive explanations, left-padded decoder batches,
+deletion baselines, step schemes and the benchmarks' reading of them, each checked against a hand computation (one
+test per finding; the tally is in the CHANGELOG and the session's report).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import transformers as T
+from conftest import TINY_VIT_SHAPE, padded_rows, tiny_config
+
+from bcos_plugins.errors import BcosValueError
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def _bcos_bert(seed: int = 0):
+    from bcos_plugins import bcosify
+
+    torch.manual_seed(seed)
+    return bcosify(T.BertForSequenceClassification(tiny_config("bert")), verbose=False).eval().double()
+
+
+# ------------------------------------------------------------------ contrastive explanations: the curves of the contrast
+
+
+def test_perturbation_curves_of_a_contrastive_explanation_track_the_probability_gap():
+    """``explain(..., target=, foil=)`` ranks evidence for target - foil, but its curves tracked P(target) alone: a
+    token that only counted against the foil ranked first without moving P(target), silently (the gap's drop is 0.0128 by
+    hand, the curve read -0.0015). Now they track P(target) - P(foil), the contrast it explains, and say so (``foil``)."""
+    from bcos_plugins import explain
+    from bcos_plugins.metrics import PerturbationCurves, perturbation_curves
+
+    model = _bcos_bert()
+    ids, mask = padded_rows([7, 5], 8, "right", seed=0)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    special[:, 0] = True
+    contrast = explain(model, ids, mask, target=torch.tensor([0, 1]), foil=torch.tensor([2, 2]))
+    curves = perturbation_curves(model, ids, mask, contrast, special_tokens=special, fractions=(0.2, 0.5))
+    # by hand, row 0 alone: 6 perturbable tokens (position 0 special), the top 3 by contribution removed at p = 0.5
+    row = ids[:1, :7]
+    top = contrast.contributions[0, 1:7].argsort(descending=True, stable=True)[:3] + 1
+    removed = torch.ones_like(row)
+    removed[0, top] = 0
+    with torch.no_grad():
+        full = model(input_ids=row, attention_mask=torch.ones_like(row)).logits.softmax(-1)[0]
+        perturbed = model(input_ids=row, attention_mask=removed).logits.softmax(-1)[0]
+    gap = float((full[0] - full[2]) - (perturbed[0] - perturbed[2]))
+    assert float(curves.comprehensiveness[0, 1]) == pytest.approx(gap, abs=1e-12)
+    assert abs(float(full[0] - perturbed[0]) - gap) > 1e-3  # the target's drop alone is another number
+    assert float(curves.full_probability[0]) == pytest.approx(float(full[0] - full[2]), abs=1e-12)
+    assert curves.foil.tolist() == [2, 2] and curves.target.tolist() == [0, 1]
+    # an explanation of the class alone keeps P(target), and its curves do not say foil
+    plain = perturbation_curves(model, ids, mask, explain(model, ids, mask, target=torch.tensor([0, 1])),
+                                special_tokens=special, fractions=(0.2, 0.5))
+    assert plain.foil is None
+    assert float(plain.full_probability[0]) == pytest.approx(float(full[0]), abs=1e-12)
+    # one mean over curves of the two quantities would be neither
+    with pytest.raises(BcosValueError, match=r"parts: mix curves of contrastive explanations"):
+        PerturbationCurves.concatenate([curves, plain])
+    assert PerturbationCurves.concatenate([curves, curves]).foil.tolist() == [2, 2, 2, 2]
+    # a foil that is a direction of the output space has no class probability to subtract
+    from bcos_plugins.attribution import Direction
+
+    toward = explain(model, ids, mask, target=torch.tensor([0, 1]), foil=Direction(torch.tensor([0.0, 0.0, 1.0],
+                                                                                                dtype=torch.float64)))
+    with pytest.raises(BcosValueError, match=r"attributions: explain target - a Direction of the output space"):
+        perturbation_curves(model, ids, mask, toward, special_tokens=special, fractions=(0.2, 0.5))
+
+
+def test_pixel_perturbation_of_a_contrastive_explanation_tracks_the_explained_difference():
+    """An image explanation made with a foil (target - foil) was scored on the target's confidence alone. Now its curves
+    track the target's score minus the foil's: with ``score="logit"`` the unperturbed point is the explained value
+    itself, and every point the logit difference of the perturbed image, by hand."""
+    from bcos_plugins.metrics import pixel_perturbation
+    from bcos_plugins.vision import BcosViT, BcosViTConfig, explain_image
+
+    torch.manual_seed(0)
+    model = BcosViT(BcosViTConfig(**TINY_VIT_SHAPE, b=2.0, max_out=2, logit_scale=10.0)).eval()
+    images = torch.rand(3, 1, 16, 16, generator=torch.Generator().manual_seed(1))
+    target, foil = torch.tensor([0, 3, 4]), torch.tensor([1, 1, 1])
+    contrast = explain_image(model, images, target=target, foil=foil)
+
+    def forward(encoded):
+        return model(encoded_pixel_values=encoded).logits
+
+    encoded = model.encode(images)
+    fractions = (0.0, 0.125, 0.25)
+    curves = pixel_perturbation(forward, encoded, contrast, target, fractions=fractions, score="logit")
+    torch.testing.assert_close(curves.most_first[:, 0], contrast.explained, rtol=1e-5, atol=1e-5)
+    # by hand at 0.125: the 32 pixels of highest contribution zeroed (ties none: float maps)
+    assert contrast.contributions.shape == (3, 16, 16)
+    maps = contrast.contributions.flatten(1)
+    removed = torch.zeros_like(maps, dtype=torch.bool)
+    removed.scatter_(1, maps.argsort(dim=1, descending=True)[:, :32], True)
+    perturbed = encoded.masked_fill(removed.reshape(3, 1, 16, 16), 0.0)
+    with torch.no_grad():
+        logits = forward(perturbed)
+    rows = torch.arange(3)
+    torch.testing.assert_close(curves.most_first[:, 1], logits[rows, target] - logits[rows, foil], rtol=1e-5, atol=1e-5)
+    # softmax: the probability gap of the unperturbed images
+    soft = pixel_perturbation(forward, encoded, contrast, target, fractions=fractions)
+    with torch.no_grad():
+        p = forward(encoded).softmax(-1)
+    torch.testing.assert_close(soft.most_first[:, 0], p[rows, target] - p[rows, foil], rtol=1e-5, atol=1e-6)
