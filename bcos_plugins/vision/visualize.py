@@ -8,11 +8,13 @@
   positive are shown. Grey-scale models (C = 1) give grey colours.
 - :func:`contribution_map`: contributions clipped to ``[-v, v]`` with ``v`` the 99.9th percentile of their
   absolute values (paper §C.3), for a blue-white-red colour map.
-- :func:`save_explanation_figure`: image / contributions / colour row of ``W(x)``, per example, as a PNG.
+- :func:`save_explanation_figure`: image / contributions / colour row of ``W(x)``, per example, as a PNG (or the
+  format of the path's suffix).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -123,6 +125,37 @@ def _check_figure_inputs(images, columns, colour_rows, row_titles) -> None:
                                  f"of its size {tuple(images.shape[2:])}",
                                  "Pass weight_colour_image(explanation.weights[i], explanation.contributions[i]) of "
                                  "the same images")
+        # a NaN colour drew as a transparent (blank) panel and values beyond [0, 1] were clipped by imshow with a log
+        # line alone; weight_colour_image's colours and opacities lie in [0, 1]
+        values = np.asarray(colour_rows[i], dtype=np.float64)
+        if not (np.isfinite(values).all() and values.min() >= 0 and values.max() <= 1):
+            raise argument_error(f"colour_rows[{i}]", f"has values in [{np.nanmin(values):.4g}, {np.nanmax(values):.4g}]"
+                                 f"{' and NaN' if np.isnan(values).any() else ''}; a colour image is drawn on [0, 1]",
+                                 "Pass weight_colour_image(explanation.weights[i], explanation.contributions[i]) (its "
+                                 "values lie in [0, 1])")
+
+
+def _figure_file(path) -> tuple[Path, str]:
+    """The file :func:`save_explanation_figure` writes and its format, checked before the figure is drawn: matplotlib
+    wrote ``<path>.png`` for a path without a suffix (an existing folder's too, beside it) while the path itself was
+    returned, and refused an unknown suffix, or pathlib a path of another type, only after the figure was drawn,
+    naming no argument."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if not isinstance(path, str | os.PathLike):
+        raise argument_error("path", f"must be a file path (str or pathlib.Path), got {type(path).__name__} {path!r}",
+                             "Pass e.g. 'explanations.png'", kind=BcosTypeError)
+    path = Path(path)
+    if path.is_dir():
+        raise argument_error("path", f"{path} is a folder", f"Pass a file path, e.g. {path / 'explanations.png'}")
+    if not path.suffix:  # matplotlib's default, written to the name returned
+        path = path.with_name(path.name + ".png")
+    file_format = path.suffix[1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if file_format not in formats:
+        raise argument_error("path", f"{path.name} ends in {path.suffix!r}, not a format matplotlib writes",
+                             f"End it in one of {sorted(formats)} (e.g. .png)")
+    return path, file_format
 
 
 def save_explanation_figure(path: str | Path, images: Float[Tensor, "n c h w"],
@@ -135,8 +168,12 @@ def save_explanation_figure(path: str | Path, images: Float[Tensor, "n c h w"],
     blue-white-red in every row, clipped per map; columns that are never negative, e.g. rollout, use a sequential
     colour map). ``colour_rows`` adds the
     :func:`weight_colour_image` of each row as the last column.
+
+    The format is the suffix of ``path`` (PNG for a path without one, written to ``<path>.png``); an existing file is
+    overwritten and missing folders are made. Returns the path of the file written.
     """
     _check_figure_inputs(images, columns, colour_rows, row_titles)
+    path, file_format = _figure_file(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,11 +186,12 @@ def save_explanation_figure(path: str | Path, images: Float[Tensor, "n c h w"],
     n_cols = 1 + len(columns) + (colour_rows is not None)
     fig, axes = plt.subplots(n, n_cols, figsize=(1.6 * n_cols, 1.6 * n), squeeze=False)
     for i in range(n):
-        img = images[i].detach().cpu()
+        # drawn from float64 values (NumPy has no bfloat16: a bfloat16 image or map failed inside .numpy())
+        img = images[i].detach().cpu().double()
         img = (img[0] if img.shape[0] == 1 else img.permute(1, 2, 0)).numpy()
         axes[i, 0].imshow(img, cmap="gray", vmin=0, vmax=1)
         for j, (name, maps) in enumerate(columns.items(), start=1):
-            m = torch.as_tensor(maps[i]).detach().cpu()
+            m = torch.as_tensor(maps[i]).detach().cpu().double()
             if signed[name]:
                 clipped, v = contribution_map(m)
                 axes[i, j].imshow(clipped, cmap="bwr", vmin=-v, vmax=v)
@@ -174,8 +212,9 @@ def save_explanation_figure(path: str | Path, images: Float[Tensor, "n c h w"],
         ax.set_xticks([])
         ax.set_yticks([])
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120, format=file_format)
+    finally:  # (a figure left open on an error stays in pyplot's list for the rest of the process)
+        plt.close(fig)
     return path
