@@ -85,13 +85,33 @@ def _spatial(attributions: Tensor, name: str = "attributions") -> Tensor:
     # significant digits (tying pixels float32 tells apart) and a pointing-game share was off by 7e-4
     attributions = attributions.to(at_least_float32(attributions.dtype))
     if attributions.ndim == 4:  # (batch, channels, H, W): per-pixel score = sum over channels
+        _refuse_channels_last(attributions, name)
         return attributions.sum(dim=1)
     return attributions
 
 
+# channel counts of an image map: grey, RGB, RGBA, and the B-cos encodings [x, 1 - x] of grey and RGB (2C)
+_CHANNEL_COUNTS = (1, 2, 3, 4, 6)
+
+
+def _refuse_channels_last(maps: Tensor, name: str) -> None:
+    """Refuse a 4-d map that looks channels-last ``(batch, H, W, C)``: its last side is a channel count (1, 3 or 4) and
+    its second is not. Read as ``(batch, C, H, W)`` it was summed over its rows and its columns taken for channels;
+    where the sides divided by the grid, a pointing-game share of 1.0 read 0.5, silently."""
+    if maps.shape[-1] in (1, 3, 4) and maps.shape[1] not in _CHANNEL_COUNTS:
+        raise argument_error(name, f"look channels-last: shape {tuple(maps.shape)} is read as (batch, C, H, W), which "
+                             f"would take its {maps.shape[1]} rows for channels and its {maps.shape[-1]} channels for "
+                             "columns", f"Pass {name}.permute(0, 3, 1, 2) for a (batch, H, W, C) map, or a "
+                             "(batch, H, W) map (summed over channels) if it really is (batch, C, H, W)")
+
+
 def grid_pointing_game(attributions: Float[Tensor, "batch h w"], cell: Int[Tensor, " batch"] | int,
                        grid: tuple[int, int] = (2, 2)) -> Float[Tensor, " batch"]:
-    """Share of positive attribution inside the explained cell (row-major index) of each grid image."""
+    """Share of positive attribution inside the explained cell (row-major index) of each grid image.
+
+    ``attributions``: maps ``(batch, H, W)``, channels-first ``(batch, C, H, W)`` (summed over channels) or an image
+    explanation. A 4-d map is always read channels-first; one that looks channels-last ``(batch, H, W, C)`` (last
+    side 1, 3 or 4, second side not a channel count) is refused: pass ``maps.permute(0, 3, 1, 2)``."""
     maps = _spatial(attributions).detach()
     batch, height, width = maps.shape
     if not isinstance(grid, tuple | list) or len(grid) != 2:
@@ -116,7 +136,9 @@ def grid_pointing_game(attributions: Float[Tensor, "batch h w"], cell: Int[Tenso
 def pixel_ranking(attributions: Float[Tensor, "batch h w"], most_important_first: bool = True,
                   seed: int = 0) -> Int[Tensor, "batch hw"]:
     """Flat pixel indices in removal order; ties broken at random (fixed ``seed``), the same way for every image,
-    so an image ranks the same alone and anywhere in a batch."""
+    so an image ranks the same alone and anywhere in a batch. ``attributions`` are read as in
+    :func:`grid_pointing_game`: ``(batch, H, W)`` or channels-first ``(batch, C, H, W)``; a channels-last map is
+    refused."""
     # checked here, naming them: a float or bool seed failed inside torch's manual_seed (RuntimeError), a
     # most_important_first of another type inside argsort (TypeError)
     seed = _require_generator_seed(seed)
@@ -240,7 +262,8 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
         inputs: the model's input, in the space where pixels are removed. For a B-cos ViT pass the encoded
             ``[x, 1 - x]`` images and ``lambda e: model(encoded_pixel_values=e)``: removal then zeroes the whole
             pixel encoding, as in the paper.
-        attributions: per-pixel maps ``(batch, H, W)`` (or per channel, summed), or an image explanation (its
+        attributions: per-pixel maps ``(batch, H, W)`` (or channels-first ``(batch, C, H, W)``, summed over channels;
+            a channels-last map is refused), or an image explanation (its
             ``contributions``; a ``target`` other than the class it explains is refused, and so is an explanation
             of other images than ``inputs`` or of another model than ``forward``'s). The curves of a contrastive
             explanation (``explain_image(..., foil=)``, evidence for ``target - foil``) track the contrast it explains,

@@ -1,0 +1,58 @@
+"""Session 25, closing note 24's "possibly silent" items (helper-174): each test pins one decision and fails on the
+code before it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bcos_plugins.errors import BcosValueError
+
+# ------------------------------------------------------------------ a. channels-last image maps
+
+
+def _channels_last_grid_map(channels: int) -> torch.Tensor:
+    """A channels-last ``(1, 8, 8, C)`` map of a 2x2 grid of 4x4 images whose positive mass is all in cell 0."""
+    maps = torch.zeros(1, 8, 8, channels)
+    maps[0, :4, :4, :] = 1.0
+    return maps
+
+
+@pytest.mark.parametrize(("channels", "grid"), [(4, (2, 2)), (3, (2, 1)), (1, (2, 1))])
+def test_grid_pointing_game_refuses_a_channels_last_map_it_read_as_channels_first(channels, grid):
+    """A channels-last ``(n, H, W, C)`` map was read as ``(n, C, H, W)``: summed over its rows, its columns taken for
+    channels. Where the sides divided by the grid it gave 0.5 for a map whose mass is all in the explained cell (1.0),
+    silently. Refused now, naming the argument, the shape and the fix; the permuted map gives 1.0."""
+    from bcos_plugins.metrics.image import grid_pointing_game
+
+    maps = _channels_last_grid_map(channels)
+    with pytest.raises(BcosValueError, match=rf"^attributions: look channels-last: shape \(1, 8, 8, {channels}\) is "
+                                             r"read as \(batch, C, H, W\).*Pass attributions\.permute\(0, 3, 1, 2\)"):
+        grid_pointing_game(maps, 0, grid=grid)
+    assert grid_pointing_game(maps.permute(0, 3, 1, 2), 0, grid=grid).item() == 1.0
+
+
+def test_pixel_ranking_and_perturbation_refuse_a_channels_last_map():
+    """The siblings that read maps the same way (``_spatial``): ``pixel_ranking`` ranked 24 "pixels" of an 8x8x3 map
+    (its 8 columns x 3 channels), silently; ``pixel_perturbation`` refuses it with the same message."""
+    from bcos_plugins.metrics.image import pixel_perturbation, pixel_ranking
+
+    maps = torch.rand(2, 8, 8, 3)
+    with pytest.raises(BcosValueError, match=r"^attributions: look channels-last: shape \(2, 8, 8, 3\)"):
+        pixel_ranking(maps)
+    assert pixel_ranking(maps.permute(0, 3, 1, 2)).shape == (2, 64)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4))
+    with pytest.raises(BcosValueError, match=r"^attributions: look channels-last: shape \(2, 8, 8, 3\)"):
+        pixel_perturbation(model, torch.rand(2, 3, 8, 8), maps, 0)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (2, 6, 4, 4), (2, 2, 4, 3), (2, 1, 5, 1), (2, 8, 8)])
+def test_channels_first_and_plain_maps_are_still_read_as_before(shape):
+    """Channels-first maps (the B-cos encodings' 2 or 6 channels included, where the width is also a channel count),
+    an ambiguous map whose second side is a channel count too, and ``(n, H, W)`` maps are read as before."""
+    from bcos_plugins.metrics.image import pixel_ranking
+
+    maps = torch.randn(shape)
+    summed = maps.sum(dim=1) if maps.ndim == 4 else maps
+    torch.testing.assert_close(pixel_ranking(maps), pixel_ranking(summed), rtol=0, atol=0)
+
