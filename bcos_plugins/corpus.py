@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -208,16 +210,34 @@ def truncated_token_counts(tokenizer, texts: Sequence[str], pairs: Sequence[str]
     return counts
 
 
+# set inside a call that warns of its texts' truncation itself (truncation_warned): the calls it makes on the same
+# texts at the same max_length do not warn again
+_TRUNCATION_WARNED: ContextVar[bool] = ContextVar("_TRUNCATION_WARNED", default=False)
+
+
+@contextmanager
+def truncation_warned() -> Iterator[None]:
+    """Inside it, :func:`warn_of_truncated_texts` says nothing: the one way a call that warns of its texts' truncation
+    keeps the calls it makes on the same texts from warning a second time (a teacher's ``predict`` inside
+    ``fine_tune_classifier``, the B-cos stage of ``fine_tune_task_then_bcos`` after the conventional one)."""
+    token = _TRUNCATION_WARNED.set(True)
+    try:
+        yield
+    finally:
+        _TRUNCATION_WARNED.reset(token)
+
+
 def warn_of_truncated_texts(call: str, counts: Sequence[int | None], max_length: int | None, model: nn.Module,
                             tokenizer, paired: bool, *, outcome: str, marked: str = "", stacklevel: int = 3) -> None:
     """Warn that texts were cut to ``max_length`` tokens (``counts``: :func:`truncated_token_counts` of the caller's
     texts, in the caller's order), naming how many, which (their index, the first 8), which tokens were kept and the
     ``max_length`` that keeps every token (the longest text's count, or the model's position limit below it). The
     one warning of every path that truncates texts itself: ``explain_dataset`` (``outcome="explained as"``; its
-    column 'truncated', ``marked``, marks them) and ``predict`` / ``accuracy`` (``"classified from"``), which cut
-    texts to 64 tokens by default, silently."""
+    column 'truncated', ``marked``, marks them), ``predict`` / ``accuracy`` (``"classified from"``),
+    ``fine_tune_classifier`` (``"trained on as"``) and ``pretrain_masked_lm`` (``"pre-trained on as"``), which cut
+    texts to 64 (128) tokens by default, silently. Once per call: nothing inside :func:`truncation_warned`."""
     truncated = [i for i, n in enumerate(counts) if n is not None]
-    if not truncated:
+    if not truncated or _TRUNCATION_WARNED.get():
         return
     # which tokens were kept is the tokenizer's truncation_side (a left-truncating one keeps the last ones)
     side = getattr(tokenizer, "truncation_side", "right")

@@ -27,7 +27,15 @@ from ._checks import (
 )
 from .attribution.text import padding_named_as_tokenizers, rows_as_alone_call
 from .b_warmup import BWarmupCallback
-from .corpus import mask_keywords, pad_rows, require_texts_with_tokens, require_tokenizer_ids_fit
+from .corpus import (
+    mask_keywords,
+    pad_rows,
+    require_texts_with_tokens,
+    require_tokenizer_ids_fit,
+    truncated_token_counts,
+    truncation_warned,
+    warn_of_truncated_texts,
+)
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosError, BcosTypeError, argument_error
 from .losses import DistillationLoss, bcos_loss, cross_entropy_loss, own_training_loss
@@ -87,7 +95,8 @@ def fine_tune_classifier(
     Sentence-pair tasks (NLI, paraphrase): ``text_pairs`` holds the second text of each example, encoded as the
     tokenizer's pair (``[CLS] text [SEP] pair [SEP]`` with token types for BERT), truncated longest first to
     ``max_length``; pass the same ``text_pairs`` to :func:`predict` / :func:`accuracy`. ``max_length`` defaults to
-    64 tokens, capped at the model's position limit; a longer one is refused before training.
+    64 tokens, capped at the model's position limit; a longer one is refused before training. A ``UserWarning``
+    names the texts cut to it and the ``max_length`` that keeps every token, as :func:`predict` warns (once a call).
 
     ``head_learning_rate`` (default: ``learning_rate``) applies to the freshly initialised head (every
     parameter outside the encoder, plus the pooler). B-cos logits are bounded by the norm of their input
@@ -135,7 +144,8 @@ def fine_tune_classifier(
     own_loss = loss == "auto" and own_training_loss(model) is not None
     if own_loss and distill is not None:
         # DistillationLoss adds its term to the cross-entropy, in place of the model's own loss
-        raise _own_loss_error("teacher", "is given", "the distillation loss adds its term to the cross-entropy",
+        raise _own_loss_error(model, "teacher", "is given", "the distillation loss would replace by the "
+                              "cross-entropy plus its distillation term",
                               "leave teacher out, or pass loss='ce' to distil with the cross-entropy alone")
     use_bce = not own_loss and (loss == "bce" or (loss == "auto" and has_dynamic_weights(model)))
     # output_dir=None trained in a temporary folder that was never removed (one per call, holding what the Trainer
@@ -146,8 +156,8 @@ def fine_tune_classifier(
         require_no_label_smoothing_with_bce(use_bce, args.label_smoothing_factor)
         if own_loss and args.label_smoothing_factor:
             # the Trainer's label smoother replaces the loss a model computes by the smoothed cross-entropy
-            raise _own_loss_error("label_smoothing_factor", f"is {args.label_smoothing_factor!r}",
-                                  "transformers' label smoother replaces it by the smoothed cross-entropy",
+            raise _own_loss_error(model, "label_smoothing_factor", f"is {args.label_smoothing_factor!r}",
+                                  "transformers' label smoother would replace by the smoothed cross-entropy",
                                   "leave label_smoothing_factor out, or pass loss='ce' to train with the smoothed "
                                   "cross-entropy alone")
         problem_type = getattr(model.config, "problem_type", None)
@@ -162,10 +172,15 @@ def fine_tune_classifier(
         if head_learning_rate is not None:
             optimizers = (two_rate_trainer_optimizer(model, args, head_learning_rate), None)
         dataset = EncodedTexts(tokenizer, texts, labels, max_length, text_pairs)
+        kept = [len(ids) for ids in dataset.encodings["input_ids"]]
         # a text without tokens would be trained on as a row of padding alone, labelled (before _check_padding_side,
         # whose refusal of that row named padding)
-        require_texts_with_tokens([len(ids) for ids in dataset.encodings["input_ids"]], range(len(texts)), texts,
-                                  "texts", "train on", scope="")
+        require_texts_with_tokens(kept, range(len(texts)), texts, "texts", "train on", scope="")
+        # texts longer than max_length (64 by default) were trained on as their first tokens without a word: warned
+        # of as predict warns, once (the teacher's predict below, on the same texts, says nothing)
+        warn_of_truncated_texts("fine_tune_classifier", truncated_token_counts(tokenizer, texts, text_pairs, kept,
+                                                                               max_length),
+                                max_length, model, tokenizer, text_pairs is not None, outcome="trained on as")
         # ids past the embedding failed inside Trainer, mid-epoch (IndexError; a device-side assert on a GPU): every
         # text's ids (and token types) checked before any training, through their smallest and largest (a running
         # minimum and maximum over the rows: one flat tensor of every id of a corpus took about 8 bytes a token)
@@ -183,8 +198,9 @@ def fine_tune_classifier(
         trainer_class, loss_func = Trainer, (None if own_loss else bcos_loss if use_bce else
                                              functools.partial(cross_entropy_loss, label_smoothing=smoothing))
         if distill is not None:
-            dataset.teacher_logits = predict(teacher, tokenizer, texts, text_pairs=text_pairs, batch_size=batch_size,
-                                             max_length=max_length).tolist()
+            with truncation_warned():
+                dataset.teacher_logits = predict(teacher, tokenizer, texts, text_pairs=text_pairs,
+                                                 batch_size=batch_size, max_length=max_length).tolist()
             # the Trainer would drop "teacher_logits" (not an argument of the model's forward) before the loss
             args.remove_unused_columns = False
             trainer_class = distilling_trainer_class()
@@ -239,12 +255,12 @@ def _warmup(model: nn.Module, fraction: float):
     return callback
 
 
-def _own_loss_error(name: str, value: str, replaced_by: str, fix: str) -> BcosError:
-    """The refusal of a setting that would replace a Space Model's own training loss (``trains_with_its_own_loss``),
-    under ``loss="auto"``, by the cross-entropy."""
-    return argument_error(name, f"{value}, but loss='auto' trains a Space Model with the Space Model's own loss (the "
-                          f"cross-entropy plus the inter- and intra-space terms its config weighs), and {replaced_by} "
-                          "instead, which would drop those terms", fix)
+def _own_loss_error(model: nn.Module, name: str, value: str, replaced_by: str, fix: str) -> BcosError:
+    """The refusal of a setting that would replace ``model``'s own training loss (:func:`own_training_loss`: a Space
+    Model's, BcosViT's), under ``loss="auto"``, by the cross-entropy; naming the model's class and its loss (it said
+    "Space Model" and its inter- and intra-space terms of a BcosViT too)."""
+    return argument_error(name, f"{value}, but loss='auto' trains {type(model).__name__} with its own loss, "
+                          f"{own_training_loss(model)}, which {replaced_by}", fix)
 
 
 def require_no_label_smoothing_with_bce(use_bce: bool, label_smoothing_factor) -> None:

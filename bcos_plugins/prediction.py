@@ -91,11 +91,12 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
                                                                max_length), strict=True):
                 cut_counts[row] = count
             # refusals name the caller's rows, not the length-sorted batch's, and of left padding the tokenizer's
-            # padding side (they named attention_mask, an argument the caller never passed)
+            # padding side (they named attention_mask, an argument the caller never passed); the model's own too (a
+            # Space model's refusal of its encoder's left padding named the batch's rows and attention_mask)
             with rows_named_as(rows), padding_named_as_tokenizers(tokenizer):
                 call = rows_as_alone_call(model, enc["input_ids"], enc.get("attention_mask"), tokenizer_outputs=enc,
                                           spec=spec)
-            logits = model(**call).logits
+                logits = model(**call).logits
             chunk = logits.to(at_least_float32(logits.dtype)).cpu()  # (a float64 model's logits stay float64)
             refuse_nan_logits("predict", chunk.isnan().any(-1), rows, "texts", chunk.dtype, call.get("attention_mask"),
                               "Predict in float32 (model.float()), or with batch_size=1 (no padding).", model=model,

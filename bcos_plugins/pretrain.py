@@ -35,7 +35,15 @@ from ._checks import (
 from .convert.architectures import SPECS, spec_for
 from .convert.bcosify import bcosify, plan_conversion
 from .convert.checkpoint_format import BCOS_CONFIG_KEY
-from .corpus import mask_keywords, pad_rows, require_texts_with_tokens, require_tokenizer_fits
+from .corpus import (
+    mask_keywords,
+    pad_rows,
+    require_texts_with_tokens,
+    require_tokenizer_fits,
+    truncated_token_counts,
+    truncation_warned,
+    warn_of_truncated_texts,
+)
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosTypeError, BcosValueError, argument_error
 from .fine_tuning import (
@@ -170,7 +178,7 @@ def pretrain_masked_lm(
         bcos_query_key: passed to :func:`~bcos_plugins.bcosify` when the model is converted here (default
             True); an already-B-cos model keeps its own setting (a different value is refused).
         tokenizer: the model's tokenizer; it needs a mask token.
-        texts: unlabelled texts (tokenised with truncation at ``max_length``).
+        texts: unlabelled texts (tokenised with truncation at ``max_length``; a ``UserWarning`` names those cut).
         max_length: default 128, capped at the model's position limit; a longer one is refused before training.
         mlm_probability: share of tokens masked per batch (``DataCollatorForLanguageModeling``; 80 % become
             the mask token, 10 % a random token, 10 % stay).
@@ -213,9 +221,12 @@ def pretrain_masked_lm(
         args = training_arguments(output_dir, len(texts), epochs, batch_size, learning_rate, seed, progress,
                                   training_args, helper=pretrain_masked_lm)
         dataset = EncodedTexts(tokenizer, texts, None, max_length)
+        kept = [len(ids) for ids in dataset.encodings["input_ids"]]
         # a batch of texts without tokens (rows of padding alone) failed mid-training inside the attention
-        require_texts_with_tokens([len(ids) for ids in dataset.encodings["input_ids"]], range(len(texts)), texts,
-                                  "texts", "pre-train on", scope="")
+        require_texts_with_tokens(kept, range(len(texts)), texts, "texts", "pre-train on", scope="")
+        # texts longer than max_length (128 by default) were pre-trained on as their first tokens without a word
+        warn_of_truncated_texts("pretrain_masked_lm", truncated_token_counts(tokenizer, texts, None, kept, max_length),
+                                max_length, model, tokenizer, False, outcome="pre-trained on as")
         trainer = Trainer(
             model=model,
             args=args,
@@ -431,5 +442,7 @@ def fine_tune_task_then_bcos(
         # first stage left it (one more copy of the model in memory during the second stage)
         fine_tune_kwargs = {"teacher": copy.deepcopy(model).eval(), **fine_tune_kwargs}
     bcosify(model, b=b, bcos_query_key=bcos_query_key, verbose=False)
-    return fine_tune_classifier(model, tokenizer, texts, labels, epochs=epochs, learning_rate=learning_rate,
-                                batch_size=batch_size, **{**BCOS_STAGE_SCHEDULE, **fine_tune_kwargs})
+    # the same texts at the same max_length: the conventional stage warned of their truncation, once for the call
+    with truncation_warned():
+        return fine_tune_classifier(model, tokenizer, texts, labels, epochs=epochs, learning_rate=learning_rate,
+                                    batch_size=batch_size, **{**BCOS_STAGE_SCHEDULE, **fine_tune_kwargs})

@@ -324,10 +324,10 @@ def test_every_seed_of_the_package_is_checked_by_require_seed_with_its_own_gener
         with pytest.raises(BcosValueError, match=r"^seed: must be in \[-9223372036854775808, 18446744073709551615\]"):
             pixel_ranking(maps, seed=seed)
     a, b = [0.1, 0.5, 0.2, 0.9], [0.3, 0.4, 0.4, 0.6]
-    paired_bootstrap_difference(a, b, n_resamples=10, seed=2**64 - 1)
+    paired_bootstrap_difference(a, b, n_resamples=40, seed=2**64 - 1)
     for seed in (-1, 2**64):
         with pytest.raises(BcosValueError, match=r"^seed: must be in \[0, 18446744073709551615\]"):
-            paired_bootstrap_difference(a, b, n_resamples=10, seed=seed)
+            paired_bootstrap_difference(a, b, n_resamples=40, seed=seed)
     gate = PlateauRestart(0.5)
     assert isinstance(gate.attempt_seed(2**70, 0), int)  # NumPy / hash seeds: no upper bound
     with pytest.raises(BcosValueError, match=r"^seed: must be >= 0, got -1"):

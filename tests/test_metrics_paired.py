@@ -139,17 +139,17 @@ def test_bootstrap_by_hand():
     from bcos_plugins.metrics.paired import paired_bootstrap_difference
 
     a, b = [0.5, 0.25], [0.5, 1.25]
-    r = paired_bootstrap_difference(a, b, confidence=0.8, n_resamples=5, seed=3)
-    indices = torch.randint(2, (5, 2), generator=torch.Generator().manual_seed(3))
+    r = paired_bootstrap_difference(a, b, confidence=0.8, n_resamples=10, seed=3)
+    indices = torch.randint(2, (10, 2), generator=torch.Generator().manual_seed(3))
     d = [0.0, 1.0]
     means = sorted((d[i] + d[j]) / 2 for i, j in indices.tolist())
-    # torch.quantile's linear interpolation at q over 5 sorted values: position q * 4
+    # torch.quantile's linear interpolation at q over 10 sorted values: position q * 9
     def quantile(q):
-        pos = q * 4
+        pos = q * 9
         low = int(math.floor(pos))
-        return means[low] + (pos - low) * (means[min(low + 1, 4)] - means[low])
+        return means[low] + (pos - low) * (means[min(low + 1, 9)] - means[low])
 
-    assert r.difference == 0.5 and (r.n_units, r.n_resamples, r.confidence) == (2, 5, 0.8)
+    assert r.difference == 0.5 and (r.n_units, r.n_resamples, r.confidence) == (2, 10, 0.8)
     assert r.ci_low == pytest.approx(quantile(0.1)) and r.ci_high == pytest.approx(quantile(0.9))
     assert set(means) <= {0.0, 0.5, 1.0}
 

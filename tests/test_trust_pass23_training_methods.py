@@ -93,7 +93,8 @@ def test_fine_tune_classifier_refuses_what_would_drop_a_space_models_own_loss(se
     if settings.get("teacher") == "copy":
         settings = {"teacher": copy.deepcopy(model)}
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(BcosValueError, match=rf"^{name}: .*Space Model's own loss.*loss='ce'"):
+    with pytest.raises(BcosValueError, match=rf"^{name}: .*SpaceModelForSequenceClassification with its own "
+                                             r"loss, the cross-entropy plus the inter- and intra-space terms.*loss='ce'"):
         fine_tune_classifier(model, tok, texts, labels, batch_size=8, max_steps=1, **QUIET, **settings)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 

@@ -767,11 +767,28 @@ def refuse_left_padding_shifting_positions(model: nn.Module, input_ids: Tensor |
     if (table.padding_idx is not None and input_ids is not None
             and bool((input_ids[attention_mask == 0] == table.padding_idx).all())):
         return
+    fix = "Pad on the right (tokenizer.padding_side = 'right')"
+    # position ids counting real tokens are a fix only where the caller can pass them (a path that padded its
+    # caller's texts itself, explain_dataset, predict, predict_labels, fine_tune_classifier, takes none), the forward
+    # takes them, and they make each row as alone: a sequence classifier may read the first column, padding on a
+    # left-padded row whatever its positions (ELECTRA's does), so it is pointed at right padding alone
+    if (_CALLERS_PADDING_SIDE.get() is None and _forward_takes_position_ids(model)
+            and type(model).__name__ not in _sequence_classifier_names()):
+        fix += (", or pass position_ids= counting each row's real tokens "
+                "(bcos_plugins.attribution.real_token_positions(attention_mask))")
     raise _left_padding_error(
         padded_first, f"the {role} {architecture_name(model)} (outside the architecture registry, so it is given no "
-        "position ids) reads learned position embeddings counted from the first column: the row's positions, and so its numbers, would be shifted by its padding",
-        "Pad on the right (tokenizer.padding_side = 'right'), or pass position_ids= counting each row's real tokens "
-        "(bcos_plugins.attribution.real_token_positions(attention_mask))")
+        "position ids) reads learned position embeddings counted from the first column: the row's positions, and so "
+        "its numbers, would be shifted by its padding", fix)
+
+
+def _sequence_classifier_names() -> set[str]:
+    """transformers' sequence-classifier class names (its auto mapping's): which token each one classifies from (the
+    first column, or the last that is not padding) is not known outside the registry."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    return {name for names in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.values()
+            for name in ((names,) if isinstance(names, str) else names)}
 
 
 def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None,

@@ -50,6 +50,7 @@ from .shipped import (
     check_n,
     data_file,
     drop_empty_texts,
+    first_rows,
     read_tsv,
     shipped_data,
     shipped_split,
@@ -63,7 +64,7 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
     Args:
         split: ``"train"`` (3,000 rows) or ``"test"`` (600 rows) of the shipped balanced slice; with
             ``source="hub"``: ``"train"`` or ``"validation"`` of GLUE SST-2. Ignored when ``path`` is given.
-        n: keep the first ``n`` rows (``None``: all).
+        n: keep the first ``n`` rows (``None``: all; more than there are: all, with a ``UserWarning``).
         path: a ``sentence<TAB>label`` file with a header line, instead of the shipped slice.
         source: ``"local"`` (default, no network) or ``"hub"`` (``datasets.load_dataset("glue", "sst2")``).
 
@@ -93,4 +94,6 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
         raise argument_error("source", f"must be 'local' or 'hub', got {source!r}",
                              "Use 'local' for the shipped slice or your path=..., 'hub' for `datasets`")
     kept = drop_empty_texts(rows, "load_sst2", "sentence")
-    return TextClassificationData(kept[:n] if n is not None else kept, names)
+    where = (f"GLUE SST-2's {split!r} split" if source == "hub" else f"the file {file}" if path is not None
+             else f"the shipped SST-2 {split!r} split")
+    return TextClassificationData(first_rows(kept, n, "load_sst2", where), names)

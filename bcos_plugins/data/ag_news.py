@@ -10,7 +10,15 @@ from pathlib import Path
 
 from .._checks import require_bool
 from ..errors import argument_error
-from .shipped import TextClassificationData, check_n, data_file, drop_empty_texts, read_tsv, shipped_split
+from .shipped import (
+    TextClassificationData,
+    check_n,
+    data_file,
+    drop_empty_texts,
+    first_rows,
+    read_tsv,
+    shipped_split,
+)
 
 __all__ = ["AG_NEWS_LABELS", "load_ag_news"]
 
@@ -36,7 +44,7 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
         split: ``"train"`` (2,400 rows) or ``"test"`` (800 rows) of the shipped balanced slice; with
             ``source="hub"``: ``"train"`` or ``"test"`` of the ``ag_news`` dataset on the Hugging Face hub.
         n: keep the first ``n`` rows (the shipped files are shuffled, so any prefix is roughly balanced);
-            ``None``: all.
+            ``None``: all; more than there are: all, with a ``UserWarning``.
         path: a ``text<TAB>label`` file without header (label a class name or id) instead of the slice.
         source: ``"local"`` (default, no network) or ``"hub"`` (``datasets.load_dataset("ag_news")``).
         clean: undo the source's escapes (`` #39;`` -> ``'``, ``\\`` -> space).
@@ -72,4 +80,6 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
         rows = [(_clean(t), y) for t, y in rows]
     # after cleaning (a text of the source's line-break escapes alone cleans to ""), as load_sst2 drops them
     rows = drop_empty_texts(rows, "load_ag_news")
-    return TextClassificationData(rows[:n] if n is not None else rows, list(AG_NEWS_LABELS))
+    where = (f"AG News' {split!r} split" if source == "hub" else f"the file {file}" if path is not None
+             else f"the shipped AG News {split!r} split")
+    return TextClassificationData(first_rows(rows, n, "load_ag_news", where), list(AG_NEWS_LABELS))

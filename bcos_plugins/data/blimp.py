@@ -43,7 +43,7 @@ import torch
 from .._checks import require_choice, require_int
 from ..errors import BcosFileError, BcosTypeError, argument_error
 from .contrastive import ContrastiveBatch, left_pad
-from .shipped import SHIPPED_DATA, check_n, data_file
+from .shipped import SHIPPED_DATA, check_n, data_file, first_rows
 
 __all__ = ["BLIMP_SUBSETS", "BlimpBatch", "BlimpPair", "encode_blimp", "load_blimp"]
 
@@ -161,7 +161,7 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
 
     Args:
         subset: a short id (``"dna"``) or the paradigm name (``"determiner_noun_agreement_1"``).
-        n: keep the first ``n`` pairs (before dropping any).
+        n: keep the first ``n`` pairs (before dropping any; more than there are: all, with a ``UserWarning``).
         path: a BLiMP ``.jsonl`` file or a folder holding ``<paradigm>.jsonl``; default: the slice shipped in
             ``bcos_plugins/data/files/blimp`` (first 300 pairs of each paradigm).
         source: ``"local"`` or ``"hub"`` (``datasets.load_dataset("nyu-mll/blimp", paradigm)``, network needed).
@@ -191,8 +191,9 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
     else:
         raise argument_error("source", f"must be 'local' or 'hub', got {source!r}",
                              "Use 'local' (the shipped slice, or path=...) or 'hub' (datasets, network needed)")
+    where = f"BLiMP's {paradigm!r} on the hub" if source == "hub" else f"the file {file}"
     pairs = []
-    for row in rows[:n] if n is not None else rows:
+    for row in first_rows(rows, n, "load_blimp", where, "pairs"):
         if not row.get("one_prefix_method"):
             continue
         missing = [key for key in _ONE_PREFIX_KEYS if not isinstance(row.get(key), str)]

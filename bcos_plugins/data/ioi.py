@@ -54,7 +54,7 @@ from torch import Tensor
 from .._checks import require_choice, require_int, require_seed
 from ..errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
 from .contrastive import ContrastiveBatch, left_pad
-from .shipped import SHIPPED_DATA, data_file
+from .shipped import SHIPPED_DATA, data_file, first_rows
 
 __all__ = [
     "IOI_HELDOUT_NAMES",
@@ -452,7 +452,7 @@ def load_ioi(
         path: a ``.jsonl`` file (rows with ``column``) or a text file (one sentence per line).
         source: ``"local"`` (``path``) or ``"hub"`` (``datasets.load_dataset(hub_name)``, network needed).
         column: the sentence field of jsonl rows / hub rows.
-        n: keep the first ``n`` usable sentences.
+        n: keep the first ``n`` usable sentences (fewer found: all of them, with a ``UserWarning``).
 
     The last word is the IO; the S is the one capitalised word occurring twice before it, and the IO's single
     earlier mention is the evidence. Sentences where that reading fails, or whose names are not single tokens,
@@ -496,7 +496,8 @@ def load_ioi(
     if not prompts:
         raise argument_error("path" if source == "local" else "column", "no row is a complete IOI sentence",
                              f"Check the column name ({column!r}) and that sentences end with the IO's name")
-    return prompts
+    where = f"{hub_name!r} on the hub" if source == "hub" else f"the file {path}"
+    return first_rows(prompts, n, "load_ioi", where, "usable sentences")
 
 
 @dataclass

@@ -13,8 +13,8 @@ from pathlib import Path
 from .._checks import require_int
 from ..errors import BcosFileError, BcosTypeError, argument_error
 
-__all__ = ["SHIPPED_DATA", "TextClassificationData", "check_n", "data_file", "drop_empty_texts", "read_tsv", "shipped_data",
-           "shipped_split"]
+__all__ = ["SHIPPED_DATA", "TextClassificationData", "check_n", "data_file", "drop_empty_texts", "first_rows", "read_tsv",
+           "shipped_data", "shipped_split"]
 
 #: The datasets and tokenizer files shipped as package data (one folder per dataset, each with SOURCE.md).
 SHIPPED_DATA = Path(__file__).resolve().parent / "files"
@@ -109,6 +109,17 @@ def check_n(n) -> int | None:
     if n is None:
         return None
     return require_int("n", n, minimum=0, fix="Pass the number of rows to keep, an int >= 0 (None keeps all)")
+
+
+def first_rows(rows: list, n: int | None, loader: str, where: str, what: str = "rows") -> list:
+    """The first ``n`` of ``rows`` (all of them for ``None``), with a ``UserWarning`` naming ``n``, the rows available
+    and ``where`` they were read from (the split, the file) when ``n`` exceeds them: a loader returned every row
+    without a word (``load_sst2("test", n=1000)`` gave the slice's 600 rows). The one check of every loader's ``n``
+    (``load_sst2``, ``load_ag_news``, ``load_blimp``, ``load_ioi``); ``what`` names the rows."""
+    if n is not None and n > len(rows):
+        warnings.warn(f"{loader}: n={n}, but {where} has {len(rows)} {what}: all {len(rows)} are returned. Pass "
+                      f"n <= {len(rows)} (or n=None for all) to silence this", UserWarning, stacklevel=3)
+    return rows if n is None else rows[:n]
 
 
 def shipped_split(dataset: str, split: str, splits: tuple[str, ...]) -> Path:

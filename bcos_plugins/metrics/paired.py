@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 from torch import Tensor
@@ -308,6 +309,30 @@ def constant_difference(values_a, values_b) -> float | None:
     return float(d.mean()) if _differences_agree(a, b, d, eps) else None
 
 
+def require_resamples_for_level(n_resamples, confidence: float) -> int:
+    """``n_resamples`` as an int, refused where it is too few for a percentile interval at ``confidence`` (checked
+    first): each tail holds ``(1 - confidence) / 2`` of the resamples, so fewer than ``ceil(2 / (1 - confidence))``
+    (40 at 95 %) put less than one resample in a tail and its end is read between the most extreme resample means
+    (at 95 % 2 to 39 resamples were accepted without a word, an interval no percentile gives). The one resample
+    check of the bootstrap entry points (:func:`paired_bootstrap_difference`)."""
+    n_resamples = require_int("n_resamples", n_resamples, minimum=1)
+    if n_resamples == 1:
+        # both quantiles of one resample mean are that mean: the interval was [m, m] around a resample, not the
+        # difference (n_resamples=1 gave [-0.53, -0.53] for a difference of -0.23), a certainty it cannot give
+        raise argument_error("n_resamples", "is 1, whose one resample mean is both ends of the interval (zero width, "
+                             "and not around the difference)", "Pass many resamples, e.g. the default 2000")
+    # the level read from its shortest decimal (0.9, not 0.9000000000000000222): 2 / (1 - 0.9) in floats is
+    # 20.000000000000004, whose ceiling would ask for 21
+    fewest = math.ceil(2 / (1 - Fraction(repr(float(confidence)))))
+    if n_resamples < fewest:
+        raise argument_error("n_resamples", f"is {n_resamples}, too few for a {100 * confidence:.6g} % interval: each tail "
+                             f"holds (1 - confidence) / 2 of the resamples, {n_resamples * (1 - confidence) / 2:.3g} "
+                             "of one here, so its end would be read between the most extreme resample means, not at "
+                             "a percentile of them", f"Pass n_resamples >= {fewest} (ceil(2 / (1 - confidence))), "
+                             "e.g. the default 2000")
+    return n_resamples
+
+
 def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95, n_resamples: int = 2000,
                                 seed: int = 0) -> PairedBootstrapDifference:
     """The mean of the paired differences ``b_i - a_i`` with a percentile bootstrap interval over the units.
@@ -323,7 +348,8 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
             integers beyond 2**53, which the float64 differences cannot hold (integer scores are compared exactly).
         values_b: ``(unit,)`` floats for ``b``, unit ``i`` paired with ``values_a[i]``.
         confidence: of the two-sided interval, in (0, 1).
-        n_resamples: bootstrap resamples (units drawn with replacement, ``n_units`` per resample).
+        n_resamples: bootstrap resamples (units drawn with replacement, ``n_units`` per resample); at least
+            ``ceil(2 / (1 - confidence))`` (40 at 95 %), so that each tail holds a resample.
         seed: of the resampling generator (``torch.Generator().manual_seed(seed)``): the same inputs give the same
             interval.
 
@@ -349,12 +375,7 @@ def paired_bootstrap_difference(values_a, values_b, *, confidence: float = 0.95,
     if confidence == 1.0:
         raise argument_error("confidence", "must be below 1 (a 100 % interval is the range of the resamples)",
                              "Pass e.g. 0.95")
-    n_resamples = require_int("n_resamples", n_resamples, minimum=1)
-    if n_resamples == 1:
-        # both quantiles of one resample mean are that mean: the interval was [m, m] around a resample, not the
-        # difference (n_resamples=1 gave [-0.53, -0.53] for a difference of -0.23), a certainty it cannot give
-        raise argument_error("n_resamples", "is 1, whose one resample mean is both ends of the interval (zero width, "
-                             "and not around the difference)", "Pass many resamples, e.g. the default 2000")
+    n_resamples = require_resamples_for_level(n_resamples, confidence)
     # torch's generator takes seeds below 2**64: a larger one failed inside manual_seed ("Overflow when unpacking long
     # long", a ValueError that named no argument)
     seed = require_seed("seed", seed, minimum=0, maximum=2**64 - 1)

@@ -157,7 +157,7 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
             with rows_named_as(rows), padding_named_as_tokenizers(tokenizer):
                 call = rows_as_alone_call(model, batch["input_ids"], batch.get("attention_mask"),
                                           tokenizer_outputs=batch, spec=spec)
-            logits = model(**call).logits
+                logits = model(**call).logits  # (the model's own refusals too: a Space model's of its encoder's)
             # a NaN row's arg-max is read as class 0 (torch), and zero_shot_evaluation scored it: refused as predict
             # refuses it, naming the texts and the padded float64 cause where it applies
             refuse_nan_logits("predict_labels", logits.isnan().any(-1), rows, "texts", logits.dtype,
