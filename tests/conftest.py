@@ -74,6 +74,22 @@ def tiny_bcos_model(class_name: str = "BertForSequenceClassification", b: float 
     return bcosify(tiny_model(class_name), b=b, verbose=False).eval()
 
 
+def tiny_bcos_gpt2_and_rows(n_rows: int = 7):
+    """A tiny B-cos GPT-2 LM (B = 1.5, dropout off, seed 0) and ``n_rows`` token rows of 3 to 11 ids in [5, 40) from a
+    generator seeded 0: the set-up of the B warm-up training tests (tests/test_leftovers_s24.py,
+    tests/test_trust_pass22_followups3.py), in one place."""
+    from bcos_plugins import bcosify
+
+    torch.manual_seed(0)
+    config = tiny_config("gpt2")
+    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+    model = bcosify(T.GPT2LMHeadModel(config), b=1.5, verbose=False)
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(5, 40, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()}
+            for _ in range(n_rows)]
+    return model, rows
+
+
 def with_nan_embedding_row(model: torch.nn.Module, token: int) -> torch.nn.Module:
     """A copy of ``model`` whose input embedding row ``token`` is NaN (a broken padding or real token)."""
     import copy

@@ -349,20 +349,13 @@ def test_bwarmup_best_checkpoint_check_with_eval_on_start(tmp_path):
     with eval_on_start and an eval_delay past the warm-up the run is accepted, the step-0 evaluation ran at B = start,
     and the best metric is the returned model's own (not the step-0 one)."""
     import transformers as T
-    from conftest import tiny_config
+    from conftest import tiny_bcos_gpt2_and_rows
 
-    from bcos_plugins import bcosify
     from bcos_plugins.nn.linear import AlignmentPressure
     from bcos_plugins.train import BWarmupCallback
     from bcos_plugins.train_decoder import train_causal_lm
 
-    torch.manual_seed(0)
-    config = tiny_config("gpt2")
-    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
-    model = bcosify(T.GPT2LMHeadModel(config), b=1.5, verbose=False)
-    g = torch.Generator().manual_seed(0)
-    rows = [{"input_ids": torch.randint(5, 40, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()}
-            for _ in range(7)]
+    model, rows = tiny_bcos_gpt2_and_rows()
     seen_b: list[float] = []
 
     class RecordB(T.TrainerCallback):

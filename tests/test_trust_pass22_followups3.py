@@ -106,20 +106,13 @@ def test_bwarmup_accepts_load_best_model_at_end_when_eval_delay_in_epochs_covers
     (fraction 0.5) ends at the beginning of step 7: eval_delay=2 (first evaluation after step 8) is accepted, and the
     best checkpoint's metric is the returned model's; eval_delay=1 (after step 4) is still refused, naming the epochs
     that would do."""
-    import transformers as T
-    from conftest import tiny_config
+    from conftest import tiny_bcos_gpt2_and_rows
 
     from bcos_plugins.nn.linear import AlignmentPressure
     from bcos_plugins.train import BWarmupCallback
     from bcos_plugins.train_decoder import train_causal_lm
 
-    torch.manual_seed(0)
-    config = tiny_config("gpt2")
-    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
-    model = bcosify(T.GPT2LMHeadModel(config), b=1.5, verbose=False)
-    g = torch.Generator().manual_seed(0)
-    rows = [{"input_ids": torch.randint(5, 40, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()}
-            for _ in range(7)]
+    model, rows = tiny_bcos_gpt2_and_rows()
     settings = {"num_train_epochs": 3, "per_device_train_batch_size": 2, "eval_strategy": "epoch",
                 "save_strategy": "epoch", "load_best_model_at_end": True, "metric_for_best_model": "eval_loss",
                 "save_only_model": True, "disable_tqdm": True, "logging_steps": 100}
