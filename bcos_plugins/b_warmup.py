@@ -30,10 +30,13 @@ class BWarmupCallback:
     model saved after an interrupted one) reloads at the B it was running with, not the final one. It is an
     option to experiment with, not a recommendation (docs/benchmarks.md has what it measured). The layers keep
     the model's B until training begins (an evaluation or a save before ``train()`` runs at the model's B).
-    ``load_best_model_at_end`` (and so ``EarlyStoppingCallback``) is refused unless no evaluation runs before the
-    warm-up ends (``eval_delay`` past it: in steps with ``eval_strategy="steps"``, in epochs with ``"epoch"``, where
-    the epochs provably cover the warm-up's steps): the best checkpoint could be one evaluated
-    at a smaller B, and the model's B set on it at the end would change the logits its metric was measured on.
+    ``load_best_model_at_end``, and any ``metric_for_best_model`` (which ``EarlyStoppingCallback``,
+    ``save_strategy="best"`` and ``lr_scheduler_type="reduce_lr_on_plateau"`` compare evaluations by), are refused
+    unless no evaluation runs before the warm-up ends (``eval_delay`` past it: in steps with ``eval_strategy="steps"``,
+    in epochs with ``"epoch"``, where the epochs provably cover the warm-up's steps): the best checkpoint could be one
+    evaluated at a smaller B, and the model's B set on it at the end would change the logits its metric was measured
+    on; and evaluations at a rising B compare different models, so a metric that worsens as B rises would stop the
+    training early or cut the learning rate.
     ``eval_on_start`` does not change that: its evaluation runs at global step 0, so at B = ``start`` (the B training
     begins with), and the Trainer chooses the best model among saved checkpoints only, never from it.
 
@@ -107,9 +110,10 @@ class _BWarmup:
                                  "train the model's own loss")
         last = self._last_warm_step(state)
         strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
-        if getattr(args, "load_best_model_at_end", False) and self.start < self.target and not (
-                strategy == "steps" and (args.eval_delay or 0) > last
-                or strategy == "epoch" and _epoch_evaluations_wait_past(state, args.eval_delay or 0, last)):
+        evaluated_in_warmup = self.start < self.target and strategy in ("steps", "epoch") and not (
+            strategy == "steps" and (args.eval_delay or 0) > last
+            or strategy == "epoch" and _epoch_evaluations_wait_past(state, args.eval_delay or 0, last))
+        if getattr(args, "load_best_model_at_end", False) and evaluated_in_warmup:
             # the Trainer loads the best checkpoint before on_train_end, which set the model's B on it: one saved
             # during the warm-up ran (and was evaluated, and chosen) at a smaller B, so the model returned was not the
             # one whose metric made it the best (nor the last one trained), without a word
@@ -119,6 +123,21 @@ class _BWarmup:
                                  "measured on", f"evaluate only after the warm-up (eval_strategy='steps', "
                                  f"eval_delay={last + 1}{_epoch_delay_fix(state, last) if strategy == 'epoch' else ''}), or "
                                  "leave load_best_model_at_end out")
+        consumer = getattr(args, "metric_for_best_model", None)
+        if consumer is not None and evaluated_in_warmup:
+            # every user of metric_for_best_model compares evaluations: run during the warm-up they measure models at
+            # different B, and a metric that grows worse as B rises read as no progress. EarlyStoppingCallback (which
+            # no longer needs load_best_model_at_end) stopped a 12-step run after step 3, B still 1.09 of 1.5, and
+            # reduce_lr_on_plateau cut the learning rate 100-fold within the warm-up, both without a word
+            raise argument_error("metric_for_best_model", f"is {consumer!r} with evaluations during a B warm-up to "
+                                 f"step {last + 1}: the Trainer compares evaluations by it (EarlyStoppingCallback, "
+                                 "save_strategy='best', lr_scheduler_type='reduce_lr_on_plateau'), and one run during "
+                                 "the warm-up measures the model at a smaller B, so a metric that worsens as B rises "
+                                 "reads as no progress (training stopped, the learning rate cut)",
+                                 f"evaluate only after the warm-up (eval_strategy='steps', eval_delay={last + 1}"
+                                 f"{_epoch_delay_fix(state, last) if strategy == 'epoch' else ''}), or leave "
+                                 "metric_for_best_model out (and the early stopping, best-only saving or plateau "
+                                 "schedule that reads it)")
         self.on_step_begin(args, state, control)  # from the global step: a resumed run continues its warm-up
 
     def _set(self, b: float) -> None:

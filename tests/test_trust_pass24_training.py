@@ -1,0 +1,40 @@
+"""Trust pass 24, training and the papers' methods: what compares evaluations during a B warm-up, and the cases
+the earlier passes did not reach; each pinned where it was silently wrong or crashed unhelpfully."""
+
+from __future__ import annotations
+
+import pytest
+import transformers as T
+from test_trust_pass22_training import QUIET_LM, _causal_lm, _rows
+
+from bcos_plugins.errors import BcosValueError
+from bcos_plugins.nn.linear import AlignmentPressure
+from bcos_plugins.train import BWarmupCallback
+from bcos_plugins.train_decoder import train_causal_lm
+
+
+@pytest.mark.parametrize("reader", ["early_stopping", "plateau"])
+def test_what_compares_evaluations_is_refused_while_they_run_at_a_rising_b(reader, tmp_path):
+    """EarlyStoppingCallback no longer needs load_best_model_at_end (transformers 5 warns only), and
+    reduce_lr_on_plateau steps on metric_for_best_model: both compared evaluations run at a rising B during the warm-up
+    and read a loss that grows with B (4.124, 4.126, 4.128 at B 1.0, 1.05, 1.09 with a rate of 1e-6) as no progress.
+    Early stopping ended a 12-step run after step 3, B still 1.09 of 1.5 (the model then set to 1.5), and the plateau
+    schedule cut the rate from 1e-6 to 1e-8 within the warm-up, both without a word. Refused before the first step;
+    with eval_delay past the warm-up the run is the one asked."""
+    model, rows = _causal_lm(), _rows()
+    if reader == "early_stopping":
+        settings, callbacks = {"metric_for_best_model": "eval_loss"}, [T.EarlyStoppingCallback(early_stopping_patience=2)]
+    else:
+        settings, callbacks = {"lr_scheduler_type": "reduce_lr_on_plateau", "lr_scheduler_kwargs": {"patience": 1}}, []
+    settings.update(max_steps=8, learning_rate=1e-6, per_device_train_batch_size=2, eval_strategy="steps",
+                    eval_steps=1, **QUIET_LM)
+    with pytest.raises(BcosValueError, match=r"^metric_for_best_model: is '(eval_)?loss' with evaluations during a B "
+                                             r"warm-up to step 8: .* evaluate only after the warm-up \(eval_strategy="
+                                             r"'steps', eval_delay=8\), or leave metric_for_best_model out"):
+        train_causal_lm(model, rows, str(tmp_path / "a"), pad_token_id=0, eval_dataset=rows,
+                        callbacks=[BWarmupCallback(model, fraction=1.0), *callbacks], **settings)
+    assert {m.b for m in model.modules() if isinstance(m, AlignmentPressure)} == {1.5}
+    trainer = train_causal_lm(model, rows, str(tmp_path / "b"), pad_token_id=0, eval_dataset=rows, eval_delay=8,
+                              callbacks=[BWarmupCallback(model, fraction=1.0), *callbacks], **settings)
+    assert trainer.state.global_step == 8
+    assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [8]
