@@ -106,3 +106,58 @@ def test_pixel_perturbation_of_a_contrastive_explanation_tracks_the_explained_di
     with torch.no_grad():
         p = forward(encoded).softmax(-1)
     torch.testing.assert_close(soft.most_first[:, 0], p[rows, target] - p[rows, foil], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ a causal LM explained before its last token
+
+
+def test_rank_metrics_of_a_causal_explanation_at_an_earlier_position_rank_only_the_tokens_it_sees():
+    """``explain(lm, ..., position=3)`` explains the output at column 3, which a causal model computes from columns 0-3
+    alone; the rank metrics took the explanation's attention mask as the candidates, so the tokens after the position
+    (contribution exactly 0) were ranked above every token of negative score: a reciprocal rank of 1/7 where the prefix
+    explained alone gives 1/4, an AUPRC of 0.14 for 0.25, a top-50 % IoU of 0.25 for 0 (half of 8 tokens, not of 4),
+    and the random baseline of 8 candidates. Now they rank the tokens the output sees, as the prefix alone; a masked
+    LM's later tokens (which its output sees) stay candidates."""
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.metrics import (
+        expected_random_reciprocal_rank,
+        mean_reciprocal_rank,
+        rationale_alignment,
+        reciprocal_rank,
+        top_k_iou,
+    )
+
+    torch.manual_seed(0)
+    lm = bcosify(T.LlamaForCausalLM(tiny_config("llama")), verbose=False).eval().double()
+    ids, mask = padded_rows([8, 8], 8, "right", seed=3)
+    position, target, foil = torch.tensor([3, 4]), torch.tensor([5, 6]), torch.tensor([7, 8])
+    explanation = explain(lm, ids, mask, target=target, foil=foil, position=position)
+    assert (explanation.input_contributions[0, 4:] == 0).all() and (explanation.input_contributions[1, 5:] == 0).all()
+    evidence = torch.zeros_like(ids, dtype=torch.bool)
+    evidence[0, 2] = evidence[1, 3] = True
+    rr = reciprocal_rank(explanation, evidence)
+    iou = top_k_iou(explanation, evidence.long(), k=0.5)
+    ap = rationale_alignment(explanation, evidence.long()).auprc_per_row
+    for row in range(2):
+        end = int(position[row]) + 1
+        prefix = ids[row:row + 1, :end]
+        alone = explain(lm, prefix, torch.ones_like(prefix), target=target[row], foil=foil[row])
+        # by hand: 1 / (1 + the prefix tokens scoring above the evidence token)
+        scores = alone.contributions[0]
+        hand = 1.0 / (1 + int((scores > scores[evidence[row, :end]]).sum()))
+        assert float(rr[row]) == pytest.approx(hand, abs=1e-12)
+        assert float(reciprocal_rank(alone, evidence[row:row + 1, :end])[0]) == pytest.approx(hand, abs=1e-12)
+        assert float(iou[row]) == float(top_k_iou(alone, evidence[row:row + 1, :end].long(), k=0.5)[0])
+        assert float(ap[row]) == pytest.approx(float(rationale_alignment(alone, evidence[row:row + 1, :end].long())
+                                                     .auprc_per_row[0]), abs=1e-12)
+    assert float(rr[1]) == 0.25  # the evidence token ranks 4th of the 5 tokens column 4 sees (it read 1/7)
+    mrr = mean_reciprocal_rank(explanation, evidence)
+    assert mrr.random == pytest.approx((expected_random_reciprocal_rank(4, 1) + expected_random_reciprocal_rank(5, 1))
+                                       / 2, abs=1e-12)
+    # a masked LM's output at a position sees the tokens after it: they stay candidates
+    torch.manual_seed(0)
+    mlm = bcosify(T.BertForMaskedLM(tiny_config("bert")), verbose=False).eval().double()
+    masked = explain(mlm, ids, mask, target=target, position=position)
+    assert (masked.input_contributions[0, 4:] != 0).any()
+    torch.testing.assert_close(reciprocal_rank(masked, evidence),
+                               reciprocal_rank(masked.contributions, evidence, mask.bool()), rtol=0, atol=0)

@@ -136,14 +136,37 @@ def scores_and_positions(scores: Any, positions: Tensor | None, reduce: str = "s
     ``valid_mask``): an explanation of the package read as :func:`token_scores` reads it, with its ``attention_mask``
     as the default ``positions``, so that padding is never ranked. Given the contributions of a padded batch without
     the mask, a row's padding (score 0) outranked its tokens of negative score, and the row scored otherwise in the
-    batch than alone (an MRR of 1/8 for 1/7). Anything else is returned as given. ``reduce`` as in
+    batch than alone (an MRR of 1/8 for 1/7). An explanation of a causal model at a position before a row's last real
+    token (``explain(..., position=)``) leaves out the tokens after it too, which the explained output does not see
+    (see :func:`_seen_by_explained_output`). Anything else is returned as given. ``reduce`` as in
     :func:`token_scores` (for the metrics that take it: explanation_entropy, seqpg_score)."""
     if not hasattr(scores, "input_contributions"):
         return scores, positions
     mask = getattr(scores, "attention_mask", None)
     if positions is None and isinstance(mask, Tensor):
-        positions = mask.bool()
+        positions = mask.bool() & _seen_by_explained_output(scores).to(mask.device)
     return token_scores(scores, reduce=reduce), positions
+
+
+def _seen_by_explained_output(explanation: Any) -> Tensor:
+    """``(batch, pos)``: False at the tokens after a row's explained ``position`` where none of them contributes
+    anything (every input contribution exactly 0): a causal model's output at that position does not see them, so they
+    are not among the tokens it could rank. They were ranked as tokens of score 0: above every token of negative score
+    (a reciprocal rank of 1/7 for the 1/4 of the prefix explained alone) and counted in a top k's share (an IoU of 0.25
+    for 0). A bidirectional model's (a masked LM's, a base encoder's) later tokens contribute, and are kept; so is
+    every token of an explanation without positions (a classifier's)."""
+    contributions = explanation.input_contributions
+    position = getattr(explanation, "position", None)
+    seen = torch.ones(contributions.shape[:2], dtype=torch.bool, device=contributions.device)
+    if not isinstance(position, Tensor) or position.ndim != 1 or contributions.ndim < 2 \
+            or position.shape[0] != contributions.shape[0]:
+        return seen
+    columns = torch.arange(contributions.shape[1], device=contributions.device)
+    after = columns[None, :] > position.to(contributions.device)[:, None]
+    contributing = (contributions.detach() != 0).flatten(2).any(-1) if contributions.ndim > 2 \
+        else contributions.detach() != 0
+    unseen_rows = ~(after & contributing).any(-1)  # nothing after the position contributes: a causal model's row
+    return seen & ~(after & unseen_rows[:, None])
 
 
 def _is_image_explanation(explanation: Any) -> bool:

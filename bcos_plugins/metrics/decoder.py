@@ -92,8 +92,9 @@ def reciprocal_rank(
             default ``candidates``).
         evidence: True on the ground-truth evidence tokens.
         candidates: tokens that take part in the ranking (True), e.g. the real prefix tokens without padding
-            and BOS; default: all positions (an explanation's real tokens). Padding left among the candidates takes
-            part in the ranking: a padded batch's rows rank otherwise than alone.
+            and BOS; default: all positions (an explanation's real tokens, those its explained output sees: a causal
+            model's explanation at an earlier ``position`` leaves out the tokens after it). Padding left among the
+            candidates takes part in the ranking: a padded batch's rows rank otherwise than alone.
     """
     scores, candidates = scores_and_positions(scores, candidates)
     # the checked tensors are used below: lists passed the checks, then failed on .detach() / .bool(). A NaN at a
