@@ -99,8 +99,8 @@ from inseq.data.aggregation_functions import AggregationFunction, SumAggregation
 from inseq.data.aggregator import (
     Aggregator,
     AggregatorPipeline,
+    ContiguousSpanAggregator,
     SequenceAttributionAggregator,
-    SliceAggregator,
 )
 from inseq.models import AttributionModel
 from inseq.utils import Registry
@@ -543,8 +543,17 @@ def _aggregation_steps(aggregator, aggregate_fn) -> list[tuple[Any, Any]]:
     return [(aggregator, aggregate_fn)]
 
 
-def _is_step(name, named: str, cls: type) -> bool:
-    return name == named or (isinstance(name, type) and issubclass(name, cls))
+def _merges_or_slices_tokens(name) -> bool:
+    """Whether an aggregation step merges or slices tokens: inseq's ``"spans"``, ``"subwords"``, ``"split"`` or
+    ``"slices"`` (its contiguous-span aggregators), by name or class."""
+    if isinstance(name, str):
+        name = Aggregator.available_classes().get(name)
+    return isinstance(name, type) and issubclass(name, ContiguousSpanAggregator)
+
+
+# a temporary step score: each column's explained value (sum of contributions - deltas), carried through inseq's merge
+# so that it is merged as the step scores are; deltas are then restated against it
+_EXPLAINED = "_bcos_explained_value"
 
 
 def _reduces_d_model(name) -> bool:
@@ -659,11 +668,10 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
                                  "scores step out of the aggregators for this one")
         if "normalize" not in kwargs and "rescale" not in kwargs and _names_the_sum(aggregator, aggregate_fn):
             kwargs["normalize"] = False
-        slicing = any(_is_step(name, "slices", SliceAggregator) for name, _ in steps)
-        before = _column_totals(self) if slicing else None
-        aggregated = super().aggregate(aggregator, aggregate_fn, *args, **kwargs)
-        if slicing:
-            aggregated._restate_deltas_after_slicing(before)
+        if any(_merges_or_slices_tokens(name) for name, _ in steps):
+            aggregated = self._aggregate_restating_deltas(aggregator, aggregate_fn, *args, **kwargs)
+        else:
+            aggregated = super().aggregate(aggregator, aggregate_fn, *args, **kwargs)
         reduced = [(name, fn) for name, fn in steps if _reduces_d_model(name)]
         other = next(((name, fn) for name, fn in reduced if not _sums_d_model(name, fn)), None)
         if other is not None or (reduced and (kwargs.get("normalize") or kwargs.get("rescale"))):
@@ -684,22 +692,42 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
             warnings.warn(f"inseq: {what}; the step score 'deltas' (sum of contributions - attributed value) was "
                           f"dropped rather than left stale. {fix}", UserWarning, stacklevel=4)
 
-    def _restate_deltas_after_slicing(self, before: Tensor | None) -> None:
-        """A slice keeps some tokens' contributions and leaves the others out, so the columns no longer sum to the
-        attributed values; the step score ``deltas`` (sum of contributions - attributed value) said what it said of the
-        whole prefix, a completeness claim the sliced columns do not meet (0.32 off on a tiny GPT-2, silently). It is
-        restated for the tokens kept: the slice's sum minus the same attributed value, the left-out share included."""
+    def _aggregate_restating_deltas(self, aggregator, aggregate_fn, *args, **kwargs):
+        """inseq's ``aggregate`` of a call that merges or slices tokens, with the step score ``deltas`` (sum of
+        contributions - attributed value) restated for what the call leaves: the sum of the columns shown minus the
+        attributed value, merged as inseq merges the step scores. A slice leaves some tokens' share out (0.32 off on a
+        tiny GPT-2, while deltas said 1e-7); a merge with another function than the sum (``aggregate("spans",
+        aggregate_fn="mean")``, ``"absmax"``) or inseq's plain sum (which turns a merged cell holding a token not yet
+        generated into NaN) left columns 0.05 to 0.66 off their logit while deltas, merged by the same function, still
+        said 1e-7, silently. Each column's attributed value (its sum - deltas) rides through inseq's aggregation as a
+        temporary step score, merged as the logit is (summed by default, with the caller's function where one is
+        named); deltas is then the merged columns' sum minus it."""
         deltas = (self.step_scores or {}).get("deltas")
-        if not isinstance(deltas, Tensor):
-            return
-        after = _column_totals(self)
-        if before is not None and after is not None and after.shape == before.shape == deltas.shape:
-            self.step_scores["deltas"] = (deltas.double() + (after - before)).to(deltas.dtype)
-            return
-        # columns merged in the same call: nothing to line them up with
-        self._drop_stale_deltas("the 'slices' aggregation left some tokens' contributions out and merged columns in "
-                                "the same call, so 'deltas' could not be restated for the tokens kept",
-                                "Slice in a call of its own to keep it")
+        before = _column_totals(self) if isinstance(deltas, Tensor) else None
+        if before is None or before.shape != deltas.shape:
+            aggregated = super().aggregate(aggregator, aggregate_fn, *args, **kwargs)
+            aggregated._drop_stale_deltas("the aggregation merged or sliced tokens of an output whose columns do not "
+                                          "line up with its 'deltas'", "Check completeness before merging tokens")
+            return aggregated
+        step_scores, spans_fns = self.step_scores, self._dict_aggregate_fn["step_scores"]["spans"]
+        self.step_scores = {**step_scores, _EXPLAINED: before - deltas.double()}
+        spans_fns[_EXPLAINED] = "sum"  # a merged span explains the sum of its attributed values, as for the logit
+        try:
+            aggregated = super().aggregate(aggregator, aggregate_fn, *args, **kwargs)
+        finally:
+            self.step_scores = step_scores
+            del spans_fns[_EXPLAINED]
+        aggregated._dict_aggregate_fn["step_scores"]["spans"].pop(_EXPLAINED, None)
+        explained = aggregated.step_scores.pop(_EXPLAINED, None) if isinstance(aggregated.step_scores, dict) else None
+        after = _column_totals(aggregated)
+        if isinstance(explained, Tensor) and after is not None and after.shape == explained.shape \
+                and "deltas" in aggregated.step_scores:
+            aggregated.step_scores["deltas"] = (after - explained.double()).to(deltas.dtype)
+        else:
+            aggregated._drop_stale_deltas("the aggregation merged or sliced tokens and left columns that could not be "
+                                          "lined up with their attributed values", "Check completeness before "
+                                          "merging tokens")
+        return aggregated
 
     def weight_attributions(self, step_fn_id: str):
         """inseq's ``weight_attributions``, dropping the step score ``deltas``: each column is multiplied by its step

@@ -56,3 +56,61 @@ def test_channels_first_and_plain_maps_are_still_read_as_before(shape):
     summed = maps.sum(dim=1) if maps.ndim == 4 else maps
     torch.testing.assert_close(pixel_ranking(maps), pixel_ranking(summed), rtol=0, atol=0)
 
+
+# ------------------------------------------------------------------ b. inseq: deltas after merging tokens
+
+
+@pytest.fixture(scope="module")
+def inseq_attributed():
+    """One "bcos" attribution of a prompt of 5 tokens and 3 generated ones, with its logit step score."""
+    import warnings
+
+    import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
+    import inseq
+    import transformers as T
+    from test_inseq_adapter import TOKENIZER_DIR, _tiny_lm
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    tokenizer = T.GPT2Tokenizer.from_pretrained(TOKENIZER_DIR)
+    attribution_model = inseq.load_model(_tiny_lm("gpt2", len(tokenizer)), "bcos", tokenizer=tokenizer)
+    return attribution_model.attribute("The cat sat on the", generation_args={"max_new_tokens": 3, "do_sample": False},
+                                       step_scores=["logit"], show_progress=False)
+
+
+@pytest.mark.parametrize(("aggregator", "kwargs"), [
+    ("spans", {"target_spans": (1, 3), "aggregate_fn": "absmax"}),
+    ("spans", {"target_spans": (1, 3), "aggregate_fn": "mean"}),
+    ("spans", {"target_spans": (1, 3), "aggregate_fn": "vnorm"}),
+    ("spans", {"target_spans": (5, 8), "aggregate_fn": "mean"}),
+    ("spans", {"target_spans": (5, 8), "aggregate_fn": "absmax"}),
+    ("spans", {"target_spans": (5, 7), "aggregate_fn": "sum"}),
+    ("subwords", {"special_chars": ("Ġ",), "aggregate_fn": "mean"}),
+    ("subwords", {"special_chars": ("Ġ",), "aggregate_fn": "absmax"}),
+    ([("spans", "mean"), ("scores", "sum")], {"target_spans": (1, 3)}),
+    ("spans", {"target_spans": (1, 3)}),
+    ("subwords", {"special_chars": ("Ġ",)}),
+    ("spans", {"target_spans": (5, 8)}),
+])
+def test_inseq_merging_tokens_restates_deltas_against_the_merged_columns(inseq_attributed, aggregator, kwargs):
+    """A "spans" / "subwords" merge with an ``aggregate_fn`` other than the default (``"mean"``, ``"absmax"``,
+    ``"vnorm"``, or inseq's plain ``"sum"``, which turns a merged cell holding a token not generated yet into NaN)
+    merged the step score ``deltas`` with the same function, so the columns shown summed 0.05 to 0.66 away from their
+    logit while ``deltas`` still said ~1e-8, silently. ``deltas`` is now restated after every merge: the columns shown
+    minus the attributed value merged as the step score ``logit`` is (so ``sum - deltas`` is that logit again); the
+    default merges (present-sum, logits summed) keep the deltas they had, to float rounding."""
+    import copy
+
+    before = copy.deepcopy(inseq_attributed.sequence_attributions[0].step_scores["deltas"])
+    merged = inseq_attributed.aggregate(aggregator, **kwargs)
+    if merged.sequence_attributions[0].target_attributions.ndim == 3:
+        merged = merged.aggregate()
+    seq = merged.sequence_attributions[0]
+    totals = torch.nansum(seq.target_attributions.double(), dim=0)
+    assert "_bcos_explained_value" not in seq.step_scores
+    torch.testing.assert_close(totals - seq.step_scores["deltas"].double(), seq.step_scores["logit"].double(),
+                               rtol=1e-6, atol=1e-6)
+    assert seq.step_scores["deltas"].dtype == before.dtype
+    source = inseq_attributed.sequence_attributions[0]
+    torch.testing.assert_close(source.step_scores["deltas"], before, rtol=0, atol=0)  # the source keeps its own
+    assert "_bcos_explained_value" not in source.step_scores
+    assert "_bcos_explained_value" not in source._dict_aggregate_fn["step_scores"]["spans"]
