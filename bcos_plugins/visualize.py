@@ -7,6 +7,8 @@ score on hover (its ``title``), and long sentences wrap at token boundaries inst
 (the Captum records page of :mod:`bcos_plugins.adapters.captum` uses the same rows). Each token is laid out on its
 own, in sequence order (a right-to-left override inside one token does not reorder the others), and a token that
 would draw nothing (empty, whitespace, zero-width characters) shows them as escapes (``␣``, ``\\n``, ``U+200B``).
+A byte-level BPE tokenizer's tokens (GPT-2, Llama 3, Qwen) are drawn as the text they stand for, not in its byte
+alphabet (``ĠcafÃ©`` for the word café with its space); a character split across tokens shows each token's bytes escaped.
 """
 
 from __future__ import annotations
@@ -182,6 +184,34 @@ def _contribution_total(explanation, row_scores: torch.Tensor) -> str:
     return f"sum of contributions (each a mean over {d} features) {total:.4g} × {d} = {total * d:.4g}"
 
 
+def _byte_alphabet() -> dict[str, int]:
+    """The character each byte stands for in a byte-level BPE vocabulary (GPT-2's table, which Llama 3, Qwen and
+    every ``tokenizers.decoders.ByteLevel`` share): printable bytes as themselves, the others shifted past 255."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + k): b for k, b in enumerate(shifted)}}
+
+
+_BYTE_OF = _byte_alphabet()
+
+
+def _is_byte_level(tokenizer) -> bool:
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    return type(decoder).__name__ == "ByteLevel" or isinstance(getattr(tokenizer, "byte_decoder", None), dict)
+
+
+def shown_tokens(tokenizer, tokens: list[str]) -> list[str]:
+    """``tokens`` as the pages draw them: a byte-level BPE tokenizer's tokens (GPT-2, Llama 3, Qwen) as the text
+    their bytes stand for, where they were drawn in the byte alphabet (" café" as "ĠcafÃ©", Hebrew as "×©", text not
+    in the input); a character split across tokens (an emoji) shows each token's bytes escaped (``\\xf0\\x9f``).
+    Other tokenizers' tokens (WordPiece's ``##``, SentencePiece's ``▁``) and tokens outside the byte alphabet (added
+    tokens) are drawn as they are."""
+    if not _is_byte_level(tokenizer):
+        return tokens
+    return [bytes(_BYTE_OF[c] for c in token).decode("utf-8", errors="backslashreplace")
+            if token and all(c in _BYTE_OF for c in token) else token for token in tokens]
+
+
 def require_token_explanation(explanation, argument: str = "explanation") -> None:
     """Refuse what is not one token explanation (Captum's attribution tensor, a list of explanations, an image
     explanation: each failed with an AttributeError or TypeError from inside the page builder)."""
@@ -233,7 +263,7 @@ def _explanation_rows(explanation, tokenizer, label_names: Sequence[str] | None,
                       captions: Sequence[str] | None) -> str:
     require_token_explanation(explanation)
     label_names = require_label_names(label_names)
-    tokens, scores = explanation_tokens(explanation, tokenizer), explanation.scores()
+    tokens, scores = [shown_tokens(tokenizer, row) for row in explanation_tokens(explanation, tokenizer)], explanation.scores()
     if isinstance(captions, str):  # one caption per character: "ab" captioned two rows "a" and "b"
         raise argument_error("captions", f"got one string ({captions[:40]!r}); each character would caption a row",
                              "Pass a list of captions, one per explained row", kind=BcosTypeError)

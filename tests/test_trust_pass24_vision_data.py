@@ -60,3 +60,50 @@ def test_save_explanation_figure_refuses_colour_rows_outside_0_1(tmp_path, value
     rows[1][3, 4, 0] = value
     with pytest.raises(BcosValueError, match=r"colour_rows\[1\]: .*\[0, 1\].*weight_colour_image"):
         save_explanation_figure(tmp_path / "f.png", images, columns, colour_rows=rows)
+
+
+@pytest.fixture(scope="module")
+def byte_level_classifier():
+    """A tiny B-cos GPT-2 classifier over the shipped GPT-2 (byte-level BPE) tokenizer."""
+    import transformers as T
+
+    from bcos_plugins import bcosify
+    from bcos_plugins.data import shipped_data
+
+    tokenizer = T.GPT2TokenizerFast.from_pretrained(shipped_data("gpt2_tokenizer"))
+    tokenizer.pad_token = tokenizer.eos_token
+    torch.manual_seed(0)
+    config = T.GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2, n_positions=64, num_labels=2,
+                          pad_token_id=tokenizer.eos_token_id)
+    return bcosify(T.GPT2ForSequenceClassification(config).eval(), b=1.5, verbose=False), tokenizer
+
+
+def test_pages_show_byte_level_tokens_as_the_text_they_stand_for(byte_level_classifier):
+    # GPT-2's byte-level tokens were drawn as their byte alphabet: " café" as "ĠcafÃ©", the Hebrew "שלום" as
+    # "×©×ľ×ķ×Ŀ", an emoji as "ĠðŁ" + "į" + "ķ": text that is not in the input, beside each token's (right) score
+    from bcos_plugins import explain
+    from bcos_plugins.visualize import explanations_to_html
+
+    model, tokenizer = byte_level_classifier
+    batch = tokenizer(["naïve café", "שלום hello", "I love 🍕"], padding=True, return_tensors="pt")
+    explanation = explain(model, **batch)
+    page = explanations_to_html(explanation, tokenizer)
+    for text in ("café", "na", "ïve", "ש", "ל", "ו", "hello", "love"):
+        assert f">{text}<" in page or f"> {text}<" in page, text
+    for alphabet in ("Ã", "×", "ðŁ", "Ġ"):
+        assert alphabet not in page, alphabet
+    # a character split across tokens is each token's bytes, escaped (the pizza emoji is F0 9F 8D 95)
+    assert r"> \xf0\x9f<" in page and r">\x8d<" in page and r">\x95<" in page
+    # the scores beside them are the explanation's, one per token, as before
+    assert page.count('class="tok"') == int(batch["attention_mask"].sum())
+
+
+def test_pages_keep_wordpiece_tokens_as_the_tokenizer_gives_them(minilm_bcos_bert):
+    from bcos_plugins import explain
+    from bcos_plugins.visualize import explanations_to_html
+
+    model, tokenizer, _ = minilm_bcos_bert
+    batch = tokenizer(["unbelievably naïve"], return_tensors="pt")
+    page = explanations_to_html(explain(model, **batch), tokenizer)
+    for token in tokenizer.convert_ids_to_tokens(batch["input_ids"][0].tolist()):
+        assert f">{token}<" in page, token
