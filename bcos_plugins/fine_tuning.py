@@ -25,7 +25,7 @@ from ._checks import (
     require_training_argument_names,
     rows_named_as,
 )
-from .attribution.text import padding_named_as_tokenizers, rows_as_alone_call
+from .attribution.text import padding_named_as_tokenizers, registry_spec, rows_as_alone_call
 from .b_warmup import BWarmupCallback
 from .corpus import (
     mask_keywords,
@@ -39,7 +39,7 @@ from .corpus import (
 from .encoded_texts import EncodedTexts, truncation_length
 from .errors import BcosError, BcosTypeError, argument_error
 from .losses import DistillationLoss, bcos_loss, cross_entropy_loss, own_training_loss
-from .nn.dynamic import has_dynamic_weights
+from .nn.dynamic import evaluating, has_dynamic_weights
 from .prediction import predict
 
 __all__ = ["fine_tune_classifier", "two_rate_adamw"]
@@ -293,7 +293,9 @@ def _check_padding_side(collator, dataset: EncodedTexts) -> None:
     batch: a tokenizer that pads on the left for a registry classifier that reads the first column (every padded row
     would be trained on a padding token's logits; the error names the text by its index in ``texts``) or for a
     transformers model outside the registry that reads a learned position table, a decoder classifier without
-    ``config.pad_token_id``. The collator the ``Trainer`` pads with pads the shortest and the longest text together."""
+    ``config.pad_token_id``. The collator the ``Trainer`` pads with pads the shortest and the longest text together.
+    A model outside the registry given a left-padded batch also runs that batch once, in eval mode without gradients:
+    its own forward may refuse it (a Space model, of an encoder outside the registry with a learned position table)."""
     if not isinstance(collator, RowsAsAloneCollator):
         return
     lengths = [len(ids) for ids in dataset.encodings["input_ids"]]
@@ -303,7 +305,16 @@ def _check_padding_side(collator, dataset: EncodedTexts) -> None:
         return  # no batch is ever padded
     # the refusal names the caller's tokenizer's padding side (it named attention_mask, never passed)
     with rows_named_as((shortest, longest)), padding_named_as_tokenizers(collator.pad.tokenizer):
-        collator([{name: values[i] for name, values in dataset.encodings.items()} for i in (shortest, longest)])
+        call = collator([{name: values[i] for name, values in dataset.encodings.items()} for i in (shortest, longest)])
+        mask, model = call.get("attention_mask"), collator.model
+        if (mask is not None and bool((mask[:, 0] == 0).any()) and "position_ids" not in call
+                and registry_spec(model) is None):
+            # a Space model's refusal of its encoder's left padding came at the first training step, naming
+            # attention_mask, the shuffled batch's rows and position_ids=, which fine_tune_classifier takes none of
+            device = next(model.parameters()).device
+            with torch.no_grad(), evaluating(model):
+                model(**{key: value.to(device) if isinstance(value, torch.Tensor) else value
+                         for key, value in call.items() if key != "labels"})
 
 
 def _check_distillation(model, teacher, weight, kind, temperature) -> tuple[float, str, float] | None:

@@ -193,14 +193,15 @@ def _electra(kind: str) -> torch.nn.Module:
 def test_the_position_ids_hint_is_given_where_it_is_a_fix_and_only_there():
     """A model outside the registry with a learned position table was told "or pass position_ids=" by every path's
     left-padding refusal: by the paths that pad their caller's texts themselves and take no position_ids (predict,
-    predict_labels, fine_tune_classifier; explain_dataset refuses a model outside the registry before), and for a
+    predict_labels, fine_tune_classifier, at its first training step; explain_dataset refuses a model outside the
+    registry before), and for a
     classifier that reads the first column (ELECTRA's), where ids counting real tokens still classify the padding
     (checked below). The hint stays where the caller passes the mask and the model reads every row's own tokens (a
     base model, the Space model's encoder), and following it there gives each row as alone."""
     from bcos_plugins.attribution import real_token_positions
     from bcos_plugins.attribution.text import rows_as_alone_call
     from bcos_plugins.space import SpaceModelForSequenceClassification, predict_labels
-    from bcos_plugins.train import predict
+    from bcos_plugins.train import fine_tune_classifier, predict
 
     rows = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
     ids, mask = torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4, dtype=torch.long)
@@ -236,3 +237,12 @@ def test_the_position_ids_hint_is_given_where_it_is_a_fix_and_only_there():
                                                  r"rows \[1, 2\] start with padding.*Pad on the right") as refusal:
             call()
         assert hint not in str(refusal.value), str(refusal.value)
+    # fine_tune_classifier refuses before training, naming the text (the shortest, padded with the longest): the
+    # Space model's refusal came at the first step, naming attention_mask, the shuffled batch's rows and the hint
+    before = [p.detach().clone() for p in space.train().parameters()]
+    with pytest.raises(BcosValueError, match=r"^tokenizer: pads on the left \(tokenizer.padding_side='left'\), so "
+                                             r"row \[1\] starts with padding, and the encoder ElectraModel .*Pad on "
+                                             r"the right \(tokenizer.padding_side = 'right'\)\.$"):
+        fine_tune_classifier(space, tok, texts, [0, 1, 0], batch_size=3, max_steps=1, **QUIET)
+    assert all(torch.equal(a, b) for a, b in zip(before, space.parameters(), strict=True))
+    assert space.training  # the check's forward in eval mode left the model's mode as it was
