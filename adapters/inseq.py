@@ -191,6 +191,10 @@ class _Inseq071:
        a slice of one prompt is decoded with the batch's padding, which ``attribute`` then refuses. A model loaded
        with "bcos" generates with the prompts' attention mask and decodes every slice as the whole batch (for
        every method it then runs); on any other model a padded batch warns (:meth:`warn_on_padded_generation`).
+    7. ``FeatureAttributionSequenceOutput.weight_attributions`` casts the aggregated scores to float32 (``.float()``)
+       before multiplying them by the step score, so a float64 output's weighted scores came back in float64 but
+       rounded to float32 (1e-8 of them), silently: a float64 output is weighted at float64
+       (:meth:`weight_at_float64`, inseq's steps otherwise).
     """
 
     @staticmethod
@@ -356,6 +360,18 @@ class _Inseq071:
         HuggingfaceModel.load = staticmethod(load)
 
     @staticmethod
+    def weight_at_float64(output: FeatureAttributionSequenceOutput, step_fn_id: str) -> FeatureAttributionSequenceOutput:
+        """inseq's ``weight_attributions`` (in place: each column of the aggregated scores times its step score
+        ``step_fn_id``; no aggregation afterwards) without its cast to float32 (quirk 7), for a float64 output."""
+        aggregated = output.aggregate()
+        weights = output.step_scores[step_fn_id]
+        for field in ("source_attributions", "target_attributions"):
+            if getattr(output, field) is not None:
+                setattr(output, field, getattr(aggregated, field) * weights)
+        output._aggregator = []
+        return output
+
+    @staticmethod
     def quirks_present() -> dict[str, bool]:
         """Whether each quirk above is still in the installed inseq."""
         import inseq
@@ -375,6 +391,8 @@ class _Inseq071:
                 HuggingfaceModel.embed_ids),
             "generate drops the padding mask": "inputs=inputs.input_ids," in (generate := inspect.getsource(
                 HuggingfaceModel.generate)) and "attention_mask" not in generate,
+            "weight_attributions rounds to float32": ".float().T" in inspect.getsource(
+                FeatureAttributionSequenceOutput.weight_attributions),
         }
 
 
@@ -733,8 +751,13 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
         """inseq's ``weight_attributions``, dropping the step score ``deltas``: each column is multiplied by its step
         score ``step_fn_id``, so it sums to that multiple of the attributed value, and ``deltas`` (sum of
         contributions - attributed value), computed before, no longer said what the columns sum to (a column weighted
-        by its probability summed to 1e-5 while ``deltas`` still claimed 1e-7 of the logit), silently."""
-        weighted = super().weight_attributions(step_fn_id)
+        by its probability summed to 1e-5 while ``deltas`` still claimed 1e-7 of the logit), silently. A float64
+        output is weighted at float64 (inseq's own rounded it to float32, 1e-8 of each score: quirk 7 of
+        :class:`_Inseq071`)."""
+        wide = any(isinstance(t, Tensor) and t.dtype == torch.float64
+                   for t in (self.source_attributions, self.target_attributions))
+        weighted = (_Inseq071.weight_at_float64(self, step_fn_id) if wide
+                    else super().weight_attributions(step_fn_id))
         weighted._drop_stale_deltas(f"weight_attributions({step_fn_id!r}) multiplied each column by its step score "
                                     f"{step_fn_id!r}, so the columns no longer sum to the attributed values",
                                     "Check completeness before weighting")
