@@ -114,3 +114,52 @@ def test_inseq_merging_tokens_restates_deltas_against_the_merged_columns(inseq_a
     torch.testing.assert_close(source.step_scores["deltas"], before, rtol=0, atol=0)  # the source keeps its own
     assert "_bcos_explained_value" not in source.step_scores
     assert "_bcos_explained_value" not in source._dict_aggregate_fn["step_scores"]["spans"]
+
+
+# ------------------------------------------------------------------ d. a config field edited after conversion
+
+
+def test_a_config_field_edited_after_building_applies_on_reload_for_b_cos_models_as_for_stock_ones(tmp_path):
+    """Decision (documented in docs/methods/bcos-lms.md#saving-and-loading, not checked): Gemma 2's attention copies
+    ``query_pre_attn_scalar`` (as ``scaling``) and ``attn_logit_softcapping`` when transformers builds it, so an edit of
+    ``model.config`` afterwards is not seen in memory and is applied by the reload of the saved config. Pinned: a
+    B-cos model behaves as the stock model does (the same copies, transformers' own; bcosify copies no config field),
+    so save_pretrained has nothing of the package's to compare."""
+    import transformers as T
+
+    from bcos_plugins import bcosify
+    from bcos_plugins.persistence import load_bcos_model
+
+    def config():
+        return T.Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                              query_pre_attn_scalar=8, attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
+    for field, value in (("query_pre_attn_scalar", 2), ("attn_logit_softcapping", 0.5)):
+        for kind in ("stock", "bcos"):
+            torch.manual_seed(0)
+            model = T.Gemma2ForCausalLM(config())
+            if kind == "bcos":
+                model = bcosify(model, b=1.25, verbose=False)
+            model.eval()
+            with torch.no_grad():
+                before = model(ids).logits
+                setattr(model.config, field, value)
+                in_memory = model(ids).logits
+            folder = tmp_path / f"{kind}_{field}"
+            model.save_pretrained(folder)
+            reloaded = (load_bcos_model(folder) if kind == "bcos" else T.Gemma2ForCausalLM.from_pretrained(folder))
+            with torch.no_grad():
+                again = reloaded.eval()(ids).logits
+            assert torch.equal(in_memory, before), (kind, field)  # the copy made when the model was built
+            assert getattr(reloaded.config, field) == value
+            assert not torch.equal(again, in_memory), (kind, field)  # the reload applies the edit
+            # built from the edited config, the model in memory is the reloaded one
+            torch.manual_seed(0)
+            edited = config()
+            setattr(edited, field, value)
+            rebuilt = T.Gemma2ForCausalLM(edited)
+            rebuilt = (bcosify(rebuilt, b=1.25, verbose=False) if kind == "bcos" else rebuilt).eval()
+            with torch.no_grad():
+                torch.testing.assert_close(rebuilt(ids).logits, again, rtol=0, atol=0)
