@@ -88,8 +88,24 @@ def checked_folder(path) -> tuple[str, bool]:
     return text, False
 
 
-def weight_files(path: str, local: bool) -> list[str]:
+def _variant_name(name: str, variant: str | None) -> str:
+    """``name`` with ``variant`` before its last suffix, as transformers names a variant's files
+    (``model.safetensors`` -> ``model.fp16.safetensors``, ``model.safetensors.index.json`` ->
+    ``model.safetensors.index.fp16.json``)."""
+    if variant is None:
+        return name
+    stem, suffix = name.rsplit(".", 1)
+    return f"{stem}.{variant}.{suffix}"
+
+
+def weight_files(path: str, local: bool, variant: str | None = None) -> list[str]:
     """The safetensors files transformers loads from ``path``, each checked to be complete (named if not).
+
+    ``variant``: ``from_pretrained``'s, which loads ``model.<variant>.safetensors`` (or its sharded index) instead:
+    these are the files read then. The B each layer stored was read from ``model.safetensors`` whatever the variant,
+    so a folder holding both (``save_pretrained(folder)`` and ``save_pretrained(folder, variant="fp16")`` of two
+    models) loaded the variant's weights with the other save's B, another model than either (logits 0.28 off),
+    silently; a folder with the variant alone was refused as having no ``model.safetensors``.
 
     The choice follows transformers' own: a single ``model.safetensors`` wins over a sharded index. An index
     whose shards are gone is left over from an earlier sharded save into the same folder (``save_pretrained``
@@ -109,7 +125,8 @@ def weight_files(path: str, local: bool) -> list[str]:
         except OSError:
             return None
 
-    single, index = find(SINGLE_WEIGHTS), find(SHARDED_INDEX)
+    single_name, index_name = _variant_name(SINGLE_WEIGHTS, variant), _variant_name(SHARDED_INDEX, variant)
+    single, index = find(single_name), find(index_name)
     if index is not None:
         try:
             with open(index) as f:
@@ -123,23 +140,31 @@ def weight_files(path: str, local: bool) -> list[str]:
         if single is None:
             files = [shard or os.path.join(os.path.dirname(index), name) for shard, name in zip(shards, names, strict=True)]
         elif names and all(shards):
-            newer = SINGLE_WEIGHTS if os.path.getmtime(single) >= os.path.getmtime(index) else SHARDED_INDEX
+            newer = single_name if os.path.getmtime(single) >= os.path.getmtime(index) else index_name
             raise BcosFileError(
-                f"path: {path} holds two checkpoints, {SINGLE_WEIGHTS} and a sharded one ({SHARDED_INDEX} with "
+                f"path: {path} holds two checkpoints, {single_name} and a sharded one ({index_name} with "
                 f"{len(names)} shards): one is left over from an earlier save_pretrained into this folder, and "
-                f"transformers would load {SINGLE_WEIGHTS} even if it is the old one. Delete the files of the "
+                f"transformers would load {single_name} even if it is the old one. Delete the files of the "
                 f"checkpoint you did not save last ({newer} is the newer by its time stamp), or save into an "
                 "empty folder.")
     if single is not None:
         files = [single]
     elif index is None:
-        shards = sorted(p.name for p in Path(path).glob("model-*-of-*.safetensors")) if local else []
+        shard_stem = single_name.rsplit(".", 1)[0]  # a variant's shards: model.fp16-00001-of-00002.safetensors
+        shards = sorted(p.name for p in Path(path).glob(f"{shard_stem}-*-of-*.safetensors")) if local else []
         if shards:
             # told only that there was no model.safetensors, and to save the model again
             raise BcosFileError(
                 f"path: {path} holds {len(shards)} safetensors shard(s) ({', '.join(shards[:3])}"
-                f"{', ...' if len(shards) > 3 else ''}) but no {SHARDED_INDEX}, which says which weight each shard "
+                f"{', ...' if len(shards) > 3 else ''}) but no {index_name}, which says which weight each shard "
                 "holds. Copy the index written by save_pretrained next to the shards too (the whole folder).")
+        if variant is not None:
+            saved = sorted(p.name for p in Path(path).glob("model*.safetensors")) if local else []
+            raise argument_error(
+                "variant", f"is {variant!r}, but {path} has no {single_name} (nor {index_name})"
+                + (f"; it holds {', '.join(saved[:4])}" if saved else ""),
+                "Pass the variant the model was saved with (save_pretrained(folder, variant=...)), or leave variant "
+                "out to load model.safetensors", kind=BcosFileError)
         other = [n for n in ("pytorch_model.bin", "model.pt") if find(n)]
         hint = (f" It holds {other[0]}: load it with transformers and save it again with "
                 "save_pretrained(folder) (safetensors)") if other else ""
@@ -485,6 +510,35 @@ def _apply_config_overrides(path: str, config, kwargs: dict) -> dict:
     return rest
 
 
+# from_pretrained's loading options that are names (strings) or None: another type failed inside transformers, naming
+# neither the keyword nor the fix (attn_implementation=3: "'int' object has no attribute 'startswith'")
+_NAME_OPTIONS = {
+    "attn_implementation": "an attention implementation such as 'eager' or 'sdpa'",
+    "variant": "the suffix save_pretrained(folder, variant=...) put into the weight file names, such as 'fp16'",
+}
+
+
+def _refuse_mistyped_loading_options(kwargs: dict) -> None:
+    """Refuse a loading option of :data:`_NAME_OPTIONS` that is not a string (or None), naming it."""
+    for key, what in _NAME_OPTIONS.items():
+        value = kwargs.get(key)
+        if value is not None and not isinstance(value, str):
+            raise argument_error(key, f"must be {what}, got {type(value).__name__} {value!r}",
+                                 f"Pass {key} as a string, or leave it out", kind=BcosKeywordError)
+
+
+# what transformers' refusal of a loading option's value says instead of the option's name
+_REFUSAL_WORDING = {"attn_implementation": "attention implementation"}
+
+
+def _keyword_refused(err: Exception, keywords: dict) -> str | None:
+    """The keyword of ``keywords`` whose value transformers' error ``err`` refuses, read from its message (the
+    option's name, or :data:`_REFUSAL_WORDING`'s phrase for it); ``None`` when it names none."""
+    text = str(err)
+    return next((key for key in keywords if key in text or (key in _REFUSAL_WORDING and _REFUSAL_WORDING[key] in text)),
+                None)
+
+
 def _same_setting(value, saved) -> bool:
     """Whether a keyword's ``value`` is the saved configuration's ``saved`` (so setting it changes nothing)."""
     try:
@@ -533,6 +587,14 @@ def _load_reporting(load, path: str, keywords: dict, config, model_class):
         raise _unknown_keyword_error(refused, config, model_class) from None
     except (RuntimeError, OSError, ValueError) as err:
         problems = capture.problems()
+        refused = None if problems else _keyword_refused(err, keywords)
+        if refused is not None:
+            # transformers refused a keyword's value (dtype=torch.int8, attn_implementation="sdpa" for a class without
+            # it, device_map="bogus"): the error named path, the one argument that was right, and said to re-save
+            raise argument_error(
+                refused, f"is {keywords[refused]!r}, which transformers refused while loading {path} "
+                f"({type(err).__name__}: {err})", f"Pass another {refused}, as transformers' message says, or leave "
+                f"{refused} out", kind=BcosKeywordError) from err
         if not problems:
             raise BcosValueError(f"path: transformers could not load {path} ({type(err).__name__}: {err}). Check "
                                  "the from_pretrained keyword arguments, or re-save the model.") from err
@@ -570,7 +632,8 @@ def _load_vit(path: str, kwargs: dict) -> nn.Module:
         raise BcosFileError(f"path: cannot read a BcosViT configuration from {path}/config.json ({err}). "
                             "Restore config.json from the original save.") from None
     kwargs = _apply_config_overrides(path, config, kwargs)
-    weight_files(path, True)
+    _refuse_mistyped_loading_options(kwargs)
+    weight_files(path, True, kwargs.get("variant"))
     # BcosViT.from_pretrained itself refuses missing, unexpected and mismatched weights, naming them
     model = _load_reporting(lambda: BcosViT.from_pretrained(path, config=config, use_safetensors=True, **kwargs),
                             path, kwargs, config, BcosViT)
@@ -663,7 +726,8 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     ``layer_norm_eps``, ``pad_token_id``, ...) is refused unless it repeats the saved value, because the saved weights
     would load without a shape error into a model whose maths differ (to get one, convert the stock model built with
     that setting again with bcosify). The others (``dtype``, ``attn_implementation``, ``device_map``, ...) go to
-    ``from_pretrained``; ``subfolder`` names a folder inside a local
+    ``from_pretrained``, a value it refuses named with its message; ``variant`` loads the weights and each layer's B
+    from ``model.<variant>.safetensors`` (or its sharded index); ``subfolder`` names a folder inside a local
     ``path``, which the whole load then reads (a Trainer run's ``checkpoint-500``). The model is returned in eval
     mode, made of ordinary tensors also when called under ``torch.inference_mode()``.
 
@@ -700,7 +764,9 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     settings = checked_settings(path, config)
     asked = set(from_pretrained_kwargs)
     from_pretrained_kwargs = _apply_config_overrides(path, config, from_pretrained_kwargs)
-    files = weight_files(path, local)
+    _refuse_mistyped_loading_options(from_pretrained_kwargs)
+    # the files of the variant from_pretrained loads: each layer's stored B is read from them
+    files = weight_files(path, local, from_pretrained_kwargs.get("variant"))
     name = settings["architecture"]
     model, info = _load_reporting(
         lambda: stock_class(name).from_pretrained(path, config=config, use_safetensors=True,

@@ -1,0 +1,254 @@
+"""Trust pass 24, conversion, persistence and the registry families on their unusual but real configurations (Gemma 2
+without soft-caps, with every layer windowed or bidirectional, ``query_pre_attn_scalar`` unlike ``head_dim``; Mistral
+with no window and a window of 1; Qwen2 / Qwen3 with ``use_sliding_window`` and ``max_window_layers``; rope scaling;
+ModernBERT with every layer global or local, mean / cls pooling and other head activations), each checked through
+``explain`` (complete, the model's own output, a padded row explained as alone, tokens out of the windows' reach with
+no share, eager and sdpa attention alike) and a sharded save reloaded bit for bit.
+
+Silently wrong before:
+
+- ``load_bcos_model(folder, variant="fp16")`` loaded the weights of ``model.fp16.safetensors`` and each B-cos layer's
+  B from ``model.safetensors``: a folder holding two saves (``save_pretrained(folder)`` and
+  ``save_pretrained(folder, variant="fp16")``) gave a model that was neither (logits 0.28 off), without a word.
+
+Unhelpful before: a folder with the variant alone was refused as having "no model.safetensors"; a keyword value
+transformers refuses (``dtype=torch.int8``, ``device_map="bogus"``, ``attn_implementation="sdpa"`` for a class without
+it) was reported as ``path: transformers could not load ...``, naming the one argument that was right and saying to
+re-save the model; ``attn_implementation=3`` failed with ``'int' object has no attribute 'startswith'``.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import transformers as T
+from conftest import MAX_POS, VOCAB, padded_rows
+
+from bcos_plugins import bcosify, explain, load_bcos_model
+from bcos_plugins.convert.architectures import SPECS, stock_class
+from bcos_plugins.errors import BcosFileError, BcosKeywordError
+from bcos_plugins.nn.linear import AlignmentPressure
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+B = 1.25
+
+
+def _rotary(config_class, **fields):
+    return config_class(**{**dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=64, max_position_embeddings=MAX_POS,
+                                  num_labels=3, pad_token_id=0, bos_token_id=2, eos_token_id=2), **fields})
+
+
+def _modernbert(**fields):
+    return T.ModernBertConfig(**{**dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, max_position_embeddings=MAX_POS, local_attention=4,
+                                        global_attn_every_n_layers=2, num_labels=3, pad_token_id=0, bos_token_id=2,
+                                        eos_token_id=2, cls_token_id=2, sep_token_id=2, classifier_pooling="mean"),
+                                 **fields})
+
+
+def _build(name: str, config, seed: int = 0):
+    """The stock model ``name`` built from ``config`` itself (fields a config derives at construction, such as
+    ``layer_types`` from ``max_window_layers`` or ``global_attn_every_n_layers``, are not set after it), random
+    non-zero biases, in eval mode."""
+    torch.manual_seed(seed)
+    model = stock_class(name)(config).eval()
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param_name.endswith("bias"):
+                param.normal_(0, 0.2)
+    return model
+
+
+# (class, config, reach): reach = how many tokens back (and, for an encoder or a bidirectional decoder, ahead) the
+# explained position's output can see through the two layers' windows; None: every token (a global layer)
+UNUSUAL = {
+    "gemma2-no-soft-caps": ("Gemma2ForCausalLM", lambda: _rotary(
+        T.Gemma2Config, head_dim=8, sliding_window=4, final_logit_softcapping=None, attn_logit_softcapping=None,
+        query_pre_attn_scalar=8), None),
+    "gemma2-all-windowed-scalar-3": ("Gemma2ForCausalLM", lambda: _rotary(
+        T.Gemma2Config, head_dim=8, sliding_window=3, final_logit_softcapping=0.5, attn_logit_softcapping=0.5,
+        query_pre_attn_scalar=3, layer_types=["sliding_attention"] * 2), 4),
+    "gemma2-bidirectional-classifier": ("Gemma2ForSequenceClassification", lambda: _rotary(
+        T.Gemma2Config, head_dim=8, sliding_window=3, query_pre_attn_scalar=100, use_bidirectional_attention=True,
+        layer_types=["sliding_attention"] * 2), None),
+    "mistral-no-window": ("MistralForCausalLM", lambda: _rotary(T.MistralConfig, sliding_window=None), None),
+    "mistral-window-1": ("MistralForSequenceClassification", lambda: _rotary(T.MistralConfig, sliding_window=1), 0),
+    "qwen2-max-window-layers-0": ("Qwen2ForSequenceClassification", lambda: _rotary(
+        T.Qwen2Config, use_sliding_window=True, sliding_window=2, max_window_layers=0), 2),
+    "qwen3-bias-window-from-layer-1": ("Qwen3ForCausalLM", lambda: _rotary(
+        T.Qwen3Config, head_dim=8, attention_bias=True, use_sliding_window=True, sliding_window=2,
+        max_window_layers=1), None),
+    "llama-linear-rope": ("LlamaForCausalLM", lambda: _rotary(
+        T.LlamaConfig, rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}), None),
+    "mistral-yarn-rope": ("MistralForCausalLM", lambda: _rotary(
+        T.MistralConfig, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                                          "original_max_position_embeddings": 8}), None),
+    # global_attn_every_n_layers makes layer 0 global whatever its value: every layer local needs layer_types
+    "modernbert-local-2-silu-head": ("ModernBertForSequenceClassification", lambda: _modernbert(
+        global_attn_every_n_layers=100, local_attention=2, classifier_activation="silu"), None),
+    "modernbert-all-local-base": ("ModernBertModel", lambda: _modernbert(layer_types=["sliding_attention"] * 2), 4),
+    "modernbert-all-global-cls": ("ModernBertForSequenceClassification", lambda: _modernbert(
+        global_attn_every_n_layers=1, classifier_pooling="cls", classifier_activation="gelu_new"), None),
+}
+
+
+def _asked(spec) -> dict:
+    return {"target": 1} if spec.is_classifier else {"target": 7, "position": -1}
+
+
+def _outputs(model, ids, mask):
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask)
+    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+
+@pytest.mark.parametrize("case", sorted(UNUSUAL))
+def test_an_unusual_family_configuration_explains_exactly_alike_under_eager_and_sdpa_and_reloads_sharded(
+        tmp_path, case):
+    name, make, reach = UNUSUAL[case]
+    spec = SPECS[name]
+    config = make()
+    side = "right" if spec.classifies_from_first_column(config) else "left"
+    model = bcosify(_build(name, config), b=B, verbose=False)
+    ids, mask = padded_rows([12, 8, 3], 12, side, seed=7)
+    expl = explain(model, ids, mask, **_asked(spec))
+    assert (expl.delta.abs() <= 1e-5 * expl.explained.abs().clamp_min(1e-2)).all()
+    own = _outputs(model, ids, mask)
+    last = mask.sum(1) - 1 if side == "right" else torch.full((3,), 11)
+    rows = torch.arange(3)
+    wanted = own[:, 1] if spec.is_classifier else own[rows, last, 7]
+    torch.testing.assert_close(expl.explained, wanted, rtol=1e-5, atol=1e-7)  # soft-caps: explaining rounds otherwise
+    for row in range(3):  # each row as it is explained alone
+        alone = explain(model, ids[row:row + 1, mask[row].bool()], **_asked(spec))
+        torch.testing.assert_close(expl.contributions[row, mask[row].bool()], alone.contributions[0],
+                                   rtol=1e-4, atol=1e-6)
+    if reach is not None:  # row 0 (unpadded) at its last token: the tokens the windows do not reach have no share
+        ahead = reach if spec.kind == "encoder" else 0
+        columns = torch.arange(12)
+        beyond = (columns < 11 - reach) | (columns > 11 + ahead)
+        assert (expl.contributions[0, beyond] == 0).all() and (expl.contributions[0, 11 - reach] != 0).all()
+    implementation = "sdpa" if model.config._attn_implementation != "sdpa" else "eager"
+    if not (name.startswith("Gemma2") and config.attn_logit_softcapping is not None):  # sdpa takes no soft-cap
+        other = copy.deepcopy(model)
+        other.config._attn_implementation = implementation
+        again = explain(other, ids, mask, **_asked(spec))
+        torch.testing.assert_close(again.contributions, expl.contributions, rtol=1e-4, atol=1e-6)
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 1
+    loaded = load_bcos_model(tmp_path)
+    assert torch.equal(_outputs(loaded, ids, mask), own)
+
+
+# ------------------------------------------------------------------ load_bcos_model of a variant
+
+
+def _two_saves_in_one_folder(folder):
+    """model.safetensors from one model (B 1.25) and model.fp16.safetensors from another (other weights, B 2)."""
+    config = lambda: _rotary(T.LlamaConfig)  # noqa: E731
+    plain = bcosify(_build("LlamaForCausalLM", config()), b=B, verbose=False)
+    variant = bcosify(_build("LlamaForCausalLM", config(), seed=1), b=B, verbose=False)
+    for layer in variant.modules():
+        if isinstance(layer, AlignmentPressure):
+            layer.b = 2.0
+    plain.save_pretrained(folder)
+    variant.save_pretrained(folder, variant="fp16")
+    return plain, variant
+
+
+def test_a_variant_loads_with_the_b_its_own_files_stored_not_the_plain_saves(tmp_path):
+    plain, variant = _two_saves_in_one_folder(tmp_path)
+    assert {p.name for p in tmp_path.glob("*.safetensors")} == {"model.safetensors", "model.fp16.safetensors"}
+    ids, mask = padded_rows([9, 5], 9, "left", seed=3)
+    with pytest.warns(UserWarning, match=r"run at the B stored with them \(2\)"):  # config.bcos['b'] says 1.25
+        loaded = load_bcos_model(tmp_path, variant="fp16")
+    # the weights came from the variant and each layer's B from model.safetensors: 0.28 off the variant, silently
+    assert {layer.b for layer in loaded.modules() if isinstance(layer, AlignmentPressure)} == {2.0}
+    assert torch.equal(_outputs(loaded, ids, mask), _outputs(variant, ids, mask))
+    assert torch.equal(_outputs(load_bcos_model(tmp_path), ids, mask), _outputs(plain, ids, mask))
+
+
+def test_a_folder_with_the_variant_alone_loads_and_a_missing_variant_is_named(tmp_path):
+    _, variant = _two_saves_in_one_folder(tmp_path / "both")
+    only = tmp_path / "only"
+    variant.save_pretrained(only, variant="fp16")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with pytest.warns(UserWarning, match="run at the B stored"):
+        loaded = load_bcos_model(only, variant="fp16")  # refused before: "has no model.safetensors"
+    assert torch.equal(_outputs(loaded, ids, None), _outputs(variant, ids, None))
+    with pytest.raises(BcosFileError, match=r"^variant: is 'bf16', but .* has no model\.bf16\.safetensors \(nor "
+                                            r"model\.safetensors\.index\.bf16\.json\); it holds model\.fp16\.safetensors"
+                                            r", model\.safetensors\. Pass the variant the model was saved with"):
+        load_bcos_model(tmp_path / "both", variant="bf16")
+
+
+# ------------------------------------------------------------------ keyword values transformers refuses, named
+
+
+@pytest.fixture(scope="module")
+def gemma2_classifier_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gemma2_classifier")
+    config = _rotary(T.Gemma2Config, head_dim=8, query_pre_attn_scalar=8)
+    bcosify(_build("Gemma2ForSequenceClassification", config), b=B, verbose=False).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("key, value", [
+    ("dtype", torch.int8),
+    ("device_map", "bogus"),
+    ("attn_implementation", "sdpa"),  # transformers' Gemma2ForSequenceClassification does not declare sdpa
+    ("attn_implementation", "bogus"),
+])
+def test_a_keyword_value_transformers_refuses_is_named_not_the_path(gemma2_classifier_folder, key, value):
+    # it said "path: transformers could not load ... Check the from_pretrained keyword arguments, or re-save the model"
+    with pytest.raises(BcosKeywordError, match=rf"^{key}: is {value!r}, which transformers refused while loading "
+                                               rf".*\. Pass another {key}, as transformers' message says, or leave "
+                                               rf"{key} out\.$"):
+        load_bcos_model(gemma2_classifier_folder, **{key: value})
+
+
+@pytest.mark.parametrize("key", ["attn_implementation", "variant"])
+def test_a_loading_option_that_is_no_name_is_refused_naming_it(gemma2_classifier_folder, key):
+    # attn_implementation=3 failed inside transformers: "'int' object has no attribute 'startswith'"
+    with pytest.raises(BcosKeywordError, match=rf"^{key}: must be .*, got int 3\. Pass {key} as a string, or leave "
+                                               r"it out\.$"):
+        load_bcos_model(gemma2_classifier_folder, **{key: 3})
+
+
+# ------------------------------------------------------------------ the Space model over a B-cos encoder
+
+
+def _space(seed: int, b: float):
+    from conftest import tiny_config
+
+    from bcos_plugins.space import SpaceModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    encoder = bcosify(T.BertModel(tiny_config("bert")), b=B, verbose=False)
+    model = SpaceModelForSequenceClassification.from_encoder(encoder, num_labels=2, n_latent=3).eval()
+    for layer in model.modules():
+        if isinstance(layer, AlignmentPressure):
+            layer.b = b
+    return model
+
+
+@pytest.mark.parametrize("where", ["subfolder", "variant"])
+def test_a_space_model_loads_the_save_from_pretrained_was_asked_for_not_the_top_folders(tmp_path, where):
+    top, asked = _space(0, B), _space(1, 2.0)
+    top.save_pretrained(tmp_path)
+    if where == "subfolder":
+        asked.save_pretrained(tmp_path / "checkpoint-5")
+        keywords = {"subfolder": "checkpoint-5"}
+    else:
+        asked.save_pretrained(tmp_path, variant="fp16")
+        keywords = {"variant": "fp16"}
+    loaded = type(top).from_pretrained(str(tmp_path), **keywords).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        # the top folder's plain save was loaded over the one asked for (its weights and B): the other model, silently
+        assert torch.equal(loaded(input_ids=ids).logits, asked(input_ids=ids).logits)
+    assert {layer.b for layer in loaded.modules() if isinstance(layer, AlignmentPressure)} == {2.0}
