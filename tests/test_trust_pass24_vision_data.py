@@ -107,3 +107,39 @@ def test_pages_keep_wordpiece_tokens_as_the_tokenizer_gives_them(minilm_bcos_ber
     page = explanations_to_html(explain(model, **batch), tokenizer)
     for token in tokenizer.convert_ids_to_tokens(batch["input_ids"][0].tolist()):
         assert f">{token}<" in page, token
+
+
+def _tiny_vit(kind: str = "bcos"):
+    from bcos_plugins.vision import BcosViT, BcosViTConfig, ConventionalViT
+
+    torch.manual_seed(0)
+    config = BcosViTConfig(image_size=8, num_channels=1, patch_size=4, hidden_size=8, num_hidden_layers=1,
+                           num_attention_heads=2, intermediate_size=16, tokenizer="linear", num_labels=3)
+    return (BcosViT if kind == "bcos" else ConventionalViT)(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["bcos", "conventional"])
+def test_a_vit_on_the_meta_device_is_named_as_the_text_paths_name_it(kind):
+    # failed with "unknown device type for autocast" (explain_image) or "Tensor on device meta is not on the expected
+    # device cpu!" (forward), naming neither the model nor the fix
+    from bcos_plugins.vision import explain_image
+
+    model = _tiny_vit(kind).to("meta")
+    images = torch.rand(2, 1, 8, 8)
+    calls = [lambda: model(images)] + ([lambda: explain_image(model, images),
+                                         lambda: model(encoded_pixel_values=torch.cat([images, 1 - images], 1))]
+                                        if kind == "bcos" else [])
+    for call in calls:
+        with pytest.raises(BcosValueError, match=r"model: its parameters are on the meta device.*Load the weights"):
+            call()
+
+
+@pytest.mark.parametrize("kind", ["bcos", "conventional"])
+def test_vit_output_attentions_that_is_not_true_or_false_is_refused(kind):
+    # output_attentions="no" (truthy) returned the attention matrices
+    model = _tiny_vit(kind)
+    images = torch.rand(2, 1, 8, 8)
+    with pytest.raises(BcosTypeError, match=r"output_attentions: .*'no'"):
+        model(images, output_attentions="no")
+    assert model(images, output_attentions=False).attentions is None
+    assert len(model(images, output_attentions=True).attentions) == 1

@@ -29,7 +29,7 @@ from ..errors import BcosTypeError, argument_error
 from .config import BcosViTConfig
 from .encoding import check_pixel_values
 from .loading import WholeCheckpointLoading
-from .model import vit_output_as_requested
+from .model import refuse_meta_vit, require_output_attentions, vit_output_as_requested
 
 __all__ = ["ConventionalViT"]
 
@@ -100,7 +100,7 @@ class ConventionalViT(WholeCheckpointLoading, PreTrainedModel):
             init.trunc_normal_(module.position_embedding, std=self.config.initializer_range)
 
     def forward(self, pixel_values: Tensor | None = None, labels: Tensor | None = None,
-                output_attentions: bool = False, return_dict: bool | None = True,
+                output_attentions: bool | None = False, return_dict: bool | None = True,
                 **kwargs) -> ImageClassifierOutput | tuple[Tensor, ...]:
         """Classify images in [0, 1]; with ``labels`` the loss is softmax cross-entropy.
 
@@ -112,8 +112,10 @@ class ConventionalViT(WholeCheckpointLoading, PreTrainedModel):
             raise argument_error(
                 sorted(kwargs)[0], f"is not a keyword of ConventionalViT.forward (got {sorted(kwargs)})",
                 "Pass only pixel_values, labels, output_attentions and return_dict", kind=BcosTypeError)
+        output_attentions = require_output_attentions(output_attentions, self.config, "ConventionalViT")
         if pixel_values is None:
             raise argument_error("pixel_values", "is required", "Pass images in [0, 1] of shape (batch, C, H, W)")
+        refuse_meta_vit(self)
         check_pixel_values(pixel_values, self.config.num_channels, self.config.image_size,
                            dtype=self.classifier.weight.dtype)
         if labels is not None:

@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import ImageClassifierOutput
 
-from .._checks import require_bool, require_class_ids
+from .._checks import refuse_meta_model, require_bool, require_class_ids
 from ..errors import BcosTypeError, argument_error
 from ..losses import bcos_loss
 from ..nn.conv import BcosConv2d
@@ -37,7 +37,26 @@ from .loading import WholeCheckpointLoading
 from .mlp import BcosViTMLP
 from .tokenizer import BcosConvTokenizer, BcosPatchEmbedding
 
-__all__ = ["BcosViT", "BcosViTBlock", "vit_output_as_requested"]
+__all__ = ["BcosViT", "BcosViTBlock", "refuse_meta_vit", "require_output_attentions", "vit_output_as_requested"]
+
+
+def refuse_meta_vit(model: nn.Module) -> None:
+    """Refuse a ViT whose weights are on the meta device, as the text paths do (:func:`~bcos_plugins._checks.refuse_meta_model`):
+    ``explain_image`` failed with "unknown device type for autocast" and the forward with "Tensor on device meta is not
+    on the expected device cpu!", naming neither the model nor the fix. The classifier's weight stands for the rest
+    (one flag read per forward; the whole check runs only when it is on the meta device)."""
+    if model.classifier.weight.is_meta:
+        refuse_meta_model(model)
+
+
+def require_output_attentions(output_attentions, config, who: str) -> bool:
+    """``output_attentions`` as transformers models read it (``None``: ``config.output_attentions``); another value is
+    refused by :func:`~bcos_plugins._checks.require_bool` (``"no"`` read as True and returned the attention matrices)."""
+    if require_bool("output_attentions", output_attentions, or_none=True,
+                    fix=f"Pass output_attentions=True for the attention matrices, False for none or None for "
+                    f"config.output_attentions's choice, as {who}.forward's transformers counterparts take") is None:
+        return bool(getattr(config, "output_attentions", False))
+    return output_attentions
 
 
 def vit_output_as_requested(output: ImageClassifierOutput, return_dict: bool | None, config,
@@ -122,6 +141,7 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
 
     def encode(self, pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch two_c h w"]:
         """Check the images and return ``[x, 1 - x]`` (the attribution point)."""
+        refuse_meta_vit(self)
         check_pixel_values(pixel_values, self.config.num_channels, self.config.image_size,
                            dtype=self.classifier.weight.dtype)
         return self.encoding(pixel_values)
@@ -144,7 +164,7 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
         return logits, tuple(patterns)
 
     def forward(self, pixel_values: Tensor | None = None, labels: Tensor | None = None,
-                output_attentions: bool = False, encoded_pixel_values: Tensor | None = None,
+                output_attentions: bool | None = False, encoded_pixel_values: Tensor | None = None,
                 return_dict: bool | None = True, **kwargs) -> ImageClassifierOutput | tuple[Tensor, ...]:
         """Classify images; with ``labels`` the loss is B-cos BCE (:func:`~bcos_plugins.bcos_loss`).
 
@@ -154,7 +174,8 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
         refuses it.
 
         ``return_dict=False`` returns the tuple transformers models return (the set fields of the output, in order:
-        ``(loss, logits, attentions)``); ``None`` follows ``config.return_dict``.
+        ``(loss, logits, attentions)``); ``None`` follows ``config.return_dict``. ``output_attentions=None`` follows
+        ``config.output_attentions``; a value other than a bool or None is refused.
 
         Other keywords are refused naming the accepted ones (a misspelt ``output_attention=True`` was ignored).
         """
@@ -163,6 +184,7 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
                 sorted(kwargs)[0], f"is not a keyword of BcosViT.forward (got {sorted(kwargs)})",
                 "Pass only pixel_values or encoded_pixel_values, labels, output_attentions and return_dict",
                 kind=BcosTypeError)
+        output_attentions = require_output_attentions(output_attentions, self.config, "BcosViT")
         if (pixel_values is None) == (encoded_pixel_values is None):
             raise argument_error("pixel_values", "pass exactly one of pixel_values (images in [0, 1]) and "
                                  "encoded_pixel_values (the [x, 1 - x] encoding)", "Drop the other one")
@@ -170,6 +192,7 @@ class BcosViT(WholeCheckpointLoading, PreTrainedModel):
             encoded = self.encode(pixel_values)
         else:
             encoded = encoded_pixel_values
+            refuse_meta_vit(self)
             check_pixel_values(encoded, 2 * self.config.num_channels, self.config.image_size,
                                what="encoded_pixel_values", dtype=self.classifier.weight.dtype)
         if labels is not None:
