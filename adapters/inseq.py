@@ -405,6 +405,15 @@ def _folder_with_subfolder(signature: inspect.Signature, model, attribution_meth
     GPT-2's logits 0.033 off), silently. The subfolder is read as :func:`bcos_plugins.load_bcos_model` reads it."""
     bound = signature.bind(model, attribution_method, *args, **kwargs)
     model_kwargs = bound.arguments.get("model_kwargs") or {}
+    if isinstance(model_kwargs, dict) and model_kwargs.get("variant") is not None:
+        # transformers loaded the weights of model.<variant>.safetensors and the conversion each layer's B from
+        # model.safetensors, another save's (a tiny GPT-2's logits 0.033 off), silently: the loaded stock model does not
+        # say which files it came from, so the conversion cannot follow it
+        raise argument_error(
+            "variant", f"is {model_kwargs['variant']!r} in model_kwargs, but inseq.load_model(folder, \"bcos\") "
+            "converts the loaded model again with each layer's B read from model.safetensors, which may be another "
+            "save's", "Load it with bcos_plugins.load_bcos_model(folder, variant=...), which reads the variant's own "
+            "files, and pass that model: inseq.load_model(model, \"bcos\", tokenizer=folder)")
     if not isinstance(model_kwargs, dict) or "subfolder" not in model_kwargs:
         return model, args, kwargs
     model_kwargs = dict(model_kwargs)  # inseq's default is one dict shared by every call: never changed in place

@@ -252,3 +252,29 @@ def test_a_space_model_loads_the_save_from_pretrained_was_asked_for_not_the_top_
         # the top folder's plain save was loaded over the one asked for (its weights and B): the other model, silently
         assert torch.equal(loaded(input_ids=ids).logits, asked(input_ids=ids).logits)
     assert {layer.b for layer in loaded.modules() if isinstance(layer, AlignmentPressure)} == {2.0}
+
+
+def test_inseq_refuses_a_variant_it_would_convert_with_another_saves_b_and_the_fix_loads_it(tmp_path):
+    import inseq
+    from test_inseq_adapter import TOKENIZER_DIR, _tiny_lm
+
+    from bcos_plugins.errors import BcosValueError
+
+    tokenizer = T.GPT2Tokenizer.from_pretrained(TOKENIZER_DIR)
+    variant = _tiny_lm("gpt2", len(tokenizer), seed=1)
+    for layer in variant.modules():
+        if isinstance(layer, AlignmentPressure):
+            layer.b = 1.05
+    _tiny_lm("gpt2", len(tokenizer), seed=2).save_pretrained(tmp_path)  # model.safetensors, B 1.1
+    variant.save_pretrained(tmp_path, variant="fp16")
+    tokenizer.save_pretrained(tmp_path)
+    # it loaded the variant's weights with model.safetensors' B (1.1): logits 0.033 off, silently
+    with pytest.raises(BcosValueError, match=r"^variant: is 'fp16' in model_kwargs, but inseq\.load_model\(folder, "
+                                             r"\"bcos\"\) converts .* Load it with bcos_plugins\.load_bcos_model"):
+        inseq.load_model(str(tmp_path), "bcos", model_kwargs={"variant": "fp16"})
+    with pytest.warns(UserWarning, match="run at the B stored"):
+        model = load_bcos_model(tmp_path, variant="fp16")
+    loaded = inseq.load_model(model, "bcos", tokenizer=str(tmp_path))
+    ids = torch.tensor([[5, 9, 2, 7]])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids).logits, variant(ids).logits)
