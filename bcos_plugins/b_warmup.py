@@ -12,7 +12,7 @@ from .errors import BcosTypeError, argument_error
 from .losses import own_training_loss
 from .nn.linear import AlignmentPressure, check_b
 
-__all__ = ["BWarmupCallback"]
+__all__ = ["BWarmupCallback", "refuse_evaluations_compared_during"]
 
 
 class BWarmupCallback:
@@ -108,36 +108,11 @@ class _BWarmup:
                                  "trains its smoothed cross-entropy of the logits instead (or, given a "
                                  "compute_loss_func, ignores the factor)", "leave label_smoothing_factor out (0) to "
                                  "train the model's own loss")
-        last = self._last_warm_step(state)
-        strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
-        evaluated_in_warmup = self.start < self.target and strategy in ("steps", "epoch") and not (
-            strategy == "steps" and (args.eval_delay or 0) > last
-            or strategy == "epoch" and _epoch_evaluations_wait_past(state, args.eval_delay or 0, last))
-        if getattr(args, "load_best_model_at_end", False) and evaluated_in_warmup:
-            # the Trainer loads the best checkpoint before on_train_end, which set the model's B on it: one saved
-            # during the warm-up ran (and was evaluated, and chosen) at a smaller B, so the model returned was not the
-            # one whose metric made it the best (nor the last one trained), without a word
-            raise argument_error("load_best_model_at_end", f"is True with a B warm-up to step {last + 1}: a checkpoint "
-                                 "evaluated during the warm-up runs at a smaller B than the model's, and setting the "
-                                 "model's B on it when training ends would change the logits its metric was "
-                                 "measured on", f"evaluate only after the warm-up (eval_strategy='steps', "
-                                 f"eval_delay={last + 1}{_epoch_delay_fix(state, last) if strategy == 'epoch' else ''}), or "
-                                 "leave load_best_model_at_end out")
-        consumer = getattr(args, "metric_for_best_model", None)
-        if consumer is not None and evaluated_in_warmup:
-            # every user of metric_for_best_model compares evaluations: run during the warm-up they measure models at
-            # different B, and a metric that grows worse as B rises read as no progress. EarlyStoppingCallback (which
-            # no longer needs load_best_model_at_end) stopped a 12-step run after step 3, B still 1.09 of 1.5, and
-            # reduce_lr_on_plateau cut the learning rate 100-fold within the warm-up, both without a word
-            raise argument_error("metric_for_best_model", f"is {consumer!r} with evaluations during a B warm-up to "
-                                 f"step {last + 1}: the Trainer compares evaluations by it (EarlyStoppingCallback, "
-                                 "save_strategy='best', lr_scheduler_type='reduce_lr_on_plateau'), and one run during "
-                                 "the warm-up measures the model at a smaller B, so a metric that worsens as B rises "
-                                 "reads as no progress (training stopped, the learning rate cut)",
-                                 f"evaluate only after the warm-up (eval_strategy='steps', eval_delay={last + 1}"
-                                 f"{_epoch_delay_fix(state, last) if strategy == 'epoch' else ''}), or leave "
-                                 "metric_for_best_model out (and the early stopping, best-only saving or plateau "
-                                 "schedule that reads it)")
+        if self.start < self.target:
+            refuse_evaluations_compared_during(
+                args, state, self._last_warm_step(state), schedule="B warm-up", phase="warm-up",
+                runs_at="at a smaller B than the model's", end_change="setting the model's B on it",
+                worsens="as B rises")
         self.on_step_begin(args, state, control)  # from the global step: a resumed run continues its warm-up
 
     def _set(self, b: float) -> None:
@@ -183,6 +158,49 @@ def _inner_bcos_b(model: nn.Module) -> tuple[float, str]:
                              "anneals every B-cos layer to one target B", "convert the parts with the same B")
     path, settings = next(iter(found.values()))
     return settings.get("b"), f"{path}.config.bcos['b']"
+
+
+def refuse_evaluations_compared_during(args, state, last: int, *, schedule: str, phase: str, runs_at: str,
+                                       end_change: str, worsens: str) -> None:
+    """Refuse, when training begins, what compares evaluations run while a schedule still changes the model's function
+    (the B warm-up, :class:`~bcos_plugins.bilinear.SwishBetaToBilinear`'s annealing), which reaches its end value at
+    the beginning of global step ``last``. An evaluation at global step ``g`` runs with the value set when step ``g``
+    began (global step ``g - 1``), so with ``eval_delay`` past ``last`` (in steps with ``eval_strategy="steps"``, in
+    epochs with ``"epoch"`` where they provably cover it) none runs during the schedule.
+
+    - ``load_best_model_at_end``: the Trainer loads the best checkpoint before the callbacks' ``on_train_end`` sets
+      the end value on it (``end_change``), so a checkpoint chosen from the schedule came back as a function its
+      metric was not measured on (nor the last one trained), without a word.
+    - any other ``metric_for_best_model`` (``EarlyStoppingCallback``, which transformers 5 no longer ties to
+      ``load_best_model_at_end``; ``save_strategy="best"``; ``lr_scheduler_type="reduce_lr_on_plateau"``): the
+      evaluations compared are of different functions, and a metric that worsens as the schedule moves read as no
+      progress (early stopping ended a 12-step B warm-up after step 3, B 1.09 of 1.5; the plateau schedule cut the
+      rate 100-fold within it), without a word.
+
+    ``schedule`` and ``phase`` name the schedule in the refusal, ``runs_at`` how an evaluation during it runs,
+    ``end_change`` what ``on_train_end`` does to the model, ``worsens`` when the metric worsens."""
+    # (a callback driven by hand, without TrainingArguments, evaluates nothing)
+    strategy = getattr(args, "eval_strategy", "no")
+    strategy = getattr(strategy, "value", strategy)
+    delay = getattr(args, "eval_delay", 0) or 0
+    if strategy not in ("steps", "epoch") or (strategy == "steps" and delay > last
+                                              or strategy == "epoch" and _epoch_evaluations_wait_past(state, delay,
+                                                                                                      last)):
+        return
+    fix = (f"evaluate only after the {phase} (eval_strategy='steps', eval_delay={last + 1}"
+           f"{_epoch_delay_fix(state, last) if strategy == 'epoch' else ''}), or leave")
+    if getattr(args, "load_best_model_at_end", False):
+        raise argument_error("load_best_model_at_end", f"is True with a {schedule} to step {last + 1}: a checkpoint "
+                             f"evaluated during the {phase} runs {runs_at}, and {end_change} when training ends would "
+                             "change the logits its metric was measured on", f"{fix} load_best_model_at_end out")
+    consumer = getattr(args, "metric_for_best_model", None)
+    if consumer is not None:
+        raise argument_error("metric_for_best_model", f"is {consumer!r} with evaluations during a {schedule} to step "
+                             f"{last + 1}: the Trainer compares evaluations by it (EarlyStoppingCallback, "
+                             "save_strategy='best', lr_scheduler_type='reduce_lr_on_plateau'), and one run during the "
+                             f"{phase} runs {runs_at}, so a metric that worsens {worsens} reads as no progress "
+                             "(training stopped, the learning rate cut)", f"{fix} metric_for_best_model out (and the "
+                             "early stopping, best-only saving or plateau schedule that reads it)")
 
 
 def _epoch_evaluations_wait_past(state, delay: float, last: int) -> bool:

@@ -4,6 +4,7 @@ the earlier passes did not reach; each pinned where it was silently wrong or cra
 from __future__ import annotations
 
 import pytest
+import torch
 import transformers as T
 from test_trust_pass22_training import QUIET_LM, _causal_lm, _rows
 
@@ -38,3 +39,39 @@ def test_what_compares_evaluations_is_refused_while_they_run_at_a_rising_b(reade
                               callbacks=[BWarmupCallback(model, fraction=1.0), *callbacks], **settings)
     assert trainer.state.global_step == 8
     assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [8]
+
+
+def _swish_beta_run(tmp_path, **settings):
+    """A tiny SiLU Llama trained 8 steps under SwishBetaToBilinear (annealing over 4), evaluated at every step at a
+    learning rate so small that the evaluations measure the gate's beta, not the training."""
+    from bcos_plugins.bilinear import SwishBetaToBilinear
+
+    torch.manual_seed(0)
+    llama = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=60, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2))
+    ids = torch.randint(60, (8, 12), generator=torch.Generator().manual_seed(0))
+    rows = [{"input_ids": row, "labels": row} for row in ids]
+    args = T.TrainingArguments(str(tmp_path), max_steps=8, per_device_train_batch_size=4, learning_rate=1e-7,
+                               eval_strategy="steps", eval_steps=1, save_strategy="steps", save_steps=1,
+                               load_best_model_at_end=True, save_only_model=True, report_to="none", use_cpu=True,
+                               disable_tqdm=True, logging_steps=100, **settings)
+    trainer = T.Trainer(model=llama, args=args, train_dataset=rows, eval_dataset=rows,
+                        callbacks=[SwishBetaToBilinear(anneal_fraction=0.5)])
+    trainer.train()
+    return trainer
+
+
+def test_a_best_checkpoint_of_the_swish_beta_annealing_is_refused_as_the_b_warmups_is(tmp_path):
+    """The Trainer loads the best checkpoint before SwishBetaToBilinear's on_train_end finalises the model at beta = 0:
+    with evaluations during the annealing the best was checkpoint-1 (eval_loss 4.105830, SiLU gates), and the model
+    returned, its weights made bilinear, evaluated 4.105855, another function than its metric measured, without a word.
+    Refused before the first step, as the B warm-up refuses it; with eval_delay past the annealing the best checkpoint's
+    metric is the returned model's."""
+    with pytest.raises(BcosValueError, match=r"^load_best_model_at_end: is True with a Swish_beta annealing to step 5: "
+                                             r".* evaluate only after the annealing \(eval_strategy='steps', "
+                                             r"eval_delay=5\), or leave load_best_model_at_end out\.$"):
+        _swish_beta_run(tmp_path / "a")
+    trainer = _swish_beta_run(tmp_path / "b", eval_delay=5)
+    assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [5, 6, 7, 8]
+    assert trainer.model.config.hidden_act == "linear"
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(trainer.state.best_metric, rel=1e-7, abs=0)

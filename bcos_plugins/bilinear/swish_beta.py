@@ -27,6 +27,7 @@ from transformers import TrainerCallback
 from transformers.activations import ACT2FN, LinearActivation
 
 from .._checks import require_float
+from ..b_warmup import refuse_evaluations_compared_during
 from ..convert.bcosify import record_module_edits
 from ..errors import argument_error
 from ..nn.dynamic import DynamicWeightModule
@@ -180,6 +181,11 @@ class SwishBetaToBilinear(TrainerCallback):
     the finalised model was one no step had trained. A fraction that leaves no step at ``beta = 0`` for the run's
     ``max_steps`` (``anneal_fraction * max_steps > max_steps - 1``, e.g. 0.95 of 10 steps) is refused when training
     begins, naming the largest fraction that fits; nothing is clamped, so the schedule is the one asked for.
+    ``load_best_model_at_end`` and any ``metric_for_best_model`` (``EarlyStoppingCallback``, ``save_strategy="best"``,
+    ``lr_scheduler_type="reduce_lr_on_plateau"``) are refused when training begins unless no evaluation runs during
+    the annealing (``eval_delay`` past it), as :class:`~bcos_plugins.BWarmupCallback` refuses them during its warm-up:
+    a checkpoint evaluated with ``beta > 0`` gates would come back finalised at ``beta = 0``, another function than
+    the one its metric measured, and evaluations at different ``beta`` compare different functions.
 
     Examples:
         >>> import torch
@@ -246,6 +252,15 @@ class SwishBetaToBilinear(TrainerCallback):
             raise ValueError("SwishBetaToBilinear needs the Trainer to pass the model to its callbacks")
         self.start_beta_value = self._start_beta(model)
         self.require_bilinear_phase(state.max_steps)
+        if self.start_beta_value > 0:
+            # as the B warm-up's: a best checkpoint chosen from the annealing came back finalised at beta = 0, another
+            # function than the one its metric measured (eval_loss 4.105830 at step 1's SiLU gates, 4.105855 as
+            # returned on a tiny Llama), and early stopping or a plateau schedule compared evaluations at another beta
+            refuse_evaluations_compared_during(
+                args, state, math.ceil(max(1.0, self.anneal_fraction * state.max_steps)),
+                schedule="Swish_beta annealing", phase="annealing",
+                runs_at="with Swish_beta gates (beta > 0), not the bilinear model's",
+                end_change="finalising it as bilinear (beta = 0)", worsens="as beta falls")
         # it finalises the model when training ends: a B-cos model is refused before the first step, not after the last
         _refuse_bcos_gated_mlps(gated_mlps(model))
         self.beta = self.beta_at(state.global_step, state.max_steps)
