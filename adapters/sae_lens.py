@@ -715,8 +715,8 @@ def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None,
         return at_position - bias, targets, None
 
     explanation = explain_lens_value(model, tokens, feature_at, position=position, attention_mask=attention_mask,
-                                     result_class=SAEFeatureExplanation, who="explain_sae_feature", feature=feature,
-                                     hook_name=hook_name)
+                                     result_class=SAEFeatureExplanation, who="explain_sae_feature", logits=False,
+                                     feature=feature, hook_name=hook_name)
     explanation.pre_activation = found["pre_activation"]
     explanation.bias_terms = bias.expand_as(found["pre_activation"]).clone()
     return explanation

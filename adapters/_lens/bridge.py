@@ -241,11 +241,13 @@ def _padding_checked_class(base: type) -> type:
 
     def run_with_cache(self, *args, **kwargs):
         # the caller's hooks, which the cache records the edits of: its decompositions refuse where they broke the
-        # sums (hook_checks; decompose_resid + logit_attrs under a patched resid_pre were 0.041 off, silently)
+        # sums (hook_checks; decompose_resid + logit_attrs under a patched resid_pre were 0.041 off, silently). Every
+        # cache gets the checked class, hooked or not: its logit_attrs also checks the tokens against the stack
+        # (check_logit_tokens), and without hooks nothing else is checked
         hooked = hooked_points(self)
         out = base_run_with_cache(self, *args, **kwargs)
         cache = out[1] if isinstance(out, tuple) and len(out) == 2 else None
-        if hooked and hasattr(cache, "cache_dict") and hasattr(cache, "decompose_resid"):
+        if hasattr(cache, "cache_dict") and hasattr(cache, "decompose_resid"):
             cache.__class__ = hook_checked_cache_class(type(cache))
             cache.hooked_at_run = hooked
         return out

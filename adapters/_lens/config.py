@@ -47,8 +47,9 @@ GATE_KINDS: dict[str, str | None] = {
 _OLMO = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
 
 
-def check_explainable(cfg: HookedTransformerConfig) -> None:
-    """Refuse options under which ``W(x) x`` explanations of a TransformerLens model are not exact."""
+def check_explainable(cfg: HookedTransformerConfig, *, logits: bool = True) -> None:
+    """Refuse options under which ``W(x) x`` explanations of a TransformerLens model are not exact; ``logits=False``
+    for an explanation of a value read inside the model (an SAE feature), which a final-logit soft-cap leaves exact."""
     if cfg.positional_embedding_type == "shortformer":
         # Shortformer adds the position embeddings to queries and keys only: in explanation mode they reach
         # the logit through the attention pattern alone (a constant), and TransformerLens' decompose_resid /
@@ -66,7 +67,7 @@ def check_explainable(cfg: HookedTransformerConfig) -> None:
         )
     if cfg.gated_mlp and cfg.act_fn is not None and cfg.act_fn.endswith("_ln"):
         raise BcosValueError(f"act_fn={cfg.act_fn!r} (an activation followed by a LayerNorm) is not supported.")
-    if softcap_enabled(cfg.output_logits_soft_cap):
+    if logits and softcap_enabled(cfg.output_logits_soft_cap):
         # a BcosTransformerConfig moves the cap to its unembedding (bcos_output_logits_soft_cap) in __post_init__
         raise BcosValueError(
             f"output_logits_soft_cap={cfg.output_logits_soft_cap} applies tanh to the logits inline in "

@@ -323,10 +323,13 @@ class BcosActivationCache(HookCheckedCache, ActivationCache):
                              _output_factor(self, layer, "mlp"), neuron_slice, pos_slice, project_output_onto)
 
     def logit_attrs(self, residual_stack, *args, **kwargs):
-        cap = getattr(self.model.cfg, "bcos_output_logits_soft_cap", None)
-        if softcap_enabled(cap):
+        # the B-cos unembedding's cap, or TransformerLens' own in its forward (a cfg.output_logits_soft_cap set on the
+        # built model: the terms summed to the uncapped logit, 0.010 off, without a word)
+        caps = [getattr(self.model.cfg, name, None) for name in ("bcos_output_logits_soft_cap", "output_logits_soft_cap")]
+        cap = next((c for c in caps if softcap_enabled(c)), None)
+        if cap is not None:
             raise BcosTypeError(
-                f"ActivationCache.logit_attrs: this model soft-caps its logits in its unembedding ({cap} * tanh(z / "
+                f"ActivationCache.logit_attrs: this model soft-caps its logits ({cap} * tanh(z / "
                 f"{cap})), so a logit is not a sum of one term per residual component: logit_attrs' terms would sum "
                 "to the uncapped z (wrong numbers). For an exact split use bcos_plugins.adapters.transformer_lens."
                 "token_component_decomposition(model, tokens, target=...) (input token x component shares that sum "

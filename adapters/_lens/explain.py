@@ -30,7 +30,7 @@ from bcos_plugins.attribution import (
 )
 from bcos_plugins.attribution.gradient import non_finite_step, outside_inference, refuse_non_finite_step
 from bcos_plugins.attribution.text import padded_float64_nan_cause
-from bcos_plugins.errors import BcosTypeError, argument_error
+from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import recording_forward_autocast
 from bcos_plugins.nn.functional import at_least_float32
 
@@ -49,10 +49,12 @@ __all__ = ["LensExplanation", "explain_lens_value", "explain_logits", "require_e
            "ATTRIBUTION_HOOKS"]
 
 
-def require_explainable(model) -> None:
+def require_explainable(model, *, logits: bool = True) -> None:
     """The adapter's one "is this model explainable" check (``explain_logits``, the token x component
     decomposition): a bridge made explainable, or (TransformerLens 3.x) a ``HookedTransformer`` after
-    ``make_explainable``; otherwise its dynamic weights are not constants and no explanation is exact."""
+    ``make_explainable``; otherwise its dynamic weights are not constants and no explanation is exact. A
+    ``HookedTransformer``'s ``cfg`` is checked again (``logits=False``: for a value read inside the model, which
+    a final-logit soft-cap leaves exact), since TransformerLens reads it at every forward."""
     explainable = is_explainable_bridge(model)
     if explainable and hasattr(model, "add_sae"):
         _refuse_sae_bridge()
@@ -62,6 +64,8 @@ def require_explainable(model) -> None:
         explainable = is_explainable(model)
         if not explainable:
             _refuse_replaced_dynamic_hooks(model, dynamic_hooks_replaced(model))
+        else:
+            _refuse_changed_options(model, logits)
     if not explainable:
         raise BcosTypeError(
             "model: its dynamic weights are not detachable, so the explanation would not be exact. Call "
@@ -69,6 +73,22 @@ def require_explainable(model) -> None:
             "model from hooked_transformer_from_hf / BcosHookedTransformer, or a bridge from "
             "transformer_bridge_from_hf."
         )
+
+
+def _refuse_changed_options(model, logits: bool) -> None:
+    """Refuse a ``HookedTransformer`` whose ``cfg`` now sets an option make_explainable refuses: TransformerLens reads
+    ``output_logits_soft_cap`` and ``clip_qkv`` at every forward, so one set on the built model (``model.cfg.
+    output_logits_soft_cap = 30.0``) bent its logits, and explain_logits' contributions missed the capped logit by
+    0.019 (0.006 the clipped one), without a word."""
+    from .config import check_explainable  # TransformerLens 3.x only, as the caller's branch
+
+    try:
+        check_explainable(model.cfg, logits=logits)
+    except BcosValueError as error:
+        raise argument_error(
+            "model", "its cfg (model.cfg, changed after the model was built?) sets an option under which no "
+            f"explanation is exact: {str(error).rstrip('.')}", "Set that option back on model.cfg, or rebuild the "
+            "model (hooked_transformer_from_hf, BcosHookedTransformer)") from None
 
 
 def _refuse_sae_bridge() -> None:
@@ -196,6 +216,7 @@ def explain_lens_value(
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     result_class: type[LensExplanation] | None = None,
     who: str = "explain_logits",
+    logits: bool = True,
     **result_fields,
 ) -> LensExplanation:
     """The adapter's one explanation loop, for any value the model computes from its tokens: a logit
@@ -208,13 +229,14 @@ def explain_lens_value(
     before it are kept). ``result_fields`` go to ``result_class`` (a :class:`LensExplanation` subclass).
 
     ``who`` (the public caller's name) heads the completeness warning: the caller's own forward hooks that patch
-    an activation add a share no token carries, named there (see :func:`_warn_if_hooks_incomplete`).
+    an activation add a share no token carries, named there (see :func:`_warn_if_hooks_incomplete`). ``logits``:
+    whether the explained value is read from the logits (:func:`require_explainable`).
     """
     forward_autocast: list[torch.dtype] = []
     hooked = user_hooked_points(model)
     with recording_forward_autocast(model, forward_autocast):
         result = _explain_lens_value(model, tokens, explained_at, position=position, attention_mask=attention_mask,
-                                     result_class=result_class, **result_fields)
+                                     result_class=result_class, logits=logits, **result_fields)
     _warn_if_hooks_incomplete(result, hooked, forward_autocast, who)
     return result
 
@@ -243,9 +265,10 @@ def _explain_lens_value(
     position: int | Tensor | None = None,
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     result_class: type[LensExplanation] | None = None,
+    logits: bool = True,
     **result_fields,
 ) -> LensExplanation:
-    require_explainable(model)
+    require_explainable(model, logits=logits)
     tokens, attention_mask = check_lens_tokens(model, tokens, attention_mask)
     # normal copies of what was made under the caller's inference_mode: the forward's embedding lookup and the
     # logit indexing save them for backward, which autograd refuses for inference tensors

@@ -21,9 +21,10 @@ import inspect
 import torch
 from torch import Tensor
 
+from bcos_plugins._checks import require_tensor
 from bcos_plugins.errors import BcosValueError, argument_error
 
-__all__ = ["HookCheckedCache", "hook_checked_cache_class", "hooked_points"]
+__all__ = ["HookCheckedCache", "check_logit_tokens", "hook_checked_cache_class", "hooked_points"]
 
 _STREAM_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
 
@@ -88,6 +89,56 @@ def _refuse_changed(method: str, name: str, what: str) -> None:
         "reset_hooks(), or run_with_cache outside the model.hooks(...) block); hooks at hook_z, mlp.hook_post, "
         "hook_pattern, the embeddings or a scale keep the decompositions exact, and at hook_attn_out / hook_mlp_out "
         "they keep decompose_resid exact", kind=BcosValueError)
+
+
+def _logit_token_dims(cache, residual_stack: Tensor, batch_slice, has_batch_dim: bool) -> tuple[int, ...]:
+    """The (batch, pos) dimensions ``logit_attrs`` multiplies the token directions into: the stack's dimensions
+    between its components and ``d_model``, the batch sliced by ``batch_slice`` (as ``apply_ln_to_stack`` slices it)."""
+    dims = tuple(residual_stack.shape[1:-1])
+    if has_batch_dim and batch_slice is not None and dims:
+        from transformer_lens.utilities import Slice
+
+        batch_slice = batch_slice if isinstance(batch_slice, Slice) else Slice(batch_slice)
+        dims = tuple(batch_slice.apply(torch.empty(dims, device="meta"), dim=0).shape)
+    return dims
+
+
+def check_logit_tokens(cache, name: str, tokens, residual_stack, batch_slice=None, has_batch_dim: bool = True) -> None:
+    """Refuse ``tokens`` (``logit_attrs``' ``tokens`` / ``incorrect_tokens``) that are not ids of the unembedding's
+    columns, or a tensor of them whose shape does not line up with the stack's (batch, pos) dimensions.
+    TransformerLens multiplies ``W_U[:, tokens]`` ((*tokens.shape, d_model)) into the stack by broadcasting, which
+    aligns trailing dimensions: one token per row, ``(batch,)``, against a stack with a position axis was read as one
+    token per position (0.41 off the logits with batch == pos, silently); a negative id read W_U's columns from the
+    end (-1: the last token's logit) and a boolean tensor indexed them as a mask. A string is TransformerLens' (one
+    token of its tokenizer)."""
+    if isinstance(tokens, str) or not isinstance(tokens, int | Tensor):
+        return  # TransformerLens reads a string through the tokenizer and refuses other types itself
+    if isinstance(tokens, bool):
+        raise argument_error(name, "got a boolean; token ids must be integers", "Pass an int or an integer tensor")
+    ids = require_tensor(name, tokens, kind="int")
+    vocab = getattr(cache.model.cfg, "d_vocab_out", None)
+    if not isinstance(vocab, int) or vocab <= 0:
+        vocab = cache.model.W_U.shape[-1]
+    bad = (ids < 0) | (ids >= vocab)
+    if bool(bad.any()):
+        raise argument_error(name, f"ids must lie in [0, {vocab}), got {ids[bad].unique().tolist()[:8]}",
+                             f"Pass ids of the model's {vocab} output tokens; negative ids are not counted from the "
+                             "end (an ignored label's -100 is no token)")
+    if ids.ndim == 0:
+        return
+    dims = _logit_token_dims(cache, residual_stack, batch_slice, has_batch_dim)
+    if ids.ndim == len(dims) and all(size in (1, dim) for size, dim in zip(ids.shape, dims, strict=True)):
+        return
+    if ids.numel() == 1 and ids.ndim <= len(dims):
+        return  # one token for every row and position, however it is shaped
+    axes = "(batch, pos)" if has_batch_dim and len(dims) == 2 else "(batch,)" if has_batch_dim else "(pos,)"
+    raise argument_error(
+        name, f"has shape {tuple(ids.shape)}, but the residual stack's dimensions between its components and d_model "
+        f"are {dims} {axes if len(dims) in (1, 2) else ''}; TransformerLens broadcasts the tokens against the stack's "
+        "trailing dimensions, so they would be read at other rows or positions (wrong numbers)",
+        f"Pass one token per entry, shape {dims} ((batch, 1) for one token per row), an int for every entry, or slice "
+        "the stack's positions (decompose_resid(pos_slice=-1) and logit_attrs(..., pos_slice=-1)) to pass one token "
+        "per row, shape (batch,)")
 
 
 class HookCheckedCache:
@@ -195,6 +246,14 @@ class HookCheckedCache:
             layer = _bind(super().stack_neuron_results, args, kwargs).get("layer")
             self._check_outputs("stack_neuron_results", layer, False, "mlp")
         return super().stack_neuron_results(*args, **kwargs)
+
+    def logit_attrs(self, *args, **kwargs):
+        # TransformerLens' own reading of the tokens broadcast them against the stack (check_logit_tokens)
+        bound = _bind(super().logit_attrs, args, kwargs)
+        for name in ("tokens", "incorrect_tokens"):
+            check_logit_tokens(self, name, bound.get(name), bound.get("residual_stack"), bound.get("batch_slice"),
+                               bound.get("has_batch_dim", True))
+        return super().logit_attrs(*args, **kwargs)
 
     def apply_ln_to_stack(self, *args, **kwargs):
         # logit_attrs, decompose_resid(apply_ln=True) and the stacks' apply_ln all come through here
