@@ -75,3 +75,27 @@ def test_a_best_checkpoint_of_the_swish_beta_annealing_is_refused_as_the_b_warmu
     assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [5, 6, 7, 8]
     assert trainer.model.config.hidden_act == "linear"
     assert trainer.evaluate()["eval_loss"] == pytest.approx(trainer.state.best_metric, rel=1e-7, abs=0)
+
+
+def test_adversarial_masks_name_their_own_arguments_when_the_kept_eigenvectors_cannot_be_separated():
+    """One set of masks separates every kept eigenvector from every other, across the directions: too many for d_in,
+    or dependent ones (the same direction twice), were refused naming ``vectors``, an argument of pseudo_inverse_masks
+    that adversarial_masks does not take, with a fix about eigenvectors per direction also where one per direction was
+    asked. The refusals now name per_direction or eig, and the fix that applies."""
+    from bcos_plugins.bilinear import BilinearMLP, adversarial_masks, bilinear_weights, eigendecompose
+
+    torch.manual_seed(0)
+    weights = bilinear_weights(BilinearMLP(6, 8, 3, bias=True)).augmented()  # d_in = 7 with the constant input
+    with pytest.raises(BcosValueError, match=r"^per_direction: is 3 for 3 direction\(s\): 9 masks, .* cannot be "
+                                             r"separated in d_in=7 dimensions\. Pass per_direction <= 2\.$"):
+        adversarial_masks(eigendecompose(weights, torch.eye(3)), 3)
+    with pytest.raises(BcosValueError, match=r"^eig: holds 8 directions: 8 masks, .* Decompose at most 7 directions "
+                                             r"\(the rows of u in eigendecompose\(layer, u\)\)\.$"):
+        adversarial_masks(eigendecompose(weights, torch.randn(8, 3)), 1)
+    with pytest.raises(BcosValueError, match=r"^eig: the 6 kept eigenvectors of its 6 direction\(s\) are linearly "
+                                             r"dependent \(two directions share an eigenvector: the same direction "
+                                             r"twice"):
+        adversarial_masks(eigendecompose(weights, torch.cat([torch.eye(3), torch.eye(3)])), 1)
+    masks = adversarial_masks(eigendecompose(weights, torch.eye(3)), 2)  # 6 keys in 7 dimensions: each keys its own
+    keys = masks.masks.reshape(6, 7) @ masks.eigenvectors.reshape(6, 7).T
+    torch.testing.assert_close(keys, torch.eye(6), atol=1e-5, rtol=0)

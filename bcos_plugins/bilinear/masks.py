@@ -32,22 +32,30 @@ def pseudo_inverse_masks(vectors: Float[Tensor, "n d_in"]) -> Float[Tensor, "n d
     """Rows ``m_i`` with ``m_i . vectors[j] = delta_ij`` (needs ``n <= d_in`` and independent vectors); in at least
     float32, as :func:`~bcos_plugins.bilinear.eigendecompose`."""
     vectors = require_tensor("vectors", vectors, ndim=2, kind="float", shape_hint="(n, d_in)")
+    if vectors.shape[0] == 0:
+        raise argument_error("vectors", "holds no vector", "Pass at least one eigenvector")
+    return _separating_masks(vectors, (
+        "vectors", f"{vectors.shape[0]} vectors in {vectors.shape[1]} dimensions cannot be separated (m_i . v_j = "
+        "delta_ij needs n <= d_in)", "Use fewer eigenvectors per direction"), (
+        "vectors", "are linearly dependent, so no masks with m_i . v_j = delta_ij exist",
+        "Use fewer eigenvectors per direction (or directions with different spectra)"))
+
+
+def _separating_masks(vectors: Tensor, too_many: tuple[str, str, str], dependent: tuple[str, str, str]) -> Tensor:
+    """:func:`pseudo_inverse_masks` of ``vectors`` ``(n, d_in)``, refusing with ``too_many`` (argument, problem, fix)
+    where ``n > d_in`` and with ``dependent`` where they are linearly dependent: each caller names its own argument
+    (``adversarial_masks``' refusals named ``vectors``, an argument it does not take)."""
     # torch's rank and pseudo-inverse take float and double only: float16 / bfloat16 failed with "This function
     # doesn't handle types other than float and double" (widening them is exact)
     vectors = vectors.to(at_least_float32(vectors.dtype))
     n, d_in = vectors.shape
-    if n == 0:
-        raise argument_error("vectors", "holds no vector", "Pass at least one eigenvector")
     if n > d_in:
-        raise argument_error(
-            "vectors", f"{n} vectors in {d_in} dimensions cannot be separated (m_i . v_j = delta_ij needs "
-            "n <= d_in)", "Use fewer eigenvectors per direction")
+        raise argument_error(*too_many)
     # With dependent vectors the pseudo-inverse is only a least-squares answer: m_i . v_j = delta_ij fails,
     # and the masks would silently not be the keys they are meant to be. (Rank with torch's default tolerance,
     # so ill-conditioned but independent sets still get their, large, keys.)
     if int(torch.linalg.matrix_rank(vectors)) < n:
-        raise argument_error("vectors", "are linearly dependent, so no masks with m_i . v_j = delta_ij exist",
-                             "Use fewer eigenvectors per direction (or directions with different spectra)")
+        raise argument_error(*dependent)
     return torch.linalg.pinv(vectors).T
 
 
@@ -97,7 +105,19 @@ def adversarial_masks(eig: Eigendecomposition, per_direction: int = 1,
     index = top_eigen_indices(eig.eigenvalues, per_direction, by="positive")  # (n, per)
     vectors = eig.eigenvectors.gather(-1, index[:, None, :].expand(n_dirs, d_in, per_direction)).mT  # (n, per, d_in)
     values = eig.eigenvalues.gather(-1, index)
-    masks = pseudo_inverse_masks(vectors.reshape(-1, d_in)).reshape(n_dirs, per_direction, d_in)
+    # one set of masks separates every kept eigenvector from every other, across the directions
+    separable = (f"{n_dirs * per_direction} masks, each keyed to one eigenvector and blind to every other kept one, "
+                 f"cannot be separated in d_in={d_in} dimensions")
+    masks = _separating_masks(vectors.reshape(-1, d_in), (
+        "per_direction", f"is {per_direction} for {n_dirs} direction(s): {separable}",
+        f"Pass per_direction <= {d_in // n_dirs}") if n_dirs <= d_in else (
+        "eig", f"holds {n_dirs} directions: {separable}", f"Decompose at most {d_in} directions (the rows of u in "
+        "eigendecompose(layer, u))"), (
+        "eig", f"the {n_dirs * per_direction} kept eigenvectors of its {n_dirs} direction(s) are linearly dependent "
+        "(two directions share an eigenvector: the same direction twice, or interaction matrices with a common "
+        "eigenspace), so no masks keyed to each one alone exist", "Decompose distinct directions (the rows of u "
+        "in eigendecompose(layer, u)), or keep fewer eigenvectors per direction"))
+    masks = masks.reshape(n_dirs, per_direction, d_in)
     if reference is not None:
         sign = torch.sign(vectors @ reference.to(vectors.dtype))
         masks = masks * torch.where(sign == 0, torch.ones_like(sign), sign)[..., None]
