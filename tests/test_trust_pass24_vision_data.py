@@ -143,3 +143,51 @@ def test_vit_output_attentions_that_is_not_true_or_false_is_refused(kind):
         model(images, output_attentions="no")
     assert model(images, output_attentions=False).attentions is None
     assert len(model(images, output_attentions=True).attentions) == 1
+
+
+def _sentencepiece_like_tokenizer(texts):
+    """A fast tokenizer that marks a word's leading space as Llama 2's (legacy) SentencePiece conversion does: the
+    text gets a "▁" in front and every space becomes "▁", so " sketch" alone is ["▁", "▁sketch"] while the prefix
+    "... this sketch" ends in "▁sketch". Trained here on the texts (no download)."""
+    import transformers as T
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>"]))
+    backend.pre_tokenizer = None
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    return T.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def test_encode_blimp_takes_the_target_and_foil_ids_a_sentencepiece_tokenizer_gives_after_the_prefix():
+    # " sketch" alone is ["▁", "▁sketch"] for such a tokenizer: every target and foil "shared their first token" (the
+    # bare "▁"), every pair was dropped and encode_blimp failed with a ValueError naming no argument; the model reads
+    # "▁sketch" after the prefix
+    from bcos_plugins.data import encode_blimp, load_blimp
+
+    pairs = load_blimp("dna", n=60)
+    tokenizer = _sentencepiece_like_tokenizer([f"{p.prefix} {w}" for p in pairs for w in (p.target, p.foil)])
+    assert tokenizer.tokenize(" " + pairs[0].target)[0] == "▁"
+    batch = encode_blimp(pairs, tokenizer)
+    assert len(batch) > 0
+    for i, pair in enumerate(batch.pairs):
+        for word, ids in ((pair.target, batch.target_ids), (pair.foil, batch.foil_ids)):
+            prefix = tokenizer(pair.prefix, add_special_tokens=False)["input_ids"]
+            whole = tokenizer(f"{pair.prefix} {word}", add_special_tokens=False)["input_ids"]
+            assert whole[:len(prefix)] == prefix and int(ids[i]) == whole[len(prefix)]
+            assert tokenizer.convert_ids_to_tokens(int(ids[i])) != "▁"
+
+
+def test_encode_blimp_gives_gpt2_the_ids_of_each_word_with_its_leading_space_as_before():
+    # the paper's convention for GPT-2, whose byte-level tokens of a word after the prefix are those of " word" alone
+    import transformers as T
+
+    from bcos_plugins.data import BLIMP_SUBSETS, encode_blimp, load_blimp, shipped_data
+
+    tokenizer = T.GPT2TokenizerFast.from_pretrained(shipped_data("gpt2_tokenizer"))
+    for subset in BLIMP_SUBSETS:
+        batch = encode_blimp(load_blimp(subset, n=40), tokenizer)
+        for i, pair in enumerate(batch.pairs):
+            assert int(batch.target_ids[i]) == tokenizer(" " + pair.target)["input_ids"][0]
+            assert int(batch.foil_ids[i]) == tokenizer(" " + pair.foil)["input_ids"][0]

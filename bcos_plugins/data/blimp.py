@@ -2,7 +2,8 @@
 
 Each BLiMP pair with the one-prefix method is ``prefix + good word`` vs ``prefix + bad word``; the explained
 quantity is ``logit(good) - logit(bad)`` at the prefix's last token (first sub-token of each word with its
-leading space, as the paper's code does; pairs whose two words share that first token are dropped). A word of
+leading space, as the paper's code does: the word's first token after the prefix, which for GPT-2 is that of the word
+with its space alone; pairs whose two words share that first token are dropped). A word of
 several tokens is then stood for by its first piece: :func:`encode_blimp` lists those pairs in
 ``BlimpBatch.first_piece`` and drops them with ``multi_token="drop"``.
 
@@ -226,6 +227,14 @@ class BlimpBatch(ContrastiveBatch):
     first_piece: list[int] = field(default_factory=list)
 
 
+def _tokens_after(tokenizer, prefix: str, prefix_ids: list[int], word: str) -> list[int] | None:
+    """The ids of `` word`` after ``prefix`` (tokenised as ``prefix_ids``) in ``prefix + " " + word``; ``None`` where the
+    whole text does not start with the prefix's ids (the tokenizer merged the prefix's end with the word)."""
+    whole = tokenizer(f"{prefix} {word}", add_special_tokens=False)["input_ids"]
+    n = len(prefix_ids)
+    return whole[n:] if whole[:n] == list(prefix_ids) and len(whole) > n else None
+
+
 def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | None = None,
                  pad_token_id: int | None = None, multi_token: str = "first") -> BlimpBatch:
     """Tokenise pairs with a fast tokenizer (character offsets are used to place the evidence).
@@ -264,8 +273,13 @@ def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | N
         if not enc["input_ids"]:  # left_pad refuses it: a row of padding alone has no prediction to explain
             dropped.append((pair, "the prefix has no tokens"))
             continue
-        target = tokenizer(" " + pair.target, add_special_tokens=False)["input_ids"]
-        foil = tokenizer(" " + pair.foil, add_special_tokens=False)["input_ids"]
+        # the word's tokens as the model reads them after the prefix, not " word" tokenised alone: a SentencePiece
+        # tokenizer that marks the leading space itself (Llama 2's) gives ["▁", "▁word"] alone, so every target and
+        # foil "shared" the bare "▁" and every pair was dropped; for GPT-2 (byte-level) both are the same ids
+        target, foil = (_tokens_after(tokenizer, pair.prefix, enc["input_ids"], word) for word in (pair.target, pair.foil))
+        if target is None or foil is None:
+            dropped.append((pair, "the tokenizer merges the prefix's last token with the next word"))
+            continue
         if target[0] == foil[0]:
             dropped.append((pair, "target and foil share their first token"))
             continue
@@ -278,8 +292,10 @@ def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | N
                     for a, b in enc["offset_mapping"]]
         rows.append((list(enc["input_ids"]), evidence, target[0], foil[0]))
         kept.append(pair)
-    if not rows:
-        raise ValueError(f"none of the {len(pairs)} pairs is usable: {sorted({r for _, r in dropped})}")
+    if not rows:  # (was a bare ValueError naming no argument)
+        raise argument_error("pairs", f"none of the {len(pairs)} pairs is usable with this tokenizer: "
+                             f"{sorted({r for _, r in dropped})}", "Pass more pairs (load_blimp(subset, n=...)), or a "
+                             "tokenizer that gives the target and foil words tokens of their own after the prefix")
     input_ids, attention_mask, evidence, candidates, _ = left_pad(
         [r[0] for r in rows], [r[1] for r in rows], pad_token_id=pad_token_id, bos_token_id=bos_token_id)
     return BlimpBatch(input_ids, attention_mask, torch.tensor([r[2] for r in rows]),
