@@ -54,13 +54,16 @@ def _modernbert(**fields):
 def _build(name: str, config, seed: int = 0):
     """The stock model ``name`` built from ``config`` itself (fields a config derives at construction, such as
     ``layer_types`` from ``max_window_layers`` or ``global_attn_every_n_layers``, are not set after it), random
-    non-zero biases, in eval mode."""
+    non-zero biases and norm gains off their initial value (Gemma's ``1 + weight`` starts at ``weight = 0``, where a
+    gain read as ``weight`` or ``1 + c * weight`` computes the same), in eval mode."""
     torch.manual_seed(seed)
     model = stock_class(name)(config).eval()
     with torch.no_grad():
         for param_name, param in model.named_parameters():
             if param_name.endswith("bias"):
                 param.normal_(0, 0.2)
+            elif param.ndim == 1:  # a norm's gain
+                param.add_(torch.randn_like(param), alpha=0.2)
     return model
 
 
@@ -142,6 +145,36 @@ def test_an_unusual_family_configuration_explains_exactly_alike_under_eager_and_
     assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 1
     loaded = load_bcos_model(tmp_path)
     assert torch.equal(_outputs(loaded, ids, mask), own)
+
+
+@pytest.mark.parametrize("case", sorted(UNUSUAL))
+def test_at_b_1_the_bcos_model_is_the_stock_model_with_unit_rows_and_no_dropped_bias(case):
+    """An independent reading of the conversion: the stock forward, run on the weights a B-cos layer uses at B = 1
+    (each row of a converted linear layer at unit norm, every bias the report drops at 0), gives the B-cos model's
+    output: the swapped-in forwards (gated MLPs, Gemma's norms and soft-capped head, ModernBERT's attention) compute the
+    stock maths under every one of these configurations, and the report names every bias that is gone."""
+    from bcos_plugins.nn import BcosLinear
+
+    name, make, _ = UNUSUAL[case]
+    stock = _build(name, make())
+    model = bcosify(copy.deepcopy(stock), b=1.0, verbose=False)
+    dropped = set(model.bcos_report.dropped_biases)
+    assert dropped == ({n for n, _ in stock.named_parameters() if n.endswith("bias")}
+                       - {n for n, _ in model.named_parameters() if n.endswith("bias")})
+    with torch.no_grad():
+        for param_name, param in stock.named_parameters():
+            if param_name in dropped:
+                param.zero_()
+        for path, layer in model.named_modules():
+            if isinstance(layer, BcosLinear):
+                weight = stock.get_submodule(path).weight
+                weight.copy_(weight / weight.norm(dim=1, keepdim=True))
+    ids, mask = padded_rows([12, 8, 3], 12, "right", seed=7)
+    real = mask.bool()
+    got, want = _outputs(model, ids, mask), _outputs(stock, ids, mask)
+    if got.dim() == 3:
+        got, want = got[real], want[real]
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
 
 
 # ------------------------------------------------------------------ load_bcos_model of a variant
