@@ -689,13 +689,16 @@ def explain_sae_feature(model, tokens: Tensor, sae, feature: int, position=None,
         return activation
 
     def read(activation: Tensor, hook) -> Tensor:
-        if native_norm is not None:
-            activation = linear_normalized(found.pop("norm_input"), activation, centred=native_norm[1])
-        if hook_is_free:
-            if activation.shape[-1] != sae.cfg.d_in:
-                raise BcosValueError(f"sae: it reads vectors of width d_in={sae.cfg.d_in}, but {hook_name!r} has width "
-                                     f"{activation.shape[-1]}; it was trained on another activation.")
-            activation = _pre_activations(sae, activation)
+        # with autograd on: a hook inside a bridge's gate branch (mlp.gate.hook_in, the MLP's input) fires where
+        # explanation mode runs that branch without autograd, and the encode there had no graph ("no gradient path")
+        with torch.enable_grad():
+            if native_norm is not None:
+                activation = linear_normalized(found.pop("norm_input"), activation, centred=native_norm[1])
+            if hook_is_free:
+                if activation.shape[-1] != sae.cfg.d_in:
+                    raise BcosValueError(f"sae: it reads vectors of width d_in={sae.cfg.d_in}, but {hook_name!r} has "
+                                         f"width {activation.shape[-1]}; it was trained on another activation.")
+                activation = _pre_activations(sae, activation)
         found["pre"] = activation
         raise _FeatureReached
 

@@ -141,3 +141,35 @@ def test_an_option_set_on_the_cfg_after_the_model_was_built_is_refused_where_it_
     else:
         with pytest.raises(BcosError, match=refusal):
             _feature_explanation(model)
+
+
+def _sae_at(hook: str, d_in: int) -> StandardSAE:
+    torch.manual_seed(0)
+    sae = StandardSAE(StandardSAEConfig(d_in=d_in, d_sae=16))
+    with torch.no_grad():
+        for param in sae.parameters():
+            param.normal_(0, 0.3)
+    sae.cfg.metadata.hook_name = hook
+    return sae
+
+
+@pytest.mark.parametrize("name", ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                  "Gemma2ForCausalLM"])
+def test_explain_sae_feature_reads_a_bridges_gate_projection_input(name):
+    """An SAE on a bridge's ``blocks.L.mlp.gate.hook_in`` (the input of a gated MLP's gate projection, the same vector
+    as ``mlp.hook_in``): in explanation mode the gate branch runs without autograd (it is the dynamic weight), so the
+    SAE's encode there had no graph and explain_sae_feature failed with "the explained value does not depend on the
+    attribution point (no gradient path); the function ignores its input". The feature is linear in the tokens there as
+    anywhere on the MLP's input: its pre-activation is sae-lens' own encode of the cached activation, and the
+    contributions sum to it less its bias terms."""
+    from bcos_plugins.adapters.sae_lens import explain_sae_feature
+
+    bridge = _model("bridge", name)
+    hook = "blocks.1.mlp.gate.hook_in"
+    sae = _sae_at(hook, bridge.cfg.d_model)
+    _, cache = bridge.run_with_cache(TOKENS)
+    torch.testing.assert_close(cache[hook], cache["blocks.1.mlp.hook_in"], atol=0, rtol=0)
+    explanation = explain_sae_feature(bridge, TOKENS, sae, 5)
+    own = (sae.process_sae_in(cache[hook]) @ sae.W_enc + sae.b_enc)[:, -1, 5]
+    torch.testing.assert_close(explanation.pre_activation, own.detach(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(explanation.total + explanation.bias_terms, own.detach(), atol=1e-5, rtol=0)
