@@ -120,7 +120,11 @@ from bcos_plugins._checks import (
     require_row_ids,
 )
 from bcos_plugins.attribution import has_dynamic_weights, real_token_positions, text_attribution_point
-from bcos_plugins.attribution.text import padding_named_as_tokenizers, rows_as_alone_call
+from bcos_plugins.attribution.text import (
+    padding_named_as_tokenizers,
+    require_head_output_object,
+    rows_as_alone_call,
+)
 from bcos_plugins.convert.architectures import (
     ArchitectureSpec,
     spec_for,
@@ -860,6 +864,8 @@ def _explainable_model(model: nn.Module, *, classifier: bool) -> tuple[nn.Module
         what = ("a masked LM, which predicts tokens in place and cannot generate" if spec.head == "masked_lm"
                 else "a base model: it returns hidden states and has no LM head to generate with")
         raise UnsupportedModelError(f"{name} is {what}. Supported: {_supported_text()}.")
+    # a config.return_dict=False that the head cannot run with failed at the first attribute call, inside transformers
+    require_head_output_object(model)
     if not has_dynamic_weights(model):
         settings = getattr(model.config, BCOS_CONFIG_KEY, None)
         if not isinstance(settings, dict) or "b" not in settings:

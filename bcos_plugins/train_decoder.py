@@ -27,6 +27,7 @@ from ._checks import (
     require_trainable,
 )
 from .attribution.targets import real_token_positions
+from .attribution.text import require_head_output_object
 from .convert.architectures import PositionLimit, position_limit, vocabulary_size
 from .encoded_texts import require_max_length_fits
 from .errors import BcosTypeError, argument_error
@@ -206,6 +207,7 @@ def train_causal_lm(
                              "Call bcosify(model, b=1.1) first, or use transformers' Trainer directly for a stock model")
     require_finite_parameters(model)
     require_trainable(model)
+    require_head_output_object(model)  # (config.return_dict=False failed at the first step inside transformers)
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
     collator = CausalLMCollator(pad_token_id, max_length=max_length)
     max_length = collator.max_length  # checked there

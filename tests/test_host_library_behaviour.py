@@ -249,7 +249,7 @@ def test_transformers_heads_fail_when_their_config_says_return_dict_false(kind):
         assert isinstance(model(ids, return_dict=False), tuple)
         model.config.return_dict = False
         message = _revisit("transformers-return-dict-false", "transformers",
-                           "bcos_plugins.attribution.text._with_output_object (every path calls the model with "
+                           "bcos_plugins.attribution.text.with_output_object (every path calls the model with "
                            "return_dict=True)")
         with pytest.raises(AttributeError, match="'tuple' object has no attribute 'last_hidden_state'"):
             model(ids)

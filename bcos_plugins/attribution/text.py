@@ -181,15 +181,51 @@ def _decorator_keywords(forward) -> set[str]:
     return set()
 
 
-def _with_output_object(model, call: dict) -> dict:
+def _passes_return_dict_on(forward) -> bool:
+    """Whether ``forward`` (unwrapped from its decorators) passes ``return_dict=`` by keyword in a call of its own: a
+    keyword call's names are a tuple among the code's constants."""
+    function = getattr(forward, "__func__", forward)
+    while (wrapped := getattr(function, "__wrapped__", None)) is not None:
+        function = wrapped
+    constants = getattr(getattr(function, "__code__", None), "co_consts", ())
+    return any(isinstance(c, tuple) and "return_dict" in c for c in constants)
+
+
+def require_head_output_object(model: nn.Module) -> None:
+    """Refuse a model whose ``config.return_dict`` is False where its head cannot run with it: transformers 5.24's
+    decoder heads (GPT-2, Llama, Mistral, Qwen2/3, Gemma 2) and ModernBERT's classifier call their base model without
+    ``return_dict``, so it follows the config and returns a tuple, and the head reads ``.last_hidden_state`` (or
+    ``.hidden_states``) of it: an AttributeError from inside transformers that names neither the config nor the fix,
+    whatever the call passes (the head's decorator takes ``return_dict`` for itself). A head that passes
+    ``return_dict`` on (BERT, DistilBERT, RoBERTa) runs, and is called with ``return_dict=True``
+    (:func:`with_output_object`). docs/hosts/upstream-issues.md#transformers-return-dict-false."""
+    model = uncompiled(model)
+    config = getattr(model, "config", None)
+    base = getattr(model, "base_model", None)
+    if (getattr(config, "return_dict", True) is not False or not isinstance(base, nn.Module) or base is model
+            or "return_dict" not in _decorator_keywords(uncompiled(base).forward)
+            or _passes_return_dict_on(type(model).forward)):
+        return
+    raise argument_error(
+        "model", f"{type(model).__name__}'s config.return_dict is False, and its forward calls its "
+        f"{type(base).__name__} without return_dict, so that returns a tuple and the head fails reading an output "
+        "field of it (AttributeError inside transformers, whatever return_dict the call passes)",
+        "Set model.config.return_dict = True (return_dict=False in a call of your own still gives the tuple; "
+        "docs/hosts/upstream-issues.md#transformers-return-dict-false)")
+
+
+def with_output_object(model, call: dict) -> dict:
     """``call`` with ``return_dict=True`` where ``model``'s forward reads it (:func:`forward_keywords`), its
     ``config.return_dict`` is not already True and the caller did not pass it: with ``config.return_dict = False`` the
     model returns a tuple, and every caller reads the output's ``.logits``: a ``return_dict`` other than True passed
-    by the caller is refused."""
+    by the caller is refused, and so is a model whose head fails on its config's False
+    (:func:`require_head_output_object`)."""
     if "return_dict" in call and call["return_dict"] is not True:
         raise argument_error("return_dict", f"got {call['return_dict']!r}; the paths of bcos_plugins read the model's "
                              "output object (its .logits), which return_dict=False replaces by a tuple",
                              "leave return_dict out (or pass True); to get a tuple, call the model yourself")
+    if isinstance(model, nn.Module):
+        require_head_output_object(model)
     if ("return_dict" not in call and isinstance(model, nn.Module)
             and getattr(getattr(model, "config", None), "return_dict", None) is not True
             and "return_dict" in (forward_keywords(model) or ())):
@@ -589,7 +625,7 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
             "model.config.pad_token_id = tokenizer.pad_token_id (or explain one row at a time).")
     kwargs["input_ids"] = input_ids
     kwargs["attention_mask"] = attention_mask
-    return _with_output_object(model, kwargs)
+    return with_output_object(model, kwargs)
 
 
 def explained_outputs_only(spec: ArchitectureSpec, call: dict, positions: Int[Tensor, " batch"] | None,
@@ -836,4 +872,4 @@ def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mas
             call["position_ids"] = outside_inference(real_token_positions(attention_mask))
         else:
             refuse_left_padding_shifting_positions(model, input_ids, attention_mask)
-    return _with_output_object(model, call)
+    return with_output_object(model, call)

@@ -254,11 +254,15 @@ def _require_causal_lm(model, window: list[int], device) -> None:
     number (3e4 for BERT) that means nothing. Changing the window's last token must leave every earlier
     position's logits unchanged.
     """
+    from ..attribution.text import with_output_object
     from ..errors import BcosTypeError, argument_error
 
     ids = torch.tensor([window], device=device)
     name = type(model).__name__
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    # with_output_object: a config.return_dict=False made the output a tuple, refused as "returns tuple ... a
+    # classifier or base model" (a causal LM), or failed inside a decoder head (AttributeError); now called with
+    # return_dict=True, or refused naming the config where the head cannot run with it
+    out = model(**with_output_object(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}))
     logits = getattr(out, "logits", None)
     if not isinstance(logits, Tensor) or logits.ndim != 3 or logits.shape[:2] != ids.shape:
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(out).__name__
@@ -278,7 +282,8 @@ def _require_causal_lm(model, window: list[int], device) -> None:
             continue
         changed = ids.clone()
         changed[0, -1] = probe
-        after = model(input_ids=changed, attention_mask=torch.ones_like(ids)).logits[0, :-1].double()
+        after = model(**with_output_object(model, {"input_ids": changed, "attention_mask": torch.ones_like(ids)}))
+        after = after.logits[0, :-1].double()
         if bool(torch.isfinite(after).all()):
             break
     if not torch.allclose(before, after, rtol=1e-4, atol=1e-4 * (1.0 + float(before.abs().max()))):
@@ -352,7 +357,7 @@ def perplexity(
         warn_if_another_models_tokenizer,
         warn_if_unmasked_padding,
     )
-    from ..attribution.text import refuse_nan_logits, refuse_stock_loaded_bcos
+    from ..attribution.text import refuse_nan_logits, refuse_stock_loaded_bcos, with_output_object
     from ..errors import argument_error
 
     refuse_stock_loaded_bcos(model)  # a B-cos checkpoint loaded with plain transformers: the stock model's perplexity
@@ -413,7 +418,7 @@ def perplexity(
                 ids[j, : len(w)] = torch.tensor(w)
                 mask[j, : len(w)] = 1
             ids, mask = ids.to(device), mask.to(device)
-            logits = model(input_ids=ids, attention_mask=mask).logits
+            logits = model(**with_output_object(model, {"input_ids": ids, "attention_mask": mask})).logits
             logp = logits.double()[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
             scored = mask[:, 1:].bool()
             # a NaN logit of a scored token made the perplexity NaN without a word (a padded float64 Gemma 2)

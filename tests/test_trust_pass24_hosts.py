@@ -1,0 +1,183 @@
+"""Trust pass 24, the hosts a third time (Captum and inseq) and the explanation core's newest entry points, with a model
+whose ``config.return_dict`` is False: transformers 5.24's decoder heads (GPT-2, Llama, Mistral, Qwen2/3, Gemma 2) and
+ModernBERT's classifier call their base model without ``return_dict``, which then follows the config and returns a
+tuple the head reads an output field of. The package's ``return_dict=True`` in the call does not reach the base model
+(the head's decorator takes it), so every entry point (explain, explain_dataset, predict / accuracy, Captum's
+wrappers, inseq, fine_tune_classifier, train_causal_lm, perplexity, next_token_contrast) failed with "'tuple' object
+has no attribute 'last_hidden_state'" from inside transformers, or, for train_causal_lm, at the first training step.
+Now refused by name where the head cannot run with it (attribution.text.require_head_output_object); BERT, DistilBERT
+and RoBERTa, whose heads pass return_dict on, are explained as with True. Each test fails before its fix."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
+import inseq
+import pytest
+import torch
+import transformers as T
+from bcos_plugins.adapters.captum import BcosAttribution, EmbeddingForward, LayerBcos
+from conftest import VOCAB
+from test_conformance import _stock, _word_tokenizer
+from test_inseq_adapter import TOKENIZER_DIR, _tiny_lm
+from test_trust_pass22_core import _bcos
+
+from bcos_plugins import explain, fine_tune_classifier, train_causal_lm
+from bcos_plugins.convert.architectures import SPECS
+from bcos_plugins.errors import BcosValueError
+from bcos_plugins.metrics.decoder import next_token_contrast, perplexity
+from bcos_plugins.prediction import accuracy, predict
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+HEADS = [name for name, spec in SPECS.items() if spec.head != "base"]
+REFUSAL = (r"^model: \w+'s config\.return_dict is False, and its forward calls its \w+ without return_dict, so that "
+           r"returns a tuple .* Set model\.config\.return_dict = True")
+
+
+def _tuple_config(name: str) -> torch.nn.Module:
+    """A copy of the family's B-cos model ``name`` whose config says ``return_dict = False``."""
+    model = copy.deepcopy(_bcos(name))
+    model.config.return_dict = False
+    return model
+
+
+def _explain_kwargs(name: str) -> dict:
+    spec = SPECS[name]
+    return {} if spec.is_classifier else {"target": 5, **({"position": 2} if spec.head == "masked_lm" else {})}
+
+
+@pytest.mark.parametrize("name", HEADS)
+def test_a_return_dict_false_config_is_explained_as_true_or_refused_where_the_head_cannot_run_with_it(name):
+    """Where the model's own call fails on its config (an AttributeError inside transformers), explain refuses naming
+    the config and the fix; where it runs (BERT, DistilBERT, RoBERTa), explain gives the numbers of the same model with
+    ``return_dict = True``. Before: every decoder family's explain failed with the AttributeError."""
+    model = _tuple_config(name)
+    ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask)
+        head_runs = True
+    except AttributeError:
+        head_runs = False
+    kwargs = _explain_kwargs(name)
+    if head_runs:
+        expected = explain(_bcos(name), ids, attention_mask=mask, **kwargs)
+        got = explain(model, ids, attention_mask=mask, **kwargs)
+        assert torch.equal(got.contributions, expected.contributions)
+        assert torch.equal(got.explained, expected.explained)
+    else:
+        assert SPECS[name].kind == "decoder" or name.startswith("ModernBert")
+        with pytest.raises(BcosValueError, match=REFUSAL):
+            explain(model, ids, attention_mask=mask, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["GPT2ForSequenceClassification", "LlamaForCausalLM"])
+def test_captums_wrappers_refuse_a_head_that_cannot_run_with_its_return_dict_false_config(name):
+    """EmbeddingForward (embed and forward), BcosAttribution and LayerBcos call the model through the same kwargs:
+    each failed with "'tuple' object has no attribute 'last_hidden_state'"."""
+    model = _tuple_config(name)
+    ids = torch.randint(3, VOCAB, (2, 5), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    target = 1 if SPECS[name].is_classifier else 5
+    with pytest.raises(BcosValueError, match=REFUSAL):
+        EmbeddingForward(model).embed(ids, mask)
+    model.config.return_dict = True
+    fwd = EmbeddingForward(model)
+    embeddings = fwd.embed(ids, mask)
+    model.config.return_dict = False  # set after embedding: the forward's own call is refused too
+    with pytest.raises(BcosValueError, match=REFUSAL):
+        BcosAttribution(fwd).attribute(embeddings, target=target, additional_forward_args=(mask,))
+    with pytest.raises(BcosValueError, match=REFUSAL):
+        LayerBcos(model).attribute(ids, target=target, additional_forward_args=(mask,))
+
+
+def test_predict_and_accuracy_refuse_a_decoder_classifier_whose_config_says_return_dict_false():
+    model, tokenizer = _tuple_config("LlamaForSequenceClassification"), _word_tokenizer()
+    for call in (lambda: predict(model, tokenizer, ["w3 w4 w5", "w6 w7"]),
+                 lambda: accuracy(model, tokenizer, ["w3 w4 w5", "w6 w7"], [0, 1])):
+        with pytest.raises(BcosValueError, match=REFUSAL):
+            call()
+
+
+def test_predict_of_a_bert_classifier_with_return_dict_false_is_the_same_as_with_true():
+    """BERT's head passes return_dict on: its config's False is called with return_dict=True and gives the logits."""
+    model, tokenizer = _tuple_config("BertForSequenceClassification"), _word_tokenizer()
+    expected = predict(_bcos("BertForSequenceClassification"), tokenizer, ["w3 w4 w5", "w6 w7"])
+    assert torch.equal(predict(model, tokenizer, ["w3 w4 w5", "w6 w7"]), expected)
+
+
+def test_training_refuses_a_head_that_cannot_run_with_its_return_dict_false_config_before_training(tmp_path):
+    """fine_tune_classifier (its check batch) and train_causal_lm refuse before the first step; train_causal_lm failed
+    at the first training step inside the Trainer."""
+    model = _tuple_config("GPT2ForSequenceClassification")
+    with pytest.raises(BcosValueError, match=REFUSAL):
+        fine_tune_classifier(model, _word_tokenizer(), ["w3 w4 w5", "w6 w7"], [0, 1], batch_size=2,
+                             output_dir=tmp_path / "c", progress=False)
+    lm = _tuple_config("GPT2LMHeadModel")
+    before = copy.deepcopy(lm.state_dict())
+    with pytest.raises(BcosValueError, match=REFUSAL):
+        train_causal_lm(lm, [{"input_ids": [5, 6, 7, 8]}, {"input_ids": [9, 10, 11]}], str(tmp_path / "lm"),
+                        pad_token_id=0, max_steps=1)
+    assert all(torch.equal(before[k], v) for k, v in lm.state_dict().items())  # refused before any step
+
+
+def test_inseq_refuses_a_head_that_cannot_run_with_its_return_dict_false_config_at_load(gpt2_tokenizer):
+    """inseq.load_model(model, "bcos") failed at the first attribute call, inside transformers."""
+    model = _tiny_lm("gpt2", len(gpt2_tokenizer))
+    model.config.return_dict = False
+    with pytest.raises(BcosValueError, match=REFUSAL):
+        inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def gpt2_tokenizer():
+    return T.GPT2Tokenizer.from_pretrained(TOKENIZER_DIR)
+
+
+def test_perplexity_of_a_causal_lm_whose_config_says_return_dict_false():
+    """perplexity called the model without return_dict: a causal LM outside the registry whose head runs with the
+    config's False (BertLMHeadModel) was refused as "returns tuple ... a classifier or base model has no next-token
+    distribution"; now its perplexity is the one with True. A decoder head that cannot run with it is refused (was the
+    AttributeError), and so is next_token_contrast."""
+    config = T.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, is_decoder=True)
+    torch.manual_seed(0)
+    model = T.BertLMHeadModel(config).eval()
+    tokenizer = _word_tokenizer()
+    texts = ["w3 w4 w5 w6", "w7 w8 w9"]
+    expected = perplexity(model, texts, tokenizer).perplexity
+    model.config.return_dict = False
+    assert perplexity(model, texts, tokenizer).perplexity == expected
+    lm = _tuple_config("GPT2LMHeadModel")
+    with pytest.raises(BcosValueError, match=REFUSAL):
+        perplexity(lm, texts, tokenizer)
+    ids = torch.randint(3, VOCAB, (2, 5), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(BcosValueError, match=REFUSAL):
+        next_token_contrast(lm, ids, torch.ones_like(ids), target=[3, 4], foil=[5, 6])
+
+
+def test_the_stock_heads_the_refusal_names_fail_on_their_own_and_those_it_lets_through_run():
+    """The refusal reads the head's code (whether it passes return_dict to its base model): pinned against what each
+    stock class does with its config's False, so a transformers release that changes a head is noticed here."""
+    from bcos_plugins.attribution.text import require_head_output_object
+
+    ids = torch.tensor([[3, 4, 5]])
+    for name in HEADS:
+        model = _stock(name)
+        model.config.return_dict = False
+        try:
+            with torch.no_grad():
+                model(input_ids=ids, return_dict=True)
+            runs = True
+        except AttributeError:
+            runs = False
+        refused = False
+        try:
+            require_head_output_object(model)
+        except BcosValueError:
+            refused = True
+        assert refused == (not runs), name
