@@ -98,8 +98,21 @@ def _variant_name(name: str, variant: str | None) -> str:
     return f"{stem}.{variant}.{suffix}"
 
 
-def weight_files(path: str, local: bool, variant: str | None = None) -> list[str]:
+# from_pretrained's options that pick which copy of a hub repository it reads (a revision, a cache folder, the credentials
+# to reach it): the config and the weight files (each layer's stored B) are read with them too
+_HUB_OPTIONS = ("revision", "cache_dir", "token", "local_files_only", "force_download", "proxies")
+
+
+def hub_options(kwargs: dict) -> dict:
+    """The :data:`_HUB_OPTIONS` among ``kwargs``: ``load_bcos_model(hub_id, revision="v2")`` loaded v2's weights with
+    the record and each layer's B of the default revision's files (another model, silently)."""
+    return {key: kwargs[key] for key in _HUB_OPTIONS if key in kwargs}
+
+
+def weight_files(path: str, local: bool, variant: str | None = None, hub: dict | None = None) -> list[str]:
     """The safetensors files transformers loads from ``path``, each checked to be complete (named if not).
+
+    ``hub``: :func:`hub_options` of the load, with which a hub id's files are found (ignored for a local folder).
 
     ``variant``: ``from_pretrained``'s, which loads ``model.<variant>.safetensors`` (or its sharded index) instead:
     these are the files read then. The B each layer stored was read from ``model.safetensors`` whatever the variant,
@@ -121,7 +134,7 @@ def weight_files(path: str, local: bool, variant: str | None = None) -> list[str
             candidate = os.path.join(path, name)
             return candidate if os.path.isfile(candidate) else None
         try:
-            return cached_file(path, name, _raise_exceptions_for_missing_entries=False)
+            return cached_file(path, name, _raise_exceptions_for_missing_entries=False, **(hub or {}))
         except OSError:
             return None
 
@@ -755,8 +768,9 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     path, local = checked_folder(path)
     if _saved_model_type(path, local) == _VIT_MODEL_TYPE:
         return _load_vit(path, from_pretrained_kwargs)
+    hub = {} if local else hub_options(from_pretrained_kwargs)
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path, **hub)
     except (OSError, ValueError) as err:
         where = os.path.join(path, "config.json") if local else path
         raise BcosFileError(f"path: cannot read a model configuration from {where} ({err}). Pass the folder "
@@ -766,7 +780,7 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     from_pretrained_kwargs = _apply_config_overrides(path, config, from_pretrained_kwargs)
     _refuse_mistyped_loading_options(from_pretrained_kwargs)
     # the files of the variant from_pretrained loads: each layer's stored B is read from them
-    files = weight_files(path, local, from_pretrained_kwargs.get("variant"))
+    files = weight_files(path, local, from_pretrained_kwargs.get("variant"), hub)
     name = settings["architecture"]
     model, info = _load_reporting(
         lambda: stock_class(name).from_pretrained(path, config=config, use_safetensors=True,

@@ -26,6 +26,7 @@ import pytest
 import torch
 import transformers as T
 from conftest import MAX_POS, VOCAB, padded_rows
+from torch import nn
 
 from bcos_plugins import bcosify, explain, load_bcos_model
 from bcos_plugins.convert.architectures import SPECS, stock_class
@@ -311,3 +312,36 @@ def test_inseq_refuses_a_variant_it_would_convert_with_another_saves_b_and_the_f
     ids = torch.tensor([[5, 9, 2, 7]])
     with torch.no_grad():
         assert torch.equal(loaded.model(ids).logits, variant(ids).logits)
+
+
+# ------------------------------------------------------------------ a hub repository's revision and cache
+
+
+def _hub_cache(cache, repo: str, revisions: dict[str, nn.Module]):
+    """A Hugging Face cache folder (``cache_dir``) holding ``repo`` at each revision name -> model's save (as
+    huggingface_hub lays out a download: ``snapshots/<commit>`` and ``refs/<name>``)."""
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    for index, (revision, model) in enumerate(revisions.items()):
+        commit = f"{index + 1:x}" * 40
+        model.save_pretrained(folder / "snapshots" / commit)
+        (folder / "refs" / revision).write_text(commit)
+
+
+def test_a_hub_revision_loads_with_its_own_record_and_b_not_the_default_revisions(tmp_path):
+    config = lambda: _rotary(T.LlamaConfig)  # noqa: E731
+    main = bcosify(_build("LlamaForCausalLM", config()), b=B, verbose=False)
+    later = bcosify(_build("LlamaForCausalLM", config(), seed=1), b=B, verbose=False)
+    for layer in later.modules():
+        if isinstance(layer, AlignmentPressure):
+            layer.b = 2.0
+    _hub_cache(tmp_path, "user/bcos-llama", {"main": main, "v2": later})
+    ids = torch.tensor([[5, 6, 7, 8]])
+    hub = dict(cache_dir=str(tmp_path), local_files_only=True)
+    # the config and each layer's B were read from the default cache's default revision whatever the keywords: v2's
+    # weights ran at main's B (another model, silently), and a cache_dir was not looked into at all
+    with pytest.warns(UserWarning, match=r"run at the B stored with them \(2\)"):
+        loaded = load_bcos_model("user/bcos-llama", revision="v2", **hub)
+    assert {layer.b for layer in loaded.modules() if isinstance(layer, AlignmentPressure)} == {2.0}
+    assert torch.equal(_outputs(loaded, ids, None), _outputs(later, ids, None))
+    assert torch.equal(_outputs(load_bcos_model("user/bcos-llama", **hub), ids, None), _outputs(main, ids, None))

@@ -354,25 +354,32 @@ class SpaceModelForSequenceClassification(PreTrainedModel):
         model = super().from_pretrained(*args, **kwargs)
         if isinstance(getattr(model.encoder.config, "bcos", None), dict):
             model._reconvert_bcos_encoder(args[0] if args else kwargs.get("pretrained_model_name_or_path"),
-                                          kwargs.get("subfolder"), kwargs.get("variant"))
+                                          kwargs.get("subfolder"), kwargs.get("variant"), kwargs)
         # Loading materialises fresh parameters, so the frozen/trainable setting is applied again.
         model._apply_train_encoder()
         return model
 
-    def _reconvert_bcos_encoder(self, path, subfolder=None, variant=None) -> None:
+    def _reconvert_bcos_encoder(self, path, subfolder=None, variant=None, loading=None) -> None:
         """A B-cos encoder (``bcosify``) loads as its stock class: converted again as it was saved, then every saved
         tensor loaded into it, strictly (each layer's stored B too). Without it the reloaded model's forward refused
         its stock encoder and named ``load_bcos_model``, which refused the Space folder: it could not be reloaded.
-        The files are those ``from_pretrained`` read (its ``subfolder`` and ``variant``): the top folder's plain
-        save was loaded over them, so ``from_pretrained(folder, subfolder="checkpoint-5")`` or ``variant="fp16"``
-        returned the other save's model, silently."""
+        The files are those ``from_pretrained`` read (its ``subfolder``, ``variant`` and, for a hub id, the
+        ``revision`` / cache options among ``loading``, its keywords): the top folder's plain save was loaded over them,
+        so ``from_pretrained(folder, subfolder="checkpoint-5")`` or ``variant="fp16"`` returned the other save's model,
+        silently."""
         from safetensors.torch import load_file
 
-        from ..persistence import checked_folder, reconvert_stock_load, subfolder_path, weight_files
+        from ..persistence import (
+            checked_folder,
+            hub_options,
+            reconvert_stock_load,
+            subfolder_path,
+            weight_files,
+        )
 
         if subfolder:
             path = subfolder_path(path, subfolder, reader=f"{type(self).__name__}.from_pretrained")
-        files = weight_files(*checked_folder(path), variant)
+        files = weight_files(*checked_folder(path), variant, hub_options(loading or {}))
         reconvert_stock_load(self.encoder, os.fspath(path), files=files)
         # the encoder's weights sit under "encoder." in the Space save, where reconvert_stock_load reads no B: the
         # strict load sets each layer's stored B and refuses any tensor the conversion does not rebuild
