@@ -99,3 +99,27 @@ def test_adversarial_masks_name_their_own_arguments_when_the_kept_eigenvectors_c
     masks = adversarial_masks(eigendecompose(weights, torch.eye(3)), 2)  # 6 keys in 7 dimensions: each keys its own
     keys = masks.masks.reshape(6, 7) @ masks.eigenvectors.reshape(6, 7).T
     torch.testing.assert_close(keys, torch.eye(6), atol=1e-5, rtol=0)
+
+
+def test_predict_labels_truncates_to_the_models_position_limit_or_refuses_a_longer_max_length():
+    """predict_labels (and zero_shot_evaluation through it) truncated to 128 tokens whatever the model's position
+    table, so a longer text failed inside the embedding of a 40-position BERT ("RuntimeError: index 40 is out of
+    bounds for dimension 1 with size 40"). It now follows the training and prediction helpers' one rule
+    (encoded_texts.truncation_length): 128 capped at the limit by default, a longer max_length refused by name."""
+    from conftest import tiny_config
+    from test_pretrain import corpus, word_tokenizer
+
+    from bcos_plugins import bcosify
+    from bcos_plugins.space import predict_labels, zero_shot_evaluation
+    from bcos_plugins.train import predict
+
+    tok = word_tokenizer()
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)), b=1.5, verbose=False).eval()
+    texts = [" ".join([text] * 40) for text in corpus(3)[0]]  # 200+ tokens each, past the 40 positions
+    with pytest.warns(UserWarning, match=r"^predict: 3 text\(s\) \[0, 1, 2\] have more than max_length=40"):
+        expected = predict(model, tok, texts, max_length=40).argmax(-1).tolist()
+    assert predict_labels(model, tok, texts) == expected
+    assert zero_shot_evaluation(model, tok, texts, expected)["accuracy"] == 1.0
+    with pytest.raises(BcosValueError, match=r"^max_length: .*40"):
+        predict_labels(model, tok, texts, max_length=128)

@@ -31,6 +31,7 @@ from ..attribution.text import (
     rows_as_alone_call,
 )
 from ..corpus import mask_keywords, require_texts_with_tokens, require_tokenizer_ids_fit
+from ..encoded_texts import truncation_length
 from ..errors import BcosFileError, BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 
@@ -113,7 +114,7 @@ def _read_text(path: Path) -> str:
 
 
 @torch.no_grad()
-def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32, max_length: int = 128,
+def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32, max_length: int | None = None,
                    progress: bool = False) -> list[int]:
     """Arg-max class of each text (the model in eval mode, batches padded per batch; a tokenizer that pads on the
     left is refused for a classifier that reads the first column, BERT's, DistilBERT's, RoBERTa's, naming the texts'
@@ -121,7 +122,8 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
     (``rows_as_alone_call``), so a decoder classifier's rows are computed as alone under either padding side
     (position ids count real tokens); any other classifier (a Space model) is called with the tokenizer's
     outputs (a transformers model outside the registry that reads a learned position table is refused left
-    padding)."""
+    padding). Texts are truncated to ``max_length`` tokens: by default 128, capped at the model's position limit (a
+    longer one is refused, as :func:`~bcos_plugins.train.predict` refuses it)."""
     if not isinstance(model, nn.Module) or not callable(tokenizer):
         raise argument_error("model", f"predict_labels needs a torch classifier and its tokenizer, got "
                              f"{type(model).__name__} and {type(tokenizer).__name__}",
@@ -135,7 +137,9 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
     # None or a word list inside on "'NoneType' object has no attribute 'split'" in the tokenizer; no text, no prediction
     texts = [] if isinstance(texts, Sized) and len(texts) == 0 else require_texts(texts)
     batch_size = require_int("batch_size", batch_size, minimum=1)
-    max_length = require_int("max_length", max_length, minimum=1)
+    # the helpers' one rule: 128 was used whatever the model's position table, so a longer text failed inside its
+    # embedding ("index 40 is out of bounds for dimension 1 with size 40" on a 40-position BERT)
+    max_length = truncation_length(model, max_length, default=128)
     warn_if_another_models_tokenizer(model, tokenizer)
     device = next(model.parameters()).device
     spec = registry_spec(model)
@@ -224,7 +228,7 @@ def zero_shot_evaluation(
     labels: Sequence[int],
     label_map: Mapping[int, int] | None = None,
     batch_size: int = 32,
-    max_length: int = 128,
+    max_length: int | None = None,
     progress: bool = False,
 ) -> dict[str, float]:
     """Evaluate a trained classifier on another dataset without any training on it.
