@@ -145,7 +145,7 @@ def test_vit_output_attentions_that_is_not_true_or_false_is_refused(kind):
     assert len(model(images, output_attentions=True).attentions) == 1
 
 
-def _sentencepiece_like_tokenizer(texts):
+def _sentencepiece_like_tokenizer(texts, vocab_size: int = 600):
     """A fast tokenizer that marks a word's leading space as Llama 2's (legacy) SentencePiece conversion does: the
     text gets a "▁" in front and every space becomes "▁", so " sketch" alone is ["▁", "▁sketch"] while the prefix
     "... this sketch" ends in "▁sketch". Trained here on the texts (no download)."""
@@ -154,7 +154,7 @@ def _sentencepiece_like_tokenizer(texts):
 
     backend = Tokenizer(models.BPE(unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
-    backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>"]))
+    backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"]))
     backend.pre_tokenizer = None
     backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     return T.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
@@ -191,3 +191,42 @@ def test_encode_blimp_gives_gpt2_the_ids_of_each_word_with_its_leading_space_as_
         for i, pair in enumerate(batch.pairs):
             assert int(batch.target_ids[i]) == tokenizer(" " + pair.target)["input_ids"][0]
             assert int(batch.foil_ids[i]) == tokenizer(" " + pair.foil)["input_ids"][0]
+
+
+def test_ioi_prompts_take_a_sentencepiece_tokenizers_name_tokens_as_the_prompt_reads_them():
+    # " Steve" alone is ["▁", "▁Steve"] for such a tokenizer: every name was refused as "2 tokens with its leading
+    # space", though the prompts read it as one token; the names now are the tokens the prompt holds
+    from bcos_plugins.data import corrupt_ioi, encode_ioi, make_ioi_prompts
+    from bcos_plugins.data.ioi import IOI_TRAIN_NAMES
+
+    reference = make_ioi_prompts(400, seed=0)
+    tokenizer = _sentencepiece_like_tokenizer([p.completion for p in reference] + [f"and {n}" for n in IOI_TRAIN_NAMES],
+                                              vocab_size=5000)
+    assert tokenizer.tokenize(" Steve")[0] == "▁"
+    prompts = make_ioi_prompts(20, seed=0, tokenizer=tokenizer)
+    for p in prompts:
+        assert p.input_ids == tuple(tokenizer(p.text, add_special_tokens=False)["input_ids"])
+        assert tokenizer.convert_ids_to_tokens(p.target_id) == "▁" + p.io
+        assert tokenizer.convert_ids_to_tokens(p.foil_id) == "▁" + p.s
+        assert [p.input_ids[i] for i in p.evidence_positions] == [p.target_id]
+        assert [p.input_ids[i] for i in p.s_positions] == [p.foil_id] * 2
+    corrupted = corrupt_ioi(prompts, seed=1, tokenizer=tokenizer)
+    assert all(tokenizer.convert_ids_to_tokens(c.target_id) == "▁" + c.io for c in corrupted)
+    batch = encode_ioi(prompts)
+    assert batch.input_ids.gather(1, batch.io_positions[:, None]).squeeze(1).tolist() == batch.target_ids.tolist()
+
+
+def test_gpt2_ioi_names_are_the_tokens_of_each_name_with_its_leading_space_as_before():
+    import transformers as T
+
+    from bcos_plugins.data import ioi_name_pool, make_ioi_prompts, shipped_data
+    from bcos_plugins.data.ioi import IOI_HELDOUT_NAMES, IOI_TRAIN_NAMES
+
+    tokenizer = T.GPT2TokenizerFast.from_pretrained(shipped_data("gpt2_tokenizer"))
+    for prompt in make_ioi_prompts(50, seed=3) + make_ioi_prompts(50, seed=3, split="heldout"):
+        assert prompt.target_id == tokenizer(" " + prompt.io)["input_ids"][0]
+        assert prompt.foil_id == tokenizer(" " + prompt.s)["input_ids"][0]
+    from bcos_plugins.data.contrastive import word_tokens_after
+
+    for name in (*IOI_TRAIN_NAMES, *IOI_HELDOUT_NAMES, *ioi_name_pool(500, seed=0)):
+        assert word_tokens_after(tokenizer, "and", name) == tokenizer(" " + name)["input_ids"]

@@ -43,7 +43,7 @@ import torch
 
 from .._checks import require_choice, require_int
 from ..errors import BcosFileError, BcosTypeError, argument_error
-from .contrastive import ContrastiveBatch, left_pad
+from .contrastive import ContrastiveBatch, left_pad, word_tokens_after
 from .shipped import SHIPPED_DATA, check_n, data_file, first_rows
 
 __all__ = ["BLIMP_SUBSETS", "BlimpBatch", "BlimpPair", "encode_blimp", "load_blimp"]
@@ -227,14 +227,6 @@ class BlimpBatch(ContrastiveBatch):
     first_piece: list[int] = field(default_factory=list)
 
 
-def _tokens_after(tokenizer, prefix: str, prefix_ids: list[int], word: str) -> list[int] | None:
-    """The ids of `` word`` after ``prefix`` (tokenised as ``prefix_ids``) in ``prefix + " " + word``; ``None`` where the
-    whole text does not start with the prefix's ids (the tokenizer merged the prefix's end with the word)."""
-    whole = tokenizer(f"{prefix} {word}", add_special_tokens=False)["input_ids"]
-    n = len(prefix_ids)
-    return whole[n:] if whole[:n] == list(prefix_ids) and len(whole) > n else None
-
-
 def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | None = None,
                  pad_token_id: int | None = None, multi_token: str = "first") -> BlimpBatch:
     """Tokenise pairs with a fast tokenizer (character offsets are used to place the evidence).
@@ -276,7 +268,7 @@ def encode_blimp(pairs: Sequence[BlimpPair], tokenizer, *, bos_token_id: int | N
         # the word's tokens as the model reads them after the prefix, not " word" tokenised alone: a SentencePiece
         # tokenizer that marks the leading space itself (Llama 2's) gives ["▁", "▁word"] alone, so every target and
         # foil "shared" the bare "▁" and every pair was dropped; for GPT-2 (byte-level) both are the same ids
-        target, foil = (_tokens_after(tokenizer, pair.prefix, enc["input_ids"], word) for word in (pair.target, pair.foil))
+        target, foil = (word_tokens_after(tokenizer, pair.prefix, word, enc["input_ids"]) for word in (pair.target, pair.foil))
         if target is None or foil is None:
             dropped.append((pair, "the tokenizer merges the prefix's last token with the next word"))
             continue

@@ -14,7 +14,7 @@ from torch import Tensor
 from .._checks import require_int
 from ..errors import argument_error
 
-__all__ = ["ContrastiveBatch", "left_pad"]
+__all__ = ["ContrastiveBatch", "left_pad", "word_tokens_after"]
 
 
 @dataclass
@@ -89,3 +89,17 @@ def _check_rows_and_flags(rows: Sequence[Sequence[int]], evidence: Sequence[Sequ
         shown = ", ".join(f"row {i}: {f} flags for {n} tokens" for i, f, n in wrong[:8])
         raise argument_error("evidence", f"must hold one flag per token of each row ({shown})",
                              "Build the flags from the same tokenisation as rows")
+
+
+def word_tokens_after(tokenizer, prefix: str, word: str, prefix_ids: Sequence[int] | None = None) -> list[int] | None:
+    """The ids of `` word`` as the model reads them after ``prefix`` (tokenised as ``prefix_ids``, tokenised here when
+    not given): the tail of ``prefix + " " + word``'s ids; ``None`` where those ids do not start with the prefix's (the
+    tokenizer merged the prefix's end with the word). The one reading of a next word's ids of the contrastive tasks
+    (:func:`~bcos_plugins.data.encode_blimp`'s targets and foils, the IOI names): `` word`` tokenised alone is
+    ``["▁", "▁word"]`` for a SentencePiece tokenizer that marks the leading space itself (Llama 2's), a bare "▁" that
+    the model never reads there; for GPT-2 (byte-level) both readings give the same ids."""
+    if prefix_ids is None:
+        prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    whole = tokenizer(f"{prefix} {word}", add_special_tokens=False)["input_ids"]
+    n = len(prefix_ids)
+    return list(whole[n:]) if list(whole[:n]) == list(prefix_ids) and len(whole) > n else None

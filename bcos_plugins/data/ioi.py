@@ -53,7 +53,7 @@ from torch import Tensor
 
 from .._checks import require_choice, require_int, require_seed
 from ..errors import BcosFileError, BcosTypeError, BcosValueError, argument_error
-from .contrastive import ContrastiveBatch, left_pad
+from .contrastive import ContrastiveBatch, left_pad, word_tokens_after
 from .shipped import SHIPPED_DATA, data_file, first_rows
 
 __all__ = [
@@ -185,7 +185,9 @@ def _check_tokenizer(tokenizer):
 
 
 def _name_token(tokenizer, name: str) -> int:
-    ids = tokenizer(" " + name, add_special_tokens=False)["input_ids"]
+    # the name's tokens after a word, as the prompts place it: " Mary" alone is ["▁", "▁Mary"] for a SentencePiece
+    # tokenizer that marks the leading space itself (Llama 2's), and every name was refused as two tokens
+    ids = word_tokens_after(tokenizer, "and", name) or []
     if len(ids) != 1:
         raise argument_error("names", f"{name!r} is {len(ids)} tokens with its leading space for this tokenizer, "
                              "so its first token would stand for several names",
