@@ -202,6 +202,14 @@ class DetachableRMSNorm(DynamicWeightModule):
             # torch.nn.RMSNorm(eps=None) adds the machine epsilon of its input's dtype (the model's, its weight's):
             # refused as "eps: must be a finite number > 0, got None", naming no argument the caller passed
             eps = torch.finfo(norm.weight.dtype).eps
+        if norm.weight.ndim != 1:
+            # torch.nn.RMSNorm((4, 5)) normalises over its last two dims, this norm over the last one: held, the
+            # (4, 5) gain broadcast and the norm computed another function (0.61 off), silently; copied, torch's
+            # "size of tensor a (4) must match ..."
+            raise argument_error("norm", f"normalises over the last {norm.weight.ndim} dims (a gain of shape "
+                                 f"{tuple(norm.weight.shape)}); DetachableRMSNorm normalises over the last one only",
+                                 "Use an RMS norm over one dimension (normalized_shape an int), or reshape so the "
+                                 "normalised dims are one", kind=BcosValueError)
         if hold:
             _require_a_parameter_to_hold(norm.weight)
         new = cls(norm.weight.shape[0], eps=eps, device="meta" if hold else norm.weight.device,
@@ -214,16 +222,23 @@ class DetachableRMSNorm(DynamicWeightModule):
         return new
 
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
+        weight = self.weight
+        if x.shape[-1:] != weight.shape:
+            # the gain broadcast against the input: a last dim of 1 (or a 0-d input) came back with the gain's
+            # shape, each value sign(x) * gain, silently (torch.nn.RMSNorm refuses it)
+            raise argument_error("x", f"DetachableRMSNorm({weight.shape[0]}) normalises a last dimension of size "
+                                 f"{weight.shape[0]}, got an input of shape {tuple(x.shape)}",
+                                 "Pass an input whose last dimension is the norm's hidden_size", kind=BcosValueError)
         dtype = x.dtype
         x32 = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
         # not explaining: the same steps without the scope and detach calls (docs/benchmarks.md, 2026-11-28 16:16
         # UTC: a small model's forward pays their Python per module and call)
         if not self.explaining:
             inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-            return self.weight * (x32 * inv_rms).to(dtype)
+            return weight * (x32 * inv_rms).to(dtype)
         with self.dynamic_scope():
             inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * (x32 * self.dynamic_weight(inv_rms)).to(dtype)
+        return weight * (x32 * self.dynamic_weight(inv_rms)).to(dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.variance_epsilon}"

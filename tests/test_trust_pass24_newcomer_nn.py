@@ -1,0 +1,53 @@
+"""Trust pass 24, a newcomer's second hour and the ``bcos_plugins.nn`` layers built by hand: unusual inputs aimed
+where earlier passes did not look (a norm given an input of another width, a torch RMS norm over two dims, ...), each
+checked against an independent computation (torch's own layer, a float64 reference of the formula). The cases that
+were silently wrong or crashed unhelpfully, one test each (the tally is in the CHANGELOG and the session's report).
+
+- ``DetachableRMSNorm(5)`` given an input whose last dimension is 1 (or a 0-d input) broadcast its gain against it:
+  the output had the gain's width, each value ``sign(x) * gain``, silently (``torch.nn.RMSNorm`` refuses it); another
+  width failed with torch's "The size of tensor a (5) must match ...". Refused naming ``x`` and the size it needs.
+- ``DetachableRMSNorm.from_rms_norm(torch.nn.RMSNorm((4, 5)), hold=True)`` held the (4, 5) gain and normalised over
+  the last dim only: another function than torch's norm over both (0.61 off), silently; without ``hold`` it failed
+  with torch's "The size of tensor a (4) must match ...". Refused naming ``norm``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bcos_plugins.errors import BcosValueError
+from bcos_plugins.nn import DetachableRMSNorm, explanation_mode
+
+
+@pytest.mark.parametrize("shape", [(2, 1), (), (2, 3)], ids=["width-1", "0-d", "width-3"])
+@pytest.mark.parametrize("explaining", [False, True], ids=["forward", "explaining"])
+def test_an_rms_norm_given_an_input_of_another_width_is_refused_naming_x(shape, explaining):
+    norm = DetachableRMSNorm(5)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    with explanation_mode(norm) if explaining else torch.enable_grad():
+        with pytest.raises(BcosValueError, match=r"^x: DetachableRMSNorm\(5\) normalises a last dimension of size 5"):
+            norm(x)
+    # torch's own RMS norm refuses the same inputs
+    with pytest.raises((RuntimeError, ValueError)):  # (ValueError for the 0-d input)
+        torch.nn.RMSNorm(5)(x)
+
+
+def test_an_rms_norm_of_the_right_width_is_torchs_rms_norm():
+    torch.manual_seed(0)
+    stock = torch.nn.RMSNorm(5, eps=1e-6, dtype=torch.float64)
+    with torch.no_grad():
+        stock.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 3, 5, dtype=torch.float64)
+    ours = DetachableRMSNorm.from_rms_norm(stock)
+    torch.testing.assert_close(ours(x), stock(x), rtol=0, atol=1e-15)
+    torch.testing.assert_close(ours(x[0, 0]), stock(x[0, 0]), rtol=0, atol=1e-15)  # unbatched
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["copy", "hold"])
+def test_a_torch_rms_norm_over_two_dims_is_refused_naming_the_norm(hold):
+    stock = torch.nn.RMSNorm((4, 5), eps=1e-6)
+    with pytest.raises(BcosValueError, match=r"^norm: normalises over the last 2 dims \(a gain of shape \(4, 5\)\)"):
+        DetachableRMSNorm.from_rms_norm(stock, hold=hold)
