@@ -136,7 +136,12 @@ from bcos_plugins.corpus import mask_keywords, require_tokenizer_fits
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
 from bcos_plugins.nn.dynamic import evaluating, thread_token
-from bcos_plugins.persistence import reconvert_stock_load, subfolder_path
+from bcos_plugins.persistence import (
+    reconvert_stock_load,
+    refuse_weights_from_elsewhere,
+    subfolder_path,
+    weight_files,
+)
 
 __all__ = [
     "METHOD_NAME",
@@ -884,6 +889,8 @@ def _explainable_model(model: nn.Module, *, classifier: bool) -> tuple[nn.Module
                 "with bcos_plugins.load_bcos_model(folder) and pass that model to inseq.load_model(model, 'bcos').")
         logger.info("%s carries B-cos settings (config.bcos) but stock modules: converting it as saved in %s",
                     name, folder)
+        # the weights must be the folder's own: a subfolder or variant loaded by transformers names the folder alone
+        refuse_weights_from_elsewhere(model, folder, weight_files(folder, True))
         _, without_b = reconvert_stock_load(model, folder)
         if without_b:
             raise UnsupportedModelError(

@@ -327,6 +327,31 @@ def _refuse_rebuilt_otherwise(path: str, key: str, saved, rebuilt: dict, what: s
         "from the original save.")
 
 
+def refuse_weights_from_elsewhere(model: nn.Module, path: str, files: list[str]) -> None:
+    """Refuse a stock model (loaded from a B-cos save by plain transformers) whose weights are not the ones ``files``
+    hold, the files of ``path`` each layer's stored B is read from: a model loaded with ``subfolder``, ``variant`` or
+    ``revision`` names only ``path`` (``config._name_or_path``), so the inseq adapter converted a checkpoint-500 or an
+    fp16 variant at the top folder's B (a tiny GPT-2's logits 0.033 off), silently. Each saved tensor is compared with
+    the model's, cast as the load casts it (one at a time, read from the memory-mapped file)."""
+    from safetensors import safe_open
+
+    state = model.state_dict()
+    for file in files:
+        with safe_open(file, framework="pt") as saved:
+            for key in saved.keys():  # noqa: SIM118 - safe_open is no mapping
+                held = state.get(key)
+                if held is None or key.endswith(".bcos_b"):
+                    continue
+                if not torch.equal(saved.get_tensor(key).to(device=held.device, dtype=held.dtype), held):
+                    raise argument_error(
+                        "model", f"its weight '{key}' is not the one saved in {file}, the file of {path} (its "
+                        "config._name_or_path) that each layer's B is read from: it was loaded from other files (a "
+                        "subfolder, a variant, a revision) or changed after loading, and converting it at those B would "
+                        "give another model", "Load it with bcos_plugins.load_bcos_model(path, subfolder=..., "
+                        "variant=...), which reads the weights and each layer's B from the same files, and pass that "
+                        "model", kind=BcosValueError)
+
+
 def reconvert_stock_load(model: nn.Module, path: str, settings: dict | None = None,
                          files: list[str] | None = None) -> tuple[dict[str, nn.Module], list[str]]:
     """Convert, in place, a model transformers loaded as its *stock* class from a B-cos save at ``path``.

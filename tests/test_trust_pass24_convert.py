@@ -345,3 +345,31 @@ def test_a_hub_revision_loads_with_its_own_record_and_b_not_the_default_revision
     assert {layer.b for layer in loaded.modules() if isinstance(layer, AlignmentPressure)} == {2.0}
     assert torch.equal(_outputs(loaded, ids, None), _outputs(later, ids, None))
     assert torch.equal(_outputs(load_bcos_model("user/bcos-llama", **hub), ids, None), _outputs(main, ids, None))
+
+
+@pytest.mark.parametrize("where", [{"subfolder": "checkpoint-500"}, {"variant": "fp16"}])
+def test_inseq_refuses_a_stock_load_of_other_files_than_its_folders_own(tmp_path, where):
+    """A B-cos save loaded by plain transformers from a subfolder or a variant names the top folder alone
+    (``config._name_or_path``), from whose model.safetensors the inseq adapter read each layer's B: checkpoint-500 ran
+    at the final save's B (logits 0.033 off), silently. Refused, naming the fix; a load of the folder's own files is
+    still converted (in any dtype)."""
+    import inseq
+    from test_inseq_adapter import TOKENIZER_DIR, _tiny_lm
+
+    from bcos_plugins.errors import BcosValueError
+
+    tokenizer = T.GPT2Tokenizer.from_pretrained(TOKENIZER_DIR)
+    checkpoint = _tiny_lm("gpt2", len(tokenizer), seed=1)
+    for layer in checkpoint.modules():
+        if isinstance(layer, AlignmentPressure):
+            layer.b = 1.05
+    _tiny_lm("gpt2", len(tokenizer), seed=2).save_pretrained(tmp_path)  # the top folder's save, B 1.1
+    checkpoint.save_pretrained(tmp_path / "checkpoint-500")
+    checkpoint.save_pretrained(tmp_path, variant="fp16")
+    tokenizer.save_pretrained(tmp_path)
+    stock = T.GPT2LMHeadModel.from_pretrained(str(tmp_path), **where)
+    with pytest.raises(BcosValueError, match=r"^model: its weight '.*' is not the one saved in .*model\.safetensors, "
+                                             r"the file of .* that each layer's B is read from.*load_bcos_model"):
+        inseq.load_model(stock, "bcos", tokenizer=str(tmp_path))
+    own = T.GPT2LMHeadModel.from_pretrained(str(tmp_path), dtype=torch.bfloat16)
+    assert inseq.load_model(own, "bcos", tokenizer=str(tmp_path)).model is own
