@@ -230,3 +230,27 @@ def test_gpt2_ioi_names_are_the_tokens_of_each_name_with_its_leading_space_as_be
 
     for name in (*IOI_TRAIN_NAMES, *IOI_HELDOUT_NAMES, *ioi_name_pool(500, seed=0)):
         assert word_tokens_after(tokenizer, "and", name) == tokenizer(" " + name)["input_ids"]
+
+
+@pytest.mark.parametrize("tokenizer", ["linear", "conv"])
+def test_a_pixel_maps_to_its_own_patchs_token_and_rollout_spreads_a_token_over_that_patch(tokenizer):
+    # checked in pass 24 (right answer, pinned): a pixel at row 7, column 2 of a 12x12 image with 3x3 patches is in patch
+    # row 2, column 0, token 8 of the row-major grid; attention_rollout's map of token 8 covers exactly that patch
+    from bcos_plugins.vision import BcosViT, BcosViTConfig, attention_rollout
+
+    torch.manual_seed(0)
+    model = BcosViT(BcosViTConfig(image_size=12, num_channels=1, patch_size=3, hidden_size=8, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=16, tokenizer=tokenizer, conv_channels=[],
+                                  num_labels=2)).eval()
+    images = torch.rand(1, 1, 12, 12)
+    changed = images.clone()
+    changed[0, 0, 7, 2] = 1 - changed[0, 0, 7, 2]
+    with torch.no_grad():
+        moved = (model.tokenizer(model.encode(images)) - model.tokenizer(model.encode(changed))).abs().sum(-1)[0]
+    assert moved.nonzero().flatten().tolist() == [8]
+    attention = torch.zeros(1, 2, 16, 16)
+    attention[..., 8] = 1  # every query attends to token 8 alone
+    pixels = attention_rollout([attention], patch_size=3, residual_weight=0.0)[0]
+    expected = torch.zeros(12, 12)
+    expected[6:9, 0:3] = 1
+    assert torch.equal(pixels, expected)
