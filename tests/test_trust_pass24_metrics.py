@@ -161,3 +161,25 @@ def test_rank_metrics_of_a_causal_explanation_at_an_earlier_position_rank_only_t
     assert (masked.input_contributions[0, 4:] != 0).any()
     torch.testing.assert_close(reciprocal_rank(masked, evidence),
                                reciprocal_rank(masked.contributions, evidence, mask.bool()), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ completeness of scores written as lists of rows
+
+
+def test_completeness_error_reads_a_list_of_rows_as_the_other_metrics_do():
+    """Scores written as a list of rows (``[[1, 2], [3, 4]]``, as ``explain_dataset``'s rows or ``tolist()`` give them)
+    are ``(batch, pos)`` for every metric (``token_scores``), but ``completeness_error`` read each row as the
+    attributions of one input and summed them column by column: exact scores (rows summing to 3 and 7) read an error of
+    0.33 and 0.14, silently. Now the rows are one tensor; a tuple of tensors is still one per input (Captum's)."""
+    import numpy as np
+
+    from bcos_plugins.metrics import completeness_error, token_scores
+
+    rows = [[1.0, 2.0], [3.0, 4.0]]
+    assert token_scores(rows).sum(-1).tolist() == [3.0, 7.0]
+    assert completeness_error(rows, [3.0, 7.0]).tolist() == [0.0, 0.0]
+    assert completeness_error(rows, [3.0, 8.0]).tolist() == [0.0, 0.125]  # |7 - 8| / 8, by hand
+    assert completeness_error(np.array(rows), [3.0, 7.0]).tolist() == [0.0, 0.0]
+    # a tuple of tensors: one input's attributions each, summed per row (2 + 1 and 4 + 3)
+    parts = (torch.tensor([[2.0], [4.0]]), torch.tensor([[1.0], [3.0]]))
+    assert completeness_error(parts, [3.0, 7.0]).tolist() == [0.0, 0.0]

@@ -18,7 +18,8 @@ from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
 
-__all__ = ["perturbable_mask", "scores_and_positions", "share_counts", "special_tokens_mask", "token_scores"]
+__all__ = ["numbers_as_one_tensor", "perturbable_mask", "scores_and_positions", "share_counts", "special_tokens_mask",
+           "token_scores"]
 
 
 def share_counts(n: Int[Tensor, "..."], fractions: Float[Tensor, "..."] | float) -> Int[Tensor, "..."]:
@@ -59,17 +60,7 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
             # (batch, pos, ...) the 2C channels were the "tokens", so explanation_entropy of an image explanation was
             # the entropy of two channel sums (0.66 for the 5.17 of its pixels), silently
             attributions = attributions.flatten(2).transpose(1, 2)
-    if isinstance(attributions, (tuple, list)) and len(attributions) == 1 \
-            and hasattr(attributions[0], "__array__") and not isinstance(attributions[0], Tensor):
-        # a one-input tuple holding an array, as Captum's tuple holds a tensor: read as a (1, batch, pos) tensor, it
-        # summed each row's scores into one token
-        attributions = attributions[0]
-    if not isinstance(attributions, Tensor) and (hasattr(attributions, "__array__") or isinstance(
-            attributions, (tuple, list)) and not any(isinstance(part, Tensor) for part in attributions)):
-        # scores as nested lists or a NumPy array, read as the rationale and decoder metrics read them (Python floats
-        # in float64): a list of two rows was refused as "a tuple of 2" input tensors, one row as "got list"
-        attributions = require_tensor("attributions", attributions, kind="real", finite=False,
-                                      shape_hint="(batch, pos, ...)")
+    attributions = numbers_as_one_tensor(attributions)
     if isinstance(attributions, (tuple, list)):
         first, last = (attributions[0], attributions[-1]) if attributions else (None, None)
         if len(attributions) == 2 and isinstance(first, Tensor) and isinstance(last, Tensor) and first.ndim >= 2 \
@@ -129,6 +120,26 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
         # with a feature axis of one were magnitudes (a token of -3 ranked last instead of first)
         scores = scores.abs()
     return scores
+
+
+def numbers_as_one_tensor(attributions: Any) -> Any:
+    """Attributions written as numbers (nested lists, a NumPy array, a one-input tuple holding an array) as one tensor
+    ``(batch, pos, ...)``, read as the rationale and decoder metrics read them (Python floats in float64); tensors,
+    tuples of tensors (Captum's, one per input) and anything else are returned as given. The one reading of every
+    metric that takes such attributions (:func:`token_scores`, :func:`~bcos_plugins.metrics.completeness_error`)."""
+    if isinstance(attributions, (tuple, list)) and len(attributions) == 1 \
+            and hasattr(attributions[0], "__array__") and not isinstance(attributions[0], Tensor):
+        # a one-input tuple holding an array, as Captum's tuple holds a tensor: read as a (1, batch, pos) tensor, it
+        # summed each row's scores into one token
+        attributions = attributions[0]
+    if not isinstance(attributions, Tensor) and (hasattr(attributions, "__array__") or isinstance(
+            attributions, (tuple, list)) and not any(isinstance(part, Tensor) for part in attributions)):
+        # a list of two rows was refused as "a tuple of 2" input tensors, one row as "got list"; completeness_error
+        # read each row as the attributions of one input and summed them column by column (an error of 0.33 for exact
+        # scores)
+        attributions = require_tensor("attributions", attributions, kind="real", finite=False,
+                                      shape_hint="(batch, pos, ...)")
+    return attributions
 
 
 def scores_and_positions(scores: Any, positions: Tensor | None, reduce: str = "sum") -> tuple[Any, Tensor | None]:

@@ -39,7 +39,7 @@ from .._checks import require_bool, require_real_tokens, require_same_shape, req
 from ..attribution.results import relative_completeness_error
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
-from .attributions import scores_and_positions, token_scores
+from .attributions import numbers_as_one_tensor, scores_and_positions, token_scores
 
 __all__ = ["Cost", "completeness_error", "explanation_entropy", "measure_cost"]
 
@@ -113,7 +113,8 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"] | None =
     """``|sum(attributions) - explained|`` per example, divided by ``|explained|`` when ``relative``.
 
     ``attributions`` may be an explanation of the package (its ``input_contributions``); ``explained`` then
-    defaults to the values it explained. See the module docstring for an explained value of 0 (finite,
+    defaults to the values it explained. A tuple of tensors holds one input's attributions each (Captum's); scores
+    written as numbers (a list of rows, a NumPy array) are one tensor ``(batch, ...)``, as every metric reads them. See the module docstring for an explained value of 0 (finite,
     documented, never NaN or inf).
     """
     # relative="no" (a setting read from text) gave the relative error, silently: 0.25 for an absolute gap of 1
@@ -127,6 +128,9 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"] | None =
         raise argument_error("explained", "is missing: the attributions are a tensor, which does not say what they "
                              "explain", "Pass the explained value per example (e.g. the target logits), or the "
                              "explanation itself as attributions", kind=BcosTypeError)
+    # scores written as numbers (nested lists: one list per row) are one tensor, as every metric reads them; a tuple
+    # of tensors is one per input (Captum's)
+    attributions = numbers_as_one_tensor(attributions)
     parts = list(attributions) if isinstance(attributions, (tuple, list)) else [attributions]
     if not parts:
         raise argument_error("attributions", "is an empty tuple", "Pass the attributions of every input")
