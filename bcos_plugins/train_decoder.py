@@ -47,7 +47,8 @@ class CausalLMCollator:
     ``-100`` where there is no loss, e.g. on a prompt; default: the ``input_ids``). The batch has
     ``input_ids``, ``attention_mask``, ``position_ids`` (counting real tokens only, as ``generate`` does, so
     left padding does not shift positions) and ``labels`` = the labels with ``-100`` on padding and on a
-    row's first real token (the model predicts ``labels[t]`` at ``t - 1``, which is padding there).
+    row's first real token (the model predicts ``labels[t]`` at ``t - 1``, which is padding there). A feature with
+    ``position_ids`` of its own is refused (they would be replaced); other keys are left out of the batch.
 
     Args:
         pad_token_id: id written into padding slots (any id: padding is masked and unlabelled).
@@ -108,6 +109,12 @@ def _feature_tokens(feature, i: int, max_length: int | None) -> tuple[Tensor, Te
         keys = sorted(feature) if isinstance(feature, Mapping) else type(feature).__name__
         raise argument_error("features", f"feature {i} has no 'input_ids' (keys: {keys})",
                              "Tokenise first: each feature is a mapping with input_ids")
+    if "position_ids" in feature:
+        # the batch's position_ids are the collator's own (real tokens counted, as generate and explain count them):
+        # a feature's own (packed documents restarting at 0) were replaced by 0, 1, 2, ... without a word
+        raise argument_error("features", f"feature {i} has its own 'position_ids', which CausalLMCollator would "
+                             "replace by its own (the real tokens counted from 0, as generate and explain count them)",
+                             "Drop the position_ids column (one example per feature, not packed documents)")
     try:
         raw = torch.as_tensor(feature["input_ids"])
         raw_mask = torch.as_tensor(feature.get("attention_mask", torch.ones_like(raw)))

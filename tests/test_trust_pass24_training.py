@@ -123,3 +123,20 @@ def test_predict_labels_truncates_to_the_models_position_limit_or_refuses_a_long
     assert zero_shot_evaluation(model, tok, texts, expected)["accuracy"] == 1.0
     with pytest.raises(BcosValueError, match=r"^max_length: .*40"):
         predict_labels(model, tok, texts, max_length=128)
+
+
+def test_a_causal_lm_feature_with_its_own_position_ids_is_refused_not_replaced(tmp_path):
+    """CausalLMCollator writes the batch's position_ids itself (real tokens counted from 0): a feature's own (two
+    packed documents, [0, 1, 2, 0, 1, 2]) came back as [0, 1, 2, 3, 4, 5] and were trained on without a word.
+    Refused by the collator and, before any step, by train_causal_lm."""
+    from bcos_plugins.train_decoder import CausalLMCollator
+
+    packed = {"input_ids": [5, 6, 7, 8, 9, 10], "position_ids": [0, 1, 2, 0, 1, 2]}
+    message = r"^features: feature 1 has its own 'position_ids', which CausalLMCollator would replace by its own"
+    with pytest.raises(BcosValueError, match=message):
+        CausalLMCollator(0)([{"input_ids": [5, 6, 7]}, packed])
+    model, rows = _causal_lm(), _rows(3)
+    with pytest.raises(BcosValueError, match=message):
+        train_causal_lm(model, [rows[0], packed, rows[2]], str(tmp_path), pad_token_id=0, max_steps=1, **QUIET_LM)
+    batch = CausalLMCollator(0)([{"input_ids": [5, 6, 7], "text": "kept out"}])  # other keys are still left out
+    assert sorted(batch) == ["attention_mask", "input_ids", "labels", "position_ids"]
