@@ -183,7 +183,7 @@ def refuse_evaluations_compared_during(args, state, last: int, *, schedule: str,
     strategy = getattr(args, "eval_strategy", "no")
     strategy = getattr(strategy, "value", strategy)
     delay = getattr(args, "eval_delay", 0) or 0
-    if strategy not in ("steps", "epoch") or (strategy == "steps" and delay > last
+    if strategy not in ("steps", "epoch") or (strategy == "steps" and _first_step_evaluation(state, delay) > last
                                               or strategy == "epoch" and _epoch_evaluations_wait_past(state, delay,
                                                                                                       last)):
         return
@@ -201,6 +201,18 @@ def refuse_evaluations_compared_during(args, state, last: int, *, schedule: str,
                              f"{phase} runs {runs_at}, so a metric that worsens {worsens} reads as no progress "
                              "(training stopped, the learning rate cut)", f"{fix} metric_for_best_model out (and the "
                              "early stopping, best-only saving or plateau schedule that reads it)")
+
+
+def _first_step_evaluation(state, delay: float) -> float:
+    """The global step of the first evaluation of ``eval_strategy="steps"``: the Trainer evaluates where
+    ``global_step % state.eval_steps == 0`` and ``global_step >= eval_delay``, so at the first multiple of
+    ``eval_steps`` from ``max(1, eval_delay)`` on (``eval_delay`` itself where ``eval_steps`` is unknown). Only
+    ``eval_delay`` was read: a run evaluating every 50 steps was refused for a warm-up that ended at step 20."""
+    every = getattr(state, "eval_steps", None)
+    first = max(1.0, float(delay))
+    if isinstance(every, int | float) and not isinstance(every, bool) and every > 0:
+        return math.ceil(first / every) * every
+    return delay
 
 
 def _epoch_evaluations_wait_past(state, delay: float, last: int) -> bool:

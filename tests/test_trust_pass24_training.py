@@ -140,3 +140,20 @@ def test_a_causal_lm_feature_with_its_own_position_ids_is_refused_not_replaced(t
         train_causal_lm(model, [rows[0], packed, rows[2]], str(tmp_path), pad_token_id=0, max_steps=1, **QUIET_LM)
     batch = CausalLMCollator(0)([{"input_ids": [5, 6, 7], "text": "kept out"}])  # other keys are still left out
     assert sorted(batch) == ["attention_mask", "input_ids", "labels", "position_ids"]
+
+
+def test_an_evaluation_schedule_whose_first_evaluation_follows_the_warmup_is_not_refused(tmp_path):
+    """The refusal read only eval_delay: evaluating every 4 steps of an 8-step run whose warm-up ends at the beginning
+    of step 3 (no evaluation during it) was refused, early stopping and best checkpoints included. The first
+    evaluation is now the first multiple of eval_steps from eval_delay on; every 2 steps (step 2, B still 1.25) is
+    still refused."""
+    model, rows = _causal_lm(), _rows()
+    settings = {"max_steps": 8, "learning_rate": 1e-6, "per_device_train_batch_size": 2, "eval_strategy": "steps",
+                "metric_for_best_model": "eval_loss", **QUIET_LM}
+    with pytest.raises(BcosValueError, match=r"^metric_for_best_model: is 'eval_loss' with evaluations during a B "
+                                             r"warm-up to step 3: "):
+        train_causal_lm(model, rows, str(tmp_path / "a"), pad_token_id=0, eval_dataset=rows, eval_steps=2,
+                        callbacks=[BWarmupCallback(model, fraction=0.25), T.EarlyStoppingCallback(2)], **settings)
+    trainer = train_causal_lm(model, rows, str(tmp_path / "b"), pad_token_id=0, eval_dataset=rows, eval_steps=4,
+                              callbacks=[BWarmupCallback(model, fraction=0.25), T.EarlyStoppingCallback(2)], **settings)
+    assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [4, 8]
