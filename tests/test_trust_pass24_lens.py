@@ -173,3 +173,62 @@ def test_explain_sae_feature_reads_a_bridges_gate_projection_input(name):
     own = (sae.process_sae_in(cache[hook]) @ sae.W_enc + sae.b_enc)[:, -1, 5]
     torch.testing.assert_close(explanation.pre_activation, own.detach(), atol=1e-6, rtol=0)
     torch.testing.assert_close(explanation.total + explanation.bias_terms, own.detach(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["hooked", "bridge"])
+@pytest.mark.parametrize("options", [
+    {"layer": 0, "incl_embeds": False},
+    {"layer": 0, "mode": "attn", "incl_embeds": False, "pos_slice": -1},
+    {"layer": 0, "mode": "mlp", "incl_embeds": False, "mlp_input": True, "apply_ln": True},
+    {"layer": 0, "mode": "all", "incl_embeds": False, "pos_slice": [0, 3]},
+])
+def test_decompose_resid_with_no_component_before_the_layer_is_an_empty_stack(kind, options):
+    """``decompose_resid(layer=0, incl_embeds=False)`` (no component lies before block 0 but the embeddings), and
+    ``mode="mlp"`` with ``mlp_input=True`` there: TransformerLens stacked an empty list and failed with torch's "stack
+    expects a non-empty TensorList". The residual stream there has no such components: an empty stack of the shape the
+    others have, as ``stack_head_results(layer=0)`` / ``stack_neuron_results(layer=0)`` give, and no labels; it sums to
+    zero, and the stack of layer 1 (its one attention / MLP output) to that output."""
+    model = _model(kind)
+    _, cache = model.run_with_cache(TOKENS)
+    stack, labels = cache.decompose_resid(**options, return_labels=True)
+    position_axes = cache.stack_head_results(layer=0, pos_slice=options.get("pos_slice")).shape[1:]
+    assert tuple(stack.shape) == (0, *position_axes) and labels == []
+    assert stack.dtype == cache["blocks.0.hook_resid_pre"].dtype and stack.device == cache["hook_embed"].device
+    one = cache.decompose_resid(**{**options, "layer": 1, "apply_ln": False, "mlp_input": False})
+    mode = options.get("mode", "all")
+    wanted = sum(cache[f"blocks.0.hook_{part}_out"] for part in ("attn", "mlp") if mode in ("all", part))
+    from transformer_lens.utilities import Slice
+
+    torch.testing.assert_close(one.sum(0), Slice(options.get("pos_slice")).apply(wanted, dim=-2), atol=0, rtol=0)
+
+
+_LAYER_CALLS = {
+    "decompose_resid": lambda cache, layer: cache.decompose_resid(layer=layer),
+    "accumulated_resid": lambda cache, layer: cache.accumulated_resid(layer=layer),
+    "stack_head_results": lambda cache, layer: cache.stack_head_results(layer=layer),
+    "stack_neuron_results": lambda cache, layer: cache.stack_neuron_results(layer=layer),
+    "get_full_resid_decomposition": lambda cache, layer: cache.get_full_resid_decomposition(layer=layer),
+    "apply_ln_to_stack": lambda cache, layer: cache.apply_ln_to_stack(cache.decompose_resid(), layer=layer),
+}
+
+
+@pytest.mark.parametrize("kind", ["hooked", "bridge"])
+@pytest.mark.parametrize("call", list(_LAYER_CALLS))
+def test_a_layer_transformer_lens_does_not_read_as_a_block_index_is_refused(kind, call):
+    """TransformerLens reads ``layer`` as a block index in [0, n_layers], with -1 and None for n_layers (the final
+    residual stream); any other negative layer (-2, the Python way to say "the input of the last block") ran
+    ``range(-2)``: decompose_resid gave the embeddings alone, stack_head_results / stack_neuron_results an empty stack,
+    get_full_resid_decomposition the embeddings and biases, without a word (accumulated_resid failed with "stack
+    expects a non-empty TensorList"); True was read as block 1, and a layer past n_layers or a float failed with a
+    KeyError or an empty AssertionError. Refused naming ``layer`` and the range; the layers it reads keep their values
+    (-1 and None are n_layers)."""
+    model = _model(kind)
+    _, cache = model.run_with_cache(TOKENS)
+    run = _LAYER_CALLS[call]
+    for layer in (-2, -3, 3, True, 2.0, "1"):
+        with pytest.raises(BcosError, match=r"^layer: must be (an int|in \[0, 2\]).*-1 or None"):
+            run(cache, layer)
+    final = run(cache, 2)
+    for same in (-1, None):
+        torch.testing.assert_close(run(cache, same), final, atol=0, rtol=0)
+    assert run(cache, 1).shape[1:] == final.shape[1:]

@@ -21,10 +21,11 @@ import inspect
 import torch
 from torch import Tensor
 
-from bcos_plugins._checks import require_tensor
+from bcos_plugins._checks import require_int, require_tensor
 from bcos_plugins.errors import BcosValueError, argument_error
 
-__all__ = ["HookCheckedCache", "check_logit_tokens", "hook_checked_cache_class", "hooked_points"]
+__all__ = ["HookCheckedCache", "check_logit_tokens", "hook_checked_cache_class", "hooked_points",
+           "require_cache_layer"]
 
 _STREAM_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
 
@@ -141,9 +142,46 @@ def check_logit_tokens(cache, name: str, tokens, residual_stack, batch_slice=Non
         "per row, shape (batch,)")
 
 
+def require_cache_layer(cache, layer) -> None:
+    """Refuse a decomposition's ``layer`` that TransformerLens does not read as a block index: it takes [0, n_layers],
+    with -1 and None for n_layers (the final residual stream), and any other negative one ran ``range(-2)``
+    (decompose_resid gave the embeddings alone, stack_head_results an empty stack, without a word); True was read as
+    block 1, and a float or a layer past n_layers failed with an empty AssertionError or a KeyError."""
+    if layer is None or (type(layer) is int and layer == -1):
+        return
+    n_layers = cache.model.cfg.n_layers
+    require_int("layer", layer, minimum=0, maximum=n_layers, fix=(
+        f"Pass the block whose input to decompose, an int in [0, {n_layers}]; {n_layers}, -1 or None is the final "
+        "residual stream (the unembedding's input). TransformerLens reads no other negative layer: -2 is not the "
+        "last block's input"))
+
+
+def _empty_decomposition(cache, bound: dict) -> Tensor | None:
+    """The empty stack ``decompose_resid`` has when no component it includes lies before its layer (``layer=0`` with
+    ``incl_embeds=False``; ``mode="mlp"`` with ``mlp_input=True`` there), shaped as the non-empty ones (position
+    sliced); TransformerLens stacked an empty list there and failed with torch's "stack expects a non-empty
+    TensorList". ``None`` where there is a component."""
+    cfg = cache.model.cfg
+    mode = bound.get("mode", "all")
+    attention, mlp = mode != "mlp", mode != "attn" and not cfg.attn_only
+    embeds = bound.get("incl_embeds", True) and ("hook_embed" in cache.cache_dict or "hook_pos_embed" in cache.cache_dict)
+    if embeds or (_target_layer(cache.model, bound.get("layer")) > 0 and (attention or mlp)) \
+            or (bound.get("mlp_input", False) and attention):
+        return None
+    from transformer_lens.utilities import Slice
+
+    pos_slice = bound.get("pos_slice")
+    pos_slice = pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
+    like = pos_slice.apply(cache["blocks.0.hook_resid_pre"], dim=-2)
+    return like.new_zeros((0, *like.shape))
+
+
 class HookCheckedCache:
     """Mixin of TransformerLens' ``ActivationCache``: its decompositions refuse where the caller's hooks broke the
-    sums they rely on (see the module docstring). Without ``hooked_at_run`` it checks nothing and costs nothing."""
+    sums they rely on (see the module docstring); without ``hooked_at_run`` those checks cost nothing. The adapter's
+    caches (``BcosActivationCache``, every bridge cache) all have it, so it also checks the arguments TransformerLens
+    misread without a word: a ``layer`` that is no block index (:func:`require_cache_layer`), ``logit_attrs``' tokens
+    (:func:`check_logit_tokens`), and it gives ``decompose_resid`` with no component its empty stack."""
 
     hooked_at_run: tuple[str, ...] = ()
 
@@ -224,26 +262,37 @@ class HookCheckedCache:
                             "to the normalised stream the unembedding read")
 
     def decompose_resid(self, *args, **kwargs):
+        bound = _bind(super().decompose_resid, args, kwargs)
+        require_cache_layer(self, bound.get("layer"))
         if self.hooked_at_run:
-            bound = _bind(super().decompose_resid, args, kwargs)
             self._check_stream("decompose_resid", bound.get("layer"), bound.get("mlp_input", False))
+        empty = _empty_decomposition(self, bound)
+        if empty is not None:
+            return (empty, []) if bound.get("return_labels", False) else empty
         return super().decompose_resid(*args, **kwargs)
 
     def get_full_resid_decomposition(self, *args, **kwargs):
+        bound = _bind(super().get_full_resid_decomposition, args, kwargs)
+        require_cache_layer(self, bound.get("layer"))
         if self.hooked_at_run:  # the heads and neurons are checked by stack_head_results / stack_neuron_results
-            bound = _bind(super().get_full_resid_decomposition, args, kwargs)
             self._check_stream("get_full_resid_decomposition", bound.get("layer"), bound.get("mlp_input", False))
         return super().get_full_resid_decomposition(*args, **kwargs)
 
+    def accumulated_resid(self, *args, **kwargs):
+        require_cache_layer(self, _bind(super().accumulated_resid, args, kwargs).get("layer"))
+        return super().accumulated_resid(*args, **kwargs)
+
     def stack_head_results(self, *args, **kwargs):
+        layer = _bind(super().stack_head_results, args, kwargs).get("layer", -1)
+        require_cache_layer(self, layer)
         if self.hooked_at_run:
-            layer = _bind(super().stack_head_results, args, kwargs).get("layer", -1)
             self._check_outputs("stack_head_results", layer, False, "attn")
         return super().stack_head_results(*args, **kwargs)
 
     def stack_neuron_results(self, *args, **kwargs):
+        layer = _bind(super().stack_neuron_results, args, kwargs).get("layer")
+        require_cache_layer(self, layer)
         if self.hooked_at_run:
-            layer = _bind(super().stack_neuron_results, args, kwargs).get("layer")
             self._check_outputs("stack_neuron_results", layer, False, "mlp")
         return super().stack_neuron_results(*args, **kwargs)
 
@@ -257,8 +306,9 @@ class HookCheckedCache:
 
     def apply_ln_to_stack(self, *args, **kwargs):
         # logit_attrs, decompose_resid(apply_ln=True) and the stacks' apply_ln all come through here
+        bound = _bind(super().apply_ln_to_stack, args, kwargs)
+        require_cache_layer(self, bound.get("layer"))
         if self.hooked_at_run:
-            bound = _bind(super().apply_ln_to_stack, args, kwargs)
             if not bound.get("mlp_input", False):
                 self._check_final_norm("apply_ln_to_stack", bound.get("layer"))
         return super().apply_ln_to_stack(*args, **kwargs)
