@@ -93,7 +93,7 @@ from bcos_plugins.attribution.text import (
     rows_as_alone_call,
     token_inputs_and_padding,
 )
-from bcos_plugins.convert.architectures import spec_for, uncompiled
+from bcos_plugins.convert.architectures import ArchitectureSpec, spec_for, uncompiled
 from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import recording_forward_autocast
 from bcos_plugins.nn.dynamic import (
@@ -415,6 +415,11 @@ class EmbeddingForward(nn.Module):
     def _hook(self, replace: Callable[[Tensor], Tensor]):
         # prepend: a Captum layer hook on the same module (LayerBcos at the default point) must see the
         # swapped-in tensor, not the placeholder's
+        if self.spec.embedding_module(self.model)[0] is not self.point.module:
+            # the model's module at the point was replaced after this wrapper was built (set_input_embeddings): a hook
+            # on the old one never ran, so embed failed with an IndexError and forward ignored the embeddings given,
+            # returning the placeholder ids' logits (every attribution 0, or another row's output), silently
+            self.point = text_attribution_point(self.model, self.spec)
         module = self.point.module
         # on the model, which other threads may run meanwhile (training it): only this thread's forward is swapped
         owner = thread_token()
@@ -788,6 +793,8 @@ class LayerBcos(LayerGradientXActivation):
         self.completeness_check = completeness_check
         self.model = _checked_model(forward_func, model, type(self).__name__)
         default_side = False
+        # the spec of a model whose attribution point is the default layer: the point is looked up again at each call
+        self._default_point_spec: ArchitectureSpec | None = None
         if layer is None:
             if self.model is None:
                 raise argument_error("layer", "no default for a plain function (the attribution point is found "
@@ -795,6 +802,7 @@ class LayerBcos(LayerGradientXActivation):
                                      kind=BcosTypeError)
             point = text_attribution_point(self.model)
             layer, default_side = point.module, point.where == "input"
+            self._default_point_spec = spec_for(self.model)
         elif not (isinstance(layer, nn.Module) or (isinstance(layer, list) and layer
                                                    and all(isinstance(m, nn.Module) for m in layer))):
             raise argument_error("layer", f"expected a module or a non-empty list of modules, got {layer!r}",
@@ -860,6 +868,10 @@ class LayerBcos(LayerGradientXActivation):
                                  "Build one LLMGradientAttribution(LayerBcos(model, layer=layer), tokenizer) per layer")
         to_input = self._to_layer_input if attribute_to_layer_input is None else require_bool(
             "attribute_to_layer_input", attribute_to_layer_input)
+        if self._default_point_spec is not None:
+            # the model's module at the point replaced after this was built (set_input_embeddings) was refused as "did
+            # not run (a layer of another model?)", naming a layer the caller never passed: the point's module now
+            self.layer = self._default_point_spec.embedding_module(self.model)[0]
         saved_forward = self.forward_func
         inner = self._logits_forward if self._model_forward is not None and saved_forward is self._model_forward \
             else saved_forward

@@ -181,3 +181,44 @@ def test_the_stock_heads_the_refusal_names_fail_on_their_own_and_those_it_lets_t
         except BcosValueError:
             refused = True
         assert refused == (not runs), name
+
+
+# ------------------------------------------------ Captum: a wrapper built before the model's embeddings were replaced
+
+
+@pytest.mark.parametrize("name", ["LlamaForCausalLM", "Gemma2ForSequenceClassification"])
+def test_captum_wrappers_built_before_set_input_embeddings_follow_the_models_new_embedding(name):
+    """Where the attribution point is the token embedding's output (Llama, Mistral, Qwen, Gemma 2), an
+    EmbeddingForward built before ``model.set_input_embeddings(new)`` hooked the old module, which no longer ran:
+    ``embed`` failed with an IndexError, and ``forward`` ignored the embeddings it was given (the logits of its
+    placeholder ids: 0.16 off the model's, every BcosAttribution / FeatureAblation score 0 or another function's),
+    silently; a LayerBcos at its default point refused, naming a layer the caller never passed. Both follow the
+    model's module now, as explain does."""
+    from captum.attr import FeatureAblation
+
+    model = copy.deepcopy(_bcos(name))
+    ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0
+    target = 1 if SPECS[name].is_classifier else 7
+    fwd, layer_bcos = EmbeddingForward(model), LayerBcos(model)
+    new = copy.deepcopy(model.get_input_embeddings())
+    with torch.no_grad():
+        new.weight.mul_(1.5)
+    model.set_input_embeddings(new)
+    expected = explain(model, ids, attention_mask=mask, target=target)
+    fresh = EmbeddingForward(model)
+    embeddings = fwd.embed(ids, mask)
+    assert torch.equal(embeddings, fresh.embed(ids, mask))
+    with torch.no_grad():
+        torch.testing.assert_close(fwd(embeddings, mask)[:, target], expected.explained)
+        assert not torch.equal(fwd(embeddings, mask), fwd(2 * embeddings, mask))  # the embeddings given are used
+    attributions = BcosAttribution(fwd).attribute(embeddings, target=target, additional_forward_args=(mask,))
+    torch.testing.assert_close(attributions, expected.input_contributions)
+    ablation = FeatureAblation(fwd).attribute(embeddings, target=target, additional_forward_args=(mask,),
+                                              feature_mask=torch.arange(6)[None, :, None].expand_as(embeddings))
+    assert torch.equal(ablation, FeatureAblation(fresh).attribute(
+        embeddings, target=target, additional_forward_args=(mask,),
+        feature_mask=torch.arange(6)[None, :, None].expand_as(embeddings)))
+    torch.testing.assert_close(layer_bcos.attribute(ids, target=target, additional_forward_args=(mask,)),
+                               expected.input_contributions)
