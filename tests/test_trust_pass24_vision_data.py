@@ -254,3 +254,35 @@ def test_a_pixel_maps_to_its_own_patchs_token_and_rollout_spreads_a_token_over_t
     expected = torch.zeros(12, 12)
     expected[6:9, 0:3] = 1
     assert torch.equal(pixels, expected)
+
+
+def test_ioi_name_pool_draws_a_sentencepiece_tokenizers_word_pieces():
+    # a SentencePiece piece "▁Mary" decodes to "Mary" alone (Llama's decoder drops a first token's space; this one
+    # keeps the marker): the pool read only pieces that decode to " Mary" and refused "the tokenizer has 0 capitalised
+    # single-token words"; GPT-2's pool is the same draw as before (pieces that decode to a space and the word)
+    import random
+    import re
+
+    import transformers as T
+
+    from bcos_plugins.data import ioi_name_pool, make_ioi_prompts, shipped_data
+    from bcos_plugins.data.contrastive import word_tokens_after
+    from bcos_plugins.data.ioi import (
+        IOI_HELDOUT_NAMES,
+        IOI_HELDOUT_TEMPLATES,
+        IOI_TRAIN_NAMES,
+        IOI_TRAIN_TEMPLATES,
+    )
+
+    tokenizer = _sentencepiece_like_tokenizer([p.completion for p in make_ioi_prompts(400, seed=0)]
+                                              + [f"and {n}" for n in IOI_TRAIN_NAMES], vocab_size=5000)
+    pool = ioi_name_pool(20, seed=0, tokenizer=tokenizer)
+    assert len(pool) == 20
+    for name in pool:
+        assert tokenizer.convert_ids_to_tokens(word_tokens_after(tokenizer, "and", name)) == ["▁" + name]
+    gpt2 = T.GPT2TokenizerFast.from_pretrained(shipped_data("gpt2_tokenizer"))
+    excluded = set(re.findall(r"[A-Z][a-z]+", " ".join(IOI_TRAIN_TEMPLATES + IOI_HELDOUT_TEMPLATES))) | set(IOI_HELDOUT_NAMES)
+    before = sorted({w[1:] for p in gpt2.get_vocab() if re.fullmatch(r".[A-Z][a-z]{2,}", p)
+                     for w in [gpt2.convert_tokens_to_string([p])]
+                     if re.fullmatch(r" [A-Z][a-z]{2,}", w) and w[1:] not in excluded})
+    assert ioi_name_pool(300, seed=4) == tuple(sorted(random.Random("ioi-pool-4").sample(before, 300)))

@@ -348,8 +348,16 @@ def ioi_name_pool(n: int = 2000, *, seed: int = 0, tokenizer=None) -> tuple[str,
         if not re.fullmatch(r".[A-Z][a-z]{2,}", piece):
             continue
         word = tokenizer.convert_tokens_to_string([piece])
-        if re.fullmatch(r" [A-Z][a-z]{2,}", word) and word[1:] not in excluded:
-            candidates.append(word[1:])
+        if re.fullmatch(r" [A-Z][a-z]{2,}", word):
+            word = word[1:]
+        elif piece[0] == "▁" and word.lstrip("▁") == piece[1:]:
+            # a SentencePiece word piece decodes to the word alone (Llama's decoder drops a first token's space) or
+            # keeps its marker: both were left out, and the pool refused "0 capitalised single-token words"
+            word = piece[1:]
+        else:
+            continue
+        if word not in excluded:
+            candidates.append(word)
     candidates = sorted(set(candidates))
     if n > len(candidates):
         raise argument_error("n", f"the tokenizer has {len(candidates)} capitalised single-token words to draw "
