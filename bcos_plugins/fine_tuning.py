@@ -471,7 +471,9 @@ def training_arguments(output_dir, n_texts: int, epochs, batch_size, learning_ra
                                       learning_rate=learning_rate, seed=seed, disable_tqdm=not progress)
     # the helpers take no evaluation data: the Trainer refused an evaluation schedule telling to "pass an
     # eval_dataset", which they do not take (eval_on_start failed with "evaluation requires an eval_dataset")
-    for key, asked in (("eval_strategy", args.eval_strategy != "no"), ("eval_on_start", args.eval_on_start)):
+    # save_strategy="best" saves when an evaluation improves: without evaluation data it saved no checkpoint, silently
+    for key, asked in (("eval_strategy", args.eval_strategy != "no"), ("eval_on_start", args.eval_on_start),
+                       ("save_strategy", getattr(args.save_strategy, "value", args.save_strategy) == "best")):
         if asked:
             raise argument_error(key, f"is {training_args[key]!r}, but {helper.__name__} takes no evaluation data",
                                  f"leave {key} out and evaluate the model it returns (for a classifier "

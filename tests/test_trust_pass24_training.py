@@ -157,3 +157,28 @@ def test_an_evaluation_schedule_whose_first_evaluation_follows_the_warmup_is_not
     trainer = train_causal_lm(model, rows, str(tmp_path / "b"), pad_token_id=0, eval_dataset=rows, eval_steps=4,
                               callbacks=[BWarmupCallback(model, fraction=0.25), T.EarlyStoppingCallback(2)], **settings)
     assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [4, 8]
+
+
+@pytest.mark.parametrize("helper", ["fine_tune_classifier", "pretrain_masked_lm"])
+def test_best_only_saving_is_refused_by_the_helpers_that_take_no_evaluation_data(helper, tmp_path):
+    """save_strategy="best" saves a checkpoint when an evaluation improves the best metric: fine_tune_classifier and
+    pretrain_masked_lm take no evaluation data, so the run saved none, without a word (an empty output_dir where
+    checkpoints were asked for). Refused by name, as eval_strategy is."""
+    from conftest import tiny_config
+    from test_pretrain import QUIET, corpus, word_tokenizer
+
+    from bcos_plugins import bcosify
+    from bcos_plugins.pretrain import pretrain_masked_lm
+    from bcos_plugins.train import fine_tune_classifier
+
+    texts, labels = corpus(8)
+    settings = {"batch_size": 4, "max_steps": 2, "output_dir": str(tmp_path), "save_strategy": "best",
+                "metric_for_best_model": "loss", **QUIET}
+    with pytest.raises(BcosValueError, match=rf"^save_strategy: is 'best', but {helper} takes no evaluation data\. "):
+        if helper == "fine_tune_classifier":
+            torch.manual_seed(0)
+            model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)), b=1.5, verbose=False)
+            fine_tune_classifier(model, word_tokenizer(), texts, labels, **settings)
+        else:
+            pretrain_masked_lm(T.BertForMaskedLM(tiny_config("bert")), word_tokenizer(), texts, b=1.25, **settings)
+    assert not any(tmp_path.iterdir())
