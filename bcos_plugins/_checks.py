@@ -239,6 +239,19 @@ def _only_python_floats(value) -> bool:
     return True
 
 
+def _row_lengths(value) -> list[int] | None:
+    """The lengths of the rows of ``value`` (a sequence, e.g. a list or a ``datasets`` column, of sized rows that are
+    not strings), else ``None``."""
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes) or not len(value):
+        return None
+    if not all(hasattr(row, "__len__") and not isinstance(row, str | bytes) for row in value):
+        return None
+    try:
+        return [len(row) for row in value]
+    except TypeError:  # a 0-d tensor or array has __len__ but no length
+        return None
+
+
 def require_tensor(name: str, value, *, ndim: int | Sequence[int] | None = None, kind: str = "real",
                    finite: bool = True, shape_hint: str = "", list_dtype: torch.dtype | None = None) -> Tensor:
     """``value`` as a tensor of the right rank and dtype kind, finite unless ``finite=False``.
@@ -268,6 +281,18 @@ def require_tensor(name: str, value, *, ndim: int | Sequence[int] | None = None,
                 if python_floats and converted.dtype != torch.float64:
                     converted = torch.as_tensor(value, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError):
+            lengths = _row_lengths(value)
+            if lengths is not None and len(set(lengths)) > 1:
+                # rows of different lengths (explain_dataset's scores, its padding removed; ragged gold masks) were
+                # refused as "got list. Pass a torch.Tensor", which said neither what was wrong nor how to mend it
+                shown = sorted(set(lengths))
+                raise argument_error(name, f"has rows of different lengths {shown[:8]}{' ...' if len(shown) > 8 else ''}"
+                                     f" (e.g. explain_dataset's scores, whose padding is removed), which make no "
+                                     f"tensor{shape_hint and ' of shape ' + shape_hint}", "Pad the rows to one length "
+                                     "(torch.nn.utils.rnn.pad_sequence([torch.as_tensor(row) for row in rows], "
+                                     "batch_first=True)) and pass the mask of their real entries where the function "
+                                     "takes one, or pass the explanation of the padded batch itself",
+                                     kind=BcosTypeError) from None
             raise argument_error(name, f"must be a tensor{shape_hint and ' of shape ' + shape_hint}, got "
                                  f"{type(value).__name__}", "Pass a torch.Tensor", kind=BcosTypeError) from None
         if python_floats and list_dtype is not None and list_dtype != converted.dtype:

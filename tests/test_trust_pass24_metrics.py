@@ -183,3 +183,51 @@ def test_completeness_error_reads_a_list_of_rows_as_the_other_metrics_do():
     # a tuple of tensors: one input's attributions each, summed per row (2 + 1 and 4 + 3)
     parts = (torch.tensor([[2.0], [4.0]]), torch.tensor([[1.0], [3.0]]))
     assert completeness_error(parts, [3.0, 7.0]).tolist() == [0.0, 0.0]
+
+
+# ------------------------------------------------------------------ explain_dataset's table given to the metrics
+
+
+def test_metrics_name_explain_datasets_table_and_its_ragged_rows_and_score_them_padded():
+    """``explain_dataset`` returns a table, one row per text with its scores without padding. Given to the metrics, it
+    was refused as "got Dataset. Pass the attribution tensor" (``completeness_error``: "the attributions are a tensor"),
+    and its ``scores`` column (rows of different lengths) as "got Column" / "got list. Pass a torch.Tensor", naming
+    neither the problem nor the fix. Now both are named with the fix, and the padded rows with their mask score as the
+    explanation of the padded batch does."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.corpus import explain_dataset
+    from bcos_plugins.errors import BcosTypeError
+    from bcos_plugins.metrics import (
+        completeness_error,
+        explanation_entropy,
+        rationale_alignment,
+        token_scores,
+    )
+    from bcos_plugins.pretrained import minilm_path
+
+    tokenizer = T.AutoTokenizer.from_pretrained(minilm_path())
+    config = tiny_config("bert")
+    config.vocab_size = tokenizer.vocab_size
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(config), verbose=False).eval()
+    texts = ["a good movie indeed", "bad", "the plot was fine but long"]
+    table = explain_dataset(model, tokenizer, texts, progress=False)
+    for metric in (explanation_entropy, completeness_error, token_scores):
+        with pytest.raises(BcosTypeError, match=r"^attributions: are a table of explained rows \(Dataset with a "
+                                                r"'scores' column.*torch.nn.utils.rnn.pad_sequence"):
+            metric(table)
+    ragged = r"has rows of different lengths \[3, 6, 8\] \(e.g. explain_dataset's scores.*Pad the rows to one length"
+    with pytest.raises(BcosTypeError, match="^attributions: " + ragged):
+        explanation_entropy(table["scores"])
+    with pytest.raises(BcosTypeError, match="^scores: " + ragged):
+        rationale_alignment(list(table["scores"]), [[0] * len(row) for row in table["scores"]])
+    # padded as the fix says, the rows score as the explanation of the padded batch
+    scores = pad_sequence([torch.as_tensor(row) for row in table["scores"]], batch_first=True)
+    mask = pad_sequence([torch.ones(len(row), dtype=torch.long) for row in table["scores"]], batch_first=True)
+    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    batch = explain(model, encoded["input_ids"], encoded["attention_mask"])
+    torch.testing.assert_close(explanation_entropy(scores, mask).double(), explanation_entropy(batch).double(), rtol=1e-5,
+                               atol=1e-6)
+    assert completeness_error(scores, table["explained"]).max() < 1e-5

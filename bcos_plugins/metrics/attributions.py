@@ -8,6 +8,7 @@ or any :class:`~bcos_plugins.attribution.Explanation` (text, image, Space, Trans
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -18,8 +19,8 @@ from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
 
-__all__ = ["numbers_as_one_tensor", "perturbable_mask", "scores_and_positions", "share_counts", "special_tokens_mask",
-           "token_scores"]
+__all__ = ["numbers_as_one_tensor", "perturbable_mask", "refuse_table_of_rows", "scores_and_positions", "share_counts",
+           "special_tokens_mask", "token_scores"]
 
 
 def share_counts(n: Int[Tensor, "..."], fractions: Float[Tensor, "..."] | float) -> Int[Tensor, "..."]:
@@ -87,6 +88,7 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
                              "(a decoder-only model's step j; keep its prefix rows, the later ones are NaN)",
                              kind=BcosTypeError)
     if not isinstance(attributions, Tensor):
+        refuse_table_of_rows(attributions)
         raise argument_error("attributions", f"must be a tensor, a one-tensor tuple or an Explanation, got "
                              f"{type(attributions).__name__}", "Pass the attribution tensor", kind=BcosTypeError)
     if attributions.is_complex() or attributions.dtype == torch.bool:
@@ -132,14 +134,31 @@ def numbers_as_one_tensor(attributions: Any) -> Any:
         # a one-input tuple holding an array, as Captum's tuple holds a tensor: read as a (1, batch, pos) tensor, it
         # summed each row's scores into one token
         attributions = attributions[0]
+    # a sequence of rows: a list, a tuple, a datasets column (table["scores"], refused as "got Column")
     if not isinstance(attributions, Tensor) and (hasattr(attributions, "__array__") or isinstance(
-            attributions, (tuple, list)) and not any(isinstance(part, Tensor) for part in attributions)):
+            attributions, Sequence) and not isinstance(attributions, str | bytes)
+            and not any(isinstance(part, Tensor) for part in attributions)):
         # a list of two rows was refused as "a tuple of 2" input tensors, one row as "got list"; completeness_error
         # read each row as the attributions of one input and summed them column by column (an error of 0.33 for exact
         # scores)
         attributions = require_tensor("attributions", attributions, kind="real", finite=False,
                                       shape_hint="(batch, pos, ...)")
     return attributions
+
+
+def refuse_table_of_rows(attributions: Any) -> None:
+    """Refuse a table of explained rows (``explain_dataset``'s ``datasets.Dataset``, one row per text with its scores
+    without padding) naming how to score it: it was refused as "got Dataset. Pass the attribution tensor", or, by
+    completeness_error, as "explained is missing: the attributions are a tensor"."""
+    columns = getattr(attributions, "column_names", None)
+    if isinstance(columns, list | tuple) and "scores" in columns:
+        raise argument_error("attributions", f"are a table of explained rows ({type(attributions).__name__} with a "
+                             "'scores' column, as explain_dataset returns it: one list of scores per text, its padding "
+                             "removed), not the attributions of one batch", "Pass explain(model, input_ids, "
+                             "attention_mask) of the padded batch, or pad the rows (torch.nn.utils.rnn.pad_sequence("
+                             "[torch.as_tensor(s) for s in table['scores']], batch_first=True)) with the mask of their "
+                             "real tokens; a row's completeness error is its 'completeness_error' column",
+                             kind=BcosTypeError)
 
 
 def scores_and_positions(scores: Any, positions: Tensor | None, reduce: str = "sum") -> tuple[Any, Tensor | None]:

@@ -39,7 +39,7 @@ from .._checks import require_bool, require_real_tokens, require_same_shape, req
 from ..attribution.results import relative_completeness_error
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
-from .attributions import numbers_as_one_tensor, scores_and_positions, token_scores
+from .attributions import numbers_as_one_tensor, refuse_table_of_rows, scores_and_positions, token_scores
 
 __all__ = ["Cost", "completeness_error", "explanation_entropy", "measure_cost"]
 
@@ -125,6 +125,7 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"] | None =
         explained = attributions.explained if explained is None else explained
         attributions = attributions.input_contributions
     elif explained is None:
+        refuse_table_of_rows(attributions)  # explain_dataset's table was named "a tensor" below
         raise argument_error("explained", "is missing: the attributions are a tensor, which does not say what they "
                              "explain", "Pass the explained value per example (e.g. the target logits), or the "
                              "explanation itself as attributions", kind=BcosTypeError)
