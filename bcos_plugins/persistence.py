@@ -331,8 +331,10 @@ def refuse_weights_from_elsewhere(model: nn.Module, path: str, files: list[str])
     """Refuse a stock model (loaded from a B-cos save by plain transformers) whose weights are not the ones ``files``
     hold, the files of ``path`` each layer's stored B is read from: a model loaded with ``subfolder``, ``variant`` or
     ``revision`` names only ``path`` (``config._name_or_path``), so the inseq adapter converted a checkpoint-500 or an
-    fp16 variant at the top folder's B (a tiny GPT-2's logits 0.033 off), silently. Each saved tensor is compared with
-    the model's, cast as the load casts it (one at a time, read from the memory-mapped file)."""
+    fp16 variant at the top folder's B (a tiny GPT-2's logits 0.033 off), silently. The first row of each saved tensor
+    is compared with the model's, cast as the load casts it: read from the memory-mapped file alone, it costs next to
+    nothing (whole tensors: 0.6-0.8 of the load's own time, docs/benchmarks.md, 2026-11-29 07:54 UTC), and a trained
+    weight of another save differs there (a save's own weights are equal everywhere)."""
     from safetensors import safe_open
 
     state = model.state_dict()
@@ -342,7 +344,8 @@ def refuse_weights_from_elsewhere(model: nn.Module, path: str, files: list[str])
                 held = state.get(key)
                 if held is None or key.endswith(".bcos_b"):
                     continue
-                if not torch.equal(saved.get_tensor(key).to(device=held.device, dtype=held.dtype), held):
+                first = saved.get_slice(key)[:1] if held.ndim else saved.get_tensor(key)
+                if not torch.equal(first.to(device=held.device, dtype=held.dtype), held[:1] if held.ndim else held):
                     raise argument_error(
                         "model", f"its weight '{key}' is not the one saved in {file}, the file of {path} (its "
                         "config._name_or_path) that each layer's B is read from: it was loaded from other files (a "
