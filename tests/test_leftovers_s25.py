@@ -163,3 +163,116 @@ def test_a_config_field_edited_after_building_applies_on_reload_for_b_cos_models
             rebuilt = (bcosify(rebuilt, b=1.25, verbose=False) if kind == "bcos" else rebuilt).eval()
             with torch.no_grad():
                 torch.testing.assert_close(rebuilt(ids).logits, again, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ c. an input norm past float32's range
+
+
+def _rows_with_one_overflowing(dtype: torch.dtype, width: int = 8) -> torch.Tensor:
+    """Three rows; row 1 has an element at 2e19, whose square passes float32's range (||x|| = inf in float32)."""
+    x = torch.randn(3, width, generator=torch.Generator().manual_seed(0))
+    x[1, 2] = 2e19
+    return x.to(dtype)
+
+
+def _calls(layer, x):
+    """The layer's output on ``x`` along each path that takes an input norm: inference, eval mode with a gradient,
+    explanation mode (the explaining node), training (the fused training node), and the reference path."""
+    from bcos_plugins.nn import explanation_mode, reference_path
+    from bcos_plugins.nn.dynamic import no_parameter_gradients
+
+    layer.eval()
+    with torch.no_grad():
+        yield "inference", layer(x)
+    yield "eval, grad", layer(x.clone().requires_grad_())
+    with explanation_mode(layer), no_parameter_gradients():
+        yield "explaining", layer(x.clone().requires_grad_())
+    layer.train()
+    yield "training", layer(x.clone().requires_grad_())
+    layer.eval()
+    with reference_path(), torch.no_grad():
+        yield "reference", layer(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b", [1.25, 2.0])
+def test_a_row_whose_norm_overflows_gives_nan_not_zero_on_every_path(dtype, b):
+    """Was the documented limit (BcosLinear's docstring, docs/api/nn.md): a float32 or bfloat16 row with an element
+    past about 1.8e19 had ||x|| = inf, |cos| = 0 and an output of 0 (inference) or 2e7 where float64 gives 1e19
+    (with a gradient), silently. The infinite norm is now NaN, so that row's output is NaN on every path; the other
+    rows are untouched (equal to the float64 layer's to the dtype's rounding)."""
+    from bcos_plugins.nn import BcosLinear
+
+    torch.manual_seed(0)
+    layer = BcosLinear(8, 4, b=b).to(dtype)
+    reference = BcosLinear(8, 4, b=b).double()
+    reference.load_state_dict(layer.state_dict())
+    x = _rows_with_one_overflowing(dtype)
+    with torch.no_grad():
+        expected = reference.eval()(x.double())
+    for path, out in _calls(layer, x):
+        assert out[1].isnan().all(), (path, out[1])
+        rows = out[[0, 2]].detach().double()
+        half = dtype == torch.bfloat16  # (3 significant digits)
+        torch.testing.assert_close(rows, expected[[0, 2]], rtol=2e-2 if half else 1e-5, atol=1e-2 if half else 1e-6,
+                                   msg=lambda m, path=path: f"{path}: {m}")
+
+
+def test_a_conv_patch_whose_norm_overflows_gives_nan_not_zero():
+    """``BcosConv2d.patch_norm``: a patch past float32's range gave output 0; NaN now, at the patches that see it."""
+    from bcos_plugins.nn import BcosConv2d
+
+    torch.manual_seed(0)
+    conv = BcosConv2d(3, 4, 3, b=2.0).eval()
+    x = torch.randn(2, 3, 5, 5)
+    x[1, 0, 2, 2] = 2e19
+    with torch.no_grad():
+        out, norms = conv(x), conv.patch_norm(x)
+    assert norms[1].isnan().all() and out[1].isnan().all()  # every 3x3 patch of a 5x5 image sees the centre
+    assert out[0].isfinite().all() and norms[0].isfinite().all()
+
+
+def test_float16_keeps_its_own_overflow_protection():
+    """A float16 input's norm is taken in float32, which no float16 row can overflow: a row of 300s (norm 850, past the
+    float16 squares' range) is still exact to float16 rounding, not NaN."""
+    from bcos_plugins.nn import BcosLinear
+
+    torch.manual_seed(0)
+    layer = BcosLinear(8, 4, b=2.0).half().eval()
+    reference = BcosLinear(8, 4, b=2.0).double().eval()
+    reference.load_state_dict(layer.state_dict())
+    x = torch.full((2, 8), 300.0, dtype=torch.float16) * torch.tensor([[1.0], [-0.5]], dtype=torch.float16)
+    with torch.no_grad():
+        out = layer(x)
+        torch.testing.assert_close(out.double(), reference(x.double()), rtol=2e-3, atol=1e-2)
+
+
+def test_the_nan_for_an_infinite_norm_changes_no_finite_value_minilm_logits_bit_identical(monkeypatch):
+    """The remedy is one element-wise op on the norms that leaves every finite value as it is: MiniLM's logits
+    (bench_core's architecture and shape, 16 x 64 tokens, B = 1.5) and a tiny model's explanation are bit-identical
+    with and without it."""
+    import transformers as T
+
+    import bcos_plugins.nn.conv as conv
+    import bcos_plugins.nn.functional as functional
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.pretrained import minilm_path
+
+    torch.manual_seed(0)
+    config = T.BertConfig.from_pretrained(minilm_path())
+    config.num_labels = 2
+    model = bcosify(T.BertForSequenceClassification(config), b=1.5, verbose=False).eval()
+    ids = torch.randint(1000, config.vocab_size, (16, 64), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+
+    def logits_and_explanation():
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        explanation = explain(model, ids[:2, :16], mask[:2, :16])
+        return logits, explanation.contributions
+
+    with_op = logits_and_explanation()
+    monkeypatch.setattr(functional, "overflowed_norm_as_nan", lambda norm: norm)
+    monkeypatch.setattr(conv, "overflowed_norm_as_nan", lambda norm: norm)
+    without_op = logits_and_explanation()
+    assert torch.equal(with_op[0], without_op[0]) and torch.equal(with_op[1], without_op[1])

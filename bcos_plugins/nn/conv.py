@@ -25,7 +25,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..errors import BcosValueError, argument_error
-from .functional import HALF_DTYPES, NORM_EPS, bcos_product, cached_unit_norm
+from .functional import HALF_DTYPES, NORM_EPS, bcos_product, cached_unit_norm, overflowed_norm_as_nan
 from .linear import AlignmentPressure, check_features
 
 __all__ = ["BcosConv2d"]
@@ -71,7 +71,8 @@ class BcosConv2d(AlignmentPressure):
         """``||x_r||`` of every receptive field (with the same epsilon as ``BcosLinear``).
 
         Half-precision inputs are summed in float32 (the squares overflow float16 once a patch norm passes
-        256); the result is then float32.
+        256); the result is then float32. A patch whose sum of squares passes float32's range gets NaN (its outputs are
+        NaN), not ``inf`` (whose ``|cos| = 0`` made them 0).
         """
         if x.dtype in HALF_DTYPES:
             x = x.float()
@@ -82,7 +83,8 @@ class BcosConv2d(AlignmentPressure):
         with (torch.autocast(x.device.type, enabled=False) if torch.is_autocast_enabled(x.device.type)
               else nullcontext()):
             squares = F.conv2d(x.pow(2).sum(dim=1, keepdim=True), ones, stride=self.stride, padding=self.padding)
-        return (squares + NORM_EPS).sqrt()
+        # a patch whose sum of squares passes float32's range gives NaN, not inf (whose |cos| = 0 made the output 0)
+        return overflowed_norm_as_nan((squares + NORM_EPS).sqrt())
 
     def forward(self, x: Float[Tensor, "batch c_in h w"]) -> Float[Tensor, "batch c_out h_out w_out"]:
         if x.ndim != 4 or x.shape[1] != self.in_channels:

@@ -65,7 +65,7 @@ from .dynamic import parameter_gradients_unused
 
 __all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "at_least_float32", "unit_norm", "cached_unit_norm", "clear_unit_norm_cache",
            "reuse_unit_weights",
-           "input_norm", "bcos_scale", "bcos_product", "inference_linear", "explaining_linear", "explaining_scale", "detach_units", "bcos_linear",
+           "input_norm", "overflowed_norm_as_nan", "bcos_scale", "bcos_product", "inference_linear", "explaining_linear", "explaining_scale", "detach_units", "bcos_linear",
            "max_out", "reference_path", "using_reference_path"]
 
 
@@ -368,10 +368,20 @@ def _input_norm(x: Tensor, dim: int | tuple[int, ...]) -> Tensor:
     else:
         norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True)
     if _REFERENCE_PATH:
-        return (norm * norm + _norm_eps()).sqrt()
+        return overflowed_norm_as_nan((norm * norm + _norm_eps()).sqrt())
     # the same value in one kernel instead of three (equal to within one rounding of the dtype; hypot skips
     # the rounding of norm * norm); its gradient norm / hypot is 0, not NaN, at norm = 0
-    return torch.hypot(norm, _SQRT_NORM_EPS.get(norm.dtype, _SQRT_NORM_EPS[torch.float64]))
+    return overflowed_norm_as_nan(torch.hypot(norm, _SQRT_NORM_EPS.get(norm.dtype, _SQRT_NORM_EPS[torch.float64])))
+
+
+def overflowed_norm_as_nan(norm: Tensor) -> Tensor:
+    """``norm`` (an input's norms, one per row or patch) with an infinite entry made NaN, every finite one unchanged
+    (the same bits). A float32 or bfloat16 input row whose sum of squares passes float32's range (an element beyond
+    about 1.8e19) has ``||x|| = inf``, so ``|cos| = 0`` and the layer's output was 0 (2e7 where float64 gives 1e19 on
+    the training path), silently; NaN carries on to the output, where :func:`~bcos_plugins.explain` refuses it naming
+    the row. One element-wise kernel on the norms, once per distinct input (shared as :func:`input_norm` shares the
+    norm); float16 inputs never get there (their norm is taken in float32: at most 65504 * sqrt(n))."""
+    return torch.nan_to_num(norm, nan=math.nan, posinf=math.nan)
 
 
 def _shared_cast(x: Tensor, dtype: torch.dtype | None) -> Tensor:
@@ -596,8 +606,8 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
             derived = entry[2]
             norm = derived.get(("norm", -1))
             if norm is None:
-                norm = derived[("norm", -1)] = torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True),
-                                                           _SQRT_NORM_EPS[dtype])
+                norm = derived[("norm", -1)] = overflowed_norm_as_nan(
+                    torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True), _SQRT_NORM_EPS[dtype]))
             blocked = _blocks_the_product(lin, b)
             abs_cos = None if blocked else lin.abs()
             reciprocal = derived.get(("reciprocal", -1))
@@ -607,7 +617,8 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
                 return _blocked_product_(lin, reciprocal, b)
             abs_cos.mul_(reciprocal)
         else:
-            norm = torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True), _SQRT_NORM_EPS[dtype])
+            norm = overflowed_norm_as_nan(torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True),
+                                                      _SQRT_NORM_EPS[dtype]))
             if _blocks_the_product(lin, b):
                 return _blocked_product_(lin, norm.reciprocal(), b)
             abs_cos = lin.abs().mul_(norm.reciprocal())

@@ -249,9 +249,9 @@ class BcosLinear(AlignmentPressure):
     Half precision (``.half()`` / ``.bfloat16()``): ``||x||`` and ``cos`` are computed in float32 (see
     :mod:`bcos_plugins.nn.functional`), so every float16 input's norm is held, and zero inputs keep finite
     gradients. A float32 or bfloat16 input row whose sum of squares passes float32's range (an element beyond about
-    1.8e19) has ``||x|| = inf`` and its output is 0: a documented limit (docs/api/nn.md), left unchecked because every
-    check costs a device read or a second pass over ``x`` per layer on the forward's hot path, and a transformer's
-    normalised activations stay many orders of magnitude below it. Completeness then holds to the dtype's rounding (docs/benchmarks.md#readme-results
+    1.8e19) has ``||x|| = inf``, made NaN (:func:`~bcos_plugins.nn.functional.overflowed_norm_as_nan`), so that row's
+    output is NaN, never a silent 0 (until 2026-11-29 it was 0); a transformer's normalised activations stay many
+    orders of magnitude below that range. Run such inputs in float64. Completeness then holds to the dtype's rounding (docs/benchmarks.md#readme-results
     has the errors measured); as in float32, logits near 0 have larger relative errors (cancellation).
 
     Args:
