@@ -342,7 +342,9 @@ def refuse_weights_from_elsewhere(model: nn.Module, path: str, files: list[str])
         with safe_open(file, framework="pt") as saved:
             for key in saved.keys():  # noqa: SIM118 - safe_open is no mapping
                 held = state.get(key)
-                if held is None or key.endswith(".bcos_b"):
+                # offloaded (meta) and quantised weights hold no values to compare: the conversion refuses them, naming
+                # the cause (device_map, the quantised layer's class)
+                if held is None or key.endswith(".bcos_b") or held.is_meta or not held.is_floating_point():
                     continue
                 first = saved.get_slice(key)[:1] if held.ndim else saved.get_tensor(key)
                 if not torch.equal(first.to(device=held.device, dtype=held.dtype), held[:1] if held.ndim else held):
