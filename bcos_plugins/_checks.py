@@ -849,8 +849,9 @@ def require_label_names(label_names) -> list[str] | None:
     """The class names as a list of strings, or None; the one check of ``label_names`` for visualize's HTML pages,
     Captum's ``visualization_records`` and inseq's ``load_classifier``: a NumPy array failed inside the captions ("The
     truth value of an array ... is ambiguous"), and one string named class ``c`` by its ``c``-th character ("abc"
-    named the classes a, b and c)."""
-    fix = "Pass one name per class, in class-id order, e.g. ['negative', 'positive']"
+    named the classes a, b and c). A dict is read as ``config.id2label`` ({id: name}) or ``config.label2id``
+    ({name: id}), in class-id order."""
+    fix = "Pass one name per class, in class-id order, e.g. ['negative', 'positive'] (or model.config.id2label)"
     if label_names is None:
         return None
     if isinstance(label_names, str | bytes):
@@ -859,12 +860,37 @@ def require_label_names(label_names) -> list[str] | None:
     if not hasattr(label_names, "__len__"):
         raise argument_error("label_names", f"must be a list of class names, got {type(label_names).__name__} "
                              f"{label_names!r}", fix, kind=BcosTypeError)
+    if isinstance(label_names, Mapping):
+        # a dict was read as its keys: model.config.label2id ({"pos": 1, "neg": 0}) named class 0 "pos" (the keys in
+        # their insertion order), silently, and id2label ({0: "neg"}) was refused as "must be strings, got int 0"
+        return _label_names_of_mapping(label_names, fix)
     names = list(label_names)
     bad = next((n for n in names if not isinstance(n, str)), None)
     if bad is not None:
         raise argument_error("label_names", f"must be strings, got {type(bad).__name__} {bad!r}", fix,
                              kind=BcosTypeError)
     return names
+
+
+def _label_names_of_mapping(mapping: Mapping, fix: str) -> list[str]:
+    """The class names, in class-id order, of an ``id2label`` ({id: name}) or a ``label2id`` ({name: id}) whose ids are
+    0, 1, ... (each once)."""
+    def is_id(value) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    if all(is_id(k) and isinstance(v, str) for k, v in mapping.items()):
+        by_id = {int(k): v for k, v in mapping.items()}
+    elif all(isinstance(k, str) and is_id(v) for k, v in mapping.items()):
+        by_id = {int(v): k for k, v in mapping.items()}
+        if len(by_id) != len(mapping):
+            raise argument_error("label_names", f"maps two names to one class id ({dict(mapping)!r})", fix)
+    else:
+        raise argument_error("label_names", f"a dict must map class ids to names (config.id2label) or names to ids "
+                             f"(config.label2id), got {dict(mapping)!r}", fix, kind=BcosTypeError)
+    if sorted(by_id) != list(range(len(by_id))):
+        raise argument_error("label_names", f"the class ids of the dict are {sorted(by_id)}, not 0 to "
+                             f"{len(by_id) - 1} each once", fix)
+    return [by_id[i] for i in range(len(by_id))]
 
 
 def require_text_pairs(text_pairs, n: int) -> list[str] | None:

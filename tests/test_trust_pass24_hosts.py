@@ -222,3 +222,38 @@ def test_captum_wrappers_built_before_set_input_embeddings_follow_the_models_new
         feature_mask=torch.arange(6)[None, :, None].expand_as(embeddings)))
     torch.testing.assert_close(layer_bcos.attribute(ids, target=target, additional_forward_args=(mask,)),
                                expected.input_contributions)
+
+
+# ------------------------------------------------ class names given as the config's dicts
+
+
+def test_label_names_given_as_label2id_or_id2label_name_each_class_by_its_id():
+    """``label_names=model.config.label2id`` was read as its keys in insertion order: {"pos": 2, "neu": 1, "neg": 0}
+    named class 0 "pos" in Captum's records and inseq's classifier columns, silently; ``id2label`` was refused as
+    "must be strings, got int 0". Both are read in class-id order now (_checks.require_label_names, the one check of
+    visualize, Captum and inseq)."""
+    from bcos_plugins.adapters.captum import visualization_records
+    from bcos_plugins.adapters.inseq import load_classifier
+
+    model, tokenizer = _bcos("BertForSequenceClassification"), _word_tokenizer()
+    ids = torch.randint(3, VOCAB, (2, 5), generator=torch.Generator().manual_seed(4))
+    explanation = explain(model, ids, attention_mask=torch.ones_like(ids), target=0)
+    for names in ({"pos": 2, "neu": 1, "neg": 0}, {2: "pos", 0: "neg", 1: "neu"}):
+        assert [r.attr_class for r in visualization_records(explanation, tokenizer, label_names=names)] == ["neg"] * 2
+        out = load_classifier(model, tokenizer, label_names=names).attribute(["w3 w4 w5"])
+        assert [t.token for t in out.sequence_attributions[0].target] == ["neg", "neu", "pos"]
+
+
+@pytest.mark.parametrize(("names", "problem"), [
+    ({0: "neg", 2: "pos", 3: "neu"}, r"the class ids of the dict are \[0, 2, 3\], not 0 to 2 each once"),
+    ({"neg": 0, "pos": 0, "neu": 1}, r"maps two names to one class id"),
+    ({"neg": "pos"}, r"a dict must map class ids to names \(config\.id2label\) or names to ids"),
+])
+def test_label_names_as_a_dict_without_one_name_per_class_id_are_refused_naming_them(names, problem):
+    from bcos_plugins.adapters.captum import visualization_records
+
+    model, tokenizer = _bcos("BertForSequenceClassification"), _word_tokenizer()
+    ids = torch.randint(3, VOCAB, (1, 5), generator=torch.Generator().manual_seed(4))
+    explanation = explain(model, ids, target=0)
+    with pytest.raises((BcosValueError, TypeError), match=r"^label_names: " + problem):
+        visualization_records(explanation, tokenizer, label_names=names)
