@@ -373,3 +373,19 @@ def test_inseq_refuses_a_stock_load_of_other_files_than_its_folders_own(tmp_path
         inseq.load_model(stock, "bcos", tokenizer=str(tmp_path))
     own = T.GPT2LMHeadModel.from_pretrained(str(tmp_path), dtype=torch.bfloat16)
     assert inseq.load_model(own, "bcos", tokenizer=str(tmp_path)).model is own
+
+
+def test_inseq_names_device_map_for_an_offloaded_stock_load_not_the_weight_check(tmp_path):
+    """The weight check reads no offloaded (meta) weight: the conversion's own refusal names the cause."""
+    import inseq
+    from test_inseq_adapter import TOKENIZER_DIR, _tiny_lm
+
+    from bcos_plugins.errors import BcosValueError
+
+    tokenizer = T.GPT2Tokenizer.from_pretrained(TOKENIZER_DIR)
+    _tiny_lm("gpt2", len(tokenizer), seed=2).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    stock = T.GPT2LMHeadModel.from_pretrained(str(tmp_path), device_map="auto", max_memory={"cpu": 2000},
+                                              offload_folder=str(tmp_path / "offload"))
+    with pytest.raises(BcosValueError, match=r"^model: has \d+ module\(s\) offloaded by accelerate"):
+        inseq.load_model(stock, "bcos", tokenizer=str(tmp_path))
