@@ -9,6 +9,11 @@ were silently wrong or crashed unhelpfully, one test each (the tally is in the C
 - ``DetachableRMSNorm.from_rms_norm(torch.nn.RMSNorm((4, 5)), hold=True)`` held the (4, 5) gain and normalised over
   the last dim only: another function than torch's norm over both (0.61 off), silently; without ``hold`` it failed
   with torch's "The size of tensor a (4) must match ...". Refused naming ``norm``.
+- docs/hosts/upstream-issues.md's reproductions, run as written in the page's order: two did not show what the page
+  says (a BERT left in training mode; a shared GPT-2 whose config an earlier snippet changed).
+- ``BcosLinear(..., constant_outputs=slice(4, 1, -1))`` (any slice with a negative step, which the check accepts)
+  failed in the explaining backward pass of a B != 1 layer with torch's "step must be greater than zero"; the layer
+  now holds the same units as a slice with a positive step.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import pytest
 import torch
 
 from bcos_plugins.errors import BcosValueError
-from bcos_plugins.nn import DetachableRMSNorm, explanation_mode
+from bcos_plugins.nn import BcosConv1D, BcosLinear, DetachableRMSNorm, explanation_mode, reference_path
+from bcos_plugins.nn.dynamic import no_parameter_gradients
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,3 +88,34 @@ def test_the_upstream_issue_reproductions_show_what_the_page_says_run_in_its_ord
         with pytest.raises(Exception) as raised:
             exec(compile(code, f"upstream-issues {number}", "exec"), namespace)
         assert type(raised.value).__name__ == named.group(1), (number, raised.value)
+
+
+@pytest.mark.parametrize("held", [slice(4, 1, -1), slice(None, None, -2), slice(1, 4, -1)], ids=["4:1:-1", "::-2", "empty"])
+@pytest.mark.parametrize("layer_class", [BcosLinear, BcosConv1D])
+@pytest.mark.parametrize("max_out", [1, 2])
+def test_constant_outputs_with_a_negative_step_hold_their_units_constant_on_the_fused_path(held, layer_class, max_out):
+    """``constant_outputs`` takes any slice with a non-zero step; one with a negative step failed in the explaining
+    backward pass of a B != 1 layer with torch's "step must be greater than zero" (the reference path held its units
+    constant). The units it names are held constant on both paths, each other unit's explanation complete."""
+    torch.manual_seed(0)
+    layer = layer_class(5, 6, b=2.0, max_out=max_out, constant_outputs=held).double()
+    x = torch.randn(3, 5, dtype=torch.float64)
+    constant = set(range(6)[held])
+
+    def gradients():
+        xr = x.clone().requires_grad_()
+        with explanation_mode(layer), no_parameter_gradients():
+            y = layer(xr)
+            return y.detach(), [torch.autograd.grad(y[:, unit].sum(), xr, retain_graph=True)[0] for unit in range(6)]
+
+    fused, fused_grads = gradients()
+    with reference_path():
+        reference, reference_grads = gradients()
+    torch.testing.assert_close(fused, reference, rtol=0, atol=1e-14)
+    for unit in range(6):
+        torch.testing.assert_close(fused_grads[unit], reference_grads[unit], rtol=0, atol=1e-14)
+        if unit in constant:
+            assert not fused_grads[unit].any(), unit
+        else:
+            torch.testing.assert_close((fused_grads[unit] * x).sum(-1), fused[:, unit], rtol=0, atol=1e-14)
+    assert set(range(6)[layer.constant_outputs]) == constant

@@ -69,9 +69,13 @@ def recorded_pressure(stored: Tensor, *recorded: float) -> float:
     return value
 
 
-def check_constant_outputs(value) -> slice | None:
+def check_constant_outputs(value, units: int | None = None) -> slice | None:
     """``constant_outputs`` of :class:`BcosLinear`: ``None`` or a slice of integers (or ``None``) with a non-zero step.
-    A list, an int or a float bound failed at the first explaining forward pass, inside the layer."""
+    A list, an int or a float bound failed at the first explaining forward pass, inside the layer. Given the layer's
+    ``units`` (output features), a slice with a negative step is returned as the slice of the same units with a
+    positive step (``slice(4, 1, -1)`` of 6 units as ``slice(2, 5, 1)``): a tensor takes no negative step, and the
+    explaining product's backward failed with torch's "step must be greater than zero" (B != 1) where the reference
+    path held those units constant."""
     if value is None:
         return None
     fix = "Pass a slice of the output units, e.g. slice(0, 2 * hidden) for a fused q|k|v projection, or None"
@@ -83,6 +87,9 @@ def check_constant_outputs(value) -> slice | None:
     except (TypeError, ValueError) as error:
         raise argument_error("constant_outputs", f"{value!r} is no slice of units ({error})", fix,
                              kind=BcosTypeError if isinstance(error, TypeError) else BcosValueError) from None
+    if units is not None and value.step is not None and value.step < 0:
+        held = range(units)[value]
+        return slice(held[-1], held[0] + 1, -held.step) if held else slice(0, 0)
     return value
 
 
@@ -279,7 +286,7 @@ class BcosLinear(AlignmentPressure):
         self.out_features = check_features("out_features", out_features)
         self.max_out = check_features("max_out", max_out)
         self._init_b(b, device)
-        self.constant_outputs = check_constant_outputs(constant_outputs)
+        self.constant_outputs = check_constant_outputs(constant_outputs, self.out_features)
         self.weight = nn.Parameter(
             torch.empty(self._weight_shape(), device=device, dtype=dtype)
         )
