@@ -90,6 +90,7 @@ from bcos_plugins.attribution.text import (
     forward_parameters,
     non_finite_embedding_cause,
     padded_float64_nan_cause,
+    require_head_output_object,
     rows_as_alone_call,
     token_inputs_and_padding,
 )
@@ -792,6 +793,10 @@ class LayerBcos(LayerGradientXActivation):
                                  kind=BcosTypeError)
         self.completeness_check = completeness_check
         self.model = _checked_model(forward_func, model, type(self).__name__)
+        if self.model is not None:
+            # Captum's LLMGradientAttribution calls the model itself (generate, forward), not through this class: a
+            # head that cannot run with config.return_dict=False failed inside transformers there
+            require_head_output_object(self.model)
         default_side = False
         # the spec of a model whose attribution point is the default layer: the point is looked up again at each call
         self._default_point_spec: ArchitectureSpec | None = None

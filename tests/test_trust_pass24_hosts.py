@@ -95,6 +95,17 @@ def test_captums_wrappers_refuse_a_head_that_cannot_run_with_its_return_dict_fal
         LayerBcos(model).attribute(ids, target=target, additional_forward_args=(mask,))
 
 
+def test_captums_llm_workflow_over_layer_bcos_refuses_a_head_that_cannot_run_with_its_return_dict_false_config():
+    """LLMGradientAttribution calls the model itself (not through LayerBcos's kwargs): it failed with the
+    AttributeError inside transformers; LayerBcos refuses such a model when built."""
+    from captum.attr import LLMGradientAttribution, TextTokenInput
+
+    model, tokenizer = _tuple_config("LlamaForCausalLM"), _word_tokenizer()
+    with pytest.raises(BcosValueError, match=REFUSAL):
+        LLMGradientAttribution(LayerBcos(model), tokenizer).attribute(TextTokenInput("w3 w4 w5", tokenizer),
+                                                                      target="w6")
+
+
 def test_predict_and_accuracy_refuse_a_decoder_classifier_whose_config_says_return_dict_false():
     model, tokenizer = _tuple_config("LlamaForSequenceClassification"), _word_tokenizer()
     for call in (lambda: predict(model, tokenizer, ["w3 w4 w5", "w6 w7"]),
