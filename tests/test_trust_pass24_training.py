@@ -182,3 +182,50 @@ def test_best_only_saving_is_refused_by_the_helpers_that_take_no_evaluation_data
         else:
             pretrain_masked_lm(T.BertForMaskedLM(tiny_config("bert")), word_tokenizer(), texts, b=1.25, **settings)
     assert not any(tmp_path.iterdir())
+
+
+def test_attention_supervision_without_a_gradient_behind_the_attentions_is_warned_of():
+    """transformers 5 records attentions with hooks, and under reentrant gradient checkpointing
+    (gradient_checkpointing_kwargs={"use_reentrant": True}) it records them in the forward run without autograd: the
+    supervision term (weight 5) then added nothing to the gradient, the task loss's alone bit for bit, without a word.
+    A warning names the cause and the fix (a value computed by hand from plain tensors is the same number, so not a
+    refusal); the default non-reentrant checkpointing trains the term, as without checkpointing."""
+    import warnings
+
+    from conftest import tiny_config
+    from test_pretrain import corpus, word_tokenizer
+
+    from bcos_plugins.guided import attention_supervision_loss
+
+    tok = word_tokenizer()
+    texts, labels = corpus(6)
+    batch = dict(tok(texts, padding=True, return_tensors="pt"))
+    gold = (torch.rand(batch["input_ids"].shape, generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    gold = gold * batch["attention_mask"]
+    torch.manual_seed(0)
+    config = tiny_config("bert", num_labels=2)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    model = T.BertForSequenceClassification._from_config(config, attn_implementation="eager").train()
+
+    def gradients(checkpointing, weight):
+        if checkpointing is None:
+            model.activation_checkpointing_disable()
+        else:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": checkpointing})
+        model.zero_grad()
+        out = model(**batch, labels=torch.tensor(labels), output_attentions=True)
+        supervision = attention_supervision_loss(out.attentions, gold, batch["attention_mask"], layers=[-2, -1],
+                                                 weight=weight)
+        (out.loss + supervision).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    task_only = gradients(None, 0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither without checkpointing nor with the default non-reentrant one
+        supervised = gradients(None, 5.0)
+        assert torch.equal(gradients(False, 5.0), supervised)
+    assert not torch.equal(supervised, task_only)
+    with pytest.warns(UserWarning, match=r"^attention_supervision_loss: the attentions carry no gradient .* reentrant "
+                                         r"gradient checkpointing .*use_reentrant': False"):
+        reentrant = gradients(True, 5.0)
+    assert torch.equal(reentrant, task_only)  # what the warning is about: the term trained nothing

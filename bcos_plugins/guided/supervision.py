@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -67,7 +68,9 @@ def attention_supervision_loss(
     the ranking hinge with ``objective="rank"`` (module docstring).
 
     Args:
-        attentions: ``model(..., output_attentions=True).attentions`` of a training forward pass.
+        attentions: ``model(..., output_attentions=True).attentions`` of a training forward pass. Where they
+            carry no gradient while autograd is on (reentrant gradient checkpointing records them without it) a
+            ``UserWarning`` says that the loss trains nothing.
         rationale_mask: the gold mask ``(batch, key)`` in [0, 1]; padding is zeroed by ``attention_mask``.
         layers: the layer index or indices to supervise (the guided layers, e.g. ``[-2, -1]``).
         weight: the loss weight (0 turns it off).
@@ -91,6 +94,17 @@ def attention_supervision_loss(
     # attentions stay float64 (.float() rounded a float64 model's loss to 7 digits)
     scores = attention_token_scores(attentions, layers=layers, query_position=query_position, heads=heads,
                                     attention_mask=attention_mask)
+    if weight > 0 and torch.is_grad_enabled() and not scores.requires_grad:
+        # transformers 5 records attentions with hooks: under reentrant gradient checkpointing
+        # (gradient_checkpointing_kwargs={"use_reentrant": True}) they come from the forward run without autograd, so
+        # this term added nothing to the gradient (a tiny BERT's gradients were the task loss's alone, bit for bit),
+        # silently. A warning, not a refusal: a value computed by hand from plain tensors is the same number
+        warnings.warn("attention_supervision_loss: the attentions carry no gradient (no autograd graph behind the "
+                      "supervised layers' attention), so this loss adds nothing to a training gradient: reentrant "
+                      "gradient checkpointing records them in a forward without autograd (train with "
+                      "gradient_checkpointing_kwargs={'use_reentrant': False}, transformers' default), as do detached "
+                      "tensors. Compute it under torch.no_grad() where only its value is wanted.", UserWarning,
+                      stacklevel=2)
     scores = scores.to(at_least_float32(scores.dtype))
     batch, n_keys = scores.shape
     gold = check_rationale_mask(rationale_mask, batch, n_keys).to(scores.dtype)
