@@ -32,8 +32,9 @@ class BWarmupCallback:
     the model's B until training begins (an evaluation or a save before ``train()`` runs at the model's B).
     ``load_best_model_at_end``, and any ``metric_for_best_model`` (which ``EarlyStoppingCallback``,
     ``save_strategy="best"`` and ``lr_scheduler_type="reduce_lr_on_plateau"`` compare evaluations by), are refused
-    unless no evaluation runs before the warm-up ends (``eval_delay`` past it: in steps with ``eval_strategy="steps"``,
-    in epochs with ``"epoch"``, where the epochs provably cover the warm-up's steps): the best checkpoint could be one
+    unless no evaluation runs before the warm-up ends (``eval_delay`` past it, or a first multiple of ``eval_steps`` past
+    it, with ``eval_strategy="steps"``; in epochs with ``"epoch"``, where the epochs provably cover the warm-up's
+    steps): the best checkpoint could be one
     evaluated at a smaller B, and the model's B set on it at the end would change the logits its metric was measured
     on; and evaluations at a rising B compare different models, so a metric that worsens as B rises would stop the
     training early or cut the learning rate.
@@ -165,8 +166,9 @@ def refuse_evaluations_compared_during(args, state, last: int, *, schedule: str,
     """Refuse, when training begins, what compares evaluations run while a schedule still changes the model's function
     (the B warm-up, :class:`~bcos_plugins.bilinear.SwishBetaToBilinear`'s annealing), which reaches its end value at
     the beginning of global step ``last``. An evaluation at global step ``g`` runs with the value set when step ``g``
-    began (global step ``g - 1``), so with ``eval_delay`` past ``last`` (in steps with ``eval_strategy="steps"``, in
-    epochs with ``"epoch"`` where they provably cover it) none runs during the schedule.
+    began (global step ``g - 1``), so where the first evaluation is past ``last`` (with ``eval_strategy="steps"`` the
+    first multiple of ``eval_steps`` from ``eval_delay`` on; with ``"epoch"`` an ``eval_delay`` in epochs that provably
+    covers it) none runs during the schedule.
 
     - ``load_best_model_at_end``: the Trainer loads the best checkpoint before the callbacks' ``on_train_end`` sets
       the end value on it (``end_change``), so a checkpoint chosen from the schedule came back as a function its
