@@ -71,6 +71,7 @@ from bcos_plugins._checks import (
     require_bool,
     require_label_names,
     require_model_object,
+    require_row_ids,
     token_batch_and_padding,
 )
 from bcos_plugins.attribution import (
@@ -1180,6 +1181,15 @@ def visualization_records(
         raise argument_error("label_names", f"has {len(label_names)} names, but logits have {logits.shape[1]} "
                              "classes", "Pass one name per class of the model, in class-id order "
                              "(model.config.id2label)")
+    # class ids through the package's id parser: true_labels=[0.0, 1.7] showed class 1 for 1.7 and True class 1
+    # (truncated, silently), names failed with "invalid literal for int()", and an id outside the classes was
+    # blamed on label_names
+    n_classes = len(label_names) if label_names is not None else logits.shape[1] if logits is not None else None
+    if true_labels is not None:
+        true_labels = require_row_ids("true_labels", true_labels, n, n_ids=n_classes, what="classes",
+                                      broadcast=False).tolist()
+    if target is not None and explanation is None:
+        target = require_row_ids("target", target, n, n_ids=n_classes, what="classes", broadcast=False).tolist()
 
     def name(i):
         if i is None:

@@ -346,7 +346,7 @@ def require_same_shape(name: str, value: Tensor, other_name: str, other: Tensor,
 
 # the arguments whose ids are classes or tokens: a string there is a class name or a token, whose id a refusal names how
 # to get (a position or a grid cell given as a string is refused without that hint)
-_CLASS_OR_TOKEN_IDS = frozenset({"target", "foil", "labels", "label"})
+_CLASS_OR_TOKEN_IDS = frozenset({"target", "foil", "labels", "label", "true_labels"})
 
 
 def require_row_ids(name: str, value, batch: int, *, n_ids: int | None = None, what: str = "outputs",

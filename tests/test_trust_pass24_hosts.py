@@ -268,3 +268,31 @@ def test_label_names_as_a_dict_without_one_name_per_class_id_are_refused_naming_
     explanation = explain(model, ids, target=0)
     with pytest.raises((BcosValueError, TypeError), match=r"^label_names: " + problem):
         visualization_records(explanation, tokenizer, label_names=names)
+
+
+# ------------------------------------------------ Captum's records: class ids through the package's id parser
+
+
+@pytest.mark.parametrize(("argument", "value", "problem"), [
+    ("true_labels", [0.0, 1.7, 2.0], r"got a float \(torch\.float32\); ids must be integers"),
+    ("true_labels", [True, False, True], r"got a boolean; ids must be integers"),
+    ("true_labels", ["a", "b", "c"], r"got names \(\['a', 'b', 'c'\]\), not ids\. Map a class name to its id"),
+    ("true_labels", [0, 1, 5], r"ids must lie in \[0, 3\), got \[5\] at row \[2\]"),
+    ("target", [1, 1, -1], r"ids must lie in \[0, 3\), got \[-1\] at row \[2\]"),
+])
+def test_visualization_records_read_class_ids_as_ids_or_refuse_them_naming_the_argument(argument, value, problem):
+    """``true_labels=[0.0, 1.7, 2.0]`` showed class 1 ("b") for 1.7 and ``[True, False, True]`` classes 1, 0, 1, as
+    Python's int() truncates, silently; names failed with "invalid literal for int() with base 10"; an id outside the
+    classes (or a negative target of the scores form) was blamed on label_names."""
+    from bcos_plugins.adapters.captum import visualization_records
+
+    model, tokenizer = _bcos("BertForSequenceClassification"), _word_tokenizer()
+    ids = torch.randint(3, VOCAB, (3, 5), generator=torch.Generator().manual_seed(5))
+    explanation = explain(model, ids, attention_mask=torch.ones_like(ids))
+    source = ({"scores": explanation.scores(), "tokens": explanation.tokens(tokenizer)} if argument == "target"
+              else {"explanation": explanation, "tokenizer": tokenizer})
+    with pytest.raises((BcosValueError, TypeError), match=rf"^{argument}: {problem}"):
+        visualization_records(**source, **{argument: value}, label_names=["a", "b", "c"])
+    records = visualization_records(explanation, tokenizer, true_labels=torch.tensor([2, 0, 1]),
+                                    label_names=["a", "b", "c"])
+    assert [r.true_class for r in records] == ["c", "a", "b"]
