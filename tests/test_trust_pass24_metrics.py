@@ -231,3 +231,36 @@ def test_metrics_name_explain_datasets_table_and_its_ragged_rows_and_score_them_
     torch.testing.assert_close(explanation_entropy(scores, mask).double(), explanation_entropy(batch).double(), rtol=1e-5,
                                atol=1e-6)
     assert completeness_error(scores, table["explained"]).max() < 1e-5
+
+
+# ------------------------------------------------------------------ a decoder classifier's mask token: the fix it names
+
+
+def test_perturbation_curves_name_a_mask_token_that_is_not_the_pad_id_for_gpt2():
+    """GPT-2's tokenizer has no mask token, so ``masking="mask_token"`` needs ``mask_token_id=``; its end-of-text token
+    (the pad id its classifiers are given) is refused there, and the refusal suggested ``tokenizer.unk_token_id``,
+    which for GPT-2 is that same id, refused again. Now the fix names the pad id to avoid and suggests the unknown token
+    only where it is another id."""
+    from importlib.resources import files
+
+    from bcos_plugins import bcosify
+    from bcos_plugins.metrics import perturbation_curves
+
+    tokenizer = T.AutoTokenizer.from_pretrained(str(files("bcos_plugins.data") / "files" / "gpt2_tokenizer"))
+    assert tokenizer.mask_token_id is None and tokenizer.unk_token_id == tokenizer.eos_token_id == 50256
+    config = T.GPT2Config(vocab_size=tokenizer.vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                          num_labels=3, pad_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = bcosify(T.GPT2ForSequenceClassification(config), verbose=False).eval().double()
+    encoded = tokenizer(["a good movie", "bad film here"], return_tensors="pt")
+    scores = torch.tensor([[0.3, 0.2, 0.1], [0.1, 0.2, 0.3]], dtype=torch.float64)
+    with pytest.raises(BcosValueError, match=r"^mask_token_id: is 50256, GPT2ForSequenceClassification's "
+                                             r"config.pad_token_id.*Pass another token id as mask_token_id \(not 50256; "
+                                             r"e.g. the id of a neutral word of the vocabulary\)"):
+        perturbation_curves(model, encoded["input_ids"], encoded["attention_mask"], scores, tokenizer=tokenizer,
+                            masking="mask_token", mask_token_id=tokenizer.unk_token_id)
+    # the id the fix asks for is taken: a neutral word's
+    word = tokenizer(" the")["input_ids"][0]
+    curves = perturbation_curves(model, encoded["input_ids"], encoded["attention_mask"], scores, tokenizer=tokenizer,
+                                 masking="mask_token", mask_token_id=word, fractions=(0.5,))
+    assert curves.k.tolist() == [[1], [1]]

@@ -504,10 +504,15 @@ def perturbation_curves(
         # a decoder classifier reads the last token whose id is not config.pad_token_id: a removed last token written
         # as that id moved the read position to an earlier token, so the perturbed row was scored at another position
         # than the unperturbed one, silently
+        # the unknown token is suggested only where it is another id: GPT-2's is its end-of-text token, the pad id
+        # its classifiers are given, so the fix named an id that was refused again
+        unk = getattr(tokenizer, "unk_token_id", None)
+        example = f"tokenizer.unk_token_id, {unk}" if isinstance(unk, int) and unk != pad_id else \
+            "the id of a neutral word of the vocabulary"
         raise argument_error("mask_token_id", f"is {mask_token_id}, {type(model).__name__}'s config.pad_token_id: the "
                              "decoder classifier reads the last token whose id is not the pad id, so a removed last "
                              "token written as it moves the position the perturbed row is scored at",
-                             "Pass another token id as mask_token_id (e.g. tokenizer.unk_token_id), or "
+                             f"Pass another token id as mask_token_id (not {pad_id}; e.g. {example}), or "
                              "masking='attention'")
     # refuses left padding before a classifier reads the first column; position ids of the unperturbed rows
     call = rows_as_alone_call(model, input_ids, mask, forward_kwargs, spec=spec)
