@@ -232,3 +232,58 @@ def test_a_layer_transformer_lens_does_not_read_as_a_block_index_is_refused(kind
     for same in (-1, None):
         torch.testing.assert_close(run(cache, same), final, atol=0, rtol=0)
     assert run(cache, 1).shape[1:] == final.shape[1:]
+
+
+def _edit(model, kind: str, what: str) -> None:
+    """Change one weight of ``model`` in place (as a head ablation or a fine-tuning step does), or its dtype."""
+    with torch.no_grad():
+        if what == "double":
+            model.double()
+        elif kind == "hooked":
+            {"W_O": lambda: model.blocks[0].attn.W_O[0].mul_(0.1), "W_out": lambda: model.blocks[0].mlp.W_out[:10].mul_(
+                0.1), "W_U": lambda: model.unembed.W_U.mul_(0.5)}[what]()
+        else:
+            {"W_O": lambda: model.blocks[0].attn.o.original_component.weight[:, :8].mul_(0.1),
+             "W_out": lambda: model.blocks[0].mlp.out.original_component.weight[:, :10].mul_(0.1),
+             "W_U": lambda: model.unembed.original_component.weight.mul_(0.5)}[what]()
+
+
+@pytest.mark.parametrize("kind", ["hooked", "bridge"])
+@pytest.mark.parametrize("what, call", [
+    ("W_O", lambda cache: cache.stack_head_results(layer=1)),
+    ("W_out", lambda cache: cache.stack_neuron_results(layer=1)),
+    ("W_U", lambda cache: cache.logit_attrs(cache.decompose_resid(), tokens=3)),
+    ("W_O", lambda cache: cache.get_full_resid_decomposition()),
+    ("double", lambda cache: cache.stack_head_results(layer=1)),
+])
+def test_a_cache_whose_models_weights_changed_since_its_run_is_refused(kind, what, call):
+    """A cache holds the activations of one run, and TransformerLens combines them with the model's weights as they
+    are at the call: after a weight was changed in place (a head's W_O scaled, as an ablation; an optimiser step) the
+    per-head results no longer summed to the cached attention output (0.73 off on a tiny B-cos GPT-2), the per-neuron
+    ones to the MLP output (0.16 off) and logit_attrs to the run's logits (0.12 off), without a word; after
+    ``.double()`` the head results failed with "expected scalar type Double but found Float". Refused naming the
+    changed weights; a cache of a run after the change decomposes as before."""
+    model = _model(kind, "GPT2LMHeadModel" if kind == "hooked" else "LlamaForCausalLM")
+    _, cache = model.run_with_cache(TOKENS)
+    _edit(model, kind, what)
+    with pytest.raises(BcosError, match=r"^cache: .*the model's weights changed since the run that filled it \(.+\)"):
+        call(cache)
+    logits, fresh = model.run_with_cache(TOKENS.clone())
+    call(fresh)
+    torch.testing.assert_close(fresh.stack_head_results(layer=1).sum(0), fresh["blocks.0.hook_attn_out"],
+                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(fresh.logit_attrs(fresh.decompose_resid(), tokens=3).sum(0), logits[..., 3],
+                               atol=1e-5, rtol=0)
+
+
+def test_effective_weight_of_a_cache_whose_models_weights_changed_is_refused():
+    """``effective_weight`` combines a cache's B-cos scales with the weights as they are now: after an edit it gave a
+    weight the run never applied (x @ it did not reproduce the cached projection), silently."""
+    from bcos_plugins.adapters.transformer_lens import effective_weight
+
+    model = _model("hooked")
+    _, cache = model.run_with_cache(TOKENS)
+    effective_weight(cache, 0, "W_O")
+    _edit(model, "hooked", "W_O")
+    with pytest.raises(BcosError, match=r"^cache: .*blocks\.0\.attn\.W_O"):
+        effective_weight(cache, 0, "W_O")

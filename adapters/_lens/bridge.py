@@ -66,7 +66,7 @@ from .boot_guard import (
     is_explainable_bridge,
 )
 from .final_norm import fold_final_norm_into_unembedding
-from .hook_checks import hook_checked_cache_class, hooked_points
+from .hook_checks import hook_checked_cache_class, hooked_points, weight_versions
 from .hook_point import DynamicHookPoint
 from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords
 
@@ -250,6 +250,7 @@ def _padding_checked_class(base: type) -> type:
         if hasattr(cache, "cache_dict") and hasattr(cache, "decompose_resid"):
             cache.__class__ = hook_checked_cache_class(type(cache))
             cache.hooked_at_run = hooked
+            cache.weights_at_run = weight_versions(self)  # its decompositions refuse once they change
         return out
 
     run_with_cache.__doc__ = base_run_with_cache.__doc__

@@ -191,6 +191,9 @@ def effective_weight(cache: ActivationCache, layer: int, projection: str) -> Flo
         raise argument_error("layer", f"{layer!r} is not a block index of this {model.cfg.n_layers}-layer model",
                              f"use an int in [0, {model.cfg.n_layers})")
     layer %= model.cfg.n_layers
+    check_weights = getattr(cache, "check_weights_unchanged", None)  # the scales are the run's, the weight is now's
+    if check_weights is not None:
+        check_weights("effective_weight")
     part, short, _ = _PROJECTIONS[projection]
     module = getattr(model.blocks[layer], part)
     if not hasattr(module, projection):
@@ -297,6 +300,7 @@ class BcosActivationCache(HookCheckedCache, ActivationCache):
         return super().stack_neuron_results(*args, **kwargs)
 
     def compute_head_results(self) -> None:
+        self.check_weights_unchanged("compute_head_results")  # the own results below read W_O as it is now
         if not _needs_own_results(self.model, "attn"):
             return super().compute_head_results()
         first = "blocks.0.attn.hook_result"
@@ -317,6 +321,7 @@ class BcosActivationCache(HookCheckedCache, ActivationCache):
         return None
 
     def get_neuron_results(self, layer: int, neuron_slice=None, pos_slice=None, project_output_onto=None):
+        self.check_weights_unchanged("get_neuron_results")  # the own results below read W_out as it is now
         if not _needs_own_results(self.model, "mlp"):
             return super().get_neuron_results(layer, neuron_slice, pos_slice, project_output_onto)
         return neuron_shares(self[("post", layer, "mlp")], _weight(self.model.blocks[layer].mlp, "W_out"),

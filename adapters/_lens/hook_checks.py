@@ -25,7 +25,7 @@ from bcos_plugins._checks import require_int, require_tensor
 from bcos_plugins.errors import BcosValueError, argument_error
 
 __all__ = ["HookCheckedCache", "check_logit_tokens", "hook_checked_cache_class", "hooked_points",
-           "require_cache_layer"]
+           "require_cache_layer", "weight_version", "weight_versions"]
 
 _STREAM_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
 
@@ -33,6 +33,28 @@ _STREAM_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
 def hooked_points(model) -> tuple[str, ...]:
     """The names of ``model``'s hook points that carry forward hooks now (the caller's, before a run adds its own)."""
     return tuple(name for name, point in model.hook_dict.items() if getattr(point, "_forward_hooks", None))
+
+
+def _storage_version(weight: Tensor) -> tuple:
+    return (None if weight.is_inference() else weight._version, weight.data_ptr())
+
+
+def weight_version(weight: Tensor) -> tuple:
+    """What changes when ``weight`` is written in place (its version counter; an inference tensor keeps none, so its
+    storage stands for it) or replaced (``.double()``, ``load_state_dict(assign=True)``: another storage), then its
+    dtype and device. Writes that bypass the version counter (``weight.data.copy_``) are not seen."""
+    return (*_storage_version(weight), weight.dtype, weight.device)
+
+
+def _moved(then: tuple, now: tuple) -> bool:
+    """Whether a weight was only moved to another device (``.to(device)``, ``cache.to(device, move_model=True)``): the
+    same values elsewhere, in the same dtype."""
+    return then[3] != now[3] and then[2] == now[2]
+
+
+def weight_versions(model) -> dict[str, tuple]:
+    """:func:`weight_version` of each of ``model``'s parameters, by name (``run_with_cache`` records them)."""
+    return {name: weight_version(weight) for name, weight in model.named_parameters()}
 
 
 def _block_hook(name: str) -> tuple[int, str] | None:
@@ -184,6 +206,27 @@ class HookCheckedCache:
     (:func:`check_logit_tokens`), and it gives ``decompose_resid`` with no component its empty stack."""
 
     hooked_at_run: tuple[str, ...] = ()
+    weights_at_run: dict[str, tuple] | None = None  # weight_versions at the run (set by run_with_cache)
+
+    def check_weights_unchanged(self, method: str) -> None:
+        """Refuse ``method`` when the model's weights changed since the run that filled the cache: TransformerLens
+        combines the cached activations with the weights as they are now (``z`` @ ``W_O``, ``post`` @ ``W_out``, the
+        stack @ ``W_U``), so after an in-place edit (a head's W_O scaled as an ablation, an optimiser step) the
+        per-head results missed the cached attention output by 0.73 and logit_attrs the run's logits by 0.12 on a tiny
+        B-cos GPT-2, without a word; after ``.double()`` they failed with a dtype error."""
+        if not self.weights_at_run:
+            return
+        now = dict(self.model.named_parameters())
+        # the counter and storage first (what an edit changes); dtype and device only where they differ (a move)
+        changed = [name for name, then in self.weights_at_run.items() if name in now
+                   and _storage_version(now[name]) != then[:2] and not _moved(then, weight_version(now[name]))]
+        if changed:
+            raise argument_error(
+                "cache", f"{method}: the model's weights changed since the run that filled it ({', '.join(changed[:4])}"
+                f"{' ...' if len(changed) > 4 else ''}: written in place, or converted by .double() / .to()), and the "
+                "decomposition combines the cached activations with the weights as they are now, another model's "
+                "(wrong numbers)", "Run run_with_cache again after changing the weights, or decompose the cache before "
+                "changing them", kind=BcosValueError)
 
     def _hooked(self, suffixes: tuple[str, ...], layer: int, mlp_input: bool) -> list[tuple[str, int, str]]:
         """(name, layer, suffix) of each hook of ``suffixes`` that ran with the caller's hooks and lies before the
@@ -274,9 +317,18 @@ class HookCheckedCache:
     def get_full_resid_decomposition(self, *args, **kwargs):
         bound = _bind(super().get_full_resid_decomposition, args, kwargs)
         require_cache_layer(self, bound.get("layer"))
+        self.check_weights_unchanged("get_full_resid_decomposition")
         if self.hooked_at_run:  # the heads and neurons are checked by stack_head_results / stack_neuron_results
             self._check_stream("get_full_resid_decomposition", bound.get("layer"), bound.get("mlp_input", False))
         return super().get_full_resid_decomposition(*args, **kwargs)
+
+    def compute_head_results(self, *args, **kwargs):
+        self.check_weights_unchanged("compute_head_results")
+        return super().compute_head_results(*args, **kwargs)
+
+    def get_neuron_results(self, *args, **kwargs):
+        self.check_weights_unchanged("get_neuron_results")
+        return super().get_neuron_results(*args, **kwargs)
 
     def accumulated_resid(self, *args, **kwargs):
         require_cache_layer(self, _bind(super().accumulated_resid, args, kwargs).get("layer"))
@@ -285,6 +337,7 @@ class HookCheckedCache:
     def stack_head_results(self, *args, **kwargs):
         layer = _bind(super().stack_head_results, args, kwargs).get("layer", -1)
         require_cache_layer(self, layer)
+        self.check_weights_unchanged("stack_head_results")
         if self.hooked_at_run:
             self._check_outputs("stack_head_results", layer, False, "attn")
         return super().stack_head_results(*args, **kwargs)
@@ -292,6 +345,7 @@ class HookCheckedCache:
     def stack_neuron_results(self, *args, **kwargs):
         layer = _bind(super().stack_neuron_results, args, kwargs).get("layer")
         require_cache_layer(self, layer)
+        self.check_weights_unchanged("stack_neuron_results")
         if self.hooked_at_run:
             self._check_outputs("stack_neuron_results", layer, False, "mlp")
         return super().stack_neuron_results(*args, **kwargs)
@@ -299,6 +353,7 @@ class HookCheckedCache:
     def logit_attrs(self, *args, **kwargs):
         # TransformerLens' own reading of the tokens broadcast them against the stack (check_logit_tokens)
         bound = _bind(super().logit_attrs, args, kwargs)
+        self.check_weights_unchanged("logit_attrs")
         for name in ("tokens", "incorrect_tokens"):
             check_logit_tokens(self, name, bound.get(name), bound.get("residual_stack"), bound.get("batch_slice"),
                                bound.get("has_batch_dim", True))

@@ -57,7 +57,7 @@ from .attention import HookedBcosAttention, HookedBcosGroupedQueryAttention
 from .boot_guard import is_explainable_bridge
 from .config import GATE_KINDS, BcosTransformerConfig, check_explainable
 from .decomposition import BcosActivationCache, fold_final_norm_weight, fold_final_norm_weight_in_state_dict
-from .hook_checks import hooked_points
+from .hook_checks import hooked_points, weight_version, weight_versions
 from .hook_point import DynamicHookPoint
 from .mlp import HookedBcosGatedMLP, HookedBcosMLP
 from .unembed import BcosSoftCappedUnembed
@@ -355,6 +355,7 @@ class ExactCacheHookedTransformer(HookedTransformer):
             return out, cache_dict
         cache = BcosActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
         cache.hooked_at_run = hooked
+        cache.weights_at_run = weight_versions(self)  # its decompositions refuse once they change
         return out, cache
 
 
@@ -426,11 +427,6 @@ def _query_key_weights(model: nn.Module):
                 yield from ((f"blocks.{i}.attn.{norm}.{name}", p) for name, p in module.named_parameters())
 
 
-def _weight_version(weight: torch.Tensor) -> tuple:
-    # an inference tensor keeps no version counter: its storage stands for it
-    return (weight.data_ptr(),) if weight.is_inference() else (weight._version, weight.data_ptr())
-
-
 def _require_finite_query_key_weights(model: nn.Module) -> None:
     """Refuse a NaN or infinite query / key weight before a forward: TransformerLens' attention sets a NaN attention
     row to zero, so such a weight gave finite logits and a finite explanation, 0.45 off on a tiny model, without a
@@ -441,13 +437,13 @@ def _require_finite_query_key_weights(model: nn.Module) -> None:
     if torch.compiler.is_compiling():
         return
     seen = model.__dict__.setdefault("_finite_query_key_versions", {})
-    stale = [(name, w) for name, w in _query_key_weights(model) if seen.get(name) != _weight_version(w)]
+    stale = [(name, w) for name, w in _query_key_weights(model) if seen.get(name) != weight_version(w)]
     if not stale:
         return
     require_finite_parameters(model, "model", parameters=stale, consequence=(
         "TransformerLens' attention sets a NaN row of attention scores to zero, so the logits and their explanations "
         "would come out finite and wrong"), fix="Reload the weights (or find the write that broke them)")
-    seen.update((name, _weight_version(w)) for name, w in stale)
+    seen.update((name, weight_version(w)) for name, w in stale)
 
 
 _CLASSES: dict[type, type] = {HookedTransformer: BcosHookedTransformer}
