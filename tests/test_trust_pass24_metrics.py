@@ -264,3 +264,25 @@ def test_perturbation_curves_name_a_mask_token_that_is_not_the_pad_id_for_gpt2()
     curves = perturbation_curves(model, encoded["input_ids"], encoded["attention_mask"], scores, tokenizer=tokenizer,
                                  masking="mask_token", mask_token_id=word, fractions=(0.5,))
     assert curves.k.tolist() == [[1], [1]]
+
+
+# ------------------------------------------------------------------ huge float32 attributions summed over their features
+
+
+def test_token_scores_of_float32_attributions_whose_sum_passes_float32s_range():
+    """Finite float32 attributions ``(batch, pos, d)`` whose sum over ``d`` passes float32's range (3.4e38) read inf for
+    those tokens: the top token was the tie rule's pick by position (token 0 for the larger token 1) and the entropy NaN
+    or 0, silently. They are reduced in float64 there now, as the float64 attributions are, by hand."""
+    from bcos_plugins.metrics import explanation_entropy, token_scores, top_k_masks
+
+    attributions = torch.zeros(1, 3, 4)
+    attributions[0, 0], attributions[0, 1], attributions[0, 2] = 1e38, 2e38, 0.5e38  # sums 4e38, 8e38, 2e38
+    assert torch.isfinite(attributions).all()
+    scores = token_scores(attributions)
+    torch.testing.assert_close(scores, attributions.double().sum(-1), rtol=0, atol=0)
+    top, _ = top_k_masks(attributions, torch.ones(1, 3, dtype=torch.bool), (0.34,))
+    assert top[0, 0].tolist() == [False, True, False]
+    p = torch.tensor([4.0, 8.0, 2.0], dtype=torch.float64) / 14  # the shares by hand
+    hand = float(-(p * p.log()).sum())
+    assert float(explanation_entropy(attributions, torch.ones(1, 3))[0]) == pytest.approx(hand, rel=1e-6)
+    assert token_scores(torch.ones(1, 2, 3)).dtype == torch.float32  # scores that fit stay float32

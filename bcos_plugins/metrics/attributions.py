@@ -111,12 +111,17 @@ def token_scores(attributions: Any, reduce: str = "sum") -> Float[Tensor, "batch
                              "Fix the attribution method (or its inputs) for those rows")
     if scores.ndim > 2:
         flat = scores.flatten(2)
-        if reduce == "sum":
-            scores = flat.sum(-1)
-        elif reduce == "mean":
-            scores = flat.mean(-1)
-        else:
-            scores = flat.norm(dim=-1)
+        reduced = _over_features(flat, reduce)
+        if not bool(torch.isfinite(reduced).all()):
+            # finite float32 scores whose sum over the features passes float32's range (3.4e38) read inf for every
+            # such token: the entropy read 0 and the top k was the tie rule's pick by position, silently. Reduced in
+            # float64 there (returned in float64); the scores stay float32 wherever they fit, as computed before
+            reduced = _over_features(flat.double(), reduce)
+            if not bool(torch.isfinite(reduced).all()):
+                raise argument_error("attributions", f"sum over their features beyond the range of float64 in "
+                                     f"{bad_rows(~torch.isfinite(reduced))}", "Rescale the attributions (every metric "
+                                     "but completeness_error reads them up to a common factor)")
+        scores = reduced
     elif reduce == "l2":
         # the norm over no feature axis is the magnitude: (batch, pos) scores came back signed, where the same scores
         # with a feature axis of one were magnitudes (a token of -3 ranked last instead of first)
@@ -159,6 +164,15 @@ def refuse_table_of_rows(attributions: Any) -> None:
                              "[torch.as_tensor(s) for s in table['scores']], batch_first=True)) with the mask of their "
                              "real tokens; a row's completeness error is its 'completeness_error' column",
                              kind=BcosTypeError)
+
+
+def _over_features(flat: Tensor, reduce: str) -> Tensor:
+    """``(batch, pos, features)`` scores reduced over their features as ``reduce`` says (see :func:`token_scores`)."""
+    if reduce == "sum":
+        return flat.sum(-1)
+    if reduce == "mean":
+        return flat.mean(-1)
+    return flat.norm(dim=-1)
 
 
 def scores_and_positions(scores: Any, positions: Tensor | None, reduce: str = "sum") -> tuple[Any, Tensor | None]:
