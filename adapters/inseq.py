@@ -127,12 +127,19 @@ from bcos_plugins.attribution.text import (
 )
 from bcos_plugins.convert.architectures import (
     ArchitectureSpec,
+    position_limit,
+    require_max_length_fits,
     spec_for,
     specs_where,
     supported_architectures,
 )
 from bcos_plugins.convert.bcosify import BCOS_CONFIG_KEY
-from bcos_plugins.corpus import mask_keywords, require_tokenizer_fits
+from bcos_plugins.corpus import (
+    mask_keywords,
+    require_tokenizer_fits,
+    truncated_token_counts,
+    warn_of_truncated_texts,
+)
 from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
 from bcos_plugins.explain import explain
 from bcos_plugins.nn.dynamic import evaluating, thread_token
@@ -1194,8 +1201,11 @@ class BcosClassifier:
             raise argument_error("label_names", f"{len(label_names)} names for a model with {num_labels} classes",
                                  "Pass one name per class, in class-id order")
         self.label_names = list(label_names)
-        # 1.5 failed inside the tokenizer (TypeError), 0 as an "empty input" naming input_ids
+        # 1.5 failed inside the tokenizer (TypeError), 0 as an "empty input" naming input_ids; one past the model's
+        # position table was refused at attribute, naming input_ids and a tokenizer call the caller never made
         self.max_length = None if max_length is None else require_count("max_length", max_length)
+        if self.max_length is not None:
+            require_max_length_fits(model, self.max_length)
         self.model.eval()
 
     @property
@@ -1247,11 +1257,17 @@ class BcosClassifier:
         classes = self._classes(target)
         # 0 failed inside range() ("arg 3 must not be zero"), a negative size with an IndexError on an empty output
         batch_size = require_int("batch_size", batch_size, minimum=1)
-        sequences, predicted = [], []
+        sequences, predicted, cut_counts = [], [], []
         for start in range(0, len(texts), batch_size):
-            batch_sequences, batch_predicted = self._attribute_batch(texts[start:start + batch_size], classes)
+            batch_sequences, batch_predicted, batch_cut = self._attribute_batch(texts[start:start + batch_size],
+                                                                                 classes, start)
             sequences += batch_sequences
             predicted += batch_predicted
+            cut_counts += batch_cut
+        # a text longer than max_length was explained as its first tokens without a word (its source shows only
+        # those): warned as explain_dataset and predict warn
+        warn_of_truncated_texts("BcosClassifier.attribute", cut_counts, self.max_length, self.model, self.tokenizer,
+                                False, outcome="explained as")
         info = {
             "attribution_method": METHOD_NAME,
             "attributed_fn": "logit",
@@ -1268,8 +1284,11 @@ class BcosClassifier:
         }
         return FeatureAttributionOutput(sequence_attributions=sequences, step_attributions=None, info=info)
 
-    def _attribute_batch(self, texts: list[str], classes: list[int]) -> tuple[list[BcosSequenceAttribution], list[int]]:
-        """The texts' sequences and the class each text is predicted (over every class, not only ``classes``)."""
+    def _attribute_batch(self, texts: list[str], classes: list[int], first: int = 0
+                         ) -> tuple[list[BcosSequenceAttribution], list[int], list[int | None]]:
+        """The texts' sequences, the class each text is predicted (over every class, not only ``classes``) and each
+        text's token count where ``max_length`` cut it (:func:`~bcos_plugins.corpus.truncated_token_counts`);
+        ``first``: the index of ``texts[0]`` among the caller's texts."""
         device = next(self.model.parameters()).device
         if len(texts) > 1 and self.tokenizer.pad_token is None:
             raise BcosValueError("tokenizer: it has no pad token to batch texts with; set one (e.g. tokenizer.pad_token = "
@@ -1281,6 +1300,14 @@ class BcosClassifier:
         ids: Int[Tensor, "batch pos"] = enc["input_ids"]
         mask: Int[Tensor, "batch pos"] = enc["attention_mask"]
         extra = {k: enc[k] for k in ("token_type_ids",) if k in enc}
+        limit = position_limit(self.model).max_length
+        if self.max_length is None and limit is not None and ids.shape[1] > limit:
+            # refused by explain naming input_ids and a tokenizer call the caller never made
+            long = [first + i for i, n in enumerate(mask.sum(1).tolist()) if n > limit]
+            raise argument_error("texts", f"text(s) {long[:8]} have more tokens than the {limit} positions "
+                                 f"{type(self.model).__name__} reads", f"Build it with load_classifier(model, tokenizer, "
+                                 f"max_length={limit}) to explain their first {limit} tokens (a warning names the cut "
+                                 "texts), or split the texts")
         # a refusal of left padding names the tokenizer's padding side (it named attention_mask, never passed)
         with padding_named_as_tokenizers(self.tokenizer):
             per_class = [explain(self.model, ids, mask, target=c, **extra) for c in classes]
@@ -1309,7 +1336,9 @@ class BcosClassifier:
                 attr_pos_start=0,
                 attr_pos_end=len(classes),
             ))
-        return sequences, every_logit.argmax(-1).tolist()
+        cut = (truncated_token_counts(self.tokenizer, texts, None, mask.sum(1).tolist(), self.max_length)
+               if self.max_length is not None else [None] * len(texts))
+        return sequences, every_logit.argmax(-1).tolist(), cut
 
 
 def load_classifier(model: nn.Module, tokenizer, label_names: Sequence[str] | None = None,

@@ -296,3 +296,29 @@ def test_visualization_records_read_class_ids_as_ids_or_refuse_them_naming_the_a
     records = visualization_records(explanation, tokenizer, true_labels=torch.tensor([2, 0, 1]),
                                     label_names=["a", "b", "c"])
     assert [r.true_class for r in records] == ["c", "a", "b"]
+
+
+# ------------------------------------------------ inseq's classifier: max_length and texts past the model's positions
+
+
+def test_inseq_classifier_warns_of_the_texts_max_length_cuts_and_names_its_arguments_for_longer_texts():
+    """``load_classifier(..., max_length=3)`` explained a six-token text as its first three tokens without a word (its
+    source showed only those), where explain_dataset and predict warn; ``max_length`` past the model's position table
+    and, without it, a text longer than the table were refused at attribute naming input_ids and a tokenizer call
+    the caller never made."""
+    from bcos_plugins.adapters.inseq import load_classifier
+
+    model, tokenizer = _bcos("BertForSequenceClassification"), _word_tokenizer()
+    with pytest.warns(UserWarning, match=r"^BcosClassifier\.attribute: 1 text\(s\) \[1\] have more than max_length=4 "
+                                         r"tokens: each is explained as the first tokens"):
+        out = load_classifier(model, tokenizer, max_length=4).attribute(["w3 w4", "w3 w4 w5 w6 w7 w8"],
+                                                                        batch_size=1)
+    assert [len(s.source) for s in out.sequence_attributions] == [2, 4]
+    with pytest.raises(BcosValueError, match=r"^max_length: is 100 but BertForSequenceClassification takes at most "
+                                             r"40 positions"):
+        load_classifier(model, tokenizer, max_length=100)
+    long_text = " ".join(f"w{3 + i % 50}" for i in range(60))
+    with pytest.raises(BcosValueError, match=r"^texts: text\(s\) \[2\] have more tokens than the 40 positions "
+                                             r"BertForSequenceClassification reads\. Build it with load_classifier\("
+                                             r"model, tokenizer, max_length=40\)"):
+        load_classifier(model, tokenizer).attribute(["w3", "w4", long_text], batch_size=2)
