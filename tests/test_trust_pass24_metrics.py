@@ -286,3 +286,61 @@ def test_token_scores_of_float32_attributions_whose_sum_passes_float32s_range():
     hand = float(-(p * p.log()).sum())
     assert float(explanation_entropy(attributions, torch.ones(1, 3))[0]) == pytest.approx(hand, rel=1e-6)
     assert token_scores(torch.ones(1, 2, 3)).dtype == torch.float32  # scores that fit stay float32
+
+
+# ------------------------------------------------------------------ an explanation scored on its model in bfloat16
+
+
+def test_perturbation_curves_take_an_explanation_scored_on_its_own_model_in_bfloat16():
+    """The check that an explanation was made for the scored model allows the rounding of the dtypes involved, but it
+    read the model's logits after they were widened to float32: a float64 explanation scored on the same model cast to
+    bfloat16 (a GPU evaluation) was refused as "made for another model" (0.0990 explained, 0.1021 in bfloat16). The
+    model's own dtype counts now; another model's explanation is still refused in bfloat16."""
+    import copy
+
+    from bcos_plugins import explain
+    from bcos_plugins.metrics import perturbation_curves
+
+    model, other = _bcos_bert(seed=0), _bcos_bert(seed=3)
+    ids, mask = padded_rows([7, 5, 9], 9, "right", seed=1)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    explanation = explain(model, ids, mask)
+    low = copy.deepcopy(model).bfloat16()
+    curves = perturbation_curves(low, ids, mask, explanation, special_tokens=special, fractions=(0.5,))
+    by_tensor = perturbation_curves(low, ids, mask, explanation.contributions, special_tokens=special,
+                                    fractions=(0.5,), target=explanation.target)
+    torch.testing.assert_close(curves.comprehensiveness, by_tensor.comprehensiveness, rtol=0, atol=0)
+    with pytest.raises(BcosValueError, match="made for another model"):
+        perturbation_curves(other.bfloat16(), ids, mask, explanation, special_tokens=special, fractions=(0.5,))
+
+
+def test_pixel_perturbation_takes_an_explanation_scored_on_its_own_vit_in_bfloat16():
+    """A float32 image explanation scored on the same ViT and images in bfloat16 was refused twice over: as "not the
+    images the explanation was made of" (the encoding's 1 - x rounds one unit apart in bfloat16, compared within 1e-5)
+    and as "made for another model" (logits compared after their widening to float32). Both checks allow the coarser
+    dtype's rounding now; other images and another model are still refused."""
+    import copy
+
+    from bcos_plugins.metrics import pixel_perturbation
+    from bcos_plugins.vision import BcosViT, BcosViTConfig, explain_image
+
+    torch.manual_seed(0)
+    model = BcosViT(BcosViTConfig(**TINY_VIT_SHAPE, b=2.0, max_out=2, logit_scale=10.0)).eval()
+    images = torch.rand(3, 1, 16, 16, generator=torch.Generator().manual_seed(1))
+    explanation = explain_image(model, images)
+    low = copy.deepcopy(model).bfloat16()
+
+    def forward(encoded):
+        return low(encoded_pixel_values=encoded).logits
+
+    encoded = low.encode(images.bfloat16())
+    curves = pixel_perturbation(forward, encoded, explanation, explanation.target)
+    by_tensor = pixel_perturbation(forward, encoded, explanation.contributions, explanation.target)
+    torch.testing.assert_close(curves.area_between, by_tensor.area_between, rtol=0, atol=0)
+    others = torch.rand(3, 1, 16, 16, generator=torch.Generator().manual_seed(2))
+    with pytest.raises(BcosValueError, match="inputs: are not the images the explanation was made of"):
+        pixel_perturbation(forward, low.encode(others.bfloat16()), explanation, explanation.target)
+    torch.manual_seed(5)
+    another = BcosViT(BcosViTConfig(**TINY_VIT_SHAPE, b=2.0, max_out=2, logit_scale=10.0)).eval().bfloat16()
+    with pytest.raises(BcosValueError, match="made for another model"):
+        pixel_perturbation(lambda e: another(encoded_pixel_values=e).logits, encoded, explanation, explanation.target)

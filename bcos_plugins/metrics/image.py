@@ -332,7 +332,8 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
             logits = logits.logits if hasattr(logits, "logits") else logits
             refuse_explanation_of_another_model(attributions, logits.detach().to(at_least_float32(logits.dtype)),
                                                 explained.to(logits.device), "attributions", "Pass the forward of "
-                                                "the model the explanation was made with (or explain this model)")
+                                                "the model the explanation was made with (or explain this model)",
+                                                computed_in=logits.dtype)
     return PixelPerturbation(fractions=fractions, most_first=curves[True], least_first=curves[False])
 
 
@@ -356,7 +357,12 @@ def _refuse_explanation_of_other_images(explanation, inputs: Tensor) -> None:
         explained_images = encoded[:, :inputs.shape[1]]
     else:
         return  # another input space (e.g. a conventional model's): nothing to compare
-    other = ~torch.isclose(explained_images.to(inputs.device, inputs.dtype), inputs, rtol=1e-5, atol=1e-6)
+    # within two units of the coarser dtype's rounding: the same images given in bfloat16 (a bfloat16 ViT's inputs, the
+    # explanation made in float32) differ by one unit where the encoding's 1 - x rounds, and were refused as others
+    coarse = max(torch.finfo(inputs.dtype).eps, torch.finfo(explained_images.dtype).eps) \
+        if explained_images.is_floating_point() else 0.0
+    other = ~torch.isclose(explained_images.to(inputs.device, inputs.dtype), inputs, rtol=max(1e-5, 2 * coarse),
+                           atol=max(1e-6, 2 * coarse))
     if other.any():
         raise argument_error("inputs", f"are not the images the explanation was made of ({bad_rows(other)} differ)",
                              "Pass the explained images (attribution_input(model, images) of the same images)")

@@ -263,14 +263,15 @@ def explained_foil(explanation: Any, n_rows: int, n_classes: int | None, score: 
 
 
 def refuse_explanation_of_another_model(explanation: Any, logits: Tensor, target: Tensor, argument: str,
-                                        fix: str) -> None:
+                                        fix: str, computed_in: torch.dtype | None = None) -> None:
     """Refuse an explanation of the package whose model outputs (``explanation.logits``, one per row: the explained
     values, plus what belongs to no token, a Space model's classifier bias) are not
     those of ``logits``, the scored model's outputs ``(batch, classes)`` on the explained inputs, at its class ids
     ``target`` (minus its foil's): it explains another model (other weights, another checkpoint of the architecture),
     so its ranking was scored on this model's confidences, silently. Explanations that do not say what they explain
     (tensors, Captum tuples, a ``Direction`` target or foil) are not compared. The tolerance, 1e-3 of the logit (at
-    least 1e-3) or 8 units of the wider of the two dtypes' rounding, lets an explanation of the same model in another
+    least 1e-3) or 8 units of the widest rounding of the two dtypes and ``computed_in`` (the dtype the scored model
+    computed its logits in, where ``logits`` were widened since), lets an explanation of the same model in another
     dtype or batch pass; another model's logits differ by far more."""
     explained = getattr(explanation, "explained", None)
     if not isinstance(explained, Tensor) or not explained.is_floating_point() or explained.shape != target.shape:
@@ -289,7 +290,11 @@ def refuse_explanation_of_another_model(explanation: Any, logits: Tensor, target
         value = value - logits.gather(-1, foil[:, None].to(logits.device).long()).squeeze(-1)
     explained = explained.detach().to(value.device, torch.float64)
     value = value.double()
-    rounding = 8 * max(torch.finfo(explanation.explained.dtype).eps, torch.finfo(logits.dtype).eps)
+    # the model's own dtype too: its logits are widened to float32 before they reach here, so a float64 explanation of
+    # the same model cast to bfloat16 (logits off by 3e-3) was refused as "made for another model"
+    dtypes = [explanation.explained.dtype, logits.dtype] + ([computed_in] if computed_in is not None
+                                                            and computed_in.is_floating_point else [])
+    rounding = 8 * max(torch.finfo(dtype).eps for dtype in dtypes)
     tolerance = torch.clamp(value.abs(), min=1.0) * max(1e-3, rounding)
     differ = (explained - value).abs() > tolerance
     if differ.any():
@@ -339,8 +344,9 @@ def _probabilities(model: Callable, call: dict, probability: str, examples: Sequ
     return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
 
 
-def _class_logits(model: Callable, call: dict, examples: Sequence[int]) -> Tensor:
-    """The class logits of ``model(**call)`` in at least float32 (see :func:`_probabilities`)."""
+def _class_logits(model: Callable, call: dict, examples: Sequence[int], widen: bool = True) -> Tensor:
+    """The class logits of ``model(**call)`` in at least float32 (see :func:`_probabilities`); ``widen=False``: in the
+    dtype the model returned them in."""
     # in eval mode, as the decoder metrics and SeqPG score: a model left in training mode (after a Trainer run)
     # scored every perturbed row with dropout on, so the curves were random (off by 2x on a tiny BERT), silently
     with evaluating(model) if isinstance(model, nn.Module) else nullcontext():
@@ -356,7 +362,7 @@ def _class_logits(model: Callable, call: dict, examples: Sequence[int]) -> Tenso
                       "with unpadded rows.", what="NaN or infinite",
                       masked="tokens are masked out (padding, or the perturbation's removals through the attention "
                       "mask)", model=model if isinstance(model, nn.Module) else None, input_ids=call.get("input_ids"))
-    return logits.to(at_least_float32(logits.dtype))  # a float64 model's stay float64
+    return logits.to(at_least_float32(logits.dtype)) if widen else logits  # a float64 model's stay float64
 
 
 def _reads_one_token(model, spec) -> bool:
@@ -526,7 +532,8 @@ def perturbation_curves(
     top, k = top_k_masks(scores, perturbable, fractions)
     batch, n_fr, length = top.shape
 
-    full_logits = _class_logits(model, call, range(batch))
+    raw_logits = _class_logits(model, call, range(batch), widen=False)
+    full_logits = raw_logits.to(at_least_float32(raw_logits.dtype))
     if probability == "softmax" and full_logits.shape[-1] == 1:
         # the softmax of one logit is 1 whatever the input: every curve of a one-logit classifier (num_labels=1, a
         # binary one trained with a sigmoid) was 0, every method's AOPC 0, silently
@@ -559,7 +566,8 @@ def perturbation_curves(
     if explained is not None:
         refuse_explanation_of_another_model(attributions, full_logits, explained.to(full_logits.device),
                                             "attributions", "Score the model the explanation was made with, "
-                                            "passing the keywords it was explained with (or explain this model)")
+                                            "passing the keywords it was explained with (or explain this model)",
+                                            computed_in=raw_logits.dtype)
     # a contrastive explanation ranks evidence for target - foil: its curves track P(target) - P(foil)
     foil_t = explained_foil(attributions, batch, full.shape[-1], "probability")
     foil_t = foil_t.to(input_ids.device) if foil_t is not None else None
