@@ -322,3 +322,23 @@ def test_inseq_classifier_warns_of_the_texts_max_length_cuts_and_names_its_argum
                                              r"BertForSequenceClassification reads\. Build it with load_classifier\("
                                              r"model, tokenizer, max_length=40\)"):
         load_classifier(model, tokenizer).attribute(["w3", "w4", long_text], batch_size=2)
+
+
+def test_make_seqpg_examples_scores_a_classifier_whose_config_says_return_dict_false_as_with_true():
+    """SeqPG's segment scoring called the model without return_dict: a BERT classifier whose config says False gave a
+    tuple, which failed with "'tuple' object has no attribute 'float'"; now called through the same kwargs as every
+    path, it scores the segments as the model with True does (a tiny random BERT is confident of one class only, so
+    both are refused alike, naming the class found)."""
+    from test_metrics_faithfulness import _word_tokenizer as seqpg_tokenizer
+
+    from bcos_plugins.metrics import make_seqpg_examples
+
+    tokenizer, _ = seqpg_tokenizer([f"{c}{i}" for c in "abc" for i in range(10)] + ["x"])
+    texts = ["a1 a2 x x", "a3 a4 x x", "b1 b2 b3 x", "c1 c2 x x", "b4 b5 x x", "c3 c4 c5 x"]
+    labels = [0, 0, 1, 2, 1, 2]
+    messages = []
+    for model in (_bcos("BertForSequenceClassification"), _tuple_config("BertForSequenceClassification")):
+        with pytest.raises(BcosValueError, match=r"^min_confidence: fewer than two classes") as refusal:
+            make_seqpg_examples(model, tokenizer, texts, labels, segment_length=3, n_examples=2, min_confidence=0.0)
+        messages.append(str(refusal.value))
+    assert messages[0] == messages[1]

@@ -38,7 +38,7 @@ from .._checks import (
     require_texts,
     warn_if_another_models_tokenizer,
 )
-from ..attribution.text import refuse_stock_loaded_bcos
+from ..attribution.text import refuse_stock_loaded_bcos, with_output_object
 from ..convert.architectures import position_limit
 from ..errors import argument_error
 from ..nn.dynamic import evaluating
@@ -230,7 +230,9 @@ def _segment_probabilities(model, candidates, cls_id: int, sep_id: int, batch_si
         for start in range(0, len(candidates), batch_size):
             chunk = candidates[start : start + batch_size]
             ids = torch.tensor([[cls_id, *seg, sep_id] for _, seg in chunk], device=device)
-            out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            # with_output_object: a config.return_dict=False made a module's output a tuple, which failed here as
+            # "'tuple' object has no attribute 'float'" (a function is called as it is)
+            out = model(**with_output_object(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}))
             logits = out.logits if hasattr(out, "logits") else out
             conf.append(logits.float().softmax(-1).cpu())
     return torch.cat(conf)
