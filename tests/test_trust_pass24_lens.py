@@ -287,3 +287,29 @@ def test_effective_weight_of_a_cache_whose_models_weights_changed_is_refused():
     _edit(model, "hooked", "W_O")
     with pytest.raises(BcosError, match=r"^cache: .*blocks\.0\.attn\.W_O"):
         effective_weight(cache, 0, "W_O")
+
+
+@pytest.mark.parametrize("kind", ["hooked", "bridge"])
+@pytest.mark.parametrize("tokens", [TOKENS[:1], torch.tensor([[5, 6], [7, 8]])], ids=["batch1", "batch2_pos2"])
+def test_a_norm_scale_sliced_otherwise_than_the_stack_is_refused(kind, tokens):
+    """``apply_ln_to_stack`` (and so ``logit_attrs``) divides the stack by the cached norm scale sliced by ``pos_slice``,
+    which TransformerLens assumes the stack was sliced by too. A full stack with ``logit_attrs(..., pos_slice=-1)``
+    divided every position by the last one's scale on a batch of one (same shape as the right answer, other values)
+    and paired a 2 x 2 batch's rows with its positions; a stack sliced at -1 with no ``pos_slice`` gave a
+    (components, pos) table of each component over every position's scale; without a word. Refused naming
+    ``pos_slice`` and both shapes; the same slice on both gives the logits."""
+    model = _model(kind)
+    logits, cache = model.run_with_cache(tokens)
+    full, last = cache.decompose_resid(), cache.decompose_resid(pos_slice=-1)
+    with pytest.raises(BcosError, match=r"^pos_slice: .*cached norm scale.*\(.*\).*the residual stack.*\(.*\)"):
+        cache.logit_attrs(full, tokens=3, pos_slice=-1)
+    if tokens.shape[0] == 1:
+        with pytest.raises(BcosError, match=r"^pos_slice: "):
+            cache.logit_attrs(last, tokens=3)
+    torch.testing.assert_close(cache.logit_attrs(last, tokens=3, pos_slice=-1).sum(0), logits[:, -1, 3],
+                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(cache.logit_attrs(full, tokens=3).sum(0), logits[..., 3], atol=1e-6, rtol=0)
+    # a stack without its batch dimension on a batch of one (has_batch_dim=False) lines up with the scale as before
+    if tokens.shape[0] == 1:
+        torch.testing.assert_close(cache.logit_attrs(full[:, 0], tokens=3, has_batch_dim=False).sum(0),
+                                   logits[0, :, 3], atol=1e-6, rtol=0)

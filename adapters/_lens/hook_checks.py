@@ -126,6 +126,45 @@ def _logit_token_dims(cache, residual_stack: Tensor, batch_slice, has_batch_dim:
     return dims
 
 
+def _check_scale_lines_up(cache, bound: dict) -> None:
+    """Refuse an ``apply_ln_to_stack`` (``logit_attrs``, the stacks' ``apply_ln``) whose cached norm scale, sliced by
+    ``pos_slice`` / ``batch_slice``, does not have the stack's (batch, pos) dimensions: TransformerLens assumes the
+    stack was sliced as the scale is and divides by broadcasting, so a full stack with ``pos_slice=-1`` was divided by
+    the last position's scale everywhere (a batch of one: the right shape, other values) or had its rows paired with
+    positions, and a stack sliced at -1 with no ``pos_slice`` became a table over every position's scale. A scale with
+    an extra leading 1 (a batch of one, the stack given without it, ``has_batch_dim=False``) lines up."""
+    if cache.model.cfg.normalization_type not in ("LN", "LNPre", "RMS", "RMSPre"):
+        return  # TransformerLens returns the stack unchanged
+    layer = _target_layer(cache.model, bound.get("layer"))
+    if bound.get("recompute_ln") and layer == cache.model.cfg.n_layers:
+        return  # the final norm recomputed per component: no cached scale
+    stack = bound.get("residual_stack")
+    scale_of = getattr(cache, "_get_cached_ln_scale", None)
+    if not isinstance(stack, Tensor) or scale_of is None:
+        return
+    from transformer_lens.utilities import Slice
+
+    pos_slice, batch_slice = bound.get("pos_slice"), bound.get("batch_slice")
+    try:
+        scale = scale_of(layer, bound.get("mlp_input", False),
+                         pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice),
+                         batch_slice if isinstance(batch_slice, Slice) else Slice(batch_slice))
+    except (KeyError, TypeError):
+        return  # not cached (names_filter) or another signature: TransformerLens' own call says so
+    has_batch_dim = bound.get("has_batch_dim", True)
+    dims, scale_dims = _logit_token_dims(cache, stack, batch_slice, has_batch_dim), tuple(scale.shape[:-1])
+    while len(scale_dims) > len(dims) and scale_dims[0] == 1:
+        scale_dims = scale_dims[1:]
+    if scale_dims != dims:
+        raise argument_error(
+            "pos_slice", f"the cached norm scale sliced by pos_slice={pos_slice!r}"
+            f"{f', batch_slice={batch_slice!r}' if batch_slice is not None else ''} has the dimensions "
+            f"{tuple(scale.shape[:-1])}, but the residual stack's between its components and d_model are {dims}; "
+            "TransformerLens would divide them by broadcasting, each component by another row's or position's "
+            "scale (wrong numbers)", "Pass the pos_slice the stack was made with (decompose_resid(pos_slice=-1) "
+            "and logit_attrs(..., pos_slice=-1)), or none to both")
+
+
 def check_logit_tokens(cache, name: str, tokens, residual_stack, batch_slice=None, has_batch_dim: bool = True) -> None:
     """Refuse ``tokens`` (``logit_attrs``' ``tokens`` / ``incorrect_tokens``) that are not ids of the unembedding's
     columns, or a tensor of them whose shape does not line up with the stack's (batch, pos) dimensions.
@@ -363,6 +402,7 @@ class HookCheckedCache:
         # logit_attrs, decompose_resid(apply_ln=True) and the stacks' apply_ln all come through here
         bound = _bind(super().apply_ln_to_stack, args, kwargs)
         require_cache_layer(self, bound.get("layer"))
+        _check_scale_lines_up(self, bound)
         if self.hooked_at_run:
             if not bound.get("mlp_input", False):
                 self._check_final_norm("apply_ln_to_stack", bound.get("layer"))
