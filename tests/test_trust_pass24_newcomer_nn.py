@@ -14,18 +14,30 @@ were silently wrong or crashed unhelpfully, one test each (the tally is in the C
 - ``BcosLinear(..., constant_outputs=slice(4, 1, -1))`` (any slice with a negative step, which the check accepts)
   failed in the explaining backward pass of a B != 1 layer with torch's "step must be greater than zero"; the layer
   now holds the same units as a slice with a positive step.
+- ``mode = explanation_mode(model)`` (or ``reference_path()``, ``reuse_unit_weights()``) entered a second time failed
+  with contextlib's "'_GeneratorContextManager' object has no attribute 'args'": they can be entered again, as
+  ``torch.no_grad()``'s objects can (``nn.dynamic.reusable_context``).
 """
 
 from __future__ import annotations
 
 import re
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 import torch
 
 from bcos_plugins.errors import BcosValueError
-from bcos_plugins.nn import BcosConv1D, BcosLinear, DetachableRMSNorm, explanation_mode, reference_path
+from bcos_plugins.nn import (
+    BcosConv1D,
+    BcosLinear,
+    DetachableRMSNorm,
+    explanation_mode,
+    is_explaining,
+    reference_path,
+    reuse_unit_weights,
+)
 from bcos_plugins.nn.dynamic import no_parameter_gradients
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,3 +131,41 @@ def test_constant_outputs_with_a_negative_step_hold_their_units_constant_on_the_
         else:
             torch.testing.assert_close((fused_grads[unit] * x).sum(-1), fused[:, unit], rtol=0, atol=1e-14)
     assert set(range(6)[layer.constant_outputs]) == constant
+
+
+@pytest.mark.parametrize(("make", "explains"), [(lambda model: explanation_mode(model), True),
+                                              (lambda model: explanation_mode(), True),
+                                              (lambda model: reference_path(), False),
+                                              (lambda model: reuse_unit_weights(), False)],
+                         ids=["explanation_mode(model)", "explanation_mode()", "reference_path", "reuse_unit_weights"])
+def test_the_nn_context_managers_can_be_entered_again_as_torchs_can(make, explains):
+    """``mode = explanation_mode(model)`` then ``with mode:`` twice (a loop over batches) failed at the second block
+    with contextlib's "'_GeneratorContextManager' object has no attribute 'args'" (``reference_path()`` and
+    ``reuse_unit_weights()`` too); ``torch.no_grad()``'s objects can be entered again. Each block (also nested in
+    itself, and after one that raised) explains as a fresh one does."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(BcosLinear(5, 4, b=2.0), DetachableRMSNorm(4), BcosLinear(4, 2, b=1.5)).double()
+    x = torch.randn(3, 5, dtype=torch.float64)
+    mode = make(model)
+
+    def explained() -> torch.Tensor:
+        xr = x.clone().requires_grad_()
+        logit = model(xr)[:, 1]
+        return xr * torch.autograd.grad(logit.sum(), xr)[0]
+
+    def block():  # a fresh explanation_mode around the switches that do not explain themselves
+        return nullcontext() if explains else explanation_mode(model)
+
+    with explanation_mode(model):
+        expected = explained()
+    for _ in range(2):
+        with block(), mode:
+            torch.testing.assert_close(explained().sum(-1), model(x)[:, 1], rtol=0, atol=1e-14)
+            torch.testing.assert_close(explained(), expected, rtol=0, atol=1e-14)
+            with mode:  # nested in itself
+                torch.testing.assert_close(explained(), expected, rtol=0, atol=1e-14)
+    with pytest.raises(KeyError), mode:
+        raise KeyError("raised inside")
+    with block(), mode:
+        torch.testing.assert_close(explained(), expected, rtol=0, atol=1e-14)
+    assert not is_explaining(model)

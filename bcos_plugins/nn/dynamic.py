@@ -13,10 +13,11 @@ bit-identical in and out of the mode: both paths run the same arithmetic, one of
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ContextDecorator, contextmanager, nullcontext
 
 import torch
 from torch import Tensor, nn
@@ -24,7 +25,40 @@ from torch import Tensor, nn
 from ..errors import BcosTypeError, argument_error
 
 __all__ = ["DynamicWeightModule", "dynamic_weights_used", "evaluating", "explanation_mode", "has_dynamic_weights",
-           "is_explaining", "no_parameter_gradients", "parameter_gradients_unused"]
+           "is_explaining", "no_parameter_gradients", "parameter_gradients_unused", "reusable_context"]
+
+
+class _ReusableContext(ContextDecorator):
+    """One call of a :func:`reusable_context` function: each ``with`` runs the generator afresh (blocks nested or
+    opened again in the same thread exit in the reverse order; each thread keeps its own open blocks)."""
+
+    def __init__(self, make: Callable[..., AbstractContextManager], args: tuple, kwargs: dict) -> None:
+        self._make, self._args, self._kwargs = make, args, kwargs
+        self._open = threading.local()
+
+    def __enter__(self):
+        block = self._make(*self._args, **self._kwargs)
+        value = block.__enter__()
+        self._open.__dict__.setdefault("blocks", []).append(block)
+        return value
+
+    def __exit__(self, *exc_info):
+        return self._open.blocks.pop().__exit__(*exc_info)
+
+
+def reusable_context(function: Callable[..., Iterator]) -> Callable[..., AbstractContextManager]:
+    """``contextlib.contextmanager`` whose context managers can be entered more than once, as ``torch.no_grad()``'s
+    can: ``mode = explanation_mode(model)``, then ``with mode:`` in a loop. A ``contextmanager`` object runs its
+    generator once: a second ``with`` failed with contextlib's "'_GeneratorContextManager' object has no attribute
+    'args'", naming nothing of the package. Also a decorator, as ``contextmanager``'s are."""
+
+    make = contextmanager(function)
+
+    @functools.wraps(function)
+    def context(*args, **kwargs) -> AbstractContextManager:
+        return _ReusableContext(make, args, kwargs)
+
+    return context
 
 # Explanation mode is per thread, in both forms: a forward pass runs in the caller's thread, and another thread
 # (a data loader, a training loop on the same model object, a second explanation) must not see its modules switched.
@@ -96,7 +130,7 @@ def parameter_gradients_unused() -> bool:
     return getattr(_THREAD_STATE, "no_parameter_gradients", 0) > 0
 
 
-@contextmanager
+@reusable_context
 def no_parameter_gradients() -> Iterator[None]:
     """Declare that no gradient with respect to a parameter is taken from the autograd graph built in this
     block (in this thread): only gradients with respect to inputs (``torch.autograd.grad(out, inputs)``).
@@ -193,7 +227,7 @@ def is_explaining(module: nn.Module) -> bool:
     return any(m.explaining for m in module.modules() if isinstance(m, DynamicWeightModule))
 
 
-@contextmanager
+@reusable_context
 def explanation_mode(model: nn.Module | None = None) -> Iterator[nn.Module | None]:
     """Make every dynamic weight of ``model`` a constant for autograd while the block runs.
 
@@ -240,7 +274,7 @@ def explanation_mode(model: nn.Module | None = None) -> Iterator[nn.Module | Non
             _switch(keys, -1)
 
 
-@contextmanager
+@reusable_context
 def evaluating(model: nn.Module) -> Iterator[nn.Module]:
     """``model`` in eval mode while the block runs (dropout off: an explained or scored function must be
     deterministic), and afterwards every module in the training mode it had before, also when the block raises.

@@ -61,7 +61,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .._checks import require_bool
 from ..errors import BcosRuntimeError, BcosTypeError, BcosValueError, argument_error
-from .dynamic import parameter_gradients_unused
+from .dynamic import parameter_gradients_unused, reusable_context
 
 __all__ = ["NORM_EPS", "COS_FLOOR", "HALF_DTYPES", "at_least_float32", "unit_norm", "cached_unit_norm", "clear_unit_norm_cache",
            "reuse_unit_weights",
@@ -272,7 +272,7 @@ def _process_switch(flag: str, enabled: bool, function: str,
             on_exit(previous)
 
 
-@contextmanager
+@reusable_context  # (entered again: torch.no_grad()'s objects can be)
 def reuse_unit_weights(enabled: bool = True) -> Iterator[None]:
     """Let the B-cos layers reuse their normalised weights across forward passes while the block runs
     (:func:`cached_unit_norm`): inference and explanations then skip a reduction, a clamp and a division per
@@ -1187,7 +1187,7 @@ def using_reference_path() -> bool:
     return _REFERENCE_PATH
 
 
-@contextmanager
+@reusable_context  # (entered again: torch.no_grad()'s objects can be)
 def reference_path(enabled: bool = True) -> Iterator[None]:
     r"""Run every B-cos layer (linear, convolution, LayerNorm, activations) through the reference
     implementation, the maths written step by step and differentiated by autograd, while the block runs.

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -53,7 +52,7 @@ from torch import Tensor
 
 from .._checks import require_bool
 from ..errors import BcosRuntimeError, argument_error
-from .dynamic import parameter_gradients_unused
+from .dynamic import parameter_gradients_unused, reusable_context
 from .functional import (
     COS_FLOOR,
     NORM_EPS,
@@ -79,7 +78,7 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@contextmanager
+@reusable_context  # (entered again: torch.no_grad()'s objects can be)
 def triton_kernels(enabled: bool = True) -> Iterator[None]:
     """Run every B-cos linear layer without MaxOut as one Triton kernel (this module's docstring) while the block
     runs; process-wide, like :func:`~bcos_plugins.nn.reference_path`.
