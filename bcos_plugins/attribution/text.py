@@ -199,10 +199,11 @@ def require_head_output_object(model: nn.Module) -> None:
     whatever the call passes (the head's decorator takes ``return_dict`` for itself). A head that passes
     ``return_dict`` on (BERT, DistilBERT, RoBERTa) runs, and is called with ``return_dict=True``
     (:func:`with_output_object`). docs/hosts/upstream-issues.md#transformers-return-dict-false."""
+    if getattr(getattr(model, "config", None), "return_dict", True) is not False:
+        return  # (first: every path calls this once per model call)
     model = uncompiled(model)
-    config = getattr(model, "config", None)
     base = getattr(model, "base_model", None)
-    if (getattr(config, "return_dict", True) is not False or not isinstance(base, nn.Module) or base is model
+    if (not isinstance(base, nn.Module) or base is model
             or "return_dict" not in _decorator_keywords(uncompiled(base).forward)
             or _passes_return_dict_on(type(model).forward)):
         return
