@@ -20,6 +20,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ._checks import (
+    caller_stacklevel,
     refuse_meta_model,
     require_count,
     require_max_length_beyond_special_tokens,
@@ -227,15 +228,33 @@ def truncation_warned() -> Iterator[None]:
         _TRUNCATION_WARNED.reset(token)
 
 
+# set by an entry point that runs another that warns (fine_tune_task_then_bcos's conventional stage is a
+# fine_tune_classifier): the warning names the function the user called, not the one inside it (truncation_named)
+_TRUNCATION_CALL: ContextVar[str | None] = ContextVar("_TRUNCATION_CALL", default=None)
+
+
+@contextmanager
+def truncation_named(call: str) -> Iterator[None]:
+    """Inside it, :func:`warn_of_truncated_texts` names ``call``, the entry point the user called, in place of the
+    function inside it that truncates (``fine_tune_task_then_bcos``'s stages are ``fine_tune_classifier`` calls)."""
+    token = _TRUNCATION_CALL.set(call)
+    try:
+        yield
+    finally:
+        _TRUNCATION_CALL.reset(token)
+
+
 def warn_of_truncated_texts(call: str, counts: Sequence[int | None], max_length: int | None, model: nn.Module,
-                            tokenizer, paired: bool, *, outcome: str, marked: str = "", stacklevel: int = 3) -> None:
+                            tokenizer, paired: bool, *, outcome: str, marked: str = "") -> None:
     """Warn that texts were cut to ``max_length`` tokens (``counts``: :func:`truncated_token_counts` of the caller's
     texts, in the caller's order), naming how many, which (their index, the first 8), which tokens were kept and the
     ``max_length`` that keeps every token (the longest text's count, or the model's position limit below it). The
     one warning of every path that truncates texts itself: ``explain_dataset`` (``outcome="explained as"``; its
     column 'truncated', ``marked``, marks them), ``predict`` / ``accuracy`` (``"classified from"``),
     ``fine_tune_classifier`` (``"trained on as"``) and ``pretrain_masked_lm`` (``"pre-trained on as"``), which cut
-    texts to 64 (128) tokens by default, silently. Once per call: nothing inside :func:`truncation_warned`."""
+    texts to 64 (128) tokens by default, silently. Once per call: nothing inside :func:`truncation_warned`. The
+    warning names the entry point the user called (:func:`truncation_named`) and points at the user's line (the
+    first frame outside the package, :func:`~bcos_plugins._checks.caller_stacklevel`)."""
     truncated = [i for i, n in enumerate(counts) if n is not None]
     if not truncated or _TRUNCATION_WARNED.get():
         return
@@ -253,9 +272,10 @@ def warn_of_truncated_texts(call: str, counts: Sequence[int | None], max_length:
         fix = f"Pass max_length={model_limit} (the model's limit; the longest text has {longest} tokens), or split the texts"
     else:  # cut at the model's limit already: no max_length keeps more
         fix = f"The model reads at most {model_limit} tokens (the longest text has {longest}): split the texts"
+    call = _TRUNCATION_CALL.get() or call
     warnings.warn(f"{call}: {len(truncated)} text(s) {truncated[:8]} have more than max_length={limit} tokens: each "
                   f"is {outcome} {kept_tokens}, as the tokenizer's truncation_side={side!r} cuts; the rest is left "
-                  f"out{marked}). {fix}", UserWarning, stacklevel=stacklevel)
+                  f"out{marked}). {fix}", UserWarning, stacklevel=caller_stacklevel())
 
 
 def require_texts_with_tokens(lengths: Sequence[int], rows: Sequence[int], texts: Sequence[str], argument: str,

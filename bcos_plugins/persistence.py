@@ -492,6 +492,13 @@ _OTHER_WEIGHT_SOURCES = {
     "state_dict": ("load_bcos_model reads the weights, and the B each B-cos layer stored, from the folder",
                    "Leave state_dict out; to put a state dict into a loaded B-cos model, call "
                    "model.load_state_dict(state_dict) after loading"),
+    # transformers renamed the weights' keys, not the bcos_b entries read beside them: a mapping that moves one
+    # layer's weights onto another (swapping two layers) ran each at the other's B, silently
+    "key_mapping": ("load_bcos_model pairs each layer's weights with the B stored under the same name, and "
+                    "key_mapping would rename the weights alone (a layer's weights could run at another layer's B)",
+                    "Leave key_mapping out; rename the keys in the folder's safetensors file(s), each layer's "
+                    "'<layer>.bcos_b' entry with its weights, save them again (safetensors.torch.save_file) and load "
+                    "that folder"),
 }
 
 # bcosify's own keywords, which a load takes from the save (config.bcos and each layer's stored B): they were refused as
@@ -590,9 +597,34 @@ def _same_setting(value, saved) -> bool:
         return False
 
 
+def _config_property_fields(config, key: str) -> list[str] | None:
+    """The saved fields (``config.to_dict()``'s) that a property ``key`` of the configuration's class reads
+    (``self.<field>`` in its getter's source); ``None`` when ``key`` is no such property."""
+    prop = getattr(type(config), key, None)
+    if not isinstance(prop, property) or prop.fget is None or key.startswith("_"):
+        return None
+    try:
+        source = inspect.getsource(prop.fget)
+    except (OSError, TypeError):
+        return []
+    saved = config.to_dict()
+    return sorted({f for f in re.findall(r"self\.(\w+)", source) if f in saved and f != key})
+
+
 def _unknown_keyword_error(key: str, config, model_class) -> BcosKeywordError:
     """The refusal of a keyword that is neither an attribute of the saved configuration nor a ``from_pretrained``
     option: transformers hands it on to the model's constructor, which fails with a bare ``TypeError``."""
+    derived = _config_property_fields(config, key)
+    if derived is not None:
+        # a property of the configuration class (ModernBERT's sliding_window), computed from saved fields: it was
+        # refused as "neither an attribute of the saved configuration nor an option", which it reads as it is
+        fields = ", ".join(f"{f}={getattr(config, f)!r}" for f in derived) or "other fields"
+        return argument_error(key, f"is a property of {type(config).__name__} computed from its saved field(s) "
+                              f"{fields} (here {key}={getattr(config, key, None)!r}), not a field a load can set: the "
+                              "saved weights were trained with it", f"Leave {key} out: the model loads as it was saved. "
+                              f"For another {key}, build the stock model with other {' / '.join(derived) or 'fields'} "
+                              "in its config and convert it again with bcosify (then fine-tune)",
+                              kind=BcosKeywordError)
     named = {p.name for p in inspect.signature(model_class.from_pretrained).parameters.values()
              if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     # never suggest a keyword that load_bcos_model refuses
@@ -786,7 +818,9 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
             set an attribute of it to another value than the saved one, other than the run-time ones above,
             one of the ``from_pretrained`` arguments it sets itself (``pretrained_model_name_or_path``,
             ``use_safetensors``, ``output_loading_info``: the message says what it does about each) or that takes
-            weights from elsewhere (``gguf_file``, ``state_dict``), or one that is neither a configuration attribute
+            weights from elsewhere or renames them apart from each layer's stored B (``gguf_file``, ``state_dict``,
+            ``key_mapping``), a property of the configuration class computed from saved fields (ModernBERT's
+            ``sliding_window``: the message names the fields), or one that is neither a configuration attribute
             nor a ``from_pretrained`` option (a typo: the message names the closest valid one). One class for every keyword refusal: a ``TypeError``, as Python's refusal of an
             unexpected keyword is, and also a ``ValueError`` (:class:`~bcos_plugins.errors.BcosValueError`),
             which 0.2.0 raised for the head and configuration keywords.

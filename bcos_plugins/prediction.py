@@ -27,6 +27,7 @@ from .corpus import (
     require_texts_with_tokens,
     require_tokenizer_ids_fit,
     truncated_token_counts,
+    truncation_named,
     warn_of_truncated_texts,
 )
 from .encoded_texts import truncation_length
@@ -103,7 +104,7 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
                               input_ids=call.get("input_ids", enc["input_ids"]))  # the ids fed (padding rewritten)
             out.append(chunk)
     warn_of_truncated_texts("predict", cut_counts, max_length, model, tokenizer, text_pairs is not None,
-                            outcome="classified from", stacklevel=4)  # past torch.no_grad's wrapper, to the caller
+                            outcome="classified from")
     logits = torch.cat(out)
     return logits[torch.argsort(torch.tensor(order))]
 
@@ -112,7 +113,8 @@ def accuracy(model: nn.Module, tokenizer, texts: list[str], labels: list[int], *
     """Share of texts whose predicted class equals the label (``kwargs``: :func:`predict`'s, ``text_pairs``
     included)."""
     labels = require_labels(labels, require_classifier(model), n=len(require_texts(texts)))
-    pred = predict(model, tokenizer, texts, **kwargs).argmax(-1)
+    with truncation_named("accuracy"):  # predict's truncation warning names the call the user made
+        pred = predict(model, tokenizer, texts, **kwargs).argmax(-1)
     # the count over n as a Python float (float64): a float32 mean gave 0.6666666865 for 4 of 6 and 0.85000002 for 17 of
     # 20, numbers no count of texts gives
     return int((pred == torch.as_tensor(labels)).sum()) / len(labels)

@@ -41,6 +41,7 @@ from .corpus import (
     require_texts_with_tokens,
     require_tokenizer_fits,
     truncated_token_counts,
+    truncation_named,
     truncation_warned,
     warn_of_truncated_texts,
 )
@@ -434,7 +435,9 @@ def fine_tune_task_then_bcos(
     shared = {k: v for k, v in fine_tune_kwargs.items() if k not in own}
     # the conventional stage trains in a temporary folder, removed when it ends (also on error), checkpoints and
     # all: they cannot be resumed (resume_from_checkpoint is refused above); it was left behind, once per call
-    with run_output_dir(None, "bcos_task_stage_", keep_checkpoints=False) as task_stage_dir:
+    # the conventional stage's truncation warning (the call's one) names this function, at the caller's line
+    with run_output_dir(None, "bcos_task_stage_", keep_checkpoints=False) as task_stage_dir, \
+            truncation_named("fine_tune_task_then_bcos"):
         fine_tune_classifier(model, tokenizer, texts, labels, epochs=task_epochs, learning_rate=task_learning_rate,
                              batch_size=batch_size, loss="ce", output_dir=task_stage_dir, **shared)
     if distill_from_task_stage:

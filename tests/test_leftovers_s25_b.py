@@ -218,9 +218,14 @@ def test_the_position_ids_hint_is_given_where_it_is_a_fix_and_only_there():
             alone = base(input_ids=torch.tensor([row])).last_hidden_state[0]
             torch.testing.assert_close(fixed.last_hidden_state[i, 4 - len(row):], alone, rtol=1e-5, atol=1e-6)
         # the classifier given those ids still reads the padded first column: the hint would give other logits
-        given = classifier(**rows_as_alone_call(classifier, ids, mask, {"position_ids": real_token_positions(mask)}))
+        given = classifier(input_ids=ids, attention_mask=mask, position_ids=real_token_positions(mask))
         alone = torch.cat([classifier(input_ids=torch.tensor([row])).logits for row in rows])
         assert not torch.allclose(given.logits[1:], alone[1:], atol=1e-4)
+    # and the batch path refuses it, position_ids given or not (it ran, scoring the padding's logits: helper-184,
+    # tests/test_leftovers_s25_c.py)
+    with pytest.raises(BcosValueError, match=r"ElectraForSequenceClassification is a sequence classifier outside the "
+                                             r"architecture registry.*Pad on the right"):
+        rows_as_alone_call(classifier, ids, mask, {"position_ids": real_token_positions(mask)})
     with pytest.raises(BcosValueError, match=r"Pad on the right \(tokenizer.padding_side = 'right'\)\.$") as refusal:
         rows_as_alone_call(classifier, ids, mask)
     assert hint not in str(refusal.value)

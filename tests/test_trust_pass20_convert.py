@@ -303,7 +303,10 @@ _UNUSUAL = [
     ("Gemma2ForCausalLM", dict(tie_word_embeddings=False, final_logit_softcapping=30.0, query_pre_attn_scalar=3,
                                hidden_activation="silu", layer_types=["full_attention", "full_attention"])),
     ("Gemma2ForSequenceClassification", dict(attn_logit_softcapping=None, attention_bias=True, num_labels=2)),
-    ("ModernBertForSequenceClassification", dict(classifier_pooling="cls", global_attn_every_n_layers=1,
+    # every layer global: layer_types itself (global_attn_every_n_layers=1 set after the config is built left
+    # layer 1 local: the config derives layer_types when it is built; tests/test_leftovers_s25_c.py)
+    ("ModernBertForSequenceClassification", dict(classifier_pooling="cls",
+                                                 layer_types=["full_attention", "full_attention"],
                                                  attention_bias=True, mlp_bias=True, norm_bias=True,
                                                  classifier_bias=True, hidden_activation="silu", num_labels=6)),
     ("GPT2LMHeadModel", dict(activation_function="relu", tie_word_embeddings=False, scale_attn_by_inverse_layer_idx=True,
@@ -320,7 +323,12 @@ def test_an_unusual_configuration_converts_explains_completely_and_reloads_as_sa
 
     from bcos_plugins.convert.architectures import SPECS
 
-    model = bcosify(_stock(name, **overrides), b=B, verbose=False)
+    stock = _stock(name, **overrides)
+    layers = getattr(stock.base_model, "layers", ())
+    if "layer_types" in overrides and layers and hasattr(layers[0], "attention_type"):
+        # the layout the case claims is the one the model runs (each layer's attention kind)
+        assert [layer.attention_type for layer in layers] == overrides["layer_types"]
+    model = bcosify(stock, b=B, verbose=False)
     ids, mask = padded_batch()
     spec = SPECS[name]
     kwargs = {} if spec.is_classifier else dict(target=7, position=1 if spec.head == "masked_lm" else -1)

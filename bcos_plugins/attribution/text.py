@@ -243,6 +243,23 @@ def readable_tokenizer_outputs(encoding, readable: set[str] | None) -> dict:
             if k not in ("input_ids", "attention_mask") and (readable is None or k in readable)}
 
 
+# what a tokenizer returns beside the model's inputs (its return_* options), each with what it is and what to do with
+# it: ``explain(model, **enc)`` passes them on as forward keywords
+_TOKENIZER_BOOKKEEPING = {
+    "overflow_to_sample_mapping": (
+        "the text each row (window) came from (return_overflowing_tokens=True)",
+        ": each window is a row of the batch and is explained as its own row; keep the mapping to join each text's "
+        "windows' rows afterwards"),
+    "offset_mapping": ("each token's character span in its text (return_offsets_mapping=True)",
+                       "; keep it to map the explanation's token scores to characters"),
+    "special_tokens_mask": ("which tokens the tokenizer added (return_special_tokens_mask=True)",
+                            "; keep it to leave those tokens out of the explanation's scores"),
+    "length": ("each row's token count (return_length=True)", ""),
+    "num_truncated_tokens": ("how many tokens truncation cut from each text (return_overflowing_tokens=True)",
+                             "; pass a larger max_length (or split the texts) to explain every token"),
+}
+
+
 def check_forward_kwargs(model: nn.Module, forward_kwargs: dict) -> None:
     """Refuse keyword arguments the model's forward does not read: transformers 5 passes unknown keywords down
     to the attention functions, which drop them, so a typo (``token_type_id=``) would be silently ignored and
@@ -262,6 +279,13 @@ def check_forward_kwargs(model: nn.Module, forward_kwargs: dict) -> None:
                                  "would be silently ignored (and gold masks are a training-time input only)",
                                  "Drop it from explanation and evaluation calls; to train with it, call "
                                  "bcos_plugins.guide_attention(model) first", kind=BcosTypeError)
+        if name in _TOKENIZER_BOOKKEEPING:
+            # a tokenizer's own output passed on with **enc: the refusal named it without the fix (length= was
+            # even pointed at max_length_q=, an attention kernel's argument)
+            what, fix = _TOKENIZER_BOOKKEEPING[name]
+            raise argument_error(name, f"is {what}, returned by the tokenizer; "
+                                 f"{type(uncompiled(model)).__name__}.forward does not read it (it would be silently "
+                                 "ignored)", f"Drop it before the call (enc.pop({name!r})){fix}", kind=BcosTypeError)
         hint = closest_name_fix(name, known, f"It reads {', '.join(sorted(known))}")
         raise argument_error(name, f"is not an argument of {type(uncompiled(model)).__name__}.forward, which would "
                              "silently ignore it", hint, kind=BcosTypeError)
@@ -850,7 +874,9 @@ def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mas
       :func:`_causal_lm_gets_position_ids`). Any other model whose forward names ``position_ids`` (a transformers
       model outside the registry: ELECTRA, GPT-Neo classifiers) and reads a learned position table is refused left
       padding without them (:func:`refuse_left_padding_shifting_positions`); a forward that names none (a wrapper
-      such as the Space model, which gives its encoder the ids) is trusted with it.
+      such as the Space model, which gives its encoder the ids) is trusted with it. A transformers sequence classifier
+      not known to classify from the last token is refused left padding whatever the caller passes
+      (:func:`refuse_left_padding_before_unknown_pooling`: ELECTRA's reads the first column).
 
     Refusals name rows through :func:`~bcos_plugins._checks.bad_rows`: a caller that batches its caller's texts in
     another order or in chunks wraps this call in :func:`~bcos_plugins._checks.rows_named_as`. ``padded``: whether the
@@ -873,4 +899,41 @@ def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mas
             call["position_ids"] = outside_inference(real_token_positions(attention_mask))
         else:
             refuse_left_padding_shifting_positions(model, input_ids, attention_mask)
+    if attention_mask is not None and isinstance(model, nn.Module):
+        refuse_left_padding_before_unknown_pooling(model, attention_mask)
     return with_output_object(model, call)
+
+
+def _pools_last_token(model: nn.Module) -> bool:
+    """Whether a sequence classifier is known to classify from each row's last token (on a left-padded row, a real
+    one): transformers' generic decoder classifier, a forward that finds the last token that is not padding
+    (GPT-2's, GPT-Neo's, OPT's: ``last_non_pad_token``), or a sequence summary of the last column (XLNet's)."""
+    from transformers.modeling_layers import GenericForSequenceClassification
+
+    if isinstance(model, GenericForSequenceClassification):
+        return True
+    if getattr(getattr(model, "config", None), "summary_type", None) == "last":
+        return True
+    try:
+        return "last_non_pad_token" in inspect.getsource(type(model).forward)
+    except (OSError, TypeError):
+        return False
+
+
+def refuse_left_padding_before_unknown_pooling(model: nn.Module, attention_mask: Tensor) -> None:
+    """Refuse left padding for a transformers sequence classifier outside the architecture registry that is not
+    known to classify from the last token (:func:`_pools_last_token`): which token such a classifier reads is not
+    known, and ELECTRA's reads the first column, a padding token's on a left-padded row, so its logits (and every
+    score of them) were the padding's, silently, where the caller's own ``position_ids`` (or a rotary model) let the
+    batch past :func:`refuse_left_padding_shifting_positions`. One sync, for such a model alone."""
+    model = uncompiled(model)
+    if (attention_mask.ndim != 2 or attention_mask.shape[1] == 0
+            or type(model).__name__ not in _sequence_classifier_names()):
+        return
+    padded_first = attention_mask[:, 0] == 0
+    if not bool(padded_first.any()) or _pools_last_token(model):
+        return
+    raise _left_padding_error(
+        padded_first, f"{type(model).__name__} is a sequence classifier outside the architecture registry, so which "
+        "token it classifies from is not known (ELECTRA's reads the first column: a padding token's there, so the "
+        "logits would not be the row's)", "Pad on the right (tokenizer.padding_side = 'right')")
