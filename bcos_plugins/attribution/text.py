@@ -17,6 +17,7 @@ Attribution point:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -843,13 +844,14 @@ def refuse_left_padding_shifting_positions(model: nn.Module, input_ids: Tensor |
         "its numbers, would be shifted by its padding", fix)
 
 
-def _sequence_classifier_names() -> set[str]:
+@functools.cache  # read on every batch call of a model outside the registry: the static mapping, read once
+def _sequence_classifier_names() -> frozenset[str]:
     """transformers' sequence-classifier class names (its auto mapping's): which token each one classifies from (the
     first column, or the last that is not padding) is not known outside the registry."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
-    return {name for names in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.values()
-            for name in ((names,) if isinstance(names, str) else names)}
+    return frozenset(name for names in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.values()
+                     for name in ((names,) if isinstance(names, str) else names))
 
 
 def rows_as_alone_call(model, input_ids: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"] | None,
