@@ -269,7 +269,9 @@ _MISSING_FROM_INPUTS = (
     "inputs_embeds= adds the position (and token-type) embeddings after them (BERT, RoBERTa, DistilBERT, "
     "GPT-2). Attribute at the combined embedding: fwd = EmbeddingForward(model); "
     "BcosAttribution(fwd).attribute(fwd.embed(input_ids, attention_mask), target=..., "
-    "additional_forward_args=(attention_mask,)); otherwise pass every input the output depends on")
+    "additional_forward_args=(attention_mask,)); otherwise pass every input the output depends on. Or the function "
+    "applies a non-linear function to the model's outputs (softmax, log-softmax, a probability): B-cos decomposes "
+    "the logits exactly, not functions of them, so explain the logits")
 
 
 def _rounded_embeddings_cause(rounded: Sequence[tuple[torch.dtype, torch.dtype]], *, gap: bool = True) -> str:
@@ -296,6 +298,16 @@ def _recording_embedding_rounding(into: list[tuple[torch.dtype, torch.dtype]]) -
         yield
     finally:
         _EMBEDDING_ROUNDING.into = saved
+
+
+def _require_tensor_output(out: Any, who: str) -> None:
+    """Refuse a ``forward_func`` output that is not a tensor (a transformers ``ModelOutput``, a tuple): Captum failed
+    on it inside its target selection ("'SequenceClassifierOutput' object has no attribute 'shape'")."""
+    if not isinstance(out, Tensor):
+        field = " (a transformers model's output: its .logits)" if hasattr(out, "logits") else ""
+        raise argument_error("forward_func", f"returned a {type(out).__name__}, not a tensor{field}, so {who} has no "
+                             "output to pick target from", "Return the tensor to explain, e.g. lambda e: "
+                             "model(inputs_embeds=e).logits, or pass EmbeddingForward(model)", kind=BcosTypeError)
 
 
 def _one_value_per_example(out: Tensor, batch: int, who: str) -> Float[Tensor, " batch"]:
@@ -745,6 +757,7 @@ class BcosAttribution(GradientAttribution):
             with (nullcontext() if self.model is None
                   else recording_forward_autocast(self.model, forward_autocast)), _recording_embedding_rounding(rounded):
                 out = CaptumInternals.run_forward(self.forward_func, leaves, None, extra)
+            _require_tensor_output(out, name)
             _check_target(target, out)
             out = CaptumInternals.select_targets(out, target)
             return _one_value_per_example(out, batch, name), leaves
@@ -889,6 +902,7 @@ class LayerBcos(LayerGradientXActivation):
         def recording(*args, **kw):
             # the explained value comes from the same forward pass as the gradient
             out = inner(*args, **kw)
+            _require_tensor_output(out, type(self).__name__)
             _check_target(target, out)
             if target is None and isinstance(out, Tensor) and out.ndim >= 2 and out[0].numel() > 1:
                 # Captum's refusal is a bare AssertionError ("Target not provided when necessary"); BcosAttribution's

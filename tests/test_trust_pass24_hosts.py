@@ -342,3 +342,30 @@ def test_make_seqpg_examples_scores_a_classifier_whose_config_says_return_dict_f
             make_seqpg_examples(model, tokenizer, texts, labels, segment_length=3, n_examples=2, min_confidence=0.0)
         messages.append(str(refusal.value))
     assert messages[0] == messages[1]
+
+
+# ------------------------------------------------ Captum: a forward function that returns the model's output object
+
+
+def test_a_forward_function_returning_the_models_output_object_is_refused_naming_its_logits():
+    """``BcosAttribution(lambda e: model(inputs_embeds=e), model=model)`` (the ``.logits`` forgotten) and a LayerBcos
+    over such a function failed inside Captum's target selection with "'SequenceClassifierOutputWithPast' object has
+    no attribute 'shape'"; a softmax of the logits warns naming a non-linear function of the outputs, not only
+    positions missing from the inputs."""
+    model = _bcos("LlamaForSequenceClassification")
+    ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    embeddings = EmbeddingForward(model).embed(ids, mask)
+    fix = r"Return the tensor to explain, e\.g\. lambda e: model\(inputs_embeds=e\)\.logits"
+    with pytest.raises(TypeError, match=r"^forward_func: returned a SequenceClassifierOutputWithPast, not a tensor \(a "
+                                        r"transformers model's output: its \.logits\), so BcosAttribution .*" + fix):
+        BcosAttribution(lambda e: model(inputs_embeds=e), model=model).attribute(embeddings, target=1)
+    with pytest.raises(TypeError, match=r"^forward_func: returned a tuple, not a tensor"):
+        BcosAttribution(lambda e: model(inputs_embeds=e, return_dict=False), model=model).attribute(embeddings,
+                                                                                                   target=1)
+    with pytest.raises(TypeError, match=r"^forward_func: returned a SequenceClassifierOutputWithPast.*LayerBcos"):
+        LayerBcos(lambda i, a: model(input_ids=i, attention_mask=a), layer=model.model.embed_tokens,
+                  model=model).attribute(ids, target=1, additional_forward_args=(mask,))
+    with pytest.warns(UserWarning, match=r"applies a non-linear function to the model's outputs \(softmax"):
+        BcosAttribution(lambda e: model(inputs_embeds=e).logits.softmax(-1), model=model).attribute(embeddings,
+                                                                                                    target=1)
