@@ -313,3 +313,37 @@ def test_a_norm_scale_sliced_otherwise_than_the_stack_is_refused(kind, tokens):
     if tokens.shape[0] == 1:
         torch.testing.assert_close(cache.logit_attrs(full[:, 0], tokens=3, has_batch_dim=False).sum(0),
                                    logits[0, :, 3], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["hooked", "bridge"])
+def test_get_neuron_results_reads_a_negative_layer_as_transformer_lens_does(kind):
+    """TransformerLens' ``get_neuron_results(layer)`` reads ``layer`` as Python does (its cache and ``model.blocks``
+    both take -1 for the last block), but the exact per-neuron results looked up ``blocks.-1.mlp.hook_bcos_scale_out``
+    and refused, saying the scale was left out of the cache (a names_filter) when it was there (a bridge said its
+    cache lacked hook_mlp_out); a layer past the blocks failed with a KeyError or an IndexError. Negative layers are
+    read from the end, others refused naming ``layer``; the results sum to the block's MLP output."""
+    model = _model(kind)
+    _, cache = model.run_with_cache(TOKENS)
+    for layer in (-1, -2):
+        torch.testing.assert_close(cache.get_neuron_results(layer), cache.get_neuron_results(layer % 2), atol=0, rtol=0)
+        torch.testing.assert_close(cache.get_neuron_results(layer).sum(-2), cache[f"blocks.{layer % 2}.hook_mlp_out"],
+                                   atol=1e-5, rtol=0)
+    for layer in (2, -3, True, 1.0):
+        with pytest.raises(BcosError, match=r"^layer: must be (an int|in \[-2, 1\])"):
+            cache.get_neuron_results(layer)
+
+
+@pytest.mark.parametrize("kind", ["hooked", "bridge"])
+def test_stack_activation_takes_the_layers_the_decompositions_take(kind):
+    """``stack_activation(name, layer=k)`` stacks the activation of the blocks before ``k`` (-1: all): ``layer=0``
+    stacked an empty list and a negative layer other than -1 ran ``range(-2)``, both failing with "stack expects a
+    non-empty TensorList". ``layer=0`` is an empty stack, and a layer TransformerLens does not read is refused naming
+    it, as for the decompositions."""
+    model = _model(kind)
+    _, cache = model.run_with_cache(TOKENS)
+    empty = cache.stack_activation("resid_post", layer=0)
+    assert tuple(empty.shape) == (0, *cache["blocks.0.hook_resid_post"].shape)
+    torch.testing.assert_close(cache.stack_activation("resid_post", layer=1)[0], cache["blocks.0.hook_resid_post"],
+                               atol=0, rtol=0)
+    with pytest.raises(BcosError, match=r"^layer: must be in \[0, 2\]"):
+        cache.stack_activation("resid_post", layer=-2)

@@ -51,7 +51,7 @@ from bcos_plugins.errors import BcosRuntimeError, BcosTypeError, BcosValueError,
 from bcos_plugins.nn.functional import unit_norm
 
 from .final_norm import fold_final_norm_weight_in_state_dict
-from .hook_checks import HookCheckedCache
+from .hook_checks import HookCheckedCache, cache_block_index
 from .shares import head_shares, neuron_shares
 
 __all__ = [
@@ -322,6 +322,7 @@ class BcosActivationCache(HookCheckedCache, ActivationCache):
 
     def get_neuron_results(self, layer: int, neuron_slice=None, pos_slice=None, project_output_onto=None):
         self.check_weights_unchanged("get_neuron_results")  # the own results below read W_out as it is now
+        layer = cache_block_index(self, layer)  # -1: the last block, as TransformerLens reads it
         if not _needs_own_results(self.model, "mlp"):
             return super().get_neuron_results(layer, neuron_slice, pos_slice, project_output_onto)
         return neuron_shares(self[("post", layer, "mlp")], _weight(self.model.blocks[layer].mlp, "W_out"),

@@ -25,7 +25,7 @@ from bcos_plugins._checks import require_int, require_tensor
 from bcos_plugins.errors import BcosValueError, argument_error
 
 __all__ = ["HookCheckedCache", "check_logit_tokens", "hook_checked_cache_class", "hooked_points",
-           "require_cache_layer", "weight_version", "weight_versions"]
+           "cache_block_index", "require_cache_layer", "weight_version", "weight_versions"]
 
 _STREAM_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
 
@@ -217,6 +217,15 @@ def require_cache_layer(cache, layer) -> None:
         "last block's input"))
 
 
+def cache_block_index(cache, layer) -> int:
+    """``get_neuron_results``' ``layer`` as a block index: TransformerLens reads it as Python does (its cache and
+    ``model.blocks`` both take -1 for the last block), so negative layers count from the end; the exact per-neuron
+    results looked ``blocks.-1...`` up and refused, blaming a names_filter. Others are refused naming ``layer``."""
+    n_layers = cache.model.cfg.n_layers
+    return require_int("layer", layer, minimum=-n_layers, maximum=n_layers - 1, fix=(
+        f"Pass a block index in [-{n_layers}, {n_layers - 1}] (-1: the last block)")) % n_layers
+
+
 def _empty_decomposition(cache, bound: dict) -> Tensor | None:
     """The empty stack ``decompose_resid`` has when no component it includes lies before its layer (``layer=0`` with
     ``incl_embeds=False``; ``mode="mlp"`` with ``mlp_input=True`` there), shaped as the non-empty ones (position
@@ -365,9 +374,17 @@ class HookCheckedCache:
         self.check_weights_unchanged("compute_head_results")
         return super().compute_head_results(*args, **kwargs)
 
-    def get_neuron_results(self, *args, **kwargs):
+    def get_neuron_results(self, layer, *args, **kwargs):
         self.check_weights_unchanged("get_neuron_results")
-        return super().get_neuron_results(*args, **kwargs)
+        return super().get_neuron_results(cache_block_index(self, layer), *args, **kwargs)
+
+    def stack_activation(self, *args, **kwargs):
+        bound = _bind(super().stack_activation, args, kwargs)
+        require_cache_layer(self, bound.get("layer", -1))
+        if bound.get("layer", -1) == 0:  # no block before layer 0: TransformerLens stacked an empty list and failed
+            like = self[(bound["activation_name"], 0, bound.get("sublayer_type"))]
+            return like.new_zeros((0, *like.shape))
+        return super().stack_activation(*args, **kwargs)
 
     def accumulated_resid(self, *args, **kwargs):
         require_cache_layer(self, _bind(super().accumulated_resid, args, kwargs).get("layer"))
