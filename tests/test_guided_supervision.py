@@ -17,6 +17,7 @@ from bcos_plugins.guided import (
 )
 
 
+@pytest.mark.filterwarnings("ignore:attention_supervision_loss. the attentions carry no gradient:UserWarning")  # by hand, on plain tensors
 def test_loss_by_hand_and_rows_without_rationale_are_left_out():
     attn = torch.tensor([0.5, 0.25, 0.25]).view(1, 1, 1, 3).expand(2, 2, 3, 3).clone()
     gold = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
@@ -32,6 +33,7 @@ def test_loss_by_hand_and_rows_without_rationale_are_left_out():
         attention_supervision_loss((attn,), gold[:, :2])
 
 
+@pytest.mark.filterwarnings("ignore:attention_supervision_loss. the attentions carry no gradient:UserWarning")  # by hand, on plain tensors
 def test_valid_mask_renormalises_the_attention_over_text_tokens():
     # keys: [CLS], two text tokens, [SEP]; half the mass parked on [SEP] is not penalised once renormalised
     attn = torch.tensor([0.1, 0.3, 0.1, 0.5]).view(1, 1, 1, 4).expand(1, 2, 4, 4).clone()
@@ -77,6 +79,7 @@ def test_supervised_attention_moves_toward_the_mask_and_evaluation_refuses_masks
         model(input_ids=ids, attention_mask=mask, rationale_mask=gold)
 
 
+@pytest.mark.filterwarnings("ignore:attention_supervision_loss. the attentions carry no gradient:UserWarning")  # by hand, on plain tensors
 def test_heads_pick_the_supervised_heads_and_bad_heads_are_refused():
     # head 0 attends to key 1 only, head 1 uniformly over the four keys
     head0 = torch.tensor([0.0, 1.0, 0.0, 0.0])
@@ -135,6 +138,7 @@ def test_one_supervised_head_with_warmup_moves_toward_the_mask_and_the_others_st
     assert after_free < before_free + 0.1, (before_free, after_free)
 
 
+@pytest.mark.filterwarnings("ignore:attention_supervision_loss. the attentions carry no gradient:UserWarning")  # by hand, on plain tensors
 def test_rank_objective_by_hand_and_it_stops_pulling_once_the_rationale_leads():
     # keys: [CLS], two text tokens, [SEP]; the rationale is key 1
     attn = torch.tensor([0.1, 0.3, 0.1, 0.5]).view(1, 1, 1, 4).expand(1, 2, 4, 4).clone()
@@ -164,6 +168,7 @@ def test_rank_objective_by_hand_and_it_stops_pulling_once_the_rationale_leads():
         attention_supervision_loss((attn,), gold, objective="rank", margin=-1.0)
 
 
+@pytest.mark.filterwarnings("ignore:attention_supervision_loss. the attentions carry no gradient:UserWarning")  # by hand, on plain tensors
 def test_rank_objective_ranks_the_rationale_first_without_masks():
     torch.manual_seed(0)
     ids, mask, gold = batch_and_gold()
@@ -261,6 +266,7 @@ def test_plateau_restart_refuses_bad_settings_by_name():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("objective", ["kl", "rank"])
+@pytest.mark.filterwarnings("ignore:attention_supervision_loss. the attentions carry no gradient:UserWarning")  # by hand, on plain tensors
 def test_half_precision_attention_gives_the_float32_loss_not_nan(dtype, objective):
     # a gold token with no attention: in half precision the eps floor rounded to 0 and log(0) made the loss NaN
     attn = torch.tensor([0.0, 0.5, 0.5, 0.0]).view(1, 1, 1, 4).expand(1, 2, 4, 4)

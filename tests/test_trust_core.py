@@ -65,6 +65,7 @@ def _softmax_attentions(n_layers: int = 2, seed: int = 0):
     return tuple(torch.randn(2, 2, 4, 4, generator=g).softmax(-1) for _ in range(n_layers))
 
 
+@pytest.mark.filterwarnings("ignore:attention_supervision_loss. the attentions carry no gradient:UserWarning")  # by hand, on plain tensors
 def test_supervision_refuses_nan_attention_instead_of_a_nan_loss():
     attentions = _softmax_attentions()
     gold = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])

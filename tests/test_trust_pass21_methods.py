@@ -215,6 +215,7 @@ def test_bilinear_weights_forward_and_augment_input_name_inputs_of_the_wrong_wid
     torch.testing.assert_close(augment_input([[1.0, 2.0]]), torch.tensor([[1.0, 2.0, 1.0]]))
 
 
+@pytest.mark.filterwarnings("ignore:attention_supervision_loss. the attentions carry no gradient:UserWarning")  # by hand, on plain tensors
 def test_attention_supervision_loss_refuses_an_eps_floor_at_or_above_1():
     from bcos_plugins.guided import attention_supervision_loss
 

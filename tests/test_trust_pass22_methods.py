@@ -134,6 +134,7 @@ def test_replace_guidance_hook_keeps_a_bridges_masked_keys_masked():
 
 
 @pytest.mark.parametrize("objective", ["kl", "rank"])
+@pytest.mark.filterwarnings("ignore:attention_supervision_loss. the attentions carry no gradient:UserWarning")  # by hand, on plain tensors
 def test_attention_supervision_loss_of_float64_attentions_is_the_float64_hand_value(objective):
     # the scores were cast with .float(): a float64 model's loss came back in float32, 7 digits of the hand value
     from bcos_plugins.guided import attention_supervision_loss

@@ -99,6 +99,7 @@ def test_fine_tune_classifier_refuses_what_would_drop_a_space_models_own_loss(se
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+@pytest.mark.filterwarnings("ignore:attention_supervision_loss. the attentions carry no gradient:UserWarning")  # by hand, on plain tensors
 def test_the_rank_objective_does_not_rank_a_soft_rationale_token_against_itself():
     """With a soft gold mask (annotator averages) the pairs weighted gold_g * (1 - gold_o) took in o = g, a token
     against itself, whose log attention difference is 0: the hinge was the margin there for ever, so a rationale
