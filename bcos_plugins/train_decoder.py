@@ -48,7 +48,8 @@ class CausalLMCollator:
     ``input_ids``, ``attention_mask``, ``position_ids`` (counting real tokens only, as ``generate`` does, so
     left padding does not shift positions) and ``labels`` = the labels with ``-100`` on padding and on a
     row's first real token (the model predicts ``labels[t]`` at ``t - 1``, which is padding there). A feature with
-    ``position_ids`` of its own is refused (they would be replaced); other keys are left out of the batch.
+    ``position_ids`` of its own is refused (they would be replaced), and so is one with ``token_type_ids`` that are not
+    all 0 (the batch has none, so a model reading them, GPT-2, would see type 0); other keys are left out of the batch.
 
     Args:
         pad_token_id: id written into padding slots (any id: padding is masked and unlabelled).
@@ -137,7 +138,28 @@ def _feature_tokens(feature, i: int, max_length: int | None) -> tuple[Tensor, Te
         row, mask = row[:max_length], mask[:max_length]
     if row.numel() == 0:
         raise argument_error("features", f"feature {i} has no tokens", "Drop empty examples")
+    _refuse_nonzero_token_types(feature, i, row.numel())
     return row, mask
+
+
+def _refuse_nonzero_token_types(feature, i: int, kept: int) -> None:
+    """Refuse a feature whose ``token_type_ids`` the batch would drop while they change the model's input.
+
+    The batch has no ``token_type_ids``: a model that reads them (GPT-2 adds their embedding) then sees type 0
+    everywhere. All-zero ones (over the kept tokens) are that default, so dropping them changes nothing."""
+    if "token_type_ids" not in feature:
+        return
+    try:
+        types = torch.as_tensor(feature["token_type_ids"]).flatten()[:kept]
+    except (TypeError, ValueError, RuntimeError):
+        raise argument_error("features", f"feature {i}: token_type_ids are not a sequence of ints",
+                             "Drop the token_type_ids column", kind=BcosTypeError) from None
+    if bool((types != 0).any()):
+        raise argument_error("features", f"feature {i} has 'token_type_ids' that are not all 0, which "
+                             "CausalLMCollator leaves out of the batch: a model that reads them (GPT-2 adds their "
+                             "embedding) would be trained on type 0 everywhere instead",
+                             "Drop the token_type_ids column from the features (tokenize with "
+                             "return_token_type_ids=False), or use a model that does not read them")
 
 
 

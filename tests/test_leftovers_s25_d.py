@@ -1,0 +1,35 @@
+"""What session 25's finished helpers noticed and left (helper-186): the causal-LM collator refuses token_type_ids it
+would drop while a model reads them. Each test failed before its change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bcos_plugins.errors import BcosValueError
+from bcos_plugins.train_decoder import CausalLMCollator
+
+# --------------------------------------------------------------- 1. the collator's dropped token_type_ids
+
+
+def test_causal_lm_collator_refuses_token_type_ids_it_would_drop():
+    """GPT-2 adds the embedding of token_type_ids: the batch, which has none, changed the model's input silently."""
+    collator = CausalLMCollator(pad_token_id=0)
+    features = [{"input_ids": [5, 6, 7], "token_type_ids": [0, 1, 1]}, {"input_ids": [5, 6]}]
+    with pytest.raises(BcosValueError, match=r"(?s)feature 0 has 'token_type_ids'.*Drop the token_type_ids"):
+        collator(features)
+
+
+def test_causal_lm_collator_drops_all_zero_token_type_ids_silently():
+    """Type 0 everywhere is the model's default: the batch is the one without them."""
+    collator = CausalLMCollator(pad_token_id=0)
+    plain = collator([{"input_ids": [5, 6, 7]}, {"input_ids": [5, 6]}])
+    typed = collator([{"input_ids": [5, 6, 7], "token_type_ids": [0, 0, 0]},
+                      {"input_ids": torch.tensor([5, 6]), "token_type_ids": torch.tensor([0, 0])}])
+    assert typed.keys() == plain.keys()
+    for key in plain:
+        assert torch.equal(typed[key], plain[key]), key
+    # a non-zero type past max_length is not in the batch either: nothing the model reads changes
+    truncated = CausalLMCollator(pad_token_id=0, max_length=2)
+    assert torch.equal(truncated([{"input_ids": [5, 6, 7], "token_type_ids": [0, 0, 1]}])["input_ids"],
+                       torch.tensor([[5, 6]]))
