@@ -17,6 +17,9 @@ were silently wrong or crashed unhelpfully, one test each (the tally is in the C
 - ``mode = explanation_mode(model)`` (or ``reference_path()``, ``reuse_unit_weights()``) entered a second time failed
   with contextlib's "'_GeneratorContextManager' object has no attribute 'args'": they can be entered again, as
   ``torch.no_grad()``'s objects can (``nn.dynamic.reusable_context``).
+- torch.func's model ensembling (``stack_module_state``, ``vmap(functional_call)``) of B-cos layers failed reading B
+  from the stacked ``bcos_b`` with torch's "vmap: It looks like you're calling .item() on a Tensor"; refused naming
+  ``bcos_b`` and the fix (the buffers unbatched), which runs.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 from bcos_plugins.errors import BcosValueError
 from bcos_plugins.nn import (
     BcosConv1D,
+    BcosConv2d,
     BcosLinear,
     DetachableRMSNorm,
     explanation_mode,
@@ -169,3 +173,29 @@ def test_the_nn_context_managers_can_be_entered_again_as_torchs_can(make, explai
     with block(), mode:
         torch.testing.assert_close(explained(), expected, rtol=0, atol=1e-14)
     assert not is_explaining(model)
+
+
+@pytest.mark.parametrize("make", [lambda: BcosLinear(5, 3, b=2.0), lambda: BcosConv2d(5, 3, 1, b=1.5)],
+                         ids=["linear", "conv"])
+def test_model_ensembling_with_stacked_buffers_is_refused_naming_bcos_b_and_the_unbatched_form_runs(make):
+    """torch.func's model ensembling (``stack_module_state``, then ``vmap(functional_call)``) stacks the B buffers too:
+    the layer failed reading its B with torch's "vmap: It looks like you're calling .item() on a Tensor". It is
+    refused naming ``bcos_b`` and the fix; the fix (the buffers unbatched) gives each model its own outputs, and the
+    layer runs as before after the refusal."""
+    torch.manual_seed(0)
+    models = [make().double() for _ in range(3)]
+    params, buffers = torch.func.stack_module_state(models)
+    x = torch.randn(2, 5, dtype=torch.float64)
+    if isinstance(models[0], BcosConv2d):
+        x = x[:, :, None, None]
+
+    def run(p, b, inputs):
+        return torch.func.functional_call(models[0], (p, b), (inputs,))
+
+    with pytest.raises(BcosValueError, match=r"^Bcos\w+\.bcos_b: is batched by a torch\.func transform"):
+        torch.func.vmap(run, in_dims=(0, 0, None))(params, buffers, x)
+    one_models_buffers = dict(models[0].named_buffers())
+    ensembled = torch.func.vmap(run, in_dims=(0, None, None))(params, one_models_buffers, x)
+    for i, model in enumerate(models):
+        torch.testing.assert_close(ensembled[i], model(x), rtol=0, atol=1e-14)
+    assert models[0].b == models[0].bcos_b.item() == models[0].initial_b

@@ -167,7 +167,22 @@ class AlignmentPressure(DynamicWeightModule):
         if not buf.is_meta:
             if buf.numel() != 1 and not strict:
                 return  # not a B (a load of another shape fails and names it); a read refuses it
-            value = recorded_pressure(buf, self._b, self._b_init)
+            try:
+                value = recorded_pressure(buf, self._b, self._b_init)
+            except RuntimeError as error:
+                if not functorch_transforms_active():
+                    raise
+                if not strict:
+                    return
+                # torch.func.vmap over stacked buffers (model ensembling: stack_module_state stacks bcos_b too): B is
+                # read as one number, which a batched tensor cannot give; torch's "vmap: It looks like you're calling
+                # .item() on a Tensor" named nothing the caller passed
+                raise argument_error(
+                    f"{type(self).__name__}.bcos_b", "is batched by a torch.func transform (vmap over stacked "
+                    "buffers, as torch.func.stack_module_state makes them for model ensembling), but a layer runs "
+                    "at one B, read as a number", "Vmap over the parameters only and pass one model's buffers "
+                    "unbatched (in_dims=None for them; the models must share B); models with different B cannot "
+                    "be vmapped together") from error
             if not (math.isfinite(value) and 1.0 <= value <= MAX_B):
                 if not strict:
                     return
