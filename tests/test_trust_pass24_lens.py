@@ -347,3 +347,22 @@ def test_stack_activation_takes_the_layers_the_decompositions_take(kind):
                                atol=0, rtol=0)
     with pytest.raises(BcosError, match=r"^layer: must be in \[0, 2\]"):
         cache.stack_activation("resid_post", layer=-2)
+
+
+def test_effective_weight_names_a_cache_it_cannot_read():
+    """``effective_weight`` reads a HookedTransformer's cache (its blocks' W_Q ... W_out and B-cos scales): a bridge's
+    cache failed with "'PositionEmbeddingsAttentionBridge' object has no attribute 'cfg'", and the plain dict of
+    ``run_with_cache(..., return_cache_object=False)`` with "'dict' object has no attribute 'model'". Refused naming
+    ``cache`` and the fix; a HookedTransformer's cache reproduces the cached projection."""
+    from bcos_plugins.adapters.transformer_lens import effective_weight
+
+    _, bridge_cache = _model("bridge", "LlamaForCausalLM").run_with_cache(TOKENS)
+    with pytest.raises(BcosError, match=r"^cache: .*TransformerBridge.*hooked_transformer_from_hf"):
+        effective_weight(bridge_cache, 0, "W_O")
+    model = _model("hooked", "LlamaForCausalLM")
+    _, cache_dict = model.run_with_cache(TOKENS, return_cache_object=False)
+    with pytest.raises(BcosError, match=r"^cache: .*dict.*BcosActivationCache\(cache_dict, model\)"):
+        effective_weight(cache_dict, 0, "W_O")
+    _, cache = model.run_with_cache(TOKENS)
+    produced = torch.einsum("bphd,bphdm->bpm", cache["blocks.1.attn.hook_z"], effective_weight(cache, 1, "W_O"))
+    torch.testing.assert_close(produced, cache["blocks.1.hook_attn_out"], atol=1e-5, rtol=0)

@@ -43,7 +43,7 @@ import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens import ActivationCache
+from transformer_lens import ActivationCache, HookedTransformer
 from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
 from transformer_lens.utilities.activation_functions import softcap_enabled
 
@@ -183,10 +183,20 @@ def effective_weight(cache: ActivationCache, layer: int, projection: str) -> Flo
     (``run_with_cache(..., remove_batch_dim=True)``). ``x @ effective_weight`` reproduces the cached projection at
     that position.
     """
+    model = getattr(cache, "model", None)
+    if not isinstance(model, HookedTransformer):
+        # a bridge's cache failed with "'PositionEmbeddingsAttentionBridge' object has no attribute 'cfg'", a cache dict
+        # with "'dict' object has no attribute 'model'"
+        got = ("the plain dict of run_with_cache(..., return_cache_object=False)" if isinstance(cache, dict) else
+               f"a cache of a TransformerBridge ({type(model).__name__})" if model is not None else
+               f"a {type(cache).__name__}")
+        raise argument_error(
+            "cache", f"effective_weight reads a HookedTransformer's run_with_cache cache (its blocks' weights and B-cos "
+            f"scales), got {got}", "Run run_with_cache on a HookedTransformer from hooked_transformer_from_hf / "
+            "BcosHookedTransformer, or wrap a cache dict: BcosActivationCache(cache_dict, model)", kind=BcosTypeError)
     if projection not in _PROJECTIONS:
         raise argument_error("projection", f"{projection!r} is not a projection name",
                              f"use one of {', '.join(_PROJECTIONS)}")
-    model = cache.model
     if not isinstance(layer, int) or not -model.cfg.n_layers <= layer < model.cfg.n_layers:
         raise argument_error("layer", f"{layer!r} is not a block index of this {model.cfg.n_layers}-layer model",
                              f"use an int in [0, {model.cfg.n_layers})")
