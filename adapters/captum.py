@@ -942,6 +942,14 @@ class LayerBcos(LayerGradientXActivation):
                     attribute_to_layer_input=to_input, grad_kwargs=grad_kwargs, **kwargs)
         except Exception as error:
             idle = [m for m in layers if m not in ran]
+            if outputs and idle and self.model is not None and idle[0] not in set(self.model.modules()):
+                # a layer the model held when this was built, replaced since (set_input_embeddings): the refusal below
+                # asked for "a layer of the model" of a caller who passed none (inseq's "bcos", a default point)
+                raise argument_error("layer", f"{type(idle[0]).__name__} is no longer a module of "
+                                     f"{type(self.model).__name__}: the model's module there was replaced after this "
+                                     f"{type(self).__name__} was built (e.g. by set_input_embeddings)", "Build it again "
+                                     "on the model as it is now (for inseq: inseq.load_model(model, 'bcos') again)"
+                                     ) from error
             if outputs and idle:  # the forward ran, but not through the layer: Captum's hook found nothing
                 raise argument_error("layer", f"{type(idle[0]).__name__} did not run in forward_func's forward "
                                      "(a layer of another model?)", "Pass a layer of the model forward_func runs "

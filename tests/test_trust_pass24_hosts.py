@@ -369,3 +369,16 @@ def test_a_forward_function_returning_the_models_output_object_is_refused_naming
     with pytest.warns(UserWarning, match=r"applies a non-linear function to the model's outputs \(softmax"):
         BcosAttribution(lambda e: model(inputs_embeds=e).logits.softmax(-1), model=model).attribute(embeddings,
                                                                                                     target=1)
+
+
+def test_inseq_bcos_after_set_input_embeddings_names_the_replaced_module_and_the_fix(gpt2_tokenizer):
+    """inseq's "bcos" holds a LayerBcos at the attribution point found when the model was loaded; after
+    ``model.set_input_embeddings(new)`` (Llama: the point is the token embedding) its refusal said "did not run in
+    forward_func's forward (a layer of another model?). Pass a layer of the model", to a caller who passed none."""
+    model = _tiny_lm("llama", len(gpt2_tokenizer))
+    attribution_model = inseq.load_model(model, "bcos", tokenizer=gpt2_tokenizer)
+    model.set_input_embeddings(copy.deepcopy(model.get_input_embeddings()))
+    with pytest.raises(BcosValueError, match=r"^layer: Embedding is no longer a module of LlamaForCausalLM: the "
+                                             r"model's module there was replaced after this LayerBcos was built .* "
+                                             r"inseq\.load_model\(model, 'bcos'\) again"):
+        attribution_model.attribute("The cat sat", "The cat sat on the mat", show_progress=False)
