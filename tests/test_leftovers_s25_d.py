@@ -33,3 +33,24 @@ def test_causal_lm_collator_drops_all_zero_token_type_ids_silently():
     truncated = CausalLMCollator(pad_token_id=0, max_length=2)
     assert torch.equal(truncated([{"input_ids": [5, 6, 7], "token_type_ids": [0, 0, 1]}])["input_ids"],
                        torch.tensor([[5, 6]]))
+
+
+# --------------------------------------------------------------- 2. aopc's fractions outside [0, 1]
+
+
+@pytest.mark.parametrize("fractions", [[0.0, 10.0], [-0.5, 0.5], [0.0, 1.5]])
+def test_aopc_refuses_fractions_outside_zero_one_naming_the_argument_and_the_range(fractions):
+    """The area took any increasing floats: [0, 10] gave an area over a tenfold removal, silently."""
+    from bcos_plugins.metrics import aopc
+
+    with pytest.raises(BcosValueError, match=r"^fractions: must be >= 0\.0 and <= 1\.0"):
+        aopc(torch.ones(1, 2), fractions)
+    assert aopc(torch.ones(1, 2), [0.0, 1.0]).item() == 1.0  # the ends of the range are fractions
+
+
+def test_pixel_perturbation_refuses_fractions_outside_zero_one_by_the_same_check():
+    from bcos_plugins.metrics import pixel_perturbation
+
+    with pytest.raises(BcosValueError, match=r"^fractions: must be >= 0\.0 and <= 1\.0"):
+        pixel_perturbation(lambda x: x.flatten(1)[:, :2], torch.rand(1, 3, 2, 2), torch.rand(1, 2, 2), 0,
+                           fractions=[0.0, 1.5])

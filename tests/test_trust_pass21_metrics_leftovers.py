@@ -66,10 +66,15 @@ def test_aopc_of_a_float32_curve_near_its_largest_value_is_the_finite_area(norma
 def test_aopc_refuses_an_area_beyond_the_curves_dtype_naming_curve():
     from bcos_plugins.metrics import aopc
 
-    # an area of 3e38 over a width of 10 is 3e39, beyond float32: it was inf, silently
-    with pytest.raises(BcosValueError, match=r"^curve: .*beyond the range of torch\.float32.*curve\.double\(\)"):
-        aopc(torch.full((1, 2), 3e38), [0.0, 10.0])
-    assert aopc(torch.full((1, 2), 3e38, dtype=torch.float64), [0.0, 10.0]).item() == pytest.approx(3e39, rel=1e-12)
+    # an area of 3e38 over a width of 10 is 3e39, beyond float32: it was inf, silently. Since 2026-11-29 (helper-186)
+    # fractions beyond [0, 1] are refused first (tests/test_leftovers_s25_d.py), in every dtype; over [0, 1] the area
+    # is at most the curve's largest value, so the float32 area of float32's largest curve is that value, not inf
+    for dtype in (torch.float32, torch.float64):
+        with pytest.raises(BcosValueError, match=r"^fractions: must be >= 0\.0 and <= 1\.0"):
+            aopc(torch.full((1, 2), 3e38, dtype=dtype), [0.0, 10.0])
+    biggest = torch.finfo(torch.float32).max
+    got = aopc(torch.full((1, 9), biggest), normalise=True)
+    assert got.dtype == torch.float32 and got.item() == biggest
 
 
 # ------------------------------------------------------------------ reciprocal_rank: boolean scores

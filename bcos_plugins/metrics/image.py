@@ -291,7 +291,7 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
                              "Pick one of those")
     removed_value = require_float("removed_value", removed_value)
     # one float failed with "'float' object is not iterable"; a dict's keys or a set's (unordered) values were taken
-    fractions = check_fractions(fractions, lowest=float("-inf"), example="IMAGE_FRACTIONS")
+    fractions = check_fractions(fractions, zero=True, example="IMAGE_FRACTIONS")
     if len(fractions) < 2 or any(b <= a for a, b in zip(fractions, fractions[1:], strict=False)) \
             or fractions[0] < 0 or fractions[-1] > 1:
         raise argument_error("fractions", f"fractions must be at least two increasing values in [0, 1], got "

@@ -92,7 +92,7 @@ def aopc(curve: Float[Tensor, "... n_fractions"], fractions: Sequence[float] = D
     # normalise="no" (a setting read from text) normalised the area, silently: 1.0 for the paper's 0.8
     normalise = require_bool("normalise", normalise, fix="Pass normalise=True (the area divided by the width of the "
                              "fractions) or normalise=False (the paper-compatible area)")
-    fractions = check_fractions(fractions, lowest=float("-inf"))
+    fractions = check_fractions(fractions, zero=True)
     x = torch.as_tensor(fractions, dtype=torch.float64, device=curve.device)
     if curve.shape[-1] != x.shape[0]:
         raise argument_error("curve", f"has {curve.shape[-1]} points but there are {x.shape[0]} fractions",
@@ -210,19 +210,22 @@ def top_k_masks(
     return masks, k
 
 
-def check_fractions(fractions, lowest: float = 0.0, example: str = "DEFAULT_FRACTIONS") -> tuple[float, ...]:
-    """Fractions as floats; for perturbation each must lie in (0, 1] (``lowest=0``, open); ``example`` names the
-    default to suggest (the image metrics' is ``IMAGE_FRACTIONS``)."""
+def check_fractions(fractions, zero: bool = False, example: str = "DEFAULT_FRACTIONS") -> tuple[float, ...]:
+    """Fractions as floats, each in (0, 1] (for perturbation), or in [0, 1] with ``zero`` (the areas and image curves,
+    whose curves may start unperturbed); ``example`` names the default to suggest (the image metrics' is
+    ``IMAGE_FRACTIONS``). Until 2026-11-29 ``zero`` read any float, so ``aopc(curve, [0, 10])`` was an area over a
+    tenfold removal, silently."""
     # a 0-d tensor or array failed with "iteration over a 0-d tensor"; a set or dict has no order (a dict's keys
     # were read as the fractions)
     if isinstance(fractions, str | bytes | Mapping | AbstractSet) or not hasattr(fractions, "__iter__") \
             or getattr(fractions, "ndim", 1) != 1:
         raise argument_error("fractions", f"must be a sequence of floats, got {type(fractions).__name__} "
                              f"{fractions!r}", f"Pass e.g. {example}", kind=BcosTypeError)
-    values = tuple(require_float("fractions", f) for f in fractions)
+    values = tuple(require_float("fractions", f, minimum=0.0, maximum=1.0) if zero else require_float("fractions", f)
+                   for f in fractions)
     if not values:
         raise argument_error("fractions", "is empty", f"Pass e.g. {example}")
-    if lowest == 0.0 and not all(0.0 < f <= 1.0 for f in values):
+    if not zero and not all(0.0 < f <= 1.0 for f in values):
         raise argument_error("fractions", f"fractions must lie in (0, 1], got {values}",
                              "Pass shares of the perturbable tokens, e.g. DEFAULT_FRACTIONS")
     return values
