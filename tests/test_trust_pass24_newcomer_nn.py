@@ -20,6 +20,8 @@ were silently wrong or crashed unhelpfully, one test each (the tally is in the C
 - torch.func's model ensembling (``stack_module_state``, ``vmap(functional_call)``) of B-cos layers failed reading B
   from the stacked ``bcos_b`` with torch's "vmap: It looks like you're calling .item() on a Tensor"; refused naming
   ``bcos_b`` and the fix (the buffers unbatched), which runs.
+- ``BcosLayerNorm(np.int64(4))`` failed with "'numpy.int64' object is not iterable"; ``DetachableRMSNorm`` and
+  ``BcosConv2d``'s kernel size, stride and padding refused NumPy integers as no integers (``BcosLinear`` takes them).
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bcos_plugins.errors import BcosValueError
+from bcos_plugins.errors import BcosTypeError, BcosValueError
 from bcos_plugins.nn import (
     BcosConv1D,
     BcosConv2d,
+    BcosLayerNorm,
     BcosLinear,
     DetachableRMSNorm,
     explanation_mode,
@@ -199,3 +202,27 @@ def test_model_ensembling_with_stacked_buffers_is_refused_naming_bcos_b_and_the_
     for i, model in enumerate(models):
         torch.testing.assert_close(ensembled[i], model(x), rtol=0, atol=1e-14)
     assert models[0].b == models[0].bcos_b.item() == models[0].initial_b
+
+
+def test_the_norms_and_the_convolution_take_numpy_integer_sizes_as_bcos_linear_and_torch_do():
+    """A size read from a NumPy array (``np.int64(4)``): ``BcosLinear`` and torch's layers take it, but
+    ``BcosLayerNorm(np.int64(4))`` failed with "'numpy.int64' object is not iterable", ``DetachableRMSNorm`` and
+    ``BcosConv2d``'s ``kernel_size`` / ``stride`` / ``padding`` refused it as no integer, and so did
+    ``BcosLayerNorm.from_layer_norm`` of a torch ``LayerNorm(np.int64(4))``. Each builds the layer of the plain int."""
+    np = pytest.importorskip("numpy")
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    stock = torch.nn.LayerNorm(np.int64(4), dtype=torch.float64)
+    for norm in (BcosLayerNorm(np.int64(4)).double(), BcosLayerNorm.from_layer_norm(stock)):
+        assert norm.normalized_shape == (4,) and type(norm.normalized_shape[0]) is int
+        torch.testing.assert_close(norm(x), torch.nn.functional.layer_norm(x, (4,), eps=1e-5), rtol=0, atol=1e-15)
+    rms = DetachableRMSNorm(np.int64(4)).double()
+    torch.testing.assert_close(rms(x), torch.nn.RMSNorm(4, eps=1e-6, dtype=torch.float64)(x), rtol=0, atol=1e-15)
+    conv = BcosConv2d(np.int64(2), np.int64(3), np.int64(3), stride=np.int64(1), padding=(np.int64(1), 0))
+    plain = BcosConv2d(2, 3, 3, stride=1, padding=(1, 0))
+    plain.load_state_dict(conv.state_dict())
+    image = torch.randn(1, 2, 5, 5)
+    torch.testing.assert_close(conv(image), plain(image), rtol=0, atol=0)
+    for wrong in (4.0, "4", 0, ()):
+        with pytest.raises(BcosTypeError, match=r"^normalized_shape: must be a positive int"):
+            BcosLayerNorm(wrong)

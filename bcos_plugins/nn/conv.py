@@ -17,6 +17,7 @@ more convolution, of ``sum_c x_c^2`` with a ``k x k`` kernel of ones and the sam
 
 from __future__ import annotations
 
+import numbers
 from contextlib import nullcontext
 
 import torch
@@ -33,7 +34,8 @@ __all__ = ["BcosConv2d"]
 
 def _pair(name: str, v: int | tuple[int, int], minimum: int) -> tuple[int, int]:
     pair = (v, v) if not isinstance(v, tuple | list) else tuple(v)
-    if len(pair) != 2 or any(isinstance(p, bool) or not isinstance(p, int) or p < minimum for p in pair):
+    # (any integer, a NumPy one too, as BcosLinear's sizes and torch's Conv2d take it)
+    if len(pair) != 2 or any(isinstance(p, bool) or not isinstance(p, numbers.Integral) or p < minimum for p in pair):
         raise argument_error(name, f"must be an integer >= {minimum} or a pair of them, got {v!r}",
                              f"pass e.g. {name}={max(minimum, 1)}")
     return (int(pair[0]), int(pair[1]))

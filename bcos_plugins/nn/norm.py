@@ -19,6 +19,8 @@ reference path (:func:`~bcos_plugins.nn.functional.reference_path`) is the step-
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
@@ -105,14 +107,17 @@ class BcosLayerNorm(DynamicWeightModule):
     def __init__(self, normalized_shape: int | tuple[int, ...], eps: float = 1e-5,
                  elementwise_affine: bool = True, device=None, dtype=None) -> None:
         super().__init__()
-        if isinstance(normalized_shape, int):
+        # any integer, as torch's LayerNorm takes it (numbers.Integral, e.g. NumPy's: a size read from an array was
+        # "'numpy.int64' object is not iterable" or refused as no int, while BcosLinear took it)
+        given = normalized_shape
+        if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
-        self.normalized_shape = tuple(normalized_shape)
-        if not self.normalized_shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1
-                                            for d in self.normalized_shape):
+        dims = tuple(normalized_shape) if isinstance(normalized_shape, tuple | list | torch.Size) else None
+        if not dims or any(isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1 for d in dims):
             raise argument_error("normalized_shape", f"must be a positive int or a tuple of them, got "
-                                 f"{normalized_shape!r}", "pass the size of the normalised last dimension(s)",
+                                 f"{given!r}", "pass the size of the normalised last dimension(s)",
                                  kind=BcosTypeError)
+        self.normalized_shape = tuple(int(d) for d in dims)
         self.eps = _check_eps(eps)
         if elementwise_affine:
             self.weight = nn.Parameter(torch.ones(self.normalized_shape, device=device, dtype=dtype))
@@ -187,9 +192,10 @@ class DetachableRMSNorm(DynamicWeightModule):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None) -> None:
         super().__init__()
-        if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
+        if isinstance(hidden_size, bool) or not isinstance(hidden_size, numbers.Integral) or hidden_size < 1:
             raise argument_error("hidden_size", f"must be a positive int, got {hidden_size!r}",
                                  "pass the size of the normalised last dimension", kind=BcosTypeError)
+        hidden_size = int(hidden_size)  # (a NumPy integer too, as BcosLinear's sizes)
         self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
         self.variance_epsilon = _check_eps(eps)
 
