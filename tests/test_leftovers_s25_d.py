@@ -54,3 +54,25 @@ def test_pixel_perturbation_refuses_fractions_outside_zero_one_by_the_same_check
     with pytest.raises(BcosValueError, match=r"^fractions: must be >= 0\.0 and <= 1\.0"):
         pixel_perturbation(lambda x: x.flatten(1)[:, :2], torch.rand(1, 3, 2, 2), torch.rand(1, 2, 2), 0,
                            fractions=[0.0, 1.5])
+
+
+# --------------------------------------------------------------- 3. the rationale metrics' dtype
+
+
+@pytest.mark.parametrize("dtype, expected", [(torch.float64, torch.float64), (torch.float32, torch.float32),
+                                             (torch.bfloat16, torch.float32), (torch.int64, torch.float64)])
+def test_top_k_iou_and_average_precision_return_the_scores_float_dtype(dtype, expected):
+    """float64 scores gave float32 values, where aopc and reciprocal_rank keep float64 (the metrics' ranking dtype:
+    at least float32, float64 for integer scores)."""
+    from bcos_plugins.metrics import average_precision, top_k_iou
+
+    scores = torch.tensor([[3, 1, 2, 0], [0, 2, 1, 3]]).to(dtype)
+    gold = torch.tensor([[1, 0, 1, 0], [0, 0, 1, 1]], dtype=torch.bool)
+    iou, ap = top_k_iou(scores, gold), average_precision(scores, gold)
+    assert iou.dtype == expected and ap.dtype == expected
+    # the values are the same in every dtype: row 0 ranks its gold tokens first; row 1's top 2 are positions 3 (gold)
+    # and 1 (not), its second gold token comes third (precision 2/3 there)
+    assert iou.tolist() == pytest.approx([1.0, 1 / 3], rel=1e-7)
+    assert ap.tolist() == pytest.approx([1.0, (1 + 2 / 3) / 2], rel=1e-7)
+    if expected == torch.float64:  # float64's own rounding, not float32's
+        assert iou[1].item() == 1 / 3 and ap[1].item() == (1 + 2 / 3) / 2

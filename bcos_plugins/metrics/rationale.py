@@ -114,8 +114,9 @@ def top_k_iou(
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
     selected = (rank < k_row[:, None]) & valid
-    inter = (selected & gold).sum(1).float()
-    union = (selected | gold).sum(1).float()
+    # in the scores' ranking dtype (float64 kept), as aopc and reciprocal_rank keep float64: it was float32 always
+    inter = (selected & gold).sum(1).to(scores.dtype)
+    union = (selected | gold).sum(1).to(scores.dtype)
     iou = inter / union.clamp_min(1)
     # all valid scores equal (MRR skips such rows): the top k would be the tie rule's pick, unless k takes them all
     tied = scores.masked_fill(~valid, float("inf")).amin(1) == scores.masked_fill(~valid, float("-inf")).amax(1)
@@ -132,8 +133,9 @@ def average_precision(
     scores, gold, valid = _check(scores, gold_mask, valid_mask)
     # at_or_above[b, i, j]: valid token j scores >= token i (token i's threshold admits j).
     at_or_above = (scores[:, None, :] >= scores[:, :, None]) & valid[:, None, :]
-    retrieved = at_or_above.sum(-1).float()
-    hits = (at_or_above & gold[:, None, :]).sum(-1).float()
+    # in the scores' ranking dtype (float64 kept), as top_k_iou: it was float32 always
+    retrieved = at_or_above.sum(-1).to(scores.dtype)
+    hits = (at_or_above & gold[:, None, :]).sum(-1).to(scores.dtype)
     precision_at_own_threshold = hits / retrieved.clamp_min(1)
     n_gold = gold.sum(1)
     ap = (precision_at_own_threshold * gold).sum(1) / n_gold.clamp_min(1)
