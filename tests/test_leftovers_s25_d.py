@@ -76,3 +76,32 @@ def test_top_k_iou_and_average_precision_return_the_scores_float_dtype(dtype, ex
     assert ap.tolist() == pytest.approx([1.0, (1 + 2 / 3) / 2], rel=1e-7)
     if expected == torch.float64:  # float64's own rounding, not float32's
         assert iou[1].item() == 1 / 3 and ap[1].item() == (1 + 2 / 3) / 2
+
+
+# --------------------------------------------------------------- 4. PixelPerturbation says whether it scored a contrast
+
+
+def test_pixel_perturbation_result_names_the_foil_of_a_contrastive_explanation():
+    """Its curves track the target's score minus the foil's (0820b1a), but the result did not say so, where
+    PerturbationCurves has ``foil``: a reader could not tell a contrast's curves from a class's."""
+    from conftest import TINY_VIT_SHAPE
+
+    from bcos_plugins.metrics import pixel_perturbation
+    from bcos_plugins.vision import BcosViT, BcosViTConfig, explain_image
+
+    torch.manual_seed(0)
+    model = BcosViT(BcosViTConfig(**TINY_VIT_SHAPE, b=2.0, max_out=2, logit_scale=10.0)).eval()
+    images = torch.rand(2, 1, 16, 16, generator=torch.Generator().manual_seed(1))
+    target, foil = torch.tensor([0, 3]), torch.tensor([1, 2])
+    encoded = model.encode(images)
+
+    def forward(e):
+        return model(encoded_pixel_values=e).logits
+
+    fractions = (0.0, 0.25)
+    contrast = pixel_perturbation(forward, encoded, explain_image(model, images, target=target, foil=foil), target,
+                                  fractions=fractions, score="logit")
+    assert contrast.foil is not None and contrast.foil.tolist() == [1, 2]
+    plain = pixel_perturbation(forward, encoded, explain_image(model, images, target=target), target,
+                               fractions=fractions, score="logit")
+    assert plain.foil is None

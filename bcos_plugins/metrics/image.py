@@ -170,11 +170,16 @@ def _ranking(maps: Tensor, most_important_first: bool, seed: int) -> Tensor:
 
 @dataclass
 class PixelPerturbation:
-    """Confidence curves ``(batch, n_fractions)`` and their summaries (see module docstring)."""
+    """Confidence curves ``(batch, n_fractions)`` and their summaries (see module docstring).
+
+    ``foil``: the foil class per image of a contrastive explanation (its curves track the target's score minus the
+    foil's), else ``None``, as :class:`~bcos_plugins.metrics.PerturbationCurves` says which kind a result is.
+    """
 
     fractions: tuple[float, ...]
     most_first: Float[Tensor, "batch n_fractions"]
     least_first: Float[Tensor, "batch n_fractions"]
+    foil: Int[Tensor, " batch"] | None = None
 
     @property
     def area_between(self) -> Float[Tensor, " batch"]:
@@ -334,7 +339,8 @@ def pixel_perturbation(forward: Callable[[Tensor], Tensor], inputs: Float[Tensor
                                                 explained.to(logits.device), "attributions", "Pass the forward of "
                                                 "the model the explanation was made with (or explain this model)",
                                                 computed_in=logits.dtype)
-    return PixelPerturbation(fractions=fractions, most_first=curves[True], least_first=curves[False])
+    return PixelPerturbation(fractions=fractions, most_first=curves[True], least_first=curves[False],
+                             foil=foil.cpu() if foil is not None else None)
 
 
 def _pixel_count(fraction: float, n_pixels: int) -> int:
