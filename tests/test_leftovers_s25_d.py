@@ -105,3 +105,17 @@ def test_pixel_perturbation_result_names_the_foil_of_a_contrastive_explanation()
     plain = pixel_perturbation(forward, encoded, explain_image(model, images, target=target), target,
                                fractions=fractions, score="logit")
     assert plain.foil is None
+
+
+# --------------------------------------------------------------- 5. perturbation_curves' docstring on left padding
+
+
+def test_perturbation_curves_docstring_names_the_refusal_of_left_padding_for_unknown_classifiers():
+    """f646a66 refuses left padding for a sequence classifier outside the registry not known to read the last token
+    (tests/test_leftovers_s25_c.py); the docstring still named only models with a learned position table."""
+    from bcos_plugins.metrics import perturbation_curves
+
+    doc = " ".join(perturbation_curves.__doc__.split())
+    assert "sequence classifier not known to classify from the last token (ELECTRA's reads the first column)" in doc
+    assert "also with the caller's own ``position_ids``" in doc
+    assert "reads a learned position table" in doc  # the older refusal is still named

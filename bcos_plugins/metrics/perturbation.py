@@ -450,8 +450,12 @@ def perturbation_curves(
             architecture registry are called as ``explain`` calls them (``rows_as_alone_call``), so each row's
             curves are those of the row alone: a decoder classifier's positions count real tokens (of the
             unperturbed row, so a removed token leaves the others' positions as they are) and its padding is
-            written as ``config.pad_token_id``. Any other callable is called with the batch as given (a
-            transformers model outside the registry that reads a learned position table is refused left padding).
+            written as ``config.pad_token_id``. Any other callable is called with the batch as given. A transformers
+            model outside the registry is refused left padding where it reads a learned position table, and where it
+            is a sequence classifier not known to classify from the last token (ELECTRA's reads the first column),
+            also with the caller's own ``position_ids``: its curves would score a padding token's logits. GPT-2-,
+            GPT-Neo- and OPT-style classifiers, transformers' generic decoder classifiers and XLNet's
+            (``summary_type="last"``) keep left padding.
         attributions: from any method (see :func:`~bcos_plugins.metrics.token_scores`), aligned with
             ``input_ids``.
         tokenizer / special_tokens: where the special tokens are (one is required; they are never perturbed).
