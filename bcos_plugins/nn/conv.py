@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..errors import BcosValueError, argument_error
 from .functional import HALF_DTYPES, NORM_EPS, bcos_product, cached_unit_norm, overflowed_norm_as_nan
-from .linear import AlignmentPressure, check_features
+from .linear import AlignmentPressure, check_features, check_no_bias
 
 __all__ = ["BcosConv2d"]
 
@@ -48,11 +48,13 @@ class BcosConv2d(AlignmentPressure):
         in_channels, out_channels, kernel_size, stride, padding: as in ``nn.Conv2d`` (zero padding).
         b: alignment pressure in [1, 10] (see :func:`~bcos_plugins.nn.check_b`).
         max_out: units per output channel taken the maximum over (MaxOut); 1 disables it.
+        bias: ``False`` only, as in :class:`~bcos_plugins.nn.BcosLinear` (``True`` is refused: no bias).
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int, int],
                  stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0, b: float = 2.0,
-                 max_out: int = 1, device=None, dtype=None) -> None:
+                 max_out: int = 1, device=None, dtype=None, *, bias: bool = False) -> None:
+        check_no_bias(bias)
         super().__init__()
         self.in_channels = check_features("in_channels", in_channels)
         self.out_channels = check_features("out_channels", out_channels)

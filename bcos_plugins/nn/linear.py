@@ -69,6 +69,23 @@ def recorded_pressure(stored: Tensor, *recorded: float) -> float:
     return value
 
 
+def check_no_bias(bias) -> None:
+    """``bias`` of a B-cos layer (kept so that ``nn.Linear`` / ``nn.Conv2d`` calls carry over): ``False`` only.
+
+    A bias adds a term that is not ``W(x) x``, so the explanation ``W(x) x`` would no longer sum to the output.
+    """
+    # NumPy's bool (a flag read from an array or a NumPy config) is not a bool subclass
+    if isinstance(bias, bool) or (type(bias).__module__ == "numpy" and type(bias).__name__ in ("bool", "bool_")):
+        if not bias:
+            return
+        raise argument_error("bias", "B-cos layers have no bias, got bias=True: a bias adds a term outside W(x)x, "
+                             "so the explanation W(x)x would no longer sum to the output",
+                             "Pass bias=False or leave it out (from_linear drops a pretrained bias)",
+                             kind=BcosValueError)
+    raise argument_error("bias", f"must be False (B-cos layers have no bias), got {bias!r}",
+                         "Pass bias=False or leave it out", kind=BcosTypeError)
+
+
 def check_constant_outputs(value, units: int | None = None) -> slice | None:
     """``constant_outputs`` of :class:`BcosLinear`: ``None`` or a slice of integers (or ``None``) with a non-zero step.
     A list, an int or a float bound failed at the first explaining forward pass, inside the layer. Given the layer's
@@ -284,6 +301,8 @@ class BcosLinear(AlignmentPressure):
             attention, which only shape the attention matrix): in explanation mode they are detached
             whole, which makes the attention matrix a constant. ``None`` (default) for none,
             ``slice(None)`` for all.
+        bias: ``False`` only, accepted so that an ``nn.Linear(..., bias=False)`` call carries over; ``True`` is
+            refused: a bias is a term outside ``W(x) x``, so the explanation would no longer sum to the output.
     """
 
     def __init__(
@@ -295,7 +314,10 @@ class BcosLinear(AlignmentPressure):
         constant_outputs: slice | None = None,
         device=None,
         dtype=None,
+        *,
+        bias: bool = False,
     ) -> None:
+        check_no_bias(bias)
         super().__init__()
         self.in_features = check_features("in_features", in_features)
         self.out_features = check_features("out_features", out_features)
