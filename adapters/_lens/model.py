@@ -59,6 +59,7 @@ from .config import GATE_KINDS, BcosTransformerConfig, check_explainable
 from .decomposition import BcosActivationCache, fold_final_norm_weight, fold_final_norm_weight_in_state_dict
 from .hook_checks import hooked_points, weight_version, weight_versions
 from .hook_point import DynamicHookPoint
+from .inputs import refuse_bos_less_left_padding
 from .mlp import HookedBcosGatedMLP, HookedBcosMLP
 from .unembed import BcosSoftCappedUnembed
 
@@ -304,6 +305,11 @@ def _rows_without_batch(hook_name: str) -> bool:
     return ".attn.q_norm." in hook_name or ".attn.k_norm." in hook_name
 
 
+# HookedTransformer.forward's arguments in their order (TransformerLens 3.x), to read them given by position
+_FORWARD_ARGUMENTS = ("input", "return_type", "loss_per_token", "prepend_bos", "padding_side", "start_at_layer",
+                      "tokens", "shortformer_pos_embed", "attention_mask", "stop_at_layer", "past_kv_cache")
+
+
 class ExactCacheHookedTransformer(HookedTransformer):
     """A ``HookedTransformer`` whose ``run_with_cache`` returns a :class:`~.decomposition.BcosActivationCache`, whose
     per-head and per-neuron results are the forward's own (B-cos scales, norms after the attention / MLP output).
@@ -323,6 +329,18 @@ class ExactCacheHookedTransformer(HookedTransformer):
         if len(dtypes) == 1 and getattr(self, "cfg", None) is not None:
             self.cfg.dtype = dtypes.pop()
         return out
+
+    def forward(self, *args, **kwargs):
+        # a left-padded batch made without a BOS, given without a mask, to a model whose pad id is its BOS id:
+        # TransformerLens derives a mask that attends one padding token per padded row (refused there). Not read with
+        # a mask or a residual input (start_at_layer: no mask is derived), nor with a key-value cache: generate's
+        # later steps pass one new token a row, where a row that generated the pad id (GPT-2's eos) would read as
+        # padding (the cached generate's first step is therefore not checked)
+        named = dict(zip(_FORWARD_ARGUMENTS, args, strict=False)) | kwargs
+        if named.get("attention_mask") is None and named.get("past_kv_cache") is None \
+                and named.get("start_at_layer") is None:
+            refuse_bos_less_left_padding(self, named.get("input"), named.get("prepend_bos"))
+        return super().forward(*args, **kwargs)
 
     def set_tokenizer(self, tokenizer, default_padding_side=None):
         # TransformerLens' own attach (model.set_tokenizer, HookedTransformer(cfg, tokenizer=...), cfg.tokenizer_name,

@@ -1,0 +1,92 @@
+"""What session 25's TransformerLens helpers noticed and left (helper-187): a left-padded batch made without a BOS
+given to a HookedTransformer whose pad id is its BOS id (TransformerLens' derived mask attends one padding token per
+padded row) is refused naming the fixes. Each test failed before its change."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import transformers as T
+
+from bcos_plugins import bcosify
+from bcos_plugins.data.shipped import shipped_data
+from bcos_plugins.errors import BcosValueError
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+TEXTS = ["The cat sat on the mat", "Hi"]
+
+
+@pytest.fixture(scope="module")
+def left_padded_gpt2():
+    """A tiny B-cos GPT-2 HookedTransformer whose tokenizer pads on the left with its BOS id (GPT-2's pad = eos = bos)."""
+    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
+
+    tokenizer = T.AutoTokenizer.from_pretrained(shipped_data("gpt2_tokenizer"), padding_side="left")
+    tokenizer.pad_token = tokenizer.eos_token
+    assert tokenizer.pad_token_id == tokenizer.bos_token_id
+    torch.manual_seed(0)
+    config = T.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    model = hooked_transformer_from_hf(bcosify(T.GPT2LMHeadModel(config).eval(), b=1.5, verbose=False),
+                                       tokenizer=tokenizer)
+    assert model.cfg.default_prepend_bos and model.tokenizer.padding_side == "left"
+    return model
+
+
+# --------------------------------------------------------------- 1. a left-padded batch made without a BOS
+
+
+def _calls(model):
+    from bcos_plugins.adapters.transformer_lens import explain_logits, token_component_decomposition
+
+    return {
+        "forward": lambda tokens, **kw: model(tokens, **kw)[:, -1],
+        "run_with_cache": lambda tokens, **kw: model.run_with_cache(tokens, **kw)[1].decompose_resid(
+            pos_slice=-1).sum(0),
+        "explain_logits": lambda tokens, **kw: explain_logits(model, tokens, target=5, **kw).explained,
+        "token_component_decomposition": lambda tokens, **kw: token_component_decomposition(
+            model, tokens, target=5, **kw).explained,
+    }
+
+
+@pytest.mark.parametrize("call", ["forward", "run_with_cache", "explain_logits", "token_component_decomposition"])
+def test_a_left_padded_batch_made_without_a_bos_is_refused_where_the_pad_is_the_bos(left_padded_gpt2, call):
+    """``to_tokens(texts, prepend_bos=False)``, left-padded with GPT-2's pad id (its BOS id), given without a mask:
+    TransformerLens derives the mask with ``cfg.default_prepend_bos=True`` and unmasks each padded row's last padding
+    token as its BOS, so the short row's logits and explanation were another text's (0.03-0.6 off the text alone on
+    tiny B-cos GPT-2s), without a word. Refused naming ``tokens`` and the fixes; each fix gives the text alone."""
+    model = left_padded_gpt2
+    run = _calls(model)[call]
+    tokens = model.to_tokens(TEXTS, prepend_bos=False)
+    assert tokens[1, 0] == model.tokenizer.pad_token_id and tokens[0, 0] != model.tokenizer.pad_token_id
+    with pytest.raises(BcosValueError, match=r"(?s)^tokens: row 0 begins with token \d+, not the BOS id.*"
+                                             r"attention_mask=.*cfg\.default_prepend_bos = False"):
+        run(tokens)
+    alone = run(model.to_tokens(TEXTS[1:], prepend_bos=False))[0]
+    mask = (tokens != model.tokenizer.pad_token_id).long()
+    torch.testing.assert_close(run(tokens, attention_mask=mask)[1], alone, atol=1e-5, rtol=0)
+    model.cfg.default_prepend_bos = False
+    try:
+        torch.testing.assert_close(run(tokens)[1], alone, atol=1e-5, rtol=0)
+    finally:
+        model.cfg.default_prepend_bos = True
+
+
+def test_the_model_call_with_prepend_bos_false_and_batches_with_a_bos_pass_as_before(left_padded_gpt2):
+    """The correct calls keep TransformerLens' numbers: the model's own ``prepend_bos=False``, a batch with a BOS on
+    every row (its padding and BOS share the id), and an unpadded batch without a BOS."""
+    from transformer_lens import HookedTransformer
+
+    model = left_padded_gpt2
+    tokens = model.to_tokens(TEXTS, prepend_bos=False)
+    alone = model(model.to_tokens(TEXTS[1:], prepend_bos=False))[0, -1]
+    torch.testing.assert_close(model(tokens, prepend_bos=False)[1, -1], alone, atol=1e-5, rtol=0)
+    with_bos = model.to_tokens(TEXTS)
+    assert bool((with_bos[:, 0] == model.tokenizer.bos_token_id).all())
+    assert torch.equal(model(with_bos), HookedTransformer.forward(model, with_bos))
+    torch.testing.assert_close(model(with_bos)[1, -1], model(model.to_tokens(TEXTS[1:]))[0, -1], atol=1e-5, rtol=0)
+    unpadded = model.to_tokens(["The cat sat", "A dog ran"], prepend_bos=False)
+    assert not bool((unpadded == model.tokenizer.pad_token_id).any())
+    assert torch.equal(model(unpadded), HookedTransformer.forward(model, unpadded))
