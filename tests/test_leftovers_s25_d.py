@@ -3,8 +3,12 @@ would drop while a model reads them. Each test failed before its change."""
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import pytest
 import torch
+from test_leftovers_s24_f import _bcos_bert, _minilm_tokenizer
 
 from bcos_plugins.errors import BcosValueError
 from bcos_plugins.train_decoder import CausalLMCollator
@@ -119,3 +123,35 @@ def test_perturbation_curves_docstring_names_the_refusal_of_left_padding_for_unk
     assert "sequence classifier not known to classify from the last token (ELECTRA's reads the first column)" in doc
     assert "also with the caller's own ``position_ids``" in doc
     assert "reads a learned position table" in doc  # the older refusal is still named
+
+
+# --------------------------------------------------------------- 6. predict_labels warns of the texts it cuts
+
+
+def test_predict_labels_warns_of_truncated_texts_once_per_call_as_predict_does():
+    """A text past max_length (128 by default) was classified from its first tokens without a word, where predict
+    warns (corpus.warn_of_truncated_texts); zero_shot_evaluation's warning names zero_shot_evaluation."""
+    from bcos_plugins.space.zero_shot import predict_labels, zero_shot_evaluation
+
+    tokenizer = _minilm_tokenizer(with_mask=True)
+    model = _bcos_bert(len(tokenizer))
+    texts = ["short", " ".join(["word"] * 20), "also short", " ".join(["film"] * 15)]
+    counts = [len(tokenizer(t)["input_ids"]) for t in texts]
+    assert counts[1] == 22 and counts[3] == 17
+    expected = (r"predict_labels: 2 text\(s\) \[1, 3\] have more than max_length=12 tokens: each is classified from "
+                r"the first tokens the tokenizer kept \(its first 12, .*\)\. Pass max_length=22 \(the longest text's "
+                r"tokens\)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # two batches, each with a cut text: one warning for the call, naming both by their index in texts
+        predictions = predict_labels(model, tokenizer, texts, batch_size=2, max_length=12)
+    cut = [w for w in caught if "max_length=12" in str(w.message)]
+    assert len(cut) == 1 and issubclass(cut[0].category, UserWarning)
+    assert re.search(expected, str(cut[0].message))
+    assert cut[0].filename == __file__  # at the caller's line
+    with pytest.warns(UserWarning, match=expected.replace("predict_labels:", "zero_shot_evaluation:", 1)):
+        zero_shot_evaluation(model, tokenizer, texts, predictions, batch_size=2, max_length=12)
+    # the texts kept whole (max_length=22): no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        predict_labels(model, tokenizer, texts, batch_size=2, max_length=22)

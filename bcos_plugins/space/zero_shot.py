@@ -30,7 +30,14 @@ from ..attribution.text import (
     registry_spec,
     rows_as_alone_call,
 )
-from ..corpus import mask_keywords, require_texts_with_tokens, require_tokenizer_ids_fit
+from ..corpus import (
+    mask_keywords,
+    require_texts_with_tokens,
+    require_tokenizer_ids_fit,
+    truncated_token_counts,
+    truncation_named,
+    warn_of_truncated_texts,
+)
 from ..encoded_texts import truncation_length
 from ..errors import BcosFileError, BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
@@ -123,7 +130,8 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
     (position ids count real tokens); any other classifier (a Space model) is called with the tokenizer's
     outputs (a transformers model outside the registry that reads a learned position table is refused left
     padding). Texts are truncated to ``max_length`` tokens: by default 128, capped at the model's position limit (a
-    longer one is refused, as :func:`~bcos_plugins.train.predict` refuses it)."""
+    longer one is refused, as :func:`~bcos_plugins.train.predict` refuses it). A ``UserWarning`` names the texts that
+    were cut and the ``max_length`` that keeps every token, once per call, as ``predict`` warns."""
     if not isinstance(model, nn.Module) or not callable(tokenizer):
         raise argument_error("model", f"predict_labels needs a torch classifier and its tokenizer, got "
                              f"{type(model).__name__} and {type(tokenizer).__name__}",
@@ -144,6 +152,7 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
     device = next(model.parameters()).device
     spec = registry_spec(model)
     predictions: list[int] = []
+    cut_counts: list[int | None] = []
     with evaluating(model):
         for start in tqdm(range(0, len(texts), batch_size), disable=not progress, desc="predict"):
             rows = range(start, min(start + batch_size, len(texts)))
@@ -154,8 +163,12 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
             # ids past the embedding failed deep in torch (IndexError; a device-side assert on a GPU)
             require_tokenizer_ids_fit(model, tokenizer, batch)
             mask = batch.get("attention_mask")
-            require_texts_with_tokens([batch["input_ids"].shape[1]] * len(rows) if mask is None
-                                      else mask.sum(1).tolist(), rows, texts, "texts", "predict")
+            kept = [batch["input_ids"].shape[1]] * len(rows) if mask is None else mask.sum(1).tolist()
+            require_texts_with_tokens(kept, rows, texts, "texts", "predict")
+            # texts longer than max_length (128 by default) were classified from their first tokens without a word,
+            # where predict warns: the one detection and warning (corpus), once per call, after the batches
+            cut_counts += truncated_token_counts(tokenizer, list(texts[start:start + batch_size]), None, kept,
+                                                 max_length)
             # refusals name the texts' indices, not the batch's rows, and of left padding the tokenizer (they named
             # attention_mask, an argument the caller never passed)
             with rows_named_as(rows), padding_named_as_tokenizers(tokenizer):
@@ -168,6 +181,8 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
                               call.get("attention_mask"), "Predict in float32 (model.float()), or with batch_size=1 "
                               "(no padding).", model=model, input_ids=call.get("input_ids", batch["input_ids"]))
             predictions += logits.argmax(-1).tolist()
+    warn_of_truncated_texts("predict_labels", cut_counts, max_length, model, tokenizer, False,
+                            outcome="classified from")
     return predictions
 
 
@@ -264,7 +279,8 @@ def zero_shot_evaluation(
     # class ids >= 0: an unmapped prediction is written as -1 below, which an unlabelled split's -1 matched (accuracy
     # 1.0 for a model none of whose classes map)
     labels = [require_int("labels", y, minimum=0) for y in labels]
-    predictions = predict_labels(model, tokenizer, texts, batch_size, max_length, progress)
+    with truncation_named("zero_shot_evaluation"):  # predict_labels' truncation warning names the call the user made
+        predictions = predict_labels(model, tokenizer, texts, batch_size, max_length, progress)
     if label_map is not None:
         predictions = [label_map.get(p, -1) for p in predictions]
     # the -1 of unmapped predictions is no class: in the macro averages it was one (precision 0, pulling them down)
