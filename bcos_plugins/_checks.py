@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from .errors import BcosTypeError, TokenizerMismatchWarning, UnmaskedPaddingWarning, argument_error
 
-__all__ = ["bad_rows", "caller_stacklevel", "closest_name", "closest_name_fix", "named_row", "named_rows", "refuse_keywords_meant_as_own", "refuse_a_model_as_the_tokenizer", "refuse_meta_model", "require_model_object", "stand_in_for_a_model", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_deterministic", "require_trainable", "require_float",
+__all__ = ["available_devices", "bad_rows", "caller_stacklevel", "closest_name", "closest_name_fix", "named_row", "named_rows", "refuse_keywords_meant_as_own", "refuse_a_model_as_the_tokenizer", "refuse_meta_model", "require_model_object", "stand_in_for_a_model", "rows_named_as", "require_bool", "require_choice", "require_class_ids", "require_classifier", "require_count", "require_available_device", "require_deterministic", "require_trainable", "require_float",
            "narrowed_to_dtype", "refuse_renamed_keywords", "require_int", "require_seed", "require_label_names", "require_labels", "require_number", "require_real_tokens",
            "require_row_ids", "require_run_settings", "require_same_shape", "require_tensor", "require_text_pairs", "require_texts",
            "require_tokenizer_object", "refuse_container_of_names",
@@ -688,6 +688,33 @@ def require_count(name: str, value, minimum: int = 1) -> int:
     if value < minimum:
         raise argument_error(name, f"must be >= {minimum}, got {value}", f"pass e.g. {name}={max(minimum, 8)}")
     return int(value)
+
+
+def available_devices() -> list[str]:
+    """The devices this machine can run on, as ``torch.device`` strings (``cpu``, each ``cuda:<i>``, ``mps``)."""
+    names = ["cpu"]
+    if torch.cuda.is_available():
+        names += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if torch.backends.mps.is_available():
+        names.append("mps")
+    return names
+
+
+def require_available_device(name: str, device) -> torch.device:
+    """``device`` as a ``torch.device``, refused naming ``name`` and the available devices where it is not a device or
+    is a CUDA / MPS device this machine lacks: torch's own refusal, "Torch not compiled with CUDA enabled" (an
+    AssertionError), named neither the argument nor what to pass."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise argument_error(name, f"is {device!r}, not a device", f"Pass one of {available_devices()}",
+                             kind=BcosTypeError) from None
+    missing = ((dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()))
+               or (dev.type == "mps" and not torch.backends.mps.is_available()))
+    if missing:
+        raise argument_error(name, f"is {str(dev)!r}, which this machine does not have (available: "
+                             f"{', '.join(available_devices())})", "Pass an available device, e.g. 'cpu'")
+    return dev
 
 
 def require_classifier(model) -> int:

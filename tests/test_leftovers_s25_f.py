@@ -48,3 +48,48 @@ def test_bcos_layers_refuse_bias_true_saying_why(build):
         build(np.bool_(True))
     with pytest.raises(BcosTypeError, match=r"^bias: must be False \(B-cos layers have no bias\), got 'no'"):
         build("no")
+
+
+# --------------------------------------------------------------- 2. TokenExplanation.to an unavailable device
+
+
+def _token_explanation():
+    from bcos_plugins import TokenExplanation
+
+    scores = torch.ones(2, 3)
+    return TokenExplanation(contributions=scores, input_contributions=scores[..., None], explained=scores.sum(1),
+                            target=torch.tensor([1, 0]), input_ids=torch.tensor([[1, 2, 3], [4, 5, 6]]))
+
+
+def test_token_explanation_to_refuses_cuda_on_a_machine_without_it_naming_device(monkeypatch):
+    """It raised torch's "Torch not compiled with CUDA enabled" (an AssertionError naming no argument)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    expl = _token_explanation()
+    with pytest.raises(BcosValueError, match=r"^device: is 'cuda', which this machine does not have \(available: "
+                                             r"cpu\)\. Pass an available device, e.g. 'cpu'\.$"):
+        expl.to("cuda")
+    with pytest.raises(BcosValueError, match=r"^device: is 'cuda:0', which"):
+        expl.to(torch.device("cuda", 0), torch.float64)
+
+
+def test_token_explanation_to_refuses_a_cuda_index_past_the_machines_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(BcosValueError, match=r"^device: is 'cuda:3', which this machine does not have \(available: "
+                                             r"cpu, cuda:0\)"):
+        _token_explanation().to("cuda:3")
+
+
+def test_token_explanation_to_refuses_a_name_that_is_no_device():
+    with pytest.raises(BcosTypeError, match=r"^device: is 'gpu', not a device\. Pass one of \['cpu'"):
+        _token_explanation().to("gpu")
+
+
+def test_token_explanation_to_an_available_device_still_moves_and_casts():
+    moved = _token_explanation().to(torch.device("cpu"), torch.float64)
+    assert moved.contributions.dtype == torch.float64 and moved.input_ids.dtype == torch.int64
+    assert moved.to("cpu").contributions.device.type == "cpu"
+    assert moved.to(torch.float32).contributions.dtype == torch.float32

@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import require_tensor
+from .._checks import require_available_device, require_tensor
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from ..nn.functional import at_least_float32
 
@@ -252,6 +252,8 @@ class TokenExplanation(Explanation):
                 raise argument_error("device", f"is the dtype {device} and dtype= is {dtype} too",
                                      "Pass a device and a dtype: to(device, dtype), or to(dtype) alone")
             device, dtype = None, device
+        if device is not None:
+            device = require_available_device("device", device)
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise argument_error("dtype", f"is {dtype!r}; it casts the contributions and explained values, which are "
                                  "floating-point numbers (the ids and positions keep theirs)",
