@@ -124,7 +124,15 @@ from benchmarks.common.faithfulness import (  # noqa: F401
     seqpg_examples,
     token_feature_mask,
 )
-from benchmarks.common.settings import env_choice, env_flag, env_float, env_int, env_path, settings_from_argv
+from benchmarks.common.settings import (
+    env_choice,
+    env_flag,
+    env_float,
+    env_int,
+    env_path,
+    epochs_text,
+    settings_from_argv,
+)
 
 MODELS = Path("outputs/bench_faithfulness/models")  # shared by every output folder; names carry the settings
 
@@ -374,7 +382,7 @@ def write_report(results, acc, cfg: Config, info: dict) -> list[dict]:
         f"\nSST-2: {info['n_eval']} test sentences (Comp/Suff, time, memory); SeqPG: {info['n_seqpg']} examples "
         f"of 2 x {cfg.segment} tokens from {info['seqpg_source'] or '(skipped)'} test texts. Accuracy: "
         f"{'all' if cfg.n_acc <= 0 else f'last {cfg.n_acc}'} rows of each test split. Models: all-MiniLM-L6-v2 "
-        f"fine-tuned on {info.get('sources', 'the shipped slices')}, {cfg.epochs:g} epochs, batch "
+        f"fine-tuned on {info.get('sources', 'the shipped slices')}, {epochs_text(cfg.epochs)}, batch "
         f"{cfg.train_batch}; conventional: cross-entropy, lr 1e-4; B-cos: B = {cfg.b:g}, "
         f"{'B-cos' if cfg.bcos_query_key else 'stock (pretrained)'} query/key, BCE loss, "
         + (f"started from the conventional model (task then B-cos), lr {cfg.bcos_lr:g}"

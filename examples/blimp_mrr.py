@@ -47,7 +47,7 @@ from bcos_plugins.train_decoder import real_token_positions, train_causal_lm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
 from benchmarks.common.decoder_baselines import CompactVocabulary, captum_scores, seconds_per_explanation
-from benchmarks.common.settings import env_float, env_int, no_command_line_arguments
+from benchmarks.common.settings import env_float, env_int, epochs_text, no_command_line_arguments
 
 OUT = Path("outputs") / "blimp_mrr"
 
@@ -115,7 +115,7 @@ def main() -> None:
     model = build_model(len(vocab), int(vocab(torch.tensor(eos))), cfg.seed)
     print(model.bcos_report)
 
-    print(f"training on {len(train)} BLiMP sentences (pairs {cfg.n_eval}-299 of 9 paradigms), {cfg.epochs:g} epochs, "
+    print(f"training on {len(train)} BLiMP sentences (pairs {cfg.n_eval}-299 of 9 paradigms), {epochs_text(cfg.epochs)}, "
           f"{len(vocab)} GPT-2 token ids in use")
     start = time.perf_counter()
     trainer = train_causal_lm(model, train, str(OUT / "trainer"), pad_token_id=model.config.eos_token_id,

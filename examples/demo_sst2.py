@@ -41,7 +41,7 @@ from bcos_plugins.train import accuracy, fine_tune_classifier
 from bcos_plugins.visualize import explanation_sections_to_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
-from benchmarks.common.settings import env_float, env_int, no_command_line_arguments
+from benchmarks.common.settings import env_float, env_int, epochs_text, no_command_line_arguments
 
 OUT = Path("outputs")
 console = Console()
@@ -138,7 +138,7 @@ def main() -> None:
     console.print(model.bcos_report.summary())
 
     train, test = load_sst2("train", n=n_train), load_sst2("test", n=n_test)
-    console.rule(f"3. Fine-tune on {len(train)} SST-2 sentences with BCE ({epochs:g} epochs)")
+    console.rule(f"3. Fine-tune on {len(train)} SST-2 sentences with BCE ({epochs_text(epochs)})")
     t0 = time.perf_counter()
     # Batches of similar length: SST-2 sentences are 21 tokens on average but up to 63, so random batches
     # compute about twice the tokens they hold (padding); grouping by length halves the training time.
@@ -152,7 +152,7 @@ def main() -> None:
         acc = accuracy(model, tokenizer, test.texts, test.labels, max_length=64)
     majority = max(sum(test.labels), len(test.labels) - sum(test.labels)) / len(test.labels)
     console.print(f"accuracy on {len(test)} held-out SST-2 sentences: [bold]{acc:.3f}[/bold] "
-                  f"(majority class: {majority:.3f}; {len(train)} training sentences, {epochs:g} epochs)")
+                  f"(majority class: {majority:.3f}; {len(train)} training sentences, {epochs_text(epochs)})")
 
     console.rule("5. Explain: predicted class, other class, and positive − negative")
     # the first test sentences of each class, so that both classes are explained as the prediction

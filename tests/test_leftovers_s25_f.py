@@ -93,3 +93,24 @@ def test_token_explanation_to_an_available_device_still_moves_and_casts():
     assert moved.contributions.dtype == torch.float64 and moved.input_ids.dtype == torch.int64
     assert moved.to("cpu").contributions.device.type == "cpu"
     assert moved.to(torch.float32).contributions.dtype == torch.float32
+
+
+# --------------------------------------------------------------- 3. "1 epochs" in the demo's output
+
+
+def test_epochs_text_says_one_epoch_in_the_singular():
+    from benchmarks.common.settings import epochs_text
+
+    assert [epochs_text(e) for e in (1, 1.0, 2.0, 0.5, 3)] == ["1 epoch", "1 epoch", "2 epochs", "0.5 epochs",
+                                                                "3 epochs"]
+
+
+@pytest.mark.parametrize("script", ["examples/demo_sst2.py", "examples/blimp_mrr.py",
+                                    "benchmarks/bench_faithfulness.py"])
+def test_scripts_print_their_epochs_through_epochs_text(script):
+    """``make demo`` with DEMO_EPOCHS=1 printed "(1 epochs)": each script printed f"{epochs:g} epochs"."""
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[1] / script).read_text()
+    assert ":g} epochs" not in source
+    assert "epochs_text(" in source

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["env_choice", "env_choices", "env_flag", "env_float", "env_int", "env_numbers", "env_path",
-           "no_command_line_arguments"]
+           "epochs_text", "no_command_line_arguments"]
 
 
 def _bad(name: str, raw: str, problem: str, fix: str, default) -> SystemExit:
@@ -166,3 +166,9 @@ def no_command_line_arguments(doc: str, argv: Sequence[str] | None = None) -> No
         raise SystemExit(0)
     raise SystemExit(f"{script}: unknown arguments {arguments}: it takes its settings from environment variables "
                      f"only. Set them before the command (NAME=value python {script}); {script} --help lists them.")
+
+
+def epochs_text(epochs: float) -> str:
+    """``"1 epoch"``, ``"2 epochs"``, ``"0.5 epochs"``: a run's epochs (a float setting) as the scripts print them
+    (``make demo`` printed "1 epochs" with ``DEMO_EPOCHS=1``)."""
+    return f"{epochs:g} epoch" + ("" if epochs == 1 else "s")
