@@ -466,6 +466,14 @@ def training_arguments(output_dir, n_texts: int, epochs, batch_size, learning_ra
     field."""
     overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, n_texts // batch_size // 10),
                    "dataloader_pin_memory": torch.cuda.is_available()}
+    # ReduceLROnPlateau steps on an evaluation metric, which these helpers never compute: TrainingArguments failed
+    # with "lr_scheduler_type reduce_lr_on_plateau requires an eval strategy", naming no helper
+    scheduler = training_args.get("lr_scheduler_type")
+    if str(getattr(scheduler, "value", scheduler)) == "reduce_lr_on_plateau":
+        raise argument_error("lr_scheduler_type", f"is {scheduler!r}, which lowers the learning rate when an "
+                             f"evaluation metric stops improving, but {helper.__name__} takes no evaluation data",
+                             "Pick a schedule by step (the default 'linear', 'cosine', 'constant'), or build a "
+                             "transformers Trainer with an eval_dataset")
     args = checked_training_arguments(helper, training_args, overridable, output_dir=str(output_dir),
                                       num_train_epochs=epochs, per_device_train_batch_size=batch_size,
                                       learning_rate=learning_rate, seed=seed, disable_tqdm=not progress)

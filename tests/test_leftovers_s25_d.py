@@ -155,3 +155,22 @@ def test_predict_labels_warns_of_truncated_texts_once_per_call_as_predict_does()
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         predict_labels(model, tokenizer, texts, batch_size=2, max_length=22)
+
+
+# --------------------------------------------------------------- 7. a plateau schedule without evaluation data
+
+
+@pytest.mark.parametrize("scheduler", ["reduce_lr_on_plateau", "SchedulerType.REDUCE_ON_PLATEAU"])
+def test_fine_tune_classifier_refuses_a_plateau_schedule_naming_the_keyword_and_the_missing_evaluation(scheduler):
+    """transformers failed with "lr_scheduler_type reduce_lr_on_plateau requires an eval strategy", naming neither
+    the helper nor that it takes no evaluation data."""
+    from transformers import SchedulerType
+
+    from bcos_plugins.fine_tuning import fine_tune_classifier
+
+    value = SchedulerType.REDUCE_ON_PLATEAU if scheduler.startswith("SchedulerType") else scheduler
+    tokenizer = _minilm_tokenizer(with_mask=True)
+    model = _bcos_bert(len(tokenizer))
+    with pytest.raises(BcosValueError, match=r"^lr_scheduler_type: is .*fine_tune_classifier takes no evaluation data"
+                       r".*Pick a schedule by step"):
+        fine_tune_classifier(model, tokenizer, ["a b", "c d"], [0, 1], lr_scheduler_type=value, progress=False)
