@@ -90,3 +90,41 @@ def test_the_model_call_with_prepend_bos_false_and_batches_with_a_bos_pass_as_be
     unpadded = model.to_tokens(["The cat sat", "A dog ran"], prepend_bos=False)
     assert not bool((unpadded == model.tokenizer.pad_token_id).any())
     assert torch.equal(model(unpadded), HookedTransformer.forward(model, unpadded))
+
+
+# --------------------------------------------------------------- 2. plain GPT-2's cached generate
+
+
+def test_the_kv_cache_refusal_does_not_say_a_plain_gpt2_bridge_generates_the_models_tokens():
+    """``_without_kv_cache``'s docstring and docs/benchmarks.md#bench-bridge-generate-kv-cache said plain GPT-2's
+    cached generation matched the model (true of the configurations measured there): a tiny plain GPT-2 bridge over
+    the GPT-2 tokenizer's vocabulary, built by ``transformer_bridge_from_hf``, leaves the model's greedy tokens with
+    TransformerLens' cache (helper-176 saw it on a booted one). The behaviour and the corrected words."""
+    import copy
+    from pathlib import Path
+
+    from bcos_plugins.adapters._lens import bridge as bridge_module
+    from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
+    from transformer_lens.model_bridge import TransformerBridge
+
+    tokenizer = T.AutoTokenizer.from_pretrained(shipped_data("gpt2_tokenizer"))
+    torch.manual_seed(0)
+    hf = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4,
+                                        n_positions=64)).eval()
+    ids = torch.tensor([[464, 3797, 3332]])
+    greedy = ids
+    with torch.no_grad():
+        for _ in range(8):
+            greedy = torch.cat([greedy, hf(greedy).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    bridge = transformer_bridge_from_hf(copy.deepcopy(hf), tokenizer=tokenizer)
+    options = dict(max_new_tokens=8, do_sample=False, verbose=False, stop_at_eos=False)
+    assert bridge.generate(ids, **options).tolist() == greedy.tolist()
+    cached = TransformerBridge.generate(bridge, ids, use_past_kv_cache=True, **options)
+    assert cached[0, :4].tolist() == greedy[0, :4].tolist() and cached.tolist() != greedy.tolist()
+    doc = " ".join(bridge_module._without_kv_cache.__doc__.split())
+    assert "a plain GPT-2 matched" not in doc and "only plain GPT-2 matched" not in doc
+    assert "plain GPT-2 matched on those configurations (left them on 0 of 6) but not on every one" in doc
+    page = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+    section = page.read_text().split("{#bench-bridge-generate-kv-cache}")[1].split("\n### ")[0]
+    assert "*Correction (2026-11-29 08:37 UTC, helper-187):* plain GPT-2's match held for the configurations " \
+           "measured here only" in section

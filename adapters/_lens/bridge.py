@@ -269,15 +269,18 @@ def _padding_checked_class(base: type) -> type:
 def _without_kv_cache(method):
     """``method`` (the bridge's ``generate`` / ``generate_stream``) run without TransformerLens' key-value cache,
     refusing ``use_past_kv_cache=True``. The bridge's cached path generated other tokens than its model computes: on
-    tiny B-cos GPT-2, Llama, Mistral, Qwen2, Qwen3 and Gemma 2 bridges and their plain Llama-family counterparts
-    (TransformerLens 3.9; a plain GPT-2 matched) greedy decoding left the transformers model's own greedy tokens from
-    the second new token on (GPT-2: a token outside the model's top 3), without a word; without the cache each step
-    is a full forward of the bridge, which is the model's. The default is therefore no cache (slower, the model's
-    tokens). Checked again 2026-11-29 on six prompts of 8 new tokens per tiny model: the cached path left the model's
-    greedy tokens on every B-cos family (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2: 5-6 of 6 prompts) and on
-    plain Llama, Mistral, Qwen2, Qwen3 and Gemma 2 (6 of 6); only plain GPT-2 matched (0 of 6). The refusal stays for
-    every bridge (one rule; a plain GPT-2's exact match is TransformerLens' implementation, not something this
-    adapter checks): its cost on a tiny plain GPT-2 is in docs/benchmarks.md (#bench-bridge-generate-kv-cache); for
+    tiny B-cos GPT-2, Llama, Mistral, Qwen2, Qwen3 and Gemma 2 bridges and plain ones (TransformerLens 3.9) greedy
+    decoding left the transformers model's own greedy tokens from the second new token on (GPT-2: a token outside
+    the model's top 3), without a word; without the cache each step is a full forward of the bridge, which is the
+    model's. The default is therefore no cache (slower, the model's tokens). Checked again 2026-11-29 on six prompts
+    of 8 new tokens per tiny model: the cached path left the model's greedy tokens on every B-cos family (GPT-2,
+    Llama, Mistral, Qwen2, Qwen3, Gemma 2: 5-6 of 6 prompts) and on plain Llama, Mistral, Qwen2, Qwen3 and Gemma 2
+    (6 of 6); plain GPT-2 matched on those configurations (left them on 0 of 6) but not on every one: a tiny plain
+    GPT-2 over the GPT-2 tokenizer's vocabulary leaves the model's tokens too, booted by TransformerLens
+    (tests/test_host_library_behaviour.py item 1, the booted model's empty ``DynamicCache``:
+    docs/hosts/upstream-issues.md) and built by transformer_bridge_from_hf (2026-11-29: prompt [464, 3797, 3332],
+    the cached path's second new token 15181 against the model's 38387). The refusal is one rule for every bridge:
+    its cost on a tiny plain GPT-2 is in docs/benchmarks.md (#bench-bridge-generate-kv-cache); for
     speed, generate with the transformers model itself (``hf_model.generate``, its own cache)."""
     signature = inspect.signature(method)
 
@@ -289,7 +292,7 @@ def _without_kv_cache(method):
                 "use_past_kv_cache", f"bridge.{method.__name__} with TransformerLens' key-value cache generates other "
                 "tokens than the model computes on bridges from transformer_bridge_from_hf (greedy decoding left the "
                 "transformers model's own tokens from the second new token on, on tiny B-cos GPT-2 / Llama / Mistral / "
-                "Qwen / Gemma 2 bridges and plain Llama-family ones, TransformerLens 3.9)",
+                "Qwen / Gemma 2 bridges and plain ones, GPT-2 included, TransformerLens 3.9)",
                 "Leave it out (these bridges generate without the cache by default: each step a full forward, the "
                 "model's tokens), or generate with the transformers model itself (hf_model.generate)")
         if "use_past_kv_cache" not in bound:
