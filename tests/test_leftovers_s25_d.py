@@ -174,3 +174,35 @@ def test_fine_tune_classifier_refuses_a_plateau_schedule_naming_the_keyword_and_
     with pytest.raises(BcosValueError, match=r"^lr_scheduler_type: is .*fine_tune_classifier takes no evaluation data"
                        r".*Pick a schedule by step"):
         fine_tune_classifier(model, tokenizer, ["a b", "c d"], [0, 1], lr_scheduler_type=value, progress=False)
+
+
+# --------------------------------------------------------------- 8. adversarial_masks of an augmented layer
+
+
+def test_adversarial_masks_docstring_says_an_augmented_layers_masks_include_the_constant_coordinate():
+    """The masks of an augmented layer have d_in + 1 entries, the last on the constant [x, 1] coordinate that no input
+    moves, and the docstring did not say so (nor what adding m[:-1] to x does). The shift it states is checked here."""
+    from bcos_plugins.bilinear import (
+        BilinearMLP,
+        adversarial_masks,
+        augment_input,
+        bilinear_weights,
+        eigendecompose,
+    )
+
+    doc = " ".join(adversarial_masks.__doc__.split())
+    assert "the last one on the constant ``[x, 1]`` coordinate, which no input moves" in doc
+    assert "``alpha * (delta_ij - m_i[-1] * v_j[-1])``" in doc
+
+    torch.manual_seed(0)
+    d_in = 6
+    layer = BilinearMLP(d_in, 8, 3, bias=True).double()
+    eig = eigendecompose(bilinear_weights(layer).augmented(), torch.eye(3, dtype=torch.float64))
+    result = adversarial_masks(eig)
+    assert result.masks.shape == (3, 1, d_in + 1)
+    masks, vectors = result.masks[:, 0], result.eigenvectors[:, 0]
+    x, alpha = torch.randn(d_in, dtype=torch.float64), 0.7
+    for i in range(3):
+        shift = augment_input(x + alpha * masks[i, :-1]) @ vectors.T - augment_input(x) @ vectors.T
+        promised = alpha * (torch.eye(3, dtype=torch.float64)[i] - masks[i, -1] * vectors[:, -1])
+        torch.testing.assert_close(shift, promised, rtol=1e-9, atol=1e-9)

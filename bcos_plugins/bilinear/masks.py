@@ -74,6 +74,12 @@ def adversarial_masks(eig: Eigendecomposition, per_direction: int = 1,
     The sign of an eigenvector is arbitrary; with ``reference`` (e.g. the mean input) each mask is
     oriented so that adding it increases ``|v_i . reference|``, i.e. it strengthens the eigenvector's
     activation on typical inputs rather than first cancelling it.
+
+    For an augmented layer (``bilinear_weights(layer).augmented()``, inputs ``[x, 1]``: ``augment_input``) the
+    masks, like the eigenvectors and ``reference``, have ``d_in + 1`` entries, the last one on the constant ``[x, 1]``
+    coordinate, which no input moves. They separate the eigenvectors over ``[x, 1]``: adding ``alpha * m_i[:-1]`` to
+    ``x`` moves ``v_j . [x, 1]`` by ``alpha * (delta_ij - m_i[-1] * v_j[-1])``, the key's promise only where that
+    last product is 0 (decompose the bias-free layer, ``without_biases()``, for masks over ``x`` alone).
     """
     eig = require_eigendecomposition(eig)
     if eig.eigenvalues.ndim != 2:
