@@ -1,5 +1,8 @@
 """What session 25's finished helpers noticed and left (helper-186): the causal-LM collator refuses token_type_ids it
-would drop while a model reads them. Each test failed before its change."""
+would drop while a model reads them; aopc refuses fractions outside [0, 1]; top_k_iou and average_precision keep
+float64; PixelPerturbation names a contrastive explanation's foil; perturbation_curves' docstring names every refusal
+of left padding; predict_labels warns of the texts it cuts; fine_tune_classifier refuses a plateau schedule it cannot
+step; adversarial_masks' docstring says what an augmented layer's masks hold. Each test failed before its change."""
 
 from __future__ import annotations
 
