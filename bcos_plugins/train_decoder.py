@@ -269,6 +269,12 @@ def train_causal_lm(
     # class named in transformers' causal-LM mapping: a B-cos Gemma 2 (BcosGemma2ForCausalLM) was trained on its
     # unshifted labels, each token predicted from itself, without a word. The shift is ours
     smoothing = args.label_smoothing_factor
+    # transformers names a model's loss from its class name, and GPT2LMHeadModel's holds none: its loss_type was None,
+    # so its first loss warned "`loss_type=None` was set in the config but it is unrecognized" and fell back to
+    # ForCausalLMLoss, the loss trained here. The Trainer reads it too (a causal LM's labelled tokens counted over
+    # labels[..., 1:]; the same count here, as the collator gives every row's first label -100)
+    if getattr(model, "loss_type", "") is None:
+        model.loss_type = "ForCausalLM"
     loss_func = functools.partial(shifted_cross_entropy_loss, label_smoothing=smoothing) if smoothing else None
     trainer = _token_weighted_eval_trainer(Trainer)(model=model, args=args, train_dataset=train_dataset,
                                                    eval_dataset=eval_dataset, data_collator=collator,

@@ -114,3 +114,45 @@ def test_scripts_print_their_epochs_through_epochs_text(script):
     source = (Path(__file__).resolve().parents[1] / script).read_text()
     assert ":g} epochs" not in source
     assert "epochs_text(" in source
+
+
+# --------------------------------------------------------------- 4. transformers' "loss_type=None" warning in training
+
+
+class _Records(__import__("logging").Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize("class_name", ["GPT2LMHeadModel", "LlamaForCausalLM"])
+def test_train_causal_lm_gives_no_unrecognised_loss_type_warning(tmp_path, class_name):
+    """GPT2LMHeadModel's class name holds none of transformers' loss names, so its loss_type was None and its first
+    loss (labels passed in training) warned "`loss_type=None` was set in the config but it is unrecognized" (seen in
+    examples/inseq_quickstart); the loss it fell back to, ForCausalLMLoss, is the one train_causal_lm sets."""
+    import logging
+
+    from conftest import tiny_model
+    from transformers.utils import logging as hf_logging
+
+    from bcos_plugins import bcosify
+    from bcos_plugins.train_decoder import train_causal_lm
+
+    logger = hf_logging.get_logger("transformers.modeling_utils")
+    logging.Logger.warning_once.cache_clear()  # transformers warns once per process: a run before hid it
+    records, level = _Records(), logger.level
+    logger.addHandler(records)
+    logger.setLevel(logging.WARNING)
+    try:
+        model = bcosify(tiny_model(class_name), b=1.1, verbose=False)
+        rows = [{"input_ids": [3, 4, 5, 6]}, {"input_ids": [7, 8, 9]}]
+        train_causal_lm(model, rows, str(tmp_path), pad_token_id=0, max_steps=1, per_device_train_batch_size=2,
+                        disable_tqdm=True)
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    assert not [m for m in records.messages if "loss_type" in m]
+    assert model.loss_type == "ForCausalLM"
