@@ -119,8 +119,11 @@ def test_predict_labels_truncates_to_the_models_position_limit_or_refuses_a_long
     texts = [" ".join([text] * 40) for text in corpus(3)[0]]  # 200+ tokens each, past the 40 positions
     with pytest.warns(UserWarning, match=r"^predict: 3 text\(s\) \[0, 1, 2\] have more than max_length=40"):
         expected = predict(model, tok, texts, max_length=40).argmax(-1).tolist()
-    assert predict_labels(model, tok, texts) == expected
-    assert zero_shot_evaluation(model, tok, texts, expected)["accuracy"] == 1.0
+    # each warns of the texts it cut, naming the call the user made (since beefb24)
+    with pytest.warns(UserWarning, match=r"^predict_labels: 3 text\(s\) \[0, 1, 2\] have more than max_length=40"):
+        assert predict_labels(model, tok, texts) == expected
+    with pytest.warns(UserWarning, match=r"^zero_shot_evaluation: 3 text\(s\) \[0, 1, 2\] have more than max_length=40"):
+        assert zero_shot_evaluation(model, tok, texts, expected)["accuracy"] == 1.0
     with pytest.raises(BcosValueError, match=r"^max_length: .*40"):
         predict_labels(model, tok, texts, max_length=128)
 
