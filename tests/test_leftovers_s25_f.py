@@ -1,5 +1,7 @@
-"""Newcomer items helper-183 noticed in session 25 (helper-188): BcosLinear / BcosConv2d take ``bias=False`` as the
-``nn`` calls they replace do. Each test failed before its change."""
+"""Newcomer items helper-183 noticed in session 25 (helper-188): 1. BcosLinear / BcosConv2d take ``bias=False`` as the
+``nn`` calls they replace do; 2. TokenExplanation.to refuses a device the machine lacks naming ``device``; 3. the demo
+says "1 epoch"; 4. train_causal_lm of a GPT-2 gives no "loss_type=None" warning. Each test failed before its change
+(the ones named as controls excepted)."""
 
 from __future__ import annotations
 
@@ -89,6 +91,7 @@ def test_token_explanation_to_refuses_a_name_that_is_no_device():
 
 
 def test_token_explanation_to_an_available_device_still_moves_and_casts():
+    """Control (passed before too): the device check leaves an available device's move and a cast alone."""
     moved = _token_explanation().to(torch.device("cpu"), torch.float64)
     assert moved.contributions.dtype == torch.float64 and moved.input_ids.dtype == torch.int64
     assert moved.to("cpu").contributions.device.type == "cpu"
@@ -132,7 +135,8 @@ class _Records(__import__("logging").Handler):
 def test_train_causal_lm_gives_no_unrecognised_loss_type_warning(tmp_path, class_name):
     """GPT2LMHeadModel's class name holds none of transformers' loss names, so its loss_type was None and its first
     loss (labels passed in training) warned "`loss_type=None` was set in the config but it is unrecognized" (seen in
-    examples/inseq_quickstart); the loss it fell back to, ForCausalLMLoss, is the one train_causal_lm sets."""
+    examples/inseq_quickstart); the loss it fell back to, ForCausalLMLoss, is the one train_causal_lm sets. Llama
+    (loss_type ForCausalLM already) is the control."""
     import logging
 
     from conftest import tiny_model
