@@ -128,3 +128,70 @@ def test_the_kv_cache_refusal_does_not_say_a_plain_gpt2_bridge_generates_the_mod
     section = page.read_text().split("{#bench-bridge-generate-kv-cache}")[1].split("\n### ")[0]
     assert "*Correction (2026-11-29 08:37 UTC, helper-187):* plain GPT-2's match held for the configurations " \
            "measured here only" in section
+
+
+# --------------------------------------------------------------- 3. cfg.normalization_type edited after building
+
+_TOKENS = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
+
+
+def _hooked(name: str, bcos: bool = True):
+    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
+    from test_conformance import B, _stock
+
+    stock = _stock(name)
+    return hooked_transformer_from_hf((bcosify(stock, b=B, verbose=False) if bcos else stock).eval())
+
+
+@pytest.mark.parametrize("name, bcos, edited", [
+    ("GPT2LMHeadModel", True, "RMS"), ("LlamaForCausalLM", True, "LN"), ("LlamaForCausalLM", True, "LNPre"),
+    ("GPT2LMHeadModel", False, "RMSPre"),
+])
+def test_a_normalization_type_edited_after_building_is_refused_by_the_ln_applying_decompositions(name, bcos, edited):
+    """TransformerLens builds the norms from ``cfg.normalization_type`` once, but ``apply_ln_to_stack`` reads it again
+    to decide whether to centre: ``model.cfg.normalization_type = "RMS"`` on a (B-cos) GPT-2 left the forward as it
+    was and logit_attrs of decompose_resid missed the logit by 0.008 (a B-cos Llama set to "LN": 0.054), without a
+    word. Refused naming the cfg field and the fix (not covered by the soft-cap / clip_qkv refusal); an edit to the
+    same kind of norm (LN -> LNPre) keeps the numbers, and explain_logits (the forward's own gradients) stays exact."""
+    from bcos_plugins.adapters.transformer_lens import explain_logits
+
+    model = _hooked(name, bcos)
+    logits, cache = model.run_with_cache(_TOKENS)
+    before = cache.logit_attrs(cache.decompose_resid(), tokens=3)
+    original = model.cfg.normalization_type
+    model.cfg.normalization_type = edited
+    torch.testing.assert_close(model(_TOKENS), logits, atol=1e-6, rtol=0)  # the forward does not read it
+    refusal = rf"^model: .*model\.cfg\.normalization_type is '{edited}' \(changed after the model was built\?\).*" \
+              r"Set model\.cfg\.normalization_type back to"
+    _, cache = model.run_with_cache(_TOKENS)
+    with pytest.raises(BcosValueError, match=refusal):
+        cache.logit_attrs(cache.decompose_resid(), tokens=3)
+    with pytest.raises(BcosValueError, match=refusal):
+        cache.decompose_resid(layer=1, apply_ln=True)
+    with pytest.raises(BcosValueError, match=refusal):
+        cache.stack_neuron_results(1, apply_ln=True, project_output_onto=model.W_U[:, :4])
+    with pytest.raises(BcosValueError, match=refusal):
+        cache.accumulated_resid(layer=1, apply_ln=True)
+    # at the final norm accumulated_resid runs ln_final itself (recompute_ln): right whatever the cfg says
+    final_stream = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
+    torch.testing.assert_close(cache.accumulated_resid(apply_ln=True)[-1], model.ln_final(final_stream),
+                               atol=1e-6, rtol=0)
+    if bcos:
+        explained = explain_logits(model, _TOKENS, target=3)
+        torch.testing.assert_close(explained.input_contributions.sum((1, 2)), logits[:, -1, 3], atol=1e-5, rtol=0)
+    model.cfg.normalization_type = {"LN": "LNPre", "RMS": "RMSPre"}[original]
+    _, cache = model.run_with_cache(_TOKENS)
+    torch.testing.assert_close(cache.logit_attrs(cache.decompose_resid(), tokens=3), before, atol=1e-6, rtol=0)
+
+
+def test_a_normalization_type_of_none_is_refused_only_where_a_block_still_normalises():
+    """``None`` makes the forward skip the final norm, and TransformerLens' apply_ln_to_stack skip it too: the stack
+    sums to those logits (no refusal). A block's norm still runs, so ``decompose_resid(layer=1, apply_ln=True)`` would
+    return the stack without it: refused."""
+    model = _hooked("GPT2LMHeadModel")
+    model.cfg.normalization_type = None
+    logits, cache = model.run_with_cache(_TOKENS)
+    torch.testing.assert_close(cache.logit_attrs(cache.decompose_resid(), tokens=3).sum(0), logits[..., 3],
+                               atol=1e-5, rtol=0)
+    with pytest.raises(BcosValueError, match=r"normalization_type is None .*leave unnormalised the stack"):
+        cache.decompose_resid(layer=1, apply_ln=True)

@@ -126,6 +126,53 @@ def _logit_token_dims(cache, residual_stack: Tensor, batch_slice, has_batch_dim:
     return dims
 
 
+def _norm_kind(norm) -> str | None:
+    """What a built TransformerLens norm does to a stack: "centre" (LayerNorm, LayerNormPre: minus the mean, then the
+    scale), "scale" (RMSNorm, RMSNormPre) or None (another module: not judged)."""
+    try:  # TransformerLens 3.x's HookedTransformer norms; a bridge's norm components are none of them
+        from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
+    except ImportError:
+        return None
+    return "centre" if isinstance(norm, (LayerNorm, LayerNormPre)) else \
+        "scale" if isinstance(norm, (RMSNorm, RMSNormPre)) else None
+
+
+def _check_normalization_type(cache, method: str, layer, mlp_input: bool, recompute_ln: bool = False) -> None:
+    """Refuse ``method`` (``apply_ln_to_stack``, through which ``logit_attrs`` and every ``apply_ln=True`` go, and
+    ``stack_neuron_results``' fused path) when ``cfg.normalization_type`` no longer says what the norm the stack
+    meets does: TransformerLens builds the norms from it once, but its decompositions read it again at each call to
+    decide whether to centre the stack, so an edit after building (``model.cfg.normalization_type = "RMS"`` on a
+    LayerNorm model, or the reverse) left the forward as it was and made logit_attrs of decompose_resid miss the
+    logit by 0.008 (B-cos GPT-2) / 0.054 (B-cos Llama), without a word; ``None`` returned a block's stack without
+    its norm. The norm is the final one (``layer`` None / -1 / n_layers; the forward skips it under ``None`` too,
+    which stays consistent) or the block's ``ln1`` / ``ln2`` (``mlp_input``); other norm modules are not judged.
+    ``recompute_ln`` at the final norm (``accumulated_resid(apply_ln=True)``) runs ``ln_final`` itself: not judged."""
+    model = cache.model
+    cfg = model.cfg
+    target = _target_layer(model, layer)
+    final = target == cfg.n_layers
+    if final and (cfg.normalization_type is None or recompute_ln):
+        return  # the forward skips ln_final as well / the module itself normalises: the stack and the logits agree
+    if final:
+        norm = getattr(model, "ln_final", None)
+    else:
+        blocks = getattr(model, "blocks", None)
+        block = blocks[target] if blocks is not None and target < len(blocks) else None
+        norm = getattr(block, "ln2" if mlp_input else "ln1", None)
+    built = _norm_kind(norm)
+    said = {"LN": "centre", "LNPre": "centre", "RMS": "scale", "RMSPre": "scale"}.get(cfg.normalization_type)
+    if built is None or said == built:
+        return
+    raise argument_error(
+        "model", f"{method}: model.cfg.normalization_type is {cfg.normalization_type!r} (changed after the model was "
+        f"built?), but the norm the stack meets is a {type(norm).__name__}, which "
+        f"{'centres and scales' if built == 'centre' else 'scales without centring'}; TransformerLens reads the cfg "
+        f"to {'centre' if said == 'centre' else 'leave uncentred' if said else 'leave unnormalised'} the stack, so the "
+        "decomposition would not sum to what the forward computed (wrong numbers)",
+        f"Set model.cfg.normalization_type back to {'LN' if built == 'centre' else 'RMS'!r} (the norms do not change "
+        "with it), or rebuild the model with the norm you want", kind=BcosValueError)
+
+
 def _check_scale_lines_up(cache, bound: dict) -> None:
     """Refuse an ``apply_ln_to_stack`` (``logit_attrs``, the stacks' ``apply_ln``) whose cached norm scale, sliced by
     ``pos_slice`` / ``batch_slice``, does not have the stack's (batch, pos) dimensions: TransformerLens assumes the
@@ -399,8 +446,11 @@ class HookCheckedCache:
         return super().stack_head_results(*args, **kwargs)
 
     def stack_neuron_results(self, *args, **kwargs):
-        layer = _bind(super().stack_neuron_results, args, kwargs).get("layer")
+        bound = _bind(super().stack_neuron_results, args, kwargs)
+        layer = bound.get("layer")
         require_cache_layer(self, layer)
+        if bound.get("apply_ln"):  # its fused path (project_output_onto) centres by the cfg without apply_ln_to_stack
+            _check_normalization_type(self, "stack_neuron_results", layer, False)
         self.check_weights_unchanged("stack_neuron_results")
         if self.hooked_at_run:
             self._check_outputs("stack_neuron_results", layer, False, "mlp")
@@ -419,6 +469,8 @@ class HookCheckedCache:
         # logit_attrs, decompose_resid(apply_ln=True) and the stacks' apply_ln all come through here
         bound = _bind(super().apply_ln_to_stack, args, kwargs)
         require_cache_layer(self, bound.get("layer"))
+        _check_normalization_type(self, "apply_ln_to_stack", bound.get("layer"), bound.get("mlp_input", False),
+                                  bool(bound.get("recompute_ln", False)))
         _check_scale_lines_up(self, bound)
         if self.hooked_at_run:
             if not bound.get("mlp_input", False):
