@@ -916,8 +916,16 @@ def _pools_last_token(model: nn.Module) -> bool:
         return True
     if getattr(getattr(model, "config", None), "summary_type", None) == "last":
         return True
+    return _forward_reads_last_non_pad_token(type(model))
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_reads_last_non_pad_token(model_type: type) -> bool:
+    """Whether ``model_type.forward``'s source finds the last token that is not padding; once per class (cached):
+    :func:`_pools_last_token` runs on every batch of a left-padded classifier outside the registry, and reading the
+    source each time read and parsed its file each time."""
     try:
-        return "last_non_pad_token" in inspect.getsource(type(model).forward)
+        return "last_non_pad_token" in inspect.getsource(model_type.forward)
     except (OSError, TypeError):
         return False
 

@@ -94,17 +94,6 @@ def attention_supervision_loss(
     # attentions stay float64 (.float() rounded a float64 model's loss to 7 digits)
     scores = attention_token_scores(attentions, layers=layers, query_position=query_position, heads=heads,
                                     attention_mask=attention_mask)
-    if weight > 0 and torch.is_grad_enabled() and not scores.requires_grad:
-        # transformers 5 records attentions with hooks: under reentrant gradient checkpointing
-        # (gradient_checkpointing_kwargs={"use_reentrant": True}) they come from the forward run without autograd, so
-        # this term added nothing to the gradient (a tiny BERT's gradients were the task loss's alone, bit for bit),
-        # silently. A warning, not a refusal: a value computed by hand from plain tensors is the same number
-        warnings.warn("attention_supervision_loss: the attentions carry no gradient (no autograd graph behind the "
-                      "supervised layers' attention), so this loss adds nothing to a training gradient: reentrant "
-                      "gradient checkpointing records them in a forward without autograd (train with "
-                      "gradient_checkpointing_kwargs={'use_reentrant': False}, transformers' default), as do detached "
-                      "tensors. Compute it under torch.no_grad() where only its value is wanted.", UserWarning,
-                      stacklevel=2)
     scores = scores.to(at_least_float32(scores.dtype))
     batch, n_keys = scores.shape
     gold = check_rationale_mask(rationale_mask, batch, n_keys).to(scores.dtype)
@@ -122,6 +111,18 @@ def attention_supervision_loss(
         valid = require_tensor("valid_mask", valid_mask, kind="mask").to(scores.dtype)
         gold = gold * valid
         scores = scores * valid / (scores * valid).sum(1, keepdim=True).clamp_min(eps)
+    if weight > 0 and torch.is_grad_enabled() and not scores.requires_grad:
+        # (after the mask checks, so an input they refuse does not warn first; the casts and masking keep requires_grad)
+        # transformers 5 records attentions with hooks: under reentrant gradient checkpointing
+        # (gradient_checkpointing_kwargs={"use_reentrant": True}) they come from the forward run without autograd, so
+        # this term added nothing to the gradient (a tiny BERT's gradients were the task loss's alone, bit for bit),
+        # silently. A warning, not a refusal: a value computed by hand from plain tensors is the same number
+        warnings.warn("attention_supervision_loss: the attentions carry no gradient (no autograd graph behind the "
+                      "supervised layers' attention), so this loss adds nothing to a training gradient: reentrant "
+                      "gradient checkpointing records them in a forward without autograd (train with "
+                      "gradient_checkpointing_kwargs={'use_reentrant': False}, transformers' default), as do detached "
+                      "tensors. Compute it under torch.no_grad() where only its value is wanted.", UserWarning,
+                      stacklevel=2)
     total = gold.sum(1)
     has_rationale = total > 0
     if not has_rationale.any():
