@@ -103,9 +103,6 @@ if tl is not None:
         w_norm = tl.sqrt(w_sq)
         lin = acc / tl.maximum(w_norm, NORM_EPS_)[None, :]
         x_norm = tl.sqrt(x_sq + NORM_EPS_)  # hypot(||x||, sqrt(eps)) of the PyTorch path, from the squared norm
-        # a row whose squared norm overflows float32 (||x|| > 1.8e19) made NaN, as overflowed_norm_as_nan does on
-        # the PyTorch path: inf gave that row 0 or a wrong finite value, silently; finite norms pass unchanged
-        x_norm = tl.where(x_norm == float("inf"), float("nan"), x_norm)
         cos = tl.abs(lin) / x_norm[:, None]
         if FLOOR:
             cos = tl.maximum(cos, COS_FLOOR_)
