@@ -237,3 +237,18 @@ def package_reads_of(fields: set[str], allowed: set[Path]) -> list[str]:
                 if read in fields:
                     reads.append(f"{path.relative_to(root)}:{node.lineno} reads {read}")
     return reads
+
+
+def random_standard_sae(d_in: int, hook_name: str):
+    """An sae-lens ``StandardSAE`` (``d_sae=16``) read at ``hook_name``, every parameter drawn from N(0, 0.3) after
+    seed 0, so that its biases are non-zero and a lost bias term shows (tests/test_trust_pass23_lens.py,
+    tests/test_trust_pass24_lens.py)."""
+    from sae_lens import StandardSAE, StandardSAEConfig
+
+    torch.manual_seed(0)
+    sae = StandardSAE(StandardSAEConfig(d_in=d_in, d_sae=16))
+    with torch.no_grad():
+        for param in sae.parameters():
+            param.normal_(0, 0.3)
+    sae.cfg.metadata.hook_name = hook_name
+    return sae

@@ -109,18 +109,25 @@ def test_pretrain_masked_lm_with_a_tokenizer_that_returns_no_mask_trains_as_with
 # ------------------------------------------------------------------ 2. predict / accuracy warn of the texts they cut
 
 
+def texts_cut_at(tokenizer, caller: str, max_length: int, words: tuple[int, int]) -> tuple[list[str], str]:
+    """Four texts, 1 and 3 of ``words`` words (one MiniLM token each, with [CLS] and [SEP]: 2 tokens more), and the
+    pattern of ``caller``'s warning that texts 1 and 3 are cut to ``max_length``, naming text 1's count as the fix
+    (tests/test_leftovers_s25_d.py's predict_labels too)."""
+    texts = ["short", " ".join(["word"] * words[0]), "also short", " ".join(["film"] * words[1])]
+    counts = [len(tokenizer(t)["input_ids"]) for t in texts]
+    assert counts[1] == words[0] + 2 and counts[3] == words[1] + 2
+    return texts, (rf"{caller}: 2 text\(s\) \[1, 3\] have more than max_length={max_length} tokens: each is classified "
+                   rf"from the first tokens the tokenizer kept \(its first {max_length}, .*\)\. Pass "
+                   rf"max_length={counts[1]} \(the longest text's tokens\)")
+
+
 def test_predict_and_accuracy_warn_of_texts_cut_to_the_default_64_tokens():
     """A text of 80 words was classified from its first 64 tokens, silently."""
     from bcos_plugins.prediction import accuracy, predict
 
     tokenizer = _minilm_tokenizer(with_mask=True)
     model = _bcos_bert(len(tokenizer))
-    texts = ["short", " ".join(["word"] * 80), "also short", " ".join(["film"] * 70)]
-    counts = [len(tokenizer(t)["input_ids"]) for t in texts]
-    assert counts[1] == 82 and counts[3] == 72
-    expected = (r"predict: 2 text\(s\) \[1, 3\] have more than max_length=64 tokens: each is classified from the "
-                r"first tokens the tokenizer kept \(its first 64, .*\)\. Pass max_length=82 \(the longest text's "
-                r"tokens\)")
+    texts, expected = texts_cut_at(tokenizer, "predict", 64, words=(80, 70))  # 82 and 72 tokens
     with pytest.warns(UserWarning, match=expected):
         logits = predict(model, tokenizer, texts, batch_size=3)
     # accuracy's warning names accuracy, the call the user made (helper-184, tests/test_leftovers_s25_c.py)

@@ -14,7 +14,8 @@ import torch
 import transformers as T
 from conftest import padded_batch, tiny_config
 from test_conformance import B, _stock
-from test_pretrain import QUIET, word_tokenizer
+from test_leftovers_s25_b import LONG_LABELS, LONG_TEXTS, _truncation_warnings
+from test_pretrain import word_tokenizer
 from test_trust_pass24_vision_data import byte_level_classifier  # noqa: F401 - a fixture
 
 from bcos_plugins import bcosify, explain, load_bcos_model
@@ -78,31 +79,8 @@ def test_explain_names_each_tokenizer_output_it_does_not_read_with_the_fix(byte_
         explain(model, input_ids=ids, attention_mask=mask, **{key: value})
 
 
-# --------------------------------------------------------------- 3. fine_tune_task_then_bcos's truncation warning
-
-# 9, 4, 7 and 3 tokens (the word tokenizer adds no special tokens): at max_length=6 texts 0 and 2 are cut
-LONG_TEXTS = ["w1 w2 w3 w4 w5 w6 w7 w8 w9", "w1 w2 w3 w4", "w5 w6 w7 w8 w9 w10 w11", "w3 w4 w5"]
-LONG_LABELS = [0, 1, 0, 1]
-
-
-def _truncation_warnings(record) -> list[warnings.WarningMessage]:
-    return [w for w in record if issubclass(w.category, UserWarning) and "have more than max_length" in str(w.message)]
-
-
-def test_fine_tune_task_then_bcos_truncation_warning_names_it_at_the_callers_line():
-    """It was labelled "fine_tune_classifier" (its first stage) and pointed at pretrain.py."""
-    from bcos_plugins.pretrain import fine_tune_task_then_bcos
-
-    torch.manual_seed(0)
-    model = T.BertForSequenceClassification(tiny_config("bert", num_labels=2))
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        fine_tune_task_then_bcos(model, word_tokenizer(), LONG_TEXTS, LONG_LABELS, max_length=6, batch_size=4,
-                                 max_steps=1, **QUIET)
-    cut = _truncation_warnings(record)
-    assert len(cut) == 1, [str(w.message) for w in cut]
-    assert str(cut[0].message).startswith("fine_tune_task_then_bcos: 2 text(s) [0, 2] have more than max_length=6")
-    assert cut[0].filename == __file__
+# --------------------------------------------------------------- 3. the truncation warning names its caller
+# (fine_tune_task_then_bcos's is checked with its once-a-call warning: tests/test_leftovers_s25_b.py)
 
 
 def test_accuracy_truncation_warning_names_it_at_the_callers_line():

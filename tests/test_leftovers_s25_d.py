@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from test_leftovers_s24_f import _bcos_bert, _minilm_tokenizer
+from test_leftovers_s24_f import _bcos_bert, _minilm_tokenizer, texts_cut_at
 
 from bcos_plugins.errors import BcosValueError
 from bcos_plugins.train_decoder import CausalLMCollator
@@ -138,12 +138,7 @@ def test_predict_labels_warns_of_truncated_texts_once_per_call_as_predict_does()
 
     tokenizer = _minilm_tokenizer(with_mask=True)
     model = _bcos_bert(len(tokenizer))
-    texts = ["short", " ".join(["word"] * 20), "also short", " ".join(["film"] * 15)]
-    counts = [len(tokenizer(t)["input_ids"]) for t in texts]
-    assert counts[1] == 22 and counts[3] == 17
-    expected = (r"predict_labels: 2 text\(s\) \[1, 3\] have more than max_length=12 tokens: each is classified from "
-                r"the first tokens the tokenizer kept \(its first 12, .*\)\. Pass max_length=22 \(the longest text's "
-                r"tokens\)")
+    texts, expected = texts_cut_at(tokenizer, "predict_labels", 12, words=(20, 15))  # 22 and 17 tokens
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # two batches, each with a cut text: one warning for the call, naming both by their index in texts

@@ -9,7 +9,8 @@ import warnings
 
 import pytest
 import torch
-from sae_lens import HookedSAETransformer, StandardSAE, StandardSAEConfig
+from conftest import random_standard_sae
+from sae_lens import HookedSAETransformer
 from test_conformance import B, _stock
 
 from bcos_plugins import bcosify
@@ -28,16 +29,6 @@ def _hooked(name: str = "GPT2LMHeadModel"):
         hf = bcosify(_stock(name), b=B, verbose=False).eval()
         _BUILT[name] = hf, hooked_transformer_from_hf(hf, model_class=HookedSAETransformer)
     return _BUILT[name]
-
-
-def _sae(d_in: int, hook: str) -> StandardSAE:
-    torch.manual_seed(0)
-    sae = StandardSAE(StandardSAEConfig(d_in=d_in, d_sae=16))
-    with torch.no_grad():
-        for param in sae.parameters():
-            param.normal_(0, 0.3)
-    sae.cfg.metadata.hook_name = hook
-    return sae
 
 
 def _own_pre_activation(model, sae, feature: int) -> torch.Tensor:
@@ -59,7 +50,7 @@ def test_explain_sae_feature_warns_when_the_callers_hook_patches_an_activation(h
     from bcos_plugins.adapters.sae_lens import explain_sae_feature
 
     _, model = _hooked()
-    sae = _sae(model.cfg.d_model, "blocks.0.hook_resid_post")
+    sae = random_standard_sae(model.cfg.d_model, "blocks.0.hook_resid_post")
     shift = torch.linspace(0, 1, model.cfg.d_model)
     with model.hooks(fwd_hooks=[(hook, lambda x, hook: x + shift)]):
         with pytest.warns(UserWarning, match=rf"explain_sae_feature: .*forward hooks on {hook}.*model.reset_hooks") \
@@ -299,7 +290,7 @@ def test_an_saes_biases_carry_the_share_the_lens_explanations_docstring_now_name
     from bcos_plugins.adapters.sae_lens import sae_error_share
 
     _, model = _hooked()
-    sae = _sae(model.cfg.d_model, "blocks.0.hook_resid_post")
+    sae = random_standard_sae(model.cfg.d_model, "blocks.0.hook_resid_post")
     model.add_sae(sae, use_error_term=True)
     try:
         shares = sae_error_share(model, TOKENS, target=3)
@@ -364,7 +355,7 @@ def test_per_head_and_neuron_stacks_refuse_an_sae_spliced_at_the_output_without_
 
     _, model = _hooked()
     _, clean = model.run_with_cache(TOKENS)
-    sae = _sae(model.cfg.d_model, hook)
+    sae = random_standard_sae(model.cfg.d_model, hook)
     try:
         model.add_sae(sae, use_error_term=False)
         _, cache = model.run_with_cache(TOKENS)

@@ -99,6 +99,11 @@ UNUSUAL = {
     "modernbert-all-global-cls": ("ModernBertForSequenceClassification", lambda: _modernbert(
         global_attn_every_n_layers=1, classifier_pooling="cls", classifier_activation="gelu_new"), None),
 }
+# the attention kind of each layer the ModernBERT cases claim (layer 0 is global whatever global_attn_every_n_layers
+# says; layer_types, derived when the config is built, is what the layers read)
+MODERNBERT_LAYOUTS = {"modernbert-local-2-silu-head": ["full_attention", "sliding_attention"],
+                      "modernbert-all-local-base": ["sliding_attention"] * 2,
+                      "modernbert-all-global-cls": ["full_attention"] * 2}
 
 
 def _asked(spec) -> dict:
@@ -118,7 +123,10 @@ def test_an_unusual_family_configuration_explains_exactly_alike_under_eager_and_
     spec = SPECS[name]
     config = make()
     side = "right" if spec.classifies_from_first_column(config) else "left"
-    model = bcosify(_build(name, config), b=B, verbose=False)
+    stock = _build(name, config)
+    if name.startswith("ModernBert"):
+        assert [layer.attention_type for layer in stock.base_model.layers] == MODERNBERT_LAYOUTS[case]
+    model = bcosify(stock, b=B, verbose=False)
     ids, mask = padded_rows([12, 8, 3], 12, side, seed=7)
     expl = explain(model, ids, mask, **_asked(spec))
     assert (expl.delta.abs() <= 1e-5 * expl.explained.abs().clamp_min(1e-2)).all()
@@ -181,21 +189,29 @@ def test_at_b_1_the_bcos_model_is_the_stock_model_with_unit_rows_and_no_dropped_
 # ------------------------------------------------------------------ load_bcos_model of a variant
 
 
-def _two_saves_in_one_folder(folder):
-    """model.safetensors from one model (B 1.25) and model.fp16.safetensors from another (other weights, B 2)."""
+@pytest.fixture(scope="module")
+def llama_at_b125_and_llama_at_b2():
+    """Two B-cos Llamas of one configuration: seed 0 at B 1.25, and seed 1 (other weights) with each layer's B set to
+    2 (its config.bcos still says 1.25): the two saves of a variant's folder and of a hub cache's two revisions."""
     config = lambda: _rotary(T.LlamaConfig)  # noqa: E731
-    plain = bcosify(_build("LlamaForCausalLM", config()), b=B, verbose=False)
-    variant = bcosify(_build("LlamaForCausalLM", config(), seed=1), b=B, verbose=False)
-    for layer in variant.modules():
+    first = bcosify(_build("LlamaForCausalLM", config()), b=B, verbose=False)
+    second = bcosify(_build("LlamaForCausalLM", config(), seed=1), b=B, verbose=False)
+    for layer in second.modules():
         if isinstance(layer, AlignmentPressure):
             layer.b = 2.0
+    return first, second
+
+
+def _two_saves_in_one_folder(folder, llamas):
+    """model.safetensors from one model (B 1.25) and model.fp16.safetensors from another (other weights, B 2)."""
+    plain, variant = llamas
     plain.save_pretrained(folder)
     variant.save_pretrained(folder, variant="fp16")
     return plain, variant
 
 
-def test_a_variant_loads_with_the_b_its_own_files_stored_not_the_plain_saves(tmp_path):
-    plain, variant = _two_saves_in_one_folder(tmp_path)
+def test_a_variant_loads_with_the_b_its_own_files_stored_not_the_plain_saves(tmp_path, llama_at_b125_and_llama_at_b2):
+    plain, variant = _two_saves_in_one_folder(tmp_path, llama_at_b125_and_llama_at_b2)
     assert {p.name for p in tmp_path.glob("*.safetensors")} == {"model.safetensors", "model.fp16.safetensors"}
     ids, mask = padded_rows([9, 5], 9, "left", seed=3)
     with pytest.warns(UserWarning, match=r"run at the B stored with them \(2\)"):  # config.bcos['b'] says 1.25
@@ -206,8 +222,8 @@ def test_a_variant_loads_with_the_b_its_own_files_stored_not_the_plain_saves(tmp
     assert torch.equal(_outputs(load_bcos_model(tmp_path), ids, mask), _outputs(plain, ids, mask))
 
 
-def test_a_folder_with_the_variant_alone_loads_and_a_missing_variant_is_named(tmp_path):
-    _, variant = _two_saves_in_one_folder(tmp_path / "both")
+def test_a_folder_with_the_variant_alone_loads_and_a_missing_variant_is_named(tmp_path, llama_at_b125_and_llama_at_b2):
+    _, variant = _two_saves_in_one_folder(tmp_path / "both", llama_at_b125_and_llama_at_b2)
     only = tmp_path / "only"
     variant.save_pretrained(only, variant="fp16")
     ids = torch.tensor([[5, 6, 7, 8]])
@@ -328,13 +344,9 @@ def _hub_cache(cache, repo: str, revisions: dict[str, nn.Module]):
         (folder / "refs" / revision).write_text(commit)
 
 
-def test_a_hub_revision_loads_with_its_own_record_and_b_not_the_default_revisions(tmp_path):
-    config = lambda: _rotary(T.LlamaConfig)  # noqa: E731
-    main = bcosify(_build("LlamaForCausalLM", config()), b=B, verbose=False)
-    later = bcosify(_build("LlamaForCausalLM", config(), seed=1), b=B, verbose=False)
-    for layer in later.modules():
-        if isinstance(layer, AlignmentPressure):
-            layer.b = 2.0
+def test_a_hub_revision_loads_with_its_own_record_and_b_not_the_default_revisions(tmp_path,
+                                                                                  llama_at_b125_and_llama_at_b2):
+    main, later = llama_at_b125_and_llama_at_b2
     _hub_cache(tmp_path, "user/bcos-llama", {"main": main, "v2": later})
     ids = torch.tensor([[5, 6, 7, 8]])
     hub = dict(cache_dir=str(tmp_path), local_files_only=True)

@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import random_standard_sae
 from sae_lens import StandardSAE, StandardSAEConfig
 from test_conformance import B, _stock
 
@@ -143,16 +144,6 @@ def test_an_option_set_on_the_cfg_after_the_model_was_built_is_refused_where_it_
             _feature_explanation(model)
 
 
-def _sae_at(hook: str, d_in: int) -> StandardSAE:
-    torch.manual_seed(0)
-    sae = StandardSAE(StandardSAEConfig(d_in=d_in, d_sae=16))
-    with torch.no_grad():
-        for param in sae.parameters():
-            param.normal_(0, 0.3)
-    sae.cfg.metadata.hook_name = hook
-    return sae
-
-
 @pytest.mark.parametrize("name", ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                                   "Gemma2ForCausalLM"])
 def test_explain_sae_feature_reads_a_bridges_gate_projection_input(name):
@@ -166,7 +157,7 @@ def test_explain_sae_feature_reads_a_bridges_gate_projection_input(name):
 
     bridge = _model("bridge", name)
     hook = "blocks.1.mlp.gate.hook_in"
-    sae = _sae_at(hook, bridge.cfg.d_model)
+    sae = random_standard_sae(bridge.cfg.d_model, hook)
     _, cache = bridge.run_with_cache(TOKENS)
     torch.testing.assert_close(cache[hook], cache["blocks.1.mlp.hook_in"], atol=0, rtol=0)
     explanation = explain_sae_feature(bridge, TOKENS, sae, 5)
