@@ -8,9 +8,11 @@ or any :class:`~bcos_plugins.attribution.Explanation` (text, image, Space, Trans
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -19,8 +21,8 @@ from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
 
-__all__ = ["numbers_as_one_tensor", "perturbable_mask", "refuse_table_of_rows", "scores_and_positions", "share_counts",
-           "special_tokens_mask", "token_scores"]
+__all__ = ["numbers_as_one_tensor", "perturbable_mask", "refuse_table_of_rows", "scores_and_positions", "share_as_written",
+           "share_counts", "special_tokens_mask", "token_scores"]
 
 
 def share_counts(n: Int[Tensor, "..."], fractions: Float[Tensor, "..."] | float) -> Int[Tensor, "..."]:
@@ -31,6 +33,29 @@ def share_counts(n: Int[Tensor, "..."], fractions: Float[Tensor, "..."] | float)
     """
     shares = torch.as_tensor(fractions, dtype=torch.float64, device=n.device)
     return torch.clamp((n.double() * shares + 1e-9).floor().long(), min=1)
+
+
+def share_as_written(value: Any) -> Any:
+    """A share (a fraction of the tokens or pixels) held in a dtype narrower than float64 (a float32 / float16 /
+    bfloat16 tensor element or NumPy scalar) as the decimal it stands for, rounded to the digits that dtype holds
+    (6 for float32, 3 for float16, 2 for bfloat16); anything else is returned as given. float32 holds 0.7 as
+    0.69999999: ``max(1, int(10 * p))`` took 6 tokens for 7 (``fractions=torch.tensor(DEFAULT_FRACTIONS)``,
+    ``torch.linspace(0.1, 0.9, 9)``, ``top_k_iou(k=torch.tensor(0.7))``), silently; :func:`share_counts`' margin of
+    1e-9 absorbs float64's rounding only."""
+    dtype = getattr(value, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        narrow = dtype.is_floating_point and dtype.itemsize < 8
+        eps = torch.finfo(dtype).eps if narrow else None
+    else:
+        try:
+            kind = np.dtype(dtype) if dtype is not None else None
+        except TypeError:
+            kind = None
+        narrow = kind is not None and kind.kind == "f" and kind.itemsize < 8
+        eps = float(np.finfo(kind).eps) if narrow else None
+    if not narrow or getattr(value, "ndim", 0) != 0:
+        return value
+    return round(float(value), math.floor(-math.log10(eps)))
 
 
 def ranking_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -175,7 +200,8 @@ def _over_features(flat: Tensor, reduce: str) -> Tensor:
     return flat.norm(dim=-1)
 
 
-def scores_and_positions(scores: Any, positions: Tensor | None, reduce: str = "sum") -> tuple[Any, Tensor | None]:
+def scores_and_positions(scores: Any, positions: Any, reduce: str = "sum",
+                         ranked_as: str | None = None) -> tuple[Any, Tensor | None]:
     """For the metrics that take ``(batch, pos)`` scores and a mask of the positions they rank (``candidates``,
     ``valid_mask``): an explanation of the package read as :func:`token_scores` reads it, with its ``attention_mask``
     as the default ``positions``, so that padding is never ranked. Given the contributions of a padded batch without
@@ -183,13 +209,41 @@ def scores_and_positions(scores: Any, positions: Tensor | None, reduce: str = "s
     batch than alone (an MRR of 1/8 for 1/7). An explanation of a causal model at a position before a row's last real
     token (``explain(..., position=)``) leaves out the tokens after it too, which the explained output does not see
     (see :func:`_seen_by_explained_output`). Anything else is returned as given. ``reduce`` as in
-    :func:`token_scores` (for the metrics that take it: explanation_entropy, seqpg_score)."""
+    :func:`token_scores` (for the metrics that take it: explanation_entropy, seqpg_score).
+
+    ``ranked_as``: the name of ``positions`` in a metric that ranks them (``candidates``, ``valid_mask``). Positions
+    given by hand are then refused where they mark a token the explained output does not see: until 2026-11-29 they
+    were used as given, so such tokens were ranked as tokens of score 0 (an MRR of 1/7 for the prefix's 1/4, silently).
+    The metrics whose value a score of 0 does not change (entropy, SeqPG) leave it out."""
     if not hasattr(scores, "input_contributions"):
         return scores, positions
     mask = getattr(scores, "attention_mask", None)
     if positions is None and isinstance(mask, Tensor):
         positions = mask.bool() & _seen_by_explained_output(scores).to(mask.device)
+    elif positions is not None and ranked_as is not None:
+        _refuse_positions_the_output_does_not_see(scores, positions, ranked_as)
     return token_scores(scores, reduce=reduce), positions
+
+
+def _refuse_positions_the_output_does_not_see(explanation: Any, positions: Any, argument: str) -> None:
+    """Refuse ``positions`` (a metric's ``candidates`` / ``valid_mask`` given by hand) that mark tokens after the
+    explained position of a causal explanation (:func:`_seen_by_explained_output`)."""
+    positions = require_tensor(argument, positions, ndim=2, kind="mask", shape_hint="(batch, pos)")
+    unseen = ~_seen_by_explained_output(explanation)
+    if tuple(positions.shape) != tuple(unseen.shape):
+        return  # the metric's own shape check names it
+    marked = positions.bool().to(unseen.device) & unseen
+    if not marked.any():
+        return
+    row = int(marked.any(1).nonzero()[0])
+    position = int(explanation.position[row])
+    raise argument_error(argument, f"marks tokens after the explained position in {bad_rows(marked)} (row {row}: "
+                         f"columns {marked[row].nonzero().flatten().tolist()[:8]}, explained at {position}), which the "
+                         "causal model's output there does not see: their contributions are exactly 0, so they would "
+                         "be ranked as tokens of score 0 (above every token of negative score)",
+                         f"Leave {argument} out (the explanation's real tokens up to its position are used), or keep "
+                         f"only the tokens up to the position: {argument} & (torch.arange({marked.shape[1]})[None, :] "
+                         "<= explanation.position[:, None])")
 
 
 def _seen_by_explained_output(explanation: Any) -> Tensor:

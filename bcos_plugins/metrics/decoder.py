@@ -74,8 +74,9 @@ def _check_masks(scores: Tensor, evidence: Tensor, candidates: Tensor | None) ->
     candidates = candidates.bool()
     if (evidence.bool() & ~candidates).any():
         rows = (evidence.bool() & ~candidates).any(1).nonzero().flatten().tolist()
-        raise argument_error("evidence", f"rows {rows} mark evidence outside the candidate tokens (padding or "
-                             "excluded tokens)", "Evidence must be a subset of the ranked prefix tokens")
+        raise argument_error("evidence", f"rows {rows} mark evidence outside the candidate tokens (padding, "
+                             "excluded tokens, or tokens after a causal explanation's position, which its output does "
+                             "not see)", "Evidence must be a subset of the ranked prefix tokens")
     return candidates
 
 
@@ -96,7 +97,7 @@ def reciprocal_rank(
             model's explanation at an earlier ``position`` leaves out the tokens after it). Padding left among the
             candidates takes part in the ranking: a padded batch's rows rank otherwise than alone.
     """
-    scores, candidates = scores_and_positions(scores, candidates)
+    scores, candidates = scores_and_positions(scores, candidates, ranked_as="candidates")
     # the checked tensors are used below: lists passed the checks, then failed on .detach() / .bool(). A NaN at a
     # padding token (not a candidate) was refused as "NaN or inf in row [0]. Pass finite values", where the check below
     # (candidate tokens only) meant to take it
@@ -189,7 +190,7 @@ def mean_reciprocal_rank(
     left out of the baseline's mean as of the MRR's: the baseline of another set of rows (e.g. short prefixes whose
     chance rank is high) made the comparison of a method with chance biased, silently.
     """
-    scores, candidates = scores_and_positions(scores, candidates)  # the baseline ranks the same candidates
+    scores, candidates = scores_and_positions(scores, candidates, ranked_as="candidates")  # the baseline ranks the same candidates
     rr = reciprocal_rank(scores, evidence, candidates)
     rand = random_reciprocal_rank(evidence, candidates)
     valid = ~rr.isnan()

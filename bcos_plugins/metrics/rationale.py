@@ -37,14 +37,14 @@ from torch import Tensor
 
 from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
-from .attributions import ranking_dtype, scores_and_positions, share_counts
+from .attributions import ranking_dtype, scores_and_positions, share_as_written, share_counts
 
 __all__ = ["RationaleAlignment", "rationale_alignment", "top_k_iou", "average_precision"]
 
 
 def _check(scores: Tensor, gold_mask: Tensor, valid_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     # an explanation of the package: its contributions, its padding no valid position (it was refused)
-    scores, valid_mask = scores_and_positions(scores, valid_mask)
+    scores, valid_mask = scores_and_positions(scores, valid_mask, ranked_as="valid_mask")
     scores = require_tensor("scores", scores, ndim=2, finite=False, shape_hint="(batch, pos)")
     if scores.dtype == torch.bool:
         raise argument_error("scores", "must be numbers, got a boolean tensor", "Pass float token scores",
@@ -88,6 +88,9 @@ def top_k_iou(
     n_valid = valid.sum(1)
     n_gold = gold.sum(1)
     # the number a NumPy scalar or a 0-d tensor holds (np.int64(2) was refused as "not an int"); booleans stay refused
+    # a float32 k (torch.tensor(0.7), np.float32(0.7)) as the decimal it stands for: read as 0.69999999 it took 6 of 10
+    # valid tokens for 7, silently
+    k = share_as_written(k)
     if isinstance(k, Tensor) and k.ndim == 0 and k.dtype != torch.bool:
         k = k.item()
     if isinstance(k, numbers.Integral) and not isinstance(k, bool | np.bool_):

@@ -1,0 +1,88 @@
+"""Trust pass 25, evaluation (helper-196): the rank metrics given candidates by hand for a causal explanation at an
+earlier position, shares written in float32 (fractions and top-k), and the other unusual inputs of the area, each
+checked against a hand computation (one test per finding; the tally is in the CHANGELOG and the session's report).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import transformers as T
+from conftest import padded_rows, tiny_config
+
+from bcos_plugins.errors import BcosValueError
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+# ------------------------------------------------------------------ candidates by hand for a causal explanation
+
+
+def test_rank_metrics_refuse_candidates_by_hand_that_the_explained_output_does_not_see():
+    """Note 25's "possibly silent": ``explain(lm, ..., position=3)`` explains the output at column 3, which a causal
+    model computes from columns 0-3 alone. Without ``candidates`` the rank metrics rank those (pass 24), but candidates
+    given by hand (the real tokens without BOS, as a researcher writes them) were used as given: the tokens after the
+    position (contribution exactly 0) ranked above every token of negative score, a reciprocal rank of 1/7 where the
+    prefix alone gives 1/4, silently. Now such candidates (and ``valid_mask`` of the rationale metrics) are refused,
+    naming the columns and the fix; candidates inside the prefix are taken and rank as the prefix alone."""
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.metrics import (
+        average_precision,
+        mean_reciprocal_rank,
+        rationale_alignment,
+        reciprocal_rank,
+        top_k_iou,
+    )
+
+    torch.manual_seed(0)
+    lm = bcosify(T.LlamaForCausalLM(tiny_config("llama")), verbose=False).eval().double()
+    ids, mask = padded_rows([8, 8], 8, "right", seed=3)
+    position, target, foil = torch.tensor([3, 4]), torch.tensor([5, 6]), torch.tensor([7, 8])
+    explanation = explain(lm, ids, mask, target=target, foil=foil, position=position)
+    evidence = torch.zeros_like(ids, dtype=torch.bool)
+    evidence[0, 2] = evidence[1, 3] = True
+    by_hand = mask.bool().clone()
+    by_hand[:, 0] = False  # every real token but the first (a BOS), as the decoder batches mark them
+    fix = r"Leave candidates out .* candidates & \(torch.arange\(8\)\[None, :\] <= explanation.position\[:, None\]\)"
+    for metric in (reciprocal_rank, mean_reciprocal_rank):
+        with pytest.raises(BcosValueError, match=r"^candidates: marks tokens after the explained position in rows "
+                                                 r"\[0, 1\] \(row 0: columns \[4, 5, 6, 7\], explained at 3\).*" + fix):
+            metric(explanation, evidence, by_hand)
+    for metric in (top_k_iou, average_precision, rationale_alignment):
+        with pytest.raises(BcosValueError, match=r"^valid_mask: marks tokens after the explained position"):
+            metric(explanation, evidence.long(), by_hand)
+    # the fix the message names: the same candidates up to each row's position, ranked as the prefix alone
+    seen = by_hand & (torch.arange(8)[None, :] <= explanation.position[:, None])
+    rr = reciprocal_rank(explanation, evidence, seen)
+    for row in range(2):
+        end = int(position[row]) + 1
+        prefix = ids[row:row + 1, :end]
+        alone = explain(lm, prefix, torch.ones_like(prefix), target=target[row], foil=foil[row]).contributions[0, 1:]
+        at = int(evidence[row, 1:end].nonzero())
+        hand = 1.0 / (1 + int((alone > alone[at]).sum()))  # BOS left out, as by_hand leaves it out
+        assert float(rr[row]) == pytest.approx(hand, abs=1e-12)
+    assert float(rr[1]) == 0.25  # the evidence ranks 4th of the 4 candidates column 4 sees (it read 1/7)
+    assert mean_reciprocal_rank(explanation, evidence, seen).mrr == pytest.approx(float(rr.mean()), abs=1e-12)
+    assert top_k_iou(explanation, evidence.long(), seen, k=0.5).shape == (2,)
+    # a tensor of scores does not say what it explains: its candidates are taken as given, as before
+    assert reciprocal_rank(explanation.contributions, evidence, by_hand).shape == (2,)
+
+
+# ------------------------------------------------------------------ shares written in float32
+
+
+@pytest.mark.parametrize("k", [torch.tensor(0.7), np.float32(0.7), torch.tensor(0.7, dtype=torch.bfloat16)])
+def test_top_k_iou_reads_a_float32_share_as_the_decimal_it_stands_for(k):
+    """``top_k_iou(k=0.7)`` takes 7 of 10 valid tokens; the same share as a float32 tensor or NumPy scalar (a value
+    read from a config array, or ``torch.tensor(0.7)``) is 0.69999999 and took 6, an IoU of 0.857 for 1.0, silently.
+    A share in a dtype narrower than float64 is now read to the decimals that dtype holds."""
+    from bcos_plugins.metrics import top_k_iou
+
+    scores = torch.arange(10, dtype=torch.float64)[None]
+    gold = torch.tensor([[0] * 3 + [1] * 7])  # the 7 highest-scoring tokens
+    assert float(top_k_iou(scores, gold, k=0.7)[0]) == 1.0  # 7 of 10, by hand
+    assert float(top_k_iou(scores, gold, k=k)[0]) == 1.0
+    assert float(top_k_iou(scores, gold, k=torch.tensor(0.6))[0]) == pytest.approx(6 / 7)  # 6 of them: 6 / 7, by hand
