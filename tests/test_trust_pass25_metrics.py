@@ -86,3 +86,33 @@ def test_top_k_iou_reads_a_float32_share_as_the_decimal_it_stands_for(k):
     assert float(top_k_iou(scores, gold, k=0.7)[0]) == 1.0  # 7 of 10, by hand
     assert float(top_k_iou(scores, gold, k=k)[0]) == 1.0
     assert float(top_k_iou(scores, gold, k=torch.tensor(0.6))[0]) == pytest.approx(6 / 7)  # 6 of them: 6 / 7, by hand
+
+
+# ------------------------------------------------------------------ SeqPG: a NaN at a padding position
+
+
+def test_seqpg_score_ignores_a_nan_at_a_padding_position_as_the_entropy_does():
+    """Attributions with NaN at padding positions (a padding token's NaN embedding through Captum's methods) were
+    refused by ``seqpg_score`` as "contain NaN or inf in rows [0, 1]" although ``attention_mask`` was given and the
+    score ignores padding; ``explanation_entropy`` takes them. They are zeroed with the rest of the padding first now,
+    and score as the attributions without them; a NaN at a real token is still refused."""
+    from bcos_plugins.metrics import explanation_entropy, seqpg_evidence_split, seqpg_score
+
+    segments = torch.zeros(1, 2, 6, dtype=torch.bool)
+    segments[0, 0, 1:3] = True
+    segments[0, 1, 3:5] = True
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]])  # one padding position at the end
+    clean = torch.tensor([[0.5, 2.0, 1.0, 1.0, -1.0, 0.0], [0.0, 1.0, -2.0, 3.0, 1.0, 0.0]], dtype=torch.float64)
+    # by hand: row 0 (segment 0's class) 3 of 4.5 positive on segment 0; row 1 (segment 1's) 4 of 5 on segment 1
+    hand = (3.0 / 4.5 + 4.0 / 5.0) / 2
+    assert float(seqpg_score(clean, segments, mask)[0]) == pytest.approx(hand, abs=1e-12)
+    broken = clean.clone()
+    broken[:, 5] = float("nan")
+    assert float(seqpg_score(broken, segments, mask)[0]) == pytest.approx(hand, abs=1e-12)
+    torch.testing.assert_close(seqpg_evidence_split(broken, segments, mask), seqpg_evidence_split(clean, segments, mask))
+    assert float(seqpg_score((broken[..., None].expand(2, 6, 3) / 3,), segments, mask)[0]) == pytest.approx(hand)
+    assert torch.isfinite(explanation_entropy(broken, mask.repeat(2, 1))).all()  # the rule the entropy had
+    real = clean.clone()
+    real[0, 2] = float("nan")
+    with pytest.raises(BcosValueError, match="contain NaN or inf in row"):
+        seqpg_score(real, segments, mask)
