@@ -68,7 +68,8 @@ def test_finalize_keeps_outputs_and_refuses_unfinished_annealing():
         finalize_bilinear(model)
         torch.testing.assert_close(model(ids).logits, gated)
     with pytest.raises(ValueError, match="no gated MLP"):
-        set_swish_beta(T.GPT2LMHeadModel(T.GPT2Config(n_embd=8, n_layer=1, n_head=2, vocab_size=20)), 0.5)
+        set_swish_beta(T.GPT2LMHeadModel(T.GPT2Config(n_embd=8, n_layer=1, n_head=2, vocab_size=20,
+                                                       bos_token_id=2, eos_token_id=2)), 0.5)
 
 
 def test_interrupted_annealing_warns_and_leaves_the_gate():

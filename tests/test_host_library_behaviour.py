@@ -44,6 +44,8 @@ def tokenizer():
 def _tiny(kind: str, vocab: int, **config) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "gpt2":
+        # GPT-2's end of text (its BOS and EOS) is its last id: 50256 over the shipped tokenizer's 50257 tokens
+        config = {"bos_token_id": vocab - 1, "eos_token_id": vocab - 1, **config}
         model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                                **config))
     else:
@@ -188,8 +190,10 @@ def test_transformers_classifiers_and_masked_lms_ignore_num_items_in_batch(name)
     small = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
                  num_labels=3, pad_token_id=0)
     config_class = {"Bert": T.BertConfig, "Llama": T.LlamaConfig, "ModernBert": T.ModernBertConfig}
+    # ModernBERT's special ids default to 50281-50283, outside this vocabulary
+    special = dict(bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2) if name.startswith("Modern") else {}
     torch.manual_seed(0)
-    model = getattr(T, name)(config_class[name.split("For")[0]](**small)).eval()
+    model = getattr(T, name)(config_class[name.split("For")[0]](**small, **special)).eval()
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     labels = ids.clone() if name.endswith("MaskedLM") else torch.tensor([1, 2])
     counted = labels.numel()

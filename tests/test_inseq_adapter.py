@@ -249,7 +249,8 @@ def test_classifier_per_class_scores_sum_to_each_class_logit(name, bert_tokenize
                            intermediate_size=64, max_position_embeddings=32, num_labels=3)
               if name.startswith("Bert") else
               T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=32, n_ctx=32, num_labels=3,
-                           pad_token_id=bert_tokenizer.pad_token_id))
+                           pad_token_id=bert_tokenizer.pad_token_id, bos_token_id=bert_tokenizer.cls_token_id,
+                           eos_token_id=bert_tokenizer.sep_token_id))
     torch.manual_seed(0)
     model = bcosify(getattr(T, name)(config).eval(), b=1.25, verbose=False)
     labels = ["negative", "neutral", "positive"]
@@ -298,7 +299,8 @@ def test_gpt2_classifier_padded_with_another_id_gives_each_text_its_own_logits(b
     vocab = len(bert_tokenizer)
     torch.manual_seed(1)
     config = T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=32, n_ctx=32, num_labels=2,
-                          pad_token_id=bert_tokenizer.convert_tokens_to_ids("[MASK]"))
+                          pad_token_id=bert_tokenizer.convert_tokens_to_ids("[MASK]"),
+                          bos_token_id=bert_tokenizer.cls_token_id, eos_token_id=bert_tokenizer.sep_token_id)
     model = bcosify(T.GPT2ForSequenceClassification(config).eval(), b=1.25, verbose=False)
     classifier = adapter.load_classifier(model, bert_tokenizer)
     texts = ["the film was great and the acting good", "bad"]

@@ -27,9 +27,11 @@ def setup(circuit):
     used = torch.unique(torch.cat([raw.clean.flatten(), raw.corrupted.flatten()]))
     lookup = torch.full((int(used.max()) + 1,), -1, dtype=torch.long)
     lookup[used] = torch.arange(len(used))
-    data = circuit.circuit_prompts(24, 0, tok, lambda ids: lookup[ids], int(lookup[tok.eos_token_id]))
+    eos = int(lookup[tok.eos_token_id])  # GPT-2's BOS = EOS, renumbered
+    data = circuit.circuit_prompts(24, 0, tok, lambda ids: lookup[ids], eos)
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(used), n_embd=32, n_layer=2, n_head=4, n_positions=32, n_ctx=32)
+    config = GPT2Config(vocab_size=len(used), n_embd=32, n_layer=2, n_head=4, n_positions=32, n_ctx=32,
+                        bos_token_id=eos, eos_token_id=eos)
     hf = bcosify(GPT2LMHeadModel(config), b=1.1, verbose=False).eval()
     return circuit, tok, used, data, hf, hooked_transformer_from_hf(hf).eval()
 

@@ -187,7 +187,8 @@ def test_a_last_token_classifier_outside_the_registry_keeps_left_padding():
 
     torch.manual_seed(0)
     config = T.GPTNeoConfig(vocab_size=100, hidden_size=16, num_layers=1, num_heads=2, attention_types=[[["global"], 1]],
-                            max_position_embeddings=32, num_labels=2, pad_token_id=0)
+                            max_position_embeddings=32, num_labels=2, pad_token_id=0, bos_token_id=2,
+                            eos_token_id=2)
     model = T.GPTNeoForSequenceClassification(config).eval()
     ids, mask = padded_batch(side="left")
     scores = torch.rand(ids.shape, generator=torch.Generator().manual_seed(1))

@@ -71,7 +71,7 @@ def test_a_learned_position_causal_lm_outside_the_registry_gets_ids_counting_rea
     them its positions would count from the padded column (checked: the numbers differ)."""
     torch.manual_seed(0)
     config = T.GPTNeoConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, max_position_embeddings=24,
-                            attention_types=[[["global"], 2]], intermediate_size=32)
+                            attention_types=[[["global"], 2]], intermediate_size=32, bos_token_id=2, eos_token_id=2)
     model = T.GPTNeoForCausalLM(config).eval()
     assert type(model).__name__ not in SPECS
     rows = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
@@ -111,7 +111,7 @@ def test_a_classifier_outside_the_registry_is_called_with_every_tokenizer_output
         intermediate_size=32, max_position_embeddings=24)),
     lambda: T.GPTNeoForSequenceClassification(T.GPTNeoConfig(
         vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, max_position_embeddings=24,
-        attention_types=[[["global"], 2]], intermediate_size=32, pad_token_id=0)),
+        attention_types=[[["global"], 2]], intermediate_size=32, pad_token_id=0, bos_token_id=2, eos_token_id=2)),
 ], ids=["ElectraForSequenceClassification", "GPTNeoForSequenceClassification"])
 def test_a_classifier_outside_the_registry_with_a_learned_table_is_refused_left_padding(build):
     """A transformers classifier outside the registry (ELECTRA, GPT-Neo) was called as given by perturbation_curves,
@@ -352,7 +352,8 @@ def test_captum_layer_bcos_calls_a_causal_lm_outside_the_registry_as_every_path_
 
     torch.manual_seed(0)
     config = T.GPTNeoConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, max_position_embeddings=24,
-                            attention_types=[[["global"], 2]], intermediate_size=32, tie_word_embeddings=False)
+                            attention_types=[[["global"], 2]], intermediate_size=32, tie_word_embeddings=False,
+                            bos_token_id=2, eos_token_id=2)
     model = T.GPTNeoForCausalLM(config).eval()
     model.lm_head = BcosLinear(16, VOCAB, b=2.0)
     assert type(model).__name__ not in SPECS

@@ -24,7 +24,8 @@ def _bert(attention_dropout: float = 0.1) -> T.PreTrainedModel:
 
 def _gpt2() -> T.PreTrainedModel:
     return T.GPT2ForSequenceClassification(T.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4,
-                                                        n_positions=64, num_labels=2, pad_token_id=0))
+                                                        n_positions=64, num_labels=2, pad_token_id=0,
+                                                        bos_token_id=2, eos_token_id=2))
 
 
 def _llama() -> T.PreTrainedModel:

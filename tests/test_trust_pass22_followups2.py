@@ -84,7 +84,7 @@ def _tiny_bcos_bert(vocab_size: int = 100):
 def _tiny_bcos_gpt2(vocab_size: int = 50, **config):
     torch.manual_seed(0)
     config = T.GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=1, n_head=4, n_positions=32,
-                          tie_word_embeddings=False, **config)  # (a tied head would make every row's logits NaN)
+                          tie_word_embeddings=False, bos_token_id=2, eos_token_id=2, **config)  # (a tied head would make every row's logits NaN)
     return bcosify(T.GPT2LMHeadModel(config), b=1.5, verbose=False).eval()
 
 

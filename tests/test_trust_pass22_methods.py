@@ -113,7 +113,8 @@ def test_replace_guidance_hook_keeps_a_bridges_masked_keys_masked():
     from bcos_plugins.guided import guidance_hooks
 
     torch.manual_seed(0)
-    hf = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=32)).eval()
+    hf = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=32,
+                                        bos_token_id=2, eos_token_id=2)).eval()
     bridge = transformer_bridge_from_hf(hf)
     tokens = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
     gold = torch.zeros(1, 6)

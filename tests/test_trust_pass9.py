@@ -76,7 +76,7 @@ def test_the_bridge_refuses_a_gpt2_without_attention_scaling(converted):
     1/sqrt(d_head) whatever the setting, so its logits were 47 % off the model's, silently. It is refused naming the
     setting and hooked_transformer_from_hf, which takes it (same logits)."""
     config = T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=MAX_POS,
-                          scale_attn_weights=False)
+                          scale_attn_weights=False, bos_token_id=2, eos_token_id=2)
     torch.manual_seed(0)
     model = T.GPT2LMHeadModel(config).eval()
     if converted:

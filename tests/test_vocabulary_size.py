@@ -93,7 +93,7 @@ def test_the_embedding_rows_are_the_size():
         bare.cfg = cfg
         assert vocabulary_size(bare) == expected
     bare = torch.nn.Linear(2, 2)
-    bare.config = T.GPT2Config(vocab_size=9)
+    bare.config = T.GPT2Config(vocab_size=9, bos_token_id=2, eos_token_id=2)
     assert vocabulary_size(bare) == 9
 
 
@@ -185,7 +185,8 @@ def test_hooked_transformer_from_hf_sizes_its_vocabulary_from_the_weights(family
     # an opaque load_state_dict size mismatch
     torch.manual_seed(0)
     if family == "plain gpt2":
-        hf = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=2, n_positions=16)).eval()
+        hf = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=2, n_positions=16,
+                                                           bos_token_id=2, eos_token_id=2)).eval()
     else:
         hf = copy.deepcopy(bcos_model(family, *CONFIG))
     hf.config.vocab_size = config_size
