@@ -28,7 +28,8 @@ def lens_padding_keywords(model: nn.Module, attention_mask) -> dict:
     return unmasked_padding_keywords(pad_source, attention_mask)
 
 
-def refuse_bos_less_left_padding(model: nn.Module, tokens, prepend_bos: bool | None = None) -> None:
+def refuse_bos_less_left_padding(model: nn.Module, tokens, prepend_bos: bool | None = None, *,
+                                 takes_a_mask: bool = True) -> None:
     """Refuse a left-padded token batch made without a BOS (``to_tokens(..., prepend_bos=False)``) given without a
     mask to a ``HookedTransformer`` whose tokenizer pads on the left with its BOS id, when the mask TransformerLens
     derives (``utils.get_attention_mask(tokenizer, tokens, prepend_bos)``, ``prepend_bos`` the call's, else
@@ -37,7 +38,9 @@ def refuse_bos_less_left_padding(model: nn.Module, tokens, prepend_bos: bool | N
     tiny B-cos GPT-2s), without a word. Told exactly by the batch: with a BOS prepended every row begins with the
     BOS id (the pad id here), so a row beginning with another token was made without one, and then each row that
     begins with padding has a padding token unmasked. Anything else passes unchanged (a correct call's numbers are
-    TransformerLens')."""
+    TransformerLens'). One host sync (none for a single row, which cannot mix rows with and without padding).
+    ``takes_a_mask=False`` for a call that has no ``attention_mask`` (TransformerLens' ``generate`` drops one
+    without effect): the fixes named are then the others."""
     tokenizer = getattr(model, "tokenizer", None)
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None or getattr(tokenizer, "padding_side", None) != "left" \
@@ -47,8 +50,11 @@ def refuse_bos_less_left_padding(model: nn.Module, tokens, prepend_bos: bool | N
         return
     if not (model.cfg.default_prepend_bos if prepend_bos is None else prepend_bos):
         return
+    if tokens.shape[0] == 1:
+        return  # one row: a BOS, or no padding at all
     begins_with_pad = tokens[:, 0] == pad
-    if bool(begins_with_pad.all()) or not bool(begins_with_pad.any()):
+    padded_rows = int(begins_with_pad.sum())  # the one sync: "all" and "none" both read from it
+    if padded_rows in (0, tokens.shape[0]):
         return  # a BOS on every row (or no padding at all): TransformerLens' mask is the texts'
     row = int((~begins_with_pad).nonzero()[0, 0])
     raise argument_error(
@@ -59,7 +65,9 @@ def refuse_bos_less_left_padding(model: nn.Module, tokens, prepend_bos: bool | N
         "and their outputs and explanations would not be their texts' alone",
         "Pass attention_mask= (the tokenizer's own, or 1 on each row's tokens and 0 on its padding), or set "
         "model.cfg.default_prepend_bos = False for batches made without a BOS (on the model's own calls, "
-        "prepend_bos=False also works), or make the tokens with a BOS (to_tokens(texts))")
+        "prepend_bos=False also works), or make the tokens with a BOS (to_tokens(texts))" if takes_a_mask else
+        "Pass prepend_bos=False (this call takes no attention_mask), or set model.cfg.default_prepend_bos = False "
+        "for batches made without a BOS, or make the tokens with a BOS (to_tokens(texts))")
 
 
 def _derived_left_padding_mask(model: nn.Module, tokens) -> Tensor | None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import types
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from transformer_lens import HookedTransformer
 from transformer_lens.components import (
     Attention,
@@ -57,6 +57,7 @@ from .attention import HookedBcosAttention, HookedBcosGroupedQueryAttention
 from .boot_guard import is_explainable_bridge
 from .config import GATE_KINDS, BcosTransformerConfig, check_explainable
 from .decomposition import BcosActivationCache, fold_final_norm_weight, fold_final_norm_weight_in_state_dict
+from .hook_checks import _bind as bind_arguments
 from .hook_checks import hooked_points, weight_version, weight_versions
 from .hook_point import DynamicHookPoint
 from .inputs import refuse_bos_less_left_padding
@@ -305,9 +306,24 @@ def _rows_without_batch(hook_name: str) -> bool:
     return ".attn.q_norm." in hook_name or ".attn.k_norm." in hook_name
 
 
-# HookedTransformer.forward's arguments in their order (TransformerLens 3.x), to read them given by position
-_FORWARD_ARGUMENTS = ("input", "return_type", "loss_per_token", "prepend_bos", "padding_side", "start_at_layer",
-                      "tokens", "shortformer_pos_embed", "attention_mask", "stop_at_layer", "past_kv_cache")
+def _named_arguments(method, args: tuple, kwargs: dict) -> dict | None:
+    """The arguments of a call to the bound method ``method`` (the TransformerLens method an override hands them to)
+    by name, read from the installed release's own signature (a release that adds or reorders parameters is read
+    right); ``None`` where they do not bind (the host's own call then raises its own error)."""
+    try:
+        return bind_arguments(method, args, kwargs)
+    except TypeError:
+        return None
+
+
+def _at_the_prompt(past_kv_cache) -> bool:
+    """Whether a forward given ``past_kv_cache`` (TransformerLens' key-value cache, or ``None``) runs on whole prompts:
+    no cache, or one that holds nothing yet (a cached ``generate_stream``'s first step); later steps pass one new token
+    a row, where a row that generated the pad id (GPT-2's eos) would read as padding."""
+    if past_kv_cache is None:
+        return True
+    previous = getattr(past_kv_cache, "previous_attention_mask", None)
+    return isinstance(previous, Tensor) and previous.ndim == 2 and previous.shape[1] == 0
 
 
 class ExactCacheHookedTransformer(HookedTransformer):
@@ -333,14 +349,32 @@ class ExactCacheHookedTransformer(HookedTransformer):
     def forward(self, *args, **kwargs):
         # a left-padded batch made without a BOS, given without a mask, to a model whose pad id is its BOS id:
         # TransformerLens derives a mask that attends one padding token per padded row (refused there). Not read with
-        # a mask or a residual input (start_at_layer: no mask is derived), nor with a key-value cache: generate's
-        # later steps pass one new token a row, where a row that generated the pad id (GPT-2's eos) would read as
-        # padding (the cached generate's first step is therefore not checked)
-        named = dict(zip(_FORWARD_ARGUMENTS, args, strict=False)) | kwargs
-        if named.get("attention_mask") is None and named.get("past_kv_cache") is None \
-                and named.get("start_at_layer") is None:
+        # a mask or a residual input (start_at_layer: no mask is derived), nor past the first step of a key-value
+        # cache (_at_the_prompt)
+        named = _named_arguments(super().forward, args, kwargs)
+        if named is not None and named.get("attention_mask") is None and named.get("start_at_layer") is None \
+                and _at_the_prompt(named.get("past_kv_cache")):
             refuse_bos_less_left_padding(self, named.get("input"), named.get("prepend_bos"))
         return super().forward(*args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        # TransformerLens' generate derives the prompt's mask itself (get_attention_mask with the call's prepend_bos)
+        # and runs every step from the residual with that mask (cached or not), where forward's check cannot see the
+        # tokens: the prompt is checked here, once
+        self._refuse_bos_less_prompt(super().generate, args, kwargs)
+        return super().generate(*args, **kwargs)
+
+    def generate_stream(self, *args, **kwargs):
+        # checked at the call, not at the generator's first step (forward's check would name attention_mask there)
+        self._refuse_bos_less_prompt(super().generate_stream, args, kwargs)
+        return super().generate_stream(*args, **kwargs)
+
+    def _refuse_bos_less_prompt(self, method, args: tuple, kwargs: dict) -> None:
+        # generate / generate_stream take no attention_mask (generate drops one with a warning): the fixes named are
+        # the others
+        named = _named_arguments(method, args, kwargs)
+        if named is not None:
+            refuse_bos_less_left_padding(self, named.get("input"), named.get("prepend_bos"), takes_a_mask=False)
 
     def set_tokenizer(self, tokenizer, default_padding_side=None):
         # TransformerLens' own attach (model.set_tokenizer, HookedTransformer(cfg, tokenizer=...), cfg.tokenizer_name,
