@@ -89,7 +89,11 @@ def test_batched_equals_row_by_row():
 
 def test_bad_inputs_have_clear_errors():
     with pytest.raises(ValueError, match="batch, pos"):
-        top_k_iou(torch.zeros(2, 3, 4), torch.zeros(2, 3))
+        top_k_iou(torch.zeros(3), torch.zeros(3))
+    # (batch, pos, d) attributions are token scores summed over d, as every metric reads them (trust pass 25)
+    scores = torch.rand(2, 3, 4, generator=torch.Generator().manual_seed(0))
+    gold = torch.tensor([[1, 0, 0], [0, 1, 1]])
+    assert torch.equal(top_k_iou(scores, gold), top_k_iou(scores.sum(-1), gold))
     with pytest.raises(ValueError, match="gold_mask: has shape"):
         average_precision(torch.zeros(2, 3), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="k must be"):

@@ -116,3 +116,38 @@ def test_seqpg_score_ignores_a_nan_at_a_padding_position_as_the_entropy_does():
     real[0, 2] = float("nan")
     with pytest.raises(BcosValueError, match="contain NaN or inf in row"):
         seqpg_score(real, segments, mask)
+
+
+# ------------------------------------------------------------------ rank metrics given Captum's attributions
+
+
+def test_rank_metrics_read_captums_embedding_attributions_as_the_other_metrics_do():
+    """Captum's attributions at the embeddings, ``(batch, pos, d)`` or its one-input tuple, are read by every metric
+    as token scores summed over ``d`` (``token_scores``), but the rank metrics refused them: "must have 2 dimensions
+    (batch, pos) ... Reshape it" and "got tuple. Pass a torch.Tensor", naming neither the reading nor the fix. They
+    read them now, as their sums over ``d`` by hand."""
+    from bcos_plugins.metrics import (
+        average_precision,
+        mean_reciprocal_rank,
+        rationale_alignment,
+        reciprocal_rank,
+        top_k_iou,
+    )
+
+    attributions = torch.randn(3, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    summed = attributions.sum(-1)
+    evidence = torch.zeros(3, 6, dtype=torch.bool)
+    evidence[0, 1] = evidence[1, 4] = evidence[2, 0] = evidence[2, 5] = True
+    candidates = torch.ones(3, 6, dtype=torch.bool)
+    candidates[:, 3] = False
+    for given in (attributions, (attributions,), (summed,)):
+        rr = reciprocal_rank(given, evidence, candidates)
+        for row in range(3):  # by hand: 1 / (1 + the candidates scored above the best evidence token)
+            best = summed[row][evidence[row]].max()
+            assert float(rr[row]) == 1.0 / (1 + int(((summed[row] > best) & candidates[row]).sum()))
+        assert mean_reciprocal_rank(given, evidence, candidates).mrr == pytest.approx(float(rr.mean()), abs=1e-15)
+        torch.testing.assert_close(top_k_iou(given, evidence.long(), candidates),
+                                   top_k_iou(summed, evidence.long(), candidates), rtol=0, atol=0)
+        torch.testing.assert_close(average_precision(given, evidence.long()), average_precision(summed, evidence.long()),
+                                   rtol=0, atol=0)
+        assert rationale_alignment(given, evidence.long()).auprc == rationale_alignment(summed, evidence.long()).auprc

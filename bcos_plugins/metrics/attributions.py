@@ -206,7 +206,9 @@ def scores_and_positions(scores: Any, positions: Any, reduce: str = "sum",
     ``valid_mask``): an explanation of the package read as :func:`token_scores` reads it, with its ``attention_mask``
     as the default ``positions``, so that padding is never ranked. Given the contributions of a padded batch without
     the mask, a row's padding (score 0) outranked its tokens of negative score, and the row scored otherwise in the
-    batch than alone (an MRR of 1/8 for 1/7). An explanation of a causal model at a position before a row's last real
+    batch than alone (an MRR of 1/8 for 1/7). Attributions at the embeddings ``(batch, pos, d)``, or Captum's
+    one-input tuple, are read as :func:`token_scores` reads them. An explanation of a causal model at a position before
+    a row's last real
     token (``explain(..., position=)``) leaves out the tokens after it too, which the explained output does not see
     (see :func:`_seen_by_explained_output`). Anything else is returned as given. ``reduce`` as in
     :func:`token_scores` (for the metrics that take it: explanation_entropy, seqpg_score).
@@ -216,6 +218,12 @@ def scores_and_positions(scores: Any, positions: Any, reduce: str = "sum",
     were used as given, so such tokens were ranked as tokens of score 0 (an MRR of 1/7 for the prefix's 1/4, silently).
     The metrics whose value a score of 0 does not change (entropy, SeqPG) leave it out."""
     if not hasattr(scores, "input_contributions"):
+        one = scores[0] if isinstance(scores, tuple) and len(scores) == 1 else scores
+        if isinstance(one, Tensor) and (one.ndim >= 3 or one is not scores and one.ndim >= 2):
+            # Captum's attributions at the embeddings, (batch, pos, d) or the one-input tuple holding them, as every
+            # metric reads them: the rank metrics refused them as "must have 2 dimensions ... Reshape it" / "got
+            # tuple. Pass a torch.Tensor", naming neither the reading nor the fix
+            return token_scores(scores, reduce=reduce), positions
         return scores, positions
     mask = getattr(scores, "attention_mask", None)
     if positions is None and isinstance(mask, Tensor):

@@ -88,7 +88,8 @@ def reciprocal_rank(
     """``1 / rank`` of the best-ranked evidence token per row, float64 (NaN where undefined, see module docstring).
 
     Args:
-        scores: token scores of a contrastive explanation (higher = more evidence for target over foil), or the
+        scores: token scores of a contrastive explanation (higher = more evidence for target over foil), a method's
+            attributions at the embeddings ``(batch, pos, d)`` (or Captum's one-input tuple; summed over ``d``), or the
             explanation itself (``explain(..., target=, foil=)``: its contributions, and its ``attention_mask`` as the
             default ``candidates``).
         evidence: True on the ground-truth evidence tokens.

@@ -1,7 +1,8 @@
 """Rationale alignment: how well token scores agree with human rationale masks (docs/design.md#metrics).
 
 Both metrics take any per-token scores (attention, B-cos contributions, Captum attributions, Space Model
-context attribution) of shape ``(batch, pos)`` (or an explanation of the package: its contributions, its
+context attribution) of shape ``(batch, pos)`` (attributions at the embeddings ``(batch, pos, d)`` or Captum's one-input
+tuple are summed over ``d``; an explanation of the package: its contributions, its
 ``attention_mask`` the default ``valid_mask``), a gold mask of the same shape (1 on rationale tokens) and the
 positions that count (``valid_mask``: real tokens, usually without special tokens). Positions outside
 ``valid_mask`` (padding, [CLS], [SEP]) never enter a metric, whatever their score.
