@@ -63,12 +63,14 @@ def test_aopc_of_a_float32_curve_near_its_largest_value_is_the_finite_area(norma
     assert got.double().item() == pytest.approx(exact, rel=1e-6)
 
 
-def test_aopc_refuses_an_area_beyond_the_curves_dtype_naming_curve():
+def test_aopc_refuses_fractions_beyond_one_and_keeps_the_largest_float32_curve_s_area_finite():
     from bcos_plugins.metrics import aopc
 
     # an area of 3e38 over a width of 10 is 3e39, beyond float32: it was inf, silently. Since 2026-11-29 (helper-186)
     # fractions beyond [0, 1] are refused first (tests/test_leftovers_s25_d.py), in every dtype; over [0, 1] the area
     # is at most the curve's largest value, so the float32 area of float32's largest curve is that value, not inf
+    # (the "area beyond the curve's dtype" refusal this test was named after could no longer be reached: removed in
+    # session 26, tests/test_leftovers_s26_small.py)
     for dtype in (torch.float32, torch.float64):
         with pytest.raises(BcosValueError, match=r"^fractions: must be >= 0\.0 and <= 1\.0"):
             aopc(torch.full((1, 2), 3e38, dtype=dtype), [0.0, 10.0])
