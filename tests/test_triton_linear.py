@@ -27,7 +27,11 @@ Interpreter facts found with triton 3.6 (a check fails when one changes):
   bfloat16 values are as close to float64 as the PyTorch path's (they were 2.4x further, a tiny Llama's
   explanations 3x less complete);
 - with NumPy >= 2.4 it cannot loop to a runtime bound (``int()`` of a one-element array; fixed in Triton 3.8): the
-  kernel's K is a compile-time constant.
+  kernel's K is a compile-time constant;
+- ``tl.maximum``'s default (``PropagateNan.NONE``) is NumPy's ``maximum`` in 3.6's interpreter (NaN kept) and ``fmax``
+  in 3.9's (the other operand, as the compiled ``max.f32``): the kernel asks for ``PropagateNan.ALL`` where a NaN
+  must survive (an overflowed row's floored ``|cos|``). The checks pass under both (2026-11-29, helper-190); the CI's
+  fresh venv resolves the newest (3.9 then).
 """
 
 from __future__ import annotations
@@ -323,6 +327,9 @@ def test_the_kernel_compiles_for_an_h100_without_a_gpu(monkeypatch):
         assert compiled.metadata.shared <= 227 * 1024, launch[-2:]
         tensor_cores = "wgmma.mma_async" in compiled.asm["ptx"]
         assert tensor_cores == (launch[3] != torch.float32 or launch[-1] == "tf32x3"), launch[-2:]
+        # the floor on |cos| (explaining, training) keeps an overflowed row's NaN: max.NaN, not max.f32, which returns
+        # the non-NaN operand (tests/triton_linear_checks.py checks the values under the interpreter)
+        assert ("max.NaN.f32" in compiled.asm["ptx"]) == launch[4], launch
 
 
 def test_launches_take_the_default_tiles_of_the_dtype_they_multiply_in(monkeypatch):

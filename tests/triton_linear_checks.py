@@ -212,6 +212,86 @@ def test_explaining_gradients_batched(device, launches):
     _close(got, want, what="batched gradients")
 
 
+def _same_nan_then_close(got, want, what: str) -> None:
+    """``got`` is NaN exactly where ``want`` is, and close to it elsewhere (both ``None`` where no gradient exists)."""
+    for name, g, w in zip(("output", "input gradient", "weight gradient"), got, want, strict=True):
+        if w is None:
+            assert g is None, f"{what} {name}"
+            continue
+        assert torch.equal(torch.isnan(g), torch.isnan(w)), (
+            f"{what} {name}: NaN at {int(torch.isnan(g).sum())} places, the PyTorch path at {int(torch.isnan(w).sum())}")
+        finite = ~torch.isnan(w)
+        if finite.any():
+            _close(g[finite], w[finite], what=f"{what} {name}")
+
+
+@pytest.mark.parametrize("cls", [BcosLinear, BcosConv1D])
+@pytest.mark.parametrize("b", B_VALUES)
+@pytest.mark.parametrize("mode", ["inference", "explaining", "training"])
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_a_row_whose_norm_overflows_gives_nan_as_the_pytorch_path(device, launches, cls, b, mode):
+    """A row holding 1e20 has ||x||^2 = inf in float32: the PyTorch path makes that norm NaN (overflowed_norm_as_nan),
+    so the row's outputs are NaN, not 0 or a wrong finite value (the kernel gave [-0, -0, 0, -0] there, silently,
+    until 2026-11-29); the other rows keep the kernel's values bit for bit.
+
+    Explaining and training floor |cos|: the floor's default tl.maximum returns the non-NaN operand on a GPU (PTX's
+    max.f32) and in Triton 3.9's interpreter (np.fmax), so the NaN norm gave a finite output there; Triton 3.6's
+    interpreter (np.maximum) kept the NaN, which is why helper-189's check passed with 3.6 and failed with 3.9
+    (test_triton_linear.py pins the compiled floor's max.NaN.f32)."""
+    layer = _layer(cls, b, device)
+    x = _input(device)
+    x[0, 2, 5] = 1e20
+    grad = torch.randn(2, 37, 72, device=device)
+    want = _run(layer, x, mode, grad)
+    with triton_kernels():
+        got = _run(layer, x, mode, grad)
+        x[0, 2, 5] = 1.0
+        without = _run(layer, x, mode, grad)
+    assert launches[0] == 2
+    assert torch.isnan(want[0][0, 2]).all(), "the PyTorch path gives NaN on the overflowed row"
+    _same_nan_then_close(got, want, mode)
+    others = torch.ones(2, 37, dtype=torch.bool, device=device)
+    others[0, 2] = False
+    for name, g, w in zip(("output", "input gradient"), got, without, strict=False):
+        if w is not None:
+            assert torch.equal(g[others], w[others]), f"{name}: the other rows' values changed"
+
+
+# A unit whose ||w||^2 passes float32's range (finite elements, the first two cases) has the unit weight w / inf = 0 on
+# the PyTorch path, so that unit gives 0 in every row; the kernel's acc / inf was NaN in the rows whose product
+# overflowed (3e38 * x_k beyond 3.4e38: the NaN then reached every input gradient in explaining and training). An
+# infinite element gives w / inf = NaN there, so NaN in every row, as in the kernel
+HUGE_UNITS = {
+    "one element 3e38": {7: 3e38},
+    "two elements +-2e38": {7: 2e38, 8: -2e38},
+    "every element 5e18": dict.fromkeys(range(70), 5e18),
+    "an infinite element": {7: float("inf")},
+}
+
+
+@pytest.mark.parametrize("cls", [BcosLinear, BcosConv1D])
+@pytest.mark.parametrize("case", list(HUGE_UNITS))
+@pytest.mark.parametrize("mode", ["inference", "explaining", "training"])
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_a_unit_whose_weight_norm_overflows_gives_what_the_pytorch_path_gives(device, launches, cls, case, mode):
+    layer = _layer(cls, 1.75, device)
+    with torch.no_grad():
+        for k, value in HUGE_UNITS[case].items():
+            layer.weight[(5, k) if cls is BcosLinear else (k, 5)] = value
+    x = _input(device)
+    grad = torch.randn(2, 37, 72, device=device)
+    want = _run(layer, x, mode, grad)
+    with triton_kernels():
+        got = _run(layer, x, mode, grad)
+    assert launches[0] == 1
+    if case == "an infinite element":
+        assert torch.isnan(want[0][..., 5]).all()
+    else:
+        assert (want[0][..., 5] == 0).all() and (got[0][..., 5] == 0).all(), "0 in every row, as the PyTorch path"
+    _same_nan_then_close(got, want, f"{case} {mode}")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mode", ["inference", "explaining", "training"])
 def test_the_kernel_equals_the_pytorch_path_under_autocast(device, launches, dtype, mode):

@@ -102,10 +102,28 @@ if tl is not None:
             w_sq = tl.sum(w_sq_tile, axis=0)
         w_norm = tl.sqrt(w_sq)
         lin = acc / tl.maximum(w_norm, NORM_EPS_)[None, :]
+        w_overflowed = w_norm == float("inf")
+        if tl.max(w_overflowed.to(tl.int32), axis=0) > 0:
+            # (rare: a unit whose squared norm passes float32's range) the PyTorch path's unit weight w / inf is 0 for
+            # each finite element and NaN for an infinite one, so that unit's lin is 0 (the row's NaN comes from its
+            # own norm) or NaN in every row; acc / inf here was NaN wherever acc overflowed, from finite elements.
+            # Which units hold an infinite element takes the weight's tiles once more
+            w_infinite = tl.zeros((BLOCK_N,), dtype=tl.int32)
+            for k0 in range(0, K, BLOCK_K):
+                k = k0 + ks
+                w_again = tl.load(w_ptr + k[:, None] * stride_wk + units[None, :] * stride_wn,
+                                  mask=(k < K)[:, None] & unit_ok[None, :], other=0.0).to(tl.float32)
+                w_infinite = tl.maximum(w_infinite, tl.max((tl.abs(w_again) == float("inf")).to(tl.int32), axis=0))
+            lin = tl.where((w_overflowed & (w_infinite == 0))[None, :], 0.0, lin)
         x_norm = tl.sqrt(x_sq + NORM_EPS_)  # hypot(||x||, sqrt(eps)) of the PyTorch path, from the squared norm
+        # a row whose squared norm overflows float32 (||x|| > 1.8e19) made NaN, as overflowed_norm_as_nan does on
+        # the PyTorch path: inf gave that row 0 or a wrong finite value, silently; finite norms pass unchanged
+        x_norm = tl.where(x_norm == float("inf"), float("nan"), x_norm)
         cos = tl.abs(lin) / x_norm[:, None]
         if FLOOR:
-            cos = tl.maximum(cos, COS_FLOOR_)
+            # NaN kept (an overflowed row's): the default tl.maximum may return the non-NaN operand (PTX's max.f32,
+            # and Triton 3.9's interpreter, np.fmax), which made that row's |cos| the floor and its output finite
+            cos = tl.maximum(cos, COS_FLOOR_, propagate_nan=tl.PropagateNan.ALL)
         if B_MODE == 2:
             dyn = cos
         elif B_MODE == 1:
