@@ -157,6 +157,26 @@ def test_generate_passes_correct_prompts_as_transformer_lens_and_later_cached_st
         assert model(step, past_kv_cache=cache).shape[:2] == (2, 1)  # not read as a padded batch without a BOS
 
 
+@pytest.mark.parametrize("call", ["forward", "generate"])
+def test_the_calls_padding_side_is_the_one_the_check_reads(left_padded_gpt2, call):
+    """``padding_side="left"`` given to the forward or ``generate`` of a model whose tokenizer pads on the right: while
+    they derive the mask TransformerLens sets the tokenizer's side to the call's, so a left-padded batch made without a
+    BOS had a padding token unmasked (0.57 off the text alone), while the check read the tokenizer's "right" and let
+    it through. The call's side is read."""
+    model = left_padded_gpt2
+    tokens = model.to_tokens(TEXTS, prepend_bos=False)
+    run = {"forward": lambda **kw: model(tokens, **kw),
+           "generate": lambda **kw: model.generate(tokens, **GENERATE, **kw)}[call]
+    model.tokenizer.padding_side = "right"
+    try:
+        with pytest.raises(BcosValueError, match=r"^tokens: row 0 begins with token"):
+            run(padding_side="left")  # ran, silently
+        with torch.no_grad():
+            run()  # the tokenizer's right padding: TransformerLens derives no BOS-style mask on the left
+    finally:
+        model.tokenizer.padding_side = "left"
+
+
 # --------------------------------------------------------------- 4. the logit lens on a soft-capped Gemma 2
 
 

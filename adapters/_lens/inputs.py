@@ -28,8 +28,8 @@ def lens_padding_keywords(model: nn.Module, attention_mask) -> dict:
     return unmasked_padding_keywords(pad_source, attention_mask)
 
 
-def refuse_bos_less_left_padding(model: nn.Module, tokens, prepend_bos: bool | None = None, *,
-                                 takes_a_mask: bool = True) -> None:
+def refuse_bos_less_left_padding(model: nn.Module, tokens, prepend_bos: bool | None = None,
+                                 padding_side: str | None = None, *, takes_a_mask: bool = True) -> None:
     """Refuse a left-padded token batch made without a BOS (``to_tokens(..., prepend_bos=False)``) given without a
     mask to a ``HookedTransformer`` whose tokenizer pads on the left with its BOS id, when the mask TransformerLens
     derives (``utils.get_attention_mask(tokenizer, tokens, prepend_bos)``, ``prepend_bos`` the call's, else
@@ -37,13 +37,14 @@ def refuse_bos_less_left_padding(model: nn.Module, tokens, prepend_bos: bool | N
     so the row attended one padding token, and its forward and explanation were not its text's (0.03-0.6 off on
     tiny B-cos GPT-2s), without a word. Told exactly by the batch: with a BOS prepended every row begins with the
     BOS id (the pad id here), so a row beginning with another token was made without one, and then each row that
-    begins with padding has a padding token unmasked. Anything else passes unchanged (a correct call's numbers are
-    TransformerLens'). One host sync (none for a single row, which cannot mix rows with and without padding).
+    begins with padding has a padding token unmasked. ``padding_side`` is the call's (TransformerLens' forward and
+    ``generate`` set the tokenizer's to it while they derive the mask), else the tokenizer's. Anything else passes
+    unchanged (a correct call's numbers are TransformerLens'). One host sync (none for a single row, which cannot mix rows with and without padding).
     ``takes_a_mask=False`` for a call that has no ``attention_mask`` (TransformerLens' ``generate`` drops one
     without effect): the fixes named are then the others."""
     tokenizer = getattr(model, "tokenizer", None)
     pad = getattr(tokenizer, "pad_token_id", None)
-    if pad is None or getattr(tokenizer, "padding_side", None) != "left" \
+    if pad is None or (padding_side or getattr(tokenizer, "padding_side", None)) != "left" \
             or getattr(tokenizer, "bos_token_id", None) != pad or not isinstance(tokens, Tensor) or tokens.ndim != 2 \
             or 0 in tokens.shape or tokens.is_meta or tokens.is_floating_point() or tokens.is_complex() \
             or tokens.dtype == torch.bool:

@@ -354,7 +354,7 @@ class ExactCacheHookedTransformer(HookedTransformer):
         named = _named_arguments(super().forward, args, kwargs)
         if named is not None and named.get("attention_mask") is None and named.get("start_at_layer") is None \
                 and _at_the_prompt(named.get("past_kv_cache")):
-            refuse_bos_less_left_padding(self, named.get("input"), named.get("prepend_bos"))
+            refuse_bos_less_left_padding(self, named.get("input"), named.get("prepend_bos"), named.get("padding_side"))
         return super().forward(*args, **kwargs)
 
     def generate(self, *args, **kwargs):
@@ -374,7 +374,8 @@ class ExactCacheHookedTransformer(HookedTransformer):
         # the others
         named = _named_arguments(method, args, kwargs)
         if named is not None:
-            refuse_bos_less_left_padding(self, named.get("input"), named.get("prepend_bos"), takes_a_mask=False)
+            refuse_bos_less_left_padding(self, named.get("input"), named.get("prepend_bos"), named.get("padding_side"),
+                                         takes_a_mask=False)
 
     def set_tokenizer(self, tokenizer, default_padding_side=None):
         # TransformerLens' own attach (model.set_tokenizer, HookedTransformer(cfg, tokenizer=...), cfg.tokenizer_name,
