@@ -151,3 +151,35 @@ def test_rank_metrics_read_captums_embedding_attributions_as_the_other_metrics_d
         torch.testing.assert_close(average_precision(given, evidence.long()), average_precision(summed, evidence.long()),
                                    rtol=0, atol=0)
         assert rationale_alignment(given, evidence.long()).auprc == rationale_alignment(summed, evidence.long()).auprc
+
+
+# ------------------------------------------------------------------ paired accuracy: names and scores for class ids
+
+
+def test_paired_accuracy_difference_names_class_names_and_scores_given_for_class_ids():
+    """Predictions written as class names (a pipeline's labels) were refused as "got list. Pass a torch.Tensor", and
+    scores (probabilities, logits) as "must be an integer tensor ... Convert it (e.g. .long())": that fix truncates a
+    probability of 0.7 to class 0, and the comparison is then of other predictions, silently. Both are named now with
+    the fix that keeps the predictions (label2id, argmax); whole-number floats keep the ``.long()`` fix, which is right
+    for them, and the ids the fixes give score as by hand."""
+    from bcos_plugins.errors import BcosTypeError
+    from bcos_plugins.metrics import paired_accuracy_difference
+
+    labels = [1, 0, 0, 1]
+    with pytest.raises(BcosTypeError, match=r"^predictions_a: holds class names \('POSITIVE'\), not class ids\. Map "
+                                            r"them to ids with the model's config.label2id"):
+        paired_accuracy_difference(["POSITIVE", "NEGATIVE", "POSITIVE", "POSITIVE"], [1, 0, 0, 1], labels)
+    with pytest.raises(BcosTypeError, match=r"^labels: holds class names \('1'\).*\[int\(n\) for n in names\]"):
+        paired_accuracy_difference([1, 0, 1, 1], [1, 0, 0, 1], ["1", "0", "0", "1"])
+    probabilities = torch.tensor([0.7, 0.2, 0.9, 0.6])
+    with pytest.raises(BcosTypeError, match=r"^predictions_a: holds scores \(0\.7\), not class ids.*\(p > 0\.5\)\.long"
+                                            r"\(\).*\.long\(\) alone would truncate"):
+        paired_accuracy_difference(probabilities, [1, 0, 0, 1], labels)
+    logits = torch.tensor([[0.1, 2.0], [1.5, -0.5], [0.3, 0.2], [-1.0, 1.0]])
+    with pytest.raises(BcosTypeError, match=r"^predictions_b: holds scores .*logits.argmax\(-1\)"):
+        paired_accuracy_difference([1, 0, 1, 1], logits, labels)
+    with pytest.raises(BcosTypeError, match=r"^labels: must be an integer tensor.*\.long\(\)"):
+        paired_accuracy_difference([1, 0, 1, 1], [1, 0, 0, 1], [1.0, 0.0, 0.0, 1.0])
+    # the fixes named: 3 of 4 right for a (row 2 wrong), 4 of 4 for b, by hand
+    result = paired_accuracy_difference((probabilities > 0.5).long(), logits.argmax(-1), labels)
+    assert result.accuracy_a == (0.75,) and result.accuracy_b == (1.0,)

@@ -32,11 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .._checks import require_float, require_int, require_same_shape, require_seed, require_tensor
-from ..errors import BcosValueError, argument_error
+from ..errors import BcosTypeError, BcosValueError, argument_error
 
 __all__ = ["NoSpreadError", "PairedAccuracyDifference", "PairedBootstrapDifference", "constant_difference",
            "paired_accuracy_difference", "paired_bootstrap_difference"]
@@ -87,8 +88,32 @@ class PairedAccuracyDifference:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
+def _refuse_what_is_not_class_ids(name: str, value) -> None:
+    """Refuse class names and scores where class ids are meant, naming the fix: names (a pipeline's "POSITIVE") were
+    refused as "got list. Pass a torch.Tensor", and scores (logits, probabilities) as "must be an integer tensor ...
+    Convert it (e.g. .long())", a fix that truncates a probability of 0.7 to class 0, silently. Whole-number floats
+    (labels read as 1.0) keep the generic refusal, whose ``.long()`` is right for them."""
+    try:
+        values = np.asarray(value.detach().cpu().double() if isinstance(value, Tensor) and value.is_floating_point()
+                            else value.detach().cpu() if isinstance(value, Tensor) else value)
+    except (TypeError, ValueError, RuntimeError):
+        return  # ragged rows and other forms: named by the checks after this one
+    if values.dtype.kind in "USO" and any(isinstance(v, str) for v in values.reshape(-1).tolist()):
+        first = next(v for v in values.reshape(-1).tolist() if isinstance(v, str))
+        raise argument_error(name, f"holds class names ({first!r}), not class ids", "Map them to ids with the "
+                             "model's config.label2id ([model.config.label2id[n] for n in names]; digits read as text: "
+                             "[int(n) for n in names]), the same mapping for the predictions and the labels",
+                             kind=BcosTypeError)
+    if values.dtype.kind == "f" and values.size and not bool(np.all(np.mod(values[np.isfinite(values)], 1) == 0)):
+        fraction = values[np.isfinite(values) & (np.mod(np.nan_to_num(values), 1) != 0)].reshape(-1)[0]
+        raise argument_error(name, f"holds scores ({float(fraction):.4g}), not class ids", "Pass the predicted class "
+                             "ids: logits.argmax(-1) for (example, classes) logits, (p > 0.5).long() for one "
+                             "probability per example (.long() alone would truncate the scores)", kind=BcosTypeError)
+
+
 def _as_seed_rows(name: str, value) -> Tensor:
     """``(seed, example)`` class ids from a tensor, one flat list (one seed) or a list of per-seed rows."""
+    _refuse_what_is_not_class_ids(name, value)
     # a row is a list or a 1-d tensor or array: a list of 0-d tensors (one seed's [logits.argmax() for ...]) failed
     # with "len() of a 0-d tensor", and per-seed NumPy arrays of different lengths were named "must be a tensor, got
     # list" instead of by their lengths
@@ -184,6 +209,7 @@ def paired_accuracy_difference(
     if 0 in a.shape:
         raise argument_error("predictions_a", f"are empty (shape {tuple(a.shape)})",
                              "Pass the predictions of at least one seed on at least one example")
+    _refuse_what_is_not_class_ids("labels", labels)
     labels = require_tensor("labels", labels, ndim=1, kind="int", shape_hint="(example,)")
     if labels.shape[0] != a.shape[1]:
         raise argument_error("labels", f"has {labels.shape[0]} entries but the predictions cover {a.shape[1]} "
