@@ -12,38 +12,23 @@ import warnings
 from pathlib import Path
 
 import pytest
+import test_leftovers_s25_e as session25
 import torch
 import transformers as T
 
 from bcos_plugins import bcosify
-from bcos_plugins.data.shipped import shipped_data
 from bcos_plugins.errors import BcosValueError
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
-TEXTS = ["The cat sat on the mat", "Hi"]
+TEXTS = session25.TEXTS
+left_padded_gpt2 = session25.left_padded_gpt2  # the tiny B-cos GPT-2 whose tokenizer pads on the left with its BOS id
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "hosts" / "transformer-lens.md"
 GENERATE = dict(max_new_tokens=4, do_sample=False, verbose=False, stop_at_eos=False)
 
 
 def _page() -> str:
     return " ".join(PAGE.read_text().split())  # one line: sentences wrap anywhere
-
-
-@pytest.fixture(scope="module")
-def left_padded_gpt2():
-    """A tiny B-cos GPT-2 HookedTransformer whose tokenizer pads on the left with its BOS id (GPT-2's pad = eos = bos)."""
-    from bcos_plugins.adapters.transformer_lens import hooked_transformer_from_hf
-
-    tokenizer = T.AutoTokenizer.from_pretrained(shipped_data("gpt2_tokenizer"), padding_side="left")
-    tokenizer.pad_token = tokenizer.eos_token
-    assert tokenizer.pad_token_id == tokenizer.bos_token_id
-    torch.manual_seed(0)
-    config = T.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64)
-    model = hooked_transformer_from_hf(bcosify(T.GPT2LMHeadModel(config).eval(), b=1.5, verbose=False),
-                                       tokenizer=tokenizer)
-    assert model.cfg.default_prepend_bos and model.tokenizer.padding_side == "left"
-    return model
 
 
 # --------------------------------------------------------------- 1. the forward's arguments, by the installed signature
