@@ -212,7 +212,7 @@ def test_explaining_gradients_batched(device, launches):
     _close(got, want, what="batched gradients")
 
 
-def _same_nan_then_close(got, want, what: str) -> None:
+def _same_nan_then_close(got, want, what: str, dtype: torch.dtype = torch.float32) -> None:
     """``got`` is NaN exactly where ``want`` is, and close to it elsewhere (both ``None`` where no gradient exists)."""
     for name, g, w in zip(("output", "input gradient", "weight gradient"), got, want, strict=True):
         if w is None:
@@ -222,7 +222,7 @@ def _same_nan_then_close(got, want, what: str) -> None:
             f"{what} {name}: NaN at {int(torch.isnan(g).sum())} places, the PyTorch path at {int(torch.isnan(w).sum())}")
         finite = ~torch.isnan(w)
         if finite.any():
-            _close(g[finite], w[finite], what=f"{what} {name}")
+            _close(g[finite], w[finite], dtype, what=f"{what} {name}")
 
 
 @pytest.mark.parametrize("cls", [BcosLinear, BcosConv1D])
@@ -255,6 +255,36 @@ def test_a_row_whose_norm_overflows_gives_nan_as_the_pytorch_path(device, launch
     for name, g, w in zip(("output", "input gradient"), got, without, strict=False):
         if w is not None:
             assert torch.equal(g[others], w[others]), f"{name}: the other rows' values changed"
+
+
+HALF_CASES = {  # name: (autocast dtype or None, the layer's and input's dtype)
+    "bfloat16 autocast": (torch.bfloat16, torch.float32),
+    "float16 autocast": (torch.float16, torch.float32),
+    "bfloat16 weights": (None, torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("case", list(HALF_CASES))
+@pytest.mark.parametrize("mode", ["inference", "explaining", "training"])
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_an_overflowed_row_in_half_precision_gives_nan_as_the_pytorch_path(device, launches, case, mode):
+    """The same in 16-bit products: the kernel's norms are float32 sums of the unrounded values, as the PyTorch path's
+    (float16 autocast casts 1e20 to inf for the product, and its training takes the PyTorch path: no launch)."""
+    autocast, dtype = HALF_CASES[case]
+    out_dtype = autocast or dtype
+    layer = _layer(BcosLinear, 1.75, device).to(dtype)
+    x = _input(device).to(dtype)
+    x[0, 2, 5] = 1e20
+    grad = torch.randn(2, 37, 72, device=device, dtype=out_dtype)
+    context = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
+    with context:
+        want = _run(layer, x, mode, grad)
+        with triton_kernels():
+            got = _run(layer, x, mode, grad)
+    assert launches[0] == (0 if (out_dtype, mode) == (torch.float16, "training") else 1)
+    assert torch.isnan(want[0][0, 2]).all(), "the PyTorch path gives NaN on the overflowed row"
+    _same_nan_then_close(got, want, f"{case} {mode}", out_dtype)
 
 
 # A unit whose ||w||^2 passes float32's range (finite elements, the first two cases) has the unit weight w / inf = 0 on
