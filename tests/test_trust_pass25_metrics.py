@@ -183,3 +183,42 @@ def test_paired_accuracy_difference_names_class_names_and_scores_given_for_class
     # the fixes named: 3 of 4 right for a (row 2 wrong), 4 of 4 for b, by hand
     result = paired_accuracy_difference((probabilities > 0.5).long(), logits.argmax(-1), labels)
     assert result.accuracy_a == (0.75,) and result.accuracy_b == (1.0,)
+
+
+@pytest.mark.parametrize("make", [lambda f: torch.tensor(f), lambda f: np.array(f, dtype=np.float32),
+                                  lambda f: torch.tensor(f, dtype=torch.bfloat16)])
+def test_perturbation_metrics_read_float32_fractions_as_the_decimals_they_stand_for(make):
+    """``fractions=torch.tensor(DEFAULT_FRACTIONS)`` (float32, as ``torch.linspace(0.1, 0.9, 9)`` too) holds 0.7 as
+    0.69999999: a row of 10 perturbable tokens had 6 removed at p = 0.7 for 7 (``max(1, int(10 * p))``), the curves and
+    AOPC of other removals, and pixel perturbation removed 69 of 100 pixels for 70, silently. Fractions in a dtype
+    narrower than float64 are read to the decimals it holds now: the counts, curves and areas of the fractions as
+    written."""
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.metrics import DEFAULT_FRACTIONS, aopc, pixel_perturbation, perturbation_curves
+
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(tiny_config("bert")), verbose=False).eval().double()
+    ids, mask = padded_rows([11, 6], 11, "right", seed=0)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    special[:, 0] = True
+    explanation = explain(model, ids, mask)
+    written = perturbation_curves(model, ids, mask, explanation, special_tokens=special)
+    given = perturbation_curves(model, ids, mask, explanation, special_tokens=special, fractions=make(DEFAULT_FRACTIONS))
+    assert written.k[0].tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]  # 10 perturbable tokens, by hand
+    assert given.k.tolist() == written.k.tolist() and given.fractions == DEFAULT_FRACTIONS
+    torch.testing.assert_close(given.comprehensiveness, written.comprehensiveness, rtol=0, atol=0)
+    assert given.summary() == written.summary()
+    curve = torch.rand(2, 9, dtype=torch.float64)
+    torch.testing.assert_close(aopc(curve, make(DEFAULT_FRACTIONS)), aopc(curve, DEFAULT_FRACTIONS), rtol=0, atol=0)
+
+    def forward(images):  # two logits: the sum of the first 31 pixels, and its negative
+        first = images.flatten(1)[:, :31].sum(-1, keepdim=True)
+        return torch.cat([first, -first], dim=-1)
+
+    images = torch.ones(1, 1, 10, 10, dtype=torch.float64)
+    maps = -torch.arange(100, dtype=torch.float64).reshape(1, 10, 10)  # pixel 0 ranks first, pixel 99 last
+    # by hand at 0.7, 70 pixels: least important first removes pixels 30-99 and keeps 0-29 (logit 30; 69 removed kept
+    # pixel 30 too: 31); most important first removes pixels 0-69 (logit 0)
+    result = pixel_perturbation(forward, images, maps, 0, fractions=make([0.0, 0.7]), score="logit")
+    assert result.fractions == (0.0, 0.7)
+    assert result.least_first[0].tolist() == [31.0, 30.0] and result.most_first[0].tolist() == [31.0, 0.0]

@@ -71,7 +71,7 @@ from ..convert.architectures import vocabulary_size
 from ..errors import BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
-from .attributions import perturbable_mask, share_counts, token_scores
+from .attributions import perturbable_mask, share_as_written, share_counts, token_scores
 
 __all__ = ["DEFAULT_FRACTIONS", "PerturbationCurves", "aopc", "perturbation_curves", "top_k_masks"]
 
@@ -224,8 +224,11 @@ def check_fractions(fractions, zero: bool = False, example: str = "DEFAULT_FRACT
             or getattr(fractions, "ndim", 1) != 1:
         raise argument_error("fractions", f"must be a sequence of floats, got {type(fractions).__name__} "
                              f"{fractions!r}", f"Pass e.g. {example}", kind=BcosTypeError)
+    # a float32 / bfloat16 tensor or array of fractions (torch.tensor(DEFAULT_FRACTIONS), torch.linspace(0.1, 0.9, 9))
+    # is read as the decimals it stands for: 0.7 held as 0.69999999 took 6 of 10 tokens for 7, silently
+    shares = [share_as_written(f) for f in fractions]
     values = tuple(require_float("fractions", f, minimum=0.0, maximum=1.0) if zero else require_float("fractions", f)
-                   for f in fractions)
+                   for f in shares)
     if not values:
         raise argument_error("fractions", "is empty", f"Pass e.g. {example}")
     if not zero and not all(0.0 < f <= 1.0 for f in values):
