@@ -66,7 +66,7 @@ from .boot_guard import (
     is_explainable_bridge,
 )
 from .final_norm import fold_final_norm_into_unembedding
-from .hook_checks import hook_checked_cache_class, hooked_points, weight_versions
+from .hook_checks import hook_checked_cache_class, hooked_points
 from .hook_point import DynamicHookPoint
 from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords
 
@@ -249,8 +249,7 @@ def _padding_checked_class(base: type) -> type:
         cache = out[1] if isinstance(out, tuple) and len(out) == 2 else None
         if hasattr(cache, "cache_dict") and hasattr(cache, "decompose_resid"):
             cache.__class__ = hook_checked_cache_class(type(cache))
-            cache.hooked_at_run = hooked
-            cache.weights_at_run = weight_versions(self)  # its decompositions refuse once they change
+            cache.record_run(hooked)  # its decompositions refuse once the model changes
         return out
 
     run_with_cache.__doc__ = base_run_with_cache.__doc__

@@ -201,9 +201,9 @@ def effective_weight(cache: ActivationCache, layer: int, projection: str) -> Flo
         raise argument_error("layer", f"{layer!r} is not a block index of this {model.cfg.n_layers}-layer model",
                              f"use an int in [0, {model.cfg.n_layers})")
     layer %= model.cfg.n_layers
-    check_weights = getattr(cache, "check_weights_unchanged", None)  # the scales are the run's, the weight is now's
-    if check_weights is not None:
-        check_weights("effective_weight")
+    refuse_model_changed = getattr(cache, "refuse_model_changed", None)  # the scales are the run's, the weight now's
+    if refuse_model_changed is not None:
+        refuse_model_changed("effective_weight")
     part, short, _ = _PROJECTIONS[projection]
     module = getattr(model.blocks[layer], part)
     if not hasattr(module, projection):
@@ -272,7 +272,9 @@ class BcosActivationCache(HookCheckedCache, ActivationCache):
                 self.cache_dict[hook_name] = self.cache_dict[f"{hook_name}{suffix}"]
         self._saes_without_error_term = sorted(name for name in spliced
                                                if f"{name}.hook_sae_error" not in self.cache_dict)
-        self.hooked_at_run: tuple[str, ...] = ()  # set by ExactCacheHookedTransformer.run_with_cache (HookCheckedCache)
+        # the run is this cache's making (run_with_cache, or a cache dict wrapped by hand); run_with_cache of
+        # ExactCacheHookedTransformer sets the hooked points after
+        self.record_run(())
 
     def _refuse_spliced_saes(self, method: str, kinds: tuple[str, ...]) -> None:
         """Refuse ``method`` when an SAE without its error term replaced a hook of ``kinds`` (hook name endings): the
@@ -310,33 +312,33 @@ class BcosActivationCache(HookCheckedCache, ActivationCache):
         return super().stack_neuron_results(*args, **kwargs)
 
     def compute_head_results(self) -> None:
-        self.check_weights_unchanged("compute_head_results")  # the own results below read W_O as it is now
-        if not _needs_own_results(self.model, "attn"):
-            return super().compute_head_results()
-        first = "blocks.0.attn.hook_result"
-        if first in self.cache_dict and self.cache_dict[first].ndim >= 4:
-            if getattr(self, "_exact_head_results", False) \
-                    or not any(hasattr(block, "ln1_post") for block in self.model.blocks):
-                return None  # computed below by an earlier call, or cached by the forward (use_attn_result=True)
-            raise BcosValueError(
-                "model: it normalises each attention output again (ln1_post) and ran with use_attn_result=True: the "
-                "forward's hook_result holds each head's share before that norm, which does not sum to hook_attn_out."
-                " Set model.cfg.use_attn_result = False before run_with_cache; stack_head_results then computes the "
-                "shares through the norm (exact)")
-        for layer in range(self.model.cfg.n_layers):
-            self.cache_dict[f"blocks.{layer}.attn.hook_result"] = head_shares(
-                self[("z", layer, "attn")], _weight(self.model.blocks[layer].attn, "W_O"),
-                _output_factor(self, layer, "attn"))
-        self._exact_head_results = True
-        return None
+        with self._model_unchanged_through("compute_head_results"):  # the own results below read W_O as it is now
+            if not _needs_own_results(self.model, "attn"):
+                return super().compute_head_results()
+            first = "blocks.0.attn.hook_result"
+            if first in self.cache_dict and self.cache_dict[first].ndim >= 4:
+                if getattr(self, "_exact_head_results", False) \
+                        or not any(hasattr(block, "ln1_post") for block in self.model.blocks):
+                    return None  # computed below by an earlier call, or cached by the forward (use_attn_result=True)
+                raise BcosValueError(
+                    "model: it normalises each attention output again (ln1_post) and ran with use_attn_result=True: the "
+                    "forward's hook_result holds each head's share before that norm, which does not sum to hook_attn_out."
+                    " Set model.cfg.use_attn_result = False before run_with_cache; stack_head_results then computes the "
+                    "shares through the norm (exact)")
+            for layer in range(self.model.cfg.n_layers):
+                self.cache_dict[f"blocks.{layer}.attn.hook_result"] = head_shares(
+                    self[("z", layer, "attn")], _weight(self.model.blocks[layer].attn, "W_O"),
+                    _output_factor(self, layer, "attn"))
+            self._exact_head_results = True
+            return None
 
     def get_neuron_results(self, layer: int, neuron_slice=None, pos_slice=None, project_output_onto=None):
-        self.check_weights_unchanged("get_neuron_results")  # the own results below read W_out as it is now
-        layer = cache_block_index(self, layer)  # -1: the last block, as TransformerLens reads it
-        if not _needs_own_results(self.model, "mlp"):
-            return super().get_neuron_results(layer, neuron_slice, pos_slice, project_output_onto)
-        return neuron_shares(self[("post", layer, "mlp")], _weight(self.model.blocks[layer].mlp, "W_out"),
-                             _output_factor(self, layer, "mlp"), neuron_slice, pos_slice, project_output_onto)
+        with self._model_unchanged_through("get_neuron_results"):  # the own results below read W_out as it is now
+            layer = cache_block_index(self, layer)  # -1: the last block, as TransformerLens reads it
+            if not _needs_own_results(self.model, "mlp"):
+                return super().get_neuron_results(layer, neuron_slice, pos_slice, project_output_onto)
+            return neuron_shares(self[("post", layer, "mlp")], _weight(self.model.blocks[layer].mlp, "W_out"),
+                                 _output_factor(self, layer, "mlp"), neuron_slice, pos_slice, project_output_onto)
 
     def logit_attrs(self, residual_stack, *args, **kwargs):
         # the B-cos unembedding's cap, or TransformerLens' own in its forward (a cfg.output_logits_soft_cap set on the

@@ -30,7 +30,7 @@ from bcos_plugins.attribution import (
 )
 from bcos_plugins.attribution.gradient import non_finite_step, outside_inference, refuse_non_finite_step
 from bcos_plugins.attribution.text import padded_float64_nan_cause
-from bcos_plugins.errors import BcosTypeError, BcosValueError, argument_error
+from bcos_plugins.errors import BcosTypeError, argument_error
 from bcos_plugins.explain import recording_forward_autocast
 from bcos_plugins.nn.functional import at_least_float32
 
@@ -39,6 +39,7 @@ from .bridge import is_explainable_bridge
 from .compat import HAS_HOOKED_TRANSFORMER
 from .hook_checks import hooked_points
 from .inputs import check_lens_tokens
+from .model_changes import refuse_cfg_unlike_built
 from .sae_error import SAEErrorShares, sae_error_capture
 
 if TYPE_CHECKING:
@@ -64,8 +65,8 @@ def require_explainable(model, *, logits: bool = True) -> None:
         explainable = is_explainable(model)
         if not explainable:
             _refuse_replaced_dynamic_hooks(model, dynamic_hooks_replaced(model))
-        else:
-            _refuse_changed_options(model, logits)
+        else:  # TransformerLens reads the options make_explainable refused at every forward: set since?
+            refuse_cfg_unlike_built(model, "explain", explained_logits=logits)
     if not explainable:
         raise BcosTypeError(
             "model: its dynamic weights are not detachable, so the explanation would not be exact. Call "
@@ -73,22 +74,6 @@ def require_explainable(model, *, logits: bool = True) -> None:
             "model from hooked_transformer_from_hf / BcosHookedTransformer, or a bridge from "
             "transformer_bridge_from_hf."
         )
-
-
-def _refuse_changed_options(model, logits: bool) -> None:
-    """Refuse a ``HookedTransformer`` whose ``cfg`` now sets an option make_explainable refuses: TransformerLens reads
-    ``output_logits_soft_cap`` and ``clip_qkv`` at every forward, so one set on the built model (``model.cfg.
-    output_logits_soft_cap = 30.0``) bent its logits, and explain_logits' contributions missed the capped logit by
-    0.019 (0.006 the clipped one), without a word."""
-    from .config import check_explainable  # TransformerLens 3.x only, as the caller's branch
-
-    try:
-        check_explainable(model.cfg, logits=logits)
-    except BcosValueError as error:
-        raise argument_error(
-            "model", "its cfg (model.cfg, changed after the model was built?) sets an option under which no "
-            f"explanation is exact: {str(error).rstrip('.')}", "Set that option back on model.cfg, or rebuild the "
-            "model (hooked_transformer_from_hf, BcosHookedTransformer)") from None
 
 
 def _refuse_sae_bridge() -> None:

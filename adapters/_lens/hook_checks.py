@@ -16,6 +16,7 @@ hook names and the ``ActivationCache`` methods are used.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -23,6 +24,9 @@ from torch import Tensor
 
 from bcos_plugins._checks import require_int, require_tensor
 from bcos_plugins.errors import BcosValueError, argument_error
+
+# weight_version / weight_versions: re-exported for model.py (its query / key finiteness check, its run_with_cache)
+from .model_changes import ModelSnapshot, refuse_cfg_unlike_built, weight_version, weight_versions
 
 __all__ = ["HookCheckedCache", "check_logit_tokens", "hook_checked_cache_class", "hooked_points",
            "cache_block_index", "require_cache_layer", "weight_version", "weight_versions"]
@@ -33,28 +37,6 @@ _STREAM_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
 def hooked_points(model) -> tuple[str, ...]:
     """The names of ``model``'s hook points that carry forward hooks now (the caller's, before a run adds its own)."""
     return tuple(name for name, point in model.hook_dict.items() if getattr(point, "_forward_hooks", None))
-
-
-def _storage_version(weight: Tensor) -> tuple:
-    return (None if weight.is_inference() else weight._version, weight.data_ptr())
-
-
-def weight_version(weight: Tensor) -> tuple:
-    """What changes when ``weight`` is written in place (its version counter; an inference tensor keeps none, so its
-    storage stands for it) or replaced (``.double()``, ``load_state_dict(assign=True)``: another storage), then its
-    dtype and device. Writes that bypass the version counter (``weight.data.copy_``) are not seen."""
-    return (*_storage_version(weight), weight.dtype, weight.device)
-
-
-def _moved(then: tuple, now: tuple) -> bool:
-    """Whether a weight was only moved to another device (``.to(device)``, ``cache.to(device, move_model=True)``): the
-    same values elsewhere, in the same dtype."""
-    return then[3] != now[3] and then[2] == now[2]
-
-
-def weight_versions(model) -> dict[str, tuple]:
-    """:func:`weight_version` of each of ``model``'s parameters, by name (``run_with_cache`` records them)."""
-    return {name: weight_version(weight) for name, weight in model.named_parameters()}
 
 
 def _block_hook(name: str) -> tuple[int, str] | None:
@@ -124,53 +106,6 @@ def _logit_token_dims(cache, residual_stack: Tensor, batch_slice, has_batch_dim:
         batch_slice = batch_slice if isinstance(batch_slice, Slice) else Slice(batch_slice)
         dims = tuple(batch_slice.apply(torch.empty(dims, device="meta"), dim=0).shape)
     return dims
-
-
-def _norm_kind(norm) -> str | None:
-    """What a built TransformerLens norm does to a stack: "centre" (LayerNorm, LayerNormPre: minus the mean, then the
-    scale), "scale" (RMSNorm, RMSNormPre) or None (another module: not judged)."""
-    try:  # TransformerLens 3.x's HookedTransformer norms; a bridge's norm components are none of them
-        from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
-    except ImportError:
-        return None
-    return "centre" if isinstance(norm, (LayerNorm, LayerNormPre)) else \
-        "scale" if isinstance(norm, (RMSNorm, RMSNormPre)) else None
-
-
-def _check_normalization_type(cache, method: str, layer, mlp_input: bool, recompute_ln: bool = False) -> None:
-    """Refuse ``method`` (``apply_ln_to_stack``, through which ``logit_attrs`` and every ``apply_ln=True`` go, and
-    ``stack_neuron_results``' fused path) when ``cfg.normalization_type`` no longer says what the norm the stack
-    meets does: TransformerLens builds the norms from it once, but its decompositions read it again at each call to
-    decide whether to centre the stack, so an edit after building (``model.cfg.normalization_type = "RMS"`` on a
-    LayerNorm model, or the reverse) left the forward as it was and made logit_attrs of decompose_resid miss the
-    logit by 0.008 (B-cos GPT-2) / 0.054 (B-cos Llama), without a word; ``None`` returned a block's stack without
-    its norm. The norm is the final one (``layer`` None / -1 / n_layers; the forward skips it under ``None`` too,
-    which stays consistent) or the block's ``ln1`` / ``ln2`` (``mlp_input``); other norm modules are not judged.
-    ``recompute_ln`` at the final norm (``accumulated_resid(apply_ln=True)``) runs ``ln_final`` itself: not judged."""
-    model = cache.model
-    cfg = model.cfg
-    target = _target_layer(model, layer)
-    final = target == cfg.n_layers
-    if final and (cfg.normalization_type is None or recompute_ln):
-        return  # the forward skips ln_final as well / the module itself normalises: the stack and the logits agree
-    if final:
-        norm = getattr(model, "ln_final", None)
-    else:
-        blocks = getattr(model, "blocks", None)
-        block = blocks[target] if blocks is not None and target < len(blocks) else None
-        norm = getattr(block, "ln2" if mlp_input else "ln1", None)
-    built = _norm_kind(norm)
-    said = {"LN": "centre", "LNPre": "centre", "RMS": "scale", "RMSPre": "scale"}.get(cfg.normalization_type)
-    if built is None or said == built:
-        return
-    raise argument_error(
-        "model", f"{method}: model.cfg.normalization_type is {cfg.normalization_type!r} (changed after the model was "
-        f"built?), but the norm the stack meets is a {type(norm).__name__}, which "
-        f"{'centres and scales' if built == 'centre' else 'scales without centring'}; TransformerLens reads the cfg "
-        f"to {'centre' if said == 'centre' else 'leave uncentred' if said else 'leave unnormalised'} the stack, so the "
-        "decomposition would not sum to what the forward computed (wrong numbers)",
-        f"Set model.cfg.normalization_type back to {'LN' if built == 'centre' else 'RMS'!r} (the norms do not change "
-        "with it), or rebuild the model with the norm you want", kind=BcosValueError)
 
 
 def _check_scale_lines_up(cache, bound: dict) -> None:
@@ -298,30 +233,40 @@ class HookCheckedCache:
     sums they rely on (see the module docstring); without ``hooked_at_run`` those checks cost nothing. The adapter's
     caches (``BcosActivationCache``, every bridge cache) all have it, so it also checks the arguments TransformerLens
     misread without a word: a ``layer`` that is no block index (:func:`require_cache_layer`), ``logit_attrs``' tokens
-    (:func:`check_logit_tokens`), and it gives ``decompose_resid`` with no component its empty stack."""
+    (:func:`check_logit_tokens`), a model changed since the run (``at_run``, :mod:`.model_changes`) or whose cfg no
+    longer says what its norms do, and it gives ``decompose_resid`` with no component its empty stack."""
 
     hooked_at_run: tuple[str, ...] = ()
-    weights_at_run: dict[str, tuple] | None = None  # weight_versions at the run (set by run_with_cache)
+    at_run: ModelSnapshot | None = None  # the model as the run that filled the cache saw it (record_run)
+    _model_checked = False  # inside a decomposition that compared the model with at_run already
 
-    def check_weights_unchanged(self, method: str) -> None:
-        """Refuse ``method`` when the model's weights changed since the run that filled the cache: TransformerLens
-        combines the cached activations with the weights as they are now (``z`` @ ``W_O``, ``post`` @ ``W_out``, the
-        stack @ ``W_U``), so after an in-place edit (a head's W_O scaled as an ablation, an optimiser step) the
-        per-head results missed the cached attention output by 0.73 and logit_attrs the run's logits by 0.12 on a tiny
-        B-cos GPT-2, without a word; after ``.double()`` they failed with a dtype error."""
-        if not self.weights_at_run:
+    def record_run(self, hooked: tuple[str, ...]) -> None:
+        """Record the run that filled the cache: the caller's hooked points then, and the model as it was
+        (:class:`~.model_changes.ModelSnapshot`), which the decompositions compare the model with."""
+        self.hooked_at_run = hooked
+        self.at_run = ModelSnapshot.of(self.model)
+
+    def refuse_model_changed(self, method: str, *, weights: bool = True) -> None:
+        """Refuse ``method`` when the model changed since the run that filled the cache
+        (:meth:`~.model_changes.ModelSnapshot.refuse_changes`; ``weights``: the method reads them); nothing inside a
+        decomposition that checked already."""
+        if self.at_run is not None and not self._model_checked:
+            self.at_run.refuse_changes(self.model, method, weights=weights)
+
+    @contextlib.contextmanager
+    def _model_unchanged_through(self, method: str):
+        """Check the model once for a decomposition that reads the weights, not again in the decompositions it calls
+        (TransformerLens' get_full_resid_decomposition calls stack_head_results, which calls compute_head_results,
+        each checked where called alone: a full decomposition compared every weight a dozen times)."""
+        if self._model_checked:
+            yield
             return
-        now = dict(self.model.named_parameters())
-        # the counter and storage first (what an edit changes); dtype and device only where they differ (a move)
-        changed = [name for name, then in self.weights_at_run.items() if name in now
-                   and _storage_version(now[name]) != then[:2] and not _moved(then, weight_version(now[name]))]
-        if changed:
-            raise argument_error(
-                "cache", f"{method}: the model's weights changed since the run that filled it ({', '.join(changed[:4])}"
-                f"{' ...' if len(changed) > 4 else ''}: written in place, or converted by .double() / .to()), and the "
-                "decomposition combines the cached activations with the weights as they are now, another model's "
-                "(wrong numbers)", "Run run_with_cache again after changing the weights, or decompose the cache before "
-                "changing them", kind=BcosValueError)
+        self.refuse_model_changed(method)
+        self._model_checked = True
+        try:
+            yield
+        finally:
+            self._model_checked = False
 
     def _hooked(self, suffixes: tuple[str, ...], layer: int, mlp_input: bool) -> list[tuple[str, int, str]]:
         """(name, layer, suffix) of each hook of ``suffixes`` that ran with the caller's hooks and lies before the
@@ -412,18 +357,18 @@ class HookCheckedCache:
     def get_full_resid_decomposition(self, *args, **kwargs):
         bound = _bind(super().get_full_resid_decomposition, args, kwargs)
         require_cache_layer(self, bound.get("layer"))
-        self.check_weights_unchanged("get_full_resid_decomposition")
-        if self.hooked_at_run:  # the heads and neurons are checked by stack_head_results / stack_neuron_results
-            self._check_stream("get_full_resid_decomposition", bound.get("layer"), bound.get("mlp_input", False))
-        return super().get_full_resid_decomposition(*args, **kwargs)
+        with self._model_unchanged_through("get_full_resid_decomposition"):
+            if self.hooked_at_run:  # the heads and neurons are checked by stack_head_results / stack_neuron_results
+                self._check_stream("get_full_resid_decomposition", bound.get("layer"), bound.get("mlp_input", False))
+            return super().get_full_resid_decomposition(*args, **kwargs)
 
     def compute_head_results(self, *args, **kwargs):
-        self.check_weights_unchanged("compute_head_results")
-        return super().compute_head_results(*args, **kwargs)
+        with self._model_unchanged_through("compute_head_results"):
+            return super().compute_head_results(*args, **kwargs)
 
     def get_neuron_results(self, layer, *args, **kwargs):
-        self.check_weights_unchanged("get_neuron_results")
-        return super().get_neuron_results(cache_block_index(self, layer), *args, **kwargs)
+        with self._model_unchanged_through("get_neuron_results"):
+            return super().get_neuron_results(cache_block_index(self, layer), *args, **kwargs)
 
     def stack_activation(self, *args, **kwargs):
         bound = _bind(super().stack_activation, args, kwargs)
@@ -440,37 +385,40 @@ class HookCheckedCache:
     def stack_head_results(self, *args, **kwargs):
         layer = _bind(super().stack_head_results, args, kwargs).get("layer", -1)
         require_cache_layer(self, layer)
-        self.check_weights_unchanged("stack_head_results")
-        if self.hooked_at_run:
-            self._check_outputs("stack_head_results", layer, False, "attn")
-        return super().stack_head_results(*args, **kwargs)
+        with self._model_unchanged_through("stack_head_results"):
+            if self.hooked_at_run:
+                self._check_outputs("stack_head_results", layer, False, "attn")
+            return super().stack_head_results(*args, **kwargs)
 
     def stack_neuron_results(self, *args, **kwargs):
         bound = _bind(super().stack_neuron_results, args, kwargs)
         layer = bound.get("layer")
         require_cache_layer(self, layer)
-        if bound.get("apply_ln"):  # its fused path (project_output_onto) centres by the cfg without apply_ln_to_stack
-            _check_normalization_type(self, "stack_neuron_results", layer, False)
-        self.check_weights_unchanged("stack_neuron_results")
-        if self.hooked_at_run:
-            self._check_outputs("stack_neuron_results", layer, False, "mlp")
-        return super().stack_neuron_results(*args, **kwargs)
+        with self._model_unchanged_through("stack_neuron_results"):
+            if bound.get("apply_ln"):  # its fused path (project_output_onto) centres by the cfg, not apply_ln_to_stack
+                refuse_cfg_unlike_built(self.model, "stack_neuron_results",
+                                        stack_norm=(_target_layer(self.model, layer), False, False))
+            if self.hooked_at_run:
+                self._check_outputs("stack_neuron_results", layer, False, "mlp")
+            return super().stack_neuron_results(*args, **kwargs)
 
     def logit_attrs(self, *args, **kwargs):
         # TransformerLens' own reading of the tokens broadcast them against the stack (check_logit_tokens)
         bound = _bind(super().logit_attrs, args, kwargs)
-        self.check_weights_unchanged("logit_attrs")
-        for name in ("tokens", "incorrect_tokens"):
-            check_logit_tokens(self, name, bound.get(name), bound.get("residual_stack"), bound.get("batch_slice"),
-                               bound.get("has_batch_dim", True))
-        return super().logit_attrs(*args, **kwargs)
+        with self._model_unchanged_through("logit_attrs"):
+            for name in ("tokens", "incorrect_tokens"):
+                check_logit_tokens(self, name, bound.get(name), bound.get("residual_stack"), bound.get("batch_slice"),
+                                   bound.get("has_batch_dim", True))
+            return super().logit_attrs(*args, **kwargs)
 
     def apply_ln_to_stack(self, *args, **kwargs):
         # logit_attrs, decompose_resid(apply_ln=True) and the stacks' apply_ln all come through here
         bound = _bind(super().apply_ln_to_stack, args, kwargs)
         require_cache_layer(self, bound.get("layer"))
-        _check_normalization_type(self, "apply_ln_to_stack", bound.get("layer"), bound.get("mlp_input", False),
-                                  bool(bound.get("recompute_ln", False)))
+        self.refuse_model_changed("apply_ln_to_stack", weights=False)  # the stack is cached; the cfg is read now
+        refuse_cfg_unlike_built(self.model, "apply_ln_to_stack", stack_norm=(
+            _target_layer(self.model, bound.get("layer")), bound.get("mlp_input", False),
+            bool(bound.get("recompute_ln", False))))
         _check_scale_lines_up(self, bound)
         if self.hooked_at_run:
             if not bound.get("mlp_input", False):

@@ -1,0 +1,205 @@
+"""The adapter's one check that a TransformerLens model is still the model its numbers are read against.
+
+TransformerLens reads some ``cfg`` fields again at every call (``normalization_type``: whether the forward runs
+``ln_final`` and whether ``apply_ln_to_stack`` centres the stack; ``output_logits_soft_cap``: the forward's tanh cap;
+``clip_qkv``), and a cache's decompositions combine the cached activations with the weights as they are at the call.
+So a model edited after it was built, or after the run that filled a cache, was decomposed or explained as another
+model, without a word. Two references, one module:
+
+- since the run: :class:`ModelSnapshot` records those cfg fields and each weight's version when a cache is made
+  (``run_with_cache``); :meth:`ModelSnapshot.refuse_changes` refuses a decomposition once either changed.
+- since the build: :func:`refuse_cfg_unlike_built` refuses a cfg that no longer says what the built model does (a norm
+  module of another kind; an option make_explainable refused), which an edit before the run leaves in the snapshot too.
+
+TransformerLens 3.x and 4.x alike: only ``cfg`` fields, ``named_parameters`` and (3.x) its norm classes are read.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from bcos_plugins.errors import BcosValueError, argument_error
+
+__all__ = ["ModelSnapshot", "WeightVersion", "refuse_cfg_unlike_built", "weight_version", "weight_versions"]
+
+
+class WeightVersion(NamedTuple):
+    """What changes when a weight is written in place (``version``: its version counter; an inference tensor keeps
+    none), replaced (``pointer``: another storage, as after ``load_state_dict(assign=True)``), converted (``dtype``)
+    or moved (``device``). Writes that bypass the version counter (``weight.data.copy_``) are not seen."""
+
+    version: int | None
+    pointer: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+def weight_version(weight: Tensor) -> WeightVersion:
+    """``weight``'s :class:`WeightVersion` now."""
+    return WeightVersion(None if weight.is_inference() else weight._version, weight.data_ptr(), weight.dtype,
+                         weight.device)
+
+
+def weight_versions(model) -> dict[str, WeightVersion]:
+    """:func:`weight_version` of each of ``model``'s parameters, by name."""
+    return {name: weight_version(weight) for name, weight in model.named_parameters()}
+
+
+def _weight_changed(then: WeightVersion, now: WeightVersion, same_tensor: bool) -> bool:
+    """Whether a weight holds other values than when ``then`` was recorded (``same_tensor``: it is still the parameter
+    it was then). A move to another device (``.to(device)``) keeps the values, but the storage is new either way, so
+    the version counter tells an in-place write after the move: torch's ``Module.to`` keeps the parameter and its
+    counter (CPU <-> CUDA), or keeps the parameter with a fresh counter (``torch.__future__``'s swap mode), or makes a
+    new parameter, fresh too (its overwrite mode; a device whose tensors cannot take the old one's place, as ``meta``).
+    A write after the move leaves the counter at neither the old value nor 0, or a new parameter's above 0. The one
+    write not seen: a swap-mode move followed by exactly ``then.version`` writes."""
+    if now.dtype != then.dtype:
+        return True
+    if now.device == then.device:
+        return (now.version, now.pointer) != (then.version, then.pointer)
+    if now.version is None:
+        return False  # an inference tensor keeps no counter: a move is all that can be told
+    return now.version not in (then.version, 0) if same_tensor else now.version != 0
+
+
+_NORM_KIND = {"LN": "centre", "LNPre": "centre", "RMS": "scale", "RMSPre": "scale"}
+
+
+def _cap_in_force(cap) -> float | None:
+    """A soft-cap as TransformerLens applies it: only a positive value caps (-1, 0 and None mean none)."""
+    return cap if cap is not None and cap > 0 else None
+
+
+# the cfg fields TransformerLens reads again at each forward / decomposition, with what of each the numbers depend on
+# (LN and LNPre both centre; any cap <= 0 is none) and what it does there
+_READ_AT_EACH_CALL = {
+    "normalization_type": (_NORM_KIND.get, "whether the forward runs the final norm and whether apply_ln_to_stack "
+                           "centres the stack"),
+    "output_logits_soft_cap": (_cap_in_force, "the forward's tanh cap of the logits, which logit_attrs' sum lacks"),
+    "bcos_output_logits_soft_cap": (_cap_in_force, "the B-cos unembedding's cap of the logits"),
+}
+_ABSENT = object()
+
+
+@dataclass(frozen=True)
+class ModelSnapshot:
+    """The model as a cache's run saw it: the cfg fields TransformerLens reads again at each call, and each weight's
+    :class:`WeightVersion`. Taken when the cache is made; :meth:`refuse_changes` compares the model with it."""
+
+    cfg: dict[str, object]
+    weights: dict[str, WeightVersion]
+    parameters: dict[str, weakref.ref]  # which tensor each weight was (a move may make a new one), held weakly
+
+    @classmethod
+    def of(cls, model) -> ModelSnapshot:
+        cfg = getattr(model, "cfg", None)
+        fields = {name: getattr(cfg, name, _ABSENT) for name in _READ_AT_EACH_CALL}
+        parameters = dict(model.named_parameters())
+        return cls({name: value for name, value in fields.items() if value is not _ABSENT},
+                   {name: weight_version(weight) for name, weight in parameters.items()},
+                   {name: weakref.ref(weight) for name, weight in parameters.items()})
+
+    def refuse_changes(self, model, method: str, *, weights: bool = True) -> None:
+        """Refuse ``method`` (a decomposition of the cache) when a cfg field it reads changed what it does since the
+        run, or (``weights``: a decomposition that reads them) a weight changed: TransformerLens combines the cached
+        activations with the model as it is now, another one (an in-place edit of a head's W_O, as an ablation, made
+        the per-head results miss the cached attention output by 0.73 and logit_attrs the run's logits by 0.12 on a
+        tiny B-cos GPT-2; ``normalization_type = None`` after the run dropped the final norm from the stack)."""
+        cfg = getattr(model, "cfg", None)
+        for name, then in self.cfg.items():
+            now = getattr(cfg, name, then)
+            meaning, role = _READ_AT_EACH_CALL[name]
+            if meaning(then) != meaning(now):
+                raise argument_error(
+                    "cache", f"{method}: model.cfg.{name} was {then!r} at the run that filled it and is {now!r} now; "
+                    f"TransformerLens reads it again at each call ({role}), so the decomposition would not sum to what "
+                    "the run computed (wrong numbers)", f"Set model.cfg.{name} back to {then!r}, or run "
+                    "run_with_cache again after changing it", kind=BcosValueError)
+        if not weights:
+            return
+        now_weights = dict(model.named_parameters())
+        changed = [name for name, then in self.weights.items() if name in now_weights and _weight_changed(
+            then, weight_version(now_weights[name]), self.parameters[name]() is now_weights[name])]
+        if changed:
+            raise argument_error(
+                "cache", f"{method}: the model's weights changed since the run that filled it ({', '.join(changed[:4])}"
+                f"{' ...' if len(changed) > 4 else ''}: written in place, also after a move to another device, "
+                "replaced, or converted by .double() / .to(dtype)), and the decomposition combines the cached "
+                "activations with the weights as they are now, another model's (wrong numbers)", "Run run_with_cache "
+                "again after changing the weights, or decompose the cache before changing them", kind=BcosValueError)
+
+
+def _built_norm_kind(norm) -> str | None:
+    """What a built TransformerLens norm does to a stack: "centre" (LayerNorm, LayerNormPre: minus the mean, then the
+    scale), "scale" (RMSNorm, RMSNormPre) or None (another module: not judged)."""
+    try:  # TransformerLens 3.x's HookedTransformer norms; a bridge's norm components are none of them
+        from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
+    except ImportError:
+        return None
+    return "centre" if isinstance(norm, (LayerNorm, LayerNormPre)) else \
+        "scale" if isinstance(norm, (RMSNorm, RMSNormPre)) else None
+
+
+def _refuse_options_unlike_built(model, logits: bool) -> None:
+    """The options make_explainable refuses, set on the built model's cfg (``model.cfg.output_logits_soft_cap =
+    30.0``): TransformerLens reads ``output_logits_soft_cap`` and ``clip_qkv`` at every forward, so they bent its logits
+    and explain_logits' contributions missed the capped logit by 0.019 (0.006 the clipped one), without a word."""
+    from .config import check_explainable  # TransformerLens 3.x only, as its callers' models
+
+    try:
+        check_explainable(model.cfg, logits=logits)
+    except BcosValueError as error:
+        raise argument_error(
+            "model", "its cfg (model.cfg, changed after the model was built?) sets an option under which no "
+            f"explanation is exact: {str(error).rstrip('.')}", "Set that option back on model.cfg, or rebuild the "
+            "model (hooked_transformer_from_hf, BcosHookedTransformer)") from None
+
+
+def _refuse_normalization_unlike_built(model, method: str, target: int, mlp_input: bool, recompute_ln: bool) -> None:
+    """``cfg.normalization_type`` no longer saying what the norm a stack meets does: TransformerLens builds the norms
+    from it once, but its decompositions read it again at each call to decide whether to centre the stack, so an edit
+    after building (``model.cfg.normalization_type = "RMS"`` on a LayerNorm model, or the reverse) left the forward as
+    it was and made logit_attrs of decompose_resid miss the logit by 0.008 (B-cos GPT-2) / 0.054 (B-cos Llama), without
+    a word; ``None`` returned a block's stack without its norm. The norm is the final one (``target`` n_layers; the
+    forward skips it under ``None`` too, which stays consistent) or block ``target``'s ``ln1`` / ``ln2``
+    (``mlp_input``); other norm modules are not judged. ``recompute_ln`` at the final norm runs ``ln_final`` itself."""
+    cfg = model.cfg
+    final = target == cfg.n_layers
+    if final and (cfg.normalization_type is None or recompute_ln):
+        return  # the forward skips ln_final as well / the module itself normalises: the stack and the logits agree
+    if final:
+        norm = getattr(model, "ln_final", None)
+    else:
+        blocks = getattr(model, "blocks", None)
+        block = blocks[target] if blocks is not None and target < len(blocks) else None
+        norm = getattr(block, "ln2" if mlp_input else "ln1", None)
+    built = _built_norm_kind(norm)
+    said = _NORM_KIND.get(cfg.normalization_type)
+    if built is None or said == built:
+        return
+    raise argument_error(
+        "model", f"{method}: model.cfg.normalization_type is {cfg.normalization_type!r} (changed after the model was "
+        f"built?), but the norm the stack meets is a {type(norm).__name__}, which "
+        f"{'centres and scales' if built == 'centre' else 'scales without centring'}; TransformerLens reads the cfg "
+        f"to {'centre' if said == 'centre' else 'leave uncentred' if said else 'leave unnormalised'} the stack, so the "
+        "decomposition would not sum to what the forward computed (wrong numbers)",
+        f"Set model.cfg.normalization_type back to {'LN' if built == 'centre' else 'RMS'!r} (the norms do not change "
+        "with it), or rebuild the model with the norm you want", kind=BcosValueError)
+
+
+def refuse_cfg_unlike_built(model, method: str, *, explained_logits: bool | None = None,
+                            stack_norm: tuple[int, bool, bool] | None = None) -> None:
+    """Refuse a ``cfg`` edited after the model was built (before a run as well, so no run's snapshot shows it) where
+    the caller reads it: ``explained_logits`` (an explanation of an explainable HookedTransformer; False for a value
+    read inside the model, which a final-logit soft-cap leaves exact) judges the options make_explainable refuses,
+    ``stack_norm`` ``(target layer, mlp_input, recompute_ln)`` (a decomposition that normalises a stack) judges
+    ``normalization_type`` against the norm that stack meets. Each refusal names the field and the fix."""
+    if explained_logits is not None:
+        _refuse_options_unlike_built(model, explained_logits)
+    if stack_norm is not None:
+        _refuse_normalization_unlike_built(model, method, *stack_norm)
