@@ -617,8 +617,10 @@ def model_call_kwargs(model: nn.Module, spec: ArchitectureSpec, input_ids: Int[T
                              "Pass spec_for(model) (bcos_plugins.convert.architectures), or call rows_as_alone_call("
                              "model, input_ids, attention_mask), which looks it up", kind=BcosTypeError)
     forward_kwargs = {} if forward_kwargs is None else forward_kwargs
-    check_forward_kwargs(model, forward_kwargs)
+    # first: a cache under transformers' old name (past_key_values, which its forwards still read) was refused as an
+    # argument the forward "would silently ignore", naming neither the cause nor the fix
     _check_explained_output_kwargs(forward_kwargs)
+    check_forward_kwargs(model, forward_kwargs)
     _check_per_token_ids(model, spec, input_ids, forward_kwargs)
     kwargs = dict(forward_kwargs)
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
@@ -778,9 +780,13 @@ def refuse_stock_loaded_bcos(model: nn.Module, argument: str = "model") -> None:
     """Refuse a B-cos checkpoint loaded with plain transformers (``config.bcos`` but stock modules): it runs the
     stock model, so its logits, predictions, metrics and explanations are a conventional model's (``predict`` gave
     them, and ``perplexity`` scored them, silently)."""
-    if isinstance(getattr(getattr(model, "config", None), "bcos", None), dict) and not has_dynamic_weights(model):
+    record = getattr(getattr(model, "config", None), "bcos", None)
+    if isinstance(record, dict) and not has_dynamic_weights(model):
+        # loaded as another class than the one saved (a B-cos LlamaForCausalLM as a LlamaModel): named too
+        saved = record.get("architecture")
+        of = f", of a B-cos {saved}" if isinstance(saved, str) and saved != type(model).__name__ else ""
         raise BcosTypeError(
-            f"{argument}: {type(model).__name__} has B-cos settings in its config (config.bcos) but no B-cos "
+            f"{argument}: {type(model).__name__} has B-cos settings in its config (config.bcos{of}) but no B-cos "
             "modules: it was saved from a B-cos model and loaded with plain transformers, so it runs the stock model. "
             "Load it with bcos_plugins.load_bcos_model(path)."
         )

@@ -424,6 +424,12 @@ def spec_for(model: nn.Module) -> ArchitectureSpec:
     name = architecture_name(model)
     if name not in SPECS:
         raise UnsupportedModuleError(unsupported_message(model, name))
+    if converted and not isinstance(model, stock_class(name)):
+        # a B-cos save loaded with plain transformers as another class (a B-cos LlamaForCausalLM as a LlamaModel) was
+        # refused below as "a bare LlamaModel ... pass the LlamaForCausalLM itself", which is not the cause
+        from ..attribution.text import refuse_stock_loaded_bcos
+
+        refuse_stock_loaded_bcos(model)
     # bcosify swaps some classes for B-cos subclasses of the stock class (heads.py), hence isinstance after
     # conversion; bcosify itself checks the class by identity before converting.
     check_stock_class(model, name, exact=not converted)

@@ -1,0 +1,188 @@
+"""Trust pass 25, conversion, persistence and the registry families (BERT, DistilBERT, RoBERTa, GPT-2, Llama next to
+Mistral, Qwen2, Qwen3, Gemma 2, ModernBERT) under options that change the maths (tied embeddings, attention / MLP /
+norm biases, head_dim unlike hidden / heads, GQA with one key-value head, bilinear ``hidden_act="linear"``, rope
+scaling kinds), ``explain`` with a key-value cache, and a B-cos save loaded with plain transformers as another class.
+
+Unhelpful before:
+
+- ``explain(lm, ids, past_key_values=cache)`` was refused as "not an argument of LlamaForCausalLM.forward, which would
+  silently ignore it", though transformers 5 reads ``past_key_values`` as its deprecated name for ``cache``: the
+  refusal named no cause and no fix. It is now refused as ``cache=`` is (the earlier tokens' share would be missing).
+- A B-cos save loaded with plain transformers as another class than the one saved (a B-cos ``LlamaForCausalLM`` as a
+  ``LlamaModel`` or a ``LlamaForSequenceClassification``, a B-cos BERT classifier as a ``BertForMaskedLM``) was refused
+  by ``explain`` as "a bare LlamaModel ... Pass the LlamaForCausalLM itself" or "not transformers' LlamaForCausalLM ...
+  Build transformers.LlamaForCausalLM itself": neither is the cause. It is now named as a B-cos checkpoint loaded with
+  plain transformers, with ``load_bcos_model`` as the fix, as for the class it was saved as.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import transformers as T
+from conftest import MAX_POS, VOCAB, padded_rows
+from transformers.pytorch_utils import Conv1D
+
+from bcos_plugins import bcosify, explain, load_bcos_model
+from bcos_plugins.convert.architectures import SPECS, stock_class
+from bcos_plugins.errors import BcosTypeError, BcosValueError
+from bcos_plugins.nn import BcosLinear
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+B = 1.25
+
+
+def _rotary(config_class, **fields):
+    return config_class(**{**dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=64, max_position_embeddings=MAX_POS,
+                                  num_labels=3, pad_token_id=0, bos_token_id=2, eos_token_id=2), **fields})
+
+
+def _modernbert(**fields):
+    return T.ModernBertConfig(**{**dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, max_position_embeddings=MAX_POS, local_attention=4,
+                                        global_attn_every_n_layers=2, num_labels=3, pad_token_id=0, bos_token_id=2,
+                                        eos_token_id=2, cls_token_id=2, sep_token_id=2), **fields})
+
+
+def _build(name: str, config, seed: int = 0):
+    """The stock model ``name`` with random non-zero biases and norm gains off their initial value, in eval mode."""
+    torch.manual_seed(seed)
+    model = stock_class(name)(config).eval()
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param_name.endswith("bias"):
+                param.normal_(0, 0.2)
+            elif param.ndim == 1:
+                param.add_(torch.randn_like(param), alpha=0.2)
+    return model
+
+
+def _outputs(model, ids, mask=None, **kwargs):
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, **kwargs)
+    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+
+def _asked(spec) -> dict:
+    return {"target": 1} if spec.is_classifier else {"target": 7, "position": -1}
+
+
+# ------------------------------------------------------------------ a key-value cache passed under its old name
+
+
+@pytest.mark.parametrize("name, make", [
+    ("LlamaForCausalLM", lambda: _rotary(T.LlamaConfig)),
+    ("Gemma2ForCausalLM", lambda: _rotary(T.Gemma2Config, head_dim=8, final_logit_softcapping=2.0)),
+    ("GPT2LMHeadModel", lambda: T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=MAX_POS)),
+])
+@pytest.mark.parametrize("keyword", ["past_key_values", "cache"])
+def test_a_key_value_cache_is_refused_as_a_cache_under_either_name(name, make, keyword):
+    model = bcosify(_build(name, make()), b=B, verbose=False)
+    ids = torch.arange(5, 15)[None]
+    with torch.no_grad():
+        cache = model(input_ids=ids[:, :6], use_cache=True).cache
+    # transformers reads past_key_values (its old name for cache): the continuation's logits are the whole text's
+    with torch.no_grad():
+        continued = model(input_ids=ids[:, 6:], **{keyword: copy.deepcopy(cache)}).logits[0, -1]
+    torch.testing.assert_close(continued, _outputs(model, ids)[0, -1], rtol=1e-5, atol=1e-6)
+    # it was refused as "not an argument of ...forward, which would silently ignore it", naming neither cause nor fix
+    with pytest.raises(BcosValueError, match=rf"^{keyword}: holds keys and values of earlier tokens computed outside "
+                                             r"the explanation.*Pass the whole sequence \(the earlier tokens "
+                                             r"included\) as input_ids, without a cache"):
+        explain(model, ids[:, 6:], target=7, position=-1, **{keyword: copy.deepcopy(cache)})
+    # the fix: the whole text, explained completely, at the value the cached call computed
+    whole = explain(model, ids, target=7, position=-1)
+    torch.testing.assert_close(whole.explained[0], continued[7], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ a B-cos save loaded as another stock class
+
+
+@pytest.mark.parametrize("saved, make, loaded_as", [
+    ("LlamaForCausalLM", lambda: _rotary(T.LlamaConfig), "LlamaModel"),
+    ("LlamaForCausalLM", lambda: _rotary(T.LlamaConfig), "LlamaForSequenceClassification"),
+    ("ModernBertForSequenceClassification", lambda: _modernbert(classifier_pooling="mean"), "ModernBertModel"),
+    ("BertForSequenceClassification", lambda: T.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=MAX_POS, num_labels=3), "BertForMaskedLM"),
+])
+def test_a_bcos_save_loaded_as_another_stock_class_is_named_as_such_with_load_bcos_model_as_the_fix(
+        tmp_path, saved, make, loaded_as):
+    model = bcosify(_build(saved, make()), b=B, verbose=False)
+    model.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stock = getattr(T, loaded_as).from_pretrained(tmp_path).eval()
+    ids, mask = padded_rows([9, 5], 9, "right", seed=3)
+    asked = _asked(SPECS[loaded_as])
+    # it said "a bare LlamaModel ... Pass the LlamaForCausalLM itself" or "not transformers' LlamaForCausalLM ... Build
+    # transformers.LlamaForCausalLM itself": the model was a stock one either way, loaded from a B-cos save
+    with pytest.raises(BcosTypeError, match=rf"^model: {loaded_as} has B-cos settings in its config \(config\.bcos, "
+                                            rf"of a B-cos {saved}\) but no B-cos modules: it was saved from a B-cos "
+                                            r"model and loaded with plain transformers.*Load it with "
+                                            r"bcos_plugins\.load_bcos_model\(path\)"):
+        explain(stock, ids, mask, **asked)
+    loaded = load_bcos_model(tmp_path)
+    assert torch.equal(_outputs(loaded, ids, mask), _outputs(model, ids, mask))
+
+
+# ------------------------------------------------------------------ options that change the maths, at B = 1
+
+
+B1_CASES = {
+    "llama-tied-bilinear": ("LlamaForCausalLM", lambda: _rotary(T.LlamaConfig, tie_word_embeddings=True,
+                                                                hidden_act="linear")),
+    "llama-attention-and-mlp-bias": ("LlamaForCausalLM", lambda: _rotary(T.LlamaConfig, attention_bias=True,
+                                                                         mlp_bias=True)),
+    "llama-head-dim-16-one-kv-head": ("LlamaForSequenceClassification", lambda: _rotary(
+        T.LlamaConfig, head_dim=16, num_key_value_heads=1)),
+    "llama-llama3-rope": ("LlamaForCausalLM", lambda: _rotary(T.LlamaConfig, rope_parameters={
+        "rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8})),
+    "mistral-one-kv-head-window-3": ("MistralForCausalLM", lambda: _rotary(T.MistralConfig, num_key_value_heads=1,
+                                                                          head_dim=16, sliding_window=3)),
+    "qwen2-tied-one-kv-head": ("Qwen2ForCausalLM", lambda: _rotary(T.Qwen2Config, tie_word_embeddings=True,
+                                                                   num_key_value_heads=1)),
+    "qwen3-head-dim-16-bias": ("Qwen3ForCausalLM", lambda: _rotary(T.Qwen3Config, head_dim=16, attention_bias=True,
+                                                                   num_key_value_heads=1)),
+    "gemma2-head-dim-16-one-kv-head": ("Gemma2ForCausalLM", lambda: _rotary(
+        T.Gemma2Config, head_dim=16, num_key_value_heads=1, query_pre_attn_scalar=16, sliding_window=3)),
+    "gemma2-bilinear-classifier": ("Gemma2ForSequenceClassification", lambda: _rotary(
+        T.Gemma2Config, head_dim=8, hidden_activation="linear")),
+    "modernbert-norm-attention-mlp-bias": ("ModernBertForSequenceClassification", lambda: _modernbert(
+        norm_bias=True, attention_bias=True, mlp_bias=True, classifier_pooling="mean")),
+    "modernbert-three-heads-of-16": ("ModernBertModel", lambda: _modernbert(hidden_size=48, num_attention_heads=3)),
+    "gpt2-layer-scaled-upcast": ("GPT2LMHeadModel", lambda: T.GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=MAX_POS, scale_attn_by_inverse_layer_idx=True,
+        reorder_and_upcast_attn=True)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(B1_CASES))
+def test_at_b_1_each_familys_option_computes_the_stock_maths_on_unit_rows(case):
+    """The B-cos model at B = 1 is the stock model on the weights a B-cos layer uses (unit rows, the reported biases
+    at 0), whatever option of the configuration changes the maths; pins the registry families' swapped-in forwards
+    under options pass 24 did not cover."""
+    name, make = B1_CASES[case]
+    stock = _build(name, make())
+    model = bcosify(copy.deepcopy(stock), b=1.0, verbose=False)
+    dropped = set(model.bcos_report.dropped_biases)
+    with torch.no_grad():
+        for param_name, param in stock.named_parameters():
+            if param_name in dropped:
+                param.zero_()
+        for path, layer in model.named_modules():
+            if isinstance(layer, BcosLinear):
+                source = stock.get_submodule(path)
+                units = 0 if isinstance(source, Conv1D) else 1  # GPT-2's Conv1D stores (in, out): a unit is a column
+                source.weight.copy_(source.weight / source.weight.norm(dim=units, keepdim=True))
+    ids, mask = padded_rows([12, 8, 3], 12, "right", seed=7)
+    got, want = _outputs(model, ids, mask), _outputs(stock, ids, mask)
+    if got.dim() == 3:
+        got, want = got[mask.bool()], want[mask.bool()]
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
