@@ -11,7 +11,7 @@ from __future__ import annotations
 import numbers
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -211,37 +211,39 @@ def truncated_token_counts(tokenizer, texts: Sequence[str], pairs: Sequence[str]
     return counts
 
 
-# set inside a call that warns of its texts' truncation itself (truncation_warned): the calls it makes on the same
-# texts at the same max_length do not warn again
-_TRUNCATION_WARNED: ContextVar[bool] = ContextVar("_TRUNCATION_WARNED", default=False)
+# the one state of the truncation warning for the calls an entry point makes, set by the entry point around them:
+# None (each call warns under its own name), the name of the entry point the user called (truncation_named), or
+# _ALREADY_WARNED (truncation_warned: the entry point warned of the same texts itself). The outermost setting holds
+_ALREADY_WARNED = object()
+_TRUNCATION_WARNING: ContextVar[str | object | None] = ContextVar("_TRUNCATION_WARNING", default=None)
 
 
 @contextmanager
-def truncation_warned() -> Iterator[None]:
+def _truncation_warning(state: str | object) -> Iterator[None]:
+    """The calls inside warn under ``state`` (a name, or ``_ALREADY_WARNED``'s silence), unless an outer entry point
+    set one: the user called that one, so its name or silence holds for everything it runs. Silence holds inside a
+    name too (a teacher's ``predict`` inside the ``fine_tune_classifier`` stage of ``fine_tune_task_then_bcos``)."""
+    holds = _TRUNCATION_WARNING.get() is None or state is _ALREADY_WARNED
+    token = _TRUNCATION_WARNING.set(state) if holds else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _TRUNCATION_WARNING.reset(token)
+
+
+def truncation_warned() -> AbstractContextManager[None]:
     """Inside it, :func:`warn_of_truncated_texts` says nothing: the one way a call that warns of its texts' truncation
     keeps the calls it makes on the same texts from warning a second time (a teacher's ``predict`` inside
     ``fine_tune_classifier``, the B-cos stage of ``fine_tune_task_then_bcos`` after the conventional one)."""
-    token = _TRUNCATION_WARNED.set(True)
-    try:
-        yield
-    finally:
-        _TRUNCATION_WARNED.reset(token)
+    return _truncation_warning(_ALREADY_WARNED)
 
 
-# set by an entry point that runs another that warns (fine_tune_task_then_bcos's conventional stage is a
-# fine_tune_classifier): the warning names the function the user called, not the one inside it (truncation_named)
-_TRUNCATION_CALL: ContextVar[str | None] = ContextVar("_TRUNCATION_CALL", default=None)
-
-
-@contextmanager
-def truncation_named(call: str) -> Iterator[None]:
+def truncation_named(call: str) -> AbstractContextManager[None]:
     """Inside it, :func:`warn_of_truncated_texts` names ``call``, the entry point the user called, in place of the
-    function inside it that truncates (``fine_tune_task_then_bcos``'s stages are ``fine_tune_classifier`` calls)."""
-    token = _TRUNCATION_CALL.set(call)
-    try:
-        yield
-    finally:
-        _TRUNCATION_CALL.reset(token)
+    function inside it that truncates (``fine_tune_task_then_bcos``'s stages are ``fine_tune_classifier`` calls,
+    ``zero_shot_evaluation``'s ``predict_labels`` a ``predict`` call); an outer entry point's name holds."""
+    return _truncation_warning(call)
 
 
 def warn_of_truncated_texts(call: str, counts: Sequence[int | None], max_length: int | None, model: nn.Module,
@@ -256,7 +258,8 @@ def warn_of_truncated_texts(call: str, counts: Sequence[int | None], max_length:
     warning names the entry point the user called (:func:`truncation_named`) and points at the user's line (the
     first frame outside the package, :func:`~bcos_plugins._checks.caller_stacklevel`)."""
     truncated = [i for i, n in enumerate(counts) if n is not None]
-    if not truncated or _TRUNCATION_WARNED.get():
+    named = _TRUNCATION_WARNING.get()
+    if not truncated or named is _ALREADY_WARNED:
         return
     # which tokens were kept is the tokenizer's truncation_side (a left-truncating one keeps the last ones)
     side = getattr(tokenizer, "truncation_side", "right")
@@ -272,7 +275,7 @@ def warn_of_truncated_texts(call: str, counts: Sequence[int | None], max_length:
         fix = f"Pass max_length={model_limit} (the model's limit; the longest text has {longest} tokens), or split the texts"
     else:  # cut at the model's limit already: no max_length keeps more
         fix = f"The model reads at most {model_limit} tokens (the longest text has {longest}): split the texts"
-    call = _TRUNCATION_CALL.get() or call
+    call = named or call
     warnings.warn(f"{call}: {len(truncated)} text(s) {truncated[:8]} have more than max_length={limit} tokens: each "
                   f"is {outcome} {kept_tokens}, as the tokenizer's truncation_side={side!r} cuts; the rest is left "
                   f"out{marked}). {fix}", UserWarning, stacklevel=caller_stacklevel())

@@ -228,6 +228,10 @@ def train_causal_lm(
     ``label_smoothing_factor`` set, the loss is the smoothed cross-entropy of the shifted labels
     (:func:`shifted_cross_entropy_loss`, exact under ``gradient_accumulation_steps``), and ``eval_loss`` keeps the
     ``Trainer``'s per-batch weighting.
+
+    A model whose ``loss_type`` is ``None`` (GPT-2's: its class name holds no loss name) trains under
+    ``"ForCausalLM"``, the loss transformers falls back to, without transformers' "unrecognized" warning, and gets its
+    ``None`` back when the call ends (the same losses; a later loss of the model warns as transformers warns).
     """
     from transformers import Trainer
 
@@ -271,17 +275,23 @@ def train_causal_lm(
     smoothing = args.label_smoothing_factor
     # transformers names a model's loss from its class name, and GPT2LMHeadModel's holds none: its loss_type was None,
     # so its first loss warned "`loss_type=None` was set in the config but it is unrecognized" and fell back to
-    # ForCausalLMLoss, the loss trained here. The Trainer reads it too (a causal LM's labelled tokens counted over
-    # labels[..., 1:]; the same count here, as the collator gives every row's first label -100)
-    if getattr(model, "loss_type", "") is None:
+    # ForCausalLMLoss, the loss trained here. The Trainer reads it too, when built (a causal LM's labelled tokens
+    # counted over labels[..., 1:]; the same count here, as the collator gives every row's first label -100). Set for
+    # the call only: the user's model gets its None back afterwards (also on an error), as transformers built it
+    unnamed_loss = getattr(model, "loss_type", "") is None
+    if unnamed_loss:
         model.loss_type = "ForCausalLM"
-    loss_func = functools.partial(shifted_cross_entropy_loss, label_smoothing=smoothing) if smoothing else None
-    trainer = _token_weighted_eval_trainer(Trainer)(model=model, args=args, train_dataset=train_dataset,
-                                                   eval_dataset=eval_dataset, data_collator=collator,
-                                                   callbacks=callbacks, compute_loss_func=loss_func)
-    # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
-    # scripts"): passed through **training_args it started the run afresh without a word
-    train_handing_back_own_forward(trainer, model, args.resume_from_checkpoint)
+    try:
+        loss_func = functools.partial(shifted_cross_entropy_loss, label_smoothing=smoothing) if smoothing else None
+        trainer = _token_weighted_eval_trainer(Trainer)(model=model, args=args, train_dataset=train_dataset,
+                                                       eval_dataset=eval_dataset, data_collator=collator,
+                                                       callbacks=callbacks, compute_loss_func=loss_func)
+        # TrainingArguments keeps resume_from_checkpoint without acting on it ("intended to be used by your training
+        # scripts"): passed through **training_args it started the run afresh without a word
+        train_handing_back_own_forward(trainer, model, args.resume_from_checkpoint)
+    finally:
+        if unnamed_loss:
+            model.loss_type = None
     model.eval()
     return trainer
 

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from .._checks import require_same_shape, require_tensor
+from .._checks import require_available_device, require_same_shape, require_tensor
 from ..errors import argument_error
 
 __all__ = ["BilinearWeights", "augment_input", "require_bias_free"]
@@ -147,7 +147,15 @@ class BilinearWeights:
         return BilinearWeights(W_aug, V_aug, P_aug)
 
     def to(self, *args, **kwargs) -> BilinearWeights:
-        """Move/cast every tensor (``Tensor.to`` arguments)."""
+        """Move/cast every tensor (``Tensor.to`` arguments). A device this machine lacks is refused naming ``device``
+        and the available ones (the package's one device check, as ``TokenExplanation.to``): torch's refusal, "Torch
+        not compiled with CUDA enabled" (an AssertionError), named neither."""
+        # Tensor.to's forms: to(device, dtype, ...), to(dtype, ...), to(other_tensor, ...), or device= / dtype= alone
+        first = args[0] if args else None
+        device = kwargs.get("device", first if isinstance(first, str | torch.device | int)
+                            and not isinstance(first, bool) else None)
+        if device is not None:
+            require_available_device("device", device)
         moved = {name: (None if getattr(self, name) is None else getattr(self, name).to(*args, **kwargs))
                  for name in ("W", "V", "P", "w_bias", "v_bias", "hidden_bias", "out_bias")}
         return replace(self, **moved)

@@ -35,7 +35,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._checks import require_bool, require_real_tokens, require_same_shape, require_tensor
+from .._checks import (
+    require_available_device,
+    require_bool,
+    require_real_tokens,
+    require_same_shape,
+    require_tensor,
+)
 from ..attribution.results import relative_completeness_error
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
@@ -255,18 +261,14 @@ def measure_cost(fn: Callable[..., Any], *args, device: str | torch.device | Non
     if not callable(fn):
         raise argument_error("fn", f"must be callable, got {type(fn).__name__}", "Pass the function to measure",
                              kind=BcosTypeError)
-    # checked here, naming device: CUDA without CUDA failed inside torch (an AssertionError), an unknown type with
-    # torch's list of types, and any other type (meta) was measured as the CPU process under that device's name
-    try:
-        dev = torch.device(device) if device is not None else torch.device(
-            "cuda" if torch.cuda.is_available() else "cpu")
-    except (RuntimeError, TypeError):
-        raise argument_error("device", f"is {device!r}, not a device", "Pass 'cpu', 'cuda' or 'cuda:<index>'") from None
+    # the package's one device check, naming device: CUDA without CUDA failed inside torch (an AssertionError), an
+    # unknown type with torch's list of types, and a CUDA index past the machine's GPUs inside torch.cuda
+    dev = (require_available_device("device", device) if device is not None
+           else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    # any other type (meta, mps) was measured as the CPU process under that device's name
     if dev.type not in ("cpu", "cuda"):
         raise argument_error("device", f"is {str(dev)!r}; measure_cost measures the CPU or a CUDA device",
                              "Pass 'cpu' or 'cuda', where the measured call runs")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise argument_error("device", "is cuda but CUDA is not available on this machine", "Pass 'cpu' (or leave it out)")
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         base = torch.cuda.memory_allocated(dev)

@@ -21,6 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from .._checks import require_bool
 from ..errors import BcosTypeError, BcosValueError, argument_error
 from . import triton_linear as _triton_linear
 from .dynamic import DynamicWeightModule, parameter_gradients_unused
@@ -72,18 +73,15 @@ def recorded_pressure(stored: Tensor, *recorded: float) -> float:
 def check_no_bias(bias) -> None:
     """``bias`` of a B-cos layer (kept so that ``nn.Linear`` / ``nn.Conv2d`` calls carry over): ``False`` only.
 
-    A bias adds a term that is not ``W(x) x``, so the explanation ``W(x) x`` would no longer sum to the output.
+    A bias adds a term that is not ``W(x) x``, so the explanation ``W(x) x`` would no longer sum to the output. The
+    flag is read by the package's one rule for flags (:func:`~bcos_plugins._checks.require_bool`: the Python bools
+    only, NumPy's refused naming ``bool(bias)``), then ``True`` is refused saying why.
     """
-    # NumPy's bool (a flag read from an array or a NumPy config) is not a bool subclass
-    if isinstance(bias, bool) or (type(bias).__module__ == "numpy" and type(bias).__name__ in ("bool", "bool_")):
-        if not bias:
-            return
+    if require_bool("bias", bias, fix="Pass bias=False or leave it out (B-cos layers have no bias)"):
         raise argument_error("bias", "B-cos layers have no bias, got bias=True: a bias adds a term outside W(x)x, "
                              "so the explanation W(x)x would no longer sum to the output",
                              "Pass bias=False or leave it out (from_linear drops a pretrained bias)",
                              kind=BcosValueError)
-    raise argument_error("bias", f"must be False (B-cos layers have no bias), got {bias!r}",
-                         "Pass bias=False or leave it out", kind=BcosTypeError)
 
 
 def check_constant_outputs(value, units: int | None = None) -> slice | None:
