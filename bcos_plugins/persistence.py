@@ -179,8 +179,9 @@ def weight_files(path: str, local: bool, variant: str | None = None, hub: dict |
                 "Pass the variant the model was saved with (save_pretrained(folder, variant=...)), or leave variant "
                 "out to load model.safetensors", kind=BcosFileError)
         other = [n for n in ("pytorch_model.bin", "model.pt") if find(n)]
-        hint = (f" It holds {other[0]}: load it with transformers and save it again with "
-                "save_pretrained(folder) (safetensors)") if other else ""
+        # the config holds config.bcos here: loading the file with transformers and saving it again (the fix it named)
+        # drops each layer's stored B and gives the stock biases back, a folder this load then refuses
+        hint = f" It holds {other[0]}: {_pickled_weights_fix(os.path.join(path, other[0]), path)}" if other else ""
         raise BcosFileError(f"path: {path} has no model.safetensors (load_bcos_model reads safetensors only)."
                             f"{hint or ' Save the model with model.save_pretrained(folder)'}.")
     for file in files:
@@ -197,6 +198,17 @@ def weight_files(path: str, local: bool, variant: str | None = None, hub: dict |
             raise BcosFileError(f"path: the weight file {file} is damaged or truncated ({err}). Save the model "
                                 "again with save_pretrained, or copy the file again.") from None
     return files
+
+
+def _pickled_weights_fix(file: str, folder: str) -> str:
+    """How a B-cos state dict saved with ``torch.save`` (``pytorch_model.bin``) becomes a folder :func:`load_bcos_model`
+    reads: its tensors written as safetensors as they are, each layer's ``bcos_b`` included. Loading it with
+    transformers' ``from_pretrained`` and saving it again, the fix the refusals named, loads the stock class, which drops
+    every ``bcos_b`` entry and starts the biases B-cos removed afresh: a folder the load then refuses."""
+    return (f"write its tensors as safetensors, each layer's bcos_b entry included: safetensors.torch.save_file("
+            f"{{k: v.clone() for k, v in torch.load({file!r}).items()}}, {os.path.join(folder, SINGLE_WEIGHTS)!r}, "
+            "metadata={'format': 'pt'}) (loading it with transformers' from_pretrained and saving it again would drop "
+            "each layer's B)")
 
 
 def stored_pressures(files: list[str], keys: set[str] | None = None,
@@ -474,8 +486,8 @@ _SET_BY_LOAD = {
     "use_safetensors": (
         "load_bcos_model passes use_safetensors=True itself: it reads safetensors only, after checking that each "
         "weight file is there and complete",
-        "Leave use_safetensors out; a checkpoint saved as pytorch_model.bin loads with transformers' from_pretrained, "
-        "and model.save_pretrained(folder) writes it again as safetensors"),
+        "Leave use_safetensors out; a checkpoint saved as pytorch_model.bin loads with load_bcos_model once you "
+        + _pickled_weights_fix("folder/pytorch_model.bin", "folder")),
     "output_loading_info": (
         "load_bcos_model reads the loading info itself, refuses a load with a missing, unexpected or mismatched "
         "weight (the biases B-cos removes aside) and returns the model alone",

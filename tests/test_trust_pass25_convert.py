@@ -28,7 +28,7 @@ from transformers.pytorch_utils import Conv1D
 
 from bcos_plugins import bcosify, explain, load_bcos_model
 from bcos_plugins.convert.architectures import SPECS, stock_class
-from bcos_plugins.errors import BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosFileError, BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLinear
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -186,3 +186,38 @@ def test_at_b_1_each_familys_option_computes_the_stock_maths_on_unit_rows(case):
     if got.dim() == 3:
         got, want = got[mask.bool()], want[mask.bool()]
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ a B-cos state dict saved with torch.save
+
+
+@pytest.mark.parametrize("name, make", [
+    ("LlamaForCausalLM", lambda: _rotary(T.LlamaConfig, tie_word_embeddings=True)),
+    ("BertForSequenceClassification", lambda: T.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=MAX_POS, num_labels=3)),
+])
+def test_a_bcos_pytorch_model_bin_is_refused_with_a_fix_that_loads_it_as_saved(tmp_path, name, make):
+    from safetensors.torch import save_file
+
+    model = bcosify(_build(name, make()), b=B, verbose=False)
+    model.save_pretrained(tmp_path)
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    (tmp_path / "model.safetensors").unlink()
+    bin_file = str(tmp_path / "pytorch_model.bin")
+    # it said "load it with transformers and save it again with save_pretrained(folder)": that loads the stock class,
+    # which drops every layer's bcos_b and starts the removed biases afresh, a folder the load refuses
+    with pytest.raises(BcosFileError, match=r"It holds pytorch_model\.bin: write its tensors as safetensors, each "
+                                            r"layer's bcos_b entry included: safetensors\.torch\.save_file\("):
+        load_bcos_model(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stock = getattr(T, name).from_pretrained(tmp_path)
+    stock.save_pretrained(tmp_path / "resaved")
+    with pytest.raises(BcosValueError, match=r"B-cos layers without a stored B|holds \d+ bias\(es\)"):
+        load_bcos_model(tmp_path / "resaved")
+    # the fix the message names, as written there
+    save_file({k: v.clone() for k, v in torch.load(bin_file).items()}, str(tmp_path / "model.safetensors"),
+              metadata={"format": "pt"})
+    ids, mask = padded_rows([9, 5], 9, "right", seed=3)
+    assert torch.equal(_outputs(load_bcos_model(tmp_path), ids, mask), _outputs(model, ids, mask))
