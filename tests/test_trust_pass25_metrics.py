@@ -222,3 +222,76 @@ def test_perturbation_metrics_read_float32_fractions_as_the_decimals_they_stand_
     result = pixel_perturbation(forward, images, maps, 0, fractions=make([0.0, 0.7]), score="logit")
     assert result.fractions == (0.0, 0.7)
     assert result.least_first[0].tolist() == [31.0, 30.0] and result.most_first[0].tolist() == [31.0, 0.0]
+
+
+# ------------------------------------------------------------------ perturbation curves: regression heads, padding, length
+
+
+def test_perturbation_curves_of_a_regression_head_track_the_predicted_value():
+    """A regression head (``num_labels=1``, ``config.problem_type="regression"``, which transformers also sets when a
+    one-logit model is trained on float labels) predicts a value, not a class. Its softmax was refused with the fix
+    ``probability='sigmoid'``, which squashes the value (a drop of 0.3 in a value of 3 read 0.01) and tracks no quantity
+    the head predicts. Such a head's curves now track the value itself by default (``probability="logit"``, also
+    selectable for any model), by hand; a one-logit classifier without that problem type keeps the refusal, which now
+    names both fixes."""
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.metrics import perturbation_curves
+
+    torch.manual_seed(0)
+    config = tiny_config("bert", num_labels=1)
+    config.problem_type = "regression"
+    model = bcosify(T.BertForSequenceClassification(config), verbose=False).eval().double()
+    ids, mask = padded_rows([7, 5], 8, "right", seed=0)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    special[:, 0] = True
+    explanation = explain(model, ids, mask)
+    curves = perturbation_curves(model, ids, mask, explanation, special_tokens=special, fractions=(0.5,))
+    # by hand, row 0 alone: 6 perturbable tokens, the top 3 by contribution removed through the attention mask
+    row = ids[:1, :7]
+    top = explanation.contributions[0, 1:7].argsort(descending=True, stable=True)[:3] + 1
+    kept = torch.ones_like(row)
+    kept[0, top] = 0
+    with torch.no_grad():
+        full = model(input_ids=row, attention_mask=torch.ones_like(row)).logits[0, 0]
+        removed = model(input_ids=row, attention_mask=kept).logits[0, 0]
+    assert float(curves.full_probability[0]) == pytest.approx(float(full), abs=1e-12)
+    assert float(curves.comprehensiveness[0, 0]) == pytest.approx(float(full - removed), abs=1e-12)
+    explicit = perturbation_curves(model, ids, mask, explanation, special_tokens=special, fractions=(0.5,),
+                                   probability="logit")
+    torch.testing.assert_close(explicit.comprehensiveness, curves.comprehensiveness, rtol=0, atol=0)
+    model.config.problem_type = None  # a one-logit classifier of unknown kind: its softmax is refused, both fixes named
+    with pytest.raises(BcosValueError, match=r"Pass probability='sigmoid' for a binary classifier with one logit, or "
+                                             r"probability='logit' for a regression head"):
+        perturbation_curves(model, ids, mask, explanation.contributions, special_tokens=special, fractions=(0.5,))
+
+
+def test_perturbation_curves_ignore_a_nan_at_padding_and_name_ids_longer_than_the_position_table():
+    """Attributions with NaN at the padding (never ranked or removed; a padding token's NaN embedding through Captum's
+    methods) were refused as "contain NaN or inf in row [1]", where the entropy and now SeqPG take them: they score as
+    the attributions without them now. Ids longer than the model's position table failed inside it with torch's "index
+    40 is out of bounds for dimension 1"; they are refused naming ``input_ids``, the limit and the fix, as ``explain``
+    refuses them."""
+    from bcos_plugins import bcosify
+    from bcos_plugins.metrics import perturbation_curves
+
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(tiny_config("bert")), verbose=False).eval().double()
+    ids, mask = padded_rows([7, 5], 8, "right", seed=0)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    special[:, 0] = True
+    scores = torch.randn(2, 8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    scores[~mask.bool()] = 0.0
+    broken = scores.clone()
+    broken[1, 6] = float("nan")  # row 1's padding
+    clean = perturbation_curves(model, ids, mask, scores, special_tokens=special, fractions=(0.2, 0.5))
+    taken = perturbation_curves(model, ids, mask, (broken,), special_tokens=special, fractions=(0.2, 0.5))
+    torch.testing.assert_close(taken.comprehensiveness, clean.comprehensiveness, rtol=0, atol=0)
+    torch.testing.assert_close(taken.sufficiency, clean.sufficiency, rtol=0, atol=0)
+    broken[1, 2] = float("nan")  # a real token's
+    with pytest.raises(BcosValueError, match=r"attributions: contain NaN or inf in row \[1\]"):
+        perturbation_curves(model, ids, mask, broken, special_tokens=special, fractions=(0.5,))
+    long = torch.randint(1, 50, (2, 44))
+    with pytest.raises(BcosValueError, match=r"^input_ids: has 44 positions but the model has only 40 "
+                                             r"\(config.max_position_embeddings.*Truncate the inputs to 40 tokens"):
+        perturbation_curves(model, long, torch.ones_like(long), torch.randn(2, 44), special_tokens=torch.zeros_like(
+            long, dtype=torch.bool), fractions=(0.5,))

@@ -7,7 +7,8 @@ tokens (real, non-special), the top ``k = max(1, int(n * p))`` tokens by *signed
 - kept alone:  ``suff_p = P(y | x) - P(y | top-k and special tokens only)``   (lower = more faithful),
 
 with y the class predicted on the full input (or a given target) and P the softmax probability (the sigmoid for a
-multi-label classifier, ``config.problem_type == "multi_label_classification"``). The curves of a contrastive
+multi-label classifier, ``config.problem_type == "multi_label_classification"``; the output itself for a regression
+head, ``"regression"``, or with ``probability="logit"``). The curves of a contrastive
 explanation of the package (``explain(..., foil=)``, which ranks evidence for ``target - foil``) track the contrast it
 explains, ``P(y | .) - P(foil | .)`` (:func:`~bcos_plugins.metrics.probability_gap`'s quantity) in place of
 ``P(y | .)``.
@@ -67,11 +68,18 @@ from ..attribution.text import (
     registry_spec,
     rows_as_alone_call,
 )
-from ..convert.architectures import vocabulary_size
+from ..convert.architectures import position_limit, vocabulary_size
 from ..errors import BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
-from .attributions import perturbable_mask, share_as_written, share_counts, token_scores
+from .attributions import (
+    numbers_as_one_tensor,
+    perturbable_mask,
+    share_as_written,
+    share_counts,
+    token_scores,
+)
+from .summary import _masked_positions_zeroed
 
 __all__ = ["DEFAULT_FRACTIONS", "PerturbationCurves", "aopc", "perturbation_curves", "top_k_masks"]
 
@@ -122,7 +130,7 @@ class PerturbationCurves:
         sufficiency: ``(batch, n_fractions)`` probability drops with only the top-k tokens kept.
         fractions: the p values.
         full_probability: ``P(y | x)`` on the unperturbed input, ``(batch,)`` (``P(y | x) - P(foil | x)`` for a
-            contrastive explanation).
+            contrastive explanation; the logit with ``probability="logit"``).
         target: the class y per example.
         k: ``(batch, n_fractions)`` number of tokens perturbed.
         foil: the foil class per example of a contrastive explanation (its curves track ``P(y) - P(foil)``), else
@@ -350,7 +358,14 @@ def _probabilities(model: Callable, call: dict, probability: str, examples: Sequ
     """The class probabilities of ``model(**call)``; ``examples``: the explained example each row of the call is a
     (perturbed) copy of, named where its logits are NaN or infinite."""
     logits = _class_logits(model, call, examples)
-    return logits.softmax(-1) if probability == "softmax" else logits.sigmoid()
+    return _as_probability(logits, probability)
+
+
+def _as_probability(logits: Tensor, probability: str) -> Tensor:
+    """The tracked value of class ``logits`` as ``probability`` says: softmax, sigmoid, or the logit itself."""
+    if probability == "softmax":
+        return logits.softmax(-1)
+    return logits.sigmoid() if probability == "sigmoid" else logits
 
 
 def _class_logits(model: Callable, call: dict, examples: Sequence[int], widen: bool = True) -> Tensor:
@@ -439,7 +454,7 @@ def perturbation_curves(
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     masking: Literal["attention", "mask_token"] = "attention",
     mask_token_id: int | None = None,
-    probability: Literal["softmax", "sigmoid"] | None = None,
+    probability: Literal["softmax", "sigmoid", "logit"] | None = None,
     batch_size: int = 64,
     reduce: str = "sum",
     **forward_kwargs,
@@ -477,10 +492,11 @@ def perturbation_curves(
         masking: ``"attention"`` (remove via attention mask, the paper code's choice) or ``"mask_token"``.
         mask_token_id: for ``masking="mask_token"``; default ``tokenizer.mask_token_id``. A registry decoder
             classifier's ``config.pad_token_id`` is refused (the classifier reads the last token whose id is not it).
-        probability: ``"softmax"`` (as in ERASER and the paper) or ``"sigmoid"``; default (``None``) what the
+        probability: ``"softmax"`` (as in ERASER and the paper), ``"sigmoid"`` or ``"logit"``; default (``None``) what the
             model's ``config.problem_type`` implies: ``"sigmoid"`` for ``"multi_label_classification"`` (whose classes'
             probabilities are sigmoids: the softmax tracked a share among the classes, which removing evidence of
-            another class raised, silently), else ``"softmax"``.
+            another class raised, silently), ``"logit"`` (the output itself: the drop of the predicted value) for
+            ``"regression"`` (a one-logit head trained on values; its sigmoid squashed the value), else ``"softmax"``.
         batch_size: perturbed inputs per forward pass.
         reduce: how embedding-level attributions become token scores (``"sum"``, the paper's choice).
         **forward_kwargs: extra per-example tensors for the model (e.g. ``token_type_ids``).
@@ -489,11 +505,14 @@ def perturbation_curves(
         raise argument_error("masking", f"masking must be 'attention' or 'mask_token', got {masking!r}",
                              "Pick one of those")
     if probability is None:
-        multi_label = getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification"
-        probability = "sigmoid" if multi_label else "softmax"
-    if probability not in ("softmax", "sigmoid"):
-        raise argument_error("probability", f"probability must be 'softmax' or 'sigmoid', got {probability!r}",
-                             "Pick one of those")
+        problem = getattr(getattr(model, "config", None), "problem_type", None)
+        # a regression head (config.problem_type "regression", which transformers also sets when a one-logit model is
+        # trained on float labels) predicts the value itself: its softmax was refused, suggesting the sigmoid, which
+        # squashed a value of 3.5 to 0.97 and its drops to almost nothing, silently
+        probability = {"multi_label_classification": "sigmoid", "regression": "logit"}.get(problem, "softmax")
+    if probability not in ("softmax", "sigmoid", "logit"):
+        raise argument_error("probability", f"probability must be 'softmax', 'sigmoid' or 'logit', got "
+                             f"{probability!r}", "Pick one of those")
     if not callable(model):
         raise argument_error("model", f"must be callable, got {type(model).__name__}", "Pass the classifier",
                              kind=BcosTypeError)
@@ -512,8 +531,12 @@ def perturbation_curves(
                                     maximum=None if vocab is None else vocab - 1)
     batch_size = require_int("batch_size", batch_size, minimum=1)
     fractions = check_fractions(fractions)
+    # ids past the model's position table failed inside it with torch's "index 40 is out of bounds for dimension 1",
+    # naming no argument: refused here as explain and next_token_contrast refuse them
+    limit = position_limit(model) if isinstance(model, nn.Module) else None
     input_ids, attention_mask = require_token_batch(
-        input_ids, attention_mask, vocab_size=vocab,
+        input_ids, attention_mask, vocab_size=vocab, max_length=limit.max_length if limit is not None else None,
+        limit_name=limit.source if limit is not None else None,
         **unmasked_padding_keywords(getattr(model, "config", None), attention_mask))
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     spec = registry_spec(model)
@@ -535,7 +558,12 @@ def perturbation_curves(
                              "masking='attention'")
     # refuses left padding before a classifier reads the first column; position ids of the unperturbed rows
     call = rows_as_alone_call(model, input_ids, mask, forward_kwargs, spec=spec)
-    scores = token_scores(attributions, reduce=reduce).to(input_ids.device)
+    # a NaN or inf at a padding position (never ranked or removed: a padding token's NaN embedding through Captum's
+    # methods) was refused as a real token's; zeroed with the rest of the padding, as explanation_entropy and
+    # seqpg_score take it
+    given = attributions if attention_mask is None or hasattr(attributions, "input_contributions") \
+        else _masked_positions_zeroed(numbers_as_one_tensor(attributions), attention_mask)
+    scores = token_scores(given, reduce=reduce).to(input_ids.device)
     require_same_shape("attributions", scores, "input_ids", input_ids,
                        "Attribute the same batch at the token (embedding) level (the shape is that of the token "
                        "scores, the attributions summed over the embedding)")
@@ -552,8 +580,9 @@ def perturbation_curves(
         # binary one trained with a sigmoid) was 0, every method's AOPC 0, silently
         raise argument_error("probability", f"is 'softmax', but {type(model).__name__} returns one logit per row, "
                              "whose softmax is 1 whatever the input (every curve would be 0)",
-                             "Pass probability='sigmoid' for a binary classifier with one logit")
-    full = full_logits.softmax(-1) if probability == "softmax" else full_logits.sigmoid()
+                             "Pass probability='sigmoid' for a binary classifier with one logit, or "
+                             "probability='logit' for a regression head (the predicted value itself)")
+    full = _as_probability(full_logits, probability)
     if not isinstance(model, nn.Module):
         # eval mode cannot reach a model inside a function: in training mode (dropout) every perturbed row was scored
         # by another random network, so the curves were noise; the unperturbed rows are scored a second time
