@@ -81,8 +81,9 @@ def _bert(hidden: int, layers: int, heads: int, intermediate: int, vocab: int = 
 
 
 def _gpt2(hidden: int, layers: int, heads: int, vocab: int = 50257) -> T.GPT2Config:
+    # GPT-2's end of text (its BOS and EOS) is its last id: 50256 in the full vocabulary, inside a quick one too
     return T.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=1024,
-                        num_labels=2, pad_token_id=0)
+                        num_labels=2, pad_token_id=0, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
 
 
 def _llama(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,

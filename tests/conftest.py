@@ -51,8 +51,9 @@ def tiny_config(family: str, num_labels: int = 3):
                                intermediate_size=64, max_position_embeddings=MAX_POS + 2, num_labels=num_labels,
                                pad_token_id=1)
     if family == "gpt2":
+        # bos = eos = 2 (GPT-2's end of text is one id), inside the vocabulary like the other families' special ids
         return T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=MAX_POS,
-                            n_ctx=MAX_POS, num_labels=num_labels, pad_token_id=0)
+                            n_ctx=MAX_POS, num_labels=num_labels, pad_token_id=0, bos_token_id=2, eos_token_id=2)
     if family == "llama":
         return T.LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, intermediate_size=64, max_position_embeddings=MAX_POS,
