@@ -170,3 +170,40 @@ def test_a_decomposition_compares_the_weights_with_the_run_once(monkeypatch, cal
     with pytest.raises(BcosValueError, match=r"blocks\.1\.mlp\.W_out"):
         call(cache)
     assert len(compared) == 1
+
+
+# --------------------------------------------------------------- 4. a bridge's normalization_type edited before the run
+
+
+@pytest.mark.parametrize("name, edited", [("GPT2LMHeadModel", "RMS"), ("LlamaForCausalLM", "LN"),
+                                          ("GPT2LMHeadModel", None)])
+def test_a_bridges_normalization_type_edited_before_the_run_is_refused(name, edited):
+    """A bridge's forward runs the transformers model's own norms and never reads ``cfg.normalization_type``, but
+    TransformerLens' apply_ln_to_stack does (whether to centre; ``None``: no norm at all), and the "changed after
+    building" check judged only a HookedTransformer's norm classes: an edit before the run (which the run's snapshot
+    holds too) left logit_attrs of decompose_resid 0.043 (GPT-2 set to RMS), 0.082 (Llama set to LN) and 0.072 (GPT-2
+    set to None) off the run's logits, without a word. Refused naming the field, the wrapped norm and the fix."""
+    from bcos_plugins.adapters.transformer_lens import transformer_bridge_from_hf
+
+    if (name, True) not in _BUILT:
+        _BUILT[name, True] = bcosify(_stock(name), b=B, verbose=False).eval()
+    bridge = transformer_bridge_from_hf(_BUILT[name, True])
+    original = bridge.cfg.normalization_type
+    logits, cache = bridge.run_with_cache(TOKENS)
+    torch.testing.assert_close(cache.logit_attrs(cache.decompose_resid(), tokens=3).sum(0), logits[..., 3],
+                               atol=1e-5, rtol=0)
+    bridge.cfg.normalization_type = edited
+    logits, cache = bridge.run_with_cache(TOKENS)
+    # what TransformerLens' own sum gives now, without the check: not the run's logits
+    from transformer_lens import ActivationCache
+
+    unchecked = ActivationCache(cache.cache_dict, bridge).logit_attrs(cache.decompose_resid(), tokens=3).sum(0)
+    assert (unchecked - logits[..., 3]).abs().max() > 1e-2
+    wrapped = "BcosLayerNorm" if original == "LN" else "DetachableRMSNorm"
+    refusal = rf"^model: apply_ln_to_stack: model\.cfg\.normalization_type is {edited!r} \(changed after the model " \
+              rf"was built\?\), but the norm the stack meets is a \w+ \({wrapped}\).*Set model\.cfg\.normalization_type " \
+              rf"back to '{original}'"
+    with pytest.raises(BcosValueError, match=refusal):
+        cache.logit_attrs(cache.decompose_resid(), tokens=3)
+    with pytest.raises(BcosValueError, match=refusal):
+        cache.decompose_resid(layer=1, apply_ln=True)

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from bcos_plugins.errors import BcosValueError, argument_error
+from bcos_plugins.nn.norm import BcosLayerNorm, DetachableRMSNorm
 
 __all__ = ["ModelSnapshot", "WeightVersion", "refuse_cfg_unlike_built", "weight_version", "weight_versions"]
 
@@ -134,15 +135,23 @@ class ModelSnapshot:
                 "again after changing the weights, or decompose the cache before changing them", kind=BcosValueError)
 
 
-def _built_norm_kind(norm) -> str | None:
-    """What a built TransformerLens norm does to a stack: "centre" (LayerNorm, LayerNormPre: minus the mean, then the
-    scale), "scale" (RMSNorm, RMSNormPre) or None (another module: not judged)."""
-    try:  # TransformerLens 3.x's HookedTransformer norms; a bridge's norm components are none of them
+def _built_norm(norm) -> tuple[str | None, bool]:
+    """What a built norm does to a stack: "centre" (a LayerNorm: minus the mean, then the scale), "scale" (an RMSNorm)
+    or None (another module: not judged); and whether the forward reads ``cfg.normalization_type`` to skip it (a
+    HookedTransformer's final norm under ``None``; a bridge's forward runs the transformers model's own norms)."""
+    wrapped = getattr(norm, "original_component", None)  # a bridge's NormalizationBridge / RMSNormalizationBridge
+    if isinstance(wrapped, nn.Module):
+        if isinstance(wrapped, (nn.LayerNorm, BcosLayerNorm)):
+            return "centre", False
+        # transformers names its RMS norms <Model>RMSNorm (LlamaRMSNorm, Gemma2RMSNorm, ...)
+        rms = isinstance(wrapped, (nn.RMSNorm, DetachableRMSNorm)) or type(wrapped).__name__.endswith("RMSNorm")
+        return ("scale" if rms else None), False
+    try:  # TransformerLens 3.x's HookedTransformer norms
         from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
     except ImportError:
-        return None
-    return "centre" if isinstance(norm, (LayerNorm, LayerNormPre)) else \
-        "scale" if isinstance(norm, (RMSNorm, RMSNormPre)) else None
+        return None, False
+    return ("centre" if isinstance(norm, (LayerNorm, LayerNormPre)) else
+            "scale" if isinstance(norm, (RMSNorm, RMSNormPre)) else None), True
 
 
 def _refuse_options_unlike_built(model, logits: bool) -> None:
@@ -165,26 +174,30 @@ def _refuse_normalization_unlike_built(model, method: str, target: int, mlp_inpu
     from it once, but its decompositions read it again at each call to decide whether to centre the stack, so an edit
     after building (``model.cfg.normalization_type = "RMS"`` on a LayerNorm model, or the reverse) left the forward as
     it was and made logit_attrs of decompose_resid miss the logit by 0.008 (B-cos GPT-2) / 0.054 (B-cos Llama), without
-    a word; ``None`` returned a block's stack without its norm. The norm is the final one (``target`` n_layers; the
-    forward skips it under ``None`` too, which stays consistent) or block ``target``'s ``ln1`` / ``ln2``
-    (``mlp_input``); other norm modules are not judged. ``recompute_ln`` at the final norm runs ``ln_final`` itself."""
+    a word; ``None`` returned a block's stack without its norm. The norm is the final one (``target`` n_layers; a
+    HookedTransformer's forward skips it under ``None`` too, which stays consistent) or block ``target``'s ``ln1`` /
+    ``ln2`` (``mlp_input``); a bridge's are judged by the transformers norm they wrap (its forward never reads the
+    cfg: an edit before the run, which its snapshot holds too, left logit_attrs 0.04-0.08 off on tiny B-cos GPT-2 /
+    Llama bridges); other norm modules are not. ``recompute_ln`` at the final norm runs ``ln_final`` itself."""
     cfg = model.cfg
     final = target == cfg.n_layers
-    if final and (cfg.normalization_type is None or recompute_ln):
-        return  # the forward skips ln_final as well / the module itself normalises: the stack and the logits agree
+    if final and recompute_ln:
+        return  # the module itself normalises: the stack and the logits agree
     if final:
         norm = getattr(model, "ln_final", None)
     else:
         blocks = getattr(model, "blocks", None)
         block = blocks[target] if blocks is not None and target < len(blocks) else None
         norm = getattr(block, "ln2" if mlp_input else "ln1", None)
-    built = _built_norm_kind(norm)
+    built, skipped_under_none = _built_norm(norm)
     said = _NORM_KIND.get(cfg.normalization_type)
-    if built is None or said == built:
-        return
+    if built is None or said == built or (final and said is None and skipped_under_none):
+        return  # (a HookedTransformer's forward skips ln_final under None as well: the stack and the logits agree)
+    wrapped = getattr(norm, "original_component", None)
     raise argument_error(
         "model", f"{method}: model.cfg.normalization_type is {cfg.normalization_type!r} (changed after the model was "
-        f"built?), but the norm the stack meets is a {type(norm).__name__}, which "
+        f"built?), but the norm the stack meets is a {type(norm).__name__}"
+        f"{f' ({type(wrapped).__name__})' if wrapped is not None else ''}, which "
         f"{'centres and scales' if built == 'centre' else 'scales without centring'}; TransformerLens reads the cfg "
         f"to {'centre' if said == 'centre' else 'leave uncentred' if said else 'leave unnormalised'} the stack, so the "
         "decomposition would not sum to what the forward computed (wrong numbers)",
