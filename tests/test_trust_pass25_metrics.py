@@ -295,3 +295,31 @@ def test_perturbation_curves_ignore_a_nan_at_padding_and_name_ids_longer_than_th
                                              r"\(config.max_position_embeddings.*Truncate the inputs to 40 tokens"):
         perturbation_curves(model, long, torch.ones_like(long), torch.randn(2, 44), special_tokens=torch.zeros_like(
             long, dtype=torch.bool), fractions=(0.5,))
+
+
+# ------------------------------------------------------------------ next-token contrast with foil == target
+
+
+def test_next_token_contrast_warns_of_rows_whose_foil_is_their_target():
+    """``explain(..., foil=target)`` warns (its explanation is all zeros), but ``next_token_contrast`` with a foil equal
+    to a row's target (a hand-made minimal pair whose continuations share their first token) scored that row 0 and
+    counted it as wrong in the accuracy, silently. It warns now through the same check, naming the rows, and the
+    numbers stay the hand computation (difference 0; the other rows as alone)."""
+    from bcos_plugins import bcosify
+    from bcos_plugins.metrics import next_token_contrast
+
+    torch.manual_seed(0)
+    lm = bcosify(T.LlamaForCausalLM(tiny_config("llama")), verbose=False).eval().double()
+    ids, mask = padded_rows([6, 4, 8], 8, "left", seed=2)
+    target, foil = torch.tensor([5, 6, 7]), torch.tensor([8, 6, 10])
+    with pytest.warns(UserWarning, match=r"foil: equals target in row \[1\] \(output id 6\), so the logit difference "
+                                         r"is 0 there, the row counts as wrong in accuracy"):
+        result = next_token_contrast(lm, ids, mask, target=target, foil=foil)
+    assert float(result.logit_difference[1]) == 0.0 and float(result.probability_gap[1]) == 0.0
+    keep = mask[0].bool()
+    with torch.no_grad():
+        logits = lm(input_ids=ids[:1, keep]).logits[0, -1]
+    assert float(result.logit_difference[0]) == pytest.approx(float(logits[5] - logits[8]), abs=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # distinct ids: no warning
+        next_token_contrast(lm, ids, mask, target=target, foil=torch.tensor([8, 9, 10]))

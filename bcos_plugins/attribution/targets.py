@@ -208,10 +208,13 @@ def _on_host(value) -> bool:
     return value is not None and not (isinstance(value, Tensor) and value.device.type != "cpu")
 
 
-def _warn_on_foil_equal_to_target(target: Tensor, foil: Tensor, *, predicted: bool) -> None:
+def _warn_on_foil_equal_to_target(target: Tensor, foil: Tensor, *, predicted: bool,
+                                  consequence: str = "the explained value target - foil is 0 there and so is every "
+                                                     "contribution") -> None:
     """Warn naming the rows whose foil is their target: ``target - foil`` is 0 there, and so is every contribution
     (exact, but almost always a slip: ``foil=target`` returned all zeros without a word). On a GPU only ids given on
-    the host are compared (:func:`_on_host`)."""
+    the host are compared (:func:`_on_host`). ``consequence``: what the caller computes from them (the metrics' logit
+    difference)."""
     same = target.to(foil.device) == foil
     if not bool(same.any()):
         return
@@ -220,9 +223,9 @@ def _warn_on_foil_equal_to_target(target: Tensor, foil: Tensor, *, predicted: bo
     ids = sorted(set(target[same.to(target.device)].tolist()))
     what = "the predicted output (target was left out)" if predicted else "target"
     warnings.warn(f"foil: equals {what} in {bad_rows(same)} (output id{'s' if len(ids) > 1 else ''} "
-                  f"{', '.join(map(str, ids[:8]))}{', ...' if len(ids) > 8 else ''}), so the explained value target - "
-                  "foil is 0 there and so is every contribution. Pass another output as the foil (the one to contrast "
-                  "with), or leave foil out to explain the target's own value", UserWarning, stacklevel=caller_stacklevel())
+                  f"{', '.join(map(str, ids[:8]))}{', ...' if len(ids) > 8 else ''}), so {consequence}. Pass another "
+                  "output as the foil (the one to contrast with), or leave foil out to explain the target's own value",
+                  UserWarning, stacklevel=caller_stacklevel())
 
 
 def last_real_position(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, " batch"]:
