@@ -776,6 +776,26 @@ def _check_head_tying(model: nn.Module, info: dict, path: str, tie_asked: bool) 
             "leave tie_word_embeddings out: the model loads with its saved head", kind=BcosKeywordError)
 
 
+def _refuse_lost_record(path: str, local: bool, variant, hub: dict) -> None:
+    """Refuse, naming the cause, a folder whose config.json has no ``config.bcos`` while its weights hold the B each
+    B-cos layer stored: a B-cos model saved after its record was lost (``model.config`` replaced, or ``config.bcos``
+    deleted, after bcosify). It was refused as "not saved from a model converted with bcosify. Load it with
+    transformers and call bcosify instead", which is not so, and whose fix drops each layer's stored B."""
+    try:
+        files = weight_files(path, local, variant if isinstance(variant, str) else None, hub)
+    except BcosError:
+        return  # no readable weights: checked_settings' refusal stands
+    stored = stored_pressures(files)
+    if stored:
+        raise BcosValueError(
+            f"path: {path}/config.json has no B-cos settings (config.bcos), but its weights hold the B of "
+            f"{len(stored)} B-cos layer(s) (bcos_b entries): a B-cos model saved after its record was lost "
+            "(model.config replaced, or config.bcos deleted, after bcosify), which load_bcos_model cannot rebuild as "
+            "converted (its query/key choice, activations and norm epsilons are in the record). Restore config.json "
+            "from an earlier save of this model, or put the record back on the model before saving "
+            "(model.config.bcos = the config.bcos of the model bcosify returned) and save again.")
+
+
 def subfolder_path(path, subfolder, *, reader: str = "load_bcos_model") -> str:
     """The folder ``subfolder`` of the local folder ``path``, which the whole load reads: given to from_pretrained,
     ``subfolder`` took the weights from there and the record, each layer's stored B and the checks from ``path`` (a
@@ -851,6 +871,8 @@ def load_bcos_model(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
         where = os.path.join(path, "config.json") if local else path
         raise BcosFileError(f"path: cannot read a model configuration from {where} ({err}). Pass the folder "
                             "written by model.save_pretrained(folder) (or a hub model id).") from None
+    if not isinstance(getattr(config, BCOS_CONFIG_KEY, None), dict):
+        _refuse_lost_record(path, local, from_pretrained_kwargs.get("variant"), hub)
     settings = checked_settings(path, config)
     asked = set(from_pretrained_kwargs)
     from_pretrained_kwargs = _apply_config_overrides(path, config, from_pretrained_kwargs)

@@ -221,3 +221,28 @@ def test_a_bcos_pytorch_model_bin_is_refused_with_a_fix_that_loads_it_as_saved(t
               metadata={"format": "pt"})
     ids, mask = padded_rows([9, 5], 9, "right", seed=3)
     assert torch.equal(_outputs(load_bcos_model(tmp_path), ids, mask), _outputs(model, ids, mask))
+
+
+# ------------------------------------------------------------------ a B-cos model saved after its record was lost
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_bcos_save_without_its_record_is_named_as_such_not_as_a_stock_model(tmp_path, how):
+    make = lambda: _rotary(T.LlamaConfig)  # noqa: E731
+    model = bcosify(_build("LlamaForCausalLM", make()), b=B, verbose=False)
+    if how == "deleted":
+        del model.config.bcos
+    else:
+        model.config = make()
+    model.save_pretrained(tmp_path)
+    # it said "it was not saved from a model converted with bcosify. Load it with transformers and call bcosify
+    # instead": a stock load drops each layer's stored B
+    with pytest.raises(BcosValueError, match=r"^path: .*config\.json has no B-cos settings \(config\.bcos\), but its "
+                                             r"weights hold the B of 14 B-cos layer\(s\) \(bcos_b entries\): a B-cos "
+                                             r"model saved after its record was lost"):
+        load_bcos_model(tmp_path)
+    # a stock save is still told to load with transformers and call bcosify
+    _build("LlamaForCausalLM", make()).save_pretrained(tmp_path / "stock")
+    with pytest.raises(BcosValueError, match=r"has no B-cos settings in config\.json \(config\.bcos\); it was not "
+                                             r"saved from a model converted with bcosify"):
+        load_bcos_model(tmp_path / "stock")
