@@ -323,3 +323,33 @@ def test_next_token_contrast_warns_of_rows_whose_foil_is_their_target():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # distinct ids: no warning
         next_token_contrast(lm, ids, mask, target=target, foil=torch.tensor([8, 9, 10]))
+
+
+def test_perturbation_curves_concatenate_only_curves_of_one_tracked_value():
+    """``PerturbationCurves.concatenate`` joined curves of the softmax probability with curves of the sigmoid (a
+    multi-label model's default, next to the same model's curves with ``probability="softmax"``) and now of a logit,
+    and ``summary()`` averaged drops of different quantities, silently. The curves say what they track
+    (``probability``) and mixed kinds are refused; one kind concatenates and keeps it."""
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.metrics import PerturbationCurves, perturbation_curves
+
+    torch.manual_seed(0)
+    config = tiny_config("bert", num_labels=4)
+    config.problem_type = "multi_label_classification"
+    model = bcosify(T.BertForSequenceClassification(config), verbose=False).eval().double()
+    ids, mask = padded_rows([7, 5], 8, "right", seed=0)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    special[:, 0] = True
+    explanation = explain(model, ids, mask, target=torch.tensor([1, 2]))
+    sigmoid = perturbation_curves(model, ids, mask, explanation, special_tokens=special, fractions=(0.5,))
+    softmax = perturbation_curves(model, ids, mask, explanation, special_tokens=special, fractions=(0.5,),
+                                  probability="softmax")
+    assert (sigmoid.probability, softmax.probability) == ("sigmoid", "softmax")
+    with torch.no_grad():  # by hand: the sigmoid of the class logit on the unperturbed batch
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(sigmoid.full_probability, logits[[0, 1], [1, 2]].sigmoid(), rtol=0, atol=1e-12)
+    with pytest.raises(BcosValueError, match=r"^parts: mix curves of different tracked values \['sigmoid', "
+                                             r"'softmax'\]"):
+        PerturbationCurves.concatenate([sigmoid, softmax])
+    joined = PerturbationCurves.concatenate([sigmoid, sigmoid])
+    assert joined.probability == "sigmoid" and joined.comprehensiveness.shape == (4, 1)

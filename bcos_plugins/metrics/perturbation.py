@@ -135,6 +135,8 @@ class PerturbationCurves:
         k: ``(batch, n_fractions)`` number of tokens perturbed.
         foil: the foil class per example of a contrastive explanation (its curves track ``P(y) - P(foil)``), else
             ``None``.
+        probability: what the curves track of the model's outputs: ``"softmax"``, ``"sigmoid"`` or ``"logit"`` (see
+            :func:`perturbation_curves`); curves of different kinds are not concatenated.
     """
 
     comprehensiveness: Float[Tensor, "batch n_fractions"]
@@ -144,6 +146,7 @@ class PerturbationCurves:
     target: Int[Tensor, " batch"]
     k: Int[Tensor, "batch n_fractions"]
     foil: Int[Tensor, " batch"] | None = None
+    probability: str = "softmax"
 
     @property
     def comprehensiveness_aopc(self) -> Float[Tensor, " batch"]:
@@ -186,10 +189,18 @@ class PerturbationCurves:
             # the curves of P(target) and of P(target) - P(foil) are different quantities: one mean of both is neither
             raise argument_error("parts", "mix curves of contrastive explanations (tracking P(target) - P(foil)) with "
                                  "curves of P(target)", "Concatenate the curves of one kind of explanation")
+        kinds = sorted({p.probability for p in parts})
+        if len(kinds) > 1:
+            # one mean over drops of a softmax probability, a sigmoid and a logit (a multi-label model's default next
+            # to a forced softmax, a regression head's values) is none of them
+            raise argument_error("parts", f"mix curves of different tracked values {kinds} (the probability option "
+                                 "or the models' problem types differ)", "Concatenate curves computed with one "
+                                 "probability= setting")
         return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in
                      ("comprehensiveness", "sufficiency")), parts[0].fractions,
                    *(torch.cat([getattr(p, f) for p in parts]) for f in ("full_probability", "target", "k")),
-                   foil=torch.cat([p.foil for p in parts]) if contrastive == {True} else None)
+                   foil=torch.cat([p.foil for p in parts]) if contrastive == {True} else None,
+                   probability=parts[0].probability)
 
 
 def top_k_masks(
@@ -652,4 +663,5 @@ def perturbation_curves(
         target=target_t.cpu(),
         k=k.cpu(),
         foil=foil_t.cpu() if foil_t is not None else None,
+        probability=probability,
     )
