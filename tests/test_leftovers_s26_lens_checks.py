@@ -207,3 +207,42 @@ def test_a_bridges_normalization_type_edited_before_the_run_is_refused(name, edi
         cache.logit_attrs(cache.decompose_resid(), tokens=3)
     with pytest.raises(BcosValueError, match=refusal):
         cache.decompose_resid(layer=1, apply_ln=True)
+
+
+# --------------------------------------------------------------- 5. a cache copied or saved with its model
+
+
+@pytest.mark.parametrize("how", ["torch.save", "deepcopy"])
+def test_a_cache_saved_or_copied_with_its_model_decomposes_as_the_original(tmp_path, how):
+    """``torch.save(cache)`` / ``copy.deepcopy(cache)`` copy the model with the cache, into new tensors, which the
+    run's weight versions could not be compared with: every decomposition of the reloaded cache was refused as "the
+    model's weights changed since the run" (all of them named), though nothing had. The copy now records its own model
+    and decomposes as the original did; a model changed before the copy is still refused (the copy holds the changed
+    weights), naming what had changed."""
+    import copy
+
+    def copied(cache):
+        if how == "deepcopy":
+            return copy.deepcopy(cache)
+        torch.save(cache, tmp_path / "cache.pt")
+        return torch.load(tmp_path / "cache.pt", weights_only=False)
+
+    model = _hooked()
+    logits, cache = model.run_with_cache(TOKENS)
+    twin = copied(cache)  # before any decomposition: torch deep-copies no tensor made with autograd (hook_result)
+    assert twin.model is not model
+    heads = cache.stack_head_results(layer=1)
+    torch.testing.assert_close(twin.stack_head_results(layer=1), heads, atol=0, rtol=0)
+    torch.testing.assert_close(twin.logit_attrs(twin.decompose_resid(), tokens=3).sum(0), logits[..., 3],
+                               atol=1e-5, rtol=0)
+    with torch.no_grad():
+        twin.model.blocks[0].attn.W_O[0].mul_(0.1)  # the copy's own model, edited after the copy
+    with pytest.raises(BcosValueError, match=r"^cache: stack_head_results: the model's weights changed .*W_O"):
+        twin.stack_head_results(layer=1)
+    _, cache = model.run_with_cache(TOKENS)
+    with torch.no_grad():
+        model.blocks[0].attn.W_O[0].mul_(0.1)  # edited after the run, before the copy
+    refusal = r"^cache: stack_head_results: it is a copy .* of a cache whose model had changed since the run that " \
+              r"filled it \(blocks\.0\.attn\.W_O\)"
+    with pytest.raises(BcosValueError, match=refusal):
+        copied(cache).stack_head_results(layer=1)

@@ -246,6 +246,20 @@ class HookCheckedCache:
         self.hooked_at_run = hooked
         self.at_run = ModelSnapshot.of(self.model)
 
+    def __getstate__(self) -> dict:
+        # a copy (copy.deepcopy, pickle, torch.save) holds a copy of the model: the snapshot's tensors are not its
+        # (a saved and reloaded cache was refused as "weights changed", and the snapshot's weak references cannot be
+        # pickled), so what had changed since the run is noted now and the copy records its own model
+        state = self.__dict__.copy()
+        if state.get("at_run") is not None:
+            state["at_run"] = state["at_run"].for_copy(self.model)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if isinstance(state.get("at_run"), tuple):
+            self.at_run = ModelSnapshot.of(self.model, changed_before_copy=state["at_run"])
+
     def refuse_model_changed(self, method: str, *, weights: bool = True) -> None:
         """Refuse ``method`` when the model changed since the run that filled the cache
         (:meth:`~.model_changes.ModelSnapshot.refuse_changes`; ``weights``: the method reads them); nothing inside a

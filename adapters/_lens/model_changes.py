@@ -95,15 +95,38 @@ class ModelSnapshot:
     cfg: dict[str, object]
     weights: dict[str, WeightVersion]
     parameters: dict[str, weakref.ref]  # which tensor each weight was (a move may make a new one), held weakly
+    changed_before_copy: tuple[str, ...] = ()  # what had changed when the cache was copied or saved (for_copy)
 
     @classmethod
-    def of(cls, model) -> ModelSnapshot:
+    def of(cls, model, changed_before_copy: tuple[str, ...] = ()) -> ModelSnapshot:
         cfg = getattr(model, "cfg", None)
         fields = {name: getattr(cfg, name, _ABSENT) for name in _READ_AT_EACH_CALL}
         parameters = dict(model.named_parameters())
         return cls({name: value for name, value in fields.items() if value is not _ABSENT},
                    {name: weight_version(weight) for name, weight in parameters.items()},
-                   {name: weakref.ref(weight) for name, weight in parameters.items()})
+                   {name: weakref.ref(weight) for name, weight in parameters.items()}, changed_before_copy)
+
+    def _changed_cfg(self, model) -> list[tuple[str, object, object]]:
+        """(field, value at the run, value now) of each cfg field whose change changed what TransformerLens does."""
+        cfg = getattr(model, "cfg", None)
+        found = []
+        for name, then in self.cfg.items():
+            now = getattr(cfg, name, then)
+            if _READ_AT_EACH_CALL[name][0](then) != _READ_AT_EACH_CALL[name][0](now):
+                found.append((name, then, now))
+        return found
+
+    def _changed_weights(self, model) -> list[str]:
+        now = dict(model.named_parameters())
+        return [name for name, then in self.weights.items() if name in now and _weight_changed(
+            then, weight_version(now[name]), self.parameters[name]() is now[name])]
+
+    def for_copy(self, model) -> tuple[str, ...]:
+        """What of ``model`` changed since the run, for a copy of the cache (``copy.deepcopy``, pickle,
+        ``torch.save``): the copy holds a copy of the model, whose tensors this snapshot cannot be compared with, so
+        it records its own model (:meth:`of`) with these names, which its decompositions refuse if any."""
+        return (*self.changed_before_copy, *(f"cfg.{name}" for name, _, _ in self._changed_cfg(model)),
+                *self._changed_weights(model))
 
     def refuse_changes(self, model, method: str, *, weights: bool = True) -> None:
         """Refuse ``method`` (a decomposition of the cache) when a cfg field it reads changed what it does since the
@@ -111,21 +134,20 @@ class ModelSnapshot:
         activations with the model as it is now, another one (an in-place edit of a head's W_O, as an ablation, made
         the per-head results miss the cached attention output by 0.73 and logit_attrs the run's logits by 0.12 on a
         tiny B-cos GPT-2; ``normalization_type = None`` after the run dropped the final norm from the stack)."""
-        cfg = getattr(model, "cfg", None)
-        for name, then in self.cfg.items():
-            now = getattr(cfg, name, then)
-            meaning, role = _READ_AT_EACH_CALL[name]
-            if meaning(then) != meaning(now):
-                raise argument_error(
-                    "cache", f"{method}: model.cfg.{name} was {then!r} at the run that filled it and is {now!r} now; "
-                    f"TransformerLens reads it again at each call ({role}), so the decomposition would not sum to what "
-                    "the run computed (wrong numbers)", f"Set model.cfg.{name} back to {then!r}, or run "
-                    "run_with_cache again after changing it", kind=BcosValueError)
-        if not weights:
-            return
-        now_weights = dict(model.named_parameters())
-        changed = [name for name, then in self.weights.items() if name in now_weights and _weight_changed(
-            then, weight_version(now_weights[name]), self.parameters[name]() is now_weights[name])]
+        if self.changed_before_copy:
+            names = self.changed_before_copy
+            raise argument_error(
+                "cache", f"{method}: it is a copy (copy.deepcopy, pickle, torch.save) of a cache whose model had "
+                f"changed since the run that filled it ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}), so "
+                "the copy's model is another model than the run's (wrong numbers)", "Run run_with_cache again and "
+                "copy or save that cache, or copy the cache before changing the model", kind=BcosValueError)
+        for name, then, now in self._changed_cfg(model):
+            raise argument_error(
+                "cache", f"{method}: model.cfg.{name} was {then!r} at the run that filled it and is {now!r} now; "
+                f"TransformerLens reads it again at each call ({_READ_AT_EACH_CALL[name][1]}), so the decomposition "
+                "would not sum to what the run computed (wrong numbers)", f"Set model.cfg.{name} back to {then!r}, or "
+                "run run_with_cache again after changing it", kind=BcosValueError)
+        changed = self._changed_weights(model) if weights else []
         if changed:
             raise argument_error(
                 "cache", f"{method}: the model's weights changed since the run that filled it ({', '.join(changed[:4])}"
