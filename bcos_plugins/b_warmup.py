@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 from torch import nn
@@ -15,7 +16,31 @@ from .nn.linear import AlignmentPressure, check_b
 __all__ = ["BWarmupCallback", "refuse_evaluations_compared_during"]
 
 
-class BWarmupCallback:
+class _LazyCallbackType(type):
+    """The type of :class:`BWarmupCallback`: its instances are of a ``transformers.TrainerCallback`` subclass built on
+    first use (:func:`_callback_class`), which this type counts as its own in ``isinstance`` / ``issubclass``.
+
+    Each instance had a class of its own, unrelated to ``BWarmupCallback``: ``isinstance(callback, BWarmupCallback)``
+    was False, so ``trainer.remove_callback(BWarmupCallback)`` / ``pop_callback`` left the warm-up in the trainer
+    (a second ``train()`` annealed B again) and transformers' warning of a second callback of the same class never
+    came, without a word."""
+
+    def __instancecheck__(cls, instance) -> bool:
+        return isinstance(instance, _callback_class())
+
+    def __subclasscheck__(cls, subclass) -> bool:
+        return isinstance(subclass, type) and issubclass(subclass, _callback_class())
+
+
+@functools.cache
+def _callback_class() -> type:
+    from transformers import TrainerCallback
+
+    return type("BWarmupCallback", (_BWarmup, TrainerCallback), {"__module__": __name__,
+                                                                 "__qualname__": "BWarmupCallback"})
+
+
+class BWarmupCallback(metaclass=_LazyCallbackType):
     """Anneal the alignment pressure B of every B-cos layer from ``start`` to the model's B during training.
 
     A pretrained model B-cosified with B > 1 starts far from its pretrained function: every B-cos layer scales
@@ -51,10 +76,7 @@ class BWarmupCallback:
     """
 
     def __new__(cls, *args, **kwargs):
-        from transformers import TrainerCallback
-
-        klass = type("BWarmupCallback", (_BWarmup, TrainerCallback), {})
-        instance = object.__new__(klass)
+        instance = object.__new__(_callback_class())
         instance.__init__(*args, **kwargs)
         return instance
 
@@ -99,6 +121,19 @@ class _BWarmup:
                                  "trains: it would anneal B in that model's layers while the trained one runs at its "
                                  "full B", "build the callback with the model passed to the Trainer: "
                                  "BWarmupCallback(model) and Trainer(model=model, ...)")
+        # two warm-ups of the same layers in one run (callbacks=[...] and add_callback, or a list that already held
+        # one): each set B before every step, so the layers followed the one called last and the other's schedule
+        # (the one its refusals checked) was not the one trained, without a word. The run's TrainerState is new for
+        # each train() call, so it names the warm-ups of this run only
+        running = vars(state).setdefault("_bcos_b_warmups", []) if hasattr(state, "__dict__") else []
+        mine = {id(layer) for layer in self.layers}
+        if any(other is not self and mine & {id(layer) for layer in other.layers} for other in running):
+            self._set(self.target)  # the first one lowered B when training began: the model is left as it was given
+            raise argument_error("callbacks", "holds two BWarmupCallback instances for the same model: each sets B "
+                                 "before every step, so the layers would follow the one called last", "keep one "
+                                 "warm-up: remove the other with trainer.remove_callback(BWarmupCallback) before "
+                                 "adding yours")
+        running.append(self)
         own_loss = own_training_loss(model) if isinstance(model, nn.Module) else None
         if self.refuse_smoothing_of_own_loss and own_loss and getattr(args, "label_smoothing_factor", 0):
             # the model never sees the setting: the Trainer pops the labels and trains its smoothed cross-entropy of

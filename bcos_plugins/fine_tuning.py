@@ -464,6 +464,10 @@ def training_arguments(output_dir, n_texts: int, epochs, batch_size, learning_ra
     the settings the helpers take as arguments of their own, refused naming that argument). ``helper`` (the calling
     function) names the helper and its own arguments when a keyword is neither theirs nor a ``TrainingArguments``
     field."""
+    # as Python numbers (require_run_settings accepted NumPy's): a NumPy batch_size failed in torch's sampler ("should be
+    # a positive integer value, but got batch_size=4"), a NumPy seed in transformers' set_seed, a NumPy float32
+    # learning_rate at the first checkpoint ("Object of type float32 is not JSON serializable"), naming none of them
+    epochs, batch_size, learning_rate, seed = float(epochs), int(batch_size), float(learning_rate), int(seed)
     overridable = {"report_to": [], "save_strategy": "no", "logging_steps": max(1, n_texts // batch_size // 10),
                    "dataloader_pin_memory": torch.cuda.is_available()}
     # ReduceLROnPlateau steps on an evaluation metric, which these helpers never compute: TrainingArguments failed

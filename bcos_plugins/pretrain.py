@@ -233,7 +233,7 @@ def pretrain_masked_lm(
             args=args,
             train_dataset=dataset,
             data_collator=MaskedLMPadding(tokenizer, DataCollatorForLanguageModeling(
-                tokenizer, mlm=True, mlm_probability=mlm_probability, seed=seed)),
+                tokenizer, mlm=True, mlm_probability=mlm_probability, seed=args.seed)),  # (a Python int)
             # the masked-LM cross-entropy through a loss of our own: transformers' masked LMs take **kwargs, so the
             # Trainer left the division by the accumulation steps to them and they ignore num_items_in_batch (with
             # gradient_accumulation_steps=2 the loss and gradients were twice too large)
