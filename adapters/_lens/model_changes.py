@@ -11,7 +11,8 @@ model, without a word. Two references, one module:
 - since the build: :func:`refuse_cfg_unlike_built` refuses a cfg that no longer says what the built model does (a norm
   module of another kind; an option make_explainable refused), which an edit before the run leaves in the snapshot too.
 
-TransformerLens 3.x and 4.x alike: only ``cfg`` fields, ``named_parameters`` and (3.x) its norm classes are read.
+TransformerLens 3.x and 4.x alike: only ``cfg`` fields, ``named_parameters``, (3.x) its norm classes and a bridge
+norm's ``original_component`` are read.
 """
 
 from __future__ import annotations
