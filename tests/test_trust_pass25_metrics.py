@@ -353,3 +353,28 @@ def test_perturbation_curves_concatenate_only_curves_of_one_tracked_value():
         PerturbationCurves.concatenate([sigmoid, softmax])
     joined = PerturbationCurves.concatenate([sigmoid, sigmoid])
     assert joined.probability == "sigmoid" and joined.comprehensiveness.shape == (4, 1)
+
+
+def test_rank_metrics_of_a_causal_explanation_made_without_a_mask_rank_only_the_tokens_it_sees():
+    """Pass 24 made the rank metrics leave out the tokens after a causal explanation's ``position``, through the
+    explanation's ``attention_mask``; an explanation of an unpadded batch made without one (``explain(lm, ids,
+    position=3)``) kept them: a reciprocal rank of 1/7 for the prefix's 1/4 and a top-50 % IoU of 0.25 for 0, silently.
+    Now it ranks the tokens the output sees, as the same explanation made with a mask of ones."""
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.metrics import mean_reciprocal_rank, reciprocal_rank, top_k_iou
+
+    torch.manual_seed(0)
+    lm = bcosify(T.LlamaForCausalLM(tiny_config("llama")), verbose=False).eval().double()
+    ids, mask = padded_rows([8, 8], 8, "right", seed=3)
+    assert bool(mask.all())
+    keywords = dict(target=torch.tensor([5, 6]), foil=torch.tensor([7, 8]), position=torch.tensor([3, 4]))
+    unmasked, masked = explain(lm, ids, **keywords), explain(lm, ids, mask, **keywords)
+    assert unmasked.attention_mask is None
+    evidence = torch.zeros_like(ids, dtype=torch.bool)
+    evidence[0, 2] = evidence[1, 3] = True
+    rr = reciprocal_rank(unmasked, evidence)
+    torch.testing.assert_close(rr, reciprocal_rank(masked, evidence), rtol=0, atol=0)
+    assert float(rr[1]) == 0.25  # 4th of the 5 tokens column 4 sees (it read 1/7), pass 24's hand value
+    assert mean_reciprocal_rank(unmasked, evidence).random == mean_reciprocal_rank(masked, evidence).random
+    torch.testing.assert_close(top_k_iou(unmasked, evidence.long(), k=0.5), top_k_iou(masked, evidence.long(), k=0.5),
+                               rtol=0, atol=0)

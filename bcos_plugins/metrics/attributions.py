@@ -228,6 +228,11 @@ def scores_and_positions(scores: Any, positions: Any, reduce: str = "sum",
     mask = getattr(scores, "attention_mask", None)
     if positions is None and isinstance(mask, Tensor):
         positions = mask.bool() & _seen_by_explained_output(scores).to(mask.device)
+    elif positions is None:
+        # an explanation of an unpadded batch (explain(lm, ids, position=3), no mask): its every token, but those after
+        # the explained position of a causal model, which were ranked as tokens of score 0 (an MRR of 1/7 for 1/4)
+        seen = _seen_by_explained_output(scores)
+        positions = None if bool(seen.all()) else seen
     elif positions is not None and ranked_as is not None:
         _refuse_positions_the_output_does_not_see(scores, positions, ranked_as)
     return token_scores(scores, reduce=reduce), positions
