@@ -194,7 +194,7 @@ def test_perturbation_metrics_read_float32_fractions_as_the_decimals_they_stand_
     narrower than float64 are read to the decimals it holds now: the counts, curves and areas of the fractions as
     written."""
     from bcos_plugins import bcosify, explain
-    from bcos_plugins.metrics import DEFAULT_FRACTIONS, aopc, pixel_perturbation, perturbation_curves
+    from bcos_plugins.metrics import DEFAULT_FRACTIONS, aopc, perturbation_curves, pixel_perturbation
 
     torch.manual_seed(0)
     model = bcosify(T.BertForSequenceClassification(tiny_config("bert")), verbose=False).eval().double()
