@@ -18,6 +18,30 @@ from bcos_plugins.errors import BcosValueError
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
+def _bcos_bert(num_labels: int = 3, problem_type: str | None = None):
+    from bcos_plugins import bcosify
+
+    torch.manual_seed(0)
+    config = tiny_config("bert", num_labels=num_labels)
+    config.problem_type = problem_type
+    return bcosify(T.BertForSequenceClassification(config), verbose=False).eval().double()
+
+
+def _bcos_llama():
+    from bcos_plugins import bcosify
+
+    torch.manual_seed(0)
+    return bcosify(T.LlamaForCausalLM(tiny_config("llama")), verbose=False).eval().double()
+
+
+def _rows_after_a_cls(lengths=(7, 5), width: int = 8):
+    """A right-padded batch whose first column is a special token (never ranked or removed)."""
+    ids, mask = padded_rows(list(lengths), width, "right", seed=0)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    special[:, 0] = True
+    return ids, mask, special
+
+
 # ------------------------------------------------------------------ candidates by hand for a causal explanation
 
 
@@ -28,7 +52,7 @@ def test_rank_metrics_refuse_candidates_by_hand_that_the_explained_output_does_n
     position (contribution exactly 0) ranked above every token of negative score, a reciprocal rank of 1/7 where the
     prefix alone gives 1/4, silently. Now such candidates (and ``valid_mask`` of the rationale metrics) are refused,
     naming the columns and the fix; candidates inside the prefix are taken and rank as the prefix alone."""
-    from bcos_plugins import bcosify, explain
+    from bcos_plugins import explain
     from bcos_plugins.metrics import (
         average_precision,
         mean_reciprocal_rank,
@@ -37,8 +61,7 @@ def test_rank_metrics_refuse_candidates_by_hand_that_the_explained_output_does_n
         top_k_iou,
     )
 
-    torch.manual_seed(0)
-    lm = bcosify(T.LlamaForCausalLM(tiny_config("llama")), verbose=False).eval().double()
+    lm = _bcos_llama()
     ids, mask = padded_rows([8, 8], 8, "right", seed=3)
     position, target, foil = torch.tensor([3, 4]), torch.tensor([5, 6]), torch.tensor([7, 8])
     explanation = explain(lm, ids, mask, target=target, foil=foil, position=position)
@@ -193,14 +216,11 @@ def test_perturbation_metrics_read_float32_fractions_as_the_decimals_they_stand_
     AOPC of other removals, and pixel perturbation removed 69 of 100 pixels for 70, silently. Fractions in a dtype
     narrower than float64 are read to the decimals it holds now: the counts, curves and areas of the fractions as
     written."""
-    from bcos_plugins import bcosify, explain
+    from bcos_plugins import explain
     from bcos_plugins.metrics import DEFAULT_FRACTIONS, aopc, perturbation_curves, pixel_perturbation
 
-    torch.manual_seed(0)
-    model = bcosify(T.BertForSequenceClassification(tiny_config("bert")), verbose=False).eval().double()
-    ids, mask = padded_rows([11, 6], 11, "right", seed=0)
-    special = torch.zeros_like(ids, dtype=torch.bool)
-    special[:, 0] = True
+    model = _bcos_bert()
+    ids, mask, special = _rows_after_a_cls((11, 6), 11)
     explanation = explain(model, ids, mask)
     written = perturbation_curves(model, ids, mask, explanation, special_tokens=special)
     given = perturbation_curves(model, ids, mask, explanation, special_tokens=special, fractions=make(DEFAULT_FRACTIONS))
@@ -234,16 +254,11 @@ def test_perturbation_curves_of_a_regression_head_track_the_predicted_value():
     the head predicts. Such a head's curves now track the value itself by default (``probability="logit"``, also
     selectable for any model), by hand; a one-logit classifier without that problem type keeps the refusal, which now
     names both fixes."""
-    from bcos_plugins import bcosify, explain
+    from bcos_plugins import explain
     from bcos_plugins.metrics import perturbation_curves
 
-    torch.manual_seed(0)
-    config = tiny_config("bert", num_labels=1)
-    config.problem_type = "regression"
-    model = bcosify(T.BertForSequenceClassification(config), verbose=False).eval().double()
-    ids, mask = padded_rows([7, 5], 8, "right", seed=0)
-    special = torch.zeros_like(ids, dtype=torch.bool)
-    special[:, 0] = True
+    model = _bcos_bert(num_labels=1, problem_type="regression")
+    ids, mask, special = _rows_after_a_cls()
     explanation = explain(model, ids, mask)
     curves = perturbation_curves(model, ids, mask, explanation, special_tokens=special, fractions=(0.5,))
     # by hand, row 0 alone: 6 perturbable tokens, the top 3 by contribution removed through the attention mask
@@ -271,14 +286,10 @@ def test_perturbation_curves_ignore_a_nan_at_padding_and_name_ids_longer_than_th
     the attributions without them now. Ids longer than the model's position table failed inside it with torch's "index
     40 is out of bounds for dimension 1"; they are refused naming ``input_ids``, the limit and the fix, as ``explain``
     refuses them."""
-    from bcos_plugins import bcosify
     from bcos_plugins.metrics import perturbation_curves
 
-    torch.manual_seed(0)
-    model = bcosify(T.BertForSequenceClassification(tiny_config("bert")), verbose=False).eval().double()
-    ids, mask = padded_rows([7, 5], 8, "right", seed=0)
-    special = torch.zeros_like(ids, dtype=torch.bool)
-    special[:, 0] = True
+    model = _bcos_bert()
+    ids, mask, special = _rows_after_a_cls()
     scores = torch.randn(2, 8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     scores[~mask.bool()] = 0.0
     broken = scores.clone()
@@ -305,11 +316,9 @@ def test_next_token_contrast_warns_of_rows_whose_foil_is_their_target():
     to a row's target (a hand-made minimal pair whose continuations share their first token) scored that row 0 and
     counted it as wrong in the accuracy, silently. It warns now through the same check, naming the rows, and the
     numbers stay the hand computation (difference 0; the other rows as alone)."""
-    from bcos_plugins import bcosify
     from bcos_plugins.metrics import next_token_contrast
 
-    torch.manual_seed(0)
-    lm = bcosify(T.LlamaForCausalLM(tiny_config("llama")), verbose=False).eval().double()
+    lm = _bcos_llama()
     ids, mask = padded_rows([6, 4, 8], 8, "left", seed=2)
     target, foil = torch.tensor([5, 6, 7]), torch.tensor([8, 6, 10])
     with pytest.warns(UserWarning, match=r"foil: equals target in row \[1\] \(output id 6\), so the logit difference "
@@ -330,16 +339,11 @@ def test_perturbation_curves_concatenate_only_curves_of_one_tracked_value():
     multi-label model's default, next to the same model's curves with ``probability="softmax"``) and now of a logit,
     and ``summary()`` averaged drops of different quantities, silently. The curves say what they track
     (``probability``) and mixed kinds are refused; one kind concatenates and keeps it."""
-    from bcos_plugins import bcosify, explain
+    from bcos_plugins import explain
     from bcos_plugins.metrics import PerturbationCurves, perturbation_curves
 
-    torch.manual_seed(0)
-    config = tiny_config("bert", num_labels=4)
-    config.problem_type = "multi_label_classification"
-    model = bcosify(T.BertForSequenceClassification(config), verbose=False).eval().double()
-    ids, mask = padded_rows([7, 5], 8, "right", seed=0)
-    special = torch.zeros_like(ids, dtype=torch.bool)
-    special[:, 0] = True
+    model = _bcos_bert(num_labels=4, problem_type="multi_label_classification")
+    ids, mask, special = _rows_after_a_cls()
     explanation = explain(model, ids, mask, target=torch.tensor([1, 2]))
     sigmoid = perturbation_curves(model, ids, mask, explanation, special_tokens=special, fractions=(0.5,))
     softmax = perturbation_curves(model, ids, mask, explanation, special_tokens=special, fractions=(0.5,),
@@ -360,11 +364,10 @@ def test_rank_metrics_of_a_causal_explanation_made_without_a_mask_rank_only_the_
     explanation's ``attention_mask``; an explanation of an unpadded batch made without one (``explain(lm, ids,
     position=3)``) kept them: a reciprocal rank of 1/7 for the prefix's 1/4 and a top-50 % IoU of 0.25 for 0, silently.
     Now it ranks the tokens the output sees, as the same explanation made with a mask of ones."""
-    from bcos_plugins import bcosify, explain
+    from bcos_plugins import explain
     from bcos_plugins.metrics import mean_reciprocal_rank, reciprocal_rank, top_k_iou
 
-    torch.manual_seed(0)
-    lm = bcosify(T.LlamaForCausalLM(tiny_config("llama")), verbose=False).eval().double()
+    lm = _bcos_llama()
     ids, mask = padded_rows([8, 8], 8, "right", seed=3)
     assert bool(mask.all())
     keywords = dict(target=torch.tensor([5, 6]), foil=torch.tensor([7, 8]), position=torch.tensor([3, 4]))
