@@ -102,3 +102,21 @@ def test_the_helpers_own_settings_may_be_numpy_numbers(helper, setting, tmp_path
     numpy_run, python_run = trained(given, "numpy"), trained(given.item(), "python")
     assert all(torch.equal(a, b) for a, b in zip(numpy_run.parameters(), python_run.parameters(), strict=True))
     assert (tmp_path / "numpy" / "checkpoint-2" / "trainer_state.json").is_file()
+
+
+@pytest.mark.filterwarnings("ignore:attention_supervision_loss. the attentions carry no gradient:UserWarning")  # by hand
+@pytest.mark.parametrize(("given", "plain"), [({"layers": np.int64(-1)}, {"layers": -1}),
+                                              ({"layers": np.array([0, 1])}, {"layers": [0, 1]}),
+                                              ({"heads": np.int64(1)}, {"heads": 1}),
+                                              ({"heads": torch.tensor([0, 1])}, {"heads": [0, 1]})])
+def test_the_supervised_layers_and_heads_may_be_numpy_or_torch_integers(given, plain):
+    """attention_supervision_loss (attention_token_scores) took NumPy integers as query_position and inside a list of
+    layers or heads, but refused layers=np.int64(-1) or heads=torch.tensor([0, 1]) as "must be a layer index or a list
+    of them", which they are. They now give the loss of the same Python indices."""
+    from bcos_plugins.guided import attention_supervision_loss
+
+    g = torch.Generator().manual_seed(0)
+    attentions = [torch.softmax(torch.randn(2, 2, 4, 4, generator=g, dtype=torch.float64), -1) for _ in range(2)]
+    gold = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 1.0]])
+    assert torch.equal(attention_supervision_loss(attentions, gold, **given),
+                       attention_supervision_loss(attentions, gold, **plain))

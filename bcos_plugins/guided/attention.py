@@ -30,10 +30,12 @@ forward left as they are, and ``bcosify`` (which replaces q/k/v projections) com
 
 from __future__ import annotations
 
+import numbers
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
@@ -363,6 +365,21 @@ def _check_attention_weights(weights: Tensor, layer: int) -> None:
                              "heads)", "Pass model(..., output_attentions=True).attentions (eager attention)")
 
 
+def _as_indices(value):
+    """An index given as a NumPy or torch integer (a scalar, or a 1-d array / tensor of them) as Python's ``int`` or
+    ``list`` of ints; anything else as given. ``layers=np.int64(-1)`` or ``heads=torch.tensor([0, 1])`` were refused as
+    "must be a layer index or a list of them", while ``query_position`` and the entries of a list took NumPy integers."""
+    if isinstance(value, bool | int | None | tuple | list | range):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, Tensor | np.ndarray) and value.ndim <= 1 and not value.dtype == torch.bool \
+            and not (isinstance(value, Tensor) and value.is_floating_point()) \
+            and not (isinstance(value, np.ndarray) and value.dtype.kind not in "iu"):
+        return value.tolist()
+    return value
+
+
 def attention_token_scores(
     attentions: Sequence[Float[Tensor, "batch head query key"]],
     layers: int | Sequence[int] = -1,
@@ -398,6 +415,7 @@ def attention_token_scores(
             raise argument_error("attentions", f"entry {i} is not a (batch, head, query, key) tensor of the same "
                                  f"shape as entry 0, got {getattr(a, 'shape', type(a).__name__)}",
                                  "Pass model(..., output_attentions=True).attentions")
+    layers, heads = _as_indices(layers), _as_indices(heads)
     if not isinstance(layers, int) and not isinstance(layers, tuple | list | range):
         raise argument_error("layers", f"must be a layer index or a list of them, got {layers!r}",
                              "Pass e.g. -1 or [-2, -1]", kind=BcosTypeError)
