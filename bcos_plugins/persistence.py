@@ -581,12 +581,43 @@ _NAME_OPTIONS = {
 
 
 def _refuse_mistyped_loading_options(kwargs: dict) -> None:
-    """Refuse a loading option of :data:`_NAME_OPTIONS` that is not a string (or None), naming it."""
+    """Refuse a loading option of :data:`_NAME_OPTIONS` that is not a string (or None), naming it, and a ``device_map``
+    that names a device this machine lacks (:func:`_refuse_unavailable_devices`)."""
     for key, what in _NAME_OPTIONS.items():
         value = kwargs.get(key)
         if value is not None and not isinstance(value, str):
             raise argument_error(key, f"must be {what}, got {type(value).__name__} {value!r}",
                                  f"Pass {key} as a string, or leave it out", kind=BcosKeywordError)
+    if "device_map" in kwargs:
+        _refuse_unavailable_devices(kwargs["device_map"])
+
+
+def _refuse_unavailable_devices(device_map) -> None:
+    """Refuse a ``device_map`` (a device, or a dict of them) naming a device this machine lacks, with the package's one
+    device check (:func:`~bcos_plugins._checks.require_available_device`): ``device_map="cuda"`` on a machine without
+    CUDA failed with torch's bare "AssertionError: Torch not compiled with CUDA enabled", and ``device_map=0`` or
+    ``"mps"`` was reported as "path: transformers could not load ... re-save the model", naming the one argument that
+    was right. Names that are no device (``"auto"``, ``"disk"``, a typo) are left to transformers, whose refusal is
+    named by the load."""
+    from ._checks import available_devices, require_available_device
+
+    entries = device_map.items() if isinstance(device_map, dict) else [(None, device_map)]
+    for key, value in entries:
+        name = "device_map" if key is None else f"device_map[{key!r}]"
+        if isinstance(value, bool) or not isinstance(value, str | int | torch.device):
+            continue
+        try:
+            device = torch.device(value)
+        except (RuntimeError, TypeError):
+            if isinstance(value, int):  # torch reads an int as an index of the machine's accelerator
+                raise argument_error(name, f"is {value}, an accelerator index, but this machine has no accelerator "
+                                     f"(available: {', '.join(available_devices())})",
+                                     "Pass an available device, e.g. device_map='cpu'", kind=BcosKeywordError) from None
+            continue
+        try:
+            require_available_device(name, device)
+        except BcosError as error:
+            raise BcosKeywordError(str(error)) from None
 
 
 # what transformers' refusal of a loading option's value says instead of the option's name

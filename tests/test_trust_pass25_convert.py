@@ -28,7 +28,7 @@ from transformers.pytorch_utils import Conv1D
 
 from bcos_plugins import bcosify, explain, load_bcos_model
 from bcos_plugins.convert.architectures import SPECS, stock_class
-from bcos_plugins.errors import BcosFileError, BcosTypeError, BcosValueError
+from bcos_plugins.errors import BcosFileError, BcosKeywordError, BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLinear
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -246,3 +246,36 @@ def test_a_bcos_save_without_its_record_is_named_as_such_not_as_a_stock_model(tm
     with pytest.raises(BcosValueError, match=r"has no B-cos settings in config\.json \(config\.bcos\); it was not "
                                              r"saved from a model converted with bcosify"):
         load_bcos_model(tmp_path / "stock")
+
+
+# ------------------------------------------------------------------ a device_map naming a device the machine lacks
+
+
+@pytest.fixture(scope="module")
+def qwen2_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen2")
+    bcosify(_build("Qwen2ForCausalLM", _rotary(T.Qwen2Config)), b=B, verbose=False).save_pretrained(folder)
+    return folder
+
+
+# an int is an accelerator index: on a machine with one (CUDA hidden below) it reads as 'cuda:0'
+_INDEX = r"(0, an accelerator index|'cuda:0', which this machine does not have)"
+
+
+@pytest.mark.parametrize("device_map, named", [
+    ("cuda", "device_map: is 'cuda'"), ("cuda:0", "device_map: is 'cuda:0'"), ("mps", "device_map: is 'mps'"),
+    (torch.device("cuda"), "device_map: is 'cuda'"), (0, f"device_map: is {_INDEX}"),
+    ({"": 0}, rf"device_map\[''\]: is {_INDEX}"),
+    ({"model": "cpu", "lm_head": "cuda"}, r"device_map\['lm_head'\]: is 'cuda'"),
+])
+def test_a_device_map_naming_a_device_this_machine_lacks_is_refused_naming_it(qwen2_folder, monkeypatch, device_map,
+                                                                                named):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA or MPS, as the CI's
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    # "cuda" failed with torch's bare "AssertionError: Torch not compiled with CUDA enabled"; 0 and "mps" with
+    # "path: transformers could not load ... Check the from_pretrained keyword arguments, or re-save the model"
+    with pytest.raises(BcosKeywordError, match=rf"^{named}.*\(available: cpu\)\. Pass an available device, e\.g\. "):
+        load_bcos_model(qwen2_folder, device_map=device_map)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert torch.equal(_outputs(load_bcos_model(qwen2_folder, device_map={"model": "cpu", "lm_head": "cpu"}), ids),
+                       _outputs(load_bcos_model(qwen2_folder), ids))
