@@ -915,13 +915,16 @@ class LayerBcos(LayerGradientXActivation):
         layers = self.layer if isinstance(self.layer, list) else [self.layer]
         ran: set[nn.Module] = set()
         holds_none: list[nn.Module] = []  # layers whose output is a tuple with a non-tensor (attention weights None)
-        takes_ids: list[tuple[nn.Module, torch.dtype]] = []  # layers whose input is integer (token ids)
+        # layers with a non-float positional input: token ids (first), or a mask beside the hidden states (DistilBERT's
+        # TransformerBlock gets its boolean mask positionally), each with no gradient
+        takes_ids: list[tuple[nn.Module, torch.dtype, bool]] = []
 
         def note(module, args, out):
             ran.add(module)
             ints = [a.dtype for a in args if isinstance(a, Tensor) and not a.is_floating_point()]
-            if ints and module not in [m for m, _ in takes_ids]:
-                takes_ids.append((module, ints[0]))
+            if ints and module not in [m for m, _, _ in takes_ids]:
+                first_is_ids = isinstance(args[0], Tensor) and not args[0].is_floating_point()
+                takes_ids.append((module, ints[0], first_is_ids))
             if isinstance(out, tuple) and not all(isinstance(o, Tensor) for o in out) and module not in holds_none:
                 holds_none.append(module)
 
@@ -966,11 +969,19 @@ class LayerBcos(LayerGradientXActivation):
             if to_input and takes_ids and isinstance(error, RuntimeError) and "does not require grad" in str(error):
                 # autograd's "One of the differentiated Tensors does not require grad" named neither the argument nor
                 # that the layer's input is token ids
-                module, dtype = takes_ids[0]
-                raise argument_error("attribute_to_layer_input", f"the input of {type(module).__name__} is token ids "
-                                     f"({dtype}), which have no gradient to multiply by", "Attribute at its output "
-                                     "(attribute_to_layer_input=False), or leave attribute_to_layer_input out for the "
-                                     "attribution point's side") from error
+                module, dtype, first_is_ids = takes_ids[0]
+                if first_is_ids:
+                    raise argument_error("attribute_to_layer_input", f"the input of {type(module).__name__} is token "
+                                         f"ids ({dtype}), which have no gradient to multiply by", "Attribute at its "
+                                         "output (attribute_to_layer_input=False), or leave attribute_to_layer_input "
+                                         "out for the attribution point's side") from error
+                # the hidden states came first: the non-float input is a mask passed positionally, not token ids
+                raise argument_error(
+                    "attribute_to_layer_input", f"Captum attributes to every positional input of the layer, and "
+                    f"{type(module).__name__} is called with a {dtype} tensor among them (a mask transformers passes "
+                    "positionally), which has no gradient to multiply by", "Attribute at the output of the module "
+                    "before it (attribute_to_layer_input=False), e.g. the previous block or the embeddings, or leave "
+                    "layer out for the model's attribution point") from error
             if not to_input and holds_none and isinstance(error, AssertionError) and "not a torch.Tensor" in str(error):
                 # transformers' attention modules return (output, attention weights), the weights None unless asked for
                 raise argument_error(

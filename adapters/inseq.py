@@ -664,11 +664,17 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
         # "complete" was claimed for a column 0.45 off its logit (a saved output carries the old default: replaced too)
         fns["step_scores"]["spans"].update(dict.fromkeys(_SUMMED_STEP_SCORES, "sum"))
         self._attribution_dim_names = deepcopy(carried_names) if carried_names else deepcopy(_DIM_NAMES)
-        scores = self.source_attributions if self.source_attributions is not None else self.target_attributions
-        if isinstance(scores, Tensor):
-            self._aggregator = SIGNED_SUM if scores.ndim > 2 else []
-        else:  # inseq's save/load passes the scores as encoded bytes: keep what the object had
+        if not self._set_default_aggregator():  # inseq's save/load passes the scores as encoded bytes: kept
             self._aggregator = carried_aggregator if carried_aggregator is not None else SIGNED_SUM
+
+    def _set_default_aggregator(self) -> bool:
+        """The default aggregation read off the scores (the signed sum over d_model, none once at token level);
+        False where the scores are not decoded yet."""
+        scores = self.source_attributions if self.source_attributions is not None else self.target_attributions
+        if not isinstance(scores, Tensor):
+            return False
+        self._aggregator = SIGNED_SUM if scores.ndim > 2 else []
+        return True
 
     def _recover_from_safetensors(self):
         """inseq's ``FeatureAttributionOutput.load`` decodes each saved score as float32, which rounded a float64 model's
@@ -683,6 +689,9 @@ class BcosSequenceAttribution(FeatureAttributionSequenceOutput):
 
         self.source_attributions = recover(self.source_attributions)
         self.target_attributions = recover(self.target_attributions)
+        # decoded only now: an output saved after aggregate() came back with the signed sum as its default, so its
+        # aggregate() and show() refused to reduce d_model again (the same object before saving needed none)
+        self._set_default_aggregator()
         for field in ("step_scores", "sequence_scores"):
             scores = getattr(self, field)
             if scores is not None:
