@@ -212,7 +212,7 @@ def fine_tune_classifier(
             data_collator=TeacherCollator(collator) if distill else collator,
             compute_loss_func=loss_func,
             optimizers=optimizers,
-            callbacks=[_warmup(model, b_warmup)] if b_warmup else None,
+            callbacks=[_warmup(model, b_warmup) if b_warmup else _resumed_at_the_models_b(model)],
         )
         if distill is not None:
             loss_func.trainer = trainer
@@ -253,6 +253,35 @@ def _warmup(model: nn.Module, fraction: float):
     callback = BWarmupCallback(model, fraction=fraction)
     callback.refuse_smoothing_of_own_loss = False
     return callback
+
+
+def _resumed_at_the_models_b(model: nn.Module):
+    """A callback that refuses, when training begins, a run without ``b_warmup`` whose B-cos layers the
+    ``resume_from_checkpoint`` load set to another B than they had: a checkpoint written during a B warm-up holds each
+    layer's B of that step, so the resumed run trained every remaining step at it (1.1 for a model of B 1.5) and
+    returned a model running at 1.1 under ``config.bcos['b'] = 1.5``, without a word. The layers get their B back."""
+    from transformers import TrainerCallback
+
+    from .nn.linear import AlignmentPressure
+
+    layers = [m for m in model.modules() if isinstance(m, AlignmentPressure)]
+    given = [layer.b for layer in layers]
+
+    class ResumedAtTheModelsB(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            loaded = [layer.b for layer in layers]
+            if loaded == given:
+                return
+            for layer, b in zip(layers, given, strict=True):
+                layer.b = b
+            found = sorted({round(b, 6) for b in loaded})
+            raise argument_error("resume_from_checkpoint", f"holds B-cos layers at B {found} (a checkpoint written "
+                                 f"during a B warm-up), not the model's {sorted({round(b, 6) for b in given})}, and "
+                                 "b_warmup is not given: the resumed run would train its remaining steps, and return "
+                                 "the model, at the checkpoint's B", "pass the b_warmup of the run that wrote the "
+                                 "checkpoint (the warm-up continues from its step)")
+
+    return ResumedAtTheModelsB()
 
 
 def _own_loss_error(model: nn.Module, name: str, value: str, replaced_by: str, fix: str) -> BcosError:

@@ -120,3 +120,34 @@ def test_the_supervised_layers_and_heads_may_be_numpy_or_torch_integers(given, p
     gold = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 1.0]])
     assert torch.equal(attention_supervision_loss(attentions, gold, **given),
                        attention_supervision_loss(attentions, gold, **plain))
+
+
+def test_resuming_a_warmup_checkpoint_without_the_warmup_is_refused(tmp_path):
+    """A checkpoint written during a B warm-up holds each layer's B of that step: fine_tune_classifier resumed from it
+    without b_warmup trained every remaining step at that B (1.1 of the model's 1.5) and returned a model running at
+    1.1 under config.bcos['b'] = 1.5 (saved and reloaded at 1.1 too), without a word. Refused when training begins,
+    the layers back at their B; resumed with the warm-up, the run is the uninterrupted one."""
+    texts, labels = corpus(16)
+    settings = {"batch_size": 4, "max_steps": 6, "learning_rate": 1e-3, "output_dir": str(tmp_path), **QUIET}
+
+    def model():
+        torch.manual_seed(0)
+        config = tiny_config("bert", num_labels=2)
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+        return bcosify(T.BertForSequenceClassification(config), b=1.5, verbose=False)
+
+    uninterrupted = model()
+    fine_tune_classifier(uninterrupted, word_tokenizer(), texts, labels, b_warmup=1.0, save_strategy="steps",
+                         save_steps=2, **settings)
+    checkpoint = str(tmp_path / "checkpoint-2")
+    resumed = model()
+    with pytest.raises(BcosValueError, match=r"^resume_from_checkpoint: holds B-cos layers at B \[1\.1\] .* not the "
+                                             r"model's \[1\.5\], and b_warmup is not given: .* pass the b_warmup of "
+                                             r"the run that wrote the checkpoint"):
+        fine_tune_classifier(resumed, word_tokenizer(), texts, labels, resume_from_checkpoint=checkpoint, **settings)
+    assert _bs(resumed) == {1.5}
+    resumed = model()
+    fine_tune_classifier(resumed, word_tokenizer(), texts, labels, b_warmup=1.0, resume_from_checkpoint=checkpoint,
+                         **settings)
+    assert all(torch.equal(a, b) for a, b in zip(uninterrupted.parameters(), resumed.parameters(), strict=True))
+    assert _bs(resumed) == {1.5}
