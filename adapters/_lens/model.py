@@ -59,7 +59,7 @@ from .attention import HookedBcosAttention, HookedBcosGroupedQueryAttention
 from .boot_guard import is_explainable_bridge
 from .config import GATE_KINDS, BcosTransformerConfig, check_explainable
 from .decomposition import BcosActivationCache, fold_final_norm_weight, fold_final_norm_weight_in_state_dict
-from .hook_checks import hooked_points, weight_version, weight_versions
+from .hook_checks import hooked_points, weight_version
 from .hook_point import DynamicHookPoint
 from .inputs import refuse_bos_less_left_padding
 from .mlp import HookedBcosGatedMLP, HookedBcosMLP
@@ -414,7 +414,6 @@ class ExactCacheHookedTransformer(HookedTransformer):
             return out, cache_dict
         cache = BcosActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
         cache.hooked_at_run = hooked
-        cache.weights_at_run = weight_versions(self)  # its decompositions refuse once they change
         return out, cache
 
 

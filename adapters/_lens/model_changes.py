@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from bcos_plugins.errors import BcosValueError, argument_error
 from bcos_plugins.nn.norm import BcosLayerNorm, DetachableRMSNorm
 
-__all__ = ["ModelSnapshot", "WeightVersion", "refuse_cfg_unlike_built", "weight_version", "weight_versions"]
+__all__ = ["ModelSnapshot", "WeightVersion", "refuse_cfg_unlike_built", "weight_version"]
 
 
 class WeightVersion(NamedTuple):
@@ -45,11 +45,6 @@ def weight_version(weight: Tensor) -> WeightVersion:
     """``weight``'s :class:`WeightVersion` now."""
     return WeightVersion(None if weight.is_inference() else weight._version, weight.data_ptr(), weight.dtype,
                          weight.device)
-
-
-def weight_versions(model) -> dict[str, WeightVersion]:
-    """:func:`weight_version` of each of ``model``'s parameters, by name."""
-    return {name: weight_version(weight) for name, weight in model.named_parameters()}
 
 
 def _weight_changed(then: WeightVersion, now: WeightVersion, same_tensor: bool) -> bool:
