@@ -24,48 +24,17 @@ import pytest
 import torch
 import transformers as T
 from conftest import MAX_POS, VOCAB, padded_rows
+from test_trust_pass24_convert import _build, _modernbert, _outputs, _rotary
 from transformers.pytorch_utils import Conv1D
 
 from bcos_plugins import bcosify, explain, load_bcos_model
-from bcos_plugins.convert.architectures import SPECS, stock_class
+from bcos_plugins.convert.architectures import SPECS
 from bcos_plugins.errors import BcosFileError, BcosKeywordError, BcosTypeError, BcosValueError
 from bcos_plugins.nn import BcosLinear
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 B = 1.25
-
-
-def _rotary(config_class, **fields):
-    return config_class(**{**dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                  num_key_value_heads=2, intermediate_size=64, max_position_embeddings=MAX_POS,
-                                  num_labels=3, pad_token_id=0, bos_token_id=2, eos_token_id=2), **fields})
-
-
-def _modernbert(**fields):
-    return T.ModernBertConfig(**{**dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, max_position_embeddings=MAX_POS, local_attention=4,
-                                        global_attn_every_n_layers=2, num_labels=3, pad_token_id=0, bos_token_id=2,
-                                        eos_token_id=2, cls_token_id=2, sep_token_id=2), **fields})
-
-
-def _build(name: str, config, seed: int = 0):
-    """The stock model ``name`` with random non-zero biases and norm gains off their initial value, in eval mode."""
-    torch.manual_seed(seed)
-    model = stock_class(name)(config).eval()
-    with torch.no_grad():
-        for param_name, param in model.named_parameters():
-            if param_name.endswith("bias"):
-                param.normal_(0, 0.2)
-            elif param.ndim == 1:
-                param.add_(torch.randn_like(param), alpha=0.2)
-    return model
-
-
-def _outputs(model, ids, mask=None, **kwargs):
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, **kwargs)
-    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
 
 
 def _asked(spec) -> dict:
@@ -89,7 +58,7 @@ def test_a_key_value_cache_is_refused_as_a_cache_under_either_name(name, make, k
     # transformers reads past_key_values (its old name for cache): the continuation's logits are the whole text's
     with torch.no_grad():
         continued = model(input_ids=ids[:, 6:], **{keyword: copy.deepcopy(cache)}).logits[0, -1]
-    torch.testing.assert_close(continued, _outputs(model, ids)[0, -1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(continued, _outputs(model, ids, None)[0, -1], rtol=1e-5, atol=1e-6)
     # it was refused as "not an argument of ...forward, which would silently ignore it", naming neither cause nor fix
     with pytest.raises(BcosValueError, match=rf"^{keyword}: holds keys and values of earlier tokens computed outside "
                                              r"the explanation.*Pass the whole sequence \(the earlier tokens "
@@ -277,5 +246,5 @@ def test_a_device_map_naming_a_device_this_machine_lacks_is_refused_naming_it(qw
     with pytest.raises(BcosKeywordError, match=rf"^{named}.*\(available: cpu\)\. Pass an available device, e\.g\. "):
         load_bcos_model(qwen2_folder, device_map=device_map)
     ids = torch.tensor([[5, 6, 7, 8]])
-    assert torch.equal(_outputs(load_bcos_model(qwen2_folder, device_map={"model": "cpu", "lm_head": "cpu"}), ids),
-                       _outputs(load_bcos_model(qwen2_folder), ids))
+    on_cpu = load_bcos_model(qwen2_folder, device_map={"model": "cpu", "lm_head": "cpu"})
+    assert torch.equal(_outputs(on_cpu, ids, None), _outputs(load_bcos_model(qwen2_folder), ids, None))
