@@ -174,6 +174,13 @@ def test_rank_metrics_read_captums_embedding_attributions_as_the_other_metrics_d
         torch.testing.assert_close(average_precision(given, evidence.long()), average_precision(summed, evidence.long()),
                                    rtol=0, atol=0)
         assert rationale_alignment(given, evidence.long()).auprc == rationale_alignment(summed, evidence.long()).auprc
+    # a NaN at a token that is no candidate (a padding token's, through Captum's methods) is left out, as in (batch, pos)
+    broken = attributions.clone()
+    broken[:, 3] = float("nan")
+    torch.testing.assert_close(reciprocal_rank(broken, evidence, candidates), reciprocal_rank(summed, evidence, candidates),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(top_k_iou((broken,), evidence.long(), candidates),
+                               top_k_iou(summed, evidence.long(), candidates), rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------ paired accuracy: names and scores for class ids

@@ -21,8 +21,8 @@ from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
 
-__all__ = ["numbers_as_one_tensor", "perturbable_mask", "refuse_table_of_rows", "scores_and_positions", "share_as_written",
-           "share_counts", "special_tokens_mask", "token_scores"]
+__all__ = ["masked_positions_zeroed", "numbers_as_one_tensor", "perturbable_mask", "refuse_table_of_rows",
+           "scores_and_positions", "share_as_written", "share_counts", "special_tokens_mask", "token_scores"]
 
 
 def share_counts(n: Int[Tensor, "..."], fractions: Float[Tensor, "..."] | float) -> Int[Tensor, "..."]:
@@ -222,7 +222,11 @@ def scores_and_positions(scores: Any, positions: Any, reduce: str = "sum",
         if isinstance(one, Tensor) and (one.ndim >= 3 or one is not scores and one.ndim >= 2):
             # Captum's attributions at the embeddings, (batch, pos, d) or the one-input tuple holding them, as every
             # metric reads them: the rank metrics refused them as "must have 2 dimensions ... Reshape it" / "got
-            # tuple. Pass a torch.Tensor", naming neither the reading nor the fix
+            # tuple. Pass a torch.Tensor", naming neither the reading nor the fix. The positions the metric leaves out
+            # are zeroed first: a NaN there (a padding token's, through Captum's methods) is not a ranked token's
+            if positions is not None:
+                name = ranked_as or "attention_mask"
+                scores = masked_positions_zeroed(scores, require_tensor(name, positions, ndim=2, kind="mask"))
             return token_scores(scores, reduce=reduce), positions
         return scores, positions
     mask = getattr(scores, "attention_mask", None)
@@ -236,6 +240,19 @@ def scores_and_positions(scores: Any, positions: Any, reduce: str = "sum",
     elif positions is not None and ranked_as is not None:
         _refuse_positions_the_output_does_not_see(scores, positions, ranked_as)
     return token_scores(scores, reduce=reduce), positions
+
+
+def masked_positions_zeroed(attributions: Any, attention_mask: Tensor) -> Any:
+    """``attributions`` (a tensor ``(batch, pos, ...)`` or a tuple holding one) with the positions ``attention_mask``
+    leaves out zeroed, which the metrics ignore anyway: a NaN there (a padding token's NaN embedding through Captum's
+    methods) was refused as if it were a real token's. Anything else is returned as it is (token_scores checks it)."""
+    one = isinstance(attributions, (tuple, list)) and len(attributions) == 1 and isinstance(attributions[0], Tensor)
+    values = attributions[0] if one else attributions
+    if not isinstance(values, Tensor) or values.ndim < 2 or tuple(values.shape[:2]) != tuple(attention_mask.shape):
+        return attributions
+    masked = (attention_mask == 0).to(values.device).reshape(*attention_mask.shape, *[1] * (values.ndim - 2))
+    values = values.detach().masked_fill(masked, 0)
+    return (values,) if one else values
 
 
 def _refuse_positions_the_output_does_not_see(explanation: Any, positions: Any, argument: str) -> None:

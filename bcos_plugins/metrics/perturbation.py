@@ -73,13 +73,13 @@ from ..errors import BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
 from .attributions import (
+    masked_positions_zeroed,
     numbers_as_one_tensor,
     perturbable_mask,
     share_as_written,
     share_counts,
     token_scores,
 )
-from .summary import _masked_positions_zeroed
 
 __all__ = ["DEFAULT_FRACTIONS", "PerturbationCurves", "aopc", "perturbation_curves", "top_k_masks"]
 
@@ -573,7 +573,7 @@ def perturbation_curves(
     # methods) was refused as a real token's; zeroed with the rest of the padding, as explanation_entropy and
     # seqpg_score take it
     given = attributions if attention_mask is None or hasattr(attributions, "input_contributions") \
-        else _masked_positions_zeroed(numbers_as_one_tensor(attributions), attention_mask)
+        else masked_positions_zeroed(numbers_as_one_tensor(attributions), attention_mask)
     scores = token_scores(given, reduce=reduce).to(input_ids.device)
     require_same_shape("attributions", scores, "input_ids", input_ids,
                        "Attribute the same batch at the token (embedding) level (the shape is that of the token "

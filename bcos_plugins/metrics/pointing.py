@@ -42,8 +42,7 @@ from ..attribution.text import refuse_stock_loaded_bcos, with_output_object
 from ..convert.architectures import position_limit
 from ..errors import argument_error
 from ..nn.dynamic import evaluating
-from .attributions import numbers_as_one_tensor, scores_and_positions, token_scores
-from .summary import _masked_positions_zeroed
+from .attributions import masked_positions_zeroed, numbers_as_one_tensor, scores_and_positions, token_scores
 
 __all__ = ["SeqPGExamples", "make_seqpg_examples", "seqpg_evidence_split", "seqpg_score"]
 
@@ -289,7 +288,7 @@ def seqpg_evidence_split(
         # score ignores, was refused as if it were a real token's ("contain NaN or inf in rows [0, 1]"), where
         # explanation_entropy takes it: zeroed with the rest of the padding first, one mask row per explained row
         rows_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
-        attributions = _masked_positions_zeroed(numbers_as_one_tensor(attributions), rows_mask.repeat_interleave(2, 0))
+        attributions = masked_positions_zeroed(numbers_as_one_tensor(attributions), rows_mask.repeat_interleave(2, 0))
     scores, attention_mask = scores_and_positions(attributions, attention_mask, reduce)
     scores = token_scores(scores, reduce=reduce)
     segment_masks = require_tensor("segment_masks", segment_masks, ndim=3, kind="mask", shape_hint="(n, 2, pos)")
