@@ -907,6 +907,13 @@ class LayerBcos(LayerGradientXActivation):
             if target is None and isinstance(out, Tensor) and out.ndim >= 2 and out[0].numel() > 1:
                 # Captum's refusal is a bare AssertionError ("Target not provided when necessary"); BcosAttribution's
                 # names the argument and the fix
+                if isinstance(getattr(inner, "attr", None), LLMGradientAttribution):
+                    # Captum's LLM workflow steps through the target's first dimension: a (1, n) tensor of token ids
+                    # was one step explaining n log-probabilities, refused as "Pass target= for multi-output functions"
+                    raise argument_error("target", f"LLMGradientAttribution explains one target token per step and got "
+                                         f"{out.shape[-1]} at once: its target tensor of token ids has more than one "
+                                         "dimension (Captum steps through the first)", "Pass a 1-d tensor of token "
+                                         "ids (target.reshape(-1)) or the target text")
                 _one_value_per_example(out, out.shape[0], type(self).__name__)
             outputs.append(out)
             return out

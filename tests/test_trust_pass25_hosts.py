@@ -92,3 +92,22 @@ def test_layer_bcos_at_the_input_of_a_block_called_with_a_boolean_mask_names_the
     with pytest.raises(BcosValueError, match=r"^attribute_to_layer_input: the input of Embedding is token ids"):
         LayerBcos(model, layer=model.distilbert.embeddings.word_embeddings).attribute(
             ids, target=1, additional_forward_args=(mask,), attribute_to_layer_input=True)
+
+
+# ------------------------------------------------ Captum's LLM workflow: target token ids as a (1, n) tensor
+
+
+def test_llm_gradient_attribution_with_a_two_dimensional_tensor_of_target_ids_names_the_one_dimensional_fix():
+    """``target=tokenizer(" mat", return_tensors="pt").input_ids`` is a (1, n) tensor: Captum steps through its first
+    dimension, so the one step asked LayerBcos to explain n log-probabilities at once, refused as "Pass target= for
+    multi-output functions" (the caller had passed one). A 1-d tensor of the same ids is explained token by token."""
+    from captum.attr import LLMGradientAttribution, TextTokenInput
+
+    model, tokenizer = _bcos("LlamaForCausalLM"), _word_tokenizer()
+    attribution = LLMGradientAttribution(LayerBcos(model), tokenizer)
+    with pytest.raises(BcosValueError, match=r"^target: LLMGradientAttribution explains one target token per step and "
+                                             r"got 2 at once.*Pass a 1-d tensor of token ids \(target\.reshape\(-1\)\)"):
+        attribution.attribute(TextTokenInput("w3 w4 w5", tokenizer), target=torch.tensor([[7, 8]]))
+    result = attribution.attribute(TextTokenInput("w3 w4 w5", tokenizer), target=torch.tensor([[7, 8]]).reshape(-1))
+    assert torch.equal(result.token_attr, attribution.attribute(TextTokenInput("w3 w4 w5", tokenizer),
+                                                                target="w7 w8").token_attr)
