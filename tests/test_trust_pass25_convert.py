@@ -29,7 +29,13 @@ from transformers.pytorch_utils import Conv1D
 
 from bcos_plugins import bcosify, explain, load_bcos_model
 from bcos_plugins.convert.architectures import SPECS
-from bcos_plugins.errors import BcosFileError, BcosKeywordError, BcosTypeError, BcosValueError
+from bcos_plugins.errors import (
+    BcosFileError,
+    BcosKeywordError,
+    BcosRuntimeError,
+    BcosTypeError,
+    BcosValueError,
+)
 from bcos_plugins.nn import BcosLinear
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -248,3 +254,27 @@ def test_a_device_map_naming_a_device_this_machine_lacks_is_refused_naming_it(qw
     ids = torch.tensor([[5, 6, 7, 8]])
     on_cpu = load_bcos_model(qwen2_folder, device_map={"model": "cpu", "lm_head": "cpu"})
     assert torch.equal(_outputs(on_cpu, ids, None), _outputs(load_bcos_model(qwen2_folder), ids, None))
+
+
+# ------------------------------------------------------------------ FlexAttention on the CPU
+
+
+@pytest.mark.parametrize("name, make", [
+    ("LlamaForCausalLM", lambda: _rotary(T.LlamaConfig)),
+    ("ModernBertForSequenceClassification", lambda: _modernbert(classifier_pooling="mean")),
+])
+def test_flex_attention_on_the_cpu_is_named_with_the_switch_that_explains_it(name, make):
+    model = bcosify(_build(name, make()), b=B, verbose=False)
+    ids, mask = padded_rows([9, 5], 9, "right", seed=3)
+    asked = _asked(SPECS[name])
+    reference = explain(model, ids, mask, **asked)
+    model.set_attn_implementation("flex_attention")
+    # torch's "FlexAttention does not support backward on CPU. Please set the input requires_grad to False or use
+    # another device": no explanation can do the first, and neither names the model's setting
+    with pytest.raises(BcosRuntimeError, match=r"^model: runs FlexAttention \(attn_implementation='flex_attention'\), "
+                                               r"for which torch has no backward pass on the CPU.*model\."
+                                               r"set_attn_implementation\('eager'\)"):
+        explain(model, ids, mask, **asked)
+    model.set_attn_implementation("eager")
+    torch.testing.assert_close(explain(model, ids, mask, **asked).contributions, reference.contributions,
+                               rtol=1e-5, atol=1e-6)

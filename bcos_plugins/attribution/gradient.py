@@ -177,7 +177,11 @@ def input_x_gradient(
     # the graph is differentiated with respect to the leaves only: B-cos layers may reuse their cached
     # unit-norm weights instead of normalising the weights in every call
     with torch.inference_mode(False), torch.enable_grad(), explanation_mode(model), no_parameter_gradients():
-        explained, leaves = compute()
+        try:
+            explained, leaves = compute()
+        except NotImplementedError as error:
+            refuse_flex_attention_on_cpu(error)
+            raise
         leaves = tuple(leaves)
         if not leaves:
             raise BcosRuntimeError("input_x_gradient: no attribution point was reached; the forward pass did "
@@ -199,6 +203,20 @@ def input_x_gradient(
     if check_finite and not defer_finite_check and non_finite_step(step):
         refuse_non_finite_step(step)
     return step
+
+
+def refuse_flex_attention_on_cpu(error: NotImplementedError) -> None:
+    """Name the cause and the fix of torch's refusal to differentiate FlexAttention on the CPU (a model loaded or set
+    with ``attn_implementation="flex_attention"``), raised inside the forward of every explanation path: its own
+    message told to "set the input requires_grad to False", which no explanation can, and named neither the model's
+    setting nor the switch that explains it. Any other ``NotImplementedError`` is left as it is."""
+    if "FlexAttention does not support backward on CPU" in str(error):
+        raise BcosRuntimeError(
+            "model: runs FlexAttention (attn_implementation='flex_attention'), for which torch has no backward pass on "
+            "the CPU, and an explanation differentiates the forward pass. Explain it with another attention "
+            "implementation (model.set_attn_implementation('eager') or 'sdpa'; load_bcos_model(path, "
+            "attn_implementation='eager')), whose explanation is the same up to float rounding, or on a GPU."
+        ) from error
 
 
 def non_finite_step(step: GradientStep) -> Tensor:
