@@ -13,7 +13,7 @@ from .errors import BcosTypeError, argument_error
 from .losses import own_training_loss
 from .nn.linear import AlignmentPressure, check_b
 
-__all__ = ["BWarmupCallback", "refuse_evaluations_compared_during"]
+__all__ = ["BWarmupCallback", "refuse_a_second_schedule", "refuse_evaluations_compared_during"]
 
 
 class _LazyCallbackType(type):
@@ -121,19 +121,10 @@ class _BWarmup:
                                  "trains: it would anneal B in that model's layers while the trained one runs at its "
                                  "full B", "build the callback with the model passed to the Trainer: "
                                  "BWarmupCallback(model) and Trainer(model=model, ...)")
-        # two warm-ups of the same layers in one run (callbacks=[...] and add_callback, or a list that already held
-        # one): each set B before every step, so the layers followed the one called last and the other's schedule
-        # (the one its refusals checked) was not the one trained, without a word. The run's TrainerState is new for
-        # each train() call, so it names the warm-ups of this run only
-        running = vars(state).setdefault("_bcos_b_warmups", []) if hasattr(state, "__dict__") else []
         mine = {id(layer) for layer in self.layers}
-        if any(other is not self and mine & {id(layer) for layer in other.layers} for other in running):
-            self._set(self.target)  # the first one lowered B when training began: the model is left as it was given
-            raise argument_error("callbacks", "holds two BWarmupCallback instances for the same model: each sets B "
-                                 "before every step, so the layers would follow the one called last", "keep one "
-                                 "warm-up: remove the other with trainer.remove_callback(BWarmupCallback) before "
-                                 "adding yours")
-        running.append(self)
+        refuse_a_second_schedule(state, self, "BWarmupCallback", "B",
+                                 lambda other: bool(mine & {id(layer) for layer in other.layers}),
+                                 restore=lambda: self._set(self.target))  # (the first one lowered B: put back)
         own_loss = own_training_loss(model) if isinstance(model, nn.Module) else None
         if self.refuse_smoothing_of_own_loss and own_loss and getattr(args, "label_smoothing_factor", 0):
             # the model never sees the setting: the Trainer pops the labels and trains its smoothed cross-entropy of
@@ -194,6 +185,22 @@ def _inner_bcos_b(model: nn.Module) -> tuple[float, str]:
                              "anneals every B-cos layer to one target B", "convert the parts with the same B")
     path, settings = next(iter(found.values()))
     return settings.get("b"), f"{path}.config.bcos['b']"
+
+
+def refuse_a_second_schedule(state, callback, name: str, value: str, same_model, restore=None) -> None:
+    """Refuse, when training begins, a second schedule callback of ``callback``'s class in the same run acting on the
+    same model (``same_model(other)``): each sets ``value`` before every step, so the model followed the one called
+    last, not the one whose refusals were checked, without a word (two ``SwishBetaToBilinear`` also failed after the
+    last step, the second finalising a bilinear model). ``restore()`` undoes what the first did when training began.
+    The run's ``TrainerState`` is new for each ``train()`` call, so it holds this run's schedules only."""
+    running = vars(state).setdefault("_bcos_schedules", []) if hasattr(state, "__dict__") else []
+    if any(type(other) is type(callback) and other is not callback and same_model(other) for other in running):
+        if restore is not None:
+            restore()
+        raise argument_error("callbacks", f"holds two {name} instances for the same model: each sets {value} before "
+                             "every step, so the model would follow the one called last", "keep one: remove the other "
+                             f"with trainer.remove_callback({name}) before adding yours")
+    running.append(callback)
 
 
 def refuse_evaluations_compared_during(args, state, last: int, *, schedule: str, phase: str, runs_at: str,

@@ -151,3 +151,29 @@ def test_resuming_a_warmup_checkpoint_without_the_warmup_is_refused(tmp_path):
                          **settings)
     assert all(torch.equal(a, b) for a, b in zip(uninterrupted.parameters(), resumed.parameters(), strict=True))
     assert _bs(resumed) == {1.5}
+
+
+def test_two_swish_beta_annealings_in_one_run_are_refused_before_the_first_step(tmp_path):
+    """Two SwishBetaToBilinear in one trainer each set beta before every step (the gates followed the one called
+    last), and the run failed only after its last step, the second finalising a model the first had made bilinear
+    ("model: is already bilinear ... without SwishBetaToBilinear"), naming neither callback. Refused when training
+    begins, before any step; one annealing runs and finalises the model."""
+    from bcos_plugins.bilinear import SwishBetaToBilinear
+
+    torch.manual_seed(0)
+    llama = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=60, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2))
+    ids = torch.randint(60, (8, 12), generator=torch.Generator().manual_seed(0))
+    rows = [{"input_ids": row, "labels": row} for row in ids]
+    args = T.TrainingArguments(str(tmp_path), max_steps=6, per_device_train_batch_size=4, report_to="none",
+                               use_cpu=True, disable_tqdm=True, save_strategy="no")
+    before = [p.detach().clone() for p in llama.parameters()]
+    trainer = T.Trainer(model=llama, args=args, train_dataset=rows,
+                        callbacks=[SwishBetaToBilinear(0.5), SwishBetaToBilinear(0.2)])
+    with pytest.raises(BcosValueError, match=r"^callbacks: holds two SwishBetaToBilinear instances for the same "
+                                             r"model: each sets beta before every step"):
+        trainer.train()
+    assert all(torch.equal(a, b) for a, b in zip(before, llama.parameters(), strict=True))
+    trainer.pop_callback(SwishBetaToBilinear)
+    trainer.train()
+    assert llama.config.hidden_act == "linear"

@@ -27,7 +27,7 @@ from transformers import TrainerCallback
 from transformers.activations import ACT2FN, LinearActivation
 
 from .._checks import require_float
-from ..b_warmup import refuse_evaluations_compared_during
+from ..b_warmup import refuse_a_second_schedule, refuse_evaluations_compared_during
 from ..convert.bcosify import record_module_edits
 from ..errors import argument_error
 from ..nn.dynamic import DynamicWeightModule
@@ -250,6 +250,9 @@ class SwishBetaToBilinear(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is None:
             raise ValueError("SwishBetaToBilinear needs the Trainer to pass the model to its callbacks")
+        self.model_id = id(model)
+        refuse_a_second_schedule(state, self, "SwishBetaToBilinear", "beta",
+                                 lambda other: getattr(other, "model_id", None) == self.model_id)
         self.start_beta_value = self._start_beta(model)
         self.require_bilinear_phase(state.max_steps)
         if self.start_beta_value > 0:
