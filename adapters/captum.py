@@ -269,7 +269,10 @@ _MISSING_FROM_INPUTS = (
     "inputs_embeds= adds the position (and token-type) embeddings after them (BERT, RoBERTa, DistilBERT, "
     "GPT-2). Attribute at the combined embedding: fwd = EmbeddingForward(model); "
     "BcosAttribution(fwd).attribute(fwd.embed(input_ids, attention_mask), target=..., "
-    "additional_forward_args=(attention_mask,)); otherwise pass every input the output depends on. Or the function "
+    "additional_forward_args=(attention_mask,)). A B-cos ViT (BcosViT) called with its pixels encodes them as "
+    "[x, 1 - x], whose constant 1 is no part of the pixels: attribute at the encoding, BcosAttribution(lambda e: "
+    "model(encoded_pixel_values=e).logits).attribute(model.encode(images), target=...). Otherwise pass every input the "
+    "output depends on. Or the function "
     "applies a non-linear function to the model's outputs (softmax, log-softmax, a probability): B-cos decomposes "
     "the logits exactly, not functions of them, so explain the logits")
 
@@ -307,7 +310,8 @@ def _require_tensor_output(out: Any, who: str) -> None:
         field = " (a transformers model's output: its .logits)" if hasattr(out, "logits") else ""
         raise argument_error("forward_func", f"returned a {type(out).__name__}, not a tensor{field}, so {who} has no "
                              "output to pick target from", "Return the tensor to explain, e.g. lambda e: "
-                             "model(inputs_embeds=e).logits, or pass EmbeddingForward(model)", kind=BcosTypeError)
+                             "model(inputs_embeds=e).logits, or pass EmbeddingForward(model); for a B-cos ViT, lambda e: "
+                             "model(encoded_pixel_values=e).logits on model.encode(images)", kind=BcosTypeError)
 
 
 def _one_value_per_example(out: Tensor, batch: int, who: str) -> Float[Tensor, " batch"]:

@@ -19,6 +19,7 @@ The data ship with scikit-learn (``load_digits``: no download). CPU, well under 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -38,6 +39,9 @@ from bcos_plugins.bilinear import (  # noqa: E402
     l1_l2_sparsity,
     truncation_curve,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.settings import option_float, option_int  # noqa: E402
 
 
 def load_data(seed: int):
@@ -181,11 +185,15 @@ def plot_mask(masks, model, x_test, y_test, digit: int, strength: float, path: P
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("outputs/bilinear_digits"))
-    parser.add_argument("--noise", type=float, default=0.15, help="std of the Gaussian input noise (paper: 0.15)")
-    parser.add_argument("--d-hidden", type=int, default=128)
-    parser.add_argument("--epochs", type=int, default=40)
-    parser.add_argument("--mask-strength", type=float, default=3.0, help="L2 norm of the mask in the example plot")
-    parser.add_argument("--seed", type=int, default=0)
+    # bounds checked as argparse reads them, before any work: --epochs 0 printed an untrained model's numbers,
+    # --noise -1 trained with noise of std 1 and --mask-strength nan drew NaN masks, each without a word
+    parser.add_argument("--noise", type=option_float(0.0), default=0.15,
+                        help="std of the Gaussian input noise, >= 0 (paper: 0.15)")
+    parser.add_argument("--d-hidden", type=option_int(1), default=128)
+    parser.add_argument("--epochs", type=option_int(1), default=40)
+    parser.add_argument("--mask-strength", type=option_float(0.0, exclusive_minimum=True), default=3.0,
+                        help="L2 norm of the mask in the example plot, > 0")
+    parser.add_argument("--seed", type=option_int(0, 2**32 - 1), default=0)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)

@@ -21,6 +21,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -47,6 +48,9 @@ from tqdm import trange  # noqa: E402
 from transformer_lens import HookedTransformer  # noqa: E402
 
 from bcos_plugins.data import SHIPPED_DATA  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
+from benchmarks.common.settings import option_float, option_int  # noqa: E402
 
 DATA = SHIPPED_DATA / "tinystories" / "tinystories_val_head_400k.txt"
 END_OF_TEXT = "<|endoftext|>"
@@ -159,18 +163,24 @@ def top_tokens(activations: torch.Tensor, tokens: torch.Tensor, tokenizer: Token
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("outputs/bilinear_language"))
-    parser.add_argument("--vocab", type=int, default=2048)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--n-ctx", type=int, default=128)
-    parser.add_argument("--lm-steps", type=int, default=400)
-    parser.add_argument("--lm-batch", type=int, default=16)
-    parser.add_argument("--sae-tokens", type=int, default=300_000)
-    parser.add_argument("--sae-lr", type=float, default=1e-3)
-    parser.add_argument("--expansion", type=int, default=4, help="d_sae / d_model (paper: 4)")
-    parser.add_argument("--k", type=int, default=16, help="top-k of the SAEs (paper: 30 at d_model 512)")
-    parser.add_argument("--threads", type=int, default=1, help="small matrices: one thread avoids contention")
-    parser.add_argument("--seed", type=int, default=0)
+    # bounds checked as argparse reads them, before any work: --k 0 failed inside sae-lens after minutes of training
+    parser.add_argument("--vocab", type=option_int(1), default=2048)
+    parser.add_argument("--d-model", type=option_int(4), default=128, help="a multiple of the 4 heads")
+    parser.add_argument("--n-ctx", type=option_int(2), default=128)
+    parser.add_argument("--lm-steps", type=option_int(1), default=400)
+    parser.add_argument("--lm-batch", type=option_int(1), default=16)
+    parser.add_argument("--sae-tokens", type=option_int(1), default=300_000)
+    parser.add_argument("--sae-lr", type=option_float(0.0, exclusive_minimum=True), default=1e-3)
+    parser.add_argument("--expansion", type=option_int(1), default=4, help="d_sae / d_model (paper: 4)")
+    parser.add_argument("--k", type=option_int(1), default=16,
+                        help="top-k of the SAEs, <= expansion * d_model (paper: 30 at d_model 512)")
+    parser.add_argument("--threads", type=option_int(1), default=1, help="small matrices: one thread avoids contention")
+    parser.add_argument("--seed", type=option_int(0, 2**32 - 1), default=0)
     args = parser.parse_args()
+    if args.d_model % 4:
+        parser.error(f"--d-model: must be a multiple of the 4 attention heads, got {args.d_model}")
+    if args.k > args.expansion * args.d_model:
+        parser.error(f"--k: must be <= the SAE width expansion * d_model = {args.expansion * args.d_model}, got {args.k}")
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     logging.getLogger("sae_lens").setLevel(logging.ERROR)  # it warns that overrides make runs non-reproducible

@@ -84,6 +84,11 @@ def main() -> None:
     parser.add_argument("--prompt", default="Once upon a time, there was a little")
     parser.add_argument("--continuation", default=" girl named Lily. She loved to play outside.")
     args = parser.parse_args()
+    if args.model is not None and not Path(args.model).expanduser().exists() and (
+            args.model.startswith(("/", ".", "~")) or "\\" in args.model or args.model.count("/") > 1):
+        # a folder that is not there was read as a hub id: transformers' "Repo id must use alphanumeric chars"
+        parser.error(f"--model: no folder {args.model!r}; pass the folder of a saved causal LM (save_pretrained) or a "
+                     "hub id such as gpt2 (needs the network), or leave --model out for the offline tiny GPT-2")
     steps, threads = quickstart_settings()
     torch.set_num_threads(threads)
     OUT.mkdir(parents=True, exist_ok=True)

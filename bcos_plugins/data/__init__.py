@@ -52,6 +52,7 @@ from .shipped import (
     drop_empty_texts,
     first_rows,
     read_tsv,
+    require_one_source,
     shipped_data,
     shipped_split,
 )
@@ -63,7 +64,8 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
 
     Args:
         split: ``"train"`` (3,000 rows) or ``"test"`` (600 rows) of the shipped balanced slice; with
-            ``source="hub"``: ``"train"`` or ``"validation"`` of GLUE SST-2. Ignored when ``path`` is given.
+            ``source="hub"``: ``"train"`` or ``"validation"`` of GLUE SST-2 (its ``"test"`` split, whose labels GLUE
+            keeps hidden, is refused). Ignored when ``path`` is given.
         n: keep the first ``n`` rows (``None``: all; more than there are: all, with a ``UserWarning``).
         path: a ``sentence<TAB>label`` file with a header line, instead of the shipped slice.
         source: ``"local"`` (default, no network) or ``"hub"`` (``datasets.load_dataset("glue", "sst2")``).
@@ -77,11 +79,22 @@ def load_sst2(split: str = "train", *, n: int | None = None, path: str | Path | 
     """
     names = ["negative", "positive"]
     n = check_n(n)
+    require_one_source(path, source, "load_sst2")
     if source == "hub":
         from datasets import load_dataset
 
         ds = load_dataset("glue", "sst2", split=split)
-        rows = [(r["sentence"], int(r["label"])) for r in ds]
+        # stripped as the shipped slice's are: GLUE's sentences end in a space, which a byte-level tokenizer keeps as a
+        # last token of its own (the token a GPT-2 classifier reads), so the hub's rows were classified unlike the same
+        # shipped rows
+        rows = [(r["sentence"].strip(), int(r["label"])) for r in ds]
+        hidden = sum(label not in (0, 1) for _, label in rows)
+        if hidden:
+            # GLUE's test split holds label -1 on every row: it was returned as a class id, silently
+            raise argument_error("split", f"GLUE SST-2's {split!r} split has no labels ({hidden} of {len(rows)} rows "
+                                 "are labelled -1: GLUE keeps its test labels hidden)",
+                                 "Use split='validation' (the labelled held-out split) with source='hub', or the "
+                                 "shipped slice's 'test' split (source='local')")
     elif source == "local":
         file = data_file(path) if path is not None else shipped_split("sst2", split, ("train", "test"))
         rows = []

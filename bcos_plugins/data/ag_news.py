@@ -17,6 +17,7 @@ from .shipped import (
     drop_empty_texts,
     first_rows,
     read_tsv,
+    require_one_source,
     shipped_split,
 )
 
@@ -54,6 +55,7 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
     """
     n = check_n(n)
     clean = require_bool("clean", clean)  # "no" cleaned (truthy), None did not
+    require_one_source(path, source, "load_ag_news")
     if source == "hub":
         from datasets import load_dataset
 

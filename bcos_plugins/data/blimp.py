@@ -44,7 +44,7 @@ import torch
 from .._checks import require_choice, require_int
 from ..errors import BcosFileError, BcosTypeError, argument_error
 from .contrastive import ContrastiveBatch, left_pad, word_tokens_after
-from .shipped import SHIPPED_DATA, check_n, data_file, first_rows
+from .shipped import SHIPPED_DATA, check_n, data_file, first_rows, require_one_source
 
 __all__ = ["BLIMP_SUBSETS", "BlimpBatch", "BlimpPair", "encode_blimp", "load_blimp"]
 
@@ -177,6 +177,7 @@ def load_blimp(subset: str, *, n: int | None = None, path: str | Path | None = N
     """
     short, paradigm = _resolve(subset)
     n = check_n(n)  # n=-1 kept all pairs but the last, silently (a slice)
+    require_one_source(path, source, "load_blimp")
     if source == "hub":
         from datasets import load_dataset
 

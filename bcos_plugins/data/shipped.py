@@ -14,7 +14,7 @@ from .._checks import require_int
 from ..errors import BcosFileError, BcosTypeError, argument_error
 
 __all__ = ["SHIPPED_DATA", "TextClassificationData", "check_n", "data_file", "drop_empty_texts", "first_rows", "read_tsv",
-           "shipped_data", "shipped_split"]
+           "require_one_source", "shipped_data", "shipped_split"]
 
 #: The datasets and tokenizer files shipped as package data (one folder per dataset, each with SOURCE.md).
 SHIPPED_DATA = Path(__file__).resolve().parent / "files"
@@ -91,6 +91,14 @@ def data_file(path) -> Path:
                              "Pass path='my_data.tsv' (or pathlib.Path), or leave it out for the shipped slice",
                              kind=BcosTypeError)
     return Path(path)
+
+
+def require_one_source(path, source: str, loader: str) -> None:
+    """Refuse ``path=`` together with ``source="hub"``: the loaders read the hub and ignored the file, silently (the
+    one check of ``load_sst2``, ``load_ag_news`` and ``load_blimp``)."""
+    if source == "hub" and path is not None:
+        raise argument_error("path", f"{loader} was given path={str(path)!r} and source='hub'; it reads one of them",
+                             "Leave source out (source='local') to read your file, or drop path= to load from the hub")
 
 
 def drop_empty_texts(rows: list[tuple[str, int]], loader: str, what: str = "text") -> list[tuple[str, int]]:

@@ -79,8 +79,13 @@ def explain_image(model: BcosViT, pixel_values: Float[Tensor, "batch c h w"], *,
                              else "Convert the images to a tensor, e.g. torch.as_tensor(images).float() / 255",
                              kind=BcosTypeError)
     if pixel_values.ndim != 4 or pixel_values.shape[0] == 0:
+        # an empty batch was told to add a batch dimension, which it has
+        fix = ("Pass at least one image" if pixel_values.ndim == 4
+               else "Add a batch dimension with images[None]" if pixel_values.ndim == 3
+               else "Add the batch and channel dimensions with images[None, None]" if pixel_values.ndim == 2
+               else "Pass images (batch, C, H, W)")
         raise BcosValueError(f"pixel_values: expected a non-empty (batch, C, H, W) tensor, got shape "
-                             f"{tuple(pixel_values.shape)}. Add a batch dimension with images[None].")
+                             f"{tuple(pixel_values.shape)}. {fix}.")
     encoded = as_leaf(model.encode(pixel_values))
     batch = encoded.shape[0]
     parsed: dict = {}

@@ -86,8 +86,11 @@ def _check_figure_inputs(images, columns, colour_rows, row_titles) -> None:
     if n == 0:
         raise argument_error("images", "is an empty batch", "Pass at least one image")
     if channels not in (1, 3):
-        raise argument_error("images", f"has {channels} channels; the figure draws grey (1) or RGB (3) images",
-                             "Pass one channel (images[:, :1]) or three")
+        # channels-last images and an explanation's [x, 1 - x] encoding were told to keep one channel or three
+        fix = ("Channels last? Pass images.permute(0, 3, 1, 2)" if images.shape[-1] in (1, 3)
+               else f"The [x, 1 - x] encoding (explanation.encoded)? Pass the images, encoded[:, :{channels // 2}]"
+               if channels in (2, 6) else "Pass one channel (images[:, :1]) or three")
+        raise argument_error("images", f"has {channels} channels; the figure draws grey (1) or RGB (3) images", fix)
     low, high = float(images.min()), float(images.max())
     if low < -1e-4 or high > 1 + 1e-4:  # the tolerance of the models' own input check (vision.encoding)
         raise argument_error("images", f"has values in [{low:.4g}, {high:.4g}], drawn on [0, 1]",

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["env_choice", "env_choices", "env_flag", "env_float", "env_int", "env_numbers", "env_path",
-           "epochs_text", "no_command_line_arguments"]
+           "epochs_text", "no_command_line_arguments", "option_float", "option_int"]
 
 
 def _bad(name: str, raw: str, problem: str, fix: str, default) -> SystemExit:
@@ -134,6 +134,45 @@ def env_choices(name: str, default: Sequence[str], choices: Sequence[str]) -> tu
         raise _bad(name, raw, f"not a comma-separated list of distinct values from {listed}",
                    f"some of {listed}, e.g. {name}={listed}", ",".join(default))
     return values
+
+
+def option_int(minimum: int | None = None, maximum: int | None = None):
+    """An argparse ``type=`` for a whole-number option within ``[minimum, maximum]``: argparse stops the script before
+    any work with "argument --epochs: must be >= 1, got 0" (exit status 2). The example scripts took any int:
+    ``--epochs 0`` reported an untrained model's numbers, ``--k 0`` failed after minutes of training."""
+    import argparse
+
+    def read(raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {raw!r}") from None
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"must be {_bounds(minimum, maximum)}, got {value}")
+        return value
+
+    read.__name__ = "whole number"  # argparse names the type in its own messages
+    return read
+
+
+def option_float(minimum: float | None = None, maximum: float | None = None, *, exclusive_minimum: bool = False):
+    """An argparse ``type=`` for a finite number within the bounds, as :func:`option_int` (``--noise -1`` ran with
+    noise of std 1, ``--mask-strength nan`` drew NaN masks, silently)."""
+    import argparse
+
+    def read(raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {raw!r}") from None
+        too_low = minimum is not None and (value <= minimum if exclusive_minimum else value < minimum)
+        if not math.isfinite(value) or too_low or (maximum is not None and value > maximum):
+            bounds = _bounds(minimum, maximum, exclusive_minimum=exclusive_minimum)
+            raise argparse.ArgumentTypeError(f"must be a finite number{f' {bounds}' if bounds else ''}, got {raw}")
+        return value
+
+    read.__name__ = "number"
+    return read
 
 
 def settings_from_argv(argv: Sequence[str], script: str, flag: str, env_name: str, preset: dict[str, str], read):
