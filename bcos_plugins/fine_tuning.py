@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
 import shutil
 import tempfile
 from pathlib import Path
@@ -548,7 +549,14 @@ def checked_training_arguments(helper, training_args: dict, defaults: dict, **se
             value = (not value) if key == "disable_tqdm" and isinstance(value, bool) else value
             raise argument_error(key, f"is set from the training helper's own argument {own}",
                                  f"Pass {own}={value!r} instead", kind=BcosTypeError)
-    return TrainingArguments(**settings, **{"logging_nan_inf_filter": False, **defaults, **training_args})
+    steps = training_args.get("gradient_accumulation_steps", 1)
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Real) or not (steps >= 1 and float(steps).is_integer()):
+        # TrainingArguments took 0 (and -1), and the run failed in the Trainer with a bare "ZeroDivisionError: integer
+        # division or modulo by zero"
+        raise argument_error("gradient_accumulation_steps", f"must be a whole number >= 1 (the micro-batches per "
+                             f"optimiser step), got {steps!r}", "pass 1 (no accumulation) or more")
+    return TrainingArguments(**settings, **{"logging_nan_inf_filter": False, **defaults, **training_args,
+                                            "gradient_accumulation_steps": int(steps)})
 
 
 def two_rate_trainer_optimizer(model: nn.Module, args, head_learning_rate: float) -> torch.optim.Optimizer:

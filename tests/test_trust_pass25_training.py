@@ -177,3 +177,20 @@ def test_two_swish_beta_annealings_in_one_run_are_refused_before_the_first_step(
     trainer.pop_callback(SwishBetaToBilinear)
     trainer.train()
     assert llama.config.hidden_act == "linear"
+
+
+@pytest.mark.parametrize("steps", [0, -1, 1.5])
+def test_gradient_accumulation_steps_below_one_is_refused_by_name(steps, tmp_path):
+    """TrainingArguments took gradient_accumulation_steps=0 (or -1), and the training helpers' runs failed inside the
+    Trainer with a bare "ZeroDivisionError: integer division or modulo by zero". Refused by name before training, by
+    every helper (their one TrainingArguments builder)."""
+    texts, labels = corpus(8)
+    message = r"^gradient_accumulation_steps: must be a whole number >= 1 .* pass 1 \(no accumulation\) or more"
+    torch.manual_seed(0)
+    model = bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)), b=1.5, verbose=False)
+    with pytest.raises(BcosValueError, match=message):
+        fine_tune_classifier(model, word_tokenizer(), texts, labels, batch_size=4, max_steps=1,
+                             gradient_accumulation_steps=steps, **QUIET)
+    with pytest.raises(BcosValueError, match=message):
+        train_causal_lm(_causal_lm(), _rows(), str(tmp_path), pad_token_id=0, max_steps=1,
+                        gradient_accumulation_steps=steps, **QUIET_LM)
