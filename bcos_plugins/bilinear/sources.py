@@ -11,7 +11,9 @@ Where the weights come from:
   ``P = W_out.T``, ``b_h = b_in`` (added after the product), ``c = b_out``.
 - a transformers gated MLP (Llama/Mistral/Qwen layout: ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``)
   whose activation is the identity, e.g. after :class:`~bcos_plugins.bilinear.swish_beta.SwishBetaToBilinear`:
-  ``W = gate_proj.weight``, ``V = up_proj.weight``, ``P = down_proj.weight``.
+  ``W = gate_proj.weight``, ``V = up_proj.weight``, ``P = down_proj.weight``; where gate and up are one
+  ``gate_up_proj`` (Phi-3, GLM: ``gate, up = gate_up_proj(x).chunk(2, dim=-1)``), ``W`` and ``V`` are its two halves
+  of rows.
 - B-cos gated MLPs (TransformerLens ``HookedBcosGatedMLP``, a B-cosified transformers Llama MLP) are refused:
   their outputs carry an input-dependent scale, so they are not bilinear in their weights.
 - plain tensors: a tuple ``(W, V, P)`` in the ``(d_hidden, d_in)``, ``(d_hidden, d_in)``,
@@ -74,8 +76,8 @@ def _refuse_bcos_tl(mlp: nn.Module) -> None:
                             + _NOT_BILINEAR_BCOS.format(which=", ".join(used)) + ".")
 
 
-def _refuse_bcos_hf(mlp: nn.Module) -> None:
-    used = [n for n in ("gate_proj", "up_proj", "down_proj") if isinstance(getattr(mlp, n), DynamicWeightModule)]
+def _refuse_bcos_hf(mlp: nn.Module, projections: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")) -> None:
+    used = [n for n in projections if isinstance(getattr(mlp, n), DynamicWeightModule)]
     if used:
         raise BcosTypeError(f"source: this gated MLP ({type(mlp).__name__}) is not bilinear: "
                             + _NOT_BILINEAR_BCOS.format(which=", ".join(used)) + ".")
@@ -106,6 +108,31 @@ def _from_hf_gated(mlp: nn.Module) -> BilinearWeights:
             "bcos_plugins.bilinear.SwishBetaToBilinear (a transformers TrainerCallback) first, or build the model "
             "with hidden_act='linear'")
     return BilinearWeights.from_linears(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+
+
+def _from_hf_fused_gated(mlp: nn.Module) -> BilinearWeights:
+    """A gated MLP whose gate and up projections are one ``gate_up_proj`` (Phi-3, GLM: ``gate, up =
+    gate_up_proj(x).chunk(2, dim=-1)``, then ``down_proj(up * activation_fn(gate))``): its first half of rows is the
+    gate ``W``, the second half the up projection ``V``. Refused as "cannot read bilinear weights" before, though it is
+    the transformers gated MLP with the identity activation that refusal asked for."""
+    _refuse_bcos_hf(mlp, ("gate_up_proj", "down_proj"))
+    act = getattr(mlp, "activation_fn", None) or getattr(mlp, "act_fn", None)
+    if not _is_identity(act):
+        raise argument_error(
+            "source", f"this gated MLP ({type(mlp).__name__}) has activation {act!r}, so it is not bilinear (its gate "
+            "branch passes through a non-linearity)", "Build the model with hidden_act='linear', or fine-tune the "
+            "gate away first")
+    fused, down = mlp.gate_up_proj, mlp.down_proj
+    if fused.weight.shape[0] % 2:
+        raise argument_error("source", f"its gate_up_proj has an odd number of rows ({fused.weight.shape[0]}), so "
+                             "it holds no gate and up half each", "Pass the layer's weights as BilinearWeights(W, V, "
+                             "P, ...)")
+    weight = fused.weight.detach()
+    bias = None if fused.bias is None else fused.bias.detach()
+    half = weight.shape[0] // 2
+    return BilinearWeights(W=weight[:half], V=weight[half:], P=down.weight.detach(),
+                           w_bias=None if bias is None else bias[:half], v_bias=None if bias is None else bias[half:],
+                           out_bias=None if down.bias is None else down.bias.detach())
 
 
 def bilinear_weights(source, *, input_norm=None) -> BilinearWeights:
@@ -139,6 +166,9 @@ def bilinear_weights(source, *, input_norm=None) -> BilinearWeights:
         return _computing_the_module(source, _from_transformer_lens(source))
     if isinstance(source, nn.Module) and all(hasattr(source, n) for n in ("gate_proj", "up_proj", "down_proj")):
         return _computing_the_module(source, _from_hf_gated(source))
+    if isinstance(source, nn.Module) and all(isinstance(getattr(source, n, None), nn.Linear)
+                                             for n in ("gate_up_proj", "down_proj")):
+        return _computing_the_module(source, _from_hf_fused_gated(source))
     if isinstance(source, tuple | list) and len(source) == 3 and all(isinstance(t, Tensor) for t in source):
         W, V, P = (t.detach() for t in source)
         return BilinearWeights(W, V, P)

@@ -1,0 +1,46 @@
+"""Trust pass 25 over the methods beyond B-cos layers (helper-202): bilinear MLPs read from their weights, the Space
+head, rationale-guided attention. Each test failed before its fix."""
+
+import pytest
+import torch
+import transformers as T
+
+from bcos_plugins.bilinear import (
+    bilinear_weights,
+    eigendecompose,
+    eigenvector_activations,
+    interaction_matrix,
+)
+
+
+def _fused_gated_mlp(family: str, hidden_act: str = "linear"):
+    torch.manual_seed(0)
+    config = T.AutoConfig.for_model(family, vocab_size=50, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                                    num_attention_heads=2, num_key_value_heads=2, bos_token_id=2, eos_token_id=2,
+                                    pad_token_id=0, hidden_act=hidden_act)
+    return T.AutoModelForCausalLM.from_config(config).double().model.layers[0].mlp
+
+
+@pytest.mark.parametrize("family", ["phi3", "glm"])
+def test_a_fused_gate_up_projection_with_the_identity_activation_is_read_as_its_two_halves(family):
+    """Phi-3's and GLM's gated MLP hold gate and up in one gate_up_proj (gate, up = gate_up_proj(x).chunk(2)): with
+    hidden_act='linear' it is the bilinear layer the refusal ("cannot read bilinear weights from Phi3MLP. Pass ... a
+    transformers gated MLP with the identity activation") asked for. Checked against a float64 recomputation from the
+    raw weights and against the layer's own forward (x^T Q x == the output)."""
+    mlp = _fused_gated_mlp(family)
+    weights = bilinear_weights(mlp)
+    x = torch.randn(5, 16, dtype=torch.float64)
+    gate, up = (x @ mlp.gate_up_proj.weight.detach().T).chunk(2, dim=-1)
+    by_hand = (gate * up) @ mlp.down_proj.weight.detach().T
+    torch.testing.assert_close(weights.forward(x), by_hand, rtol=0, atol=1e-12)
+    torch.testing.assert_close(weights.W, mlp.gate_up_proj.weight.detach()[:24], rtol=0, atol=0)  # the gate half
+    u = torch.randn(16, dtype=torch.float64)
+    q = interaction_matrix(mlp, u)
+    torch.testing.assert_close(torch.einsum("bi,ij,bj->b", x, q, x), mlp(x).detach() @ u, rtol=0, atol=1e-12)
+    eig = eigendecompose(mlp, torch.eye(16, dtype=torch.float64))
+    torch.testing.assert_close(eigenvector_activations(eig, x).sum(-1), mlp(x).detach(), rtol=0, atol=1e-12)
+
+
+def test_a_fused_gated_mlp_with_a_nonlinear_gate_is_refused_naming_its_activation():
+    with pytest.raises(ValueError, match=r"^source: this gated MLP \(Phi3MLP\) has activation .*not bilinear"):
+        bilinear_weights(_fused_gated_mlp("phi3", "silu"))
