@@ -45,7 +45,13 @@ from .._checks import (
 from ..attribution.results import relative_completeness_error
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
-from .attributions import numbers_as_one_tensor, refuse_table_of_rows, scores_and_positions, token_scores
+from .attributions import (
+    masked_positions_zeroed,
+    numbers_as_one_tensor,
+    refuse_table_of_rows,
+    scores_and_positions,
+    token_scores,
+)
 
 __all__ = ["Cost", "completeness_error", "explanation_entropy", "measure_cost"]
 
@@ -70,7 +76,7 @@ def explanation_entropy(attributions, attention_mask: Int[Tensor, "batch pos"] |
     attributions, attention_mask = scores_and_positions(attributions, attention_mask, reduce)
     if attention_mask is not None:
         attention_mask = require_tensor("attention_mask", attention_mask, ndim=2, kind="mask")
-        attributions = _masked_positions_zeroed(attributions, attention_mask)
+        attributions = masked_positions_zeroed(attributions, attention_mask)
     scores = token_scores(attributions, reduce=reduce).abs()
     if attention_mask is not None:
         require_same_shape("attention_mask", attention_mask, "attributions (as token scores)", scores)
@@ -99,19 +105,6 @@ def _refuse_ambiguous_matrix(attributions) -> None:
                              f"entropy would be taken over the {cols} dimensions as tokens",
                              "Pass attention_mask= (batch, pos) for token scores (torch.ones_like(scores) without "
                              "padding), or attributions[None] for one example's (pos, d_model) attributions")
-
-
-def _masked_positions_zeroed(attributions, attention_mask: Tensor):
-    """``attributions`` (a tensor ``(batch, pos, ...)`` or a tuple holding one) with the masked positions zeroed, which
-    the entropy ignores anyway: a NaN there (a padding token's NaN embedding through Captum's methods) was refused as
-    if it were a real token's. Anything else is returned as it is (token_scores checks it)."""
-    one = isinstance(attributions, (tuple, list)) and len(attributions) == 1 and isinstance(attributions[0], Tensor)
-    values = attributions[0] if one else attributions
-    if not isinstance(values, Tensor) or values.ndim < 2 or tuple(values.shape[:2]) != tuple(attention_mask.shape):
-        return attributions
-    masked = (attention_mask == 0).to(values.device).reshape(*attention_mask.shape, *[1] * (values.ndim - 2))
-    values = values.detach().masked_fill(masked, 0)
-    return (values,) if one else values
 
 
 def completeness_error(attributions, explained: Float[Tensor, " batch"] | None = None,
