@@ -47,6 +47,7 @@ from transformer_lens.components.abstract_attention import AbstractAttention
 from transformer_lens.components.mlps.gated_mlp import GatedMLP
 from transformer_lens.components.mlps.mlp import MLP
 from transformer_lens.hook_points import HookPoint
+from transformer_lens.utilities import Slice
 from transformer_lens.utilities.activation_functions import softcap_enabled
 
 from bcos_plugins._checks import require_finite_parameters
@@ -332,6 +333,11 @@ def _at_the_prompt(past_kv_cache) -> bool:
     return isinstance(previous, Tensor) and previous.ndim == 2 and previous.shape[1] == 0
 
 
+# (batch, pos, head, d_head) activations whose names TransformerLens' caching does not read as split into heads
+# (it knows hook_q / hook_k / hook_v / hook_z / hook_result): the B-cos scales of q / k / v, and its own rotated q / k
+_HEAD_SPLIT_HOOKS = ("hook_bcos_scale_q", "hook_bcos_scale_k", "hook_bcos_scale_v", "hook_rot_q", "hook_rot_k")
+
+
 class ExactCacheHookedTransformer(HookedTransformer):
     """A ``HookedTransformer`` whose ``run_with_cache`` returns a :class:`~.decomposition.BcosActivationCache`, whose
     per-head and per-neuron results are the forward's own (B-cos scales, norms after the attention / MLP output).
@@ -392,6 +398,35 @@ class ExactCacheHookedTransformer(HookedTransformer):
         if (vocabulary_size(self) or 0) > 0:
             require_tokenizer_fits(self, tokenizer)
         return super().set_tokenizer(tokenizer, default_padding_side=default_padding_side)
+
+    def get_caching_hooks(self, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
+                          cache: dict | None = None, pos_slice=None):
+        # TransformerLens' caching slices positions at dim -3 only for names ending hook_q / k / v / z / result, and at
+        # -2 (the head axis) for the other (batch, pos, head, d_head) activations: with run_with_cache(tokens,
+        # pos_slice=-1) the B-cos scales of q / k / v kept the last head at every position, and effective_weight's
+        # W_Q / W_V built from them were 1.7 off the cached hook_q (silently; other slices failed in torch's
+        # broadcasting, as TransformerLens' own hook_rot_q / hook_rot_k of a rotary model did with more positions
+        # than key heads). Those are cached whole and then sliced on their position axis
+        pos_slice = Slice.unwrap(pos_slice)
+        cache, fwd_hooks, bwd_hooks = super().get_caching_hooks(names_filter, incl_bwd, device, remove_batch_dim,
+                                                                cache, pos_slice)
+        head_split = {name for name, _ in fwd_hooks if name.endswith(_HEAD_SPLIT_HOOKS)}
+        if pos_slice.mode == "identity" or not head_split:
+            return cache, fwd_hooks, bwd_hooks
+        _, whole_fwd, whole_bwd = super().get_caching_hooks(head_split.__contains__, incl_bwd, device,
+                                                            remove_batch_dim, cache, None)
+
+        def then_sliced(save, key: str):
+            def save_sliced(tensor: Tensor, hook: HookPoint):
+                save(tensor, hook=hook)
+                cache[key] = pos_slice.apply(cache[key], dim=-3)
+            return save_sliced
+
+        def replaced(hooks: list, whole: list, suffix: str) -> list:
+            saves = {name: then_sliced(save, name + suffix) for name, save in whole}
+            return [(name, saves.get(name, save)) for name, save in hooks]
+
+        return cache, replaced(fwd_hooks, whole_fwd, ""), replaced(bwd_hooks, whole_bwd, "_grad")
 
     def run_with_cache(self, *model_args, return_cache_object: bool = True, remove_batch_dim: bool = False,
                        **kwargs):
