@@ -11,8 +11,11 @@ so that the saved model reloads as a bilinear model with ``from_pretrained`` and
 The paper anneals linearly over the first 30 % of training and keeps ``beta = 0`` for the rest; that is the
 default schedule here (``anneal_fraction=0.3``).
 
-Checkpoints saved while ``beta`` is still annealing store the original ``hidden_act``; resume from them
-with the same callback rather than evaluating them as they are.
+Every checkpoint the ``Trainer`` saves during training (while ``beta`` anneals, and also at ``beta = 0`` before
+training ends, the last step's included) stores the original ``hidden_act`` and a ``down_proj`` without the folded
+1/2: ``from_pretrained`` of it computes the SiLU / GELU model, not the one trained (logits 6e-4 to 1e-2 off on a tiny
+Llama). Resume from them with the same callback rather than evaluating them as they are; the finalised bilinear
+model is the one ``trainer.save_model()`` / ``save_pretrained`` writes after training.
 """
 
 from __future__ import annotations
