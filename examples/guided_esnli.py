@@ -683,9 +683,15 @@ def parse_settings(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(modes) - set(VARIANTS))
     if unknown or not modes:
         parser.error(f"--variants: unknown or empty {unknown}; pick from {','.join(VARIANTS)}")
-    n_heads = AutoConfig.from_pretrained(get_model_path()).num_attention_heads
+    minilm = AutoConfig.from_pretrained(get_model_path())
+    n_heads, n_layers = minilm.num_attention_heads, minilm.num_hidden_layers
     if args.supervision_heads > n_heads:
         parser.error(f"--supervision-heads: MiniLM has {n_heads} heads per layer, got {args.supervision_heads}")
+    # checked here: guide_attention refused them only when the variant that reads them was built, after the variants
+    # before it had trained (minutes), naming its own argument last_layers
+    for name in ("last_layers", "supervision_layers"):
+        if getattr(args, name) > n_layers:
+            parser.error(f"--{name.replace('_', '-')}: MiniLM has {n_layers} layers, got {getattr(args, name)}")
     return args
 
 

@@ -44,3 +44,21 @@ def test_a_fused_gate_up_projection_with_the_identity_activation_is_read_as_its_
 def test_a_fused_gated_mlp_with_a_nonlinear_gate_is_refused_naming_its_activation():
     with pytest.raises(ValueError, match=r"^source: this gated MLP \(Phi3MLP\) has activation .*not bilinear"):
         bilinear_weights(_fused_gated_mlp("phi3", "silu"))
+
+
+@pytest.mark.parametrize("option", ["--last-layers", "--supervision-layers"])
+def test_the_guided_esnli_example_refuses_more_layers_than_minilm_has_before_any_work(option, capsys):
+    """MiniLM has 6 layers: --last-layers 7 / --supervision-layers 7 passed the command-line checks and failed only when
+    guide_attention built the variant that reads them, after the variants before it had trained, naming last_layers
+    (guide_attention's argument), not the option."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "guided_esnli.py"
+    spec = importlib.util.spec_from_file_location("guided_esnli_pass25", path)
+    guided_esnli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guided_esnli)
+    assert guided_esnli.parse_settings([option, "6"])  # every layer: fine
+    with pytest.raises(SystemExit) as excinfo:
+        guided_esnli.parse_settings([option, "7"])
+    assert excinfo.value.code == 2 and f"{option}: MiniLM has 6 layers, got 7" in capsys.readouterr().err
