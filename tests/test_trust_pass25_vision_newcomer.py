@@ -100,25 +100,16 @@ def _run_example(*argv: str) -> subprocess.CompletedProcess:
                           env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
-    (["--mask-strength", "nan"], "argument --mask-strength: must be a finite number > 0.0, got nan"),
-], ids=["epochs-0", "mask-nan"])
-def test_bilinear_digits_refuses_an_out_of_range_option_before_any_work(tmp_path, options, message):
-    # each ran to the end (--epochs 0: an untrained model's eigenvectors and masks, printed and plotted as results)
-    run = _run_example("examples/bilinear_digits.py", "--out", str(tmp_path / "out"), *options)
-    assert run.returncode == 2, run.stdout[-500:]
-    assert message in run.stderr
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize(("options", "message"), [
-    (["--k", "0"], "argument --k: must be >= 1, got 0"),
-    (["--k", "10000"], "--k: must be <= the SAE width expansion * d_model = 512, got 10000"),
-], ids=["k-0", "k-wider-than-the-sae"])
-def test_bilinear_language_refuses_an_out_of_range_option_before_training(tmp_path, options, message):
-    # --k 0 trained the language model for minutes, then failed inside sae-lens
-    run = _run_example("examples/bilinear_language.py", "--out", str(tmp_path / "out"), *options)
+@pytest.mark.parametrize(("script", "options", "message"), [
+    ("bilinear_digits", ["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+    ("bilinear_digits", ["--mask-strength", "nan"], "argument --mask-strength: must be a finite number > 0.0, got nan"),
+    ("bilinear_language", ["--k", "0"], "argument --k: must be >= 1, got 0"),
+    ("bilinear_language", ["--k", "10000"], "--k: must be <= the SAE width expansion * d_model = 512, got 10000"),
+], ids=["digits-epochs-0", "digits-mask-nan", "language-k-0", "language-k-wider-than-the-sae"])
+def test_the_bilinear_examples_refuse_an_out_of_range_option_before_any_work(tmp_path, script, options, message):
+    # bilinear_digits ran each to the end (--epochs 0: an untrained model's eigenvectors and masks, printed and plotted
+    # as results); bilinear_language's --k 0 trained the language model for minutes, then failed inside sae-lens
+    run = _run_example(f"examples/{script}.py", "--out", str(tmp_path / "out"), *options)
     assert run.returncode == 2, run.stdout[-500:]
     assert message in run.stderr
     assert not (tmp_path / "out").exists()
@@ -204,3 +195,22 @@ def test_save_explanation_figure_names_channels_last_and_encoded_images(tmp_path
     assert list(tmp_path.iterdir()) == []
     # the fix each names draws the figure
     save_explanation_figure(tmp_path / "f.png", x, {"W(x)x": explanation.contributions})
+
+
+def test_images_scaled_to_0_1_twice_are_named_with_a_warning():
+    # 8-bit images divided by 255 twice (ToTensor() then / 255) lie in [0, 1/255]: the model explained almost black
+    # images without a word
+    from bcos_plugins.vision import explain_image
+
+    model = _tiny_vit()
+    eight_bit = torch.randint(0, 256, (2, 3, 8, 8))
+    with pytest.warns(UserWarning, match=r"^pixel_values: every value is at most 0\.00\d+ \(<= 1/255\): images scaled "
+                                         r"to \[0, 1\] twice.*Divide 8-bit images by 255 once"):
+        explain_image(model, eight_bit / 255 / 255)
+    with pytest.warns(UserWarning, match="scaled to \\[0, 1\\] twice"):
+        model(eight_bit / 255 / 255)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        explanation = explain_image(model, eight_bit / 255)  # scaled once: no warning
+        explain_image(model, torch.zeros(1, 3, 8, 8))  # black images are black
+    assert float(explanation.completeness_error.max()) < 1e-5

@@ -13,6 +13,8 @@ input: the attribution point of :func:`~bcos_plugins.vision.explain_image` is ``
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
@@ -94,6 +96,12 @@ def encode_image(pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "b
         raise BcosValueError(f"pixel_values: B-cos image inputs must lie in [0, 1] (they are encoded as [x, 1 - x]); "
                              f"got values in [{lo:.4g}, {hi:.4g}]. Scale the images to [0, 1] instead of "
                              "standardising them.")
+    if 0 < hi <= 1 / 255 + _RANGE_TOLERANCE:
+        # 8-bit images divided by 255 twice (torchvision's ToTensor already scales to [0, 1]) lie in [0, 1/255]: the
+        # model saw almost black images and explained them without a word
+        warnings.warn(f"pixel_values: every value is at most {hi:.3g} (<= 1/255): images scaled to [0, 1] twice (e.g. "
+                      "ToTensor() then / 255)? The model sees them as almost black. Divide 8-bit images by 255 once",
+                      UserWarning, stacklevel=2)
     return torch.cat([pixel_values, 1.0 - pixel_values], dim=1)
 
 
