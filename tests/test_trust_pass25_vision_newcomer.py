@@ -214,3 +214,17 @@ def test_images_scaled_to_0_1_twice_are_named_with_a_warning():
         explanation = explain_image(model, eight_bit / 255)  # scaled once: no warning
         explain_image(model, torch.zeros(1, 3, 8, 8))  # black images are black
     assert float(explanation.completeness_error.max()) < 1e-5
+
+
+def test_load_ag_news_names_the_original_files_one_based_class_ids(tmp_path):
+    # AG News' own files number the classes 1-4: 1-3 read as the ids of the next class, and the first 4 was refused as
+    # an unknown label without the cause
+    from bcos_plugins.data import load_ag_news
+
+    file = tmp_path / "ag.tsv"
+    file.write_text("Wall St. bears claw back\t3\nOil prices rise\t4\n")
+    with pytest.raises(BcosValueError, match=r"^path: .*line 2: unknown AG News label '4' \(the original AG News files "
+                                             r"number the classes 1-4: subtract 1 from every label\)"):
+        load_ag_news(path=file)
+    file.write_text("Wall St. bears claw back\t2\nOil prices rise\t3\n")
+    assert load_ag_news(path=file).labels == [2, 3]

@@ -71,7 +71,10 @@ def load_ag_news(split: str = "train", *, n: int | None = None, path: str | Path
                 y = int(label)
             else:
                 # a first line like 'text<TAB>label' is a header, which these files do not have: say so
-                header = " (a header line? AG News files have none: drop it)" if number == 1 else ""
+                header = (" (a header line? AG News files have none: drop it)" if number == 1
+                          # the original AG News files number the classes 1-4: 1, 2 and 3 read as ids, 4 stopped here
+                          else " (the original AG News files number the classes 1-4: subtract 1 from every label)"
+                          if label == "4" else "")
                 raise argument_error("path", f"{file}, line {number}: unknown AG News label {label!r}{header}",
                                      f"Labels are one of {AG_NEWS_LABELS} or an id 0-3")
             rows.append((text, y))
