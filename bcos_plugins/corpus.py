@@ -336,7 +336,9 @@ def explain_dataset(
     Returns:
         A ``datasets.Dataset`` with the input columns plus ``tokens`` (list of str, padding removed),
         ``input_ids``, ``scores`` (one float per token), ``explained`` (the explained value), ``target``,
-        ``foil`` (when given), ``delta``, ``completeness_error`` and ``truncated`` (True where the text had more tokens
+        ``foil`` (when given), ``position`` (causal LMs and base models: the explained token's index counted from the
+        text's first token; a causal LM's scores after it are exactly 0, as its output does not see those tokens, so
+        rank a row's tokens up to it), ``delta``, ``completeness_error`` and ``truncated`` (True where the text had more tokens
         than ``max_length``: its explanation is of the ``max_length`` tokens the tokenizer kept, its first ones, or its
         last ones with ``truncation_side="left"``, and a ``UserWarning`` names those texts). An input column named
         like one of these is kept as ``original_<name>`` (prefixed again while that name is taken). Save it with
@@ -457,6 +459,12 @@ def explain_dataset(
         if foils is not None:
             columns["foil"] += (expl.foil.cpu().tolist() if isinstance(expl.foil, torch.Tensor)
                                 else [None] * (hi - lo))
+        if isinstance(expl.position, torch.Tensor):
+            # each text's explained token counted from its first: a causal LM explained before a text's last token has
+            # scores of exactly 0 after it (its output does not see those tokens), which the table did not say, so the
+            # rows' padded scores ranked them as tokens of score 0 in the rank metrics, silently
+            columns.setdefault("position", []).extend(
+                (expl.position.to(enc["attention_mask"].device) - enc["attention_mask"].argmax(1)).cpu().tolist())
         bar.update(hi - lo)
     bar.close()
     columns["truncated"] = [n is not None for n in cut_counts]

@@ -388,3 +388,45 @@ def test_rank_metrics_of_a_causal_explanation_made_without_a_mask_rank_only_the_
     assert mean_reciprocal_rank(unmasked, evidence).random == mean_reciprocal_rank(masked, evidence).random
     torch.testing.assert_close(top_k_iou(unmasked, evidence.long(), k=0.5), top_k_iou(masked, evidence.long(), k=0.5),
                                rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ explain_dataset: the explained position of each row
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_explain_dataset_says_each_texts_explained_position(side):
+    """``explain_dataset(lm, tok, texts, position=1)`` explains each text's second token; a causal LM's scores after it
+    are exactly 0 (its output does not see those tokens), but the table did not say which token was explained, so its
+    rows, padded with the mask of their tokens as the metrics' refusal of a table says, ranked those tokens as tokens
+    of score 0 (an MRR of 1/6 for 1/2 here), silently. The table has a ``position`` column now (counted from each
+    text's first token, whatever the padding side), and the rows up to it rank as the prefix explained alone."""
+    from importlib.resources import files
+
+    from bcos_plugins import bcosify, explain
+    from bcos_plugins.corpus import explain_dataset
+    from bcos_plugins.metrics import reciprocal_rank
+
+    tokenizer = T.AutoTokenizer.from_pretrained(str(files("bcos_plugins.data") / "files" / "gpt2_tokenizer"))
+    tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, side
+    config = T.GPT2Config(vocab_size=tokenizer.vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    torch.manual_seed(0)
+    lm = bcosify(T.GPT2LMHeadModel(config), verbose=False).eval().double()
+    texts = ["the cat sat on the mat", "a dog"]
+    for position, expected in ((1, [1, 1]), (-1, [5, 1])):
+        table = explain_dataset(lm, tokenizer, texts, position=position, target=5, foil=6, progress=False)
+        assert table["position"] == expected
+    table = explain_dataset(lm, tokenizer, texts, position=1, target=5, foil=6, progress=False)
+    scores = torch.tensor(table["scores"][0], dtype=torch.float64)
+    assert (scores[2:] == 0).all()  # the tokens after the explained one
+    prefix = torch.tensor([table["input_ids"][0][:2]])
+    alone = explain(lm, prefix, target=5, foil=6).contributions[0]
+    torch.testing.assert_close(scores[:2], alone, rtol=0, atol=1e-12)
+    evidence = torch.tensor([[False, True] + [False] * 4])
+    seen = torch.arange(6)[None, :] <= table["position"][0]
+    hand = 1.0 / (1 + int((alone > alone[1]).sum()))
+    assert float(reciprocal_rank(scores[None], evidence, seen)[0]) == hand
+    # a classifier explains no position: no such column
+    classifier = bcosify(T.GPT2ForSequenceClassification(T.GPT2Config(
+        vocab_size=tokenizer.vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=64, num_labels=2,
+        pad_token_id=tokenizer.eos_token_id)), verbose=False).eval()
+    assert "position" not in explain_dataset(classifier, tokenizer, texts, progress=False).column_names

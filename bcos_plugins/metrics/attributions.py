@@ -187,7 +187,8 @@ def refuse_table_of_rows(attributions: Any) -> None:
                              "removed), not the attributions of one batch", "Pass explain(model, input_ids, "
                              "attention_mask) of the padded batch, or pad the rows (torch.nn.utils.rnn.pad_sequence("
                              "[torch.as_tensor(s) for s in table['scores']], batch_first=True)) with the mask of their "
-                             "real tokens; a row's completeness error is its 'completeness_error' column",
+                             "real tokens (of a causal LM explained before a text's last token, of the tokens up to "
+                             "its 'position' column); a row's completeness error is its 'completeness_error' column",
                              kind=BcosTypeError)
 
 
