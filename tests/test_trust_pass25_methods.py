@@ -62,3 +62,18 @@ def test_the_guided_esnli_example_refuses_more_layers_than_minilm_has_before_any
     with pytest.raises(SystemExit) as excinfo:
         guided_esnli.parse_settings([option, "7"])
     assert excinfo.value.code == 2 and f"{option}: MiniLM has 6 layers, got 7" in capsys.readouterr().err
+
+
+def test_a_mixture_of_experts_block_is_refused_naming_what_to_analyse_instead():
+    """A hidden_act='linear' Qwen2-MoE block was refused with the generic "cannot read bilinear weights ... Pass ... a
+    transformers gated MLP with the identity activation", which it looks like to its user; its router makes it no
+    single quadratic form: the refusal says so and names one expert (its shared expert is read as is)."""
+    config = T.AutoConfig.for_model("qwen2_moe", vocab_size=50, hidden_size=16, intermediate_size=24,
+                                    moe_intermediate_size=12, shared_expert_intermediate_size=20, num_experts=4,
+                                    num_experts_per_tok=2, num_hidden_layers=1, num_attention_heads=2,
+                                    num_key_value_heads=2, hidden_act="linear", bos_token_id=2, eos_token_id=2)
+    block = T.AutoModelForCausalLM.from_config(config).model.layers[0].mlp
+    with pytest.raises(TypeError, match=r"^source: Qwen2MoeSparseMoeBlock is a mixture-of-experts block.*shared_expert"):
+        bilinear_weights(block)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(bilinear_weights(block.shared_expert).forward(x), block.shared_expert(x).detach())

@@ -172,6 +172,15 @@ def bilinear_weights(source, *, input_norm=None) -> BilinearWeights:
     if isinstance(source, tuple | list) and len(source) == 3 and all(isinstance(t, Tensor) for t in source):
         W, V, P = (t.detach() for t in source)
         return BilinearWeights(W, V, P)
+    if isinstance(source, nn.Module) and hasattr(source, "experts"):
+        # the generic refusal below asked for "a transformers gated MLP with the identity activation", which a
+        # hidden_act='linear' MoE block looks like to its user; its router makes it no single quadratic form
+        raise argument_error(
+            "source", f"{type(source).__name__} is a mixture-of-experts block: its router picks and weighs experts per "
+            "token, so it is no single bilinear form P((W x) * (V x)), even with the identity activation",
+            "Analyse one expert: its gated MLP if it has one (e.g. the block's shared_expert), or BilinearWeights(W, V, "
+            "P) of expert e from fused weights (transformers' experts.gate_up_proj[e] holds W and V as its two halves "
+            "of rows, experts.down_proj[e] is P)", kind=BcosTypeError)
     raise argument_error(
         "source", f"cannot read bilinear weights from {_described(source)}", "Pass a BilinearMLP, a TransformerLens "
         "GatedMLP (model.blocks[i].mlp of a bilinear HookedTransformer), a transformers gated MLP with the identity "
