@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from .._checks import bad_rows, require_tensor
+from .._checks import bad_rows, caller_stacklevel, require_tensor
 from ..errors import BcosTypeError, BcosValueError, argument_error
 
 __all__ = ["InputEncoding", "check_pixel_values", "encode_image"]
@@ -101,7 +101,7 @@ def encode_image(pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "b
         # model saw almost black images and explained them without a word
         warnings.warn(f"pixel_values: every value is at most {hi:.3g} (<= 1/255): images scaled to [0, 1] twice (e.g. "
                       "ToTensor() then / 255)? The model sees them as almost black. Divide 8-bit images by 255 once",
-                      UserWarning, stacklevel=2)
+                      UserWarning, stacklevel=caller_stacklevel())
     return torch.cat([pixel_values, 1.0 - pixel_values], dim=1)
 
 
