@@ -109,10 +109,11 @@ def _layer_forward_ops(layer: torch.nn.Module, x: torch.Tensor, mode: str, autoc
 # Before 2026-11-28: 12 / 13 / 13 under autocast (the normalised weight cast by a copy of its own).
 # + 1 since 2026-11-29 (nan_to_num after the hypot: an input norm that overflows float32 gives NaN, not 0; one kernel
 # on the per-row norms, once per distinct input, the MiniLM forward's cost within noise, docs/benchmarks.md#nn-norm-overflow-nan).
+# + 1 since 2026-11-29 (helper-201: nan_to_num on the weight's (units, 1) norms, an overflowed unit norm NaN, not 0).
 LINEAR_FORWARD_OPS = {
-    ("inference", False): 12, ("inference", True): 13,
-    ("explaining", False): 13, ("explaining", True): 14,
-    ("training", False): 13, ("training", True): 14,
+    ("inference", False): 13, ("inference", True): 14,
+    ("explaining", False): 14, ("explaining", True): 15,
+    ("training", False): 14, ("training", True): 15,
 }
 
 
@@ -128,6 +129,8 @@ def test_one_bcos_linear_forward_dispatches_the_pinned_ops(cls, mode, autocast):
     # under autocast only the input is cast by a copy: the unit-norm weight is divided straight into bfloat16
     assert ops.count("_to_copy") == (1 if autocast else 0), ops
     assert ops.count("mm") == 1 and ops.count("div") == 1 and ops.count("reciprocal") == 1, ops
+    # the overflowed-norm NaN: one on the input's norm, one on the weight's unit norms
+    assert ops.count("nan_to_num") == 2, ops
 
 
 # Ops of one training backward pass through a B-cos linear layer (B = 1.5, its input norm's backward included):
@@ -247,15 +250,18 @@ def test_explaining_gelu_backward_is_the_gate_in_place_and_one_product():
 #   training float32 475 -> 475, bf16 538 -> 500 (and each layer's backward pass 5 ops fewer, see above).
 # Since 2026-11-29 the overflowed-norm nan_to_num, once per input norm, as LINEAR_FORWARD_OPS above: + 26 BcosLinear ops
 # in inference and explaining (26 distinct inputs: the query, key and value projections share theirs), + 38 in
-# training (each layer differentiates its own input norm).
+# training (each layer differentiates its own input norm). Since 2026-11-29 (helper-201) the same on each layer's unit
+# norms, + 38 in every mode (each of the 38 layers normalises its weight once per forward).
 MINILM_BCOS_OPS = {
-    ("inference", False): {"BcosLinear": 408, "BcosLayerNorm": 13, "DetachableActivation": 6},
-    ("inference", True): {"BcosLinear": 421, "BcosLayerNorm": 13, "DetachableActivation": 6},
-    ("explaining", False): {"BcosLinear": 446, "BcosLayerNorm": 14, "DetachableActivation": 6},
-    ("explaining", True): {"BcosLinear": 469, "BcosLayerNorm": 14, "DetachableActivation": 6},
-    ("training", False): {"BcosLinear": 494, "BcosLayerNorm": 13, "DetachableActivation": 6},
-    ("training", True): {"BcosLinear": 519, "BcosLayerNorm": 13, "DetachableActivation": 6},
+    ("inference", False): {"BcosLinear": 446, "BcosLayerNorm": 13, "DetachableActivation": 6},
+    ("inference", True): {"BcosLinear": 459, "BcosLayerNorm": 13, "DetachableActivation": 6},
+    ("explaining", False): {"BcosLinear": 484, "BcosLayerNorm": 14, "DetachableActivation": 6},
+    ("explaining", True): {"BcosLinear": 507, "BcosLayerNorm": 14, "DetachableActivation": 6},
+    ("training", False): {"BcosLinear": 532, "BcosLayerNorm": 13, "DetachableActivation": 6},
+    ("training", True): {"BcosLinear": 557, "BcosLayerNorm": 13, "DetachableActivation": 6},
 }
+# the nan_to_num ops of the BcosLinear modules: 26 / 38 input norms (see above) and 38 unit norms
+MINILM_NAN_TO_NUM = {"inference": 26 + 38, "explaining": 26 + 38, "training": 38 + 38}
 
 
 @pytest.fixture(scope="module")
@@ -299,6 +305,7 @@ def test_one_minilm_forward_dispatches_the_pinned_ops_in_bcos_modules(minilm, mo
     got = {name: n for name, n in counter.per_module().items() if name in BCOS_MODULES}
     expected = MINILM_BCOS_OPS[(mode, autocast)]
     assert got == expected, {name: counter.of(name) for name in BCOS_MODULES}
+    assert counter.of("BcosLinear").get("nan_to_num") == MINILM_NAN_TO_NUM[mode], counter.of("BcosLinear")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

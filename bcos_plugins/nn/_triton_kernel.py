@@ -101,20 +101,13 @@ if tl is not None:
             x_sq = tl.sum(x_sq_tile, axis=1)
             w_sq = tl.sum(w_sq_tile, axis=0)
         w_norm = tl.sqrt(w_sq)
-        lin = acc / tl.maximum(w_norm, NORM_EPS_)[None, :]
-        w_overflowed = w_norm == float("inf")
-        if tl.max(w_overflowed.to(tl.int32), axis=0) > 0:
-            # (rare: a unit whose squared norm passes float32's range) the PyTorch path's unit weight w / inf is 0 for
-            # each finite element and NaN for an infinite one, so that unit's lin is 0 (the row's NaN comes from its
-            # own norm) or NaN in every row; acc / inf here was NaN wherever acc overflowed, from finite elements.
-            # Which units hold an infinite element takes the weight's tiles once more
-            w_infinite = tl.zeros((BLOCK_N,), dtype=tl.int32)
-            for k0 in range(0, K, BLOCK_K):
-                k = k0 + ks
-                w_again = tl.load(w_ptr + k[:, None] * stride_wk + units[None, :] * stride_wn,
-                                  mask=(k < K)[:, None] & unit_ok[None, :], other=0.0).to(tl.float32)
-                w_infinite = tl.maximum(w_infinite, tl.max((tl.abs(w_again) == float("inf")).to(tl.int32), axis=0))
-            lin = tl.where((w_overflowed & (w_infinite == 0))[None, :], 0.0, lin)
+        # a unit whose squared norm passes float32's range made NaN, as the PyTorch path's unit norms are
+        # (overflowed_norm_as_nan): its w / inf gave 0 in every row, silently; so that unit's outputs (and the gradients
+        # through it) are NaN in every row. The clamps keep the NaN: the default tl.maximum may return the non-NaN
+        # operand (max.f32 on a GPU, np.fmax in Triton 3.9's interpreter)
+        w_norm = tl.where(w_norm == float("inf"), float("nan"), w_norm)
+        w_clamped = tl.maximum(w_norm, NORM_EPS_, propagate_nan=tl.PropagateNan.ALL)
+        lin = acc / w_clamped[None, :]
         x_norm = tl.sqrt(x_sq + NORM_EPS_)  # hypot(||x||, sqrt(eps)) of the PyTorch path, from the squared norm
         # a row whose squared norm overflows float32 (||x|| > 1.8e19) made NaN, as overflowed_norm_as_nan does on
         # the PyTorch path: inf gave that row 0 or a wrong finite value, silently; finite norms pass unchanged
@@ -147,7 +140,7 @@ if tl is not None:
         if STORE_DYN:
             # dyn / max(||w||, eps): the explaining backward's factor on the raw weight, (grad * it) @ w, which needs no
             # normalised copy of the weight
-            scale = dyn / tl.maximum(w_norm, NORM_EPS_)[None, :]
+            scale = dyn / w_clamped[None, :]
             if INTERPRETED_BF16:  # (to the nearest, as the output above)
                 bits = scale.to(tl.uint32, bitcast=True)
                 scale = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)

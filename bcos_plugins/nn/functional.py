@@ -120,10 +120,19 @@ def unit_norm(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
 
 
 def _unit_norms(weight: Tensor, dim: int | tuple[int, ...]) -> Tensor:
-    """``||w||`` of each unit (the axes ``dim`` kept), float32 for half-precision weights."""
+    """``||w||`` of each unit (the axes ``dim`` kept), float32 for half-precision weights, an overflowed one NaN.
+
+    Every B-cos layer's unit norms come from here (linear, ``Conv1D``, convolution, attention projections, the
+    TransformerLens components, the cached unit weights of :func:`reuse_unit_weights`); the fused inference path
+    (:func:`inference_linear`) and the Triton kernel do the same inline. A unit whose weights are finite but whose
+    squared norm passes float32's range (an element beyond about 1.8e19, or many beyond 1e18) had ``||w|| = inf``, so
+    ``ŵ = w / inf = 0`` and the unit gave 0 in every row, silently (float64 gives about ``x_k``): the norm is made NaN
+    (:func:`overflowed_norm_as_nan`, as an input row's), so that unit's outputs are NaN in every row, and so are the
+    gradients that pass through it (training, explaining). Finite norms keep their bits (one element-wise kernel on a
+    ``(units, 1)`` vector). float16 weights never get there (their norm is taken in float32); bfloat16 weights can."""
     if weight.dtype in HALF_DTYPES:
-        return torch.linalg.vector_norm(weight, dim=dim, keepdim=True, dtype=torch.float32)
-    return torch.linalg.vector_norm(weight, dim=dim, keepdim=True)
+        return overflowed_norm_as_nan(torch.linalg.vector_norm(weight, dim=dim, keepdim=True, dtype=torch.float32))
+    return overflowed_norm_as_nan(torch.linalg.vector_norm(weight, dim=dim, keepdim=True))
 
 
 def _unrecorded_unit_norm(view: Tensor, dim: int | tuple[int, ...], cast: torch.dtype | None = None) -> Tensor:
@@ -375,12 +384,13 @@ def _input_norm(x: Tensor, dim: int | tuple[int, ...]) -> Tensor:
 
 
 def overflowed_norm_as_nan(norm: Tensor) -> Tensor:
-    """``norm`` (an input's norms, one per row or patch) with an infinite entry made NaN, every finite one unchanged
-    (the same bits). A float32 or bfloat16 input row whose sum of squares passes float32's range (an element beyond
+    """``norm`` (an input's norms, one per row or patch, or a layer's unit norms, :func:`_unit_norms`) with an
+    infinite entry made NaN, every finite one unchanged (the same bits). A float32 or bfloat16 input row whose sum of squares passes float32's range (an element beyond
     about 1.8e19) has ``||x|| = inf``, so ``|cos| = 0`` and the layer's output was 0 (2e7 where float64 gives 1e19 on
     the training path), silently; NaN carries on to the output, where :func:`~bcos_plugins.explain` refuses it naming
     the row. One element-wise kernel on the norms, once per distinct input (shared as :func:`input_norm` shares the
-    norm); float16 inputs never get there (their norm is taken in float32: at most 65504 * sqrt(n))."""
+    norm), once per unit-norm computation of a weight; float16 inputs and weights never get there (their norm is taken
+    in float32: at most 65504 * sqrt(n))."""
     return torch.nan_to_num(norm, nan=math.nan, posinf=math.nan)
 
 
@@ -593,8 +603,8 @@ def inference_linear(x: Tensor, weight: Tensor, b: float, *, units_are_columns: 
             and not (dtype == torch.float32
                      and torch.is_autocast_enabled("cpu" if weight.is_cpu else weight.device.type))):
         view = weight.T if units_are_columns else weight
-        lin = torch.nn.functional.linear(x, view / torch.linalg.vector_norm(view, dim=1, keepdim=True)
-                                         .clamp_min_(_norm_eps()))
+        lin = torch.nn.functional.linear(
+            x, view / overflowed_norm_as_nan(torch.linalg.vector_norm(view, dim=1, keepdim=True)).clamp_min_(_norm_eps()))
         if b == 1.0:
             return lin
         # _derived_from's rule: shared only where nothing is recorded or traced, for a plain tensor with a version

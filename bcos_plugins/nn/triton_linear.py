@@ -6,8 +6,8 @@ PyTorch path launches the weight's norm, its division, the matrix product, ``||x
 
     acc    = x @ w.T                 tiled; in the same K loop the sums of squares of the x tiles (per row) and of
                                      the w tiles (per unit), accumulated in float32 from the unrounded values
-    lin    = acc / max(||w||, NORM_EPS)
-    x_norm = hypot(||x||, sqrt(NORM_EPS))
+    lin    = acc / max(||w||, NORM_EPS)  an overflowed ||w|| (inf) made NaN, as the PyTorch path's overflowed_norm_as_nan
+    x_norm = hypot(||x||, sqrt(NORM_EPS))  the same for an overflowed row norm
     cos    = |lin| / x_norm          floored at COS_FLOOR when a derivative is taken (explaining, training)
     dyn    = cos ** (B - 1)          square roots for B = 1.25, 1.5, 2; exp2(log2(.)) otherwise
     out    = lin * dyn               stored in the output dtype
