@@ -156,28 +156,38 @@ def test_an_unusual_family_configuration_explains_exactly_alike_under_eager_and_
     assert torch.equal(_outputs(loaded, ids, mask), own)
 
 
-@pytest.mark.parametrize("case", sorted(UNUSUAL))
-def test_at_b_1_the_bcos_model_is_the_stock_model_with_unit_rows_and_no_dropped_bias(case):
-    """An independent reading of the conversion: the stock forward, run on the weights a B-cos layer uses at B = 1
-    (each row of a converted linear layer at unit norm, every bias the report drops at 0), gives the B-cos model's
-    output: the swapped-in forwards (gated MLPs, Gemma's norms and soft-capped head, ModernBERT's attention) compute the
-    stock maths under every one of these configurations, and the report names every bias that is gone."""
+def stock_on_the_bcos_weights(stock: nn.Module, model: nn.Module) -> set[str]:
+    """Set ``stock`` (the model ``model`` was bcosified from) to the weights a B-cos layer uses at B = 1: every bias the
+    report drops at 0, each unit of a converted linear layer at unit norm. Returns the dropped biases' names."""
+    from transformers.pytorch_utils import Conv1D
+
     from bcos_plugins.nn import BcosLinear
 
-    name, make, _ = UNUSUAL[case]
-    stock = _build(name, make())
-    model = bcosify(copy.deepcopy(stock), b=1.0, verbose=False)
     dropped = set(model.bcos_report.dropped_biases)
-    assert dropped == ({n for n, _ in stock.named_parameters() if n.endswith("bias")}
-                       - {n for n, _ in model.named_parameters() if n.endswith("bias")})
     with torch.no_grad():
         for param_name, param in stock.named_parameters():
             if param_name in dropped:
                 param.zero_()
         for path, layer in model.named_modules():
             if isinstance(layer, BcosLinear):
-                weight = stock.get_submodule(path).weight
-                weight.copy_(weight / weight.norm(dim=1, keepdim=True))
+                source = stock.get_submodule(path)
+                units = 0 if isinstance(source, Conv1D) else 1  # GPT-2's Conv1D stores (in, out): a unit is a column
+                source.weight.copy_(source.weight / source.weight.norm(dim=units, keepdim=True))
+    return dropped
+
+
+@pytest.mark.parametrize("case", sorted(UNUSUAL))
+def test_at_b_1_the_bcos_model_is_the_stock_model_with_unit_rows_and_no_dropped_bias(case):
+    """An independent reading of the conversion: the stock forward, run on the weights a B-cos layer uses at B = 1
+    (each row of a converted linear layer at unit norm, every bias the report drops at 0), gives the B-cos model's
+    output: the swapped-in forwards (gated MLPs, Gemma's norms and soft-capped head, ModernBERT's attention) compute the
+    stock maths under every one of these configurations, and the report names every bias that is gone."""
+    name, make, _ = UNUSUAL[case]
+    stock = _build(name, make())
+    model = bcosify(copy.deepcopy(stock), b=1.0, verbose=False)
+    dropped = stock_on_the_bcos_weights(stock, model)
+    assert dropped == ({n for n, _ in stock.named_parameters() if n.endswith("bias")}
+                       - {n for n, _ in model.named_parameters() if n.endswith("bias")})
     ids, mask = padded_rows([12, 8, 3], 12, "right", seed=7)
     real = mask.bool()
     got, want = _outputs(model, ids, mask), _outputs(stock, ids, mask)

@@ -24,8 +24,7 @@ import pytest
 import torch
 import transformers as T
 from conftest import MAX_POS, VOCAB, padded_rows
-from test_trust_pass24_convert import _build, _modernbert, _outputs, _rotary
-from transformers.pytorch_utils import Conv1D
+from test_trust_pass24_convert import _build, _modernbert, _outputs, _rotary, stock_on_the_bcos_weights
 
 from bcos_plugins import bcosify, explain, load_bcos_model
 from bcos_plugins.convert.architectures import SPECS
@@ -36,7 +35,6 @@ from bcos_plugins.errors import (
     BcosTypeError,
     BcosValueError,
 )
-from bcos_plugins.nn import BcosLinear
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -146,16 +144,7 @@ def test_at_b_1_each_familys_option_computes_the_stock_maths_on_unit_rows(case):
     name, make = B1_CASES[case]
     stock = _build(name, make())
     model = bcosify(copy.deepcopy(stock), b=1.0, verbose=False)
-    dropped = set(model.bcos_report.dropped_biases)
-    with torch.no_grad():
-        for param_name, param in stock.named_parameters():
-            if param_name in dropped:
-                param.zero_()
-        for path, layer in model.named_modules():
-            if isinstance(layer, BcosLinear):
-                source = stock.get_submodule(path)
-                units = 0 if isinstance(source, Conv1D) else 1  # GPT-2's Conv1D stores (in, out): a unit is a column
-                source.weight.copy_(source.weight / source.weight.norm(dim=units, keepdim=True))
+    stock_on_the_bcos_weights(stock, model)
     ids, mask = padded_rows([12, 8, 3], 12, "right", seed=7)
     got, want = _outputs(model, ids, mask), _outputs(stock, ids, mask)
     if got.dim() == 3:
