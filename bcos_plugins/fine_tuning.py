@@ -256,7 +256,9 @@ def _warmup(model: nn.Module, fraction: float):
     return callback
 
 
-def _resumed_at_the_models_b(model: nn.Module):
+def _resumed_at_the_models_b(model: nn.Module, without: str = "b_warmup is not given",
+                             fix: str = "pass the b_warmup of the run that wrote the checkpoint (the warm-up continues "
+                                        "from its step)"):
     """A callback that refuses, when training begins, a run without ``b_warmup`` whose B-cos layers the
     ``resume_from_checkpoint`` load set to another B than they had: a checkpoint written during a B warm-up holds each
     layer's B of that step, so the resumed run trained every remaining step at it (1.1 for a model of B 1.5) and
@@ -278,9 +280,8 @@ def _resumed_at_the_models_b(model: nn.Module):
             found = sorted({round(b, 6) for b in loaded})
             raise argument_error("resume_from_checkpoint", f"holds B-cos layers at B {found} (a checkpoint written "
                                  f"during a B warm-up), not the model's {sorted({round(b, 6) for b in given})}, and "
-                                 "b_warmup is not given: the resumed run would train its remaining steps, and return "
-                                 "the model, at the checkpoint's B", "pass the b_warmup of the run that wrote the "
-                                 "checkpoint (the warm-up continues from its step)")
+                                 f"{without}: the resumed run would train its remaining steps, and return the model, "
+                                 "at the checkpoint's B", fix)
 
     return ResumedAtTheModelsB()
 

@@ -31,7 +31,7 @@ from .attribution.text import require_head_output_object
 from .convert.architectures import PositionLimit, position_limit, vocabulary_size
 from .encoded_texts import require_max_length_fits
 from .errors import BcosTypeError, argument_error
-from .fine_tuning import checked_training_arguments, train_handing_back_own_forward
+from .fine_tuning import _resumed_at_the_models_b, checked_training_arguments, train_handing_back_own_forward
 from .losses import cross_entropy_loss
 
 __all__ = ["CausalLMCollator", "IGNORE_INDEX", "real_token_positions", "train_causal_lm"]
@@ -281,6 +281,15 @@ def train_causal_lm(
     unnamed_loss = getattr(model, "loss_type", "") is None
     if unnamed_loss:
         model.loss_type = "ForCausalLM"
+    # as fine_tune_classifier's: resumed from a checkpoint written during a B warm-up without the BWarmupCallback, the
+    # run trained every remaining step (and returned the model) at the checkpoint's B, 1.1 under config.bcos['b'] 1.5
+    from .b_warmup import BWarmupCallback
+
+    if not any(isinstance(c, BWarmupCallback) for c in callbacks or []):
+        callbacks = [*(callbacks or []), _resumed_at_the_models_b(
+            model, without="no BWarmupCallback is among the callbacks",
+            fix="pass the BWarmupCallback of the run that wrote the checkpoint in callbacks= (the warm-up continues "
+                "from its step)")]
     try:
         loss_func = functools.partial(shifted_cross_entropy_loss, label_smoothing=smoothing) if smoothing else None
         trainer = _token_weighted_eval_trainer(Trainer)(model=model, args=args, train_dataset=train_dataset,

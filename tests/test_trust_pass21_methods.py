@@ -80,11 +80,14 @@ def test_finalize_bilinear_changes_nothing_when_a_later_mlp_is_not_annealed():
     set_swish_beta(llama, 0.0)
     llama.model.layers[1].mlp.act_fn.beta = 0.5
     before = {k: v.clone() for k, v in llama.state_dict().items()}
+    # the config records the annealing gates (set_swish_beta, helper-203): the refusal leaves it as it was too
+    config_before = llama.config.to_dict()
     with pytest.raises(ValueError, match="not a SwishBeta annealed to beta=0"):
         finalize_bilinear(llama)
     assert all(torch.equal(before[k], v) for k, v in llama.state_dict().items())
     assert all(isinstance(layer.mlp.act_fn, SwishBeta) for layer in llama.model.layers)
-    assert llama.config.hidden_act == "silu"
+    assert llama.config.to_dict() == config_before and config_before["swish_beta"]["activations"] == {
+        "hidden_act": "silu"}
 
 
 def _space_model(num_labels: int = 2):

@@ -5,7 +5,8 @@
   transformers gated MLP with the identity activation, or plain tensors; biases via the augmented input.
 - :func:`interaction_matrix` ``Q(u)``, :func:`eigendecompose`, :func:`interaction_spectra`, :func:`hosvd`,
   :func:`truncation_curve`, :func:`adversarial_masks`, :func:`effective_rank`, :func:`l1_l2_sparsity`.
-- :class:`SwishBetaToBilinear`: a ``transformers.TrainerCallback`` turning a SwiGLU model bilinear (App. J).
+- :class:`SwishBetaToBilinear`: a ``transformers.TrainerCallback`` turning a SwiGLU model bilinear (App. J);
+  :func:`load_annealing_checkpoint` loads its checkpoints saved while the gates anneal.
 """
 
 from .eigen import (
@@ -44,6 +45,7 @@ __all__ = [
     "interaction_matrix",
     "interaction_spectra",
     "iter_interaction_matrices",
+    "load_annealing_checkpoint",
     "l1_l2_sparsity",
     "pseudo_inverse_masks",
     "top_eigen_indices",
@@ -54,7 +56,7 @@ __all__ = [
 
 def __getattr__(name: str):
     # swish_beta imports transformers' Trainer machinery; load it only when asked for.
-    if name in ("SwishBetaToBilinear", "SwishBeta", "finalize_bilinear", "set_swish_beta"):
+    if name in ("SwishBetaToBilinear", "SwishBeta", "finalize_bilinear", "set_swish_beta", "load_annealing_checkpoint"):
         from . import swish_beta
 
         return getattr(swish_beta, name)

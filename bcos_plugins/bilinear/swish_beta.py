@@ -11,11 +11,21 @@ so that the saved model reloads as a bilinear model with ``from_pretrained`` and
 The paper anneals linearly over the first 30 % of training and keeps ``beta = 0`` for the rest; that is the
 default schedule here (``anneal_fraction=0.3``).
 
-Every checkpoint the ``Trainer`` saves during training (while ``beta`` anneals, and also at ``beta = 0`` before
-training ends, the last step's included) stores the original ``hidden_act`` and a ``down_proj`` without the folded
-1/2: ``from_pretrained`` of it computes the SiLU / GELU model, not the one trained (logits 6e-4 to 1e-2 off on a tiny
-Llama). Resume from them with the same callback rather than evaluating them as they are; the finalised bilinear
-model is the one ``trainer.save_model()`` / ``save_pretrained`` writes after training.
+While the gates are Swish_beta ones (from the first :func:`set_swish_beta` until :func:`finalize_bilinear`), a
+stock model's config records their state, so that every checkpoint the ``Trainer`` saves during training (while
+``beta`` anneals, and also at ``beta = 0`` before training ends, the last step's included) says what it holds:
+``config.swish_beta`` holds the ``beta`` of the gates and ``down_proj_halved: False`` (the 1/2 is folded only by
+:func:`finalize_bilinear`, which removes the record), and ``hidden_act`` (Gemma's ``hidden_activation`` too) is
+:data:`ANNEALING_ACTIVATION` (the original one is kept in the record). A stock ``from_pretrained`` of such a
+checkpoint raises ``KeyError`` naming :func:`load_annealing_checkpoint`, which rebuilds the model with its gates at the
+saved ``beta``, exactly the model saved; before, the checkpoint kept the original ``hidden_act`` and reloaded as the
+SiLU / GELU model, silently (logits 6e-4 to 1e-2 off on a tiny Llama). The state is recorded in the config, not
+written into the checkpoint's files after the ``Trainer`` wrote them (an ``on_save`` rewrite): the ``Trainer`` saves
+with ``model.save_pretrained``, which writes ``model.config`` as it is, so a checkpoint, a ``save_pretrained`` of a
+model annealed by hand and a ``push_to_hub`` all carry it, with no file rewritten behind the ``Trainer``. Resuming
+(``trainer.train(resume_from_checkpoint=...)`` with the same callback) loads only the weights into the model given and
+sets ``beta`` from the step, as an uninterrupted run does (bit-identical). B-cos models (``config.bcos``) are left to
+their own record (:func:`~bcos_plugins.bcosify`'s module edits, which ``load_bcos_model`` refuses while gates anneal).
 """
 
 from __future__ import annotations
@@ -35,7 +45,15 @@ from ..convert.bcosify import record_module_edits
 from ..errors import argument_error
 from ..nn.dynamic import DynamicWeightModule
 
-__all__ = ["SwishBeta", "SwishBetaToBilinear", "finalize_bilinear", "gated_mlps", "set_swish_beta"]
+__all__ = ["ANNEALING_ACTIVATION", "SwishBeta", "SwishBetaToBilinear", "finalize_bilinear", "gated_mlps",
+           "load_annealing_checkpoint", "set_swish_beta"]
+
+# the config key of the gates' state while they anneal (module docstring)
+SWISH_BETA_CONFIG_KEY = "swish_beta"
+# hidden_act of a stock model whose gates anneal: no transformers activation has this name, so a stock
+# from_pretrained of its checkpoint fails in ACT2FN with a KeyError that shows the name, and with it the fix
+ANNEALING_ACTIVATION = ("swish_beta gates annealing (config.swish_beta): load this checkpoint with "
+                        "bcos_plugins.bilinear.load_annealing_checkpoint(path)")
 
 # beta at which Swish_beta equals (SiLU; quick GELU, x * sigmoid(1.702 x), the same ops) or approximates (GELU,
 # Hendrycks & Gimpel's sigmoid approximation) the model's original activation. Every transformers name of GELU has
@@ -116,6 +134,65 @@ def set_swish_beta(model: nn.Module, beta: float) -> None:
     # a B-cos model's config.bcos records each activation, which a load rebuilds from the config: a save made while
     # annealing reloaded with the config's SiLU gates, another model, silently; recorded, the load refuses it
     record_module_edits(model, _act_fn_paths(model, mlps))
+    _record_gate_state(model, beta)
+
+
+def _record_gate_state(model: nn.Module, beta: float) -> None:
+    """Write the gates' state into a stock model's config (module docstring): saved with it, a checkpoint reloads as
+    the model it is through :func:`load_annealing_checkpoint` and is refused by a stock ``from_pretrained``."""
+    config = _text_config(model)
+    if config is None or getattr(getattr(model, "config", None), "bcos", None) is not None:
+        return
+    state = getattr(config, SWISH_BETA_CONFIG_KEY, None)
+    activations = (dict(state["activations"]) if isinstance(state, dict)
+                   else {key: getattr(config, key) for key in _activation_keys(config)
+                         if getattr(config, key, None) is not None})  # (Gemma 2's config has no hidden_act)
+    setattr(config, SWISH_BETA_CONFIG_KEY, {"beta": float(beta), "down_proj_halved": False,
+                                            "activations": activations})
+    for key in activations:
+        setattr(config, key, ANNEALING_ACTIVATION)
+
+
+def _original_activations(config) -> dict | None:
+    state = getattr(config, SWISH_BETA_CONFIG_KEY, None)
+    return dict(state["activations"]) if isinstance(state, dict) else None
+
+
+def load_annealing_checkpoint(path, **from_pretrained_kwargs) -> nn.Module:
+    """Load a checkpoint saved while :class:`SwishBetaToBilinear` (or :func:`set_swish_beta`) annealed a stock model's
+    gates, as the model it was: the architecture of ``config.architectures`` built with the original activation, its
+    weights, then its gates set to the saved ``beta`` (the record stays, so the model saves as it loaded). Keywords go
+    to ``from_pretrained``. A folder without the record (a finalised bilinear model, a stock one) is refused: load it
+    with ``from_pretrained``."""
+    import transformers
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    text = _text_config_of(config)
+    state = getattr(text, SWISH_BETA_CONFIG_KEY, None)
+    if not isinstance(state, dict):
+        raise argument_error("path", f"{path} holds no Swish_beta annealing state (config.{SWISH_BETA_CONFIG_KEY}): "
+                             "it was not saved while gates annealed", "Load it with from_pretrained")
+    if state.get("down_proj_halved") is not False or not isinstance(state.get("activations"), dict):
+        raise argument_error("path", f"{path}'s config.{SWISH_BETA_CONFIG_KEY} is {state!r}, not a record that "
+                             "set_swish_beta writes (down_proj_halved False, the original activations)",
+                             "Restore config.json from the checkpoint the Trainer saved")
+    beta = require_float(f"config.{SWISH_BETA_CONFIG_KEY}['beta']", state.get("beta"), minimum=0.0)
+    for key, value in state["activations"].items():
+        setattr(text, key, value)
+    architectures = getattr(config, "architectures", None) or []
+    model_class = getattr(transformers, architectures[0], None) if architectures else None
+    if model_class is None:
+        raise argument_error("path", f"{path}'s config names no transformers architecture ({architectures})",
+                             "Load the model class with from_pretrained(path, config=...) and call "
+                             f"set_swish_beta(model, {beta})")
+    model = model_class.from_pretrained(path, config=config, **from_pretrained_kwargs)
+    set_swish_beta(model, beta)
+    return model
+
+
+def _text_config_of(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def finalize_bilinear(model: nn.Module) -> None:
@@ -149,6 +226,9 @@ def finalize_bilinear(model: nn.Module) -> None:
         mlp.act_fn = ACT2FN["linear"]
     config = _text_config(model)
     if config is not None:
+        # the annealing record goes: the 1/2 is folded and the gates are the identity, which "linear" says
+        if hasattr(config, SWISH_BETA_CONFIG_KEY):
+            delattr(config, SWISH_BETA_CONFIG_KEY)
         for key in _activation_keys(config):
             setattr(config, key, "linear")
 
@@ -160,7 +240,7 @@ def _act_fn_paths(model: nn.Module, mlps: list[nn.Module]) -> list[str]:
 
 def _text_config(model: nn.Module):
     config = getattr(model, "config", None)
-    return config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    return None if config is None else _text_config_of(config)
 
 
 def _activation_keys(config) -> list[str]:
@@ -222,8 +302,10 @@ class SwishBetaToBilinear(TrainerCallback):
         if self.start_beta is not None:
             return float(self.start_beta)
         config = _text_config(model)
-        key = _activation_keys(config)[0]
-        act = getattr(config, key, None)
+        # a model annealed before (a second run) has the recorded original, not ANNEALING_ACTIVATION
+        original = _original_activations(config)
+        key = _activation_keys(config)[0] if original is None else next(iter(original))
+        act = getattr(config, key, None) if original is None else original[key]
         if act not in START_BETA:
             raise ValueError(
                 f"cannot infer the starting beta from {key}={act!r}; pass start_beta= (1.0 for SiLU, 1.702 for "
