@@ -56,6 +56,14 @@ def _visible(token: str) -> str:
     return "".join(_SHOWN_AS.get(c, f"U+{ord(c):04X}") for c in token) or "∅"
 
 
+def signed_share_text(share: float) -> str:
+    """A token's signed share as the terminal shows it: 3 decimals (``+0.412``), and 2 significant digits below
+    ``5e-4`` (``+1.2e-05``), where 3 decimals wrote ``+0.000`` for a non-zero share (the HTML pages' hover uses
+    ``%g``); exactly 0 stays ``+0.000``."""
+    share = float(share)
+    return f"{share:+.3f}" if share == 0 or not abs(share) < 5e-4 else f"{share:+.2g}"
+
+
 def _span(token: str, score: float, scale: float, explained: bool) -> str:
     # unicode-bidi:isolate: a right-to-left override or mark inside one token (SentencePiece tokens keep them)
     # reordered every later token of the row on screen; each token is laid out on its own, in sequence order

@@ -38,7 +38,7 @@ from bcos_plugins import bcosify, explain, load_bcos_model
 from bcos_plugins.data import load_sst2
 from bcos_plugins.pretrained import minilm_path
 from bcos_plugins.train import accuracy, fine_tune_classifier
-from bcos_plugins.visualize import explanation_sections_to_html
+from bcos_plugins.visualize import explanation_sections_to_html, signed_share_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root holds benchmarks
 from benchmarks.common.settings import env_float, env_int, epochs_text, no_command_line_arguments
@@ -56,7 +56,7 @@ def colour_tokens(tokens: list[str], scores: torch.Tensor, *, colour: bool = Tru
     text = Text()
     for tok, s in zip(tokens, scores.tolist(), strict=True):
         if not colour:
-            text.append(f"{tok}({s:+.3f}) ")
+            text.append(f"{tok}({signed_share_text(s)}) ")
             continue
         level = int(80 + 175 * min(1.0, abs(s) / scale.item()))
         shade = f"rgb(0,{level},0)" if s >= 0 else f"rgb({level},0,0)"

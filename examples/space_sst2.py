@@ -51,6 +51,7 @@ from bcos_plugins.space import (
     read_sst2_tsv,
     zero_shot_evaluation,
 )
+from bcos_plugins.visualize import signed_share_text
 
 DATA = SHIPPED_DATA
 OUT = Path("outputs") / "space_sst2"
@@ -272,7 +273,7 @@ def print_report(args: argparse.Namespace, results: dict, shown: list[str], expl
     for row, (tokens, scores) in enumerate(zip(explanation.tokens(tokenizer), explanation.scores(), strict=True)):
         label = ["negative", "positive"][int(explanation.target[row])]
         top = sorted(zip(tokens, scores.tolist(), strict=True), key=lambda t: -t[1])[:4]
-        print(f"  [{label}] {shown[row][:70]!r}\n     top tokens: " + ", ".join(f"{t} {s:+.3f}" for t, s in top))
+        print(f"  [{label}] {shown[row][:70]!r}\n     top tokens: " + ", ".join(f"{t} {signed_share_text(s)}" for t, s in top))
 
 
 def main() -> None:

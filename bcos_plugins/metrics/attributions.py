@@ -21,8 +21,15 @@ from .._checks import bad_rows, require_same_shape, require_tensor
 from ..errors import BcosTypeError, argument_error
 from ..nn.functional import at_least_float32
 
-__all__ = ["masked_positions_zeroed", "numbers_as_one_tensor", "perturbable_mask", "refuse_table_of_rows",
-           "scores_and_positions", "share_as_written", "share_counts", "special_tokens_mask", "token_scores"]
+__all__ = ["masked_positions_zeroed", "numbers_as_one_tensor", "perturbable_mask", "refuse_boolean_scores",
+           "refuse_table_of_rows", "scores_and_positions", "share_as_written", "share_counts", "special_tokens_mask", "token_scores"]
+
+
+def refuse_boolean_scores(name: str, scores: Tensor, fix: str = "Pass float token scores") -> None:
+    """Refuse a boolean tensor where scores are expected: flags, not scores (ranked, their ties were broken by position;
+    summed, a mask counted its True entries), silently. The one refusal of the text metrics and the summaries."""
+    if scores.dtype == torch.bool:
+        raise argument_error(name, "must be numbers, got a boolean tensor", fix, kind=BcosTypeError)
 
 
 def share_counts(n: Int[Tensor, "..."], fractions: Float[Tensor, "..."] | float) -> Int[Tensor, "..."]:

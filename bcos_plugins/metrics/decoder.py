@@ -41,7 +41,7 @@ from ..convert.architectures import position_limit, vocabulary_size
 from ..errors import BcosTypeError, argument_error
 from ..nn.dynamic import evaluating
 from ..nn.functional import at_least_float32
-from .attributions import scores_and_positions
+from .attributions import refuse_boolean_scores, scores_and_positions
 
 __all__ = [
     "MRRResult",
@@ -103,10 +103,7 @@ def reciprocal_rank(
     # padding token (not a candidate) was refused as "NaN or inf in row [0]. Pass finite values", where the check below
     # (candidate tokens only) meant to take it
     scores = require_tensor("scores", scores, ndim=2, kind="real", finite=False, shape_hint="(batch, pos)")
-    if scores.dtype == torch.bool:
-        # flags, not scores: their ties ranked evidence by position, silently (the rationale metrics' refusal)
-        raise argument_error("scores", "must be numbers, got a boolean tensor", "Pass float token scores",
-                             kind=BcosTypeError)
+    refuse_boolean_scores("scores", scores)  # flags: their ties ranked evidence by position, silently
     evidence = require_tensor("evidence", evidence, ndim=2, kind="mask")
     candidates = _check_masks(scores, evidence, candidates)
     bad = ~torch.isfinite(scores.detach().double()) & candidates
@@ -257,7 +254,7 @@ def _require_causal_lm(model, window: list[int], device) -> None:
     position's logits unchanged.
     """
     from ..attribution.text import with_output_object
-    from ..errors import BcosTypeError, argument_error
+    from ..errors import argument_error
 
     ids = torch.tensor([window], device=device)
     name = type(model).__name__
@@ -297,7 +294,7 @@ def _require_causal_lm(model, window: list[int], device) -> None:
 
 
 def _token_rows(texts, tokenizer) -> list[list[int]]:
-    from ..errors import BcosTypeError, argument_error
+    from ..errors import argument_error
 
     if isinstance(texts, str | Tensor) and (isinstance(texts, str) or texts.ndim < 2):
         texts = [texts]
@@ -481,7 +478,7 @@ def next_token_contrast(
     from .._checks import require_int, require_token_batch, unmasked_padding_keywords
     from ..attribution.targets import _warn_on_foil_equal_to_target, last_real_position
     from ..attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
-    from ..errors import BcosTypeError, argument_error
+    from ..errors import argument_error
 
     if positional:  # the 0.1 signature took target and foil by position
         raise argument_error("target", "next_token_contrast takes target and foil by keyword since 0.2, got "

@@ -37,8 +37,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .._checks import bad_rows, require_same_shape, require_tensor
-from ..errors import BcosTypeError, argument_error
-from .attributions import ranking_dtype, scores_and_positions, share_as_written, share_counts
+from ..errors import argument_error
+from .attributions import (
+    ranking_dtype,
+    refuse_boolean_scores,
+    scores_and_positions,
+    share_as_written,
+    share_counts,
+)
 
 __all__ = ["RationaleAlignment", "rationale_alignment", "top_k_iou", "average_precision"]
 
@@ -47,9 +53,7 @@ def _check(scores: Tensor, gold_mask: Tensor, valid_mask: Tensor | None) -> tupl
     # an explanation of the package: its contributions, its padding no valid position (it was refused)
     scores, valid_mask = scores_and_positions(scores, valid_mask, ranked_as="valid_mask")
     scores = require_tensor("scores", scores, ndim=2, finite=False, shape_hint="(batch, pos)")
-    if scores.dtype == torch.bool:
-        raise argument_error("scores", "must be numbers, got a boolean tensor", "Pass float token scores",
-                             kind=BcosTypeError)
+    refuse_boolean_scores("scores", scores)
     if 0 in scores.shape:
         raise argument_error("scores", f"are empty (shape {tuple(scores.shape)})",
                              "Pass the scores of at least one token of one example")

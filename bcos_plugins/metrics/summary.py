@@ -48,6 +48,7 @@ from ..nn.functional import at_least_float32
 from .attributions import (
     masked_positions_zeroed,
     numbers_as_one_tensor,
+    refuse_boolean_scores,
     refuse_table_of_rows,
     scores_and_positions,
     token_scores,
@@ -68,6 +69,12 @@ def explanation_entropy(attributions, attention_mask: Int[Tensor, "batch pos"] |
     checks its shape against the input, so the second was read as ``pos`` rows of ``d_model`` "tokens", silently. Pass
     ``attention_mask`` (``(batch, pos)``; ``torch.ones_like(scores)`` for token scores without padding) or
     ``attributions[None]``. Lists and NumPy arrays of scores (written per token) keep the ``(batch, pos)`` reading.
+
+    A row whose real tokens all score exactly 0 (an explanation of nothing: no distribution) has entropy 0, the
+    documented value, which in a mean over rows reads as "all of the explanation on one token". Exclude such rows
+    before averaging: ``h = explanation_entropy(scores, mask); h[(scores.abs() * mask).sum(-1) > 0].mean()`` for
+    ``(batch, pos)`` scores, ``h[torch.stack([s.abs().sum() > 0 for s in explanation.scores()])].mean()`` for an
+    explanation.
     """
     # an explanation of the package: its contributions, its attention_mask the default (scores_and_positions, as the
     # rationale and MRR metrics): its padding counted in the entropy of a padded batch
@@ -137,6 +144,9 @@ def completeness_error(attributions, explained: Float[Tensor, " batch"] | None =
     flat = []
     for a in parts:
         a = require_tensor("attributions", a, kind="real")
+        # a mask summed as its count of True entries, silently (every other metric refuses boolean scores)
+        refuse_boolean_scores("attributions", a, fix="Pass the float attributions (a mask's float() if it is meant "
+                              "as scores)")
         if a.ndim == 0 or a.shape[0] == 0:
             raise argument_error("attributions", f"need a non-empty batch dimension, got shape {tuple(a.shape)}",
                                  "Pass (batch, ...) attributions")
