@@ -56,11 +56,11 @@ def test_the_metrics_share_one_boolean_refusal():
 # ------------------------------------------------ 2. inseq.load_model leaves the tokenizer padding on the left
 
 def test_inseq_load_model_leaves_the_tokenizer_left_padded_and_the_docs_say_so(minilm_bcos_bert):
-    import inseq
-
     import bcos_plugins.adapters.inseq  # noqa: F401  (registers "bcos")
-    from bcos_plugins import bcosify
+    import inseq
     from bcos_plugins.adapters.inseq import load_classifier
+
+    from bcos_plugins import bcosify
     from bcos_plugins.pretrained import minilm_path
 
     bert = minilm_bcos_bert[0]
