@@ -83,7 +83,8 @@ def check_pixel_values(pixel_values: Tensor, num_channels: int, image_size: int,
 
 
 def encode_image(pixel_values: Float[Tensor, "batch c h w"]) -> Float[Tensor, "batch two_c h w"]:
-    """``[x, 1 - x]`` along the channel axis; values must lie in [0, 1]."""
+    """``[x, 1 - x]`` along the channel axis; values must lie in [0, 1]. A batch whose every value is at most 1/255
+    (images divided by 255 twice) warns, at the caller's line."""
     pixel_values = require_tensor("pixel_values", pixel_values, kind="float", shape_hint="(batch, C, H, W)",
                                   list_dtype=torch.get_default_dtype())  # feeds a model, none known here
     # (batch, C, H, W) only: an unbatched (C, H, W) image was encoded along its rows (H became 2H), silently
