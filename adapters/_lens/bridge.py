@@ -68,7 +68,7 @@ from .boot_guard import (
 from .final_norm import fold_final_norm_into_unembedding
 from .hook_checks import hook_checked_cache_class, hooked_points
 from .hook_point import DynamicHookPoint
-from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords
+from .inputs import FORWARD_WARNS_ABOUT_PADDING, lens_padding_keywords, refuse_bos_less_left_padding
 
 __all__ = [
     "SUPPORTED_BRIDGE_ARCHITECTURES",
@@ -213,6 +213,23 @@ def _check_bridge_input_for_unmasked_padding(bridge: nn.Module, tokens) -> None:
         "each row at its last real token (position -1 with left padding), or pass the texts themselves"))
 
 
+def _refuse_bos_less_text_batch(bridge: nn.Module, texts, prepend_bos, padding_side) -> None:
+    """Refuse a list of texts that a bridge forward (given no mask) would tokenize without a BOS (the call's
+    ``prepend_bos=False``) and pad on the left with the BOS id: TransformerLens' bridge derives the mask of a batched
+    list with ``cfg.default_prepend_bos``, not the call's ``prepend_bos``, so with a default of ``True`` it unmasked
+    each padded row's last padding token as its BOS (a B-cos GPT-2's last logits 0.2 off each text alone, a stock one
+    0.06-0.08), without a word. The HookedTransformer's check (:func:`~.inputs.refuse_bos_less_left_padding`) reads
+    the batch the bridge will tokenize; nothing is tokenized twice unless the call asks for no BOS over a default
+    BOS."""
+    if not isinstance(texts, list) or len(texts) < 2 or prepend_bos is None or prepend_bos \
+            or not getattr(getattr(bridge, "cfg", None), "default_prepend_bos", True) \
+            or getattr(bridge, "tokenizer", None) is None:
+        return  # no batched list, or every row gets a BOS, or the mask derived reads no BOS: the texts' own mask
+    tokens = bridge.to_tokens(texts, prepend_bos=prepend_bos, padding_side=padding_side)
+    refuse_bos_less_left_padding(bridge, tokens, None, padding_side, mask_reads_the_calls_prepend_bos=False,
+                                 name="input")
+
+
 @functools.cache
 def _padding_checked_class(base: type) -> type:
     """``base`` (TransformerLens' ``TransformerBridge``) whose ``forward`` first warns about a padded token batch
@@ -227,12 +244,19 @@ def _padding_checked_class(base: type) -> type:
     input_name = names[0] if names else "input"
     base_forward = base.forward
 
+    def argument(args: tuple, kwargs: dict, name: str):
+        at = names.index(name) if name in names else None
+        return args[at] if at is not None and len(args) > at else kwargs.get(name)
+
     def forward(self, *args, **kwargs):
         mask = kwargs.get("attention_mask", kwargs.get("one_zero_attention_mask"))
         if mask is None and mask_at is not None and len(args) > mask_at:
             mask = args[mask_at]
         if mask is None:
-            _check_bridge_input_for_unmasked_padding(self, args[0] if args else kwargs.get(input_name))
+            given = args[0] if args else kwargs.get(input_name)
+            _check_bridge_input_for_unmasked_padding(self, given)
+            _refuse_bos_less_text_batch(self, given, argument(args, kwargs, "prepend_bos"),
+                                        argument(args, kwargs, "padding_side"))
         forget_grown_rotary_frequencies(getattr(self, "original_model", None))  # nothing read without dynamic rope
         return base_forward(self, *args, **kwargs)
 

@@ -103,8 +103,19 @@ def _logit_token_dims(cache, residual_stack: Tensor, batch_slice, has_batch_dim:
     if has_batch_dim and batch_slice is not None and dims:
         from transformer_lens.utilities import Slice
 
+        given = batch_slice.slice if isinstance(batch_slice, Slice) else batch_slice  # logit_attrs passes a Slice on
+        given = given.tolist() if hasattr(given, "tolist") else given  # rows as the caller wrote them
         batch_slice = batch_slice if isinstance(batch_slice, Slice) else Slice(batch_slice)
-        dims = tuple(batch_slice.apply(torch.empty(dims, device="meta"), dim=0).shape)
+        try:  # the row numbers themselves, not a meta tensor: indexing one with a list of rows checks no bounds
+            dims = tuple(batch_slice.apply(torch.arange(dims[0]), dim=0).shape) + dims[1:]
+        except IndexError as error:  # TransformerLens' own apply_ln_to_stack fails the same way, with a bare message
+            raise argument_error(
+                "batch_slice", f"{given!r} names rows the residual stack does not have: its batch axis (dimension 1) "
+                f"has {dims[0]} row(s). TransformerLens cuts the stack by batch_slice itself (as it cuts the cached "
+                "norm scale; unlike pos_slice, which it assumes already applied), so a stack already cut to those "
+                "rows is cut again",
+                "Pass the stack of the whole cached batch with batch_slice (it cuts the stack and the scale alike), "
+                f"or a batch_slice that indexes the stack's {dims[0]} row(s)") from error
     return dims
 
 

@@ -29,7 +29,8 @@ def lens_padding_keywords(model: nn.Module, attention_mask) -> dict:
 
 
 def refuse_bos_less_left_padding(model: nn.Module, tokens, prepend_bos: bool | None = None,
-                                 padding_side: str | None = None, *, takes_a_mask: bool = True) -> None:
+                                 padding_side: str | None = None, *, takes_a_mask: bool = True,
+                                 mask_reads_the_calls_prepend_bos: bool = True, name: str = "tokens") -> None:
     """Refuse a left-padded token batch made without a BOS (``to_tokens(..., prepend_bos=False)``) given without a
     mask to a ``HookedTransformer`` whose tokenizer pads on the left with its BOS id, when the mask TransformerLens
     derives (``utils.get_attention_mask(tokenizer, tokens, prepend_bos)``, ``prepend_bos`` the call's, else
@@ -41,7 +42,10 @@ def refuse_bos_less_left_padding(model: nn.Module, tokens, prepend_bos: bool | N
     ``generate`` set the tokenizer's to it while they derive the mask), else the tokenizer's. Anything else passes
     unchanged (a correct call's numbers are TransformerLens'). One host sync (none for a single row, which cannot mix rows with and without padding).
     ``takes_a_mask=False`` for a call that has no ``attention_mask`` (TransformerLens' ``generate`` drops one
-    without effect): the fixes named are then the others."""
+    without effect): the fixes named are then the others. ``mask_reads_the_calls_prepend_bos=False`` for a call that
+    derives its mask with ``cfg.default_prepend_bos`` whatever its own ``prepend_bos`` (a ``TransformerBridge`` given a
+    list of texts: pass the batch it tokenized, ``prepend_bos=None``, and ``name="input"``): the call's
+    ``prepend_bos=False`` is then not named as a fix, since it is what made the batch."""
     tokenizer = getattr(model, "tokenizer", None)
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None or (padding_side or getattr(tokenizer, "padding_side", None)) != "left" \
@@ -58,15 +62,17 @@ def refuse_bos_less_left_padding(model: nn.Module, tokens, prepend_bos: bool | N
     if padded_rows in (0, tokens.shape[0]):
         return  # a BOS on every row (or no padding at all): TransformerLens' mask is the texts'
     row = int((~begins_with_pad).nonzero()[0, 0])
+    call_fix = "(on the model's own calls, prepend_bos=False also works)" if mask_reads_the_calls_prepend_bos else \
+        "(the bridge derives its mask with it, whatever the call's prepend_bos)"
     raise argument_error(
-        "tokens", f"row {row} begins with token {int(tokens[row, 0])}, not the BOS id, so the batch was made without "
+        name, f"row {row} begins with token {int(tokens[row, 0])}, not the BOS id, so the batch was made without "
         f"a BOS (to_tokens(..., prepend_bos=False)); its tokenizer pads on the left with the BOS id ({pad}), and the "
         "mask TransformerLens derives without an attention_mask assumes a BOS (cfg.default_prepend_bos=True): it "
         "unmasks the last padding token of each padded row as its BOS, so those rows would attend a padding token "
         "and their outputs and explanations would not be their texts' alone",
         "Pass attention_mask= (the tokenizer's own, or 1 on each row's tokens and 0 on its padding), or set "
-        "model.cfg.default_prepend_bos = False for batches made without a BOS (on the model's own calls, "
-        "prepend_bos=False also works), or make the tokens with a BOS (to_tokens(texts))" if takes_a_mask else
+        f"model.cfg.default_prepend_bos = False for batches made without a BOS {call_fix}, or make the tokens with a "
+        "BOS (to_tokens(texts))" if takes_a_mask else
         "Pass prepend_bos=False (this call takes no attention_mask), or set model.cfg.default_prepend_bos = False "
         "for batches made without a BOS, or make the tokens with a BOS (to_tokens(texts))")
 
