@@ -245,7 +245,7 @@ def scores_and_positions(scores: Any, positions: Any, reduce: str = "sum",
         # the explained position of a causal model, which were ranked as tokens of score 0 (an MRR of 1/7 for 1/4)
         seen = _seen_by_explained_output(scores)
         positions = None if bool(seen.all()) else seen
-    elif positions is not None and ranked_as is not None:
+    elif ranked_as is not None:  # positions given by hand (the branches above took None)
         _refuse_positions_the_output_does_not_see(scores, positions, ranked_as)
     return token_scores(scores, reduce=reduce), positions
 
