@@ -135,3 +135,34 @@ def test_logit_attrs_batch_slice_past_the_stacks_rows_names_batch_slice(kind, ta
         assert "has 1 row(s)" in message and "Pass the stack of the whole cached batch" in message
         whole = cache.logit_attrs(stack, tokens=target, pos_slice=-1, batch_slice=[1]).sum(0)
     torch.testing.assert_close(whole, logits[1:, -1, 4], atol=1e-4, rtol=1e-4)
+
+
+GENERATE = dict(max_new_tokens=4, do_sample=False, verbose=False, stop_at_eos=False)
+
+
+def _generated_alone(bridge) -> list[list[int]]:
+    return [bridge.generate(text, prepend_bos=False, return_type="tokens", **GENERATE)[0, -4:].tolist()
+            for text in TEXTS]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("method", ["generate", "generate_stream"])
+def test_generate_refuses_a_text_batch_without_a_bos_and_its_fixes_generate_each_text_alone(left_padded_bridge, method,
+                                                                                              side, monkeypatch):
+    """bridge.generate(texts, prepend_bos=False): rows 1 and 2 generated other tokens than each text alone (tiny B-cos
+    GPT-2: [41315, 41315, 41873, 41873] for [49261, 48273, 3020, 3020]), without a word; the bridge pads a list on the
+    left whatever the tokenizer's side and derives each step's mask with cfg.default_prepend_bos. Refused (at the
+    call, for the stream too); the fixes named (attention_mask=, cfg.default_prepend_bos = False) generate each text's
+    own tokens."""
+    bridge, _, tokenizer = left_padded_bridge
+    monkeypatch.setattr(bridge.tokenizer, "padding_side", side)
+    with pytest.raises(BcosValueError, match=r"^input: row 0 begins with token .*Pass attention_mask="):
+        getattr(bridge, method)(TEXTS, prepend_bos=False, **GENERATE)
+    if method == "generate_stream":
+        return
+    alone = _generated_alone(bridge)
+    mask = tokenizer(TEXTS, padding=True, padding_side="left", return_tensors="pt").attention_mask
+    masked = bridge.generate(TEXTS, prepend_bos=False, attention_mask=mask, return_type="tokens", **GENERATE)
+    monkeypatch.setattr(bridge.cfg, "default_prepend_bos", False)
+    default_off = bridge.generate(TEXTS, prepend_bos=False, return_type="tokens", **GENERATE)
+    assert masked[:, -4:].tolist() == alone and default_off[:, -4:].tolist() == alone

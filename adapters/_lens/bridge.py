@@ -214,7 +214,8 @@ def _check_bridge_input_for_unmasked_padding(bridge: nn.Module, tokens) -> None:
 
 
 def _refuse_bos_less_text_batch(bridge: nn.Module, texts, prepend_bos, padding_side) -> None:
-    """Refuse a list of texts that a bridge forward (given no mask) would tokenize without a BOS (the call's
+    """Refuse a list of texts that a bridge forward or ``generate`` / ``generate_stream`` (given no mask; these pad a
+    list on the left whatever the tokenizer's side, ``padding_side="left"``) would tokenize without a BOS (the call's
     ``prepend_bos=False``) and pad on the left with the BOS id: TransformerLens' bridge derives the mask of a batched
     list with ``cfg.default_prepend_bos``, not the call's ``prepend_bos``, so with a default of ``True`` it unmasked
     each padded row's last padding token as its BOS (a B-cos GPT-2's last logits 0.2 off each text alone, a stock one
@@ -318,6 +319,8 @@ def _without_kv_cache(method):
                 "Qwen / Gemma 2 bridges and plain ones, GPT-2 included, TransformerLens 3.9)",
                 "Leave it out (these bridges generate without the cache by default: each step a full forward, the "
                 "model's tokens), or generate with the transformers model itself (hf_model.generate)")
+        if bound.get("attention_mask") is None:  # a batched list: left-padded, its mask by cfg.default_prepend_bos
+            _refuse_bos_less_text_batch(self, bound.get("input"), bound.get("prepend_bos"), "left")
         if "use_past_kv_cache" not in bound:
             kwargs["use_past_kv_cache"] = False
         return method(self, *args, **kwargs)
