@@ -166,3 +166,29 @@ def test_generate_refuses_a_text_batch_without_a_bos_and_its_fixes_generate_each
     monkeypatch.setattr(bridge.cfg, "default_prepend_bos", False)
     default_off = bridge.generate(TEXTS, prepend_bos=False, return_type="tokens", **GENERATE)
     assert masked[:, -4:].tolist() == alone and default_off[:, -4:].tolist() == alone
+
+
+@pytest.mark.parametrize("method", ["forward", "generate"])
+def test_a_bos_on_every_row_under_a_default_of_no_bos_is_refused(left_padded_bridge, method, monkeypatch):
+    """The mirror case: cfg.default_prepend_bos = False and bridge(texts, prepend_bos=True): the bridge derived the
+    list's mask as if no BOS, which masked every row's BOS (the pad id) as padding, so every row was 0.11-0.24 off its
+    text alone with a BOS (tiny B-cos GPT-2), silently. Refused naming prepend_bos; the fix named (the default back
+    to True, prepend_bos left out) gives each text alone, as does the tokenizer's mask with the same call."""
+    bridge, hf_model, tokenizer = left_padded_bridge
+    monkeypatch.setattr(bridge.cfg, "default_prepend_bos", False)
+    call = (lambda: bridge(TEXTS, prepend_bos=True)) if method == "forward" else (
+        lambda: bridge.generate(TEXTS, prepend_bos=True, **GENERATE))
+    with pytest.raises(BcosValueError, match=r"^prepend_bos: True puts a BOS on every row.*default_prepend_bos = True"):
+        call()
+    if method == "generate":
+        return
+    alone = _each_text_alone(hf_model, tokenizer, bos=True)
+    tokens = bridge.to_tokens(TEXTS, prepend_bos=True)
+    mask = (torch.arange(tokens.shape[1]) >= (tokens.shape[1] - tokenizer(TEXTS, padding=True, return_tensors="pt")
+                                             .attention_mask.sum(1, keepdim=True) - 1)).long()  # each row's BOS on
+    with torch.no_grad():
+        masked = bridge(TEXTS, prepend_bos=True, attention_mask=mask)
+        monkeypatch.setattr(bridge.cfg, "default_prepend_bos", True)
+        default_on = bridge(TEXTS)
+    for logits in (masked, default_on):
+        torch.testing.assert_close(logits[:, -1, TARGET], alone, atol=1e-5, rtol=1e-5)

@@ -222,9 +222,22 @@ def _refuse_bos_less_text_batch(bridge: nn.Module, texts, prepend_bos, padding_s
     0.06-0.08), without a word. The HookedTransformer's check (:func:`~.inputs.refuse_bos_less_left_padding`) reads
     the batch the bridge will tokenize; nothing is tokenized twice unless the call asks for no BOS over a default
     BOS."""
-    if not isinstance(texts, list) or len(texts) < 2 or prepend_bos is None or prepend_bos \
-            or not getattr(getattr(bridge, "cfg", None), "default_prepend_bos", True) \
-            or getattr(bridge, "tokenizer", None) is None:
+    tokenizer = getattr(bridge, "tokenizer", None)
+    default_bos = getattr(getattr(bridge, "cfg", None), "default_prepend_bos", True)
+    if isinstance(texts, list) and len(texts) > 1 and prepend_bos and not default_bos \
+            and (padding_side or getattr(tokenizer, "padding_side", None)) == "left" \
+            and getattr(tokenizer, "pad_token_id", None) is not None \
+            and getattr(tokenizer, "bos_token_id", None) == tokenizer.pad_token_id:
+        # the mirror case: a BOS on every row, and a mask derived as if none, which masks each row's BOS as padding
+        # (every row 0.11-0.24 off its text alone with a BOS on a tiny B-cos GPT-2, silently)
+        raise argument_error(
+            "prepend_bos", "True puts a BOS on every row, but the bridge derives a list's mask with "
+            "cfg.default_prepend_bos (False here), whatever the call's prepend_bos; its tokenizer pads on the left "
+            f"with the BOS id ({tokenizer.pad_token_id}), so that mask masks each row's BOS as padding and every row "
+            "would run without it", "Pass attention_mask= (the tokenizer's own, or 1 on each row's tokens and 0 on "
+            "its padding), or set model.cfg.default_prepend_bos = True and leave prepend_bos out")
+    if not isinstance(texts, list) or len(texts) < 2 or prepend_bos is None or prepend_bos or not default_bos \
+            or tokenizer is None:
         return  # no batched list, or every row gets a BOS, or the mask derived reads no BOS: the texts' own mask
     tokens = bridge.to_tokens(texts, prepend_bos=prepend_bos, padding_side=padding_side)
     refuse_bos_less_left_padding(bridge, tokens, None, padding_side, mask_reads_the_calls_prepend_bos=False,
