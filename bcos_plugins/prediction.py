@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from ._checks import (
     refuse_a_model_as_the_tokenizer,
@@ -56,8 +57,19 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
     without padding, so a tokenizer without a pad token (GPT-2's) serves one text or ``batch_size=1``; for a batch
     of several texts it is refused naming the fix (``tokenizer.pad_token = tokenizer.eos_token``).
     """
+    return batched_logits(model, tokenizer, texts, text_pairs=text_pairs, batch_size=batch_size, max_length=max_length)
+
+
+@torch.no_grad()
+def batched_logits(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[str] | None = None,
+                   batch_size: int = 64, max_length: int | None = None, default_max_length: int = 64,
+                   caller: str = "predict", progress: bool = False) -> Tensor:
+    """:func:`predict`, the one batch loop of the package's classifiers' predictions (``predict``, ``accuracy``,
+    :func:`~bcos_plugins.space.predict_labels`): ``default_max_length`` is the caller's usual truncation length,
+    ``caller`` the name its refusals and its truncation warning give (an outer :func:`truncation_named` holds),
+    ``progress`` a progress bar over the batches."""
     require_model_object(model)
-    refuse_a_model_as_the_tokenizer(tokenizer, call="predict(model, tokenizer, texts)")
+    refuse_a_model_as_the_tokenizer(tokenizer, call=f"{caller}(model, tokenizer, texts)")
     texts = require_texts(texts)
     text_pairs = require_text_pairs(text_pairs, len(texts))
     require_count("batch_size", batch_size)
@@ -69,18 +81,22 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
         raise argument_error("tokenizer", f"has no pad token (as GPT-2's), so a batch of {min(len(texts), batch_size)} "
                              "texts cannot be padded to one length", "Set tokenizer.pad_token = tokenizer.eos_token "
                              "(the padded positions are masked), or pass one text at a time (batch_size=1)")
-    max_length = truncation_length(model, max_length, default=64)
+    max_length = truncation_length(model, max_length, default=default_max_length)
     device = next(model.parameters()).device
     spec = registry_spec(model)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]) + (len(text_pairs[i]) if text_pairs else 0))
+    # each batch's texts in the caller's order, so that refusals list their indices ascending ([1, 3], not [3, 1])
+    batches = [sorted(order[start : start + batch_size]) for start in range(0, len(texts), batch_size)]
     out, cut_counts = [], [None] * len(texts)
     with evaluating(model):  # each module's training flag is restored afterwards
-        for start in range(0, len(texts), batch_size):
-            rows = order[start : start + batch_size]
+        for rows in tqdm(batches, disable=not progress, desc=caller):
             pairs = None if text_pairs is None else [text_pairs[i] for i in rows]
             # the mask asked for (mask_keywords): a padded BERT row's logits were of its padding attended to, silently
-            enc = tokenizer([texts[i] for i in rows], pairs, padding=len(rows) > 1, truncation=True, max_length=max_length,
-                            return_tensors="pt", **mask_keywords(tokenizer)).to(device)
+            # the pairs only where there are pairs: predict_labels takes any callable tokenizer (a Space model's own)
+            # that takes texts and transformers' padding keywords, not necessarily a second segment
+            segments = {} if pairs is None else {"text_pair": pairs}
+            enc = tokenizer([texts[i] for i in rows], padding=len(rows) > 1, truncation=True, max_length=max_length,
+                            return_tensors="pt", **segments, **mask_keywords(tokenizer)).to(device)
             # ids past the embedding failed deep in torch (IndexError; a device-side assert on a GPU)
             require_tokenizer_ids_fit(model, tokenizer, enc)
             mask = enc.get("attention_mask")
@@ -99,14 +115,14 @@ def predict(model: nn.Module, tokenizer, texts: list[str], *, text_pairs: list[s
                                           spec=spec)
                 logits = model(**call).logits
             chunk = logits.to(at_least_float32(logits.dtype)).cpu()  # (a float64 model's logits stay float64)
-            refuse_nan_logits("predict", chunk.isnan().any(-1), rows, "texts", chunk.dtype, call.get("attention_mask"),
+            refuse_nan_logits(caller, chunk.isnan().any(-1), rows, "texts", chunk.dtype, call.get("attention_mask"),
                               "Predict in float32 (model.float()), or with batch_size=1 (no padding).", model=model,
                               input_ids=call.get("input_ids", enc["input_ids"]))  # the ids fed (padding rewritten)
             out.append(chunk)
-    warn_of_truncated_texts("predict", cut_counts, max_length, model, tokenizer, text_pairs is not None,
+    warn_of_truncated_texts(caller, cut_counts, max_length, model, tokenizer, text_pairs is not None,
                             outcome="classified from")
     logits = torch.cat(out)
-    return logits[torch.argsort(torch.tensor(order))]
+    return logits[torch.argsort(torch.tensor([i for rows in batches for i in rows]))]
 
 
 def accuracy(model: nn.Module, tokenizer, texts: list[str], labels: list[int], **kwargs) -> float:

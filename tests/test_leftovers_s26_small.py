@@ -133,7 +133,74 @@ def test_aopc_s_area_fits_the_curve_s_dtype_over_any_fractions_it_takes(dtype):
 # --------------------------------------------------------------- 4. predict_labels is predict's loop
 
 
-# (tests of item 4 in the next commit)
+def _tiny_bcos_bert_classifier():
+    import transformers as T
+    from conftest import tiny_config
+
+    from bcos_plugins import bcosify
+
+    torch.manual_seed(0)
+    return bcosify(T.BertForSequenceClassification(tiny_config("bert", num_labels=2)), b=1.5, verbose=False).eval()
+
+
+def test_predict_labels_refuses_a_tokenizer_without_a_pad_token_as_predict_does():
+    """``predict_labels`` padded every batch itself and failed in transformers ("Asking to pad but the tokenizer does
+    not have a padding token"), where ``predict`` refuses it naming the fix."""
+    from test_pretrain import word_tokenizer
+
+    from bcos_plugins.space import predict_labels
+    from bcos_plugins.train import predict
+
+    model, tokenizer = _tiny_bcos_bert_classifier(), word_tokenizer()
+    tokenizer.pad_token = None
+    texts = ["w1 w2 w3", "w4"]
+    for call in (lambda: predict(model, tokenizer, texts), lambda: predict_labels(model, tokenizer, texts)):
+        with pytest.raises(BcosValueError, match=r"^tokenizer: has no pad token \(as GPT-2's\), so a batch of 2 texts "
+                                                 r"cannot be padded.*batch_size=1"):
+            call()
+    # one text per batch needs no padding, in both
+    assert predict_labels(model, tokenizer, texts, batch_size=1) == predict(model, tokenizer, texts,
+                                                                            batch_size=1).argmax(-1).tolist()
+
+
+def test_predict_labels_answers_and_warns_as_predict_through_its_loop(monkeypatch):
+    from test_pretrain import corpus, word_tokenizer
+
+    import bcos_plugins.prediction as prediction
+    from bcos_plugins.space import predict_labels, zero_shot_evaluation
+    from bcos_plugins.train import predict
+
+    model, tokenizer = _tiny_bcos_bert_classifier(), word_tokenizer()
+    texts = corpus(9)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        expected = predict(model, tokenizer, texts, batch_size=4, max_length=12).argmax(-1).tolist()
+    loops = []
+    real = prediction.batched_logits
+    monkeypatch.setattr("bcos_plugins.space.zero_shot.batched_logits",
+                        lambda *a, **k: loops.append(k["caller"]) or real(*a, **k))
+    assert predict_labels(model, tokenizer, texts, batch_size=4, max_length=12, progress=True) == expected
+    assert loops == ["predict_labels"]
+    # its truncation warning, named by the call the user made (the outermost), at the user's line
+    long = [" ".join([t] * 3) for t in texts[:3]]
+    with pytest.warns(UserWarning, match=r"^predict_labels: 3 text\(s\) \[0, 1, 2\] have more than max_length=12") as w:
+        predict_labels(model, tokenizer, long, max_length=12)
+    assert w[0].filename == __file__
+    with pytest.warns(UserWarning, match=r"^zero_shot_evaluation: 3 text\(s\) \[0, 1, 2\] have more than "):
+        zero_shot_evaluation(model, tokenizer, long, [0, 1, 0], max_length=12)
+    assert predict_labels(model, tokenizer, []) == []  # control: no text, no prediction (as before)
+
+
+def test_predict_names_a_batch_s_texts_in_ascending_order():
+    """``predict`` fed each batch in order of length and named the NaN rows so: "texts [3, 1]"; ``predict_labels``
+    (now the same loop) named them [1, 3] and pass 20's test pins that."""
+    from test_pretrain import word_tokenizer
+    from test_trust_pass20_core import _NaNRowClassifier
+
+    from bcos_plugins.train import predict
+
+    with pytest.raises(BcosValueError, match=r"^predict: the model's logits are NaN for texts \[1, 3\]"):
+        predict(_NaNRowClassifier(), word_tokenizer(), ["w1 w2", "w0 w1", "w2", "w0"], batch_size=4)
 
 
 # --------------------------------------------------------------- 5. one context variable for the truncation warning

@@ -273,7 +273,8 @@ def test_every_path_that_calls_a_text_model_on_a_batch_calls_rows_as_alone_call(
          lambda: perturbation_curves(classifier, ids, mask, torch.rand(ids.shape), special_tokens=mask == 0)),
         ("bcos_plugins.attribution.text", lambda: next_token_contrast(lm, ids, mask, target=1, foil=2)),
         ("bcos_plugins.prediction", lambda: predict(classifier, _WordTokenizer(), texts)),
-        ("bcos_plugins.space.zero_shot", lambda: predict_labels(classifier, _WordTokenizer(), texts)),
+        # predict_labels runs predict's loop (prediction.batched_logits) since session 26
+        ("bcos_plugins.prediction", lambda: predict_labels(classifier, _WordTokenizer(), texts)),
         ("bcos_plugins.fine_tuning", lambda: RowsAsAloneCollator(
             lambda features: {"input_ids": ids, "attention_mask": mask, "labels": torch.zeros(3, dtype=torch.long)},
             classifier)([{}])),

@@ -277,8 +277,9 @@ def test_predict_labels_refuses_left_padding_for_a_classifier_reading_the_first_
     texts = ["a bb ccc", "dddd e", "ff gg hhh iiii", "j"]
     bert = tiny_model("BertForSequenceClassification")
     assert len(predict_labels(bert, _WordTokenizer(), texts, batch_size=2)) == 4
-    # a callable without padding_side is named by what its rows show
-    with pytest.raises(ValueError, match=r"^tokenizer: pads on the left, so row \[1\] starts with padding, and "
+    # a callable without padding_side is named by what its rows show; texts are batched in order of length (predict's
+    # loop, since session 26), so "j" is padded beside "dddd e"
+    with pytest.raises(ValueError, match=r"^tokenizer: pads on the left, so row \[3\] starts with padding, and "
                                          r"BertForSequenceClassification classifies from the first column.*"
                                          r"padding_side = 'right'"):
         predict_labels(bert, LeftPadding(), texts, batch_size=2)

@@ -108,5 +108,8 @@ def test_inseq_load_model_refuses_a_tokenizer_larger_than_the_embedding():
 
 
 def test_each_entry_point_uses_the_one_check():
-    for name in ("bcos_plugins.prediction", "bcos_plugins.space.zero_shot", "bcos_plugins.fine_tuning"):
+    for name in ("bcos_plugins.prediction", "bcos_plugins.fine_tuning"):
         assert importlib.import_module(name).require_tokenizer_ids_fit is require_tokenizer_ids_fit, name
+    # predict_labels runs predict's loop (session 26, tests/test_leftovers_s26_small.py)
+    zero_shot, prediction = (importlib.import_module(f"bcos_plugins.{m}") for m in ("space.zero_shot", "prediction"))
+    assert zero_shot.batched_logits is prediction.batched_logits

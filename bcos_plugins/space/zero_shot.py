@@ -13,34 +13,16 @@ import numbers
 from collections.abc import Mapping, Sequence, Sized
 from pathlib import Path
 
-import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from .._checks import (
     refuse_unordered,
     require_int,
     require_texts,
-    rows_named_as,
-    warn_if_another_models_tokenizer,
 )
-from ..attribution.text import (
-    padding_named_as_tokenizers,
-    refuse_nan_logits,
-    registry_spec,
-    rows_as_alone_call,
-)
-from ..corpus import (
-    mask_keywords,
-    require_texts_with_tokens,
-    require_tokenizer_ids_fit,
-    truncated_token_counts,
-    truncation_named,
-    warn_of_truncated_texts,
-)
-from ..encoded_texts import truncation_length
+from ..corpus import truncation_named
 from ..errors import BcosFileError, BcosTypeError, argument_error
-from ..nn.dynamic import evaluating
+from ..prediction import batched_logits
 
 __all__ = ["read_sst2_tsv", "read_rt_polarity", "predict_labels", "classification_scores",
            "zero_shot_evaluation"]
@@ -120,18 +102,18 @@ def _read_text(path: Path) -> str:
         return raw.decode("latin-1")
 
 
-@torch.no_grad()
 def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32, max_length: int | None = None,
                    progress: bool = False) -> list[int]:
-    """Arg-max class of each text (the model in eval mode, batches padded per batch; a tokenizer that pads on the
-    left is refused for a classifier that reads the first column, BERT's, DistilBERT's, RoBERTa's, naming the texts'
-    indices). Models of the architecture registry are called as ``explain`` and ``predict`` call them
-    (``rows_as_alone_call``), so a decoder classifier's rows are computed as alone under either padding side
-    (position ids count real tokens); any other classifier (a Space model) is called with the tokenizer's
-    outputs (a transformers model outside the registry that reads a learned position table is refused left
-    padding). Texts are truncated to ``max_length`` tokens: by default 128, capped at the model's position limit (a
-    longer one is refused, as :func:`~bcos_plugins.train.predict` refuses it). A ``UserWarning`` names the texts that
-    were cut and the ``max_length`` that keeps every token, once per call, as ``predict`` warns."""
+    """Arg-max class of each text: :func:`~bcos_plugins.train.predict`'s logits (its one batch loop,
+    :func:`~bcos_plugins.prediction.batched_logits`), with its checks and answers: the model in eval mode, the texts
+    batched in order of length and padded per batch, a tokenizer that pads on the left refused for a classifier that
+    reads the first column (BERT's, DistilBERT's, RoBERTa's, naming the texts' indices), models of the architecture
+    registry called as ``explain`` calls them (``rows_as_alone_call``), so a decoder classifier's rows are computed as
+    alone under either padding side, and any other classifier (a Space model) with the tokenizer's outputs (a
+    transformers model outside the registry that reads a learned position table is refused left padding). Texts are
+    truncated to ``max_length`` tokens: by default 128 (``predict``'s is 64), capped at the model's position limit (a
+    longer one is refused). A ``UserWarning`` names the texts that were cut and the ``max_length`` that keeps every
+    token, once per call, as ``predict`` warns."""
     if not isinstance(model, nn.Module) or not callable(tokenizer):
         raise argument_error("model", f"predict_labels needs a torch classifier and its tokenizer, got "
                              f"{type(model).__name__} and {type(tokenizer).__name__}",
@@ -143,47 +125,14 @@ def predict_labels(model, tokenizer, texts: Sequence[str], batch_size: int = 32,
     _refuse_unordered("texts", texts)
     # the package's texts check (a BatchEncoding or DataFrame iterates over its names): a generator failed on len(), a
     # None or a word list inside on "'NoneType' object has no attribute 'split'" in the tokenizer; no text, no prediction
-    texts = [] if isinstance(texts, Sized) and len(texts) == 0 else require_texts(texts)
+    if isinstance(texts, Sized) and len(texts) == 0:
+        return []
+    texts = require_texts(texts)
     batch_size = require_int("batch_size", batch_size, minimum=1)
-    # the helpers' one rule: 128 was used whatever the model's position table, so a longer text failed inside its
-    # embedding ("index 40 is out of bounds for dimension 1 with size 40" on a 40-position BERT)
-    max_length = truncation_length(model, max_length, default=128)
-    warn_if_another_models_tokenizer(model, tokenizer)
-    device = next(model.parameters()).device
-    spec = registry_spec(model)
-    predictions: list[int] = []
-    cut_counts: list[int | None] = []
-    with evaluating(model):
-        for start in tqdm(range(0, len(texts), batch_size), disable=not progress, desc="predict"):
-            rows = range(start, min(start + batch_size, len(texts)))
-            # the mask asked for, as predict asks (mask_keywords): a padded BERT row's class was of its padding
-            # attended to as tokens, silently
-            batch = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
-                              max_length=max_length, return_tensors="pt", **mask_keywords(tokenizer)).to(device)
-            # ids past the embedding failed deep in torch (IndexError; a device-side assert on a GPU)
-            require_tokenizer_ids_fit(model, tokenizer, batch)
-            mask = batch.get("attention_mask")
-            kept = [batch["input_ids"].shape[1]] * len(rows) if mask is None else mask.sum(1).tolist()
-            require_texts_with_tokens(kept, rows, texts, "texts", "predict")
-            # texts longer than max_length (128 by default) were classified from their first tokens without a word,
-            # where predict warns: the one detection and warning (corpus), once per call, after the batches
-            cut_counts += truncated_token_counts(tokenizer, list(texts[start:start + batch_size]), None, kept,
-                                                 max_length)
-            # refusals name the texts' indices, not the batch's rows, and of left padding the tokenizer (they named
-            # attention_mask, an argument the caller never passed)
-            with rows_named_as(rows), padding_named_as_tokenizers(tokenizer):
-                call = rows_as_alone_call(model, batch["input_ids"], batch.get("attention_mask"),
-                                          tokenizer_outputs=batch, spec=spec)
-                logits = model(**call).logits  # (the model's own refusals too: a Space model's of its encoder's)
-            # a NaN row's arg-max is read as class 0 (torch), and zero_shot_evaluation scored it: refused as predict
-            # refuses it, naming the texts and the padded float64 cause where it applies
-            refuse_nan_logits("predict_labels", logits.isnan().any(-1), rows, "texts", logits.dtype,
-                              call.get("attention_mask"), "Predict in float32 (model.float()), or with batch_size=1 "
-                              "(no padding).", model=model, input_ids=call.get("input_ids", batch["input_ids"]))
-            predictions += logits.argmax(-1).tolist()
-    warn_of_truncated_texts("predict_labels", cut_counts, max_length, model, tokenizer, False,
-                            outcome="classified from")
-    return predictions
+    # predict's one batch loop: a copy of it here (truncation warning, padding, rows as alone) was kept in step by hand
+    logits = batched_logits(model, tokenizer, texts, batch_size=batch_size, max_length=max_length,
+                            default_max_length=128, caller="predict_labels", progress=progress)
+    return logits.argmax(-1).tolist()
 
 
 def _refuse_unordered(name: str, values) -> None:
