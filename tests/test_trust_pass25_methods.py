@@ -51,13 +51,7 @@ def test_the_guided_esnli_example_refuses_more_layers_than_minilm_has_before_any
     """MiniLM has 6 layers: --last-layers 7 / --supervision-layers 7 passed the command-line checks and failed only when
     guide_attention built the variant that reads them, after the variants before it had trained, naming last_layers
     (guide_attention's argument), not the option."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "examples" / "guided_esnli.py"
-    spec = importlib.util.spec_from_file_location("guided_esnli_pass25", path)
-    guided_esnli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(guided_esnli)
+    from examples import guided_esnli
     assert guided_esnli.parse_settings([option, "6"])  # every layer: fine
     with pytest.raises(SystemExit) as excinfo:
         guided_esnli.parse_settings([option, "7"])
