@@ -213,7 +213,7 @@ def fine_tune_classifier(
             data_collator=TeacherCollator(collator) if distill else collator,
             compute_loss_func=loss_func,
             optimizers=optimizers,
-            callbacks=[_warmup(model, b_warmup) if b_warmup else _resumed_at_the_models_b(model)],
+            callbacks=[_warmup(model, b_warmup) if b_warmup else warmup_resume_guard(model)],
         )
         if distill is not None:
             loss_func.trainer = trainer
@@ -256,7 +256,7 @@ def _warmup(model: nn.Module, fraction: float):
     return callback
 
 
-def _resumed_at_the_models_b(model: nn.Module, without: str = "b_warmup is not given",
+def warmup_resume_guard(model: nn.Module, without: str = "b_warmup is not given",
                              fix: str = "pass the b_warmup of the run that wrote the checkpoint (the warm-up continues "
                                         "from its step)"):
     """A callback that refuses, when training begins, a run without ``b_warmup`` whose B-cos layers the

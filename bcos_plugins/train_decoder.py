@@ -31,7 +31,7 @@ from .attribution.text import require_head_output_object
 from .convert.architectures import PositionLimit, position_limit, vocabulary_size
 from .encoded_texts import require_max_length_fits
 from .errors import BcosTypeError, argument_error
-from .fine_tuning import _resumed_at_the_models_b, checked_training_arguments, train_handing_back_own_forward
+from .fine_tuning import checked_training_arguments, train_handing_back_own_forward, warmup_resume_guard
 from .losses import cross_entropy_loss
 
 __all__ = ["CausalLMCollator", "IGNORE_INDEX", "real_token_positions", "train_causal_lm"]
@@ -286,7 +286,7 @@ def train_causal_lm(
     from .b_warmup import BWarmupCallback
 
     if not any(isinstance(c, BWarmupCallback) for c in callbacks or []):
-        callbacks = [*(callbacks or []), _resumed_at_the_models_b(
+        callbacks = [*(callbacks or []), warmup_resume_guard(
             model, without="no BWarmupCallback is among the callbacks",
             fix="pass the BWarmupCallback of the run that wrote the checkpoint in callbacks= (the warm-up continues "
                 "from its step)")]

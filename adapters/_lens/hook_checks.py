@@ -25,11 +25,10 @@ from torch import Tensor
 from bcos_plugins._checks import require_int, require_tensor
 from bcos_plugins.errors import BcosValueError, argument_error
 
-# weight_version: re-exported for model.py (its query / key finiteness check)
-from .model_changes import ModelSnapshot, refuse_cfg_unlike_built, weight_version
+from .model_changes import ModelSnapshot, refuse_cfg_unlike_built
 
 __all__ = ["HookCheckedCache", "check_logit_tokens", "hook_checked_cache_class", "hooked_points",
-           "cache_block_index", "require_cache_layer", "weight_version"]
+           "cache_block_index", "require_cache_layer"]
 
 _STREAM_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
 

@@ -60,10 +60,11 @@ from .attention import HookedBcosAttention, HookedBcosGroupedQueryAttention
 from .boot_guard import is_explainable_bridge
 from .config import GATE_KINDS, BcosTransformerConfig, check_explainable
 from .decomposition import BcosActivationCache, fold_final_norm_weight, fold_final_norm_weight_in_state_dict
-from .hook_checks import hooked_points, weight_version
+from .hook_checks import hooked_points
 from .hook_point import DynamicHookPoint
 from .inputs import refuse_bos_less_left_padding
 from .mlp import HookedBcosGatedMLP, HookedBcosMLP
+from .model_changes import weight_version
 from .unembed import BcosSoftCappedUnembed
 
 __all__ = ["BcosHookedTransformer", "ExactCacheHookedTransformer", "bcos_model_class", "exact_cache_class",

@@ -195,9 +195,9 @@ def resolve_explained(values: Float[Tensor, "batch n"], target: IdsLike | Direct
     parsed_foil = None if foil is None else parse_ids(foil, batch, "foil", n_outputs=n, device=values.device)
     if isinstance(parsed_target, Tensor) and isinstance(parsed_foil, Tensor):
         if values.device.type == "cpu":
-            _warn_on_foil_equal_to_target(parsed_target, parsed_foil, predicted=target is None)
+            warn_on_foil_equal_to_target(parsed_target, parsed_foil, predicted=target is None)
         elif _on_host(target) and _on_host(foil):  # read where they were given: no wait for the device's stream
-            _warn_on_foil_equal_to_target(parse_ids(target, batch, "target"), parse_ids(foil, batch, "foil"),
+            warn_on_foil_equal_to_target(parse_ids(target, batch, "target"), parse_ids(foil, batch, "foil"),
                                           predicted=False)
     return ResolvedExplained(select_explained(values, parsed_target, parsed_foil), parsed_target, parsed_foil)
 
@@ -208,7 +208,7 @@ def _on_host(value) -> bool:
     return value is not None and not (isinstance(value, Tensor) and value.device.type != "cpu")
 
 
-def _warn_on_foil_equal_to_target(target: Tensor, foil: Tensor, *, predicted: bool,
+def warn_on_foil_equal_to_target(target: Tensor, foil: Tensor, *, predicted: bool,
                                   consequence: str = "the explained value target - foil is 0 there and so is every "
                                                      "contribution") -> None:
     """Warn naming the rows whose foil is their target: ``target - foil`` is 0 there, and so is every contribution

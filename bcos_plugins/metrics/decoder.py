@@ -476,7 +476,7 @@ def next_token_contrast(
     which counts real tokens itself); any other model is called with the batch as given.
     """
     from .._checks import require_int, require_token_batch, unmasked_padding_keywords
-    from ..attribution.targets import _warn_on_foil_equal_to_target, last_real_position
+    from ..attribution.targets import last_real_position, warn_on_foil_equal_to_target
     from ..attribution.text import refuse_nan_logits, registry_spec, rows_as_alone_call
     from ..errors import argument_error
 
@@ -500,7 +500,7 @@ def next_token_contrast(
     target, foil = (require_row_ids(name, ids, n, n_ids=vocab, what="vocabulary tokens")
                     for name, ids in (("target", target), ("foil", foil)))
     # a hand-made minimal pair whose two continuations share their first token scored 0 and counted as wrong, silently
-    _warn_on_foil_equal_to_target(target, foil, predicted=False, consequence="the logit difference is 0 there, the row "
+    warn_on_foil_equal_to_target(target, foil, predicted=False, consequence="the logit difference is 0 there, the row "
                                   "counts as wrong in accuracy and its probability gap is 0")
     last = last_real_position(attention_mask)
     spec = registry_spec(model)
