@@ -35,6 +35,7 @@ from ..convert.architectures import (
     ArchitectureSpec,
     architecture_name,
     position_limit,
+    refuse_stock_loaded_bcos,
     spec_for,
     uncompiled,
     vocabulary_size,
@@ -774,22 +775,6 @@ def registry_spec(model) -> ArchitectureSpec | None:
         return None
     refuse_stock_loaded_bcos(model)  # predict, the metrics and fine-tuning look their model up here
     return SPECS.get(architecture_name(model))
-
-
-def refuse_stock_loaded_bcos(model: nn.Module, argument: str = "model") -> None:
-    """Refuse a B-cos checkpoint loaded with plain transformers (``config.bcos`` but stock modules): it runs the
-    stock model, so its logits, predictions, metrics and explanations are a conventional model's (``predict`` gave
-    them, and ``perplexity`` scored them, silently)."""
-    record = getattr(getattr(model, "config", None), "bcos", None)
-    if isinstance(record, dict) and not has_dynamic_weights(model):
-        # loaded as another class than the one saved (a B-cos LlamaForCausalLM as a LlamaModel): named too
-        saved = record.get("architecture")
-        of = f", of a B-cos {saved}" if isinstance(saved, str) and saved != type(model).__name__ else ""
-        raise BcosTypeError(
-            f"{argument}: {type(model).__name__} has B-cos settings in its config (config.bcos{of}) but no B-cos "
-            "modules: it was saved from a B-cos model and loaded with plain transformers, so it runs the stock model. "
-            "Load it with bcos_plugins.load_bcos_model(path)."
-        )
 
 
 def learned_position_table(model: nn.Module) -> nn.Embedding | None:

@@ -25,10 +25,11 @@ from torch import nn
 
 from .._checks import stand_in_for_a_model
 from ..errors import BcosTypeError, argument_error
+from ..nn.dynamic import has_dynamic_weights
 
 __all__ = ["ArchitectureSpec", "PositionLimit", "PositionTable", "REFUSED_ARCHITECTURES", "SPECS",
-           "UnsupportedModuleError", "architecture_name", "check_stock_class", "position_limit", "spec_for",
-           "specs_where", "stock_class", "supported_architectures", "uncompiled", "vocabulary_size"]
+           "UnsupportedModuleError", "architecture_name", "check_stock_class", "position_limit", "refuse_stock_loaded_bcos",
+           "spec_for", "specs_where", "stock_class", "supported_architectures", "uncompiled", "vocabulary_size"]
 
 
 Head = Literal["base", "classifier", "causal_lm", "masked_lm"]
@@ -410,6 +411,22 @@ def stock_class(name: str) -> type[nn.Module]:
     return getattr(transformers, name)
 
 
+def refuse_stock_loaded_bcos(model: nn.Module, argument: str = "model") -> None:
+    """Refuse a B-cos checkpoint loaded with plain transformers (``config.bcos`` but stock modules): it runs the
+    stock model, so its logits, predictions, metrics and explanations are a conventional model's (``predict`` gave
+    them, and ``perplexity`` scored them, silently)."""
+    record = getattr(getattr(model, "config", None), "bcos", None)
+    if isinstance(record, dict) and not has_dynamic_weights(model):
+        # loaded as another class than the one saved (a B-cos LlamaForCausalLM as a LlamaModel): named too
+        saved = record.get("architecture")
+        of = f", of a B-cos {saved}" if isinstance(saved, str) and saved != type(model).__name__ else ""
+        raise BcosTypeError(
+            f"{argument}: {type(model).__name__} has B-cos settings in its config (config.bcos{of}) but no B-cos "
+            "modules: it was saved from a B-cos model and loaded with plain transformers, so it runs the stock model. "
+            "Load it with bcos_plugins.load_bcos_model(path)."
+        )
+
+
 def spec_for(model: nn.Module) -> ArchitectureSpec:
     """The spec of a (possibly already B-cosified) model, or a clear error.
 
@@ -427,8 +444,6 @@ def spec_for(model: nn.Module) -> ArchitectureSpec:
     if converted and not isinstance(model, stock_class(name)):
         # a B-cos save loaded with plain transformers as another class (a B-cos LlamaForCausalLM as a LlamaModel) was
         # refused below as "a bare LlamaModel ... pass the LlamaForCausalLM itself", which is not the cause
-        from ..attribution.text import refuse_stock_loaded_bcos
-
         refuse_stock_loaded_bcos(model)
     # bcosify swaps some classes for B-cos subclasses of the stock class (heads.py), hence isinstance after
     # conversion; bcosify itself checks the class by identity before converting.
